@@ -1,0 +1,68 @@
+// One step's host planning, composed from the pure functions of the plan layer:
+// validation, attention state, decode/prefill split, FIA padding, slot mapping,
+// staging of query_start_loc / seq_lens / block table. Writes only into the
+// caller-owned buffers; allocates nothing.
+#pragma once
+
+#include <cstdint>
+
+#include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/seq_lens.h"
+#include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/plan/split.h"
+
+namespace aar::plan {
+
+struct StepInputs {
+  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums of query lengths
+  CSpan<int32_t> seq_lens;         // B, context + new tokens
+  CSpan<int32_t> block_table;      // B rows x block_table_stride (row-major)
+  int32_t block_table_stride = 0;
+  int32_t block_size = 128;
+  int32_t num_blocks = 0;          // KV-cache blocks, for range checks
+  // Tokens the layers will see (>= qsl[B]); 0 means qsl[B]. Extra tokens get
+  // slot -1 and, when FIA padding applies, form one dummy request.
+  int32_t num_input_tokens = 0;
+  int32_t decode_threshold = 1;
+  bool treat_short_extends_as_decodes = true;
+  CSpan<uint8_t> is_prefilling;    // optional, B entries
+  // Attention state: given explicitly, or derived with select_attention_state
+  // from computed = seq_len - query_len and scheduled = query_len.
+  bool has_state = false;
+  AttentionState state = AttentionState::ChunkedPrefill;
+  CSpan<int32_t> num_spec_tokens;  // optional, B entries (for state derivation)
+  SpecMethod spec_method = SpecMethod::None;
+  bool chunked_prefill_enabled = true;
+  // Pad the batch with a dummy request for the fused kernel when
+  // num_input_tokens > qsl[B] (spec 4.7). When false, the padded tokens are
+  // simply not attended (the kernel sees qsl[B] tokens).
+  bool pad_fia_batch = true;
+};
+
+struct StepBuffers {
+  Span<int32_t> query_start_loc;  // >= B+2
+  Span<int32_t> seq_lens;         // >= B+1 (per-request KV lengths, int32 for PA)
+  Span<int32_t> slot_mapping;     // >= num_input_tokens
+  Span<int32_t> block_table;      // >= (B+1) * stride
+  int32_t block_table_stride = 0; // columns of the staged table (>= input stride)
+  Span<int64_t> q_ends;           // >= B+1, cumulative query ends for the kernels
+  Span<int64_t> kv_lens;          // >= B+1, per-request KV lengths for the kernels
+};
+
+struct StepPlan {
+  AttentionState state = AttentionState::ChunkedPrefill;
+  SplitResult split;
+  FiaPadding fia;              // num_reqs (B_fia) / num_tokens (kernel T)
+  int32_t num_reqs = 0;        // real requests B
+  int32_t num_actual_tokens = 0;
+  int32_t num_input_tokens = 0;
+  int32_t max_query_len = 0;
+  int32_t max_seq_len = 0;
+};
+
+// Validates everything first (errors name the argument and value), then writes.
+// If inputs.block_table.data() == buffers.block_table.data() the table is taken
+// as already staged (zero copy) and only the dummy row is written.
+StepPlan build_step(const StepInputs& in, const StepBuffers& buf);
+
+}  // namespace aar::plan
