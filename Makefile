@@ -1,0 +1,58 @@
+# Two commands do all the set-up on a fresh machine:
+#   make test   builds everything and runs every C++ and Python test
+#   make demo   builds and runs the continuous-batching demo
+# Both create .venv, install torch 2.13.0 (CPU) and the Python dependencies, and
+# install libgtest-dev through apt when it is missing.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BUILD  := build
+JOBS   ?= $(shell nproc)
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all setup venv gtest build test test-cpp test-python demo bench clean
+
+all: build
+
+setup: venv gtest
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0" "nanobind>=2.0" "scikit-build-core>=0.10" \
+		"pytest>=7" numpy ninja tqdm
+	touch $@
+
+gtest:
+	@if [ ! -f /usr/include/gtest/gtest.h ] || [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a -a ! -f /usr/lib/libgtest.a ]; then \
+		echo "installing libgtest-dev"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev; \
+	fi
+	@command -v ccache >/dev/null 2>&1 || { $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ccache >/dev/null 2>&1 || true; }
+
+$(BUILD)/build.ninja: CMakeLists.txt $(VENV)/.installed
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(abspath $(PY))
+
+build: setup $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test-cpp: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+test-python: build
+	PYTHONPATH=python $(PY) -m pytest tests/python -q
+
+test: test-cpp test-python
+
+demo: build
+	PYTHONPATH=python $(PY) -m ascend_attn_rt demo
+
+bench: build
+	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json
+	PYTHONPATH=python $(PY) benchmarks/bench_host.py --out benchmarks/results/python_host.json
+
+clean:
+	rm -rf $(BUILD)

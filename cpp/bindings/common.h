@@ -1,0 +1,39 @@
+// Helpers shared by the binding translation units: host int arrays as spans,
+// with errors that name the argument.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <nanobind/nanobind.h>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/span.h"
+
+namespace aar::bindings {
+
+namespace nb = nanobind;
+
+inline void check_host_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dims) {
+  AAR_CHECK_ARG(t.defined(), name, " must be a tensor");
+  AAR_CHECK_ARG(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+  AAR_CHECK_ARG(t.device().is_cpu(), name, " must be a host (CPU) tensor, got device ", t.device());
+  AAR_CHECK_ARG(t.dim() == dims, name, " must have ", dims, " dimension(s), got shape ", t.sizes());
+  AAR_CHECK_ARG(t.is_contiguous(), name, " must be contiguous");
+}
+
+inline plan::CSpan<int32_t> i32_span(const at::Tensor& t, const char* name, int64_t dims = 1) {
+  check_host_tensor(t, name, at::kInt, dims);
+  return {static_cast<const int32_t*>(t.const_data_ptr()), static_cast<size_t>(t.numel())};
+}
+
+inline plan::CSpan<uint8_t> bool_span(const std::optional<at::Tensor>& t, const char* name) {
+  if (!t.has_value()) return {};
+  AAR_CHECK_ARG(t->scalar_type() == at::kBool || t->scalar_type() == at::kByte, name,
+                " must be bool or uint8, got ", t->scalar_type());
+  check_host_tensor(*t, name, t->scalar_type(), 1);
+  return {static_cast<const uint8_t*>(t->const_data_ptr()), static_cast<size_t>(t->numel())};
+}
+
+void bind_plan(nb::module_& m);
+void bind_gqa(nb::module_& m);
+
+}  // namespace aar::bindings

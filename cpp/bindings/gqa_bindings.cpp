@@ -1,0 +1,196 @@
+// Python facade of the GQA backend: construction, build, forward. No logic
+// beyond turning Python arguments into the C++ structs.
+#include <ATen/ATen.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "ascend_attn_rt/gqa/backend.h"
+#include "ascend_attn_rt/gqa/builder.h"
+#include "ascend_attn_rt/gqa/impl.h"
+#include "common.h"
+#include "tensor_caster.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace aar::bindings {
+
+plan::DeviceKind parse_device_kind(const std::string& s);
+plan::SpecMethod spec_method_from(const std::string& s);
+
+namespace {
+
+gqa::AttnType parse_attn_type(const std::string& s) {
+  if (s == "decoder") return gqa::AttnType::Decoder;
+  if (s == "encoder_only") return gqa::AttnType::EncoderOnly;
+  if (s == "encoder") return gqa::AttnType::Encoder;
+  if (s == "encoder_decoder") return gqa::AttnType::EncoderDecoder;
+  throw_invalid("attn_type must be 'decoder', 'encoder_only', 'encoder' or 'encoder_decoder', got '", s, "'");
+}
+
+gqa::BuildInputs make_inputs(const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& block_table,
+                             int32_t num_input_tokens, const std::optional<plan::AttentionState>& attn_state,
+                             const std::optional<at::Tensor>& is_prefilling,
+                             const std::optional<at::Tensor>& num_spec_tokens, bool causal) {
+  gqa::BuildInputs in;
+  in.query_start_loc = i32_span(qsl, "query_start_loc");
+  in.seq_lens = i32_span(seq_lens, "seq_lens");
+  in.block_table = i32_span(block_table, "block_table", 2);
+  in.block_table_stride = static_cast<int32_t>(block_table.size(1));
+  in.num_input_tokens = num_input_tokens;
+  in.attn_state = attn_state;
+  in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
+  if (num_spec_tokens.has_value()) in.num_spec_tokens = i32_span(*num_spec_tokens, "num_spec_tokens");
+  in.causal = causal;
+  return in;
+}
+
+std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
+
+}  // namespace
+
+void bind_gqa(nb::module_& m) {
+  nb::class_<gqa::Backend>(m, "Backend")
+      .def_static("name", &gqa::Backend::name)
+      .def_static("supported_block_sizes", &gqa::Backend::supported_block_sizes)
+      .def_static("kv_cache_shape", &gqa::Backend::kv_cache_shape, "num_blocks"_a, "block_size"_a,
+                  "num_kv_heads"_a, "head_size"_a)
+      .def_static(
+          "swap_blocks",
+          [](const at::Tensor& sk, const at::Tensor& sv, at::Tensor dk, at::Tensor dv, const at::Tensor& pairs) {
+            gqa::Backend::swap_blocks(sk, sv, dk, dv, pairs);
+          },
+          "src_key_cache"_a, "src_value_cache"_a, "dst_key_cache"_a, "dst_value_cache"_a, "src_to_dst"_a)
+      .def_static("copy_blocks", &gqa::Backend::copy_blocks, "kv_caches"_a, "src_to_dsts"_a);
+
+  nb::class_<gqa::Metadata>(m, "Metadata")
+      .def_ro("attn_state", &gqa::Metadata::attn_state)
+      .def_ro("num_reqs", &gqa::Metadata::num_reqs)
+      .def_ro("num_real_reqs", &gqa::Metadata::num_real_reqs)
+      .def_ro("num_actual_tokens", &gqa::Metadata::num_actual_tokens)
+      .def_ro("num_input_tokens", &gqa::Metadata::num_input_tokens)
+      .def_ro("num_kernel_tokens", &gqa::Metadata::num_kernel_tokens)
+      .def_ro("num_decodes", &gqa::Metadata::num_decodes)
+      .def_ro("num_prefills", &gqa::Metadata::num_prefills)
+      .def_ro("num_decode_tokens", &gqa::Metadata::num_decode_tokens)
+      .def_ro("max_query_len", &gqa::Metadata::max_query_len)
+      .def_ro("max_seq_len", &gqa::Metadata::max_seq_len)
+      .def_ro("block_size", &gqa::Metadata::block_size)
+      .def_ro("num_blocks", &gqa::Metadata::num_blocks)
+      .def_ro("causal", &gqa::Metadata::causal)
+      .def_ro("is_pooling", &gqa::Metadata::is_pooling)
+      .def_prop_ro("query_start_loc", [](const gqa::Metadata& m) { return m.query_start_loc; })
+      .def_prop_ro("seq_lens", [](const gqa::Metadata& m) { return m.seq_lens; })
+      .def_prop_ro("block_tables", [](const gqa::Metadata& m) { return m.block_tables; })
+      .def_prop_ro("slot_mapping", [](const gqa::Metadata& m) { return m.slot_mapping; })
+      .def_prop_ro("attn_mask", [](const gqa::Metadata& m) { return m.attn_mask; })
+      .def_prop_ro("actual_seq_lengths_q", [](const gqa::Metadata& m) { return to_list(m.actual_seq_lengths_q); })
+      .def_prop_ro("seq_lens_list", [](const gqa::Metadata& m) { return to_list(m.seq_lens_list); });
+
+  nb::class_<gqa::MetadataBuilder>(m, "MetadataBuilder")
+      .def(
+          "__init__",
+          [](gqa::MetadataBuilder* self, int32_t max_num_reqs, int32_t max_num_tokens, int32_t max_blocks_per_req,
+             int32_t block_size, int32_t num_blocks, int32_t num_speculative_tokens, const std::string& spec_method,
+             bool chunked_prefill_enabled, bool pooling, bool pad_fia_batch, const std::string& device,
+             std::optional<bool> separate_device_buffers) {
+            gqa::BuilderConfig c;
+            c.max_num_reqs = max_num_reqs;
+            c.max_num_tokens = max_num_tokens;
+            c.max_blocks_per_req = max_blocks_per_req;
+            c.block_size = block_size;
+            c.num_blocks = num_blocks;
+            c.num_speculative_tokens = num_speculative_tokens;
+            c.spec_method = spec_method_from(spec_method);
+            c.chunked_prefill_enabled = chunked_prefill_enabled;
+            c.pooling = pooling;
+            c.pad_fia_batch = pad_fia_batch;
+            c.device = c10::Device(device);
+            c.separate_device_buffers = separate_device_buffers;
+            new (self) gqa::MetadataBuilder(c);
+          },
+          nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
+          "num_blocks"_a, "num_speculative_tokens"_a = 0, "spec_method"_a = "none",
+          "chunked_prefill_enabled"_a = true, "pooling"_a = false, "pad_fia_batch"_a = true, "device"_a = "cpu",
+          "separate_device_buffers"_a = nb::none())
+      .def(
+          "build",
+          [](gqa::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
+             int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
+             const std::optional<at::Tensor>& is_prefilling, const std::optional<at::Tensor>& num_spec_tokens,
+             bool causal) -> const gqa::Metadata& {
+            return b.build(
+                make_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, is_prefilling, num_spec_tokens, causal));
+          },
+          "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
+          "attn_state"_a = nb::none(), "is_prefilling"_a = nb::none(), "num_spec_tokens"_a = nb::none(),
+          "causal"_a = true, nb::rv_policy::reference_internal)
+      .def(
+          "build_for_graph_capture",
+          [](gqa::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
+             int32_t num_input_tokens, plan::AttentionState state, bool causal) -> const gqa::Metadata& {
+            return b.build_for_graph_capture(
+                make_inputs(qsl, seq_lens, bt, num_input_tokens, std::nullopt, std::nullopt, std::nullopt, causal),
+                state);
+          },
+          "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
+          "state"_a = plan::AttentionState::DecodeOnly, "causal"_a = true, nb::rv_policy::reference_internal)
+      .def_prop_ro("metadata", &gqa::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
+      .def_prop_ro("block_table_staging", [](const gqa::MetadataBuilder& b) { return b.block_table_staging(); })
+      .def_prop_ro("decode_threshold", &gqa::MetadataBuilder::decode_threshold)
+      .def_prop_ro("reorder_batch_threshold", &gqa::MetadataBuilder::reorder_batch_threshold);
+
+  nb::class_<gqa::AttentionImpl>(m, "AttentionImpl")
+      .def(
+          "__init__",
+          [](gqa::AttentionImpl* self, int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads,
+             std::optional<int64_t> sliding_window, std::optional<at::Tensor> sinks,
+             std::optional<at::Tensor> alibi_slopes, std::optional<double> logits_soft_cap,
+             const std::string& kv_cache_dtype, const std::string& attn_type, bool kv_sharing,
+             const std::string& device_kind, bool has_speculative_config, bool full_decode_only_graph,
+             const std::vector<int32_t>& pa_shape_list) {
+            gqa::ImplConfig c;
+            c.num_heads = num_heads;
+            c.head_size = head_size;
+            c.scale = scale;
+            c.num_kv_heads = num_kv_heads;
+            c.sliding_window = sliding_window;
+            c.sinks = sinks;
+            c.has_alibi_slopes = alibi_slopes.has_value();
+            c.logits_soft_cap = logits_soft_cap;
+            c.kv_cache_dtype = kv_cache_dtype;
+            c.attn_type = parse_attn_type(attn_type);
+            c.kv_sharing = kv_sharing;
+            c.device_kind = parse_device_kind(device_kind);
+            c.has_speculative_config = has_speculative_config;
+            c.full_decode_only_graph = full_decode_only_graph;
+            c.pa_shape_list = pa_shape_list;
+            new (self) gqa::AttentionImpl(c);
+          },
+          "num_heads"_a, "head_size"_a, nb::kw_only(), "scale"_a = 0.0, "num_kv_heads"_a = 0,
+          "sliding_window"_a = nb::none(), "sinks"_a = nb::none(), "alibi_slopes"_a = nb::none(),
+          "logits_soft_cap"_a = nb::none(), "kv_cache_dtype"_a = "auto", "attn_type"_a = "decoder",
+          "kv_sharing"_a = false, "device_kind"_a = "a2", "has_speculative_config"_a = false,
+          "full_decode_only_graph"_a = false, "pa_shape_list"_a = std::vector<int32_t>{})
+      .def(
+          "forward",
+          [](gqa::AttentionImpl& impl, const at::Tensor& query, const std::optional<at::Tensor>& key,
+             const std::optional<at::Tensor>& value, const std::optional<at::Tensor>& key_cache,
+             const std::optional<at::Tensor>& value_cache, const gqa::Metadata* metadata,
+             const at::Tensor& output) -> at::Tensor {
+            static const at::Tensor undefined;
+            return impl.forward(query, key, value, key_cache ? *key_cache : undefined,
+                                value_cache ? *value_cache : undefined, metadata, output);
+          },
+          "query"_a, "key"_a.none(), "value"_a.none(), "key_cache"_a.none(), "value_cache"_a.none(),
+          "metadata"_a.none(), "output"_a)
+      .def_prop_ro("last_path", [](const gqa::AttentionImpl& i) { return std::string(gqa::to_string(i.last_path())); })
+      .def_prop_ro("num_heads", [](const gqa::AttentionImpl& i) { return i.config().num_heads; })
+      .def_prop_ro("num_kv_heads", [](const gqa::AttentionImpl& i) { return i.config().num_kv_heads; })
+      .def_prop_ro("head_size", [](const gqa::AttentionImpl& i) { return i.config().head_size; })
+      .def_prop_ro("scale", [](const gqa::AttentionImpl& i) { return i.config().scale; });
+}
+
+}  // namespace aar::bindings

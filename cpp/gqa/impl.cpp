@@ -1,0 +1,347 @@
+#include "ascend_attn_rt/gqa/impl.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/fusion_attention.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "ascend_attn_rt/ops/paged_attention.h"
+
+namespace aar::gqa {
+
+using plan::AttentionState;
+
+const char* to_string(ForwardPath p) {
+  switch (p) {
+    case ForwardPath::None: return "none";
+    case ForwardPath::FusedPaged: return "fused_paged";
+    case ForwardPath::FusedDense: return "fused_dense";
+    case ForwardPath::FusedSinks: return "fused_sinks";
+    case ForwardPath::PagedAttention: return "paged_attention";
+    case ForwardPath::Encoder: return "encoder";
+    case ForwardPath::FusedSplit: return "fused_split";
+    case ForwardPath::LargeHead: return "large_head";
+  }
+  return "unknown";
+}
+
+AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
+  AAR_CHECK_ARG(cfg_.num_heads > 0, "num_heads must be positive, got ", cfg_.num_heads);
+  AAR_CHECK_ARG(cfg_.head_size > 0, "head_size must be positive, got ", cfg_.head_size);
+  if (cfg_.num_kv_heads == 0) cfg_.num_kv_heads = cfg_.num_heads;
+  AAR_CHECK_ARG(cfg_.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg_.num_kv_heads);
+  AAR_CHECK_ARG(cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
+                " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
+  if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
+  if (cfg_.has_alibi_slopes) {
+    throw_not_supported("ALiBi (alibi_slopes) is not supported by the GQA backend: the fused kernels take no slopes");
+  }
+  if (cfg_.logits_soft_cap.has_value() && *cfg_.logits_soft_cap > 0.0) {
+    throw_not_supported("logits soft-cap (logits_soft_cap=", *cfg_.logits_soft_cap,
+                        ") is not supported by the GQA backend");
+  }
+  if (cfg_.kv_cache_dtype != "auto") {
+    throw_not_supported("kv_cache_dtype='", cfg_.kv_cache_dtype,
+                        "' is not supported by the GQA backend (only 'auto'; INT8 KV is the C8 backend)");
+  }
+  if (cfg_.attn_type == AttnType::EncoderDecoder) {
+    throw_not_supported("attn_type 'encoder_decoder' (cross-attention) is not supported by the GQA backend yet");
+  }
+  if (cfg_.sliding_window.has_value()) {
+    AAR_CHECK_ARG(*cfg_.sliding_window > 0, "sliding_window must be positive, got ", *cfg_.sliding_window);
+  }
+  if (cfg_.sinks.has_value()) {
+    const at::Tensor& s = *cfg_.sinks;
+    AAR_CHECK_ARG(s.defined() && s.dim() == 1 && s.size(0) == cfg_.num_heads, "sinks must have shape (",
+                  cfg_.num_heads, ",), got ", s.defined() ? s.sizes() : c10::IntArrayRef{});
+    AAR_CHECK_ARG(at::isFloatingType(s.scalar_type()), "sinks must be a floating tensor, got ", s.scalar_type());
+    sinks_fp32_ = s.to(at::kFloat).contiguous();
+  }
+}
+
+void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
+  if (key_cache.unsafeGetTensorImpl() == bound_key_ && value_cache.unsafeGetTensorImpl() == bound_value_) return;
+  key_cache_ = key_cache;
+  value_cache_ = value_cache;
+  const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
+  key_cache_3d_ = key_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  value_cache_3d_ = value_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  bound_key_ = key_cache.unsafeGetTensorImpl();
+  bound_value_ = value_cache.unsafeGetTensorImpl();
+}
+
+void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                             const at::Tensor& value_cache, const Metadata& md, const at::Tensor& output) const {
+  const int64_t N = cfg_.num_heads, Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
+  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.size(1) == N && query.size(2) == D,
+                "query must have shape (T, ", N, ", ", D, "), got ",
+                query.defined() ? query.sizes() : c10::IntArrayRef{});
+  const int64_t T = query.size(0);
+  const auto dtype = query.scalar_type();
+  AAR_CHECK_ARG(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                "query dtype must be float32, float16 or bfloat16, got ", dtype);
+  AAR_CHECK_ARG(output.defined() && output.sizes() == query.sizes(), "output must have the query's shape ",
+                query.sizes(), ", got ", output.defined() ? output.sizes() : c10::IntArrayRef{});
+  AAR_CHECK_ARG(output.scalar_type() == dtype, "output dtype ", output.scalar_type(), " differs from query dtype ",
+                dtype);
+  AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous");
+  AAR_CHECK_ARG(output.device() == query.device(), "output is on ", output.device(), " but query is on ",
+                query.device());
+  AAR_CHECK_ARG(T >= md.num_kernel_tokens, "query has ", T, " rows but the metadata attends ",
+                md.num_kernel_tokens, " (num_kernel_tokens)");
+  AAR_CHECK_ARG(key.has_value() == value.has_value(), "key and value must be given together");
+  if (key.has_value()) {
+    for (const at::Tensor* t : {&*key, &*value}) {
+      const char* name = t == &*key ? "key" : "value";
+      AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->size(1) == Nkv && t->size(2) == D, name,
+                    " must have shape (T, ", Nkv, ", ", D, "), got ",
+                    t->defined() ? t->sizes() : c10::IntArrayRef{});
+      AAR_CHECK_ARG(t->size(0) == md.num_input_tokens || t->size(0) == md.num_actual_tokens, name, " has ",
+                    t->size(0), " rows; the metadata has num_input_tokens=", md.num_input_tokens,
+                    " and num_actual_tokens=", md.num_actual_tokens);
+      AAR_CHECK_ARG(t->scalar_type() == dtype, name, " dtype ", t->scalar_type(), " differs from query dtype ",
+                    dtype);
+      AAR_CHECK_ARG(t->device() == query.device(), name, " is on ", t->device(), " but query is on ",
+                    query.device());
+    }
+    AAR_CHECK_ARG(key->size(0) == value->size(0), "key has ", key->size(0), " rows but value has ",
+                  value->size(0));
+  }
+  AAR_CHECK_ARG(key_cache.defined() == value_cache.defined(), "key_cache and value_cache must be given together");
+  if (key_cache.defined()) {
+    for (const at::Tensor* c : {&key_cache, &value_cache}) {
+      const char* name = c == &key_cache ? "key_cache" : "value_cache";
+      AAR_CHECK_ARG(c->dim() == 4 && c->size(1) == md.block_size && c->size(2) == Nkv && c->size(3) == D, name,
+                    " must have shape (num_blocks, ", md.block_size, ", ", Nkv, ", ", D, "), got ", c->sizes());
+      AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0),
+                    " blocks but the metadata was built for num_blocks=", md.num_blocks);
+      AAR_CHECK_ARG(c->scalar_type() == dtype, name, " dtype ", c->scalar_type(), " differs from query dtype ",
+                    dtype);
+      AAR_CHECK_ARG(c->device() == query.device(), name, " is on ", c->device(), " but query is on ",
+                    query.device());
+    }
+  }
+}
+
+ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens) const {
+  if (md.is_pooling && !md.causal) return ForwardPath::Encoder;
+  if (md.attn_state == AttentionState::DecodeOnly && !cfg_.sliding_window.has_value()) {
+    plan::PagedAttentionRule rule;
+    rule.has_speculative_config = cfg_.has_speculative_config;
+    rule.device = cfg_.device_kind;
+    rule.full_decode_only_graph = cfg_.full_decode_only_graph;
+    rule.pa_shape_list = plan::CSpan<int32_t>(cfg_.pa_shape_list.data(), cfg_.pa_shape_list.size());
+    if (plan::using_paged_attention(num_tokens, rule, cfg_.head_size)) return ForwardPath::PagedAttention;
+  }
+  if (cfg_.sinks.has_value()) return ForwardPath::FusedSinks;
+  if (md.attn_state == AttentionState::PrefillNoCache) return ForwardPath::FusedDense;
+  if (cfg_.device_kind == plan::DeviceKind::A5 && md.attn_state == AttentionState::ChunkedPrefill &&
+      md.causal && !cfg_.sliding_window.has_value() && md.num_decodes > 0 && md.num_prefills > 0) {
+    return ForwardPath::FusedSplit;
+  }
+  return ForwardPath::FusedPaged;
+}
+
+void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, const Metadata& md) {
+  const int64_t n = key.size(0);
+  // Rows past num_actual_tokens map to slot -1 and are skipped by the kernel, so
+  // the padded slot mapping serves a padded key as is (no slicing per layer).
+  at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
+  const at::Tensor k = key.is_contiguous() ? key : key.contiguous();
+  const at::Tensor v = value.is_contiguous() ? value : value.contiguous();
+  if (cfg_.device_kind == plan::DeviceKind::Ascend310P) {
+    ops::reshape_and_cache(k, v, key_cache_, value_cache_, slots);
+  } else {
+    ops::scatter_pa_kv_cache(k, v, key_cache_, value_cache_, slots, "Norm");
+  }
+}
+
+const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                                         const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                                         const at::Tensor& value_cache, const Metadata* metadata,
+                                         const at::Tensor& output) {
+  if (metadata == nullptr) {
+    // Profiling / dummy run: no metadata, nothing to attend.
+    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
+    output.zero_();
+    last_path_ = ForwardPath::None;
+    return output;
+  }
+  const Metadata& md = *metadata;
+  validate(query, key, value, key_cache, value_cache, md, output);
+  const int64_t T = query.size(0);
+  const ForwardPath path = choose_path(md, T);
+  const bool has_cache = key_cache.defined();
+  const bool dense = path == ForwardPath::Encoder || path == ForwardPath::FusedDense ||
+                     (path == ForwardPath::FusedSinks && md.attn_state == AttentionState::PrefillNoCache);
+  if (!dense) {
+    AAR_CHECK_ARG(has_cache, "attention state ", plan::to_string(md.attn_state),
+                  " reads the paged KV cache, but key_cache/value_cache are not given");
+  }
+  if (dense) {
+    AAR_CHECK_ARG(key.has_value(), "attention over the new tokens (", to_string(path),
+                  ") needs key and value");
+  }
+  if (cfg_.head_size == 512 && cfg_.device_kind != plan::DeviceKind::A5 && path != ForwardPath::PagedAttention &&
+      path != ForwardPath::Encoder) {
+    throw_not_supported("head_size 512 on A2/A3 needs the large-head fallback (npu_fusion_attention over a "
+                        "gathered dense KV), which is not implemented yet; decode through paged attention works");
+  }
+  if (has_cache) bind_caches(key_cache, value_cache);
+  if (key.has_value() && has_cache && !cfg_.kv_sharing) write_kv(*key, *value, md);
+  if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
+    lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));
+  }
+
+  const int64_t nt = md.num_kernel_tokens;
+  last_path_ = path;
+  if (nt == 0) return output;
+  const at::Tensor q = T == nt ? query : query.narrow(0, 0, nt);
+  at::Tensor out = T == nt ? output : output.narrow(0, 0, nt);
+  const int64_t sw = cfg_.sliding_window.value_or(0);
+  // vLLM's window holds W keys including the query's own position; the kernels'
+  // band p - pre_tokens <= j <= p is inclusive, so pre_tokens = W - 1 (upstream
+  // passes W and attends one key too many).
+  const int64_t pre_tokens = sw > 0 ? sw - 1 : ops::kIntMax32;
+  const int64_t causal_mode = sw > 0 ? 4 : 3;
+
+  switch (path) {
+    case ForwardPath::PagedAttention: {
+      const int64_t B = md.num_real_reqs;
+      ops::PagedAttentionArgs a;
+      a.query = T == B ? query : query.narrow(0, 0, B);
+      a.key_cache = key_cache_;
+      a.value_cache = value_cache_;
+      a.num_kv_heads = cfg_.num_kv_heads;
+      a.num_heads = cfg_.num_heads;
+      a.scale_value = cfg_.scale;
+      a.block_table = md.num_reqs == B ? md.block_tables : md.block_tables.narrow(0, 0, B);
+      a.context_lens = md.num_reqs == B ? md.seq_lens : md.seq_lens.narrow(0, 0, B);
+      at::Tensor o = T == B ? output : output.narrow(0, 0, B);
+      ops::paged_attention(a, o, std::nullopt);
+      return output;
+    }
+    case ForwardPath::Encoder: {
+      ops::FusionAttentionArgs a;
+      a.query = q;
+      a.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
+      a.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+      a.head_num = cfg_.num_heads;
+      a.input_layout = "TND";
+      a.scale = cfg_.scale;
+      // Both lists cumulative. Upstream appends a trailing 0 when the query is
+      // padded; we slice the query to the attended rows instead.
+      a.actual_seq_qlen = md.actual_seq_lengths_q;
+      a.actual_seq_kvlen = md.actual_seq_lengths_q;
+      a.sparse_mode = 0;
+      out.copy_(ops::fusion_attention(a));
+      return output;
+    }
+    case ForwardPath::FusedSinks: {
+      ops::FiaV2Tensors t;
+      ops::FiaV2Params p;
+      t.query = q;
+      if (dense) {
+        t.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
+        t.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+        p.actual_seq_kvlen = md.actual_seq_lengths_q;
+      } else {
+        t.key = key_cache_3d_;
+        t.value = value_cache_3d_;
+        t.block_table = md.block_tables;
+        p.actual_seq_kvlen = md.seq_lens_list;
+        p.block_size = md.block_size;
+      }
+      t.learnable_sink = sinks_fp32_;
+      p.actual_seq_qlen = md.actual_seq_lengths_q;
+      p.num_query_heads = cfg_.num_heads;
+      p.num_key_value_heads = cfg_.num_kv_heads;
+      p.softmax_scale = cfg_.scale;
+      p.input_layout = "TND";
+      if (md.causal) {
+        t.atten_mask = md.attn_mask;
+        p.sparse_mode = causal_mode;
+        p.pre_tokens = pre_tokens;
+        p.next_tokens = 0;
+      } else {
+        p.sparse_mode = 0;
+      }
+      ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, out, lse_placeholder_);
+      return output;
+    }
+    case ForwardPath::FusedDense:
+    case ForwardPath::FusedPaged: {
+      ops::FiaTensors t;
+      ops::FiaParams p;
+      t.query = q;
+      if (path == ForwardPath::FusedDense) {
+        // PrefillNoCache: the new K/V are the whole context; both lists cumulative.
+        t.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
+        t.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+        p.actual_seq_lengths_kv = md.actual_seq_lengths_q;
+      } else {
+        t.key = key_cache_3d_;
+        t.value = value_cache_3d_;
+        t.block_table = md.block_tables;
+        p.actual_seq_lengths_kv = md.seq_lens_list;
+        p.block_size = md.block_size;
+      }
+      p.actual_seq_lengths = md.actual_seq_lengths_q;
+      p.num_heads = cfg_.num_heads;
+      p.num_key_value_heads = cfg_.num_kv_heads;
+      p.scale = cfg_.scale;
+      p.input_layout = "TND";
+      if (!md.causal) {
+        p.sparse_mode = 0;  // bidirectional; no mask (a mask would be applied as-is in mode 0)
+      } else {
+        t.atten_mask = md.attn_mask;
+        p.sparse_mode = causal_mode;
+        p.pre_tokens = pre_tokens;
+        p.next_tokens = sw > 0 ? 0 : ops::kIntMax32;
+      }
+      ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse_placeholder_);
+      return output;
+    }
+    case ForwardPath::FusedSplit: {
+      // A5: decodes and prefills of a chunked-prefill batch in two calls
+      // (spec 5.4); mathematically the single call.
+      const int64_t nd = md.num_decodes, ndt = md.num_decode_tokens;
+      ops::FiaTensors t;
+      ops::FiaParams p;
+      t.key = key_cache_3d_;
+      t.value = value_cache_3d_;
+      t.atten_mask = md.attn_mask;
+      p.num_heads = cfg_.num_heads;
+      p.num_key_value_heads = cfg_.num_kv_heads;
+      p.scale = cfg_.scale;
+      p.input_layout = "TND";
+      p.block_size = md.block_size;
+      p.sparse_mode = 3;
+      t.query = q.narrow(0, 0, ndt);
+      t.block_table = md.block_tables.narrow(0, 0, nd);
+      p.actual_seq_lengths = md.actual_seq_lengths_q.slice(0, nd);
+      p.actual_seq_lengths_kv = md.seq_lens_list.slice(0, nd);
+      at::Tensor out_d = out.narrow(0, 0, ndt);
+      ops::fused_infer_attention_score_out(t, p, std::nullopt, out_d, lse_placeholder_);
+      const int64_t np = md.num_reqs - nd;
+      std::vector<int64_t> rebased(np);
+      for (int64_t i = 0; i < np; ++i) rebased[i] = md.actual_seq_lengths_q[nd + i] - ndt;
+      t.query = q.narrow(0, ndt, nt - ndt);
+      t.block_table = md.block_tables.narrow(0, nd, np);
+      p.actual_seq_lengths = rebased;
+      p.actual_seq_lengths_kv = md.seq_lens_list.slice(nd);
+      at::Tensor out_p = out.narrow(0, ndt, nt - ndt);
+      ops::fused_infer_attention_score_out(t, p, std::nullopt, out_p, lse_placeholder_);
+      return output;
+    }
+    default:
+      break;
+  }
+  throw std::logic_error("unhandled forward path");
+}
+
+}  // namespace aar::gqa

@@ -1,0 +1,33 @@
+// Static facts of the GQA/MHA backend (spec gqa.md section 1).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace aar::gqa {
+
+struct Backend {
+  // The name vLLM knows the upstream backend by ("CUSTOM").
+  static const char* name();
+  // Kernel block sizes this runtime accepts. Upstream fixes 128; the kernels
+  // (FIA, PagedAttention) take any multiple of 16 up to 512, and smaller blocks
+  // are useful for tests and small caches, so we accept 16, 32, 64 and 128.
+  static const std::vector<int64_t>& supported_block_sizes();
+  static bool is_supported_block_size(int64_t block_size);
+  // (2, num_blocks, block_size, num_kv_heads, head_size), whatever the dtype.
+  static std::vector<int64_t> kv_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
+                                             int64_t head_size);
+  // dst[dst_idx] = src[src_idx] along dim 0 for K and V; src_to_dst is (M, 2)
+  // integer pairs; gathers before it scatters. Validates every index first.
+  static void swap_blocks(const at::Tensor& src_key_cache, const at::Tensor& src_value_cache,
+                          at::Tensor& dst_key_cache, at::Tensor& dst_value_cache, const at::Tensor& src_to_dst);
+  // For every (K, V) pair: cache[dst] = cache[src] within the same tensor;
+  // gather-then-scatter semantics. Validates every index first.
+  static void copy_blocks(const std::vector<std::pair<at::Tensor, at::Tensor>>& kv_caches,
+                          const at::Tensor& src_to_dsts);
+};
+
+}  // namespace aar::gqa

@@ -1,0 +1,88 @@
+// Per-layer GQA/MHA attention (spec gqa.md sections 5 and 6). `forward` does no
+// host metadata work: it picks a path from the metadata, writes the KV cache
+// and calls the operators.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ascend_attn_rt/gqa/metadata.h"
+#include "ascend_attn_rt/plan/workspace.h"
+
+namespace aar::gqa {
+
+enum class AttnType : int32_t { Decoder = 0, EncoderOnly = 1, Encoder = 2, EncoderDecoder = 3 };
+
+struct ImplConfig {
+  int64_t num_heads = 0;
+  int64_t head_size = 0;
+  double scale = 0.0;                       // 0 = 1/sqrt(head_size)
+  int64_t num_kv_heads = 0;                 // 0 = num_heads
+  // vLLM semantics: a query at position p attends keys in (p - W, p], W keys.
+  std::optional<int64_t> sliding_window;
+  std::optional<at::Tensor> sinks;          // (num_heads,) learnable sinks -> FIA v2
+  bool has_alibi_slopes = false;            // not supported: rejected
+  std::optional<double> logits_soft_cap;    // not supported when > 0: rejected
+  std::string kv_cache_dtype = "auto";      // only "auto" (INT8 is the C8 backend)
+  AttnType attn_type = AttnType::Decoder;
+  bool kv_sharing = false;                  // shares another layer's cache: never writes
+  // Paged-attention selection (spec 9.6) and device generation.
+  plan::DeviceKind device_kind = plan::DeviceKind::A2;
+  bool has_speculative_config = false;
+  bool full_decode_only_graph = false;
+  std::vector<int32_t> pa_shape_list;
+};
+
+// Which kernel path a forward took (for tests and tracing).
+enum class ForwardPath : int32_t {
+  None = 0,          // metadata absent: zero output
+  FusedPaged = 1,    // FIA v1 over the paged cache
+  FusedDense = 2,    // FIA v1 over the new K/V (PrefillNoCache)
+  FusedSinks = 3,    // FIA v2 with learnable sinks
+  PagedAttention = 4,
+  Encoder = 5,       // npu_fusion_attention, bidirectional, dense
+  FusedSplit = 6,    // A5 chunked-prefill split into decode + prefill calls
+  LargeHead = 7,     // D=512 fallback through npu_fusion_attention
+};
+const char* to_string(ForwardPath p);
+
+class AttentionImpl {
+ public:
+  explicit AttentionImpl(const ImplConfig& cfg);
+
+  // query (T, N, D); key/value (T, Nkv, D) or absent (no cache write);
+  // key_cache/value_cache (num_blocks, block_size, Nkv, D), or undefined tensors
+  // for encoder-only layers without a cache; output (T, N, D), written in rows
+  // [0, metadata.num_kernel_tokens) only. metadata == nullptr (profiling run)
+  // zero-fills the output. Returns output.
+  const at::Tensor& forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                            const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                            const at::Tensor& value_cache, const Metadata* metadata, const at::Tensor& output);
+
+  const ImplConfig& config() const { return cfg_; }
+  ForwardPath last_path() const { return last_path_; }
+
+ private:
+  void bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache);
+  void write_kv(const at::Tensor& key, const at::Tensor& value, const Metadata& md);
+  void validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                const at::Tensor& value_cache, const Metadata& md, const at::Tensor& output) const;
+  ForwardPath choose_path(const Metadata& md, int64_t num_tokens) const;
+
+  ImplConfig cfg_;
+  std::optional<at::Tensor> sinks_fp32_;
+  // Caches are bound on first use; the 3-D (nb, bs, Nkv*D) views the fused
+  // kernel takes are made once per binding, not per call.
+  const c10::TensorImpl* bound_key_ = nullptr;
+  const c10::TensorImpl* bound_value_ = nullptr;
+  at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
+  at::Tensor lse_placeholder_;
+  ForwardPath last_path_ = ForwardPath::None;
+};
+
+}  // namespace aar::gqa
