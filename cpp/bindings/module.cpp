@@ -171,7 +171,14 @@ NB_MODULE(_C, m) {
   m.def(
       "set_provider", [](const std::string& s) { ops::set_provider_override(bindings::parse_provider(s)); },
       "provider"_a, "Select the operator provider: 'auto' (by device), 'npu', 'cpu' or 'no_compute'.");
-  m.def("get_provider", []() { return std::string(ops::to_string(ops::provider_override())); });
+  m.def("get_provider", []() -> std::string {
+    switch (ops::provider_override()) {
+      case ops::Provider::Npu: return "npu";
+      case ops::Provider::Cpu: return "cpu";
+      case ops::Provider::NoCompute: return "no_compute";
+      default: return "auto";
+    }
+  });
   m.def(
       "op_schemas",
       []() {

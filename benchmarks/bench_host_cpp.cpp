@@ -1,0 +1,200 @@
+// Host-time benchmark from C++: MetadataBuilder::build and per-layer
+// AttentionImpl::forward with the no-compute operator provider, so the numbers
+// are the runtime's host work plus the dispatcher, not kernel compute.
+//
+//   build/bench_host_cpp [--out benchmarks/results/cpp_host.json] [--quick]
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ascend_attn_rt/gqa/builder.h"
+#include "ascend_attn_rt/gqa/impl.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/provider.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using aar::plan::CSpan;
+
+struct Result {
+  std::string group, name;
+  int batch;
+  double us;
+};
+
+// Median over repeats of the mean time per call.
+double time_us(const std::function<void()>& fn, int iters, int repeats = 7) {
+  for (int i = 0; i < std::max(10, iters / 10); ++i) fn();
+  std::vector<double> samples;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    auto t1 = Clock::now();
+    samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / iters);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+struct Batch {
+  std::vector<int32_t> qsl, seq, table;
+  int stride = 0;
+};
+
+Batch make_batch(int decodes, int decode_ctx, int prefills, int prefill_new, int prefill_ctx, int block_size,
+                 int stride) {
+  Batch b;
+  b.stride = stride;
+  b.qsl.push_back(0);
+  for (int i = 0; i < decodes; ++i) {
+    b.qsl.push_back(b.qsl.back() + 1);
+    b.seq.push_back(decode_ctx);
+  }
+  for (int i = 0; i < prefills; ++i) {
+    b.qsl.push_back(b.qsl.back() + prefill_new);
+    b.seq.push_back(prefill_ctx + prefill_new);
+  }
+  const int n = decodes + prefills;
+  b.table.resize(static_cast<size_t>(n) * stride);
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < stride; ++c) b.table[static_cast<size_t>(r) * stride + c] = (r * stride + c) % 16384;
+  (void)block_size;
+  return b;
+}
+
+aar::gqa::BuildInputs inputs_of(const Batch& b) {
+  aar::gqa::BuildInputs in;
+  in.query_start_loc = CSpan<int32_t>(b.qsl.data(), b.qsl.size());
+  in.seq_lens = CSpan<int32_t>(b.seq.data(), b.seq.size());
+  in.block_table = CSpan<int32_t>(b.table.data(), b.table.size());
+  in.block_table_stride = b.stride;
+  return in;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path = "benchmarks/results/cpp_host.json";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  const int scale = quick ? 10 : 1;
+  aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
+  std::vector<Result> results;
+
+  // ---------------------------------------------------------------- build
+  aar::gqa::BuilderConfig bc;
+  bc.max_num_reqs = 1024;
+  bc.max_num_tokens = 16384;
+  bc.max_blocks_per_req = 16;
+  bc.block_size = 128;
+  bc.num_blocks = 16384;
+  aar::gqa::MetadataBuilder builder(bc);
+  for (int B : {1, 32, 256, 1024}) {
+    Batch b = make_batch(B, 2048, 0, 0, 0, 128, 16);
+    auto in = inputs_of(b);
+    results.push_back({"build", "decode, host block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
+    // Zero-copy: the engine keeps its block table in the builder's staging rows.
+    std::memcpy(builder.block_table_staging().data_ptr<int32_t>(), b.table.data(), b.table.size() * 4);
+    in.block_table = CSpan<int32_t>(builder.block_table_staging().data_ptr<int32_t>(), b.table.size());
+    results.push_back({"build", "decode, staged block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
+  }
+  {
+    Batch b = make_batch(64, 1024, 4, 512, 1024, 128, 16);
+    auto in = inputs_of(b);
+    results.push_back({"build", "mixed 64 dec + 4x512 prefill", 68, time_us([&] { builder.build(in); }, 5000 / scale)});
+  }
+  {
+    Batch b = make_batch(0, 0, 8, 2048, 0, 128, 16);
+    auto in = inputs_of(b);
+    in.attn_state = aar::plan::AttentionState::PrefillNoCache;
+    results.push_back({"build", "prefill 8x2048", 8, time_us([&] { builder.build(in); }, 2000 / scale)});
+  }
+
+  // ---------------------------------------------------------------- forward
+  // Llama-3-8B attention shapes; the no-compute provider never reads the cache,
+  // so every request shares the same 16 blocks (a 4 MiB cache per K and V).
+  const int N = 32, Nkv = 8, D = 128, bs = 128, ctx = 2048;
+  aar::gqa::BuilderConfig fc = bc;
+  fc.max_num_reqs = 256;
+  fc.num_blocks = 16;
+  aar::gqa::MetadataBuilder fbuilder(fc);
+  auto opts = at::TensorOptions().dtype(at::kBFloat16);
+  at::Tensor k_cache = at::zeros({16, bs, Nkv, D}, opts), v_cache = at::zeros({16, bs, Nkv, D}, opts);
+  for (int B : {1, 32, 256}) {
+    Batch b = make_batch(B, ctx, 0, 0, 0, bs, 16);
+    for (size_t i = 0; i < b.table.size(); ++i) b.table[i] = static_cast<int32_t>(i % 16);
+    const aar::gqa::Metadata& md = fbuilder.build(inputs_of(b));
+    at::Tensor q = at::zeros({B, N, D}, opts), k = at::zeros({B, Nkv, D}, opts), v = at::zeros({B, Nkv, D}, opts);
+    at::Tensor out = at::empty({B, N, D}, opts);
+    std::optional<at::Tensor> ko = k, vo = v;
+
+    aar::gqa::ImplConfig ic;
+    ic.num_heads = N;
+    ic.num_kv_heads = Nkv;
+    ic.head_size = D;
+    aar::gqa::AttentionImpl fused(ic);
+    ic.full_decode_only_graph = true;
+    ic.pa_shape_list = {B};
+    aar::gqa::AttentionImpl paged(ic);
+
+    fused.forward(q, ko, vo, k_cache, v_cache, &md, out);
+    const std::string fused_path = aar::gqa::to_string(fused.last_path());
+    paged.forward(q, ko, vo, k_cache, v_cache, &md, out);
+    const std::string paged_path = aar::gqa::to_string(paged.last_path());
+    results.push_back({"forward", "per layer, " + fused_path + " + KV write", B,
+                       time_us([&] { fused.forward(q, ko, vo, k_cache, v_cache, &md, out); }, 20000 / scale)});
+    results.push_back({"forward", "per layer, " + paged_path + " + KV write", B,
+                       time_us([&] { paged.forward(q, ko, vo, k_cache, v_cache, &md, out); }, 20000 / scale)});
+
+    // The floor: one bare dispatcher call of the fused kernel with this step's lists.
+    aar::ops::FiaTensors t;
+    t.query = q;
+    t.key = k_cache.view({16, bs, Nkv * D});
+    t.value = v_cache.view({16, bs, Nkv * D});
+    t.block_table = md.block_tables;
+    t.atten_mask = md.attn_mask;
+    aar::ops::FiaParams p;
+    p.actual_seq_lengths = md.actual_seq_lengths_q;
+    p.actual_seq_lengths_kv = md.seq_lens_list;
+    p.num_heads = N;
+    p.num_key_value_heads = Nkv;
+    p.block_size = bs;
+    p.sparse_mode = 3;
+    at::Tensor lse = at::zeros({1}, at::kFloat);
+    results.push_back({"forward", "floor: bare FIA .out dispatch", B, time_us([&] {
+                         aar::ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+                       }, 20000 / scale)});
+  }
+
+  std::printf("%-8s %-40s %6s %12s\n", "group", "case", "batch", "us/call");
+  for (const auto& r : results) std::printf("%-8s %-40s %6d %12.3f\n", r.group.c_str(), r.name.c_str(), r.batch, r.us);
+
+  std::ofstream f(out_path);
+  if (f) {
+    f << "{\n  \"tool\": \"bench_host_cpp\",\n  \"provider\": \"no_compute\",\n  \"hardware_threads\": "
+      << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      f << "    {\"group\": \"" << r.group << "\", \"case\": \"" << r.name << "\", \"batch\": " << r.batch
+        << ", \"us_per_call\": " << r.us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+    }
+    f << "  ]\n}\n";
+    std::printf("wrote %s\n", out_path.c_str());
+  } else {
+    std::printf("could not write %s\n", out_path.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,102 @@
+// The no-compute provider (namespace ascend_noop): the same schemas as the CPU
+// twins and torch_npu, no arithmetic. Functional variants return correctly
+// shaped tensors from a small per-thread cache keyed by (shape, dtype), so a
+// steady-state call allocates nothing; .out / in-place variants do nothing.
+// Used to measure the runtime's host overhead alone. Assumes Dv == D for the
+// FIA output shape (what every caller of this runtime passes).
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <array>
+
+#include "../op_signatures.h"
+#include "ascend_attn_rt/errors.h"
+
+namespace aar::ops::noop {
+
+namespace {
+
+struct Entry {
+  std::array<int64_t, 5> shape{};
+  int64_t rank = -1;
+  at::ScalarType dtype = at::kFloat;
+  at::Tensor t;
+};
+
+const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype) {
+  thread_local std::array<Entry, 16> cache;
+  thread_local size_t next = 0;
+  for (auto& e : cache) {
+    if (e.rank == static_cast<int64_t>(shape.size()) && e.dtype == dtype &&
+        std::equal(shape.begin(), shape.end(), e.shape.begin())) {
+      return e.t;
+    }
+  }
+  Entry& e = cache[next];
+  next = (next + 1) % cache.size();
+  e.rank = static_cast<int64_t>(shape.size());
+  std::copy(shape.begin(), shape.end(), e.shape.begin());
+  e.dtype = dtype;
+  e.t = at::zeros(shape, at::TensorOptions().dtype(dtype));
+  return e.t;
+}
+
+std::tuple<at::Tensor, at::Tensor> fia_outputs(const at::Tensor& query, bool lse) {
+  const at::Tensor& out = cached(query.sizes(), query.scalar_type());
+  std::array<int64_t, 5> s{};
+  const int64_t r = query.dim();
+  AAR_CHECK_ARG(r >= 1 && r <= 5, "ascend_noop FIA: query must have 1..5 dims, got ", query.sizes());
+  std::copy(query.sizes().begin(), query.sizes().end(), s.begin());
+  s[r - 1] = 1;
+  if (!lse) s[0] = 1;  // the [1] placeholder
+  const c10::IntArrayRef lse_shape(s.data(), lse ? r : 1);
+  return {out, cached(lse_shape, at::kFloat)};
+}
+
+const at::Tensor& workspace() {
+  static const std::array<int64_t, 1> shape{64};
+  return cached(c10::IntArrayRef(shape.data(), 1), at::kByte);
+}
+
+std::tuple<at::Tensor, at::Tensor> fia_v1(AAR_FIA_V1_PARAMS) { return fia_outputs(query, softmax_lse_flag); }
+std::tuple<at::Tensor&, at::Tensor&> fia_v1_out(AAR_FIA_V1_PARAMS, AAR_OUT_TAIL_PARAMS) {
+  return {attention_out, softmax_lse};
+}
+at::Tensor fia_v1_ws(AAR_FIA_V1_PARAMS) { return workspace(); }
+
+std::tuple<at::Tensor, at::Tensor> fia_v2(AAR_FIA_V2_PARAMS) { return fia_outputs(query, return_softmax_lse); }
+std::tuple<at::Tensor&, at::Tensor&> fia_v2_out(AAR_FIA_V2_PARAMS, AAR_OUT_TAIL_PARAMS) {
+  return {attention_out, softmax_lse};
+}
+at::Tensor fia_v2_ws(AAR_FIA_V2_PARAMS) { return workspace(); }
+
+sig::FusionAttentionResult fusion_attention(AAR_FUSION_ATTENTION_PARAMS) {
+  std::array<int64_t, 3> s{query.size(0), head_num, value.size(-1)};
+  static const std::array<int64_t, 1> empty{0};
+  const at::Tensor& ph = cached(c10::IntArrayRef(empty.data(), 1), at::kFloat);
+  return {cached(c10::IntArrayRef(s.data(), 3), query.scalar_type()), ph, ph, ph, 0, 0, 0};
+}
+
+void scatter_pa_kv_cache(AAR_SCATTER_PA_PARAMS) {}
+void reshape_and_cache(AAR_RESHAPE_AND_CACHE_PARAMS) {}
+void paged_attention(AAR_PAGED_ATTENTION_PARAMS, sig::OptT workspace) {}
+at::Tensor paged_attention_ws(AAR_PAGED_ATTENTION_PARAMS) { return workspace(); }
+
+}  // namespace
+
+}  // namespace aar::ops::noop
+
+TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) {
+  using namespace aar::ops::noop;
+  m.impl("npu_fused_infer_attention_score", TORCH_FN(fia_v1));
+  m.impl("npu_fused_infer_attention_score.out", TORCH_FN(fia_v1_out));
+  m.impl("_npu_fused_infer_attention_score_get_max_workspace", TORCH_FN(fia_v1_ws));
+  m.impl("npu_fused_infer_attention_score_v2", TORCH_FN(fia_v2));
+  m.impl("npu_fused_infer_attention_score_v2.out", TORCH_FN(fia_v2_out));
+  m.impl("_npu_fused_infer_attention_score_v2_get_max_workspace", TORCH_FN(fia_v2_ws));
+  m.impl("npu_fusion_attention", TORCH_FN(fusion_attention));
+  m.impl("npu_scatter_pa_kv_cache", TORCH_FN(scatter_pa_kv_cache));
+  m.impl("_npu_paged_attention", TORCH_FN(paged_attention));
+  m.impl("_npu_paged_attention_get_workspace", TORCH_FN(paged_attention_ws));
+  m.impl("_npu_reshape_and_cache", TORCH_FN(reshape_and_cache));
+}

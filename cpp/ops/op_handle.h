@@ -1,0 +1,79 @@
+// Internal: lazily resolved, per-provider typed operator handles.
+//
+// A wrapper keeps one OpHandle per operator (a namespace-scope static). The
+// first call for a provider looks the schema up by qualified name and caches the
+// typed handle; every later call costs one acquire load before the unboxed
+// dispatcher call. No strings are built on the hot path.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/provider.h"
+
+namespace aar::ops::detail {
+
+// The provider a wrapper call uses: an explicit argument wins, then the
+// process-wide override, then the device of the first tensor argument.
+inline Provider pick_provider(Provider pv, const at::Tensor& first) {
+  return pv != Provider::Auto ? pv : resolve_provider(first);
+}
+
+inline const std::optional<at::Tensor>& none_tensor() {
+  static const std::optional<at::Tensor> none;
+  return none;
+}
+
+[[noreturn]] void throw_lookup_failure(Provider p, const std::string& qualified, const char* overload,
+                                       const char* what);
+
+template <class Sig>
+class OpHandle {
+ public:
+  OpHandle(const char* name, const char* overload, bool atb) : name_(name), overload_(overload), atb_(atb) {}
+  OpHandle(const OpHandle&) = delete;
+  OpHandle& operator=(const OpHandle&) = delete;
+
+  const c10::TypedOperatorHandle<Sig>& get(Provider p) {
+    const auto i = static_cast<uint32_t>(p);
+    if (__builtin_expect(i < 4 && ready_[i].load(std::memory_order_acquire), 1)) {
+      return *handles_[i];
+    }
+    return resolve(p);
+  }
+
+ private:
+  const c10::TypedOperatorHandle<Sig>& resolve(Provider p) {
+    const auto i = static_cast<uint32_t>(p);
+    AAR_CHECK_ARG(i >= 1 && i < 4, "operator ", name_, ": cannot dispatch to provider value ",
+                  static_cast<int32_t>(p));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ready_[i].load(std::memory_order_relaxed)) {
+      const std::string qualified = std::string(provider_namespace(p, atb_)) + "::" + name_;
+      try {
+        auto h = c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(), overload_);
+        handles_[i].emplace(h.template typed<Sig>());
+      } catch (const c10::Error& e) {
+        throw_lookup_failure(p, qualified, overload_, e.what_without_backtrace());
+      }
+      ready_[i].store(true, std::memory_order_release);
+    }
+    return *handles_[i];
+  }
+
+  const char* name_;
+  const char* overload_;
+  bool atb_;
+  std::mutex mu_;
+  std::atomic<bool> ready_[4] = {};
+  std::optional<c10::TypedOperatorHandle<Sig>> handles_[4];
+};
+
+}  // namespace aar::ops::detail

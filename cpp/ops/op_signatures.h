@@ -1,0 +1,115 @@
+// Internal: the C++ function types that correspond to the schemas in
+// schemas.cpp (Tensor? -> const std::optional<at::Tensor>&, SymInt[]? ->
+// at::OptionalSymIntArrayRef, int[]? -> at::OptionalIntArrayRef, str ->
+// c10::string_view, float -> double). The wrappers call through these types and
+// the CPU twins / no-compute kernels are defined with them, so a mismatch with a
+// schema fails loudly at registration time.
+#pragma once
+
+#include <ATen/core/ATen_fwd.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/OptionalArrayRef.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+#include <tuple>
+
+namespace aar::ops::sig {
+
+using OptT = const std::optional<at::Tensor>&;
+using SymList = at::OptionalSymIntArrayRef;
+using Str = c10::string_view;
+using OptInt = std::optional<int64_t>;
+
+// npu_fused_infer_attention_score: (query, key, value) then the keyword arguments.
+#define AAR_FIA_V1_PARAMS                                                                         \
+  const at::Tensor &query, const at::Tensor &key, const at::Tensor &value, sig::OptT pse_shift,   \
+      sig::OptT atten_mask, sig::SymList actual_seq_lengths, sig::SymList actual_seq_lengths_kv,  \
+      sig::OptT dequant_scale1, sig::OptT quant_scale1, sig::OptT dequant_scale2,                 \
+      sig::OptT quant_scale2, sig::OptT quant_offset2, sig::OptT antiquant_scale,                 \
+      sig::OptT antiquant_offset, sig::OptT key_antiquant_scale, sig::OptT key_antiquant_offset,  \
+      sig::OptT value_antiquant_scale, sig::OptT value_antiquant_offset, sig::OptT block_table,   \
+      sig::OptT query_padding_size, sig::OptT kv_padding_size, sig::OptT key_shared_prefix,       \
+      sig::OptT value_shared_prefix, sig::SymList actual_shared_prefix_len, sig::OptT query_rope, \
+      sig::OptT key_rope, sig::OptT key_rope_antiquant_scale, int64_t num_heads, double scale,    \
+      int64_t pre_tokens, int64_t next_tokens, sig::Str input_layout, int64_t num_key_value_heads, \
+      int64_t sparse_mode, int64_t inner_precise, int64_t block_size, int64_t antiquant_mode,     \
+      int64_t key_antiquant_mode, int64_t value_antiquant_mode, bool softmax_lse_flag
+
+#define AAR_FIA_V1_ARGS                                                                            \
+  query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv,             \
+      dequant_scale1, quant_scale1, dequant_scale2, quant_scale2, quant_offset2, antiquant_scale,  \
+      antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale,          \
+      value_antiquant_offset, block_table, query_padding_size, kv_padding_size, key_shared_prefix, \
+      value_shared_prefix, actual_shared_prefix_len, query_rope, key_rope,                         \
+      key_rope_antiquant_scale, num_heads, scale, pre_tokens, next_tokens, input_layout,           \
+      num_key_value_heads, sparse_mode, inner_precise, block_size, antiquant_mode,                 \
+      key_antiquant_mode, value_antiquant_mode, softmax_lse_flag
+
+#define AAR_FIA_V2_PARAMS                                                                          \
+  const at::Tensor &query, const at::Tensor &key, const at::Tensor &value, sig::OptT query_rope,   \
+      sig::OptT key_rope, sig::OptT pse_shift, sig::OptT atten_mask, sig::SymList actual_seq_qlen, \
+      sig::SymList actual_seq_kvlen, sig::OptT block_table, sig::OptT dequant_scale_query,         \
+      sig::OptT dequant_scale_key, sig::OptT dequant_offset_key, sig::OptT dequant_scale_value,    \
+      sig::OptT dequant_offset_value, sig::OptT dequant_scale_key_rope, sig::OptT quant_scale_out, \
+      sig::OptT quant_offset_out, sig::OptT quant_scale_p, sig::OptT learnable_sink,               \
+      int64_t num_query_heads, int64_t num_key_value_heads, double softmax_scale,                  \
+      int64_t pre_tokens, int64_t next_tokens, sig::Str input_layout, int64_t sparse_mode,         \
+      int64_t block_size, int64_t query_quant_mode, int64_t key_quant_mode,                        \
+      int64_t value_quant_mode, int64_t inner_precise, bool return_softmax_lse,                    \
+      sig::OptInt query_dtype, sig::OptInt key_dtype, sig::OptInt value_dtype,                     \
+      sig::OptInt query_rope_dtype, sig::OptInt key_rope_dtype, sig::OptInt key_shared_prefix_dtype, \
+      sig::OptInt value_shared_prefix_dtype, sig::OptInt dequant_scale_query_dtype,               \
+      sig::OptInt dequant_scale_key_dtype, sig::OptInt dequant_scale_value_dtype,                  \
+      sig::OptInt dequant_scale_key_rope_dtype, sig::OptInt out_dtype
+
+#define AAR_FIA_V2_ARGS                                                                             \
+  query, key, value, query_rope, key_rope, pse_shift, atten_mask, actual_seq_qlen, actual_seq_kvlen, \
+      block_table, dequant_scale_query, dequant_scale_key, dequant_offset_key, dequant_scale_value,  \
+      dequant_offset_value, dequant_scale_key_rope, quant_scale_out, quant_offset_out, quant_scale_p, \
+      learnable_sink, num_query_heads, num_key_value_heads, softmax_scale, pre_tokens, next_tokens,  \
+      input_layout, sparse_mode, block_size, query_quant_mode, key_quant_mode, value_quant_mode,     \
+      inner_precise, return_softmax_lse, query_dtype, key_dtype, value_dtype, query_rope_dtype,      \
+      key_rope_dtype, key_shared_prefix_dtype, value_shared_prefix_dtype, dequant_scale_query_dtype, \
+      dequant_scale_key_dtype, dequant_scale_value_dtype, dequant_scale_key_rope_dtype, out_dtype
+
+#define AAR_OUT_TAIL_PARAMS sig::OptT workspace, at::Tensor &attention_out, at::Tensor &softmax_lse
+
+using FiaV1 = std::tuple<at::Tensor, at::Tensor>(AAR_FIA_V1_PARAMS);
+using FiaV1Out = std::tuple<at::Tensor&, at::Tensor&>(AAR_FIA_V1_PARAMS, AAR_OUT_TAIL_PARAMS);
+using FiaV1Ws = at::Tensor(AAR_FIA_V1_PARAMS);
+using FiaV2 = std::tuple<at::Tensor, at::Tensor>(AAR_FIA_V2_PARAMS);
+using FiaV2Out = std::tuple<at::Tensor&, at::Tensor&>(AAR_FIA_V2_PARAMS, AAR_OUT_TAIL_PARAMS);
+using FiaV2Ws = at::Tensor(AAR_FIA_V2_PARAMS);
+
+#define AAR_FUSION_ATTENTION_PARAMS                                                                \
+  const at::Tensor &query, const at::Tensor &key, const at::Tensor &value, int64_t head_num,       \
+      sig::Str input_layout, sig::OptT pse, sig::OptT padding_mask, sig::OptT atten_mask,          \
+      double scale, double keep_prob, int64_t pre_tockens, int64_t next_tockens,                   \
+      int64_t inner_precise, at::OptionalIntArrayRef prefix, at::OptionalIntArrayRef actual_seq_qlen, \
+      at::OptionalIntArrayRef actual_seq_kvlen, int64_t sparse_mode, bool gen_mask_parallel,       \
+      bool sync, sig::Str softmax_layout, sig::OptT sink, sig::OptT dropout_mask, int64_t seed,    \
+      int64_t offset
+using FusionAttentionResult =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t>;
+using FusionAttention = FusionAttentionResult(AAR_FUSION_ATTENTION_PARAMS);
+
+#define AAR_SCATTER_PA_PARAMS                                                                      \
+  const at::Tensor &key, const at::Tensor &value, at::Tensor &key_cache, at::Tensor &value_cache,  \
+      const at::Tensor &slot_mapping, sig::OptT compress_lens, sig::OptT compress_seq_offsets,     \
+      sig::OptT seq_lens, std::optional<c10::string_view> cache_mode
+using ScatterPaKvCache = void(AAR_SCATTER_PA_PARAMS);
+
+#define AAR_PAGED_ATTENTION_PARAMS                                                                 \
+  const at::Tensor &query, const at::Tensor &key_cache, const at::Tensor &value_cache,             \
+      int64_t num_kv_heads, int64_t num_heads, double scale_value, const at::Tensor &block_table,  \
+      const at::Tensor &context_lens, at::Tensor &out
+using PagedAttention = void(AAR_PAGED_ATTENTION_PARAMS, sig::OptT workspace);
+using PagedAttentionWs = at::Tensor(AAR_PAGED_ATTENTION_PARAMS);
+
+#define AAR_RESHAPE_AND_CACHE_PARAMS                                                              \
+  const at::Tensor &key, const at::Tensor &value, at::Tensor &key_cache, at::Tensor &value_cache, \
+      const at::Tensor &slot_indices
+using ReshapeAndCache = void(AAR_RESHAPE_AND_CACHE_PARAMS);
+
+}  // namespace aar::ops::sig

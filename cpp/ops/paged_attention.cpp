@@ -1,0 +1,30 @@
+// Typed wrappers for ATB _npu_paged_attention and its workspace query
+// (namespace `atb` on the NPU).
+#include "ascend_attn_rt/ops/paged_attention.h"
+
+#include "op_handle.h"
+#include "op_signatures.h"
+
+namespace aar::ops {
+
+namespace {
+detail::OpHandle<sig::PagedAttention> g_pa("_npu_paged_attention", "", true);
+detail::OpHandle<sig::PagedAttentionWs> g_pa_ws("_npu_paged_attention_get_workspace", "", true);
+}  // namespace
+
+void paged_attention(const PagedAttentionArgs& a, at::Tensor& out, const std::optional<at::Tensor>& workspace,
+                     Provider pv) {
+  const auto& op = g_pa.get(detail::pick_provider(pv, a.query));
+  c10::InferenceMode guard;
+  op.call(a.query, a.key_cache, a.value_cache, a.num_kv_heads, a.num_heads, a.scale_value, a.block_table,
+          a.context_lens, out, workspace);
+}
+
+at::Tensor paged_attention_get_workspace(const PagedAttentionArgs& a, at::Tensor& out, Provider pv) {
+  const auto& op = g_pa_ws.get(detail::pick_provider(pv, a.query));
+  c10::InferenceMode guard;
+  return op.call(a.query, a.key_cache, a.value_cache, a.num_kv_heads, a.num_heads, a.scale_value, a.block_table,
+                 a.context_lens, out);
+}
+
+}  // namespace aar::ops

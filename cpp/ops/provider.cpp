@@ -1,0 +1,67 @@
+#include "ascend_attn_rt/ops/provider.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+
+#include "ascend_attn_rt/errors.h"
+
+namespace aar::ops {
+
+namespace {
+std::atomic<Provider> g_override{Provider::Auto};
+}  // namespace
+
+const char* to_string(Provider p) {
+  switch (p) {
+    case Provider::Auto:
+      return "Auto";
+    case Provider::Npu:
+      return "Npu";
+    case Provider::Cpu:
+      return "Cpu";
+    case Provider::NoCompute:
+      return "NoCompute";
+  }
+  return "<invalid Provider>";
+}
+
+void set_provider_override(Provider p) {
+  AAR_CHECK_ARG(static_cast<int32_t>(p) >= 0 && static_cast<int32_t>(p) <= 3,
+                "set_provider_override: invalid provider value ", static_cast<int32_t>(p));
+  g_override.store(p, std::memory_order_relaxed);
+}
+
+Provider provider_override() { return g_override.load(std::memory_order_relaxed); }
+
+Provider resolve_provider(const at::Tensor& t) {
+  const Provider o = g_override.load(std::memory_order_relaxed);
+  if (o != Provider::Auto) return o;
+  AAR_CHECK_ARG(t.defined(), "resolve_provider: the operator's first tensor argument is undefined");
+  switch (t.device().type()) {
+    case c10::DeviceType::PrivateUse1:
+      return Provider::Npu;
+    case c10::DeviceType::CPU:
+      return Provider::Cpu;
+    default:
+      throw_invalid("resolve_provider: no attention operator provider for device '", t.device(),
+                    "' (supported: npu via torch_npu, cpu via the CPU twins)");
+  }
+}
+
+const char* provider_namespace(Provider p, bool atb) {
+  switch (p) {
+    case Provider::Npu:
+      return atb ? "atb" : "npu";
+    case Provider::Cpu:
+      return "ascend_cpu";
+    case Provider::NoCompute:
+      return "ascend_noop";
+    case Provider::Auto:
+      break;
+  }
+  throw_invalid("provider_namespace: provider ", to_string(p),
+                " has no namespace (resolve Auto with resolve_provider first)");
+}
+
+}  // namespace aar::ops

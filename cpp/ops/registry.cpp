@@ -1,0 +1,19 @@
+// Schema definitions for our two provider namespaces. Kernels are attached
+// elsewhere (cpp/ops/cpu/*.cpp, cpp/ops/noop/*.cpp) with TORCH_LIBRARY_IMPL.
+#include <torch/library.h>
+
+#include "ascend_attn_rt/ops/schemas.h"
+
+namespace {
+
+void define_all(torch::Library& m) {
+  for (const auto& s : aar::ops::op_schemas()) {
+    m.def(s.schema);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(ascend_cpu, m) { define_all(m); }
+
+TORCH_LIBRARY(ascend_noop, m) { define_all(m); }

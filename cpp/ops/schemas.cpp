@@ -1,0 +1,151 @@
+// The operator schema table. Every string is copied verbatim from the torch_npu
+// 2.14.0 wheel: npu_* from torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml,
+// the ATB ops (`atb` namespace) from op_plugin's AtbOpsInterface.h signatures.
+// Registering the CPU twins and the no-compute provider from this one table is
+// what guarantees the three providers share byte-identical schemas.
+#include "ascend_attn_rt/ops/schemas.h"
+
+namespace aar::ops {
+
+const std::vector<OpSchema>& op_schemas() {
+  static const std::vector<OpSchema> table = {
+      {"npu_fused_infer_attention_score",
+        "npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, "
+        "Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, "
+        "SymInt[]? actual_seq_lengths_kv=None, Tensor? dequant_scale1=None, Tensor? quant_scale1=None, "
+        "Tensor? dequant_scale2=None, Tensor? quant_scale2=None, Tensor? quant_offset2=None, "
+        "Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, "
+        "Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, "
+        "Tensor? value_antiquant_offset=None, Tensor? block_table=None, Tensor? query_padding_size=None, "
+        "Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, Tensor? value_shared_prefix=None, "
+        "SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, Tensor? key_rope=None, "
+        "Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, "
+        "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
+        "int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, "
+        "int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, "
+        "bool softmax_lse_flag=False) -> (Tensor, Tensor)",
+       false},
+      {"npu_fused_infer_attention_score.out",
+        "npu_fused_infer_attention_score.out(Tensor query, Tensor key, Tensor value, *, "
+        "Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, "
+        "SymInt[]? actual_seq_lengths_kv=None, Tensor? dequant_scale1=None, Tensor? quant_scale1=None, "
+        "Tensor? dequant_scale2=None, Tensor? quant_scale2=None, Tensor? quant_offset2=None, "
+        "Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, "
+        "Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, "
+        "Tensor? value_antiquant_offset=None, Tensor? block_table=None, Tensor? query_padding_size=None, "
+        "Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, Tensor? value_shared_prefix=None, "
+        "SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, Tensor? key_rope=None, "
+        "Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, "
+        "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
+        "int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, "
+        "int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, "
+        "bool softmax_lse_flag=False, Tensor? workspace=None, Tensor(a!) attention_out, "
+        "Tensor(b!) softmax_lse) -> (Tensor(a!), Tensor(b!))",
+       false},
+      {"_npu_fused_infer_attention_score_get_max_workspace",
+        "_npu_fused_infer_attention_score_get_max_workspace(Tensor query, Tensor key, Tensor value, *, "
+        "Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, "
+        "SymInt[]? actual_seq_lengths_kv=None, Tensor? dequant_scale1=None, Tensor? quant_scale1=None, "
+        "Tensor? dequant_scale2=None, Tensor? quant_scale2=None, Tensor? quant_offset2=None, "
+        "Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, "
+        "Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, "
+        "Tensor? value_antiquant_offset=None, Tensor? block_table=None, Tensor? query_padding_size=None, "
+        "Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, Tensor? value_shared_prefix=None, "
+        "SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, Tensor? key_rope=None, "
+        "Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, "
+        "int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", "
+        "int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, "
+        "int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, "
+        "bool softmax_lse_flag=False) -> Tensor",
+       false},
+      {"npu_fused_infer_attention_score_v2",
+        "npu_fused_infer_attention_score_v2(Tensor query, Tensor key, Tensor value, *, "
+        "Tensor? query_rope=None, Tensor? key_rope=None, Tensor? pse_shift=None, "
+        "Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, SymInt[]? actual_seq_kvlen=None, "
+        "Tensor? block_table=None, Tensor? dequant_scale_query=None, Tensor? dequant_scale_key=None, "
+        "Tensor? dequant_offset_key=None, Tensor? dequant_scale_value=None, "
+        "Tensor? dequant_offset_value=None, Tensor? dequant_scale_key_rope=None, "
+        "Tensor? quant_scale_out=None, Tensor? quant_offset_out=None, Tensor? quant_scale_p=None, "
+        "Tensor? learnable_sink=None, int num_query_heads=1, int num_key_value_heads=0, "
+        "float softmax_scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, "
+        "str input_layout=\"BSH\", int sparse_mode=0, int block_size=0, int query_quant_mode=0, "
+        "int key_quant_mode=0, int value_quant_mode=0, int inner_precise=0, "
+        "bool return_softmax_lse=False, int? query_dtype=None, int? key_dtype=None, "
+        "int? value_dtype=None, int? query_rope_dtype=None, int? key_rope_dtype=None, "
+        "int? key_shared_prefix_dtype=None, int? value_shared_prefix_dtype=None, "
+        "int? dequant_scale_query_dtype=None, int? dequant_scale_key_dtype=None, "
+        "int? dequant_scale_value_dtype=None, int? dequant_scale_key_rope_dtype=None, "
+        "int? out_dtype=None) -> (Tensor, Tensor)",
+       false},
+      {"npu_fused_infer_attention_score_v2.out",
+        "npu_fused_infer_attention_score_v2.out(Tensor query, Tensor key, Tensor value, *, "
+        "Tensor? query_rope=None, Tensor? key_rope=None, Tensor? pse_shift=None, "
+        "Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, SymInt[]? actual_seq_kvlen=None, "
+        "Tensor? block_table=None, Tensor? dequant_scale_query=None, Tensor? dequant_scale_key=None, "
+        "Tensor? dequant_offset_key=None, Tensor? dequant_scale_value=None, "
+        "Tensor? dequant_offset_value=None, Tensor? dequant_scale_key_rope=None, "
+        "Tensor? quant_scale_out=None, Tensor? quant_offset_out=None, Tensor? quant_scale_p=None, "
+        "Tensor? learnable_sink=None, int num_query_heads=1, int num_key_value_heads=0, "
+        "float softmax_scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, "
+        "str input_layout=\"BSH\", int sparse_mode=0, int block_size=0, int query_quant_mode=0, "
+        "int key_quant_mode=0, int value_quant_mode=0, int inner_precise=0, "
+        "bool return_softmax_lse=False, int? query_dtype=None, int? key_dtype=None, "
+        "int? value_dtype=None, int? query_rope_dtype=None, int? key_rope_dtype=None, "
+        "int? key_shared_prefix_dtype=None, int? value_shared_prefix_dtype=None, "
+        "int? dequant_scale_query_dtype=None, int? dequant_scale_key_dtype=None, "
+        "int? dequant_scale_value_dtype=None, int? dequant_scale_key_rope_dtype=None, "
+        "int? out_dtype=None, Tensor? workspace=None, Tensor(a!) attention_out, "
+        "Tensor(b!) softmax_lse) -> (Tensor(a!), Tensor(b!))",
+       false},
+      {"_npu_fused_infer_attention_score_v2_get_max_workspace",
+        "_npu_fused_infer_attention_score_v2_get_max_workspace(Tensor query, Tensor key, Tensor value, "
+        "*, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? pse_shift=None, "
+        "Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, SymInt[]? actual_seq_kvlen=None, "
+        "Tensor? block_table=None, Tensor? dequant_scale_query=None, Tensor? dequant_scale_key=None, "
+        "Tensor? dequant_offset_key=None, Tensor? dequant_scale_value=None, "
+        "Tensor? dequant_offset_value=None, Tensor? dequant_scale_key_rope=None, "
+        "Tensor? quant_scale_out=None, Tensor? quant_offset_out=None, Tensor? quant_scale_p=None, "
+        "Tensor? learnable_sink=None, int num_query_heads=1, int num_key_value_heads=0, "
+        "float softmax_scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, "
+        "str input_layout=\"BSH\", int sparse_mode=0, int block_size=0, int query_quant_mode=0, "
+        "int key_quant_mode=0, int value_quant_mode=0, int inner_precise=0, "
+        "bool return_softmax_lse=False, int? query_dtype=None, int? key_dtype=None, "
+        "int? value_dtype=None, int? query_rope_dtype=None, int? key_rope_dtype=None, "
+        "int? key_shared_prefix_dtype=None, int? value_shared_prefix_dtype=None, "
+        "int? dequant_scale_query_dtype=None, int? dequant_scale_key_dtype=None, "
+        "int? dequant_scale_value_dtype=None, int? dequant_scale_key_rope_dtype=None, "
+        "int? out_dtype=None) -> Tensor",
+       false},
+      {"npu_fusion_attention",
+        "npu_fusion_attention(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, "
+        "Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., "
+        "float keep_prob=1., int pre_tockens=2147483647, int next_tockens=2147483647, "
+        "int inner_precise=0, int[]? prefix=None, int[]? actual_seq_qlen=None, "
+        "int[]? actual_seq_kvlen=None, int sparse_mode=0, bool gen_mask_parallel=True, bool sync=False, "
+        "str softmax_layout=\"\", Tensor? sink=None, Tensor? dropout_mask=None, int seed=0, "
+        "int offset=0) -> (Tensor, Tensor, Tensor, Tensor, int, int, int)",
+       false},
+      {"npu_scatter_pa_kv_cache",
+        "npu_scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_mapping, *, Tensor? compress_lens=None, Tensor? compress_seq_offsets=None, "
+        "Tensor? seq_lens=None, str? cache_mode='PA_NZ') -> ()",
+       false},
+      {"_npu_paged_attention",
+        "_npu_paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, "
+        "int num_heads, float scale_value, Tensor block_table, Tensor context_lens, Tensor(a!) out, *, "
+        "Tensor? workspace=None) -> ()",
+       true},
+      {"_npu_paged_attention_get_workspace",
+        "_npu_paged_attention_get_workspace(Tensor query, Tensor key_cache, Tensor value_cache, "
+        "int num_kv_heads, int num_heads, float scale_value, Tensor block_table, Tensor context_lens, "
+        "Tensor(a!) out) -> Tensor",
+       true},
+      {"_npu_reshape_and_cache",
+        "_npu_reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_indices) -> ()",
+       true},
+  };
+  return table;
+}
+
+}  // namespace aar::ops

@@ -1,0 +1,61 @@
+// Private helpers shared by the plan-layer translation units. Not installed and
+// not part of the public contract: the public functions split into a validating
+// half and an unchecked writing half, so build_step can validate the whole step
+// once and then write without re-checking (and without allocating).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/seq_lens.h"
+#include "ascend_attn_rt/plan/slot_mapping.h"
+#include "ascend_attn_rt/plan/span.h"
+
+namespace aar::plan::detail {
+
+// Spec 2.1 (model runner v1) over accessors, so callers that only hold
+// query_start_loc / seq_lens need not materialise computed/scheduled arrays.
+// Inputs are assumed validated. An empty batch is DecodeOnly.
+template <typename ComputedFn, typename SchedFn, typename SpecFn>
+AttentionState select_state_rule(std::size_t n, ComputedFn computed, SchedFn sched, SpecFn spec,
+                                 SpecMethod method, bool chunked_prefill_enabled) {
+  if (n == 0) return AttentionState::DecodeOnly;
+  bool all_fresh = true;
+  bool all_sched_one = true;
+  bool all_valid_one = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    const int32_t s = sched(i);
+    all_fresh = all_fresh && computed(i) == 0;
+    all_sched_one = all_sched_one && s == 1;
+    all_valid_one = all_valid_one && (s - spec(i)) == 1;
+  }
+  AttentionState st;
+  if (all_fresh) {
+    st = AttentionState::PrefillNoCache;
+  } else if (all_sched_one) {
+    st = method == SpecMethod::Mtp ? AttentionState::SpecDecoding : AttentionState::DecodeOnly;
+  } else if (all_valid_one) {
+    st = method != SpecMethod::None ? AttentionState::SpecDecoding : AttentionState::ChunkedPrefill;
+  } else if (chunked_prefill_enabled) {
+    st = AttentionState::ChunkedPrefill;
+  } else {
+    st = AttentionState::PrefillCacheHit;
+  }
+  // Post-rule: only MTP keeps SpecDecoding in the metadata.
+  if (st == AttentionState::SpecDecoding && method != SpecMethod::Mtp) st = AttentionState::ChunkedPrefill;
+  return st;
+}
+
+void validate_spec_method(SpecMethod m);
+
+// Everything compute_slot_mapping checks, with the output capacity given.
+void validate_slot_mapping(const SlotMappingInputs& in, std::size_t slots_capacity);
+// Unchecked: slots of the real tokens, then kPadSlot up to slots_out.size().
+void write_slot_mapping(const SlotMappingInputs& in, Span<int32_t> slots_out);
+
+// Unchecked half of pad_for_fia (inputs validated by the caller).
+FiaPadding write_fia_padding(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, int32_t padded_tokens,
+                             Span<int64_t> q_ends_out, Span<int64_t> kv_lens_out, int32_t dummy_kv_len);
+
+}  // namespace aar::plan::detail

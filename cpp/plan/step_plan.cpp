@@ -1,0 +1,160 @@
+// One step's host planning. Phase 1 validates every input and buffer and
+// computes everything that can fail (state, split); phase 2 only writes. A
+// rejected call therefore leaves every buffer untouched. Nothing is allocated.
+#include "ascend_attn_rt/plan/step_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/slot_mapping.h"
+#include "internal.h"
+
+namespace aar::plan {
+
+namespace {
+
+void check_capacity(std::size_t have, std::size_t need, const char* name) {
+  AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
+}
+
+}  // namespace
+
+StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
+  // ---------------------------------------------------------------- validate
+  const std::size_t b = in.seq_lens.size();
+  const CSpan<int32_t> qsl = in.query_start_loc;
+  AAR_CHECK_ARG(qsl.size() == b + 1, "query_start_loc has ", qsl.size(), " entries, expected seq_lens.size()+1 = ",
+                b + 1);
+  AAR_CHECK_ARG(b <= static_cast<std::size_t>(INT32_MAX - 2), "batch of ", b, " requests is too large");
+  validate_start_loc(qsl, "query_start_loc");
+  const int32_t t_real = qsl[b];
+
+  AAR_CHECK_ARG(in.num_input_tokens >= 0, "num_input_tokens=", in.num_input_tokens, " is negative");
+  const int32_t t_in = in.num_input_tokens == 0 ? t_real : in.num_input_tokens;
+  AAR_CHECK_ARG(t_in >= t_real, "num_input_tokens=", in.num_input_tokens, " is smaller than query_start_loc[", b,
+                "]=", t_real);
+  AAR_CHECK_ARG(in.block_size > 0, "block_size=", in.block_size, " must be positive");
+  AAR_CHECK_ARG(in.block_table_stride >= 0, "block_table_stride=", in.block_table_stride, " is negative");
+  AAR_CHECK_ARG(in.num_blocks >= 0, "num_blocks=", in.num_blocks, " is negative");
+  AAR_CHECK_ARG(static_cast<int64_t>(in.num_blocks) * in.block_size <= INT32_MAX, "num_blocks=", in.num_blocks,
+                " x block_size=", in.block_size, " exceeds the int32 slot range");
+  AAR_CHECK_ARG(in.decode_threshold >= 1 && in.decode_threshold <= 16, "decode_threshold=", in.decode_threshold,
+                " is out of range [1, 16]");
+  AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",
+                in.is_prefilling.size(), " entries, expected 0 or ", b);
+  AAR_CHECK_ARG(in.num_spec_tokens.empty() || in.num_spec_tokens.size() == b, "num_spec_tokens has ",
+                in.num_spec_tokens.size(), " entries, expected 0 or ", b);
+  detail::validate_spec_method(in.spec_method);
+  if (in.has_state) {
+    const auto s = static_cast<int32_t>(in.state);
+    AAR_CHECK_ARG(s >= 0 && s <= 4, "state=", s, " is not an AttentionState");
+  }
+
+  const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
+  AAR_CHECK_ARG(in.block_table.size() >= b * in_stride, "block_table has ", in.block_table.size(),
+                " entries, fewer than num_reqs*block_table_stride = ", b, "*", in_stride, " = ", b * in_stride);
+  AAR_CHECK_ARG(buf.block_table_stride >= in.block_table_stride, "buffers.block_table_stride=",
+                buf.block_table_stride, " is smaller than block_table_stride=", in.block_table_stride);
+  // Zero copy: the caller staged the table in place (two empty spans are not that).
+  const bool zero_copy = in.block_table.data() != nullptr && in.block_table.data() == buf.block_table.data();
+  AAR_CHECK_ARG(!zero_copy || buf.block_table_stride == in.block_table_stride,
+                "block_table is the staged buffer (zero copy) but block_table_stride=", in.block_table_stride,
+                " differs from buffers.block_table_stride=", buf.block_table_stride);
+
+  const int64_t bs = in.block_size;
+  int32_t max_query_len = 0;
+  int32_t max_seq_len = 0;
+  for (std::size_t r = 0; r < b; ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r];
+    const int32_t seq = in.seq_lens[r];
+    AAR_CHECK_ARG(seq >= q, "seq_lens[", r, "]=", seq, " is smaller than its query length ", q);
+    if (!in.num_spec_tokens.empty()) {
+      const int32_t sp = in.num_spec_tokens[r];
+      AAR_CHECK_ARG(sp >= 0 && sp <= q, "num_spec_tokens[", r, "]=", sp, " is out of range [0, query length ", q,
+                    "]");
+    }
+    const int64_t nblk = (static_cast<int64_t>(seq) + bs - 1) / bs;
+    AAR_CHECK_ARG(nblk <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", nblk,
+                  " blocks but block_table_stride=", in.block_table_stride, " (block_size=", in.block_size, ")");
+    const int32_t* row = in.block_table.data() + r * in_stride;
+    for (int64_t c = 0; c < nblk; ++c) {
+      AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
+                    " is out of range [0, ", in.num_blocks, ")");
+    }
+    max_query_len = std::max(max_query_len, q);
+    max_seq_len = std::max(max_seq_len, seq);
+  }
+
+  const bool add_dummy = in.pad_fia_batch && t_in > t_real;
+  const std::size_t b_fia = b + (add_dummy ? 1 : 0);
+  const std::size_t out_stride = static_cast<std::size_t>(buf.block_table_stride);
+  check_capacity(buf.query_start_loc.size(), b_fia + 1, "buffers.query_start_loc");
+  check_capacity(buf.seq_lens.size(), b_fia, "buffers.seq_lens");
+  check_capacity(buf.slot_mapping.size(), static_cast<std::size_t>(t_in), "buffers.slot_mapping");
+  check_capacity(buf.block_table.size(), b_fia * out_stride, "buffers.block_table");
+  check_capacity(buf.q_ends.size(), b_fia, "buffers.q_ends");
+  check_capacity(buf.kv_lens.size(), b_fia, "buffers.kv_lens");
+
+  // Everything that may still throw is computed before the first write.
+  StepPlan plan;
+  if (in.has_state) {
+    plan.state = in.state;
+  } else {
+    const bool has_spec = !in.num_spec_tokens.empty();
+    plan.state = detail::select_state_rule(
+        b, [&](std::size_t i) { return in.seq_lens[i] - (qsl[i + 1] - qsl[i]); },
+        [&](std::size_t i) { return qsl[i + 1] - qsl[i]; },
+        [&](std::size_t i) { return has_spec ? in.num_spec_tokens[i] : 0; }, in.spec_method,
+        in.chunked_prefill_enabled);
+  }
+  SplitInputs split_in;
+  split_in.query_start_loc = qsl;
+  split_in.num_actual_tokens = t_real;
+  split_in.max_query_len = max_query_len;
+  split_in.decode_threshold = in.decode_threshold;
+  split_in.require_uniform = false;
+  split_in.treat_short_extends_as_decodes = in.treat_short_extends_as_decodes;
+  split_in.is_prefilling = in.is_prefilling;
+  plan.split = split_decodes_and_prefills(split_in);
+
+  // ---------------------------------------------------------------- write
+  std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
+  std::copy(in.seq_lens.begin(), in.seq_lens.end(), buf.seq_lens.begin());
+  if (add_dummy) {
+    buf.query_start_loc[b + 1] = t_in;
+    buf.seq_lens[b] = 1;  // as upstream pads short seq_lens buffers (spec 4.1 step 10)
+  }
+  plan.fia = detail::write_fia_padding(qsl, in.seq_lens, add_dummy ? t_in : t_real, buf.q_ends, buf.kv_lens, 1);
+
+  if (!zero_copy) {
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t* src = in.block_table.data() + r * in_stride;
+      int32_t* dst = buf.block_table.data() + r * out_stride;
+      std::copy(src, src + in_stride, dst);
+      std::fill(dst + in_stride, dst + out_stride, 0);
+    }
+  }
+  if (add_dummy) {
+    int32_t* dst = buf.block_table.data() + b * out_stride;
+    std::fill(dst, dst + out_stride, 0);
+  }
+
+  SlotMappingInputs sm;
+  sm.query_start_loc = qsl;
+  sm.seq_lens = in.seq_lens;
+  sm.block_table = in.block_table;
+  sm.block_table_stride = in.block_table_stride;
+  sm.block_size = in.block_size;
+  sm.num_blocks = in.num_blocks;
+  detail::write_slot_mapping(sm, buf.slot_mapping.first(static_cast<std::size_t>(t_in)));
+
+  plan.num_reqs = static_cast<int32_t>(b);
+  plan.num_actual_tokens = t_real;
+  plan.num_input_tokens = t_in;
+  plan.max_query_len = max_query_len;
+  plan.max_seq_len = max_seq_len;
+  return plan;
+}
+
+}  // namespace aar::plan

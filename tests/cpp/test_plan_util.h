@@ -1,0 +1,49 @@
+// Shared helpers for the plan-layer tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ascend_attn_rt/errors.h"
+
+// Expects `stmt` to throw aar::InvalidArgument whose message contains `substr`.
+#define EXPECT_INVALID(stmt, substr)                                                     \
+  do {                                                                                   \
+    try {                                                                                \
+      stmt;                                                                              \
+      ADD_FAILURE() << "expected aar::InvalidArgument from: " #stmt;                     \
+    } catch (const aar::InvalidArgument& e) {                                            \
+      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                   \
+          << "message '" << e.what() << "' does not contain '" << (substr) << "'";       \
+    } catch (...) {                                                                      \
+      ADD_FAILURE() << "wrong exception type from: " #stmt;                              \
+    }                                                                                    \
+  } while (0)
+
+namespace aar_test {
+
+// Straightforward reference for the slot of every scheduled token.
+inline std::vector<int32_t> naive_slots(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq_lens,
+                                        const std::vector<int32_t>& table, int32_t stride, int32_t bs,
+                                        std::size_t out_size) {
+  std::vector<int32_t> out(out_size, -1);
+  for (std::size_t r = 0; r + 1 < qsl.size(); ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r];
+    for (int32_t j = 0; j < q; ++j) {
+      const int32_t pos = seq_lens[r] - q + j;
+      out[qsl[r] + j] = table[r * stride + pos / bs] * bs + pos % bs;
+    }
+  }
+  return out;
+}
+
+inline std::vector<int32_t> lens_to_qsl(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> qsl(1, 0);
+  for (int32_t l : lens) qsl.push_back(qsl.back() + l);
+  return qsl;
+}
+
+}  // namespace aar_test

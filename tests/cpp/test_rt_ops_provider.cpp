@@ -1,0 +1,172 @@
+// Provider selection and the schema table: wrappers reach the CPU twins by
+// default on CPU tensors, the no-compute provider under ProviderOverride, and
+// fail clearly for the NPU provider without torch_npu.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/fusion_attention.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "ascend_attn_rt/ops/paged_attention.h"
+#include "ascend_attn_rt/ops/provider.h"
+#include "ascend_attn_rt/ops/schemas.h"
+#include "test_rt_ops_util.h"
+
+namespace ops = aar::ops;
+using namespace aar_test;
+
+TEST(RtOpsProvider, Namespaces) {
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Npu), "npu");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Npu, true), "atb");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Cpu), "ascend_cpu");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Cpu, true), "ascend_cpu");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::NoCompute), "ascend_noop");
+  EXPECT_THROW(ops::provider_namespace(ops::Provider::Auto), aar::InvalidArgument);
+  EXPECT_STREQ(ops::to_string(ops::Provider::NoCompute), "NoCompute");
+}
+
+TEST(RtOpsProvider, ResolveFromDeviceAndOverride) {
+  const at::Tensor cpu = at::zeros({1});
+  EXPECT_EQ(ops::provider_override(), ops::Provider::Auto);
+  EXPECT_EQ(ops::resolve_provider(cpu), ops::Provider::Cpu);
+  {
+    ops::ProviderOverride o(ops::Provider::NoCompute);
+    EXPECT_EQ(ops::resolve_provider(cpu), ops::Provider::NoCompute);
+    {
+      ops::ProviderOverride o2(ops::Provider::Cpu);
+      EXPECT_EQ(ops::resolve_provider(cpu), ops::Provider::Cpu);
+    }
+    EXPECT_EQ(ops::provider_override(), ops::Provider::NoCompute);
+  }
+  EXPECT_EQ(ops::provider_override(), ops::Provider::Auto);
+  const at::Tensor meta = at::empty({1}, at::TensorOptions().device(at::kMeta));
+  expect_throw_with<aar::InvalidArgument>([&] { ops::resolve_provider(meta); }, "meta");
+}
+
+TEST(RtOpsProvider, SchemaTableRegisteredIdenticallyInBothNamespaces) {
+  const auto& table = ops::op_schemas();
+  EXPECT_EQ(table.size(), 11u);
+  for (const auto& s : table) {
+    const std::string name = s.name;
+    const auto dot = name.find('.');
+    const std::string base = name.substr(0, dot);
+    const std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+    EXPECT_EQ(std::string(s.schema).rfind(base + "(", 0) == 0 || std::string(s.schema).rfind(name + "(", 0) == 0,
+              true)
+        << s.schema;
+    const auto parsed = torch::jit::parseSchema(s.schema);
+    for (const char* ns : {"ascend_cpu", "ascend_noop"}) {
+      const auto h = c10::Dispatcher::singleton().findSchemaOrThrow((std::string(ns) + "::" + base).c_str(),
+                                                                    overload.c_str());
+      EXPECT_TRUE(h.hasKernelForDispatchKey(c10::DispatchKey::CPU)) << ns << "::" << name;
+      const auto& reg = h.schema();
+      EXPECT_EQ(c10::toString(reg), c10::toString(parsed.cloneWithName(reg.name(), reg.overload_name())))
+          << ns << "::" << name;
+    }
+    EXPECT_EQ(s.atb, base == "_npu_paged_attention" || base == "_npu_paged_attention_get_workspace" ||
+                         base == "_npu_reshape_and_cache")
+        << name;
+  }
+}
+
+namespace {
+
+struct Small {
+  at::Tensor q = at::randn({3, 4, 8}), k = at::randn({3, 2, 8}), v = at::randn({3, 2, 8});
+  std::vector<int64_t> lens{3};
+  ops::FiaTensors t{q, k, v};
+  ops::FiaParams p;
+  Small() {
+    p.actual_seq_lengths = lens;
+    p.actual_seq_lengths_kv = lens;
+    p.num_heads = 4;
+    p.num_key_value_heads = 2;
+    p.softmax_lse_flag = true;
+  }
+};
+
+}  // namespace
+
+TEST(RtOpsProvider, WrappersDispatchToCpuOrNoCompute) {
+  Small s;
+  const auto [cpu_out, cpu_lse] = ops::fused_infer_attention_score(s.t, s.p);
+  EXPECT_GT(cpu_out.abs().sum().item<double>(), 0.0);
+  {
+    ops::ProviderOverride o(ops::Provider::NoCompute);
+    const auto [out, lse] = ops::fused_infer_attention_score(s.t, s.p);
+    EXPECT_EQ(out.sizes(), s.q.sizes());
+    EXPECT_EQ(lse.sizes(), cpu_lse.sizes());
+    EXPECT_EQ(out.abs().sum().item<double>(), 0.0);  // computed nothing
+    // Steady state: the same cached tensors come back.
+    const auto [out2, lse2] = ops::fused_infer_attention_score(s.t, s.p);
+    EXPECT_TRUE(out2.is_same(out));
+    EXPECT_TRUE(lse2.is_same(lse));
+    at::Tensor o_out = at::full_like(s.q, 5.0), o_lse = at::full({3, 4, 1}, 5.0);
+    ops::fused_infer_attention_score_out(s.t, s.p, std::nullopt, o_out, o_lse);
+    EXPECT_TRUE(at::all(o_out == 5.0).item<bool>());
+
+    at::Tensor kc = at::zeros({2, 16, 2, 8}), vc = at::zeros({2, 16, 2, 8});
+    ops::scatter_pa_kv_cache(s.k, s.v, kc, vc, at::tensor(std::vector<int32_t>{0, 1, 2}, at::kInt), "Norm");
+    EXPECT_TRUE(at::all(kc == 0).item<bool>());
+  }
+  // Explicit provider argument wins over the device.
+  const auto [no_out, no_lse] = ops::fused_infer_attention_score(s.t, s.p, ops::Provider::NoCompute);
+  EXPECT_EQ(no_out.abs().sum().item<double>(), 0.0);
+  at::Tensor kc = at::zeros({2, 16, 2, 8}), vc = at::zeros({2, 16, 2, 8});
+  ops::scatter_pa_kv_cache(s.k, s.v, kc, vc, at::tensor(std::vector<int32_t>{0, 1, 2}, at::kInt), "Norm");
+  EXPECT_TRUE(at::equal(kc[0].narrow(0, 0, 3), s.k));
+}
+
+TEST(RtOpsProvider, NoComputeShapesForEveryFunctionalOp) {
+  ops::ProviderOverride o(ops::Provider::NoCompute);
+  ops::FusionAttentionArgs a;
+  a.query = at::randn({5, 4, 8});
+  a.key = at::randn({5, 2, 8});
+  a.value = at::randn({5, 2, 16});
+  a.head_num = 4;
+  const std::vector<int64_t> l{5};
+  a.actual_seq_qlen = l;
+  a.actual_seq_kvlen = l;
+  EXPECT_EQ(ops::fusion_attention(a).sizes(), (c10::IntArrayRef{5, 4, 16}));
+
+  Small s;
+  ops::FiaV2Tensors t2{s.q, s.k, s.v};
+  ops::FiaV2Params p2;
+  p2.actual_seq_qlen = s.lens;
+  p2.actual_seq_kvlen = s.lens;
+  p2.num_query_heads = 4;
+  const auto [out, lse] = ops::fused_infer_attention_score_v2(t2, p2);
+  EXPECT_EQ(out.sizes(), s.q.sizes());
+  EXPECT_EQ(lse.numel(), 1);
+  EXPECT_EQ(ops::fused_infer_attention_score_v2_get_max_workspace(t2, p2).scalar_type(), at::kByte);
+
+  ops::PagedAttentionArgs pa;
+  pa.query = at::randn({2, 4, 8});
+  pa.key_cache = at::randn({2, 16, 2, 8});
+  pa.value_cache = pa.key_cache;
+  pa.num_kv_heads = 2;
+  pa.num_heads = 4;
+  pa.block_table = at::zeros({2, 1}, at::kInt);
+  pa.context_lens = at::ones({2}, at::kInt);
+  at::Tensor pout = at::full({2, 4, 8}, 9.0);
+  ops::paged_attention(pa, pout, std::nullopt);
+  EXPECT_TRUE(at::all(pout == 9.0).item<bool>());
+  EXPECT_EQ(ops::paged_attention_get_workspace(pa, pout).scalar_type(), at::kByte);
+}
+
+TEST(RtOpsProvider, NpuProviderWithoutTorchNpuFailsClearly) {
+  Small s;
+  expect_throw_with<aar::NotSupported>(
+      [&] { ops::fused_infer_attention_score(s.t, s.p, ops::Provider::Npu); }, "torch_npu is not loaded");
+  at::Tensor kc = at::zeros({2, 16, 2, 8}), vc = at::zeros({2, 16, 2, 8});
+  expect_throw_with<aar::NotSupported>(
+      [&] {
+        ops::reshape_and_cache(s.k, s.v, kc, vc, at::zeros({3}, at::kInt), ops::Provider::Npu);
+      },
+      "atb::_npu_reshape_and_cache");
+  // Still failing (not cached as success) on a second call.
+  EXPECT_THROW(ops::fused_infer_attention_score(s.t, s.p, ops::Provider::Npu), aar::NotSupported);
+}
