@@ -87,6 +87,17 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   int32_t* s = staging_.data_ptr<int32_t>();
   const int64_t R = cfg_.max_num_reqs;
 
+  const size_t num_reqs = in.seq_lens.size();
+  AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(cfg_.max_num_reqs), "num_reqs=", num_reqs,
+                " (seq_lens entries) exceeds the builder's max_num_reqs=", cfg_.max_num_reqs);
+  const int64_t tokens = in.num_input_tokens > 0 ? in.num_input_tokens
+                                                 : (in.query_start_loc.empty() ? 0 : in.query_start_loc.back());
+  AAR_CHECK_ARG(tokens <= cfg_.max_num_tokens, "num_tokens=", tokens,
+                " (query_start_loc[-1] or num_input_tokens) exceeds the builder's max_num_tokens=",
+                cfg_.max_num_tokens);
+  AAR_CHECK_ARG(in.block_table_stride <= cfg_.max_blocks_per_req, "block_table has ", in.block_table_stride,
+                " columns, more than the builder's max_blocks_per_req=", cfg_.max_blocks_per_req);
+
   plan::StepInputs si;
   si.query_start_loc = in.query_start_loc;
   si.seq_lens = in.seq_lens;

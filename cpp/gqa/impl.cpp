@@ -129,7 +129,8 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
 
 ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens) const {
   if (md.is_pooling && !md.causal) return ForwardPath::Encoder;
-  if (md.attn_state == AttentionState::DecodeOnly && !cfg_.sliding_window.has_value()) {
+  // Paged attention has no sink input: sinks always go through FIA v2.
+  if (md.attn_state == AttentionState::DecodeOnly && !cfg_.sliding_window.has_value() && !cfg_.sinks.has_value()) {
     plan::PagedAttentionRule rule;
     rule.has_speculative_config = cfg_.has_speculative_config;
     rule.device = cfg_.device_kind;
@@ -138,6 +139,8 @@ ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens) c
     if (plan::using_paged_attention(num_tokens, rule, cfg_.head_size)) return ForwardPath::PagedAttention;
   }
   if (cfg_.sinks.has_value()) return ForwardPath::FusedSinks;
+  // A2/A3 FIA in TND layout does not take head size 512 (spec 5.5).
+  if (cfg_.head_size == 512 && cfg_.device_kind != plan::DeviceKind::A5) return ForwardPath::LargeHead;
   if (md.attn_state == AttentionState::PrefillNoCache) return ForwardPath::FusedDense;
   if (cfg_.device_kind == plan::DeviceKind::A5 && md.attn_state == AttentionState::ChunkedPrefill &&
       md.causal && !cfg_.sliding_window.has_value() && md.num_decodes > 0 && md.num_prefills > 0) {
@@ -177,6 +180,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   const ForwardPath path = choose_path(md, T);
   const bool has_cache = key_cache.defined();
   const bool dense = path == ForwardPath::Encoder || path == ForwardPath::FusedDense ||
+                     (path == ForwardPath::LargeHead && md.attn_state == AttentionState::PrefillNoCache) ||
                      (path == ForwardPath::FusedSinks && md.attn_state == AttentionState::PrefillNoCache);
   if (!dense) {
     AAR_CHECK_ARG(has_cache, "attention state ", plan::to_string(md.attn_state),
@@ -186,10 +190,9 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     AAR_CHECK_ARG(key.has_value(), "attention over the new tokens (", to_string(path),
                   ") needs key and value");
   }
-  if (cfg_.head_size == 512 && cfg_.device_kind != plan::DeviceKind::A5 && path != ForwardPath::PagedAttention &&
-      path != ForwardPath::Encoder) {
-    throw_not_supported("head_size 512 on A2/A3 needs the large-head fallback (npu_fusion_attention over a "
-                        "gathered dense KV), which is not implemented yet; decode through paged attention works");
+  if (path == ForwardPath::LargeHead && cfg_.sliding_window.has_value()) {
+    throw_not_supported("sliding_window with head_size 512 on A2/A3: the large-head fallback "
+                        "(npu_fusion_attention) has no window here; use device_kind a5");
   }
   if (has_cache) bind_caches(key_cache, value_cache);
   if (key.has_value() && has_cache && !cfg_.kv_sharing) write_kv(*key, *value, md);
@@ -304,6 +307,56 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
         p.next_tokens = sw > 0 ? 0 : ops::kIntMax32;
       }
       ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse_placeholder_);
+      return output;
+    }
+    case ForwardPath::LargeHead: {
+      // Spec 5.5 large-head fallback: dense TND K/V (the new tokens for
+      // PrefillNoCache, else the paged context gathered request by request)
+      // through npu_fusion_attention; both length lists cumulative.
+      ops::FusionAttentionArgs a;
+      a.query = q;
+      std::vector<int64_t> kv_ends;
+      if (dense) {
+        a.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
+        a.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+        a.actual_seq_kvlen = md.actual_seq_lengths_q;
+      } else {
+        const int64_t B = md.num_reqs, bs = md.block_size;
+        int64_t max_len = 0, total = 0;
+        kv_ends.resize(B);
+        for (int64_t b = 0; b < B; ++b) {
+          max_len = std::max(max_len, md.seq_lens_list[b]);
+          total += md.seq_lens_list[b];
+          kv_ends[b] = total;
+        }
+        const int64_t nblk = (max_len + bs - 1) / bs;
+        const auto dev = key_cache_.device();
+        // Flat cache rows of positions 0..nblk*bs-1 of every request, then keep
+        // positions < seq_len (row-major, so request by request).
+        at::Tensor rows = (md.block_tables.narrow(1, 0, nblk).to(at::kLong).unsqueeze(-1) * bs +
+                           at::arange(bs, at::TensorOptions().dtype(at::kLong).device(dev)))
+                              .reshape({B, nblk * bs});
+        at::Tensor keep = at::arange(nblk * bs, at::TensorOptions().dtype(at::kInt)).unsqueeze(0) <
+                          md.seq_lens.unsqueeze(1);
+        at::Tensor idx = rows.masked_select(keep.to(dev));
+        const int64_t nkv = cfg_.num_kv_heads, d = cfg_.head_size;
+        a.key = key_cache_.reshape({-1, nkv, d}).index_select(0, idx);
+        a.value = value_cache_.reshape({-1, nkv, d}).index_select(0, idx);
+        a.actual_seq_kvlen = kv_ends;
+      }
+      a.head_num = cfg_.num_heads;
+      a.input_layout = "TND";
+      a.scale = cfg_.scale;
+      a.actual_seq_qlen = md.actual_seq_lengths_q;
+      if (md.causal) {
+        if (!large_head_mask_.defined()) large_head_mask_ = md.attn_mask->to(at::kBool);
+        a.atten_mask = large_head_mask_;
+        a.next_tockens = 0;
+        a.sparse_mode = 3;
+      } else {
+        a.sparse_mode = 0;
+      }
+      out.copy_(ops::fusion_attention(a));
       return output;
     }
     case ForwardPath::FusedSplit: {

@@ -14,22 +14,11 @@
 
 namespace aar::plan::detail {
 
-// Spec 2.1 (model runner v1) over accessors, so callers that only hold
-// query_start_loc / seq_lens need not materialise computed/scheduled arrays.
-// Inputs are assumed validated. An empty batch is DecodeOnly.
-template <typename ComputedFn, typename SchedFn, typename SpecFn>
-AttentionState select_state_rule(std::size_t n, ComputedFn computed, SchedFn sched, SpecFn spec,
-                                 SpecMethod method, bool chunked_prefill_enabled) {
-  if (n == 0) return AttentionState::DecodeOnly;
-  bool all_fresh = true;
-  bool all_sched_one = true;
-  bool all_valid_one = true;
-  for (std::size_t i = 0; i < n; ++i) {
-    const int32_t s = sched(i);
-    all_fresh = all_fresh && computed(i) == 0;
-    all_sched_one = all_sched_one && s == 1;
-    all_valid_one = all_valid_one && (s - spec(i)) == 1;
-  }
+// Spec 2.1 rows 1-5 and the post-rule, from the three per-batch flags
+// (all computed == 0, all scheduled == 1, all scheduled - spec == 1).
+inline AttentionState state_from_flags(bool empty, bool all_fresh, bool all_sched_one, bool all_valid_one,
+                                       SpecMethod method, bool chunked_prefill_enabled) {
+  if (empty) return AttentionState::DecodeOnly;
   AttentionState st;
   if (all_fresh) {
     st = AttentionState::PrefillNoCache;
@@ -45,6 +34,20 @@ AttentionState select_state_rule(std::size_t n, ComputedFn computed, SchedFn sch
   // Post-rule: only MTP keeps SpecDecoding in the metadata.
   if (st == AttentionState::SpecDecoding && method != SpecMethod::Mtp) st = AttentionState::ChunkedPrefill;
   return st;
+}
+
+// Spec 2.1 (model runner v1) over accessors. Inputs are assumed validated.
+template <typename ComputedFn, typename SchedFn, typename SpecFn>
+AttentionState select_state_rule(std::size_t n, ComputedFn computed, SchedFn sched, SpecFn spec,
+                                 SpecMethod method, bool chunked_prefill_enabled) {
+  bool all_fresh = true, all_sched_one = true, all_valid_one = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    const int32_t s = sched(i);
+    all_fresh = all_fresh && computed(i) == 0;
+    all_sched_one = all_sched_one && s == 1;
+    all_valid_one = all_valid_one && (s - spec(i)) == 1;
+  }
+  return state_from_flags(n == 0, all_fresh, all_sched_one, all_valid_one, method, chunked_prefill_enabled);
 }
 
 void validate_spec_method(SpecMethod m);

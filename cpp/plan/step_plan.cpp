@@ -62,25 +62,44 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
                 "block_table is the staged buffer (zero copy) but block_table_stride=", in.block_table_stride,
                 " differs from buffers.block_table_stride=", buf.block_table_stride);
 
-  const int64_t bs = in.block_size;
+  // Block sizes are powers of two in practice: shifts instead of divisions on
+  // the per-request and per-token paths.
+  const int32_t bs32 = in.block_size;
+  const bool pow2 = (bs32 & (bs32 - 1)) == 0;
+  int bs_shift = 0;
+  while (pow2 && (1 << bs_shift) < bs32) ++bs_shift;
+  const uint32_t num_blocks_u = static_cast<uint32_t>(in.num_blocks);
+  const bool has_spec = !in.num_spec_tokens.empty();
   int32_t max_query_len = 0;
   int32_t max_seq_len = 0;
+  // Inputs of the attention-state rule (spec 2.1), gathered in the same pass.
+  bool all_fresh = true, all_sched_one = true, all_valid_one = true;
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t q = qsl[r + 1] - qsl[r];
     const int32_t seq = in.seq_lens[r];
     AAR_CHECK_ARG(seq >= q, "seq_lens[", r, "]=", seq, " is smaller than its query length ", q);
-    if (!in.num_spec_tokens.empty()) {
-      const int32_t sp = in.num_spec_tokens[r];
+    const int32_t sp = has_spec ? in.num_spec_tokens[r] : 0;
+    if (has_spec) {
       AAR_CHECK_ARG(sp >= 0 && sp <= q, "num_spec_tokens[", r, "]=", sp, " is out of range [0, query length ", q,
                     "]");
     }
-    const int64_t nblk = (static_cast<int64_t>(seq) + bs - 1) / bs;
+    all_fresh &= seq == q;
+    all_sched_one &= q == 1;
+    all_valid_one &= (q - sp) == 1;
+    const int64_t nblk = pow2 ? ((static_cast<int64_t>(seq) + bs32 - 1) >> bs_shift)
+                              : (static_cast<int64_t>(seq) + bs32 - 1) / bs32;
     AAR_CHECK_ARG(nblk <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", nblk,
                   " blocks but block_table_stride=", in.block_table_stride, " (block_size=", in.block_size, ")");
+    // Branch-free range check (negative ids wrap to large unsigned values);
+    // the offender is located only on failure.
     const int32_t* row = in.block_table.data() + r * in_stride;
-    for (int64_t c = 0; c < nblk; ++c) {
-      AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
-                    " is out of range [0, ", in.num_blocks, ")");
+    uint32_t bad = 0;
+    for (int64_t c = 0; c < nblk; ++c) bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[c]) >= num_blocks_u);
+    if (bad) {
+      for (int64_t c = 0; c < nblk; ++c) {
+        AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
+                      " is out of range [0, ", in.num_blocks, ")");
+      }
     }
     max_query_len = std::max(max_query_len, q);
     max_seq_len = std::max(max_seq_len, seq);
@@ -101,12 +120,8 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   if (in.has_state) {
     plan.state = in.state;
   } else {
-    const bool has_spec = !in.num_spec_tokens.empty();
-    plan.state = detail::select_state_rule(
-        b, [&](std::size_t i) { return in.seq_lens[i] - (qsl[i + 1] - qsl[i]); },
-        [&](std::size_t i) { return qsl[i + 1] - qsl[i]; },
-        [&](std::size_t i) { return has_spec ? in.num_spec_tokens[i] : 0; }, in.spec_method,
-        in.chunked_prefill_enabled);
+    plan.state = detail::state_from_flags(b == 0, all_fresh, all_sched_one, all_valid_one, in.spec_method,
+                                          in.chunked_prefill_enabled);
   }
   SplitInputs split_in;
   split_in.query_start_loc = qsl;
@@ -128,11 +143,15 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   plan.fia = detail::write_fia_padding(qsl, in.seq_lens, add_dummy ? t_in : t_real, buf.q_ends, buf.kv_lens, 1);
 
   if (!zero_copy) {
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t* src = in.block_table.data() + r * in_stride;
-      int32_t* dst = buf.block_table.data() + r * out_stride;
-      std::copy(src, src + in_stride, dst);
-      std::fill(dst + in_stride, dst + out_stride, 0);
+    if (in_stride == out_stride) {
+      std::copy(in.block_table.data(), in.block_table.data() + b * in_stride, buf.block_table.data());
+    } else {
+      for (std::size_t r = 0; r < b; ++r) {
+        const int32_t* src = in.block_table.data() + r * in_stride;
+        int32_t* dst = buf.block_table.data() + r * out_stride;
+        std::copy(src, src + in_stride, dst);
+        std::fill(dst + in_stride, dst + out_stride, 0);
+      }
     }
   }
   if (add_dummy) {
@@ -140,14 +159,26 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     std::fill(dst, dst + out_stride, 0);
   }
 
-  SlotMappingInputs sm;
-  sm.query_start_loc = qsl;
-  sm.seq_lens = in.seq_lens;
-  sm.block_table = in.block_table;
-  sm.block_table_stride = in.block_table_stride;
-  sm.block_size = in.block_size;
-  sm.num_blocks = in.num_blocks;
-  detail::write_slot_mapping(sm, buf.slot_mapping.first(static_cast<std::size_t>(t_in)));
+  // Slot mapping: positions advance one by one, so block and offset are carried
+  // instead of divided per token.
+  int32_t* slots = buf.slot_mapping.data();
+  for (std::size_t r = 0; r < b; ++r) {
+    const int32_t begin = qsl[r], end = qsl[r + 1];
+    if (begin == end) continue;
+    const int32_t* row = in.block_table.data() + r * in_stride;
+    const int32_t pos0 = in.seq_lens[r] - (end - begin);
+    int32_t blk = pow2 ? (pos0 >> bs_shift) : pos0 / bs32;
+    int32_t off = pos0 - blk * bs32;
+    int32_t base = row[blk] * bs32;
+    for (int32_t t = begin; t < end; ++t) {
+      slots[t] = base + off;
+      if (++off == bs32) {
+        off = 0;
+        base = row[++blk < static_cast<int32_t>(in_stride) ? blk : blk - 1] * bs32;
+      }
+    }
+  }
+  std::fill(slots + t_real, slots + t_in, kPadSlot);
 
   plan.num_reqs = static_cast<int32_t>(b);
   plan.num_actual_tokens = t_real;

@@ -82,6 +82,7 @@ class AttentionImpl {
   const c10::TensorImpl* bound_value_ = nullptr;
   at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
   at::Tensor lse_placeholder_;
+  at::Tensor large_head_mask_;  // bool copy of the compressed mask (npu_fusion_attention)
   ForwardPath last_path_ = ForwardPath::None;
 };
 
