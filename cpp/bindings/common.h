@@ -34,6 +34,14 @@ inline plan::CSpan<uint8_t> bool_span(const std::optional<at::Tensor>& t, const 
 }
 
 void bind_plan(nb::module_& m);
-void bind_gqa(nb::module_& m);
+
+// Each backend's binding file registers its bind function with a static
+// BindingRegistrar; the module runs them in `order` (ties: registration order),
+// so adding a backend never touches module.cpp.
+using BindFn = void (*)(nb::module_&);
+struct BindingRegistrar {
+  BindingRegistrar(int order, BindFn fn);
+};
+void run_registered_bindings(nb::module_& m);
 
 }  // namespace aar::bindings

@@ -51,6 +51,7 @@ std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a
 
 }  // namespace
 
+namespace {
 void bind_gqa(nb::module_& m) {
   nb::class_<gqa::Backend>(m, "Backend")
       .def_static("name", &gqa::Backend::name)
@@ -192,5 +193,8 @@ void bind_gqa(nb::module_& m) {
       .def_prop_ro("head_size", [](const gqa::AttentionImpl& i) { return i.config().head_size; })
       .def_prop_ro("scale", [](const gqa::AttentionImpl& i) { return i.config().scale; });
 }
+
+const BindingRegistrar kRegisterGqa(/*order=*/10, &bind_gqa);
+}  // namespace
 
 }  // namespace aar::bindings

@@ -7,6 +7,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+
 #include "ascend_attn_rt/ops/provider.h"
 #include "ascend_attn_rt/ops/schemas.h"
 #include "ascend_attn_rt/plan/attention_state.h"
@@ -137,6 +139,21 @@ void bind_plan(nb::module_& m) {
       "full_decode_only_graph"_a = false, "pa_shape_list"_a = std::vector<int32_t>{}, "head_size"_a = -1);
 }
 
+namespace {
+std::vector<std::pair<int, BindFn>>& registry() {
+  static std::vector<std::pair<int, BindFn>> r;
+  return r;
+}
+}  // namespace
+
+BindingRegistrar::BindingRegistrar(int order, BindFn fn) { registry().emplace_back(order, fn); }
+
+void run_registered_bindings(nb::module_& m) {
+  auto r = registry();
+  std::stable_sort(r.begin(), r.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [order, fn] : r) fn(m);
+}
+
 }  // namespace aar::bindings
 
 NB_MODULE(_C, m) {
@@ -189,5 +206,5 @@ NB_MODULE(_C, m) {
       "Every operator the runtime calls: (name, schema without namespace, lives in torch_npu's atb namespace).");
 
   bindings::bind_plan(m);
-  bindings::bind_gqa(m);
+  bindings::run_registered_bindings(m);
 }
