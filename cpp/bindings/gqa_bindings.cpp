@@ -151,7 +151,7 @@ void bind_gqa(nb::module_& m) {
              std::optional<at::Tensor> alibi_slopes, std::optional<double> logits_soft_cap,
              const std::string& kv_cache_dtype, const std::string& attn_type, bool kv_sharing,
              const std::string& device_kind, bool has_speculative_config, bool full_decode_only_graph,
-             const std::vector<int32_t>& pa_shape_list) {
+             const std::vector<int32_t>& pa_shape_list, int64_t layer_index, int32_t kv_cache_group) {
             gqa::ImplConfig c;
             c.num_heads = num_heads;
             c.head_size = head_size;
@@ -168,13 +168,16 @@ void bind_gqa(nb::module_& m) {
             c.has_speculative_config = has_speculative_config;
             c.full_decode_only_graph = full_decode_only_graph;
             c.pa_shape_list = pa_shape_list;
+            c.layer_index = layer_index;
+            c.kv_cache_group = kv_cache_group;
             new (self) gqa::AttentionImpl(c);
           },
           "num_heads"_a, "head_size"_a, nb::kw_only(), "scale"_a = 0.0, "num_kv_heads"_a = 0,
           "sliding_window"_a = nb::none(), "sinks"_a = nb::none(), "alibi_slopes"_a = nb::none(),
           "logits_soft_cap"_a = nb::none(), "kv_cache_dtype"_a = "auto", "attn_type"_a = "decoder",
           "kv_sharing"_a = false, "device_kind"_a = "a2", "has_speculative_config"_a = false,
-          "full_decode_only_graph"_a = false, "pa_shape_list"_a = std::vector<int32_t>{})
+          "full_decode_only_graph"_a = false, "pa_shape_list"_a = std::vector<int32_t>{}, "layer_index"_a = -1,
+          "kv_cache_group"_a = 0)
       .def(
           "forward",
           [](gqa::AttentionImpl& impl, const at::Tensor& query, const std::optional<at::Tensor>& key,

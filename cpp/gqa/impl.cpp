@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/fusion_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
@@ -163,6 +164,148 @@ void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, con
   }
 }
 
+at::Tensor AttentionImpl::fill_paged(const Metadata& md, const at::Tensor& query, const at::Tensor& output,
+                                     ops::PagedAttentionArgs& a) const {
+  // One query row per real request; a padding dummy is not attended.
+  const int64_t B = md.num_real_reqs, T = query.size(0);
+  a.query = T == B ? query : query.narrow(0, 0, B);
+  a.key_cache = key_cache_;
+  a.value_cache = value_cache_;
+  a.num_kv_heads = cfg_.num_kv_heads;
+  a.num_heads = cfg_.num_heads;
+  a.scale_value = cfg_.scale;
+  a.block_table = md.num_reqs == B ? md.block_tables : md.block_tables.narrow(0, 0, B);
+  a.context_lens = md.num_reqs == B ? md.seq_lens : md.seq_lens.narrow(0, 0, B);
+  return T == B ? output : output.narrow(0, 0, B);
+}
+
+void AttentionImpl::fill_fia(const Metadata& md, const at::Tensor& q, const std::optional<at::Tensor>& key,
+                             const std::optional<at::Tensor>& value, bool dense, ops::FiaTensors& t,
+                             ops::FiaParams& p) const {
+  const int64_t nt = md.num_kernel_tokens;
+  t.query = q;
+  if (dense) {
+    // PrefillNoCache: the new K/V are the whole context; both lists cumulative.
+    t.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
+    t.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+    p.actual_seq_lengths_kv = md.actual_seq_lengths_q;
+  } else {
+    t.key = key_cache_3d_;
+    t.value = value_cache_3d_;
+    t.block_table = md.block_tables;
+    p.actual_seq_lengths_kv = md.seq_lens_list;  // per request with a block table
+    p.block_size = md.block_size;
+  }
+  p.actual_seq_lengths = md.actual_seq_lengths_q;
+  p.num_heads = cfg_.num_heads;
+  p.num_key_value_heads = cfg_.num_kv_heads;
+  p.scale = cfg_.scale;
+  p.input_layout = "TND";
+  if (!md.causal) {
+    p.sparse_mode = 0;  // bidirectional; no mask (a mask would be applied as-is in mode 0)
+    return;
+  }
+  const int64_t sw = cfg_.sliding_window.value_or(0);
+  t.atten_mask = md.attn_mask;
+  // vLLM's window holds W keys including the query's own position; the kernels'
+  // band p - pre_tokens <= j <= p is inclusive, so pre_tokens = W - 1 (upstream
+  // passes W and attends one key too many).
+  p.sparse_mode = sw > 0 ? 4 : 3;
+  p.pre_tokens = sw > 0 ? sw - 1 : ops::kIntMax32;
+  p.next_tokens = sw > 0 ? 0 : ops::kIntMax32;
+}
+
+void AttentionImpl::fill_fia_v2(const Metadata& md, const at::Tensor& q, const std::optional<at::Tensor>& key,
+                                const std::optional<at::Tensor>& value, bool dense, ops::FiaV2Tensors& t,
+                                ops::FiaV2Params& p) const {
+  const int64_t nt = md.num_kernel_tokens;
+  t.query = q;
+  if (dense) {
+    t.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
+    t.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+    p.actual_seq_kvlen = md.actual_seq_lengths_q;
+  } else {
+    t.key = key_cache_3d_;
+    t.value = value_cache_3d_;
+    t.block_table = md.block_tables;
+    p.actual_seq_kvlen = md.seq_lens_list;
+    p.block_size = md.block_size;
+  }
+  t.learnable_sink = sinks_fp32_;
+  p.actual_seq_qlen = md.actual_seq_lengths_q;
+  p.num_query_heads = cfg_.num_heads;
+  p.num_key_value_heads = cfg_.num_kv_heads;
+  p.softmax_scale = cfg_.scale;
+  p.input_layout = "TND";
+  if (!md.causal) {
+    p.sparse_mode = 0;
+    return;
+  }
+  const int64_t sw = cfg_.sliding_window.value_or(0);
+  t.atten_mask = md.attn_mask;
+  p.sparse_mode = sw > 0 ? 4 : 3;
+  p.pre_tokens = sw > 0 ? sw - 1 : ops::kIntMax32;
+  p.next_tokens = 0;
+}
+
+
+void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const Metadata& md, const at::Tensor& query,
+                            const std::optional<at::Tensor>& key, const std::optional<at::Tensor>& value,
+                            const at::Tensor& output) {
+  // A5's two-call split is the same maths as one call: capture one.
+  if (path == ForwardPath::FusedSplit) path = ForwardPath::FusedPaged;
+  if ((path != ForwardPath::FusedPaged && path != ForwardPath::FusedSinks && path != ForwardPath::PagedAttention) ||
+      md.attn_state == AttentionState::PrefillNoCache) {
+    throw_not_supported("graph capture of the '", to_string(path), "' path (state ", plan::to_string(md.attn_state),
+                        ") is not supported: capture DecodeOnly, ChunkedPrefill or SpecDecoding batches "
+                        "(MetadataBuilder::build_for_graph_capture)");
+  }
+  const int64_t n = g.capturing_bucket();
+  AAR_CHECK_ARG(md.num_input_tokens == n && query.size(0) == n, "graph capture of bucket ", n,
+                " needs a batch padded to ", n, " tokens (num_input_tokens=", md.num_input_tokens,
+                ", query rows=", query.size(0), ")");
+  if (key.has_value() && key_cache_.defined() && !cfg_.kv_sharing) {
+    // Replays read the captured key/value buffers in place: no hidden copies.
+    AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
+    graph::CapturedCall w;
+    w.kind = graph::CallKind::KvWrite;
+    w.layer_index = cfg_.layer_index;
+    w.group = cfg_.kv_cache_group;
+    w.key = *key;
+    w.value = *value;
+    w.key_cache = key_cache_;
+    w.value_cache = value_cache_;
+    w.slot_mapping = key->size(0) == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, key->size(0));
+    w.reshape_and_cache = cfg_.device_kind == plan::DeviceKind::Ascend310P;
+    g.capture_call(std::move(w));
+  }
+  const int64_t nt = md.num_kernel_tokens, T = query.size(0);
+  const at::Tensor q = T == nt ? query : query.narrow(0, 0, nt);
+  graph::CapturedCall c;
+  c.layer_index = cfg_.layer_index;
+  c.group = cfg_.kv_cache_group;
+  c.paged = true;
+  switch (path) {
+    case ForwardPath::PagedAttention:
+      c.kind = graph::CallKind::PagedAttention;
+      c.out = fill_paged(md, query, output, c.pa);
+      break;
+    case ForwardPath::FusedSinks:
+      c.kind = graph::CallKind::FiaV2;
+      fill_fia_v2(md, q, key, value, /*dense=*/false, c.fia2, c.fia2_params);
+      c.out = T == nt ? output : output.narrow(0, 0, nt);
+      c.lse = lse_placeholder_;
+      break;
+    default:
+      c.kind = graph::CallKind::Fia;
+      fill_fia(md, q, key, value, /*dense=*/false, c.fia, c.fia_params);
+      c.out = T == nt ? output : output.narrow(0, 0, nt);
+      c.lse = lse_placeholder_;
+      break;
+  }
+  g.capture_call(std::move(c));
+}
+
 const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
                                          const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                                          const at::Tensor& value_cache, const Metadata* metadata,
@@ -195,36 +338,26 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
                         "(npu_fusion_attention) has no window here; use device_kind a5");
   }
   if (has_cache) bind_caches(key_cache, value_cache);
-  if (key.has_value() && has_cache && !cfg_.kv_sharing) write_kv(*key, *value, md);
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
     lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));
   }
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    capture(*g, path, md, query, key, value, output);
+    last_path_ = path;
+    return output;
+  }
+  if (key.has_value() && has_cache && !cfg_.kv_sharing) write_kv(*key, *value, md);
 
   const int64_t nt = md.num_kernel_tokens;
   last_path_ = path;
   if (nt == 0) return output;
   const at::Tensor q = T == nt ? query : query.narrow(0, 0, nt);
   at::Tensor out = T == nt ? output : output.narrow(0, 0, nt);
-  const int64_t sw = cfg_.sliding_window.value_or(0);
-  // vLLM's window holds W keys including the query's own position; the kernels'
-  // band p - pre_tokens <= j <= p is inclusive, so pre_tokens = W - 1 (upstream
-  // passes W and attends one key too many).
-  const int64_t pre_tokens = sw > 0 ? sw - 1 : ops::kIntMax32;
-  const int64_t causal_mode = sw > 0 ? 4 : 3;
 
   switch (path) {
     case ForwardPath::PagedAttention: {
-      const int64_t B = md.num_real_reqs;
       ops::PagedAttentionArgs a;
-      a.query = T == B ? query : query.narrow(0, 0, B);
-      a.key_cache = key_cache_;
-      a.value_cache = value_cache_;
-      a.num_kv_heads = cfg_.num_kv_heads;
-      a.num_heads = cfg_.num_heads;
-      a.scale_value = cfg_.scale;
-      a.block_table = md.num_reqs == B ? md.block_tables : md.block_tables.narrow(0, 0, B);
-      a.context_lens = md.num_reqs == B ? md.seq_lens : md.seq_lens.narrow(0, 0, B);
-      at::Tensor o = T == B ? output : output.narrow(0, 0, B);
+      at::Tensor o = fill_paged(md, query, output, a);
       ops::paged_attention(a, o, std::nullopt);
       return output;
     }
@@ -247,32 +380,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     case ForwardPath::FusedSinks: {
       ops::FiaV2Tensors t;
       ops::FiaV2Params p;
-      t.query = q;
-      if (dense) {
-        t.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
-        t.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
-        p.actual_seq_kvlen = md.actual_seq_lengths_q;
-      } else {
-        t.key = key_cache_3d_;
-        t.value = value_cache_3d_;
-        t.block_table = md.block_tables;
-        p.actual_seq_kvlen = md.seq_lens_list;
-        p.block_size = md.block_size;
-      }
-      t.learnable_sink = sinks_fp32_;
-      p.actual_seq_qlen = md.actual_seq_lengths_q;
-      p.num_query_heads = cfg_.num_heads;
-      p.num_key_value_heads = cfg_.num_kv_heads;
-      p.softmax_scale = cfg_.scale;
-      p.input_layout = "TND";
-      if (md.causal) {
-        t.atten_mask = md.attn_mask;
-        p.sparse_mode = causal_mode;
-        p.pre_tokens = pre_tokens;
-        p.next_tokens = 0;
-      } else {
-        p.sparse_mode = 0;
-      }
+      fill_fia_v2(md, q, key, value, dense, t, p);
       ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, out, lse_placeholder_);
       return output;
     }
@@ -280,32 +388,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     case ForwardPath::FusedPaged: {
       ops::FiaTensors t;
       ops::FiaParams p;
-      t.query = q;
-      if (path == ForwardPath::FusedDense) {
-        // PrefillNoCache: the new K/V are the whole context; both lists cumulative.
-        t.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
-        t.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
-        p.actual_seq_lengths_kv = md.actual_seq_lengths_q;
-      } else {
-        t.key = key_cache_3d_;
-        t.value = value_cache_3d_;
-        t.block_table = md.block_tables;
-        p.actual_seq_lengths_kv = md.seq_lens_list;
-        p.block_size = md.block_size;
-      }
-      p.actual_seq_lengths = md.actual_seq_lengths_q;
-      p.num_heads = cfg_.num_heads;
-      p.num_key_value_heads = cfg_.num_kv_heads;
-      p.scale = cfg_.scale;
-      p.input_layout = "TND";
-      if (!md.causal) {
-        p.sparse_mode = 0;  // bidirectional; no mask (a mask would be applied as-is in mode 0)
-      } else {
-        t.atten_mask = md.attn_mask;
-        p.sparse_mode = causal_mode;
-        p.pre_tokens = pre_tokens;
-        p.next_tokens = sw > 0 ? 0 : ops::kIntMax32;
-      }
+      fill_fia(md, q, key, value, path == ForwardPath::FusedDense, t, p);
       ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse_placeholder_);
       return output;
     }

@@ -11,7 +11,13 @@
 #include <vector>
 
 #include "ascend_attn_rt/gqa/metadata.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/paged_attention.h"
 #include "ascend_attn_rt/plan/workspace.h"
+
+namespace aar::graph {
+class GraphParams;
+}
 
 namespace aar::gqa {
 
@@ -35,6 +41,10 @@ struct ImplConfig {
   bool has_speculative_config = false;
   bool full_decode_only_graph = false;
   std::vector<int32_t> pa_shape_list;
+  // Graph mode: the layer's index orders its captured calls (updates run in layer
+  // order); the KV-cache group selects which metadata refreshes them.
+  int64_t layer_index = -1;
+  int32_t kv_cache_group = 0;
 };
 
 // Which kernel path a forward took (for tests and tracing).
@@ -58,7 +68,9 @@ class AttentionImpl {
   // key_cache/value_cache (num_blocks, block_size, Nkv, D), or undefined tensors
   // for encoder-only layers without a cache; output (T, N, D), written in rows
   // [0, metadata.num_kernel_tokens) only. metadata == nullptr (profiling run)
-  // zero-fills the output. Returns output.
+  // zero-fills the output. Returns output. While a graph capture is open on this
+  // thread (graph::GraphParams::begin_capture), the calls are recorded into that
+  // graph instead of running eagerly (spec 7.2-7.4, 7.7).
   const at::Tensor& forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                             const at::Tensor& value_cache, const Metadata* metadata, const at::Tensor& output);
@@ -73,6 +85,17 @@ class AttentionImpl {
                 const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                 const at::Tensor& value_cache, const Metadata& md, const at::Tensor& output) const;
   ForwardPath choose_path(const Metadata& md, int64_t num_tokens) const;
+  // Operator arguments of each path, shared by the eager and the capture paths.
+  at::Tensor fill_paged(const Metadata& md, const at::Tensor& query, const at::Tensor& output,
+                        ops::PagedAttentionArgs& a) const;
+  void fill_fia(const Metadata& md, const at::Tensor& q, const std::optional<at::Tensor>& key,
+                const std::optional<at::Tensor>& value, bool dense, ops::FiaTensors& t, ops::FiaParams& p) const;
+  void fill_fia_v2(const Metadata& md, const at::Tensor& q, const std::optional<at::Tensor>& key,
+                   const std::optional<at::Tensor>& value, bool dense, ops::FiaV2Tensors& t,
+                   ops::FiaV2Params& p) const;
+  void capture(graph::GraphParams& g, ForwardPath path, const Metadata& md, const at::Tensor& query,
+               const std::optional<at::Tensor>& key, const std::optional<at::Tensor>& value,
+               const at::Tensor& output);
 
   ImplConfig cfg_;
   std::optional<at::Tensor> sinks_fp32_;

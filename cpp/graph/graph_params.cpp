@@ -1,0 +1,328 @@
+#include "ascend_attn_rt/graph/graph_params.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
+
+namespace aar::graph {
+
+namespace {
+thread_local GraphParams* tl_current = nullptr;
+
+int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : -1; }
+}  // namespace
+
+const char* to_string(CallKind k) {
+  switch (k) {
+    case CallKind::KvWrite: return "kv_write";
+    case CallKind::Fia: return "fia";
+    case CallKind::FiaV2: return "fia_v2";
+    case CallKind::PagedAttention: return "paged_attention";
+  }
+  return "unknown";
+}
+
+GraphParams::GraphParams(std::shared_ptr<GraphProvider> provider, WorkspacePolicy policy)
+    : provider_(std::move(provider)), policy_(policy) {
+  AAR_CHECK_ARG(provider_ != nullptr, "provider must not be null");
+}
+
+GraphParams::~GraphParams() {
+  if (tl_current == this) tl_current = nullptr;
+  try {
+    release_all();
+  } catch (...) {
+  }
+}
+
+GraphParams* GraphParams::current() { return tl_current; }
+
+void GraphParams::begin_capture(int64_t n) {
+  AAR_CHECK_ARG(n > 0, "num_tokens must be positive, got ", n);
+  AAR_CHECK_ARG(!capturing(), "a capture of bucket ", capturing_, " is already open on this graph");
+  AAR_CHECK_ARG(tl_current == nullptr, "another graph capture is already open on this thread");
+  AAR_CHECK_ARG(!has(n), "bucket ", n, " is already captured; release it before capturing it again");
+  buckets_.emplace(n, Bucket{});
+  capturing_ = n;
+  tl_current = this;
+}
+
+void GraphParams::abort_capture() {
+  if (!capturing()) return;
+  const int64_t n = capturing_;
+  capturing_ = -1;
+  tl_current = nullptr;
+  release(n);
+}
+
+void GraphParams::end_capture() {
+  AAR_CHECK_ARG(capturing(), "end_capture without an open capture");
+  Bucket& b = buckets_.at(capturing_);
+  // Updates run in layer order so the replay, which waits on each call's event
+  // in graph order, can proceed as early as possible (spec 7.6, 7.8).
+  const bool all_indexed = std::all_of(b.calls.begin(), b.calls.end(),
+                                       [](const CapturedCall& c) { return c.layer_index >= 0; });
+  if (all_indexed) {
+    std::stable_sort(b.calls.begin(), b.calls.end(), [](const CapturedCall& x, const CapturedCall& y) {
+      return x.layer_index < y.layer_index;
+    });
+  }
+  capturing_ = -1;
+  tl_current = nullptr;
+}
+
+Bucket& GraphParams::open_bucket() {
+  AAR_CHECK_ARG(capturing(), "no capture is open");
+  return buckets_.at(capturing_);
+}
+
+const Bucket& GraphParams::bucket(int64_t n) const {
+  auto it = buckets_.find(n);
+  if (it == buckets_.end()) {
+    std::string have;
+    for (const auto& [k, v] : buckets_) have += (have.empty() ? "" : ", ") + std::to_string(k);
+    throw_invalid("no graph is captured for num_tokens=", n, " (captured buckets: [", have, "])");
+  }
+  return it->second;
+}
+
+std::vector<int64_t> GraphParams::buckets() const {
+  std::vector<int64_t> out;
+  for (const auto& [k, v] : buckets_) out.push_back(k);
+  return out;
+}
+
+const at::Tensor& GraphParams::fia_workspace_for(const CapturedCall& c) {
+  Bucket& b = open_bucket();
+  if (policy_ == WorkspacePolicy::FirstWins && b.fia_workspace.defined()) return b.fia_workspace;
+  at::Tensor cand = c.kind == CallKind::FiaV2 ? ops::fused_infer_attention_score_v2_get_max_workspace(c.fia2, c.fia2_params)
+                                              : ops::fused_infer_attention_score_get_max_workspace(c.fia, c.fia_params);
+  if (!b.fia_workspace.defined() || nbytes(cand) > nbytes(b.fia_workspace)) b.fia_workspace = cand;
+  return b.fia_workspace;
+}
+
+const at::Tensor& GraphParams::pa_workspace_for(const CapturedCall& c) {
+  Bucket& b = open_bucket();
+  if (policy_ == WorkspacePolicy::FirstWins && b.pa_workspace.defined()) return b.pa_workspace;
+  at::Tensor out = c.out;
+  at::Tensor cand = ops::paged_attention_get_workspace(c.pa, out);
+  if (!b.pa_workspace.defined() || nbytes(cand) > nbytes(b.pa_workspace)) b.pa_workspace = cand;
+  return b.pa_workspace;
+}
+
+void GraphParams::launch(CapturedCall& c, const Bucket& b) {
+  switch (c.kind) {
+    case CallKind::KvWrite:
+      if (c.reshape_and_cache) {
+        ops::reshape_and_cache(c.key, c.value, c.key_cache, c.value_cache, c.slot_mapping);
+      } else {
+        ops::scatter_pa_kv_cache(c.key, c.value, c.key_cache, c.value_cache, c.slot_mapping, "Norm");
+      }
+      return;
+    case CallKind::Fia:
+      ops::fused_infer_attention_score_out(c.fia, c.fia_params, b.fia_workspace, c.out, c.lse);
+      return;
+    case CallKind::FiaV2:
+      ops::fused_infer_attention_score_v2_out(c.fia2, c.fia2_params, b.fia_workspace, c.out, c.lse);
+      return;
+    case CallKind::PagedAttention:
+      ops::paged_attention(c.pa, c.out, b.pa_workspace);
+      return;
+  }
+}
+
+void GraphParams::capture_call(CapturedCall&& call) {
+  Bucket& b = open_bucket();
+  if (call.kind == CallKind::KvWrite) {
+    // No host parameters: the device graph captures it as a plain kernel; the
+    // CPU provider keeps it to replay it.
+    if (!provider_->replays_recorded_calls()) launch(call, b);
+    b.calls.push_back(std::move(call));
+    return;
+  }
+  if (call.kind == CallKind::PagedAttention) {
+    pa_workspace_for(call);
+  } else {
+    fia_workspace_for(call);
+  }
+  const int64_t rows = call.kind == CallKind::PagedAttention ? call.pa.query.size(0)
+                       : call.kind == CallKind::FiaV2         ? call.fia2.query.size(0)
+                                                              : call.fia.query.size(0);
+  if (b.num_query_rows == 0) b.num_query_rows = rows;
+  call.event = provider_->create_event();
+  provider_->event_wait_and_reset(call.event);
+  provider_->task_group_begin();
+  try {
+    if (!provider_->replays_recorded_calls()) launch(call, b);
+  } catch (...) {
+    provider_->task_group_end();
+    throw;
+  }
+  call.task = provider_->task_group_end();
+  b.calls.push_back(std::move(call));
+}
+
+namespace {
+
+// Rows of the query the recorded call attends, which the step must match exactly
+// (TND: the last cumulative query length equals the query's row count).
+void check_fits(const CapturedCall& c, const gqa::Metadata& md, int64_t n) {
+  switch (c.kind) {
+    case CallKind::KvWrite:
+      return;
+    case CallKind::PagedAttention:
+      AAR_CHECK_ARG(md.num_reqs == c.pa.query.size(0) && md.num_real_reqs == md.num_reqs,
+                    "the batch has ", md.num_real_reqs, " requests (", md.num_reqs,
+                    " with padding) but graph bucket ", n, " was captured for ", c.pa.query.size(0),
+                    " one-token requests");
+      return;
+    case CallKind::Fia:
+    case CallKind::FiaV2: {
+      const int64_t rows = c.kind == CallKind::Fia ? c.fia.query.size(0) : c.fia2.query.size(0);
+      AAR_CHECK_ARG(md.num_kernel_tokens == rows, "the batch has ", md.num_kernel_tokens,
+                    " kernel tokens but graph bucket ", n, " attends ", rows,
+                    " rows: pad the batch to the bucket (num_input_tokens=", n, ")");
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void GraphParams::refresh(CapturedCall& c, const gqa::Metadata& md, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready) {
+  switch (c.kind) {
+    case CallKind::KvWrite:
+      return;
+    case CallKind::Fia:
+      c.fia_params.actual_seq_lengths = md.actual_seq_lengths_q;
+      if (c.paged) {
+        c.fia.block_table = md.block_tables;
+        c.fia_params.actual_seq_lengths_kv = md.seq_lens_list;
+      } else {
+        c.fia_params.actual_seq_lengths_kv = md.actual_seq_lengths_q;
+      }
+      return;
+    case CallKind::FiaV2:
+      c.fia2_params.actual_seq_qlen = md.actual_seq_lengths_q;
+      if (c.paged) {
+        c.fia2.block_table = md.block_tables;
+        c.fia2_params.actual_seq_kvlen = md.seq_lens_list;
+      } else {
+        c.fia2_params.actual_seq_kvlen = md.actual_seq_lengths_q;
+      }
+      return;
+    case CallKind::PagedAttention:
+      c.pa.block_table = md.block_tables;
+      c.pa.context_lens = md.seq_lens;
+      // The workspace depends on the step's context lengths (spec 9.4); one
+      // query serves every paged-attention call of the step.
+      if (!pa_ws_ready) {
+        pa_ws = ops::paged_attention_get_workspace(c.pa, c.out);
+        pa_ws_ready = true;
+      }
+      b.pa_workspace = pa_ws;
+      return;
+  }
+}
+
+void GraphParams::update(int64_t n, const std::vector<const gqa::Metadata*>& groups) {
+  AAR_CHECK_ARG(!capturing(), "update while a capture is open");
+  AAR_CHECK_ARG(!groups.empty(), "update needs the metadata of at least one KV-cache group");
+  Bucket& b = const_cast<Bucket&>(bucket(n));
+  // Validate everything before the first hook: a rejected update leaves the
+  // graph as it was.
+  for (const CapturedCall& c : b.calls) {
+    AAR_CHECK_ARG(c.group >= 0 && static_cast<size_t>(c.group) < groups.size() && groups[c.group] != nullptr,
+                  "a call of layer ", c.layer_index, " belongs to KV-cache group ", c.group, " but ",
+                  groups.size(), " group metadata were given");
+    check_fits(c, *groups[c.group], n);
+  }
+  at::Tensor pa_ws;
+  bool pa_ws_ready = false;
+  const bool relaunch = !provider_->replays_recorded_calls();
+  for (CapturedCall& c : b.calls) {
+    if (c.kind == CallKind::KvWrite) continue;
+    refresh(c, *groups[c.group], b, pa_ws, pa_ws_ready);
+    provider_->task_update_begin(c.task);
+    if (relaunch) {
+      try {
+        launch(c, b);
+      } catch (...) {
+        provider_->task_update_end();
+        throw;
+      }
+    }
+    provider_->task_update_end();
+    provider_->event_record(c.event);
+  }
+  b.updated = true;
+}
+
+void GraphParams::update_draft(int64_t n, const std::vector<const gqa::Metadata*>& per_call) {
+  AAR_CHECK_ARG(!capturing(), "update_draft while a capture is open");
+  AAR_CHECK_ARG(!per_call.empty(), "update_draft needs at least one metadata");
+  Bucket& b = const_cast<Bucket&>(bucket(n));
+  size_t i = 0;
+  for (const CapturedCall& c : b.calls) {
+    if (c.kind == CallKind::KvWrite) continue;
+    const gqa::Metadata* md = per_call[i++ % per_call.size()];
+    AAR_CHECK_ARG(md != nullptr, "update_draft: metadata ", (i - 1) % per_call.size(), " is None");
+    check_fits(c, *md, n);
+  }
+  at::Tensor pa_ws;
+  bool pa_ws_ready = false;
+  const bool relaunch = !provider_->replays_recorded_calls();
+  i = 0;
+  for (CapturedCall& c : b.calls) {
+    if (c.kind == CallKind::KvWrite) continue;
+    const gqa::Metadata& md = *per_call[i++ % per_call.size()];
+    // Each draft step has its own lengths: the PA workspace follows the metadata.
+    if (c.kind == CallKind::PagedAttention) pa_ws_ready = false;
+    refresh(c, md, b, pa_ws, pa_ws_ready);
+    provider_->task_update_begin(c.task);
+    if (relaunch) launch(c, b);
+    provider_->task_update_end();
+    provider_->event_record(c.event);
+  }
+  b.updated = true;
+}
+
+void GraphParams::replay(int64_t n) {
+  AAR_CHECK_ARG(provider_->replays_recorded_calls(), "replay(): the '", provider_->name(),
+                "' graph provider replays on the device; call the device graph's replay instead");
+  auto* rec = dynamic_cast<RecordingGraphProvider*>(provider_.get());
+  Bucket& b = const_cast<Bucket&>(bucket(n));
+  for (size_t i = 0; i < b.calls.size(); ++i) {
+    const CapturedCall& c = b.calls[i];
+    if (c.kind != CallKind::KvWrite && rec != nullptr) {
+      AAR_CHECK_ARG(rec->event_recorded(c.event), "replay of bucket ", n, " before update: call ", i, " (",
+                    to_string(c.kind), ", layer ", c.layer_index, ") has no recorded update since the last replay");
+    }
+  }
+  for (CapturedCall& c : b.calls) {
+    launch(c, b);
+    if (c.kind != CallKind::KvWrite && rec != nullptr) rec->reset_event(c.event);
+  }
+}
+
+void GraphParams::release(int64_t n) {
+  AAR_CHECK_ARG(capturing_ != n, "cannot release bucket ", n, " while it is being captured");
+  auto it = buckets_.find(n);
+  if (it == buckets_.end()) return;
+  for (CapturedCall& c : it->second.calls) {
+    if (c.event != nullptr || c.task != nullptr) provider_->release(c.event, c.task);
+  }
+  buckets_.erase(it);
+}
+
+void GraphParams::release_all() {
+  std::vector<int64_t> keys = buckets();
+  for (int64_t k : keys) {
+    if (k != capturing_) release(k);
+  }
+}
+
+}  // namespace aar::graph

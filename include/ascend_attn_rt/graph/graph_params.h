@@ -1,0 +1,148 @@
+// The graph parameter store and the per-step update (spec gqa.md 7.1-7.8).
+//
+// A GraphParams instance belongs to one model (the main model, or a draft
+// model). Per captured token count ("bucket") it keeps, for every attention call
+// captured in that bucket, its event, task handle and parameter record, plus the
+// bucket's workspaces. update() refreshes every recorded call from the step's
+// metadata in layer order, entirely in C++: one pass, no per-layer metadata work
+// (the host lists were computed once by MetadataBuilder::build).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ascend_attn_rt/gqa/metadata.h"
+#include "ascend_attn_rt/graph/provider.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/paged_attention.h"
+
+namespace aar::graph {
+
+enum class WorkspacePolicy : int32_t {
+  FirstWins = 0,      // default: the first workspace computed for a bucket is kept (spec 7.5)
+  MaxOverLayers = 1,  // layer-aware models: keep the largest candidate by bytes
+};
+
+enum class CallKind : int32_t { KvWrite = 0, Fia = 1, FiaV2 = 2, PagedAttention = 3 };
+const char* to_string(CallKind k);
+
+// One captured operator call. Tensors are held strongly until the bucket (or the
+// whole store) is released.
+struct CapturedCall {
+  CallKind kind = CallKind::Fia;
+  int64_t layer_index = -1;   // ordering key (capture order when equal / unset)
+  int32_t group = 0;          // KV-cache group: which metadata refreshes it
+  bool paged = true;          // KV read through a block table (per-request KV lengths)
+  Handle event = nullptr;
+  Handle task = nullptr;
+  // Fia / FiaV2
+  ops::FiaTensors fia;
+  ops::FiaParams fia_params;   // scalars; lists are refreshed from metadata
+  ops::FiaV2Tensors fia2;
+  ops::FiaV2Params fia2_params;
+  at::Tensor out, lse;
+  // PagedAttention
+  ops::PagedAttentionArgs pa;
+  // KvWrite (no host parameters: slot mapping lives at a stable address)
+  at::Tensor key, value, key_cache, value_cache, slot_mapping;
+  bool reshape_and_cache = false;
+};
+
+struct Bucket {
+  std::vector<CapturedCall> calls;  // layer order after end_capture
+  at::Tensor fia_workspace;         // shared by the bucket's fused calls
+  at::Tensor pa_workspace;          // paged attention keeps its own (upstream shares one slot)
+  int64_t num_query_rows = 0;       // captured kernel token count (FIA) / requests (PA)
+  bool updated = false;
+};
+
+class GraphParams {
+ public:
+  explicit GraphParams(std::shared_ptr<GraphProvider> provider,
+                       WorkspacePolicy policy = WorkspacePolicy::FirstWins);
+  ~GraphParams();
+  GraphParams(const GraphParams&) = delete;
+  GraphParams& operator=(const GraphParams&) = delete;
+
+  // Capture: while a capture is open on this thread, AttentionImpl::forward
+  // records its calls here instead of running them eagerly. A bucket is
+  // captured once; capturing it again is an error (release it first).
+  void begin_capture(int64_t num_tokens);
+  void end_capture();
+  // Drops the bucket being captured (a capture that failed half way).
+  void abort_capture();
+  bool capturing() const { return capturing_ >= 0; }
+  int64_t capturing_bucket() const { return capturing_; }
+
+  // Per step, before (NPU) or instead of (CPU) the device replay: refresh every
+  // call of the bucket from the step's metadata. `groups[g]` is the metadata of
+  // KV-cache group g (one entry serves a single-group model).
+  void update(int64_t num_tokens, const std::vector<const gqa::Metadata*>& groups);
+  void update(int64_t num_tokens, const gqa::Metadata& md) { update(num_tokens, std::vector<const gqa::Metadata*>{&md}); }
+  // Draft model: per-(draft step, layer) metadata flattened in capture order and
+  // cycled (or truncated) over the recorded calls (spec 7.8).
+  void update_draft(int64_t num_tokens, const std::vector<const gqa::Metadata*>& per_call);
+
+  // CPU provider: run the bucket's recorded calls in order (each must have been
+  // updated since the last replay). NPU provider: nothing to do here (the device
+  // graph replays); calling it is an error.
+  void replay(int64_t num_tokens);
+
+  bool has(int64_t num_tokens) const { return buckets_.count(num_tokens) != 0; }
+  const Bucket& bucket(int64_t num_tokens) const;
+  std::vector<int64_t> buckets() const;
+  // Drops a bucket: its records, events, tasks and workspaces are released.
+  void release(int64_t num_tokens);
+  void release_all();
+
+  GraphProvider& provider() { return *provider_; }
+  WorkspacePolicy policy() const { return policy_; }
+
+  // Used by the backends' capture paths.
+  Bucket& open_bucket();
+  void capture_call(CapturedCall&& call);
+  const at::Tensor& fia_workspace_for(const CapturedCall& call);
+  const at::Tensor& pa_workspace_for(const CapturedCall& call);
+
+  // The store a capture is open on, for this thread (nullptr outside capture).
+  static GraphParams* current();
+
+ private:
+  void refresh(CapturedCall& c, const gqa::Metadata& md, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready);
+  void launch(CapturedCall& c, const Bucket& b);
+
+  std::shared_ptr<GraphProvider> provider_;
+  WorkspacePolicy policy_;
+  std::map<int64_t, Bucket> buckets_;
+  int64_t capturing_ = -1;
+};
+
+// RAII capture scope; a scope left by an exception drops the partial bucket.
+class CaptureScope {
+ public:
+  CaptureScope(GraphParams& g, int64_t num_tokens) : g_(g), exceptions_(std::uncaught_exceptions()) {
+    g_.begin_capture(num_tokens);
+  }
+  ~CaptureScope() {
+    if (!g_.capturing()) return;
+    if (std::uncaught_exceptions() > exceptions_) {
+      g_.abort_capture();
+    } else {
+      g_.end_capture();
+    }
+  }
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+
+ private:
+  GraphParams& g_;
+  int exceptions_;
+};
+
+}  // namespace aar::graph
