@@ -215,6 +215,55 @@ def bench_forward(timing: Dict, verbose: bool, batches=(1, 32, 256)) -> List[Dic
     return results
 
 
+def bench_graph(timing: Dict, verbose: bool, batches=(1, 32, 256), layer_counts=(32, 61)) -> List[Dict]:
+    """Graph mode: per-step GraphParams.update (every captured attention call of the
+    bucket re-issued with the step's lists) through the facade, with no-op graph
+    hooks ("noop" provider) and the no_compute operator provider; and a whole step
+    = build + update."""
+    results = []
+    dtype = torch.bfloat16
+    num_blocks = BLOCKS_PER_REQ + 1  # ids 1..16 shared by every request (nothing is computed)
+    key_cache = torch.zeros(num_blocks, BLOCK_SIZE, N_KV_HEADS, HEAD_SIZE, dtype=dtype)
+    value_cache = torch.zeros_like(key_cache)
+    for paged in (False, True):
+        for layers in layer_counts:
+            for b in batches:
+                builder = aar.MetadataBuilder(max_num_reqs=max(batches), max_num_tokens=max(batches),
+                                              max_blocks_per_req=BLOCKS_PER_REQ, block_size=BLOCK_SIZE,
+                                              num_blocks=num_blocks)
+                qsl, sl = _batch([1] * b, [CONTEXT] * b)
+                table = builder.block_table_staging[:b]
+                table.copy_(_block_ids(b, BLOCKS_PER_REQ, pool=BLOCKS_PER_REQ))
+                q = torch.zeros(b, N_HEADS, HEAD_SIZE, dtype=dtype)
+                k = torch.zeros(b, N_KV_HEADS, HEAD_SIZE, dtype=dtype)
+                v = torch.zeros(b, N_KV_HEADS, HEAD_SIZE, dtype=dtype)
+                out = torch.zeros(b, N_HEADS, HEAD_SIZE, dtype=dtype)
+                extra = dict(full_decode_only_graph=True, pa_shape_list=[b]) if paged else {}
+                impls = [aar.AttentionImpl(N_HEADS, HEAD_SIZE, num_kv_heads=N_KV_HEADS, layer_index=i, **extra)
+                         for i in range(layers)]
+                g = aar.GraphParams("noop")
+                md = builder.build_for_graph_capture(qsl, sl, table)
+                with g.capture(b):
+                    for impl in impls:
+                        impl.forward(q, k, v, key_cache, value_cache, md, out)
+                path = impls[-1].last_path
+                md = builder.build(qsl, sl, table)
+                timed = time_calls({
+                    "update": lambda: g.update(b, md),
+                    "step": lambda: g.update(b, builder.build(qsl, sl, table)),
+                }, **timing)
+                r = timed["update"]
+                r.update(kind="graph", case=f"decode B={b}", path=path, layers=layers, num_reqs=b,
+                         per_layer_us=r["median_us"] / layers,
+                         build_plus_update_us=timed["step"]["median_us"])
+                results.append(r)
+                if verbose:
+                    print(f"  graph {path:<16} L={layers:<3} B={b:<4} update {r['median_us']:8.2f} us "
+                          f"({r['per_layer_us']:.3f}/layer), build+update {r['build_plus_update_us']:8.2f} us",
+                          file=sys.stderr)
+    return results
+
+
 def bench_floor(timing: Dict) -> Dict:
     """The cheapest call through the facade (a property read), for scale."""
     r = time_calls({"floor": aar.get_provider}, **timing)["floor"]
@@ -264,6 +313,15 @@ def format_table(results: List[Dict]) -> str:
         for r in fwd:
             lines.append(f"  {r['case']:<22} {r['path']:<16} {r['median_us']:10.2f} {r['min_us']:9.2f} "
                          f"{r['iters']:7d}")
+    graph = [r for r in results if r["kind"] == "graph"]
+    if graph:
+        lines.append("")
+        lines.append("GraphParams.update (per step; noop graph hooks, no_compute), Llama-3-8B shapes, bf16")
+        lines.append(f"  {'path':<16} {'layers':>6} {'batch':>6} {'update us':>10} {'per layer us':>13} "
+                     f"{'build+update us':>16}")
+        for r in graph:
+            lines.append(f"  {r['path']:<16} {r['layers']:6d} {r['num_reqs']:6d} {r['median_us']:10.2f} "
+                         f"{r['per_layer_us']:13.3f} {r['build_plus_update_us']:16.2f}")
     floor = [r for r in results if r["kind"] == "floor"]
     for r in floor:
         lines.append("")
@@ -273,7 +331,7 @@ def format_table(results: List[Dict]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"JSON results file (default {DEFAULT_OUT}); '-' for none")
-    p.add_argument("--only", choices=("build", "forward"), default=None, help="run one group only")
+    p.add_argument("--only", choices=("build", "forward", "graph"), default=None, help="run one group only")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--target-ms", type=float, default=100.0, help="time per repeat used to size the loop")
     p.add_argument("--min-iters", type=int, default=2000)
@@ -300,6 +358,8 @@ def run(args: argparse.Namespace) -> int:
                 results += bench_build(timing, args.verbose)
             if args.only in (None, "forward"):
                 results += bench_forward(timing, args.verbose)
+            if args.only in (None, "graph"):
+                results += bench_graph(timing, args.verbose)
             results.append(bench_floor(timing))
     finally:
         aar.set_provider("auto")
