@@ -52,6 +52,7 @@ demo: build
 
 bench: build
 	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json
+	$(BUILD)/bench_graph_cpp --out benchmarks/results/cpp_graph.json
 	PYTHONPATH=python $(PY) benchmarks/bench_host.py --out benchmarks/results/python_host.json
 
 clean:

@@ -9,6 +9,10 @@ namespace aar::plan {
 void validate_start_loc(CSpan<int32_t> start_loc, const char* arg) {
   AAR_CHECK_ARG(!start_loc.empty(), arg, " must have at least one entry (got an empty span)");
   AAR_CHECK_ARG(start_loc[0] == 0, arg, "[0]=", start_loc[0], " must be 0");
+  // Branch-free scan (vectorises); the offender is located only on failure.
+  int bad = 0;
+  for (std::size_t i = 1; i < start_loc.size(); ++i) bad |= start_loc[i] < start_loc[i - 1];
+  if (!bad) return;
   for (std::size_t i = 1; i < start_loc.size(); ++i) {
     AAR_CHECK_ARG(start_loc[i] >= start_loc[i - 1], arg, " must be non-decreasing: ", arg, "[", i,
                   "]=", start_loc[i], " < ", arg, "[", i - 1, "]=", start_loc[i - 1]);
