@@ -56,7 +56,7 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
   }
   if (cfg_.sinks.has_value()) {
     const at::Tensor& s = *cfg_.sinks;
-    AAR_CHECK_ARG(s.defined() && s.dim() == 1 && s.size(0) == cfg_.num_heads, "sinks must have shape (",
+    AAR_CHECK_ARG(s.defined() && s.dim() == 1 && s.sizes()[0] == cfg_.num_heads, "sinks must have shape (",
                   cfg_.num_heads, ",), got ", s.defined() ? s.sizes() : c10::IntArrayRef{});
     AAR_CHECK_ARG(at::isFloatingType(s.scalar_type()), "sinks must be a floating tensor, got ", s.scalar_type());
     sinks_fp32_ = s.to(at::kFloat).contiguous();
@@ -67,7 +67,7 @@ void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& v
   if (key_cache.unsafeGetTensorImpl() == bound_key_ && value_cache.unsafeGetTensorImpl() == bound_value_) return;
   key_cache_ = key_cache;
   value_cache_ = value_cache;
-  const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
+  const int64_t nb = key_cache.sizes()[0], bs = key_cache.sizes()[1];
   key_cache_3d_ = key_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
   value_cache_3d_ = value_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
   bound_key_ = key_cache.unsafeGetTensorImpl();
@@ -78,10 +78,10 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
                              const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                              const at::Tensor& value_cache, const Metadata& md, const at::Tensor& output) const {
   const int64_t N = cfg_.num_heads, Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
-  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.size(1) == N && query.size(2) == D,
+  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.sizes()[1] == N && query.sizes()[2] == D,
                 "query must have shape (T, ", N, ", ", D, "), got ",
                 query.defined() ? query.sizes() : c10::IntArrayRef{});
-  const int64_t T = query.size(0);
+  const int64_t T = query.sizes()[0];
   const auto dtype = query.scalar_type();
   AAR_CHECK_ARG(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
                 "query dtype must be float32, float16 or bfloat16, got ", dtype);
@@ -98,27 +98,27 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
   if (key.has_value()) {
     for (const at::Tensor* t : {&*key, &*value}) {
       const char* name = t == &*key ? "key" : "value";
-      AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->size(1) == Nkv && t->size(2) == D, name,
+      AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->sizes()[1] == Nkv && t->sizes()[2] == D, name,
                     " must have shape (T, ", Nkv, ", ", D, "), got ",
                     t->defined() ? t->sizes() : c10::IntArrayRef{});
-      AAR_CHECK_ARG(t->size(0) == md.num_input_tokens || t->size(0) == md.num_actual_tokens, name, " has ",
-                    t->size(0), " rows; the metadata has num_input_tokens=", md.num_input_tokens,
+      AAR_CHECK_ARG(t->sizes()[0] == md.num_input_tokens || t->sizes()[0] == md.num_actual_tokens, name, " has ",
+                    t->sizes()[0], " rows; the metadata has num_input_tokens=", md.num_input_tokens,
                     " and num_actual_tokens=", md.num_actual_tokens);
       AAR_CHECK_ARG(t->scalar_type() == dtype, name, " dtype ", t->scalar_type(), " differs from query dtype ",
                     dtype);
       AAR_CHECK_ARG(t->device() == query.device(), name, " is on ", t->device(), " but query is on ",
                     query.device());
     }
-    AAR_CHECK_ARG(key->size(0) == value->size(0), "key has ", key->size(0), " rows but value has ",
-                  value->size(0));
+    AAR_CHECK_ARG(key->sizes()[0] == value->sizes()[0], "key has ", key->sizes()[0], " rows but value has ",
+                  value->sizes()[0]);
   }
   AAR_CHECK_ARG(key_cache.defined() == value_cache.defined(), "key_cache and value_cache must be given together");
   if (key_cache.defined()) {
     for (const at::Tensor* c : {&key_cache, &value_cache}) {
       const char* name = c == &key_cache ? "key_cache" : "value_cache";
-      AAR_CHECK_ARG(c->dim() == 4 && c->size(1) == md.block_size && c->size(2) == Nkv && c->size(3) == D, name,
+      AAR_CHECK_ARG(c->dim() == 4 && c->sizes()[1] == md.block_size && c->sizes()[2] == Nkv && c->sizes()[3] == D, name,
                     " must have shape (num_blocks, ", md.block_size, ", ", Nkv, ", ", D, "), got ", c->sizes());
-      AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0),
+      AAR_CHECK_ARG(c->sizes()[0] >= md.num_blocks, name, " has ", c->sizes()[0],
                     " blocks but the metadata was built for num_blocks=", md.num_blocks);
       AAR_CHECK_ARG(c->scalar_type() == dtype, name, " dtype ", c->scalar_type(), " differs from query dtype ",
                     dtype);
@@ -151,7 +151,7 @@ ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens) c
 }
 
 void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, const Metadata& md) {
-  const int64_t n = key.size(0);
+  const int64_t n = key.sizes()[0];
   // Rows past num_actual_tokens map to slot -1 and are skipped by the kernel, so
   // the padded slot mapping serves a padded key as is (no slicing per layer).
   at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
@@ -167,7 +167,7 @@ void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, con
 at::Tensor AttentionImpl::fill_paged(const Metadata& md, const at::Tensor& query, const at::Tensor& output,
                                      ops::PagedAttentionArgs& a) const {
   // One query row per real request; a padding dummy is not attended.
-  const int64_t B = md.num_real_reqs, T = query.size(0);
+  const int64_t B = md.num_real_reqs, T = query.sizes()[0];
   a.query = T == B ? query : query.narrow(0, 0, B);
   a.key_cache = key_cache_;
   a.value_cache = value_cache_;
@@ -186,8 +186,8 @@ void AttentionImpl::fill_fia(const Metadata& md, const at::Tensor& q, const std:
   t.query = q;
   if (dense) {
     // PrefillNoCache: the new K/V are the whole context; both lists cumulative.
-    t.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
-    t.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+    t.key = key->sizes()[0] == nt ? *key : key->narrow(0, 0, nt);
+    t.value = value->sizes()[0] == nt ? *value : value->narrow(0, 0, nt);
     p.actual_seq_lengths_kv = md.actual_seq_lengths_q;
   } else {
     t.key = key_cache_3d_;
@@ -221,8 +221,8 @@ void AttentionImpl::fill_fia_v2(const Metadata& md, const at::Tensor& q, const s
   const int64_t nt = md.num_kernel_tokens;
   t.query = q;
   if (dense) {
-    t.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
-    t.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+    t.key = key->sizes()[0] == nt ? *key : key->narrow(0, 0, nt);
+    t.value = value->sizes()[0] == nt ? *value : value->narrow(0, 0, nt);
     p.actual_seq_kvlen = md.actual_seq_lengths_q;
   } else {
     t.key = key_cache_3d_;
@@ -261,9 +261,9 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const Metad
                         "(MetadataBuilder::build_for_graph_capture)");
   }
   const int64_t n = g.capturing_bucket();
-  AAR_CHECK_ARG(md.num_input_tokens == n && query.size(0) == n, "graph capture of bucket ", n,
+  AAR_CHECK_ARG(md.num_input_tokens == n && query.sizes()[0] == n, "graph capture of bucket ", n,
                 " needs a batch padded to ", n, " tokens (num_input_tokens=", md.num_input_tokens,
-                ", query rows=", query.size(0), ")");
+                ", query rows=", query.sizes()[0], ")");
   if (key.has_value() && key_cache_.defined() && !cfg_.kv_sharing) {
     // Replays read the captured key/value buffers in place: no hidden copies.
     AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
@@ -275,11 +275,11 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const Metad
     w.value = *value;
     w.key_cache = key_cache_;
     w.value_cache = value_cache_;
-    w.slot_mapping = key->size(0) == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, key->size(0));
+    w.slot_mapping = key->sizes()[0] == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, key->sizes()[0]);
     w.reshape_and_cache = cfg_.device_kind == plan::DeviceKind::Ascend310P;
     g.capture_call(std::move(w));
   }
-  const int64_t nt = md.num_kernel_tokens, T = query.size(0);
+  const int64_t nt = md.num_kernel_tokens, T = query.sizes()[0];
   const at::Tensor q = T == nt ? query : query.narrow(0, 0, nt);
   graph::CapturedCall c;
   c.layer_index = cfg_.layer_index;
@@ -319,7 +319,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   }
   const Metadata& md = *metadata;
   validate(query, key, value, key_cache, value_cache, md, output);
-  const int64_t T = query.size(0);
+  const int64_t T = query.sizes()[0];
   const ForwardPath path = choose_path(md, T);
   const bool has_cache = key_cache.defined();
   const bool dense = path == ForwardPath::Encoder || path == ForwardPath::FusedDense ||
@@ -364,8 +364,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     case ForwardPath::Encoder: {
       ops::FusionAttentionArgs a;
       a.query = q;
-      a.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
-      a.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+      a.key = key->sizes()[0] == nt ? *key : key->narrow(0, 0, nt);
+      a.value = value->sizes()[0] == nt ? *value : value->narrow(0, 0, nt);
       a.head_num = cfg_.num_heads;
       a.input_layout = "TND";
       a.scale = cfg_.scale;
@@ -400,8 +400,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
       a.query = q;
       std::vector<int64_t> kv_ends;
       if (dense) {
-        a.key = key->size(0) == nt ? *key : key->narrow(0, 0, nt);
-        a.value = value->size(0) == nt ? *value : value->narrow(0, 0, nt);
+        a.key = key->sizes()[0] == nt ? *key : key->narrow(0, 0, nt);
+        a.value = value->sizes()[0] == nt ? *value : value->narrow(0, 0, nt);
         a.actual_seq_kvlen = md.actual_seq_lengths_q;
       } else {
         const int64_t B = md.num_reqs, bs = md.block_size;

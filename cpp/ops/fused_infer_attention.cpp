@@ -52,50 +52,56 @@ inline at::OptionalSymIntArrayRef sym_list(bool has, c10::IntArrayRef v) {
 
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score(const FiaTensors& t, const FiaParams& p,
                                                                Provider pv) {
-  const auto& op = g_fia_v1.get(detail::pick_provider(pv, t.query));
+  const Provider prov = detail::pick_provider(pv, t.query);
+  const auto& op = g_fia_v1.get(prov);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(prov);
   return op.call(AAR_FIA_V1_CALL_ARGS(t, p, none));
 }
 
 void fused_infer_attention_score_out(const FiaTensors& t, const FiaParams& p,
                                      const std::optional<at::Tensor>& workspace, at::Tensor& attention_out,
                                      at::Tensor& softmax_lse, Provider pv) {
-  const auto& op = g_fia_v1_out.get(detail::pick_provider(pv, t.query));
+  const Provider prov = detail::pick_provider(pv, t.query);
+  const auto& op = g_fia_v1_out.get(prov);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(prov);
   op.call(AAR_FIA_V1_CALL_ARGS(t, p, none), workspace, attention_out, softmax_lse);
 }
 
 at::Tensor fused_infer_attention_score_get_max_workspace(const FiaTensors& t, const FiaParams& p, Provider pv) {
-  const auto& op = g_fia_v1_ws.get(detail::pick_provider(pv, t.query));
+  const Provider prov = detail::pick_provider(pv, t.query);
+  const auto& op = g_fia_v1_ws.get(prov);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(prov);
   return op.call(AAR_FIA_V1_CALL_ARGS(t, p, none));
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_v2(const FiaV2Tensors& t, const FiaV2Params& p,
                                                                   Provider pv) {
-  const auto& op = g_fia_v2.get(detail::pick_provider(pv, t.query));
+  const Provider prov = detail::pick_provider(pv, t.query);
+  const auto& op = g_fia_v2.get(prov);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(prov);
   return op.call(AAR_FIA_V2_CALL_ARGS(t, p, none));
 }
 
 void fused_infer_attention_score_v2_out(const FiaV2Tensors& t, const FiaV2Params& p,
                                         const std::optional<at::Tensor>& workspace, at::Tensor& attention_out,
                                         at::Tensor& softmax_lse, Provider pv) {
-  const auto& op = g_fia_v2_out.get(detail::pick_provider(pv, t.query));
+  const Provider prov = detail::pick_provider(pv, t.query);
+  const auto& op = g_fia_v2_out.get(prov);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(prov);
   op.call(AAR_FIA_V2_CALL_ARGS(t, p, none), workspace, attention_out, softmax_lse);
 }
 
 at::Tensor fused_infer_attention_score_v2_get_max_workspace(const FiaV2Tensors& t, const FiaV2Params& p,
                                                             Provider pv) {
-  const auto& op = g_fia_v2_ws.get(detail::pick_provider(pv, t.query));
+  const Provider prov = detail::pick_provider(pv, t.query);
+  const auto& op = g_fia_v2_ws.get(prov);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(prov);
   return op.call(AAR_FIA_V2_CALL_ARGS(t, p, none));
 }
 

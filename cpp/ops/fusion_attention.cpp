@@ -17,9 +17,10 @@ inline at::OptionalIntArrayRef opt_list(c10::IntArrayRef v) {
 }  // namespace
 
 at::Tensor fusion_attention(const FusionAttentionArgs& a, Provider pv) {
-  const auto& op = g_fa.get(detail::pick_provider(pv, a.query));
+  const Provider prov = detail::pick_provider(pv, a.query);
+  const auto& op = g_fa.get(prov);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(prov);
   auto r = op.call(a.query, a.key, a.value, a.head_num, a.input_layout, none /*pse*/, none /*padding_mask*/,
                    a.atten_mask, a.scale, /*keep_prob=*/1.0, a.pre_tockens, a.next_tockens,
                    /*inner_precise=*/0, at::OptionalIntArrayRef() /*prefix*/,

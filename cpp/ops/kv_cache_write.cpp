@@ -15,17 +15,19 @@ detail::OpHandle<sig::ReshapeAndCache> g_reshape_and_cache("_npu_reshape_and_cac
 void scatter_pa_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                          at::Tensor& value_cache, const at::Tensor& slot_mapping, c10::string_view cache_mode,
                          Provider pv) {
-  const auto& op = g_scatter.get(detail::pick_provider(pv, key));
+  const Provider prov = detail::pick_provider(pv, key);
+  const auto& op = g_scatter.get(prov);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(prov);
   op.call(key, value, key_cache, value_cache, slot_mapping, none, none, none,
           std::optional<c10::string_view>(cache_mode));
 }
 
 void reshape_and_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
                        at::Tensor& value_cache, const at::Tensor& slot_indices, Provider pv) {
-  const auto& op = g_reshape_and_cache.get(detail::pick_provider(pv, key));
-  c10::InferenceMode guard;
+  const Provider prov = detail::pick_provider(pv, key);
+  const auto& op = g_reshape_and_cache.get(prov);
+  detail::DispatchGuard guard(prov);
   op.call(key, value, key_cache, value_cache, slot_indices);
 }
 

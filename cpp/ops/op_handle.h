@@ -26,6 +26,20 @@ inline Provider pick_provider(Provider pv, const at::Tensor& first) {
   return pv != Provider::Auto ? pv : resolve_provider(first);
 }
 
+// Keeps the call off PyTorch's boxed autograd fallback. Our own namespaces
+// (CPU twins, no-compute) register an Autograd fallthrough for every operator
+// (cpp/ops/registry.cpp), so their calls need no guard; torch_npu's operators are
+// called under InferenceMode (DESIGN.md), entered only if not already active.
+class DispatchGuard {
+ public:
+  explicit DispatchGuard(Provider p) {
+    if (p == Provider::Npu && !c10::InferenceMode::is_enabled()) guard_.emplace();
+  }
+
+ private:
+  std::optional<c10::InferenceMode> guard_;
+};
+
 inline const std::optional<at::Tensor>& none_tensor() {
   static const std::optional<at::Tensor> none;
   return none;
