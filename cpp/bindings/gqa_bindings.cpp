@@ -96,7 +96,7 @@ void bind_gqa(nb::module_& m) {
           [](gqa::MetadataBuilder* self, int32_t max_num_reqs, int32_t max_num_tokens, int32_t max_blocks_per_req,
              int32_t block_size, int32_t num_blocks, int32_t num_speculative_tokens, const std::string& spec_method,
              bool chunked_prefill_enabled, bool pooling, bool pad_fia_batch, const std::string& device,
-             std::optional<bool> separate_device_buffers) {
+             std::optional<bool> separate_device_buffers, bool uniform_decode_padding) {
             gqa::BuilderConfig c;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
@@ -110,12 +110,13 @@ void bind_gqa(nb::module_& m) {
             c.pad_fia_batch = pad_fia_batch;
             c.device = c10::Device(device);
             c.separate_device_buffers = separate_device_buffers;
+            c.uniform_decode_padding = uniform_decode_padding;
             new (self) gqa::MetadataBuilder(c);
           },
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
           "num_blocks"_a, "num_speculative_tokens"_a = 0, "spec_method"_a = "none",
           "chunked_prefill_enabled"_a = true, "pooling"_a = false, "pad_fia_batch"_a = true, "device"_a = "cpu",
-          "separate_device_buffers"_a = nb::none())
+          "separate_device_buffers"_a = nb::none(), "uniform_decode_padding"_a = false)
       .def(
           "build",
           [](gqa::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,

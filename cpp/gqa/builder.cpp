@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/backend.h"
 #include "ascend_attn_rt/plan/step_plan.h"
@@ -43,12 +45,17 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
                 "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, the FIA TND limit), got ",
                 cfg.num_speculative_tokens);
 
-  const int64_t R = cfg.max_num_reqs;
+  // Requests the kernels may see: the real ones plus one padding dummy, or, with
+  // uniform decode padding, up to one dummy per padding token.
+  const int64_t R = cfg.uniform_decode_padding
+                        ? std::max<int64_t>(cfg.max_num_reqs + 1, cfg.max_num_tokens)
+                        : cfg.max_num_reqs + 1;
+  cap_reqs_ = R;
   off_qsl_ = 0;
-  off_seq_ = off_qsl_ + R + 2;
-  off_slot_ = off_seq_ + R + 1;
+  off_seq_ = off_qsl_ + R + 1;
+  off_slot_ = off_seq_ + R;
   off_bt_ = off_slot_ + cfg.max_num_tokens;
-  const int64_t total = off_bt_ + (R + 1) * static_cast<int64_t>(cfg.max_blocks_per_req);
+  const int64_t total = off_bt_ + R * static_cast<int64_t>(cfg.max_blocks_per_req);
 
   auto host_opts = at::TensorOptions().dtype(at::kInt).device(at::kCPU);
   if (separate_ && !cfg.device.is_cpu()) {
@@ -63,15 +70,14 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     staging_ = at::zeros({total}, host_opts);
   }
   device_ = separate_ ? at::zeros({total}, host_opts.device(cfg.device)) : staging_;
-  staging_block_table_ = staging_.narrow(0, off_bt_, (R + 1) * cfg.max_blocks_per_req)
-                             .view({R + 1, cfg.max_blocks_per_req});
-  q_ends_.assign(R + 1, 0);
-  kv_lens_.assign(R + 1, 0);
+  staging_block_table_ = staging_.narrow(0, off_bt_, R * cfg.max_blocks_per_req).view({R, cfg.max_blocks_per_req});
+  q_ends_.assign(R, 0);
+  kv_lens_.assign(R, 0);
 
   views_ = std::make_unique<Views>();
-  views_->qsl.resize(R + 2);
-  views_->seq_lens.resize(R + 2);
-  views_->block_table.resize(R + 2);
+  views_->qsl.resize(R + 1);
+  views_->seq_lens.resize(R + 1);
+  views_->block_table.resize(R + 1);
   views_->slots.resize(cfg.max_num_tokens + 1);
 
   md_.block_size = cfg.block_size;
@@ -85,7 +91,7 @@ MetadataBuilder::~MetadataBuilder() = default;
 
 const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   int32_t* s = staging_.data_ptr<int32_t>();
-  const int64_t R = cfg_.max_num_reqs;
+  const int64_t R = cap_reqs_;
 
   const size_t num_reqs = in.seq_lens.size();
   AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(cfg_.max_num_reqs), "num_reqs=", num_reqs,
@@ -115,12 +121,13 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   si.spec_method = cfg_.spec_method;
   si.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
   si.pad_fia_batch = cfg_.pad_fia_batch;
+  si.uniform_decode_len = cfg_.uniform_decode_padding ? decode_threshold() : 0;
 
   plan::StepBuffers buf;
-  buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 2);
-  buf.seq_lens = plan::Span<int32_t>(s + off_seq_, R + 1);
+  buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 1);
+  buf.seq_lens = plan::Span<int32_t>(s + off_seq_, R);
   buf.slot_mapping = plan::Span<int32_t>(s + off_slot_, cfg_.max_num_tokens);
-  buf.block_table = plan::Span<int32_t>(s + off_bt_, (R + 1) * cfg_.max_blocks_per_req);
+  buf.block_table = plan::Span<int32_t>(s + off_bt_, R * cfg_.max_blocks_per_req);
   buf.block_table_stride = cfg_.max_blocks_per_req;
   buf.q_ends = plan::Span<int64_t>(q_ends_.data(), q_ends_.size());
   buf.kv_lens = plan::Span<int64_t>(kv_lens_.data(), kv_lens_.size());

@@ -21,6 +21,7 @@ const char* to_string(CallKind k) {
     case CallKind::Fia: return "fia";
     case CallKind::FiaV2: return "fia_v2";
     case CallKind::PagedAttention: return "paged_attention";
+    case CallKind::Prepare: return "prepare";
   }
   return "unknown";
 }
@@ -131,12 +132,15 @@ void GraphParams::launch(CapturedCall& c, const Bucket& b) {
     case CallKind::PagedAttention:
       ops::paged_attention(c.pa, c.out, b.pa_workspace);
       return;
+    case CallKind::Prepare:
+      c.prepare();
+      return;
   }
 }
 
 void GraphParams::capture_call(CapturedCall&& call) {
   Bucket& b = open_bucket();
-  if (call.kind == CallKind::KvWrite) {
+  if (call.kind == CallKind::KvWrite || call.kind == CallKind::Prepare) {
     // No host parameters: the device graph captures it as a plain kernel; the
     // CPU provider keeps it to replay it.
     if (!provider_->replays_recorded_calls()) launch(call, b);
@@ -172,15 +176,24 @@ namespace {
 void check_fits(const CapturedCall& c, const gqa::Metadata& md, int64_t n) {
   switch (c.kind) {
     case CallKind::KvWrite:
+    case CallKind::Prepare:
       return;
     case CallKind::PagedAttention:
-      AAR_CHECK_ARG(md.num_reqs == c.pa.query.size(0) && md.num_real_reqs == md.num_reqs,
+      AAR_CHECK_ARG(md.num_reqs == c.pa.query.size(0) && md.num_kernel_tokens == md.num_reqs,
                     "the batch has ", md.num_real_reqs, " requests (", md.num_reqs,
                     " with padding) but graph bucket ", n, " was captured for ", c.pa.query.size(0),
-                    " one-token requests");
+                    " one-token requests: pad it with one-token dummies (uniform_decode_padding)");
       return;
     case CallKind::Fia:
     case CallKind::FiaV2: {
+      if (!c.refresh_q_lens) {  // BNSD decode: one row per request
+        AAR_CHECK_ARG(md.num_reqs == c.fia.query.size(0) && md.num_kernel_tokens == md.num_reqs,
+                      "the batch has ", md.num_real_reqs, " requests (", md.num_reqs, " with padding, ",
+                      md.num_kernel_tokens, " tokens) but graph bucket ", n, " was captured for ",
+                      c.fia.query.size(0), " one-token requests: pad it with one-token dummies "
+                      "(uniform_decode_padding)");
+        return;
+      }
       const int64_t rows = c.kind == CallKind::Fia ? c.fia.query.size(0) : c.fia2.query.size(0);
       AAR_CHECK_ARG(md.num_kernel_tokens == rows, "the batch has ", md.num_kernel_tokens,
                     " kernel tokens but graph bucket ", n, " attends ", rows,
@@ -195,9 +208,10 @@ void check_fits(const CapturedCall& c, const gqa::Metadata& md, int64_t n) {
 void GraphParams::refresh(CapturedCall& c, const gqa::Metadata& md, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready) {
   switch (c.kind) {
     case CallKind::KvWrite:
+    case CallKind::Prepare:
       return;
     case CallKind::Fia:
-      c.fia_params.actual_seq_lengths = md.actual_seq_lengths_q;
+      if (c.refresh_q_lens) c.fia_params.actual_seq_lengths = md.actual_seq_lengths_q;
       if (c.paged) {
         c.fia.block_table = md.block_tables;
         c.fia_params.actual_seq_lengths_kv = md.seq_lens_list;
@@ -244,7 +258,7 @@ void GraphParams::update(int64_t n, const std::vector<const gqa::Metadata*>& gro
   bool pa_ws_ready = false;
   const bool relaunch = !provider_->replays_recorded_calls();
   for (CapturedCall& c : b.calls) {
-    if (c.kind == CallKind::KvWrite) continue;
+    if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
     refresh(c, *groups[c.group], b, pa_ws, pa_ws_ready);
     provider_->task_update_begin(c.task);
     if (relaunch) {
@@ -267,7 +281,7 @@ void GraphParams::update_draft(int64_t n, const std::vector<const gqa::Metadata*
   Bucket& b = const_cast<Bucket&>(bucket(n));
   size_t i = 0;
   for (const CapturedCall& c : b.calls) {
-    if (c.kind == CallKind::KvWrite) continue;
+    if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
     const gqa::Metadata* md = per_call[i++ % per_call.size()];
     AAR_CHECK_ARG(md != nullptr, "update_draft: metadata ", (i - 1) % per_call.size(), " is None");
     check_fits(c, *md, n);
@@ -277,7 +291,7 @@ void GraphParams::update_draft(int64_t n, const std::vector<const gqa::Metadata*
   const bool relaunch = !provider_->replays_recorded_calls();
   i = 0;
   for (CapturedCall& c : b.calls) {
-    if (c.kind == CallKind::KvWrite) continue;
+    if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
     const gqa::Metadata& md = *per_call[i++ % per_call.size()];
     // Each draft step has its own lengths: the PA workspace follows the metadata.
     if (c.kind == CallKind::PagedAttention) pa_ws_ready = false;
@@ -297,14 +311,14 @@ void GraphParams::replay(int64_t n) {
   Bucket& b = const_cast<Bucket&>(bucket(n));
   for (size_t i = 0; i < b.calls.size(); ++i) {
     const CapturedCall& c = b.calls[i];
-    if (c.kind != CallKind::KvWrite && rec != nullptr) {
+    if (c.event != nullptr && rec != nullptr) {
       AAR_CHECK_ARG(rec->event_recorded(c.event), "replay of bucket ", n, " before update: call ", i, " (",
                     to_string(c.kind), ", layer ", c.layer_index, ") has no recorded update since the last replay");
     }
   }
   for (CapturedCall& c : b.calls) {
     launch(c, b);
-    if (c.kind != CallKind::KvWrite && rec != nullptr) rec->reset_event(c.event);
+    if (c.event != nullptr && rec != nullptr) rec->reset_event(c.event);
   }
 }
 

@@ -112,4 +112,43 @@ using PagedAttentionWs = at::Tensor(AAR_PAGED_ATTENTION_PARAMS);
       const at::Tensor &slot_indices
 using ReshapeAndCache = void(AAR_RESHAPE_AND_CACHE_PARAMS);
 
+
+// ---- MLA operators (issue 5)
+using InterleaveRope = at::Tensor(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+#define AAR_KV_RMSNORM_ROPE_CACHE_PARAMS                                                            \
+  const at::Tensor &kv, const at::Tensor &gamma, const at::Tensor &cos, const at::Tensor &sin,      \
+      const at::Tensor &index, const at::Tensor &k_cache, const at::Tensor &ckv_cache,             \
+      sig::OptT k_rope_scale, sig::OptT c_kv_scale, sig::OptT k_rope_offset, sig::OptT c_kv_offset, \
+      sig::OptT v, double epsilon, sig::Str cache_mode, bool is_output_kv
+using KvRmsnormRopeCache = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(AAR_KV_RMSNORM_ROPE_CACHE_PARAMS);
+
+using GatherPaKvCache = void(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             const at::Tensor& block_tables, const at::Tensor& seq_lens, at::Tensor& key,
+                             at::Tensor& value, sig::OptT seq_offset, bool is_seq_lens_cumsum);
+
+using AttentionUpdate = std::tuple<at::Tensor, at::Tensor>(at::TensorList lse, at::TensorList local_out,
+                                                           int64_t update_type);
+
+using TransposeBatchMatmul = at::Tensor(const at::Tensor& input, const at::Tensor& weight, sig::OptT bias,
+                                        sig::OptT scale, at::OptionalIntArrayRef perm_x1,
+                                        at::OptionalIntArrayRef perm_x2, at::OptionalIntArrayRef perm_y,
+                                        sig::OptInt batch_split_factor);
+
+#define AAR_MLA_PROLOG_V3_PARAMS                                                                      \
+  const at::Tensor &token_x, const at::Tensor &weight_dq, const at::Tensor &weight_uq_qr,             \
+      const at::Tensor &weight_uk, const at::Tensor &weight_dkv_kr, const at::Tensor &rmsnorm_gamma_cq, \
+      const at::Tensor &rmsnorm_gamma_ckv, const at::Tensor &rope_sin, const at::Tensor &rope_cos,     \
+      at::Tensor &kv_cache, at::Tensor &kr_cache, sig::OptT cache_index, sig::OptT dequant_scale_x,   \
+      sig::OptT dequant_scale_w_dq, sig::OptT dequant_scale_w_uq_qr, sig::OptT dequant_scale_w_dkv_kr, \
+      sig::OptT quant_scale_ckv, sig::OptT quant_scale_ckr, sig::OptT smooth_scales_cq,               \
+      sig::OptT actual_seq_len, sig::OptT k_nope_clip_alpha, double rmsnorm_epsilon_cq,               \
+      double rmsnorm_epsilon_ckv, sig::Str cache_mode, bool query_norm_flag, int64_t weight_quant_mode, \
+      int64_t kv_cache_quant_mode, int64_t query_quant_mode, int64_t ckvkr_repo_mode,                 \
+      int64_t quant_scale_repo_mode, int64_t tile_size, double qc_qr_scale, double kc_scale,          \
+      sig::OptInt token_x_dtype, sig::OptInt weight_dq_dtype, sig::OptInt weight_uq_qr_dtype,         \
+      sig::OptInt weight_dkv_kr_dtype, sig::OptInt kv_cache_dtype
+using MlaPrologV3 =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(AAR_MLA_PROLOG_V3_PARAMS);
+
 }  // namespace aar::ops::sig

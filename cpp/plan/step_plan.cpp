@@ -106,7 +106,16 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   }
 
   const bool add_dummy = in.pad_fia_batch && t_in > t_real;
-  const std::size_t b_fia = b + (add_dummy ? 1 : 0);
+  // Spec 4.7: a uniform decode batch (every request has uniform_decode_len
+  // tokens) is padded with dummy requests of that length, so kernels that take
+  // one row per request (paged attention, BNSD decode) see the padded batch as
+  // more requests; otherwise one dummy request takes all padding tokens.
+  const int32_t ulen = in.uniform_decode_len;
+  AAR_CHECK_ARG(ulen >= 0, "uniform_decode_len=", ulen, " is negative");
+  const bool uniform = add_dummy && ulen > 0 && max_query_len == ulen && (t_real == ulen * static_cast<int64_t>(b)) &&
+                       (t_in - t_real) % ulen == 0;
+  const std::size_t num_dummies = !add_dummy ? 0 : (uniform ? static_cast<std::size_t>((t_in - t_real) / ulen) : 1);
+  const std::size_t b_fia = b + num_dummies;
   const std::size_t out_stride = static_cast<std::size_t>(buf.block_table_stride);
   check_capacity(buf.query_start_loc.size(), b_fia + 1, "buffers.query_start_loc");
   check_capacity(buf.seq_lens.size(), b_fia, "buffers.seq_lens");
@@ -136,11 +145,28 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   // ---------------------------------------------------------------- write
   std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
   std::copy(in.seq_lens.begin(), in.seq_lens.end(), buf.seq_lens.begin());
-  if (add_dummy) {
-    buf.query_start_loc[b + 1] = t_in;
-    buf.seq_lens[b] = 1;  // as upstream pads short seq_lens buffers (spec 4.1 step 10)
+  if (uniform) {
+    // Dummies of ulen tokens each; their KV length equals their query length
+    // (the smallest valid one), reading block 0.
+    for (std::size_t i = 0; i < num_dummies; ++i) {
+      buf.query_start_loc[b + 1 + i] = t_real + static_cast<int32_t>((i + 1) * ulen);
+      buf.seq_lens[b + i] = ulen;
+    }
+    plan.fia = detail::write_fia_padding(qsl, in.seq_lens, t_real, buf.q_ends, buf.kv_lens, 1);
+    for (std::size_t i = 0; i < num_dummies; ++i) {
+      buf.q_ends[b + i] = t_real + static_cast<int64_t>((i + 1) * ulen);
+      buf.kv_lens[b + i] = ulen;
+    }
+    plan.fia.num_reqs = static_cast<int32_t>(b_fia);
+    plan.fia.num_tokens = t_in;
+    plan.fia.added_dummy = true;
+  } else {
+    if (add_dummy) {
+      buf.query_start_loc[b + 1] = t_in;
+      buf.seq_lens[b] = 1;  // as upstream pads short seq_lens buffers (spec 4.1 step 10)
+    }
+    plan.fia = detail::write_fia_padding(qsl, in.seq_lens, add_dummy ? t_in : t_real, buf.q_ends, buf.kv_lens, 1);
   }
-  plan.fia = detail::write_fia_padding(qsl, in.seq_lens, add_dummy ? t_in : t_real, buf.q_ends, buf.kv_lens, 1);
 
   if (!zero_copy) {
     if (in_stride == out_stride) {
@@ -156,7 +182,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   }
   if (add_dummy) {
     int32_t* dst = buf.block_table.data() + b * out_stride;
-    std::fill(dst, dst + out_stride, 0);
+    std::fill(dst, dst + num_dummies * out_stride, 0);
   }
 
   // Slot mapping: positions advance one by one, so block and offset are carried

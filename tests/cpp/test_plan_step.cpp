@@ -421,3 +421,47 @@ TEST(PlanStep, RejectedCallsLeaveBuffersUntouched) {
   EXPECT_NO_THROW(ok.build());
   EXPECT_FALSE(ok.untouched());
 }
+
+TEST(PlanStep, UniformDecodePaddingAddsOneDummyPerStride) {
+  // spec 4.7 uniform case: 3 decodes of 2 tokens (1 + 1 spec) padded to 10 tokens
+  // -> two dummy requests of 2 tokens each, KV length 2, block 0.
+  Step s;
+  s.qsl = lens_to_qsl({2, 2, 2});
+  s.seq_lens = {9, 17, 4};
+  s.in.block_size = 16;
+  s.in.block_table_stride = 2;
+  s.in.num_blocks = 32;
+  s.in.decode_threshold = 2;
+  s.table = {1, 2, 3, 4, 5, 6};
+  s.alloc(8, 16, 2);
+  s.in.num_input_tokens = 10;
+  s.in.uniform_decode_len = 2;
+  StepPlan p = s.build();
+  EXPECT_EQ(p.fia.num_reqs, 5);
+  EXPECT_EQ(p.fia.num_tokens, 10);
+  EXPECT_EQ(p.num_reqs, 3);
+  EXPECT_EQ(std::vector<int32_t>(s.b_qsl.begin(), s.b_qsl.begin() + 6), (std::vector<int32_t>{0, 2, 4, 6, 8, 10}));
+  EXPECT_EQ(std::vector<int32_t>(s.b_seq.begin(), s.b_seq.begin() + 5), (std::vector<int32_t>{9, 17, 4, 2, 2}));
+  EXPECT_EQ(std::vector<int64_t>(s.b_q_ends.begin(), s.b_q_ends.begin() + 5),
+            (std::vector<int64_t>{2, 4, 6, 8, 10}));
+  EXPECT_EQ(std::vector<int64_t>(s.b_kv.begin(), s.b_kv.begin() + 5), (std::vector<int64_t>{9, 17, 4, 2, 2}));
+  for (int c = 6; c < 10; ++c) EXPECT_EQ(s.b_table[c], 0);  // two dummy rows -> block 0
+  EXPECT_EQ(s.b_table[10], kSentinel);
+  for (int t = 6; t < 10; ++t) EXPECT_EQ(s.b_slots[t], -1);
+
+  // Not uniform (one request has 1 token): falls back to a single dummy.
+  Step m;
+  m.qsl = lens_to_qsl({2, 1});
+  m.seq_lens = {9, 17};
+  m.in.block_size = 16;
+  m.in.block_table_stride = 2;
+  m.in.num_blocks = 32;
+  m.in.decode_threshold = 2;
+  m.table = {1, 2, 3, 4};
+  m.alloc(8, 16, 2);
+  m.in.num_input_tokens = 7;
+  m.in.uniform_decode_len = 2;
+  StepPlan q = m.build();
+  EXPECT_EQ(q.fia.num_reqs, 3);
+  EXPECT_EQ(m.b_qsl[3], 7);
+}

@@ -48,7 +48,7 @@ TEST(RtOpsProvider, ResolveFromDeviceAndOverride) {
 
 TEST(RtOpsProvider, SchemaTableRegisteredIdenticallyInBothNamespaces) {
   const auto& table = ops::op_schemas();
-  EXPECT_EQ(table.size(), 11u);
+  EXPECT_GE(table.size(), 17u);  // 11 GQA entries + 6 MLA operators (issue 5)
   for (const auto& s : table) {
     const std::string name = s.name;
     const auto dot = name.find('.');

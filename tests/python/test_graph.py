@@ -357,3 +357,91 @@ def test_python_hooks_drive_capture_and_update(gen):
 
     gc.collect()
     assert all(r() is None for r in events)  # released with the bucket
+
+
+def test_paged_attention_padded_decode_with_uniform_dummies(gen):
+    """A decode batch smaller than the bucket is padded with one-token dummy
+    requests (spec 4.7 uniform case), so the paged-attention graph replays it."""
+    model = Model(gen, impl_kw=dict(full_decode_only_graph=True, pa_shape_list=[BUCKET]))
+    model.builder = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=BS,
+                                        num_blocks=NB, uniform_decode_padding=True)
+    g = aar.GraphParams("recording")
+    model.capture(g, model.meta([1] * BUCKET, [16] * BUCKET, capture=True))
+    ctx = [12, 30, 7, 50, 21]
+    prefill_history(model, ctx)
+    md = model.meta([1] * 5, [c + 1 for c in ctx], num_input_tokens=BUCKET)
+    assert md.num_reqs == BUCKET and md.num_real_reqs == 5
+    assert md.actual_seq_lengths_q == list(range(1, BUCKET + 1))
+    assert md.seq_lens_list[5:] == [1, 1, 1]
+    assert md.block_tables[5:].abs().sum() == 0
+    assert md.slot_mapping[5:].tolist() == [-1, -1, -1]
+    qs, ks, vs = model.step_inputs(5)
+    eager_caches = [(kc.clone(), vc.clone()) for kc, vc in model.caches]
+    expected = eager(model, md, qs, ks, vs, eager_caches)
+    model.load_static(qs, ks, vs)
+    g.update(BUCKET, md)
+    g.replay(BUCKET)
+    for i in range(3):
+        torch.testing.assert_close(model.out[i][:5], expected[i][:5], atol=1e-6, rtol=0)
+        assert torch.equal(model.caches[i][0], eager_caches[i][0])  # dummies wrote nothing
+
+
+def test_c8_decode_capture_replays_like_eager(gen):
+    """C8 (INT8 NZ cache) decode graph: the quantise + NZ write is a captured
+    prepare call, the BNSD decode a fused call refreshed per step."""
+    d, nkv, n_heads, bs, nb = 64, 2, 8, 32, 40
+    scale = torch.rand(1, nkv, d, generator=gen) * 0.02 + 0.01
+    offset = torch.randint(-5, 6, (1, nkv, d), generator=gen).float()
+    kw = dict(k_scale=scale, k_offset=offset, v_scale=scale * 1.3, v_offset=-offset, num_kv_heads=nkv)
+    builder = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=4, block_size=bs,
+                                  num_blocks=nb, uniform_decode_padding=True)
+    layers = [aar.C8AttentionImpl(n_heads, d, layer_index=i, **kw) for i in range(2)]
+    caches = [(torch.zeros(nb, nkv, d // 32, bs, 32, dtype=torch.int8),
+               torch.zeros(nb, nkv, d // 32, bs, 32, dtype=torch.int8)) for _ in layers]
+    q_s = torch.zeros(BUCKET, n_heads, d)
+    k_s = torch.zeros(BUCKET, nkv, d)
+    v_s = torch.zeros(BUCKET, nkv, d)
+    outs = [torch.zeros(BUCKET, n_heads, d) for _ in layers]
+    bt = (torch.arange(16 * 4, dtype=torch.int32) % (nb - 1) + 1).view(16, 4)
+
+    def meta(seq, capture=False, pad=BUCKET):
+        b = len(seq)
+        qsl = torch.arange(b + 1, dtype=torch.int32)
+        s = torch.tensor(seq, dtype=torch.int32)
+        if capture:
+            return builder.build_for_graph_capture(qsl, s, bt[:b].contiguous(), num_input_tokens=pad)
+        return builder.build(qsl, s, bt[:b].contiguous(), num_input_tokens=pad)
+
+    g = aar.GraphParams("recording")
+    md = meta([8] * BUCKET, capture=True)
+    with g.capture(BUCKET):
+        for layer, (kc, vc), out in zip(layers, caches, outs):
+            layer.forward(q_s, k_s, v_s, kc, vc, md, out)
+    assert [c[0] for c in g.calls(BUCKET)] == ["prepare", "fia"] * 2
+    for seq in ([9, 17, 40, 3, 70, 12, 5, 33], [20, 31, 7]):
+        for kc, vc in caches:
+            kc.random_(-100, 100, generator=gen)
+            vc.random_(-100, 100, generator=gen)
+        md = meta(seq)
+        n = len(seq)
+        q = torch.randn(n, n_heads, d, generator=gen)
+        k = torch.randn(n, nkv, d, generator=gen)
+        v = torch.randn(n, nkv, d, generator=gen)
+        expected, eager_caches = [], []
+        for i, layer in enumerate(layers):
+            kc, vc = caches[i][0].clone(), caches[i][1].clone()
+            out = torch.zeros(BUCKET, n_heads, d)
+            qp, kp, vp = (torch.zeros(BUCKET, *t.shape[1:]) for t in (q, k, v))
+            qp[:n], kp[:n], vp[:n] = q, k, v
+            aar.C8AttentionImpl(n_heads, d, **kw).forward(qp, kp, vp, kc, vc, md, out)
+            assert layer is not None
+            expected.append(out)
+            eager_caches.append((kc, vc))
+        for t, src in ((q_s, q), (k_s, k), (v_s, v)):
+            t.zero_()
+            t[:n] = src
+        g.update(BUCKET, md)
+        g.replay(BUCKET)
+        for i in range(2):
+            torch.testing.assert_close(outs[i][:n], expected[i][:n], atol=1e-5, rtol=1e-5)
+            assert torch.equal(caches[i][0], eager_caches[i][0]) and torch.equal(caches[i][1], eager_caches[i][1])

@@ -15,6 +15,29 @@ void check_same_kv_dtype(const char* op, const at::Tensor& q, const at::Tensor& 
                 " must equal the query dtype ", q.scalar_type());
 }
 
+bool has(const std::optional<at::Tensor>* t) { return t != nullptr && t->has_value() && (*t)->defined(); }
+
+// A per-channel (mode 0) antiquant scale/offset: (Nkv, 1, D) or per-tensor (1,)
+// -> (1, Nkv, D) fp32.
+at::Tensor antiquant_param(const char* op, const at::Tensor& t, const char* name, int64_t nkv, int64_t d) {
+  AAR_CHECK_ARG(is_float_dtype(t.scalar_type()), op, ": ", name, " must be float16/bfloat16/float32, got ",
+                t.scalar_type());
+  AAR_CHECK_ARG(t.device().is_cpu(), op, ": the CPU twin needs a CPU ", name, ", got ", t.device());
+  if (t.numel() == 1) return t.to(at::kFloat).reshape({1, 1, 1}).expand({1, nkv, d}).contiguous();
+  if (!(t.dim() == 3 && t.size(0) == nkv && t.size(1) == 1 && t.size(2) == d)) {
+    throw_not_supported(op, ": not supported by the CPU twin: ", name, " of shape ", t.sizes(),
+                        " (only per-channel (Nkv=", nkv, ", 1, D=", d, ") as in BNSD, or per-tensor (1,))");
+  }
+  return t.to(at::kFloat).reshape({1, nkv, d}).contiguous();
+}
+
+// (S, Nkv, D) int8 -> fp32 (x + offset) * scale.
+at::Tensor antiquant(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset) {
+  at::Tensor f = x.to(at::kFloat);
+  if (offset.defined()) f = f + offset;
+  return f * scale;
+}
+
 }  // namespace
 
 FiaPlan plan_fia(const FiaInputs& in) {
@@ -65,8 +88,32 @@ FiaPlan plan_fia(const FiaInputs& in) {
   // ---- dtypes / devices
   AAR_CHECK_ARG(is_float_dtype(q.scalar_type()), op, ": query dtype must be float16/bfloat16/float32, got ",
                 q.scalar_type());
-  check_same_kv_dtype(op, q, in.key, "key");
-  check_same_kv_dtype(op, q, in.value, "value");
+  const std::pair<const std::optional<at::Tensor>*, const char*> aq_args[] = {
+      {in.key_antiquant_scale, "key_antiquant_scale"},
+      {in.key_antiquant_offset, "key_antiquant_offset"},
+      {in.value_antiquant_scale, "value_antiquant_scale"},
+      {in.value_antiquant_offset, "value_antiquant_offset"}};
+  const char* first_aq = nullptr;
+  for (const auto& [t, name] : aq_args) {
+    if (has(t) && first_aq == nullptr) first_aq = name;
+  }
+  const bool antiquant = first_aq != nullptr;
+  if (antiquant) {
+    // The one antiquant form the twin implements: int8 key/value, both scales,
+    // offsets both or neither.
+    const bool ok = has(in.key_antiquant_scale) && has(in.value_antiquant_scale) &&
+                    has(in.key_antiquant_offset) == has(in.value_antiquant_offset) &&
+                    in.key.scalar_type() == at::kChar && in.value.scalar_type() == at::kChar;
+    if (!ok) {
+      throw_not_supported(op, ": not supported by the CPU twin: ", first_aq, " in this combination (key ",
+                          in.key.scalar_type(), ", value ", in.value.scalar_type(),
+                          "); KV antiquant needs int8 key and value, key_antiquant_scale and value_antiquant_scale "
+                          "together, and key/value_antiquant_offset both or neither");
+    }
+  } else {
+    check_same_kv_dtype(op, q, in.key, "key");
+    check_same_kv_dtype(op, q, in.value, "value");
+  }
   AAR_CHECK_ARG(q.device().is_cpu() && in.key.device().is_cpu() && in.value.device().is_cpu(), op,
                 ": the CPU twin needs CPU tensors, got query on ", q.device());
 
@@ -191,6 +238,17 @@ FiaPlan plan_fia(const FiaInputs& in) {
     }
   }
 
+  // ---- KV antiquant (v1, per-channel mode 0)
+  if (antiquant) {
+    pl.k_scale = antiquant_param(op, **in.key_antiquant_scale, "key_antiquant_scale", pl.kv_heads, d);
+    pl.v_scale = antiquant_param(op, **in.value_antiquant_scale, "value_antiquant_scale", pl.kv_heads, pl.v_head_dim);
+    if (has(in.key_antiquant_offset)) {
+      pl.k_offset = antiquant_param(op, **in.key_antiquant_offset, "key_antiquant_offset", pl.kv_heads, d);
+      pl.v_offset =
+          antiquant_param(op, **in.value_antiquant_offset, "value_antiquant_offset", pl.kv_heads, pl.v_head_dim);
+    }
+  }
+
   // ---- learnable sink (v2)
   if (in.learnable_sink.has_value() && in.learnable_sink->defined()) {
     const at::Tensor& s = *in.learnable_sink;
@@ -243,6 +301,10 @@ void run_fia(const FiaPlan& pl, const FiaInputs& in, at::Tensor& out, at::Tensor
     } else {
       k_b = in.key.select(0, b).narrow(1, 0, skv).permute({1, 0, 2});
       v_b = in.value.select(0, b).narrow(1, 0, skv).permute({1, 0, 2});
+    }
+    if (pl.k_scale.defined()) {
+      k_b = antiquant(k_b, pl.k_scale, pl.k_offset);
+      v_b = antiquant(v_b, pl.v_scale, pl.v_offset);
     }
     attend(q_b, k_b, v_b, pl.mask, in.scale, pl.sink, out_b, lse_b);
   }

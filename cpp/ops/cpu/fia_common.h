@@ -44,6 +44,14 @@ struct FiaInputs {
   int64_t inner_precise;
   int64_t block_size;
   FiaNames names;
+  // FIA v1 KV antiquant (int8 key/value, key/value_antiquant_mode 0 =
+  // per-channel): k = (k_int8 + key_antiquant_offset) * key_antiquant_scale,
+  // scale/offset of shape (Nkv, 1, D) [BNSD per-channel] or (1,) [per-tensor];
+  // offsets optional (symmetric). Null = argument absent.
+  const std::optional<at::Tensor>* key_antiquant_scale = nullptr;
+  const std::optional<at::Tensor>* key_antiquant_offset = nullptr;
+  const std::optional<at::Tensor>* value_antiquant_scale = nullptr;
+  const std::optional<at::Tensor>* value_antiquant_offset = nullptr;
 };
 
 // Validated problem: everything the compute loop needs.
@@ -57,6 +65,8 @@ struct FiaPlan {
   std::vector<int64_t> q_start, q_len, kv_start, kv_len;
   MaskSpec mask;
   at::Tensor sink;  // (N,) fp32 or undefined
+  // KV antiquant, (1, Nkv, D) fp32 each, or undefined (float KV / no offset).
+  at::Tensor k_scale, k_offset, v_scale, v_offset;
   std::vector<int64_t> out_shape, lse_shape;
 };
 

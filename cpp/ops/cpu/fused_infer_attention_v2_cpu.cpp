@@ -6,6 +6,7 @@
 
 #include "../op_signatures.h"
 #include "fia_common.h"
+#include "fia_mla.h"
 
 namespace aar::ops::cpu {
 
@@ -49,16 +50,37 @@ FiaInputs v2_inputs(AAR_FIA_V2_PARAMS) {
                    sparse_mode,     inner_precise, block_size,  kNamesV2};
 }
 
+// MLA arguments (query_rope / key_rope, the _NBSD / _NTD / BSND layouts) are
+// folded first, see fia_mla.h.
 std::tuple<at::Tensor, at::Tensor> fia_v2(AAR_FIA_V2_PARAMS) {
-  return fia_functional(v2_inputs(AAR_FIA_V2_ARGS), return_softmax_lse);
+  const MlaFold f = fold_mla(kNamesV2.op, query, key, query_rope, key_rope, input_layout, block_table.has_value());
+  {
+    AAR_FIA_MLA_SHADOW(f)
+    return f.finish(fia_functional(v2_inputs(AAR_FIA_V2_ARGS), return_softmax_lse));
+  }
 }
 
 std::tuple<at::Tensor&, at::Tensor&> fia_v2_out(AAR_FIA_V2_PARAMS, AAR_OUT_TAIL_PARAMS) {
-  fia_out(v2_inputs(AAR_FIA_V2_ARGS), return_softmax_lse, attention_out, softmax_lse);
+  const MlaFold f = fold_mla(kNamesV2.op, query, key, query_rope, key_rope, input_layout, block_table.has_value());
+  {
+    AAR_FIA_MLA_SHADOW(f)
+    if (f.permutes()) {
+      copy_out(kNamesV2.op, f.finish(fia_functional(v2_inputs(AAR_FIA_V2_ARGS), return_softmax_lse)),
+               return_softmax_lse, attention_out, softmax_lse);
+    } else {
+      fia_out(v2_inputs(AAR_FIA_V2_ARGS), return_softmax_lse, attention_out, softmax_lse);
+    }
+  }
   return {attention_out, softmax_lse};
 }
 
-at::Tensor fia_v2_workspace(AAR_FIA_V2_PARAMS) { return fia_workspace(v2_inputs(AAR_FIA_V2_ARGS)); }
+at::Tensor fia_v2_workspace(AAR_FIA_V2_PARAMS) {
+  const MlaFold f = fold_mla(kNamesV2.op, query, key, query_rope, key_rope, input_layout, block_table.has_value());
+  {
+    AAR_FIA_MLA_SHADOW(f)
+    return fia_workspace(v2_inputs(AAR_FIA_V2_ARGS));
+  }
+}
 
 }  // namespace
 

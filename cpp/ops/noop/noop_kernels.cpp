@@ -58,13 +58,35 @@ const at::Tensor& workspace() {
   return cached(c10::IntArrayRef(shape.data(), 1), at::kByte);
 }
 
-std::tuple<at::Tensor, at::Tensor> fia_v1(AAR_FIA_V1_PARAMS) { return fia_outputs(query, softmax_lse_flag); }
+// MLA layouts (spec mla.md 5.3): head-major outputs (_NBSD / _NTD), BSND, and
+// dense TND with a value width different from the query's (MLA prefill).
+std::tuple<at::Tensor, at::Tensor> fia_layout_outputs(const at::Tensor& query, const at::Tensor& value,
+                                                      bool paged, c10::string_view layout, bool lse) {
+  const bool ntd = layout == "TND_NTD", nbsd = layout == "BNSD_NBSD" || layout == "BSND_NBSD";
+  const bool dense_tnd = layout == "TND" && !paged && value.dim() == 3 && value.size(-1) != query.size(-1);
+  if (!ntd && !nbsd && !dense_tnd) return fia_outputs(query, lse);
+  std::array<int64_t, 4> s{};
+  const int64_t r = query.dim();
+  std::copy(query.sizes().begin(), query.sizes().end(), s.begin());
+  if (dense_tnd) s[2] = value.size(-1);
+  if (ntd) std::swap(s[0], s[1]);
+  if (layout == "BNSD_NBSD") std::swap(s[0], s[1]);
+  if (layout == "BSND_NBSD") s = {s[2], s[0], s[1], s[3]};
+  const at::Tensor& out = cached(c10::IntArrayRef(s.data(), r), query.scalar_type());
+  return {out, std::get<1>(fia_outputs(query, lse))};
+}
+
+std::tuple<at::Tensor, at::Tensor> fia_v1(AAR_FIA_V1_PARAMS) {
+  return fia_layout_outputs(query, value, block_table.has_value(), input_layout, softmax_lse_flag);
+}
 std::tuple<at::Tensor&, at::Tensor&> fia_v1_out(AAR_FIA_V1_PARAMS, AAR_OUT_TAIL_PARAMS) {
   return {attention_out, softmax_lse};
 }
 at::Tensor fia_v1_ws(AAR_FIA_V1_PARAMS) { return workspace(); }
 
-std::tuple<at::Tensor, at::Tensor> fia_v2(AAR_FIA_V2_PARAMS) { return fia_outputs(query, return_softmax_lse); }
+std::tuple<at::Tensor, at::Tensor> fia_v2(AAR_FIA_V2_PARAMS) {
+  return fia_layout_outputs(query, value, block_table.has_value(), input_layout, return_softmax_lse);
+}
 std::tuple<at::Tensor&, at::Tensor&> fia_v2_out(AAR_FIA_V2_PARAMS, AAR_OUT_TAIL_PARAMS) {
   return {attention_out, softmax_lse};
 }

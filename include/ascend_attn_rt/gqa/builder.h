@@ -30,6 +30,11 @@ struct BuilderConfig {
   bool chunked_prefill_enabled = true;
   bool pooling = false;                   // model_runner_type == "pooling"
   bool pad_fia_batch = true;              // dummy request for padded tokens (spec 4.7)
+  // Pad uniform decode batches (every request 1 + num_speculative_tokens
+  // tokens) with one dummy request per decode_threshold padding tokens instead
+  // of one dummy for all: graph buckets for paged attention and the BNSD decode
+  // kernels take one row per request (spec 4.7, uniform case).
+  bool uniform_decode_padding = false;
   c10::Device device = c10::Device(c10::kCPU);
   // Keep device buffers apart from the host staging buffer and copy once per
   // build. Defaults to (device != CPU); settable so CPU tests exercise the copy.
@@ -64,7 +69,7 @@ class MetadataBuilder {
   int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
   int32_t reorder_batch_threshold() const { return decode_threshold(); }
   const Metadata& metadata() const { return md_; }
-  // Host int32 (max_num_reqs + 1, max_blocks_per_req) staging block table. An
+  // Host int32 (request capacity, max_blocks_per_req) staging block table. An
   // engine may keep its block table here and pass it back as
   // BuildInputs::block_table (same pointer): the build then copies nothing.
   const at::Tensor& block_table_staging() const { return staging_block_table_; }
@@ -85,6 +90,7 @@ class MetadataBuilder {
   std::vector<int64_t> q_ends_;
   std::vector<int64_t> kv_lens_;
   std::unique_ptr<Views> views_;
+  int64_t cap_reqs_ = 0;  // request capacity incl. padding dummies
   int64_t off_qsl_ = 0, off_seq_ = 0, off_slot_ = 0, off_bt_ = 0;
 };
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,7 +30,13 @@ enum class WorkspacePolicy : int32_t {
   MaxOverLayers = 1,  // layer-aware models: keep the largest candidate by bytes
 };
 
-enum class CallKind : int32_t { KvWrite = 0, Fia = 1, FiaV2 = 2, PagedAttention = 3 };
+enum class CallKind : int32_t {
+  KvWrite = 0,         // paged KV-cache write (slot mapping at a stable address)
+  Fia = 1,
+  FiaV2 = 2,
+  PagedAttention = 3,
+  Prepare = 4,         // other captured work without host parameters (e.g. C8 quantise + NZ write)
+};
 const char* to_string(CallKind k);
 
 // One captured operator call. Tensors are held strongly until the bucket (or the
@@ -39,6 +46,9 @@ struct CapturedCall {
   int64_t layer_index = -1;   // ordering key (capture order when equal / unset)
   int32_t group = 0;          // KV-cache group: which metadata refreshes it
   bool paged = true;          // KV read through a block table (per-request KV lengths)
+  // False for BNSD decode calls (one query row per request, no query-length
+  // list): an update refreshes only the KV lengths and the block table.
+  bool refresh_q_lens = true;
   Handle event = nullptr;
   Handle task = nullptr;
   // Fia / FiaV2
@@ -52,6 +62,8 @@ struct CapturedCall {
   // KvWrite (no host parameters: slot mapping lives at a stable address)
   at::Tensor key, value, key_cache, value_cache, slot_mapping;
   bool reshape_and_cache = false;
+  // Prepare
+  std::function<void()> prepare;
 };
 
 struct Bucket {

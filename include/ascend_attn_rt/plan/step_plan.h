@@ -37,6 +37,14 @@ struct StepInputs {
   // num_input_tokens > qsl[B] (spec 4.7). When false, the padded tokens are
   // simply not attended (the kernel sees qsl[B] tokens).
   bool pad_fia_batch = true;
+  // Uniform decode padding (spec 4.7, uniform case): when > 0 and every real
+  // request has exactly this many query tokens and the padding is a multiple of
+  // it, the padding becomes (num_input_tokens - qsl[B]) / uniform_decode_len
+  // dummy requests of that length (KV length = that length, block 0), instead of
+  // one dummy. Graph buckets for paged attention / BNSD decode need this: they
+  // take one row per request. Buffers then need room for num_input_tokens
+  // requests.
+  int32_t uniform_decode_len = 0;
 };
 
 struct StepBuffers {

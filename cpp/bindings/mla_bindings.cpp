@@ -1,0 +1,232 @@
+// Python facade of the MLA backend (submodule `mla`): backend facts, weight
+// utilities, plan functions, builder, impl. No logic beyond argument conversion.
+#include <ATen/ATen.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "ascend_attn_rt/mla/backend.h"
+#include "ascend_attn_rt/mla/builder.h"
+#include "ascend_attn_rt/mla/impl.h"
+#include "ascend_attn_rt/mla/weights.h"
+#include "ascend_attn_rt/plan/mla_plan.h"
+#include "common.h"
+#include "tensor_caster.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace aar::bindings {
+namespace {
+
+std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
+
+void bind_mla(nb::module_& root) {
+  nb::module_ m = root.def_submodule("mla", "MLA backend (DeepSeek V2/V3 multi-head latent attention)");
+
+  nb::class_<mla::Backend>(m, "Backend")
+      .def_static("name", &mla::Backend::name)
+      .def_static("supported_block_sizes", &mla::Backend::supported_block_sizes)
+      .def_static("kv_cache_shape", &mla::Backend::kv_cache_shape, "num_blocks"_a, "block_size"_a,
+                  "num_kv_heads"_a, "head_size"_a)
+      .def_static("kv_cache_shapes", &mla::Backend::kv_cache_shapes, "num_blocks"_a, "block_size"_a,
+                  "kv_lora_rank"_a, "qk_rope_head_dim"_a)
+      .def_static("nz_cache_shape", &mla::Backend::nz_cache_shape, "num_blocks"_a, "block_size"_a, "dim"_a,
+                  "element_size"_a)
+      .def_static("to_nz", &mla::Backend::to_nz, "nd_cache"_a)
+      .def_static("from_nz", &mla::Backend::from_nz, "nz_cache"_a)
+      .def_static("num_heads_padded", &mla::Backend::num_heads_padded, "num_heads"_a);
+
+  m.def(
+      "split_kv_b_proj",
+      [](const at::Tensor& w, int64_t h, int64_t p, int64_t v) {
+        auto a = mla::split_kv_b_proj(w, h, p, v);
+        return std::make_tuple(a.w_uk_t, a.w_uv);
+      },
+      "kv_b_proj"_a, "num_heads"_a, "qk_nope_head_dim"_a, "v_head_dim"_a);
+  m.def("trans_rope_weight", &mla::trans_rope_weight, "weight"_a, "rope_dim"_a);
+  m.def("transdata", &mla::transdata, "nd"_a, "row_block"_a = 16, "col_block"_a = 32);
+
+  m.def(
+      "reorder_batch",
+      [](const at::Tensor& num_scheduled, int32_t decode_threshold) {
+        auto sched = i32_span(num_scheduled, "num_scheduled");
+        std::vector<int32_t> perm(sched.size()), swaps(2 * sched.size());
+        const int32_t n = plan::mla_reorder_batch(sched, decode_threshold, perm, swaps);
+        std::vector<std::tuple<int32_t, int32_t>> pairs;
+        for (int32_t i = 0; i < n; ++i) pairs.emplace_back(swaps[2 * i], swaps[2 * i + 1]);
+        return std::make_tuple(perm, pairs);
+      },
+      "num_scheduled"_a, "decode_threshold"_a = 1);
+  m.def(
+      "plan_context_chunks",
+      [](const at::Tensor& context_lens, int64_t workspace_tokens, int32_t block_size, int32_t max_chunks) {
+        auto ctx = i32_span(context_lens, "context_lens");
+        const size_t np = ctx.size(), cap = static_cast<size_t>(std::max(max_chunks, 1));
+        std::vector<int32_t> cu(cap * (np + 1)), starts(cap * np), lens(cap * np);
+        std::vector<int64_t> ends(cap * np), tot(cap), mx(cap);
+        plan::ContextChunkInputs in;
+        in.context_lens = ctx;
+        in.workspace_tokens = workspace_tokens;
+        in.block_size = block_size;
+        in.max_chunks = max_chunks;
+        const auto p = plan::plan_context_chunks(in, {cu, starts, lens, ends, tot, mx});
+        const size_t C = p.num_chunks;
+        auto rows = [&](auto& v, size_t w) {
+          using T = typename std::decay_t<decltype(v)>::value_type;
+          std::vector<std::vector<T>> out;
+          for (size_t c = 0; c < C; ++c) out.emplace_back(v.begin() + c * w, v.begin() + (c + 1) * w);
+          return out;
+        };
+        nb::dict d;
+        d["num_chunks"] = p.num_chunks;
+        d["chunk_size"] = p.chunk_size;
+        d["bounded"] = p.bounded;
+        d["cu_seq_lens"] = rows(cu, np + 1);
+        d["starts"] = rows(starts, np);
+        d["chunk_seq_lens"] = rows(lens, np);
+        d["kv_ends"] = rows(ends, np);
+        d["seq_tot"] = std::vector<int64_t>(tot.begin(), tot.begin() + C);
+        d["max_seq_lens"] = std::vector<int64_t>(mx.begin(), mx.begin() + C);
+        return d;
+      },
+      "context_lens"_a, "workspace_tokens"_a, "block_size"_a, "max_chunks"_a = plan::kMaxContextChunks);
+  m.def(
+      "pad_actual_q_disable_mode",
+      [](const std::vector<int64_t>& q, int32_t num_reqs, int32_t graph_pad_size) {
+        std::vector<int64_t> out(q.size() + std::max(0, graph_pad_size - num_reqs));
+        out.resize(plan::pad_actual_q_disable_mode(q, num_reqs, graph_pad_size, out));
+        return out;
+      },
+      "actual_q"_a, "num_reqs"_a, "graph_pad_size"_a);
+  m.def(
+      "pad_actual_q_enable_mode",
+      [](const std::vector<int64_t>& q, int32_t num_reqs, int32_t req_pad, const std::vector<int64_t>& ref) {
+        std::vector<int64_t> out(q.size() + std::max(0, req_pad));
+        out.resize(plan::pad_actual_q_enable_mode(q, num_reqs, req_pad, ref, out));
+        return out;
+      },
+      "actual_q"_a, "num_reqs"_a, "req_pad"_a, "ref"_a);
+
+  nb::class_<mla::Metadata>(m, "Metadata")
+      .def_ro("attn_state", &mla::Metadata::attn_state)
+      .def_ro("num_reqs", &mla::Metadata::num_reqs)
+      .def_ro("num_actual_tokens", &mla::Metadata::num_actual_tokens)
+      .def_ro("num_input_tokens", &mla::Metadata::num_input_tokens)
+      .def_ro("num_decodes", &mla::Metadata::num_decodes)
+      .def_ro("num_prefills", &mla::Metadata::num_prefills)
+      .def_ro("num_decode_tokens", &mla::Metadata::num_decode_tokens)
+      .def_ro("num_prefill_tokens", &mla::Metadata::num_prefill_tokens)
+      .def_ro("block_size", &mla::Metadata::block_size)
+      .def_prop_ro("slot_mapping", [](const mla::Metadata& m) { return m.slot_mapping; })
+      .def_prop_ro("query_start_loc", [](const mla::Metadata& m) { return m.query_start_loc; })
+      .def_prop_ro("decode_seq_lens_list", [](const mla::Metadata& m) { return to_list(m.decode.seq_lens_list); })
+      .def_prop_ro("decode_actual_seq_lengths_q",
+                   [](const mla::Metadata& m) { return to_list(m.decode.actual_seq_lengths_q); })
+      .def_prop_ro("decode_block_table", [](const mla::Metadata& m) { return m.decode.block_table; })
+      .def_prop_ro("prefill_actual_seq_lengths_q",
+                   [](const mla::Metadata& m) { return to_list(m.prefill.actual_seq_lengths_q); })
+      .def_prop_ro("prefill_block_table", [](const mla::Metadata& m) { return m.prefill.block_table; })
+      .def_prop_ro("num_context_chunks", [](const mla::Metadata& m) { return m.prefill.chunked.num_chunks; })
+      .def_prop_ro("context_chunk_size", [](const mla::Metadata& m) { return m.prefill.chunked.chunk_size; })
+      .def_prop_ro("context_seq_tot", [](const mla::Metadata& m) { return to_list(m.prefill.chunked.seq_tot); })
+      .def_prop_ro("context_kv_ends",
+                   [](const mla::Metadata& m) {
+                     std::vector<std::vector<int64_t>> r;
+                     for (auto a : m.prefill.chunked.kv_ends) r.push_back(to_list(a));
+                     return r;
+                   })
+      .def_prop_ro("context_cu_seq_lens", [](const mla::Metadata& m) { return m.prefill.chunked.cu_seq_lens; })
+      .def_prop_ro("context_starts", [](const mla::Metadata& m) { return m.prefill.chunked.starts; })
+      .def_prop_ro("context_chunk_seq_lens", [](const mla::Metadata& m) { return m.prefill.chunked.chunk_seq_lens; });
+
+  nb::class_<mla::MetadataBuilder>(m, "MetadataBuilder")
+      .def(
+          "__init__",
+          [](mla::MetadataBuilder* self, int32_t max_num_reqs, int32_t max_num_tokens, int32_t max_blocks_per_req,
+             int32_t block_size, int32_t num_blocks, const at::Tensor& cos_table, const at::Tensor& sin_table,
+             int32_t max_model_len, int32_t num_speculative_tokens, bool chunked_prefill_enabled,
+             int64_t workspace_tokens, const std::string& device) {
+            mla::BuilderConfig c;
+            c.max_num_reqs = max_num_reqs;
+            c.max_num_tokens = max_num_tokens;
+            c.max_blocks_per_req = max_blocks_per_req;
+            c.block_size = block_size;
+            c.num_blocks = num_blocks;
+            c.cos_table = cos_table;
+            c.sin_table = sin_table;
+            c.max_model_len = max_model_len;
+            c.num_speculative_tokens = num_speculative_tokens;
+            c.chunked_prefill_enabled = chunked_prefill_enabled;
+            c.workspace_tokens = workspace_tokens;
+            c.device = c10::Device(device);
+            new (self) mla::MetadataBuilder(c);
+          },
+          nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
+          "num_blocks"_a, "cos_table"_a, "sin_table"_a, "max_model_len"_a = 0, "num_speculative_tokens"_a = 0,
+          "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu")
+      .def(
+          "build",
+          [](mla::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
+             int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
+             const std::optional<at::Tensor>& num_spec_tokens) -> const mla::Metadata& {
+            mla::BuildInputs in;
+            in.query_start_loc = i32_span(qsl, "query_start_loc");
+            in.seq_lens = i32_span(seq_lens, "seq_lens");
+            in.block_table = i32_span(bt, "block_table", 2);
+            in.block_table_stride = static_cast<int32_t>(bt.size(1));
+            in.num_input_tokens = num_input_tokens;
+            in.attn_state = attn_state;
+            if (num_spec_tokens.has_value()) in.num_spec_tokens = i32_span(*num_spec_tokens, "num_spec_tokens");
+            return b.build(in);
+          },
+          "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
+          "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::reference_internal)
+      .def_prop_ro("metadata", &mla::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
+      .def_prop_ro("decode_threshold", &mla::MetadataBuilder::decode_threshold)
+      .def_prop_ro("workspace_tokens", &mla::MetadataBuilder::workspace_tokens);
+
+  nb::class_<mla::Impl>(m, "Impl")
+      .def(
+          "__init__",
+          [](mla::Impl* self, int64_t num_heads, int64_t hidden_size, std::optional<int64_t> q_lora_rank,
+             int64_t kv_lora_rank, int64_t qk_nope_head_dim, int64_t qk_rope_head_dim, int64_t v_head_dim,
+             std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm, const at::Tensor& q_proj,
+             const at::Tensor& kv_a_proj_with_mqa, const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj,
+             const at::Tensor& o_proj, double scale, double q_norm_eps, double kv_norm_eps, bool enable_prolog,
+             bool enable_kv_nz) {
+            mla::ImplConfig c;
+            c.dims = {num_heads, hidden_size, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+                      v_head_dim};
+            c.scale = scale;
+            c.q_norm_eps = q_norm_eps;
+            c.kv_norm_eps = kv_norm_eps;
+            c.enable_prolog = enable_prolog;
+            c.enable_kv_nz = enable_kv_nz;
+            mla::Weights w{q_a_proj, q_a_layernorm, q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj};
+            new (self) mla::Impl(c, w);
+          },
+          nb::kw_only(), "num_heads"_a, "hidden_size"_a, "q_lora_rank"_a = nb::none(), "kv_lora_rank"_a,
+          "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a, "q_a_proj"_a = nb::none(),
+          "q_a_layernorm"_a = nb::none(), "q_proj"_a, "kv_a_proj_with_mqa"_a, "kv_a_layernorm"_a, "kv_b_proj"_a,
+          "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6, "kv_norm_eps"_a = 1e-6, "enable_prolog"_a = false,
+          "enable_kv_nz"_a = false)
+      .def(
+          "forward",
+          [](mla::Impl& impl, const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+             const mla::Metadata* md, const at::Tensor& output) -> at::Tensor {
+            return impl.forward(hidden, nope_cache, rope_cache, md, output);
+          },
+          "hidden_states"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a.none(), "output"_a)
+      .def_prop_ro("num_heads_padded", &mla::Impl::num_heads_padded)
+      .def_prop_ro("w_uk_t", [](const mla::Impl& i) { return i.w_uk_t(); })
+      .def_prop_ro("w_uv", [](const mla::Impl& i) { return i.w_uv(); })
+      .def_prop_ro("scale", [](const mla::Impl& i) { return i.config().scale; })
+      .def_prop_ro("last_decode_path",
+                   [](const mla::Impl& i) { return std::string(mla::to_string(i.last_decode_path())); });
+}
+
+const BindingRegistrar kRegisterMla(/*order=*/30, &bind_mla);
+}  // namespace
+}  // namespace aar::bindings

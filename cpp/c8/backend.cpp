@@ -1,0 +1,33 @@
+#include "ascend_attn_rt/c8/backend.h"
+
+#include "ascend_attn_rt/c8/quant.h"
+#include "ascend_attn_rt/errors.h"
+
+namespace aar::c8 {
+
+const char* Backend::name() { return "CUSTOM"; }
+
+const std::vector<int64_t>& Backend::supported_block_sizes() {
+  static const std::vector<int64_t> sizes{32, 64, 128};
+  return sizes;
+}
+
+bool Backend::is_supported_block_size(int64_t block_size) {
+  for (int64_t s : supported_block_sizes()) {
+    if (s == block_size) return true;
+  }
+  return false;
+}
+
+std::vector<int64_t> Backend::kv_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
+                                             int64_t head_size) {
+  AAR_CHECK_ARG(num_blocks > 0, "num_blocks must be positive, got ", num_blocks);
+  AAR_CHECK_ARG(is_supported_block_size(block_size), "block_size ", block_size,
+                " is not supported by the C8 NZ cache (supported: 32, 64, 128)");
+  AAR_CHECK_ARG(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
+  AAR_CHECK_ARG(head_size > 0 && head_size % kNzWidth == 0, "head_size must be a positive multiple of 32, got ",
+                head_size);
+  return {2, num_blocks, num_kv_heads, head_size / kNzWidth, block_size, kNzWidth};
+}
+
+}  // namespace aar::c8

@@ -1,0 +1,392 @@
+#include "ascend_attn_rt/c8/impl.h"
+
+#include "ascend_attn_rt/graph/graph_params.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ascend_attn_rt/c8/quant.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/fusion_attention.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
+
+namespace aar::c8 {
+
+using plan::AttentionState;
+
+const char* to_string(ForwardPath p) {
+  switch (p) {
+    case ForwardPath::None: return "none";
+    case ForwardPath::C8Decode: return "c8_decode";
+    case ForwardPath::C8ChunkedSplit: return "c8_chunked_split";
+    case ForwardPath::FusedDense: return "fused_dense";
+    case ForwardPath::C8Dequant: return "c8_dequant";
+    case ForwardPath::Encoder: return "encoder";
+    case ForwardPath::Float: return "float";
+  }
+  return "unknown";
+}
+
+namespace {
+
+bool all_defined(const RawScales& r) {
+  return r.k_scale.defined() && r.k_offset.defined() && r.v_scale.defined() && r.v_offset.defined();
+}
+bool none_defined(const RawScales& r) {
+  return !r.k_scale.defined() && !r.k_offset.defined() && !r.v_scale.defined() && !r.v_offset.defined();
+}
+
+}  // namespace
+
+AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
+  AAR_CHECK_ARG(cfg_.num_heads > 0, "num_heads must be positive, got ", cfg_.num_heads);
+  AAR_CHECK_ARG(cfg_.head_size > 0, "head_size must be positive, got ", cfg_.head_size);
+  if (cfg_.num_kv_heads == 0) cfg_.num_kv_heads = cfg_.num_heads;
+  AAR_CHECK_ARG(cfg_.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg_.num_kv_heads);
+  AAR_CHECK_ARG(cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
+                " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
+  if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
+  if (cfg_.sliding_window.has_value()) {
+    throw_not_supported("sliding_window=", *cfg_.sliding_window,
+                        " is not supported by the C8 backend (its INT8 decode kernel call takes no window)");
+  }
+  if (cfg_.has_sinks) throw_not_supported("sinks are not supported by the C8 backend (FIA v1 has no learnable sink)");
+  if (cfg_.has_alibi_slopes) throw_not_supported("ALiBi (alibi_slopes) is not supported by the C8 backend");
+  if (cfg_.logits_soft_cap.has_value() && *cfg_.logits_soft_cap > 0.0) {
+    throw_not_supported("logits soft-cap (logits_soft_cap=", *cfg_.logits_soft_cap,
+                        ") is not supported by the C8 backend");
+  }
+  if (cfg_.attn_type == gqa::AttnType::EncoderDecoder) {
+    throw_not_supported("attn_type 'encoder_decoder' (cross-attention) is not supported by the C8 backend yet");
+  }
+  if (cfg_.kv_transfer == KvTransferRole::Producer) {
+    // A KV producer keeps a float cache (spec 8.1 a): the layer is a GQA layer.
+    gqa::ImplConfig g;
+    g.num_heads = cfg_.num_heads;
+    g.head_size = cfg_.head_size;
+    g.scale = cfg_.scale;
+    g.num_kv_heads = cfg_.num_kv_heads;
+    g.attn_type = cfg_.attn_type;
+    g.kv_sharing = cfg_.kv_sharing;
+    g.device_kind = cfg_.device_kind;
+    float_impl_.emplace(g);
+    if (none_defined(cfg_.scales)) return;
+  }
+  AAR_CHECK_ARG(cfg_.head_size % kNzWidth == 0, "head_size=", cfg_.head_size,
+                " must be a multiple of 32 for the C8 NZ cache");
+  AAR_CHECK_ARG(all_defined(cfg_.scales), "the C8 backend needs k_scale, k_offset, v_scale and v_offset");
+  scales_ = prepare_scales(cfg_.scales, cfg_.num_kv_heads, cfg_.head_size, cfg_.tp_rank, cfg_.tp_size);
+}
+
+void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                             const at::Tensor& value_cache, const gqa::Metadata& md, const at::Tensor& output) const {
+  const int64_t N = cfg_.num_heads, Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
+  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.size(1) == N && query.size(2) == D,
+                "query must have shape (T, ", N, ", ", D, "), got ",
+                query.defined() ? query.sizes() : c10::IntArrayRef{});
+  const int64_t T = query.size(0);
+  const auto dtype = query.scalar_type();
+  AAR_CHECK_ARG(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                "query dtype must be float32, float16 or bfloat16, got ", dtype);
+  AAR_CHECK_ARG(output.defined() && output.sizes() == query.sizes(), "output must have the query's shape ",
+                query.sizes(), ", got ", output.defined() ? output.sizes() : c10::IntArrayRef{});
+  AAR_CHECK_ARG(output.scalar_type() == dtype, "output dtype ", output.scalar_type(), " differs from query dtype ",
+                dtype);
+  AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous");
+  AAR_CHECK_ARG(output.device() == query.device(), "output is on ", output.device(), " but query is on ",
+                query.device());
+  AAR_CHECK_ARG(T >= md.num_actual_tokens, "query has ", T, " rows but the metadata schedules ",
+                md.num_actual_tokens, " (num_actual_tokens)");
+  AAR_CHECK_ARG(key.has_value() == value.has_value(), "key and value must be given together");
+  if (key.has_value()) {
+    for (const at::Tensor* t : {&*key, &*value}) {
+      const char* name = t == &*key ? "key" : "value";
+      AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->size(1) == Nkv && t->size(2) == D, name,
+                    " must have shape (T, ", Nkv, ", ", D, "), got ", t->defined() ? t->sizes() : c10::IntArrayRef{});
+      AAR_CHECK_ARG(t->size(0) == md.num_input_tokens || t->size(0) == md.num_actual_tokens, name, " has ",
+                    t->size(0), " rows; the metadata has num_input_tokens=", md.num_input_tokens,
+                    " and num_actual_tokens=", md.num_actual_tokens);
+      AAR_CHECK_ARG(t->scalar_type() == dtype, name, " dtype ", t->scalar_type(), " differs from query dtype ",
+                    dtype, " (the C8 impl quantises float K/V itself)");
+      AAR_CHECK_ARG(t->device() == query.device(), name, " is on ", t->device(), " but query is on ",
+                    query.device());
+    }
+    AAR_CHECK_ARG(key->size(0) == value->size(0), "key has ", key->size(0), " rows but value has ", value->size(0));
+  }
+  AAR_CHECK_ARG(key_cache.defined() == value_cache.defined(), "key_cache and value_cache must be given together");
+  if (key_cache.defined()) {
+    for (const at::Tensor* c : {&key_cache, &value_cache}) {
+      const char* name = c == &key_cache ? "key_cache" : "value_cache";
+      const at::Tensor nz = nz_view(*c, Nkv, D, name);
+      AAR_CHECK_ARG(nz.size(3) == md.block_size, name, " has block_size ", nz.size(3),
+                    " but the metadata was built for block_size=", md.block_size);
+      AAR_CHECK_ARG(nz.size(0) >= md.num_blocks, name, " has ", nz.size(0),
+                    " blocks but the metadata was built for num_blocks=", md.num_blocks);
+      AAR_CHECK_ARG(c->device() == query.device(), name, " is on ", c->device(), " but query is on ",
+                    query.device());
+    }
+  }
+}
+
+ForwardPath AttentionImpl::choose_path(const gqa::Metadata& md, bool has_key) const {
+  if (md.is_pooling && !md.causal) return ForwardPath::Encoder;
+  const bool single_token_decodes = md.num_decodes > 0 && md.num_decode_tokens == md.num_decodes;
+  if (md.attn_state == AttentionState::DecodeOnly && md.num_prefills == 0 && single_token_decodes) {
+    return ForwardPath::C8Decode;
+  }
+  // Multi-token (speculative) decodes cannot take the S=1 BNSD call: they go
+  // with the prefills over dequantised context (upstream reshapes them wrongly).
+  if (md.attn_state == AttentionState::ChunkedPrefill && single_token_decodes) return ForwardPath::C8ChunkedSplit;
+  if (md.attn_state == AttentionState::PrefillNoCache && has_key) return ForwardPath::FusedDense;
+  return ForwardPath::C8Dequant;
+}
+
+void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
+  if (key_cache.unsafeGetTensorImpl() == bound_key_ && value_cache.unsafeGetTensorImpl() == bound_value_) return;
+  key_nz_ = nz_view(key_cache, cfg_.num_kv_heads, cfg_.head_size, "key_cache");
+  value_nz_ = nz_view(value_cache, cfg_.num_kv_heads, cfg_.head_size, "value_cache");
+  bound_key_ = key_cache.unsafeGetTensorImpl();
+  bound_value_ = value_cache.unsafeGetTensorImpl();
+}
+
+void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, const gqa::Metadata& md) {
+  const int64_t n = md.num_actual_tokens;
+  if (n == 0) return;
+  const at::Tensor slots = md.slot_mapping.narrow(0, 0, n);
+  const at::Tensor kq = quantize(key.narrow(0, 0, n), scales_.k_inv_scale, scales_.k_offset);
+  const at::Tensor vq = quantize(value.narrow(0, 0, n), scales_.v_inv_scale, scales_.v_offset);
+  ops::scatter_pa_kv_cache(kq, vq, key_nz_, value_nz_, slots, "PA_NZ");
+}
+
+DecodeCall AttentionImpl::decode_call(const at::Tensor& query, const gqa::Metadata& md, int64_t num_decodes,
+                                      const at::Tensor& output) {
+  AAR_CHECK_ARG(key_nz_.defined(), "decode_call: no KV cache bound yet (forward binds it)");
+  AAR_CHECK_ARG(num_decodes >= 0 && num_decodes <= md.num_reqs, "num_decodes=", num_decodes,
+                " must be in [0, num_reqs=", md.num_reqs, "]");
+  const int64_t B = num_decodes;
+  DecodeCall c;
+  c.tensors.query = query.narrow(0, 0, B).unsqueeze(2);  // (B, N, 1, D)
+  c.tensors.key = key_nz_;
+  c.tensors.value = value_nz_;
+  c.tensors.block_table = md.block_tables.narrow(0, 0, B);
+  c.tensors.key_antiquant_scale = scales_.k_antiquant_scale;
+  c.tensors.value_antiquant_scale = scales_.v_antiquant_scale;
+  if (scales_.has_offset) {
+    c.tensors.key_antiquant_offset = scales_.k_antiquant_offset;
+    c.tensors.value_antiquant_offset = scales_.v_antiquant_offset;
+  }
+  ops::FiaParams& p = c.params;
+  p.has_actual_seq_lengths = false;  // S = 1 per request
+  p.actual_seq_lengths_kv = md.seq_lens_list.slice(0, B);
+  p.num_heads = cfg_.num_heads;
+  p.num_key_value_heads = cfg_.num_kv_heads;
+  p.scale = cfg_.scale;
+  p.input_layout = "BNSD";
+  p.sparse_mode = 0;  // one query row sees its whole context
+  p.inner_precise = 1;
+  p.block_size = key_nz_.size(3);
+  p.antiquant_mode = 0;
+  p.key_antiquant_mode = 0;
+  p.value_antiquant_mode = 0;
+  c.output = output.narrow(0, 0, B).unsqueeze(2);
+  return c;
+}
+
+void AttentionImpl::run_decode(const at::Tensor& query, const gqa::Metadata& md, int64_t num_decodes,
+                               const at::Tensor& output) {
+  if (num_decodes == 0) return;
+  DecodeCall c = decode_call(query, md, num_decodes, output);
+  ops::fused_infer_attention_score_out(c.tensors, c.params, std::nullopt, c.output, lse_placeholder_);
+}
+
+void AttentionImpl::run_prefill(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                                const std::optional<at::Tensor>& value, const gqa::Metadata& md, int64_t r0,
+                                int64_t r1, const at::Tensor& output) {
+  const int64_t np = r1 - r0;
+  if (np <= 0) return;
+  const c10::IntArrayRef cq = md.actual_seq_lengths_q;
+  const c10::IntArrayRef sl = md.seq_lens_list;
+  const int64_t t0 = r0 == 0 ? 0 : cq[r0 - 1];
+  const int64_t t1 = cq[r1 - 1];
+  if (t1 == t0) return;
+  std::vector<int64_t> q_ends(np), kv_ends(np), new_rows;
+  bool all_new = key.has_value();
+  int64_t kv_total = 0;
+  for (int64_t i = 0; i < np; ++i) {
+    const int64_t r = r0 + i;
+    const int64_t q_len = cq[r] - (r == 0 ? 0 : cq[r - 1]);
+    q_ends[i] = cq[r] - t0;  // rebased to the part's first row
+    all_new = all_new && sl[r] == q_len;
+    kv_total += sl[r];
+    kv_ends[i] = kv_total;
+  }
+  at::Tensor k, v;
+  c10::IntArrayRef kv_lens;
+  if (all_new) {
+    k = key->narrow(0, t0, t1 - t0);
+    v = value->narrow(0, t0, t1 - t0);
+    kv_lens = q_ends;
+  } else {
+    AAR_CHECK_ARG(key_nz_.defined(), "attention state ", plan::to_string(md.attn_state),
+                  " reads cached context from the paged KV cache, but key_cache/value_cache are not given");
+    const at::Tensor bt = md.block_tables.narrow(0, r0, np);
+    const auto dtype = query.scalar_type();
+    k = dequant_paged_to_dense(key_nz_, bt, sl.slice(r0, np), scales_.k_scale, scales_.k_offset, dtype);
+    v = dequant_paged_to_dense(value_nz_, bt, sl.slice(r0, np), scales_.v_scale, scales_.v_offset, dtype);
+    if (key.has_value()) {
+      // The new tokens at full precision (upstream re-reads them through INT8).
+      new_rows.reserve(t1 - t0);
+      for (int64_t i = 0; i < np; ++i) {
+        const int64_t r = r0 + i;
+        const int64_t q_len = cq[r] - (r == 0 ? 0 : cq[r - 1]);
+        for (int64_t j = kv_ends[i] - q_len; j < kv_ends[i]; ++j) new_rows.push_back(j);
+      }
+      const at::Tensor idx =
+          at::from_blob(new_rows.data(), {static_cast<int64_t>(new_rows.size())}, at::kLong).to(k.device());
+      k.index_copy_(0, idx, key->narrow(0, t0, t1 - t0));
+      v.index_copy_(0, idx, value->narrow(0, t0, t1 - t0));
+    }
+    kv_lens = kv_ends;
+  }
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  t.query = query.narrow(0, t0, t1 - t0);
+  t.key = k;
+  t.value = v;
+  p.actual_seq_lengths = q_ends;
+  p.actual_seq_lengths_kv = kv_lens;  // cumulative: dense KV, no block table
+  p.num_heads = cfg_.num_heads;
+  p.num_key_value_heads = cfg_.num_kv_heads;
+  p.scale = cfg_.scale;
+  p.input_layout = "TND";
+  if (md.causal) {
+    t.atten_mask = md.attn_mask;
+    p.sparse_mode = 3;
+  } else {
+    p.sparse_mode = 0;
+  }
+  at::Tensor out = output.narrow(0, t0, t1 - t0);
+  ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse_placeholder_);
+}
+
+void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const gqa::Metadata& md,
+                            const at::Tensor& query, const std::optional<at::Tensor>& key,
+                            const std::optional<at::Tensor>& value, const at::Tensor& output) {
+  if (path != ForwardPath::C8Decode) {
+    throw_not_supported("graph capture of the C8 '", to_string(path), "' path (state ",
+                        plan::to_string(md.attn_state), ") is not supported: only DecodeOnly batches are captured");
+  }
+  const int64_t n = g.capturing_bucket();
+  AAR_CHECK_ARG(md.num_input_tokens == n && query.sizes()[0] == n && md.num_reqs == n && md.num_kernel_tokens == n,
+                "C8 graph capture of bucket ", n, " needs ", n, " one-token requests (num_reqs=", md.num_reqs,
+                ", num_input_tokens=", md.num_input_tokens,
+                "); pad decode batches with uniform_decode_padding");
+  if (key.has_value() && key_nz_.defined() && !cfg_.kv_sharing) {
+    AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
+    // Quantise every bucket row; padding rows map to slot -1 and are skipped.
+    graph::CapturedCall w;
+    w.kind = graph::CallKind::Prepare;
+    w.layer_index = cfg_.layer_index;
+    w.group = cfg_.kv_cache_group;
+    w.prepare = [k = *key, v = *value, kc = key_nz_, vc = value_nz_, slots = md.slot_mapping, sc = scales_]() mutable {
+      const at::Tensor kq = quantize(k, sc.k_inv_scale, sc.k_offset);
+      const at::Tensor vq = quantize(v, sc.v_inv_scale, sc.v_offset);
+      ops::scatter_pa_kv_cache(kq, vq, kc, vc, slots, "PA_NZ");
+    };
+    g.capture_call(std::move(w));
+  }
+  DecodeCall dc = decode_call(query, md, md.num_reqs, output);
+  graph::CapturedCall c;
+  c.kind = graph::CallKind::Fia;
+  c.layer_index = cfg_.layer_index;
+  c.group = cfg_.kv_cache_group;
+  c.paged = true;
+  c.refresh_q_lens = false;  // BNSD: one row per request, no query-length list
+  c.fia = std::move(dc.tensors);
+  c.fia_params = dc.params;
+  c.out = dc.output;
+  c.lse = lse_placeholder_;
+  g.capture_call(std::move(c));
+}
+
+const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                                         const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                                         const at::Tensor& value_cache, const gqa::Metadata* metadata,
+                                         const at::Tensor& output) {
+  if (metadata == nullptr) {
+    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
+    output.zero_();
+    last_path_ = ForwardPath::None;
+    return output;
+  }
+  if (float_impl_.has_value()) {
+    float_impl_->forward(query, key, value, key_cache, value_cache, metadata, output);
+    last_path_ = ForwardPath::Float;
+    return output;
+  }
+  const gqa::Metadata& md = *metadata;
+  validate(query, key, value, key_cache, value_cache, md, output);
+  const ForwardPath path = choose_path(md, key.has_value());
+  if (path == ForwardPath::Encoder || path == ForwardPath::FusedDense) {
+    AAR_CHECK_ARG(key.has_value(), "attention over the new tokens (", to_string(path), ") needs key and value");
+  }
+  if (path == ForwardPath::C8Decode || path == ForwardPath::C8ChunkedSplit) {
+    AAR_CHECK_ARG(key_cache.defined(), "attention state ", plan::to_string(md.attn_state),
+                  " reads the paged KV cache, but key_cache/value_cache are not given");
+  }
+  if (scales_.k_scale.device() != query.device()) scales_ = scales_.to(query.device());
+  if (key_cache.defined()) bind_caches(key_cache, value_cache);
+  if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
+    lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));
+  }
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    capture(*g, path, md, query, key, value, output);
+    last_path_ = path;
+    return output;
+  }
+  if (key.has_value() && key_cache.defined() && !cfg_.kv_sharing) write_kv(*key, *value, md);
+  last_path_ = path;
+  // Only the scheduled requests are attended (the FIA dummy request of a
+  // padded batch is not): rows [0, num_actual_tokens).
+  const int64_t B = md.num_real_reqs, n = md.num_actual_tokens;
+  if (n == 0) return output;
+
+  switch (path) {
+    case ForwardPath::C8Decode:
+      run_decode(query, md, B, output);
+      return output;
+    case ForwardPath::C8ChunkedSplit: {
+      run_decode(query, md, md.num_decodes, output);
+      run_prefill(query, key, value, md, md.num_decodes, B, output);
+      return output;
+    }
+    case ForwardPath::FusedDense:
+    case ForwardPath::C8Dequant:
+      run_prefill(query, key, value, md, 0, B, output);
+      return output;
+    case ForwardPath::Encoder: {
+      // Bidirectional over the float new K/V (upstream feeds the int8 K/V to
+      // npu_fusion_attention, spec 13.23).
+      ops::FusionAttentionArgs a;
+      a.query = query.narrow(0, 0, n);
+      a.key = key->narrow(0, 0, n);
+      a.value = value->narrow(0, 0, n);
+      a.head_num = cfg_.num_heads;
+      a.input_layout = "TND";
+      a.scale = cfg_.scale;
+      a.actual_seq_qlen = md.actual_seq_lengths_q.slice(0, B);
+      a.actual_seq_kvlen = md.actual_seq_lengths_q.slice(0, B);
+      a.sparse_mode = 0;
+      output.narrow(0, 0, n).copy_(ops::fusion_attention(a));
+      return output;
+    }
+    default:
+      break;
+  }
+  throw std::logic_error("unhandled C8 forward path");
+}
+
+}  // namespace aar::c8

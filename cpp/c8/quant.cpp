@@ -1,0 +1,74 @@
+#include "ascend_attn_rt/c8/quant.h"
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "ascend_attn_rt/errors.h"
+
+namespace aar::c8 {
+
+at::Tensor quantize(const at::Tensor& x, const at::Tensor& inv_scale, const at::Tensor& offset) {
+  // at::round rounds half to even, as torch.round does upstream.
+  return at::round(x.to(at::kFloat) * inv_scale + offset).clamp_(-128, 127).to(at::kChar);
+}
+
+at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& offset, at::ScalarType dtype) {
+  return ((q.to(at::kFloat) - offset) * scale).to(dtype);
+}
+
+at::Tensor nz_view(const at::Tensor& cache, int64_t num_kv_heads, int64_t head_size, const char* name) {
+  AAR_CHECK_ARG(cache.defined(), name, " must be a tensor");
+  AAR_CHECK_ARG(cache.scalar_type() == at::kChar, name, " must be int8 (the C8 cache), got ", cache.scalar_type());
+  AAR_CHECK_ARG(head_size % kNzWidth == 0, "head_size=", head_size, " must be a multiple of 32 for the NZ cache");
+  const int64_t d1 = head_size / kNzWidth;
+  if (cache.dim() == 5) {
+    AAR_CHECK_ARG(cache.size(1) == num_kv_heads && cache.size(2) == d1 && cache.size(4) == kNzWidth, name,
+                  " must be NZ (num_blocks, Nkv=", num_kv_heads, ", D/32=", d1, ", block_size, 32), got ",
+                  cache.sizes());
+    AAR_CHECK_ARG(cache.size(3) % kNzWidth == 0, name, ": block_size=", cache.size(3),
+                  " must be a multiple of 32 for the NZ cache");
+    return cache;
+  }
+  AAR_CHECK_ARG(cache.dim() == 4 && cache.size(2) == num_kv_heads && cache.size(3) == head_size, name,
+                " must be NZ (num_blocks, Nkv, D/32, block_size, 32) or the declared ND shape (num_blocks, "
+                "block_size, Nkv=", num_kv_heads, ", D=", head_size, "), got ", cache.sizes());
+  AAR_CHECK_ARG(cache.is_contiguous(), name, " declared ND must be contiguous to be reinterpreted as NZ");
+  const int64_t bs = cache.size(1);
+  AAR_CHECK_ARG(bs % kNzWidth == 0, name, ": block_size=", bs, " must be a multiple of 32 for the NZ cache");
+  return cache.view({cache.size(0), num_kv_heads, d1, bs, kNzWidth});
+}
+
+at::Tensor dequant_paged_to_dense(const at::Tensor& cache_nz, const at::Tensor& block_table,
+                                  c10::IntArrayRef seq_lens, const at::Tensor& scale, const at::Tensor& offset,
+                                  at::ScalarType dtype) {
+  const int64_t nb = cache_nz.size(0), nkv = cache_nz.size(1), d = cache_nz.size(2) * kNzWidth,
+                bs = cache_nz.size(3);
+  const int64_t B = static_cast<int64_t>(seq_lens.size());
+  AAR_CHECK_ARG(block_table.dim() == 2 && block_table.size(0) == B, "block_table must have ", B,
+                " rows (one per seq_lens entry), got ", block_table.sizes());
+  int64_t max_len = 0, total = 0;
+  for (int64_t s : seq_lens) {
+    AAR_CHECK_ARG(s >= 0, "seq_lens must be non-negative, got ", s);
+    max_len = std::max(max_len, s);
+    total += s;
+  }
+  const auto dev = cache_nz.device();
+  if (total == 0) return at::empty({0, nkv, d}, cache_nz.options().dtype(dtype));
+  const int64_t nblk = (max_len + bs - 1) / bs;
+  AAR_CHECK_ARG(nblk <= block_table.size(1), "seq_lens need ", nblk, " blocks but block_table has ",
+                block_table.size(1), " columns");
+  // Rows of the gathered (B * nblk * bs) token-major positions that exist.
+  std::vector<int64_t> rows;
+  rows.reserve(total);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < seq_lens[b]; ++j) rows.push_back(b * nblk * bs + j);
+  }
+  const at::Tensor ids = block_table.narrow(1, 0, nblk).to(dev, at::kLong).clamp(0, nb - 1).reshape({-1});
+  // NZ (h, d1, off, d0) -> token-major (off, h, d1*32 + d0).
+  const at::Tensor tokens = cache_nz.index_select(0, ids).permute({0, 3, 1, 2, 4}).reshape({B * nblk * bs, nkv, d});
+  const at::Tensor idx = at::from_blob(rows.data(), {total}, at::kLong).to(dev);
+  return dequantize(tokens.index_select(0, idx), scale, offset, dtype);
+}
+
+}  // namespace aar::c8

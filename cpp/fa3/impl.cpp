@@ -1,0 +1,199 @@
+#include "ascend_attn_rt/fa3/impl.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/fa3/backend.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
+
+namespace aar::fa3 {
+
+const char* to_string(ForwardPath p) {
+  switch (p) {
+    case ForwardPath::None: return "none";
+    case ForwardPath::Paged: return "fa3_paged";
+    case ForwardPath::Encoder: return "encoder";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Rejections happen before the encoder impl is built, so their messages name
+// this backend.
+gqa::ImplConfig checked_gqa_config(const ImplConfig& c) {
+  if (c.sliding_window.has_value()) {
+    throw_not_supported("sliding_window=", *c.sliding_window,
+                        " is not supported by the FA3 backend (upstream raises ValueError: no window support)");
+  }
+  if (!c.enforce_eager && c.full_decode_only_graph) {
+    throw_not_supported("the FA3 backend does not support FULL_DECODE_ONLY graph mode: set enforce_eager=True "
+                        "(or full_decode_only_graph=False)");
+  }
+  if (c.has_sinks) throw_not_supported("sinks are not supported by the FA3 backend");
+  if (c.has_alibi_slopes) throw_not_supported("ALiBi (alibi_slopes) is not supported by the FA3 backend");
+  if (c.logits_soft_cap.has_value() && *c.logits_soft_cap > 0.0) {
+    throw_not_supported("logits soft-cap (logits_soft_cap=", *c.logits_soft_cap,
+                        ") is not supported by the FA3 backend");
+  }
+  if (c.kv_cache_dtype != "auto") {
+    throw_not_supported("kv_cache_dtype='", c.kv_cache_dtype, "' is not supported by the FA3 backend (only 'auto')");
+  }
+  if (c.attn_type == gqa::AttnType::EncoderDecoder) {
+    throw_not_supported("attn_type 'encoder_decoder' (cross-attention) is not supported by the FA3 backend");
+  }
+  gqa::ImplConfig g;
+  g.num_heads = c.num_heads;
+  g.head_size = c.head_size;
+  g.scale = c.scale;
+  g.num_kv_heads = c.num_kv_heads;
+  g.attn_type = c.attn_type;
+  g.kv_sharing = c.kv_sharing;
+  return g;
+}
+
+}  // namespace
+
+AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg), encoder_(checked_gqa_config(cfg)) {
+  cfg_.num_kv_heads = encoder_.config().num_kv_heads;
+  cfg_.scale = encoder_.config().scale;
+}
+
+void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                             const at::Tensor& value_cache, const gqa::Metadata& md, const at::Tensor& output) const {
+  const int64_t N = cfg_.num_heads, Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
+  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.size(1) == N && query.size(2) == D,
+                "query must have shape (T, ", N, ", ", D, "), got ",
+                query.defined() ? query.sizes() : c10::IntArrayRef{});
+  const auto dtype = query.scalar_type();
+  AAR_CHECK_ARG(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                "query dtype must be float32, float16 or bfloat16, got ", dtype);
+  AAR_CHECK_ARG(output.defined() && output.sizes() == query.sizes() && output.scalar_type() == dtype &&
+                    output.is_contiguous() && output.device() == query.device(),
+                "output must be a contiguous tensor of the query's shape ", query.sizes(), ", dtype and device");
+  AAR_CHECK_ARG(query.size(0) >= md.num_kernel_tokens, "query has ", query.size(0),
+                " rows but the metadata attends ", md.num_kernel_tokens, " (num_kernel_tokens)");
+  AAR_CHECK_ARG(key.has_value() == value.has_value(), "key and value must be given together");
+  if (key.has_value()) {
+    for (const at::Tensor* t : {&*key, &*value}) {
+      const char* name = t == &*key ? "key" : "value";
+      AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->size(1) == Nkv && t->size(2) == D, name,
+                    " must have shape (T, ", Nkv, ", ", D, "), got ", t->defined() ? t->sizes() : c10::IntArrayRef{});
+      AAR_CHECK_ARG(t->size(0) == md.num_input_tokens || t->size(0) == md.num_actual_tokens, name, " has ",
+                    t->size(0), " rows; the metadata has num_input_tokens=", md.num_input_tokens,
+                    " and num_actual_tokens=", md.num_actual_tokens);
+      AAR_CHECK_ARG(t->scalar_type() == dtype && t->device() == query.device(), name,
+                    " must have the query's dtype and device, got ", t->scalar_type(), " on ", t->device());
+    }
+  }
+  AAR_CHECK_ARG(key_cache.defined() && value_cache.defined(),
+                "the FA3 backend reads K/V from the paged cache: key_cache and value_cache are required");
+  for (const at::Tensor* c : {&key_cache, &value_cache}) {
+    const char* name = c == &key_cache ? "key_cache" : "value_cache";
+    AAR_CHECK_ARG(c->dim() == 4 && c->size(2) == Nkv && c->size(3) == D, name, " must have shape (num_blocks, 128, ",
+                  Nkv, ", ", D, "), got ", c->sizes());
+    AAR_CHECK_ARG(Backend::is_supported_block_size(c->size(1)), name, " has block_size ", c->size(1),
+                  ": the FA3 backend supports block_size 128 only");
+    AAR_CHECK_ARG(c->size(1) == md.block_size, name, " has block_size ", c->size(1),
+                  " but the metadata was built for block_size=", md.block_size);
+    AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0),
+                  " blocks but the metadata was built for num_blocks=", md.num_blocks);
+    AAR_CHECK_ARG(c->scalar_type() == dtype && c->device() == query.device(), name,
+                  " must have the query's dtype and device, got ", c->scalar_type(), " on ", c->device());
+  }
+}
+
+void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
+  if (key_cache.unsafeGetTensorImpl() == bound_key_ && value_cache.unsafeGetTensorImpl() == bound_value_) return;
+  key_cache_ = key_cache;
+  value_cache_ = value_cache;
+  const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
+  key_cache_3d_ = key_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  value_cache_3d_ = value_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  bound_key_ = key_cache.unsafeGetTensorImpl();
+  bound_value_ = value_cache.unsafeGetTensorImpl();
+}
+
+const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                                         const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                                         const at::Tensor& value_cache, const gqa::Metadata* metadata,
+                                         const at::Tensor& output) {
+  last_num_calls_ = 0;
+  if (metadata == nullptr) {
+    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
+    output.zero_();
+    last_path_ = ForwardPath::None;
+    return output;
+  }
+  const gqa::Metadata& md = *metadata;
+  if (md.is_pooling && !md.causal) {
+    // Inherited upstream forward: pooling models take the dense encoder path.
+    encoder_.forward(query, key, value, key_cache, value_cache, metadata, output);
+    last_path_ = ForwardPath::Encoder;
+    last_num_calls_ = 1;
+    return output;
+  }
+  validate(query, key, value, key_cache, value_cache, md, output);
+  bind_caches(key_cache, value_cache);
+  if (key.has_value() && !cfg_.kv_sharing) {
+    const int64_t n = key->size(0);
+    const at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
+    const at::Tensor k = key->is_contiguous() ? *key : key->contiguous();
+    const at::Tensor v = value->is_contiguous() ? *value : value->contiguous();
+    ops::scatter_pa_kv_cache(k, v, key_cache_, value_cache_, slots, "Norm");
+  }
+  if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
+    lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));
+  }
+  last_path_ = ForwardPath::Paged;
+  const int64_t nt = md.num_kernel_tokens;
+  if (nt == 0) return output;
+
+  const int64_t nd = md.num_decodes, ndt = md.num_decode_tokens, R = md.num_reqs;
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  t.key = key_cache_3d_;
+  t.value = value_cache_3d_;
+  p.num_heads = cfg_.num_heads;
+  p.num_key_value_heads = cfg_.num_kv_heads;
+  p.scale = cfg_.scale;  // upstream leaves the kernel's default 1/sqrt(D)
+  p.input_layout = "TND";
+  p.block_size = md.block_size;
+  if (md.causal) {
+    // Bottom-right causal for both parts (upstream: decodes non-causal, wrong
+    // for multi-token speculative decodes).
+    t.atten_mask = md.attn_mask;
+    p.sparse_mode = 3;
+  } else {
+    p.sparse_mode = 0;
+  }
+  if (nd > 0) {
+    t.query = query.narrow(0, 0, ndt);
+    t.block_table = md.block_tables.narrow(0, 0, nd);
+    p.actual_seq_lengths = md.actual_seq_lengths_q.slice(0, nd);
+    p.actual_seq_lengths_kv = md.seq_lens_list.slice(0, nd);
+    at::Tensor out = output.narrow(0, 0, ndt);
+    ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse_placeholder_);
+    ++last_num_calls_;
+  }
+  const int64_t np = R - nd;
+  if (np > 0 && nt > ndt) {
+    std::vector<int64_t> rebased(np);  // cumulative ends from the prefill part's first row
+    for (int64_t i = 0; i < np; ++i) rebased[i] = md.actual_seq_lengths_q[nd + i] - ndt;
+    t.query = query.narrow(0, ndt, nt - ndt);
+    t.block_table = md.block_tables.narrow(0, nd, np);  // by requests, not by decode tokens
+    p.actual_seq_lengths = rebased;
+    p.actual_seq_lengths_kv = md.seq_lens_list.slice(nd, np);
+    at::Tensor out = output.narrow(0, ndt, nt - ndt);
+    ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse_placeholder_);
+    ++last_num_calls_;
+  }
+  return output;
+}
+
+}  // namespace aar::fa3

@@ -1,0 +1,285 @@
+// Per-layer MLA forward (spec mla.md section 5).
+#include "ascend_attn_rt/mla/impl.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/mla/backend.h"
+#include "ascend_attn_rt/ops/attention_update.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/gather_pa_kv_cache.h"
+#include "ascend_attn_rt/ops/interleave_rope.h"
+#include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
+#include "ascend_attn_rt/ops/mla_prolog.h"
+#include "ascend_attn_rt/ops/transpose_batchmatmul.h"
+
+namespace aar::mla {
+
+namespace {
+
+constexpr int64_t kMaxPrologTokens = 1024;
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps) {
+  const at::Tensor f = x.to(at::kFloat);
+  return (f * at::rsqrt(f.pow(2).mean(-1, true) + eps) * gamma.to(at::kFloat)).to(x.scalar_type());
+}
+
+at::Tensor pad_heads(const at::Tensor& x, int64_t hp) {  // (T, H, D) -> (T, Hp, D)
+  const int64_t h = x.size(1);
+  if (h == hp) return x;
+  return at::constant_pad_nd(x, {0, 0, 0, hp - h});
+}
+
+}  // namespace
+
+const char* to_string(DecodePath p) {
+  switch (p) {
+    case DecodePath::None: return "none";
+    case DecodePath::Native: return "native";
+    case DecodePath::Prolog: return "prolog";
+  }
+  return "unknown";
+}
+
+Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg), w_(weights) {
+  const Dims& d = cfg_.dims;
+  hp_ = Backend::num_heads_padded(d.num_heads);
+  validate_weights(d, w_);
+  if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim));
+  const Absorbed a = split_kv_b_proj(w_.kv_b_proj, d.num_heads, d.qk_nope_head_dim, d.v_head_dim);
+  w_uk_t_ = a.w_uk_t;
+  w_uv_ = a.w_uv;
+  if (cfg_.enable_prolog) {
+    AAR_CHECK_ARG(d.q_lora_rank.has_value(),
+                  "enable_prolog needs q-LoRA (q_lora_rank): npu_mla_prolog_v3 takes the q down-projection");
+    prolog_ = prepare_prolog_weights(d, w_, w_uk_t_);
+  }
+}
+
+void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
+                    const at::Tensor& output) const {
+  const Dims& d = cfg_.dims;
+  AAR_CHECK_ARG(hidden.defined() && hidden.dim() == 2 && hidden.size(1) == d.hidden_size,
+                "hidden_states must have shape (T, hidden_size=", d.hidden_size, "), got ",
+                hidden.defined() ? hidden.sizes() : c10::IntArrayRef{});
+  AAR_CHECK_ARG(hidden.size(0) >= md.num_actual_tokens, "hidden_states has ", hidden.size(0),
+                " rows but the metadata schedules ", md.num_actual_tokens, " tokens");
+  AAR_CHECK_ARG(hidden.scalar_type() == w_.q_proj.scalar_type(), "hidden_states dtype ", hidden.scalar_type(),
+                " differs from the weights' dtype ", w_.q_proj.scalar_type());
+  AAR_CHECK_ARG(output.defined() && output.sizes() == hidden.sizes() && output.scalar_type() == hidden.scalar_type(),
+                "output must be a ", hidden.scalar_type(), " tensor of shape ", hidden.sizes(), ", got ",
+                output.defined() ? output.sizes() : c10::IntArrayRef{});
+  for (const at::Tensor* c : {&nope, &rope}) {
+    const bool is_nope = c == &nope;
+    const char* name = is_nope ? "nope_cache" : "rope_cache";
+    const int64_t width = is_nope ? d.kv_lora_rank : d.qk_rope_head_dim;
+    AAR_CHECK_ARG(c->defined(), name, " is missing");
+    if (!cfg_.enable_kv_nz) {
+      AAR_CHECK_ARG(c->dim() == 4 && c->size(1) == md.block_size && c->size(2) == 1 && c->size(3) == width, name,
+                    " must have shape (num_blocks, block_size=", md.block_size, ", 1, ",
+                    is_nope ? "kv_lora_rank=" : "qk_rope_head_dim=", width, "), got ", c->sizes());
+    } else {
+      const auto s = Backend::nz_cache_shape(c->size(0), md.block_size, width, c->element_size());
+      AAR_CHECK_ARG(c->sizes() == c10::IntArrayRef(s), name, " must be the NZ cache ", c10::IntArrayRef(s),
+                    " (enable_kv_nz), got ", c->sizes());
+    }
+    AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0), " blocks, fewer than the metadata's ",
+                  md.num_blocks);
+    AAR_CHECK_ARG(c->scalar_type() == hidden.scalar_type(), name, " dtype ", c->scalar_type(),
+                  " differs from hidden_states dtype ", hidden.scalar_type());
+  }
+}
+
+at::Tensor Impl::decode_attention(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
+                                  const at::Tensor& rope, const Metadata& md) const {
+  const Dims& d = cfg_.dims;
+  const int64_t td = ql_nope.size(0), H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const int64_t bs = md.block_size;
+  const at::Tensor qn = pad_heads(ql_nope, hp_), qr = pad_heads(q_pe, hp_);
+  ops::FiaV2Tensors t;
+  ops::FiaV2Params p;
+  if (cfg_.enable_kv_nz) {
+    t.key = nope;
+    t.key_rope = rope;
+  } else {
+    // (nb, bs, 1, D) -> (nb, 1, bs, D): a pure reinterpretation since Nkv = 1.
+    t.key = nope.view({nope.size(0), 1, bs, L});
+    t.key_rope = rope.view({rope.size(0), 1, bs, R});
+  }
+  t.value = t.key;
+  t.block_table = md.decode.block_table;
+  p.num_query_heads = hp_;
+  p.num_key_value_heads = 1;
+  p.softmax_scale = cfg_.scale;
+  p.block_size = bs;
+  p.actual_seq_kvlen = md.decode.seq_lens_list;
+  if (md.speculative) {
+    // Row A of spec 5.3. Upstream also requires the state to be one of
+    // SpecDecoding/ChunkedPrefill/DecodeOnly/PrefillNoCache and otherwise falls
+    // to the BNSD row with a multi-token decode, mismatching block-table rows
+    // and batch (spec 9.11); we use TND_NTD whenever decodes may have several tokens.
+    t.query = qn;
+    t.query_rope = qr;
+    t.atten_mask = md.attn_mask;
+    p.sparse_mode = 3;
+    p.input_layout = "TND_NTD";
+    p.actual_seq_qlen = md.decode.actual_seq_lengths_q;
+  } else if (cfg_.enable_kv_nz) {
+    t.query = qn.view({td, 1, hp_, L});
+    t.query_rope = qr.view({td, 1, hp_, R});
+    p.input_layout = "BSND_NBSD";
+    p.has_actual_seq_qlen = false;
+  } else {
+    t.query = qn.view({td, hp_, 1, L});
+    t.query_rope = qr.view({td, hp_, 1, R});
+    p.input_layout = "BNSD_NBSD";
+    p.has_actual_seq_qlen = false;
+  }
+  at::Tensor out = std::get<0>(ops::fused_infer_attention_score_v2(t, p));
+  out = out.narrow(0, 0, H).reshape({H, td, L});  // drop padded heads of the head-major output
+  static const int64_t perm_y[3] = {1, 0, 2};
+  return ops::transpose_batchmatmul(out, w_uv_.to(out.scalar_type()), std::nullopt, std::nullopt,
+                                    c10::IntArrayRef(perm_y, 3))
+      .reshape({td, H * d.v_head_dim});
+}
+
+at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
+                                   const at::Tensor& k_pe, const at::Tensor& value, const at::Tensor& nope,
+                                   const at::Tensor& rope, const Metadata& md) const {
+  const Dims& d = cfg_.dims;
+  const int64_t tp = q_nope.size(0), H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, V = d.v_head_dim;
+  const bool concat = hp_ != H;  // spec 5.5: non-power-of-two heads pass concatenated q/k, no rope tensors
+  const auto& pf = md.prefill;
+  auto attend = [&](const at::Tensor& kn, const at::Tensor& kp, const at::Tensor& v, bool causal,
+                    c10::IntArrayRef kv_ends) {
+    ops::FiaTensors t;
+    ops::FiaParams p;
+    if (concat) {
+      t.query = at::cat({q_nope, q_pe}, -1);
+      t.key = at::cat({kn, kp}, -1);
+    } else {
+      t.query = q_nope;
+      t.key = kn;
+      t.query_rope = q_pe;
+      t.key_rope = kp;
+    }
+    t.value = v;
+    if (causal) t.atten_mask = md.attn_mask;
+    p.sparse_mode = causal ? 3 : 0;
+    p.num_heads = H;
+    p.num_key_value_heads = H;
+    p.scale = cfg_.scale;
+    p.input_layout = "TND";
+    p.actual_seq_lengths = pf.actual_seq_lengths_q;
+    p.actual_seq_lengths_kv = kv_ends;
+    p.softmax_lse_flag = true;
+    return ops::fused_infer_attention_score(t, p);
+  };
+  auto [out0, lse0] = attend(k_nope, k_pe, value, /*causal=*/true, pf.actual_seq_lengths_q);
+  const ChunkedContext& cc = pf.chunked;
+  if (cc.num_chunks == 0) return out0.reshape({tp, H * V});
+
+  // Spec 5.6: gather each chunk from the caches, up-project, attend, merge.
+  std::vector<at::Tensor> outs{out0.to(at::kFloat).reshape({tp * H, V})};
+  std::vector<at::Tensor> lses{lse0.reshape({tp * H})};
+  const auto opts = nope.options();
+  for (int32_t c = 0; c < cc.num_chunks; ++c) {
+    const int64_t toks = cc.seq_tot[c];
+    at::Tensor kv_c = at::empty({toks, 1, L}, opts);
+    at::Tensor kpe = at::empty({toks, 1, d.qk_rope_head_dim}, rope.options());
+    ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.chunk_seq_lens[c], kv_c, kpe, cc.starts[c]);
+    const at::Tensor kv = at::linear(kv_c.view({toks, L}), w_.kv_b_proj).view({toks, H, P + V});
+    const at::Tensor kn = kv.narrow(-1, 0, P).contiguous();
+    const at::Tensor v = kv.narrow(-1, P, V).contiguous();
+    const at::Tensor kp = kpe.expand({toks, H, d.qk_rope_head_dim});
+    auto [out_c, lse_c] = attend(kn, kp, v, /*causal=*/false, cc.kv_ends[c]);
+    outs.push_back(out_c.to(at::kFloat).reshape({tp * H, V}));
+    lses.push_back(lse_c.reshape({tp * H}));
+  }
+  const at::Tensor merged = std::get<0>(ops::attention_update(lses, outs, 0));
+  return merged.view({tp, H * V});
+}
+
+const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
+                                const Metadata* md_ptr, const at::Tensor& output) {
+  last_decode_ = DecodePath::None;
+  if (md_ptr == nullptr) {
+    AAR_CHECK_ARG(output.defined(), "output must be given");
+    output.zero_();
+    return output;
+  }
+  const Metadata& md = *md_ptr;
+  validate(hidden, nope, rope, md, output);
+  const Dims& d = cfg_.dims;
+  const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
+                V = d.v_head_dim;
+  const int64_t T = md.num_actual_tokens, td = md.num_decode_tokens, tp = md.num_prefill_tokens;
+  const c10::string_view cache_mode = cfg_.enable_kv_nz ? "PA_NZ" : "PA";
+  c10::InferenceMode guard;
+  at::Tensor o_in = at::zeros({hidden.size(0), H * V}, hidden.options());
+
+  const bool use_prolog = prolog_.has_value() && md.num_prefills == 0 && td > 0 && td <= kMaxPrologTokens;
+  if (use_prolog) {
+    // Spec 5.4: the fused decode preprocess; q and k_pe come out in the same
+    // half-split RoPE order as the native path (weights via trans_rope_weight).
+    ops::MlaPrologArgs a;
+    a.token_x = hidden.narrow(0, 0, td);
+    a.weight_dq = prolog_->weight_dq;
+    a.weight_uq_qr = prolog_->weight_uq_qr;
+    a.weight_uk = prolog_->weight_uk;
+    a.weight_dkv_kr = prolog_->weight_dkv_kr;
+    a.rmsnorm_gamma_cq = prolog_->gamma_cq;
+    a.rmsnorm_gamma_ckv = prolog_->gamma_ckv;
+    a.rope_cos = md.decode.cos;
+    a.rope_sin = md.decode.sin;
+    a.cache_index = md.slot_mapping.narrow(0, 0, td);
+    a.rmsnorm_epsilon_cq = cfg_.q_norm_eps;
+    a.rmsnorm_epsilon_ckv = cfg_.kv_norm_eps;
+    a.cache_mode = cfg_.enable_kv_nz ? "PA_NZ" : "PA_BSND";
+    at::Tensor nope_w = nope, rope_w = rope;
+    auto r = ops::mla_prolog_v3(a, nope_w, rope_w);
+    o_in.narrow(0, 0, td).copy_(decode_attention(std::get<0>(r), std::get<1>(r), nope, rope, md));
+    last_decode_ = DecodePath::Prolog;
+  } else if (T > 0) {
+    // Spec 5.2: native preprocess.
+    at::Tensor q_c = hidden.narrow(0, 0, T);
+    if (d.q_lora_rank.has_value()) {
+      q_c = rms_norm(at::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
+    }
+    const at::Tensor kv_raw = at::linear(hidden.narrow(0, 0, T), w_.kv_a_proj_with_mqa);
+    if (td > 0) {
+      const at::Tensor q = at::linear(q_c.narrow(0, 0, td), w_.q_proj).view({td, H, P + R});
+      const at::Tensor ql_nope =
+          at::bmm(q.narrow(-1, 0, P).transpose(0, 1), w_uk_t_).transpose(0, 1);  // (td, H, L)
+      const at::Tensor cos = md.decode.cos.view({td, 1, 1, R}), sin = md.decode.sin.view({td, 1, 1, R});
+      const at::Tensor q_pe =
+          ops::interleave_rope(q.narrow(-1, P, R).reshape({td, H, 1, R}), cos, sin).view({td, H, R});
+      ops::kv_rmsnorm_rope_cache(kv_raw.narrow(0, 0, td).view({td, 1, 1, L + R}), w_.kv_a_layernorm, cos, sin,
+                                 md.slot_mapping.narrow(0, 0, td), rope, nope, cfg_.kv_norm_eps, cache_mode, false);
+      o_in.narrow(0, 0, td).copy_(decode_attention(ql_nope, q_pe, nope, rope, md));
+      last_decode_ = DecodePath::Native;
+    }
+    if (tp > 0) {
+      AAR_CHECK_ARG(!cfg_.enable_kv_nz, "prefill with enable_kv_nz: NZ caches are for decode-only (PD decode) nodes");
+      const at::Tensor q = at::linear(q_c.narrow(0, td, tp), w_.q_proj).view({tp, H, P + R});
+      const at::Tensor cos = md.prefill.cos.view({tp, 1, 1, R}), sin = md.prefill.sin.view({tp, 1, 1, R});
+      const at::Tensor q_pe =
+          ops::interleave_rope(q.narrow(-1, P, R).reshape({tp, H, 1, R}), cos, sin).view({tp, H, R});
+      auto kvr = ops::kv_rmsnorm_rope_cache(kv_raw.narrow(0, td, tp).view({tp, 1, 1, L + R}), w_.kv_a_layernorm,
+                                            cos, sin, md.slot_mapping.narrow(0, td, tp), rope, nope,
+                                            cfg_.kv_norm_eps, cache_mode, /*is_output_kv=*/true);
+      const at::Tensor k_pe = std::get<2>(kvr).view({tp, 1, R}).expand({tp, H, R});
+      const at::Tensor kv = at::linear(std::get<3>(kvr).view({tp, L}), w_.kv_b_proj).view({tp, H, P + V});
+      const at::Tensor out = prefill_attention(q.narrow(-1, 0, P).contiguous(), q_pe,
+                                               kv.narrow(-1, 0, P).contiguous(), k_pe,
+                                               kv.narrow(-1, P, V).contiguous(), nope, rope, md);
+      o_in.narrow(0, td, tp).copy_(out);
+    }
+  }
+  at::linear_out(const_cast<at::Tensor&>(output), o_in, w_.o_proj);
+  return output;
+}
+
+}  // namespace aar::mla

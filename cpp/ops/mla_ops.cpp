@@ -1,0 +1,87 @@
+// Typed wrappers for the MLA operators: npu_interleave_rope,
+// npu_kv_rmsnorm_rope_cache, npu_gather_pa_kv_cache, npu_attention_update,
+// npu_transpose_batchmatmul, npu_mla_prolog_v3 (namespace `npu` on the NPU).
+#include "ascend_attn_rt/ops/attention_update.h"
+#include "ascend_attn_rt/ops/gather_pa_kv_cache.h"
+#include "ascend_attn_rt/ops/interleave_rope.h"
+#include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
+#include "ascend_attn_rt/ops/mla_prolog.h"
+#include "ascend_attn_rt/ops/transpose_batchmatmul.h"
+#include "op_handle.h"
+#include "op_signatures.h"
+
+namespace aar::ops {
+
+namespace {
+detail::OpHandle<sig::InterleaveRope> g_interleave_rope("npu_interleave_rope", "", false);
+detail::OpHandle<sig::KvRmsnormRopeCache> g_kv_rmsnorm("npu_kv_rmsnorm_rope_cache", "", false);
+detail::OpHandle<sig::GatherPaKvCache> g_gather("npu_gather_pa_kv_cache", "", false);
+detail::OpHandle<sig::AttentionUpdate> g_attn_update("npu_attention_update", "", false);
+detail::OpHandle<sig::TransposeBatchMatmul> g_tbmm("npu_transpose_batchmatmul", "", false);
+detail::OpHandle<sig::MlaPrologV3> g_prolog_v3("npu_mla_prolog_v3", "", false);
+
+at::OptionalIntArrayRef opt_list(const std::optional<c10::IntArrayRef>& v) {
+  if (!v.has_value()) return std::nullopt;
+  return at::OptionalIntArrayRef(*v);
+}
+}  // namespace
+
+at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Provider pv) {
+  const auto& op = g_interleave_rope.get(detail::pick_provider(pv, x));
+  c10::InferenceMode guard;
+  return op.call(x, cos, sin);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache(
+    const at::Tensor& kv, const at::Tensor& gamma, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& index, const at::Tensor& k_cache, const at::Tensor& ckv_cache, double epsilon,
+    c10::string_view cache_mode, bool is_output_kv, Provider pv) {
+  const auto& op = g_kv_rmsnorm.get(detail::pick_provider(pv, kv));
+  const auto& none = detail::none_tensor();
+  c10::InferenceMode guard;
+  return op.call(kv, gamma, cos, sin, index, k_cache, ckv_cache, none, none, none, none, none, epsilon, cache_mode,
+                 is_output_kv);
+}
+
+void gather_pa_kv_cache(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_tables,
+                        const at::Tensor& seq_lens, at::Tensor& key, at::Tensor& value,
+                        const std::optional<at::Tensor>& seq_offset, Provider pv) {
+  const auto& op = g_gather.get(detail::pick_provider(pv, key_cache));
+  c10::InferenceMode guard;
+  op.call(key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset, false);
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
+                                                    int64_t update_type, Provider pv) {
+  AAR_CHECK_ARG(!lse.empty(), "attention_update: lse list is empty");
+  const auto& op = g_attn_update.get(detail::pick_provider(pv, lse[0]));
+  c10::InferenceMode guard;
+  return op.call(lse, local_out, update_type);
+}
+
+at::Tensor transpose_batchmatmul(const at::Tensor& input, const at::Tensor& weight,
+                                 std::optional<c10::IntArrayRef> perm_x1, std::optional<c10::IntArrayRef> perm_x2,
+                                 std::optional<c10::IntArrayRef> perm_y, Provider pv) {
+  const auto& op = g_tbmm.get(detail::pick_provider(pv, input));
+  const auto& none = detail::none_tensor();
+  c10::InferenceMode guard;
+  return op.call(input, weight, none, none, opt_list(perm_x1), opt_list(perm_x2), opt_list(perm_y), int64_t{1});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolog_v3(const MlaPrologArgs& a,
+                                                                                     at::Tensor& kv_cache,
+                                                                                     at::Tensor& kr_cache,
+                                                                                     Provider pv) {
+  const auto& op = g_prolog_v3.get(detail::pick_provider(pv, a.token_x));
+  const auto& none = detail::none_tensor();
+  c10::InferenceMode guard;
+  return op.call(a.token_x, a.weight_dq, a.weight_uq_qr, a.weight_uk, a.weight_dkv_kr, a.rmsnorm_gamma_cq,
+                 a.rmsnorm_gamma_ckv, a.rope_sin, a.rope_cos, kv_cache, kr_cache, a.cache_index, none, none, none,
+                 none, none, none, none, none, none, a.rmsnorm_epsilon_cq, a.rmsnorm_epsilon_ckv, a.cache_mode,
+                 /*query_norm_flag=*/false, /*weight_quant_mode=*/0, /*kv_cache_quant_mode=*/0,
+                 /*query_quant_mode=*/0, /*ckvkr_repo_mode=*/0, /*quant_scale_repo_mode=*/0, /*tile_size=*/128,
+                 /*qc_qr_scale=*/1.0, /*kc_scale=*/1.0, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                 std::nullopt);
+}
+
+}  // namespace aar::ops

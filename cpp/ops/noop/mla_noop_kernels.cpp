@@ -1,0 +1,114 @@
+// No-compute kernels (namespace ascend_noop) of the MLA operators: correctly
+// shaped outputs from a small per-thread cache, in-place writes skipped.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <array>
+
+#include "../op_signatures.h"
+#include "ascend_attn_rt/errors.h"
+
+namespace aar::ops::noop {
+
+namespace {
+
+struct MlaEntry {
+  std::array<int64_t, 6> shape{};
+  int64_t rank = -1;
+  at::ScalarType dtype = at::kFloat;
+  at::Tensor t;
+};
+
+const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype) {
+  thread_local std::array<MlaEntry, 16> cache;
+  thread_local size_t next = 0;
+  AAR_CHECK_ARG(shape.size() <= 6, "ascend_noop: at most 6 dims, got ", shape);
+  for (auto& e : cache) {
+    if (e.rank == static_cast<int64_t>(shape.size()) && e.dtype == dtype &&
+        std::equal(shape.begin(), shape.end(), e.shape.begin())) {
+      return e.t;
+    }
+  }
+  MlaEntry& e = cache[next];
+  next = (next + 1) % cache.size();
+  e.rank = static_cast<int64_t>(shape.size());
+  std::copy(shape.begin(), shape.end(), e.shape.begin());
+  e.dtype = dtype;
+  e.t = at::zeros(shape, at::TensorOptions().dtype(dtype));
+  return e.t;
+}
+
+const at::Tensor& empty_of(at::ScalarType dtype) {
+  static const std::array<int64_t, 1> z{0};
+  return cached(c10::IntArrayRef(z.data(), 1), dtype);
+}
+
+const at::Tensor& one_of(at::ScalarType dtype) {
+  static const std::array<int64_t, 1> o{1};
+  return cached(c10::IntArrayRef(o.data(), 1), dtype);
+}
+
+at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return cached(x.sizes(), x.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache(AAR_KV_RMSNORM_ROPE_CACHE_PARAMS) {
+  if (!is_output_kv) return {k_cache, ckv_cache, empty_of(kv.scalar_type()), empty_of(kv.scalar_type())};
+  const int64_t r = k_cache.size(-1) * (k_cache.dim() == 5 ? k_cache.size(2) : 1);
+  const std::array<int64_t, 4> rs{kv.size(0), 1, kv.size(2), r};
+  const std::array<int64_t, 4> cs{kv.size(0), 1, kv.size(2), kv.size(3) - r};
+  return {k_cache, ckv_cache, cached(rs, kv.scalar_type()), cached(cs, kv.scalar_type())};
+}
+
+void gather_pa_kv_cache(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_tables,
+                        const at::Tensor& seq_lens, at::Tensor& key, at::Tensor& value, sig::OptT seq_offset,
+                        bool is_seq_lens_cumsum) {}
+
+std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
+                                                    int64_t update_type) {
+  AAR_CHECK_ARG(!local_out.empty(), "ascend_noop npu_attention_update: empty local_out");
+  const at::Tensor& l = update_type == 1 ? cached(lse[0].sizes(), at::kFloat) : empty_of(at::kFloat);
+  return {cached(local_out[0].sizes(), local_out[0].scalar_type()), l};
+}
+
+std::array<int64_t, 3> perm3(c10::IntArrayRef s, at::OptionalIntArrayRef p) {
+  std::array<int64_t, 3> r{s[0], s[1], s[2]};
+  if (p.has_value()) {
+    for (int i = 0; i < 3; ++i) r[i] = s[(*p)[i]];
+  }
+  return r;
+}
+
+at::Tensor transpose_batchmatmul(const at::Tensor& input, const at::Tensor& weight, sig::OptT bias, sig::OptT scale,
+                                 at::OptionalIntArrayRef perm_x1, at::OptionalIntArrayRef perm_x2,
+                                 at::OptionalIntArrayRef perm_y, sig::OptInt batch_split_factor) {
+  AAR_CHECK_ARG(input.dim() == 3 && weight.dim() == 3, "ascend_noop npu_transpose_batchmatmul: 3-D inputs");
+  const auto x = perm3(input.sizes(), perm_x1);
+  const auto w = perm3(weight.sizes(), perm_x2);
+  const std::array<int64_t, 3> y{x[0], x[1], w[2]};
+  const auto out = perm3(y, perm_y);
+  return cached(out, input.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolog_v3(AAR_MLA_PROLOG_V3_PARAMS) {
+  const int64_t T = token_x.numel() / token_x.size(-1);
+  const int64_t N = weight_uk.size(0);
+  const int64_t dr = kr_cache.size(-1) * (kr_cache.dim() == 5 ? kr_cache.size(2) : 1);
+  const std::array<int64_t, 3> qs{T, N, weight_uk.size(2)}, rs{T, N, dr};
+  const auto dt = token_x.scalar_type();
+  return {cached(qs, dt), cached(rs, dt), one_of(at::kFloat), one_of(dt), one_of(at::kFloat)};
+}
+
+}  // namespace
+}  // namespace aar::ops::noop
+
+TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) {
+  using namespace aar::ops::noop;
+  m.impl("npu_interleave_rope", TORCH_FN(interleave_rope));
+  m.impl("npu_kv_rmsnorm_rope_cache", TORCH_FN(kv_rmsnorm_rope_cache));
+  m.impl("npu_gather_pa_kv_cache", TORCH_FN(gather_pa_kv_cache));
+  m.impl("npu_attention_update", TORCH_FN(attention_update));
+  m.impl("npu_transpose_batchmatmul", TORCH_FN(transpose_batchmatmul));
+  m.impl("npu_mla_prolog_v3", TORCH_FN(mla_prolog_v3));
+}

@@ -1,0 +1,39 @@
+// C8 quantisation, the NZ INT8 cache layout, and dequantisation to dense
+// (spec gqa.md 8.3, 8.4, 8.7, 1.2).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+
+#include "ascend_attn_rt/c8/scales.h"
+
+namespace aar::c8 {
+
+// NZ fractal width for int8: 32 bytes / sizeof(int8).
+inline constexpr int64_t kNzWidth = 32;
+
+// x (T, Nkv, D) float -> int8 clamp(round_half_even(x * inv_scale + offset),
+// -128, 127), computed in fp32 (upstream computes in the model dtype).
+at::Tensor quantize(const at::Tensor& x, const at::Tensor& inv_scale, const at::Tensor& offset);
+
+// int8 (..., Nkv, D) -> (q - offset) * scale in `dtype` (fp32 maths).
+at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& offset, at::ScalarType dtype);
+
+// The 5-D NZ view (nb, Nkv, D/32, bs, 32) of an int8 cache given either in
+// that shape or with the ND shape it is declared with, (nb, bs, Nkv, D), whose
+// bytes are NZ-ordered (spec 1.2; never index such a tensor as (blk, off, h, d)).
+at::Tensor nz_view(const at::Tensor& cache, int64_t num_kv_heads, int64_t head_size, const char* name);
+
+// Paged NZ int8 cache -> dense (sum(seq_lens), Nkv, D) in `dtype`: request b's
+// positions 0..seq_lens[b]-1 (block block_table[b, j / bs], offset j % bs),
+// request after request, dequantised with (q - offset) * scale. Upstream drops
+// the offset here (correct only for symmetric scales). block_table may live on
+// the device; seq_lens are host values; unused block-table columns are never
+// dereferenced (clamped into range, then discarded).
+at::Tensor dequant_paged_to_dense(const at::Tensor& cache_nz, const at::Tensor& block_table,
+                                  c10::IntArrayRef seq_lens, const at::Tensor& scale, const at::Tensor& offset,
+                                  at::ScalarType dtype);
+
+}  // namespace aar::c8

@@ -1,0 +1,20 @@
+// Static facts of the FA3-style backend (spec gqa.md 11): upstream's
+// flash_attn_with_kvcache entry, selected for RL training consistency. Same KV
+// cache as GQA, one kernel block size (128).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace aar::fa3 {
+
+struct Backend {
+  static const char* name();  // "CUSTOM" (the upstream registration name)
+  static const std::vector<int64_t>& supported_block_sizes();  // {128}
+  static bool is_supported_block_size(int64_t block_size);
+  // (2, num_blocks, block_size, num_kv_heads, head_size); block_size must be 128.
+  static std::vector<int64_t> kv_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
+                                             int64_t head_size);
+};
+
+}  // namespace aar::fa3

@@ -1,0 +1,38 @@
+// Static facts of the MLA backend (spec mla.md section 1): two per-layer paged
+// caches, the latent ("nope") cache (num_blocks, block_size, 1, kv_lora_rank)
+// and the rope cache (num_blocks, block_size, 1, qk_rope_head_dim); their NZ
+// views; block sizes; head padding to a power of two for the decode kernel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace aar::mla {
+
+struct Backend {
+  static const char* name();  // "ASCEND_MLA"
+  // Upstream fixes 128; like the GQA backend we also accept 16, 32 and 64
+  // (the kernels take multiples of 16) for tests and small caches.
+  static const std::vector<int64_t>& supported_block_sizes();
+  static bool is_supported_block_size(int64_t block_size);
+  // The upstream get_kv_cache_shape: (num_blocks, block_size, num_kv_heads, head_size) unchanged.
+  static std::vector<int64_t> kv_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
+                                             int64_t head_size);
+  // The two caches of one layer: {latent (nb, bs, 1, L), rope (nb, bs, 1, R)}.
+  static std::vector<std::vector<int64_t>> kv_cache_shapes(int64_t num_blocks, int64_t block_size,
+                                                           int64_t kv_lora_rank, int64_t qk_rope_head_dim);
+  // FRACTAL_NZ view shape of a (nb, bs, 1, D) cache: (nb, 1, D/c, bs, c), c = 32 / element size
+  // (16 for fp16/bf16, 32 for int8). NZ element (blk, c1, s, c0) == ND element (blk, s, c1*c + c0).
+  static std::vector<int64_t> nz_cache_shape(int64_t num_blocks, int64_t block_size, int64_t dim,
+                                             int64_t element_size);
+  // Copies an ND cache (nb, bs, 1, D) into a new NZ-layout tensor and back.
+  static at::Tensor to_nz(const at::Tensor& nd_cache);
+  static at::Tensor from_nz(const at::Tensor& nz_cache);
+  // The decode kernel's head count: next power of two >= num_heads (1..128).
+  static int64_t num_heads_padded(int64_t num_heads);
+  static constexpr int64_t kMaxHeads = 128;
+};
+
+}  // namespace aar::mla

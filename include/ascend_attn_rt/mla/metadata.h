@@ -1,0 +1,65 @@
+// Per-step MLA metadata (spec mla.md section 2). Owned by the MetadataBuilder
+// that produced it and valid until its next build: tensors are views of
+// persistent buffers, length lists point into builder storage.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "ascend_attn_rt/plan/attention_state.h"
+
+namespace aar::mla {
+
+// Context of the prefills with cached tokens, in chunks (spec 2.1 / 3.4).
+struct ChunkedContext {
+  int32_t num_chunks = 0;
+  int32_t chunk_size = 0;
+  at::Tensor cu_seq_lens;     // device int32 (C, NP+1), exclusive prefix sums
+  at::Tensor starts;          // device int32 (C, NP), token offset of the chunk in each context
+  at::Tensor chunk_seq_lens;  // device int32 (C, NP), per-request tokens in chunk c
+  c10::IntArrayRef seq_tot;       // C: gathered tokens per chunk
+  c10::IntArrayRef max_seq_lens;  // C
+  std::vector<c10::IntArrayRef> kv_ends;  // C x NP cumulative chunk_seq_lens (FIA actual_seq_lengths_kv)
+};
+
+struct DecodeMetadata {
+  at::Tensor block_table;                 // device int32 (num_decodes, max_blocks)
+  c10::IntArrayRef seq_lens_list;         // per-request KV lengths (FIA actual_seq_kvlen)
+  c10::IntArrayRef actual_seq_lengths_q;  // cumulative decode query ends
+  at::Tensor cos, sin;                    // device (num_decode_tokens, R)
+  int32_t max_seq_len = 0;
+};
+
+struct PrefillMetadata {
+  at::Tensor block_table;                 // device int32 (num_prefills, max_blocks): rows num_decodes..
+  c10::IntArrayRef actual_seq_lengths_q;  // cumulative prefill query ends, rebased to 0
+  at::Tensor cos, sin;                    // device (num_prefill_tokens, R)
+  int32_t max_query_len = 0;
+  int32_t max_seq_len = 0;
+  ChunkedContext chunked;                 // num_chunks == 0: no cached context
+};
+
+struct Metadata {
+  plan::AttentionState attn_state = plan::AttentionState::ChunkedPrefill;
+  int32_t num_reqs = 0;
+  int32_t num_actual_tokens = 0;   // unpadded scheduled tokens
+  int32_t num_input_tokens = 0;    // tokens the layers receive (>= num_actual_tokens)
+  int32_t num_decodes = 0;
+  int32_t num_prefills = 0;
+  int32_t num_decode_tokens = 0;
+  int32_t num_prefill_tokens = 0;
+  int32_t block_size = 0;
+  int32_t num_blocks = 0;
+  bool speculative = false;        // the builder has a speculative config (decode layout TND_NTD)
+
+  at::Tensor query_start_loc;  // device int32 (num_reqs + 1)
+  at::Tensor slot_mapping;     // device int64 (num_input_tokens), -1 past num_actual_tokens
+  at::Tensor attn_mask;        // device int8 (2048, 2048), 1 strictly above the diagonal
+  DecodeMetadata decode;       // valid when num_decodes > 0
+  PrefillMetadata prefill;     // valid when num_prefills > 0
+};
+
+}  // namespace aar::mla

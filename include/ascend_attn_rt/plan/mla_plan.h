@@ -1,0 +1,83 @@
+// MLA-specific host planning (spec mla.md sections 3.2, 3.4, 3.5): the MLA
+// decode-first reorder, prefill context chunking, and the graph-mode padding of
+// the speculative-decode query lengths. The decode/prefill split is the shared
+// plan::split_decodes_and_prefills (same rule; MLA passes
+// treat_short_extends_as_decodes = true without DCP).
+#pragma once
+
+#include <cstdint>
+
+#include "ascend_attn_rt/plan/span.h"
+
+namespace aar::plan {
+
+// npu_attention_update merges at most 16 partial results: the new-token part
+// plus at most 15 context chunks.
+inline constexpr int32_t kMaxContextChunks = 15;
+
+// Spec mla 3.2: requests with num_scheduled <= decode_threshold are decodes,
+// the rest prefills (both ascending). For i = 1..min(#dec, #pre): if
+// dec[#dec - i] >= #dec swap it with pre[k] (k = 0, 1, ... per swap), else stop.
+// perm_out (B entries) gets the resulting order (old index at each new
+// position), swaps_out (>= 2*B entries) the swaps as (low, high) pairs.
+// Returns the number of swaps.
+int32_t mla_reorder_batch(CSpan<int32_t> num_scheduled, int32_t decode_threshold, Span<int32_t> perm_out,
+                          Span<int32_t> swaps_out);
+
+struct ContextChunkInputs {
+  // Per prefill request: cached context tokens (seq_len - query_len), NP entries.
+  CSpan<int32_t> context_lens;
+  int64_t workspace_tokens = 0;  // W (plan::chunked_prefill_workspace_size)
+  int32_t block_size = 0;
+  int32_t max_chunks = kMaxContextChunks;  // 1..15
+};
+
+// Row-major [C, NP] (or [C, NP+1]) outputs; sized for max_chunks rows.
+struct ContextChunkBuffers {
+  Span<int32_t> cu_seq_lens;     // >= max_chunks*(NP+1): exclusive prefix sums, column 0 = 0
+  Span<int32_t> starts;          // >= max_chunks*NP: c * chunk_size
+  Span<int32_t> chunk_seq_lens;  // >= max_chunks*NP: per-request tokens in chunk c
+  Span<int64_t> kv_ends;         // >= max_chunks*NP: cumulative (inclusive) chunk_seq_lens[c]
+  Span<int64_t> seq_tot;         // >= max_chunks: tokens gathered in chunk c
+  Span<int64_t> max_seq_lens;    // >= max_chunks: max over requests of chunk_seq_lens[c]
+};
+
+struct ContextChunkPlan {
+  int32_t num_chunks = 0;        // 0 when no prefill has context
+  int32_t chunk_size = 0;        // tokens per request per chunk, a multiple of block_size
+  int32_t num_with_context = 0;  // prefills with context > 0
+  int32_t max_context = 0;
+  // True when the workspace rule (spec 3.4) would need more than max_chunks
+  // chunks and the chunk size was raised to round_up(ceil(max_context /
+  // max_chunks), block_size) instead; the per-chunk gather then exceeds W
+  // tokens (W is only a token budget on Ascend, the gather buffers are sized
+  // per chunk from seq_tot).
+  bool bounded = false;
+};
+
+// Spec mla 3.4 with the chunk-count bound. Validates before writing.
+ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const ContextChunkBuffers& buf);
+
+// round_half_even(linspace(a, b, n+1)[1:]) into out[0..n) (numpy semantics,
+// spec 3.5 `interp`); the last value is exactly b.
+void interp_round_half_even(int64_t a, int64_t b, int32_t n, Span<int64_t> out);
+
+// Spec 3.5, "disable-pad" mode (full-graph MTP with the padded drafter batch
+// disabled): actual_q (cumulative decode query ends, nd entries) is extended
+// by interp(actual_q.back(), graph_pad_size, graph_pad_size - num_reqs) (or by
+// nothing when graph_pad_size <= num_reqs). Writes the result into out and
+// returns its length. out needs room for nd + max(0, graph_pad_size - num_reqs).
+int32_t pad_actual_q_disable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int32_t graph_pad_size,
+                                  Span<int64_t> out);
+
+// Spec 3.5 `pad_enable`: appends req_pad entries to actual_q: if req_pad != 0,
+// ref.size() > num_reqs and ref[num_reqs] - actual_q.back() > 16, the interp
+// from actual_q.back() to ref[num_reqs + req_pad - 1]; otherwise
+// ref[num_reqs : num_reqs + req_pad]. Returns the result length.
+int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int32_t req_pad, CSpan<int64_t> ref,
+                                 Span<int64_t> out);
+
+// Next power of two >= n (n itself when it is one); n in [1, 2^30].
+int64_t next_power_of_two(int64_t n);
+
+}  // namespace aar::plan

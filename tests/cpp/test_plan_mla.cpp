@@ -1,0 +1,197 @@
+// MLA plan layer: reorder (spec mla 3.2), context chunks (3.4), graph padding of
+// the speculative-decode query lengths (3.5), with the upstream vectors of spec 8.4.
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/plan/split.h"
+#include "ascend_attn_rt/plan/workspace.h"
+#include "test_plan_util.h"
+
+using namespace aar::plan;
+
+namespace {
+
+struct Chunks {
+  std::vector<int32_t> cu, starts, lens;
+  std::vector<int64_t> kv_ends, seq_tot, max_seq;
+  ContextChunkPlan plan;
+};
+
+Chunks chunk(const std::vector<int32_t>& ctx, int64_t w, int32_t bs, int32_t max_chunks = kMaxContextChunks) {
+  Chunks c;
+  const std::size_t np = ctx.size(), cap = max_chunks;
+  c.cu.assign(cap * (np + 1), -7);
+  c.starts.assign(cap * np, -7);
+  c.lens.assign(cap * np, -7);
+  c.kv_ends.assign(cap * np, -7);
+  c.seq_tot.assign(cap, -7);
+  c.max_seq.assign(cap, -7);
+  ContextChunkInputs in;
+  in.context_lens = ctx;
+  in.workspace_tokens = w;
+  in.block_size = bs;
+  in.max_chunks = max_chunks;
+  c.plan = plan_context_chunks(in, {c.cu, c.starts, c.lens, c.kv_ends, c.seq_tot, c.max_seq});
+  return c;
+}
+
+template <typename T>
+std::vector<T> first(const std::vector<T>& v, std::size_t n) {
+  return std::vector<T>(v.begin(), v.begin() + n);
+}
+
+}  // namespace
+
+TEST(PlanMla, ReorderUpstreamVector) {
+  // Spec 3.2: tokens {0:1, 1:3, 2:1, 3:2}, threshold 1 -> exactly one swap (1, 2).
+  std::vector<int32_t> sched = {1, 3, 1, 2}, perm(4), swaps(8);
+  EXPECT_EQ(mla_reorder_batch(sched, 1, perm, swaps), 1);
+  EXPECT_EQ(swaps[0], 1);
+  EXPECT_EQ(swaps[1], 2);
+  EXPECT_EQ(perm, (std::vector<int32_t>{0, 2, 1, 3}));
+}
+
+TEST(PlanMla, ReorderPairsLastDecodeWithFirstPrefill) {
+  // dec = [2, 4, 5], pre = [0, 1, 3]; #dec = 3: 5<->0, 4<->1, then dec[0]=2 < 3 stops.
+  std::vector<int32_t> sched = {4, 9, 1, 7, 1, 2}, perm(6), swaps(12);
+  EXPECT_EQ(mla_reorder_batch(sched, 2, perm, swaps), 2);
+  EXPECT_EQ(first(swaps, 4), (std::vector<int32_t>{0, 5, 1, 4}));
+  EXPECT_EQ(perm, (std::vector<int32_t>{5, 4, 2, 3, 1, 0}));
+  for (int i = 0; i < 3; ++i) EXPECT_LE(sched[perm[i]], 2);
+  for (int i = 3; i < 6; ++i) EXPECT_GT(sched[perm[i]], 2);
+}
+
+TEST(PlanMla, ReorderAlreadyOrderedAndErrors) {
+  std::vector<int32_t> sched = {1, 1, 5, 6}, perm(4), swaps(8);
+  EXPECT_EQ(mla_reorder_batch(sched, 1, perm, swaps), 0);
+  EXPECT_EQ(perm, (std::vector<int32_t>{0, 1, 2, 3}));
+  std::vector<int32_t> bad = {1, -2}, p2(2), s2(4), small(1);
+  EXPECT_INVALID(mla_reorder_batch(bad, 1, p2, s2), "num_scheduled[1]=-2");
+  EXPECT_INVALID(mla_reorder_batch(bad, 1, small, s2), "perm_out has 1");
+}
+
+TEST(PlanMla, SplitIsTheSharedRule) {
+  // 2 decodes then 2 prefills of 5 tokens: qsl [0,1,2,7,12].
+  std::vector<int32_t> qsl = {0, 1, 2, 7, 12};
+  SplitInputs in;
+  in.query_start_loc = qsl;
+  in.num_actual_tokens = 12;
+  in.max_query_len = 5;
+  in.decode_threshold = 1;
+  const SplitResult r = split_decodes_and_prefills(in);
+  EXPECT_EQ(r, (SplitResult{2, 2, 2, 10}));
+}
+
+TEST(PlanMla, ContextChunksWorkedExample) {
+  // Spec 3.4: W=1024, BS=128, ctx = [1000, 0, 300].
+  Chunks c = chunk({1000, 0, 300}, 1024, 128);
+  EXPECT_EQ(c.plan.num_with_context, 2);
+  EXPECT_EQ(c.plan.chunk_size, 512);
+  ASSERT_EQ(c.plan.num_chunks, 2);
+  EXPECT_FALSE(c.plan.bounded);
+  EXPECT_EQ(first(c.lens, 6), (std::vector<int32_t>{512, 0, 300, 488, 0, 0}));
+  EXPECT_EQ(first(c.cu, 8), (std::vector<int32_t>{0, 512, 512, 812, 0, 488, 488, 488}));
+  EXPECT_EQ(first(c.starts, 6), (std::vector<int32_t>{0, 0, 0, 512, 512, 512}));
+  EXPECT_EQ(first(c.seq_tot, 2), (std::vector<int64_t>{812, 488}));
+  EXPECT_EQ(first(c.max_seq, 2), (std::vector<int64_t>{512, 488}));
+  EXPECT_EQ(first(c.kv_ends, 6), (std::vector<int64_t>{512, 512, 812, 488, 488, 488}));
+  EXPECT_EQ(c.seq_tot[2], -7);  // nothing written past the chunk count
+}
+
+TEST(PlanMla, NoContextMeansNoChunks) {
+  Chunks c = chunk({0, 0}, 1024, 128);
+  EXPECT_EQ(c.plan.num_chunks, 0);
+  EXPECT_EQ(c.cu[0], -7);
+  Chunks e = chunk({}, 1024, 128);
+  EXPECT_EQ(e.plan.num_chunks, 0);
+}
+
+TEST(PlanMla, ChunkCountIsBoundedBy15) {
+  // W/1 = 256 tokens per chunk would need ceil(10000/256) = 40 chunks; bounded:
+  // chunk = round_up(ceil(10000/15), 128) = 768, 14 chunks.
+  Chunks c = chunk({10000, 50}, 512, 128);
+  EXPECT_TRUE(c.plan.bounded);
+  EXPECT_EQ(c.plan.chunk_size, 768);
+  EXPECT_EQ(c.plan.num_chunks, 14);
+  int64_t total = 0;
+  for (int ch = 0; ch < c.plan.num_chunks; ++ch) total += c.lens[ch * 2];
+  EXPECT_EQ(total, 10000);
+  EXPECT_EQ(c.lens[1], 50);
+  EXPECT_EQ(c.lens[3], 0);
+  // A smaller bound works the same way.
+  Chunks d = chunk({1000}, 128, 16, 3);
+  EXPECT_EQ(d.plan.num_chunks, 3);
+  EXPECT_EQ(d.plan.chunk_size, 336);
+}
+
+TEST(PlanMla, ChunksCoverEveryContextToken) {
+  for (int32_t bs : {16, 128}) {
+    for (int64_t w : {700, 1000, 4096}) {
+      std::vector<int32_t> ctx = {0, 1, 17, 300, 4097, 129};
+      Chunks c = chunk(ctx, w, bs);
+      ASSERT_LE(c.plan.num_chunks, kMaxContextChunks);
+      EXPECT_EQ(c.plan.chunk_size % bs, 0);
+      for (std::size_t b = 0; b < ctx.size(); ++b) {
+        int64_t got = 0;
+        for (int ch = 0; ch < c.plan.num_chunks; ++ch) got += c.lens[ch * ctx.size() + b];
+        EXPECT_EQ(got, ctx[b]) << "bs=" << bs << " w=" << w << " b=" << b;
+      }
+    }
+  }
+}
+
+TEST(PlanMla, ChunkErrors) {
+  EXPECT_INVALID(chunk({10, -1}, 1024, 128), "context_lens[1]=-1");
+  EXPECT_INVALID(chunk({10, 10}, 128, 128), "workspace_tokens=128 is too small");
+  EXPECT_INVALID(chunk({10}, 1024, 0), "block_size must be positive");
+  EXPECT_INVALID(chunk({10}, 1024, 16, 16), "max_chunks must be in [1, 15]");
+}
+
+TEST(PlanMla, WorkspaceIsTheSharedRule) {
+  EXPECT_EQ(chunked_prefill_workspace_size(4096, 256, 128), 131072);
+}
+
+TEST(PlanMla, InterpRoundsHalfToEven) {
+  std::vector<int64_t> out(4);
+  interp_round_half_even(5, 8, 4, out);  // 5.75, 6.5, 7.25, 8
+  EXPECT_EQ(out, (std::vector<int64_t>{6, 6, 7, 8}));
+  std::vector<int64_t> o2(2);
+  interp_round_half_even(1, 4, 2, o2);  // 2.5, 4
+  EXPECT_EQ(o2, (std::vector<int64_t>{2, 4}));
+}
+
+TEST(PlanMla, DisablePadUpstreamVector) {
+  // Spec 3.5 / 8.4: actual_q [1,2,4,5], num_reqs 4, graph_pad_size 8 -> [1,2,4,5,6,6,7,8].
+  std::vector<int64_t> q = {1, 2, 4, 5}, out(8);
+  EXPECT_EQ(pad_actual_q_disable_mode(q, 4, 8, out), 8);
+  EXPECT_EQ(out, (std::vector<int64_t>{1, 2, 4, 5, 6, 6, 7, 8}));
+  std::vector<int64_t> o2(4);
+  EXPECT_EQ(pad_actual_q_disable_mode(q, 4, 4, o2), 4);  // no padding
+  EXPECT_EQ(o2, q);
+}
+
+TEST(PlanMla, EnablePadUpstreamVectors) {
+  std::vector<int64_t> q = {2, 4, 6}, out(4);
+  std::vector<int64_t> ref1 = {2, 4, 6, 8};
+  EXPECT_EQ(pad_actual_q_enable_mode(q, 3, 1, ref1, out), 4);
+  EXPECT_EQ(out, (std::vector<int64_t>{2, 4, 6, 8}));
+  std::vector<int64_t> ref2 = {2, 4, 6, 100};
+  EXPECT_EQ(pad_actual_q_enable_mode(q, 3, 1, ref2, out), 4);
+  EXPECT_EQ(out, (std::vector<int64_t>{2, 4, 6, 100}));
+  // More than 16 tokens to the next reference with two padded requests: interp.
+  std::vector<int64_t> ref3 = {2, 4, 6, 40, 60}, o3(5);
+  EXPECT_EQ(pad_actual_q_enable_mode(q, 3, 2, ref3, o3), 5);
+  EXPECT_EQ(o3, (std::vector<int64_t>{2, 4, 6, 33, 60}));
+  EXPECT_EQ(pad_actual_q_enable_mode(q, 3, 0, ref3, o3), 3);
+  EXPECT_INVALID(pad_actual_q_enable_mode(q, 3, 3, ref1, o3), "needs 6");
+}
+
+TEST(PlanMla, NextPowerOfTwo) {
+  EXPECT_EQ(next_power_of_two(1), 1);
+  EXPECT_EQ(next_power_of_two(20), 32);
+  EXPECT_EQ(next_power_of_two(128), 128);
+  EXPECT_EQ(next_power_of_two(256), 256);
+  EXPECT_INVALID(next_power_of_two(0), "n must be in");
+}

@@ -1,0 +1,260 @@
+"""MLA backend against the independent float64 reference (_mla_reference.py)."""
+
+import math
+
+import pytest
+import torch
+
+import ascend_attn_rt as aar
+from _mla_reference import MlaDims, attend_request, fill_context, lse_merge, make_weights, rope_tables
+
+mla = aar.mla
+
+
+def _tol(dtype):
+    return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+
+
+def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0, prolog=False, workspace=0,
+             seed=0, nz=False):
+    d = dims or MlaDims()
+    g = torch.Generator().manual_seed(seed)
+    ws = make_weights(d, dtype, g)
+    B = len(seq_lens)
+    per_req = [math.ceil(s / bs) for s in seq_lens]
+    nb = sum(per_req) + 3
+    perm = torch.randperm(nb, generator=g).tolist()
+    mbr = max(per_req)
+    table = torch.zeros(B, mbr, dtype=torch.int32)
+    blocks, k = [], 0
+    for r, n in enumerate(per_req):
+        blocks.append(perm[k:k + n])
+        table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
+        k += n
+    nope = torch.randn(nb, bs, 1, d.L, generator=g).to(dtype)  # garbage where unused
+    rope = torch.randn(nb, bs, 1, d.R, generator=g).to(dtype)
+    xs = [(torch.randn(s, d.hidden, generator=g, dtype=torch.float64)).to(dtype) for s in seq_lens]
+    for r in range(B):
+        fill_context(d, ws, xs[r][: seq_lens[r] - q_lens[r]], nope, rope, blocks[r], bs)
+    hidden = torch.cat([xs[r][seq_lens[r] - q_lens[r]:] for r in range(B)])
+    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    cos, sin = rope_tables(max(seq_lens) + 4, d.R)
+    builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=256, max_blocks_per_req=mbr, block_size=bs,
+                                  num_blocks=nb, cos_table=cos.to(dtype), sin_table=sin.to(dtype),
+                                  num_speculative_tokens=spec, workspace_tokens=workspace)
+    md = builder.build(qsl, torch.tensor(seq_lens, dtype=torch.int32), table)
+    scale = 1.0 / math.sqrt(d.P + d.R)
+    impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L,
+                    qk_nope_head_dim=d.P, qk_rope_head_dim=d.R, v_head_dim=d.V, scale=scale,
+                    enable_prolog=prolog, enable_kv_nz=nz, **ws)
+    out = torch.full_like(hidden, 7.0)
+    if nz:
+        nope_nz, rope_nz = mla.Backend.to_nz(nope), mla.Backend.to_nz(rope)
+        impl.forward(hidden, nope_nz, rope_nz, md, out)
+        nope, rope = mla.Backend.from_nz(nope_nz), mla.Backend.from_nz(rope_nz)
+    else:
+        impl.forward(hidden, nope, rope, md, out)
+    ref = torch.cat([attend_request(d, ws, xs[r], q_lens[r], scale) for r in range(B)])
+    torch.testing.assert_close(out.to(torch.float64), ref, **_tol(dtype))
+    return md, impl, (nope, rope), ws, d, (xs, blocks, bs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qlora", [True, False])
+def test_decode_only(dtype, qlora):
+    d = MlaDims(Q=48 if qlora else None)
+    md, impl, *_ = run_case([5, 17, 33], [1, 1, 1], dims=d, dtype=dtype)
+    assert md.num_decodes == 3 and md.num_prefills == 0
+    assert impl.last_decode_path == "native"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_without_context(dtype):
+    md, *_ = run_case([6, 9], [6, 9], dtype=dtype)
+    assert md.num_prefills == 2 and md.num_context_chunks == 0
+
+
+@pytest.mark.parametrize("qlora", [True, False])
+def test_prefill_with_context_several_chunks(qlora):
+    # workspace 32 tokens, block 16, 2 prefills with context -> chunk 16 tokens: 3 chunks.
+    md, *_ = run_case([45, 30], [5, 4], dims=MlaDims(Q=48 if qlora else None), workspace=32)
+    assert md.num_context_chunks == 3
+    # contexts [40, 26]: chunk lens [[16, 16], [16, 10], [8, 0]]
+    assert md.context_seq_tot == [32, 26, 8]
+    assert md.context_kv_ends == [[16, 32], [16, 26], [8, 8]]
+    assert md.context_starts.tolist() == [[0, 0], [16, 16], [32, 32]]
+    assert md.context_cu_seq_lens.tolist() == [[0, 16, 32], [0, 16, 26], [0, 8, 8]]
+
+
+def test_context_chunk_count_bounded():
+    # workspace 16 tokens -> 16-token chunks would need 5 chunks of 70 tokens; fine (<= 15).
+    md, *_ = run_case([75], [3], workspace=16)
+    assert md.num_context_chunks == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_batch(dtype):
+    md, *_ = run_case([12, 20, 40, 9], [1, 1, 7, 9], dtype=dtype, workspace=32)
+    assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (2, 2, 2)
+
+
+def test_twenty_heads_are_padded():
+    md, impl, *_ = run_case([10, 26, 30], [1, 1, 5], dims=MlaDims(H=20), workspace=32)
+    assert impl.num_heads_padded == 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_speculative_decode(dtype):
+    # 1 speculative token: decodes carry 2 tokens (TND_NTD layout, causal within the request).
+    md, *_ = run_case([12, 20, 30], [2, 2, 6], spec=1, dtype=dtype, workspace=64)
+    assert md.num_decodes == 2 and md.num_decode_tokens == 4
+    assert md.decode_actual_seq_lengths_q == [2, 4]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prolog_path_equals_reference(dtype):
+    md, impl, *_ = run_case([7, 19], [1, 1], prolog=True, dtype=dtype)
+    assert impl.last_decode_path == "prolog"
+
+
+def test_prolog_and_native_write_the_same_cache():
+    a = run_case([7, 19], [1, 1], prolog=True, seed=3)
+    b = run_case([7, 19], [1, 1], prolog=False, seed=3)
+    torch.testing.assert_close(a[2][0], b[2][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a[2][1], b[2][1], atol=1e-5, rtol=1e-5)
+
+
+def test_nz_caches_decode():
+    run_case([7, 19], [1, 1], nz=True)
+
+
+def test_decode_writes_cache_rows_and_skips_padding():
+    md, impl, caches, ws, d, (xs, blocks, bs) = run_case([5, 17], [1, 1])
+    # The new token's latent row equals the reference RMSNorm(c) * gamma.
+    from _mla_reference import project
+    _, _, c, _ = project(d, ws, xs[1], torch.arange(17))
+    blk, off = blocks[1][16 // bs], 16 % bs
+    torch.testing.assert_close(caches[0][blk, off, 0].double(), c[16], atol=1e-5, rtol=1e-5)
+
+
+def test_lse_merge_with_empty_partitions():
+    g = torch.Generator().manual_seed(5)
+    M, D = 12, 16
+    lses = [torch.randn(M, generator=g) for _ in range(4)]
+    lses[1][:] = float("-inf")            # an empty partition
+    for l in lses:
+        l[3] = float("-inf")              # a row empty everywhere
+    outs = [torch.randn(M, D, generator=g) for _ in range(4)]
+    out, lse = aar.ops_attention_update(lses, outs, 1) if hasattr(aar, "ops_attention_update") else \
+        torch.ops.ascend_cpu.npu_attention_update(lses, outs, 1)
+    ref, ref_lse = lse_merge(lses, outs)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    assert torch.all(out[3] == 0) and torch.isinf(lse[3])
+    torch.testing.assert_close(lse.double()[torch.isfinite(ref_lse)], ref_lse[torch.isfinite(ref_lse)])
+
+
+def test_weight_split_and_rope_permutation():
+    H, P, V, L = 3, 4, 5, 6
+    w = torch.randn(H * (P + V), L, dtype=torch.float64)
+    uk, uv = mla.split_kv_b_proj(w, H, P, V)
+    assert uk.shape == (H, P, L) and uv.shape == (H, L, V)
+    for h in range(H):
+        for p in range(P):
+            assert torch.equal(uk[h, p], w[h * (P + V) + p])
+        for v in range(V):
+            assert torch.equal(uv[h, :, v], w[h * (P + V) + P + v])
+    x = torch.arange(10.0).view(10, 1)
+    assert mla.trans_rope_weight(x, 4).view(-1).tolist() == [0, 1, 2, 3, 4, 5, 6, 8, 7, 9]
+    assert torch.equal(mla.trans_rope_weight(x, 0), x)
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (20, 40), (5, 3), (33, 64)])
+def test_transdata_index_maths(shape):
+    a = torch.randn(*shape, dtype=torch.float64)
+    z = mla.transdata(a, 16, 32)
+    r, c = -(-shape[0] // 16) * 16, -(-shape[1] // 32) * 32
+    assert z.shape == (c // 32, r, 32)
+    for j in range(c // 32):
+        for i in range(r):
+            for k in range(32):
+                col = 32 * j + k
+                want = a[i, col] if i < shape[0] and col < shape[1] else 0.0
+                assert z[j, i, k] == want
+    # The (16, 16) variant of gqa 9.15.
+    z16 = mla.transdata(a, 16, 16)
+    assert z16.shape == (-(-shape[1] // 16), r, 16)
+
+
+def test_plan_vectors_through_python():
+    assert mla.pad_actual_q_disable_mode([1, 2, 4, 5], 4, 8) == [1, 2, 4, 5, 6, 6, 7, 8]
+    assert mla.pad_actual_q_enable_mode([2, 4, 6], 3, 1, [2, 4, 6, 8]) == [2, 4, 6, 8]
+    assert mla.pad_actual_q_enable_mode([2, 4, 6], 3, 1, [2, 4, 6, 100]) == [2, 4, 6, 100]
+    perm, swaps = mla.reorder_batch(torch.tensor([1, 3, 1, 2], dtype=torch.int32), 1)
+    assert swaps == [(1, 2)]
+    c = mla.plan_context_chunks(torch.tensor([1000, 0, 300], dtype=torch.int32), 1024, 128)
+    assert c["cu_seq_lens"] == [[0, 512, 512, 812], [0, 488, 488, 488]]
+
+
+def test_backend_facts():
+    B = mla.Backend
+    assert B.name() == "ASCEND_MLA"
+    assert B.kv_cache_shapes(10, 128, 512, 64) == [[10, 128, 1, 512], [10, 128, 1, 64]]
+    assert B.num_heads_padded(20) == 32 and B.num_heads_padded(128) == 128
+    assert B.nz_cache_shape(10, 128, 512, 2) == [10, 1, 32, 128, 16]
+    x = torch.randn(3, 16, 1, 32, dtype=torch.bfloat16)
+    nz = B.to_nz(x)
+    assert nz.shape == (3, 1, 2, 16, 16)
+    assert torch.equal(nz[1, 0, 1, 5, 3], x[1, 5, 0, 16 + 3])
+    assert torch.equal(B.from_nz(nz), x)
+
+
+# ---------------------------------------------------------------- bad input
+
+def _impl(**over):
+    d = MlaDims()
+    ws = make_weights(d, torch.float32, torch.Generator().manual_seed(0))
+    ws.update(over.pop("weights", {}))
+    kw = dict(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
+              qk_rope_head_dim=d.R, v_head_dim=d.V)
+    kw.update(over)
+    return mla.Impl(**kw, **ws)
+
+
+def test_bad_weights_and_heads():
+    with pytest.raises(ValueError, match="kv_b_proj must have shape"):
+        _impl(weights={"kv_b_proj": torch.randn(4 * 60, 64)})
+    with pytest.raises(ValueError, match="q_proj must have shape"):
+        _impl(weights={"q_proj": torch.randn(10, 48)})
+    with pytest.raises(ValueError, match="num_heads=256 is not supported"):
+        _impl(num_heads=256)
+    with pytest.raises(ValueError, match="enable_prolog needs q-LoRA"):
+        d = MlaDims(Q=None)
+        ws = make_weights(d, torch.float32, torch.Generator().manual_seed(0))
+        mla.Impl(num_heads=d.H, hidden_size=d.hidden, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
+                 qk_rope_head_dim=d.R, v_head_dim=d.V, enable_prolog=True, **ws)
+
+
+def test_bad_cache_widths_leave_cache_untouched():
+    d = MlaDims()
+    impl = _impl()
+    cos, sin = rope_tables(64, d.R)
+    b = mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=64, max_blocks_per_req=4, block_size=16, num_blocks=8,
+                            cos_table=cos.float(), sin_table=sin.float())
+    md = b.build(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([5], dtype=torch.int32),
+                 torch.tensor([[2, 0, 0, 0]], dtype=torch.int32))
+    h = torch.randn(1, d.hidden)
+    good_nope, good_rope = torch.zeros(8, 16, 1, d.L), torch.zeros(8, 16, 1, d.R)
+    with pytest.raises(ValueError, match="nope_cache must have shape"):
+        impl.forward(h, torch.zeros(8, 16, 1, d.L + 1), good_rope, md, torch.empty_like(h))
+    with pytest.raises(ValueError, match="rope_cache must have shape"):
+        impl.forward(h, good_nope, torch.zeros(8, 16, 1, 2 * d.R), md, torch.empty_like(h))
+    assert torch.all(good_nope == 0) and torch.all(good_rope == 0)
+    with pytest.raises(ValueError, match="hidden_states must have shape"):
+        impl.forward(torch.randn(1, 7), good_nope, good_rope, md, torch.empty(1, 7))
+
+
+def test_profiling_run_zero_fills():
+    impl = _impl()
+    out = torch.ones(3, 128)
+    impl.forward(torch.randn(3, 128), torch.zeros(1, 16, 1, 64), torch.zeros(1, 16, 1, 16), None, out)
+    assert torch.all(out == 0)
