@@ -1,6 +1,7 @@
 #include "ascend_attn_rt/c8/impl.h"
 
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/gqa/validate.h"
 
 #include <ATen/ATen.h>
 
@@ -83,39 +84,10 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
 void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
                              const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                              const at::Tensor& value_cache, const gqa::Metadata& md, const at::Tensor& output) const {
-  const int64_t N = cfg_.num_heads, Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
-  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.size(1) == N && query.size(2) == D,
-                "query must have shape (T, ", N, ", ", D, "), got ",
-                query.defined() ? query.sizes() : c10::IntArrayRef{});
-  const int64_t T = query.size(0);
-  const auto dtype = query.scalar_type();
-  AAR_CHECK_ARG(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-                "query dtype must be float32, float16 or bfloat16, got ", dtype);
-  AAR_CHECK_ARG(output.defined() && output.sizes() == query.sizes(), "output must have the query's shape ",
-                query.sizes(), ", got ", output.defined() ? output.sizes() : c10::IntArrayRef{});
-  AAR_CHECK_ARG(output.scalar_type() == dtype, "output dtype ", output.scalar_type(), " differs from query dtype ",
-                dtype);
-  AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous");
-  AAR_CHECK_ARG(output.device() == query.device(), "output is on ", output.device(), " but query is on ",
-                query.device());
-  AAR_CHECK_ARG(T >= md.num_actual_tokens, "query has ", T, " rows but the metadata schedules ",
-                md.num_actual_tokens, " (num_actual_tokens)");
-  AAR_CHECK_ARG(key.has_value() == value.has_value(), "key and value must be given together");
-  if (key.has_value()) {
-    for (const at::Tensor* t : {&*key, &*value}) {
-      const char* name = t == &*key ? "key" : "value";
-      AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->size(1) == Nkv && t->size(2) == D, name,
-                    " must have shape (T, ", Nkv, ", ", D, "), got ", t->defined() ? t->sizes() : c10::IntArrayRef{});
-      AAR_CHECK_ARG(t->size(0) == md.num_input_tokens || t->size(0) == md.num_actual_tokens, name, " has ",
-                    t->size(0), " rows; the metadata has num_input_tokens=", md.num_input_tokens,
-                    " and num_actual_tokens=", md.num_actual_tokens);
-      AAR_CHECK_ARG(t->scalar_type() == dtype, name, " dtype ", t->scalar_type(), " differs from query dtype ",
-                    dtype, " (the C8 impl quantises float K/V itself)");
-      AAR_CHECK_ARG(t->device() == query.device(), name, " is on ", t->device(), " but query is on ",
-                    query.device());
-    }
-    AAR_CHECK_ARG(key->size(0) == value->size(0), "key has ", key->size(0), " rows but value has ", value->size(0));
-  }
+  const int64_t Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
+  // Float query/key/value (the C8 impl quantises K/V itself); caches are int8 NZ.
+  gqa::validate_layer_inputs({cfg_.num_heads, Nkv, D}, query, key, value, md, output, md.num_actual_tokens,
+                             "schedules num_actual_tokens rows");
   AAR_CHECK_ARG(key_cache.defined() == value_cache.defined(), "key_cache and value_cache must be given together");
   if (key_cache.defined()) {
     for (const at::Tensor* c : {&key_cache, &value_cache}) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/gqa/validate.h"
 #include "ascend_attn_rt/fa3/backend.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
@@ -66,31 +67,10 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg), encoder_(checke
 void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
                              const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                              const at::Tensor& value_cache, const gqa::Metadata& md, const at::Tensor& output) const {
-  const int64_t N = cfg_.num_heads, Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
-  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.size(1) == N && query.size(2) == D,
-                "query must have shape (T, ", N, ", ", D, "), got ",
-                query.defined() ? query.sizes() : c10::IntArrayRef{});
+  const int64_t Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
   const auto dtype = query.scalar_type();
-  AAR_CHECK_ARG(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-                "query dtype must be float32, float16 or bfloat16, got ", dtype);
-  AAR_CHECK_ARG(output.defined() && output.sizes() == query.sizes() && output.scalar_type() == dtype &&
-                    output.is_contiguous() && output.device() == query.device(),
-                "output must be a contiguous tensor of the query's shape ", query.sizes(), ", dtype and device");
-  AAR_CHECK_ARG(query.size(0) >= md.num_kernel_tokens, "query has ", query.size(0),
-                " rows but the metadata attends ", md.num_kernel_tokens, " (num_kernel_tokens)");
-  AAR_CHECK_ARG(key.has_value() == value.has_value(), "key and value must be given together");
-  if (key.has_value()) {
-    for (const at::Tensor* t : {&*key, &*value}) {
-      const char* name = t == &*key ? "key" : "value";
-      AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->size(1) == Nkv && t->size(2) == D, name,
-                    " must have shape (T, ", Nkv, ", ", D, "), got ", t->defined() ? t->sizes() : c10::IntArrayRef{});
-      AAR_CHECK_ARG(t->size(0) == md.num_input_tokens || t->size(0) == md.num_actual_tokens, name, " has ",
-                    t->size(0), " rows; the metadata has num_input_tokens=", md.num_input_tokens,
-                    " and num_actual_tokens=", md.num_actual_tokens);
-      AAR_CHECK_ARG(t->scalar_type() == dtype && t->device() == query.device(), name,
-                    " must have the query's dtype and device, got ", t->scalar_type(), " on ", t->device());
-    }
-  }
+  gqa::validate_layer_inputs({cfg_.num_heads, Nkv, D}, query, key, value, md, output, md.num_kernel_tokens,
+                             "attends num_kernel_tokens rows");
   AAR_CHECK_ARG(key_cache.defined() && value_cache.defined(),
                 "the FA3 backend reads K/V from the paged cache: key_cache and value_cache are required");
   for (const at::Tensor* c : {&key_cache, &value_cache}) {

@@ -6,6 +6,7 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/gqa/validate.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/fusion_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
@@ -77,55 +78,9 @@ void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& v
 void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
                              const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                              const at::Tensor& value_cache, const Metadata& md, const at::Tensor& output) const {
-  const int64_t N = cfg_.num_heads, Nkv = cfg_.num_kv_heads, D = cfg_.head_size;
-  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.sizes()[1] == N && query.sizes()[2] == D,
-                "query must have shape (T, ", N, ", ", D, "), got ",
-                query.defined() ? query.sizes() : c10::IntArrayRef{});
-  const int64_t T = query.sizes()[0];
-  const auto dtype = query.scalar_type();
-  AAR_CHECK_ARG(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-                "query dtype must be float32, float16 or bfloat16, got ", dtype);
-  AAR_CHECK_ARG(output.defined() && output.sizes() == query.sizes(), "output must have the query's shape ",
-                query.sizes(), ", got ", output.defined() ? output.sizes() : c10::IntArrayRef{});
-  AAR_CHECK_ARG(output.scalar_type() == dtype, "output dtype ", output.scalar_type(), " differs from query dtype ",
-                dtype);
-  AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous");
-  AAR_CHECK_ARG(output.device() == query.device(), "output is on ", output.device(), " but query is on ",
-                query.device());
-  AAR_CHECK_ARG(T >= md.num_kernel_tokens, "query has ", T, " rows but the metadata attends ",
-                md.num_kernel_tokens, " (num_kernel_tokens)");
-  AAR_CHECK_ARG(key.has_value() == value.has_value(), "key and value must be given together");
-  if (key.has_value()) {
-    for (const at::Tensor* t : {&*key, &*value}) {
-      const char* name = t == &*key ? "key" : "value";
-      AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->sizes()[1] == Nkv && t->sizes()[2] == D, name,
-                    " must have shape (T, ", Nkv, ", ", D, "), got ",
-                    t->defined() ? t->sizes() : c10::IntArrayRef{});
-      AAR_CHECK_ARG(t->sizes()[0] == md.num_input_tokens || t->sizes()[0] == md.num_actual_tokens, name, " has ",
-                    t->sizes()[0], " rows; the metadata has num_input_tokens=", md.num_input_tokens,
-                    " and num_actual_tokens=", md.num_actual_tokens);
-      AAR_CHECK_ARG(t->scalar_type() == dtype, name, " dtype ", t->scalar_type(), " differs from query dtype ",
-                    dtype);
-      AAR_CHECK_ARG(t->device() == query.device(), name, " is on ", t->device(), " but query is on ",
-                    query.device());
-    }
-    AAR_CHECK_ARG(key->sizes()[0] == value->sizes()[0], "key has ", key->sizes()[0], " rows but value has ",
-                  value->sizes()[0]);
-  }
-  AAR_CHECK_ARG(key_cache.defined() == value_cache.defined(), "key_cache and value_cache must be given together");
-  if (key_cache.defined()) {
-    for (const at::Tensor* c : {&key_cache, &value_cache}) {
-      const char* name = c == &key_cache ? "key_cache" : "value_cache";
-      AAR_CHECK_ARG(c->dim() == 4 && c->sizes()[1] == md.block_size && c->sizes()[2] == Nkv && c->sizes()[3] == D, name,
-                    " must have shape (num_blocks, ", md.block_size, ", ", Nkv, ", ", D, "), got ", c->sizes());
-      AAR_CHECK_ARG(c->sizes()[0] >= md.num_blocks, name, " has ", c->sizes()[0],
-                    " blocks but the metadata was built for num_blocks=", md.num_blocks);
-      AAR_CHECK_ARG(c->scalar_type() == dtype, name, " dtype ", c->scalar_type(), " differs from query dtype ",
-                    dtype);
-      AAR_CHECK_ARG(c->device() == query.device(), name, " is on ", c->device(), " but query is on ",
-                    query.device());
-    }
-  }
+  const LayerShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size};
+  validate_layer_inputs(shape, query, key, value, md, output, md.num_kernel_tokens, "attends num_kernel_tokens rows");
+  validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device());
 }
 
 ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens) const {
