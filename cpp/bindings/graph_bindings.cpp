@@ -9,6 +9,8 @@
 #include <nanobind/stl/vector.h>
 
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/mla/graph.h"
+#include "ascend_attn_rt/mla/metadata.h"
 #include "common.h"
 #include "tensor_caster.h"
 
@@ -51,16 +53,20 @@ GraphHooks python_hooks(nb::object create_event, nb::object event_wait_and_reset
   return h;
 }
 
-std::vector<const gqa::Metadata*> metadata_list(nb::handle md) {
-  std::vector<const gqa::Metadata*> out;
-  if (nb::isinstance<gqa::Metadata>(md)) {
-    out.push_back(nb::cast<const gqa::Metadata*>(md));
+// One metadata (GQA, or MLA's decode part) or a sequence of them.
+graph::StepParams step_params_of(nb::handle item) {
+  if (nb::isinstance<gqa::Metadata>(item)) return graph::step_params(*nb::cast<const gqa::Metadata*>(item));
+  if (nb::isinstance<mla::Metadata>(item)) return mla::graph_step_params(*nb::cast<const mla::Metadata*>(item));
+  throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, or a sequence of them");
+}
+
+std::vector<graph::StepParams> metadata_list(nb::handle md) {
+  std::vector<graph::StepParams> out;
+  if (nb::isinstance<gqa::Metadata>(md) || nb::isinstance<mla::Metadata>(md)) {
+    out.push_back(step_params_of(md));
     return out;
   }
-  for (nb::handle item : md) {
-    AAR_CHECK_ARG(nb::isinstance<gqa::Metadata>(item), "metadata must be a Metadata or a sequence of Metadata");
-    out.push_back(nb::cast<const gqa::Metadata*>(item));
-  }
+  for (nb::handle item : md) out.push_back(step_params_of(item));
   return out;
 }
 

@@ -1,6 +1,7 @@
 #include "ascend_attn_rt/graph/graph_params.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 
@@ -169,68 +170,80 @@ void GraphParams::capture_call(CapturedCall&& call) {
   b.calls.push_back(std::move(call));
 }
 
+StepParams step_params(const gqa::Metadata& md) {
+  StepParams sp;
+  sp.block_tables = md.block_tables;
+  sp.seq_lens = md.seq_lens;
+  sp.q_ends = md.actual_seq_lengths_q;
+  sp.kv_lens = md.seq_lens_list;
+  sp.num_reqs = md.num_reqs;
+  sp.num_real_reqs = md.num_real_reqs;
+  sp.num_kernel_tokens = md.num_kernel_tokens;
+  return sp;
+}
+
 namespace {
 
-// Rows of the query the recorded call attends, which the step must match exactly
-// (TND: the last cumulative query length equals the query's row count).
-void check_fits(const CapturedCall& c, const gqa::Metadata& md, int64_t n) {
+int64_t query_rows(const CapturedCall& c) {
   switch (c.kind) {
-    case CallKind::KvWrite:
-    case CallKind::Prepare:
-      return;
-    case CallKind::PagedAttention:
-      AAR_CHECK_ARG(md.num_reqs == c.pa.query.size(0) && md.num_kernel_tokens == md.num_reqs,
-                    "the batch has ", md.num_real_reqs, " requests (", md.num_reqs,
-                    " with padding) but graph bucket ", n, " was captured for ", c.pa.query.size(0),
-                    " one-token requests: pad it with one-token dummies (uniform_decode_padding)");
-      return;
-    case CallKind::Fia:
-    case CallKind::FiaV2: {
-      if (!c.refresh_q_lens) {  // BNSD decode: one row per request
-        AAR_CHECK_ARG(md.num_reqs == c.fia.query.size(0) && md.num_kernel_tokens == md.num_reqs,
-                      "the batch has ", md.num_real_reqs, " requests (", md.num_reqs, " with padding, ",
-                      md.num_kernel_tokens, " tokens) but graph bucket ", n, " was captured for ",
-                      c.fia.query.size(0), " one-token requests: pad it with one-token dummies "
-                      "(uniform_decode_padding)");
-        return;
-      }
-      const int64_t rows = c.kind == CallKind::Fia ? c.fia.query.size(0) : c.fia2.query.size(0);
-      AAR_CHECK_ARG(md.num_kernel_tokens == rows, "the batch has ", md.num_kernel_tokens,
-                    " kernel tokens but graph bucket ", n, " attends ", rows,
-                    " rows: pad the batch to the bucket (num_input_tokens=", n, ")");
-      return;
-    }
+    case CallKind::PagedAttention: return c.pa.query.sizes()[0];
+    case CallKind::FiaV2: return c.fia2.query.sizes()[0];
+    case CallKind::Fia: return c.fia.query.sizes()[0];
+    default: return 0;
   }
+}
+
+// The step must match what the call was captured for: TND kernels need the
+// last cumulative query length to equal the query's rows; one-row-per-request
+// kernels (paged attention, BNSD decode) need one one-token request per row.
+void check_fits(const CapturedCall& c, const StepParams& sp, int64_t n) {
+  if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) return;
+  const int64_t rows = query_rows(c);
+  const bool per_request = c.kind == CallKind::PagedAttention || !c.refresh_q_lens;
+  if (per_request) {
+    AAR_CHECK_ARG(sp.num_reqs == rows && sp.num_kernel_tokens == sp.num_reqs, "the batch has ", sp.num_real_reqs,
+                  " requests (", sp.num_reqs, " with padding, ", sp.num_kernel_tokens, " tokens) but graph bucket ", n,
+                  " was captured for ", rows,
+                  " one-token requests: pad it with one-token dummies (uniform_decode_padding)");
+  } else {
+    AAR_CHECK_ARG(sp.num_kernel_tokens == rows, "the batch has ", sp.num_kernel_tokens,
+                  " kernel tokens but graph bucket ", n, " attends ", rows,
+                  " rows: pad the batch to the bucket (num_input_tokens=", n, ")");
+  }
+  AAR_CHECK_ARG(static_cast<int64_t>(sp.kv_lens.size()) == sp.num_reqs &&
+                    (!c.refresh_q_lens || static_cast<int64_t>(sp.q_ends.size()) == sp.num_reqs),
+                "step parameters are inconsistent: ", sp.num_reqs, " requests but ", sp.kv_lens.size(),
+                " KV lengths and ", sp.q_ends.size(), " query ends");
 }
 
 }  // namespace
 
-void GraphParams::refresh(CapturedCall& c, const gqa::Metadata& md, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready) {
+void GraphParams::refresh(CapturedCall& c, const StepParams& sp, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready) {
   switch (c.kind) {
     case CallKind::KvWrite:
     case CallKind::Prepare:
       return;
     case CallKind::Fia:
-      if (c.refresh_q_lens) c.fia_params.actual_seq_lengths = md.actual_seq_lengths_q;
+      if (c.refresh_q_lens) c.fia_params.actual_seq_lengths = sp.q_ends;
       if (c.paged) {
-        c.fia.block_table = md.block_tables;
-        c.fia_params.actual_seq_lengths_kv = md.seq_lens_list;
+        c.fia.block_table = sp.block_tables;
+        c.fia_params.actual_seq_lengths_kv = sp.kv_lens;
       } else {
-        c.fia_params.actual_seq_lengths_kv = md.actual_seq_lengths_q;
+        c.fia_params.actual_seq_lengths_kv = sp.q_ends;
       }
       return;
     case CallKind::FiaV2:
-      c.fia2_params.actual_seq_qlen = md.actual_seq_lengths_q;
+      if (c.refresh_q_lens) c.fia2_params.actual_seq_qlen = sp.q_ends;
       if (c.paged) {
-        c.fia2.block_table = md.block_tables;
-        c.fia2_params.actual_seq_kvlen = md.seq_lens_list;
+        c.fia2.block_table = sp.block_tables;
+        c.fia2_params.actual_seq_kvlen = sp.kv_lens;
       } else {
-        c.fia2_params.actual_seq_kvlen = md.actual_seq_lengths_q;
+        c.fia2_params.actual_seq_kvlen = sp.q_ends;
       }
       return;
     case CallKind::PagedAttention:
-      c.pa.block_table = md.block_tables;
-      c.pa.context_lens = md.seq_lens;
+      c.pa.block_table = sp.block_tables;
+      c.pa.context_lens = sp.seq_lens;
       // The workspace depends on the step's context lengths (spec 9.4); one
       // query serves every paged-attention call of the step.
       if (!pa_ws_ready) {
@@ -242,24 +255,24 @@ void GraphParams::refresh(CapturedCall& c, const gqa::Metadata& md, Bucket& b, a
   }
 }
 
-void GraphParams::update(int64_t n, const std::vector<const gqa::Metadata*>& groups) {
+void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
   AAR_CHECK_ARG(!capturing(), "update while a capture is open");
   AAR_CHECK_ARG(!groups.empty(), "update needs the metadata of at least one KV-cache group");
   Bucket& b = const_cast<Bucket&>(bucket(n));
   // Validate everything before the first hook: a rejected update leaves the
   // graph as it was.
   for (const CapturedCall& c : b.calls) {
-    AAR_CHECK_ARG(c.group >= 0 && static_cast<size_t>(c.group) < groups.size() && groups[c.group] != nullptr,
-                  "a call of layer ", c.layer_index, " belongs to KV-cache group ", c.group, " but ",
-                  groups.size(), " group metadata were given");
-    check_fits(c, *groups[c.group], n);
+    AAR_CHECK_ARG(c.group >= 0 && static_cast<size_t>(c.group) < groups.size(), "a call of layer ",
+                  c.layer_index, " belongs to KV-cache group ", c.group, " but ", groups.size(),
+                  " group metadata were given");
+    check_fits(c, groups[c.group], n);
   }
   at::Tensor pa_ws;
   bool pa_ws_ready = false;
   const bool relaunch = !provider_->replays_recorded_calls();
   for (CapturedCall& c : b.calls) {
     if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
-    refresh(c, *groups[c.group], b, pa_ws, pa_ws_ready);
+    refresh(c, groups[c.group], b, pa_ws, pa_ws_ready);
     provider_->task_update_begin(c.task);
     if (relaunch) {
       try {
@@ -275,16 +288,14 @@ void GraphParams::update(int64_t n, const std::vector<const gqa::Metadata*>& gro
   b.updated = true;
 }
 
-void GraphParams::update_draft(int64_t n, const std::vector<const gqa::Metadata*>& per_call) {
+void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_call) {
   AAR_CHECK_ARG(!capturing(), "update_draft while a capture is open");
   AAR_CHECK_ARG(!per_call.empty(), "update_draft needs at least one metadata");
   Bucket& b = const_cast<Bucket&>(bucket(n));
   size_t i = 0;
   for (const CapturedCall& c : b.calls) {
     if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
-    const gqa::Metadata* md = per_call[i++ % per_call.size()];
-    AAR_CHECK_ARG(md != nullptr, "update_draft: metadata ", (i - 1) % per_call.size(), " is None");
-    check_fits(c, *md, n);
+    check_fits(c, per_call[i++ % per_call.size()], n);
   }
   at::Tensor pa_ws;
   bool pa_ws_ready = false;
@@ -292,7 +303,7 @@ void GraphParams::update_draft(int64_t n, const std::vector<const gqa::Metadata*
   i = 0;
   for (CapturedCall& c : b.calls) {
     if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
-    const gqa::Metadata& md = *per_call[i++ % per_call.size()];
+    const StepParams& md = per_call[i++ % per_call.size()];
     // Each draft step has its own lengths: the PA workspace follows the metadata.
     if (c.kind == CallKind::PagedAttention) pa_ws_ready = false;
     refresh(c, md, b, pa_ws, pa_ws_ready);
@@ -316,6 +327,9 @@ void GraphParams::replay(int64_t n) {
                     to_string(c.kind), ", layer ", c.layer_index, ") has no recorded update since the last replay");
     }
   }
+  // The recorded work is inference work (buffers made during capture are
+  // inference tensors when the forward ran under InferenceMode).
+  c10::InferenceMode guard;
   for (CapturedCall& c : b.calls) {
     launch(c, b);
     if (c.event != nullptr && rec != nullptr) rec->reset_event(c.event);

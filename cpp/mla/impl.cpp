@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -92,14 +93,12 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
   }
 }
 
-at::Tensor Impl::decode_attention(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
-                                  const at::Tensor& rope, const Metadata& md) const {
+void Impl::decode_fia_args(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope,
+                           const at::Tensor& rope, const Metadata& md, ops::FiaV2Tensors& t,
+                           ops::FiaV2Params& p) const {
   const Dims& d = cfg_.dims;
-  const int64_t td = ql_nope.size(0), H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const int64_t td = qn.size(0), L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   const int64_t bs = md.block_size;
-  const at::Tensor qn = pad_heads(ql_nope, hp_), qr = pad_heads(q_pe, hp_);
-  ops::FiaV2Tensors t;
-  ops::FiaV2Params p;
   if (cfg_.enable_kv_nz) {
     t.key = nope;
     t.key_rope = rope;
@@ -137,12 +136,25 @@ at::Tensor Impl::decode_attention(const at::Tensor& ql_nope, const at::Tensor& q
     p.input_layout = "BNSD_NBSD";
     p.has_actual_seq_qlen = false;
   }
-  at::Tensor out = std::get<0>(ops::fused_infer_attention_score_v2(t, p));
-  out = out.narrow(0, 0, H).reshape({H, td, L});  // drop padded heads of the head-major output
+}
+
+at::Tensor Impl::decode_post(const at::Tensor& attn_out, int64_t td) const {
+  const Dims& d = cfg_.dims;
+  const int64_t H = d.num_heads, L = d.kv_lora_rank;
+  // Head-major output (_NBSD / _NTD): drop the padded heads, then W_UV.
+  const at::Tensor out = attn_out.narrow(0, 0, H).reshape({H, td, L});
   static const int64_t perm_y[3] = {1, 0, 2};
   return ops::transpose_batchmatmul(out, w_uv_.to(out.scalar_type()), std::nullopt, std::nullopt,
                                     c10::IntArrayRef(perm_y, 3))
       .reshape({td, H * d.v_head_dim});
+}
+
+at::Tensor Impl::decode_attention(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
+                                  const at::Tensor& rope, const Metadata& md) const {
+  ops::FiaV2Tensors t;
+  ops::FiaV2Params p;
+  decode_fia_args(pad_heads(ql_nope, hp_), pad_heads(q_pe, hp_), nope, rope, md, t, p);
+  return decode_post(std::get<0>(ops::fused_infer_attention_score_v2(t, p)), ql_nope.size(0));
 }
 
 at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
@@ -202,30 +214,18 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
   return merged.view({tp, H * V});
 }
 
-const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
-                                const Metadata* md_ptr, const at::Tensor& output) {
-  last_decode_ = DecodePath::None;
-  if (md_ptr == nullptr) {
-    AAR_CHECK_ARG(output.defined(), "output must be given");
-    output.zero_();
-    return output;
-  }
-  const Metadata& md = *md_ptr;
-  validate(hidden, nope, rope, md, output);
+std::pair<at::Tensor, at::Tensor> Impl::decode_preprocess(const at::Tensor& hidden, const at::Tensor& nope,
+                                                          const at::Tensor& rope, const Metadata& md,
+                                                          bool use_prolog) const {
   const Dims& d = cfg_.dims;
-  const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
-                V = d.v_head_dim;
-  const int64_t T = md.num_actual_tokens, td = md.num_decode_tokens, tp = md.num_prefill_tokens;
-  const c10::string_view cache_mode = cfg_.enable_kv_nz ? "PA_NZ" : "PA";
-  c10::InferenceMode guard;
-  at::Tensor o_in = at::zeros({hidden.size(0), H * V}, hidden.options());
-
-  const bool use_prolog = prolog_.has_value() && md.num_prefills == 0 && td > 0 && td <= kMaxPrologTokens;
+  const int64_t td = md.num_decode_tokens, H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim,
+                R = d.qk_rope_head_dim;
+  const at::Tensor x = hidden.narrow(0, 0, td);
   if (use_prolog) {
     // Spec 5.4: the fused decode preprocess; q and k_pe come out in the same
     // half-split RoPE order as the native path (weights via trans_rope_weight).
     ops::MlaPrologArgs a;
-    a.token_x = hidden.narrow(0, 0, td);
+    a.token_x = x;
     a.weight_dq = prolog_->weight_dq;
     a.weight_uq_qr = prolog_->weight_uq_qr;
     a.weight_uk = prolog_->weight_uk;
@@ -240,44 +240,131 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     a.cache_mode = cfg_.enable_kv_nz ? "PA_NZ" : "PA_BSND";
     at::Tensor nope_w = nope, rope_w = rope;
     auto r = ops::mla_prolog_v3(a, nope_w, rope_w);
-    o_in.narrow(0, 0, td).copy_(decode_attention(std::get<0>(r), std::get<1>(r), nope, rope, md));
-    last_decode_ = DecodePath::Prolog;
-  } else if (T > 0) {
-    // Spec 5.2: native preprocess.
-    at::Tensor q_c = hidden.narrow(0, 0, T);
+    return {std::get<0>(r), std::get<1>(r)};
+  }
+  // Spec 5.2: native preprocess.
+  at::Tensor q_c = x;
+  if (d.q_lora_rank.has_value()) q_c = rms_norm(at::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
+  const at::Tensor kv_raw = at::linear(x, w_.kv_a_proj_with_mqa);
+  const at::Tensor q = at::linear(q_c, w_.q_proj).view({td, H, P + R});
+  const at::Tensor ql_nope = at::bmm(q.narrow(-1, 0, P).transpose(0, 1), w_uk_t_).transpose(0, 1);  // (td, H, L)
+  const at::Tensor cos = md.decode.cos.view({td, 1, 1, R}), sin = md.decode.sin.view({td, 1, 1, R});
+  const at::Tensor q_pe = ops::interleave_rope(q.narrow(-1, P, R).reshape({td, H, 1, R}), cos, sin).view({td, H, R});
+  ops::kv_rmsnorm_rope_cache(kv_raw.view({td, 1, 1, L + R}), w_.kv_a_layernorm, cos, sin,
+                             md.slot_mapping.narrow(0, 0, td), rope, nope, cfg_.kv_norm_eps,
+                             cfg_.enable_kv_nz ? "PA_NZ" : "PA", false);
+  return {ql_nope, q_pe};
+}
+
+void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
+                          const at::Tensor& rope, const Metadata& md, const at::Tensor& output, bool use_prolog) {
+  // Spec 7 for MLA decode: the projections, RoPE and cache write (prepare), the
+  // absorbed latent attention (a fused call refreshed per step: block table, KV
+  // lengths, and the query ends in the speculative TND layout), then W_UV and
+  // o_proj (prepare). The device graph captures the prepare work as plain
+  // kernels; the CPU recording provider replays the closures in order. The
+  // intermediates live in buffers allocated here, at stable addresses.
+  const int64_t n = g.capturing_bucket();
+  const int64_t td = md.num_decode_tokens;
+  if (md.num_prefills != 0 || td != n || md.num_input_tokens != n || hidden.sizes()[0] != n) {
+    throw_not_supported("MLA graph capture of bucket ", n, " takes decode-only batches of exactly ", n,
+                        " tokens (got ", md.num_decodes, " decodes with ", td, " tokens, ", md.num_prefills,
+                        " prefills, num_input_tokens=", md.num_input_tokens, ")");
+  }
+  const Dims& d = cfg_.dims;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  at::Tensor qn = at::zeros({td, hp_, L}, hidden.options());
+  at::Tensor qr = at::zeros({td, hp_, R}, hidden.options());
+  graph::CapturedCall pre;
+  pre.kind = graph::CallKind::Prepare;
+  pre.layer_index = cfg_.layer_index;
+  // The closure keeps the capture-time metadata: its tensors are views of the
+  // builder's persistent buffers, which every later build refills in place.
+  pre.prepare = [this, hidden, nope, rope, md_at_capture = md, qn, qr, use_prolog, H = d.num_heads]() mutable {
+    auto [ql_nope, q_pe] = decode_preprocess(hidden, nope, rope, md_at_capture, use_prolog);
+    qn.narrow(1, 0, H).copy_(ql_nope);
+    qr.narrow(1, 0, H).copy_(q_pe);
+  };
+  g.capture_call(std::move(pre));
+
+  graph::CapturedCall c;
+  c.kind = graph::CallKind::FiaV2;
+  c.layer_index = cfg_.layer_index;
+  c.paged = true;
+  decode_fia_args(qn, qr, nope, rope, md, c.fia2, c.fia2_params);
+  c.refresh_q_lens = md.speculative;  // BNSD/BSND layouts take no query-length list
+  // Head-major output of the latent attention: (Hp, td, L) for _NTD, (Hp, td, 1, L) for _NBSD.
+  std::vector<int64_t> out_shape(c.fia2.query.sizes().begin(), c.fia2.query.sizes().end());
+  if (md.speculative) {
+    std::swap(out_shape[0], out_shape[1]);
+  } else if (cfg_.enable_kv_nz) {
+    out_shape = {out_shape[2], out_shape[0], out_shape[1], out_shape[3]};
+  } else {
+    std::swap(out_shape[0], out_shape[1]);
+  }
+  c.out = at::zeros(out_shape, hidden.options());
+  c.lse = at::zeros({1}, hidden.options().dtype(at::kFloat));
+  at::Tensor attn = c.out;
+  g.capture_call(std::move(c));
+
+  graph::CapturedCall post;
+  post.kind = graph::CallKind::Prepare;
+  post.layer_index = cfg_.layer_index;
+  post.prepare = [this, attn, out = at::Tensor(output), td]() mutable {
+    at::linear_out(out, decode_post(attn, td), w_.o_proj);
+  };
+  g.capture_call(std::move(post));
+}
+
+const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
+                                const Metadata* md_ptr, const at::Tensor& output) {
+  last_decode_ = DecodePath::None;
+  if (md_ptr == nullptr) {
+    AAR_CHECK_ARG(output.defined(), "output must be given");
+    output.zero_();
+    return output;
+  }
+  const Metadata& md = *md_ptr;
+  validate(hidden, nope, rope, md, output);
+  const Dims& d = cfg_.dims;
+  const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
+                V = d.v_head_dim;
+  const int64_t T = md.num_actual_tokens, td = md.num_decode_tokens, tp = md.num_prefill_tokens;
+  c10::InferenceMode guard;
+  const bool use_prolog = prolog_.has_value() && md.num_prefills == 0 && td > 0 && td <= kMaxPrologTokens;
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    capture_decode(*g, hidden, nope, rope, md, output, use_prolog);
+    last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
+    return output;
+  }
+  at::Tensor o_in = at::zeros({hidden.size(0), H * V}, hidden.options());
+  if (td > 0) {
+    auto [ql_nope, q_pe] = decode_preprocess(hidden, nope, rope, md, use_prolog);
+    o_in.narrow(0, 0, td).copy_(decode_attention(ql_nope, q_pe, nope, rope, md));
+    last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
+  }
+  if (tp > 0) {
+    AAR_CHECK_ARG(!cfg_.enable_kv_nz, "prefill with enable_kv_nz: NZ caches are for decode-only (PD decode) nodes");
+    const at::Tensor x = hidden.narrow(0, td, tp);
+    at::Tensor q_c = x;
     if (d.q_lora_rank.has_value()) {
       q_c = rms_norm(at::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
     }
-    const at::Tensor kv_raw = at::linear(hidden.narrow(0, 0, T), w_.kv_a_proj_with_mqa);
-    if (td > 0) {
-      const at::Tensor q = at::linear(q_c.narrow(0, 0, td), w_.q_proj).view({td, H, P + R});
-      const at::Tensor ql_nope =
-          at::bmm(q.narrow(-1, 0, P).transpose(0, 1), w_uk_t_).transpose(0, 1);  // (td, H, L)
-      const at::Tensor cos = md.decode.cos.view({td, 1, 1, R}), sin = md.decode.sin.view({td, 1, 1, R});
-      const at::Tensor q_pe =
-          ops::interleave_rope(q.narrow(-1, P, R).reshape({td, H, 1, R}), cos, sin).view({td, H, R});
-      ops::kv_rmsnorm_rope_cache(kv_raw.narrow(0, 0, td).view({td, 1, 1, L + R}), w_.kv_a_layernorm, cos, sin,
-                                 md.slot_mapping.narrow(0, 0, td), rope, nope, cfg_.kv_norm_eps, cache_mode, false);
-      o_in.narrow(0, 0, td).copy_(decode_attention(ql_nope, q_pe, nope, rope, md));
-      last_decode_ = DecodePath::Native;
-    }
-    if (tp > 0) {
-      AAR_CHECK_ARG(!cfg_.enable_kv_nz, "prefill with enable_kv_nz: NZ caches are for decode-only (PD decode) nodes");
-      const at::Tensor q = at::linear(q_c.narrow(0, td, tp), w_.q_proj).view({tp, H, P + R});
-      const at::Tensor cos = md.prefill.cos.view({tp, 1, 1, R}), sin = md.prefill.sin.view({tp, 1, 1, R});
-      const at::Tensor q_pe =
-          ops::interleave_rope(q.narrow(-1, P, R).reshape({tp, H, 1, R}), cos, sin).view({tp, H, R});
-      auto kvr = ops::kv_rmsnorm_rope_cache(kv_raw.narrow(0, td, tp).view({tp, 1, 1, L + R}), w_.kv_a_layernorm,
-                                            cos, sin, md.slot_mapping.narrow(0, td, tp), rope, nope,
-                                            cfg_.kv_norm_eps, cache_mode, /*is_output_kv=*/true);
-      const at::Tensor k_pe = std::get<2>(kvr).view({tp, 1, R}).expand({tp, H, R});
-      const at::Tensor kv = at::linear(std::get<3>(kvr).view({tp, L}), w_.kv_b_proj).view({tp, H, P + V});
-      const at::Tensor out = prefill_attention(q.narrow(-1, 0, P).contiguous(), q_pe,
-                                               kv.narrow(-1, 0, P).contiguous(), k_pe,
-                                               kv.narrow(-1, P, V).contiguous(), nope, rope, md);
-      o_in.narrow(0, td, tp).copy_(out);
-    }
+    const at::Tensor kv_raw = at::linear(x, w_.kv_a_proj_with_mqa);
+    const at::Tensor q = at::linear(q_c, w_.q_proj).view({tp, H, P + R});
+    const at::Tensor cos = md.prefill.cos.view({tp, 1, 1, R}), sin = md.prefill.sin.view({tp, 1, 1, R});
+    const at::Tensor q_pe =
+        ops::interleave_rope(q.narrow(-1, P, R).reshape({tp, H, 1, R}), cos, sin).view({tp, H, R});
+    auto kvr = ops::kv_rmsnorm_rope_cache(kv_raw.view({tp, 1, 1, L + R}), w_.kv_a_layernorm, cos, sin,
+                                          md.slot_mapping.narrow(0, td, tp), rope, nope, cfg_.kv_norm_eps, "PA",
+                                          /*is_output_kv=*/true);
+    const at::Tensor k_pe = std::get<2>(kvr).view({tp, 1, R}).expand({tp, H, R});
+    const at::Tensor kv = at::linear(std::get<3>(kvr).view({tp, L}), w_.kv_b_proj).view({tp, H, P + V});
+    const at::Tensor out = prefill_attention(q.narrow(-1, 0, P).contiguous(), q_pe, kv.narrow(-1, 0, P).contiguous(),
+                                             k_pe, kv.narrow(-1, P, V).contiguous(), nope, rope, md);
+    o_in.narrow(0, td, tp).copy_(out);
   }
+  (void)T;
   at::linear_out(const_cast<at::Tensor&>(output), o_in, w_.o_proj);
   return output;
 }

@@ -66,6 +66,20 @@ struct CapturedCall {
   std::function<void()> prepare;
 };
 
+// What an update refreshes, per KV-cache group: the step's host lists and the
+// device tensors they index. step_params(gqa::Metadata) makes one; backends
+// with their own metadata (MLA decode) make theirs.
+struct StepParams {
+  at::Tensor block_tables;       // device int32 (num_reqs, max_blocks)
+  at::Tensor seq_lens;           // host int32 (num_reqs): paged attention's context_lens
+  c10::IntArrayRef q_ends;       // cumulative query ends (num_reqs)
+  c10::IntArrayRef kv_lens;      // per-request KV lengths (num_reqs)
+  int64_t num_reqs = 0;          // requests the kernels see (incl. padding dummies)
+  int64_t num_real_reqs = 0;
+  int64_t num_kernel_tokens = 0; // query rows attended (q_ends.back())
+};
+StepParams step_params(const gqa::Metadata& md);
+
 struct Bucket {
   std::vector<CapturedCall> calls;  // layer order after end_capture
   at::Tensor fia_workspace;         // shared by the bucket's fused calls
@@ -95,11 +109,11 @@ class GraphParams {
   // Per step, before (NPU) or instead of (CPU) the device replay: refresh every
   // call of the bucket from the step's metadata. `groups[g]` is the metadata of
   // KV-cache group g (one entry serves a single-group model).
-  void update(int64_t num_tokens, const std::vector<const gqa::Metadata*>& groups);
-  void update(int64_t num_tokens, const gqa::Metadata& md) { update(num_tokens, std::vector<const gqa::Metadata*>{&md}); }
+  void update(int64_t num_tokens, const std::vector<StepParams>& groups);
+  void update(int64_t num_tokens, const gqa::Metadata& md) { update(num_tokens, std::vector<StepParams>{step_params(md)}); }
   // Draft model: per-(draft step, layer) metadata flattened in capture order and
   // cycled (or truncated) over the recorded calls (spec 7.8).
-  void update_draft(int64_t num_tokens, const std::vector<const gqa::Metadata*>& per_call);
+  void update_draft(int64_t num_tokens, const std::vector<StepParams>& per_call);
 
   // CPU provider: run the bucket's recorded calls in order (each must have been
   // updated since the last replay). NPU provider: nothing to do here (the device
@@ -126,7 +140,7 @@ class GraphParams {
   static GraphParams* current();
 
  private:
-  void refresh(CapturedCall& c, const gqa::Metadata& md, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready);
+  void refresh(CapturedCall& c, const StepParams& sp, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready);
   void launch(CapturedCall& c, const Bucket& b);
 
   std::shared_ptr<GraphProvider> provider_;

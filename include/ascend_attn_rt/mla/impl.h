@@ -11,6 +11,11 @@
 
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/mla/weights.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+
+namespace aar::graph {
+class GraphParams;
+}
 
 namespace aar::mla {
 
@@ -25,6 +30,8 @@ struct ImplConfig {
   // Caches in FRACTAL_NZ (upstream enable_kv_nz, PD decode nodes): the caches
   // passed to forward are the 5-D NZ tensors of Backend::nz_cache_shape.
   bool enable_kv_nz = false;
+  // Graph mode: orders the layer's captured calls (see gqa::ImplConfig).
+  int64_t layer_index = -1;
 };
 
 enum class DecodePath : int32_t { None = 0, Native = 1, Prolog = 2 };
@@ -38,7 +45,9 @@ class Impl {
   // hidden (T, hidden_size) with T >= metadata.num_actual_tokens; nope_cache
   // (nb, bs, 1, L) and rope_cache (nb, bs, 1, R) (or their NZ forms); output
   // (T, hidden_size), rows past num_actual_tokens get o_proj(0). metadata ==
-  // nullptr (profiling run) zero-fills output. Returns output.
+  // nullptr (profiling run) zero-fills output. Returns output. While a graph
+  // capture is open (graph::GraphParams), a decode-only batch of exactly the
+  // bucket's tokens is captured instead (the impl must outlive the graph).
   const at::Tensor& forward(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                             const Metadata* metadata, const at::Tensor& output);
 
@@ -53,6 +62,16 @@ class Impl {
                 const Metadata& md, const at::Tensor& output) const;
   at::Tensor decode_attention(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope_cache,
                               const at::Tensor& rope_cache, const Metadata& md) const;
+  // Decode pieces shared by the eager and the graph-capture paths.
+  std::pair<at::Tensor, at::Tensor> decode_preprocess(const at::Tensor& hidden, const at::Tensor& nope_cache,
+                                                      const at::Tensor& rope_cache, const Metadata& md,
+                                                      bool use_prolog) const;
+  void decode_fia_args(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope_cache,
+                       const at::Tensor& rope_cache, const Metadata& md, ops::FiaV2Tensors& t,
+                       ops::FiaV2Params& p) const;
+  at::Tensor decode_post(const at::Tensor& attn_out, int64_t num_decode_tokens) const;
+  void capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope_cache,
+                      const at::Tensor& rope_cache, const Metadata& md, const at::Tensor& output, bool use_prolog);
   at::Tensor prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
                                const at::Tensor& k_pe, const at::Tensor& value, const at::Tensor& nope_cache,
                                const at::Tensor& rope_cache, const Metadata& md) const;

@@ -1,0 +1,16 @@
+#include "ascend_attn_rt/mla/graph.h"
+
+namespace aar::mla {
+
+graph::StepParams graph_step_params(const Metadata& md) {
+  graph::StepParams sp;
+  sp.block_tables = md.decode.block_table;
+  sp.q_ends = md.decode.actual_seq_lengths_q;
+  sp.kv_lens = md.decode.seq_lens_list;
+  sp.num_reqs = md.num_decodes;
+  sp.num_real_reqs = md.num_decodes;
+  sp.num_kernel_tokens = md.speculative ? md.num_decode_tokens : md.num_decodes;
+  return sp;
+}
+
+}  // namespace aar::mla
