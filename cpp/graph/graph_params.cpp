@@ -91,6 +91,11 @@ const Bucket& GraphParams::bucket(int64_t n) const {
   return it->second;
 }
 
+Bucket& GraphParams::mutable_bucket(int64_t n) {
+  bucket(n);  // throws, naming the captured buckets, when n is not one of them
+  return buckets_.at(n);
+}
+
 std::vector<int64_t> GraphParams::buckets() const {
   std::vector<int64_t> out;
   for (const auto& [k, v] : buckets_) out.push_back(k);
@@ -258,7 +263,7 @@ void GraphParams::refresh(CapturedCall& c, const StepParams& sp, Bucket& b, at::
 void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
   AAR_CHECK_ARG(!capturing(), "update while a capture is open");
   AAR_CHECK_ARG(!groups.empty(), "update needs the metadata of at least one KV-cache group");
-  Bucket& b = const_cast<Bucket&>(bucket(n));
+  Bucket& b = mutable_bucket(n);
   // Validate everything before the first hook: a rejected update leaves the
   // graph as it was.
   for (const CapturedCall& c : b.calls) {
@@ -291,7 +296,7 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
 void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_call) {
   AAR_CHECK_ARG(!capturing(), "update_draft while a capture is open");
   AAR_CHECK_ARG(!per_call.empty(), "update_draft needs at least one metadata");
-  Bucket& b = const_cast<Bucket&>(bucket(n));
+  Bucket& b = mutable_bucket(n);
   size_t i = 0;
   for (const CapturedCall& c : b.calls) {
     if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
@@ -319,7 +324,7 @@ void GraphParams::replay(int64_t n) {
   AAR_CHECK_ARG(provider_->replays_recorded_calls(), "replay(): the '", provider_->name(),
                 "' graph provider replays on the device; call the device graph's replay instead");
   auto* rec = dynamic_cast<RecordingGraphProvider*>(provider_.get());
-  Bucket& b = const_cast<Bucket&>(bucket(n));
+  Bucket& b = mutable_bucket(n);
   for (size_t i = 0; i < b.calls.size(); ++i) {
     const CapturedCall& c = b.calls[i];
     if (c.event != nullptr && rec != nullptr) {

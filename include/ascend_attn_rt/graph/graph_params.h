@@ -140,6 +140,7 @@ class GraphParams {
   static GraphParams* current();
 
  private:
+  Bucket& mutable_bucket(int64_t num_tokens);
   void refresh(CapturedCall& c, const StepParams& sp, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready);
   void launch(CapturedCall& c, const Bucket& b);
 
