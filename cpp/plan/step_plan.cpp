@@ -74,6 +74,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   int32_t max_seq_len = 0;
   // Inputs of the attention-state rule (spec 2.1), gathered in the same pass.
   bool all_fresh = true, all_sched_one = true, all_valid_one = true;
+  int64_t used_blocks = 0;  // block-table entries the kernels will read
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t q = qsl[r + 1] - qsl[r];
     const int32_t seq = in.seq_lens[r];
@@ -90,19 +91,35 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
                               : (static_cast<int64_t>(seq) + bs32 - 1) / bs32;
     AAR_CHECK_ARG(nblk <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", nblk,
                   " blocks but block_table_stride=", in.block_table_stride, " (block_size=", in.block_size, ")");
-    // Branch-free range check (negative ids wrap to large unsigned values);
-    // the offender is located only on failure.
-    const int32_t* row = in.block_table.data() + r * in_stride;
-    uint32_t bad = 0;
-    for (int64_t c = 0; c < nblk; ++c) bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[c]) >= num_blocks_u);
-    if (bad) {
+    used_blocks += nblk;
+    max_query_len = std::max(max_query_len, q);
+    max_seq_len = std::max(max_seq_len, seq);
+  }
+  // Block ids the kernels read must be in range. Branch-free scans (negative ids
+  // wrap to large unsigned values); the offender is located only on failure.
+  // When most of the table is in use, one scan over the whole rectangle is
+  // cheaper than a scan per row; it may see stale ids past a row's end, so a
+  // hit there falls back to the exact per-row check.
+  const int32_t* bt = in.block_table.data();
+  uint32_t bad = 1;
+  if (2 * used_blocks >= static_cast<int64_t>(b * in_stride)) {
+    bad = 0;
+    const std::size_t n = b * in_stride;
+    for (std::size_t i = 0; i < n; ++i) bad |= static_cast<uint32_t>(static_cast<uint32_t>(bt[i]) >= num_blocks_u);
+  }
+  if (bad) {
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t seq = in.seq_lens[r];
+      const int64_t nblk = (static_cast<int64_t>(seq) + bs32 - 1) / bs32;
+      const int32_t* row = bt + r * in_stride;
+      uint32_t row_bad = 0;
+      for (int64_t c = 0; c < nblk; ++c) row_bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[c]) >= num_blocks_u);
+      if (!row_bad) continue;
       for (int64_t c = 0; c < nblk; ++c) {
         AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
                       " is out of range [0, ", in.num_blocks, ")");
       }
     }
-    max_query_len = std::max(max_query_len, q);
-    max_seq_len = std::max(max_seq_len, seq);
   }
 
   const bool add_dummy = in.pad_fia_batch && t_in > t_real;
@@ -188,7 +205,15 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   // Slot mapping: positions advance one by one, so block and offset are carried
   // instead of divided per token.
   int32_t* slots = buf.slot_mapping.data();
-  for (std::size_t r = 0; r < b; ++r) {
+  if (all_sched_one && pow2) {
+    // Decode-only batch: one token per request at position seq_len - 1.
+    const int32_t mask = bs32 - 1;
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t pos = in.seq_lens[r] - 1;
+      slots[r] = bt[r * in_stride + (pos >> bs_shift)] * bs32 + (pos & mask);
+    }
+  }
+  for (std::size_t r = 0; r < b && !(all_sched_one && pow2); ++r) {
     const int32_t begin = qsl[r], end = qsl[r + 1];
     if (begin == end) continue;
     const int32_t* row = in.block_table.data() + r * in_stride;
