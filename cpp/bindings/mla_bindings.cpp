@@ -124,10 +124,18 @@ void bind_mla(nb::module_& root) {
       .def_prop_ro("decode_seq_lens_list", [](const mla::Metadata& m) { return to_list(m.decode.seq_lens_list); })
       .def_prop_ro("decode_actual_seq_lengths_q",
                    [](const mla::Metadata& m) { return to_list(m.decode.actual_seq_lengths_q); })
+      .def_prop_ro("attn_mask", [](const mla::Metadata& m) { return m.attn_mask; })
       .def_prop_ro("decode_block_table", [](const mla::Metadata& m) { return m.decode.block_table; })
+      .def_prop_ro("decode_cos", [](const mla::Metadata& m) { return m.decode.cos; })
+      .def_prop_ro("decode_sin", [](const mla::Metadata& m) { return m.decode.sin; })
+      .def_prop_ro("decode_max_seq_len", [](const mla::Metadata& m) { return m.decode.max_seq_len; })
       .def_prop_ro("prefill_actual_seq_lengths_q",
                    [](const mla::Metadata& m) { return to_list(m.prefill.actual_seq_lengths_q); })
       .def_prop_ro("prefill_block_table", [](const mla::Metadata& m) { return m.prefill.block_table; })
+      .def_prop_ro("prefill_cos", [](const mla::Metadata& m) { return m.prefill.cos; })
+      .def_prop_ro("prefill_sin", [](const mla::Metadata& m) { return m.prefill.sin; })
+      .def_prop_ro("prefill_max_query_len", [](const mla::Metadata& m) { return m.prefill.max_query_len; })
+      .def_prop_ro("prefill_max_seq_len", [](const mla::Metadata& m) { return m.prefill.max_seq_len; })
       .def_prop_ro("num_context_chunks", [](const mla::Metadata& m) { return m.prefill.chunked.num_chunks; })
       .def_prop_ro("context_chunk_size", [](const mla::Metadata& m) { return m.prefill.chunked.chunk_size; })
       .def_prop_ro("context_seq_tot", [](const mla::Metadata& m) { return to_list(m.prefill.chunked.seq_tot); })
@@ -147,7 +155,7 @@ void bind_mla(nb::module_& root) {
           [](mla::MetadataBuilder* self, int32_t max_num_reqs, int32_t max_num_tokens, int32_t max_blocks_per_req,
              int32_t block_size, int32_t num_blocks, const at::Tensor& cos_table, const at::Tensor& sin_table,
              int32_t max_model_len, int32_t num_speculative_tokens, bool chunked_prefill_enabled,
-             int64_t workspace_tokens, const std::string& device) {
+             int64_t workspace_tokens, const std::string& device, std::optional<bool> separate_device_buffers) {
             mla::BuilderConfig c;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
@@ -161,11 +169,13 @@ void bind_mla(nb::module_& root) {
             c.chunked_prefill_enabled = chunked_prefill_enabled;
             c.workspace_tokens = workspace_tokens;
             c.device = c10::Device(device);
+            c.separate_device_buffers = separate_device_buffers;
             new (self) mla::MetadataBuilder(c);
           },
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
           "num_blocks"_a, "cos_table"_a, "sin_table"_a, "max_model_len"_a = 0, "num_speculative_tokens"_a = 0,
-          "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu")
+          "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu",
+          "separate_device_buffers"_a = nb::none())
       .def(
           "build",
           [](mla::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
@@ -185,6 +195,7 @@ void bind_mla(nb::module_& root) {
           "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::reference_internal)
       .def_prop_ro("metadata", &mla::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
       .def_prop_ro("decode_threshold", &mla::MetadataBuilder::decode_threshold)
+      .def_prop_ro("block_table_staging", [](const mla::MetadataBuilder& b) { return b.block_table_staging(); })
       .def_prop_ro("workspace_tokens", &mla::MetadataBuilder::workspace_tokens);
 
   nb::class_<mla::Impl>(m, "Impl")

@@ -4,11 +4,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
-#include "ascend_attn_rt/plan/step_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
 
 namespace aar::mla {
@@ -16,9 +16,52 @@ namespace aar::mla {
 namespace {
 constexpr int64_t kMaskSize = 2048;
 constexpr int64_t kChunks = plan::kMaxContextChunks;
+
+int64_t even(int64_t n) { return (n + 1) & ~int64_t{1}; }
+
+// Returns the cached view at index i, making it on first use.
+template <typename Make>
+const at::Tensor& lazy(std::vector<at::Tensor>& cache, size_t i, Make make) {
+  at::Tensor& v = cache[i];
+  if (!v.defined()) v = make();
+  return v;
+}
+
+// RoPE rows of the tables at the given positions, on the host. The row size is
+// a compile-time constant for the usual R / dtypes so the copy is a few vector
+// moves per token.
+template <size_t N>
+void copy_rows_fixed(const uint8_t* table, const int32_t* pos, int32_t n, uint8_t* out) {
+  for (int32_t i = 0; i < n; ++i) {
+    std::memcpy(out + static_cast<size_t>(i) * N, table + static_cast<size_t>(pos[i]) * N, N);
+  }
+}
+
+void copy_rows(const uint8_t* table, int64_t row_bytes, const int32_t* pos, int32_t n, uint8_t* out) {
+  switch (row_bytes) {
+    case 64: return copy_rows_fixed<64>(table, pos, n, out);
+    case 128: return copy_rows_fixed<128>(table, pos, n, out);
+    case 256: return copy_rows_fixed<256>(table, pos, n, out);
+    case 512: return copy_rows_fixed<512>(table, pos, n, out);
+    default:
+      for (int32_t i = 0; i < n; ++i) std::memcpy(out + i * row_bytes, table + pos[i] * row_bytes, row_bytes);
+  }
+}
+
 }  // namespace
 
-MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
+struct MetadataBuilder::Views {
+  at::Tensor slots64;                              // int64 view of the whole slot region
+  std::vector<at::Tensor> qsl;                     // by num_reqs: (n+1)
+  std::vector<at::Tensor> slots;                   // by num_input_tokens
+  std::vector<at::Tensor> decode_bt, prefill_bt;   // by num_decodes / num_prefills: (n, max_blocks)
+  std::vector<at::Tensor> dcos, dsin, pcos, psin;  // by num_decode_tokens / num_prefill_tokens: (n, R)
+  std::vector<at::Tensor> dpos, ppos;              // device positions (separate path only)
+  std::vector<at::Tensor> cu, starts, clens;       // by (num_chunks - 1) * (max_num_reqs + 1) + num_prefills
+};
+
+MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
+    : cfg_(cfg), separate_(cfg.separate_device_buffers.value_or(!cfg.device.is_cpu())) {
   AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
   AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
   AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
@@ -36,6 +79,8 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
   }
   AAR_CHECK_ARG(cfg.cos_table.sizes() == cfg.sin_table.sizes(), "cos_table ", cfg.cos_table.sizes(),
                 " and sin_table ", cfg.sin_table.sizes(), " must have the same shape");
+  AAR_CHECK_ARG(cfg.cos_table.scalar_type() == cfg.sin_table.scalar_type(), "cos_table dtype ",
+                cfg.cos_table.scalar_type(), " and sin_table dtype ", cfg.sin_table.scalar_type(), " must match");
   const int64_t max_model_len =
       cfg.max_model_len > 0 ? cfg.max_model_len : int64_t{cfg.max_blocks_per_req} * cfg.block_size;
   workspace_ = cfg.workspace_tokens > 0
@@ -44,147 +89,161 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
 
   const int64_t R = cfg.max_num_reqs, T = cfg.max_num_tokens, MB = cfg.max_blocks_per_req;
   off_qsl_ = 0;
-  off_seq_ = off_qsl_ + R + 2;
-  off_slot_ = off_seq_ + R + 1;
-  off_pos_ = off_slot_ + T;
-  off_cu_ = off_pos_ + T;
+  off_slot_ = even(off_qsl_ + R + 1);
+  off_dpos_ = off_slot_ + 2 * T;
+  off_bt_ = off_dpos_ + T;
+  off_ppos_ = off_bt_ + R * MB;
+  off_cu_ = off_ppos_ + T;
   off_starts_ = off_cu_ + kChunks * (R + 1);
   off_clens_ = off_starts_ + kChunks * R;
-  off_bt_ = off_clens_ + kChunks * R;
-  total_ = off_bt_ + (R + 1) * MB;
+  off_pbt_ = off_clens_ + kChunks * R;
+  total_ = off_pbt_ + R * MB;
+
   auto host = at::TensorOptions().dtype(at::kInt).device(at::kCPU);
-  staging_ = at::zeros({total_}, host);
-  device_ = cfg.device.is_cpu() ? staging_ : at::zeros({total_}, host.device(cfg.device));
-  auto dev = at::TensorOptions().device(cfg.device);
-  slots64_ = at::full({T}, -1, dev.dtype(at::kLong));
-  const at::Tensor cos_t = cfg.cos_table.to(cfg.device), sin_t = cfg.sin_table.to(cfg.device);
-  cfg_.cos_table = cos_t;
-  cfg_.sin_table = sin_t;
-  cos_buf_ = at::zeros({T, cos_t.size(1)}, cos_t.options());
-  sin_buf_ = at::zeros({T, cos_t.size(1)}, cos_t.options());
+  if (separate_ && !cfg.device.is_cpu()) {
+    // Page-locked staging makes the per-build copy asynchronous; fall back to
+    // pageable memory when no device runtime provides a pinned allocator.
+    try {
+      staging_ = at::zeros({total_}, host.pinned_memory(true));
+    } catch (const std::exception&) {
+      staging_ = at::zeros({total_}, host);
+    }
+  } else {
+    staging_ = at::zeros({total_}, host);
+  }
+  device_ = separate_ ? at::zeros({total_}, host.device(cfg.device)) : staging_;
+  staging_block_table_ = staging_.narrow(0, off_bt_, R * MB).view({R, MB});
+  // Padding slots stay -1 until a build overwrites them.
+  device_.narrow(0, off_slot_, 2 * T).view(at::kLong).fill_(-1);
+  if (separate_) staging_.narrow(0, off_slot_, 2 * T).view(at::kLong).fill_(-1);
+
+  cfg_.cos_table = cfg.cos_table.to(cfg.device).contiguous();
+  cfg_.sin_table = cfg.sin_table.to(cfg.device).contiguous();
+  const at::Tensor& cos_t = cfg_.cos_table;
+  rope_row_bytes_ = cos_t.size(1) * static_cast<int64_t>(cos_t.element_size());
+  decode_cos_ = at::zeros({T, cos_t.size(1)}, cos_t.options());
+  decode_sin_ = at::zeros({T, cos_t.size(1)}, cos_t.options());
+  prefill_cos_ = at::zeros({T, cos_t.size(1)}, cos_t.options());
+  prefill_sin_ = at::zeros({T, cos_t.size(1)}, cos_t.options());
+
   q_ends_.assign(R + 1, 0);
   kv_lens_.assign(R + 1, 0);
   prefill_q_ends_.assign(R, 0);
   chunk_kv_ends_.assign(kChunks * R, 0);
   seq_tot_.assign(kChunks, 0);
   max_seq_.assign(kChunks, 0);
-  ctx_lens_.assign(R, 0);
+
+  views_ = std::make_unique<Views>();
+  Views& v = *views_;
+  v.slots64 = device_.narrow(0, off_slot_, 2 * T).view(at::kLong);
+  v.qsl.resize(R + 1);
+  v.slots.resize(T + 1);
+  v.decode_bt.resize(R + 1);
+  v.prefill_bt.resize(R + 1);
+  for (auto* c : {&v.dcos, &v.dsin, &v.pcos, &v.psin, &v.dpos, &v.ppos}) c->resize(T + 1);
+  for (auto* c : {&v.cu, &v.starts, &v.clens}) c->resize(kChunks * (R + 1));
+
   md_.block_size = cfg.block_size;
   md_.num_blocks = cfg.num_blocks;
   md_.speculative = cfg.num_speculative_tokens > 0;
-  md_.attn_mask = at::triu(at::ones({kMaskSize, kMaskSize}, dev.dtype(at::kChar)), 1);
+  md_.attn_mask = at::triu(at::ones({kMaskSize, kMaskSize}, at::TensorOptions().device(cfg.device).dtype(at::kChar)), 1);
+  md_.prefill.chunked.kv_ends.reserve(kChunks);
 }
 
 MetadataBuilder::~MetadataBuilder() = default;
 
+void MetadataBuilder::gather_rope_on_host(int32_t td, int32_t tp) {
+  const int32_t* s = staging_.data_ptr<int32_t>();
+  const auto* cos_t = static_cast<const uint8_t*>(cfg_.cos_table.data_ptr());
+  const auto* sin_t = static_cast<const uint8_t*>(cfg_.sin_table.data_ptr());
+  if (td > 0) {
+    copy_rows(cos_t, rope_row_bytes_, s + off_dpos_, td, static_cast<uint8_t*>(decode_cos_.data_ptr()));
+    copy_rows(sin_t, rope_row_bytes_, s + off_dpos_, td, static_cast<uint8_t*>(decode_sin_.data_ptr()));
+  }
+  if (tp > 0) {
+    copy_rows(cos_t, rope_row_bytes_, s + off_ppos_, tp, static_cast<uint8_t*>(prefill_cos_.data_ptr()));
+    copy_rows(sin_t, rope_row_bytes_, s + off_ppos_, tp, static_cast<uint8_t*>(prefill_sin_.data_ptr()));
+  }
+}
+
 const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   int32_t* s = staging_.data_ptr<int32_t>();
-  const int64_t R = cfg_.max_num_reqs, MB = cfg_.max_blocks_per_req;
+  const int64_t R = cfg_.max_num_reqs, T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req;
   const size_t num_reqs = in.seq_lens.size();
   AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(R), "num_reqs=", num_reqs,
                 " (seq_lens entries) exceeds the builder's max_num_reqs=", R);
   const int64_t tokens = in.num_input_tokens > 0 ? in.num_input_tokens
                                                  : (in.query_start_loc.empty() ? 0 : in.query_start_loc.back());
-  AAR_CHECK_ARG(tokens <= cfg_.max_num_tokens, "num_tokens=", tokens, " exceeds the builder's max_num_tokens=",
-                cfg_.max_num_tokens);
+  AAR_CHECK_ARG(tokens <= T, "num_tokens=", tokens, " exceeds the builder's max_num_tokens=", T);
   AAR_CHECK_ARG(in.block_table_stride <= MB, "block_table has ", in.block_table_stride,
                 " columns, more than the builder's max_blocks_per_req=", MB);
 
-  plan::StepInputs si;
-  si.query_start_loc = in.query_start_loc;
-  si.seq_lens = in.seq_lens;
-  si.block_table = in.block_table;
-  si.block_table_stride = in.block_table_stride;
-  si.block_size = cfg_.block_size;
-  si.num_blocks = cfg_.num_blocks;
-  si.num_input_tokens = in.num_input_tokens;
-  si.decode_threshold = decode_threshold();
-  si.treat_short_extends_as_decodes = true;  // MLA without DCP (spec 3.3)
-  si.has_state = in.attn_state.has_value();
-  if (si.has_state) si.state = *in.attn_state;
-  si.num_spec_tokens = in.num_spec_tokens;
-  si.spec_method = cfg_.num_speculative_tokens > 0 ? plan::SpecMethod::Mtp : plan::SpecMethod::None;
-  si.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
-  si.pad_fia_batch = false;
+  plan::MlaStepInputs mi;
+  mi.query_start_loc = in.query_start_loc;
+  mi.seq_lens = in.seq_lens;
+  mi.block_table = in.block_table;
+  mi.block_table_stride = in.block_table_stride;
+  mi.block_size = cfg_.block_size;
+  mi.num_blocks = cfg_.num_blocks;
+  mi.num_input_tokens = in.num_input_tokens;
+  mi.decode_threshold = decode_threshold();
+  mi.has_state = in.attn_state.has_value();
+  if (mi.has_state) mi.state = *in.attn_state;
+  mi.num_spec_tokens = in.num_spec_tokens;
+  mi.spec_method = cfg_.num_speculative_tokens > 0 ? plan::SpecMethod::Mtp : plan::SpecMethod::None;
+  mi.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
+  mi.rope_positions = cfg_.cos_table.size(0);
+  mi.workspace_tokens = workspace_;
 
-  plan::StepBuffers buf;
-  buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 2);
-  buf.seq_lens = plan::Span<int32_t>(s + off_seq_, R + 1);
-  buf.slot_mapping = plan::Span<int32_t>(s + off_slot_, cfg_.max_num_tokens);
-  buf.block_table = plan::Span<int32_t>(s + off_bt_, (R + 1) * MB);
+  plan::MlaStepBuffers buf;
+  buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 1);
+  buf.block_table = plan::Span<int32_t>(s + off_bt_, R * MB);
   buf.block_table_stride = static_cast<int32_t>(MB);
   buf.q_ends = plan::Span<int64_t>(q_ends_.data(), q_ends_.size());
   buf.kv_lens = plan::Span<int64_t>(kv_lens_.data(), kv_lens_.size());
-  const plan::StepPlan p = plan::build_step(si, buf);
+  buf.slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + off_slot_), T);
+  buf.decode_positions = plan::Span<int32_t>(s + off_dpos_, T);
+  buf.prefill_positions = plan::Span<int32_t>(s + off_ppos_, T);
+  buf.prefill_block_table = plan::Span<int32_t>(s + off_pbt_, R * MB);
+  buf.prefill_q_ends = plan::Span<int64_t>(prefill_q_ends_.data(), prefill_q_ends_.size());
+  buf.chunks.cu_seq_lens = plan::Span<int32_t>(s + off_cu_, kChunks * (R + 1));
+  buf.chunks.starts = plan::Span<int32_t>(s + off_starts_, kChunks * R);
+  buf.chunks.chunk_seq_lens = plan::Span<int32_t>(s + off_clens_, kChunks * R);
+  buf.chunks.kv_ends = plan::Span<int64_t>(chunk_kv_ends_.data(), chunk_kv_ends_.size());
+  buf.chunks.seq_tot = plan::Span<int64_t>(seq_tot_.data(), seq_tot_.size());
+  buf.chunks.max_seq_lens = plan::Span<int64_t>(max_seq_.data(), max_seq_.size());
 
+  // Everything that can fail happens in here, before its first write.
+  const plan::MlaStepPlan p = plan::plan_mla_step(mi, buf);
   const int32_t B = p.num_reqs, nd = p.split.num_decodes, np = p.split.num_prefills;
   const int32_t td = p.split.num_decode_tokens, tp = p.split.num_prefill_tokens;
-  const int32_t* qsl = s + off_qsl_;
-  const int32_t* seq = s + off_seq_;
-
-  // Positions of the scheduled tokens (context + offset); padded tokens get 0.
-  int32_t* pos = s + off_pos_;
-  for (int32_t r = 0; r < B; ++r) {
-    const int32_t ql = qsl[r + 1] - qsl[r];
-    for (int32_t t = 0; t < ql; ++t) pos[qsl[r] + t] = seq[r] - ql + t;
-  }
-  std::fill(pos + p.num_actual_tokens, pos + p.num_input_tokens, 0);
-  const int64_t max_pos = cfg_.cos_table.size(0);
-  for (int32_t r = 0; r < B; ++r) {
-    AAR_CHECK_ARG(seq[r] <= max_pos, "seq_lens[", r, "]=", seq[r], " exceeds the RoPE table length ", max_pos);
-  }
-
-  // Context chunks of the prefills (spec 3.4).
-  plan::ContextChunkPlan cp;
-  md_.prefill.max_query_len = 0;
-  md_.prefill.max_seq_len = 0;
-  if (np > 0 && cfg_.chunked_prefill_enabled) {
-    int32_t max_q = 0, max_s = 0;
-    for (int32_t b = 0; b < np; ++b) {
-      const int32_t r = nd + b, ql = qsl[r + 1] - qsl[r];
-      ctx_lens_[b] = seq[r] - ql;
-      prefill_q_ends_[b] = qsl[r + 1] - qsl[nd];
-      max_q = std::max(max_q, ql);
-      max_s = std::max(max_s, seq[r]);
-    }
-    plan::ContextChunkInputs ci;
-    ci.context_lens = plan::CSpan<int32_t>(ctx_lens_.data(), np);
-    ci.workspace_tokens = workspace_;
-    ci.block_size = cfg_.block_size;
-    plan::ContextChunkBuffers cb;
-    cb.cu_seq_lens = plan::Span<int32_t>(s + off_cu_, kChunks * (np + 1));
-    cb.starts = plan::Span<int32_t>(s + off_starts_, kChunks * np);
-    cb.chunk_seq_lens = plan::Span<int32_t>(s + off_clens_, kChunks * np);
-    cb.kv_ends = plan::Span<int64_t>(chunk_kv_ends_.data(), kChunks * np);
-    cb.seq_tot = plan::Span<int64_t>(seq_tot_.data(), kChunks);
-    cb.max_seq_lens = plan::Span<int64_t>(max_seq_.data(), kChunks);
-    cp = plan::plan_context_chunks(ci, cb);
-    md_.prefill.max_query_len = max_q;
-    md_.prefill.max_seq_len = max_s;
-  } else if (np > 0) {
-    // Without chunked prefill there is no context to merge (spec 3.4 returns None);
-    // a prefill with context would silently lose it, so reject it.
-    for (int32_t b = 0; b < np; ++b) {
-      const int32_t r = nd + b, ql = qsl[r + 1] - qsl[r];
-      AAR_CHECK_ARG(seq[r] == ql, "request ", r, " has ", seq[r] - ql,
-                    " cached context tokens but chunked_prefill_enabled is false (its context would be ignored)");
-      prefill_q_ends_[b] = qsl[r + 1] - qsl[nd];
-      md_.prefill.max_query_len = std::max(md_.prefill.max_query_len, ql);
-    }
-  }
-
-  // One host-to-device copy of the packed prefix.
-  const int64_t used = off_bt_ + static_cast<int64_t>(B) * MB;
-  if (!cfg_.device.is_cpu()) device_.narrow(0, 0, used).copy_(staging_.narrow(0, 0, used), /*non_blocking=*/true);
-
   const int32_t T_in = p.num_input_tokens;
-  at::Tensor slots32 = device_.narrow(0, off_slot_, T_in);
-  md_.slot_mapping = slots64_.narrow(0, 0, T_in);
-  md_.slot_mapping.copy_(slots32);
-  const at::Tensor positions = device_.narrow(0, off_pos_, T_in);
-  at::Tensor cos = cos_buf_.narrow(0, 0, T_in), sin = sin_buf_.narrow(0, 0, T_in);
-  at::index_select_out(cos, cfg_.cos_table, 0, positions);
-  at::index_select_out(sin, cfg_.sin_table, 0, positions);
+  const int64_t C = p.chunks.num_chunks;
+  Views& v = *views_;
+
+  if (separate_) {
+    // One host-to-device copy of the packed prefix: up to the last decode row,
+    // or, with prefills, up to the last prefill row.
+    const int64_t used = np > 0 ? off_pbt_ + static_cast<int64_t>(np) * MB : off_bt_ + static_cast<int64_t>(B) * MB;
+    device_.narrow(0, 0, used).copy_(staging_.narrow(0, 0, used), /*non_blocking=*/true);
+    // RoPE rows: out= kernels into the persistent buffers.
+    if (td > 0) {
+      const at::Tensor& pos = lazy(v.dpos, td, [&] { return device_.narrow(0, off_dpos_, td); });
+      at::Tensor cos = lazy(v.dcos, td, [&] { return decode_cos_.narrow(0, 0, td); });
+      at::Tensor sin = lazy(v.dsin, td, [&] { return decode_sin_.narrow(0, 0, td); });
+      at::index_select_out(cos, cfg_.cos_table, 0, pos);
+      at::index_select_out(sin, cfg_.sin_table, 0, pos);
+    }
+    if (tp > 0) {
+      const at::Tensor& pos = lazy(v.ppos, tp, [&] { return device_.narrow(0, off_ppos_, tp); });
+      at::Tensor cos = lazy(v.pcos, tp, [&] { return prefill_cos_.narrow(0, 0, tp); });
+      at::Tensor sin = lazy(v.psin, tp, [&] { return prefill_sin_.narrow(0, 0, tp); });
+      at::index_select_out(cos, cfg_.cos_table, 0, pos);
+      at::index_select_out(sin, cfg_.sin_table, 0, pos);
+    }
+  } else {
+    gather_rope_on_host(td, tp);
+  }
 
   md_.attn_state = p.state;
   md_.num_reqs = B;
@@ -194,40 +253,55 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   md_.num_prefills = np;
   md_.num_decode_tokens = td;
   md_.num_prefill_tokens = tp;
-  md_.query_start_loc = device_.narrow(0, off_qsl_, B + 1);
-  const at::Tensor bt = device_.narrow(0, off_bt_, static_cast<int64_t>(B) * MB).view({B, MB});
+  md_.query_start_loc = lazy(v.qsl, B, [&] { return device_.narrow(0, off_qsl_, B + 1); });
+  md_.slot_mapping = lazy(v.slots, T_in, [&] { return v.slots64.narrow(0, 0, T_in); });
   if (nd > 0) {
-    md_.decode.block_table = bt.narrow(0, 0, nd);
-    md_.decode.seq_lens_list = c10::IntArrayRef(kv_lens_.data(), nd);
-    md_.decode.actual_seq_lengths_q = c10::IntArrayRef(q_ends_.data(), nd);
-    md_.decode.cos = cos.narrow(0, 0, td);
-    md_.decode.sin = sin.narrow(0, 0, td);
-    md_.decode.max_seq_len = *std::max_element(seq, seq + nd);
+    DecodeMetadata& d = md_.decode;
+    d.block_table = lazy(v.decode_bt, nd, [&] { return device_.narrow(0, off_bt_, nd * MB).view({nd, MB}); });
+    d.seq_lens_list = c10::IntArrayRef(kv_lens_.data(), nd);
+    d.actual_seq_lengths_q = c10::IntArrayRef(q_ends_.data(), nd);
+    d.cos = lazy(v.dcos, td, [&] { return decode_cos_.narrow(0, 0, td); });
+    d.sin = lazy(v.dsin, td, [&] { return decode_sin_.narrow(0, 0, td); });
+    d.max_seq_len = p.decode_max_seq_len;
   } else {
     md_.decode = DecodeMetadata{};
   }
+  PrefillMetadata& pf = md_.prefill;
+  ChunkedContext& cc = pf.chunked;
   if (np > 0) {
-    md_.prefill.block_table = bt.narrow(0, nd, np);
-    md_.prefill.actual_seq_lengths_q = c10::IntArrayRef(prefill_q_ends_.data(), np);
-    md_.prefill.cos = cos.narrow(0, td, tp);
-    md_.prefill.sin = sin.narrow(0, td, tp);
-    ChunkedContext& cc = md_.prefill.chunked;
-    cc.num_chunks = cp.num_chunks;
-    cc.chunk_size = cp.chunk_size;
-    cc.kv_ends.clear();
-    if (cp.num_chunks > 0) {
-      const int64_t C = cp.num_chunks;
-      cc.cu_seq_lens = device_.narrow(0, off_cu_, C * (np + 1)).view({C, np + 1});
-      cc.starts = device_.narrow(0, off_starts_, C * np).view({C, np});
-      cc.chunk_seq_lens = device_.narrow(0, off_clens_, C * np).view({C, np});
-      cc.seq_tot = c10::IntArrayRef(seq_tot_.data(), C);
-      cc.max_seq_lens = c10::IntArrayRef(max_seq_.data(), C);
-      for (int64_t c = 0; c < C; ++c) cc.kv_ends.emplace_back(chunk_kv_ends_.data() + c * np, np);
-    } else {
-      cc = ChunkedContext{};
-    }
+    pf.block_table = lazy(v.prefill_bt, np, [&] { return device_.narrow(0, off_pbt_, np * MB).view({np, MB}); });
+    pf.actual_seq_lengths_q = c10::IntArrayRef(prefill_q_ends_.data(), np);
+    pf.cos = lazy(v.pcos, tp, [&] { return prefill_cos_.narrow(0, 0, tp); });
+    pf.sin = lazy(v.psin, tp, [&] { return prefill_sin_.narrow(0, 0, tp); });
+    pf.max_query_len = p.prefill_max_query_len;
+    pf.max_seq_len = p.prefill_max_seq_len;
   } else {
-    md_.prefill = PrefillMetadata{};
+    pf.block_table.reset();
+    pf.actual_seq_lengths_q = {};
+    pf.cos.reset();
+    pf.sin.reset();
+    pf.max_query_len = 0;
+    pf.max_seq_len = 0;
+  }
+  cc.num_chunks = p.chunks.num_chunks;
+  cc.chunk_size = p.chunks.chunk_size;
+  cc.kv_ends.clear();  // keeps its capacity (kChunks)
+  if (np > 0 && C > 0) {
+    const size_t key = static_cast<size_t>((C - 1) * (R + 1) + np);
+    cc.cu_seq_lens = lazy(v.cu, key, [&] { return device_.narrow(0, off_cu_, C * (np + 1)).view({C, np + 1}); });
+    cc.starts = lazy(v.starts, key, [&] { return device_.narrow(0, off_starts_, C * np).view({C, np}); });
+    cc.chunk_seq_lens = lazy(v.clens, key, [&] { return device_.narrow(0, off_clens_, C * np).view({C, np}); });
+    cc.seq_tot = c10::IntArrayRef(seq_tot_.data(), C);
+    cc.max_seq_lens = c10::IntArrayRef(max_seq_.data(), C);
+    for (int64_t c = 0; c < C; ++c) cc.kv_ends.emplace_back(chunk_kv_ends_.data() + c * np, np);
+  } else {
+    cc.num_chunks = 0;
+    cc.chunk_size = 0;
+    cc.cu_seq_lens.reset();
+    cc.starts.reset();
+    cc.chunk_seq_lens.reset();
+    cc.seq_tot = {};
+    cc.max_seq_lens = {};
   }
   return md_;
 }

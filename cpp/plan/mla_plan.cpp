@@ -5,7 +5,11 @@
 #include <cmath>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/seq_lens.h"
+#include "ascend_attn_rt/plan/slot_mapping.h"
+#include "ascend_attn_rt/plan/split.h"
 #include "ascend_attn_rt/plan/workspace.h"
+#include "internal.h"
 
 namespace aar::plan {
 
@@ -42,21 +46,40 @@ int32_t mla_reorder_batch(CSpan<int32_t> num_scheduled, int32_t decode_threshold
   return swaps;
 }
 
-ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const ContextChunkBuffers& buf) {
-  const std::size_t np = in.context_lens.size();
-  AAR_CHECK_ARG(in.block_size > 0, "block_size must be positive, got ", in.block_size);
-  AAR_CHECK_ARG(in.max_chunks >= 1 && in.max_chunks <= kMaxContextChunks, "max_chunks must be in [1, ",
-                kMaxContextChunks, "] (npu_attention_update merges at most 16 partial results), got ",
-                in.max_chunks);
+namespace {
+
+// Spec 3.4 geometry (chunk size and count) from the context statistics;
+// validates, writes nothing.
+ContextChunkPlan chunk_geometry(int32_t num_with_context, int32_t max_context, int64_t workspace_tokens,
+                                int32_t block_size, int32_t max_chunks) {
   ContextChunkPlan p;
-  for (std::size_t b = 0; b < np; ++b) {
-    AAR_CHECK_ARG(in.context_lens[b] >= 0, "context_lens[", b, "]=", in.context_lens[b], " is negative");
-    if (in.context_lens[b] > 0) ++p.num_with_context;
-    p.max_context = std::max(p.max_context, in.context_lens[b]);
+  p.num_with_context = num_with_context;
+  p.max_context = max_context;
+  if (num_with_context == 0) return p;
+  AAR_CHECK_ARG(workspace_tokens > 0, "workspace_tokens must be positive, got ", workspace_tokens);
+  const int64_t bs = block_size;
+  int64_t chunk = (workspace_tokens / num_with_context) / bs * bs;
+  AAR_CHECK_ARG(chunk > 0, "workspace_tokens=", workspace_tokens, " is too small: ", num_with_context,
+                " prefills with context need at least one block of ", bs, " tokens each");
+  int64_t chunks = (max_context + chunk - 1) / chunk;
+  if (chunks > max_chunks) {
+    chunk = round_up((max_context + max_chunks - 1) / max_chunks, bs);
+    chunks = (max_context + chunk - 1) / chunk;
+    p.bounded = true;
   }
-  if (p.num_with_context == 0) return p;
-  AAR_CHECK_ARG(in.workspace_tokens > 0, "workspace_tokens must be positive, got ", in.workspace_tokens);
-  const std::size_t cap = static_cast<std::size_t>(in.max_chunks);
+  p.chunk_size = static_cast<int32_t>(chunk);
+  p.num_chunks = static_cast<int32_t>(chunks);
+  return p;
+}
+
+void check_chunk_args(int32_t block_size, int32_t max_chunks) {
+  AAR_CHECK_ARG(block_size > 0, "block_size must be positive, got ", block_size);
+  AAR_CHECK_ARG(max_chunks >= 1 && max_chunks <= kMaxContextChunks, "max_chunks must be in [1, ",
+                kMaxContextChunks, "] (npu_attention_update merges at most 16 partial results), got ", max_chunks);
+}
+
+void check_chunk_capacity(std::size_t np, int32_t max_chunks, const ContextChunkBuffers& buf) {
+  const std::size_t cap = static_cast<std::size_t>(max_chunks);
   AAR_CHECK_ARG(buf.cu_seq_lens.size() >= cap * (np + 1), "cu_seq_lens has room for ", buf.cu_seq_lens.size(),
                 " entries, needs max_chunks*(NP+1) = ", cap * (np + 1));
   AAR_CHECK_ARG(buf.starts.size() >= cap * np && buf.chunk_seq_lens.size() >= cap * np &&
@@ -65,37 +88,264 @@ ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const Context
                 buf.starts.size(), " / ", buf.chunk_seq_lens.size(), " / ", buf.kv_ends.size());
   AAR_CHECK_ARG(buf.seq_tot.size() >= cap && buf.max_seq_lens.size() >= cap,
                 "seq_tot / max_seq_lens need room for max_chunks = ", cap, " entries");
+}
 
-  const int64_t bs = in.block_size;
-  int64_t chunk = (in.workspace_tokens / p.num_with_context) / bs * bs;
-  AAR_CHECK_ARG(chunk > 0, "workspace_tokens=", in.workspace_tokens, " is too small: ", p.num_with_context,
-                " prefills with context need at least one block of ", bs, " tokens each");
-  int64_t chunks = (p.max_context + chunk - 1) / chunk;
-  if (chunks > in.max_chunks) {
-    chunk = round_up((p.max_context + in.max_chunks - 1) / in.max_chunks, bs);
-    chunks = (p.max_context + chunk - 1) / chunk;
-    p.bounded = true;
-  }
-  p.chunk_size = static_cast<int32_t>(chunk);
-  p.num_chunks = static_cast<int32_t>(chunks);
-  for (int64_t c = 0; c < chunks; ++c) {
+// Unchecked writer; ctx(b) is the context length of prefill b.
+template <typename Ctx>
+void write_chunks(std::size_t np, Ctx ctx, const ContextChunkPlan& p, const ContextChunkBuffers& buf) {
+  const int64_t chunk = p.chunk_size;
+  for (int64_t c = 0; c < p.num_chunks; ++c) {
     int32_t* cu = buf.cu_seq_lens.data() + c * (np + 1);
+    int32_t* starts = buf.starts.data() + c * np;
+    int32_t* lens = buf.chunk_seq_lens.data() + c * np;
+    int64_t* ends = buf.kv_ends.data() + c * np;
+    const int64_t start = c * chunk;
     cu[0] = 0;
     int64_t tot = 0, mx = 0;
     for (std::size_t b = 0; b < np; ++b) {
-      const int64_t start = c * chunk;
-      const int64_t len = std::max<int64_t>(0, std::min<int64_t>(in.context_lens[b], start + chunk) - start);
-      buf.starts[c * np + b] = static_cast<int32_t>(start);
-      buf.chunk_seq_lens[c * np + b] = static_cast<int32_t>(len);
+      const int64_t len = std::max<int64_t>(0, std::min<int64_t>(ctx(b), start + chunk) - start);
+      starts[b] = static_cast<int32_t>(start);
+      lens[b] = static_cast<int32_t>(len);
       tot += len;
       mx = std::max(mx, len);
       cu[b + 1] = static_cast<int32_t>(tot);
-      buf.kv_ends[c * np + b] = tot;
+      ends[b] = tot;
     }
     buf.seq_tot[c] = tot;
     buf.max_seq_lens[c] = mx;
   }
+}
+
+void check_room(std::size_t have, std::size_t need, const char* name) {
+  AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
+}
+
+}  // namespace
+
+ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const ContextChunkBuffers& buf) {
+  const std::size_t np = in.context_lens.size();
+  check_chunk_args(in.block_size, in.max_chunks);
+  int32_t nwc = 0, max_ctx = 0;
+  for (std::size_t b = 0; b < np; ++b) {
+    AAR_CHECK_ARG(in.context_lens[b] >= 0, "context_lens[", b, "]=", in.context_lens[b], " is negative");
+    if (in.context_lens[b] > 0) ++nwc;
+    max_ctx = std::max(max_ctx, in.context_lens[b]);
+  }
+  const ContextChunkPlan p = chunk_geometry(nwc, max_ctx, in.workspace_tokens, in.block_size, in.max_chunks);
+  if (p.num_chunks == 0) return p;
+  check_chunk_capacity(np, in.max_chunks, buf);
+  write_chunks(np, [&](std::size_t b) { return in.context_lens[b]; }, p, buf);
   return p;
+}
+
+MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
+  // ---------------------------------------------------------------- validate
+  // Same checks and messages as plan::build_step, fused with the MLA ones.
+  const std::size_t b = in.seq_lens.size();
+  const CSpan<int32_t> qsl = in.query_start_loc;
+  AAR_CHECK_ARG(qsl.size() == b + 1, "query_start_loc has ", qsl.size(), " entries, expected seq_lens.size()+1 = ",
+                b + 1);
+  AAR_CHECK_ARG(b <= static_cast<std::size_t>(INT32_MAX - 2), "batch of ", b, " requests is too large");
+  validate_start_loc(qsl, "query_start_loc");
+  const int32_t t_real = qsl[b];
+  AAR_CHECK_ARG(in.num_input_tokens >= 0, "num_input_tokens=", in.num_input_tokens, " is negative");
+  const int32_t t_in = in.num_input_tokens == 0 ? t_real : in.num_input_tokens;
+  AAR_CHECK_ARG(t_in >= t_real, "num_input_tokens=", in.num_input_tokens, " is smaller than query_start_loc[", b,
+                "]=", t_real);
+  check_chunk_args(in.block_size, in.max_chunks);
+  AAR_CHECK_ARG(in.block_table_stride >= 0, "block_table_stride=", in.block_table_stride, " is negative");
+  AAR_CHECK_ARG(in.num_blocks >= 0, "num_blocks=", in.num_blocks, " is negative");
+  AAR_CHECK_ARG(static_cast<int64_t>(in.num_blocks) * in.block_size <= INT32_MAX, "num_blocks=", in.num_blocks,
+                " x block_size=", in.block_size, " exceeds the int32 slot range");
+  AAR_CHECK_ARG(in.decode_threshold >= 1 && in.decode_threshold <= 16, "decode_threshold=", in.decode_threshold,
+                " is out of range [1, 16]");
+  AAR_CHECK_ARG(in.num_spec_tokens.empty() || in.num_spec_tokens.size() == b, "num_spec_tokens has ",
+                in.num_spec_tokens.size(), " entries, expected 0 or ", b);
+  detail::validate_spec_method(in.spec_method);
+  if (in.has_state) {
+    const auto st = static_cast<int32_t>(in.state);
+    AAR_CHECK_ARG(st >= 0 && st <= 4, "state=", st, " is not an AttentionState");
+  }
+  const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
+  const std::size_t stride = static_cast<std::size_t>(buf.block_table_stride);
+  AAR_CHECK_ARG(in.block_table.size() >= b * in_stride, "block_table has ", in.block_table.size(),
+                " entries, fewer than num_reqs*block_table_stride = ", b, "*", in_stride, " = ", b * in_stride);
+  AAR_CHECK_ARG(stride >= in_stride, "buffers.block_table_stride=", stride, " is smaller than block_table_stride=",
+                in_stride);
+  const bool zero_copy = in.block_table.data() != nullptr && in.block_table.data() == buf.block_table.data();
+  AAR_CHECK_ARG(!zero_copy || stride == in_stride, "block_table is the staged buffer (zero copy) but block_table_stride=",
+                in_stride, " differs from buffers.block_table_stride=", stride);
+
+  const int32_t bs = in.block_size;
+  const bool pow2 = (bs & (bs - 1)) == 0;
+  int shift = 0;
+  while (pow2 && (1 << shift) < bs) ++shift;
+  auto blocks_of = [&](int32_t seq) -> int64_t {
+    return pow2 ? ((static_cast<int64_t>(seq) + bs - 1) >> shift) : (static_cast<int64_t>(seq) + bs - 1) / bs;
+  };
+  const uint32_t num_blocks_u = static_cast<uint32_t>(in.num_blocks);
+  const bool has_spec = !in.num_spec_tokens.empty();
+  MlaStepPlan plan;
+  int32_t max_q = 0, max_seq = 0;
+  bool all_fresh = true, all_sched_one = true, all_valid_one = true;
+  // Branch-free scan (the offender is located only on failure): the common,
+  // valid batch costs a few instructions per request and per needed block.
+  const int32_t* seqs = in.seq_lens.data();
+  const int32_t* table = in.block_table.data();
+  uint32_t bad = 0;
+  for (std::size_t r = 0; r < b; ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r], seq = seqs[r];
+    const int32_t sp = has_spec ? in.num_spec_tokens[r] : 0;
+    bad |= static_cast<uint32_t>(seq < q) | static_cast<uint32_t>(sp < 0) | static_cast<uint32_t>(sp > q);
+    all_fresh &= seq == q;
+    all_sched_one &= q == 1;
+    all_valid_one &= (q - sp) == 1;
+    const int64_t nblk = blocks_of(seq);
+    const bool fits = nblk <= in.block_table_stride;
+    bad |= static_cast<uint32_t>(!fits);
+    const int32_t* row = table + r * in_stride;
+    const int64_t n = fits ? nblk : 0;
+    for (int64_t c = 0; c < n; ++c) bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[c]) >= num_blocks_u);
+    max_q = std::max(max_q, q);
+    max_seq = std::max(max_seq, seq);
+  }
+  if (bad) {
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t q = qsl[r + 1] - qsl[r], seq = seqs[r];
+      AAR_CHECK_ARG(seq >= q, "seq_lens[", r, "]=", seq, " is smaller than its query length ", q);
+      if (has_spec) {
+        const int32_t sp = in.num_spec_tokens[r];
+        AAR_CHECK_ARG(sp >= 0 && sp <= q, "num_spec_tokens[", r, "]=", sp, " is out of range [0, query length ",
+                      q, "]");
+      }
+      const int64_t nblk = blocks_of(seq);
+      AAR_CHECK_ARG(nblk <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", nblk,
+                    " blocks but block_table_stride=", in.block_table_stride, " (block_size=", in.block_size, ")");
+      const int32_t* row = table + r * in_stride;
+      for (int64_t c = 0; c < nblk; ++c) {
+        AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
+                      " is out of range [0, ", in.num_blocks, ")");
+      }
+    }
+  }
+  if (in.rope_positions > 0 && max_seq > in.rope_positions) {
+    for (std::size_t r = 0; r < b; ++r) {
+      AAR_CHECK_ARG(in.seq_lens[r] <= in.rope_positions, "seq_lens[", r, "]=", in.seq_lens[r],
+                    " exceeds the RoPE table length ", in.rope_positions);
+    }
+  }
+  plan.state = in.has_state ? in.state
+                            : detail::state_from_flags(b == 0, all_fresh, all_sched_one, all_valid_one,
+                                                       in.spec_method, in.chunked_prefill_enabled);
+  SplitInputs split_in;
+  split_in.query_start_loc = qsl;
+  split_in.num_actual_tokens = t_real;
+  split_in.max_query_len = max_q;
+  split_in.decode_threshold = in.decode_threshold;
+  split_in.treat_short_extends_as_decodes = true;  // MLA without DCP (spec 3.3)
+  plan.split = split_decodes_and_prefills(split_in);
+  const std::size_t nd = static_cast<std::size_t>(plan.split.num_decodes);
+  const std::size_t np = static_cast<std::size_t>(plan.split.num_prefills);
+
+  int32_t nwc = 0, max_ctx = 0;
+  for (std::size_t r = nd; r < b; ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r], ctx = in.seq_lens[r] - q;
+    AAR_CHECK_ARG(ctx == 0 || in.chunked_prefill_enabled, "request ", r, " has ", ctx,
+                  " cached context tokens but chunked_prefill_enabled is false (its context would be ignored)");
+    if (ctx > 0) ++nwc;
+    max_ctx = std::max(max_ctx, ctx);
+    plan.prefill_max_query_len = std::max(plan.prefill_max_query_len, q);
+    plan.prefill_max_seq_len = std::max(plan.prefill_max_seq_len, in.seq_lens[r]);
+  }
+  plan.chunks = chunk_geometry(nwc, max_ctx, in.workspace_tokens, in.block_size, in.max_chunks);
+  if (plan.chunks.num_chunks > 0) check_chunk_capacity(np, in.max_chunks, buf.chunks);
+  check_room(buf.query_start_loc.size(), b + 1, "buffers.query_start_loc");
+  check_room(buf.block_table.size(), b * stride, "buffers.block_table");
+  check_room(buf.q_ends.size(), b, "buffers.q_ends");
+  check_room(buf.kv_lens.size(), b, "buffers.kv_lens");
+  check_room(buf.slot_mapping.size(), static_cast<std::size_t>(t_in), "buffers.slot_mapping");
+  check_room(buf.decode_positions.size(), static_cast<std::size_t>(plan.split.num_decode_tokens),
+             "buffers.decode_positions");
+  check_room(buf.prefill_positions.size(), static_cast<std::size_t>(plan.split.num_prefill_tokens),
+             "buffers.prefill_positions");
+  check_room(buf.prefill_block_table.size(), np * stride, "buffers.prefill_block_table");
+  check_room(buf.prefill_q_ends.size(), np, "buffers.prefill_q_ends");
+
+  // ---------------------------------------------------------------- write
+  std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
+  if (!zero_copy) {
+    if (in_stride == stride) {
+      std::copy(in.block_table.data(), in.block_table.data() + b * stride, buf.block_table.data());
+    } else {
+      for (std::size_t r = 0; r < b; ++r) {
+        const int32_t* src = in.block_table.data() + r * in_stride;
+        int32_t* dst = buf.block_table.data() + r * stride;
+        std::copy(src, src + in_stride, dst);
+        std::fill(dst + in_stride, dst + stride, 0);
+      }
+    }
+  }
+  int64_t* slots = buf.slot_mapping.data();
+  int64_t* q_ends = buf.q_ends.data();
+  int64_t* kv_lens = buf.kv_lens.data();
+  int32_t* dpos = buf.decode_positions.data();
+  if (all_sched_one && b > 0 && pow2) {
+    // Decode-only, one token per request (the steady state): token r is request r.
+    int32_t dmax = 0;
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t pos = seqs[r] - 1;
+      const int32_t* row = table + r * in_stride;
+      q_ends[r] = static_cast<int64_t>(r) + 1;
+      kv_lens[r] = seqs[r];
+      dpos[r] = pos;
+      slots[r] = static_cast<int64_t>(row[pos >> shift]) * bs + (pos & (bs - 1));
+      dmax = std::max(dmax, seqs[r]);
+    }
+    plan.decode_max_seq_len = dmax;
+  } else {
+    const int32_t pbase = qsl[nd];
+    int32_t* ppos = buf.prefill_positions.data();
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t begin = qsl[r], end = qsl[r + 1], seq = seqs[r];
+      q_ends[r] = end;
+      kv_lens[r] = seq;
+      if (begin == end) continue;
+      const int32_t pos0 = seq - (end - begin);
+      // Positions advance one by one: block and offset are carried.
+      const int32_t* row = table + r * in_stride;
+      int32_t blk = pow2 ? (pos0 >> shift) : pos0 / bs;
+      int32_t off = pos0 - blk * bs;
+      int64_t base = static_cast<int64_t>(row[blk]) * bs;
+      int32_t* pos = r < nd ? dpos + begin : ppos + (begin - pbase);
+      for (int32_t t = begin; t < end; ++t) {
+        slots[t] = base + off;
+        *pos++ = pos0 + (t - begin);
+        if (++off == bs) {
+          off = 0;
+          ++blk;
+          base = static_cast<int64_t>(row[blk < static_cast<int32_t>(in_stride) ? blk : blk - 1]) * bs;
+        }
+      }
+    }
+    for (std::size_t r = 0; r < nd; ++r) plan.decode_max_seq_len = std::max(plan.decode_max_seq_len, seqs[r]);
+    for (std::size_t r = nd; r < b; ++r) buf.prefill_q_ends[r - nd] = qsl[r + 1] - pbase;
+  }
+  std::fill(slots + t_real, slots + t_in, int64_t{kPadSlot});
+  if (np > 0) {
+    const int32_t* rows = buf.block_table.data() + nd * stride;
+    std::copy(rows, rows + np * stride, buf.prefill_block_table.data());
+    if (plan.chunks.num_chunks > 0) {
+      write_chunks(
+          np, [&](std::size_t i) { return seqs[nd + i] - (qsl[nd + i + 1] - qsl[nd + i]); }, plan.chunks,
+          buf.chunks);
+    }
+  }
+  plan.num_reqs = static_cast<int32_t>(b);
+  plan.num_actual_tokens = t_real;
+  plan.num_input_tokens = t_in;
+  plan.max_query_len = max_q;
+  plan.max_seq_len = max_seq;
+  return plan;
 }
 
 void interp_round_half_even(int64_t a, int64_t b, int32_t n, Span<int64_t> out) {

@@ -195,3 +195,140 @@ TEST(PlanMla, NextPowerOfTwo) {
   EXPECT_EQ(next_power_of_two(256), 256);
   EXPECT_INVALID(next_power_of_two(0), "n must be in");
 }
+
+// ---------------------------------------------------------------- plan_mla_step
+
+namespace {
+
+struct MlaStep {
+  static constexpr int kR = 8, kT = 64, kStride = 6;
+  std::vector<int32_t> qsl, seq, table;
+  std::vector<int32_t> s_qsl = std::vector<int32_t>(kR + 1, -7), s_bt = std::vector<int32_t>(kR * kStride, -7),
+                       dpos = std::vector<int32_t>(kT, -7), ppos = std::vector<int32_t>(kT, -7),
+                       pbt = std::vector<int32_t>(kR * kStride, -7),
+                       cu = std::vector<int32_t>(kMaxContextChunks * (kR + 1), -7),
+                       starts = std::vector<int32_t>(kMaxContextChunks * kR, -7),
+                       lens = std::vector<int32_t>(kMaxContextChunks * kR, -7);
+  std::vector<int64_t> q_ends = std::vector<int64_t>(kR, -7), kv = std::vector<int64_t>(kR, -7),
+                       slots = std::vector<int64_t>(kT, -7), pq = std::vector<int64_t>(kR, -7),
+                       kv_ends = std::vector<int64_t>(kMaxContextChunks * kR, -7),
+                       tot = std::vector<int64_t>(kMaxContextChunks, -7),
+                       mx = std::vector<int64_t>(kMaxContextChunks, -7);
+  MlaStepInputs in;
+
+  MlaStep(std::vector<int32_t> q, std::vector<int32_t> s, int32_t bs = 4) : qsl(std::move(q)), seq(std::move(s)) {
+    table.resize(seq.size() * kStride);
+    for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 7) % 40);
+    in.block_table_stride = kStride;
+    in.block_size = bs;
+    in.num_blocks = 40;
+    in.rope_positions = 24;
+    in.workspace_tokens = 8;
+  }
+  MlaStepBuffers buffers() {
+    MlaStepBuffers b;
+    b.query_start_loc = s_qsl;
+    b.block_table = s_bt;
+    b.block_table_stride = kStride;
+    b.q_ends = q_ends;
+    b.kv_lens = kv;
+    b.slot_mapping = slots;
+    b.decode_positions = dpos;
+    b.prefill_positions = ppos;
+    b.prefill_block_table = pbt;
+    b.prefill_q_ends = pq;
+    b.chunks = {cu, starts, lens, kv_ends, tot, mx};
+    return b;
+  }
+  MlaStepPlan run(int32_t num_input_tokens = 0) {
+    in.query_start_loc = qsl;
+    in.seq_lens = seq;
+    in.block_table = table;
+    in.num_input_tokens = num_input_tokens;
+    return plan_mla_step(in, buffers());
+  }
+  // Every output buffer, to check that a rejected call wrote nothing.
+  std::vector<int64_t> snapshot() const {
+    std::vector<int64_t> all;
+    for (const auto* v : {&s_qsl, &s_bt, &dpos, &ppos, &pbt, &cu, &starts, &lens}) all.insert(all.end(), v->begin(), v->end());
+    for (const auto* v : {&q_ends, &kv, &slots, &pq, &kv_ends, &tot, &mx}) all.insert(all.end(), v->begin(), v->end());
+    return all;
+  }
+};
+
+}  // namespace
+
+TEST(PlanMlaStep, DecodeOnlyFastPath) {
+  MlaStep s({0, 1, 2, 3}, {5, 1, 9});
+  const MlaStepPlan p = s.run(5);
+  EXPECT_EQ(p.state, AttentionState::DecodeOnly);
+  EXPECT_EQ(p.split, (SplitResult{3, 0, 3, 0}));
+  EXPECT_EQ(p.num_input_tokens, 5);
+  EXPECT_EQ(p.decode_max_seq_len, 9);
+  EXPECT_EQ(first(s.q_ends, 3), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(first(s.kv, 3), (std::vector<int64_t>{5, 1, 9}));
+  EXPECT_EQ(first(s.dpos, 3), (std::vector<int32_t>{4, 0, 8}));
+  const auto want = aar_test::naive_slots(s.qsl, s.seq, s.table, MlaStep::kStride, 4, 5);
+  EXPECT_EQ(first(s.slots, 5), std::vector<int64_t>(want.begin(), want.end()));
+  EXPECT_EQ(first(s.s_bt, 3 * MlaStep::kStride), s.table);
+  EXPECT_EQ(s.ppos[0], -7);  // nothing written for prefills
+}
+
+TEST(PlanMlaStep, MixedBatchPositionsPrefillRowsAndChunks) {
+  // 1 decode (seq 6), 2 prefills: 3 new on 10 cached, 2 new on 0 cached. W=8, bs=4 -> chunk 8.
+  MlaStep s({0, 1, 4, 6}, {6, 13, 2});
+  const MlaStepPlan p = s.run();
+  EXPECT_EQ(p.split, (SplitResult{1, 2, 1, 5}));
+  EXPECT_EQ(p.prefill_max_query_len, 3);
+  EXPECT_EQ(p.prefill_max_seq_len, 13);
+  EXPECT_EQ(s.dpos[0], 5);
+  EXPECT_EQ(first(s.ppos, 5), (std::vector<int32_t>{10, 11, 12, 0, 1}));
+  EXPECT_EQ(first(s.pq, 2), (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(first(s.pbt, 2 * MlaStep::kStride),
+            std::vector<int32_t>(s.table.begin() + MlaStep::kStride, s.table.end()));
+  const auto want = aar_test::naive_slots(s.qsl, s.seq, s.table, MlaStep::kStride, 4, 6);
+  EXPECT_EQ(s.slots.size() >= 6, true);
+  EXPECT_EQ(first(s.slots, 6), std::vector<int64_t>(want.begin(), want.end()));
+  EXPECT_EQ(p.chunks.num_chunks, 2);
+  EXPECT_EQ(p.chunks.chunk_size, 8);
+  EXPECT_EQ(first(s.lens, 4), (std::vector<int32_t>{8, 0, 2, 0}));
+  EXPECT_EQ(first(s.cu, 6), (std::vector<int32_t>{0, 8, 8, 0, 2, 2}));
+  EXPECT_EQ(first(s.tot, 2), (std::vector<int64_t>{8, 2}));
+}
+
+TEST(PlanMlaStep, SpeculativeDecodePositions) {
+  MlaStep s({0, 2, 4}, {7, 3});
+  s.in.decode_threshold = 2;
+  s.in.spec_method = SpecMethod::Mtp;
+  const MlaStepPlan p = s.run();
+  EXPECT_EQ(p.split, (SplitResult{2, 0, 4, 0}));
+  EXPECT_EQ(first(s.dpos, 4), (std::vector<int32_t>{5, 6, 1, 2}));
+  EXPECT_EQ(first(s.q_ends, 2), (std::vector<int64_t>{2, 4}));
+}
+
+TEST(PlanMlaStep, RejectedCallWritesNothing) {
+  MlaStep s({0, 1, 4}, {6, 13});
+  const auto before = s.snapshot();
+  s.table[1] = 40;  // needed block of request 0 (seq 6 -> 2 blocks) out of range
+  EXPECT_INVALID(s.run(), "block_table[0][1]=40 is out of range [0, 40)");
+  s.table[1] = 3;
+  s.in.rope_positions = 12;
+  EXPECT_INVALID(s.run(), "seq_lens[1]=13 exceeds the RoPE table length 12");
+  s.in.rope_positions = 24;
+  s.in.chunked_prefill_enabled = false;
+  EXPECT_INVALID(s.run(), "request 1 has 10 cached context tokens but chunked_prefill_enabled is false");
+  s.in.chunked_prefill_enabled = true;
+  s.in.workspace_tokens = 3;
+  EXPECT_INVALID(s.run(), "workspace_tokens=3 is too small");
+  s.in.workspace_tokens = 8;
+  EXPECT_INVALID(s.run(0 + 2), "num_input_tokens=2 is smaller than query_start_loc[2]=4");
+  s.seq[0] = 0;
+  EXPECT_INVALID(s.run(), "seq_lens[0]=0 is smaller than its query length 1");
+  s.seq[0] = 6;
+  s.qsl = {0, 2, 1};
+  EXPECT_INVALID(s.run(), "query_start_loc must be non-decreasing");
+  EXPECT_EQ(s.snapshot(), before);
+  s.qsl = {0, 1, 4};
+  s.run();
+  EXPECT_NE(s.snapshot(), before);
+}

@@ -258,3 +258,114 @@ def test_profiling_run_zero_fills():
     out = torch.ones(3, 128)
     impl.forward(torch.randn(3, 128), torch.zeros(1, 16, 1, 64), torch.zeros(1, 16, 1, 16), None, out)
     assert torch.all(out == 0)
+
+
+# ---------------------------------------------------------------- persistent buffers (graph capture)
+
+_TENSORS = ("query_start_loc", "slot_mapping", "attn_mask", "decode_block_table", "decode_cos", "decode_sin",
+            "prefill_block_table", "prefill_cos", "prefill_sin", "context_cu_seq_lens", "context_starts",
+            "context_chunk_seq_lens")
+
+
+def _stable_builder(separate=None, **kw):
+    d = MlaDims()
+    cos, sin = rope_tables(256, d.R)
+    args = dict(max_num_reqs=8, max_num_tokens=128, max_blocks_per_req=16, block_size=16, num_blocks=64,
+                cos_table=cos.float(), sin_table=sin.float(), workspace_tokens=32,
+                separate_device_buffers=separate)
+    args.update(kw)
+    return mla.MetadataBuilder(**args), cos.float(), sin.float()
+
+
+def _batch(q_lens, seq_lens, stride=16):
+    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    table = (torch.arange(len(seq_lens) * stride, dtype=torch.int32).view(-1, stride) * 3) % 40
+    return qsl, torch.tensor(seq_lens, dtype=torch.int32), table
+
+
+@pytest.mark.parametrize("separate", [None, True])
+def test_metadata_tensors_keep_their_addresses(separate):
+    b, cos, sin = _stable_builder(separate)
+    md = b.build(*_batch([1, 1, 5, 4], [12, 20, 45, 30]))  # 2 decodes, 2 prefills, 3 chunks
+    assert md.num_context_chunks == 3
+    ptrs = {n: getattr(md, n).data_ptr() for n in _TENSORS}
+    md = b.build(*_batch([1, 1, 1, 3, 2, 7], [9, 40, 17, 33, 20, 7]))  # 3 decodes, 3 prefills, 2 chunks
+    assert (md.num_decodes, md.num_prefills, md.num_context_chunks) == (3, 3, 2)
+    for n in _TENSORS:
+        assert getattr(md, n).data_ptr() == ptrs[n], n
+    # The contents are this step's.
+    assert md.query_start_loc.tolist() == [0, 1, 2, 3, 6, 8, 15]
+    assert md.slot_mapping.dtype == torch.int64 and md.slot_mapping.shape == (15,)
+    dpos = torch.tensor([8, 39, 16])
+    ppos = torch.tensor([30, 31, 32, 18, 19, 0, 1, 2, 3, 4, 5, 6])
+    assert torch.equal(md.decode_cos, cos[dpos]) and torch.equal(md.decode_sin, sin[dpos])
+    assert torch.equal(md.prefill_cos, cos[ppos]) and torch.equal(md.prefill_sin, sin[ppos])
+    table = _batch([1] * 6, [1] * 6)[2]
+    assert torch.equal(md.decode_block_table, table[:3]) and torch.equal(md.prefill_block_table, table[3:])
+    # Decode-only builds of different sizes reuse the same buffers too.
+    for B in (1, 4, 8):
+        md = b.build(*_batch([1] * B, [10 + r for r in range(B)]))
+        for n in ("query_start_loc", "slot_mapping", "decode_block_table", "decode_cos", "decode_sin"):
+            assert getattr(md, n).data_ptr() == ptrs[n], n
+
+
+def test_steady_state_build_reuses_its_views():
+    b, *_ = _stable_builder()
+    args = _batch([1] * 4, [10, 11, 12, 13])
+    md = b.build(*args)
+    views = [getattr(md, n) for n in ("query_start_loc", "slot_mapping", "decode_block_table", "decode_cos")]
+    md = b.build(*args)
+    # Same TensorImpl (PyTorch hands back the same Python object): no tensor was created.
+    assert all(v is getattr(md, n) for v, n in
+               zip(views, ("query_start_loc", "slot_mapping", "decode_block_table", "decode_cos")))
+
+
+@pytest.mark.parametrize("separate", [None, True])
+def test_rejected_build_leaves_previous_metadata_usable(separate):
+    d = MlaDims()
+    cos, sin = rope_tables(64, d.R)
+    b, *_ = _stable_builder(separate, num_blocks=40, cos_table=cos.float(), sin_table=sin.float())
+    seq, q = [12, 20, 45, 30], [1, 1, 5, 4]
+    qsl, seq_t, table = _batch(q, seq)
+    md = b.build(qsl, seq_t, table)
+    snap = {n: getattr(md, n).clone() for n in _TENSORS}
+    lists = (md.decode_seq_lens_list, md.decode_actual_seq_lengths_q, md.prefill_actual_seq_lengths_q,
+             md.context_seq_tot, md.context_kv_ends, md.num_context_chunks, md.num_decodes, md.num_actual_tokens)
+    impl = _impl()
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(sum(q), d.hidden, generator=g)
+    nope, rope = torch.zeros(40, 16, 1, d.L), torch.zeros(40, 16, 1, d.R)
+    out0 = torch.empty_like(hidden)
+    impl.forward(hidden, nope, rope, md, out0)
+
+    bad_table = table.clone()
+    bad_table[1, 0] = 40
+    with pytest.raises(ValueError, match=r"block_table\[1\]\[0\]=40 is out of range"):
+        b.build(*_batch([1, 1], [3, 4])[:2], bad_table[:2])
+    with pytest.raises(ValueError, match="exceeds the RoPE table length"):
+        b.build(*_batch([1, 2], [3, 100]))
+    with pytest.raises(ValueError, match="workspace_tokens=32 is too small"):
+        b.build(*_batch([1, 3, 3, 3], [3, 20, 20, 20]))  # 3 prefills with context: 32 // 3 < one block
+    with pytest.raises(ValueError, match="exceeds the builder's max_num_reqs"):
+        b.build(*_batch([1] * 9, [3] * 9))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        b.build(torch.tensor([0, 2, 1], dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32), table[:2])
+
+    for n in _TENSORS:
+        assert torch.equal(getattr(md, n), snap[n]), n
+    assert (md.decode_seq_lens_list, md.decode_actual_seq_lengths_q, md.prefill_actual_seq_lengths_q,
+            md.context_seq_tot, md.context_kv_ends, md.num_context_chunks, md.num_decodes,
+            md.num_actual_tokens) == lists
+    out1 = torch.empty_like(hidden)
+    impl.forward(hidden, nope, rope, md, out1)
+    torch.testing.assert_close(out1, out0, atol=0, rtol=0)
+
+
+def test_rejected_build_without_chunked_prefill():
+    b, *_ = _stable_builder(chunked_prefill_enabled=False)
+    md = b.build(*_batch([1, 6], [9, 6]))
+    snap = md.prefill_block_table.clone(), md.slot_mapping.clone()
+    with pytest.raises(ValueError, match="chunked_prefill_enabled is false"):
+        b.build(*_batch([1, 3], [9, 8]))
+    assert torch.equal(md.prefill_block_table, snap[0]) and torch.equal(md.slot_mapping, snap[1])
+    assert md.num_prefills == 1 and md.prefill_actual_seq_lengths_q == [6]

@@ -1,8 +1,16 @@
-// The MLA metadata builder (spec mla.md section 3). Persistent buffers are
-// allocated at construction; a build validates, plans (pure C++ plan layer),
-// makes one host-to-device copy, and gathers the RoPE tables at the token
-// positions (two small device ops). Graph-mode padding is not wired yet (it
-// needs the graph layer); the padding maths is plan::pad_actual_q_*.
+// The MLA metadata builder (spec mla.md section 3). Every buffer the metadata
+// points at is allocated once, at construction, at a stable address (graph
+// capture records these tensors and replays them with updated contents): one
+// packed int32 staging buffer on the host, the same layout on the device
+// (aliasing the staging buffer on CPU), and RoPE row buffers for the decode and
+// the prefill tokens. A build validates and plans in pure C++
+// (plan::plan_mla_step) into the staging buffer, makes at most one
+// host-to-device copy, and gathers the RoPE rows (a host row copy when the
+// tables live on the CPU, index_select_out into the persistent buffers on a
+// device). Views of the buffers are created the first time a size is seen and
+// cached: a steady-state build creates no tensor. A rejected build writes
+// nothing, so the previous metadata stays valid. Graph-mode padding is not
+// wired yet (it needs the graph layer); the padding maths is plan::pad_actual_q_*.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,6 +40,10 @@ struct BuilderConfig {
   // RoPE tables (max_position, R), first and second halves identical (spec 6.1).
   at::Tensor cos_table, sin_table;
   c10::Device device = c10::Device(c10::kCPU);
+  // Keep device buffers apart from the host staging buffer, copy once per build
+  // and gather the RoPE rows with index_select_out (the device path). Defaults
+  // to (device != CPU); settable so CPU tests exercise that path.
+  std::optional<bool> separate_device_buffers;
 };
 
 struct BuildInputs {
@@ -57,18 +69,35 @@ class MetadataBuilder {
   int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
   int64_t workspace_tokens() const { return workspace_; }
   const Metadata& metadata() const { return md_; }
+  // Host int32 (max_num_reqs, max_blocks_per_req) staging block table. An
+  // engine may keep its block table here and pass it back as
+  // BuildInputs::block_table (same pointer, stride max_blocks_per_req): the
+  // build then copies no block-table rows (prefill rows are still copied to
+  // their own fixed-address region).
+  const at::Tensor& block_table_staging() const { return staging_block_table_; }
 
  private:
+  struct Views;  // per-size cached views of the persistent buffers
+
+  void gather_rope_on_host(int32_t num_decode_tokens, int32_t num_prefill_tokens);
+
   BuilderConfig cfg_;
+  bool separate_ = false;
   int64_t workspace_ = 0;
+  int64_t rope_row_bytes_ = 0;
   Metadata md_;
-  at::Tensor staging_, device_;  // packed int32
-  at::Tensor slots64_, cos_buf_, sin_buf_;
-  std::vector<int64_t> q_ends_, kv_lens_, prefill_q_ends_, decode_q_ends_, decode_kv_lens_;
+  // Packed int32, offsets in int32 units (the int64 slot region starts at an
+  // even offset): [qsl | slot64 | decode positions | block table (all rows) |
+  // prefill positions | chunk cu_seq_lens | chunk starts | chunk lens |
+  // prefill block table]. A decode-only build copies up to the last decode row.
+  at::Tensor staging_, device_;
+  at::Tensor staging_block_table_;
+  at::Tensor decode_cos_, decode_sin_, prefill_cos_, prefill_sin_;  // (max_num_tokens, R), table dtype
+  std::vector<int64_t> q_ends_, kv_lens_, prefill_q_ends_;
   std::vector<int64_t> chunk_kv_ends_, seq_tot_, max_seq_;
-  std::vector<int32_t> ctx_lens_;
-  int64_t off_qsl_ = 0, off_seq_ = 0, off_slot_ = 0, off_pos_ = 0, off_bt_ = 0, off_cu_ = 0, off_starts_ = 0,
-          off_clens_ = 0, total_ = 0;
+  std::unique_ptr<Views> views_;
+  int64_t off_qsl_ = 0, off_slot_ = 0, off_dpos_ = 0, off_bt_ = 0, off_ppos_ = 0, off_cu_ = 0, off_starts_ = 0,
+          off_clens_ = 0, off_pbt_ = 0, total_ = 0;
 };
 
 }  // namespace aar::mla

@@ -8,6 +8,8 @@
 #include <cstdint>
 
 #include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/split.h"
 
 namespace aar::plan {
 
@@ -76,6 +78,71 @@ int32_t pad_actual_q_disable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int
 // ref[num_reqs : num_reqs + req_pad]. Returns the result length.
 int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int32_t req_pad, CSpan<int64_t> ref,
                                  Span<int64_t> out);
+
+// One MLA step (spec 3.3-3.5, without graph padding), fused into one
+// validating pass over the requests and one writing pass: what plan::build_step
+// does for MLA (attention state, decode/prefill split with short extends as
+// decodes, staged query_start_loc and block table, FIA query ends and KV
+// lengths, slot mapping) plus what MLA adds: the slot mapping as int64, decode
+// and prefill token positions (for the RoPE gather), the prefill rows of the
+// block table at their own fixed address, prefill query ends rebased to 0, and
+// the context chunks (spec 3.4). The FIA batch is never padded with a dummy
+// request: tokens past query_start_loc[B] get slot -1 and are not attended.
+// Everything that can fail is checked before the first write, so a rejected
+// call leaves every buffer untouched. Allocates nothing.
+struct MlaStepInputs {
+  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums of query lengths
+  CSpan<int32_t> seq_lens;         // B, context + new tokens
+  CSpan<int32_t> block_table;      // B rows x block_table_stride (row-major)
+  int32_t block_table_stride = 0;
+  int32_t block_size = 128;
+  int32_t num_blocks = 0;          // KV-cache blocks, for range checks
+  int32_t num_input_tokens = 0;    // tokens the layers see (>= qsl[B]); 0 = qsl[B]
+  int32_t decode_threshold = 1;
+  bool has_state = false;          // else derived (spec gqa 2.1) from the lengths
+  AttentionState state = AttentionState::ChunkedPrefill;
+  CSpan<int32_t> num_spec_tokens;  // optional, B entries (state derivation)
+  SpecMethod spec_method = SpecMethod::None;
+  // Disabled: a prefill with cached context is rejected (its context would be lost).
+  bool chunked_prefill_enabled = true;
+  // Rows of the RoPE tables: every seq_len must be <= this (positions are
+  // seq_len - query_len .. seq_len - 1). 0 = unchecked.
+  int64_t rope_positions = 0;
+  int64_t workspace_tokens = 0;  // W of spec 3.4 (needed when a prefill has context)
+  int32_t max_chunks = kMaxContextChunks;
+};
+
+struct MlaStepBuffers {
+  Span<int32_t> query_start_loc;      // >= B+1
+  Span<int32_t> block_table;          // >= B * block_table_stride: all rows, decodes first
+  int32_t block_table_stride = 0;     // columns of the staged tables (>= input stride)
+  Span<int64_t> q_ends;               // >= B: cumulative query ends (FIA actual_seq_lengths_q)
+  Span<int64_t> kv_lens;              // >= B: per-request KV lengths (FIA actual_seq_kvlen)
+  Span<int64_t> slot_mapping;         // >= num_input_tokens: -1 past the real tokens
+  Span<int32_t> decode_positions;     // >= num_decode_tokens
+  Span<int32_t> prefill_positions;    // >= num_prefill_tokens
+  Span<int32_t> prefill_block_table;  // >= NP * block_table_stride: rows num_decodes..
+  Span<int64_t> prefill_q_ends;       // >= NP: cumulative prefill query ends, rebased to 0
+  ContextChunkBuffers chunks;         // room for max_chunks rows when a prefill has context
+};
+
+struct MlaStepPlan {
+  AttentionState state = AttentionState::ChunkedPrefill;
+  SplitResult split;
+  ContextChunkPlan chunks;  // num_chunks == 0: no prefill context
+  int32_t num_reqs = 0;
+  int32_t num_actual_tokens = 0;
+  int32_t num_input_tokens = 0;
+  int32_t max_query_len = 0;
+  int32_t max_seq_len = 0;
+  int32_t decode_max_seq_len = 0;
+  int32_t prefill_max_query_len = 0;
+  int32_t prefill_max_seq_len = 0;
+};
+
+// If inputs.block_table.data() == buffers.block_table.data() the table is taken
+// as already staged (zero copy; the strides must then match).
+MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf);
 
 // Next power of two >= n (n itself when it is one); n in [1, 2^30].
 int64_t next_power_of_two(int64_t n);

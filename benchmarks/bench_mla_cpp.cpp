@@ -1,0 +1,169 @@
+// Host-time benchmark of the MLA metadata build from C++ (no Python), with the
+// no-compute operator provider: decode batches of 1/32/256 and a mixed batch
+// (32 decodes + 4 prefills of 256 new tokens on 3000 cached tokens, one context
+// chunk), at DeepSeek-V2-Lite RoPE width (R=64, bf16 tables), block size 128,
+// 64 blocks per request. Each case also runs with separate device buffers (the
+// device path on the CPU: one staging copy plus index_select_out of the RoPE
+// rows) and, for decodes, with the block table staged in the builder (zero copy).
+//
+//   build/bench_mla_cpp [--out benchmarks/results/cpp_mla.json] [--quick]
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ascend_attn_rt/mla/builder.h"
+#include "ascend_attn_rt/ops/provider.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using aar::plan::CSpan;
+
+struct Result {
+  std::string path, name;
+  int batch;
+  double us;
+};
+
+// Median over repeats of the mean time per call.
+double time_us(const std::function<void()>& fn, int iters, int repeats = 7) {
+  for (int i = 0; i < std::max(10, iters / 10); ++i) fn();
+  std::vector<double> samples;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    auto t1 = Clock::now();
+    samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / iters);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+struct Batch {
+  std::vector<int32_t> qsl, seq, table;
+  int stride = 0;
+};
+
+Batch make_batch(int decodes, int decode_seq, int prefills, int prefill_new, int prefill_seq, int stride) {
+  Batch b;
+  b.stride = stride;
+  b.qsl.push_back(0);
+  for (int i = 0; i < decodes; ++i) {
+    b.qsl.push_back(b.qsl.back() + 1);
+    b.seq.push_back(decode_seq);
+  }
+  for (int i = 0; i < prefills; ++i) {
+    b.qsl.push_back(b.qsl.back() + prefill_new);
+    b.seq.push_back(prefill_seq);
+  }
+  const int n = decodes + prefills;
+  b.table.resize(static_cast<size_t>(n) * stride);
+  for (size_t i = 0; i < b.table.size(); ++i) b.table[i] = static_cast<int32_t>(i);
+  return b;
+}
+
+aar::mla::BuildInputs inputs_of(const Batch& b) {
+  aar::mla::BuildInputs in;
+  in.query_start_loc = CSpan<int32_t>(b.qsl.data(), b.qsl.size());
+  in.seq_lens = CSpan<int32_t>(b.seq.data(), b.seq.size());
+  in.block_table = CSpan<int32_t>(b.table.data(), b.table.size());
+  in.block_table_stride = b.stride;
+  return in;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  const int scale = quick ? 10 : 1;
+  aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
+  c10::InferenceMode guard;
+  at::set_num_threads(1);
+
+  const int bs = 128, mbr = 64, R = 64, max_reqs = 256;
+  // RoPE tables as in bench_mla_host.py: (max_position, R) bf16, halves equal.
+  at::Tensor inv = at::pow(10000.0, -at::arange(0, R, 2, at::kDouble) / R);
+  at::Tensor ang = at::arange(mbr * bs, at::kDouble).unsqueeze(1) * inv;
+  at::Tensor cos = at::cat({ang.cos(), ang.cos()}, -1).to(at::kBFloat16);
+  at::Tensor sin = at::cat({ang.sin(), ang.sin()}, -1).to(at::kBFloat16);
+
+  std::vector<Result> results;
+  for (bool separate : {false, true}) {
+    aar::mla::BuilderConfig bc;
+    bc.max_num_reqs = max_reqs;
+    bc.max_num_tokens = 4096;
+    bc.max_blocks_per_req = mbr;
+    bc.block_size = bs;
+    bc.num_blocks = max_reqs * mbr;
+    bc.max_model_len = mbr * bs;
+    bc.cos_table = cos;
+    bc.sin_table = sin;
+    bc.separate_device_buffers = separate;
+    aar::mla::MetadataBuilder builder(bc);
+    const std::string path = separate ? "copy+index_select" : "cpu (aliased)";
+    for (int B : {1, 32, 256}) {
+      Batch b = make_batch(B, 1000, 0, 0, 0, mbr);
+      auto in = inputs_of(b);
+      results.push_back({path, "decode, host block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
+      // Zero copy: the engine keeps its block table in the builder's staging rows.
+      std::memcpy(builder.block_table_staging().data_ptr<int32_t>(), b.table.data(), b.table.size() * 4);
+      in.block_table = CSpan<int32_t>(builder.block_table_staging().data_ptr<int32_t>(), b.table.size());
+      results.push_back({path, "decode, staged block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
+    }
+    {
+      Batch b = make_batch(32, 1000, 4, 256, 3256, mbr);
+      auto in = inputs_of(b);
+      const auto& md = builder.build(in);
+      const std::string name = "mixed 32 dec + 4x256 prefill, " + std::to_string(md.prefill.chunked.num_chunks) +
+                               " ctx chunk";
+      results.push_back({path, name, 36, time_us([&] { builder.build(in); }, 5000 / scale)});
+    }
+  }
+
+  std::printf("%-18s %-42s %6s %10s\n", "path", "case", "batch", "us/build");
+  for (const auto& r : results) std::printf("%-18s %-42s %6d %10.3f\n", r.path.c_str(), r.name.c_str(), r.batch, r.us);
+
+  if (!out_path.empty()) {
+    std::ofstream f(out_path);
+    if (!f) {
+      std::printf("could not write %s\n", out_path.c_str());
+      return 1;
+    }
+    f << "{\n  \"tool\": \"bench_mla_cpp\",\n  \"provider\": \"no_compute\",\n  \"hardware_threads\": "
+      << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      f << "    {\"path\": \"" << json_escape(r.path) << "\", \"case\": \"" << json_escape(r.name)
+        << "\", \"batch\": " << r.batch << ", \"us_per_build\": " << r.us << "}"
+        << (i + 1 < results.size() ? "," : "") << "\n";
+    }
+    f << "  ]\n}\n";
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  return 0;
+}
