@@ -53,7 +53,9 @@ demo: build
 bench: build
 	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json
 	$(BUILD)/bench_graph_cpp --out benchmarks/results/cpp_graph.json
+	$(BUILD)/bench_mla_cpp --out benchmarks/results/cpp_mla.json
 	PYTHONPATH=python $(PY) benchmarks/bench_host.py --out benchmarks/results/python_host.json
+	PYTHONPATH=python $(PY) benchmarks/bench_mla_host.py --out benchmarks/results/mla_host.json
 
 clean:
 	rm -rf $(BUILD)

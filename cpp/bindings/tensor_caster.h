@@ -11,6 +11,8 @@
 #include <ATen/core/Tensor.h>
 #include <nanobind/nanobind.h>
 
+#include <string>
+
 extern PyObject* THPVariableClass;
 extern PyObject* ParameterClass;
 PyObject* THPVariable_Wrap(const at::TensorBase& var);
@@ -32,6 +34,18 @@ inline bool is_torch_tensor(PyObject* o) {
   if (r < 0) PyErr_Clear();
   return r == 1;
 }
+// Borrowed view of a torch.Tensor argument without any refcount traffic (hot
+// paths: the Python object outlives the call). None gives an undefined tensor
+// when `none_ok`; anything else is a ValueError naming the argument.
+inline const at::Tensor& borrow_tensor(nanobind::handle h, const char* name, bool none_ok) {
+  static const at::Tensor undefined;
+  if (none_ok && h.is_none()) return undefined;
+  if (!is_torch_tensor(h.ptr())) {
+    throw nanobind::value_error((std::string(name) + " must be a torch.Tensor" + (none_ok ? " or None" : "")).c_str());
+  }
+  return reinterpret_cast<THPVariableHead*>(h.ptr())->cdata;
+}
+
 }  // namespace aar::bindings
 
 namespace nanobind::detail {
