@@ -7,37 +7,12 @@
 #include <array>
 
 #include "../op_signatures.h"
+#include "output_cache.h"
 #include "ascend_attn_rt/errors.h"
 
 namespace aar::ops::noop {
 
 namespace {
-
-struct MlaEntry {
-  std::array<int64_t, 6> shape{};
-  int64_t rank = -1;
-  at::ScalarType dtype = at::kFloat;
-  at::Tensor t;
-};
-
-const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype) {
-  thread_local std::array<MlaEntry, 16> cache;
-  thread_local size_t next = 0;
-  AAR_CHECK_ARG(shape.size() <= 6, "ascend_noop: at most 6 dims, got ", shape);
-  for (auto& e : cache) {
-    if (e.rank == static_cast<int64_t>(shape.size()) && e.dtype == dtype &&
-        std::equal(shape.begin(), shape.end(), e.shape.begin())) {
-      return e.t;
-    }
-  }
-  MlaEntry& e = cache[next];
-  next = (next + 1) % cache.size();
-  e.rank = static_cast<int64_t>(shape.size());
-  std::copy(shape.begin(), shape.end(), e.shape.begin());
-  e.dtype = dtype;
-  e.t = at::zeros(shape, at::TensorOptions().dtype(dtype));
-  return e.t;
-}
 
 const at::Tensor& empty_of(at::ScalarType dtype) {
   static const std::array<int64_t, 1> z{0};

@@ -10,6 +10,7 @@
 #include <array>
 
 #include "../op_signatures.h"
+#include "output_cache.h"
 #include "ascend_attn_rt/errors.h"
 
 namespace aar::ops::noop {
@@ -17,15 +18,18 @@ namespace aar::ops::noop {
 namespace {
 
 struct Entry {
-  std::array<int64_t, 5> shape{};
+  std::array<int64_t, 6> shape{};
   int64_t rank = -1;
   at::ScalarType dtype = at::kFloat;
   at::Tensor t;
 };
 
+}  // namespace
+
 const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype) {
   thread_local std::array<Entry, 16> cache;
   thread_local size_t next = 0;
+  AAR_CHECK_ARG(shape.size() <= 6, "ascend_noop: at most 6 dims, got ", shape);
   for (auto& e : cache) {
     if (e.rank == static_cast<int64_t>(shape.size()) && e.dtype == dtype &&
         std::equal(shape.begin(), shape.end(), e.shape.begin())) {
@@ -40,6 +44,8 @@ const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype) {
   e.t = at::zeros(shape, at::TensorOptions().dtype(dtype));
   return e.t;
 }
+
+namespace {
 
 std::tuple<at::Tensor, at::Tensor> fia_outputs(const at::Tensor& query, bool lse) {
   const at::Tensor& out = cached(query.sizes(), query.scalar_type());
