@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "ascend_attn_rt/gqa/builder.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -23,20 +24,9 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using aar::plan::CSpan;
 
-double time_us(const std::function<void()>& fn, int iters, int repeats = 7) {
-  for (int i = 0; i < std::max(5, iters / 10); ++i) fn();
-  std::vector<double> s;
-  for (int r = 0; r < repeats; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < iters; ++i) fn();
-    s.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters);
-  }
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
-}
+using aar_bench::time_us;
 
 struct Row {
   std::string path;

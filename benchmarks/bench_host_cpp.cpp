@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_timing.h"
 #include "ascend_attn_rt/gqa/builder.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -23,7 +24,6 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using aar::plan::CSpan;
 
 struct Result {
@@ -32,19 +32,7 @@ struct Result {
   double us;
 };
 
-// Median over repeats of the mean time per call.
-double time_us(const std::function<void()>& fn, int iters, int repeats = 7) {
-  for (int i = 0; i < std::max(10, iters / 10); ++i) fn();
-  std::vector<double> samples;
-  for (int r = 0; r < repeats; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < iters; ++i) fn();
-    auto t1 = Clock::now();
-    samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / iters);
-  }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
-}
+using aar_bench::time_us;
 
 struct Batch {
   std::vector<int32_t> qsl, seq, table;
