@@ -445,3 +445,61 @@ def test_c8_decode_capture_replays_like_eager(gen):
         for i in range(2):
             torch.testing.assert_close(outs[i][:n], expected[i][:n], atol=1e-5, rtol=1e-5)
             assert torch.equal(caches[i][0], eager_caches[i][0]) and torch.equal(caches[i][1], eager_caches[i][1])
+
+
+def test_torch_npu_hooks_follow_the_capture_and_update_protocol(gen):
+    """The torch_npu adapter, against a stand-in for torch.npu that logs its calls."""
+    from ascend_attn_rt.npu_graph import torch_npu_hooks
+
+    log = []
+
+    class FakeEvent:
+        def wait(self, s):
+            log.append(("wait", s))
+
+        def reset(self, s):
+            log.append(("reset", s))
+
+        def record(self, s):
+            log.append(("record", s))
+
+    class FakeNpu:
+        ExternalEvent = FakeEvent
+
+        @staticmethod
+        def graph_task_group_begin(s):
+            log.append(("group_begin", s))
+
+        @staticmethod
+        def graph_task_group_end(s):
+            log.append(("group_end", s))
+            return "handle"
+
+        @staticmethod
+        def graph_task_update_begin(s, h):
+            log.append(("update_begin", s, h))
+
+        @staticmethod
+        def graph_task_update_end(s):
+            log.append(("update_end", s))
+
+    model = Model(gen, layer_indices=(0,))
+    g = aar.GraphParams("hooks", **torch_npu_hooks("capture_stream", "update_stream", npu=FakeNpu))
+    model.capture(g, model.meta([1] * BUCKET, [16] * BUCKET, capture=True))
+    attention_calls = [e for e in log if e[0] == "group_begin"]
+    assert len(attention_calls) == 1
+    assert log == [("wait", "capture_stream"), ("reset", "capture_stream"), ("group_begin", "capture_stream"),
+                   ("group_end", "capture_stream")]
+    log.clear()
+    g.update(BUCKET, model.meta([1] * BUCKET, [20] * BUCKET))
+    assert log == [("update_begin", "update_stream", "handle"), ("update_end", "update_stream"),
+                   ("record", "update_stream")]
+
+
+def test_torch_npu_hooks_need_torch_npu():
+    from ascend_attn_rt.npu_graph import torch_npu_hooks
+
+    if hasattr(torch, "npu") and hasattr(torch.npu, "graph_task_update_begin"):
+        pytest.skip("torch_npu is loaded here")
+    with pytest.raises(RuntimeError, match="torch_npu is not loaded"):
+        torch_npu_hooks(None, None)

@@ -1,0 +1,50 @@
+"""Graph hooks from torch_npu: what ``aar.GraphParams("hooks", **hooks)`` needs on an NPU.
+
+The runtime's graph layer calls these around every captured attention call (spec 7.2) and
+every per-step update (spec 7.8):
+
+* capture: ``event = torch.npu.ExternalEvent()``; ``event.wait(stream)``; ``event.reset(stream)``;
+  ``torch.npu.graph_task_group_begin(stream)``; launch; ``handle = torch.npu.graph_task_group_end(stream)``
+* update:  ``torch.npu.graph_task_update_begin(update_stream, handle)``; re-issue;
+  ``torch.npu.graph_task_update_end(update_stream)``; ``event.record(update_stream)``
+
+Usage on an NPU (not exercised on hardware in this repository)::
+
+    import torch_npu, ascend_attn_rt as aar
+    from ascend_attn_rt.npu_graph import torch_npu_hooks
+    g = aar.GraphParams("hooks", **torch_npu_hooks(capture_stream, update_stream))
+
+A C++ engine fills ``aar::graph::GraphHooks`` from its own link to torch_npu instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional
+
+
+def torch_npu_hooks(stream: Any, update_stream: Any, npu: Optional[Any] = None) -> Dict[str, Callable]:
+    """The seven hook callables for ``aar.GraphParams("hooks", ...)``.
+
+    ``stream``: the stream being captured; ``update_stream``: the stream the per-step updates
+    run on. ``npu`` defaults to ``torch.npu`` (torch_npu must be imported); tests pass a double.
+    """
+    if npu is None:
+        import torch
+
+        npu = getattr(torch, "npu", None)
+        if npu is None or not hasattr(npu, "graph_task_update_begin"):
+            raise RuntimeError("torch_npu is not loaded: import torch_npu first (torch.npu graph-task API missing)")
+
+    def event_wait_and_reset(event):
+        event.wait(stream)
+        event.reset(stream)
+
+    return dict(
+        create_event=npu.ExternalEvent,
+        event_wait_and_reset=event_wait_and_reset,
+        task_group_begin=lambda: npu.graph_task_group_begin(stream),
+        task_group_end=lambda: npu.graph_task_group_end(stream),
+        task_update_begin=lambda handle: npu.graph_task_update_begin(update_stream, handle),
+        task_update_end=lambda: npu.graph_task_update_end(update_stream),
+        event_record=lambda event: event.record(update_stream),
+    )
