@@ -9,6 +9,7 @@
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/ops/attention_update.h"
+#include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/gather_pa_kv_cache.h"
 #include "ascend_attn_rt/ops/interleave_rope.h"
@@ -21,17 +22,6 @@ namespace aar::mla {
 namespace {
 
 constexpr int64_t kMaxPrologTokens = 1024;
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps) {
-  const at::Tensor f = x.to(at::kFloat);
-  return (f * at::rsqrt(f.pow(2).mean(-1, true) + eps) * gamma.to(at::kFloat)).to(x.scalar_type());
-}
-
-at::Tensor pad_heads(const at::Tensor& x, int64_t hp) {  // (T, H, D) -> (T, Hp, D)
-  const int64_t h = x.size(1);
-  if (h == hp) return x;
-  return at::constant_pad_nd(x, {0, 0, 0, hp - h});
-}
 
 }  // namespace
 
@@ -153,7 +143,7 @@ at::Tensor Impl::decode_attention(const at::Tensor& ql_nope, const at::Tensor& q
                                   const at::Tensor& rope, const Metadata& md) const {
   ops::FiaV2Tensors t;
   ops::FiaV2Params p;
-  decode_fia_args(pad_heads(ql_nope, hp_), pad_heads(q_pe, hp_), nope, rope, md, t, p);
+  decode_fia_args(ops::dense::pad_dim1(ql_nope, hp_), ops::dense::pad_dim1(q_pe, hp_), nope, rope, md, t, p);
   return decode_post(std::get<0>(ops::fused_infer_attention_score_v2(t, p)), ql_nope.size(0));
 }
 
@@ -202,7 +192,7 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
     at::Tensor kv_c = at::empty({toks, 1, L}, opts);
     at::Tensor kpe = at::empty({toks, 1, d.qk_rope_head_dim}, rope.options());
     ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.chunk_seq_lens[c], kv_c, kpe, cc.starts[c]);
-    const at::Tensor kv = at::linear(kv_c.view({toks, L}), w_.kv_b_proj).view({toks, H, P + V});
+    const at::Tensor kv = ops::dense::linear(kv_c.view({toks, L}), w_.kv_b_proj).view({toks, H, P + V});
     const at::Tensor kn = kv.narrow(-1, 0, P).contiguous();
     const at::Tensor v = kv.narrow(-1, P, V).contiguous();
     const at::Tensor kp = kpe.expand({toks, H, d.qk_rope_head_dim});
@@ -244,10 +234,12 @@ std::pair<at::Tensor, at::Tensor> Impl::decode_preprocess(const at::Tensor& hidd
   }
   // Spec 5.2: native preprocess.
   at::Tensor q_c = x;
-  if (d.q_lora_rank.has_value()) q_c = rms_norm(at::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
-  const at::Tensor kv_raw = at::linear(x, w_.kv_a_proj_with_mqa);
-  const at::Tensor q = at::linear(q_c, w_.q_proj).view({td, H, P + R});
-  const at::Tensor ql_nope = at::bmm(q.narrow(-1, 0, P).transpose(0, 1), w_uk_t_).transpose(0, 1);  // (td, H, L)
+  if (d.q_lora_rank.has_value()) {
+    q_c = ops::dense::rms_norm(ops::dense::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
+  }
+  const at::Tensor kv_raw = ops::dense::linear(x, w_.kv_a_proj_with_mqa);
+  const at::Tensor q = ops::dense::linear(q_c, w_.q_proj).view({td, H, P + R});
+  const at::Tensor ql_nope = ops::dense::bmm(q.narrow(-1, 0, P).transpose(0, 1), w_uk_t_).transpose(0, 1);  // (td, H, L)
   const at::Tensor cos = md.decode.cos.view({td, 1, 1, R}), sin = md.decode.sin.view({td, 1, 1, R});
   const at::Tensor q_pe = ops::interleave_rope(q.narrow(-1, P, R).reshape({td, H, 1, R}), cos, sin).view({td, H, R});
   ops::kv_rmsnorm_rope_cache(kv_raw.view({td, 1, 1, L + R}), w_.kv_a_layernorm, cos, sin,
@@ -282,8 +274,8 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   // builder's persistent buffers, which every later build refills in place.
   pre.prepare = [this, hidden, nope, rope, md_at_capture = md, qn, qr, use_prolog, H = d.num_heads]() mutable {
     auto [ql_nope, q_pe] = decode_preprocess(hidden, nope, rope, md_at_capture, use_prolog);
-    qn.narrow(1, 0, H).copy_(ql_nope);
-    qr.narrow(1, 0, H).copy_(q_pe);
+    ops::dense::copy(qn.narrow(1, 0, H), ql_nope);
+    ops::dense::copy(qr.narrow(1, 0, H), q_pe);
   };
   g.capture_call(std::move(pre));
 
@@ -311,7 +303,7 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   post.kind = graph::CallKind::Prepare;
   post.layer_index = cfg_.layer_index;
   post.prepare = [this, attn, out = at::Tensor(output), td]() mutable {
-    at::linear_out(out, decode_post(attn, td), w_.o_proj);
+    ops::dense::linear_out(out, decode_post(attn, td), w_.o_proj);
   };
   g.capture_call(std::move(post));
 }
@@ -337,10 +329,10 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
     return output;
   }
-  at::Tensor o_in = at::zeros({hidden.size(0), H * V}, hidden.options());
+  at::Tensor o_in = ops::dense::zeros({hidden.size(0), H * V}, hidden.options());
   if (td > 0) {
     auto [ql_nope, q_pe] = decode_preprocess(hidden, nope, rope, md, use_prolog);
-    o_in.narrow(0, 0, td).copy_(decode_attention(ql_nope, q_pe, nope, rope, md));
+    ops::dense::copy(o_in.narrow(0, 0, td), decode_attention(ql_nope, q_pe, nope, rope, md));
     last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
   }
   if (tp > 0) {
@@ -348,10 +340,10 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     const at::Tensor x = hidden.narrow(0, td, tp);
     at::Tensor q_c = x;
     if (d.q_lora_rank.has_value()) {
-      q_c = rms_norm(at::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
+      q_c = ops::dense::rms_norm(ops::dense::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
     }
-    const at::Tensor kv_raw = at::linear(x, w_.kv_a_proj_with_mqa);
-    const at::Tensor q = at::linear(q_c, w_.q_proj).view({tp, H, P + R});
+    const at::Tensor kv_raw = ops::dense::linear(x, w_.kv_a_proj_with_mqa);
+    const at::Tensor q = ops::dense::linear(q_c, w_.q_proj).view({tp, H, P + R});
     const at::Tensor cos = md.prefill.cos.view({tp, 1, 1, R}), sin = md.prefill.sin.view({tp, 1, 1, R});
     const at::Tensor q_pe =
         ops::interleave_rope(q.narrow(-1, P, R).reshape({tp, H, 1, R}), cos, sin).view({tp, H, R});
@@ -359,13 +351,13 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
                                           md.slot_mapping.narrow(0, td, tp), rope, nope, cfg_.kv_norm_eps, "PA",
                                           /*is_output_kv=*/true);
     const at::Tensor k_pe = std::get<2>(kvr).view({tp, 1, R}).expand({tp, H, R});
-    const at::Tensor kv = at::linear(std::get<3>(kvr).view({tp, L}), w_.kv_b_proj).view({tp, H, P + V});
+    const at::Tensor kv = ops::dense::linear(std::get<3>(kvr).view({tp, L}), w_.kv_b_proj).view({tp, H, P + V});
     const at::Tensor out = prefill_attention(q.narrow(-1, 0, P).contiguous(), q_pe, kv.narrow(-1, 0, P).contiguous(),
                                              k_pe, kv.narrow(-1, P, V).contiguous(), nope, rope, md);
-    o_in.narrow(0, td, tp).copy_(out);
+    ops::dense::copy(o_in.narrow(0, td, tp), out);
   }
   (void)T;
-  at::linear_out(const_cast<at::Tensor&>(output), o_in, w_.o_proj);
+  ops::dense::linear_out(output, o_in, w_.o_proj);
   return output;
 }
 

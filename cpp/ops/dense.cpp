@@ -1,0 +1,72 @@
+#include "ascend_attn_rt/ops/dense.h"
+
+#include <ATen/ATen.h>
+
+#include <array>
+
+#include "ascend_attn_rt/ops/provider.h"
+#include "noop/output_cache.h"
+
+namespace aar::ops::dense {
+
+namespace {
+bool no_compute() { return provider_override() == Provider::NoCompute; }
+
+template <size_t N>
+c10::IntArrayRef dims(std::array<int64_t, N>& a, c10::IntArrayRef lead, int64_t last) {
+  std::copy(lead.begin(), lead.end(), a.begin());
+  a[lead.size()] = last;
+  return c10::IntArrayRef(a.data(), lead.size() + 1);
+}
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w) {
+  if (no_compute()) {
+    std::array<int64_t, 6> a{};
+    return noop::cached(dims(a, x.sizes().slice(0, x.dim() - 1), w.sizes()[0]), x.scalar_type());
+  }
+  return at::linear(x, w);
+}
+
+void linear_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w) {
+  if (no_compute()) return;
+  at::Tensor o = out;
+  at::linear_out(o, x, w);
+}
+
+at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
+  if (no_compute()) {
+    const std::array<int64_t, 3> s{a.sizes()[0], a.sizes()[1], b.sizes()[2]};
+    return noop::cached(c10::IntArrayRef(s.data(), 3), a.scalar_type());
+  }
+  return at::bmm(a, b);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps) {
+  if (no_compute()) return noop::cached(x.sizes(), x.scalar_type());
+  const at::Tensor f = x.to(at::kFloat);
+  return (f * at::rsqrt(f.pow(2).mean(-1, true) + eps) * gamma.to(at::kFloat)).to(x.scalar_type());
+}
+
+at::Tensor pad_dim1(const at::Tensor& x, int64_t size) {
+  const int64_t h = x.sizes()[1];
+  if (h == size) return x;
+  if (no_compute()) {
+    const std::array<int64_t, 3> s{x.sizes()[0], size, x.sizes()[2]};
+    return noop::cached(c10::IntArrayRef(s.data(), 3), x.scalar_type());
+  }
+  return at::constant_pad_nd(x, {0, 0, 0, size - h});
+}
+
+at::Tensor zeros(c10::IntArrayRef shape, const at::TensorOptions& options) {
+  if (no_compute()) return noop::cached(shape, c10::typeMetaToScalarType(options.dtype()));
+  return at::zeros(shape, options);
+}
+
+void copy(const at::Tensor& dst, const at::Tensor& src) {
+  if (no_compute()) return;
+  at::Tensor d = dst;
+  d.copy_(src);
+}
+
+}  // namespace aar::ops::dense

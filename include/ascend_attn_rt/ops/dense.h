@@ -1,0 +1,24 @@
+// Dense tensor work a backend does besides the NPU operators (projections,
+// norms, padding, buffer fills). On a device these are ordinary aten kernels;
+// they go through here so that the no-compute provider covers them too: under
+// Provider::NoCompute they return correctly shaped outputs from the no-compute
+// cache and write nothing, so a host-time benchmark measures host work only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace aar::ops::dense {
+
+// x (..., in) @ w.T, w (out, in).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w);
+void linear_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w);
+// (b, n, k) @ (b, k, m).
+at::Tensor bmm(const at::Tensor& a, const at::Tensor& b);
+// RMSNorm over the last dim, computed in fp32, returned in x's dtype.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps);
+// (T, H, D) -> (T, Hp, D) with zero heads appended (x itself when Hp == H).
+at::Tensor pad_dim1(const at::Tensor& x, int64_t size);
+at::Tensor zeros(c10::IntArrayRef shape, const at::TensorOptions& options);
+void copy(const at::Tensor& dst, const at::Tensor& src);
+
+}  // namespace aar::ops::dense
