@@ -465,3 +465,29 @@ TEST(PlanStep, UniformDecodePaddingAddsOneDummyPerStride) {
   EXPECT_EQ(q.fia.num_reqs, 3);
   EXPECT_EQ(m.b_qsl[3], 7);
 }
+
+TEST(PlanStep, StaleIdsPastRowEndsAreNotRejected) {
+  // Most of the table is in use (the whole-table scan runs) but the unused tail
+  // of each row holds -1 / huge ids: only ids the kernels read are checked.
+  Step s;
+  s.qsl = lens_to_qsl({1, 1, 1});
+  s.seq_lens = {40, 33, 48};  // 3, 3, 3 blocks of 16 in a 4-column table
+  s.in.block_size = 16;
+  s.in.block_table_stride = 4;
+  s.in.num_blocks = 16;
+  s.table = {1, 2, 3, -1,  //
+             4, 5, 6, 999, //
+             7, 8, 9, -7};
+  s.alloc(8, 16, 4);
+  StepPlan p = s.build();
+  EXPECT_EQ(p.num_reqs, 3);
+  EXPECT_EQ(s.b_slots[0], 3 * 16 + 7);
+  EXPECT_EQ(s.b_slots[1], 6 * 16 + 0);
+  EXPECT_EQ(s.b_slots[2], 9 * 16 + 15);
+  // ... and an out-of-range id that is read is still rejected, by name.
+  Step t = s;
+  t.table[5] = 16;
+  t.alloc(8, 16, 4);
+  EXPECT_INVALID(t.build(), "block_table[1][1]=16");
+  EXPECT_TRUE(t.untouched());
+}
