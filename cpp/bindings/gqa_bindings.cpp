@@ -119,12 +119,14 @@ void bind_gqa(nb::module_& m) {
           "separate_device_buffers"_a = nb::none(), "uniform_decode_padding"_a = false)
       .def(
           "build",
-          [](gqa::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
-             int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
-             const std::optional<at::Tensor>& is_prefilling, const std::optional<at::Tensor>& num_spec_tokens,
-             bool causal) -> const gqa::Metadata& {
-            return b.build(
-                make_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, is_prefilling, num_spec_tokens, causal));
+          // The three arrays are borrowed from their Python objects (no caster copies).
+          [](gqa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
+             std::optional<plan::AttentionState> attn_state, const std::optional<at::Tensor>& is_prefilling,
+             const std::optional<at::Tensor>& num_spec_tokens, bool causal) -> const gqa::Metadata& {
+            return b.build(make_inputs(borrow_tensor(qsl, "query_start_loc", false),
+                                       borrow_tensor(seq_lens, "seq_lens", false),
+                                       borrow_tensor(bt, "block_table", false), num_input_tokens, attn_state,
+                                       is_prefilling, num_spec_tokens, causal));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "attn_state"_a = nb::none(), "is_prefilling"_a = nb::none(), "num_spec_tokens"_a = nb::none(),
