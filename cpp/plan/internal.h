@@ -52,6 +52,20 @@ AttentionState select_state_rule(std::size_t n, ComputedFn computed, SchedFn sch
 
 void validate_spec_method(SpecMethod m);
 
+// The batch-level checks every step planner makes before its per-request pass
+// (plan::build_step, plan::plan_mla_step): query_start_loc against seq_lens,
+// num_input_tokens, block size / stride / cache size, decode threshold, the
+// optional per-request spans, spec method and state. Returns qsl[B] and the
+// token count the layers see.
+struct StepTokens {
+  int32_t real = 0;   // query_start_loc[B]
+  int32_t input = 0;  // num_input_tokens, or real when 0
+};
+StepTokens check_step_batch(CSpan<int32_t> query_start_loc, std::size_t num_reqs, int32_t num_input_tokens,
+                            int32_t block_size, int32_t block_table_stride, int32_t num_blocks,
+                            int32_t decode_threshold, std::size_t num_spec_tokens, SpecMethod spec_method,
+                            bool has_state, AttentionState state);
+
 // Everything compute_slot_mapping checks, with the output capacity given.
 void validate_slot_mapping(const SlotMappingInputs& in, std::size_t slots_capacity);
 // Unchecked: slots of the real tokens, then kPadSlot up to slots_out.size().

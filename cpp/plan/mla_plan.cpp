@@ -140,32 +140,14 @@ ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const Context
 
 MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   // ---------------------------------------------------------------- validate
-  // Same checks and messages as plan::build_step, fused with the MLA ones.
+  // The batch checks plan::build_step makes (same messages), then the MLA ones.
   const std::size_t b = in.seq_lens.size();
   const CSpan<int32_t> qsl = in.query_start_loc;
-  AAR_CHECK_ARG(qsl.size() == b + 1, "query_start_loc has ", qsl.size(), " entries, expected seq_lens.size()+1 = ",
-                b + 1);
-  AAR_CHECK_ARG(b <= static_cast<std::size_t>(INT32_MAX - 2), "batch of ", b, " requests is too large");
-  validate_start_loc(qsl, "query_start_loc");
-  const int32_t t_real = qsl[b];
-  AAR_CHECK_ARG(in.num_input_tokens >= 0, "num_input_tokens=", in.num_input_tokens, " is negative");
-  const int32_t t_in = in.num_input_tokens == 0 ? t_real : in.num_input_tokens;
-  AAR_CHECK_ARG(t_in >= t_real, "num_input_tokens=", in.num_input_tokens, " is smaller than query_start_loc[", b,
-                "]=", t_real);
+  const detail::StepTokens tokens =
+      detail::check_step_batch(qsl, b, in.num_input_tokens, in.block_size, in.block_table_stride, in.num_blocks,
+                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.has_state, in.state);
+  const int32_t t_real = tokens.real, t_in = tokens.input;
   check_chunk_args(in.block_size, in.max_chunks);
-  AAR_CHECK_ARG(in.block_table_stride >= 0, "block_table_stride=", in.block_table_stride, " is negative");
-  AAR_CHECK_ARG(in.num_blocks >= 0, "num_blocks=", in.num_blocks, " is negative");
-  AAR_CHECK_ARG(static_cast<int64_t>(in.num_blocks) * in.block_size <= INT32_MAX, "num_blocks=", in.num_blocks,
-                " x block_size=", in.block_size, " exceeds the int32 slot range");
-  AAR_CHECK_ARG(in.decode_threshold >= 1 && in.decode_threshold <= 16, "decode_threshold=", in.decode_threshold,
-                " is out of range [1, 16]");
-  AAR_CHECK_ARG(in.num_spec_tokens.empty() || in.num_spec_tokens.size() == b, "num_spec_tokens has ",
-                in.num_spec_tokens.size(), " entries, expected 0 or ", b);
-  detail::validate_spec_method(in.spec_method);
-  if (in.has_state) {
-    const auto st = static_cast<int32_t>(in.state);
-    AAR_CHECK_ARG(st >= 0 && st <= 4, "state=", st, " is not an AttentionState");
-  }
   const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
   const std::size_t stride = static_cast<std::size_t>(buf.block_table_stride);
   AAR_CHECK_ARG(in.block_table.size() >= b * in_stride, "block_table has ", in.block_table.size(),
