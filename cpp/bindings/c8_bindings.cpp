@@ -18,17 +18,8 @@ using namespace nb::literals;
 
 namespace aar::bindings {
 
-plan::DeviceKind parse_device_kind(const std::string& s);
 
 namespace {
-
-gqa::AttnType c8_attn_type(const std::string& s) {
-  if (s == "decoder") return gqa::AttnType::Decoder;
-  if (s == "encoder_only") return gqa::AttnType::EncoderOnly;
-  if (s == "encoder") return gqa::AttnType::Encoder;
-  if (s == "encoder_decoder") return gqa::AttnType::EncoderDecoder;
-  throw_invalid("attn_type must be 'decoder', 'encoder_only', 'encoder' or 'encoder_decoder', got '", s, "'");
-}
 
 c8::KvTransferRole parse_role(const std::string& s) {
   if (s == "none") return c8::KvTransferRole::None;
@@ -131,7 +122,7 @@ void bind_c8(nb::module_& m) {
             c.has_sinks = sinks.has_value();
             c.has_alibi_slopes = alibi_slopes.has_value();
             c.logits_soft_cap = logits_soft_cap;
-            c.attn_type = c8_attn_type(attn_type);
+            c.attn_type = parse_attn_type(attn_type);
             c.kv_sharing = kv_sharing;
             c.kv_transfer = parse_role(kv_transfer);
             c.device_kind = parse_device_kind(device_kind);

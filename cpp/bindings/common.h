@@ -2,10 +2,15 @@
 // with errors that name the argument.
 #pragma once
 
+#include <string>
+
 #include <ATen/core/Tensor.h>
 #include <nanobind/nanobind.h>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/gqa/impl.h"
+#include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/workspace.h"
 #include "ascend_attn_rt/plan/span.h"
 
 namespace aar::bindings {
@@ -32,6 +37,11 @@ inline plan::CSpan<uint8_t> bool_span(const std::optional<at::Tensor>& t, const 
   check_host_tensor(*t, name, t->scalar_type(), 1);
   return {static_cast<const uint8_t*>(t->const_data_ptr()), static_cast<size_t>(t->numel())};
 }
+
+// String options of the facade, parsed once for every backend (module.cpp).
+plan::DeviceKind parse_device_kind(const std::string& s);
+plan::SpecMethod spec_method_from(const std::string& s);
+gqa::AttnType parse_attn_type(const std::string& s);
 
 void bind_plan(nb::module_& m);
 

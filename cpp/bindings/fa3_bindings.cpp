@@ -16,14 +16,6 @@ namespace aar::bindings {
 
 namespace {
 
-gqa::AttnType fa3_attn_type(const std::string& s) {
-  if (s == "decoder") return gqa::AttnType::Decoder;
-  if (s == "encoder_only") return gqa::AttnType::EncoderOnly;
-  if (s == "encoder") return gqa::AttnType::Encoder;
-  if (s == "encoder_decoder") return gqa::AttnType::EncoderDecoder;
-  throw_invalid("attn_type must be 'decoder', 'encoder_only', 'encoder' or 'encoder_decoder', got '", s, "'");
-}
-
 void bind_fa3(nb::module_& m) {
   nb::class_<fa3::Backend>(m, "FA3Backend")
       .def_static("name", &fa3::Backend::name)
@@ -49,7 +41,7 @@ void bind_fa3(nb::module_& m) {
             c.has_alibi_slopes = alibi_slopes.has_value();
             c.logits_soft_cap = logits_soft_cap;
             c.kv_cache_dtype = kv_cache_dtype;
-            c.attn_type = fa3_attn_type(attn_type);
+            c.attn_type = parse_attn_type(attn_type);
             c.kv_sharing = kv_sharing;
             c.enforce_eager = enforce_eager;
             c.full_decode_only_graph = full_decode_only_graph;

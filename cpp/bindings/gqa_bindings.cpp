@@ -17,18 +17,8 @@ using namespace nb::literals;
 
 namespace aar::bindings {
 
-plan::DeviceKind parse_device_kind(const std::string& s);
-plan::SpecMethod spec_method_from(const std::string& s);
 
 namespace {
-
-gqa::AttnType parse_attn_type(const std::string& s) {
-  if (s == "decoder") return gqa::AttnType::Decoder;
-  if (s == "encoder_only") return gqa::AttnType::EncoderOnly;
-  if (s == "encoder") return gqa::AttnType::Encoder;
-  if (s == "encoder_decoder") return gqa::AttnType::EncoderDecoder;
-  throw_invalid("attn_type must be 'decoder', 'encoder_only', 'encoder' or 'encoder_decoder', got '", s, "'");
-}
 
 gqa::BuildInputs make_inputs(const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& block_table,
                              int32_t num_input_tokens, const std::optional<plan::AttentionState>& attn_state,

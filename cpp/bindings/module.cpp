@@ -52,6 +52,14 @@ plan::DeviceKind parse_device_kind(const std::string& s) {
 
 plan::SpecMethod spec_method_from(const std::string& s) { return parse_spec_method(s); }
 
+gqa::AttnType parse_attn_type(const std::string& s) {
+  if (s == "decoder") return gqa::AttnType::Decoder;
+  if (s == "encoder_only") return gqa::AttnType::EncoderOnly;
+  if (s == "encoder") return gqa::AttnType::Encoder;
+  if (s == "encoder_decoder") return gqa::AttnType::EncoderDecoder;
+  throw_invalid("attn_type must be 'decoder', 'encoder_only', 'encoder' or 'encoder_decoder', got '", s, "'");
+}
+
 void bind_plan(nb::module_& m) {
   nb::module_ p = m.def_submodule("plan", "Torch-free per-step planning functions");
 
