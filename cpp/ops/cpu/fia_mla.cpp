@@ -58,6 +58,15 @@ MlaFold fold_mla(const char* op, const at::Tensor& query, const at::Tensor& key,
   return f;
 }
 
+void MlaFold::out(const char* op, const FiaInputs& in, bool want_lse, at::Tensor& attention_out,
+                  at::Tensor& softmax_lse) const {
+  if (permutes()) {
+    copy_out(op, finish(fia_functional(in, want_lse)), want_lse, attention_out, softmax_lse);
+  } else {
+    fia_out(in, want_lse, attention_out, softmax_lse);
+  }
+}
+
 void copy_out(const char* op, const std::tuple<at::Tensor, at::Tensor>& r, bool want_lse, at::Tensor& attention_out,
               at::Tensor& softmax_lse) {
   const at::Tensor& o = std::get<0>(r);

@@ -19,6 +19,8 @@
 #include <tuple>
 #include <vector>
 
+#include "fia_common.h"
+
 namespace aar::ops::cpu {
 
 struct MlaFold {
@@ -28,6 +30,10 @@ struct MlaFold {
 
   std::tuple<at::Tensor, at::Tensor> finish(std::tuple<at::Tensor, at::Tensor> r) const;
   bool permutes() const { return !out_perm.empty(); }
+  // The .out variants: compute in place, or (permuted layouts) compute, permute
+  // and copy into the caller's buffers after checking them.
+  void out(const char* op, const FiaInputs& in, bool want_lse, at::Tensor& attention_out,
+           at::Tensor& softmax_lse) const;
 };
 
 MlaFold fold_mla(const char* op, const at::Tensor& query, const at::Tensor& key,

@@ -69,12 +69,7 @@ std::tuple<at::Tensor&, at::Tensor&> fia_v1_out(AAR_FIA_V1_PARAMS, AAR_OUT_TAIL_
   const MlaFold f = fold_mla(kNamesV1.op, query, key, query_rope, key_rope, input_layout, block_table.has_value());
   {
     AAR_FIA_MLA_SHADOW(f)
-    if (f.permutes()) {
-      copy_out(kNamesV1.op, f.finish(fia_functional(v1_inputs(AAR_FIA_V1_ARGS), softmax_lse_flag)),
-               softmax_lse_flag, attention_out, softmax_lse);
-    } else {
-      fia_out(v1_inputs(AAR_FIA_V1_ARGS), softmax_lse_flag, attention_out, softmax_lse);
-    }
+    f.out(kNamesV1.op, v1_inputs(AAR_FIA_V1_ARGS), softmax_lse_flag, attention_out, softmax_lse);
   }
   return {attention_out, softmax_lse};
 }

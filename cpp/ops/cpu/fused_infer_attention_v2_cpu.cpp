@@ -64,12 +64,7 @@ std::tuple<at::Tensor&, at::Tensor&> fia_v2_out(AAR_FIA_V2_PARAMS, AAR_OUT_TAIL_
   const MlaFold f = fold_mla(kNamesV2.op, query, key, query_rope, key_rope, input_layout, block_table.has_value());
   {
     AAR_FIA_MLA_SHADOW(f)
-    if (f.permutes()) {
-      copy_out(kNamesV2.op, f.finish(fia_functional(v2_inputs(AAR_FIA_V2_ARGS), return_softmax_lse)),
-               return_softmax_lse, attention_out, softmax_lse);
-    } else {
-      fia_out(v2_inputs(AAR_FIA_V2_ARGS), return_softmax_lse, attention_out, softmax_lse);
-    }
+    f.out(kNamesV2.op, v2_inputs(AAR_FIA_V2_ARGS), return_softmax_lse, attention_out, softmax_lse);
   }
   return {attention_out, softmax_lse};
 }
