@@ -1,10 +1,15 @@
-// Host-time benchmark of the MLA metadata build from C++ (no Python), with the
-// no-compute operator provider: decode batches of 1/32/256 and a mixed batch
+// Host-time benchmark of the MLA backend from C++ (no Python), with the
+// no-compute operator provider. `build`: decode batches of 1/32/256 and a mixed batch
 // (32 decodes + 4 prefills of 256 new tokens on 3000 cached tokens, one context
 // chunk), at DeepSeek-V2-Lite RoPE width (R=64, bf16 tables), block size 128,
 // 64 blocks per request. Each case also runs with separate device buffers (the
-// device path on the CPU: one staging copy plus index_select_out of the RoPE
-// rows) and, for decodes, with the block table staged in the builder (zero copy).
+// device path on the CPU: the host buffer copied into a second buffer, one
+// copy for a decode-only step, three with prefills) and, for decodes, with the block table staged in the builder (zero copy).
+// `forward`: Impl::forward per layer for decode batches 1/32/256 at
+// DeepSeek-V2-Lite shapes (16 heads, hidden 2048, no q-LoRA, L 512, P/V 128,
+// R 64, bf16), the native and (with a q-LoRA of 1536) the fused-prolog decode
+// preprocess; the no-compute provider also covers the layer's dense work
+// (projections, norms, o_proj), so this is host work only.
 //
 //   build/bench_mla_cpp [--out benchmarks/results/cpp_mla.json] [--quick]
 #include <ATen/ATen.h>
@@ -24,6 +29,7 @@
 
 #include "bench_timing.h"
 #include "ascend_attn_rt/mla/builder.h"
+#include "ascend_attn_rt/mla/impl.h"
 #include "ascend_attn_rt/ops/provider.h"
 
 namespace {
@@ -113,7 +119,7 @@ int main(int argc, char** argv) {
     bc.sin_table = sin;
     bc.separate_device_buffers = separate;
     aar::mla::MetadataBuilder builder(bc);
-    const std::string path = separate ? "copy+index_select" : "cpu (aliased)";
+    const std::string path = separate ? "separate buffers" : "cpu (aliased)";
     for (int B : {1, 32, 256}) {
       Batch b = make_batch(B, 1000, 0, 0, 0, mbr);
       auto in = inputs_of(b);
@@ -133,8 +139,61 @@ int main(int argc, char** argv) {
     }
   }
 
+  // ---------------------------------------------------------------- forward
+  std::vector<Result> fwd;
+  {
+    aar::mla::BuilderConfig bc;
+    bc.max_num_reqs = max_reqs;
+    bc.max_num_tokens = 4096;
+    bc.max_blocks_per_req = mbr;
+    bc.block_size = bs;
+    bc.num_blocks = max_reqs * mbr;
+    bc.max_model_len = mbr * bs;
+    bc.cos_table = cos;
+    bc.sin_table = sin;
+    aar::mla::MetadataBuilder builder(bc);
+    const int64_t H = 16, hid = 2048, L = 512, P = 128, V = 128, Q = 1536;
+    auto w = [](int64_t o, int64_t i) { return (at::randn({o, i}) / std::sqrt(double(i))).to(at::kBFloat16); };
+    const at::Tensor nope = at::zeros({int64_t{max_reqs} * mbr, bs, 1, L}, at::kBFloat16);
+    const at::Tensor rope = at::zeros({int64_t{max_reqs} * mbr, bs, 1, R}, at::kBFloat16);
+    for (bool prolog : {false, true}) {
+      aar::mla::ImplConfig ic;
+      ic.dims.num_heads = H;
+      ic.dims.hidden_size = hid;
+      ic.dims.kv_lora_rank = L;
+      ic.dims.qk_nope_head_dim = P;
+      ic.dims.qk_rope_head_dim = R;
+      ic.dims.v_head_dim = V;
+      aar::mla::Weights ws;
+      if (prolog) {
+        ic.dims.q_lora_rank = Q;
+        ic.enable_prolog = true;
+        ws.q_a_proj = w(Q, hid);
+        ws.q_a_layernorm = at::ones({Q}, at::kBFloat16);
+      }
+      ws.q_proj = w(H * (P + R), prolog ? Q : hid);
+      ws.kv_a_proj_with_mqa = w(L + R, hid);
+      ws.kv_a_layernorm = at::ones({L}, at::kBFloat16);
+      ws.kv_b_proj = w(H * (P + V), L);
+      ws.o_proj = w(hid, H * V);
+      aar::mla::Impl impl(ic, ws);
+      const std::string path = prolog ? "decode, npu_mla_prolog_v3" : "decode, native preprocess";
+      for (int B : {1, 32, 256}) {
+        Batch b = make_batch(B, 1000, 0, 0, 0, mbr);
+        const auto& md = builder.build(inputs_of(b));
+        const at::Tensor x = at::randn({B, hid}).to(at::kBFloat16);
+        const at::Tensor out = at::empty_like(x);
+        fwd.push_back({path, "forward per layer", B,
+                       time_us([&] { impl.forward(x, nope, rope, &md, out); }, 20000 / scale)});
+      }
+    }
+  }
+
   std::printf("%-18s %-42s %6s %10s\n", "path", "case", "batch", "us/build");
   for (const auto& r : results) std::printf("%-18s %-42s %6d %10.3f\n", r.path.c_str(), r.name.c_str(), r.batch, r.us);
+
+  std::printf("\n%-28s %-20s %6s %10s\n", "path", "case", "batch", "us/layer");
+  for (const auto& r : fwd) std::printf("%-28s %-20s %6d %10.3f\n", r.path.c_str(), r.name.c_str(), r.batch, r.us);
 
   if (!out_path.empty()) {
     std::ofstream f(out_path);
@@ -149,6 +208,12 @@ int main(int argc, char** argv) {
       f << "    {\"path\": \"" << json_escape(r.path) << "\", \"case\": \"" << json_escape(r.name)
         << "\", \"batch\": " << r.batch << ", \"us_per_build\": " << r.us << "}"
         << (i + 1 < results.size() ? "," : "") << "\n";
+    }
+    f << "  ],\n  \"forward\": [\n";
+    for (size_t i = 0; i < fwd.size(); ++i) {
+      const auto& r = fwd[i];
+      f << "    {\"path\": \"" << json_escape(r.path) << "\", \"batch\": " << r.batch
+        << ", \"us_per_layer\": " << r.us << "}" << (i + 1 < fwd.size() ? "," : "") << "\n";
     }
     f << "  ]\n}\n";
     std::printf("wrote %s\n", out_path.c_str());

@@ -206,9 +206,10 @@ void bind_mla(nb::module_& root) {
              std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm, const at::Tensor& q_proj,
              const at::Tensor& kv_a_proj_with_mqa, const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj,
              const at::Tensor& o_proj, double scale, double q_norm_eps, double kv_norm_eps, bool enable_prolog,
-             bool enable_kv_nz, int64_t layer_index) {
+             bool enable_kv_nz, int64_t layer_index, int64_t workspace_group) {
             mla::ImplConfig c;
             c.layer_index = layer_index;
+            c.workspace_group = workspace_group;
             c.dims = {num_heads, hidden_size, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
                       v_head_dim};
             c.scale = scale;
@@ -223,7 +224,7 @@ void bind_mla(nb::module_& root) {
           "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a, "q_a_proj"_a = nb::none(),
           "q_a_layernorm"_a = nb::none(), "q_proj"_a, "kv_a_proj_with_mqa"_a, "kv_a_layernorm"_a, "kv_b_proj"_a,
           "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6, "kv_norm_eps"_a = 1e-6, "enable_prolog"_a = false,
-          "enable_kv_nz"_a = false, "layer_index"_a = -1)
+          "enable_kv_nz"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0)
       .def(
           "forward",
           [](mla::Impl& impl, const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
@@ -231,6 +232,8 @@ void bind_mla(nb::module_& root) {
             return impl.forward(hidden, nope_cache, rope_cache, md, output);
           },
           "hidden_states"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a.none(), "output"_a)
+      .def("release_views", &mla::Impl::release_views,
+           "Drop the views of the last caches and metadata a decode kept (see the C++ Impl::forward).")
       .def_prop_ro("num_heads_padded", &mla::Impl::num_heads_padded)
       .def_prop_ro("w_uk_t", [](const mla::Impl& i) { return i.w_uk_t(); })
       .def_prop_ro("w_uv", [](const mla::Impl& i) { return i.w_uv(); })

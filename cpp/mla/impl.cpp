@@ -16,14 +16,9 @@
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
+#include "decode_workspace.h"
 
 namespace aar::mla {
-
-namespace {
-
-constexpr int64_t kMaxPrologTokens = 1024;
-
-}  // namespace
 
 const char* to_string(DecodePath p) {
   switch (p) {
@@ -46,7 +41,29 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg), w_(weight
     AAR_CHECK_ARG(d.q_lora_rank.has_value(),
                   "enable_prolog needs q-LoRA (q_lora_rank): npu_mla_prolog_v3 takes the q down-projection");
     prolog_ = prepare_prolog_weights(d, w_, w_uk_t_);
+    ops::MlaPrologArgs& a = prolog_args_;
+    a.weight_dq = prolog_->weight_dq;
+    a.weight_uq_qr = prolog_->weight_uq_qr;
+    a.weight_uk = prolog_->weight_uk;
+    a.weight_dkv_kr = prolog_->weight_dkv_kr;
+    a.rmsnorm_gamma_cq = prolog_->gamma_cq;
+    a.rmsnorm_gamma_ckv = prolog_->gamma_ckv;
+    a.rmsnorm_epsilon_cq = cfg_.q_norm_eps;
+    a.rmsnorm_epsilon_ckv = cfg_.kv_norm_eps;
+    a.cache_mode = cfg_.enable_kv_nz ? "PA_NZ" : "PA_BSND";
   }
+  detail::DecodeShape shape;
+  shape.device = w_.q_proj.device();
+  shape.dtype = w_.q_proj.scalar_type();
+  shape.heads = d.num_heads;
+  shape.heads_padded = hp_;
+  shape.kv_lora_rank = d.kv_lora_rank;
+  shape.nope_dim = d.qk_nope_head_dim;
+  shape.rope_dim = d.qk_rope_head_dim;
+  shape.q_lora_rank = d.q_lora_rank.value_or(0);
+  shape.v_head_dim = d.v_head_dim;
+  shape.group = cfg_.workspace_group;
+  ws_ = detail::DecodeWorkspace::shared(shape);
 }
 
 void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
@@ -83,68 +100,99 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
   }
 }
 
-void Impl::decode_fia_args(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope,
-                           const at::Tensor& rope, const Metadata& md, ops::FiaV2Tensors& t,
-                           ops::FiaV2Params& p) const {
+namespace {
+
+constexpr int64_t kMaxPrologTokens = 1024;
+
+detail::DecodeLayout layout_of(const Metadata& md, bool kv_nz) {
+  // Spec 5.3 rows A (speculative), D (NZ caches), E.
+  if (md.speculative) return detail::DecodeLayout::TND;
+  return kv_nz ? detail::DecodeLayout::BSND : detail::DecodeLayout::BNSD;
+}
+
+// A view made from `src`, remade only when `src` is another tensor (the
+// builders hand out the same cached view for the same batch shape).
+template <typename Make>
+const at::Tensor& view_of(const at::Tensor& src, at::Tensor& seen_src, at::Tensor& seen_view, Make make) {
+  if (src.unsafeGetTensorImpl() != seen_src.unsafeGetTensorImpl() || !seen_view.defined()) {
+    seen_view = make();
+    seen_src = src;
+  }
+  return seen_view;
+}
+
+}  // namespace
+
+void Impl::release_views() { seen_ = SeenViews{}; }
+
+const detail::DecodeViews& Impl::decode_views(const Metadata& md) {
+  return ws_->views(md.num_decode_tokens, layout_of(md, cfg_.enable_kv_nz));
+}
+
+void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
+                           ops::FiaV2Tensors& t, ops::FiaV2Params& p) {
   const Dims& d = cfg_.dims;
-  const int64_t td = qn.size(0), L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  const int64_t bs = md.block_size;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, bs = md.block_size;
   if (cfg_.enable_kv_nz) {
     t.key = nope;
     t.key_rope = rope;
   } else {
     // (nb, bs, 1, D) -> (nb, 1, bs, D): a pure reinterpretation since Nkv = 1.
-    t.key = nope.view({nope.size(0), 1, bs, L});
-    t.key_rope = rope.view({rope.size(0), 1, bs, R});
+    t.key = view_of(nope, seen_.nope_src, seen_.key, [&] { return nope.view({nope.size(0), 1, bs, L}); });
+    t.key_rope = view_of(rope, seen_.rope_src, seen_.key_rope, [&] { return rope.view({rope.size(0), 1, bs, R}); });
   }
   t.value = t.key;
+  t.query = q.qn;
+  t.query_rope = q.qr;
   t.block_table = md.decode.block_table;
   p.num_query_heads = hp_;
   p.num_key_value_heads = 1;
   p.softmax_scale = cfg_.scale;
   p.block_size = bs;
   p.actual_seq_kvlen = md.decode.seq_lens_list;
-  if (md.speculative) {
-    // Row A of spec 5.3. Upstream also requires the state to be one of
-    // SpecDecoding/ChunkedPrefill/DecodeOnly/PrefillNoCache and otherwise falls
-    // to the BNSD row with a multi-token decode, mismatching block-table rows
-    // and batch (spec 9.11); we use TND_NTD whenever decodes may have several tokens.
-    t.query = qn;
-    t.query_rope = qr;
-    t.atten_mask = md.attn_mask;
-    p.sparse_mode = 3;
-    p.input_layout = "TND_NTD";
-    p.actual_seq_qlen = md.decode.actual_seq_lengths_q;
-  } else if (cfg_.enable_kv_nz) {
-    t.query = qn.view({td, 1, hp_, L});
-    t.query_rope = qr.view({td, 1, hp_, R});
-    p.input_layout = "BSND_NBSD";
-    p.has_actual_seq_qlen = false;
-  } else {
-    t.query = qn.view({td, hp_, 1, L});
-    t.query_rope = qr.view({td, hp_, 1, R});
-    p.input_layout = "BNSD_NBSD";
-    p.has_actual_seq_qlen = false;
+  switch (layout_of(md, cfg_.enable_kv_nz)) {
+    case detail::DecodeLayout::TND:
+      // Row A of spec 5.3. Upstream also requires the state to be one of
+      // SpecDecoding/ChunkedPrefill/DecodeOnly/PrefillNoCache and otherwise falls
+      // to the BNSD row with a multi-token decode, mismatching block-table rows
+      // and batch (spec 9.11); we use TND_NTD whenever decodes may have several tokens.
+      t.atten_mask = md.attn_mask;
+      p.sparse_mode = 3;
+      p.input_layout = "TND_NTD";
+      p.actual_seq_qlen = md.decode.actual_seq_lengths_q;
+      break;
+    case detail::DecodeLayout::BSND:
+      p.input_layout = "BSND_NBSD";
+      p.has_actual_seq_qlen = false;
+      break;
+    case detail::DecodeLayout::BNSD:
+      p.input_layout = "BNSD_NBSD";
+      p.has_actual_seq_qlen = false;
+      break;
   }
 }
 
-at::Tensor Impl::decode_post(const at::Tensor& attn_out, int64_t td) const {
+void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows) const {
   const Dims& d = cfg_.dims;
-  const int64_t H = d.num_heads, L = d.kv_lora_rank;
-  // Head-major output (_NBSD / _NTD): drop the padded heads, then W_UV.
-  const at::Tensor out = attn_out.narrow(0, 0, H).reshape({H, td, L});
+  // Head-major output (_NBSD / _NTD): the real heads, then W_UV, then o_proj.
   static const int64_t perm_y[3] = {1, 0, 2};
-  return ops::transpose_batchmatmul(out, w_uv_.to(out.scalar_type()), std::nullopt, std::nullopt,
-                                    c10::IntArrayRef(perm_y, 3))
-      .reshape({td, H * d.v_head_dim});
+  const at::Tensor y = ops::transpose_batchmatmul(v.attn_heads, w_uv_, std::nullopt, std::nullopt,
+                                                  c10::IntArrayRef(perm_y, 3));
+  ops::dense::linear_out(out_rows, y.view({out_rows.sizes()[0], d.num_heads * d.v_head_dim}), w_.o_proj);
 }
 
-at::Tensor Impl::decode_attention(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
-                                  const at::Tensor& rope, const Metadata& md) const {
+void Impl::decode_forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
+                          const Metadata& md, bool use_prolog, const at::Tensor& out_rows) {
+  const detail::DecodeViews& v = decode_views(md);
+  const int64_t td = md.num_decode_tokens;
+  const DecodeQuery q = decode_preprocess(v, hidden.sizes()[0] == td ? hidden : hidden.narrow(0, 0, td), nope, rope,
+                                          md, use_prolog, /*stable=*/false);
   ops::FiaV2Tensors t;
   ops::FiaV2Params p;
-  decode_fia_args(ops::dense::pad_dim1(ql_nope, hp_), ops::dense::pad_dim1(q_pe, hp_), nope, rope, md, t, p);
-  return decode_post(std::get<0>(ops::fused_infer_attention_score_v2(t, p)), ql_nope.size(0));
+  decode_fia_args(q, nope, rope, md, t, p);
+  at::Tensor attn = v.attn;
+  ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, attn, lse_placeholder_);
+  decode_post(v, out_rows);
 }
 
 at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
@@ -204,48 +252,68 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
   return merged.view({tp, H * V});
 }
 
-std::pair<at::Tensor, at::Tensor> Impl::decode_preprocess(const at::Tensor& hidden, const at::Tensor& nope,
-                                                          const at::Tensor& rope, const Metadata& md,
-                                                          bool use_prolog) const {
+Impl::DecodeQuery Impl::decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x, const at::Tensor& nope,
+                                           const at::Tensor& rope, const Metadata& md, bool use_prolog, bool stable) {
   const Dims& d = cfg_.dims;
-  const int64_t td = md.num_decode_tokens, H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim,
-                R = d.qk_rope_head_dim;
-  const at::Tensor x = hidden.narrow(0, 0, td);
+  const int64_t td = md.num_decode_tokens, H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const bool padded = hp_ != H;
+  // Per-token views of the step's metadata, remade only when the builder hands
+  // out another tensor (a new batch shape).
+  const at::Tensor& slots = view_of(md.slot_mapping, seen_.slots_src, seen_.slots, [&] {
+    return md.slot_mapping.sizes()[0] == td ? md.slot_mapping : md.slot_mapping.narrow(0, 0, td);
+  });
+  const at::Tensor& cos = view_of(md.decode.cos, seen_.cos_src, seen_.cos4, [&] { return md.decode.cos.view({td, 1, 1, R}); });
+  const at::Tensor& sin = view_of(md.decode.sin, seen_.sin_src, seen_.sin4, [&] { return md.decode.sin.view({td, 1, 1, R}); });
+  // A query of the real heads in the FIA layout (heads not padded): BNSD is
+  // (td, H, 1, D) already.
+  auto as_fia = [&](const at::Tensor& x4, int64_t D) -> at::Tensor {
+    switch (v.layout) {
+      case detail::DecodeLayout::TND: return x4.view({td, hp_, D});
+      case detail::DecodeLayout::BSND: return x4.view({td, 1, hp_, D});
+      case detail::DecodeLayout::BNSD: return x4.dim() == 4 ? x4 : x4.view({td, hp_, 1, D});
+    }
+    return x4;
+  };
   if (use_prolog) {
     // Spec 5.4: the fused decode preprocess; q and k_pe come out in the same
     // half-split RoPE order as the native path (weights via trans_rope_weight).
-    ops::MlaPrologArgs a;
+    // The weights are set once (constructor); only the step's inputs change.
+    ops::MlaPrologArgs& a = prolog_args_;
     a.token_x = x;
-    a.weight_dq = prolog_->weight_dq;
-    a.weight_uq_qr = prolog_->weight_uq_qr;
-    a.weight_uk = prolog_->weight_uk;
-    a.weight_dkv_kr = prolog_->weight_dkv_kr;
-    a.rmsnorm_gamma_cq = prolog_->gamma_cq;
-    a.rmsnorm_gamma_ckv = prolog_->gamma_ckv;
     a.rope_cos = md.decode.cos;
     a.rope_sin = md.decode.sin;
-    a.cache_index = md.slot_mapping.narrow(0, 0, td);
-    a.rmsnorm_epsilon_cq = cfg_.q_norm_eps;
-    a.rmsnorm_epsilon_ckv = cfg_.kv_norm_eps;
-    a.cache_mode = cfg_.enable_kv_nz ? "PA_NZ" : "PA_BSND";
+    a.cache_index = slots;
     at::Tensor nope_w = nope, rope_w = rope;
     auto r = ops::mla_prolog_v3(a, nope_w, rope_w);
-    return {std::get<0>(r), std::get<1>(r)};
+    a.token_x.reset();  // holds no step tensor past the call
+    a.rope_cos.reset();
+    a.rope_sin.reset();
+    a.cache_index.reset();
+    const at::Tensor& qn = std::get<0>(r);  // (td, H, L)
+    const at::Tensor& qr = std::get<1>(r);  // (td, H, R)
+    if (padded || stable) {
+      ops::dense::copy(v.qn_heads, qn);
+      ops::dense::copy(v.qr_heads, qr);
+      return {v.fia_qn, v.fia_qr};
+    }
+    return {as_fia(qn, L), as_fia(qr, R)};
   }
-  // Spec 5.2: native preprocess.
-  at::Tensor q_c = x;
+  // Spec 5.2: native preprocess, into the workspace.
   if (d.q_lora_rank.has_value()) {
-    q_c = ops::dense::rms_norm(ops::dense::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
+    ops::dense::linear_out(v.qa, x, *w_.q_a_proj);
+    ops::dense::rms_norm_out(v.qc, v.qa, *w_.q_a_layernorm, cfg_.q_norm_eps);
   }
-  const at::Tensor kv_raw = ops::dense::linear(x, w_.kv_a_proj_with_mqa);
-  const at::Tensor q = ops::dense::linear(q_c, w_.q_proj).view({td, H, P + R});
-  const at::Tensor ql_nope = ops::dense::bmm(q.narrow(-1, 0, P).transpose(0, 1), w_uk_t_).transpose(0, 1);  // (td, H, L)
-  const at::Tensor cos = md.decode.cos.view({td, 1, 1, R}), sin = md.decode.sin.view({td, 1, 1, R});
-  const at::Tensor q_pe = ops::interleave_rope(q.narrow(-1, P, R).reshape({td, H, 1, R}), cos, sin).view({td, H, R});
-  ops::kv_rmsnorm_rope_cache(kv_raw.view({td, 1, 1, L + R}), w_.kv_a_layernorm, cos, sin,
-                             md.slot_mapping.narrow(0, 0, td), rope, nope, cfg_.kv_norm_eps,
+  ops::dense::linear_out(v.kv_raw, x, w_.kv_a_proj_with_mqa);
+  ops::dense::linear_out(v.q, d.q_lora_rank.has_value() ? v.qc : x, w_.q_proj);
+  ops::dense::bmm_out(v.qn_heads_t, v.q_nope_t, w_uk_t_);  // ql_nope (td, H, L) into the padded query
+  const at::Tensor q_pe = ops::interleave_rope(v.q_pe4, cos, sin);  // (td, H, 1, R)
+  ops::kv_rmsnorm_rope_cache(v.kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps,
                              cfg_.enable_kv_nz ? "PA_NZ" : "PA", false);
-  return {ql_nope, q_pe};
+  if (padded || stable) {
+    ops::dense::copy(v.qr_heads4, q_pe);
+    return {v.fia_qn, v.fia_qr};
+  }
+  return {v.fia_qn, as_fia(q_pe, R)};
 }
 
 void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
@@ -255,7 +323,7 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   // lengths, and the query ends in the speculative TND layout), then W_UV and
   // o_proj (prepare). The device graph captures the prepare work as plain
   // kernels; the CPU recording provider replays the closures in order. The
-  // intermediates live in buffers allocated here, at stable addresses.
+  // intermediates are the decode workspace's buffers, at stable addresses.
   const int64_t n = g.capturing_bucket();
   const int64_t td = md.num_decode_tokens;
   if (md.num_prefills != 0 || td != n || md.num_input_tokens != n || hidden.sizes()[0] != n) {
@@ -263,19 +331,15 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
                         " tokens (got ", md.num_decodes, " decodes with ", td, " tokens, ", md.num_prefills,
                         " prefills, num_input_tokens=", md.num_input_tokens, ")");
   }
-  const Dims& d = cfg_.dims;
-  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  at::Tensor qn = at::zeros({td, hp_, L}, hidden.options());
-  at::Tensor qr = at::zeros({td, hp_, R}, hidden.options());
+  // The closures hold copies of the views (and so the buffers) they use.
+  const detail::DecodeViews v = decode_views(md);
   graph::CapturedCall pre;
   pre.kind = graph::CallKind::Prepare;
   pre.layer_index = cfg_.layer_index;
   // The closure keeps the capture-time metadata: its tensors are views of the
   // builder's persistent buffers, which every later build refills in place.
-  pre.prepare = [this, hidden, nope, rope, md_at_capture = md, qn, qr, use_prolog, H = d.num_heads]() mutable {
-    auto [ql_nope, q_pe] = decode_preprocess(hidden, nope, rope, md_at_capture, use_prolog);
-    ops::dense::copy(qn.narrow(1, 0, H), ql_nope);
-    ops::dense::copy(qr.narrow(1, 0, H), q_pe);
+  pre.prepare = [this, v, hidden, nope, rope, md_at_capture = md, use_prolog]() {
+    decode_preprocess(v, hidden, nope, rope, md_at_capture, use_prolog, /*stable=*/true);
   };
   g.capture_call(std::move(pre));
 
@@ -283,28 +347,16 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   c.kind = graph::CallKind::FiaV2;
   c.layer_index = cfg_.layer_index;
   c.paged = true;
-  decode_fia_args(qn, qr, nope, rope, md, c.fia2, c.fia2_params);
+  decode_fia_args(DecodeQuery{v.fia_qn, v.fia_qr}, nope, rope, md, c.fia2, c.fia2_params);
   c.refresh_q_lens = md.speculative;  // BNSD/BSND layouts take no query-length list
-  // Head-major output of the latent attention: (Hp, td, L) for _NTD, (Hp, td, 1, L) for _NBSD.
-  std::vector<int64_t> out_shape(c.fia2.query.sizes().begin(), c.fia2.query.sizes().end());
-  if (md.speculative) {
-    std::swap(out_shape[0], out_shape[1]);
-  } else if (cfg_.enable_kv_nz) {
-    out_shape = {out_shape[2], out_shape[0], out_shape[1], out_shape[3]};
-  } else {
-    std::swap(out_shape[0], out_shape[1]);
-  }
-  c.out = at::zeros(out_shape, hidden.options());
-  c.lse = at::zeros({1}, hidden.options().dtype(at::kFloat));
-  at::Tensor attn = c.out;
+  c.out = v.attn;
+  c.lse = lse_placeholder_;
   g.capture_call(std::move(c));
 
   graph::CapturedCall post;
   post.kind = graph::CallKind::Prepare;
   post.layer_index = cfg_.layer_index;
-  post.prepare = [this, attn, out = at::Tensor(output), td]() mutable {
-    ops::dense::linear_out(out, decode_post(attn, td), w_.o_proj);
-  };
+  post.prepare = [this, v, out = at::Tensor(output)]() { decode_post(v, out); };
   g.capture_call(std::move(post));
 }
 
@@ -322,17 +374,47 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
                 V = d.v_head_dim;
   const int64_t T = md.num_actual_tokens, td = md.num_decode_tokens, tp = md.num_prefill_tokens;
-  c10::InferenceMode guard;
+  // The dense work runs without autograd; serving engines usually run the
+  // model under inference mode already (entering it costs two TLS writes).
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  if (!lse_placeholder_.defined() || lse_placeholder_.device() != hidden.device()) {
+    lse_placeholder_ = at::zeros({1}, hidden.options().dtype(at::kFloat));
+  }
   const bool use_prolog = prolog_.has_value() && md.num_prefills == 0 && td > 0 && td <= kMaxPrologTokens;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     capture_decode(*g, hidden, nope, rope, md, output, use_prolog);
     last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
     return output;
   }
-  at::Tensor o_in = ops::dense::zeros({hidden.size(0), H * V}, hidden.options());
+  const int64_t rows = hidden.sizes()[0];
+  if (tp == 0) {
+    // Decode-only: o_proj straight from the decode rows; padded rows get
+    // o_proj(0) = 0 (o_proj has no bias).
+    if (td == rows) {
+      decode_forward(hidden, nope, rope, md, use_prolog, output);
+    } else {
+      if (td > 0) decode_forward(hidden, nope, rope, md, use_prolog, output.narrow(0, 0, td));
+      ops::dense::zero(output.narrow(0, td, rows - td));
+    }
+    if (td > 0) last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
+    return output;
+  }
+  at::Tensor o_in = ops::dense::zeros({rows, H * V}, hidden.options());
   if (td > 0) {
-    auto [ql_nope, q_pe] = decode_preprocess(hidden, nope, rope, md, use_prolog);
-    ops::dense::copy(o_in.narrow(0, 0, td), decode_attention(ql_nope, q_pe, nope, rope, md));
+    // Mixed step: the decode rows' o_proj input goes into o_in like the prefill's.
+    const detail::DecodeViews& v = decode_views(md);
+    const DecodeQuery q = decode_preprocess(v, hidden.narrow(0, 0, td), nope, rope, md, use_prolog, false);
+    ops::FiaV2Tensors t;
+    ops::FiaV2Params p;
+    decode_fia_args(q, nope, rope, md, t, p);
+    at::Tensor attn = v.attn;
+    ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, attn, lse_placeholder_);
+    static const int64_t perm_y[3] = {1, 0, 2};
+    ops::dense::copy(o_in.narrow(0, 0, td),
+                     ops::transpose_batchmatmul(v.attn_heads, w_uv_, std::nullopt, std::nullopt,
+                                                c10::IntArrayRef(perm_y, 3))
+                         .view({td, H * V}));
     last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
   }
   if (tp > 0) {

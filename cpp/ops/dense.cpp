@@ -42,10 +42,22 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
   return at::bmm(a, b);
 }
 
+void bmm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  if (no_compute()) return;
+  at::Tensor o = out;
+  at::bmm_out(o, a, b);
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps) {
   if (no_compute()) return noop::cached(x.sizes(), x.scalar_type());
   const at::Tensor f = x.to(at::kFloat);
   return (f * at::rsqrt(f.pow(2).mean(-1, true) + eps) * gamma.to(at::kFloat)).to(x.scalar_type());
+}
+
+void rms_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& gamma, double eps) {
+  if (no_compute()) return;
+  at::Tensor o = out;
+  o.copy_(rms_norm(x, gamma, eps));
 }
 
 at::Tensor pad_dim1(const at::Tensor& x, int64_t size) {
@@ -67,6 +79,12 @@ void copy(const at::Tensor& dst, const at::Tensor& src) {
   if (no_compute()) return;
   at::Tensor d = dst;
   d.copy_(src);
+}
+
+void zero(const at::Tensor& dst) {
+  if (no_compute() || dst.numel() == 0) return;
+  at::Tensor d = dst;
+  d.zero_();
 }
 
 }  // namespace aar::ops::dense

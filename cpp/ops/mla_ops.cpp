@@ -27,8 +27,9 @@ at::OptionalIntArrayRef opt_list(const std::optional<c10::IntArrayRef>& v) {
 }  // namespace
 
 at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Provider pv) {
-  const auto& op = g_interleave_rope.get(detail::pick_provider(pv, x));
-  c10::InferenceMode guard;
+  const Provider p = detail::pick_provider(pv, x);
+  const auto& op = g_interleave_rope.get(p);
+  detail::DispatchGuard guard(p);
   return op.call(x, cos, sin);
 }
 
@@ -36,9 +37,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache
     const at::Tensor& kv, const at::Tensor& gamma, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& index, const at::Tensor& k_cache, const at::Tensor& ckv_cache, double epsilon,
     c10::string_view cache_mode, bool is_output_kv, Provider pv) {
-  const auto& op = g_kv_rmsnorm.get(detail::pick_provider(pv, kv));
+  const Provider p = detail::pick_provider(pv, kv);
+  const auto& op = g_kv_rmsnorm.get(p);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(p);
   return op.call(kv, gamma, cos, sin, index, k_cache, ckv_cache, none, none, none, none, none, epsilon, cache_mode,
                  is_output_kv);
 }
@@ -46,25 +48,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache
 void gather_pa_kv_cache(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_tables,
                         const at::Tensor& seq_lens, at::Tensor& key, at::Tensor& value,
                         const std::optional<at::Tensor>& seq_offset, Provider pv) {
-  const auto& op = g_gather.get(detail::pick_provider(pv, key_cache));
-  c10::InferenceMode guard;
+  const Provider p = detail::pick_provider(pv, key_cache);
+  const auto& op = g_gather.get(p);
+  detail::DispatchGuard guard(p);
   op.call(key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset, false);
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
                                                     int64_t update_type, Provider pv) {
   AAR_CHECK_ARG(!lse.empty(), "attention_update: lse list is empty");
-  const auto& op = g_attn_update.get(detail::pick_provider(pv, lse[0]));
-  c10::InferenceMode guard;
+  const Provider p = detail::pick_provider(pv, lse[0]);
+  const auto& op = g_attn_update.get(p);
+  detail::DispatchGuard guard(p);
   return op.call(lse, local_out, update_type);
 }
 
 at::Tensor transpose_batchmatmul(const at::Tensor& input, const at::Tensor& weight,
                                  std::optional<c10::IntArrayRef> perm_x1, std::optional<c10::IntArrayRef> perm_x2,
                                  std::optional<c10::IntArrayRef> perm_y, Provider pv) {
-  const auto& op = g_tbmm.get(detail::pick_provider(pv, input));
+  const Provider p = detail::pick_provider(pv, input);
+  const auto& op = g_tbmm.get(p);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(p);
   return op.call(input, weight, none, none, opt_list(perm_x1), opt_list(perm_x2), opt_list(perm_y), int64_t{1});
 }
 
@@ -72,9 +77,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolo
                                                                                      at::Tensor& kv_cache,
                                                                                      at::Tensor& kr_cache,
                                                                                      Provider pv) {
-  const auto& op = g_prolog_v3.get(detail::pick_provider(pv, a.token_x));
+  const Provider p = detail::pick_provider(pv, a.token_x);
+  const auto& op = g_prolog_v3.get(p);
   const auto& none = detail::none_tensor();
-  c10::InferenceMode guard;
+  detail::DispatchGuard guard(p);
   return op.call(a.token_x, a.weight_dq, a.weight_uq_qr, a.weight_uk, a.weight_dkv_kr, a.rmsnorm_gamma_cq,
                  a.rmsnorm_gamma_ckv, a.rope_sin, a.rope_cos, kv_cache, kr_cache, a.cache_index, none, none, none,
                  none, none, none, none, none, none, a.rmsnorm_epsilon_cq, a.rmsnorm_epsilon_ckv, a.cache_mode,

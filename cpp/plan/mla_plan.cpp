@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
@@ -120,6 +121,96 @@ void check_room(std::size_t have, std::size_t need, const char* name) {
   AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
 }
 
+// Block-table entries a request reads: ceil(seq_len / block_size). Unsigned so
+// that a negative seq_len (rejected by the seq_len >= query length rule) cannot
+// overflow; exact for every seq_len in [0, INT32_MAX].
+struct BlockCount {
+  uint32_t bs_minus_1 = 0, bs = 1;
+  int shift = 0;
+  bool pow2 = true;
+  explicit BlockCount(int32_t block_size) : bs_minus_1(static_cast<uint32_t>(block_size) - 1),
+                                            bs(static_cast<uint32_t>(block_size)),
+                                            pow2((block_size & (block_size - 1)) == 0) {
+    while (pow2 && (1u << shift) < bs) ++shift;
+  }
+  uint32_t operator()(int32_t seq) const {
+    const uint32_t s = static_cast<uint32_t>(seq) + bs_minus_1;
+    return pow2 ? s >> shift : s / bs;
+  }
+};
+
+// Four int32 lanes in the compiler's generic vector type (GCC and Clang lower
+// it to SSE2 on x86-64 and NEON on aarch64). The block-id scan below is written
+// with it because neither compiler vectorises a variable-length inner loop per
+// row without reducing its accumulator at the end of every row.
+using I32x4 = int32_t __attribute__((vector_size(16)));
+
+inline I32x4 load_i32x4(const int32_t* p) {
+  I32x4 v;
+  std::memcpy(&v, p, sizeof v);  // unaligned load
+  return v;
+}
+
+// Lane masks for the first k of 8 ids, k = 0..8.
+alignas(16) constexpr int32_t kFirstLanes[9][8] = {
+    {0, 0, 0, 0, 0, 0, 0, 0},         {-1, 0, 0, 0, 0, 0, 0, 0},       {-1, -1, 0, 0, 0, 0, 0, 0},
+    {-1, -1, -1, 0, 0, 0, 0, 0},      {-1, -1, -1, -1, 0, 0, 0, 0},    {-1, -1, -1, -1, -1, 0, 0, 0},
+    {-1, -1, -1, -1, -1, -1, 0, 0},   {-1, -1, -1, -1, -1, -1, -1, 0}, {-1, -1, -1, -1, -1, -1, -1, -1}};
+
+// True when every block id a kernel reads (the first blocks(seq_lens[r])
+// entries of row r) lies in [0, num_blocks). The callers have checked that
+// every count fits in the stride; max_count is the largest. Ids are compared
+// eight at a time, one accumulator stays in a register across the rows, and
+// the offender is located by the exact check. Ids past a row's end are stale
+// and must not count: the last partial chunk of a row is masked. When every
+// row needs at most 8 blocks (seq_len <= 1024 at block size 128, the usual
+// decode batch) each row is exactly one masked chunk, with no branch per row.
+// While a row is in cache, its last needed id goes to last_ids[r] for
+// r < num_last (the block of a decode token at position seq_len - 1): rows a
+// power-of-two stride apart share few L1 sets and are mostly evicted before
+// the slot pass.
+bool block_ids_in_range(const int32_t* table, std::size_t stride, const int32_t* seqs, std::size_t b,
+                        const BlockCount& blocks, uint32_t max_count, int32_t num_blocks, int32_t* last_ids,
+                        std::size_t num_last) {
+  // No readable id at all: valid only if no row needs one (last_ids is then
+  // never read: a decode needs at least one block).
+  if (num_blocks == 0 || stride == 0) return max_count == 0;
+  // Unsigned id >= num_blocks as a signed compare (SSE2 has no unsigned one):
+  // flip the sign bits of both sides.
+  const I32x4 flip = I32x4{} + INT32_MIN;
+  const I32x4 limit = I32x4{} + ((num_blocks ^ INT32_MIN) - 1);
+  auto out_of_range = [&](const int32_t* p) { return (load_i32x4(p) ^ flip) > limit; };
+  const int32_t st = static_cast<int32_t>(stride);
+  I32x4 bad = {};
+  if (max_count <= 8 && st >= 8) {
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t* row = table + r * stride;
+      const int32_t n = static_cast<int32_t>(blocks(seqs[r]));
+      const int32_t* mask = kFirstLanes[n];
+      bad |= (load_i32x4(mask) & out_of_range(row)) | (load_i32x4(mask + 4) & out_of_range(row + 4));
+      if (r < num_last) last_ids[r] = row[std::max(n, 1) - 1];
+    }
+  } else {
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t* row = table + r * stride;
+      const int32_t n = static_cast<int32_t>(blocks(seqs[r]));
+      int32_t c = 0;
+      for (; c + 8 <= n; c += 8) bad |= out_of_range(row + c) | out_of_range(row + c + 4);
+      if (r < num_last) last_ids[r] = row[std::max(n, 1) - 1];
+      if (c == n) continue;
+      if (c + 8 <= st) {
+        const int32_t* mask = kFirstLanes[n - c];
+        bad |= (load_i32x4(mask) & out_of_range(row + c)) | (load_i32x4(mask + 4) & out_of_range(row + c + 4));
+      } else {
+        for (; c < n; ++c) {
+          bad[0] |= -static_cast<int32_t>(static_cast<uint32_t>(row[c]) >= static_cast<uint32_t>(num_blocks));
+        }
+      }
+    }
+  }
+  return (bad[0] | bad[1] | bad[2] | bad[3]) == 0;
+}
+
 }  // namespace
 
 ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const ContextChunkBuffers& buf) {
@@ -159,39 +250,41 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
                 in_stride, " differs from buffers.block_table_stride=", stride);
 
   const int32_t bs = in.block_size;
-  const bool pow2 = (bs & (bs - 1)) == 0;
-  int shift = 0;
-  while (pow2 && (1 << shift) < bs) ++shift;
-  auto blocks_of = [&](int32_t seq) -> int64_t {
-    return pow2 ? ((static_cast<int64_t>(seq) + bs - 1) >> shift) : (static_cast<int64_t>(seq) + bs - 1) / bs;
-  };
-  const uint32_t num_blocks_u = static_cast<uint32_t>(in.num_blocks);
+  const BlockCount blocks(bs);
+  const bool pow2 = blocks.pow2;
+  const int shift = blocks.shift;
   const bool has_spec = !in.num_spec_tokens.empty();
-  MlaStepPlan plan;
-  int32_t max_q = 0, max_seq = 0;
-  bool all_fresh = true, all_sched_one = true, all_valid_one = true;
-  // Branch-free scan (the offender is located only on failure): the common,
-  // valid batch costs a few instructions per request and per needed block.
   const int32_t* seqs = in.seq_lens.data();
   const int32_t* table = in.block_table.data();
-  uint32_t bad = 0;
+  MlaStepPlan plan;
+  // One branch-free pass over the requests (it vectorises): the per-request
+  // rules, the inputs of the state rule (spec gqa 2.1) and the maxima. A block
+  // count past the stride is flagged here, so the block-id scan never reads
+  // past a row.
+  uint32_t bad = 0, not_fresh = 0, not_one = 0, not_valid_one = 0;
+  int32_t max_q = 0, max_seq = 0;
+  const uint32_t stride_u = static_cast<uint32_t>(in.block_table_stride);
+  const int32_t* spec = has_spec ? in.num_spec_tokens.data() : nullptr;
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t q = qsl[r + 1] - qsl[r], seq = seqs[r];
-    const int32_t sp = has_spec ? in.num_spec_tokens[r] : 0;
-    bad |= static_cast<uint32_t>(seq < q) | static_cast<uint32_t>(sp < 0) | static_cast<uint32_t>(sp > q);
-    all_fresh &= seq == q;
-    all_sched_one &= q == 1;
-    all_valid_one &= (q - sp) == 1;
-    const int64_t nblk = blocks_of(seq);
-    const bool fits = nblk <= in.block_table_stride;
-    bad |= static_cast<uint32_t>(!fits);
-    const int32_t* row = table + r * in_stride;
-    const int64_t n = fits ? nblk : 0;
-    for (int64_t c = 0; c < n; ++c) bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[c]) >= num_blocks_u);
+    const int32_t sp = has_spec ? spec[r] : 0;
+    bad |= static_cast<uint32_t>(seq < q) | static_cast<uint32_t>(sp < 0) | static_cast<uint32_t>(sp > q) |
+           static_cast<uint32_t>(blocks(seq) > stride_u);
+    not_fresh |= static_cast<uint32_t>(seq != q);
+    not_one |= static_cast<uint32_t>(q != 1);
+    not_valid_one |= static_cast<uint32_t>(q - sp != 1);
     max_q = std::max(max_q, q);
     max_seq = std::max(max_seq, seq);
   }
+  // Last needed block id of the first kStashRows rows (see block_ids_in_range).
+  constexpr std::size_t kStashRows = 1024;
+  int32_t last_ids[kStashRows];
+  const std::size_t num_last = std::min(b, kStashRows);
+  if (!bad) {
+    bad = !block_ids_in_range(table, in_stride, seqs, b, blocks, blocks(max_seq), in.num_blocks, last_ids, num_last);
+  }
   if (bad) {
+    // The exact checks, in request order, name the first offender.
     for (std::size_t r = 0; r < b; ++r) {
       const int32_t q = qsl[r + 1] - qsl[r], seq = seqs[r];
       AAR_CHECK_ARG(seq >= q, "seq_lens[", r, "]=", seq, " is smaller than its query length ", q);
@@ -200,7 +293,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
         AAR_CHECK_ARG(sp >= 0 && sp <= q, "num_spec_tokens[", r, "]=", sp, " is out of range [0, query length ",
                       q, "]");
       }
-      const int64_t nblk = blocks_of(seq);
+      const int64_t nblk = blocks(seq);
       AAR_CHECK_ARG(nblk <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", nblk,
                     " blocks but block_table_stride=", in.block_table_stride, " (block_size=", in.block_size, ")");
       const int32_t* row = table + r * in_stride;
@@ -210,6 +303,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
       }
     }
   }
+  const bool all_fresh = !not_fresh, all_sched_one = !not_one, all_valid_one = !not_valid_one;
   if (in.rope_positions > 0 && max_seq > in.rope_positions) {
     for (std::size_t r = 0; r < b; ++r) {
       AAR_CHECK_ARG(in.seq_lens[r] <= in.rope_positions, "seq_lens[", r, "]=", in.seq_lens[r],
@@ -271,19 +365,36 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   int64_t* q_ends = buf.q_ends.data();
   int64_t* kv_lens = buf.kv_lens.data();
   int32_t* dpos = buf.decode_positions.data();
-  if (all_sched_one && b > 0 && pow2) {
-    // Decode-only, one token per request (the steady state): token r is request r.
-    int32_t dmax = 0;
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t pos = seqs[r] - 1;
-      const int32_t* row = table + r * in_stride;
-      q_ends[r] = static_cast<int64_t>(r) + 1;
-      kv_lens[r] = seqs[r];
-      dpos[r] = pos;
-      slots[r] = static_cast<int64_t>(row[pos >> shift]) * bs + (pos & (bs - 1));
-      dmax = std::max(dmax, seqs[r]);
+  if (all_sched_one && b > 0) {
+    // Decode-only, one token per request (the steady state): token r is request
+    // r at position seq_len - 1, in the last block the request reads, and every
+    // request is a decode. With that block id stashed by the scan the loop has
+    // no gather and vectorises.
+    if (pow2) {
+      const int32_t mask = bs - 1;
+      for (std::size_t r = 0; r < num_last; ++r) {
+        q_ends[r] = static_cast<int64_t>(r) + 1;
+        kv_lens[r] = seqs[r];
+        dpos[r] = seqs[r] - 1;
+        slots[r] = (static_cast<int64_t>(last_ids[r]) << shift) + ((seqs[r] - 1) & mask);
+      }
+      for (std::size_t r = num_last; r < b; ++r) {
+        const int32_t pos = seqs[r] - 1;
+        q_ends[r] = static_cast<int64_t>(r) + 1;
+        kv_lens[r] = seqs[r];
+        dpos[r] = pos;
+        slots[r] = (static_cast<int64_t>(table[r * in_stride + (pos >> shift)]) << shift) + (pos & mask);
+      }
+    } else {
+      for (std::size_t r = 0; r < b; ++r) {
+        const int32_t pos = seqs[r] - 1;
+        q_ends[r] = static_cast<int64_t>(r) + 1;
+        kv_lens[r] = seqs[r];
+        dpos[r] = pos;
+        slots[r] = static_cast<int64_t>(table[r * in_stride + pos / bs]) * bs + pos % bs;
+      }
     }
-    plan.decode_max_seq_len = dmax;
+    plan.decode_max_seq_len = max_seq;
   } else {
     const int32_t pbase = qsl[nd];
     int32_t* ppos = buf.prefill_positions.data();

@@ -332,3 +332,176 @@ TEST(PlanMlaStep, RejectedCallWritesNothing) {
   s.run();
   EXPECT_NE(s.snapshot(), before);
 }
+
+// ---------------------------------------------------------------- plan_mla_step: block-id scan
+
+namespace {
+
+// A step of any size. Columns past a row's needed blocks hold stale ids (out of
+// range on purpose): the kernels never read them, so they must not be rejected.
+struct Step {
+  int32_t stride, bs, nb;
+  std::vector<int32_t> qsl, seq, table;
+  std::vector<int32_t> s_qsl, s_bt, dpos, ppos, pbt, cu, starts, lens;
+  std::vector<int64_t> q_ends, kv, slots, pq, kv_ends, tot, mx;
+  MlaStepInputs in;
+
+  Step(std::vector<int32_t> q, std::vector<int32_t> s, int32_t stride_, int32_t bs_, int32_t nb_)
+      : stride(stride_), bs(bs_), nb(nb_), qsl(std::move(q)), seq(std::move(s)) {
+    const std::size_t b = seq.size(), t = static_cast<std::size_t>(qsl.back()) + 1;
+    table.resize(b * stride);
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t need = (seq[r] + bs - 1) / bs;
+      for (int32_t c = 0; c < stride; ++c) {
+        const std::size_t i = r * stride + c;
+        table[i] = c < need ? static_cast<int32_t>((i * 7919) % nb) : (c % 2 ? -5 : nb + 3);
+      }
+    }
+    s_qsl.assign(b + 1, -7);
+    for (auto* v : {&s_bt, &pbt}) v->assign(b * stride, -7);
+    for (auto* v : {&dpos, &ppos}) v->assign(t, -7);
+    cu.assign(kMaxContextChunks * (b + 1), -7);
+    for (auto* v : {&starts, &lens}) v->assign(kMaxContextChunks * b, -7);
+    for (auto* v : {&q_ends, &kv, &pq, &kv_ends}) v->assign(kMaxContextChunks * b, -7);
+    slots.assign(t, -7);
+    for (auto* v : {&tot, &mx}) v->assign(kMaxContextChunks, -7);
+    in.block_table_stride = stride;
+    in.block_size = bs;
+    in.num_blocks = nb;
+    in.workspace_tokens = 1 << 20;
+  }
+  MlaStepPlan run() {
+    in.query_start_loc = qsl;
+    in.seq_lens = seq;
+    in.block_table = table;
+    MlaStepBuffers b;
+    b.query_start_loc = s_qsl;
+    b.block_table = s_bt;
+    b.block_table_stride = stride;
+    b.q_ends = q_ends;
+    b.kv_lens = kv;
+    b.slot_mapping = slots;
+    b.decode_positions = dpos;
+    b.prefill_positions = ppos;
+    b.prefill_block_table = pbt;
+    b.prefill_q_ends = pq;
+    b.chunks = {cu, starts, lens, kv_ends, tot, mx};
+    return plan_mla_step(in, b);
+  }
+  std::vector<int64_t> snapshot() const {
+    std::vector<int64_t> all;
+    for (const auto* v : {&s_qsl, &s_bt, &dpos, &ppos, &pbt, &cu, &starts, &lens}) {
+      all.insert(all.end(), v->begin(), v->end());
+    }
+    for (const auto* v : {&q_ends, &kv, &slots, &pq, &kv_ends, &tot, &mx}) all.insert(all.end(), v->begin(), v->end());
+    return all;
+  }
+  // Slots of every real token against the naive reference, and the staged table.
+  void expect_matches_reference() const {
+    const std::size_t t = static_cast<std::size_t>(qsl.back());
+    const auto want = aar_test::naive_slots(qsl, seq, table, stride, bs, t);
+    EXPECT_EQ(first(slots, t), std::vector<int64_t>(want.begin(), want.end()));
+    EXPECT_EQ(first(s_bt, table.size()), table);
+  }
+};
+
+std::vector<int32_t> decode_qsl(std::size_t b) {
+  std::vector<int32_t> q(b + 1);
+  std::iota(q.begin(), q.end(), 0);
+  return q;
+}
+
+// Every needed id of every row, replaced in turn by each kind of bad value, is
+// rejected with its own coordinates, and nothing is written.
+void expect_each_bad_id_rejected(Step& s) {
+  const auto before = s.snapshot();
+  for (std::size_t r = 0; r < s.seq.size(); ++r) {
+    const int32_t need = (s.seq[r] + s.bs - 1) / s.bs;
+    for (int32_t c = 0; c < need; ++c) {
+      int32_t& id = s.table[r * s.stride + c];
+      const int32_t good = id;
+      for (const int32_t bad : {-1, s.nb, s.nb + 1000, INT32_MIN, INT32_MAX}) {
+        id = bad;
+        const std::string want = "block_table[" + std::to_string(r) + "][" + std::to_string(c) + "]=" +
+                                 std::to_string(bad) + " is out of range [0, " + std::to_string(s.nb) + ")";
+        EXPECT_INVALID(s.run(), want);
+      }
+      id = good;
+    }
+  }
+  EXPECT_EQ(s.snapshot(), before);
+}
+
+}  // namespace
+
+TEST(PlanMlaStep, DecodeBatchOfShortRowsRejectsEveryBadNeededId) {
+  // At most 8 blocks per row (one masked chunk per row), stride 10.
+  std::vector<int32_t> seq;
+  for (int32_t r = 0; r < 37; ++r) seq.push_back(1 + (r * 5) % 32);  // 1..8 blocks of 4
+  Step s(decode_qsl(seq.size()), seq, 10, 4, 50);
+  expect_each_bad_id_rejected(s);
+  const MlaStepPlan p = s.run();
+  EXPECT_EQ(p.state, AttentionState::DecodeOnly);
+  EXPECT_EQ(p.decode_max_seq_len, 32);
+  s.expect_matches_reference();
+}
+
+TEST(PlanMlaStep, LongRowsAndAStrideThatIsNotAMultipleOf8) {
+  // Up to 13 blocks per row: full unmasked chunks, masked remainders, and rows
+  // whose remainder runs past the last multiple of 8 of the stride (13) take
+  // the scalar tail.
+  std::vector<int32_t> seq;
+  for (int32_t r = 0; r < 29; ++r) seq.push_back(1 + (r * 11) % 52);
+  Step s(decode_qsl(seq.size()), seq, 13, 4, 64);
+  expect_each_bad_id_rejected(s);
+  s.run();
+  s.expect_matches_reference();
+}
+
+TEST(PlanMlaStep, MixedBatchRejectsBadIdsAndIgnoresStaleOnes) {
+  // 3 decodes, then prefills with and without context.
+  Step s(aar_test::lens_to_qsl({1, 1, 1, 7, 3, 12}), {9, 30, 2, 40, 3, 12}, 11, 4, 40);
+  expect_each_bad_id_rejected(s);
+  const MlaStepPlan p = s.run();
+  EXPECT_EQ(p.split, (SplitResult{3, 3, 3, 22}));
+  s.expect_matches_reference();
+}
+
+TEST(PlanMlaStep, DecodeSlotsPastTheScanStash) {
+  // The scan keeps the last block id of the first 1024 rows; later rows read
+  // the table again.
+  std::vector<int32_t> seq;
+  for (int32_t r = 0; r < 1100; ++r) seq.push_back(1 + (r * 13) % 32);
+  Step s(decode_qsl(seq.size()), seq, 3, 16, 5000);
+  s.run();
+  s.expect_matches_reference();
+  EXPECT_EQ(first(s.dpos, 3), (std::vector<int32_t>{0, 13, 26}));
+  EXPECT_EQ(s.q_ends[1099], 1100);
+  s.table[1099 * 3] = 5000;
+  EXPECT_INVALID(s.run(), "block_table[1099][0]=5000 is out of range [0, 5000)");
+}
+
+TEST(PlanMlaStep, DecodeBatchWithABlockSizeThatIsNotAPowerOfTwo) {
+  Step s(decode_qsl(6), {1, 3, 4, 9, 10, 17}, 6, 3, 30);
+  expect_each_bad_id_rejected(s);
+  s.run();
+  s.expect_matches_reference();
+  EXPECT_EQ(first(s.dpos, 6), (std::vector<int32_t>{0, 2, 3, 8, 9, 16}));
+}
+
+TEST(PlanMlaStep, EmptyCacheRejectsAnyNeededBlock) {
+  Step s(decode_qsl(2), {3, 5}, 4, 4, 1);
+  s.in.num_blocks = 0;
+  const auto before = s.snapshot();
+  EXPECT_INVALID(s.run(), "block_table[0][0]=0 is out of range [0, 0)");
+  EXPECT_EQ(s.snapshot(), before);
+}
+
+TEST(PlanMlaStep, EmptyRequestsNeedNoBlockTable) {
+  // Requests with no tokens and no context read no block id, even from an empty table.
+  Step s({0, 0, 0}, {0, 0}, 0, 4, 10);
+  ASSERT_TRUE(s.table.empty());
+  const MlaStepPlan p = s.run();
+  EXPECT_EQ(p.num_actual_tokens, 0);
+  EXPECT_EQ(p.max_seq_len, 0);
+}

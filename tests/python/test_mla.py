@@ -321,6 +321,42 @@ def test_steady_state_build_reuses_its_views():
 
 
 @pytest.mark.parametrize("separate", [None, True])
+@pytest.mark.parametrize("dtype,R", [(torch.bfloat16, 64), (torch.float32, 64), (torch.float16, 16),
+                                     (torch.float32, 16), (torch.float64, 64), (torch.bfloat16, 6),
+                                     (torch.float64, 6)])
+def test_rope_rows_are_views_of_the_packed_buffer(separate, dtype, R):
+    # The builder gathers the RoPE rows on the host into its packed int32 buffer
+    # (one host-to-device copy per step); the metadata's cos/sin reinterpret those
+    # words as the table dtype. Row sizes 32..512 bytes cover the specialised
+    # gathers (64/128/256/512) and the generic one.
+    cos, sin = (t.to(dtype) for t in rope_tables(300, R))
+    b = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=8, block_size=64,
+                            num_blocks=40, cos_table=cos, sin_table=sin, num_speculative_tokens=1,
+                            separate_device_buffers=separate)
+    q, seq = [1, 2, 1, 5, 3], [40, 2, 299, 120, 3]  # decode threshold 2: 3 decodes, 2 prefills
+    qsl = torch.tensor([0] + list(torch.tensor(q).cumsum(0)), dtype=torch.int32)
+    table = torch.arange(40, dtype=torch.int32).view(5, 8)
+    md = b.build(qsl, torch.tensor(seq, dtype=torch.int32), table)
+    assert (md.num_decodes, md.num_prefills) == (3, 2)
+    dpos, ppos = torch.tensor([39, 0, 1, 298]), torch.tensor([115, 116, 117, 118, 119, 0, 1, 2])
+    for name, want in (("decode_cos", cos[dpos]), ("decode_sin", sin[dpos]), ("prefill_cos", cos[ppos]),
+                       ("prefill_sin", sin[ppos])):
+        got = getattr(md, name)
+        assert got.dtype == dtype and got.shape == (len(want), R) and got.is_contiguous(), name
+        assert torch.equal(got, want), name
+    # A later decode-only step rewrites the decode rows in place.
+    md = b.build(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([7], dtype=torch.int32), table[:1])
+    assert torch.equal(md.decode_cos, cos[6:7]) and torch.equal(md.decode_sin, sin[6:7])
+
+
+def test_rope_rows_must_pack_into_int32_words():
+    t = torch.zeros(16, 6, dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"cos_table rows are 6 bytes .*needs a multiple of 4 bytes"):
+        mla.MetadataBuilder(max_num_reqs=2, max_num_tokens=8, max_blocks_per_req=2, block_size=16, num_blocks=4,
+                            cos_table=t, sin_table=t)
+
+
+@pytest.mark.parametrize("separate", [None, True])
 def test_rejected_build_leaves_previous_metadata_usable(separate):
     d = MlaDims()
     cos, sin = rope_tables(64, d.R)

@@ -1,16 +1,25 @@
 // The MLA metadata builder (spec mla.md section 3). Every buffer the metadata
 // points at is allocated once, at construction, at a stable address (graph
 // capture records these tensors and replays them with updated contents): one
-// packed int32 staging buffer on the host, the same layout on the device
-// (aliasing the staging buffer on CPU), and RoPE row buffers for the decode and
-// the prefill tokens. A build validates and plans in pure C++
-// (plan::plan_mla_step) into the staging buffer, makes at most one
-// host-to-device copy, and gathers the RoPE rows (a host row copy when the
-// tables live on the CPU, index_select_out into the persistent buffers on a
-// device). Views of the buffers are created the first time a size is seen and
-// cached: a steady-state build creates no tensor. A rejected build writes
-// nothing, so the previous metadata stays valid. Graph-mode padding is not
-// wired yet (it needs the graph layer); the padding maths is plan::pad_actual_q_*.
+// packed int32 buffer on the host, the same layout on the device (aliasing the
+// host buffer on CPU). It holds query_start_loc, the int64 slot mapping, the
+// decode and prefill RoPE cos/sin rows, the block table (all rows, decodes
+// first), the context-chunk tensors and the prefill block-table rows; the
+// metadata tensors are views of it (the RoPE views reinterpret its words as the
+// tables' dtype, shape (n, R)). A build validates and plans in pure C++
+// (plan::plan_mla_step) into the host buffer, gathers the RoPE rows there from
+// the tables (kept on the host: a row per decode token, one run of rows per
+// prefill, whose positions are consecutive), and on a device copies what the
+// step uses to the device: a decode-only step is ONE copy of the packed prefix
+// up to its last block-table row (the decode RoPE regions come first and hold
+// min(max_num_tokens, max_num_reqs * decode_threshold) rows); a step with
+// prefills makes three (the prefix up to the last prefill block-table row, the
+// prefill cos rows, the prefill sin rows). No index_select or other kernel
+// runs per build. Views of the buffers are created
+// the first time a size is seen and cached: a steady-state build creates no
+// tensor. A rejected build writes nothing, so the previous metadata stays
+// valid. Graph-mode padding is not wired yet (it needs the graph layer); the
+// padding maths is plan::pad_actual_q_*.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,11 +47,13 @@ struct BuilderConfig {
   // 0 = the upstream workspace rule (plan::chunked_prefill_workspace_size).
   int64_t workspace_tokens = 0;
   // RoPE tables (max_position, R), first and second halves identical (spec 6.1).
+  // Any dtype with rows of a multiple of 4 bytes; the builder keeps a host copy
+  // (the rows are gathered on the host).
   at::Tensor cos_table, sin_table;
   c10::Device device = c10::Device(c10::kCPU);
-  // Keep device buffers apart from the host staging buffer, copy once per build
-  // and gather the RoPE rows with index_select_out (the device path). Defaults
-  // to (device != CPU); settable so CPU tests exercise that path.
+  // Keep the device buffer apart from the host staging buffer and copy once per
+  // build (the device path). Defaults to (device != CPU); settable so CPU tests
+  // exercise that path.
   std::optional<bool> separate_device_buffers;
 };
 
@@ -78,26 +89,31 @@ class MetadataBuilder {
 
  private:
   struct Views;  // per-size cached views of the persistent buffers
+  using GatherFn = void (*)(const uint8_t*, const uint8_t*, const int32_t*, int32_t, uint8_t*, uint8_t*);
 
-  void gather_rope_on_host(int32_t num_decode_tokens, int32_t num_prefill_tokens);
+  void gather_rope(const BuildInputs& in, int32_t num_decodes, int32_t num_decode_tokens,
+                   int32_t num_prefill_tokens);
+  at::Tensor rope_view(int64_t offset, int64_t rows) const;
 
-  BuilderConfig cfg_;
+  BuilderConfig cfg_;  // cos_table / sin_table: contiguous host copies
   bool separate_ = false;
   int64_t workspace_ = 0;
   int64_t rope_row_bytes_ = 0;
+  GatherFn gather_ = nullptr;  // specialised decode-row gather for the row size, or null
   Metadata md_;
-  // Packed int32, offsets in int32 units (the int64 slot region starts at an
-  // even offset): [qsl | slot64 | decode positions | block table (all rows) |
-  // prefill positions | chunk cu_seq_lens | chunk starts | chunk lens |
-  // prefill block table]. A decode-only build copies up to the last decode row.
+  // Packed int32, offsets in int32 units, each region on a 64-byte boundary:
+  // [qsl | slot64 | decode cos | decode sin | block table (all rows) | chunk
+  // cu_seq_lens | chunk starts | chunk lens | prefill block table | prefill cos
+  // | prefill sin]. A decode-only build copies up to the last decode row.
   at::Tensor staging_, device_;
   at::Tensor staging_block_table_;
-  at::Tensor decode_cos_, decode_sin_, prefill_cos_, prefill_sin_;  // (max_num_tokens, R), table dtype
+  // Token positions (host only: the rows are gathered on the host).
+  std::vector<int32_t> decode_positions_, prefill_positions_;
   std::vector<int64_t> q_ends_, kv_lens_, prefill_q_ends_;
   std::vector<int64_t> chunk_kv_ends_, seq_tot_, max_seq_;
   std::unique_ptr<Views> views_;
-  int64_t off_qsl_ = 0, off_slot_ = 0, off_dpos_ = 0, off_bt_ = 0, off_ppos_ = 0, off_cu_ = 0, off_starts_ = 0,
-          off_clens_ = 0, off_pbt_ = 0, total_ = 0;
+  int64_t off_qsl_ = 0, off_slot_ = 0, off_dcos_ = 0, off_dsin_ = 0, off_bt_ = 0, off_cu_ = 0, off_starts_ = 0,
+          off_clens_ = 0, off_pbt_ = 0, off_pcos_ = 0, off_psin_ = 0, total_ = 0;
 };
 
 }  // namespace aar::mla

@@ -7,14 +7,20 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/mla/weights.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/mla_prolog.h"
 
 namespace aar::graph {
 class GraphParams;
+}
+namespace aar::mla::detail {
+class DecodeWorkspace;
+struct DecodeViews;
 }
 
 namespace aar::mla {
@@ -32,6 +38,12 @@ struct ImplConfig {
   bool enable_kv_nz = false;
   // Graph mode: orders the layer's captured calls (see gqa::ImplConfig).
   int64_t layer_index = -1;
+  // The decode intermediates (projections, padded queries, latent attention
+  // output) live in a workspace shared by every Impl of the same shape, dtype,
+  // device and group: layers that run one after another share one set of
+  // buffers. Impls that may run forward concurrently (two engines on two
+  // threads) must use different groups.
+  int64_t workspace_group = 0;
 };
 
 enum class DecodePath : int32_t { None = 0, Native = 1, Prolog = 2 };
@@ -48,6 +60,8 @@ class Impl {
   // nullptr (profiling run) zero-fills output. Returns output. While a graph
   // capture is open (graph::GraphParams), a decode-only batch of exactly the
   // bucket's tokens is captured instead (the impl must outlive the graph).
+  // A decode keeps views of the last caches and metadata it saw (a model's
+  // caches live as long as the model); release_views() drops them.
   const at::Tensor& forward(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                             const Metadata* metadata, const at::Tensor& output);
 
@@ -56,20 +70,26 @@ class Impl {
   const at::Tensor& w_uk_t() const { return w_uk_t_; }
   const at::Tensor& w_uv() const { return w_uv_; }
   DecodePath last_decode_path() const { return last_decode_; }
+  void release_views();
 
  private:
   void validate(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                 const Metadata& md, const at::Tensor& output) const;
-  at::Tensor decode_attention(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope_cache,
-                              const at::Tensor& rope_cache, const Metadata& md) const;
-  // Decode pieces shared by the eager and the graph-capture paths.
-  std::pair<at::Tensor, at::Tensor> decode_preprocess(const at::Tensor& hidden, const at::Tensor& nope_cache,
-                                                      const at::Tensor& rope_cache, const Metadata& md,
-                                                      bool use_prolog) const;
-  void decode_fia_args(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope_cache,
-                       const at::Tensor& rope_cache, const Metadata& md, ops::FiaV2Tensors& t,
-                       ops::FiaV2Params& p) const;
-  at::Tensor decode_post(const at::Tensor& attn_out, int64_t num_decode_tokens) const;
+  // Decode pieces shared by the eager and the graph-capture paths. The
+  // preprocess writes the caches and returns the FIA queries: the workspace's
+  // padded buffers, or (heads not padded, !stable) the RoPE result itself.
+  struct DecodeQuery {
+    at::Tensor qn, qr;
+  };
+  DecodeQuery decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x, const at::Tensor& nope_cache,
+                                const at::Tensor& rope_cache, const Metadata& md, bool use_prolog, bool stable);
+  void decode_fia_args(const DecodeQuery& q, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+                       const Metadata& md, ops::FiaV2Tensors& t, ops::FiaV2Params& p);
+  // W_UV on the real heads of the attention output, then o_proj into out_rows.
+  void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows) const;
+  const detail::DecodeViews& decode_views(const Metadata& md);
+  void decode_forward(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+                      const Metadata& md, bool use_prolog, const at::Tensor& out_rows);
   void capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope_cache,
                       const at::Tensor& rope_cache, const Metadata& md, const at::Tensor& output, bool use_prolog);
   at::Tensor prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
@@ -80,7 +100,16 @@ class Impl {
   Weights w_;
   at::Tensor w_uk_t_, w_uv_;
   std::optional<PrologWeights> prolog_;
+  ops::MlaPrologArgs prolog_args_;
   int64_t hp_ = 0;
+  std::shared_ptr<detail::DecodeWorkspace> ws_;
+  at::Tensor lse_placeholder_;
+  // Views of the last caches / metadata seen; the sources are held so that a
+  // pointer match means the same tensor.
+  struct SeenViews {
+    at::Tensor nope_src, rope_src, key, key_rope;
+    at::Tensor cos_src, sin_src, slots_src, cos4, sin4, slots;
+  } seen_;
   DecodePath last_decode_ = DecodePath::None;
 };
 

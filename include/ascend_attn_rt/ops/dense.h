@@ -14,11 +14,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w);
 void linear_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w);
 // (b, n, k) @ (b, k, m).
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b);
+// out may be a strided view (e.g. the transposed real heads of a padded buffer).
+void bmm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 // RMSNorm over the last dim, computed in fp32, returned in x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps);
+void rms_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& gamma, double eps);
 // (T, H, D) -> (T, Hp, D) with zero heads appended (x itself when Hp == H).
 at::Tensor pad_dim1(const at::Tensor& x, int64_t size);
 at::Tensor zeros(c10::IntArrayRef shape, const at::TensorOptions& options);
 void copy(const at::Tensor& dst, const at::Tensor& src);
+void zero(const at::Tensor& dst);
 
 }  // namespace aar::ops::dense

@@ -79,8 +79,9 @@ int32_t pad_actual_q_disable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int
 int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int32_t req_pad, CSpan<int64_t> ref,
                                  Span<int64_t> out);
 
-// One MLA step (spec 3.3-3.5, without graph padding), fused into one
-// validating pass over the requests and one writing pass: what plan::build_step
+// One MLA step (spec 3.3-3.5, without graph padding), in two branch-free
+// validating passes (the per-request rules, then the block ids each request
+// reads) and one writing pass: what plan::build_step
 // does for MLA (attention state, decode/prefill split with short extends as
 // decodes, staged query_start_loc and block table, FIA query ends and KV
 // lengths, slot mapping) plus what MLA adds: the slot mapping as int64, decode

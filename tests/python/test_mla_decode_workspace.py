@@ -1,0 +1,104 @@
+"""The MLA decode runs its intermediates in a workspace shared by the layers of one shape, with views cached
+per batch size: these tests run several layers and batch sizes through one workspace (growing it, shrinking
+back, padded and unpadded heads, native and fused-prolog preprocess) and check every output against the
+float64 reference, plus padded input rows."""
+
+import math
+
+import pytest
+import torch
+
+import ascend_attn_rt as aar
+from _mla_reference import MlaDims, attend_request, fill_context, make_weights, rope_tables
+
+mla = aar.mla
+BS = 16
+
+
+class Layer:
+    """One MLA layer: weights, its own caches, the tokens written so far per request."""
+
+    def __init__(self, d, dtype, seed, prolog, nb):
+        g = torch.Generator().manual_seed(seed)
+        self.d, self.dtype = d, dtype
+        self.ws = make_weights(d, dtype, g)
+        self.scale = 1.0 / math.sqrt(d.P + d.R)
+        self.impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L,
+                             qk_nope_head_dim=d.P, qk_rope_head_dim=d.R, v_head_dim=d.V, scale=self.scale,
+                             enable_prolog=prolog, layer_index=seed, **self.ws)
+        self.nope = torch.randn(nb, BS, 1, d.L, generator=g).to(dtype)
+        self.rope = torch.randn(nb, BS, 1, d.R, generator=g).to(dtype)
+
+
+def _tol(dtype):
+    return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+
+
+def run_steps(d, dtype, prolog, steps, pad=0):
+    """steps: list of request-id lists; each step decodes one token of each listed request, whose context
+    grows by one per step it is in. Every layer's output is compared with the reference after each step."""
+    g = torch.Generator().manual_seed(99)
+    num_reqs = 1 + max(max(s) for s in steps)
+    ctx0 = [5 + 7 * r for r in range(num_reqs)]
+    total = [c + sum(r in s for s in steps) for r, c in enumerate(ctx0)]
+    mbr = max(math.ceil(t / BS) for t in total)
+    nb = num_reqs * mbr + 2
+    table = torch.arange(num_reqs * mbr, dtype=torch.int32).view(num_reqs, mbr)
+    blocks = [table[r].tolist() for r in range(num_reqs)]
+    layers = [Layer(d, dtype, seed, prolog, nb) for seed in (1, 2)]
+    # Every layer sees the same token stream (its hidden states); fill each layer's context.
+    xs = [torch.randn(total[r], d.hidden, generator=g, dtype=torch.float64).to(dtype) for r in range(num_reqs)]
+    for layer in layers:
+        for r in range(num_reqs):
+            fill_context(d, layer.ws, xs[r][: ctx0[r]], layer.nope, layer.rope, blocks[r], BS)
+    cos, sin = rope_tables(mbr * BS, d.R)
+    builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=mbr, block_size=BS,
+                                  num_blocks=nb, cos_table=cos.to(dtype), sin_table=sin.to(dtype))
+    seen = list(ctx0)
+    for step in steps:
+        B = len(step)
+        seq = torch.tensor([seen[r] + 1 for r in step], dtype=torch.int32)
+        qsl = torch.arange(B + 1, dtype=torch.int32)
+        md = builder.build(qsl, seq, table[step].contiguous(), num_input_tokens=B + pad)
+        hidden = torch.cat([xs[r][seen[r]: seen[r] + 1] for r in step]
+                           + [torch.randn(pad, d.hidden, generator=g).to(dtype)])
+        for layer in layers:
+            out = torch.full_like(hidden, 7.0)
+            layer.impl.forward(hidden, layer.nope, layer.rope, md, out)
+            assert layer.impl.last_decode_path == ("prolog" if prolog else "native")
+            ref = torch.cat([attend_request(d, layer.ws, xs[r][: seen[r] + 1], 1, layer.scale) for r in step])
+            torch.testing.assert_close(out[:B].to(torch.float64), ref, **_tol(dtype))
+            assert torch.count_nonzero(out[B:]) == 0  # padded rows: o_proj(0)
+        for r in step:
+            seen[r] += 1
+
+
+# Grows the workspace (1 -> 2 -> 4 tokens), shrinks back, and repeats a size whose views are cached.
+STEPS = [[0], [0, 1], [2, 0, 3, 1], [1], [3, 2], [0, 1]]
+
+
+@pytest.mark.parametrize("heads", [4, 5])  # 5 heads run padded to 8
+@pytest.mark.parametrize("prolog", [False, True])
+def test_layers_share_the_decode_workspace(heads, prolog):
+    run_steps(MlaDims(H=heads), torch.float32, prolog, STEPS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prolog", [False, True])
+def test_padded_input_rows_get_zero_output(dtype, prolog):
+    run_steps(MlaDims(H=5), dtype, prolog, [[0, 1], [1], [0, 1]], pad=3)
+
+
+def test_no_qlora_native():
+    run_steps(MlaDims(Q=None), torch.bfloat16, False, STEPS[:3])
+
+
+def test_workspace_groups_and_release_views():
+    # Two groups run the same shape side by side; release_views drops what a decode kept.
+    d = MlaDims()
+    run_steps(d, torch.float32, False, [[0, 1]])
+    g = torch.Generator().manual_seed(5)
+    ws = make_weights(d, torch.float32, g)
+    impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
+                    qk_rope_head_dim=d.R, v_head_dim=d.V, workspace_group=7, **ws)
+    impl.release_views()
