@@ -126,6 +126,8 @@ void bind_mla(nb::module_& root) {
                    [](const mla::Metadata& m) { return to_list(m.decode.actual_seq_lengths_q); })
       .def_prop_ro("attn_mask", [](const mla::Metadata& m) { return m.attn_mask; })
       .def_prop_ro("decode_block_table", [](const mla::Metadata& m) { return m.decode.block_table; })
+      .def_prop_ro("decode_num_kernel_reqs", [](const mla::Metadata& m) { return m.decode.num_kernel_reqs; })
+      .def_prop_ro("decode_num_kernel_tokens", [](const mla::Metadata& m) { return m.decode.num_kernel_tokens; })
       .def_prop_ro("decode_cos", [](const mla::Metadata& m) { return m.decode.cos; })
       .def_prop_ro("decode_sin", [](const mla::Metadata& m) { return m.decode.sin; })
       .def_prop_ro("decode_max_seq_len", [](const mla::Metadata& m) { return m.decode.max_seq_len; })
@@ -155,8 +157,10 @@ void bind_mla(nb::module_& root) {
           [](mla::MetadataBuilder* self, int32_t max_num_reqs, int32_t max_num_tokens, int32_t max_blocks_per_req,
              int32_t block_size, int32_t num_blocks, const at::Tensor& cos_table, const at::Tensor& sin_table,
              int32_t max_model_len, int32_t num_speculative_tokens, bool chunked_prefill_enabled,
-             int64_t workspace_tokens, const std::string& device, std::optional<bool> separate_device_buffers) {
+             int64_t workspace_tokens, const std::string& device, std::optional<bool> separate_device_buffers,
+             bool graph_decode_padding) {
             mla::BuilderConfig c;
+            c.graph_decode_padding = graph_decode_padding;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
             c.max_blocks_per_req = max_blocks_per_req;
@@ -175,7 +179,7 @@ void bind_mla(nb::module_& root) {
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
           "num_blocks"_a, "cos_table"_a, "sin_table"_a, "max_model_len"_a = 0, "num_speculative_tokens"_a = 0,
           "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu",
-          "separate_device_buffers"_a = nb::none())
+          "separate_device_buffers"_a = nb::none(), "graph_decode_padding"_a = false)
       .def(
           "build",
           [](mla::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,

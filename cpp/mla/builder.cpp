@@ -288,6 +288,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   mi.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
   mi.rope_positions = cfg_.cos_table.size(0);
   mi.workspace_tokens = workspace_;
+  mi.pad_decode_batch = cfg_.graph_decode_padding;
 
   plan::MlaStepBuffers buf;
   buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 1);
@@ -315,7 +316,9 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   const int64_t C = p.chunks.num_chunks;
   Views& v = *views_;
 
-  gather_rope(in, nd, td, tp);
+  // The decode kernels' view: with graph decode padding, the padded bucket.
+  const int32_t nk = p.decode_kernel_reqs, tk = p.decode_kernel_tokens;
+  gather_rope(in, nd, tk, tp);
   if (separate_) {
     // Host-to-device copies of what the step uses: a decode-only step is one
     // copy of the packed prefix up to its last block-table row; a step with
@@ -326,7 +329,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
       device_.narrow(0, off, n).copy_(staging_.narrow(0, off, n), /*non_blocking=*/true);
     };
     if (np == 0) {
-      copy(0, off_bt_ + static_cast<int64_t>(B) * MB);
+      copy(0, off_bt_ + static_cast<int64_t>(std::max(B, nk)) * MB);
     } else {
       const int64_t words = static_cast<int64_t>(tp) * (rope_row_bytes_ / 4);
       copy(0, off_pbt_ + static_cast<int64_t>(np) * MB);
@@ -347,11 +350,13 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   md_.slot_mapping = lazy(v.slots, T_in, [&] { return v.slots64.narrow(0, 0, T_in); });
   if (nd > 0) {
     DecodeMetadata& d = md_.decode;
-    d.block_table = lazy(v.decode_bt, nd, [&] { return device_.narrow(0, off_bt_, nd * MB).view({nd, MB}); });
-    d.seq_lens_list = c10::IntArrayRef(kv_lens_.data(), nd);
-    d.actual_seq_lengths_q = c10::IntArrayRef(q_ends_.data(), nd);
-    d.cos = lazy(v.dcos, td, [&] { return rope_view(off_dcos_, td); });
-    d.sin = lazy(v.dsin, td, [&] { return rope_view(off_dsin_, td); });
+    d.num_kernel_reqs = nk;
+    d.num_kernel_tokens = tk;
+    d.block_table = lazy(v.decode_bt, nk, [&] { return device_.narrow(0, off_bt_, nk * MB).view({nk, MB}); });
+    d.seq_lens_list = c10::IntArrayRef(kv_lens_.data(), nk);
+    d.actual_seq_lengths_q = c10::IntArrayRef(q_ends_.data(), nk);
+    d.cos = lazy(v.dcos, tk, [&] { return rope_view(off_dcos_, tk); });
+    d.sin = lazy(v.dsin, tk, [&] { return rope_view(off_dsin_, tk); });
     d.max_seq_len = p.decode_max_seq_len;
   } else {
     md_.decode = DecodeMetadata{};

@@ -126,7 +126,7 @@ const at::Tensor& view_of(const at::Tensor& src, at::Tensor& seen_src, at::Tenso
 void Impl::release_views() { seen_ = SeenViews{}; }
 
 const detail::DecodeViews& Impl::decode_views(const Metadata& md) {
-  return ws_->views(md.num_decode_tokens, layout_of(md, cfg_.enable_kv_nz));
+  return ws_->views(md.decode.num_kernel_tokens, layout_of(md, cfg_.enable_kv_nz));
 }
 
 void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
@@ -184,7 +184,7 @@ void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows)
 void Impl::decode_forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
                           const Metadata& md, bool use_prolog, const at::Tensor& out_rows) {
   const detail::DecodeViews& v = decode_views(md);
-  const int64_t td = md.num_decode_tokens;
+  const int64_t td = md.decode.num_kernel_tokens;
   const DecodeQuery q = decode_preprocess(v, hidden.sizes()[0] == td ? hidden : hidden.narrow(0, 0, td), nope, rope,
                                           md, use_prolog, /*stable=*/false);
   ops::FiaV2Tensors t;
@@ -255,7 +255,8 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
 Impl::DecodeQuery Impl::decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x, const at::Tensor& nope,
                                            const at::Tensor& rope, const Metadata& md, bool use_prolog, bool stable) {
   const Dims& d = cfg_.dims;
-  const int64_t td = md.num_decode_tokens, H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  // Decode rows as the kernels see them (padded with graph decode padding).
+  const int64_t td = md.decode.num_kernel_tokens, H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   const bool padded = hp_ != H;
   // Per-token views of the step's metadata, remade only when the builder hands
   // out another tensor (a new batch shape).
@@ -325,11 +326,12 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   // kernels; the CPU recording provider replays the closures in order. The
   // intermediates are the decode workspace's buffers, at stable addresses.
   const int64_t n = g.capturing_bucket();
-  const int64_t td = md.num_decode_tokens;
+  const int64_t td = md.num_decodes > 0 ? md.decode.num_kernel_tokens : 0;
   if (md.num_prefills != 0 || td != n || md.num_input_tokens != n || hidden.sizes()[0] != n) {
-    throw_not_supported("MLA graph capture of bucket ", n, " takes decode-only batches of exactly ", n,
-                        " tokens (got ", md.num_decodes, " decodes with ", td, " tokens, ", md.num_prefills,
-                        " prefills, num_input_tokens=", md.num_input_tokens, ")");
+    throw_not_supported("MLA graph capture of bucket ", n, " takes decode-only batches of ", n,
+                        " kernel tokens (got ", md.num_decodes, " decodes with ", td, " kernel tokens, ",
+                        md.num_prefills, " prefills, num_input_tokens=", md.num_input_tokens,
+                        "; pad smaller decode batches with MetadataBuilder graph_decode_padding)");
   }
   // The closures hold copies of the views (and so the buffers) they use.
   const detail::DecodeViews v = decode_views(md);
@@ -381,7 +383,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != hidden.device()) {
     lse_placeholder_ = at::zeros({1}, hidden.options().dtype(at::kFloat));
   }
-  const bool use_prolog = prolog_.has_value() && md.num_prefills == 0 && td > 0 && td <= kMaxPrologTokens;
+  const bool use_prolog = prolog_.has_value() && md.num_prefills == 0 && td > 0 &&
+                          md.decode.num_kernel_tokens <= kMaxPrologTokens;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     capture_decode(*g, hidden, nope, rope, md, output, use_prolog);
     last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
@@ -389,13 +392,15 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   }
   const int64_t rows = hidden.sizes()[0];
   if (tp == 0) {
-    // Decode-only: o_proj straight from the decode rows; padded rows get
-    // o_proj(0) = 0 (o_proj has no bias).
-    if (td == rows) {
+    // Decode-only: o_proj straight from the decode rows (the padded bucket with
+    // graph decode padding, whose dummy rows attend nothing); rows past them
+    // get o_proj(0) = 0 (o_proj has no bias).
+    const int64_t tk = td > 0 ? md.decode.num_kernel_tokens : 0;
+    if (tk == rows) {
       decode_forward(hidden, nope, rope, md, use_prolog, output);
     } else {
-      if (td > 0) decode_forward(hidden, nope, rope, md, use_prolog, output.narrow(0, 0, td));
-      ops::dense::zero(output.narrow(0, td, rows - td));
+      if (tk > 0) decode_forward(hidden, nope, rope, md, use_prolog, output.narrow(0, 0, tk));
+      ops::dense::zero(output.narrow(0, tk, rows - tk));
     }
     if (td > 0) last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
     return output;

@@ -335,12 +335,29 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   }
   plan.chunks = chunk_geometry(nwc, max_ctx, in.workspace_tokens, in.block_size, in.max_chunks);
   if (plan.chunks.num_chunks > 0) check_chunk_capacity(np, in.max_chunks, buf.chunks);
+  // Spec 3.5 graph padding of a decode-only step: dummies of decode_threshold tokens.
+  const int32_t td = plan.split.num_decode_tokens;
+  const bool pad = in.pad_decode_batch && np == 0 && nd > 0 && t_in > t_real;
+  const int32_t dlen = in.decode_threshold;
+  std::size_t num_dummies = 0;
+  if (pad) {
+    AAR_CHECK_ARG((t_in - t_real) % dlen == 0, "graph decode padding: num_input_tokens=", t_in, " pads ",
+                  t_real, " decode tokens by ", t_in - t_real, ", not a multiple of the decode length ", dlen,
+                  " (1 + num_speculative_tokens)");
+    num_dummies = static_cast<std::size_t>((t_in - t_real) / dlen);
+    const std::size_t room = std::min(buf.q_ends.size(), buf.block_table.size() / std::max<std::size_t>(stride, 1));
+    AAR_CHECK_ARG(nd + num_dummies <= room, "graph decode padding: ", nd, " decodes + ", num_dummies,
+                  " dummy requests (num_input_tokens=", t_in, ") exceed the room for ", room, " requests");
+  }
+  const std::size_t b_dec = nd + num_dummies;
+  plan.decode_kernel_reqs = static_cast<int32_t>(b_dec);
+  plan.decode_kernel_tokens = pad ? t_in : td;
   check_room(buf.query_start_loc.size(), b + 1, "buffers.query_start_loc");
-  check_room(buf.block_table.size(), b * stride, "buffers.block_table");
-  check_room(buf.q_ends.size(), b, "buffers.q_ends");
-  check_room(buf.kv_lens.size(), b, "buffers.kv_lens");
+  check_room(buf.block_table.size(), (b + num_dummies) * stride, "buffers.block_table");
+  check_room(buf.q_ends.size(), b + num_dummies, "buffers.q_ends");
+  check_room(buf.kv_lens.size(), b + num_dummies, "buffers.kv_lens");
   check_room(buf.slot_mapping.size(), static_cast<std::size_t>(t_in), "buffers.slot_mapping");
-  check_room(buf.decode_positions.size(), static_cast<std::size_t>(plan.split.num_decode_tokens),
+  check_room(buf.decode_positions.size(), static_cast<std::size_t>(plan.decode_kernel_tokens),
              "buffers.decode_positions");
   check_room(buf.prefill_positions.size(), static_cast<std::size_t>(plan.split.num_prefill_tokens),
              "buffers.prefill_positions");
@@ -424,6 +441,15 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     for (std::size_t r = nd; r < b; ++r) buf.prefill_q_ends[r - nd] = qsl[r + 1] - pbase;
   }
   std::fill(slots + t_real, slots + t_in, int64_t{kPadSlot});
+  if (pad) {
+    // b == nd here (decode-only): the dummies follow the real requests.
+    for (std::size_t i = 0; i < num_dummies; ++i) {
+      q_ends[b + i] = t_real + static_cast<int64_t>(i + 1) * dlen;
+      kv_lens[b + i] = 0;
+    }
+    std::fill(buf.block_table.data() + b * stride, buf.block_table.data() + (b + num_dummies) * stride, 0);
+    std::fill(dpos + td, dpos + t_in, 0);
+  }
   if (np > 0) {
     const int32_t* rows = buf.block_table.data() + nd * stride;
     std::copy(rows, rows + np * stride, buf.prefill_block_table.data());

@@ -505,3 +505,64 @@ TEST(PlanMlaStep, EmptyRequestsNeedNoBlockTable) {
   EXPECT_EQ(p.num_actual_tokens, 0);
   EXPECT_EQ(p.max_seq_len, 0);
 }
+
+// Spec 3.5 "enable-pad": a decode-only step padded to a graph bucket.
+TEST(PlanMlaStep, GraphDecodePaddingAddsDummyRequests) {
+  MlaStep s({0, 1, 2, 3}, {5, 1, 9});
+  s.in.pad_decode_batch = true;
+  const MlaStepPlan p = s.run(6);
+  EXPECT_EQ(p.split, (SplitResult{3, 0, 3, 0}));  // the real batch
+  EXPECT_EQ(p.decode_kernel_reqs, 6);
+  EXPECT_EQ(p.decode_kernel_tokens, 6);
+  EXPECT_EQ(first(s.q_ends, 6), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(first(s.kv, 6), (std::vector<int64_t>{5, 1, 9, 0, 0, 0}));
+  EXPECT_EQ(first(s.dpos, 6), (std::vector<int32_t>{4, 0, 8, 0, 0, 0}));
+  EXPECT_EQ(first(s.slots, 6), (std::vector<int64_t>{s.slots[0], s.slots[1], s.slots[2], -1, -1, -1}));
+  EXPECT_EQ(first(s.s_bt, 3 * MlaStep::kStride), s.table);
+  EXPECT_EQ(std::vector<int32_t>(s.s_bt.begin() + 3 * MlaStep::kStride, s.s_bt.begin() + 6 * MlaStep::kStride),
+            std::vector<int32_t>(3 * MlaStep::kStride, 0));
+  EXPECT_EQ(s.s_bt[6 * MlaStep::kStride], -7);  // nothing past the dummies
+}
+
+TEST(PlanMlaStep, GraphDecodePaddingSpeculativeDummiesTakeTheDecodeLength) {
+  // 2 requests of 2 tokens (1 speculative) padded to 8 tokens: 2 dummies of 2.
+  MlaStep s({0, 2, 4}, {7, 3});
+  s.in.decode_threshold = 2;
+  s.in.spec_method = SpecMethod::Mtp;
+  s.in.pad_decode_batch = true;
+  const MlaStepPlan p = s.run(8);
+  EXPECT_EQ(p.decode_kernel_reqs, 4);
+  EXPECT_EQ(p.decode_kernel_tokens, 8);
+  EXPECT_EQ(first(s.q_ends, 4), (std::vector<int64_t>{2, 4, 6, 8}));
+  EXPECT_EQ(first(s.kv, 4), (std::vector<int64_t>{7, 3, 0, 0}));
+  EXPECT_EQ(first(s.dpos, 8), (std::vector<int32_t>{5, 6, 1, 2, 0, 0, 0, 0}));
+}
+
+TEST(PlanMlaStep, GraphDecodePaddingOnlyPadsDecodeOnlySteps) {
+  MlaStep mixed({0, 1, 4}, {6, 13});
+  mixed.in.pad_decode_batch = true;
+  const MlaStepPlan p = mixed.run(7);
+  EXPECT_EQ(p.decode_kernel_reqs, 1);
+  EXPECT_EQ(p.decode_kernel_tokens, 1);
+  EXPECT_EQ(mixed.q_ends[2], -7);
+  MlaStep off({0, 1, 2}, {5, 9});  // padding not asked for: the kernels see the real batch
+  const MlaStepPlan q = off.run(4);
+  EXPECT_EQ(q.decode_kernel_reqs, 2);
+  EXPECT_EQ(q.decode_kernel_tokens, 2);
+  EXPECT_EQ(off.q_ends[2], -7);
+}
+
+TEST(PlanMlaStep, GraphDecodePaddingRejectsWithoutWriting) {
+  MlaStep s({0, 2, 4}, {7, 3});
+  s.in.decode_threshold = 2;
+  s.in.spec_method = SpecMethod::Mtp;
+  s.in.pad_decode_batch = true;
+  const auto before = s.snapshot();
+  EXPECT_INVALID(s.run(7), "pads 4 decode tokens by 3, not a multiple of the decode length 2");
+  MlaStep t({0, 1, 2}, {5, 9});
+  t.in.pad_decode_batch = true;
+  const auto t_before = t.snapshot();
+  EXPECT_INVALID(t.run(12), "2 decodes + 10 dummy requests (num_input_tokens=12) exceed the room for 8 requests");
+  EXPECT_EQ(s.snapshot(), before);
+  EXPECT_EQ(t.snapshot(), t_before);
+}

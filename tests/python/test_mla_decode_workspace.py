@@ -34,7 +34,7 @@ def _tol(dtype):
     return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
 
 
-def run_steps(d, dtype, prolog, steps, pad=0):
+def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False):
     """steps: list of request-id lists; each step decodes one token of each listed request, whose context
     grows by one per step it is in. Every layer's output is compared with the reference after each step."""
     g = torch.Generator().manual_seed(99)
@@ -53,13 +53,15 @@ def run_steps(d, dtype, prolog, steps, pad=0):
             fill_context(d, layer.ws, xs[r][: ctx0[r]], layer.nope, layer.rope, blocks[r], BS)
     cos, sin = rope_tables(mbr * BS, d.R)
     builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=mbr, block_size=BS,
-                                  num_blocks=nb, cos_table=cos.to(dtype), sin_table=sin.to(dtype))
+                                  num_blocks=nb, cos_table=cos.to(dtype), sin_table=sin.to(dtype),
+                                  graph_decode_padding=graph_padding)
     seen = list(ctx0)
     for step in steps:
         B = len(step)
         seq = torch.tensor([seen[r] + 1 for r in step], dtype=torch.int32)
         qsl = torch.arange(B + 1, dtype=torch.int32)
         md = builder.build(qsl, seq, table[step].contiguous(), num_input_tokens=B + pad)
+        assert md.decode_num_kernel_tokens == B + (pad if graph_padding else 0)
         hidden = torch.cat([xs[r][seen[r]: seen[r] + 1] for r in step]
                            + [torch.randn(pad, d.hidden, generator=g).to(dtype)])
         for layer in layers:
@@ -87,6 +89,12 @@ def test_layers_share_the_decode_workspace(heads, prolog):
 @pytest.mark.parametrize("prolog", [False, True])
 def test_padded_input_rows_get_zero_output(dtype, prolog):
     run_steps(MlaDims(H=5), dtype, prolog, [[0, 1], [1], [0, 1]], pad=3)
+
+
+@pytest.mark.parametrize("prolog", [False, True])
+def test_eager_decode_over_a_graph_padded_batch(prolog):
+    # With graph decode padding the decode runs over the dummies too (KV length 0): their rows are 0.
+    run_steps(MlaDims(H=5), torch.float32, prolog, [[0, 1], [1], [0, 1, 2]], pad=2, graph_padding=True)
 
 
 def test_no_qlora_native():

@@ -12,7 +12,7 @@ mla = aar.mla
 BUCKET = 4
 
 
-def _setup(spec=0, dtype=torch.float32, q_lora=True):
+def _setup(spec=0, dtype=torch.float32, q_lora=True, padding=False):
     d = MlaDims(Q=48 if q_lora else None)
     g = torch.Generator().manual_seed(7)
     ws = make_weights(d, dtype, g)
@@ -21,7 +21,7 @@ def _setup(spec=0, dtype=torch.float32, q_lora=True):
     cos, sin = rope_tables(mbr * bs + 4, d.R)
     builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=mbr, block_size=bs,
                                   num_blocks=nb, cos_table=cos.to(dtype), sin_table=sin.to(dtype),
-                                  num_speculative_tokens=spec)
+                                  num_speculative_tokens=spec, graph_decode_padding=padding)
     table = (torch.arange(BUCKET * mbr, dtype=torch.int32) + 1).view(BUCKET, mbr)
     kw = dict(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
               qk_rope_head_dim=d.R, v_head_dim=d.V, scale=0.1, **ws)
@@ -87,3 +87,70 @@ def test_mla_graph_rejects_a_batch_that_does_not_fit():
         graph.update(BUCKET, md3)
     with pytest.raises(ValueError, match="before update"):
         graph.replay(BUCKET)
+
+
+@pytest.mark.parametrize("spec", [0, 1])
+@pytest.mark.parametrize("prolog", [False, True])
+def test_mla_padded_decode_bucket_replays_like_eager(spec, prolog):
+    # A bucket of 4 kernel tokens replays smaller decode batches padded with dummy requests
+    # (graph_decode_padding: KV length 0, slot -1): the real rows equal an eager forward of the
+    # unpadded batch, the padded rows are 0, and the caches match.
+    d, gen, builder, table, kw, caches = _setup(spec=spec, padding=True)
+    eager_builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=4, block_size=16,
+                                        num_blocks=BUCKET * 4 + 2, cos_table=builder_cos(d), sin_table=builder_sin(d),
+                                        num_speculative_tokens=spec)
+    layers = [mla.Impl(layer_index=i, enable_prolog=prolog, **kw) for i in range(2)]
+    per_req = 1 + spec
+    hidden_s = torch.zeros(BUCKET, d.hidden)
+    outs = [torch.zeros(BUCKET, d.hidden) for _ in layers]
+    # Capture with a padded batch too (one real request).
+    md = builder.build(torch.tensor([0, per_req], dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
+                       table[:1].contiguous(), num_input_tokens=BUCKET)
+    assert (md.num_decodes, md.decode_num_kernel_reqs, md.decode_num_kernel_tokens) == (1, BUCKET // per_req, BUCKET)
+    graph = aar.GraphParams("recording")
+    with graph.capture(BUCKET):
+        for layer, (nope, rope), out in zip(layers, caches, outs):
+            layer.forward(hidden_s, nope, rope, md, out)
+    for seq in ([5, 17, 33, 9], [40, 2], [64], [11, 23, 30]):
+        nreq = min(len(seq), BUCKET // per_req)
+        seq = seq[:nreq]
+        ntok = nreq * per_req
+        qsl = torch.arange(0, ntok + 1, per_req, dtype=torch.int32)
+        hidden = torch.randn(BUCKET, d.hidden, generator=gen)
+        hidden[ntok:] = 0
+        md_e = eager_builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table[:nreq].contiguous(),
+                                   num_input_tokens=BUCKET)
+        expected, eager_caches = [], []
+        for i in range(2):
+            nope, rope = caches[i][0].clone(), caches[i][1].clone()
+            out = torch.full((BUCKET, d.hidden), 7.0)
+            mla.Impl(enable_prolog=prolog, **kw).forward(hidden, nope, rope, md_e, out)
+            expected.append(out)
+            eager_caches.append((nope, rope))
+        md = builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table[:nreq].contiguous(),
+                           num_input_tokens=BUCKET)
+        assert md.decode_seq_lens_list == seq + [0] * (BUCKET // per_req - nreq)
+        hidden_s.copy_(hidden)
+        graph.update(BUCKET, md)
+        graph.replay(BUCKET)
+        for i in range(2):
+            torch.testing.assert_close(outs[i], expected[i], atol=1e-5, rtol=1e-5)
+            assert torch.count_nonzero(outs[i][ntok:]) == 0
+            # Same values; not bitwise: the projections run over 4 rows here and ntok rows eagerly.
+            torch.testing.assert_close(caches[i][0], eager_caches[i][0], atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(caches[i][1], eager_caches[i][1], atol=1e-6, rtol=1e-6)
+
+
+def builder_cos(d):
+    return rope_tables(4 * 16 + 4, d.R)[0]
+
+
+def builder_sin(d):
+    return rope_tables(4 * 16 + 4, d.R)[1]
+
+
+def test_mla_graph_padding_rejects_a_bucket_that_is_not_a_multiple_of_the_decode_length():
+    d, gen, builder, table, kw, caches = _setup(spec=1, padding=True)
+    with pytest.raises(ValueError, match="not a multiple of the decode length 2"):
+        builder.build(torch.tensor([0, 2], dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
+                      table[:1].contiguous(), num_input_tokens=5)

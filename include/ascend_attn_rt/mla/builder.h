@@ -18,8 +18,9 @@
 // runs per build. Views of the buffers are created
 // the first time a size is seen and cached: a steady-state build creates no
 // tensor. A rejected build writes nothing, so the previous metadata stays
-// valid. Graph-mode padding is not wired yet (it needs the graph layer); the
-// padding maths is plan::pad_actual_q_*.
+// valid. Graph decode padding (BuilderConfig::graph_decode_padding) implements
+// the "enable-pad" mode of spec 3.5; the "disable-pad" mode (full-graph MTP
+// without a padded drafter batch) is plan::pad_actual_q_disable_mode only.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -44,6 +45,13 @@ struct BuilderConfig {
   int32_t max_model_len = 0;           // 0 = max_blocks_per_req * block_size
   int32_t num_speculative_tokens = 0;  // decode threshold = 1 + n <= 16
   bool chunked_prefill_enabled = true;
+  // Graph decode padding (spec 3.5 "enable-pad"; for MLA decode graph buckets):
+  // a decode-only build with num_input_tokens > its tokens pads the decode
+  // metadata to the bucket with dummy requests of decode_threshold tokens (KV
+  // length 0, zero block-table rows written into the staging rows after the
+  // real ones, RoPE position 0); DecodeMetadata::num_kernel_* give the padded
+  // counts. The decode then runs over the padded rows (their output is 0).
+  bool graph_decode_padding = false;
   // 0 = the upstream workspace rule (plan::chunked_prefill_workspace_size).
   int64_t workspace_tokens = 0;
   // RoPE tables (max_position, R), first and second halves identical (spec 6.1).

@@ -26,10 +26,14 @@ struct ChunkedContext {
 };
 
 struct DecodeMetadata {
-  at::Tensor block_table;                 // device int32 (num_decodes, max_blocks)
-  c10::IntArrayRef seq_lens_list;         // per-request KV lengths (FIA actual_seq_kvlen)
-  c10::IntArrayRef actual_seq_lengths_q;  // cumulative decode query ends
-  at::Tensor cos, sin;                    // device (num_decode_tokens, R)
+  // What the decode kernels see: num_decodes / num_decode_tokens, or, with graph
+  // decode padding, the padded bucket (dummy requests with no KV after the real ones).
+  int32_t num_kernel_reqs = 0;
+  int32_t num_kernel_tokens = 0;
+  at::Tensor block_table;                 // device int32 (num_kernel_reqs, max_blocks)
+  c10::IntArrayRef seq_lens_list;         // per-request KV lengths (FIA actual_seq_kvlen), num_kernel_reqs
+  c10::IntArrayRef actual_seq_lengths_q;  // cumulative decode query ends, num_kernel_reqs
+  at::Tensor cos, sin;                    // device (num_kernel_tokens, R)
   int32_t max_seq_len = 0;
 };
 

@@ -79,7 +79,7 @@ int32_t pad_actual_q_disable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int
 int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int32_t req_pad, CSpan<int64_t> ref,
                                  Span<int64_t> out);
 
-// One MLA step (spec 3.3-3.5, without graph padding), in two branch-free
+// One MLA step (spec 3.3-3.5; graph padding: "enable-pad" mode only), in two branch-free
 // validating passes (the per-request rules, then the block ids each request
 // reads) and one writing pass: what plan::build_step
 // does for MLA (attention state, decode/prefill split with short extends as
@@ -87,8 +87,9 @@ int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int3
 // lengths, slot mapping) plus what MLA adds: the slot mapping as int64, decode
 // and prefill token positions (for the RoPE gather), the prefill rows of the
 // block table at their own fixed address, prefill query ends rebased to 0, and
-// the context chunks (spec 3.4). The FIA batch is never padded with a dummy
-// request: tokens past query_start_loc[B] get slot -1 and are not attended.
+// the context chunks (spec 3.4). Tokens past query_start_loc[B] get slot -1;
+// they are attended only with pad_decode_batch (as dummy decode requests with
+// no KV), otherwise the kernels never see them.
 // Everything that can fail is checked before the first write, so a rejected
 // call leaves every buffer untouched. Allocates nothing.
 struct MlaStepInputs {
@@ -111,16 +112,23 @@ struct MlaStepInputs {
   int64_t rope_positions = 0;
   int64_t workspace_tokens = 0;  // W of spec 3.4 (needed when a prefill has context)
   int32_t max_chunks = kMaxContextChunks;
+  // Graph decode padding (spec 3.5, "enable-pad" mode): a decode-only step with
+  // num_input_tokens > qsl[B] gets (num_input_tokens - qsl[B]) / decode_threshold
+  // dummy requests of decode_threshold tokens each (the padding must be a
+  // multiple of it): KV length 0, block-table row of zeros, query ends
+  // continuing uniformly to num_input_tokens, positions 0. The decode kernels
+  // then see the whole padded bucket. Steps with prefills are not padded.
+  bool pad_decode_batch = false;
 };
 
 struct MlaStepBuffers {
   Span<int32_t> query_start_loc;      // >= B+1
-  Span<int32_t> block_table;          // >= B * block_table_stride: all rows, decodes first
+  Span<int32_t> block_table;          // >= (B + dummies) * block_table_stride: all rows, decodes first
   int32_t block_table_stride = 0;     // columns of the staged tables (>= input stride)
-  Span<int64_t> q_ends;               // >= B: cumulative query ends (FIA actual_seq_lengths_q)
-  Span<int64_t> kv_lens;              // >= B: per-request KV lengths (FIA actual_seq_kvlen)
+  Span<int64_t> q_ends;               // >= B (+ dummies): cumulative query ends (FIA actual_seq_lengths_q)
+  Span<int64_t> kv_lens;              // >= B (+ dummies): per-request KV lengths (FIA actual_seq_kvlen)
   Span<int64_t> slot_mapping;         // >= num_input_tokens: -1 past the real tokens
-  Span<int32_t> decode_positions;     // >= num_decode_tokens
+  Span<int32_t> decode_positions;     // >= num_decode_tokens (padded: num_input_tokens)
   Span<int32_t> prefill_positions;    // >= num_prefill_tokens
   Span<int32_t> prefill_block_table;  // >= NP * block_table_stride: rows num_decodes..
   Span<int64_t> prefill_q_ends;       // >= NP: cumulative prefill query ends, rebased to 0
@@ -137,6 +145,10 @@ struct MlaStepPlan {
   int32_t max_query_len = 0;
   int32_t max_seq_len = 0;
   int32_t decode_max_seq_len = 0;
+  // What the decode kernels see: split.num_decodes / num_decode_tokens, or with
+  // graph decode padding the padded request and token counts.
+  int32_t decode_kernel_reqs = 0;
+  int32_t decode_kernel_tokens = 0;
   int32_t prefill_max_query_len = 0;
   int32_t prefill_max_seq_len = 0;
 };
