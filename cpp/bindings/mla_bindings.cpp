@@ -210,8 +210,9 @@ void bind_mla(nb::module_& root) {
              std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm, const at::Tensor& q_proj,
              const at::Tensor& kv_a_proj_with_mqa, const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj,
              const at::Tensor& o_proj, double scale, double q_norm_eps, double kv_norm_eps, bool enable_prolog,
-             bool enable_kv_nz, int64_t layer_index, int64_t workspace_group) {
+             bool enable_kv_nz, int64_t layer_index, int64_t workspace_group, std::optional<bool> prefill_in_bf16) {
             mla::ImplConfig c;
+            c.prefill_in_bf16 = prefill_in_bf16;
             c.layer_index = layer_index;
             c.workspace_group = workspace_group;
             c.dims = {num_heads, hidden_size, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
@@ -228,7 +229,8 @@ void bind_mla(nb::module_& root) {
           "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a, "q_a_proj"_a = nb::none(),
           "q_a_layernorm"_a = nb::none(), "q_proj"_a, "kv_a_proj_with_mqa"_a, "kv_a_layernorm"_a, "kv_b_proj"_a,
           "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6, "kv_norm_eps"_a = 1e-6, "enable_prolog"_a = false,
-          "enable_kv_nz"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0)
+          "enable_kv_nz"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0,
+          "prefill_in_bf16"_a = nb::none())
       .def(
           "forward",
           [](mla::Impl& impl, const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,

@@ -202,17 +202,25 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
   const int64_t tp = q_nope.size(0), H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, V = d.v_head_dim;
   const bool concat = hp_ != H;  // spec 5.5: non-power-of-two heads pass concatenated q/k, no rope tensors
   const auto& pf = md.prefill;
-  auto attend = [&](const at::Tensor& kn, const at::Tensor& kp, const at::Tensor& v, bool causal,
+  // Spec 5.5 step 1: the TND MLA kernel takes bf16 only; other dtypes attend in
+  // bf16 (the result is cast back when it lands in o_in). On the CPU twins this
+  // is off unless asked for (ImplConfig::prefill_in_bf16): they attend in any dtype.
+  const bool to_bf16 = q_nope.scalar_type() != at::kBFloat16 &&
+                       cfg_.prefill_in_bf16.value_or(ops::resolve_provider(q_nope) == ops::Provider::Npu);
+  auto cast = [&](const at::Tensor& x) { return to_bf16 ? x.to(at::kBFloat16) : x; };
+  const at::Tensor qn = cast(q_nope), qr = cast(q_pe);
+  auto attend = [&](const at::Tensor& kn_in, const at::Tensor& kp_in, const at::Tensor& v_in, bool causal,
                     c10::IntArrayRef kv_ends) {
+    const at::Tensor kn = cast(kn_in), kp = cast(kp_in), v = cast(v_in);
     ops::FiaTensors t;
     ops::FiaParams p;
     if (concat) {
-      t.query = at::cat({q_nope, q_pe}, -1);
+      t.query = at::cat({qn, qr}, -1);
       t.key = at::cat({kn, kp}, -1);
     } else {
-      t.query = q_nope;
+      t.query = qn;
       t.key = kn;
-      t.query_rope = q_pe;
+      t.query_rope = qr;
       t.key_rope = kp;
     }
     t.value = v;

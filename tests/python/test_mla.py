@@ -16,7 +16,7 @@ def _tol(dtype):
 
 
 def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0, prolog=False, workspace=0,
-             seed=0, nz=False):
+             seed=0, nz=False, tol=None, **impl_kw):
     d = dims or MlaDims()
     g = torch.Generator().manual_seed(seed)
     ws = make_weights(d, dtype, g)
@@ -46,7 +46,7 @@ def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0,
     scale = 1.0 / math.sqrt(d.P + d.R)
     impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L,
                     qk_nope_head_dim=d.P, qk_rope_head_dim=d.R, v_head_dim=d.V, scale=scale,
-                    enable_prolog=prolog, enable_kv_nz=nz, **ws)
+                    enable_prolog=prolog, enable_kv_nz=nz, **impl_kw, **ws)
     out = torch.full_like(hidden, 7.0)
     if nz:
         nope_nz, rope_nz = mla.Backend.to_nz(nope), mla.Backend.to_nz(rope)
@@ -55,7 +55,8 @@ def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0,
     else:
         impl.forward(hidden, nope, rope, md, out)
     ref = torch.cat([attend_request(d, ws, xs[r], q_lens[r], scale) for r in range(B)])
-    torch.testing.assert_close(out.to(torch.float64), ref, **_tol(dtype))
+    torch.testing.assert_close(out.to(torch.float64), ref, **(tol or _tol(dtype)))
+    run_case.last_out = out
     return md, impl, (nope, rope), ws, d, (xs, blocks, bs)
 
 
@@ -96,6 +97,20 @@ def test_context_chunk_count_bounded():
 def test_mixed_batch(dtype):
     md, *_ = run_case([12, 20, 40, 9], [1, 1, 7, 9], dtype=dtype, workspace=32)
     assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("heads", [4, 5])
+def test_prefill_in_bf16_for_other_dtypes(heads):
+    # Spec 5.5 step 1 (what the NPU's TND kernel needs): fp32 activations attend in bf16 and come back
+    # fp32, within bf16 tolerance of the reference, with context chunks and a decode in the batch.
+    bf16_tol = dict(atol=2e-2, rtol=2e-2)
+    run_case([12, 40, 9], [1, 7, 9], dims=MlaDims(H=heads), workspace=16, prefill_in_bf16=True, tol=bf16_tol)
+    cast = run_case.last_out
+    run_case([12, 40, 9], [1, 7, 9], dims=MlaDims(H=heads), workspace=16, prefill_in_bf16=False)
+    plain = run_case.last_out
+    assert cast.dtype == torch.float32
+    torch.testing.assert_close(cast[:1], plain[:1])  # the decode row is not affected
+    assert (cast[1:] - plain[1:]).abs().max() > 1e-6  # the prefill rows went through bf16
 
 
 def test_twenty_heads_are_padded():

@@ -38,6 +38,10 @@ struct ImplConfig {
   bool enable_kv_nz = false;
   // Graph mode: orders the layer's captured calls (see gqa::ImplConfig).
   int64_t layer_index = -1;
+  // Prefill attention in bf16 when the activations are not (spec 5.5 step 1:
+  // the NPU's TND MLA kernel takes bf16 only). nullopt: when the operators run
+  // on the NPU; the CPU twins attend in any dtype.
+  std::optional<bool> prefill_in_bf16;
   // The decode intermediates (projections, padded queries, latent attention
   // output) live in a workspace shared by every Impl of the same shape, dtype,
   // device and group: layers that run one after another share one set of
