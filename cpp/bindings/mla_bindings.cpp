@@ -238,6 +238,20 @@ void bind_mla(nb::module_& root) {
             return impl.forward(hidden, nope_cache, rope_cache, md, output);
           },
           "hidden_states"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a.none(), "output"_a)
+      .def(
+          "reload_weights",
+          [](mla::Impl& impl, std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm,
+             const at::Tensor& q_proj, const at::Tensor& kv_a_proj_with_mqa, const at::Tensor& kv_a_layernorm,
+             const at::Tensor& kv_b_proj, const at::Tensor& o_proj) {
+            impl.reload_weights(
+                mla::Weights{q_a_proj, q_a_layernorm, q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj});
+          },
+          nb::kw_only(), "q_a_proj"_a = nb::none(), "q_a_layernorm"_a = nb::none(), "q_proj"_a,
+          "kv_a_proj_with_mqa"_a, "kv_a_layernorm"_a, "kv_b_proj"_a, "o_proj"_a,
+          "Copy new weights into the layer's weight tensors and recompute W_UK_T / W_UV / the prolog weights in "
+          "place (graph-captured addresses stay valid).")
+      .def("refresh_weights", &mla::Impl::refresh_weights,
+           "Recompute the derived weights after the weight tensors were updated in place.")
       .def("release_views", &mla::Impl::release_views,
            "Drop the views of the last caches and metadata a decode kept (see the C++ Impl::forward).")
       .def_prop_ro("num_heads_padded", &mla::Impl::num_heads_padded)

@@ -125,6 +125,38 @@ const at::Tensor& view_of(const at::Tensor& src, at::Tensor& seen_src, at::Tenso
 
 void Impl::release_views() { seen_ = SeenViews{}; }
 
+void Impl::reload_weights(const Weights& nw) {
+  const Dims& d = cfg_.dims;
+  validate_weights(d, nw);
+  const at::Tensor& ref = w_.q_proj;
+  AAR_CHECK_ARG(nw.q_proj.scalar_type() == ref.scalar_type() && nw.q_proj.device() == ref.device(),
+                "reload_weights: the new weights are ", nw.q_proj.scalar_type(), " on ", nw.q_proj.device(),
+                ", the layer's are ", ref.scalar_type(), " on ", ref.device());
+  c10::InferenceMode guard;
+  auto put = [](at::Tensor& dst, const at::Tensor& src) {
+    if (!dst.is_same(src)) dst.copy_(src);
+  };
+  if (d.q_lora_rank.has_value()) {
+    put(*w_.q_a_proj, *nw.q_a_proj);
+    put(*w_.q_a_layernorm, *nw.q_a_layernorm);
+  }
+  put(w_.q_proj, nw.q_proj);
+  put(w_.kv_a_proj_with_mqa, nw.kv_a_proj_with_mqa);
+  put(w_.kv_a_layernorm, nw.kv_a_layernorm);
+  put(w_.kv_b_proj, nw.kv_b_proj);
+  put(w_.o_proj, nw.o_proj);
+  const Absorbed a = split_kv_b_proj(w_.kv_b_proj, d.num_heads, d.qk_nope_head_dim, d.v_head_dim);
+  w_uk_t_.copy_(a.w_uk_t);
+  w_uv_.copy_(a.w_uv);
+  if (prolog_) {
+    // weight_uk is W_UK_T and the gammas are the layer's norm weights: already current.
+    const PrologWeights p = prepare_prolog_weights(d, w_, w_uk_t_);
+    prolog_->weight_dq.copy_(p.weight_dq);
+    prolog_->weight_uq_qr.copy_(p.weight_uq_qr);
+    prolog_->weight_dkv_kr.copy_(p.weight_dkv_kr);
+  }
+}
+
 const detail::DecodeViews& Impl::decode_views(const Metadata& md) {
   return ws_->views(md.decode.num_kernel_tokens, layout_of(md, cfg_.enable_kv_nz));
 }

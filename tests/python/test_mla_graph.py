@@ -154,3 +154,56 @@ def test_mla_graph_padding_rejects_a_bucket_that_is_not_a_multiple_of_the_decode
     with pytest.raises(ValueError, match="not a multiple of the decode length 2"):
         builder.build(torch.tensor([0, 2], dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
                       table[:1].contiguous(), num_input_tokens=5)
+
+
+@pytest.mark.parametrize("prolog", [False, True])
+def test_mla_weight_reload_keeps_the_captured_graph_valid(prolog):
+    # Spec 9.17: weights reloaded in place (derived W_UK_T / W_UV / prolog weights recomputed at their
+    # addresses): the captured graph replays with the new weights.
+    d, gen, builder, table, kw, caches = _setup()
+    kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    layer = mla.Impl(enable_prolog=prolog, **kw)
+    w_uk_addr = layer.w_uk_t.data_ptr()
+    hidden_s, out = torch.zeros(BUCKET, d.hidden), torch.zeros(BUCKET, d.hidden)
+    qsl = torch.arange(BUCKET + 1, dtype=torch.int32)
+    md = builder.build(qsl, torch.full((BUCKET,), 16, dtype=torch.int32), table)
+    graph = aar.GraphParams("recording")
+    with graph.capture(BUCKET):
+        layer.forward(hidden_s, *caches[0], md, out)
+    new = make_weights(d, torch.float32, torch.Generator().manual_seed(8))
+    layer.reload_weights(**new)
+    assert layer.w_uk_t.data_ptr() == w_uk_addr
+    new_kw = dict(kw, **new)
+    seq = torch.tensor([5, 17, 33, 9], dtype=torch.int32)
+    hidden = torch.randn(BUCKET, d.hidden, generator=gen)
+    md = builder.build(qsl, seq, table)
+    nope, rope = caches[0][0].clone(), caches[0][1].clone()
+    expected = torch.zeros(BUCKET, d.hidden)
+    mla.Impl(enable_prolog=prolog, **new_kw).forward(hidden, nope, rope, md, expected)
+    hidden_s.copy_(hidden)
+    graph.update(BUCKET, md)
+    graph.replay(BUCKET)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches[0][0], nope, atol=1e-6, rtol=1e-6)
+
+    # An in-place update by the caller, then refresh_weights(): eager now uses the newer weights.
+    newer = make_weights(d, torch.float32, torch.Generator().manual_seed(9))
+    for k, v in newer.items():
+        kw[k].copy_(v)  # the layer's weight tensors are the caller's (aliased); new values were copied in
+    layer.refresh_weights()
+    out2 = torch.zeros(BUCKET, d.hidden)
+    exp2 = torch.zeros(BUCKET, d.hidden)
+    c1 = (caches[0][0].clone(), caches[0][1].clone())
+    c2 = (caches[0][0].clone(), caches[0][1].clone())
+    layer.forward(hidden, *c1, md, out2)
+    mla.Impl(enable_prolog=prolog, **dict(kw, **newer)).forward(hidden, *c2, md, exp2)
+    torch.testing.assert_close(out2, exp2, atol=1e-5, rtol=1e-5)
+
+
+def test_mla_reload_rejects_other_shapes():
+    d, gen, builder, table, kw, caches = _setup()
+    layer = mla.Impl(**kw)
+    bad = dict(make_weights(d, torch.float32, torch.Generator().manual_seed(8)))
+    bad["kv_b_proj"] = bad["kv_b_proj"][:, :-1]
+    with pytest.raises(ValueError, match="kv_b_proj must have shape"):
+        layer.reload_weights(**bad)

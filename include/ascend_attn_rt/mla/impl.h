@@ -75,6 +75,13 @@ class Impl {
   const at::Tensor& w_uv() const { return w_uv_; }
   DecodePath last_decode_path() const { return last_decode_; }
   void release_views();
+  // Weight reload (spec 9.17): copies the new weights into the tensors the layer
+  // holds (those it was built with: the caller's, aliased) and recomputes the
+  // derived ones (W_UK_T, W_UV, the prolog weights) in place, so graph-captured
+  // addresses stay valid. Shapes, dtype and device must match. A caller that
+  // updated the weight tensors in place itself calls refresh_weights().
+  void reload_weights(const Weights& weights);
+  void refresh_weights() { reload_weights(w_); }
 
  private:
   void validate(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
