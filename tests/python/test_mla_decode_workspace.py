@@ -34,7 +34,7 @@ def _tol(dtype):
     return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
 
 
-def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False):
+def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False, bucket=None):
     """steps: list of request-id lists; each step decodes one token of each listed request, whose context
     grows by one per step it is in. Every layer's output is compared with the reference after each step."""
     g = torch.Generator().manual_seed(99)
@@ -60,6 +60,8 @@ def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False):
         B = len(step)
         seq = torch.tensor([seen[r] + 1 for r in step], dtype=torch.int32)
         qsl = torch.arange(B + 1, dtype=torch.int32)
+        if bucket is not None:
+            pad = bucket - B  # a fixed token count, as in a graph bucket
         md = builder.build(qsl, seq, table[step].contiguous(), num_input_tokens=B + pad)
         assert md.decode_num_kernel_tokens == B + (pad if graph_padding else 0)
         hidden = torch.cat([xs[r][seen[r]: seen[r] + 1] for r in step]
@@ -97,6 +99,13 @@ def test_eager_decode_over_a_graph_padded_batch(prolog):
     run_steps(MlaDims(H=5), torch.float32, prolog, [[0, 1], [1], [0, 1, 2]], pad=2, graph_padding=True)
 
 
+@pytest.mark.parametrize("graph_padding", [False, True])
+def test_fixed_input_token_count_with_varying_decodes(graph_padding):
+    # The same num_input_tokens (the builder hands out the same slot-mapping view) with 2, 1, 3, 1 decodes.
+    run_steps(MlaDims(H=5), torch.float32, False, [[0, 1], [1], [0, 1, 2], [2]], bucket=4,
+              graph_padding=graph_padding)
+
+
 def test_no_qlora_native():
     run_steps(MlaDims(Q=None), torch.bfloat16, False, STEPS[:3])
 
@@ -110,3 +119,33 @@ def test_workspace_groups_and_release_views():
     impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
                     qk_rope_head_dim=d.R, v_head_dim=d.V, workspace_group=7, **ws)
     impl.release_views()
+
+
+def test_one_layer_alternating_decode_layouts():
+    # The same layer decodes through a speculative builder (TND_NTD, 2 tokens per request) and a plain one
+    # (BNSD_NBSD) in turn: its kept kernel arguments follow the layout.
+    d, dtype = MlaDims(H=5), torch.float32
+    g = torch.Generator().manual_seed(3)
+    mbr, nb = 3, 8
+    layer = Layer(d, dtype, 4, False, nb)
+    table = torch.arange(2 * mbr, dtype=torch.int32).view(2, mbr)
+    ctx0 = [6, 11]
+    xs = [torch.randn(ctx0[r] + 12, d.hidden, generator=g, dtype=torch.float64).to(dtype) for r in range(2)]
+    for r in range(2):
+        fill_context(d, layer.ws, xs[r][: ctx0[r]], layer.nope, layer.rope, table[r].tolist(), BS)
+    cos, sin = rope_tables(mbr * BS, d.R)
+    builders = {spec: mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=mbr, block_size=BS,
+                                          num_blocks=nb, cos_table=cos, sin_table=sin, num_speculative_tokens=spec)
+                for spec in (0, 1)}
+    seen = list(ctx0)
+    for spec in (1, 0, 1, 0):
+        n = 1 + spec
+        qsl = torch.arange(0, 2 * n + 1, n, dtype=torch.int32)
+        seq = torch.tensor([seen[0] + n, seen[1] + n], dtype=torch.int32)
+        md = builders[spec].build(qsl, seq, table)
+        hidden = torch.cat([xs[r][seen[r]: seen[r] + n] for r in range(2)])
+        out = torch.zeros_like(hidden)
+        layer.impl.forward(hidden, layer.nope, layer.rope, md, out)
+        ref = torch.cat([attend_request(d, layer.ws, xs[r][: seen[r] + n], n, layer.scale) for r in range(2)])
+        torch.testing.assert_close(out.to(torch.float64), ref, atol=1e-4, rtol=1e-4)
+        seen = [s + n for s in seen]

@@ -65,7 +65,8 @@ class Impl {
   // capture is open (graph::GraphParams), a decode-only batch of exactly the
   // bucket's tokens is captured instead (the impl must outlive the graph).
   // A decode keeps views of the last caches and metadata it saw (a model's
-  // caches live as long as the model); release_views() drops them.
+  // caches live as long as the model) and its last kernel arguments;
+  // release_views() drops them.
   const at::Tensor& forward(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                             const Metadata* metadata, const at::Tensor& output);
 
@@ -97,7 +98,7 @@ class Impl {
   void decode_fia_args(const DecodeQuery& q, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                        const Metadata& md, ops::FiaV2Tensors& t, ops::FiaV2Params& p);
   // W_UV on the real heads of the attention output, then o_proj into out_rows.
-  void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows) const;
+  void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows);
   const detail::DecodeViews& decode_views(const Metadata& md);
   void decode_forward(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                       const Metadata& md, bool use_prolog, const at::Tensor& out_rows);
@@ -120,7 +121,10 @@ class Impl {
   struct SeenViews {
     at::Tensor nope_src, rope_src, key, key_rope;
     at::Tensor cos_src, sin_src, slots_src, cos4, sin4, slots;
+    at::Tensor y_src, y2d;
   } seen_;
+  ops::FiaV2Tensors decode_t_;
+  ops::FiaV2Params decode_p_;
   DecodePath last_decode_ = DecodePath::None;
 };
 
