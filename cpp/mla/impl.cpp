@@ -363,7 +363,8 @@ Impl::DecodeQuery Impl::decode_preprocess(const detail::DecodeViews& v, const at
       ops::dense::copy(v.qr_heads, qr);
       return {v.fia_qn, v.fia_qr};
     }
-    return {as_fia(qn, L), as_fia(qr, R)};
+    return {view_of(qn, td, seen_.qn_src, seen_.qn_fia, [&] { return as_fia(qn, L); }),
+            view_of(qr, td, seen_.qr_src, seen_.qr_fia, [&] { return as_fia(qr, R); })};
   }
   // Spec 5.2: native preprocess, into the workspace.
   if (d.q_lora_rank.has_value()) {
@@ -380,7 +381,7 @@ Impl::DecodeQuery Impl::decode_preprocess(const detail::DecodeViews& v, const at
     ops::dense::copy(v.qr_heads4, q_pe);
     return {v.fia_qn, v.fia_qr};
   }
-  return {v.fia_qn, as_fia(q_pe, R)};
+  return {v.fia_qn, view_of(q_pe, td, seen_.qr_src, seen_.qr_fia, [&] { return as_fia(q_pe, R); })};
 }
 
 void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,

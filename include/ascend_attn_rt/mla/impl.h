@@ -121,7 +121,7 @@ class Impl {
   struct SeenViews {
     at::Tensor nope_src, rope_src, key, key_rope;
     at::Tensor cos_src, sin_src, slots_src, cos4, sin4, slots;
-    at::Tensor y_src, y2d;
+    at::Tensor y_src, y2d, qn_src, qn_fia, qr_src, qr_fia;
   } seen_;
   ops::FiaV2Tensors decode_t_;
   ops::FiaV2Params decode_p_;
