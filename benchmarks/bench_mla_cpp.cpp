@@ -106,8 +106,7 @@ int main(int argc, char** argv) {
   at::Tensor cos = at::cat({ang.cos(), ang.cos()}, -1).to(at::kBFloat16);
   at::Tensor sin = at::cat({ang.sin(), ang.sin()}, -1).to(at::kBFloat16);
 
-  std::vector<Result> results;
-  for (bool separate : {false, true}) {
+  auto builder_config = [&](bool separate) {
     aar::mla::BuilderConfig bc;
     bc.max_num_reqs = max_reqs;
     bc.max_num_tokens = 4096;
@@ -118,7 +117,12 @@ int main(int argc, char** argv) {
     bc.cos_table = cos;
     bc.sin_table = sin;
     bc.separate_device_buffers = separate;
-    aar::mla::MetadataBuilder builder(bc);
+    return bc;
+  };
+
+  std::vector<Result> results;
+  for (bool separate : {false, true}) {
+    aar::mla::MetadataBuilder builder(builder_config(separate));
     const std::string path = separate ? "separate buffers" : "cpu (aliased)";
     for (int B : {1, 32, 256}) {
       Batch b = make_batch(B, 1000, 0, 0, 0, mbr);
@@ -142,16 +146,7 @@ int main(int argc, char** argv) {
   // ---------------------------------------------------------------- forward
   std::vector<Result> fwd;
   {
-    aar::mla::BuilderConfig bc;
-    bc.max_num_reqs = max_reqs;
-    bc.max_num_tokens = 4096;
-    bc.max_blocks_per_req = mbr;
-    bc.block_size = bs;
-    bc.num_blocks = max_reqs * mbr;
-    bc.max_model_len = mbr * bs;
-    bc.cos_table = cos;
-    bc.sin_table = sin;
-    aar::mla::MetadataBuilder builder(bc);
+    aar::mla::MetadataBuilder builder(builder_config(false));
     const int64_t H = 16, hid = 2048, L = 512, P = 128, V = 128, Q = 1536;
     auto w = [](int64_t o, int64_t i) { return (at::randn({o, i}) / std::sqrt(double(i))).to(at::kBFloat16); };
     const at::Tensor nope = at::zeros({int64_t{max_reqs} * mbr, bs, 1, L}, at::kBFloat16);

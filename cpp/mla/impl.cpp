@@ -74,6 +74,12 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
                 hidden.defined() ? hidden.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(hidden.size(0) >= md.num_actual_tokens, "hidden_states has ", hidden.size(0),
                 " rows but the metadata schedules ", md.num_actual_tokens, " tokens");
+  AAR_CHECK_ARG(md.num_decodes == 0 || hidden.size(0) >= md.decode.num_kernel_tokens, "hidden_states has ",
+                hidden.size(0), " rows but the padded decode batch has ", md.decode.num_kernel_tokens,
+                " tokens (graph decode padding: pass num_input_tokens rows)");
+  // Checked here, before the decode part of a mixed step writes the caches.
+  AAR_CHECK_ARG(md.num_prefills == 0 || !cfg_.enable_kv_nz, "a step with ", md.num_prefills,
+                " prefills and enable_kv_nz: NZ caches are for decode-only (PD decode) nodes");
   AAR_CHECK_ARG(hidden.scalar_type() == w_.q_proj.scalar_type(), "hidden_states dtype ", hidden.scalar_type(),
                 " differs from the weights' dtype ", w_.q_proj.scalar_type());
   AAR_CHECK_ARG(output.defined() && output.sizes() == hidden.sizes() && output.scalar_type() == hidden.scalar_type(),
@@ -490,7 +496,6 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
   }
   if (tp > 0) {
-    AAR_CHECK_ARG(!cfg_.enable_kv_nz, "prefill with enable_kv_nz: NZ caches are for decode-only (PD decode) nodes");
     const at::Tensor x = hidden.narrow(0, td, tp);
     at::Tensor q_c = x;
     if (d.q_lora_rank.has_value()) {

@@ -268,6 +268,26 @@ def test_bad_cache_widths_leave_cache_untouched():
         impl.forward(torch.randn(1, 7), good_nope, good_rope, md, torch.empty(1, 7))
 
 
+def test_mixed_step_with_nz_caches_is_rejected_before_any_write():
+    # The decode part would write the NZ caches before the prefill part fails: checked up front.
+    d = MlaDims()
+    g = torch.Generator().manual_seed(0)
+    ws = make_weights(d, torch.bfloat16, g)
+    impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
+                    qk_rope_head_dim=d.R, v_head_dim=d.V, enable_kv_nz=True, **ws)
+    cos, sin = rope_tables(64, d.R)
+    b = mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=64, max_blocks_per_req=4, block_size=16, num_blocks=8,
+                            cos_table=cos.bfloat16(), sin_table=sin.bfloat16())
+    md = b.build(torch.tensor([0, 1, 4], dtype=torch.int32), torch.tensor([5, 3], dtype=torch.int32),
+                 torch.tensor([[2, 0, 0, 0], [3, 0, 0, 0]], dtype=torch.int32))
+    nope = mla.Backend.to_nz(torch.zeros(8, 16, 1, d.L, dtype=torch.bfloat16))
+    rope = mla.Backend.to_nz(torch.zeros(8, 16, 1, d.R, dtype=torch.bfloat16))
+    h = torch.randn(4, d.hidden).bfloat16()
+    with pytest.raises(ValueError, match="1 prefills and enable_kv_nz"):
+        impl.forward(h, nope, rope, md, torch.empty_like(h))
+    assert torch.count_nonzero(nope) == 0 and torch.count_nonzero(rope) == 0
+
+
 def test_profiling_run_zero_fills():
     impl = _impl()
     out = torch.ones(3, 128)
