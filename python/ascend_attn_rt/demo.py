@@ -1,5 +1,12 @@
 """Continuous batching of a small Llama-shaped decoder with ascend_attn_rt doing the attention.
 
+``--attention gqa`` (default) uses the GQA backend; ``--attention mla`` swaps every
+attention block for DeepSeek-style multi-head latent attention (q-LoRA, latent KV,
+decoupled RoPE) served by the MLA backend: ``aar.mla.MetadataBuilder`` /
+``aar.mla.Impl`` with a latent and a rope cache per layer, a small chunked-prefill
+workspace so later prefill chunks gather their cached context in several chunks,
+and a dense reference that runs the un-absorbed MLA equations over each sequence.
+
 A random-weight decoder stack (fixed seed; RMSNorm, rotary embeddings, GQA
 attention, SwiGLU MLP; fp32) serves a handful of requests of mixed prompt
 lengths that arrive over the first steps and generate greedily. A small
@@ -53,6 +60,13 @@ class ModelConfig:
     intermediate: int = 688
     rope_theta: float = 10000.0
     eps: float = 1e-6
+    attention: str = "gqa"  # or "mla"
+    # MLA (attention == "mla"): q-LoRA rank, latent rank, nope / rope / value head sizes.
+    q_lora_rank: int = 48
+    kv_lora_rank: int = 64
+    qk_nope: int = 32
+    qk_rope: int = 16
+    v_head: int = 32
 
 
 class TinyLlama:
@@ -76,14 +90,26 @@ class TinyLlama:
         self.embed = torch.randn(cfg.vocab, h, generator=g)
         self.layers = []
         for _ in range(cfg.layers):
+            if cfg.attention == "mla":
+                H, Q, L, P, R, V = cfg.heads, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope, cfg.qk_rope, cfg.v_head
+                attn = dict(
+                    q_a_proj=w(Q, h),
+                    q_a_layernorm=1.0 + 0.1 * torch.randn(Q, generator=g),
+                    q_proj=w(H * (P + R), Q),
+                    kv_a_proj_with_mqa=w(L + R, h),
+                    kv_a_layernorm=1.0 + 0.1 * torch.randn(L, generator=g),
+                    kv_b_proj=w(H * (P + V), L),
+                    o_proj=w(h, H * V),
+                )
+            else:
+                attn = dict(wqkv=w((cfg.heads + 2 * cfg.kv_heads) * d, h), wo=w(h, cfg.heads * d))
             self.layers.append(
                 dict(
                     attn_norm=1.0 + 0.1 * torch.randn(h, generator=g),
-                    wqkv=w((cfg.heads + 2 * cfg.kv_heads) * d, h),
-                    wo=w(h, cfg.heads * d),
                     mlp_norm=1.0 + 0.1 * torch.randn(h, generator=g),
                     w_gate_up=w(2 * cfg.intermediate, h),
                     w_down=w(h, cfg.intermediate),
+                    **attn,
                 )
             )
         self.final_norm = 1.0 + 0.1 * torch.randn(h, generator=g)
@@ -101,23 +127,72 @@ class TinyLlama:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Callable) -> torch.Tensor:
+        """attend(layer, q, k, v) -> (T, H, D) for GQA; attend(layer, h, positions) -> (T, hidden) for MLA,
+        where h is the layer's normed input."""
         cfg = self.cfg
         t = tokens.shape[0]
         nq, nkv, d = cfg.heads * cfg.head_size, cfg.kv_heads * cfg.head_size, cfg.head_size
         x = self.embed[tokens]
         for i, lw in enumerate(self.layers):
-            qkv = self.rms_norm(x, lw["attn_norm"]) @ lw["wqkv"].T
-            q = self.rope(qkv[:, :nq].reshape(t, cfg.heads, d), positions)
-            k = self.rope(qkv[:, nq : nq + nkv].reshape(t, cfg.kv_heads, d), positions)
-            v = qkv[:, nq + nkv :].reshape(t, cfg.kv_heads, d).contiguous()
-            o = attend(i, q.contiguous(), k.contiguous(), v)
-            x = x + o.reshape(t, nq) @ lw["wo"].T
+            if cfg.attention == "mla":
+                # The whole attention block (projections, norms, RoPE, o_proj) is the callback's.
+                x = x + attend(i, self.rms_norm(x, lw["attn_norm"]), positions)
+            else:
+                qkv = self.rms_norm(x, lw["attn_norm"]) @ lw["wqkv"].T
+                q = self.rope(qkv[:, :nq].reshape(t, cfg.heads, d), positions)
+                k = self.rope(qkv[:, nq : nq + nkv].reshape(t, cfg.kv_heads, d), positions)
+                v = qkv[:, nq + nkv :].reshape(t, cfg.kv_heads, d).contiguous()
+                o = attend(i, q.contiguous(), k.contiguous(), v)
+                x = x + o.reshape(t, nq) @ lw["wo"].T
             gate, up = (self.rms_norm(x, lw["mlp_norm"]) @ lw["w_gate_up"].T).chunk(2, dim=-1)
             x = x + (torch.nn.functional.silu(gate) * up) @ lw["w_down"].T
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.rms_norm(hidden, self.final_norm) @ self.lm_head.T
+
+    # -- MLA
+    MLA_WEIGHTS = ("q_a_proj", "q_a_layernorm", "q_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
+                   "o_proj")
+
+    def mla_rope_tables(self, max_pos: int):
+        """(max_pos, R) cos/sin with both halves equal: what the MLA builder gathers rows from."""
+        R = self.cfg.qk_rope
+        inv = self.cfg.rope_theta ** (-torch.arange(0, R, 2, dtype=torch.float64) / R)
+        ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+        return torch.cat([ang.cos(), ang.cos()], -1).float(), torch.cat([ang.sin(), ang.sin()], -1).float()
+
+    def mla_dense_attention(self, layer: int, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Un-absorbed MLA over one whole sequence h (S, hidden), full causal, in float64: q-LoRA, RMSNorm of
+        the latent, GPT-J (interleaved-pair) RoPE on q_pe / k_pe, K/V up-projected per head, o_proj."""
+        cfg, lw = self.cfg, {k: v.double() for k, v in self.layers[layer].items()}
+        H, L, P, R, V = cfg.heads, cfg.kv_lora_rank, cfg.qk_nope, cfg.qk_rope, cfg.v_head
+        x, s = h.double(), h.shape[0]
+
+        def rms(v, wt):
+            return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + cfg.eps) * wt
+
+        def gptj(v):
+            inv = cfg.rope_theta ** (-torch.arange(0, R, 2, dtype=torch.float64) / R)
+            ang = positions.double()[:, None] * inv[None, :]
+            while ang.dim() < v.dim():
+                ang = ang.unsqueeze(-2)
+            v0, v1 = v[..., 0::2], v[..., 1::2]
+            out = torch.empty_like(v)
+            out[..., 0::2] = v0 * ang.cos() - v1 * ang.sin()
+            out[..., 1::2] = v1 * ang.cos() + v0 * ang.sin()
+            return out
+
+        q = (rms(x @ lw["q_a_proj"].T, lw["q_a_layernorm"]) @ lw["q_proj"].T).view(s, H, P + R)
+        kv = x @ lw["kv_a_proj_with_mqa"].T
+        c = rms(kv[:, :L], lw["kv_a_layernorm"])
+        k_pe = gptj(kv[:, L:])
+        kvb = (c @ lw["kv_b_proj"].T).view(s, H, P + V)
+        scores = (torch.einsum("qhp,khp->hqk", q[..., :P], kvb[..., :P])
+                  + torch.einsum("qhr,kr->hqk", gptj(q[..., P:]), k_pe)) / math.sqrt(P + R)
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        o = torch.einsum("hqk,khv->qhv", scores.softmax(-1), kvb[..., P:]).reshape(s, H * V)
+        return (o @ lw["o_proj"].T).float()
 
 
 def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -210,6 +285,7 @@ class EngineStats:
     mixed_steps: int = 0
     chunked_prefills: int = 0
     blocks_reused: int = 0
+    context_chunks: int = 0  # MLA: context chunks gathered over all steps
     max_running: int = 0
     wall_s: float = 0.0
 
@@ -220,23 +296,37 @@ class Engine:
         self.model, self.args = model, args
         self.bs = args.block_size
         self.max_blocks_per_req = args.max_blocks_per_req
-        self.builder = aar.MetadataBuilder(
-            max_num_reqs=args.max_running,
-            max_num_tokens=max(args.token_budget, args.max_running),
-            max_blocks_per_req=self.max_blocks_per_req,
-            block_size=self.bs,
-            num_blocks=args.num_blocks,
-        )
+        sizes = dict(max_num_reqs=args.max_running, max_num_tokens=max(args.token_budget, args.max_running),
+                     max_blocks_per_req=self.max_blocks_per_req, block_size=self.bs, num_blocks=args.num_blocks)
+        self.mla = cfg.attention == "mla"
+        if self.mla:
+            cos, sin = model.mla_rope_tables(self.max_blocks_per_req * self.bs)
+            # A small chunked-prefill workspace: a later prefill chunk gathers its cached context in chunks.
+            self.builder = aar.mla.MetadataBuilder(**sizes, cos_table=cos, sin_table=sin,
+                                                   workspace_tokens=args.mla_workspace)
+            names = TinyLlama.MLA_WEIGHTS
+            self.impls = [
+                aar.mla.Impl(num_heads=cfg.heads, hidden_size=cfg.hidden, q_lora_rank=cfg.q_lora_rank,
+                             kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope,
+                             qk_rope_head_dim=cfg.qk_rope, v_head_dim=cfg.v_head, q_norm_eps=cfg.eps,
+                             kv_norm_eps=cfg.eps, layer_index=i, **{k: lw[k] for k in names})
+                for i, lw in enumerate(model.layers)
+            ]
+            shapes = aar.mla.Backend.kv_cache_shapes(args.num_blocks, self.bs, cfg.kv_lora_rank, cfg.qk_rope)
+            self.caches = [tuple(torch.zeros(sh) for sh in shapes) for _ in range(cfg.layers)]
+        else:
+            self.builder = aar.MetadataBuilder(**sizes)
+            self.impls = [aar.AttentionImpl(cfg.heads, cfg.head_size, num_kv_heads=cfg.kv_heads)
+                          for _ in range(cfg.layers)]
+            self.caches = [
+                (
+                    torch.zeros(args.num_blocks, self.bs, cfg.kv_heads, cfg.head_size),
+                    torch.zeros(args.num_blocks, self.bs, cfg.kv_heads, cfg.head_size),
+                )
+                for _ in range(cfg.layers)
+            ]
         # The engine's block table lives in the builder's staging buffer: build() then copies nothing.
         self.block_table = self.builder.block_table_staging
-        self.impls = [aar.AttentionImpl(cfg.heads, cfg.head_size, num_kv_heads=cfg.kv_heads) for _ in range(cfg.layers)]
-        self.caches = [
-            (
-                torch.zeros(args.num_blocks, self.bs, cfg.kv_heads, cfg.head_size),
-                torch.zeros(args.num_blocks, self.bs, cfg.kv_heads, cfg.head_size),
-            )
-            for _ in range(cfg.layers)
-        ]
         # Block 0 is kept out of the pool (the dummy/padding block). LIFO pool:
         # blocks freed by a finished request are the next ones handed out.
         self.free_blocks = list(range(args.num_blocks - 1, 0, -1))
@@ -317,7 +407,23 @@ class Engine:
             self.stats.paths[impl.last_path] = self.stats.paths.get(impl.last_path, 0) + 1
             return out
 
-        hidden = self.model.forward(tokens_t, positions_t, attend)
+        def attend_mla(layer, h, _positions):
+            out = torch.empty(t, cfg.hidden)
+            nope, rope = self.caches[layer]
+            impl = self.impls[layer]
+            t1 = time.perf_counter_ns()
+            impl.forward(h, nope, rope, md, out)
+            self.stats.forward_ns.append(time.perf_counter_ns() - t1)
+            parts = ([f"decode ({impl.last_decode_path})"] if md.num_decodes else []) + (
+                ["prefill"] if md.num_prefills else [])
+            key = " + ".join(parts)
+            self.stats.paths[key] = self.stats.paths.get(key, 0) + 1
+            return out
+
+        if self.mla:
+            self.stats.context_chunks += md.num_context_chunks
+
+        hidden = self.model.forward(tokens_t, positions_t, attend_mla if self.mla else attend)
 
         # Sample where a request's last scheduled token is its last known token.
         rows, owners = [], []
@@ -381,7 +487,10 @@ def dense_reference(model: TinyLlama, req: Request):
     seq = req.prompt + req.generated[:-1]
     toks = torch.tensor(seq, dtype=torch.long)
     pos = torch.arange(len(seq), dtype=torch.long)
-    hidden = model.forward(toks, pos, lambda _l, q, k, v: dense_causal_attention(q, k, v, scale))
+    if model.cfg.attention == "mla":
+        hidden = model.forward(toks, pos, model.mla_dense_attention)
+    else:
+        hidden = model.forward(toks, pos, lambda _l, q, k, v: dense_causal_attention(q, k, v, scale))
     logits = model.logits(hidden[len(req.prompt) - 1 :])
     return logits.argmax(-1).tolist(), list(logits)
 
@@ -411,6 +520,10 @@ def _us(ns_values: List[int]):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--attention", choices=("gqa", "mla"), default="gqa",
+                   help="GQA layers (default) or DeepSeek-style MLA layers (the MLA backend)")
+    p.add_argument("--mla-workspace", type=int, default=48,
+                   help="MLA chunked-prefill workspace in tokens (small: context gathered in several chunks)")
     p.add_argument("--steps", type=int, default=None, help="stop after this many engine steps (default: until done)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
@@ -438,15 +551,20 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = ModelConfig(
         vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
-        head_size=args.head_size,
+        head_size=args.head_size, attention=args.attention,
     )
     model = TinyLlama(cfg, seed=args.seed)
     requests = make_requests(args, cfg.vocab)
     aar.set_provider("auto")
 
+    if cfg.attention == "mla":
+        heads = (f"MLA {cfg.heads} heads (q-LoRA {cfg.q_lora_rank}, latent {cfg.kv_lora_rank}, nope/rope/v "
+                 f"{cfg.qk_nope}/{cfg.qk_rope}/{cfg.v_head}, chunked-prefill workspace {args.mla_workspace} tokens)")
+    else:
+        heads = f"{cfg.heads} query / {cfg.kv_heads} KV heads x {cfg.head_size}"
     print(
-        f"ascend_attn_rt demo: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} query / {cfg.kv_heads} KV heads "
-        f"x {cfg.head_size}, vocab {cfg.vocab}, fp32, provider '{aar.get_provider()}'"
+        f"ascend_attn_rt demo: {cfg.layers} layers, hidden {cfg.hidden}, {heads}, vocab {cfg.vocab}, fp32, "
+        f"provider '{aar.get_provider()}'"
     )
     print(
         f"  {len(requests)} requests, prompts {min(len(r.prompt) for r in requests)}.."
@@ -488,6 +606,7 @@ def run(args: argparse.Namespace) -> int:
         ("steps by attention state", ", ".join(f"{k} {v}" for k, v in sorted(s.states.items()))),
         ("mixed decode+prefill steps", f"{s.mixed_steps}"),
         ("KV blocks reused after free", f"{s.blocks_reused}"),
+    ] + ([("MLA context chunks gathered", f"{s.context_chunks}")] if cfg.attention == "mla" else []) + [
         ("forward paths (layer calls)", ", ".join(f"{k} {v}" for k, v in sorted(s.paths.items()))),
         ("build, host time / step", f"mean {b_mean:.1f} us, p50 {b_p50:.1f} us (one cold call per step)"),
         ("attention forward / layer", f"mean {f_mean:.1f} us, p50 {f_p50:.1f} us (incl. CPU-twin compute)"),
