@@ -158,9 +158,10 @@ void bind_mla(nb::module_& root) {
              int32_t block_size, int32_t num_blocks, const at::Tensor& cos_table, const at::Tensor& sin_table,
              int32_t max_model_len, int32_t num_speculative_tokens, bool chunked_prefill_enabled,
              int64_t workspace_tokens, const std::string& device, std::optional<bool> separate_device_buffers,
-             bool graph_decode_padding) {
+             bool graph_decode_padding, bool disable_padded_drafter_batch) {
             mla::BuilderConfig c;
             c.graph_decode_padding = graph_decode_padding;
+            c.disable_padded_drafter_batch = disable_padded_drafter_batch;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
             c.max_blocks_per_req = max_blocks_per_req;
@@ -179,7 +180,8 @@ void bind_mla(nb::module_& root) {
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
           "num_blocks"_a, "cos_table"_a, "sin_table"_a, "max_model_len"_a = 0, "num_speculative_tokens"_a = 0,
           "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu",
-          "separate_device_buffers"_a = nb::none(), "graph_decode_padding"_a = false)
+          "separate_device_buffers"_a = nb::none(), "graph_decode_padding"_a = false,
+          "disable_padded_drafter_batch"_a = false)
       .def(
           "build",
           [](mla::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,

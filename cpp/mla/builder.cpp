@@ -289,6 +289,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   mi.rope_positions = cfg_.cos_table.size(0);
   mi.workspace_tokens = workspace_;
   mi.pad_decode_batch = cfg_.graph_decode_padding;
+  mi.pad_interpolated = cfg_.disable_padded_drafter_batch;
 
   plan::MlaStepBuffers buf;
   buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 1);

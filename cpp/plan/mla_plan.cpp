@@ -335,16 +335,24 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   }
   plan.chunks = chunk_geometry(nwc, max_ctx, in.workspace_tokens, in.block_size, in.max_chunks);
   if (plan.chunks.num_chunks > 0) check_chunk_capacity(np, in.max_chunks, buf.chunks);
-  // Spec 3.5 graph padding of a decode-only step: dummies of decode_threshold tokens.
+  // Spec 3.5 graph padding of a decode-only step (enable-pad or disable-pad mode).
   const int32_t td = plan.split.num_decode_tokens;
-  const bool pad = in.pad_decode_batch && np == 0 && nd > 0 && t_in > t_real;
+  // Enable-pad pads tokens (t_in > tokens); disable-pad pads rows (t_in > requests),
+  // as upstream pads whenever graph_pad_size > num_reqs.
+  const bool decode_only = np == 0 && nd > 0;
+  const bool interp = in.pad_decode_batch && in.pad_interpolated && decode_only && static_cast<std::size_t>(t_in) > nd;
+  const bool pad = interp || (in.pad_decode_batch && !in.pad_interpolated && decode_only && t_in > t_real);
   const int32_t dlen = in.decode_threshold;
   std::size_t num_dummies = 0;
-  if (pad) {
+  if (interp) {
+    num_dummies = static_cast<std::size_t>(t_in) - nd;
+  } else if (pad) {
     AAR_CHECK_ARG((t_in - t_real) % dlen == 0, "graph decode padding: num_input_tokens=", t_in, " pads ",
                   t_real, " decode tokens by ", t_in - t_real, ", not a multiple of the decode length ", dlen,
                   " (1 + num_speculative_tokens)");
     num_dummies = static_cast<std::size_t>((t_in - t_real) / dlen);
+  }
+  if (pad) {
     const std::size_t room = std::min(buf.q_ends.size(), buf.block_table.size() / std::max<std::size_t>(stride, 1));
     AAR_CHECK_ARG(nd + num_dummies <= room, "graph decode padding: ", nd, " decodes + ", num_dummies,
                   " dummy requests (num_input_tokens=", t_in, ") exceed the room for ", room, " requests");
@@ -443,10 +451,13 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   std::fill(slots + t_real, slots + t_in, int64_t{kPadSlot});
   if (pad) {
     // b == nd here (decode-only): the dummies follow the real requests.
-    for (std::size_t i = 0; i < num_dummies; ++i) {
-      q_ends[b + i] = t_real + static_cast<int64_t>(i + 1) * dlen;
-      kv_lens[b + i] = 0;
+    if (interp) {
+      pad_actual_q_disable_mode(CSpan<int64_t>(q_ends, b), static_cast<int32_t>(b), t_in,
+                                Span<int64_t>(q_ends, b + num_dummies));
+    } else {
+      for (std::size_t i = 0; i < num_dummies; ++i) q_ends[b + i] = t_real + static_cast<int64_t>(i + 1) * dlen;
     }
+    std::fill(kv_lens + b, kv_lens + b + num_dummies, int64_t{0});
     std::fill(buf.block_table.data() + b * stride, buf.block_table.data() + (b + num_dummies) * stride, 0);
     std::fill(dpos + td, dpos + t_in, 0);
   }

@@ -566,3 +566,36 @@ TEST(PlanMlaStep, GraphDecodePaddingRejectsWithoutWriting) {
   EXPECT_EQ(s.snapshot(), before);
   EXPECT_EQ(t.snapshot(), t_before);
 }
+
+// Spec 3.5 / 8.4 "disable-pad" vector: graph_pad_size 8, 4 requests, qsl [0,1,2,4,5], 1 spec token.
+TEST(PlanMlaStep, GraphDecodePaddingDisablePadModeInterpolatesQueryEnds) {
+  MlaStep s({0, 1, 2, 4, 5}, {3, 5, 7, 2});
+  s.in.decode_threshold = 2;
+  s.in.spec_method = SpecMethod::Mtp;
+  s.in.pad_decode_batch = true;
+  s.in.pad_interpolated = true;
+  const MlaStepPlan p = s.run(8);
+  EXPECT_EQ(p.split, (SplitResult{4, 0, 5, 0}));
+  EXPECT_EQ(p.decode_kernel_reqs, 8);
+  EXPECT_EQ(p.decode_kernel_tokens, 8);
+  EXPECT_EQ(first(s.q_ends, 8), (std::vector<int64_t>{1, 2, 4, 5, 6, 6, 7, 8}));
+  EXPECT_EQ(first(s.kv, 8), (std::vector<int64_t>{3, 5, 7, 2, 0, 0, 0, 0}));
+  EXPECT_EQ(std::vector<int32_t>(s.s_bt.begin() + 4 * MlaStep::kStride, s.s_bt.begin() + 8 * MlaStep::kStride),
+            std::vector<int32_t>(4 * MlaStep::kStride, 0));
+  EXPECT_EQ(first(s.dpos, 8), (std::vector<int32_t>{2, 4, 5, 6, 1, 0, 0, 0}));
+  EXPECT_EQ(std::vector<int64_t>(s.slots.begin() + 5, s.slots.begin() + 8), (std::vector<int64_t>{-1, -1, -1}));
+}
+
+TEST(PlanMlaStep, GraphDecodePaddingDisablePadModePadsRowsEvenWhenTokensFill) {
+  // 2 requests of 2 tokens fill a 4-token bucket but not its 4 rows: [2, 4] + interp(4, 4, 2) = [2, 4, 4, 4].
+  MlaStep s({0, 2, 4}, {7, 3});
+  s.in.decode_threshold = 2;
+  s.in.spec_method = SpecMethod::Mtp;
+  s.in.pad_decode_batch = true;
+  s.in.pad_interpolated = true;
+  const MlaStepPlan p = s.run(4);
+  EXPECT_EQ(p.decode_kernel_reqs, 4);
+  EXPECT_EQ(p.decode_kernel_tokens, 4);
+  EXPECT_EQ(first(s.q_ends, 4), (std::vector<int64_t>{2, 4, 4, 4}));
+  EXPECT_EQ(first(s.kv, 4), (std::vector<int64_t>{7, 3, 0, 0}));
+}

@@ -12,7 +12,7 @@ mla = aar.mla
 BUCKET = 4
 
 
-def _setup(spec=0, dtype=torch.float32, q_lora=True, padding=False):
+def _setup(spec=0, dtype=torch.float32, q_lora=True, padding=False, disable_pad=False):
     d = MlaDims(Q=48 if q_lora else None)
     g = torch.Generator().manual_seed(7)
     ws = make_weights(d, dtype, g)
@@ -21,7 +21,8 @@ def _setup(spec=0, dtype=torch.float32, q_lora=True, padding=False):
     cos, sin = rope_tables(mbr * bs + 4, d.R)
     builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=mbr, block_size=bs,
                                   num_blocks=nb, cos_table=cos.to(dtype), sin_table=sin.to(dtype),
-                                  num_speculative_tokens=spec, graph_decode_padding=padding)
+                                  num_speculative_tokens=spec, graph_decode_padding=padding,
+                                  disable_padded_drafter_batch=disable_pad)
     table = (torch.arange(BUCKET * mbr, dtype=torch.int32) + 1).view(BUCKET, mbr)
     kw = dict(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
               qk_rope_head_dim=d.R, v_head_dim=d.V, scale=0.1, **ws)
@@ -207,3 +208,40 @@ def test_mla_reload_rejects_other_shapes():
     bad["kv_b_proj"] = bad["kv_b_proj"][:, :-1]
     with pytest.raises(ValueError, match="kv_b_proj must have shape"):
         layer.reload_weights(**bad)
+
+
+def test_mla_disable_pad_bucket_replays_like_eager():
+    # Spec 3.5 "disable-pad" (full-graph MTP without a padded drafter batch): a 4-token bucket always has
+    # 4 kernel rows; the query ends of the dummies are interpolated (a dummy may get 0 tokens).
+    d, gen, builder, table, kw, caches = _setup(spec=1, padding=True, disable_pad=True)
+    eager_builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=4, block_size=16,
+                                        num_blocks=BUCKET * 4 + 2, cos_table=builder_cos(d), sin_table=builder_sin(d),
+                                        num_speculative_tokens=1)
+    layer = mla.Impl(**kw)
+    hidden_s, out = torch.zeros(BUCKET, d.hidden), torch.zeros(BUCKET, d.hidden)
+    md = builder.build(torch.tensor([0, 2], dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
+                       table[:1].contiguous(), num_input_tokens=BUCKET)
+    assert md.decode_actual_seq_lengths_q == [2, 3, 3, 4] and md.decode_num_kernel_reqs == BUCKET
+    graph = aar.GraphParams("recording")
+    with graph.capture(BUCKET):
+        layer.forward(hidden_s, *caches[0], md, out)
+    for seq, q_lens, want_q in (([5, 17], [2, 2], [2, 4, 4, 4]), ([40], [2], [2, 3, 3, 4]), ([11, 3], [1, 2], [1, 3, 4, 4])):
+        n = len(seq)
+        qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+        ntok = int(qsl[-1])
+        hidden = torch.randn(BUCKET, d.hidden, generator=gen)
+        hidden[ntok:] = 0
+        md_e = eager_builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table[:n].contiguous(),
+                                   num_input_tokens=BUCKET)
+        nope, rope = caches[0][0].clone(), caches[0][1].clone()
+        expected = torch.full((BUCKET, d.hidden), 7.0)
+        mla.Impl(**kw).forward(hidden, nope, rope, md_e, expected)
+        md = builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table[:n].contiguous(), num_input_tokens=BUCKET)
+        assert md.decode_actual_seq_lengths_q == want_q
+        hidden_s.copy_(hidden)
+        graph.update(BUCKET, md)
+        graph.replay(BUCKET)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        assert torch.count_nonzero(out[ntok:]) == 0
+        torch.testing.assert_close(caches[0][0], nope, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(caches[0][1], rope, atol=1e-6, rtol=1e-6)

@@ -19,8 +19,7 @@
 // the first time a size is seen and cached: a steady-state build creates no
 // tensor. A rejected build writes nothing, so the previous metadata stays
 // valid. Graph decode padding (BuilderConfig::graph_decode_padding) implements
-// the "enable-pad" mode of spec 3.5; the "disable-pad" mode (full-graph MTP
-// without a padded drafter batch) is plan::pad_actual_q_disable_mode only.
+// both modes of spec 3.5.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -52,6 +51,11 @@ struct BuilderConfig {
   // real ones, RoPE position 0); DecodeMetadata::num_kernel_* give the padded
   // counts. The decode then runs over the padded rows (their output is 0).
   bool graph_decode_padding = false;
+  // With graph_decode_padding: spec 3.5 "disable-pad" mode (full-graph MTP with
+  // the padded drafter batch disabled) instead: the bucket's num_input_tokens
+  // become both the kernels' requests and tokens, the query ends extended by
+  // round-half-even interpolation (plan::pad_actual_q_disable_mode).
+  bool disable_padded_drafter_batch = false;
   // 0 = the upstream workspace rule (plan::chunked_prefill_workspace_size).
   int64_t workspace_tokens = 0;
   // RoPE tables (max_position, R), first and second halves identical (spec 6.1).

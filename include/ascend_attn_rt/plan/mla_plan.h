@@ -112,13 +112,20 @@ struct MlaStepInputs {
   int64_t rope_positions = 0;
   int64_t workspace_tokens = 0;  // W of spec 3.4 (needed when a prefill has context)
   int32_t max_chunks = kMaxContextChunks;
-  // Graph decode padding (spec 3.5, "enable-pad" mode): a decode-only step with
-  // num_input_tokens > qsl[B] gets (num_input_tokens - qsl[B]) / decode_threshold
-  // dummy requests of decode_threshold tokens each (the padding must be a
-  // multiple of it): KV length 0, block-table row of zeros, query ends
-  // continuing uniformly to num_input_tokens, positions 0. The decode kernels
-  // then see the whole padded bucket. Steps with prefills are not padded.
+  // Graph decode padding (spec 3.5), for a decode-only step with
+  // num_input_tokens > qsl[B] (steps with prefills are not padded). Dummy
+  // requests get KV length 0, a block-table row of zeros, positions 0; the
+  // decode kernels then see the whole padded bucket.
+  //  "enable-pad" (pad_decode_batch): (num_input_tokens - qsl[B]) /
+  //    decode_threshold dummies of decode_threshold tokens (the padding must be
+  //    a multiple of it), query ends continuing uniformly.
+  //  "disable-pad" (also pad_interpolated; full-graph MTP without a padded
+  //    drafter batch): num_input_tokens - B dummies, so the kernels see
+  //    num_input_tokens requests and tokens, with the query ends extended by
+  //    pad_actual_q_disable_mode (round-half-even interpolation to
+  //    num_input_tokens; a dummy may get 0 tokens).
   bool pad_decode_batch = false;
+  bool pad_interpolated = false;
 };
 
 struct MlaStepBuffers {
