@@ -231,30 +231,37 @@ void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const a
   }
 }
 
-void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows) {
+const at::Tensor& Impl::decode_w_uv(const detail::DecodeViews& v, int64_t td) {
   const Dims& d = cfg_.dims;
-  // Head-major output (_NBSD / _NTD): the real heads, then W_UV, then o_proj.
+  // Head-major output (_NBSD / _NTD): the real heads, then W_UV -> (td, H*V).
   static const int64_t perm_y[3] = {1, 0, 2};
   const at::Tensor y = ops::transpose_batchmatmul(v.attn_heads, w_uv_, std::nullopt, std::nullopt,
                                                   c10::IntArrayRef(perm_y, 3));
-  const int64_t td = out_rows.sizes()[0];
-  ops::dense::linear_out(
-      out_rows, view_of(y, td, seen_.y_src, seen_.y2d, [&] { return y.view({td, d.num_heads * d.v_head_dim}); }),
-      w_.o_proj);
+  return view_of(y, td, seen_.y_src, seen_.y2d, [&] { return y.view({td, d.num_heads * d.v_head_dim}); });
 }
 
-void Impl::decode_forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
-                          const Metadata& md, bool use_prolog, const at::Tensor& out_rows) {
+void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows) {
+  ops::dense::linear_out(out_rows, decode_w_uv(v, out_rows.sizes()[0]), w_.o_proj);
+}
+
+const at::Tensor& Impl::decode_attention(const at::Tensor& x, const at::Tensor& nope, const at::Tensor& rope,
+                                         const Metadata& md, bool use_prolog) {
   const detail::DecodeViews& v = decode_views(md);
-  const int64_t td = md.decode.num_kernel_tokens;
-  const DecodeQuery q = decode_preprocess(v, hidden.sizes()[0] == td ? hidden : hidden.narrow(0, 0, td), nope, rope,
-                                          md, use_prolog, /*stable=*/false);
+  const DecodeQuery q = decode_preprocess(v, x, nope, rope, md, use_prolog, /*stable=*/false);
   // The eager decode's FIA arguments persist between calls: a steady-state step
   // re-assigns nothing but what changed.
   decode_fia_args(q, nope, rope, md, decode_t_, decode_p_);
   at::Tensor attn = v.attn;
   ops::fused_infer_attention_score_v2_out(decode_t_, decode_p_, std::nullopt, attn, lse_placeholder_);
-  decode_post(v, out_rows);
+  return decode_w_uv(v, md.decode.num_kernel_tokens);
+}
+
+void Impl::decode_forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
+                          const Metadata& md, bool use_prolog, const at::Tensor& out_rows) {
+  const int64_t td = md.decode.num_kernel_tokens;
+  ops::dense::linear_out(
+      out_rows, decode_attention(hidden.sizes()[0] == td ? hidden : hidden.narrow(0, 0, td), nope, rope, md, use_prolog),
+      w_.o_proj);
 }
 
 at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
@@ -448,7 +455,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   const Dims& d = cfg_.dims;
   const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
                 V = d.v_head_dim;
-  const int64_t T = md.num_actual_tokens, td = md.num_decode_tokens, tp = md.num_prefill_tokens;
+  const int64_t td = md.num_decode_tokens, tp = md.num_prefill_tokens;
   // The dense work runs without autograd; serving engines usually run the
   // model under inference mode already (entering it costs two TLS writes).
   std::optional<c10::InferenceMode> guard;
@@ -481,18 +488,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   at::Tensor o_in = ops::dense::zeros({rows, H * V}, hidden.options());
   if (td > 0) {
     // Mixed step: the decode rows' o_proj input goes into o_in like the prefill's.
-    const detail::DecodeViews& v = decode_views(md);
-    const DecodeQuery q = decode_preprocess(v, hidden.narrow(0, 0, td), nope, rope, md, use_prolog, false);
-    ops::FiaV2Tensors t;
-    ops::FiaV2Params p;
-    decode_fia_args(q, nope, rope, md, t, p);
-    at::Tensor attn = v.attn;
-    ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, attn, lse_placeholder_);
-    static const int64_t perm_y[3] = {1, 0, 2};
-    ops::dense::copy(o_in.narrow(0, 0, td),
-                     ops::transpose_batchmatmul(v.attn_heads, w_uv_, std::nullopt, std::nullopt,
-                                                c10::IntArrayRef(perm_y, 3))
-                         .view({td, H * V}));
+    ops::dense::copy(o_in.narrow(0, 0, td), decode_attention(hidden.narrow(0, 0, td), nope, rope, md, use_prolog));
     last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
   }
   if (tp > 0) {
@@ -515,7 +511,6 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
                                              k_pe, kv.narrow(-1, P, V).contiguous(), nope, rope, md);
     ops::dense::copy(o_in.narrow(0, td, tp), out);
   }
-  (void)T;
   ops::dense::linear_out(output, o_in, w_.o_proj);
   return output;
 }

@@ -97,8 +97,13 @@ class Impl {
                                 const at::Tensor& rope_cache, const Metadata& md, bool use_prolog, bool stable);
   void decode_fia_args(const DecodeQuery& q, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                        const Metadata& md, ops::FiaV2Tensors& t, ops::FiaV2Params& p);
-  // W_UV on the real heads of the attention output, then o_proj into out_rows.
+  // W_UV on the real heads of the attention output: (td, H*V), valid until the next call.
+  const at::Tensor& decode_w_uv(const detail::DecodeViews& v, int64_t td);
+  // decode_w_uv, then o_proj into out_rows.
   void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows);
+  // The eager decode up to W_UV (preprocess with cache write, latent FIA, W_UV).
+  const at::Tensor& decode_attention(const at::Tensor& x, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+                                     const Metadata& md, bool use_prolog);
   const detail::DecodeViews& decode_views(const Metadata& md);
   void decode_forward(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                       const Metadata& md, bool use_prolog, const at::Tensor& out_rows);
