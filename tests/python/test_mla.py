@@ -60,7 +60,7 @@ def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0,
     return md, impl, (nope, rope), ws, d, (xs, blocks, bs)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("qlora", [True, False])
 def test_decode_only(dtype, qlora):
     d = MlaDims(Q=48 if qlora else None)
@@ -69,7 +69,7 @@ def test_decode_only(dtype, qlora):
     assert impl.last_decode_path == "native"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_prefill_without_context(dtype):
     md, *_ = run_case([6, 9], [6, 9], dtype=dtype)
     assert md.num_prefills == 2 and md.num_context_chunks == 0
@@ -93,7 +93,7 @@ def test_context_chunk_count_bounded():
     assert md.num_context_chunks == 5
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_mixed_batch(dtype):
     md, *_ = run_case([12, 20, 40, 9], [1, 1, 7, 9], dtype=dtype, workspace=32)
     assert (md.num_decodes, md.num_prefills, md.num_decode_tokens) == (2, 2, 2)
@@ -113,12 +113,20 @@ def test_prefill_in_bf16_for_other_dtypes(heads):
     assert (cast[1:] - plain[1:]).abs().max() > 1e-6  # the prefill rows went through bf16
 
 
+def test_prefill_in_bf16_for_an_fp16_model():
+    # Spec 9.12: upstream mixes bf16 queries with fp16 kv_b_proj outputs in the context path; here every
+    # attention input is cast, and the result comes back fp16.
+    run_case([12, 40, 9], [1, 7, 9], dtype=torch.float16, workspace=16, prefill_in_bf16=True,
+             tol=dict(atol=2e-2, rtol=2e-2))
+    assert run_case.last_out.dtype == torch.float16
+
+
 def test_twenty_heads_are_padded():
     md, impl, *_ = run_case([10, 26, 30], [1, 1, 5], dims=MlaDims(H=20), workspace=32)
     assert impl.num_heads_padded == 32
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_speculative_decode(dtype):
     # 1 speculative token: decodes carry 2 tokens (TND_NTD layout, causal within the request).
     md, *_ = run_case([12, 20, 30], [2, 2, 6], spec=1, dtype=dtype, workspace=64)
@@ -126,7 +134,7 @@ def test_speculative_decode(dtype):
     assert md.decode_actual_seq_lengths_q == [2, 4]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_prolog_path_equals_reference(dtype):
     md, impl, *_ = run_case([7, 19], [1, 1], prolog=True, dtype=dtype)
     assert impl.last_decode_path == "prolog"
