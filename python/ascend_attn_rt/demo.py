@@ -90,6 +90,7 @@ class TinyLlama:
         self.embed = torch.randn(cfg.vocab, h, generator=g)
         self.layers = []
         for _ in range(cfg.layers):
+            attn_norm = 1.0 + 0.1 * torch.randn(h, generator=g)  # drawn first: the GQA weights keep their seed order
             if cfg.attention == "mla":
                 H, Q, L, P, R, V = cfg.heads, cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope, cfg.qk_rope, cfg.v_head
                 attn = dict(
@@ -105,11 +106,11 @@ class TinyLlama:
                 attn = dict(wqkv=w((cfg.heads + 2 * cfg.kv_heads) * d, h), wo=w(h, cfg.heads * d))
             self.layers.append(
                 dict(
-                    attn_norm=1.0 + 0.1 * torch.randn(h, generator=g),
+                    attn_norm=attn_norm,
+                    **attn,
                     mlp_norm=1.0 + 0.1 * torch.randn(h, generator=g),
                     w_gate_up=w(2 * cfg.intermediate, h),
                     w_down=w(h, cfg.intermediate),
-                    **attn,
                 )
             )
         self.final_norm = 1.0 + 0.1 * torch.randn(h, generator=g)
