@@ -10,6 +10,7 @@
 #include "ascend_attn_rt/plan/slot_mapping.h"
 #include "ascend_attn_rt/plan/split.h"
 #include "ascend_attn_rt/plan/workspace.h"
+#include "block_scan.h"
 #include "internal.h"
 
 namespace aar::plan {
@@ -121,95 +122,9 @@ void check_room(std::size_t have, std::size_t need, const char* name) {
   AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
 }
 
-// Block-table entries a request reads: ceil(seq_len / block_size). Unsigned so
-// that a negative seq_len (rejected by the seq_len >= query length rule) cannot
-// overflow; exact for every seq_len in [0, INT32_MAX].
-struct BlockCount {
-  uint32_t bs_minus_1 = 0, bs = 1;
-  int shift = 0;
-  bool pow2 = true;
-  explicit BlockCount(int32_t block_size) : bs_minus_1(static_cast<uint32_t>(block_size) - 1),
-                                            bs(static_cast<uint32_t>(block_size)),
-                                            pow2((block_size & (block_size - 1)) == 0) {
-    while (pow2 && (1u << shift) < bs) ++shift;
-  }
-  uint32_t operator()(int32_t seq) const {
-    const uint32_t s = static_cast<uint32_t>(seq) + bs_minus_1;
-    return pow2 ? s >> shift : s / bs;
-  }
-};
+using detail::BlockCount;
+using detail::block_ids_in_range;
 
-// Four int32 lanes in the compiler's generic vector type (GCC and Clang lower
-// it to SSE2 on x86-64 and NEON on aarch64). The block-id scan below is written
-// with it because neither compiler vectorises a variable-length inner loop per
-// row without reducing its accumulator at the end of every row.
-using I32x4 = int32_t __attribute__((vector_size(16)));
-
-inline I32x4 load_i32x4(const int32_t* p) {
-  I32x4 v;
-  std::memcpy(&v, p, sizeof v);  // unaligned load
-  return v;
-}
-
-// Lane masks for the first k of 8 ids, k = 0..8.
-alignas(16) constexpr int32_t kFirstLanes[9][8] = {
-    {0, 0, 0, 0, 0, 0, 0, 0},         {-1, 0, 0, 0, 0, 0, 0, 0},       {-1, -1, 0, 0, 0, 0, 0, 0},
-    {-1, -1, -1, 0, 0, 0, 0, 0},      {-1, -1, -1, -1, 0, 0, 0, 0},    {-1, -1, -1, -1, -1, 0, 0, 0},
-    {-1, -1, -1, -1, -1, -1, 0, 0},   {-1, -1, -1, -1, -1, -1, -1, 0}, {-1, -1, -1, -1, -1, -1, -1, -1}};
-
-// True when every block id a kernel reads (the first blocks(seq_lens[r])
-// entries of row r) lies in [0, num_blocks). The callers have checked that
-// every count fits in the stride; max_count is the largest. Ids are compared
-// eight at a time, one accumulator stays in a register across the rows, and
-// the offender is located by the exact check. Ids past a row's end are stale
-// and must not count: the last partial chunk of a row is masked. When every
-// row needs at most 8 blocks (seq_len <= 1024 at block size 128, the usual
-// decode batch) each row is exactly one masked chunk, with no branch per row.
-// While a row is in cache, its last needed id goes to last_ids[r] for
-// r < num_last (the block of a decode token at position seq_len - 1): rows a
-// power-of-two stride apart share few L1 sets and are mostly evicted before
-// the slot pass.
-bool block_ids_in_range(const int32_t* table, std::size_t stride, const int32_t* seqs, std::size_t b,
-                        const BlockCount& blocks, uint32_t max_count, int32_t num_blocks, int32_t* last_ids,
-                        std::size_t num_last) {
-  // No readable id at all: valid only if no row needs one (last_ids is then
-  // never read: a decode needs at least one block).
-  if (num_blocks == 0 || stride == 0) return max_count == 0;
-  // Unsigned id >= num_blocks as a signed compare (SSE2 has no unsigned one):
-  // flip the sign bits of both sides.
-  const I32x4 flip = I32x4{} + INT32_MIN;
-  const I32x4 limit = I32x4{} + ((num_blocks ^ INT32_MIN) - 1);
-  auto out_of_range = [&](const int32_t* p) { return (load_i32x4(p) ^ flip) > limit; };
-  const int32_t st = static_cast<int32_t>(stride);
-  I32x4 bad = {};
-  if (max_count <= 8 && st >= 8) {
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t* row = table + r * stride;
-      const int32_t n = static_cast<int32_t>(blocks(seqs[r]));
-      const int32_t* mask = kFirstLanes[n];
-      bad |= (load_i32x4(mask) & out_of_range(row)) | (load_i32x4(mask + 4) & out_of_range(row + 4));
-      if (r < num_last) last_ids[r] = row[std::max(n, 1) - 1];
-    }
-  } else {
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t* row = table + r * stride;
-      const int32_t n = static_cast<int32_t>(blocks(seqs[r]));
-      int32_t c = 0;
-      for (; c + 8 <= n; c += 8) bad |= out_of_range(row + c) | out_of_range(row + c + 4);
-      if (r < num_last) last_ids[r] = row[std::max(n, 1) - 1];
-      if (c == n) continue;
-      if (c + 8 <= st) {
-        const int32_t* mask = kFirstLanes[n - c];
-        bad |= (load_i32x4(mask) & out_of_range(row + c)) | (load_i32x4(mask + 4) & out_of_range(row + c + 4));
-      } else {
-        for (; c < n; ++c) {
-          bad[0] |= -static_cast<int32_t>(static_cast<uint32_t>(row[c]) >= static_cast<uint32_t>(num_blocks));
-        }
-      }
-    }
-  }
-  return (bad[0] | bad[1] | bad[2] | bad[3]) == 0;
-}
 
 }  // namespace
 

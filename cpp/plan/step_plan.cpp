@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
+#include "block_scan.h"
 #include "internal.h"
 
 namespace aar::plan {
@@ -17,6 +19,10 @@ namespace {
 void check_capacity(std::size_t have, std::size_t need, const char* name) {
   AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
 }
+
+using detail::BlockCount;
+using detail::block_ids_in_range;
+using detail::or_of_ids;
 
 }  // namespace
 
@@ -138,28 +144,29 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     max_query_len = std::max(max_query_len, q);
     max_seq_len = std::max(max_seq_len, seq);
   }
-  // Block ids the kernels read must be in range. Branch-free scans (negative ids
-  // wrap to large unsigned values); the offender is located only on failure.
-  // When most of the table is in use, one scan over the whole rectangle is
-  // cheaper than a scan per row; it may see stale ids past a row's end, so a
-  // hit there falls back to the exact per-row check.
+  // Block ids the kernels read must be in range: a branch-free scan of each
+  // row's needed prefix (see block_ids_in_range); the offender is located only
+  // on failure. Every block count fits in the stride here (checked above).
   const int32_t* bt = in.block_table.data();
-  uint32_t bad = 1;
-  if (2 * used_blocks >= static_cast<int64_t>(b * in_stride)) {
-    // Every id in [0, num_blocks) <=> no sign bit in the OR of the ids and a
-    // sign bit in every (id - num_blocks), i.e. in their AND. Three SIMD ops per
-    // four ids (an unsigned compare costs four without SSE4); a wrapped
-    // difference only sends us to the exact check.
-    int32_t any = 0, below = -1;
-    const std::size_t n = b * in_stride;
-    const int32_t nb = in.num_blocks;
-    for (std::size_t i = 0; i < n; ++i) {
-      any |= bt[i];
-      below &= static_cast<int32_t>(static_cast<uint32_t>(bt[i]) - static_cast<uint32_t>(nb));
-    }
-    bad = static_cast<uint32_t>(any < 0) | static_cast<uint32_t>(below >= 0);
+  const int32_t* seqs = in.seq_lens.data();
+  const BlockCount blocks(bs32);
+  // Last needed block id of the first kStashRows rows, for the decode slots.
+  constexpr std::size_t kStashRows = 1024;
+  int32_t last_ids[kStashRows];
+  const std::size_t num_last = std::min(b, kStashRows);
+  // When most of the table is in use and num_blocks is a power of two, one OR
+  // over the whole rectangle is cheaper still (no per-row work); it also sees
+  // stale ids past a row's end, so a miss falls back to the per-row scan.
+  bool ok = false, stashed = false;
+  const int32_t nb = in.num_blocks;
+  if (nb > 0 && (nb & (nb - 1)) == 0 && 2 * used_blocks >= static_cast<int64_t>(b * in_stride)) {
+    ok = or_of_ids(bt, b * in_stride) < num_blocks_u;
   }
-  if (bad) {
+  if (!ok) {
+    ok = block_ids_in_range(bt, in_stride, seqs, b, blocks, blocks(max_seq_len), nb, last_ids, num_last);
+    stashed = true;
+  }
+  if (!ok) {
     for (std::size_t r = 0; r < b; ++r) {
       const int32_t seq = in.seq_lens[r];
       const int64_t nblk = (static_cast<int64_t>(seq) + bs32 - 1) / bs32;
@@ -209,7 +216,13 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   split_in.require_uniform = false;
   split_in.treat_short_extends_as_decodes = in.treat_short_extends_as_decodes;
   split_in.is_prefilling = in.is_prefilling;
-  plan.split = split_decodes_and_prefills(split_in);
+  if (b > 0 && max_query_len <= in.decode_threshold && in.treat_short_extends_as_decodes) {
+    // split_decodes_and_prefills' fast path (step 5), without its second pass
+    // over query_start_loc (validated above; t_real = qsl[B] >= 0).
+    plan.split = SplitResult{static_cast<int32_t>(b), 0, t_real, 0};
+  } else {
+    plan.split = split_decodes_and_prefills(split_in);
+  }
 
   // ---------------------------------------------------------------- write
   std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
@@ -258,11 +271,19 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   // instead of divided per token.
   int32_t* slots = buf.slot_mapping.data();
   if (all_sched_one && pow2) {
-    // Decode-only batch: one token per request at position seq_len - 1.
+    // Decode-only batch: one token per request at position seq_len - 1, in the
+    // last block the request reads. With that id stashed by the scan the loop
+    // has no gather and vectorises.
     const int32_t mask = bs32 - 1;
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t pos = in.seq_lens[r] - 1;
-      slots[r] = bt[r * in_stride + (pos >> bs_shift)] * bs32 + (pos & mask);
+    const int shift = bs_shift;
+    const int32_t* __restrict last = last_ids;
+    const int32_t* __restrict sl = seqs;
+    int32_t* __restrict out = slots;
+    const std::size_t n_stashed = stashed ? num_last : 0;
+    for (std::size_t r = 0; r < n_stashed; ++r) out[r] = (last[r] << shift) + ((sl[r] - 1) & mask);
+    for (std::size_t r = n_stashed; r < b; ++r) {
+      const int32_t pos = sl[r] - 1;
+      out[r] = bt[r * in_stride + (pos >> shift)] * bs32 + (pos & mask);
     }
   }
   for (std::size_t r = 0; r < b && !(all_sched_one && pow2); ++r) {

@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ascend_attn_rt/plan/step_plan.h"
@@ -490,4 +492,100 @@ TEST(PlanStep, StaleIdsPastRowEndsAreNotRejected) {
   t.alloc(8, 16, 4);
   EXPECT_INVALID(t.build(), "block_table[1][1]=16");
   EXPECT_TRUE(t.untouched());
+}
+
+namespace {
+
+// A decode-only step (one token per request) whose rows need 1..stride blocks;
+// columns past a row's needed blocks hold stale, out-of-range ids.
+Step decode_step(std::size_t b, int32_t stride, int32_t num_blocks, uint32_t seed) {
+  Step s;
+  std::mt19937 rng(seed);
+  s.in.block_size = 16;
+  s.in.block_table_stride = stride;
+  s.in.num_blocks = num_blocks;
+  s.qsl = lens_to_qsl(std::vector<int32_t>(b, 1));
+  s.table.assign(b * stride, 0);
+  const int32_t stale[] = {-1, num_blocks, INT32_MAX, INT32_MIN, num_blocks + 12345};
+  for (std::size_t r = 0; r < b; ++r) {
+    const int32_t seq = 1 + static_cast<int32_t>(rng() % (stride * 16));
+    s.seq_lens.push_back(seq);
+    const int32_t need = (seq + 15) / 16;
+    for (int32_t c = 0; c < stride; ++c) {
+      s.table[r * stride + c] =
+          c < need ? static_cast<int32_t>(rng() % num_blocks) : stale[rng() % (sizeof stale / sizeof stale[0])];
+    }
+  }
+  s.alloc(b, b, stride);
+  return s;
+}
+
+}  // namespace
+
+TEST(PlanStep, DecodeFastPathMatchesNaiveSlotsWithStaleTails) {
+  // Row widths below, at and past 8 blocks (one masked chunk, full chunks,
+  // masked and scalar tails), power-of-two and other cache sizes, host and
+  // staged tables, and more rows than the block ids stashed for the slots.
+  for (int32_t stride : {1, 3, 8, 12, 16, 20}) {
+    for (int32_t nb : {16, 1000, 4096}) {
+      for (std::size_t b : {std::size_t{1}, std::size_t{7}, std::size_t{64}, std::size_t{1100}}) {
+        for (bool staged : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "stride=" << stride << " nb=" << nb << " b=" << b
+                                            << " staged=" << staged);
+          Step s = decode_step(b, stride, nb, static_cast<uint32_t>(stride * 131 + nb + b));
+          if (staged) {
+            std::copy(s.table.begin(), s.table.end(), s.b_table.begin());
+            s.in.block_table = CSpan<int32_t>(s.b_table.data(), s.table.size());
+          }
+          const StepPlan p = s.build();
+          EXPECT_EQ(p.state, AttentionState::DecodeOnly);
+          EXPECT_EQ(p.split.num_decodes, static_cast<int32_t>(b));
+          EXPECT_EQ(p.split.num_prefills, 0);
+          const auto want = naive_slots(s.qsl, s.seq_lens, s.table, stride, 16, b);
+          ASSERT_EQ(std::vector<int32_t>(s.b_slots.begin(), s.b_slots.begin() + b), want);
+        }
+      }
+    }
+  }
+}
+
+TEST(PlanStep, DecodeFastPathRejectsEveryBadNeededIdByName) {
+  // Every needed id of every row, replaced in turn by each kind of bad value,
+  // is rejected with its own coordinates, and nothing is written; the stale
+  // tails (also bad) never are.
+  for (int32_t stride : {3, 8, 12, 20}) {
+    for (int32_t nb : {64, 100}) {
+      for (bool staged : {false, true}) {
+        const Step base = decode_step(6, stride, nb, static_cast<uint32_t>(stride + nb));
+        for (std::size_t r = 0; r < base.seq_lens.size(); ++r) {
+          const int32_t need = (base.seq_lens[r] + 15) / 16;
+          for (int32_t c = 0; c < need; ++c) {
+            for (int32_t bad : {-1, nb, INT32_MAX, INT32_MIN}) {
+              Step s = base;
+              s.table[r * stride + c] = bad;
+              s.alloc(6, 6, stride);
+              if (staged) {
+                // Staged: the table lives in the caller's buffer, which must
+                // still hold it unchanged after the rejection.
+                std::copy(s.table.begin(), s.table.end(), s.b_table.begin());
+                s.in.block_table = CSpan<int32_t>(s.b_table.data(), s.table.size());
+              }
+              const std::string what = "block_table[" + std::to_string(r) + "][" + std::to_string(c) +
+                                       "]=" + std::to_string(bad) + " is out of range [0, " + std::to_string(nb) +
+                                       ")";
+              SCOPED_TRACE(what + " stride=" + std::to_string(stride) + (staged ? " staged" : ""));
+              EXPECT_INVALID(s.build(), what);
+              if (staged) {
+                EXPECT_TRUE(std::equal(s.table.begin(), s.table.end(), s.b_table.begin()));
+                EXPECT_TRUE(std::all_of(s.b_table.begin() + s.table.size(), s.b_table.end(),
+                                        [](int32_t x) { return x == kSentinel; }));
+                s.b_table.assign(s.b_table.size(), kSentinel);
+              }
+              EXPECT_TRUE(s.untouched());
+            }
+          }
+        }
+      }
+    }
+  }
 }
