@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <utility>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -82,6 +83,12 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
                 " prefills and enable_kv_nz: NZ caches are for decode-only (PD decode) nodes");
   AAR_CHECK_ARG(hidden.scalar_type() == w_.q_proj.scalar_type(), "hidden_states dtype ", hidden.scalar_type(),
                 " differs from the weights' dtype ", w_.q_proj.scalar_type());
+  const c10::Device dev = w_.q_proj.device();
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&hidden, "hidden_states"},
+                                {&output, "output"}, {&nope, "nope_cache"}, {&rope, "rope_cache"}}) {
+    AAR_CHECK_ARG(!t->defined() || t->device() == dev, name, " is on ", t->device(), " but the layer's weights are on ",
+                  dev);
+  }
   AAR_CHECK_ARG(output.defined() && output.sizes() == hidden.sizes() && output.scalar_type() == hidden.scalar_type(),
                 "output must be a ", hidden.scalar_type(), " tensor of shape ", hidden.sizes(), ", got ",
                 output.defined() ? output.sizes() : c10::IntArrayRef{});

@@ -274,6 +274,9 @@ def test_bad_cache_widths_leave_cache_untouched():
     assert torch.all(good_nope == 0) and torch.all(good_rope == 0)
     with pytest.raises(ValueError, match="hidden_states must have shape"):
         impl.forward(torch.randn(1, 7), good_nope, good_rope, md, torch.empty(1, 7))
+    with pytest.raises(ValueError, match="rope_cache is on meta but the layer's weights are on cpu"):
+        impl.forward(h, good_nope, good_rope.to("meta"), md, torch.empty_like(h))
+    assert torch.all(good_nope == 0)
 
 
 def test_mixed_step_with_nz_caches_is_rejected_before_any_write():
