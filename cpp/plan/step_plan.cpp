@@ -283,7 +283,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     for (std::size_t r = 0; r < n_stashed; ++r) out[r] = (last[r] << shift) + ((sl[r] - 1) & mask);
     for (std::size_t r = n_stashed; r < b; ++r) {
       const int32_t pos = sl[r] - 1;
-      out[r] = bt[r * in_stride + (pos >> shift)] * bs32 + (pos & mask);
+      out[r] = (bt[r * in_stride + (pos >> shift)] << shift) + (pos & mask);
     }
   }
   for (std::size_t r = 0; r < b && !(all_sched_one && pow2); ++r) {
