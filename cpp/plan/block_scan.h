@@ -1,5 +1,5 @@
-// Internal (plan layer): the pieces of the vectorised block-id scans shared by
-// plan::build_step and plan::plan_mla_step.
+// Internal (plan layer): the block-table checks and the vectorised block-id
+// scans shared by plan::build_step and plan::plan_mla_step.
 #pragma once
 
 #include <algorithm>
@@ -7,7 +7,37 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/span.h"
+
 namespace aar::plan::detail {
+
+// The caller's block table against the planner's staging rows: enough entries
+// for num_reqs rows of in_stride, a staging stride at least as wide, and, when
+// the caller passes the staging buffer itself (zero copy; two empty spans are
+// not that), the same stride. Returns whether it is zero copy.
+inline bool check_block_table_args(CSpan<int32_t> block_table, std::size_t num_reqs, int32_t in_stride,
+                                   const int32_t* staged, int32_t staged_stride) {
+  const std::size_t need = num_reqs * static_cast<std::size_t>(in_stride);
+  AAR_CHECK_ARG(block_table.size() >= need, "block_table has ", block_table.size(),
+                " entries, fewer than num_reqs*block_table_stride = ", num_reqs, "*", in_stride, " = ", need);
+  AAR_CHECK_ARG(staged_stride >= in_stride, "buffers.block_table_stride=", staged_stride,
+                " is smaller than block_table_stride=", in_stride);
+  const bool zero_copy = block_table.data() != nullptr && block_table.data() == staged;
+  AAR_CHECK_ARG(!zero_copy || staged_stride == in_stride,
+                "block_table is the staged buffer (zero copy) but block_table_stride=", in_stride,
+                " differs from buffers.block_table_stride=", staged_stride);
+  return zero_copy;
+}
+
+// The exact check of one row's needed ids (row r, n ids): names the first one
+// out of [0, num_blocks). The fast scans below only say whether one exists.
+inline void check_row_block_ids(const int32_t* row, int64_t n, std::size_t r, int32_t num_blocks) {
+  for (int64_t c = 0; c < n; ++c) {
+    AAR_CHECK_ARG(row[c] >= 0 && row[c] < num_blocks, "block_table[", r, "][", c, "]=", row[c],
+                  " is out of range [0, ", num_blocks, ")");
+  }
+}
 
 // Block-table entries a request reads: ceil(seq_len / block_size). Unsigned so
 // that a negative seq_len (rejected by the seq_len >= query length rule) cannot

@@ -156,13 +156,8 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   check_chunk_args(in.block_size, in.max_chunks);
   const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
   const std::size_t stride = static_cast<std::size_t>(buf.block_table_stride);
-  AAR_CHECK_ARG(in.block_table.size() >= b * in_stride, "block_table has ", in.block_table.size(),
-                " entries, fewer than num_reqs*block_table_stride = ", b, "*", in_stride, " = ", b * in_stride);
-  AAR_CHECK_ARG(stride >= in_stride, "buffers.block_table_stride=", stride, " is smaller than block_table_stride=",
-                in_stride);
-  const bool zero_copy = in.block_table.data() != nullptr && in.block_table.data() == buf.block_table.data();
-  AAR_CHECK_ARG(!zero_copy || stride == in_stride, "block_table is the staged buffer (zero copy) but block_table_stride=",
-                in_stride, " differs from buffers.block_table_stride=", stride);
+  const bool zero_copy = detail::check_block_table_args(in.block_table, b, in.block_table_stride,
+                                                        buf.block_table.data(), buf.block_table_stride);
 
   const int32_t bs = in.block_size;
   const BlockCount blocks(bs);
@@ -211,11 +206,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
       const int64_t nblk = blocks(seq);
       AAR_CHECK_ARG(nblk <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", nblk,
                     " blocks but block_table_stride=", in.block_table_stride, " (block_size=", in.block_size, ")");
-      const int32_t* row = table + r * in_stride;
-      for (int64_t c = 0; c < nblk; ++c) {
-        AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
-                      " is out of range [0, ", in.num_blocks, ")");
-      }
+      detail::check_row_block_ids(table + r * in_stride, nblk, r, in.num_blocks);
     }
   }
   const bool all_fresh = !not_fresh, all_sched_one = !not_one, all_valid_one = !not_valid_one;

@@ -73,22 +73,15 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
                 in.is_prefilling.size(), " entries, expected 0 or ", b);
 
   const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
-  AAR_CHECK_ARG(in.block_table.size() >= b * in_stride, "block_table has ", in.block_table.size(),
-                " entries, fewer than num_reqs*block_table_stride = ", b, "*", in_stride, " = ", b * in_stride);
-  AAR_CHECK_ARG(buf.block_table_stride >= in.block_table_stride, "buffers.block_table_stride=",
-                buf.block_table_stride, " is smaller than block_table_stride=", in.block_table_stride);
-  // Zero copy: the caller staged the table in place (two empty spans are not that).
-  const bool zero_copy = in.block_table.data() != nullptr && in.block_table.data() == buf.block_table.data();
-  AAR_CHECK_ARG(!zero_copy || buf.block_table_stride == in.block_table_stride,
-                "block_table is the staged buffer (zero copy) but block_table_stride=", in.block_table_stride,
-                " differs from buffers.block_table_stride=", buf.block_table_stride);
+  const bool zero_copy = detail::check_block_table_args(in.block_table, b, in.block_table_stride,
+                                                        buf.block_table.data(), buf.block_table_stride);
 
   // Block sizes are powers of two in practice: shifts instead of divisions on
   // the per-request and per-token paths.
   const int32_t bs32 = in.block_size;
-  const bool pow2 = (bs32 & (bs32 - 1)) == 0;
-  int bs_shift = 0;
-  while (pow2 && (1 << bs_shift) < bs32) ++bs_shift;
+  const BlockCount blocks(bs32);
+  const bool pow2 = blocks.pow2;
+  const int bs_shift = blocks.shift;
   const uint32_t num_blocks_u = static_cast<uint32_t>(in.num_blocks);
   const bool has_spec = !in.num_spec_tokens.empty();
   int32_t max_query_len = 0;
@@ -107,7 +100,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     for (std::size_t r = 0; r < b; ++r) {
       const int32_t q = qsl[r + 1] - qsl[r];
       const int32_t seq = in.seq_lens[r];
-      const uint32_t nblk = (static_cast<uint32_t>(seq) + static_cast<uint32_t>(bs32 - 1)) >> bs_shift;
+      const uint32_t nblk = blocks(seq);
       bad |= static_cast<uint32_t>(seq < q) | static_cast<uint32_t>(nblk > stride_u);
       not_fresh |= static_cast<uint32_t>(seq != q);
       not_one |= static_cast<uint32_t>(q != 1);
@@ -136,8 +129,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     all_fresh &= seq == q;
     all_sched_one &= q == 1;
     all_valid_one &= (q - sp) == 1;
-    const int64_t nblk = pow2 ? ((static_cast<int64_t>(seq) + bs32 - 1) >> bs_shift)
-                              : (static_cast<int64_t>(seq) + bs32 - 1) / bs32;
+    const int64_t nblk = blocks(seq);  // seq >= q >= 0 here
     AAR_CHECK_ARG(nblk <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", nblk,
                   " blocks but block_table_stride=", in.block_table_stride, " (block_size=", in.block_size, ")");
     used_blocks += nblk;
@@ -149,7 +141,6 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   // on failure. Every block count fits in the stride here (checked above).
   const int32_t* bt = in.block_table.data();
   const int32_t* seqs = in.seq_lens.data();
-  const BlockCount blocks(bs32);
   // Last needed block id of the first kStashRows rows, for the decode slots.
   constexpr std::size_t kStashRows = 1024;
   int32_t last_ids[kStashRows];
@@ -167,18 +158,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     stashed = true;
   }
   if (!ok) {
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t seq = in.seq_lens[r];
-      const int64_t nblk = (static_cast<int64_t>(seq) + bs32 - 1) / bs32;
-      const int32_t* row = bt + r * in_stride;
-      uint32_t row_bad = 0;
-      for (int64_t c = 0; c < nblk; ++c) row_bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[c]) >= num_blocks_u);
-      if (!row_bad) continue;
-      for (int64_t c = 0; c < nblk; ++c) {
-        AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
-                      " is out of range [0, ", in.num_blocks, ")");
-      }
-    }
+    for (std::size_t r = 0; r < b; ++r) detail::check_row_block_ids(bt + r * in_stride, blocks(seqs[r]), r, nb);
   }
 
   const bool add_dummy = in.pad_fia_batch && t_in > t_real;
