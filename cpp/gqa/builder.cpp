@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/backend.h"
 #include "ascend_attn_rt/plan/step_plan.h"
+#include "../common/staging.h"
 
 namespace aar::gqa {
 
@@ -57,19 +59,9 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   off_bt_ = off_slot_ + cfg.max_num_tokens;
   const int64_t total = off_bt_ + R * static_cast<int64_t>(cfg.max_blocks_per_req);
 
-  auto host_opts = at::TensorOptions().dtype(at::kInt).device(at::kCPU);
-  if (separate_ && !cfg.device.is_cpu()) {
-    // Page-locked staging makes the per-build copy asynchronous; fall back to
-    // pageable memory when no device runtime provides a pinned allocator.
-    try {
-      staging_ = at::zeros({total}, host_opts.pinned_memory(true));
-    } catch (const std::exception&) {
-      staging_ = at::zeros({total}, host_opts);
-    }
-  } else {
-    staging_ = at::zeros({total}, host_opts);
-  }
-  device_ = separate_ ? at::zeros({total}, host_opts.device(cfg.device)) : staging_;
+  detail::StagingPair buffers = detail::make_staging_pair(total, cfg.device, separate_);
+  staging_ = std::move(buffers.staging);
+  device_ = std::move(buffers.device);
   staging_block_table_ = staging_.narrow(0, off_bt_, R * cfg.max_blocks_per_req).view({R, cfg.max_blocks_per_req});
   q_ends_.assign(R, 0);
   kv_lens_.assign(R, 0);

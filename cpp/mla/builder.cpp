@@ -4,12 +4,14 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <utility>
 #include <cstring>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
+#include "../common/staging.h"
 
 namespace aar::mla {
 
@@ -162,19 +164,9 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   off_psin_ = align16(off_pcos_ + T * W);
   total_ = off_psin_ + T * W;
 
-  auto host = at::TensorOptions().dtype(at::kInt).device(at::kCPU);
-  if (separate_ && !cfg.device.is_cpu()) {
-    // Page-locked staging makes the per-build copy asynchronous; fall back to
-    // pageable memory when no device runtime provides a pinned allocator.
-    try {
-      staging_ = at::zeros({total_}, host.pinned_memory(true));
-    } catch (const std::exception&) {
-      staging_ = at::zeros({total_}, host);
-    }
-  } else {
-    staging_ = at::zeros({total_}, host);
-  }
-  device_ = separate_ ? at::zeros({total_}, host.device(cfg.device)) : staging_;
+  detail::StagingPair buffers = detail::make_staging_pair(total_, cfg.device, separate_);
+  staging_ = std::move(buffers.staging);
+  device_ = std::move(buffers.device);
   staging_block_table_ = staging_.narrow(0, off_bt_, R * MB).view({R, MB});
   // Padding slots stay -1 until a build overwrites them.
   device_.narrow(0, off_slot_, 2 * T).view(at::kLong).fill_(-1);
