@@ -34,40 +34,10 @@ struct Result {
 
 using aar_bench::time_us;
 
-struct Batch {
-  std::vector<int32_t> qsl, seq, table;
-  int stride = 0;
-};
+using aar_bench::Batch;
+using aar_bench::make_batch;
 
-Batch make_batch(int decodes, int decode_ctx, int prefills, int prefill_new, int prefill_ctx, int block_size,
-                 int stride) {
-  Batch b;
-  b.stride = stride;
-  b.qsl.push_back(0);
-  for (int i = 0; i < decodes; ++i) {
-    b.qsl.push_back(b.qsl.back() + 1);
-    b.seq.push_back(decode_ctx);
-  }
-  for (int i = 0; i < prefills; ++i) {
-    b.qsl.push_back(b.qsl.back() + prefill_new);
-    b.seq.push_back(prefill_ctx + prefill_new);
-  }
-  const int n = decodes + prefills;
-  b.table.resize(static_cast<size_t>(n) * stride);
-  for (int r = 0; r < n; ++r)
-    for (int c = 0; c < stride; ++c) b.table[static_cast<size_t>(r) * stride + c] = (r * stride + c) % 16384;
-  (void)block_size;
-  return b;
-}
-
-aar::gqa::BuildInputs inputs_of(const Batch& b) {
-  aar::gqa::BuildInputs in;
-  in.query_start_loc = CSpan<int32_t>(b.qsl.data(), b.qsl.size());
-  in.seq_lens = CSpan<int32_t>(b.seq.data(), b.seq.size());
-  in.block_table = CSpan<int32_t>(b.table.data(), b.table.size());
-  in.block_table_stride = b.stride;
-  return in;
-}
+aar::gqa::BuildInputs inputs_of(const Batch& b) { return aar_bench::inputs_of<aar::gqa::BuildInputs>(b); }
 
 }  // namespace
 
@@ -91,7 +61,7 @@ int main(int argc, char** argv) {
   bc.num_blocks = 16384;
   aar::gqa::MetadataBuilder builder(bc);
   for (int B : {1, 32, 256, 1024}) {
-    Batch b = make_batch(B, 2048, 0, 0, 0, 128, 16);
+    Batch b = make_batch(B, 2048, 0, 0, 0, 16, 16384);
     auto in = inputs_of(b);
     results.push_back({"build", "decode, host block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
     // Zero-copy: the engine keeps its block table in the builder's staging rows.
@@ -100,12 +70,12 @@ int main(int argc, char** argv) {
     results.push_back({"build", "decode, staged block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
   }
   {
-    Batch b = make_batch(64, 1024, 4, 512, 1024, 128, 16);
+    Batch b = make_batch(64, 1024, 4, 512, 1024, 16, 16384);
     auto in = inputs_of(b);
     results.push_back({"build", "mixed 64 dec + 4x512 prefill", 68, time_us([&] { builder.build(in); }, 5000 / scale)});
   }
   {
-    Batch b = make_batch(0, 0, 8, 2048, 0, 128, 16);
+    Batch b = make_batch(0, 0, 8, 2048, 0, 16, 16384);
     auto in = inputs_of(b);
     in.attn_state = aar::plan::AttentionState::PrefillNoCache;
     results.push_back({"build", "prefill 8x2048", 8, time_us([&] { builder.build(in); }, 2000 / scale)});
@@ -122,8 +92,7 @@ int main(int argc, char** argv) {
   auto opts = at::TensorOptions().dtype(at::kBFloat16);
   at::Tensor k_cache = at::zeros({16, bs, Nkv, D}, opts), v_cache = at::zeros({16, bs, Nkv, D}, opts);
   for (int B : {1, 32, 256}) {
-    Batch b = make_batch(B, ctx, 0, 0, 0, bs, 16);
-    for (size_t i = 0; i < b.table.size(); ++i) b.table[i] = static_cast<int32_t>(i % 16);
+    Batch b = make_batch(B, ctx, 0, 0, 0, 16, 16);
     const aar::gqa::Metadata& md = fbuilder.build(inputs_of(b));
     at::Tensor q = at::zeros({B, N, D}, opts), k = at::zeros({B, Nkv, D}, opts), v = at::zeros({B, Nkv, D}, opts);
     at::Tensor out = at::empty({B, N, D}, opts);

@@ -44,37 +44,14 @@ struct Result {
 
 using aar_bench::time_us;
 
-struct Batch {
-  std::vector<int32_t> qsl, seq, table;
-  int stride = 0;
-};
+using aar_bench::Batch;
 
-Batch make_batch(int decodes, int decode_seq, int prefills, int prefill_new, int prefill_seq, int stride) {
-  Batch b;
-  b.stride = stride;
-  b.qsl.push_back(0);
-  for (int i = 0; i < decodes; ++i) {
-    b.qsl.push_back(b.qsl.back() + 1);
-    b.seq.push_back(decode_seq);
-  }
-  for (int i = 0; i < prefills; ++i) {
-    b.qsl.push_back(b.qsl.back() + prefill_new);
-    b.seq.push_back(prefill_seq);
-  }
-  const int n = decodes + prefills;
-  b.table.resize(static_cast<size_t>(n) * stride);
-  for (size_t i = 0; i < b.table.size(); ++i) b.table[i] = static_cast<int32_t>(i);
-  return b;
+// Block ids below the benchmarks' 256 * 64 cache blocks.
+Batch make_batch(int decodes, int decode_seq, int prefills, int prefill_new, int prefill_ctx, int stride) {
+  return aar_bench::make_batch(decodes, decode_seq, prefills, prefill_new, prefill_ctx, stride, 256 * 64);
 }
 
-aar::mla::BuildInputs inputs_of(const Batch& b) {
-  aar::mla::BuildInputs in;
-  in.query_start_loc = CSpan<int32_t>(b.qsl.data(), b.qsl.size());
-  in.seq_lens = CSpan<int32_t>(b.seq.data(), b.seq.size());
-  in.block_table = CSpan<int32_t>(b.table.data(), b.table.size());
-  in.block_table_stride = b.stride;
-  return in;
-}
+aar::mla::BuildInputs inputs_of(const Batch& b) { return aar_bench::inputs_of<aar::mla::BuildInputs>(b); }
 
 std::string json_escape(const std::string& s) {
   std::string o;
@@ -134,7 +111,7 @@ int main(int argc, char** argv) {
       results.push_back({path, "decode, staged block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
     }
     {
-      Batch b = make_batch(32, 1000, 4, 256, 3256, mbr);
+      Batch b = make_batch(32, 1000, 4, 256, 3000, mbr);
       auto in = inputs_of(b);
       const auto& md = builder.build(in);
       const std::string name = "mixed 32 dec + 4x256 prefill, " + std::to_string(md.prefill.chunked.num_chunks) +
