@@ -31,6 +31,15 @@ def _setup(spec=0, dtype=torch.float32, q_lora=True, padding=False, disable_pad=
     return d, g, builder, table, kw, caches
 
 
+
+def _eager(kw, hidden, cache, md, fill=0.0, **impl_kw):
+    """An eager forward of a fresh layer on copies of `cache`: (output, (nope, rope) after the write)."""
+    nope, rope = cache[0].clone(), cache[1].clone()
+    out = torch.full(hidden.shape, fill, dtype=hidden.dtype)
+    mla.Impl(**impl_kw, **kw).forward(hidden, nope, rope, md, out)
+    return out, (nope, rope)
+
+
 import pytest
 
 
@@ -59,13 +68,7 @@ def test_mla_decode_graph_replays_like_eager(spec):
         seq = seq[:nreq]
         hidden = torch.randn(BUCKET, d.hidden, generator=gen)
         md = builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table)
-        expected, eager_caches = [], []
-        for i in range(2):
-            nope, rope = caches[i][0].clone(), caches[i][1].clone()
-            out = torch.zeros(BUCKET, d.hidden)
-            mla.Impl(**kw).forward(hidden, nope, rope, md, out)
-            expected.append(out)
-            eager_caches.append((nope, rope))
+        expected, eager_caches = zip(*(_eager(kw, hidden, caches[i], md) for i in range(2)))
         hidden_s.copy_(hidden)
         graph.update(BUCKET, md)
         graph.replay(BUCKET)
@@ -121,13 +124,8 @@ def test_mla_padded_decode_bucket_replays_like_eager(spec, prolog):
         hidden[ntok:] = 0
         md_e = eager_builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table[:nreq].contiguous(),
                                    num_input_tokens=BUCKET)
-        expected, eager_caches = [], []
-        for i in range(2):
-            nope, rope = caches[i][0].clone(), caches[i][1].clone()
-            out = torch.full((BUCKET, d.hidden), 7.0)
-            mla.Impl(enable_prolog=prolog, **kw).forward(hidden, nope, rope, md_e, out)
-            expected.append(out)
-            eager_caches.append((nope, rope))
+        expected, eager_caches = zip(*(_eager(kw, hidden, caches[i], md_e, fill=7.0, enable_prolog=prolog)
+                                       for i in range(2)))
         md = builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table[:nreq].contiguous(),
                            num_input_tokens=BUCKET)
         assert md.decode_seq_lens_list == seq + [0] * (BUCKET // per_req - nreq)
@@ -178,9 +176,7 @@ def test_mla_weight_reload_keeps_the_captured_graph_valid(prolog):
     seq = torch.tensor([5, 17, 33, 9], dtype=torch.int32)
     hidden = torch.randn(BUCKET, d.hidden, generator=gen)
     md = builder.build(qsl, seq, table)
-    nope, rope = caches[0][0].clone(), caches[0][1].clone()
-    expected = torch.zeros(BUCKET, d.hidden)
-    mla.Impl(enable_prolog=prolog, **new_kw).forward(hidden, nope, rope, md, expected)
+    expected, (nope, rope) = _eager(new_kw, hidden, caches[0], md, enable_prolog=prolog)
     hidden_s.copy_(hidden)
     graph.update(BUCKET, md)
     graph.replay(BUCKET)
@@ -193,11 +189,8 @@ def test_mla_weight_reload_keeps_the_captured_graph_valid(prolog):
         kw[k].copy_(v)  # the layer's weight tensors are the caller's (aliased); new values were copied in
     layer.refresh_weights()
     out2 = torch.zeros(BUCKET, d.hidden)
-    exp2 = torch.zeros(BUCKET, d.hidden)
-    c1 = (caches[0][0].clone(), caches[0][1].clone())
-    c2 = (caches[0][0].clone(), caches[0][1].clone())
-    layer.forward(hidden, *c1, md, out2)
-    mla.Impl(enable_prolog=prolog, **dict(kw, **newer)).forward(hidden, *c2, md, exp2)
+    layer.forward(hidden, caches[0][0].clone(), caches[0][1].clone(), md, out2)
+    exp2, _ = _eager(dict(kw, **newer), hidden, caches[0], md, enable_prolog=prolog)
     torch.testing.assert_close(out2, exp2, atol=1e-5, rtol=1e-5)
 
 
@@ -233,9 +226,7 @@ def test_mla_disable_pad_bucket_replays_like_eager():
         hidden[ntok:] = 0
         md_e = eager_builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table[:n].contiguous(),
                                    num_input_tokens=BUCKET)
-        nope, rope = caches[0][0].clone(), caches[0][1].clone()
-        expected = torch.full((BUCKET, d.hidden), 7.0)
-        mla.Impl(**kw).forward(hidden, nope, rope, md_e, expected)
+        expected, (nope, rope) = _eager(kw, hidden, caches[0], md_e, fill=7.0)
         md = builder.build(qsl, torch.tensor(seq, dtype=torch.int32), table[:n].contiguous(), num_input_tokens=BUCKET)
         assert md.decode_actual_seq_lengths_q == want_q
         hidden_s.copy_(hidden)
