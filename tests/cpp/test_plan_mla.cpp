@@ -200,36 +200,29 @@ TEST(PlanMla, NextPowerOfTwo) {
 
 namespace {
 
-struct MlaStep {
-  static constexpr int kR = 8, kT = 64, kStride = 6;
-  std::vector<int32_t> qsl, seq, table;
-  std::vector<int32_t> s_qsl = std::vector<int32_t>(kR + 1, -7), s_bt = std::vector<int32_t>(kR * kStride, -7),
-                       dpos = std::vector<int32_t>(kT, -7), ppos = std::vector<int32_t>(kT, -7),
-                       pbt = std::vector<int32_t>(kR * kStride, -7),
-                       cu = std::vector<int32_t>(kMaxContextChunks * (kR + 1), -7),
-                       starts = std::vector<int32_t>(kMaxContextChunks * kR, -7),
-                       lens = std::vector<int32_t>(kMaxContextChunks * kR, -7);
-  std::vector<int64_t> q_ends = std::vector<int64_t>(kR, -7), kv = std::vector<int64_t>(kR, -7),
-                       slots = std::vector<int64_t>(kT, -7), pq = std::vector<int64_t>(kR, -7),
-                       kv_ends = std::vector<int64_t>(kMaxContextChunks * kR, -7),
-                       tot = std::vector<int64_t>(kMaxContextChunks, -7),
-                       mx = std::vector<int64_t>(kMaxContextChunks, -7);
-  MlaStepInputs in;
+// plan_mla_step's output buffers, pre-filled with -7 so that every write shows.
+struct MlaOutputs {
+  std::vector<int32_t> s_qsl, s_bt, dpos, ppos, pbt, cu, starts, lens;
+  std::vector<int64_t> q_ends, kv, slots, pq, kv_ends, tot, mx;
 
-  MlaStep(std::vector<int32_t> q, std::vector<int32_t> s, int32_t bs = 4) : qsl(std::move(q)), seq(std::move(s)) {
-    table.resize(seq.size() * kStride);
-    for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 7) % 40);
-    in.block_table_stride = kStride;
-    in.block_size = bs;
-    in.num_blocks = 40;
-    in.rope_positions = 24;
-    in.workspace_tokens = 8;
+  // reqs rows of `stride` columns, `tokens` token slots, `lists` entries in
+  // the per-request length lists.
+  void size_for(std::size_t reqs, std::size_t tokens, std::size_t stride, std::size_t lists) {
+    s_qsl.assign(reqs + 1, -7);
+    for (auto* v : {&s_bt, &pbt}) v->assign(reqs * stride, -7);
+    for (auto* v : {&dpos, &ppos}) v->assign(tokens, -7);
+    cu.assign(kMaxContextChunks * (reqs + 1), -7);
+    for (auto* v : {&starts, &lens}) v->assign(kMaxContextChunks * reqs, -7);
+    for (auto* v : {&q_ends, &kv, &pq}) v->assign(lists, -7);
+    kv_ends.assign(kMaxContextChunks * reqs, -7);
+    slots.assign(tokens, -7);
+    for (auto* v : {&tot, &mx}) v->assign(kMaxContextChunks, -7);
   }
-  MlaStepBuffers buffers() {
+  MlaStepBuffers buffers(int32_t stride) {
     MlaStepBuffers b;
     b.query_start_loc = s_qsl;
     b.block_table = s_bt;
-    b.block_table_stride = kStride;
+    b.block_table_stride = stride;
     b.q_ends = q_ends;
     b.kv_lens = kv;
     b.slot_mapping = slots;
@@ -240,19 +233,39 @@ struct MlaStep {
     b.chunks = {cu, starts, lens, kv_ends, tot, mx};
     return b;
   }
+  // Every output buffer, to check that a rejected call wrote nothing.
+  std::vector<int64_t> snapshot() const {
+    std::vector<int64_t> all;
+    for (const auto* v : {&s_qsl, &s_bt, &dpos, &ppos, &pbt, &cu, &starts, &lens}) {
+      all.insert(all.end(), v->begin(), v->end());
+    }
+    for (const auto* v : {&q_ends, &kv, &slots, &pq, &kv_ends, &tot, &mx}) all.insert(all.end(), v->begin(), v->end());
+    return all;
+  }
+};
+
+struct MlaStep : MlaOutputs {
+  static constexpr int kR = 8, kT = 64, kStride = 6;
+  std::vector<int32_t> qsl, seq, table;
+  MlaStepInputs in;
+
+  MlaStep(std::vector<int32_t> q, std::vector<int32_t> s, int32_t bs = 4) : qsl(std::move(q)), seq(std::move(s)) {
+    size_for(kR, kT, kStride, kR);
+    table.resize(seq.size() * kStride);
+    for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 7) % 40);
+    in.block_table_stride = kStride;
+    in.block_size = bs;
+    in.num_blocks = 40;
+    in.rope_positions = 24;
+    in.workspace_tokens = 8;
+  }
+  MlaStepBuffers buffers() { return MlaOutputs::buffers(kStride); }
   MlaStepPlan run(int32_t num_input_tokens = 0) {
     in.query_start_loc = qsl;
     in.seq_lens = seq;
     in.block_table = table;
     in.num_input_tokens = num_input_tokens;
     return plan_mla_step(in, buffers());
-  }
-  // Every output buffer, to check that a rejected call wrote nothing.
-  std::vector<int64_t> snapshot() const {
-    std::vector<int64_t> all;
-    for (const auto* v : {&s_qsl, &s_bt, &dpos, &ppos, &pbt, &cu, &starts, &lens}) all.insert(all.end(), v->begin(), v->end());
-    for (const auto* v : {&q_ends, &kv, &slots, &pq, &kv_ends, &tot, &mx}) all.insert(all.end(), v->begin(), v->end());
-    return all;
   }
 };
 
@@ -339,11 +352,9 @@ namespace {
 
 // A step of any size. Columns past a row's needed blocks hold stale ids (out of
 // range on purpose): the kernels never read them, so they must not be rejected.
-struct Step {
+struct Step : MlaOutputs {
   int32_t stride, bs, nb;
   std::vector<int32_t> qsl, seq, table;
-  std::vector<int32_t> s_qsl, s_bt, dpos, ppos, pbt, cu, starts, lens;
-  std::vector<int64_t> q_ends, kv, slots, pq, kv_ends, tot, mx;
   MlaStepInputs in;
 
   Step(std::vector<int32_t> q, std::vector<int32_t> s, int32_t stride_, int32_t bs_, int32_t nb_)
@@ -357,14 +368,7 @@ struct Step {
         table[i] = c < need ? static_cast<int32_t>((i * 7919) % nb) : (c % 2 ? -5 : nb + 3);
       }
     }
-    s_qsl.assign(b + 1, -7);
-    for (auto* v : {&s_bt, &pbt}) v->assign(b * stride, -7);
-    for (auto* v : {&dpos, &ppos}) v->assign(t, -7);
-    cu.assign(kMaxContextChunks * (b + 1), -7);
-    for (auto* v : {&starts, &lens}) v->assign(kMaxContextChunks * b, -7);
-    for (auto* v : {&q_ends, &kv, &pq, &kv_ends}) v->assign(kMaxContextChunks * b, -7);
-    slots.assign(t, -7);
-    for (auto* v : {&tot, &mx}) v->assign(kMaxContextChunks, -7);
+    size_for(b, t, stride, kMaxContextChunks * b);
     in.block_table_stride = stride;
     in.block_size = bs;
     in.num_blocks = nb;
@@ -374,27 +378,7 @@ struct Step {
     in.query_start_loc = qsl;
     in.seq_lens = seq;
     in.block_table = table;
-    MlaStepBuffers b;
-    b.query_start_loc = s_qsl;
-    b.block_table = s_bt;
-    b.block_table_stride = stride;
-    b.q_ends = q_ends;
-    b.kv_lens = kv;
-    b.slot_mapping = slots;
-    b.decode_positions = dpos;
-    b.prefill_positions = ppos;
-    b.prefill_block_table = pbt;
-    b.prefill_q_ends = pq;
-    b.chunks = {cu, starts, lens, kv_ends, tot, mx};
-    return plan_mla_step(in, b);
-  }
-  std::vector<int64_t> snapshot() const {
-    std::vector<int64_t> all;
-    for (const auto* v : {&s_qsl, &s_bt, &dpos, &ppos, &pbt, &cu, &starts, &lens}) {
-      all.insert(all.end(), v->begin(), v->end());
-    }
-    for (const auto* v : {&q_ends, &kv, &slots, &pq, &kv_ends, &tot, &mx}) all.insert(all.end(), v->begin(), v->end());
-    return all;
+    return plan_mla_step(in, buffers(stride));
   }
   // Slots of every real token against the naive reference, and the staged table.
   void expect_matches_reference() const {
