@@ -40,6 +40,17 @@ def _eager(kw, hidden, cache, md, fill=0.0, **impl_kw):
     return out, (nope, rope)
 
 
+def _capture_full_bucket(layer, builder, table, d, cache):
+    """Captures one layer on a bucket of BUCKET one-token decodes: (graph, static hidden, static output, qsl)."""
+    hidden_s, out = torch.zeros(BUCKET, d.hidden), torch.zeros(BUCKET, d.hidden)
+    qsl = torch.arange(BUCKET + 1, dtype=torch.int32)
+    md = builder.build(qsl, torch.full((BUCKET,), 16, dtype=torch.int32), table)
+    graph = aar.GraphParams("recording")
+    with graph.capture(BUCKET):
+        layer.forward(hidden_s, *cache, md, out)
+    return graph, hidden_s, out, qsl
+
+
 import pytest
 
 
@@ -79,13 +90,7 @@ def test_mla_decode_graph_replays_like_eager(spec):
 
 def test_mla_graph_rejects_a_batch_that_does_not_fit():
     d, gen, builder, table, kw, caches = _setup()
-    layer = mla.Impl(**kw)
-    hidden_s, out = torch.zeros(BUCKET, d.hidden), torch.zeros(BUCKET, d.hidden)
-    qsl = torch.arange(BUCKET + 1, dtype=torch.int32)
-    md = builder.build(qsl, torch.full((BUCKET,), 16, dtype=torch.int32), table)
-    graph = aar.GraphParams("recording")
-    with graph.capture(BUCKET):
-        layer.forward(hidden_s, *caches[0], md, out)
+    graph, *_ = _capture_full_bucket(mla.Impl(**kw), builder, table, d, caches[0])
     md3 = builder.build(torch.arange(4, dtype=torch.int32), torch.full((3,), 9, dtype=torch.int32), table[:3].contiguous())
     with pytest.raises(ValueError, match="one-token requests"):
         graph.update(BUCKET, md3)
@@ -163,12 +168,7 @@ def test_mla_weight_reload_keeps_the_captured_graph_valid(prolog):
     kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     layer = mla.Impl(enable_prolog=prolog, **kw)
     w_uk_addr = layer.w_uk_t.data_ptr()
-    hidden_s, out = torch.zeros(BUCKET, d.hidden), torch.zeros(BUCKET, d.hidden)
-    qsl = torch.arange(BUCKET + 1, dtype=torch.int32)
-    md = builder.build(qsl, torch.full((BUCKET,), 16, dtype=torch.int32), table)
-    graph = aar.GraphParams("recording")
-    with graph.capture(BUCKET):
-        layer.forward(hidden_s, *caches[0], md, out)
+    graph, hidden_s, out, qsl = _capture_full_bucket(layer, builder, table, d, caches[0])
     new = make_weights(d, torch.float32, torch.Generator().manual_seed(8))
     layer.reload_weights(**new)
     assert layer.w_uk_t.data_ptr() == w_uk_addr
