@@ -211,7 +211,8 @@ void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const a
   p.softmax_scale = cfg_.scale;
   p.block_size = bs;
   p.actual_seq_kvlen = md.decode.seq_lens_list;
-  switch (layout_of(md, cfg_.enable_kv_nz)) {
+  const detail::DecodeLayout layout = layout_of(md, cfg_.enable_kv_nz);
+  switch (layout) {
     case detail::DecodeLayout::TND:
       // Row A of spec 5.3. Upstream also requires the state to be one of
       // SpecDecoding/ChunkedPrefill/DecodeOnly/PrefillNoCache and otherwise falls
@@ -223,16 +224,11 @@ void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const a
       p.has_actual_seq_qlen = true;
       p.actual_seq_qlen = md.decode.actual_seq_lengths_q;
       break;
-    case detail::DecodeLayout::BSND:
+    case detail::DecodeLayout::BSND:  // row D (NZ caches)
+    case detail::DecodeLayout::BNSD:  // row E
       t.atten_mask.reset();
       p.sparse_mode = 0;
-      p.input_layout = "BSND_NBSD";
-      p.has_actual_seq_qlen = false;
-      break;
-    case detail::DecodeLayout::BNSD:
-      t.atten_mask.reset();
-      p.sparse_mode = 0;
-      p.input_layout = "BNSD_NBSD";
+      p.input_layout = layout == detail::DecodeLayout::BSND ? "BSND_NBSD" : "BNSD_NBSD";
       p.has_actual_seq_qlen = false;
       break;
   }
