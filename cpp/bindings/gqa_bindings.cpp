@@ -39,6 +39,13 @@ gqa::BuildInputs make_inputs(const at::Tensor& qsl, const at::Tensor& seq_lens, 
 
 std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
+// The host lists of a metadata live in its builder and hold the latest build:
+// reading them through a stale metadata is an error, not another step's values.
+const gqa::Metadata& live(const gqa::Metadata& m) {
+  check_current(m.stamp, "metadata");
+  return m;
+}
+
 }  // namespace
 
 namespace {
@@ -72,13 +79,25 @@ void bind_gqa(nb::module_& m) {
       .def_ro("num_blocks", &gqa::Metadata::num_blocks)
       .def_ro("causal", &gqa::Metadata::causal)
       .def_ro("is_pooling", &gqa::Metadata::is_pooling)
+      .def_ro("no_context", &gqa::Metadata::no_context)
+      .def_ro("prefill_no_context", &gqa::Metadata::prefill_no_context)
+      .def_prop_ro("generation", [](const gqa::Metadata& m) { return m.stamp.generation; })
+      .def_prop_ro("is_current", [](const gqa::Metadata& m) { return m.stamp.current(); })
+      .def_prop_ro("prefill_actual_seq_lengths_q",
+                   [](const gqa::Metadata& m) { return to_list(live(m).prefill_actual_seq_lengths_q); })
+      .def_prop_ro("dense_valid", [](const gqa::Metadata& m) { return m.dense.valid; })
+      .def_prop_ro("dense_slots", [](const gqa::Metadata& m) { return m.dense.slots; })
+      .def_prop_ro("dense_token_rows", [](const gqa::Metadata& m) { return m.dense.token_rows; })
+      .def_prop_ro("dense_prefill_token_rows", [](const gqa::Metadata& m) { return m.dense.prefill_token_rows; })
+      .def_prop_ro("dense_kv_ends", [](const gqa::Metadata& m) { return to_list(live(m).dense.kv_ends); })
+      .def_prop_ro("dense_prefill_kv_ends", [](const gqa::Metadata& m) { return to_list(live(m).dense.prefill_kv_ends); })
       .def_prop_ro("query_start_loc", [](const gqa::Metadata& m) { return m.query_start_loc; })
       .def_prop_ro("seq_lens", [](const gqa::Metadata& m) { return m.seq_lens; })
       .def_prop_ro("block_tables", [](const gqa::Metadata& m) { return m.block_tables; })
       .def_prop_ro("slot_mapping", [](const gqa::Metadata& m) { return m.slot_mapping; })
       .def_prop_ro("attn_mask", [](const gqa::Metadata& m) { return m.attn_mask; })
-      .def_prop_ro("actual_seq_lengths_q", [](const gqa::Metadata& m) { return to_list(m.actual_seq_lengths_q); })
-      .def_prop_ro("seq_lens_list", [](const gqa::Metadata& m) { return to_list(m.seq_lens_list); });
+      .def_prop_ro("actual_seq_lengths_q", [](const gqa::Metadata& m) { return to_list(live(m).actual_seq_lengths_q); })
+      .def_prop_ro("seq_lens_list", [](const gqa::Metadata& m) { return to_list(live(m).seq_lens_list); });
 
   nb::class_<gqa::MetadataBuilder>(m, "MetadataBuilder")
       .def(
@@ -86,8 +105,11 @@ void bind_gqa(nb::module_& m) {
           [](gqa::MetadataBuilder* self, int32_t max_num_reqs, int32_t max_num_tokens, int32_t max_blocks_per_req,
              int32_t block_size, int32_t num_blocks, int32_t num_speculative_tokens, const std::string& spec_method,
              bool chunked_prefill_enabled, bool pooling, bool pad_fia_batch, const std::string& device,
-             std::optional<bool> separate_device_buffers, bool uniform_decode_padding) {
+             std::optional<bool> separate_device_buffers, bool uniform_decode_padding, int32_t staging_buffers,
+             bool dense_context) {
             gqa::BuilderConfig c;
+            c.staging_buffers = staging_buffers;
+            c.dense_context = dense_context;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
             c.max_blocks_per_req = max_blocks_per_req;
@@ -106,13 +128,14 @@ void bind_gqa(nb::module_& m) {
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
           "num_blocks"_a, "num_speculative_tokens"_a = 0, "spec_method"_a = "none",
           "chunked_prefill_enabled"_a = true, "pooling"_a = false, "pad_fia_batch"_a = true, "device"_a = "cpu",
-          "separate_device_buffers"_a = nb::none(), "uniform_decode_padding"_a = false)
+          "separate_device_buffers"_a = nb::none(), "uniform_decode_padding"_a = false, "staging_buffers"_a = 2,
+          "dense_context"_a = false)
       .def(
           "build",
           // The three arrays are borrowed from their Python objects (no caster copies).
           [](gqa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
              std::optional<plan::AttentionState> attn_state, const std::optional<at::Tensor>& is_prefilling,
-             const std::optional<at::Tensor>& num_spec_tokens, bool causal) -> const gqa::Metadata& {
+             const std::optional<at::Tensor>& num_spec_tokens, bool causal) -> gqa::Metadata {
             return b.build(make_inputs(borrow_tensor(qsl, "query_start_loc", false),
                                        borrow_tensor(seq_lens, "seq_lens", false),
                                        borrow_tensor(bt, "block_table", false), num_input_tokens, attn_state,
@@ -120,20 +143,23 @@ void bind_gqa(nb::module_& m) {
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "attn_state"_a = nb::none(), "is_prefilling"_a = nb::none(), "num_spec_tokens"_a = nb::none(),
-          "causal"_a = true, nb::rv_policy::reference_internal)
+          "causal"_a = true, nb::rv_policy::move, nb::keep_alive<0, 1>(),
+          "A Python object per build (a copy of the builder's metadata, stamped with this build): one kept "
+          "past the builder's next build is stale, and forward / graph update reject it.")
       .def(
           "build_for_graph_capture",
           [](gqa::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
-             int32_t num_input_tokens, plan::AttentionState state, bool causal) -> const gqa::Metadata& {
+             int32_t num_input_tokens, plan::AttentionState state, bool causal) -> gqa::Metadata {
             return b.build_for_graph_capture(
                 make_inputs(qsl, seq_lens, bt, num_input_tokens, std::nullopt, std::nullopt, std::nullopt, causal),
                 state);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
-          "state"_a = plan::AttentionState::DecodeOnly, "causal"_a = true, nb::rv_policy::reference_internal)
+          "state"_a = plan::AttentionState::DecodeOnly, "causal"_a = true, nb::rv_policy::move, nb::keep_alive<0, 1>())
       .def_prop_ro("metadata", &gqa::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
       .def_prop_ro("block_table_staging", [](const gqa::MetadataBuilder& b) { return b.block_table_staging(); })
       .def_prop_ro("decode_threshold", &gqa::MetadataBuilder::decode_threshold)
+      .def_prop_ro("generation", &gqa::MetadataBuilder::generation)
       .def_prop_ro("reorder_batch_threshold", &gqa::MetadataBuilder::reorder_batch_threshold);
 
   nb::class_<gqa::AttentionImpl>(m, "AttentionImpl")

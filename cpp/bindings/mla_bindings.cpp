@@ -22,6 +22,12 @@ namespace {
 
 std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
+// Host lists live in the builder and hold its latest build (see gqa_bindings.cpp).
+const mla::Metadata& live(const mla::Metadata& m) {
+  check_current(m.stamp, "metadata");
+  return m;
+}
+
 void bind_mla(nb::module_& root) {
   nb::module_ m = root.def_submodule("mla", "MLA backend (DeepSeek V2/V3 multi-head latent attention)");
 
@@ -119,11 +125,13 @@ void bind_mla(nb::module_& root) {
       .def_ro("num_decode_tokens", &mla::Metadata::num_decode_tokens)
       .def_ro("num_prefill_tokens", &mla::Metadata::num_prefill_tokens)
       .def_ro("block_size", &mla::Metadata::block_size)
+      .def_prop_ro("generation", [](const mla::Metadata& m) { return m.stamp.generation; })
+      .def_prop_ro("is_current", [](const mla::Metadata& m) { return m.stamp.current(); })
       .def_prop_ro("slot_mapping", [](const mla::Metadata& m) { return m.slot_mapping; })
       .def_prop_ro("query_start_loc", [](const mla::Metadata& m) { return m.query_start_loc; })
-      .def_prop_ro("decode_seq_lens_list", [](const mla::Metadata& m) { return to_list(m.decode.seq_lens_list); })
+      .def_prop_ro("decode_seq_lens_list", [](const mla::Metadata& m) { return to_list(live(m).decode.seq_lens_list); })
       .def_prop_ro("decode_actual_seq_lengths_q",
-                   [](const mla::Metadata& m) { return to_list(m.decode.actual_seq_lengths_q); })
+                   [](const mla::Metadata& m) { return to_list(live(m).decode.actual_seq_lengths_q); })
       .def_prop_ro("attn_mask", [](const mla::Metadata& m) { return m.attn_mask; })
       .def_prop_ro("decode_block_table", [](const mla::Metadata& m) { return m.decode.block_table; })
       .def_prop_ro("decode_num_kernel_reqs", [](const mla::Metadata& m) { return m.decode.num_kernel_reqs; })
@@ -132,7 +140,7 @@ void bind_mla(nb::module_& root) {
       .def_prop_ro("decode_sin", [](const mla::Metadata& m) { return m.decode.sin; })
       .def_prop_ro("decode_max_seq_len", [](const mla::Metadata& m) { return m.decode.max_seq_len; })
       .def_prop_ro("prefill_actual_seq_lengths_q",
-                   [](const mla::Metadata& m) { return to_list(m.prefill.actual_seq_lengths_q); })
+                   [](const mla::Metadata& m) { return to_list(live(m).prefill.actual_seq_lengths_q); })
       .def_prop_ro("prefill_block_table", [](const mla::Metadata& m) { return m.prefill.block_table; })
       .def_prop_ro("prefill_cos", [](const mla::Metadata& m) { return m.prefill.cos; })
       .def_prop_ro("prefill_sin", [](const mla::Metadata& m) { return m.prefill.sin; })
@@ -140,11 +148,11 @@ void bind_mla(nb::module_& root) {
       .def_prop_ro("prefill_max_seq_len", [](const mla::Metadata& m) { return m.prefill.max_seq_len; })
       .def_prop_ro("num_context_chunks", [](const mla::Metadata& m) { return m.prefill.chunked.num_chunks; })
       .def_prop_ro("context_chunk_size", [](const mla::Metadata& m) { return m.prefill.chunked.chunk_size; })
-      .def_prop_ro("context_seq_tot", [](const mla::Metadata& m) { return to_list(m.prefill.chunked.seq_tot); })
+      .def_prop_ro("context_seq_tot", [](const mla::Metadata& m) { return to_list(live(m).prefill.chunked.seq_tot); })
       .def_prop_ro("context_kv_ends",
                    [](const mla::Metadata& m) {
                      std::vector<std::vector<int64_t>> r;
-                     for (auto a : m.prefill.chunked.kv_ends) r.push_back(to_list(a));
+                     for (auto a : live(m).prefill.chunked.kv_ends) r.push_back(to_list(a));
                      return r;
                    })
       .def_prop_ro("context_cu_seq_lens", [](const mla::Metadata& m) { return m.prefill.chunked.cu_seq_lens; })
@@ -158,8 +166,9 @@ void bind_mla(nb::module_& root) {
              int32_t block_size, int32_t num_blocks, const at::Tensor& cos_table, const at::Tensor& sin_table,
              int32_t max_model_len, int32_t num_speculative_tokens, bool chunked_prefill_enabled,
              int64_t workspace_tokens, const std::string& device, std::optional<bool> separate_device_buffers,
-             bool graph_decode_padding, bool disable_padded_drafter_batch) {
+             bool graph_decode_padding, bool disable_padded_drafter_batch, int32_t staging_buffers) {
             mla::BuilderConfig c;
+            c.staging_buffers = staging_buffers;
             c.graph_decode_padding = graph_decode_padding;
             c.disable_padded_drafter_batch = disable_padded_drafter_batch;
             c.max_num_reqs = max_num_reqs;
@@ -181,12 +190,12 @@ void bind_mla(nb::module_& root) {
           "num_blocks"_a, "cos_table"_a, "sin_table"_a, "max_model_len"_a = 0, "num_speculative_tokens"_a = 0,
           "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu",
           "separate_device_buffers"_a = nb::none(), "graph_decode_padding"_a = false,
-          "disable_padded_drafter_batch"_a = false)
+          "disable_padded_drafter_batch"_a = false, "staging_buffers"_a = 2)
       .def(
           "build",
           [](mla::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
              int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
-             const std::optional<at::Tensor>& num_spec_tokens) -> const mla::Metadata& {
+             const std::optional<at::Tensor>& num_spec_tokens) -> mla::Metadata {
             mla::BuildInputs in;
             in.query_start_loc = i32_span(qsl, "query_start_loc");
             in.seq_lens = i32_span(seq_lens, "seq_lens");
@@ -195,14 +204,17 @@ void bind_mla(nb::module_& root) {
             in.num_input_tokens = num_input_tokens;
             in.attn_state = attn_state;
             if (num_spec_tokens.has_value()) in.num_spec_tokens = i32_span(*num_spec_tokens, "num_spec_tokens");
+            // A Python object per build (a copy of the builder's metadata, with
+            // this build's stamp): one kept past the next build is rejected as stale.
             return b.build(in);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
-          "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::reference_internal)
+          "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>())
       .def_prop_ro("metadata", &mla::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
       .def_prop_ro("decode_threshold", &mla::MetadataBuilder::decode_threshold)
       .def_prop_ro("block_table_staging", [](const mla::MetadataBuilder& b) { return b.block_table_staging(); })
-      .def_prop_ro("workspace_tokens", &mla::MetadataBuilder::workspace_tokens);
+      .def_prop_ro("workspace_tokens", &mla::MetadataBuilder::workspace_tokens)
+      .def_prop_ro("generation", &mla::MetadataBuilder::generation);
 
   nb::class_<mla::Impl>(m, "Impl")
       .def(

@@ -4,6 +4,7 @@
 #include "ascend_attn_rt/gqa/validate.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <cmath>
 #include <vector>
@@ -73,7 +74,14 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
     g.kv_sharing = cfg_.kv_sharing;
     g.device_kind = cfg_.device_kind;
     float_impl_.emplace(g);
-    if (none_defined(cfg_.scales)) return;
+    // The producer's cache is float: it never quantises. Scales a checkpoint
+    // carries are validated (a bad one fails here as on the consumer) but not
+    // kept; scales() stays empty.
+    if (!none_defined(cfg_.scales)) {
+      AAR_CHECK_ARG(all_defined(cfg_.scales), "the C8 backend needs k_scale, k_offset, v_scale and v_offset");
+      (void)prepare_scales(cfg_.scales, cfg_.num_kv_heads, cfg_.head_size, cfg_.tp_rank, cfg_.tp_size);
+    }
+    return;
   }
   AAR_CHECK_ARG(cfg_.head_size % kNzWidth == 0, "head_size=", cfg_.head_size,
                 " must be a multiple of 32 for the C8 NZ cache");
@@ -103,8 +111,10 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
   }
 }
 
-ForwardPath AttentionImpl::choose_path(const gqa::Metadata& md, bool has_key) const {
-  if (md.is_pooling && !md.causal) return ForwardPath::Encoder;
+ForwardPath AttentionImpl::choose_path(const gqa::Metadata& md, bool has_key, bool has_cache) const {
+  // Bidirectional over the step's own tokens (float K/V): pooling encoders and
+  // encoder layers without a cache.
+  if (!md.causal && (md.is_pooling || !has_cache)) return ForwardPath::Encoder;
   const bool single_token_decodes = md.num_decodes > 0 && md.num_decode_tokens == md.num_decodes;
   if (md.attn_state == AttentionState::DecodeOnly && md.num_prefills == 0 && single_token_decodes) {
     return ForwardPath::C8Decode;
@@ -135,6 +145,7 @@ void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, con
 
 DecodeCall AttentionImpl::decode_call(const at::Tensor& query, const gqa::Metadata& md, int64_t num_decodes,
                                       const at::Tensor& output) {
+  check_current(md.stamp, "metadata");
   AAR_CHECK_ARG(key_nz_.defined(), "decode_call: no KV cache bound yet (forward binds it)");
   AAR_CHECK_ARG(num_decodes >= 0 && num_decodes <= md.num_reqs, "num_decodes=", num_decodes,
                 " must be in [0, num_reqs=", md.num_reqs, "]");
@@ -175,53 +186,39 @@ void AttentionImpl::run_decode(const at::Tensor& query, const gqa::Metadata& md,
 }
 
 void AttentionImpl::run_prefill(const at::Tensor& query, const std::optional<at::Tensor>& key,
-                                const std::optional<at::Tensor>& value, const gqa::Metadata& md, int64_t r0,
-                                int64_t r1, const at::Tensor& output) {
-  const int64_t np = r1 - r0;
-  if (np <= 0) return;
-  const c10::IntArrayRef cq = md.actual_seq_lengths_q;
-  const c10::IntArrayRef sl = md.seq_lens_list;
-  const int64_t t0 = r0 == 0 ? 0 : cq[r0 - 1];
-  const int64_t t1 = cq[r1 - 1];
-  if (t1 == t0) return;
-  std::vector<int64_t> q_ends(np), kv_ends(np), new_rows;
-  bool all_new = key.has_value();
-  int64_t kv_total = 0;
-  for (int64_t i = 0; i < np; ++i) {
-    const int64_t r = r0 + i;
-    const int64_t q_len = cq[r] - (r == 0 ? 0 : cq[r - 1]);
-    q_ends[i] = cq[r] - t0;  // rebased to the part's first row
-    all_new = all_new && sl[r] == q_len;
-    kv_total += sl[r];
-    kv_ends[i] = kv_total;
-  }
+                                const std::optional<at::Tensor>& value, const gqa::Metadata& md, bool prefill_part,
+                                const at::Tensor& output) {
+  // The requests [r0, num_real_reqs) and their tokens [t0, t1): every request,
+  // or the prefill part after the decodes. Every list and index comes from the
+  // build (the part's rebased query ends, the dense context): no host work.
+  const int64_t r0 = prefill_part ? md.num_decodes : 0, np = md.num_real_reqs - r0;
+  const int64_t t0 = prefill_part ? md.num_decode_tokens : 0, t1 = md.num_actual_tokens;
+  if (np <= 0 || t1 == t0) return;
+  const c10::IntArrayRef q_ends =
+      (prefill_part ? md.prefill_actual_seq_lengths_q : md.actual_seq_lengths_q).slice(0, np);
   at::Tensor k, v;
   c10::IntArrayRef kv_lens;
-  if (all_new) {
+  if (key.has_value() && (prefill_part ? md.prefill_no_context : md.no_context)) {
     k = key->narrow(0, t0, t1 - t0);
     v = value->narrow(0, t0, t1 - t0);
     kv_lens = q_ends;
   } else {
     AAR_CHECK_ARG(key_nz_.defined(), "attention state ", plan::to_string(md.attn_state),
                   " reads cached context from the paged KV cache, but key_cache/value_cache are not given");
-    const at::Tensor bt = md.block_tables.narrow(0, r0, np);
+    const gqa::DenseContext& dc = md.dense;
+    AAR_CHECK_ARG(dc.valid, "the C8 prefill over cached context reads the builder's dense context: construct the "
+                  "MetadataBuilder with dense_context=True");
+    kv_lens = (prefill_part ? dc.prefill_kv_ends : dc.kv_ends).slice(0, np);
+    const at::Tensor slots = dc.slots.narrow(0, prefill_part ? dc.prefill_kv_start : 0, kv_lens.back());
     const auto dtype = query.scalar_type();
-    k = dequant_paged_to_dense(key_nz_, bt, sl.slice(r0, np), scales_.k_scale, scales_.k_offset, dtype);
-    v = dequant_paged_to_dense(value_nz_, bt, sl.slice(r0, np), scales_.v_scale, scales_.v_offset, dtype);
+    k = dequant_slots(key_nz_, slots, scales_.k_scale, scales_.k_offset, dtype);
+    v = dequant_slots(value_nz_, slots, scales_.v_scale, scales_.v_offset, dtype);
     if (key.has_value()) {
       // The new tokens at full precision (upstream re-reads them through INT8).
-      new_rows.reserve(t1 - t0);
-      for (int64_t i = 0; i < np; ++i) {
-        const int64_t r = r0 + i;
-        const int64_t q_len = cq[r] - (r == 0 ? 0 : cq[r - 1]);
-        for (int64_t j = kv_ends[i] - q_len; j < kv_ends[i]; ++j) new_rows.push_back(j);
-      }
-      const at::Tensor idx =
-          at::from_blob(new_rows.data(), {static_cast<int64_t>(new_rows.size())}, at::kLong).to(k.device());
-      k.index_copy_(0, idx, key->narrow(0, t0, t1 - t0));
-      v.index_copy_(0, idx, value->narrow(0, t0, t1 - t0));
+      const at::Tensor rows = prefill_part ? dc.prefill_token_rows : dc.token_rows;
+      k.index_copy_(0, rows, key->narrow(0, t0, t1 - t0));
+      v.index_copy_(0, rows, value->narrow(0, t0, t1 - t0));
     }
-    kv_lens = kv_ends;
   }
   ops::FiaTensors t;
   ops::FiaParams p;
@@ -289,6 +286,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
                                          const at::Tensor& value_cache, const gqa::Metadata* metadata,
                                          const at::Tensor& output) {
   if (metadata == nullptr) {
+    graph::refuse_if_capturing("a forward without metadata (profiling run)");
     AAR_CHECK_ARG(output.defined(), "output must be a tensor");
     output.zero_();
     last_path_ = ForwardPath::None;
@@ -300,8 +298,11 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     return output;
   }
   const gqa::Metadata& md = *metadata;
+  check_current(md.stamp, "metadata");
   validate(query, key, value, key_cache, value_cache, md, output);
-  const ForwardPath path = choose_path(md, key.has_value());
+  gqa::check_attn_type(cfg_.attn_type, md, key_cache.defined());
+  const ForwardPath path = choose_path(md, key.has_value(), key_cache.defined());
+  if (path == ForwardPath::Encoder) gqa::check_own_tokens(md, "the C8 encoder path (bidirectional, no cache read)");
   if (path == ForwardPath::Encoder || path == ForwardPath::FusedDense) {
     AAR_CHECK_ARG(key.has_value(), "attention over the new tokens (", to_string(path), ") needs key and value");
   }
@@ -309,6 +310,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     AAR_CHECK_ARG(key_cache.defined(), "attention state ", plan::to_string(md.attn_state),
                   " reads the paged KV cache, but key_cache/value_cache are not given");
   }
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
   if (scales_.k_scale.device() != query.device()) scales_ = scales_.to(query.device());
   if (key_cache.defined()) bind_caches(key_cache, value_cache);
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
@@ -332,12 +335,12 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
       return output;
     case ForwardPath::C8ChunkedSplit: {
       run_decode(query, md, md.num_decodes, output);
-      run_prefill(query, key, value, md, md.num_decodes, B, output);
+      run_prefill(query, key, value, md, /*prefill_part=*/true, output);
       return output;
     }
     case ForwardPath::FusedDense:
     case ForwardPath::C8Dequant:
-      run_prefill(query, key, value, md, 0, B, output);
+      run_prefill(query, key, value, md, /*prefill_part=*/false, output);
       return output;
     case ForwardPath::Encoder: {
       // Bidirectional over the float new K/V (upstream feeds the int8 K/V to

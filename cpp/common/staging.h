@@ -1,35 +1,59 @@
-// Internal: the host staging buffer of a metadata builder and its device twin,
-// shared by the backend builders. A build writes the staging buffer and copies
-// what it used to the device buffer; on the CPU (or without separate buffers)
-// the two are the same tensor and nothing is copied.
+// Internal: the host staging buffers of a metadata builder and their device
+// twin, shared by the backend builders (see include/ascend_attn_rt/staging.h
+// for why there are several host buffers and events).
+//
+// A build calls begin() (the host buffer to write, once its previous copies
+// have completed), writes it, copy()s what it used to the device, and calls
+// finish() (records the copies; the next build writes the next host buffer).
+// A build that throws before finish() leaves the turn where it was. Without
+// separate device buffers (the CPU) there is one host buffer, which is also the
+// device buffer, and copy() does nothing.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <exception>
+#include <array>
+#include <memory>
+
+#include "ascend_attn_rt/staging.h"
 
 namespace aar::detail {
 
-struct StagingPair {
-  at::Tensor staging, device;  // int32, `words` long, zero-filled
-};
+class StagingBuffers {
+ public:
+  static constexpr int kMaxHostBuffers = 4;
 
-inline StagingPair make_staging_pair(int64_t words, const c10::Device& device, bool separate) {
-  const auto host = at::TensorOptions().dtype(at::kInt).device(at::kCPU);
-  StagingPair p;
-  if (separate && !device.is_cpu()) {
-    // Page-locked staging makes the per-build copy asynchronous; fall back to
-    // pageable memory when no device runtime provides a pinned allocator.
-    try {
-      p.staging = at::zeros({words}, host.pinned_memory(true));
-    } catch (const std::exception&) {
-      p.staging = at::zeros({words}, host);
-    }
-  } else {
-    p.staging = at::zeros({words}, host);
-  }
-  p.device = separate ? at::zeros({words}, host.device(device)) : p.staging;
-  return p;
-}
+  StagingBuffers() = default;
+  // `words` int32 per buffer, zero-filled. `num_host` host buffers (1..4) when
+  // `separate`; hooks == nullptr: default_staging_hooks(device).
+  StagingBuffers(int64_t words, c10::Device device, bool separate, int num_host,
+                 std::shared_ptr<StagingHooks> hooks);
+
+  bool separate() const { return separate_; }
+  int num_host() const { return num_host_; }
+  // The host buffer the current (or next) build writes.
+  int active() const { return active_; }
+  const at::Tensor& host(int i) const { return host_[i]; }
+  const at::Tensor& host() const { return host_[active_]; }
+  const at::Tensor& device() const { return device_; }
+
+  // Starts a build: waits until the copies last made from the next host
+  // buffer have completed, makes it the active one, returns its data.
+  int32_t* begin();
+  // Enqueues device[offset, offset + words) <- active host buffer's same range.
+  void copy(int64_t offset, int64_t words);
+  // Ends a build: records its copies; the next begin() takes the next buffer.
+  void finish();
+
+ private:
+  bool separate_ = false;
+  int num_host_ = 1;
+  int active_ = 0;
+  bool copied_ = false;  // copy() called since begin()
+  std::array<at::Tensor, kMaxHostBuffers> host_;
+  std::array<bool, kMaxHostBuffers> pending_{};  // recorded copies not yet waited for
+  at::Tensor device_;
+  std::shared_ptr<StagingHooks> hooks_;
+};
 
 }  // namespace aar::detail

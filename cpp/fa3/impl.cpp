@@ -1,12 +1,14 @@
 #include "ascend_attn_rt/fa3/impl.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <cmath>
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/validate.h"
+#include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/fa3/backend.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
@@ -104,6 +106,9 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
                                          const at::Tensor& value_cache, const gqa::Metadata* metadata,
                                          const at::Tensor& output) {
   last_num_calls_ = 0;
+  // The FA3 backend is eager-only (upstream: FULL_DECODE_ONLY graphs need
+  // enforce_eager): inside a capture it refuses instead of running unrecorded.
+  graph::refuse_if_capturing("the FA3 backend's forward (eager only)");
   if (metadata == nullptr) {
     AAR_CHECK_ARG(output.defined(), "output must be a tensor");
     output.zero_();
@@ -111,14 +116,19 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     return output;
   }
   const gqa::Metadata& md = *metadata;
-  if (md.is_pooling && !md.causal) {
-    // Inherited upstream forward: pooling models take the dense encoder path.
+  check_current(md.stamp, "metadata");
+  if (!md.causal && (md.is_pooling || !key_cache.defined())) {
+    // Inherited upstream forward: bidirectional attention over the step's own
+    // tokens takes the dense encoder path (the GQA impl, same attn_type checks).
     encoder_.forward(query, key, value, key_cache, value_cache, metadata, output);
     last_path_ = ForwardPath::Encoder;
     last_num_calls_ = 1;
     return output;
   }
   validate(query, key, value, key_cache, value_cache, md, output);
+  gqa::check_attn_type(cfg_.attn_type, md, true);
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
   bind_caches(key_cache, value_cache);
   if (key.has_value() && !cfg_.kv_sharing) {
     const int64_t n = key->size(0);
@@ -163,11 +173,9 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   }
   const int64_t np = R - nd;
   if (np > 0 && nt > ndt) {
-    std::vector<int64_t> rebased(np);  // cumulative ends from the prefill part's first row
-    for (int64_t i = 0; i < np; ++i) rebased[i] = md.actual_seq_lengths_q[nd + i] - ndt;
     t.query = query.narrow(0, ndt, nt - ndt);
     t.block_table = md.block_tables.narrow(0, nd, np);  // by requests, not by decode tokens
-    p.actual_seq_lengths = rebased;
+    p.actual_seq_lengths = md.prefill_actual_seq_lengths_q;  // rebased to the part's first row (by the build)
     p.actual_seq_lengths_kv = md.seq_lens_list.slice(nd, np);
     at::Tensor out = output.narrow(0, ndt, nt - ndt);
     ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse_placeholder_);

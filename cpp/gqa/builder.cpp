@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "ascend_attn_rt/errors.h"
@@ -16,7 +17,9 @@ namespace aar::gqa {
 // reused afterwards: a steady-state build creates no tensor.
 struct MetadataBuilder::Views {
   std::vector<at::Tensor> qsl;          // by num_reqs: device (n+1)
-  std::vector<at::Tensor> seq_lens;     // by num_reqs: host (n)
+  // by host buffer, then num_reqs: host (n)
+  std::array<std::vector<at::Tensor>, detail::StagingBuffers::kMaxHostBuffers> seq_lens;
+  std::vector<at::Tensor> seq_lens_dev;  // by num_reqs: device (n) (dense context)
   std::vector<at::Tensor> block_table;  // by num_reqs: device (n, max_blocks)
   std::vector<at::Tensor> slots;        // by num_input_tokens: device (n)
 };
@@ -59,16 +62,28 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   off_bt_ = off_slot_ + cfg.max_num_tokens;
   const int64_t total = off_bt_ + R * static_cast<int64_t>(cfg.max_blocks_per_req);
 
-  detail::StagingPair buffers = detail::make_staging_pair(total, cfg.device, separate_);
-  staging_ = std::move(buffers.staging);
-  device_ = std::move(buffers.device);
-  staging_block_table_ = staging_.narrow(0, off_bt_, R * cfg.max_blocks_per_req).view({R, cfg.max_blocks_per_req});
+  buffers_ = std::make_unique<detail::StagingBuffers>(total, cfg.device, separate_, cfg.staging_buffers,
+                                                      cfg.staging_hooks);
+  if (separate_) {
+    // The engine's table is its own: builds copy its rows into the staging
+    // buffer of their turn, so it is free to rewrite once build() returns.
+    staging_block_table_ = at::zeros({R, cfg.max_blocks_per_req}, at::TensorOptions().dtype(at::kInt));
+  } else {
+    staging_block_table_ =
+        buffers_->host(0).narrow(0, off_bt_, R * cfg.max_blocks_per_req).view({R, cfg.max_blocks_per_req});
+  }
   q_ends_.assign(R, 0);
   kv_lens_.assign(R, 0);
+  prefill_q_ends_.assign(R, 0);
+  if (cfg.dense_context) {
+    dense_kv_ends_.assign(R, 0);
+    dense_prefill_kv_ends_.assign(R, 0);
+  }
 
   views_ = std::make_unique<Views>();
   views_->qsl.resize(R + 1);
-  views_->seq_lens.resize(R + 1);
+  for (int i = 0; i < buffers_->num_host(); ++i) views_->seq_lens[i].resize(R + 1);
+  views_->seq_lens_dev.resize(R + 1);
   views_->block_table.resize(R + 1);
   views_->slots.resize(cfg.max_num_tokens + 1);
 
@@ -82,7 +97,9 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
 MetadataBuilder::~MetadataBuilder() = default;
 
 const Metadata& MetadataBuilder::build(const BuildInputs& in) {
-  int32_t* s = staging_.data_ptr<int32_t>();
+  // The host buffer of this build's turn, once its last copy has completed.
+  int32_t* s = buffers_->begin();
+  const int host = buffers_->active();
   const int64_t R = cap_reqs_;
 
   const size_t num_reqs = in.seq_lens.size();
@@ -124,14 +141,16 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   buf.q_ends = plan::Span<int64_t>(q_ends_.data(), q_ends_.size());
   buf.kv_lens = plan::Span<int64_t>(kv_lens_.data(), kv_lens_.size());
 
+  // Everything that can fail is checked in here, before its first write.
   const plan::StepPlan p = plan::build_step(si, buf);
   const int32_t B = p.fia.num_reqs;
 
-  if (separate_) {
-    // One host-to-device copy: the packed prefix up to the last used block-table row.
-    const int64_t used = off_bt_ + static_cast<int64_t>(B) * cfg_.max_blocks_per_req;
-    device_.narrow(0, 0, used).copy_(staging_.narrow(0, 0, used), /*non_blocking=*/true);
-  }
+  // One host-to-device copy (device path): the packed prefix up to the last
+  // used block-table row; then the turn passes to the next host buffer.
+  buffers_->copy(0, off_bt_ + static_cast<int64_t>(B) * cfg_.max_blocks_per_req);
+  buffers_->finish();
+  counter_.next(md_.stamp);
+  const at::Tensor& device = buffers_->device();
 
   md_.attn_state = p.state;
   md_.num_reqs = B;
@@ -145,10 +164,10 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   md_.max_query_len = p.max_query_len;
   md_.max_seq_len = p.max_seq_len;
   md_.causal = in.causal;
-  md_.query_start_loc = lazy_view(views_->qsl, B, device_, off_qsl_, B + 1);
-  md_.seq_lens = lazy_view(views_->seq_lens, B, staging_, off_seq_, B);
-  md_.block_tables = lazy_view(views_->block_table, B, device_, off_bt_, B, cfg_.max_blocks_per_req);
-  md_.slot_mapping = lazy_view(views_->slots, p.num_input_tokens, device_, off_slot_, p.num_input_tokens);
+  md_.query_start_loc = lazy_view(views_->qsl, B, device, off_qsl_, B + 1);
+  md_.seq_lens = lazy_view(views_->seq_lens[host], B, buffers_->host(host), off_seq_, B);
+  md_.block_tables = lazy_view(views_->block_table, B, device, off_bt_, B, cfg_.max_blocks_per_req);
+  md_.slot_mapping = lazy_view(views_->slots, p.num_input_tokens, device, off_slot_, p.num_input_tokens);
   if (in.causal) {
     md_.attn_mask = causal_mask_;
   } else {
@@ -156,7 +175,61 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   }
   md_.actual_seq_lengths_q = c10::IntArrayRef(q_ends_.data(), B);
   md_.seq_lens_list = c10::IntArrayRef(kv_lens_.data(), B);
+
+  // The prefill part's own query ends (split paths), and which parts have
+  // cached context: once per build, so forward does no host work.
+  const int32_t nd = p.split.num_decodes, ndt = p.split.num_decode_tokens, nr = p.num_reqs;
+  const int32_t np_fia = std::max(B - nd, 0);
+  for (int32_t i = 0; i < np_fia; ++i) prefill_q_ends_[i] = q_ends_[nd + i] - ndt;
+  md_.prefill_actual_seq_lengths_q = c10::IntArrayRef(prefill_q_ends_.data(), np_fia);
+  bool ctx_decodes = false, ctx_prefills = false;
+  for (int32_t r = 0; r < nr; ++r) {
+    const bool has_ctx = in.seq_lens[r] != in.query_start_loc[r + 1] - in.query_start_loc[r];
+    (r < nd ? ctx_decodes : ctx_prefills) |= has_ctx;
+  }
+  md_.prefill_no_context = !ctx_prefills;
+  md_.no_context = !ctx_prefills && !ctx_decodes;
+  if (cfg_.dense_context) {
+    build_dense_context(nd, ndt);
+  } else {
+    md_.dense = DenseContext{};
+  }
   return md_;
+}
+
+void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {
+  // Host: cumulative KV lengths (all kernel requests, and the prefill part's).
+  const int32_t B = md_.num_reqs;
+  int64_t total = 0;
+  for (int32_t r = 0; r < B; ++r) dense_kv_ends_[r] = (total += kv_lens_[r]);
+  const int64_t start = nd > 0 ? dense_kv_ends_[nd - 1] : 0;
+  for (int32_t r = nd; r < B; ++r) dense_prefill_kv_ends_[r - nd] = dense_kv_ends_[r] - start;
+  DenseContext& d = md_.dense;
+  d.valid = true;
+  d.kv_ends = c10::IntArrayRef(dense_kv_ends_.data(), B);
+  d.prefill_kv_ends = c10::IntArrayRef(dense_prefill_kv_ends_.data(), std::max(B - nd, 0));
+  d.prefill_kv_start = start;
+  // Device: every KV position's slot and every real token's row, from the
+  // metadata's device tensors (no host loop over positions, no sync).
+  const at::Tensor& device = buffers_->device();
+  const at::Tensor kv_lens =
+      lazy_view(views_->seq_lens_dev, B, device, off_seq_, B).to(at::kLong);  // int32 -> int64 (a new tensor)
+  const auto lopts = at::TensorOptions().dtype(at::kLong).device(cfg_.device);
+  const at::Tensor ends = kv_lens.cumsum(0);
+  const at::Tensor starts = ends - kv_lens;
+  const at::Tensor pos = at::arange(total, lopts);
+  const at::Tensor req = at::searchsorted(ends, pos, /*out_int32=*/false, /*right=*/true);
+  const at::Tensor j = pos - starts.index_select(0, req);
+  const int64_t bs = cfg_.block_size, mb = cfg_.max_blocks_per_req;
+  const at::Tensor blk = md_.block_tables.reshape({-1}).index_select(0, req * mb + j.div(bs, "floor"));
+  d.slots = blk.to(at::kLong) * bs + j.remainder(bs);
+  const int64_t nt = md_.num_actual_tokens;
+  const at::Tensor qs = md_.query_start_loc.to(at::kLong);
+  const at::Tensor tok = at::arange(nt, lopts);
+  const at::Tensor treq = at::searchsorted(qs.narrow(0, 1, B), tok, /*out_int32=*/false, /*right=*/true);
+  const at::Tensor ctx = kv_lens - (qs.narrow(0, 1, B) - qs.narrow(0, 0, B));  // cached tokens per request
+  d.token_rows = (starts + ctx).index_select(0, treq) + tok - qs.index_select(0, treq);
+  d.prefill_token_rows = d.token_rows.narrow(0, ndt, nt - ndt) - start;
 }
 
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <c10/core/InferenceMode.h>
+
 #include <cmath>
 
 #include "ascend_attn_rt/errors.h"
@@ -15,6 +17,33 @@
 namespace aar::gqa {
 
 using plan::AttentionState;
+
+const char* to_string(AttnType t) {
+  switch (t) {
+    case AttnType::Decoder: return "decoder";
+    case AttnType::EncoderOnly: return "encoder_only";
+    case AttnType::Encoder: return "encoder";
+    case AttnType::EncoderDecoder: return "encoder_decoder";
+  }
+  return "unknown";
+}
+
+void check_attn_type(AttnType t, const Metadata& md, bool has_cache) {
+  // The layer's type decides its causality; the metadata must agree (vLLM
+  // builds encoder groups' metadata with causal=False).
+  const bool bidirectional = t != AttnType::Decoder;
+  AAR_CHECK_ARG(md.causal != bidirectional, "attn_type='", to_string(t), "' layers attend ",
+                bidirectional ? "bidirectionally" : "causally", " but the metadata was built with causal=",
+                md.causal ? "True" : "False", " (build it with causal=", bidirectional ? "False" : "True", ")");
+  AAR_CHECK_ARG(t != AttnType::Encoder || !has_cache,
+                "attn_type='encoder' layers keep no KV cache: pass key_cache=None and value_cache=None");
+}
+
+void check_own_tokens(const Metadata& md, const char* what) {
+  AAR_CHECK_ARG(md.no_context, what,
+                " attends each request's own new tokens only, but the metadata has requests with cached "
+                "context (seq_len > query_len); give the layer its KV cache");
+}
 
 const char* to_string(ForwardPath p) {
   switch (p) {
@@ -83,8 +112,10 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
   validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device());
 }
 
-ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens) const {
-  if (md.is_pooling && !md.causal) return ForwardPath::Encoder;
+ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens, bool has_cache) const {
+  // Bidirectional attention over the step's own tokens: a pooling model's
+  // encoder layers (spec 5.6), and encoder layers without a cache.
+  if (!md.causal && (md.is_pooling || !has_cache)) return ForwardPath::Encoder;
   // Paged attention has no sink input: sinks always go through FIA v2.
   if (md.attn_state == AttentionState::DecodeOnly && !cfg_.sliding_window.has_value() && !cfg_.sinks.has_value()) {
     plan::PagedAttentionRule rule;
@@ -267,16 +298,20 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
                                          const at::Tensor& output) {
   if (metadata == nullptr) {
     // Profiling / dummy run: no metadata, nothing to attend.
+    graph::refuse_if_capturing("a forward without metadata (profiling run)");
     AAR_CHECK_ARG(output.defined(), "output must be a tensor");
     output.zero_();
     last_path_ = ForwardPath::None;
     return output;
   }
   const Metadata& md = *metadata;
+  check_current(md.stamp, "metadata");
   validate(query, key, value, key_cache, value_cache, md, output);
   const int64_t T = query.sizes()[0];
-  const ForwardPath path = choose_path(md, T);
   const bool has_cache = key_cache.defined();
+  check_attn_type(cfg_.attn_type, md, has_cache);
+  const ForwardPath path = choose_path(md, T, has_cache);
+  if (path == ForwardPath::Encoder) check_own_tokens(md, "the encoder path (bidirectional, no cache read)");
   const bool dense = path == ForwardPath::Encoder || path == ForwardPath::FusedDense ||
                      (path == ForwardPath::LargeHead && md.attn_state == AttentionState::PrefillNoCache) ||
                      (path == ForwardPath::FusedSinks && md.attn_state == AttentionState::PrefillNoCache);
@@ -292,6 +327,13 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     throw_not_supported("sliding_window with head_size 512 on A2/A3: the large-head fallback "
                         "(npu_fusion_attention) has no window here; use device_kind a5");
   }
+  if (path == ForwardPath::LargeHead && !dense) {
+    AAR_CHECK_ARG(md.dense.valid, "the head-size-512 fallback over cached context reads the builder's dense "
+                  "context: construct the MetadataBuilder with dense_context=True");
+  }
+  // Operators run without autograd (entered once here, not per operator call).
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
   if (has_cache) bind_caches(key_cache, value_cache);
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
     lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));
@@ -353,34 +395,17 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
       // through npu_fusion_attention; both length lists cumulative.
       ops::FusionAttentionArgs a;
       a.query = q;
-      std::vector<int64_t> kv_ends;
       if (dense) {
         a.key = key->sizes()[0] == nt ? *key : key->narrow(0, 0, nt);
         a.value = value->sizes()[0] == nt ? *value : value->narrow(0, 0, nt);
         a.actual_seq_kvlen = md.actual_seq_lengths_q;
       } else {
-        const int64_t B = md.num_reqs, bs = md.block_size;
-        int64_t max_len = 0, total = 0;
-        kv_ends.resize(B);
-        for (int64_t b = 0; b < B; ++b) {
-          max_len = std::max(max_len, md.seq_lens_list[b]);
-          total += md.seq_lens_list[b];
-          kv_ends[b] = total;
-        }
-        const int64_t nblk = (max_len + bs - 1) / bs;
-        const auto dev = key_cache_.device();
-        // Flat cache rows of positions 0..nblk*bs-1 of every request, then keep
-        // positions < seq_len (row-major, so request by request).
-        at::Tensor rows = (md.block_tables.narrow(1, 0, nblk).to(at::kLong).unsqueeze(-1) * bs +
-                           at::arange(bs, at::TensorOptions().dtype(at::kLong).device(dev)))
-                              .reshape({B, nblk * bs});
-        at::Tensor keep = at::arange(nblk * bs, at::TensorOptions().dtype(at::kInt)).unsqueeze(0) <
-                          md.seq_lens.unsqueeze(1);
-        at::Tensor idx = rows.masked_select(keep.to(dev));
+        // The paged context gathered request by request, at the slots the
+        // build computed (no host work here); both length lists cumulative.
         const int64_t nkv = cfg_.num_kv_heads, d = cfg_.head_size;
-        a.key = key_cache_.reshape({-1, nkv, d}).index_select(0, idx);
-        a.value = value_cache_.reshape({-1, nkv, d}).index_select(0, idx);
-        a.actual_seq_kvlen = kv_ends;
+        a.key = key_cache_.view({-1, nkv, d}).index_select(0, md.dense.slots);
+        a.value = value_cache_.view({-1, nkv, d}).index_select(0, md.dense.slots);
+        a.actual_seq_kvlen = md.dense.kv_ends;
       }
       a.head_num = cfg_.num_heads;
       a.input_layout = "TND";
@@ -419,11 +444,9 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
       at::Tensor out_d = out.narrow(0, 0, ndt);
       ops::fused_infer_attention_score_out(t, p, std::nullopt, out_d, lse_placeholder_);
       const int64_t np = md.num_reqs - nd;
-      std::vector<int64_t> rebased(np);
-      for (int64_t i = 0; i < np; ++i) rebased[i] = md.actual_seq_lengths_q[nd + i] - ndt;
       t.query = q.narrow(0, ndt, nt - ndt);
       t.block_table = md.block_tables.narrow(0, nd, np);
-      p.actual_seq_lengths = rebased;
+      p.actual_seq_lengths = md.prefill_actual_seq_lengths_q;
       p.actual_seq_lengths_kv = md.seq_lens_list.slice(nd);
       at::Tensor out_p = out.narrow(0, ndt, nt - ndt);
       ops::fused_infer_attention_score_out(t, p, std::nullopt, out_p, lse_placeholder_);

@@ -4,6 +4,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <string>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
@@ -41,6 +42,12 @@ GraphParams::~GraphParams() {
 }
 
 GraphParams* GraphParams::current() { return tl_current; }
+
+void refuse_if_capturing(const char* what) {
+  if (__builtin_expect(tl_current == nullptr, 1)) return;
+  throw_not_supported(what, " cannot be captured in a graph (capture of bucket ", tl_current->capturing_bucket(),
+                      " is open): it would run eagerly and its replay would leave the output stale");
+}
 
 void GraphParams::begin_capture(int64_t n) {
   AAR_CHECK_ARG(n > 0, "num_tokens must be positive, got ", n);
@@ -184,6 +191,7 @@ StepParams step_params(const gqa::Metadata& md) {
   sp.num_reqs = md.num_reqs;
   sp.num_real_reqs = md.num_real_reqs;
   sp.num_kernel_tokens = md.num_kernel_tokens;
+  sp.stamp = md.stamp;
   return sp;
 }
 
@@ -266,6 +274,9 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
   Bucket& b = mutable_bucket(n);
   // Validate everything before the first hook: a rejected update leaves the
   // graph as it was.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g].stamp.current()) check_current(groups[g].stamp, ("metadata[" + std::to_string(g) + "]").c_str());
+  }
   for (const CapturedCall& c : b.calls) {
     AAR_CHECK_ARG(c.group >= 0 && static_cast<size_t>(c.group) < groups.size(), "a call of layer ",
                   c.layer_index, " belongs to KV-cache group ", c.group, " but ", groups.size(),
@@ -297,6 +308,10 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
   AAR_CHECK_ARG(!capturing(), "update_draft while a capture is open");
   AAR_CHECK_ARG(!per_call.empty(), "update_draft needs at least one metadata");
   Bucket& b = mutable_bucket(n);
+  // Validate everything before the first hook (as update does).
+  for (size_t k = 0; k < per_call.size(); ++k) {
+    if (!per_call[k].stamp.current()) check_current(per_call[k].stamp, ("metadata[" + std::to_string(k) + "]").c_str());
+  }
   size_t i = 0;
   for (const CapturedCall& c : b.calls) {
     if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
@@ -313,7 +328,14 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
     if (c.kind == CallKind::PagedAttention) pa_ws_ready = false;
     refresh(c, md, b, pa_ws, pa_ws_ready);
     provider_->task_update_begin(c.task);
-    if (relaunch) launch(c, b);
+    if (relaunch) {
+      try {
+        launch(c, b);
+      } catch (...) {
+        provider_->task_update_end();  // as update(): the task update is closed on any error
+        throw;
+      }
+    }
     provider_->task_update_end();
     provider_->event_record(c.event);
   }

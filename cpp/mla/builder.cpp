@@ -164,13 +164,20 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   off_psin_ = align16(off_pcos_ + T * W);
   total_ = off_psin_ + T * W;
 
-  detail::StagingPair buffers = detail::make_staging_pair(total_, cfg.device, separate_);
-  staging_ = std::move(buffers.staging);
-  device_ = std::move(buffers.device);
-  staging_block_table_ = staging_.narrow(0, off_bt_, R * MB).view({R, MB});
+  buffers_ = std::make_unique<detail::StagingBuffers>(total_, cfg.device, separate_, cfg.staging_buffers,
+                                                      cfg.staging_hooks);
+  device_ = buffers_->device();
+  if (separate_) {
+    // The engine's table is its own (see block_table_staging()).
+    staging_block_table_ = at::zeros({R, MB}, at::TensorOptions().dtype(at::kInt));
+  } else {
+    staging_block_table_ = buffers_->host(0).narrow(0, off_bt_, R * MB).view({R, MB});
+  }
   // Padding slots stay -1 until a build overwrites them.
   device_.narrow(0, off_slot_, 2 * T).view(at::kLong).fill_(-1);
-  if (separate_) staging_.narrow(0, off_slot_, 2 * T).view(at::kLong).fill_(-1);
+  for (int i = 0; separate_ && i < buffers_->num_host(); ++i) {
+    buffers_->host(i).narrow(0, off_slot_, 2 * T).view(at::kLong).fill_(-1);
+  }
 
   // The RoPE rows are gathered on the host, so the tables live there.
   cfg_.cos_table = cfg.cos_table.to(at::kCPU).contiguous();
@@ -215,8 +222,7 @@ at::Tensor MetadataBuilder::rope_view(int64_t offset, int64_t rows) const {
       .view({rows, cfg_.cos_table.size(1)});
 }
 
-void MetadataBuilder::gather_rope(const BuildInputs& in, int32_t num_decodes, int32_t td, int32_t tp) {
-  auto* s = reinterpret_cast<uint8_t*>(staging_.data_ptr<int32_t>());
+void MetadataBuilder::gather_rope(uint8_t* s, const BuildInputs& in, int32_t num_decodes, int32_t td, int32_t tp) {
   const auto* cos_t = static_cast<const uint8_t*>(cfg_.cos_table.data_ptr());
   const auto* sin_t = static_cast<const uint8_t*>(cfg_.sin_table.data_ptr());
   const size_t rb = static_cast<size_t>(rope_row_bytes_);
@@ -253,7 +259,8 @@ void MetadataBuilder::gather_rope(const BuildInputs& in, int32_t num_decodes, in
 }
 
 const Metadata& MetadataBuilder::build(const BuildInputs& in) {
-  int32_t* s = staging_.data_ptr<int32_t>();
+  // The host buffer of this build's turn, once its last copies have completed.
+  int32_t* s = buffers_->begin();
   const int64_t R = cfg_.max_num_reqs, T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req;
   const size_t num_reqs = in.seq_lens.size();
   AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(R), "num_reqs=", num_reqs,
@@ -311,25 +318,22 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
 
   // The decode kernels' view: with graph decode padding, the padded bucket.
   const int32_t nk = p.decode_kernel_reqs, tk = p.decode_kernel_tokens;
-  gather_rope(in, nd, tk, tp);
-  if (separate_) {
-    // Host-to-device copies of what the step uses: a decode-only step is one
-    // copy of the packed prefix up to its last block-table row; a step with
-    // prefills copies the prefix up to its last prefill block-table row, then
-    // its prefill cos and sin rows (the regions between are sized for
-    // max_num_tokens and mostly unused).
-    auto copy = [&](int64_t off, int64_t n) {
-      device_.narrow(0, off, n).copy_(staging_.narrow(0, off, n), /*non_blocking=*/true);
-    };
-    if (np == 0) {
-      copy(0, off_bt_ + static_cast<int64_t>(std::max(B, nk)) * MB);
-    } else {
-      const int64_t words = static_cast<int64_t>(tp) * (rope_row_bytes_ / 4);
-      copy(0, off_pbt_ + static_cast<int64_t>(np) * MB);
-      copy(off_pcos_, words);
-      copy(off_psin_, words);
-    }
+  gather_rope(reinterpret_cast<uint8_t*>(s), in, nd, tk, tp);
+  // Host-to-device copies of what the step uses (device path): a decode-only
+  // step is one copy of the packed prefix up to its last block-table row; a
+  // step with prefills copies the prefix up to its last prefill block-table
+  // row, then its prefill cos and sin rows (the regions between are sized for
+  // max_num_tokens and mostly unused). Then the turn passes on.
+  if (np == 0) {
+    buffers_->copy(0, off_bt_ + static_cast<int64_t>(std::max(B, nk)) * MB);
+  } else {
+    const int64_t words = static_cast<int64_t>(tp) * (rope_row_bytes_ / 4);
+    buffers_->copy(0, off_pbt_ + static_cast<int64_t>(np) * MB);
+    buffers_->copy(off_pcos_, words);
+    buffers_->copy(off_psin_, words);
   }
+  buffers_->finish();
+  counter_.next(md_.stamp);
 
   md_.attn_state = p.state;
   md_.num_reqs = B;

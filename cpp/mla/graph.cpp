@@ -10,6 +10,7 @@ graph::StepParams graph_step_params(const Metadata& md) {
   sp.num_reqs = md.decode.num_kernel_reqs;  // dummies included (graph decode padding)
   sp.num_real_reqs = md.num_decodes;
   sp.num_kernel_tokens = md.speculative ? md.decode.num_kernel_tokens : md.decode.num_kernel_reqs;
+  sp.stamp = md.stamp;
   return sp;
 }
 

@@ -449,11 +449,13 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
                                 const Metadata* md_ptr, const at::Tensor& output) {
   last_decode_ = DecodePath::None;
   if (md_ptr == nullptr) {
+    graph::refuse_if_capturing("an MLA forward without metadata (profiling run)");
     AAR_CHECK_ARG(output.defined(), "output must be given");
     output.zero_();
     return output;
   }
   const Metadata& md = *md_ptr;
+  check_current(md.stamp, "metadata");
   validate(hidden, nope, rope, md, output);
   const Dims& d = cfg_.dims;
   const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,

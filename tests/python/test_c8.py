@@ -131,7 +131,7 @@ def reference(b, *, decode_rows_int8, scale=None, causal=True):
 
 def make_builder(b, **kw):
     cfg = dict(max_num_reqs=16, max_num_tokens=max(64, b.q.shape[0]), max_blocks_per_req=max(8, b.block_table.shape[1]),
-               block_size=b.block_size, num_blocks=b.num_blocks)
+               block_size=b.block_size, num_blocks=b.num_blocks, dense_context=True)
     cfg.update(kw)
     return aar.MetadataBuilder(**cfg)
 
@@ -337,7 +337,8 @@ def test_close_to_unquantised_gqa(name, gen):
 
 def test_encoder_pooling_non_causal(gen):
     b = make_c8_batch([5, 17, 9], [5, 17, 9], gen=gen)
-    res = run(b, state=None, builder_kw=dict(pooling=True), build_kw=dict(causal=False))
+    res = run(b, state=None, builder_kw=dict(pooling=True), build_kw=dict(causal=False),
+              impl_kw=dict(attn_type="encoder_only"))
     assert res.impl.last_path == "encoder"
     ref = reference_attention(b.q[: b.n_act], b.k_full, b.v_full, b.q_lens, scale=1 / math.sqrt(D), causal=False)
     check_out(b, res, ref)  # float K/V (upstream feeds the int8 tensors)

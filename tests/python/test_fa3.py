@@ -24,7 +24,7 @@ N, NKV, D, BS = 8, 2, 64, 128
 
 
 def _run(seq, q, *, gen, state=None, spec=0, scale=None, dtype=torch.float32, num_input_tokens=0, causal=True,
-         pooling=False):
+         pooling=False, attn_type="decoder"):
     b = make_batch(seq, q, num_heads=N, num_kv_heads=NKV, head_size=D, dtype=dtype, block_size=BS, gen=gen,
                    num_input_tokens=num_input_tokens)
     kw = dict(max_num_reqs=8, max_num_tokens=max(64, b.q.shape[0]), max_blocks_per_req=4, block_size=BS,
@@ -35,7 +35,8 @@ def _run(seq, q, *, gen, state=None, spec=0, scale=None, dtype=torch.float32, nu
         build_kw["num_spec_tokens"] = torch.full((len(q),), spec, dtype=torch.int32)
     builder = aar.MetadataBuilder(**kw)
     md = builder.build(b.query_start_loc, b.seq_lens_t, b.block_table, **build_kw)
-    impl = aar.FA3AttentionImpl(N, D, num_kv_heads=NKV, **({} if scale is None else dict(scale=scale)))
+    impl = aar.FA3AttentionImpl(N, D, num_kv_heads=NKV, attn_type=attn_type,
+                                **({} if scale is None else dict(scale=scale)))
     kc0, vc0 = b.key_cache.clone(), b.value_cache.clone()
     out = torch.full(b.q.shape, SENTINEL, dtype=dtype)
     ret = impl.forward(b.q, b.k, b.v, b.key_cache, b.value_cache, md, out)
@@ -103,7 +104,7 @@ def test_same_as_gqa_path(gen):
 
 
 def test_encoder_pooling(gen):
-    b, r = _run([5, 17, 9], [5, 17, 9], gen=gen, causal=False, pooling=True)
+    b, r = _run([5, 17, 9], [5, 17, 9], gen=gen, causal=False, pooling=True, attn_type="encoder_only")
     assert r.impl.last_path == "encoder"
     check_output(b, r, causal=False)
 

@@ -54,7 +54,8 @@ CASES = {
                                    path="fused_sinks"),
     "paged_attention": dict(seq=DECODE32_SEQ[:6], q=[1] * 6, state=S.DecodeOnly, pa_graph=True,
                             path="paged_attention"),
-    "encoder_pooling": dict(seq=[5, 17, 9], q=[5, 17, 9], state=None, pooling=True, causal=False, path="encoder"),
+    "encoder_pooling": dict(seq=[5, 17, 9], q=[5, 17, 9], state=None, pooling=True, causal=False,
+                            attn_type="encoder_only", path="encoder"),
     "encoder_only_paged": dict(seq=[5, 17, 9], q=[5, 17, 9], state=S.ChunkedPrefill, attn_type="encoder_only",
                                causal=False, path="fused_paged"),
     "encoder_only_dense": dict(seq=[5, 17, 9], q=[5, 17, 9], state=S.PrefillNoCache, attn_type="encoder_only",
@@ -188,7 +189,7 @@ def test_state_none_treated_as_derived(gen):
 def test_large_head_512(state, seq, q, device_kind, path, gen):
     case = dict(seq=seq, q=q, state=state, device_kind=device_kind)
     batch, res, ref_kw = _run_case(case, dtype=torch.float32, gen=gen, num_heads=2, num_kv_heads=1,
-                                   head_size=512)
+                                   head_size=512, builder_extra=dict(dense_context=True))
     check_output(batch, res, **ref_kw)
     check_cache_written(batch, res)
     assert res.impl.last_path == path

@@ -6,7 +6,8 @@
 // Decision table (upstream 8.5, with its "returns None" cells made correct):
 //   metadata absent                         -> zero output
 //   kv_transfer Producer                    -> the float GQA path (a producer's
-//                                              cache is float), any state
+//                                              cache is float), any state; its
+//                                              scales are validated, not kept
 //   pooling and non-causal                  -> encoder (dense, float K/V)
 //   DecodeOnly, one token per request       -> c8_decode: FIA BNSD, int8 NZ
 //                                              cache, antiquant scale/offset
@@ -109,7 +110,7 @@ class AttentionImpl {
   void validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
                 const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                 const at::Tensor& value_cache, const gqa::Metadata& md, const at::Tensor& output) const;
-  ForwardPath choose_path(const gqa::Metadata& md, bool has_key) const;
+  ForwardPath choose_path(const gqa::Metadata& md, bool has_key, bool has_cache) const;
   void bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache);
   // Graph capture of a DecodeOnly batch: the quantise + NZ write as a Prepare
   // call, the BNSD decode as a fused call refreshed per step (block table, KV
@@ -119,11 +120,12 @@ class AttentionImpl {
                const at::Tensor& output);
   void write_kv(const at::Tensor& key, const at::Tensor& value, const gqa::Metadata& md);
   void run_decode(const at::Tensor& query, const gqa::Metadata& md, int64_t num_decodes, const at::Tensor& output);
-  // Requests [r0, r1) (query rows [t0, t1)) over dense K/V: the float new
-  // tokens when no request has context, else the dequantised paged context
-  // with the new tokens' rows replaced by their float values (when given).
+  // Every real request, or (prefill_part) the requests after the decodes,
+  // over dense K/V: the float new tokens when no request has context, else the
+  // dequantised paged context (the build's dense context slots) with the new
+  // tokens' rows replaced by their float values (when given).
   void run_prefill(const at::Tensor& query, const std::optional<at::Tensor>& key,
-                   const std::optional<at::Tensor>& value, const gqa::Metadata& md, int64_t r0, int64_t r1,
+                   const std::optional<at::Tensor>& value, const gqa::Metadata& md, bool prefill_part,
                    const at::Tensor& output);
 
   ImplConfig cfg_;

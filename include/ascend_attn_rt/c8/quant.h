@@ -36,4 +36,11 @@ at::Tensor dequant_paged_to_dense(const at::Tensor& cache_nz, const at::Tensor& 
                                   c10::IntArrayRef seq_lens, const at::Tensor& scale, const at::Tensor& offset,
                                   at::ScalarType dtype);
 
+// The rows of an NZ int8 cache at the given slots (device int64, block *
+// block_size + offset each), dequantised: (slots.size(0), Nkv, D) in `dtype`.
+// Device operations only (no host loop): what forward uses with the slots a
+// build computed (gqa::Metadata::dense).
+at::Tensor dequant_slots(const at::Tensor& cache_nz, const at::Tensor& slots, const at::Tensor& scale,
+                         const at::Tensor& offset, at::ScalarType dtype);
+
 }  // namespace aar::c8

@@ -1,7 +1,18 @@
 // The GQA metadata builder (spec gqa.md section 4): turns one step's scheduler
 // output into device metadata. Persistent buffers are allocated at construction;
 // a build validates, plans (plan::build_step, pure C++), and makes at most one
-// host-to-device copy. No allocation in steady state.
+// host-to-device copy. No allocation in steady state (the optional dense
+// context, BuilderConfig::dense_context, is a few device operations per build).
+//
+// Buffers: on the device path the step is written into one of
+// BuilderConfig::staging_buffers host buffers, used in turn, and copied to one
+// device buffer (stable addresses, for graph capture); a host buffer is only
+// rewritten once the copy made from it has completed (include/ascend_attn_rt/
+// staging.h). On the CPU the host buffer is the device buffer.
+//
+// Lifetime: build() returns the builder's metadata, stamped with the build's
+// generation; a copy kept past the next build is stale and rejected by forward
+// and graph update (build_stamp.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,10 +23,16 @@
 #include <optional>
 #include <vector>
 
+#include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/gqa/mask.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/staging.h"
+
+namespace aar::detail {
+class StagingBuffers;
+}
 
 namespace aar::gqa {
 
@@ -39,6 +56,17 @@ struct BuilderConfig {
   // Keep device buffers apart from the host staging buffer and copy once per
   // build. Defaults to (device != CPU); settable so CPU tests exercise the copy.
   std::optional<bool> separate_device_buffers;
+  // Host staging buffers used in turn on the device path (1..4). With one, a
+  // build waits until the previous build's copy has completed.
+  int32_t staging_buffers = 2;
+  // How the staging copies reach the device and how their completion is
+  // awaited (null: a c10::Event on the device's current stream).
+  std::shared_ptr<StagingHooks> staging_hooks;
+  // Compute Metadata::dense (the paged context as dense rows) at every build:
+  // needed by layers that attend over a gathered context (head size 512 on
+  // A2/A3, C8 prefill over cached context). Off by default: it costs a few
+  // device operations per build.
+  bool dense_context = false;
 };
 
 struct BuildInputs {
@@ -69,26 +97,36 @@ class MetadataBuilder {
   int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
   int32_t reorder_batch_threshold() const { return decode_threshold(); }
   const Metadata& metadata() const { return md_; }
-  // Host int32 (request capacity, max_blocks_per_req) staging block table. An
-  // engine may keep its block table here and pass it back as
-  // BuildInputs::block_table (same pointer): the build then copies nothing.
+  // Host int32 (request capacity, max_blocks_per_req) block table an engine may
+  // keep its block table in and pass back as BuildInputs::block_table. Without
+  // separate device buffers (the CPU) it is the staging buffer itself and the
+  // build copies no rows; on the device path it is a table of its own whose
+  // rows the build copies into the staging buffer of the turn (so the engine
+  // may rewrite it as soon as build() returns).
   const at::Tensor& block_table_staging() const { return staging_block_table_; }
+  // Generation of the latest build (0 before the first).
+  uint64_t generation() const { return counter_.current(); }
   MaskBuilder& mask_builder() { return masks_; }
 
  private:
   struct Views;  // per-size cached views
+
+  void build_dense_context(int32_t num_decodes, int32_t num_decode_tokens);
 
   BuilderConfig cfg_;
   bool separate_;
   MaskBuilder masks_;
   std::optional<at::Tensor> causal_mask_;
   Metadata md_;
-  // Host staging: one packed int32 buffer [qsl | seq_lens | slot_mapping | block_table].
-  at::Tensor staging_;
-  at::Tensor device_;  // same layout on the device (aliases staging_ when !separate_)
+  detail::BuildCounter counter_;
+  // Host staging: packed int32 buffers [qsl | seq_lens | slot_mapping | block_table],
+  // the same layout on the device (one buffer, aliasing the host one when !separate_).
+  std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor staging_block_table_;
   std::vector<int64_t> q_ends_;
   std::vector<int64_t> kv_lens_;
+  std::vector<int64_t> prefill_q_ends_;
+  std::vector<int64_t> dense_kv_ends_, dense_prefill_kv_ends_;
   std::unique_ptr<Views> views_;
   int64_t cap_reqs_ = 0;  // request capacity incl. padding dummies
   int64_t off_qsl_ = 0, off_seq_ = 0, off_slot_ = 0, off_bt_ = 0;

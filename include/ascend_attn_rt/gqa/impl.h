@@ -21,7 +21,24 @@ class GraphParams;
 
 namespace aar::gqa {
 
+// The layer's attention type (vLLM's AttentionType). It decides causality and
+// whether the layer has a KV cache; the metadata's `causal` must agree:
+//   Decoder       causal; a paged KV cache.
+//   EncoderOnly   bidirectional (an encoder-only model, e.g. a pooling
+//                 model's layers); with a KV cache the new K/V are written and
+//                 read back (chunked encoder prefill), without one the layer
+//                 attends each request's own tokens (every request new).
+//   Encoder       bidirectional, no KV cache (the encoder of an encoder-decoder
+//                 model): each request's own tokens; caches are rejected.
+//   EncoderDecoder (cross-attention): not supported, rejected.
 enum class AttnType : int32_t { Decoder = 0, EncoderOnly = 1, Encoder = 2, EncoderDecoder = 3 };
+const char* to_string(AttnType t);
+// Shared by the backends on GQA metadata: rejects metadata whose causality
+// differs from the layer's type, and caches given to an Encoder layer.
+void check_attn_type(AttnType t, const Metadata& md, bool has_cache);
+// Rejects metadata with cached context for paths that attend only the step's
+// new tokens; `what` names the path.
+void check_own_tokens(const Metadata& md, const char* what);
 
 struct ImplConfig {
   int64_t num_heads = 0;
@@ -84,7 +101,7 @@ class AttentionImpl {
   void validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
                 const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                 const at::Tensor& value_cache, const Metadata& md, const at::Tensor& output) const;
-  ForwardPath choose_path(const Metadata& md, int64_t num_tokens) const;
+  ForwardPath choose_path(const Metadata& md, int64_t num_tokens, bool has_cache) const;
   // Operator arguments of each path, shared by the eager and the capture paths.
   at::Tensor fill_paged(const Metadata& md, const at::Tensor& query, const at::Tensor& output,
                         ops::PagedAttentionArgs& a) const;

@@ -1,6 +1,7 @@
 // Per-step attention metadata (spec gqa.md 3.2). Owned by the MetadataBuilder
 // that produced it and valid until that builder's next build: every tensor is a
 // view of a persistent buffer and the length lists point into builder storage.
+// `stamp` identifies the build; consumers reject a stale copy (build_stamp.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,9 +10,30 @@
 #include <cstdint>
 #include <optional>
 
+#include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 
 namespace aar::gqa {
+
+// The paged context as dense rows, request after request: what the paths that
+// attend over a gathered context read (the A2/A3 head-size-512 fallback, the C8
+// prefill over dequantised context). Computed once per build on the metadata's
+// device when the builder is configured with dense_context; absent otherwise.
+struct DenseContext {
+  bool valid = false;
+  // Device int64 (sum of the kernels' KV lengths): the cache slot
+  // (block * block_size + offset) of every KV position of requests [0, num_reqs).
+  at::Tensor slots;
+  // Device int64 (num_kernel_tokens): the dense row of every query token (its
+  // position in its request's context, offset by the requests before it).
+  at::Tensor token_rows;
+  // Device int64 (num_kernel_tokens - num_decode_tokens): the rows of the tokens
+  // of requests [num_decodes, num_reqs) counted from their first request's row.
+  at::Tensor prefill_token_rows;
+  c10::IntArrayRef kv_ends;          // host, num_reqs: cumulative KV lengths
+  c10::IntArrayRef prefill_kv_ends;  // host: the same for requests [num_decodes, num_reqs), rebased to 0
+  int64_t prefill_kv_start = 0;      // kv_ends[num_decodes - 1] (0 without decodes)
+};
 
 struct Metadata {
   plan::AttentionState attn_state = plan::AttentionState::ChunkedPrefill;
@@ -38,6 +60,15 @@ struct Metadata {
 
   c10::IntArrayRef actual_seq_lengths_q;  // cumulative query ends (num_reqs)
   c10::IntArrayRef seq_lens_list;         // per-request KV lengths (num_reqs)
+  // Cumulative query ends of requests [num_decodes, num_reqs), rebased to the
+  // first of them (the prefill part's own call in the split paths).
+  c10::IntArrayRef prefill_actual_seq_lengths_q;
+  // No request of [0, num_real_reqs) / [num_decodes, num_real_reqs) has cached
+  // context (every KV length equals its query length).
+  bool no_context = false;
+  bool prefill_no_context = false;
+  DenseContext dense;
+  BuildStamp stamp;
 };
 
 }  // namespace aar::gqa

@@ -18,6 +18,7 @@
 #include <optional>
 #include <vector>
 
+#include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 #include "ascend_attn_rt/graph/provider.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -77,6 +78,7 @@ struct StepParams {
   int64_t num_reqs = 0;          // requests the kernels see (incl. padding dummies)
   int64_t num_real_reqs = 0;
   int64_t num_kernel_tokens = 0; // query rows attended (q_ends.back())
+  BuildStamp stamp;              // the build the lists belong to (stale ones are rejected)
 };
 StepParams step_params(const gqa::Metadata& md);
 
@@ -112,7 +114,9 @@ class GraphParams {
   void update(int64_t num_tokens, const std::vector<StepParams>& groups);
   void update(int64_t num_tokens, const gqa::Metadata& md) { update(num_tokens, std::vector<StepParams>{step_params(md)}); }
   // Draft model: per-(draft step, layer) metadata flattened in capture order and
-  // cycled (or truncated) over the recorded calls (spec 7.8).
+  // cycled (or truncated) over the recorded calls (spec 7.8). Each entry must be
+  // the latest build of its builder (a builder rewrites its lists at every
+  // build): build each draft step's metadata with its own builder.
   void update_draft(int64_t num_tokens, const std::vector<StepParams>& per_call);
 
   // CPU provider: run the bucket's recorded calls in order (each must have been
@@ -149,6 +153,12 @@ class GraphParams {
   std::map<int64_t, Bucket> buckets_;
   int64_t capturing_ = -1;
 };
+
+// The capture policy every Impl follows: inside an open capture a forward call
+// is recorded into it or refused; it never runs eagerly unrecorded. Throws
+// NotSupported naming `what` (e.g. "the FA3 backend's forward") when a capture
+// is open on this thread; returns otherwise.
+void refuse_if_capturing(const char* what);
 
 // RAII capture scope; a scope left by an exception drops the partial bucket.
 class CaptureScope {

@@ -20,6 +20,12 @@
 // tensor. A rejected build writes nothing, so the previous metadata stays
 // valid. Graph decode padding (BuilderConfig::graph_decode_padding) implements
 // both modes of spec 3.5.
+//
+// On the device path the host buffers are used in turn (BuilderConfig::
+// staging_buffers), each rewritten only once the copies made from it have
+// completed (include/ascend_attn_rt/staging.h). Every build stamps the metadata
+// with its generation; a copy kept past the next build is stale and rejected by
+// forward and graph update (build_stamp.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,8 +36,14 @@
 #include <optional>
 #include <vector>
 
+#include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/staging.h"
+
+namespace aar::detail {
+class StagingBuffers;
+}
 
 namespace aar::mla {
 
@@ -67,6 +79,10 @@ struct BuilderConfig {
   // build (the device path). Defaults to (device != CPU); settable so CPU tests
   // exercise that path.
   std::optional<bool> separate_device_buffers;
+  // Host staging buffers used in turn on the device path (1..4); hooks for the
+  // copies and their completion (null: a c10::Event on the current stream).
+  int32_t staging_buffers = 2;
+  std::shared_ptr<StagingHooks> staging_hooks;
 };
 
 struct BuildInputs {
@@ -92,18 +108,22 @@ class MetadataBuilder {
   int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
   int64_t workspace_tokens() const { return workspace_; }
   const Metadata& metadata() const { return md_; }
-  // Host int32 (max_num_reqs, max_blocks_per_req) staging block table. An
-  // engine may keep its block table here and pass it back as
-  // BuildInputs::block_table (same pointer, stride max_blocks_per_req): the
-  // build then copies no block-table rows (prefill rows are still copied to
-  // their own fixed-address region).
+  // Host int32 (max_num_reqs, max_blocks_per_req) block table an engine may
+  // keep its block table in and pass back as BuildInputs::block_table (same
+  // pointer, stride max_blocks_per_req). Without separate device buffers (the
+  // CPU) it is the staging buffer itself and the build copies no block-table
+  // rows (prefill rows are still copied to their own fixed-address region); on
+  // the device path it is a table of its own, copied into the staging buffer of
+  // the turn, so the engine may rewrite it once build() returns.
   const at::Tensor& block_table_staging() const { return staging_block_table_; }
+  // Generation of the latest build (0 before the first).
+  uint64_t generation() const { return counter_.current(); }
 
  private:
   struct Views;  // per-size cached views of the persistent buffers
   using GatherFn = void (*)(const uint8_t*, const uint8_t*, const int32_t*, int32_t, uint8_t*, uint8_t*);
 
-  void gather_rope(const BuildInputs& in, int32_t num_decodes, int32_t num_decode_tokens,
+  void gather_rope(uint8_t* staging, const BuildInputs& in, int32_t num_decodes, int32_t num_decode_tokens,
                    int32_t num_prefill_tokens);
   at::Tensor rope_view(int64_t offset, int64_t rows) const;
 
@@ -113,11 +133,13 @@ class MetadataBuilder {
   int64_t rope_row_bytes_ = 0;
   GatherFn gather_ = nullptr;  // specialised decode-row gather for the row size, or null
   Metadata md_;
+  detail::BuildCounter counter_;
   // Packed int32, offsets in int32 units, each region on a 64-byte boundary:
   // [qsl | slot64 | decode cos | decode sin | block table (all rows) | chunk
   // cu_seq_lens | chunk starts | chunk lens | prefill block table | prefill cos
   // | prefill sin]. A decode-only build copies up to the last decode row.
-  at::Tensor staging_, device_;
+  std::unique_ptr<detail::StagingBuffers> buffers_;
+  at::Tensor device_;  // buffers_->device()
   at::Tensor staging_block_table_;
   // Token positions (host only: the rows are gathered on the host).
   std::vector<int32_t> decode_positions_, prefill_positions_;

@@ -1,6 +1,7 @@
 // Per-step MLA metadata (spec mla.md section 2). Owned by the MetadataBuilder
 // that produced it and valid until its next build: tensors are views of
-// persistent buffers, length lists point into builder storage.
+// persistent buffers, length lists point into builder storage; `stamp`
+// identifies the build (build_stamp.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 
 namespace aar::mla {
@@ -64,6 +66,7 @@ struct Metadata {
   at::Tensor attn_mask;        // device int8 (2048, 2048), 1 strictly above the diagonal
   DecodeMetadata decode;       // valid when num_decodes > 0
   PrefillMetadata prefill;     // valid when num_prefills > 0
+  BuildStamp stamp;            // the build (a stale copy is rejected)
 };
 
 }  // namespace aar::mla

@@ -1,0 +1,310 @@
+// Staging buffers reused while an earlier copy is still in flight, and stale
+// metadata. The device copy is simulated by hooks that queue the copies like a
+// stream and run them only when a test (or an event wait) drains the queue, so
+// a copy "completes late" on the CPU.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/gqa/builder.h"
+#include "ascend_attn_rt/mla/builder.h"
+#include "ascend_attn_rt/staging.h"
+
+namespace {
+
+// A stream: copies and event records run in order, when drained. The copy
+// reads its host source when it runs, as a DMA engine does.
+class LateCopies : public aar::StagingHooks {
+ public:
+  // honest_events == false models the builders before this change: no event,
+  // so waiting for a buffer returns at once while its copy is still queued.
+  explicit LateCopies(bool honest_events) : honest_(honest_events) {}
+
+  void copy(const at::Tensor& dst, const at::Tensor& src) override { queue_.push_back({dst, src, -1}); }
+  void record(int slot) override { queue_.push_back({at::Tensor(), at::Tensor(), slot}); }
+  void wait(int slot) override {
+    ++waits_;
+    if (!honest_) return;
+    // Run the stream up to the last record of `slot`.
+    size_t last = queue_.size();
+    for (size_t i = 0; i < queue_.size(); ++i) {
+      if (queue_[i].slot == slot) last = i;
+    }
+    if (last == queue_.size()) return;
+    for (size_t i = 0; i <= last; ++i) run_front();
+  }
+  // Runs the next queued copy (skipping event records); false when none is left.
+  bool run_next_copy() {
+    while (!queue_.empty()) {
+      const bool is_copy = queue_.front().dst.defined();
+      run_front();
+      if (is_copy) return true;
+    }
+    return false;
+  }
+  int waits() const { return waits_; }
+  size_t queued() const { return queue_.size(); }
+
+ private:
+  struct Op {
+    at::Tensor dst, src;
+    int slot;
+  };
+  void run_front() {
+    Op op = queue_.front();
+    queue_.pop_front();
+    if (op.dst.defined()) op.dst.copy_(op.src);
+  }
+  bool honest_;
+  int waits_ = 0;
+  std::deque<Op> queue_;
+};
+
+struct Step {
+  std::vector<int32_t> qsl, seq, table;
+  int32_t stride = 4;
+};
+
+// Two decode steps with different lengths and blocks.
+Step step_a() { return {{0, 1, 2}, {5, 20}, {3, 0, 0, 0, 7, 1, 0, 0}}; }
+Step step_b() { return {{0, 1, 2}, {9, 33}, {6, 0, 0, 0, 2, 5, 4, 0}}; }
+
+aar::gqa::BuildInputs inputs(const Step& s) {
+  aar::gqa::BuildInputs in;
+  in.query_start_loc = {s.qsl.data(), s.qsl.size()};
+  in.seq_lens = {s.seq.data(), s.seq.size()};
+  in.block_table = {s.table.data(), s.table.size()};
+  in.block_table_stride = s.stride;
+  return in;
+}
+
+aar::gqa::BuilderConfig gqa_config(std::shared_ptr<aar::StagingHooks> hooks, int buffers) {
+  aar::gqa::BuilderConfig c;
+  c.max_num_reqs = 4;
+  c.max_num_tokens = 16;
+  c.max_blocks_per_req = 4;
+  c.block_size = 16;
+  c.num_blocks = 8;
+  c.separate_device_buffers = true;  // the device path, on the CPU
+  c.staging_buffers = buffers;
+  c.staging_hooks = std::move(hooks);
+  return c;
+}
+
+// What the device should hold after a step's copy: the same step built by a
+// builder whose device buffer is its host buffer.
+struct Expected {
+  at::Tensor qsl, slots, table;
+};
+Expected expected(const Step& s) {
+  aar::gqa::BuilderConfig c = gqa_config(nullptr, 1);
+  c.separate_device_buffers = false;
+  aar::gqa::MetadataBuilder b(c);
+  const aar::gqa::Metadata& md = b.build(inputs(s));
+  return {md.query_start_loc.clone(), md.slot_mapping.clone(), md.block_tables.clone()};
+}
+
+// The device views of a build, held past the next build (they view the
+// builder's single device buffer).
+Expected device_views(const aar::gqa::Metadata& md) { return {md.query_start_loc, md.slot_mapping, md.block_tables}; }
+
+bool equal(const Expected& got, const Expected& want) {
+  return at::equal(got.qsl, want.qsl) && at::equal(got.slots, want.slots) && at::equal(got.table, want.table);
+}
+
+TEST(Staging, SingleBufferWithoutEventCorruptsALateCopy) {
+  // The old behaviour: one host buffer rewritten by the next build while the
+  // first build's copy is still queued. When the stream runs that copy, it
+  // sends step B's data for step A.
+  auto hooks = std::make_shared<LateCopies>(/*honest_events=*/false);
+  aar::gqa::MetadataBuilder b(gqa_config(hooks, 1));
+  const Expected a_dev = device_views(b.build(inputs(step_a())));
+  b.build(inputs(step_b()));
+  ASSERT_TRUE(hooks->run_next_copy());  // step A's copy, late
+  EXPECT_FALSE(equal(a_dev, expected(step_a())));
+  EXPECT_TRUE(at::equal(a_dev.slots, expected(step_b()).slots));  // step B's slots, under step A
+}
+
+TEST(Staging, TwoBuffersInTurnKeepALateCopyIntact) {
+  auto hooks = std::make_shared<LateCopies>(/*honest_events=*/true);
+  aar::gqa::MetadataBuilder b(gqa_config(hooks, 2));
+  const Expected a_dev = device_views(b.build(inputs(step_a())));
+  const Expected b_dev = device_views(b.build(inputs(step_b())));
+  EXPECT_EQ(hooks->waits(), 0);  // the second build wrote the other buffer: no wait
+  ASSERT_TRUE(hooks->run_next_copy());
+  EXPECT_TRUE(equal(a_dev, expected(step_a())));
+  ASSERT_TRUE(hooks->run_next_copy());
+  EXPECT_TRUE(equal(b_dev, expected(step_b())));
+  EXPECT_FALSE(hooks->run_next_copy());
+}
+
+TEST(Staging, ABufferIsRewrittenOnlyAfterItsCopyCompleted) {
+  auto hooks = std::make_shared<LateCopies>(/*honest_events=*/true);
+  aar::gqa::MetadataBuilder b(gqa_config(hooks, 2));
+  const Expected a_dev = device_views(b.build(inputs(step_a())));
+  b.build(inputs(step_b()));
+  // The third build takes the first buffer again: it waits for step A's copy,
+  // which then runs with step A's data.
+  b.build(inputs(step_a()));
+  EXPECT_EQ(hooks->waits(), 1);
+  // The stream ran up to step A's record; the rest is still queued.
+  EXPECT_GT(hooks->queued(), 0u);
+  while (hooks->run_next_copy()) {
+  }
+  EXPECT_TRUE(equal(a_dev, expected(step_a())));
+}
+
+TEST(Staging, SingleBufferWaitsForThePreviousCopy) {
+  auto hooks = std::make_shared<LateCopies>(/*honest_events=*/true);
+  aar::gqa::MetadataBuilder b(gqa_config(hooks, 1));
+  const Expected a_dev = device_views(b.build(inputs(step_a())));
+  const Expected a_want = expected(step_a());
+  b.build(inputs(step_b()));
+  EXPECT_EQ(hooks->waits(), 1);
+  // Step A's copy ran, with step A's data, before the buffer was rewritten;
+  // step B's copy is still queued.
+  EXPECT_TRUE(equal(a_dev, a_want));
+  EXPECT_EQ(hooks->queued(), 2u);
+  ASSERT_TRUE(hooks->run_next_copy());
+  EXPECT_TRUE(equal(device_views(b.metadata()), expected(step_b())));
+}
+
+TEST(Staging, EngineBlockTableIsFreeOnceBuildReturns) {
+  // On the device path block_table_staging is the engine's own table: the
+  // build copies its rows, so rewriting it right away cannot reach the device.
+  auto hooks = std::make_shared<LateCopies>(/*honest_events=*/true);
+  aar::gqa::MetadataBuilder b(gqa_config(hooks, 2));
+  at::Tensor t = b.block_table_staging();
+  const Step a = step_a();
+  for (int r = 0; r < 2; ++r) {
+    for (int c = 0; c < 4; ++c) t[r][c] = a.table[r * 4 + c];
+  }
+  aar::gqa::BuildInputs in = inputs(a);
+  in.block_table = {t.data_ptr<int32_t>(), 8};  // the batch's two rows of the engine's table
+  const Expected dev = device_views(b.build(in));
+  t.fill_(5);  // the engine moves on
+  while (hooks->run_next_copy()) {
+  }
+  EXPECT_TRUE(equal(dev, expected(a)));
+}
+
+TEST(Staging, RejectedBuildKeepsTheTurnAndWritesNothing) {
+  auto hooks = std::make_shared<LateCopies>(/*honest_events=*/true);
+  aar::gqa::MetadataBuilder b(gqa_config(hooks, 2));
+  b.build(inputs(step_a()));
+  Step bad = step_b();
+  bad.table[0] = 99;  // block id out of range
+  EXPECT_THROW(b.build(inputs(bad)), aar::InvalidArgument);
+  EXPECT_EQ(b.generation(), 1u);
+  EXPECT_EQ(hooks->queued(), 2u);  // only step A's copy and record
+}
+
+// ---------------------------------------------------------------- MLA
+
+aar::mla::BuilderConfig mla_config(std::shared_ptr<aar::StagingHooks> hooks, int buffers) {
+  aar::mla::BuilderConfig c;
+  c.max_num_reqs = 4;
+  c.max_num_tokens = 16;
+  c.max_blocks_per_req = 4;
+  c.block_size = 16;
+  c.num_blocks = 8;
+  c.cos_table = at::arange(64 * 8, at::kFloat).view({64, 8});
+  c.sin_table = -at::arange(64 * 8, at::kFloat).view({64, 8});
+  c.separate_device_buffers = hooks != nullptr;
+  c.staging_buffers = buffers;
+  c.staging_hooks = std::move(hooks);
+  return c;
+}
+
+aar::mla::BuildInputs mla_inputs(const Step& s) {
+  aar::mla::BuildInputs in;
+  in.query_start_loc = {s.qsl.data(), s.qsl.size()};
+  in.seq_lens = {s.seq.data(), s.seq.size()};
+  in.block_table = {s.table.data(), s.table.size()};
+  in.block_table_stride = s.stride;
+  return in;
+}
+
+std::vector<at::Tensor> mla_views(const aar::mla::Metadata& md) {
+  return {md.query_start_loc, md.slot_mapping, md.decode.block_table, md.decode.cos, md.decode.sin};
+}
+
+std::vector<at::Tensor> mla_expected(const Step& s) {
+  aar::mla::MetadataBuilder b(mla_config(nullptr, 1));
+  std::vector<at::Tensor> v = mla_views(b.build(mla_inputs(s)));
+  for (auto& t : v) t = t.clone();
+  return v;
+}
+
+bool all_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!at::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+TEST(Staging, MlaSingleBufferWithoutEventCorruptsALateCopy) {
+  auto hooks = std::make_shared<LateCopies>(false);
+  aar::mla::MetadataBuilder b(mla_config(hooks, 1));
+  const auto a_dev = mla_views(b.build(mla_inputs(step_a())));
+  b.build(mla_inputs(step_b()));
+  ASSERT_TRUE(hooks->run_next_copy());
+  EXPECT_FALSE(all_equal(a_dev, mla_expected(step_a())));
+}
+
+TEST(Staging, MlaTwoBuffersInTurnKeepALateCopyIntact) {
+  auto hooks = std::make_shared<LateCopies>(true);
+  aar::mla::MetadataBuilder b(mla_config(hooks, 2));
+  const auto a_dev = mla_views(b.build(mla_inputs(step_a())));
+  const auto b_dev = mla_views(b.build(mla_inputs(step_b())));
+  EXPECT_EQ(hooks->waits(), 0);
+  ASSERT_TRUE(hooks->run_next_copy());
+  EXPECT_TRUE(all_equal(a_dev, mla_expected(step_a())));
+  while (hooks->run_next_copy()) {
+  }
+  EXPECT_TRUE(all_equal(b_dev, mla_expected(step_b())));
+  b.build(mla_inputs(step_a()));
+  EXPECT_EQ(hooks->waits(), 1);
+}
+
+// ---------------------------------------------------------------- build stamps
+
+TEST(BuildStamp, CopiesOfEarlierBuildsAreStale) {
+  aar::gqa::MetadataBuilder b(gqa_config(nullptr, 2));
+  const aar::gqa::Metadata first = b.build(inputs(step_a()));  // a copy
+  EXPECT_TRUE(first.stamp.current());
+  EXPECT_NO_THROW(aar::check_current(first.stamp, "metadata"));
+  const aar::gqa::Metadata& latest = b.build(inputs(step_b()));
+  EXPECT_FALSE(first.stamp.current());
+  EXPECT_TRUE(latest.stamp.current());
+  EXPECT_EQ(latest.stamp.generation, first.stamp.generation + 1);
+  try {
+    aar::check_current(first.stamp, "metadata");
+    FAIL() << "a stale metadata was accepted";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("stale"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BuildStamp, MetadataOutlivingItsBuilderIsRejected) {
+  aar::mla::Metadata kept;
+  {
+    aar::mla::MetadataBuilder b(mla_config(nullptr, 1));
+    kept = b.build(mla_inputs(step_a()));
+    EXPECT_TRUE(kept.stamp.current());
+  }
+  EXPECT_FALSE(kept.stamp.current());
+  EXPECT_THROW(aar::check_current(kept.stamp, "metadata"), aar::InvalidArgument);
+}
+
+TEST(BuildStamp, HandMadeMetadataIsAlwaysCurrent) {
+  aar::gqa::Metadata md;
+  EXPECT_TRUE(md.stamp.current());
+}
+
+}  // namespace
