@@ -310,6 +310,17 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     AAR_CHECK_ARG(key_cache.defined(), "attention state ", plan::to_string(md.attn_state),
                   " reads the paged KV cache, but key_cache/value_cache are not given");
   }
+  // A prefill over cached context reads the build's dense context: checked
+  // here, before the cache write.
+  const bool prefill_reads_cache =
+      (path == ForwardPath::C8ChunkedSplit && !(key.has_value() && md.prefill_no_context)) ||
+      ((path == ForwardPath::C8Dequant || path == ForwardPath::FusedDense) && !(key.has_value() && md.no_context));
+  if (prefill_reads_cache) {
+    AAR_CHECK_ARG(key_cache.defined(), "attention state ", plan::to_string(md.attn_state),
+                  " reads cached context from the paged KV cache, but key_cache/value_cache are not given");
+    AAR_CHECK_ARG(md.dense.valid, "the C8 prefill over cached context reads the builder's dense context: "
+                  "construct the MetadataBuilder with dense_context=True");
+  }
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
   if (scales_.k_scale.device() != query.device()) scales_ = scales_.to(query.device());
