@@ -178,17 +178,12 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
 
   // The prefill part's own query ends (split paths), and which parts have
   // cached context: once per build, so forward does no host work.
-  const int32_t nd = p.split.num_decodes, ndt = p.split.num_decode_tokens, nr = p.num_reqs;
+  const int32_t nd = p.split.num_decodes, ndt = p.split.num_decode_tokens;
   const int32_t np_fia = std::max(B - nd, 0);
   for (int32_t i = 0; i < np_fia; ++i) prefill_q_ends_[i] = q_ends_[nd + i] - ndt;
   md_.prefill_actual_seq_lengths_q = c10::IntArrayRef(prefill_q_ends_.data(), np_fia);
-  bool ctx_decodes = false, ctx_prefills = false;
-  for (int32_t r = 0; r < nr; ++r) {
-    const bool has_ctx = in.seq_lens[r] != in.query_start_loc[r + 1] - in.query_start_loc[r];
-    (r < nd ? ctx_decodes : ctx_prefills) |= has_ctx;
-  }
-  md_.prefill_no_context = !ctx_prefills;
-  md_.no_context = !ctx_prefills && !ctx_decodes;
+  md_.no_context = p.context_end == 0;
+  md_.prefill_no_context = p.context_end <= nd;
   if (cfg_.dense_context) {
     build_dense_context(nd, ndt);
   } else {

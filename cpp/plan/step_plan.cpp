@@ -88,13 +88,14 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   int32_t max_seq_len = 0;
   // Inputs of the attention-state rule (spec 2.1), gathered in the same pass.
   bool all_fresh = true, all_sched_one = true, all_valid_one = true;
+  int32_t context_end = 0;  // 1 + the last request with cached context
   int64_t used_blocks = 0;  // block-table entries the kernels will read
   bool checked = false;
   if (pow2 && !has_spec) {
     // Common case, branch-free so it vectorises: flags and maxima in one pass;
     // on any violation the exact loop below runs and names the offender.
     uint32_t bad = 0, not_fresh = 0, not_one = 0;
-    int32_t maxq = 0, maxs = 0;
+    int32_t maxq = 0, maxs = 0, ctx_end = 0;
     uint32_t used = 0;
     const uint32_t stride_u = static_cast<uint32_t>(in.block_table_stride);
     for (std::size_t r = 0; r < b; ++r) {
@@ -104,6 +105,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
       bad |= static_cast<uint32_t>(seq < q) | static_cast<uint32_t>(nblk > stride_u);
       not_fresh |= static_cast<uint32_t>(seq != q);
       not_one |= static_cast<uint32_t>(q != 1);
+      ctx_end = std::max(ctx_end, seq != q ? static_cast<int32_t>(r + 1) : 0);
       used += nblk;
       maxq = std::max(maxq, q);
       maxs = std::max(maxs, seq);
@@ -111,6 +113,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     if (!bad) {
       checked = true;
       all_fresh = !not_fresh;
+      context_end = ctx_end;
       all_sched_one = all_valid_one = !not_one;
       used_blocks = used;
       max_query_len = maxq;
@@ -127,6 +130,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
                     "]");
     }
     all_fresh &= seq == q;
+    if (seq != q) context_end = static_cast<int32_t>(r + 1);
     all_sched_one &= q == 1;
     all_valid_one &= (q - sp) == 1;
     const int64_t nblk = blocks(seq);  // seq >= q >= 0 here
@@ -285,6 +289,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   std::fill(slots + t_real, slots + t_in, kPadSlot);
 
   plan.num_reqs = static_cast<int32_t>(b);
+  plan.context_end = context_end;
   plan.num_actual_tokens = t_real;
   plan.num_input_tokens = t_in;
   plan.max_query_len = max_query_len;

@@ -589,3 +589,43 @@ TEST(PlanStep, DecodeFastPathRejectsEveryBadNeededIdByName) {
     }
   }
 }
+
+TEST(PlanStep, ContextEndIsOnePastTheLastRequestWithContext) {
+  // Mixed batch: requests 0..2 have context, request 3 is new.
+  Step s = mixed();
+  EXPECT_EQ(s.build().context_end, 3);
+  // Every request new.
+  Step f = mixed();
+  f.qsl = lens_to_qsl({4, 6, 5});
+  f.seq_lens = {4, 6, 5};
+  EXPECT_EQ(f.build().context_end, 0);
+  // Only the first request has context; with a spec list (the exact loop) too.
+  for (bool spec : {false, true}) {
+    Step g = mixed();
+    g.qsl = lens_to_qsl({1, 6, 5});
+    g.seq_lens = {9, 6, 5};
+    if (spec) g.spec = {0, 0, 0};
+    EXPECT_EQ(g.build().context_end, 1) << spec;
+  }
+  // Randomised against the definition, both loops (power-of-two block size and not).
+  std::mt19937 rng(7);
+  for (int it = 0; it < 500; ++it) {
+    Step r;
+    const int b = 1 + static_cast<int>(rng() % 9);
+    std::vector<int32_t> q(b);
+    int32_t want = 0;
+    for (int i = 0; i < b; ++i) {
+      q[i] = 1 + static_cast<int32_t>(rng() % 4);
+      const int32_t ctx = (rng() % 3 == 0) ? static_cast<int32_t>(rng() % 20) : 0;
+      r.seq_lens.push_back(q[i] + ctx);
+      if (ctx > 0) want = i + 1;
+    }
+    r.qsl = lens_to_qsl(q);
+    r.in.block_size = (it % 2) ? 16 : 24;
+    r.in.block_table_stride = 4;
+    r.in.num_blocks = 64;
+    r.table.assign(b * 4, 1);
+    r.alloc(16, 64, 4);
+    EXPECT_EQ(r.build().context_end, want);
+  }
+}

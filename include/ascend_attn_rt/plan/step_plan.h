@@ -66,6 +66,9 @@ struct StepPlan {
   int32_t num_input_tokens = 0;
   int32_t max_query_len = 0;
   int32_t max_seq_len = 0;
+  // 1 + the index of the last request with cached context (seq_len >
+  // query_len); 0 when every request is new.
+  int32_t context_end = 0;
 };
 
 // Validates everything first (errors name the argument and value), then writes.
