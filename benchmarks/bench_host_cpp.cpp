@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "bench_timing.h"
+#include "ascend_attn_rt/c8/backend.h"
+#include "ascend_attn_rt/c8/impl.h"
 #include "ascend_attn_rt/gqa/builder.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -134,6 +136,79 @@ int main(int argc, char** argv) {
     results.push_back({"forward", "floor: bare FIA .out dispatch", B, time_us([&] {
                          aar::ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
                        }, 20000 / scale)});
+  }
+
+  // ---------------------------------------------------------------- gather paths
+  // The paths that attend over a gathered context (C8 prefill over its
+  // dequantised INT8 context, the A2/A3 head-size-512 fallback), at 256
+  // requests of 2048 tokens (2040 cached + 8 new each, ChunkedPrefill). Every
+  // tensor is on the meta device (shapes only): the at:: gathers and the
+  // no-compute operators cost their host work alone, as on an NPU, where they
+  // are device kernels; the build computes the dense context once per step.
+  {
+    const int B = 256, seq = 2048, q_new = 8, nb = 4096;
+    aar::gqa::BuilderConfig gc;
+    gc.max_num_reqs = B;
+    gc.max_num_tokens = B * q_new;
+    gc.max_blocks_per_req = seq / bs;
+    gc.block_size = bs;
+    gc.num_blocks = nb;
+    gc.device = c10::Device(c10::kMeta);
+    gc.dense_context = true;
+    aar::gqa::MetadataBuilder gb(gc);
+    Batch b = make_batch(0, 0, B, q_new, seq - q_new, seq / bs, nb);
+    auto in = inputs_of(b);
+    in.attn_state = aar::plan::AttentionState::ChunkedPrefill;
+    results.push_back({"gather", "build with dense context (256 x 2048)", B,
+                       time_us([&] { gb.build(in); }, 2000 / scale)});
+    const aar::gqa::Metadata& md = gb.build(in);
+    const int64_t T = int64_t{B} * q_new;
+    const auto meta = at::TensorOptions().device(c10::kMeta);
+
+    // C8: Llama-3-8B shapes, int8 NZ caches.
+    aar::c8::ImplConfig cc;
+    cc.num_heads = N;
+    cc.num_kv_heads = Nkv;
+    cc.head_size = D;
+    cc.scales.k_scale = at::full({1}, 0.05);
+    cc.scales.v_scale = at::full({1}, 0.05);
+    cc.scales.k_offset = at::zeros({1});
+    cc.scales.v_offset = at::zeros({1});
+    aar::c8::AttentionImpl c8(cc);
+    const auto nz = aar::c8::Backend::kv_cache_shape(nb, bs, Nkv, D);
+    at::Tensor kc8 = at::empty(c10::IntArrayRef(nz).slice(1), meta.dtype(at::kChar));
+    at::Tensor vc8 = at::empty(c10::IntArrayRef(nz).slice(1), meta.dtype(at::kChar));
+    at::Tensor q = at::empty({T, N, D}, meta.dtype(at::kBFloat16));
+    std::optional<at::Tensor> k = at::empty({T, Nkv, D}, meta.dtype(at::kBFloat16)), v = *k;
+    at::Tensor out = at::empty({T, N, D}, meta.dtype(at::kBFloat16));
+    c8.forward(q, k, v, kc8, vc8, &md, out);
+    results.push_back({"gather", std::string("per layer, C8 ") + aar::c8::to_string(c8.last_path()), B,
+                       time_us([&] { c8.forward(q, k, v, kc8, vc8, &md, out); }, 2000 / scale)});
+
+    // Head size 512 on A2 (the large-head fallback): 16 query heads, 1 KV head.
+    aar::gqa::ImplConfig lc;
+    lc.num_heads = 16;
+    lc.num_kv_heads = 1;
+    lc.head_size = 512;
+    aar::gqa::AttentionImpl large(lc);
+    at::Tensor kcl = at::empty({nb, bs, 1, 512}, meta.dtype(at::kBFloat16)), vcl = kcl.clone();
+    at::Tensor ql = at::empty({T, 16, 512}, meta.dtype(at::kBFloat16)), outl = ql.clone();
+    std::optional<at::Tensor> kl = at::empty({T, 1, 512}, meta.dtype(at::kBFloat16)), vl = *kl;
+    large.forward(ql, kl, vl, kcl, vcl, &md, outl);
+    results.push_back({"gather", std::string("per layer, ") + aar::gqa::to_string(large.last_path()), B,
+                       time_us([&] { large.forward(ql, kl, vl, kcl, vcl, &md, outl); }, 2000 / scale)});
+
+    // What the C8 path did per layer before the dense context moved into
+    // build(): a host list of every context row, copied to the device.
+    results.push_back({"gather", "reference: per-layer host gather list (before)", B, time_us([&] {
+                         std::vector<int64_t> rows;
+                         rows.reserve(static_cast<size_t>(B) * seq);
+                         for (int r = 0; r < B; ++r) {
+                           for (int j = 0; j < seq; ++j) rows.push_back(int64_t{r} * seq + j);
+                         }
+                         at::Tensor idx = at::from_blob(rows.data(), {static_cast<int64_t>(rows.size())}, at::kLong)
+                                              .to(c10::Device(c10::kMeta));
+                       }, 200 / scale)});
   }
 
   std::printf("%-8s %-40s %6s %12s\n", "group", "case", "batch", "us/call");

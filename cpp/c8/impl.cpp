@@ -211,8 +211,9 @@ void AttentionImpl::run_prefill(const at::Tensor& query, const std::optional<at:
     kv_lens = (prefill_part ? dc.prefill_kv_ends : dc.kv_ends).slice(0, np);
     const at::Tensor slots = dc.slots.narrow(0, prefill_part ? dc.prefill_kv_start : 0, kv_lens.back());
     const auto dtype = query.scalar_type();
-    k = dequant_slots(key_nz_, slots, scales_.k_scale, scales_.k_offset, dtype);
-    v = dequant_slots(value_nz_, slots, scales_.v_scale, scales_.v_offset, dtype);
+    const auto index = nz_slot_index(slots, key_nz_.size(3));
+    k = dequant_slots(key_nz_, index, scales_.k_scale, scales_.k_offset, dtype);
+    v = dequant_slots(value_nz_, index, scales_.v_scale, scales_.v_offset, dtype);
     if (key.has_value()) {
       // The new tokens at full precision (upstream re-reads them through INT8).
       const at::Tensor rows = prefill_part ? dc.prefill_token_rows : dc.token_rows;

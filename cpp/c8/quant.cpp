@@ -71,16 +71,19 @@ at::Tensor dequant_paged_to_dense(const at::Tensor& cache_nz, const at::Tensor& 
   return dequantize(tokens.index_select(0, idx), scale, offset, dtype);
 }
 
-at::Tensor dequant_slots(const at::Tensor& cache_nz, const at::Tensor& slots, const at::Tensor& scale,
-                         const at::Tensor& offset, at::ScalarType dtype) {
-  const int64_t nkv = cache_nz.size(1), d = cache_nz.size(2) * kNzWidth, bs = cache_nz.size(3);
-  const int64_t n = slots.size(0);
-  // (nb, bs, Nkv, D/32, 32): a view of the NZ bytes indexed by (block, offset).
-  const at::Tensor by_slot = cache_nz.permute({0, 3, 1, 2, 4});
+c10::List<std::optional<at::Tensor>> nz_slot_index(const at::Tensor& slots, int64_t block_size) {
   c10::List<std::optional<at::Tensor>> idx;
-  idx.push_back(slots.div(bs, "floor"));
-  idx.push_back(slots.remainder(bs));
-  return dequantize(at::index(by_slot, idx).view({n, nkv, d}), scale, offset, dtype);
+  idx.push_back(slots.div(block_size, "floor"));
+  idx.push_back(slots.remainder(block_size));
+  return idx;
+}
+
+at::Tensor dequant_slots(const at::Tensor& cache_nz, const c10::List<std::optional<at::Tensor>>& slot_index,
+                         const at::Tensor& scale, const at::Tensor& offset, at::ScalarType dtype) {
+  const int64_t nkv = cache_nz.size(1), d = cache_nz.size(2) * kNzWidth;
+  // (nb, bs, Nkv, D/32, 32): a view of the NZ bytes indexed by (block, offset).
+  const at::Tensor rows = at::index(cache_nz.permute({0, 3, 1, 2, 4}), slot_index);
+  return dequantize(rows.view({rows.size(0), nkv, d}), scale, offset, dtype);
 }
 
 }  // namespace aar::c8

@@ -210,20 +210,32 @@ void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {
   const at::Tensor kv_lens =
       lazy_view(views_->seq_lens_dev, B, device, off_seq_, B).to(at::kLong);  // int32 -> int64 (a new tensor)
   const auto lopts = at::TensorOptions().dtype(at::kLong).device(cfg_.device);
+  // Index of the segment (request) of every position 0..n-1 given the
+  // segments' cumulative ends: the number of ends <= position (scatter-add +
+  // cumsum: no sync, and every step has a meta kernel).
+  auto segment_of = [&](const at::Tensor& seg_ends, int64_t n) {
+    at::Tensor marks = at::zeros({n + 1}, lopts);
+    marks.scatter_add_(0, seg_ends, at::ones_like(seg_ends));
+    return marks.narrow(0, 0, n).cumsum(0);
+  };
   const at::Tensor ends = kv_lens.cumsum(0);
   const at::Tensor starts = ends - kv_lens;
   const at::Tensor pos = at::arange(total, lopts);
-  const at::Tensor req = at::searchsorted(ends, pos, /*out_int32=*/false, /*right=*/true);
-  const at::Tensor j = pos - starts.index_select(0, req);
+  const at::Tensor req = segment_of(ends, total);
+  // 1-D gathers (at::gather: a structured kernel, so meta tensors work too).
+  const at::Tensor j = pos - at::gather(starts, 0, req);
   const int64_t bs = cfg_.block_size, mb = cfg_.max_blocks_per_req;
-  const at::Tensor blk = md_.block_tables.reshape({-1}).index_select(0, req * mb + j.div(bs, "floor"));
+  const at::Tensor blk = at::gather(md_.block_tables.reshape({-1}), 0, req * mb + j.div(bs, "floor"));
   d.slots = blk.to(at::kLong) * bs + j.remainder(bs);
   const int64_t nt = md_.num_actual_tokens;
   const at::Tensor qs = md_.query_start_loc.to(at::kLong);
   const at::Tensor tok = at::arange(nt, lopts);
-  const at::Tensor treq = at::searchsorted(qs.narrow(0, 1, B), tok, /*out_int32=*/false, /*right=*/true);
+  // Tokens past the real requests (a padding dummy) are not rows of anything:
+  // the segments are the real requests' query ends.
+  const int32_t nr = md_.num_real_reqs;
+  const at::Tensor treq = segment_of(qs.narrow(0, 1, nr), nt);
   const at::Tensor ctx = kv_lens - (qs.narrow(0, 1, B) - qs.narrow(0, 0, B));  // cached tokens per request
-  d.token_rows = (starts + ctx).index_select(0, treq) + tok - qs.index_select(0, treq);
+  d.token_rows = at::gather(starts + ctx, 0, treq) + tok - at::gather(qs, 0, treq);
   d.prefill_token_rows = d.token_rows.narrow(0, ndt, nt - ndt) - start;
 }
 

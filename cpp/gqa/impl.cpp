@@ -403,8 +403,10 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
         // The paged context gathered request by request, at the slots the
         // build computed (no host work here); both length lists cumulative.
         const int64_t nkv = cfg_.num_kv_heads, d = cfg_.head_size;
-        a.key = key_cache_.view({-1, nkv, d}).index_select(0, md.dense.slots);
-        a.value = value_cache_.view({-1, nkv, d}).index_select(0, md.dense.slots);
+        c10::List<std::optional<at::Tensor>> rows;
+        rows.push_back(md.dense.slots);
+        a.key = at::index(key_cache_.view({-1, nkv, d}), rows);
+        a.value = at::index(value_cache_.view({-1, nkv, d}), rows);
         a.actual_seq_kvlen = md.dense.kv_ends;
       }
       a.head_num = cfg_.num_heads;

@@ -23,7 +23,7 @@ c10::IntArrayRef dims(std::array<int64_t, N>& a, c10::IntArrayRef lead, int64_t 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w) {
   if (no_compute()) {
     std::array<int64_t, 6> a{};
-    return noop::cached(dims(a, x.sizes().slice(0, x.dim() - 1), w.sizes()[0]), x.scalar_type());
+    return noop::cached(dims(a, x.sizes().slice(0, x.dim() - 1), w.sizes()[0]), x.scalar_type(), x.device());
   }
   return at::linear(x, w);
 }
@@ -37,7 +37,7 @@ void linear_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w)
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b) {
   if (no_compute()) {
     const std::array<int64_t, 3> s{a.sizes()[0], a.sizes()[1], b.sizes()[2]};
-    return noop::cached(c10::IntArrayRef(s.data(), 3), a.scalar_type());
+    return noop::cached(c10::IntArrayRef(s.data(), 3), a.scalar_type(), a.device());
   }
   return at::bmm(a, b);
 }
@@ -49,7 +49,7 @@ void bmm_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps) {
-  if (no_compute()) return noop::cached(x.sizes(), x.scalar_type());
+  if (no_compute()) return noop::cached(x.sizes(), x.scalar_type(), x.device());
   const at::Tensor f = x.to(at::kFloat);
   return (f * at::rsqrt(f.pow(2).mean(-1, true) + eps) * gamma.to(at::kFloat)).to(x.scalar_type());
 }
@@ -65,13 +65,13 @@ at::Tensor pad_dim1(const at::Tensor& x, int64_t size) {
   if (h == size) return x;
   if (no_compute()) {
     const std::array<int64_t, 3> s{x.sizes()[0], size, x.sizes()[2]};
-    return noop::cached(c10::IntArrayRef(s.data(), 3), x.scalar_type());
+    return noop::cached(c10::IntArrayRef(s.data(), 3), x.scalar_type(), x.device());
   }
   return at::constant_pad_nd(x, {0, 0, 0, size - h});
 }
 
 at::Tensor zeros(c10::IntArrayRef shape, const at::TensorOptions& options) {
-  if (no_compute()) return noop::cached(shape, c10::typeMetaToScalarType(options.dtype()));
+  if (no_compute()) return noop::cached(shape, c10::typeMetaToScalarType(options.dtype()), options.device());
   return at::zeros(shape, options);
 }
 

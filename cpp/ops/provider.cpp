@@ -43,9 +43,12 @@ Provider resolve_provider(const at::Tensor& t) {
       return Provider::Npu;
     case c10::DeviceType::CPU:
       return Provider::Cpu;
+    case c10::DeviceType::Meta:
+      // Meta tensors carry shapes only: the no-compute provider (host-time runs at any size).
+      return Provider::NoCompute;
     default:
       throw_invalid("resolve_provider: no attention operator provider for device '", t.device(),
-                    "' (supported: npu via torch_npu, cpu via the CPU twins)");
+                    "' (supported: npu via torch_npu, cpu via the CPU twins, meta via the no-compute provider)");
   }
 }
 

@@ -42,8 +42,30 @@ TEST(RtOpsProvider, ResolveFromDeviceAndOverride) {
     EXPECT_EQ(ops::provider_override(), ops::Provider::NoCompute);
   }
   EXPECT_EQ(ops::provider_override(), ops::Provider::Auto);
+  // Meta tensors have shapes only: they resolve to the no-compute provider.
   const at::Tensor meta = at::empty({1}, at::TensorOptions().device(at::kMeta));
-  expect_throw_with<aar::InvalidArgument>([&] { ops::resolve_provider(meta); }, "meta");
+  EXPECT_EQ(ops::resolve_provider(meta), ops::Provider::NoCompute);
+  {
+    ops::ProviderOverride o(ops::Provider::Cpu);
+    EXPECT_EQ(ops::resolve_provider(meta), ops::Provider::Cpu);  // an override still wins
+  }
+}
+
+TEST(RtOpsProvider, NoComputeKernelsServeMetaTensors) {
+  // Auto resolves meta to the no-compute kernels, registered for the Meta key
+  // too: outputs are meta tensors of the right shapes.
+  ops::FusionAttentionArgs a;
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  a.query = at::empty({5, 4, 8}, meta);
+  a.key = at::empty({5, 2, 8}, meta);
+  a.value = at::empty({5, 2, 16}, meta);
+  a.head_num = 4;
+  const std::vector<int64_t> l{5};
+  a.actual_seq_qlen = l;
+  a.actual_seq_kvlen = l;
+  const at::Tensor out = ops::fusion_attention(a);
+  EXPECT_TRUE(out.is_meta());
+  EXPECT_EQ(out.sizes(), (c10::IntArrayRef{5, 4, 16}));
 }
 
 TEST(RtOpsProvider, SchemaTableRegisteredIdenticallyInBothNamespaces) {

@@ -14,26 +14,26 @@ namespace aar::ops::noop {
 
 namespace {
 
-const at::Tensor& empty_of(at::ScalarType dtype) {
+const at::Tensor& empty_of(at::ScalarType dtype, const at::Tensor& like) {
   static const std::array<int64_t, 1> z{0};
-  return cached(c10::IntArrayRef(z.data(), 1), dtype);
+  return cached(c10::IntArrayRef(z.data(), 1), dtype, like.device());
 }
 
-const at::Tensor& one_of(at::ScalarType dtype) {
+const at::Tensor& one_of(at::ScalarType dtype, const at::Tensor& like) {
   static const std::array<int64_t, 1> o{1};
-  return cached(c10::IntArrayRef(o.data(), 1), dtype);
+  return cached(c10::IntArrayRef(o.data(), 1), dtype, like.device());
 }
 
 at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return cached(x.sizes(), x.scalar_type());
+  return cached(x.sizes(), x.scalar_type(), x.device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache(AAR_KV_RMSNORM_ROPE_CACHE_PARAMS) {
-  if (!is_output_kv) return {k_cache, ckv_cache, empty_of(kv.scalar_type()), empty_of(kv.scalar_type())};
+  if (!is_output_kv) return {k_cache, ckv_cache, empty_of(kv.scalar_type(), kv), empty_of(kv.scalar_type(), kv)};
   const int64_t r = k_cache.size(-1) * (k_cache.dim() == 5 ? k_cache.size(2) : 1);
   const std::array<int64_t, 4> rs{kv.size(0), 1, kv.size(2), r};
   const std::array<int64_t, 4> cs{kv.size(0), 1, kv.size(2), kv.size(3) - r};
-  return {k_cache, ckv_cache, cached(rs, kv.scalar_type()), cached(cs, kv.scalar_type())};
+  return {k_cache, ckv_cache, cached(rs, kv.scalar_type(), kv.device()), cached(cs, kv.scalar_type(), kv.device())};
 }
 
 void gather_pa_kv_cache(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_tables,
@@ -43,8 +43,9 @@ void gather_pa_kv_cache(const at::Tensor& key_cache, const at::Tensor& value_cac
 std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
                                                     int64_t update_type) {
   AAR_CHECK_ARG(!local_out.empty(), "ascend_noop npu_attention_update: empty local_out");
-  const at::Tensor& l = update_type == 1 ? cached(lse[0].sizes(), at::kFloat) : empty_of(at::kFloat);
-  return {cached(local_out[0].sizes(), local_out[0].scalar_type()), l};
+  const at::Tensor& o0 = local_out[0];
+  const at::Tensor& l = update_type == 1 ? cached(lse[0].sizes(), at::kFloat, o0.device()) : empty_of(at::kFloat, o0);
+  return {cached(o0.sizes(), o0.scalar_type(), o0.device()), l};
 }
 
 std::array<int64_t, 3> perm3(c10::IntArrayRef s, at::OptionalIntArrayRef p) {
@@ -63,7 +64,7 @@ at::Tensor transpose_batchmatmul(const at::Tensor& input, const at::Tensor& weig
   const auto w = perm3(weight.sizes(), perm_x2);
   const std::array<int64_t, 3> y{x[0], x[1], w[2]};
   const auto out = perm3(y, perm_y);
-  return cached(out, input.scalar_type());
+  return cached(out, input.scalar_type(), input.device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolog_v3(AAR_MLA_PROLOG_V3_PARAMS) {
@@ -72,14 +73,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolo
   const int64_t dr = kr_cache.size(-1) * (kr_cache.dim() == 5 ? kr_cache.size(2) : 1);
   const std::array<int64_t, 3> qs{T, N, weight_uk.size(2)}, rs{T, N, dr};
   const auto dt = token_x.scalar_type();
-  return {cached(qs, dt), cached(rs, dt), one_of(at::kFloat), one_of(dt), one_of(at::kFloat)};
+  const c10::Device dev = token_x.device();
+  return {cached(qs, dt, dev), cached(rs, dt, dev), one_of(at::kFloat, token_x), one_of(dt, token_x),
+          one_of(at::kFloat, token_x)};
 }
 
 }  // namespace
 }  // namespace aar::ops::noop
 
-TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) {
-  using namespace aar::ops::noop;
+namespace aar::ops::noop {
+namespace {
+void register_mla_kernels(torch::Library& m) {
   m.impl("npu_interleave_rope", TORCH_FN(interleave_rope));
   m.impl("npu_kv_rmsnorm_rope_cache", TORCH_FN(kv_rmsnorm_rope_cache));
   m.impl("npu_gather_pa_kv_cache", TORCH_FN(gather_pa_kv_cache));
@@ -87,3 +91,8 @@ TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) {
   m.impl("npu_transpose_batchmatmul", TORCH_FN(transpose_batchmatmul));
   m.impl("npu_mla_prolog_v3", TORCH_FN(mla_prolog_v3));
 }
+}  // namespace
+}  // namespace aar::ops::noop
+
+TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) { aar::ops::noop::register_mla_kernels(m); }
+TORCH_LIBRARY_IMPL(ascend_noop, Meta, m) { aar::ops::noop::register_mla_kernels(m); }

@@ -21,17 +21,18 @@ struct Entry {
   std::array<int64_t, 6> shape{};
   int64_t rank = -1;
   at::ScalarType dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
   at::Tensor t;
 };
 
 }  // namespace
 
-const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype) {
+const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device) {
   thread_local std::array<Entry, 16> cache;
   thread_local size_t next = 0;
   AAR_CHECK_ARG(shape.size() <= 6, "ascend_noop: at most 6 dims, got ", shape);
   for (auto& e : cache) {
-    if (e.rank == static_cast<int64_t>(shape.size()) && e.dtype == dtype &&
+    if (e.rank == static_cast<int64_t>(shape.size()) && e.dtype == dtype && e.device == device &&
         std::equal(shape.begin(), shape.end(), e.shape.begin())) {
       return e.t;
     }
@@ -41,14 +42,15 @@ const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype) {
   e.rank = static_cast<int64_t>(shape.size());
   std::copy(shape.begin(), shape.end(), e.shape.begin());
   e.dtype = dtype;
-  e.t = at::zeros(shape, at::TensorOptions().dtype(dtype));
+  e.device = device;
+  e.t = at::zeros(shape, at::TensorOptions().dtype(dtype).device(device));
   return e.t;
 }
 
 namespace {
 
 std::tuple<at::Tensor, at::Tensor> fia_outputs(const at::Tensor& query, bool lse) {
-  const at::Tensor& out = cached(query.sizes(), query.scalar_type());
+  const at::Tensor& out = cached(query.sizes(), query.scalar_type(), query.device());
   std::array<int64_t, 5> s{};
   const int64_t r = query.dim();
   AAR_CHECK_ARG(r >= 1 && r <= 5, "ascend_noop FIA: query must have 1..5 dims, got ", query.sizes());
@@ -56,12 +58,12 @@ std::tuple<at::Tensor, at::Tensor> fia_outputs(const at::Tensor& query, bool lse
   s[r - 1] = 1;
   if (!lse) s[0] = 1;  // the [1] placeholder
   const c10::IntArrayRef lse_shape(s.data(), lse ? r : 1);
-  return {out, cached(lse_shape, at::kFloat)};
+  return {out, cached(lse_shape, at::kFloat, query.device())};
 }
 
-const at::Tensor& workspace() {
+const at::Tensor& workspace(const at::Tensor& like) {
   static const std::array<int64_t, 1> shape{64};
-  return cached(c10::IntArrayRef(shape.data(), 1), at::kByte);
+  return cached(c10::IntArrayRef(shape.data(), 1), at::kByte, like.device());
 }
 
 // MLA layouts (spec mla.md 5.3): head-major outputs (_NBSD / _NTD), BSND, and
@@ -78,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> fia_layout_outputs(const at::Tensor& query, c
   if (ntd) std::swap(s[0], s[1]);
   if (layout == "BNSD_NBSD") std::swap(s[0], s[1]);
   if (layout == "BSND_NBSD") s = {s[2], s[0], s[1], s[3]};
-  const at::Tensor& out = cached(c10::IntArrayRef(s.data(), r), query.scalar_type());
+  const at::Tensor& out = cached(c10::IntArrayRef(s.data(), r), query.scalar_type(), query.device());
   return {out, std::get<1>(fia_outputs(query, lse))};
 }
 
@@ -88,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor> fia_v1(AAR_FIA_V1_PARAMS) {
 std::tuple<at::Tensor&, at::Tensor&> fia_v1_out(AAR_FIA_V1_PARAMS, AAR_OUT_TAIL_PARAMS) {
   return {attention_out, softmax_lse};
 }
-at::Tensor fia_v1_ws(AAR_FIA_V1_PARAMS) { return workspace(); }
+at::Tensor fia_v1_ws(AAR_FIA_V1_PARAMS) { return workspace(query); }
 
 std::tuple<at::Tensor, at::Tensor> fia_v2(AAR_FIA_V2_PARAMS) {
   return fia_layout_outputs(query, value, block_table.has_value(), input_layout, return_softmax_lse);
@@ -96,26 +98,27 @@ std::tuple<at::Tensor, at::Tensor> fia_v2(AAR_FIA_V2_PARAMS) {
 std::tuple<at::Tensor&, at::Tensor&> fia_v2_out(AAR_FIA_V2_PARAMS, AAR_OUT_TAIL_PARAMS) {
   return {attention_out, softmax_lse};
 }
-at::Tensor fia_v2_ws(AAR_FIA_V2_PARAMS) { return workspace(); }
+at::Tensor fia_v2_ws(AAR_FIA_V2_PARAMS) { return workspace(query); }
 
 sig::FusionAttentionResult fusion_attention(AAR_FUSION_ATTENTION_PARAMS) {
   std::array<int64_t, 3> s{query.size(0), head_num, value.size(-1)};
   static const std::array<int64_t, 1> empty{0};
-  const at::Tensor& ph = cached(c10::IntArrayRef(empty.data(), 1), at::kFloat);
-  return {cached(c10::IntArrayRef(s.data(), 3), query.scalar_type()), ph, ph, ph, 0, 0, 0};
+  const at::Tensor& ph = cached(c10::IntArrayRef(empty.data(), 1), at::kFloat, query.device());
+  return {cached(c10::IntArrayRef(s.data(), 3), query.scalar_type(), query.device()), ph, ph, ph, 0, 0, 0};
 }
 
 void scatter_pa_kv_cache(AAR_SCATTER_PA_PARAMS) {}
 void reshape_and_cache(AAR_RESHAPE_AND_CACHE_PARAMS) {}
 void paged_attention(AAR_PAGED_ATTENTION_PARAMS, sig::OptT workspace) {}
-at::Tensor paged_attention_ws(AAR_PAGED_ATTENTION_PARAMS) { return workspace(); }
+at::Tensor paged_attention_ws(AAR_PAGED_ATTENTION_PARAMS) { return workspace(query); }
 
 }  // namespace
 
 }  // namespace aar::ops::noop
 
-TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) {
-  using namespace aar::ops::noop;
+namespace aar::ops::noop {
+namespace {
+void register_kernels(torch::Library& m) {
   m.impl("npu_fused_infer_attention_score", TORCH_FN(fia_v1));
   m.impl("npu_fused_infer_attention_score.out", TORCH_FN(fia_v1_out));
   m.impl("_npu_fused_infer_attention_score_get_max_workspace", TORCH_FN(fia_v1_ws));
@@ -128,3 +131,8 @@ TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) {
   m.impl("_npu_paged_attention_get_workspace", TORCH_FN(paged_attention_ws));
   m.impl("_npu_reshape_and_cache", TORCH_FN(reshape_and_cache));
 }
+}  // namespace
+}  // namespace aar::ops::noop
+
+TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) { aar::ops::noop::register_kernels(m); }
+TORCH_LIBRARY_IMPL(ascend_noop, Meta, m) { aar::ops::noop::register_kernels(m); }

@@ -1,13 +1,16 @@
 // The no-compute provider's outputs: correctly shaped tensors from a small
-// per-thread cache keyed by (shape, dtype), so steady-state calls allocate
-// nothing. Shared by every no-compute kernel file.
+// per-thread cache keyed by (shape, dtype, device), so steady-state calls
+// allocate nothing. Shared by every no-compute kernel file. The kernels are
+// registered for the CPU and the Meta dispatch keys: on meta tensors (no
+// storage) a whole forward runs its host work only, at any size.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 namespace aar::ops::noop {
 
 // Up to 6 dims; the returned tensor is reused by later calls of the same shape.
-const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype);
+const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device);
 
 }  // namespace aar::ops::noop

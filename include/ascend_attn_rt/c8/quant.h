@@ -3,7 +3,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/List.h>
 #include <c10/util/ArrayRef.h>
+
+#include <optional>
 
 #include <cstdint>
 
@@ -36,11 +39,14 @@ at::Tensor dequant_paged_to_dense(const at::Tensor& cache_nz, const at::Tensor& 
                                   c10::IntArrayRef seq_lens, const at::Tensor& scale, const at::Tensor& offset,
                                   at::ScalarType dtype);
 
-// The rows of an NZ int8 cache at the given slots (device int64, block *
-// block_size + offset each), dequantised: (slots.size(0), Nkv, D) in `dtype`.
-// Device operations only (no host loop): what forward uses with the slots a
-// build computed (gqa::Metadata::dense).
-at::Tensor dequant_slots(const at::Tensor& cache_nz, const at::Tensor& slots, const at::Tensor& scale,
-                         const at::Tensor& offset, at::ScalarType dtype);
+// The (block, offset) index pair of cache slots (device int64, block *
+// block_size + offset each) for dequant_slots.
+c10::List<std::optional<at::Tensor>> nz_slot_index(const at::Tensor& slots, int64_t block_size);
+
+// The rows of an NZ int8 cache at the slots of `slot_index`, dequantised:
+// (n, Nkv, D) in `dtype`. Device operations only (no host loop): what forward
+// uses with the slots a build computed (gqa::Metadata::dense).
+at::Tensor dequant_slots(const at::Tensor& cache_nz, const c10::List<std::optional<at::Tensor>>& slot_index,
+                         const at::Tensor& scale, const at::Tensor& offset, at::ScalarType dtype);
 
 }  // namespace aar::c8

@@ -20,7 +20,8 @@ enum class Provider : int32_t { Auto = 0, Npu = 1, Cpu = 2, NoCompute = 3 };
 const char* to_string(Provider p);
 
 // Process-wide override. Auto (the default) picks the provider from the device
-// of the operator's first tensor argument: PrivateUse1 (NPU) -> Npu, CPU -> Cpu.
+// of the operator's first tensor argument: PrivateUse1 (NPU) -> Npu, CPU -> Cpu,
+// Meta (shapes only, no data) -> NoCompute.
 void set_provider_override(Provider p);
 Provider provider_override();
 
