@@ -66,6 +66,10 @@ std::vector<graph::StepParams> metadata_list(nb::handle md) {
     out.push_back(step_params_of(md));
     return out;
   }
+  if (!nb::isinstance<nb::list>(md) && !nb::isinstance<nb::tuple>(md)) {
+    throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, or a list/tuple of them, got ",
+                  nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(md.ptr())))).c_str());
+  }
   for (nb::handle item : md) out.push_back(step_params_of(item));
   return out;
 }
