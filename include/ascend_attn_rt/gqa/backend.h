@@ -35,11 +35,15 @@ struct Backend {
   // rejects caches that are not contiguous (any storage offset is fine).
   static std::vector<int64_t> kv_cache_stride_order(bool include_num_layers_dimension = false);
   // dst[dst_idx] = src[src_idx] along dim 0 for K and V; src_to_dst is (M, 2)
-  // integer pairs; gathers before it scatters. Validates every index first.
+  // integer pairs; gathers before it scatters. The caches may have any
+  // non-overlapping strides (torch indexing honours them). Everything (both
+  // pairs' shapes, dtypes and devices, every index) is validated before the
+  // first copy: a rejected call leaves the destination untouched.
   static void swap_blocks(const at::Tensor& src_key_cache, const at::Tensor& src_value_cache,
                           at::Tensor& dst_key_cache, at::Tensor& dst_value_cache, const at::Tensor& src_to_dst);
   // For every (K, V) pair: cache[dst] = cache[src] within the same tensor;
-  // gather-then-scatter semantics. Validates every index first.
+  // gather-then-scatter semantics. Any non-overlapping strides; every layer
+  // and index is validated before the first copy.
   static void copy_blocks(const std::vector<std::pair<at::Tensor, at::Tensor>>& kv_caches,
                           const at::Tensor& src_to_dsts);
 };
