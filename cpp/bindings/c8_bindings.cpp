@@ -67,7 +67,9 @@ void bind_c8(nb::module_& m) {
       .def_static("name", &c8::Backend::name)
       .def_static("supported_block_sizes", &c8::Backend::supported_block_sizes)
       .def_static("kv_cache_shape", &c8::Backend::kv_cache_shape, "num_blocks"_a, "block_size"_a, "num_kv_heads"_a,
-                  "head_size"_a);
+                  "head_size"_a)
+      .def_static("kv_cache_stride_order", &c8::Backend::kv_cache_stride_order,
+                  "include_num_layers_dimension"_a = false);
 
   nb::class_<c8::Scales>(m, "C8Scales")
       .def_prop_ro("k_scale", [](const c8::Scales& s) { return s.k_scale; })

@@ -21,7 +21,9 @@ void bind_fa3(nb::module_& m) {
       .def_static("name", &fa3::Backend::name)
       .def_static("supported_block_sizes", &fa3::Backend::supported_block_sizes)
       .def_static("kv_cache_shape", &fa3::Backend::kv_cache_shape, "num_blocks"_a, "block_size"_a,
-                  "num_kv_heads"_a, "head_size"_a);
+                  "num_kv_heads"_a, "head_size"_a)
+      .def_static("kv_cache_stride_order", &fa3::Backend::kv_cache_stride_order,
+                  "include_num_layers_dimension"_a = false);
 
   nb::class_<fa3::AttentionImpl>(m, "FA3AttentionImpl")
       .def(

@@ -55,6 +55,8 @@ void bind_gqa(nb::module_& m) {
       .def_static("supported_block_sizes", &gqa::Backend::supported_block_sizes)
       .def_static("kv_cache_shape", &gqa::Backend::kv_cache_shape, "num_blocks"_a, "block_size"_a,
                   "num_kv_heads"_a, "head_size"_a)
+      .def_static("kv_cache_stride_order", &gqa::Backend::kv_cache_stride_order,
+                  "include_num_layers_dimension"_a = false)
       .def_static(
           "swap_blocks",
           [](const at::Tensor& sk, const at::Tensor& sv, at::Tensor dk, at::Tensor dv, const at::Tensor& pairs) {

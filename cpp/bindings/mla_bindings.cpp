@@ -36,6 +36,8 @@ void bind_mla(nb::module_& root) {
       .def_static("supported_block_sizes", &mla::Backend::supported_block_sizes)
       .def_static("kv_cache_shape", &mla::Backend::kv_cache_shape, "num_blocks"_a, "block_size"_a,
                   "num_kv_heads"_a, "head_size"_a)
+      .def_static("kv_cache_stride_order", &mla::Backend::kv_cache_stride_order,
+                  "include_num_layers_dimension"_a = false)
       .def_static("kv_cache_shapes", &mla::Backend::kv_cache_shapes, "num_blocks"_a, "block_size"_a,
                   "kv_lora_rank"_a, "qk_rope_head_dim"_a)
       .def_static("nz_cache_shape", &mla::Backend::nz_cache_shape, "num_blocks"_a, "block_size"_a, "dim"_a,

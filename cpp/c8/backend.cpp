@@ -1,5 +1,6 @@
 #include "ascend_attn_rt/c8/backend.h"
 
+#include "../common/kv_cache.h"
 #include "ascend_attn_rt/c8/quant.h"
 #include "ascend_attn_rt/errors.h"
 
@@ -28,6 +29,10 @@ std::vector<int64_t> Backend::kv_cache_shape(int64_t num_blocks, int64_t block_s
   AAR_CHECK_ARG(head_size > 0 && head_size % kNzWidth == 0, "head_size must be a positive multiple of 32, got ",
                 head_size);
   return {2, num_blocks, num_kv_heads, head_size / kNzWidth, block_size, kNzWidth};
+}
+
+std::vector<int64_t> Backend::kv_cache_stride_order(bool include_num_layers_dimension) {
+  return detail::identity_stride_order(6, include_num_layers_dimension);
 }
 
 }  // namespace aar::c8

@@ -100,10 +100,10 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
   if (key_cache.defined()) {
     for (const at::Tensor* c : {&key_cache, &value_cache}) {
       const char* name = c == &key_cache ? "key_cache" : "value_cache";
-      const at::Tensor nz = nz_view(*c, Nkv, D, name);
-      AAR_CHECK_ARG(nz.size(3) == md.block_size, name, " has block_size ", nz.size(3),
+      const NzCacheGeometry nz = check_nz_cache(*c, Nkv, D, name);
+      AAR_CHECK_ARG(nz.block_size == md.block_size, name, " has block_size ", nz.block_size,
                     " but the metadata was built for block_size=", md.block_size);
-      AAR_CHECK_ARG(nz.size(0) >= md.num_blocks, name, " has ", nz.size(0),
+      AAR_CHECK_ARG(nz.num_blocks >= md.num_blocks, name, " has ", nz.num_blocks,
                     " blocks but the metadata was built for num_blocks=", md.num_blocks);
       AAR_CHECK_ARG(c->device() == query.device(), name, " is on ", c->device(), " but query is on ",
                     query.device());
@@ -127,11 +127,13 @@ ForwardPath AttentionImpl::choose_path(const gqa::Metadata& md, bool has_key, bo
 }
 
 void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
-  if (key_cache.unsafeGetTensorImpl() == bound_key_ && value_cache.unsafeGetTensorImpl() == bound_value_) return;
+  // The bindings hold the caller's tensors, so a freed cache's address cannot
+  // come back as another tensor that would match; set_/resize_ rebind.
+  if (bound_key_.same(key_cache) && bound_value_.same(value_cache)) return;
   key_nz_ = nz_view(key_cache, cfg_.num_kv_heads, cfg_.head_size, "key_cache");
   value_nz_ = nz_view(value_cache, cfg_.num_kv_heads, cfg_.head_size, "value_cache");
-  bound_key_ = key_cache.unsafeGetTensorImpl();
-  bound_value_ = value_cache.unsafeGetTensorImpl();
+  bound_key_.bind(key_cache);
+  bound_value_.bind(value_cache);
 }
 
 void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, const gqa::Metadata& md) {

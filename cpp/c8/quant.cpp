@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
 
 namespace aar::c8 {
@@ -17,26 +18,38 @@ at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scale, const at::Te
   return ((q.to(at::kFloat) - offset) * scale).to(dtype);
 }
 
-at::Tensor nz_view(const at::Tensor& cache, int64_t num_kv_heads, int64_t head_size, const char* name) {
+NzCacheGeometry check_nz_cache(const at::Tensor& cache, int64_t num_kv_heads, int64_t head_size, const char* name) {
   AAR_CHECK_ARG(cache.defined(), name, " must be a tensor");
   AAR_CHECK_ARG(cache.scalar_type() == at::kChar, name, " must be int8 (the C8 cache), got ", cache.scalar_type());
   AAR_CHECK_ARG(head_size % kNzWidth == 0, "head_size=", head_size, " must be a multiple of 32 for the NZ cache");
   const int64_t d1 = head_size / kNzWidth;
+  NzCacheGeometry g;
   if (cache.dim() == 5) {
     AAR_CHECK_ARG(cache.size(1) == num_kv_heads && cache.size(2) == d1 && cache.size(4) == kNzWidth, name,
                   " must be NZ (num_blocks, Nkv=", num_kv_heads, ", D/32=", d1, ", block_size, 32), got ",
                   cache.sizes());
-    AAR_CHECK_ARG(cache.size(3) % kNzWidth == 0, name, ": block_size=", cache.size(3),
-                  " must be a multiple of 32 for the NZ cache");
-    return cache;
+    detail::check_kv_cache_layout(
+        cache, name, "(num_blocks, num_kv_heads, head_size/32, block_size, 32) = kv_cache_shape(...)[1:]");
+    g.block_size = cache.size(3);
+  } else {
+    AAR_CHECK_ARG(cache.dim() == 4 && cache.size(2) == num_kv_heads && cache.size(3) == head_size, name,
+                  " must be NZ (num_blocks, Nkv, D/32, block_size, 32) or the declared ND shape (num_blocks, "
+                  "block_size, Nkv=", num_kv_heads, ", D=", head_size, "), got ", cache.sizes());
+    detail::check_kv_cache_layout(cache, name,
+                                  "(num_blocks, block_size, num_kv_heads, head_size) holding the NZ bytes of "
+                                  "kv_cache_shape(...)[1:]");
+    g.block_size = cache.size(1);
   }
-  AAR_CHECK_ARG(cache.dim() == 4 && cache.size(2) == num_kv_heads && cache.size(3) == head_size, name,
-                " must be NZ (num_blocks, Nkv, D/32, block_size, 32) or the declared ND shape (num_blocks, "
-                "block_size, Nkv=", num_kv_heads, ", D=", head_size, "), got ", cache.sizes());
-  AAR_CHECK_ARG(cache.is_contiguous(), name, " declared ND must be contiguous to be reinterpreted as NZ");
-  const int64_t bs = cache.size(1);
-  AAR_CHECK_ARG(bs % kNzWidth == 0, name, ": block_size=", bs, " must be a multiple of 32 for the NZ cache");
-  return cache.view({cache.size(0), num_kv_heads, d1, bs, kNzWidth});
+  AAR_CHECK_ARG(g.block_size % kNzWidth == 0, name, ": block_size=", g.block_size,
+                " must be a multiple of 32 for the NZ cache");
+  g.num_blocks = cache.size(0);
+  return g;
+}
+
+at::Tensor nz_view(const at::Tensor& cache, int64_t num_kv_heads, int64_t head_size, const char* name) {
+  const NzCacheGeometry g = check_nz_cache(cache, num_kv_heads, head_size, name);
+  if (cache.dim() == 5) return cache;
+  return cache.view({g.num_blocks, num_kv_heads, head_size / kNzWidth, g.block_size, kNzWidth});
 }
 
 at::Tensor dequant_paged_to_dense(const at::Tensor& cache_nz, const at::Tensor& block_table,

@@ -1,5 +1,6 @@
 #include "ascend_attn_rt/fa3/backend.h"
 
+#include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
 
 namespace aar::fa3 {
@@ -21,6 +22,10 @@ std::vector<int64_t> Backend::kv_cache_shape(int64_t num_blocks, int64_t block_s
   AAR_CHECK_ARG(num_kv_heads > 0, "num_kv_heads must be positive, got ", num_kv_heads);
   AAR_CHECK_ARG(head_size > 0, "head_size must be positive, got ", head_size);
   return {2, num_blocks, block_size, num_kv_heads, head_size};
+}
+
+std::vector<int64_t> Backend::kv_cache_stride_order(bool include_num_layers_dimension) {
+  return detail::identity_stride_order(5, include_num_layers_dimension);
 }
 
 }  // namespace aar::fa3

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/validate.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -85,20 +86,22 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
                   " but the metadata was built for block_size=", md.block_size);
     AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0),
                   " blocks but the metadata was built for num_blocks=", md.num_blocks);
+    detail::check_kv_cache_layout(*c, name, gqa::kNdCacheLayout);
     AAR_CHECK_ARG(c->scalar_type() == dtype && c->device() == query.device(), name,
                   " must have the query's dtype and device, got ", c->scalar_type(), " on ", c->device());
   }
 }
 
 void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
-  if (key_cache.unsafeGetTensorImpl() == bound_key_ && value_cache.unsafeGetTensorImpl() == bound_value_) return;
+  if (bound_key_.same(key_cache) && bound_value_.same(value_cache)) return;
+  // validate() accepted contiguous caches only: the 3-D views alias them.
   key_cache_ = key_cache;
   value_cache_ = value_cache;
   const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
-  key_cache_3d_ = key_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  value_cache_3d_ = value_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  bound_key_ = key_cache.unsafeGetTensorImpl();
-  bound_value_ = value_cache.unsafeGetTensorImpl();
+  key_cache_3d_ = key_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  value_cache_3d_ = value_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  bound_key_.bind(key_cache);
+  bound_value_.bind(value_cache);
 }
 
 const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,

@@ -94,14 +94,16 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
 }
 
 void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
-  if (key_cache.unsafeGetTensorImpl() == bound_key_ && value_cache.unsafeGetTensorImpl() == bound_value_) return;
+  if (bound_key_.same(key_cache) && bound_value_.same(value_cache)) return;
+  // validate_nd_caches accepted contiguous caches only, so these views alias
+  // the caller's memory (a reshape could read a copy).
   key_cache_ = key_cache;
   value_cache_ = value_cache;
   const int64_t nb = key_cache.sizes()[0], bs = key_cache.sizes()[1];
-  key_cache_3d_ = key_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  value_cache_3d_ = value_cache.reshape({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  bound_key_ = key_cache.unsafeGetTensorImpl();
-  bound_value_ = value_cache.unsafeGetTensorImpl();
+  key_cache_3d_ = key_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  value_cache_3d_ = value_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  bound_key_.bind(key_cache);
+  bound_value_.bind(value_cache);
 }
 
 void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Tensor>& key,

@@ -1,8 +1,11 @@
 #include "ascend_attn_rt/gqa/validate.h"
 
+#include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
 
 namespace aar::gqa {
+
+const char* const kNdCacheLayout = "(num_blocks, block_size, num_kv_heads, head_size) = kv_cache_shape(...)[1:]";
 
 void validate_layer_inputs(const LayerShape& s, const at::Tensor& query, const std::optional<at::Tensor>& key,
                            const std::optional<at::Tensor>& value, const Metadata& md, const at::Tensor& output,
@@ -53,6 +56,7 @@ void validate_nd_caches(const LayerShape& s, const at::Tensor& key_cache, const 
                   "), got ", c->sizes());
     AAR_CHECK_ARG(c->sizes()[0] >= md.num_blocks, name, " has ", c->sizes()[0],
                   " blocks but the metadata was built for num_blocks=", md.num_blocks);
+    detail::check_kv_cache_layout(*c, name, kNdCacheLayout);
     AAR_CHECK_ARG(c->scalar_type() == dtype, name, " dtype ", c->scalar_type(), " differs from query dtype ", dtype);
     AAR_CHECK_ARG(c->device() == device, name, " is on ", c->device(), " but query is on ", device);
   }

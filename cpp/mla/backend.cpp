@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
 
@@ -48,6 +49,10 @@ at::Tensor Backend::from_nz(const at::Tensor& nz) {
   AAR_CHECK_ARG(nz.dim() == 5 && nz.size(1) == 1, "from_nz: cache must be (num_blocks, 1, D/c, block_size, c), got ",
                 nz.sizes());
   return nz.select(1, 0).permute({0, 2, 1, 3}).contiguous().view({nz.size(0), nz.size(3), 1, nz.size(2) * nz.size(4)});
+}
+
+std::vector<int64_t> Backend::kv_cache_stride_order(bool include_num_layers_dimension) {
+  return detail::identity_stride_order(4, include_num_layers_dimension);
 }
 
 int64_t Backend::num_heads_padded(int64_t h) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <utility>
 
+#include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/mla/backend.h"
@@ -101,10 +102,17 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
       AAR_CHECK_ARG(c->dim() == 4 && c->size(1) == md.block_size && c->size(2) == 1 && c->size(3) == width, name,
                     " must have shape (num_blocks, block_size=", md.block_size, ", 1, ",
                     is_nope ? "kv_lora_rank=" : "qk_rope_head_dim=", width, "), got ", c->sizes());
+      ::aar::detail::check_kv_cache_layout(
+          *c, name,
+          is_nope ? "(num_blocks, block_size, 1, kv_lora_rank) = kv_cache_shapes(...)[0]"
+                  : "(num_blocks, block_size, 1, qk_rope_head_dim) = kv_cache_shapes(...)[1]");
     } else {
+      AAR_CHECK_ARG(c->dim() == 5, name,
+                    " must be the 5-D NZ cache (num_blocks, 1, D/c, block_size, c) (enable_kv_nz), got ", c->sizes());
       const auto s = Backend::nz_cache_shape(c->size(0), md.block_size, width, c->element_size());
       AAR_CHECK_ARG(c->sizes() == c10::IntArrayRef(s), name, " must be the NZ cache ", c10::IntArrayRef(s),
                     " (enable_kv_nz), got ", c->sizes());
+      ::aar::detail::check_kv_cache_layout(*c, name, "(num_blocks, 1, D/c, block_size, c) = nz_cache_shape(...)");
     }
     AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0), " blocks, fewer than the metadata's ",
                   md.num_blocks);
@@ -132,15 +140,16 @@ void set(std::optional<at::Tensor>& dst, const at::Tensor& src) {
 }
 
 // A view of `rows` leading rows made from `src`, remade only when `src` is
-// another tensor or the rows differ (the builders hand out the same cached view
-// for the same batch shape; the slot mapping's is keyed by the input tokens).
+// another tensor, describes other memory or geometry (an in-place set_ or
+// resize_ of a cache), or the rows differ (the builders hand out the same
+// cached view for the same batch shape; the slot mapping's is keyed by the
+// input tokens). The binding holds `src`, so its address is not reused.
 template <typename Make>
-const at::Tensor& view_of(const at::Tensor& src, int64_t rows, at::Tensor& seen_src, at::Tensor& seen_view,
-                          Make make) {
-  if (src.unsafeGetTensorImpl() != seen_src.unsafeGetTensorImpl() || !seen_view.defined() ||
-      seen_view.sizes()[0] != rows) {
+const at::Tensor& view_of(const at::Tensor& src, int64_t rows, ::aar::detail::TensorBinding& seen_src,
+                          at::Tensor& seen_view, Make make) {
+  if (!seen_src.same(src) || !seen_view.defined() || seen_view.sizes()[0] != rows) {
     seen_view = make();
-    seen_src = src;
+    seen_src.bind(src);
   }
   return seen_view;
 }
@@ -196,7 +205,8 @@ void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const a
     t.key = nope;
     t.key_rope = rope;
   } else {
-    // (nb, bs, 1, D) -> (nb, 1, bs, D): a pure reinterpretation since Nkv = 1.
+    // (nb, bs, 1, D) -> (nb, 1, bs, D): a pure reinterpretation since Nkv = 1,
+    // made with view() on the validated (contiguous) cache, so it aliases it.
     set(t.key, view_of(nope, nope.sizes()[0], seen_.nope_src, seen_.key,
                        [&] { return nope.view({nope.size(0), 1, bs, L}); }));
     set(t.key_rope, view_of(rope, rope.sizes()[0], seen_.rope_src, seen_.key_rope,

@@ -1,6 +1,7 @@
 """MLA backend against the independent float64 reference (_mla_reference.py)."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ def _tol(dtype):
     return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
 
 
-def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0, prolog=False, workspace=0,
-             seed=0, nz=False, tol=None, **impl_kw):
+def setup_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0, prolog=False, workspace=0,
+               seed=0, nz=False, **impl_kw):
+    """A random MLA layer, ND caches holding every request's context (garbage elsewhere), the step's
+    metadata and the float64 reference output; nothing run yet."""
     d = dims or MlaDims()
     g = torch.Generator().manual_seed(seed)
     ws = make_weights(d, dtype, g)
@@ -47,6 +50,16 @@ def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0,
     impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L,
                     qk_nope_head_dim=d.P, qk_rope_head_dim=d.R, v_head_dim=d.V, scale=scale,
                     enable_prolog=prolog, enable_kv_nz=nz, **impl_kw, **ws)
+    ref = torch.cat([attend_request(d, ws, xs[r], q_lens[r], scale) for r in range(B)])
+    return SimpleNamespace(d=d, ws=ws, builder=builder, md=md, impl=impl, hidden=hidden, nope=nope, rope=rope,
+                           ref=ref, xs=xs, blocks=blocks, bs=bs, table=table)
+
+
+def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0, prolog=False, workspace=0,
+             seed=0, nz=False, tol=None, **impl_kw):
+    c = setup_case(seq_lens, q_lens, dims=dims, dtype=dtype, bs=bs, spec=spec, prolog=prolog, workspace=workspace,
+                   seed=seed, nz=nz, **impl_kw)
+    impl, md, hidden, nope, rope = c.impl, c.md, c.hidden, c.nope, c.rope
     out = torch.full_like(hidden, 7.0)
     if nz:
         nope_nz, rope_nz = mla.Backend.to_nz(nope), mla.Backend.to_nz(rope)
@@ -54,10 +67,9 @@ def run_case(seq_lens, q_lens, *, dims=None, dtype=torch.float32, bs=16, spec=0,
         nope, rope = mla.Backend.from_nz(nope_nz), mla.Backend.from_nz(rope_nz)
     else:
         impl.forward(hidden, nope, rope, md, out)
-    ref = torch.cat([attend_request(d, ws, xs[r], q_lens[r], scale) for r in range(B)])
-    torch.testing.assert_close(out.to(torch.float64), ref, **(tol or _tol(dtype)))
+    torch.testing.assert_close(out.to(torch.float64), c.ref, **(tol or _tol(dtype)))
     run_case.last_out = out
-    return md, impl, (nope, rope), ws, d, (xs, blocks, bs)
+    return md, impl, (nope, rope), c.ws, c.d, (c.xs, c.blocks, bs)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

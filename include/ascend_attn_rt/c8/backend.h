@@ -17,6 +17,13 @@ struct Backend {
   // head_size must be a multiple of 32.
   static std::vector<int64_t> kv_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
                                              int64_t head_size);
+  // vLLM's get_kv_cache_stride_order (see gqa::Backend): the kernels read each
+  // layer's key and value caches as contiguous row-major NZ memory
+  // (num_blocks, num_kv_heads, head_size / 32, block_size, 32), so the order is
+  // the identity, (0, ..., 5), or (0, ..., 6) with a leading num_layers
+  // dimension (layers outermost, each layer contiguous). forward rejects caches
+  // that are not contiguous (any storage offset is fine).
+  static std::vector<int64_t> kv_cache_stride_order(bool include_num_layers_dimension = false);
 };
 
 }  // namespace aar::c8

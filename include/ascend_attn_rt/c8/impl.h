@@ -30,6 +30,7 @@
 #include <optional>
 
 #include "ascend_attn_rt/c8/scales.h"
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -89,9 +90,10 @@ class AttentionImpl {
 
   // query (T, N, D) float; key/value (T, Nkv, D) of the query dtype, or absent;
   // key_cache/value_cache int8 NZ (nb, Nkv, D/32, bs, 32) or the declared ND
-  // shape (nb, bs, Nkv, D) with NZ bytes (for a Producer: float ND caches as in
-  // GQA); undefined for cache-less encoder layers. Rows [0, num_actual_tokens)
-  // of output are written (the padded tail is left as is). Returns output.
+  // shape (nb, bs, Nkv, D) with NZ bytes, contiguous either way (for a
+  // Producer: float ND caches as in GQA); undefined for cache-less encoder
+  // layers. Rows [0, num_actual_tokens) of output are written (the padded tail
+  // is left as is). Returns output.
   const at::Tensor& forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                             const at::Tensor& value_cache, const gqa::Metadata* metadata, const at::Tensor& output);
@@ -131,8 +133,8 @@ class AttentionImpl {
   ImplConfig cfg_;
   Scales scales_;
   std::optional<gqa::AttentionImpl> float_impl_;  // Producer role
-  const c10::TensorImpl* bound_key_ = nullptr;
-  const c10::TensorImpl* bound_value_ = nullptr;
+  // The caches last bound (held) and their 5-D NZ views.
+  detail::TensorBinding bound_key_, bound_value_;
   at::Tensor key_nz_, value_nz_;
   at::Tensor lse_placeholder_;
   ForwardPath last_path_ = ForwardPath::None;

@@ -24,9 +24,19 @@ at::Tensor quantize(const at::Tensor& x, const at::Tensor& inv_scale, const at::
 // int8 (..., Nkv, D) -> (q - offset) * scale in `dtype` (fp32 maths).
 at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& offset, at::ScalarType dtype);
 
-// The 5-D NZ view (nb, Nkv, D/32, bs, 32) of an int8 cache given either in
-// that shape or with the ND shape it is declared with, (nb, bs, Nkv, D), whose
-// bytes are NZ-ordered (spec 1.2; never index such a tensor as (blk, off, h, d)).
+// The (num_blocks, block_size) of an int8 C8 cache given either as NZ (nb, Nkv,
+// D/32, bs, 32) or with the ND shape it is declared with, (nb, bs, Nkv, D),
+// whose bytes are NZ-ordered (spec 1.2; never index such a tensor as (blk, off,
+// h, d)). Either form must be contiguous (the kernels read the NZ bytes as laid
+// out; any storage offset is fine): anything else is rejected with `name`, its
+// shape and strides. Makes no tensor (the per-layer validation calls it).
+struct NzCacheGeometry {
+  int64_t num_blocks = 0, block_size = 0;
+};
+NzCacheGeometry check_nz_cache(const at::Tensor& cache, int64_t num_kv_heads, int64_t head_size, const char* name);
+
+// check_nz_cache, then the 5-D NZ view of the cache (the cache itself when it
+// is 5-D), aliasing its memory.
 at::Tensor nz_view(const at::Tensor& cache, int64_t num_kv_heads, int64_t head_size, const char* name);
 
 // Paged NZ int8 cache -> dense (sum(seq_lens), Nkv, D) in `dtype`: request b's

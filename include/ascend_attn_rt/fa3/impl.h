@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 
@@ -53,7 +54,8 @@ class AttentionImpl {
   explicit AttentionImpl(const ImplConfig& cfg);
 
   // As gqa::AttentionImpl::forward: query (T, N, D), key/value (T, Nkv, D) or
-  // absent, caches (nb, 128, Nkv, D); rows [0, num_kernel_tokens) written.
+  // absent, caches (nb, 128, Nkv, D), contiguous; rows [0, num_kernel_tokens)
+  // written.
   const at::Tensor& forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                             const at::Tensor& value_cache, const gqa::Metadata* metadata, const at::Tensor& output);
@@ -70,8 +72,8 @@ class AttentionImpl {
 
   ImplConfig cfg_;
   gqa::AttentionImpl encoder_;  // pooling path (inherited upstream)
-  const c10::TensorImpl* bound_key_ = nullptr;
-  const c10::TensorImpl* bound_value_ = nullptr;
+  // The caches last bound and their 3-D views (see gqa::AttentionImpl).
+  detail::TensorBinding bound_key_, bound_value_;
   at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
   at::Tensor lse_placeholder_;
   ForwardPath last_path_ = ForwardPath::None;

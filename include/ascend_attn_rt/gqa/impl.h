@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/paged_attention.h"
@@ -82,7 +83,9 @@ class AttentionImpl {
   explicit AttentionImpl(const ImplConfig& cfg);
 
   // query (T, N, D); key/value (T, Nkv, D) or absent (no cache write);
-  // key_cache/value_cache (num_blocks, block_size, Nkv, D), or undefined tensors
+  // key_cache/value_cache (num_blocks, block_size, Nkv, D), contiguous (the
+  // kernels' layout, Backend::kv_cache_stride_order; any storage offset; other
+  // strides are rejected by name before any write), or undefined tensors
   // for encoder-only layers without a cache; output (T, N, D), written in rows
   // [0, metadata.num_kernel_tokens) only. metadata == nullptr (profiling run)
   // zero-fills the output. Returns output. While a graph capture is open on this
@@ -117,9 +120,9 @@ class AttentionImpl {
   ImplConfig cfg_;
   std::optional<at::Tensor> sinks_fp32_;
   // Caches are bound on first use; the 3-D (nb, bs, Nkv*D) views the fused
-  // kernel takes are made once per binding, not per call.
-  const c10::TensorImpl* bound_key_ = nullptr;
-  const c10::TensorImpl* bound_value_ = nullptr;
+  // kernel takes are made once per binding, not per call, and remade when the
+  // caller's tensor is another one or describes other memory (set_, resize_).
+  detail::TensorBinding bound_key_, bound_value_;
   at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
   at::Tensor lse_placeholder_;
   at::Tensor large_head_mask_;  // bool copy of the compressed mask (npu_fusion_attention)

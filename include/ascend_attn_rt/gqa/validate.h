@@ -26,8 +26,13 @@ void validate_layer_inputs(const LayerShape& s, const at::Tensor& query, const s
                            int64_t min_query_rows, const char* rows_what);
 
 // ND paged caches (num_blocks >= md.num_blocks, md.block_size, Nkv, D) in the
-// given dtype and device, given together or not at all.
+// given dtype and device, given together or not at all, contiguous (the
+// kernels read them as row-major memory; any storage offset is fine): a
+// permuted or sliced view is rejected with its shape and strides.
 void validate_nd_caches(const LayerShape& s, const at::Tensor& key_cache, const at::Tensor& value_cache,
                         const Metadata& md, at::ScalarType dtype, c10::Device device);
+
+// The ND cache layout as the layout errors name it (shared with FA3).
+extern const char* const kNdCacheLayout;
 
 }  // namespace aar::gqa

@@ -20,6 +20,14 @@ struct Backend {
   // The upstream get_kv_cache_shape: (num_blocks, block_size, num_kv_heads, head_size) unchanged.
   static std::vector<int64_t> kv_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
                                              int64_t head_size);
+  // vLLM's get_kv_cache_stride_order (see gqa::Backend) for kv_cache_shape and
+  // each of kv_cache_shapes: the kernels read the latent and rope caches as
+  // contiguous row-major memory, so the order is the identity (0, 1, 2, 3), or
+  // (0, 1, 2, 3, 4) with a leading num_layers dimension (layers outermost, each
+  // layer contiguous). NZ caches (enable_kv_nz) are contiguous tensors of
+  // nz_cache_shape. forward rejects caches that are not contiguous (any storage
+  // offset is fine; the size-1 head dimension's stride does not matter).
+  static std::vector<int64_t> kv_cache_stride_order(bool include_num_layers_dimension = false);
   // The two caches of one layer: {latent (nb, bs, 1, L), rope (nb, bs, 1, R)}.
   static std::vector<std::vector<int64_t>> kv_cache_shapes(int64_t num_blocks, int64_t block_size,
                                                            int64_t kv_lora_rank, int64_t qk_rope_head_dim);

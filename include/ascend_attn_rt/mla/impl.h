@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/mla/weights.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -59,14 +60,15 @@ class Impl {
   Impl(const ImplConfig& cfg, const Weights& weights);
 
   // hidden (T, hidden_size) with T >= metadata.num_actual_tokens; nope_cache
-  // (nb, bs, 1, L) and rope_cache (nb, bs, 1, R) (or their NZ forms); output
+  // (nb, bs, 1, L) and rope_cache (nb, bs, 1, R) (or their NZ forms),
+  // contiguous (any storage offset; other strides are rejected by name); output
   // (T, hidden_size), rows past num_actual_tokens get o_proj(0). metadata ==
   // nullptr (profiling run) zero-fills output. Returns output. While a graph
   // capture is open (graph::GraphParams), a decode-only batch of exactly the
   // bucket's tokens is captured instead (the impl must outlive the graph).
   // A decode keeps views of the last caches and metadata it saw (a model's
-  // caches live as long as the model) and its last kernel arguments;
-  // release_views() drops them.
+  // caches live as long as the model; a cache moved in place by set_/resize_
+  // gets new views) and its last kernel arguments; release_views() drops them.
   const at::Tensor& forward(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                             const Metadata* metadata, const at::Tensor& output);
 
@@ -121,12 +123,12 @@ class Impl {
   int64_t hp_ = 0;
   std::shared_ptr<detail::DecodeWorkspace> ws_;
   at::Tensor lse_placeholder_;
-  // Views of the last caches / metadata seen; the sources are held so that a
-  // pointer match means the same tensor.
+  // Views of the last caches / metadata seen, keyed by their sources: each
+  // binding holds its source (so a pointer match means the same tensor) and
+  // its memory and geometry (so an in-place set_/resize_ remakes the view).
   struct SeenViews {
-    at::Tensor nope_src, rope_src, key, key_rope;
-    at::Tensor cos_src, sin_src, slots_src, cos4, sin4, slots;
-    at::Tensor y_src, y2d, qn_src, qn_fia, qr_src, qr_fia;
+    ::aar::detail::TensorBinding nope_src, rope_src, cos_src, sin_src, slots_src, y_src, qn_src, qr_src;
+    at::Tensor key, key_rope, cos4, sin4, slots, y2d, qn_fia, qr_fia;
   } seen_;
   ops::FiaV2Tensors decode_t_;
   ops::FiaV2Params decode_p_;

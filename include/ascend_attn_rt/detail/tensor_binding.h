@@ -1,0 +1,79 @@
+// Internal to the backends; public only because the Impl classes hold it.
+//
+// A layer binds the caller's KV caches on first use and keeps views derived
+// from them (the (nb, bs, Nkv*D) view the fused kernel takes, the NZ view, the
+// MLA (nb, 1, bs, D) view) so that a steady-state forward makes none. Those
+// views are only valid while the caller's tensor describes the same memory with
+// the same geometry. The TensorImpl address alone does not say so: an in-place
+// `set_`, `resize_` or `as_strided_` keeps the object but moves or reshapes its
+// memory, and once a tensor is freed a new one may be allocated at its address.
+// A TensorBinding therefore holds the bound tensor (its address cannot be
+// reused while bound) and records its storage, data pointer, storage offset,
+// dtype, sizes and strides; `same` is a handful of integer compares (no
+// allocation), cheap enough for the per-layer hot path.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+
+namespace aar::detail {
+
+class TensorBinding {
+ public:
+  // Tensors with more dimensions are never `same` (always rebound): correct,
+  // only slower. Every cache this runtime takes has at most 6.
+  static constexpr int64_t kMaxDims = 8;
+
+  // True when `t` is the bound tensor and still describes the memory and the
+  // geometry it had when bound.
+  bool same(const at::Tensor& t) const noexcept {
+    if (dim_ < 0 || t.unsafeGetTensorImpl() != src_.unsafeGetTensorImpl()) return false;
+    if (t.dim() != dim_ || t.scalar_type() != dtype_ || t.storage_offset() != offset_ ||
+        t.storage().unsafeGetStorageImpl() != storage_ || t.const_data_ptr() != data_) {
+      return false;
+    }
+    const c10::IntArrayRef sz = t.sizes(), st = t.strides();
+    for (int64_t i = 0; i < dim_; ++i) {
+      if (sz[i] != sizes_[i] || st[i] != strides_[i]) return false;
+    }
+    return true;
+  }
+
+  // Holds `t` and records its memory and geometry.
+  void bind(const at::Tensor& t) {
+    src_ = t;
+    dim_ = -1;
+    if (!t.defined() || t.dim() > kMaxDims) return;
+    storage_ = t.storage().unsafeGetStorageImpl();
+    data_ = t.const_data_ptr();
+    offset_ = t.storage_offset();
+    dtype_ = t.scalar_type();
+    const c10::IntArrayRef sz = t.sizes(), st = t.strides();
+    for (int64_t i = 0; i < t.dim(); ++i) {
+      sizes_[i] = sz[i];
+      strides_[i] = st[i];
+    }
+    dim_ = t.dim();
+  }
+
+  void reset() noexcept {
+    src_.reset();
+    dim_ = -1;
+  }
+
+  bool bound() const noexcept { return src_.defined(); }
+  const at::Tensor& tensor() const noexcept { return src_; }
+
+ private:
+  at::Tensor src_;
+  const c10::StorageImpl* storage_ = nullptr;
+  const void* data_ = nullptr;
+  int64_t offset_ = 0;
+  int64_t dim_ = -1;
+  at::ScalarType dtype_ = at::ScalarType::Undefined;
+  std::array<int64_t, kMaxDims> sizes_{}, strides_{};
+};
+
+}  // namespace aar::detail
