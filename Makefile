@@ -43,7 +43,7 @@ test-cpp: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 test-python: build
-	PYTHONPATH=python $(PY) -m pytest tests/python -q
+	$(PY) -m pytest tests/python -q
 
 test: test-cpp test-python
 
