@@ -22,7 +22,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==2.13.0" "nanobind>=2.0" "scikit-build-core>=0.10" \
+	$(PY) -m pip install --quiet "torch==2.13.0" "nanobind>=2.0" "scikit-build-core>=1.1" \
 		"pytest>=7" numpy ninja tqdm
 	touch $@
 
