@@ -22,7 +22,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==2.13.0" "nanobind>=2.0" "scikit-build-core>=0.10" \
+	$(PY) -m pip install --quiet "torch==2.13.0" "nanobind>=2.0" "scikit-build-core>=1.1" \
 		"pytest>=7" numpy ninja tqdm
 	touch $@
 
@@ -43,7 +43,7 @@ test-cpp: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 test-python: build
-	PYTHONPATH=python $(PY) -m pytest tests/python -q
+	$(PY) -m pytest tests/python -q
 
 test: test-cpp test-python
 

@@ -275,7 +275,12 @@ void bind_mla(nb::module_& root) {
       .def_prop_ro("w_uv", [](const mla::Impl& i) { return i.w_uv(); })
       .def_prop_ro("scale", [](const mla::Impl& i) { return i.config().scale; })
       .def_prop_ro("last_decode_path",
-                   [](const mla::Impl& i) { return std::string(mla::to_string(i.last_decode_path())); });
+                   [](const mla::Impl& i) { return std::string(mla::to_string(i.last_decode_path())); })
+      .def_prop_ro(
+          "decode_workspace_id",
+          [](const mla::Impl& i) { return reinterpret_cast<uintptr_t>(i.decode_workspace_id()); },
+          "Address of the decode workspace this layer uses: equal for layers that share one (same shape, dtype, "
+          "device and workspace_group).");
 }
 
 const BindingRegistrar kRegisterMla(/*order=*/30, &bind_mla);

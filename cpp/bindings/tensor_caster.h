@@ -1,23 +1,34 @@
 // Zero-copy nanobind caster between at::Tensor and torch.Tensor.
 //
-// torch's own header (torch/csrc/autograd/python_variable.h) drags in pybind11;
-// the three symbols the caster needs are declared here instead, exactly as
-// torch 2.13 exports them from libtorch_python (the layout of THPVariable's
-// head, a PyObject header followed by the at::Tensor, has been stable for years;
-// tests/python/test_tensor_caster.py checks the round trip keeps data pointers
-// and object identity).
+// A torch.Tensor is torch's THPVariable: a PyObject header followed by the
+// at::Tensor it wraps (torch/csrc/autograd/python_variable.h, where torch's own
+// THPVariable_Unpack reads that member). That header drags pybind11 into every
+// translation unit that includes it, so the caster declares the three symbols
+// it needs from libtorch_python and reads the member through a struct of its
+// own; tensor_caster_layout.cpp includes torch's header and checks at compile
+// time, against the torch being built with, that our declarations and layout
+// are torch's. The layout holds from torch 2.10 (before, the member was a
+// c10::MaybeOwned<at::Tensor>): older torch is refused here. The round trip
+// (same TensorImpl, same Python object, subclasses, views, None, errors) is
+// tested in tests/python/test_tensor_caster.py through the _testing submodule.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <nanobind/nanobind.h>
+#include <torch/csrc/api/include/torch/version.h>  // TORCH_VERSION_MAJOR/MINOR, in every torch
 
 #include <string>
+
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 10)
+#error "ascend_attn_rt's tensor caster needs torch >= 2.10 (THPVariable holds an at::Tensor from 2.10 on)"
+#endif
 
 extern PyObject* THPVariableClass;
 extern PyObject* ParameterClass;
 PyObject* THPVariable_Wrap(const at::TensorBase& var);
 
 namespace aar::bindings {
+// The head of torch's THPVariable (checked in tensor_caster_layout.cpp).
 struct THPVariableHead {
   PyObject_HEAD
   at::Tensor cdata;
@@ -34,6 +45,11 @@ inline bool is_torch_tensor(PyObject* o) {
   if (r < 0) PyErr_Clear();
   return r == 1;
 }
+
+// The at::Tensor a torch.Tensor wraps (torch's THPVariable_Unpack); `o` must
+// be a torch.Tensor (is_torch_tensor).
+inline const at::Tensor& unpack_tensor(PyObject* o) { return reinterpret_cast<THPVariableHead*>(o)->cdata; }
+
 // Borrowed view of a torch.Tensor argument without any refcount traffic (hot
 // paths: the Python object outlives the call). None gives an undefined tensor
 // when `none_ok`; anything else is a ValueError naming the argument.
@@ -41,9 +57,11 @@ inline const at::Tensor& borrow_tensor(nanobind::handle h, const char* name, boo
   static const at::Tensor undefined;
   if (none_ok && h.is_none()) return undefined;
   if (!is_torch_tensor(h.ptr())) {
-    throw nanobind::value_error((std::string(name) + " must be a torch.Tensor" + (none_ok ? " or None" : "")).c_str());
+    throw nanobind::value_error((std::string(name) + " must be a torch.Tensor" + (none_ok ? " or None" : "") +
+                                 ", got " + nanobind::inst_name(h).c_str())
+                                    .c_str());
   }
-  return reinterpret_cast<THPVariableHead*>(h.ptr())->cdata;
+  return unpack_tensor(h.ptr());
 }
 
 }  // namespace aar::bindings
@@ -56,7 +74,7 @@ struct type_caster<at::Tensor> {
 
   bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
     if (!aar::bindings::is_torch_tensor(src.ptr())) return false;
-    value = reinterpret_cast<aar::bindings::THPVariableHead*>(src.ptr())->cdata;
+    value = aar::bindings::unpack_tensor(src.ptr());
     return true;
   }
 

@@ -26,14 +26,15 @@ inline Provider pick_provider(Provider pv, const at::Tensor& first) {
   return pv != Provider::Auto ? pv : resolve_provider(first);
 }
 
-// Keeps the call off PyTorch's boxed autograd fallback. Our own namespaces
-// (CPU twins, no-compute) register an Autograd fallthrough for every operator
-// (cpp/ops/registry.cpp), so their calls need no guard; torch_npu's operators are
-// called under InferenceMode (DESIGN.md), entered only if not already active.
+// Keeps the call off PyTorch's boxed autograd fallback: every provider's
+// operators are called under InferenceMode (DESIGN.md), entered only if not
+// already active. No provider has an Autograd kernel (torch_npu registers none
+// for these operators, and cpp/ops/registry.cpp none for ours), so the CPU
+// twins and the no-compute provider dispatch exactly like the NPU path.
 class DispatchGuard {
  public:
-  explicit DispatchGuard(Provider p) {
-    if (p == Provider::Npu && !c10::InferenceMode::is_enabled()) guard_.emplace();
+  explicit DispatchGuard(Provider) {
+    if (!c10::InferenceMode::is_enabled()) guard_.emplace();
   }
 
  private:

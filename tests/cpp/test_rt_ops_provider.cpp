@@ -3,6 +3,7 @@
 // fail clearly for the NPU provider without torch_npu.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
 
@@ -13,6 +14,7 @@
 #include "ascend_attn_rt/ops/paged_attention.h"
 #include "ascend_attn_rt/ops/provider.h"
 #include "ascend_attn_rt/ops/schemas.h"
+#include "../../cpp/ops/op_handle.h"
 #include "test_rt_ops_util.h"
 
 namespace ops = aar::ops;
@@ -177,6 +179,41 @@ TEST(RtOpsProvider, NoComputeShapesForEveryFunctionalOp) {
   ops::paged_attention(pa, pout, std::nullopt);
   EXPECT_TRUE(at::all(pout == 9.0).item<bool>());
   EXPECT_EQ(ops::paged_attention_get_workspace(pa, pout).scalar_type(), at::kByte);
+}
+
+// Every provider dispatches like torch_npu's operators: no Autograd kernel
+// (torch_npu registers none for them; ours no fallthrough either), and every
+// wrapper call runs under InferenceMode, entered when the caller is not in it.
+TEST(RtOpsProvider, EveryProviderDispatchesLikeTorchNpu) {
+  for (const auto& s : ops::op_schemas()) {
+    const std::string name = s.name;
+    const auto dot = name.find('.');
+    for (const char* ns : {"ascend_cpu", "ascend_noop"}) {
+      const auto h = c10::Dispatcher::singleton().findSchemaOrThrow(
+          (std::string(ns) + "::" + name.substr(0, dot)).c_str(), dot == std::string::npos ? "" : &s.name[dot + 1]);
+      EXPECT_FALSE(h.hasKernelForDispatchKey(c10::DispatchKey::Autograd)) << ns << "::" << name;
+      EXPECT_FALSE(h.hasKernelForDispatchKey(c10::DispatchKey::AutogradCPU)) << ns << "::" << name;
+    }
+  }
+  ASSERT_FALSE(c10::InferenceMode::is_enabled());
+  for (const ops::Provider p : {ops::Provider::Npu, ops::Provider::Cpu, ops::Provider::NoCompute}) {
+    {
+      ops::detail::DispatchGuard guard(p);
+      EXPECT_TRUE(c10::InferenceMode::is_enabled()) << ops::to_string(p);
+    }
+    EXPECT_FALSE(c10::InferenceMode::is_enabled()) << ops::to_string(p);
+  }
+  {
+    c10::InferenceMode outer;
+    { ops::detail::DispatchGuard guard(ops::Provider::Cpu); }
+    EXPECT_TRUE(c10::InferenceMode::is_enabled());  // an enclosing guard is left alone
+  }
+  // Through a wrapper, outside inference mode: the CPU twin ran under the guard.
+  Small s;
+  const auto [out, lse] = ops::fused_infer_attention_score(s.t, s.p);
+  EXPECT_TRUE(out.is_inference());
+  EXPECT_TRUE(lse.is_inference());
+  EXPECT_FALSE(c10::InferenceMode::is_enabled());
 }
 
 TEST(RtOpsProvider, NpuProviderWithoutTorchNpuFailsClearly) {

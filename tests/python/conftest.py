@@ -1,6 +1,7 @@
 """Shared fixtures for the ascend_attn_rt Python tests.
 
-Run: cd /work/main && PYTHONPATH=python .venv/bin/python -m pytest tests/python -q
+Run from the repository root, after a build: .venv/bin/python -m pytest -q
+(pyproject.toml's pytest `pythonpath` puts python/ and tests/python/ on sys.path).
 """
 
 import os

@@ -172,7 +172,19 @@ def test_decode_writes_cache_rows_and_skips_padding():
     torch.testing.assert_close(caches[0][blk, off, 0].double(), c[16], atol=1e-5, rtol=1e-5)
 
 
-def test_lse_merge_with_empty_partitions():
+_ATTENTION_UPDATE = {
+    # The CPU twin called by name, and the runtime's wrapper (ops::attention_update, what the MLA prefill's
+    # context-chunk merge calls; the provider follows the tensors' device: the CPU twin here).
+    "twin": lambda lses, outs, t: torch.ops.ascend_cpu.npu_attention_update(lses, outs, t),
+    "wrapper": lambda lses, outs, t: aar._C._testing.attention_update(lses, outs, t, "auto"),
+}
+
+
+@pytest.mark.parametrize("via", list(_ATTENTION_UPDATE))
+def test_lse_merge_with_empty_partitions(via):
+    # npu_attention_update: a partition whose LSE is -inf everywhere contributes nothing, a row empty in
+    # every partition gives 0 and LSE -inf, and the rest is the float64 LSE-weighted merge.
+    merge = _ATTENTION_UPDATE[via]
     g = torch.Generator().manual_seed(5)
     M, D = 12, 16
     lses = [torch.randn(M, generator=g) for _ in range(4)]
@@ -180,12 +192,23 @@ def test_lse_merge_with_empty_partitions():
     for l in lses:
         l[3] = float("-inf")              # a row empty everywhere
     outs = [torch.randn(M, D, generator=g) for _ in range(4)]
-    out, lse = aar.ops_attention_update(lses, outs, 1) if hasattr(aar, "ops_attention_update") else \
-        torch.ops.ascend_cpu.npu_attention_update(lses, outs, 1)
+    outs[1].fill_(1e30)                   # what an empty partition holds must not leak into the merge
+    out, lse = merge(lses, outs, 1)
     ref, ref_lse = lse_merge(lses, outs)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
-    assert torch.all(out[3] == 0) and torch.isinf(lse[3])
-    torch.testing.assert_close(lse.double()[torch.isfinite(ref_lse)], ref_lse[torch.isfinite(ref_lse)])
+    assert torch.all(out[3] == 0) and lse[3].item() == float("-inf")
+    finite = torch.isfinite(ref_lse)
+    assert finite.sum() == M - 1
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite])
+    # Dropping the empty partition changes nothing.
+    keep = [0, 2, 3]
+    out3, lse3 = merge([lses[i] for i in keep], [outs[i] for i in keep], 1)
+    torch.testing.assert_close(out3, out, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(lse3[finite], lse[finite])
+    # update_type 0: the merged output only.
+    out0, lse0 = merge(lses, outs, 0)
+    torch.testing.assert_close(out0, out)
+    assert lse0.numel() == 0
 
 
 def test_weight_split_and_rope_permutation():

@@ -1,7 +1,8 @@
 """The MLA decode runs its intermediates in a workspace shared by the layers of one shape, with views cached
 per batch size: these tests run several layers and batch sizes through one workspace (growing it, shrinking
 back, padded and unpadded heads, native and fused-prolog preprocess) and check every output against the
-float64 reference, plus padded input rows."""
+float64 reference, plus padded input rows. Layers of one shape, dtype, device and workspace group share one
+workspace (Impl.decode_workspace_id); another group gets its own."""
 
 import math
 
@@ -18,14 +19,14 @@ BS = 16
 class Layer:
     """One MLA layer: weights, its own caches, the tokens written so far per request."""
 
-    def __init__(self, d, dtype, seed, prolog, nb):
+    def __init__(self, d, dtype, seed, prolog, nb, group=0):
         g = torch.Generator().manual_seed(seed)
         self.d, self.dtype = d, dtype
         self.ws = make_weights(d, dtype, g)
         self.scale = 1.0 / math.sqrt(d.P + d.R)
         self.impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L,
                              qk_nope_head_dim=d.P, qk_rope_head_dim=d.R, v_head_dim=d.V, scale=self.scale,
-                             enable_prolog=prolog, layer_index=seed, **self.ws)
+                             enable_prolog=prolog, layer_index=seed, workspace_group=group, **self.ws)
         self.nope = torch.randn(nb, BS, 1, d.L, generator=g).to(dtype)
         self.rope = torch.randn(nb, BS, 1, d.R, generator=g).to(dtype)
 
@@ -34,9 +35,11 @@ def _tol(dtype):
     return dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
 
 
-def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False, bucket=None):
+def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False, bucket=None, groups=(0, 0), after_step=None):
     """steps: list of request-id lists; each step decodes one token of each listed request, whose context
-    grows by one per step it is in. Every layer's output is compared with the reference after each step."""
+    grows by one per step it is in. Two layers (workspace groups `groups`) run one after the other; every
+    layer's output is compared with the reference after each step, then after_step(i, layers) runs.
+    Returns the layers."""
     g = torch.Generator().manual_seed(99)
     num_reqs = 1 + max(max(s) for s in steps)
     ctx0 = [5 + 7 * r for r in range(num_reqs)]
@@ -45,7 +48,7 @@ def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False, bucket=None):
     nb = num_reqs * mbr + 2
     table = torch.arange(num_reqs * mbr, dtype=torch.int32).view(num_reqs, mbr)
     blocks = [table[r].tolist() for r in range(num_reqs)]
-    layers = [Layer(d, dtype, seed, prolog, nb) for seed in (1, 2)]
+    layers = [Layer(d, dtype, seed, prolog, nb, group) for seed, group in zip((1, 2), groups)]
     # Every layer sees the same token stream (its hidden states); fill each layer's context.
     xs = [torch.randn(total[r], d.hidden, generator=g, dtype=torch.float64).to(dtype) for r in range(num_reqs)]
     for layer in layers:
@@ -56,7 +59,7 @@ def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False, bucket=None):
                                   num_blocks=nb, cos_table=cos.to(dtype), sin_table=sin.to(dtype),
                                   graph_decode_padding=graph_padding)
     seen = list(ctx0)
-    for step in steps:
+    for i, step in enumerate(steps):
         B = len(step)
         seq = torch.tensor([seen[r] + 1 for r in step], dtype=torch.int32)
         qsl = torch.arange(B + 1, dtype=torch.int32)
@@ -75,6 +78,9 @@ def run_steps(d, dtype, prolog, steps, pad=0, graph_padding=False, bucket=None):
             assert torch.count_nonzero(out[B:]) == 0  # padded rows: o_proj(0)
         for r in step:
             seen[r] += 1
+        if after_step is not None:
+            after_step(i, layers)
+    return layers
 
 
 # Grows the workspace (1 -> 2 -> 4 tokens), shrinks back, and repeats a size whose views are cached.
@@ -84,7 +90,19 @@ STEPS = [[0], [0, 1], [2, 0, 3, 1], [1], [3, 2], [0, 1]]
 @pytest.mark.parametrize("heads", [4, 5])  # 5 heads run padded to 8
 @pytest.mark.parametrize("prolog", [False, True])
 def test_layers_share_the_decode_workspace(heads, prolog):
-    run_steps(MlaDims(H=heads), torch.float32, prolog, STEPS)
+    d = MlaDims(H=heads)
+    layers = run_steps(d, torch.float32, prolog, STEPS)
+    # Both layers decoded through one workspace (same shape, dtype, device, group 0) ...
+    shared = layers[0].impl.decode_workspace_id
+    assert shared != 0 and layers[1].impl.decode_workspace_id == shared
+    # ... which a third layer of that shape joins; another group, dtype or head count gets its own.
+    others = {"same": Layer(d, torch.float32, 3, prolog, 4),
+              "group 1": Layer(d, torch.float32, 3, prolog, 4, group=1),
+              "bf16": Layer(d, torch.bfloat16, 3, prolog, 4),
+              "heads": Layer(MlaDims(H=heads + 4), torch.float32, 3, prolog, 4)}
+    ids = {k: v.impl.decode_workspace_id for k, v in others.items()}
+    assert ids["same"] == shared
+    assert len({shared, ids["group 1"], ids["bf16"], ids["heads"]}) == 4, ids
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -110,15 +128,32 @@ def test_no_qlora_native():
     run_steps(MlaDims(Q=None), torch.bfloat16, False, STEPS[:3])
 
 
-def test_workspace_groups_and_release_views():
-    # Two groups run the same shape side by side; release_views drops what a decode kept.
-    d = MlaDims()
-    run_steps(d, torch.float32, False, [[0, 1]])
-    g = torch.Generator().manual_seed(5)
-    ws = make_weights(d, torch.float32, g)
-    impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
-                    qk_rope_head_dim=d.R, v_head_dim=d.V, workspace_group=7, **ws)
-    impl.release_views()
+def _storage_uses(t):
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+@pytest.mark.parametrize("groups", [(0, 7), (7, 7)])
+@pytest.mark.parametrize("prolog", [False, True])
+def test_workspace_groups_and_release_views(groups, prolog):
+    # Two layers in the given workspace groups decode side by side, every output checked against the
+    # reference; after the second step each layer drops the views a decode keeps (release_views: the
+    # layer no longer holds views of its caches), and the following steps decode correctly again.
+    uses = {}
+
+    def after_step(i, layers):
+        if i != 1:
+            return
+        for n, layer in enumerate(layers):
+            kept = [_storage_uses(layer.nope), _storage_uses(layer.rope)]
+            layer.impl.release_views()
+            uses[n] = (kept, [_storage_uses(layer.nope), _storage_uses(layer.rope)])
+
+    layers = run_steps(MlaDims(H=5), torch.float32, prolog, [[0, 1], [1], [0, 1, 2], [2]], groups=groups,
+                       after_step=after_step)
+    a, b = (layer.impl.decode_workspace_id for layer in layers)
+    assert (a == b) == (groups[0] == groups[1])
+    for n, (kept, released) in uses.items():
+        assert all(r < k for k, r in zip(kept, released)), (n, kept, released)
 
 
 def test_one_layer_alternating_decode_layouts():

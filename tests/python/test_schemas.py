@@ -3,9 +3,11 @@ no-compute namespaces, exactly the schema torch_npu 2.14.0 declares.
 
 The torch_npu wheel is downloaded once (``pip download --no-deps``) into
 ``.cache/torch_npu`` and read as a zip; it is never imported. Where the download is
-impossible, the test says so loudly and skips only itself.
+impossible, the test says so loudly and skips only itself; under CI (``CI`` set to
+``true`` or ``1``, any case) it fails instead, so a CI run never passes unchecked.
 """
 
+import os
 import pathlib
 import re
 import subprocess
@@ -23,6 +25,10 @@ CACHE = ROOT / ".cache" / "torch_npu"
 YAML = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 ATB_HEADER = "torch_npu/include/third_party/op-plugin/op_plugin/include/AtbOpsInterface.h"
 ATB_LIB = "torch_npu/lib/libop_plugin_atb.so"
+
+
+def _under_ci():
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
 
 
 def _wheel():
@@ -43,6 +49,8 @@ def _wheel():
         msg = ("\n" + "!" * 78 + "\nSCHEMA CONFORMANCE NOT CHECKED: could not download torch-npu==2.14.0\n"
                f"({' '.join(cmd)}):\n{err}\n" + "!" * 78)
         print(msg, file=sys.stderr)
+        if _under_ci():
+            pytest.fail(msg + "\n(CI is set: a schema check that cannot run is a failure)", pytrace=False)
         warnings.warn(msg)
         pytest.skip("torch_npu 2.14.0 wheel not downloadable here: schema conformance NOT checked")
     return wheels[0]
@@ -138,3 +146,23 @@ def test_registered_schemas_equal_table(ns):
         registered = str(op._schema)
         expected = str(torch._C.parse_schema(f"{ns}::{schema}"))
         assert registered == expected, f"{ns}::{name}\n registered: {registered}\n table     : {expected}"
+
+
+@pytest.mark.parametrize("ci,fails", [(None, False), ("true", True), ("TRUE", True), ("1", True), ("True ", True),
+                                      ("false", False), ("0", False), ("", False)])
+def test_undownloadable_wheel_skips_or_fails_under_ci(monkeypatch, tmp_path, ci, fails):
+    # No cached wheel and a failing `pip download`: a skip on a developer machine, a failure under CI.
+    monkeypatch.setattr(sys.modules[__name__], "CACHE", tmp_path / "torch_npu")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "no network"))
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # Caught here either way (an escaping skip would turn this test into a skip, not a failure).
+        with pytest.raises((pytest.fail.Exception, pytest.skip.Exception)) as info:
+            _wheel()
+    assert isinstance(info.value, pytest.fail.Exception if fails else pytest.skip.Exception), repr(info.value)
+    if fails:
+        assert "could not download torch-npu==2.14.0" in str(info.value) and "no network" in str(info.value)

@@ -77,6 +77,10 @@ class Impl {
   const at::Tensor& w_uk_t() const { return w_uk_t_; }
   const at::Tensor& w_uv() const { return w_uv_; }
   DecodePath last_decode_path() const { return last_decode_; }
+  // Identity of the decode workspace this layer uses: equal for Impls of the
+  // same shape, dtype, device and workspace_group (they share one), different
+  // otherwise. For tests and diagnostics; nothing may be read through it.
+  const void* decode_workspace_id() const { return ws_.get(); }
   void release_views();
   // Weight reload (spec 9.17): copies the new weights into the tensors the layer
   // holds (those it was built with: the caller's, aliased) and recomputes the
