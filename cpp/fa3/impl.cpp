@@ -76,20 +76,9 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
                              "attends num_kernel_tokens rows");
   AAR_CHECK_ARG(key_cache.defined() && value_cache.defined(),
                 "the FA3 backend reads K/V from the paged cache: key_cache and value_cache are required");
-  for (const at::Tensor* c : {&key_cache, &value_cache}) {
-    const char* name = c == &key_cache ? "key_cache" : "value_cache";
-    AAR_CHECK_ARG(c->dim() == 4 && c->size(2) == Nkv && c->size(3) == D, name, " must have shape (num_blocks, 128, ",
-                  Nkv, ", ", D, "), got ", c->sizes());
-    AAR_CHECK_ARG(Backend::is_supported_block_size(c->size(1)), name, " has block_size ", c->size(1),
-                  ": the FA3 backend supports block_size 128 only");
-    AAR_CHECK_ARG(c->size(1) == md.block_size, name, " has block_size ", c->size(1),
-                  " but the metadata was built for block_size=", md.block_size);
-    AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0),
-                  " blocks but the metadata was built for num_blocks=", md.num_blocks);
-    detail::check_kv_cache_layout(*c, name, gqa::kNdCacheLayout);
-    AAR_CHECK_ARG(c->scalar_type() == dtype && c->device() == query.device(), name,
-                  " must have the query's dtype and device, got ", c->scalar_type(), " on ", c->device());
-  }
+  AAR_CHECK_ARG(key_cache.dim() != 4 || Backend::is_supported_block_size(key_cache.size(1)), "key_cache has block_size ",
+                key_cache.size(1), ": the FA3 backend supports block_size 128 only");
+  gqa::validate_nd_caches({cfg_.num_heads, Nkv, D}, key_cache, value_cache, md, dtype, query.device());
 }
 
 void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {

@@ -60,6 +60,8 @@ void validate_nd_caches(const LayerShape& s, const at::Tensor& key_cache, const 
     AAR_CHECK_ARG(c->scalar_type() == dtype, name, " dtype ", c->scalar_type(), " differs from query dtype ", dtype);
     AAR_CHECK_ARG(c->device() == device, name, " is on ", c->device(), " but query is on ", device);
   }
+  AAR_CHECK_ARG(value_cache.sizes() == key_cache.sizes(), "value_cache shape ", value_cache.sizes(),
+                " differs from key_cache shape ", key_cache.sizes(), " (a layer's K and V caches are one pair)");
 }
 
 }  // namespace aar::gqa

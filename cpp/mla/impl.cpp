@@ -92,7 +92,10 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
   }
   AAR_CHECK_ARG(output.defined() && output.sizes() == hidden.sizes() && output.scalar_type() == hidden.scalar_type(),
                 "output must be a ", hidden.scalar_type(), " tensor of shape ", hidden.sizes(), ", got ",
+                output.defined() ? output.scalar_type() : hidden.scalar_type(), " ",
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
+  AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
+                output.strides());
   for (const at::Tensor* c : {&nope, &rope}) {
     const bool is_nope = c == &nope;
     const char* name = is_nope ? "nope_cache" : "rope_cache";

@@ -382,7 +382,8 @@ def _forward_muts(cache_names=("key_cache", "value_cache"), kv_dtype_ok=None):
             p = list(range(t.dim()))
             i = rng.randrange(1, t.dim() - 1)
             p[i], p[i + 1] = p[i + 1], p[i]
-            return _replace(a, k, t.permute(p).contiguous().permute(p))
+            u = t.permute(p).contiguous().permute(p)
+            return None if u.is_contiguous() else _replace(a, k, u)  # swapping a size-1 dim changes nothing
         if choice == 1:  # padded block stride
             big = torch.zeros(t.shape[0], 2, *t.shape[1:], dtype=t.dtype)
             big[:, 0].copy_(t)
