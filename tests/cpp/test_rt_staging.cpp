@@ -74,14 +74,17 @@ struct Step {
 Step step_a() { return {{0, 1, 2}, {5, 20}, {3, 0, 0, 0, 7, 1, 0, 0}}; }
 Step step_b() { return {{0, 1, 2}, {9, 33}, {6, 0, 0, 0, 2, 5, 4, 0}}; }
 
-aar::gqa::BuildInputs inputs(const Step& s) {
-  aar::gqa::BuildInputs in;
+// A step as a builder's BuildInputs (gqa:: or mla::, same field names).
+template <class Inputs>
+Inputs inputs_of(const Step& s) {
+  Inputs in;
   in.query_start_loc = {s.qsl.data(), s.qsl.size()};
   in.seq_lens = {s.seq.data(), s.seq.size()};
   in.block_table = {s.table.data(), s.table.size()};
   in.block_table_stride = s.stride;
   return in;
 }
+aar::gqa::BuildInputs inputs(const Step& s) { return inputs_of<aar::gqa::BuildInputs>(s); }
 
 aar::gqa::BuilderConfig gqa_config(std::shared_ptr<aar::StagingHooks> hooks, int buffers) {
   aar::gqa::BuilderConfig c;
@@ -221,14 +224,7 @@ aar::mla::BuilderConfig mla_config(std::shared_ptr<aar::StagingHooks> hooks, int
   return c;
 }
 
-aar::mla::BuildInputs mla_inputs(const Step& s) {
-  aar::mla::BuildInputs in;
-  in.query_start_loc = {s.qsl.data(), s.qsl.size()};
-  in.seq_lens = {s.seq.data(), s.seq.size()};
-  in.block_table = {s.table.data(), s.table.size()};
-  in.block_table_stride = s.stride;
-  return in;
-}
+aar::mla::BuildInputs mla_inputs(const Step& s) { return inputs_of<aar::mla::BuildInputs>(s); }
 
 std::vector<at::Tensor> mla_views(const aar::mla::Metadata& md) {
   return {md.query_start_loc, md.slot_mapping, md.decode.block_table, md.decode.cos, md.decode.sin};
