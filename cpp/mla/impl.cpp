@@ -18,7 +18,7 @@
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
-#include "decode_workspace.h"
+#include "latent_core.h"
 
 namespace aar::mla {
 
@@ -31,42 +31,25 @@ const char* to_string(DecodePath p) {
   return "unknown";
 }
 
-Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg), w_(weights) {
+Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
   const Dims& d = cfg_.dims;
   hp_ = Backend::num_heads_padded(d.num_heads);
-  validate_weights(d, w_);
   if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim));
-  const Absorbed a = split_kv_b_proj(w_.kv_b_proj, d.num_heads, d.qk_nope_head_dim, d.v_head_dim);
-  w_uk_t_ = a.w_uk_t;
-  w_uv_ = a.w_uv;
-  if (cfg_.enable_prolog) {
-    AAR_CHECK_ARG(d.q_lora_rank.has_value(),
-                  "enable_prolog needs q-LoRA (q_lora_rank): npu_mla_prolog_v3 takes the q down-projection");
-    prolog_ = prepare_prolog_weights(d, w_, w_uk_t_);
-    ops::MlaPrologArgs& a = prolog_args_;
-    a.weight_dq = prolog_->weight_dq;
-    a.weight_uq_qr = prolog_->weight_uq_qr;
-    a.weight_uk = prolog_->weight_uk;
-    a.weight_dkv_kr = prolog_->weight_dkv_kr;
-    a.rmsnorm_gamma_cq = prolog_->gamma_cq;
-    a.rmsnorm_gamma_ckv = prolog_->gamma_ckv;
-    a.rmsnorm_epsilon_cq = cfg_.q_norm_eps;
-    a.rmsnorm_epsilon_ckv = cfg_.kv_norm_eps;
-    a.cache_mode = cfg_.enable_kv_nz ? "PA_NZ" : "PA_BSND";
-  }
-  detail::DecodeShape shape;
-  shape.device = w_.q_proj.device();
-  shape.dtype = w_.q_proj.scalar_type();
-  shape.heads = d.num_heads;
-  shape.heads_padded = hp_;
-  shape.kv_lora_rank = d.kv_lora_rank;
-  shape.nope_dim = d.qk_nope_head_dim;
-  shape.rope_dim = d.qk_rope_head_dim;
-  shape.q_lora_rank = d.q_lora_rank.value_or(0);
-  shape.v_head_dim = d.v_head_dim;
-  shape.group = cfg_.workspace_group;
-  ws_ = detail::DecodeWorkspace::shared(shape);
+  detail::LatentConfig lc;
+  lc.dims = d;
+  lc.q_norm_eps = cfg_.q_norm_eps;
+  lc.kv_norm_eps = cfg_.kv_norm_eps;
+  lc.enable_prolog = cfg_.enable_prolog;
+  lc.kv_nz = cfg_.enable_kv_nz;
+  lc.heads_padded = hp_;  // the decode kernel's head count
+  lc.workspace_group = cfg_.workspace_group;
+  core_ = std::make_shared<detail::LatentCore>(lc, weights);
 }
+
+const at::Tensor& Impl::w_uk_t() const { return core_->w_uk_t(); }
+const at::Tensor& Impl::w_uv() const { return core_->w_uv(); }
+const void* Impl::decode_workspace_id() const { return core_->workspace(); }
+void Impl::refresh_weights() { core_->reload_weights(core_->weights()); }
 
 void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
                     const at::Tensor& output) const {
@@ -82,9 +65,9 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
   // Checked here, before the decode part of a mixed step writes the caches.
   AAR_CHECK_ARG(md.num_prefills == 0 || !cfg_.enable_kv_nz, "a step with ", md.num_prefills,
                 " prefills and enable_kv_nz: NZ caches are for decode-only (PD decode) nodes");
-  AAR_CHECK_ARG(hidden.scalar_type() == w_.q_proj.scalar_type(), "hidden_states dtype ", hidden.scalar_type(),
-                " differs from the weights' dtype ", w_.q_proj.scalar_type());
-  const c10::Device dev = w_.q_proj.device();
+  AAR_CHECK_ARG(hidden.scalar_type() == core_->weights().q_proj.scalar_type(), "hidden_states dtype ", hidden.scalar_type(),
+                " differs from the weights' dtype ", core_->weights().q_proj.scalar_type());
+  const c10::Device dev = core_->weights().q_proj.device();
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&hidden, "hidden_states"},
                                 {&output, "output"}, {&nope, "nope_cache"}, {&rope, "rope_cache"}}) {
     AAR_CHECK_ARG(!t->defined() || t->device() == dev, name, " is on ", t->device(), " but the layer's weights are on ",
@@ -142,65 +125,23 @@ void set(std::optional<at::Tensor>& dst, const at::Tensor& src) {
   if (!dst.has_value() || !dst->is_same(src)) dst = src;
 }
 
-// A view of `rows` leading rows made from `src`, remade only when `src` is
-// another tensor, describes other memory or geometry (an in-place set_ or
-// resize_ of a cache), or the rows differ (the builders hand out the same
-// cached view for the same batch shape; the slot mapping's is keyed by the
-// input tokens). The binding holds `src`, so its address is not reused.
-template <typename Make>
-const at::Tensor& view_of(const at::Tensor& src, int64_t rows, ::aar::detail::TensorBinding& seen_src,
-                          at::Tensor& seen_view, Make make) {
-  if (!seen_src.same(src) || !seen_view.defined() || seen_view.sizes()[0] != rows) {
-    seen_view = make();
-    seen_src.bind(src);
-  }
-  return seen_view;
-}
+using detail::LatentCore;
 
 }  // namespace
 
 void Impl::release_views() {
   seen_ = SeenViews{};
+  core_->release_views();
   decode_t_ = ops::FiaV2Tensors{};
 }
 
-void Impl::reload_weights(const Weights& nw) {
-  const Dims& d = cfg_.dims;
-  validate_weights(d, nw);
-  const at::Tensor& ref = w_.q_proj;
-  AAR_CHECK_ARG(nw.q_proj.scalar_type() == ref.scalar_type() && nw.q_proj.device() == ref.device(),
-                "reload_weights: the new weights are ", nw.q_proj.scalar_type(), " on ", nw.q_proj.device(),
-                ", the layer's are ", ref.scalar_type(), " on ", ref.device());
-  c10::InferenceMode guard;
-  auto put = [](at::Tensor& dst, const at::Tensor& src) {
-    if (!dst.is_same(src)) dst.copy_(src);
-  };
-  if (d.q_lora_rank.has_value()) {
-    put(*w_.q_a_proj, *nw.q_a_proj);
-    put(*w_.q_a_layernorm, *nw.q_a_layernorm);
-  }
-  put(w_.q_proj, nw.q_proj);
-  put(w_.kv_a_proj_with_mqa, nw.kv_a_proj_with_mqa);
-  put(w_.kv_a_layernorm, nw.kv_a_layernorm);
-  put(w_.kv_b_proj, nw.kv_b_proj);
-  put(w_.o_proj, nw.o_proj);
-  const Absorbed a = split_kv_b_proj(w_.kv_b_proj, d.num_heads, d.qk_nope_head_dim, d.v_head_dim);
-  w_uk_t_.copy_(a.w_uk_t);
-  w_uv_.copy_(a.w_uv);
-  if (prolog_) {
-    // weight_uk is W_UK_T and the gammas are the layer's norm weights: already current.
-    const PrologWeights p = prepare_prolog_weights(d, w_, w_uk_t_);
-    prolog_->weight_dq.copy_(p.weight_dq);
-    prolog_->weight_uq_qr.copy_(p.weight_uq_qr);
-    prolog_->weight_dkv_kr.copy_(p.weight_dkv_kr);
-  }
-}
+void Impl::reload_weights(const Weights& nw) { core_->reload_weights(nw); }
 
 const detail::DecodeViews& Impl::decode_views(const Metadata& md) {
-  return ws_->views(md.decode.num_kernel_tokens, layout_of(md, cfg_.enable_kv_nz));
+  return core_->views(md.decode.num_kernel_tokens, layout_of(md, cfg_.enable_kv_nz));
 }
 
-void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
+void Impl::decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
                            ops::FiaV2Tensors& t, ops::FiaV2Params& p) {
   const Dims& d = cfg_.dims;
   const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, bs = md.block_size;
@@ -210,9 +151,9 @@ void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const a
   } else {
     // (nb, bs, 1, D) -> (nb, 1, bs, D): a pure reinterpretation since Nkv = 1,
     // made with view() on the validated (contiguous) cache, so it aliases it.
-    set(t.key, view_of(nope, nope.sizes()[0], seen_.nope_src, seen_.key,
+    set(t.key, LatentCore::view_of(nope, nope.sizes()[0], seen_.nope_src, seen_.key,
                        [&] { return nope.view({nope.size(0), 1, bs, L}); }));
-    set(t.key_rope, view_of(rope, rope.sizes()[0], seen_.rope_src, seen_.key_rope,
+    set(t.key_rope, LatentCore::view_of(rope, rope.sizes()[0], seen_.rope_src, seen_.key_rope,
                             [&] { return rope.view({rope.size(0), 1, bs, R}); }));
   }
   set(t.value, t.key);
@@ -247,42 +188,35 @@ void Impl::decode_fia_args(const DecodeQuery& q, const at::Tensor& nope, const a
   }
 }
 
-const at::Tensor& Impl::decode_w_uv(const detail::DecodeViews& v, int64_t td) {
-  const Dims& d = cfg_.dims;
-  // Head-major output (_NBSD / _NTD): the real heads, then W_UV -> (td, H*V).
-  static const int64_t perm_y[3] = {1, 0, 2};
-  const at::Tensor y = ops::transpose_batchmatmul(v.attn_heads, w_uv_, std::nullopt, std::nullopt,
-                                                  c10::IntArrayRef(perm_y, 3));
-  return view_of(y, td, seen_.y_src, seen_.y2d, [&] { return y.view({td, d.num_heads * d.v_head_dim}); });
-}
-
 void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows) {
-  ops::dense::linear_out(out_rows, decode_w_uv(v, out_rows.sizes()[0]), w_.o_proj);
+  ops::dense::linear_out(out_rows, core_->w_uv_out(v, out_rows.sizes()[0]), core_->weights().o_proj);
 }
 
 const at::Tensor& Impl::decode_attention(const at::Tensor& x, const at::Tensor& nope, const at::Tensor& rope,
                                          const Metadata& md, bool use_prolog) {
   const detail::DecodeViews& v = decode_views(md);
-  const DecodeQuery q = decode_preprocess(v, x, nope, rope, md, use_prolog, /*stable=*/false);
+  const detail::LatentQuery q = decode_preprocess(v, x, nope, rope, md, use_prolog, /*stable=*/false);
   // The eager decode's FIA arguments persist between calls: a steady-state step
   // re-assigns nothing but what changed.
   decode_fia_args(q, nope, rope, md, decode_t_, decode_p_);
   at::Tensor attn = v.attn;
   ops::fused_infer_attention_score_v2_out(decode_t_, decode_p_, std::nullopt, attn, lse_placeholder_);
-  return decode_w_uv(v, md.decode.num_kernel_tokens);
+  return core_->w_uv_out(v, md.decode.num_kernel_tokens);
 }
 
 void Impl::decode_forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
                           const Metadata& md, bool use_prolog, const at::Tensor& out_rows) {
+  const Weights& W = core_->weights();
   const int64_t td = md.decode.num_kernel_tokens;
   ops::dense::linear_out(
       out_rows, decode_attention(hidden.sizes()[0] == td ? hidden : hidden.narrow(0, 0, td), nope, rope, md, use_prolog),
-      w_.o_proj);
+      W.o_proj);
 }
 
 at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
                                    const at::Tensor& k_pe, const at::Tensor& value, const at::Tensor& nope,
                                    const at::Tensor& rope, const Metadata& md) const {
+  const Weights& W = core_->weights();
   const Dims& d = cfg_.dims;
   const int64_t tp = q_nope.size(0), H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, V = d.v_head_dim;
   const bool concat = hp_ != H;  // spec 5.5: non-power-of-two heads pass concatenated q/k, no rope tensors
@@ -333,7 +267,7 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
     at::Tensor kv_c = at::empty({toks, 1, L}, opts);
     at::Tensor kpe = at::empty({toks, 1, d.qk_rope_head_dim}, rope.options());
     ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.chunk_seq_lens[c], kv_c, kpe, cc.starts[c]);
-    const at::Tensor kv = ops::dense::linear(kv_c.view({toks, L}), w_.kv_b_proj).view({toks, H, P + V});
+    const at::Tensor kv = ops::dense::linear(kv_c.view({toks, L}), W.kv_b_proj).view({toks, H, P + V});
     const at::Tensor kn = kv.narrow(-1, 0, P).contiguous();
     const at::Tensor v = kv.narrow(-1, P, V).contiguous();
     const at::Tensor kp = kpe.expand({toks, H, d.qk_rope_head_dim});
@@ -345,72 +279,16 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
   return merged.view({tp, H * V});
 }
 
-Impl::DecodeQuery Impl::decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x, const at::Tensor& nope,
-                                           const at::Tensor& rope, const Metadata& md, bool use_prolog, bool stable) {
-  const Dims& d = cfg_.dims;
-  // Decode rows as the kernels see them (padded with graph decode padding).
-  const int64_t td = md.decode.num_kernel_tokens, H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  const bool padded = hp_ != H;
-  // Per-token views of the step's metadata, remade only when the builder hands
-  // out another tensor (a new batch shape).
-  const at::Tensor& slots = view_of(md.slot_mapping, td, seen_.slots_src, seen_.slots, [&] {
-    return md.slot_mapping.sizes()[0] == td ? md.slot_mapping : md.slot_mapping.narrow(0, 0, td);
-  });
-  const at::Tensor& cos =
-      view_of(md.decode.cos, td, seen_.cos_src, seen_.cos4, [&] { return md.decode.cos.view({td, 1, 1, R}); });
-  const at::Tensor& sin =
-      view_of(md.decode.sin, td, seen_.sin_src, seen_.sin4, [&] { return md.decode.sin.view({td, 1, 1, R}); });
-  // A query of the real heads in the FIA layout (heads not padded): BNSD is
-  // (td, H, 1, D) already.
-  auto as_fia = [&](const at::Tensor& x4, int64_t D) -> at::Tensor {
-    switch (v.layout) {
-      case detail::DecodeLayout::TND: return x4.view({td, hp_, D});
-      case detail::DecodeLayout::BSND: return x4.view({td, 1, hp_, D});
-      case detail::DecodeLayout::BNSD: return x4.dim() == 4 ? x4 : x4.view({td, hp_, 1, D});
-    }
-    return x4;
-  };
-  if (use_prolog) {
-    // Spec 5.4: the fused decode preprocess; q and k_pe come out in the same
-    // half-split RoPE order as the native path (weights via trans_rope_weight).
-    // The weights are set once (constructor); only the step's inputs change.
-    ops::MlaPrologArgs& a = prolog_args_;
-    a.token_x = x;
-    a.rope_cos = md.decode.cos;
-    a.rope_sin = md.decode.sin;
-    a.cache_index = slots;
-    at::Tensor nope_w = nope, rope_w = rope;
-    auto r = ops::mla_prolog_v3(a, nope_w, rope_w);
-    a.token_x.reset();  // holds no step tensor past the call
-    a.rope_cos.reset();
-    a.rope_sin.reset();
-    a.cache_index.reset();
-    const at::Tensor& qn = std::get<0>(r);  // (td, H, L)
-    const at::Tensor& qr = std::get<1>(r);  // (td, H, R)
-    if (padded || stable) {
-      ops::dense::copy(v.qn_heads, qn);
-      ops::dense::copy(v.qr_heads, qr);
-      return {v.fia_qn, v.fia_qr};
-    }
-    return {view_of(qn, td, seen_.qn_src, seen_.qn_fia, [&] { return as_fia(qn, L); }),
-            view_of(qr, td, seen_.qr_src, seen_.qr_fia, [&] { return as_fia(qr, R); })};
-  }
-  // Spec 5.2: native preprocess, into the workspace.
-  if (d.q_lora_rank.has_value()) {
-    ops::dense::linear_out(v.qa, x, *w_.q_a_proj);
-    ops::dense::rms_norm_out(v.qc, v.qa, *w_.q_a_layernorm, cfg_.q_norm_eps);
-  }
-  ops::dense::linear_out(v.kv_raw, x, w_.kv_a_proj_with_mqa);
-  ops::dense::linear_out(v.q, d.q_lora_rank.has_value() ? v.qc : x, w_.q_proj);
-  ops::dense::bmm_out(v.qn_heads_t, v.q_nope_t, w_uk_t_);  // ql_nope (td, H, L) into the padded query
-  const at::Tensor q_pe = ops::interleave_rope(v.q_pe4, cos, sin);  // (td, H, 1, R)
-  ops::kv_rmsnorm_rope_cache(v.kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps,
-                             cfg_.enable_kv_nz ? "PA_NZ" : "PA", false);
-  if (padded || stable) {
-    ops::dense::copy(v.qr_heads4, q_pe);
-    return {v.fia_qn, v.fia_qr};
-  }
-  return {v.fia_qn, view_of(q_pe, td, seen_.qr_src, seen_.qr_fia, [&] { return as_fia(q_pe, R); })};
+detail::LatentQuery Impl::decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x,
+                                            const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
+                                            bool use_prolog, bool stable) {
+  // The decode rows as the kernels see them (padded with graph decode padding).
+  detail::LatentStep s;
+  s.x = x;
+  s.cos = md.decode.cos;
+  s.sin = md.decode.sin;
+  s.slots = md.slot_mapping;
+  return core_->preprocess(v, s, nope, rope, use_prolog, stable);
 }
 
 void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
@@ -445,7 +323,7 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   c.kind = graph::CallKind::FiaV2;
   c.layer_index = cfg_.layer_index;
   c.paged = true;
-  decode_fia_args(DecodeQuery{v.fia_qn, v.fia_qr}, nope, rope, md, c.fia2, c.fia2_params);
+  decode_fia_args(detail::LatentQuery{v.fia_qn, v.fia_qr}, nope, rope, md, c.fia2, c.fia2_params);
   c.refresh_q_lens = md.speculative;  // BNSD/BSND layouts take no query-length list
   c.out = v.attn;
   c.lse = lse_placeholder_;
@@ -460,6 +338,7 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
 
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
                                 const Metadata* md_ptr, const at::Tensor& output) {
+  const Weights& W = core_->weights();
   last_decode_ = DecodePath::None;
   if (md_ptr == nullptr) {
     graph::refuse_if_capturing("an MLA forward without metadata (profiling run)");
@@ -481,7 +360,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != hidden.device()) {
     lse_placeholder_ = at::zeros({1}, hidden.options().dtype(at::kFloat));
   }
-  const bool use_prolog = prolog_.has_value() && md.num_prefills == 0 && td > 0 &&
+  const bool use_prolog = core_->has_prolog() && md.num_prefills == 0 && td > 0 &&
                           md.decode.num_kernel_tokens <= kMaxPrologTokens;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     capture_decode(*g, hidden, nope, rope, md, output, use_prolog);
@@ -513,23 +392,23 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     const at::Tensor x = hidden.narrow(0, td, tp);
     at::Tensor q_c = x;
     if (d.q_lora_rank.has_value()) {
-      q_c = ops::dense::rms_norm(ops::dense::linear(q_c, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
+      q_c = ops::dense::rms_norm(ops::dense::linear(q_c, *W.q_a_proj), *W.q_a_layernorm, cfg_.q_norm_eps);
     }
-    const at::Tensor kv_raw = ops::dense::linear(x, w_.kv_a_proj_with_mqa);
-    const at::Tensor q = ops::dense::linear(q_c, w_.q_proj).view({tp, H, P + R});
+    const at::Tensor kv_raw = ops::dense::linear(x, W.kv_a_proj_with_mqa);
+    const at::Tensor q = ops::dense::linear(q_c, W.q_proj).view({tp, H, P + R});
     const at::Tensor cos = md.prefill.cos.view({tp, 1, 1, R}), sin = md.prefill.sin.view({tp, 1, 1, R});
     const at::Tensor q_pe =
         ops::interleave_rope(q.narrow(-1, P, R).reshape({tp, H, 1, R}), cos, sin).view({tp, H, R});
-    auto kvr = ops::kv_rmsnorm_rope_cache(kv_raw.view({tp, 1, 1, L + R}), w_.kv_a_layernorm, cos, sin,
+    auto kvr = ops::kv_rmsnorm_rope_cache(kv_raw.view({tp, 1, 1, L + R}), W.kv_a_layernorm, cos, sin,
                                           md.slot_mapping.narrow(0, td, tp), rope, nope, cfg_.kv_norm_eps, "PA",
                                           /*is_output_kv=*/true);
     const at::Tensor k_pe = std::get<2>(kvr).view({tp, 1, R}).expand({tp, H, R});
-    const at::Tensor kv = ops::dense::linear(std::get<3>(kvr).view({tp, L}), w_.kv_b_proj).view({tp, H, P + V});
+    const at::Tensor kv = ops::dense::linear(std::get<3>(kvr).view({tp, L}), W.kv_b_proj).view({tp, H, P + V});
     const at::Tensor out = prefill_attention(q.narrow(-1, 0, P).contiguous(), q_pe, kv.narrow(-1, 0, P).contiguous(),
                                              k_pe, kv.narrow(-1, P, V).contiguous(), nope, rope, md);
     ops::dense::copy(o_in.narrow(0, td, tp), out);
   }
-  ops::dense::linear_out(output, o_in, w_.o_proj);
+  ops::dense::linear_out(output, o_in, W.o_proj);
   return output;
 }
 

@@ -20,8 +20,9 @@ namespace aar::graph {
 class GraphParams;
 }
 namespace aar::mla::detail {
-class DecodeWorkspace;
+class LatentCore;
 struct DecodeViews;
+struct LatentQuery;
 }
 
 namespace aar::mla {
@@ -74,13 +75,13 @@ class Impl {
 
   const ImplConfig& config() const { return cfg_; }
   int64_t num_heads_padded() const { return hp_; }
-  const at::Tensor& w_uk_t() const { return w_uk_t_; }
-  const at::Tensor& w_uv() const { return w_uv_; }
+  const at::Tensor& w_uk_t() const;
+  const at::Tensor& w_uv() const;
   DecodePath last_decode_path() const { return last_decode_; }
   // Identity of the decode workspace this layer uses: equal for Impls of the
   // same shape, dtype, device and workspace_group (they share one), different
   // otherwise. For tests and diagnostics; nothing may be read through it.
-  const void* decode_workspace_id() const { return ws_.get(); }
+  const void* decode_workspace_id() const;
   void release_views();
   // Weight reload (spec 9.17): copies the new weights into the tensors the layer
   // holds (those it was built with: the caller's, aliased) and recomputes the
@@ -88,24 +89,21 @@ class Impl {
   // addresses stay valid. Shapes, dtype and device must match. A caller that
   // updated the weight tensors in place itself calls refresh_weights().
   void reload_weights(const Weights& weights);
-  void refresh_weights() { reload_weights(w_); }
+  void refresh_weights();
 
  private:
   void validate(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                 const Metadata& md, const at::Tensor& output) const;
   // Decode pieces shared by the eager and the graph-capture paths. The
-  // preprocess writes the caches and returns the FIA queries: the workspace's
-  // padded buffers, or (heads not padded, !stable) the RoPE result itself.
-  struct DecodeQuery {
-    at::Tensor qn, qr;
-  };
-  DecodeQuery decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x, const at::Tensor& nope_cache,
-                                const at::Tensor& rope_cache, const Metadata& md, bool use_prolog, bool stable);
-  void decode_fia_args(const DecodeQuery& q, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+  // preprocess (the MLA family's shared latent core) writes the caches and
+  // returns the FIA queries: the workspace's padded buffers, or (heads not
+  // padded, !stable) the RoPE result itself.
+  detail::LatentQuery decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x,
+                                        const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+                                        const Metadata& md, bool use_prolog, bool stable);
+  void decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                        const Metadata& md, ops::FiaV2Tensors& t, ops::FiaV2Params& p);
-  // W_UV on the real heads of the attention output: (td, H*V), valid until the next call.
-  const at::Tensor& decode_w_uv(const detail::DecodeViews& v, int64_t td);
-  // decode_w_uv, then o_proj into out_rows.
+  // W_UV, then o_proj into out_rows.
   void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows);
   // The eager decode up to W_UV (preprocess with cache write, latent FIA, W_UV).
   const at::Tensor& decode_attention(const at::Tensor& x, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
@@ -120,19 +118,17 @@ class Impl {
                                const at::Tensor& rope_cache, const Metadata& md) const;
 
   ImplConfig cfg_;
-  Weights w_;
-  at::Tensor w_uk_t_, w_uv_;
-  std::optional<PrologWeights> prolog_;
-  ops::MlaPrologArgs prolog_args_;
   int64_t hp_ = 0;
-  std::shared_ptr<detail::DecodeWorkspace> ws_;
+  // Weights, W_UK_T / W_UV, prolog weights, the preprocess and the decode
+  // workspace: the MLA family's shared core (cpp/mla/latent_core.h).
+  std::shared_ptr<detail::LatentCore> core_;
   at::Tensor lse_placeholder_;
-  // Views of the last caches / metadata seen, keyed by their sources: each
-  // binding holds its source (so a pointer match means the same tensor) and
-  // its memory and geometry (so an in-place set_/resize_ remakes the view).
+  // Views of the last caches seen, keyed by their sources: each binding holds
+  // its source (so a pointer match means the same tensor) and its memory and
+  // geometry (so an in-place set_/resize_ remakes the view).
   struct SeenViews {
-    ::aar::detail::TensorBinding nope_src, rope_src, cos_src, sin_src, slots_src, y_src, qn_src, qr_src;
-    at::Tensor key, key_rope, cos4, sin4, slots, y2d, qn_fia, qr_fia;
+    ::aar::detail::TensorBinding nope_src, rope_src;
+    at::Tensor key, key_rope;
   } seen_;
   ops::FiaV2Tensors decode_t_;
   ops::FiaV2Params decode_p_;
