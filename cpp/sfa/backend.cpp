@@ -112,6 +112,11 @@ ComposedKvCache compose_kv_cache(const std::vector<at::Tensor>& main, const std:
     AAR_CHECK_ARG(main[1].size(0) == main[0].size(0) && main[1].size(1) == main[0].size(1), pe, " shape ",
                   main[1].sizes(), " has another block geometry than k_nope's ", main[0].sizes());
   }
+  const c10::Device device = main[0].device();
+  auto check_device = [&](const at::Tensor& t, const std::string& name) {
+    AAR_CHECK_ARG(t.device() == device, name, " is on ", t.device(), " but main_kv_cache[0] is on ", device);
+  };
+  if (!sfa_c8) check_device(main[1], entry("main_kv_cache", 1, "k_pe"));
   ComposedKvCache out;
   out.caches = main;
   out.num_main = static_cast<int32_t>(main.size());
@@ -139,6 +144,7 @@ ComposedKvCache compose_kv_cache(const std::vector<at::Tensor>& main, const std:
     AAR_CHECK_ARG(is_model_dtype(kt), kn, " must be float16, bfloat16 or float32 without LI C8, got ", kt,
                   (kt == at::kChar || is_fp8(kt)) ? " (a quantised indexer cache: set li_c8)" : "");
   }
+  for (size_t i = 0; i < indexer.size(); ++i) check_device(indexer[i], entry("indexer_kv_cache", i, i ? "idx_scale" : "idx_k"));
   const int64_t main_nb = main[0].size(0), main_bs = main[0].size(1);
   AAR_CHECK_ARG(k.size(1) == main_bs, kn, " has block_size ", k.size(1), " but main_kv_cache[0] has ", main_bs,
                 " (the indexer cache shares the main group's block ids, spec 4)");

@@ -476,6 +476,10 @@ def test_sfa_facts_and_utilities_reject_random_bad_input():
         Mut("indexer dtype", ["indexer_kv_cache"], lambda a, rng: retype(a, rng, "indexer")),
         Mut("main shape", ["main_kv_cache"], lambda a, rng: reshape(a, rng, "main")),  # or the indexer's, naming it
         Mut("indexer shape", ["indexer_kv_cache"], lambda a, rng: reshape(a, rng, "indexer")),
+        Mut("cache on meta", ["main_kv_cache", "indexer_kv_cache"],
+            lambda a, rng: (lambda key: dict(a, which="compose", **{key: [t.to(META) if i == 0 else t for i, t in
+                                                                          enumerate(a[key])]}))(
+                rng.choice(["main", "indexer"]))),
         Mut("flags flipped", ["main_kv_cache", "indexer_kv_cache"],
             lambda a, rng: dict(a, which="compose", sfa_c8=not a["sfa_c8"]) if rng.random() < 0.5
             else dict(a, which="compose", li_c8=not a["li_c8"])),

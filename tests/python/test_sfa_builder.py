@@ -506,6 +506,10 @@ def test_compose_kv_cache_rejects_wrong_tuples_by_name():
         ((_main(), [torch.zeros(6, 16, 1, 128, dtype=torch.int8), torch.zeros(6, 16, 1, 2, dtype=torch.float16)],
           False, True), r"indexer_kv_cache\[1\] \(idx_scale\) must be \(num_blocks, block_size, 1, 1\)"),
         ((_main(), [torch.zeros(6, 32, 1, 128, dtype=torch.bfloat16)], False, False), "has block_size 32 but"),
+        (([torch.zeros(6, 16, 1, 512), torch.zeros(6, 16, 1, 64, device="meta")], None, False, False),
+         r"main_kv_cache\[1\] \(k_pe\) is on meta but main_kv_cache\[0\] is on cpu"),
+        ((_main(), [torch.zeros(6, 16, 1, 128, dtype=torch.bfloat16, device="meta")], False, False),
+         r"indexer_kv_cache\[0\] \(idx_k\) is on meta"),
         ((_main(), [torch.zeros(7, 16, 1, 128, dtype=torch.bfloat16)], False, False),
          "has 7 blocks, not a positive multiple of main_kv_cache\\[0\\]'s 6"),
     ]
