@@ -57,10 +57,12 @@ std::shared_ptr<StagingHooks> default_staging_hooks(c10::Device device, int num_
 namespace detail {
 
 StagingBuffers::StagingBuffers(int64_t words, c10::Device device, bool separate, int num_host,
-                               std::shared_ptr<StagingHooks> hooks)
-    : separate_(separate), num_host_(separate ? num_host : 1) {
+                               std::shared_ptr<StagingHooks> hooks, int slot_base)
+    : separate_(separate), num_host_(separate ? num_host : 1), slot_base_(slot_base) {
   AAR_CHECK_ARG(!separate || (num_host >= 1 && num_host <= kMaxHostBuffers), "staging_buffers must be in [1, ",
                 kMaxHostBuffers, "], got ", num_host);
+  AAR_CHECK_ARG(slot_base >= 0 && (hooks != nullptr || slot_base == 0), "staging slot_base=", slot_base,
+                " needs shared hooks (the default hooks are private, with slots from 0)");
   const auto opts = at::TensorOptions().dtype(at::kInt).device(at::kCPU);
   for (int i = 0; i < num_host_; ++i) {
     if (separate && !device.is_cpu()) {
@@ -81,7 +83,7 @@ StagingBuffers::StagingBuffers(int64_t words, c10::Device device, bool separate,
 
 int32_t* StagingBuffers::begin() {
   if (pending_[active_]) {
-    hooks_->wait(active_);
+    hooks_->wait(slot_base_ + active_);
     pending_[active_] = false;
   }
   copied_ = false;
@@ -96,7 +98,7 @@ void StagingBuffers::copy(int64_t offset, int64_t words) {
 
 void StagingBuffers::finish() {
   if (separate_ && copied_) {
-    hooks_->record(active_);
+    hooks_->record(slot_base_ + active_);
     pending_[active_] = true;
   }
   copied_ = false;

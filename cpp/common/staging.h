@@ -25,9 +25,12 @@ class StagingBuffers {
 
   StagingBuffers() = default;
   // `words` int32 per buffer, zero-filled. `num_host` host buffers (1..4) when
-  // `separate`; hooks == nullptr: default_staging_hooks(device).
+  // `separate`; hooks == nullptr: default_staging_hooks(device). Host buffer i
+  // is the hooks' slot slot_base + i (several StagingBuffers may share one
+  // hooks object with disjoint slot ranges; the default hooks are private, so
+  // slot_base must then be 0).
   StagingBuffers(int64_t words, c10::Device device, bool separate, int num_host,
-                 std::shared_ptr<StagingHooks> hooks);
+                 std::shared_ptr<StagingHooks> hooks, int slot_base = 0);
 
   bool separate() const { return separate_; }
   int num_host() const { return num_host_; }
@@ -49,6 +52,7 @@ class StagingBuffers {
   bool separate_ = false;
   int num_host_ = 1;
   int active_ = 0;
+  int slot_base_ = 0;
   bool copied_ = false;  // copy() called since begin()
   std::array<at::Tensor, kMaxHostBuffers> host_;
   std::array<bool, kMaxHostBuffers> pending_{};  // recorded copies not yet waited for

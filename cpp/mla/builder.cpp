@@ -11,6 +11,7 @@
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
+#include "../common/rope_gather.h"
 #include "../common/staging.h"
 
 namespace aar::mla {
@@ -31,77 +32,6 @@ const at::Tensor& lazy(std::vector<at::Tensor>& cache, size_t i, Make make) {
 // RoPE rows start on cache lines and every region can be reinterpreted as a
 // wider dtype.
 int64_t align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
-
-// RoPE rows: out row i = table row pos[i], for cos and sin in one pass (the
-// position is loaded once). N is the row size in bytes, a multiple of 32: the
-// rows move as 32-byte generic vectors, which an AVX2 clone (below) turns into
-// one load and one store each. Without AVX2 the same code is two SSE2 / NEON
-// moves per vector.
-using Bytes32 = uint8_t __attribute__((vector_size(32)));
-
-template <size_t N>
-__attribute__((always_inline)) inline void gather_rows_body(const uint8_t* cos, const uint8_t* sin,
-                                                              const int32_t* pos, int32_t n, uint8_t* out_cos,
-                                                              uint8_t* out_sin) {
-  static_assert(N % sizeof(Bytes32) == 0, "row size must be a multiple of 32 bytes");
-  for (int32_t i = 0; i < n; ++i) {
-    const size_t src = static_cast<size_t>(pos[i]) * N, dst = static_cast<size_t>(i) * N;
-    for (size_t k = 0; k < N; k += sizeof(Bytes32)) {
-      Bytes32 c, s;
-      std::memcpy(&c, cos + src + k, sizeof c);
-      std::memcpy(&s, sin + src + k, sizeof s);
-      std::memcpy(out_cos + dst + k, &c, sizeof c);
-      std::memcpy(out_sin + dst + k, &s, sizeof s);
-    }
-  }
-}
-
-using GatherFn = void (*)(const uint8_t*, const uint8_t*, const int32_t*, int32_t, uint8_t*, uint8_t*);
-
-template <size_t N>
-void gather_rows_default(const uint8_t* cos, const uint8_t* sin, const int32_t* pos, int32_t n, uint8_t* out_cos,
-                         uint8_t* out_sin) {
-  gather_rows_body<N>(cos, sin, pos, n, out_cos, out_sin);
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-// The project builds for baseline x86-64 (SSE2), where a 128-byte row is eight
-// 16-byte stores; stores are what bounds this copy (measured on Zen 2: 512 rows
-// of 128 B in 1.5 us with SSE2, 1.0 us with AVX2). Chosen at run time.
-template <size_t N>
-__attribute__((target("avx2"))) void gather_rows_avx2(const uint8_t* cos, const uint8_t* sin, const int32_t* pos,
-                                                      int32_t n, uint8_t* out_cos, uint8_t* out_sin) {
-  gather_rows_body<N>(cos, sin, pos, n, out_cos, out_sin);
-}
-bool cpu_has_avx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();  // a builder may be constructed during static initialisation
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
-}
-template <size_t N>
-GatherFn pick_gather() {
-  return cpu_has_avx2() ? &gather_rows_avx2<N> : &gather_rows_default<N>;
-}
-#else
-template <size_t N>
-GatherFn pick_gather() {
-  return &gather_rows_default<N>;
-}
-#endif
-
-// The specialised gather for the usual row sizes (64..512 bytes; DeepSeek's
-// R = 64 in bf16 is 128), or null: then one memcpy per row.
-GatherFn gather_for_row_bytes(int64_t row_bytes) {
-  switch (row_bytes) {
-    case 64: return pick_gather<64>();
-    case 128: return pick_gather<128>();
-    case 256: return pick_gather<256>();
-    case 512: return pick_gather<512>();
-    default: return nullptr;
-  }
-}
 
 }  // namespace
 
@@ -125,21 +55,8 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
                 "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, the FIA TND limit), got ",
                 cfg.num_speculative_tokens);
-  for (const at::Tensor* t : {&cfg.cos_table, &cfg.sin_table}) {
-    const char* name = t == &cfg.cos_table ? "cos_table" : "sin_table";
-    AAR_CHECK_ARG(t->defined() && t->dim() == 2 && t->size(1) % 2 == 0, name,
-                  " must be a (max_position, qk_rope_head_dim) tensor, got ",
-                  t->defined() ? t->sizes() : c10::IntArrayRef{});
-  }
-  AAR_CHECK_ARG(cfg.cos_table.sizes() == cfg.sin_table.sizes(), "cos_table ", cfg.cos_table.sizes(),
-                " and sin_table ", cfg.sin_table.sizes(), " must have the same shape");
-  AAR_CHECK_ARG(cfg.cos_table.scalar_type() == cfg.sin_table.scalar_type(), "cos_table dtype ",
-                cfg.cos_table.scalar_type(), " and sin_table dtype ", cfg.sin_table.scalar_type(), " must match");
-  const int64_t rope_dim = cfg.cos_table.size(1);
-  rope_row_bytes_ = rope_dim * static_cast<int64_t>(cfg.cos_table.element_size());
-  AAR_CHECK_ARG(rope_row_bytes_ % 4 == 0, "cos_table rows are ", rope_row_bytes_, " bytes (qk_rope_head_dim=",
-                rope_dim, ", dtype ", cfg.cos_table.scalar_type(),
-                "); the builder packs RoPE rows into its int32 staging buffer, which needs a multiple of 4 bytes");
+  // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
+  rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   const int64_t max_model_len =
       cfg.max_model_len > 0 ? cfg.max_model_len : int64_t{cfg.max_blocks_per_req} * cfg.block_size;
   workspace_ = cfg.workspace_tokens > 0
@@ -150,7 +67,7 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   // A decode has at most decode_threshold tokens: the decode RoPE regions are
   // sized for that, not for max_num_tokens.
   const int64_t TD = std::min<int64_t>(T, R * decode_threshold());
-  const int64_t W = rope_row_bytes_ / 4;  // int32 words per RoPE row
+  const int64_t W = rope_->row_words();  // int32 words per RoPE row
   off_qsl_ = 0;
   off_slot_ = align16(off_qsl_ + R + 1);
   off_dcos_ = align16(off_slot_ + 2 * T);
@@ -180,9 +97,8 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   }
 
   // The RoPE rows are gathered on the host, so the tables live there.
-  cfg_.cos_table = cfg.cos_table.to(at::kCPU).contiguous();
-  cfg_.sin_table = cfg.sin_table.to(at::kCPU).contiguous();
-  gather_ = gather_for_row_bytes(rope_row_bytes_);
+  cfg_.cos_table = rope_->cos_table();
+  cfg_.sin_table = rope_->sin_table();
   decode_positions_.assign(TD, 0);
   prefill_positions_.assign(T, 0);
 
@@ -215,33 +131,14 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
 
 MetadataBuilder::~MetadataBuilder() = default;
 
-at::Tensor MetadataBuilder::rope_view(int64_t offset, int64_t rows) const {
-  // (rows, R) in the table's dtype, reinterpreting the packed int32 words.
-  return device_.narrow(0, offset, rows * (rope_row_bytes_ / 4))
-      .view(cfg_.cos_table.scalar_type())
-      .view({rows, cfg_.cos_table.size(1)});
-}
+at::Tensor MetadataBuilder::rope_view(int64_t offset, int64_t rows) const { return rope_->view(device_, offset, rows); }
 
 void MetadataBuilder::gather_rope(uint8_t* s, const BuildInputs& in, int32_t num_decodes, int32_t td, int32_t tp) {
-  const auto* cos_t = static_cast<const uint8_t*>(cfg_.cos_table.data_ptr());
-  const auto* sin_t = static_cast<const uint8_t*>(cfg_.sin_table.data_ptr());
-  const size_t rb = static_cast<size_t>(rope_row_bytes_);
-  if (td > 0) {
-    uint8_t* out_cos = s + off_dcos_ * 4;
-    uint8_t* out_sin = s + off_dsin_ * 4;
-    const int32_t* pos = decode_positions_.data();
-    if (gather_ != nullptr) {
-      gather_(cos_t, sin_t, pos, td, out_cos, out_sin);
-    } else {
-      for (int32_t i = 0; i < td; ++i) {
-        std::memcpy(out_cos + i * rb, cos_t + pos[i] * rb, rb);
-        std::memcpy(out_sin + i * rb, sin_t + pos[i] * rb, rb);
-      }
-    }
-  }
+  if (td > 0) rope_->gather(decode_positions_.data(), td, s + off_dcos_ * 4, s + off_dsin_ * 4);
   if (tp > 0) {
     // A prefill's tokens have consecutive positions (seq_len - query_len ..
     // seq_len - 1): one copy per request and table.
+    const size_t rb = static_cast<size_t>(rope_->row_bytes());
     uint8_t* out_cos = s + off_pcos_ * 4;
     uint8_t* out_sin = s + off_psin_ * 4;
     const int32_t* qsl = in.query_start_loc.data();
@@ -250,10 +147,8 @@ void MetadataBuilder::gather_rope(uint8_t* s, const BuildInputs& in, int32_t num
     const size_t b = in.seq_lens.size();
     for (size_t r = static_cast<size_t>(num_decodes); r < b; ++r) {
       const int32_t q = qsl[r + 1] - qsl[r];
-      if (q == 0) continue;
-      const size_t src = static_cast<size_t>(seq[r] - q) * rb, dst = static_cast<size_t>(qsl[r] - base) * rb;
-      std::memcpy(out_cos + dst, cos_t + src, q * rb);
-      std::memcpy(out_sin + dst, sin_t + src, q * rb);
+      const size_t dst = static_cast<size_t>(qsl[r] - base) * rb;
+      rope_->copy_run(seq[r] - q, q, out_cos + dst, out_sin + dst);
     }
   }
 }
@@ -285,7 +180,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   mi.num_spec_tokens = in.num_spec_tokens;
   mi.spec_method = cfg_.num_speculative_tokens > 0 ? plan::SpecMethod::Mtp : plan::SpecMethod::None;
   mi.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
-  mi.rope_positions = cfg_.cos_table.size(0);
+  mi.rope_positions = rope_->positions();
   mi.workspace_tokens = workspace_;
   mi.pad_decode_batch = cfg_.graph_decode_padding;
   mi.pad_interpolated = cfg_.disable_padded_drafter_batch;
@@ -327,7 +222,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   if (np == 0) {
     buffers_->copy(0, off_bt_ + static_cast<int64_t>(std::max(B, nk)) * MB);
   } else {
-    const int64_t words = static_cast<int64_t>(tp) * (rope_row_bytes_ / 4);
+    const int64_t words = static_cast<int64_t>(tp) * rope_->row_words();
     buffers_->copy(0, off_pbt_ + static_cast<int64_t>(np) * MB);
     buffers_->copy(off_pcos_, words);
     buffers_->copy(off_psin_, words);

@@ -12,6 +12,7 @@
 #include "ascend_attn_rt/plan/workspace.h"
 #include "block_scan.h"
 #include "internal.h"
+#include "request_scan.h"
 
 namespace aar::plan {
 
@@ -122,10 +123,6 @@ void check_room(std::size_t have, std::size_t need, const char* name) {
   AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
 }
 
-using detail::BlockCount;
-using detail::block_ids_in_range;
-
-
 }  // namespace
 
 ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const ContextChunkBuffers& buf) {
@@ -160,62 +157,21 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
                                                         buf.block_table.data(), buf.block_table_stride);
 
   const int32_t bs = in.block_size;
-  const BlockCount blocks(bs);
-  const bool pow2 = blocks.pow2;
-  const int shift = blocks.shift;
   const bool has_spec = !in.num_spec_tokens.empty();
   const int32_t* seqs = in.seq_lens.data();
   const int32_t* table = in.block_table.data();
   MlaStepPlan plan;
-  // One branch-free pass over the requests (it vectorises): the per-request
-  // rules, the inputs of the state rule (spec gqa 2.1) and the maxima. A block
-  // count past the stride is flagged here, so the block-id scan never reads
-  // past a row.
-  uint32_t bad = 0, not_fresh = 0, not_one = 0, not_valid_one = 0;
-  int32_t max_q = 0, max_seq = 0;
-  const uint32_t stride_u = static_cast<uint32_t>(in.block_table_stride);
-  const int32_t* spec = has_spec ? in.num_spec_tokens.data() : nullptr;
-  for (std::size_t r = 0; r < b; ++r) {
-    const int32_t q = qsl[r + 1] - qsl[r], seq = seqs[r];
-    const int32_t sp = has_spec ? spec[r] : 0;
-    bad |= static_cast<uint32_t>(seq < q) | static_cast<uint32_t>(sp < 0) | static_cast<uint32_t>(sp > q) |
-           static_cast<uint32_t>(blocks(seq) > stride_u);
-    not_fresh |= static_cast<uint32_t>(seq != q);
-    not_one |= static_cast<uint32_t>(q != 1);
-    not_valid_one |= static_cast<uint32_t>(q - sp != 1);
-    max_q = std::max(max_q, q);
-    max_seq = std::max(max_seq, seq);
-  }
-  // Last needed block id of the first kStashRows rows (see block_ids_in_range).
-  constexpr std::size_t kStashRows = 1024;
-  int32_t last_ids[kStashRows];
-  const std::size_t num_last = std::min(b, kStashRows);
-  if (!bad) {
-    bad = !block_ids_in_range(table, in_stride, seqs, b, blocks, blocks(max_seq), in.num_blocks, last_ids, num_last);
-  }
-  if (bad) {
-    // The exact checks, in request order, name the first offender.
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t q = qsl[r + 1] - qsl[r], seq = seqs[r];
-      AAR_CHECK_ARG(seq >= q, "seq_lens[", r, "]=", seq, " is smaller than its query length ", q);
-      if (has_spec) {
-        const int32_t sp = in.num_spec_tokens[r];
-        AAR_CHECK_ARG(sp >= 0 && sp <= q, "num_spec_tokens[", r, "]=", sp, " is out of range [0, query length ",
-                      q, "]");
-      }
-      const int64_t nblk = blocks(seq);
-      AAR_CHECK_ARG(nblk <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", nblk,
-                    " blocks but block_table_stride=", in.block_table_stride, " (block_size=", in.block_size, ")");
-      detail::check_row_block_ids(table + r * in_stride, nblk, r, in.num_blocks);
-    }
-  }
-  const bool all_fresh = !not_fresh, all_sched_one = !not_one, all_valid_one = !not_valid_one;
-  if (in.rope_positions > 0 && max_seq > in.rope_positions) {
-    for (std::size_t r = 0; r < b; ++r) {
-      AAR_CHECK_ARG(in.seq_lens[r] <= in.rope_positions, "seq_lens[", r, "]=", in.seq_lens[r],
-                    " exceeds the RoPE table length ", in.rope_positions);
-    }
-  }
+  // The per-request rules, the inputs of the state rule (spec gqa 2.1), the
+  // maxima and the block ids each request reads, in one branch-free pass (the
+  // offender is named only on failure); the last needed block id of the first
+  // rows is stashed for the decode slots.
+  int32_t last_ids[detail::kStashRows];
+  const detail::RequestScan scan =
+      detail::scan_requests(qsl, seqs, b, has_spec ? in.num_spec_tokens.data() : nullptr, table, in_stride, bs,
+                            in.num_blocks, in.rope_positions, last_ids);
+  const std::size_t num_last = scan.num_last;
+  const bool all_fresh = scan.all_fresh, all_sched_one = scan.all_sched_one, all_valid_one = scan.all_valid_one;
+  const int32_t max_q = scan.max_query_len, max_seq = scan.max_seq_len;
   plan.state = in.has_state ? in.state
                             : detail::state_from_flags(b == 0, all_fresh, all_sched_one, all_valid_one,
                                                        in.spec_method, in.chunked_prefill_enabled);
@@ -280,77 +236,26 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
 
   // ---------------------------------------------------------------- write
   std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
-  if (!zero_copy) {
-    if (in_stride == stride) {
-      std::copy(in.block_table.data(), in.block_table.data() + b * stride, buf.block_table.data());
-    } else {
-      for (std::size_t r = 0; r < b; ++r) {
-        const int32_t* src = in.block_table.data() + r * in_stride;
-        int32_t* dst = buf.block_table.data() + r * stride;
-        std::copy(src, src + in_stride, dst);
-        std::fill(dst + in_stride, dst + stride, 0);
-      }
-    }
-  }
+  if (!zero_copy) detail::copy_block_table_rows(table, b, in_stride, buf.block_table.data(), stride);
   int64_t* slots = buf.slot_mapping.data();
   int64_t* q_ends = buf.q_ends.data();
   int64_t* kv_lens = buf.kv_lens.data();
   int32_t* dpos = buf.decode_positions.data();
+  for (std::size_t r = 0; r < b; ++r) {
+    q_ends[r] = qsl[r + 1];
+    kv_lens[r] = seqs[r];
+  }
   if (all_sched_one && b > 0) {
-    // Decode-only, one token per request (the steady state): token r is request
-    // r at position seq_len - 1, in the last block the request reads, and every
-    // request is a decode. With that block id stashed by the scan the loop has
-    // no gather and vectorises.
-    if (pow2) {
-      const int32_t mask = bs - 1;
-      for (std::size_t r = 0; r < num_last; ++r) {
-        q_ends[r] = static_cast<int64_t>(r) + 1;
-        kv_lens[r] = seqs[r];
-        dpos[r] = seqs[r] - 1;
-        slots[r] = (static_cast<int64_t>(last_ids[r]) << shift) + ((seqs[r] - 1) & mask);
-      }
-      for (std::size_t r = num_last; r < b; ++r) {
-        const int32_t pos = seqs[r] - 1;
-        q_ends[r] = static_cast<int64_t>(r) + 1;
-        kv_lens[r] = seqs[r];
-        dpos[r] = pos;
-        slots[r] = (static_cast<int64_t>(table[r * in_stride + (pos >> shift)]) << shift) + (pos & mask);
-      }
-    } else {
-      for (std::size_t r = 0; r < b; ++r) {
-        const int32_t pos = seqs[r] - 1;
-        q_ends[r] = static_cast<int64_t>(r) + 1;
-        kv_lens[r] = seqs[r];
-        dpos[r] = pos;
-        slots[r] = static_cast<int64_t>(table[r * in_stride + pos / bs]) * bs + pos % bs;
-      }
-    }
+    // Decode-only, one token per request (the steady state): every request is
+    // a decode.
+    detail::write_one_token_slots(seqs, b, table, in_stride, bs, last_ids, num_last, slots, dpos);
     plan.decode_max_seq_len = max_seq;
   } else {
     const int32_t pbase = qsl[nd];
     int32_t* ppos = buf.prefill_positions.data();
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t begin = qsl[r], end = qsl[r + 1], seq = seqs[r];
-      q_ends[r] = end;
-      kv_lens[r] = seq;
-      if (begin == end) continue;
-      const int32_t pos0 = seq - (end - begin);
-      // Positions advance one by one: block and offset are carried.
-      const int32_t* row = table + r * in_stride;
-      int32_t blk = pow2 ? (pos0 >> shift) : pos0 / bs;
-      int32_t off = pos0 - blk * bs;
-      int64_t base = static_cast<int64_t>(row[blk]) * bs;
-      int32_t* pos = r < nd ? dpos + begin : ppos + (begin - pbase);
-      for (int32_t t = begin; t < end; ++t) {
-        slots[t] = base + off;
-        *pos++ = pos0 + (t - begin);
-        if (++off == bs) {
-          off = 0;
-          ++blk;
-          base = static_cast<int64_t>(row[blk < static_cast<int32_t>(in_stride) ? blk : blk - 1]) * bs;
-        }
-      }
-    }
+    detail::write_token_slots(qsl, seqs, b, table, in_stride, bs, slots, [&](std::size_t r) {
+      return r < nd ? dpos + qsl[r] : ppos + (qsl[r] - pbase);
+    });
     for (std::size_t r = 0; r < nd; ++r) plan.decode_max_seq_len = std::max(plan.decode_max_seq_len, seqs[r]);
     for (std::size_t r = nd; r < b; ++r) buf.prefill_q_ends[r - nd] = qsl[r + 1] - pbase;
   }

@@ -11,6 +11,7 @@
 #include "ascend_attn_rt/plan/slot_mapping.h"
 #include "block_scan.h"
 #include "internal.h"
+#include "request_scan.h"
 
 namespace aar::plan {
 
@@ -234,18 +235,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     plan.fia = detail::write_fia_padding(qsl, in.seq_lens, add_dummy ? t_in : t_real, buf.q_ends, buf.kv_lens, 1);
   }
 
-  if (!zero_copy) {
-    if (in_stride == out_stride) {
-      std::copy(in.block_table.data(), in.block_table.data() + b * in_stride, buf.block_table.data());
-    } else {
-      for (std::size_t r = 0; r < b; ++r) {
-        const int32_t* src = in.block_table.data() + r * in_stride;
-        int32_t* dst = buf.block_table.data() + r * out_stride;
-        std::copy(src, src + in_stride, dst);
-        std::fill(dst + in_stride, dst + out_stride, 0);
-      }
-    }
-  }
+  if (!zero_copy) detail::copy_block_table_rows(in.block_table.data(), b, in_stride, buf.block_table.data(), out_stride);
   if (add_dummy) {
     int32_t* dst = buf.block_table.data() + b * out_stride;
     std::fill(dst, dst + num_dummies * out_stride, 0);

@@ -13,6 +13,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/builder.h"
 #include "ascend_attn_rt/mla/builder.h"
+#include "ascend_attn_rt/sfa/builder.h"
 #include "ascend_attn_rt/staging.h"
 
 namespace {
@@ -25,10 +26,14 @@ class LateCopies : public aar::StagingHooks {
   // so waiting for a buffer returns at once while its copy is still queued.
   explicit LateCopies(bool honest_events) : honest_(honest_events) {}
 
-  void copy(const at::Tensor& dst, const at::Tensor& src) override { queue_.push_back({dst, src, -1}); }
+  void copy(const at::Tensor& dst, const at::Tensor& src) override {
+    ++copies_;
+    queue_.push_back({dst, src, -1});
+  }
   void record(int slot) override { queue_.push_back({at::Tensor(), at::Tensor(), slot}); }
   void wait(int slot) override {
     ++waits_;
+    waited_.push_back(slot);
     if (!honest_) return;
     // Run the stream up to the last record of `slot`.
     size_t last = queue_.size();
@@ -49,6 +54,9 @@ class LateCopies : public aar::StagingHooks {
   }
   int waits() const { return waits_; }
   size_t queued() const { return queue_.size(); }
+  // Slots waited for, in order, and the copies enqueued so far.
+  const std::vector<int>& waited_slots() const { return waited_; }
+  int copies() const { return copies_; }
 
  private:
   struct Op {
@@ -62,6 +70,8 @@ class LateCopies : public aar::StagingHooks {
   }
   bool honest_;
   int waits_ = 0;
+  int copies_ = 0;
+  std::vector<int> waited_;
   std::deque<Op> queue_;
 };
 
@@ -266,6 +276,151 @@ TEST(Staging, MlaTwoBuffersInTurnKeepALateCopyIntact) {
   EXPECT_TRUE(all_equal(b_dev, mla_expected(step_b())));
   b.build(mla_inputs(step_a()));
   EXPECT_EQ(hooks->waits(), 1);
+}
+
+// ---------------------------------------------------------------- SFA
+
+aar::sfa::BuilderConfig sfa_config(std::shared_ptr<aar::StagingHooks> hooks, int buffers, int drafts = 0) {
+  aar::sfa::BuilderConfig c;
+  c.max_num_reqs = 4;
+  c.max_num_tokens = 16;
+  c.max_blocks_per_req = 4;
+  c.block_size = 16;
+  c.num_blocks = 8;
+  c.num_drafts = drafts;
+  c.cos_table = at::arange(64 * 8, at::kFloat).view({64, 8});
+  c.sin_table = -at::arange(64 * 8, at::kFloat).view({64, 8});
+  c.separate_device_buffers = hooks != nullptr;
+  c.staging_buffers = buffers;
+  c.staging_hooks = std::move(hooks);
+  return c;
+}
+
+aar::sfa::BuildInputs sfa_inputs(const Step& s) { return inputs_of<aar::sfa::BuildInputs>(s); }
+
+std::vector<at::Tensor> sfa_views(const aar::sfa::Metadata& md) {
+  return {md.query_start_loc, md.cum_query_lens, md.seq_lens, md.block_table, md.slot_mapping, md.cos, md.sin};
+}
+
+std::vector<at::Tensor> sfa_expected(const Step& s) {
+  aar::sfa::MetadataBuilder b(sfa_config(nullptr, 1));
+  std::vector<at::Tensor> v = sfa_views(b.build(sfa_inputs(s)));
+  for (auto& t : v) t = t.clone();
+  return v;
+}
+
+// A step with a prefill after a decode (SFA does not reorder).
+Step step_mixed() { return {{0, 1, 6}, {9, 21}, {6, 0, 0, 0, 2, 5, 0, 0}}; }
+
+TEST(Staging, SfaSingleBufferWithoutEventCorruptsALateCopy) {
+  auto hooks = std::make_shared<LateCopies>(false);
+  aar::sfa::MetadataBuilder b(sfa_config(hooks, 1));
+  const auto a_dev = sfa_views(b.build(sfa_inputs(step_a())));
+  b.build(sfa_inputs(step_b()));
+  ASSERT_TRUE(hooks->run_next_copy());
+  EXPECT_FALSE(all_equal(a_dev, sfa_expected(step_a())));
+}
+
+TEST(Staging, SfaTwoBuffersInTurnKeepALateCopyIntact) {
+  auto hooks = std::make_shared<LateCopies>(true);
+  aar::sfa::MetadataBuilder b(sfa_config(hooks, 2));
+  const auto a_dev = sfa_views(b.build(sfa_inputs(step_a())));
+  const auto m_dev = sfa_views(b.build(sfa_inputs(step_mixed())));
+  EXPECT_EQ(hooks->waits(), 0);
+  ASSERT_TRUE(hooks->run_next_copy());
+  EXPECT_TRUE(all_equal(a_dev, sfa_expected(step_a())));
+  while (hooks->run_next_copy()) {
+  }
+  EXPECT_TRUE(all_equal(m_dev, sfa_expected(step_mixed())));
+  b.build(sfa_inputs(step_a()));
+  EXPECT_EQ(hooks->waits(), 1);
+}
+
+TEST(Staging, SfaBuildIsOneCopy) {
+  // Decode-only, mixed and padded steps: one host-to-device copy each, covering
+  // every view the metadata holds.
+  auto hooks = std::make_shared<LateCopies>(true);
+  aar::sfa::BuilderConfig c = sfa_config(hooks, 2);
+  c.graph_decode_padding = true;
+  aar::sfa::MetadataBuilder b(c);
+  int copies = 0;
+  for (const Step& s : {step_a(), step_mixed(), step_b()}) {
+    aar::sfa::BuildInputs in = sfa_inputs(s);
+    if (s.qsl.back() == 2) in.num_input_tokens = 4;  // decodes padded to a bucket of 4
+    const auto dev = sfa_views(b.build(in));
+    EXPECT_EQ(hooks->copies(), ++copies);
+    while (hooks->run_next_copy()) {
+    }
+    aar::sfa::BuilderConfig rc = sfa_config(nullptr, 1);
+    rc.graph_decode_padding = true;
+    aar::sfa::MetadataBuilder r(rc);
+    std::vector<at::Tensor> want = sfa_views(r.build(in));
+    EXPECT_TRUE(all_equal(dev, want));
+  }
+}
+
+TEST(Staging, SfaDraftLanesHaveTheirOwnBuffersSlotsAndStamps) {
+  auto hooks = std::make_shared<LateCopies>(true);
+  aar::sfa::MetadataBuilder b(sfa_config(hooks, 2, /*drafts=*/2));
+  EXPECT_EQ(b.num_drafts(), 2);
+  const aar::sfa::Metadata main = b.build(sfa_inputs(step_a()));
+  const aar::sfa::Metadata d0 = b.build_for_drafting(sfa_inputs(step_b()), 0);
+  const aar::sfa::Metadata d1 = b.build_for_drafting(sfa_inputs(step_mixed()), 1);
+  EXPECT_EQ(main.draft_index, -1);
+  EXPECT_EQ(d0.draft_index, 0);
+  EXPECT_EQ(d1.draft_index, 1);
+  // Every lane's metadata stays current: the stamps are per lane.
+  EXPECT_TRUE(main.stamp.current());
+  EXPECT_TRUE(d0.stamp.current());
+  EXPECT_TRUE(d1.stamp.current());
+  EXPECT_EQ(b.generation(), 1u);
+  EXPECT_EQ(b.draft_generation(0), 1u);
+  // No buffer of one lane is another's.
+  const auto vm = sfa_views(main), v0 = sfa_views(d0), v1 = sfa_views(d1);
+  for (size_t i = 0; i < vm.size(); ++i) {
+    EXPECT_NE(vm[i].data_ptr(), v0[i].data_ptr()) << i;
+    EXPECT_NE(v0[i].data_ptr(), v1[i].data_ptr()) << i;
+  }
+  while (hooks->run_next_copy()) {
+  }
+  EXPECT_TRUE(all_equal(vm, sfa_expected(step_a())));
+  EXPECT_TRUE(all_equal(v0, sfa_expected(step_b())));
+  EXPECT_TRUE(all_equal(v1, sfa_expected(step_mixed())));
+  // Lane i's host buffer j is slot i * 2 + j: the third draft-0 build waits on slot 2.
+  b.build_for_drafting(sfa_inputs(step_a()), 0);
+  b.build_for_drafting(sfa_inputs(step_a()), 0);
+  ASSERT_EQ(hooks->waited_slots().size(), 1u);
+  EXPECT_EQ(hooks->waited_slots()[0], 2);
+  EXPECT_FALSE(d0.stamp.current());  // its own lane built again
+  EXPECT_TRUE(main.stamp.current());
+  b.build(sfa_inputs(step_b()));
+  EXPECT_FALSE(main.stamp.current());
+  EXPECT_TRUE(d1.stamp.current());
+  EXPECT_THROW(b.build_for_drafting(sfa_inputs(step_a()), 2), aar::InvalidArgument);
+}
+
+TEST(Staging, SfaRejectedBuildKeepsTheTurnAndWritesNothing) {
+  auto hooks = std::make_shared<LateCopies>(true);
+  aar::sfa::MetadataBuilder b(sfa_config(hooks, 2));
+  b.build(sfa_inputs(step_a()));
+  Step bad = step_b();
+  bad.table[0] = 99;
+  EXPECT_THROW(b.build(sfa_inputs(bad)), aar::InvalidArgument);
+  EXPECT_EQ(b.generation(), 1u);
+  EXPECT_EQ(hooks->queued(), 2u);
+}
+
+TEST(Staging, SfaGraphCaptureOnlyForDecodeStates) {
+  aar::sfa::MetadataBuilder b(sfa_config(nullptr, 1));
+  EXPECT_THROW(b.build_for_graph_capture(sfa_inputs(step_a()), aar::plan::AttentionState::ChunkedPrefill),
+               aar::NotSupported);
+  EXPECT_EQ(b.generation(), 0u);
+  const aar::sfa::Metadata& md = b.build_for_graph_capture(sfa_inputs(step_a()), aar::plan::AttentionState::SpecDecoding);
+  EXPECT_EQ(md.attn_state, aar::plan::AttentionState::SpecDecoding);
+  aar::sfa::IndexerMetadataBuilder ib;
+  EXPECT_EQ(ib.build(sfa_inputs(step_a())), nullptr);
+  EXPECT_EQ(ib.build_for_graph_capture(sfa_inputs(step_a())), nullptr);
+  EXPECT_FALSE(aar::sfa::IndexerMetadataBuilder::reorder_batch_threshold().has_value());
 }
 
 // ---------------------------------------------------------------- build stamps

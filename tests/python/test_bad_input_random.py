@@ -1,6 +1,7 @@
 """Randomised bad input at every public entry point (issue 9, part 4).
 
-For each entry point (the GQA and MLA builders, every forward, graph update and update_draft,
+For each entry point (the GQA, MLA and SFA builders (SFA's draft and capture builds, cache-tuple composition,
+top-k buffer and valid-top-k mask too), every forward, graph update and update_draft,
 swap_blocks / copy_blocks, C8 scale preparation) a seeded generator makes thousands of calls that
 are valid except for one argument, broken at random: wrong dtype, shape, device (meta), strides,
 out-of-range ids, negative lengths, non-monotone query_start_loc, oversized batches, stale metadata.
@@ -336,6 +337,168 @@ def test_mla_builder_rejects_random_bad_input():
                           "is_current", "num_decodes"])
 
     fuzz(valid, lambda a: builder.build(**a), watched, _builder_muts())
+
+
+def _sfa_builder(**kw):
+    d = MlaDims()
+    cos, sin = rope_tables(BS * MAX_BLOCKS + 8, d.R)
+    args = dict(max_num_reqs=MAX_REQS, max_num_tokens=MAX_TOKENS, max_blocks_per_req=MAX_BLOCKS, block_size=BS,
+                num_blocks=NB, cos_table=cos.float(), sin_table=sin.float())
+    args.update(kw)
+    return aar.sfa.MetadataBuilder(**args)
+
+
+_SFA_TENSORS = ["query_start_loc", "cum_query_lens", "seq_lens", "block_table", "slot_mapping", "cos", "sin"]
+_SFA_LISTS = ["seq_lens_list", "cum_query_lens_list", "is_current", "num_kernel_reqs", "attn_state"]
+
+
+def test_sfa_builder_rejects_random_bad_input():
+    # SFA batches come in any order: _valid_step's are used as they are.
+    builder = _sfa_builder()
+    last = {}
+
+    def valid(rng):
+        a = _valid_step(rng)
+        if rng.random() < 0.05 or not last:
+            last["md"] = builder.build(**a)
+        return a
+
+    def watched(a):
+        return _md_state(last["md"], _SFA_TENSORS, _SFA_LISTS)
+
+    fuzz(valid, lambda a: builder.build(**a), watched, _builder_muts())
+
+
+def test_sfa_draft_and_capture_builds_reject_random_bad_input():
+    """build_for_drafting (per draft lane) and build_for_graph_capture: the builder mutations, a draft index out of
+    range and a capture state that cannot be captured; neither the main lane's nor any draft lane's metadata may
+    change."""
+    builder = _sfa_builder(num_speculative_tokens=1, graph_decode_padding=True, num_drafts=2)
+    mds = {}
+
+    def valid(rng):
+        a = _valid_step(rng, max_reqs=MAX_REQS // 2, max_tokens=MAX_TOKENS // 2)
+        a["mode"] = rng.choice(["draft0", "draft1", "capture"])
+        if a["mode"] == "capture":  # decodes of at most the decode threshold: capturable
+            q = [1] * len(a["seq_lens"])
+            a["query_start_loc"] = _lens_to_qsl(q)
+        if rng.random() < 0.05 or not mds:
+            args = {k: v for k, v in a.items() if k != "mode"}
+            mds["main"] = builder.build(**args)
+            mds[0] = builder.build_for_drafting(**args, draft_index=0)
+            mds[1] = builder.build_for_drafting(**args, draft_index=1)
+        return a
+
+    def call(a):
+        args = {k: v for k, v in a.items() if k not in ("mode", "state", "draft_index")}
+        if a["mode"] == "capture":
+            builder.build_for_graph_capture(**{k: v for k, v in args.items()}, state=a.get("state", S.DecodeOnly))
+        else:
+            builder.build_for_drafting(**args, draft_index=a.get("draft_index", int(a["mode"][-1])))
+
+    def watched(a):
+        out = []
+        for md in mds.values():
+            out += _md_state(md, _SFA_TENSORS, _SFA_LISTS)
+        return out
+
+    muts = []
+    for m in _builder_muts():
+        if m.label == "oversized batch":  # a draft lane takes more requests: check the main lane's capacity
+            m = Mut(m.label, m.names, lambda a, rng, fn=m.fn: dict(fn(a, rng), mode="capture"))
+        muts.append(m)
+    muts += [
+        Mut("draft index out of range", ["draft_index"],
+            lambda a, rng: dict(a, mode="draft0", draft_index=rng.choice([-1, 2, 7, -(2 ** 31)]))),
+        Mut("capture state", ["cannot be captured"],
+            lambda a, rng: dict(a, mode="capture", state=rng.choice([S.PrefillNoCache, S.PrefillCacheHit,
+                                                                     S.ChunkedPrefill]))),
+    ]
+    fuzz(valid, call, watched, muts)
+
+
+def test_sfa_facts_and_utilities_reject_random_bad_input():
+    """compose_kv_cache, TopkBuffer.view / store and plan.build_valid_topk_mask."""
+    tb = aar.sfa.TopkBuffer(12, 6)
+
+    def main(nb, c8):
+        return [torch.zeros(nb, BS, 1, 64, dtype=torch.int8)] if c8 else \
+            [torch.zeros(nb, BS, 1, 32, dtype=torch.bfloat16), torch.zeros(nb, BS, 1, 8, dtype=torch.bfloat16)]
+
+    def indexer(nb, c8):
+        return [torch.zeros(nb, BS, 1, 16, dtype=torch.int8), torch.zeros(nb, BS, 1, 1, dtype=torch.float16)] if c8 \
+            else [torch.zeros(nb, BS, 1, 16, dtype=torch.bfloat16)]
+
+    def valid(rng):
+        nb = rng.randint(1, 6)
+        sfa_c8, li_c8 = rng.random() < 0.5, rng.random() < 0.5
+        t = rng.randint(0, 12)
+        return dict(which=rng.choice(["compose", "store", "view", "mask"]), sfa_c8=sfa_c8, li_c8=li_c8,
+                    main=main(nb, sfa_c8), indexer=indexer(nb * rng.choice([1, 2]), li_c8), n=t,
+                    topk=torch.randint(-1, 30, (t, 1, 6), dtype=torch.int32),
+                    thr=torch.randint(0, 30, (t,), dtype=torch.int32))
+
+    def call(a):
+        if a["which"] == "compose":
+            aar.sfa.compose_kv_cache(a["main"], a["indexer"], sfa_c8=a["sfa_c8"], li_c8=a["li_c8"])
+        elif a["which"] == "store":
+            tb.store(a["topk"])
+        elif a["which"] == "view":
+            tb.view(a["n"])
+        else:
+            aar.plan.build_valid_topk_mask(a["topk"], a["thr"])
+
+    def drop(a, rng, key):
+        lst = list(a[key])
+        del lst[rng.randrange(len(lst))]
+        return dict(a, which="compose", **{key: lst}) if lst or key == "main" else None
+
+    def extra(a, rng, key):
+        return dict(a, which="compose", **{key: list(a[key]) + [a[key][0].clone()]})
+
+    def retype(a, rng, key):
+        lst = list(a[key])
+        i = rng.randrange(len(lst))
+        lst[i] = _dtype_swap(lst[i], rng, (torch.float64, torch.int32, torch.int16, torch.uint8, torch.bool))
+        return dict(a, which="compose", **{key: lst})
+
+    def reshape(a, rng, key):
+        lst = list(a[key])
+        i = rng.randrange(len(lst))
+        lst[i] = lst[i].flatten(2).clone() if rng.random() < 0.5 else lst[i][:, : BS // 2].clone()
+        return dict(a, which="compose", **{key: lst})
+
+    muts = [
+        Mut("main tuple length", ["main_kv_cache"], lambda a, rng: drop(a, rng, "main") if rng.random() < 0.5
+            else extra(a, rng, "main")),
+        Mut("indexer tuple length", ["indexer_kv_cache"], lambda a, rng: extra(a, rng, "indexer")),
+        Mut("main dtype", ["main_kv_cache"], lambda a, rng: retype(a, rng, "main")),
+        Mut("indexer dtype", ["indexer_kv_cache"], lambda a, rng: retype(a, rng, "indexer")),
+        Mut("main shape", ["main_kv_cache"], lambda a, rng: reshape(a, rng, "main")),  # or the indexer's, naming it
+        Mut("indexer shape", ["indexer_kv_cache"], lambda a, rng: reshape(a, rng, "indexer")),
+        Mut("cache on meta", ["main_kv_cache", "indexer_kv_cache"],
+            lambda a, rng: (lambda key: dict(a, which="compose", **{key: [t.to(META) if i == 0 else t for i, t in
+                                                                          enumerate(a[key])]}))(
+                rng.choice(["main", "indexer"]))),
+        Mut("flags flipped", ["main_kv_cache", "indexer_kv_cache"],
+            lambda a, rng: dict(a, which="compose", sfa_c8=not a["sfa_c8"]) if rng.random() < 0.5
+            else dict(a, which="compose", li_c8=not a["li_c8"])),
+        Mut("topk dtype", ["topk"], lambda a, rng: dict(a, which=rng.choice(["store", "mask"]),
+                                                        topk=_dtype_swap(a["topk"], rng))),
+        Mut("topk width", ["topk"], lambda a, rng: dict(a, which="store", topk=torch.zeros(
+            a["n"], 1, rng.choice([1, 5, 7]), dtype=torch.int32))),
+        Mut("topk rows", ["topk"], lambda a, rng: dict(a, which="store", topk=torch.zeros(
+            13 + rng.randrange(5), 6, dtype=torch.int32))),
+        Mut("topk meta", ["topk"], lambda a, rng: dict(a, which=rng.choice(["store", "mask"]),
+                                                       topk=a["topk"].to(META))),
+        Mut("view size", ["num_tokens"], lambda a, rng: dict(a, which="view", n=rng.choice([-1, 13, 1 << 20]))),
+        Mut("thresholds count", ["thresholds"], lambda a, rng: dict(a, which="mask", thr=torch.zeros(
+            a["n"] + rng.choice([1, 2]), dtype=torch.int32))),
+        Mut("threshold negative", ["thresholds_per_row"], lambda a, rng: None if a["n"] == 0 else dict(
+            a, which="mask", thr=a["thr"].clone().index_fill_(0, torch.tensor([rng.randrange(a["n"])]), -5))),
+        Mut("thresholds dtype", ["thresholds"], lambda a, rng: dict(a, which="mask", thr=a["thr"].long())),
+    ]
+    fuzz(valid, call, lambda a: [tb.buffer], muts, trials=800)
 
 
 # ----------------------------------------------------------------------------- forwards (GQA, C8, FA3)

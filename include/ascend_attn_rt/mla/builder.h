@@ -43,6 +43,7 @@
 
 namespace aar::detail {
 class StagingBuffers;
+class RopeRows;
 }
 
 namespace aar::mla {
@@ -121,7 +122,6 @@ class MetadataBuilder {
 
  private:
   struct Views;  // per-size cached views of the persistent buffers
-  using GatherFn = void (*)(const uint8_t*, const uint8_t*, const int32_t*, int32_t, uint8_t*, uint8_t*);
 
   void gather_rope(uint8_t* staging, const BuildInputs& in, int32_t num_decodes, int32_t num_decode_tokens,
                    int32_t num_prefill_tokens);
@@ -130,8 +130,7 @@ class MetadataBuilder {
   BuilderConfig cfg_;  // cos_table / sin_table: contiguous host copies
   bool separate_ = false;
   int64_t workspace_ = 0;
-  int64_t rope_row_bytes_ = 0;
-  GatherFn gather_ = nullptr;  // specialised decode-row gather for the row size, or null
+  std::unique_ptr<detail::RopeRows> rope_;  // the host tables and the row gather (cpp/common/rope_gather.h)
   Metadata md_;
   detail::BuildCounter counter_;
   // Packed int32, offsets in int32 units, each region on a 64-byte boundary:

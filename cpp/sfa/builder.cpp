@@ -1,0 +1,272 @@
+// SFA metadata builder (spec sparse.md 2.2, 2.3). The layout and the lane
+// model are described in include/ascend_attn_rt/sfa/builder.h.
+#include "ascend_attn_rt/sfa/builder.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "../common/rope_gather.h"
+#include "../common/staging.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/sfa_plan.h"
+#include "ascend_attn_rt/sfa/backend.h"
+
+namespace aar::sfa {
+
+namespace {
+
+// Region starts are multiples of 16 int32 (64 bytes): rows start on cache
+// lines and the slot region can be viewed as int64.
+int64_t align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
+
+// Returns the cached view at index i, making it on first use.
+template <typename Make>
+const at::Tensor& lazy(std::vector<at::Tensor>& cache, size_t i, Make make) {
+  at::Tensor& v = cache[i];
+  if (!v.defined()) v = make();
+  return v;
+}
+
+}  // namespace
+
+// One set of buffers, views, host lists and stamp counter: the main builds'
+// (index -1) or one draft index's.
+class MetadataBuilder::Lane {
+ public:
+  Lane(const BuilderConfig& cfg, const detail::RopeRows& rope, int32_t draft_index, int64_t max_reqs, bool separate,
+       int slot_base)
+      : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs) {
+    const int64_t T = cfg.max_num_tokens, MB = cfg.max_blocks_per_req, W = rope.row_words();
+    off_qsl_ = align16(2 * T) + align16(T * W) + align16(T * W);  // the token region ends here
+    off_cql_ = align16(off_qsl_ + R_ + 1);
+    off_seq_ = align16(off_cql_ + R_);
+    off_bt_ = align16(off_seq_ + R_);
+    const int64_t total = off_bt_ + R_ * MB;
+    buffers_ = std::make_unique<detail::StagingBuffers>(total, cfg.device, separate, cfg.staging_buffers,
+                                                        cfg.staging_hooks, slot_base);
+    device_ = buffers_->device();
+    positions_.assign(T, 0);
+    cql_list_.assign(R_, 0);
+    seq_list_.assign(R_, 0);
+    views_.qsl.resize(R_ + 1);
+    for (auto* v : {&views_.cql, &views_.seq, &views_.bt}) v->resize(R_ + 1);
+    for (auto* v : {&views_.slots, &views_.cos, &views_.sin}) v->resize(T + 1);
+    md_.block_size = cfg.block_size;
+    md_.num_blocks = cfg.num_blocks;
+    md_.speculative = cfg.num_speculative_tokens > 0;
+    md_.draft_index = draft_index;
+  }
+
+  // The main lane's staging rows (R x max_blocks_per_req) on the CPU path.
+  at::Tensor staged_rows(int64_t rows) const {
+    return buffers_->host(0).narrow(0, off_bt_, rows * cfg_.max_blocks_per_req).view({rows, cfg_.max_blocks_per_req});
+  }
+
+  const Metadata& metadata() const { return md_; }
+  uint64_t generation() const { return counter_.current(); }
+
+  Metadata& build(const BuildInputs& in) {
+    // The host buffer of this build's turn, once its last copy has completed.
+    int32_t* s = buffers_->begin();
+    const int64_t T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req;
+    const size_t num_reqs = in.seq_lens.size();
+    AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(R_), "num_reqs=", num_reqs, " (seq_lens entries) exceeds the ",
+                  draft_index_ < 0 ? "builder's max_num_reqs=" : "draft lane's request capacity "
+                                                                 "max_num_reqs*decode_threshold=",
+                  R_);
+    const int64_t tokens = in.num_input_tokens > 0 ? in.num_input_tokens
+                                                   : (in.query_start_loc.empty() ? 0 : in.query_start_loc.back());
+    AAR_CHECK_ARG(tokens <= T, "num_tokens=", tokens,
+                  " (query_start_loc[-1] or num_input_tokens) exceeds the builder's max_num_tokens=", T);
+    AAR_CHECK_ARG(in.block_table_stride <= MB, "block_table has ", in.block_table_stride,
+                  " columns, more than the builder's max_blocks_per_req=", MB);
+    // A negative count is rejected by the plan; the token spans are then empty.
+    const int64_t n = std::max<int64_t>(in.num_input_tokens < 0 ? 0 : tokens, 0);
+    const TokenRegion tr = token_region(n);
+
+    plan::SfaStepInputs pi;
+    pi.query_start_loc = in.query_start_loc;
+    pi.seq_lens = in.seq_lens;
+    pi.block_table = in.block_table;
+    pi.block_table_stride = in.block_table_stride;
+    pi.block_size = cfg_.block_size;
+    pi.num_blocks = cfg_.num_blocks;
+    pi.num_input_tokens = in.num_input_tokens;
+    pi.decode_threshold = 1 + cfg_.num_speculative_tokens;
+    pi.has_state = in.attn_state.has_value();
+    if (pi.has_state) pi.state = *in.attn_state;
+    pi.num_spec_tokens = in.num_spec_tokens;
+    pi.spec_method = cfg_.num_speculative_tokens > 0 ? plan::SpecMethod::Mtp : plan::SpecMethod::None;
+    pi.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
+    pi.rope_positions = rope_.positions();
+    pi.pad_decode_batch = cfg_.graph_decode_padding;
+
+    plan::SfaStepBuffers pb;
+    pb.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R_ + 1);
+    pb.cum_query_lens = plan::Span<int32_t>(s + off_cql_, R_);
+    pb.seq_lens = plan::Span<int32_t>(s + off_seq_, R_);
+    pb.block_table = plan::Span<int32_t>(s + off_bt_, R_ * MB);
+    pb.block_table_stride = static_cast<int32_t>(MB);
+    pb.slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + tr.slots), n);
+    pb.positions = plan::Span<int32_t>(positions_.data(), n);
+    pb.cum_query_lens_list = plan::Span<int64_t>(cql_list_.data(), cql_list_.size());
+    pb.seq_lens_list = plan::Span<int64_t>(seq_list_.data(), seq_list_.size());
+
+    // Everything that can fail happens in here, before its first write.
+    const plan::SfaStepPlan p = plan::plan_sfa_step(pi, pb);
+    const int32_t B = p.num_reqs, Bk = p.num_kernel_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
+
+    // RoPE rows of every token, gathered on the host into the packed buffer.
+    auto* bytes = reinterpret_cast<uint8_t*>(s);
+    uint8_t* out_cos = bytes + tr.cos * 4;
+    uint8_t* out_sin = bytes + tr.sin * 4;
+    if (p.max_query_len <= pi.decode_threshold) {
+      // Decodes only (the steady state): one row per token, specialised gather.
+      rope_.gather(positions_.data(), t_in, out_cos, out_sin);
+    } else {
+      // A request's tokens have consecutive positions: one copy per request and table.
+      const size_t rb = static_cast<size_t>(rope_.row_bytes());
+      const int32_t* qsl = in.query_start_loc.data();
+      for (int32_t r = 0; r < B; ++r) {
+        const int32_t q = qsl[r + 1] - qsl[r];
+        if (q == 0) continue;
+        const size_t dst = static_cast<size_t>(qsl[r]) * rb;
+        rope_.copy_run(positions_[qsl[r]], q, out_cos + dst, out_sin + dst);
+      }
+      const size_t pad = static_cast<size_t>(t_real) * rb;
+      rope_.gather(positions_.data() + t_real, t_in - t_real, out_cos + pad, out_sin + pad);
+    }
+    // One host-to-device copy (device path): from the step's first slot to its
+    // last block-table row. Then the turn passes to the next host buffer.
+    buffers_->copy(tr.slots, off_bt_ + static_cast<int64_t>(Bk) * MB - tr.slots);
+    buffers_->finish();
+    counter_.next(md_.stamp);
+
+    md_.attn_state = p.state;
+    md_.num_reqs = B;
+    md_.num_kernel_reqs = Bk;
+    md_.num_actual_tokens = t_real;
+    md_.num_input_tokens = t_in;
+    md_.num_decodes = p.split.num_decodes;
+    md_.num_decode_tokens = p.split.num_decode_tokens;
+    md_.num_prefills = p.split.num_prefills;
+    md_.max_query_len = p.max_query_len;
+    md_.max_seq_len = p.max_seq_len;
+    md_.query_start_loc = lazy(views_.qsl, B, [&] { return device_.narrow(0, off_qsl_, B + 1); });
+    md_.cum_query_lens = lazy(views_.cql, Bk, [&] { return device_.narrow(0, off_cql_, Bk); });
+    md_.seq_lens = lazy(views_.seq, Bk, [&] { return device_.narrow(0, off_seq_, Bk); });
+    md_.block_table = lazy(views_.bt, Bk, [&] { return device_.narrow(0, off_bt_, Bk * MB).view({Bk, MB}); });
+    md_.slot_mapping = lazy(views_.slots, t_in, [&] { return device_.narrow(0, tr.slots, 2 * n).view(at::kLong); });
+    md_.cos = lazy(views_.cos, t_in, [&] { return rope_.view(device_, tr.cos, t_in); });
+    md_.sin = lazy(views_.sin, t_in, [&] { return rope_.view(device_, tr.sin, t_in); });
+    md_.seq_lens_list = c10::IntArrayRef(seq_list_.data(), Bk);
+    md_.cum_query_lens_list = c10::IntArrayRef(cql_list_.data(), Bk);
+    return md_;
+  }
+
+ private:
+  // Word offsets of a step's token views: packed together, ending (up to
+  // alignment) where the request part begins.
+  struct TokenRegion {
+    int64_t slots, cos, sin;
+  };
+  TokenRegion token_region(int64_t n) const {
+    const int64_t W = rope_.row_words();
+    TokenRegion r;
+    r.slots = off_qsl_ - (align16(2 * n) + align16(n * W) + align16(n * W));
+    r.cos = r.slots + align16(2 * n);
+    r.sin = r.cos + align16(n * W);
+    return r;
+  }
+
+  struct Views {
+    std::vector<at::Tensor> qsl;             // by num_reqs: (n + 1)
+    std::vector<at::Tensor> cql, seq, bt;    // by num_kernel_reqs
+    std::vector<at::Tensor> slots, cos, sin;  // by num_input_tokens
+  };
+
+  const BuilderConfig& cfg_;
+  const detail::RopeRows& rope_;
+  int32_t draft_index_;
+  int64_t R_;  // request capacity (kernel requests, dummies included)
+  int64_t off_qsl_ = 0, off_cql_ = 0, off_seq_ = 0, off_bt_ = 0;
+  std::unique_ptr<detail::StagingBuffers> buffers_;
+  at::Tensor device_;
+  std::vector<int32_t> positions_;          // host only: the RoPE rows are gathered on the host
+  std::vector<int64_t> cql_list_, seq_list_;
+  Views views_;
+  Metadata md_;
+  detail::BuildCounter counter_;
+};
+
+MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
+  AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
+  AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
+  AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
+  AAR_CHECK_ARG(Backend::is_builder_block_size(cfg.block_size), "block_size ", cfg.block_size,
+                " is not supported (SFA's kernel block is 128; multiples of 16 in [16, 128] are accepted for tests)");
+  AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
+  AAR_CHECK_ARG(static_cast<int64_t>(cfg.num_blocks) * cfg.block_size <= INT32_MAX, "num_blocks=", cfg.num_blocks,
+                " x block_size=", cfg.block_size, " exceeds the int32 slot range");
+  AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
+                "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, spec 2.3), got ",
+                cfg.num_speculative_tokens);
+  const int32_t drafts = cfg.num_drafts.value_or(cfg.num_speculative_tokens);
+  AAR_CHECK_ARG(drafts >= 0 && drafts <= 15, "num_drafts must be in [0, 15], got ", drafts);
+  AAR_CHECK_ARG(cfg.staging_buffers >= 1 && cfg.staging_buffers <= detail::StagingBuffers::kMaxHostBuffers,
+                "staging_buffers must be in [1, ", detail::StagingBuffers::kMaxHostBuffers, "], got ",
+                cfg.staging_buffers);
+  // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
+  rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
+  cfg_.cos_table = rope_->cos_table();
+  cfg_.sin_table = rope_->sin_table();
+  cfg_.num_drafts = drafts;
+
+  const bool separate = cfg.separate_device_buffers.value_or(!cfg.device.is_cpu());
+  const int64_t R = cfg.max_num_reqs;
+  for (int32_t lane = 0; lane <= drafts; ++lane) {
+    const int slot_base = cfg.staging_hooks != nullptr ? lane * cfg.staging_buffers : 0;
+    const int64_t cap = lane == 0 ? R : R * decode_threshold();
+    lanes_.push_back(std::make_unique<Lane>(cfg_, *rope_, lane - 1, cap, separate, slot_base));
+  }
+  if (separate) {
+    // The engine's table is its own (see block_table_staging()).
+    staging_block_table_ = at::zeros({R, cfg.max_blocks_per_req}, at::TensorOptions().dtype(at::kInt));
+  } else {
+    staging_block_table_ = lanes_[0]->staged_rows(R);
+  }
+}
+
+MetadataBuilder::~MetadataBuilder() = default;
+
+const Metadata& MetadataBuilder::build(const BuildInputs& in) { return lanes_[0]->build(in); }
+
+const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
+  if (state != plan::AttentionState::DecodeOnly && state != plan::AttentionState::SpecDecoding) {
+    throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
+                        " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, spec 2.3)");
+  }
+  Metadata& md = lanes_[0]->build(in);
+  md.attn_state = state;
+  return md;
+}
+
+MetadataBuilder::Lane& MetadataBuilder::draft_lane(int32_t d) const {
+  AAR_CHECK_ARG(d >= 0 && d < num_drafts(), "draft_index=", d, " is out of range [0, num_drafts=", num_drafts(),
+                ")");
+  return *lanes_[static_cast<size_t>(d) + 1];
+}
+
+const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32_t d) {
+  return draft_lane(d).build(in);
+}
+
+const Metadata& MetadataBuilder::metadata() const { return lanes_[0]->metadata(); }
+const Metadata& MetadataBuilder::draft_metadata(int32_t d) const { return draft_lane(d).metadata(); }
+uint64_t MetadataBuilder::generation() const { return lanes_[0]->generation(); }
+uint64_t MetadataBuilder::draft_generation(int32_t d) const { return draft_lane(d).generation(); }
+
+}  // namespace aar::sfa

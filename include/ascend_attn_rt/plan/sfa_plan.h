@@ -1,0 +1,96 @@
+// SFA host planning (spec sparse.md 2.2, 2.3, 1.4): one DeepSeek-V3.2 sparse
+// attention step, and the valid-top-k mask of the KV-offload path.
+//
+// The SFA kernels (lightning indexer, sparse flash attention, spec 3.4 / 3.6)
+// take the whole batch in one call, in any order (SFA needs no decode/prefill
+// reorder, spec 2.1), with two length lists of different conventions (spec
+// 11.1): actual_seq_lengths_query = cumulative query ENDS (no leading 0) and
+// actual_seq_lengths_key = per-request KV LENGTHS. Both are int32, B_k entries.
+#pragma once
+
+#include <cstdint>
+
+#include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/plan/split.h"
+
+namespace aar::plan {
+
+struct SfaStepInputs {
+  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums of query lengths
+  CSpan<int32_t> seq_lens;         // B, context + new tokens
+  CSpan<int32_t> block_table;      // B rows x block_table_stride (row-major)
+  int32_t block_table_stride = 0;
+  int32_t block_size = 128;        // SFA's kernel block (spec 11.20); any positive size is planned
+  int32_t num_blocks = 0;          // KV-cache blocks, for range checks
+  int32_t num_input_tokens = 0;    // tokens the layers see (>= qsl[B]); 0 = qsl[B]
+  int32_t decode_threshold = 1;    // 1 + num_speculative_tokens, in [1, 16]
+  bool has_state = false;          // else derived (spec gqa 2.1, plan::select_attention_state's rule)
+  AttentionState state = AttentionState::ChunkedPrefill;
+  CSpan<int32_t> num_spec_tokens;  // optional, B entries (state derivation)
+  SpecMethod spec_method = SpecMethod::None;
+  bool chunked_prefill_enabled = true;  // state derivation only: the kernels read the whole context
+  // Rows of the RoPE tables: every seq_len must be <= this (positions are
+  // seq_len - query_len .. seq_len - 1). 0 = unchecked.
+  int64_t rope_positions = 0;
+  // Graph decode padding (the MLA "enable-pad" rule, spec mla 3.5): a step
+  // whose every request is a decode (query length <= decode_threshold) with
+  // num_input_tokens > qsl[B] gets (num_input_tokens - qsl[B]) /
+  // decode_threshold dummy requests of decode_threshold tokens, KV length 0,
+  // block-table rows of zeros and positions 0, after the real ones: the
+  // indexer then selects nothing for them (every top-k index -1) and sparse
+  // attention gives zero rows. Padding that is not a multiple of
+  // decode_threshold is rejected. A step with prefills is never padded: its
+  // padding tokens get slot -1 and position 0, and the kernels see qsl[B]
+  // tokens.
+  bool pad_decode_batch = false;
+};
+
+// Caller-owned outputs. Required spans must have room for what the step
+// writes; optional ones (marked) may be empty and are then not written.
+struct SfaStepBuffers {
+  Span<int32_t> query_start_loc;      // optional, >= B+1: a copy of the input
+  Span<int32_t> cum_query_lens;       // >= B_k: cumulative query ends (actual_seq_lengths_query)
+  Span<int32_t> seq_lens;             // >= B_k: per-request KV lengths (actual_seq_lengths_key)
+  Span<int32_t> block_table;          // >= B_k * block_table_stride: the kernels' rows
+  int32_t block_table_stride = 0;     // columns of the staged table (>= input stride)
+  Span<int64_t> slot_mapping;         // >= num_input_tokens: -1 past qsl[B]
+  Span<int32_t> positions;            // >= num_input_tokens: token positions (RoPE rows), 0 past qsl[B]
+  Span<int64_t> cum_query_lens_list;  // optional, >= B_k: int64 host copy of cum_query_lens
+  Span<int64_t> seq_lens_list;        // optional, >= B_k: int64 host copy of seq_lens
+};
+
+struct SfaStepPlan {
+  AttentionState state = AttentionState::ChunkedPrefill;
+  // Informational (upstream's SFA metadata leaves these 0; the offload and
+  // DCP variants use them): the shared split rule (spec gqa 4.2, short extends
+  // as decodes) on the batch AS GIVEN. SFA does not reorder, and the rule
+  // counts the leading decodes (a batch starting with a prefill is all
+  // prefills), exactly what upstream's split_decodes_and_prefills returns for
+  // that order.
+  SplitResult split;
+  int32_t num_reqs = 0;            // B
+  int32_t num_kernel_reqs = 0;     // B_k = B + graph padding dummies
+  int32_t num_actual_tokens = 0;   // qsl[B]
+  int32_t num_input_tokens = 0;
+  int32_t max_query_len = 0;       // over the real requests
+  int32_t max_seq_len = 0;
+  bool padded = false;             // graph decode padding added dummies
+};
+
+// Validates everything first (the batch checks plan::build_step makes, with
+// the same messages; block ids each request reads; room in every buffer), then
+// writes: a rejected call leaves every buffer untouched. Allocates nothing.
+// If inputs.block_table.data() == buffers.block_table.data() the table is taken
+// as already staged (zero copy; the strides must match) and only dummy rows are
+// written.
+SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf);
+
+// Spec 1.4: out[i] = (topk[i] >= 0) && (topk[i] < thresholds_per_row[i / K])
+// over a row-major (rows, K) top-k array (rows = topk.size() / K). The KV
+// offload path uses it to drop padding and unwritten tail positions (the
+// threshold is the request's seq_len). Validates before writing: K > 0,
+// topk.size() a multiple of K, one non-negative threshold per row, room in out.
+void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<uint8_t> out);
+
+}  // namespace aar::plan

@@ -1,0 +1,174 @@
+// The SFA metadata builder (spec sparse.md 2.2, 2.3) and the indexer cache
+// group's builder (spec 4).
+//
+// Buffers. Everything a build produces lives in one packed int32 buffer per
+// "lane" (the main builds, and one lane per draft index), allocated at
+// construction: the host staging buffer and, on the device path, its device
+// twin (on the CPU they are one buffer). Every metadata tensor (query_start_loc,
+// cum_query_lens, seq_lens, block_table, slot_mapping, cos, sin) is a view of
+// the lane's device buffer, created the first time a size is seen and cached,
+// so a steady-state build creates no tensor and a given size always gets the
+// same addresses (graph replay reads them; spec 2.3). Layout of a lane, in
+// int32 words, each region 64-byte aligned:
+//
+//   [ token region: slots (2T) | cos (T*W) | sin (T*W), END-aligned
+//     | query_start_loc | cum_query_lens | seq_lens | block table rows ]
+//
+// The per-token regions of a step of n tokens are packed together and end at
+// the request part, whose rows start right after it; so what a step uses is
+// one contiguous range, from its first slot to its last block-table row, and a
+// build is ONE host-to-device copy of exactly that (plus at most 45 words of
+// alignment padding and the request part's unused tail of three small lists).
+// (The MLA builder's layout, with regions sized for max_num_tokens between the
+// used parts, needs three copies for a step with prefills.) The token views'
+// addresses therefore depend on the token count, never on anything else.
+//
+// A build validates and plans in pure C++ (plan::plan_sfa_step) straight into
+// the host buffer of the turn, gathers the RoPE cos/sin rows of every token
+// from the host tables into it (cpp/common/rope_gather.h, the MLA builder's
+// gather), then copies. No kernel runs per build. A rejected build writes
+// nothing, so the previous metadata stays valid.
+//
+// Staging: on the device path each lane's host buffers (staging_buffers of
+// them) are used in turn, each rewritten only once the copy made from it has
+// completed (include/ascend_attn_rt/staging.h).
+//
+// Drafts (spec 2.3): build_for_drafting(in, d) writes lane 1 + d, a full set of
+// buffers of its own (upstream keeps separate length buffers per draft index;
+// here every region is per lane, so a draft build cannot touch what the main
+// metadata views). Each lane has its own stamp counter: a draft build does not
+// make the main build's metadata stale, nor the main build a draft's, nor one
+// draft index another's; a lane's metadata is stale after that lane's next
+// build. Draft lanes also keep stable addresses (upstream computes the draft
+// cos/sin afresh; a graph captured over a draft step can replay them).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/sfa/metadata.h"
+#include "ascend_attn_rt/staging.h"
+
+namespace aar::detail {
+class RopeRows;
+}
+
+namespace aar::sfa {
+
+struct BuilderConfig {
+  int32_t max_num_reqs = 256;
+  int32_t max_num_tokens = 8192;
+  int32_t max_blocks_per_req = 64;
+  // SFA's kernel block is 128 (Backend::supported_block_sizes); any multiple of
+  // 16 in [16, 128] is accepted (Backend::is_builder_block_size) for tests.
+  int32_t block_size = 128;
+  int32_t num_blocks = 0;              // required, for range checks
+  int32_t num_speculative_tokens = 0;  // decode threshold = 1 + n <= 16; SpecDecoding needs n > 0 (MTP)
+  bool chunked_prefill_enabled = true; // attention-state derivation only
+  // Graph decode padding (the MLA "enable-pad" rule, plan::SfaStepInputs::
+  // pad_decode_batch): a build whose every request is a decode, with
+  // num_input_tokens > its tokens, gets dummy requests of decode_threshold
+  // tokens with KV length 0 and zero block-table rows after the real ones
+  // (Metadata::num_kernel_reqs counts them). Together they never exceed the
+  // lane's request capacity (max_num_reqs on the main lane).
+  bool graph_decode_padding = false;
+  // Draft lanes (build_for_drafting's draft_index in [0, num_drafts)); unset:
+  // num_speculative_tokens. A draft lane takes up to max_num_reqs *
+  // decode_threshold requests (upstream sizes its per-draft buffers
+  // max_num_seqs * (k + 1) + 1).
+  std::optional<int32_t> num_drafts;
+  // RoPE tables (max_position, R), first and second halves identical (MLA half
+  // layout). Any dtype with rows of a multiple of 4 bytes; kept on the host.
+  at::Tensor cos_table, sin_table;
+  c10::Device device = c10::Device(c10::kCPU);
+  // Keep the device buffers apart from the host staging buffers and copy once
+  // per build (the device path). Defaults to (device != CPU); settable so CPU
+  // tests exercise that path.
+  std::optional<bool> separate_device_buffers;
+  // Host staging buffers per lane, used in turn on the device path (1..4).
+  int32_t staging_buffers = 2;
+  // Copies and their completion (null: a c10::Event per host buffer on the
+  // current stream, per lane). Shared hooks see lane i's host buffer j as slot
+  // i * staging_buffers + j (lane 0 = main, lane 1 + d = draft d).
+  std::shared_ptr<StagingHooks> staging_hooks;
+};
+
+struct BuildInputs {
+  plan::CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums (any decode/prefill order)
+  plan::CSpan<int32_t> seq_lens;         // B, context + new tokens
+  plan::CSpan<int32_t> block_table;      // B x block_table_stride, row-major, host
+  int32_t block_table_stride = 0;
+  int32_t num_input_tokens = 0;          // 0 = query_start_loc[B]
+  std::optional<plan::AttentionState> attn_state;  // derived when absent
+  plan::CSpan<int32_t> num_spec_tokens;  // optional (state derivation)
+};
+
+class MetadataBuilder {
+ public:
+  explicit MetadataBuilder(const BuilderConfig& cfg);
+  ~MetadataBuilder();
+  MetadataBuilder(const MetadataBuilder&) = delete;
+  MetadataBuilder& operator=(const MetadataBuilder&) = delete;
+
+  const Metadata& build(const BuildInputs& in);
+  // Spec 2.3: only DecodeOnly and SpecDecoding may be captured (NotSupported
+  // otherwise, before anything is built); the metadata carries `state`.
+  const Metadata& build_for_graph_capture(const BuildInputs& in,
+                                          plan::AttentionState state = plan::AttentionState::DecodeOnly);
+  // A draft step's metadata in draft lane `draft_index` (see the file comment).
+  const Metadata& build_for_drafting(const BuildInputs& in, int32_t draft_index);
+
+  const BuilderConfig& config() const { return cfg_; }  // cos_table / sin_table: the host copies
+  int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
+  int32_t num_drafts() const { return static_cast<int32_t>(lanes_.size()) - 1; }
+  const Metadata& metadata() const;                          // the main lane's latest
+  const Metadata& draft_metadata(int32_t draft_index) const; // draft lane's latest
+  // Host int32 (max_num_reqs, max_blocks_per_req) block table an engine may
+  // keep its block table in and pass back as BuildInputs::block_table (same
+  // pointer, stride max_blocks_per_req) to build(). Without separate device
+  // buffers (the CPU) it is the main lane's staging rows themselves, so the
+  // build copies no rows (dummy rows of graph padding are written into it after
+  // the batch's rows); on the device path it is a table of its own, copied
+  // into the staging buffer of the turn, so the engine may rewrite it once
+  // build() returns. Passed to build_for_drafting it is copied into the draft
+  // lane like any host table.
+  const at::Tensor& block_table_staging() const { return staging_block_table_; }
+  uint64_t generation() const;                           // the main lane's (0 before its first build)
+  uint64_t draft_generation(int32_t draft_index) const;  // a draft lane's
+
+ private:
+  class Lane;
+  Lane& draft_lane(int32_t draft_index) const;
+
+  BuilderConfig cfg_;
+  std::unique_ptr<detail::RopeRows> rope_;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // [0] main, [1 + d] draft d
+  at::Tensor staging_block_table_;
+};
+
+// The indexer cache group's builder (spec 4: AscendSFAIndexerBackend). The
+// group exists so the KV planner allocates the indexer cache as its own tensor
+// while sharing the main group's block ids; it has no metadata of its own:
+// build() and build_for_graph_capture() return null, and the indexer reads
+// everything (block table, both length lists, slot mapping) from the main
+// "*.attn" layer's sfa::Metadata. Nothing is validated because nothing is read.
+class IndexerMetadataBuilder {
+ public:
+  // reorder_batch_threshold = None upstream.
+  static std::optional<int32_t> reorder_batch_threshold() { return std::nullopt; }
+  const Metadata* build(const BuildInputs&) const noexcept { return nullptr; }
+  const Metadata* build_for_graph_capture(const BuildInputs&,
+                                          plan::AttentionState = plan::AttentionState::DecodeOnly) const noexcept {
+    return nullptr;
+  }
+};
+
+}  // namespace aar::sfa
