@@ -54,6 +54,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps) {
   return (f * at::rsqrt(f.pow(2).mean(-1, true) + eps) * gamma.to(at::kFloat)).to(x.scalar_type());
 }
 
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps) {
+  if (no_compute()) return noop::cached(x.sizes(), x.scalar_type(), x.device());
+  const int64_t d = x.sizes().back();
+  return at::layer_norm(x.to(at::kFloat), {d}, gamma.to(at::kFloat), beta.to(at::kFloat), eps).to(x.scalar_type());
+}
+
 void rms_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& gamma, double eps) {
   if (no_compute()) return;
   at::Tensor o = out;
