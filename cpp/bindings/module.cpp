@@ -211,7 +211,17 @@ NB_MODULE(_C, m) {
         for (const auto& s : ops::op_schemas()) out.emplace_back(s.name, s.schema, s.atb);
         return out;
       },
-      "Every operator the runtime calls: (name, schema without namespace, lives in torch_npu's atb namespace).");
+      "Every torch_npu operator the runtime calls: (name, schema without namespace, lives in torch_npu's atb "
+      "namespace). Registered for the CPU twins under ascend_cpu and for the no-compute provider under ascend_noop.");
+  m.def(
+      "vllm_ascend_op_schemas",
+      []() {
+        std::vector<std::tuple<std::string, std::string>> out;
+        for (const auto& s : ops::vllm_ascend_op_schemas()) out.emplace_back(s.name, s.schema);
+        return out;
+      },
+      "Every vllm-ascend (_C_ascend) operator the runtime calls: (name, schema without namespace). Registered for "
+      "the CPU twins under ascend_cpu_va and for the no-compute provider under ascend_noop_va.");
 
   bindings::bind_plan(m);
   bindings::run_registered_bindings(m);

@@ -10,12 +10,12 @@ namespace aar::ops {
 
 namespace {
 
-detail::OpHandle<sig::FiaV1> g_fia_v1("npu_fused_infer_attention_score", "", false);
-detail::OpHandle<sig::FiaV1Out> g_fia_v1_out("npu_fused_infer_attention_score", "out", false);
-detail::OpHandle<sig::FiaV1Ws> g_fia_v1_ws("_npu_fused_infer_attention_score_get_max_workspace", "", false);
-detail::OpHandle<sig::FiaV2> g_fia_v2("npu_fused_infer_attention_score_v2", "", false);
-detail::OpHandle<sig::FiaV2Out> g_fia_v2_out("npu_fused_infer_attention_score_v2", "out", false);
-detail::OpHandle<sig::FiaV2Ws> g_fia_v2_ws("_npu_fused_infer_attention_score_v2_get_max_workspace", "", false);
+detail::OpHandle<sig::FiaV1> g_fia_v1("npu_fused_infer_attention_score", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::FiaV1Out> g_fia_v1_out("npu_fused_infer_attention_score", "out", OpLibrary::TorchNpu);
+detail::OpHandle<sig::FiaV1Ws> g_fia_v1_ws("_npu_fused_infer_attention_score_get_max_workspace", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::FiaV2> g_fia_v2("npu_fused_infer_attention_score_v2", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::FiaV2Out> g_fia_v2_out("npu_fused_infer_attention_score_v2", "out", OpLibrary::TorchNpu);
+detail::OpHandle<sig::FiaV2Ws> g_fia_v2_ws("_npu_fused_infer_attention_score_v2_get_max_workspace", "", OpLibrary::TorchNpu);
 
 inline at::OptionalSymIntArrayRef sym_list(bool has, c10::IntArrayRef v) {
   if (!has) return std::nullopt;

@@ -8,7 +8,7 @@
 namespace aar::ops {
 
 namespace {
-detail::OpHandle<sig::FusionAttention> g_fa("npu_fusion_attention", "", false);
+detail::OpHandle<sig::FusionAttention> g_fa("npu_fusion_attention", "", OpLibrary::TorchNpu);
 
 // An empty list means "not given" (BNSD/BSH layouts take no length lists).
 inline at::OptionalIntArrayRef opt_list(c10::IntArrayRef v) {

@@ -8,8 +8,8 @@
 namespace aar::ops {
 
 namespace {
-detail::OpHandle<sig::ScatterPaKvCache> g_scatter("npu_scatter_pa_kv_cache", "", false);
-detail::OpHandle<sig::ReshapeAndCache> g_reshape_and_cache("_npu_reshape_and_cache", "", true);
+detail::OpHandle<sig::ScatterPaKvCache> g_scatter("npu_scatter_pa_kv_cache", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::ReshapeAndCache> g_reshape_and_cache("_npu_reshape_and_cache", "", OpLibrary::Atb);
 }  // namespace
 
 void scatter_pa_kv_cache(const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,

@@ -13,12 +13,12 @@
 namespace aar::ops {
 
 namespace {
-detail::OpHandle<sig::InterleaveRope> g_interleave_rope("npu_interleave_rope", "", false);
-detail::OpHandle<sig::KvRmsnormRopeCache> g_kv_rmsnorm("npu_kv_rmsnorm_rope_cache", "", false);
-detail::OpHandle<sig::GatherPaKvCache> g_gather("npu_gather_pa_kv_cache", "", false);
-detail::OpHandle<sig::AttentionUpdate> g_attn_update("npu_attention_update", "", false);
-detail::OpHandle<sig::TransposeBatchMatmul> g_tbmm("npu_transpose_batchmatmul", "", false);
-detail::OpHandle<sig::MlaPrologV3> g_prolog_v3("npu_mla_prolog_v3", "", false);
+detail::OpHandle<sig::InterleaveRope> g_interleave_rope("npu_interleave_rope", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::KvRmsnormRopeCache> g_kv_rmsnorm("npu_kv_rmsnorm_rope_cache", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::GatherPaKvCache> g_gather("npu_gather_pa_kv_cache", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::AttentionUpdate> g_attn_update("npu_attention_update", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::TransposeBatchMatmul> g_tbmm("npu_transpose_batchmatmul", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::MlaPrologV3> g_prolog_v3("npu_mla_prolog_v3", "", OpLibrary::TorchNpu);
 
 at::OptionalIntArrayRef opt_list(const std::optional<c10::IntArrayRef>& v) {
   if (!v.has_value()) return std::nullopt;

@@ -52,7 +52,10 @@ inline const std::optional<at::Tensor>& none_tensor() {
 template <class Sig>
 class OpHandle {
  public:
-  OpHandle(const char* name, const char* overload, bool atb) : name_(name), overload_(overload), atb_(atb) {}
+  OpHandle(const char* name, const char* overload, OpLibrary lib) : name_(name), overload_(overload), lib_(lib) {}
+  // The older form: `atb` selects OpLibrary::Atb, otherwise OpLibrary::TorchNpu.
+  OpHandle(const char* name, const char* overload, bool atb)
+      : OpHandle(name, overload, atb ? OpLibrary::Atb : OpLibrary::TorchNpu) {}
   OpHandle(const OpHandle&) = delete;
   OpHandle& operator=(const OpHandle&) = delete;
 
@@ -71,7 +74,7 @@ class OpHandle {
                   static_cast<int32_t>(p));
     std::lock_guard<std::mutex> lock(mu_);
     if (!ready_[i].load(std::memory_order_relaxed)) {
-      const std::string qualified = std::string(provider_namespace(p, atb_)) + "::" + name_;
+      const std::string qualified = std::string(provider_namespace(p, lib_)) + "::" + name_;
       try {
         auto h = c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(), overload_);
         handles_[i].emplace(h.template typed<Sig>());
@@ -85,7 +88,7 @@ class OpHandle {
 
   const char* name_;
   const char* overload_;
-  bool atb_;
+  OpLibrary lib_;
   std::mutex mu_;
   std::atomic<bool> ready_[4] = {};
   std::optional<c10::TypedOperatorHandle<Sig>> handles_[4];

@@ -151,4 +151,80 @@ using TransposeBatchMatmul = at::Tensor(const at::Tensor& input, const at::Tenso
 using MlaPrologV3 =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(AAR_MLA_PROLOG_V3_PARAMS);
 
+// ---- sparse attention (SFA, DeepSeek-V3.2) and quantisation operators (issue 10).
+// `Npu` = torch_npu's operator, `Va` = vllm-ascend's `_C_ascend` operator of the same
+// (or a similar) name; their schemas differ, hence the separate types.
+
+// npu_lightning_indexer: torch_npu's and _C_ascend's take the same arguments.
+#define AAR_LIGHTNING_INDEXER_PARAMS                                                                \
+  const at::Tensor &query, const at::Tensor &key, const at::Tensor &weights,                       \
+      sig::OptT actual_seq_lengths_query, sig::OptT actual_seq_lengths_key, sig::OptT block_table, \
+      sig::Str layout_query, sig::Str layout_key, int64_t sparse_count, int64_t sparse_mode,       \
+      int64_t pre_tokens, int64_t next_tokens, bool return_value
+using LightningIndexer = std::tuple<at::Tensor, at::Tensor>(AAR_LIGHTNING_INDEXER_PARAMS);
+
+#define AAR_QUANT_LIGHTNING_INDEXER_NPU_PARAMS                                                        \
+  const at::Tensor &query, const at::Tensor &key, const at::Tensor &weights,                         \
+      const at::Tensor &query_dequant_scale, const at::Tensor &key_dequant_scale,                    \
+      int64_t query_quant_mode, int64_t key_quant_mode, sig::OptT actual_seq_lengths_query,          \
+      sig::OptT actual_seq_lengths_key, sig::OptT block_table, sig::Str layout_query,                \
+      sig::Str layout_key, int64_t sparse_count, int64_t sparse_mode, int64_t pre_tokens,            \
+      int64_t next_tokens, sig::OptInt query_dtype, sig::OptInt key_dtype
+using QuantLightningIndexerNpu = at::Tensor(AAR_QUANT_LIGHTNING_INDEXER_NPU_PARAMS);
+
+#define AAR_LIGHTNING_INDEXER_QUANT_VA_PARAMS                                                         \
+  const at::Tensor &query, const at::Tensor &key, const at::Tensor &weights,                         \
+      const at::Tensor &query_dequant_scale, const at::Tensor &key_dequant_scale,                    \
+      sig::OptT actual_seq_lengths_query, sig::OptT actual_seq_lengths_key, sig::OptT block_table,   \
+      int64_t query_quant_mode, int64_t key_quant_mode, sig::Str layout_query, sig::Str layout_key,  \
+      int64_t sparse_count, int64_t sparse_mode
+using LightningIndexerQuantVa = at::Tensor(AAR_LIGHTNING_INDEXER_QUANT_VA_PARAMS);
+
+// npu_sparse_flash_attention: torch_npu's value is optional and it takes `sinks`.
+#define AAR_SFA_COMMON_PARAMS                                                                          \
+  const at::Tensor &sparse_indices, double scale_value, sig::OptT block_table,                        \
+      sig::OptT actual_seq_lengths_query, sig::OptT actual_seq_lengths_kv, sig::OptT query_rope,      \
+      sig::OptT key_rope, int64_t sparse_block_size, sig::Str layout_query, sig::Str layout_kv,       \
+      int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, int64_t attention_mode,           \
+      bool return_softmax_lse
+using SfaResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+#define AAR_SFA_NPU_PARAMS \
+  const at::Tensor &query, const at::Tensor &key, sig::OptT value, AAR_SFA_COMMON_PARAMS, sig::OptT sinks
+#define AAR_SFA_VA_PARAMS const at::Tensor &query, const at::Tensor &key, const at::Tensor &value, AAR_SFA_COMMON_PARAMS
+using SparseFlashAttentionNpu = SfaResult(AAR_SFA_NPU_PARAMS);
+using SparseFlashAttentionVa = SfaResult(AAR_SFA_VA_PARAMS);
+
+// npu_kv_quant_sparse_flash_attention: torch_npu's returns one tensor and takes key/value dtypes;
+// _C_ascend's returns (out, softmax_max, softmax_sum).
+#define AAR_KVQ_SFA_COMMON_PARAMS                                                                      \
+  const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,                            \
+      const at::Tensor &sparse_indices, double scale_value, int64_t key_quant_mode,                   \
+      int64_t value_quant_mode, sig::OptT key_dequant_scale, sig::OptT value_dequant_scale,           \
+      sig::OptT block_table, sig::OptT actual_seq_lengths_query, sig::OptT actual_seq_lengths_kv,     \
+      int64_t sparse_block_size, sig::Str layout_query, sig::Str layout_kv, int64_t sparse_mode,      \
+      int64_t pre_tokens, int64_t next_tokens, int64_t attention_mode, int64_t quant_scale_repo_mode, \
+      int64_t tile_size, int64_t rope_head_dim
+#define AAR_KVQ_SFA_NPU_PARAMS AAR_KVQ_SFA_COMMON_PARAMS, sig::OptInt key_dtype, sig::OptInt value_dtype
+#define AAR_KVQ_SFA_VA_PARAMS AAR_KVQ_SFA_COMMON_PARAMS, bool return_softmax_lse
+using KvQuantSparseFlashAttentionNpu = at::Tensor(AAR_KVQ_SFA_NPU_PARAMS);
+using KvQuantSparseFlashAttentionVa = SfaResult(AAR_KVQ_SFA_VA_PARAMS);
+
+using ScatterNdUpdate_ = at::Tensor&(at::Tensor& self, const at::Tensor& indices, const at::Tensor& updates);
+
+#define AAR_DYNAMIC_QUANT_PARAMS                                                                    \
+  const at::Tensor &input, sig::OptT smooth_scales, sig::OptT group_index, sig::OptInt dst_type, \
+      sig::Str quant_mode, double dst_type_max
+using DynamicQuant = std::tuple<at::Tensor, at::Tensor>(AAR_DYNAMIC_QUANT_PARAMS);
+
+#define AAR_DYNAMIC_BLOCK_QUANT_PARAMS                                                              \
+  const at::Tensor &x, double min_scale, sig::Str round_mode, int64_t dst_type, int64_t row_block_size, \
+      int64_t col_block_size, double dst_type_max
+using DynamicBlockQuant = std::tuple<at::Tensor, at::Tensor>(AAR_DYNAMIC_BLOCK_QUANT_PARAMS);
+
+// _C_ascend batch_matmul_transpose: writes tensor_c, although its schema does not
+// mark it mutable (`Tensor tensor_c`), hence const here.
+using BatchMatmulTranspose = void(const at::Tensor& tensor_a, const at::Tensor& tensor_b, const at::Tensor& tensor_c,
+                                  std::optional<c10::string_view> format_mode,
+                                  std::optional<c10::string_view> quant_mode);
+
 }  // namespace aar::ops::sig

@@ -8,8 +8,8 @@
 namespace aar::ops {
 
 namespace {
-detail::OpHandle<sig::PagedAttention> g_pa("_npu_paged_attention", "", true);
-detail::OpHandle<sig::PagedAttentionWs> g_pa_ws("_npu_paged_attention_get_workspace", "", true);
+detail::OpHandle<sig::PagedAttention> g_pa("_npu_paged_attention", "", OpLibrary::Atb);
+detail::OpHandle<sig::PagedAttentionWs> g_pa_ws("_npu_paged_attention_get_workspace", "", OpLibrary::Atb);
 }  // namespace
 
 void paged_attention(const PagedAttentionArgs& a, at::Tensor& out, const std::optional<at::Tensor>& workspace,

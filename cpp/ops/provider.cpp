@@ -52,19 +52,38 @@ Provider resolve_provider(const at::Tensor& t) {
   }
 }
 
-const char* provider_namespace(Provider p, bool atb) {
+const char* to_string(OpLibrary l) {
+  switch (l) {
+    case OpLibrary::TorchNpu:
+      return "TorchNpu";
+    case OpLibrary::Atb:
+      return "Atb";
+    case OpLibrary::VllmAscend:
+      return "VllmAscend";
+  }
+  return "<invalid OpLibrary>";
+}
+
+const char* provider_namespace(Provider p, OpLibrary lib) {
+  AAR_CHECK_ARG(static_cast<int32_t>(lib) >= 0 && static_cast<int32_t>(lib) <= 2,
+                "provider_namespace: invalid OpLibrary value ", static_cast<int32_t>(lib));
+  const bool va = lib == OpLibrary::VllmAscend;
   switch (p) {
     case Provider::Npu:
-      return atb ? "atb" : "npu";
+      return va ? "_C_ascend" : (lib == OpLibrary::Atb ? "atb" : "npu");
     case Provider::Cpu:
-      return "ascend_cpu";
+      return va ? "ascend_cpu_va" : "ascend_cpu";
     case Provider::NoCompute:
-      return "ascend_noop";
+      return va ? "ascend_noop_va" : "ascend_noop";
     case Provider::Auto:
       break;
   }
   throw_invalid("provider_namespace: provider ", to_string(p),
                 " has no namespace (resolve Auto with resolve_provider first)");
+}
+
+const char* provider_namespace(Provider p, bool atb) {
+  return provider_namespace(p, atb ? OpLibrary::Atb : OpLibrary::TorchNpu);
 }
 
 }  // namespace aar::ops

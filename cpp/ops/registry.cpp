@@ -1,5 +1,10 @@
-// Schema definitions for our two provider namespaces. Kernels are attached
+// Schema definitions for our provider namespaces. Kernels are attached
 // elsewhere (cpp/ops/cpu/*.cpp, cpp/ops/noop/*.cpp) with TORCH_LIBRARY_IMPL.
+//   ascend_cpu / ascend_noop       : torch_npu's operators (op_schemas())
+//   ascend_cpu_va / ascend_noop_va : vllm-ascend's `_C_ascend` operators
+//                                    (vllm_ascend_op_schemas()); separate namespaces
+//                                    because some share a name with a torch_npu
+//                                    operator but not its schema
 //
 // Like torch_npu's inference operators, ours register no Autograd kernel (no
 // fallthrough either): the runtime's wrappers call every provider under the
@@ -12,14 +17,18 @@
 
 namespace {
 
-void define_all(torch::Library& m) {
-  for (const auto& s : aar::ops::op_schemas()) {
+void define_all(torch::Library& m, const std::vector<aar::ops::OpSchema>& table) {
+  for (const auto& s : table) {
     m.def(s.schema);
   }
 }
 
 }  // namespace
 
-TORCH_LIBRARY(ascend_cpu, m) { define_all(m); }
+TORCH_LIBRARY(ascend_cpu, m) { define_all(m, aar::ops::op_schemas()); }
 
-TORCH_LIBRARY(ascend_noop, m) { define_all(m); }
+TORCH_LIBRARY(ascend_noop, m) { define_all(m, aar::ops::op_schemas()); }
+
+TORCH_LIBRARY(ascend_cpu_va, m) { define_all(m, aar::ops::vllm_ascend_op_schemas()); }
+
+TORCH_LIBRARY(ascend_noop_va, m) { define_all(m, aar::ops::vllm_ascend_op_schemas()); }

@@ -176,6 +176,50 @@ const std::vector<OpSchema>& op_schemas() {
         "int? weight_uq_qr_dtype=None, int? weight_dkv_kr_dtype=None, int? kv_cache_dtype=None) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
        false},
+      // ---- sparse attention (SFA, DeepSeek-V3.2) and quantisation operators (issue 10)
+      {"npu_lightning_indexer",
+        "npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, "
+        "Tensor? block_table=None, str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, "
+        "int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, "
+        "bool return_value=False) -> (Tensor, Tensor)",
+       false},
+      {"npu_quant_lightning_indexer",
+        "npu_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, "
+        "Tensor key_dequant_scale, int query_quant_mode, int key_quant_mode, *, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, "
+        "Tensor? block_table=None, str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, "
+        "int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, "
+        "int? query_dtype=None, int? key_dtype=None) -> Tensor",
+       false},
+      {"npu_sparse_flash_attention",
+        "npu_sparse_flash_attention(Tensor query, Tensor key, Tensor? value, Tensor sparse_indices, "
+        "float scale_value, *, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, "
+        "Tensor? actual_seq_lengths_kv=None, Tensor? query_rope=None, Tensor? key_rope=None, "
+        "int sparse_block_size=1, str layout_query=\"BSND\", str layout_kv=\"BSND\", int sparse_mode=3, "
+        "int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, "
+        "bool return_softmax_lse=False, Tensor? sinks=None) -> (Tensor, Tensor, Tensor)",
+       false},
+      {"npu_kv_quant_sparse_flash_attention",
+        "npu_kv_quant_sparse_flash_attention(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, "
+        "float scale_value, int key_quant_mode, int value_quant_mode, *, Tensor? key_dequant_scale=None, "
+        "Tensor? value_dequant_scale=None, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, "
+        "Tensor? actual_seq_lengths_kv=None, int sparse_block_size=1, str layout_query=\"BSND\", "
+        "str layout_kv=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, "
+        "int next_tokens=9223372036854775807, int attention_mode=0, int quant_scale_repo_mode=1, "
+        "int tile_size=128, int rope_head_dim=64, int? key_dtype=None, int? value_dtype=None) -> Tensor",
+       false},
+      {"npu_scatter_nd_update_",
+        "npu_scatter_nd_update_(Tensor(a!) self, Tensor indices, Tensor updates) -> Tensor(a!)",
+       false},
+      {"npu_dynamic_quant",
+        "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
+        "int? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)",
+       false},
+      {"npu_dynamic_block_quant",
+        "npu_dynamic_block_quant(Tensor x, *, float min_scale=0.0, str round_mode=\"rint\", int dst_type=1, "
+        "int row_block_size=1, int col_block_size=128, float dst_type_max=0.0) -> (Tensor y, Tensor scale)",
+       false},
   };
   return table;
 }

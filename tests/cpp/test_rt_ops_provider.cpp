@@ -14,6 +14,11 @@
 #include "ascend_attn_rt/ops/paged_attention.h"
 #include "ascend_attn_rt/ops/provider.h"
 #include "ascend_attn_rt/ops/schemas.h"
+#include "ascend_attn_rt/ops/batch_matmul_transpose.h"
+#include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/quant.h"
+#include "ascend_attn_rt/ops/sfa_c8_rows.h"
+#include "ascend_attn_rt/ops/sparse_flash_attention.h"
 #include "../../cpp/ops/op_handle.h"
 #include "test_rt_ops_util.h"
 
@@ -28,6 +33,20 @@ TEST(RtOpsProvider, Namespaces) {
   EXPECT_STREQ(ops::provider_namespace(ops::Provider::NoCompute), "ascend_noop");
   EXPECT_THROW(ops::provider_namespace(ops::Provider::Auto), aar::InvalidArgument);
   EXPECT_STREQ(ops::to_string(ops::Provider::NoCompute), "NoCompute");
+  // The two operator libraries and their providers' namespaces.
+  using L = ops::OpLibrary;
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Npu, L::TorchNpu), "npu");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Cpu, L::TorchNpu), "ascend_cpu");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::NoCompute, L::TorchNpu), "ascend_noop");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Npu, L::Atb), "atb");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Cpu, L::Atb), "ascend_cpu");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::NoCompute, L::Atb), "ascend_noop");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Npu, L::VllmAscend), "_C_ascend");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Cpu, L::VllmAscend), "ascend_cpu_va");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::NoCompute, L::VllmAscend), "ascend_noop_va");
+  EXPECT_THROW(ops::provider_namespace(ops::Provider::Auto, L::VllmAscend), aar::InvalidArgument);
+  EXPECT_THROW(ops::provider_namespace(ops::Provider::Cpu, static_cast<L>(7)), aar::InvalidArgument);
+  EXPECT_STREQ(ops::to_string(L::VllmAscend), "VllmAscend");
 }
 
 TEST(RtOpsProvider, ResolveFromDeviceAndOverride) {
@@ -72,7 +91,7 @@ TEST(RtOpsProvider, NoComputeKernelsServeMetaTensors) {
 
 TEST(RtOpsProvider, SchemaTableRegisteredIdenticallyInBothNamespaces) {
   const auto& table = ops::op_schemas();
-  EXPECT_GE(table.size(), 17u);  // 11 GQA entries + 6 MLA operators (issue 5)
+  EXPECT_GE(table.size(), 24u);  // 11 GQA entries + 6 MLA operators (issue 5) + 7 sparse/quant (issue 10)
   for (const auto& s : table) {
     const std::string name = s.name;
     const auto dot = name.find('.');
@@ -181,6 +200,33 @@ TEST(RtOpsProvider, NoComputeShapesForEveryFunctionalOp) {
   EXPECT_EQ(ops::paged_attention_get_workspace(pa, pout).scalar_type(), at::kByte);
 }
 
+TEST(RtOpsProvider, VllmAscendSchemaTableRegisteredIdenticallyInBothVaNamespaces) {
+  const auto& table = ops::vllm_ascend_op_schemas();
+  EXPECT_EQ(table.size(), 5u);  // issue 10: 2 indexers, 2 sparse attentions, batch_matmul_transpose
+  for (const auto& s : table) {
+    EXPECT_FALSE(s.atb) << s.name;
+    EXPECT_EQ(std::string(s.schema).rfind(std::string(s.name) + "(", 0), 0u) << s.schema;
+    const auto parsed = torch::jit::parseSchema(s.schema);
+    for (const char* ns : {"ascend_cpu_va", "ascend_noop_va"}) {
+      const auto h = c10::Dispatcher::singleton().findSchemaOrThrow((std::string(ns) + "::" + s.name).c_str(), "");
+      EXPECT_TRUE(h.hasKernelForDispatchKey(c10::DispatchKey::CPU)) << ns << "::" << s.name;
+      EXPECT_FALSE(h.hasKernelForDispatchKey(c10::DispatchKey::Autograd)) << ns << "::" << s.name;
+      EXPECT_FALSE(h.hasKernelForDispatchKey(c10::DispatchKey::AutogradCPU)) << ns << "::" << s.name;
+      if (std::string(ns) == "ascend_noop_va") {
+        EXPECT_TRUE(h.hasKernelForDispatchKey(c10::DispatchKey::Meta)) << ns << "::" << s.name;
+      }
+      const auto& reg = h.schema();
+      EXPECT_EQ(c10::toString(reg), c10::toString(parsed.cloneWithName(reg.name(), reg.overload_name())))
+          << ns << "::" << s.name;
+    }
+  }
+  // Names shared with torch_npu (npu_lightning_indexer, ...) keep each library's own schema.
+  const auto npu = c10::Dispatcher::singleton().findSchemaOrThrow("ascend_cpu::npu_sparse_flash_attention", "");
+  const auto va = c10::Dispatcher::singleton().findSchemaOrThrow("ascend_cpu_va::npu_sparse_flash_attention", "");
+  EXPECT_NE(c10::toString(npu.schema()).find("Tensor? sinks"), std::string::npos);
+  EXPECT_EQ(c10::toString(va.schema()).find("sinks"), std::string::npos);
+}
+
 // Every provider dispatches like torch_npu's operators: no Autograd kernel
 // (torch_npu registers none for them; ours no fallthrough either), and every
 // wrapper call runs under InferenceMode, entered when the caller is not in it.
@@ -228,4 +274,80 @@ TEST(RtOpsProvider, NpuProviderWithoutTorchNpuFailsClearly) {
       "atb::_npu_reshape_and_cache");
   // Still failing (not cached as success) on a second call.
   EXPECT_THROW(ops::fused_infer_attention_score(s.t, s.p, ops::Provider::Npu), aar::NotSupported);
+  // vllm-ascend's operators live in _C_ascend: the message says which library is missing.
+  at::Tensor c = at::zeros({2, 3, 5});
+  expect_throw_with<aar::NotSupported>(
+      [&] { ops::batch_matmul_transpose(at::zeros({2, 3, 4}), at::zeros({3, 4, 5}), c, std::nullopt, std::nullopt,
+                                        ops::Provider::Npu); },
+      "_C_ascend::batch_matmul_transpose is not registered: vllm-ascend");
+}
+
+TEST(RtOpsProvider, NoComputeShapesForTheSparseOperators) {
+  // Meta tensors (shapes only) resolve to the no-compute kernels of both libraries.
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  const int64_t t = 7, n = 16, k = 2048;
+  for (const ops::OpLibrary lib : {ops::OpLibrary::TorchNpu, ops::OpLibrary::VllmAscend}) {
+    ops::LightningIndexerArgs li;
+    li.query = at::empty({t, 64, 128}, meta.dtype(at::kBFloat16));
+    li.key = at::empty({40, 128, 1, 128}, meta.dtype(at::kBFloat16));
+    li.weights = at::empty({t, 64}, meta.dtype(at::kBFloat16));
+    li.actual_seq_lengths_query = at::empty({3}, meta.dtype(at::kInt));
+    li.actual_seq_lengths_key = at::empty({3}, meta.dtype(at::kInt));
+    li.block_table = at::empty({3, 16}, meta.dtype(at::kInt));
+    const auto [idx, val] = ops::lightning_indexer(li, lib);
+    EXPECT_TRUE(idx.is_meta());
+    EXPECT_EQ(idx.sizes(), (c10::IntArrayRef{t, 1, k}));
+    EXPECT_EQ(idx.scalar_type(), at::kInt);
+    EXPECT_EQ(val.numel(), 0);
+    ops::QuantLightningIndexerArgs qli;
+    qli.base = li;
+    qli.base.query = at::empty({t, 64, 128}, meta.dtype(at::kChar));
+    qli.base.key = at::empty({40, 128, 1, 128}, meta.dtype(at::kChar));
+    qli.query_dequant_scale = at::empty({t, 64}, meta.dtype(at::kHalf));
+    qli.key_dequant_scale = at::empty({40, 128, 1}, meta.dtype(at::kHalf));
+    EXPECT_EQ(ops::quant_lightning_indexer(qli, lib).sizes(), (c10::IntArrayRef{t, 1, k}));
+
+    ops::SparseFlashAttentionArgs sfa;
+    sfa.query = at::empty({t, n, 512}, meta.dtype(at::kBFloat16));
+    sfa.key = at::empty({40, 128, 1, 512}, meta.dtype(at::kBFloat16));
+    sfa.query_rope = at::empty({t, n, 64}, meta.dtype(at::kBFloat16));
+    sfa.key_rope = at::empty({40, 128, 1, 64}, meta.dtype(at::kBFloat16));
+    sfa.sparse_indices = at::empty({t, 1, k}, meta.dtype(at::kInt));
+    sfa.return_softmax_lse = true;
+    const auto [out, smax, ssum] = ops::sparse_flash_attention(sfa, lib);
+    EXPECT_EQ(out.sizes(), (c10::IntArrayRef{t, n, 512}));
+    EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(smax.sizes(), (c10::IntArrayRef{1, t, n}));
+    EXPECT_EQ(ssum.sizes(), (c10::IntArrayRef{1, t, n}));
+    EXPECT_EQ(smax.scalar_type(), at::kFloat);
+
+    ops::KvQuantSparseFlashAttentionArgs c8;
+    c8.query = at::empty({t, n, 576}, meta.dtype(at::kBFloat16));
+    c8.key = c8.value = at::empty({40, 128, 1, 656}, meta.dtype(at::kChar));
+    c8.sparse_indices = sfa.sparse_indices;
+    c8.return_softmax_lse = lib == ops::OpLibrary::VllmAscend;
+    const auto [o8, m8, s8] = ops::kv_quant_sparse_flash_attention(c8, lib);
+    EXPECT_EQ(o8.sizes(), (c10::IntArrayRef{t, n, 512}));
+    if (lib == ops::OpLibrary::VllmAscend) EXPECT_EQ(m8.sizes(), (c10::IntArrayRef{1, t, n}));
+  }
+  at::Tensor self = at::empty({100, 128}, meta);
+  EXPECT_TRUE(ops::scatter_nd_update_(self, at::empty({4, 1}, meta.dtype(at::kLong)), at::empty({4, 128}, meta))
+                  .is_same(self));
+  ops::DynamicQuantArgs dq;
+  dq.input = at::empty({t, 64, 128}, meta.dtype(at::kBFloat16));
+  const auto [q, qs] = ops::dynamic_quant(dq);
+  EXPECT_EQ(q.sizes(), (c10::IntArrayRef{t, 64, 128}));
+  EXPECT_EQ(q.scalar_type(), at::kChar);
+  EXPECT_EQ(qs.sizes(), (c10::IntArrayRef{t, 64}));
+  const auto [y, ys] = ops::dynamic_block_quant(at::empty({t, 1, 512}, meta.dtype(at::kBFloat16)), 1, 128);
+  EXPECT_EQ(y.sizes(), (c10::IntArrayRef{t, 1, 512}));
+  EXPECT_EQ(ys.sizes(), (c10::IntArrayRef{t, 1, 4}));
+  at::Tensor c = at::empty({t, n, 128}, meta.dtype(at::kBFloat16));
+  ops::batch_matmul_transpose(at::empty({t, n, 512}, meta.dtype(at::kBFloat16)),
+                              at::empty({n, 512, 128}, meta.dtype(at::kBFloat16)), c);
+  // The C8 row packer runs on meta too (block quant + views).
+  const at::Tensor rows = ops::pack_sfa_c8_rows(at::empty({t, 1, 512}, meta.dtype(at::kBFloat16)),
+                                                at::empty({t, 1, 64}, meta.dtype(at::kBFloat16)));
+  EXPECT_EQ(rows.sizes(), (c10::IntArrayRef{t, 1, 656}));
+  EXPECT_TRUE(rows.is_meta());
 }

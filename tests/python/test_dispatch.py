@@ -13,10 +13,11 @@ from ascend_attn_rt import _C
 
 NAMESPACES = {"cpu": "ascend_cpu", "no_compute": "ascend_noop"}
 OPS = [name for name, _, _ in aar.op_schemas()]
+VA_OPS = [name for name, _ in aar.vllm_ascend_op_schemas()]
 
 
-@pytest.mark.parametrize("ns", list(NAMESPACES.values()))
-@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("ns,name", [(ns, n) for ns in NAMESPACES.values() for n in OPS]
+                         + [(ns, n) for ns in ("ascend_cpu_va", "ascend_noop_va") for n in VA_OPS])
 def test_no_autograd_kernel(ns, name):
     qualified = f"{ns}::{name}"
     assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU"), qualified  # the operator is there

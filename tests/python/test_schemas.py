@@ -1,5 +1,9 @@
 """Schema conformance: every operator the runtime calls has, in our CPU-twin and
-no-compute namespaces, exactly the schema torch_npu 2.14.0 declares.
+no-compute namespaces, exactly the schema its library declares: torch_npu 2.14.0's
+operators (``ascend_cpu`` / ``ascend_noop``) against the torch_npu wheel, and
+vllm-ascend's own ``_C_ascend`` operators (``ascend_cpu_va`` / ``ascend_noop_va``)
+against ``third_party/vllm_ascend_ops.txt`` (copied from vllm-ascend's
+``csrc/torch_binding.cpp``; the repository is all this check needs).
 
 The torch_npu wheel is downloaded once (``pip download --no-deps``) into
 ``.cache/torch_npu`` and read as a zip; it is never imported. Where the download is
@@ -25,6 +29,7 @@ CACHE = ROOT / ".cache" / "torch_npu"
 YAML = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 ATB_HEADER = "torch_npu/include/third_party/op-plugin/op_plugin/include/AtbOpsInterface.h"
 ATB_LIB = "torch_npu/lib/libop_plugin_atb.so"
+VA_FILE = ROOT / "third_party" / "vllm_ascend_ops.txt"
 
 
 def _under_ci():
@@ -84,6 +89,10 @@ def test_table_covers_the_operators_the_runtime_calls():
         "_npu_fused_infer_attention_score_v2_get_max_workspace",
         "npu_fusion_attention", "npu_scatter_pa_kv_cache",
         "_npu_paged_attention", "_npu_paged_attention_get_workspace", "_npu_reshape_and_cache",
+        # issue 10: sparse attention (SFA) and quantisation
+        "npu_lightning_indexer", "npu_quant_lightning_indexer", "npu_sparse_flash_attention",
+        "npu_kv_quant_sparse_flash_attention", "npu_scatter_nd_update_", "npu_dynamic_quant",
+        "npu_dynamic_block_quant",
     }
     assert expected <= names, expected - names
 
@@ -166,3 +175,68 @@ def test_undownloadable_wheel_skips_or_fails_under_ci(monkeypatch, tmp_path, ci,
     assert isinstance(info.value, pytest.fail.Exception if fails else pytest.skip.Exception), repr(info.value)
     if fails:
         assert "could not download torch-npu==2.14.0" in str(info.value) and "no network" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- vllm-ascend (_C_ascend)
+
+
+def _va_file():
+    """third_party/vllm_ascend_ops.txt: name -> schema, one schema per line, '#' comments."""
+    out = {}
+    for line in VA_FILE.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name = line.split("(", 1)[0]
+        assert name not in out, f"{name} listed twice in {VA_FILE}"
+        out[name] = line
+    return out
+
+
+def _va_ours():
+    return dict(aar.vllm_ascend_op_schemas())
+
+
+def test_va_file_names_its_source():
+    head = VA_FILE.read_text().splitlines()[:8]
+    assert any("vllm-project/vllm-ascend" in line and "csrc/torch_binding.cpp" in line for line in head), head
+    assert any("182b75ea" in line for line in head), head
+
+
+def test_va_table_covers_the_operators_the_runtime_calls():
+    assert set(_va_ours()) == {
+        "npu_lightning_indexer", "npu_lightning_indexer_quant", "npu_sparse_flash_attention",
+        "npu_kv_quant_sparse_flash_attention", "batch_matmul_transpose",
+    }
+    # Every line of the file is used (the file holds what we copied, nothing else).
+    assert set(_va_file()) == set(_va_ours())
+
+
+@pytest.mark.parametrize("name", sorted(_va_ours()))
+def test_va_schema_equals_vllm_ascend(name):
+    ours = _va_ours()[name]
+    theirs = _va_file()
+    assert name in theirs, f"{name} is not in {VA_FILE}"
+    assert ours == theirs[name], f"{name}:\n ours : {ours}\n file : {theirs[name]}"
+    # And it parses as a schema (what the dispatcher registered).
+    torch._C.parse_schema("_C_ascend::" + ours)
+
+
+@pytest.mark.parametrize("ns", ["ascend_cpu_va", "ascend_noop_va"])
+def test_va_registered_schemas_equal_table(ns):
+    for name, schema in _va_ours().items():
+        op = getattr(getattr(torch.ops, ns), name).default
+        registered = str(op._schema)
+        expected = str(torch._C.parse_schema(f"{ns}::{schema}"))
+        assert registered == expected, f"{ns}::{name}\n registered: {registered}\n table     : {expected}"
+
+
+def test_names_shared_by_both_libraries_keep_their_own_schemas(wheel):
+    """npu_lightning_indexer / npu_sparse_flash_attention / npu_kv_quant_sparse_flash_attention exist in both
+    libraries with different schemas: our torch_npu twins carry the wheel's, our _va twins the file's."""
+    shared = {"npu_lightning_indexer", "npu_sparse_flash_attention", "npu_kv_quant_sparse_flash_attention"}
+    wheel_schemas = _yaml_schemas(wheel)
+    for name in shared:
+        assert {_ours()[name][0]} == wheel_schemas[name]
+        assert _va_ours()[name] == _va_file()[name]
+        if name != "npu_lightning_indexer":  # this one differs only in the names of its results
+            assert _ours()[name][0] != _va_ours()[name]

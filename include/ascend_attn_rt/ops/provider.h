@@ -1,10 +1,16 @@
 // Operator providers. Every NPU operator the runtime calls is reached through the
-// c10 dispatcher by qualified name with the exact torch_npu 2.14.0 schema. The
-// same schemas are served by three providers:
-//   Npu       : namespace `npu` (aclnn ops) / `atb` (ATB ops), i.e. torch_npu
-//   Cpu       : namespace `ascend_cpu`, our CPU twins (cpp/ops/cpu/)
-//   NoCompute : namespace `ascend_noop`, correctly shaped outputs, no compute
-//               (benchmarks of host time only; never a default)
+// c10 dispatcher by qualified name with its exact schema. The operators come from
+// two libraries: torch_npu 2.14.0 (namespaces `npu`, aclnn ops, and `atb`, ATB
+// ops) and vllm-ascend's own custom ops (namespace `_C_ascend`). The same
+// schemas are served by three providers:
+//   Npu       : the real device: `npu` / `atb` (torch_npu) or `_C_ascend` (vllm-ascend)
+//   Cpu       : our CPU twins (cpp/ops/cpu/): `ascend_cpu` for torch_npu's
+//               operators, `ascend_cpu_va` for vllm-ascend's
+//   NoCompute : correctly shaped outputs, no compute (benchmarks of host time
+//               only; never a default): `ascend_noop` / `ascend_noop_va`
+// vllm-ascend's twins need namespaces of their own: several of its operators
+// share a name with a torch_npu operator but not its schema
+// (npu_lightning_indexer, npu_sparse_flash_attention, ...).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +23,11 @@ namespace aar::ops {
 
 enum class Provider : int32_t { Auto = 0, Npu = 1, Cpu = 2, NoCompute = 3 };
 
+// The library an operator belongs to on the NPU (selects its namespaces).
+enum class OpLibrary : int32_t { TorchNpu = 0, Atb = 1, VllmAscend = 2 };
+
 const char* to_string(Provider p);
+const char* to_string(OpLibrary l);
 
 // Process-wide override. Auto (the default) picks the provider from the device
 // of the operator's first tensor argument: PrivateUse1 (NPU) -> Npu, CPU -> Cpu,
@@ -28,9 +38,13 @@ Provider provider_override();
 // The provider that a call with `t` as its first tensor argument resolves to.
 Provider resolve_provider(const at::Tensor& t);
 
-// Dispatcher namespace of a provider; `atb` selects torch_npu's ATB namespace
-// for the Npu provider (the ATB operators live there).
-const char* provider_namespace(Provider p, bool atb = false);
+// Dispatcher namespace of a provider for an operator of `lib`:
+//   TorchNpu   -> npu       / ascend_cpu    / ascend_noop
+//   Atb        -> atb       / ascend_cpu    / ascend_noop
+//   VllmAscend -> _C_ascend / ascend_cpu_va / ascend_noop_va
+const char* provider_namespace(Provider p, OpLibrary lib = OpLibrary::TorchNpu);
+// The older form: `atb` selects OpLibrary::Atb, otherwise OpLibrary::TorchNpu.
+const char* provider_namespace(Provider p, bool atb);
 
 // RAII override, for benchmarks and tests.
 class ProviderOverride {

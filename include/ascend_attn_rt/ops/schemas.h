@@ -1,6 +1,6 @@
-// The exact torch_npu 2.14.0 schemas of every operator the runtime calls, without
-// namespace. The CPU twins and the no-compute provider are registered from this
-// table; tests/python/test_schemas.py compares it with the torch_npu wheel.
+// The exact schemas of every operator the runtime calls, without namespace. The
+// CPU twins and the no-compute provider are registered from these tables;
+// tests/python/test_schemas.py compares them with their sources.
 #pragma once
 
 #include <vector>
@@ -13,6 +13,13 @@ struct OpSchema {
   bool atb;              // lives in torch_npu's `atb` namespace on the NPU
 };
 
+// torch_npu 2.14.0's operators (namespaces `npu` / `atb` on the NPU), registered
+// under `ascend_cpu` and `ascend_noop`; checked against the torch_npu wheel.
 const std::vector<OpSchema>& op_schemas();
+
+// vllm-ascend's own operators (namespace `_C_ascend` on the NPU; `atb` is always
+// false), registered under `ascend_cpu_va` and `ascend_noop_va`; checked against
+// third_party/vllm_ascend_ops.txt.
+const std::vector<OpSchema>& vllm_ascend_op_schemas();
 
 }  // namespace aar::ops

@@ -1,0 +1,57 @@
+// CPU twin of npu_dynamic_block_quant: per (row_block_size x col_block_size)
+// tile of x, scale = amax(|x|) / 127 and y = rint(x / scale) (half to even) in
+// fp32; returns (y int8 of x's shape, scale fp32 of shape
+// x.shape[:-1] + (ceil(cols / col_block_size),)) — one scale per row and column
+// tile, the last tile possibly partial (the wheel's example: x (3, 4) -> scale
+// (3, 1)). An all-zero tile gives scale 0 and y 0. x is 2-D or 3-D. Implemented:
+// row_block_size 1, col_block_size 128, dst_type 1 (int8), min_scale 0,
+// round_mode "rint", dst_type_max 0 (or 127); other values are rejected by name
+// (the wheel documents the same as the device's only supported values, except
+// min_scale, whose exact use it does not define).
+#include <torch/library.h>
+
+#include "../op_signatures.h"
+#include "attention_reference.h"
+
+namespace aar::ops::cpu {
+namespace {
+
+constexpr const char* kOp = "npu_dynamic_block_quant";
+
+std::tuple<at::Tensor, at::Tensor> dynamic_block_quant(AAR_DYNAMIC_BLOCK_QUANT_PARAMS) {
+  reject_int(kOp, row_block_size, 1, "row_block_size");
+  reject_int(kOp, col_block_size, 128, "col_block_size");
+  reject_int(kOp, dst_type, 1, "dst_type");
+  if (min_scale != 0.0) {
+    throw_not_supported(kOp, ": not supported by the CPU twin: min_scale=", min_scale, " (only 0)");
+  }
+  if (round_mode != "rint") {
+    throw_not_supported(kOp, ": not supported: round_mode=\"", round_mode, "\" (only \"rint\")");
+  }
+  if (dst_type_max != 0.0 && dst_type_max != 127.0) {
+    throw_not_supported(kOp, ": not supported by the CPU twin: dst_type_max=", dst_type_max, " (only 0 or 127)");
+  }
+  AAR_CHECK_ARG(x.dim() == 2 || x.dim() == 3, kOp, ": x must be 2-D or 3-D, got ", x.sizes());
+  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kOp, ": x must be float16/bfloat16/float32, got ", x.scalar_type());
+  AAR_CHECK_ARG(x.device().is_cpu(), kOp, ": the CPU twin needs a CPU x, got ", x.device());
+  const int64_t cols = x.size(-1);
+  const int64_t tiles = (cols + col_block_size - 1) / col_block_size;
+  const int64_t padded = tiles * col_block_size;
+  std::vector<int64_t> tiled(x.sizes().begin(), x.sizes().end() - 1);
+  tiled.push_back(tiles);
+  tiled.push_back(col_block_size);
+  at::Tensor xf = x.to(at::kFloat);
+  if (padded != cols) xf = at::constant_pad_nd(xf, {0, padded - cols}, 0.0);  // zeros do not change amax
+  xf = xf.reshape(tiled);
+  const at::Tensor scale = xf.abs().amax(-1, /*keepdim=*/true).div_(127.0f);
+  const at::Tensor safe = at::where(scale.eq(0), at::ones_like(scale), scale);
+  const at::Tensor y = (xf / safe).round_().clamp_(-127.0, 127.0).to(at::kChar).flatten(-2).narrow(-1, 0, cols);
+  return {y.contiguous(), scale.squeeze(-1)};
+}
+
+}  // namespace
+}  // namespace aar::ops::cpu
+
+TORCH_LIBRARY_IMPL(ascend_cpu, CPU, m) {
+  m.impl("npu_dynamic_block_quant", TORCH_FN(aar::ops::cpu::dynamic_block_quant));
+}

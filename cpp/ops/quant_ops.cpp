@@ -1,0 +1,51 @@
+// Typed wrappers for torch_npu's npu_scatter_nd_update_, npu_dynamic_quant and
+// npu_dynamic_block_quant, and vllm-ascend's _C_ascend batch_matmul_transpose.
+#include "ascend_attn_rt/ops/batch_matmul_transpose.h"
+#include "ascend_attn_rt/ops/quant.h"
+#include "op_handle.h"
+#include "op_signatures.h"
+
+namespace aar::ops {
+
+namespace {
+detail::OpHandle<sig::ScatterNdUpdate_> g_scatter_nd("npu_scatter_nd_update_", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::DynamicQuant> g_dyn_quant("npu_dynamic_quant", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::DynamicBlockQuant> g_dyn_block_quant("npu_dynamic_block_quant", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::BatchMatmulTranspose> g_bmt("batch_matmul_transpose", "", OpLibrary::VllmAscend);
+}  // namespace
+
+at::Tensor& scatter_nd_update_(at::Tensor& self, const at::Tensor& indices, const at::Tensor& updates, Provider pv) {
+  const Provider p = detail::pick_provider(pv, self);
+  const auto& op = g_scatter_nd.get(p);
+  detail::DispatchGuard guard(p);
+  op.call(self, indices, updates);
+  return self;
+}
+
+std::tuple<at::Tensor, at::Tensor> dynamic_quant(const DynamicQuantArgs& a, Provider pv) {
+  const Provider p = detail::pick_provider(pv, a.input);
+  const auto& op = g_dyn_quant.get(p);
+  detail::DispatchGuard guard(p);
+  return op.call(a.input, a.smooth_scales, a.group_index, a.dst_type, a.quant_mode, a.dst_type_max);
+}
+
+std::tuple<at::Tensor, at::Tensor> dynamic_block_quant(const at::Tensor& x, int64_t row_block_size,
+                                                       int64_t col_block_size, int64_t dst_type, double min_scale,
+                                                       c10::string_view round_mode, double dst_type_max,
+                                                       Provider pv) {
+  const Provider p = detail::pick_provider(pv, x);
+  const auto& op = g_dyn_block_quant.get(p);
+  detail::DispatchGuard guard(p);
+  return op.call(x, min_scale, round_mode, dst_type, row_block_size, col_block_size, dst_type_max);
+}
+
+void batch_matmul_transpose(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
+                            std::optional<c10::string_view> format_mode, std::optional<c10::string_view> quant_mode,
+                            Provider pv) {
+  const Provider p = detail::pick_provider(pv, a);
+  const auto& op = g_bmt.get(p);
+  detail::DispatchGuard guard(p);
+  op.call(a, b, c, format_mode, quant_mode);
+}
+
+}  // namespace aar::ops

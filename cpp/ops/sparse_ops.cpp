@@ -1,0 +1,134 @@
+// Typed wrappers for the sparse-attention operators (issue 10): the lightning
+// indexer (plain and quantised) and sparse flash attention (plain and KV-quant),
+// each from torch_npu (namespace `npu`) or from vllm-ascend (`_C_ascend`), whose
+// schemas differ. Arguments a library's schema does not have are rejected here
+// by name when set; everything else is the provider's to validate.
+#include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/sparse_flash_attention.h"
+#include "op_handle.h"
+#include "op_signatures.h"
+
+namespace aar::ops {
+
+namespace {
+
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+
+detail::OpHandle<sig::LightningIndexer> g_li_npu("npu_lightning_indexer", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::LightningIndexer> g_li_va("npu_lightning_indexer", "", OpLibrary::VllmAscend);
+detail::OpHandle<sig::QuantLightningIndexerNpu> g_qli_npu("npu_quant_lightning_indexer", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::LightningIndexerQuantVa> g_qli_va("npu_lightning_indexer_quant", "", OpLibrary::VllmAscend);
+detail::OpHandle<sig::SparseFlashAttentionNpu> g_sfa_npu("npu_sparse_flash_attention", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::SparseFlashAttentionVa> g_sfa_va("npu_sparse_flash_attention", "", OpLibrary::VllmAscend);
+detail::OpHandle<sig::KvQuantSparseFlashAttentionNpu> g_kvq_npu("npu_kv_quant_sparse_flash_attention", "",
+                                                                OpLibrary::TorchNpu);
+detail::OpHandle<sig::KvQuantSparseFlashAttentionVa> g_kvq_va("npu_kv_quant_sparse_flash_attention", "",
+                                                              OpLibrary::VllmAscend);
+
+// Only torch_npu and vllm-ascend provide these operators.
+bool is_vllm_ascend(const char* what, OpLibrary lib) {
+  if (lib == OpLibrary::TorchNpu) return false;
+  if (lib == OpLibrary::VllmAscend) return true;
+  throw_invalid(what, ": lib=", to_string(lib), " has no such operator (pass OpLibrary::TorchNpu or ",
+                "OpLibrary::VllmAscend)");
+}
+
+void reject_for_va(const char* what, bool set, const char* name, const char* op) {
+  if (set) {
+    throw_not_supported(what, ": ", name, " is not an argument of vllm-ascend's _C_ascend::", op,
+                        " (OpLibrary::VllmAscend); leave it unset or use OpLibrary::TorchNpu");
+  }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> lightning_indexer(const LightningIndexerArgs& a, OpLibrary lib, Provider pv) {
+  const bool va = is_vllm_ascend("lightning_indexer", lib);
+  const Provider p = detail::pick_provider(pv, a.query);
+  const auto& op = va ? g_li_va.get(p) : g_li_npu.get(p);
+  detail::DispatchGuard guard(p);
+  return op.call(a.query, a.key, a.weights, a.actual_seq_lengths_query, a.actual_seq_lengths_key, a.block_table,
+                 a.layout_query, a.layout_key, a.sparse_count, a.sparse_mode, a.pre_tokens, a.next_tokens,
+                 a.return_value);
+}
+
+at::Tensor quant_lightning_indexer(const QuantLightningIndexerArgs& a, OpLibrary lib, Provider pv) {
+  constexpr const char* kWhat = "quant_lightning_indexer";
+  const bool va = is_vllm_ascend(kWhat, lib);
+  const LightningIndexerArgs& b = a.base;
+  if (b.return_value) {
+    throw_not_supported(kWhat, ": return_value=true: the quantised indexer returns the indices only");
+  }
+  const Provider p = detail::pick_provider(pv, b.query);
+  if (va) {
+    reject_for_va(kWhat, b.pre_tokens != kNoLimit, "pre_tokens", "npu_lightning_indexer_quant");
+    reject_for_va(kWhat, b.next_tokens != kNoLimit, "next_tokens", "npu_lightning_indexer_quant");
+    reject_for_va(kWhat, a.query_dtype.has_value(), "query_dtype", "npu_lightning_indexer_quant");
+    reject_for_va(kWhat, a.key_dtype.has_value(), "key_dtype", "npu_lightning_indexer_quant");
+    const auto& op = g_qli_va.get(p);
+    detail::DispatchGuard guard(p);
+    return op.call(b.query, b.key, b.weights, a.query_dequant_scale, a.key_dequant_scale,
+                   b.actual_seq_lengths_query, b.actual_seq_lengths_key, b.block_table, a.query_quant_mode,
+                   a.key_quant_mode, b.layout_query, b.layout_key, b.sparse_count, b.sparse_mode);
+  }
+  const auto& op = g_qli_npu.get(p);
+  detail::DispatchGuard guard(p);
+  return op.call(b.query, b.key, b.weights, a.query_dequant_scale, a.key_dequant_scale, a.query_quant_mode,
+                 a.key_quant_mode, b.actual_seq_lengths_query, b.actual_seq_lengths_key, b.block_table,
+                 b.layout_query, b.layout_key, b.sparse_count, b.sparse_mode, b.pre_tokens, b.next_tokens,
+                 a.query_dtype, a.key_dtype);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention(const SparseFlashAttentionArgs& a, OpLibrary lib,
+                                                                      Provider pv) {
+  constexpr const char* kWhat = "sparse_flash_attention";
+  const bool va = is_vllm_ascend(kWhat, lib);
+  const Provider p = detail::pick_provider(pv, a.query);
+  if (va) {
+    reject_for_va(kWhat, a.sinks.has_value(), "sinks", "npu_sparse_flash_attention");
+    const auto& op = g_sfa_va.get(p);
+    detail::DispatchGuard guard(p);
+    return op.call(a.query, a.key, a.value.has_value() ? *a.value : a.key, a.sparse_indices, a.scale_value,
+                   a.block_table, a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.query_rope, a.key_rope,
+                   a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens,
+                   a.attention_mode, a.return_softmax_lse);
+  }
+  const auto& op = g_sfa_npu.get(p);
+  detail::DispatchGuard guard(p);
+  return op.call(a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.block_table,
+                 a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.query_rope, a.key_rope, a.sparse_block_size,
+                 a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode,
+                 a.return_softmax_lse, a.sinks);
+}
+
+#define AAR_KVQ_CALL_ARGS(a)                                                                                 \
+  a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.key_quant_mode, a.value_quant_mode,           \
+      a.key_dequant_scale, a.value_dequant_scale, a.block_table, a.actual_seq_lengths_query,                \
+      a.actual_seq_lengths_kv, a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, \
+      a.next_tokens, a.attention_mode, a.quant_scale_repo_mode, a.tile_size, a.rope_head_dim
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> kv_quant_sparse_flash_attention(
+    const KvQuantSparseFlashAttentionArgs& a, OpLibrary lib, Provider pv) {
+  constexpr const char* kWhat = "kv_quant_sparse_flash_attention";
+  const bool va = is_vllm_ascend(kWhat, lib);
+  const Provider p = detail::pick_provider(pv, a.query);
+  if (va) {
+    reject_for_va(kWhat, a.key_dtype.has_value(), "key_dtype", "npu_kv_quant_sparse_flash_attention");
+    reject_for_va(kWhat, a.value_dtype.has_value(), "value_dtype", "npu_kv_quant_sparse_flash_attention");
+    const auto& op = g_kvq_va.get(p);
+    detail::DispatchGuard guard(p);
+    return op.call(AAR_KVQ_CALL_ARGS(a), a.return_softmax_lse);
+  }
+  if (a.return_softmax_lse) {
+    throw_not_supported(kWhat, ": return_softmax_lse=true with OpLibrary::TorchNpu: torch_npu's ",
+                        "npu_kv_quant_sparse_flash_attention returns the attention output only (use ",
+                        "OpLibrary::VllmAscend for softmax_max / softmax_sum)");
+  }
+  const auto& op = g_kvq_npu.get(p);
+  detail::DispatchGuard guard(p);
+  return {op.call(AAR_KVQ_CALL_ARGS(a), a.key_dtype, a.value_dtype), at::Tensor(), at::Tensor()};
+}
+
+#undef AAR_KVQ_CALL_ARGS
+
+}  // namespace aar::ops
