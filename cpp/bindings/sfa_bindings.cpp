@@ -14,6 +14,7 @@
 #include "ascend_attn_rt/plan/sfa_plan.h"
 #include "ascend_attn_rt/sfa/backend.h"
 #include "ascend_attn_rt/sfa/builder.h"
+#include "ascend_attn_rt/sfa/impl.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 #include "common.h"
 #include "tensor_caster.h"
@@ -270,6 +271,76 @@ void bind_sfa(nb::module_& root) {
           "build_for_graph_capture",
           [](const sfa::IndexerMetadataBuilder&, nb::args, nb::kwargs) { return nb::none(); },
           "Returns None.");
+
+  nb::class_<sfa::Impl>(m, "Impl")
+      .def(
+          "__init__",
+          [](sfa::Impl* self, int64_t num_heads, int64_t hidden_size, std::optional<int64_t> q_lora_rank,
+             int64_t kv_lora_rank, int64_t qk_nope_head_dim, int64_t qk_rope_head_dim, int64_t v_head_dim,
+             std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm, const at::Tensor& q_proj,
+             const at::Tensor& kv_a_proj_with_mqa, const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj,
+             const at::Tensor& o_proj, double scale, double q_norm_eps, double kv_norm_eps,
+             std::optional<int64_t> index_n_head, int64_t index_head_dim, int64_t index_topk,
+             std::optional<at::Tensor> indexer_wq_b, std::optional<at::Tensor> indexer_wk,
+             std::optional<at::Tensor> indexer_weights_proj, std::optional<at::Tensor> indexer_k_norm_weight,
+             std::optional<at::Tensor> indexer_k_norm_bias, double indexer_k_norm_eps, bool glm_moe_dsa,
+             bool use_index_cache, const std::string& device_kind, int64_t layer_index, int64_t workspace_group) {
+            sfa::ImplConfig c;
+            c.dims = {num_heads, hidden_size, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+                      v_head_dim};
+            c.scale = scale;
+            c.q_norm_eps = q_norm_eps;
+            c.kv_norm_eps = kv_norm_eps;
+            c.use_index_cache = use_index_cache;
+            c.device_kind = parse_device_kind(device_kind);
+            c.layer_index = layer_index;
+            c.workspace_group = workspace_group;
+            std::optional<sfa::IndexerWeights> iw;
+            const bool any_idx = indexer_wq_b || indexer_wk || indexer_weights_proj || indexer_k_norm_weight ||
+                                 indexer_k_norm_bias;
+            if (index_n_head.has_value()) {
+              AAR_CHECK_ARG(indexer_wq_b && indexer_wk && indexer_weights_proj && indexer_k_norm_weight &&
+                                indexer_k_norm_bias,
+                            "an indexer layer (index_n_head given) needs indexer_wq_b, indexer_wk, "
+                            "indexer_weights_proj, indexer_k_norm_weight and indexer_k_norm_bias");
+              sfa::IndexerConfig ic;
+              ic.n_head = *index_n_head;
+              ic.head_dim = index_head_dim;
+              ic.topk = index_topk;
+              ic.k_norm_eps = indexer_k_norm_eps;
+              ic.glm_moe_dsa = glm_moe_dsa;
+              c.indexer = ic;
+              iw = sfa::IndexerWeights{*indexer_wq_b, *indexer_wk, *indexer_weights_proj, *indexer_k_norm_weight,
+                                       *indexer_k_norm_bias};
+            } else {
+              AAR_CHECK_ARG(!any_idx, "indexer weights were given but index_n_head is None (a layer without an "
+                            "indexer reuses the top-k buffer)");
+            }
+            mla::Weights w{q_a_proj, q_a_layernorm, q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj};
+            new (self) sfa::Impl(c, w, iw);
+          },
+          nb::kw_only(), "num_heads"_a, "hidden_size"_a, "q_lora_rank"_a = nb::none(), "kv_lora_rank"_a,
+          "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a, "q_a_proj"_a = nb::none(),
+          "q_a_layernorm"_a = nb::none(), "q_proj"_a, "kv_a_proj_with_mqa"_a, "kv_a_layernorm"_a, "kv_b_proj"_a,
+          "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6, "kv_norm_eps"_a = 1e-6,
+          "index_n_head"_a = nb::none(), "index_head_dim"_a = 128, "index_topk"_a = 2048,
+          "indexer_wq_b"_a = nb::none(), "indexer_wk"_a = nb::none(), "indexer_weights_proj"_a = nb::none(),
+          "indexer_k_norm_weight"_a = nb::none(), "indexer_k_norm_bias"_a = nb::none(),
+          "indexer_k_norm_eps"_a = 1e-6, "glm_moe_dsa"_a = false, "use_index_cache"_a = false,
+          "device_kind"_a = "a2", "layer_index"_a = -1, "workspace_group"_a = 0)
+      .def(
+          "forward",
+          [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
+             const sfa::Metadata* md, const at::Tensor& output, sfa::TopkBuffer* topk) -> at::Tensor {
+            return impl.forward(hidden, kv_cache, md, topk, output);
+          },
+          "hidden_states"_a, "kv_cache"_a, "metadata"_a.none(), "output"_a, "topk_buffer"_a.none() = nb::none())
+      .def("release_views", &sfa::Impl::release_views)
+      .def_prop_ro("last_topk_source", [](const sfa::Impl& i) { return std::string(sfa::to_string(i.last_topk_source())); })
+      .def_prop_ro("last_topk", [](const sfa::Impl& i) { return i.last_topk(); })
+      .def_prop_ro("w_uk_t", [](const sfa::Impl& i) { return i.w_uk_t(); })
+      .def_prop_ro("w_uv", [](const sfa::Impl& i) { return i.w_uv(); })
+      .def_prop_ro("scale", [](const sfa::Impl& i) { return i.config().scale; });
 
   // The plan layer's spec 1.4 mask, next to the other plan functions.
   nb::module_ p = nb::borrow<nb::module_>(root.attr("plan"));

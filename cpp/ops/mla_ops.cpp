@@ -4,6 +4,7 @@
 #include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/gather_pa_kv_cache.h"
 #include "ascend_attn_rt/ops/interleave_rope.h"
+#include "ascend_attn_rt/ops/rotary_mul.h"
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
@@ -14,6 +15,7 @@ namespace aar::ops {
 
 namespace {
 detail::OpHandle<sig::InterleaveRope> g_interleave_rope("npu_interleave_rope", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::RotaryMul> g_rotary_mul("npu_rotary_mul", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::KvRmsnormRopeCache> g_kv_rmsnorm("npu_kv_rmsnorm_rope_cache", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::GatherPaKvCache> g_gather("npu_gather_pa_kv_cache", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::AttentionUpdate> g_attn_update("npu_attention_update", "", OpLibrary::TorchNpu);
@@ -25,6 +27,14 @@ at::OptionalIntArrayRef opt_list(const std::optional<c10::IntArrayRef>& v) {
   return at::OptionalIntArrayRef(*v);
 }
 }  // namespace
+
+at::Tensor rotary_mul(const at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2, c10::string_view rotary_mode,
+                      Provider pv) {
+  const Provider p = detail::pick_provider(pv, x);
+  const auto& op = g_rotary_mul.get(p);
+  detail::DispatchGuard guard(p);
+  return op.call(x, r1, r2, rotary_mode, detail::none_tensor());
+}
 
 at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Provider pv) {
   const Provider p = detail::pick_provider(pv, x);

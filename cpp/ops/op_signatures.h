@@ -115,6 +115,8 @@ using ReshapeAndCache = void(AAR_RESHAPE_AND_CACHE_PARAMS);
 
 // ---- MLA operators (issue 5)
 using InterleaveRope = at::Tensor(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+using RotaryMul = at::Tensor(const at::Tensor& self, const at::Tensor& r1, const at::Tensor& r2,
+                             c10::string_view rotary_mode, const std::optional<at::Tensor>& rotate);
 
 #define AAR_KV_RMSNORM_ROPE_CACHE_PARAMS                                                            \
   const at::Tensor &kv, const at::Tensor &gamma, const at::Tensor &cos, const at::Tensor &sin,      \

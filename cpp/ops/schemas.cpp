@@ -146,6 +146,9 @@ const std::vector<OpSchema>& op_schemas() {
        true},
       // ---- MLA operators (issue 5)
       {"npu_interleave_rope", "npu_interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor", false},
+      {"npu_rotary_mul",
+        "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor",
+       false},
       {"npu_kv_rmsnorm_rope_cache",
         "npu_kv_rmsnorm_rope_cache(Tensor kv, Tensor gamma, Tensor cos, Tensor sin, Tensor index, "
         "Tensor k_cache, Tensor ckv_cache, *, Tensor? k_rope_scale=None, Tensor? c_kv_scale=None, "

@@ -28,6 +28,11 @@ at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at:
   return cached(x.sizes(), x.scalar_type(), x.device());
 }
 
+at::Tensor rotary_mul(const at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2, c10::string_view mode,
+                      const std::optional<at::Tensor>& rotate) {
+  return cached(x.sizes(), x.scalar_type(), x.device());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache(AAR_KV_RMSNORM_ROPE_CACHE_PARAMS) {
   if (!is_output_kv) return {k_cache, ckv_cache, empty_of(kv.scalar_type(), kv), empty_of(kv.scalar_type(), kv)};
   const int64_t r = k_cache.size(-1) * (k_cache.dim() == 5 ? k_cache.size(2) : 1);
@@ -85,6 +90,7 @@ namespace aar::ops::noop {
 namespace {
 void register_mla_kernels(torch::Library& m) {
   m.impl("npu_interleave_rope", TORCH_FN(interleave_rope));
+  m.impl("npu_rotary_mul", TORCH_FN(rotary_mul));
   m.impl("npu_kv_rmsnorm_rope_cache", TORCH_FN(kv_rmsnorm_rope_cache));
   m.impl("npu_gather_pa_kv_cache", TORCH_FN(gather_pa_kv_cache));
   m.impl("npu_attention_update", TORCH_FN(attention_update));
