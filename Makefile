@@ -50,6 +50,7 @@ test: test-cpp test-python
 demo: build
 	PYTHONPATH=python $(PY) -m ascend_attn_rt demo
 	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention mla
+	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention sfa
 
 bench: build
 	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json
