@@ -153,24 +153,25 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   return c;
 }
 
-at::Tensor Impl::indexer_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-  // RoPE on the first R dims of each head (spec 1.1.1, indexer): x (tk, heads, D_i).
-  const int64_t R = cfg_.dims.qk_rope_head_dim, D = x.size(-1);
-  const at::Tensor head = x.narrow(-1, 0, R);
+void Impl::indexer_rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+  // RoPE on the first R dims of each head (spec 1.1.1, indexer), in place: x
+  // (tk, heads, D), its own (fresh) tensor. The rotated part is written back
+  // over the head's first R dims; the rest stays (no concatenation).
+  const int64_t R = cfg_.dims.qk_rope_head_dim;
+  const at::Tensor head = x.narrow(-1, 0, R).unsqueeze(0);  // (1, tk, heads, R): BSND
   at::Tensor rot;
   if (!cfg_.indexer->glm_moe_dsa) {
     // neox halves: the MLA tables' rows are [c | c], [s | s], exactly the
     // 'half' rotation's operands.
-    rot = ops::rotary_mul(head.unsqueeze(0), cos, sin, "half").squeeze(0);
+    rot = ops::rotary_mul(head, cos, sin, "half");
   } else {
     // GLM-MoE-DSA: pairs (2i, 2i+1). The 'interleave' rotation takes the
     // angles repeated per pair: [c0, c0, c1, c1, ...] from the halves table.
     const at::Tensor ci = cos.narrow(-1, 0, R / 2).repeat_interleave(2, -1);
     const at::Tensor si = sin.narrow(-1, 0, R / 2).repeat_interleave(2, -1);
-    rot = ops::rotary_mul(head.unsqueeze(0), ci, si, "interleave").squeeze(0);
+    rot = ops::rotary_mul(head, ci, si, "interleave");
   }
-  if (R == D) return rot;
-  return at::cat({rot, x.narrow(-1, R, D - R)}, -1);
+  ops::dense::copy(head, rot);
 }
 
 at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const Caches& c, const Metadata& md,
@@ -183,9 +184,11 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
   const at::Tensor cos = md.cos.narrow(0, 0, tk).view({1, tk, 1, R});
   const at::Tensor sin = md.sin.narrow(0, 0, tk).view({1, tk, 1, R});
   at::Tensor k = ops::dense::layer_norm(ops::dense::linear(x, w.wk), w.k_norm_weight, w.k_norm_bias, ic.k_norm_eps);
-  k = indexer_rope(k.view({tk, 1, D}), cos, sin);                           // (tk, 1, D)
+  k = k.view({tk, 1, D});
+  indexer_rope_(k, cos, sin);                                               // (tk, 1, D)
   const at::Tensor weights = ops::dense::linear(x, w.weights_proj);         // (tk, n_head)
-  const at::Tensor q = indexer_rope(ops::dense::linear(q_c, w.wq_b).view({tk, ic.n_head, D}), cos, sin);
+  const at::Tensor q = ops::dense::linear(q_c, w.wq_b).view({tk, ic.n_head, D});
+  indexer_rope_(q, cos, sin);
   // The indexer cache as rows of D (a view of the validated contiguous cache).
   const at::Tensor& rows = LatentCore::view_of(c.index_k, c.index_k.size(0), seen_.idx_src, seen_.idx_rows,
                                                [&] { return c.index_k.view({-1, D}); });

@@ -107,7 +107,8 @@ class Impl {
   void run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk, const at::Tensor& output,
            int64_t tk, bool stable);
   at::Tensor indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const Caches& c, const Metadata& md, int64_t tk);
-  at::Tensor indexer_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // RoPE of the indexer's first qk_rope_head_dim dims, in place.
+  void indexer_rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
 
   ImplConfig cfg_;
   std::shared_ptr<mla::detail::LatentCore> core_;

@@ -1,0 +1,172 @@
+// Host-time benchmark of the SFA backend (DeepSeek-V3.2 sparse attention) from
+// C++, with the no-compute operator provider. `build`: decode batches of
+// 1/32/256 requests at 1000-token contexts (block size 128, a 64-column block
+// table, R = 64 bf16 RoPE tables) and a mixed batch, on the CPU (the host
+// buffer is the device buffer) with the block table staged in the builder
+// (zero copy) or in a separate host table, and with separate device buffers
+// (the device path on the CPU: one copy per step). `forward`: Impl::forward per
+// layer for decode batches 1/32/256 at DeepSeek-V3.2 shapes with TP 8 (16
+// heads, hidden 7168, q-LoRA 1536, L 512, P/V 128, R 64, bf16; lightning
+// indexer 64 x 128, top-k 2048), a layer with an indexer (keys, weights and
+// queries, the indexer cache write, the indexer, sparse attention) and one that
+// reuses the top-k buffer, every tensor on the meta device (shapes only: the
+// layer's operators and tensor ops cost their host work alone, as on an NPU).
+//
+//   build/bench_sfa_cpp [--out benchmarks/results/cpp_sfa.json] [--quick] [--only build|forward]
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_timing.h"
+#include "ascend_attn_rt/ops/provider.h"
+#include "ascend_attn_rt/sfa/builder.h"
+#include "ascend_attn_rt/sfa/impl.h"
+
+namespace {
+
+struct Result {
+  std::string group, name;
+  int batch;
+  double us;
+};
+
+using aar_bench::Batch;
+using aar_bench::time_us;
+
+constexpr int kMaxReqs = 256, kMbr = 64, kBs = 128, kR = 64;
+
+Batch make_batch(int decodes, int decode_seq, int prefills, int prefill_new, int prefill_ctx) {
+  return aar_bench::make_batch(decodes, decode_seq, prefills, prefill_new, prefill_ctx, kMbr, kMaxReqs * kMbr);
+}
+
+aar::sfa::BuildInputs inputs_of(const Batch& b) { return aar_bench::inputs_of<aar::sfa::BuildInputs>(b); }
+
+aar::sfa::BuilderConfig builder_config(c10::Device device, bool separate) {
+  aar::sfa::BuilderConfig c;
+  c.max_num_reqs = kMaxReqs;
+  c.max_num_tokens = 4096;
+  c.max_blocks_per_req = kMbr;
+  c.block_size = kBs;
+  c.num_blocks = kMaxReqs * kMbr;
+  c.cos_table = at::randn({kMbr * kBs, kR}).to(at::kBFloat16);
+  c.sin_table = at::randn({kMbr * kBs, kR}).to(at::kBFloat16);
+  c.device = device;
+  c.separate_device_buffers = separate;
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path = "benchmarks/results/cpp_sfa.json";
+  bool quick = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+  }
+  const int scale = quick ? 10 : 1;
+  aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
+  c10::InferenceMode inference;  // as serving engines run the model
+  std::vector<Result> results;
+
+  // ---------------------------------------------------------------- build
+  for (bool separate : {false, true}) {
+    if (only == "forward") break;
+    aar::sfa::MetadataBuilder builder(builder_config(c10::Device(c10::kCPU), separate));
+    const std::string path = separate ? "build, separate buffers" : "build, cpu (aliased)";
+    for (int B : {1, 32, 256}) {
+      Batch b = make_batch(B, 1000, 0, 0, 0);
+      auto in = inputs_of(b);
+      results.push_back({path, "decode, host block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
+      std::memcpy(builder.block_table_staging().data_ptr<int32_t>(), b.table.data(), b.table.size() * 4);
+      in.block_table = aar::plan::CSpan<int32_t>(builder.block_table_staging().data_ptr<int32_t>(), b.table.size());
+      results.push_back({path, "decode, staged block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});
+    }
+    Batch b = make_batch(32, 1000, 4, 256, 3000);
+    auto in = inputs_of(b);
+    results.push_back({path, "mixed 32 dec + 4x256 prefill", 36, time_us([&] { builder.build(in); }, 5000 / scale)});
+  }
+
+  // ---------------------------------------------------------------- forward
+  if (only != "build") {
+    const c10::Device meta(c10::kMeta);
+    aar::sfa::MetadataBuilder builder(builder_config(meta, false));
+    const int64_t H = 16, hid = 7168, Q = 1536, L = 512, P = 128, V = 128, NI = 64, DI = 128, K = 2048;
+    const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(meta);
+    auto w = [&](int64_t o, int64_t i) { return at::empty({o, i}, opts); };
+    aar::mla::Weights ws;
+    ws.q_a_proj = w(Q, hid);
+    ws.q_a_layernorm = at::empty({Q}, opts);
+    ws.q_proj = w(H * (P + kR), Q);
+    ws.kv_a_proj_with_mqa = w(L + kR, hid);
+    ws.kv_a_layernorm = at::empty({L}, opts);
+    ws.kv_b_proj = w(H * (P + V), L);
+    ws.o_proj = w(hid, H * V);
+    aar::sfa::IndexerWeights iw{w(NI * DI, Q), w(DI, hid), w(NI, hid), at::empty({DI}, opts), at::empty({DI}, opts)};
+    const int64_t nb = int64_t{kMaxReqs} * kMbr;
+    const std::vector<at::Tensor> caches{at::empty({nb, kBs, 1, L}, opts), at::empty({nb, kBs, 1, kR}, opts),
+                                         at::empty({nb, kBs, 1, DI}, opts)};
+    const std::vector<at::Tensor> main_caches{caches[0], caches[1]};
+    aar::sfa::TopkBuffer topk(4096, K, meta);
+    for (bool indexer : {true, false}) {
+      aar::sfa::ImplConfig ic;
+      ic.dims.num_heads = H;
+      ic.dims.hidden_size = hid;
+      ic.dims.q_lora_rank = Q;
+      ic.dims.kv_lora_rank = L;
+      ic.dims.qk_nope_head_dim = P;
+      ic.dims.qk_rope_head_dim = kR;
+      ic.dims.v_head_dim = V;
+      if (indexer) {
+        aar::sfa::IndexerConfig idx;
+        idx.n_head = NI;
+        idx.head_dim = DI;
+        idx.topk = K;
+        ic.indexer = idx;
+        ic.use_index_cache = true;
+      }
+      aar::sfa::Impl impl(ic, ws, indexer ? std::optional<aar::sfa::IndexerWeights>(iw) : std::nullopt);
+      const std::string path = indexer ? "forward, indexer layer" : "forward, top-k reused";
+      for (int B : {1, 32, 256}) {
+        Batch b = make_batch(B, 1000, 0, 0, 0);
+        const auto& md = builder.build(inputs_of(b));
+        const at::Tensor x = at::empty({B, hid}, opts);
+        const at::Tensor out = at::empty({B, hid}, opts);
+        const auto& kv = indexer ? caches : main_caches;
+        results.push_back({path, "decode, per layer", B,
+                           time_us([&] { impl.forward(x, kv, &md, &topk, out); }, 20000 / scale)});
+      }
+    }
+  }
+
+  std::printf("%-26s %-32s %6s %10s\n", "group", "case", "batch", "us/call");
+  for (const auto& r : results) {
+    std::printf("%-26s %-32s %6d %10.3f\n", r.group.c_str(), r.name.c_str(), r.batch, r.us);
+  }
+  if (!out_path.empty()) {
+    std::ofstream f(out_path);
+    if (!f) {
+      std::printf("could not write %s\n", out_path.c_str());
+      return 1;
+    }
+    f << "{\n  \"tool\": \"bench_sfa_cpp\",\n  \"provider\": \"no_compute\",\n  \"hardware_threads\": "
+      << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      f << "    {\"group\": \"" << r.group << "\", \"case\": \"" << r.name << "\", \"batch\": " << r.batch
+        << ", \"us_per_call\": " << r.us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+    }
+    f << "  ]\n}\n";
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  return 0;
+}
