@@ -284,7 +284,8 @@ void bind_sfa(nb::module_& root) {
              std::optional<at::Tensor> indexer_wq_b, std::optional<at::Tensor> indexer_wk,
              std::optional<at::Tensor> indexer_weights_proj, std::optional<at::Tensor> indexer_k_norm_weight,
              std::optional<at::Tensor> indexer_k_norm_bias, double indexer_k_norm_eps, bool glm_moe_dsa,
-             bool use_index_cache, const std::string& device_kind, int64_t layer_index, int64_t workspace_group) {
+             bool use_index_cache, bool sfa_c8, bool li_c8, const std::string& device_kind, int64_t layer_index,
+             int64_t workspace_group) {
             sfa::ImplConfig c;
             c.dims = {num_heads, hidden_size, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
                       v_head_dim};
@@ -292,6 +293,8 @@ void bind_sfa(nb::module_& root) {
             c.q_norm_eps = q_norm_eps;
             c.kv_norm_eps = kv_norm_eps;
             c.use_index_cache = use_index_cache;
+            c.sfa_c8 = sfa_c8;
+            c.li_c8 = li_c8;
             c.device_kind = parse_device_kind(device_kind);
             c.layer_index = layer_index;
             c.workspace_group = workspace_group;
@@ -327,7 +330,7 @@ void bind_sfa(nb::module_& root) {
           "indexer_wq_b"_a = nb::none(), "indexer_wk"_a = nb::none(), "indexer_weights_proj"_a = nb::none(),
           "indexer_k_norm_weight"_a = nb::none(), "indexer_k_norm_bias"_a = nb::none(),
           "indexer_k_norm_eps"_a = 1e-6, "glm_moe_dsa"_a = false, "use_index_cache"_a = false,
-          "device_kind"_a = "a2", "layer_index"_a = -1, "workspace_group"_a = 0)
+          "sfa_c8"_a = false, "li_c8"_a = false, "device_kind"_a = "a2", "layer_index"_a = -1, "workspace_group"_a = 0)
       .def(
           "forward",
           [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
@@ -340,7 +343,9 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("last_topk", [](const sfa::Impl& i) { return i.last_topk(); })
       .def_prop_ro("w_uk_t", [](const sfa::Impl& i) { return i.w_uk_t(); })
       .def_prop_ro("w_uv", [](const sfa::Impl& i) { return i.w_uv(); })
-      .def_prop_ro("scale", [](const sfa::Impl& i) { return i.config().scale; });
+      .def_prop_ro("scale", [](const sfa::Impl& i) { return i.config().scale; })
+      .def_prop_ro("sfa_c8", [](const sfa::Impl& i) { return i.config().sfa_c8; })
+      .def_prop_ro("li_c8", [](const sfa::Impl& i) { return i.config().li_c8; });
 
   // The plan layer's spec 1.4 mask, next to the other plan functions.
   nb::module_ p = nb::borrow<nb::module_>(root.attr("plan"));

@@ -150,6 +150,30 @@ LatentQuery LatentCore::preprocess(const DecodeViews& v, const LatentStep& s, co
   return {v.fia_qn, view_of(q_pe, td, seen_.qr_src, seen_.qr, [&] { return as_layout(q_pe, R); })};
 }
 
+LatentQuery LatentCore::preprocess_unwritten(const DecodeViews& v, const LatentStep& s, LatentKv& kv) {
+  // The query half is preprocess's native path (spec mla 5.2); kept apart from
+  // it so the two can change independently until the preprocess variants
+  // settle. The key half replaces npu_kv_rmsnorm_rope_cache's cache writes by
+  // the same maths on the rows: RMSNorm * gamma and the interleave->half RoPE.
+  const Dims& d = cfg_.dims;
+  const int64_t td = s.x.sizes()[0], L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const at::Tensor& cos = view_of(s.cos, td, seen_.cos_src, seen_.cos4,
+                                  [&] { return s.cos.narrow(0, 0, td).view({td, 1, 1, R}); });
+  const at::Tensor& sin = view_of(s.sin, td, seen_.sin_src, seen_.sin4,
+                                  [&] { return s.sin.narrow(0, 0, td).view({td, 1, 1, R}); });
+  if (d.q_lora_rank.has_value()) {
+    ops::dense::linear_out(v.qa, s.x, *w_.q_a_proj);
+    ops::dense::rms_norm_out(v.qc, v.qa, *w_.q_a_layernorm, cfg_.q_norm_eps);
+  }
+  ops::dense::linear_out(v.kv_raw, s.x, w_.kv_a_proj_with_mqa);
+  ops::dense::linear_out(v.q, d.q_lora_rank.has_value() ? v.qc : s.x, w_.q_proj);
+  ops::dense::bmm_out(v.qn_heads_t, v.q_nope_t, w_uk_t_);            // ql_nope (td, H, L)
+  ops::dense::copy(v.qr_heads4, ops::interleave_rope(v.q_pe4, cos, sin));  // q_pe (td, H, 1, R)
+  kv.k_nope = ops::dense::rms_norm(v.kv_raw.narrow(1, 0, L), w_.kv_a_layernorm, cfg_.kv_norm_eps);
+  kv.k_rope = ops::interleave_rope(v.kv4.narrow(3, L, R), cos, sin);
+  return {v.fia_qn, v.fia_qr};
+}
+
 const at::Tensor& LatentCore::w_uv_out(const DecodeViews& v, int64_t td) {
   const Dims& d = cfg_.dims;
   // Head-major output (_NBSD / _NTD): the real heads, then W_UV -> (td, H*V).

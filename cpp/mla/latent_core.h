@@ -47,6 +47,13 @@ struct LatentStep {
   at::Tensor slots;     // int64 (td) cache slots (-1: not written)
 };
 
+// The latent key of a step's tokens when the caller stores it itself (SFA C8,
+// spec sparse 3.5: packed into quantised rows): not written to any cache.
+struct LatentKv {
+  at::Tensor k_nope;  // (td, L) RMSNorm(kv[:L]) * gamma, in the weights' dtype
+  at::Tensor k_rope;  // (td, 1, 1, R) interleave->half RoPE(kv[L:]): the caches' half layout
+};
+
 // The latent-space query: in the workspace's layout-specific buffers, or (heads
 // not padded and a call that needs no stable address) the operators' results.
 struct LatentQuery {
@@ -76,6 +83,13 @@ class LatentCore {
   // q-LoRA the native path also leaves the normed q-LoRA activations in v.qc.
   LatentQuery preprocess(const DecodeViews& v, const LatentStep& s, const at::Tensor& nope_cache,
                          const at::Tensor& rope_cache, bool use_prolog, bool stable);
+
+  // The native preprocess of s.x without cache writes (SFA C8, spec sparse
+  // 3.3 step 3 / 3.5): the same queries as preprocess (always in the
+  // workspace's buffers, stable addresses), and the latent key in `kv`, which
+  // the caller quantises and stores (s.slots is not read). With q-LoRA the
+  // normed q-LoRA activations are left in v.qc.
+  LatentQuery preprocess_unwritten(const DecodeViews& v, const LatentStep& s, LatentKv& kv);
 
   // W_UV on the real heads of v.attn_heads, as (td, H*V); valid until the next call.
   const at::Tensor& w_uv_out(const DecodeViews& v, int64_t td);

@@ -87,6 +87,21 @@ void copy(const at::Tensor& dst, const at::Tensor& src) {
   d.copy_(src);
 }
 
+at::Tensor cast(const at::Tensor& x, at::ScalarType dtype) {
+  if (x.scalar_type() == dtype) return x;
+  if (no_compute()) return noop::cached(x.sizes(), dtype, x.device());
+  return x.to(dtype);
+}
+
+at::Tensor cat_last(const at::Tensor& a, const at::Tensor& b) {
+  if (no_compute()) {
+    std::array<int64_t, 6> s{};
+    return noop::cached(dims(s, a.sizes().slice(0, a.dim() - 1), a.sizes().back() + b.sizes().back()),
+                        a.scalar_type(), a.device());
+  }
+  return at::cat({a, b}, -1);
+}
+
 void zero(const at::Tensor& dst) {
   if (no_compute() || dst.numel() == 0) return;
   at::Tensor d = dst;

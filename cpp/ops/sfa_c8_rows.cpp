@@ -23,7 +23,14 @@ std::vector<int64_t> with_last(c10::IntArrayRef sizes, int64_t last) {
 }  // namespace
 
 at::Tensor pack_sfa_c8_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, Provider pv) {
+  return pack_sfa_c8_rows(k_nope, k_rope, at::kChar, pv);
+}
+
+at::Tensor pack_sfa_c8_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, at::ScalarType row_dtype,
+                            Provider pv) {
   constexpr const char* kWhat = "pack_sfa_c8_rows";
+  AAR_CHECK_ARG(row_dtype == at::kChar || row_dtype == at::kFloat8_e4m3fn, kWhat,
+                ": row_dtype must be int8 or float8_e4m3fn, got ", row_dtype);
   AAR_CHECK_ARG(k_nope.defined() && k_rope.defined(), kWhat, ": k_nope and k_rope must be defined");
   AAR_CHECK_ARG(k_nope.dim() >= 1 && k_nope.size(-1) == kSfaC8NopeDim, kWhat, ": k_nope must be (..., ",
                 kSfaC8NopeDim, "), got ", k_nope.sizes());
@@ -37,11 +44,13 @@ at::Tensor pack_sfa_c8_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, 
                 k_rope.device());
   const int64_t rows = k_nope.numel() / kSfaC8NopeDim;
   // Inputs are read only: reshape is fine here (a copy of a strided input at most).
+  // dst_type is a torch ScalarType value (1 = int8, as torch_npu documents).
+  const int64_t dst_type = static_cast<int64_t>(row_dtype);
   const auto [q, scale] =
       dynamic_block_quant(k_nope.reshape({rows, kSfaC8NopeDim}), /*row_block_size=*/1, /*col_block_size=*/kSfaC8Tile,
-                          /*dst_type=*/1, /*min_scale=*/0.0, "rint", /*dst_type_max=*/0.0, pv);
-  const at::Tensor rope_bytes = k_rope.reshape({rows, kSfaC8RopeDim}).contiguous().view(at::kChar);
-  const at::Tensor scale_bytes = scale.reshape({rows, kSfaC8Scales}).contiguous().view(at::kChar);
+                          dst_type, /*min_scale=*/0.0, "rint", /*dst_type_max=*/0.0, pv);
+  const at::Tensor rope_bytes = k_rope.reshape({rows, kSfaC8RopeDim}).contiguous().view(at::kChar).view(row_dtype);
+  const at::Tensor scale_bytes = scale.reshape({rows, kSfaC8Scales}).contiguous().view(at::kChar).view(row_dtype);
   return at::cat({q.view({rows, kSfaC8NopeDim}), rope_bytes, scale_bytes}, 1)
       .view(with_last(k_nope.sizes(), kSfaC8RowBytes));
 }

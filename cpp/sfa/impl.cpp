@@ -12,10 +12,13 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/dense.h"
+#include "ascend_attn_rt/ops/hadamard.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/rotary_mul.h"
+#include "ascend_attn_rt/ops/sfa_c8_rows.h"
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
+#include "ascend_attn_rt/plan/hadamard.h"
 #include "ascend_attn_rt/sfa/backend.h"
 
 namespace aar::sfa {
@@ -36,15 +39,35 @@ using mla::detail::LatentCore;
 // The layout every SFA cache is read in (contiguous, spec 3.1).
 constexpr const char* kCacheLayout = "(num_blocks, block_size, 1, head_dim)";
 
+// What a C8 cache's dtype must be, per device kind (spec 3.1), for messages.
+const char* c8_dtype_rule(plan::DeviceKind k) {
+  return k == plan::DeviceKind::A5 ? "the C8 dtype of device_kind a5; spec 3.1: int8 on A2/A3, float8_e4m3fn on A5"
+                                   : "the C8 dtype of device_kind a2/a3; spec 3.1: int8 on A2/A3, float8_e4m3fn on A5";
+}
+const char* c8_scale_rule(plan::DeviceKind k) {
+  return k == plan::DeviceKind::A5 ? "the LI C8 scale dtype of device_kind a5; spec 3.1: fp16 on A2/A3, fp32 on A5"
+                                   : "the LI C8 scale dtype of device_kind a2/a3; spec 3.1: fp16 on A2/A3, fp32 on A5";
+}
+
+bool is_c8_byte_dtype(at::ScalarType t) {
+  return t == at::kChar || t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
+}
+
+// One cache of the composed tuple: (num_blocks >= the metadata's, block_size,
+// 1, width) in `dtype` (what `dtype_is` says it must be), contiguous.
 void check_cache(const at::Tensor& c, const char* name, int64_t width, const Metadata& md, at::ScalarType dtype,
-                 c10::Device device) {
+                 const char* dtype_is, c10::Device device) {
   AAR_CHECK_ARG(c.defined() && c.dim() == 4 && c.size(1) == md.block_size && c.size(2) == 1 && c.size(3) == width,
                 name, " must have shape (num_blocks, block_size=", md.block_size, ", 1, ", width, "), got ",
                 c.defined() ? c.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(c.size(0) >= md.num_blocks, name, " has ", c.size(0), " blocks, fewer than the metadata's ",
                 md.num_blocks);
-  AAR_CHECK_ARG(c.scalar_type() == dtype, name, " dtype ", c.scalar_type(), " differs from hidden_states dtype ",
-                dtype);
+  AAR_CHECK_ARG(c.scalar_type() == dtype, name, " dtype ", c.scalar_type(), " is not ", dtype, " (", dtype_is, ")",
+                is_c8_byte_dtype(c.scalar_type()) != is_c8_byte_dtype(dtype)
+                    ? (is_c8_byte_dtype(c.scalar_type()) ? "; a quantised cache: the layer's C8 flag for it is off"
+                                                         : "; the layer's C8 flag for it is on: it takes the quantised "
+                                                           "cache")
+                    : "");
   AAR_CHECK_ARG(c.device() == device, name, " is on ", c.device(), " but the layer's weights are on ", device);
   ::aar::detail::check_kv_cache_layout(c, name, kCacheLayout);
 }
@@ -82,6 +105,20 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     check(iw_->k_norm_weight, "k_norm_weight", {ic.head_dim});
     check(iw_->k_norm_bias, "k_norm_bias", {ic.head_dim});
   }
+  AAR_CHECK_ARG(!cfg_.li_c8 || cfg_.indexer.has_value(),
+                "li_c8 quantises the layer's indexer cache, but the layer has no indexer (it reuses the top-k "
+                "buffer and its tuple has no indexer part)");
+  if (cfg_.li_c8) {
+    const int64_t D = cfg_.indexer->head_dim;
+    AAR_CHECK_ARG(plan::is_power_of_two(D) && D <= 4096, "li_c8: the indexer head_dim=", D,
+                  " must be a power of two (the Sylvester Hadamard rotation of spec 1.5; DeepSeek-V3.2: 128)");
+  }
+  if (cfg_.sfa_c8) {
+    AAR_CHECK_ARG(d.kv_lora_rank == ops::kSfaC8NopeDim && d.qk_rope_head_dim == ops::kSfaC8RopeDim,
+                  "sfa_c8: the packed SFA C8 rows hold kv_lora_rank=", ops::kSfaC8NopeDim, " and qk_rope_head_dim=",
+                  ops::kSfaC8RopeDim, " (spec 1.3.1), got kv_lora_rank=", d.kv_lora_rank, ", qk_rope_head_dim=",
+                  d.qk_rope_head_dim);
+  }
   mla::detail::LatentConfig lc;
   lc.dims = d;
   lc.q_norm_eps = cfg_.q_norm_eps;
@@ -89,6 +126,17 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   lc.heads_padded = d.num_heads;  // the SFA kernel takes the real heads
   lc.workspace_group = cfg_.workspace_group;
   core_ = std::make_shared<LatentCore>(lc, weights);
+  const at::Tensor& wref = core_->weights().q_proj;
+  if (cfg_.sfa_c8) {
+    const auto dt = wref.scalar_type();
+    AAR_CHECK_ARG(dt == at::kHalf || dt == at::kBFloat16, "sfa_c8: the weights must be float16 or bfloat16 (the "
+                  "packed rows keep k_rope in the query's dtype; the KV-quant kernel takes fp16/bf16 queries), got ",
+                  dt);
+  }
+  if (cfg_.li_c8) {
+    const int64_t D = cfg_.indexer->head_dim;
+    hadamard_ = ops::hadamard_matrix(D, 1.0 / std::sqrt(static_cast<double>(D)), wref.scalar_type(), wref.device());
+  }
 }
 
 Impl::~Impl() = default;
@@ -126,16 +174,41 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
+  // Spec 3.1: the main part, then the indexer part, per the layer's flags.
   const bool has_idx = cfg_.indexer.has_value();
-  const size_t want = has_idx ? 3 : 2;
-  AAR_CHECK_ARG(kv.size() == want, "kv_cache must be the layer's composed tuple of ", want,
-                " tensors (latent, rope", has_idx ? ", indexer k" : "", ": compose_kv_cache; SFA C8 and LI C8 caches "
-                "are not supported by this layer), got ", kv.size());
-  Caches c{kv[0], kv[1], has_idx ? kv[2] : at::Tensor()};
-  check_cache(c.nope, "kv_cache[0] (latent)", d.kv_lora_rank, md, dtype, dev);
-  check_cache(c.rope, "kv_cache[1] (rope)", d.qk_rope_head_dim, md, dtype, dev);
+  const bool sfa_c8 = cfg_.sfa_c8, li_c8 = cfg_.li_c8;
+  const size_t n_main = sfa_c8 ? 1 : 2;
+  const size_t want = n_main + (has_idx ? (li_c8 ? 2 : 1) : 0);
+  AAR_CHECK_ARG(kv.size() == want, "kv_cache must be the layer's composed tuple of ", want, " tensors (",
+                sfa_c8 ? "packed" : "latent, rope", has_idx ? ", indexer k" : "", li_c8 ? ", indexer scale" : "",
+                ": compose_kv_cache with sfa_c8=", sfa_c8 ? "True" : "False", ", li_c8=", li_c8 ? "True" : "False",
+                "), got ", kv.size());
+  const plan::DeviceKind dk = cfg_.device_kind;
+  const at::ScalarType c8 = Backend::c8_dtype(dk);
+  constexpr const char* kModelIs = "the weights' dtype";
+  Caches c;
+  if (sfa_c8) {
+    c.packed = kv[0];
+    check_cache(c.packed, "kv_cache[0] (packed SFA C8)", ops::kSfaC8RowBytes, md, c8, c8_dtype_rule(dk), dev);
+  } else {
+    c.nope = kv[0];
+    c.rope = kv[1];
+    check_cache(c.nope, "kv_cache[0] (latent)", d.kv_lora_rank, md, dtype, kModelIs, dev);
+    check_cache(c.rope, "kv_cache[1] (rope)", d.qk_rope_head_dim, md, dtype, kModelIs, dev);
+  }
   if (has_idx) {
-    check_cache(c.index_k, "kv_cache[2] (indexer k)", cfg_.indexer->head_dim, md, dtype, dev);
+    const char* kn = sfa_c8 ? "kv_cache[1] (indexer k)" : "kv_cache[2] (indexer k)";
+    c.index_k = kv[n_main];
+    check_cache(c.index_k, kn, cfg_.indexer->head_dim, md, li_c8 ? c8 : dtype, li_c8 ? c8_dtype_rule(dk) : kModelIs,
+                dev);
+    if (li_c8) {
+      const char* sn = sfa_c8 ? "kv_cache[2] (indexer scale)" : "kv_cache[3] (indexer scale)";
+      c.index_scale = kv[n_main + 1];
+      check_cache(c.index_scale, sn, 1, md, dk == plan::DeviceKind::A5 ? at::kFloat : at::kHalf, c8_scale_rule(dk),
+                  dev);
+      AAR_CHECK_ARG(c.index_scale.size(0) == c.index_k.size(0), sn, " has ", c.index_scale.size(0),
+                    " blocks but ", kn, " has ", c.index_k.size(0), " (one scale per key row)");
+    }
   }
   const bool needs_buffer = !has_idx || cfg_.use_index_cache;
   if (needs_buffer) {
@@ -193,7 +266,9 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
   const at::Tensor& rows = LatentCore::view_of(c.index_k, c.index_k.size(0), seen_.idx_src, seen_.idx_rows,
                                                [&] { return c.index_k.view({-1, D}); });
   at::Tensor rows_w = rows;
-  ops::scatter_nd_update_(rows_w, md.slot_mapping.narrow(0, 0, tk).view({tk, 1}), k.view({tk, D}));
+  const at::Tensor slots = md.slot_mapping.narrow(0, 0, tk).view({tk, 1});
+  if (cfg_.li_c8) return quant_indexer_topk(k.view({tk, D}), q, weights, c, md, rows_w, slots);
+  ops::scatter_nd_update_(rows_w, slots, k.view({tk, D}));
   ops::LightningIndexerArgs a;
   a.query = q;
   a.key = c.index_k;
@@ -209,6 +284,109 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
   const ops::OpLibrary lib = ic.glm_moe_dsa || cfg_.device_kind == plan::DeviceKind::A5 ? ops::OpLibrary::TorchNpu
                                                                                          : ops::OpLibrary::VllmAscend;
   return std::get<0>(ops::lightning_indexer(a, lib));
+}
+
+at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights,
+                                    const Caches& c, const Metadata& md, at::Tensor& k_rows, const at::Tensor& slots) {
+  // Spec 1.2.1 / 3.4, LI C8: the Hadamard rotation (after RoPE), per-token key
+  // and per-(token, head) query quantisation, the key bytes and scales written
+  // at the full slot mapping, then the quantised indexer.
+  const IndexerConfig& ic = *cfg_.indexer;
+  const int64_t tk = k.size(0);
+  const bool a5 = cfg_.device_kind == plan::DeviceKind::A5;
+  const at::ScalarType scale_dtype = c.index_scale.scalar_type();  // fp16 (A2/A3) / fp32 (A5), validated
+  ops::DynamicQuantArgs qa;
+  // npu_dynamic_quant's dst_type: None = int8 (A2/A3), float8_e4m3fn on A5.
+  if (a5) qa.dst_type = static_cast<int64_t>(c.index_k.scalar_type());
+  qa.input = ops::hadamard_rotate(k, hadamard_);                    // (tk, D)
+  const auto [k_q, k_scale] = ops::dynamic_quant(qa);              // (tk, D), (tk) fp32
+  qa.input = ops::hadamard_rotate(q, hadamard_);                    // (tk, n_head, D)
+  const auto [q_q, q_scale] = ops::dynamic_quant(qa);              // (tk, n_head, D), (tk, n_head) fp32
+  const at::Tensor& scale_rows =
+      LatentCore::view_of(c.index_scale, c.index_scale.size(0), seen_.scale_src, seen_.scale_rows,
+                          [&] { return c.index_scale.view({-1, 1}); });
+  at::Tensor scale_w = scale_rows;
+  ops::scatter_nd_update_(k_rows, slots, k_q);
+  ops::scatter_nd_update_(scale_w, slots, ops::dense::cast(k_scale, scale_dtype).view({tk, 1}));
+  ops::QuantLightningIndexerArgs a;
+  ops::LightningIndexerArgs& b = a.base;
+  b.query = q_q;
+  b.key = c.index_k;
+  b.weights = ops::dense::cast(weights, at::kHalf);  // spec 1.2: fp16 weights in the C8 path
+  b.actual_seq_lengths_query = md.cum_query_lens;
+  b.actual_seq_lengths_key = md.seq_lens;
+  b.block_table = md.block_table;
+  b.layout_query = "TND";
+  b.layout_key = "PA_BSND";
+  b.sparse_count = ic.topk;
+  b.sparse_mode = 3;
+  // The A3 operator takes fp16 dequant scales, A5's fp16 or fp32: the scale cache's dtype.
+  a.query_dequant_scale = ops::dense::cast(q_scale, scale_dtype);
+  a.key_dequant_scale = c.index_scale.squeeze(2);  // (nb, bs, 1)
+  a.query_quant_mode = 0;
+  a.key_quant_mode = 0;
+  // Spec 3.4: A2/A3 vllm-ascend's npu_lightning_indexer_quant, A5 torch_npu's npu_quant_lightning_indexer.
+  return ops::quant_lightning_indexer(a, a5 ? ops::OpLibrary::TorchNpu : ops::OpLibrary::VllmAscend);
+}
+
+void Impl::store_packed_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, const Caches& c, const Metadata& md,
+                             int64_t tk) {
+  // Spec 3.5 / 3.3 step 3: block-quantised k_nope, the rope bytes and the
+  // scale bytes in one 656-byte row per token, cache.view(-1, 656)[slot] = row
+  // (slot -1 skipped by the scatter).
+  const at::Tensor packed = ops::pack_sfa_c8_rows(k_nope, k_rope.view({tk, cfg_.dims.qk_rope_head_dim}),
+                                                  c.packed.scalar_type());
+  const at::Tensor& rows = LatentCore::view_of(c.packed, c.packed.size(0), seen_.packed_src, seen_.packed_rows,
+                                               [&] { return c.packed.view({-1, ops::kSfaC8RowBytes}); });
+  at::Tensor rows_w = rows;
+  ops::scatter_nd_update_(rows_w, md.slot_mapping.narrow(0, 0, tk).view({tk, 1}), packed);
+}
+
+at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Caches& c,
+                                  const Metadata& md) {
+  // Spec 3.6: routed by the main cache's dtype (validated against sfa_c8).
+  if (is_c8_byte_dtype(c.packed.defined() ? c.packed.scalar_type() : c.nope.scalar_type())) {
+    ops::KvQuantSparseFlashAttentionArgs a;
+    a.query = ops::dense::cat_last(qn, qr);  // (tk, H, L + R) = [ql_nope | q_pe]
+    a.key = c.packed;
+    a.value = c.packed;
+    a.sparse_indices = topk;
+    a.scale_value = cfg_.scale;
+    a.key_quant_mode = 2;
+    a.value_quant_mode = 2;
+    a.block_table = md.block_table;
+    a.actual_seq_lengths_query = md.cum_query_lens;
+    a.actual_seq_lengths_kv = md.seq_lens;
+    a.sparse_block_size = 1;
+    a.layout_query = "TND";
+    a.layout_kv = "PA_BSND";
+    a.sparse_mode = 3;
+    a.attention_mode = 2;
+    a.quant_scale_repo_mode = 1;
+    a.tile_size = ops::kSfaC8Tile;
+    a.rope_head_dim = cfg_.dims.qk_rope_head_dim;
+    // vllm-ascend's operator on A2/A3, torch_npu's on A5 (which returns no LSE; none is asked for here).
+    const ops::OpLibrary lib =
+        cfg_.device_kind == plan::DeviceKind::A5 ? ops::OpLibrary::TorchNpu : ops::OpLibrary::VllmAscend;
+    return std::get<0>(ops::kv_quant_sparse_flash_attention(a, lib));
+  }
+  ops::SparseFlashAttentionArgs a;
+  a.query = qn;
+  a.key = c.nope;
+  a.value = c.nope;  // the latent is both key (with the rope part) and value
+  a.sparse_indices = topk;
+  a.scale_value = cfg_.scale;
+  a.block_table = md.block_table;
+  a.actual_seq_lengths_query = md.cum_query_lens;
+  a.actual_seq_lengths_kv = md.seq_lens;
+  a.query_rope = qr;
+  a.key_rope = c.rope;
+  a.sparse_block_size = 1;
+  a.layout_query = "TND";
+  a.layout_kv = "PA_BSND";
+  a.sparse_mode = 3;
+  a.attention_mode = 2;
+  return std::get<0>(ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend));
 }
 
 void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
@@ -229,7 +407,12 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   s.cos = md.cos;
   s.sin = md.sin;
   s.slots = md.slot_mapping;
-  const mla::detail::LatentQuery q = core_->preprocess(v, s, c.nope, c.rope, /*use_prolog=*/false, stable);
+  // SFA C8: the same preprocess without latent/rope cache writes; the latent
+  // key goes into the packed cache below (spec 3.3 step 3, 3.5).
+  mla::detail::LatentKv kv;
+  const mla::detail::LatentQuery q = cfg_.sfa_c8 ? core_->preprocess_unwritten(v, s, kv)
+                                                 : core_->preprocess(v, s, c.nope, c.rope, /*use_prolog=*/false, stable);
+  if (cfg_.sfa_c8) store_packed_rows(kv.k_nope, kv.k_rope, c, md, tk);
   // Top-k: this layer's indexer, or the selection an earlier layer left.
   if (cfg_.indexer.has_value()) {
     const at::Tensor q_c = d.q_lora_rank.has_value() ? v.qc : x;
@@ -240,23 +423,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
     last_topk_rows_ = topk->view(tk);
     last_topk_ = TopkSource::Reused;
   }
-  ops::SparseFlashAttentionArgs a;
-  a.query = q.qn;
-  a.key = c.nope;
-  a.value = c.nope;  // the latent is both key (with the rope part) and value
-  a.sparse_indices = last_topk_rows_;
-  a.scale_value = cfg_.scale;
-  a.block_table = md.block_table;
-  a.actual_seq_lengths_query = md.cum_query_lens;
-  a.actual_seq_lengths_kv = md.seq_lens;
-  a.query_rope = q.qr;
-  a.key_rope = c.rope;
-  a.sparse_block_size = 1;
-  a.layout_query = "TND";
-  a.layout_kv = "PA_BSND";
-  a.sparse_mode = 3;
-  a.attention_mode = 2;
-  const at::Tensor attn = std::get<0>(ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend));  // (tk, H, L)
+  const at::Tensor attn = sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);  // (tk, H, L)
   const at::Tensor& y = core_->w_uv_out_token_major(attn, tk);                                         // (tk, H*V)
   if (rows == tk) {
     ops::dense::linear_out(output, y, core_->weights().o_proj);

@@ -648,6 +648,13 @@ TEST(RtOpsSparse, C8RowPackUnpackRoundTrip) {
                                           "k_rope");
   expect_throw_with<aar::InvalidArgument>(
       [] { ops::unpack_sfa_c8_rows(at::zeros({2, 656}, at::kByte), at::kBFloat16); }, "int8");
+  // The row dtype: int8 is the default; A5's float8_e4m3fn rows ask npu_dynamic_block_quant for the fp8
+  // dst_type (its ScalarType value), which the int8-only twin refuses by name; other dtypes are invalid.
+  const at::Tensor n2 = at::randn({2, 512}), r2 = at::randn({2, 64}).to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(ops::pack_sfa_c8_rows(n2, r2, at::kChar), ops::pack_sfa_c8_rows(n2, r2)));
+  expect_throw_with<aar::NotSupported>([&] { ops::pack_sfa_c8_rows(n2, r2, at::kFloat8_e4m3fn); },
+                                       "dst_type=" + std::to_string(static_cast<int>(at::kFloat8_e4m3fn)));
+  expect_throw_with<aar::InvalidArgument>([&] { ops::pack_sfa_c8_rows(n2, r2, at::kByte); }, "row_dtype");
 }
 
 TEST(RtOpsSparse, KvQuantSfaOnPackedRowsMatchesDequantisedReference) {

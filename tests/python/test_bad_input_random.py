@@ -708,6 +708,113 @@ def test_mla_forward_rejects_random_bad_input():
                                  if isinstance(t, torch.Tensor)], muts)
 
 
+# ----------------------------------------------------------------------------- SFA forward (every C8 combination)
+
+
+def test_sfa_forward_rejects_random_bad_input():
+    from _sfa_reference import IdxDims, make_indexer_weights
+
+    d = MlaDims(H=2, hidden=64, Q=32, L=512, P=16, R=64, V=16)  # the packed SFA C8 rows need L=512, R=64
+    idx = IdxDims(n_head=2, D=128, K=8)
+    bf = torch.bfloat16
+    g = torch.Generator().manual_seed(4)
+    ws = make_weights(d, bf, g)
+    iw = make_indexer_weights(d, idx, bf, g)
+    combos = [(False, False), (True, False), (False, True), (True, True)]
+    impls = [aar.sfa.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L,
+                          qk_nope_head_dim=d.P, qk_rope_head_dim=d.R, v_head_dim=d.V, index_n_head=idx.n_head,
+                          index_head_dim=idx.D, index_topk=idx.K, indexer_wq_b=iw["wq_b"], indexer_wk=iw["wk"],
+                          indexer_weights_proj=iw["weights_proj"], indexer_k_norm_weight=iw["k_norm_weight"],
+                          indexer_k_norm_bias=iw["k_norm_bias"], sfa_c8=s8, li_c8=l8, **ws) for s8, l8 in combos]
+    nope = torch.randn(NB, BS, 1, d.L, generator=g).to(bf)
+    rope = torch.randn(NB, BS, 1, d.R, generator=g).to(bf)
+    packed = torch.randint(-128, 128, (NB, BS, 1, 656), dtype=torch.int8, generator=g)
+    idx_k = torch.randn(NB, BS, 1, idx.D, generator=g).to(bf)
+    idx_kq = torch.randint(-128, 128, (NB, BS, 1, idx.D), dtype=torch.int8, generator=g)
+    idx_s = torch.rand(NB, BS, 1, 1, generator=g).half()
+
+    def tuple_of(c):
+        s8, l8 = combos[c]
+        return ([packed] if s8 else [nope, rope]) + ([idx_kq, idx_s] if l8 else [idx_k])
+
+    cos, sin = rope_tables(BS * MAX_BLOCKS + 8, d.R)
+    rng0 = random.Random(5)
+    cases = []
+    for _ in range(6):
+        a = _valid_step(rng0)
+        builder = aar.sfa.MetadataBuilder(max_num_reqs=MAX_REQS, max_num_tokens=MAX_TOKENS,
+                                          max_blocks_per_req=MAX_BLOCKS, block_size=BS, num_blocks=NB,
+                                          cos_table=cos.to(bf), sin_table=sin.to(bf))
+        stale = builder.build(**a)
+        md = builder.build(**a)
+        cases.append((md, stale, int(a["query_start_loc"][-1])))
+
+    def valid(rng):
+        md, stale, t = rng.choice(cases)
+        c = rng.randrange(len(combos))
+        hidden = torch.randn(t, d.hidden).to(bf)
+        return dict(combo=c, hidden=hidden, kv=tuple_of(c), metadata=md, output=torch.zeros_like(hidden),
+                    stale=stale)
+
+    def call(a):
+        impls[a["combo"]].forward(a["hidden"], a["kv"], a["metadata"], a["output"])
+
+    def entry(a, rng, fn):
+        i = rng.randrange(len(a["kv"]))
+        t = fn(a["kv"][i], rng)
+        if t is None:
+            return None
+        kv = list(a["kv"])
+        kv[i] = t
+        return dict(a, kv=kv, names=[f"kv_cache[{i}]"])
+
+    def wrong_dtype(t, rng):
+        choices = [torch.float32, torch.float16, bf, torch.int8, torch.float8_e4m3fn]
+        return torch.zeros(t.shape, dtype=rng.choice([c for c in choices if c != t.dtype]))
+
+    def wrong_width(t, rng):
+        return torch.zeros(*t.shape[:-1], t.shape[-1] + rng.choice([-1, 1, 64]), dtype=t.dtype)
+
+    def other_combo(a, rng):
+        c = rng.choice([c for c in range(len(combos)) if len(tuple_of(c)) != len(a["kv"])])
+        return dict(a, kv=tuple_of(c))
+
+    def kv_mut(label, fn):
+        # The message names the broken entry (kv_cache[i]); entry() records which one.
+        m = Mut(label, ["kv_cache"], lambda a, rng: entry(a, rng, fn))
+        return m
+
+    muts = [
+        Mut("hidden rows", ["hidden"], lambda a, rng: _replace(a, "hidden", a["hidden"][:0].clone())),
+        Mut("hidden width", ["hidden"], lambda a, rng: _replace(a, "hidden", torch.zeros(a["hidden"].shape[0], 7))),
+        Mut("hidden dtype", ["hidden"], lambda a, rng: _replace(a, "hidden", a["hidden"].double())),
+        Mut("hidden meta", ["hidden", "is on"], lambda a, rng: _replace(a, "hidden", a["hidden"].to(META))),
+        Mut("output shape", ["output"], lambda a, rng: _replace(a, "output", _reshape_wrong(a["output"], rng))),
+        Mut("output dtype", ["output"], lambda a, rng: _replace(a, "output", a["output"].half())),
+        Mut("output strides", ["output"], lambda a, rng: _strided(a, "output", rng)),
+        Mut("stale metadata", ["stale"], lambda a, rng: _replace(a, "metadata", a["stale"])),
+        Mut("tuple one short", ["kv_cache"], lambda a, rng: dict(a, kv=a["kv"][:-1])),
+        Mut("tuple one extra", ["kv_cache"], lambda a, rng: dict(a, kv=a["kv"] + [a["kv"][-1]])),
+        Mut("another combination's tuple", ["kv_cache"], other_combo),
+        kv_mut("entry dtype", wrong_dtype),
+        kv_mut("entry width", wrong_width),
+        kv_mut("entry blocks", lambda t, rng: t[:2].clone()),
+        kv_mut("entry meta", lambda t, rng: t.to(META)),
+        kv_mut("entry strides", lambda t, rng: _padded_blocks(t)),
+    ]
+
+    # Entry mutations must name the entry they broke, not just any kv_cache entry.
+    def call_checked(a):
+        try:
+            call(a)
+        except ValueError as e:
+            for n in a.get("names", []):
+                assert n in str(e), f"{n} not named: {e}"
+            raise
+
+    fuzz(valid, call_checked, lambda a: [t for t in (*a["kv"], a["output"]) if isinstance(t, torch.Tensor)], muts)
+
+
 def _padded_blocks(t):
     big = torch.zeros(t.shape[0], 2, *t.shape[1:], dtype=t.dtype)
     big[:, 0].copy_(t)

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 namespace aar::ops::dense {
 
@@ -26,6 +27,10 @@ void rms_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& 
 at::Tensor pad_dim1(const at::Tensor& x, int64_t size);
 at::Tensor zeros(c10::IntArrayRef shape, const at::TensorOptions& options);
 void copy(const at::Tensor& dst, const at::Tensor& src);
+// x converted to dtype (x itself when it already has it).
+at::Tensor cast(const at::Tensor& x, at::ScalarType dtype);
+// [a | b] along the last dimension (the leading dimensions equal).
+at::Tensor cat_last(const at::Tensor& a, const at::Tensor& b);
 void zero(const at::Tensor& dst);
 
 }  // namespace aar::ops::dense

@@ -25,6 +25,14 @@ constexpr int64_t kSfaC8RowBytes = kSfaC8NopeDim + 2 * kSfaC8RopeDim + 4 * kSfaC
 // so on the NPU this is the device operator plus a concatenation.
 at::Tensor pack_sfa_c8_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, Provider pv = Provider::Auto);
 
+// As above, rows in `row_dtype`: int8 (A2/A3) or float8_e4m3fn (A5, spec 3.5:
+// the same byte order reinterpreted as fp8; the nope part quantised by
+// npu_dynamic_block_quant with dst_type = float8_e4m3fn's ScalarType value).
+// [verify] torch_npu documents dst_type 1 (int8) only, on A2/A3; the CPU twin
+// implements int8 and rejects any other dst_type by name (NotSupported).
+at::Tensor pack_sfa_c8_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, at::ScalarType row_dtype,
+                            Provider pv = Provider::Auto);
+
 struct SfaC8Unpacked {
   at::Tensor k_nope_q;  // (..., 512) int8
   at::Tensor k_rope;    // (..., 64) rope_dtype

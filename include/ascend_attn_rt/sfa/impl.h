@@ -6,6 +6,37 @@
 // o_proj. Every query token goes the same way (SFA has no decode/prefill
 // split). `forward` does no host metadata work: lengths, block table, slots and
 // RoPE rows are the build's (sfa::MetadataBuilder), at stable addresses.
+//
+// The C8 variants (spec 3.1's four combinations, chosen per layer by
+// ImplConfig::sfa_c8 / li_c8; the forward takes the composed tuple of
+// compose_kv_cache with the same flags):
+//  * SFA C8 (spec 1.3.1, 3.3 step 3, 3.5, 3.6): the main cache is one packed
+//    (nb, bs, 1, 656) byte cache (int8 on A2/A3, float8_e4m3fn on A5). The
+//    layer computes k_nope = RMSNorm(kv[:512]) * gamma and k_rope =
+//    interleave->half RoPE(kv[512:]) without writing latent/rope caches,
+//    quantises k_nope per 128-column tile (npu_dynamic_block_quant(row 1, col
+//    128)), packs [k_nope_q 512 B | k_rope 64 x fp16/bf16 | 4 fp32 scales]
+//    rows and scatters them by slot (npu_scatter_nd_update_ into
+//    cache.view(-1, 656); slot -1 skipped), then attends with
+//    npu_kv_quant_sparse_flash_attention on query = [ql_nope | q_pe]
+//    (T, N, 576), key = value = the packed cache, key/value_quant_mode 2,
+//    tile 128, rope_head_dim 64 (vllm-ascend's operator on A2/A3, torch_npu's
+//    on A5). Needs kv_lora_rank 512, qk_rope_head_dim 64, fp16/bf16 weights.
+//    The path is routed by the main cache's dtype (spec 3.6), which the
+//    validation ties to the flag.
+//  * LI C8 (spec 1.2.1, 1.5, 3.4): k_li and q_li (after RoPE) are rotated by
+//    H_D / sqrt(D) (Sylvester, ops/hadamard.h; D = index head_dim, a power of
+//    two) and quantised by npu_dynamic_quant: keys per token, queries per
+//    (token, head) (int8 on A2/A3, float8_e4m3fn on A5); the key bytes go into
+//    the indexer k cache and its scale (fp16 on A2/A3, fp32 on A5) into the
+//    indexer scale cache (nb, bs, 1, 1), both at the step's full slot mapping;
+//    the weights are cast to fp16, the query scales to the scale cache's
+//    dtype, and the quantised indexer selects (A2/A3: _C_ascend
+//    npu_lightning_indexer_quant, key scale cache.squeeze(2); A5: torch_npu
+//    npu_quant_lightning_indexer).
+// On the CPU the A5 (fp8) LI C8 path runs on the twins; A5 SFA C8 does not:
+// the npu_dynamic_block_quant twin implements int8 only and refuses the fp8
+// dst_type by name (NotImplementedError) before the layer writes anything.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -59,6 +90,14 @@ struct ImplConfig {
   // A layer with an indexer also writes its top-k into the TopkBuffer for the
   // layers without one (use_index_cache).
   bool use_index_cache = false;
+  // SFA C8: the main cache is the packed quantised cache (see above). Needs
+  // kv_lora_rank 512, qk_rope_head_dim 64 and fp16/bf16 weights.
+  bool sfa_c8 = false;
+  // LI C8: the indexer cache holds quantised keys and their scales (see
+  // above). Needs an indexer whose head_dim is a power of two.
+  bool li_c8 = false;
+  // Decides the C8 dtypes (int8 + fp16 scales on A2/A3/310P, float8_e4m3fn +
+  // fp32 scales on A5; Backend::c8_dtype) and the operator libraries.
   plan::DeviceKind device_kind = plan::DeviceKind::A2;
   int64_t layer_index = -1;
   int64_t workspace_group = 0;
@@ -75,9 +114,16 @@ class Impl {
   Impl& operator=(const Impl&) = delete;
 
   // hidden (T, hidden_size), T >= the metadata's kernel tokens (its padded
-  // query ends); kv_cache the layer's composed cache tuple (compose_kv_cache):
-  // (latent (nb, bs, 1, L), rope (nb, bs, 1, R)[, indexer k (nb', bs, 1, D_i)]),
-  // contiguous; topk the model's TopkBuffer (needed by layers without an
+  // query ends); kv_cache the layer's composed cache tuple (compose_kv_cache
+  // with the layer's sfa_c8 / li_c8), every tensor contiguous:
+  //   main part:    (latent (nb, bs, 1, L), rope (nb, bs, 1, R)) in the weights'
+  //                 dtype, or with SFA C8 (packed (nb, bs, 1, 656) int8 / fp8);
+  //   indexer part (layers with an indexer): (indexer k (nb', bs, 1, D_i)) in
+  //                 the weights' dtype, or with LI C8 (indexer k int8 / fp8,
+  //                 indexer scale (nb', bs, 1, 1) fp16 / fp32).
+  // A tuple of another length, dtype (for the layer's device_kind), shape or
+  // layout is rejected by name before anything is written. topk the model's
+  // TopkBuffer (needed by layers without an
   // indexer and with use_index_cache; may be null otherwise); output (T,
   // hidden_size): rows past the kernel tokens get o_proj(0) = 0. metadata ==
   // nullptr (profiling run) zero-fills output. While a graph capture is open
@@ -98,7 +144,10 @@ class Impl {
 
  private:
   struct Caches {
-    at::Tensor nope, rope, index_k;
+    at::Tensor nope, rope;      // without SFA C8
+    at::Tensor packed;          // with SFA C8
+    at::Tensor index_k;         // layers with an indexer
+    at::Tensor index_scale;     // with LI C8
   };
   Caches validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache, const Metadata& md,
                   TopkBuffer* topk, const at::Tensor& output) const;
@@ -109,15 +158,26 @@ class Impl {
   at::Tensor indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const Caches& c, const Metadata& md, int64_t tk);
   // RoPE of the indexer's first qk_rope_head_dim dims, in place.
   void indexer_rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // LI C8: rotation, quantisation, key and scale writes, the quantised indexer.
+  at::Tensor quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights, const Caches& c,
+                                const Metadata& md, at::Tensor& k_rows, const at::Tensor& slots);
+  // SFA C8: packs the latent key into 656-byte rows and scatters them by slot.
+  void store_packed_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, const Caches& c, const Metadata& md,
+                         int64_t tk);
+  at::Tensor sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Caches& c,
+                              const Metadata& md);
 
   ImplConfig cfg_;
   std::shared_ptr<mla::detail::LatentCore> core_;
   std::optional<IndexerWeights> iw_;
+  at::Tensor hadamard_;  // LI C8: H_D / sqrt(D) in the weights' dtype
   TopkSource last_topk_ = TopkSource::None;
   at::Tensor last_topk_rows_;
   struct Seen {
-    ::aar::detail::TensorBinding nope_src, rope_src, idx_src;
-    at::Tensor nope, rope, idx_rows;  // the SFA kernel's cache views, the indexer cache as (rows, D_i)
+    ::aar::detail::TensorBinding nope_src, rope_src, idx_src, scale_src, packed_src;
+    // the SFA kernel's cache views; the indexer k cache as (rows, D_i), its
+    // scale cache as (rows, 1); the packed cache as (rows, 656)
+    at::Tensor nope, rope, idx_rows, scale_rows, packed_rows;
   } seen_;
 };
 
