@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
       aar::sfa::Impl impl(ic, ws, indexer ? std::optional<aar::sfa::IndexerWeights>(iw) : std::nullopt);
       const std::string path = indexer ? "forward, indexer layer" : "forward, top-k reused";
       for (int B : {1, 32, 256}) {
+        if (const char* only_b = std::getenv("AAR_BENCH_BATCH"); only_b && std::atoi(only_b) != B) continue;
         Batch b = make_batch(B, 1000, 0, 0, 0);
         const auto& md = builder.build(inputs_of(b));
         const at::Tensor x = at::empty({B, hid}, opts);

@@ -60,6 +60,13 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Te
   return at::layer_norm(x.to(at::kFloat), {d}, gamma.to(at::kFloat), beta.to(at::kFloat), eps).to(x.scalar_type());
 }
 
+void layer_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
+                    double eps) {
+  if (no_compute()) return;
+  at::Tensor o = out;
+  o.copy_(layer_norm(x, gamma, beta, eps));
+}
+
 void rms_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& gamma, double eps) {
   if (no_compute()) return;
   at::Tensor o = out;

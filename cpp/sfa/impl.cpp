@@ -9,6 +9,7 @@
 
 #include "../common/kv_cache.h"
 #include "../mla/latent_core.h"
+#include "indexer_workspace.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/dense.h"
@@ -35,6 +36,14 @@ const char* to_string(TopkSource s) {
 namespace {
 
 using mla::detail::LatentCore;
+
+// Assignments that skip the reference-count traffic when the tensor is already there.
+void set(at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_same(src)) dst = src;
+}
+void set(std::optional<at::Tensor>& dst, const at::Tensor& src) {
+  if (!dst.has_value() || !dst->is_same(src)) dst = src;
+}
 
 // The layout every SFA cache is read in (contiguous, spec 3.1).
 constexpr const char* kCacheLayout = "(num_blocks, block_size, 1, head_dim)";
@@ -137,6 +146,16 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     const int64_t D = cfg_.indexer->head_dim;
     hadamard_ = ops::hadamard_matrix(D, 1.0 / std::sqrt(static_cast<double>(D)), wref.scalar_type(), wref.device());
   }
+  if (cfg_.indexer.has_value()) {
+    detail::IndexerShape shape;
+    shape.device = wref.device();
+    shape.dtype = wref.scalar_type();
+    shape.n_head = cfg_.indexer->n_head;
+    shape.head_dim = cfg_.indexer->head_dim;
+    shape.rope_dim = d.qk_rope_head_dim;
+    shape.group = cfg_.workspace_group;
+    iws_ = detail::IndexerWorkspace::shared(shape);
+  }
 }
 
 Impl::~Impl() = default;
@@ -146,6 +165,8 @@ const at::Tensor& Impl::w_uv() const { return core_->w_uv(); }
 
 void Impl::release_views() {
   seen_ = Seen{};
+  li_args_ = ops::LightningIndexerArgs{};
+  sfa_args_ = ops::SparseFlashAttentionArgs{};
   core_->release_views();
   last_topk_rows_.reset();
 }
@@ -226,12 +247,12 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   return c;
 }
 
-void Impl::indexer_rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-  // RoPE on the first R dims of each head (spec 1.1.1, indexer), in place: x
-  // (tk, heads, D), its own (fresh) tensor. The rotated part is written back
-  // over the head's first R dims; the rest stays (no concatenation).
+void Impl::indexer_rope_(const at::Tensor& head, const at::Tensor& cos, const at::Tensor& sin) {
+  // RoPE on the first R dims of each indexer head (spec 1.1.1), in place:
+  // `head` is the (tk, 1, heads, R) view of those dims (BSND with S = 1, the
+  // angles BS1D); the rotated values are written back over them, the rest of
+  // the head stays.
   const int64_t R = cfg_.dims.qk_rope_head_dim;
-  const at::Tensor head = x.narrow(-1, 0, R).unsqueeze(0);  // (1, tk, heads, R): BSND
   at::Tensor rot;
   if (!cfg_.indexer->glm_moe_dsa) {
     // neox halves: the MLA tables' rows are [c | c], [s | s], exactly the
@@ -251,31 +272,39 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
                               int64_t tk) {
   // Spec 1.2 / 3.4: keys (LayerNorm, RoPE) written into the indexer cache at
   // the step's full slot mapping, weights, queries (RoPE), then the indexer.
+  // The intermediates live in the shared indexer workspace and every view of
+  // the step's tensors is cached: a steady-state call makes none.
   const IndexerConfig& ic = *cfg_.indexer;
   const IndexerWeights& w = *iw_;
   const int64_t D = ic.head_dim, R = cfg_.dims.qk_rope_head_dim;
-  const at::Tensor cos = md.cos.narrow(0, 0, tk).view({1, tk, 1, R});
-  const at::Tensor sin = md.sin.narrow(0, 0, tk).view({1, tk, 1, R});
-  at::Tensor k = ops::dense::layer_norm(ops::dense::linear(x, w.wk), w.k_norm_weight, w.k_norm_bias, ic.k_norm_eps);
-  k = k.view({tk, 1, D});
-  indexer_rope_(k, cos, sin);                                               // (tk, 1, D)
-  const at::Tensor weights = ops::dense::linear(x, w.weights_proj);         // (tk, n_head)
-  const at::Tensor q = ops::dense::linear(q_c, w.wq_b).view({tk, ic.n_head, D});
-  indexer_rope_(q, cos, sin);
+  const detail::IndexerViews& v = iws_->views(tk);
+  // (tk, 1, 1, R): the rotation's BS1D operands for the (tk, 1, heads, R) heads.
+  const at::Tensor& cos = LatentCore::view_of(md.cos, tk, seen_.cos_src, seen_.cos4,
+                                              [&] { return md.cos.narrow(0, 0, tk).view({tk, 1, 1, R}); });
+  const at::Tensor& sin = LatentCore::view_of(md.sin, tk, seen_.sin_src, seen_.sin4,
+                                              [&] { return md.sin.narrow(0, 0, tk).view({tk, 1, 1, R}); });
+  const at::Tensor& slots = LatentCore::view_of(md.slot_mapping, tk, seen_.slots_src, seen_.slots2,
+                                                [&] { return md.slot_mapping.narrow(0, 0, tk).view({tk, 1}); });
+  ops::dense::linear_out(v.k, x, w.wk);
+  ops::dense::layer_norm_out(v.k, v.k, w.k_norm_weight, w.k_norm_bias, ic.k_norm_eps);
+  indexer_rope_(v.k_head, cos, sin);                  // k: (tk, D)
+  ops::dense::linear_out(v.w, x, w.weights_proj);     // (tk, n_head)
+  ops::dense::linear_out(v.q, q_c, w.wq_b);
+  indexer_rope_(v.q_head, cos, sin);                  // q: (tk, n_head, D)
   // The indexer cache as rows of D (a view of the validated contiguous cache).
   const at::Tensor& rows = LatentCore::view_of(c.index_k, c.index_k.size(0), seen_.idx_src, seen_.idx_rows,
                                                [&] { return c.index_k.view({-1, D}); });
   at::Tensor rows_w = rows;
-  const at::Tensor slots = md.slot_mapping.narrow(0, 0, tk).view({tk, 1});
-  if (cfg_.li_c8) return quant_indexer_topk(k.view({tk, D}), q, weights, c, md, rows_w, slots);
-  ops::scatter_nd_update_(rows_w, slots, k.view({tk, D}));
-  ops::LightningIndexerArgs a;
-  a.query = q;
-  a.key = c.index_k;
-  a.weights = weights;
-  a.actual_seq_lengths_query = md.cum_query_lens;
-  a.actual_seq_lengths_key = md.seq_lens;
-  a.block_table = md.block_table;
+  if (cfg_.li_c8) return quant_indexer_topk(v.k, v.q3, v.w, c, md, rows_w, slots);
+  ops::scatter_nd_update_(rows_w, slots, v.k);
+  // The operator's arguments persist between calls: only what changed is assigned.
+  ops::LightningIndexerArgs& a = li_args_;
+  set(a.query, v.q3);
+  set(a.key, c.index_k);
+  set(a.weights, v.w);
+  set(a.actual_seq_lengths_query, md.cum_query_lens);
+  set(a.actual_seq_lengths_key, md.seq_lens);
+  set(a.block_table, md.block_table);
   a.layout_query = "TND";
   a.layout_key = "PA_BSND";
   a.sparse_count = ic.topk;
@@ -370,17 +399,17 @@ at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, co
         cfg_.device_kind == plan::DeviceKind::A5 ? ops::OpLibrary::TorchNpu : ops::OpLibrary::VllmAscend;
     return std::get<0>(ops::kv_quant_sparse_flash_attention(a, lib));
   }
-  ops::SparseFlashAttentionArgs a;
-  a.query = qn;
-  a.key = c.nope;
-  a.value = c.nope;  // the latent is both key (with the rope part) and value
-  a.sparse_indices = topk;
+  ops::SparseFlashAttentionArgs& a = sfa_args_;
+  set(a.query, qn);
+  set(a.key, c.nope);
+  set(a.value, c.nope);  // the latent is both key (with the rope part) and value
+  set(a.sparse_indices, topk);
   a.scale_value = cfg_.scale;
-  a.block_table = md.block_table;
-  a.actual_seq_lengths_query = md.cum_query_lens;
-  a.actual_seq_lengths_kv = md.seq_lens;
-  a.query_rope = qr;
-  a.key_rope = c.rope;
+  set(a.block_table, md.block_table);
+  set(a.actual_seq_lengths_query, md.cum_query_lens);
+  set(a.actual_seq_lengths_kv, md.seq_lens);
+  set(a.query_rope, qr);
+  set(a.key_rope, c.rope);
   a.sparse_block_size = 1;
   a.layout_query = "TND";
   a.layout_kv = "PA_BSND";

@@ -14,12 +14,12 @@ namespace aar::ops::noop {
 
 namespace {
 
-const at::Tensor& empty_of(at::ScalarType dtype, const at::Tensor& like) {
+at::Tensor empty_of(at::ScalarType dtype, const at::Tensor& like) {
   static const std::array<int64_t, 1> z{0};
   return cached(c10::IntArrayRef(z.data(), 1), dtype, like.device());
 }
 
-const at::Tensor& one_of(at::ScalarType dtype, const at::Tensor& like) {
+at::Tensor one_of(at::ScalarType dtype, const at::Tensor& like) {
   static const std::array<int64_t, 1> o{1};
   return cached(c10::IntArrayRef(o.data(), 1), dtype, like.device());
 }
@@ -49,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::Tens
                                                     int64_t update_type) {
   AAR_CHECK_ARG(!local_out.empty(), "ascend_noop npu_attention_update: empty local_out");
   const at::Tensor& o0 = local_out[0];
-  const at::Tensor& l = update_type == 1 ? cached(lse[0].sizes(), at::kFloat, o0.device()) : empty_of(at::kFloat, o0);
+  const at::Tensor l = update_type == 1 ? cached(lse[0].sizes(), at::kFloat, o0.device()) : empty_of(at::kFloat, o0);
   return {cached(o0.sizes(), o0.scalar_type(), o0.device()), l};
 }
 

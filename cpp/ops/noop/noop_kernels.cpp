@@ -27,8 +27,8 @@ struct Entry {
 
 }  // namespace
 
-const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device) {
-  thread_local std::array<Entry, 16> cache;
+at::Tensor cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device) {
+  thread_local std::array<Entry, 32> cache;
   thread_local size_t next = 0;
   AAR_CHECK_ARG(shape.size() <= 6, "ascend_noop: at most 6 dims, got ", shape);
   for (auto& e : cache) {
@@ -50,7 +50,7 @@ const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Devi
 namespace {
 
 std::tuple<at::Tensor, at::Tensor> fia_outputs(const at::Tensor& query, bool lse) {
-  const at::Tensor& out = cached(query.sizes(), query.scalar_type(), query.device());
+  const at::Tensor out = cached(query.sizes(), query.scalar_type(), query.device());
   std::array<int64_t, 5> s{};
   const int64_t r = query.dim();
   AAR_CHECK_ARG(r >= 1 && r <= 5, "ascend_noop FIA: query must have 1..5 dims, got ", query.sizes());
@@ -61,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor> fia_outputs(const at::Tensor& query, bool lse
   return {out, cached(lse_shape, at::kFloat, query.device())};
 }
 
-const at::Tensor& workspace(const at::Tensor& like) {
+at::Tensor workspace(const at::Tensor& like) {
   static const std::array<int64_t, 1> shape{64};
   return cached(c10::IntArrayRef(shape.data(), 1), at::kByte, like.device());
 }
@@ -80,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> fia_layout_outputs(const at::Tensor& query, c
   if (ntd) std::swap(s[0], s[1]);
   if (layout == "BNSD_NBSD") std::swap(s[0], s[1]);
   if (layout == "BSND_NBSD") s = {s[2], s[0], s[1], s[3]};
-  const at::Tensor& out = cached(c10::IntArrayRef(s.data(), r), query.scalar_type(), query.device());
+  const at::Tensor out = cached(c10::IntArrayRef(s.data(), r), query.scalar_type(), query.device());
   return {out, std::get<1>(fia_outputs(query, lse))};
 }
 
@@ -103,7 +103,7 @@ at::Tensor fia_v2_ws(AAR_FIA_V2_PARAMS) { return workspace(query); }
 sig::FusionAttentionResult fusion_attention(AAR_FUSION_ATTENTION_PARAMS) {
   std::array<int64_t, 3> s{query.size(0), head_num, value.size(-1)};
   static const std::array<int64_t, 1> empty{0};
-  const at::Tensor& ph = cached(c10::IntArrayRef(empty.data(), 1), at::kFloat, query.device());
+  const at::Tensor ph = cached(c10::IntArrayRef(empty.data(), 1), at::kFloat, query.device());
   return {cached(c10::IntArrayRef(s.data(), 3), query.scalar_type(), query.device()), ph, ph, ph, 0, 0, 0};
 }
 

@@ -11,6 +11,9 @@
 namespace aar::ops::noop {
 
 // Up to 6 dims; the returned tensor is reused by later calls of the same shape.
-const at::Tensor& cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device);
+// Returned by value: the cache is a small ring, so a later call may replace
+// the entry an earlier result came from (a reference would then change under
+// its holder, e.g. between two outputs of one kernel).
+at::Tensor cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device);
 
 }  // namespace aar::ops::noop

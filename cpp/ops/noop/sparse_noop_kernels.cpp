@@ -16,7 +16,7 @@ namespace aar::ops::noop {
 
 namespace {
 
-const at::Tensor& empty_f32(const at::Tensor& like) {
+at::Tensor empty_f32(const at::Tensor& like) {
   static const std::array<int64_t, 1> z{0};
   return cached(c10::IntArrayRef(z.data(), 1), at::kFloat, like.device());
 }
@@ -33,7 +33,7 @@ std::vector<int64_t> indices_shape(const at::Tensor& query, const at::Tensor& ke
 
 std::tuple<at::Tensor, at::Tensor> lightning_indexer(AAR_LIGHTNING_INDEXER_PARAMS) {
   const auto s = indices_shape(query, key, sparse_count);
-  const at::Tensor& idx = cached(s, at::kInt, query.device());
+  const at::Tensor idx = cached(s, at::kInt, query.device());
   return {idx, return_value ? cached(s, at::kFloat, query.device()) : empty_f32(query)};
 }
 
@@ -52,7 +52,7 @@ sig::SfaResult sfa_outputs(const at::Tensor& query, const at::Tensor& key, int64
                 query.sizes());
   std::vector<int64_t> o(query.sizes().begin(), query.sizes().end());
   o.back() = v_dim;
-  const at::Tensor& out = cached(o, query.scalar_type(), query.device());
+  const at::Tensor out = cached(o, query.scalar_type(), query.device());
   if (!lse) return {out, empty_f32(query), empty_f32(query)};
   const int64_t n2 = key.dim() >= 2 ? key.size(-2) : 1;
   const int64_t n = query.size(-2);
@@ -62,7 +62,7 @@ sig::SfaResult sfa_outputs(const at::Tensor& query, const at::Tensor& key, int64
   } else {
     l = {query.size(0), n2, query.size(1), n / n2};
   }
-  const at::Tensor& m = cached(l, at::kFloat, query.device());
+  const at::Tensor m = cached(l, at::kFloat, query.device());
   return {out, m, m};
 }
 

@@ -22,6 +22,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& gamma, double eps);
 // LayerNorm over the last dimension with gamma and beta, computed in fp32 and
 // cast back to x's dtype.
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, double eps);
+// out = layer_norm(x) (out may be x: the result is computed before it is written).
+void layer_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta,
+                    double eps);
 void rms_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& gamma, double eps);
 // (T, H, D) -> (T, Hp, D) with zero heads appended (x itself when Hp == H).
 at::Tensor pad_dim1(const at::Tensor& x, int64_t size);

@@ -48,12 +48,17 @@
 
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/mla/weights.h"
+#include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/sparse_flash_attention.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "ascend_attn_rt/sfa/metadata.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 
 namespace aar::mla::detail {
 class LatentCore;
+}
+namespace aar::sfa::detail {
+class IndexerWorkspace;
 }
 namespace aar::graph {
 class GraphParams;
@@ -156,8 +161,9 @@ class Impl {
   void run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk, const at::Tensor& output,
            int64_t tk, bool stable);
   at::Tensor indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const Caches& c, const Metadata& md, int64_t tk);
-  // RoPE of the indexer's first qk_rope_head_dim dims, in place.
-  void indexer_rope_(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // RoPE of the indexer's first qk_rope_head_dim dims, in place, through
+  // their (tk, 1, heads, R) view.
+  void indexer_rope_(const at::Tensor& head, const at::Tensor& cos, const at::Tensor& sin);
   // LI C8: rotation, quantisation, key and scale writes, the quantised indexer.
   at::Tensor quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights, const Caches& c,
                                 const Metadata& md, at::Tensor& k_rows, const at::Tensor& slots);
@@ -170,14 +176,18 @@ class Impl {
   ImplConfig cfg_;
   std::shared_ptr<mla::detail::LatentCore> core_;
   std::optional<IndexerWeights> iw_;
+  std::shared_ptr<detail::IndexerWorkspace> iws_;  // the indexer's intermediates, shared by the layers of one shape
+  ops::LightningIndexerArgs li_args_;              // kept between calls: a steady-state call assigns nothing new
+  ops::SparseFlashAttentionArgs sfa_args_;
   at::Tensor hadamard_;  // LI C8: H_D / sqrt(D) in the weights' dtype
   TopkSource last_topk_ = TopkSource::None;
   at::Tensor last_topk_rows_;
   struct Seen {
-    ::aar::detail::TensorBinding nope_src, rope_src, idx_src, scale_src, packed_src;
+    ::aar::detail::TensorBinding nope_src, rope_src, idx_src, scale_src, packed_src, cos_src, sin_src, slots_src;
     // the SFA kernel's cache views; the indexer k cache as (rows, D_i), its
-    // scale cache as (rows, 1); the packed cache as (rows, 656)
-    at::Tensor nope, rope, idx_rows, scale_rows, packed_rows;
+    // scale cache as (rows, 1); the packed cache as (rows, 656); the step's
+    // RoPE rows as (tk, 1, 1, R) and slots as (tk, 1) for the indexer
+    at::Tensor nope, rope, idx_rows, scale_rows, packed_rows, cos4, sin4, slots2;
   } seen_;
 };
 
