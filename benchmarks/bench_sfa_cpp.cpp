@@ -81,10 +81,11 @@ int main(int argc, char** argv) {
 
   // ---------------------------------------------------------------- build
   for (bool separate : {false, true}) {
-    if (only == "forward") break;
+    if (only == "forward" || (separate && std::getenv("AAR_BENCH_BATCH"))) break;
     aar::sfa::MetadataBuilder builder(builder_config(c10::Device(c10::kCPU), separate));
     const std::string path = separate ? "build, separate buffers" : "build, cpu (aliased)";
     for (int B : {1, 32, 256}) {
+      if (const char* only_b = std::getenv("AAR_BENCH_BATCH"); only_b && std::atoi(only_b) != B) continue;
       Batch b = make_batch(B, 1000, 0, 0, 0);
       auto in = inputs_of(b);
       results.push_back({path, "decode, host block table", B, time_us([&] { builder.build(in); }, 20000 / scale)});

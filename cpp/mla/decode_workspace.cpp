@@ -47,6 +47,7 @@ void DecodeWorkspace::grow(int64_t td) {
   qn_ = at::zeros({cap * Hp * L}, opts);
   qr_ = at::zeros({cap * Hp * R}, opts);
   attn_ = at::empty({cap * Hp * L}, opts);
+  y_ = at::empty({cap * H * s.v_head_dim}, opts);
   capacity_ = cap;
   ++generation_;
 }
@@ -96,6 +97,8 @@ const DecodeViews& DecodeWorkspace::views(int64_t td, DecodeLayout layout) {
       break;
   }
   v.attn_heads = attn.narrow(0, 0, H * td * L).view({H, td, L});
+  v.y = y_.narrow(0, 0, td * H * s.v_head_dim).view({td, H * s.v_head_dim});
+  v.y3 = v.y.view({td, H, s.v_head_dim});
   return v;
 }
 

@@ -45,6 +45,7 @@ struct DecodeViews {
   at::Tensor fia_qn, fia_qr;     // the padded queries in the FIA layout
   at::Tensor attn;               // head-major FIA output: (Hp, td, 1, L) or (Hp, td, L) for TND
   at::Tensor attn_heads;         // (H, td, L): the real heads of attn
+  at::Tensor y3, y;              // W_UV output, token-major: (td, H, V) and (td, H*V)
 };
 
 class DecodeWorkspace {
@@ -63,7 +64,7 @@ class DecodeWorkspace {
 
   DecodeShape shape_;
   int64_t capacity_ = 0, generation_ = 0;
-  at::Tensor kv_raw_, qa_, qc_, q_, qn_, qr_, attn_;
+  at::Tensor kv_raw_, qa_, qc_, q_, qn_, qr_, attn_, y_;
   std::vector<DecodeViews> views_;
 };
 

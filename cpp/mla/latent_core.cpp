@@ -7,6 +7,7 @@
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/interleave_rope.h"
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
+#include "ascend_attn_rt/ops/batch_matmul_transpose.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 
 namespace aar::mla::detail {
@@ -183,8 +184,14 @@ const at::Tensor& LatentCore::w_uv_out(const DecodeViews& v, int64_t td) {
   return view_of(y, td, seen_.y_src, seen_.y2d, [&] { return y.view({td, d.num_heads * d.v_head_dim}); });
 }
 
-const at::Tensor& LatentCore::w_uv_out_token_major(const at::Tensor& attn, int64_t td) {
+const at::Tensor& LatentCore::w_uv_out_token_major(const DecodeViews& v, const at::Tensor& attn, int64_t td) {
   const Dims& d = cfg_.dims;
+  const auto dt = attn.scalar_type();
+  if ((dt == at::kHalf || dt == at::kBFloat16) && td <= 1024) {
+    at::Tensor y3 = v.y3;
+    ops::batch_matmul_transpose(attn, w_uv_, y3);
+    return v.y;
+  }
   // (td, H, L) read head-major, W_UV per head, written token-major -> (td, H*V).
   static const int64_t perm[3] = {1, 0, 2};
   const at::Tensor y = ops::transpose_batchmatmul(attn, w_uv_, c10::IntArrayRef(perm, 3), std::nullopt,

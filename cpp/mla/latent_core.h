@@ -93,8 +93,11 @@ class LatentCore {
 
   // W_UV on the real heads of v.attn_heads, as (td, H*V); valid until the next call.
   const at::Tensor& w_uv_out(const DecodeViews& v, int64_t td);
-  // W_UV on a token-major latent output (td, H, L), as (td, H*V).
-  const at::Tensor& w_uv_out_token_major(const at::Tensor& attn, int64_t td);
+  // W_UV on a token-major latent output (td, H, L), as (td, H*V) (spec sparse
+  // 3.7): vllm-ascend's batch_matmul_transpose into the workspace's v.y for
+  // fp16/bf16 and at most 1024 tokens, npu_transpose_batchmatmul otherwise
+  // (the same maths).
+  const at::Tensor& w_uv_out_token_major(const DecodeViews& v, const at::Tensor& attn, int64_t td);
 
   // Spec mla 9.17: copies new weights into the layer's tensors and recomputes
   // the derived ones in place (captured graphs keep valid addresses).

@@ -453,7 +453,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
     last_topk_ = TopkSource::Reused;
   }
   const at::Tensor attn = sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);  // (tk, H, L)
-  const at::Tensor& y = core_->w_uv_out_token_major(attn, tk);                                         // (tk, H*V)
+  const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tk);                                         // (tk, H*V)
   if (rows == tk) {
     ops::dense::linear_out(output, y, core_->weights().o_proj);
   } else {
