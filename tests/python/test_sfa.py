@@ -251,3 +251,38 @@ def test_graph_capture_replays_padded_decode_buckets():
         torch.testing.assert_close(out[:B].to(F64), ref, **_tol(m.dtype))
         assert torch.count_nonzero(out[B:]) == 0
         assert g.update_log == []  # no host parameter was re-issued
+
+
+def test_graph_capture_replays_speculative_decode_buckets():
+    # num_speculative_tokens = 1: every request brings 2 tokens; a bucket of 8 tokens holds 4 requests.
+    bucket, q = 8, 2
+    seq = [12, 17, 9, 21]
+    m = Model(seq, spare_blocks=8)
+    for r, s in enumerate(seq):
+        m.fill(r, s - q)
+    builder = m.builder(num_speculative_tokens=1, graph_decode_padding=True)
+    impl = m.impl()
+    hidden = torch.zeros(bucket, m.d.hidden, dtype=m.dtype)
+    out = torch.zeros(bucket, m.d.hidden, dtype=m.dtype)
+    g = aar.GraphParams("recording")
+    md = builder.build_for_graph_capture(_qsl([q] * 4), torch.tensor(seq, dtype=torch.int32), m.table,
+                                         num_input_tokens=bucket, state=aar.AttentionState.SpecDecoding)
+    snap = [c.clone() for c in m.caches()]
+    with g.capture(bucket):
+        impl.forward(hidden, m.caches(), md, out)
+    for a, b in zip(snap, m.caches()):
+        assert torch.equal(a, b)
+    for B in (4, 1, 3):
+        hs = torch.cat([m.xs[r][seq[r] - q: seq[r]] for r in range(B)])
+        md = builder.build(_qsl([q] * B), torch.tensor(seq[:B], dtype=torch.int32), m.table[:B],
+                           num_input_tokens=bucket)
+        g.clear_update_log()
+        hidden.zero_()
+        hidden[:B * q] = hs
+        g.replay(bucket)
+        ref = torch.cat([sfa_attend_request(m.d, m.ws, m.xs[r][:seq[r]], q, m.scale,
+                                            indexer_topk_request(m.d, m.idx, m.ws, m.iw, m.xs[r][:seq[r]], q)[0])
+                         for r in range(B)])
+        torch.testing.assert_close(out[:B * q].to(F64), ref, **_tol(m.dtype))
+        assert torch.count_nonzero(out[B * q:]) == 0
+        assert g.update_log == []
