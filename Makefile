@@ -56,8 +56,10 @@ bench: build
 	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json
 	$(BUILD)/bench_graph_cpp --out benchmarks/results/cpp_graph.json
 	$(BUILD)/bench_mla_cpp --out benchmarks/results/cpp_mla.json
+	$(BUILD)/bench_sfa_cpp --out benchmarks/results/cpp_sfa.json
 	PYTHONPATH=python $(PY) benchmarks/bench_host.py --out benchmarks/results/python_host.json
 	PYTHONPATH=python $(PY) benchmarks/bench_mla_host.py --out benchmarks/results/mla_host.json
+	PYTHONPATH=python $(PY) benchmarks/bench_sfa_host.py --out benchmarks/results/sfa_host.json
 
 clean:
 	rm -rf $(BUILD)

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "../common/shared_by_shape.h"
+
 namespace aar::mla::detail {
 
 bool DecodeShape::operator==(const DecodeShape& o) const {
@@ -11,24 +13,7 @@ bool DecodeShape::operator==(const DecodeShape& o) const {
 }
 
 std::shared_ptr<DecodeWorkspace> DecodeWorkspace::shared(const DecodeShape& shape) {
-  static std::mutex mu;
-  static std::vector<std::weak_ptr<DecodeWorkspace>> registry;
-  std::lock_guard<std::mutex> lock(mu);
-  std::shared_ptr<DecodeWorkspace> found;
-  auto it = registry.begin();
-  while (it != registry.end()) {
-    std::shared_ptr<DecodeWorkspace> w = it->lock();
-    if (!w) {
-      it = registry.erase(it);
-      continue;
-    }
-    if (!found && w->shape() == shape) found = std::move(w);
-    ++it;
-  }
-  if (found) return found;
-  auto w = std::make_shared<DecodeWorkspace>(shape);
-  registry.push_back(w);
-  return w;
+  return aar::detail::shared_by_shape<DecodeWorkspace>(shape);
 }
 
 void DecodeWorkspace::grow(int64_t td) {

@@ -2,28 +2,12 @@
 
 #include <ATen/ATen.h>
 
-#include <mutex>
+#include "../common/shared_by_shape.h"
 
 namespace aar::sfa::detail {
 
 std::shared_ptr<IndexerWorkspace> IndexerWorkspace::shared(const IndexerShape& shape) {
-  static std::mutex mu;
-  static std::vector<std::weak_ptr<IndexerWorkspace>> registry;
-  std::lock_guard<std::mutex> lock(mu);
-  std::shared_ptr<IndexerWorkspace> found;
-  for (auto it = registry.begin(); it != registry.end();) {
-    std::shared_ptr<IndexerWorkspace> w = it->lock();
-    if (!w) {
-      it = registry.erase(it);
-      continue;
-    }
-    if (!found && w->shape() == shape) found = std::move(w);
-    ++it;
-  }
-  if (found) return found;
-  auto w = std::make_shared<IndexerWorkspace>(shape);
-  registry.push_back(w);
-  return w;
+  return aar::detail::shared_by_shape<IndexerWorkspace>(shape);
 }
 
 const IndexerViews& IndexerWorkspace::views(int64_t tk) {

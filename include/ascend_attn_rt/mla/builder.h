@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/mla/build_inputs.h"
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/staging.h"
@@ -84,16 +85,6 @@ struct BuilderConfig {
   // copies and their completion (null: a c10::Event on the current stream).
   int32_t staging_buffers = 2;
   std::shared_ptr<StagingHooks> staging_hooks;
-};
-
-struct BuildInputs {
-  plan::CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums
-  plan::CSpan<int32_t> seq_lens;         // B, context + new tokens
-  plan::CSpan<int32_t> block_table;      // B x block_table_stride, row-major, host
-  int32_t block_table_stride = 0;
-  int32_t num_input_tokens = 0;          // 0 = query_start_loc[B]
-  std::optional<plan::AttentionState> attn_state;  // derived when absent
-  plan::CSpan<int32_t> num_spec_tokens;  // optional (state derivation)
 };
 
 class MetadataBuilder {
