@@ -67,7 +67,7 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     AAR_CHECK_ARG(d.qk_rope_head_dim <= ic.head_dim && d.qk_rope_head_dim % 2 == 0, "the indexer RoPE rotates the "
                   "first qk_rope_head_dim=", d.qk_rope_head_dim, " dims of each ", ic.head_dim, "-dim head: it must "
                   "be even and at most head_dim");
-    const at::Tensor& ref = weights.q_proj;
+    const at::Tensor& ref = weights.kv_b_proj;
     const int64_t q_in = d.q_lora_rank.value_or(d.hidden_size);
     auto check = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape) {
       AAR_CHECK_ARG(t.defined() && t.sizes() == c10::IntArrayRef(shape), "indexer weight ", name, " must have shape ",
@@ -107,9 +107,8 @@ void Impl::reload_weights(const mla::Weights& weights) { core_->reload_weights(w
 Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const Metadata& md,
                             TopkBuffer* topk, const at::Tensor& output) const {
   const mla::Dims& d = cfg_.dims;
-  const at::Tensor& wref = core_->weights().q_proj;
-  const auto dtype = wref.scalar_type();
-  const c10::Device dev = wref.device();
+  const auto dtype = core_->dtype();
+  const c10::Device dev = core_->device();
   AAR_CHECK_ARG(hidden.defined() && hidden.dim() == 2 && hidden.size(1) == d.hidden_size,
                 "hidden_states must have shape (T, hidden_size=", d.hidden_size, "), got ",
                 hidden.defined() ? hidden.sizes() : c10::IntArrayRef{});
@@ -226,7 +225,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   s.cos = md.cos;
   s.sin = md.sin;
   s.slots = md.slot_mapping;
-  const mla::detail::LatentQuery q = core_->preprocess(v, s, c.nope, c.rope, /*use_prolog=*/false, stable);
+  const mla::detail::LatentQuery q = core_->preprocess(v, s, c.nope, c.rope, mla::detail::Fused::None, stable);
   // Top-k: this layer's indexer, or the selection an earlier layer left.
   if (cfg_.indexer.has_value()) {
     const at::Tensor q_c = d.q_lora_rank.has_value() ? v.qc : x;
