@@ -130,7 +130,9 @@ sig::MlaPreprocessResult mla_preprocess(AAR_MLA_PREPROCESS_PARAMS) {
   const int64_t H = wuk.size(0), P = wuk.size(1), L = wuk.size(2);
   AAR_CHECK_ARG(cos->dim() == 2 && cos->size(0) == T && sin->sizes() == cos->sizes(), kOp,
                 ": cos / sin must be (T=", T, ", R), got ", cos->sizes(), " / ", sin->sizes());
-  AAR_CHECK_ARG(cos->scalar_type() == dt && sin->scalar_type() == dt, kOp, ": cos / sin must be ", dt);
+  // The kernel takes them in the activation dtype; the twin accepts any floating dtype (RoPE in fp32).
+  AAR_CHECK_ARG(at::isFloatingType(cos->scalar_type()) && at::isFloatingType(sin->scalar_type()), kOp,
+                ": cos / sin must be floating point, got ", cos->scalar_type(), " / ", sin->scalar_type());
   const int64_t R = cos->size(1);
   AAR_CHECK_ARG(R % 2 == 0, kOp, ": the rope dim must be even, got ", R);
   check_vec(gamma1, "gamma1", gamma1.size(0), dt);

@@ -81,8 +81,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> run(const
   const at::Tensor cos = in.rope_cos->reshape({-1, Dr}), sin = in.rope_sin->reshape({-1, in.rope_sin->size(-1)});
   check_2d(op, cos, "rope_cos", T, Dr);
   check_2d(op, sin, "rope_sin", T, Dr);
-  AAR_CHECK_ARG(cos.scalar_type() == dt && sin.scalar_type() == dt, op, ": rope_cos / rope_sin must have the "
-                "activation dtype ", dt, ", got ", cos.scalar_type(), " / ", sin.scalar_type());
+  // The kernel takes them in the activation dtype; the twin accepts any floating
+  // dtype (its RoPE computes in fp32 and rounds to the activation dtype).
+  AAR_CHECK_ARG(at::isFloatingType(cos.scalar_type()) && at::isFloatingType(sin.scalar_type()), op,
+                ": rope_cos / rope_sin must be floating point, got ", cos.scalar_type(), " / ", sin.scalar_type());
   AAR_CHECK_ARG(Dr % 2 == 0, op, ": the rope dim must be even, got ", Dr);
   check_2d(op, *in.weight_uq_qr, "weight_uq_qr", Hcq, N * (D + Dr));
   check_2d(op, *in.weight_dkv_kr, "weight_dkv_kr", He, Hckv + Dr);
