@@ -82,7 +82,32 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     check(iw_->k_norm_weight, "k_norm_weight", {ic.head_dim});
     check(iw_->k_norm_bias, "k_norm_bias", {ic.head_dim});
   }
+  // Spec 3.2: the preprocess, once.
+  PreprocessConfig pc = cfg_.preprocess;
+  pc.has_q_lora = d.q_lora_rank.has_value();
+  AAR_CHECK_ARG(pc.quant == mla::quant_type(weights), "preprocess quant type \"", mla::to_string(pc.quant),
+                "\" differs from the weights' \"", mla::to_string(mla::quant_type(weights)), "\"");
+  if (pc.quant == mla::QuantType::MxFp8) {
+    throw_not_supported("quant type \"mxfp8\" (W8A8-MXFP8 dynamic fused_qkv_a_proj, A5) is not implemented");
+  }
+  if (pc.enable_sparse_sfa_c8) {
+    throw_not_supported("enable_sparse_sfa_c8: the SFA C8 cache (packed 656-byte rows, and PROLOG_V3's "
+                        "kv_cache_quant_mode 3 writing them) is not implemented by this layer");
+  }
+  if (pc.dsa_cp) throw_not_supported("dsa_cp: DSA context parallel is not implemented by this layer");
+  if (pc.dcp_size > 1) throw_not_supported("dcp_size=", pc.dcp_size, ": DCP is not implemented by this layer");
+  if (pc.kv_offload) throw_not_supported("kv_offload: sparse KV offload is not implemented by this layer");
+  choice_ = resolve_preprocess(pc);
+  if (choice_.kind == Preprocess::Mlapo && (cfg_.q_norm_eps != 1e-6 || cfg_.kv_norm_eps != 1e-6)) {
+    throw_not_supported("MLAPO (", choice_.reason, ") with q_norm_eps=", cfg_.q_norm_eps, ", kv_norm_eps=",
+                        cfg_.kv_norm_eps, ": mla_preprocess takes no epsilon (its kernel uses 1e-6)");
+  }
   mla::detail::LatentConfig lc;
+  lc.fused = choice_.kind == Preprocess::PrologV3 ? mla::detail::Fused::PrologV3
+             : choice_.kind == Preprocess::Mlapo  ? mla::detail::Fused::Mlapo
+                                                  : mla::detail::Fused::None;
+  // The indexer reads q_c: the fused paths return it (query_norm_flag / enable_inner_out).
+  lc.query_norm = cfg_.indexer.has_value();
   lc.dims = d;
   lc.q_norm_eps = cfg_.q_norm_eps;
   lc.kv_norm_eps = cfg_.kv_norm_eps;
@@ -209,7 +234,6 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
 
 void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                const at::Tensor& output, int64_t tk, bool stable) {
-  const mla::Dims& d = cfg_.dims;
   const int64_t rows = hidden.size(0);
   if (tk == 0) {
     ops::dense::zero(output);
@@ -225,10 +249,18 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   s.cos = md.cos;
   s.sin = md.sin;
   s.slots = md.slot_mapping;
-  const mla::detail::LatentQuery q = core_->preprocess(v, s, c.nope, c.rope, mla::detail::Fused::None, stable);
+  // Spec 3.2: the resolved preprocess, downgraded to NATIVE outside
+  // DecodeOnly / SpecDecoding steps and for MLAPO above 1024 input tokens.
+  last_pre_ = runtime_preprocess(choice_.kind, md.attn_state, md.num_input_tokens);
+  const mla::detail::Fused path = last_pre_ == Preprocess::PrologV3 ? mla::detail::Fused::PrologV3
+                                  : last_pre_ == Preprocess::Mlapo  ? mla::detail::Fused::Mlapo
+                                                                    : mla::detail::Fused::None;
+  const mla::detail::LatentQuery q = core_->preprocess(v, s, c.nope, c.rope, path, stable);
   // Top-k: this layer's indexer, or the selection an earlier layer left.
   if (cfg_.indexer.has_value()) {
-    const at::Tensor q_c = d.q_lora_rank.has_value() ? v.qc : x;
+    // q_c: the native path's normed q-LoRA activations, or what the fused
+    // operator returned (query_norm / inner_out); x without q-LoRA.
+    const at::Tensor q_c = q.qc.defined() ? q.qc : x;
     last_topk_rows_ = indexer_topk(x, q_c, c, md, tk);
     if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
     last_topk_ = TopkSource::Indexer;

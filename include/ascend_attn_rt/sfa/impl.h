@@ -6,6 +6,17 @@
 // o_proj. Every query token goes the same way (SFA has no decode/prefill
 // split). `forward` does no host metadata work: lengths, block table, slots and
 // RoPE rows are the build's (sfa::MetadataBuilder), at stable addresses.
+//
+// The preprocess (spec 3.2, sfa/preprocess.h) is chosen once at construction
+// from ImplConfig::preprocess: NATIVE (unquantised or W8A8 projections),
+// PROLOG_V3 (npu_mla_prolog_v3, query_norm_flag returning q_c for the indexer)
+// or MLAPO (mla_preprocess on W8A8-static weights, enable_inner_out returning
+// q_c), and downgraded to NATIVE per call outside DecodeOnly / SpecDecoding
+// steps and for MLAPO above 1024 input tokens. All three write the same cache
+// rows and give the same queries up to quantisation. Not implemented (rejected
+// at construction by name): SFA C8 (the packed 656-byte cache; its PROLOG_V3
+// form, kv_cache_quant_mode 3, is what a W8A8-dynamic layer would take), MXFP8,
+// DSA-CP, DCP and KV offload.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,12 +24,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/mla/weights.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "ascend_attn_rt/sfa/metadata.h"
+#include "ascend_attn_rt/sfa/preprocess.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 
 namespace aar::mla::detail {
@@ -62,6 +75,9 @@ struct ImplConfig {
   plan::DeviceKind device_kind = plan::DeviceKind::A2;
   int64_t layer_index = -1;
   int64_t workspace_group = 0;
+  // The preprocess selection inputs (spec 3.2). `quant` must equal the weights'
+  // quant type (mla::Weights::quant); `has_q_lora` is taken from dims.
+  PreprocessConfig preprocess;
 };
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
@@ -93,6 +109,11 @@ class Impl {
   // The top-k rows (T, 1, K) of the last forward (the indexer's result, or the
   // reused buffer view). For tests and tracing.
   const at::Tensor& last_topk() const { return last_topk_rows_; }
+  // The preprocess resolved at construction (and why), and the one the last
+  // forward took (after the per-call downgrade). For tests and tracing.
+  Preprocess preprocess() const { return choice_.kind; }
+  const std::string& preprocess_reason() const { return choice_.reason; }
+  Preprocess last_preprocess() const { return last_pre_; }
   void release_views();
   void reload_weights(const mla::Weights& weights);
 
@@ -113,6 +134,8 @@ class Impl {
   std::shared_ptr<mla::detail::LatentCore> core_;
   std::optional<IndexerWeights> iw_;
   TopkSource last_topk_ = TopkSource::None;
+  PreprocessChoice choice_;
+  Preprocess last_pre_ = Preprocess::Native;
   at::Tensor last_topk_rows_;
   struct Seen {
     ::aar::detail::TensorBinding nope_src, rope_src, idx_src;
