@@ -395,3 +395,44 @@ def test_mlapo_weights_layout():
     ndq = zq[0].permute(1, 0, 2).reshape(zq.shape[2], -1)
     assert torch.equal(ndq[: d.H * (d.P + d.R), : d.Q], q.weight[rows])
     assert torch.equal(ndq[:, d.Q:], torch.zeros_like(ndq[:, d.Q:]))  # Q=48 padded to 64 columns
+
+
+# ------------------------------------------------------------------------------- no-compute provider
+
+
+def test_quantised_paths_run_on_the_no_compute_provider():
+    # Host work only: every quantised path dispatches (shapes consistent), nothing is written.
+    cases = [
+        (setup([5, 17, 33], [1, 1, 1], quant="w8a8_static"), dict(enable_mlapo=True), "mlapo"),
+        (setup([12, 20, 40, 9], [1, 1, 7, 9], quant="w8a8_static", workspace=16), {}, "native"),
+        (setup([5, 17, 33], [1, 1, 1], quant="w8a8_dynamic"), dict(enable_prolog=True), "prolog"),
+        (setup([12, 20, 40, 9], [1, 1, 7, 9], quant="w8a8_dynamic", fa=True, workspace=16), {}, "fa_quant"),
+    ]
+    aar.set_provider("no_compute")
+    try:
+        for c, extra, path in cases:
+            impl = mla.Impl(**c.kw, **{**c.impl_kw, **extra})
+            nope, rope = c.nope.clone(), c.rope.clone()
+            impl.forward(c.hidden, nope, rope, c.md, torch.zeros_like(c.hidden))
+            assert impl.last_decode_path == path
+            assert torch.equal(nope, c.nope) and torch.equal(rope, c.rope)
+    finally:
+        aar.set_provider("auto")
+
+
+@pytest.mark.parametrize("extra", [dict(enable_mlapo=True), {}])
+def test_reload_quantised_weights_in_place(extra):
+    # Spec 9.17: new W8A8 weights are copied into the layer's tensors and the derived ones (W8A8 linears,
+    # MLAPO weights) recomputed in place; the layer then computes like a fresh one.
+    c = setup([5, 17, 33], [1, 1, 1], quant="w8a8_static")
+    impl = mla.Impl(**c.kw, **extra)
+    c2 = setup([5, 17, 33], [1, 1, 1], quant="w8a8_static", seed=1)
+    impl.reload_weights(**{k: c2.kw[k] for k in ("q_a_layernorm", "kv_a_layernorm", "kv_b_proj", "o_proj", "quant")})
+    out = torch.zeros_like(c2.hidden)
+    impl.forward(c2.hidden, c2.nope.clone(), c2.rope.clone(), c2.md, out)
+    _, fresh, *_ = run(c2, **extra)
+    close(out, fresh, atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="the new weights are w8a8_dynamic"):
+        c3 = setup([5], [1], quant="w8a8_dynamic")
+        impl.reload_weights(**{k: c3.kw[k] for k in ("q_a_layernorm", "kv_a_layernorm", "kv_b_proj", "o_proj",
+                                                     "quant")})

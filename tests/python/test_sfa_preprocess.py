@@ -298,3 +298,21 @@ def test_unimplemented_configurations_are_rejected_by_name():
     mn = QModel([9, 14], dims=MlaDims(Q=None))
     impl = mn.impl(is_kv_consumer=True)
     assert impl.preprocess == "native" and "no q-LoRA" in impl.preprocess_reason
+
+
+def test_fused_paths_run_on_the_no_compute_provider():
+    seq, q = [5, 20, 33, 9], [1, 1, 1, 1]
+    for quant, kw, path in (("none", dict(is_kv_consumer=True), "prolog_v3"),
+                            ("w8a8_static", dict(enable_mlapo=True), "mlapo"),
+                            ("w8a8_dynamic", {}, "native")):
+        m = QModel(seq, quant=quant)
+        md, hidden = _step(m, seq, q)
+        impl = m.impl(**kw)
+        aar.set_provider("no_compute")
+        try:
+            caches = [t.clone() for t in m.caches()]
+            impl.forward(hidden, caches, md, torch.zeros_like(hidden))
+        finally:
+            aar.set_provider("auto")
+        assert impl.last_preprocess == path
+        assert all(torch.equal(a, b) for a, b in zip(caches, m.caches()))
