@@ -260,6 +260,11 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   if (cfg_.indexer.has_value()) {
     // q_c: the native path's normed q-LoRA activations, or what the fused
     // operator returned (query_norm / inner_out); x without q-LoRA.
+    if (q.qc_scale.defined()) {
+      // A W8A8-dynamic PROLOG_V3 (SFA C8 only, rejected at construction here)
+      // returns q_c quantised per token: the indexer would need its quant matmul.
+      throw_not_supported("the indexer on an int8 q_c (W8A8-dynamic PROLOG_V3's query_norm) is not implemented");
+    }
     const at::Tensor q_c = q.qc.defined() ? q.qc : x;
     last_topk_rows_ = indexer_topk(x, q_c, c, md, tk);
     if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
