@@ -9,6 +9,7 @@
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/impl.h"
+#include "ascend_attn_rt/mla/quant.h"
 #include "ascend_attn_rt/mla/weights.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
 #include "common.h"
@@ -218,16 +219,76 @@ void bind_mla(nb::module_& root) {
       .def_prop_ro("workspace_tokens", &mla::MetadataBuilder::workspace_tokens)
       .def_prop_ro("generation", &mla::MetadataBuilder::generation);
 
+  // W8A8 weights (mla/quant.h), shared with aar.sfa.
+  nb::class_<mla::QuantLinear>(m, "QuantLinear")
+      .def(
+          "__init__",
+          [](mla::QuantLinear* self, const at::Tensor& weight, const at::Tensor& weight_scale,
+             std::optional<at::Tensor> input_scale, std::optional<at::Tensor> input_offset,
+             std::optional<at::Tensor> quant_bias) {
+            new (self) mla::QuantLinear{weight, weight_scale, input_scale, input_offset, quant_bias};
+          },
+          "weight"_a, "weight_scale"_a, nb::kw_only(), "input_scale"_a = nb::none(), "input_offset"_a = nb::none(),
+          "quant_bias"_a = nb::none(),
+          "One W8A8 linear: int8 weight (out, in), float32 weight_scale (out); W8A8 static adds input_scale (1), "
+          "input_offset (1) int8 and the int32 quant_bias (out).")
+      .def_ro("weight", &mla::QuantLinear::weight)
+      .def_ro("weight_scale", &mla::QuantLinear::weight_scale)
+      .def_ro("input_scale", &mla::QuantLinear::input_scale)
+      .def_ro("input_offset", &mla::QuantLinear::input_offset)
+      .def_ro("quant_bias", &mla::QuantLinear::quant_bias);
+  nb::class_<mla::QuantWeights>(m, "QuantWeights")
+      .def(
+          "__init__",
+          [](mla::QuantWeights* self, const std::string& quant_type, const mla::QuantLinear& fused_qkv_a_proj,
+             const mla::QuantLinear& q_proj) {
+            new (self) mla::QuantWeights{mla::parse_quant_type(quant_type), fused_qkv_a_proj, q_proj};
+          },
+          "quant_type"_a, "fused_qkv_a_proj"_a, "q_proj"_a,
+          "The quantised projections of an MLA-family layer: quant_type \"w8a8_dynamic\" or \"w8a8_static\" "
+          "(\"mxfp8\" is recognised and rejected), fused_qkv_a_proj (Q+L+R, hidden) = q_a_proj | "
+          "kv_a_proj_with_mqa, q_proj (H*(P+R), Q).")
+      .def_prop_ro("quant_type", [](const mla::QuantWeights& q) { return std::string(mla::to_string(q.type)); })
+      .def_ro("fused_qkv_a_proj", &mla::QuantWeights::fused_qkv_a_proj)
+      .def_ro("q_proj", &mla::QuantWeights::q_proj);
+  m.def(
+      "prepare_mlapo_weights",
+      [](int64_t num_heads, int64_t hidden_size, int64_t q_lora_rank, int64_t kv_lora_rank, int64_t qk_nope_head_dim,
+         int64_t qk_rope_head_dim, int64_t v_head_dim, const at::Tensor& q_a_layernorm,
+         const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj, const at::Tensor& o_proj,
+         const mla::QuantWeights& quant) {
+        mla::Dims d{num_heads, hidden_size, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+                    v_head_dim};
+        mla::Weights w{std::nullopt, q_a_layernorm, {}, {}, kv_a_layernorm, kv_b_proj, o_proj, quant};
+        mla::validate_weights(d, w);
+        const mla::MlapoWeights mw = mla::prepare_mlapo_weights(d, w);
+        nb::dict r;
+        r["wd_qkv"] = mw.wd_qkv;
+        r["deq_scale_qkv"] = mw.deq_scale_qkv;
+        r["quant_bias_qkv"] = mw.quant_bias_qkv;
+        r["wu_q"] = mw.wu_q;
+        r["qb_deq_scl"] = mw.qb_deq_scl;
+        r["qb_qt_bias"] = mw.qb_qt_bias;
+        return r;
+      },
+      nb::kw_only(), "num_heads"_a, "hidden_size"_a, "q_lora_rank"_a, "kv_lora_rank"_a, "qk_nope_head_dim"_a,
+      "qk_rope_head_dim"_a, "v_head_dim"_a, "q_a_layernorm"_a, "kv_a_layernorm"_a, "kv_b_proj"_a, "o_proj"_a,
+      "quant"_a, "The mla_preprocess (MLAPO) weights of W8A8-static projections (spec mla.md 4.4).");
+
   nb::class_<mla::Impl>(m, "Impl")
       .def(
           "__init__",
           [](mla::Impl* self, int64_t num_heads, int64_t hidden_size, std::optional<int64_t> q_lora_rank,
              int64_t kv_lora_rank, int64_t qk_nope_head_dim, int64_t qk_rope_head_dim, int64_t v_head_dim,
-             std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm, const at::Tensor& q_proj,
-             const at::Tensor& kv_a_proj_with_mqa, const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj,
-             const at::Tensor& o_proj, double scale, double q_norm_eps, double kv_norm_eps, bool enable_prolog,
-             bool enable_kv_nz, int64_t layer_index, int64_t workspace_group, std::optional<bool> prefill_in_bf16) {
+             std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm,
+             std::optional<at::Tensor> q_proj, std::optional<at::Tensor> kv_a_proj_with_mqa,
+             const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj, const at::Tensor& o_proj, double scale,
+             double q_norm_eps, double kv_norm_eps, bool enable_prolog, bool enable_kv_nz, int64_t layer_index,
+             int64_t workspace_group, std::optional<bool> prefill_in_bf16, std::optional<mla::QuantWeights> quant,
+             bool enable_mlapo, std::optional<double> fa_quant_kv_scale) {
             mla::ImplConfig c;
+            c.enable_mlapo = enable_mlapo;
+            c.fa_quant_kv_scale = fa_quant_kv_scale;
             c.prefill_in_bf16 = prefill_in_bf16;
             c.layer_index = layer_index;
             c.workspace_group = workspace_group;
@@ -238,15 +299,17 @@ void bind_mla(nb::module_& root) {
             c.kv_norm_eps = kv_norm_eps;
             c.enable_prolog = enable_prolog;
             c.enable_kv_nz = enable_kv_nz;
-            mla::Weights w{q_a_proj, q_a_layernorm, q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj};
+            mla::Weights w{q_a_proj,       q_a_layernorm, q_proj.value_or(at::Tensor()),
+                           kv_a_proj_with_mqa.value_or(at::Tensor()), kv_a_layernorm, kv_b_proj, o_proj, quant};
             new (self) mla::Impl(c, w);
           },
           nb::kw_only(), "num_heads"_a, "hidden_size"_a, "q_lora_rank"_a = nb::none(), "kv_lora_rank"_a,
           "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a, "q_a_proj"_a = nb::none(),
-          "q_a_layernorm"_a = nb::none(), "q_proj"_a, "kv_a_proj_with_mqa"_a, "kv_a_layernorm"_a, "kv_b_proj"_a,
-          "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6, "kv_norm_eps"_a = 1e-6, "enable_prolog"_a = false,
-          "enable_kv_nz"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0,
-          "prefill_in_bf16"_a = nb::none())
+          "q_a_layernorm"_a = nb::none(), "q_proj"_a = nb::none(), "kv_a_proj_with_mqa"_a = nb::none(),
+          "kv_a_layernorm"_a, "kv_b_proj"_a, "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6,
+          "kv_norm_eps"_a = 1e-6, "enable_prolog"_a = false, "enable_kv_nz"_a = false, "layer_index"_a = -1,
+          "workspace_group"_a = 0, "prefill_in_bf16"_a = nb::none(), "quant"_a = nb::none(),
+          "enable_mlapo"_a = false, "fa_quant_kv_scale"_a = nb::none())
       .def(
           "forward",
           [](mla::Impl& impl, const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
@@ -257,13 +320,15 @@ void bind_mla(nb::module_& root) {
       .def(
           "reload_weights",
           [](mla::Impl& impl, std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm,
-             const at::Tensor& q_proj, const at::Tensor& kv_a_proj_with_mqa, const at::Tensor& kv_a_layernorm,
-             const at::Tensor& kv_b_proj, const at::Tensor& o_proj) {
-            impl.reload_weights(
-                mla::Weights{q_a_proj, q_a_layernorm, q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj});
+             std::optional<at::Tensor> q_proj, std::optional<at::Tensor> kv_a_proj_with_mqa,
+             const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj, const at::Tensor& o_proj,
+             std::optional<mla::QuantWeights> quant) {
+            impl.reload_weights(mla::Weights{q_a_proj, q_a_layernorm, q_proj.value_or(at::Tensor()),
+                                             kv_a_proj_with_mqa.value_or(at::Tensor()), kv_a_layernorm, kv_b_proj,
+                                             o_proj, quant});
           },
-          nb::kw_only(), "q_a_proj"_a = nb::none(), "q_a_layernorm"_a = nb::none(), "q_proj"_a,
-          "kv_a_proj_with_mqa"_a, "kv_a_layernorm"_a, "kv_b_proj"_a, "o_proj"_a,
+          nb::kw_only(), "q_a_proj"_a = nb::none(), "q_a_layernorm"_a = nb::none(), "q_proj"_a = nb::none(),
+          "kv_a_proj_with_mqa"_a = nb::none(), "kv_a_layernorm"_a, "kv_b_proj"_a, "o_proj"_a, "quant"_a = nb::none(),
           "Copy new weights into the layer's weight tensors and recompute W_UK_T / W_UV / the prolog weights in "
           "place (graph-captured addresses stay valid).")
       .def("refresh_weights", &mla::Impl::refresh_weights,
@@ -276,6 +341,8 @@ void bind_mla(nb::module_& root) {
       .def_prop_ro("scale", [](const mla::Impl& i) { return i.config().scale; })
       .def_prop_ro("last_decode_path",
                    [](const mla::Impl& i) { return std::string(mla::to_string(i.last_decode_path())); })
+      .def_prop_ro("fused_decode_path",
+                   [](const mla::Impl& i) { return std::string(mla::to_string(i.fused_decode_path())); })
       .def_prop_ro(
           "decode_workspace_id",
           [](const mla::Impl& i) { return reinterpret_cast<uintptr_t>(i.decode_workspace_id()); },

@@ -15,6 +15,8 @@
 #include "ascend_attn_rt/sfa/backend.h"
 #include "ascend_attn_rt/sfa/builder.h"
 #include "ascend_attn_rt/sfa/impl.h"
+#include "ascend_attn_rt/sfa/preprocess.h"
+#include "ascend_attn_rt/mla/quant.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 #include "common.h"
 #include "tensor_caster.h"
@@ -277,16 +279,28 @@ void bind_sfa(nb::module_& root) {
           "__init__",
           [](sfa::Impl* self, int64_t num_heads, int64_t hidden_size, std::optional<int64_t> q_lora_rank,
              int64_t kv_lora_rank, int64_t qk_nope_head_dim, int64_t qk_rope_head_dim, int64_t v_head_dim,
-             std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm, const at::Tensor& q_proj,
-             const at::Tensor& kv_a_proj_with_mqa, const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj,
-             const at::Tensor& o_proj, double scale, double q_norm_eps, double kv_norm_eps,
+             std::optional<at::Tensor> q_a_proj, std::optional<at::Tensor> q_a_layernorm,
+             std::optional<at::Tensor> q_proj, std::optional<at::Tensor> kv_a_proj_with_mqa,
+             const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj, const at::Tensor& o_proj, double scale,
+             double q_norm_eps, double kv_norm_eps,
              std::optional<int64_t> index_n_head, int64_t index_head_dim, int64_t index_topk,
              std::optional<at::Tensor> indexer_wq_b, std::optional<at::Tensor> indexer_wk,
              std::optional<at::Tensor> indexer_weights_proj, std::optional<at::Tensor> indexer_k_norm_weight,
              std::optional<at::Tensor> indexer_k_norm_bias, double indexer_k_norm_eps, bool glm_moe_dsa,
              bool use_index_cache, bool sfa_c8, bool li_c8, const std::string& device_kind, int64_t layer_index,
-             int64_t workspace_group) {
+             int64_t workspace_group, std::optional<mla::QuantWeights> quant, bool is_kv_consumer,
+             bool is_kv_producer, bool enable_mlapo, bool chunked_q_proj, bool dsa_cp, int64_t dcp_size,
+             bool kv_offload) {
             sfa::ImplConfig c;
+            c.preprocess.quant = quant.has_value() ? quant->type : mla::QuantType::None;
+            c.preprocess.is_kv_consumer = is_kv_consumer;
+            c.preprocess.is_kv_producer = is_kv_producer;
+            c.preprocess.enable_mlapo = enable_mlapo;
+            c.preprocess.enable_sparse_sfa_c8 = sfa_c8;  // the selection follows the layer's SFA C8
+            c.preprocess.chunked_q_proj = chunked_q_proj;
+            c.preprocess.dsa_cp = dsa_cp;
+            c.preprocess.dcp_size = dcp_size;
+            c.preprocess.kv_offload = kv_offload;
             c.dims = {num_heads, hidden_size, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
                       v_head_dim};
             c.scale = scale;
@@ -319,18 +333,21 @@ void bind_sfa(nb::module_& root) {
               AAR_CHECK_ARG(!any_idx, "indexer weights were given but index_n_head is None (a layer without an "
                             "indexer reuses the top-k buffer)");
             }
-            mla::Weights w{q_a_proj, q_a_layernorm, q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj};
+            mla::Weights w{q_a_proj,       q_a_layernorm, q_proj.value_or(at::Tensor()),
+                           kv_a_proj_with_mqa.value_or(at::Tensor()), kv_a_layernorm, kv_b_proj, o_proj, quant};
             new (self) sfa::Impl(c, w, iw);
           },
           nb::kw_only(), "num_heads"_a, "hidden_size"_a, "q_lora_rank"_a = nb::none(), "kv_lora_rank"_a,
           "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a, "q_a_proj"_a = nb::none(),
-          "q_a_layernorm"_a = nb::none(), "q_proj"_a, "kv_a_proj_with_mqa"_a, "kv_a_layernorm"_a, "kv_b_proj"_a,
-          "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6, "kv_norm_eps"_a = 1e-6,
-          "index_n_head"_a = nb::none(), "index_head_dim"_a = 128, "index_topk"_a = 2048,
+          "q_a_layernorm"_a = nb::none(), "q_proj"_a = nb::none(), "kv_a_proj_with_mqa"_a = nb::none(),
+          "kv_a_layernorm"_a, "kv_b_proj"_a, "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6,
+          "kv_norm_eps"_a = 1e-6, "index_n_head"_a = nb::none(), "index_head_dim"_a = 128, "index_topk"_a = 2048,
           "indexer_wq_b"_a = nb::none(), "indexer_wk"_a = nb::none(), "indexer_weights_proj"_a = nb::none(),
           "indexer_k_norm_weight"_a = nb::none(), "indexer_k_norm_bias"_a = nb::none(),
           "indexer_k_norm_eps"_a = 1e-6, "glm_moe_dsa"_a = false, "use_index_cache"_a = false,
-          "sfa_c8"_a = false, "li_c8"_a = false, "device_kind"_a = "a2", "layer_index"_a = -1, "workspace_group"_a = 0)
+          "sfa_c8"_a = false, "li_c8"_a = false, "device_kind"_a = "a2", "layer_index"_a = -1, "workspace_group"_a = 0,
+          "quant"_a = nb::none(), "is_kv_consumer"_a = false, "is_kv_producer"_a = false, "enable_mlapo"_a = false,
+          "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "kv_offload"_a = false)
       .def(
           "forward",
           [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
@@ -345,7 +362,51 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("w_uv", [](const sfa::Impl& i) { return i.w_uv(); })
       .def_prop_ro("scale", [](const sfa::Impl& i) { return i.config().scale; })
       .def_prop_ro("sfa_c8", [](const sfa::Impl& i) { return i.config().sfa_c8; })
-      .def_prop_ro("li_c8", [](const sfa::Impl& i) { return i.config().li_c8; });
+      .def_prop_ro("li_c8", [](const sfa::Impl& i) { return i.config().li_c8; })
+      .def_prop_ro("preprocess", [](const sfa::Impl& i) { return std::string(sfa::to_string(i.preprocess())); })
+      .def_prop_ro("preprocess_reason", [](const sfa::Impl& i) { return i.preprocess_reason(); })
+      .def_prop_ro("last_preprocess",
+                   [](const sfa::Impl& i) { return std::string(sfa::to_string(i.last_preprocess())); });
+
+  // Spec 3.2's selection table on its own (sfa/preprocess.h).
+  m.def(
+      "resolve_preprocess",
+      [](const std::string& quant_type, bool has_q_lora, bool is_kv_consumer, bool is_kv_producer, bool enable_mlapo,
+         bool enable_sparse_sfa_c8, bool chunked_q_proj, bool dsa_cp, int64_t dcp_size, bool kv_offload) {
+        sfa::PreprocessConfig c;
+        c.quant = mla::parse_quant_type(quant_type);
+        c.has_q_lora = has_q_lora;
+        c.is_kv_consumer = is_kv_consumer;
+        c.is_kv_producer = is_kv_producer;
+        c.enable_mlapo = enable_mlapo;
+        c.enable_sparse_sfa_c8 = enable_sparse_sfa_c8;
+        c.chunked_q_proj = chunked_q_proj;
+        c.dsa_cp = dsa_cp;
+        c.dcp_size = dcp_size;
+        c.kv_offload = kv_offload;
+        const sfa::PreprocessChoice r = sfa::resolve_preprocess(c);
+        return std::make_tuple(std::string(sfa::to_string(r.kind)), r.reason);
+      },
+      nb::kw_only(), "quant_type"_a = "none", "has_q_lora"_a = true, "is_kv_consumer"_a = false,
+      "is_kv_producer"_a = false, "enable_mlapo"_a = false, "enable_sparse_sfa_c8"_a = false,
+      "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "kv_offload"_a = false,
+      "Spec sparse.md 3.2: (\"native\" | \"prolog_v3\" | \"mlapo\", reason).");
+  m.def(
+      "runtime_preprocess",
+      [](const std::string& resolved, plan::AttentionState state, int64_t num_input_tokens) {
+        sfa::Preprocess p = sfa::Preprocess::Native;
+        if (resolved == "prolog_v3") {
+          p = sfa::Preprocess::PrologV3;
+        } else if (resolved == "mlapo") {
+          p = sfa::Preprocess::Mlapo;
+        } else {
+          AAR_CHECK_ARG(resolved == "native", "resolved must be \"native\", \"prolog_v3\" or \"mlapo\", got \"",
+                        resolved, "\"");
+        }
+        return std::string(sfa::to_string(sfa::runtime_preprocess(p, state, num_input_tokens)));
+      },
+      "resolved"_a, "attn_state"_a, "num_input_tokens"_a,
+      "The per-call path of a layer that resolved to `resolved` (spec 3.2's downgrade rules).");
 
   // The plan layer's spec 1.4 mask, next to the other plan functions.
   nb::module_ p = nb::borrow<nb::module_>(root.attr("plan"));

@@ -27,6 +27,8 @@ const char* to_string(DecodePath p) {
     case DecodePath::None: return "none";
     case DecodePath::Native: return "native";
     case DecodePath::Prolog: return "prolog";
+    case DecodePath::Mlapo: return "mlapo";
+    case DecodePath::FaQuant: return "fa_quant";
   }
   return "unknown";
 }
@@ -39,7 +41,37 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
   lc.dims = d;
   lc.q_norm_eps = cfg_.q_norm_eps;
   lc.kv_norm_eps = cfg_.kv_norm_eps;
-  lc.enable_prolog = cfg_.enable_prolog;
+  const int n_fused = int(cfg_.enable_prolog) + int(cfg_.enable_mlapo) + int(fa_quant());
+  AAR_CHECK_ARG(n_fused <= 1, "enable_prolog, enable_mlapo and fa_quant_kv_scale each choose the layer's fused decode "
+                "preprocess: give at most one");
+  AAR_CHECK_ARG(!cfg_.enable_prolog || d.q_lora_rank.has_value(),
+                "enable_prolog needs q-LoRA (q_lora_rank): npu_mla_prolog_v3 takes the q down-projection");
+  lc.fused = cfg_.enable_prolog ? detail::Fused::PrologV3
+             : cfg_.enable_mlapo ? detail::Fused::Mlapo
+             : fa_quant()        ? detail::Fused::PrologV2
+                                 : detail::Fused::None;
+  const QuantType qt = quant_type(weights);
+  if (cfg_.enable_mlapo) {
+    AAR_CHECK_ARG(qt == QuantType::W8A8Static, "enable_mlapo needs W8A8-static weights (mla_preprocess is the "
+                  "W8A8-static kernel; spec 4.1 disables MLAPO for other layers), got quant type ", to_string(qt));
+    if (cfg_.q_norm_eps != 1e-6 || cfg_.kv_norm_eps != 1e-6) {
+      throw_not_supported("enable_mlapo with q_norm_eps=", cfg_.q_norm_eps, ", kv_norm_eps=", cfg_.kv_norm_eps,
+                          ": mla_preprocess takes no epsilon (its kernel uses 1e-6)");
+    }
+  }
+  if (fa_quant()) {
+    AAR_CHECK_ARG(*cfg_.fa_quant_kv_scale > 0.0, "fa_quant_kv_scale (the int8 latent cache's dequant scale) must be "
+                  "positive, got ", *cfg_.fa_quant_kv_scale);
+    AAR_CHECK_ARG(qt == QuantType::W8A8Dynamic, "an FA-quant layer (fa_quant_kv_scale) needs W8A8-dynamic weights "
+                  "(npu_mla_prolog_v2 quantises the hidden states per token), got quant type ", to_string(qt));
+    AAR_CHECK_ARG(cfg_.enable_kv_nz, "an FA-quant layer (fa_quant_kv_scale) keeps its int8 latent cache in "
+                  "FRACTAL_NZ (spec 5.3 row C): set enable_kv_nz");
+    if (hp_ != d.num_heads) {
+      throw_not_supported("an FA-quant layer with ", d.num_heads, " heads: its int8 query is not padded to ", hp_,
+                          " heads (use a power-of-two head count)");
+    }
+    lc.kv_cache_scale = *cfg_.fa_quant_kv_scale;
+  }
   lc.kv_nz = cfg_.enable_kv_nz;
   lc.heads_padded = hp_;  // the decode kernel's head count
   lc.workspace_group = cfg_.workspace_group;
@@ -49,6 +81,16 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
 const at::Tensor& Impl::w_uk_t() const { return core_->w_uk_t(); }
 const at::Tensor& Impl::w_uv() const { return core_->w_uv(); }
 const void* Impl::decode_workspace_id() const { return core_->workspace(); }
+
+DecodePath Impl::fused_decode_path() const {
+  switch (core_->fused()) {
+    case detail::Fused::PrologV3: return DecodePath::Prolog;
+    case detail::Fused::Mlapo: return DecodePath::Mlapo;
+    case detail::Fused::PrologV2: return DecodePath::FaQuant;
+    case detail::Fused::None: break;
+  }
+  return DecodePath::None;
+}
 void Impl::refresh_weights() { core_->reload_weights(core_->weights()); }
 
 void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
@@ -63,11 +105,12 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
                 hidden.size(0), " rows but the padded decode batch has ", md.decode.num_kernel_tokens,
                 " tokens (graph decode padding: pass num_input_tokens rows)");
   // Checked here, before the decode part of a mixed step writes the caches.
-  AAR_CHECK_ARG(md.num_prefills == 0 || !cfg_.enable_kv_nz, "a step with ", md.num_prefills,
+  // FA-quant layers prefill into their NZ caches (see impl.h).
+  AAR_CHECK_ARG(md.num_prefills == 0 || !cfg_.enable_kv_nz || fa_quant(), "a step with ", md.num_prefills,
                 " prefills and enable_kv_nz: NZ caches are for decode-only (PD decode) nodes");
-  AAR_CHECK_ARG(hidden.scalar_type() == core_->weights().q_proj.scalar_type(), "hidden_states dtype ", hidden.scalar_type(),
-                " differs from the weights' dtype ", core_->weights().q_proj.scalar_type());
-  const c10::Device dev = core_->weights().q_proj.device();
+  AAR_CHECK_ARG(hidden.scalar_type() == core_->dtype(), "hidden_states dtype ", hidden.scalar_type(),
+                " differs from the weights' dtype ", core_->dtype());
+  const c10::Device dev = core_->device();
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&hidden, "hidden_states"},
                                 {&output, "output"}, {&nope, "nope_cache"}, {&rope, "rope_cache"}}) {
     AAR_CHECK_ARG(!t->defined() || t->device() == dev, name, " is on ", t->device(), " but the layer's weights are on ",
@@ -102,14 +145,25 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
     }
     AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0), " blocks, fewer than the metadata's ",
                   md.num_blocks);
-    AAR_CHECK_ARG(c->scalar_type() == hidden.scalar_type(), name, " dtype ", c->scalar_type(),
-                  " differs from hidden_states dtype ", hidden.scalar_type());
+    // FA-quant layers: the int8 latent cache.
+    const at::ScalarType want = is_nope && fa_quant() ? at::kChar : hidden.scalar_type();
+    AAR_CHECK_ARG(c->scalar_type() == want, name, " dtype ", c->scalar_type(), " must be ", want,
+                  is_nope && fa_quant() ? " (the FA-quant layer's int8 latent cache)" : " (the hidden_states dtype)");
   }
 }
 
 namespace {
 
 constexpr int64_t kMaxPrologTokens = 1024;
+
+detail::Fused fused_of(DecodePath p) {
+  switch (p) {
+    case DecodePath::Prolog: return detail::Fused::PrologV3;
+    case DecodePath::Mlapo: return detail::Fused::Mlapo;
+    case DecodePath::FaQuant: return detail::Fused::PrologV2;
+    default: return detail::Fused::None;
+  }
+}
 
 detail::DecodeLayout layout_of(const Metadata& md, bool kv_nz) {
   // Spec 5.3 rows A (speculative), D (NZ caches), E.
@@ -160,6 +214,16 @@ void Impl::decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope,
   set(t.query, q.qn);
   set(t.query_rope, q.qr);
   set(t.block_table, md.decode.block_table);
+  if (fa_quant()) {
+    // Spec 5.3: the fully quantised decode (int8 query with per-(token, head)
+    // scales, the per-tensor dequant scale of the int8 latent).
+    set(t.dequant_scale_query, q.dequant_scale_q);
+    set(t.dequant_scale_key, core_->kv_dequant_scale());
+    set(t.dequant_scale_value, core_->kv_dequant_scale());
+    p.query_quant_mode = 3;
+    p.key_quant_mode = 0;
+    p.value_quant_mode = 0;
+  }
   p.num_query_heads = hp_;
   p.num_key_value_heads = 1;
   p.softmax_scale = cfg_.scale;
@@ -193,9 +257,9 @@ void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows)
 }
 
 const at::Tensor& Impl::decode_attention(const at::Tensor& x, const at::Tensor& nope, const at::Tensor& rope,
-                                         const Metadata& md, bool use_prolog) {
+                                         const Metadata& md, DecodePath path) {
   const detail::DecodeViews& v = decode_views(md);
-  const detail::LatentQuery q = decode_preprocess(v, x, nope, rope, md, use_prolog, /*stable=*/false);
+  const detail::LatentQuery q = decode_preprocess(v, x, nope, rope, md, path, /*stable=*/false);
   // The eager decode's FIA arguments persist between calls: a steady-state step
   // re-assigns nothing but what changed.
   decode_fia_args(q, nope, rope, md, decode_t_, decode_p_);
@@ -205,11 +269,11 @@ const at::Tensor& Impl::decode_attention(const at::Tensor& x, const at::Tensor& 
 }
 
 void Impl::decode_forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
-                          const Metadata& md, bool use_prolog, const at::Tensor& out_rows) {
+                          const Metadata& md, DecodePath path, const at::Tensor& out_rows) {
   const Weights& W = core_->weights();
   const int64_t td = md.decode.num_kernel_tokens;
   ops::dense::linear_out(
-      out_rows, decode_attention(hidden.sizes()[0] == td ? hidden : hidden.narrow(0, 0, td), nope, rope, md, use_prolog),
+      out_rows, decode_attention(hidden.sizes()[0] == td ? hidden : hidden.narrow(0, 0, td), nope, rope, md, path),
       W.o_proj);
 }
 
@@ -267,7 +331,11 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
     at::Tensor kv_c = at::empty({toks, 1, L}, opts);
     at::Tensor kpe = at::empty({toks, 1, d.qk_rope_head_dim}, rope.options());
     ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.chunk_seq_lens[c], kv_c, kpe, cc.starts[c]);
-    const at::Tensor kv = ops::dense::linear(kv_c.view({toks, L}), W.kv_b_proj).view({toks, H, P + V});
+    // FA-quant: the int8 latent dequantised (spec 5.6 step 4, upstream's A5 rule).
+    const at::Tensor lat = fa_quant() ? (kv_c.view({toks, L}).to(at::kFloat) * *cfg_.fa_quant_kv_scale)
+                                            .to(W.kv_b_proj.scalar_type())
+                                      : kv_c.view({toks, L});
+    const at::Tensor kv = ops::dense::linear(lat, W.kv_b_proj).view({toks, H, P + V});
     const at::Tensor kn = kv.narrow(-1, 0, P).contiguous();
     const at::Tensor v = kv.narrow(-1, P, V).contiguous();
     const at::Tensor kp = kpe.expand({toks, H, d.qk_rope_head_dim});
@@ -281,18 +349,18 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
 
 detail::LatentQuery Impl::decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x,
                                             const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
-                                            bool use_prolog, bool stable) {
+                                            DecodePath path, bool stable) {
   // The decode rows as the kernels see them (padded with graph decode padding).
   detail::LatentStep s;
   s.x = x;
   s.cos = md.decode.cos;
   s.sin = md.decode.sin;
   s.slots = md.slot_mapping;
-  return core_->preprocess(v, s, nope, rope, use_prolog, stable);
+  return core_->preprocess(v, s, nope, rope, fused_of(path), stable);
 }
 
 void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
-                          const at::Tensor& rope, const Metadata& md, const at::Tensor& output, bool use_prolog) {
+                          const at::Tensor& rope, const Metadata& md, const at::Tensor& output, DecodePath path) {
   // Spec 7 for MLA decode: the projections, RoPE and cache write (prepare), the
   // absorbed latent attention (a fused call refreshed per step: block table, KV
   // lengths, and the query ends in the speculative TND layout), then W_UV and
@@ -314,8 +382,8 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   pre.layer_index = cfg_.layer_index;
   // The closure keeps the capture-time metadata: its tensors are views of the
   // builder's persistent buffers, which every later build refills in place.
-  pre.prepare = [this, v, hidden, nope, rope, md_at_capture = md, use_prolog]() {
-    decode_preprocess(v, hidden, nope, rope, md_at_capture, use_prolog, /*stable=*/true);
+  pre.prepare = [this, v, hidden, nope, rope, md_at_capture = md, path]() {
+    decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
   };
   g.capture_call(std::move(pre));
 
@@ -323,7 +391,11 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   c.kind = graph::CallKind::FiaV2;
   c.layer_index = cfg_.layer_index;
   c.paged = true;
-  decode_fia_args(detail::LatentQuery{v.fia_qn, v.fia_qr}, nope, rope, md, c.fia2, c.fia2_params);
+  // The queries the prepare call leaves at stable addresses: the workspace's
+  // (padded) buffers, or the FA-quant int8 query's own buffers.
+  const detail::LatentQuery q = path == DecodePath::FaQuant ? core_->fa_query_buffers(n, v.layout)
+                                                            : detail::LatentQuery{v.fia_qn, v.fia_qr};
+  decode_fia_args(q, nope, rope, md, c.fia2, c.fia2_params);
   c.refresh_q_lens = md.speculative;  // BNSD/BSND layouts take no query-length list
   c.out = v.attn;
   c.lse = lse_placeholder_;
@@ -360,11 +432,20 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != hidden.device()) {
     lse_placeholder_ = at::zeros({1}, hidden.options().dtype(at::kFloat));
   }
-  const bool use_prolog = core_->has_prolog() && md.num_prefills == 0 && td > 0 &&
-                          md.decode.num_kernel_tokens <= kMaxPrologTokens;
+  // The decode's preprocess: the layer's fused one where the spec allows it
+  // (5.1 step 3: decode-only steps of <= 1024 decode tokens; FA-quant: always,
+  // see impl.h), else native.
+  DecodePath path = DecodePath::Native;
+  const DecodePath fused = fused_decode_path();
+  if (fused == DecodePath::FaQuant) {
+    path = fused;
+  } else if (fused != DecodePath::None && md.num_prefills == 0 && td > 0 &&
+             md.decode.num_kernel_tokens <= kMaxPrologTokens) {
+    path = fused;
+  }
   if (graph::GraphParams* g = graph::GraphParams::current()) {
-    capture_decode(*g, hidden, nope, rope, md, output, use_prolog);
-    last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
+    capture_decode(*g, hidden, nope, rope, md, output, path);
+    last_decode_ = path;
     return output;
   }
   const int64_t rows = hidden.sizes()[0];
@@ -374,34 +455,38 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     // get o_proj(0) = 0 (o_proj has no bias).
     const int64_t tk = td > 0 ? md.decode.num_kernel_tokens : 0;
     if (tk == rows) {
-      decode_forward(hidden, nope, rope, md, use_prolog, output);
+      decode_forward(hidden, nope, rope, md, path, output);
     } else {
-      if (tk > 0) decode_forward(hidden, nope, rope, md, use_prolog, output.narrow(0, 0, tk));
+      if (tk > 0) decode_forward(hidden, nope, rope, md, path, output.narrow(0, 0, tk));
       ops::dense::zero(output.narrow(0, tk, rows - tk));
     }
-    if (td > 0) last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
+    if (td > 0) last_decode_ = path;
     return output;
   }
   at::Tensor o_in = ops::dense::zeros({rows, H * V}, hidden.options());
   if (td > 0) {
     // Mixed step: the decode rows' o_proj input goes into o_in like the prefill's.
-    ops::dense::copy(o_in.narrow(0, 0, td), decode_attention(hidden.narrow(0, 0, td), nope, rope, md, use_prolog));
-    last_decode_ = use_prolog ? DecodePath::Prolog : DecodePath::Native;
+    ops::dense::copy(o_in.narrow(0, 0, td), decode_attention(hidden.narrow(0, 0, td), nope, rope, md, path));
+    last_decode_ = path;
   }
   if (tp > 0) {
     const at::Tensor x = hidden.narrow(0, td, tp);
-    at::Tensor q_c = x;
-    if (d.q_lora_rank.has_value()) {
-      q_c = ops::dense::rms_norm(ops::dense::linear(q_c, *W.q_a_proj), *W.q_a_layernorm, cfg_.q_norm_eps);
-    }
-    const at::Tensor kv_raw = ops::dense::linear(x, W.kv_a_proj_with_mqa);
-    const at::Tensor q = ops::dense::linear(q_c, W.q_proj).view({tp, H, P + R});
+    // The projections (W8A8 linears for quantised layers).
+    const detail::Projections pj = core_->project(x);
+    const at::Tensor kv_raw = pj.kv_raw.contiguous();
+    const at::Tensor q = pj.q.view({tp, H, P + R});
     const at::Tensor cos = md.prefill.cos.view({tp, 1, 1, R}), sin = md.prefill.sin.view({tp, 1, 1, R});
     const at::Tensor q_pe =
         ops::interleave_rope(q.narrow(-1, P, R).reshape({tp, H, 1, R}), cos, sin).view({tp, H, R});
-    auto kvr = ops::kv_rmsnorm_rope_cache(kv_raw.view({tp, 1, 1, L + R}), W.kv_a_layernorm, cos, sin,
-                                          md.slot_mapping.narrow(0, td, tp), rope, nope, cfg_.kv_norm_eps, "PA",
-                                          /*is_output_kv=*/true);
+    // FA-quant layers write their int8 NZ latent cache quantised like the
+    // prolog does (impl.h); the returned rows stay unquantised.
+    auto kvr = fa_quant() ? ops::kv_rmsnorm_rope_cache(kv_raw.view({tp, 1, 1, L + R}), W.kv_a_layernorm, cos, sin,
+                                                       md.slot_mapping.narrow(0, td, tp), rope, nope,
+                                                       cfg_.kv_norm_eps, "PA_NZ", /*is_output_kv=*/true,
+                                                       core_->kv_quant_scale())
+                          : ops::kv_rmsnorm_rope_cache(kv_raw.view({tp, 1, 1, L + R}), W.kv_a_layernorm, cos, sin,
+                                                       md.slot_mapping.narrow(0, td, tp), rope, nope,
+                                                       cfg_.kv_norm_eps, "PA", /*is_output_kv=*/true);
     const at::Tensor k_pe = std::get<2>(kvr).view({tp, 1, R}).expand({tp, H, R});
     const at::Tensor kv = ops::dense::linear(std::get<3>(kvr).view({tp, L}), W.kv_b_proj).view({tp, H, P + V});
     const at::Tensor out = prefill_attention(q.narrow(-1, 0, P).contiguous(), q_pe, kv.narrow(-1, 0, P).contiguous(),

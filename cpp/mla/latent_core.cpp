@@ -8,9 +8,75 @@
 #include "ascend_attn_rt/ops/interleave_rope.h"
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/batch_matmul_transpose.h"
+#include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 
 namespace aar::mla::detail {
+
+const char* to_string(Fused f) {
+  switch (f) {
+    case Fused::None: return "native";
+    case Fused::PrologV3: return "prolog_v3";
+    case Fused::Mlapo: return "mlapo";
+    case Fused::PrologV2: return "prolog_v2";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Copies src into dst unless they are the same tensor.
+void put(at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_same(src)) dst.copy_(src);
+}
+void put(std::optional<at::Tensor>& dst, const std::optional<at::Tensor>& src) {
+  if (dst.has_value() && src.has_value()) put(*dst, *src);
+}
+// dst = src, or (in_place) copied into dst's memory.
+void assign(at::Tensor& dst, const at::Tensor& src, bool in_place) {
+  if (in_place && dst.defined()) {
+    dst.copy_(src);
+  } else {
+    dst = src;
+  }
+}
+
+}  // namespace
+
+void LatentCore::QLinear::prepare(const QuantLinear& l, QuantType t, at::ScalarType act_dtype, bool in_place) {
+  type = t;
+  act = act_dtype;
+  assign(weight_t, l.weight.t().contiguous(), in_place);
+  if (t == QuantType::W8A8Static) {
+    // y = (x_q W^T + quant_bias) * input_scale * weight_scale; x_q = rint(x * (1 / input_scale) + input_offset),
+    // the reciprocal and the zero point expanded per input channel in the activation dtype (upstream's form).
+    const int64_t in = l.weight.size(1);
+    assign(deq_scale, (l.weight_scale * l.input_scale->to(at::kFloat)).contiguous(), in_place);
+    assign(bias, l.quant_bias->contiguous(), in_place);
+    assign(inv_scale, l.input_scale->reciprocal().expand({in}).contiguous(), in_place);
+    assign(offset, l.input_offset->to(act_dtype).expand({in}).contiguous(), in_place);
+  } else {
+    assign(deq_scale, l.weight_scale.contiguous(), in_place);
+  }
+}
+
+at::Tensor LatentCore::QLinear::run(const at::Tensor& x) const {
+  ops::QuantMatmulArgs a;
+  a.x2 = weight_t;
+  a.scale = deq_scale;
+  a.output_dtype = static_cast<int64_t>(act);
+  if (type == QuantType::W8A8Static) {
+    a.x1 = ops::quantize(x, inv_scale, offset, static_cast<int64_t>(at::kQInt8), -1, /*div_mode=*/false);
+    a.bias = bias;
+  } else {
+    ops::DynamicQuantArgs q;
+    q.input = x;
+    auto [xq, s] = ops::dynamic_quant(q);
+    a.x1 = xq;
+    a.pertoken_scale = s;
+  }
+  return ops::quant_matmul(a);
+}
 
 LatentCore::LatentCore(const LatentConfig& cfg, const Weights& weights) : cfg_(cfg), w_(weights) {
   const Dims& d = cfg_.dims;
@@ -20,24 +86,18 @@ LatentCore::LatentCore(const LatentConfig& cfg, const Weights& weights) : cfg_(c
   const Absorbed a = split_kv_b_proj(w_.kv_b_proj, d.num_heads, d.qk_nope_head_dim, d.v_head_dim);
   w_uk_t_ = a.w_uk_t;
   w_uv_ = a.w_uv;
-  if (cfg_.enable_prolog) {
-    AAR_CHECK_ARG(d.q_lora_rank.has_value(),
-                  "enable_prolog needs q-LoRA (q_lora_rank): npu_mla_prolog_v3 takes the q down-projection");
-    prolog_ = prepare_prolog_weights(d, w_, w_uk_t_);
-    ops::MlaPrologArgs& p = prolog_args_;
-    p.weight_dq = prolog_->weight_dq;
-    p.weight_uq_qr = prolog_->weight_uq_qr;
-    p.weight_uk = prolog_->weight_uk;
-    p.weight_dkv_kr = prolog_->weight_dkv_kr;
-    p.rmsnorm_gamma_cq = prolog_->gamma_cq;
-    p.rmsnorm_gamma_ckv = prolog_->gamma_ckv;
-    p.rmsnorm_epsilon_cq = cfg_.q_norm_eps;
-    p.rmsnorm_epsilon_ckv = cfg_.kv_norm_eps;
-    p.cache_mode = cfg_.kv_nz ? "PA_NZ" : "PA_BSND";
+  if (w_.quant.has_value()) {
+    if (w_.quant->type == QuantType::W8A8Static && dtype() == at::kHalf) {
+      throw_not_supported("W8A8-static layers with float16 activations: npu_quant_matmul / mla_preprocess then take "
+                          "int64-packed dequant scales (npu_trans_quant_param), not implemented; use bfloat16");
+    }
+    qkv_a_.prepare(w_.quant->fused_qkv_a_proj, w_.quant->type, dtype(), false);
+    q_b_.prepare(w_.quant->q_proj, w_.quant->type, dtype(), false);
   }
+  prepare_fused(false);
   DecodeShape shape;
-  shape.device = w_.q_proj.device();
-  shape.dtype = w_.q_proj.scalar_type();
+  shape.device = device();
+  shape.dtype = dtype();
   shape.heads = d.num_heads;
   shape.heads_padded = cfg_.heads_padded;
   shape.kv_lora_rank = d.kv_lora_rank;
@@ -49,130 +109,374 @@ LatentCore::LatentCore(const LatentConfig& cfg, const Weights& weights) : cfg_(c
   ws_ = DecodeWorkspace::shared(shape);
 }
 
+void LatentCore::prepare_fused(bool in_place) {
+  const Dims& d = cfg_.dims;
+  const QuantType qt = quant();
+  const char* name = to_string(cfg_.fused);
+  switch (cfg_.fused) {
+    case Fused::None:
+      return;
+    case Fused::PrologV3:
+    case Fused::PrologV2: {
+      AAR_CHECK_ARG(d.q_lora_rank.has_value(), "the fused preprocess ", name,
+                    " needs q-LoRA (q_lora_rank): the operator takes the q down-projection");
+      if (cfg_.fused == Fused::PrologV3) {
+        AAR_CHECK_ARG(qt == QuantType::None || qt == QuantType::W8A8Dynamic, "npu_mla_prolog_v3 takes unquantised "
+                      "or W8A8-dynamic weights (weight_quant_mode 0 / 2), got ", to_string(qt));
+      } else {
+        AAR_CHECK_ARG(qt == QuantType::W8A8Dynamic, "the FA-quant preprocess (npu_mla_prolog_v2, fully quantised) "
+                      "takes W8A8-dynamic weights, got ", to_string(qt));
+        AAR_CHECK_ARG(cfg_.kv_cache_scale > 0.0, "the FA-quant preprocess needs the int8 latent cache's dequant "
+                      "scale (kv_cache_scale > 0), got ", cfg_.kv_cache_scale);
+      }
+      PrologWeights p = prepare_prolog_weights(d, w_, w_uk_t_);
+      if (in_place && prolog_.has_value()) {
+        // weight_uk is W_UK_T and the gammas are the layer's norm weights: already current.
+        prolog_->weight_dq.copy_(p.weight_dq);
+        prolog_->weight_uq_qr.copy_(p.weight_uq_qr);
+        prolog_->weight_dkv_kr.copy_(p.weight_dkv_kr);
+        put(prolog_->dequant_scale_w_dq, p.dequant_scale_w_dq);
+        put(prolog_->dequant_scale_w_uq_qr, p.dequant_scale_w_uq_qr);
+        put(prolog_->dequant_scale_w_dkv_kr, p.dequant_scale_w_dkv_kr);
+        return;
+      }
+      prolog_ = std::move(p);
+      ops::MlaPrologArgs& pa = prolog_args_;
+      pa.weight_dq = prolog_->weight_dq;
+      pa.weight_uq_qr = prolog_->weight_uq_qr;
+      pa.weight_uk = prolog_->weight_uk;
+      pa.weight_dkv_kr = prolog_->weight_dkv_kr;
+      pa.rmsnorm_gamma_cq = prolog_->gamma_cq;
+      pa.rmsnorm_gamma_ckv = prolog_->gamma_ckv;
+      pa.rmsnorm_epsilon_cq = cfg_.q_norm_eps;
+      pa.rmsnorm_epsilon_ckv = cfg_.kv_norm_eps;
+      pa.cache_mode = cfg_.kv_nz ? "PA_NZ" : "PA_BSND";
+      pa.dequant_scale_w_dq = prolog_->dequant_scale_w_dq;
+      pa.dequant_scale_w_uq_qr = prolog_->dequant_scale_w_uq_qr;
+      pa.dequant_scale_w_dkv_kr = prolog_->dequant_scale_w_dkv_kr;
+      if (cfg_.fused == Fused::PrologV3) {
+        pa.weight_quant_mode = qt == QuantType::W8A8Dynamic ? 2 : 0;
+        pa.query_norm_flag = cfg_.query_norm;
+        if (cfg_.sfa_c8_rows) {
+          AAR_CHECK_ARG(!cfg_.kv_nz, "the packed SFA C8 rows are ND (cache_mode PA_BSND), not FRACTAL_NZ");
+          pa.kv_cache_quant_mode = 3;
+          pa.ckvkr_repo_mode = 1;
+          pa.quant_scale_repo_mode = 1;
+          pa.tile_size = 128;
+          pa.k_nope_clip_alpha = at::full({1}, 1.0, at::TensorOptions().dtype(at::kFloat).device(device()));
+        }
+      } else {
+        const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device());
+        kv_qscale_ = at::full({1, d.kv_lora_rank}, 1.0 / cfg_.kv_cache_scale, f32);
+        kv_dqscale_ = at::full({1}, cfg_.kv_cache_scale, f32);
+        pa.quant_scale_ckv = kv_qscale_;
+      }
+      return;
+    }
+    case Fused::Mlapo: {
+      AAR_CHECK_ARG(qt == QuantType::W8A8Static, "mla_preprocess (MLAPO) takes W8A8-static weights, got ",
+                    to_string(qt));
+      MlapoWeights m = prepare_mlapo_weights(d, w_);
+      if (in_place && mlapo_.has_value()) {
+        for (auto [dst, src] : {std::pair<at::Tensor*, const at::Tensor*>{&mlapo_->wd_qkv, &m.wd_qkv},
+                                {&mlapo_->deq_scale_qkv, &m.deq_scale_qkv},
+                                {&mlapo_->quant_bias_qkv, &m.quant_bias_qkv},
+                                {&mlapo_->wu_q, &m.wu_q},
+                                {&mlapo_->qb_deq_scl, &m.qb_deq_scl},
+                                {&mlapo_->qb_qt_bias, &m.qb_qt_bias}}) {
+          dst->copy_(*src);
+        }
+        return;
+      }
+      mlapo_ = std::move(m);
+      ops::MlaPreprocessArgs& ma = mlapo_args_;
+      ma.wdqkv = mlapo_->wd_qkv;
+      ma.descale0 = mlapo_->deq_scale_qkv;
+      ma.gamma1 = mlapo_->gamma1;
+      ma.beta1 = mlapo_->beta1;
+      ma.wuq = mlapo_->wu_q;
+      ma.descale1 = mlapo_->qb_deq_scl;
+      ma.gamma2 = mlapo_->gamma2;
+      ma.wuk = w_uk_t_;
+      ma.quant_scale0 = mlapo_->quant_scale0;
+      ma.quant_offset0 = mlapo_->quant_offset0;
+      ma.bias0 = mlapo_->quant_bias_qkv;
+      ma.quant_scale1 = mlapo_->quant_scale1;
+      ma.quant_offset1 = mlapo_->quant_offset1;
+      ma.bias1 = mlapo_->qb_qt_bias;
+      ma.ctkv_scale = mlapo_->ctkv_scale;
+      ma.q_nope_scale = mlapo_->q_nope_scale;
+      ma.cache_mode = cfg_.kv_nz ? "nzcache" : "krope_ctkv";
+      ma.quant_mode = "per_tensor_quant_asymm";
+      ma.enable_inner_out = cfg_.query_norm;
+      return;
+    }
+  }
+}
+
 void LatentCore::reload_weights(const Weights& nw) {
   const Dims& d = cfg_.dims;
   validate_weights(d, nw);
-  const at::Tensor& ref = w_.q_proj;
-  AAR_CHECK_ARG(nw.q_proj.scalar_type() == ref.scalar_type() && nw.q_proj.device() == ref.device(),
-                "reload_weights: the new weights are ", nw.q_proj.scalar_type(), " on ", nw.q_proj.device(),
-                ", the layer's are ", ref.scalar_type(), " on ", ref.device());
+  AAR_CHECK_ARG(activation_dtype(nw) == dtype() && weights_device(nw) == device(), "reload_weights: the new weights "
+                "are ", activation_dtype(nw), " on ", weights_device(nw), ", the layer's are ", dtype(), " on ",
+                device());
+  AAR_CHECK_ARG(quant_type(nw) == quant(), "reload_weights: the new weights are ", to_string(quant_type(nw)),
+                ", the layer's ", to_string(quant()));
   c10::InferenceMode guard;
-  auto put = [](at::Tensor& dst, const at::Tensor& src) {
-    if (!dst.is_same(src)) dst.copy_(src);
-  };
-  if (d.q_lora_rank.has_value()) {
-    put(*w_.q_a_proj, *nw.q_a_proj);
-    put(*w_.q_a_layernorm, *nw.q_a_layernorm);
+  if (d.q_lora_rank.has_value()) put(*w_.q_a_layernorm, *nw.q_a_layernorm);
+  if (w_.quant.has_value()) {
+    for (auto [dst, src] : {std::pair<QuantLinear*, const QuantLinear*>{&w_.quant->fused_qkv_a_proj,
+                                                                        &nw.quant->fused_qkv_a_proj},
+                            {&w_.quant->q_proj, &nw.quant->q_proj}}) {
+      put(dst->weight, src->weight);
+      put(dst->weight_scale, src->weight_scale);
+      put(dst->input_scale, src->input_scale);
+      put(dst->input_offset, src->input_offset);
+      put(dst->quant_bias, src->quant_bias);
+    }
+    qkv_a_.prepare(w_.quant->fused_qkv_a_proj, w_.quant->type, dtype(), true);
+    q_b_.prepare(w_.quant->q_proj, w_.quant->type, dtype(), true);
+  } else {
+    if (d.q_lora_rank.has_value()) put(*w_.q_a_proj, *nw.q_a_proj);
+    put(w_.q_proj, nw.q_proj);
+    put(w_.kv_a_proj_with_mqa, nw.kv_a_proj_with_mqa);
   }
-  put(w_.q_proj, nw.q_proj);
-  put(w_.kv_a_proj_with_mqa, nw.kv_a_proj_with_mqa);
   put(w_.kv_a_layernorm, nw.kv_a_layernorm);
   put(w_.kv_b_proj, nw.kv_b_proj);
   put(w_.o_proj, nw.o_proj);
   const Absorbed a = split_kv_b_proj(w_.kv_b_proj, d.num_heads, d.qk_nope_head_dim, d.v_head_dim);
   w_uk_t_.copy_(a.w_uk_t);
   w_uv_.copy_(a.w_uv);
-  if (prolog_) {
-    // weight_uk is W_UK_T and the gammas are the layer's norm weights: already current.
-    const PrologWeights p = prepare_prolog_weights(d, w_, w_uk_t_);
-    prolog_->weight_dq.copy_(p.weight_dq);
-    prolog_->weight_uq_qr.copy_(p.weight_uq_qr);
-    prolog_->weight_dkv_kr.copy_(p.weight_dkv_kr);
+  prepare_fused(true);
+}
+
+Projections LatentCore::project(const at::Tensor& x) const {
+  const Dims& d = cfg_.dims;
+  Projections p;
+  if (w_.quant.has_value()) {
+    const int64_t Q = *d.q_lora_rank;
+    const at::Tensor y = qkv_a_.run(x);  // (T, Q + L + R): q_a | kv_a
+    p.q_c = ops::dense::rms_norm(y.narrow(-1, 0, Q), *w_.q_a_layernorm, cfg_.q_norm_eps);
+    p.kv_raw = y.narrow(-1, Q, y.size(-1) - Q);
+    p.q = q_b_.run(p.q_c);
+    return p;
   }
+  p.q_c = x;
+  if (d.q_lora_rank.has_value()) {
+    p.q_c = ops::dense::rms_norm(ops::dense::linear(x, *w_.q_a_proj), *w_.q_a_layernorm, cfg_.q_norm_eps);
+  }
+  p.kv_raw = ops::dense::linear(x, w_.kv_a_proj_with_mqa);
+  p.q = ops::dense::linear(p.q_c, w_.q_proj);
+  return p;
+}
+
+namespace {
+
+// The int8 query (td, H, L), its rope part (td, H, R) and scales (td, H, 1) viewed in `layout`.
+LatentQuery fa_views(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& dsq, int64_t td, int64_t H,
+                     int64_t L, int64_t R, DecodeLayout layout) {
+  switch (layout) {
+    case DecodeLayout::TND: return {qn.view({td, H, L}), qr.view({td, H, R}), {}, {}, dsq.view({td, H})};
+    case DecodeLayout::BSND: return {qn.view({td, 1, H, L}), qr.view({td, 1, H, R}), {}, {}, dsq.view({td, 1, H})};
+    case DecodeLayout::BNSD: return {qn.view({td, H, 1, L}), qr.view({td, H, 1, R}), {}, {}, dsq.view({td, H, 1})};
+  }
+  return {};
+}
+
+}  // namespace
+
+LatentQuery LatentCore::fa_query_buffers(int64_t td, DecodeLayout layout) {
+  const Dims& d = cfg_.dims;
+  const int64_t H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  FaBuffers& b = fa_bufs_[td];
+  if (!b.qn.defined()) {
+    const auto opts = at::TensorOptions().device(device());
+    b.qn = at::zeros({td, H, L}, opts.dtype(at::kChar));
+    b.qr = at::zeros({td, H, R}, opts.dtype(dtype()));
+    b.dsq = at::zeros({td, H, 1}, opts.dtype(at::kFloat));
+  }
+  return fa_views(b.qn, b.qr, b.dsq, td, H, L, R, layout);
+}
+
+LatentQuery LatentCore::finish(const DecodeViews& v, const at::Tensor& qn, const at::Tensor& qr, int64_t td,
+                               bool stable) {
+  const Dims& d = cfg_.dims;
+  const int64_t hp = cfg_.heads_padded;
+  if (hp != d.num_heads || stable) {
+    ops::dense::copy(v.qn_heads, qn);
+    ops::dense::copy(v.qr_heads, qr);
+    return {v.fia_qn, v.fia_qr};
+  }
+  auto as_layout = [&](const at::Tensor& x, int64_t D) -> at::Tensor {
+    switch (v.layout) {
+      case DecodeLayout::TND: return x.view({td, hp, D});
+      case DecodeLayout::BSND: return x.view({td, 1, hp, D});
+      case DecodeLayout::BNSD: return x.view({td, hp, 1, D});
+    }
+    return x;
+  };
+  return {view_of(qn, td, seen_.qn_src, seen_.qn, [&] { return as_layout(qn, d.kv_lora_rank); }),
+          view_of(qr, td, seen_.qr_src, seen_.qr, [&] { return as_layout(qr, d.qk_rope_head_dim); })};
+}
+
+std::pair<const at::Tensor&, const at::Tensor&> LatentCore::rope_rows(const LatentStep& s, int64_t td) {
+  const int64_t R = cfg_.dims.qk_rope_head_dim;
+  const at::Tensor& cos = view_of(s.cos, td, seen_.cos_src, seen_.cos4,
+                                  [&] { return s.cos.narrow(0, 0, td).view({td, 1, 1, R}); });
+  const at::Tensor& sin = view_of(s.sin, td, seen_.sin_src, seen_.sin4,
+                                  [&] { return s.sin.narrow(0, 0, td).view({td, 1, 1, R}); });
+  return {cos, sin};
+}
+
+at::Tensor LatentCore::native_query(const DecodeViews& v, const LatentStep& s, const at::Tensor& cos,
+                                    const at::Tensor& sin) {
+  const Dims& d = cfg_.dims;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  if (w_.quant.has_value()) {
+    const int64_t Q = *d.q_lora_rank;
+    const at::Tensor y = qkv_a_.run(s.x);  // (td, Q + L + R)
+    ops::dense::rms_norm_out(v.qc, y.narrow(1, 0, Q), *w_.q_a_layernorm, cfg_.q_norm_eps);
+    ops::dense::copy(v.kv_raw, y.narrow(1, Q, L + R));
+    ops::dense::copy(v.q, q_b_.run(v.qc));
+  } else {
+    if (d.q_lora_rank.has_value()) {
+      ops::dense::linear_out(v.qa, s.x, *w_.q_a_proj);
+      ops::dense::rms_norm_out(v.qc, v.qa, *w_.q_a_layernorm, cfg_.q_norm_eps);
+    }
+    ops::dense::linear_out(v.kv_raw, s.x, w_.kv_a_proj_with_mqa);
+    ops::dense::linear_out(v.q, d.q_lora_rank.has_value() ? v.qc : s.x, w_.q_proj);
+  }
+  ops::dense::bmm_out(v.qn_heads_t, v.q_nope_t, w_uk_t_);  // ql_nope (td, H, L) into the padded query
+  return ops::interleave_rope(v.q_pe4, cos, sin);          // q_pe (td, H, 1, R)
 }
 
 LatentQuery LatentCore::preprocess(const DecodeViews& v, const LatentStep& s, const at::Tensor& nope,
-                                   const at::Tensor& rope, bool use_prolog, bool stable) {
+                                   const at::Tensor& rope, Fused path, bool stable) {
   const Dims& d = cfg_.dims;
   const int64_t td = s.x.sizes()[0], H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   const int64_t hp = cfg_.heads_padded;
   const bool padded = hp != H;
+  AAR_CHECK_ARG(path == Fused::None || path == cfg_.fused, "the fused preprocess ", to_string(path),
+                " was asked for but the layer prepared ", to_string(cfg_.fused));
   // Per-token views of the step's tensors, remade only when the caller hands
   // over another tensor (the builders hand out the same view for a batch shape).
   const at::Tensor& slots = view_of(s.slots, td, seen_.slots_src, seen_.slots, [&] {
     return s.slots.sizes()[0] == td ? s.slots : s.slots.narrow(0, 0, td);
   });
-  const at::Tensor& cos = view_of(s.cos, td, seen_.cos_src, seen_.cos4,
-                                  [&] { return s.cos.narrow(0, 0, td).view({td, 1, 1, R}); });
-  const at::Tensor& sin = view_of(s.sin, td, seen_.sin_src, seen_.sin4,
-                                  [&] { return s.sin.narrow(0, 0, td).view({td, 1, 1, R}); });
-  // A query of the real heads in the workspace layout (heads not padded): BNSD
-  // is (td, H, 1, D) already.
-  auto as_layout = [&](const at::Tensor& x4, int64_t D) -> at::Tensor {
-    switch (v.layout) {
-      case DecodeLayout::TND: return x4.view({td, hp, D});
-      case DecodeLayout::BSND: return x4.view({td, 1, hp, D});
-      case DecodeLayout::BNSD: return x4.dim() == 4 ? x4 : x4.view({td, hp, 1, D});
+  const auto [cos, sin] = rope_rows(s, td);
+  switch (path) {
+    case Fused::PrologV3:
+    case Fused::PrologV2: {
+      // Spec mla 5.4 / sparse 3.2: the fused prolog; q and k_pe come out in the
+      // half-split RoPE order of the native path (weights via trans_rope_weight).
+      // The weights are set once; only the step's inputs change.
+      ops::MlaPrologArgs& a = prolog_args_;
+      if (quant() == QuantType::W8A8Dynamic) {
+        ops::DynamicQuantArgs q;
+        q.input = s.x;
+        auto [xq, sx] = ops::dynamic_quant(q);  // per-token int8 with its dequant scale
+        a.token_x = xq;
+        a.dequant_scale_x = sx.view({td, 1});
+      } else {
+        a.token_x = s.x;
+      }
+      a.rope_cos = cos.view({td, R});
+      a.rope_sin = sin.view({td, R});
+      a.cache_index = slots;
+      LatentQuery out;
+      if (path == Fused::PrologV3) {
+        at::Tensor nope_w = nope, rope_w = rope;
+        auto r = ops::mla_prolog_v3(a, nope_w, rope_w);
+        out = finish(v, std::get<0>(r), std::get<1>(r), td, stable);
+        if (cfg_.query_norm) {
+          out.qc = std::get<3>(r);
+          if (quant() == QuantType::W8A8Dynamic) out.qc_scale = std::get<4>(r);
+        }
+      } else {
+        auto r = ops::mla_prolog_v2(a, nope, rope);
+        at::Tensor qn = std::get<0>(r), qr = std::get<1>(r), dsq = std::get<4>(r);  // int8, act, (td, H, 1)
+        // Never padded (FA-quant layers have power-of-two heads); viewed in the layout of v.
+        if (stable) {
+          out = fa_query_buffers(td, v.layout);
+          const FaBuffers& b = fa_bufs_.at(td);
+          ops::dense::copy(b.qn, qn);
+          ops::dense::copy(b.qr, qr);
+          ops::dense::copy(b.dsq, dsq);
+        } else {
+          out = fa_views(qn, qr, dsq, td, H, L, R, v.layout);
+        }
+      }
+      a.token_x.reset();  // holds no step tensor past the call
+      a.dequant_scale_x.reset();
+      a.rope_cos.reset();
+      a.rope_sin.reset();
+      a.cache_index.reset();
+      return out;
     }
-    return x4;
-  };
-  if (use_prolog) {
-    AAR_CHECK_ARG(prolog_.has_value(), "the fused prolog preprocess was asked for but the layer has no prolog weights "
-                  "(enable_prolog)");
-    // Spec mla 5.4: the fused preprocess; q and k_pe come out in the same
-    // half-split RoPE order as the native path (weights via trans_rope_weight).
-    // The weights are set once (constructor); only the step's inputs change.
-    ops::MlaPrologArgs& a = prolog_args_;
-    a.token_x = s.x;
-    a.rope_cos = cos.view({td, R});
-    a.rope_sin = sin.view({td, R});
-    a.cache_index = slots;
-    at::Tensor nope_w = nope, rope_w = rope;
-    auto r = ops::mla_prolog_v3(a, nope_w, rope_w);
-    a.token_x.reset();  // holds no step tensor past the call
-    a.rope_cos.reset();
-    a.rope_sin.reset();
-    a.cache_index.reset();
-    const at::Tensor& qn = std::get<0>(r);  // (td, H, L)
-    const at::Tensor& qr = std::get<1>(r);  // (td, H, R)
-    if (padded || stable) {
-      ops::dense::copy(v.qn_heads, qn);
-      ops::dense::copy(v.qr_heads, qr);
-      return {v.fia_qn, v.fia_qr};
+    case Fused::Mlapo: {
+      // Spec mla 5.4 / sparse 3.2: vllm-ascend's W8A8-static mla_preprocess.
+      ops::MlaPreprocessArgs& a = mlapo_args_;
+      a.hidden_state = s.x;
+      a.cos = cos.view({td, R});
+      a.sin = sin.view({td, R});
+      a.slotmapping = slots;
+      at::Tensor q0 = at::empty({td, H, L}, s.x.options()), q1 = at::empty({td, H, R}, s.x.options());
+      at::Tensor inner = v.qc;  // (td, Q): q_c with enable_inner_out
+      at::Tensor nope_w = nope, rope_w = rope;
+      ops::mla_preprocess(a, nope_w, rope_w, q0, q1, inner);
+      a.hidden_state.reset();
+      a.cos.reset();
+      a.sin.reset();
+      a.slotmapping.reset();
+      LatentQuery out = finish(v, q0, q1, td, stable);
+      if (cfg_.query_norm) out.qc = v.qc;
+      return out;
     }
-    return {view_of(qn, td, seen_.qn_src, seen_.qn, [&] { return as_layout(qn, L); }),
-            view_of(qr, td, seen_.qr_src, seen_.qr, [&] { return as_layout(qr, R); })};
+    case Fused::None:
+      break;
   }
   // Spec mla 5.2: native preprocess, into the workspace.
-  if (d.q_lora_rank.has_value()) {
-    ops::dense::linear_out(v.qa, s.x, *w_.q_a_proj);
-    ops::dense::rms_norm_out(v.qc, v.qa, *w_.q_a_layernorm, cfg_.q_norm_eps);
+  const at::Tensor q_pe = native_query(v, s, cos, sin);  // (td, H, 1, R)
+  const char* mode = cfg_.kv_nz ? "PA_NZ" : "PA";
+  if (kv_qscale_.defined()) {
+    // FA-quant layer: the int8 latent cache, quantised like npu_mla_prolog_v2 does.
+    ops::kv_rmsnorm_rope_cache(v.kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps, mode, false,
+                               kv_qscale_);
+  } else {
+    ops::kv_rmsnorm_rope_cache(v.kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps, mode, false);
   }
-  ops::dense::linear_out(v.kv_raw, s.x, w_.kv_a_proj_with_mqa);
-  ops::dense::linear_out(v.q, d.q_lora_rank.has_value() ? v.qc : s.x, w_.q_proj);
-  ops::dense::bmm_out(v.qn_heads_t, v.q_nope_t, w_uk_t_);  // ql_nope (td, H, L) into the padded query
-  const at::Tensor q_pe = ops::interleave_rope(v.q_pe4, cos, sin);  // (td, H, 1, R)
-  ops::kv_rmsnorm_rope_cache(v.kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps,
-                             cfg_.kv_nz ? "PA_NZ" : "PA", false);
+  LatentQuery out;
   if (padded || stable) {
     ops::dense::copy(v.qr_heads4, q_pe);
-    return {v.fia_qn, v.fia_qr};
+    out = {v.fia_qn, v.fia_qr};
+  } else {
+    auto as_layout = [&](const at::Tensor& x4, int64_t D) -> at::Tensor {
+      switch (v.layout) {
+        case DecodeLayout::TND: return x4.view({td, hp, D});
+        case DecodeLayout::BSND: return x4.view({td, 1, hp, D});
+        case DecodeLayout::BNSD: return x4;
+      }
+      return x4;
+    };
+    out = {v.fia_qn, view_of(q_pe, td, seen_.qr_src, seen_.qr, [&] { return as_layout(q_pe, R); })};
   }
-  return {v.fia_qn, view_of(q_pe, td, seen_.qr_src, seen_.qr, [&] { return as_layout(q_pe, R); })};
+  if (d.q_lora_rank.has_value()) out.qc = v.qc;
+  return out;
 }
 
 LatentQuery LatentCore::preprocess_unwritten(const DecodeViews& v, const LatentStep& s, LatentKv& kv) {
-  // The query half is preprocess's native path (spec mla 5.2); kept apart from
-  // it so the two can change independently until the preprocess variants
-  // settle. The key half replaces npu_kv_rmsnorm_rope_cache's cache writes by
-  // the same maths on the rows: RMSNorm * gamma and the interleave->half RoPE.
+  // The query half is preprocess's native path; the key half replaces
+  // npu_kv_rmsnorm_rope_cache's cache writes by the same maths on the rows:
+  // RMSNorm * gamma and the interleave->half RoPE.
   const Dims& d = cfg_.dims;
   const int64_t td = s.x.sizes()[0], L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  const at::Tensor& cos = view_of(s.cos, td, seen_.cos_src, seen_.cos4,
-                                  [&] { return s.cos.narrow(0, 0, td).view({td, 1, 1, R}); });
-  const at::Tensor& sin = view_of(s.sin, td, seen_.sin_src, seen_.sin4,
-                                  [&] { return s.sin.narrow(0, 0, td).view({td, 1, 1, R}); });
-  if (d.q_lora_rank.has_value()) {
-    ops::dense::linear_out(v.qa, s.x, *w_.q_a_proj);
-    ops::dense::rms_norm_out(v.qc, v.qa, *w_.q_a_layernorm, cfg_.q_norm_eps);
-  }
-  ops::dense::linear_out(v.kv_raw, s.x, w_.kv_a_proj_with_mqa);
-  ops::dense::linear_out(v.q, d.q_lora_rank.has_value() ? v.qc : s.x, w_.q_proj);
-  ops::dense::bmm_out(v.qn_heads_t, v.q_nope_t, w_uk_t_);            // ql_nope (td, H, L)
-  ops::dense::copy(v.qr_heads4, ops::interleave_rope(v.q_pe4, cos, sin));  // q_pe (td, H, 1, R)
+  const auto [cos, sin] = rope_rows(s, td);
+  ops::dense::copy(v.qr_heads4, native_query(v, s, cos, sin));
   kv.k_nope = ops::dense::rms_norm(v.kv_raw.narrow(1, 0, L), w_.kv_a_layernorm, cfg_.kv_norm_eps);
   kv.k_rope = ops::interleave_rope(v.kv4.narrow(3, L, R), cos, sin);
-  return {v.fia_qn, v.fia_qr};
+  LatentQuery out{v.fia_qn, v.fia_qr};
+  if (d.q_lora_rank.has_value()) out.qc = v.qc;
+  return out;
 }
 
 const at::Tensor& LatentCore::w_uv_out(const DecodeViews& v, int64_t td) {

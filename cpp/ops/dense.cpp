@@ -100,6 +100,11 @@ at::Tensor cast(const at::Tensor& x, at::ScalarType dtype) {
   return x.to(dtype);
 }
 
+at::Tensor dequant_rows(const at::Tensor& x_q, const at::Tensor& scale, at::ScalarType dtype) {
+  if (no_compute()) return noop::cached(x_q.sizes(), dtype, x_q.device());
+  return (x_q.to(at::kFloat) * scale.to(at::kFloat)).to(dtype);
+}
+
 at::Tensor cat_last(const at::Tensor& a, const at::Tensor& b) {
   if (no_compute()) {
     std::array<int64_t, 6> s{};

@@ -39,7 +39,7 @@ inline at::OptionalSymIntArrayRef sym_list(bool has, c10::IntArrayRef v) {
 #define AAR_FIA_V2_CALL_ARGS(t, p, none)                                                                   \
   t.query, t.key, t.value, t.query_rope, t.key_rope, none /*pse_shift*/, t.atten_mask,                     \
       sym_list(p.has_actual_seq_qlen, p.actual_seq_qlen), sym_list(p.has_actual_seq_kvlen, p.actual_seq_kvlen), \
-      t.block_table, none /*dequant_scale_query*/, t.dequant_scale_key, t.dequant_offset_key,              \
+      t.block_table, t.dequant_scale_query, t.dequant_scale_key, t.dequant_offset_key,                      \
       t.dequant_scale_value, t.dequant_offset_value, none /*dequant_scale_key_rope*/,                      \
       none /*quant_scale_out*/, none /*quant_offset_out*/, none /*quant_scale_p*/, t.learnable_sink,       \
       p.num_query_heads, p.num_key_value_heads, p.softmax_scale, p.pre_tokens, p.next_tokens,              \

@@ -153,6 +153,50 @@ using TransposeBatchMatmul = at::Tensor(const at::Tensor& input, const at::Tenso
 using MlaPrologV3 =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(AAR_MLA_PROLOG_V3_PARAMS);
 
+// npu_mla_prolog_v2: like v3 but cache_index is positional and required, and the
+// caches are not marked mutable in the schema (the kernel still writes them in
+// place; torch_npu's documentation recommends v3 for that reason). Returns
+// (query, query_rope, kv_cache, kr_cache, dequant_scale_q_nope).
+#define AAR_MLA_PROLOG_V2_PARAMS                                                                      \
+  const at::Tensor &token_x, const at::Tensor &weight_dq, const at::Tensor &weight_uq_qr,             \
+      const at::Tensor &weight_uk, const at::Tensor &weight_dkv_kr, const at::Tensor &rmsnorm_gamma_cq, \
+      const at::Tensor &rmsnorm_gamma_ckv, const at::Tensor &rope_sin, const at::Tensor &rope_cos,     \
+      const at::Tensor &cache_index, const at::Tensor &kv_cache, const at::Tensor &kr_cache,          \
+      sig::OptT dequant_scale_x, sig::OptT dequant_scale_w_dq, sig::OptT dequant_scale_w_uq_qr,       \
+      sig::OptT dequant_scale_w_dkv_kr, sig::OptT quant_scale_ckv, sig::OptT quant_scale_ckr,         \
+      sig::OptT smooth_scales_cq, double rmsnorm_epsilon_cq, double rmsnorm_epsilon_ckv,              \
+      sig::Str cache_mode
+using MlaPrologV2 =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(AAR_MLA_PROLOG_V2_PARAMS);
+
+// _C_ascend mla_preprocess (vllm-ascend's MLAPO kernel). The kernel function
+// returns references to its five out arguments (`Tensor!`), hence the tuple of
+// references; `kv_cache` / `kv_cache_rope` are the inputs the kernel reads the
+// cache geometry from, kv_cache_out0 / kv_cache_out1 the caches it writes
+// (callers pass the same tensors).
+#define AAR_MLA_PREPROCESS_PARAMS                                                                          \
+  const at::Tensor &hiddenState, const at::Tensor &wdqkv, sig::OptT descale0, const at::Tensor &gamma1,   \
+      sig::OptT beta1, const at::Tensor &wuq, sig::OptT descale1, const at::Tensor &gamma2, sig::OptT cos,  \
+      sig::OptT sin, const at::Tensor &wuk, const at::Tensor &kv_cache, const at::Tensor &kv_cache_rope,    \
+      const at::Tensor &slotmapping, sig::OptT quant_scale0, sig::OptT quant_offset0, sig::OptT bias0,     \
+      sig::OptT quant_scale1, sig::OptT quant_offset1, sig::OptT bias1, sig::OptT ctkv_scale,              \
+      sig::OptT q_nope_scale, std::optional<c10::string_view> cache_mode,                                  \
+      std::optional<c10::string_view> quant_mode, std::optional<bool> enable_inner_out, at::Tensor &q_out0, \
+      at::Tensor &kv_cache_out0, at::Tensor &q_out1, at::Tensor &kv_cache_out1, at::Tensor &inner_out
+using MlaPreprocessResult = std::tuple<at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&>;
+using MlaPreprocess = MlaPreprocessResult(AAR_MLA_PREPROCESS_PARAMS);
+
+// npu_quantize / npu_quant_matmul: the W8A8 linears.
+using Quantize = at::Tensor(const at::Tensor& self, const at::Tensor& scales, sig::OptT zero_points, int64_t dtype,
+                            int64_t axis, bool div_mode);
+
+#define AAR_QUANT_MATMUL_PARAMS                                                                        \
+  const at::Tensor &x1, const at::Tensor &x2, const at::Tensor &scale, sig::OptT offset,               \
+      sig::OptT pertoken_scale, sig::OptT bias, sig::OptInt output_dtype, sig::OptInt x1_dtype,        \
+      sig::OptInt x2_dtype, sig::OptInt pertoken_scale_dtype, sig::OptInt scale_dtype,                 \
+      at::OptionalIntArrayRef group_sizes, sig::OptT y_scale
+using QuantMatmul = at::Tensor(AAR_QUANT_MATMUL_PARAMS);
+
 // ---- sparse attention (SFA, DeepSeek-V3.2) and quantisation operators (issue 10).
 // `Npu` = torch_npu's operator, `Va` = vllm-ascend's `_C_ascend` operator of the same
 // (or a similar) name; their schemas differ, hence the separate types.

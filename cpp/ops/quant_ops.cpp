@@ -1,5 +1,6 @@
-// Typed wrappers for torch_npu's npu_scatter_nd_update_, npu_dynamic_quant and
-// npu_dynamic_block_quant, and vllm-ascend's _C_ascend batch_matmul_transpose.
+// Typed wrappers for torch_npu's npu_scatter_nd_update_, npu_dynamic_quant,
+// npu_dynamic_block_quant, npu_quantize and npu_quant_matmul, and vllm-ascend's
+// _C_ascend batch_matmul_transpose.
 #include "ascend_attn_rt/ops/batch_matmul_transpose.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "op_handle.h"
@@ -12,6 +13,8 @@ detail::OpHandle<sig::ScatterNdUpdate_> g_scatter_nd("npu_scatter_nd_update_", "
 detail::OpHandle<sig::DynamicQuant> g_dyn_quant("npu_dynamic_quant", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::DynamicBlockQuant> g_dyn_block_quant("npu_dynamic_block_quant", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::BatchMatmulTranspose> g_bmt("batch_matmul_transpose", "", OpLibrary::VllmAscend);
+detail::OpHandle<sig::Quantize> g_quantize("npu_quantize", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::QuantMatmul> g_quant_matmul("npu_quant_matmul", "", OpLibrary::TorchNpu);
 }  // namespace
 
 at::Tensor& scatter_nd_update_(at::Tensor& self, const at::Tensor& indices, const at::Tensor& updates, Provider pv) {
@@ -46,6 +49,23 @@ void batch_matmul_transpose(const at::Tensor& a, const at::Tensor& b, at::Tensor
   const auto& op = g_bmt.get(p);
   detail::DispatchGuard guard(p);
   op.call(a, b, c, format_mode, quant_mode);
+}
+
+at::Tensor quantize(const at::Tensor& x, const at::Tensor& scales, const std::optional<at::Tensor>& zero_points,
+                    int64_t dtype, int64_t axis, bool div_mode, Provider pv) {
+  const Provider p = detail::pick_provider(pv, x);
+  const auto& op = g_quantize.get(p);
+  detail::DispatchGuard guard(p);
+  return op.call(x, scales, zero_points, dtype, axis, div_mode);
+}
+
+at::Tensor quant_matmul(const QuantMatmulArgs& a, Provider pv) {
+  const Provider p = detail::pick_provider(pv, a.x1);
+  const auto& op = g_quant_matmul.get(p);
+  const auto& none = detail::none_tensor();
+  detail::DispatchGuard guard(p);
+  return op.call(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype, std::nullopt, std::nullopt,
+                 std::nullopt, std::nullopt, std::nullopt, none);
 }
 
 }  // namespace aar::ops

@@ -179,6 +179,15 @@ const std::vector<OpSchema>& op_schemas() {
         "int? weight_uq_qr_dtype=None, int? weight_dkv_kr_dtype=None, int? kv_cache_dtype=None) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
        false},
+      {"npu_mla_prolog_v2",
+        "npu_mla_prolog_v2(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, Tensor weight_uk, "
+        "Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, Tensor rope_sin, "
+        "Tensor rope_cos, Tensor cache_index, Tensor kv_cache, Tensor kr_cache, *, "
+        "Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, Tensor? dequant_scale_w_uq_qr=None, "
+        "Tensor? dequant_scale_w_dkv_kr=None, Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, "
+        "Tensor? smooth_scales_cq=None, float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, "
+        "str cache_mode=\"PA_BSND\") -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+       false},
       // ---- sparse attention (SFA, DeepSeek-V3.2) and quantisation operators (issue 10)
       {"npu_lightning_indexer",
         "npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, "
@@ -218,6 +227,17 @@ const std::vector<OpSchema>& op_schemas() {
       {"npu_dynamic_quant",
         "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
         "int? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)",
+       false},
+      // ---- W8A8 linears of the quantised MLA-family preprocess (issue 10)
+      {"npu_quantize",
+        "npu_quantize(Tensor self, Tensor scales, Tensor? zero_points, int dtype, int axis=1, "
+        "bool div_mode=True) -> Tensor",
+       false},
+      {"npu_quant_matmul",
+        "npu_quant_matmul(Tensor x1, Tensor x2, Tensor scale, *, Tensor? offset=None, "
+        "Tensor? pertoken_scale=None, Tensor? bias=None, int? output_dtype=None, int? x1_dtype=None, "
+        "int? x2_dtype=None, int? pertoken_scale_dtype=None, int? scale_dtype=None, int[]? group_sizes=None, "
+        "Tensor? y_scale=None) -> Tensor",
        false},
       {"npu_dynamic_block_quant",
         "npu_dynamic_block_quant(Tensor x, *, float min_scale=0.0, str round_mode=\"rint\", int dst_type=1, "

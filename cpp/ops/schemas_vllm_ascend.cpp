@@ -41,6 +41,15 @@ const std::vector<OpSchema>& vllm_ascend_op_schemas() {
         "int tile_size=128, int rope_head_dim=64, bool return_softmax_lse=False) -> (Tensor attention_out, "
         "Tensor softmax_max, Tensor softmax_sum)",
        false},
+      {"mla_preprocess",
+        "mla_preprocess(Tensor hiddenState, Tensor wdqkv, Tensor? descale0, Tensor gamma1, Tensor? beta1, "
+        "Tensor wuq, Tensor? descale1, Tensor gamma2, Tensor? cos, Tensor? sin, Tensor wuk, Tensor kv_cache, "
+        "Tensor kv_cache_rope, Tensor slotmapping, Tensor? quant_scale0, Tensor? quant_offset0, Tensor? bias0, "
+        "Tensor? quant_scale1, Tensor? quant_offset1, Tensor? bias1, Tensor? ctkv_scale, Tensor? q_nope_scale, "
+        "str? cache_mode, str? quant_mode, bool? enable_inner_out, Tensor! q_out0, Tensor! kv_cache_out0, "
+        "Tensor! q_out1, Tensor! kv_cache_out1, Tensor! inner_out) -> (Tensor q_out0, Tensor kv_cache_out0, "
+        "Tensor q_out1, Tensor kv_cache_out1, Tensor inner_out)",
+       false},
       {"batch_matmul_transpose",
         "batch_matmul_transpose(Tensor tensor_a, Tensor tensor_b, Tensor tensor_c, str? format_mode=None, "
         "str? quant_mode=None) -> ()",

@@ -99,7 +99,7 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     AAR_CHECK_ARG(d.qk_rope_head_dim <= ic.head_dim && d.qk_rope_head_dim % 2 == 0, "the indexer RoPE rotates the "
                   "first qk_rope_head_dim=", d.qk_rope_head_dim, " dims of each ", ic.head_dim, "-dim head: it must "
                   "be even and at most head_dim");
-    const at::Tensor& ref = weights.q_proj;
+    const at::Tensor& ref = weights.kv_b_proj;
     const int64_t q_in = d.q_lora_rank.value_or(d.hidden_size);
     auto check = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape) {
       AAR_CHECK_ARG(t.defined() && t.sizes() == c10::IntArrayRef(shape), "indexer weight ", name, " must have shape ",
@@ -128,20 +128,47 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
                   ops::kSfaC8RopeDim, " (spec 1.3.1), got kv_lora_rank=", d.kv_lora_rank, ", qk_rope_head_dim=",
                   d.qk_rope_head_dim);
   }
+  // Spec 3.2: the preprocess, once.
+  PreprocessConfig pc = cfg_.preprocess;
+  pc.has_q_lora = d.q_lora_rank.has_value();
+  AAR_CHECK_ARG(pc.quant == mla::quant_type(weights), "preprocess quant type \"", mla::to_string(pc.quant),
+                "\" differs from the weights' \"", mla::to_string(mla::quant_type(weights)), "\"");
+  if (pc.quant == mla::QuantType::MxFp8) {
+    throw_not_supported("quant type \"mxfp8\" (W8A8-MXFP8 dynamic fused_qkv_a_proj, A5) is not implemented");
+  }
+  // The selection's SFA C8 input is the layer's sfa_c8 (one flag, not two that could disagree).
+  AAR_CHECK_ARG(!pc.enable_sparse_sfa_c8 || cfg_.sfa_c8, "preprocess.enable_sparse_sfa_c8 is set but sfa_c8 is "
+                "not: the layer's SFA C8 is ImplConfig::sfa_c8 (the selection follows it)");
+  pc.enable_sparse_sfa_c8 = cfg_.sfa_c8;
+  if (pc.dsa_cp) throw_not_supported("dsa_cp: DSA context parallel is not implemented by this layer");
+  if (pc.dcp_size > 1) throw_not_supported("dcp_size=", pc.dcp_size, ": DCP is not implemented by this layer");
+  if (pc.kv_offload) throw_not_supported("kv_offload: sparse KV offload is not implemented by this layer");
+  choice_ = resolve_preprocess(pc);
+  if (choice_.kind == Preprocess::Mlapo && (cfg_.q_norm_eps != 1e-6 || cfg_.kv_norm_eps != 1e-6)) {
+    throw_not_supported("MLAPO (", choice_.reason, ") with q_norm_eps=", cfg_.q_norm_eps, ", kv_norm_eps=",
+                        cfg_.kv_norm_eps, ": mla_preprocess takes no epsilon (its kernel uses 1e-6)");
+  }
   mla::detail::LatentConfig lc;
+  lc.fused = choice_.kind == Preprocess::PrologV3 ? mla::detail::Fused::PrologV3
+             : choice_.kind == Preprocess::Mlapo  ? mla::detail::Fused::Mlapo
+                                                  : mla::detail::Fused::None;
+  // The indexer reads q_c: the fused paths return it (query_norm_flag / enable_inner_out).
+  lc.query_norm = cfg_.indexer.has_value();
   lc.dims = d;
   lc.q_norm_eps = cfg_.q_norm_eps;
   lc.kv_norm_eps = cfg_.kv_norm_eps;
   lc.heads_padded = d.num_heads;  // the SFA kernel takes the real heads
+  lc.sfa_c8_rows = cfg_.sfa_c8;
   lc.workspace_group = cfg_.workspace_group;
   core_ = std::make_shared<LatentCore>(lc, weights);
-  const at::Tensor& wref = core_->weights().q_proj;
+  const at::Tensor& wref = core_->weights().kv_b_proj;  // never quantised
   if (cfg_.sfa_c8) {
     const auto dt = wref.scalar_type();
     AAR_CHECK_ARG(dt == at::kHalf || dt == at::kBFloat16, "sfa_c8: the weights must be float16 or bfloat16 (the "
                   "packed rows keep k_rope in the query's dtype; the KV-quant kernel takes fp16/bf16 queries), got ",
                   dt);
   }
+  if (cfg_.sfa_c8) no_rope_ = at::empty({0}, wref.options());  // PROLOG_V3's kr_cache (ckvkr_repo_mode 1)
   if (cfg_.li_c8) {
     const int64_t D = cfg_.indexer->head_dim;
     hadamard_ = ops::hadamard_matrix(D, 1.0 / std::sqrt(static_cast<double>(D)), wref.scalar_type(), wref.device());
@@ -176,9 +203,8 @@ void Impl::reload_weights(const mla::Weights& weights) { core_->reload_weights(w
 Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const Metadata& md,
                             TopkBuffer* topk, const at::Tensor& output) const {
   const mla::Dims& d = cfg_.dims;
-  const at::Tensor& wref = core_->weights().q_proj;
-  const auto dtype = wref.scalar_type();
-  const c10::Device dev = wref.device();
+  const auto dtype = core_->dtype();
+  const c10::Device dev = core_->device();
   AAR_CHECK_ARG(hidden.defined() && hidden.dim() == 2 && hidden.size(1) == d.hidden_size,
                 "hidden_states must have shape (T, hidden_size=", d.hidden_size, "), got ",
                 hidden.defined() ? hidden.sizes() : c10::IntArrayRef{});
@@ -420,7 +446,6 @@ at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, co
 
 void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                const at::Tensor& output, int64_t tk, bool stable) {
-  const mla::Dims& d = cfg_.dims;
   const int64_t rows = hidden.size(0);
   if (tk == 0) {
     ops::dense::zero(output);
@@ -436,15 +461,33 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   s.cos = md.cos;
   s.sin = md.sin;
   s.slots = md.slot_mapping;
-  // SFA C8: the same preprocess without latent/rope cache writes; the latent
-  // key goes into the packed cache below (spec 3.3 step 3, 3.5).
+  // Spec 3.2: the resolved preprocess, downgraded to NATIVE outside
+  // DecodeOnly / SpecDecoding steps and for MLAPO above 1024 input tokens.
+  last_pre_ = runtime_preprocess(choice_.kind, md.attn_state, md.num_input_tokens);
+  const mla::detail::Fused path = last_pre_ == Preprocess::PrologV3 ? mla::detail::Fused::PrologV3
+                                  : last_pre_ == Preprocess::Mlapo  ? mla::detail::Fused::Mlapo
+                                                                    : mla::detail::Fused::None;
+  // SFA C8: NATIVE preprocesses without latent/rope cache writes and packs the
+  // latent key into the cache below (spec 3.3 step 3, 3.5); PROLOG_V3 writes
+  // the packed rows itself (kv_cache_quant_mode 3; the rope cache is empty).
   mla::detail::LatentKv kv;
-  const mla::detail::LatentQuery q = cfg_.sfa_c8 ? core_->preprocess_unwritten(v, s, kv)
-                                                 : core_->preprocess(v, s, c.nope, c.rope, /*use_prolog=*/false, stable);
-  if (cfg_.sfa_c8) store_packed_rows(kv.k_nope, kv.k_rope, c, md, tk);
+  const bool packed_here = cfg_.sfa_c8 && path == mla::detail::Fused::None;
+  const mla::detail::LatentQuery q =
+      packed_here ? core_->preprocess_unwritten(v, s, kv)
+                  : core_->preprocess(v, s, cfg_.sfa_c8 ? c.packed : c.nope, cfg_.sfa_c8 ? no_rope_ : c.rope, path,
+                                      stable);
+  if (packed_here) store_packed_rows(kv.k_nope, kv.k_rope, c, md, tk);
   // Top-k: this layer's indexer, or the selection an earlier layer left.
   if (cfg_.indexer.has_value()) {
-    const at::Tensor q_c = d.q_lora_rank.has_value() ? v.qc : x;
+    // q_c: the native path's normed q-LoRA activations, or what the fused
+    // operator returned (query_norm / inner_out); x without q-LoRA.
+    // A W8A8-dynamic PROLOG_V3 (SFA C8) returns q_c as int8 with per-token
+    // scales: dequantised for the indexer's unquantised wq_b (upstream's
+    // quant matmul with a W8A8 wq_b computes the same product up to the
+    // weight's quantisation).
+    const at::Tensor q_c = q.qc_scale.defined() ? ops::dense::dequant_rows(q.qc, q.qc_scale, x.scalar_type())
+                           : q.qc.defined()      ? q.qc
+                                                 : x;
     last_topk_rows_ = indexer_topk(x, q_c, c, md, tk);
     if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
     last_topk_ = TopkSource::Indexer;

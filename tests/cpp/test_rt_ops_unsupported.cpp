@@ -260,15 +260,24 @@ TEST(RtOpsUnsupported, FiaV2Arguments) {
     a.*member = 1;
     expect_throw_with<aar::NotSupported>([&] { call_v2(a); }, std::string(name) + "=1");
   }
+  // Only the fully quantised MLA form (query_quant_mode 3 over int8 operands,
+  // test_rt_ops_mla_quant.cpp) is implemented: other modes are rejected by name,
+  // mode 3 over float operands is an invalid call.
   const std::vector<std::pair<const char*, int64_t V2Args::*>> ints = {
       {"query_quant_mode", &V2Args::query_quant_mode},
       {"key_quant_mode", &V2Args::key_quant_mode},
       {"value_quant_mode", &V2Args::value_quant_mode},
   };
   for (const auto& [name, member] : ints) {
-    V2Args a = base_v2();
-    a.*member = 3;
-    expect_throw_with<aar::NotSupported>([&] { call_v2(a); }, std::string(name) + "=3");
+    for (int64_t mode : {1, 3}) {
+      V2Args a = base_v2();
+      a.*member = mode;
+      if (member == &V2Args::query_quant_mode && mode == 3) {
+        expect_throw_with<aar::InvalidArgument>([&] { call_v2(a); }, "query_quant_mode=3 needs int8");
+      } else {
+        expect_throw_with<aar::NotSupported>([&] { call_v2(a); }, std::string(name) + "=" + std::to_string(mode));
+      }
+    }
   }
   V2Args a = base_v2();
   a.learnable_sink = at::zeros({3});

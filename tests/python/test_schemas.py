@@ -93,6 +93,8 @@ def test_table_covers_the_operators_the_runtime_calls():
         "npu_lightning_indexer", "npu_quant_lightning_indexer", "npu_sparse_flash_attention",
         "npu_kv_quant_sparse_flash_attention", "npu_scatter_nd_update_", "npu_dynamic_quant",
         "npu_dynamic_block_quant",
+        # issue 10: the quantised MLA-family preprocess (FA-quant prolog v2, W8A8 linears)
+        "npu_mla_prolog_v3", "npu_mla_prolog_v2", "npu_quantize", "npu_quant_matmul",
     }
     assert expected <= names, expected - names
 
@@ -205,7 +207,7 @@ def test_va_file_names_its_source():
 def test_va_table_covers_the_operators_the_runtime_calls():
     assert set(_va_ours()) == {
         "npu_lightning_indexer", "npu_lightning_indexer_quant", "npu_sparse_flash_attention",
-        "npu_kv_quant_sparse_flash_attention", "batch_matmul_transpose",
+        "npu_kv_quant_sparse_flash_attention", "batch_matmul_transpose", "mla_preprocess",
     }
     # Every line of the file is used (the file holds what we copied, nothing else).
     assert set(_va_file()) == set(_va_ours())

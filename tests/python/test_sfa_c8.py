@@ -520,3 +520,77 @@ def test_construction_rejects_what_c8_cannot_take():
         m.impl(indexer=False, li_c8=True)
     # fp32 weights take LI C8 (the indexer casts what its operator needs).
     Model([9], dims=MlaDims(), idx=IdxDims(D=32), dtype=torch.float32).impl(li_c8=True)
+
+
+# ----------------------------------------------------------------------------- PROLOG_V3 on SFA C8 layers
+
+
+class QC8Model(C8Model):
+    """A C8 model with W8A8-dynamic projections: the layer gets the quantised weights, the context rows and the
+    references the dequantised ones (spec 3.2: a W8A8-dynamic SFA C8 layer on a KV consumer takes PROLOG_V3)."""
+
+    def __init__(self, seq_lens, **kw):
+        super().__init__(seq_lens, **kw)
+        from _quant_reference import quantize_mla_weights
+        self.qkw, self.ws = quantize_mla_weights(self.ws, "w8a8_dynamic", self.dtype)
+
+    def impl(self, indexer=True, **kw):
+        ws = self.ws
+        self.ws = self.qkw
+        try:
+            return super().impl(indexer=indexer, **kw)
+        finally:
+            self.ws = ws
+
+
+@pytest.mark.parametrize("li_c8", [False, True], ids=["sfa_c8", "sfa_c8+li_c8"])
+@pytest.mark.parametrize("batch", ["decode", "speculative"])
+def test_prolog_v3_writes_the_packed_rows(batch, li_c8):
+    seq_lens, q_lens, spec = BATCHES[batch]["seq_lens"], BATCHES[batch]["q_lens"], BATCHES[batch].get("spec", 0)
+    m = QC8Model(seq_lens, sfa_c8=True, li_c8=li_c8)
+    for r, (s, q) in enumerate(zip(seq_lens, q_lens)):
+        m.fill(r, s - q)
+    extra = dict(num_spec_tokens=torch.full((len(q_lens),), spec, dtype=torch.int32)) if spec else {}
+    md = m.builder(num_speculative_tokens=spec).build(_qsl(q_lens), torch.tensor(seq_lens, dtype=torch.int32),
+                                                      m.table, **extra)
+    assert md.attn_state == (aar.AttentionState.SpecDecoding if spec else aar.AttentionState.DecodeOnly)
+    hidden = torch.cat([m.xs[r][s - q:] for r, (s, q) in enumerate(zip(seq_lens, q_lens))])
+    native, fused = m.impl(), m.impl(is_kv_consumer=True)
+    assert native.preprocess == "native" and fused.preprocess == "prolog_v3", fused.preprocess_reason
+    before = [t.clone() for t in m.all_caches()]
+    outs, packed = [], []
+    for impl in (native, fused):
+        for t, b in zip(m.all_caches(), before):
+            t.copy_(b)
+        out = torch.full_like(hidden, 7.0)
+        impl.forward(hidden, m.caches(), md, out)
+        outs.append((out, impl.last_topk[:, 0].to(torch.int64)))
+        packed.append(m.packed.clone())
+    assert fused.last_preprocess == "prolog_v3" and native.last_preprocess == "native"
+    # The fused layer wrote what the native one did: rows of the same latent key (within one quantisation step).
+    for r, (s, q) in enumerate(zip(seq_lens, q_lens)):
+        for p in range(s - q, s):
+            blk, off = m.where(r, p)
+            assert not torch.equal(raw(packed[1][blk, off, 0]), raw(before[0][blk, off, 0])), "row not written"
+            gq, grope, gscale, gnope = unpack_rows(packed[1][blk, off, 0].view(torch.int8), m.dtype)
+            nq, nrope, nscale, nnope = unpack_rows(packed[0][blk, off, 0].view(torch.int8), m.dtype)
+            torch.testing.assert_close(gscale, nscale, rtol=2e-2, atol=0)
+            torch.testing.assert_close(grope, nrope, rtol=2e-2, atol=2e-2)
+            assert (gq - nq).abs().max() <= 2
+        # ... and of the exact latent key (dequantised weights), within the tile step plus the activations'
+        # per-token int8 quantisation.
+        _, _, c, _ = project(m.d, m.ws, m.xs[r][:s], torch.arange(s))
+        for p in range(s - q, s):
+            blk, off = m.where(r, p)
+            gq, _, gscale, gnope = unpack_rows(packed[1][blk, off, 0].view(torch.int8), m.dtype)
+            tile_scale = gscale.repeat_interleave(TILE, -1)
+            assert ((gnope - c[p]).abs() <= 0.5 * tile_scale + 0.03 * c[p].abs().max()).all()
+    # Outputs: the float64 layer (dequantised weights) over the keys the fused layer wrote and its selection.
+    out, topk = outs[1]
+    t0 = 0
+    for r, (s, q) in enumerate(zip(seq_lens, q_lens)):
+        rows = topk[t0:t0 + q]
+        check_topk(m, r, s, q, rows)
+        torch.testing.assert_close(out[t0:t0 + q].to(F64), attend_cached(m, r, s, q, rows), atol=4e-2, rtol=4e-2)
+        t0 += q
+    torch.testing.assert_close(outs[1][0].to(F64), outs[0][0].to(F64), atol=4e-2, rtol=4e-2)

@@ -4,6 +4,9 @@
 // the table or an invalid block id yields zeros (golden semantics). seq_offset
 // must be a multiple of the block size (the golden applies it per block; we
 // reject what it would silently truncate). is_seq_lens_cumsum=True is rejected.
+// Caches may be ND (nb, bs, Nkv, D) or FRACTAL_NZ (nb, Nkv, D/c, bs, c), c = 32 /
+// element size (an int8 FA-quant latent cache): rows are gathered as the ND
+// rows they stand for [verify the NZ support of the kernel on hardware].
 #include <torch/library.h>
 
 #include "../op_signatures.h"
@@ -14,17 +17,25 @@ namespace {
 
 constexpr const char* kOp = "npu_gather_pa_kv_cache";
 
-void check_cache(const at::Tensor& c, const char* name) {
-  AAR_CHECK_ARG(c.dim() == 4, kOp, ": ", name, " must be an ND paged cache (num_blocks, block_size, Nkv, D), got ",
-                c.sizes());
+// The (nb, bs, Nkv, D) view of an ND cache, or the ND copy of an NZ one.
+at::Tensor nd_cache(const at::Tensor& c, const char* name) {
+  if (c.dim() == 5) {
+    const int64_t cb = 32 / static_cast<int64_t>(c.element_size());
+    AAR_CHECK_ARG(c.size(4) == cb, kOp, ": ", name, " as an NZ cache must be (num_blocks, Nkv, D/", cb,
+                  ", block_size, ", cb, "), got ", c.sizes());
+    return c.permute({0, 3, 1, 2, 4}).reshape({c.size(0), c.size(3), c.size(1), c.size(2) * cb});
+  }
+  AAR_CHECK_ARG(c.dim() == 4, kOp, ": ", name, " must be an ND paged cache (num_blocks, block_size, Nkv, D) or an "
+                "NZ one (num_blocks, Nkv, D/c, block_size, c), got ", c.sizes());
+  return c;
 }
 
-void gather_pa_kv_cache(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_tables,
+void gather_pa_kv_cache(const at::Tensor& key_cache_in, const at::Tensor& value_cache_in, const at::Tensor& block_tables,
                         const at::Tensor& seq_lens, at::Tensor& key, at::Tensor& value, sig::OptT seq_offset,
                         bool is_seq_lens_cumsum) {
   if (is_seq_lens_cumsum) throw_not_supported(kOp, ": not supported by the CPU twin: is_seq_lens_cumsum=True");
-  check_cache(key_cache, "key_cache");
-  check_cache(value_cache, "value_cache");
+  const at::Tensor key_cache = nd_cache(key_cache_in, "key_cache");
+  const at::Tensor value_cache = nd_cache(value_cache_in, "value_cache");
   const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
   AAR_CHECK_ARG(value_cache.size(0) == nb && value_cache.size(1) == bs && value_cache.size(2) == key_cache.size(2),
                 kOp, ": value_cache blocks ", value_cache.sizes(), " must match key_cache ", key_cache.sizes());

@@ -3,7 +3,11 @@
 // c_n = c / sqrt(mean(c^2) + eps) * gamma (fp32, cast to kv dtype),
 // r_e = interleave_rope(r). ckv_cache.flat[index[t]] = c_n[t], k_cache.flat[index[t]] = r_e[t];
 // negative indices (PAD_SLOT_ID) are skipped. Everything is validated before
-// the first write. Quantized caches (scales / offsets) and `v` are rejected.
+// the first write. c_kv_scale (fp32, one element or L) quantises the latent
+// into an int8 ckv_cache: saturate_int8(rint(c_n * c_kv_scale)) (the scale is the
+// multiplier, the reciprocal of the dequant scale: upstream's A5 FA-quant passes
+// fak_descale_reciprocal [verify on hardware]); is_output_kv still returns the
+// unquantised c_n. k_rope_scale, the offsets and `v` are rejected.
 #include <torch/library.h>
 
 #include "../op_signatures.h"
@@ -21,7 +25,6 @@ constexpr const char* kOp = "npu_kv_rmsnorm_rope_cache";
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache(AAR_KV_RMSNORM_ROPE_CACHE_PARAMS) {
   reject_tensor(kOp, k_rope_scale, "k_rope_scale");
-  reject_tensor(kOp, c_kv_scale, "c_kv_scale");
   reject_tensor(kOp, k_rope_offset, "k_rope_offset");
   reject_tensor(kOp, c_kv_offset, "c_kv_offset");
   reject_tensor(kOp, v, "v");
@@ -42,8 +45,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache
   AAR_CHECK_ARG(R % 2 == 0, kOp, ": k_cache width must be even, got ", R);
   AAR_CHECK_ARG(kc.num_blocks == cc.num_blocks && kc.block_size == cc.block_size, kOp,
                 ": k_cache and ckv_cache must have the same blocks, got ", k_cache.sizes(), " and ", ckv_cache.sizes());
-  AAR_CHECK_ARG(k_cache.scalar_type() == kv.scalar_type() && ckv_cache.scalar_type() == kv.scalar_type(), kOp,
-                ": cache dtypes must equal the kv dtype ", kv.scalar_type());
+  const bool quant = c_kv_scale.has_value() && c_kv_scale->defined();
+  AAR_CHECK_ARG(k_cache.scalar_type() == kv.scalar_type(), kOp, ": k_cache dtype must equal the kv dtype ",
+                kv.scalar_type(), ", got ", k_cache.scalar_type());
+  AAR_CHECK_ARG(ckv_cache.scalar_type() == (quant ? at::kChar : kv.scalar_type()), kOp, ": ckv_cache must be ",
+                quant ? "int8 with c_kv_scale" : "of the kv dtype (int8 needs c_kv_scale)", ", got ",
+                ckv_cache.scalar_type());
+  if (quant) {
+    AAR_CHECK_ARG(c_kv_scale->scalar_type() == at::kFloat && (c_kv_scale->numel() == 1 || c_kv_scale->numel() == L),
+                  kOp, ": c_kv_scale must be float32 with 1 or L=", L, " elements, got ", c_kv_scale->scalar_type(),
+                  " ", c_kv_scale->sizes());
+  }
   AAR_CHECK_ARG(gamma.dim() == 1 && gamma.size(0) == L, kOp, ": gamma must be (L=", L, "), got ", gamma.sizes());
   const int64_t b = kv.size(0), s = kv.size(2), n = b * s;
   for (const at::Tensor* t : {&cos, &sin}) {
@@ -66,7 +78,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache
   const at::Tensor c = kvf.narrow(-1, 0, L);
   const at::Tensor c_n = (c * at::rsqrt(c.pow(2).mean(-1, true) + epsilon) * gamma.to(at::kFloat)).to(kv.scalar_type());
   const at::Tensor r_e = rope_half_split(deinterleave(kv.narrow(-1, L, R)), cos, sin).to(kv.scalar_type());
-  const at::Tensor c2 = c_n.reshape({n, L}), r2 = r_e.reshape({n, R});
+  at::Tensor c2 = c_n.reshape({n, L});
+  const at::Tensor r2 = r_e.reshape({n, R});
+  if (quant) {
+    c2 = (c2.to(at::kFloat) * c_kv_scale->to(at::kFloat).reshape({-1})).round_().clamp_(-128, 127).to(at::kChar);
+  }
   for (int64_t t = 0; t < n; ++t) {
     if (ip[t] < 0) continue;
     cc.write(ip[t], c2[t]);

@@ -77,10 +77,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolo
   const int64_t N = weight_uk.size(0);
   const int64_t dr = kr_cache.size(-1) * (kr_cache.dim() == 5 ? kr_cache.size(2) : 1);
   const std::array<int64_t, 3> qs{T, N, weight_uk.size(2)}, rs{T, N, dr};
-  const auto dt = token_x.scalar_type();
+  // The activation dtype (token_x is int8 in the quantised forms).
+  const auto dt = rmsnorm_gamma_cq.scalar_type();
   const c10::Device dev = token_x.device();
-  return {cached(qs, dt, dev), cached(rs, dt, dev), one_of(at::kFloat, token_x), one_of(dt, token_x),
-          one_of(at::kFloat, token_x)};
+  if (!query_norm_flag) {
+    return {cached(qs, dt, dev), cached(rs, dt, dev), one_of(at::kFloat, token_x), one_of(dt, token_x),
+            one_of(at::kFloat, token_x)};
+  }
+  // query_norm: c_q (T, Hcq), int8 with its (T, 1) scale under weight_quant_mode 2.
+  const bool q8 = weight_quant_mode == 2;
+  const std::array<int64_t, 2> ns{T, weight_dq.size(-1)}, ds{T, 1};
+  return {cached(qs, dt, dev), cached(rs, dt, dev), one_of(at::kFloat, token_x),
+          cached(ns, q8 ? at::kChar : dt, dev), q8 ? cached(ds, at::kFloat, dev) : one_of(at::kFloat, token_x)};
 }
 
 }  // namespace

@@ -1,7 +1,31 @@
-// Per-layer MLA attention (spec mla.md section 5): native preprocess or the
-// fused npu_mla_prolog_v3 decode preprocess, absorbed latent decode through
-// FIA v2, un-absorbed prefill through FIA v1 with the chunked context merged by
-// npu_attention_update, o_proj. `forward` does no host metadata work.
+// Per-layer MLA attention (spec mla.md section 5): native preprocess or a
+// fused decode preprocess (npu_mla_prolog_v3; vllm-ascend's mla_preprocess for
+// W8A8-static layers; npu_mla_prolog_v2 for FA-quant layers), absorbed latent
+// decode through FIA v2, un-absorbed prefill through FIA v1 with the chunked
+// context merged by npu_attention_update, o_proj. `forward` does no host
+// metadata work.
+//
+// Quantised layers (Weights::quant, mla/quant.h): the projections run as W8A8
+// linears on every path (npu_quantize / npu_dynamic_quant + npu_quant_matmul).
+//
+// FA-quant layers (ImplConfig::fa_quant, the A2/A3 int8 latent cache, spec 5.3
+// row C / 5.4): the latent cache is int8 FRACTAL_NZ (nb, 1, L/32, bs, 32), its
+// rows saturate_int8(rint(c_kv / kv_cache_scale)) (one per-tensor dequant
+// scale); the rope cache stays in the activation dtype (NZ). Decode: per-token
+// dynamic quantisation of the hidden states, npu_mla_prolog_v2 (cache mode
+// PA_NZ, the int8 query with per-(token, head) scales), FIA v2 fully quantised
+// (query_quant_mode 3, per-tensor key/value dequant scale), for every decode
+// batch size (the 1024-token limit is mla_preprocess's; npu_mla_prolog_v2
+// documents T up to 1048576) and also for the decode part of mixed steps (the
+// native decode has no int8 query). The spec does not say how such a layer
+// writes its cache in prefill (upstream's A2/A3 prefill writes unquantised rows
+// into the int8 cache); decided here, as upstream's A5 FA-quant does on its
+// ND cache: npu_kv_rmsnorm_rope_cache into the NZ caches with c_kv_scale =
+// 1 / kv_cache_scale (the same quantisation as the prolog), the new tokens'
+// attention at full precision from the returned unquantised rows, and the
+// cached context gathered (npu_gather_pa_kv_cache over the NZ caches) and
+// dequantised (* kv_cache_scale) before kv_b_proj (spec 5.6 step 4's A5 rule).
+// Needs W8A8-dynamic weights, enable_kv_nz and power-of-two heads.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,9 +56,19 @@ struct ImplConfig {
   double scale = 0.0;           // 0 = 1/sqrt(P+R); the model normally supplies it
   double q_norm_eps = 1e-6;     // q_a_layernorm
   double kv_norm_eps = 1e-6;    // kv_a_layernorm
-  // The fused decode preprocess (upstream enable_mlapo): decode-only steps with
-  // <= 1024 decode tokens use npu_mla_prolog_v3. Requires q-LoRA.
+  // The fused decode preprocess npu_mla_prolog_v3 (unquantised or W8A8-dynamic
+  // weights): decode-only steps with <= 1024 decode tokens use it. Requires q-LoRA.
   bool enable_prolog = false;
+  // W8A8-static layers (upstream enable_mlapo on A2/A3, spec 4.4 / 5.4):
+  // decode-only steps with <= 1024 decode tokens use vllm-ascend's
+  // mla_preprocess; other steps the native W8A8 path. Rejected for other
+  // weights (upstream silently disables it), for q_norm_eps / kv_norm_eps other
+  // than 1e-6 (the kernel takes no epsilon) and for float16 activations (its
+  // dequant scales would be int64-packed).
+  bool enable_mlapo = false;
+  // An FA-quant layer (see above): the int8 latent cache's per-tensor dequant
+  // scale (upstream's fak_descale_float), > 0.
+  std::optional<double> fa_quant_kv_scale;
   // Caches in FRACTAL_NZ (upstream enable_kv_nz, PD decode nodes): the caches
   // passed to forward are the 5-D NZ tensors of Backend::nz_cache_shape.
   bool enable_kv_nz = false;
@@ -52,7 +86,7 @@ struct ImplConfig {
   int64_t workspace_group = 0;
 };
 
-enum class DecodePath : int32_t { None = 0, Native = 1, Prolog = 2 };
+enum class DecodePath : int32_t { None = 0, Native = 1, Prolog = 2, Mlapo = 3, FaQuant = 4 };
 const char* to_string(DecodePath p);
 
 class Impl {
@@ -75,6 +109,8 @@ class Impl {
 
   const ImplConfig& config() const { return cfg_; }
   int64_t num_heads_padded() const { return hp_; }
+  // The fused decode preprocess this layer prepared (none / prolog / mlapo / fa_quant).
+  DecodePath fused_decode_path() const;
   const at::Tensor& w_uk_t() const;
   const at::Tensor& w_uv() const;
   DecodePath last_decode_path() const { return last_decode_; }
@@ -100,19 +136,19 @@ class Impl {
   // padded, !stable) the RoPE result itself.
   detail::LatentQuery decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x,
                                         const at::Tensor& nope_cache, const at::Tensor& rope_cache,
-                                        const Metadata& md, bool use_prolog, bool stable);
+                                        const Metadata& md, DecodePath path, bool stable);
   void decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                        const Metadata& md, ops::FiaV2Tensors& t, ops::FiaV2Params& p);
   // W_UV, then o_proj into out_rows.
   void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows);
   // The eager decode up to W_UV (preprocess with cache write, latent FIA, W_UV).
   const at::Tensor& decode_attention(const at::Tensor& x, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
-                                     const Metadata& md, bool use_prolog);
+                                     const Metadata& md, DecodePath path);
   const detail::DecodeViews& decode_views(const Metadata& md);
   void decode_forward(const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
-                      const Metadata& md, bool use_prolog, const at::Tensor& out_rows);
+                      const Metadata& md, DecodePath path, const at::Tensor& out_rows);
   void capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope_cache,
-                      const at::Tensor& rope_cache, const Metadata& md, const at::Tensor& output, bool use_prolog);
+                      const at::Tensor& rope_cache, const Metadata& md, const at::Tensor& output, DecodePath path);
   at::Tensor prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
                                const at::Tensor& k_pe, const at::Tensor& value, const at::Tensor& nope_cache,
                                const at::Tensor& rope_cache, const Metadata& md) const;
@@ -133,6 +169,7 @@ class Impl {
   ops::FiaV2Tensors decode_t_;
   ops::FiaV2Params decode_p_;
   DecodePath last_decode_ = DecodePath::None;
+  bool fa_quant() const { return cfg_.fa_quant_kv_scale.has_value(); }
 };
 
 }  // namespace aar::mla

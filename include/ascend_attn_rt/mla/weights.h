@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "ascend_attn_rt/mla/quant.h"
+
 namespace aar::mla {
 
 struct Dims {
@@ -27,10 +29,20 @@ struct Weights {
   at::Tensor kv_a_layernorm;                // (L) RMSNorm gamma
   at::Tensor kv_b_proj;                     // (H*(P+V), L)
   at::Tensor o_proj;                        // (hidden, H*V)
+  // W8A8 layers (quant.h, needs q-LoRA): the quantised fused_qkv_a_proj and
+  // q_proj replace q_a_proj, kv_a_proj_with_mqa and q_proj, which are then not
+  // given (q_proj / kv_a_proj_with_mqa left undefined).
+  std::optional<QuantWeights> quant;
 };
 
 // Validates every weight's shape against dims; errors name the weight.
 void validate_weights(const Dims& d, const Weights& w);
+
+// The quant type of the layer's fused_qkv_a_proj (None for unquantised weights).
+inline QuantType quant_type(const Weights& w) { return w.quant.has_value() ? w.quant->type : QuantType::None; }
+// The activation dtype / device of the layer (kv_b_proj's: it is never quantised).
+inline at::ScalarType activation_dtype(const Weights& w) { return w.kv_b_proj.scalar_type(); }
+inline c10::Device weights_device(const Weights& w) { return w.kv_b_proj.device(); }
 
 // Spec 4.1: W_UK_T[h,p,l] = kv_b[h*(P+V)+p, l] (H,P,L); W_UV[h,l,v] = kv_b[h*(P+V)+P+v, l] (H,L,V).
 struct Absorbed {
@@ -49,15 +61,43 @@ at::Tensor trans_rope_weight(const at::Tensor& w, int64_t rope_dim);
 // amounts, which is only harmless when both are 0; fixed here).
 at::Tensor transdata(const at::Tensor& nd, int64_t row_block = 16, int64_t col_block = 32);
 
-// Weights of npu_mla_prolog_v3 (requires q-LoRA), ND layout (on the NPU they are
-// additionally npu_format_cast to FRACTAL_NZ, a storage-format change only).
+// Weights of npu_mla_prolog_v3 / v2 (requires q-LoRA), ND layout (on the NPU they
+// are additionally npu_format_cast to FRACTAL_NZ, a storage-format change only).
+// Unquantised weights, or W8A8 dynamic (SFA PROLOG_V3, MLA FA-quant): the int8
+// weights transposed to (in, out) with the same rope permutation, and their
+// per-channel scales as (1, n) rows permuted alike. The rope columns are
+// permuted for the quantised forms too (upstream's FA-quant preparation skips
+// trans_rope_weight, which would leave the decode's cache rows in another RoPE
+// order than the native path's, spec 9.1: we keep one convention).
 struct PrologWeights {
   at::Tensor weight_dq;      // (hidden, Q)
   at::Tensor weight_uq_qr;   // (Q, H*(P+R)), rope rows of every head via trans_rope_weight
   at::Tensor weight_uk;      // (H, P, L) = W_UK_T
   at::Tensor weight_dkv_kr;  // (hidden, L+R), rope columns via trans_rope_weight
   at::Tensor gamma_cq, gamma_ckv;
+  // W8A8 dynamic only: fp32 dequant scales (1, Q), (1, H*(P+R)), (1, L+R).
+  std::optional<at::Tensor> dequant_scale_w_dq, dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr;
 };
 PrologWeights prepare_prolog_weights(const Dims& d, const Weights& w, const at::Tensor& w_uk_t);
+
+// Weights of vllm-ascend's mla_preprocess (MLAPO, spec 4.4) from W8A8-static
+// weights (requires q-LoRA): the down projection with its output rows reordered
+// kv | q and the kv rope rows permuted, the up projection with each head's rope
+// rows permuted, both in transdata's NZ staging layout unsqueezed to 4-D; their
+// dequant scales (input_scale * weight_scale) and int32 biases in the same row
+// orders; the norms; the two activation quantisation parameters. beta1 is zero
+// (the runtime's weights carry no q_a_layernorm bias).
+struct MlapoWeights {
+  at::Tensor wd_qkv;          // int8 (1, hidden/32, round16(L+R+Q), 32)
+  at::Tensor deq_scale_qkv;   // fp32 (L+R+Q)
+  at::Tensor quant_bias_qkv;  // int32 (L+R+Q)
+  at::Tensor wu_q;            // int8 (1, round32(Q)/32, round16(H*(P+R)), 32)
+  at::Tensor qb_deq_scl;      // fp32 (H*(P+R))
+  at::Tensor qb_qt_bias;      // int32 (H*(P+R))
+  at::Tensor gamma1, beta1, gamma2;
+  at::Tensor quant_scale0, quant_offset0, quant_scale1, quant_offset1;  // (1) act dtype / (1) int8
+  at::Tensor ctkv_scale, q_nope_scale;  // ones (1), (H): used by the int8_nzcache mode only
+};
+MlapoWeights prepare_mlapo_weights(const Dims& d, const Weights& w);
 
 }  // namespace aar::mla

@@ -32,6 +32,8 @@ at::Tensor zeros(c10::IntArrayRef shape, const at::TensorOptions& options);
 void copy(const at::Tensor& dst, const at::Tensor& src);
 // x converted to dtype (x itself when it already has it).
 at::Tensor cast(const at::Tensor& x, at::ScalarType dtype);
+// x_q * scale in dtype: int8 rows (T, C) with their dequant scales (T, 1).
+at::Tensor dequant_rows(const at::Tensor& x_q, const at::Tensor& scale, at::ScalarType dtype);
 // [a | b] along the last dimension (the leading dimensions equal).
 at::Tensor cat_last(const at::Tensor& a, const at::Tensor& b);
 void zero(const at::Tensor& dst);

@@ -62,6 +62,9 @@ struct FiaV2Tensors {
   std::optional<at::Tensor> dequant_scale_key, dequant_offset_key;
   std::optional<at::Tensor> dequant_scale_value, dequant_offset_value;
   std::optional<at::Tensor> learnable_sink;
+  // The fully quantised MLA decode (FA-quant): the int8 query's per-(token, head)
+  // dequant scale (query_quant_mode 3; dequant_scale_key / _value per-tensor).
+  std::optional<at::Tensor> dequant_scale_query;
 };
 
 struct FiaV2Params {

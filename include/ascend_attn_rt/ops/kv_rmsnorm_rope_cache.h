@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
+#include <optional>
 #include <tuple>
 
 #include "ascend_attn_rt/ops/provider.h"
@@ -19,5 +20,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache
     const at::Tensor& kv, const at::Tensor& gamma, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& index, const at::Tensor& k_cache, const at::Tensor& ckv_cache, double epsilon,
     c10::string_view cache_mode, bool is_output_kv, Provider pv = Provider::Auto);
+
+// The same with c_kv_scale (fp32, 1 or L elements): the latent is stored
+// quantised in an int8 ckv_cache, saturate_int8(rint(c_kv * c_kv_scale)) (the
+// scale multiplies: the reciprocal of the cache's dequant scale); c_kv_out stays
+// unquantised. The FA-quant prefill's cache write (mla/impl.h).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache(
+    const at::Tensor& kv, const at::Tensor& gamma, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& index, const at::Tensor& k_cache, const at::Tensor& ckv_cache, double epsilon,
+    c10::string_view cache_mode, bool is_output_kv, const std::optional<at::Tensor>& c_kv_scale,
+    Provider pv = Provider::Auto);
 
 }  // namespace aar::ops

@@ -45,4 +45,26 @@ std::tuple<at::Tensor, at::Tensor> dynamic_block_quant(const at::Tensor& x, int6
                                                        double min_scale = 0.0, c10::string_view round_mode = "rint",
                                                        double dst_type_max = 0.0, Provider pv = Provider::Auto);
 
+// npu_quantize: per-element y = x * scales + zero_points (div_mode=false) or
+// x / scales + zero_points (div_mode=true), rounded half to even and saturated
+// to the dtype; `dtype` is an at::ScalarType value (QInt8 (12): an int8 result).
+// The runtime uses div_mode=false, axis=-1, per-channel (size 1 or x.size(-1))
+// scales and zero points of x's dtype: the per-tensor asymmetric activation
+// quantisation of a W8A8-static linear (x_q = round(x / input_scale) +
+// input_offset with scales = 1 / input_scale).
+at::Tensor quantize(const at::Tensor& x, const at::Tensor& scales, const std::optional<at::Tensor>& zero_points,
+                    int64_t dtype, int64_t axis = 1, bool div_mode = true, Provider pv = Provider::Auto);
+
+// npu_quant_matmul: y = (x1 @ x2 (+ bias, int32, in accumulator units)) * scale
+// (* pertoken_scale per row), in output_dtype (an at::ScalarType value).
+// x1 (m, k) int8, x2 (k, n) int8 (the weight transposed to (in, out), as the
+// W8A8 linears hold it), scale fp32 (n) or (1), pertoken_scale fp32 (m).
+struct QuantMatmulArgs {
+  at::Tensor x1, x2, scale;
+  std::optional<at::Tensor> offset;  // int8 output only: not used by the runtime
+  std::optional<at::Tensor> pertoken_scale, bias;
+  std::optional<int64_t> output_dtype;
+};
+at::Tensor quant_matmul(const QuantMatmulArgs& a, Provider pv = Provider::Auto);
+
 }  // namespace aar::ops

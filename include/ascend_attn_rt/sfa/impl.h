@@ -37,6 +37,14 @@
 // On the CPU the A5 (fp8) LI C8 path runs on the twins; A5 SFA C8 does not:
 // the npu_dynamic_block_quant twin implements int8 only and refuses the fp8
 // dst_type by name (NotImplementedError) before the layer writes anything.
+// The preprocess (spec 3.2, sfa/preprocess.h) is chosen once at construction
+// from ImplConfig::preprocess: NATIVE (unquantised or W8A8 projections),
+// PROLOG_V3 (npu_mla_prolog_v3, query_norm_flag returning q_c for the indexer)
+// or MLAPO (mla_preprocess on W8A8-static weights, enable_inner_out returning
+// q_c), and downgraded to NATIVE per call outside DecodeOnly / SpecDecoding
+// steps and for MLAPO above 1024 input tokens. All three write the same cache
+// rows and give the same queries up to quantisation. Not implemented (rejected
+// at construction by name): MXFP8, DSA-CP, DCP and KV offload.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -44,6 +52,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ascend_attn_rt/detail/tensor_binding.h"
@@ -52,6 +61,7 @@
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "ascend_attn_rt/sfa/metadata.h"
+#include "ascend_attn_rt/sfa/preprocess.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 
 namespace aar::mla::detail {
@@ -106,6 +116,9 @@ struct ImplConfig {
   plan::DeviceKind device_kind = plan::DeviceKind::A2;
   int64_t layer_index = -1;
   int64_t workspace_group = 0;
+  // The preprocess selection inputs (spec 3.2). `quant` must equal the weights'
+  // quant type (mla::Weights::quant); `has_q_lora` is taken from dims.
+  PreprocessConfig preprocess;
 };
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
@@ -144,6 +157,11 @@ class Impl {
   // The top-k rows (T, 1, K) of the last forward (the indexer's result, or the
   // reused buffer view). For tests and tracing.
   const at::Tensor& last_topk() const { return last_topk_rows_; }
+  // The preprocess resolved at construction (and why), and the one the last
+  // forward took (after the per-call downgrade). For tests and tracing.
+  Preprocess preprocess() const { return choice_.kind; }
+  const std::string& preprocess_reason() const { return choice_.reason; }
+  Preprocess last_preprocess() const { return last_pre_; }
   void release_views();
   void reload_weights(const mla::Weights& weights);
 
@@ -175,12 +193,15 @@ class Impl {
 
   ImplConfig cfg_;
   std::shared_ptr<mla::detail::LatentCore> core_;
+  at::Tensor no_rope_;  // SFA C8 + PROLOG_V3: the empty kr_cache
   std::optional<IndexerWeights> iw_;
   std::shared_ptr<detail::IndexerWorkspace> iws_;  // the indexer's intermediates, shared by the layers of one shape
   ops::LightningIndexerArgs li_args_;              // kept between calls: a steady-state call assigns nothing new
   ops::SparseFlashAttentionArgs sfa_args_;
   at::Tensor hadamard_;  // LI C8: H_D / sqrt(D) in the weights' dtype
   TopkSource last_topk_ = TopkSource::None;
+  PreprocessChoice choice_;
+  Preprocess last_pre_ = Preprocess::Native;
   at::Tensor last_topk_rows_;
   struct Seen {
     ::aar::detail::TensorBinding nope_src, rope_src, idx_src, scale_src, packed_src, cos_src, sin_src, slots_src;
