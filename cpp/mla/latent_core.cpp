@@ -328,6 +328,12 @@ std::pair<const at::Tensor&, const at::Tensor&> LatentCore::rope_rows(const Late
   return {cos, sin};
 }
 
+std::pair<const at::Tensor&, const at::Tensor&> LatentCore::rope_rows_2d(const LatentStep& s, int64_t td) {
+  const at::Tensor& cos = view_of(s.cos, td, seen_.cos2_src, seen_.cos2, [&] { return s.cos.narrow(0, 0, td); });
+  const at::Tensor& sin = view_of(s.sin, td, seen_.sin2_src, seen_.sin2, [&] { return s.sin.narrow(0, 0, td); });
+  return {cos, sin};
+}
+
 at::Tensor LatentCore::native_query(const DecodeViews& v, const LatentStep& s, const at::Tensor& cos,
                                     const at::Tensor& sin) {
   const Dims& d = cfg_.dims;
@@ -380,8 +386,9 @@ LatentQuery LatentCore::preprocess(const DecodeViews& v, const LatentStep& s, co
       } else {
         a.token_x = s.x;
       }
-      a.rope_cos = cos.view({td, R});
-      a.rope_sin = sin.view({td, R});
+      const auto [cos2, sin2] = rope_rows_2d(s, td);
+      a.rope_cos = cos2;
+      a.rope_sin = sin2;
       a.cache_index = slots;
       LatentQuery out;
       if (path == Fused::PrologV3) {
@@ -417,8 +424,9 @@ LatentQuery LatentCore::preprocess(const DecodeViews& v, const LatentStep& s, co
       // Spec mla 5.4 / sparse 3.2: vllm-ascend's W8A8-static mla_preprocess.
       ops::MlaPreprocessArgs& a = mlapo_args_;
       a.hidden_state = s.x;
-      a.cos = cos.view({td, R});
-      a.sin = sin.view({td, R});
+      const auto [cos2, sin2] = rope_rows_2d(s, td);
+      a.cos = cos2;
+      a.sin = sin2;
       a.slotmapping = slots;
       at::Tensor q0 = at::empty({td, H, L}, s.x.options()), q1 = at::empty({td, H, R}, s.x.options());
       at::Tensor inner = v.qc;  // (td, Q): q_c with enable_inner_out

@@ -188,6 +188,8 @@ class LatentCore {
   LatentQuery finish(const DecodeViews& v, const at::Tensor& qn, const at::Tensor& qr, int64_t td, bool stable);
   // The step's RoPE rows viewed (td, 1, 1, R), cached per source tensor.
   std::pair<const at::Tensor&, const at::Tensor&> rope_rows(const LatentStep& s, int64_t td);
+  // The same rows as (td, R) (the fused operators' operands), cached likewise.
+  std::pair<const at::Tensor&, const at::Tensor&> rope_rows_2d(const LatentStep& s, int64_t td);
   // The native projections into the workspace (q_c in v.qc with q-LoRA,
   // kv_raw, ql_nope into the padded query) and q_pe (td, H, 1, R), returned.
   at::Tensor native_query(const DecodeViews& v, const LatentStep& s, const at::Tensor& cos, const at::Tensor& sin);
@@ -209,8 +211,8 @@ class LatentCore {
   };
   std::map<int64_t, FaBuffers> fa_bufs_;
   struct Seen {
-    ::aar::detail::TensorBinding cos_src, sin_src, slots_src, y_src, qn_src, qr_src;
-    at::Tensor cos4, sin4, slots, y2d, qn, qr;
+    ::aar::detail::TensorBinding cos_src, sin_src, cos2_src, sin2_src, slots_src, y_src, qn_src, qr_src;
+    at::Tensor cos4, sin4, cos2, sin2, slots, y2d, qn, qr;
   } seen_;
 };
 

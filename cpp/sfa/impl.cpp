@@ -318,7 +318,7 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
   ops::dense::linear_out(v.q, q_c, w.wq_b);
   indexer_rope_(v.q_head, cos, sin);                  // q: (tk, n_head, D)
   // The indexer cache as rows of D (a view of the validated contiguous cache).
-  const at::Tensor& rows = LatentCore::view_of(c.index_k, c.index_k.size(0), seen_.idx_src, seen_.idx_rows,
+  const at::Tensor& rows = LatentCore::view_of(c.index_k, c.index_k.size(0) * c.index_k.size(1), seen_.idx_src, seen_.idx_rows,
                                                [&] { return c.index_k.view({-1, D}); });
   at::Tensor rows_w = rows;
   if (cfg_.li_c8) return quant_indexer_topk(v.k, v.q3, v.w, c, md, rows_w, slots);
@@ -358,7 +358,7 @@ at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, co
   qa.input = ops::hadamard_rotate(q, hadamard_);                    // (tk, n_head, D)
   const auto [q_q, q_scale] = ops::dynamic_quant(qa);              // (tk, n_head, D), (tk, n_head) fp32
   const at::Tensor& scale_rows =
-      LatentCore::view_of(c.index_scale, c.index_scale.size(0), seen_.scale_src, seen_.scale_rows,
+      LatentCore::view_of(c.index_scale, c.index_scale.size(0) * c.index_scale.size(1), seen_.scale_src, seen_.scale_rows,
                           [&] { return c.index_scale.view({-1, 1}); });
   at::Tensor scale_w = scale_rows;
   ops::scatter_nd_update_(k_rows, slots, k_q);
@@ -391,10 +391,12 @@ void Impl::store_packed_rows(const at::Tensor& k_nope, const at::Tensor& k_rope,
   // (slot -1 skipped by the scatter).
   const at::Tensor packed = ops::pack_sfa_c8_rows(k_nope, k_rope.view({tk, cfg_.dims.qk_rope_head_dim}),
                                                   c.packed.scalar_type());
-  const at::Tensor& rows = LatentCore::view_of(c.packed, c.packed.size(0), seen_.packed_src, seen_.packed_rows,
+  const at::Tensor& rows = LatentCore::view_of(c.packed, c.packed.size(0) * c.packed.size(1), seen_.packed_src, seen_.packed_rows,
                                                [&] { return c.packed.view({-1, ops::kSfaC8RowBytes}); });
   at::Tensor rows_w = rows;
-  ops::scatter_nd_update_(rows_w, md.slot_mapping.narrow(0, 0, tk).view({tk, 1}), packed);
+  const at::Tensor& slots = LatentCore::view_of(md.slot_mapping, tk, seen_.slots_src, seen_.slots2,
+                                                [&] { return md.slot_mapping.narrow(0, 0, tk).view({tk, 1}); });
+  ops::scatter_nd_update_(rows_w, slots, packed);
 }
 
 at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Caches& c,

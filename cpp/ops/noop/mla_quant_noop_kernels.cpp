@@ -3,6 +3,7 @@
 // (namespace ascend_noop) and vllm-ascend's mla_preprocess (ascend_noop_va).
 // Correctly shaped outputs from the per-thread cache, no arithmetic; cache and
 // out arguments are returned as they are, unwritten. CPU and Meta keys.
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <array>
@@ -41,7 +42,7 @@ at::Tensor quantize(const at::Tensor& self, const at::Tensor& scales, sig::OptT 
 at::Tensor quant_matmul(AAR_QUANT_MATMUL_PARAMS) {
   AAR_CHECK_ARG(x1.dim() >= 1 && x2.dim() >= 1, "ascend_noop npu_quant_matmul: x1 ", x1.sizes(), ", x2 ",
                 x2.sizes());
-  std::vector<int64_t> s(x1.sizes().begin(), x1.sizes().end());
+  c10::SmallVector<int64_t, 6> s(x1.sizes().begin(), x1.sizes().end());
   s.back() = x2.size(-1);
   const auto out = output_dtype.has_value() ? static_cast<at::ScalarType>(*output_dtype) : at::kChar;
   return cached(s, out, x1.device());

@@ -3,6 +3,7 @@
 // _C_ascend ones (ascend_noop_va). Correctly shaped outputs from the per-thread
 // cache (output_cache.h), no arithmetic; in-place operators do nothing.
 // Registered for the CPU and the Meta dispatch keys.
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <array>
@@ -22,10 +23,10 @@ at::Tensor empty_f32(const at::Tensor& like) {
 }
 
 // Indices (TND: (T, N2, K); BSND: (B, S, N2, K)); N2 = the key's head count.
-std::vector<int64_t> indices_shape(const at::Tensor& query, const at::Tensor& key, int64_t sparse_count) {
+c10::SmallVector<int64_t, 6> indices_shape(const at::Tensor& query, const at::Tensor& key, int64_t sparse_count) {
   AAR_CHECK_ARG(query.dim() == 3 || query.dim() == 4, "ascend_noop lightning indexer: query must be 3-D or 4-D, got ",
                 query.sizes());
-  std::vector<int64_t> s(query.sizes().begin(), query.sizes().end() - 2);
+  c10::SmallVector<int64_t, 6> s(query.sizes().begin(), query.sizes().end() - 2);
   s.push_back(key.dim() >= 2 ? key.size(-2) : 1);
   s.push_back(sparse_count);
   return s;
@@ -50,13 +51,13 @@ at::Tensor lightning_indexer_quant_va(AAR_LIGHTNING_INDEXER_QUANT_VA_PARAMS) {
 sig::SfaResult sfa_outputs(const at::Tensor& query, const at::Tensor& key, int64_t v_dim, bool lse) {
   AAR_CHECK_ARG(query.dim() == 3 || query.dim() == 4, "ascend_noop sparse flash attention: query must be 3-D or 4-D, got ",
                 query.sizes());
-  std::vector<int64_t> o(query.sizes().begin(), query.sizes().end());
+  c10::SmallVector<int64_t, 6> o(query.sizes().begin(), query.sizes().end());
   o.back() = v_dim;
   const at::Tensor out = cached(o, query.scalar_type(), query.device());
   if (!lse) return {out, empty_f32(query), empty_f32(query)};
   const int64_t n2 = key.dim() >= 2 ? key.size(-2) : 1;
   const int64_t n = query.size(-2);
-  std::vector<int64_t> l;
+  c10::SmallVector<int64_t, 6> l;
   if (query.dim() == 3) {
     l = {n2, query.size(0), n / n2};
   } else {
@@ -95,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_quant(AAR_DYNAMIC_QUANT_PARAMS) {
 std::tuple<at::Tensor, at::Tensor> dynamic_block_quant(AAR_DYNAMIC_BLOCK_QUANT_PARAMS) {
   AAR_CHECK_ARG(x.dim() >= 1 && col_block_size >= 1, "ascend_noop npu_dynamic_block_quant: x ", x.sizes(),
                 ", col_block_size ", col_block_size);
-  std::vector<int64_t> s(x.sizes().begin(), x.sizes().end());
+  c10::SmallVector<int64_t, 6> s(x.sizes().begin(), x.sizes().end());
   s.back() = (s.back() + col_block_size - 1) / col_block_size;
   return {cached(x.sizes(), at::kChar, x.device()), cached(s, at::kFloat, x.device())};
 }
