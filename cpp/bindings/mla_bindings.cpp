@@ -13,6 +13,7 @@
 #include "ascend_attn_rt/mla/weights.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
 #include "common.h"
+#include "latent_build_inputs.h"
 #include "tensor_caster.h"
 
 namespace nb = nanobind;
@@ -196,20 +197,12 @@ void bind_mla(nb::module_& root) {
           "disable_padded_drafter_batch"_a = false, "staging_buffers"_a = 2)
       .def(
           "build",
-          [](mla::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
-             int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
+          [](mla::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
+             std::optional<plan::AttentionState> attn_state,
              const std::optional<at::Tensor>& num_spec_tokens) -> mla::Metadata {
-            mla::BuildInputs in;
-            in.query_start_loc = i32_span(qsl, "query_start_loc");
-            in.seq_lens = i32_span(seq_lens, "seq_lens");
-            in.block_table = i32_span(bt, "block_table", 2);
-            in.block_table_stride = static_cast<int32_t>(bt.size(1));
-            in.num_input_tokens = num_input_tokens;
-            in.attn_state = attn_state;
-            if (num_spec_tokens.has_value()) in.num_spec_tokens = i32_span(*num_spec_tokens, "num_spec_tokens");
             // A Python object per build (a copy of the builder's metadata, with
             // this build's stamp): one kept past the next build is rejected as stale.
-            return b.build(in);
+            return b.build(latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>())

@@ -19,6 +19,7 @@
 #include "ascend_attn_rt/mla/quant.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 #include "common.h"
+#include "latent_build_inputs.h"
 #include "tensor_caster.h"
 
 namespace nb = nanobind;
@@ -60,23 +61,6 @@ nb::list dtypes_to(const std::vector<at::ScalarType>& v) {
   nb::list l;
   for (at::ScalarType t : v) l.append(dtype_to(t));
   return l;
-}
-
-sfa::BuildInputs make_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
-                             std::optional<plan::AttentionState> attn_state,
-                             const std::optional<at::Tensor>& num_spec_tokens) {
-  // Borrowed from the Python objects (no caster copies); the spans are checked
-  // by i32_span (dtype, device, dims, contiguity), naming the argument.
-  const at::Tensor& b = borrow_tensor(bt, "block_table", false);
-  sfa::BuildInputs in;
-  in.query_start_loc = i32_span(borrow_tensor(qsl, "query_start_loc", false), "query_start_loc");
-  in.seq_lens = i32_span(borrow_tensor(seq_lens, "seq_lens", false), "seq_lens");
-  in.block_table = i32_span(b, "block_table", 2);
-  in.block_table_stride = static_cast<int32_t>(b.size(1));
-  in.num_input_tokens = num_input_tokens;
-  in.attn_state = attn_state;
-  if (num_spec_tokens.has_value()) in.num_spec_tokens = i32_span(*num_spec_tokens, "num_spec_tokens");
-  return in;
 }
 
 void bind_sfa(nb::module_& root) {
@@ -226,7 +210,7 @@ void bind_sfa(nb::module_& root) {
              const std::optional<at::Tensor>& num_spec_tokens) -> sfa::Metadata {
             // A Python object per build (a copy of the builder's metadata, with
             // this build's stamp): one kept past the next build is rejected as stale.
-            return b.build(make_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens));
+            return b.build(latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>())
@@ -235,7 +219,7 @@ void bind_sfa(nb::module_& root) {
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
              plan::AttentionState state) -> sfa::Metadata {
             return b.build_for_graph_capture(
-                make_inputs(qsl, seq_lens, bt, num_input_tokens, std::nullopt, std::nullopt), state);
+                latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, std::nullopt, std::nullopt), state);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "state"_a = plan::AttentionState::DecodeOnly, nb::rv_policy::move, nb::keep_alive<0, 1>())
@@ -245,7 +229,7 @@ void bind_sfa(nb::module_& root) {
              int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
              const std::optional<at::Tensor>& num_spec_tokens) -> sfa::Metadata {
             return b.build_for_drafting(
-                make_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens), draft_index);
+                latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens), draft_index);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, "draft_index"_a, nb::kw_only(),
           "num_input_tokens"_a = 0, "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(),
