@@ -49,7 +49,9 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
                                                        in.spec_method, in.chunked_prefill_enabled);
   const int32_t thr = in.decode_threshold;
   const bool all_decodes = b > 0 && scan.max_query_len <= thr;
-  if (all_decodes) {
+  AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",
+                in.is_prefilling.size(), " entries, expected 0 or one per request (", b, ")");
+  if (all_decodes && in.treat_short_extends_as_decodes) {
     // The split rule's fast path (spec gqa 4.2 step 5), qsl already validated.
     plan.split = SplitResult{static_cast<int32_t>(b), 0, t_real, 0};
   } else {
@@ -58,7 +60,8 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
     split_in.num_actual_tokens = t_real;
     split_in.max_query_len = scan.max_query_len;
     split_in.decode_threshold = thr;
-    split_in.treat_short_extends_as_decodes = true;
+    split_in.treat_short_extends_as_decodes = in.treat_short_extends_as_decodes;
+    split_in.is_prefilling = in.is_prefilling;
     plan.split = split_decodes_and_prefills(split_in);
   }
 
@@ -120,14 +123,18 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   return plan;
 }
 
-void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<uint8_t> out) {
+namespace {
+
+// build_valid_topk_mask's and mask_invalid_topk's checks; returns the rows.
+std::size_t check_topk_mask_args(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row,
+                                 std::size_t out_size) {
   AAR_CHECK_ARG(K > 0, "K (index_topk) must be positive, got ", K);
   const std::size_t k = static_cast<std::size_t>(K);
   AAR_CHECK_ARG(topk.size() % k == 0, "topk has ", topk.size(), " entries, not a multiple of K=", K);
   const std::size_t rows = topk.size() / k;
   AAR_CHECK_ARG(thresholds_per_row.size() == rows, "thresholds_per_row has ", thresholds_per_row.size(),
                 " entries, expected one per top-k row: ", rows);
-  AAR_CHECK_ARG(out.size() >= topk.size(), "out has room for ", out.size(), " entries, needs ", topk.size());
+  AAR_CHECK_ARG(out_size >= topk.size(), "out has room for ", out_size, " entries, needs ", topk.size());
   int32_t min_thr = 0;
   for (std::size_t r = 0; r < rows; ++r) min_thr = std::min(min_thr, thresholds_per_row[r]);
   if (min_thr < 0) {
@@ -136,6 +143,28 @@ void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresh
                     " is negative (a threshold is a KV length)");
     }
   }
+  return rows;
+}
+
+}  // namespace
+
+void mask_invalid_topk(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<int32_t> out) {
+  const std::size_t rows = check_topk_mask_args(topk, K, thresholds_per_row, out.size());
+  const std::size_t k = static_cast<std::size_t>(K);
+  const int32_t* t = topk.data();
+  int32_t* o = out.data();
+  for (std::size_t r = 0; r < rows; ++r) {
+    const uint32_t thr = static_cast<uint32_t>(thresholds_per_row[r]);
+    for (std::size_t j = 0; j < k; ++j) {
+      const int32_t v = t[r * k + j];
+      o[r * k + j] = static_cast<uint32_t>(v) < thr ? v : -1;
+    }
+  }
+}
+
+void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<uint8_t> out) {
+  const std::size_t rows = check_topk_mask_args(topk, K, thresholds_per_row, out.size());
+  const std::size_t k = static_cast<std::size_t>(K);
   const int32_t* t = topk.data();
   uint8_t* o = out.data();
   for (std::size_t r = 0; r < rows; ++r) {

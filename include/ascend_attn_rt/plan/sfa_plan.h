@@ -44,6 +44,13 @@ struct SfaStepInputs {
   // padding tokens get slot -1 and position 0, and the kernels see qsl[B]
   // tokens.
   bool pad_decode_batch = false;
+  // The decode/prefill split rule's inputs (spec gqa 4.2; SfaStepPlan::split).
+  // Plain SFA keeps the defaults (short extends count as decodes); the KV
+  // offload builder passes treat_short_extends_as_decodes = is_decode_consumer
+  // (spec 5) and, when that is false, the per-request "still prefilling its
+  // prompt" flags (B entries, required then by the rule).
+  bool treat_short_extends_as_decodes = true;
+  CSpan<uint8_t> is_prefilling;
 };
 
 // Caller-owned outputs. Required spans must have room for what the step
@@ -62,9 +69,10 @@ struct SfaStepBuffers {
 
 struct SfaStepPlan {
   AttentionState state = AttentionState::ChunkedPrefill;
-  // Informational (upstream's SFA metadata leaves these 0; the offload and
-  // DCP variants use them): the shared split rule (spec gqa 4.2, short extends
-  // as decodes) on the batch AS GIVEN. SFA does not reorder, and the rule
+  // Informational for plain SFA (upstream's SFA metadata leaves these 0; the
+  // offload and DCP variants use them): the shared split rule (spec gqa 4.2,
+  // short extends as decodes unless SfaStepInputs says otherwise) on the
+  // batch AS GIVEN. SFA does not reorder, and the rule
   // counts the leading decodes (a batch starting with a prefill is all
   // prefills), exactly what upstream's split_decodes_and_prefills returns for
   // that order.
@@ -92,5 +100,11 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf);
 // threshold is the request's seq_len). Validates before writing: K > 0,
 // topk.size() a multiple of K, one non-negative threshold per row, room in out.
 void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<uint8_t> out);
+
+// The offload path's use of that mask in one pass (spec 5 step 2:
+// where(build_valid_topk_mask(topk, thr), topk, -1)): out[i] = topk[i] where
+// the mask holds, -1 elsewhere. Same validation (out needs topk.size()
+// entries); out may be topk itself.
+void mask_invalid_topk(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<int32_t> out);
 
 }  // namespace aar::plan
