@@ -11,6 +11,7 @@
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/sfa_offload_plan.h"
 #include "ascend_attn_rt/plan/sfa_plan.h"
 #include "ascend_attn_rt/sfa/backend.h"
 
@@ -38,12 +39,26 @@ class MetadataBuilder::Lane {
  public:
   Lane(const BuilderConfig& cfg, const detail::RopeRows& rope, int32_t draft_index, int64_t max_reqs, bool separate,
        int slot_base)
-      : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs) {
+      : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs), offload_(cfg.offload.has_value()) {
     const int64_t T = cfg.max_num_tokens, MB = cfg.max_blocks_per_req, W = rope.row_words();
-    off_qsl_ = align16(2 * T) + align16(T * W) + align16(T * W);  // the token region ends here
+    // The token region ends here (offload: the token-to-request map after sin).
+    off_qsl_ = align16(2 * T) + align16(T * W) + align16(T * W) + (offload_ ? align16(T) : 0);
     off_cql_ = align16(off_qsl_ + R_ + 1);
     off_seq_ = align16(off_cql_ + R_);
-    off_bt_ = align16(off_seq_ + R_);
+    int64_t end = off_seq_ + R_;
+    if (offload_) {
+      off_rid_ = align16(end);
+      off_pcql_ = align16(off_rid_ + R_);
+      end = off_pcql_ + R_;
+      dec_ids_.assign(T, 0);
+      dec_seq_.assign(T, 0);
+      dec_stable_.assign(T, 0);
+      views_.ttr.resize(T + 1);
+      views_.rid.resize(R_ + 1);
+      views_.pcql.resize(R_ + 1);
+      slots_host_.resize(static_cast<size_t>(cfg.staging_buffers) + 1);
+    }
+    off_bt_ = align16(end);
     const int64_t total = off_bt_ + R_ * MB;
     buffers_ = std::make_unique<detail::StagingBuffers>(total, cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
@@ -58,6 +73,9 @@ class MetadataBuilder::Lane {
     md_.num_blocks = cfg.num_blocks;
     md_.speculative = cfg.num_speculative_tokens > 0;
     md_.draft_index = draft_index;
+    md_.offload.enabled = offload_;
+    md_.offload.decode_consumer = offload_ && cfg.offload->is_decode_consumer;
+    md_.offload.block_table_stride = static_cast<int32_t>(MB);
   }
 
   // The main lane's staging rows (R x max_blocks_per_req) on the CPU path.
@@ -69,10 +87,28 @@ class MetadataBuilder::Lane {
   uint64_t generation() const { return counter_.current(); }
 
   Metadata& build(const BuildInputs& in) {
-    // The host buffer of this build's turn, once its last copy has completed.
-    int32_t* s = buffers_->begin();
     const int64_t T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req;
     const size_t num_reqs = in.seq_lens.size();
+    // The offload's checks (plan/sfa_offload_plan.h), before anything is written.
+    plan::SfaOffloadInputs oi;
+    if (offload_) {
+      oi.query_start_loc = in.query_start_loc;
+      oi.seq_lens = in.seq_lens;
+      oi.req_ids = in.req_ids;
+      oi.is_prefilling = in.is_prefilling;
+      oi.decode_threshold = 1 + cfg_.num_speculative_tokens;
+      oi.decode_consumer = cfg_.offload->is_decode_consumer;
+      plan::check_sfa_offload_step(oi);
+    } else {
+      AAR_CHECK_ARG(in.req_ids.empty(), "req_ids were given but the builder is not configured for KV offload "
+                    "(BuilderConfig::offload / offload=...): a plain SFA build does not read them");
+      AAR_CHECK_ARG(in.is_prefilling.empty(), "is_prefilling was given but the builder is not configured for KV "
+                    "offload (BuilderConfig::offload): the SFA split treats short extends as decodes and does not "
+                    "read it");
+    }
+    // The host buffer of this build's turn, once its last copy has completed.
+    int32_t* s = buffers_->begin();
+    const int turn = buffers_->active();
     AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(R_), "num_reqs=", num_reqs, " (seq_lens entries) exceeds the ",
                   draft_index_ < 0 ? "builder's max_num_reqs=" : "draft lane's request capacity "
                                                                  "max_num_reqs*decode_threshold=",
@@ -103,6 +139,8 @@ class MetadataBuilder::Lane {
     pi.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
     pi.rope_positions = rope_.positions();
     pi.pad_decode_batch = cfg_.graph_decode_padding;
+    pi.treat_short_extends_as_decodes = !offload_ || cfg_.offload->is_decode_consumer;
+    if (offload_) pi.is_prefilling = in.is_prefilling;
 
     plan::SfaStepBuffers pb;
     pb.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R_ + 1);
@@ -118,6 +156,16 @@ class MetadataBuilder::Lane {
     // Everything that can fail happens in here, before its first write.
     const plan::SfaStepPlan p = plan::plan_sfa_step(pi, pb);
     const int32_t B = p.num_reqs, Bk = p.num_kernel_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
+    if (offload_) {
+      plan::SfaOffloadBuffers ob;
+      ob.req_ids = plan::Span<int32_t>(s + off_rid_, R_);
+      ob.token_to_req = plan::Span<int32_t>(s + tr.ttr, n);
+      ob.prefill_cum_query_lens = plan::Span<int32_t>(s + off_pcql_, R_);
+      ob.decode_req_ids = plan::Span<uint32_t>(dec_ids_.data(), dec_ids_.size());
+      ob.decode_seq_lens = plan::Span<int32_t>(dec_seq_.data(), dec_seq_.size());
+      ob.decode_stable_prefix = plan::Span<int32_t>(dec_stable_.data(), dec_stable_.size());
+      plan::write_sfa_offload_step(oi, p.split, t_in, ob);
+    }
 
     // RoPE rows of every token, gathered on the host into the packed buffer.
     auto* bytes = reinterpret_cast<uint8_t*>(s);
@@ -164,6 +212,7 @@ class MetadataBuilder::Lane {
     md_.sin = lazy(views_.sin, t_in, [&] { return rope_.view(device_, tr.sin, t_in); });
     md_.seq_lens_list = c10::IntArrayRef(seq_list_.data(), Bk);
     md_.cum_query_lens_list = c10::IntArrayRef(cql_list_.data(), Bk);
+    if (offload_) fill_offload(s, turn, tr, p);
     return md_;
   }
 
@@ -171,33 +220,88 @@ class MetadataBuilder::Lane {
   // Word offsets of a step's token views: packed together, ending (up to
   // alignment) where the request part begins.
   struct TokenRegion {
-    int64_t slots, cos, sin;
+    int64_t slots, cos, sin, ttr;
   };
   TokenRegion token_region(int64_t n) const {
     const int64_t W = rope_.row_words();
     TokenRegion r;
-    r.slots = off_qsl_ - (align16(2 * n) + align16(n * W) + align16(n * W));
+    r.slots = off_qsl_ - (align16(2 * n) + align16(n * W) + align16(n * W) + (offload_ ? align16(n) : 0));
     r.cos = r.slots + align16(2 * n);
     r.sin = r.cos + align16(n * W);
+    r.ttr = r.sin + align16(n * W);
     return r;
+  }
+
+  // The metadata's offload part (spec 5) of a build planned into host buffer
+  // `turn` (data s).
+  void fill_offload(const int32_t* s, int turn, const TokenRegion& tr, const plan::SfaStepPlan& p) {
+    const int64_t MB = cfg_.max_blocks_per_req;
+    const int32_t B = p.num_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
+    const int32_t nd = p.split.num_decodes, np = p.split.num_prefills, ndt = p.split.num_decode_tokens;
+    OffloadMetadata& o = md_.offload;
+    o.req_ids = lazy(views_.rid, B, [&] { return device_.narrow(0, off_rid_, B); });
+    o.token_to_req = lazy(views_.ttr, t_in, [&] { return device_.narrow(0, tr.ttr, t_in); });
+    o.prefill_cum_query_lens = lazy(views_.pcql, np, [&] { return device_.narrow(0, off_pcql_, np); });
+    if (!prefill_views_.seq.defined() || prefill_views_.nd != nd || prefill_views_.np != np) {
+      prefill_views_.nd = nd;
+      prefill_views_.np = np;
+      prefill_views_.seq = device_.narrow(0, off_seq_ + nd, np);
+      prefill_views_.bt = device_.narrow(0, off_bt_ + nd * MB, np * MB).view({np, MB});
+    }
+    o.prefill_seq_lens = prefill_views_.seq;
+    o.prefill_block_table = prefill_views_.bt;
+    // Host int64 slots of the real tokens in the turn's host buffer (the
+    // device buffer itself on the CPU path), viewed once per (turn, count).
+    auto& sh = slots_host_[static_cast<size_t>(turn)];
+    if (!sh.view.defined() || sh.tokens != t_real || sh.offset != tr.slots) {
+      sh.tokens = t_real;
+      sh.offset = tr.slots;
+      sh.view = buffers_->host(turn).narrow(0, tr.slots, 2 * static_cast<int64_t>(t_real)).view(at::kLong);
+    }
+    o.slot_mapping_host = sh.view;
+    o.req_ids_host = plan::CSpan<uint32_t>(reinterpret_cast<const uint32_t*>(s + off_rid_), B);
+    o.token_to_req_host = plan::CSpan<int32_t>(s + tr.ttr, t_in);
+    o.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B) * MB);
+    o.decode_req_ids = plan::CSpan<uint32_t>(dec_ids_.data(), ndt);
+    o.decode_seq_lens = plan::CSpan<int32_t>(dec_seq_.data(), ndt);
+    o.decode_stable_prefix = plan::CSpan<int32_t>(dec_stable_.data(), ndt);
   }
 
   struct Views {
     std::vector<at::Tensor> qsl;             // by num_reqs: (n + 1)
     std::vector<at::Tensor> cql, seq, bt;    // by num_kernel_reqs
     std::vector<at::Tensor> slots, cos, sin;  // by num_input_tokens
+    std::vector<at::Tensor> ttr;             // offload: by num_input_tokens
+    std::vector<at::Tensor> rid, pcql;       // offload: by num_reqs / num_prefills
+  };
+  // Offload: the prefill views of the last (num_decodes, num_prefills).
+  struct PrefillViews {
+    int32_t nd = -1, np = -1;
+    at::Tensor seq, bt;
+  };
+  // Offload: the host slot view of a host buffer's last build.
+  struct SlotsHost {
+    int32_t tokens = -1;
+    int64_t offset = -1;
+    at::Tensor view;
   };
 
   const BuilderConfig& cfg_;
   const detail::RopeRows& rope_;
   int32_t draft_index_;
   int64_t R_;  // request capacity (kernel requests, dummies included)
+  bool offload_ = false;
   int64_t off_qsl_ = 0, off_cql_ = 0, off_seq_ = 0, off_bt_ = 0;
+  int64_t off_rid_ = 0, off_pcql_ = 0;  // offload only
   std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor device_;
   std::vector<int32_t> positions_;          // host only: the RoPE rows are gathered on the host
   std::vector<int64_t> cql_list_, seq_list_;
   Views views_;
+  PrefillViews prefill_views_;
+  std::vector<SlotsHost> slots_host_;
+  std::vector<uint32_t> dec_ids_;       // offload, host only: per decode token
+  std::vector<int32_t> dec_seq_, dec_stable_;
   Metadata md_;
   detail::BuildCounter counter_;
 };
@@ -214,6 +318,9 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
                 "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, spec 2.3), got ",
                 cfg.num_speculative_tokens);
+  AAR_CHECK_ARG(!(cfg.offload.has_value() && cfg.graph_decode_padding), "graph_decode_padding pads graph "
+                "buckets, but the KV-offload path is eager only (spec 5: upstream runs its LRU as a host callback "
+                "inside the graph; not implemented): drop one of offload / graph_decode_padding");
   const int32_t drafts = cfg.num_drafts.value_or(cfg.num_speculative_tokens);
   AAR_CHECK_ARG(drafts >= 0 && drafts <= 15, "num_drafts must be in [0, 15], got ", drafts);
   AAR_CHECK_ARG(cfg.staging_buffers >= 1 && cfg.staging_buffers <= detail::StagingBuffers::kMaxHostBuffers,
@@ -248,6 +355,10 @@ const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, 
   if (state != plan::AttentionState::DecodeOnly && state != plan::AttentionState::SpecDecoding) {
     throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
                         " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, spec 2.3)");
+  }
+  if (cfg_.offload.has_value()) {
+    throw_not_supported("build_for_graph_capture: the KV-offload builder is eager only (spec 5's resident path "
+                        "plans its copies on the host per step; upstream's host-callback capture is not implemented)");
   }
   Metadata& md = lanes_[0]->build(in);
   md.attn_state = state;

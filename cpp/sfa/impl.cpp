@@ -10,6 +10,8 @@
 #include "../common/kv_cache.h"
 #include "../mla/latent_core.h"
 #include "indexer_workspace.h"
+#include "offload_layer.h"
+#include "sparse_attention.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/dense.h"
@@ -37,13 +39,7 @@ namespace {
 
 using mla::detail::LatentCore;
 
-// Assignments that skip the reference-count traffic when the tensor is already there.
-void set(at::Tensor& dst, const at::Tensor& src) {
-  if (!dst.is_same(src)) dst = src;
-}
-void set(std::optional<at::Tensor>& dst, const at::Tensor& src) {
-  if (!dst.has_value() || !dst->is_same(src)) dst = src;
-}
+using detail::set;
 
 // The layout every SFA cache is read in (contiguous, spec 3.1).
 constexpr const char* kCacheLayout = "(num_blocks, block_size, 1, head_dim)";
@@ -128,8 +124,30 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
                   ops::kSfaC8RopeDim, " (spec 1.3.1), got kv_lora_rank=", d.kv_lora_rank, ", qk_rope_head_dim=",
                   d.qk_rope_head_dim);
   }
+  // Spec 5: the offload's configuration checks, before the preprocess (which it forces).
+  if (cfg_.offload.has_value()) {
+    const OffloadConfig& oc = *cfg_.offload;
+    AAR_CHECK_ARG(!cfg_.sfa_c8, "offload: the SFA C8 main cache (sfa_c8=True) cannot be offloaded (spec 5: the "
+                  "main cache must be BF16; LI C8 is allowed)");
+    AAR_CHECK_ARG(!cfg_.preprocess.dsa_cp && cfg_.preprocess.dcp_size <= 1, "offload: context parallel (dsa_cp=",
+                  cfg_.preprocess.dsa_cp ? "True" : "False", ", dcp_size=", cfg_.preprocess.dcp_size,
+                  ") is not allowed with KV offload (spec 5)");
+    const at::ScalarType dt = mla::activation_dtype(weights);
+    AAR_CHECK_ARG(dt == at::kBFloat16, "offload: the main cache must be bfloat16 (spec 5; the host pool holds bf16 "
+                  "rows), but the layer's cache dtype (its weights' dtype) is ", dt);
+    AAR_CHECK_ARG(oc.is_decode_consumer || oc.keep_device_kv_cache, "offload: is_decode_consumer=False and "
+                  "keep_device_kv_cache=False: the offloaded layer must be a PD decode consumer, or keep the device "
+                  "KV cache for its prefills (spec 5)");
+    if (cfg_.indexer.has_value()) {
+      AAR_CHECK_ARG(oc.topk_buffer_size >= cfg_.indexer->topk, "offload.topk_buffer_size=", oc.topk_buffer_size,
+                    " must be >= index_topk=", cfg_.indexer->topk, " (spec 5: every top-k entry needs a resident slot)");
+    }
+  }
+  AAR_CHECK_ARG(!cfg_.preprocess.kv_offload || cfg_.offload.has_value(), "preprocess.kv_offload is set but offload "
+                "is not: the layer's KV offload is ImplConfig::offload (the preprocess selection follows it)");
   // Spec 3.2: the preprocess, once.
   PreprocessConfig pc = cfg_.preprocess;
+  pc.kv_offload = cfg_.offload.has_value();
   pc.has_q_lora = d.q_lora_rank.has_value();
   AAR_CHECK_ARG(pc.quant == mla::quant_type(weights), "preprocess quant type \"", mla::to_string(pc.quant),
                 "\" differs from the weights' \"", mla::to_string(mla::quant_type(weights)), "\"");
@@ -142,7 +160,6 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   pc.enable_sparse_sfa_c8 = cfg_.sfa_c8;
   if (pc.dsa_cp) throw_not_supported("dsa_cp: DSA context parallel is not implemented by this layer");
   if (pc.dcp_size > 1) throw_not_supported("dcp_size=", pc.dcp_size, ": DCP is not implemented by this layer");
-  if (pc.kv_offload) throw_not_supported("kv_offload: sparse KV offload is not implemented by this layer");
   choice_ = resolve_preprocess(pc);
   if (choice_.kind == Preprocess::Mlapo && (cfg_.q_norm_eps != 1e-6 || cfg_.kv_norm_eps != 1e-6)) {
     throw_not_supported("MLAPO (", choice_.reason, ") with q_norm_eps=", cfg_.q_norm_eps, ", kv_norm_eps=",
@@ -173,6 +190,10 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     const int64_t D = cfg_.indexer->head_dim;
     hadamard_ = ops::hadamard_matrix(D, 1.0 / std::sqrt(static_cast<double>(D)), wref.scalar_type(), wref.device());
   }
+  if (cfg_.offload.has_value()) {
+    offload_ = std::make_unique<detail::OffloadLayer>(*cfg_.offload, cfg_.layer_index, d.kv_lora_rank,
+                                                      d.qk_rope_head_dim, wref.device());
+  }
   if (cfg_.indexer.has_value()) {
     detail::IndexerShape shape;
     shape.device = wref.device();
@@ -186,6 +207,25 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
 }
 
 Impl::~Impl() = default;
+
+const detail::OffloadLayer& Impl::offload_layer() const {
+  AAR_CHECK_ARG(offload_ != nullptr, "the layer has no KV offload (ImplConfig::offload)");
+  return *offload_;
+}
+const OffloadStepStats& Impl::last_offload_stats() const { return offload_layer().stats(); }
+const at::Tensor& Impl::resident_k() const { return offload_layer().buffer_k(); }
+const at::Tensor& Impl::resident_v() const { return offload_layer().buffer_v(); }
+int64_t Impl::resident_rows() const { return offload_layer().resident_rows(); }
+int32_t Impl::resident_token(int32_t row, int32_t slot) const {
+  const plan::ResidentLru& lru = offload_layer().lru();
+  AAR_CHECK_ARG(row >= 0 && row < lru.max_rows() && slot >= 0 && slot < lru.capacity(), "resident (row, slot)=(",
+                row, ", ", slot, ") is out of range [0, ", lru.max_rows(), ") x [0, ", lru.capacity(), ")");
+  return lru.token_at(row, slot);
+}
+void Impl::reset_resident() {
+  offload_layer();
+  offload_->lru().reset();
+}
 
 const at::Tensor& Impl::w_uk_t() const { return core_->w_uk_t(); }
 const at::Tensor& Impl::w_uv() const { return core_->w_uv(); }
@@ -224,17 +264,27 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   // Spec 3.1: the main part, then the indexer part, per the layer's flags.
   const bool has_idx = cfg_.indexer.has_value();
   const bool sfa_c8 = cfg_.sfa_c8, li_c8 = cfg_.li_c8;
-  const size_t n_main = sfa_c8 ? 1 : 2;
+  // KV offload without keep_device_kv_cache: no main cache on the device.
+  const bool no_main = offload_ != nullptr && !cfg_.offload->keep_device_kv_cache;
+  const size_t n_main = no_main ? 0 : sfa_c8 ? 1 : 2;
   const size_t want = n_main + (has_idx ? (li_c8 ? 2 : 1) : 0);
-  AAR_CHECK_ARG(kv.size() == want, "kv_cache must be the layer's composed tuple of ", want, " tensors (",
-                sfa_c8 ? "packed" : "latent, rope", has_idx ? ", indexer k" : "", li_c8 ? ", indexer scale" : "",
-                ": compose_kv_cache with sfa_c8=", sfa_c8 ? "True" : "False", ", li_c8=", li_c8 ? "True" : "False",
-                "), got ", kv.size());
+  if (no_main) {
+    AAR_CHECK_ARG(kv.size() == want, "kv_cache of a layer offloaded without keep_device_kv_cache is its indexer part "
+                  "only, ", want, " tensors (", has_idx ? "indexer k" : "", li_c8 ? ", indexer scale" : "",
+                  "; the main cache lives in the host pool), got ", kv.size());
+  } else {
+    AAR_CHECK_ARG(kv.size() == want, "kv_cache must be the layer's composed tuple of ", want, " tensors (",
+                  sfa_c8 ? "packed" : "latent, rope", has_idx ? ", indexer k" : "", li_c8 ? ", indexer scale" : "",
+                  ": compose_kv_cache with sfa_c8=", sfa_c8 ? "True" : "False", ", li_c8=", li_c8 ? "True" : "False",
+                  "), got ", kv.size());
+  }
   const plan::DeviceKind dk = cfg_.device_kind;
   const at::ScalarType c8 = Backend::c8_dtype(dk);
   constexpr const char* kModelIs = "the weights' dtype";
   Caches c;
-  if (sfa_c8) {
+  if (no_main) {
+    // nothing on the device
+  } else if (sfa_c8) {
     c.packed = kv[0];
     check_cache(c.packed, "kv_cache[0] (packed SFA C8)", ops::kSfaC8RowBytes, md, c8, c8_dtype_rule(dk), dev);
   } else {
@@ -244,12 +294,14 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
     check_cache(c.rope, "kv_cache[1] (rope)", d.qk_rope_head_dim, md, dtype, kModelIs, dev);
   }
   if (has_idx) {
-    const char* kn = sfa_c8 ? "kv_cache[1] (indexer k)" : "kv_cache[2] (indexer k)";
+    const char* kn = no_main ? "kv_cache[0] (indexer k)" : sfa_c8 ? "kv_cache[1] (indexer k)" : "kv_cache[2] (indexer k)";
     c.index_k = kv[n_main];
     check_cache(c.index_k, kn, cfg_.indexer->head_dim, md, li_c8 ? c8 : dtype, li_c8 ? c8_dtype_rule(dk) : kModelIs,
                 dev);
     if (li_c8) {
-      const char* sn = sfa_c8 ? "kv_cache[2] (indexer scale)" : "kv_cache[3] (indexer scale)";
+      const char* sn = no_main  ? "kv_cache[1] (indexer scale)"
+                       : sfa_c8 ? "kv_cache[2] (indexer scale)"
+                                : "kv_cache[3] (indexer scale)";
       c.index_scale = kv[n_main + 1];
       check_cache(c.index_scale, sn, 1, md, dk == plan::DeviceKind::A5 ? at::kFloat : at::kHalf, c8_scale_rule(dk),
                   dev);
@@ -269,6 +321,17 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                   " rows, fewer than the step's ", tk, " tokens");
     AAR_CHECK_ARG(topk->buffer().device() == dev, "topk buffer is on ", topk->buffer().device(),
                   " but the layer's weights are on ", dev);
+  }
+  if (offload_ != nullptr) {
+    offload_->check(md, has_idx ? cfg_.indexer->topk : topk->index_topk());
+    // Spec 5's table: a step with prefills writes and reads the device cache.
+    const bool decode_only = (md.attn_state == plan::AttentionState::DecodeOnly ||
+                              md.attn_state == plan::AttentionState::SpecDecoding) &&
+                             md.num_prefills == 0 && md.num_decodes > 0;
+    AAR_CHECK_ARG(decode_only || tk == 0 || cfg_.offload->keep_device_kv_cache, "a step with prefills (num_prefills=",
+                  md.num_prefills, ", num_decodes=", md.num_decodes, ", attn_state=", plan::to_string(md.attn_state),
+                  ") needs offload.keep_device_kv_cache=True: only decode-only steps run without the device KV "
+                  "cache (spec 5)");
   }
   return c;
 }
@@ -427,23 +490,93 @@ at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, co
         cfg_.device_kind == plan::DeviceKind::A5 ? ops::OpLibrary::TorchNpu : ops::OpLibrary::VllmAscend;
     return std::get<0>(ops::kv_quant_sparse_flash_attention(a, lib));
   }
-  ops::SparseFlashAttentionArgs& a = sfa_args_;
-  set(a.query, qn);
-  set(a.key, c.nope);
-  set(a.value, c.nope);  // the latent is both key (with the rope part) and value
-  set(a.sparse_indices, topk);
-  a.scale_value = cfg_.scale;
-  set(a.block_table, md.block_table);
-  set(a.actual_seq_lengths_query, md.cum_query_lens);
-  set(a.actual_seq_lengths_kv, md.seq_lens);
-  set(a.query_rope, qr);
-  set(a.key_rope, c.rope);
-  a.sparse_block_size = 1;
-  a.layout_query = "TND";
-  a.layout_kv = "PA_BSND";
-  a.sparse_mode = 3;
-  a.attention_mode = 2;
-  return std::get<0>(ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend));
+  return detail::sparse_attention(sfa_args_, {qn, qr, topk, c.nope, c.rope, md.block_table, md.cum_query_lens,
+                                               md.seq_lens, cfg_.scale});
+}
+
+const at::Tensor& Impl::select_topk(const at::Tensor& x, const mla::detail::LatentQuery& q, const Caches& c,
+                                    const Metadata& md, TopkBuffer* topk, int64_t tk) {
+  // Top-k: this layer's indexer, or the selection an earlier layer left.
+  if (cfg_.indexer.has_value()) {
+    // q_c: the native path's normed q-LoRA activations, or what the fused
+    // operator returned (query_norm / inner_out); x without q-LoRA.
+    // A W8A8-dynamic PROLOG_V3 (SFA C8) returns q_c as int8 with per-token
+    // scales: dequantised for the indexer's unquantised wq_b (upstream's
+    // quant matmul with a W8A8 wq_b computes the same product up to the
+    // weight's quantisation).
+    const at::Tensor q_c = q.qc_scale.defined() ? ops::dense::dequant_rows(q.qc, q.qc_scale, x.scalar_type())
+                           : q.qc.defined()      ? q.qc
+                                                 : x;
+    last_topk_rows_ = indexer_topk(x, q_c, c, md, tk);
+    if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
+    last_topk_ = TopkSource::Indexer;
+  } else {
+    last_topk_rows_ = topk->view(tk);
+    last_topk_ = TopkSource::Reused;
+  }
+  return last_topk_rows_;
+}
+
+void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+                       const at::Tensor& output, int64_t tk) {
+  // Spec 5's table. The batch is decode-first (the builder checked): the
+  // md.num_decode_tokens leading tokens take the resident path.
+  const int64_t rows = hidden.size(0), ndt = md.num_decode_tokens, R = cfg_.dims.qk_rope_head_dim;
+  const at::Tensor x = rows == tk ? hidden : hidden.narrow(0, 0, tk);
+  const mla::detail::DecodeViews& v = core_->views(tk, mla::detail::DecodeLayout::TND);
+  mla::detail::LatentStep s;
+  s.x = x;
+  s.cos = md.cos;
+  s.sin = md.sin;
+  s.slots = md.slot_mapping;
+  last_pre_ = Preprocess::Native;  // forced (spec 5)
+  OffloadStepStats& st = offload_->stats();
+  st = OffloadStepStats{};
+  const bool decode_only = md.num_prefills == 0 && ndt > 0 &&
+                           (md.attn_state == plan::AttentionState::DecodeOnly ||
+                            md.attn_state == plan::AttentionState::SpecDecoding);
+  mla::detail::LatentQuery q;
+  if (decode_only) {
+    // The latent and rope rows without a device cache write, committed to the pool.
+    mla::detail::LatentKv kv;
+    q = core_->preprocess_unwritten(v, s, kv);
+    offload_->commit(kv.k_nope, kv.k_rope.view({tk, R}), md);
+  } else {
+    // keep_device_kv_cache (validated): the device caches as without offload,
+    // then their new rows device -> host.
+    q = core_->preprocess(v, s, c.nope, c.rope, mla::detail::Fused::None, /*stable=*/false);
+    const at::Tensor slots = md.slot_mapping.narrow(0, 0, md.num_actual_tokens);
+    offload_->commit(c.nope.view({-1, cfg_.dims.kv_lora_rank}).index_select(0, slots),
+                     c.rope.view({-1, R}).index_select(0, slots), md);
+  }
+  const at::Tensor& topk_rows = select_topk(x, q, c, md, topk, tk);
+  st.route = decode_only ? OffloadStepStats::Route::DecodeOnly : OffloadStepStats::Route::WithPrefills;
+  at::Tensor dec, attn;
+  if (ndt > 0) {
+    dec = offload_->attend(q.qn.narrow(0, 0, ndt), q.qr.narrow(0, 0, ndt), topk_rows.narrow(0, 0, ndt), md,
+                           cfg_.scale);
+  }
+  if (ndt == tk) {
+    attn = dec;
+  } else if (decode_only) {
+    attn = at::cat({dec, at::zeros({tk - ndt, dec.size(1), dec.size(2)}, dec.options())});
+  } else {
+    // The prefills on the device cache, their lengths rebased (spec 5).
+    const OffloadMetadata& o = md.offload;
+    const int64_t np = tk - ndt;
+    st.prefill_tokens = np;
+    const at::Tensor pre = detail::sparse_attention(
+        sfa_args_, {q.qn.narrow(0, ndt, np), q.qr.narrow(0, ndt, np), topk_rows.narrow(0, ndt, np), c.nope, c.rope,
+                    o.prefill_block_table, o.prefill_cum_query_lens, o.prefill_seq_lens, cfg_.scale});
+    attn = ndt > 0 ? at::cat({dec, pre}) : pre;
+  }
+  const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tk);  // (tk, H*V)
+  if (rows == tk) {
+    ops::dense::linear_out(output, y, core_->weights().o_proj);
+  } else {
+    ops::dense::linear_out(output.narrow(0, 0, tk), y, core_->weights().o_proj);
+    ops::dense::zero(output.narrow(0, tk, rows - tk));
+  }
 }
 
 void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
@@ -452,6 +585,11 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   if (tk == 0) {
     ops::dense::zero(output);
     last_topk_ = TopkSource::None;
+    if (offload_ != nullptr) offload_->stats() = OffloadStepStats{};
+    return;
+  }
+  if (offload_ != nullptr) {
+    run_offload(hidden, c, md, topk, output, tk);
     return;
   }
   const at::Tensor x = rows == tk ? hidden : hidden.narrow(0, 0, tk);
@@ -479,24 +617,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
                   : core_->preprocess(v, s, cfg_.sfa_c8 ? c.packed : c.nope, cfg_.sfa_c8 ? no_rope_ : c.rope, path,
                                       stable);
   if (packed_here) store_packed_rows(kv.k_nope, kv.k_rope, c, md, tk);
-  // Top-k: this layer's indexer, or the selection an earlier layer left.
-  if (cfg_.indexer.has_value()) {
-    // q_c: the native path's normed q-LoRA activations, or what the fused
-    // operator returned (query_norm / inner_out); x without q-LoRA.
-    // A W8A8-dynamic PROLOG_V3 (SFA C8) returns q_c as int8 with per-token
-    // scales: dequantised for the indexer's unquantised wq_b (upstream's
-    // quant matmul with a W8A8 wq_b computes the same product up to the
-    // weight's quantisation).
-    const at::Tensor q_c = q.qc_scale.defined() ? ops::dense::dequant_rows(q.qc, q.qc_scale, x.scalar_type())
-                           : q.qc.defined()      ? q.qc
-                                                 : x;
-    last_topk_rows_ = indexer_topk(x, q_c, c, md, tk);
-    if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
-    last_topk_ = TopkSource::Indexer;
-  } else {
-    last_topk_rows_ = topk->view(tk);
-    last_topk_ = TopkSource::Reused;
-  }
+  select_topk(x, q, c, md, topk, tk);
   const at::Tensor attn = sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);  // (tk, H, L)
   const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tk);                                         // (tk, H*V)
   if (rows == tk) {
@@ -523,6 +644,11 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
   if (graph::GraphParams* g = graph::GraphParams::current()) {
+    if (offload_ != nullptr) {
+      throw_not_supported("Eager only: inside a graph capture the SFA KV-offload path refuses (its resident-slot "
+                          "LRU plans each step's copies on the host; upstream's host-callback capture is not "
+                          "implemented)");
+    }
     // Every operator of the layer reads only tensors at stable addresses (the
     // builder's buffers, the caches, the workspace, the top-k buffer): the
     // device graph captures them as they are and an update has nothing to

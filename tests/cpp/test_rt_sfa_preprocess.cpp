@@ -121,7 +121,8 @@ TEST(SfaPreprocess, ImplResolvesOnceAndRejectsWhatItDoesNotImplement) {
   expect_throw_naming<aar::NotSupported>(
       [&] { aar::sfa::Impl(with([](auto& c) { c.preprocess.dcp_size = 2; }), float_weights(d), std::nullopt); },
       "dcp_size=2");
-  expect_throw_naming<aar::NotSupported>(
+  // The selection's KV-offload input follows ImplConfig::offload; set alone it contradicts the layer.
+  expect_throw_naming<aar::InvalidArgument>(
       [&] { aar::sfa::Impl(with([](auto& c) { c.preprocess.kv_offload = true; }), float_weights(d), std::nullopt); },
-      "kv_offload");
+      "preprocess.kv_offload is set but offload is not");
 }

@@ -33,6 +33,14 @@
 // them) are used in turn, each rewritten only once the copy made from it has
 // completed (include/ascend_attn_rt/staging.h).
 //
+// KV offload (BuilderConfig::offload, spec 5): the lane gains the token-to-
+// request map in the token region and the request ids and rebased prefill
+// query ends in the request part, so the build is still one copy; the host
+// lists the offload forward reads (per-decode-token ids, seq lens and stable
+// prefixes) are lane vectors, and the metadata's host spans of the block
+// table, the slot mapping, the ids and the map point into the host buffer of
+// the build's turn (not rewritten while the metadata is current).
+//
 // Drafts (spec 2.3): build_for_drafting(in, d) writes lane 1 + d, a full set of
 // buffers of its own (upstream keeps separate length buffers per draft index;
 // here every region is per lane, so a draft build cannot touch what the main
@@ -63,6 +71,15 @@ class RopeRows;
 }
 
 namespace aar::sfa {
+
+// The KV-offload builder's settings (spec sparse.md 5, "Builder"; the layer's
+// side is sfa::OffloadConfig, sfa/offload.h).
+struct BuilderOffloadConfig {
+  // A PD decode consumer (kv consumer and not producer): the split treats
+  // short extends as decodes (upstream's 1-token boundary step of a prompt is
+  // a decode on a consumer only). Otherwise every build takes is_prefilling.
+  bool is_decode_consumer = false;
+};
 
 struct BuilderConfig {
   int32_t max_num_reqs = 256;
@@ -100,10 +117,30 @@ struct BuilderConfig {
   // current stream, per lane). Shared hooks see lane i's host buffer j as slot
   // i * staging_buffers + j (lane 0 = main, lane 1 + d = draft d).
   std::shared_ptr<StagingHooks> staging_hooks;
+  // The KV-offload builder (spec 5): every build takes req_ids (and
+  // is_prefilling unless a decode consumer), splits the batch with the
+  // offload's rule, needs it decode-first (a decode after the first prefill
+  // is rejected by name: plan/sfa_offload_plan.h) and fills
+  // Metadata::offload. The offload path is eager only: graph_decode_padding
+  // and build_for_graph_capture are refused with it.
+  std::optional<BuilderOffloadConfig> offload;
 };
 
-// The MLA family's build inputs (mla/build_inputs.h).
-using BuildInputs = mla::BuildInputs;
+// The MLA family's build inputs (mla/build_inputs.h) and what the KV-offload
+// builder adds. A plain mla::BuildInputs converts implicitly (no offload
+// inputs).
+struct BuildInputs : mla::BuildInputs {
+  BuildInputs() = default;
+  BuildInputs(const mla::BuildInputs& b) : mla::BuildInputs(b) {}  // NOLINT: implicit on purpose
+  // Offload builders only (rejected by name otherwise): the engine's id of
+  // each request (B entries; e.g. adler32 of its request id string, as
+  // upstream). The resident-slot LRU resets a decode row whose id changed.
+  plan::CSpan<uint32_t> req_ids;
+  // Offload builders that are not decode consumers only (required there,
+  // rejected elsewhere): per request, "still prefilling its prompt"
+  // (num_computed < prompt length), B entries, nonzero = true.
+  plan::CSpan<uint8_t> is_prefilling;
+};
 
 class MetadataBuilder {
  public:

@@ -44,7 +44,26 @@
 // q_c), and downgraded to NATIVE per call outside DecodeOnly / SpecDecoding
 // steps and for MLAPO above 1024 input tokens. All three write the same cache
 // rows and give the same queries up to quantisation. Not implemented (rejected
-// at construction by name): MXFP8, DSA-CP, DCP and KV offload.
+// at construction by name): MXFP8, DSA-CP, DCP.
+//
+// KV offload (ImplConfig::offload, spec 5; sfa/offload.h describes the
+// routing and the resident decode path, sfa/host_pool.h the host pool): the
+// main cache lives in a host pool, decode steps attend over a per-layer
+// resident buffer that holds each decode row's top-k tokens. Its checks, at
+// construction, each naming the argument: no SFA C8 main cache and no
+// context parallel (dsa_cp, dcp_size > 1); a bfloat16 main cache (the
+// weights' dtype); a decode consumer or keep_device_kv_cache; topk_buffer_size
+// >= index_topk and a multiple of the block size; the pool's row widths. It
+// forces the NATIVE preprocess (preprocess.kv_offload follows ImplConfig::
+// offload: one switch). LI C8 stays allowed (the indexer cache stays on the
+// device). The forward takes the metadata of an offload builder
+// (BuilderConfig::offload) and, for kv_cache, the main part only with
+// keep_device_kv_cache: (latent, rope, indexer k[, indexer scale]) with it,
+// (indexer k[, indexer scale]) without. Eager only: inside a graph capture the
+// offloaded forward refuses (NotSupported) before anything runs. Unlike every
+// other path, the resident decode path does host work per layer (its LRU
+// step and copy addresses) and synchronises once per layer on the top-k (spec
+// 5 makes the residency decision on the host).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -61,14 +80,17 @@
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "ascend_attn_rt/sfa/metadata.h"
+#include "ascend_attn_rt/sfa/offload.h"
 #include "ascend_attn_rt/sfa/preprocess.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 
 namespace aar::mla::detail {
 class LatentCore;
+struct LatentQuery;
 }
 namespace aar::sfa::detail {
 class IndexerWorkspace;
+class OffloadLayer;
 }
 namespace aar::graph {
 class GraphParams;
@@ -117,8 +139,11 @@ struct ImplConfig {
   int64_t layer_index = -1;
   int64_t workspace_group = 0;
   // The preprocess selection inputs (spec 3.2). `quant` must equal the weights'
-  // quant type (mla::Weights::quant); `has_q_lora` is taken from dims.
+  // quant type (mla::Weights::quant); `has_q_lora` is taken from dims;
+  // `kv_offload` follows `offload` below (set alone it is rejected).
   PreprocessConfig preprocess;
+  // Sparse KV offload (spec 5; see above and sfa/offload.h).
+  std::optional<OffloadConfig> offload;
 };
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
@@ -162,6 +187,17 @@ class Impl {
   Preprocess preprocess() const { return choice_.kind; }
   const std::string& preprocess_reason() const { return choice_.reason; }
   Preprocess last_preprocess() const { return last_pre_; }
+  // KV offload: what the last forward's offload path did, the resident
+  // buffers (rows, topk_buffer_size, 1, L) / (.., R), the token a resident slot
+  // of a row holds (-1: empty; the LRU's state), and the resident rows. For
+  // tests and tracing; NotSupported-free: InvalidArgument on a layer without offload.
+  const OffloadStepStats& last_offload_stats() const;
+  const at::Tensor& resident_k() const;
+  const at::Tensor& resident_v() const;
+  int32_t resident_token(int32_t row, int32_t slot) const;
+  int64_t resident_rows() const;
+  // Forgets every resident row (the LRU; the buffers keep their bytes).
+  void reset_resident();
   void release_views();
   void reload_weights(const mla::Weights& weights);
 
@@ -174,6 +210,13 @@ class Impl {
   };
   Caches validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache, const Metadata& md,
                   TopkBuffer* topk, const at::Tensor& output) const;
+  // The offload's routing (spec 5's table) of a validated step of tk tokens.
+  void run_offload(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+                   const at::Tensor& output, int64_t tk);
+  // The top-k of the step's tk tokens: this layer's indexer, or the buffer's.
+  const at::Tensor& select_topk(const at::Tensor& x, const mla::detail::LatentQuery& q, const Caches& c,
+                                const Metadata& md, TopkBuffer* topk, int64_t tk);
+  const detail::OffloadLayer& offload_layer() const;
   // The layer's work on the first tk tokens, without host metadata work; what
   // a graph capture records.
   void run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk, const at::Tensor& output,
@@ -196,6 +239,7 @@ class Impl {
   at::Tensor no_rope_;  // SFA C8 + PROLOG_V3: the empty kr_cache
   std::optional<IndexerWeights> iw_;
   std::shared_ptr<detail::IndexerWorkspace> iws_;  // the indexer's intermediates, shared by the layers of one shape
+  std::unique_ptr<detail::OffloadLayer> offload_;  // ImplConfig::offload
   ops::LightningIndexerArgs li_args_;              // kept between calls: a steady-state call assigns nothing new
   ops::SparseFlashAttentionArgs sfa_args_;
   at::Tensor hadamard_;  // LI C8: H_D / sqrt(D) in the weights' dtype

@@ -19,8 +19,32 @@
 
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/span.h"
 
 namespace aar::sfa {
+
+// What the KV-offload builder adds (spec 2.2's req_ids_tensor / token_to_req,
+// spec 5's split and rebased prefill lengths). `enabled` is false for a plain
+// SFA builder's metadata (every other member empty).
+struct OffloadMetadata {
+  bool enabled = false;
+  bool decode_consumer = false;         // the split's treat_short_extends_as_decodes
+  at::Tensor req_ids;                   // device int32 (B): the engine's uint32 ids (bit patterns)
+  at::Tensor token_to_req;              // device int32 (num_input_tokens): request of each token, -1 past the real ones
+  at::Tensor prefill_cum_query_lens;    // device int32 (num_prefills): query ends of the prefills, rebased to 0
+  at::Tensor prefill_seq_lens;          // device int32 (num_prefills): seq_lens[num_decodes:] (a view)
+  at::Tensor prefill_block_table;       // device int32 (num_prefills, max_blocks_per_req): rows [num_decodes, B)
+  at::Tensor slot_mapping_host;         // host int64 (num_actual_tokens): the commit's destination rows
+  plan::CSpan<uint32_t> req_ids_host;   // (B)
+  plan::CSpan<int32_t> token_to_req_host;  // (num_input_tokens)
+  plan::CSpan<int32_t> block_table_host;   // (B x block_table_stride), row-major
+  int32_t block_table_stride = 0;
+  // Per decode token (num_decode_tokens): its request's id, seq_len (the top-k
+  // mask threshold) and stable prefix max(S - q, 0) (the LRU's invalidation bound).
+  plan::CSpan<uint32_t> decode_req_ids;
+  plan::CSpan<int32_t> decode_seq_lens;
+  plan::CSpan<int32_t> decode_stable_prefix;
+};
 
 struct Metadata {
   plan::AttentionState attn_state = plan::AttentionState::ChunkedPrefill;
@@ -28,7 +52,9 @@ struct Metadata {
   int32_t num_kernel_reqs = 0;     // B_k = B + graph padding dummies
   int32_t num_actual_tokens = 0;   // real tokens
   int32_t num_input_tokens = 0;    // tokens the layers receive (>= num_actual_tokens)
-  int32_t num_decodes = 0, num_decode_tokens = 0, num_prefills = 0;  // informational (split rule)
+  // The split rule on the batch as given: informational for plain SFA; the
+  // offload path's routing (leading decodes -> resident path).
+  int32_t num_decodes = 0, num_decode_tokens = 0, num_prefills = 0;
   int32_t max_query_len = 0, max_seq_len = 0;
   int32_t block_size = 0, num_blocks = 0;
   bool speculative = false;        // the builder has a speculative config (num_speculative_tokens > 0)
@@ -42,6 +68,7 @@ struct Metadata {
   at::Tensor query_start_loc;  // device int32 (B + 1)
   c10::IntArrayRef seq_lens_list;  // host copies of the two length lists (B_k), for tests/tracing
   c10::IntArrayRef cum_query_lens_list;
+  OffloadMetadata offload;     // BuilderConfig::offload only
   BuildStamp stamp;
 };
 

@@ -1,0 +1,247 @@
+// One SFA layer's KV-offload state and data movements (spec sparse.md 5).
+#include "offload_layer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "../common/shared_by_shape.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/sfa_plan.h"
+#include "sparse_attention.h"
+
+namespace aar::sfa {
+
+void OffloadCopyHooks::commit(const at::Tensor& pool_rows, const at::Tensor& slots, const at::Tensor& rows) {
+  // On a device: one device -> host copy of the rows, then a host scatter.
+  at::Tensor src = rows.device() == pool_rows.device() ? rows : rows.to(pool_rows.device());
+  at::Tensor dst = pool_rows;
+  dst.index_copy_(0, slots, src);
+}
+
+void OffloadCopyHooks::onload(const at::Tensor& dst_rows, const at::Tensor& dst_index, const at::Tensor& src_rows,
+                              const at::Tensor& src_index) {
+  // One host gather of every miss, one host -> device copy of the gathered
+  // rows and of the destination index, one device scatter.
+  const c10::Device dev = dst_rows.device();
+  at::Tensor rows = src_rows.index_select(0, src_index);
+  at::Tensor dst = dst_rows;
+  if (dev == src_rows.device()) {
+    dst.index_copy_(0, dst_index, rows);
+  } else {
+    dst.index_copy_(0, dst_index.to(dev), rows.to(dev));
+  }
+}
+
+std::shared_ptr<OffloadCopyHooks> default_offload_copy_hooks() {
+  static const std::shared_ptr<OffloadCopyHooks> hooks = std::make_shared<OffloadCopyHooks>();
+  return hooks;
+}
+
+int64_t offload_resident_rows(int64_t max_num_tokens, int64_t max_num_reqs, int64_t num_speculative_tokens) {
+  return std::min(max_num_tokens, max_num_reqs * (1 + num_speculative_tokens));
+}
+
+const char* to_string(OffloadStepStats::Route r) {
+  switch (r) {
+    case OffloadStepStats::Route::None: return "none";
+    case OffloadStepStats::Route::DecodeOnly: return "decode_only";
+    case OffloadStepStats::Route::WithPrefills: return "with_prefills";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+OffloadWorkspace::OffloadWorkspace(const OffloadShape& s) : shape_(s) {
+  const int64_t n = s.rows * s.K, ppr = s.capacity / s.block_size;
+  const auto host_i32 = at::TensorOptions().dtype(at::kInt);
+  const auto host_i64 = at::TensorOptions().dtype(at::kLong);
+  const auto dev_i32 = host_i32.device(s.device);
+  masked.assign(static_cast<size_t>(n), -1);
+  misses.resize(static_cast<size_t>(n));
+  src_index = at::empty({n}, host_i64);
+  dst_index = at::empty({n}, host_i64);
+  slots_device = at::full({s.rows, 1, s.K}, -1, dev_i32);
+  if (s.device.is_cpu()) {
+    slots_host = slots_device.view({n});  // the LRU writes the kernel's indices in place
+  } else {
+    topk_host = at::empty({n}, host_i32);
+    slots_host = at::empty({n}, host_i32);
+  }
+  block_table = (at::arange(s.rows * ppr, host_i32).view({s.rows, ppr})).to(s.device);
+  cum_query_lens = at::arange(1, s.rows + 1, host_i32).to(s.device);
+  seq_lens = at::full({s.rows}, s.capacity, dev_i32);
+  row_views_.resize(static_cast<size_t>(s.rows) + 1);
+}
+
+std::shared_ptr<OffloadWorkspace> OffloadWorkspace::shared(const OffloadShape& shape) {
+  return ::aar::detail::shared_by_shape<OffloadWorkspace>(shape);
+}
+
+const OffloadWorkspace::RowViews& OffloadWorkspace::rows(int64_t n) {
+  RowViews& v = row_views_[static_cast<size_t>(n)];
+  if (!v.slots.defined()) {
+    v.slots = slots_device.narrow(0, 0, n);
+    v.block_table = block_table.narrow(0, 0, n);
+    v.cum_query_lens = cum_query_lens.narrow(0, 0, n);
+    v.seq_lens = seq_lens.narrow(0, 0, n);
+  }
+  return v;
+}
+
+namespace {
+
+// The configuration checks the LRU's construction depends on; returns the resident rows.
+int32_t checked_rows(const OffloadConfig& cfg) {
+  AAR_CHECK_ARG(cfg.pool != nullptr, "offload.pool is required: the host KV pool (HostKvPool::create on its owner, "
+                "attach elsewhere)");
+  AAR_CHECK_ARG(cfg.max_num_reqs > 0 && cfg.max_num_tokens > 0 && cfg.num_speculative_tokens >= 0,
+                "offload.max_num_reqs and max_num_tokens must be positive and num_speculative_tokens non-negative, "
+                "got ", cfg.max_num_reqs, ", ", cfg.max_num_tokens, ", ", cfg.num_speculative_tokens);
+  AAR_CHECK_ARG(cfg.topk_buffer_size > 0 && cfg.topk_buffer_size <= INT32_MAX,
+                "offload.topk_buffer_size must be positive, got ", cfg.topk_buffer_size);
+  return static_cast<int32_t>(
+      offload_resident_rows(cfg.max_num_tokens, cfg.max_num_reqs, cfg.num_speculative_tokens));
+}
+
+}  // namespace
+
+OffloadLayer::OffloadLayer(const OffloadConfig& cfg, int64_t layer_index, int64_t L, int64_t R, c10::Device device)
+    : cfg_(cfg),
+      hooks_(cfg.copy_hooks != nullptr ? cfg.copy_hooks : default_offload_copy_hooks()),
+      L_(L),
+      R_(R),
+      device_(device),
+      lru_(checked_rows(cfg), static_cast<int32_t>(cfg.topk_buffer_size)) {
+  const HostKvPool& p = *cfg_.pool;
+  pool_layer_ = cfg_.pool_layer >= 0 ? cfg_.pool_layer : layer_index;
+  AAR_CHECK_ARG(pool_layer_ >= 0 && pool_layer_ < p.num_layers(), "offload.pool_layer=", pool_layer_,
+                cfg_.pool_layer >= 0 ? "" : " (the layer_index)", " is out of range [0, ", p.num_layers(),
+                ") of the host KV pool \"", p.name(), "\"");
+  AAR_CHECK_ARG(p.kv_lora_rank() == L && p.qk_rope_head_dim() == R, "the host KV pool \"", p.name(), "\" holds rows "
+                "of kv_lora_rank=", p.kv_lora_rank(), " and qk_rope_head_dim=", p.qk_rope_head_dim(),
+                ", the layer's are ", L, " and ", R);
+  const int64_t cap = cfg_.topk_buffer_size, bs = p.block_size();
+  AAR_CHECK_ARG(cap % bs == 0, "offload.topk_buffer_size=", cap, " must be a multiple of the block size ", bs,
+                " (the resident buffers are read as pages of the main cache's block size)");
+  rows_ = offload_resident_rows(cfg_.max_num_tokens, cfg_.max_num_reqs, cfg_.num_speculative_tokens);
+  const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(device);
+  buf_k_ = at::zeros({rows_, cap, 1, L}, opts);
+  buf_v_ = at::zeros({rows_, cap, 1, R}, opts);
+  pages_k_ = buf_k_.view({rows_ * (cap / bs), bs, 1, L});
+  pages_v_ = buf_v_.view({rows_ * (cap / bs), bs, 1, R});
+  rows_k_ = buf_k_.view({rows_ * cap, L});
+  rows_v_ = buf_v_.view({rows_ * cap, R});
+}
+
+void OffloadLayer::check(const Metadata& md, int64_t K) const {
+  const OffloadMetadata& o = md.offload;
+  AAR_CHECK_ARG(o.enabled, "metadata was built by an SFA builder without KV offload (BuilderConfig::offload / "
+                "MetadataBuilder(offload=...)): it has no req_ids, token-to-request map or offload split, which the "
+                "offloaded layer needs");
+  AAR_CHECK_ARG(o.decode_consumer == cfg_.is_decode_consumer, "the metadata's builder has is_decode_consumer=",
+                o.decode_consumer ? "True" : "False", " but the layer's offload.is_decode_consumer=",
+                cfg_.is_decode_consumer ? "True" : "False", " (the split rule and the layer must agree, spec 5)");
+  const HostKvPool& p = *cfg_.pool;
+  AAR_CHECK_ARG(p.block_size() == md.block_size, "the host KV pool \"", p.name(), "\" has block_size=",
+                p.block_size(), " but the metadata's is ", md.block_size);
+  AAR_CHECK_ARG(p.num_blocks() >= md.num_blocks, "the host KV pool \"", p.name(), "\" has ", p.num_blocks(),
+                " blocks, fewer than the metadata's num_blocks=", md.num_blocks,
+                " (the block table indexes the pool)");
+  AAR_CHECK_ARG(md.num_decode_tokens <= rows_, "the step has ", md.num_decode_tokens, " decode tokens but the "
+                "layer's resident buffers have ", rows_, " rows (offload max_num_tokens=", cfg_.max_num_tokens,
+                ", max_num_reqs=", cfg_.max_num_reqs, ", num_speculative_tokens=", cfg_.num_speculative_tokens, ")");
+  AAR_CHECK_ARG(K <= cfg_.topk_buffer_size, "the top-k holds ", K, " indices per token, more than offload."
+                "topk_buffer_size=", cfg_.topk_buffer_size, " resident slots per row (spec 5: topk_buffer_size >= "
+                "index_topk)");
+}
+
+void OffloadLayer::commit(const at::Tensor& k, const at::Tensor& v, const Metadata& md) {
+  const int64_t n = md.num_actual_tokens;
+  stats_.commit_bytes = 0;
+  if (!cfg_.pool->is_owner() || n == 0) return;  // one writer (upstream: TP rank 0)
+  const at::Tensor& slots = md.offload.slot_mapping_host;
+  hooks_->commit(cfg_.pool->k_rows(pool_layer_), slots, k.narrow(0, 0, n));
+  hooks_->commit(cfg_.pool->v_rows(pool_layer_), slots, v.narrow(0, 0, n));
+  stats_.commit_bytes = n * (L_ + R_) * 2;
+}
+
+void OffloadLayer::onload(const Metadata& md, int64_t rows, int64_t n) {
+  // Spec 5 step 3's addresses: token p of row t (request b) sits in pool row
+  // block_table[b][p / bs] * bs + p % bs and goes to resident row t *
+  // capacity + slot.
+  const OffloadMetadata& o = md.offload;
+  const int64_t bs = md.block_size, cap = cfg_.topk_buffer_size, stride = o.block_table_stride;
+  int64_t* src = ws_->src_index.data_ptr<int64_t>();
+  int64_t* dst = ws_->dst_index.data_ptr<int64_t>();
+  const int32_t* ttr = o.token_to_req_host.data();
+  const int32_t* bt = o.block_table_host.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const plan::ResidentMiss& m = ws_->misses[static_cast<size_t>(i)];
+    const int64_t b = ttr[m.row];
+    src[i] = static_cast<int64_t>(bt[b * stride + m.token / bs]) * bs + m.token % bs;
+    dst[i] = static_cast<int64_t>(m.row) * cap + m.slot;
+  }
+  hooks_->before_onload();
+  if (n == 0) return;
+  const at::Tensor s = ws_->src_index.narrow(0, 0, n), d = ws_->dst_index.narrow(0, 0, n);
+  hooks_->onload(rows_k_, d, cfg_.pool->k_rows(pool_layer_), s);
+  hooks_->onload(rows_v_, d, cfg_.pool->v_rows(pool_layer_), s);
+  (void)rows;
+}
+
+at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Metadata& md,
+                                double scale) {
+  const int64_t rows = qn.size(0), K = topk.size(2);
+  const OffloadShape shape{rows_, K, cfg_.topk_buffer_size, md.block_size, device_};
+  if (ws_ == nullptr || !(ws_->shape() == shape)) ws_ = OffloadWorkspace::shared(shape);
+  OffloadWorkspace& w = *ws_;
+  const size_t n = static_cast<size_t>(rows * K);
+  // Step 2: the top-k on the host (on a device: the path's one synchronising
+  // copy), entries outside [0, seq_len) of the token's request -> -1.
+  at::Tensor t = topk.narrow(0, 0, rows);
+  const int32_t* tp = nullptr;
+  at::Tensor keep;
+  if (t.device().is_cpu()) {
+    keep = t.is_contiguous() ? t : t.contiguous();
+    tp = keep.const_data_ptr<int32_t>();
+  } else {
+    at::Tensor h = w.topk_host.narrow(0, 0, static_cast<int64_t>(n));
+    h.copy_(t.reshape({-1}));
+    tp = h.const_data_ptr<int32_t>();
+  }
+  plan::mask_invalid_topk({tp, n}, static_cast<int32_t>(K), md.offload.decode_seq_lens,
+                          {w.masked.data(), n});
+  // Step 3: the layer's LRU maps the entries to resident slots.
+  plan::ResidentStepInputs li;
+  li.topk = plan::CSpan<int32_t>(w.masked.data(), n);
+  li.K = static_cast<int32_t>(K);
+  li.req_ids = md.offload.decode_req_ids;
+  li.stable_prefix = md.offload.decode_stable_prefix;
+  plan::ResidentStepOutputs lo;
+  lo.current_slots = plan::Span<int32_t>(w.slots_host.data_ptr<int32_t>(), n);
+  lo.misses = plan::Span<plan::ResidentMiss>(w.misses.data(), n);
+  const plan::ResidentStepStats st = lru_.step(li, lo);
+  try {
+    stats_.decode_rows = rows;
+    stats_.hits = st.hits;
+    stats_.misses = st.misses;
+    stats_.resets = st.resets;
+    stats_.invalidated = st.invalidated;
+    stats_.duplicates = st.duplicates;
+    stats_.onload_bytes = st.misses * (L_ + R_) * 2;
+    onload(md, rows, st.misses);
+    const OffloadWorkspace::RowViews& v = w.rows(rows);
+    if (!device_.is_cpu()) v.slots.view({-1}).copy_(w.slots_host.narrow(0, 0, static_cast<int64_t>(n)));
+    // Step 4-5: each row its own one-query request over its resident pages.
+    return sparse_attention(args_, {qn, qr, v.slots, pages_k_, pages_v_, v.block_table, v.cum_query_lens,
+                                    v.seq_lens, scale});
+  } catch (...) {
+    lru_.reset();
+    throw;
+  }
+}
+
+}  // namespace detail
+}  // namespace aar::sfa

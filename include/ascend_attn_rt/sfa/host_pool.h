@@ -1,0 +1,113 @@
+// The host KV pool of the SFA KV-offload variant (spec sparse.md 5,
+// "Memory"): per layer, the latent rows k_cpu (num_blocks, block_size, 1,
+// kv_lora_rank) and the rope rows v_cpu (num_blocks, block_size, 1,
+// qk_rope_head_dim) ("V" is the rope part), bfloat16, indexed by the engine's
+// block ids like the device caches. Decode steps commit their new rows into it
+// and copy the top-k rows they miss from it to the device.
+//
+// One process (upstream: TP rank 0) owns the pool and is its only writer; the
+// others attach to it and read. The pool lives in POSIX shared memory: the
+// owner creates a segment under a name it chooses (shm_open + ftruncate +
+// mmap), the other processes open it by that name and map it READ-ONLY (a
+// write from a non-owner faults instead of corrupting the owner's rows). A
+// header at the start of the segment describes the layout, so attach() needs
+// only the name; the owner marks the header ready last. The owner unlinks the
+// name when its HostKvPool goes: mappings already made stay valid (POSIX), new
+// attaches fail. A process that dies without destroying its pool leaves the
+// name behind (/dev/shm on Linux): HostKvPool::unlink(name) removes it.
+//
+// Pinning: upstream's pool is page-locked so that host <-> device copies are
+// DMA; on an NPU an engine passes pin / unpin callbacks (for instance torch_npu's
+// host-register API) that the pool calls on its mapping after mapping it and
+// before unmapping it. On the CPU nothing is pinned.
+//
+// Tensors handed out (k(), v(), their row views) keep the mapping alive: the
+// memory is unmapped when the pool AND every tensor viewing it are gone.
+//
+// Size: the number of blocks is what a byte budget holds, budget_bytes /
+// block_bytes with block_bytes = num_layers * block_size * (kv_lora_rank +
+// qk_rope_head_dim) * 2 (the header page and per-layer page alignment come on
+// top); a budget that holds fewer than min_blocks is rejected naming the
+// budget and what one block needs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace aar::sfa {
+
+struct HostKvPoolConfig {
+  // POSIX shared-memory name ("/name"; a leading '/' is added when missing; no
+  // other '/'). Empty: "/aar_kv_pool_<pid>_<n>", unique in the process.
+  std::string name;
+  int64_t num_layers = 0;       // required: the offloaded SFA layers
+  int64_t block_size = 128;     // the main cache's block size
+  int64_t kv_lora_rank = 512;   // k_cpu rows
+  int64_t qk_rope_head_dim = 64;  // v_cpu rows
+  int64_t budget_bytes = 0;     // required: upstream's dram_size_per_dp_GB
+  // Blocks the pool must hold at least (an engine passes what its model needs,
+  // e.g. cdiv(max_model_len, block_size) for one full-length request).
+  int64_t min_blocks = 1;
+  std::function<void(void* ptr, std::size_t bytes)> pin;  // optional (see above)
+  std::function<void(void* ptr)> unpin;                   // optional, with pin
+};
+
+class HostKvPool {
+ public:
+  // Creates the segment (the caller is the owner). InvalidArgument for a bad
+  // configuration or a budget too small; std::runtime_error when the name is
+  // taken or the system refuses (the message carries strerror).
+  static std::shared_ptr<HostKvPool> create(const HostKvPoolConfig& cfg);
+  // Attaches to the pool another process created under `name` (read-only).
+  static std::shared_ptr<HostKvPool> attach(const std::string& name,
+                                            std::function<void(void*, std::size_t)> pin = nullptr,
+                                            std::function<void(void*)> unpin = nullptr);
+  // Removes a name (a pool whose owner died); false when there was none.
+  static bool unlink(const std::string& name);
+  // Bytes one block takes over all layers: num_layers * block_size * (L + R) * 2.
+  static int64_t block_bytes(int64_t num_layers, int64_t block_size, int64_t kv_lora_rank, int64_t qk_rope_head_dim);
+  // Blocks a budget holds (the rule above), without creating anything.
+  static int64_t blocks_for_budget(int64_t budget_bytes, int64_t num_layers, int64_t block_size, int64_t kv_lora_rank,
+                                   int64_t qk_rope_head_dim);
+
+  ~HostKvPool();
+  HostKvPool(const HostKvPool&) = delete;
+  HostKvPool& operator=(const HostKvPool&) = delete;
+
+  bool is_owner() const { return owner_; }
+  const std::string& name() const { return name_; }
+  int64_t num_layers() const { return num_layers_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  int64_t kv_lora_rank() const { return k_dim_; }
+  int64_t qk_rope_head_dim() const { return v_dim_; }
+  int64_t segment_bytes() const;  // the mapping, header included
+
+  // Layer l's k_cpu (num_blocks, block_size, 1, kv_lora_rank) and v_cpu
+  // (num_blocks, block_size, 1, qk_rope_head_dim), bf16 host tensors (read-only
+  // memory in a process that attached), and the same as rows (num_blocks *
+  // block_size, D): row = slot.
+  const at::Tensor& k(int64_t layer) const;
+  const at::Tensor& v(int64_t layer) const;
+  const at::Tensor& k_rows(int64_t layer) const;
+  const at::Tensor& v_rows(int64_t layer) const;
+
+ private:
+  struct Mapping;
+  HostKvPool() = default;
+  void make_views();
+  void check_layer(int64_t layer) const;
+
+  bool owner_ = false;
+  std::string name_;
+  int64_t num_layers_ = 0, num_blocks_ = 0, block_size_ = 0, k_dim_ = 0, v_dim_ = 0;
+  std::shared_ptr<Mapping> map_;
+  std::vector<at::Tensor> k_, v_, k_rows_, v_rows_;
+};
+
+}  // namespace aar::sfa

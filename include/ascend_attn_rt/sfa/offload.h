@@ -1,0 +1,124 @@
+// The SFA KV-offload variant's layer configuration (spec sparse.md 5): the
+// main MLA cache lives in a host pool (sfa/host_pool.h) and each decode step
+// moves only the rows its top-k selects, and does not already hold, to a
+// per-layer resident buffer on the device.
+//
+// Per layer (sfa::Impl with ImplConfig::offload set):
+//   * resident buffers topk_buf_k (rows, topk_buffer_size, 1, kv_lora_rank)
+//     and topk_buf_v (rows, topk_buffer_size, 1, qk_rope_head_dim) on the
+//     layer's device, rows = min(max_num_tokens, max_num_reqs * (1 +
+//     num_speculative_tokens)) (one row per decode token), allocated at
+//     construction;
+//   * the resident-slot LRU of those rows (plan::ResidentLru, spec 5 step 3);
+//   * the layer's k_cpu / v_cpu in the pool (pool_layer).
+// The routing per step (spec 5's table):
+//   * decode-only (attn_state DecodeOnly / SpecDecoding, no prefill, at least
+//     one decode): the latent and rope rows of the new tokens are computed
+//     WITHOUT a device cache write (the MLA family's preprocess_unwritten) and
+//     committed to the pool at their slots (the pool's owner only); every token
+//     attends through the resident path;
+//   * a step with prefills needs keep_device_kv_cache (refused by name
+//     otherwise, before anything is written): the device caches are written as
+//     without offload, the new rows are committed device -> host, the leading
+//     decodes attend through the resident path and the prefills through sparse
+//     attention on the device cache with their rebased lengths (the metadata's
+//     offload part); the two outputs are concatenated in token order.
+// Resident path (spec 5 steps 1-5), for the num_decode_tokens leading tokens:
+// the top-k rows go to the host (on an NPU this is a device -> host copy that
+// waits for the indexer: the one synchronisation of the path), entries outside
+// [0, seq_len of the token's request) become -1 (plan::mask_invalid_topk), the
+// layer's LRU maps them to resident slots (a row whose request id changed is
+// reset; resident tokens >= the request's stable prefix S - q are dropped
+// first), the misses are copied host -> device (K and V rows, through the
+// OffloadCopyHooks below: one gather + one scatter per tensor per step), and
+// sparse flash attention runs over the resident buffers viewed as
+// (rows * ppr, block_size, 1, D) pages with row t's block table [t * ppr, t *
+// ppr + ppr), one query per row (cumulative ends 1..rows), KV length
+// topk_buffer_size and the resident slots as its sparse indices.
+//
+// Not done: graph capture (upstream runs the LRU as a host callback inside the
+// graph; here a forward inside a capture is refused, eager only), the
+// IndexCache descriptor reuse between layers (every layer plans its own
+// copies), TP > 1 collectives (the engine orders the owner's commit before the
+// other ranks' copies: OffloadCopyHooks::before_onload), PP and model-runner
+// v2 checks (engine-level), DSA models (the offload config lives on the SFA
+// layer only; no DSA backend here).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace aar::sfa {
+
+class HostKvPool;
+
+// How the offload path moves rows between the host pool and the device. The
+// default makes tensor copies; an engine may batch differently (pinned staging,
+// its own streams); a test counts bytes. Called on the forward's thread.
+class OffloadCopyHooks {
+ public:
+  virtual ~OffloadCopyHooks() = default;
+  // Device -> host commit of a step's new rows (the pool's owner only):
+  // pool_rows[slots[i]] = rows[i], i < n. pool_rows (num_blocks * block_size,
+  // D) host; slots host int64 (n), every one a valid row; rows (n, D) on the
+  // layer's device. Called once for K (D = kv_lora_rank), once for V.
+  virtual void commit(const at::Tensor& pool_rows, const at::Tensor& slots, const at::Tensor& rows);
+  // After the layer's commit and before its onload copies, on every process.
+  // With several processes sharing the pool, the readers' copies must not
+  // start before the owner's commit (upstream orders them with a dummy TP
+  // broadcast): an engine with TP > 1 synchronises here. Default: nothing.
+  virtual void before_onload() {}
+  // Host -> device onload of a step's misses: dst_rows[dst_index[i]] =
+  // src_rows[src_index[i]], i < n. src_rows the pool's (num_blocks *
+  // block_size, D) rows (host); src_index, dst_index host int64 (n); dst_rows
+  // the resident buffer as (rows * topk_buffer_size, D) on the device. Called
+  // once for K, once for V, with n > 0 only. Bytes moved: n * D * 2.
+  virtual void onload(const at::Tensor& dst_rows, const at::Tensor& dst_index, const at::Tensor& src_rows,
+                      const at::Tensor& src_index);
+};
+
+// The default hooks (a shared stateless instance).
+std::shared_ptr<OffloadCopyHooks> default_offload_copy_hooks();
+
+struct OffloadConfig {
+  // The host pool (required) and the layer of it this layer uses (-1: the
+  // layer's ImplConfig::layer_index).
+  std::shared_ptr<HostKvPool> pool;
+  int64_t pool_layer = -1;
+  // Resident slots per decode row (spec 5; default 4096): >= the layer's top-k
+  // (index_topk) and a multiple of the block size.
+  int64_t topk_buffer_size = 4096;
+  // Keep the main cache on the device too (upstream's colocated / debug
+  // mode): steps with prefills are possible only then.
+  bool keep_device_kv_cache = false;
+  // A PD decode consumer (kv consumer and not producer): short extends are
+  // decodes (the builder's BuilderConfig::offload must say the same). Either
+  // this or keep_device_kv_cache (spec 5).
+  bool is_decode_consumer = false;
+  // Resident rows: min(max_num_tokens, max_num_reqs * (1 + num_speculative_tokens)),
+  // the builder's values.
+  int32_t max_num_reqs = 256;
+  int32_t max_num_tokens = 8192;
+  int32_t num_speculative_tokens = 0;
+  // Null: default_offload_copy_hooks().
+  std::shared_ptr<OffloadCopyHooks> copy_hooks;
+};
+
+// rows = min(max_num_tokens, max_num_reqs * (1 + num_speculative_tokens)).
+int64_t offload_resident_rows(int64_t max_num_tokens, int64_t max_num_reqs, int64_t num_speculative_tokens);
+
+// What the last forward's offload path did (Impl::last_offload_stats).
+struct OffloadStepStats {
+  enum class Route : int32_t { None = 0, DecodeOnly = 1, WithPrefills = 2 };
+  Route route = Route::None;
+  int64_t decode_rows = 0;   // tokens through the resident path
+  int64_t prefill_tokens = 0;  // tokens through sparse attention on the device cache
+  int64_t hits = 0, misses = 0, resets = 0, invalidated = 0, duplicates = 0;  // the LRU's (plan::ResidentStepStats)
+  int64_t onload_bytes = 0;  // host -> device: misses * (kv_lora_rank + qk_rope_head_dim) * 2
+  int64_t commit_bytes = 0;  // device -> host (0 on a process that does not own the pool)
+};
+const char* to_string(OffloadStepStats::Route r);
+
+}  // namespace aar::sfa
