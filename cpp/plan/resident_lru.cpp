@@ -147,6 +147,16 @@ ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentS
       erase_at(h);
     };
 
+    if (r + 1 < rows) {  // pull the next row's table, tokens and queue positions towards L2
+      const char* lines[3] = {reinterpret_cast<const char*>(table + stride),
+                              reinterpret_cast<const char*>(s2t + ucap), reinterpret_cast<const char*>(qpos + stride)};
+      const std::size_t bytes[3] = {sizeof(Idx) * static_cast<std::size_t>(table_size_), sizeof(int32_t) * ucap,
+                                    sizeof(Idx) * ucap};
+      for (int a = 0; a < 3; ++a) {
+        for (std::size_t o = 0; o < bytes[a]; o += 64) __builtin_prefetch(lines[a] + o, 0, 2);
+      }
+    }
+
     // (a) a new request: every slot empty, used in the order 0, 1, ...
     const int64_t req = static_cast<int64_t>(in.req_ids[r]);
     if (rh.req != req) {

@@ -1,0 +1,210 @@
+// Host time of the SFA KV-offload resident-slot LRU (plan::ResidentLru::step,
+// spec sparse.md 5 step 3): one layer's step over decode rows of top-k 2048
+// into 4096-slot resident buffers, as the offload path runs it once per layer
+// and decode step. Steady decode: each row's top-k at step n+1 keeps a share
+// `hit` of step n's tokens (a random subset) and takes the rest from positions
+// never selected before (so they are misses), in a random order (the indexer
+// sorts by score, not position). The sequence of steps is generated up front;
+// every repeat starts from an empty LRU, runs `warm` steps untimed (the rows
+// fill up and reach the steady state), then times the following steps one
+// after the other. Reported: the median over repeats of the mean time per
+// step, with the hits and misses (copies) per step.
+//
+// Also reported, as a floor for the same data volume: one memcpy of the step's
+// top-k into current_slots (rows x K int32 read and written once).
+//
+//   build/bench_resident_lru_cpp [--out benchmarks/results/cpp_resident_lru.json] [--quick] [--only SUBSTRING]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ascend_attn_rt/plan/resident_lru.h"
+
+namespace {
+
+using aar::plan::ResidentLru;
+using aar::plan::ResidentMiss;
+using Clock = std::chrono::steady_clock;
+
+constexpr int32_t kK = 2048, kCapacity = 4096;
+
+struct Case {
+  std::string name;
+  int32_t rows;
+  double hit;       // share of step n's tokens kept at step n+1
+  int32_t spec = 0;  // > 0: the last `spec` positions selected so far lie past the stable prefix
+};
+
+struct Result {
+  Case c;
+  double us, us_min, hits, misses, invalidated;
+};
+
+// steps x (rows x K) top-k arrays and the stable prefixes of each step.
+struct Sequence {
+  std::vector<std::vector<int32_t>> topk, stable;
+};
+
+Sequence make_sequence(const Case& c, int steps, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Sequence seq;
+  const std::size_t k = kK;
+  std::vector<std::vector<int32_t>> prev(c.rows);
+  std::vector<int32_t> next_fresh(c.rows, 0);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> topk(static_cast<std::size_t>(c.rows) * k), stable(c.rows);
+    for (int32_t r = 0; r < c.rows; ++r) {
+      std::vector<int32_t> row;
+      row.reserve(k);
+      if (!prev[r].empty()) {
+        std::vector<int32_t> keep = prev[r];
+        std::shuffle(keep.begin(), keep.end(), rng);
+        keep.resize(static_cast<std::size_t>(c.hit * kK + 0.5));
+        row = keep;
+      }
+      // Speculative decoding: the last `spec` new positions of the previous
+      // steps lie past the stable prefix (rewritten), so they are dropped.
+      stable[r] = c.spec > 0 ? std::max(0, next_fresh[r] - c.spec) : (1 << 30);
+      while (row.size() < k) row.push_back(next_fresh[r]++);
+      std::shuffle(row.begin(), row.end(), rng);
+      std::copy(row.begin(), row.end(), topk.begin() + static_cast<std::size_t>(r) * k);
+      prev[r] = row;
+    }
+    seq.topk.push_back(std::move(topk));
+    seq.stable.push_back(std::move(stable));
+  }
+  return seq;
+}
+
+Result run_case(const Case& c, int steps, int warm, int repeats) {
+  const Sequence seq = make_sequence(c, steps, 1234u + static_cast<uint32_t>(c.rows));
+  ResidentLru lru(c.rows, kCapacity);
+  const std::size_t n = static_cast<std::size_t>(c.rows) * kK;
+  std::vector<int32_t> current(n);
+  std::vector<ResidentMiss> misses(n);
+  std::vector<uint32_t> req(c.rows);
+  std::iota(req.begin(), req.end(), 1u);
+  std::vector<double> samples;
+  double hits = 0, miss = 0, inval = 0;
+  for (int rep = 0; rep < repeats; ++rep) {
+    lru.reset();
+    hits = miss = inval = 0;
+    aar::plan::ResidentStepInputs in;
+    in.K = kK;
+    in.req_ids = req;
+    const aar::plan::ResidentStepOutputs out{current, misses};
+    double us = 0;
+    for (int s = 0; s < steps; ++s) {
+      in.topk = seq.topk[s];
+      in.stable_prefix = seq.stable[s];
+      const auto t0 = Clock::now();
+      const auto st = lru.step(in, out);
+      const auto t1 = Clock::now();
+      if (s >= warm) {
+        us += std::chrono::duration<double, std::micro>(t1 - t0).count();
+        hits += static_cast<double>(st.hits);
+        miss += static_cast<double>(st.misses);
+        inval += static_cast<double>(st.invalidated);
+      }
+    }
+    samples.push_back(us / (steps - warm));
+  }
+  std::sort(samples.begin(), samples.end());
+  const double timed = steps - warm;
+  return Result{c, samples[samples.size() / 2], samples.front(), hits / timed, miss / timed, inval / timed};
+}
+
+double memcpy_floor_us(int32_t rows, int repeats) {
+  const std::size_t n = static_cast<std::size_t>(rows) * kK;
+  std::vector<int32_t> a(n, 1), b(n);
+  std::vector<double> samples;
+  const int iters = std::max(20, static_cast<int>(20000000 / (n + 1)));
+  for (int rep = 0; rep < repeats; ++rep) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      std::memcpy(b.data(), a.data(), n * sizeof(int32_t));
+      asm volatile("" ::: "memory");
+    }
+    samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path = "benchmarks/results/cpp_resident_lru.json";
+  bool quick = false;
+  std::string only;  // run the cases whose "<rows> rows, <name>" contains this
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+  }
+  const int repeats = quick ? 3 : 7;
+  const std::vector<Case> cases = {
+      {"0% hits (all new)", 256, 0.0},
+      {"50% hits", 256, 0.5},
+      {"90% hits (steady decode)", 256, 0.9},
+      {"100% hits (same set)", 256, 1.0},
+      {"90% hits, MTP: 2 past stable prefix", 256, 0.9, 2},
+      {"90% hits", 32, 0.9},
+      {"0% hits", 32, 0.0},
+      {"90% hits", 1, 0.9},
+      {"0% hits", 1, 0.0},
+  };
+  std::vector<Result> results;
+  for (const Case& c : cases) {
+    if (!only.empty() && (std::to_string(c.rows) + " rows, " + c.name).find(only) == std::string::npos) continue;
+    // Fewer rows: more steps, so each repeat is long enough to time.
+    const int timed = quick ? 6 : (c.rows >= 256 ? 16 : (c.rows >= 32 ? 64 : 512));
+    const int warm = 6;
+    results.push_back(run_case(c, warm + timed, warm, repeats));
+  }
+  std::vector<std::pair<int32_t, double>> floors;
+  if (only.empty()) {
+    for (int32_t rows : {1, 32, 256}) floors.emplace_back(rows, memcpy_floor_us(rows, repeats));
+  }
+
+  std::printf("K=%d, capacity=%d, one layer's step\n", kK, kCapacity);
+  std::printf("%-40s %5s %10s %10s %10s %10s %12s\n", "case", "rows", "us/step", "min us", "hits", "misses",
+              "ns/entry");
+  for (const auto& r : results) {
+    std::printf("%-40s %5d %10.1f %10.1f %10.0f %10.0f %12.2f\n", r.c.name.c_str(), r.c.rows, r.us, r.us_min, r.hits,
+                r.misses, 1000.0 * r.us / (static_cast<double>(r.c.rows) * kK));
+  }
+  for (const auto& f : floors) {
+    std::printf("%-40s %5d %10.1f\n", "floor: memcpy top-k -> current_slots", f.first, f.second);
+  }
+  if (!out_path.empty() && out_path != "-") {
+    std::ofstream f(out_path);
+    if (!f) {
+      std::printf("could not write %s\n", out_path.c_str());
+      return 1;
+    }
+    f << "{\n  \"tool\": \"bench_resident_lru_cpp\",\n  \"K\": " << kK << ",\n  \"capacity\": " << kCapacity
+      << ",\n  \"hardware_threads\": " << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      f << "    {\"case\": \"" << r.c.name << "\", \"rows\": " << r.c.rows << ", \"us_per_step\": " << r.us
+        << ", \"us_per_step_min\": " << r.us_min << ", \"hits_per_step\": " << r.hits
+        << ", \"misses_per_step\": " << r.misses << ", \"invalidated_per_step\": " << r.invalidated
+        << ", \"ns_per_topk_entry\": " << 1000.0 * r.us / (static_cast<double>(r.c.rows) * kK) << "},\n";
+    }
+    for (std::size_t i = 0; i < floors.size(); ++i) {
+      f << "    {\"case\": \"floor: memcpy top-k -> current_slots\", \"rows\": " << floors[i].first
+        << ", \"us_per_step\": " << floors[i].second << "}" << (i + 1 < floors.size() ? "," : "") << "\n";
+    }
+    f << "  ]\n}\n";
+    std::printf("wrote %s\n", out_path.c_str());
+  }
+  return 0;
+}
