@@ -3,10 +3,13 @@
 // plan layer's build_valid_topk_mask (in `plan`). No logic beyond argument
 // conversion.
 #include <ATen/ATen.h>
+#include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
+#include <nanobind/trampoline.h>
 
 #include <string>
 #include <utility>
@@ -14,7 +17,9 @@
 #include "ascend_attn_rt/plan/sfa_plan.h"
 #include "ascend_attn_rt/sfa/backend.h"
 #include "ascend_attn_rt/sfa/builder.h"
+#include "ascend_attn_rt/sfa/host_pool.h"
 #include "ascend_attn_rt/sfa/impl.h"
+#include "ascend_attn_rt/sfa/offload.h"
 #include "ascend_attn_rt/sfa/preprocess.h"
 #include "ascend_attn_rt/mla/quant.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
@@ -61,6 +66,86 @@ nb::list dtypes_to(const std::vector<at::ScalarType>& v) {
   nb::list l;
   for (at::ScalarType t : v) l.append(dtype_to(t));
   return l;
+}
+
+// OffloadCopyHooks subclassed in Python (tests count bytes; engines batch).
+struct PyOffloadCopyHooks : sfa::OffloadCopyHooks {
+  NB_TRAMPOLINE(sfa::OffloadCopyHooks, 3);
+  void commit(const at::Tensor& pool_rows, const at::Tensor& slots, const at::Tensor& rows) override {
+    NB_OVERRIDE(commit, pool_rows, slots, rows);
+  }
+  void before_onload() override { NB_OVERRIDE(before_onload); }
+  void onload(const at::Tensor& dst_rows, const at::Tensor& dst_index, const at::Tensor& src_rows,
+              const at::Tensor& src_index) override {
+    NB_OVERRIDE(onload, dst_rows, dst_index, src_rows, src_index);
+  }
+};
+
+// The pool's pin / unpin callbacks from Python callables taking the address as an int.
+std::function<void(void*, std::size_t)> pin_from(const std::optional<nb::callable>& f) {
+  if (!f.has_value()) return nullptr;
+  return [f = *f](void* p, std::size_t n) {
+    nb::gil_scoped_acquire g;
+    f(reinterpret_cast<uintptr_t>(p), n);
+  };
+}
+std::function<void(void*)> unpin_from(const std::optional<nb::callable>& f) {
+  if (!f.has_value()) return nullptr;
+  return [f = *f](void* p) {
+    nb::gil_scoped_acquire g;
+    f(reinterpret_cast<uintptr_t>(p));
+  };
+}
+
+// The engine's request ids: uint32, int32 (bit patterns) or int64 in [0, 2^32)
+// (what zlib.adler32 returns), host, 1-D, contiguous; int64 is converted into `keep`.
+plan::CSpan<uint32_t> req_id_span(const at::Tensor& t, std::vector<uint32_t>& keep) {
+  AAR_CHECK_ARG(t.defined() && t.device().is_cpu() && t.dim() == 1 && t.is_contiguous(),
+                "req_ids must be a contiguous 1-D host tensor, got ",
+                t.defined() ? t.sizes() : c10::IntArrayRef{});
+  const auto dt = t.scalar_type();
+  if (dt == at::kInt || dt == at::kUInt32) {
+    return {static_cast<const uint32_t*>(t.const_data_ptr()), static_cast<size_t>(t.numel())};
+  }
+  AAR_CHECK_ARG(dt == at::kLong, "req_ids must be uint32, int32 (bit patterns) or int64 in [0, 2^32), got ", dt);
+  const int64_t* p = t.const_data_ptr<int64_t>();
+  keep.resize(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    AAR_CHECK_ARG(p[i] >= 0 && p[i] <= 0xffffffffLL, "req_ids[", i, "]=", p[i], " is not a uint32 (0 .. 2^32-1)");
+    keep[static_cast<size_t>(i)] = static_cast<uint32_t>(p[i]);
+  }
+  return {keep.data(), keep.size()};
+}
+
+sfa::BuildInputs sfa_build_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
+                                  std::optional<plan::AttentionState> attn_state,
+                                  const std::optional<at::Tensor>& num_spec_tokens,
+                                  const std::optional<at::Tensor>& req_ids,
+                                  const std::optional<at::Tensor>& is_prefilling, std::vector<uint32_t>& keep) {
+  sfa::BuildInputs in = latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens);
+  if (req_ids.has_value()) in.req_ids = req_id_span(*req_ids, keep);
+  in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
+  return in;
+}
+
+nb::dict stats_dict(const sfa::OffloadStepStats& s) {
+  nb::dict d;
+  d["route"] = sfa::to_string(s.route);
+  d["decode_rows"] = s.decode_rows;
+  d["prefill_tokens"] = s.prefill_tokens;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["resets"] = s.resets;
+  d["invalidated"] = s.invalidated;
+  d["duplicates"] = s.duplicates;
+  d["onload_bytes"] = s.onload_bytes;
+  d["commit_bytes"] = s.commit_bytes;
+  return d;
+}
+
+template <typename T>
+std::vector<int64_t> span_list(plan::CSpan<T> s) {
+  return std::vector<int64_t>(s.begin(), s.end());
 }
 
 void bind_sfa(nb::module_& root) {
@@ -146,6 +231,108 @@ void bind_sfa(nb::module_& root) {
           "store", [](sfa::TopkBuffer& b, const at::Tensor& t) { return b.store(t); }, "topk"_a,
           "Copy a (T, 1, K) or (T, K) int32 selection into the first T rows; returns view(T).");
 
+  nb::class_<sfa::HostKvPool>(m, "HostKvPool",
+                              "The KV-offload host pool (spec 5) in POSIX shared memory: per layer k (nb, bs, 1, "
+                              "kv_lora_rank) and v (nb, bs, 1, qk_rope_head_dim) bf16; one owner writes, other "
+                              "processes attach read-only by name.")
+      .def_static(
+          "create",
+          [](int64_t num_layers, int64_t budget_bytes, std::optional<std::string> name, int64_t block_size,
+             int64_t kv_lora_rank, int64_t qk_rope_head_dim, int64_t min_blocks, std::optional<nb::callable> pin,
+             std::optional<nb::callable> unpin) {
+            sfa::HostKvPoolConfig c;
+            c.name = name.value_or("");
+            c.num_layers = num_layers;
+            c.budget_bytes = budget_bytes;
+            c.block_size = block_size;
+            c.kv_lora_rank = kv_lora_rank;
+            c.qk_rope_head_dim = qk_rope_head_dim;
+            c.min_blocks = min_blocks;
+            c.pin = pin_from(pin);
+            c.unpin = unpin_from(unpin);
+            return sfa::HostKvPool::create(c);
+          },
+          nb::kw_only(), "num_layers"_a, "budget_bytes"_a, "name"_a = nb::none(), "block_size"_a = 128,
+          "kv_lora_rank"_a = 512, "qk_rope_head_dim"_a = 64, "min_blocks"_a = 1, "pin"_a = nb::none(),
+          "unpin"_a = nb::none(),
+          "Creates the pool (this process owns it): as many blocks as budget_bytes holds. pin(address, nbytes) / "
+          "unpin(address) are called on the mapping (NPU: host registration).")
+      .def_static(
+          "attach",
+          [](const std::string& name, std::optional<nb::callable> pin, std::optional<nb::callable> unpin) {
+            return sfa::HostKvPool::attach(name, pin_from(pin), unpin_from(unpin));
+          },
+          "name"_a, nb::kw_only(), "pin"_a = nb::none(), "unpin"_a = nb::none(),
+          "Attaches read-only to the pool another process created under `name`.")
+      .def_static("unlink", &sfa::HostKvPool::unlink, "name"_a,
+                  "Removes a pool's name left by a process that died; False when there was none.")
+      .def_static("block_bytes", &sfa::HostKvPool::block_bytes, "num_layers"_a, "block_size"_a, "kv_lora_rank"_a,
+                  "qk_rope_head_dim"_a)
+      .def_static("blocks_for_budget", &sfa::HostKvPool::blocks_for_budget, "budget_bytes"_a, "num_layers"_a,
+                  "block_size"_a, "kv_lora_rank"_a, "qk_rope_head_dim"_a)
+      .def_prop_ro("name", &sfa::HostKvPool::name)
+      .def_prop_ro("is_owner", &sfa::HostKvPool::is_owner)
+      .def_prop_ro("num_layers", &sfa::HostKvPool::num_layers)
+      .def_prop_ro("num_blocks", &sfa::HostKvPool::num_blocks)
+      .def_prop_ro("block_size", &sfa::HostKvPool::block_size)
+      .def_prop_ro("kv_lora_rank", &sfa::HostKvPool::kv_lora_rank)
+      .def_prop_ro("qk_rope_head_dim", &sfa::HostKvPool::qk_rope_head_dim)
+      .def_prop_ro("segment_bytes", &sfa::HostKvPool::segment_bytes)
+      .def("k", [](const sfa::HostKvPool& p, int64_t layer) { return p.k(layer); }, "layer"_a)
+      .def("v", [](const sfa::HostKvPool& p, int64_t layer) { return p.v(layer); }, "layer"_a);
+
+  nb::class_<sfa::OffloadCopyHooks, PyOffloadCopyHooks>(
+      m, "OffloadCopyHooks",
+      "How the offload path moves rows (subclass to count or batch; the base methods make the default tensor "
+      "copies): commit(pool_rows, slots, rows) device -> host, before_onload(), onload(dst_rows, dst_index, "
+      "src_rows, src_index) host -> device.")
+      .def(nb::init<>())
+      .def("commit", &sfa::OffloadCopyHooks::commit, "pool_rows"_a, "slots"_a, "rows"_a)
+      .def("before_onload", &sfa::OffloadCopyHooks::before_onload)
+      .def("onload", &sfa::OffloadCopyHooks::onload, "dst_rows"_a, "dst_index"_a, "src_rows"_a, "src_index"_a);
+
+  nb::class_<sfa::OffloadConfig>(m, "OffloadConfig", "A layer's KV-offload settings (spec 5; sfa/offload.h).")
+      .def(
+          "__init__",
+          [](sfa::OffloadConfig* self, std::shared_ptr<sfa::HostKvPool> pool, int64_t pool_layer,
+             int64_t topk_buffer_size, bool keep_device_kv_cache, bool is_decode_consumer, int32_t max_num_reqs,
+             int32_t max_num_tokens, int32_t num_speculative_tokens,
+             std::shared_ptr<sfa::OffloadCopyHooks> copy_hooks) {
+            new (self) sfa::OffloadConfig();
+            self->pool = std::move(pool);
+            self->pool_layer = pool_layer;
+            self->topk_buffer_size = topk_buffer_size;
+            self->keep_device_kv_cache = keep_device_kv_cache;
+            self->is_decode_consumer = is_decode_consumer;
+            self->max_num_reqs = max_num_reqs;
+            self->max_num_tokens = max_num_tokens;
+            self->num_speculative_tokens = num_speculative_tokens;
+            self->copy_hooks = std::move(copy_hooks);
+          },
+          "pool"_a, nb::kw_only(), "pool_layer"_a = -1, "topk_buffer_size"_a = 4096,
+          "keep_device_kv_cache"_a = false, "is_decode_consumer"_a = false, "max_num_reqs"_a = 256,
+          "max_num_tokens"_a = 8192, "num_speculative_tokens"_a = 0, "copy_hooks"_a = nb::none())
+      .def_ro("pool", &sfa::OffloadConfig::pool)
+      .def_ro("pool_layer", &sfa::OffloadConfig::pool_layer)
+      .def_ro("topk_buffer_size", &sfa::OffloadConfig::topk_buffer_size)
+      .def_ro("keep_device_kv_cache", &sfa::OffloadConfig::keep_device_kv_cache)
+      .def_ro("is_decode_consumer", &sfa::OffloadConfig::is_decode_consumer)
+      .def_ro("max_num_reqs", &sfa::OffloadConfig::max_num_reqs)
+      .def_ro("max_num_tokens", &sfa::OffloadConfig::max_num_tokens)
+      .def_ro("num_speculative_tokens", &sfa::OffloadConfig::num_speculative_tokens);
+  m.def("offload_resident_rows", &sfa::offload_resident_rows, "max_num_tokens"_a, "max_num_reqs"_a,
+        "num_speculative_tokens"_a = 0, "min(max_num_tokens, max_num_reqs * (1 + num_speculative_tokens))");
+
+  nb::class_<sfa::BuilderOffloadConfig>(m, "BuilderOffloadConfig",
+                                        "The KV-offload builder's settings (spec 5, \"Builder\").")
+      .def(
+          "__init__",
+          [](sfa::BuilderOffloadConfig* self, bool is_decode_consumer) {
+            new (self) sfa::BuilderOffloadConfig{is_decode_consumer};
+          },
+          nb::kw_only(), "is_decode_consumer"_a = false)
+      .def_ro("is_decode_consumer", &sfa::BuilderOffloadConfig::is_decode_consumer);
+
   nb::class_<sfa::Metadata>(m, "Metadata")
       .def_ro("attn_state", &sfa::Metadata::attn_state)
       .def_ro("num_reqs", &sfa::Metadata::num_reqs)
@@ -172,7 +359,24 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("query_start_loc", [](const sfa::Metadata& m) { return m.query_start_loc; })
       .def_prop_ro("seq_lens_list", [](const sfa::Metadata& m) { return to_list(live(m).seq_lens_list); })
       .def_prop_ro("cum_query_lens_list",
-                   [](const sfa::Metadata& m) { return to_list(live(m).cum_query_lens_list); });
+                   [](const sfa::Metadata& m) { return to_list(live(m).cum_query_lens_list); })
+      // KV offload (an offload builder's metadata; offload_enabled False otherwise).
+      .def_prop_ro("offload_enabled", [](const sfa::Metadata& m) { return m.offload.enabled; })
+      .def_prop_ro("offload_decode_consumer", [](const sfa::Metadata& m) { return m.offload.decode_consumer; })
+      .def_prop_ro("req_ids", [](const sfa::Metadata& m) { return m.offload.req_ids; })
+      .def_prop_ro("token_to_req", [](const sfa::Metadata& m) { return m.offload.token_to_req; })
+      .def_prop_ro("prefill_cum_query_lens", [](const sfa::Metadata& m) { return m.offload.prefill_cum_query_lens; })
+      .def_prop_ro("prefill_seq_lens", [](const sfa::Metadata& m) { return m.offload.prefill_seq_lens; })
+      .def_prop_ro("prefill_block_table", [](const sfa::Metadata& m) { return m.offload.prefill_block_table; })
+      .def_prop_ro("req_ids_list", [](const sfa::Metadata& m) { return span_list(live(m).offload.req_ids_host); })
+      .def_prop_ro("token_to_req_list",
+                   [](const sfa::Metadata& m) { return span_list(live(m).offload.token_to_req_host); })
+      .def_prop_ro("decode_req_ids_list",
+                   [](const sfa::Metadata& m) { return span_list(live(m).offload.decode_req_ids); })
+      .def_prop_ro("decode_seq_lens_list",
+                   [](const sfa::Metadata& m) { return span_list(live(m).offload.decode_seq_lens); })
+      .def_prop_ro("decode_stable_prefix_list",
+                   [](const sfa::Metadata& m) { return span_list(live(m).offload.decode_stable_prefix); });
 
   nb::class_<sfa::MetadataBuilder>(m, "MetadataBuilder")
       .def(
@@ -181,7 +385,7 @@ void bind_sfa(nb::module_& root) {
              int32_t block_size, int32_t num_blocks, const at::Tensor& cos_table, const at::Tensor& sin_table,
              int32_t num_speculative_tokens, bool chunked_prefill_enabled, bool graph_decode_padding,
              std::optional<int32_t> num_drafts, const std::string& device, std::optional<bool> separate_device_buffers,
-             int32_t staging_buffers) {
+             int32_t staging_buffers, std::optional<sfa::BuilderOffloadConfig> offload) {
             sfa::BuilderConfig c;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
@@ -197,23 +401,32 @@ void bind_sfa(nb::module_& root) {
             c.device = c10::Device(device);
             c.separate_device_buffers = separate_device_buffers;
             c.staging_buffers = staging_buffers;
+            c.offload = offload;
             new (self) sfa::MetadataBuilder(c);
           },
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
           "num_blocks"_a, "cos_table"_a, "sin_table"_a, "num_speculative_tokens"_a = 0,
           "chunked_prefill_enabled"_a = true, "graph_decode_padding"_a = false, "num_drafts"_a = nb::none(),
-          "device"_a = "cpu", "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2)
+          "device"_a = "cpu", "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2,
+          "offload"_a = nb::none())
       .def(
           "build",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
-             std::optional<plan::AttentionState> attn_state,
-             const std::optional<at::Tensor>& num_spec_tokens) -> sfa::Metadata {
+             std::optional<plan::AttentionState> attn_state, const std::optional<at::Tensor>& num_spec_tokens,
+             const std::optional<at::Tensor>& req_ids, const std::optional<at::Tensor>& is_prefilling)
+              -> sfa::Metadata {
             // A Python object per build (a copy of the builder's metadata, with
             // this build's stamp): one kept past the next build is rejected as stale.
-            return b.build(latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens));
+            if (!req_ids.has_value() && !is_prefilling.has_value()) {
+              return b.build(latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens));
+            }
+            std::vector<uint32_t> keep;
+            return b.build(sfa_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens, req_ids,
+                                            is_prefilling, keep));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
-          "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>())
+          "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), "req_ids"_a = nb::none(),
+          "is_prefilling"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>())
       .def(
           "build_for_graph_capture",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
@@ -227,12 +440,16 @@ void bind_sfa(nb::module_& root) {
           "build_for_drafting",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,
              int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
-             const std::optional<at::Tensor>& num_spec_tokens) -> sfa::Metadata {
-            return b.build_for_drafting(
-                latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens), draft_index);
+             const std::optional<at::Tensor>& num_spec_tokens, const std::optional<at::Tensor>& req_ids,
+             const std::optional<at::Tensor>& is_prefilling) -> sfa::Metadata {
+            std::vector<uint32_t> keep;
+            return b.build_for_drafting(sfa_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state,
+                                                         num_spec_tokens, req_ids, is_prefilling, keep),
+                                        draft_index);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, "draft_index"_a, nb::kw_only(),
           "num_input_tokens"_a = 0, "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(),
+          "req_ids"_a = nb::none(), "is_prefilling"_a = nb::none(),
           nb::rv_policy::move, nb::keep_alive<0, 1>(),
           "A draft step's metadata, in the draft lane's own buffers and stamp counter: it does not make the main "
           "build's metadata (or another draft index's) stale.")
@@ -274,7 +491,7 @@ void bind_sfa(nb::module_& root) {
              bool use_index_cache, bool sfa_c8, bool li_c8, const std::string& device_kind, int64_t layer_index,
              int64_t workspace_group, std::optional<mla::QuantWeights> quant, bool is_kv_consumer,
              bool is_kv_producer, bool enable_mlapo, bool chunked_q_proj, bool dsa_cp, int64_t dcp_size,
-             bool kv_offload) {
+             std::optional<sfa::OffloadConfig> offload) {
             sfa::ImplConfig c;
             c.preprocess.quant = quant.has_value() ? quant->type : mla::QuantType::None;
             c.preprocess.is_kv_consumer = is_kv_consumer;
@@ -284,7 +501,7 @@ void bind_sfa(nb::module_& root) {
             c.preprocess.chunked_q_proj = chunked_q_proj;
             c.preprocess.dsa_cp = dsa_cp;
             c.preprocess.dcp_size = dcp_size;
-            c.preprocess.kv_offload = kv_offload;
+            c.offload = std::move(offload);  // the selection's kv_offload follows it
             c.dims = {num_heads, hidden_size, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
                       v_head_dim};
             c.scale = scale;
@@ -331,7 +548,7 @@ void bind_sfa(nb::module_& root) {
           "indexer_k_norm_eps"_a = 1e-6, "glm_moe_dsa"_a = false, "use_index_cache"_a = false,
           "sfa_c8"_a = false, "li_c8"_a = false, "device_kind"_a = "a2", "layer_index"_a = -1, "workspace_group"_a = 0,
           "quant"_a = nb::none(), "is_kv_consumer"_a = false, "is_kv_producer"_a = false, "enable_mlapo"_a = false,
-          "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "kv_offload"_a = false)
+          "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "offload"_a = nb::none())
       .def(
           "forward",
           [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
@@ -350,7 +567,29 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("preprocess", [](const sfa::Impl& i) { return std::string(sfa::to_string(i.preprocess())); })
       .def_prop_ro("preprocess_reason", [](const sfa::Impl& i) { return i.preprocess_reason(); })
       .def_prop_ro("last_preprocess",
-                   [](const sfa::Impl& i) { return std::string(sfa::to_string(i.last_preprocess())); });
+                   [](const sfa::Impl& i) { return std::string(sfa::to_string(i.last_preprocess())); })
+      // KV offload (ValueError on a layer without it).
+      .def_prop_ro("offload", [](const sfa::Impl& i) { return i.config().offload.has_value(); })
+      .def_prop_ro("last_offload_stats", [](const sfa::Impl& i) { return stats_dict(i.last_offload_stats()); })
+      .def_prop_ro("resident_k", [](const sfa::Impl& i) { return i.resident_k(); })
+      .def_prop_ro("resident_v", [](const sfa::Impl& i) { return i.resident_v(); })
+      .def_prop_ro("resident_rows", &sfa::Impl::resident_rows)
+      .def(
+          "resident_tokens",
+          [](const sfa::Impl& i) {
+            // The LRU's state: (rows, topk_buffer_size) int32, the token each slot holds (-1 empty).
+            const int64_t rows = i.resident_rows(), cap = i.resident_k().size(1);
+            at::Tensor t = at::empty({rows, cap}, at::TensorOptions().dtype(at::kInt));
+            int32_t* p = t.data_ptr<int32_t>();
+            for (int64_t r = 0; r < rows; ++r) {
+              for (int64_t s = 0; s < cap; ++s) {
+                p[r * cap + s] = i.resident_token(static_cast<int32_t>(r), static_cast<int32_t>(s));
+              }
+            }
+            return t;
+          },
+          "(resident_rows, topk_buffer_size) int32: the token each resident slot holds (-1: empty).")
+      .def("reset_resident", &sfa::Impl::reset_resident, "Forgets every resident row (the LRU).");
 
   // Spec 3.2's selection table on its own (sfa/preprocess.h).
   m.def(

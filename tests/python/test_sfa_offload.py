@@ -1,0 +1,603 @@
+"""SFA KV offload (spec sparse.md 5): the main MLA cache lives in a host pool, each decode step moves only the
+top-k rows a layer's resident buffer misses.
+
+Every run here serves a continuous batch (requests arriving, decoding, finishing, their blocks reused) with two
+layers side by side on the same weights and tokens: the device-cache SFA layer and the offloaded one. The
+offloaded layer must give the device layer's top-k and outputs, both must match the float64 reference of
+_sfa_reference (written from the model equations), and the pool must end up holding the device cache's rows.
+The total KV served exceeds the offloaded layer's device-side bytes (its resident buffers) several times.
+
+Also: the copy accounting through the OffloadCopyHooks (bytes = misses x row size; an identical step moves
+nothing), the pool shared by a second process (a reader that attends over the owner's rows), and bad input
+(budget too small, a non-bf16 cache, a prefill without the device cache, a graph capture): errors that name the
+argument, with the pool and the resident state unchanged."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import zlib
+
+import pytest
+import torch
+
+import ascend_attn_rt as aar
+from _mla_reference import F64, MlaDims, fill_context, make_weights, rope_tables
+from _sfa_reference import IdxDims, indexer_keys, indexer_topk_request, make_indexer_weights, sfa_attend_request
+
+sfa = aar.sfa
+BF16 = torch.bfloat16
+BS = 16
+D = MlaDims()
+IDX = IdxDims()  # top-k 8
+ROW_BYTES = (D.L + D.R) * 2  # one token's latent + rope row, bf16
+TOL = dict(atol=2e-2, rtol=2e-2)
+
+
+def rid(name: str) -> int:
+    return zlib.adler32(name.encode())  # the engine's request id, as upstream hashes it
+
+
+class Layer:
+    """The weights of one SFA layer (bf16) and its RoPE tables."""
+
+    def __init__(self, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.g = g
+        self.ws = make_weights(D, BF16, g)
+        self.iw = make_indexer_weights(D, IDX, BF16, g)
+        self.scale = 1.0 / math.sqrt(D.P + D.R)
+        self.cos, self.sin = rope_tables(512, D.R)
+
+    def impl(self, *, offload=None, indexer=True, **kw):
+        extra = {}
+        if indexer:
+            iw = self.iw
+            extra = dict(index_n_head=IDX.n_head, index_head_dim=IDX.D, index_topk=IDX.K, indexer_wq_b=iw["wq_b"],
+                         indexer_wk=iw["wk"], indexer_weights_proj=iw["weights_proj"],
+                         indexer_k_norm_weight=iw["k_norm_weight"], indexer_k_norm_bias=iw["k_norm_bias"],
+                         indexer_k_norm_eps=IDX.eps)
+        extra.update(kw)
+        return sfa.Impl(num_heads=D.H, hidden_size=D.hidden, q_lora_rank=D.Q, kv_lora_rank=D.L,
+                        qk_nope_head_dim=D.P, qk_rope_head_dim=D.R, v_head_dim=D.V, scale=self.scale,
+                        offload=offload, **extra, **self.ws)
+
+    def builder(self, nb, mbr, *, spec=0, offload=None, max_num_reqs=4):
+        return sfa.MetadataBuilder(max_num_reqs=max_num_reqs, max_num_tokens=128, max_blocks_per_req=mbr,
+                                   block_size=BS, num_blocks=nb, cos_table=self.cos.to(BF16),
+                                   sin_table=self.sin.to(BF16), num_speculative_tokens=spec, offload=offload)
+
+
+def make_pool(nb, num_layers=1, **kw):
+    budget = nb * sfa.HostKvPool.block_bytes(num_layers, BS, D.L, D.R)
+    pool = sfa.HostKvPool.create(num_layers=num_layers, budget_bytes=budget, block_size=BS, kv_lora_rank=D.L,
+                                 qk_rope_head_dim=D.R, **kw)
+    assert pool.num_blocks == nb and pool.is_owner
+    return pool
+
+
+class Request:
+    def __init__(self, name, prompt, total, blocks, g):
+        self.name, self.id = name, rid(name)
+        self.prompt, self.total = prompt, total
+        self.x = torch.randn(total, D.hidden, generator=g, dtype=F64).to(BF16)
+        self.blocks = blocks
+        self.n = 0  # tokens whose cache rows are written
+
+
+class Serve:
+    """A continuous-batching run of one layer, device-cache SFA (`ref`) beside the offloaded layer (`off`).
+
+    consumer=True: a PD decode consumer; a request's prompt rows arrive from the KV connector (written here into
+    the pool, the reference's cache and both indexer caches) and every step is decode-only.
+    consumer=False: keep_device_kv_cache; prompts are prefilled by the layers in chunks, steps are mixed
+    (decodes first, as the offload builder requires)."""
+
+    def __init__(self, *, consumer=True, spec=0, nb=40, max_reqs=4, tbs=16, seed=0, hooks=None, reject_every=0):
+        self.layer = Layer(seed)
+        self.g = torch.Generator().manual_seed(seed + 1)
+        self.consumer, self.spec, self.nb, self.max_reqs = consumer, spec, nb, max_reqs
+        self.reject_every = reject_every
+        self.mbr = 8
+        self.pool = make_pool(nb)
+        cfg = sfa.OffloadConfig(self.pool, pool_layer=0, topk_buffer_size=tbs, is_decode_consumer=consumer,
+                                keep_device_kv_cache=not consumer, max_num_reqs=max_reqs, max_num_tokens=128,
+                                num_speculative_tokens=spec, copy_hooks=hooks)
+        self.off = self.layer.impl(offload=cfg)
+        self.ref = self.layer.impl()
+        self.ref_b = self.layer.builder(nb, self.mbr, spec=spec, max_num_reqs=max_reqs)
+        self.off_b = self.layer.builder(nb, self.mbr, spec=spec, max_num_reqs=max_reqs,
+                                        offload=sfa.BuilderOffloadConfig(is_decode_consumer=consumer))
+
+        def garbage(dim):  # a read from a wrong row shows
+            return torch.randn(nb, BS, 1, dim, generator=self.g).to(BF16)
+
+        self.ref_kv = [garbage(D.L), garbage(D.R), garbage(IDX.D)]
+        self.off_idx = garbage(IDX.D)
+        self.off_main = [garbage(D.L), garbage(D.R)] if not consumer else []
+        self.pool.k(0).copy_(garbage(D.L))
+        self.pool.v(0).copy_(garbage(D.R))
+        self.free = torch.randperm(nb, generator=self.g).tolist()
+        self.active, self.served, self.arrived = [], 0, 0
+        self.stats, self.peak_kv_tokens, self.kv_tokens_served = [], 0, 0
+
+    # ---------------------------------------------------------------- requests
+    def arrive(self, prompt, decode_steps):
+        total = prompt + decode_steps * (1 + self.spec) + 1
+        nblk = math.ceil(total / BS)
+        assert nblk <= self.mbr and len(self.free) >= nblk
+        blocks = [self.free.pop() for _ in range(nblk)]
+        r = Request(f"req-{self.arrived}", prompt, total, blocks, self.g)
+        self.arrived += 1
+        if self.consumer:  # the KV connector delivers the prompt's rows
+            self.write_rows(r, 0, prompt)
+            r.n = prompt
+        self.active.append(r)
+        return r
+
+    def write_rows(self, r, start, end):
+        """The reference rows of positions [start, end) (prefix context [0, end)) into every cache that holds
+        them: the pool, the reference's device caches, both indexer caches."""
+        x = r.x[:end]
+        for nope, rope in ((self.pool.k(0), self.pool.v(0)), (self.ref_kv[0], self.ref_kv[1])):
+            fill_context(D, self.layer.ws, x, nope, rope, r.blocks, BS)
+        k = indexer_keys(D, IDX, self.layer.iw, x, torch.arange(end))
+        for cache in (self.ref_kv[2], self.off_idx):
+            for p in range(start, end):
+                cache[r.blocks[p // BS], p % BS, 0] = k[p].to(BF16)
+
+    def finish(self, r):
+        self.active.remove(r)
+        self.free.extend(r.blocks)
+        self.kv_tokens_served += r.n
+        self.served += 1
+
+    def table(self, reqs):
+        t = torch.zeros(len(reqs), self.mbr, dtype=torch.int32)
+        for i, r in enumerate(reqs):
+            t[i, :len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+        return t
+
+    # ---------------------------------------------------------------- one step
+    def step(self, chunk=24):
+        dec = [r for r in self.active if r.n >= r.prompt]
+        pre = [r for r in self.active if r.n < r.prompt]
+        reqs = dec + pre  # decode-first
+        q = [1 + self.spec] * len(dec) + [min(chunk, r.prompt - r.n) for r in pre]
+        seq = [r.n + ql for r, ql in zip(reqs, q)]
+        qsl = torch.tensor([0] + torch.tensor(q).cumsum(0).tolist(), dtype=torch.int32)
+        seq_t = torch.tensor(seq, dtype=torch.int32)
+        table = self.table(reqs)
+        hidden = torch.cat([r.x[r.n:s] for r, s in zip(reqs, seq)])
+        ids = torch.tensor([r.id for r in reqs], dtype=torch.int64)
+        kw = {} if self.consumer else dict(is_prefilling=torch.tensor([r.n < r.prompt for r in reqs]))
+        if self.spec:  # the engine's per-request draft counts: all-decode steps are SpecDecoding (MTP)
+            kw["num_spec_tokens"] = torch.tensor([self.spec] * len(dec) + [0] * len(pre), dtype=torch.int32)
+        md_ref = self.ref_b.build(qsl, seq_t, table, **{k: v for k, v in kw.items() if k != "is_prefilling"})
+        out_ref = torch.zeros_like(hidden)
+        self.ref.forward(hidden, self.ref_kv, md_ref, out_ref)
+        md = self.off_b.build(qsl, seq_t, table, req_ids=ids, **kw)
+        assert md.offload_enabled and md.num_decodes == len(dec) and md.num_prefills == len(pre)
+        out = torch.full_like(hidden, 3.0)
+        self.off.forward(hidden, self.off_main + [self.off_idx], md, out)
+        st = self.off.last_offload_stats
+        self.stats.append(st)
+        # The offloaded layer selects what the device layer selects and attends like it.
+        assert torch.equal(self.off.last_topk, self.ref.last_topk)
+        torch.testing.assert_close(out, out_ref, **TOL)
+        # ... and both match the float64 reference over that selection.
+        t0 = 0
+        for r, s, ql in zip(reqs, seq, q):
+            rows = self.off.last_topk[t0:t0 + ql, 0].to(torch.int64)
+            ref_topk = indexer_topk_request(D, IDX, self.layer.ws, self.layer.iw, r.x[:s], ql)[0]
+            # bf16 indexer scores may swap near-ties: the sets agree on most entries.
+            agree = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(rows, ref_topk))
+            assert agree >= 0.75 * rows.numel(), (r.name, rows, ref_topk)
+            ref = sfa_attend_request(D, self.layer.ws, r.x[:s], ql, self.layer.scale, rows)
+            torch.testing.assert_close(out[t0:t0 + ql].to(F64), ref, **TOL)
+            t0 += ql
+        ndt = sum(q[:len(dec)])
+        # Every valid entry of a decode row's top-k (a position < S of its request) is a hit or a miss.
+        sel = self.off.last_topk[:ndt, 0]
+        lim = torch.tensor([s for s, ql in zip(seq[:len(dec)], q[:len(dec)]) for _ in range(ql)]).view(-1, 1)
+        assert st["hits"] + st["misses"] == int(((sel >= 0) & (sel < lim)).sum())
+        assert st["decode_rows"] == ndt and st["prefill_tokens"] == sum(q) - ndt
+        assert st["route"] == ("decode_only" if not pre else "with_prefills")
+        assert st["onload_bytes"] == st["misses"] * ROW_BYTES
+        assert st["commit_bytes"] == sum(q) * ROW_BYTES
+        self.peak_kv_tokens = max(self.peak_kv_tokens, sum(seq))
+        # Advance; with speculative decoding every `reject_every`-th step rejects the last draft of each decode:
+        # its position is rewritten by the next step with a different token.
+        for i, (r, s) in enumerate(zip(reqs, seq)):
+            r.n = s
+            if i < len(dec) and self.spec and self.reject_every and len(self.stats) % self.reject_every == 0:
+                r.n = s - 1
+                r.x[r.n] = torch.randn(D.hidden, generator=self.g, dtype=F64).to(BF16)
+        for r in [r for r in self.active if r.n + 1 + self.spec > r.total]:
+            self.finish(r)
+        return st
+
+    def check_pool_holds_device_rows(self):
+        """Every row the run wrote (the active requests' positions < n) is in the pool as in the device cache."""
+        for r in self.active:
+            for p in range(r.n):
+                b, o = r.blocks[p // BS], p % BS
+                assert torch.equal(self.pool.k(0)[b, o], self.ref_kv[0][b, o]), (r.name, p)
+                assert torch.equal(self.pool.v(0)[b, o], self.ref_kv[1][b, o]), (r.name, p)
+
+    def resident_bytes(self):
+        return self.off.resident_k.numel() * 2 + self.off.resident_v.numel() * 2
+
+
+def serve(s: Serve, schedule, steps):
+    """schedule: {step: [(prompt, decode_steps), ...]} arrivals before that step."""
+    waiting = []
+    for i in range(steps):
+        waiting += schedule.get(i, [])
+        # Admission: a batch slot and the blocks of the whole request (a waiting request keeps its place).
+        while waiting and len(s.active) < s.max_reqs and \
+                len(s.free) >= math.ceil((waiting[0][0] + waiting[0][1] * (1 + s.spec) + 1) / BS):
+            s.arrive(*waiting.pop(0))
+        if s.active:
+            s.step()
+            if i % 4 == 3:
+                s.check_pool_holds_device_rows()
+    s.check_pool_holds_device_rows()
+
+
+SCHEDULE = {0: [(70, 6), (45, 12), (90, 4)], 2: [(60, 9)], 5: [(100, 5)], 7: [(30, 8)], 10: [(80, 6)]}
+
+
+@pytest.mark.parametrize("spec", [0, 1])
+def test_decode_consumer_continuous_batching_matches_device_cache(spec):
+    s = Serve(consumer=True, spec=spec, reject_every=3 if spec else 0)
+    serve(s, SCHEDULE, 24)
+    assert s.served >= 5 and s.arrived == 7
+    # The run served far more KV than the offloaded layer holds on the device (its resident buffers), at its
+    # peak step and over the run.
+    assert s.peak_kv_tokens * ROW_BYTES >= 2 * s.resident_bytes()
+    assert s.kv_tokens_served * ROW_BYTES >= 4 * s.resident_bytes()
+    assert all(st["route"] == "decode_only" for st in s.stats)
+    # The LRU reused rows between steps, reset rows taken by another request, and (MTP) dropped rewritten tokens.
+    # (random weights and tokens: the top-k changes a lot between steps)
+    assert sum(st["hits"] for st in s.stats) > 0
+    assert sum(st["resets"] for st in s.stats) >= s.arrived
+    if spec:
+        assert sum(st["invalidated"] for st in s.stats) > 0
+
+
+def test_keep_device_kv_cache_mixed_prefill_and_decode_steps():
+    s = Serve(consumer=False)
+    serve(s, SCHEDULE, 26)
+    routes = {st["route"] for st in s.stats}
+    assert routes == {"decode_only", "with_prefills"}
+    assert any(st["decode_rows"] and st["prefill_tokens"] for st in s.stats)  # mixed steps
+    assert s.served >= 5
+    assert s.kv_tokens_served * ROW_BYTES >= 4 * s.resident_bytes()
+
+
+# ------------------------------------------------------------------------------------- copy accounting
+
+
+class CountingHooks(sfa.OffloadCopyHooks):
+    def __init__(self):
+        super().__init__()
+        self.onload_bytes = self.commit_bytes = self.onload_calls = 0
+
+    def commit(self, pool_rows, slots, rows):
+        self.commit_bytes += rows.numel() * rows.element_size()
+        super().commit(pool_rows, slots, rows)
+
+    def onload(self, dst_rows, dst_index, src_rows, src_index):
+        assert dst_index.numel() == src_index.numel() > 0
+        self.onload_calls += 1
+        self.onload_bytes += dst_index.numel() * dst_rows.size(1) * dst_rows.element_size()
+        super().onload(dst_rows, dst_index, src_rows, src_index)
+
+
+def test_copy_accounting_through_the_hooks():
+    hooks = CountingHooks()
+    s = Serve(consumer=True, hooks=hooks)
+    for prompt, n in SCHEDULE[0]:
+        s.arrive(prompt, n)
+    for _ in range(4):
+        before = hooks.onload_bytes
+        st = s.step()
+        moved = hooks.onload_bytes - before
+        assert moved == st["misses"] * ROW_BYTES == st["onload_bytes"]
+    assert hooks.onload_calls > 0 and hooks.commit_bytes > 0
+
+
+def test_an_identical_step_moves_nothing():
+    """A layer reading its top-k from the TopkBuffer: the test chooses the selection. The same step twice: the
+    first copies every selected row, the second none (its rows are resident), with identical outputs."""
+    hooks = CountingHooks()
+    layer = Layer(3)
+    pool = make_pool(12)
+    g = torch.Generator().manual_seed(5)
+    pool.k(0).copy_(torch.randn(12, BS, 1, D.L, generator=g).to(BF16))
+    pool.v(0).copy_(torch.randn(12, BS, 1, D.R, generator=g).to(BF16))
+    cfg = sfa.OffloadConfig(pool, topk_buffer_size=16, is_decode_consumer=True, max_num_reqs=2, max_num_tokens=64,
+                            copy_hooks=hooks)
+    reader = layer.impl(offload=cfg, indexer=False, layer_index=0)
+    b = layer.builder(12, 4, max_num_reqs=2, offload=sfa.BuilderOffloadConfig(is_decode_consumer=True))
+    seq = [40, 33]
+    table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
+    # Every selected position is below the stable prefix S - 1 (the new token's row is rewritten each step).
+    sel = torch.tensor([[[3, 39 - 1, 17, 0, 25, -1, 5, 6]], [[31, 1, 2, 30, 12, 13, -1, 7]]], dtype=torch.int32)
+    buf = sfa.TopkBuffer(8, 8)
+    hidden = torch.randn(2, D.hidden, generator=g).to(BF16)
+    outs = []
+    for i in range(2):
+        md = b.build(torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor(seq, dtype=torch.int32), table,
+                     req_ids=torch.tensor([rid("a"), rid("b")]))
+        buf.store(sel)
+        before = hooks.onload_bytes
+        out = torch.zeros_like(hidden)
+        reader.forward(hidden, [], md, out, buf)
+        st = reader.last_offload_stats
+        outs.append(out)
+        if i == 0:
+            # every valid entry, those after a -1 included (the LRU maps them all; the kernel stops at the -1)
+            assert st["misses"] == 14 and st["hits"] == 0
+            assert hooks.onload_bytes - before == 14 * ROW_BYTES
+        else:
+            assert st["misses"] == 0 and st["hits"] == 14 and st["onload_bytes"] == 0
+            assert hooks.onload_bytes == before  # nothing moved
+    assert torch.equal(outs[0], outs[1])
+    # The resident rows are the pool's rows of the selected tokens.
+    tok = reader.resident_tokens()
+    for row, r in enumerate(range(2)):
+        for slot in range(16):
+            p = int(tok[row, slot])
+            if p >= 0:
+                blk = int(table[r, p // BS])
+                assert torch.equal(reader.resident_k[row, slot], pool.k(0)[blk, p % BS])
+                assert torch.equal(reader.resident_v[row, slot], pool.v(0)[blk, p % BS])
+
+
+# ------------------------------------------------------------------------------------- two processes
+
+
+def _reader_process(name, barrier, q):
+    """A second rank: attaches to the owner's pool read-only and serves the same decode steps."""
+    try:
+        pool = sfa.HostKvPool.attach(name)
+        assert not pool.is_owner and pool.num_blocks == 40
+
+        class Ordered(sfa.OffloadCopyHooks):
+            def before_onload(self):  # the owner's commit lands before this rank reads (upstream: a TP broadcast)
+                barrier.wait(60)
+
+        s = _two_rank_run(pool, Ordered(), barrier, owner=False)
+        q.put(("ok", s.float().tolist()))  # plain data: the child may exit before the parent reads
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        q.put(("error", repr(e)))
+
+
+def _two_rank_run(pool, hooks, barrier, owner):
+    layer = Layer(7)
+    g = torch.Generator().manual_seed(8)
+    cfg = sfa.OffloadConfig(pool, topk_buffer_size=16, is_decode_consumer=True, max_num_reqs=2, max_num_tokens=64,
+                            copy_hooks=hooks)
+    impl = layer.impl(offload=cfg, layer_index=0)
+    b = layer.builder(40, 8, max_num_reqs=2, offload=sfa.BuilderOffloadConfig(is_decode_consumer=True))
+    xs = [torch.randn(n, D.hidden, generator=g, dtype=F64).to(BF16) for n in (50, 37)]
+    blocks = [list(range(0, 4)), list(range(10, 13))]
+    table = torch.tensor([blocks[0], blocks[1] + [0]], dtype=torch.int32)
+    idx = torch.zeros(40, BS, 1, IDX.D, dtype=BF16)
+    prompt = [44, 31]
+    for r in range(2):
+        if owner:  # the connector's rows land in the owner's pool
+            fill_context(D, layer.ws, xs[r][:prompt[r]], pool.k(0), pool.v(0), blocks[r], BS)
+        k = indexer_keys(D, IDX, layer.iw, xs[r][:prompt[r]], torch.arange(prompt[r]))
+        for p in range(prompt[r]):
+            idx[blocks[r][p // BS], p % BS, 0] = k[p].to(BF16)
+    if owner:
+        barrier.wait(60)  # the prompt rows are in the pool
+    else:
+        barrier.wait(60)
+    outs = []
+    for step in range(4):
+        seq = [prompt[0] + step + 1, prompt[1] + step + 1]
+        md = b.build(torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor(seq, dtype=torch.int32), table,
+                     req_ids=torch.tensor([rid("x"), rid("y")]))
+        hidden = torch.cat([xs[0][seq[0] - 1:seq[0]], xs[1][seq[1] - 1:seq[1]]])
+        out = torch.zeros_like(hidden)
+        impl.forward(hidden, [idx], md, out)
+        st = impl.last_offload_stats
+        assert st["commit_bytes"] == (2 * ROW_BYTES if owner else 0)
+        outs.append(out)
+        for r in range(2):
+            rows = impl.last_topk[r:r + 1, 0].to(torch.int64)
+            ref = sfa_attend_request(D, layer.ws, xs[r][:seq[r]], 1, layer.scale, rows)
+            torch.testing.assert_close(out[r:r + 1].to(F64), ref, **TOL)
+    return torch.stack(outs)
+
+
+def test_pool_shared_by_a_second_process():
+    pool = make_pool(40)
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    q = ctx.Queue()
+
+    class Ordered(sfa.OffloadCopyHooks):
+        def before_onload(self):  # after this rank's commit: the reader may copy
+            barrier.wait(60)
+
+    p = ctx.Process(target=_reader_process, args=(pool.name, barrier, q), daemon=True)
+    p.start()
+    try:
+        mine = _two_rank_run(pool, Ordered(), barrier, owner=True)
+        status, theirs = q.get(timeout=120)
+        assert status == "ok", theirs
+        # The reader computed nothing into the pool, read the owner's rows (including each step's committed
+        # decode row), and attends exactly as the owner.
+        assert torch.equal(mine.float(), torch.tensor(theirs))
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    assert p.exitcode == 0
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+def test_budget_too_small_names_the_budget():
+    one = sfa.HostKvPool.block_bytes(2, BS, D.L, D.R)
+    assert one == 2 * BS * (D.L + D.R) * 2
+    assert sfa.HostKvPool.blocks_for_budget(10 * one + 5, 2, BS, D.L, D.R) == 10
+    with pytest.raises(ValueError, match="budget_bytes=1000"):
+        sfa.HostKvPool.create(num_layers=2, budget_bytes=1000, block_size=BS, kv_lora_rank=D.L, qk_rope_head_dim=D.R)
+    with pytest.raises(ValueError, match="budget_bytes"):
+        sfa.HostKvPool.create(num_layers=2, budget_bytes=10 * one, block_size=BS, kv_lora_rank=D.L,
+                              qk_rope_head_dim=D.R, min_blocks=11)
+
+
+def test_attach_to_a_missing_pool_and_names():
+    with pytest.raises(RuntimeError, match="aar_no_such_pool"):
+        sfa.HostKvPool.attach("/aar_no_such_pool")
+    pool = make_pool(2)
+    with pytest.raises(RuntimeError):  # the name is taken
+        sfa.HostKvPool.create(name=pool.name, num_layers=1, budget_bytes=10 ** 6, block_size=BS, kv_lora_rank=D.L,
+                              qk_rope_head_dim=D.R)
+    with pytest.raises(ValueError, match="layer=1"):
+        pool.k(1)
+
+
+def test_configuration_checks_name_the_argument():
+    layer = Layer()
+    pool = make_pool(4)
+
+    def cfg(**kw):
+        args = dict(topk_buffer_size=16, is_decode_consumer=True)
+        args.update(kw)
+        return sfa.OffloadConfig(pool, **args)
+
+    layer.impl(offload=cfg(), layer_index=0)  # fine
+    with pytest.raises(ValueError, match="topk_buffer_size=4"):
+        layer.impl(offload=cfg(topk_buffer_size=4), layer_index=0)  # < index_topk 8
+    with pytest.raises(ValueError, match="keep_device_kv_cache"):
+        layer.impl(offload=cfg(is_decode_consumer=False), layer_index=0)
+    with pytest.raises(ValueError, match="sfa_c8"):
+        layer.impl(offload=cfg(), layer_index=0, sfa_c8=True)
+    with pytest.raises((ValueError, NotImplementedError), match="dcp_size"):
+        layer.impl(offload=cfg(), layer_index=0, dcp_size=2)
+    # A non-bf16 main cache (fp32 weights).
+    ws32 = {k: v.float() if torch.is_tensor(v) else v for k, v in layer.ws.items()}
+    iw = layer.iw
+    with pytest.raises(ValueError, match="bfloat16"):
+        sfa.Impl(num_heads=D.H, hidden_size=D.hidden, q_lora_rank=D.Q, kv_lora_rank=D.L, qk_nope_head_dim=D.P,
+                 qk_rope_head_dim=D.R, v_head_dim=D.V, scale=layer.scale, index_n_head=IDX.n_head,
+                 index_head_dim=IDX.D, index_topk=IDX.K, indexer_wq_b=iw["wq_b"].float(), indexer_wk=iw["wk"].float(),
+                 indexer_weights_proj=iw["weights_proj"].float(),
+                 indexer_k_norm_weight=iw["k_norm_weight"].float(), indexer_k_norm_bias=iw["k_norm_bias"].float(),
+                 offload=cfg(), layer_index=0, **ws32)
+    # The pool's row widths must be the layer's.
+    other = sfa.HostKvPool.create(num_layers=1, budget_bytes=10 ** 6, block_size=BS, kv_lora_rank=D.L + 16,
+                                  qk_rope_head_dim=D.R)
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        layer.impl(offload=sfa.OffloadConfig(other, topk_buffer_size=16, is_decode_consumer=True), layer_index=0)
+
+
+def test_bad_steps_are_refused_with_nothing_lost():
+    s = Serve(consumer=True)
+    for prompt, n in SCHEDULE[0]:
+        s.arrive(prompt, n)
+    s.step()
+    s.step()
+    pool_k, pool_v = s.pool.k(0).clone(), s.pool.v(0).clone()
+    idx = s.off_idx.clone()
+    tokens = s.off.resident_tokens()
+    stats = s.off.last_offload_stats
+    reqs = s.active
+    q = [1] * len(reqs)
+    seq = [r.n + 1 for r in reqs]
+    qsl = torch.tensor([0] + torch.tensor(q).cumsum(0).tolist(), dtype=torch.int32)
+    hidden = torch.cat([r.x[r.n:r.n + 1] for r in reqs])
+    ids = torch.tensor([r.id for r in reqs])
+    md = s.off_b.build(qsl, torch.tensor(seq, dtype=torch.int32), s.table(reqs), req_ids=ids)
+
+    def unchanged():
+        assert torch.equal(s.pool.k(0), pool_k) and torch.equal(s.pool.v(0), pool_v)
+        assert torch.equal(s.off_idx, idx)
+        assert torch.equal(s.off.resident_tokens(), tokens)
+
+    # The offload builder needs the request ids.
+    with pytest.raises(ValueError, match="req_ids"):
+        s.off_b.build(qsl, torch.tensor(seq, dtype=torch.int32), s.table(reqs))
+    # A plain builder's metadata on an offloaded layer.
+    md_plain = s.ref_b.build(qsl, torch.tensor(seq, dtype=torch.int32), s.table(reqs))
+    with pytest.raises(ValueError, match="offload"):
+        s.off.forward(hidden, [s.off_idx], md_plain, torch.zeros_like(hidden))
+    unchanged()
+    md = s.off_b.build(qsl, torch.tensor(seq, dtype=torch.int32), s.table(reqs), req_ids=ids)
+    # The main cache passed to a layer without keep_device_kv_cache.
+    with pytest.raises(ValueError, match="indexer part only"):
+        s.off.forward(hidden, s.ref_kv, md, torch.zeros_like(hidden))
+    unchanged()
+    # A graph capture: refused before anything runs.
+    g = aar.GraphParams("recording")
+    with pytest.raises(NotImplementedError, match="Eager only"):
+        with g.capture(len(reqs)):
+            s.off.forward(hidden, [s.off_idx], md, torch.zeros_like(hidden))
+    unchanged()
+    assert s.off.last_offload_stats == stats
+    # A prefill on a decode consumer without the device cache.
+    r = s.arrive(20, 3)  # the connector wrote its prompt rows into the pool: the new reference state
+    r.n = 0
+    pool_k, pool_v = s.pool.k(0).clone(), s.pool.v(0).clone()
+    idx = s.off_idx.clone()
+    pre = s.off_b.build(torch.tensor([0, 20], dtype=torch.int32), torch.tensor([20], dtype=torch.int32),
+                        s.table([r]), req_ids=torch.tensor([r.id]))
+    with pytest.raises(ValueError, match="keep_device_kv_cache"):
+        s.off.forward(r.x[:20], [s.off_idx], pre, torch.zeros(20, D.hidden, dtype=BF16))
+    unchanged()
+    s.finish(r)
+    # The next good step succeeds and matches the device layer.
+    st = s.step()
+    assert st["decode_rows"] == len(reqs)
+
+
+def test_rewritten_speculative_tokens_are_copied_again():
+    """MTP: a step rewrites the rows of positions >= S - q (rejected drafts get new tokens). The resident copies of
+    those tokens are dropped (spec 5 step 3b) and copied again from the pool's new rows; nothing stale is read."""
+    layer = Layer(4)
+    nb = 12
+    pool = make_pool(nb)
+    g = torch.Generator().manual_seed(6)
+    pool.k(0).copy_(torch.randn(nb, BS, 1, D.L, generator=g).to(BF16))
+    pool.v(0).copy_(torch.randn(nb, BS, 1, D.R, generator=g).to(BF16))
+    cfg = sfa.OffloadConfig(pool, topk_buffer_size=16, is_decode_consumer=True, max_num_reqs=2, max_num_tokens=64,
+                            num_speculative_tokens=1)
+    reader = layer.impl(offload=cfg, indexer=False, layer_index=0)
+    b = layer.builder(nb, 4, spec=1, max_num_reqs=2, offload=sfa.BuilderOffloadConfig(is_decode_consumer=True))
+    seq = [40, 33]  # two tokens each: positions 38, 39 and 31, 32 are written by every step
+    table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32)
+    sel = torch.tensor([[3, 38, 39, 17, 0, -1, -1, -1], [3, 38, 39, 17, 0, -1, -1, -1],
+                        [31, 32, 2, 30, -1, -1, -1, -1], [31, 32, 2, 30, -1, -1, -1, -1]], dtype=torch.int32)
+    buf = sfa.TopkBuffer(8, 8)
+    for step in range(3):
+        hidden = torch.randn(4, D.hidden, generator=g).to(BF16)  # new tokens at the same positions
+        md = b.build(torch.tensor([0, 2, 4], dtype=torch.int32), torch.tensor(seq, dtype=torch.int32), table,
+                     num_spec_tokens=torch.tensor([1, 1], dtype=torch.int32),
+                     req_ids=torch.tensor([rid("a"), rid("b")]))
+        assert md.attn_state == aar.AttentionState.SpecDecoding
+        buf.store(sel.unsqueeze(1))
+        reader.forward(hidden, [], md, torch.zeros_like(hidden), buf)
+        st = reader.last_offload_stats
+        if step == 0:
+            assert st["misses"] == 18 and st["hits"] == 0 and st["invalidated"] == 0
+        else:
+            # per row: the two rewritten positions are invalidated and missed again, the rest hit
+            assert st["invalidated"] == 8 and st["misses"] == 8 and st["hits"] == 10
+        tok = reader.resident_tokens()
+        for row, r in enumerate([0, 0, 1, 1]):
+            for slot in range(16):
+                p = int(tok[row, slot])
+                if p >= 0:
+                    blk = int(table[r, p // BS])
+                    assert torch.equal(reader.resident_k[row, slot], pool.k(0)[blk, p % BS]), (step, row, p)
+                    assert torch.equal(reader.resident_v[row, slot], pool.v(0)[blk, p % BS]), (step, row, p)
