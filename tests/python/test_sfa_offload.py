@@ -601,3 +601,46 @@ def test_rewritten_speculative_tokens_are_copied_again():
                     blk = int(table[r, p // BS])
                     assert torch.equal(reader.resident_k[row, slot], pool.k(0)[blk, p % BS]), (step, row, p)
                     assert torch.equal(reader.resident_v[row, slot], pool.v(0)[blk, p % BS]), (step, row, p)
+
+
+def test_offload_builder_split_maps_and_rebased_prefill_lengths():
+    layer = Layer()
+    b = layer.builder(40, 8, spec=1, offload=sfa.BuilderOffloadConfig(is_decode_consumer=False))
+    # Two decodes (2 tokens each: MTP), a 1-token extend of a request still prefilling its prompt (a prefill:
+    # not a decode consumer), a 5-token chunk.
+    q, seq = [2, 2, 1, 5], [30, 12, 9, 20]
+    qsl = torch.tensor([0, 2, 4, 5, 10], dtype=torch.int32)
+    table = torch.arange(32, dtype=torch.int32).view(4, 8)
+    ids = torch.tensor([7, 2 ** 32 - 1, 5, 9])
+    pre = torch.tensor([False, False, True, True])
+    md = b.build(qsl, torch.tensor(seq, dtype=torch.int32), table, num_input_tokens=12, req_ids=ids,
+                 is_prefilling=pre)
+    assert (md.num_decodes, md.num_decode_tokens, md.num_prefills) == (2, 4, 2)
+    assert md.req_ids_list == [7, 2 ** 32 - 1, 5, 9]
+    assert md.token_to_req_list == [0, 0, 1, 1, 2, 3, 3, 3, 3, 3, -1, -1]
+    assert md.prefill_cum_query_lens.tolist() == [1, 6]  # rebased to the first prefill
+    assert md.prefill_seq_lens.tolist() == [9, 20]
+    assert torch.equal(md.prefill_block_table, table[2:4])
+    assert md.decode_req_ids_list == [7, 7, 2 ** 32 - 1, 2 ** 32 - 1]
+    assert md.decode_seq_lens_list == [30, 30, 12, 12]
+    assert md.decode_stable_prefix_list == [28, 28, 10, 10]
+    # A decode consumer treats the short extend as a decode; it takes no is_prefilling.
+    bc = layer.builder(40, 8, spec=1, offload=sfa.BuilderOffloadConfig(is_decode_consumer=True))
+    mdc = bc.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=ids)
+    assert (mdc.num_decodes, mdc.num_decode_tokens, mdc.num_prefills) == (3, 5, 1)
+    with pytest.raises(ValueError, match="is_prefilling"):
+        bc.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=ids, is_prefilling=pre)
+    with pytest.raises(ValueError, match="is_prefilling"):
+        b.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=ids)
+    with pytest.raises(ValueError, match="req_ids"):
+        b.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=ids[:3], is_prefilling=pre)
+    with pytest.raises(ValueError, match="req_ids"):
+        b.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=torch.tensor([1, 2, 3, -4]),
+                is_prefilling=pre)
+    # A decode after the first prefill: the batch must be decode-first.
+    with pytest.raises(ValueError, match="decode"):
+        b.build(torch.tensor([0, 5, 7], dtype=torch.int32), torch.tensor([20, 30], dtype=torch.int32), table[:2],
+                req_ids=ids[:2], is_prefilling=torch.tensor([True, False]))
+    # A plain builder takes no offload inputs.
+    with pytest.raises(ValueError, match="req_ids"):
+        layer.builder(40, 8).build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=ids)
