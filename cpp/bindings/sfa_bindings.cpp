@@ -81,19 +81,35 @@ struct PyOffloadCopyHooks : sfa::OffloadCopyHooks {
   }
 };
 
-// The pool's pin / unpin callbacks from Python callables taking the address as an int.
+// The pool's pin / unpin callbacks from Python callables taking the address
+// as an int. The callable is held so that its last reference is dropped under
+// the GIL (the mapping may go on any thread, or after the interpreter ended:
+// then it is leaked); an unpin that raises is reported as unraisable (it runs
+// from a destructor), a pin that raises propagates.
+std::shared_ptr<nb::callable> hold_callable(const nb::callable& f) {
+  return std::shared_ptr<nb::callable>(new nb::callable(f), [](nb::callable* c) {
+    if (!Py_IsInitialized()) return;  // leaked: nothing to release into
+    nb::gil_scoped_acquire g;
+    delete c;
+  });
+}
 std::function<void(void*, std::size_t)> pin_from(const std::optional<nb::callable>& f) {
   if (!f.has_value()) return nullptr;
-  return [f = *f](void* p, std::size_t n) {
+  return [c = hold_callable(*f)](void* p, std::size_t n) {
     nb::gil_scoped_acquire g;
-    f(reinterpret_cast<uintptr_t>(p), n);
+    (*c)(reinterpret_cast<uintptr_t>(p), n);
   };
 }
 std::function<void(void*)> unpin_from(const std::optional<nb::callable>& f) {
   if (!f.has_value()) return nullptr;
-  return [f = *f](void* p) {
+  return [c = hold_callable(*f)](void* p) {
+    if (!Py_IsInitialized()) return;
     nb::gil_scoped_acquire g;
-    f(reinterpret_cast<uintptr_t>(p));
+    try {
+      (*c)(reinterpret_cast<uintptr_t>(p));
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("ascend_attn_rt.sfa.HostKvPool unpin");
+    }
   };
 }
 
@@ -278,8 +294,15 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("kv_lora_rank", &sfa::HostKvPool::kv_lora_rank)
       .def_prop_ro("qk_rope_head_dim", &sfa::HostKvPool::qk_rope_head_dim)
       .def_prop_ro("segment_bytes", &sfa::HostKvPool::segment_bytes)
-      .def("k", [](const sfa::HostKvPool& p, int64_t layer) { return p.k(layer); }, "layer"_a)
-      .def("v", [](const sfa::HostKvPool& p, int64_t layer) { return p.v(layer); }, "layer"_a);
+      // On a process that attached, the mapping is read-only: a write through a
+      // view would fault, so Python gets copies there.
+      .def(
+          "k", [](const sfa::HostKvPool& p, int64_t layer) { return p.is_owner() ? p.k(layer) : p.k(layer).clone(); },
+          "layer"_a, "Layer's k rows (num_blocks, block_size, 1, kv_lora_rank) bf16: a view of the pool on its owner, "
+          "a copy on a process that attached (read-only mapping).")
+      .def(
+          "v", [](const sfa::HostKvPool& p, int64_t layer) { return p.is_owner() ? p.v(layer) : p.v(layer).clone(); },
+          "layer"_a, "Layer's v (rope) rows (num_blocks, block_size, 1, qk_rope_head_dim): as k.");
 
   nb::class_<sfa::OffloadCopyHooks, PyOffloadCopyHooks>(
       m, "OffloadCopyHooks",

@@ -81,6 +81,12 @@ void ResidentLru::reset() {
   for (RowHead& h : heads_) h.req = -1;
 }
 
+void ResidentLru::reset_rows(int32_t begin, int32_t end) {
+  begin = std::max(begin, 0);
+  end = std::min(end, max_rows_);
+  for (int32_t r = begin; r < end; ++r) heads_[static_cast<std::size_t>(r)].req = -1;
+}
+
 int32_t ResidentLru::token_at(int32_t row, int32_t slot) const {
   AAR_CHECK_ARG(row >= 0 && row < max_rows_, "token_at: row=", row, " is out of range [0, ", max_rows_, ")");
   AAR_CHECK_ARG(slot >= 0 && slot < capacity_, "token_at: slot=", slot, " is out of range [0, ", capacity_, ")");

@@ -69,7 +69,12 @@ struct HostKvPool::Mapping {
   std::function<void(void*)> unpin;
   ~Mapping() {
     if (ptr == nullptr) return;
-    if (unpin) unpin(ptr);
+    if (unpin) {
+      try {
+        unpin(ptr);
+      } catch (...) {  // a destructor: an unpin failure must not terminate the process; the memory is unmapped anyway
+      }
+    }
     munmap(ptr, bytes);
   }
 };
@@ -118,8 +123,16 @@ std::shared_ptr<HostKvPool> HostKvPool::create(const HostKvPoolConfig& cfg) {
     throw_sys("shm_open(O_CREAT | O_EXCL) of", name, err);
   }
   void* ptr = MAP_FAILED;
-  if (ftruncate(fd, lay.total) == 0) ptr = mmap(nullptr, lay.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
+  // posix_fallocate reserves the pages: on tmpfs ftruncate alone would let a
+  // later write to an unbacked page kill the process (SIGBUS) when /dev/shm
+  // is smaller than the pool.
+  int err = 0;
+  if (ftruncate(fd, lay.total) != 0) {
+    err = errno;
+  } else if ((err = posix_fallocate(fd, 0, lay.total)) == 0) {
+    ptr = mmap(nullptr, lay.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ptr == MAP_FAILED) err = errno;
+  }
   close(fd);
   if (ptr == MAP_FAILED) {
     shm_unlink(name.c_str());
@@ -180,6 +193,9 @@ std::shared_ptr<HostKvPool> HostKvPool::attach(const std::string& name_in, std::
   const int err = errno;
   close(fd);
   if (ptr == MAP_FAILED) {
+    if (st.st_size == 0) {
+      throw std::runtime_error("the host KV pool \"" + name + "\" is not ready (its owner is still creating it)");
+    }
     if (st.st_size < kPage) {
       throw std::runtime_error("the shared-memory object \"" + name + "\" is not a host KV pool (" +
                                std::to_string(st.st_size) + " bytes, no header)");
@@ -190,6 +206,10 @@ std::shared_ptr<HostKvPool> HostKvPool::attach(const std::string& name_in, std::
   map->ptr = ptr;
   map->bytes = static_cast<std::size_t>(st.st_size);
   const auto* h = static_cast<const Header*>(ptr);
+  static constexpr char kZero[sizeof(kMagic)] = {};
+  if (std::memcmp(h->magic, kZero, sizeof(kMagic)) == 0) {
+    throw std::runtime_error("the host KV pool \"" + name + "\" is not ready (its owner is still creating it)");
+  }
   if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0 || h->version != kVersion) {
     throw std::runtime_error("the shared-memory object \"" + name + "\" is not a host KV pool of this version");
   }

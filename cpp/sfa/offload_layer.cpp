@@ -115,6 +115,9 @@ OffloadLayer::OffloadLayer(const OffloadConfig& cfg, int64_t layer_index, int64_
       device_(device),
       lru_(checked_rows(cfg), static_cast<int32_t>(cfg.topk_buffer_size)) {
   const HostKvPool& p = *cfg_.pool;
+  AAR_CHECK_ARG(p.is_owner() || cfg_.copy_hooks != nullptr, "offload.copy_hooks is required on a process that "
+                "attached to the host KV pool \"", p.name(), "\" (not its owner): its before_onload must wait for the "
+                "owner's commit of the step's rows (upstream: a TP broadcast), which the default hooks cannot do");
   pool_layer_ = cfg_.pool_layer >= 0 ? cfg_.pool_layer : layer_index;
   AAR_CHECK_ARG(pool_layer_ >= 0 && pool_layer_ < p.num_layers(), "offload.pool_layer=", pool_layer_,
                 cfg_.pool_layer >= 0 ? "" : " (the layer_index)", " is out of range [0, ", p.num_layers(),
@@ -223,6 +226,11 @@ at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, cons
   lo.current_slots = plan::Span<int32_t>(w.slots_host.data_ptr<int32_t>(), n);
   lo.misses = plan::Span<plan::ResidentMiss>(w.misses.data(), n);
   const plan::ResidentStepStats st = lru_.step(li, lo);
+  // Rows past this step's forget their residents: while a row is not stepped
+  // its request may still decode on another row and rewrite (MTP) the host
+  // rows of tokens it holds; coming back with the same request id it would
+  // then hit stale copies.
+  lru_.reset_rows(static_cast<int32_t>(rows), lru_.max_rows());
   try {
     stats_.decode_rows = rows;
     stats_.hits = st.hits;

@@ -377,6 +377,19 @@ TEST(ResidentLru, ResetForgetsEveryRow) {
   EXPECT_EQ(b.misses, a.misses);
 }
 
+TEST(ResidentLru, ResetRowsForgetsOnlyThoseRows) {
+  ResidentLru lru(3, 4);
+  Step a(2, {1, 2, 3, 4, 5, 6}, {1, 2, 3}, {9, 9, 9});
+  a.run(lru);
+  lru.reset_rows(1, 99);  // clamped to max_rows
+  lru.reset_rows(-5, 0);  // empty
+  EXPECT_EQ(tokens_of(lru, 0), (std::vector<int32_t>{1, 2, -1, -1}));
+  EXPECT_EQ(tokens_of(lru, 1), (std::vector<int32_t>{-1, -1, -1, -1}));
+  EXPECT_EQ(tokens_of(lru, 2), (std::vector<int32_t>{-1, -1, -1, -1}));
+  Step b(2, {1, 2, 3, 4, 5, 6}, {1, 2, 3}, {9, 9, 9});
+  expect_stats(b.run(lru), 2, 4, 2, 0);  // row 0 hits, rows 1 and 2 start over
+}
+
 TEST(ResidentLru, ZeroRowsIsANoOp) {
   ResidentLru lru(2, 4);
   Step a(3, {}, {}, {});

@@ -644,3 +644,78 @@ def test_offload_builder_split_maps_and_rebased_prefill_lengths():
     # A plain builder takes no offload inputs.
     with pytest.raises(ValueError, match="req_ids"):
         layer.builder(40, 8).build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=ids)
+
+
+def _check_resident(reader, pool, tables):
+    """Every resident slot of row t holds the pool's row of its token (tables[t]: the block table of row t's
+    request)."""
+    tok = reader.resident_tokens()
+    for row, table in enumerate(tables):
+        for slot in range(tok.shape[1]):
+            p = int(tok[row, slot])
+            if p >= 0:
+                blk = int(table[p // BS])
+                assert torch.equal(reader.resident_k[row, slot], pool.k(0)[blk, p % BS]), (row, p)
+                assert torch.equal(reader.resident_v[row, slot], pool.v(0)[blk, p % BS]), (row, p)
+
+
+def test_rows_a_step_skips_forget_their_residents():
+    """MTP: request A decodes on rows 2-3, then on rows 0-1 while its rejected draft's row is rewritten, then on
+    rows 2-3 again with the same id. Rows 2-3 must not serve the copies they made two steps before."""
+    layer = Layer(9)
+    nb = 16
+    pool = make_pool(nb)
+    g = torch.Generator().manual_seed(10)
+    pool.k(0).copy_(torch.randn(nb, BS, 1, D.L, generator=g).to(BF16))
+    pool.v(0).copy_(torch.randn(nb, BS, 1, D.R, generator=g).to(BF16))
+    cfg = sfa.OffloadConfig(pool, topk_buffer_size=16, is_decode_consumer=True, max_num_reqs=2, max_num_tokens=64,
+                            num_speculative_tokens=1)
+    reader = layer.impl(offload=cfg, indexer=False, layer_index=0)
+    b = layer.builder(nb, 4, spec=1, max_num_reqs=2, offload=sfa.BuilderOffloadConfig(is_decode_consumer=True))
+    tables = {"A": [0, 1, 2, 3], "C": [4, 5, 6, 7], "D": [8, 9, 10, 11]}
+    buf = sfa.TopkBuffer(8, 8)
+
+    def step(names, seq, sel):
+        table = torch.tensor([tables[n] for n in names], dtype=torch.int32)
+        md = b.build(torch.arange(0, 2 * len(names) + 1, 2, dtype=torch.int32), torch.tensor(seq, dtype=torch.int32),
+                     table, num_spec_tokens=torch.tensor([1] * len(names), dtype=torch.int32),
+                     req_ids=torch.tensor([rid(n) for n in names]))
+        rows = torch.full((2 * len(names), 1, 8), -1, dtype=torch.int32)
+        for i, s in enumerate(sel):
+            rows[2 * i:2 * i + 2, 0, :len(s)] = torch.tensor(s, dtype=torch.int32)
+        buf.store(rows)
+        hidden = torch.randn(2 * len(names), D.hidden, generator=g).to(BF16)
+        reader.forward(hidden, [], md, torch.zeros_like(hidden), buf)
+        _check_resident(reader, pool, [tables[n] for n in names for _ in range(2)])
+
+    step(["C", "A"], [30, 40], [[1, 2], [5, 38, 39]])   # A's rows 2-3 copy its tokens 38, 39
+    step(["A"], [40, ], [[5, 38, 39]])                   # A on rows 0-1: 39 rejected and rewritten
+    step(["D", "A"], [20, 41], [[3], [5, 38, 39]])      # A back on rows 2-3, stable prefix 39
+    assert reader.last_offload_stats["resets"] == 4      # D's rows (new) and A's rows (skipped a step)
+
+
+def test_a_reader_process_needs_copy_hooks_and_gets_copies():
+    layer = Layer()
+    pool = make_pool(4)
+    reader_pool = sfa.HostKvPool.attach(pool.name)
+    assert not reader_pool.is_owner and reader_pool.num_blocks == 4
+    with pytest.raises(ValueError, match="copy_hooks"):
+        layer.impl(offload=sfa.OffloadConfig(reader_pool, topk_buffer_size=16, is_decode_consumer=True),
+                   layer_index=0)
+    layer.impl(offload=sfa.OffloadConfig(reader_pool, topk_buffer_size=16, is_decode_consumer=True,
+                                         copy_hooks=sfa.OffloadCopyHooks()), layer_index=0)
+    pool.k(0)[1, 2, 0, 3] = 5.0
+    got = reader_pool.k(0)  # a copy of the read-only mapping
+    assert float(got[1, 2, 0, 3]) == 5.0
+    got.zero_()
+    assert float(pool.k(0)[1, 2, 0, 3]) == 5.0
+
+
+def test_unpin_that_raises_does_not_take_the_process_down(monkeypatch):
+    import sys
+    calls, unraisable = [], []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(u.exc_type))
+    pool = make_pool(2, pin=lambda addr, n: calls.append(("pin", n)), unpin=lambda addr: 1 / 0)
+    assert calls == [("pin", pool.segment_bytes)]
+    del pool  # the unpin error is reported as unraisable, the mapping goes
+    assert unraisable == [ZeroDivisionError]

@@ -122,6 +122,10 @@ class ResidentLru {
 
   // Forgets every row (all slots empty, every row's request unknown).
   void reset();
+  // Forgets rows [begin, end) (clamped to [0, max_rows)): each is rebuilt at
+  // its next step. The SFA offload layer calls it for the rows a step did not
+  // cover, since their host rows may be rewritten before they come back.
+  void reset_rows(int32_t begin, int32_t end);
 
   // The token held by `slot` of `row` (-1: empty). For tests and tracing.
   int32_t token_at(int32_t row, int32_t slot) const;

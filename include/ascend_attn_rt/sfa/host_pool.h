@@ -22,7 +22,16 @@
 // before unmapping it. On the CPU nothing is pinned.
 //
 // Tensors handed out (k(), v(), their row views) keep the mapping alive: the
-// memory is unmapped when the pool AND every tensor viewing it are gone.
+// memory is unmapped when the pool AND every tensor viewing it are gone. On a
+// process that attached they view a read-only mapping: writing them faults
+// (the Python facade hands out copies there). The pages are reserved at
+// creation (posix_fallocate): a budget /dev/shm cannot hold fails then, with
+// ENOSPC, not later with SIGBUS.
+//
+// Names: the owner's destructor unlinks its name, and unlink(name) removes
+// whatever object has the name; neither checks that the object is still the
+// one this owner created, so do not recreate a name while its first owner
+// lives.
 //
 // Size: the number of blocks is what a byte budget holds, budget_bytes /
 // block_bytes with block_bytes = num_layers * block_size * (kv_lora_rank +

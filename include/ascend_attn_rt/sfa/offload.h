@@ -102,7 +102,10 @@ struct OffloadConfig {
   int32_t max_num_reqs = 256;
   int32_t max_num_tokens = 8192;
   int32_t num_speculative_tokens = 0;
-  // Null: default_offload_copy_hooks().
+  // Null: default_offload_copy_hooks(). Required on a process that attached
+  // to the pool (not its owner): its before_onload must order the step's
+  // copies after the owner's commit. A commit that throws between K and V
+  // leaves those slots' K new and V old: replay the failed step.
   std::shared_ptr<OffloadCopyHooks> copy_hooks;
 };
 
