@@ -50,7 +50,7 @@ DsaBackendFacts dsa_backend(DsaBackendKind kind, DeviceKind device) {
 void check_kernel_block_size(DsaBackendKind kind, DeviceKind device, int64_t block_size) {
   const DsaBackendFacts f = dsa_backend(kind, device);
   AAR_CHECK_ARG(f.supports(block_size), "block_size ", block_size, " is not a kernel block size of ", f.name,
-                " on ", to_string(device), " (supported: ", list_of(f.kernel_block_sizes()), ")");
+                " on ", device_name(device), " (supported: ", list_of(f.kernel_block_sizes()), ")");
 }
 
 // ---------------------------------------------------------------- 6.2 table
@@ -243,7 +243,7 @@ DsaCacheView dsa_indexer_scale_view(const DsaCacheSpec& spec, int64_t num_blocks
 DsaCacheView dsa_indexer_full_view(const DsaCacheSpec& spec, const AttnKvPlan& plan, int64_t num_blocks) {
   AAR_CHECK_ARG(spec.kind == DsaCacheKind::C4IndexerK, "dsa_indexer_full_view: spec is the ", to_string(spec.kind),
                 " cache, not the C4 indexer K cache");
-  AAR_CHECK_ARG(plan.indexer_full_view, "dsa_indexer_full_view: the plan for ", to_string(plan.device),
+  AAR_CHECK_ARG(plan.indexer_full_view, "dsa_indexer_full_view: the plan for ", device_name(plan.device),
                 " has no full indexer view (only the A5 indexer_compress_epilog_v2 write uses one)");
   AAR_CHECK_ARG(num_blocks >= 0, "dsa_indexer_full_view: num_blocks must be >= 0, got ", num_blocks);
   const IndexerPageLayout l = dsa_indexer_page_layout(spec, plan);

@@ -30,7 +30,7 @@ int64_t element_size(KvDtype d) {
   throw_invalid("element_size: dtype is not a KvDtype (value ", static_cast<int32_t>(d), ")");
 }
 
-const char* to_string(DeviceKind d) {
+const char* device_name(DeviceKind d) {
   switch (d) {
     case DeviceKind::A2: return "A2";
     case DeviceKind::A3: return "A3";

@@ -63,8 +63,8 @@ TEST(PlanDsaKvPlan, DtypeNamesAndSizes) {
     EXPECT_EQ(element_size(r.d), r.size) << r.name;
   }
   EXPECT_INVALID(element_size(static_cast<KvDtype>(42)), "not a KvDtype");
-  EXPECT_STREQ(to_string(DeviceKind::Ascend310P), "Ascend310P");
-  EXPECT_STREQ(to_string(DeviceKind::A5), "A5");
+  EXPECT_STREQ(device_name(DeviceKind::Ascend310P), "Ascend310P");
+  EXPECT_STREQ(device_name(DeviceKind::A5), "A5");
 }
 
 TEST(PlanDsaKvPlan, Fp8RowLayoutTilesThe640ByteRow) {
@@ -113,7 +113,7 @@ TEST(PlanDsaKvPlan, ResolveAttnKvDtypeTable) {
   for (const Row& r : rows) {
     const std::optional<std::string> before = r.cache;
     EXPECT_EQ(resolve_attn_kv_dtype(r.dev, r.cache, r.non_a5), r.want)
-        << to_string(r.dev) << " cache_dtype=" << r.cache.value_or("<none>") << " non_a5=" << to_string(r.non_a5);
+        << device_name(r.dev) << " cache_dtype=" << r.cache.value_or("<none>") << " non_a5=" << to_string(r.non_a5);
     EXPECT_EQ(r.cache, before);  // never mutated
     // The plan carries the same dtype.
     EXPECT_EQ(plan_for(r.dev, r.cache, r.non_a5).attn_kv_dtype, r.want);
@@ -427,7 +427,7 @@ TEST(PlanDsaBackendFacts, SixBackendDescriptors) {
       EXPECT_STREQ(f.name, r.name);
       const std::vector<int32_t>& want = d == DeviceKind::A5 ? r.a5 : r.a2a3;
       const CSpan<int32_t> got = f.kernel_block_sizes();
-      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << r.name << " " << to_string(d);
+      EXPECT_EQ(std::vector<int32_t>(got.begin(), got.end()), want) << r.name << " " << device_name(d);
       for (int64_t bs = 0; bs <= 20000; ++bs) {
         const bool in = std::find(want.begin(), want.end(), bs) != want.end();
         ASSERT_EQ(f.supports(bs), in) << r.name << " bs " << bs;
@@ -553,7 +553,7 @@ TEST(PlanDsaBackendFacts, SpecRulesTableAtBlockSize128) {
     for (DeviceKind d : {DeviceKind::A2, DeviceKind::A3, DeviceKind::A5}) {
       const bool a5 = d == DeviceKind::A5;
       const DsaCacheSpec s = dsa_cache_spec(r.kind, 128, plan_for(d));
-      const std::string what = std::string(to_string(r.kind)) + " on " + to_string(d);
+      const std::string what = std::string(to_string(r.kind)) + " on " + device_name(d);
       EXPECT_STREQ(s.backend, r.backend) << what;
       EXPECT_EQ(s.cache_block_size, 128) << what;
       EXPECT_EQ(s.block_size, a5 ? r.block_size_a5 : r.block_size) << what;
@@ -590,7 +590,7 @@ TEST(PlanDsaBackendFacts, EveryBlockSizeAndPlanFromFirstPrinciples) {
       const TableRow& t = pc.table[i];
       for (DsaCacheKind k : kinds) {
         const DsaCacheSpec s = dsa_cache_spec(k, t.bs, p);
-        const std::string what = std::string(to_string(k)) + " " + to_string(p.device) + " " +
+        const std::string what = std::string(to_string(k)) + " " + device_name(p.device) + " " +
                                  to_string(p.attn_kv_dtype) + " bs " + std::to_string(t.bs);
         int64_t ratio = 1, rows = 0, head = 0, row_bytes = 0, tier = 0;
         switch (k) {

@@ -49,6 +49,9 @@
 //    name below is a placeholder the ops layer must refuse by name until it is.
 //  - HEAD's A5 pad_dsa_decode_slot_mapping is dead code (spec 7.1) and is not
 //    a plan decision here.
+//  - The 7.1 row "SFA C8 caches" belongs to the DeepSeek-V3.2 SFA backend
+//    (sfa::Backend::c8_dtype, cpp/sfa/backend.cpp), not to DSA; its dtypes are
+//    the same as indexer_k_dtype / indexer_k_scale_dtype here.
 #pragma once
 
 #include <cstdint>
@@ -69,7 +72,9 @@ enum class KvDtype : int32_t { BF16 = 0, FP16 = 1, FP32 = 2, INT8 = 3, FP8_E4M3 
 const char* to_string(KvDtype d);  // "bfloat16", "float16", "float32", "int8", "float8_e4m3fn"
 int64_t element_size(KvDtype d);   // bytes: 2, 2, 4, 1, 1
 
-const char* to_string(DeviceKind d);  // "A2", "A3", "A5", "Ascend310P"
+// "A2", "A3", "A5", "Ascend310P". Not to_string: an aar::plan::to_string(DeviceKind)
+// added later would make unqualified calls here ambiguous (ADL).
+const char* device_name(DeviceKind d);
 
 // Throws NotSupported naming the device unless DSA runs on it (A2, A3, A5);
 // InvalidArgument for a value outside the enum.
