@@ -88,6 +88,12 @@ int32_t check_batch(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t num_req
   return nra;
 }
 
+// dsa_compressed_rows without its checks (r >= 1, 0 <= ctx, ctx + q fits int32).
+inline DsaCompressedRows rows_of(int32_t ctx, int32_t q, int32_t r) {
+  const int32_t first = ctx / r;
+  return {first, (ctx + q) / r - first};
+}
+
 void check_table_size(CSpan<int32_t> table, int32_t stride, std::size_t b) {
   AAR_CHECK_ARG(stride >= 0, "block_table_stride=", stride, " is negative");
   AAR_CHECK_ARG(table.size() >= b * static_cast<std::size_t>(stride), "block_table has ", table.size(),
@@ -131,9 +137,7 @@ DsaCompressedRows dsa_compressed_rows(int32_t context_len, int32_t query_len, in
   AAR_CHECK_ARG(static_cast<int64_t>(context_len) + query_len <= kInt32Max, "context_len + query_len = ",
                 static_cast<int64_t>(context_len) + query_len, " does not fit int32");
   AAR_CHECK_ARG(ratio >= 0, "ratio=", ratio, " is negative");
-  const int32_t r = std::max(ratio, 1);
-  const int32_t first = context_len / r;
-  return {first, (context_len + query_len) / r - first};
+  return rows_of(context_len, query_len, std::max(ratio, 1));
 }
 
 DsaStepPlan plan_dsa_step(const DsaStepInputs& in, Span<int32_t> start_pos_out) {
@@ -220,7 +224,10 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   int64_t valid = 0;
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t q = step.query_start_loc[q_i + 1] - step.query_start_loc[q_i];
-    const DsaCompressedRows rows = dsa_compressed_rows(step.seq_lens[q_i] - q, q, r);
+    // The plan holds views of the caller's arrays: guard against their change.
+    AAR_CHECK_ARG(q >= 0 && step.seq_lens[q_i] >= q, "step: seq_lens[", q_i, "]=", step.seq_lens[q_i],
+                  " and query length ", q, " are not a validated request (inputs changed after plan_dsa_step?)");
+    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, r);
     if (rows.count == 0) continue;
     valid += rows.count;
     const int32_t last = rows.first + rows.count - 1;
@@ -256,7 +263,7 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   std::size_t out_row = 0;
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t q = step.query_start_loc[q_i + 1] - step.query_start_loc[q_i];
-    const DsaCompressedRows rows = dsa_compressed_rows(step.seq_lens[q_i] - q, q, r);
+    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, r);
     const int32_t* row = g.block_table.data() + static_cast<std::size_t>(q_i) * stride;
     for (int32_t c = rows.first; c < rows.first + rows.count; ++c, ++out_row) {
       put_slot(slots, out_row, g.slot_format, row[c / sbs], c % sbs, sbs);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/plan/split.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;
@@ -615,6 +616,43 @@ TEST(DsaStep, SplitUsesShortExtendsAsDecodesAndThresholdBound) {
   EXPECT_INVALID(dsa_decode_threshold(-1), "num_speculative_tokens=-1");
 }
 
+TEST(DsaStep, AfterTheSharedReorderDecodesLead) {
+  // The persistent batch is reordered with plan::reorder_decode_first at the
+  // DSA threshold; the step's split then counts every request with context
+  // and q <= 1 + k as a decode, and no request after them is one.
+  for (uint32_t seed = 1; seed <= 30; ++seed) {
+    std::mt19937 rng(seed);
+    const int32_t k = static_cast<int32_t>(rng() % 4), thr = dsa_decode_threshold(k);
+    const int32_t b = 1 + static_cast<int32_t>(rng() % 10);
+    std::vector<int32_t> sched(b), computed(b);
+    for (int32_t i = 0; i < b; ++i) {
+      sched[i] = (rng() % 2) ? 1 + static_cast<int32_t>(rng() % thr) : thr + 1 + static_cast<int32_t>(rng() % 50);
+      computed[i] = (rng() % 4 == 0) ? 0 : 1 + static_cast<int32_t>(rng() % 500);
+    }
+    const std::vector<uint8_t> prefilling(b, 0);
+    std::vector<int32_t> perm(b), swaps(2 * b);
+    reorder_decode_first(sched, computed, prefilling, thr, perm, swaps);
+    std::vector<int32_t> q(b), seq(b);
+    int32_t decodes_with_context = 0;
+    for (int32_t i = 0; i < b; ++i) {
+      q[i] = sched[perm[i]];
+      seq[i] = computed[perm[i]] + q[i];
+      decodes_with_context += computed[perm[i]] > 0 && q[i] <= thr;
+    }
+    Batch bt;
+    bt.qsl = lens_to_qsl(q);
+    bt.seq = seq;
+    bt.k = k;
+    std::vector<int32_t> start(b);
+    const DsaStepPlan step = plan_dsa_step(step_inputs(bt), start);
+    EXPECT_EQ(step.split, brute_split(bt.qsl, thr)) << seed;
+    EXPECT_GE(step.split.num_decodes, decodes_with_context) << seed;
+    for (int32_t i = step.split.num_decodes; i < b; ++i) {
+      EXPECT_TRUE(q[i] > thr || seq[i] == q[i]) << "seed " << seed << " request " << i;
+    }
+  }
+}
+
 TEST(DsaStep, Errors) {
   Batch good;
   good.qsl = lens_to_qsl({1, 5});
@@ -795,6 +833,12 @@ TEST(DsaGroup, Errors) {
   DsaStepPlan forged = step;
   forged.num_reqs = 3;
   EXPECT_INVALID(plan_dsa_group(forged, good.inputs(), out.buffers()), "step is not a plan from plan_dsa_step");
+  // Its arrays changed after planning.
+  std::vector<int32_t> seq2 = bt.seq;
+  forged = step;
+  forged.seq_lens = seq2;
+  seq2[1] = 599;
+  EXPECT_INVALID(plan_dsa_group(forged, good.inputs(), out.buffers()), "step: seq_lens[1]=599 and query length 600");
   EXPECT_EQ(out.all(), before);
 }
 
