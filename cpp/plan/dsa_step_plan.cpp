@@ -114,6 +114,14 @@ int32_t dsa_decode_threshold(int32_t num_speculative_tokens) {
   return 1 + num_speculative_tokens;
 }
 
+int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio) {
+  AAR_CHECK_ARG(compress_ratio >= 0, "compress_ratio=", compress_ratio, " is negative");
+  AAR_CHECK_ARG(block_size > 0, "block_size=", block_size, " must be positive");
+  const int32_t r = std::max(compress_ratio, 1);
+  AAR_CHECK_ARG(block_size % r == 0, "block_size=", block_size, " is not a multiple of compress_ratio=", r);
+  return block_size / r;
+}
+
 void format_dsa_slot_mapping(CSpan<int64_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out) {
   format_slots_impl(slots, storage_block_size, format, out);
 }

@@ -342,6 +342,19 @@ TEST(DsaCounts, SpecExamples) {
   EXPECT_INVALID(dsa_num_compressed_tokens(1, 3, -4), "ratio=-4");
 }
 
+TEST(DsaCounts, StorageBlockSizeSpecTable) {
+  // Spec 6.2 at cache bs 128 / 64 / 32: every compressed cache stores bs rows a page.
+  for (int32_t bs : {32, 64, 128}) {
+    EXPECT_EQ(dsa_storage_block_size(bs, 0), bs);
+    EXPECT_EQ(dsa_storage_block_size(bs, 1), bs);
+    EXPECT_EQ(dsa_storage_block_size(bs * 4, 4), bs);
+    EXPECT_EQ(dsa_storage_block_size(bs * 128, 128), bs);
+  }
+  EXPECT_INVALID(dsa_storage_block_size(130, 4), "block_size=130 is not a multiple of compress_ratio=4");
+  EXPECT_INVALID(dsa_storage_block_size(0, 4), "block_size=0");
+  EXPECT_INVALID(dsa_storage_block_size(128, -1), "compress_ratio=-1");
+}
+
 TEST(DsaCounts, RowsPerRequestAgainstEveryRawPosition) {
   for (int32_t r : {0, 1, 2, 4, 128}) {
     for (int32_t ctx = 0; ctx < 300; ctx += 7) {

@@ -46,6 +46,12 @@ int32_t slot_format_width(SlotFormat format);
 inline constexpr int32_t kDsaMaxDecodeThreshold = 16;
 int32_t dsa_decode_threshold(int32_t num_speculative_tokens);
 
+// Spec 6.2: the physical rows per page of a compressed cache, block_size /
+// compress_ratio (block_size = the scheduler's logical block in raw tokens,
+// e.g. 512 / 4 = 128, 16384 / 128 = 128); ratio 0 or 1 gives block_size.
+// block_size must be a positive multiple of the ratio.
+int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio);
+
 // --- 1. Token slot formatting (spec 6.5 step 2, 7.1) -------------------------
 //
 // out receives slots.size() * slot_format_width(format) int32 values.
