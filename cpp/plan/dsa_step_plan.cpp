@@ -1,0 +1,363 @@
+// DeepSeek-V4 DSA per-step planning (spec sparse.md 6.5, 6.6, 1.6.1, 6.2, 7.1, 9).
+// See the header for the contract; every function validates completely before
+// its first write.
+#include "ascend_attn_rt/plan/dsa_step_plan.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <string>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/seq_lens.h"
+
+namespace aar::plan {
+
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+void check_format(SlotFormat f) {
+  AAR_CHECK_ARG(f == SlotFormat::Flat || f == SlotFormat::BlockOffset, "slot_format=", static_cast<int32_t>(f),
+                " is not a SlotFormat (1 = Flat, 2 = BlockOffset)");
+}
+
+// Writes the encoding of one slot (block, offset) / flat; block < 0 = skip.
+inline void put_slot(int32_t* out, std::size_t row, SlotFormat f, int32_t block, int32_t offset, int32_t bs) {
+  if (f == SlotFormat::BlockOffset) {
+    if (block < 0) {
+      out[2 * row] = -1;
+      out[2 * row + 1] = bs - 1;
+    } else {
+      out[2 * row] = block;
+      out[2 * row + 1] = offset;
+    }
+  } else {
+    out[row] = block < 0 ? -1 : block * bs + offset;
+  }
+}
+
+template <typename T>
+void format_slots_impl(CSpan<T> slots, int32_t bs, SlotFormat format, Span<int32_t> out) {
+  check_format(format);
+  AAR_CHECK_ARG(bs > 0, "storage_block_size=", bs, " must be positive");
+  const std::size_t w = static_cast<std::size_t>(slot_format_width(format));
+  AAR_CHECK_ARG(out.size() >= slots.size() * w, "out has room for ", out.size(), " int32 values, needs ",
+                slots.size() * w, " (", slots.size(), " slots, format width ", w, ")");
+  // Largest slot whose encoding fits int32: flat must itself fit; block/offset
+  // needs slot / bs to fit.
+  const int64_t max_slot =
+      format == SlotFormat::Flat ? kInt32Max : kInt32Max * static_cast<int64_t>(bs) + (bs - 1);
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    AAR_CHECK_ARG(static_cast<int64_t>(slots[i]) <= max_slot, "slots[", i, "]=", static_cast<int64_t>(slots[i]),
+                  " does not fit the int32 ", format == SlotFormat::Flat ? "flat slot" : "block id",
+                  " (storage_block_size=", bs, ")");
+  }
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const int64_t s = slots[i];
+    if (s < 0) {
+      put_slot(out.data(), i, format, -1, 0, bs);
+    } else if (format == SlotFormat::Flat) {
+      out[i] = static_cast<int32_t>(s);
+    } else {
+      out[2 * i] = static_cast<int32_t>(s / bs);
+      out[2 * i + 1] = static_cast<int32_t>(s % bs);
+    }
+  }
+}
+
+// The batch checks shared by plan_dsa_step and build_dspark_swa_indices.
+// Returns num_reqs_actual resolved.
+int32_t check_batch(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t num_reqs_actual) {
+  validate_start_loc(qsl, "query_start_loc");
+  const std::size_t b = qsl.size() - 1;
+  AAR_CHECK_ARG(seq_lens.size() == b, "seq_lens has ", seq_lens.size(), " entries, query_start_loc has ", qsl.size(),
+                " (expected B+1 = ", seq_lens.size() + 1, ")");
+  AAR_CHECK_ARG(b <= static_cast<std::size_t>(kInt32Max), "B=", b, " does not fit int32");
+  const auto nb = static_cast<int32_t>(b);
+  const int32_t nra = num_reqs_actual < 0 ? nb : num_reqs_actual;
+  AAR_CHECK_ARG(num_reqs_actual >= -1 && nra <= nb, "num_reqs_actual=", num_reqs_actual,
+                " is out of range [0, B=", nb, "] (or -1 for B)");
+  for (int32_t r = 0; r < nb; ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r];
+    AAR_CHECK_ARG(seq_lens[r] >= 0, "seq_lens[", r, "]=", seq_lens[r], " is negative");
+    if (r < nra) {
+      AAR_CHECK_ARG(seq_lens[r] >= q, "seq_lens[", r, "]=", seq_lens[r], " is smaller than its query length ", q);
+    }
+  }
+  return nra;
+}
+
+// dsa_compressed_rows without its checks (r >= 1, 0 <= ctx, ctx + q fits int32).
+inline DsaCompressedRows rows_of(int32_t ctx, int32_t q, int32_t r) {
+  const int32_t first = ctx / r;
+  return {first, (ctx + q) / r - first};
+}
+
+void check_table_size(CSpan<int32_t> table, int32_t stride, std::size_t b) {
+  AAR_CHECK_ARG(stride >= 0, "block_table_stride=", stride, " is negative");
+  AAR_CHECK_ARG(table.size() >= b * static_cast<std::size_t>(stride), "block_table has ", table.size(),
+                " entries, needs B * block_table_stride = ", b, " * ", stride);
+}
+
+}  // namespace
+
+int32_t slot_format_width(SlotFormat format) {
+  check_format(format);
+  return format == SlotFormat::BlockOffset ? 2 : 1;
+}
+
+int32_t dsa_decode_threshold(int32_t num_speculative_tokens) {
+  AAR_CHECK_ARG(num_speculative_tokens >= 0 && num_speculative_tokens <= kDsaMaxDecodeThreshold - 1,
+                "num_speculative_tokens=", num_speculative_tokens, " is out of range [0, ", kDsaMaxDecodeThreshold - 1,
+                "] (decode_threshold = 1 + k must be <= ", kDsaMaxDecodeThreshold, ")");
+  return 1 + num_speculative_tokens;
+}
+
+int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio) {
+  AAR_CHECK_ARG(compress_ratio >= 0, "compress_ratio=", compress_ratio, " is negative");
+  AAR_CHECK_ARG(block_size > 0, "block_size=", block_size, " must be positive");
+  const int32_t r = std::max(compress_ratio, 1);
+  AAR_CHECK_ARG(block_size % r == 0, "block_size=", block_size, " is not a multiple of compress_ratio=", r);
+  return block_size / r;
+}
+
+void format_dsa_slot_mapping(CSpan<int64_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out) {
+  format_slots_impl(slots, storage_block_size, format, out);
+}
+
+void format_dsa_slot_mapping(CSpan<int32_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out) {
+  format_slots_impl(slots, storage_block_size, format, out);
+}
+
+int32_t dsa_num_compressed_tokens(int32_t num_tokens, int32_t num_reqs, int32_t ratio) {
+  AAR_CHECK_ARG(num_tokens >= 0, "num_tokens=", num_tokens, " is negative");
+  AAR_CHECK_ARG(num_reqs >= 0, "num_reqs=", num_reqs, " is negative");
+  AAR_CHECK_ARG(ratio >= 0, "ratio=", ratio, " is negative");
+  if (ratio <= 1) return num_tokens;
+  const int64_t bound = static_cast<int64_t>(num_tokens / ratio) + num_reqs;
+  return static_cast<int32_t>(std::min<int64_t>(num_tokens, bound));
+}
+
+DsaCompressedRows dsa_compressed_rows(int32_t context_len, int32_t query_len, int32_t ratio) {
+  AAR_CHECK_ARG(context_len >= 0, "context_len=", context_len, " is negative");
+  AAR_CHECK_ARG(query_len >= 0, "query_len=", query_len, " is negative");
+  AAR_CHECK_ARG(static_cast<int64_t>(context_len) + query_len <= kInt32Max, "context_len + query_len = ",
+                static_cast<int64_t>(context_len) + query_len, " does not fit int32");
+  AAR_CHECK_ARG(ratio >= 0, "ratio=", ratio, " is negative");
+  return rows_of(context_len, query_len, std::max(ratio, 1));
+}
+
+DsaStepPlan plan_dsa_step(const DsaStepInputs& in, Span<int32_t> start_pos_out) {
+  const int32_t thr = dsa_decode_threshold(in.num_speculative_tokens);
+  const int32_t nra = check_batch(in.query_start_loc, in.seq_lens, in.num_reqs_actual);
+  const CSpan<int32_t> qsl = in.query_start_loc;
+  const auto b = static_cast<int32_t>(in.seq_lens.size());
+  const int32_t t_real = qsl[b];
+  AAR_CHECK_ARG(in.max_num_reqs >= 0, "max_num_reqs=", in.max_num_reqs, " is negative");
+  AAR_CHECK_ARG(in.max_num_reqs == 0 || b <= in.max_num_reqs, "B=", b, " exceeds max_num_reqs=", in.max_num_reqs);
+  AAR_CHECK_ARG(in.num_input_tokens == 0 || in.num_input_tokens >= t_real, "num_input_tokens=", in.num_input_tokens,
+                " is smaller than query_start_loc[B]=", t_real);
+  const int32_t t_in = in.num_input_tokens == 0 ? t_real : in.num_input_tokens;
+  AAR_CHECK_ARG(in.max_num_tokens >= 0, "max_num_tokens=", in.max_num_tokens, " is negative");
+  AAR_CHECK_ARG(in.max_num_tokens == 0 || t_in <= in.max_num_tokens, "num_input_tokens=", t_in,
+                " exceeds max_num_tokens=", in.max_num_tokens);
+  AAR_CHECK_ARG(start_pos_out.size() >= static_cast<std::size_t>(b), "start_pos_out has room for ",
+                start_pos_out.size(), " entries, needs B=", b);
+
+  DsaStepPlan p;
+  int32_t max_q = 0, max_kv = 0;
+  for (int32_t r = 0; r < b; ++r) {
+    max_q = std::max(max_q, qsl[r + 1] - qsl[r]);
+    max_kv = std::max(max_kv, in.seq_lens[r]);
+  }
+  SplitInputs si;
+  si.query_start_loc = qsl;
+  si.num_actual_tokens = t_real;
+  si.max_query_len = max_q;
+  si.decode_threshold = thr;
+  si.treat_short_extends_as_decodes = true;
+  p.split = split_decodes_and_prefills(si);  // cannot throw on the validated batch
+
+  for (int32_t r = 0; r < b; ++r) {
+    start_pos_out[r] = r < nra ? in.seq_lens[r] - (qsl[r + 1] - qsl[r]) : 0;
+  }
+  p.query_start_loc = qsl;
+  p.seq_lens = in.seq_lens;
+  p.start_pos = CSpan<int32_t>(start_pos_out.data(), static_cast<std::size_t>(b));
+  p.num_reqs = b;
+  p.num_reqs_actual = nra;
+  p.num_actual_tokens = t_real;
+  p.num_input_tokens = t_in;
+  p.decode_threshold = thr;
+  p.max_seqlen_q = max_q;
+  p.max_seqlen_kv = max_kv;
+  return p;
+}
+
+DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaGroupBuffers& buf) {
+  const int32_t b = step.num_reqs;
+  const int32_t nra = step.num_reqs_actual;
+  AAR_CHECK_ARG(b >= 0 && nra >= 0 && nra <= b && step.query_start_loc.size() == static_cast<std::size_t>(b) + 1 &&
+                    step.seq_lens.size() == static_cast<std::size_t>(b) &&
+                    step.start_pos.size() == static_cast<std::size_t>(b),
+                "step is not a plan from plan_dsa_step (num_reqs=", b, ", num_reqs_actual=", nra,
+                ", query_start_loc has ", step.query_start_loc.size(), " entries)");
+  AAR_CHECK_ARG(g.compress_ratio >= 0, "compress_ratio=", g.compress_ratio, " is negative");
+  const int32_t r = std::max(g.compress_ratio, 1);
+  const int32_t sbs = g.storage_block_size;
+  AAR_CHECK_ARG(sbs > 0, "storage_block_size=", sbs, " must be positive");
+  check_format(g.slot_format);
+  check_table_size(g.block_table, g.block_table_stride, static_cast<std::size_t>(b));
+  AAR_CHECK_ARG(g.num_blocks >= 0, "num_blocks=", g.num_blocks, " is negative");
+  AAR_CHECK_ARG(g.rope_positions >= 0, "rope_positions=", g.rope_positions, " is negative");
+  const auto stride = static_cast<std::size_t>(g.block_table_stride);
+
+  const int32_t num_rows = dsa_num_compressed_tokens(step.num_input_tokens, b, r);
+  const std::size_t w = static_cast<std::size_t>(slot_format_width(g.slot_format));
+  const auto rows_u = static_cast<std::size_t>(num_rows);
+  AAR_CHECK_ARG(buf.slot_mapping.size() >= rows_u * w, "slot_mapping has room for ", buf.slot_mapping.size(),
+                " int32 values, needs ", rows_u * w, " (", num_rows, " compressed rows, format width ", w, ")");
+  auto check_opt = [&](Span<int32_t> s, const char* name) {
+    AAR_CHECK_ARG(s.empty() || s.size() >= rows_u, name, " has room for ", s.size(), " entries, needs ", num_rows);
+  };
+  check_opt(buf.row_index, "row_index");
+  check_opt(buf.row_position, "row_position");
+  check_opt(buf.row_request, "row_request");
+  AAR_CHECK_ARG(buf.block_table.empty() || buf.block_table.size() >= static_cast<std::size_t>(b) * stride,
+                "block_table buffer has room for ", buf.block_table.size(), " entries, needs B * stride = ", b, " * ",
+                stride);
+
+  // Every row the real requests emit: its page column and block id.
+  int64_t valid = 0;
+  for (int32_t q_i = 0; q_i < nra; ++q_i) {
+    const int32_t q = step.query_start_loc[q_i + 1] - step.query_start_loc[q_i];
+    // The plan holds views of the caller's arrays: guard against their change.
+    AAR_CHECK_ARG(q >= 0 && step.seq_lens[q_i] >= q, "step: seq_lens[", q_i, "]=", step.seq_lens[q_i],
+                  " and query length ", q, " are not a validated request (inputs changed after plan_dsa_step?)");
+    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, r);
+    if (rows.count == 0) continue;
+    valid += rows.count;
+    const int32_t last = rows.first + rows.count - 1;
+    AAR_CHECK_ARG(g.rope_positions == 0 || static_cast<int64_t>(last) * r < g.rope_positions, "request ", q_i,
+                  " emits compressed row ", last, " at RoPE position ", static_cast<int64_t>(last) * r,
+                  " but rope_positions=", g.rope_positions);
+    const int32_t col_last = last / sbs;
+    AAR_CHECK_ARG(static_cast<std::size_t>(col_last) < stride, "request ", q_i, " emits compressed row ", last,
+                  " in block-table column ", col_last, " but block_table_stride=", stride,
+                  " (storage_block_size=", sbs, ", ratio=", r, ")");
+    const int32_t* row = g.block_table.data() + static_cast<std::size_t>(q_i) * stride;
+    for (int32_t col = rows.first / sbs; col <= col_last; ++col) {
+      const int32_t id = row[col];
+      AAR_CHECK_ARG(id >= 0 && (g.num_blocks == 0 || id < g.num_blocks), "block_table[", q_i, "][", col, "]=", id,
+                    " is out of range [0, ", g.num_blocks == 0 ? std::string("inf") : std::to_string(g.num_blocks),
+                    ") (request ", q_i, " writes compressed rows there)");
+      AAR_CHECK_ARG(g.slot_format != SlotFormat::Flat ||
+                        static_cast<int64_t>(id) * sbs + (sbs - 1) <= kInt32Max,
+                    "block_table[", q_i, "][", col, "]=", id, " gives flat slots beyond int32 (storage_block_size=",
+                    sbs, ")");
+    }
+  }
+  AAR_CHECK_ARG(valid <= num_rows, "internal: ", valid, " emitted rows exceed num_compressed_tokens=", num_rows);
+
+  // Writes.
+  if (!buf.block_table.empty() && stride > 0) {
+    int32_t* dst = buf.block_table.data();
+    const int32_t* src = g.block_table.data();
+    if (dst != src) std::copy(src, src + static_cast<std::size_t>(nra) * stride, dst);
+    std::fill(dst + static_cast<std::size_t>(nra) * stride, dst + static_cast<std::size_t>(b) * stride, 0);
+  }
+  int32_t* slots = buf.slot_mapping.data();
+  std::size_t out_row = 0;
+  for (int32_t q_i = 0; q_i < nra; ++q_i) {
+    const int32_t q = step.query_start_loc[q_i + 1] - step.query_start_loc[q_i];
+    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, r);
+    const int32_t* row = g.block_table.data() + static_cast<std::size_t>(q_i) * stride;
+    for (int32_t c = rows.first; c < rows.first + rows.count; ++c, ++out_row) {
+      put_slot(slots, out_row, g.slot_format, row[c / sbs], c % sbs, sbs);
+      if (!buf.row_index.empty()) buf.row_index[out_row] = c;
+      if (!buf.row_position.empty()) buf.row_position[out_row] = c * r;
+      if (!buf.row_request.empty()) buf.row_request[out_row] = q_i;
+    }
+  }
+  for (; out_row < rows_u; ++out_row) {
+    put_slot(slots, out_row, g.slot_format, -1, 0, sbs);
+    if (!buf.row_index.empty()) buf.row_index[out_row] = -1;
+    if (!buf.row_position.empty()) buf.row_position[out_row] = 0;
+    if (!buf.row_request.empty()) buf.row_request[out_row] = -1;
+  }
+  return {r, num_rows, static_cast<int32_t>(valid)};
+}
+
+int32_t dspark_swa_width(int32_t window, int32_t num_spec, int32_t width) {
+  AAR_CHECK_ARG(window >= 1, "window=", window, " must be positive");
+  AAR_CHECK_ARG(num_spec >= 0, "num_spec=", num_spec, " is negative");
+  const int64_t need = static_cast<int64_t>(window) + num_spec;
+  AAR_CHECK_ARG(width >= 0, "width=", width, " is negative");
+  if (width == 0) {
+    const int64_t w = (need + 127) / 128 * 128;
+    AAR_CHECK_ARG(w <= kInt32Max, "window + num_spec = ", need, " is too large");
+    return static_cast<int32_t>(w);
+  }
+  AAR_CHECK_ARG(width >= need, "width=", width, " is smaller than window + num_spec = ", need);
+  return width;
+}
+
+int32_t build_dspark_swa_indices(const DsparkSwaInputs& in, Span<int32_t> out) {
+  const int32_t width = dspark_swa_width(in.window, in.num_spec, in.width);
+  const int32_t nra = check_batch(in.query_start_loc, in.seq_lens, in.num_reqs_actual);
+  const auto b = static_cast<int32_t>(in.seq_lens.size());
+  const CSpan<int32_t> qsl = in.query_start_loc;
+  const int32_t bs = in.block_size;
+  AAR_CHECK_ARG(bs > 0, "block_size=", bs, " must be positive");
+  check_table_size(in.block_table, in.block_table_stride, static_cast<std::size_t>(b));
+  AAR_CHECK_ARG(in.num_blocks >= 0, "num_blocks=", in.num_blocks, " is negative");
+  AAR_CHECK_ARG(in.num_rows >= 0, "num_rows=", in.num_rows, " is negative");
+  const int32_t t = in.num_rows == 0 ? qsl[b] : in.num_rows;
+  const auto stride = static_cast<std::size_t>(in.block_table_stride);
+  const std::size_t need = static_cast<std::size_t>(t) * static_cast<std::size_t>(width);
+  AAR_CHECK_ARG(out.size() >= need, "out has room for ", out.size(), " entries, needs num_rows * width = ", t, " * ",
+                width);
+  for (int32_t r = 0; r < nra; ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r], s = in.seq_lens[r];
+    if (q == 0 || qsl[r] >= t) continue;  // no row of this request is written
+    const int32_t start = std::max(s - q - in.window, 0);
+    const int32_t vis = s - start;
+    AAR_CHECK_ARG(vis <= width, "request ", r, " sees ", vis, " positions (query length ", q, ", window ",
+                  in.window, ") but width=", width, " (query length must be <= width - window)");
+    if (vis == 0) continue;
+    const int32_t col_last = (s - 1) / bs;
+    AAR_CHECK_ARG(static_cast<std::size_t>(col_last) < stride, "seq_lens[", r, "]=", s, " needs ", col_last + 1,
+                  " blocks but block_table_stride=", stride, " (block_size=", bs, ")");
+    const int32_t* row = in.block_table.data() + static_cast<std::size_t>(r) * stride;
+    for (int32_t col = start / bs; col <= col_last; ++col) {
+      AAR_CHECK_ARG(row[col] >= 0 && (in.num_blocks == 0 || row[col] < in.num_blocks), "block_table[", r, "][", col,
+                    "]=", row[col], " is out of range [0, ",
+                    in.num_blocks == 0 ? std::string("inf") : std::to_string(in.num_blocks), ")");
+      AAR_CHECK_ARG(static_cast<int64_t>(row[col]) * bs + (bs - 1) <= kInt32Max, "block_table[", r, "][", col,
+                    "]=", row[col], " gives slots beyond int32 (block_size=", bs, ")");
+    }
+  }
+
+  // Writes: every row -1 first, then each real request's first row and copies.
+  std::fill(out.data(), out.data() + need, -1);
+  for (int32_t r = 0; r < nra; ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r], s = in.seq_lens[r];
+    if (q == 0 || qsl[r] >= t) continue;
+    const int32_t start = std::max(s - q - in.window, 0);
+    const int32_t vis = s - start;
+    const int32_t* row = in.block_table.data() + static_cast<std::size_t>(r) * stride;
+    int32_t* first = out.data() + static_cast<std::size_t>(qsl[r]) * width;
+    for (int32_t j = 0; j < vis; ++j) {
+      const int32_t p = start + j;
+      first[j] = row[p / bs] * bs + p % bs;
+    }
+    const int32_t end = std::min(qsl[r + 1], t);
+    for (int32_t tok = qsl[r] + 1; tok < end; ++tok) {
+      std::copy(first, first + width, out.data() + static_cast<std::size_t>(tok) * width);
+    }
+  }
+  return width;
+}
+
+}  // namespace aar::plan

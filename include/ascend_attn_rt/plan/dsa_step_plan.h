@@ -1,0 +1,239 @@
+// DeepSeek-V4 "DSA" per-step host planning (spec sparse.md 6.5, 6.6, 1.6.1,
+// 6.2 "Geometry rule", 7.1 "Slot split rule", 9 compressor_metadata): the
+// torch-free half of AscendDSAMetadataBuilder.
+//
+// One step is planned in two stages, mirroring upstream's per-step "shared
+// dict" (spec 6.5 step 1, 11.11):
+//   1. plan_dsa_step(...) once per step: validates the batch, runs the shared
+//      decode/prefill split (plan::split_decodes_and_prefills with
+//      treat_short_extends_as_decodes = true and decode_threshold = 1 + k) and
+//      writes the per-request start_pos. Its DsaStepPlan is what every KV-cache
+//      group of the step reuses.
+//   2. plan_dsa_group(step, group, buffers) once per KV-cache group (SWA /
+//      ratio 1, C4, C128, indexer, ...; each with its own ratio, storage block
+//      size and logical block table): the staged block table (graph-padding
+//      rows zeroed), num_compressed_tokens, and the slot / compressed index /
+//      RoPE position of every compressed row the step emits: on valid input,
+//      exactly what the device's compressor_metadata produces (spec 9).
+// The caller reorders the persistent batch decode-first beforehand with
+// plan::reorder_decode_first at the same threshold (dsa_decode_threshold).
+//
+// Conventions: query_start_loc holds exclusive prefix sums (B+1 entries,
+// leading 0); seq_lens are per-request raw KV lengths S_b (context + new
+// tokens). Block tables are row-major, B rows of block_table_stride int32 ids.
+// Every function validates all of its input first and writes nothing on error
+// (aar::InvalidArgument naming the argument and the value); none allocates.
+#pragma once
+
+#include <cstdint>
+
+#include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/plan/split.h"
+
+namespace aar::plan {
+
+// Slot-mapping layouts of the DSA KV scatters (spec 7.1). The values are
+// compressor_metadata's slot_mapping_format argument.
+//   BlockOffset (A2/A3): two int32 per slot, (block, offset).
+//   Flat (A5): one int32 per slot.
+enum class SlotFormat : int32_t { Flat = 1, BlockOffset = 2 };
+
+// int32 entries one slot takes in `format` (2 for BlockOffset, 1 for Flat).
+int32_t slot_format_width(SlotFormat format);
+
+// decode_threshold = 1 + num_speculative_tokens must be in [1, 16] (spec 6.5);
+// returns it, or throws naming num_speculative_tokens.
+inline constexpr int32_t kDsaMaxDecodeThreshold = 16;
+int32_t dsa_decode_threshold(int32_t num_speculative_tokens);
+
+// Spec 6.2: the physical rows per page of a compressed cache, block_size /
+// compress_ratio (block_size = the scheduler's logical block in raw tokens,
+// e.g. 512 / 4 = 128, 16384 / 128 = 128); ratio 0 or 1 gives block_size.
+// block_size must be a positive multiple of the ratio.
+int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio);
+
+// --- 1. Token slot formatting (spec 6.5 step 2, 7.1) -------------------------
+//
+// out receives slots.size() * slot_format_width(format) int32 values.
+//   BlockOffset: a slot s >= 0 becomes (s / storage_block_size, s %
+//     storage_block_size) (floor semantics; for s >= 0 that is plain division).
+//   Flat: s >= 0 is copied.
+// Negative slots ("do not write this token") get one explicit skip encoding:
+//   BlockOffset: (-1, storage_block_size - 1); Flat: -1.
+// Why: (-1, bs-1) is what upstream's floor division gives for its only
+// negative slot, -1, and what compressor_metadata writes for invalid rows, so
+// the upstream scatter (which drops out-of-range linear indices) and a
+// consumer that skips explicitly on block < 0 (spec 7.1's advice, what our
+// scatter twins do) both skip the token. Any other negative slot (upstream
+// never produces one) is canonicalised to the same encoding rather than
+// floor-divided to (-2, ...) etc., so "block < 0" or "slot < 0" is the one
+// test a consumer needs. Valid slots whose block (or flat slot) does not fit
+// int32 are rejected.
+void format_dsa_slot_mapping(CSpan<int64_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out);
+void format_dsa_slot_mapping(CSpan<int32_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out);
+
+// --- 2. Compressed-row counts (spec 6.5 step 3, 1.6.1) -----------------------
+//
+// Rows of the compressor's output for a step of num_tokens tokens over
+// num_reqs requests: min(T, T / ratio + B) for ratio > 1, else T (ratio 0 and
+// 1 mean "uncompressed"). Spec example: T=13, B=3 gives 13 / 6 / 3 for ratios
+// 1 / 4 / 128. Negative arguments are rejected.
+int32_t dsa_num_compressed_tokens(int32_t num_tokens, int32_t num_reqs, int32_t ratio);
+
+// The compressed rows a request emits in one step (spec 1.6.1): row c covers
+// raw positions [c*r, (c+1)*r) and is emitted once position (c+1)*r - 1 has
+// been processed, so a step that takes the request from context_len to
+// context_len + query_len raw tokens emits rows [first, first + count) with
+// first = context_len / r and count = (context_len + query_len) / r -
+// context_len / r. Row c's RoPE position is c * r. ratio <= 1 means r = 1 (one
+// row per token, c = the token's position).
+struct DsaCompressedRows {
+  int32_t first = 0;
+  int32_t count = 0;
+};
+DsaCompressedRows dsa_compressed_rows(int32_t context_len, int32_t query_len, int32_t ratio);
+
+// --- 3 / 4 / 6. The step plan and the per-group plan -------------------------
+
+struct DsaStepInputs {
+  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums (B = the batch incl. graph padding)
+  CSpan<int32_t> seq_lens;         // B, raw KV lengths S_b
+  // Requests [num_reqs_actual, B) are graph padding (spec 6.5 step 3, 11.13):
+  // start_pos 0, zeroed block-table rows, no compressed rows, no DSpark
+  // slots. Their lengths are only required to be >= 0 (a dummy may have
+  // tokens but no KV). -1 = B (no padding).
+  int32_t num_reqs_actual = -1;
+  // Tokens the layers see (>= query_start_loc[B]); 0 = query_start_loc[B].
+  // num_compressed_tokens of every group is counted from it.
+  int32_t num_input_tokens = 0;
+  int32_t num_speculative_tokens = 0;  // k: decode_threshold = 1 + k <= 16
+  int32_t max_num_reqs = 0;            // B must be <= this; 0 = unchecked
+  int32_t max_num_tokens = 0;          // num_input_tokens must be <= this; 0 = unchecked
+};
+
+// The shared per-step values. It holds views of the caller's query_start_loc,
+// seq_lens and start_pos buffers: they must outlive every plan_dsa_group
+// call that takes this plan, unchanged.
+struct DsaStepPlan {
+  CSpan<int32_t> query_start_loc;  // B+1
+  CSpan<int32_t> seq_lens;         // B
+  CSpan<int32_t> start_pos;        // B: S_b - q_b for real requests, 0 for padding rows
+  SplitResult split;               // shared split (decode-first order assumed)
+  int32_t num_reqs = 0;            // B
+  int32_t num_reqs_actual = 0;
+  int32_t num_actual_tokens = 0;   // query_start_loc[B]
+  int32_t num_input_tokens = 0;    // T
+  int32_t decode_threshold = 1;
+  // Over all B rows (what the kernels tile); 0 for an empty step (upstream
+  // allows 0, spec 6.5 step 3).
+  int32_t max_seqlen_q = 0;
+  int32_t max_seqlen_kv = 0;
+  bool has_prefill() const { return split.num_prefills > 0; }
+};
+
+// Validates the batch (query_start_loc of B+1 entries starting at 0 and
+// non-decreasing; seq_lens >= 0, and >= the query length for real requests;
+// num_reqs_actual in [0, B]; num_input_tokens >= query_start_loc[B]; the
+// maxima; k in [0, 15]; room for B entries in start_pos_out), then writes
+// start_pos_out[b] = S_b - q_b for b < num_reqs_actual and 0 for padding rows,
+// and returns the shared plan. Nothing is written on error.
+DsaStepPlan plan_dsa_step(const DsaStepInputs& in, Span<int32_t> start_pos_out);
+
+struct DsaGroupInputs {
+  // compress_ratio of the group's cache spec: 0 or 1 = uncompressed (SWA and
+  // its state), 4, 128, ... (any r >= 1 is planned).
+  int32_t compress_ratio = 1;
+  // Physical rows per page of the group's storage (spec 6.2: block_size //
+  // compress_ratio, 128 for every cache at cache bs 128). For ratio <= 1 this
+  // is the block size itself.
+  int32_t storage_block_size = 0;
+  // The scheduler's logical table (spec 6.2): one entry per storage_block_size
+  // * ratio raw tokens, i.e. per storage_block_size compressed rows. Row c of
+  // request b lives at table[b][c / storage_block_size] * storage_block_size +
+  // c % storage_block_size.
+  CSpan<int32_t> block_table;  // B rows x block_table_stride
+  int32_t block_table_stride = 0;
+  int32_t num_blocks = 0;      // pages of the cache: ids written must be < this; 0 = unchecked
+  SlotFormat slot_format = SlotFormat::BlockOffset;
+  // Rows of the full RoPE table of this group (compressor_metadata's
+  // rope_cos): every emitted row's position c * r must be < this. 0 = unchecked.
+  int64_t rope_positions = 0;
+};
+
+// Caller-owned outputs. num_rows = DsaGroupPlan::num_compressed_tokens.
+struct DsaGroupBuffers {
+  // >= B * block_table_stride: the staged table, real rows copied and padding
+  // rows zeroed. Optional (empty = not written). May alias
+  // DsaGroupInputs::block_table (same stride): then only padding rows are
+  // zeroed.
+  Span<int32_t> block_table;
+  // >= num_rows * slot_format_width(format): emitted rows' slots,
+  // concatenated over requests in order, then the skip encoding (see
+  // format_dsa_slot_mapping) up to num_rows. Required.
+  Span<int32_t> slot_mapping;
+  // Optional, >= num_rows each (empty = not written):
+  Span<int32_t> row_index;     // compressed row index c; -1 for padding rows
+  Span<int32_t> row_position;  // RoPE position c * r; 0 for padding rows (the
+                               // op writes cos = 1, sin = 0 there: a standard
+                               // table's position 0)
+  Span<int32_t> row_request;   // request b of the row; -1 for padding rows
+};
+
+struct DsaGroupPlan {
+  int32_t ratio = 1;                  // max(compress_ratio, 1)
+  int32_t num_compressed_tokens = 0;  // num_rows: dsa_num_compressed_tokens(T, B, ratio)
+  int32_t num_valid_rows = 0;         // rows emitted by real requests (<= num_rows)
+};
+
+// The per-group half (spec 6.5 steps 2-3, 6.2 geometry rule, 9). Validates
+// the group against the step (storage_block_size > 0, ratio >= 0, stride >=
+// 0, table size >= B * stride, every emitted row's column < stride and its
+// block id in [0, num_blocks) (negative ids are always rejected), positions
+// within rope_positions, flat slots within int32, room in every buffer), then
+// writes. For ratio <= 1 the rows are the step's tokens, so slot_mapping
+// equals format_dsa_slot_mapping of the scheduler's token slot mapping (the
+// upstream SWA path), computed from the table.
+//
+// Where the device op would silently emit an unstorable row (a negative table
+// entry, a column past the table, a position past the RoPE table: it writes
+// the skip encoding and cos = 1, sin = 0), this plan raises instead: those are
+// scheduler bugs that would silently lose compressed KV.
+DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& group, const DsaGroupBuffers& buf);
+
+// --- 5. DSpark sliding-window visible slots (spec 6.6) -----------------------
+
+// Columns of the DSpark index rows: roundup(window + num_spec, 128) when
+// width == 0, else width, which must be >= window + num_spec. window >= 1,
+// num_spec >= 0.
+int32_t dspark_swa_width(int32_t window, int32_t num_spec, int32_t width = 0);
+
+struct DsparkSwaInputs {
+  CSpan<int32_t> query_start_loc;  // B+1
+  CSpan<int32_t> seq_lens;         // B
+  CSpan<int32_t> block_table;      // B rows x block_table_stride (the SWA group's table)
+  int32_t block_table_stride = 0;
+  int32_t block_size = 0;          // SWA page size (bs)
+  int32_t num_blocks = 0;          // 0 = unchecked
+  int32_t window = 128;            // W
+  int32_t num_spec = 0;            // the draft block size
+  int32_t width = 0;               // 0 = roundup(W + num_spec, 128)
+  int32_t num_rows = 0;            // T rows written; 0 = query_start_loc[B]
+  int32_t num_reqs_actual = -1;    // -1 = B; padding requests' rows are all -1
+};
+
+// Spec 6.6: for request b, q_b = its query length, prefix = S_b - q_b, start
+// = max(prefix - W, 0), vis = S_b - start; column j < width holds the physical
+// slot of raw position start + j, table[b][p / bs] * bs + p % bs, if j < vis,
+// else -1. The row is repeated q_b times (one per token, in token order),
+// rows past query_start_loc[B] are -1 and the result is truncated to num_rows
+// rows. out gets num_rows * width int32 (row-major [T, 1, width]); returns
+// width.
+// Decisions where the spec is silent: the table must cover every visible
+// position (upstream clamps the column, which can only matter for a table too
+// short for S_b: that is rejected, naming the request); a request whose
+// visible span exceeds width (vis > width, possible only when q_b > width - W)
+// is rejected rather than silently cropped; graph-padding requests (b >=
+// num_reqs_actual) get -1 rows (their zeroed table would point into block 0).
+int32_t build_dspark_swa_indices(const DsparkSwaInputs& in, Span<int32_t> out);
+
+}  // namespace aar::plan
