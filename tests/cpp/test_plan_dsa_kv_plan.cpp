@@ -353,58 +353,6 @@ TEST(PlanDsaKvPlan, FlashMlaCmpLengthsErrorsWriteNothing) {
   untouched();
 }
 
-// --------------------------------------------------------- slot-mapping formats
-
-TEST(PlanDsaKvPlan, FormatSlotMappingBlockOffsetAndFlat) {
-  const std::vector<int32_t> slots = {0, 1, 127, 128, 129, -1, 1000, -7, 16384};
-  for (int32_t bs : {1, 16, 128}) {
-    std::vector<int32_t> out(2 * slots.size() + 1, 55);
-    format_slot_mapping(SlotFormat::BlockOffset, slots, bs, out);
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i] < 0) {
-        EXPECT_EQ(out[2 * i], -1);
-        EXPECT_EQ(out[2 * i + 1], -1);  // explicit skip, not floor's (-1, bs-1)
-      } else {
-        // Reference: walk whole pages.
-        int32_t blk = 0;
-        while ((blk + 1) * bs <= slots[i]) ++blk;
-        EXPECT_EQ(out[2 * i], blk) << "slot " << slots[i] << " bs " << bs;
-        EXPECT_EQ(out[2 * i + 1], slots[i] - blk * bs);
-        EXPECT_EQ(out[2 * i] * bs + out[2 * i + 1], slots[i]);
-      }
-    }
-    EXPECT_EQ(out.back(), 55);
-    std::vector<int32_t> flat(slots.size(), 55);
-    format_slot_mapping(SlotFormat::Flat, slots, bs, flat);
-    for (std::size_t i = 0; i < slots.size(); ++i) EXPECT_EQ(flat[i], slots[i] < 0 ? -1 : slots[i]);
-  }
-  // int64 slots (the scheduler's dtype).
-  const std::vector<int64_t> s64 = {-1, 5, int64_t{1} << 33};
-  std::vector<int32_t> out(6, 0);
-  format_slot_mapping_i64(SlotFormat::BlockOffset, s64, 1 << 10, out);
-  EXPECT_EQ(out, (std::vector<int32_t>{-1, -1, 0, 5, 1 << 23, 0}));
-  // The plan's format per cache group.
-  const AttnKvPlan a5 = plan_for(DeviceKind::A5);
-  std::vector<int32_t> f(slots.size(), 0);
-  format_slot_mapping(slot_format_for(a5, DsaCacheKind::Swa), slots, 128, f);
-  EXPECT_EQ(f[6], 1000);
-}
-
-TEST(PlanDsaKvPlan, FormatSlotMappingErrorsWriteNothing) {
-  const std::vector<int32_t> slots = {3, 4};
-  std::vector<int32_t> out(3, 9);
-  EXPECT_INVALID(format_slot_mapping(SlotFormat::BlockOffset, slots, 128, out), "out has room for 3");
-  EXPECT_INVALID(format_slot_mapping(SlotFormat::Flat, slots, 0, out), "storage_block_size");
-  EXPECT_INVALID(format_slot_mapping(static_cast<SlotFormat>(3), slots, 128, out), "not a SlotFormat");
-  const std::vector<int64_t> big = {1, int64_t{1} << 31};
-  EXPECT_INVALID(format_slot_mapping_i64(SlotFormat::Flat, big, 128, out), "slots[1]");
-  std::vector<int32_t> out4(4, 9);
-  const std::vector<int64_t> huge = {1, (int64_t{1} << 31) * 4};
-  EXPECT_INVALID(format_slot_mapping_i64(SlotFormat::BlockOffset, huge, 4, out4), "slots[1]");
-  EXPECT_EQ(out, std::vector<int32_t>(3, 9));
-  EXPECT_EQ(out4, std::vector<int32_t>(4, 9));
-}
-
 // ------------------------------------------------------------ 6.1 backends
 
 TEST(PlanDsaBackendFacts, SixBackendDescriptors) {

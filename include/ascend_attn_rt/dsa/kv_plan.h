@@ -30,12 +30,14 @@
 //    the table (the model dtype is used): DSV4 checkpoints carry an fp8 KV
 //    setting that A2/A3 deployments must accept.
 //  - model dtype (non_a5_dtype): BF16 or FP16; anything else is refused.
-//  - A negative slot in a (block, offset) slot mapping is written as (-1, -1)
-//    on every block/offset plan (the PR's explicit `where`), and consumers
-//    skip on block < 0. HEAD's floor split gave (-1, bs-1) on A2/A3 and relied
-//    on the scatter kernel dropping negative linear indices (spec 7.1, 11.8).
-//    The device-generated compressor_metadata slots keep the kernel's own
-//    (-1, bs-1) encoding; block < 0 skips them too.
+//  - A negative slot in a (block, offset) slot mapping is written as
+//    (-1, bs-1) (plan::format_dsa_slot_mapping: the same encoding as the
+//    device-generated compressor_metadata slots and HEAD's floor split), and
+//    every consumer skips explicitly on block < 0 (spec 7.1) instead of
+//    relying on the kernel dropping negative linear indices. On the A5 + BF16
+//    plan (in-place npu_scatter_nd_update_ with index pairs) the PR writes
+//    (-1, -1); both have block < 0: to verify on hardware that the in-place
+//    kernel skips such pairs.
 //  - The indexer's slot format follows its write kind, not the attention
 //    plan: flat on A5 (indexer_compress_epilog_v2 takes flat slots, as in
 //    HEAD), block/offset on A2/A3. On A5 + BF16 the attention groups are
@@ -58,6 +60,7 @@
 #include <optional>
 #include <string>
 
+#include "ascend_attn_rt/plan/dsa_step_plan.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/plan/workspace.h"  // plan::DeviceKind
 
@@ -104,12 +107,11 @@ const char* to_string(SparseAttnPath p);
 enum class KvLayout : int32_t { PA_ND = 0, PA_BBND = 1 };
 const char* to_string(KvLayout l);  // "PA_ND", "PA_BBND": the layout_kv string the kernels take
 
-// Slot-mapping format. The numeric values are compressor_metadata's
-// slot_mapping_format codes (spec 6.2, 7.1).
-enum class SlotFormat : int32_t {
-  Flat = 1,         // [rows] int32 slots, -1 = skip
-  BlockOffset = 2,  // [rows, 2] int32 (block, offset), block < 0 = skip
-};
+// Slot-mapping format: the plan layer's (plan/dsa_step_plan.h; the numeric
+// values are compressor_metadata's slot_mapping_format codes, spec 6.2, 7.1).
+// Scheduler slots are formatted by plan::format_dsa_slot_mapping (negative
+// slots -> -1 / (-1, bs-1): every consumer skips on block < 0).
+using plan::SlotFormat;
 const char* to_string(SlotFormat f);
 
 // How new KV rows reach the SWA and compressed caches (spec 7.1, 7.2).
@@ -255,16 +257,5 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg);
 // max_seqlen_ori_kv) pass the input through unchanged.
 int32_t flash_mla_cmp_lengths(CSpan<int32_t> seqused_kv, int32_t max_seqlen_kv, int32_t cmp_ratio,
                               Span<int32_t> seqused_cmp_kv, Span<int32_t> cmp_residual_kv);
-
-// A slot mapping in the given format (spec 6.5 step 2, 7.1
-// format_dsa_slot_mapping), from scheduler slots: Flat copies the slots
-// (every negative slot becomes -1); BlockOffset writes (slot / storage_block_size,
-// slot % storage_block_size) pairs row-major into out, 2 entries per slot, and
-// (-1, -1) for every negative slot (an explicit skip, never floor arithmetic
-// on negatives). Validates storage_block_size > 0, room in out (slots.size()
-// x columns) and, for int64 slots (the _i64 form, the scheduler's dtype),
-// blocks / flat slots that fit int32, before writing.
-void format_slot_mapping(SlotFormat format, CSpan<int32_t> slots, int32_t storage_block_size, Span<int32_t> out);
-void format_slot_mapping_i64(SlotFormat format, CSpan<int64_t> slots, int32_t storage_block_size, Span<int32_t> out);
 
 }  // namespace aar::dsa
