@@ -1,6 +1,11 @@
 // Python facade of the DeepSeek-V4 (DSA) plan layer (include/ascend_attn_rt/
 // dsa/kv_plan.h, backend_facts.h): the per-configuration AttnKvPlan, the
-// backend descriptors and the cache specs. No logic beyond argument conversion.
+// backend descriptors and the cache specs; and of the metadata builders
+// (dsa/builder.h): aar.dsa.StepBuilder (once per step) and one
+// aar.dsa.GroupBuilder per KV-cache group, mirroring the C++ API one to one.
+// build() returns a metadata object per build (a copy carrying the build's
+// stamp; its host lists raise once the builder has built again). No logic
+// beyond argument conversion.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -8,9 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/dsa/backend_facts.h"
+#include "ascend_attn_rt/dsa/builder.h"
 #include "ascend_attn_rt/dsa/kv_plan.h"
 #include "common.h"
+#include "tensor_caster.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -115,6 +123,252 @@ dsa::AttnKvPlan plan_from(const std::string& device_kind, const std::optional<st
   return dsa::make_attn_kv_plan(c);
 }
 
+
+std::vector<int32_t> span_list(plan::CSpan<int32_t> s) { return std::vector<int32_t>(s.begin(), s.end()); }
+
+const dsa::StepMetadata& live(const dsa::StepMetadata& m) {
+  check_current(m.stamp, "step metadata");
+  return m;
+}
+const dsa::GroupMetadata& live(const dsa::GroupMetadata& m) {
+  dsa::check_current(m, "group metadata");
+  return m;
+}
+
+dsa::StepInputs step_inputs(nb::handle qsl, nb::handle seq_lens, int32_t num_reqs_actual, int32_t num_input_tokens,
+                            std::optional<plan::AttentionState> attn_state,
+                            const std::optional<at::Tensor>& num_spec_tokens) {
+  dsa::StepInputs in;
+  in.query_start_loc = i32_span(borrow_tensor(qsl, "query_start_loc", false), "query_start_loc");
+  in.seq_lens = i32_span(borrow_tensor(seq_lens, "seq_lens", false), "seq_lens");
+  in.num_reqs_actual = num_reqs_actual;
+  in.num_input_tokens = num_input_tokens;
+  in.attn_state = attn_state;
+  if (num_spec_tokens.has_value()) in.num_spec_tokens = i32_span(*num_spec_tokens, "num_spec_tokens");
+  return in;
+}
+
+dsa::GroupInputs group_inputs(nb::handle bt) {
+  const at::Tensor& b = borrow_tensor(bt, "block_table", false);
+  dsa::GroupInputs in;
+  in.block_table = i32_span(b, "block_table", 2);
+  in.block_table_stride = static_cast<int32_t>(b.size(1));
+  return in;
+}
+
+void bind_dsa_builders(nb::module_& m) {
+  nb::class_<dsa::StepMetadata>(m, "StepMetadata", "The per-step shared DSA metadata (dsa/metadata.h).")
+      .def_ro("num_reqs", &dsa::StepMetadata::num_reqs)
+      .def_ro("num_reqs_actual", &dsa::StepMetadata::num_reqs_actual)
+      .def_ro("num_actual_tokens", &dsa::StepMetadata::num_actual_tokens)
+      .def_ro("num_input_tokens", &dsa::StepMetadata::num_input_tokens)
+      .def_ro("num_decodes", &dsa::StepMetadata::num_decodes)
+      .def_ro("num_decode_tokens", &dsa::StepMetadata::num_decode_tokens)
+      .def_ro("num_prefills", &dsa::StepMetadata::num_prefills)
+      .def_ro("num_prefill_tokens", &dsa::StepMetadata::num_prefill_tokens)
+      .def_ro("decode_threshold", &dsa::StepMetadata::decode_threshold)
+      .def_ro("max_seqlen_q", &dsa::StepMetadata::max_seqlen_q)
+      .def_ro("max_seqlen_kv", &dsa::StepMetadata::max_seqlen_kv)
+      .def_ro("attn_state", &dsa::StepMetadata::attn_state)
+      .def_ro("draft_index", &dsa::StepMetadata::draft_index)
+      .def_prop_ro("has_prefill", &dsa::StepMetadata::has_prefill)
+      .def_prop_ro("generation", [](const dsa::StepMetadata& s) { return s.stamp.generation; })
+      .def_prop_ro("is_current", [](const dsa::StepMetadata& s) { return s.stamp.current(); })
+      .def_prop_ro("query_start_loc", [](const dsa::StepMetadata& s) { return s.query_start_loc; })
+      .def_prop_ro("seq_lens", [](const dsa::StepMetadata& s) { return s.seq_lens; })
+      .def_prop_ro("start_pos", [](const dsa::StepMetadata& s) { return s.start_pos; })
+      .def_prop_ro("cu_seqlens_kv", [](const dsa::StepMetadata& s) { return s.cu_seqlens_kv; })
+      .def_prop_ro("cos", [](const dsa::StepMetadata& s) { return s.cos; })
+      .def_prop_ro("sin", [](const dsa::StepMetadata& s) { return s.sin; })
+      .def_prop_ro("compress_cos", [](const dsa::StepMetadata& s) -> std::optional<at::Tensor> {
+        if (!s.compress_cos.defined()) return std::nullopt;
+        return s.compress_cos;
+      })
+      .def_prop_ro("compress_sin", [](const dsa::StepMetadata& s) -> std::optional<at::Tensor> {
+        if (!s.compress_sin.defined()) return std::nullopt;
+        return s.compress_sin;
+      })
+      .def_prop_ro("query_start_loc_list", [](const dsa::StepMetadata& s) { return span_list(live(s).query_start_loc_host); })
+      .def_prop_ro("seq_lens_list", [](const dsa::StepMetadata& s) { return span_list(live(s).seq_lens_host); })
+      .def_prop_ro("start_pos_list", [](const dsa::StepMetadata& s) { return span_list(live(s).start_pos_host); })
+      .def_prop_ro("positions_list", [](const dsa::StepMetadata& s) { return span_list(live(s).positions_host); });
+
+  auto opt = [](const at::Tensor& t) -> std::optional<at::Tensor> {
+    if (!t.defined()) return std::nullopt;
+    return t;
+  };
+  nb::class_<dsa::GroupMetadata>(m, "GroupMetadata", "One KV-cache group's DSA metadata (dsa/metadata.h).")
+      .def_prop_ro("kind", [](const dsa::GroupMetadata& g) { return std::string(dsa::to_string(g.kind)); })
+      .def_ro("compress_ratio", &dsa::GroupMetadata::compress_ratio)
+      .def_ro("block_size", &dsa::GroupMetadata::block_size)
+      .def_ro("storage_block_size", &dsa::GroupMetadata::storage_block_size)
+      .def_prop_ro("slot_format", [](const dsa::GroupMetadata& g) { return std::string(dsa::to_string(g.slot_format)); })
+      .def_ro("num_reqs_actual", &dsa::GroupMetadata::num_reqs_actual)
+      .def_ro("draft_index", &dsa::GroupMetadata::draft_index)
+      .def_ro("num_compressed_tokens", &dsa::GroupMetadata::num_compressed_tokens)
+      .def_ro("num_valid_rows", &dsa::GroupMetadata::num_valid_rows)
+      .def_ro("ori_win_left", &dsa::GroupMetadata::ori_win_left)
+      .def_ro("ori_win_right", &dsa::GroupMetadata::ori_win_right)
+      .def_ro("max_seqlen_q", &dsa::GroupMetadata::max_seqlen_q)
+      .def_ro("max_seqlen_kv", &dsa::GroupMetadata::max_seqlen_kv)
+      .def_ro("sas_metadata_filled", &dsa::GroupMetadata::sas_metadata_filled)
+      .def_ro("qli_metadata_filled", &dsa::GroupMetadata::qli_metadata_filled)
+      .def_ro("dspark_width", &dsa::GroupMetadata::dspark_width)
+      .def_prop_ro("cu_seqlens_ori_kv_kind",
+                   [](const dsa::GroupMetadata& g) { return std::string(dsa::to_string(g.cu_seqlens_ori_kv_kind)); })
+      .def_prop_ro("cu_seqlens_cmp_kv_kind",
+                   [](const dsa::GroupMetadata& g) { return std::string(dsa::to_string(g.cu_seqlens_cmp_kv_kind)); })
+      .def_prop_ro("generation", [](const dsa::GroupMetadata& g) { return g.stamp.generation; })
+      .def_prop_ro("is_current", &dsa::GroupMetadata::current)
+      .def_prop_ro("block_table", [](const dsa::GroupMetadata& g) { return g.block_table; })
+      .def_prop_ro("seq_lens", [](const dsa::GroupMetadata& g) { return g.seq_lens; })
+      .def_prop_ro("query_start_loc", [](const dsa::GroupMetadata& g) { return g.query_start_loc; })
+      .def_prop_ro("start_pos", [](const dsa::GroupMetadata& g) { return g.start_pos; })
+      .def_prop_ro("slot_mapping", [](const dsa::GroupMetadata& g) { return g.slot_mapping; })
+      .def_prop_ro("row_index", [](const dsa::GroupMetadata& g) { return g.row_index; })
+      .def_prop_ro("row_position", [](const dsa::GroupMetadata& g) { return g.row_position; })
+      .def_prop_ro("row_request", [](const dsa::GroupMetadata& g) { return g.row_request; })
+      .def_prop_ro("cos", [](const dsa::GroupMetadata& g) { return g.cos; })
+      .def_prop_ro("sin", [](const dsa::GroupMetadata& g) { return g.sin; })
+      .def_prop_ro("full_compress_cos", [opt](const dsa::GroupMetadata& g) { return opt(g.full_compress_cos); })
+      .def_prop_ro("full_compress_sin", [opt](const dsa::GroupMetadata& g) { return opt(g.full_compress_sin); })
+      .def_prop_ro("sas_metadata", [](const dsa::GroupMetadata& g) { return g.sas_metadata; })
+      .def_prop_ro("qli_metadata", [](const dsa::GroupMetadata& g) { return g.qli_metadata; })
+      .def_prop_ro("cu_seqlens_ori_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_ori_kv); })
+      .def_prop_ro("cu_seqlens_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_cmp_kv); })
+      .def_prop_ro("dspark_swa_indices", [opt](const dsa::GroupMetadata& g) { return opt(g.dspark_swa_indices); })
+      .def_prop_ro("block_table_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).block_table_host); })
+      .def_prop_ro("slot_mapping_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).slot_mapping_host); })
+      .def_prop_ro("row_index_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).row_index_host); })
+      .def_prop_ro("row_position_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).row_position_host); })
+      .def_prop_ro("row_request_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).row_request_host); })
+      .def_prop_ro("dspark_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).dspark_host); });
+
+  nb::class_<dsa::StepBuilder>(m, "StepBuilder",
+                               "The per-step shared DSA computation (dsa/builder.h): split, start_pos, lengths, "
+                               "RoPE rows of both tables; one copy per step.")
+      .def(
+          "__init__",
+          [](dsa::StepBuilder* self, int32_t max_num_reqs, int32_t max_num_tokens, const at::Tensor& cos_table,
+             const at::Tensor& sin_table, const std::optional<at::Tensor>& compress_cos_table,
+             const std::optional<at::Tensor>& compress_sin_table, int32_t num_speculative_tokens,
+             std::optional<int32_t> num_drafts, bool chunked_prefill_enabled, const std::string& device,
+             std::optional<bool> separate_device_buffers, int32_t staging_buffers) {
+            dsa::StepBuilderConfig c;
+            c.max_num_reqs = max_num_reqs;
+            c.max_num_tokens = max_num_tokens;
+            c.cos_table = cos_table;
+            c.sin_table = sin_table;
+            if (compress_cos_table.has_value()) c.compress_cos_table = *compress_cos_table;
+            if (compress_sin_table.has_value()) c.compress_sin_table = *compress_sin_table;
+            c.num_speculative_tokens = num_speculative_tokens;
+            c.num_drafts = num_drafts;
+            c.chunked_prefill_enabled = chunked_prefill_enabled;
+            c.device = c10::Device(device);
+            c.separate_device_buffers = separate_device_buffers;
+            c.staging_buffers = staging_buffers;
+            new (self) dsa::StepBuilder(c);
+          },
+          nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "cos_table"_a, "sin_table"_a,
+          "compress_cos_table"_a = nb::none(), "compress_sin_table"_a = nb::none(), "num_speculative_tokens"_a = 0,
+          "num_drafts"_a = nb::none(), "chunked_prefill_enabled"_a = true, "device"_a = "cpu",
+          "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2)
+      .def(
+          "build",
+          [](dsa::StepBuilder& b, nb::handle qsl, nb::handle seq_lens, int32_t num_reqs_actual,
+             int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
+             const std::optional<at::Tensor>& num_spec_tokens) -> dsa::StepMetadata {
+            return b.build(step_inputs(qsl, seq_lens, num_reqs_actual, num_input_tokens, attn_state, num_spec_tokens));
+          },
+          "query_start_loc"_a, "seq_lens"_a, nb::kw_only(), "num_reqs_actual"_a = -1, "num_input_tokens"_a = 0,
+          "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>())
+      .def(
+          "build_for_graph_capture",
+          [](dsa::StepBuilder& b, nb::handle qsl, nb::handle seq_lens, int32_t num_reqs_actual,
+             int32_t num_input_tokens, plan::AttentionState state) -> dsa::StepMetadata {
+            return b.build_for_graph_capture(
+                step_inputs(qsl, seq_lens, num_reqs_actual, num_input_tokens, std::nullopt, std::nullopt), state);
+          },
+          "query_start_loc"_a, "seq_lens"_a, nb::kw_only(), "num_reqs_actual"_a = -1, "num_input_tokens"_a = 0,
+          "state"_a = plan::AttentionState::DecodeOnly, nb::rv_policy::move, nb::keep_alive<0, 1>())
+      .def(
+          "build_for_drafting",
+          [](dsa::StepBuilder& b, nb::handle qsl, nb::handle seq_lens, int32_t draft_index, int32_t num_reqs_actual,
+             int32_t num_input_tokens) -> dsa::StepMetadata {
+            return b.build_for_drafting(
+                step_inputs(qsl, seq_lens, num_reqs_actual, num_input_tokens, std::nullopt, std::nullopt),
+                draft_index);
+          },
+          "query_start_loc"_a, "seq_lens"_a, "draft_index"_a, nb::kw_only(), "num_reqs_actual"_a = -1,
+          "num_input_tokens"_a = 0, nb::rv_policy::move, nb::keep_alive<0, 1>())
+      .def_prop_ro("decode_threshold", &dsa::StepBuilder::decode_threshold)
+      .def_prop_ro("num_drafts", &dsa::StepBuilder::num_drafts)
+      .def_prop_ro("generation", &dsa::StepBuilder::generation);
+
+  nb::class_<dsa::GroupBuilder>(m, "GroupBuilder",
+                                "One KV-cache group's DSA builder (dsa/builder.h): block table, slots, compressed "
+                                "rows, DSpark indices, SAS/QLI buffers; one copy per group per step.")
+      .def(
+          "__init__",
+          [](dsa::GroupBuilder* self, const dsa::StepBuilder& step, const std::string& kind, int32_t cache_block_size,
+             const std::string& device_kind, const std::optional<std::string>& cache_dtype,
+             const std::string& model_dtype, int32_t max_blocks_per_req, int32_t num_blocks, int32_t window,
+             int32_t dspark_num_spec, int32_t dspark_width) {
+            dsa::GroupConfig c;
+            c.kind = parse_cache_kind(kind);
+            c.cache_block_size = cache_block_size;
+            c.plan = plan_from(device_kind, cache_dtype, model_dtype);
+            c.max_blocks_per_req = max_blocks_per_req;
+            c.num_blocks = num_blocks;
+            c.window = window;
+            c.dspark_num_spec = dspark_num_spec;
+            c.dspark_width = dspark_width;
+            new (self) dsa::GroupBuilder(step, c);
+          },
+          "step_builder"_a, nb::kw_only(), "kind"_a, "cache_block_size"_a = 128, "device_kind"_a = "a2",
+          "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "max_blocks_per_req"_a = 64, "num_blocks"_a,
+          "window"_a = 128, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, nb::keep_alive<1, 2>())
+      .def(
+          "build",
+          [](dsa::GroupBuilder& g, const dsa::StepMetadata& step, nb::handle bt) -> dsa::GroupMetadata {
+            return g.build(step, group_inputs(bt));
+          },
+          "step"_a, "block_table"_a, nb::rv_policy::move, nb::keep_alive<0, 1>())
+      .def(
+          "build_for_drafting",
+          [](dsa::GroupBuilder& g, const dsa::StepMetadata& step, nb::handle bt, int32_t draft_index)
+              -> dsa::GroupMetadata { return g.build_for_drafting(step, group_inputs(bt), draft_index); },
+          "step"_a, "block_table"_a, "draft_index"_a, nb::rv_policy::move, nb::keep_alive<0, 1>())
+      .def_prop_ro("compress_ratio", &dsa::GroupBuilder::compress_ratio)
+      .def_prop_ro("block_size", &dsa::GroupBuilder::block_size)
+      .def_prop_ro("storage_block_size", &dsa::GroupBuilder::storage_block_size)
+      .def_prop_ro("slot_format", [](const dsa::GroupBuilder& g) { return std::string(dsa::to_string(g.slot_format())); })
+      .def_prop_ro("num_drafts", &dsa::GroupBuilder::num_drafts)
+      .def_prop_ro("generation", &dsa::GroupBuilder::generation);
+
+  m.def(
+      "route_layer",
+      [](int32_t ratio, const dsa::StepMetadata& step, nb::handle swa, nb::handle attention,
+         nb::handle compressor_state, nb::handle indexer_cache, nb::handle indexer_state) {
+        auto ptr = [](nb::handle h) -> const dsa::GroupMetadata* {
+          return h.is_none() ? nullptr : nb::cast<const dsa::GroupMetadata*>(h);
+        };
+        const dsa::LayerMetadata l = dsa::route_layer(ratio, step, ptr(swa), ptr(attention), ptr(compressor_state),
+                                                      ptr(indexer_cache), ptr(indexer_state));
+        nb::dict d;
+        d["swa"] = swa;
+        d["attention"] = attention;
+        d["compressor_state"] = compressor_state;
+        d["indexer_cache"] = indexer_cache;
+        d["indexer_state"] = indexer_state;
+        d["common"] = l.attention != nullptr ? attention : swa;
+        return d;
+      },
+      "compress_ratio"_a, "step"_a, "swa"_a, "attention"_a = nb::none(), "compressor_state"_a = nb::none(),
+      "indexer_cache"_a = nb::none(), "indexer_state"_a = nb::none(),
+      "Spec 6.4: a layer's groups, checked (kinds, currency, same step); 'common' is attention if present, else swa.");
+}
+
 void bind_dsa(nb::module_& root) {
   nb::module_ m = root.def_submodule(
       "dsa", "DeepSeek-V4 (DSA) plan layer: the per-configuration attention-KV plan, backend facts, cache specs");
@@ -179,6 +433,12 @@ void bind_dsa(nb::module_& root) {
       "num_blocks.");
 }
 
-const BindingRegistrar kRegisterDsa(/*order=*/50, &bind_dsa);
+void bind_dsa_all(nb::module_& root) {
+  bind_dsa(root);
+  nb::module_ m = nb::borrow<nb::module_>(root.attr("dsa"));
+  bind_dsa_builders(m);
+}
+
+const BindingRegistrar kRegisterDsa(/*order=*/50, &bind_dsa_all);
 }  // namespace
 }  // namespace aar::bindings

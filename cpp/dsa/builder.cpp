@@ -1,0 +1,573 @@
+// DSA metadata builders (spec sparse.md 6.5, 6.6, 6.7). Layout, lanes and the
+// decisions are described in include/ascend_attn_rt/dsa/builder.h.
+#include "ascend_attn_rt/dsa/builder.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "../common/rope_gather.h"
+#include "../common/staging.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/dsa_step_plan.h"
+
+namespace aar::dsa {
+
+namespace {
+
+// Region starts are multiples of 16 int32 (64 bytes).
+int64_t align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
+
+// A view cached per size; remade when the size's offset changed (the group
+// token region also depends on whether DSpark rows are present).
+struct CachedView {
+  int64_t offset = -1;
+  at::Tensor t;
+};
+template <typename Make>
+const at::Tensor& cached(std::vector<CachedView>& cache, size_t i, int64_t offset, Make make) {
+  if (cache.size() <= i) cache.resize(i + 1);
+  CachedView& v = cache[i];
+  if (!v.t.defined() || v.offset != offset) {
+    v.offset = offset;
+    v.t = make();
+  }
+  return v.t;
+}
+
+constexpr int64_t kBlobWords = 1024;  // spec 6.7: (1024,) int32
+
+}  // namespace
+
+// ============================================================== StepBuilder
+
+class StepBuilder::Lane {
+ public:
+  Lane(const StepBuilderConfig& cfg, const detail::RopeRows& rope, const detail::RopeRows* crope, int32_t draft_index,
+       int64_t max_reqs, bool separate, int slot_base)
+      : cfg_(cfg), rope_(rope), crope_(crope), draft_index_(draft_index), R_(max_reqs) {
+    const int64_t T = cfg.max_num_tokens;
+    off_qsl_ = 2 * align16(T * rope.row_words()) + (crope ? 2 * align16(T * crope->row_words()) : 0);
+    off_seq_ = align16(off_qsl_ + R_ + 1);
+    off_sp_ = align16(off_seq_ + R_);
+    off_cu_ = align16(off_sp_ + R_);
+    const int64_t total = off_cu_ + R_ + 1;
+    buffers_ = std::make_unique<detail::StagingBuffers>(total, cfg.device, separate, cfg.staging_buffers,
+                                                        cfg.staging_hooks, slot_base);
+    device_ = buffers_->device();
+    sp_.assign(static_cast<size_t>(R_), 0);
+    q_.assign(static_cast<size_t>(R_), 0);
+    positions_.assign(static_cast<size_t>(T), 0);
+    md_.draft_index = draft_index;
+    md_.decode_threshold = 1 + cfg.num_speculative_tokens;
+  }
+
+  const StepMetadata& metadata() const { return md_; }
+  uint64_t generation() const { return counter_.current(); }
+  void set_tables(const at::Tensor& c, const at::Tensor& s, const at::Tensor& cc, const at::Tensor& cs) {
+    md_.rope_cos_table = c;
+    md_.rope_sin_table = s;
+    md_.compress_cos_table = cc;
+    md_.compress_sin_table = cs;
+  }
+
+  const StepMetadata& build(const StepInputs& in, const plan::AttentionState* capture) {
+    const int32_t thr = 1 + cfg_.num_speculative_tokens;
+    AAR_CHECK_ARG(in.seq_lens.size() <= static_cast<size_t>(R_), "num_reqs=", in.seq_lens.size(),
+                  " (seq_lens entries) exceeds the ",
+                  draft_index_ < 0 ? "builder's max_num_reqs=" : "draft lane's capacity max_num_reqs*decode_threshold=",
+                  R_);
+    plan::DsaStepInputs di;
+    di.query_start_loc = in.query_start_loc;
+    di.seq_lens = in.seq_lens;
+    di.num_reqs_actual = in.num_reqs_actual;
+    di.num_input_tokens = in.num_input_tokens;
+    di.num_speculative_tokens = cfg_.num_speculative_tokens;
+    di.max_num_reqs = static_cast<int32_t>(R_);
+    di.max_num_tokens = cfg_.max_num_tokens;
+    // Validates everything about the batch; writes only the private start_pos scratch.
+    plan::DsaStepPlan p = plan::plan_dsa_step(di, plan::Span<int32_t>(sp_.data(), sp_.size()));
+    const int32_t B = p.num_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
+    const int32_t* qsl = in.query_start_loc.data();
+    const int32_t* seq = in.seq_lens.data();
+
+    // Decode-first (spec 6.5: upstream reorders; the split assumes it).
+    for (int32_t b = p.split.num_decodes; b < p.num_reqs_actual; ++b) {
+      const int32_t q = qsl[b + 1] - qsl[b];
+      AAR_CHECK_ARG(q > thr, "query_start_loc: request ", b, " has ", q, " tokens (a decode at decode_threshold=",
+                    thr, ") after the first prefill (request ", p.split.num_decodes,
+                    "): the DSA builder needs a decode-first batch; reorder it with plan::reorder_decode_first");
+    }
+    // RoPE positions within both tables (the largest is max over requests of
+    // start_pos + q - 1).
+    int64_t max_pos = -1;
+    int64_t sum_s = 0;
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t q = qsl[b + 1] - qsl[b];
+      q_[static_cast<size_t>(b)] = q;
+      if (q > 0) max_pos = std::max<int64_t>(max_pos, int64_t{sp_[static_cast<size_t>(b)]} + q - 1);
+      sum_s += seq[b];
+    }
+    if (t_in > t_real) max_pos = std::max<int64_t>(max_pos, 0);
+    AAR_CHECK_ARG(max_pos < rope_.positions(), "seq_lens: a token at position ", max_pos,
+                  " is past the rope_theta table (cos_table has ", rope_.positions(), " rows)");
+    AAR_CHECK_ARG(crope_ == nullptr || max_pos < crope_->positions(), "seq_lens: a token at position ", max_pos,
+                  " is past the compress_rope_theta table (compress_cos_table has ",
+                  crope_ ? crope_->positions() : 0, " rows)");
+    AAR_CHECK_ARG(sum_s <= std::numeric_limits<int32_t>::max(), "seq_lens: their sum ", sum_s,
+                  " (cu_seqlens_kv) exceeds int32");
+    plan::AttentionState state;
+    if (capture != nullptr) {
+      AAR_CHECK_ARG(p.split.num_prefills == 0, "build_for_graph_capture: the batch has ", p.split.num_prefills,
+                    " prefill request(s); a captured ", plan::to_string(*capture), " step takes decodes only");
+      state = *capture;
+    } else if (in.attn_state.has_value()) {
+      state = *in.attn_state;
+    } else {
+      plan::StateInputs si;
+      si.num_computed_tokens = plan::CSpan<int32_t>(sp_.data(), static_cast<size_t>(B));
+      si.num_scheduled_tokens = plan::CSpan<int32_t>(q_.data(), static_cast<size_t>(B));
+      si.num_spec_tokens = in.num_spec_tokens;
+      si.spec_method = cfg_.num_speculative_tokens > 0 ? plan::SpecMethod::Mtp : plan::SpecMethod::None;
+      si.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
+      state = plan::select_attention_state(si);
+    }
+
+    // ---- writes
+    int32_t* s = buffers_->begin();
+    std::memcpy(s + off_qsl_, qsl, (static_cast<size_t>(B) + 1) * 4);
+    std::memcpy(s + off_seq_, seq, static_cast<size_t>(B) * 4);
+    std::memcpy(s + off_sp_, sp_.data(), static_cast<size_t>(B) * 4);
+    int32_t* cu = s + off_cu_;
+    cu[0] = 0;
+    for (int32_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + seq[b];
+    int32_t* pos = positions_.data();
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t base = sp_[static_cast<size_t>(b)];
+      for (int32_t i = qsl[b], j = 0; i < qsl[b + 1]; ++i, ++j) pos[i] = base + j;
+    }
+    std::fill(pos + t_real, pos + t_in, 0);
+    const Region r = region(t_in);
+    auto* bytes = reinterpret_cast<uint8_t*>(s);
+    const bool decode_only = p.max_seqlen_q <= thr;
+    auto gather = [&](const detail::RopeRows& rr, int64_t oc, int64_t os) {
+      uint8_t* out_c = bytes + oc * 4;
+      uint8_t* out_s = bytes + os * 4;
+      if (decode_only) {
+        rr.gather(pos, t_in, out_c, out_s);
+        return;
+      }
+      const size_t rb = static_cast<size_t>(rr.row_bytes());
+      for (int32_t b = 0; b < B; ++b) {
+        const int32_t q = q_[static_cast<size_t>(b)];
+        if (q > 0) rr.copy_run(pos[qsl[b]], q, out_c + static_cast<size_t>(qsl[b]) * rb, out_s + qsl[b] * rb);
+      }
+      rr.gather(pos + t_real, t_in - t_real, out_c + t_real * rb, out_s + t_real * rb);
+    };
+    gather(rope_, r.cos, r.sin);
+    if (crope_ != nullptr) gather(*crope_, r.ccos, r.csin);
+    // One host-to-device copy: from the first RoPE row to cumsum(S)'s end.
+    buffers_->copy(r.cos, off_cu_ + B + 1 - r.cos);
+    buffers_->finish();
+    counter_.next(md_.stamp);
+
+    md_.num_reqs = B;
+    md_.num_reqs_actual = p.num_reqs_actual;
+    md_.num_actual_tokens = t_real;
+    md_.num_input_tokens = t_in;
+    md_.num_decodes = p.split.num_decodes;
+    md_.num_decode_tokens = p.split.num_decode_tokens;
+    md_.num_prefills = p.split.num_prefills;
+    md_.num_prefill_tokens = p.split.num_prefill_tokens;
+    md_.max_seqlen_q = p.max_seqlen_q;
+    md_.max_seqlen_kv = p.max_seqlen_kv;
+    md_.attn_state = state;
+    const size_t ub = static_cast<size_t>(B);
+    md_.query_start_loc = cached(v_qsl_, ub, off_qsl_, [&] { return device_.narrow(0, off_qsl_, B + 1); });
+    md_.seq_lens = cached(v_seq_, ub, off_seq_, [&] { return device_.narrow(0, off_seq_, B); });
+    md_.start_pos = cached(v_sp_, ub, off_sp_, [&] { return device_.narrow(0, off_sp_, B); });
+    md_.cu_seqlens_kv = cached(v_cu_, ub, off_cu_, [&] { return device_.narrow(0, off_cu_, B + 1); });
+    const size_t ut = static_cast<size_t>(t_in);
+    md_.cos = cached(v_cos_, ut, r.cos, [&] { return rope_.view(device_, r.cos, t_in); });
+    md_.sin = cached(v_sin_, ut, r.sin, [&] { return rope_.view(device_, r.sin, t_in); });
+    if (crope_ != nullptr) {
+      md_.compress_cos = cached(v_ccos_, ut, r.ccos, [&] { return crope_->view(device_, r.ccos, t_in); });
+      md_.compress_sin = cached(v_csin_, ut, r.csin, [&] { return crope_->view(device_, r.csin, t_in); });
+    }
+    md_.query_start_loc_host = plan::CSpan<int32_t>(s + off_qsl_, ub + 1);
+    md_.seq_lens_host = plan::CSpan<int32_t>(s + off_seq_, ub);
+    md_.start_pos_host = plan::CSpan<int32_t>(s + off_sp_, ub);
+    md_.positions_host = plan::CSpan<int32_t>(pos, ut);
+    p.query_start_loc = md_.query_start_loc_host;
+    p.seq_lens = md_.seq_lens_host;
+    p.start_pos = md_.start_pos_host;
+    md_.plan = p;
+    return md_;
+  }
+
+ private:
+  // Word offsets of the RoPE rows of a step of n tokens: packed, ending (up
+  // to alignment) at the request part.
+  struct Region {
+    int64_t cos, sin, ccos, csin;
+  };
+  Region region(int64_t n) const {
+    const int64_t w1 = align16(n * rope_.row_words()), w2 = crope_ ? align16(n * crope_->row_words()) : 0;
+    Region r;
+    r.cos = off_qsl_ - 2 * w1 - 2 * w2;
+    r.sin = r.cos + w1;
+    r.ccos = r.sin + w1;
+    r.csin = r.ccos + w2;
+    return r;
+  }
+
+  const StepBuilderConfig& cfg_;
+  const detail::RopeRows& rope_;
+  const detail::RopeRows* crope_;
+  int32_t draft_index_;
+  int64_t R_;
+  int64_t off_qsl_ = 0, off_seq_ = 0, off_sp_ = 0, off_cu_ = 0;
+  std::unique_ptr<detail::StagingBuffers> buffers_;
+  at::Tensor device_;
+  std::vector<int32_t> sp_, q_, positions_;
+  std::vector<CachedView> v_qsl_, v_seq_, v_sp_, v_cu_, v_cos_, v_sin_, v_ccos_, v_csin_;
+  StepMetadata md_;
+  detail::BuildCounter counter_;
+};
+
+StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
+  AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
+  AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
+  plan::dsa_decode_threshold(cfg.num_speculative_tokens);  // names num_speculative_tokens
+  const int32_t drafts = cfg.num_drafts.value_or(cfg.num_speculative_tokens);
+  AAR_CHECK_ARG(drafts >= 0 && drafts <= 15, "num_drafts must be in [0, 15], got ", drafts);
+  AAR_CHECK_ARG(cfg.staging_buffers >= 1 && cfg.staging_buffers <= detail::StagingBuffers::kMaxHostBuffers,
+                "staging_buffers must be in [1, ", detail::StagingBuffers::kMaxHostBuffers, "], got ",
+                cfg.staging_buffers);
+  rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
+  const bool has_c = cfg.compress_cos_table.defined(), has_s = cfg.compress_sin_table.defined();
+  AAR_CHECK_ARG(has_c == has_s, "compress_cos_table and compress_sin_table must be given together (got ",
+                has_c ? "only compress_cos_table" : "only compress_sin_table", ")");
+  if (has_c) {
+    try {
+      compress_rope_ = std::make_unique<detail::RopeRows>(cfg.compress_cos_table, cfg.compress_sin_table);
+    } catch (const InvalidArgument& e) {
+      throw_invalid("compress tables: ", e.what());
+    }
+  }
+  cfg_.num_drafts = drafts;
+  // Device copies of the full tables (the compressor reads them per row).
+  auto dev = [&](const at::Tensor& t) { return t.to(cfg.device); };
+  const at::Tensor rc = dev(rope_->cos_table()), rs = dev(rope_->sin_table());
+  at::Tensor cc, cs;
+  if (compress_rope_) {
+    cc = dev(compress_rope_->cos_table());
+    cs = dev(compress_rope_->sin_table());
+  }
+  const bool separate = cfg.separate_device_buffers.value_or(!cfg.device.is_cpu());
+  for (int32_t l = 0; l <= drafts; ++l) {
+    const int slot_base = cfg.staging_hooks != nullptr ? l * cfg.staging_buffers : 0;
+    const int64_t cap = l == 0 ? cfg.max_num_reqs : int64_t{cfg.max_num_reqs} * decode_threshold();
+    lanes_.push_back(
+        std::make_unique<Lane>(cfg_, *rope_, compress_rope_.get(), l - 1, cap, separate, slot_base));
+    lanes_.back()->set_tables(rc, rs, cc, cs);
+  }
+}
+
+StepBuilder::~StepBuilder() = default;
+
+StepBuilder::Lane& StepBuilder::lane(int32_t d) const {
+  AAR_CHECK_ARG(d >= 0 && d < num_drafts(), "draft_index=", d, " is out of range [0, num_drafts=", num_drafts(), ")");
+  return *lanes_[static_cast<size_t>(d) + 1];
+}
+
+const StepMetadata& StepBuilder::build(const StepInputs& in) { return lanes_[0]->build(in, nullptr); }
+
+const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, plan::AttentionState state) {
+  if (state != plan::AttentionState::DecodeOnly && state != plan::AttentionState::SpecDecoding) {
+    throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
+                        " cannot be captured by the DSA backend (only DecodeOnly and SpecDecoding)");
+  }
+  return lanes_[0]->build(in, &state);
+}
+
+const StepMetadata& StepBuilder::build_for_drafting(const StepInputs& in, int32_t d) {
+  return lane(d).build(in, nullptr);
+}
+
+int64_t StepBuilder::rope_positions() const { return rope_->positions(); }
+int64_t StepBuilder::compress_rope_positions() const { return compress_rope_ ? compress_rope_->positions() : 0; }
+const StepMetadata& StepBuilder::metadata() const { return lanes_[0]->metadata(); }
+uint64_t StepBuilder::generation() const { return lanes_[0]->generation(); }
+
+// ============================================================= GroupBuilder
+
+class GroupBuilder::Lane {
+ public:
+  Lane(const GroupBuilder& g, const StepBuilderConfig& scfg, int32_t draft_index, int64_t max_reqs, bool separate,
+       int slot_base)
+      : g_(g), draft_index_(draft_index), R_(max_reqs) {
+    const int64_t T = scfg.max_num_tokens, MB = g.cfg_.max_blocks_per_req;
+    fw_ = plan::slot_format_width(g.slot_format_);
+    dspark_width_ = g.cfg_.dspark_num_spec > 0
+                        ? plan::dspark_swa_width(g.cfg_.window, g.cfg_.dspark_num_spec, g.cfg_.dspark_width)
+                        : 0;
+    off_bt_ = align16(T * fw_) + 3 * align16(T) + align16(T * dspark_width_);
+    buffers_ = std::make_unique<detail::StagingBuffers>(off_bt_ + R_ * MB, scfg.device, separate,
+                                                        scfg.staging_buffers, scfg.staging_hooks, slot_base);
+    device_ = buffers_->device();
+    if (dspark_width_ > 0) dspark_scratch_.assign(static_cast<size_t>(T * dspark_width_), -1);
+    const auto i32 = at::TensorOptions().dtype(at::kInt).device(scfg.device);
+    md_.sas_metadata = at::zeros({kBlobWords}, i32);
+    md_.qli_metadata = at::zeros({kBlobWords}, i32);
+    empty_ = at::empty({0}, i32);
+    md_.kind = g.cfg_.kind;
+    md_.compress_ratio = g.spec_.compress_ratio;
+    md_.block_size = static_cast<int32_t>(g.spec_.block_size);
+    md_.storage_block_size = static_cast<int32_t>(g.spec_.storage_block_size);
+    md_.slot_format = g.slot_format_;
+    md_.draft_index = draft_index;
+    md_.dspark_width = dspark_width_;
+  }
+
+  const GroupMetadata& metadata() const { return md_; }
+  uint64_t generation() const { return counter_.current(); }
+
+  const GroupMetadata& build(const StepMetadata& st, const GroupInputs& in) {
+    check_current(st.stamp, "step metadata");
+    AAR_CHECK_ARG(st.draft_index >= 0 || st.stamp.live == g_.step_.metadata().stamp.live,
+                  "step metadata comes from another StepBuilder than this group's");
+    AAR_CHECK_ARG(st.draft_index == draft_index_, "step metadata is from ",
+                  st.draft_index < 0 ? std::string("the main lane") : "draft lane " + std::to_string(st.draft_index),
+                  " but this is a ",
+                  draft_index_ < 0 ? std::string("main build") : "draft build of draft_index " +
+                                                                     std::to_string(draft_index_));
+    const int32_t B = st.num_reqs, T = st.num_input_tokens;
+    AAR_CHECK_ARG(B <= R_, "num_reqs=", B, " exceeds the group lane's request capacity ", R_);
+    AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table_stride <= g_.cfg_.max_blocks_per_req,
+                  "block_table_stride=", in.block_table_stride, " must be in [0, max_blocks_per_req=",
+                  g_.cfg_.max_blocks_per_req, "]");
+    const int32_t ratio = std::max(g_.spec_.compress_ratio, 1);
+    const int32_t rows = plan::dsa_num_compressed_tokens(T, B, ratio);
+    const bool dspark = dspark_width_ > 0 && !st.has_prefill();
+    const Region r = region(rows, dspark ? T : 0);
+
+    // DSpark first into the private scratch (validates; the staging buffer
+    // stays untouched if anything below fails).
+    if (dspark) {
+      plan::DsparkSwaInputs di;
+      di.query_start_loc = st.plan.query_start_loc;
+      di.seq_lens = st.plan.seq_lens;
+      di.block_table = in.block_table;
+      di.block_table_stride = in.block_table_stride;
+      di.block_size = static_cast<int32_t>(g_.spec_.storage_block_size);
+      di.num_blocks = g_.cfg_.num_blocks;
+      di.window = g_.cfg_.window;
+      di.num_spec = g_.cfg_.dspark_num_spec;
+      di.width = dspark_width_;
+      di.num_rows = T;
+      di.num_reqs_actual = st.num_reqs_actual;
+      plan::build_dspark_swa_indices(di, plan::Span<int32_t>(dspark_scratch_.data(), dspark_scratch_.size()));
+    }
+    plan::DsaGroupInputs gi;
+    gi.compress_ratio = g_.spec_.compress_ratio;
+    gi.storage_block_size = static_cast<int32_t>(g_.spec_.storage_block_size);
+    gi.block_table = in.block_table;
+    gi.block_table_stride = in.block_table_stride;
+    gi.num_blocks = g_.cfg_.num_blocks;
+    gi.slot_format = g_.slot_format_;
+    gi.rope_positions = ratio > 1 ? g_.step_.compress_rope_positions() : 0;
+
+    int32_t* s = buffers_->begin();
+    const size_t ur = static_cast<size_t>(rows);
+    const int64_t stride = in.block_table_stride;
+    plan::DsaGroupBuffers gb;
+    gb.block_table = plan::Span<int32_t>(s + off_bt_, static_cast<size_t>(R_ * g_.cfg_.max_blocks_per_req));
+    gb.slot_mapping = plan::Span<int32_t>(s + r.slots, ur * fw_);
+    gb.row_index = plan::Span<int32_t>(s + r.idx, ur);
+    gb.row_position = plan::Span<int32_t>(s + r.pos, ur);
+    gb.row_request = plan::Span<int32_t>(s + r.req, ur);
+    // Validates everything before its first write.
+    const plan::DsaGroupPlan gp = plan::plan_dsa_group(st.plan, gi, gb);
+    const size_t dsn = dspark ? static_cast<size_t>(T) * dspark_width_ : 0;
+    if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
+    buffers_->copy(r.slots, off_bt_ + B * stride - r.slots);
+    buffers_->finish();
+    counter_.next(md_.stamp);
+
+    const AttnKvPlan& kp = g_.cfg_.plan;
+    md_.step_stamp = st.stamp;
+    md_.num_reqs_actual = st.num_reqs_actual;
+    md_.num_compressed_tokens = gp.num_compressed_tokens;
+    md_.num_valid_rows = gp.num_valid_rows;
+    md_.block_table_stride = static_cast<int32_t>(stride);
+    md_.block_table = cached(v_bt_, static_cast<size_t>(B), stride,
+                             [&] { return device_.narrow(0, off_bt_, B * stride).view({B, stride}); });
+    md_.seq_lens = st.seq_lens;
+    md_.query_start_loc = st.query_start_loc;
+    md_.start_pos = st.start_pos;
+    md_.slot_mapping = cached(v_slots_, ur, r.slots, [&] {
+      at::Tensor v = device_.narrow(0, r.slots, rows * fw_);
+      return fw_ == 2 ? v.view({rows, 2}) : v;
+    });
+    md_.row_index = cached(v_idx_, ur, r.idx, [&] { return device_.narrow(0, r.idx, rows); });
+    md_.row_position = cached(v_pos_, ur, r.pos, [&] { return device_.narrow(0, r.pos, rows); });
+    md_.row_request = cached(v_req_, ur, r.req, [&] { return device_.narrow(0, r.req, rows); });
+    if (ratio > 1) {
+      md_.cos = st.compress_cos;
+      md_.sin = st.compress_sin;
+      md_.full_compress_cos = st.compress_cos_table;
+      md_.full_compress_sin = st.compress_sin_table;
+    } else {
+      md_.cos = st.cos;
+      md_.sin = st.sin;
+    }
+    const bool prefill = st.has_prefill();
+    md_.cu_seqlens_ori_kv_kind = prefill ? kp.prefill_cu_seqlens_ori_kv : kp.decode_cu_seqlens_ori_kv;
+    md_.cu_seqlens_cmp_kv_kind = prefill ? kp.prefill_cu_seqlens_cmp_kv : kp.decode_cu_seqlens_cmp_kv;
+    md_.cu_seqlens_ori_kv = cu_tensor(md_.cu_seqlens_ori_kv_kind, st);
+    md_.cu_seqlens_cmp_kv = cu_tensor(md_.cu_seqlens_cmp_kv_kind, st);
+    md_.dspark_swa_indices = dspark ? cached(v_ds_, static_cast<size_t>(T), r.dspark, [&] {
+      return device_.narrow(0, r.dspark, int64_t{T} * dspark_width_).view({T, 1, dspark_width_});
+    })
+                                    : at::Tensor();
+    md_.ori_win_left = dspark ? g_.cfg_.window + g_.cfg_.dspark_num_spec - 1 : g_.cfg_.window - 1;
+    md_.ori_win_right = 0;
+    md_.max_seqlen_q = st.max_seqlen_q;
+    md_.max_seqlen_kv = st.max_seqlen_kv;
+    md_.sas_metadata_filled = false;
+    md_.qli_metadata_filled = false;
+    md_.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B * stride));
+    md_.slot_mapping_host = plan::CSpan<int32_t>(s + r.slots, ur * fw_);
+    md_.row_index_host = plan::CSpan<int32_t>(s + r.idx, ur);
+    md_.row_position_host = plan::CSpan<int32_t>(s + r.pos, ur);
+    md_.row_request_host = plan::CSpan<int32_t>(s + r.req, ur);
+    md_.dspark_host = dspark ? plan::CSpan<int32_t>(s + r.dspark, dsn) : plan::CSpan<int32_t>();
+    return md_;
+  }
+
+ private:
+  struct Region {
+    int64_t slots, idx, pos, req, dspark;
+  };
+  // Word offsets of a build of `rows` compressed rows and `ds_tokens` DSpark
+  // rows: packed, ending (up to alignment) at the block table.
+  Region region(int64_t rows, int64_t ds_tokens) const {
+    const int64_t a = align16(rows * fw_), b = align16(rows), d = align16(ds_tokens * dspark_width_);
+    Region r;
+    r.slots = off_bt_ - a - 3 * b - d;
+    r.idx = r.slots + a;
+    r.pos = r.idx + b;
+    r.req = r.pos + b;
+    r.dspark = r.req + b;
+    return r;
+  }
+  at::Tensor cu_tensor(CuSeqlensKv k, const StepMetadata& st) const {
+    switch (k) {
+      case CuSeqlensKv::None: return {};
+      case CuSeqlensKv::EmptyTensor: return empty_;
+      case CuSeqlensKv::QueryStartLoc: return st.query_start_loc;
+      case CuSeqlensKv::CumsumSeqLens: return st.cu_seqlens_kv;
+    }
+    return {};
+  }
+
+  const GroupBuilder& g_;
+  int32_t draft_index_;
+  int64_t R_;
+  int64_t fw_ = 2;
+  int32_t dspark_width_ = 0;
+  int64_t off_bt_ = 0;
+  std::unique_ptr<detail::StagingBuffers> buffers_;
+  at::Tensor device_, empty_;
+  std::vector<int32_t> dspark_scratch_;
+  std::vector<CachedView> v_bt_, v_slots_, v_idx_, v_pos_, v_req_, v_ds_;
+  GroupMetadata md_;
+  detail::BuildCounter counter_;
+};
+
+GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : step_(step), cfg_(cfg) {
+  spec_ = dsa_cache_spec(cfg.kind, cfg.cache_block_size, cfg.plan);  // names cache_block_size
+  slot_format_ = slot_format_for(cfg.plan, cfg.kind);
+  AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
+  AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
+  AAR_CHECK_ARG(cfg.window >= 1, "window must be positive, got ", cfg.window);
+  AAR_CHECK_ARG(cfg.dspark_num_spec >= 0, "dspark_num_spec must be >= 0, got ", cfg.dspark_num_spec);
+  AAR_CHECK_ARG(cfg.dspark_num_spec == 0 || cfg.kind == DsaCacheKind::Swa, "dspark_num_spec=", cfg.dspark_num_spec,
+                " is for the SWA group only (spec 6.6), not kind ", to_string(cfg.kind));
+  if (cfg.dspark_num_spec > 0) plan::dspark_swa_width(cfg.window, cfg.dspark_num_spec, cfg.dspark_width);
+  AAR_CHECK_ARG(spec_.compress_ratio <= 1 || step.has_compress_table(), "kind ", to_string(cfg.kind),
+                " (compress_ratio ", spec_.compress_ratio, ") needs the compress_rope_theta tables: the StepBuilder "
+                "has no compress_cos_table / compress_sin_table");
+  const StepBuilderConfig& sc = step.config();
+  const bool separate = sc.separate_device_buffers.value_or(!sc.device.is_cpu());
+  // Draft lanes only where drafting is supported (spec 6.5: ratio <= 1).
+  const int32_t drafts = spec_.compress_ratio <= 1 ? step.num_drafts() : 0;
+  for (int32_t l = 0; l <= drafts; ++l) {
+    const int slot_base = sc.staging_hooks != nullptr ? l * sc.staging_buffers : 0;
+    const int64_t cap = l == 0 ? sc.max_num_reqs : int64_t{sc.max_num_reqs} * step.decode_threshold();
+    lanes_.push_back(std::make_unique<Lane>(*this, sc, l - 1, cap, separate, slot_base));
+  }
+}
+
+GroupBuilder::~GroupBuilder() = default;
+
+const GroupMetadata& GroupBuilder::build(const StepMetadata& step, const GroupInputs& in) {
+  return lanes_[0]->build(step, in);
+}
+
+const GroupMetadata& GroupBuilder::build_for_drafting(const StepMetadata& step, const GroupInputs& in, int32_t d) {
+  if (spec_.compress_ratio > 1) {
+    throw_not_supported("build_for_drafting: kind ", to_string(cfg_.kind), " (compress_ratio ", spec_.compress_ratio,
+                        ") cannot build for drafting: only SWA (ratio <= 1) groups draft (spec 6.5 Draft mode)");
+  }
+  AAR_CHECK_ARG(d >= 0 && d < num_drafts(), "draft_index=", d, " is out of range [0, num_drafts=", num_drafts(), ")");
+  return lanes_[static_cast<size_t>(d) + 1]->build(step, in);
+}
+
+const GroupMetadata& GroupBuilder::metadata() const { return lanes_[0]->metadata(); }
+uint64_t GroupBuilder::generation() const { return lanes_[0]->generation(); }
+
+// ============================================================== routing
+
+void check_current(const GroupMetadata& g, const char* what) {
+  check_current(g.stamp, what);
+  AAR_CHECK_ARG(g.step_stamp.current(), what, " was built from a step build that is no longer current (the "
+                "StepBuilder has built again): rebuild the group");
+}
+
+LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, const GroupMetadata* swa,
+                          const GroupMetadata* attention, const GroupMetadata* compressor_state,
+                          const GroupMetadata* indexer_cache, const GroupMetadata* indexer_state) {
+  AAR_CHECK_ARG(ratio == 0 || ratio == 1 || ratio == 4 || ratio == 128, "compress_ratio=", ratio,
+                " must be 0, 1, 4 or 128");
+  check_current(step.stamp, "step metadata");
+  const bool compressed = ratio > 1, c4 = ratio == 4;
+  auto slot = [&](const GroupMetadata* g, const char* name, bool needed, DsaCacheKind kind) {
+    AAR_CHECK_ARG((g != nullptr) == needed, name, needed ? " is required" : " must not be given", " for a layer of "
+                  "compress_ratio ", ratio, " (spec 6.4)");
+    if (g == nullptr) return;
+    AAR_CHECK_ARG(g->kind == kind, name, " has cache kind ", to_string(g->kind), ", expected ", to_string(kind));
+    check_current(*g, name);
+    AAR_CHECK_ARG(g->step_stamp.generation == step.stamp.generation && g->step_stamp.live == step.stamp.live,
+                  name, " was built from another step build than `step`");
+  };
+  slot(swa, "swa", true, DsaCacheKind::Swa);
+  slot(attention, "attention", compressed, c4 ? DsaCacheKind::C4Kv : DsaCacheKind::C128Kv);
+  slot(compressor_state, "compressor_state", compressed, c4 ? DsaCacheKind::C4AttnState : DsaCacheKind::C128State);
+  slot(indexer_cache, "indexer_cache", c4, DsaCacheKind::C4IndexerK);
+  slot(indexer_state, "indexer_state", c4, DsaCacheKind::C4IndexerState);
+  LayerMetadata l;
+  l.compress_ratio = ratio;
+  l.step = &step;
+  l.swa = swa;
+  l.attention = attention;
+  l.compressor_state = compressor_state;
+  l.indexer_cache = indexer_cache;
+  l.indexer_state = indexer_state;
+  return l;
+}
+
+}  // namespace aar::dsa

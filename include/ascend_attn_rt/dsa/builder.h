@@ -1,0 +1,178 @@
+// The DeepSeek-V4 ("DSA") metadata builders (spec sparse.md 6.5, 6.6, 6.7):
+// the C++ half of AscendDSAMetadataBuilder.
+//
+// Upstream runs one builder per KV-cache group, and the first one to run in a
+// step fills a shared per-step dict (split, seq_lens, cos/sin, SAS blobs) that
+// the others reuse (spec 6.5 step 1, 11.11). Here that is explicit:
+//   StepBuilder::build(step inputs)            once per step: validation, the
+//       decode/prefill split, start_pos, cumsum(S), the RoPE rows of every token
+//       from each RoPE table (rope_theta and compress_rope_theta), gathered on
+//       the host; one host-to-device copy.
+//   GroupBuilder::build(step metadata, table)  once per KV-cache group (SWA,
+//       C4 KV, C128 KV, C4 indexer K, the state caches): the staged block table
+//       (graph-padding rows zeroed), the slot mapping (ratio <= 1: the step's
+//       token slots; compressed groups: the compressed rows' slots), the
+//       emitted rows' indices / positions / requests, DSpark indices; one
+//       host-to-device copy. All planning is plan::plan_dsa_step /
+//       plan::plan_dsa_group (plan/dsa_step_plan.h).
+//
+// Buffers follow the SFA builder (sfa/builder.h): per lane one packed int32
+// buffer (host staging buffers used in turn + a device twin; one buffer on the
+// CPU), per-token regions end-aligned against the per-request part so a build
+// copies one contiguous range; views are cached per size, so a given size
+// always gets the same addresses. Lanes: the main one and one per draft index
+// (build_for_drafting), each with its own stamp counter. A rejected build
+// writes nothing: the previous metadata stays valid.
+//
+// Requirements and decisions (where the spec is silent):
+//  - Batches must be decode-first (a request of <= decode_threshold tokens
+//    after the first prefill is rejected naming query_start_loc; engines
+//    reorder with plan::reorder_decode_first at decode_threshold).
+//  - build_for_graph_capture takes DecodeOnly or SpecDecoding only
+//    (NotSupported otherwise) and a batch without prefills.
+//  - Graph padding: requests [num_reqs_actual, B) get start_pos 0 and zeroed
+//    block-table rows (and no compressed rows, -1 DSpark rows).
+//  - Drafts (spec 6.5 "Draft mode"): only groups of ratio <= 1 build for
+//    drafting (NotSupported naming the cache kind otherwise); a draft group
+//    build takes a draft step build of the same draft index.
+//  - SAS / QLI metadata (spec 6.7): every group lane owns two (1024,) int32
+//    device buffers at stable addresses. They are NOT filled yet: the metadata
+//    operator wrappers (ops/sparse_attn_sharedkv.h) are not on this branch;
+//    GroupMetadata::sas_metadata_filled / qli_metadata_filled are false. The
+//    arguments of 6.7 are all in the metadata (lengths, cu_seqlens per plan,
+//    window, ratio) for the call to be added.
+//  - RoPE: a group of ratio <= 1 reads the rope_theta rows, a compressed group
+//    the compress_rope_theta rows (the layer's common() group decides its
+//    RoPE: spec 6.4). A compressed group needs the compress tables.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ascend_attn_rt/dsa/backend_facts.h"
+#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/dsa/metadata.h"
+#include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/staging.h"
+
+namespace aar::detail {
+class RopeRows;
+}
+
+namespace aar::dsa {
+
+struct StepBuilderConfig {
+  int32_t max_num_reqs = 256;
+  int32_t max_num_tokens = 8192;
+  int32_t num_speculative_tokens = 0;  // k: decode_threshold = 1 + k <= 16
+  std::optional<int32_t> num_drafts;   // draft lanes; unset: num_speculative_tokens
+  bool chunked_prefill_enabled = true; // attention-state derivation only
+  // RoPE tables (max_position, R), rows of a multiple of 4 bytes (bf16 R = 64
+  // for DSV4): rope_theta (required) and compress_rope_theta (required by
+  // compressed groups). Kept on the host; device copies on `device`.
+  at::Tensor cos_table, sin_table;
+  at::Tensor compress_cos_table, compress_sin_table;
+  c10::Device device = c10::Device(c10::kCPU);
+  std::optional<bool> separate_device_buffers;  // default: device != CPU
+  int32_t staging_buffers = 2;                  // host buffers per lane (1..4)
+  std::shared_ptr<StagingHooks> staging_hooks;  // null: default events (per lane)
+};
+
+struct StepInputs {
+  plan::CSpan<int32_t> query_start_loc;  // B+1, leading 0
+  plan::CSpan<int32_t> seq_lens;         // B, raw KV lengths
+  int32_t num_reqs_actual = -1;          // -1 = B (no graph padding)
+  int32_t num_input_tokens = 0;          // 0 = query_start_loc[B]
+  // The engine's attention state; unset: derived (plan::select_attention_state
+  // with num_computed = start_pos, and num_spec_tokens when given).
+  std::optional<plan::AttentionState> attn_state;
+  plan::CSpan<int32_t> num_spec_tokens;  // per request, optional
+};
+
+class StepBuilder {
+ public:
+  explicit StepBuilder(const StepBuilderConfig& cfg);
+  ~StepBuilder();
+  StepBuilder(const StepBuilder&) = delete;
+  StepBuilder& operator=(const StepBuilder&) = delete;
+
+  const StepMetadata& build(const StepInputs& in);
+  const StepMetadata& build_for_graph_capture(const StepInputs& in,
+                                              plan::AttentionState state = plan::AttentionState::DecodeOnly);
+  const StepMetadata& build_for_drafting(const StepInputs& in, int32_t draft_index);
+
+  const StepBuilderConfig& config() const { return cfg_; }
+  int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
+  int32_t num_drafts() const { return static_cast<int32_t>(lanes_.size()) - 1; }
+  bool has_compress_table() const { return compress_rope_ != nullptr; }
+  int64_t rope_positions() const;
+  int64_t compress_rope_positions() const;  // 0 without the compress tables
+  const StepMetadata& metadata() const;
+  uint64_t generation() const;
+
+ private:
+  class Lane;
+  Lane& lane(int32_t draft_index) const;
+  StepBuilderConfig cfg_;
+  std::unique_ptr<detail::RopeRows> rope_, compress_rope_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+};
+
+struct GroupConfig {
+  DsaCacheKind kind = DsaCacheKind::Swa;
+  int32_t cache_block_size = 128;  // 32, 64, 128 (spec 6.2): gives the group's block sizes and ratio
+  AttnKvPlan plan;                 // slot format, cu_seqlens choices
+  int32_t max_blocks_per_req = 64; // block-table columns
+  int32_t num_blocks = 0;          // pages of the group's cache (range checks); required
+  int32_t window = 128;            // SWA window W (ori_win_left = W - 1)
+  // DSpark non-causal drafting (spec 6.6), SWA groups only: num_spec > 0
+  // builds dspark_swa_indices in steps without prefill (ori_win_left = W +
+  // num_spec - 1 then). width 0 = roundup(W + num_spec, 128).
+  int32_t dspark_num_spec = 0;
+  int32_t dspark_width = 0;
+};
+
+struct GroupInputs {
+  plan::CSpan<int32_t> block_table;  // B rows x block_table_stride, the scheduler's logical table
+  int32_t block_table_stride = 0;    // <= max_blocks_per_req
+};
+
+class GroupBuilder {
+ public:
+  // Sizes, device and staging come from `step` (which must outlive this).
+  GroupBuilder(const StepBuilder& step, const GroupConfig& cfg);
+  ~GroupBuilder();
+  GroupBuilder(const GroupBuilder&) = delete;
+  GroupBuilder& operator=(const GroupBuilder&) = delete;
+
+  // `step` must be the current main-lane metadata of this builder's StepBuilder.
+  const GroupMetadata& build(const StepMetadata& step, const GroupInputs& in);
+  // Ratio <= 1 groups only; `step` from StepBuilder::build_for_drafting(.., draft_index).
+  const GroupMetadata& build_for_drafting(const StepMetadata& step, const GroupInputs& in, int32_t draft_index);
+
+  const GroupConfig& config() const { return cfg_; }
+  const DsaCacheSpec& cache_spec() const { return spec_; }
+  int32_t compress_ratio() const { return spec_.compress_ratio; }
+  int32_t block_size() const { return static_cast<int32_t>(spec_.block_size); }
+  int32_t storage_block_size() const { return static_cast<int32_t>(spec_.storage_block_size); }
+  SlotFormat slot_format() const { return slot_format_; }
+  int32_t num_drafts() const { return static_cast<int32_t>(lanes_.size()) - 1; }
+  const GroupMetadata& metadata() const;
+  uint64_t generation() const;
+
+ private:
+  class Lane;
+  const StepBuilder& step_;
+  GroupConfig cfg_;
+  DsaCacheSpec spec_;
+  SlotFormat slot_format_ = SlotFormat::BlockOffset;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+};
+
+}  // namespace aar::dsa

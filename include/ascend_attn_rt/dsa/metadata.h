@@ -1,0 +1,144 @@
+// DeepSeek-V4 ("DSA") attention metadata (spec sparse.md 6.4, 6.5, 6.6, 6.7):
+// what dsa::StepBuilder (once per step) and one dsa::GroupBuilder per KV-cache
+// group (dsa/builder.h) produce, and the per-layer routing view.
+//
+// Every tensor is a view of its builder's persistent buffers (stable
+// addresses for a given size; graph replay reads them). Host spans point into
+// the builder's host staging buffer of the build's turn and are valid while
+// the metadata is current (stamp). A group's metadata also reads the step's
+// buffers (query_start_loc, seq_lens, start_pos, the RoPE rows): it is current
+// only while both its own build and the step build it was made from are the
+// latest of their builders (GroupMetadata::current()).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+#include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/dsa/backend_facts.h"
+#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/plan/span.h"
+
+namespace aar::dsa {
+
+// The per-step shared values (upstream's per-step dict, spec 6.5 step 1 and
+// 11.11): computed once per step, read by every group of the step.
+struct StepMetadata {
+  int32_t num_reqs = 0;            // B, graph-padding requests included
+  int32_t num_reqs_actual = 0;     // real requests; [num_reqs_actual, B) are padding
+  int32_t num_actual_tokens = 0;   // query_start_loc[B]
+  int32_t num_input_tokens = 0;    // T: tokens the layers see (>= num_actual_tokens)
+  int32_t num_decodes = 0, num_decode_tokens = 0, num_prefills = 0, num_prefill_tokens = 0;
+  int32_t decode_threshold = 1;    // 1 + num_speculative_tokens
+  int32_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  plan::AttentionState attn_state = plan::AttentionState::DecodeOnly;
+  int32_t draft_index = -1;        // -1: the main lane; d: build_for_drafting(.., d)
+  bool has_prefill() const { return num_prefills > 0; }
+
+  // Device views (int32): query_start_loc (B+1), seq_lens (B), start_pos (B:
+  // S_b - q_b, 0 for padding rows), cu_seqlens_kv (B+1: [0, cumsum(S)], what
+  // the A5 plans pass as decode cu_seqlens_ori_kv).
+  at::Tensor query_start_loc, seq_lens, start_pos, cu_seqlens_kv;
+  // RoPE rows of the step's T tokens (token i of request b at position
+  // start_pos[b] + i - query_start_loc[b]; padding tokens past
+  // num_actual_tokens at position 0), gathered on the host from each table:
+  // cos/sin from the rope_theta table (SWA layers), compress_cos/sin from the
+  // compress_rope_theta table (compressed layers; undefined without one).
+  at::Tensor cos, sin, compress_cos, compress_sin;
+  // The full tables on the builder's device (compressor_metadata's rope_cos /
+  // rope_sin for compressed rows; spec 6.5 full_compress_cos/sin).
+  at::Tensor rope_cos_table, rope_sin_table, compress_cos_table, compress_sin_table;
+
+  // Host copies of the lists (the build's turn of the staging buffer).
+  plan::CSpan<int32_t> query_start_loc_host, seq_lens_host, start_pos_host, positions_host;
+  // The plan the groups read (views of the host lists above).
+  plan::DsaStepPlan plan;
+  BuildStamp stamp;
+};
+
+// One KV-cache group's metadata (spec 6.5 AscendDSAReqMetadata).
+struct GroupMetadata {
+  DsaCacheKind kind = DsaCacheKind::Swa;
+  int32_t compress_ratio = 1;        // 1 = uncompressed (SWA and every state cache), 4, 128
+  int32_t block_size = 0;            // the scheduler's logical block (raw tokens)
+  int32_t storage_block_size = 0;    // physical rows per page
+  SlotFormat slot_format = SlotFormat::BlockOffset;
+  int32_t num_reqs_actual = 0;
+  int32_t draft_index = -1;
+
+  at::Tensor block_table;  // (B, max_blocks_per_req) int32, graph-padding rows zeroed
+  at::Tensor seq_lens, query_start_loc, start_pos;  // the step's
+  // ratio <= 1: the formatted slots of the step's T tokens; compressed
+  // groups: the slots of the compressed rows the step emits (what the device
+  // path's compressor_metadata generates; the CPU path reads these), then the
+  // skip encoding up to num_compressed_tokens rows. (rows, 2) for BlockOffset,
+  // (rows,) for Flat.
+  at::Tensor slot_mapping;
+  int32_t num_compressed_tokens = 0;  // rows: T for ratio <= 1, min(T, T // r + B) else
+  int32_t num_valid_rows = 0;         // rows emitted by real requests
+  // Per row (num_compressed_tokens,) int32: compressed row index c (-1 for
+  // padding rows), its RoPE position c * r (0 for padding rows), its request
+  // (-1 for padding rows).
+  at::Tensor row_index, row_position, row_request;
+  // RoPE rows of the step's tokens from this group's table (ratio <= 1:
+  // rope_theta; compressed: compress_rope_theta), and the full compress table
+  // (compressed groups only; undefined otherwise).
+  at::Tensor cos, sin, full_compress_cos, full_compress_sin;
+  // Spec 6.7 blobs: (1024,) int32 device buffers at stable addresses (one pair
+  // per builder lane). sas_metadata_filled / qli_metadata_filled say whether
+  // this build wrote them (see dsa/builder.h).
+  at::Tensor sas_metadata, qli_metadata;
+  bool sas_metadata_filled = false, qli_metadata_filled = false;
+  // The SAS metadata op's cu_seqlens_ori_kv / cu_seqlens_cmp_kv (spec 6.5
+  // step 3, per the AttnKvPlan): an empty (0,) tensor (EmptyTensor), the
+  // step's query_start_loc, [0, cumsum(S)], or undefined (None).
+  at::Tensor cu_seqlens_ori_kv, cu_seqlens_cmp_kv;
+  CuSeqlensKv cu_seqlens_ori_kv_kind = CuSeqlensKv::None, cu_seqlens_cmp_kv_kind = CuSeqlensKv::None;
+  // DSpark (spec 6.6): (T, 1, width) physical slots, defined on SWA groups
+  // configured non-causal (dspark_num_spec > 0) in steps without prefill.
+  at::Tensor dspark_swa_indices;
+  int32_t ori_win_left = 0, ori_win_right = 0;  // the attention call's window
+  int32_t max_seqlen_q = 0, max_seqlen_kv = 0;
+
+  // Host lists (the build's turn of the staging buffer).
+  plan::CSpan<int32_t> block_table_host;  // B * max_blocks_per_req
+  plan::CSpan<int32_t> slot_mapping_host, row_index_host, row_position_host, row_request_host, dspark_host;
+  int32_t block_table_stride = 0;
+  int32_t dspark_width = 0;
+
+  BuildStamp stamp, step_stamp;
+  bool current() const { return stamp.current() && step_stamp.current(); }
+};
+
+// Throws InvalidArgument naming `what` when the group's metadata or the step
+// build it reads is stale.
+void check_current(const GroupMetadata& g, const char* what);
+
+// Spec 6.4: the groups one attention layer reads. swa always; ratio > 1:
+// attention (the compressed KV group) and compressor_state; ratio 4: also
+// indexer_cache and indexer_state. common() = attention if present, else swa.
+struct LayerMetadata {
+  int32_t compress_ratio = 1;
+  const StepMetadata* step = nullptr;
+  const GroupMetadata* swa = nullptr;
+  const GroupMetadata* attention = nullptr;
+  const GroupMetadata* compressor_state = nullptr;
+  const GroupMetadata* indexer_cache = nullptr;
+  const GroupMetadata* indexer_state = nullptr;
+  const GroupMetadata& common() const { return attention != nullptr ? *attention : *swa; }
+};
+
+// Builds the routing of a layer of compress_ratio (0/1, 4, 128) and checks it:
+// every group the ratio needs is given, no other one is (a ratio-128 layer
+// given an indexer is a wiring bug), each has the expected cache kind (swa:
+// Swa; attention: C4Kv / C128Kv by ratio; compressor_state: C4AttnState /
+// C128State; indexer_cache: C4IndexerK; indexer_state: C4IndexerState), and
+// all are current and built from `step`. InvalidArgument naming the slot.
+LayerMetadata route_layer(int32_t compress_ratio, const StepMetadata& step, const GroupMetadata* swa,
+                          const GroupMetadata* attention = nullptr, const GroupMetadata* compressor_state = nullptr,
+                          const GroupMetadata* indexer_cache = nullptr, const GroupMetadata* indexer_state = nullptr);
+
+}  // namespace aar::dsa
