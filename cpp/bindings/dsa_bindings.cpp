@@ -313,7 +313,7 @@ void bind_dsa_builders(nb::module_& m) {
           [](dsa::GroupBuilder* self, const dsa::StepBuilder& step, const std::string& kind, int32_t cache_block_size,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
              const std::string& model_dtype, int32_t max_blocks_per_req, int32_t num_blocks, int32_t window,
-             int32_t dspark_num_spec, int32_t dspark_width) {
+             int32_t dspark_num_spec, int32_t dspark_width, int32_t num_heads_q, int32_t index_topk) {
             dsa::GroupConfig c;
             c.kind = parse_cache_kind(kind);
             c.cache_block_size = cache_block_size;
@@ -323,11 +323,14 @@ void bind_dsa_builders(nb::module_& m) {
             c.window = window;
             c.dspark_num_spec = dspark_num_spec;
             c.dspark_width = dspark_width;
+            c.num_heads_q = num_heads_q;
+            c.index_topk = index_topk;
             new (self) dsa::GroupBuilder(step, c);
           },
           "step_builder"_a, nb::kw_only(), "kind"_a, "cache_block_size"_a = 128, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "max_blocks_per_req"_a = 64, "num_blocks"_a,
-          "window"_a = 128, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, nb::keep_alive<1, 2>())
+          "window"_a = 128, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, "num_heads_q"_a = 0, "index_topk"_a = 512,
+          nb::keep_alive<1, 2>())
       .def(
           "build",
           [](dsa::GroupBuilder& g, const dsa::StepMetadata& step, nb::handle bt) -> dsa::GroupMetadata {

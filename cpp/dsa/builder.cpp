@@ -3,6 +3,7 @@
 #include "ascend_attn_rt/dsa/builder.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 #include "ascend_attn_rt/plan/dsa_step_plan.h"
 
 namespace aar::dsa {
@@ -437,7 +439,7 @@ class GroupBuilder::Lane {
     md_.ori_win_right = 0;
     md_.max_seqlen_q = st.max_seqlen_q;
     md_.max_seqlen_kv = st.max_seqlen_kv;
-    md_.sas_metadata_filled = false;
+    md_.sas_metadata_filled = fill_sas(st, ratio);
     md_.qli_metadata_filled = false;
     md_.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B * stride));
     md_.slot_mapping_host = plan::CSpan<int32_t>(s + r.slots, ur * fw_);
@@ -463,6 +465,43 @@ class GroupBuilder::Lane {
     r.req = r.pos + b;
     r.dspark = r.req + b;
     return r;
+  }
+  // Spec 6.7: the SAS blob of this group's layers, copied into the stable
+  // buffer. Returns whether it was generated (see dsa/builder.h).
+  bool fill_sas(const StepMetadata& st, int32_t ratio) {
+    const GroupConfig& c = g_.cfg_;
+    const bool reads_sas = c.kind == DsaCacheKind::Swa || c.kind == DsaCacheKind::C4Kv ||
+                           c.kind == DsaCacheKind::C128Kv;
+    if (!reads_sas || c.num_heads_q <= 0 || c.plan.sparse_attn != SparseAttnPath::SharedKv) return false;
+    c10::InferenceMode guard;
+    auto opt = [](const at::Tensor& t) -> std::optional<at::Tensor> {
+      if (!t.defined()) return std::nullopt;
+      return t;
+    };
+    ops::SparseAttnSharedKvMetadataArgs a;
+    a.num_heads_q = c.num_heads_q;
+    a.num_heads_kv = 1;
+    a.head_dim = c.plan.attn_head_dim;
+    a.cu_seqlens_q = st.query_start_loc;
+    a.cu_seqlens_ori_kv = opt(md_.cu_seqlens_ori_kv);
+    a.cu_seqlens_cmp_kv = opt(md_.cu_seqlens_cmp_kv);
+    a.seqused_kv = st.seq_lens;
+    a.batch_size = st.num_reqs;
+    a.max_seqlen_q = st.max_seqlen_q;
+    a.max_seqlen_kv = st.max_seqlen_kv;
+    a.cmp_topk = ratio == 4 ? c.index_topk : 0;
+    a.cmp_ratio = ratio <= 1 ? 1 : (ratio == 4 ? 4 : 128);
+    a.ori_mask_mode = 4;
+    a.cmp_mask_mode = 3;
+    a.ori_win_left = md_.ori_win_left;
+    a.ori_win_right = md_.ori_win_right;
+    a.layout_q = "TND";
+    a.layout_kv = to_string(c.plan.layout_kv);
+    a.has_ori_kv = true;
+    a.has_cmp_kv = ratio > 1;
+    a.device = "npu";
+    md_.sas_metadata.copy_(ops::sparse_attn_sharedkv_metadata(a), /*non_blocking=*/true);
+    return true;
   }
   at::Tensor cu_tensor(CuSeqlensKv k, const StepMetadata& st) const {
     switch (k) {

@@ -36,11 +36,21 @@
 //    drafting (NotSupported naming the cache kind otherwise); a draft group
 //    build takes a draft step build of the same draft index.
 //  - SAS / QLI metadata (spec 6.7): every group lane owns two (1024,) int32
-//    device buffers at stable addresses. They are NOT filled yet: the metadata
-//    operator wrappers (ops/sparse_attn_sharedkv.h) are not on this branch;
-//    GroupMetadata::sas_metadata_filled / qli_metadata_filled are false. The
-//    arguments of 6.7 are all in the metadata (lengths, cu_seqlens per plan,
-//    window, ratio) for the call to be added.
+//    device buffers at stable addresses. A build fills sas_metadata (the
+//    operator's blob copied in, device to device) for the groups a layer
+//    reads it from (spec 6.4 common(): Swa, C4Kv, C128Kv) when the plan's
+//    attention path is SharedKv (A2/A3: npu_sparse_attn_sharedkv_metadata,
+//    ops/sparse_attn_sharedkv.h) and GroupConfig::num_heads_q > 0, with the
+//    arguments of spec 6.7. NOT filled (sas_metadata_filled = false, the
+//    buffer keeps its old contents): the A5 plans (their metadata operators,
+//    npu_kv_quant_sparse_attn_sharedkv_metadata and SparseFlashMla's, have no
+//    wrapper yet) and the state / indexer groups (no layer reads their SAS
+//    blob). The QLI blob is never filled (no wrapper of QLI's metadata
+//    operator exists yet): qli_metadata_filled = false.
+//    Deliberate fix of spec 11.12: the blob's ori_win_left is the attention
+//    call's window (W + num_spec - 1 when DSpark is active, else W - 1) in
+//    main and draft builds alike; upstream's main build passes W - 1 to the
+//    metadata op but W + num_spec - 1 to the kernel.
 //  - RoPE: a group of ratio <= 1 reads the rope_theta rows, a compressed group
 //    the compress_rope_theta rows (the layer's common() group decides its
 //    RoPE: spec 6.4). A compressed group needs the compress tables.
@@ -136,6 +146,10 @@ struct GroupConfig {
   // num_spec - 1 then). width 0 = roundup(W + num_spec, 128).
   int32_t dspark_num_spec = 0;
   int32_t dspark_width = 0;
+  // SAS metadata arguments (spec 6.7): the local query heads (0 = do not
+  // generate the SAS blob) and the indexer top-k (cmp_topk of C4 layers).
+  int32_t num_heads_q = 0;
+  int32_t index_topk = 512;
 };
 
 struct GroupInputs {
