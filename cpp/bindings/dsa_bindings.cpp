@@ -347,6 +347,7 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("storage_block_size", &dsa::GroupBuilder::storage_block_size)
       .def_prop_ro("slot_format", [](const dsa::GroupBuilder& g) { return std::string(dsa::to_string(g.slot_format())); })
       .def_prop_ro("num_drafts", &dsa::GroupBuilder::num_drafts)
+      .def_prop_ro("block_table_staging", [](const dsa::GroupBuilder& g) { return g.block_table_staging(); })
       .def_prop_ro("generation", &dsa::GroupBuilder::generation);
 
   m.def(

@@ -336,6 +336,10 @@ class GroupBuilder::Lane {
 
   const GroupMetadata& metadata() const { return md_; }
   uint64_t generation() const { return counter_.current(); }
+  at::Tensor staged_rows(int64_t rows) const {
+    const int64_t MB = g_.cfg_.max_blocks_per_req;
+    return buffers_->host(0).narrow(0, off_bt_, rows * MB).view({rows, MB});
+  }
 
   const GroupMetadata& build(const StepMetadata& st, const GroupInputs& in) {
     check_current(st.stamp, "step metadata");
@@ -548,6 +552,11 @@ GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : st
     const int slot_base = sc.staging_hooks != nullptr ? l * sc.staging_buffers : 0;
     const int64_t cap = l == 0 ? sc.max_num_reqs : int64_t{sc.max_num_reqs} * step.decode_threshold();
     lanes_.push_back(std::make_unique<Lane>(*this, sc, l - 1, cap, separate, slot_base));
+  }
+  if (separate) {
+    staging_block_table_ = at::zeros({sc.max_num_reqs, cfg.max_blocks_per_req}, at::TensorOptions().dtype(at::kInt));
+  } else {
+    staging_block_table_ = lanes_[0]->staged_rows(sc.max_num_reqs);
   }
 }
 

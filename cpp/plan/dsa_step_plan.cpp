@@ -94,6 +94,27 @@ inline DsaCompressedRows rows_of(int32_t ctx, int32_t q, int32_t r) {
   return {first, (ctx + q) / r - first};
 }
 
+// Division of non-negative values by a positive divisor fixed per call:
+// shifts and masks for powers of two (every DSV4 ratio and page size), so the
+// per-request loops of a 256-request step pay no integer division.
+struct NonNegDiv {
+  int32_t d = 1;
+  int32_t shift = -1;  // log2(d) when d is a power of two
+  explicit NonNegDiv(int32_t divisor) : d(divisor) {
+    if ((d & (d - 1)) == 0) {
+      shift = 0;
+      while ((int32_t{1} << shift) < d) ++shift;
+    }
+  }
+  int32_t div(int32_t x) const { return shift >= 0 ? x >> shift : x / d; }
+  int32_t mod(int32_t x) const { return shift >= 0 ? x & (d - 1) : x % d; }
+};
+
+inline DsaCompressedRows rows_of(int32_t ctx, int32_t q, const NonNegDiv& r) {
+  const int32_t first = r.div(ctx);
+  return {first, r.div(ctx + q) - first};
+}
+
 void check_table_size(CSpan<int32_t> table, int32_t stride, std::size_t b) {
   AAR_CHECK_ARG(stride >= 0, "block_table_stride=", stride, " is negative");
   AAR_CHECK_ARG(table.size() >= b * static_cast<std::size_t>(stride), "block_table has ", table.size(),
@@ -229,25 +250,26 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
                 stride);
 
   // Every row the real requests emit: its page column and block id.
+  const NonNegDiv rdiv(r), sdiv(sbs);
   int64_t valid = 0;
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t q = step.query_start_loc[q_i + 1] - step.query_start_loc[q_i];
     // The plan holds views of the caller's arrays: guard against their change.
     AAR_CHECK_ARG(q >= 0 && step.seq_lens[q_i] >= q, "step: seq_lens[", q_i, "]=", step.seq_lens[q_i],
                   " and query length ", q, " are not a validated request (inputs changed after plan_dsa_step?)");
-    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, r);
+    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, rdiv);
     if (rows.count == 0) continue;
     valid += rows.count;
     const int32_t last = rows.first + rows.count - 1;
     AAR_CHECK_ARG(g.rope_positions == 0 || static_cast<int64_t>(last) * r < g.rope_positions, "request ", q_i,
                   " emits compressed row ", last, " at RoPE position ", static_cast<int64_t>(last) * r,
                   " but rope_positions=", g.rope_positions);
-    const int32_t col_last = last / sbs;
+    const int32_t col_last = sdiv.div(last);
     AAR_CHECK_ARG(static_cast<std::size_t>(col_last) < stride, "request ", q_i, " emits compressed row ", last,
                   " in block-table column ", col_last, " but block_table_stride=", stride,
                   " (storage_block_size=", sbs, ", ratio=", r, ")");
     const int32_t* row = g.block_table.data() + static_cast<std::size_t>(q_i) * stride;
-    for (int32_t col = rows.first / sbs; col <= col_last; ++col) {
+    for (int32_t col = sdiv.div(rows.first); col <= col_last; ++col) {
       const int32_t id = row[col];
       AAR_CHECK_ARG(id >= 0 && (g.num_blocks == 0 || id < g.num_blocks), "block_table[", q_i, "][", col, "]=", id,
                     " is out of range [0, ", g.num_blocks == 0 ? std::string("inf") : std::to_string(g.num_blocks),
@@ -271,10 +293,10 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   std::size_t out_row = 0;
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t q = step.query_start_loc[q_i + 1] - step.query_start_loc[q_i];
-    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, r);
+    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, rdiv);
     const int32_t* row = g.block_table.data() + static_cast<std::size_t>(q_i) * stride;
     for (int32_t c = rows.first; c < rows.first + rows.count; ++c, ++out_row) {
-      put_slot(slots, out_row, g.slot_format, row[c / sbs], c % sbs, sbs);
+      put_slot(slots, out_row, g.slot_format, row[sdiv.div(c)], sdiv.mod(c), sbs);
       if (!buf.row_index.empty()) buf.row_index[out_row] = c;
       if (!buf.row_position.empty()) buf.row_position[out_row] = c * r;
       if (!buf.row_request.empty()) buf.row_request[out_row] = q_i;

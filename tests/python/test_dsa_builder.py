@@ -482,3 +482,25 @@ def test_sas_metadata_blob():
     assert not group(sb, "c4_attn_state", num_heads_q=16).build(st, t).sas_metadata_filled
     assert not group(sb, "swa").build(st, t).sas_metadata_filled
     assert not group(sb, "swa", dk="a5", num_heads_q=16).build(st, t).sas_metadata_filled
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_staged_block_table(separate):
+    # The engine keeps its table in block_table_staging(): on the CPU the
+    # metadata's table is those rows (no copy); values as with a host table.
+    sb = step_builder(separate_device_buffers=separate)
+    g = group(sb, "c4_kv", mbr=16)
+    staging = g.block_table_staging
+    assert staging.shape == (16, 16) and staging.dtype == torch.int32
+    table = make_table(3, 16, 512, 21)
+    staging[:3] = i32(table)
+    q, S = [1, 1, 1], [100, 900, 4000]
+    st = sb.build_for_graph_capture(i32([0, 1, 2, 3]), i32(S), num_reqs_actual=2)
+    gm = g.build(st, staging[:3])
+    check_group(gm, st, q, S, table, 4, 128, False, nra=2)
+    if not separate:
+        assert gm.block_table.data_ptr() == staging.data_ptr()
+        assert staging[2].abs().sum() == 0  # the padding row zeroed in place
+    else:
+        assert gm.block_table.data_ptr() != staging.data_ptr()
+        assert staging[2].tolist() == table[2]

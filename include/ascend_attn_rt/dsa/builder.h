@@ -179,9 +179,19 @@ class GroupBuilder {
   int32_t num_drafts() const { return static_cast<int32_t>(lanes_.size()) - 1; }
   const GroupMetadata& metadata() const;
   uint64_t generation() const;
+  // Host int32 (max_num_reqs, max_blocks_per_req) table an engine may keep
+  // this group's block table in and pass back as GroupInputs::block_table
+  // (same pointer, stride max_blocks_per_req) to build(). Without separate
+  // device buffers (the CPU) it is the main lane's staging rows themselves:
+  // the build copies no rows (graph-padding rows are zeroed in it), and the
+  // metadata's block table is a view of it. On the device path it is a table
+  // of its own, copied into the staging buffer of the turn, so the engine may
+  // rewrite it once build() returns. (The SFA builder's scheme.)
+  const at::Tensor& block_table_staging() const { return staging_block_table_; }
 
  private:
   class Lane;
+  at::Tensor staging_block_table_;
   const StepBuilder& step_;
   GroupConfig cfg_;
   DsaCacheSpec spec_;
