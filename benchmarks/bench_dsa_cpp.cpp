@@ -25,6 +25,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -118,7 +119,9 @@ int main(int argc, char** argv) {
                               {"cpu (aliased), staged + SAS blobs", false, false, true, true},
                               {"separate buffers, host tables", true, false, false, false},
                               {"separate buffers, narrow state", true, true, false, false}};
+  const char* only = std::getenv("AAR_BENCH_VARIANT");  // run one variant (its index), e.g. under perf
   for (const Variant& v : variants) {
+    if (only != nullptr && std::atoi(only) != &v - variants) continue;
     Model m = make_model(v.separate, v.narrow, v.sas ? 16 : 0);
     for (int B : {1, 32, 256}) {
       // Contexts must fit the narrow state tables: 64 blocks of 8 tokens.

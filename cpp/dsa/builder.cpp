@@ -41,6 +41,12 @@ const at::Tensor& cached(std::vector<CachedView>& cache, size_t i, int64_t offse
 
 constexpr int64_t kBlobWords = 1024;  // spec 6.7: (1024,) int32
 
+// dst = src without the reference-count traffic when dst already is src (the
+// steady state: cached views, the step's tensors).
+inline void set(at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_same(src)) dst = src;
+}
+
 }  // namespace
 
 // ============================================================== StepBuilder
@@ -187,16 +193,16 @@ class StepBuilder::Lane {
     md_.max_seqlen_kv = p.max_seqlen_kv;
     md_.attn_state = state;
     const size_t ub = static_cast<size_t>(B);
-    md_.query_start_loc = cached(v_qsl_, ub, off_qsl_, [&] { return device_.narrow(0, off_qsl_, B + 1); });
-    md_.seq_lens = cached(v_seq_, ub, off_seq_, [&] { return device_.narrow(0, off_seq_, B); });
-    md_.start_pos = cached(v_sp_, ub, off_sp_, [&] { return device_.narrow(0, off_sp_, B); });
-    md_.cu_seqlens_kv = cached(v_cu_, ub, off_cu_, [&] { return device_.narrow(0, off_cu_, B + 1); });
+    set(md_.query_start_loc, cached(v_qsl_, ub, off_qsl_, [&] { return device_.narrow(0, off_qsl_, B + 1); }));
+    set(md_.seq_lens, cached(v_seq_, ub, off_seq_, [&] { return device_.narrow(0, off_seq_, B); }));
+    set(md_.start_pos, cached(v_sp_, ub, off_sp_, [&] { return device_.narrow(0, off_sp_, B); }));
+    set(md_.cu_seqlens_kv, cached(v_cu_, ub, off_cu_, [&] { return device_.narrow(0, off_cu_, B + 1); }));
     const size_t ut = static_cast<size_t>(t_in);
-    md_.cos = cached(v_cos_, ut, r.cos, [&] { return rope_.view(device_, r.cos, t_in); });
-    md_.sin = cached(v_sin_, ut, r.sin, [&] { return rope_.view(device_, r.sin, t_in); });
+    set(md_.cos, cached(v_cos_, ut, r.cos, [&] { return rope_.view(device_, r.cos, t_in); }));
+    set(md_.sin, cached(v_sin_, ut, r.sin, [&] { return rope_.view(device_, r.sin, t_in); }));
     if (crope_ != nullptr) {
-      md_.compress_cos = cached(v_ccos_, ut, r.ccos, [&] { return crope_->view(device_, r.ccos, t_in); });
-      md_.compress_sin = cached(v_csin_, ut, r.csin, [&] { return crope_->view(device_, r.csin, t_in); });
+      set(md_.compress_cos, cached(v_ccos_, ut, r.ccos, [&] { return crope_->view(device_, r.ccos, t_in); }));
+      set(md_.compress_sin, cached(v_csin_, ut, r.csin, [&] { return crope_->view(device_, r.csin, t_in); }));
     }
     md_.query_start_loc_host = plan::CSpan<int32_t>(s + off_qsl_, ub + 1);
     md_.seq_lens_host = plan::CSpan<int32_t>(s + off_seq_, ub);
@@ -409,36 +415,36 @@ class GroupBuilder::Lane {
     md_.num_compressed_tokens = gp.num_compressed_tokens;
     md_.num_valid_rows = gp.num_valid_rows;
     md_.block_table_stride = static_cast<int32_t>(stride);
-    md_.block_table = cached(v_bt_, static_cast<size_t>(B), stride,
-                             [&] { return device_.narrow(0, off_bt_, B * stride).view({B, stride}); });
-    md_.seq_lens = st.seq_lens;
-    md_.query_start_loc = st.query_start_loc;
-    md_.start_pos = st.start_pos;
-    md_.slot_mapping = cached(v_slots_, ur, r.slots, [&] {
+    set(md_.block_table, cached(v_bt_, static_cast<size_t>(B), stride,
+                             [&] { return device_.narrow(0, off_bt_, B * stride).view({B, stride}); }));
+    set(md_.seq_lens, st.seq_lens);
+    set(md_.query_start_loc, st.query_start_loc);
+    set(md_.start_pos, st.start_pos);
+    set(md_.slot_mapping, cached(v_slots_, ur, r.slots, [&] {
       at::Tensor v = device_.narrow(0, r.slots, rows * fw_);
       return fw_ == 2 ? v.view({rows, 2}) : v;
-    });
-    md_.row_index = cached(v_idx_, ur, r.idx, [&] { return device_.narrow(0, r.idx, rows); });
-    md_.row_position = cached(v_pos_, ur, r.pos, [&] { return device_.narrow(0, r.pos, rows); });
-    md_.row_request = cached(v_req_, ur, r.req, [&] { return device_.narrow(0, r.req, rows); });
+    }));
+    set(md_.row_index, cached(v_idx_, ur, r.idx, [&] { return device_.narrow(0, r.idx, rows); }));
+    set(md_.row_position, cached(v_pos_, ur, r.pos, [&] { return device_.narrow(0, r.pos, rows); }));
+    set(md_.row_request, cached(v_req_, ur, r.req, [&] { return device_.narrow(0, r.req, rows); }));
     if (ratio > 1) {
-      md_.cos = st.compress_cos;
-      md_.sin = st.compress_sin;
-      md_.full_compress_cos = st.compress_cos_table;
-      md_.full_compress_sin = st.compress_sin_table;
+      set(md_.cos, st.compress_cos);
+      set(md_.sin, st.compress_sin);
+      set(md_.full_compress_cos, st.compress_cos_table);
+      set(md_.full_compress_sin, st.compress_sin_table);
     } else {
-      md_.cos = st.cos;
-      md_.sin = st.sin;
+      set(md_.cos, st.cos);
+      set(md_.sin, st.sin);
     }
     const bool prefill = st.has_prefill();
     md_.cu_seqlens_ori_kv_kind = prefill ? kp.prefill_cu_seqlens_ori_kv : kp.decode_cu_seqlens_ori_kv;
     md_.cu_seqlens_cmp_kv_kind = prefill ? kp.prefill_cu_seqlens_cmp_kv : kp.decode_cu_seqlens_cmp_kv;
-    md_.cu_seqlens_ori_kv = cu_tensor(md_.cu_seqlens_ori_kv_kind, st);
-    md_.cu_seqlens_cmp_kv = cu_tensor(md_.cu_seqlens_cmp_kv_kind, st);
-    md_.dspark_swa_indices = dspark ? cached(v_ds_, static_cast<size_t>(T), r.dspark, [&] {
+    set(md_.cu_seqlens_ori_kv, cu_tensor(md_.cu_seqlens_ori_kv_kind, st));
+    set(md_.cu_seqlens_cmp_kv, cu_tensor(md_.cu_seqlens_cmp_kv_kind, st));
+    set(md_.dspark_swa_indices, dspark ? cached(v_ds_, static_cast<size_t>(T), r.dspark, [&] {
       return device_.narrow(0, r.dspark, int64_t{T} * dspark_width_).view({T, 1, dspark_width_});
     })
-                                    : at::Tensor();
+                                    : at::Tensor());
     md_.ori_win_left = dspark ? g_.cfg_.window + g_.cfg_.dspark_num_spec - 1 : g_.cfg_.window - 1;
     md_.ori_win_right = 0;
     md_.max_seqlen_q = st.max_seqlen_q;

@@ -289,24 +289,34 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
     if (dst != src) std::copy(src, src + static_cast<std::size_t>(nra) * stride, dst);
     std::fill(dst + static_cast<std::size_t>(nra) * stride, dst + static_cast<std::size_t>(b) * stride, 0);
   }
-  int32_t* slots = buf.slot_mapping.data();
+  // Local pointers (null = not requested): the int32 stores below could
+  // alias the spans' arrays, so nothing is re-read through `buf` per row.
+  int32_t* const slots = buf.slot_mapping.data();
+  int32_t* const ri = buf.row_index.empty() ? nullptr : buf.row_index.data();
+  int32_t* const rp = buf.row_position.empty() ? nullptr : buf.row_position.data();
+  int32_t* const rq = buf.row_request.empty() ? nullptr : buf.row_request.data();
+  const int32_t* const qsl = step.query_start_loc.data();
+  const int32_t* const seq = step.seq_lens.data();
+  const int32_t* const table = g.block_table.data();
+  const SlotFormat fmt = g.slot_format;
   std::size_t out_row = 0;
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
-    const int32_t q = step.query_start_loc[q_i + 1] - step.query_start_loc[q_i];
-    const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, rdiv);
-    const int32_t* row = g.block_table.data() + static_cast<std::size_t>(q_i) * stride;
-    for (int32_t c = rows.first; c < rows.first + rows.count; ++c, ++out_row) {
-      put_slot(slots, out_row, g.slot_format, row[sdiv.div(c)], sdiv.mod(c), sbs);
-      if (!buf.row_index.empty()) buf.row_index[out_row] = c;
-      if (!buf.row_position.empty()) buf.row_position[out_row] = c * r;
-      if (!buf.row_request.empty()) buf.row_request[out_row] = q_i;
+    const int32_t q = qsl[q_i + 1] - qsl[q_i];
+    const DsaCompressedRows rows = rows_of(seq[q_i] - q, q, rdiv);
+    const int32_t* row = table + static_cast<std::size_t>(q_i) * stride;
+    const int32_t end = rows.first + rows.count;
+    for (int32_t c = rows.first; c < end; ++c, ++out_row) {
+      put_slot(slots, out_row, fmt, row[sdiv.div(c)], sdiv.mod(c), sbs);
+      if (ri != nullptr) ri[out_row] = c;
+      if (rp != nullptr) rp[out_row] = c * r;
+      if (rq != nullptr) rq[out_row] = q_i;
     }
   }
   for (; out_row < rows_u; ++out_row) {
-    put_slot(slots, out_row, g.slot_format, -1, 0, sbs);
-    if (!buf.row_index.empty()) buf.row_index[out_row] = -1;
-    if (!buf.row_position.empty()) buf.row_position[out_row] = 0;
-    if (!buf.row_request.empty()) buf.row_request[out_row] = -1;
+    put_slot(slots, out_row, fmt, -1, 0, sbs);
+    if (ri != nullptr) ri[out_row] = -1;
+    if (rp != nullptr) rp[out_row] = 0;
+    if (rq != nullptr) rq[out_row] = -1;
   }
   return {r, num_rows, static_cast<int32_t>(valid)};
 }
