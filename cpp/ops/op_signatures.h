@@ -273,4 +273,56 @@ using BatchMatmulTranspose = void(const at::Tensor& tensor_a, const at::Tensor& 
                                   std::optional<c10::string_view> format_mode,
                                   std::optional<c10::string_view> quant_mode);
 
+// ---- DeepSeek-V4 (DSA) shared-KV sparse attention and its in-place helpers (issue 12),
+// vllm-ascend's _C_ascend operators.
+#define AAR_SAS_TENSOR_PARAMS                                                                           \
+  sig::OptT ori_kv, sig::OptT cmp_kv, sig::OptT ori_sparse_indices, sig::OptT cmp_sparse_indices,        \
+      sig::OptT ori_block_table, sig::OptT cmp_block_table, sig::OptT cu_seqlens_q,                      \
+      sig::OptT cu_seqlens_ori_kv, sig::OptT cu_seqlens_cmp_kv, sig::OptT seqused_q, sig::OptT seqused_kv, \
+      sig::OptT sinks, sig::OptT metadata
+#define AAR_SAS_MODE_PARAMS                                                                             \
+  int64_t cmp_ratio, int64_t ori_mask_mode, int64_t cmp_mask_mode, int64_t ori_win_left,               \
+      int64_t ori_win_right, sig::Str layout_q, sig::Str layout_kv, bool return_softmax_lse
+#define AAR_SPARSE_ATTN_SHAREDKV_PARAMS \
+  const at::Tensor &q, AAR_SAS_TENSOR_PARAMS, double softmax_scale, AAR_SAS_MODE_PARAMS
+using SasResult = std::tuple<at::Tensor, at::Tensor>;
+using SparseAttnSharedKv = SasResult(AAR_SPARSE_ATTN_SHAREDKV_PARAMS);
+#define AAR_SAS_TENSOR_ARGS                                                                                 \
+  ori_kv, cmp_kv, ori_sparse_indices, cmp_sparse_indices, ori_block_table, cmp_block_table, cu_seqlens_q, \
+      cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_kv, sinks, metadata
+#define AAR_SAS_MODE_ARGS \
+  cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv, return_softmax_lse
+#define AAR_SPARSE_ATTN_SHAREDKV_ARGS q, AAR_SAS_TENSOR_ARGS, softmax_scale, AAR_SAS_MODE_ARGS
+
+// A5: npu_kv_quant_sparse_attn_sharedkv (positional kv_quant_mode, tile_size and rope_head_dim; no `*`).
+#define AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_PARAMS                                                          \
+  const at::Tensor &q, int64_t kv_quant_mode, AAR_SAS_TENSOR_PARAMS, int64_t tile_size, int64_t rope_head_dim, \
+      double softmax_scale, AAR_SAS_MODE_PARAMS
+using KvQuantSparseAttnSharedKv = SasResult(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_PARAMS);
+
+#define AAR_SAS_METADATA_LEN_PARAMS                                                                    \
+  sig::OptT cu_seqlens_q, sig::OptT cu_seqlens_ori_kv, sig::OptT cu_seqlens_cmp_kv, sig::OptT seqused_q, \
+      sig::OptT seqused_kv, int64_t batch_size, int64_t max_seqlen_q, int64_t max_seqlen_kv,           \
+      int64_t ori_topk, int64_t cmp_topk
+#define AAR_SAS_METADATA_MODE_PARAMS                                                                    \
+  int64_t cmp_ratio, int64_t ori_mask_mode, int64_t cmp_mask_mode, int64_t ori_win_left,               \
+      int64_t ori_win_right, sig::Str layout_q, sig::Str layout_kv, bool has_ori_kv, bool has_cmp_kv,   \
+      sig::Str device
+#define AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS                                              \
+  int64_t num_heads_q, int64_t num_heads_kv, int64_t head_dim, AAR_SAS_METADATA_LEN_PARAMS, \
+      AAR_SAS_METADATA_MODE_PARAMS
+using SparseAttnSharedKvMetadata = at::Tensor(AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS);
+#define AAR_SPARSE_ATTN_SHAREDKV_METADATA_ARGS                                                              \
+  num_heads_q, num_heads_kv, head_dim, cu_seqlens_q, cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q,     \
+      seqused_kv, batch_size, max_seqlen_q, max_seqlen_kv, ori_topk, cmp_topk, cmp_ratio, ori_mask_mode, \
+      cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv, has_ori_kv, has_cmp_kv, device
+#define AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS                                                    \
+  int64_t num_heads_q, int64_t num_heads_kv, int64_t head_dim, int64_t kv_quant_mode,                       \
+      AAR_SAS_METADATA_LEN_PARAMS, int64_t tile_size, int64_t rope_head_dim, AAR_SAS_METADATA_MODE_PARAMS
+using KvQuantSparseAttnSharedKvMetadata = at::Tensor(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS);
+
+using ScatterNdUpdateV2 = void(at::Tensor& var, const at::Tensor& indices, const at::Tensor& update);
+using InplacePartialRotaryMul = void(at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2,
+                                     c10::string_view rotary_mode, at::IntArrayRef partial_slice);
+
 }  // namespace aar::ops::sig

@@ -54,6 +54,52 @@ const std::vector<OpSchema>& vllm_ascend_op_schemas() {
         "batch_matmul_transpose(Tensor tensor_a, Tensor tensor_b, Tensor tensor_c, str? format_mode=None, "
         "str? quant_mode=None) -> ()",
        false},
+      // DeepSeek-V4 (DSA) shared-KV sparse attention and its in-place helpers (issue 12).
+      {"npu_sparse_attn_sharedkv",
+        "npu_sparse_attn_sharedkv(Tensor q, *, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, "
+        "Tensor? sinks=None, Tensor? metadata=None, float softmax_scale=0, int cmp_ratio=0, "
+        "int ori_mask_mode=4, int cmp_mask_mode=3, int ori_win_left=128, int ori_win_right=0, "
+        "str layout_q=\"BSND\", str layout_kv=\"PA_ND\", bool return_softmax_lse=False) -> (Tensor out, "
+        "Tensor softmax_lse)",
+       false},
+      {"npu_sparse_attn_sharedkv_metadata",
+        "npu_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, "
+        "Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, int max_seqlen_q=0, "
+        "int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int cmp_ratio=4, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", "
+        "str layout_kv=\"PA_ND\", bool has_ori_kv=True, bool has_cmp_kv=True, "
+        "str device=\"npu\") -> (Tensor metadata)",
+       false},
+      {"npu_scatter_nd_update_v2",
+        "npu_scatter_nd_update_v2(Tensor(a!) var, Tensor indices, Tensor update) -> ()",
+       false},
+      {"inplace_partial_rotary_mul",
+        "inplace_partial_rotary_mul(Tensor(a!) x, Tensor r1, Tensor r2, str rotary_mode, "
+        "int[] partial_slice) -> ()",
+       false},
+      {"npu_kv_quant_sparse_attn_sharedkv",
+        "npu_kv_quant_sparse_attn_sharedkv(Tensor q, int kv_quant_mode, Tensor? ori_kv=None, "
+        "Tensor? cmp_kv=None, Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, "
+        "Tensor? ori_block_table=None, Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, "
+        "Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, "
+        "Tensor? seqused_kv=None, Tensor? sinks=None, Tensor? metadata=None, int tile_size=0, "
+        "int rope_head_dim=0, float softmax_scale=0.0, int cmp_ratio=0, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', "
+        "str layout_kv='PA_ND', bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)",
+       false},
+      {"npu_kv_quant_sparse_attn_sharedkv_metadata",
+        "npu_kv_quant_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "int kv_quant_mode, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, "
+        "int max_seqlen_q=0, int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int tile_size=0, "
+        "int rope_head_dim=0, int cmp_ratio=-1, int ori_mask_mode=4, int cmp_mask_mode=3, "
+        "int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', str layout_kv='PA_ND', "
+        "bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu') -> Tensor",
+       false},
   };
   return table;
 }

@@ -1,0 +1,123 @@
+// The DeepSeek-V4 (DSA) operators (issue 12) through their typed wrappers: the
+// provider follows the tensors' device (CPU twin, or the no-compute kernels on
+// meta tensors) or an explicit / process-wide override; small cases checked
+// against values computed here by hand (the twins' maths is tested in
+// tests/python/test_dsa_ops.py against float64 references).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/dsa_inplace_ops.h"
+#include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+
+namespace ops = aar::ops;
+
+namespace {
+
+at::Tensor i32(std::vector<int32_t> v) { return at::tensor(v, at::kInt); }
+
+// One request, S = 3, one query row (p = 2), window left 1: keys at positions 1 and 2.
+ops::SparseAttnSharedKvArgs tiny(at::Tensor& cache) {
+  cache = at::zeros({2, 2, 1, 2});  // block size 2; the table maps positions 0-1 -> block 1, 2 -> block 0
+  cache[1][0][0] = at::tensor({9.0f, 9.0f});  // position 0: outside the window
+  cache[1][1][0] = at::tensor({1.0f, 0.0f});  // position 1
+  cache[0][0][0] = at::tensor({0.0f, 1.0f});  // position 2
+  ops::SparseAttnSharedKvArgs a;
+  a.q = at::tensor({1.0f, 0.0f}).view({1, 1, 2});
+  a.ori_kv = cache;
+  a.ori_block_table = i32({1, 0}).view({1, 2});
+  a.cu_seqlens_q = i32({0, 1});
+  a.seqused_kv = i32({3});
+  a.softmax_scale = 1.0;
+  a.ori_win_left = 1;
+  a.cmp_ratio = 1;
+  a.return_softmax_lse = true;
+  return a;
+}
+
+TEST(RtOpsDsa, SharedKvAttentionThroughTheWrapper) {
+  at::Tensor cache;
+  ops::SparseAttnSharedKvArgs a = tiny(cache);
+  // logits (1, 0); out = (e * [1, 0] + 1 * [0, 1]) / (e + 1); lse = log(e + 1).
+  const double e = std::exp(1.0);
+  auto [out, lse] = ops::sparse_attn_sharedkv(a);
+  ASSERT_EQ(out.sizes(), at::IntArrayRef({1, 1, 2}));
+  EXPECT_NEAR(out[0][0][0].item<float>(), e / (e + 1), 1e-6);
+  EXPECT_NEAR(out[0][0][1].item<float>(), 1 / (e + 1), 1e-6);
+  EXPECT_NEAR(lse[0][0].item<float>(), std::log(e + 1), 1e-6);
+  // A sink of 0 adds e^0 = 1 to the denominator only.
+  a.sinks = at::zeros({1});
+  std::tie(out, lse) = ops::sparse_attn_sharedkv(a);
+  EXPECT_NEAR(out[0][0][0].item<float>(), e / (e + 2), 1e-6);
+  EXPECT_NEAR(lse[0][0].item<float>(), std::log(e + 2), 1e-6);
+  // Errors name the argument.
+  a.softmax_scale = 0;
+  try {
+    ops::sparse_attn_sharedkv(a);
+    FAIL() << "softmax_scale=0 accepted";
+  } catch (const std::exception& ex) {
+    EXPECT_NE(std::string(ex.what()).find("softmax_scale"), std::string::npos) << ex.what();
+  }
+}
+
+TEST(RtOpsDsa, NoComputeProviderOnMetaTensorsAndByOverride) {
+  at::Tensor cache;
+  ops::SparseAttnSharedKvArgs a = tiny(cache);
+  auto [out, lse] = ops::sparse_attn_sharedkv(a, ops::Provider::NoCompute);
+  EXPECT_EQ(out.sizes(), a.q.sizes());
+  EXPECT_EQ(lse.sizes(), at::IntArrayRef({1, 1}));
+  ops::SparseAttnSharedKvArgs m = a;
+  m.q = at::empty({5, 8, 512}, at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta));
+  m.ori_kv = at::empty({4, 128, 1, 512}, m.q.options());
+  m.return_softmax_lse = false;
+  std::tie(out, lse) = ops::sparse_attn_sharedkv(m);  // Auto: meta -> no compute
+  EXPECT_TRUE(out.is_meta());
+  EXPECT_EQ(out.sizes(), at::IntArrayRef({5, 8, 512}));
+  EXPECT_EQ(lse.numel(), 0);
+}
+
+TEST(RtOpsDsa, MetadataProviderFromItsLengthsOrTheOverride) {
+  ops::SparseAttnSharedKvMetadataArgs md;
+  md.num_heads_q = 8;
+  md.batch_size = 1;
+  md.cmp_ratio = 1;
+  md.has_cmp_kv = false;
+  // No tensor and no override: refused (no device to pick a provider from).
+  EXPECT_THROW(ops::sparse_attn_sharedkv_metadata(md), aar::InvalidArgument);
+  const at::Tensor cpu = ops::sparse_attn_sharedkv_metadata(md, ops::Provider::Cpu);
+  EXPECT_EQ(cpu.sizes(), at::IntArrayRef({1024}));
+  EXPECT_EQ(cpu.scalar_type(), at::kInt);
+  EXPECT_EQ(cpu[2].item<int32_t>(), 8);  // num_heads_q in the (documented, opaque) blob
+  md.seqused_kv = i32({5});
+  md.cu_seqlens_q = i32({0, 2});
+  const at::Tensor auto_cpu = ops::sparse_attn_sharedkv_metadata(md);
+  EXPECT_TRUE(auto_cpu.device().is_cpu());
+  EXPECT_FALSE(at::equal(auto_cpu, cpu));  // follows the lengths
+  {
+    ops::ProviderOverride o(ops::Provider::NoCompute);
+    EXPECT_EQ(ops::sparse_attn_sharedkv_metadata(md).sizes(), at::IntArrayRef({1024}));
+  }
+}
+
+TEST(RtOpsDsa, ScatterV2AndPartialRopeThroughTheWrappers) {
+  at::Tensor cache = at::zeros({2, 3, 1, 2});
+  const at::Tensor idx = i32({1, 2, -1, 2, 0, 0}).view({3, 2});
+  const at::Tensor upd = at::arange(1, 7, at::kFloat).view({3, 2});  // the (N, D) form
+  ops::scatter_nd_update_v2(cache, idx, upd);
+  EXPECT_EQ(cache[1][2][0][0].item<float>(), 1.0f);
+  EXPECT_EQ(cache[0][0][0][1].item<float>(), 6.0f);
+  EXPECT_EQ(cache.sum().item<float>(), 1 + 2 + 5 + 6);  // (-1, 2) skipped
+  // Rotating (1, 0) by 90 degrees on the pair at [2, 4) of x = (5, 5, 1, 0) gives (0, 1).
+  at::Tensor x = at::tensor({5.0f, 5.0f, 1.0f, 0.0f}).view({1, 4});
+  ops::inplace_partial_rotary_mul(x, at::zeros({1, 2}), at::ones({1, 2}), "interleave", {2, 4});
+  EXPECT_TRUE(at::equal(x, at::tensor({5.0f, 5.0f, 0.0f, 1.0f}).view({1, 4})));
+  EXPECT_THROW(ops::inplace_partial_rotary_mul(x, at::zeros({1, 2}), at::ones({1, 2}), "interleave", {3, 4}),
+               aar::InvalidArgument);
+  // No compute: nothing written.
+  ops::scatter_nd_update_v2(cache, idx, upd * 9, ops::Provider::NoCompute);
+  EXPECT_EQ(cache.sum().item<float>(), 14.0f);
+}
+
+}  // namespace
