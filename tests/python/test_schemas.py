@@ -208,6 +208,9 @@ def test_va_table_covers_the_operators_the_runtime_calls():
     assert set(_va_ours()) == {
         "npu_lightning_indexer", "npu_lightning_indexer_quant", "npu_sparse_flash_attention",
         "npu_kv_quant_sparse_flash_attention", "batch_matmul_transpose", "mla_preprocess",
+        # issue 12: the DeepSeek-V4 (DSA) compressor operators
+        "compressor", "compressor_metadata", "compressor_metadata_out", "kv_compress_epilog",
+        "indexer_compress_epilog_v2",
     }
     # Every line of the file is used (the file holds what we copied, nothing else).
     assert set(_va_file()) == set(_va_ours())
