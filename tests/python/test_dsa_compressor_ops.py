@@ -610,3 +610,44 @@ def test_no_compute_and_cpu_twin_agree_on_shapes():
                            b["table"], b["cu"], b["used"], b["start"], b["rd"], b["r"], b["coff"], b["eps"], b["rot"],
                            b["cm"])
     assert noop.shape == out.shape and noop.dtype == out.dtype
+
+
+# ------------------------------------------------------------------------------------------- the A5 pipeline
+
+
+def test_a5_pipeline_metadata_compressor_epilog():
+    """One C4 step as the A5 path runs it: compressor_metadata (FLAT slots, logical table, physical block size)
+    supplies the rope rows of the compressor and the slots of kv_compress_epilog; the cache rows dequantise to
+    the compressor's rows at table[b][c // bs] * bs + c % bs, and the padding rows (slot -1) write nothing."""
+    g = torch.Generator().manual_seed(31)
+    d, rd, r, bs = 512, 64, 4, 2
+    w = Weights(g, 16, d, r, 2, torch.bfloat16)
+    lens, start = [9, 6], [3, 0]
+    kv_table = i32([[5, 2, 7], [0, 4, 6]])
+    e = Engine(g, w, [s + q for s, q in zip(start, lens)], 4, rd=rd)
+    e.step(start)  # request 0's first 3 tokens (no group yet)
+    t, b = sum(lens), len(lens)
+    rows = min(t, t // r + b)
+    cu = i32([0, lens[0], t])
+    cos, sin, slots = CPU.compressor_metadata(e.cos, e.sin, cu, i32(start), kv_table, bs, 1, r, rows, b)
+    _, _, blocks = CPU.compressor_metadata(e.cos, e.sin, cu, i32(start), kv_table, bs, 2, r, rows, b)
+    valid = slots >= 0
+    assert torch.equal(slots[valid], blocks[valid, 0] * bs + blocks[valid, 1])
+    x = torch.cat([e.xs[0][3:12], e.xs[1][:6]])
+    out = CPU.compressor(x, w.wkv, w.wgate, e.state, w.ape, w.nw, sin, cos, e.table, cu, None, i32(start), rd, r, 2,
+                         e.eps, 2, 1)
+    exp = [ref_rows(w, e.xs[0][:12], 0, 3, e.cos, e.sin, rd, e.eps), ref_rows(w, e.xs[1][:6], 0, 1, e.cos, e.sin,
+                                                                                rd, e.eps)]
+    check_step(out, exp, w, torch.bfloat16)
+    cache = torch.zeros(8 * bs, 1, 640, dtype=torch.float8_e4m3fn)
+    CPU.kv_compress_epilog(cache, out, slots, 64, 2, True, 1)
+    cb = cache.view(torch.uint8).view(8 * bs, 640)
+    want_slots = [5 * bs + 0, 5 * bs + 1, 2 * bs + 0, 0 * bs + 0]  # request 0 rows 0..2, request 1 row 0
+    assert slots.tolist()[:4] == want_slots and all(s == -1 for s in slots.tolist()[4:])
+    for i, s in enumerate(want_slots):
+        scales = cb[s, 576:583].double() - 127
+        deq = (cb[s, :448].view(torch.float8_e4m3fn).double().view(7, 64) * 2.0 ** scales[:, None]).flatten()
+        ref = out[i, :448].double()
+        assert bool(((deq - ref).abs() <= ref.abs() * 2.0 ** -4 + 2.0 ** (scales.max() - 10)).all()), i
+        assert torch.equal(cb[s, 448:576].view(torch.bfloat16), out[i, 448:])
+    assert torch.count_nonzero(cb[[r_ for r_ in range(8 * bs) if r_ not in want_slots]]) == 0
