@@ -179,6 +179,10 @@ def test_chunked_prefill_gives_the_rows_of_one_step(r, coff, d, dtype):
     sbs = 8 if r == 4 else 16
     whole = Engine(torch.Generator().manual_seed(5), w, lens, sbs)
     chunked = Engine(torch.Generator().manual_seed(5), w, lens, sbs)
+    # The chunked run's state cache is a strided view into a wider buffer (caller-owned caches may be views).
+    wide = torch.full(chunked.state.shape[:2] + (chunked.state.shape[2] + 5,), -7.0)
+    chunked.state = wide[..., 3:3 + chunked.state.shape[2]]
+    assert not chunked.state.is_contiguous()
     out, expect = whole.step(lens)
     check_step(out, expect, w, dtype)
     rows_whole = [out[sum(x.shape[0] for x in expect[:b]):][: expect[b].shape[0]] for b in range(len(lens))]
@@ -198,6 +202,7 @@ def test_chunked_prefill_gives_the_rows_of_one_step(r, coff, d, dtype):
             got[b].append(out[off:off + n])
             off += n
     assert k > 3
+    assert bool((wide[..., :3] == -7.0).all()) and bool((wide[..., -2:] == -7.0).all())  # outside the view: untouched
     for b in range(len(lens)):
         assert torch.equal(torch.cat(got[b]), rows_whole[b]), b  # identical rows, not merely close
 
