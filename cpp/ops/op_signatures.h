@@ -325,4 +325,34 @@ using ScatterNdUpdateV2 = void(at::Tensor& var, const at::Tensor& indices, const
 using InplacePartialRotaryMul = void(at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2,
                                      c10::string_view rotary_mode, at::IntArrayRef partial_slice);
 
+// ---- DeepSeek-V4 (DSA) compressor operators of vllm-ascend's _C_ascend (issue 12).
+#define AAR_COMPRESSOR_PARAMS                                                                          \
+  const at::Tensor &x, const at::Tensor &wkv, const at::Tensor &wgate, at::Tensor &state_cache,       \
+      const at::Tensor &ape, const at::Tensor &norm_weight, const at::Tensor &rope_sin,               \
+      const at::Tensor &rope_cos, sig::OptT state_block_table, sig::OptT cu_seqlens, sig::OptT seqused, \
+      sig::OptT start_pos, int64_t rope_head_dim, int64_t cmp_ratio, int64_t coff, double norm_eps,   \
+      int64_t rotary_mode, int64_t cache_mode
+using Compressor = at::Tensor(AAR_COMPRESSOR_PARAMS);
+
+#define AAR_COMPRESSOR_METADATA_HEAD_PARAMS                                                          \
+  const at::Tensor &rope_cos, const at::Tensor &rope_sin, const at::Tensor &cu_seqlens,             \
+      const at::Tensor &start_pos, const at::Tensor &kv_block_table, int64_t kv_block_size,         \
+      int64_t slot_mapping_format, int64_t compress_ratio
+#define AAR_COMPRESSOR_METADATA_PARAMS \
+  AAR_COMPRESSOR_METADATA_HEAD_PARAMS, int64_t num_compressed_tokens, int64_t num_reqs_actual
+#define AAR_COMPRESSOR_METADATA_OUT_PARAMS                                                            \
+  AAR_COMPRESSOR_METADATA_HEAD_PARAMS, int64_t num_reqs_actual, at::Tensor &compress_cos,            \
+      at::Tensor &compress_sin, at::Tensor &slot_mapping
+using CompressorMetadata = std::tuple<at::Tensor, at::Tensor, at::Tensor>(AAR_COMPRESSOR_METADATA_PARAMS);
+using CompressorMetadataOut = std::tuple<at::Tensor&, at::Tensor&, at::Tensor&>(AAR_COMPRESSOR_METADATA_OUT_PARAMS);
+
+#define AAR_KV_COMPRESS_EPILOG_PARAMS                                                                 \
+  at::Tensor &kv_compress_cache, const at::Tensor &x, const at::Tensor &slot_mapping,               \
+      int64_t quant_group_size, int64_t quant_mode, bool round_scale_flag, int64_t layout
+using KvCompressEpilog = void(AAR_KV_COMPRESS_EPILOG_PARAMS);
+
+#define AAR_INDEXER_COMPRESS_EPILOG_PARAMS \
+  at::Tensor &indexer_compress_cache, const at::Tensor &x, const at::Tensor &slot_mapping, int64_t layout
+using IndexerCompressEpilogV2 = void(AAR_INDEXER_COMPRESS_EPILOG_PARAMS);
+
 }  // namespace aar::ops::sig

@@ -100,6 +100,31 @@ const std::vector<OpSchema>& vllm_ascend_op_schemas() {
         "int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', str layout_kv='PA_ND', "
         "bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu') -> Tensor",
        false},
+      {"compressor",
+        "compressor(Tensor x, Tensor wkv, Tensor wgate, Tensor(a!) state_cache, Tensor ape, "
+        "Tensor norm_weight, Tensor rope_sin, Tensor rope_cos, Tensor? state_block_table, "
+        "Tensor? cu_seqlens, Tensor? seqused, Tensor? start_pos, int rope_head_dim, int cmp_ratio, int coff, "
+        "float norm_eps, int rotary_mode, int cache_mode) -> Tensor",
+       false},
+      {"compressor_metadata",
+        "compressor_metadata(Tensor rope_cos, Tensor rope_sin, Tensor cu_seqlens, Tensor start_pos, "
+        "Tensor kv_block_table, int kv_block_size, int slot_mapping_format, int compress_ratio, "
+        "int num_compressed_tokens, int num_reqs_actual) -> (Tensor, Tensor, Tensor)",
+       false},
+      {"compressor_metadata_out",
+        "compressor_metadata_out(Tensor rope_cos, Tensor rope_sin, Tensor cu_seqlens, Tensor start_pos, "
+        "Tensor kv_block_table, int kv_block_size, int slot_mapping_format, int compress_ratio, "
+        "int num_reqs_actual, Tensor(a!) compress_cos, Tensor(b!) compress_sin, "
+        "Tensor(c!) slot_mapping) -> (Tensor(a!), Tensor(b!), Tensor(c!))",
+       false},
+      {"kv_compress_epilog",
+        "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, "
+        "int quant_group_size, int quant_mode, bool round_scale_flag, int layout) -> ()",
+       false},
+      {"indexer_compress_epilog_v2",
+        "indexer_compress_epilog_v2(Tensor(a!) indexer_compress_cache, Tensor x, Tensor slot_mapping, "
+        "int layout=2) -> ()",
+       false},
   };
   return table;
 }
