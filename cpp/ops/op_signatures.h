@@ -287,6 +287,18 @@ using BatchMatmulTranspose = void(const at::Tensor& tensor_a, const at::Tensor& 
   const at::Tensor &q, AAR_SAS_TENSOR_PARAMS, double softmax_scale, AAR_SAS_MODE_PARAMS
 using SasResult = std::tuple<at::Tensor, at::Tensor>;
 using SparseAttnSharedKv = SasResult(AAR_SPARSE_ATTN_SHAREDKV_PARAMS);
+#define AAR_SAS_TENSOR_ARGS                                                                                 \
+  ori_kv, cmp_kv, ori_sparse_indices, cmp_sparse_indices, ori_block_table, cmp_block_table, cu_seqlens_q, \
+      cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q, seqused_kv, sinks, metadata
+#define AAR_SAS_MODE_ARGS \
+  cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv, return_softmax_lse
+#define AAR_SPARSE_ATTN_SHAREDKV_ARGS q, AAR_SAS_TENSOR_ARGS, softmax_scale, AAR_SAS_MODE_ARGS
+
+// A5: npu_kv_quant_sparse_attn_sharedkv (positional kv_quant_mode, tile_size and rope_head_dim; no `*`).
+#define AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_PARAMS                                                          \
+  const at::Tensor &q, int64_t kv_quant_mode, AAR_SAS_TENSOR_PARAMS, int64_t tile_size, int64_t rope_head_dim, \
+      double softmax_scale, AAR_SAS_MODE_PARAMS
+using KvQuantSparseAttnSharedKv = SasResult(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_PARAMS);
 
 #define AAR_SAS_METADATA_LEN_PARAMS                                                                    \
   sig::OptT cu_seqlens_q, sig::OptT cu_seqlens_ori_kv, sig::OptT cu_seqlens_cmp_kv, sig::OptT seqused_q, \
@@ -300,9 +312,47 @@ using SparseAttnSharedKv = SasResult(AAR_SPARSE_ATTN_SHAREDKV_PARAMS);
   int64_t num_heads_q, int64_t num_heads_kv, int64_t head_dim, AAR_SAS_METADATA_LEN_PARAMS, \
       AAR_SAS_METADATA_MODE_PARAMS
 using SparseAttnSharedKvMetadata = at::Tensor(AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS);
+#define AAR_SPARSE_ATTN_SHAREDKV_METADATA_ARGS                                                              \
+  num_heads_q, num_heads_kv, head_dim, cu_seqlens_q, cu_seqlens_ori_kv, cu_seqlens_cmp_kv, seqused_q,     \
+      seqused_kv, batch_size, max_seqlen_q, max_seqlen_kv, ori_topk, cmp_topk, cmp_ratio, ori_mask_mode, \
+      cmp_mask_mode, ori_win_left, ori_win_right, layout_q, layout_kv, has_ori_kv, has_cmp_kv, device
+#define AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS                                                    \
+  int64_t num_heads_q, int64_t num_heads_kv, int64_t head_dim, int64_t kv_quant_mode,                       \
+      AAR_SAS_METADATA_LEN_PARAMS, int64_t tile_size, int64_t rope_head_dim, AAR_SAS_METADATA_MODE_PARAMS
+using KvQuantSparseAttnSharedKvMetadata = at::Tensor(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS);
 
 using ScatterNdUpdateV2 = void(at::Tensor& var, const at::Tensor& indices, const at::Tensor& update);
 using InplacePartialRotaryMul = void(at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2,
                                      c10::string_view rotary_mode, at::IntArrayRef partial_slice);
+
+// ---- DeepSeek-V4 (DSA) compressor operators of vllm-ascend's _C_ascend (issue 12).
+#define AAR_COMPRESSOR_PARAMS                                                                          \
+  const at::Tensor &x, const at::Tensor &wkv, const at::Tensor &wgate, at::Tensor &state_cache,       \
+      const at::Tensor &ape, const at::Tensor &norm_weight, const at::Tensor &rope_sin,               \
+      const at::Tensor &rope_cos, sig::OptT state_block_table, sig::OptT cu_seqlens, sig::OptT seqused, \
+      sig::OptT start_pos, int64_t rope_head_dim, int64_t cmp_ratio, int64_t coff, double norm_eps,   \
+      int64_t rotary_mode, int64_t cache_mode
+using Compressor = at::Tensor(AAR_COMPRESSOR_PARAMS);
+
+#define AAR_COMPRESSOR_METADATA_HEAD_PARAMS                                                          \
+  const at::Tensor &rope_cos, const at::Tensor &rope_sin, const at::Tensor &cu_seqlens,             \
+      const at::Tensor &start_pos, const at::Tensor &kv_block_table, int64_t kv_block_size,         \
+      int64_t slot_mapping_format, int64_t compress_ratio
+#define AAR_COMPRESSOR_METADATA_PARAMS \
+  AAR_COMPRESSOR_METADATA_HEAD_PARAMS, int64_t num_compressed_tokens, int64_t num_reqs_actual
+#define AAR_COMPRESSOR_METADATA_OUT_PARAMS                                                            \
+  AAR_COMPRESSOR_METADATA_HEAD_PARAMS, int64_t num_reqs_actual, at::Tensor &compress_cos,            \
+      at::Tensor &compress_sin, at::Tensor &slot_mapping
+using CompressorMetadata = std::tuple<at::Tensor, at::Tensor, at::Tensor>(AAR_COMPRESSOR_METADATA_PARAMS);
+using CompressorMetadataOut = std::tuple<at::Tensor&, at::Tensor&, at::Tensor&>(AAR_COMPRESSOR_METADATA_OUT_PARAMS);
+
+#define AAR_KV_COMPRESS_EPILOG_PARAMS                                                                 \
+  at::Tensor &kv_compress_cache, const at::Tensor &x, const at::Tensor &slot_mapping,               \
+      int64_t quant_group_size, int64_t quant_mode, bool round_scale_flag, int64_t layout
+using KvCompressEpilog = void(AAR_KV_COMPRESS_EPILOG_PARAMS);
+
+#define AAR_INDEXER_COMPRESS_EPILOG_PARAMS \
+  at::Tensor &indexer_compress_cache, const at::Tensor &x, const at::Tensor &slot_mapping, int64_t layout
+using IndexerCompressEpilogV2 = void(AAR_INDEXER_COMPRESS_EPILOG_PARAMS);
 
 }  // namespace aar::ops::sig

@@ -81,6 +81,50 @@ const std::vector<OpSchema>& vllm_ascend_op_schemas() {
         "inplace_partial_rotary_mul(Tensor(a!) x, Tensor r1, Tensor r2, str rotary_mode, "
         "int[] partial_slice) -> ()",
        false},
+      {"npu_kv_quant_sparse_attn_sharedkv",
+        "npu_kv_quant_sparse_attn_sharedkv(Tensor q, int kv_quant_mode, Tensor? ori_kv=None, "
+        "Tensor? cmp_kv=None, Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, "
+        "Tensor? ori_block_table=None, Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, "
+        "Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, "
+        "Tensor? seqused_kv=None, Tensor? sinks=None, Tensor? metadata=None, int tile_size=0, "
+        "int rope_head_dim=0, float softmax_scale=0.0, int cmp_ratio=0, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', "
+        "str layout_kv='PA_ND', bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)",
+       false},
+      {"npu_kv_quant_sparse_attn_sharedkv_metadata",
+        "npu_kv_quant_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "int kv_quant_mode, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, "
+        "int max_seqlen_q=0, int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int tile_size=0, "
+        "int rope_head_dim=0, int cmp_ratio=-1, int ori_mask_mode=4, int cmp_mask_mode=3, "
+        "int ori_win_left=127, int ori_win_right=0, str layout_q='BSND', str layout_kv='PA_ND', "
+        "bool has_ori_kv=True, bool has_cmp_kv=True, str device='npu') -> Tensor",
+       false},
+      {"compressor",
+        "compressor(Tensor x, Tensor wkv, Tensor wgate, Tensor(a!) state_cache, Tensor ape, "
+        "Tensor norm_weight, Tensor rope_sin, Tensor rope_cos, Tensor? state_block_table, "
+        "Tensor? cu_seqlens, Tensor? seqused, Tensor? start_pos, int rope_head_dim, int cmp_ratio, int coff, "
+        "float norm_eps, int rotary_mode, int cache_mode) -> Tensor",
+       false},
+      {"compressor_metadata",
+        "compressor_metadata(Tensor rope_cos, Tensor rope_sin, Tensor cu_seqlens, Tensor start_pos, "
+        "Tensor kv_block_table, int kv_block_size, int slot_mapping_format, int compress_ratio, "
+        "int num_compressed_tokens, int num_reqs_actual) -> (Tensor, Tensor, Tensor)",
+       false},
+      {"compressor_metadata_out",
+        "compressor_metadata_out(Tensor rope_cos, Tensor rope_sin, Tensor cu_seqlens, Tensor start_pos, "
+        "Tensor kv_block_table, int kv_block_size, int slot_mapping_format, int compress_ratio, "
+        "int num_reqs_actual, Tensor(a!) compress_cos, Tensor(b!) compress_sin, "
+        "Tensor(c!) slot_mapping) -> (Tensor(a!), Tensor(b!), Tensor(c!))",
+       false},
+      {"kv_compress_epilog",
+        "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, "
+        "int quant_group_size, int quant_mode, bool round_scale_flag, int layout) -> ()",
+       false},
+      {"indexer_compress_epilog_v2",
+        "indexer_compress_epilog_v2(Tensor(a!) indexer_compress_cache, Tensor x, Tensor slot_mapping, "
+        "int layout=2) -> ()",
+       false},
   };
   return table;
 }

@@ -540,3 +540,136 @@ def test_noop_shapes(device, lse):
     assert NOOP.inplace_partial_rotary_mul(x, t((7, 1, 64), torch.float32), t((7, 1, 64), torch.float32),
                                            "interleave", [448, 512]) is None
     assert NOOP.npu_scatter_nd_update_v2(kv, t((5, 2), torch.int32), t((5, 1, 512), torch.bfloat16)) is None
+
+
+# --------------------------------------------------------------------------------------------- A5 kv-quant rows
+
+
+def _pack_a5_rows(x, g):
+    """(M, 512) float -> (M, 640) float8_e4m3fn bytes: [448 fp8 nope | 64 bf16 rope | 7 e8m0 | 57 pad] (spec 1.6.3),
+    each 64-group's scale 2^(e - 127) with e = ceil(log2(amax / 448)) + 127; the pad holds random bytes."""
+    m = x.shape[0]
+    nope, rope = x[:, :448].double(), x[:, 448:].to(torch.bfloat16)
+    groups = nope.view(m, 7, 64)
+    amax = groups.abs().amax(-1).clamp_min(1e-30)
+    e = (torch.ceil(torch.log2(amax / 448.0)) + 127).clamp(0, 254)
+    q = (groups / torch.exp2(e - 127)[..., None]).view(m, 448).float().to(torch.float8_e4m3fn)
+    out = torch.randint(0, 256, (m, 640), dtype=torch.uint8, generator=g)
+    out[:, :448] = q.view(torch.uint8)
+    out[:, 448:576] = rope.contiguous().view(torch.uint8).view(m, 128)
+    out[:, 576:583] = e.to(torch.uint8)
+    return out.view(torch.float8_e4m3fn)
+
+
+def _unpack_a5_rows(b):
+    """The float64 values a 640-byte row stands for, decoded here independently of the twin."""
+    u = b.view(torch.uint8)
+    m = u.shape[0]
+    nope = u[:, :448].contiguous().view(torch.float8_e4m3fn).double().view(m, 7, 64)
+    e = u[:, 576:583].double()
+    nope = (nope * torch.exp2(e - 127)[..., None]).view(m, 448)
+    rope = u[:, 448:576].contiguous().view(torch.bfloat16).double()
+    return torch.cat([nope, rope], 1)
+
+
+def _quantise_case(case, g):
+    """Replaces the case's float caches / rows with A5 rows and the values they decode to."""
+    def conv(cache):
+        nb, bs = cache.shape[:2]
+        packed = _pack_a5_rows(cache.reshape(nb * bs, case.d).float() * 4, g)
+        dec = _unpack_a5_rows(packed).float().view(nb, bs, 1, case.d)
+        return packed.view(nb, bs, 1, 640), dec
+
+    q8_ori, case.ori_kv = conv(case.ori_kv)
+    q8_cmp = None
+    if case.r is not None:
+        q8_cmp, case.cmp_kv = conv(case.cmp_kv)
+    # Rows per request as the reference reads them (from the decoded caches through the tables).
+    bs = case.ori_kv.shape[1]
+    case.ori_rows = [case.ori_kv[case.ori_bt[b, torch.arange(s) // bs].long(), torch.arange(s) % bs, 0]
+                     for b, s in enumerate(case.kv_lens)]
+    if case.r is not None:
+        bsc = case.cmp_kv.shape[1]
+        case.cmp_rows = [case.cmp_kv[case.cmp_bt[b, torch.arange(n) // bsc].long(), torch.arange(n) % bsc, 0]
+                         for b, n in enumerate(x.shape[0] for x in case.cmp_rows)]
+    return q8_ori, q8_cmp
+
+
+def _kvq(case, q8_ori, q8_cmp, *, ns=CPU, cmp_idx=None, scale=512 ** -0.5, win_left=127, **over):
+    kw = dict(ori_kv=q8_ori, ori_block_table=case.ori_bt, cu_seqlens_q=_i32(case.cu), seqused_kv=_i32(case.kv_lens),
+              sinks=case.sinks, tile_size=64, rope_head_dim=64, softmax_scale=scale, cmp_ratio=1,
+              ori_win_left=win_left, layout_q="TND", layout_kv="PA_ND", return_softmax_lse=True)
+    if q8_cmp is not None:
+        kw.update(cmp_kv=q8_cmp, cmp_block_table=case.cmp_bt, cmp_ratio=case.r)
+        if cmp_idx is not None:
+            kw["cmp_sparse_indices"] = cmp_idx
+    kw.update(over)
+    kv_quant_mode = kw.pop("kv_quant_mode", 1)
+    return ns.npu_kv_quant_sparse_attn_sharedkv(case.q, kv_quant_mode, **kw)
+
+
+def test_a5_row_codec_roundtrip_is_close():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(10, 512, generator=g) * torch.logspace(-3, 3, 10)[:, None]
+    dec = _unpack_a5_rows(_pack_a5_rows(x, g))
+    torch.testing.assert_close(dec[:, 448:], x[:, 448:].to(torch.bfloat16).double())
+    # e4m3: half an ulp is 2^-4 relative for normals; subnormals (tiny values beside a large group maximum)
+    # round to a step of 2^-9 times the group scale, which is below 2 amax / 448.
+    xn = x[:, :448].double()
+    amax = xn.view(10, 7, 64).abs().amax(-1).repeat_interleave(64, 1)
+    assert ((dec[:, :448] - xn).abs() <= xn.abs() * 2 ** -4 + 2 ** -10 * 2 * amax / 448).all()
+    assert (dec[:, :448] != xn).any()  # it is a lossy format: the bound above is what is being tested
+
+
+@pytest.mark.parametrize("q_dtype", DTYPES)
+def test_kv_quant_attention_over_a5_rows(q_dtype):
+    case = Case([1, 3, 2], [140, 9, 300], n=4, d=512, bs=16, r=4, bs_cmp=8, dtype=q_dtype, seed=81)
+    idx = _c4_indices(case, 24, case.g)
+    q8_ori, q8_cmp = _quantise_case(case, case.g)
+    got = _kvq(case, q8_ori, q8_cmp, cmp_idx=idx)
+    ref = reference(case, win_left=127, cmp=True, cmp_idx=idx, sinks=case.sinks, scale=512 ** -0.5)
+    check(case, got, ref, TOL[q_dtype] if q_dtype == torch.bfloat16 else 2e-5)
+    # Equal to the plain operator over the decoded fp32 rows (same maths, only the row format differs).
+    if q_dtype == torch.float32:
+        plain = run(case, win_left=127, cmp=True, cmp_idx=idx, sinks=case.sinks, scale=512 ** -0.5)
+        torch.testing.assert_close(got[0], plain[0], rtol=1e-6, atol=1e-6)
+    # The same bytes as uint8 give the same answer.
+    again = _kvq(case, q8_ori.view(torch.uint8), q8_cmp.view(torch.uint8), cmp_idx=idx)
+    assert torch.equal(again[0], got[0])
+
+
+def test_kv_quant_rejects_bad_input_by_name():
+    case = Case([1], [5], n=2, d=512, bs=4, seed=91)
+    q8, _ = _quantise_case(case, case.g)
+    for match, over in [("kv_quant_mode", dict(kv_quant_mode=0)), ("tile_size", dict(tile_size=128)),
+                        ("rope_head_dim", dict(rope_head_dim=0)), ("640", dict(ori_kv=q8[..., :512])),
+                        ("1-byte", dict(ori_kv=torch.zeros(q8.shape, dtype=torch.bfloat16)))]:
+        with pytest.raises(Exception, match=match):
+            _kvq(case, q8, None, **over)
+    with pytest.raises(Exception, match="512"):
+        CPU.npu_kv_quant_sparse_attn_sharedkv(torch.zeros(1, 2, 576), 1, ori_kv=q8, ori_block_table=case.ori_bt,
+                                              cu_seqlens_q=_i32(case.cu), seqused_kv=_i32(case.kv_lens),
+                                              tile_size=64, rope_head_dim=64, softmax_scale=0.1, layout_q="TND")
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_kv_quant_noop_shapes_and_metadata(device):
+    q = torch.empty(5, 8, 512, dtype=torch.bfloat16, device=device)
+    rows = torch.empty(3, 128, 1, 640, dtype=torch.float8_e4m3fn, device=device)
+    out, lse = NOOP.npu_kv_quant_sparse_attn_sharedkv(q, 1, ori_kv=rows, tile_size=64, rope_head_dim=64,
+                                                      softmax_scale=0.1, layout_q="TND", return_softmax_lse=True)
+    assert out.shape == (5, 8, 512) and out.dtype == torch.bfloat16 and lse.shape == (5, 8)
+    assert out.device.type == device
+    lens = torch.empty(2, dtype=torch.int32, device=device)
+    md = NOOP.npu_kv_quant_sparse_attn_sharedkv_metadata(8, 1, 512, 1, seqused_kv=lens, batch_size=2, tile_size=64,
+                                                         rope_head_dim=64, cmp_ratio=4)
+    assert md.shape == (1024,) and md.dtype == torch.int32 and md.device.type == device
+    if device == "cpu":
+        kw = dict(cu_seqlens_q=_i32([0, 1, 3]), seqused_kv=_i32([4, 9]), batch_size=2, tile_size=64,
+                  rope_head_dim=64, cmp_ratio=4, cmp_topk=512)
+        a = CPU.npu_kv_quant_sparse_attn_sharedkv_metadata(8, 1, 512, 1, **kw)
+        assert a.shape == (1024,) and torch.equal(a, CPU.npu_kv_quant_sparse_attn_sharedkv_metadata(8, 1, 512, 1, **kw))
+        with pytest.raises(Exception, match="kv_quant_mode"):
+            CPU.npu_kv_quant_sparse_attn_sharedkv_metadata(8, 1, 512, 0, **kw)
+        with pytest.raises(Exception, match="cmp_ratio"):  # the schema's default -1
+            CPU.npu_kv_quant_sparse_attn_sharedkv_metadata(8, 1, 512, 1, **{**kw, "cmp_ratio": -1})

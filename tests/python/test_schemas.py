@@ -210,7 +210,10 @@ def test_va_table_covers_the_operators_the_runtime_calls():
         "npu_kv_quant_sparse_flash_attention", "batch_matmul_transpose", "mla_preprocess",
         # issue 12: DeepSeek-V4 (DSA) shared-KV sparse attention and its in-place helpers
         "npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata", "npu_scatter_nd_update_v2",
-        "inplace_partial_rotary_mul",
+        "inplace_partial_rotary_mul", "npu_kv_quant_sparse_attn_sharedkv", "npu_kv_quant_sparse_attn_sharedkv_metadata",
+        # issue 12: the DeepSeek-V4 (DSA) compressor operators
+        "compressor", "compressor_metadata", "compressor_metadata_out", "kv_compress_epilog",
+        "indexer_compress_epilog_v2",
     }
     # Every line of the file is used (the file holds what we copied, nothing else).
     assert set(_va_file()) == set(_va_ours())

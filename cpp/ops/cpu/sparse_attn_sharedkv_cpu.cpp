@@ -51,6 +51,13 @@ namespace {
 
 constexpr const char* kOp = "_C_ascend::npu_sparse_attn_sharedkv";
 constexpr const char* kMdOp = "_C_ascend::npu_sparse_attn_sharedkv_metadata";
+constexpr const char* kKvqOp = "_C_ascend::npu_kv_quant_sparse_attn_sharedkv";
+constexpr const char* kKvqMdOp = "_C_ascend::npu_kv_quant_sparse_attn_sharedkv_metadata";
+
+// The A5 FP8 row (spec 1.6.3): [448 fp8-e4m3 nope | 64 bf16 rope (128 B) | 7 e8m0 scales, one per 64 nope
+// values | 57 pad] = 640 bytes; q is 512 wide (nope + rope).
+constexpr int64_t kQuantRowBytes = 640, kQuantNope = 448, kQuantRope = 64, kQuantTile = 64;
+constexpr int64_t kQuantScales = kQuantNope / kQuantTile;
 
 bool given(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
@@ -73,22 +80,33 @@ struct Paged {
   const char* table_name = nullptr;
   at::Tensor rows;  // (nb, bs, D) view of the cache
   int64_t nb = 0, bs = 0;
+  bool quant = false;
   at::Tensor table;  // (B, cols) int32 contiguous, undefined when absent
 };
 
-Paged check_cache(const at::Tensor& cache, const char* name, int64_t d, at::ScalarType dt) {
-  AAR_CHECK_ARG(cache.dim() == 4, kOp, ": ", name, " must be the paged cache (num_blocks, block_size, 1, D) of ",
+// quant: the cache holds A5 640-byte rows (any 1-byte dtype: float8_e4m3fn, uint8, int8), decoded on read.
+Paged check_cache(const char* op, const at::Tensor& cache, const char* name, int64_t d, at::ScalarType dt,
+                  bool quant) {
+  AAR_CHECK_ARG(cache.dim() == 4, op, ": ", name, " must be the paged cache (num_blocks, block_size, 1, D) of ",
                 "layout_kv \"PA_ND\", got ", cache.sizes());
   if (cache.size(2) != 1) {
-    throw_not_supported(kOp, ": not supported: ", name, " with ", cache.size(2), " KV heads (shape ", cache.sizes(),
+    throw_not_supported(op, ": not supported: ", name, " with ", cache.size(2), " KV heads (shape ", cache.sizes(),
                         "); shared-KV attention has 1");
   }
-  AAR_CHECK_ARG(cache.size(3) == d, kOp, ": ", name, " rows must be D=", d, " wide like q, got ", cache.sizes());
-  AAR_CHECK_ARG(cache.size(1) >= 1, kOp, ": ", name, " block size must be positive, got ", cache.sizes());
-  AAR_CHECK_ARG(cache.scalar_type() == dt, kOp, ": ", name, " must have q's dtype ", dt, ", got ",
-                cache.scalar_type());
-  AAR_CHECK_ARG(cache.device().is_cpu(), kOp, ": the CPU twin needs ", name, " on the CPU, got ", cache.device());
+  if (quant) {
+    AAR_CHECK_ARG(cache.size(3) == kQuantRowBytes, op, ": ", name, " rows must be ", kQuantRowBytes,
+                  " bytes (the A5 FP8 row), got ", cache.sizes());
+    AAR_CHECK_ARG(cache.element_size() == 1, op, ": ", name, " must be a 1-byte dtype (float8_e4m3fn / uint8 / int8), got ",
+                  cache.scalar_type());
+  } else {
+    AAR_CHECK_ARG(cache.size(3) == d, op, ": ", name, " rows must be D=", d, " wide like q, got ", cache.sizes());
+    AAR_CHECK_ARG(cache.scalar_type() == dt, op, ": ", name, " must have q's dtype ", dt, ", got ",
+                  cache.scalar_type());
+  }
+  AAR_CHECK_ARG(cache.size(1) >= 1, op, ": ", name, " block size must be positive, got ", cache.sizes());
+  AAR_CHECK_ARG(cache.device().is_cpu(), op, ": the CPU twin needs ", name, " on the CPU, got ", cache.device());
   Paged p;
+  p.quant = quant;
   p.name = name;
   p.rows = cache.select(2, 0);
   p.nb = cache.size(0);
@@ -96,23 +114,23 @@ Paged check_cache(const at::Tensor& cache, const char* name, int64_t d, at::Scal
   return p;
 }
 
-void attach_table(Paged& p, const at::Tensor& table, const char* table_name, int64_t batch) {
-  AAR_CHECK_ARG(table.scalar_type() == at::kInt, kOp, ": ", table_name, " must be int32, got ", table.scalar_type());
-  AAR_CHECK_ARG(table.dim() == 2 && table.size(0) == batch, kOp, ": ", table_name, " must be (batch=", batch,
+void attach_table(const char* op, Paged& p, const at::Tensor& table, const char* table_name, int64_t batch) {
+  AAR_CHECK_ARG(table.scalar_type() == at::kInt, op, ": ", table_name, " must be int32, got ", table.scalar_type());
+  AAR_CHECK_ARG(table.dim() == 2 && table.size(0) == batch, op, ": ", table_name, " must be (batch=", batch,
                 ", max_blocks), got ", table.sizes());
-  AAR_CHECK_ARG(table.device().is_cpu(), kOp, ": the CPU twin needs ", table_name, " on the CPU, got ",
+  AAR_CHECK_ARG(table.device().is_cpu(), op, ": the CPU twin needs ", table_name, " on the CPU, got ",
                 table.device());
   p.table_name = table_name;
   p.table = table.contiguous();
 }
 
 // Block and offset of logical row s of request b, checked against the table and the cache.
-void locate(const Paged& p, int64_t b, int64_t s, std::vector<int64_t>& blk, std::vector<int64_t>& off) {
+void locate(const char* op, const Paged& p, int64_t b, int64_t s, std::vector<int64_t>& blk, std::vector<int64_t>& off) {
   const int64_t col = s / p.bs;
-  AAR_CHECK_ARG(col < p.table.size(1), kOp, ": ", p.table_name, " has ", p.table.size(1), " columns but request ", b,
+  AAR_CHECK_ARG(col < p.table.size(1), op, ": ", p.table_name, " has ", p.table.size(1), " columns but request ", b,
                 " reads ", p.name, " row ", s, " (column ", col, ", block size ", p.bs, ")");
   const int64_t id = p.table.data_ptr<int32_t>()[b * p.table.size(1) + col];
-  AAR_CHECK_ARG(id >= 0 && id < p.nb, kOp, ": ", p.table_name, "[", b, ", ", col, "]=", id,
+  AAR_CHECK_ARG(id >= 0 && id < p.nb, op, ": ", p.table_name, "[", b, ", ", col, "]=", id,
                 " is out of range [0, ", p.nb, ") (", p.name, " has ", p.nb, " blocks)");
   blk.push_back(id);
   off.push_back(s % p.bs);
@@ -124,77 +142,93 @@ struct KeyRows {
   void close_row() { start.push_back(static_cast<int64_t>(blk.size())); }
 };
 
+// A5 rows (n, 640) of 1-byte elements -> fp32 (n, 512): nope[j] = fp8[j] * 2^(e8m0[j / 64] - 127) (an e8m0
+// byte 255 is NaN, as in the OCP MX format), then the 64 rope values stored as bf16 bytes.
+at::Tensor decode_quant_rows(const at::Tensor& rows) {
+  const at::Tensor bytes = rows.view(at::kByte).contiguous();
+  const int64_t n = bytes.size(0);
+  const at::Tensor nope = bytes.narrow(1, 0, kQuantNope).view(at::kFloat8_e4m3fn).to(at::kFloat);
+  const at::Tensor rope = bytes.narrow(1, kQuantNope, 2 * kQuantRope).contiguous().view(at::kBFloat16).to(at::kFloat);
+  const at::Tensor e = bytes.narrow(1, kQuantNope + 2 * kQuantRope, kQuantScales).to(at::kFloat);
+  at::Tensor scale = at::exp2(e - 127.0);
+  scale = at::where(e == 255.0, at::full({}, std::numeric_limits<float>::quiet_NaN()), scale);
+  const at::Tensor deq = (nope.view({n, kQuantScales, kQuantTile}) * scale.unsqueeze(2)).view({n, kQuantNope});
+  return at::cat({deq, rope}, 1);
+}
+
 at::Tensor gather(const Paged& p, const KeyRows& kr, int64_t t) {
   const int64_t a = kr.start[t], n = kr.start[t + 1] - a;
   const at::Tensor bi = at::tensor(std::vector<int64_t>(kr.blk.begin() + a, kr.blk.begin() + a + n), at::kLong);
   const at::Tensor oi = at::tensor(std::vector<int64_t>(kr.off.begin() + a, kr.off.begin() + a + n), at::kLong);
-  return p.rows.index({bi, oi}).to(at::kFloat);  // (n, D)
+  const at::Tensor rows = p.rows.index({bi, oi});  // (n, row width)
+  if (!p.quant) return rows.to(at::kFloat);         // (n, D)
+  return decode_quant_rows(rows);
 }
 
-void check_indices(const at::Tensor& idx, const char* name, int64_t tokens) {
-  AAR_CHECK_ARG(idx.scalar_type() == at::kInt, kOp, ": ", name, " must be int32, got ", idx.scalar_type());
-  AAR_CHECK_ARG(idx.dim() == 3 && idx.size(0) == tokens && idx.size(2) >= 1, kOp, ": ", name, " must be (T=", tokens,
+void check_indices(const char* op, const at::Tensor& idx, const char* name, int64_t tokens) {
+  AAR_CHECK_ARG(idx.scalar_type() == at::kInt, op, ": ", name, " must be int32, got ", idx.scalar_type());
+  AAR_CHECK_ARG(idx.dim() == 3 && idx.size(0) == tokens && idx.size(2) >= 1, op, ": ", name, " must be (T=", tokens,
                 ", 1, K >= 1), got ", idx.sizes());
   if (idx.size(1) != 1) {
-    throw_not_supported(kOp, ": not supported: ", name, " with ", idx.size(1), " KV heads (shape ", idx.sizes(),
+    throw_not_supported(op, ": not supported: ", name, " with ", idx.size(1), " KV heads (shape ", idx.sizes(),
                         "); only 1");
   }
-  AAR_CHECK_ARG(idx.device().is_cpu(), kOp, ": the CPU twin needs ", name, " on the CPU, got ", idx.device());
+  AAR_CHECK_ARG(idx.device().is_cpu(), op, ": the CPU twin needs ", name, " on the CPU, got ", idx.device());
 }
 
-sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
+sig::SasResult sas_core(const char* op, bool quant, AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
   // ---- modes and scalars
   if (layout_kv != "PA_ND") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: layout_kv=\"", layout_kv,
+    throw_not_supported(op, ": not supported by the CPU twin: layout_kv=\"", layout_kv,
                         "\" (only \"PA_ND\", the paged caches)");
   }
   const bool tnd = layout_q == "TND";
   if (!tnd && layout_q != "BSND") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: layout_q=\"", layout_q, "\" (only \"TND\" and \"BSND\")");
+    throw_not_supported(op, ": not supported by the CPU twin: layout_q=\"", layout_q, "\" (only \"TND\" and \"BSND\")");
   }
-  reject_int(kOp, ori_mask_mode, 4, "ori_mask_mode");
-  reject_int(kOp, cmp_mask_mode, 3, "cmp_mask_mode");
-  reject_tensor(kOp, seqused_q, "seqused_q");
-  AAR_CHECK_ARG(std::isfinite(softmax_scale) && softmax_scale > 0, kOp, ": softmax_scale must be finite and > 0, got ",
+  reject_int(op, ori_mask_mode, 4, "ori_mask_mode");
+  reject_int(op, cmp_mask_mode, 3, "cmp_mask_mode");
+  reject_tensor(op, seqused_q, "seqused_q");
+  AAR_CHECK_ARG(std::isfinite(softmax_scale) && softmax_scale > 0, op, ": softmax_scale must be finite and > 0, got ",
                 softmax_scale, " (DSV4 passes head_dim^-0.5)");
-  AAR_CHECK_ARG(ori_win_left >= 0, kOp, ": ori_win_left must be >= 0, got ", ori_win_left);
-  AAR_CHECK_ARG(ori_win_right >= 0, kOp, ": ori_win_right must be >= 0, got ", ori_win_right);
+  AAR_CHECK_ARG(ori_win_left >= 0, op, ": ori_win_left must be >= 0, got ", ori_win_left);
+  AAR_CHECK_ARG(ori_win_right >= 0, op, ": ori_win_right must be >= 0, got ", ori_win_right);
 
   // ---- q and lengths
   const auto dt = q.scalar_type();
-  AAR_CHECK_ARG(is_float_dtype(dt), kOp, ": q must be float32/float16/bfloat16, got ", dt);
-  AAR_CHECK_ARG(q.device().is_cpu(), kOp, ": the CPU twin needs q on the CPU, got ", q.device());
-  AAR_CHECK_ARG(q.dim() == (tnd ? 3 : 4), kOp, ": q must be ", tnd ? "(T, N, D) for layout_q \"TND\"" :
+  AAR_CHECK_ARG(is_float_dtype(dt), op, ": q must be float32/float16/bfloat16, got ", dt);
+  AAR_CHECK_ARG(q.device().is_cpu(), op, ": the CPU twin needs q on the CPU, got ", q.device());
+  AAR_CHECK_ARG(q.dim() == (tnd ? 3 : 4), op, ": q must be ", tnd ? "(T, N, D) for layout_q \"TND\"" :
                 "(B, S, N, D) for layout_q \"BSND\"", ", got ", q.sizes());
   const int64_t n = q.size(-2), d = q.size(-1);
-  AAR_CHECK_ARG(n >= 1 && d >= 1, kOp, ": q must have N >= 1 heads and D >= 1, got ", q.sizes());
-  if (!given(seqused_kv)) throw_invalid(kOp, ": seqused_kv is required (the per-request KV lengths S_b)");
-  const std::vector<int64_t> kv_len = read_i32_1d(kOp, *seqused_kv, "seqused_kv");
+  AAR_CHECK_ARG(n >= 1 && d >= 1, op, ": q must have N >= 1 heads and D >= 1, got ", q.sizes());
+  if (!given(seqused_kv)) throw_invalid(op, ": seqused_kv is required (the per-request KV lengths S_b)");
+  const std::vector<int64_t> kv_len = read_i32_1d(op, *seqused_kv, "seqused_kv");
   const int64_t batch = static_cast<int64_t>(kv_len.size());
-  AAR_CHECK_ARG(batch >= 1, kOp, ": seqused_kv is empty (at least one request)");
+  AAR_CHECK_ARG(batch >= 1, op, ": seqused_kv is empty (at least one request)");
   std::vector<int64_t> q_start(batch), q_len(batch);
   int64_t tokens = 0;
   if (tnd) {
     tokens = q.size(0);
-    if (!given(cu_seqlens_q)) throw_invalid(kOp, ": cu_seqlens_q is required for layout_q \"TND\" (B + 1 entries)");
-    const std::vector<int64_t> cu = read_i32_1d(kOp, *cu_seqlens_q, "cu_seqlens_q");
-    AAR_CHECK_ARG(static_cast<int64_t>(cu.size()) == batch + 1, kOp, ": cu_seqlens_q must have B + 1 = ", batch + 1,
+    if (!given(cu_seqlens_q)) throw_invalid(op, ": cu_seqlens_q is required for layout_q \"TND\" (B + 1 entries)");
+    const std::vector<int64_t> cu = read_i32_1d(op, *cu_seqlens_q, "cu_seqlens_q");
+    AAR_CHECK_ARG(static_cast<int64_t>(cu.size()) == batch + 1, op, ": cu_seqlens_q must have B + 1 = ", batch + 1,
                   " entries (seqused_kv has ", batch, "), got ", cu.size());
-    AAR_CHECK_ARG(cu[0] == 0, kOp, ": cu_seqlens_q[0] must be 0, got ", cu[0]);
+    AAR_CHECK_ARG(cu[0] == 0, op, ": cu_seqlens_q[0] must be 0, got ", cu[0]);
     for (int64_t b = 0; b < batch; ++b) {
-      AAR_CHECK_ARG(cu[b + 1] >= cu[b], kOp, ": cu_seqlens_q must be non-decreasing; cu_seqlens_q[", b + 1, "]=",
+      AAR_CHECK_ARG(cu[b + 1] >= cu[b], op, ": cu_seqlens_q must be non-decreasing; cu_seqlens_q[", b + 1, "]=",
                     cu[b + 1], " after ", cu[b]);
       q_start[b] = cu[b];
       q_len[b] = cu[b + 1] - cu[b];
     }
-    AAR_CHECK_ARG(cu[batch] == tokens, kOp, ": cu_seqlens_q's last entry (", cu[batch], ") must equal q's T (",
+    AAR_CHECK_ARG(cu[batch] == tokens, op, ": cu_seqlens_q's last entry (", cu[batch], ") must equal q's T (",
                   tokens, ")");
   } else {
     if (given(cu_seqlens_q)) {
-      throw_invalid(kOp, ": cu_seqlens_q is for layout_q \"TND\"; with \"BSND\" every request has q.size(1)=",
+      throw_invalid(op, ": cu_seqlens_q is for layout_q \"TND\"; with \"BSND\" every request has q.size(1)=",
                     q.size(1), " query rows (pass None)");
     }
-    AAR_CHECK_ARG(q.size(0) == batch, kOp, ": q's batch dim (", q.size(0), ") must equal seqused_kv's length (",
+    AAR_CHECK_ARG(q.size(0) == batch, op, ": q's batch dim (", q.size(0), ") must equal seqused_kv's length (",
                   batch, ")");
     tokens = batch * q.size(1);
     for (int64_t b = 0; b < batch; ++b) {
@@ -203,51 +237,51 @@ sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
     }
   }
   for (int64_t b = 0; b < batch; ++b) {
-    AAR_CHECK_ARG(kv_len[b] >= q_len[b], kOp, ": seqused_kv[", b, "]=", kv_len[b],
+    AAR_CHECK_ARG(kv_len[b] >= q_len[b], op, ": seqused_kv[", b, "]=", kv_len[b],
                   " is smaller than request ", b, "'s query count ", q_len[b], " (seq_len >= query_len)");
   }
-  check_unread_lengths(kOp, cu_seqlens_ori_kv, "cu_seqlens_ori_kv");
-  check_unread_lengths(kOp, cu_seqlens_cmp_kv, "cu_seqlens_cmp_kv");
+  check_unread_lengths(op, cu_seqlens_ori_kv, "cu_seqlens_ori_kv");
+  check_unread_lengths(op, cu_seqlens_cmp_kv, "cu_seqlens_cmp_kv");
   if (given(metadata)) {
-    AAR_CHECK_ARG(metadata->scalar_type() == at::kInt && metadata->numel() == 1024, kOp,
+    AAR_CHECK_ARG(metadata->scalar_type() == at::kInt && metadata->numel() == 1024, op,
                   ": metadata must be the (1024,) int32 blob of npu_sparse_attn_sharedkv_metadata, got ",
                   metadata->scalar_type(), " ", metadata->sizes());
   }
   at::Tensor sink;
   if (given(sinks)) {
-    AAR_CHECK_ARG(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 && sinks->size(0) == n, kOp,
+    AAR_CHECK_ARG(sinks->scalar_type() == at::kFloat && sinks->dim() == 1 && sinks->size(0) == n, op,
                   ": sinks must be float32 (N=", n, "), got ", sinks->scalar_type(), " ", sinks->sizes());
-    AAR_CHECK_ARG(sinks->device().is_cpu(), kOp, ": the CPU twin needs sinks on the CPU, got ", sinks->device());
+    AAR_CHECK_ARG(sinks->device().is_cpu(), op, ": the CPU twin needs sinks on the CPU, got ", sinks->device());
     sink = sinks->contiguous();
   }
 
   // ---- caches, tables, indices
   const bool has_ori = given(ori_kv), has_cmp = given(cmp_kv);
-  AAR_CHECK_ARG(has_ori || has_cmp, kOp, ": neither ori_kv nor cmp_kv is given (no keys to attend over)");
+  AAR_CHECK_ARG(has_ori || has_cmp, op, ": neither ori_kv nor cmp_kv is given (no keys to attend over)");
   Paged ori, cmp;
   if (has_ori) {
-    ori = check_cache(*ori_kv, "ori_kv", d, dt);
-    if (given(ori_block_table)) attach_table(ori, *ori_block_table, "ori_block_table", batch);
+    ori = check_cache(op, *ori_kv, "ori_kv", d, dt, quant);
+    if (given(ori_block_table)) attach_table(op, ori, *ori_block_table, "ori_block_table", batch);
     if (given(ori_sparse_indices)) {
-      check_indices(*ori_sparse_indices, "ori_sparse_indices", tokens);
+      check_indices(op, *ori_sparse_indices, "ori_sparse_indices", tokens);
     } else if (!given(ori_block_table)) {
-      throw_invalid(kOp, ": ori_block_table is required with ori_kv (layout_kv \"PA_ND\"), unless ",
+      throw_invalid(op, ": ori_block_table is required with ori_kv (layout_kv \"PA_ND\"), unless ",
                     "ori_sparse_indices gives physical slots");
     }
   } else {
-    AAR_CHECK_ARG(!given(ori_block_table) && !given(ori_sparse_indices), kOp, ": ",
+    AAR_CHECK_ARG(!given(ori_block_table) && !given(ori_sparse_indices), op, ": ",
                   given(ori_block_table) ? "ori_block_table" : "ori_sparse_indices", " is given without ori_kv");
   }
   if (has_cmp) {
-    AAR_CHECK_ARG(cmp_ratio >= 2, kOp, ": cmp_ratio must be >= 2 with cmp_kv (DSV4: 4 or 128), got ", cmp_ratio);
-    cmp = check_cache(*cmp_kv, "cmp_kv", d, dt);
-    if (!given(cmp_block_table)) throw_invalid(kOp, ": cmp_block_table is required with cmp_kv");
-    attach_table(cmp, *cmp_block_table, "cmp_block_table", batch);
-    if (given(cmp_sparse_indices)) check_indices(*cmp_sparse_indices, "cmp_sparse_indices", tokens);
+    AAR_CHECK_ARG(cmp_ratio >= 2, op, ": cmp_ratio must be >= 2 with cmp_kv (DSV4: 4 or 128), got ", cmp_ratio);
+    cmp = check_cache(op, *cmp_kv, "cmp_kv", d, dt, quant);
+    if (!given(cmp_block_table)) throw_invalid(op, ": cmp_block_table is required with cmp_kv");
+    attach_table(op, cmp, *cmp_block_table, "cmp_block_table", batch);
+    if (given(cmp_sparse_indices)) check_indices(op, *cmp_sparse_indices, "cmp_sparse_indices", tokens);
   } else {
-    AAR_CHECK_ARG(!given(cmp_block_table) && !given(cmp_sparse_indices), kOp, ": ",
+    AAR_CHECK_ARG(!given(cmp_block_table) && !given(cmp_sparse_indices), op, ": ",
                   given(cmp_block_table) ? "cmp_block_table" : "cmp_sparse_indices", " is given without cmp_kv");
-    AAR_CHECK_ARG(cmp_ratio == 0 || cmp_ratio == 1, kOp, ": cmp_ratio=", cmp_ratio,
+    AAR_CHECK_ARG(cmp_ratio == 0 || cmp_ratio == 1, op, ": cmp_ratio=", cmp_ratio,
                   " without cmp_kv (0 or 1 for an uncompressed layer)");
   }
 
@@ -272,7 +306,7 @@ sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
       for (int64_t j = 0; j < k; ++j) {
         const int64_t slot = row[j];
         if (slot == -1) continue;
-        AAR_CHECK_ARG(slot >= 0 && slot < ori.nb * ori.bs, kOp, ": ori_sparse_indices[", t, ", 0, ", j, "]=", slot,
+        AAR_CHECK_ARG(slot >= 0 && slot < ori.nb * ori.bs, op, ": ori_sparse_indices[", t, ", 0, ", j, "]=", slot,
                       " is not -1 and not a physical slot in [0, num_blocks * block_size = ", ori.nb * ori.bs, ")");
         ok.blk.push_back(slot / ori.bs);
         ok.off.push_back(slot % ori.bs);
@@ -282,7 +316,7 @@ sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
       const int64_t hi = std::min<int64_t>(s - 1, p > std::numeric_limits<int64_t>::max() - ori_win_right
                                                       ? std::numeric_limits<int64_t>::max()
                                                       : p + ori_win_right);
-      for (int64_t pos = lo; pos <= hi; ++pos) locate(ori, b, pos, ok.blk, ok.off);
+      for (int64_t pos = lo; pos <= hi; ++pos) locate(op, ori, b, pos, ok.blk, ok.off);
     }
     ok.close_row();
     if (has_cmp) {
@@ -293,12 +327,12 @@ sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
         for (int64_t j = 0; j < k; ++j) {
           const int64_t c = row[j];
           if (c == -1 || c >= limit) continue;
-          AAR_CHECK_ARG(c >= 0, kOp, ": cmp_sparse_indices[", t, ", 0, ", j, "]=", c,
+          AAR_CHECK_ARG(c >= 0, op, ": cmp_sparse_indices[", t, ", 0, ", j, "]=", c,
                         " is negative and not -1");
-          locate(cmp, b, c, ck.blk, ck.off);
+          locate(op, cmp, b, c, ck.blk, ck.off);
         }
       } else {
-        for (int64_t c = 0; c < limit; ++c) locate(cmp, b, c, ck.blk, ck.off);
+        for (int64_t c = 0; c < limit; ++c) locate(op, cmp, b, c, ck.blk, ck.off);
       }
     }
     ck.close_row();
@@ -332,62 +366,91 @@ sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
           return_softmax_lse ? lse.view(lse_shape) : at::empty({0}, at::kFloat)};
 }
 
-at::Tensor sparse_attn_sharedkv_metadata(AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS) {
-  AAR_CHECK_ARG(num_heads_q >= 1, kMdOp, ": num_heads_q must be >= 1, got ", num_heads_q);
-  reject_int(kMdOp, num_heads_kv, 1, "num_heads_kv");
-  AAR_CHECK_ARG(head_dim >= 1, kMdOp, ": head_dim must be >= 1, got ", head_dim);
-  AAR_CHECK_ARG(batch_size >= 0, kMdOp, ": batch_size must be >= 0, got ", batch_size);
-  AAR_CHECK_ARG(max_seqlen_q >= 0, kMdOp, ": max_seqlen_q must be >= 0, got ", max_seqlen_q);
-  AAR_CHECK_ARG(max_seqlen_kv >= 0, kMdOp, ": max_seqlen_kv must be >= 0, got ", max_seqlen_kv);
-  AAR_CHECK_ARG(ori_topk >= 0, kMdOp, ": ori_topk must be >= 0, got ", ori_topk);
-  AAR_CHECK_ARG(cmp_topk >= 0, kMdOp, ": cmp_topk must be >= 0, got ", cmp_topk);
-  AAR_CHECK_ARG(cmp_ratio >= 1, kMdOp, ": cmp_ratio must be >= 1 (1, 4 or 128 in DSV4), got ", cmp_ratio);
-  AAR_CHECK_ARG(!has_cmp_kv || cmp_ratio >= 2, kMdOp, ": cmp_ratio=", cmp_ratio, " with has_cmp_kv (needs >= 2)");
-  AAR_CHECK_ARG(has_ori_kv || has_cmp_kv, kMdOp, ": has_ori_kv and has_cmp_kv are both false");
-  reject_int(kMdOp, ori_mask_mode, 4, "ori_mask_mode");
-  reject_int(kMdOp, cmp_mask_mode, 3, "cmp_mask_mode");
-  AAR_CHECK_ARG(ori_win_left >= 0, kMdOp, ": ori_win_left must be >= 0, got ", ori_win_left);
-  AAR_CHECK_ARG(ori_win_right >= 0, kMdOp, ": ori_win_right must be >= 0, got ", ori_win_right);
+sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
+  return sas_core(kOp, false, AAR_SPARSE_ATTN_SHAREDKV_ARGS);
+}
+
+// A5: kv_quant_mode 1 (MXFP8 rows), tile_size 64, rope_head_dim 64, q 512 wide, only.
+sig::SasResult kv_quant_sparse_attn_sharedkv(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_PARAMS) {
+  const char* op = kKvqOp;
+  reject_int(op, kv_quant_mode, 1, "kv_quant_mode");
+  reject_int(op, tile_size, kQuantTile, "tile_size");
+  reject_int(op, rope_head_dim, kQuantRope, "rope_head_dim");
+  AAR_CHECK_ARG(q.dim() >= 1 && q.size(-1) == kQuantNope + kQuantRope, op, ": q must be ", kQuantNope + kQuantRope,
+                " wide (448 nope + 64 rope) for the 640-byte rows, got ", q.sizes());
+  return sas_core(op, true, AAR_SPARSE_ATTN_SHAREDKV_ARGS);
+}
+
+at::Tensor metadata_core(const char* op, int64_t magic, std::initializer_list<int64_t> extra,
+                         AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS) {
+  AAR_CHECK_ARG(num_heads_q >= 1, op, ": num_heads_q must be >= 1, got ", num_heads_q);
+  reject_int(op, num_heads_kv, 1, "num_heads_kv");
+  AAR_CHECK_ARG(head_dim >= 1, op, ": head_dim must be >= 1, got ", head_dim);
+  AAR_CHECK_ARG(batch_size >= 0, op, ": batch_size must be >= 0, got ", batch_size);
+  AAR_CHECK_ARG(max_seqlen_q >= 0, op, ": max_seqlen_q must be >= 0, got ", max_seqlen_q);
+  AAR_CHECK_ARG(max_seqlen_kv >= 0, op, ": max_seqlen_kv must be >= 0, got ", max_seqlen_kv);
+  AAR_CHECK_ARG(ori_topk >= 0, op, ": ori_topk must be >= 0, got ", ori_topk);
+  AAR_CHECK_ARG(cmp_topk >= 0, op, ": cmp_topk must be >= 0, got ", cmp_topk);
+  AAR_CHECK_ARG(cmp_ratio >= 1, op, ": cmp_ratio must be >= 1 (1, 4 or 128 in DSV4), got ", cmp_ratio);
+  AAR_CHECK_ARG(!has_cmp_kv || cmp_ratio >= 2, op, ": cmp_ratio=", cmp_ratio, " with has_cmp_kv (needs >= 2)");
+  AAR_CHECK_ARG(has_ori_kv || has_cmp_kv, op, ": has_ori_kv and has_cmp_kv are both false");
+  reject_int(op, ori_mask_mode, 4, "ori_mask_mode");
+  reject_int(op, cmp_mask_mode, 3, "cmp_mask_mode");
+  AAR_CHECK_ARG(ori_win_left >= 0, op, ": ori_win_left must be >= 0, got ", ori_win_left);
+  AAR_CHECK_ARG(ori_win_right >= 0, op, ": ori_win_right must be >= 0, got ", ori_win_right);
   const bool tnd = layout_q == "TND";
   if (!tnd && layout_q != "BSND") {
-    throw_not_supported(kMdOp, ": not supported: layout_q=\"", layout_q, "\" (only \"TND\" and \"BSND\")");
+    throw_not_supported(op, ": not supported: layout_q=\"", layout_q, "\" (only \"TND\" and \"BSND\")");
   }
-  if (layout_kv != "PA_ND") throw_not_supported(kMdOp, ": not supported: layout_kv=\"", layout_kv, "\" (only \"PA_ND\")");
-  reject_tensor(kMdOp, seqused_q, "seqused_q");
+  if (layout_kv != "PA_ND") throw_not_supported(op, ": not supported: layout_kv=\"", layout_kv, "\" (only \"PA_ND\")");
+  reject_tensor(op, seqused_q, "seqused_q");
   int64_t total_q = -1, total_kv = -1;
   if (given(cu_seqlens_q)) {
-    const std::vector<int64_t> cu = read_i32_1d(kMdOp, *cu_seqlens_q, "cu_seqlens_q");
-    AAR_CHECK_ARG(static_cast<int64_t>(cu.size()) == batch_size + 1, kMdOp, ": cu_seqlens_q must have batch_size + 1 = ",
+    const std::vector<int64_t> cu = read_i32_1d(op, *cu_seqlens_q, "cu_seqlens_q");
+    AAR_CHECK_ARG(static_cast<int64_t>(cu.size()) == batch_size + 1, op, ": cu_seqlens_q must have batch_size + 1 = ",
                   batch_size + 1, " entries, got ", cu.size());
     for (size_t i = 1; i < cu.size(); ++i) {
-      AAR_CHECK_ARG(cu[i] >= cu[i - 1] && cu[0] == 0, kMdOp, ": cu_seqlens_q must start at 0 and be non-decreasing, got ",
+      AAR_CHECK_ARG(cu[i] >= cu[i - 1] && cu[0] == 0, op, ": cu_seqlens_q must start at 0 and be non-decreasing, got ",
                     *cu_seqlens_q);
     }
     total_q = cu.back();
   }
   if (given(seqused_kv)) {
-    const std::vector<int64_t> s = read_i32_1d(kMdOp, *seqused_kv, "seqused_kv");
-    AAR_CHECK_ARG(static_cast<int64_t>(s.size()) == batch_size, kMdOp, ": seqused_kv must have batch_size = ",
+    const std::vector<int64_t> s = read_i32_1d(op, *seqused_kv, "seqused_kv");
+    AAR_CHECK_ARG(static_cast<int64_t>(s.size()) == batch_size, op, ": seqused_kv must have batch_size = ",
                   batch_size, " entries, got ", s.size());
     total_kv = 0;
     for (size_t b = 0; b < s.size(); ++b) {
-      AAR_CHECK_ARG(s[b] >= 0, kMdOp, ": seqused_kv[", b, "]=", s[b], " is negative");
+      AAR_CHECK_ARG(s[b] >= 0, op, ": seqused_kv[", b, "]=", s[b], " is negative");
       total_kv += s[b];
     }
   }
-  check_unread_lengths(kMdOp, cu_seqlens_ori_kv, "cu_seqlens_ori_kv");
-  check_unread_lengths(kMdOp, cu_seqlens_cmp_kv, "cu_seqlens_cmp_kv");
-  const int64_t fields[] = {0x5341534D, 1, num_heads_q, num_heads_kv, head_dim, batch_size, max_seqlen_q,
+  check_unread_lengths(op, cu_seqlens_ori_kv, "cu_seqlens_ori_kv");
+  check_unread_lengths(op, cu_seqlens_cmp_kv, "cu_seqlens_cmp_kv");
+  std::vector<int64_t> fields = {magic, 1, num_heads_q, num_heads_kv, head_dim, batch_size, max_seqlen_q,
                             max_seqlen_kv, ori_topk, cmp_topk, cmp_ratio, ori_mask_mode, cmp_mask_mode, ori_win_left,
                             ori_win_right, tnd ? 0 : 1, has_ori_kv ? 1 : 0, has_cmp_kv ? 1 : 0, total_q, total_kv};
+  fields.insert(fields.end(), extra.begin(), extra.end());
   at::Tensor blob = at::zeros({1024}, at::kInt);
   int32_t* w = blob.data_ptr<int32_t>();
-  for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); ++i) {
+  for (size_t i = 0; i < fields.size(); ++i) {
     AAR_CHECK_ARG(fields[i] >= std::numeric_limits<int32_t>::min() && fields[i] <= std::numeric_limits<int32_t>::max(),
-                  kMdOp, ": a scalar argument does not fit int32 (metadata field ", i, " = ", fields[i], ")");
+                  op, ": a scalar argument does not fit int32 (metadata field ", i, " = ", fields[i], ")");
     w[i] = static_cast<int32_t>(fields[i]);
   }
   return blob;
+}
+
+at::Tensor sparse_attn_sharedkv_metadata(AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS) {
+  return metadata_core(kMdOp, 0x5341534D, {}, AAR_SPARSE_ATTN_SHAREDKV_METADATA_ARGS);
+}
+
+at::Tensor kv_quant_sparse_attn_sharedkv_metadata(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS) {
+  reject_int(kKvqMdOp, kv_quant_mode, 1, "kv_quant_mode");
+  reject_int(kKvqMdOp, tile_size, kQuantTile, "tile_size");
+  reject_int(kKvqMdOp, rope_head_dim, kQuantRope, "rope_head_dim");
+  return metadata_core(kKvqMdOp, 0x53415351, {kv_quant_mode, tile_size, rope_head_dim},
+                       AAR_SPARSE_ATTN_SHAREDKV_METADATA_ARGS);
 }
 
 }  // namespace
@@ -395,11 +458,17 @@ at::Tensor sparse_attn_sharedkv_metadata(AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAM
 
 TORCH_LIBRARY_IMPL(ascend_cpu_va, CPU, m) {
   m.impl("npu_sparse_attn_sharedkv", TORCH_FN(aar::ops::cpu::sparse_attn_sharedkv));
+  m.impl("npu_kv_quant_sparse_attn_sharedkv", TORCH_FN(aar::ops::cpu::kv_quant_sparse_attn_sharedkv));
+  m.impl("npu_sparse_attn_sharedkv_metadata", TORCH_FN(aar::ops::cpu::sparse_attn_sharedkv_metadata));
+  m.impl("npu_kv_quant_sparse_attn_sharedkv_metadata",
+         TORCH_FN(aar::ops::cpu::kv_quant_sparse_attn_sharedkv_metadata));
 }
 
-// The metadata operator may be called with no tensor at all (every length
-// tensor is optional): a CompositeExplicitAutograd kernel is what the
-// dispatcher runs then (and for CPU tensors).
+// The metadata operators may be called with no tensor at all (every length
+// tensor is optional): the dispatcher then runs the CompositeExplicitAutograd
+// kernel (the same function).
 TORCH_LIBRARY_IMPL(ascend_cpu_va, CompositeExplicitAutograd, m) {
   m.impl("npu_sparse_attn_sharedkv_metadata", TORCH_FN(aar::ops::cpu::sparse_attn_sharedkv_metadata));
+  m.impl("npu_kv_quant_sparse_attn_sharedkv_metadata",
+         TORCH_FN(aar::ops::cpu::kv_quant_sparse_attn_sharedkv_metadata));
 }

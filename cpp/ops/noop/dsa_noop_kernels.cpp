@@ -26,8 +26,11 @@ sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
   return {out, cached(q.sizes().slice(0, q.dim() - 1), at::kFloat, q.device())};
 }
 
+sig::SasResult kv_quant_sparse_attn_sharedkv(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_PARAMS) {
+  return sparse_attn_sharedkv(q, AAR_SAS_TENSOR_ARGS, softmax_scale, AAR_SAS_MODE_ARGS);
+}
+
 // (1024,) int32 on the device of the first length tensor given (CPU if none).
-}  // namespace
 
 at::Tensor sparse_attn_sharedkv_metadata(AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS) {
   c10::Device dev(c10::kCPU);
@@ -41,7 +44,10 @@ at::Tensor sparse_attn_sharedkv_metadata(AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAM
   return cached(c10::IntArrayRef(s.data(), 1), at::kInt, dev);
 }
 
-namespace {
+at::Tensor kv_quant_sparse_attn_sharedkv_metadata(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS) {
+  return sparse_attn_sharedkv_metadata(AAR_SPARSE_ATTN_SHAREDKV_METADATA_ARGS);
+}
+
 
 void scatter_nd_update_v2(at::Tensor& var, const at::Tensor& indices, const at::Tensor& update) {}
 
@@ -50,6 +56,9 @@ void inplace_partial_rotary_mul(at::Tensor& x, const at::Tensor& r1, const at::T
 
 void register_dsa(torch::Library& m) {
   m.impl("npu_sparse_attn_sharedkv", TORCH_FN(sparse_attn_sharedkv));
+  m.impl("npu_kv_quant_sparse_attn_sharedkv", TORCH_FN(kv_quant_sparse_attn_sharedkv));
+  m.impl("npu_sparse_attn_sharedkv_metadata", TORCH_FN(sparse_attn_sharedkv_metadata));
+  m.impl("npu_kv_quant_sparse_attn_sharedkv_metadata", TORCH_FN(kv_quant_sparse_attn_sharedkv_metadata));
   m.impl("npu_scatter_nd_update_v2", TORCH_FN(scatter_nd_update_v2));
   m.impl("inplace_partial_rotary_mul", TORCH_FN(inplace_partial_rotary_mul));
 }
@@ -59,8 +68,10 @@ void register_dsa(torch::Library& m) {
 
 TORCH_LIBRARY_IMPL(ascend_noop_va, CPU, m) { aar::ops::noop::register_dsa(m); }
 TORCH_LIBRARY_IMPL(ascend_noop_va, Meta, m) { aar::ops::noop::register_dsa(m); }
-// The metadata operator may get no tensor at all: CompositeExplicitAutograd also
-// covers that call (and CPU / Meta tensors).
+// The metadata operators may get no tensor at all: the dispatcher then runs the
+// CompositeExplicitAutograd kernel (the same function).
 TORCH_LIBRARY_IMPL(ascend_noop_va, CompositeExplicitAutograd, m) {
   m.impl("npu_sparse_attn_sharedkv_metadata", TORCH_FN(aar::ops::noop::sparse_attn_sharedkv_metadata));
+  m.impl("npu_kv_quant_sparse_attn_sharedkv_metadata",
+         TORCH_FN(aar::ops::noop::kv_quant_sparse_attn_sharedkv_metadata));
 }

@@ -84,4 +84,28 @@ struct SparseAttnSharedKvMetadataArgs {
 // twin's blob is deterministic but opaque: see sparse_attn_sharedkv_cpu.cpp.
 at::Tensor sparse_attn_sharedkv_metadata(const SparseAttnSharedKvMetadataArgs& a, Provider pv = Provider::Auto);
 
+// ---- A5: npu_kv_quant_sparse_attn_sharedkv (+ _metadata). The caches hold the
+// 640-byte FP8 rows written by kv_compress_epilog (spec 1.6.3):
+//   [448 fp8-e4m3 nope | 64 bf16 rope (128 B) | 7 e8m0 scales | 57 pad]
+// dequantised as nope[d] = fp8[d] * 2^(e8m0[d / 64] - 127) (e8m0 255 = NaN),
+// rope = the bf16 values; q is (.., 512) = [nope | rope]. Otherwise exactly the
+// semantics above. The CPU twin takes kv_quant_mode 1, tile_size 64 and
+// rope_head_dim 64 only (the A5 call), and caches of any 1-byte dtype
+// (float8_e4m3fn, uint8, int8) shaped (num_blocks, block_size, 1, 640).
+struct KvQuantSparseAttnSharedKvArgs {
+  SparseAttnSharedKvArgs base;  // ori_kv / cmp_kv: the 640-byte row caches
+  int64_t kv_quant_mode = 1, tile_size = 64, rope_head_dim = 64;
+};
+
+std::tuple<at::Tensor, at::Tensor> kv_quant_sparse_attn_sharedkv(const KvQuantSparseAttnSharedKvArgs& a,
+                                                                 Provider pv = Provider::Auto);
+
+struct KvQuantSparseAttnSharedKvMetadataArgs {
+  SparseAttnSharedKvMetadataArgs base;  // `device` is an argument of this schema too
+  int64_t kv_quant_mode = 1, tile_size = 64, rope_head_dim = 64;
+};
+
+at::Tensor kv_quant_sparse_attn_sharedkv_metadata(const KvQuantSparseAttnSharedKvMetadataArgs& a,
+                                                  Provider pv = Provider::Auto);
+
 }  // namespace aar::ops
