@@ -482,7 +482,9 @@ class GroupBuilder::Lane {
     const GroupConfig& c = g_.cfg_;
     const bool reads_sas = c.kind == DsaCacheKind::Swa || c.kind == DsaCacheKind::C4Kv ||
                            c.kind == DsaCacheKind::C128Kv;
-    if (!reads_sas || c.num_heads_q <= 0 || c.plan.sparse_attn != SparseAttnPath::SharedKv) return false;
+    const bool shared = c.plan.sparse_attn == SparseAttnPath::SharedKv;
+    const bool kv_quant = c.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
+    if (!reads_sas || c.num_heads_q <= 0 || !(shared || kv_quant)) return false;
     c10::InferenceMode guard;
     auto opt = [](const at::Tensor& t) -> std::optional<at::Tensor> {
       if (!t.defined()) return std::nullopt;
@@ -510,7 +512,16 @@ class GroupBuilder::Lane {
     a.has_ori_kv = true;
     a.has_cmp_kv = ratio > 1;
     a.device = "npu";
-    md_.sas_metadata.copy_(ops::sparse_attn_sharedkv_metadata(a), /*non_blocking=*/true);
+    if (shared) {
+      md_.sas_metadata.copy_(ops::sparse_attn_sharedkv_metadata(a), /*non_blocking=*/true);
+    } else {
+      ops::KvQuantSparseAttnSharedKvMetadataArgs q;
+      q.base = a;
+      q.kv_quant_mode = c.plan.kv_quant_mode;
+      q.tile_size = c.plan.tile_size;
+      q.rope_head_dim = c.plan.rope_head_dim;
+      md_.sas_metadata.copy_(ops::kv_quant_sparse_attn_sharedkv_metadata(q), /*non_blocking=*/true);
+    }
     return true;
   }
   at::Tensor cu_tensor(CuSeqlensKv k, const StepMetadata& st) const {

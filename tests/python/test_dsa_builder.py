@@ -478,10 +478,17 @@ def test_sas_metadata_blob():
         assert b[2] == 16 and b[5] == 2 and b[6] == 1 and b[7] == 300
         assert b[9] == topk and b[10] == ratio and b[13] == 127 and b[17] == (ratio > 1)
         assert b[18] == 2 and b[19] == 400
-    # not generated: state groups, num_heads_q unset, A5 plans
+    # A5 (fp8 rows): the kv-quant metadata operator, the same fields.
+    a5 = group(sb, "c4_kv", dk="a5", num_heads_q=8).build(st, t)
+    assert a5.sas_metadata_filled
+    b = a5.sas_metadata.tolist()
+    assert b[2] == 8 and b[5] == 2 and b[9] == 512 and b[10] == 4 and b[19] == 400
+    # not generated: state groups, num_heads_q unset, the A5 + BF16 plan
     assert not group(sb, "c4_attn_state", num_heads_q=16).build(st, t).sas_metadata_filled
     assert not group(sb, "swa").build(st, t).sas_metadata_filled
-    assert not group(sb, "swa", dk="a5", num_heads_q=16).build(st, t).sas_metadata_filled
+    bf16 = aar.dsa.GroupBuilder(sb, kind="swa", device_kind="a5", cache_dtype="bfloat16", num_blocks=512,
+                                max_blocks_per_req=64, num_heads_q=16)
+    assert not bf16.build(st, t).sas_metadata_filled
 
 
 @pytest.mark.parametrize("separate", [False, True])

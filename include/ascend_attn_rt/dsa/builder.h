@@ -38,15 +38,17 @@
 //  - SAS / QLI metadata (spec 6.7): every group lane owns two (1024,) int32
 //    device buffers at stable addresses. A build fills sas_metadata (the
 //    operator's blob copied in, device to device) for the groups a layer
-//    reads it from (spec 6.4 common(): Swa, C4Kv, C128Kv) when the plan's
-//    attention path is SharedKv (A2/A3: npu_sparse_attn_sharedkv_metadata,
-//    ops/sparse_attn_sharedkv.h) and GroupConfig::num_heads_q > 0, with the
-//    arguments of spec 6.7. NOT filled (sas_metadata_filled = false, the
-//    buffer keeps its old contents): the A5 plans (their metadata operators,
-//    npu_kv_quant_sparse_attn_sharedkv_metadata and SparseFlashMla's, have no
-//    wrapper yet) and the state / indexer groups (no layer reads their SAS
-//    blob). The QLI blob is never filled (no wrapper of QLI's metadata
-//    operator exists yet): qli_metadata_filled = false.
+//    reads it from (spec 6.4 common(): Swa, C4Kv, C128Kv) when
+//    GroupConfig::num_heads_q > 0, with the arguments of spec 6.7, through
+//    the plan's metadata operator (ops/sparse_attn_sharedkv.h):
+//    npu_sparse_attn_sharedkv_metadata (A2/A3) or
+//    npu_kv_quant_sparse_attn_sharedkv_metadata with the plan's kv_quant_mode
+//    / tile_size / rope_head_dim (A5, fp8 rows). NOT filled
+//    (sas_metadata_filled = false, the buffer keeps its old contents): the
+//    A5 + BF16 plan (SparseFlashMla: its metadata operator has no published
+//    schema) and the state / indexer groups (no layer reads their SAS blob).
+//    The QLI blob is never filled (no wrapper of QLI's metadata operator
+//    exists yet): qli_metadata_filled = false.
 //    Deliberate fix of spec 11.12: the blob's ori_win_left is the attention
 //    call's window (W + num_spec - 1 when DSpark is active, else W - 1) in
 //    main and draft builds alike; upstream's main build passes W - 1 to the
