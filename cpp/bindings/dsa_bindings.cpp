@@ -16,6 +16,8 @@
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/dsa/backend_facts.h"
 #include "ascend_attn_rt/dsa/builder.h"
+#include "ascend_attn_rt/dsa/impl.h"
+#include "ascend_attn_rt/sfa/topk_buffer.h"
 #include "ascend_attn_rt/dsa/kv_plan.h"
 #include "common.h"
 #include "tensor_caster.h"
@@ -437,10 +439,119 @@ void bind_dsa(nb::module_& root) {
       "num_blocks.");
 }
 
+// aar.dsa.Impl: the layer forward (dsa/impl.h). Weights from the reference's
+// dict names; the metadata as the group objects of this step (route_layer's
+// slots); kv_cache the 6/7-entry tuple with None for unused slots.
+at::Tensor weight_of(const nb::dict& w, const char* name) {
+  if (!w.contains(name)) return at::Tensor();
+  return nb::cast<at::Tensor>(w[name]);
+}
+
+void bind_dsa_impl(nb::module_& m) {
+  nb::class_<dsa::Impl>(m, "Impl", "One DeepSeek-V4 (DSA) attention layer (dsa/impl.h).")
+      .def(
+          "__init__",
+          [](dsa::Impl* self, const nb::dict& weights, int64_t hidden_size, int64_t num_heads, int64_t head_dim,
+             int64_t rope_dim, int64_t q_lora_rank, int64_t window, int32_t compress_ratio, int64_t index_n_heads,
+             int64_t index_head_dim, int64_t index_topk, double eps, int64_t o_groups, int64_t o_lora_rank,
+             const std::string& device_kind, const std::optional<std::string>& cache_dtype,
+             const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index) {
+            dsa::ImplConfig c;
+            c.hidden_size = hidden_size;
+            c.num_heads = num_heads;
+            c.head_dim = head_dim;
+            c.rope_dim = rope_dim;
+            c.q_lora_rank = q_lora_rank;
+            c.window = window;
+            c.compress_ratio = compress_ratio;
+            c.index_n_heads = index_n_heads;
+            c.index_head_dim = index_head_dim;
+            c.index_topk = index_topk;
+            c.eps = eps;
+            c.o_groups = o_groups;
+            c.o_lora_rank = o_lora_rank;
+            c.plan = plan_from(device_kind, cache_dtype, model_dtype);
+            c.use_index_cache = use_index_cache;
+            c.skip_topk = skip_topk;
+            c.layer_index = layer_index;
+            dsa::Weights w;
+            w.wq_a = weight_of(weights, "wq_a");
+            w.q_norm = weight_of(weights, "q_norm");
+            w.wq_b = weight_of(weights, "wq_b");
+            w.wkv = weight_of(weights, "wkv");
+            w.kv_norm = weight_of(weights, "kv_norm");
+            w.attn_sink = weight_of(weights, "attn_sink");
+            w.wo_a = weight_of(weights, "wo_a");
+            w.wo_b = weight_of(weights, "wo_b");
+            w.cmp_wkv = weight_of(weights, "cmp_wkv");
+            w.cmp_wgate = weight_of(weights, "cmp_wgate");
+            w.cmp_ape = weight_of(weights, "cmp_ape");
+            w.cmp_norm = weight_of(weights, "cmp_norm");
+            w.idx_wq_b = weight_of(weights, "idx_wq_b");
+            w.idx_weights_proj = weight_of(weights, "idx_weights_proj");
+            w.idx_cmp_wkv = weight_of(weights, "idx_cmp_wkv");
+            w.idx_cmp_wgate = weight_of(weights, "idx_cmp_wgate");
+            w.idx_cmp_ape = weight_of(weights, "idx_cmp_ape");
+            w.idx_cmp_norm = weight_of(weights, "idx_cmp_norm");
+            new (self) dsa::Impl(c, w);
+          },
+          "weights"_a, nb::kw_only(), "hidden_size"_a, "num_heads"_a, "head_dim"_a = 512, "rope_dim"_a = 64,
+          "q_lora_rank"_a, "window"_a = 128, "compress_ratio"_a = 1, "index_n_heads"_a = 64, "index_head_dim"_a = 128,
+          "index_topk"_a = 512, "eps"_a = 1e-6, "o_groups"_a = 1, "o_lora_rank"_a, "device_kind"_a = "a2",
+          "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
+          "skip_topk"_a = false, "layer_index"_a = -1)
+      .def(
+          "forward",
+          [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, nb::handle step, nb::handle swa,
+             const at::Tensor& output, nb::handle attention, nb::handle compressor_state, nb::handle indexer_cache,
+             nb::handle indexer_state, sfa::TopkBuffer* topk_buffer) -> at::Tensor {
+            std::vector<at::Tensor> kv;
+            for (nb::handle h : kv_cache) kv.push_back(h.is_none() ? at::Tensor() : nb::cast<at::Tensor>(h));
+            if (step.is_none()) return self.forward(hidden, kv, nullptr, output, topk_buffer);
+            auto ptr = [](nb::handle h) -> const dsa::GroupMetadata* {
+              return h.is_none() ? nullptr : nb::cast<const dsa::GroupMetadata*>(h);
+            };
+            AAR_CHECK_ARG(!swa.is_none(), "swa metadata must be given with step");
+            const dsa::LayerMetadata md =
+                dsa::route_layer(self.config().compress_ratio, nb::cast<const dsa::StepMetadata&>(step), ptr(swa),
+                                 ptr(attention), ptr(compressor_state), ptr(indexer_cache), ptr(indexer_state));
+            return self.forward(hidden, kv, &md, output, topk_buffer);
+          },
+          "hidden"_a, "kv_cache"_a, "step"_a.none(), "swa"_a.none(), "output"_a, nb::kw_only(),
+          "attention"_a = nb::none(), "compressor_state"_a = nb::none(), "indexer_cache"_a = nb::none(),
+          "indexer_state"_a = nb::none(), "topk_buffer"_a.none() = nb::none(),
+          "Spec 6.8. step=None: profiling run (output zero-filled). Returns output.")
+      .def_prop_ro("last_topk", [](const dsa::Impl& i) { return i.last_topk(); })
+      .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; });
+
+  m.def(
+      "compose_kv_cache",
+      [](const std::string& device_kind, const std::optional<std::string>& cache_dtype, const std::string& model_dtype,
+         const std::optional<at::Tensor>& compress_kv, const at::Tensor& swa_kv, const std::optional<at::Tensor>& state,
+         const std::optional<at::Tensor>& indexer_state, const std::optional<at::Tensor>& indexer_k,
+         const std::optional<at::Tensor>& indexer_scale, const std::optional<at::Tensor>& indexer_full) {
+        auto t = [](const std::optional<at::Tensor>& x) { return x.value_or(at::Tensor()); };
+        const std::vector<at::Tensor> v =
+            dsa::compose_kv_cache(plan_from(device_kind, cache_dtype, model_dtype), t(compress_kv), swa_kv, t(state),
+                                  t(indexer_state), t(indexer_k), t(indexer_scale), t(indexer_full));
+        nb::list out;
+        for (const at::Tensor& x : v) {
+          if (x.defined()) out.append(nb::cast(x)); else out.append(nb::none());
+        }
+        return nb::tuple(out);
+      },
+      nb::kw_only(), "device_kind"_a = "a2", "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16",
+      "compress_kv"_a = nb::none(), "swa_kv"_a, "state"_a = nb::none(), "indexer_state"_a = nb::none(),
+      "indexer_k"_a = nb::none(), "indexer_scale"_a = nb::none(), "indexer_full"_a = nb::none(),
+      "Spec 6.3: the per-layer tuple (compress_kv, swa_kv, state, indexer_state, indexer_k, indexer_scale"
+      "[, indexer_full]); None for unused slots.");
+}
+
 void bind_dsa_all(nb::module_& root) {
   bind_dsa(root);
   nb::module_ m = nb::borrow<nb::module_>(root.attr("dsa"));
   bind_dsa_builders(m);
+  bind_dsa_impl(m);
 }
 
 const BindingRegistrar kRegisterDsa(/*order=*/50, &bind_dsa_all);

@@ -1,0 +1,544 @@
+// Per-layer DSA forward (spec sparse.md 1.6, 6.3, 6.8); see dsa/impl.h.
+#include "ascend_attn_rt/dsa/impl.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <optional>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/ops/dense.h"
+#include "ascend_attn_rt/ops/dsa_compressor.h"
+#include "ascend_attn_rt/ops/dsa_inplace_ops.h"
+#include "ascend_attn_rt/ops/hadamard.h"
+#include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/quant.h"
+#include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+
+namespace aar::dsa {
+
+namespace {
+
+at::ScalarType scalar_of(KvDtype d) {
+  switch (d) {
+    case KvDtype::BF16: return at::kBFloat16;
+    case KvDtype::FP16: return at::kHalf;
+    case KvDtype::FP32: return at::kFloat;
+    case KvDtype::INT8: return at::kChar;
+    case KvDtype::FP8_E4M3: return at::kFloat8_e4m3fn;
+  }
+  throw_invalid("KvDtype value ", static_cast<int>(d), " is outside the enum");
+}
+
+c10::IntArrayRef sizes_of(const at::Tensor& t) { return t.defined() ? t.sizes() : c10::IntArrayRef{}; }
+
+// A paged cache (nb, rows, 1, width) with unit stride in its last dim (page
+// strides may be padded: spec 6.2's tiers).
+void check_paged(const at::Tensor& c, const char* name, int64_t rows, int64_t width, at::ScalarType dtype,
+                 c10::Device device) {
+  AAR_CHECK_ARG(c.defined(), name, " is None but the layer needs it (spec 6.3 tuple)");
+  AAR_CHECK_ARG(c.dim() == 4 && c.size(1) == rows && c.size(2) == 1 && c.size(3) == width, name,
+                " must have shape (num_blocks, ", rows, ", 1, ", width, "), got ", c.sizes());
+  AAR_CHECK_ARG(c.scalar_type() == dtype, name, " dtype ", c.scalar_type(), " is not ", dtype);
+  AAR_CHECK_ARG(c.device() == device, name, " is on ", c.device(), ", the layer's weights on ", device);
+  AAR_CHECK_ARG(c.stride(3) == 1 && c.stride(1) == width, name, " rows must be dense (strides ", c.strides(), ")");
+}
+
+void check_group(const GroupMetadata* g, const char* name) {
+  AAR_CHECK_ARG(g != nullptr, "metadata.", name, " is missing for this layer's ratio (spec 6.4)");
+  check_current(*g, name);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ 6.3 tuple
+
+std::vector<at::Tensor> compose_kv_cache(const AttnKvPlan& plan, const at::Tensor& compress_kv,
+                                         const at::Tensor& swa_kv, const at::Tensor& state,
+                                         const at::Tensor& indexer_state, const at::Tensor& indexer_k,
+                                         const at::Tensor& indexer_scale, const at::Tensor& indexer_full) {
+  AAR_CHECK_ARG(swa_kv.defined(), "swa_kv must be given: every DSA layer has an SWA cache (spec 6.3)");
+  AAR_CHECK_ARG(plan.indexer_full_view || !indexer_full.defined(), "indexer_full is given but the plan has no "
+                "full indexer view (indexer_full_view=False): the tuple has 6 entries");
+  std::vector<at::Tensor> t{compress_kv, swa_kv, state, indexer_state, indexer_k, indexer_scale};
+  if (plan.indexer_full_view) t.push_back(indexer_full);
+  return t;
+}
+
+ForwardKv unpack_forward_kv_cache(const std::vector<at::Tensor>& kv, int32_t ratio) {
+  AAR_CHECK_ARG(kv.size() == 6 || kv.size() == 7, "kv_cache must be the 6- or 7-entry DSA tuple (spec 6.3), got ",
+                kv.size(), " entries");
+  ForwardKv f;
+  f.swa_kv = kv[1];
+  if (kv.size() == 7) f.indexer_full = kv[6];
+  if (ratio > 1) {
+    f.compress_kv = kv[0];
+    f.state = kv[2];
+  }
+  if (ratio == 4) {
+    f.indexer_k = kv[4];
+    f.indexer_scale = kv[5];
+  }
+  return f;
+}
+
+IndexerKv unpack_indexer_kv_cache(const std::vector<at::Tensor>& kv) {
+  AAR_CHECK_ARG(kv.size() == 6 || kv.size() == 7, "kv_cache must be the 6- or 7-entry DSA tuple (spec 6.3), got ",
+                kv.size(), " entries");
+  return {kv[3], kv[4], kv[5], kv.size() == 7 ? kv[6] : at::Tensor()};
+}
+
+// ------------------------------------------------------------------ Impl
+
+Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
+  ImplConfig& c = cfg_;
+  if (c.compress_ratio == 0) c.compress_ratio = 1;
+  AAR_CHECK_ARG(c.compress_ratio == 1 || c.compress_ratio == 4 || c.compress_ratio == 128,
+                "compress_ratio must be 0/1 (SWA only), 4 or 128, got ", c.compress_ratio);
+  AAR_CHECK_ARG(c.hidden_size > 0 && c.num_heads > 0 && c.head_dim > 0 && c.q_lora_rank > 0 && c.o_lora_rank > 0,
+                "hidden_size, num_heads, head_dim, q_lora_rank and o_lora_rank must be positive, got ", c.hidden_size,
+                ", ", c.num_heads, ", ", c.head_dim, ", ", c.q_lora_rank, ", ", c.o_lora_rank);
+  AAR_CHECK_ARG(c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, "rope_dim=", c.rope_dim,
+                " must be even and in (0, head_dim=", c.head_dim, "]");
+  AAR_CHECK_ARG(c.window > 0, "window must be positive, got ", c.window);
+  AAR_CHECK_ARG(c.eps > 0, "eps must be positive, got ", c.eps);
+  AAR_CHECK_ARG(c.o_groups > 0 && (c.num_heads * c.head_dim) % c.o_groups == 0, "o_groups=", c.o_groups,
+                " must divide num_heads * head_dim = ", c.num_heads * c.head_dim);
+  const bool c4 = c.compress_ratio == 4;
+  if (c4) {
+    AAR_CHECK_ARG(c.index_n_heads > 0 && c.index_topk > 0, "index_n_heads and index_topk must be positive, got ",
+                  c.index_n_heads, ", ", c.index_topk);
+    AAR_CHECK_ARG(c.index_head_dim > 0 && (c.index_head_dim & (c.index_head_dim - 1)) == 0 &&
+                      c.rope_dim <= c.index_head_dim,
+                  "index_head_dim=", c.index_head_dim, " must be a power of two (Hadamard, spec 1.5) and >= rope_dim=",
+                  c.rope_dim);
+  }
+  AAR_CHECK_ARG(!c.skip_topk || c4, "skip_topk reuses a C4 selection: the layer's compress_ratio must be 4, got ",
+                c.compress_ratio);
+  AAR_CHECK_ARG(!c.use_index_cache || (c4 && !c.skip_topk), "use_index_cache stores this layer's top-k: it needs a "
+                "ratio-4 layer that computes one (skip_topk=False)");
+  // The plan's paths this layer does not implement, by name.
+  if (c.plan.uses_sparse_flash_mla || c.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
+    throw_not_supported("plan sparse_attn=SparseFlashMla (A5 + bf16 cache): its metadata operator has no schema; "
+                        "the DSA layer does not implement it");
+  }
+  if (c.plan.o_proj == OProjKind::MxFp8QuantBmm) {
+    throw_not_supported("plan o_proj=MxFp8QuantBmm (A5 npu_dynamic_mx_quant + quantised transpose-bmm) is not "
+                        "implemented by the DSA layer");
+  }
+  if (c.plan.fp8_kv_rows) {
+    AAR_CHECK_ARG(c.head_dim == Fp8KvRowLayout::kNopeDims + Fp8KvRowLayout::kRopeDims &&
+                      c.rope_dim == Fp8KvRowLayout::kRopeDims,
+                  "the plan's 640-byte fp8 rows hold head_dim 512 and rope_dim 64, got ", c.head_dim, ", ",
+                  c.rope_dim);
+  }
+
+  // Weights.
+  AAR_CHECK_ARG(w.wq_a.defined(), "weight wq_a must be given");
+  const at::ScalarType dt = w.wq_a.scalar_type();
+  const c10::Device dev = w.wq_a.device();
+  AAR_CHECK_ARG(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat,
+                "the weights' dtype must be bfloat16, float16 or float32, got ", dt);
+  auto check = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape, bool fp32 = false) {
+    AAR_CHECK_ARG(t.defined() && t.sizes() == c10::IntArrayRef(shape), "weight ", name, " must have shape ",
+                  c10::IntArrayRef(shape), ", got ", sizes_of(t));
+    AAR_CHECK_ARG(fp32 ? t.scalar_type() == at::kFloat : t.scalar_type() == dt, "weight ", name, " is ",
+                  t.scalar_type(), ", expected ", fp32 ? at::kFloat : dt);
+    AAR_CHECK_ARG(t.device() == dev, "weight ", name, " is on ", t.device(), ", wq_a on ", dev);
+  };
+  const int64_t H = c.hidden_size, N = c.num_heads, D = c.head_dim, G = c.o_groups;
+  check(w.wq_a, "wq_a", {c.q_lora_rank, H});
+  check(w.q_norm, "q_norm", {c.q_lora_rank});
+  check(w.wq_b, "wq_b", {N * D, c.q_lora_rank});
+  check(w.wkv, "wkv", {D, H});
+  check(w.kv_norm, "kv_norm", {D});
+  check(w.attn_sink, "attn_sink", {N}, /*fp32=*/true);
+  check(w.wo_a, "wo_a", {G, N * D / G, c.o_lora_rank});
+  check(w.wo_b, "wo_b", {H, G * c.o_lora_rank});
+  if (c.compress_ratio > 1) {
+    const int64_t coff = c4 ? 2 : 1;
+    check(w.cmp_wkv, "cmp_wkv", {coff * D, H});
+    check(w.cmp_wgate, "cmp_wgate", {coff * D, H});
+    AAR_CHECK_ARG(w.cmp_ape.defined() && w.cmp_ape.sizes() == c10::IntArrayRef({c.compress_ratio, coff * D}),
+                  "weight cmp_ape must have shape (", c.compress_ratio, ", ", coff * D, "), got ", sizes_of(w.cmp_ape));
+    check(w.cmp_norm, "cmp_norm", {D});
+    cmp_ape_f32_ = w.cmp_ape.to(at::kFloat).contiguous();
+  }
+  if (c4) {
+    const int64_t Di = c.index_head_dim;
+    check(w.idx_wq_b, "idx_wq_b", {c.index_n_heads * Di, c.q_lora_rank});
+    check(w.idx_weights_proj, "idx_weights_proj", {c.index_n_heads, H});
+    check(w.idx_cmp_wkv, "idx_cmp_wkv", {2 * Di, H});
+    check(w.idx_cmp_wgate, "idx_cmp_wgate", {2 * Di, H});
+    AAR_CHECK_ARG(w.idx_cmp_ape.defined() && w.idx_cmp_ape.sizes() == c10::IntArrayRef({4, 2 * Di}),
+                  "weight idx_cmp_ape must have shape (4, ", 2 * Di, "), got ", sizes_of(w.idx_cmp_ape));
+    check(w.idx_cmp_norm, "idx_cmp_norm", {Di});
+    idx_ape_f32_ = w.idx_cmp_ape.to(at::kFloat).contiguous();
+    // rotate_activation (spec 1.5 DSV4): x H / sqrt(Di), Di a power of two.
+    hadamard_ = ops::hadamard_matrix(Di, 1.0 / std::sqrt(static_cast<double>(Di)), dt, dev);
+  }
+  sinks_f32_ = w.attn_sink.contiguous();
+}
+
+Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const LayerMetadata& md,
+                            const at::Tensor& output, sfa::TopkBuffer* topk) const {
+  const ImplConfig& c = cfg_;
+  const at::ScalarType dt = w_.wq_a.scalar_type();
+  const c10::Device dev = w_.wq_a.device();
+  AAR_CHECK_ARG(md.compress_ratio == c.compress_ratio || (md.compress_ratio <= 1 && c.compress_ratio == 1),
+                "metadata was routed for compress_ratio ", md.compress_ratio, " but the layer's is ", c.compress_ratio);
+  AAR_CHECK_ARG(md.step != nullptr, "metadata.step is missing");
+  check_current(md.step->stamp, "metadata.step");
+  check_group(md.swa, "swa");
+  if (c.compress_ratio > 1) {
+    check_group(md.attention, "attention");
+    check_group(md.compressor_state, "compressor_state");
+  }
+  if (c.compress_ratio == 4) {
+    check_group(md.indexer_cache, "indexer_cache");
+    check_group(md.indexer_state, "indexer_state");
+  }
+  const StepMetadata& st = *md.step;
+  AAR_CHECK_ARG(hidden.defined() && hidden.dim() == 2 && hidden.size(1) == c.hidden_size, "hidden must be (T, ",
+                c.hidden_size, "), got ", sizes_of(hidden));
+  AAR_CHECK_ARG(hidden.scalar_type() == dt && hidden.device() == dev, "hidden is ", hidden.scalar_type(), " on ",
+                hidden.device(), "; the layer's weights are ", dt, " on ", dev);
+  AAR_CHECK_ARG(hidden.size(0) >= st.num_actual_tokens, "hidden has ", hidden.size(0),
+                " rows, fewer than the step's num_actual_tokens=", st.num_actual_tokens);
+  AAR_CHECK_ARG(output.defined() && output.sizes() == hidden.sizes() && output.scalar_type() == dt &&
+                    output.device() == dev && output.is_contiguous(),
+                "output must be a contiguous ", hidden.sizes(), " ", dt, " tensor on ", dev, ", got ",
+                sizes_of(output));
+  AAR_CHECK_ARG(!output.is_same(hidden), "output must not alias hidden");
+  if (c.skip_topk || c.use_index_cache) {
+    AAR_CHECK_ARG(topk != nullptr, "topk_buffer must be given (skip_topk / use_index_cache)");
+    AAR_CHECK_ARG(topk->index_topk() == c.index_topk && topk->max_num_tokens() >= st.num_actual_tokens,
+                  "topk_buffer is (", topk->max_num_tokens(), ", ", topk->index_topk(), "); the layer needs index_topk=",
+                  c.index_topk, " and >= ", st.num_actual_tokens, " rows");
+  }
+
+  const ForwardKv f = unpack_forward_kv_cache(kv, c.compress_ratio);
+  AAR_CHECK_ARG(c.plan.indexer_full_view == (kv.size() == 7), "kv_cache has ", kv.size(), " entries; the plan (",
+                "indexer_full_view=", c.plan.indexer_full_view ? "True" : "False", ") needs ",
+                c.plan.indexer_full_view ? 7 : 6);
+  Caches out;
+  const bool fp8 = c.plan.fp8_kv_rows;
+  const at::ScalarType kv_dt = fp8 ? scalar_of(c.plan.attn_kv_dtype) : dt;
+  const int64_t width = fp8 ? c.plan.attn_head_size : c.head_dim;
+  check_paged(f.swa_kv, "kv_cache[1] (swa_kv)", md.swa->storage_block_size, width, kv_dt, dev);
+  out.swa_kv = f.swa_kv;
+  if (c.compress_ratio > 1) {
+    check_paged(f.compress_kv, "kv_cache[0] (compress_kv)", md.attention->storage_block_size, width, kv_dt, dev);
+    const int64_t coff = c.compress_ratio == 4 ? 2 : 1;
+    const at::Tensor& s = f.state;
+    AAR_CHECK_ARG(s.defined() && s.dim() == 3 && s.size(1) == md.compressor_state->storage_block_size &&
+                      s.size(2) == 2 * coff * c.head_dim && s.scalar_type() == at::kFloat && s.device() == dev,
+                  "kv_cache[2] (state) must be float32 (num_blocks, ", md.compressor_state->storage_block_size, ", ",
+                  2 * coff * c.head_dim, ") on ", dev, ", got ", sizes_of(s));
+    out.compress_kv = f.compress_kv;
+    out.state = s;
+  }
+  if (c.compress_ratio == 4) {
+    const IndexerKv ik = unpack_indexer_kv_cache(kv);
+    const int64_t Di = c.index_head_dim, rows = md.indexer_cache->storage_block_size;
+    const at::Tensor& s = ik.indexer_state;
+    AAR_CHECK_ARG(s.defined() && s.dim() == 3 && s.size(1) == md.indexer_state->storage_block_size &&
+                      s.size(2) == 4 * Di && s.scalar_type() == at::kFloat && s.device() == dev,
+                  "kv_cache[3] (indexer_state) must be float32 (num_blocks, ", md.indexer_state->storage_block_size,
+                  ", ", 4 * Di, ") on ", dev, ", got ", sizes_of(s));
+    check_paged(ik.indexer_k, "kv_cache[4] (indexer_k)", rows, Di, scalar_of(c.plan.indexer_k_dtype), dev);
+    const at::Tensor& sc = ik.indexer_scale;
+    AAR_CHECK_ARG(sc.defined() && sc.dim() == 3 && sc.size(0) == ik.indexer_k.size(0) && sc.size(1) == rows &&
+                      sc.size(2) == 1 && sc.scalar_type() == scalar_of(c.plan.indexer_k_scale_dtype) &&
+                      sc.device() == dev,
+                  "kv_cache[5] (indexer_scale) must be ", scalar_of(c.plan.indexer_k_scale_dtype), " (",
+                  ik.indexer_k.size(0), ", ", rows, ", 1) on ", dev, ", got ", sizes_of(sc));
+    if (c.plan.indexer_full_view) {
+      AAR_CHECK_ARG(ik.indexer_full.defined() && ik.indexer_full.dim() == 4 && ik.indexer_full.size(1) == rows,
+                    "kv_cache[6] (indexer_full) must be the (num_blocks, ", rows, ", 1, Di + 4) byte view");
+    }
+    out.indexer_state = s;
+    out.indexer_k = ik.indexer_k;
+    out.indexer_scale = sc;
+    out.indexer_full = ik.indexer_full;
+  }
+  return out;
+}
+
+void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows) {
+  // Spec 7.1 / 7.2: the plan's scatter kind and slot format.
+  at::Tensor var = cache;
+  switch (cfg_.plan.kv_scatter) {
+    case KvScatterKind::ScatterNdUpdateV2:
+      ops::scatter_nd_update_v2(var, slots, rows);
+      return;
+    case KvScatterKind::KvCompressEpilog: {
+      ops::KvCompressEpilogArgs a;
+      a.kv_compress_cache = cache.view({-1, 1, cfg_.plan.attn_head_size});
+      a.x = rows.scalar_type() == at::kBFloat16 ? rows : rows.to(at::kBFloat16);
+      a.slot_mapping = slots;
+      a.quant_group_size = cfg_.plan.epilog_quant_group_size;
+      a.quant_mode = cfg_.plan.epilog_quant_mode;
+      a.round_scale_flag = cfg_.plan.epilog_round_scale;
+      a.layout = cfg_.plan.epilog_layout;
+      ops::kv_compress_epilog(a);
+      return;
+    }
+    case KvScatterKind::ScatterNdUpdateInplace:
+      ops::scatter_nd_update_(var, slots, rows);
+      return;
+  }
+  throw_invalid("plan kv_scatter value ", static_cast<int>(cfg_.plan.kv_scatter), " is outside the enum");
+}
+
+namespace {
+
+// compressor_metadata of a compressed group: (cos, sin, slots) of its rows.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_rows(const StepMetadata& st, const GroupMetadata& g) {
+  ops::CompressorMetadataArgs a;
+  a.rope_cos = g.full_compress_cos;
+  a.rope_sin = g.full_compress_sin;
+  a.cu_seqlens = g.query_start_loc;
+  a.start_pos = g.start_pos;
+  a.kv_block_table = g.block_table;
+  a.kv_block_size = g.storage_block_size;
+  a.slot_mapping_format = g.slot_format == SlotFormat::Flat ? ops::CompressedSlotFormat::Flat
+                                                            : ops::CompressedSlotFormat::BlockOffset;
+  a.compress_ratio = g.compress_ratio;
+  a.num_reqs_actual = g.num_reqs_actual;
+  (void)st;
+  return ops::compressor_metadata(a, g.num_compressed_tokens);
+}
+
+at::Tensor run_compressor(const at::Tensor& x, const at::Tensor& wkv, const at::Tensor& wgate, const at::Tensor& ape,
+                          const at::Tensor& norm, const at::Tensor& state, const GroupMetadata& state_g,
+                          const GroupMetadata& out_g, const at::Tensor& cos, const at::Tensor& sin, int64_t R,
+                          int64_t ratio, int64_t coff, double eps) {
+  ops::CompressorArgs a;
+  a.x = x;
+  a.wkv = wkv;
+  a.wgate = wgate;
+  a.state_cache = state;
+  a.ape = ape;
+  a.norm_weight = norm;
+  a.rope_cos = cos;
+  a.rope_sin = sin;
+  a.state_block_table = state_g.block_table;
+  a.cu_seqlens = out_g.query_start_loc;
+  a.seqused = out_g.seq_lens;
+  a.start_pos = out_g.start_pos;
+  a.rope_head_dim = R;
+  a.cmp_ratio = ratio;
+  a.coff = coff;
+  a.norm_eps = eps;
+  return ops::compressor(a);
+}
+
+}  // namespace
+
+void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md) {
+  // 1.6.2 step 2: the C4Li compressor over its state, Hadamard, the indexer cache write.
+  const ImplConfig& cf = cfg_;
+  const GroupMetadata& ig = *md.indexer_cache;
+  const auto [icos, isin, islots] = group_rows(*md.step, ig);
+  at::Tensor k = run_compressor(x, w_.idx_cmp_wkv, w_.idx_cmp_wgate, idx_ape_f32_, w_.idx_cmp_norm, c.indexer_state,
+                                *md.indexer_state, ig, icos, isin, cf.rope_dim, 4, 2, cf.eps);
+  k = ops::hadamard_rotate(k, hadamard_);
+  if (cf.plan.indexer_k_write == IndexerKWriteKind::CompressEpilogV2) {
+    ops::IndexerCompressEpilogArgs e;
+    e.indexer_compress_cache = c.indexer_full;
+    e.x = k;
+    e.slot_mapping = islots;
+    ops::indexer_compress_epilog_v2(e);
+    return;
+  }
+  ops::DynamicQuantArgs qa;
+  if (cf.plan.indexer_k_dtype != KvDtype::INT8) qa.dst_type = static_cast<int64_t>(scalar_of(cf.plan.indexer_k_dtype));
+  qa.input = k;
+  const auto [k_q, k_scale] = ops::dynamic_quant(qa);
+  at::Tensor kc = c.indexer_k, sc = c.indexer_scale;
+  ops::scatter_nd_update_v2(kc, islots, k_q);
+  ops::scatter_nd_update_v2(sc, islots, k_scale.to(sc.scalar_type()).view({-1, 1}));
+}
+
+at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& qr, const Caches& c, const LayerMetadata& md,
+                              int64_t tk) {
+  const ImplConfig& cf = cfg_;
+  const int64_t Di = cf.index_head_dim, nh = cf.index_n_heads, R = cf.rope_dim;
+  const GroupMetadata& ig = *md.indexer_cache;
+  const GroupMetadata& common = md.common();
+  // 1. indexer q: RoPE on the last R dims, then rotate_activation.
+  at::Tensor qi = ops::dense::linear(qr, w_.idx_wq_b).view({tk, nh, Di});
+  ops::inplace_partial_rotary_mul(qi, common.cos.narrow(0, 0, tk).view({tk, 1, R}),
+                                  common.sin.narrow(0, 0, tk).view({tk, 1, R}), "interleave", {Di - R, Di});
+  qi = ops::hadamard_rotate(qi, hadamard_);
+  // 2. the indexer compressor and cache write.
+  indexer_cache_update(x, c, md);
+  ops::DynamicQuantArgs qa;
+  if (cf.plan.indexer_q_dtype != KvDtype::INT8) qa.dst_type = static_cast<int64_t>(scalar_of(cf.plan.indexer_q_dtype));
+  // 3. weights; 4. per (token, head) query quantisation.
+  const at::Tensor wts =
+      (ops::dense::linear(x, w_.idx_weights_proj).to(at::kFloat) *
+       (1.0 / std::sqrt(static_cast<double>(Di)) / std::sqrt(static_cast<double>(nh))))
+          .to(scalar_of(cf.plan.li_weights_dtype));
+  qa.input = qi;
+  const auto [q_q, q_scale] = ops::dynamic_quant(qa);
+  // 5. QLI, cmp_ratio 4.
+  const at::Tensor q_ends = common.query_start_loc.narrow(0, 1, common.query_start_loc.size(0) - 1);
+  ops::VllmQuantLightningIndexerArgs a;
+  ops::LightningIndexerArgs& b = a.quant.base;
+  b.query = q_q;
+  b.key = c.indexer_k;
+  b.weights = wts;
+  b.actual_seq_lengths_query = q_ends;
+  b.actual_seq_lengths_key = ig.seq_lens;
+  b.block_table = ig.block_table;
+  b.layout_query = "TND";
+  b.layout_key = "PA_BSND";
+  b.sparse_count = cf.index_topk;
+  b.sparse_mode = 3;
+  a.quant.query_dequant_scale = q_scale.to(scalar_of(cf.plan.indexer_q_scale_dtype));
+  a.quant.key_dequant_scale = c.indexer_scale.to(scalar_of(cf.plan.li_k_scale_dtype));
+  a.cmp_ratio = 4;
+  if (ig.qli_metadata_filled) {
+    a.metadata = ig.qli_metadata;
+  } else {
+    ops::VllmQuantLightningIndexerMetadataArgs m;
+    m.num_heads_q = nh;
+    m.num_heads_k = 1;
+    m.head_dim = Di;
+    m.actual_seq_lengths_query = q_ends;
+    m.actual_seq_lengths_key = ig.seq_lens;
+    m.batch_size = common.query_start_loc.size(0) - 1;
+    m.max_seqlen_q = md.step->max_seqlen_q;
+    m.max_seqlen_k = md.step->max_seqlen_kv;
+    m.sparse_count = cf.index_topk;
+    m.cmp_ratio = 4;
+    a.metadata = ops::vllm_quant_lightning_indexer_metadata(m);
+  }
+  return std::get<0>(ops::vllm_quant_lightning_indexer(a));
+}
+
+const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv,
+                                const LayerMetadata* md_ptr, const at::Tensor& output, sfa::TopkBuffer* topk) {
+  if (md_ptr == nullptr) {
+    graph::refuse_if_capturing("a DSA forward without metadata (profiling run)");
+    AAR_CHECK_ARG(output.defined(), "output must be given");
+    output.zero_();
+    last_topk_ = at::Tensor();
+    return output;
+  }
+  if (graph::GraphParams::current() != nullptr) {
+    throw_not_supported("DSA graph capture: the DSA layer forward runs eager only (graph capture of dsa::Impl is "
+                        "not implemented)");
+  }
+  const LayerMetadata& md = *md_ptr;
+  const Caches c = validate(hidden, kv, md, output, topk);
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+
+  const ImplConfig& cf = cfg_;
+  const StepMetadata& st = *md.step;
+  const GroupMetadata& common = md.common();
+  const int64_t T = hidden.size(0), tk = st.num_actual_tokens;
+  const int64_t N = cf.num_heads, D = cf.head_dim, R = cf.rope_dim;
+  if (tk == 0) {
+    output.zero_();
+    return output;
+  }
+  const at::Tensor x = tk == T ? hidden : hidden.narrow(0, 0, tk);
+  const at::Tensor cos = common.cos.narrow(0, 0, tk), sin = common.sin.narrow(0, 0, tk);
+  const at::Tensor cos3 = cos.view({tk, 1, R}), sin3 = sin.view({tk, 1, R});
+
+  // ---- prolog (1.6 steps 1-3)
+  const at::Tensor qr = ops::dense::rms_norm(ops::dense::linear(x, w_.wq_a), w_.q_norm, cf.eps);
+  at::Tensor q = ops::dense::linear(qr, w_.wq_b).view({tk, N, D});
+  {
+    const at::Tensor qf = q.to(at::kFloat);
+    q = (qf * at::rsqrt(qf.pow(2).mean(-1, true) + cf.eps)).to(q.scalar_type());
+  }
+  ops::inplace_partial_rotary_mul(q, cos3, sin3, "interleave", {D - R, D});
+  at::Tensor kvr = ops::dense::rms_norm(ops::dense::linear(x, w_.wkv), w_.kv_norm, cf.eps);
+  ops::inplace_partial_rotary_mul(kvr, cos, sin, "interleave", {D - R, D});
+  const GroupMetadata& swa = *md.swa;
+  const at::Tensor swa_slots = swa.slot_mapping.narrow(0, 0, tk);
+  write_kv_rows(c.swa_kv, swa_slots, kvr);
+
+  // ---- compressed caches and the C4 selection (6.8 step 3)
+  at::Tensor sel;
+  if (cf.compress_ratio == 4) {
+    if (cf.skip_topk) {
+      indexer_cache_update(x, c, md);  // spec 1.6.2 step 6: the compressors still run
+      sel = topk->view(tk);
+    } else {
+      sel = indexer_topk(x, qr, c, md, tk);
+      if (cf.use_index_cache) sel = topk->store(sel);
+    }
+  }
+  if (cf.compress_ratio > 1) {
+    const GroupMetadata& ag = *md.attention;
+    const auto [ccos, csin, cslots] = group_rows(st, ag);
+    const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
+                                           *md.compressor_state, ag, ccos, csin, R, cf.compress_ratio,
+                                           cf.compress_ratio == 4 ? 2 : 1, cf.eps);
+    if (rows.size(0) > 0) write_kv_rows(c.compress_kv, cslots, rows);
+  }
+  last_topk_ = sel;
+
+  // ---- SAS attention (6.8 step 3)
+  ops::SparseAttnSharedKvArgs a;
+  a.q = q;
+  a.ori_kv = c.swa_kv;
+  a.ori_block_table = swa.block_table;
+  a.cu_seqlens_q = common.query_start_loc;
+  a.seqused_kv = common.seq_lens;
+  a.sinks = sinks_f32_;
+  if (common.sas_metadata_filled) a.metadata = common.sas_metadata;
+  a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  a.cmp_ratio = std::max<int64_t>(cf.compress_ratio, 1);
+  a.ori_mask_mode = 4;
+  a.ori_win_left = swa.ori_win_left;
+  a.ori_win_right = swa.ori_win_right;
+  a.layout_q = "TND";
+  a.layout_kv = to_string(cf.plan.layout_kv);
+  if (cf.plan.passes_cu_seqlens_kv_extras) {
+    if (common.cu_seqlens_ori_kv.defined()) a.cu_seqlens_ori_kv = common.cu_seqlens_ori_kv;
+    if (cf.compress_ratio > 1 && common.cu_seqlens_cmp_kv.defined()) a.cu_seqlens_cmp_kv = common.cu_seqlens_cmp_kv;
+  }
+  if (cf.compress_ratio <= 1) {
+    if (swa.dspark_swa_indices.defined()) a.ori_sparse_indices = swa.dspark_swa_indices.narrow(0, 0, tk);
+  } else {
+    a.cmp_kv = c.compress_kv;
+    a.cmp_block_table = md.attention->block_table;
+    a.cmp_mask_mode = 3;
+    if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
+  }
+  at::Tensor o;
+  if (cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv) {
+    ops::KvQuantSparseAttnSharedKvArgs qa;
+    qa.base = a;
+    qa.kv_quant_mode = cf.plan.kv_quant_mode;
+    qa.tile_size = cf.plan.tile_size;
+    qa.rope_head_dim = cf.plan.rope_head_dim;
+    o = std::get<0>(ops::kv_quant_sparse_attn_sharedkv(qa));
+  } else {
+    o = std::get<0>(ops::sparse_attn_sharedkv(a));
+  }
+
+  // ---- inverse RoPE and o_proj (6.8 step 4)
+  ops::inplace_partial_rotary_mul(o, cos3, -sin3, "interleave", {D - R, D});
+  const int64_t G = cf.o_groups;
+  const at::Tensor og = o.reshape({tk, G, N * D / G}).transpose(0, 1);           // (G, tk, in)
+  const at::Tensor y = ops::dense::bmm(og, w_.wo_a).transpose(0, 1).reshape({tk, G * cf.o_lora_rank});
+  if (tk == T) {
+    ops::dense::linear_out(output, y, w_.wo_b);
+  } else {
+    ops::dense::linear_out(output.narrow(0, 0, tk), y, w_.wo_b);
+    ops::dense::zero(output.narrow(0, tk, T - tk));
+  }
+  return output;
+}
+
+}  // namespace aar::dsa

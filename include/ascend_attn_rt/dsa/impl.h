@@ -1,0 +1,159 @@
+// Per-layer DeepSeek-V4 ("DSA") attention forward (spec sparse.md 1.6, 6.3,
+// 6.4, 6.8): the layer of AscendDSAImpl, in its serial order.
+//
+//   prolog      qr = RMSNorm(x Wq_a) * q_norm; q = qr Wq_b viewed (T, N, D),
+//               per-head RMS without weight (fp32 maths), interleave RoPE on
+//               q[..., D-R:D] (inplace_partial_rotary_mul); kv = RMSNorm(x Wkv)
+//               * kv_norm, RoPE on kv[D-R:D]; kv written into the SWA cache at
+//               the SWA group's slots with the plan's scatter kind.
+//   C128        compressor (coff 1) over the C128 state cache, the compressed
+//               rows scattered at the attention group's compressed-row slots.
+//   C4          indexer q (qr Widx_q_b, RoPE on the last R dims, Hadamard
+//               rotation), indexer compressor (coff 2, width Di) over the
+//               indexer state, Hadamard, the indexer cache write (plan:
+//               npu_dynamic_quant int8 + fp16 scale scattered on A2/A3, the
+//               indexer_compress_epilog_v2 on A5), weights (x Wproj) * Di^-0.5
+//               * n_idx^-0.5 in the plan's li_weights_dtype, top-k through
+//               _C_ascend::npu_vllm_quant_lightning_indexer (cmp_ratio 4,
+//               sparse_mode 3), then the main compressor (coff 2) and its
+//               scatter.
+//   attention   the plan's SAS operator with sinks over the SWA cache (window
+//               of the SWA group) and the compressed cache (C128: dense, C4:
+//               the top-k), softmax scale D^-0.5.
+//   output      inverse RoPE (-sin) of the output's rope slice, o_proj: the
+//               output viewed (T, G, N D / G) times wo_a (G, N D / G, o_lora)
+//               per group (batched), then wo_b.
+//
+// The AttnKvPlan (dsa/kv_plan.h) decides everything device-dependent; this
+// file reads its fields, never the device kind.
+//
+// Decisions where the spec is silent:
+//  - Dims are the layer's (ImplConfig): the DSV4 numbers (D 512, R 64, 64 x 128
+//    indexer) are not imposed, so small layers test on the CPU. The fp8 plans
+//    (640-byte rows) need D = 512, R = 64 (Fp8KvRowLayout).
+//  - On plans with plain rows the attention caches' dtype is the weights' dtype
+//    (the plan's non_a5 dtype is the model dtype; float32 weights are accepted
+//    for CPU reference runs, where the caches are float32 too).
+//  - Rows past the step's real tokens (query_start_loc[B] .. T, graph padding)
+//    are not attended: their output rows are written as zeros (o_proj(0) = 0).
+//  - Compressed-row slots and RoPE rows are produced in the forward by
+//    compressor_metadata from the group's logical block table and physical
+//    storage block size (spec 6.5: "the compressor metadata op generates slots
+//    on device"), once per compressed group the layer writes.
+//  - QLI metadata: the indexer group's blob is passed when the builder filled
+//    it; otherwise the layer generates it with
+//    npu_vllm_quant_lightning_indexer_metadata (one extra operator).
+//  - SAS metadata: the common group's blob when the builder filled it; else the
+//    operator runs without one (the CPU twin ignores it).
+//  - skip_topk layers read topk_buffer->view(T) instead of running the indexer
+//    query / weights / QLI, but still run both compressors and write the
+//    indexer cache (spec 1.6.2 step 6: "the compressors still run"), so a later
+//    layer of theirs that computes top-k finds its keys; use_index_cache layers
+//    (ratio 4 with their own top-k) store their selection into it.
+//  - Graph capture: refused by name (NotSupported) before anything runs; the
+//    DSA graph path is not implemented.
+//  - Not implemented, refused at construction by name: the SparseFlashMla plan
+//    (A5 + BF16 cache: its metadata operator has no schema) and the MX-fp8
+//    o_proj (plan.o_proj == MxFp8QuantBmm). The A5 fp8 plan is therefore
+//    refused too (it uses MxFp8QuantBmm).
+//  - Workspaces: intermediates are allocated per call (no shared workspace yet).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/dsa/metadata.h"
+#include "ascend_attn_rt/sfa/topk_buffer.h"
+
+namespace aar::dsa {
+
+struct ImplConfig {
+  int64_t hidden_size = 0;
+  int64_t num_heads = 0;        // N local attention heads
+  int64_t head_dim = kDsaHeadDim;  // D (nope D-R, rope the last R)
+  int64_t rope_dim = 64;        // R
+  int64_t q_lora_rank = 0;
+  int64_t window = 128;         // W (the SWA group's window decides the attention call's)
+  int32_t compress_ratio = 1;   // 1 (0 accepted) = SWA only, 4, 128
+  int64_t index_n_heads = kDsaIndexerHeads;  // ratio 4
+  int64_t index_head_dim = kDsaIndexerHeadDim;  // Di, a power of two
+  int64_t index_topk = 512;
+  double eps = 1e-6;            // every RMS norm of the layer (q, kv, compressors, per-head q)
+  int64_t o_groups = 1;         // G
+  int64_t o_lora_rank = 0;
+  AttnKvPlan plan;
+  bool use_index_cache = false;  // write the top-k into the TopkBuffer (needs ratio 4 with an indexer)
+  bool skip_topk = false;        // ratio 4 without its own top-k: read the TopkBuffer (IndexCache)
+  int64_t layer_index = -1;
+};
+
+// The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
+struct Weights {
+  at::Tensor wq_a, q_norm, wq_b, wkv, kv_norm, attn_sink, wo_a, wo_b;
+  at::Tensor cmp_wkv, cmp_wgate, cmp_ape, cmp_norm;                  // ratio > 1
+  at::Tensor idx_wq_b, idx_weights_proj;                             // ratio 4
+  at::Tensor idx_cmp_wkv, idx_cmp_wgate, idx_cmp_ape, idx_cmp_norm;  // ratio 4
+};
+
+// Spec 6.3: the per-layer tuple (compress_kv, swa_kv, state, indexer_state,
+// indexer_k, indexer_scale[, indexer_full when plan.indexer_full_view]).
+// Undefined tensors stand for None. Checks only the length rule.
+std::vector<at::Tensor> compose_kv_cache(const AttnKvPlan& plan, const at::Tensor& compress_kv,
+                                         const at::Tensor& swa_kv, const at::Tensor& state,
+                                         const at::Tensor& indexer_state, const at::Tensor& indexer_k,
+                                         const at::Tensor& indexer_scale,
+                                         const at::Tensor& indexer_full = at::Tensor());
+
+// unpack_dsa_forward_kv_cache(ratio) of spec 6.3: ratio 4 -> (t0, t1, t2, t4,
+// t5, full); 128 -> (t0, t1, t2, -, -, full); <= 1 -> (-, t1, -, -, -, full).
+struct ForwardKv {
+  at::Tensor compress_kv, swa_kv, state, indexer_k, indexer_scale, indexer_full;
+};
+ForwardKv unpack_forward_kv_cache(const std::vector<at::Tensor>& kv, int32_t compress_ratio);
+// unpack_dsa_indexer_kv_cache: (t3, t4, t5, full or undefined).
+struct IndexerKv {
+  at::Tensor indexer_state, indexer_k, indexer_scale, indexer_full;
+};
+IndexerKv unpack_indexer_kv_cache(const std::vector<at::Tensor>& kv);
+
+class Impl {
+ public:
+  Impl(const ImplConfig& cfg, const Weights& weights);
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // hidden (T, hidden_size) with T >= the step's num_actual_tokens; kv_tuple
+  // the compose_kv_cache tuple; md route_layer's result for this layer's
+  // ratio (nullptr: profiling run, output zero-filled); output (T,
+  // hidden_size) in the weights' dtype; topk_buffer needed by skip_topk /
+  // use_index_cache layers. Everything is validated before the first write.
+  const at::Tensor& forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_tuple,
+                            const LayerMetadata* md, const at::Tensor& output,
+                            sfa::TopkBuffer* topk_buffer = nullptr);
+
+  const ImplConfig& config() const { return cfg_; }
+  // The C4 selection (T, 1, K) int32 of the last forward (undefined otherwise).
+  const at::Tensor& last_topk() const { return last_topk_; }
+
+ private:
+  struct Caches {
+    at::Tensor compress_kv, swa_kv, state, indexer_state, indexer_k, indexer_scale, indexer_full;
+  };
+  Caches validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const LayerMetadata& md,
+                  const at::Tensor& output, sfa::TopkBuffer* topk) const;
+  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows);
+  void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md);
+  at::Tensor indexer_topk(const at::Tensor& x, const at::Tensor& qr, const Caches& c, const LayerMetadata& md,
+                          int64_t tk);
+
+  ImplConfig cfg_;
+  Weights w_;
+  at::Tensor cmp_ape_f32_, idx_ape_f32_, hadamard_, sinks_f32_;
+  at::Tensor last_topk_;
+};
+
+}  // namespace aar::dsa
