@@ -51,6 +51,7 @@ demo: build
 	PYTHONPATH=python $(PY) -m ascend_attn_rt demo
 	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention mla
 	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention sfa
+	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention dsa
 
 bench: build
 	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json

@@ -12,6 +12,17 @@ block ids) and select the top-k cached positions every query token attends to,
 odd layers reuse that selection from the shared top-k buffer; the dense reference
 computes the indexer scores and the top-k itself (float64) and attends over that
 selection only.
+``--attention dsa`` serves a DeepSeek-V4-shaped stack (``aar.dsa``): layers cycle
+through sliding-window-only (ratio 1), C4 (compressed every 4 tokens, with the
+DSV4 quantised indexer choosing the compressed rows) and C128 (compressed every
+128 tokens) attention with per-head sinks; one ``StepBuilder`` per step and one
+``GroupBuilder`` per KV-cache group (SWA, compressed KV, compressor states,
+indexer keys), each group with its own block pool and block geometry (cache
+block size 32). The dense reference recomputes every layer over each whole
+sequence in float64 (prolog, compressors from scratch, window + compressed
+rows + sink attention, o_proj). Its index_topk (64) exceeds the compressed rows
+any demo query sees, so the reference attends to every visible compressed row
+and the runtime's indexer selection is checked to be exactly that set.
 
 A random-weight decoder stack (fixed seed; RMSNorm, rotary embeddings, GQA
 attention, SwiGLU MLP; fp32) serves a handful of requests of mixed prompt
@@ -77,6 +88,13 @@ class ModelConfig:
     index_heads: int = 4
     index_dim: int = 32
     index_topk: int = 24
+    # DSA (attention == "dsa"): head dim / rope dims, window, output groups, indexer; layer ratios cycle.
+    dsa_head_dim: int = 64
+    dsa_window: int = 16
+    dsa_o_groups: int = 2
+    dsa_o_lora: int = 32
+    dsa_index_topk: int = 64
+    dsa_ratios: tuple = (1, 4, 128)
 
 
 class TinyLlama:
@@ -117,6 +135,8 @@ class TinyLlama:
                     attn.update(indexer_wq_b=w(n * di, Q), indexer_wk=w(di, h), indexer_weights_proj=w(n, h),
                                 indexer_k_norm_weight=1.0 + 0.1 * torch.randn(di, generator=g),
                                 indexer_k_norm_bias=0.1 * torch.randn(di, generator=g))
+            elif cfg.attention == "dsa":
+                attn = self._dsa_weights(len(self.layers), w, g)
             else:
                 attn = dict(wqkv=w((cfg.heads + 2 * cfg.kv_heads) * d, h), wo=w(h, cfg.heads * d))
             self.layers.append(
@@ -150,7 +170,7 @@ class TinyLlama:
         nq, nkv, d = cfg.heads * cfg.head_size, cfg.kv_heads * cfg.head_size, cfg.head_size
         x = self.embed[tokens]
         for i, lw in enumerate(self.layers):
-            if cfg.attention in ("mla", "sfa"):
+            if cfg.attention in ("mla", "sfa", "dsa"):
                 # The whole attention block (projections, norms, RoPE, o_proj) is the callback's.
                 x = x + attend(i, self.rms_norm(x, lw["attn_norm"]), positions)
             else:
@@ -262,6 +282,92 @@ class TinyLlama:
         return (o @ lw["o_proj"].T).float()
 
 
+    # -- DSA (DeepSeek-V4)
+    def dsa_ratio(self, layer: int) -> int:
+        return self.cfg.dsa_ratios[layer % len(self.cfg.dsa_ratios)]
+
+    def _dsa_weights(self, layer: int, w, g) -> dict:
+        """The names and shapes of aar.dsa.Impl's weights (tests/python/_dsa_reference.py's contract)."""
+        cfg, r = self.cfg, self.dsa_ratio(layer)
+        h, N, D, Q, G, O = cfg.hidden, cfg.heads, cfg.dsa_head_dim, cfg.q_lora_rank, cfg.dsa_o_groups, cfg.dsa_o_lora
+        n, di = cfg.index_heads, cfg.index_dim
+        norm = lambda k: 1.0 + 0.1 * torch.randn(k, generator=g)
+        ws = dict(wq_a=w(Q, h), q_norm=norm(Q), wq_b=w(N * D, Q), wkv=w(D, h), kv_norm=norm(D),
+                  attn_sink=torch.randn(N, generator=g),
+                  wo_a=torch.randn(G, N * D // G, O, generator=g) / math.sqrt(N * D // G), wo_b=w(h, G * O))
+        if r > 1:
+            c = 2 if r == 4 else 1
+            ws.update(cmp_wkv=w(c * D, h), cmp_wgate=w(c * D, h), cmp_ape=0.5 * torch.randn(r, c * D, generator=g),
+                      cmp_norm=norm(D))
+        if r == 4:
+            ws.update(idx_wq_b=w(n * di, Q), idx_weights_proj=w(n, h), idx_cmp_wkv=w(2 * di, h),
+                      idx_cmp_wgate=w(2 * di, h), idx_cmp_ape=0.5 * torch.randn(4, 2 * di, generator=g),
+                      idx_cmp_norm=norm(di))
+        return ws
+
+    DSA_WEIGHTS = ("wq_a", "q_norm", "wq_b", "wkv", "kv_norm", "attn_sink", "wo_a", "wo_b", "cmp_wkv", "cmp_wgate",
+                   "cmp_ape", "cmp_norm", "idx_wq_b", "idx_weights_proj", "idx_cmp_wkv", "idx_cmp_wgate",
+                   "idx_cmp_ape", "idx_cmp_norm")
+
+    def dsa_rope_tables(self, max_pos: int):
+        """(max_pos, R) cos/sin, each angle repeated for the pair (2i, 2i+1): the DSV4 interleave tables."""
+        R = self.cfg.qk_rope
+        inv = self.cfg.rope_theta ** (-torch.arange(0, R, 2, dtype=torch.float64) / R)
+        ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+        return ang.cos().repeat_interleave(2, -1).float(), ang.sin().repeat_interleave(2, -1).float()
+
+    def dsa_dense_attention(self, layer: int, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One DSA layer over one whole sequence h (S, hidden) at positions 0..S-1, float64 (spec 1.6): the
+        window of W raw keys, the compressed rows c < (p + 1) // ratio (all of them: index_topk exceeds them),
+        a per-head sink in the denominator, inverse RoPE, grouped o_proj."""
+        cfg, lw = self.cfg, {k: v.double() for k, v in self.layers[layer].items() if torch.is_tensor(v)}
+        r, N, D, R, W = self.dsa_ratio(layer), cfg.heads, cfg.dsa_head_dim, cfg.qk_rope, cfg.dsa_window
+        x, S = h.double(), h.shape[0]
+        cos, sin = (t.double() for t in self.dsa_rope_tables(S))
+
+        def rms(v, wt=None):
+            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + cfg.eps)
+            return v if wt is None else v * wt
+
+        def rope(v, c, s):  # interleave pairs on the last R dims; c/s (rows, R)
+            v = v.clone()
+            while c.dim() < v.dim():
+                c, s = c.unsqueeze(-2), s.unsqueeze(-2)
+            a, b = v[..., -R:][..., 0::2].clone(), v[..., -R:][..., 1::2].clone()
+            v[..., -R:][..., 0::2] = a * c[..., 0::2] - b * s[..., 0::2]
+            v[..., -R:][..., 1::2] = b * c[..., 1::2] + a * s[..., 1::2]
+            return v
+
+        q = rope(rms((rms(x @ lw["wq_a"].T, lw["q_norm"]) @ lw["wq_b"].T).view(S, N, D)), cos, sin)
+        kv = rope(rms(x @ lw["wkv"].T, lw["kv_norm"]), cos, sin)
+        cmp = x.new_zeros(0, D)
+        if r > 1:
+            n, co = S // r, (2 if r == 4 else 1)
+            if n:
+                k_ = (x @ lw["cmp_wkv"].T)[: n * r].view(n, r, co * D)
+                g_ = (x @ lw["cmp_wgate"].T)[: n * r].view(n, r, co * D) + lw["cmp_ape"][None]
+                if co == 2:  # overlap: group c-1's first D columns, then group c's last D
+                    k_ = torch.cat([torch.cat([k_.new_zeros(1, r, D), k_[:-1, :, :D]]), k_[:, :, D:]], 1)
+                    g_ = torch.cat([torch.cat([g_.new_full((1, r, D), float("-inf")), g_[:-1, :, :D]]),
+                                    g_[:, :, D:]], 1)
+                y = rms((g_.softmax(1) * k_).sum(1), lw["cmp_norm"])
+                pc = torch.arange(n) * r
+                cmp = rope(y, cos[pc], sin[pc])
+        out = torch.zeros(S, N, D, dtype=torch.float64)
+        sink = lw["attn_sink"]
+        for p in range(S):
+            keys = torch.cat([kv[max(0, p - W + 1): p + 1], cmp[: (p + 1) // r] if r > 1 else cmp[:0]])
+            lg = (q[p] @ keys.T) / math.sqrt(D)
+            m = torch.maximum(lg.max(-1).values, sink)
+            e = torch.exp(lg - m[:, None])
+            out[p] = (e @ keys) / (torch.exp(sink - m) + e.sum(-1))[:, None]
+        out = rope(out, cos, -sin)
+        G = cfg.dsa_o_groups
+        og = out.reshape(S, G, N * D // G)
+        y = torch.einsum("tgi,gio->tgo", og, lw["wo_a"]).reshape(S, -1) @ lw["wo_b"].T
+        return y.float()
+
+
 def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Plain full causal attention over one sequence: q (S, H, D), k/v (S, Hkv, D)."""
     s, h, _ = q.shape
@@ -288,6 +394,7 @@ class Request:
     generated: List[int] = field(default_factory=list)
     chosen_logits: List[torch.Tensor] = field(default_factory=list)  # logits that picked each token
     reference_topk: dict = field(default_factory=dict)  # SFA: layer -> the reference indexer's (S, K) selection
+    dsa_blocks: dict = field(default_factory=dict)  # DSA: KV-cache group kind -> the request's block ids
 
     @property
     def prefilling(self) -> bool:
@@ -368,7 +475,10 @@ class Engine:
                      max_blocks_per_req=self.max_blocks_per_req, block_size=self.bs, num_blocks=args.num_blocks)
         self.mla = cfg.attention == "mla"
         self.sfa = cfg.attention == "sfa"
-        if self.sfa:
+        self.dsa = cfg.attention == "dsa"
+        if self.dsa:
+            self._init_dsa(model, args)
+        elif self.sfa:
             cos, sin = model.mla_rope_tables(self.max_blocks_per_req * self.bs)
             self.builder = aar.sfa.MetadataBuilder(**sizes, cos_table=cos, sin_table=sin)
             names = TinyLlama.MLA_WEIGHTS
@@ -420,7 +530,8 @@ class Engine:
                 for _ in range(cfg.layers)
             ]
         # The engine's block table lives in the builder's staging buffer: build() then copies nothing.
-        self.block_table = self.builder.block_table_staging
+        if not self.dsa:
+            self.block_table = self.builder.block_table_staging
         # Block 0 is kept out of the pool (the dummy/padding block). LIFO pool:
         # blocks freed by a finished request are the next ones handed out.
         self.free_blocks = list(range(args.num_blocks - 1, 0, -1))
@@ -428,8 +539,88 @@ class Engine:
         self.stats = EngineStats()
         self.topk_log = {}  # SFA: (request id, layer, position) -> the indexer's selection
 
+    # -- DSA: one StepBuilder, one GroupBuilder and one block pool per KV-cache group
+    DSA_CBS = 32  # cache block size (spec 6.2): SWA 32 raw tokens/block, C4 KV 128, C128 KV 4096, states 2 / 8
+
+    def _init_dsa(self, model: TinyLlama, args: argparse.Namespace) -> None:
+        cfg = model.cfg
+        ratios = [model.dsa_ratio(i) for i in range(cfg.layers)]
+        kinds = ["swa"]
+        if 4 in ratios:
+            kinds += ["c4_kv", "c4_attn_state", "c4_indexer_k", "c4_indexer_state"]
+        if 128 in ratios:
+            kinds += ["c128_kv", "c128_state"]
+        max_len = args.max_prompt + args.max_new_tokens
+        cos, sin = model.dsa_rope_tables(max_len + 1)
+        max_tokens = max(args.token_budget, args.max_running)
+        self.builder = aar.dsa.StepBuilder(max_num_reqs=args.max_running, max_num_tokens=max_tokens, cos_table=cos,
+                                           sin_table=sin, compress_cos_table=cos, compress_sin_table=sin)
+        self.dsa_kinds, self.dsa_groups, self.dsa_tables, self.dsa_pools, self.dsa_bs = kinds, {}, {}, {}, {}
+        shapes = {}
+        for kd in kinds:
+            sp = aar.dsa.cache_spec(kd, self.DSA_CBS, device_kind="a2", model_dtype="bfloat16")
+            bs, rows = sp["block_size"], sp["storage_block_size"]
+            need = -(-max_len // bs)
+            nb = args.max_running * need + 1  # block 0 reserved; each group's pool fits max_running requests
+            self.dsa_bs[kd] = bs
+            self.dsa_groups[kd] = aar.dsa.GroupBuilder(
+                self.builder, kind=kd, cache_block_size=self.DSA_CBS, device_kind="a2", model_dtype="bfloat16",
+                max_blocks_per_req=need, num_blocks=nb, window=cfg.dsa_window, num_heads_q=cfg.heads,
+                index_topk=cfg.dsa_index_topk)
+            self.dsa_tables[kd] = torch.zeros(args.max_running, need, dtype=torch.int32)
+            self.dsa_pools[kd] = list(range(nb - 1, 0, -1))
+            D, di = cfg.dsa_head_dim, cfg.index_dim
+            shapes[kd] = {"swa": (nb, rows, 1, D), "c4_kv": (nb, rows, 1, D), "c128_kv": (nb, rows, 1, D),
+                          "c4_attn_state": (nb, rows, 4 * D), "c128_state": (nb, rows, 2 * D),
+                          "c4_indexer_state": (nb, rows, 4 * di), "c4_indexer_k": (nb, rows, 1, di)}[kd]
+        self.impls, self.caches = [], []
+        for i, lw in enumerate(model.layers):
+            r = ratios[i]
+            self.impls.append(aar.dsa.Impl(
+                {k: lw[k] for k in TinyLlama.DSA_WEIGHTS if k in lw}, hidden_size=cfg.hidden, num_heads=cfg.heads,
+                head_dim=cfg.dsa_head_dim, rope_dim=cfg.qk_rope, q_lora_rank=cfg.q_lora_rank, window=cfg.dsa_window,
+                compress_ratio=r, index_n_heads=cfg.index_heads, index_head_dim=cfg.index_dim,
+                index_topk=cfg.dsa_index_topk, eps=cfg.eps, o_groups=cfg.dsa_o_groups, o_lora_rank=cfg.dsa_o_lora,
+                layer_index=i))
+            z = lambda kd, dt=torch.float32: torch.zeros(shapes[kd], dtype=dt)
+            ck = {4: "c4", 128: "c128"}.get(r)
+            cmp = z(f"{ck}_kv") if ck else None
+            state = z("c4_attn_state" if r == 4 else "c128_state") if ck else None
+            ist = ik = isc = None
+            if r == 4:
+                ist, ik = z("c4_indexer_state"), z("c4_indexer_k", torch.int8)
+                isc = torch.zeros(shapes["c4_indexer_k"][:3], dtype=torch.float16)
+            self.caches.append(aar.dsa.compose_kv_cache(compress_kv=cmp, swa_kv=z("swa"), state=state,
+                                                        indexer_state=ist, indexer_k=ik, indexer_scale=isc))
+
+    def _dsa_admit(self, r: Request) -> bool:
+        need = {kd: -(-r.max_len // bs) for kd, bs in self.dsa_bs.items()}
+        if any(n > len(self.dsa_pools[kd]) for kd, n in need.items()):
+            return False
+        r.dsa_blocks = {}
+        for kd, n in need.items():
+            got = [self.dsa_pools[kd].pop() for _ in range(n)]
+            if any(b in self.ever_allocated for b in got[:1]) and kd == "swa":
+                self.stats.blocks_reused += 1
+            if kd == "swa":
+                self.ever_allocated.update(got)
+            r.dsa_blocks[kd] = got
+        return True
+
+    def _dsa_metadata(self, sched, qsl, seq_lens):
+        step = self.builder.build(qsl, seq_lens)
+        md = {}
+        for kd in self.dsa_kinds:
+            t = self.dsa_tables[kd]
+            for i, (r, _ql) in enumerate(sched):
+                t[i, : len(r.dsa_blocks[kd])] = torch.tensor(r.dsa_blocks[kd], dtype=torch.int32)
+            md[kd] = self.dsa_groups[kd].build(step, t[: len(sched)])
+        return step, md
+
     # -- pool
     def _admit(self, r: Request) -> bool:
+        if self.dsa:
+            return self._dsa_admit(r)
         need = -(-r.max_len // self.bs)
         if need > self.max_blocks_per_req:
             raise ValueError(f"request {r.rid} needs {need} blocks > max_blocks_per_req={self.max_blocks_per_req}")
@@ -447,6 +638,11 @@ class Engine:
         return True
 
     def _release(self, r: Request) -> None:
+        if self.dsa:
+            for kd, got in r.dsa_blocks.items():
+                self.dsa_pools[kd].extend(reversed(got))
+            r.dsa_blocks = {}
+            return
         self.free_blocks.extend(reversed(r.blocks))
         r.blocks = []
 
@@ -478,13 +674,17 @@ class Engine:
             tokens.extend(r.token_at(p) for p in range(start, start + ql))
             qsl[i + 1] = qsl[i] + ql
             seq_lens[i] = start + ql
-            self.block_table[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+            if not self.dsa:
+                self.block_table[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
         tokens_t = torch.tensor(tokens, dtype=torch.long)
         positions_t = torch.tensor(positions, dtype=torch.long)
 
-        block_table = self.block_table[:n]  # a view of the staging buffer: build() copies nothing
         t0 = time.perf_counter_ns()
-        md = self.builder.build(qsl, seq_lens, block_table)
+        if self.dsa:
+            md, dsa_md = self._dsa_metadata(sched, qsl, seq_lens)
+        else:
+            block_table = self.block_table[:n]  # a view of the staging buffer: build() copies nothing
+            md = self.builder.build(qsl, seq_lens, block_table)
         self.stats.build_ns.append(time.perf_counter_ns() - t0)
         state = str(md.attn_state).rsplit(".", 1)[-1]
         self.stats.states[state] = self.stats.states.get(state, 0) + 1
@@ -533,10 +733,35 @@ class Engine:
                         i += 1
             return out
 
+        def attend_dsa(layer, h, _positions):
+            out = torch.empty(t, cfg.hidden)
+            impl = self.impls[layer]
+            r = impl.compress_ratio
+            kw = {}
+            if r > 1:
+                ck = "c4" if r == 4 else "c128"
+                kw = dict(attention=dsa_md[f"{ck}_kv"], compressor_state=dsa_md["c4_attn_state" if r == 4 else
+                                                                                  "c128_state"])
+            if r == 4:
+                kw.update(indexer_cache=dsa_md["c4_indexer_k"], indexer_state=dsa_md["c4_indexer_state"])
+            t1 = time.perf_counter_ns()
+            impl.forward(h, self.caches[layer], md, dsa_md["swa"], out, **kw)
+            self.stats.forward_ns.append(time.perf_counter_ns() - t1)
+            key = {1: "SWA", 4: "C4 (indexer top-k)", 128: "C128"}[r]
+            self.stats.paths[key] = self.stats.paths.get(key, 0) + 1
+            if r == 4:
+                rows = impl.last_topk[:, 0]
+                i = 0
+                for rq, ql in sched:
+                    for p in range(rq.num_computed, rq.num_computed + ql):
+                        self.topk_log[(rq.rid, layer, p)] = sorted(e for e in rows[i].tolist() if e >= 0)
+                        i += 1
+            return out
+
         if self.mla:
             self.stats.context_chunks += md.num_context_chunks
 
-        attend_fn = attend_sfa if self.sfa else (attend_mla if self.mla else attend)
+        attend_fn = attend_dsa if self.dsa else (attend_sfa if self.sfa else (attend_mla if self.mla else attend))
         hidden = self.model.forward(tokens_t, positions_t, attend_fn)
 
         # Sample where a request's last scheduled token is its last known token.
@@ -603,6 +828,8 @@ def dense_reference(model: TinyLlama, req: Request):
     pos = torch.arange(len(seq), dtype=torch.long)
     if model.cfg.attention == "mla":
         hidden = model.forward(toks, pos, model.mla_dense_attention)
+    elif model.cfg.attention == "dsa":
+        hidden = model.forward(toks, pos, model.dsa_dense_attention)
     elif model.cfg.attention == "sfa":
         selections = {}
 
@@ -645,9 +872,9 @@ def _us(ns_values: List[int]):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--attention", choices=("gqa", "mla", "sfa"), default="gqa",
+    p.add_argument("--attention", choices=("gqa", "mla", "sfa", "dsa"), default="gqa",
                    help="GQA layers (default), DeepSeek-style MLA layers (the MLA backend), or DeepSeek-V3.2 sparse "
-                        "attention (the SFA backend)")
+                        "attention (the SFA backend), or DeepSeek-V4 attention (the DSA backend: SWA / C4 / C128 layers)")
     p.add_argument("--mla-workspace", type=int, default=48,
                    help="MLA chunked-prefill workspace in tokens (small: context gathered in several chunks)")
     p.add_argument("--steps", type=int, default=None, help="stop after this many engine steps (default: until done)")
@@ -683,7 +910,12 @@ def run(args: argparse.Namespace) -> int:
     requests = make_requests(args, cfg.vocab)
     aar.set_provider("auto")
 
-    if cfg.attention == "sfa":
+    if cfg.attention == "dsa":
+        kinds = {1: "SWA", 4: "C4", 128: "C128"}
+        heads = (f"DSA {cfg.heads} heads x {cfg.dsa_head_dim} (rope {cfg.qk_rope}, window {cfg.dsa_window}; layers "
+                 f"{'/'.join(kinds[model.dsa_ratio(i)] for i in range(cfg.layers))}; C4 indexer "
+                 f"{cfg.index_heads}x{cfg.index_dim}, top-k {cfg.dsa_index_topk}; o_proj {cfg.dsa_o_groups} groups)")
+    elif cfg.attention == "sfa":
         heads = (f"SFA {cfg.heads} heads (MLA latent {cfg.kv_lora_rank}, nope/rope/v {cfg.qk_nope}/{cfg.qk_rope}/"
                  f"{cfg.v_head}; lightning indexer {cfg.index_heads}x{cfg.index_dim} on even layers, top-k "
                  f"{cfg.index_topk}, odd layers reuse it)")
@@ -699,8 +931,10 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"  {len(requests)} requests, prompts {min(len(r.prompt) for r in requests)}.."
         f"{max(len(r.prompt) for r in requests)} tokens, {args.max_new_tokens} new tokens each, "
-        f"token budget {args.token_budget}/step, block size {args.block_size}, "
-        f"{args.num_blocks} blocks/layer, at most {args.max_running} in flight"
+        f"token budget {args.token_budget}/step, "
+        + (f"cache block size {Engine.DSA_CBS} (a block pool per KV-cache group), " if cfg.attention == "dsa" else
+           f"block size {args.block_size}, {args.num_blocks} blocks/layer, ")
+        + f"at most {args.max_running} in flight"
     )
 
     with torch.inference_mode():
@@ -718,6 +952,14 @@ def run(args: argparse.Namespace) -> int:
             if not r.generated:
                 continue
             ref_tokens, ref_logits = dense_reference(model, r)
+            if cfg.attention == "dsa":
+                # Every C4 selection is the full set of visible compressed rows (index_topk exceeds them).
+                for (rid, layer, p), got in engine.topk_log.items():
+                    if rid != r.rid:
+                        continue
+                    topk_checked += 1
+                    if got != list(range(min((p + 1) // 4, cfg.dsa_index_topk))):
+                        topk_mismatches += 1
             if cfg.attention == "sfa":
                 # Every selection the runtime's indexers made equals the reference's (same rule, float64).
                 for layer, sel in r.reference_topk.items():
@@ -749,7 +991,7 @@ def run(args: argparse.Namespace) -> int:
         ("KV blocks reused after free", f"{s.blocks_reused}"),
     ] + ([("MLA context chunks gathered", f"{s.context_chunks}")] if cfg.attention == "mla" else []) + (
         [("top-k rows equal to reference", f"{topk_checked - topk_mismatches}/{topk_checked}")]
-        if cfg.attention == "sfa" else []) + [
+        if cfg.attention in ("sfa", "dsa") else []) + [
         ("forward paths (layer calls)", ", ".join(f"{k} {v}" for k, v in sorted(s.paths.items()))),
         ("build, host time / step", f"mean {b_mean:.1f} us, p50 {b_p50:.1f} us (one cold call per step)"),
         ("attention forward / layer", f"mean {f_mean:.1f} us, p50 {f_p50:.1f} us (incl. CPU-twin compute)"),

@@ -7,9 +7,11 @@ import pytest
 from ascend_attn_rt import demo
 
 
-@pytest.mark.parametrize("attention", ["gqa", "mla", "sfa"])
+@pytest.mark.parametrize("attention", ["gqa", "mla", "sfa", "dsa"])
 def test_demo_matches_dense(attention, capsys):
-    rc = demo.main(["--attention", attention, "--layers", "2", "--requests", "4", "--max-prompt", "90",
+    # DSA: 3 layers (SWA, C4, C128) and prompts long enough for a C128 row (position 127)
+    layers, max_prompt = ("3", "140") if attention == "dsa" else ("2", "90")
+    rc = demo.main(["--attention", attention, "--layers", layers, "--requests", "4", "--max-prompt", max_prompt,
                     "--max-new-tokens", "6", "--token-budget", "32", "--no-progress"])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -21,3 +23,8 @@ def test_demo_matches_dense(attention, capsys):
         m = re.search(r"top-k rows equal to reference\s+(\d+)/(\d+)", out)
         assert m and m.group(1) == m.group(2) and int(m.group(2)) > 0, out  # every indexer selection checked
         assert "top-k reused" in out  # odd layers read the shared top-k buffer
+    if attention == "dsa":
+        m = re.search(r"top-k rows equal to reference\s+(\d+)/(\d+)", out)
+        assert m and m.group(1) == m.group(2) and int(m.group(2)) > 0, out  # every C4 selection checked
+        for kind in ("SWA", "C4 (indexer top-k)", "C128"):
+            assert kind in out
