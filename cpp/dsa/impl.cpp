@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <array>
 #include <cmath>
 #include <optional>
 
@@ -16,6 +17,7 @@
 #include "ascend_attn_rt/ops/lightning_indexer.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+#include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 
 namespace aar::dsa {
 
@@ -45,6 +47,43 @@ void check_paged(const at::Tensor& c, const char* name, int64_t rows, int64_t wi
   AAR_CHECK_ARG(c.device() == device, name, " is on ", c.device(), ", the layer's weights on ", device);
   AAR_CHECK_ARG(c.stride(3) == 1 && c.stride(1) == width, name, " rows must be dense (strides ", c.strides(), ")");
 }
+
+// -sin rows of a step for the inverse RoPE, shared by every layer of the step
+// (one negation per step instead of one per layer): keyed by the rows'
+// address, the step build's generation and the token count.
+struct NegSinCache {
+  const void* ptr = nullptr;
+  uint64_t generation = ~uint64_t{0};
+  int64_t tk = -1;
+  at::Tensor neg;
+};
+// Entries for the RoPE groups of a step (rope_theta rows of SWA layers,
+// compress_rope_theta rows of compressed layers, draft lanes).
+const at::Tensor& neg_sin_rows(const at::Tensor& sin3, const StepMetadata& st, int64_t tk) {
+  thread_local std::array<NegSinCache, 4> cache;
+  thread_local size_t next = 0;
+  for (NegSinCache& c : cache) {
+    if (c.ptr == sin3.data_ptr() && c.generation == st.stamp.generation && c.tk == tk && c.neg.defined() &&
+        c.neg.device() == sin3.device()) {
+      return c.neg;
+    }
+  }
+  NegSinCache& c = cache[next++ % cache.size()];
+  c.neg = sin3.neg();
+  c.ptr = sin3.data_ptr();
+  c.generation = st.stamp.generation;
+  c.tk = tk;
+  return c.neg;
+}
+
+// The QLI blob of a step when the builder did not fill the group's buffer:
+// generated once per indexer-group build and shared by the step's C4 layers
+// (keyed by the group's blob buffer and its build generation).
+struct QliBlobCache {
+  const void* ptr = nullptr;
+  uint64_t generation = ~uint64_t{0};
+  at::Tensor blob;
+};
 
 void check_group(const GroupMetadata* g, const char* name) {
   AAR_CHECK_ARG(g != nullptr, "metadata.", name, " is missing for this layer's ratio (spec 6.4)");
@@ -178,8 +217,13 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
     idx_ape_f32_ = w.idx_cmp_ape.to(at::kFloat).contiguous();
     // rotate_activation (spec 1.5 DSV4): x H / sqrt(Di), Di a power of two.
     hadamard_ = ops::hadamard_matrix(Di, 1.0 / std::sqrt(static_cast<double>(Di)), dt, dev);
+    // 1.6.2 step 3's Di^-0.5 n_idx^-0.5 folded into the projection (one matmul per call instead of three ops).
+    idx_wproj_scaled_ = (w.idx_weights_proj.to(at::kFloat) *
+                         (1.0 / std::sqrt(static_cast<double>(Di)) / std::sqrt(static_cast<double>(c.index_n_heads))))
+                            .to(dt);
   }
   sinks_f32_ = w.attn_sink.contiguous();
+  ones_d_ = at::ones({D}, w.wq_a.options());  // the weightless per-head RMS (gamma 1 is exact in any dtype)
 }
 
 Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const LayerMetadata& md,
@@ -360,29 +404,25 @@ void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const Laye
   const auto [k_q, k_scale] = ops::dynamic_quant(qa);
   at::Tensor kc = c.indexer_k, sc = c.indexer_scale;
   ops::scatter_nd_update_v2(kc, islots, k_q);
-  ops::scatter_nd_update_v2(sc, islots, k_scale.to(sc.scalar_type()).view({-1, 1}));
+  ops::scatter_nd_update_v2(sc, islots, ops::dense::cast(k_scale, sc.scalar_type()).view({-1, 1}));
 }
 
 at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& qr, const Caches& c, const LayerMetadata& md,
-                              int64_t tk) {
+                              int64_t tk, const at::Tensor& cos3, const at::Tensor& sin3) {
   const ImplConfig& cf = cfg_;
   const int64_t Di = cf.index_head_dim, nh = cf.index_n_heads, R = cf.rope_dim;
   const GroupMetadata& ig = *md.indexer_cache;
   const GroupMetadata& common = md.common();
   // 1. indexer q: RoPE on the last R dims, then rotate_activation.
   at::Tensor qi = ops::dense::linear(qr, w_.idx_wq_b).view({tk, nh, Di});
-  ops::inplace_partial_rotary_mul(qi, common.cos.narrow(0, 0, tk).view({tk, 1, R}),
-                                  common.sin.narrow(0, 0, tk).view({tk, 1, R}), "interleave", {Di - R, Di});
+  ops::inplace_partial_rotary_mul(qi, cos3, sin3, "interleave", {Di - R, Di});
   qi = ops::hadamard_rotate(qi, hadamard_);
   // 2. the indexer compressor and cache write.
   indexer_cache_update(x, c, md);
   ops::DynamicQuantArgs qa;
   if (cf.plan.indexer_q_dtype != KvDtype::INT8) qa.dst_type = static_cast<int64_t>(scalar_of(cf.plan.indexer_q_dtype));
   // 3. weights; 4. per (token, head) query quantisation.
-  const at::Tensor wts =
-      (ops::dense::linear(x, w_.idx_weights_proj).to(at::kFloat) *
-       (1.0 / std::sqrt(static_cast<double>(Di)) / std::sqrt(static_cast<double>(nh))))
-          .to(scalar_of(cf.plan.li_weights_dtype));
+  const at::Tensor wts = ops::dense::cast(ops::dense::linear(x, idx_wproj_scaled_), scalar_of(cf.plan.li_weights_dtype));
   qa.input = qi;
   const auto [q_q, q_scale] = ops::dynamic_quant(qa);
   // 5. QLI, cmp_ratio 4.
@@ -399,11 +439,15 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& qr, const C
   b.layout_key = "PA_BSND";
   b.sparse_count = cf.index_topk;
   b.sparse_mode = 3;
-  a.quant.query_dequant_scale = q_scale.to(scalar_of(cf.plan.indexer_q_scale_dtype));
-  a.quant.key_dequant_scale = c.indexer_scale.to(scalar_of(cf.plan.li_k_scale_dtype));
+  a.quant.query_dequant_scale = ops::dense::cast(q_scale, scalar_of(cf.plan.indexer_q_scale_dtype));
+  a.quant.key_dequant_scale = ops::dense::cast(c.indexer_scale, scalar_of(cf.plan.li_k_scale_dtype));
   a.cmp_ratio = 4;
+  thread_local QliBlobCache qli_cache;
   if (ig.qli_metadata_filled) {
     a.metadata = ig.qli_metadata;
+  } else if (qli_cache.blob.defined() && qli_cache.ptr == ig.qli_metadata.data_ptr() &&
+             qli_cache.generation == ig.stamp.generation && qli_cache.blob.device() == ig.qli_metadata.device()) {
+    a.metadata = qli_cache.blob;
   } else {
     ops::VllmQuantLightningIndexerMetadataArgs m;
     m.num_heads_q = nh;
@@ -416,7 +460,10 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& qr, const C
     m.max_seqlen_k = md.step->max_seqlen_kv;
     m.sparse_count = cf.index_topk;
     m.cmp_ratio = 4;
-    a.metadata = ops::vllm_quant_lightning_indexer_metadata(m);
+    qli_cache.blob = ops::vllm_quant_lightning_indexer_metadata(m);
+    qli_cache.ptr = ig.qli_metadata.data_ptr();
+    qli_cache.generation = ig.stamp.generation;
+    a.metadata = qli_cache.blob;
   }
   return std::get<0>(ops::vllm_quant_lightning_indexer(a));
 }
@@ -454,11 +501,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
 
   // ---- prolog (1.6 steps 1-3)
   const at::Tensor qr = ops::dense::rms_norm(ops::dense::linear(x, w_.wq_a), w_.q_norm, cf.eps);
-  at::Tensor q = ops::dense::linear(qr, w_.wq_b).view({tk, N, D});
-  {
-    const at::Tensor qf = q.to(at::kFloat);
-    q = (qf * at::rsqrt(qf.pow(2).mean(-1, true) + cf.eps)).to(q.scalar_type());
-  }
+  // per-head RMS without weight, fp32 maths (plan q_norm: RmsFp32 / QNormWithoutWeight, the same maths)
+  at::Tensor q = ops::dense::rms_norm(ops::dense::linear(qr, w_.wq_b).view({tk, N, D}), ones_d_, cf.eps);
   ops::inplace_partial_rotary_mul(q, cos3, sin3, "interleave", {D - R, D});
   at::Tensor kvr = ops::dense::rms_norm(ops::dense::linear(x, w_.wkv), w_.kv_norm, cf.eps);
   ops::inplace_partial_rotary_mul(kvr, cos, sin, "interleave", {D - R, D});
@@ -473,7 +517,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
       indexer_cache_update(x, c, md);  // spec 1.6.2 step 6: the compressors still run
       sel = topk->view(tk);
     } else {
-      sel = indexer_topk(x, qr, c, md, tk);
+      sel = indexer_topk(x, qr, c, md, tk, cos3, sin3);
       if (cf.use_index_cache) sel = topk->store(sel);
     }
   }
@@ -528,10 +572,13 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   }
 
   // ---- inverse RoPE and o_proj (6.8 step 4)
-  ops::inplace_partial_rotary_mul(o, cos3, -sin3, "interleave", {D - R, D});
+  ops::inplace_partial_rotary_mul(o, cos3, neg_sin_rows(sin3, st, tk), "interleave", {D - R, D});
+  // grouped o_proj: (tk, G, in) -> per group @ wo_a[g] -> (tk, G, o_lora), the transpose-bmm
   const int64_t G = cf.o_groups;
-  const at::Tensor og = o.reshape({tk, G, N * D / G}).transpose(0, 1);           // (G, tk, in)
-  const at::Tensor y = ops::dense::bmm(og, w_.wo_a).transpose(0, 1).reshape({tk, G * cf.o_lora_rank});
+  static constexpr int64_t kPerm[] = {1, 0, 2};
+  const at::Tensor y = ops::transpose_batchmatmul(o.view({tk, G, N * D / G}), w_.wo_a, c10::IntArrayRef(kPerm),
+                                                  std::nullopt, c10::IntArrayRef(kPerm))
+                           .reshape({tk, G * cf.o_lora_rank});
   if (tk == T) {
     ops::dense::linear_out(output, y, w_.wo_b);
   } else {

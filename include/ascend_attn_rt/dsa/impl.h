@@ -41,8 +41,9 @@
 //    storage block size (spec 6.5: "the compressor metadata op generates slots
 //    on device"), once per compressed group the layer writes.
 //  - QLI metadata: the indexer group's blob is passed when the builder filled
-//    it; otherwise the layer generates it with
-//    npu_vllm_quant_lightning_indexer_metadata (one extra operator).
+//    it; otherwise it is generated with npu_vllm_quant_lightning_indexer_metadata
+//    once per indexer-group build and shared by the step's C4 layers (a
+//    per-thread cache keyed by the group's buffer and build generation).
 //  - SAS metadata: the common group's blob when the builder filled it; else the
 //    operator runs without one (the CPU twin ignores it).
 //  - skip_topk layers read topk_buffer->view(T) instead of running the indexer
@@ -56,6 +57,10 @@
 //    (A5 + BF16 cache: its metadata operator has no schema) and the MX-fp8
 //    o_proj (plan.o_proj == MxFp8QuantBmm). The A5 fp8 plan is therefore
 //    refused too (it uses MxFp8QuantBmm).
+//  - The indexer weights' scale Di^-0.5 n_idx^-0.5 is folded into a copy of
+//    idx_weights_proj at construction (rounded once in the weights' dtype).
+//  - The inverse RoPE's -sin rows are made once per step and shared by the
+//    layers (a per-thread cache keyed by the rows and the step build).
 //  - Workspaces: intermediates are allocated per call (no shared workspace yet).
 #pragma once
 
@@ -148,11 +153,11 @@ class Impl {
   void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows);
   void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md);
   at::Tensor indexer_topk(const at::Tensor& x, const at::Tensor& qr, const Caches& c, const LayerMetadata& md,
-                          int64_t tk);
+                          int64_t tk, const at::Tensor& cos3, const at::Tensor& sin3);
 
   ImplConfig cfg_;
   Weights w_;
-  at::Tensor cmp_ape_f32_, idx_ape_f32_, hadamard_, sinks_f32_;
+  at::Tensor cmp_ape_f32_, idx_ape_f32_, hadamard_, sinks_f32_, ones_d_, idx_wproj_scaled_;
   at::Tensor last_topk_;
 };
 
