@@ -340,7 +340,25 @@ void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const
 namespace {
 
 // compressor_metadata of a compressed group: (cos, sin, slots) of its rows.
+// They depend on the group's build only: made once per build and shared by the
+// layers of the step that read the group (a per-thread cache keyed by the
+// group's block-table buffer and build generation).
+struct GroupRowsCache {
+  const void* ptr = nullptr;
+  uint64_t generation = ~uint64_t{0};
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> rows;
+};
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_rows(const StepMetadata& st, const GroupMetadata& g) {
+  thread_local std::array<GroupRowsCache, 4> cache;
+  thread_local size_t next = 0;
+  const void* key = g.block_table.data_ptr();
+  for (const GroupRowsCache& c : cache) {
+    if (c.ptr == key && c.generation == g.stamp.generation && std::get<2>(c.rows).defined() &&
+        std::get<2>(c.rows).device() == g.block_table.device()) {
+      return c.rows;
+    }
+  }
   ops::CompressorMetadataArgs a;
   a.rope_cos = g.full_compress_cos;
   a.rope_sin = g.full_compress_sin;
@@ -353,7 +371,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_rows(const StepMetadata& st
   a.compress_ratio = g.compress_ratio;
   a.num_reqs_actual = g.num_reqs_actual;
   (void)st;
-  return ops::compressor_metadata(a, g.num_compressed_tokens);
+  GroupRowsCache& c = cache[next++ % cache.size()];
+  c.rows = ops::compressor_metadata(a, g.num_compressed_tokens);
+  c.ptr = key;
+  c.generation = g.stamp.generation;
+  return c.rows;
 }
 
 at::Tensor run_compressor(const at::Tensor& x, const at::Tensor& wkv, const at::Tensor& wgate, const at::Tensor& ape,

@@ -39,7 +39,9 @@
 //  - Compressed-row slots and RoPE rows are produced in the forward by
 //    compressor_metadata from the group's logical block table and physical
 //    storage block size (spec 6.5: "the compressor metadata op generates slots
-//    on device"), once per compressed group the layer writes.
+//    on device"), once per compressed-group build, shared by the step's layers
+//    reading that group (a per-thread cache keyed by the group's block-table
+//    buffer and build generation).
 //  - QLI metadata: the indexer group's blob is passed when the builder filled
 //    it; otherwise it is generated with npu_vllm_quant_lightning_indexer_metadata
 //    once per indexer-group build and shared by the step's C4 layers (a
