@@ -5,6 +5,8 @@
 #include <c10/core/InferenceMode.h>
 
 #include <array>
+#include <atomic>
+#include <memory>
 #include <cmath>
 #include <optional>
 
@@ -48,12 +50,28 @@ void check_paged(const at::Tensor& c, const char* name, int64_t rows, int64_t wi
   AAR_CHECK_ARG(c.stride(3) == 1 && c.stride(1) == width, name, " rows must be dense (strides ", c.strides(), ")");
 }
 
+// Identifies one build of one builder lane: the lane's live counter (kept
+// alive by the key, so a later builder cannot reuse its address) and the
+// build's generation. Metadata without a builder (live == null) is never cached.
+struct BuildKey {
+  std::shared_ptr<const std::atomic<uint64_t>> live;
+  uint64_t generation = 0;
+  const void* ptr = nullptr;
+  bool matches(const BuildStamp& s, const void* p) const {
+    return live != nullptr && live == s.live && generation == s.generation && ptr == p;
+  }
+  void set(const BuildStamp& s, const void* p) {
+    live = s.live;
+    generation = s.generation;
+    ptr = p;
+  }
+};
+
 // -sin rows of a step for the inverse RoPE, shared by every layer of the step
 // (one negation per step instead of one per layer): keyed by the rows'
 // address, the step build's generation and the token count.
 struct NegSinCache {
-  const void* ptr = nullptr;
-  uint64_t generation = ~uint64_t{0};
+  BuildKey key;
   int64_t tk = -1;
   at::Tensor neg;
 };
@@ -63,15 +81,13 @@ const at::Tensor& neg_sin_rows(const at::Tensor& sin3, const StepMetadata& st, i
   thread_local std::array<NegSinCache, 4> cache;
   thread_local size_t next = 0;
   for (NegSinCache& c : cache) {
-    if (c.ptr == sin3.data_ptr() && c.generation == st.stamp.generation && c.tk == tk && c.neg.defined() &&
-        c.neg.device() == sin3.device()) {
+    if (c.key.matches(st.stamp, sin3.data_ptr()) && c.tk == tk && c.neg.defined() && c.neg.device() == sin3.device()) {
       return c.neg;
     }
   }
   NegSinCache& c = cache[next++ % cache.size()];
   c.neg = sin3.neg();
-  c.ptr = sin3.data_ptr();
-  c.generation = st.stamp.generation;
+  c.key.set(st.stamp, sin3.data_ptr());
   c.tk = tk;
   return c.neg;
 }
@@ -80,8 +96,7 @@ const at::Tensor& neg_sin_rows(const at::Tensor& sin3, const StepMetadata& st, i
 // generated once per indexer-group build and shared by the step's C4 layers
 // (keyed by the group's blob buffer and its build generation).
 struct QliBlobCache {
-  const void* ptr = nullptr;
-  uint64_t generation = ~uint64_t{0};
+  BuildKey key;
   at::Tensor blob;
 };
 
@@ -344,8 +359,7 @@ namespace {
 // layers of the step that read the group (a per-thread cache keyed by the
 // group's block-table buffer and build generation).
 struct GroupRowsCache {
-  const void* ptr = nullptr;
-  uint64_t generation = ~uint64_t{0};
+  BuildKey key;
   std::tuple<at::Tensor, at::Tensor, at::Tensor> rows;
 };
 
@@ -354,8 +368,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_rows(const StepMetadata& st
   thread_local size_t next = 0;
   const void* key = g.block_table.data_ptr();
   for (const GroupRowsCache& c : cache) {
-    if (c.ptr == key && c.generation == g.stamp.generation && std::get<2>(c.rows).defined() &&
-        std::get<2>(c.rows).device() == g.block_table.device()) {
+    if (c.key.matches(g.stamp, key) && std::get<2>(c.rows).device() == g.block_table.device()) {
       return c.rows;
     }
   }
@@ -372,9 +385,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_rows(const StepMetadata& st
   a.num_reqs_actual = g.num_reqs_actual;
   (void)st;
   GroupRowsCache& c = cache[next++ % cache.size()];
-  c.rows = ops::compressor_metadata(a, g.num_compressed_tokens);
-  c.ptr = key;
-  c.generation = g.stamp.generation;
+  auto rows = ops::compressor_metadata(a, g.num_compressed_tokens);
+  if (g.stamp.live == nullptr) return rows;
+  c.rows = std::move(rows);
+  c.key.set(g.stamp, key);
   return c.rows;
 }
 
@@ -467,8 +481,8 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& qr, const C
   thread_local QliBlobCache qli_cache;
   if (ig.qli_metadata_filled) {
     a.metadata = ig.qli_metadata;
-  } else if (qli_cache.blob.defined() && qli_cache.ptr == ig.qli_metadata.data_ptr() &&
-             qli_cache.generation == ig.stamp.generation && qli_cache.blob.device() == ig.qli_metadata.device()) {
+  } else if (qli_cache.key.matches(ig.stamp, ig.qli_metadata.data_ptr()) &&
+             qli_cache.blob.device() == ig.qli_metadata.device()) {
     a.metadata = qli_cache.blob;
   } else {
     ops::VllmQuantLightningIndexerMetadataArgs m;
@@ -482,10 +496,11 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& qr, const C
     m.max_seqlen_k = md.step->max_seqlen_kv;
     m.sparse_count = cf.index_topk;
     m.cmp_ratio = 4;
-    qli_cache.blob = ops::vllm_quant_lightning_indexer_metadata(m);
-    qli_cache.ptr = ig.qli_metadata.data_ptr();
-    qli_cache.generation = ig.stamp.generation;
-    a.metadata = qli_cache.blob;
+    a.metadata = ops::vllm_quant_lightning_indexer_metadata(m);
+    if (ig.stamp.live != nullptr) {
+      qli_cache.blob = *a.metadata;
+      qli_cache.key.set(ig.stamp, ig.qli_metadata.data_ptr());
+    }
   }
   return std::get<0>(ops::vllm_quant_lightning_indexer(a));
 }

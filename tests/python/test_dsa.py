@@ -308,3 +308,42 @@ def test_bad_input_raises_before_writing():
         w["wq_b"] = w["wq_b"][:-1]
         aar.dsa.Impl(w, hidden_size=64, num_heads=4, head_dim=64, rope_dim=16, q_lora_rank=32, window=8,
                      o_groups=2, o_lora_rank=16)
+
+
+def test_unimplemented_plans_refused_by_name():
+    d = dims(1)
+    w = ref.make_dsa_weights(d, torch.bfloat16, torch.Generator().manual_seed(2))
+    kw = dict(hidden_size=64, num_heads=4, head_dim=64, rope_dim=16, q_lora_rank=32, window=8, o_groups=2,
+              o_lora_rank=16)
+    # A5 fp8 plan: its o_proj is the MX-fp8 quantised transpose-bmm (not implemented)
+    with pytest.raises(NotImplementedError, match="MxFp8QuantBmm"):
+        aar.dsa.Impl(w, device_kind="a5", **kw)
+    # A5 + bf16 cache: SparseFlashMla
+    with pytest.raises(NotImplementedError, match="SparseFlashMla"):
+        aar.dsa.Impl(w, device_kind="a5", cache_dtype="bfloat16", **kw)
+    # A3 is the A2 plan: accepted
+    aar.dsa.Impl(w, device_kind="a3", **kw)
+
+
+def test_compose_and_unpack_tuple():
+    swa = torch.zeros(2, 32, 1, 64)
+    t = aar.dsa.compose_kv_cache(swa_kv=swa)
+    assert len(t) == 6 and t[1] is not None and all(t[i] is None for i in (0, 2, 3, 4, 5))
+    with pytest.raises(ValueError, match="indexer_full"):
+        aar.dsa.compose_kv_cache(swa_kv=swa, indexer_full=torch.zeros(2, 32, 1, 132, dtype=torch.int8))
+
+
+def test_graph_capture_refused_by_name_before_writing():
+    d = dims(1)
+    run = Run(d, torch.float32, nreq=1)
+    st, md, S, qsl = run.build([0], [1])
+    hid = run.x[0][:1].clone()
+    out = torch.zeros_like(hid)
+    swa0 = run.swa.clone()
+    g = aar.GraphParams("recording")
+    with g.capture(1):
+        with pytest.raises(NotImplementedError, match="graph capture"):
+            run.impl.forward(hid, run.kv, st, md["swa"], out)
+        with pytest.raises(NotImplementedError, match="profiling"):
+            run.impl.forward(hid, run.kv, None, None, out)
+    assert torch.equal(run.swa, swa0) and torch.equal(out, torch.zeros_like(out))
