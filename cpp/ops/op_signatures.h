@@ -226,6 +226,25 @@ using QuantLightningIndexerNpu = at::Tensor(AAR_QUANT_LIGHTNING_INDEXER_NPU_PARA
       int64_t sparse_count, int64_t sparse_mode
 using LightningIndexerQuantVa = at::Tensor(AAR_LIGHTNING_INDEXER_QUANT_VA_PARAMS);
 
+// _C_ascend::npu_vllm_quant_lightning_indexer (+ _metadata): the DeepSeek-V4 quantised
+// indexer over compressed keys (cmp_ratio) with an opaque tiling blob (issue 12).
+#define AAR_VLLM_QUANT_LIGHTNING_INDEXER_PARAMS                                                       \
+  const at::Tensor &query, const at::Tensor &key, const at::Tensor &weights,                         \
+      const at::Tensor &query_dequant_scale, const at::Tensor &key_dequant_scale,                    \
+      int64_t query_quant_mode, int64_t key_quant_mode, sig::OptT actual_seq_lengths_query,          \
+      sig::OptT actual_seq_lengths_key, sig::OptT block_table, sig::OptT metadata,                   \
+      sig::Str layout_query, sig::Str layout_key, int64_t sparse_count, int64_t sparse_mode,         \
+      int64_t pre_tokens, int64_t next_tokens, int64_t cmp_ratio, bool return_value
+using VllmQuantLightningIndexer = std::tuple<at::Tensor, at::Tensor>(AAR_VLLM_QUANT_LIGHTNING_INDEXER_PARAMS);
+
+#define AAR_VLLM_QUANT_LIGHTNING_INDEXER_METADATA_PARAMS                                              \
+  int64_t num_heads_q, int64_t num_heads_k, int64_t head_dim, int64_t query_quant_mode,              \
+      int64_t key_quant_mode, sig::OptT actual_seq_lengths_query, sig::OptT actual_seq_lengths_key,  \
+      int64_t batch_size, int64_t max_seqlen_q, int64_t max_seqlen_k, sig::Str layout_query,         \
+      sig::Str layout_key, int64_t sparse_count, int64_t sparse_mode, int64_t pre_tokens,            \
+      int64_t next_tokens, int64_t cmp_ratio, sig::Str device
+using VllmQuantLightningIndexerMetadata = at::Tensor(AAR_VLLM_QUANT_LIGHTNING_INDEXER_METADATA_PARAMS);
+
 // npu_sparse_flash_attention: torch_npu's value is optional and it takes `sinks`.
 #define AAR_SFA_COMMON_PARAMS                                                                          \
   const at::Tensor &sparse_indices, double scale_value, sig::OptT block_table,                        \

@@ -125,6 +125,24 @@ const std::vector<OpSchema>& vllm_ascend_op_schemas() {
         "indexer_compress_epilog_v2(Tensor(a!) indexer_compress_cache, Tensor x, Tensor slot_mapping, "
         "int layout=2) -> ()",
        false},
+      // DeepSeek-V4 quantised lightning indexer (issue 12).
+      {"npu_vllm_quant_lightning_indexer",
+        "npu_vllm_quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, "
+        "Tensor query_dequant_scale, Tensor key_dequant_scale, int query_quant_mode=0, int key_quant_mode=0, "
+        "Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, "
+        "Tensor? block_table=None, Tensor? metadata=None, str layout_query=\"BSND\", str layout_key=\"BSND\", "
+        "int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, "
+        "int next_tokens=9223372036854775807, int cmp_ratio=1, "
+        "bool return_value=False) -> (Tensor sparse_indices, Tensor sparse_values)",
+       false},
+      {"npu_vllm_quant_lightning_indexer_metadata",
+        "npu_vllm_quant_lightning_indexer_metadata(int num_heads_q, int num_heads_k, int head_dim, "
+        "int query_quant_mode, int key_quant_mode, Tensor? actual_seq_lengths_query=None, "
+        "Tensor? actual_seq_lengths_key=None, int batch_size=0, int max_seqlen_q=0, int max_seqlen_k=0, "
+        "str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, int sparse_mode=3, "
+        "int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int cmp_ratio=1, "
+        "str device=\"npu\") -> (Tensor metadata)",
+       false},
   };
   return table;
 }

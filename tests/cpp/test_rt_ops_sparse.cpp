@@ -882,3 +882,86 @@ TEST(RtOpsSparse, SfaRejectsBadInputByName) {
   expect_throw_with<aar::InvalidArgument>(
       crun([](auto& a) { a.key = a.value = at::zeros({4, 4, 1, 600}, at::kChar); }, OpLibrary::TorchNpu), "656");
 }
+
+// ---------------------------------------------------------------- DSV4 quantised indexer (issue 12)
+
+// _C_ascend::npu_vllm_quant_lightning_indexer through its wrapper: compressed
+// keys (cmp_ratio 4) over raw lengths, integer data and unit scales so the
+// twin's scores are exact and the float64 reference's order (ties included) is
+// reproduced exactly; return_value scores; the no-compute provider's shapes;
+// the metadata wrapper with and without a length tensor.
+TEST(RtOpsSparse, VllmQuantIndexerCompressedKeys) {
+  constexpr int64_t kR = 4, kHeads = 2, kDim = 8, kBs = 4, kK = 5;
+  Batch batch{{1, 3, 2, 4}, {17, 10, 8, 3}};  // raw lengths; 4, 2, 2, 0 compressed rows
+  at::manual_seed(21);
+  const int64_t t = batch.tokens();
+  const at::Tensor q = at::randint(-3, 4, {t, kHeads, kDim}).to(at::kChar);
+  const at::Tensor w = at::randint(-2, 3, {t, kHeads}).to(at::kHalf);
+  std::vector<at::Tensor> rows;
+  for (int64_t s : batch.kv_lens) rows.push_back(at::randint(-3, 4, {std::max<int64_t>(s / kR, 1), kDim}).to(at::kChar));
+  const PagedKv pk = page(rows, kBs, 5);
+  ops::VllmQuantLightningIndexerArgs a;
+  a.quant.base.query = q;
+  a.quant.base.key = pk.key_cache;
+  a.quant.base.weights = w;
+  a.quant.base.actual_seq_lengths_query = batch.cu();
+  a.quant.base.actual_seq_lengths_key = batch.kv();
+  a.quant.base.block_table = pk.block_table;
+  a.quant.base.sparse_count = kK;
+  a.quant.base.return_value = true;
+  a.quant.query_dequant_scale = at::ones({t, kHeads}, at::kHalf);
+  a.quant.key_dequant_scale = at::ones({pk.key_cache.size(0), kBs, 1}, at::kHalf);
+  a.cmp_ratio = kR;
+  const auto [idx, val] = ops::vllm_quant_lightning_indexer(a);
+  ASSERT_EQ(idx.sizes(), (c10::IntArrayRef{t, 1, kK}));
+  ASSERT_EQ(val.sizes(), (c10::IntArrayRef{t, 1, kK}));
+  for (size_t b = 0; b < batch.q_lens.size(); ++b) {
+    const int64_t ql = batch.q_lens[b], s = batch.kv_lens[b];
+    for (int64_t i = 0; i < ql; ++i) {
+      const int64_t r = batch.start(b) + i, lim = s - ql + i + 1;
+      const int64_t vis = lim <= 0 ? 0 : std::min(lim / kR, s / kR);
+      const auto score = ref_scores(q[r], w[r], rows[b], vis);
+      const auto want = ref_top_k(score, kK);
+      const at::Tensor row = idx[r][0].contiguous();
+      EXPECT_EQ(std::vector<int32_t>(row.data_ptr<int32_t>(), row.data_ptr<int32_t>() + kK), want)
+          << "request " << b << " row " << i;
+      for (int64_t j = 0; j < kK; ++j) {
+        const double v = val[r][0][j].item<double>();
+        if (want[j] < 0) {
+          EXPECT_EQ(v, -kInf);
+        } else {
+          EXPECT_EQ(v, score[want[j]]);
+        }
+      }
+    }
+  }
+  // No-compute provider: shapes only.
+  const auto [nidx, nval] = ops::vllm_quant_lightning_indexer(a, ops::Provider::NoCompute);
+  EXPECT_EQ(nidx.sizes(), idx.sizes());
+  EXPECT_EQ(nval.sizes(), val.sizes());
+  // Arguments not in this schema are rejected by name.
+  ops::VllmQuantLightningIndexerArgs bad = a;
+  bad.quant.query_dtype = 1;
+  expect_throw_with<aar::NotSupported>([&] { ops::vllm_quant_lightning_indexer(bad); }, "query_dtype");
+  bad = a;
+  bad.cmp_ratio = 0;
+  expect_throw_with<aar::InvalidArgument>([&] { ops::vllm_quant_lightning_indexer(bad); }, "cmp_ratio");
+
+  // Metadata: from the lengths' device, deterministic, accepted by the indexer.
+  ops::VllmQuantLightningIndexerMetadataArgs m;
+  m.actual_seq_lengths_query = batch.cu();
+  m.actual_seq_lengths_key = batch.kv();
+  m.batch_size = 4;
+  m.cmp_ratio = kR;
+  m.sparse_count = kK;
+  const at::Tensor blob = ops::vllm_quant_lightning_indexer_metadata(m);
+  ASSERT_EQ(blob.sizes(), (c10::IntArrayRef{1024}));
+  EXPECT_EQ(blob.scalar_type(), at::kInt);
+  EXPECT_TRUE(at::equal(blob, ops::vllm_quant_lightning_indexer_metadata(m)));
+  a.metadata = blob;
+  EXPECT_TRUE(at::equal(std::get<0>(ops::vllm_quant_lightning_indexer(a)), idx));
+  ops::VllmQuantLightningIndexerMetadataArgs none;  // no tensor: needs an explicit provider
+  expect_throw_with<aar::InvalidArgument>([&] { ops::vllm_quant_lightning_indexer_metadata(none); }, "pv=Auto");
+  EXPECT_EQ(ops::vllm_quant_lightning_indexer_metadata(none, ops::Provider::Cpu).numel(), 1024);
+  EXPECT_EQ(ops::vllm_quant_lightning_indexer_metadata(none, ops::Provider::NoCompute).numel(), 1024);
+}

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <string>
 
 namespace aar::ops::cpu::sparse {
 
@@ -51,7 +52,7 @@ void check_mode_and_tokens(const char* op, int64_t sparse_mode, int64_t pre_toke
 
 PagedBatch plan_paged_batch(const PagedNames& nm, int64_t tokens, const std::optional<at::Tensor>& q_lens,
                             const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& block_table,
-                            const at::Tensor& cache) {
+                            const at::Tensor& cache, int64_t cmp_ratio) {
   const char* op = nm.op;
   AAR_CHECK_ARG(cache.dim() == 4, op, ": ", nm.cache, " must be the paged cache (num_blocks, block_size, 1, D), got ",
                 cache.sizes());
@@ -77,7 +78,18 @@ PagedBatch plan_paged_batch(const PagedNames& nm, int64_t tokens, const std::opt
   if (!block_table.has_value() || !block_table->defined()) {
     throw_invalid(op, ": block_table is required (layout \"PA_BSND\" reads the cache through it)");
   }
-  check_block_table(op, *block_table, pb.batch, pb.kv_len, pb.block_size, pb.num_blocks, nm.kv_lens);
+  pb.cmp_ratio = cmp_ratio;
+  pb.raw_kv_len = pb.kv_len;
+  std::string rows_name = nm.kv_lens;
+  if (cmp_ratio != 1) {
+    for (size_t b = 0; b < pb.kv_len.size(); ++b) {
+      AAR_CHECK_ARG(pb.kv_len[b] >= 0, op, ": ", nm.kv_lens, "[", b, "]=", pb.kv_len[b], " is negative");
+      pb.kv_len[b] /= cmp_ratio;
+    }
+    rows_name = std::string("the compressed row count floor(") + nm.kv_lens + " / cmp_ratio=" +
+                std::to_string(cmp_ratio) + ")";
+  }
+  check_block_table(op, *block_table, pb.batch, pb.kv_len, pb.block_size, pb.num_blocks, rows_name.c_str());
   pb.block_table = *block_table;
   return pb;
 }
@@ -87,6 +99,12 @@ at::Tensor gather_rows(const at::Tensor& cache, const PagedBatch& pb, int64_t b)
   const int64_t nblk = (s + pb.block_size - 1) / pb.block_size;
   const at::Tensor ids = pb.block_table.select(0, b).narrow(0, 0, nblk).to(at::kLong);
   return cache.index_select(0, ids).reshape({nblk * pb.block_size, cache.size(3)}).narrow(0, 0, s);
+}
+
+int64_t visible_rows(const PagedBatch& pb, int64_t sparse_mode, int64_t b, int64_t row) {
+  const int64_t raw = visible(sparse_mode, pb.raw_kv_len[b], pb.q_len[b], row);
+  if (raw <= 0) return 0;
+  return std::min(raw / pb.cmp_ratio, pb.kv_len[b]);
 }
 
 std::tuple<at::Tensor, at::Tensor> select_top_k(const PagedBatch& pb, int64_t sparse_count, int64_t sparse_mode,
@@ -105,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor> select_top_k(const PagedBatch& pb, int64_t sp
     const at::Tensor sc = scores_of(b).contiguous();  // (q, s) fp32
     const float* base = sc.data_ptr<float>();
     for (int64_t i = 0; i < q; ++i) {
-      const int64_t vis = std::min(visible(sparse_mode, s, q, i), s);
+      const int64_t vis = visible_rows(pb, sparse_mode, b, i);
       if (vis <= 0) continue;  // the whole row stays -1
       const float* row = base + i * s;
       // Descending score, ties by ascending position; NaN sorts below every number.

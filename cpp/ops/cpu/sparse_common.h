@@ -26,8 +26,12 @@ void check_mode_and_tokens(const char* op, int64_t sparse_mode, int64_t pre_toke
 // A validated TND query batch over a paged cache (nb, bs, 1, W).
 struct PagedBatch {
   int64_t batch = 0, tokens = 0, block_size = 0, num_blocks = 0;
-  std::vector<int64_t> q_start, q_len, kv_len;  // per request
+  std::vector<int64_t> q_start, q_len, kv_len;  // per request; kv_len = cache rows (compressed when cmp_ratio > 1)
   at::Tensor block_table;                       // (B, max_blocks) int32, CPU
+  // DSV4 compressed keys (spec 1.6.2 step 5): the lengths tensor holds the RAW
+  // lengths raw_kv_len[b]; the cache holds kv_len[b] = floor(raw / cmp_ratio) rows.
+  int64_t cmp_ratio = 1;
+  std::vector<int64_t> raw_kv_len;
 };
 
 struct PagedNames {
@@ -40,10 +44,12 @@ struct PagedNames {
 // Checks the lengths (int32 1-D CPU tensors of one length B: cumulative query
 // ends, non-decreasing and ending at `tokens`; KV lengths >= 0), the cache
 // ((nb, bs, 1, W), one KV head) and the block table (int32 (B, >= ceil(S_b/bs))
-// with every block a request reads in [0, nb)).
+// with every block a request reads in [0, nb)). With cmp_ratio > 1 (>= 1, the
+// caller checks it) the KV lengths are raw token counts and the cache and block
+// table hold floor(S_b / cmp_ratio) compressed rows per request.
 PagedBatch plan_paged_batch(const PagedNames& nm, int64_t tokens, const std::optional<at::Tensor>& q_lens,
                             const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& block_table,
-                            const at::Tensor& cache);
+                            const at::Tensor& cache, int64_t cmp_ratio = 1);
 
 // The S_b token rows (S_b, W) of request b, read through its block table row:
 // token s at block_table[b][s / bs], offset s % bs. Same dtype as the cache.
@@ -55,10 +61,14 @@ inline int64_t visible(int64_t sparse_mode, int64_t kv_len, int64_t q_len, int64
   return sparse_mode == 3 ? kv_len - q_len + row + 1 : kv_len;
 }
 
+// Visible cache rows of row i of request b: visible() over the raw lengths,
+// divided by cmp_ratio rounding down (<= 0: none), at most kv_len[b].
+int64_t visible_rows(const PagedBatch& pb, int64_t sparse_mode, int64_t b, int64_t row);
+
 // Lightning-indexer selection. `scores_of(b)` returns request b's fp32 scores
 // (q_len[b], kv_len[b]). Each row emits the top min(K, vis) positions of
-// [0, vis) by descending score, ties by ascending position (NaN below -inf),
-// then -1; all -1 when vis <= 0. Returns (indices (T, 1, K) int32, values
+// [0, vis) (vis = visible_rows) by descending score, ties by ascending position
+// (NaN below -inf), then -1; all -1 when vis <= 0. Returns (indices (T, 1, K) int32, values
 // (T, 1, K) fp32 with -inf at -1 entries, or an empty fp32 tensor).
 std::tuple<at::Tensor, at::Tensor> select_top_k(const PagedBatch& pb, int64_t sparse_count, int64_t sparse_mode,
                                                 bool return_value,

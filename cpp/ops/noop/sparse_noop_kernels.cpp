@@ -46,6 +46,25 @@ at::Tensor lightning_indexer_quant_va(AAR_LIGHTNING_INDEXER_QUANT_VA_PARAMS) {
   return cached(indices_shape(query, key, sparse_count), at::kInt, query.device());
 }
 
+std::tuple<at::Tensor, at::Tensor> vllm_quant_lightning_indexer(AAR_VLLM_QUANT_LIGHTNING_INDEXER_PARAMS) {
+  const auto s = indices_shape(query, key, sparse_count);
+  const at::Tensor idx = cached(s, at::kInt, query.device());
+  return {idx, return_value ? cached(s, at::kFloat, query.device()) : empty_f32(query)};
+}
+
+// The (1024,) int32 tiling blob, on the device of the first length tensor given (CPU without one).
+at::Tensor vllm_quant_lightning_indexer_metadata(AAR_VLLM_QUANT_LIGHTNING_INDEXER_METADATA_PARAMS) {
+  c10::Device dev(c10::kCPU);
+  for (const auto* t : {&actual_seq_lengths_query, &actual_seq_lengths_key}) {
+    if (t->has_value() && (*t)->defined()) {
+      dev = (*t)->device();
+      break;
+    }
+  }
+  static const std::array<int64_t, 1> s{1024};
+  return cached(c10::IntArrayRef(s.data(), 1), at::kInt, dev);
+}
+
 // Attention output: the query's shape with V's width; LSE (TND: (N2, T, N/N2);
 // BSND: (B, N2, S, N/N2)) fp32 when requested, empty otherwise.
 sig::SfaResult sfa_outputs(const at::Tensor& query, const at::Tensor& key, int64_t v_dim, bool lse) {
@@ -117,6 +136,8 @@ void register_torch_npu(torch::Library& m) {
 void register_vllm_ascend(torch::Library& m) {
   m.impl("npu_lightning_indexer", TORCH_FN(lightning_indexer));
   m.impl("npu_lightning_indexer_quant", TORCH_FN(lightning_indexer_quant_va));
+  m.impl("npu_vllm_quant_lightning_indexer", TORCH_FN(vllm_quant_lightning_indexer));
+  m.impl("npu_vllm_quant_lightning_indexer_metadata", TORCH_FN(vllm_quant_lightning_indexer_metadata));
   m.impl("npu_sparse_flash_attention", TORCH_FN(sfa_va));
   m.impl("npu_kv_quant_sparse_flash_attention", TORCH_FN(kvq_sfa_va));
   m.impl("batch_matmul_transpose", TORCH_FN(batch_matmul_transpose));
@@ -129,3 +150,10 @@ TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) { aar::ops::noop::register_torch_npu(m);
 TORCH_LIBRARY_IMPL(ascend_noop, Meta, m) { aar::ops::noop::register_torch_npu(m); }
 TORCH_LIBRARY_IMPL(ascend_noop_va, CPU, m) { aar::ops::noop::register_vllm_ascend(m); }
 TORCH_LIBRARY_IMPL(ascend_noop_va, Meta, m) { aar::ops::noop::register_vllm_ascend(m); }
+
+// The metadata operator may get no tensor at all: the dispatcher then runs the
+// CompositeExplicitAutograd kernel (the same function).
+TORCH_LIBRARY_IMPL(ascend_noop_va, CompositeExplicitAutograd, m) {
+  m.impl("npu_vllm_quant_lightning_indexer_metadata",
+         TORCH_FN(aar::ops::noop::vllm_quant_lightning_indexer_metadata));
+}

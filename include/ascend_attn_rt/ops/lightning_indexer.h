@@ -55,4 +55,48 @@ struct QuantLightningIndexerArgs {
 // other than the defaults are NotSupported); returns sparse_indices.
 at::Tensor quant_lightning_indexer(const QuantLightningIndexerArgs& a, OpLibrary lib, Provider pv = Provider::Auto);
 
+// ---- DeepSeek-V4 (DSA) quantised indexer: _C_ascend::npu_vllm_quant_lightning_indexer
+// (spec sparse.md 1.2.1, 1.6.2 step 5, 9; VllmAscend only). The keys are the
+// request's COMPRESSED rows (one per cmp_ratio raw tokens, written by the C4
+// indexer compressor), read through block_table; actual_seq_lengths_key holds the
+// RAW lengths S_b, so request b has floor(S_b / cmp_ratio) compressed rows and,
+// under sparse_mode 3, row i (of q_b) sees the compressed rows
+//   c < floor((S_b - q_b + i + 1) / cmp_ratio)   (sparse_mode 0: c < floor(S_b / cmp_ratio)).
+// Score as 1.2.1 (int8 + fp16 scales on A2/A3, fp8 e4m3 + fp32 scales on A5);
+// sparse_indices (T, 1, sparse_count) int32 are compressed-row ids within the
+// request by descending score (CPU twin: ties lower id first), then -1.
+// sparse_values: with return_value, (T, 1, sparse_count) fp32 selected scores
+// (-inf at -1 entries), as the plain indexer's twin; otherwise an empty fp32
+// tensor. `metadata` is the opaque (1024,) int32 blob of the metadata op below:
+// the device's tiling data; the CPU twin checks its dtype/size and ignores it.
+struct VllmQuantLightningIndexerArgs {
+  QuantLightningIndexerArgs quant;  // query_dtype / key_dtype must stay unset (not in this schema)
+  std::optional<at::Tensor> metadata;
+  int64_t cmp_ratio = 1;  // 4 for the DSV4 C4 indexer
+};
+
+std::tuple<at::Tensor, at::Tensor> vllm_quant_lightning_indexer(const VllmQuantLightningIndexerArgs& a,
+                                                                Provider pv = Provider::Auto);
+
+// _C_ascend::npu_vllm_quant_lightning_indexer_metadata (spec 6.7): the (1024,)
+// int32 tiling blob for the indexer above; regenerate it whenever lengths change.
+// Opaque: on CPU it is a deterministic function of the arguments that nothing
+// reads. The provider comes from the first length tensor given, else from `pv`
+// / the process-wide override (there may be no tensor at all).
+struct VllmQuantLightningIndexerMetadataArgs {
+  int64_t num_heads_q = 64, num_heads_k = 1, head_dim = 128;
+  int64_t query_quant_mode = 0, key_quant_mode = 0;
+  std::optional<at::Tensor> actual_seq_lengths_query;  // int32 (B) cumulative ends
+  std::optional<at::Tensor> actual_seq_lengths_key;    // int32 (B) raw KV lengths
+  int64_t batch_size = 0, max_seqlen_q = 0, max_seqlen_k = 0;
+  c10::string_view layout_query = "TND", layout_key = "PA_BSND";
+  int64_t sparse_count = 2048, sparse_mode = 3;
+  int64_t pre_tokens = std::numeric_limits<int64_t>::max(), next_tokens = std::numeric_limits<int64_t>::max();
+  int64_t cmp_ratio = 1;
+  c10::string_view device = "npu";
+};
+
+at::Tensor vllm_quant_lightning_indexer_metadata(const VllmQuantLightningIndexerMetadataArgs& a,
+                                                 Provider pv = Provider::Auto);
+
 }  // namespace aar::ops
