@@ -214,7 +214,7 @@ def test_va_table_covers_the_operators_the_runtime_calls():
         # issue 12: the DeepSeek-V4 (DSA) compressor operators
         "compressor", "compressor_metadata", "compressor_metadata_out", "kv_compress_epilog",
         "indexer_compress_epilog_v2",
-        # issue 12: the DSV4 quantised lightning indexer
+        # issue 12: the DeepSeek-V4 quantised lightning indexer
         "npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata",
     }
     # Every line of the file is used (the file holds what we copied, nothing else).
