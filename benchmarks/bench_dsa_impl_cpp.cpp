@@ -88,6 +88,8 @@ int main(int argc, char** argv) {
     gc.num_blocks = kMaxReqs * c;
     gc.num_heads_q = static_cast<int32_t>(kN);
     gc.index_topk = static_cast<int32_t>(kK);
+    gc.index_n_heads = static_cast<int32_t>(kNI);
+    gc.index_head_dim = static_cast<int32_t>(kDI);
     groups.push_back(std::make_unique<aar::dsa::GroupBuilder>(step, gc));
     std::vector<int32_t> t(static_cast<size_t>(kMaxReqs) * c);
     for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>(i);

@@ -215,6 +215,9 @@ void bind_dsa_builders(nb::module_& m) {
       .def_ro("max_seqlen_kv", &dsa::GroupMetadata::max_seqlen_kv)
       .def_ro("sas_metadata_filled", &dsa::GroupMetadata::sas_metadata_filled)
       .def_ro("qli_metadata_filled", &dsa::GroupMetadata::qli_metadata_filled)
+      .def_ro("qli_num_heads", &dsa::GroupMetadata::qli_num_heads)
+      .def_ro("qli_head_dim", &dsa::GroupMetadata::qli_head_dim)
+      .def_ro("qli_sparse_count", &dsa::GroupMetadata::qli_sparse_count)
       .def_ro("dspark_width", &dsa::GroupMetadata::dspark_width)
       .def_prop_ro("cu_seqlens_ori_kv_kind",
                    [](const dsa::GroupMetadata& g) { return std::string(dsa::to_string(g.cu_seqlens_ori_kv_kind)); })
@@ -315,7 +318,8 @@ void bind_dsa_builders(nb::module_& m) {
           [](dsa::GroupBuilder* self, const dsa::StepBuilder& step, const std::string& kind, int32_t cache_block_size,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
              const std::string& model_dtype, int32_t max_blocks_per_req, int32_t num_blocks, int32_t window,
-             int32_t dspark_num_spec, int32_t dspark_width, int32_t num_heads_q, int32_t index_topk) {
+             int32_t dspark_num_spec, int32_t dspark_width, int32_t num_heads_q, int32_t index_topk,
+             int32_t index_n_heads, int32_t index_head_dim) {
             dsa::GroupConfig c;
             c.kind = parse_cache_kind(kind);
             c.cache_block_size = cache_block_size;
@@ -327,12 +331,14 @@ void bind_dsa_builders(nb::module_& m) {
             c.dspark_width = dspark_width;
             c.num_heads_q = num_heads_q;
             c.index_topk = index_topk;
+            c.index_n_heads = index_n_heads;
+            c.index_head_dim = index_head_dim;
             new (self) dsa::GroupBuilder(step, c);
           },
           "step_builder"_a, nb::kw_only(), "kind"_a, "cache_block_size"_a = 128, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "max_blocks_per_req"_a = 64, "num_blocks"_a,
           "window"_a = 128, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, "num_heads_q"_a = 0, "index_topk"_a = 512,
-          nb::keep_alive<1, 2>())
+          "index_n_heads"_a = dsa::kDsaIndexerHeads, "index_head_dim"_a = dsa::kDsaIndexerHeadDim, nb::keep_alive<1, 2>())
       .def(
           "build",
           [](dsa::GroupBuilder& g, const dsa::StepMetadata& step, nb::handle bt) -> dsa::GroupMetadata {

@@ -12,6 +12,7 @@
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/lightning_indexer.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 #include "ascend_attn_rt/plan/dsa_step_plan.h"
 
@@ -450,7 +451,11 @@ class GroupBuilder::Lane {
     md_.max_seqlen_q = st.max_seqlen_q;
     md_.max_seqlen_kv = st.max_seqlen_kv;
     md_.sas_metadata_filled = fill_sas(st, ratio);
-    md_.qli_metadata_filled = false;
+    md_.qli_metadata_filled = fill_qli(st);
+    const GroupConfig& gc = g_.cfg_;
+    md_.qli_num_heads = md_.qli_metadata_filled ? gc.index_n_heads : 0;
+    md_.qli_head_dim = md_.qli_metadata_filled ? gc.index_head_dim : 0;
+    md_.qli_sparse_count = md_.qli_metadata_filled ? gc.index_topk : 0;
     md_.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B * stride));
     md_.slot_mapping_host = plan::CSpan<int32_t>(s + r.slots, ur * fw_);
     md_.row_index_host = plan::CSpan<int32_t>(s + r.idx, ur);
@@ -524,6 +529,32 @@ class GroupBuilder::Lane {
     }
     return true;
   }
+  // Spec 6.5 step 3 / 6.7: the QLI blob of the step's C4 layers, made by the
+  // indexer-cache group and copied into the stable buffer.
+  bool fill_qli(const StepMetadata& st) {
+    const GroupConfig& c = g_.cfg_;
+    if (c.kind != DsaCacheKind::C4IndexerK || c.index_n_heads <= 0) return false;
+    c10::InferenceMode guard;
+    ops::VllmQuantLightningIndexerMetadataArgs m;
+    m.num_heads_q = c.index_n_heads;
+    m.num_heads_k = 1;
+    m.head_dim = c.index_head_dim;
+    m.query_quant_mode = 0;
+    m.key_quant_mode = 0;
+    m.actual_seq_lengths_query = st.query_start_loc.narrow(0, 1, st.num_reqs);
+    m.actual_seq_lengths_key = st.seq_lens;
+    m.batch_size = st.num_reqs;
+    m.max_seqlen_q = st.max_seqlen_q;
+    m.max_seqlen_k = st.max_seqlen_kv;
+    m.layout_query = "TND";
+    m.layout_key = "PA_BSND";
+    m.sparse_count = c.index_topk;
+    m.sparse_mode = 3;
+    m.cmp_ratio = 4;
+    m.device = "npu";
+    md_.qli_metadata.copy_(ops::vllm_quant_lightning_indexer_metadata(m), /*non_blocking=*/true);
+    return true;
+  }
   at::Tensor cu_tensor(CuSeqlensKv k, const StepMetadata& st) const {
     switch (k) {
       case CuSeqlensKv::None: return {};
@@ -557,6 +588,11 @@ GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : st
   AAR_CHECK_ARG(cfg.dspark_num_spec >= 0, "dspark_num_spec must be >= 0, got ", cfg.dspark_num_spec);
   AAR_CHECK_ARG(cfg.dspark_num_spec == 0 || cfg.kind == DsaCacheKind::Swa, "dspark_num_spec=", cfg.dspark_num_spec,
                 " is for the SWA group only (spec 6.6), not kind ", to_string(cfg.kind));
+  AAR_CHECK_ARG(cfg.index_n_heads >= 0, "index_n_heads must be >= 0 (0: no QLI blob), got ", cfg.index_n_heads);
+  AAR_CHECK_ARG(cfg.index_n_heads == 0 || cfg.kind != DsaCacheKind::C4IndexerK ||
+                    (cfg.index_head_dim > 0 && cfg.index_topk > 0),
+                "index_head_dim and index_topk must be positive for the QLI blob, got ", cfg.index_head_dim, ", ",
+                cfg.index_topk);
   if (cfg.dspark_num_spec > 0) plan::dspark_swa_width(cfg.window, cfg.dspark_num_spec, cfg.dspark_width);
   AAR_CHECK_ARG(spec_.compress_ratio <= 1 || step.has_compress_table(), "kind ", to_string(cfg.kind),
                 " (compress_ratio ", spec_.compress_ratio, ") needs the compress_rope_theta tables: the StepBuilder "

@@ -92,14 +92,6 @@ const at::Tensor& neg_sin_rows(const at::Tensor& sin3, const StepMetadata& st, i
   return c.neg;
 }
 
-// The QLI blob of a step when the builder did not fill the group's buffer:
-// generated once per indexer-group build and shared by the step's C4 layers
-// (keyed by the group's blob buffer and its build generation).
-struct QliBlobCache {
-  BuildKey key;
-  at::Tensor blob;
-};
-
 void check_group(const GroupMetadata* g, const char* name) {
   AAR_CHECK_ARG(g != nullptr, "metadata.", name, " is missing for this layer's ratio (spec 6.4)");
   check_current(*g, name);
@@ -258,6 +250,16 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   if (c.compress_ratio == 4) {
     check_group(md.indexer_cache, "indexer_cache");
     check_group(md.indexer_state, "indexer_state");
+    const GroupMetadata& ig = *md.indexer_cache;
+    if (ig.qli_metadata_filled && !c.skip_topk) {  // skip_topk layers do not read the blob
+      AAR_CHECK_ARG(ig.qli_num_heads == c.index_n_heads && ig.qli_head_dim == c.index_head_dim &&
+                        ig.qli_sparse_count == c.index_topk,
+                    "metadata.indexer_cache's QLI blob was made for index_n_heads=", ig.qli_num_heads,
+                    ", index_head_dim=", ig.qli_head_dim, ", index_topk=", ig.qli_sparse_count,
+                    " but the layer has ", c.index_n_heads, ", ", c.index_head_dim, ", ", c.index_topk,
+                    ": configure the C4 indexer GroupBuilder with the layer's index_n_heads / index_head_dim / "
+                    "index_topk");
+    }
   }
   const StepMetadata& st = *md.step;
   AAR_CHECK_ARG(hidden.defined() && hidden.dim() == 2 && hidden.size(1) == c.hidden_size, "hidden must be (T, ",
@@ -478,30 +480,9 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& qr, const C
   a.quant.query_dequant_scale = ops::dense::cast(q_scale, scalar_of(cf.plan.indexer_q_scale_dtype));
   a.quant.key_dequant_scale = ops::dense::cast(c.indexer_scale, scalar_of(cf.plan.li_k_scale_dtype));
   a.cmp_ratio = 4;
-  thread_local QliBlobCache qli_cache;
-  if (ig.qli_metadata_filled) {
-    a.metadata = ig.qli_metadata;
-  } else if (qli_cache.key.matches(ig.stamp, ig.qli_metadata.data_ptr()) &&
-             qli_cache.blob.device() == ig.qli_metadata.device()) {
-    a.metadata = qli_cache.blob;
-  } else {
-    ops::VllmQuantLightningIndexerMetadataArgs m;
-    m.num_heads_q = nh;
-    m.num_heads_k = 1;
-    m.head_dim = Di;
-    m.actual_seq_lengths_query = q_ends;
-    m.actual_seq_lengths_key = ig.seq_lens;
-    m.batch_size = common.query_start_loc.size(0) - 1;
-    m.max_seqlen_q = md.step->max_seqlen_q;
-    m.max_seqlen_k = md.step->max_seqlen_kv;
-    m.sparse_count = cf.index_topk;
-    m.cmp_ratio = 4;
-    a.metadata = ops::vllm_quant_lightning_indexer_metadata(m);
-    if (ig.stamp.live != nullptr) {
-      qli_cache.blob = *a.metadata;
-      qli_cache.key.set(ig.stamp, ig.qli_metadata.data_ptr());
-    }
-  }
+  // Spec 6.5 step 3: the indexer group's builder made the blob (validated
+  // against this layer in validate()); without one the operator runs bare.
+  if (ig.qli_metadata_filled) a.metadata = ig.qli_metadata;
   return std::get<0>(ops::vllm_quant_lightning_indexer(a));
 }
 

@@ -566,7 +566,7 @@ class Engine:
             self.dsa_groups[kd] = aar.dsa.GroupBuilder(
                 self.builder, kind=kd, cache_block_size=self.DSA_CBS, device_kind="a2", model_dtype="bfloat16",
                 max_blocks_per_req=need, num_blocks=nb, window=cfg.dsa_window, num_heads_q=cfg.heads,
-                index_topk=cfg.dsa_index_topk)
+                index_topk=cfg.dsa_index_topk, index_n_heads=cfg.index_heads, index_head_dim=cfg.index_dim)
             self.dsa_tables[kd] = torch.zeros(args.max_running, need, dtype=torch.int32)
             self.dsa_pools[kd] = list(range(nb - 1, 0, -1))
             D, di = cfg.dsa_head_dim, cfg.index_dim

@@ -43,7 +43,8 @@ class Run:
         for kd in kinds:
             self.gb[kd] = aar.dsa.GroupBuilder(self.sb, kind=kd, cache_block_size=CBS, device_kind="a2",
                                                model_dtype="bfloat16", max_blocks_per_req=max_blocks,
-                                               num_blocks=self.nb, window=d.W, num_heads_q=d.N, index_topk=d.K)
+                                               num_blocks=self.nb, window=d.W, num_heads_q=d.N, index_topk=d.K,
+                                               index_n_heads=d.n_idx, index_head_dim=d.Di)
             # request b owns blocks [1 + b * max_blocks, ...): block 0 stays unused
             self.tables[kd] = torch.tensor([[1 + b * max_blocks + j for j in range(max_blocks)] for b in range(nreq)],
                                            dtype=torch.int32)
@@ -299,6 +300,17 @@ def test_bad_input_raises_before_writing():
         run.impl.forward(hid, run.kv, st, md["swa"], out, attention=md["c4_kv"], compressor_state=md["c4_attn_state"])
     with pytest.raises(ValueError, match="output"):
         run.impl.forward(hid, run.kv, st, md["swa"], out[:4], **full)
+    # the indexer group's QLI blob (spec 6.5 step 3) was made for other indexer dims
+    assert md["c4_indexer_k"].qli_metadata_filled
+    other = aar.dsa.GroupBuilder(run.sb, kind="c4_indexer_k", cache_block_size=CBS, max_blocks_per_req=200,
+                                 num_blocks=run.nb, index_topk=d.K, index_n_heads=d.n_idx + 1, index_head_dim=d.Di)
+    st2 = run.sb.build(torch.tensor([0, 9], dtype=torch.int32), torch.tensor([9], dtype=torch.int32))
+    md2 = {kd: run.gb[kd].build(st2, run.tables[kd][[0]].contiguous()) for kd in run.kinds}
+    bad_ig = other.build(st2, run.tables["c4_indexer_k"][[0]].contiguous())
+    with pytest.raises(ValueError, match="index_n_heads"):
+        run.impl.forward(hid, run.kv, st2, md2["swa"], out, attention=md2["c4_kv"],
+                         compressor_state=md2["c4_attn_state"], indexer_cache=bad_ig,
+                         indexer_state=md2["c4_indexer_state"])
     untouched()
     with pytest.raises(ValueError, match="use_index_cache"):
         run.make_impl(skip_topk=True, use_index_cache=True)

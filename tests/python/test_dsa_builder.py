@@ -511,3 +511,57 @@ def test_staged_block_table(separate):
     else:
         assert gm.block_table.data_ptr() != staging.data_ptr()
         assert staging[2].tolist() == table[2]
+
+
+def ref_qli_blob(q, S, heads, di, topk, T=None):
+    """The QLI metadata operator's blob for a step (spec 6.7's arguments), from the lists alone."""
+    qsl = [0]
+    for x in q:
+        qsl.append(qsl[-1] + x)
+    return torch.ops.ascend_cpu_va.npu_vllm_quant_lightning_indexer_metadata(
+        num_heads_q=heads, num_heads_k=1, head_dim=di, query_quant_mode=0, key_quant_mode=0,
+        actual_seq_lengths_query=i32(qsl[1:]), actual_seq_lengths_key=i32(S), batch_size=len(q),
+        max_seqlen_q=max(q), max_seqlen_k=max(S), layout_query="TND", layout_key="PA_BSND", sparse_count=topk,
+        sparse_mode=3, pre_tokens=2**63 - 1, next_tokens=2**63 - 1, cmp_ratio=4, device="npu")
+
+
+def test_qli_metadata_blob_filled_by_the_indexer_group():
+    # spec 6.5 step 3 / 6.7: the C4 indexer-cache group fills the QLI blob into its stable buffer.
+    sb = step_builder()
+    g = group(sb, "c4_indexer_k", bs=128, mbr=64, index_n_heads=8, index_head_dim=32, index_topk=16)
+    t = i32(make_table(3, 64, 512, 5))
+    addr = None
+    steps = [([1, 1, 1], [100, 300, 5]), ([20, 7], [20, 57]), ([1, 1], [101, 58]), ([1, 3, 9], [9, 130, 400])]
+    for q, S in steps:
+        qsl = [0]
+        for x in q:
+            qsl.append(qsl[-1] + x)
+        st = sb.build(i32(qsl), i32(S))
+        gm = g.build(st, t[: len(q)].contiguous())
+        assert gm.qli_metadata_filled and not gm.sas_metadata_filled
+        assert (gm.qli_num_heads, gm.qli_head_dim, gm.qli_sparse_count) == (8, 32, 16)
+        assert gm.qli_metadata.dtype == torch.int32 and gm.qli_metadata.shape == (1024,)
+        assert torch.equal(gm.qli_metadata, ref_qli_blob(q, S, 8, 32, 16))
+        # it tracks the step's lengths (a blob of other lengths differs)
+        assert not torch.equal(gm.qli_metadata, ref_qli_blob(q, [s + 4 for s in S], 8, 32, 16))
+        addr = addr or gm.qli_metadata.data_ptr()
+        assert gm.qli_metadata.data_ptr() == addr
+    # a padded capture build: B rows including padding (seq_lens as given)
+    st = sb.build_for_graph_capture(i32([0, 1, 2, 3, 4]), i32([40, 9, 0, 0]), num_reqs_actual=2)
+    gm = g.build(st, t[:3].contiguous().repeat(2, 1)[:4].contiguous())
+    assert gm.qli_metadata.data_ptr() == addr
+    assert torch.equal(gm.qli_metadata, ref_qli_blob([1, 1, 1, 1], [40, 9, 0, 0], 8, 32, 16))
+    # defaults are spec 6.7's (64 heads, Di 128, top-k 512)
+    d = group(sb, "c4_indexer_k", mbr=64).build(st, t[:3].contiguous().repeat(2, 1)[:4].contiguous())
+    assert (d.qli_num_heads, d.qli_head_dim, d.qli_sparse_count) == (64, 128, 512)
+    assert torch.equal(d.qli_metadata, ref_qli_blob([1, 1, 1, 1], [40, 9, 0, 0], 64, 128, 512))
+    # other groups, and index_n_heads=0, do not fill it
+    st = sb.build(i32([0, 1]), i32([50]))
+    for kind in ("swa", "c4_kv", "c4_indexer_state", "c4_attn_state"):
+        gm = group(sb, kind, mbr=64).build(st, t[:1].contiguous())
+        assert not gm.qli_metadata_filled and gm.qli_num_heads == 0
+    assert not group(sb, "c4_indexer_k", mbr=64, index_n_heads=0).build(st, t[:1].contiguous()).qli_metadata_filled
+    with pytest.raises(ValueError, match="index_head_dim"):
+        group(sb, "c4_indexer_k", index_head_dim=0)
+    with pytest.raises(ValueError, match="index_n_heads"):
+        group(sb, "c4_indexer_k", index_n_heads=-1)

@@ -47,8 +47,17 @@
 //    (sas_metadata_filled = false, the buffer keeps its old contents): the
 //    A5 + BF16 plan (SparseFlashMla: its metadata operator has no published
 //    schema) and the state / indexer groups (no layer reads their SAS blob).
-//    The QLI blob is never filled (no wrapper of QLI's metadata operator
-//    exists yet): qli_metadata_filled = false.
+//    The QLI blob (spec 6.5 step 3, 6.7) is filled by the C4 indexer-cache
+//    group (kind C4IndexerK) when GroupConfig::index_n_heads > 0 (default 64):
+//    npu_vllm_quant_lightning_indexer_metadata (ops/lightning_indexer.h) with
+//    actual_seq_lengths_query = query_start_loc[1:], actual_seq_lengths_key =
+//    seq_lens, num_heads_q = index_n_heads, num_heads_k 1, head_dim =
+//    index_head_dim, quant modes 0, batch_size B, the step's max_seqlen_q/kv,
+//    "TND"/"PA_BSND", sparse_count = index_topk, sparse_mode 3, pre/next
+//    tokens 2^63-1, cmp_ratio 4; copied device to device into the lane's
+//    stable qli_metadata buffer (qli_metadata_filled = true; the arguments are
+//    recorded in GroupMetadata::qli_* so a layer can check them). Every other
+//    group (and index_n_heads = 0) leaves qli_metadata_filled = false.
 //    Deliberate fix of spec 11.12: the blob's ori_win_left is the attention
 //    call's window (W + num_spec - 1 when DSpark is active, else W - 1) in
 //    main and draft builds alike; upstream's main build passes W - 1 to the
@@ -152,6 +161,10 @@ struct GroupConfig {
   // generate the SAS blob) and the indexer top-k (cmp_topk of C4 layers).
   int32_t num_heads_q = 0;
   int32_t index_topk = 512;
+  // QLI metadata arguments (spec 6.7), C4IndexerK groups only: the indexer's
+  // query heads (0 = do not generate the QLI blob) and head dim Di.
+  int32_t index_n_heads = kDsaIndexerHeads;
+  int32_t index_head_dim = kDsaIndexerHeadDim;
 };
 
 struct GroupInputs {

@@ -42,10 +42,11 @@
 //    on device"), once per compressed-group build, shared by the step's layers
 //    reading that group (a per-thread cache keyed by the group's block-table
 //    buffer and build generation).
-//  - QLI metadata: the indexer group's blob is passed when the builder filled
-//    it; otherwise it is generated with npu_vllm_quant_lightning_indexer_metadata
-//    once per indexer-group build and shared by the step's C4 layers (a
-//    per-thread cache keyed by the group's buffer and build generation).
+//  - QLI metadata: the indexer-cache group's blob, which its builder fills
+//    (dsa/builder.h; spec 6.5 step 3) in the group's address-stable buffer;
+//    the layer checks the blob's index_n_heads / index_head_dim / index_topk
+//    against its own (InvalidArgument naming them). A group built without
+//    the blob (index_n_heads = 0) runs the operator without metadata, as SAS.
 //  - SAS metadata: the common group's blob when the builder filled it; else the
 //    operator runs without one (the CPU twin ignores it).
 //  - skip_topk layers read topk_buffer->view(T) instead of running the indexer

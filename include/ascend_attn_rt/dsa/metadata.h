@@ -92,6 +92,8 @@ struct GroupMetadata {
   // this build wrote them (see dsa/builder.h).
   at::Tensor sas_metadata, qli_metadata;
   bool sas_metadata_filled = false, qli_metadata_filled = false;
+  // The QLI blob's num_heads_q / head_dim / sparse_count when filled (0 otherwise).
+  int32_t qli_num_heads = 0, qli_head_dim = 0, qli_sparse_count = 0;
   // The SAS metadata op's cu_seqlens_ori_kv / cu_seqlens_cmp_kv (spec 6.5
   // step 3, per the AttnKvPlan): an empty (0,) tensor (EmptyTensor), the
   // step's query_start_loc, [0, cumsum(S)], or undefined (None).
