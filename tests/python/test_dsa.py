@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ascend_attn_rt as aar
 import _dsa_reference as ref
@@ -22,7 +23,7 @@ def spec(kind):
 class Run:
     """One layer, its caches and builders, requests with fixed token streams."""
 
-    def __init__(self, d, dtype, nreq, k=0, seed=0, max_blocks=200, use_topk=False):
+    def __init__(self, d, dtype, nreq, k=0, seed=0, max_blocks=200, use_topk=False, dspark=0):
         self.d, self.dtype = d, dtype
         g = torch.Generator().manual_seed(seed)
         self.w = ref.make_dsa_weights(d, dtype, g)
@@ -44,7 +45,8 @@ class Run:
             self.gb[kd] = aar.dsa.GroupBuilder(self.sb, kind=kd, cache_block_size=CBS, device_kind="a2",
                                                model_dtype="bfloat16", max_blocks_per_req=max_blocks,
                                                num_blocks=self.nb, window=d.W, num_heads_q=d.N, index_topk=d.K,
-                                               index_n_heads=d.n_idx, index_head_dim=d.Di)
+                                               index_n_heads=d.n_idx, index_head_dim=d.Di,
+                                               dspark_num_spec=dspark if kd == "swa" else 0)
             # request b owns blocks [1 + b * max_blocks, ...): block 0 stays unused
             self.tables[kd] = torch.tensor([[1 + b * max_blocks + j for j in range(max_blocks)] for b in range(nreq)],
                                            dtype=torch.int32)
@@ -72,17 +74,24 @@ class Run:
                             index_head_dim=d.Di, index_topk=d.K, eps=d.eps, o_groups=d.G, o_lora_rank=d.o_lora,
                             device_kind="a2", model_dtype="bfloat16", **kw)
 
-    def build(self, reqs, qlens):
+    def build(self, reqs, qlens, draft=None, pad=0):
         S = [self.S[b] + q for b, q in zip(reqs, qlens)]
         qsl = [0]
         for q in qlens:
             qsl.append(qsl[-1] + q)
-        st = self.sb.build(torch.tensor(qsl, dtype=torch.int32), torch.tensor(S, dtype=torch.int32))
-        md = {kd: self.gb[kd].build(st, self.tables[kd][reqs].contiguous()) for kd in self.kinds}
+        args = (torch.tensor(qsl, dtype=torch.int32), torch.tensor(S, dtype=torch.int32))
+        if draft is None:
+            st = self.sb.build(*args, num_input_tokens=qsl[-1] + pad)
+            md = {kd: self.gb[kd].build(st, self.tables[kd][reqs].contiguous()) for kd in self.kinds}
+        else:  # spec 6.5 draft mode: SWA-only layers, the draft lane `draft`
+            st = self.sb.build_for_drafting(*args, draft, num_input_tokens=qsl[-1] + pad)
+            md = {kd: self.gb[kd].build_for_drafting(st, self.tables[kd][reqs].contiguous(), draft)
+                  for kd in self.kinds}
         return st, md, S, qsl
 
-    def step(self, reqs, qlens, impl=None, pad=0):
-        st, md, S, qsl = self.build(reqs, qlens)
+    def step(self, reqs, qlens, impl=None, pad=0, draft=None):
+        st, md, S, qsl = self.build(reqs, qlens, draft, pad)
+        self.last_md = md
         hid = torch.cat([self.x[b][S[i] - qlens[i]: S[i]] for i, b in enumerate(reqs)]
                         + [torch.zeros(pad, self.d.hidden, dtype=self.dtype)])
         out = torch.full_like(hid, float("nan"))
@@ -359,3 +368,73 @@ def test_graph_capture_refused_by_name_before_writing():
         with pytest.raises(NotImplementedError, match="profiling"):
             run.impl.forward(hid, run.kv, None, None, out)
     assert torch.equal(run.swa, swa0) and torch.equal(out, torch.zeros_like(out))
+
+
+class OpLog(TorchDispatchMode):
+    """Records the dispatcher calls (name, kwargs) the C++ layer makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.calls.append((str(func), kwargs))
+        return func(*args, **kwargs)
+
+    def sas(self):
+        return [kw for name, kw in self.calls if "npu_sparse_attn_sharedkv." in name]
+
+
+@pytest.mark.parametrize("dtype", DT)
+def test_dspark_draft_steps_swa_only(dtype):
+    # spec 6.6 / 6.5 "DSpark non-causal" / 6.8 (ratio <= 1: ori_sparse_indices): every draft row attends to the W
+    # context tokens before its block and the whole block (num_spec tokens at most), non-causally.
+    ns = 3
+    d = dims(1)
+    run = Run(d, dtype, nreq=3, k=ns, dspark=ns)
+    at, rt = tol(dtype)
+
+    def check(reqs, qlens, out, qsl, S, log, dspark, T):
+        (kw,) = log.sas()
+        gm = run.last_md["swa"]
+        if dspark:
+            assert kw["ori_win_left"] == d.W + ns - 1 == gm.ori_win_left
+            idx = kw["ori_sparse_indices"]
+            assert idx.shape == (qsl[-1], 1, gm.dspark_width)
+            assert torch.equal(idx, gm.dspark_swa_indices[: qsl[-1]])
+            assert gm.dspark_swa_indices.shape[0] == T
+        else:
+            assert kw.get("ori_win_left", 127) == d.W - 1 == gm.ori_win_left
+            assert kw.get("ori_sparse_indices") is None and gm.dspark_swa_indices is None
+        for i, b in enumerate(reqs):
+            want = ref.dsa_layer(d, run.w, run.x[b][: S[i]], qlens[i], run.cos, run.sin,
+                                 dspark=ns if dspark else None)
+            got = out[qsl[i]: qsl[i + 1]].to(F64)
+            torch.testing.assert_close(got, want, atol=at * max(1.0, want.abs().max().item()), rtol=rt)
+            if dspark and qlens[i] > 1:  # the non-causal block is observable: the causal window differs
+                causal = ref.dsa_layer(d, run.w, run.x[b][: S[i]], qlens[i], run.cos, run.sin)
+                assert (causal - want).abs().max() > 10 * at * max(1.0, want.abs().max().item())
+        assert torch.equal(out[qsl[-1]:], torch.zeros_like(out[qsl[-1]:]))
+
+    # prefill on the main lane: causal window, no DSpark indices
+    with OpLog() as log:
+        out, qsl, S = run.step([0, 1, 2], [13, 5, 20])
+    check([0, 1, 2], [13, 5, 20], out, qsl, S, log, False, 38)
+    # draft steps on the draft lanes (blocks of <= num_spec tokens), one graph-padded
+    for draft, reqs, qlens, pad in [(0, [0, 1, 2], [3, 3, 3], 0), (1, [2, 0, 1], [2, 3, 1], 2),
+                                    (2, [1, 2], [3, 1], 0)]:
+        with OpLog() as log:
+            out, qsl, S = run.step(reqs, qlens, draft=draft, pad=pad)
+        check(reqs, qlens, out, qsl, S, log, True, qsl[-1] + pad)
+        assert run.last_md["swa"].draft_index == draft
+    # a main-lane step without prefill (blocks of <= num_spec tokens) is non-causal too
+    with OpLog() as log:
+        out, qsl, S = run.step([0, 1, 2], [1, 3, 2])
+    check([0, 1, 2], [1, 3, 2], out, qsl, S, log, True, 6)
+    # and a main step with a prefill falls back to the causal window
+    with OpLog() as log:
+        out, qsl, S = run.step([0, 2], [1, 9])
+    check([0, 2], [1, 9], out, qsl, S, log, False, 10)
+    for b in range(3):
+        check_caches(run, b)

@@ -47,6 +47,11 @@
 //    the layer checks the blob's index_n_heads / index_head_dim / index_topk
 //    against its own (InvalidArgument naming them). A group built without
 //    the blob (index_n_heads = 0) runs the operator without metadata, as SAS.
+//  - DSpark (spec 6.6, 6.8 ratio <= 1): when the SWA group carries
+//    dspark_swa_indices (non-causal drafting, no prefill in the step), the SAS
+//    call gets ori_sparse_indices = its first num_actual_tokens rows and the
+//    group's window (ori_win_left = W + num_spec - 1); tested end to end on
+//    main and draft lanes (tests/python/test_dsa.py).
 //  - SAS metadata: the common group's blob when the builder filled it; else the
 //    operator runs without one (the CPU twin ignores it).
 //  - skip_topk layers read topk_buffer->view(T) instead of running the indexer
