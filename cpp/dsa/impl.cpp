@@ -262,6 +262,20 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
     }
   }
   const StepMetadata& st = *md.step;
+  // Graph-padding requests the builder accepts with tokens but no KV (a dummy
+  // of q > 0 tokens and seq_len < q) would reach the SAS operator, which needs
+  // seq_len >= query_len, after the caches were written: refused here, before
+  // any write. Padding requests of 0 tokens (the bucket's extra rows counted
+  // by num_input_tokens) are what the layer takes.
+  for (int32_t b = st.num_reqs_actual; b < st.num_reqs; ++b) {
+    const size_t ub = static_cast<size_t>(b);
+    const int32_t q = st.query_start_loc_host[ub + 1] - st.query_start_loc_host[ub];
+    const int32_t s = st.seq_lens_host[ub];
+    AAR_CHECK_ARG(q == 0 || s >= q, "query_start_loc: graph-padding request ", b, " has ", q,
+                  " token(s) but seq_lens[", b, "]=", s, " < ", q, ": the DSA layer's SAS call needs seq_len >= "
+                  "query_len; give padding requests 0 tokens (the bucket's extra rows via num_input_tokens) or "
+                  "seq_len >= their tokens");
+  }
   AAR_CHECK_ARG(hidden.defined() && hidden.dim() == 2 && hidden.size(1) == c.hidden_size, "hidden must be (T, ",
                 c.hidden_size, "), got ", sizes_of(hidden));
   AAR_CHECK_ARG(hidden.scalar_type() == dt && hidden.device() == dev, "hidden is ", hidden.scalar_type(), " on ",
@@ -424,10 +438,14 @@ void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const Laye
   // 1.6.2 step 2: the C4Li compressor over its state, Hadamard, the indexer cache write.
   const ImplConfig& cf = cfg_;
   const GroupMetadata& ig = *md.indexer_cache;
-  const auto [icos, isin, islots] = group_rows(*md.step, ig);
+  const auto [icos, isin, islots_all] = group_rows(*md.step, ig);
   at::Tensor k = run_compressor(x, w_.idx_cmp_wkv, w_.idx_cmp_wgate, idx_ape_f32_, w_.idx_cmp_norm, c.indexer_state,
                                 *md.indexer_state, ig, icos, isin, cf.rope_dim, 4, 2, cf.eps);
   k = ops::hadamard_rotate(k, hadamard_);
+  // The compressor emits min(tk, tk / 4 + B) rows for the step's tk real
+  // tokens; the group's slots are counted from num_input_tokens (>= tk under
+  // graph padding): its emitted rows come first, the rest are skip rows.
+  const at::Tensor islots = islots_all.size(0) == k.size(0) ? islots_all : islots_all.narrow(0, 0, k.size(0));
   if (cf.plan.indexer_k_write == IndexerKWriteKind::CompressEpilogV2) {
     ops::IndexerCompressEpilogArgs e;
     e.indexer_compress_cache = c.indexer_full;
@@ -545,7 +563,10 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
                                            *md.compressor_state, ag, ccos, csin, R, cf.compress_ratio,
                                            cf.compress_ratio == 4 ? 2 : 1, cf.eps);
-    if (rows.size(0) > 0) write_kv_rows(c.compress_kv, cslots, rows);
+    // As the indexer's: the slots past the compressor's rows (num_input_tokens > tk) are skip rows.
+    if (rows.size(0) > 0) {
+      write_kv_rows(c.compress_kv, cslots.size(0) == rows.size(0) ? cslots : cslots.narrow(0, 0, rows.size(0)), rows);
+    }
   }
   last_topk_ = sel;
 

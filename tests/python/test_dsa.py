@@ -438,3 +438,60 @@ def test_dspark_draft_steps_swa_only(dtype):
     check([0, 2], [1, 9], out, qsl, S, log, False, 10)
     for b in range(3):
         check_caches(run, b)
+
+
+@pytest.mark.parametrize("ratio,k", [(1, 0), (4, 0), (128, 0), (4, 1), (1, 1)])
+def test_graph_padded_decode_batch_eager(ratio, k):
+    # The batches a captured decode bucket would replay (spec 6.5 step 3, 11.13): B requests of which
+    # [num_reqs_actual, B) are padding (0 tokens, S = 0, zeroed table rows), T = the bucket. Real rows as the
+    # reference, padding rows zero, caches as the reference, block 0 (the zeroed rows' target) untouched. A padding
+    # request with tokens but no KV is refused before anything is written.
+    d = dims(ratio)
+    q = 1 + k
+    run = Run(d, torch.float32, nreq=2, k=k)
+    run.step([0, 1], [37, 29])
+    state = aar.AttentionState.SpecDecoding if k else aar.AttentionState.DecodeOnly
+    B, bucket = 4, 4 * q + 1
+
+    def build(S, qsl):
+        st = run.sb.build_for_graph_capture(torch.tensor(qsl, dtype=torch.int32), torch.tensor(S, dtype=torch.int32),
+                                            num_reqs_actual=2, num_input_tokens=bucket, state=state)
+        md = {kd: run.gb[kd].build(st, run.tables[kd][[0, 1, 0, 1]].contiguous()) for kd in run.kinds}
+        kw = {}
+        if ratio > 1:
+            kw["attention"] = md["c4_kv" if ratio == 4 else "c128_kv"]
+            kw["compressor_state"] = md["c4_attn_state" if ratio == 4 else "c128_state"]
+        if ratio == 4:
+            kw["indexer_cache"] = md["c4_indexer_k"]
+            kw["indexer_state"] = md["c4_indexer_state"]
+        return st, md, kw
+
+    caches = lambda: [t for t in (run.swa, run.cmp, run.state, run.istate, run.ik, run.isc) if t is not None]
+    snap = [t.clone() for t in caches()]
+    for _ in range(3):
+        S = [run.S[0] + q, run.S[1] + q, 0, 0]
+        qsl = [0, q, 2 * q, 2 * q, 2 * q]
+        st, md, kw = build(S, qsl)
+        hid = torch.randn(bucket, d.hidden)
+        hid[:q] = run.x[0][S[0] - q: S[0]]
+        hid[q: 2 * q] = run.x[1][S[1] - q: S[1]]
+        out = torch.full_like(hid, float("nan"))
+        run.impl.forward(hid, run.kv, st, md["swa"], out, **kw)
+        run.S[0], run.S[1] = S[0], S[1]
+        tk = run.impl.last_topk if ratio == 4 else None
+        check_step(run, [0, 1], [q, q], out, qsl[:3], S, tk)
+        assert torch.equal(out[2 * q:], torch.zeros_like(out[2 * q:]))
+    for b in range(2):
+        check_caches(run, b)
+    for a, b in zip(snap, caches()):
+        assert torch.equal(a[0], b[0])  # block 0: never written
+    # a dummy with tokens but no KV (S = 0 < q): named, nothing written
+    st, md, kw = build([run.S[0] + q, run.S[1] + q, 0, 0], [i * q for i in range(B + 1)])
+    snap = [t.clone() for t in caches()]
+    hid = torch.randn(bucket, d.hidden)
+    out = torch.zeros_like(hid)
+    with pytest.raises(ValueError, match="graph-padding request 2"):
+        run.impl.forward(hid, run.kv, st, md["swa"], out, **kw)
+    for a, b in zip(snap, caches()):
+        assert torch.equal(a, b)
+    assert torch.equal(out, torch.zeros_like(out))
