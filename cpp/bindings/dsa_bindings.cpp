@@ -338,7 +338,8 @@ void bind_dsa_builders(nb::module_& m) {
           "step_builder"_a, nb::kw_only(), "kind"_a, "cache_block_size"_a = 128, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "max_blocks_per_req"_a = 64, "num_blocks"_a,
           "window"_a = 128, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, "num_heads_q"_a = 0, "index_topk"_a = 512,
-          "index_n_heads"_a = dsa::kDsaIndexerHeads, "index_head_dim"_a = dsa::kDsaIndexerHeadDim, nb::keep_alive<1, 2>())
+          "index_n_heads"_a = dsa::kDsaIndexerHeads, "index_head_dim"_a = dsa::kDsaIndexerHeadDim,
+          nb::keep_alive<1, 2>())
       .def(
           "build",
           [](dsa::GroupBuilder& g, const dsa::StepMetadata& step, nb::handle bt) -> dsa::GroupMetadata {

@@ -60,7 +60,19 @@
 //    layer of theirs that computes top-k finds its keys; use_index_cache layers
 //    (ratio 4 with their own top-k) store their selection into it.
 //  - Graph capture: refused by name (NotSupported) before anything runs; the
-//    DSA graph path is not implemented.
+//    DSA graph path is not implemented. What it still needs: (1) address-
+//    stable workspaces, shared by the layers of one shape, for the layer's
+//    intermediates (q / qr / kv rows, indexer q, weights and quantised q, the
+//    compressors' rows, the SAS output, the o_proj input), which means
+//    out-variants of the compressor, dynamic-quant, QLI, SAS and
+//    transpose-bmm wrappers; (2) the per-step values the layer makes today
+//    at fresh addresses (compressor_metadata's cos / sin / slots per
+//    compressed group, the inverse RoPE's -sin rows) made by the builders
+//    into their stable buffers, as the QLI blob now is; (3) the capture
+//    record itself (a Prepare call as sfa::Impl's, bucket and state checks).
+//    The batches a padded bucket replays already run eagerly: padding
+//    requests of 0 tokens with num_input_tokens = the bucket (tested); a
+//    padding request with tokens but seq_len < tokens is refused by name.
 //  - Not implemented, refused at construction by name: the SparseFlashMla plan
 //    (A5 + BF16 cache: its metadata operator has no schema) and the MX-fp8
 //    o_proj (plan.o_proj == MxFp8QuantBmm). The A5 fp8 plan is therefore
