@@ -57,8 +57,15 @@
 //    DSA graph path is not implemented.
 //  - Not implemented, refused at construction by name: the SparseFlashMla plan
 //    (A5 + BF16 cache: its metadata operator has no schema) and the MX-fp8
-//    o_proj (plan.o_proj == MxFp8QuantBmm). The A5 fp8 plan is therefore
-//    refused too (it uses MxFp8QuantBmm).
+//    o_proj (plan.o_proj == MxFp8QuantBmm: npu_dynamic_mx_quant and the
+//    quantised transpose-bmm have no CPU twins, their exact torch_npu schemas
+//    are not in this repository's spec files). The A5 fp8 plan (the "A5 other"
+//    plan of spec 7.2: 640-byte MXFP8 rows written by kv_compress_epilog,
+//    fp8 indexer through indexer_compress_epilog_v2 and the full byte view,
+//    fp8 query + fp32 scales and fp32 weights into the QLI, attention through
+//    npu_kv_quant_sparse_attn_sharedkv) is implemented up to its o_proj: it
+//    is refused by name unless ImplConfig::o_proj_override = OProjOverride::Bmm
+//    explicitly selects the plain bf16 grouped transpose-bmm o_proj (see there).
 //  - The indexer weights' scale Di^-0.5 n_idx^-0.5 is folded into a copy of
 //    idx_weights_proj at construction (rounded once in the weights' dtype).
 //  - The inverse RoPE's -sin rows are made once per step and shared by the
@@ -78,6 +85,19 @@
 
 namespace aar::dsa {
 
+// An explicit, caller-chosen replacement of the plan's o_proj (spec 6.8 step 4).
+// The plan decides o_proj (AttnKvPlan::o_proj); this override exists only
+// because the A5 plan's MxFp8QuantBmm o_proj is not implemented (no CPU twin
+// of npu_dynamic_mx_quant / the quantised transpose-bmm): with Bmm, an A5 fp8
+// layer runs everything else of its plan and the plain grouped transpose-bmm
+// with wo_a then wo_b (the A2/A3 o_proj, no MX-fp8 rounding of the attention
+// output), so the rest of the A5 plan is testable and usable. It is a
+// deliberate deviation from the plan: None (the default) follows the plan and
+// refuses MxFp8QuantBmm by name. Bmm on a plan whose o_proj is already Bmm
+// changes nothing.
+enum class OProjOverride : int32_t { None = 0, Bmm = 1 };
+const char* to_string(OProjOverride o);  // "None", "Bmm"
+
 struct ImplConfig {
   int64_t hidden_size = 0;
   int64_t num_heads = 0;        // N local attention heads
@@ -96,6 +116,7 @@ struct ImplConfig {
   bool use_index_cache = false;  // write the top-k into the TopkBuffer (needs ratio 4 with an indexer)
   bool skip_topk = false;        // ratio 4 without its own top-k: read the TopkBuffer (IndexCache)
   int64_t layer_index = -1;
+  OProjOverride o_proj_override = OProjOverride::None;  // see OProjOverride
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
