@@ -58,8 +58,17 @@
 //  - Not implemented, refused at construction by name: the SparseFlashMla plan
 //    (A5 + BF16 cache: its metadata operator has no schema) and the MX-fp8
 //    o_proj (plan.o_proj == MxFp8QuantBmm: npu_dynamic_mx_quant and the
-//    quantised transpose-bmm have no CPU twins, their exact torch_npu schemas
-//    are not in this repository's spec files). The A5 fp8 plan (the "A5 other"
+//    quantised transpose-bmm have no CPU twins. The torch_npu 2.14.0 wheel
+//    has both schemas (npu_native_functions_by_codegen.yaml:
+//    npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode="rint",
+//    int dst_type=296, int block_size=32, int? scale_alg=0, float
+//    dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor) and
+//    npu_transpose_quant_batchmatmul(Tensor x1, Tensor x2, int dtype, *, ...,
+//    Tensor? x1_scale, Tensor? x2_scale, int[]? group_sizes, int[]? perm_x1,
+//    int[]? perm_x2, int[]? perm_y, ...)), but the latter's documentation is
+//    empty in _op_plugin_docs.py and the spec does not give the A5 call's
+//    arguments (wo_a's MX scales, dtype codes, group_sizes): not guessed).
+//    The A5 fp8 plan (the "A5 other"
 //    plan of spec 7.2: 640-byte MXFP8 rows written by kv_compress_epilog,
 //    fp8 indexer through indexer_compress_epilog_v2 and the full byte view,
 //    fp8 query + fp32 scales and fp32 weights into the QLI, attention through
