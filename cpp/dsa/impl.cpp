@@ -99,6 +99,14 @@ void check_group(const GroupMetadata* g, const char* name) {
 
 }  // namespace
 
+const char* to_string(OProjOverride o) {
+  switch (o) {
+    case OProjOverride::None: return "None";
+    case OProjOverride::Bmm: return "Bmm";
+  }
+  return "?";
+}
+
 // ------------------------------------------------------------------ 6.3 tuple
 
 std::vector<at::Tensor> compose_kv_cache(const AttnKvPlan& plan, const at::Tensor& compress_kv,
@@ -170,9 +178,12 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
     throw_not_supported("plan sparse_attn=SparseFlashMla (A5 + bf16 cache): its metadata operator has no schema; "
                         "the DSA layer does not implement it");
   }
-  if (c.plan.o_proj == OProjKind::MxFp8QuantBmm) {
+  AAR_CHECK_ARG(c.o_proj_override == OProjOverride::None || c.o_proj_override == OProjOverride::Bmm,
+                "o_proj_override value ", static_cast<int>(c.o_proj_override), " is outside the enum");
+  if (c.plan.o_proj == OProjKind::MxFp8QuantBmm && c.o_proj_override != OProjOverride::Bmm) {
     throw_not_supported("plan o_proj=MxFp8QuantBmm (A5 npu_dynamic_mx_quant + quantised transpose-bmm) is not "
-                        "implemented by the DSA layer");
+                        "implemented by the DSA layer; o_proj_override=Bmm runs the plain grouped transpose-bmm "
+                        "o_proj instead (an explicit deviation from the plan)");
   }
   if (c.plan.fp8_kv_rows) {
     AAR_CHECK_ARG(c.head_dim == Fp8KvRowLayout::kNopeDims + Fp8KvRowLayout::kRopeDims &&
@@ -331,8 +342,14 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                   "kv_cache[5] (indexer_scale) must be ", scalar_of(c.plan.indexer_k_scale_dtype), " (",
                   ik.indexer_k.size(0), ", ", rows, ", 1) on ", dev, ", got ", sizes_of(sc));
     if (c.plan.indexer_full_view) {
-      AAR_CHECK_ARG(ik.indexer_full.defined() && ik.indexer_full.dim() == 4 && ik.indexer_full.size(1) == rows,
-                    "kv_cache[6] (indexer_full) must be the (num_blocks, ", rows, ", 1, Di + 4) byte view");
+      const at::Tensor& fv = ik.indexer_full;
+      const int64_t full_w = Di * element_size(c.plan.indexer_k_dtype) + element_size(c.plan.indexer_k_scale_dtype);
+      AAR_CHECK_ARG(fv.defined() && fv.dim() == 4 && fv.size(0) == ik.indexer_k.size(0) && fv.size(1) == rows &&
+                        fv.size(2) == 1 && fv.size(3) == full_w && fv.element_size() == 1 && fv.device() == dev &&
+                        fv.stride(3) == 1,
+                    "kv_cache[6] (indexer_full) must be the (", ik.indexer_k.size(0), ", ", rows, ", 1, ", full_w,
+                    ") one-byte view of the indexer pages on ", dev, ", got ", sizes_of(fv), " ",
+                    fv.defined() ? fv.scalar_type() : at::kByte);
     }
     out.indexer_state = s;
     out.indexer_k = ik.indexer_k;

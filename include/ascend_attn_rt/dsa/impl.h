@@ -75,8 +75,24 @@
 //    padding request with tokens but seq_len < tokens is refused by name.
 //  - Not implemented, refused at construction by name: the SparseFlashMla plan
 //    (A5 + BF16 cache: its metadata operator has no schema) and the MX-fp8
-//    o_proj (plan.o_proj == MxFp8QuantBmm). The A5 fp8 plan is therefore
-//    refused too (it uses MxFp8QuantBmm).
+//    o_proj (plan.o_proj == MxFp8QuantBmm: npu_dynamic_mx_quant and the
+//    quantised transpose-bmm have no CPU twins. The torch_npu 2.14.0 wheel
+//    has both schemas (npu_native_functions_by_codegen.yaml:
+//    npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode="rint",
+//    int dst_type=296, int block_size=32, int? scale_alg=0, float
+//    dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor) and
+//    npu_transpose_quant_batchmatmul(Tensor x1, Tensor x2, int dtype, *, ...,
+//    Tensor? x1_scale, Tensor? x2_scale, int[]? group_sizes, int[]? perm_x1,
+//    int[]? perm_x2, int[]? perm_y, ...)), but the latter's documentation is
+//    empty in _op_plugin_docs.py and the spec does not give the A5 call's
+//    arguments (wo_a's MX scales, dtype codes, group_sizes): not guessed).
+//    The A5 fp8 plan (the "A5 other"
+//    plan of spec 7.2: 640-byte MXFP8 rows written by kv_compress_epilog,
+//    fp8 indexer through indexer_compress_epilog_v2 and the full byte view,
+//    fp8 query + fp32 scales and fp32 weights into the QLI, attention through
+//    npu_kv_quant_sparse_attn_sharedkv) is implemented up to its o_proj: it
+//    is refused by name unless ImplConfig::o_proj_override = OProjOverride::Bmm
+//    explicitly selects the plain bf16 grouped transpose-bmm o_proj (see there).
 //  - The indexer weights' scale Di^-0.5 n_idx^-0.5 is folded into a copy of
 //    idx_weights_proj at construction (rounded once in the weights' dtype).
 //  - The inverse RoPE's -sin rows are made once per step and shared by the
@@ -96,6 +112,19 @@
 
 namespace aar::dsa {
 
+// An explicit, caller-chosen replacement of the plan's o_proj (spec 6.8 step 4).
+// The plan decides o_proj (AttnKvPlan::o_proj); this override exists only
+// because the A5 plan's MxFp8QuantBmm o_proj is not implemented (no CPU twin
+// of npu_dynamic_mx_quant / the quantised transpose-bmm): with Bmm, an A5 fp8
+// layer runs everything else of its plan and the plain grouped transpose-bmm
+// with wo_a then wo_b (the A2/A3 o_proj, no MX-fp8 rounding of the attention
+// output), so the rest of the A5 plan is testable and usable. It is a
+// deliberate deviation from the plan: None (the default) follows the plan and
+// refuses MxFp8QuantBmm by name. Bmm on a plan whose o_proj is already Bmm
+// changes nothing.
+enum class OProjOverride : int32_t { None = 0, Bmm = 1 };
+const char* to_string(OProjOverride o);  // "None", "Bmm"
+
 struct ImplConfig {
   int64_t hidden_size = 0;
   int64_t num_heads = 0;        // N local attention heads
@@ -114,6 +143,7 @@ struct ImplConfig {
   bool use_index_cache = false;  // write the top-k into the TopkBuffer (needs ratio 4 with an indexer)
   bool skip_topk = false;        // ratio 4 without its own top-k: read the TopkBuffer (IndexCache)
   int64_t layer_index = -1;
+  OProjOverride o_proj_override = OProjOverride::None;  // see OProjOverride
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
