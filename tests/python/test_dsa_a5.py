@@ -100,7 +100,8 @@ class Run:
         for kd in kinds:
             self.gb[kd] = aar.dsa.GroupBuilder(self.sb, kind=kd, cache_block_size=CBS, device_kind=plan,
                                                model_dtype="bfloat16", max_blocks_per_req=max_blocks,
-                                               num_blocks=self.nb, window=d.W, num_heads_q=d.N, index_topk=d.K)
+                                               num_blocks=self.nb, window=d.W, num_heads_q=d.N, index_topk=d.K,
+                                               index_n_heads=d.n_idx, index_head_dim=d.Di)
             self.tables[kd] = torch.tensor([[1 + b * max_blocks + j for j in range(max_blocks)] for b in range(nreq)],
                                            dtype=torch.int32)
         self.rows = {kd: aar.dsa.cache_spec(kd, CBS, device_kind=plan)["storage_block_size"] for kd in kinds}
