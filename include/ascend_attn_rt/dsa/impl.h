@@ -56,7 +56,8 @@
 //  - Graph capture: refused by name (NotSupported) before anything runs; the
 //    DSA graph path is not implemented.
 //  - Not implemented, refused at construction by name: the SparseFlashMla plan
-//    (A5 + BF16 cache: its metadata operator has no schema) and the MX-fp8
+//    (A5 + BF16 cache: the operator and its adapter exist in
+//    ops/sparse_flash_mla.h; the layer does not wire them yet) and the MX-fp8
 //    o_proj (plan.o_proj == MxFp8QuantBmm). The A5 fp8 plan is therefore
 //    refused too (it uses MxFp8QuantBmm).
 //  - The indexer weights' scale Di^-0.5 n_idx^-0.5 is folded into a copy of
