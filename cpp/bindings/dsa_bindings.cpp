@@ -8,6 +8,7 @@
 // beyond argument conversion.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <string>
@@ -394,6 +395,16 @@ void bind_dsa(nb::module_& root) {
       },
       "device_kind"_a, "cache_dtype"_a = nb::none(), "non_a5_dtype"_a = "bfloat16",
       "Spec 7.2's attention KV dtype (a string); never mutates anything.");
+  m.def(
+      "flash_mla_cmp_lengths",
+      [](const std::vector<int32_t>& seqused_kv, int32_t max_seqlen_kv, int32_t cmp_ratio) {
+        std::vector<int32_t> cmp(seqused_kv.size()), res(seqused_kv.size());
+        const int32_t mx = dsa::flash_mla_cmp_lengths(seqused_kv, max_seqlen_kv, cmp_ratio, cmp, res);
+        return std::make_tuple(cmp, res, mx);
+      },
+      "seqused_kv"_a, "max_seqlen_kv"_a, "cmp_ratio"_a,
+      "The SparseFlashMla adapter's derived lengths (spec 7.2, dsa/kv_plan.h): (seqused_cmp_kv, cmp_residual_kv, "
+      "max_seqlen_cmp_kv).");
   m.def(
       "make_attn_kv_plan",
       [](const std::string& device_kind, const std::optional<std::string>& cache_dtype,

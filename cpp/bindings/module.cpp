@@ -223,6 +223,17 @@ NB_MODULE(_C, m) {
       "Every vllm-ascend (_C_ascend) operator the runtime calls: (name, schema without namespace). Registered for "
       "the CPU twins under ascend_cpu_va and for the no-compute provider under ascend_noop_va.");
 
+  m.def(
+      "cann_ops_transformer_op_schemas",
+      []() {
+        std::vector<std::tuple<std::string, std::string>> out;
+        for (const auto& s : ops::cann_ops_transformer_op_schemas()) out.emplace_back(s.name, s.schema);
+        return out;
+      },
+      "Every CANN torch-extension (cann_ops_transformer) operator the runtime calls: (name, schema without "
+      "namespace). Registered for the CPU twins under ascend_cpu_cot and for the no-compute provider under "
+      "ascend_noop_cot.");
+
   bindings::bind_plan(m);
   bindings::run_registered_bindings(m);
 }

@@ -175,8 +175,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                 "ratio-4 layer that computes one (skip_topk=False)");
   // The plan's paths this layer does not implement, by name.
   if (c.plan.uses_sparse_flash_mla || c.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
-    throw_not_supported("plan sparse_attn=SparseFlashMla (A5 + bf16 cache): its metadata operator has no schema; "
-                        "the DSA layer does not implement it");
+    throw_not_supported("plan sparse_attn=SparseFlashMla (A5 + bf16 cache): the operator, its CPU twin and the "
+                        "argument adapter exist (ops/sparse_flash_mla.h), but the DSA layer does not wire them yet "
+                        "(builder staging of seqused_cmp_kv / cmp_residual_kv and the SparseFlashMla metadata)");
   }
   AAR_CHECK_ARG(c.o_proj_override == OProjOverride::None || c.o_proj_override == OProjOverride::Bmm,
                 "o_proj_override value ", static_cast<int>(c.o_proj_override), " is outside the enum");

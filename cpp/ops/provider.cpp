@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/cann_ops_library.h"
 
 namespace aar::ops {
 
@@ -61,20 +62,22 @@ const char* to_string(OpLibrary l) {
     case OpLibrary::VllmAscend:
       return "VllmAscend";
   }
+  if (l == kCannOpsTransformer) return "CannOpsTransformer";
   return "<invalid OpLibrary>";
 }
 
 const char* provider_namespace(Provider p, OpLibrary lib) {
-  AAR_CHECK_ARG(static_cast<int32_t>(lib) >= 0 && static_cast<int32_t>(lib) <= 2,
+  AAR_CHECK_ARG(static_cast<int32_t>(lib) >= 0 && static_cast<int32_t>(lib) <= 3,
                 "provider_namespace: invalid OpLibrary value ", static_cast<int32_t>(lib));
   const bool va = lib == OpLibrary::VllmAscend;
+  const bool cot = lib == kCannOpsTransformer;
   switch (p) {
     case Provider::Npu:
-      return va ? "_C_ascend" : (lib == OpLibrary::Atb ? "atb" : "npu");
+      return cot ? "cann_ops_transformer" : (va ? "_C_ascend" : (lib == OpLibrary::Atb ? "atb" : "npu"));
     case Provider::Cpu:
-      return va ? "ascend_cpu_va" : "ascend_cpu";
+      return cot ? "ascend_cpu_cot" : (va ? "ascend_cpu_va" : "ascend_cpu");
     case Provider::NoCompute:
-      return va ? "ascend_noop_va" : "ascend_noop";
+      return cot ? "ascend_noop_cot" : (va ? "ascend_noop_va" : "ascend_noop");
     case Provider::Auto:
       break;
   }

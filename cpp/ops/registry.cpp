@@ -5,6 +5,8 @@
 //                                    (vllm_ascend_op_schemas()); separate namespaces
 //                                    because some share a name with a torch_npu
 //                                    operator but not its schema
+//   ascend_cpu_cot / ascend_noop_cot : CANN's `cann_ops_transformer` operators
+//                                    (cann_ops_transformer_op_schemas(): SparseFlashMla)
 //
 // Like torch_npu's inference operators, ours register no Autograd kernel (no
 // fallthrough either): the runtime's wrappers call every provider under the
@@ -32,3 +34,7 @@ TORCH_LIBRARY(ascend_noop, m) { define_all(m, aar::ops::op_schemas()); }
 TORCH_LIBRARY(ascend_cpu_va, m) { define_all(m, aar::ops::vllm_ascend_op_schemas()); }
 
 TORCH_LIBRARY(ascend_noop_va, m) { define_all(m, aar::ops::vllm_ascend_op_schemas()); }
+
+TORCH_LIBRARY(ascend_cpu_cot, m) { define_all(m, aar::ops::cann_ops_transformer_op_schemas()); }
+
+TORCH_LIBRARY(ascend_noop_cot, m) { define_all(m, aar::ops::cann_ops_transformer_op_schemas()); }

@@ -214,7 +214,7 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
       p.sparse_attn = SparseAttnPath::SparseFlashMla;
       p.uses_sparse_flash_mla = true;
       p.sparse_attn_op = "sparse_flash_mla";
-      p.sparse_attn_metadata_op = "sparse_flash_mla_metadata";  // no published schema (see the header)
+      p.sparse_attn_metadata_op = "sparse_flash_mla_metadata";  // schema: third_party/cann_ops_transformer_ops.txt
       p.sparse_attn_op_library = "cann_ops_transformer";
       p.layout_kv = KvLayout::PA_BBND;
       p.passes_kv_quant_kwargs = false;

@@ -12,6 +12,7 @@
 #include "ascend_attn_rt/ops/fusion_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "ascend_attn_rt/ops/paged_attention.h"
+#include "ascend_attn_rt/ops/cann_ops_library.h"
 #include "ascend_attn_rt/ops/provider.h"
 #include "ascend_attn_rt/ops/schemas.h"
 #include "ascend_attn_rt/ops/batch_matmul_transpose.h"
@@ -47,6 +48,10 @@ TEST(RtOpsProvider, Namespaces) {
   EXPECT_THROW(ops::provider_namespace(ops::Provider::Auto, L::VllmAscend), aar::InvalidArgument);
   EXPECT_THROW(ops::provider_namespace(ops::Provider::Cpu, static_cast<L>(7)), aar::InvalidArgument);
   EXPECT_STREQ(ops::to_string(L::VllmAscend), "VllmAscend");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Npu, ops::kCannOpsTransformer), "cann_ops_transformer");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::Cpu, ops::kCannOpsTransformer), "ascend_cpu_cot");
+  EXPECT_STREQ(ops::provider_namespace(ops::Provider::NoCompute, ops::kCannOpsTransformer), "ascend_noop_cot");
+  EXPECT_STREQ(ops::to_string(ops::kCannOpsTransformer), "CannOpsTransformer");
 }
 
 TEST(RtOpsProvider, ResolveFromDeviceAndOverride) {

@@ -250,3 +250,46 @@ def test_names_shared_by_both_libraries_keep_their_own_schemas(wheel):
         assert _va_ours()[name] == _va_file()[name]
         if name != "npu_lightning_indexer":  # this one differs only in the names of its results
             assert _ours()[name][0] != _va_ours()[name]
+
+
+# ----------------------------------------------------------------------------- CANN (cann_ops_transformer)
+
+COT_FILE = ROOT / "third_party" / "cann_ops_transformer_ops.txt"
+
+
+def _cot_file():
+    out = {}
+    for line in COT_FILE.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name = line.split("(", 1)[0]
+        assert name not in out, f"{name} listed twice in {COT_FILE}"
+        out[name] = line
+    return out
+
+
+def _cot_ours():
+    return dict(aar.cann_ops_transformer_op_schemas())
+
+
+def test_cot_file_names_its_source_and_covers_the_table():
+    head = COT_FILE.read_text().splitlines()[:6]
+    assert any("hicann/ops-transformer" in line and "sparse_flash_mla.py" in line for line in head), head
+    assert any("331ff3ce" in line for line in head), head
+    assert set(_cot_ours()) == {"sparse_flash_mla", "sparse_flash_mla_metadata"} == set(_cot_file())
+
+
+@pytest.mark.parametrize("name", sorted(_cot_ours()))
+def test_cot_schema_equals_file(name):
+    ours = _cot_ours()[name]
+    assert ours == _cot_file()[name], f"{name}:\n ours : {ours}\n file : {_cot_file()[name]}"
+    torch._C.parse_schema("cann_ops_transformer::" + ours)
+
+
+@pytest.mark.parametrize("ns", ["ascend_cpu_cot", "ascend_noop_cot"])
+def test_cot_registered_schemas_equal_table(ns):
+    for name, schema in _cot_ours().items():
+        op = getattr(getattr(torch.ops, ns), name).default
+        registered = str(op._schema)
+        expected = str(torch._C.parse_schema(f"{ns}::{schema}"))
+        assert registered == expected, f"{ns}::{name}\n registered: {registered}\n table     : {expected}"

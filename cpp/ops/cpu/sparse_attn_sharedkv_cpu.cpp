@@ -45,6 +45,7 @@
 
 #include "../op_signatures.h"
 #include "attention_reference.h"
+#include "shared_kv_attention.h"
 
 namespace aar::ops::cpu {
 namespace {
@@ -454,6 +455,11 @@ at::Tensor kv_quant_sparse_attn_sharedkv_metadata(AAR_KV_QUANT_SPARSE_ATTN_SHARE
 }
 
 }  // namespace
+
+sig::SasResult shared_kv_attention(const char* op, AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
+  return sas_core(op, false, AAR_SPARSE_ATTN_SHAREDKV_ARGS);
+}
+
 }  // namespace aar::ops::cpu
 
 TORCH_LIBRARY_IMPL(ascend_cpu_va, CPU, m) {

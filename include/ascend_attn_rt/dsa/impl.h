@@ -74,7 +74,8 @@
 //    requests of 0 tokens with num_input_tokens = the bucket (tested); a
 //    padding request with tokens but seq_len < tokens is refused by name.
 //  - Not implemented, refused at construction by name: the SparseFlashMla plan
-//    (A5 + BF16 cache: its metadata operator has no schema) and the MX-fp8
+//    (A5 + BF16 cache: the operator and its adapter exist in
+//    ops/sparse_flash_mla.h; the layer does not wire them yet) and the MX-fp8
 //    o_proj (plan.o_proj == MxFp8QuantBmm: npu_dynamic_mx_quant and the
 //    quantised transpose-bmm have no CPU twins. The torch_npu 2.14.0 wheel
 //    has both schemas (npu_native_functions_by_codegen.yaml:

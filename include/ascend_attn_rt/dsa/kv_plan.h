@@ -46,9 +46,12 @@
 //  - SparseFlashMla (A5 + BF16) follows the A5 metadata conventions (decode
 //    cu_seqlens_ori_kv = [0, cumsum(S)], no cu_seqlens_* extras on the
 //    attention call) and takes no device / kv_quant kwargs (spec 7.2: the
-//    adapter drops kv_quant_mode, tile_size, rope_head_dim, device). Its
-//    metadata op has no published schema (vllm_ascend_ops.txt header): the
-//    name below is a placeholder the ops layer must refuse by name until it is.
+//    adapter drops kv_quant_mode, tile_size, rope_head_dim, device). The
+//    spec's ops file says no schema is published; CANN's ops-transformer
+//    torch extension does publish both (sparse_flash_mla,
+//    sparse_flash_mla_metadata in namespace cann_ops_transformer:
+//    third_party/cann_ops_transformer_ops.txt, ops/sparse_flash_mla.h, which
+//    also holds the tensor-level adapter built on the rule below).
 //  - HEAD's A5 pad_dsa_decode_slot_mapping is dead code (spec 7.1) and is not
 //    a plan decision here.
 //  - The 7.1 row "SFA C8 caches" belongs to the DeepSeek-V3.2 SFA backend

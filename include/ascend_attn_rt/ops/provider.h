@@ -24,7 +24,7 @@ namespace aar::ops {
 enum class Provider : int32_t { Auto = 0, Npu = 1, Cpu = 2, NoCompute = 3 };
 
 // The library an operator belongs to on the NPU (selects its namespaces).
-enum class OpLibrary : int32_t { TorchNpu = 0, Atb = 1, VllmAscend = 2 };
+enum class OpLibrary : int32_t { TorchNpu = 0, Atb = 1, VllmAscend = 2, CannOpsTransformer = 3 };
 
 const char* to_string(Provider p);
 const char* to_string(OpLibrary l);
