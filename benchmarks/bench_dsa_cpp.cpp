@@ -161,7 +161,7 @@ int main(int argc, char** argv) {
 
   std::printf("%-40s %-28s %6s %10s\n", "variant", "case", "batch", "us/call");
   for (const auto& r : results) std::printf("%-40s %-28s %6d %10.3f\n", r.group.c_str(), r.name.c_str(), r.batch, r.us);
-  if (!out_path.empty()) {
+  if (!out_path.empty() && out_path != "-") {  // "-": print only
     std::ofstream f(out_path);
     if (!f) {
       std::printf("could not write %s\n", out_path.c_str());

@@ -102,8 +102,9 @@ int main(int argc, char** argv) {
   for (const auto& r : rows)
     std::printf("%-16s %6d %6d %12.2f %14.3f %18.2f\n", r.path.c_str(), r.layers, r.batch, r.update_us,
                 r.per_layer_us, r.step_with_build_us);
-  std::ofstream f(out_path);
-  if (f) {
+  std::ofstream f;  // "-": print only
+  if (out_path != "-") f.open(out_path);
+  if (f.is_open()) {
     f << "{\n  \"tool\": \"bench_graph_cpp\",\n  \"provider\": \"no_compute\",\n  \"graph_hooks\": \"noop\",\n"
       << "  \"results\": [\n";
     for (size_t i = 0; i < rows.size(); ++i) {

@@ -214,8 +214,9 @@ int main(int argc, char** argv) {
   std::printf("%-8s %-40s %6s %12s\n", "group", "case", "batch", "us/call");
   for (const auto& r : results) std::printf("%-8s %-40s %6d %12.3f\n", r.group.c_str(), r.name.c_str(), r.batch, r.us);
 
-  std::ofstream f(out_path);
-  if (f) {
+  std::ofstream f;  // "-": print only
+  if (out_path != "-") f.open(out_path);
+  if (f.is_open()) {
     f << "{\n  \"tool\": \"bench_host_cpp\",\n  \"provider\": \"no_compute\",\n  \"hardware_threads\": "
       << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {

@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
   std::printf("\n%-28s %-20s %6s %10s\n", "path", "case", "batch", "us/layer");
   for (const auto& r : fwd) std::printf("%-28s %-20s %6d %10.3f\n", r.path.c_str(), r.name.c_str(), r.batch, r.us);
 
-  if (!out_path.empty()) {
+  if (!out_path.empty() && out_path != "-") {  // "-": print only
     std::ofstream f(out_path);
     if (!f) {
       std::printf("could not write %s\n", out_path.c_str());
