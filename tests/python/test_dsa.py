@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ascend_attn_rt as aar
 import _dsa_reference as ref
+from _dsa_harness import group_kw, slot_rows
 
 F64 = torch.float64
 CBS = 32  # cache block size (spec 6.2 table row 32)
@@ -95,24 +96,15 @@ class Run:
         hid = torch.cat([self.x[b][S[i] - qlens[i]: S[i]] for i, b in enumerate(reqs)]
                         + [torch.zeros(pad, self.d.hidden, dtype=self.dtype)])
         out = torch.full_like(hid, float("nan"))
-        r = self.d.ratio
-        kw = {}
-        if r > 1:
-            kw["attention"] = md["c4_kv" if r == 4 else "c128_kv"]
-            kw["compressor_state"] = md["c4_attn_state" if r == 4 else "c128_state"]
-        if r == 4:
-            kw["indexer_cache"] = md["c4_indexer_k"]
-            kw["indexer_state"] = md["c4_indexer_state"]
-        (impl or self.impl).forward(hid, self.kv, st, md["swa"], out, topk_buffer=self.topk, **kw)
+        (impl or self.impl).forward(hid, self.kv, st, md["swa"], out, topk_buffer=self.topk,
+                                    **group_kw(self.d.ratio, md))
         for i, b in enumerate(reqs):
             self.S[b] = S[i]
         return out, qsl, S
 
     def slot_rows(self, cache, kd, b, n):
         """Rows 0..n-1 of request b in a paged cache (logical table, physical rows)."""
-        rows = cache.shape[1]
-        t = self.tables[kd][b]
-        return torch.stack([cache[t[c // rows], c % rows, 0] for c in range(n)]) if n else cache[:0, 0, 0]
+        return slot_rows(cache, self.tables[kd][b], n)
 
 
 def dims(ratio, **kw):

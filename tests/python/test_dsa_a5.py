@@ -28,6 +28,7 @@ import torch
 
 import ascend_attn_rt as aar
 import _dsa_reference as ref
+from _dsa_harness import group_kw, slot_rows
 
 F64 = torch.float64
 FP8 = torch.float8_e4m3fn
@@ -153,14 +154,7 @@ class Run:
         return st, md, S, qsl
 
     def group_kw(self, md):
-        r, kw = self.d.ratio, {}
-        if r > 1:
-            kw["attention"] = md["c4_kv" if r == 4 else "c128_kv"]
-            kw["compressor_state"] = md["c4_attn_state" if r == 4 else "c128_state"]
-        if r == 4:
-            kw["indexer_cache"] = md["c4_indexer_k"]
-            kw["indexer_state"] = md["c4_indexer_state"]
-        return kw
+        return group_kw(self.d.ratio, md)
 
     def step(self, reqs, qlens):
         st, md, S, qsl = self.build(reqs, qlens)
@@ -172,9 +166,7 @@ class Run:
         return out, qsl, S
 
     def slot_rows(self, cache, kd, b, n):
-        rows = cache.shape[1]
-        t = self.tables[kd][b]
-        return torch.stack([cache[t[c // rows], c % rows, 0] for c in range(n)]) if n else cache[:0, 0, 0]
+        return slot_rows(cache, self.tables[kd][b], n)
 
 
 def dims(ratio, **kw):
