@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/pcp_split.h"
 #include "test_plan_util.h"
 
@@ -357,6 +358,69 @@ TEST(PlanPcpSplit, HeadTailAttentionSeesExactlyTheCausalKeys) {
       std::vector<int32_t> restored;
       for (int32_t k : h.qfull) restored.push_back(cat[k]);
       ASSERT_EQ(restored, range(0, n.local_prefill_tokens));
+    }
+  }
+}
+
+TEST(PlanPcpSplit, LegacyWritePathShardsTheKvOverAllCpRanks) {
+  // Spec 1.4 / 5.2 write path, Wp x Wd ranks: each rank computes the batch's
+  // slots with W = Wp*Wd, r = rp*Wd + rd (pre-split global positions), scatters
+  // them to the padded-global layout, all-gathers the tagged K rows, restores
+  // them and writes every row with a slot. Two steps (fresh prefills, then
+  // decodes and a chunked-prefill continuation); afterwards each rank's local
+  // sequence, interleaved by ownership, must be every request's full sequence.
+  for (int32_t wp : {2, 3}) {
+    for (int32_t wd : {1, 2}) {
+      for (int32_t il : {1, 2, 4}) {
+        const int32_t w = wp * wd, bs = 4, nreq = 4;
+        const std::vector<std::vector<int32_t>> step_q = {{1, 6, 13, 9}, {1, 2, 1, 11}};
+        const int32_t stride = 40 / (bs * w) + 1;
+        std::vector<int32_t> table(nreq * stride);
+        for (int32_t i = 0; i < nreq * stride; ++i) table[i] = i;  // distinct blocks
+        std::vector<std::vector<int32_t>> cache(w, std::vector<int32_t>(nreq * stride * bs, -1));
+        std::vector<int32_t> lens(nreq, 0);
+        for (std::size_t step = 0; step < step_q.size(); ++step) {
+          const std::vector<int32_t>& q = step_q[step];
+          // Step 1: all fresh prefills; step 2: requests 0-2 decode (1-2 tokens), request 3 continues.
+          const Split sp{q, step == 0 ? 0 : 3, wp};
+          std::vector<int32_t> qsl = {0};
+          for (int32_t x : q) qsl.push_back(qsl.back() + x);
+          for (int32_t r = 0; r < nreq; ++r) lens[r] += q[r];
+          SlotMappingInputs in;
+          in.query_start_loc = qsl;
+          in.seq_lens = lens;
+          in.block_table = table;
+          in.block_table_stride = stride;
+          in.block_size = bs;
+          in.num_blocks = nreq * stride;
+          const std::vector<Tag> g = gather(sp);
+          const std::vector<int32_t> rs = restore(sp);
+          for (int32_t rp = 0; rp < wp; ++rp) {
+            for (int32_t rd = 0; rd < wd; ++rd) {
+              const int32_t rank = rp * wd + rd;
+              std::vector<int32_t> tok(qsl.back()), padded(rs.size());
+              compute_dcp_slot_mapping(in, {w, rank, il}, tok);
+              pcp_padded_slot_mapping(sp.in(), tok, padded);
+              for (std::size_t k = 0; k < rs.size(); ++k) {
+                if (padded[k] < 0) continue;
+                const Tag& t = g[rs[k]];
+                const int32_t req = std::get<0>(t);
+                cache[rank][padded[k]] = req * 1000 + lens[req] - q[req] + std::get<1>(t);
+              }
+            }
+          }
+        }
+        for (int32_t r = 0; r < nreq; ++r) {
+          std::vector<std::size_t> next(w, 0);
+          for (int32_t x = 0; x < lens[r]; ++x) {
+            const int32_t k = dcp_owner(x, w, il);
+            const std::size_t li = next[k]++;
+            ASSERT_EQ(cache[k][table[r * stride + li / bs] * bs + li % bs], r * 1000 + x)
+                << "Wp=" << wp << " Wd=" << wd << " I=" << il << " req " << r << " x=" << x;
+          }
+          for (int32_t k = 0; k < w; ++k) ASSERT_EQ(next[k], static_cast<std::size_t>(dcp_local_len(lens[r], w, il, k)));
+        }
+      }
     }
   }
 }
