@@ -514,8 +514,9 @@ class GroupBuilder::Lane {
     const GroupConfig& c = g_.cfg_;
     const bool reads_sas = c.kind == DsaCacheKind::Swa || c.kind == DsaCacheKind::C4Kv ||
                            c.kind == DsaCacheKind::C128Kv;
+    // The plan's metadata operator (the enum is checked at construction);
+    // the remaining path is KvQuantSharedKv.
     const bool shared = c.plan.sparse_attn == SparseAttnPath::SharedKv;
-    const bool kv_quant = c.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
     const bool flash_mla = c.plan.sparse_attn == SparseAttnPath::SparseFlashMla;
     if (!reads_sas || c.num_heads_q <= 0) return false;
     c10::InferenceMode guard;

@@ -106,7 +106,7 @@ def check_calls(run, log, md, S):
     assert kw["seqused_ori_kv"].tolist() == S
     assert kw.get("cu_seqlens_ori_kv") is None and kw.get("cu_seqlens_cmp_kv") is None
     assert torch.equal(kw["metadata"], common.sas_metadata) and common.sas_metadata_filled
-    assert kw["cmp_ratio"] == max(d.ratio, 1)
+    assert kw.get("cmp_ratio", 1) == max(d.ratio, 1)  # the schema default (1) is left out of kwargs
     if d.ratio > 1:
         assert kw["seqused_cmp_kv"].tolist() == [s // d.ratio for s in S]
         assert kw["cmp_residual_kv"].tolist() == [s % d.ratio for s in S]
@@ -194,7 +194,7 @@ def test_kv_scatter_writes_only_valid_rows(ratio):
         r.step([0, 1], first)
         r.x_pad = torch.randn(7, d.hidden, generator=torch.Generator().manual_seed(9))
     B, nra, qlens, bucket = 4, 2, [1, 1, 4, 2], 11
-    outs = {}
+    outs, topk = {}, {}
     for p, run in runs.items():
         S = [run.S[0] + 1, run.S[1] + 1, 4, 2]
         qsl = [0, 1, 2, 6, 8]
@@ -232,6 +232,7 @@ def test_kv_scatter_writes_only_valid_rows(ratio):
             assert changed == want and all(blk != 0 for blk, _ in want), (p, kd, changed, want)
             assert torch.equal(cache[0], old[0]), (p, kd)  # block 0 (the padding rows' target) untouched
         outs[p] = out
+        topk[p] = run.impl.last_topk[:2, 0] if ratio == 4 else None
         check_step(run, [0, 1], [1, 1], out, qsl[:3], S)
         if ratio > 1:
             assert md[cmp_kind(ratio)].num_valid_rows == sum(S[b] // ratio - (S[b] - 1) // ratio for b in range(2))
@@ -240,14 +241,16 @@ def test_kv_scatter_writes_only_valid_rows(ratio):
     # both plans wrote the same KV rows
     for x, y in zip(runs["a5_bf16"].caches()[:2], runs["a2"].caches()[:2]):
         assert torch.equal(x, y)
-    torch.testing.assert_close(outs["a5_bf16"][:2], outs["a2"][:2], atol=1e-5, rtol=1e-5)
+    # the same outputs (C4: where both plans' indexers, A2 int8 and A5 fp8, select the same rows)
+    rows = [j for j in range(2) if ratio != 4 or set(topk["a5_bf16"][j].tolist()) == set(topk["a2"][j].tolist())]
+    torch.testing.assert_close(outs["a5_bf16"][rows], outs["a2"][rows], atol=1e-5, rtol=1e-5)
 
 
 def test_builder_sfmla_lengths_and_metadata_blob():
     # Spec 6.7 / 7.2: the compressed groups stage S // r and S % r at stable addresses and fill the SAS blob with
     # sparse_flash_mla_metadata through the adapter (seqused_ori_kv, max_seqlen_ori_kv, the compressed lengths,
     # max_seqlen_cmp_kv = max // r, PA_BBND, no device); decode passes cu_seqlens_ori_kv = [0, cumsum(S)] (A5).
-    cos, sin = ref.rope_tables(20000, 16)
+    cos, sin = ref.rope_tables(1024, 16)
     sb = aar.dsa.StepBuilder(max_num_reqs=8, max_num_tokens=512, cos_table=cos, sin_table=sin,
                              compress_cos_table=cos, compress_sin_table=sin)
     kw = dict(device_kind="a5", cache_dtype="bfloat16", num_blocks=4096, max_blocks_per_req=64, num_heads_q=16,
@@ -255,7 +258,7 @@ def test_builder_sfmla_lengths_and_metadata_blob():
     gbs = {kd: aar.dsa.GroupBuilder(sb, kind=kd, **kw) for kd in ("swa", "c4_kv", "c128_kv", "c4_attn_state")}
     table = torch.arange(1, 1 + 3 * 64, dtype=torch.int32).view(3, 64)
     ptrs = {}
-    for qlens, S in [([1, 1, 1], [100, 300, 16400]), ([1, 1, 1], [101, 301, 16401]), ([5, 9, 3], [5, 309, 3])]:
+    for qlens, S in [([1, 1, 1], [100, 300, 500]), ([1, 1, 1], [101, 301, 501]), ([5, 9, 3], [5, 309, 3])]:
         qsl = [0]
         for q in qlens:
             qsl.append(qsl[-1] + q)
@@ -340,7 +343,8 @@ def test_every_plan_same_results_within_quantisation_error():
         # the caches: bf16 KV rows as A2's, the indexer pages as A5 fp8's (both bit for bit)
         assert torch.equal(b16.swa, a2.swa)
         if ratio > 1:
-            assert torch.equal(b16.cmp, a2.cmp) and torch.equal(b16.state, a2.state)
+            # (the state caches are not compared: A5's C128 state pages hold half A2's rows, spec 6.1)
+            assert torch.equal(b16.cmp, a2.cmp)
         if ratio == 4:
             assert torch.equal(b16.raw, a5.raw) and torch.equal(b16.istate, a5.istate)
         for b in range(3):
@@ -395,8 +399,9 @@ def test_bad_input_named_nothing_written():
     with pytest.raises(ValueError, match="float16"):
         LayerRun(d, "a5_bf16", torch.float16, nreq=1, w=w16)
     # graph capture of the plan: refused by name before anything runs
+    st, md, S, qsl = run.build([0], [9])
     g = aar.GraphParams("recording")
     with g.capture(1):
-        with pytest.raises(NotImplementedError):
-            run.impl.forward(hid, run.kv, st, md["swa"], out, **kw)
+        with pytest.raises(NotImplementedError, match="graph capture"):
+            run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(4, md))
     untouched()
