@@ -405,3 +405,27 @@ def test_bad_input_named_nothing_written():
         with pytest.raises(NotImplementedError, match="graph capture"):
             run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(4, md))
     untouched()
+
+
+def test_sfmla_dspark_non_causal_swa():
+    # Spec 6.6 / 6.8 (ratio <= 1): a step without prefill on an SWA group configured for DSpark passes
+    # ori_sparse_indices (the builder's visible slots) and ori_win_left = W + num_spec - 1 through the adapter;
+    # every draft row sees the W context tokens before its block and the whole block.
+    ns = 3
+    d = dims(1)
+    run = LayerRun(d, "a5_bf16", torch.float32, nreq=3, k=ns, dspark=ns)
+    at, rt = tol(torch.float32)
+    out, qsl, S = run.step([0, 1, 2], [13, 5, 20])  # prefill: causal
+    for reqs, qlens in [([0, 1, 2], [1, 3, 2]), ([2, 0, 1], [3, 3, 1])]:
+        with OpLog() as log:
+            out, qsl, S = run.step(reqs, qlens)
+        (_, kw), = log.named("sparse_flash_mla")
+        gm = run.last_md["swa"]
+        assert kw["ori_win_left"] == d.W + ns - 1 == gm.ori_win_left
+        assert torch.equal(kw["ori_sparse_indices"], gm.dspark_swa_indices[: qsl[-1]])
+        for i, b in enumerate(reqs):
+            want = ref.dsa_layer(d, run.w, run.x[b][: S[i]], qlens[i], run.cos, run.sin, dspark=ns)
+            torch.testing.assert_close(out[qsl[i]: qsl[i + 1]].to(F64), want,
+                                       atol=at * max(1.0, want.abs().max().item()), rtol=rt)
+    for b in range(3):
+        check_caches(run, b)
