@@ -104,6 +104,7 @@ nb::dict plan_dict(const dsa::AttnKvPlan& p) {
   d["prefill_cu_seqlens_cmp_kv"] = dsa::to_string(p.prefill_cu_seqlens_cmp_kv);
   d["slot_format"] = dsa::to_string(p.slot_format);
   d["requires_block_offset_slots"] = p.requires_block_offset_slots;
+  d["block_offset_skip"] = dsa::to_string(p.block_offset_skip);
   d["compressor_slot_format_code"] = p.compressor_slot_format_code;
   d["slot_mapping_columns"] = p.slot_mapping_columns;
   d["kv_scatter"] = dsa::to_string(p.kv_scatter);
@@ -243,6 +244,9 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("cu_seqlens_ori_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_ori_kv); })
       .def_prop_ro("cu_seqlens_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_cmp_kv); })
       .def_prop_ro("dspark_swa_indices", [opt](const dsa::GroupMetadata& g) { return opt(g.dspark_swa_indices); })
+      .def_prop_ro("seqused_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.seqused_cmp_kv); })
+      .def_prop_ro("cmp_residual_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cmp_residual_kv); })
+      .def_ro("max_seqlen_cmp_kv", &dsa::GroupMetadata::max_seqlen_cmp_kv)
       .def_prop_ro("block_table_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).block_table_host); })
       .def_prop_ro("slot_mapping_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).slot_mapping_host); })
       .def_prop_ro("row_index_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).row_index_host); })

@@ -19,6 +19,7 @@
 #include "ascend_attn_rt/ops/lightning_indexer.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+#include "ascend_attn_rt/ops/sparse_flash_mla.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 
 namespace aar::dsa {
@@ -173,12 +174,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                 c.compress_ratio);
   AAR_CHECK_ARG(!c.use_index_cache || (c4 && !c.skip_topk), "use_index_cache stores this layer's top-k: it needs a "
                 "ratio-4 layer that computes one (skip_topk=False)");
-  // The plan's paths this layer does not implement, by name.
-  if (c.plan.uses_sparse_flash_mla || c.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
-    throw_not_supported("plan sparse_attn=SparseFlashMla (A5 + bf16 cache): the operator, its CPU twin and the "
-                        "argument adapter exist (ops/sparse_flash_mla.h), but the DSA layer does not wire them yet "
-                        "(builder staging of seqused_cmp_kv / cmp_residual_kv and the SparseFlashMla metadata)");
-  }
+  AAR_CHECK_ARG(c.plan.uses_sparse_flash_mla == (c.plan.sparse_attn == SparseAttnPath::SparseFlashMla),
+                "plan uses_sparse_flash_mla=", c.plan.uses_sparse_flash_mla ? "True" : "False",
+                " contradicts plan sparse_attn=", to_string(c.plan.sparse_attn));
   AAR_CHECK_ARG(c.o_proj_override == OProjOverride::None || c.o_proj_override == OProjOverride::Bmm,
                 "o_proj_override value ", static_cast<int>(c.o_proj_override), " is outside the enum");
   if (c.plan.o_proj == OProjKind::MxFp8QuantBmm && c.o_proj_override != OProjOverride::Bmm) {
@@ -199,6 +197,12 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   const c10::Device dev = w.wq_a.device();
   AAR_CHECK_ARG(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat,
                 "the weights' dtype must be bfloat16, float16 or float32, got ", dt);
+  // The A5 + BF16 plan's caches are bf16 (float32 only for CPU reference
+  // runs, as on every plain-row plan): float16 weights would make float16
+  // caches, which is not that plan.
+  AAR_CHECK_ARG(!c.plan.uses_sparse_flash_mla || dt != at::kHalf, "the weights are float16 but plan sparse_attn="
+                "SparseFlashMla (A5 + bfloat16 cache) keeps bfloat16 KV rows: use bfloat16 weights (float32 for "
+                "CPU reference runs)");
   auto check = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape, bool fp32 = false) {
     AAR_CHECK_ARG(t.defined() && t.sizes() == c10::IntArrayRef(shape), "weight ", name, " must have shape ",
                   c10::IntArrayRef(shape), ", got ", sizes_of(t));
@@ -250,6 +254,11 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   const ImplConfig& c = cfg_;
   const at::ScalarType dt = w_.wq_a.scalar_type();
   const c10::Device dev = w_.wq_a.device();
+  if (c.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace && graph::GraphParams::current() != nullptr) {
+    throw_not_supported("DSA graph capture on plan kv_scatter=npu_scatter_nd_update_ (A5 + bfloat16 cache): its KV "
+                        "writes are sized by the step's valid rows (a per-step host value), which a replay cannot "
+                        "change");
+  }
   AAR_CHECK_ARG(md.compress_ratio == c.compress_ratio || (md.compress_ratio <= 1 && c.compress_ratio == 1),
                 "metadata was routed for compress_ratio ", md.compress_ratio, " but the layer's is ", c.compress_ratio);
   AAR_CHECK_ARG(md.step != nullptr, "metadata.step is missing");
@@ -258,6 +267,23 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   if (c.compress_ratio > 1) {
     check_group(md.attention, "attention");
     check_group(md.compressor_state, "compressor_state");
+  }
+  // The KV writes index with the groups' slots: they must be in the plan's format (a group built under another
+  // plan would be misread).
+  auto check_format = [&](const GroupMetadata& g, const char* name, DsaCacheKind kind) {
+    const SlotFormat want = slot_format_for(c.plan, kind);
+    AAR_CHECK_ARG(g.slot_format == want, "metadata.", name, " has ", to_string(g.slot_format),
+                  " slots but the layer's plan (sparse_attn=", to_string(c.plan.sparse_attn), ") writes ",
+                  to_string(want), " slots: its GroupBuilder was configured with another plan");
+  };
+  check_format(*md.swa, "swa", DsaCacheKind::Swa);
+  if (c.compress_ratio > 1) {
+    check_format(*md.attention, "attention", md.attention->kind);
+    // Spec 7.2: SparseFlashMla takes the compressed lengths the builder stages for this plan only.
+    AAR_CHECK_ARG(!c.plan.uses_sparse_flash_mla ||
+                      (md.attention->seqused_cmp_kv.defined() && md.attention->cmp_residual_kv.defined()),
+                  "metadata.attention has no seqused_cmp_kv / cmp_residual_kv: plan sparse_attn=SparseFlashMla "
+                  "needs its GroupBuilder built with the same (A5 + bfloat16) plan");
   }
   if (c.compress_ratio == 4) {
     check_group(md.indexer_cache, "indexer_cache");
@@ -360,8 +386,10 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   return out;
 }
 
-void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows) {
-  // Spec 7.1 / 7.2: the plan's scatter kind and slot format.
+void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows,
+                         int64_t valid_rows) {
+  // Spec 7.1 / 7.2: the plan's scatter kind and slot format. The v2 scatter
+  // and kv_compress_epilog skip the rows of block / slot -1 themselves.
   at::Tensor var = cache;
   switch (cfg_.plan.kv_scatter) {
     case KvScatterKind::ScatterNdUpdateV2:
@@ -379,9 +407,21 @@ void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const
       ops::kv_compress_epilog(a);
       return;
     }
-    case KvScatterKind::ScatterNdUpdateInplace:
-      ops::scatter_nd_update_(var, slots, rows);
+    case KvScatterKind::ScatterNdUpdateInplace: {
+      // npu_scatter_nd_update_ does not support out-of-range indices (torch_npu
+      // docs), so no skip row reaches it: the builders put the valid rows first
+      // (num_valid_rows, a host value: no sync), and only that prefix is
+      // written. Its updates are indices.shape[:-1] + cache.shape[2:] = (V, 1, D).
+      AAR_CHECK_ARG(valid_rows >= 0 && valid_rows <= rows.size(0) && valid_rows <= slots.size(0),
+                    "internal: ", valid_rows, " valid KV rows of ", rows.size(0), " rows / ", slots.size(0),
+                    " slots");
+      if (valid_rows == 0) return;
+      const at::Tensor idx = valid_rows == slots.size(0) ? slots : slots.narrow(0, 0, valid_rows);
+      const at::Tensor upd = (valid_rows == rows.size(0) ? rows : rows.narrow(0, 0, valid_rows))
+                                 .view({valid_rows, 1, rows.size(1)});
+      ops::scatter_nd_update_(var, idx, upd);
       return;
+    }
   }
   throw_invalid("plan kv_scatter value ", static_cast<int>(cfg_.plan.kv_scatter), " is outside the enum");
 }
@@ -562,7 +602,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   ops::inplace_partial_rotary_mul(kvr, cos, sin, "interleave", {D - R, D});
   const GroupMetadata& swa = *md.swa;
   const at::Tensor swa_slots = swa.slot_mapping.narrow(0, 0, tk);
-  write_kv_rows(c.swa_kv, swa_slots, kvr);
+  write_kv_rows(c.swa_kv, swa_slots, kvr, swa.num_valid_rows);
 
   // ---- compressed caches and the C4 selection (6.8 step 3)
   at::Tensor sel;
@@ -583,7 +623,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
                                            cf.compress_ratio == 4 ? 2 : 1, cf.eps);
     // As the indexer's: the slots past the compressor's rows (num_input_tokens > tk) are skip rows.
     if (rows.size(0) > 0) {
-      write_kv_rows(c.compress_kv, cslots.size(0) == rows.size(0) ? cslots : cslots.narrow(0, 0, rows.size(0)), rows);
+      write_kv_rows(c.compress_kv, cslots.size(0) == rows.size(0) ? cslots : cslots.narrow(0, 0, rows.size(0)), rows,
+                    ag.num_valid_rows);
     }
   }
   last_topk_ = sel;
@@ -617,7 +658,16 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
   }
   at::Tensor o;
-  if (cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv) {
+  if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
+    // Spec 7.2: the sharedkv arguments through the adapter (seqused_kv ->
+    // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
+    // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
+    std::optional<ops::FlashMlaCmpLengthTensors> cmp;
+    if (cf.compress_ratio > 1) {
+      cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
+    }
+    o = std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
+  } else if (cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv) {
     ops::KvQuantSparseAttnSharedKvArgs qa;
     qa.base = a;
     qa.kv_quant_mode = cf.plan.kv_quant_mode;

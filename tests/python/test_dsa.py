@@ -331,10 +331,8 @@ def test_unimplemented_plans_refused_by_name():
     # A5 fp8 plan: its o_proj is the MX-fp8 quantised transpose-bmm (not implemented)
     with pytest.raises(NotImplementedError, match="MxFp8QuantBmm"):
         aar.dsa.Impl(w, device_kind="a5", **kw)
-    # A5 + bf16 cache: SparseFlashMla
-    with pytest.raises(NotImplementedError, match="SparseFlashMla"):
-        aar.dsa.Impl(w, device_kind="a5", cache_dtype="bfloat16", **kw)
-    # A3 is the A2 plan: accepted
+    # A5 + bf16 cache (SparseFlashMla, tests/python/test_dsa_sfmla.py) and A3 (the A2 plan): accepted
+    aar.dsa.Impl(w, device_kind="a5", cache_dtype="bfloat16", **kw)
     aar.dsa.Impl(w, device_kind="a3", **kw)
 
 

@@ -73,11 +73,37 @@
 //    The batches a padded bucket replays already run eagerly: padding
 //    requests of 0 tokens with num_input_tokens = the bucket (tested); a
 //    padding request with tokens but seq_len < tokens is refused by name.
-//  - Not implemented, refused at construction by name: the SparseFlashMla plan
-//    (A5 + BF16 cache: the operator and its adapter exist in
-//    ops/sparse_flash_mla.h; the layer does not wire them yet) and the MX-fp8
-//    o_proj (plan.o_proj == MxFp8QuantBmm: npu_dynamic_mx_quant and the
-//    quantised transpose-bmm have no CPU twins. The torch_npu 2.14.0 wheel
+//  - The A5 + BF16 plan (spec 7.2: uses_sparse_flash_mla, SparseFlashMla,
+//    PA_BBND, bf16 rows of 512) runs whole:
+//     * SWA and compressed KV writes: in-place npu_scatter_nd_update_(cache,
+//       idx (V, 2), rows (V, 1, D)) over the group's first V = num_valid_rows
+//       rows only. torch_npu's docs say the kernel does not support
+//       out-of-range indices, so a (-1, x) row must never reach it; the
+//       builders emit the valid rows first (padding requests' tokens, padding
+//       tokens and the compressor's unemitted rows after them), so the valid
+//       rows are a prefix whose length the host already has: a narrow, no
+//       device-side compaction (which would need a nonzero and a sync). Graph
+//       capture of this plan is refused by name: V changes per step, and a
+//       C128 decode step often has V = 0 (a captured write would need a kernel
+//       that drops rows, or a reserved scratch page).
+//     * attention: ops::sparse_flash_mla with the sharedkv arguments through
+//       the spec 7.2 adapter (to_sparse_flash_mla_args: seqused_ori_kv, PA_BBND;
+//       compressed layers add the attention group's staged seqused_cmp_kv /
+//       cmp_residual_kv; no cu_seqlens_* extras, as on A5) and the group's
+//       sparse_flash_mla_metadata blob. The group must carry those lengths (a
+//       GroupBuilder of the same plan), else InvalidArgument naming them.
+//     * the indexer keeps the A5 fp8 flow (indexer_compress_epilog_v2 through
+//       the full view, fp8 query + fp32 scales, fp32 weights), as spec 7.2 says.
+//     * o_proj: the plan's Bmm (the BF16 grouped transpose-bmm; dsa/kv_plan.h
+//       says why), no override needed.
+//     * weights bfloat16 (float32 for CPU reference runs, the caches then
+//       float32 too); float16 weights are refused naming the plan.
+//  - Every layer checks that its groups' slot formats are its plan's
+//    (slot_format_for), naming the group: a GroupBuilder configured with
+//    another plan would have its slots misread.
+//  - Not implemented, refused at construction by name: the MX-fp8 o_proj
+//    (plan.o_proj == MxFp8QuantBmm, the A5 fp8 plan only:
+//    npu_dynamic_mx_quant and the quantised transpose-bmm have no CPU twins. The torch_npu 2.14.0 wheel
 //    has both schemas (npu_native_functions_by_codegen.yaml:
 //    npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode="rint",
 //    int dst_type=296, int block_size=32, int? scale_alg=0, float
@@ -201,7 +227,9 @@ class Impl {
   };
   Caches validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const LayerMetadata& md,
                   const at::Tensor& output, sfa::TopkBuffer* topk) const;
-  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows);
+  // valid_rows: the leading rows whose slots are valid (the group's
+  // num_valid_rows); only the in-place scatter of the A5 + BF16 plan reads it.
+  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows);
   void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md);
   at::Tensor indexer_topk(const at::Tensor& x, const at::Tensor& qr, const Caches& c, const LayerMetadata& md,
                           int64_t tk, const at::Tensor& cos3, const at::Tensor& sin3);
