@@ -132,6 +132,9 @@ enum class IndexerKWriteKind : int32_t {
 };
 const char* to_string(IndexerKWriteKind k);
 
+// As a plan field: the o_proj the device allows (MxFp8QuantBmm on both A5
+// plans, upstream's FP8_ATTENTION hardware capability). dsa::Impl takes it
+// only when the checkpoint has wo_a's MX scale, else Bmm (dsa/impl.h).
 enum class OProjKind : int32_t {
   Bmm = 0,            // transpose-bmm with wo_a (or the OTP / olora variants), then wo_b
   MxFp8QuantBmm = 1,  // npu_dynamic_mx_quant fp8, quantised transpose-bmm with wo_a (group 32), then wo_b
