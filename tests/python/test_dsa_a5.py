@@ -345,11 +345,15 @@ def mx_o_proj(d, w_ref, o):
     return y.reshape(T, d.G * d.o_lora) @ w_ref["wo_b"].to(F64).T
 
 
-# The MX o_proj's tolerance against its float64 model (relative to the output's magnitude, as OUT_TOL): the model
+# The MX o_proj's tolerance against its float64 model (relative to the output's magnitude, as OUT_TOL). The model
 # quantises the reference's o_proj input rounded to bf16, the layer its own bf16 o; where the two bf16 values differ
-# (the attention's bf16 arithmetic) an element may round to the neighbouring e4m3 value, 2^-3 of it. Measured over
-# these runs: <= 0.010 (A5 bf16-checkpoint runs against ref_q: <= 0.008); twice OUT_TOL's bf16 allowance.
-MX_TOL = 2 * OUT_TOL
+# (the attention's bf16 arithmetic) an element may land on the neighbouring e4m3 value, 2^-3 of it, and a few such
+# flips per group of k = 512 values move the output by ~1-2 % of its magnitude. Measured over these runs (seed 7):
+# 0.016 (SWA), 0.022 (C128), 0.020 (C4); the same runs with the decoded wo_a as a bf16 checkpoint (no MX o_proj)
+# against ref_q: 0.005-0.008. MX_TOL is ~1.8x the largest measured. It stays below the o_proj's quantisation effect
+# (the run against the unquantised o_proj: 0.055), and the run is checked to follow the MX model ~3x more closely
+# than the unquantised o_proj (sum of per-request max errors: ratio 0.29-0.32, required < 0.75).
+MX_TOL = 4e-2
 
 
 @pytest.mark.parametrize("ratio", [1, 128, 4], ids=["swa", "c128", "c4"])
