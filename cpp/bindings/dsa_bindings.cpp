@@ -477,14 +477,8 @@ void bind_dsa_impl(nb::module_& m) {
              int64_t rope_dim, int64_t q_lora_rank, int64_t window, int32_t compress_ratio, int64_t index_n_heads,
              int64_t index_head_dim, int64_t index_topk, double eps, int64_t o_groups, int64_t o_lora_rank,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
-             const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index,
-             const std::optional<std::string>& o_proj_override) {
+             const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index) {
             dsa::ImplConfig c;
-            if (o_proj_override) {
-              AAR_CHECK_ARG(*o_proj_override == "Bmm", "o_proj_override must be None or 'Bmm', got '",
-                            *o_proj_override, "'");
-              c.o_proj_override = dsa::OProjOverride::Bmm;
-            }
             c.hidden_size = hidden_size;
             c.num_heads = num_heads;
             c.head_dim = head_dim;
@@ -511,6 +505,7 @@ void bind_dsa_impl(nb::module_& m) {
             w.attn_sink = weight_of(weights, "attn_sink");
             w.wo_a = weight_of(weights, "wo_a");
             w.wo_b = weight_of(weights, "wo_b");
+            w.wo_a_scale = weight_of(weights, "wo_a_scale");
             w.cmp_wkv = weight_of(weights, "cmp_wkv");
             w.cmp_wgate = weight_of(weights, "cmp_wgate");
             w.cmp_ape = weight_of(weights, "cmp_ape");
@@ -527,8 +522,7 @@ void bind_dsa_impl(nb::module_& m) {
           "q_lora_rank"_a, "window"_a = 128, "compress_ratio"_a = 1, "index_n_heads"_a = 64, "index_head_dim"_a = 128,
           "index_topk"_a = 512, "eps"_a = 1e-6, "o_groups"_a = 1, "o_lora_rank"_a, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
-          "skip_topk"_a = false, "layer_index"_a = -1,
-          "o_proj_override"_a = nb::none())
+          "skip_topk"_a = false, "layer_index"_a = -1)
       .def(
           "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, nb::handle step, nb::handle swa,
@@ -551,7 +545,10 @@ void bind_dsa_impl(nb::module_& m) {
           "indexer_state"_a = nb::none(), "topk_buffer"_a.none() = nb::none(),
           "Spec 6.8. step=None: profiling run (output zero-filled). Returns output.")
       .def_prop_ro("last_topk", [](const dsa::Impl& i) { return i.last_topk(); })
-      .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; });
+      .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; })
+      .def_prop_ro(
+          "o_proj", [](const dsa::Impl& i) { return std::string(dsa::to_string(i.o_proj())); },
+          "The o_proj the layer runs: 'MxFp8QuantBmm' (A5 plan and weights['wo_a_scale'] given) or 'Bmm'.");
 
   m.def(
       "compose_kv_cache",

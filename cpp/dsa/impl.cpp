@@ -17,6 +17,7 @@
 #include "ascend_attn_rt/ops/dsa_inplace_ops.h"
 #include "ascend_attn_rt/ops/hadamard.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/mx_quant.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 #include "ascend_attn_rt/ops/sparse_flash_mla.h"
@@ -100,14 +101,6 @@ void check_group(const GroupMetadata* g, const char* name) {
 
 }  // namespace
 
-const char* to_string(OProjOverride o) {
-  switch (o) {
-    case OProjOverride::None: return "None";
-    case OProjOverride::Bmm: return "Bmm";
-  }
-  return "?";
-}
-
 // ------------------------------------------------------------------ 6.3 tuple
 
 std::vector<at::Tensor> compose_kv_cache(const AttnKvPlan& plan, const at::Tensor& compress_kv,
@@ -177,13 +170,6 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   AAR_CHECK_ARG(c.plan.uses_sparse_flash_mla == (c.plan.sparse_attn == SparseAttnPath::SparseFlashMla),
                 "plan uses_sparse_flash_mla=", c.plan.uses_sparse_flash_mla ? "True" : "False",
                 " contradicts plan sparse_attn=", to_string(c.plan.sparse_attn));
-  AAR_CHECK_ARG(c.o_proj_override == OProjOverride::None || c.o_proj_override == OProjOverride::Bmm,
-                "o_proj_override value ", static_cast<int>(c.o_proj_override), " is outside the enum");
-  if (c.plan.o_proj == OProjKind::MxFp8QuantBmm && c.o_proj_override != OProjOverride::Bmm) {
-    throw_not_supported("plan o_proj=MxFp8QuantBmm (A5 npu_dynamic_mx_quant + quantised transpose-bmm) is not "
-                        "implemented by the DSA layer; o_proj_override=Bmm runs the plain grouped transpose-bmm "
-                        "o_proj instead (an explicit deviation from the plan)");
-  }
   if (c.plan.fp8_kv_rows) {
     AAR_CHECK_ARG(c.head_dim == Fp8KvRowLayout::kNopeDims + Fp8KvRowLayout::kRopeDims &&
                       c.rope_dim == Fp8KvRowLayout::kRopeDims,
@@ -217,7 +203,32 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   check(w.wkv, "wkv", {D, H});
   check(w.kv_norm, "kv_norm", {D});
   check(w.attn_sink, "attn_sink", {N}, /*fp32=*/true);
-  check(w.wo_a, "wo_a", {G, N * D / G, c.o_lora_rank});
+  // o_proj (6.8 step 4): the plan allows the MX-fp8 path, the checkpoint's wo_a_scale selects it (impl.h).
+  if (w.wo_a_scale.defined()) {
+    AAR_CHECK_ARG(c.plan.o_proj == OProjKind::MxFp8QuantBmm, "weight wo_a_scale is given but the plan's o_proj is ",
+                  to_string(c.plan.o_proj), ": the MX-fp8 o_proj runs only on the A5 plans (device_kind a5); pass "
+                  "a bf16 wo_a without wo_a_scale");
+    o_proj_ = OProjKind::MxFp8QuantBmm;
+    const int64_t k = N * D / G;
+    AAR_CHECK_ARG(k % 64 == 0, "the MX-fp8 o_proj needs N * D / o_groups = ", k,
+                  " to be a multiple of 64 (npu_transpose_quant_batchmatmul's MX mode)");
+    AAR_CHECK_ARG(w.wo_a.defined() && w.wo_a.sizes() == c10::IntArrayRef({G, k, c.o_lora_rank}),
+                  "weight wo_a must have shape ", c10::IntArrayRef({G, k, c.o_lora_rank}), ", got ", sizes_of(w.wo_a));
+    AAR_CHECK_ARG(w.wo_a.scalar_type() == at::kFloat8_e4m3fn, "weight wo_a is ", w.wo_a.scalar_type(),
+                  ", expected Float8_e4m3fn: wo_a_scale makes it the MX-fp8 checkpoint's weight");
+    AAR_CHECK_ARG(w.wo_a.device() == dev, "weight wo_a is on ", w.wo_a.device(), ", wq_a on ", dev);
+    const std::vector<int64_t> ss{G, k / 64, c.o_lora_rank, 2};
+    AAR_CHECK_ARG(w.wo_a_scale.sizes() == c10::IntArrayRef(ss), "weight wo_a_scale must have shape (G, k / 64, "
+                  "o_lora, 2) = ", c10::IntArrayRef(ss), ", got ", w.wo_a_scale.sizes());
+    AAR_CHECK_ARG(w.wo_a_scale.scalar_type() == at::kFloat8_e8m0fnu || w.wo_a_scale.scalar_type() == at::kByte,
+                  "weight wo_a_scale is ", w.wo_a_scale.scalar_type(), ", expected Float8_e8m0fnu (or its uint8 bytes)");
+    AAR_CHECK_ARG(w.wo_a_scale.device() == dev, "weight wo_a_scale is on ", w.wo_a_scale.device(), ", wq_a on ", dev);
+    w_.wo_a_scale = w.wo_a_scale.view(at::kFloat8_e8m0fnu);
+  } else {
+    AAR_CHECK_ARG(!w.wo_a.defined() || w.wo_a.scalar_type() != at::kFloat8_e4m3fn, "weight wo_a is Float8_e4m3fn "
+                  "but wo_a_scale is not given: an MX-fp8 wo_a needs its scales (G, k / 64, o_lora, 2)");
+    check(w.wo_a, "wo_a", {G, N * D / G, c.o_lora_rank});
+  }
   check(w.wo_b, "wo_b", {H, G * c.o_lora_rank});
   if (c.compress_ratio > 1) {
     const int64_t coff = c4 ? 2 : 1;
@@ -680,19 +691,46 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
 
   // ---- inverse RoPE and o_proj (6.8 step 4)
   ops::inplace_partial_rotary_mul(o, cos3, neg_sin_rows(sin3, st, tk), "interleave", {D - R, D});
-  // grouped o_proj: (tk, G, in) -> per group @ wo_a[g] -> (tk, G, o_lora), the transpose-bmm
-  const int64_t G = cf.o_groups;
-  static constexpr int64_t kPerm[] = {1, 0, 2};
-  const at::Tensor y = ops::transpose_batchmatmul(o.view({tk, G, N * D / G}), w_.wo_a, c10::IntArrayRef(kPerm),
-                                                  std::nullopt, c10::IntArrayRef(kPerm))
-                           .reshape({tk, G * cf.o_lora_rank});
   if (tk == T) {
-    ops::dense::linear_out(output, y, w_.wo_b);
+    run_o_proj(o, output);
   } else {
-    ops::dense::linear_out(output.narrow(0, 0, tk), y, w_.wo_b);
+    run_o_proj(o, output.narrow(0, 0, tk));
     ops::dense::zero(output.narrow(0, tk, T - tk));
   }
   return output;
+}
+
+void Impl::run_o_proj(const at::Tensor& o, const at::Tensor& out) {
+  const ImplConfig& cf = cfg_;
+  const int64_t tk = o.size(0), G = cf.o_groups, k = cf.num_heads * cf.head_dim / G;
+  static constexpr int64_t kPerm102[] = {1, 0, 2};
+  at::Tensor y;
+  if (o_proj_ == OProjKind::MxFp8QuantBmm) {
+    // A5, MX-fp8 checkpoint: quantise the grouped view per 32 values, then the
+    // quantised bmm with the fp8 wo_a (upstream's call, impl.h).
+    static constexpr int64_t kPerm012[] = {0, 1, 2};
+    static constexpr int64_t kGroups[] = {0, 0, 32};
+    ops::DynamicMxQuantArgs q;
+    q.input = o.view({tk, G, k});
+    q.dst_type = static_cast<int64_t>(at::kFloat8_e4m3fn);
+    const auto [o8, o_scale] = ops::dynamic_mx_quant(q);
+    ops::TransposeQuantBatchMatmulArgs b;
+    b.x1 = o8;
+    b.x2 = w_.wo_a;
+    b.dtype = static_cast<int64_t>(at::kBFloat16);
+    b.x1_scale = o_scale.view(at::kFloat8_e8m0fnu);
+    b.x2_scale = w_.wo_a_scale;
+    b.group_sizes = c10::IntArrayRef(kGroups);
+    b.perm_x1 = c10::IntArrayRef(kPerm102);
+    b.perm_x2 = c10::IntArrayRef(kPerm012);
+    b.perm_y = c10::IntArrayRef(kPerm102);
+    y = ops::dense::cast(ops::transpose_quant_batchmatmul(b), w_.wo_b.scalar_type());
+  } else {
+    // grouped o_proj: (tk, G, in) -> per group @ wo_a[g] -> (tk, G, o_lora), the transpose-bmm
+    y = ops::transpose_batchmatmul(o.view({tk, G, k}), w_.wo_a, c10::IntArrayRef(kPerm102), std::nullopt,
+                                   c10::IntArrayRef(kPerm102));
+  }
+  ops::dense::linear_out(out, y.reshape({tk, G * cf.o_lora_rank}), w_.wo_b);
 }
 
 }  // namespace aar::dsa

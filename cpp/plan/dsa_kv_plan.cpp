@@ -230,12 +230,11 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
       p.slot_format = SlotFormat::BlockOffset;
       p.block_offset_skip = BlockOffsetSkip::MinusOne;  // spec 7.2: invalid = [-1, -1]
       p.kv_scatter = KvScatterKind::ScatterNdUpdateInplace;
-      // The BF16 grouped transpose-bmm, not the MX-fp8 one: upstream routes
-      // the quantised o_proj only when wo_a carries an MX weight_scale, which
-      // a BF16 checkpoint (the one an A5 + BF16-cache deployment serves) does
-      // not have; the plan has no fp8 activation anywhere on its attention
-      // path either. Only the A5 fp8 plan below has MxFp8QuantBmm.
-      p.o_proj = OProjKind::Bmm;
+      // The o_proj the device allows (upstream's FP8_ATTENTION capability is
+      // the A5's, whatever the cache dtype): dsa::Impl takes the MX-fp8 path
+      // only when the checkpoint carries wo_a's MX scale; a BF16 checkpoint
+      // (the usual A5 + BF16-cache deployment) runs the grouped bmm.
+      p.o_proj = OProjKind::MxFp8QuantBmm;
     } else {
       // Spec 7.1 A5 column / 7.2 "A5 other": 640-byte MXFP8 rows.
       p.attn_head_size = Fp8KvRowLayout::kRowBytes;

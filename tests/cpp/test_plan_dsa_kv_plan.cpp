@@ -308,10 +308,10 @@ TEST(PlanDsaKvPlan, PrPlanTableA5Bf16) {
     EXPECT_EQ(p.indexer_k_write, IndexerKWriteKind::CompressEpilogV2);
     EXPECT_EQ(p.indexer_slot_format, SlotFormat::Flat);
     EXPECT_TRUE(p.indexer_full_view);
-    // o_proj: the BF16 grouped transpose-bmm (upstream takes the MX-fp8 one only when wo_a has an MX
-    // weight_scale, which a BF16 checkpoint has not), unlike the A5 fp8 plan's MxFp8QuantBmm
-    EXPECT_EQ(p.o_proj, OProjKind::Bmm);
-    EXPECT_NE(p.o_proj, plan_for(DeviceKind::A5, std::string("fp8")).o_proj);
+    // o_proj: the device allows the MX-fp8 one (as on the A5 fp8 plan); the layer takes it only for a
+    // checkpoint with wo_a's MX scale (dsa/impl.h), so a BF16 checkpoint runs the grouped bmm
+    EXPECT_EQ(p.o_proj, OProjKind::MxFp8QuantBmm);
+    EXPECT_EQ(p.o_proj, plan_for(DeviceKind::A5, std::string("fp8")).o_proj);
     EXPECT_EQ(p.decode_cu_seqlens_ori_kv, CuSeqlensKv::CumsumSeqLens);
   }
 }

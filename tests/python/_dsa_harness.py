@@ -50,7 +50,8 @@ class LayerRun:
 
     Caches: plain rows (a2, a5_bf16) are in the weights' dtype (float32 for reference runs); "a5" has the 640-byte
     MXFP8 rows. The indexer is int8 + fp16 scales on a2 and fp8 + fp32 scales in one raw page with the full byte
-    view on both A5 plans (spec 6.2). The "a5" plan runs its o_proj as the plain grouped bmm (o_proj_override)."""
+    view on both A5 plans (spec 6.2).
+    A bf16 checkpoint (no wo_a_scale) runs the grouped-bmm o_proj on every plan."""
 
     def __init__(self, d, plan, dtype, nreq, *, k=0, seed=0, max_blocks=200, w=None, x=None, cbs=32, maxpos=1024,
                  dspark=0):
@@ -114,8 +115,6 @@ class LayerRun:
 
     def make_impl(self, **kw):
         d = self.d
-        if self.plan == "a5":
-            kw.setdefault("o_proj_override", "Bmm")
         return aar.dsa.Impl(self.w, hidden_size=d.hidden, num_heads=d.N, head_dim=d.D, rope_dim=d.R,
                                  q_lora_rank=d.q_lora, window=d.W, compress_ratio=d.ratio, index_n_heads=d.n_idx,
                                  index_head_dim=d.Di, index_topk=d.K, eps=d.eps, o_groups=d.G, o_lora_rank=d.o_lora,

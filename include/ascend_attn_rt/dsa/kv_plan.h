@@ -146,8 +146,9 @@ enum class IndexerKWriteKind : int32_t {
 };
 const char* to_string(IndexerKWriteKind k);
 
-// The o_proj of spec 6.8 step 4. Bmm on A2/A3 and on the A5 + BF16 plan;
-// MxFp8QuantBmm on the A5 fp8 plan only (see make_attn_kv_plan).
+// As a plan field: the o_proj the device allows (MxFp8QuantBmm on both A5
+// plans, upstream's FP8_ATTENTION hardware capability). dsa::Impl takes it
+// only when the checkpoint has wo_a's MX scale, else Bmm (dsa/impl.h).
 enum class OProjKind : int32_t {
   Bmm = 0,            // transpose-bmm with wo_a (or the OTP / olora variants), then wo_b
   MxFp8QuantBmm = 1,  // npu_dynamic_mx_quant fp8, quantised transpose-bmm with wo_a (group 32), then wo_b
