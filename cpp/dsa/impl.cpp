@@ -697,10 +697,11 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   if (st.num_prefills != 0) {
     throw_not_supported("DSA graph capture takes decode-only steps, got ", st.num_prefills, " prefill request(s)");
   }
-  AAR_CHECK_ARG(hidden.size(0) == n && st.num_input_tokens == n, "DSA graph capture of bucket ", n,
-                " needs hidden of ", n, " rows and a step built with num_input_tokens=", n, " (got hidden ",
-                hidden.size(0), " rows, num_input_tokens=", st.num_input_tokens,
-                "): pad the batch to the bucket");
+  AAR_CHECK_ARG(hidden.size(0) == n && st.num_input_tokens == n && st.num_actual_tokens == n,
+                "DSA graph capture of bucket ", n, " needs hidden of ", n, " rows and a step of ", n,
+                " tokens in requests (num_input_tokens = query_start_loc[B] = ", n, "; got hidden ", hidden.size(0),
+                " rows, num_input_tokens=", st.num_input_tokens, ", query_start_loc[B]=", st.num_actual_tokens,
+                "): pad the batch to the bucket with dummy requests of decode length (seq_len >= their tokens)");
   if (cf.plan.kv_scatter == KvScatterKind::KvCompressEpilog && w_.wq_a.scalar_type() != at::kBFloat16) {
     throw_not_supported("DSA graph capture of the kv_compress_epilog plan needs bfloat16 weights (the epilog takes "
                         "bf16 rows; a ", w_.wq_a.scalar_type(), " layer would cast them at a fresh address)");
@@ -747,11 +748,13 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   };
   call.fits = [cl, layer = cf.layer_index](const graph::StepParams& sp, int64_t bucket) {
     const at::Tensor& bt = cl->swa_block_table;
-    AAR_CHECK_ARG(sp.num_kernel_tokens == cl->bucket && sp.num_reqs == cl->num_reqs, "DSA layer ", layer,
-                  ": graph bucket ", bucket, " was captured for ", cl->bucket, " tokens of ", cl->num_reqs,
-                  " requests (graph-padding requests included), but the step has ", sp.num_kernel_tokens,
-                  " tokens of ", sp.num_reqs, " requests: build it with num_input_tokens=", cl->bucket, " and ",
-                  cl->num_reqs, " requests");
+    AAR_CHECK_ARG(sp.num_input_tokens == cl->bucket && sp.num_kernel_tokens == cl->bucket &&
+                      sp.num_reqs == cl->num_reqs,
+                  "DSA layer ", layer, ": graph bucket ", bucket, " was captured for ", cl->bucket, " tokens of ",
+                  cl->num_reqs, " requests (dummy requests included), but the step has ", sp.num_input_tokens,
+                  " tokens (", sp.num_kernel_tokens, " in requests) of ", sp.num_reqs, " requests: pad it to ",
+                  cl->num_reqs,
+                  " requests holding all ", cl->bucket, " tokens (num_input_tokens=", cl->bucket, ")");
     AAR_CHECK_ARG(sp.stamp.live == cl->swa.stamp.live && sp.block_tables.defined() &&
                       sp.block_tables.data_ptr() == bt.data_ptr() && sp.block_tables.sizes() == bt.sizes() &&
                       sp.block_tables.strides() == bt.strides(),
@@ -806,7 +809,8 @@ graph::StepParams graph_step_params(const LayerMetadata& md) {
   sp.seq_lens = st.seq_lens;
   sp.num_reqs = st.num_reqs;
   sp.num_real_reqs = st.num_reqs_actual;
-  sp.num_kernel_tokens = st.num_input_tokens;
+  sp.num_kernel_tokens = st.num_actual_tokens;
+  sp.num_input_tokens = st.num_input_tokens;
   sp.stamp = md.swa->stamp;
   return sp;
 }

@@ -84,6 +84,7 @@ struct StepParams {
   int64_t num_reqs = 0;          // requests the kernels see (incl. padding dummies)
   int64_t num_real_reqs = 0;
   int64_t num_kernel_tokens = 0; // query rows attended (q_ends.back())
+  int64_t num_input_tokens = 0;  // rows the layers see (>= num_kernel_tokens); 0: not given (DSA sets it)
   BuildStamp stamp;              // the build the lists belong to (stale ones are rejected)
 };
 StepParams step_params(const gqa::Metadata& md);
