@@ -10,7 +10,9 @@
 // size is seen and cached, so a steady-state forward makes no tensor for its
 // intermediates and a captured graph reads and writes them at stable
 // addresses. A buffer that grows is replaced; the old one lives on while a
-// captured graph (or a view) still holds it.
+// captured graph (or a view) still holds it. As MLA's decode workspace: one
+// per shape in the process, so layers of one shape must not run forwards
+// concurrently from several threads (one model's layers run in order).
 #pragma once
 
 #include <ATen/core/Tensor.h>

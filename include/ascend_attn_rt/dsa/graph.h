@@ -11,10 +11,12 @@ namespace aar::dsa {
 
 // The step as GraphParams::update sees it (one entry for the DSA layers'
 // calls, group 0): the SWA group's block table and stamp (every DSA layer
-// reads one), B (graph-padding requests included), num_input_tokens. The
-// captured layers check that the step has the bucket's tokens and requests
-// and that its SWA metadata is at the captured addresses (same builder lane,
-// same block-table width), else InvalidArgument naming the layer and sizes.
+// reads one), B (dummy requests included), query_start_loc[B]
+// (num_kernel_tokens) and num_input_tokens. The captured layers check that
+// the step has the bucket's tokens, all in its B requests, and that its SWA
+// metadata is at the captured addresses (same builder lane, same
+// block-table width), else InvalidArgument naming the layer and sizes; a
+// stale SWA build is rejected by update itself.
 graph::StepParams graph_step_params(const LayerMetadata& md);
 
 }  // namespace aar::dsa

@@ -64,25 +64,34 @@
 //    the device graph captures its kernels, the CPU recording provider
 //    replays the closure. Refused before anything is recorded or written:
 //    another attention state (NotSupported naming it), a step with prefills,
-//    hidden or num_input_tokens other than the bucket (InvalidArgument naming
-//    the bucket), the kv_compress_epilog plan with non-bf16 weights and
-//    li_k_scale_dtype != indexer_k_scale_dtype (both would cast at fresh
-//    addresses; neither occurs in the spec's plans). The captured layer runs
-//    every operator over all T = bucket rows (graph-padding rows belong to no
-//    request: the SAS output is zero there, so o_proj writes zero rows; their
-//    KV slots are skip slots) and reads only stable addresses: the builders'
-//    buffers (lengths, tables, slots, RoPE and -sin rows, compressor_metadata
-//    rows, SAS / QLI blobs), the caches, the top-k buffer and the shared
-//    workspace, where every operator result lands (out-variants,
-//    ops/out_variants.h: the operators without an out schema are called and
-//    their result copied in). No host list is baked in, so an update
-//    re-issues nothing for it; dsa::graph_step_params / aar.dsa.graph_update
-//    (dsa/graph.h) check at update that the step has the bucket's tokens and
-//    requests (graph-padding requests of 0 tokens, S = 0, keep B fixed) and
-//    its SWA metadata at the captured addresses. The metadata a replay reads
-//    is the latest build of the builders the capture used, with the capture's
-//    sizes: B, T and the block-table widths of every group (only the SWA
-//    group's width is checked by the update).
+//    a step whose rows are not all in requests or hidden / num_input_tokens
+//    other than the bucket (InvalidArgument naming the bucket), the
+//    kv_compress_epilog plan with non-bf16 weights and li_k_scale_dtype !=
+//    indexer_k_scale_dtype (both would cast at fresh addresses; neither
+//    occurs in the spec's plans), a top-k buffer shorter than the bucket.
+//    The captured layer runs every operator over all T = bucket rows and
+//    reads only stable addresses: the builders' buffers (lengths, tables,
+//    slots, RoPE and -sin rows, compressor_metadata rows, SAS / QLI blobs),
+//    the caches, the top-k buffer and the shared workspace, where every
+//    operator result lands (out-variants, ops/out_variants.h: the operators
+//    without an out schema are called and their result copied in). No host
+//    list is baked in, so an update re-issues nothing for it.
+//    Replayed steps: every bucket row belongs to a request (the SAS and QLI
+//    operators take T = query_start_loc[B]; their CPU twins check it), so a
+//    step with fewer real requests is padded to the bucket's B requests with
+//    dummies of decode length (num_reqs_actual = the real ones; a dummy needs
+//    seq_len >= its tokens). The builder zeroes the dummies' block-table rows
+//    and gives their tokens skip slots and no compressed rows, so they write
+//    no KV row; they read block 0 (the null block) and the compressors write
+//    their state positions into the state caches' block 0. Their output rows
+//    are not meaningful (upstream: "o_proj_input padding rows are
+//    uninitialised"); eager forwards keep writing zeros past the real tokens.
+//    dsa::graph_step_params / aar.dsa.graph_update (dsa/graph.h) check at
+//    update that the step has the bucket's tokens, all in its B requests,
+//    and its SWA metadata at the captured addresses (same builder lane, same
+//    block-table width). Not checked there (the engine's side): the other
+//    groups' block-table widths and that the replayed step is decode-only
+//    (a prefill changes the cu_seqlens kinds and the DSpark rows).
 //  - Not implemented, refused at construction by name: the SparseFlashMla plan
 //    (A5 + BF16 cache: the operator and its adapter exist in
 //    ops/sparse_flash_mla.h; the layer does not wire them yet) and the MX-fp8
