@@ -17,8 +17,10 @@
 #include "ascend_attn_rt/ops/dsa_inplace_ops.h"
 #include "ascend_attn_rt/ops/hadamard.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/mx_quant.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+#include "ascend_attn_rt/ops/sparse_flash_mla.h"
 #include "ascend_attn_rt/ops/out_variants.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 #include "ascend_attn_rt/dsa/graph.h"
@@ -59,14 +61,6 @@ void check_group(const GroupMetadata* g, const char* name) {
 }
 
 }  // namespace
-
-const char* to_string(OProjOverride o) {
-  switch (o) {
-    case OProjOverride::None: return "None";
-    case OProjOverride::Bmm: return "Bmm";
-  }
-  return "?";
-}
 
 // ------------------------------------------------------------------ 6.3 tuple
 
@@ -134,19 +128,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                 c.compress_ratio);
   AAR_CHECK_ARG(!c.use_index_cache || (c4 && !c.skip_topk), "use_index_cache stores this layer's top-k: it needs a "
                 "ratio-4 layer that computes one (skip_topk=False)");
-  // The plan's paths this layer does not implement, by name.
-  if (c.plan.uses_sparse_flash_mla || c.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
-    throw_not_supported("plan sparse_attn=SparseFlashMla (A5 + bf16 cache): the operator, its CPU twin and the "
-                        "argument adapter exist (ops/sparse_flash_mla.h), but the DSA layer does not wire them yet "
-                        "(builder staging of seqused_cmp_kv / cmp_residual_kv and the SparseFlashMla metadata)");
-  }
-  AAR_CHECK_ARG(c.o_proj_override == OProjOverride::None || c.o_proj_override == OProjOverride::Bmm,
-                "o_proj_override value ", static_cast<int>(c.o_proj_override), " is outside the enum");
-  if (c.plan.o_proj == OProjKind::MxFp8QuantBmm && c.o_proj_override != OProjOverride::Bmm) {
-    throw_not_supported("plan o_proj=MxFp8QuantBmm (A5 npu_dynamic_mx_quant + quantised transpose-bmm) is not "
-                        "implemented by the DSA layer; o_proj_override=Bmm runs the plain grouped transpose-bmm "
-                        "o_proj instead (an explicit deviation from the plan)");
-  }
+  AAR_CHECK_ARG(c.plan.uses_sparse_flash_mla == (c.plan.sparse_attn == SparseAttnPath::SparseFlashMla),
+                "plan uses_sparse_flash_mla=", c.plan.uses_sparse_flash_mla ? "True" : "False",
+                " contradicts plan sparse_attn=", to_string(c.plan.sparse_attn));
   if (c.plan.fp8_kv_rows) {
     AAR_CHECK_ARG(c.head_dim == Fp8KvRowLayout::kNopeDims + Fp8KvRowLayout::kRopeDims &&
                       c.rope_dim == Fp8KvRowLayout::kRopeDims,
@@ -160,6 +144,12 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   const c10::Device dev = w.wq_a.device();
   AAR_CHECK_ARG(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat,
                 "the weights' dtype must be bfloat16, float16 or float32, got ", dt);
+  // The A5 + BF16 plan's caches are bf16 (float32 only for CPU reference
+  // runs, as on every plain-row plan): float16 weights would make float16
+  // caches, which is not that plan.
+  AAR_CHECK_ARG(!c.plan.uses_sparse_flash_mla || dt != at::kHalf, "the weights are float16 but plan sparse_attn="
+                "SparseFlashMla (A5 + bfloat16 cache) keeps bfloat16 KV rows: use bfloat16 weights (float32 for "
+                "CPU reference runs)");
   auto check = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape, bool fp32 = false) {
     AAR_CHECK_ARG(t.defined() && t.sizes() == c10::IntArrayRef(shape), "weight ", name, " must have shape ",
                   c10::IntArrayRef(shape), ", got ", sizes_of(t));
@@ -174,7 +164,32 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   check(w.wkv, "wkv", {D, H});
   check(w.kv_norm, "kv_norm", {D});
   check(w.attn_sink, "attn_sink", {N}, /*fp32=*/true);
-  check(w.wo_a, "wo_a", {G, N * D / G, c.o_lora_rank});
+  // o_proj (6.8 step 4): the plan allows the MX-fp8 path, the checkpoint's wo_a_scale selects it (impl.h).
+  if (w.wo_a_scale.defined()) {
+    AAR_CHECK_ARG(c.plan.o_proj == OProjKind::MxFp8QuantBmm, "weight wo_a_scale is given but the plan's o_proj is ",
+                  to_string(c.plan.o_proj), ": the MX-fp8 o_proj runs only on the A5 plans (device_kind a5); pass "
+                  "a bf16 wo_a without wo_a_scale");
+    o_proj_ = OProjKind::MxFp8QuantBmm;
+    const int64_t k = N * D / G;
+    AAR_CHECK_ARG(k % 64 == 0, "the MX-fp8 o_proj needs N * D / o_groups = ", k,
+                  " to be a multiple of 64 (npu_transpose_quant_batchmatmul's MX mode)");
+    AAR_CHECK_ARG(w.wo_a.defined() && w.wo_a.sizes() == c10::IntArrayRef({G, k, c.o_lora_rank}),
+                  "weight wo_a must have shape ", c10::IntArrayRef({G, k, c.o_lora_rank}), ", got ", sizes_of(w.wo_a));
+    AAR_CHECK_ARG(w.wo_a.scalar_type() == at::kFloat8_e4m3fn, "weight wo_a is ", w.wo_a.scalar_type(),
+                  ", expected Float8_e4m3fn: wo_a_scale makes it the MX-fp8 checkpoint's weight");
+    AAR_CHECK_ARG(w.wo_a.device() == dev, "weight wo_a is on ", w.wo_a.device(), ", wq_a on ", dev);
+    const std::vector<int64_t> ss{G, k / 64, c.o_lora_rank, 2};
+    AAR_CHECK_ARG(w.wo_a_scale.sizes() == c10::IntArrayRef(ss), "weight wo_a_scale must have shape (G, k / 64, "
+                  "o_lora, 2) = ", c10::IntArrayRef(ss), ", got ", w.wo_a_scale.sizes());
+    AAR_CHECK_ARG(w.wo_a_scale.scalar_type() == at::kFloat8_e8m0fnu || w.wo_a_scale.scalar_type() == at::kByte,
+                  "weight wo_a_scale is ", w.wo_a_scale.scalar_type(), ", expected Float8_e8m0fnu (or its uint8 bytes)");
+    AAR_CHECK_ARG(w.wo_a_scale.device() == dev, "weight wo_a_scale is on ", w.wo_a_scale.device(), ", wq_a on ", dev);
+    w_.wo_a_scale = w.wo_a_scale.view(at::kFloat8_e8m0fnu);
+  } else {
+    AAR_CHECK_ARG(!w.wo_a.defined() || w.wo_a.scalar_type() != at::kFloat8_e4m3fn, "weight wo_a is Float8_e4m3fn "
+                  "but wo_a_scale is not given: an MX-fp8 wo_a needs its scales (G, k / 64, o_lora, 2)");
+    check(w.wo_a, "wo_a", {G, N * D / G, c.o_lora_rank});
+  }
   check(w.wo_b, "wo_b", {H, G * c.o_lora_rank});
   if (c.compress_ratio > 1) {
     const int64_t coff = c4 ? 2 : 1;
@@ -232,6 +247,11 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   const ImplConfig& c = cfg_;
   const at::ScalarType dt = w_.wq_a.scalar_type();
   const c10::Device dev = w_.wq_a.device();
+  if (c.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace && graph::GraphParams::current() != nullptr) {
+    throw_not_supported("DSA graph capture on plan kv_scatter=npu_scatter_nd_update_ (A5 + bfloat16 cache): its KV "
+                        "writes are sized by the step's valid rows (a per-step host value), which a replay cannot "
+                        "change");
+  }
   AAR_CHECK_ARG(md.compress_ratio == c.compress_ratio || (md.compress_ratio <= 1 && c.compress_ratio == 1),
                 "metadata was routed for compress_ratio ", md.compress_ratio, " but the layer's is ", c.compress_ratio);
   AAR_CHECK_ARG(md.step != nullptr, "metadata.step is missing");
@@ -240,6 +260,23 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   if (c.compress_ratio > 1) {
     check_group(md.attention, "attention");
     check_group(md.compressor_state, "compressor_state");
+  }
+  // The KV writes index with the groups' slots: they must be in the plan's format (a group built under another
+  // plan would be misread).
+  auto check_format = [&](const GroupMetadata& g, const char* name, DsaCacheKind kind) {
+    const SlotFormat want = slot_format_for(c.plan, kind);
+    AAR_CHECK_ARG(g.slot_format == want, "metadata.", name, " has ", to_string(g.slot_format),
+                  " slots but the layer's plan (sparse_attn=", to_string(c.plan.sparse_attn), ") writes ",
+                  to_string(want), " slots: its GroupBuilder was configured with another plan");
+  };
+  check_format(*md.swa, "swa", DsaCacheKind::Swa);
+  if (c.compress_ratio > 1) {
+    check_format(*md.attention, "attention", md.attention->kind);
+    // Spec 7.2: SparseFlashMla takes the compressed lengths the builder stages for this plan only.
+    AAR_CHECK_ARG(!c.plan.uses_sparse_flash_mla ||
+                      (md.attention->seqused_cmp_kv.defined() && md.attention->cmp_residual_kv.defined()),
+                  "metadata.attention has no seqused_cmp_kv / cmp_residual_kv: plan sparse_attn=SparseFlashMla "
+                  "needs its GroupBuilder built with the same (A5 + bfloat16) plan");
   }
   if (c.compress_ratio == 4) {
     check_group(md.indexer_cache, "indexer_cache");
@@ -353,8 +390,10 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   return out;
 }
 
-void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows) {
-  // Spec 7.1 / 7.2: the plan's scatter kind and slot format.
+void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows,
+                         int64_t valid_rows) {
+  // Spec 7.1 / 7.2: the plan's scatter kind and slot format. The v2 scatter
+  // and kv_compress_epilog skip the rows of block / slot -1 themselves.
   at::Tensor var = cache;
   switch (cfg_.plan.kv_scatter) {
     case KvScatterKind::ScatterNdUpdateV2:
@@ -372,9 +411,21 @@ void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const
       ops::kv_compress_epilog(a);
       return;
     }
-    case KvScatterKind::ScatterNdUpdateInplace:
-      ops::scatter_nd_update_(var, slots, rows);
+    case KvScatterKind::ScatterNdUpdateInplace: {
+      // npu_scatter_nd_update_ does not support out-of-range indices (torch_npu
+      // docs), so no skip row reaches it: the builders put the valid rows first
+      // (num_valid_rows, a host value: no sync), and only that prefix is
+      // written. Its updates are indices.shape[:-1] + cache.shape[2:] = (V, 1, D).
+      AAR_CHECK_ARG(valid_rows >= 0 && valid_rows <= rows.size(0) && valid_rows <= slots.size(0),
+                    "internal: ", valid_rows, " valid KV rows of ", rows.size(0), " rows / ", slots.size(0),
+                    " slots");
+      if (valid_rows == 0) return;
+      const at::Tensor idx = valid_rows == slots.size(0) ? slots : slots.narrow(0, 0, valid_rows);
+      const at::Tensor upd = (valid_rows == rows.size(0) ? rows : rows.narrow(0, 0, valid_rows))
+                                 .view({valid_rows, 1, rows.size(1)});
+      ops::scatter_nd_update_(var, idx, upd);
       return;
+    }
   }
   throw_invalid("plan kv_scatter value ", static_cast<int>(cfg_.plan.kv_scatter), " is outside the enum");
 }
@@ -574,7 +625,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   ops::dense::rms_norm_out(v.kv, v.kv, w_.kv_norm, cf.eps);
   ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
   const GroupMetadata& swa = *md.swa;
-  write_kv_rows(c.swa_kv, sv.swa_slots, v.kv);
+  write_kv_rows(c.swa_kv, sv.swa_slots, v.kv, swa.num_valid_rows);
 
   // ---- compressed caches and the C4 selection (6.8 step 3)
   at::Tensor sel;
@@ -592,7 +643,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
                                            *md.compressor_state, ag, R, cf.compress_ratio,
                                            cf.compress_ratio == 4 ? 2 : 1, cf.eps, graph ? rv.cmp : at::Tensor());
     // As the indexer's: the slots past the compressor's rows (num_input_tokens > n) are skip rows.
-    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows);
+    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
   }
   last_topk_ = sel;
 
@@ -633,7 +684,17 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
     qa.rope_head_dim = cf.plan.rope_head_dim;
   }
   at::Tensor o;
-  if (graph) {
+  if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
+    // Spec 7.2: the sharedkv arguments through the adapter (seqused_kv ->
+    // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
+    // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
+    // Eager only (capture of this plan is refused in validate()).
+    std::optional<ops::FlashMlaCmpLengthTensors> cmp;
+    if (cf.compress_ratio > 1) {
+      cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
+    }
+    o = std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
+  } else if (graph) {
     if (kv_quant) {
       ops::kv_quant_sparse_attn_sharedkv_out(qa, v.o);
     } else {
@@ -646,23 +707,18 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
 
   // ---- inverse RoPE and o_proj (6.8 step 4)
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
-  // grouped o_proj: (n, G, in) -> per group @ wo_a[g] -> (n, G, o_lora), the transpose-bmm
-  static constexpr int64_t kPerm[] = {1, 0, 2};
-  const c10::IntArrayRef perm(kPerm);
-  at::Tensor y;
+  const at::Tensor out_n = n == T ? output : output.narrow(0, 0, n);
   if (graph) {
+    // grouped o_proj into the workspace: (n, G, in) -> per group @ wo_a[g] -> (n, G, o_lora)
+    // (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
+    static constexpr int64_t kPerm[] = {1, 0, 2};
+    const c10::IntArrayRef perm(kPerm);
     ops::transpose_batchmatmul_out(v.o_groups, w_.wo_a, perm, std::nullopt, perm, v.y);
-    y = v.y2;
+    ops::dense::linear_out(out_n, v.y2, w_.wo_b);
   } else {
-    y = ops::transpose_batchmatmul(o.view(v.o_groups.sizes()), w_.wo_a, perm, std::nullopt, perm)
-            .reshape(v.y2.sizes());
+    run_o_proj(o, out_n);
   }
-  if (n == T) {
-    ops::dense::linear_out(output, y, w_.wo_b);
-  } else {
-    ops::dense::linear_out(output.narrow(0, 0, n), y, w_.wo_b);
-    ops::dense::zero(output.narrow(0, n, T - n));
-  }
+  if (n < T) ops::dense::zero(output.narrow(0, n, T - n));
 }
 
 namespace {
@@ -705,6 +761,11 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   if (cf.plan.kv_scatter == KvScatterKind::KvCompressEpilog && w_.wq_a.scalar_type() != at::kBFloat16) {
     throw_not_supported("DSA graph capture of the kv_compress_epilog plan needs bfloat16 weights (the epilog takes "
                         "bf16 rows; a ", w_.wq_a.scalar_type(), " layer would cast them at a fresh address)");
+  }
+  if (o_proj_ == OProjKind::MxFp8QuantBmm) {
+    throw_not_supported("DSA graph capture with the MX-fp8 o_proj (wo_a_scale given): npu_dynamic_mx_quant and "
+                        "npu_transpose_quant_batchmatmul have no out-variants here (their results would sit at "
+                        "fresh addresses)");
   }
   if (cf.compress_ratio == 4 && scalar_of(cf.plan.li_k_scale_dtype) != scalar_of(cf.plan.indexer_k_scale_dtype)) {
     throw_not_supported("DSA graph capture: plan li_k_scale_dtype differs from indexer_k_scale_dtype (the "
@@ -798,6 +859,39 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     run(hidden, c, md, output, topk, tk, /*graph=*/false, *ws_);
   }
   return output;
+}
+
+void Impl::run_o_proj(const at::Tensor& o, const at::Tensor& out) {
+  const ImplConfig& cf = cfg_;
+  const int64_t tk = o.size(0), G = cf.o_groups, k = cf.num_heads * cf.head_dim / G;
+  static constexpr int64_t kPerm102[] = {1, 0, 2};
+  at::Tensor y;
+  if (o_proj_ == OProjKind::MxFp8QuantBmm) {
+    // A5, MX-fp8 checkpoint: quantise the grouped view per 32 values, then the
+    // quantised bmm with the fp8 wo_a (upstream's call, impl.h).
+    static constexpr int64_t kPerm012[] = {0, 1, 2};
+    static constexpr int64_t kGroups[] = {0, 0, 32};
+    ops::DynamicMxQuantArgs q;
+    q.input = o.view({tk, G, k});
+    q.dst_type = static_cast<int64_t>(at::kFloat8_e4m3fn);
+    const auto [o8, o_scale] = ops::dynamic_mx_quant(q);
+    ops::TransposeQuantBatchMatmulArgs b;
+    b.x1 = o8;
+    b.x2 = w_.wo_a;
+    b.dtype = static_cast<int64_t>(at::kBFloat16);
+    b.x1_scale = o_scale.view(at::kFloat8_e8m0fnu);
+    b.x2_scale = w_.wo_a_scale;
+    b.group_sizes = c10::IntArrayRef(kGroups);
+    b.perm_x1 = c10::IntArrayRef(kPerm102);
+    b.perm_x2 = c10::IntArrayRef(kPerm012);
+    b.perm_y = c10::IntArrayRef(kPerm102);
+    y = ops::dense::cast(ops::transpose_quant_batchmatmul(b), w_.wo_b.scalar_type());
+  } else {
+    // grouped o_proj: (tk, G, in) -> per group @ wo_a[g] -> (tk, G, o_lora), the transpose-bmm
+    y = ops::transpose_batchmatmul(o.view({tk, G, k}), w_.wo_a, c10::IntArrayRef(kPerm102), std::nullopt,
+                                   c10::IntArrayRef(kPerm102));
+  }
+  ops::dense::linear_out(out, y.reshape({tk, G * cf.o_lora_rank}), w_.wo_b);
 }
 
 graph::StepParams graph_step_params(const LayerMetadata& md) {

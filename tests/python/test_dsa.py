@@ -328,13 +328,11 @@ def test_unimplemented_plans_refused_by_name():
     w = ref.make_dsa_weights(d, torch.bfloat16, torch.Generator().manual_seed(2))
     kw = dict(hidden_size=64, num_heads=4, head_dim=64, rope_dim=16, q_lora_rank=32, window=8, o_groups=2,
               o_lora_rank=16)
-    # A5 fp8 plan: its o_proj is the MX-fp8 quantised transpose-bmm (not implemented)
-    with pytest.raises(NotImplementedError, match="MxFp8QuantBmm"):
+    # A5 fp8 plan: implemented (tests/python/test_dsa_a5.py), but its 640-byte rows need D 512 / R 64
+    with pytest.raises(ValueError, match="head_dim 512 and rope_dim 64"):
         aar.dsa.Impl(w, device_kind="a5", **kw)
-    # A5 + bf16 cache: SparseFlashMla
-    with pytest.raises(NotImplementedError, match="SparseFlashMla"):
-        aar.dsa.Impl(w, device_kind="a5", cache_dtype="bfloat16", **kw)
-    # A3 is the A2 plan: accepted
+    # A5 + bf16 cache (SparseFlashMla, tests/python/test_dsa_sfmla.py) and A3 (the A2 plan): accepted
+    aar.dsa.Impl(w, device_kind="a5", cache_dtype="bfloat16", **kw)
     aar.dsa.Impl(w, device_kind="a3", **kw)
 
 

@@ -22,7 +22,10 @@
 //               the top-k), softmax scale D^-0.5.
 //   output      inverse RoPE (-sin) of the output's rope slice, o_proj: the
 //               output viewed (T, G, N D / G) times wo_a (G, N D / G, o_lora)
-//               per group (batched), then wo_b.
+//               per group (batched), then wo_b; on the MX-fp8 o_proj (below)
+//               the view is MX-quantised (npu_dynamic_mx_quant, fp8 e4m3,
+//               blocks of 32) and multiplied with the fp8 wo_a and its e8m0
+//               scales by npu_transpose_quant_batchmatmul (bf16 result).
 //
 // The AttnKvPlan (dsa/kv_plan.h) decides everything device-dependent; this
 // file reads its fields, never the device kind.
@@ -66,6 +69,9 @@
 //    another attention state (NotSupported naming it), a step with prefills,
 //    a step whose rows are not all in requests or hidden / num_input_tokens
 //    other than the bucket (InvalidArgument naming the bucket), the
+//    plans whose writes or o_proj take per-step host sizes or fresh results
+//    (the A5 + BF16 plan's npu_scatter_nd_update_, see below; the MX-fp8
+//    o_proj, whose quantised operands have no out-variants here), the
 //    kv_compress_epilog plan with non-bf16 weights and li_k_scale_dtype !=
 //    indexer_k_scale_dtype (both would cast at fresh addresses; neither
 //    occurs in the spec's plans), a top-k buffer shorter than the bucket.
@@ -92,27 +98,60 @@
 //    block-table width). Not checked there (the engine's side): the other
 //    groups' block-table widths and that the replayed step is decode-only
 //    (a prefill changes the cu_seqlens kinds and the DSpark rows).
-//  - Not implemented, refused at construction by name: the SparseFlashMla plan
-//    (A5 + BF16 cache: the operator and its adapter exist in
-//    ops/sparse_flash_mla.h; the layer does not wire them yet) and the MX-fp8
-//    o_proj (plan.o_proj == MxFp8QuantBmm: npu_dynamic_mx_quant and the
-//    quantised transpose-bmm have no CPU twins. The torch_npu 2.14.0 wheel
-//    has both schemas (npu_native_functions_by_codegen.yaml:
-//    npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode="rint",
-//    int dst_type=296, int block_size=32, int? scale_alg=0, float
-//    dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor) and
-//    npu_transpose_quant_batchmatmul(Tensor x1, Tensor x2, int dtype, *, ...,
-//    Tensor? x1_scale, Tensor? x2_scale, int[]? group_sizes, int[]? perm_x1,
-//    int[]? perm_x2, int[]? perm_y, ...)), but the latter's documentation is
-//    empty in _op_plugin_docs.py and the spec does not give the A5 call's
-//    arguments (wo_a's MX scales, dtype codes, group_sizes): not guessed).
-//    The A5 fp8 plan (the "A5 other"
-//    plan of spec 7.2: 640-byte MXFP8 rows written by kv_compress_epilog,
-//    fp8 indexer through indexer_compress_epilog_v2 and the full byte view,
-//    fp8 query + fp32 scales and fp32 weights into the QLI, attention through
-//    npu_kv_quant_sparse_attn_sharedkv) is implemented up to its o_proj: it
-//    is refused by name unless ImplConfig::o_proj_override = OProjOverride::Bmm
-//    explicitly selects the plain bf16 grouped transpose-bmm o_proj (see there).
+//  - The A5 + BF16 plan (spec 7.2: uses_sparse_flash_mla, SparseFlashMla,
+//    PA_BBND, bf16 rows of 512) runs whole:
+//     * SWA and compressed KV writes: in-place npu_scatter_nd_update_(cache,
+//       idx (V, 2), rows (V, 1, D)) over the group's first V = num_valid_rows
+//       rows only. torch_npu's docs say the kernel does not support
+//       out-of-range indices, so a (-1, x) row must never reach it; the
+//       builders emit the valid rows first (padding requests' tokens, padding
+//       tokens and the compressor's unemitted rows after them), so the valid
+//       rows are a prefix whose length the host already has: a narrow, no
+//       device-side compaction (which would need a nonzero and a sync). Graph
+//       capture of this plan is refused by name: V changes per step, and a
+//       C128 decode step often has V = 0 (a captured write would need a kernel
+//       that drops rows, or a reserved scratch page).
+//     * attention: ops::sparse_flash_mla with the sharedkv arguments through
+//       the spec 7.2 adapter (to_sparse_flash_mla_args: seqused_ori_kv, PA_BBND;
+//       compressed layers add the attention group's staged seqused_cmp_kv /
+//       cmp_residual_kv; no cu_seqlens_* extras, as on A5) and the group's
+//       sparse_flash_mla_metadata blob. The group must carry those lengths (a
+//       GroupBuilder of the same plan), else InvalidArgument naming them.
+//     * the indexer keeps the A5 fp8 flow (indexer_compress_epilog_v2 through
+//       the full view, fp8 query + fp32 scales, fp32 weights), as spec 7.2 says.
+//     * o_proj: by the rule below (a BF16 checkpoint, no wo_a_scale: the
+//       grouped transpose-bmm in the weights' dtype).
+//     * weights bfloat16 (float32 for CPU reference runs, the caches then
+//       float32 too); float16 weights are refused naming the plan.
+//  - Every layer checks that its groups' slot formats are its plan's
+//    (slot_format_for), naming the group: a GroupBuilder configured with
+//    another plan would have its slots misread.
+//  - The A5 fp8 plan (the "A5 other" plan of spec 7.2: 640-byte MXFP8 rows
+//    written by kv_compress_epilog, fp8 indexer through
+//    indexer_compress_epilog_v2 and the full byte view, fp8 query + fp32
+//    scales and fp32 weights into the QLI, attention through
+//    npu_kv_quant_sparse_attn_sharedkv) runs end to end.
+//  - o_proj (spec 6.8 step 4), upstream's rule (vllm-ascend dsa_v1.py
+//    _forward_o_proj: the MX path when the hardware supports fp8 attention
+//    AND wo_a has a weight_scale): the plan says whether the device may take
+//    the MX-fp8 o_proj (AttnKvPlan::o_proj == MxFp8QuantBmm on both A5 plans:
+//    a property of the hardware, not of the cache dtype), the weights say
+//    whether the checkpoint is MX-fp8 (Weights::wo_a_scale given). Both ->
+//    OProjKind::MxFp8QuantBmm; a plan without it or a bf16 checkpoint (no
+//    scale) -> OProjKind::Bmm, the grouped transpose-bmm in the weights'
+//    dtype. Impl::o_proj() reports the choice. A wo_a_scale on a plan whose
+//    o_proj is Bmm (A2/A3) is refused by name rather than ignored. The MX
+//    call is upstream's: npu_dynamic_mx_quant(o, dst_type=float8_e4m3fn)
+//    with the schema's other defaults (axis -1, "rint", block 32, scale_alg 0:
+//    the OCP rule), npu_transpose_quant_batchmatmul(y, wo_a, bfloat16,
+//    x1_scale = the scales viewed float8_e8m0fnu, x2_scale = wo_a_scale,
+//    group_sizes (0, 0, 32), perm_x1 (1, 0, 2), perm_x2 (0, 1, 2), perm_y
+//    (1, 0, 2)); its bf16 (T, G, o_lora) result reshaped (T, G o_lora) is
+//    cast to the weights' dtype for wo_b (a no-op for bf16 weights). The MX
+//    path needs k = N D / G a multiple of 64 (the device's constraint).
+//    ImplConfig::o_proj_override, the former escape hatch that ran the A5
+//    plan with the plain bmm while the MX path was missing, is gone: a bf16
+//    checkpoint on A5 now takes that path by the rule above.
 //  - The indexer weights' scale Di^-0.5 n_idx^-0.5 is folded into a copy of
 //    idx_weights_proj at construction (rounded once in the weights' dtype).
 //  - The inverse RoPE's -sin rows: the step builder's (StepMetadata::neg_sin,
@@ -151,19 +190,6 @@ struct TokenViews;
 struct RowViews;
 }  // namespace detail
 
-// An explicit, caller-chosen replacement of the plan's o_proj (spec 6.8 step 4).
-// The plan decides o_proj (AttnKvPlan::o_proj); this override exists only
-// because the A5 plan's MxFp8QuantBmm o_proj is not implemented (no CPU twin
-// of npu_dynamic_mx_quant / the quantised transpose-bmm): with Bmm, an A5 fp8
-// layer runs everything else of its plan and the plain grouped transpose-bmm
-// with wo_a then wo_b (the A2/A3 o_proj, no MX-fp8 rounding of the attention
-// output), so the rest of the A5 plan is testable and usable. It is a
-// deliberate deviation from the plan: None (the default) follows the plan and
-// refuses MxFp8QuantBmm by name. Bmm on a plan whose o_proj is already Bmm
-// changes nothing.
-enum class OProjOverride : int32_t { None = 0, Bmm = 1 };
-const char* to_string(OProjOverride o);  // "None", "Bmm"
-
 struct ImplConfig {
   int64_t hidden_size = 0;
   int64_t num_heads = 0;        // N local attention heads
@@ -182,12 +208,18 @@ struct ImplConfig {
   bool use_index_cache = false;  // write the top-k into the TopkBuffer (needs ratio 4 with an indexer)
   bool skip_topk = false;        // ratio 4 without its own top-k: read the TopkBuffer (IndexCache)
   int64_t layer_index = -1;
-  OProjOverride o_proj_override = OProjOverride::None;  // see OProjOverride
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
 struct Weights {
   at::Tensor wq_a, q_norm, wq_b, wkv, kv_norm, attn_sink, wo_a, wo_b;
+  // wo_a's MX scales (upstream's wo_a.weight_scale), undefined for a bf16
+  // checkpoint. Given: wo_a is float8_e4m3fn in upstream's load layout (G, k,
+  // n) = (G, N D / G, o_lora) (npu_transpose_quant_batchmatmul's x2 with
+  // perm_x2 (0, 1, 2)), and wo_a_scale float8_e8m0fnu (uint8 is viewed as it)
+  // (G, k / 64, o_lora, 2): the scale of wo_a[g, 32 j : 32 j + 32, c] at
+  // [g, j / 2, c, j % 2].
+  at::Tensor wo_a_scale;
   at::Tensor cmp_wkv, cmp_wgate, cmp_ape, cmp_norm;                  // ratio > 1
   at::Tensor idx_wq_b, idx_weights_proj;                             // ratio 4
   at::Tensor idx_cmp_wkv, idx_cmp_wgate, idx_cmp_ape, idx_cmp_norm;  // ratio 4
@@ -232,6 +264,8 @@ class Impl {
                             sfa::TopkBuffer* topk_buffer = nullptr);
 
   const ImplConfig& config() const { return cfg_; }
+  // The o_proj this layer runs (the plan's and the weights' rule above).
+  OProjKind o_proj() const { return o_proj_; }
   // The C4 selection (T, 1, K) int32 of the last forward (undefined otherwise).
   const at::Tensor& last_topk() const { return last_topk_; }
 
@@ -250,7 +284,9 @@ class Impl {
     at::Tensor cos, sin, cos3, sin3, neg_sin3, swa_slots, q_ends;
   };
   const StepViews& step_views(const LayerMetadata& md, int64_t n);
-  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows);
+  // valid_rows: the leading rows whose slots are valid (the group's
+  // num_valid_rows); only the in-place scatter of the A5 + BF16 plan reads it.
+  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows);
   void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
                             const detail::RowViews& rv, int64_t r, bool graph);
   at::Tensor indexer_topk(const at::Tensor& x, const Caches& c, const LayerMetadata& md, const detail::TokenViews& v,
@@ -263,11 +299,14 @@ class Impl {
            sfa::TopkBuffer* topk, int64_t n, bool graph, detail::Workspace& ws);
   void capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const LayerMetadata& md,
                const at::Tensor& output, sfa::TopkBuffer* topk);
+  // Spec 6.8 step 4 after the inverse RoPE (eager): o (tk, N, D) -> out (tk, hidden).
+  void run_o_proj(const at::Tensor& o, const at::Tensor& out);
 
   ImplConfig cfg_;
   Weights w_;
   at::Tensor cmp_ape_f32_, idx_ape_f32_, hadamard_, sinks_f32_, ones_d_, idx_wproj_scaled_;
   at::Tensor last_topk_;
+  OProjKind o_proj_ = OProjKind::Bmm;
   std::shared_ptr<detail::Workspace> ws_;
   StepViews step_views_;
 };

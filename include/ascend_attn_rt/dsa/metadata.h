@@ -79,8 +79,10 @@ struct GroupMetadata {
   // ratio <= 1: the formatted slots of the step's T tokens; compressed
   // groups: the slots of the compressed rows the step emits (what the device
   // path's compressor_metadata generates; the CPU path reads these), then the
-  // skip encoding up to num_compressed_tokens rows. (rows, 2) for BlockOffset,
-  // (rows,) for Flat.
+  // skip encoding up to num_compressed_tokens rows (-1 Flat; BlockOffset
+  // (-1, bs-1), or (-1, -1) for the ratio <= 1 groups of a plan with
+  // block_offset_skip MinusOne). (rows, 2) for BlockOffset, (rows,) for Flat.
+  // The first num_valid_rows rows are the valid ones, always.
   at::Tensor slot_mapping;
   int32_t num_compressed_tokens = 0;  // rows: T for ratio <= 1, min(T, T // r + B) else
   int32_t num_valid_rows = 0;         // rows emitted by real requests
@@ -114,6 +116,13 @@ struct GroupMetadata {
   // step's query_start_loc, [0, cumsum(S)], or undefined (None).
   at::Tensor cu_seqlens_ori_kv, cu_seqlens_cmp_kv;
   CuSeqlensKv cu_seqlens_ori_kv_kind = CuSeqlensKv::None, cu_seqlens_cmp_kv_kind = CuSeqlensKv::None;
+  // The SparseFlashMla plan's derived compressed lengths (spec 7.2 adapter),
+  // defined on its compressed KV groups (C4Kv, C128Kv) only: (B,) int32
+  // seqused_cmp_kv[b] = S_b / r and cmp_residual_kv[b] = S_b % r, staged by
+  // the builder (dsa::flash_mla_cmp_lengths) in the group's buffer; and
+  // max_seqlen_cmp_kv = max_seqlen_kv / r (0 elsewhere).
+  at::Tensor seqused_cmp_kv, cmp_residual_kv;
+  int32_t max_seqlen_cmp_kv = 0;
   // DSpark (spec 6.6): (T, 1, width) physical slots, defined on SWA groups
   // configured non-causal (dspark_num_spec > 0) in steps without prefill.
   at::Tensor dspark_swa_indices;
@@ -123,6 +132,7 @@ struct GroupMetadata {
   // Host lists (the build's turn of the staging buffer).
   plan::CSpan<int32_t> block_table_host;  // B * max_blocks_per_req
   plan::CSpan<int32_t> slot_mapping_host, row_index_host, row_position_host, row_request_host, dspark_host;
+  plan::CSpan<int32_t> seqused_cmp_kv_host, cmp_residual_kv_host;  // empty unless seqused_cmp_kv is defined
   int32_t block_table_stride = 0;
   int32_t dspark_width = 0;
 
