@@ -17,6 +17,7 @@
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/dsa/backend_facts.h"
 #include "ascend_attn_rt/dsa/builder.h"
+#include "ascend_attn_rt/dsa/graph.h"
 #include "ascend_attn_rt/dsa/impl.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 #include "ascend_attn_rt/dsa/kv_plan.h"
@@ -184,6 +185,11 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("cu_seqlens_kv", [](const dsa::StepMetadata& s) { return s.cu_seqlens_kv; })
       .def_prop_ro("cos", [](const dsa::StepMetadata& s) { return s.cos; })
       .def_prop_ro("sin", [](const dsa::StepMetadata& s) { return s.sin; })
+      .def_prop_ro("neg_sin", [](const dsa::StepMetadata& s) { return s.neg_sin; })
+      .def_prop_ro("compress_neg_sin", [](const dsa::StepMetadata& s) -> std::optional<at::Tensor> {
+        if (!s.compress_neg_sin.defined()) return std::nullopt;
+        return s.compress_neg_sin;
+      })
       .def_prop_ro("compress_cos", [](const dsa::StepMetadata& s) -> std::optional<at::Tensor> {
         if (!s.compress_cos.defined()) return std::nullopt;
         return s.compress_cos;
@@ -237,6 +243,10 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("row_request", [](const dsa::GroupMetadata& g) { return g.row_request; })
       .def_prop_ro("cos", [](const dsa::GroupMetadata& g) { return g.cos; })
       .def_prop_ro("sin", [](const dsa::GroupMetadata& g) { return g.sin; })
+      .def_prop_ro("neg_sin", [](const dsa::GroupMetadata& g) { return g.neg_sin; })
+      .def_prop_ro("compressed_cos", [opt](const dsa::GroupMetadata& g) { return opt(g.compressed_cos); })
+      .def_prop_ro("compressed_sin", [opt](const dsa::GroupMetadata& g) { return opt(g.compressed_sin); })
+      .def_prop_ro("compressed_slots", [opt](const dsa::GroupMetadata& g) { return opt(g.compressed_slots); })
       .def_prop_ro("full_compress_cos", [opt](const dsa::GroupMetadata& g) { return opt(g.full_compress_cos); })
       .def_prop_ro("full_compress_sin", [opt](const dsa::GroupMetadata& g) { return opt(g.full_compress_sin); })
       .def_prop_ro("sas_metadata", [](const dsa::GroupMetadata& g) { return g.sas_metadata; })
@@ -385,6 +395,17 @@ void bind_dsa_builders(nb::module_& m) {
       "compress_ratio"_a, "step"_a, "swa"_a, "attention"_a = nb::none(), "compressor_state"_a = nb::none(),
       "indexer_cache"_a = nb::none(), "indexer_state"_a = nb::none(),
       "Spec 6.4: a layer's groups, checked (kinds, currency, same step); 'common' is attention if present, else swa.");
+  m.def(
+      "graph_update",
+      [](graph::GraphParams& g, int64_t num_tokens, const dsa::StepMetadata& step, const dsa::GroupMetadata& swa) {
+        dsa::LayerMetadata l;
+        l.step = &step;
+        l.swa = &swa;
+        g.update(num_tokens, std::vector<graph::StepParams>{dsa::graph_step_params(l)});
+      },
+      "graph"_a, "num_tokens"_a, "step"_a, "swa"_a,
+      "GraphParams.update for captured DSA layers (dsa/graph.h): checks the step fits the bucket (tokens, requests, "
+      "the SWA metadata at the captured addresses); re-issues nothing for them.");
 }
 
 void bind_dsa(nb::module_& root) {

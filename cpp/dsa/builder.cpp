@@ -12,6 +12,8 @@
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/dense.h"
+#include "ascend_attn_rt/ops/dsa_compressor.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 #include "ascend_attn_rt/ops/sparse_flash_mla.h"
@@ -70,6 +72,10 @@ class StepBuilder::Lane {
     sp_.assign(static_cast<size_t>(R_), 0);
     q_.assign(static_cast<size_t>(R_), 0);
     positions_.assign(static_cast<size_t>(T), 0);
+    // The -sin rows (stable buffers; see StepMetadata::neg_sin).
+    const auto topt = at::TensorOptions().dtype(rope.dtype()).device(cfg.device);
+    neg_ = at::empty({T, rope.dim()}, topt);
+    if (crope) cneg_ = at::empty({T, crope->dim()}, topt.dtype(crope->dtype()));
     md_.draft_index = draft_index;
     md_.decode_threshold = 1 + cfg.num_speculative_tokens;
   }
@@ -206,6 +212,16 @@ class StepBuilder::Lane {
       set(md_.compress_cos, cached(v_ccos_, ut, r.ccos, [&] { return crope_->view(device_, r.ccos, t_in); }));
       set(md_.compress_sin, cached(v_csin_, ut, r.csin, [&] { return crope_->view(device_, r.csin, t_in); }));
     }
+    {
+      // Device work after the copy (same stream): the inverse RoPE's rows.
+      c10::InferenceMode guard;
+      set(md_.neg_sin, cached(v_neg_, ut, 0, [&] { return neg_.narrow(0, 0, t_in); }));
+      ops::dense::neg_out(md_.neg_sin, md_.sin);
+      if (crope_ != nullptr) {
+        set(md_.compress_neg_sin, cached(v_cneg_, ut, 0, [&] { return cneg_.narrow(0, 0, t_in); }));
+        ops::dense::neg_out(md_.compress_neg_sin, md_.compress_sin);
+      }
+    }
     md_.query_start_loc_host = plan::CSpan<int32_t>(s + off_qsl_, ub + 1);
     md_.seq_lens_host = plan::CSpan<int32_t>(s + off_seq_, ub);
     md_.start_pos_host = plan::CSpan<int32_t>(s + off_sp_, ub);
@@ -240,9 +256,9 @@ class StepBuilder::Lane {
   int64_t R_;
   int64_t off_qsl_ = 0, off_seq_ = 0, off_sp_ = 0, off_cu_ = 0;
   std::unique_ptr<detail::StagingBuffers> buffers_;
-  at::Tensor device_;
+  at::Tensor device_, neg_, cneg_;
   std::vector<int32_t> sp_, q_, positions_;
-  std::vector<CachedView> v_qsl_, v_seq_, v_sp_, v_cu_, v_cos_, v_sin_, v_ccos_, v_csin_;
+  std::vector<CachedView> v_qsl_, v_seq_, v_sp_, v_cu_, v_cos_, v_sin_, v_ccos_, v_csin_, v_neg_, v_cneg_;
   StepMetadata md_;
   detail::BuildCounter counter_;
 };
@@ -337,6 +353,14 @@ class GroupBuilder::Lane {
     const auto i32 = at::TensorOptions().dtype(at::kInt).device(scfg.device);
     md_.sas_metadata = at::zeros({kBlobWords}, i32);
     md_.qli_metadata = at::zeros({kBlobWords}, i32);
+    if (g.spec_.compress_ratio > 1) {
+      // compressor_metadata's outputs (GroupMetadata::compressed_*), T rows at most.
+      const at::Tensor& ct = g.step_.metadata().compress_cos_table;
+      const auto copt = at::TensorOptions().dtype(ct.scalar_type()).device(scfg.device);
+      ccos_ = at::empty({T * ct.size(1)}, copt);
+      csin_ = at::empty({T * ct.size(1)}, copt);
+      cslots_ = at::empty({T * fw_}, i32);
+    }
     empty_ = at::empty({0}, i32);
     md_.kind = g.cfg_.kind;
     md_.compress_ratio = g.spec_.compress_ratio;
@@ -447,11 +471,14 @@ class GroupBuilder::Lane {
     if (ratio > 1) {
       set(md_.cos, st.compress_cos);
       set(md_.sin, st.compress_sin);
+      set(md_.neg_sin, st.compress_neg_sin);
       set(md_.full_compress_cos, st.compress_cos_table);
       set(md_.full_compress_sin, st.compress_sin_table);
+      fill_compressed_rows(st, rows);
     } else {
       set(md_.cos, st.cos);
       set(md_.sin, st.sin);
+      set(md_.neg_sin, st.neg_sin);
     }
     const bool prefill = st.has_prefill();
     md_.cu_seqlens_ori_kv_kind = prefill ? kp.prefill_cu_seqlens_ori_kv : kp.decode_cu_seqlens_ori_kv;
@@ -507,6 +534,31 @@ class GroupBuilder::Lane {
     r.dspark = r.req + b;
     r.cmp = r.dspark + d;
     return r;
+  }
+  // Spec 6.5 / 9: compressor_metadata over the staged table into the lane's
+  // stable buffers (views per row count), read by the step's layers.
+  void fill_compressed_rows(const StepMetadata& st, int64_t rows) {
+    const size_t ur = static_cast<size_t>(rows);
+    const int64_t R = st.compress_cos_table.size(1);
+    set(md_.compressed_cos, cached(v_ccos_, ur, 0, [&] { return ccos_.narrow(0, 0, rows * R).view({rows, 1, 1, R}); }));
+    set(md_.compressed_sin, cached(v_csin_, ur, 0, [&] { return csin_.narrow(0, 0, rows * R).view({rows, 1, 1, R}); }));
+    set(md_.compressed_slots, cached(v_cslots_, ur, 0, [&] {
+      at::Tensor v = cslots_.narrow(0, 0, rows * fw_);
+      return fw_ == 2 ? v.view({rows, 2}) : v;
+    }));
+    c10::InferenceMode guard;
+    ops::CompressorMetadataArgs a;
+    a.rope_cos = st.compress_cos_table;
+    a.rope_sin = st.compress_sin_table;
+    a.cu_seqlens = st.query_start_loc;
+    a.start_pos = st.start_pos;
+    a.kv_block_table = md_.block_table;
+    a.kv_block_size = g_.spec_.storage_block_size;
+    a.slot_mapping_format = g_.slot_format_ == SlotFormat::Flat ? ops::CompressedSlotFormat::Flat
+                                                                : ops::CompressedSlotFormat::BlockOffset;
+    a.compress_ratio = g_.spec_.compress_ratio;
+    a.num_reqs_actual = st.num_reqs_actual;
+    ops::compressor_metadata_out(a, md_.compressed_cos, md_.compressed_sin, md_.compressed_slots);
   }
   // Spec 6.7: the SAS blob of this group's layers, copied into the stable
   // buffer. Returns whether it was generated (see dsa/builder.h).
@@ -611,9 +663,10 @@ class GroupBuilder::Lane {
   bool cmp_lens_ = false;
   int64_t off_bt_ = 0;
   std::unique_ptr<detail::StagingBuffers> buffers_;
-  at::Tensor device_, empty_;
+  at::Tensor device_, empty_, ccos_, csin_, cslots_;
   std::vector<int32_t> dspark_scratch_;
-  std::vector<CachedView> v_bt_, v_slots_, v_idx_, v_pos_, v_req_, v_ds_, v_scmp_, v_cres_;
+  std::vector<CachedView> v_bt_, v_slots_, v_idx_, v_pos_, v_req_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_,
+      v_cslots_;
   GroupMetadata md_;
   detail::BuildCounter counter_;
 };

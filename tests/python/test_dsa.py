@@ -344,7 +344,9 @@ def test_compose_and_unpack_tuple():
         aar.dsa.compose_kv_cache(swa_kv=swa, indexer_full=torch.zeros(2, 32, 1, 132, dtype=torch.int8))
 
 
-def test_graph_capture_refused_by_name_before_writing():
+def test_graph_capture_of_a_prefill_state_refused_by_name_before_writing():
+    # The capture itself is tested in test_dsa_graph.py; a step that is no DecodeOnly / SpecDecoding one is not
+    # captured (and the profiling run never is).
     d = dims(1)
     run = Run(d, torch.float32, nreq=1)
     st, md, S, qsl = run.build([0], [1])
@@ -353,7 +355,7 @@ def test_graph_capture_refused_by_name_before_writing():
     swa0 = run.swa.clone()
     g = aar.GraphParams("recording")
     with g.capture(1):
-        with pytest.raises(NotImplementedError, match="graph capture"):
+        with pytest.raises(NotImplementedError, match="graph capture takes DecodeOnly and SpecDecoding"):
             run.impl.forward(hid, run.kv, st, md["swa"], out)
         with pytest.raises(NotImplementedError, match="profiling"):
             run.impl.forward(hid, run.kv, None, None, out)

@@ -78,6 +78,12 @@
 //    call's window (W + num_spec - 1 when DSpark is active, else W - 1) in
 //    main and draft builds alike; upstream's main build passes W - 1 to the
 //    metadata op but W + num_spec - 1 to the kernel.
+//  - Per-step rows a graph replay reads (stable buffers, a view per size):
+//    the step build negates its sin rows on the device (StepMetadata::neg_sin
+//    / compress_neg_sin: the inverse RoPE's -sin); a compressed group's build
+//    runs compressor_metadata_out over its staged table into the lane's
+//    compressed_cos / compressed_sin / compressed_slots (spec 6.5, 9; the
+//    slots equal the host plan's slot_mapping).
 //  - RoPE: a group of ratio <= 1 reads the rope_theta rows, a compressed group
 //    the compress_rope_theta rows (the layer's common() group decides its
 //    RoPE: spec 6.4). A compressed group needs the compress tables.

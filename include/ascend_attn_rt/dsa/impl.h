@@ -39,12 +39,11 @@
 //    for CPU reference runs, where the caches are float32 too).
 //  - Rows past the step's real tokens (query_start_loc[B] .. T, graph padding)
 //    are not attended: their output rows are written as zeros (o_proj(0) = 0).
-//  - Compressed-row slots and RoPE rows are produced in the forward by
-//    compressor_metadata from the group's logical block table and physical
-//    storage block size (spec 6.5: "the compressor metadata op generates slots
-//    on device"), once per compressed-group build, shared by the step's layers
-//    reading that group (a per-thread cache keyed by the group's block-table
-//    buffer and build generation).
+//  - Compressed-row slots and RoPE rows: compressor_metadata's outputs, which
+//    the compressed groups' builders make once per build from the group's
+//    logical block table and physical storage block size (spec 6.5: "the
+//    compressor metadata op generates slots on device") into stable buffers
+//    (GroupMetadata::compressed_cos / compressed_sin / compressed_slots).
 //  - QLI metadata: the indexer-cache group's blob, which its builder fills
 //    (dsa/builder.h; spec 6.5 step 3) in the group's address-stable buffer;
 //    the layer checks the blob's index_n_heads / index_head_dim / index_topk
@@ -62,20 +61,43 @@
 //    indexer cache (spec 1.6.2 step 6: "the compressors still run"), so a later
 //    layer of theirs that computes top-k finds its keys; use_index_cache layers
 //    (ratio 4 with their own top-k) store their selection into it.
-//  - Graph capture: refused by name (NotSupported) before anything runs; the
-//    DSA graph path is not implemented. What it still needs: (1) address-
-//    stable workspaces, shared by the layers of one shape, for the layer's
-//    intermediates (q / qr / kv rows, indexer q, weights and quantised q, the
-//    compressors' rows, the SAS output, the o_proj input), which means
-//    out-variants of the compressor, dynamic-quant, QLI, SAS and
-//    transpose-bmm wrappers; (2) the per-step values the layer makes today
-//    at fresh addresses (compressor_metadata's cos / sin / slots per
-//    compressed group, the inverse RoPE's -sin rows) made by the builders
-//    into their stable buffers, as the QLI blob now is; (3) the capture
-//    record itself (a Prepare call as sfa::Impl's, bucket and state checks).
-//    The batches a padded bucket replays already run eagerly: padding
-//    requests of 0 tokens with num_input_tokens = the bucket (tested); a
-//    padding request with tokens but seq_len < tokens is refused by name.
+//  - Graph capture (DecodeOnly and SpecDecoding buckets): while a capture is
+//    open (graph::GraphParams::current()) forward validates everything, then
+//    records the layer as one Prepare call (as sfa::Impl) and runs nothing;
+//    the device graph captures its kernels, the CPU recording provider
+//    replays the closure. Refused before anything is recorded or written:
+//    another attention state (NotSupported naming it), a step with prefills,
+//    a step whose rows are not all in requests or hidden / num_input_tokens
+//    other than the bucket (InvalidArgument naming the bucket), the
+//    plans whose writes or o_proj take per-step host sizes or fresh results
+//    (the A5 + BF16 plan's npu_scatter_nd_update_, see below; the MX-fp8
+//    o_proj, whose quantised operands have no out-variants here), the
+//    kv_compress_epilog plan with non-bf16 weights and li_k_scale_dtype !=
+//    indexer_k_scale_dtype (both would cast at fresh addresses; neither
+//    occurs in the spec's plans), a top-k buffer shorter than the bucket.
+//    The captured layer runs every operator over all T = bucket rows and
+//    reads only stable addresses: the builders' buffers (lengths, tables,
+//    slots, RoPE and -sin rows, compressor_metadata rows, SAS / QLI blobs),
+//    the caches, the top-k buffer and the shared workspace, where every
+//    operator result lands (out-variants, ops/out_variants.h: the operators
+//    without an out schema are called and their result copied in). No host
+//    list is baked in, so an update re-issues nothing for it.
+//    Replayed steps: every bucket row belongs to a request (the SAS and QLI
+//    operators take T = query_start_loc[B]; their CPU twins check it), so a
+//    step with fewer real requests is padded to the bucket's B requests with
+//    dummies of decode length (num_reqs_actual = the real ones; a dummy needs
+//    seq_len >= its tokens). The builder zeroes the dummies' block-table rows
+//    and gives their tokens skip slots and no compressed rows, so they write
+//    no KV row; they read block 0 (the null block) and the compressors write
+//    their state positions into the state caches' block 0. Their output rows
+//    are not meaningful (upstream: "o_proj_input padding rows are
+//    uninitialised"); eager forwards keep writing zeros past the real tokens.
+//    dsa::graph_step_params / aar.dsa.graph_update (dsa/graph.h) check at
+//    update that the step has the bucket's tokens, all in its B requests,
+//    and its SWA metadata at the captured addresses (same builder lane, same
+//    block-table width). Not checked there (the engine's side): the other
+//    groups' block-table widths and that the replayed step is decode-only
+//    (a prefill changes the cu_seqlens kinds and the DSpark rows).
 //  - The A5 + BF16 plan (spec 7.2: uses_sparse_flash_mla, SparseFlashMla,
 //    PA_BBND, bf16 rows of 512) runs whole:
 //     * SWA and compressed KV writes: in-place npu_scatter_nd_update_(cache,
@@ -132,22 +154,41 @@
 //    checkpoint on A5 now takes that path by the rule above.
 //  - The indexer weights' scale Di^-0.5 n_idx^-0.5 is folded into a copy of
 //    idx_weights_proj at construction (rounded once in the weights' dtype).
-//  - The inverse RoPE's -sin rows are made once per step and shared by the
-//    layers (a per-thread cache keyed by the rows and the step build).
-//  - Workspaces: intermediates are allocated per call (no shared workspace yet).
+//  - The inverse RoPE's -sin rows: the step builder's (StepMetadata::neg_sin,
+//    GroupMetadata::neg_sin), negated once per step into a stable buffer.
+//  - Workspaces (cpp/dsa/workspace.h): the intermediates of decode steps live
+//    in buffers shared by the layers of one shape (dims, dtypes, ratio),
+//    sized for the largest decode batch seen; eager decodes write the
+//    out-variant results there (projections, norms, Hadamard, casts) and take
+//    the fresh results of the operators without an out schema (no copy);
+//    captured layers copy those in too. Steps with a prefill allocate their
+//    intermediates per call, so a long prefill does not grow the shared
+//    buffers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/dsa/kv_plan.h"
 #include "ascend_attn_rt/dsa/metadata.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 
+namespace aar::graph {
+class GraphParams;
+}
+
 namespace aar::dsa {
+
+namespace detail {
+class Workspace;
+struct TokenViews;
+struct RowViews;
+}  // namespace detail
 
 struct ImplConfig {
   int64_t hidden_size = 0;
@@ -216,6 +257,8 @@ class Impl {
   // ratio (nullptr: profiling run, output zero-filled); output (T,
   // hidden_size) in the weights' dtype; topk_buffer needed by skip_topk /
   // use_index_cache layers. Everything is validated before the first write.
+  // While a graph capture is open the layer is captured (see "Graph capture"
+  // above): nothing runs then; the replay computes the step.
   const at::Tensor& forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_tuple,
                             const LayerMetadata* md, const at::Tensor& output,
                             sfa::TopkBuffer* topk_buffer = nullptr);
@@ -232,13 +275,31 @@ class Impl {
   };
   Caches validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const LayerMetadata& md,
                   const at::Tensor& output, sfa::TopkBuffer* topk) const;
+  // The step's per-token views the operators take (RoPE rows, -sin, SWA
+  // slots, query ends), remade only when the builder hands out other tensors
+  // or the row count changes.
+  struct StepViews {
+    int64_t n = -1;
+    ::aar::detail::TensorBinding cos_src, neg_src, slots_src, qsl_src;
+    at::Tensor cos, sin, cos3, sin3, neg_sin3, swa_slots, q_ends;
+  };
+  const StepViews& step_views(const LayerMetadata& md, int64_t n);
   // valid_rows: the leading rows whose slots are valid (the group's
   // num_valid_rows); only the in-place scatter of the A5 + BF16 plan reads it.
   void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows);
-  void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md);
-  at::Tensor indexer_topk(const at::Tensor& x, const at::Tensor& qr, const Caches& c, const LayerMetadata& md,
-                          int64_t tk, const at::Tensor& cos3, const at::Tensor& sin3);
-  // Spec 6.8 step 4 after the inverse RoPE: o (tk, N, D) -> out (tk, hidden).
+  void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
+                            const detail::RowViews& rv, int64_t r, bool graph);
+  at::Tensor indexer_topk(const at::Tensor& x, const Caches& c, const LayerMetadata& md, const detail::TokenViews& v,
+                          const detail::RowViews& rv, const StepViews& sv, int64_t n, int64_t r, bool graph,
+                          sfa::TopkBuffer* topk);
+  // The layer over the first n rows of hidden (eager: the step's real
+  // tokens; graph: the whole bucket), intermediates in `ws`; graph: every
+  // operator result lands in the workspace (stable addresses).
+  void run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
+           sfa::TopkBuffer* topk, int64_t n, bool graph, detail::Workspace& ws);
+  void capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const LayerMetadata& md,
+               const at::Tensor& output, sfa::TopkBuffer* topk);
+  // Spec 6.8 step 4 after the inverse RoPE (eager): o (tk, N, D) -> out (tk, hidden).
   void run_o_proj(const at::Tensor& o, const at::Tensor& out);
 
   ImplConfig cfg_;
@@ -246,6 +307,8 @@ class Impl {
   at::Tensor cmp_ape_f32_, idx_ape_f32_, hadamard_, sinks_f32_, ones_d_, idx_wproj_scaled_;
   at::Tensor last_topk_;
   OProjKind o_proj_ = OProjKind::Bmm;
+  std::shared_ptr<detail::Workspace> ws_;
+  StepViews step_views_;
 };
 
 }  // namespace aar::dsa

@@ -51,6 +51,11 @@ struct StepMetadata {
   // The full tables on the builder's device (compressor_metadata's rope_cos /
   // rope_sin for compressed rows; spec 6.5 full_compress_cos/sin).
   at::Tensor rope_cos_table, rope_sin_table, compress_cos_table, compress_sin_table;
+  // -sin and -compress_sin (T, R): the inverse RoPE's rows of the attention
+  // output (spec 6.8 step 4), negated on the device by the build into
+  // stable buffers of the lane (a view per size), so a graph replay reads
+  // the step's rows (compress_neg_sin undefined without the compress tables).
+  at::Tensor neg_sin, compress_neg_sin;
 
   // Host copies of the lists (the build's turn of the staging buffer).
   plan::CSpan<int32_t> query_start_loc_host, seq_lens_host, start_pos_host, positions_host;
@@ -89,6 +94,16 @@ struct GroupMetadata {
   // rope_theta; compressed: compress_rope_theta), and the full compress table
   // (compressed groups only; undefined otherwise).
   at::Tensor cos, sin, full_compress_cos, full_compress_sin;
+  // -sin of `sin` (the step's neg_sin / compress_neg_sin).
+  at::Tensor neg_sin;
+  // Compressed groups (main lane): compressor_metadata's outputs for the
+  // step's compressed rows (num_compressed_tokens of them; spec 6.5 "the
+  // compressor metadata op generates slots on device", spec 9), made by the
+  // build through compressor_metadata_out into stable buffers of the lane:
+  // cos / sin (rows, 1, 1, R) in the compress tables' dtype (identity rows
+  // for invalid ones) and the slots in the group's format ((rows, 2) or
+  // (rows,)). Undefined for groups of ratio <= 1.
+  at::Tensor compressed_cos, compressed_sin, compressed_slots;
   // Spec 6.7 blobs: (1024,) int32 device buffers at stable addresses (one pair
   // per builder lane). sas_metadata_filled / qli_metadata_filled say whether
   // this build wrote them (see dsa/builder.h).
