@@ -28,7 +28,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -83,14 +82,17 @@ std::optional<at::Tensor> opt_out(nb::handle out) {
   return borrow_tensor(out, "out", false);
 }
 
-// A sync call returns the tensor, an async one the handle (torch.distributed's convention).
-nb::object finish(cp::CommWork&& w, bool async_op) {
-  if (async_op) return nb::cast(std::make_unique<cp::CommWork>(std::move(w)).release(), nb::rv_policy::take_ownership);
+// A sync call returns the tensor (the GIL released while it runs), an async one
+// the handle (torch.distributed's convention).
+template <typename Sync, typename Async>
+nb::object run(bool async_op, Sync&& sync, Async&& async) {
+  if (async_op) return nb::cast(new cp::CommWork(async()), nb::rv_policy::take_ownership);
+  at::Tensor r;
   {
     nb::gil_scoped_release nogil;
-    w.wait();
+    r = sync();
   }
-  return nb::cast(w.output());
+  return nb::cast(r);
 }
 
 void bind_cp(nb::module_& m) {
@@ -134,21 +136,29 @@ void bind_cp(nb::module_& m) {
       .def(
           "all_gather",
           [](cp::Comm& c, const at::Tensor& t, int64_t dim, nb::handle out, bool async_op) {
-            return finish(c.all_gather_async(t, dim, opt_out(out)), async_op);
+            const auto o = opt_out(out);
+            return run(
+                async_op, [&] { return c.all_gather(t, dim, o); }, [&] { return c.all_gather_async(t, dim, o); });
           },
           "t"_a, "dim"_a = 0, "out"_a = nb::none(), "async_op"_a = false,
           "Concatenate every rank's t along dim (rank order); into out when given.")
       .def(
           "all_to_all_single",
           [](cp::Comm& c, const at::Tensor& t, nb::handle out, bool async_op) {
-            return finish(c.all_to_all_single_async(t, opt_out(out)), async_op);
+            const auto o = opt_out(out);
+            return run(
+                async_op, [&] { return c.all_to_all_single(t, o); },
+                [&] { return c.all_to_all_single_async(t, o); });
           },
           "t"_a, "out"_a = nb::none(), "async_op"_a = false,
           "Equal splits over dim 0: block i of the result is block `rank` of rank i's t.")
       .def(
           "reduce_scatter",
           [](cp::Comm& c, const at::Tensor& t, int64_t dim, nb::handle out, bool async_op) {
-            return finish(c.reduce_scatter_async(t, dim, opt_out(out)), async_op);
+            const auto o = opt_out(out);
+            return run(
+                async_op, [&] { return c.reduce_scatter(t, dim, o); },
+                [&] { return c.reduce_scatter_async(t, dim, o); });
           },
           "t"_a, "dim"_a = 0, "out"_a = nb::none(), "async_op"_a = false,
           "Block `rank` (along dim) of the sum over ranks of t.")

@@ -74,6 +74,18 @@ at::Tensor out_or_new(const std::optional<at::Tensor>& out, const at::Tensor& t,
 
 // ------------------------------------------------------------------ CommWork
 
+CommWork::CommWork(CommWork&& o) noexcept
+    : work_(std::move(o.work_)),
+      out_(std::move(o.out_)),
+      keep_(std::move(o.keep_)),
+      finish_(std::move(o.finish_)),
+      what_(std::move(o.what_)),
+      timeout_(o.timeout_),
+      done_(o.done_) {
+  o.finish_ = nullptr;
+  o.done_ = true;  // the moved-from handle owns nothing to wait for
+}
+
 CommWork& CommWork::operator=(CommWork&& o) noexcept {
   if (this != &o) {
     if (!done_) {
@@ -89,6 +101,7 @@ CommWork& CommWork::operator=(CommWork&& o) noexcept {
     what_ = std::move(o.what_);
     timeout_ = o.timeout_;
     done_ = o.done_;
+    o.finish_ = nullptr;
     o.done_ = true;
   }
   return *this;
@@ -180,13 +193,17 @@ CommWork Comm::launch(CommOp op, const std::function<c10::intrusive_ptr<c10d::Wo
 }
 
 CommWork Comm::all_gather_async(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
+  return start_all_gather(t, dim, out, true);
+}
+
+CommWork Comm::start_all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out, bool async) {
   constexpr const char* op = "all_gather";
   check_input(t, op);
   const int64_t k = wrap_dim(t, dim, op);
   std::vector<int64_t> osz = t.sizes().vec();
   osz[k] *= size_;
   at::Tensor o = out_or_new(out, t, osz, op);
-  note(CommOp::AllGather, t, k, true);
+  note(CommOp::AllGather, t, k, async);
   at::Tensor in = t.contiguous();
   c10d::AllgatherOptions opts;
   opts.timeout = opts_.timeout;
@@ -194,29 +211,37 @@ CommWork Comm::all_gather_async(const at::Tensor& t, int64_t dim, const std::opt
     // Rank blocks are dim-0 blocks of `o`: gather straight into it.
     return launch(CommOp::AllGather, [&] { return pg_->all_gather_single(o, in, opts); }, o, {in}, nullptr);
   }
+  // c10d wants the gather buffer as [W * s_0, s_1, ..]; it is read as [W, s_0, ..].
   std::vector<int64_t> ssz = t.sizes().vec();
-  ssz.insert(ssz.begin(), size_);
+  ssz[0] *= size_;
   at::Tensor staging = at::empty(ssz, in.options());
+  std::vector<int64_t> sv = t.sizes().vec();
+  sv.insert(sv.begin(), size_);
   std::vector<int64_t> ov = t.sizes().vec();  // o viewed as [.., W, s_k, ..]
   ov.insert(ov.begin() + k, size_);
-  auto finish = [o, staging, ov, k]() mutable { o.view(ov).copy_(staging.movedim(0, k)); };
-  return launch(CommOp::AllGather, [&] { return pg_->all_gather_single(staging, in, opts); }, o, {in, staging}, finish);
+  auto finish = [o, staging, sv, ov, k]() mutable { o.view(ov).copy_(staging.view(sv).movedim(0, k)); };
+  return launch(
+      CommOp::AllGather, [&] { return pg_->all_gather_single(staging, in, opts); }, o, {in, staging}, finish);
 }
 
 at::Tensor Comm::all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
-  CommWork w = all_gather_async(t, dim, out);
+  CommWork w = start_all_gather(t, dim, out, false);
   at::Tensor o = w.wait();
   return o;
 }
 
 CommWork Comm::all_to_all_single_async(const at::Tensor& t, const std::optional<at::Tensor>& out) {
+  return start_all_to_all_single(t, out, true);
+}
+
+CommWork Comm::start_all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out, bool async) {
   constexpr const char* op = "all_to_all_single";
   check_input(t, op);
   wrap_dim(t, 0, op);
   AAR_CHECK_ARG(t.size(0) % size_ == 0, "cp::Comm ", op, ": dim 0 of the input (", t.size(0),
                 ") must be divisible by the group size ", size_, " (equal splits)");
   at::Tensor o = out_or_new(out, t, t.sizes(), op);
-  note(CommOp::AllToAllSingle, t, 0, true);
+  note(CommOp::AllToAllSingle, t, 0, async);
   at::Tensor in = t.contiguous();
   c10d::AllToAllOptions opts;
   opts.timeout = opts_.timeout;
@@ -231,12 +256,17 @@ CommWork Comm::all_to_all_single_async(const at::Tensor& t, const std::optional<
 }
 
 at::Tensor Comm::all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out) {
-  CommWork w = all_to_all_single_async(t, out);
+  CommWork w = start_all_to_all_single(t, out, false);
   at::Tensor o = w.wait();
   return o;
 }
 
 CommWork Comm::reduce_scatter_async(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
+  return start_reduce_scatter(t, dim, out, true);
+}
+
+CommWork Comm::start_reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out,
+                                    bool async) {
   constexpr const char* op = "reduce_scatter";
   check_input(t, op);
   const int64_t k = wrap_dim(t, dim, op);
@@ -245,7 +275,7 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& t, int64_t dim, const std:
   std::vector<int64_t> osz = t.sizes().vec();
   osz[k] /= size_;
   at::Tensor o = out_or_new(out, t, osz, op);
-  note(CommOp::ReduceScatter, t, k, true);
+  note(CommOp::ReduceScatter, t, k, async);
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = opts_.timeout;
@@ -259,11 +289,13 @@ CommWork Comm::reduce_scatter_async(const at::Tensor& t, int64_t dim, const std:
   ssz[0] /= size_;
   at::Tensor staging = at::empty(ssz, in.options());
   auto finish = [o, staging, k]() mutable { o.copy_(staging.movedim(0, k)); };
-  return launch(CommOp::ReduceScatter, [&] { return pg_->reduce_scatter_single(staging, in, opts); }, o, {in, staging}, finish);
+  return launch(
+      CommOp::ReduceScatter, [&] { return pg_->reduce_scatter_single(staging, in, opts); }, o, {in, staging},
+      finish);
 }
 
 at::Tensor Comm::reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
-  CommWork w = reduce_scatter_async(t, dim, out);
+  CommWork w = start_reduce_scatter(t, dim, out, false);
   at::Tensor o = w.wait();
   return o;
 }

@@ -89,7 +89,7 @@ struct CommOptions {
 class CommWork {
  public:
   CommWork() = default;
-  CommWork(CommWork&&) noexcept = default;
+  CommWork(CommWork&& o) noexcept;
   CommWork& operator=(CommWork&& o) noexcept;
   CommWork(const CommWork&) = delete;
   CommWork& operator=(const CommWork&) = delete;
@@ -154,6 +154,9 @@ class Comm {
   void reset_counters();
 
  private:
+  CommWork start_all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out, bool async);
+  CommWork start_all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out, bool async);
+  CommWork start_reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out, bool async);
   void note(CommOp op, const at::Tensor& t, int64_t dim, bool async);
   // Starts the backend's collective (errors mapped to CommError) and packs the handle.
   CommWork launch(CommOp op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start, at::Tensor out,
