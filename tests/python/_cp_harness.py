@@ -45,7 +45,7 @@ def _entry(rank, world, init_file, results, case, args, deadline_s):
     os._exit(0)
 
 
-def run_ranks(world, case, *args, deadline_s=60.0, expect_dead=()):
+def run_ranks(world, case, *args, deadline_s=90.0, expect_dead=()):
     """Runs case on `world` ranks; returns [value of rank 0, ...]. Ranks listed in
     `expect_dead` may end without reporting (a case that kills a rank on purpose)."""
     ctx = mp.get_context("spawn")

@@ -36,7 +36,7 @@ def _world_group():
 # ----------------------------------------------------------------------------- cases
 
 def _case_collectives(rank, world):
-    comm = aar.cp.Comm(_world_group(), timeout_s=20.0)
+    comm = aar.cp.Comm(_world_group(), timeout_s=10.0)
     return [_collectives(comm, rank, world, dtype) for dtype in (torch.float64, torch.float32, torch.bfloat16)]
 
 
@@ -95,7 +95,7 @@ def _collectives(comm, rank, world, dtype):
 
 
 def _case_async(rank, world):
-    comm = aar.cp.Comm(_world_group(), timeout_s=20.0, log=True)
+    comm = aar.cp.Comm(_world_group(), timeout_s=10.0, log=True)
     q = [_input(r, (4, 2, 8), torch.float32, seed=5) for r in range(world)]
     p = [_input(r, (world * 2, 9, 3), torch.float32, seed=6) for r in range(world)]
     s = [_input(r, (2, world * 4), torch.float64, seed=7) for r in range(world)]
@@ -122,7 +122,7 @@ def _case_async(rank, world):
 
 
 def _case_log(rank, world):
-    comm = aar.cp.Comm(_world_group(), timeout_s=20.0, log=True)
+    comm = aar.cp.Comm(_world_group(), timeout_s=10.0, log=True)
     comm.all_gather(torch.zeros(2, 3, 8, dtype=torch.bfloat16), 1)
     comm.all_to_all_single(torch.zeros(world * 3, 9, 2))
     comm.all_to_all_single(torch.zeros(world * 3, 9, 2), async_op=True).wait()
@@ -141,7 +141,7 @@ def _case_subgroups(rank, world):
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = groups[rank // 2]
     other = groups[1 - rank // 2]
-    comm = aar.cp.Comm(mine, timeout_s=20.0, log=True)
+    comm = aar.cp.Comm(mine, timeout_s=10.0, log=True)
     assert comm.size == 2 and comm.rank == rank % 2
     assert comm.group_name == mine.group_name
     x = torch.full((2, 8), float(rank))
@@ -149,7 +149,7 @@ def _case_subgroups(rank, world):
     base = (rank // 2) * 2
     assert torch.equal(got, torch.cat([torch.full((2, 8), float(base)), torch.full((2, 8), float(base + 1))]))
     # The C++ engine's path: the same group by its registered name.
-    by_name = aar.cp.Comm.from_group_name(mine.group_name, timeout_s=20.0)
+    by_name = aar.cp.Comm.from_group_name(mine.group_name, timeout_s=10.0)
     assert (by_name.rank, by_name.size) == (comm.rank, comm.size)
     assert torch.equal(by_name.all_gather(x, 0), got)
     # A rank outside a group gets a placeholder, not a group: refused by name.
@@ -165,7 +165,7 @@ def _case_subgroups(rank, world):
 
 
 def _case_bad_args(rank, world):
-    comm = aar.cp.Comm(_world_group(), timeout_s=20.0, log=True)
+    comm = aar.cp.Comm(_world_group(), timeout_s=10.0, log=True)
     t = torch.ones(3, 4)
     out = torch.full((3, 4 * world), 7.0)
     bad = [
