@@ -1,9 +1,9 @@
 """Multi-process harness of the context-parallel tests (spec cp.md 11).
 
 ``run_ranks(world, case, *args)`` starts ``world`` processes with torch.multiprocessing's
-spawn context; each joins a gloo process group over a ``file://`` store in a fresh
-temporary directory and calls ``case(rank, world, *args)`` (a module-level function, so
-it pickles by reference). Each returns what its case returned, in rank order, or
+forkserver context (see ``_context``); each joins a gloo process group over a
+``file://`` store in a fresh temporary directory and calls ``case(rank, world, *args)``
+(a module-level function, so it pickles by reference). Each returns what its case returned, in rank order, or
 raises with every failing rank's traceback. Every process is ended before it returns:
 joined within the deadline, terminated (then killed) after it, so a deadlocked
 collective fails the test instead of hanging it.
@@ -45,10 +45,27 @@ def _entry(rank, world, init_file, results, case, args, deadline_s):
     os._exit(0)
 
 
+def _context():
+    # forkserver: a clean single-threaded server process (no OpenMP pool, no
+    # gloo state: what makes plain fork unsafe after torch has run) that has
+    # imported torch and the runtime once; each rank forks from it, so a test
+    # does not pay the imports per rank (2-core machine: ~20 s -> ~1 s per
+    # 4-rank test). The server keeps the stdout/stderr it started with (under
+    # pytest: the first test's capture), so failures travel back through the
+    # result queue, never through the ranks' output. spawn where forkserver is
+    # missing.
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "ascend_attn_rt", "pytest"])
+    return ctx
+
+
 def run_ranks(world, case, *args, deadline_s=90.0, expect_dead=()):
     """Runs case on `world` ranks; returns [value of rank 0, ...]. Ranks listed in
     `expect_dead` may end without reporting (a case that kills a rank on purpose)."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="aar_cp_") as tmp:
         init_file = os.path.join(tmp, "store")
