@@ -82,11 +82,38 @@ std::optional<at::Tensor> opt_out(nb::handle out) {
   return borrow_tensor(out, "out", false);
 }
 
-// A sync call returns the tensor (the GIL released while it runs), an async one
-// the handle (torch.distributed's convention).
+// The GIL is never held while c10d runs: gloo's worker thread destroys a
+// finished work (and so the last reference to a tensor whose Python object is
+// gone, which takes the GIL) while holding the queue mutex that the next
+// enqueue needs. Holding the GIL across a launch or a wait deadlocks against
+// it; torch's own bindings release the GIL around every collective for this
+// reason. So: launches, waits and the destructor's wait all run without it.
+struct PyCommWork {
+  cp::CommWork w;
+  explicit PyCommWork(cp::CommWork&& x) : w(std::move(x)) {}
+  ~PyCommWork() {
+    if (!w.waited()) {
+      nb::gil_scoped_release nogil;
+      try {
+        w.wait();
+      } catch (...) {
+        // Dropped without wait(): nobody asked for the error.
+      }
+    }
+  }
+};
+
+// A sync call returns the tensor, an async one the handle (torch.distributed's convention).
 template <typename Sync, typename Async>
 nb::object run(bool async_op, Sync&& sync, Async&& async) {
-  if (async_op) return nb::cast(new cp::CommWork(async()), nb::rv_policy::take_ownership);
+  if (async_op) {
+    cp::CommWork w;
+    {
+      nb::gil_scoped_release nogil;
+      w = async();
+    }
+    return nb::cast(new PyCommWork(std::move(w)), nb::rv_policy::take_ownership);
+  }
   at::Tensor r;
   {
     nb::gil_scoped_release nogil;
@@ -98,20 +125,20 @@ nb::object run(bool async_op, Sync&& sync, Async&& async) {
 void bind_cp(nb::module_& m) {
   nb::module_ c = m.def_submodule("cp", "Context parallelism: the collective interface (cp::Comm)");
 
-  nb::class_<cp::CommWork>(c, "CommWork", "Handle of an asynchronous collective (cp::CommWork)")
+  nb::class_<PyCommWork>(c, "CommWork", "Handle of an asynchronous collective (cp::CommWork)")
       .def(
           "wait",
-          [](cp::CommWork& w) {
+          [](PyCommWork& h) {
             {
               nb::gil_scoped_release nogil;
-              w.wait();
+              h.w.wait();
             }
-            return w.output();
+            return h.w.output();
           },
           "Block until done (bounded by the Comm's timeout); returns the output. Raises RuntimeError on failure.")
-      .def("is_completed", &cp::CommWork::is_completed)
-      .def_prop_ro("waited", &cp::CommWork::waited)
-      .def_prop_ro("output", [](const cp::CommWork& w) { return w.output(); });
+      .def("is_completed", [](const PyCommWork& h) { return h.w.is_completed(); })
+      .def_prop_ro("waited", [](const PyCommWork& h) { return h.w.waited(); })
+      .def_prop_ro("output", [](const PyCommWork& h) { return h.w.output(); });
 
   nb::class_<cp::Comm>(c, "Comm",
                        "The collective interface of the CP paths over a torch.distributed ProcessGroup "

@@ -118,7 +118,22 @@ def _case_async(rank, world):
     del gathered
     assert comm.calls == 4
     assert [e[5] for e in comm.log] == [True, True, True, True]
+    _gil_regression(rank, world)
     return comm.log, _case_log(rank, world)
+
+
+def _gil_regression(rank, world):
+    # Temporaries as inputs, sync and async calls back to back, handles dropped: gloo's worker then
+    # frees the last reference of a tensor whose Python object is gone, which takes the GIL, while
+    # holding the queue mutex the next launch needs. This deadlocked while the binding launched
+    # async collectives with the GIL held.
+    comm = aar.cp.Comm(_world_group(), timeout_s=10.0)
+    for i in range(40):
+        comm.all_to_all_single(torch.full((world * 3, 5), float(i)))
+        got = comm.all_to_all_single(torch.full((world * 3, 5), float(i)), async_op=True).wait()
+        assert torch.equal(got, torch.full((world * 3, 5), float(i)))
+        comm.all_gather(torch.zeros(2, 3), 1, async_op=True)  # dropped: its destructor waits
+    assert comm.calls == 120
 
 
 def _case_log(rank, world):

@@ -39,6 +39,11 @@
 //   (group, op, input shape, dtype, dim, async) to a per-rank log, for tests to
 //   compare across ranks. Off by default: it allocates per call.
 // - One Comm is used from one thread at a time (as a layer's forward is).
+// - Python: the binding releases the GIL around every launch and wait (and in
+//   a dropped handle's destructor). gloo's worker thread may take the GIL to
+//   free a finished work's tensors while holding the mutex the next launch
+//   needs, so a launch with the GIL held can deadlock (as torch's own bindings
+//   know: they release it around every collective).
 #pragma once
 
 #include <ATen/core/Tensor.h>
