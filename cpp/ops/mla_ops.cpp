@@ -9,6 +9,7 @@
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
+#include "attention_update_check.h"
 #include "op_handle.h"
 #include "op_signatures.h"
 
@@ -80,7 +81,7 @@ void gather_pa_kv_cache(const at::Tensor& key_cache, const at::Tensor& value_cac
 
 std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
                                                     int64_t update_type, Provider pv) {
-  AAR_CHECK_ARG(!lse.empty(), "attention_update: lse list is empty");
+  detail::check_attention_update_args(lse, local_out, update_type, "attention_update");
   const Provider p = detail::pick_provider(pv, lse[0]);
   const auto& op = g_attn_update.get(p);
   detail::DispatchGuard guard(p);

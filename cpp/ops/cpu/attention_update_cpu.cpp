@@ -1,14 +1,21 @@
-// CPU twin of npu_attention_update (spec mla.md 6.5): lmax = max_i lse_i,
-// LSE = lmax + ln sum_i exp(lse_i - lmax), out = sum_i out_i * exp(lse_i - LSE),
-// computed in fp32; output dtype = local_out[0]'s. Rows whose partitions are all
-// empty (every lse_i = -inf) get out 0 and LSE -inf. update_type 1 also returns
-// LSE, 0 returns an empty tensor.
+// CPU twin of npu_attention_update (spec cp.md 6.1, mla.md 6.5): the merge of
+// N partial attention results by their log-sum-exp,
+//   lmax = max_i lse_i,  lse = lmax + ln sum_i exp(lse_i - lmax),  out = sum_i out_i exp(lse_i - lse),
+// computed by plan::merge_attention_partials in fp32 (double inside the
+// exponentials) over contiguous fp32 copies of the partials; out has
+// local_out's dtype. Empty partials (spec 6.3): an lse of -inf (or +inf / NaN,
+// normalised to -inf) contributes nothing and its output is never read, so a
+// NaN there cannot leak; a row whose partials are all empty gives out 0 and
+// lse -inf, never NaN. update_type 1 also returns the merged lse (float32,
+// (M)); 0 returns an empty float32 tensor in its place (the documentation says
+// lse_out is valid only for 1). Limits, refused by name: attention_update_check.h.
+#include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <limits>
+#include <vector>
 
-#include "../op_signatures.h"
-#include "attention_reference.h"
+#include "../attention_update_check.h"
+#include "ascend_attn_rt/plan/lse_merge.h"
 
 namespace aar::ops::cpu {
 namespace {
@@ -17,36 +24,27 @@ constexpr const char* kOp = "npu_attention_update";
 
 std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
                                                     int64_t update_type) {
-  if (update_type != 0 && update_type != 1) {
-    throw_not_supported(kOp, ": not supported: update_type=", update_type, " (only 0 and 1)");
-  }
+  detail::check_attention_update_args(lse, local_out, update_type, kOp);
   const size_t n = lse.size();
-  AAR_CHECK_ARG(n >= 1 && n <= 16, kOp, ": lse must hold 1..16 partial results, got ", n);
-  AAR_CHECK_ARG(local_out.size() == n, kOp, ": local_out has ", local_out.size(), " entries but lse has ", n);
-  const int64_t m = lse[0].numel();
-  AAR_CHECK_ARG(local_out[0].dim() == 2 && local_out[0].size(0) == m, kOp, ": local_out[0] must be (M=", m,
-                ", d), got ", local_out[0].sizes());
+  const int64_t m = lse[0].size(0);
   const int64_t d = local_out[0].size(1);
-  AAR_CHECK_ARG(d >= 8 && d <= 512 && d % 8 == 0, kOp, ": head_dim d=", d, " must be a multiple of 8 in [8, 512]");
+  std::vector<at::Tensor> keep;
+  keep.reserve(2 * n);
+  std::vector<plan::CSpan<float>> outs(n), lses(n);
   for (size_t i = 0; i < n; ++i) {
-    AAR_CHECK_ARG(lse[i].scalar_type() == at::kFloat && lse[i].dim() == 1 && lse[i].size(0) == m, kOp, ": lse[", i,
-                  "] must be float32 (M=", m, "), got ", lse[i].scalar_type(), " ", lse[i].sizes());
-    AAR_CHECK_ARG(local_out[i].dim() == 2 && local_out[i].size(0) == m && local_out[i].size(1) == d &&
-                      local_out[i].scalar_type() == local_out[0].scalar_type(),
-                  kOp, ": local_out[", i, "] must be (M=", m, ", d=", d, ") of dtype ", local_out[0].scalar_type(),
-                  ", got ", local_out[i].scalar_type(), " ", local_out[i].sizes());
-    AAR_CHECK_ARG(is_float_dtype(local_out[i].scalar_type()), kOp, ": local_out must be float32/float16/bfloat16");
+    keep.push_back(local_out[i].to(at::kFloat).contiguous());
+    outs[i] = plan::CSpan<float>(keep.back().const_data_ptr<float>(), static_cast<size_t>(m * d));
+    keep.push_back(lse[i].contiguous());
+    lses[i] = plan::CSpan<float>(keep.back().const_data_ptr<float>(), static_cast<size_t>(m));
   }
-  const at::Tensor l = at::stack(lse, 0);  // (n, M)
-  at::Tensor lmax = std::get<0>(l.max(0));
-  const at::Tensor finite = at::isfinite(lmax);
-  const at::Tensor safe_max = at::where(finite, lmax, at::zeros_like(lmax));
-  const at::Tensor total = at::log(at::exp(l - safe_max).sum(0)) + safe_max;  // -inf when all empty
-  at::Tensor w = at::exp(l - total);                                           // (n, M)
-  w = at::where(finite.unsqueeze(0), w, at::zeros_like(w));
-  at::Tensor out = at::zeros({m, d}, local_out[0].options().dtype(at::kFloat));
-  for (size_t i = 0; i < n; ++i) out += local_out[i].to(at::kFloat) * w[i].unsqueeze(1);
-  at::Tensor lse_out = update_type == 1 ? total : at::empty({0}, lse[0].options());
+  const auto f32 = lse[0].options().dtype(at::kFloat);
+  at::Tensor out = at::empty({m, d}, f32);
+  at::Tensor lse_out = at::empty({update_type == 1 ? m : 0}, f32);
+  plan::merge_attention_partials(plan::CSpan<plan::CSpan<float>>(outs.data(), n),
+                                 plan::CSpan<plan::CSpan<float>>(lses.data(), n), m, d,
+                                 plan::Span<float>(out.data_ptr<float>(), static_cast<size_t>(m * d)),
+                                 update_type == 1 ? plan::Span<float>(lse_out.data_ptr<float>(), static_cast<size_t>(m))
+                                                  : plan::Span<float>());
   return {out.to(local_out[0].scalar_type()), lse_out};
 }
 

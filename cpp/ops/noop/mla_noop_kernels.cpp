@@ -6,6 +6,7 @@
 
 #include <array>
 
+#include "../attention_update_check.h"
 #include "../op_signatures.h"
 #include "output_cache.h"
 #include "ascend_attn_rt/errors.h"
@@ -47,7 +48,7 @@ void gather_pa_kv_cache(const at::Tensor& key_cache, const at::Tensor& value_cac
 
 std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
                                                     int64_t update_type) {
-  AAR_CHECK_ARG(!local_out.empty(), "ascend_noop npu_attention_update: empty local_out");
+  detail::check_attention_update_args(lse, local_out, update_type, "ascend_noop npu_attention_update");
   const at::Tensor& o0 = local_out[0];
   const at::Tensor l = update_type == 1 ? cached(lse[0].sizes(), at::kFloat, o0.device()) : empty_of(at::kFloat, o0);
   return {cached(o0.sizes(), o0.scalar_type(), o0.device()), l};

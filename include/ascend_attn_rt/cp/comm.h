@@ -1,0 +1,180 @@
+// The one collective interface of every context-parallel path (spec cp.md 7
+// and 11): all-gather along a dim, all-to-all-single with equal splits and
+// reduce-scatter along a dim, over a c10d::ProcessGroup (gloo on CPU here, HCCL
+// on the NPU). No transport of our own: every call is the ProcessGroup's own
+// collective (all_gather_single, all_to_all_single, reduce_scatter_single, the
+// c10d dispatcher ops behind torch.distributed), so whatever backend the group
+// was built with carries the data.
+//
+// Decisions where the spec is silent:
+// - Timeouts. Every collective is issued with this Comm's timeout (default
+//   60 s, spec 11 item 8) in its c10d options and waited on with it, so a peer
+//   that died gives a CommError (gloo reports a closed connection at once) and
+//   a peer that never calls gives one within the timeout, never a hang.
+// - Errors. Bad arguments (dim out of range, a dim not divisible by the group
+//   size, an `out` of the wrong shape / dtype / device / layout) raise
+//   InvalidArgument before anything is sent or written. Every rank of a group
+//   must issue the same sequence of collectives (spec 7): a call rejected on
+//   one rank only leaves its peers to fail by the timeout. A backend failure
+//   (a peer died, the timeout passed) raises CommError naming the op, group,
+//   rank and size, with the backend's message.
+// - Layout. c10d collectives move whole dim-0 blocks. all_gather along dim k
+//   gathers into a [W, ...] staging tensor and copies it into `out` viewed as
+//   [.., W, s_k, ..]; along dim 0 with a contiguous `out` it gathers straight
+//   into `out` (no staging, no copy). reduce_scatter along dim k != 0 reduces
+//   t.movedim(k, 0) and copies the result back. all_to_all_single always splits
+//   dim 0 (the wire layouts of spec 6.2 put the rank block first). Inputs that
+//   are not contiguous are copied once; `out` must be contiguous (it is written
+//   in place, never through a copy).
+// - reduce_scatter sums (the only reduction CP needs, spec 9); gloo has
+//   reduce_scatter_single on CPU in torch 2.13, so it is used directly.
+// - Async. The *_async forms return a CommWork; wait() blocks (bounded by the
+//   timeout), finishes any staging copy and returns the output. The inputs must
+//   stay unmodified and `out` untouched until then. A CommWork never waited on
+//   is waited on by its destructor (errors swallowed there), so the buffers it
+//   references are never freed under a running collective.
+// - Counting and the log (spec 11 item 8). Every call (sync or async) counts
+//   once per op at issue time, before the backend is reached, so an exchange
+//   that fails still counts. With CommOptions::log set, each call also appends
+//   (group, op, input shape, dtype, dim, async) to a per-rank log, for tests to
+//   compare across ranks. Off by default: it allocates per call.
+// - One Comm is used from one thread at a time (as a layer's forward is).
+// - Python: the binding releases the GIL around every launch and wait (and in
+//   a dropped handle's destructor). gloo's worker thread may take the GIL to
+//   free a finished work's tensors while holding the mutex the next launch
+//   needs, so a launch with the GIL held can deadlock (as torch's own bindings
+//   know: they release it around every collective).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class ProcessGroup;
+class Work;
+}  // namespace c10d
+
+namespace aar::cp {
+
+enum class CommOp : int32_t { AllGather = 0, AllToAllSingle = 1, ReduceScatter = 2 };
+constexpr int32_t kNumCommOps = 3;
+const char* to_string(CommOp op);
+
+// A collective failed in the backend (peer gone, timeout). Bad arguments raise
+// aar::InvalidArgument instead.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct CommRecord {
+  std::string group;            // the group's name (c10d group_name)
+  CommOp op = CommOp::AllGather;
+  std::vector<int64_t> shape;   // the input's shape
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  int64_t dim = 0;              // the gather / scatter dim (0 for all_to_all_single)
+  bool async = false;
+};
+
+struct CommOptions {
+  std::chrono::milliseconds timeout{60000};
+  bool log = false;
+};
+
+// The handle of an asynchronous collective.
+class CommWork {
+ public:
+  CommWork() = default;
+  CommWork(CommWork&& o) noexcept;
+  CommWork& operator=(CommWork&& o) noexcept;
+  CommWork(const CommWork&) = delete;
+  CommWork& operator=(const CommWork&) = delete;
+  ~CommWork();
+
+  // Blocks until the collective has finished (at most the Comm's timeout),
+  // completes the copy into `out` where one is needed and returns `out`.
+  // A second call returns `out` again. Throws CommError on failure.
+  const at::Tensor& wait();
+  // Whether the backend reports the collective finished (wait() is still
+  // needed for the result and for errors).
+  bool is_completed() const;
+  bool waited() const { return done_; }
+  // The output tensor (its contents are defined after wait()).
+  const at::Tensor& output() const { return out_; }
+
+ private:
+  friend class Comm;
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor out_;
+  std::vector<at::Tensor> keep_;   // inputs / staging the backend reads or writes
+  std::function<void()> finish_;   // staging -> out copy, run after the wait
+  std::string what_;               // "all_gather on group 'g' (rank r of W)"
+  std::chrono::milliseconds timeout_{0};
+  bool done_ = true;
+};
+
+class Comm {
+ public:
+  explicit Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, CommOptions opts = {});
+  // The group torch.distributed registered under `group_name` (its
+  // ProcessGroup.group_name): how a C++ engine, or the Python binding, reaches
+  // a group created in Python.
+  static Comm from_group_name(const std::string& group_name, CommOptions opts = {});
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& group_name() const { return name_; }
+  std::chrono::milliseconds timeout() const { return opts_.timeout; }
+  const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return pg_; }
+
+  // out = the W ranks' `t` concatenated along `dim` in rank order (dim may be
+  // negative). `out`, when given, must be contiguous with t's dtype/device and
+  // t's shape with size(dim) * W.
+  at::Tensor all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out = std::nullopt);
+  CommWork all_gather_async(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out = std::nullopt);
+
+  // Equal splits over dim 0: block i of `out` is block `rank` of rank i's `t`
+  // (t.size(0) divisible by W; out of t's shape).
+  at::Tensor all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out = std::nullopt);
+  CommWork all_to_all_single_async(const at::Tensor& t, const std::optional<at::Tensor>& out = std::nullopt);
+
+  // out = block `rank` (along `dim`, W equal blocks) of the sum over ranks of `t`.
+  at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out = std::nullopt);
+  CommWork reduce_scatter_async(const at::Tensor& t, int64_t dim,
+                                const std::optional<at::Tensor>& out = std::nullopt);
+
+  // Calls issued so far (all ops, or one op); the log when CommOptions::log.
+  int64_t calls() const;
+  int64_t calls(CommOp op) const { return counts_[static_cast<size_t>(op)]; }
+  const std::vector<CommRecord>& log() const { return log_; }
+  void reset_counters();
+
+ private:
+  CommWork start_all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out, bool async);
+  CommWork start_all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out, bool async);
+  CommWork start_reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out, bool async);
+  void note(CommOp op, const at::Tensor& t, int64_t dim, bool async);
+  // Starts the backend's collective (errors mapped to CommError) and packs the handle.
+  CommWork launch(CommOp op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start, at::Tensor out,
+                  std::vector<at::Tensor> keep, std::function<void()> finish);
+  std::string describe(CommOp op) const;
+
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  CommOptions opts_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string name_;
+  std::array<int64_t, kNumCommOps> counts_{};
+  std::vector<CommRecord> log_;
+};
+
+}  // namespace aar::cp

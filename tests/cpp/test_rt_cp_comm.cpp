@@ -1,0 +1,219 @@
+// cp::Comm against a fake c10d backend in one process: a group of W "mirror"
+// ranks that all hold this rank's input (the upstream mocks of spec cp.md 8:
+// all-gather = W copies, all-to-all = this rank's block from every peer,
+// reduce-scatter = W times this rank's block), reached through the real
+// c10d::ProcessGroup and its dispatcher ops. It checks the interface's layout
+// work (dims, staging, preallocated outputs), the counter and log, argument
+// errors before any collective, failures mapped to CommError, and the group
+// registry lookup. The real multi-process checks are tests/python/test_cp_comm.py.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <string>
+#include <vector>
+
+#include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/errors.h"
+
+namespace {
+
+using aar::cp::Comm;
+using aar::cp::CommError;
+using aar::cp::CommOp;
+using aar::cp::CommOptions;
+
+class DoneWork : public c10d::Work {
+ public:
+  explicit DoneWork(bool fail) : fail_(fail) {}
+  bool wait(std::chrono::milliseconds) override {
+    if (fail_) TORCH_CHECK(false, "fake peer closed the connection");
+    return true;
+  }
+  bool isCompleted() override { return true; }
+
+ private:
+  bool fail_;
+};
+
+class MirrorBackend : public c10d::Backend {
+ public:
+  MirrorBackend(int rank, int size) : Backend(rank, size) {}
+  bool fail_on_wait = false;
+  bool fail_on_launch = false;
+  std::chrono::milliseconds last_timeout{0};
+
+  const std::string getBackendName() const override { return "mirror"; }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions& o) override {
+    start(o.timeout);
+    for (int i = 0; i < size_; ++i) out.narrow(0, i * in.size(0), in.size(0)).copy_(in);
+    return done();
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& o) override {
+    start(o.timeout);
+    EXPECT_TRUE(out_splits.empty() && in_splits.empty());  // equal splits
+    const int64_t b = in.size(0) / size_;
+    for (int i = 0; i < size_; ++i) out.narrow(0, i * b, b).copy_(in.narrow(0, rank_ * b, b));
+    return done();
+  }
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                                                      const c10d::ReduceScatterOptions& o) override {
+    start(o.timeout);
+    EXPECT_EQ(o.reduceOp, c10d::ReduceOp::SUM);
+    const int64_t b = in.size(0) / size_;
+    out.copy_(in.narrow(0, rank_ * b, b) * size_);
+    return done();
+  }
+
+ private:
+  void start(std::chrono::milliseconds t) {
+    last_timeout = t;
+    TORCH_CHECK(!fail_on_launch, "fake backend refused the collective");
+  }
+  c10::intrusive_ptr<c10d::Work> done() { return c10::make_intrusive<DoneWork>(fail_on_wait); }
+};
+
+struct Fake {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<MirrorBackend> be;
+};
+
+Fake make_group(int rank, int size, const std::string& name = "fake") {
+  Fake f;
+  f.pg = c10::make_intrusive<c10d::ProcessGroup>(rank, size);
+  f.be = c10::make_intrusive<MirrorBackend>(rank, size);
+  f.pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, f.be);
+  f.pg->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
+  f.pg->setGroupName(name);
+  return f;
+}
+
+at::Tensor ramp(std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return at::arange(n, at::kFloat).view(shape);
+}
+
+TEST(CpComm, AllGatherEveryDimMatchesConcatenation) {
+  for (int w : {1, 2, 4}) {
+    Fake f = make_group(w - 1, w);
+    Comm c(f.pg);
+    EXPECT_EQ(c.size(), w);
+    EXPECT_EQ(c.rank(), w - 1);
+    const at::Tensor t = ramp({2, 3, 8});
+    for (int64_t dim : {0, 1, 2, -1}) {
+      std::vector<at::Tensor> copies(w, t);
+      const at::Tensor expect = at::cat(copies, dim);
+      EXPECT_TRUE(at::equal(c.all_gather(t, dim), expect)) << "W=" << w << " dim=" << dim;
+      at::Tensor out = at::full(expect.sizes(), -1.0f);
+      const at::Tensor got = c.all_gather(t, dim, out);
+      EXPECT_TRUE(got.is_same(out));
+      EXPECT_TRUE(at::equal(out, expect));
+    }
+    // A transposed (non-contiguous) input.
+    const at::Tensor tt = t.transpose(0, 2);
+    std::vector<at::Tensor> copies(w, tt);
+    EXPECT_TRUE(at::equal(c.all_gather(tt, 1), at::cat(copies, 1)));
+    EXPECT_EQ(c.calls(CommOp::AllGather), 9);
+    EXPECT_EQ(f.be->last_timeout, std::chrono::milliseconds(60000));  // the bounded default
+  }
+}
+
+TEST(CpComm, AllToAllAndReduceScatter) {
+  Fake f = make_group(1, 4);
+  Comm c(f.pg, CommOptions{std::chrono::milliseconds(1500), true});
+  const at::Tensor t = ramp({8, 3});
+  const at::Tensor blk = t.narrow(0, 2, 2);  // rank 1's block
+  EXPECT_TRUE(at::equal(c.all_to_all_single(t), at::cat({blk, blk, blk, blk}, 0)));
+  EXPECT_EQ(f.be->last_timeout, std::chrono::milliseconds(1500));
+  const at::Tensor r = ramp({4, 8, 2});
+  EXPECT_TRUE(at::equal(c.reduce_scatter(r, 0), r.narrow(0, 1, 1) * 4));
+  EXPECT_TRUE(at::equal(c.reduce_scatter(r, 1), r.narrow(1, 2, 2) * 4));
+  at::Tensor out = at::empty({4, 8, 2}, at::kFloat).narrow(1, 0, 2).contiguous();
+  c.reduce_scatter(r, -2, out);
+  EXPECT_TRUE(at::equal(out, r.narrow(1, 2, 2) * 4));
+  EXPECT_EQ(c.calls(), 4);
+  ASSERT_EQ(c.log().size(), 4u);
+  EXPECT_EQ(c.log()[0].op, CommOp::AllToAllSingle);
+  EXPECT_EQ(c.log()[2].op, CommOp::ReduceScatter);
+  EXPECT_EQ(c.log()[2].dim, 1);
+  EXPECT_EQ(c.log()[3].dim, 1);  // -2 is logged wrapped
+  EXPECT_EQ(c.log()[1].shape, (std::vector<int64_t>{4, 8, 2}));
+  EXPECT_EQ(c.log()[1].group, "fake");
+  EXPECT_FALSE(c.log()[1].async);
+}
+
+TEST(CpComm, AsyncHandles) {
+  Fake f = make_group(0, 2);
+  Comm c(f.pg, CommOptions{std::chrono::milliseconds(1000), true});
+  const at::Tensor t = ramp({2, 8});
+  aar::cp::CommWork w = c.all_gather_async(t, 1);
+  EXPECT_FALSE(w.waited());
+  aar::cp::CommWork moved = std::move(w);
+  EXPECT_TRUE(w.waited());  // the moved-from handle owns nothing
+  const at::Tensor got = moved.wait();
+  EXPECT_TRUE(at::equal(got, at::cat({t, t}, 1)));
+  EXPECT_TRUE(moved.wait().is_same(got));
+  EXPECT_TRUE(moved.is_completed());
+  EXPECT_TRUE(c.log().back().async);
+}
+
+TEST(CpComm, BadArgumentsBeforeAnyCollective) {
+  Fake f = make_group(0, 2);
+  Comm c(f.pg, CommOptions{std::chrono::milliseconds(1000), true});
+  const at::Tensor t = ramp({3, 4});
+  at::Tensor out = at::full({3, 8}, 5.0f);
+  EXPECT_THROW(c.all_gather(t, 2), aar::InvalidArgument);
+  EXPECT_THROW(c.all_gather(t, 1, at::empty({3, 4})), aar::InvalidArgument);
+  EXPECT_THROW(c.all_gather(t, 1, out.to(at::kDouble)), aar::InvalidArgument);
+  EXPECT_THROW(c.all_gather(t, 0, at::empty({4, 6}).t()), aar::InvalidArgument);
+  EXPECT_THROW(c.all_gather(t, 1, t), aar::InvalidArgument);
+  EXPECT_THROW(c.all_to_all_single(t), aar::InvalidArgument);  // 3 rows over 2 ranks
+  EXPECT_THROW(c.reduce_scatter(ramp({2, 3}), 1), aar::InvalidArgument);
+  EXPECT_THROW(Comm(f.pg, CommOptions{std::chrono::milliseconds(0), false}), aar::InvalidArgument);
+  EXPECT_EQ(c.calls(), 0);
+  EXPECT_TRUE(c.log().empty());
+  EXPECT_TRUE(at::equal(out, at::full({3, 8}, 5.0f)));
+}
+
+TEST(CpComm, BackendFailuresAreCommErrors) {
+  Fake f = make_group(1, 2, "broken");
+  Comm c(f.pg);
+  f.be->fail_on_wait = true;
+  try {
+    c.all_gather(ramp({2, 8}), 0);
+    FAIL() << "no error";
+  } catch (const CommError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cp::Comm all_gather on group 'broken' (rank 1 of 2) failed"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("fake peer closed the connection"), std::string::npos) << msg;
+  }
+  f.be->fail_on_wait = false;
+  f.be->fail_on_launch = true;
+  EXPECT_THROW(c.all_to_all_single(ramp({2, 8})), CommError);
+  // A failed exchange still counts (it was issued).
+  EXPECT_EQ(c.calls(), 2);
+  // A dropped async handle whose wait fails does not throw from its destructor.
+  f.be->fail_on_launch = false;
+  f.be->fail_on_wait = true;
+  { aar::cp::CommWork w = c.reduce_scatter_async(ramp({2, 8}), 0); }
+}
+
+TEST(CpComm, FromRegisteredGroupName) {
+  Fake f = make_group(0, 2, "aar_test_registered");
+  c10d::register_process_group("aar_test_registered", f.pg);
+  Comm c = Comm::from_group_name("aar_test_registered");
+  EXPECT_EQ(c.group().get(), f.pg.get());
+  EXPECT_EQ(c.group_name(), "aar_test_registered");
+  c10d::unregister_process_group("aar_test_registered");
+  EXPECT_THROW(Comm::from_group_name("aar_test_registered"), aar::InvalidArgument);
+}
+
+}  // namespace

@@ -1,0 +1,107 @@
+"""Multi-process harness of the context-parallel tests (spec cp.md 11).
+
+``run_ranks(world, case, *args)`` starts ``world`` processes with torch.multiprocessing's
+forkserver context (see ``_context``); each joins a gloo process group over a
+``file://`` store in a fresh temporary directory and calls ``case(rank, world, *args)``
+(a module-level function, so it pickles by reference). Each returns what its case returned, in rank order, or
+raises with every failing rank's traceback. Every process is ended before it returns:
+joined within the deadline, terminated (then killed) after it, so a deadlocked
+collective fails the test instead of hanging it.
+"""
+
+import datetime
+import os
+import queue
+import tempfile
+import time
+import traceback
+
+import torch.multiprocessing as mp
+
+# The group's own timeout: bounds rendezvous and any collective that a case does
+# not bound itself (the cp.Comm timeouts in the cases are shorter).
+GROUP_TIMEOUT_S = 30.0
+
+
+def _entry(rank, world, init_file, results, case, args, deadline_s):
+    import faulthandler
+
+    import torch.distributed as dist
+
+    # A rank still running near the deadline prints where it is stuck.
+    faulthandler.dump_traceback_later(max(1.0, deadline_s - 5.0), exit=False)
+    try:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+        value = case(rank, world, *args)
+        results.put((rank, True, value))
+    except BaseException:  # noqa: BLE001  (report everything, including assertion failures)
+        results.put((rank, False, traceback.format_exc()))
+    # Flush the result to the pipe (put() hands it to a feeder thread) before
+    # leaving. No destroy_process_group: a case may leave its peers dead (the
+    # failure tests); os._exit skips gloo's teardown, which would wait for them.
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def _context():
+    # forkserver: a clean single-threaded server process (no OpenMP pool, no
+    # gloo state: what makes plain fork unsafe after torch has run) that has
+    # imported torch and the runtime once; each rank forks from it, so a test
+    # does not pay the imports per rank (2-core machine: ~20 s -> ~1 s per
+    # 4-rank test). The server keeps the stdout/stderr it started with (under
+    # pytest: the first test's capture), so failures travel back through the
+    # result queue, never through the ranks' output. spawn where forkserver is
+    # missing.
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "ascend_attn_rt", "pytest"])
+    return ctx
+
+
+def run_ranks(world, case, *args, deadline_s=90.0, expect_dead=()):
+    """Runs case on `world` ranks; returns [value of rank 0, ...]. Ranks listed in
+    `expect_dead` may end without reporting (a case that kills a rank on purpose)."""
+    ctx = _context()
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="aar_cp_") as tmp:
+        init_file = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_entry, args=(r, world, init_file, results, case, args, deadline_s), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        got = {}
+        end = time.monotonic() + deadline_s
+        try:
+            while len(got) < world:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    rank, ok, value = results.get(timeout=min(left, 0.5))
+                    got[rank] = (ok, value)
+                except queue.Empty:
+                    if all(not p.is_alive() for p in procs) and results.empty():
+                        break
+        finally:
+            for p in procs:
+                p.join(timeout=max(0.0, min(5.0, end - time.monotonic())))
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+                    p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+            results.close()
+            results.join_thread()
+    errors = [f"rank {r}:\n{v}" for r, (ok, v) in sorted(got.items()) if not ok]
+    missing = [r for r in range(world) if r not in got and r not in expect_dead]
+    if missing:
+        errors.append(f"ranks {missing} did not report within {deadline_s} s (deadlock or crash)")
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [got[r][1] if r in got else None for r in range(world)]
