@@ -671,4 +671,28 @@ LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, const GroupMe
   return l;
 }
 
+LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, plan::CSpan<const GroupMetadata*> groups) {
+  AAR_CHECK_ARG(ratio == 0 || ratio == 1 || ratio == 4 || ratio == 128, "compress_ratio=", ratio,
+                " must be 0, 1, 4 or 128");
+  const bool compressed = ratio > 1, c4 = ratio == 4;
+  auto pick = [&](bool needed, DsaCacheKind kind) -> const GroupMetadata* {
+    if (!needed) return nullptr;
+    const GroupMetadata* found = nullptr;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      AAR_CHECK_ARG(groups[i] != nullptr, "groups[", i, "] is null");
+      if (groups[i]->kind != kind) continue;
+      AAR_CHECK_ARG(found == nullptr, "groups: cache kind ", to_string(kind), " is given twice (a layer of "
+                    "compress_ratio ", ratio, " reads one)");
+      found = groups[i];
+    }
+    AAR_CHECK_ARG(found != nullptr, "groups: no group of cache kind ", to_string(kind), ", which a layer of "
+                  "compress_ratio ", ratio, " reads (spec 6.4)");
+    return found;
+  };
+  return route_layer(ratio, step, pick(true, DsaCacheKind::Swa),
+                     pick(compressed, c4 ? DsaCacheKind::C4Kv : DsaCacheKind::C128Kv),
+                     pick(compressed, c4 ? DsaCacheKind::C4AttnState : DsaCacheKind::C128State),
+                     pick(c4, DsaCacheKind::C4IndexerK), pick(c4, DsaCacheKind::C4IndexerState));
+}
+
 }  // namespace aar::dsa

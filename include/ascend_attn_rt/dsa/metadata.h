@@ -143,4 +143,12 @@ LayerMetadata route_layer(int32_t compress_ratio, const StepMetadata& step, cons
                           const GroupMetadata* attention = nullptr, const GroupMetadata* compressor_state = nullptr,
                           const GroupMetadata* indexer_cache = nullptr, const GroupMetadata* indexer_state = nullptr);
 
+// The same routing with the groups picked by cache kind from a step's group
+// builds in any order (an engine passes all of its groups to every layer; the
+// ones the layer does not read are ignored), then checked as above. A kind the
+// layer reads that is missing, or given twice (which one would be ambiguous),
+// is InvalidArgument naming it; a null entry is InvalidArgument naming its
+// index.
+LayerMetadata route_layer(int32_t compress_ratio, const StepMetadata& step, plan::CSpan<const GroupMetadata*> groups);
+
 }  // namespace aar::dsa
