@@ -56,6 +56,13 @@ struct StepMetadata {
   plan::CSpan<int32_t> query_start_loc_host, seq_lens_host, start_pos_host, positions_host;
   // The plan the groups read (views of the host lists above).
   plan::DsaStepPlan plan;
+  // The rows the step emits at the V4 ratios 1, 4 and 128 (plan_dsa_rows),
+  // listed once per step for all groups of each ratio (host scratch of the
+  // build's lane); rows_at(ratio) is null for any other ratio.
+  plan::DsaRows rows_r1, rows_r4, rows_r128;
+  const plan::DsaRows* rows_at(int32_t ratio) const {
+    return ratio <= 1 ? &rows_r1 : ratio == 4 ? &rows_r4 : ratio == 128 ? &rows_r128 : nullptr;
+  }
   BuildStamp stamp;
 };
 
