@@ -579,26 +579,25 @@ void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const Dsa
   const std::size_t n = rows.index.size();
   uint32_t bad = 0;
   bool ok = g.rope_positions == 0 || static_cast<int64_t>(rows.max_index) * rows.ratio < g.rope_positions;
+  // A request outside the step can only come from a list of another step;
+  // checked before any table read (branch-free, so it vectorises).
   const auto nra = static_cast<uint32_t>(step.num_reqs_actual);
   uint32_t foreign = 0;
-  for (std::size_t k = 0; ok && k < n; ++k) {
-    // A request outside the step can only come from a list of another step;
-    // it is read as request 0 (in bounds) and reported below.
-    const auto b = static_cast<uint32_t>(rq[k]);
-    foreign |= static_cast<uint32_t>(b >= nra);
-    const auto col = static_cast<uint32_t>(sdiv.div(ri[k]));
-    if (__builtin_expect(col >= stride, 0)) {
-      ok = false;
-      break;
-    }
-    const std::size_t at = static_cast<std::size_t>(b < nra ? b : 0) * stride + col;
-    bad |= static_cast<uint32_t>(static_cast<uint32_t>(table[at]) >= limit);
-  }
+  for (std::size_t k = 0; k < n; ++k) foreign |= static_cast<uint32_t>(static_cast<uint32_t>(rq[k]) >= nra);
   if (foreign != 0) {
     for (std::size_t k = 0; k < n; ++k) {
       AAR_CHECK_ARG(static_cast<uint32_t>(rq[k]) < nra, "rows.request[", k, "]=", rq[k],
                     " is not a real request of the step (num_reqs_actual=", nra, "): rows are from another step");
     }
+  }
+  for (std::size_t k = 0; ok && k < n; ++k) {
+    const auto col = static_cast<uint32_t>(sdiv.div(ri[k]));
+    if (__builtin_expect(col >= stride, 0)) {
+      ok = false;
+      break;
+    }
+    const std::size_t at = static_cast<std::size_t>(rq[k]) * stride + col;
+    bad |= static_cast<uint32_t>(static_cast<uint32_t>(table[at]) >= limit);
   }
   if (!ok || bad != 0) {
     throw_group_row_error(step, g, rows.ratio, rdiv_checked, sdiv_checked);
