@@ -60,6 +60,7 @@ bench: build
 	$(BUILD)/bench_sfa_cpp --out benchmarks/results/cpp_sfa.json
 	$(BUILD)/bench_dsa_cpp --out benchmarks/results/cpp_dsa.json
 	$(BUILD)/bench_dsa_impl_cpp --out benchmarks/results/cpp_dsa_impl.json
+	$(BUILD)/bench_dsa_oproj_cpp --out benchmarks/results/cpp_dsa_oproj.json
 	$(BUILD)/bench_resident_lru_cpp --out benchmarks/results/cpp_resident_lru.json
 	PYTHONPATH=python $(PY) benchmarks/bench_host.py --out benchmarks/results/python_host.json
 	PYTHONPATH=python $(PY) benchmarks/bench_mla_host.py --out benchmarks/results/mla_host.json

@@ -17,6 +17,7 @@
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/dsa/backend_facts.h"
 #include "ascend_attn_rt/dsa/builder.h"
+#include "ascend_attn_rt/dsa/graph.h"
 #include "ascend_attn_rt/dsa/impl.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 #include "ascend_attn_rt/dsa/kv_plan.h"
@@ -104,6 +105,7 @@ nb::dict plan_dict(const dsa::AttnKvPlan& p) {
   d["prefill_cu_seqlens_cmp_kv"] = dsa::to_string(p.prefill_cu_seqlens_cmp_kv);
   d["slot_format"] = dsa::to_string(p.slot_format);
   d["requires_block_offset_slots"] = p.requires_block_offset_slots;
+  d["block_offset_skip"] = dsa::to_string(p.block_offset_skip);
   d["compressor_slot_format_code"] = p.compressor_slot_format_code;
   d["slot_mapping_columns"] = p.slot_mapping_columns;
   d["kv_scatter"] = dsa::to_string(p.kv_scatter);
@@ -183,6 +185,11 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("cu_seqlens_kv", [](const dsa::StepMetadata& s) { return s.cu_seqlens_kv; })
       .def_prop_ro("cos", [](const dsa::StepMetadata& s) { return s.cos; })
       .def_prop_ro("sin", [](const dsa::StepMetadata& s) { return s.sin; })
+      .def_prop_ro("neg_sin", [](const dsa::StepMetadata& s) { return s.neg_sin; })
+      .def_prop_ro("compress_neg_sin", [](const dsa::StepMetadata& s) -> std::optional<at::Tensor> {
+        if (!s.compress_neg_sin.defined()) return std::nullopt;
+        return s.compress_neg_sin;
+      })
       .def_prop_ro("compress_cos", [](const dsa::StepMetadata& s) -> std::optional<at::Tensor> {
         if (!s.compress_cos.defined()) return std::nullopt;
         return s.compress_cos;
@@ -236,6 +243,10 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("row_request", [](const dsa::GroupMetadata& g) { return g.row_request; })
       .def_prop_ro("cos", [](const dsa::GroupMetadata& g) { return g.cos; })
       .def_prop_ro("sin", [](const dsa::GroupMetadata& g) { return g.sin; })
+      .def_prop_ro("neg_sin", [](const dsa::GroupMetadata& g) { return g.neg_sin; })
+      .def_prop_ro("compressed_cos", [opt](const dsa::GroupMetadata& g) { return opt(g.compressed_cos); })
+      .def_prop_ro("compressed_sin", [opt](const dsa::GroupMetadata& g) { return opt(g.compressed_sin); })
+      .def_prop_ro("compressed_slots", [opt](const dsa::GroupMetadata& g) { return opt(g.compressed_slots); })
       .def_prop_ro("full_compress_cos", [opt](const dsa::GroupMetadata& g) { return opt(g.full_compress_cos); })
       .def_prop_ro("full_compress_sin", [opt](const dsa::GroupMetadata& g) { return opt(g.full_compress_sin); })
       .def_prop_ro("sas_metadata", [](const dsa::GroupMetadata& g) { return g.sas_metadata; })
@@ -243,6 +254,9 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("cu_seqlens_ori_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_ori_kv); })
       .def_prop_ro("cu_seqlens_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_cmp_kv); })
       .def_prop_ro("dspark_swa_indices", [opt](const dsa::GroupMetadata& g) { return opt(g.dspark_swa_indices); })
+      .def_prop_ro("seqused_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.seqused_cmp_kv); })
+      .def_prop_ro("cmp_residual_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cmp_residual_kv); })
+      .def_ro("max_seqlen_cmp_kv", &dsa::GroupMetadata::max_seqlen_cmp_kv)
       .def_prop_ro("block_table_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).block_table_host); })
       .def_prop_ro("slot_mapping_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).slot_mapping_host); })
       .def_prop_ro("row_index_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).row_index_host); })
@@ -429,6 +443,17 @@ void bind_dsa_builders(nb::module_& m) {
       "compress_ratio"_a, "step"_a, "swa"_a, "attention"_a = nb::none(), "compressor_state"_a = nb::none(),
       "indexer_cache"_a = nb::none(), "indexer_state"_a = nb::none(),
       "Spec 6.4: a layer's groups, checked (kinds, currency, same step); 'common' is attention if present, else swa.");
+  m.def(
+      "graph_update",
+      [](graph::GraphParams& g, int64_t num_tokens, const dsa::StepMetadata& step, const dsa::GroupMetadata& swa) {
+        dsa::LayerMetadata l;
+        l.step = &step;
+        l.swa = &swa;
+        g.update(num_tokens, std::vector<graph::StepParams>{dsa::graph_step_params(l)});
+      },
+      "graph"_a, "num_tokens"_a, "step"_a, "swa"_a,
+      "GraphParams.update for captured DSA layers (dsa/graph.h): checks the step fits the bucket (tokens, requests, "
+      "the SWA metadata at the captured addresses); re-issues nothing for them.");
 }
 
 void bind_dsa(nb::module_& root) {
@@ -521,14 +546,8 @@ void bind_dsa_impl(nb::module_& m) {
              int64_t rope_dim, int64_t q_lora_rank, int64_t window, int32_t compress_ratio, int64_t index_n_heads,
              int64_t index_head_dim, int64_t index_topk, double eps, int64_t o_groups, int64_t o_lora_rank,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
-             const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index,
-             const std::optional<std::string>& o_proj_override) {
+             const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index) {
             dsa::ImplConfig c;
-            if (o_proj_override) {
-              AAR_CHECK_ARG(*o_proj_override == "Bmm", "o_proj_override must be None or 'Bmm', got '",
-                            *o_proj_override, "'");
-              c.o_proj_override = dsa::OProjOverride::Bmm;
-            }
             c.hidden_size = hidden_size;
             c.num_heads = num_heads;
             c.head_dim = head_dim;
@@ -555,6 +574,7 @@ void bind_dsa_impl(nb::module_& m) {
             w.attn_sink = weight_of(weights, "attn_sink");
             w.wo_a = weight_of(weights, "wo_a");
             w.wo_b = weight_of(weights, "wo_b");
+            w.wo_a_scale = weight_of(weights, "wo_a_scale");
             w.cmp_wkv = weight_of(weights, "cmp_wkv");
             w.cmp_wgate = weight_of(weights, "cmp_wgate");
             w.cmp_ape = weight_of(weights, "cmp_ape");
@@ -571,8 +591,7 @@ void bind_dsa_impl(nb::module_& m) {
           "q_lora_rank"_a, "window"_a = 128, "compress_ratio"_a = 1, "index_n_heads"_a = 64, "index_head_dim"_a = 128,
           "index_topk"_a = 512, "eps"_a = 1e-6, "o_groups"_a = 1, "o_lora_rank"_a, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
-          "skip_topk"_a = false, "layer_index"_a = -1,
-          "o_proj_override"_a = nb::none())
+          "skip_topk"_a = false, "layer_index"_a = -1)
       .def(
           "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, nb::handle step, nb::handle swa,
@@ -595,7 +614,10 @@ void bind_dsa_impl(nb::module_& m) {
           "indexer_state"_a = nb::none(), "topk_buffer"_a.none() = nb::none(),
           "Spec 6.8. step=None: profiling run (output zero-filled). Returns output.")
       .def_prop_ro("last_topk", [](const dsa::Impl& i) { return i.last_topk(); })
-      .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; });
+      .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; })
+      .def_prop_ro(
+          "o_proj", [](const dsa::Impl& i) { return std::string(dsa::to_string(i.o_proj())); },
+          "The o_proj the layer runs: 'MxFp8QuantBmm' (A5 plan and weights['wo_a_scale'] given) or 'Bmm'.");
 
   m.def(
       "compose_kv_cache",

@@ -12,8 +12,11 @@
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/dense.h"
+#include "ascend_attn_rt/ops/dsa_compressor.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+#include "ascend_attn_rt/ops/sparse_flash_mla.h"
 #include "ascend_attn_rt/plan/dsa_step_plan.h"
 
 namespace aar::dsa {
@@ -70,6 +73,10 @@ class StepBuilder::Lane {
     q_.assign(static_cast<size_t>(R_), 0);
     positions_.assign(static_cast<size_t>(T), 0);
     for (auto& v : row_lists_) v.assign(static_cast<size_t>(T), 0);
+    // The -sin rows (stable buffers; see StepMetadata::neg_sin).
+    const auto topt = at::TensorOptions().dtype(rope.dtype()).device(cfg.device);
+    neg_ = at::empty({T, rope.dim()}, topt);
+    if (crope) cneg_ = at::empty({T, crope->dim()}, topt.dtype(crope->dtype()));
     md_.draft_index = draft_index;
     md_.decode_threshold = 1 + cfg.num_speculative_tokens;
   }
@@ -217,6 +224,16 @@ class StepBuilder::Lane {
       set(md_.compress_cos, cached(v_ccos_, ut, r.ccos, [&] { return crope_->view(device_, r.ccos, t_in); }));
       set(md_.compress_sin, cached(v_csin_, ut, r.csin, [&] { return crope_->view(device_, r.csin, t_in); }));
     }
+    {
+      // Device work after the copy (same stream): the inverse RoPE's rows.
+      c10::InferenceMode guard;
+      set(md_.neg_sin, cached(v_neg_, ut, 0, [&] { return neg_.narrow(0, 0, t_in); }));
+      ops::dense::neg_out(md_.neg_sin, md_.sin);
+      if (crope_ != nullptr) {
+        set(md_.compress_neg_sin, cached(v_cneg_, ut, 0, [&] { return cneg_.narrow(0, 0, t_in); }));
+        ops::dense::neg_out(md_.compress_neg_sin, md_.compress_sin);
+      }
+    }
     md_.query_start_loc_host = plan::CSpan<int32_t>(s + off_qsl_, ub + 1);
     md_.seq_lens_host = plan::CSpan<int32_t>(s + off_seq_, ub);
     md_.start_pos_host = plan::CSpan<int32_t>(s + off_sp_, ub);
@@ -254,10 +271,10 @@ class StepBuilder::Lane {
   int64_t R_;
   int64_t off_qsl_ = 0, off_seq_ = 0, off_sp_ = 0, off_cu_ = 0;
   std::unique_ptr<detail::StagingBuffers> buffers_;
-  at::Tensor device_;
+  at::Tensor device_, neg_, cneg_;
   std::vector<int32_t> sp_, q_, positions_;
   std::vector<int32_t> row_lists_[6];  // (request, index) per ratio 1, 4, 128
-  std::vector<CachedView> v_qsl_, v_seq_, v_sp_, v_cu_, v_cos_, v_sin_, v_ccos_, v_csin_;
+  std::vector<CachedView> v_qsl_, v_seq_, v_sp_, v_cu_, v_cos_, v_sin_, v_ccos_, v_csin_, v_neg_, v_cneg_;
   StepMetadata md_;
   detail::BuildCounter counter_;
 };
@@ -339,7 +356,12 @@ class GroupBuilder::Lane {
     dspark_width_ = g.cfg_.dspark_num_spec > 0
                         ? plan::dspark_swa_width(g.cfg_.window, g.cfg_.dspark_num_spec, g.cfg_.dspark_width)
                         : 0;
-    off_bt_ = align16(T * fw_) + 3 * align16(T) + align16(T * dspark_width_);
+    // The SparseFlashMla plan's compressed KV groups stage seqused_cmp_kv /
+    // cmp_residual_kv (spec 7.2 adapter) next to their rows.
+    const DsaCacheKind kind = g.cfg_.kind;
+    cmp_lens_ = g.cfg_.plan.renames_seqused_for_flash_mla &&
+                (kind == DsaCacheKind::C4Kv || kind == DsaCacheKind::C128Kv);
+    off_bt_ = align16(T * fw_) + 3 * align16(T) + align16(T * dspark_width_) + (cmp_lens_ ? 2 * align16(R_) : 0);
     buffers_ = std::make_unique<detail::StagingBuffers>(off_bt_ + R_ * MB, scfg.device, separate,
                                                         scfg.staging_buffers, scfg.staging_hooks, slot_base);
     device_ = buffers_->device();
@@ -347,6 +369,14 @@ class GroupBuilder::Lane {
     const auto i32 = at::TensorOptions().dtype(at::kInt).device(scfg.device);
     md_.sas_metadata = at::zeros({kBlobWords}, i32);
     md_.qli_metadata = at::zeros({kBlobWords}, i32);
+    if (g.spec_.compress_ratio > 1) {
+      // compressor_metadata's outputs (GroupMetadata::compressed_*), T rows at most.
+      const at::Tensor& ct = g.step_.metadata().compress_cos_table;
+      const auto copt = at::TensorOptions().dtype(ct.scalar_type()).device(scfg.device);
+      ccos_ = at::empty({T * ct.size(1)}, copt);
+      csin_ = at::empty({T * ct.size(1)}, copt);
+      cslots_ = at::empty({T * fw_}, i32);
+    }
     empty_ = at::empty({0}, i32);
     md_.kind = g.cfg_.kind;
     md_.compress_ratio = g.spec_.compress_ratio;
@@ -381,7 +411,7 @@ class GroupBuilder::Lane {
     const int32_t ratio = std::max(g_.spec_.compress_ratio, 1);
     const int32_t rows = plan::dsa_num_compressed_tokens(T, B, ratio);
     const bool dspark = dspark_width_ > 0 && !st.has_prefill();
-    const Region r = region(rows, dspark ? T : 0);
+    const Region r = region(rows, dspark ? T : 0, B);
 
     // DSpark first into the private scratch (validates; the staging buffer
     // stays untouched if anything below fails).
@@ -407,6 +437,9 @@ class GroupBuilder::Lane {
     gi.block_table_stride = in.block_table_stride;
     gi.num_blocks = g_.cfg_.num_blocks;
     gi.slot_format = g_.slot_format_;
+    // The plan's skip encoding for token (ratio <= 1) mappings; compressed
+    // groups keep compressor_metadata's (-1, bs-1) (dsa/kv_plan.h).
+    gi.block_offset_skip = ratio <= 1 ? g_.cfg_.plan.block_offset_skip : BlockOffsetSkip::LastOffset;
     gi.rope_positions = ratio > 1 ? g_.step_.compress_rope_positions() : 0;
 
     int32_t* s = buffers_->begin();
@@ -425,6 +458,13 @@ class GroupBuilder::Lane {
         rl != nullptr ? plan::plan_dsa_group(st.plan, gi, gb, *rl) : plan::plan_dsa_group(st.plan, gi, gb);
     const size_t dsn = dspark ? static_cast<size_t>(T) * dspark_width_ : 0;
     if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
+    const size_t ub = static_cast<size_t>(B);
+    const int64_t cres = r.cmp + align16(B);
+    if (cmp_lens_) {
+      // Cannot fail here: seq_lens were validated by the step build and are <= its max_seqlen_kv.
+      flash_mla_cmp_lengths(st.plan.seq_lens, st.max_seqlen_kv, ratio, plan::Span<int32_t>(s + r.cmp, ub),
+                            plan::Span<int32_t>(s + cres, ub));
+    }
     buffers_->copy(r.slots, off_bt_ + B * stride - r.slots);
     buffers_->finish();
     counter_.next(md_.stamp);
@@ -450,11 +490,14 @@ class GroupBuilder::Lane {
     if (ratio > 1) {
       set(md_.cos, st.compress_cos);
       set(md_.sin, st.compress_sin);
+      set(md_.neg_sin, st.compress_neg_sin);
       set(md_.full_compress_cos, st.compress_cos_table);
       set(md_.full_compress_sin, st.compress_sin_table);
+      fill_compressed_rows(st, rows);
     } else {
       set(md_.cos, st.cos);
       set(md_.sin, st.sin);
+      set(md_.neg_sin, st.neg_sin);
     }
     const bool prefill = st.has_prefill();
     md_.cu_seqlens_ori_kv_kind = prefill ? kp.prefill_cu_seqlens_ori_kv : kp.decode_cu_seqlens_ori_kv;
@@ -469,6 +512,13 @@ class GroupBuilder::Lane {
     md_.ori_win_right = 0;
     md_.max_seqlen_q = st.max_seqlen_q;
     md_.max_seqlen_kv = st.max_seqlen_kv;
+    if (cmp_lens_) {
+      set(md_.seqused_cmp_kv, cached(v_scmp_, ub, r.cmp, [&] { return device_.narrow(0, r.cmp, B); }));
+      set(md_.cmp_residual_kv, cached(v_cres_, ub, cres, [&] { return device_.narrow(0, cres, B); }));
+      md_.max_seqlen_cmp_kv = st.max_seqlen_kv / ratio;
+      md_.seqused_cmp_kv_host = plan::CSpan<int32_t>(s + r.cmp, ub);
+      md_.cmp_residual_kv_host = plan::CSpan<int32_t>(s + cres, ub);
+    }
     md_.sas_metadata_filled = fill_sas(st, ratio);
     md_.qli_metadata_filled = fill_qli(st);
     const GroupConfig& gc = g_.cfg_;
@@ -486,19 +536,48 @@ class GroupBuilder::Lane {
 
  private:
   struct Region {
-    int64_t slots, idx, pos, req, dspark;
+    int64_t slots, idx, pos, req, dspark, cmp;
   };
-  // Word offsets of a build of `rows` compressed rows and `ds_tokens` DSpark
-  // rows: packed, ending (up to alignment) at the block table.
-  Region region(int64_t rows, int64_t ds_tokens) const {
+  // Word offsets of a build of `rows` compressed rows, `ds_tokens` DSpark
+  // rows and `reqs` requests (the SparseFlashMla lengths, two regions of
+  // align16(reqs) when cmp_lens_): packed, ending (up to alignment) at the
+  // block table.
+  Region region(int64_t rows, int64_t ds_tokens, int64_t reqs) const {
     const int64_t a = align16(rows * fw_), b = align16(rows), d = align16(ds_tokens * dspark_width_);
+    const int64_t c = cmp_lens_ ? 2 * align16(reqs) : 0;
     Region r;
-    r.slots = off_bt_ - a - 3 * b - d;
+    r.slots = off_bt_ - a - 3 * b - d - c;
     r.idx = r.slots + a;
     r.pos = r.idx + b;
     r.req = r.pos + b;
     r.dspark = r.req + b;
+    r.cmp = r.dspark + d;
     return r;
+  }
+  // Spec 6.5 / 9: compressor_metadata over the staged table into the lane's
+  // stable buffers (views per row count), read by the step's layers.
+  void fill_compressed_rows(const StepMetadata& st, int64_t rows) {
+    const size_t ur = static_cast<size_t>(rows);
+    const int64_t R = st.compress_cos_table.size(1);
+    set(md_.compressed_cos, cached(v_ccos_, ur, 0, [&] { return ccos_.narrow(0, 0, rows * R).view({rows, 1, 1, R}); }));
+    set(md_.compressed_sin, cached(v_csin_, ur, 0, [&] { return csin_.narrow(0, 0, rows * R).view({rows, 1, 1, R}); }));
+    set(md_.compressed_slots, cached(v_cslots_, ur, 0, [&] {
+      at::Tensor v = cslots_.narrow(0, 0, rows * fw_);
+      return fw_ == 2 ? v.view({rows, 2}) : v;
+    }));
+    c10::InferenceMode guard;
+    ops::CompressorMetadataArgs a;
+    a.rope_cos = st.compress_cos_table;
+    a.rope_sin = st.compress_sin_table;
+    a.cu_seqlens = st.query_start_loc;
+    a.start_pos = st.start_pos;
+    a.kv_block_table = md_.block_table;
+    a.kv_block_size = g_.spec_.storage_block_size;
+    a.slot_mapping_format = g_.slot_format_ == SlotFormat::Flat ? ops::CompressedSlotFormat::Flat
+                                                                : ops::CompressedSlotFormat::BlockOffset;
+    a.compress_ratio = g_.spec_.compress_ratio;
+    a.num_reqs_actual = st.num_reqs_actual;
+    ops::compressor_metadata_out(a, md_.compressed_cos, md_.compressed_sin, md_.compressed_slots);
   }
   // Spec 6.7: the SAS blob of this group's layers, copied into the stable
   // buffer. Returns whether it was generated (see dsa/builder.h).
@@ -506,9 +585,11 @@ class GroupBuilder::Lane {
     const GroupConfig& c = g_.cfg_;
     const bool reads_sas = c.kind == DsaCacheKind::Swa || c.kind == DsaCacheKind::C4Kv ||
                            c.kind == DsaCacheKind::C128Kv;
+    // The plan's metadata operator (the enum is checked at construction);
+    // the remaining path is KvQuantSharedKv.
     const bool shared = c.plan.sparse_attn == SparseAttnPath::SharedKv;
-    const bool kv_quant = c.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
-    if (!reads_sas || c.num_heads_q <= 0 || !(shared || kv_quant)) return false;
+    const bool flash_mla = c.plan.sparse_attn == SparseAttnPath::SparseFlashMla;
+    if (!reads_sas || c.num_heads_q <= 0) return false;
     c10::InferenceMode guard;
     auto opt = [](const at::Tensor& t) -> std::optional<at::Tensor> {
       if (!t.defined()) return std::nullopt;
@@ -538,6 +619,15 @@ class GroupBuilder::Lane {
     a.device = "npu";
     if (shared) {
       md_.sas_metadata.copy_(ops::sparse_attn_sharedkv_metadata(a), /*non_blocking=*/true);
+    } else if (flash_mla) {
+      // Spec 7.2: the same arguments through the SparseFlashMla adapter
+      // (seqused_kv -> seqused_ori_kv, max_seqlen_kv -> max_seqlen_ori_kv,
+      // device dropped; compressed groups add the staged seqused_cmp_kv /
+      // cmp_residual_kv and max_seqlen_cmp_kv = max_seqlen_kv / cmp_ratio).
+      std::optional<ops::FlashMlaCmpLengthTensors> cmp;
+      if (ratio > 1) cmp = ops::FlashMlaCmpLengthTensors{md_.seqused_cmp_kv, md_.cmp_residual_kv};
+      md_.sas_metadata.copy_(ops::sparse_flash_mla_metadata(ops::to_sparse_flash_mla_metadata_args(a, cmp)),
+                             /*non_blocking=*/true);
     } else {
       ops::KvQuantSparseAttnSharedKvMetadataArgs q;
       q.base = a;
@@ -589,17 +679,23 @@ class GroupBuilder::Lane {
   int64_t R_;
   int64_t fw_ = 2;
   int32_t dspark_width_ = 0;
+  bool cmp_lens_ = false;
   int64_t off_bt_ = 0;
   std::unique_ptr<detail::StagingBuffers> buffers_;
-  at::Tensor device_, empty_;
+  at::Tensor device_, empty_, ccos_, csin_, cslots_;
   std::vector<int32_t> dspark_scratch_;
-  std::vector<CachedView> v_bt_, v_slots_, v_idx_, v_pos_, v_req_, v_ds_;
+  std::vector<CachedView> v_bt_, v_slots_, v_idx_, v_pos_, v_req_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_,
+      v_cslots_;
   GroupMetadata md_;
   detail::BuildCounter counter_;
 };
 
 GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : step_(step), cfg_(cfg) {
   spec_ = dsa_cache_spec(cfg.kind, cfg.cache_block_size, cfg.plan);  // names cache_block_size
+  AAR_CHECK_ARG(cfg.plan.sparse_attn == SparseAttnPath::SharedKv ||
+                    cfg.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv ||
+                    cfg.plan.sparse_attn == SparseAttnPath::SparseFlashMla,
+                "plan sparse_attn value ", static_cast<int>(cfg.plan.sparse_attn), " is outside the enum");
   slot_format_ = slot_format_for(cfg.plan, cfg.kind);
   AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
   AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);

@@ -4,11 +4,11 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
-#include <array>
-#include <atomic>
-#include <memory>
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
+#include <tuple>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -17,9 +17,14 @@
 #include "ascend_attn_rt/ops/dsa_inplace_ops.h"
 #include "ascend_attn_rt/ops/hadamard.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/mx_quant.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+#include "ascend_attn_rt/ops/sparse_flash_mla.h"
+#include "ascend_attn_rt/ops/out_variants.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
+#include "ascend_attn_rt/dsa/graph.h"
+#include "workspace.h"
 
 namespace aar::dsa {
 
@@ -50,62 +55,12 @@ void check_paged(const at::Tensor& c, const char* name, int64_t rows, int64_t wi
   AAR_CHECK_ARG(c.stride(3) == 1 && c.stride(1) == width, name, " rows must be dense (strides ", c.strides(), ")");
 }
 
-// Identifies one build of one builder lane: the lane's live counter (kept
-// alive by the key, so a later builder cannot reuse its address) and the
-// build's generation. Metadata without a builder (live == null) is never cached.
-struct BuildKey {
-  std::shared_ptr<const std::atomic<uint64_t>> live;
-  uint64_t generation = 0;
-  const void* ptr = nullptr;
-  bool matches(const BuildStamp& s, const void* p) const {
-    return live != nullptr && live == s.live && generation == s.generation && ptr == p;
-  }
-  void set(const BuildStamp& s, const void* p) {
-    live = s.live;
-    generation = s.generation;
-    ptr = p;
-  }
-};
-
-// -sin rows of a step for the inverse RoPE, shared by every layer of the step
-// (one negation per step instead of one per layer): keyed by the rows'
-// address, the step build's generation and the token count.
-struct NegSinCache {
-  BuildKey key;
-  int64_t tk = -1;
-  at::Tensor neg;
-};
-// Entries for the RoPE groups of a step (rope_theta rows of SWA layers,
-// compress_rope_theta rows of compressed layers, draft lanes).
-const at::Tensor& neg_sin_rows(const at::Tensor& sin3, const StepMetadata& st, int64_t tk) {
-  thread_local std::array<NegSinCache, 4> cache;
-  thread_local size_t next = 0;
-  for (NegSinCache& c : cache) {
-    if (c.key.matches(st.stamp, sin3.data_ptr()) && c.tk == tk && c.neg.defined() && c.neg.device() == sin3.device()) {
-      return c.neg;
-    }
-  }
-  NegSinCache& c = cache[next++ % cache.size()];
-  c.neg = sin3.neg();
-  c.key.set(st.stamp, sin3.data_ptr());
-  c.tk = tk;
-  return c.neg;
-}
-
 void check_group(const GroupMetadata* g, const char* name) {
   AAR_CHECK_ARG(g != nullptr, "metadata.", name, " is missing for this layer's ratio (spec 6.4)");
   check_current(*g, name);
 }
 
 }  // namespace
-
-const char* to_string(OProjOverride o) {
-  switch (o) {
-    case OProjOverride::None: return "None";
-    case OProjOverride::Bmm: return "Bmm";
-  }
-  return "?";
-}
 
 // ------------------------------------------------------------------ 6.3 tuple
 
@@ -173,19 +128,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                 c.compress_ratio);
   AAR_CHECK_ARG(!c.use_index_cache || (c4 && !c.skip_topk), "use_index_cache stores this layer's top-k: it needs a "
                 "ratio-4 layer that computes one (skip_topk=False)");
-  // The plan's paths this layer does not implement, by name.
-  if (c.plan.uses_sparse_flash_mla || c.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
-    throw_not_supported("plan sparse_attn=SparseFlashMla (A5 + bf16 cache): the operator, its CPU twin and the "
-                        "argument adapter exist (ops/sparse_flash_mla.h), but the DSA layer does not wire them yet "
-                        "(builder staging of seqused_cmp_kv / cmp_residual_kv and the SparseFlashMla metadata)");
-  }
-  AAR_CHECK_ARG(c.o_proj_override == OProjOverride::None || c.o_proj_override == OProjOverride::Bmm,
-                "o_proj_override value ", static_cast<int>(c.o_proj_override), " is outside the enum");
-  if (c.plan.o_proj == OProjKind::MxFp8QuantBmm && c.o_proj_override != OProjOverride::Bmm) {
-    throw_not_supported("plan o_proj=MxFp8QuantBmm (A5 npu_dynamic_mx_quant + quantised transpose-bmm) is not "
-                        "implemented by the DSA layer; o_proj_override=Bmm runs the plain grouped transpose-bmm "
-                        "o_proj instead (an explicit deviation from the plan)");
-  }
+  AAR_CHECK_ARG(c.plan.uses_sparse_flash_mla == (c.plan.sparse_attn == SparseAttnPath::SparseFlashMla),
+                "plan uses_sparse_flash_mla=", c.plan.uses_sparse_flash_mla ? "True" : "False",
+                " contradicts plan sparse_attn=", to_string(c.plan.sparse_attn));
   if (c.plan.fp8_kv_rows) {
     AAR_CHECK_ARG(c.head_dim == Fp8KvRowLayout::kNopeDims + Fp8KvRowLayout::kRopeDims &&
                       c.rope_dim == Fp8KvRowLayout::kRopeDims,
@@ -199,6 +144,12 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   const c10::Device dev = w.wq_a.device();
   AAR_CHECK_ARG(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat,
                 "the weights' dtype must be bfloat16, float16 or float32, got ", dt);
+  // The A5 + BF16 plan's caches are bf16 (float32 only for CPU reference
+  // runs, as on every plain-row plan): float16 weights would make float16
+  // caches, which is not that plan.
+  AAR_CHECK_ARG(!c.plan.uses_sparse_flash_mla || dt != at::kHalf, "the weights are float16 but plan sparse_attn="
+                "SparseFlashMla (A5 + bfloat16 cache) keeps bfloat16 KV rows: use bfloat16 weights (float32 for "
+                "CPU reference runs)");
   auto check = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape, bool fp32 = false) {
     AAR_CHECK_ARG(t.defined() && t.sizes() == c10::IntArrayRef(shape), "weight ", name, " must have shape ",
                   c10::IntArrayRef(shape), ", got ", sizes_of(t));
@@ -213,7 +164,32 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   check(w.wkv, "wkv", {D, H});
   check(w.kv_norm, "kv_norm", {D});
   check(w.attn_sink, "attn_sink", {N}, /*fp32=*/true);
-  check(w.wo_a, "wo_a", {G, N * D / G, c.o_lora_rank});
+  // o_proj (6.8 step 4): the plan allows the MX-fp8 path, the checkpoint's wo_a_scale selects it (impl.h).
+  if (w.wo_a_scale.defined()) {
+    AAR_CHECK_ARG(c.plan.o_proj == OProjKind::MxFp8QuantBmm, "weight wo_a_scale is given but the plan's o_proj is ",
+                  to_string(c.plan.o_proj), ": the MX-fp8 o_proj runs only on the A5 plans (device_kind a5); pass "
+                  "a bf16 wo_a without wo_a_scale");
+    o_proj_ = OProjKind::MxFp8QuantBmm;
+    const int64_t k = N * D / G;
+    AAR_CHECK_ARG(k % 64 == 0, "the MX-fp8 o_proj needs N * D / o_groups = ", k,
+                  " to be a multiple of 64 (npu_transpose_quant_batchmatmul's MX mode)");
+    AAR_CHECK_ARG(w.wo_a.defined() && w.wo_a.sizes() == c10::IntArrayRef({G, k, c.o_lora_rank}),
+                  "weight wo_a must have shape ", c10::IntArrayRef({G, k, c.o_lora_rank}), ", got ", sizes_of(w.wo_a));
+    AAR_CHECK_ARG(w.wo_a.scalar_type() == at::kFloat8_e4m3fn, "weight wo_a is ", w.wo_a.scalar_type(),
+                  ", expected Float8_e4m3fn: wo_a_scale makes it the MX-fp8 checkpoint's weight");
+    AAR_CHECK_ARG(w.wo_a.device() == dev, "weight wo_a is on ", w.wo_a.device(), ", wq_a on ", dev);
+    const std::vector<int64_t> ss{G, k / 64, c.o_lora_rank, 2};
+    AAR_CHECK_ARG(w.wo_a_scale.sizes() == c10::IntArrayRef(ss), "weight wo_a_scale must have shape (G, k / 64, "
+                  "o_lora, 2) = ", c10::IntArrayRef(ss), ", got ", w.wo_a_scale.sizes());
+    AAR_CHECK_ARG(w.wo_a_scale.scalar_type() == at::kFloat8_e8m0fnu || w.wo_a_scale.scalar_type() == at::kByte,
+                  "weight wo_a_scale is ", w.wo_a_scale.scalar_type(), ", expected Float8_e8m0fnu (or its uint8 bytes)");
+    AAR_CHECK_ARG(w.wo_a_scale.device() == dev, "weight wo_a_scale is on ", w.wo_a_scale.device(), ", wq_a on ", dev);
+    w_.wo_a_scale = w.wo_a_scale.view(at::kFloat8_e8m0fnu);
+  } else {
+    AAR_CHECK_ARG(!w.wo_a.defined() || w.wo_a.scalar_type() != at::kFloat8_e4m3fn, "weight wo_a is Float8_e4m3fn "
+                  "but wo_a_scale is not given: an MX-fp8 wo_a needs its scales (G, k / 64, o_lora, 2)");
+    check(w.wo_a, "wo_a", {G, N * D / G, c.o_lora_rank});
+  }
   check(w.wo_b, "wo_b", {H, G * c.o_lora_rank});
   if (c.compress_ratio > 1) {
     const int64_t coff = c4 ? 2 : 1;
@@ -242,6 +218,27 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                             .to(dt);
   }
   sinks_f32_ = w.attn_sink.contiguous();
+  // The intermediates' buffers, shared by the layers of this shape (workspace.h).
+  detail::WorkspaceShape ws;
+  ws.device = dev;
+  ws.dtype = dt;
+  ws.num_heads = N;
+  ws.head_dim = D;
+  ws.q_lora_rank = c.q_lora_rank;
+  ws.o_groups = G;
+  ws.o_lora_rank = c.o_lora_rank;
+  ws.compress_ratio = c.compress_ratio;
+  if (c4) {
+    ws.index_n_heads = c.index_n_heads;
+    ws.index_head_dim = c.index_head_dim;
+    ws.index_topk = c.index_topk;
+    ws.idx_q = scalar_of(c.plan.indexer_q_dtype);
+    ws.idx_q_scale = scalar_of(c.plan.indexer_q_scale_dtype);
+    ws.li_weights = scalar_of(c.plan.li_weights_dtype);
+    ws.idx_k = scalar_of(c.plan.indexer_k_dtype);
+    ws.idx_k_scale = scalar_of(c.plan.indexer_k_scale_dtype);
+  }
+  ws_ = detail::Workspace::shared(ws);
   ones_d_ = at::ones({D}, w.wq_a.options());  // the weightless per-head RMS (gamma 1 is exact in any dtype)
 }
 
@@ -250,6 +247,11 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   const ImplConfig& c = cfg_;
   const at::ScalarType dt = w_.wq_a.scalar_type();
   const c10::Device dev = w_.wq_a.device();
+  if (c.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace && graph::GraphParams::current() != nullptr) {
+    throw_not_supported("DSA graph capture on plan kv_scatter=npu_scatter_nd_update_ (A5 + bfloat16 cache): its KV "
+                        "writes are sized by the step's valid rows (a per-step host value), which a replay cannot "
+                        "change");
+  }
   AAR_CHECK_ARG(md.compress_ratio == c.compress_ratio || (md.compress_ratio <= 1 && c.compress_ratio == 1),
                 "metadata was routed for compress_ratio ", md.compress_ratio, " but the layer's is ", c.compress_ratio);
   AAR_CHECK_ARG(md.step != nullptr, "metadata.step is missing");
@@ -258,6 +260,23 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   if (c.compress_ratio > 1) {
     check_group(md.attention, "attention");
     check_group(md.compressor_state, "compressor_state");
+  }
+  // The KV writes index with the groups' slots: they must be in the plan's format (a group built under another
+  // plan would be misread).
+  auto check_format = [&](const GroupMetadata& g, const char* name, DsaCacheKind kind) {
+    const SlotFormat want = slot_format_for(c.plan, kind);
+    AAR_CHECK_ARG(g.slot_format == want, "metadata.", name, " has ", to_string(g.slot_format),
+                  " slots but the layer's plan (sparse_attn=", to_string(c.plan.sparse_attn), ") writes ",
+                  to_string(want), " slots: its GroupBuilder was configured with another plan");
+  };
+  check_format(*md.swa, "swa", DsaCacheKind::Swa);
+  if (c.compress_ratio > 1) {
+    check_format(*md.attention, "attention", md.attention->kind);
+    // Spec 7.2: SparseFlashMla takes the compressed lengths the builder stages for this plan only.
+    AAR_CHECK_ARG(!c.plan.uses_sparse_flash_mla ||
+                      (md.attention->seqused_cmp_kv.defined() && md.attention->cmp_residual_kv.defined()),
+                  "metadata.attention has no seqused_cmp_kv / cmp_residual_kv: plan sparse_attn=SparseFlashMla "
+                  "needs its GroupBuilder built with the same (A5 + bfloat16) plan");
   }
   if (c.compress_ratio == 4) {
     check_group(md.indexer_cache, "indexer_cache");
@@ -273,6 +292,17 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                     "index_topk");
     }
   }
+  // The per-step rows the builders make (dsa/metadata.h); metadata filled in
+  // by hand must carry them too.
+  auto check_rows = [&](const GroupMetadata* g, const char* name) {
+    AAR_CHECK_ARG(g->compressed_cos.defined() && g->compressed_sin.defined() && g->compressed_slots.defined(),
+                  "metadata.", name, " has no compressed_cos / compressed_sin / compressed_slots (its GroupBuilder "
+                  "makes them with compressor_metadata)");
+  };
+  AAR_CHECK_ARG(md.common().neg_sin.defined(), "metadata.", md.attention != nullptr ? "attention" : "swa",
+                " has no neg_sin rows (the StepBuilder makes them)");
+  if (c.compress_ratio > 1) check_rows(md.attention, "attention");
+  if (c.compress_ratio == 4) check_rows(md.indexer_cache, "indexer_cache");
   const StepMetadata& st = *md.step;
   // Graph-padding requests the builder accepts with tokens but no KV (a dummy
   // of q > 0 tokens and seq_len < q) would reach the SAS operator, which needs
@@ -360,8 +390,10 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   return out;
 }
 
-void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows) {
-  // Spec 7.1 / 7.2: the plan's scatter kind and slot format.
+void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows,
+                         int64_t valid_rows) {
+  // Spec 7.1 / 7.2: the plan's scatter kind and slot format. The v2 scatter
+  // and kv_compress_epilog skip the rows of block / slot -1 themselves.
   at::Tensor var = cache;
   switch (cfg_.plan.kv_scatter) {
     case KvScatterKind::ScatterNdUpdateV2:
@@ -379,57 +411,31 @@ void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const
       ops::kv_compress_epilog(a);
       return;
     }
-    case KvScatterKind::ScatterNdUpdateInplace:
-      ops::scatter_nd_update_(var, slots, rows);
+    case KvScatterKind::ScatterNdUpdateInplace: {
+      // npu_scatter_nd_update_ does not support out-of-range indices (torch_npu
+      // docs), so no skip row reaches it: the builders put the valid rows first
+      // (num_valid_rows, a host value: no sync), and only that prefix is
+      // written. Its updates are indices.shape[:-1] + cache.shape[2:] = (V, 1, D).
+      AAR_CHECK_ARG(valid_rows >= 0 && valid_rows <= rows.size(0) && valid_rows <= slots.size(0),
+                    "internal: ", valid_rows, " valid KV rows of ", rows.size(0), " rows / ", slots.size(0),
+                    " slots");
+      if (valid_rows == 0) return;
+      const at::Tensor idx = valid_rows == slots.size(0) ? slots : slots.narrow(0, 0, valid_rows);
+      const at::Tensor upd = (valid_rows == rows.size(0) ? rows : rows.narrow(0, 0, valid_rows))
+                                 .view({valid_rows, 1, rows.size(1)});
+      ops::scatter_nd_update_(var, idx, upd);
       return;
+    }
   }
   throw_invalid("plan kv_scatter value ", static_cast<int>(cfg_.plan.kv_scatter), " is outside the enum");
 }
 
 namespace {
 
-// compressor_metadata of a compressed group: (cos, sin, slots) of its rows.
-// They depend on the group's build only: made once per build and shared by the
-// layers of the step that read the group (a per-thread cache keyed by the
-// group's block-table buffer and build generation).
-struct GroupRowsCache {
-  BuildKey key;
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> rows;
-};
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> group_rows(const StepMetadata& st, const GroupMetadata& g) {
-  thread_local std::array<GroupRowsCache, 4> cache;
-  thread_local size_t next = 0;
-  const void* key = g.block_table.data_ptr();
-  for (const GroupRowsCache& c : cache) {
-    if (c.key.matches(g.stamp, key) && std::get<2>(c.rows).device() == g.block_table.device()) {
-      return c.rows;
-    }
-  }
-  ops::CompressorMetadataArgs a;
-  a.rope_cos = g.full_compress_cos;
-  a.rope_sin = g.full_compress_sin;
-  a.cu_seqlens = g.query_start_loc;
-  a.start_pos = g.start_pos;
-  a.kv_block_table = g.block_table;
-  a.kv_block_size = g.storage_block_size;
-  a.slot_mapping_format = g.slot_format == SlotFormat::Flat ? ops::CompressedSlotFormat::Flat
-                                                            : ops::CompressedSlotFormat::BlockOffset;
-  a.compress_ratio = g.compress_ratio;
-  a.num_reqs_actual = g.num_reqs_actual;
-  (void)st;
-  GroupRowsCache& c = cache[next++ % cache.size()];
-  auto rows = ops::compressor_metadata(a, g.num_compressed_tokens);
-  if (g.stamp.live == nullptr) return rows;
-  c.rows = std::move(rows);
-  c.key.set(g.stamp, key);
-  return c.rows;
-}
-
 at::Tensor run_compressor(const at::Tensor& x, const at::Tensor& wkv, const at::Tensor& wgate, const at::Tensor& ape,
                           const at::Tensor& norm, const at::Tensor& state, const GroupMetadata& state_g,
-                          const GroupMetadata& out_g, const at::Tensor& cos, const at::Tensor& sin, int64_t R,
-                          int64_t ratio, int64_t coff, double eps) {
+                          const GroupMetadata& out_g, int64_t R, int64_t ratio, int64_t coff, double eps,
+                          const at::Tensor& out) {
   ops::CompressorArgs a;
   a.x = x;
   a.wkv = wkv;
@@ -437,8 +443,9 @@ at::Tensor run_compressor(const at::Tensor& x, const at::Tensor& wkv, const at::
   a.state_cache = state;
   a.ape = ape;
   a.norm_weight = norm;
-  a.rope_cos = cos;
-  a.rope_sin = sin;
+  // compressor_metadata's rows for the group's compressed rows (made by its builder).
+  a.rope_cos = out_g.compressed_cos;
+  a.rope_sin = out_g.compressed_sin;
   a.state_block_table = state_g.block_table;
   a.cu_seqlens = out_g.query_start_loc;
   a.seqused = out_g.seq_lens;
@@ -447,150 +454,202 @@ at::Tensor run_compressor(const at::Tensor& x, const at::Tensor& wkv, const at::
   a.cmp_ratio = ratio;
   a.coff = coff;
   a.norm_eps = eps;
+  if (out.defined()) {
+    ops::compressor_out(a, out);
+    return out;
+  }
   return ops::compressor(a);
 }
 
+// The first r rows of a group's per-row tensor (the tensor itself when it has r).
+at::Tensor first_rows(const at::Tensor& t, int64_t r) { return t.size(0) == r ? t : t.narrow(0, 0, r); }
+
 }  // namespace
 
-void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md) {
+const Impl::StepViews& Impl::step_views(const LayerMetadata& md, int64_t n) {
+  // The builders hand out the same view per size, so these narrowed views
+  // are remade only when the step's size (or the builder) changes.
+  const GroupMetadata& common = md.common();
+  StepViews& s = step_views_;
+  if (s.n == n && s.cos_src.same(common.cos) && s.neg_src.same(common.neg_sin) && s.slots_src.same(md.swa->slot_mapping) &&
+      s.qsl_src.same(common.query_start_loc)) {
+    return s;
+  }
+  const int64_t R = cfg_.rope_dim;
+  s.n = n;
+  s.cos = first_rows(common.cos, n);
+  s.sin = first_rows(common.sin, n);
+  s.cos3 = s.cos.view({n, 1, R});
+  s.sin3 = s.sin.view({n, 1, R});
+  s.neg_sin3 = first_rows(common.neg_sin, n).view({n, 1, R});
+  s.swa_slots = first_rows(md.swa->slot_mapping, n);
+  s.q_ends = common.query_start_loc.narrow(0, 1, common.query_start_loc.size(0) - 1);
+  s.cos_src.bind(common.cos);
+  s.neg_src.bind(common.neg_sin);
+  s.slots_src.bind(md.swa->slot_mapping);
+  s.qsl_src.bind(common.query_start_loc);
+  return s;
+}
+
+void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
+                                const detail::RowViews& rv, int64_t r, bool graph) {
   // 1.6.2 step 2: the C4Li compressor over its state, Hadamard, the indexer cache write.
   const ImplConfig& cf = cfg_;
   const GroupMetadata& ig = *md.indexer_cache;
-  const auto [icos, isin, islots_all] = group_rows(*md.step, ig);
-  at::Tensor k = run_compressor(x, w_.idx_cmp_wkv, w_.idx_cmp_wgate, idx_ape_f32_, w_.idx_cmp_norm, c.indexer_state,
-                                *md.indexer_state, ig, icos, isin, cf.rope_dim, 4, 2, cf.eps);
-  k = ops::hadamard_rotate(k, hadamard_);
-  // The compressor emits min(tk, tk / 4 + B) rows for the step's tk real
-  // tokens; the group's slots are counted from num_input_tokens (>= tk under
-  // graph padding): its emitted rows come first, the rest are skip rows.
-  const at::Tensor islots = islots_all.size(0) == k.size(0) ? islots_all : islots_all.narrow(0, 0, k.size(0));
+  const at::Tensor k = run_compressor(x, w_.idx_cmp_wkv, w_.idx_cmp_wgate, idx_ape_f32_, w_.idx_cmp_norm,
+                                      c.indexer_state, *md.indexer_state, ig, cf.rope_dim, 4, 2, cf.eps,
+                                      graph ? rv.ik : at::Tensor());
+  ops::hadamard_rotate_out(rv.ik_rot, k, hadamard_);
+  // The compressor emits min(n, n / 4 + B) rows for the n rows it is given;
+  // the group's slots are counted from num_input_tokens (>= n under graph
+  // padding when eager): its emitted rows come first, the rest are skip rows.
+  const at::Tensor islots = first_rows(ig.compressed_slots, r);
   if (cf.plan.indexer_k_write == IndexerKWriteKind::CompressEpilogV2) {
     ops::IndexerCompressEpilogArgs e;
     e.indexer_compress_cache = c.indexer_full;
-    e.x = k;
+    e.x = rv.ik_rot;
     e.slot_mapping = islots;
     ops::indexer_compress_epilog_v2(e);
     return;
   }
   ops::DynamicQuantArgs qa;
   if (cf.plan.indexer_k_dtype != KvDtype::INT8) qa.dst_type = static_cast<int64_t>(scalar_of(cf.plan.indexer_k_dtype));
-  qa.input = k;
-  const auto [k_q, k_scale] = ops::dynamic_quant(qa);
+  qa.input = rv.ik_rot;
+  at::Tensor k_q, k_scale;
+  if (graph) {
+    ops::dynamic_quant_out(qa, rv.ik_q, rv.ik_scale);
+    k_q = rv.ik_q;
+    k_scale = rv.ik_scale;
+  } else {
+    std::tie(k_q, k_scale) = ops::dynamic_quant(qa);
+  }
   at::Tensor kc = c.indexer_k, sc = c.indexer_scale;
+  // The scale in the cache's dtype: the workspace's rows (a converting copy),
+  // or the fp32 scale itself when the cache is fp32.
+  at::Tensor scale_rows;
+  if (rv.ik_scale_c.is_alias_of(rv.ik_scale) && graph) {
+    scale_rows = rv.ik_scale_c;
+  } else {
+    ops::dense::copy(rv.ik_scale_c.view({r}), k_scale);
+    scale_rows = rv.ik_scale_c;
+  }
   ops::scatter_nd_update_v2(kc, islots, k_q);
-  ops::scatter_nd_update_v2(sc, islots, ops::dense::cast(k_scale, sc.scalar_type()).view({-1, 1}));
+  ops::scatter_nd_update_v2(sc, islots, scale_rows);
 }
 
-at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& qr, const Caches& c, const LayerMetadata& md,
-                              int64_t tk, const at::Tensor& cos3, const at::Tensor& sin3) {
+at::Tensor Impl::indexer_topk(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
+                              const detail::TokenViews& v, const detail::RowViews& rv, const StepViews& sv, int64_t n,
+                              int64_t r, bool graph, sfa::TopkBuffer* topk) {
   const ImplConfig& cf = cfg_;
-  const int64_t Di = cf.index_head_dim, nh = cf.index_n_heads, R = cf.rope_dim;
+  const int64_t Di = cf.index_head_dim, R = cf.rope_dim;
   const GroupMetadata& ig = *md.indexer_cache;
-  const GroupMetadata& common = md.common();
   // 1. indexer q: RoPE on the last R dims, then rotate_activation.
-  at::Tensor qi = ops::dense::linear(qr, w_.idx_wq_b).view({tk, nh, Di});
-  ops::inplace_partial_rotary_mul(qi, cos3, sin3, "interleave", {Di - R, Di});
-  qi = ops::hadamard_rotate(qi, hadamard_);
+  ops::dense::linear_out(v.qi2, v.qa, w_.idx_wq_b);
+  at::Tensor qi = v.qi;
+  ops::inplace_partial_rotary_mul(qi, sv.cos3, sv.sin3, "interleave", {Di - R, Di});
+  ops::hadamard_rotate_out(v.qi_rot, v.qi, hadamard_);
   // 2. the indexer compressor and cache write.
-  indexer_cache_update(x, c, md);
+  indexer_cache_update(x, c, md, rv, r, graph);
+  // 3. weights (the scale folded into the projection) in the plan's dtype.
+  ops::dense::linear_out(v.wts_raw, x, idx_wproj_scaled_);
+  if (!v.wts.is_same(v.wts_raw)) ops::dense::copy(v.wts, v.wts_raw);
+  // 4. per (token, head) query quantisation.
   ops::DynamicQuantArgs qa;
   if (cf.plan.indexer_q_dtype != KvDtype::INT8) qa.dst_type = static_cast<int64_t>(scalar_of(cf.plan.indexer_q_dtype));
-  // 3. weights; 4. per (token, head) query quantisation.
-  const at::Tensor wts = ops::dense::cast(ops::dense::linear(x, idx_wproj_scaled_), scalar_of(cf.plan.li_weights_dtype));
-  qa.input = qi;
-  const auto [q_q, q_scale] = ops::dynamic_quant(qa);
+  qa.input = v.qi_rot;
+  at::Tensor q_q, q_scale;
+  if (graph) {
+    ops::dynamic_quant_out(qa, v.q_q, v.q_scale);
+    q_q = v.q_q;
+    q_scale = v.q_scale;
+  } else {
+    std::tie(q_q, q_scale) = ops::dynamic_quant(qa);
+  }
+  if (!(graph && v.q_scale_c.is_same(v.q_scale))) {
+    ops::dense::copy(v.q_scale_c, q_scale);
+    q_scale = v.q_scale_c;
+  }
   // 5. QLI, cmp_ratio 4.
-  const at::Tensor q_ends = common.query_start_loc.narrow(0, 1, common.query_start_loc.size(0) - 1);
   ops::VllmQuantLightningIndexerArgs a;
   ops::LightningIndexerArgs& b = a.quant.base;
   b.query = q_q;
   b.key = c.indexer_k;
-  b.weights = wts;
-  b.actual_seq_lengths_query = q_ends;
+  b.weights = v.wts;
+  b.actual_seq_lengths_query = sv.q_ends;
   b.actual_seq_lengths_key = ig.seq_lens;
   b.block_table = ig.block_table;
   b.layout_query = "TND";
   b.layout_key = "PA_BSND";
   b.sparse_count = cf.index_topk;
   b.sparse_mode = 3;
-  a.quant.query_dequant_scale = ops::dense::cast(q_scale, scalar_of(cf.plan.indexer_q_scale_dtype));
+  a.quant.query_dequant_scale = q_scale;
+  // The plans keep the cache's scale dtype (li_k_scale_dtype ==
+  // indexer_k_scale_dtype): the cast returns the cache's tensor itself.
   a.quant.key_dequant_scale = ops::dense::cast(c.indexer_scale, scalar_of(cf.plan.li_k_scale_dtype));
   a.cmp_ratio = 4;
   // Spec 6.5 step 3: the indexer group's builder made the blob (validated
   // against this layer in validate()); without one the operator runs bare.
   if (ig.qli_metadata_filled) a.metadata = ig.qli_metadata;
-  return std::get<0>(ops::vllm_quant_lightning_indexer(a));
+  if (graph) {
+    const at::Tensor& dst = cf.use_index_cache ? topk->view(n) : v.sel;
+    ops::vllm_quant_lightning_indexer_out(a, dst);
+    return dst;
+  }
+  const at::Tensor sel = std::get<0>(ops::vllm_quant_lightning_indexer(a));
+  return cf.use_index_cache ? topk->store(sel) : sel;
 }
 
-const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv,
-                                const LayerMetadata* md_ptr, const at::Tensor& output, sfa::TopkBuffer* topk) {
-  if (md_ptr == nullptr) {
-    graph::refuse_if_capturing("a DSA forward without metadata (profiling run)");
-    AAR_CHECK_ARG(output.defined(), "output must be given");
-    output.zero_();
-    last_topk_ = at::Tensor();
-    return output;
-  }
-  if (graph::GraphParams::current() != nullptr) {
-    throw_not_supported("DSA graph capture: the DSA layer forward runs eager only (graph capture of dsa::Impl is "
-                        "not implemented)");
-  }
-  const LayerMetadata& md = *md_ptr;
-  const Caches c = validate(hidden, kv, md, output, topk);
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
-
+void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
+               sfa::TopkBuffer* topk, int64_t n, bool graph, detail::Workspace& ws) {
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const GroupMetadata& common = md.common();
-  const int64_t T = hidden.size(0), tk = st.num_actual_tokens;
-  const int64_t N = cf.num_heads, D = cf.head_dim, R = cf.rope_dim;
-  if (tk == 0) {
-    output.zero_();
-    return output;
-  }
-  const at::Tensor x = tk == T ? hidden : hidden.narrow(0, 0, tk);
-  const at::Tensor cos = common.cos.narrow(0, 0, tk), sin = common.sin.narrow(0, 0, tk);
-  const at::Tensor cos3 = cos.view({tk, 1, R}), sin3 = sin.view({tk, 1, R});
+  const int64_t T = hidden.size(0);
+  const int64_t D = cf.head_dim, R = cf.rope_dim;
+  const detail::TokenViews& v = ws.tokens(n);
+  // The compressors emit min(n, n / r + B) rows for n rows of B requests.
+  const int64_t r = cf.compress_ratio > 1 ? std::min<int64_t>(n, n / cf.compress_ratio + st.num_reqs) : 0;
+  const detail::RowViews& rv = ws.rows(r);
+  const StepViews& sv = step_views(md, n);
+  const at::Tensor x = n == T ? hidden : hidden.narrow(0, 0, n);
 
   // ---- prolog (1.6 steps 1-3)
-  const at::Tensor qr = ops::dense::rms_norm(ops::dense::linear(x, w_.wq_a), w_.q_norm, cf.eps);
+  ops::dense::linear_out(v.qa, x, w_.wq_a);
+  ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);  // qr
   // per-head RMS without weight, fp32 maths (plan q_norm: RmsFp32 / QNormWithoutWeight, the same maths)
-  at::Tensor q = ops::dense::rms_norm(ops::dense::linear(qr, w_.wq_b).view({tk, N, D}), ones_d_, cf.eps);
-  ops::inplace_partial_rotary_mul(q, cos3, sin3, "interleave", {D - R, D});
-  at::Tensor kvr = ops::dense::rms_norm(ops::dense::linear(x, w_.wkv), w_.kv_norm, cf.eps);
-  ops::inplace_partial_rotary_mul(kvr, cos, sin, "interleave", {D - R, D});
+  ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
+  ops::dense::rms_norm_out(v.q, v.q, ones_d_, cf.eps);
+  at::Tensor q = v.q, kvr = v.kv;
+  ops::inplace_partial_rotary_mul(q, sv.cos3, sv.sin3, "interleave", {D - R, D});
+  ops::dense::linear_out(v.kv, x, w_.wkv);
+  ops::dense::rms_norm_out(v.kv, v.kv, w_.kv_norm, cf.eps);
+  ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
   const GroupMetadata& swa = *md.swa;
-  const at::Tensor swa_slots = swa.slot_mapping.narrow(0, 0, tk);
-  write_kv_rows(c.swa_kv, swa_slots, kvr);
+  write_kv_rows(c.swa_kv, sv.swa_slots, v.kv, swa.num_valid_rows);
 
   // ---- compressed caches and the C4 selection (6.8 step 3)
   at::Tensor sel;
   if (cf.compress_ratio == 4) {
     if (cf.skip_topk) {
-      indexer_cache_update(x, c, md);  // spec 1.6.2 step 6: the compressors still run
-      sel = topk->view(tk);
+      indexer_cache_update(x, c, md, rv, r, graph);  // spec 1.6.2 step 6: the compressors still run
+      sel = topk->view(n);
     } else {
-      sel = indexer_topk(x, qr, c, md, tk, cos3, sin3);
-      if (cf.use_index_cache) sel = topk->store(sel);
+      sel = indexer_topk(x, c, md, v, rv, sv, n, r, graph, topk);
     }
   }
   if (cf.compress_ratio > 1) {
     const GroupMetadata& ag = *md.attention;
-    const auto [ccos, csin, cslots] = group_rows(st, ag);
     const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
-                                           *md.compressor_state, ag, ccos, csin, R, cf.compress_ratio,
-                                           cf.compress_ratio == 4 ? 2 : 1, cf.eps);
-    // As the indexer's: the slots past the compressor's rows (num_input_tokens > tk) are skip rows.
-    if (rows.size(0) > 0) {
-      write_kv_rows(c.compress_kv, cslots.size(0) == rows.size(0) ? cslots : cslots.narrow(0, 0, rows.size(0)), rows);
-    }
+                                           *md.compressor_state, ag, R, cf.compress_ratio,
+                                           cf.compress_ratio == 4 ? 2 : 1, cf.eps, graph ? rv.cmp : at::Tensor());
+    // As the indexer's: the slots past the compressor's rows (num_input_tokens > n) are skip rows.
+    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
   }
   last_topk_ = sel;
 
   // ---- SAS attention (6.8 step 3)
   ops::SparseAttnSharedKvArgs a;
-  a.q = q;
+  a.q = v.q;
   a.ori_kv = c.swa_kv;
   a.ori_block_table = swa.block_table;
   a.cu_seqlens_q = common.query_start_loc;
@@ -609,40 +668,245 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     if (cf.compress_ratio > 1 && common.cu_seqlens_cmp_kv.defined()) a.cu_seqlens_cmp_kv = common.cu_seqlens_cmp_kv;
   }
   if (cf.compress_ratio <= 1) {
-    if (swa.dspark_swa_indices.defined()) a.ori_sparse_indices = swa.dspark_swa_indices.narrow(0, 0, tk);
+    if (swa.dspark_swa_indices.defined()) a.ori_sparse_indices = first_rows(swa.dspark_swa_indices, n);
   } else {
     a.cmp_kv = c.compress_kv;
     a.cmp_block_table = md.attention->block_table;
     a.cmp_mask_mode = 3;
     if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
   }
-  at::Tensor o;
-  if (cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv) {
-    ops::KvQuantSparseAttnSharedKvArgs qa;
+  const bool kv_quant = cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
+  ops::KvQuantSparseAttnSharedKvArgs qa;
+  if (kv_quant) {
     qa.base = a;
     qa.kv_quant_mode = cf.plan.kv_quant_mode;
     qa.tile_size = cf.plan.tile_size;
     qa.rope_head_dim = cf.plan.rope_head_dim;
-    o = std::get<0>(ops::kv_quant_sparse_attn_sharedkv(qa));
+  }
+  at::Tensor o;
+  if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
+    // Spec 7.2: the sharedkv arguments through the adapter (seqused_kv ->
+    // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
+    // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
+    // Eager only (capture of this plan is refused in validate()).
+    std::optional<ops::FlashMlaCmpLengthTensors> cmp;
+    if (cf.compress_ratio > 1) {
+      cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
+    }
+    o = std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
+  } else if (graph) {
+    if (kv_quant) {
+      ops::kv_quant_sparse_attn_sharedkv_out(qa, v.o);
+    } else {
+      ops::sparse_attn_sharedkv_out(a, v.o);
+    }
+    o = v.o;
   } else {
-    o = std::get<0>(ops::sparse_attn_sharedkv(a));
+    o = std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(qa) : ops::sparse_attn_sharedkv(a));
   }
 
   // ---- inverse RoPE and o_proj (6.8 step 4)
-  ops::inplace_partial_rotary_mul(o, cos3, neg_sin_rows(sin3, st, tk), "interleave", {D - R, D});
-  // grouped o_proj: (tk, G, in) -> per group @ wo_a[g] -> (tk, G, o_lora), the transpose-bmm
-  const int64_t G = cf.o_groups;
-  static constexpr int64_t kPerm[] = {1, 0, 2};
-  const at::Tensor y = ops::transpose_batchmatmul(o.view({tk, G, N * D / G}), w_.wo_a, c10::IntArrayRef(kPerm),
-                                                  std::nullopt, c10::IntArrayRef(kPerm))
-                           .reshape({tk, G * cf.o_lora_rank});
-  if (tk == T) {
-    ops::dense::linear_out(output, y, w_.wo_b);
+  ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
+  const at::Tensor out_n = n == T ? output : output.narrow(0, 0, n);
+  if (graph) {
+    // grouped o_proj into the workspace: (n, G, in) -> per group @ wo_a[g] -> (n, G, o_lora)
+    // (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
+    static constexpr int64_t kPerm[] = {1, 0, 2};
+    const c10::IntArrayRef perm(kPerm);
+    ops::transpose_batchmatmul_out(v.o_groups, w_.wo_a, perm, std::nullopt, perm, v.y);
+    ops::dense::linear_out(out_n, v.y2, w_.wo_b);
   } else {
-    ops::dense::linear_out(output.narrow(0, 0, tk), y, w_.wo_b);
-    ops::dense::zero(output.narrow(0, tk, T - tk));
+    run_o_proj(o, out_n);
+  }
+  if (n < T) ops::dense::zero(output.narrow(0, n, T - n));
+}
+
+namespace {
+
+// What a captured layer reads at replay, by value: the caller's metadata
+// objects may be gone by then. The tensors are views of the builders'
+// persistent buffers (refilled in place by every later build of the same
+// size), the caches and the workspace.
+struct CapturedLayer {
+  StepMetadata step;
+  GroupMetadata swa, attention, compressor_state, indexer_cache, indexer_state;
+  LayerMetadata md;
+  at::Tensor hidden, output;
+  std::shared_ptr<detail::Workspace> ws;
+  int64_t bucket = 0, num_reqs = 0;
+  at::Tensor swa_block_table;  // what an update's step must still sit at
+};
+
+}  // namespace
+
+void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const LayerMetadata& md,
+                   const at::Tensor& output, sfa::TopkBuffer* topk) {
+  const ImplConfig& cf = cfg_;
+  const StepMetadata& st = *md.step;
+  const int64_t n = g.capturing_bucket();
+  // Bucket and state checks, before anything is recorded or written.
+  if (st.attn_state != plan::AttentionState::DecodeOnly && st.attn_state != plan::AttentionState::SpecDecoding) {
+    throw_not_supported("DSA graph capture takes DecodeOnly and SpecDecoding steps (spec 6.5: "
+                        "StepBuilder::build_for_graph_capture), got attention state ",
+                        plan::to_string(st.attn_state));
+  }
+  if (st.num_prefills != 0) {
+    throw_not_supported("DSA graph capture takes decode-only steps, got ", st.num_prefills, " prefill request(s)");
+  }
+  AAR_CHECK_ARG(hidden.size(0) == n && st.num_input_tokens == n && st.num_actual_tokens == n,
+                "DSA graph capture of bucket ", n, " needs hidden of ", n, " rows and a step of ", n,
+                " tokens in requests (num_input_tokens = query_start_loc[B] = ", n, "; got hidden ", hidden.size(0),
+                " rows, num_input_tokens=", st.num_input_tokens, ", query_start_loc[B]=", st.num_actual_tokens,
+                "): pad the batch to the bucket with dummy requests of decode length (seq_len >= their tokens)");
+  if (cf.plan.kv_scatter == KvScatterKind::KvCompressEpilog && w_.wq_a.scalar_type() != at::kBFloat16) {
+    throw_not_supported("DSA graph capture of the kv_compress_epilog plan needs bfloat16 weights (the epilog takes "
+                        "bf16 rows; a ", w_.wq_a.scalar_type(), " layer would cast them at a fresh address)");
+  }
+  if (o_proj_ == OProjKind::MxFp8QuantBmm) {
+    throw_not_supported("DSA graph capture with the MX-fp8 o_proj (wo_a_scale given): npu_dynamic_mx_quant and "
+                        "npu_transpose_quant_batchmatmul have no out-variants here (their results would sit at "
+                        "fresh addresses)");
+  }
+  if (cf.compress_ratio == 4 && scalar_of(cf.plan.li_k_scale_dtype) != scalar_of(cf.plan.indexer_k_scale_dtype)) {
+    throw_not_supported("DSA graph capture: plan li_k_scale_dtype differs from indexer_k_scale_dtype (the "
+                        "indexer's key scales would be cast at a fresh address)");
+  }
+  if (cf.skip_topk || cf.use_index_cache) {
+    AAR_CHECK_ARG(topk->max_num_tokens() >= n, "topk_buffer has ", topk->max_num_tokens(),
+                  " rows; the captured bucket ", n, " needs as many");
+  }
+  auto cl = std::make_shared<CapturedLayer>();
+  cl->step = st;
+  cl->md = md;
+  cl->md.step = &cl->step;
+  auto keep = [](const GroupMetadata* src, GroupMetadata& dst) -> const GroupMetadata* {
+    if (src == nullptr) return nullptr;
+    dst = *src;
+    return &dst;
+  };
+  cl->md.swa = keep(md.swa, cl->swa);
+  cl->md.attention = keep(md.attention, cl->attention);
+  cl->md.compressor_state = keep(md.compressor_state, cl->compressor_state);
+  cl->md.indexer_cache = keep(md.indexer_cache, cl->indexer_cache);
+  cl->md.indexer_state = keep(md.indexer_state, cl->indexer_state);
+  cl->hidden = hidden;
+  cl->output = output;
+  cl->ws = ws_;
+  cl->bucket = n;
+  cl->num_reqs = st.num_reqs;
+  cl->swa_block_table = md.swa->block_table;
+  // The workspace's views for the bucket exist from here on (a replay makes no tensor for them).
+  ws_->tokens(n);
+  graph::CapturedCall call;
+  call.kind = graph::CallKind::Prepare;
+  call.layer_index = cf.layer_index;
+  // Every operator of the layer reads and writes tensors at stable addresses
+  // (the builders' buffers, the caches, the workspace, the top-k buffer) and
+  // no host list: the device graph captures them as they are and an update
+  // has nothing to re-issue; the CPU recording provider replays the closure.
+  call.prepare = [this, cl, c, topk]() {
+    run(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, /*graph=*/true, *cl->ws);
+  };
+  call.fits = [cl, layer = cf.layer_index](const graph::StepParams& sp, int64_t bucket) {
+    const at::Tensor& bt = cl->swa_block_table;
+    AAR_CHECK_ARG(sp.num_input_tokens == cl->bucket && sp.num_kernel_tokens == cl->bucket &&
+                      sp.num_reqs == cl->num_reqs,
+                  "DSA layer ", layer, ": graph bucket ", bucket, " was captured for ", cl->bucket, " tokens of ",
+                  cl->num_reqs, " requests (dummy requests included), but the step has ", sp.num_input_tokens,
+                  " tokens (", sp.num_kernel_tokens, " in requests) of ", sp.num_reqs, " requests: pad it to ",
+                  cl->num_reqs,
+                  " requests holding all ", cl->bucket, " tokens (num_input_tokens=", cl->bucket, ")");
+    AAR_CHECK_ARG(sp.stamp.live == cl->swa.stamp.live && sp.block_tables.defined() &&
+                      sp.block_tables.data_ptr() == bt.data_ptr() && sp.block_tables.sizes() == bt.sizes() &&
+                      sp.block_tables.strides() == bt.strides(),
+                  "DSA layer ", layer, ": the step's SWA metadata is not at the addresses graph bucket ", bucket,
+                  " was captured with (another GroupBuilder, or a block table of another width: captured ",
+                  bt.sizes(), ", got ", sp.block_tables.defined() ? sp.block_tables.sizes() : c10::IntArrayRef{},
+                  ")");
+  };
+  g.capture_call(std::move(call));
+}
+
+const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv,
+                                const LayerMetadata* md_ptr, const at::Tensor& output, sfa::TopkBuffer* topk) {
+  if (md_ptr == nullptr) {
+    graph::refuse_if_capturing("a DSA forward without metadata (profiling run)");
+    AAR_CHECK_ARG(output.defined(), "output must be given");
+    output.zero_();
+    last_topk_ = at::Tensor();
+    return output;
+  }
+  const LayerMetadata& md = *md_ptr;
+  const Caches c = validate(hidden, kv, md, output, topk);
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    capture(*g, hidden, c, md, output, topk);
+    return output;
+  }
+  const StepMetadata& st = *md.step;
+  const int64_t tk = st.num_actual_tokens;
+  if (tk == 0) {
+    output.zero_();
+    return output;
+  }
+  if (st.has_prefill()) {
+    // Prefill batches may be long: their intermediates are allocated for the
+    // call, so the shared workspace stays sized for decode batches.
+    detail::Workspace local(ws_->shape());
+    run(hidden, c, md, output, topk, tk, /*graph=*/false, local);
+  } else {
+    run(hidden, c, md, output, topk, tk, /*graph=*/false, *ws_);
   }
   return output;
+}
+
+void Impl::run_o_proj(const at::Tensor& o, const at::Tensor& out) {
+  const ImplConfig& cf = cfg_;
+  const int64_t tk = o.size(0), G = cf.o_groups, k = cf.num_heads * cf.head_dim / G;
+  static constexpr int64_t kPerm102[] = {1, 0, 2};
+  at::Tensor y;
+  if (o_proj_ == OProjKind::MxFp8QuantBmm) {
+    // A5, MX-fp8 checkpoint: quantise the grouped view per 32 values, then the
+    // quantised bmm with the fp8 wo_a (upstream's call, impl.h).
+    static constexpr int64_t kPerm012[] = {0, 1, 2};
+    static constexpr int64_t kGroups[] = {0, 0, 32};
+    ops::DynamicMxQuantArgs q;
+    q.input = o.view({tk, G, k});
+    q.dst_type = static_cast<int64_t>(at::kFloat8_e4m3fn);
+    const auto [o8, o_scale] = ops::dynamic_mx_quant(q);
+    ops::TransposeQuantBatchMatmulArgs b;
+    b.x1 = o8;
+    b.x2 = w_.wo_a;
+    b.dtype = static_cast<int64_t>(at::kBFloat16);
+    b.x1_scale = o_scale.view(at::kFloat8_e8m0fnu);
+    b.x2_scale = w_.wo_a_scale;
+    b.group_sizes = c10::IntArrayRef(kGroups);
+    b.perm_x1 = c10::IntArrayRef(kPerm102);
+    b.perm_x2 = c10::IntArrayRef(kPerm012);
+    b.perm_y = c10::IntArrayRef(kPerm102);
+    y = ops::dense::cast(ops::transpose_quant_batchmatmul(b), w_.wo_b.scalar_type());
+  } else {
+    // grouped o_proj: (tk, G, in) -> per group @ wo_a[g] -> (tk, G, o_lora), the transpose-bmm
+    y = ops::transpose_batchmatmul(o.view({tk, G, k}), w_.wo_a, c10::IntArrayRef(kPerm102), std::nullopt,
+                                   c10::IntArrayRef(kPerm102));
+  }
+  ops::dense::linear_out(out, y.reshape({tk, G * cf.o_lora_rank}), w_.wo_b);
+}
+
+graph::StepParams graph_step_params(const LayerMetadata& md) {
+  AAR_CHECK_ARG(md.step != nullptr && md.swa != nullptr, "graph_step_params: the layer metadata needs its step and "
+                "swa group");
+  const StepMetadata& st = *md.step;
+  graph::StepParams sp;
+  sp.block_tables = md.swa->block_table;
+  sp.seq_lens = st.seq_lens;
+  sp.num_reqs = st.num_reqs;
+  sp.num_real_reqs = st.num_reqs_actual;
+  sp.num_kernel_tokens = st.num_actual_tokens;
+  sp.num_input_tokens = st.num_input_tokens;
+  sp.stamp = md.swa->stamp;
+  return sp;
 }
 
 }  // namespace aar::dsa

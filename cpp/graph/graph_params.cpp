@@ -210,6 +210,7 @@ int64_t query_rows(const CapturedCall& c) {
 // last cumulative query length to equal the query's rows; one-row-per-request
 // kernels (paged attention, BNSD decode) need one one-token request per row.
 void check_fits(const CapturedCall& c, const StepParams& sp, int64_t n) {
+  if (c.kind == CallKind::Prepare && c.fits) c.fits(sp, n);
   if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) return;
   const int64_t rows = query_rows(c);
   const bool per_request = c.kind == CallKind::PagedAttention || !c.refresh_q_lens;

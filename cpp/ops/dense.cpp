@@ -120,4 +120,10 @@ void zero(const at::Tensor& dst) {
   d.zero_();
 }
 
+void neg_out(const at::Tensor& out, const at::Tensor& x) {
+  if (no_compute()) return;
+  at::Tensor o = out;
+  at::neg_out(o, x);
+}
+
 }  // namespace aar::ops::dense

@@ -239,6 +239,17 @@ const std::vector<OpSchema>& op_schemas() {
         "int? x2_dtype=None, int? pertoken_scale_dtype=None, int? scale_dtype=None, int[]? group_sizes=None, "
         "Tensor? y_scale=None) -> Tensor",
        false},
+      // ---- the A5 MX-fp8 o_proj of the DeepSeek-V4 attention (issue 12, spec sparse.md 6.8 step 4)
+      {"npu_dynamic_mx_quant",
+        "npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode=\"rint\", int dst_type=296, "
+        "int block_size=32, int? scale_alg=0, float dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor)",
+       false},
+      {"npu_transpose_quant_batchmatmul",
+        "npu_transpose_quant_batchmatmul(Tensor x1, Tensor x2, int dtype, *, Tensor? bias=None, "
+        "Tensor? x1_scale=None, Tensor? x2_scale=None, int[]? group_sizes=None, int[]? perm_x1=None, "
+        "int[]? perm_x2=None, int[]? perm_y=None, int? batch_split_factor=1, int? x1_dtype=None, "
+        "int? x2_dtype=None) -> Tensor",
+       false},
       {"npu_dynamic_block_quant",
         "npu_dynamic_block_quant(Tensor x, *, float min_scale=0.0, str round_mode=\"rint\", int dst_type=1, "
         "int row_block_size=1, int col_block_size=128, float dst_type_max=0.0) -> (Tensor y, Tensor scale)",

@@ -76,6 +76,14 @@ const char* to_string(SlotFormat f) {
   return "<invalid SlotFormat>";
 }
 
+const char* to_string(BlockOffsetSkip s) {
+  switch (s) {
+    case BlockOffsetSkip::LastOffset: return "LastOffset";
+    case BlockOffsetSkip::MinusOne: return "MinusOne";
+  }
+  return "<invalid BlockOffsetSkip>";
+}
+
 const char* to_string(KvScatterKind k) {
   switch (k) {
     case KvScatterKind::ScatterNdUpdateV2: return "npu_scatter_nd_update_v2";
@@ -183,6 +191,7 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
     p.decode_cu_seqlens_ori_kv = CuSeqlensKv::EmptyTensor;
     p.decode_cu_seqlens_cmp_kv = CuSeqlensKv::EmptyTensor;
     p.slot_format = SlotFormat::BlockOffset;
+    p.block_offset_skip = BlockOffsetSkip::LastOffset;
     p.kv_scatter = KvScatterKind::ScatterNdUpdateV2;
     p.q_norm = QNormKind::RmsFp32;
     p.compressor_weights_unquantised = false;
@@ -204,7 +213,6 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
     p.decode_cu_seqlens_cmp_kv = CuSeqlensKv::None;
     p.q_norm = QNormKind::QNormWithoutWeight;
     p.compressor_weights_unquantised = true;
-    p.o_proj = OProjKind::MxFp8QuantBmm;
     if (attn == KvDtype::BF16) {
       // Spec 7.2 "A5 + BF16": SparseFlashMla over bf16 rows of 512.
       p.attn_head_size = kDsaHeadDim;
@@ -220,7 +228,13 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
       p.passes_kv_quant_kwargs = false;
       p.renames_seqused_for_flash_mla = true;
       p.slot_format = SlotFormat::BlockOffset;
+      p.block_offset_skip = BlockOffsetSkip::MinusOne;  // spec 7.2: invalid = [-1, -1]
       p.kv_scatter = KvScatterKind::ScatterNdUpdateInplace;
+      // The o_proj the device allows (upstream's FP8_ATTENTION capability is
+      // the A5's, whatever the cache dtype): dsa::Impl takes the MX-fp8 path
+      // only when the checkpoint carries wo_a's MX scale; a BF16 checkpoint
+      // (the usual A5 + BF16-cache deployment) runs the grouped bmm.
+      p.o_proj = OProjKind::MxFp8QuantBmm;
     } else {
       // Spec 7.1 A5 column / 7.2 "A5 other": 640-byte MXFP8 rows.
       p.attn_head_size = Fp8KvRowLayout::kRowBytes;
@@ -239,7 +253,9 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
       p.rope_head_dim = Fp8KvRowLayout::kRopeDims;
       p.renames_seqused_for_flash_mla = false;
       p.slot_format = SlotFormat::Flat;
+      p.block_offset_skip = BlockOffsetSkip::LastOffset;  // unused: flat slots
       p.kv_scatter = KvScatterKind::KvCompressEpilog;
+      p.o_proj = OProjKind::MxFp8QuantBmm;
       p.epilog_quant_group_size = Fp8KvRowLayout::kQuantGroup;
       p.epilog_quant_mode = 2;  // MXFP8
       p.epilog_round_scale = true;

@@ -37,9 +37,28 @@ inline void put_slot(int32_t* out, std::size_t row, SlotFormat f, int32_t block,
   }
 }
 
+// The skip encoding of one row: block -1 and the plan's offset (BlockOffset), or -1 (Flat).
+inline void put_skip(int32_t* out, std::size_t row, SlotFormat f, int32_t skip_offset) {
+  if (f == SlotFormat::BlockOffset) {
+    out[2 * row] = -1;
+    out[2 * row + 1] = skip_offset;
+  } else {
+    out[row] = -1;
+  }
+}
+
+void check_skip(BlockOffsetSkip s) {
+  AAR_CHECK_ARG(s == BlockOffsetSkip::LastOffset || s == BlockOffsetSkip::MinusOne, "block_offset_skip=",
+                static_cast<int32_t>(s), " is not a BlockOffsetSkip (0 = LastOffset, 1 = MinusOne)");
+}
+
+// Spec 7.1 (-1, bs-1) or spec 7.2 (-1, -1).
+inline int32_t skip_offset(BlockOffsetSkip s, int32_t bs) { return s == BlockOffsetSkip::MinusOne ? -1 : bs - 1; }
+
 template <typename T>
-void format_slots_impl(CSpan<T> slots, int32_t bs, SlotFormat format, Span<int32_t> out) {
+void format_slots_impl(CSpan<T> slots, int32_t bs, SlotFormat format, Span<int32_t> out, BlockOffsetSkip skip) {
   check_format(format);
+  check_skip(skip);
   AAR_CHECK_ARG(bs > 0, "storage_block_size=", bs, " must be positive");
   const std::size_t w = static_cast<std::size_t>(slot_format_width(format));
   AAR_CHECK_ARG(out.size() >= slots.size() * w, "out has room for ", out.size(), " int32 values, needs ",
@@ -56,7 +75,7 @@ void format_slots_impl(CSpan<T> slots, int32_t bs, SlotFormat format, Span<int32
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const int64_t s = slots[i];
     if (s < 0) {
-      put_slot(out.data(), i, format, -1, 0, bs);
+      put_skip(out.data(), i, format, skip_offset(skip, bs));
     } else if (format == SlotFormat::Flat) {
       out[i] = static_cast<int32_t>(s);
     } else {
@@ -153,12 +172,14 @@ int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio) {
   return block_size / r;
 }
 
-void format_dsa_slot_mapping(CSpan<int64_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out) {
-  format_slots_impl(slots, storage_block_size, format, out);
+void format_dsa_slot_mapping(CSpan<int64_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out,
+                             BlockOffsetSkip skip) {
+  format_slots_impl(slots, storage_block_size, format, out, skip);
 }
 
-void format_dsa_slot_mapping(CSpan<int32_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out) {
-  format_slots_impl(slots, storage_block_size, format, out);
+void format_dsa_slot_mapping(CSpan<int32_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out,
+                             BlockOffsetSkip skip) {
+  format_slots_impl(slots, storage_block_size, format, out, skip);
 }
 
 int32_t dsa_num_compressed_tokens(int32_t num_tokens, int32_t num_reqs, int32_t ratio) {
@@ -417,6 +438,7 @@ GroupArgs check_group_args(const DsaStepPlan& step, const DsaGroupInputs& g, con
   a.sbs = g.storage_block_size;
   AAR_CHECK_ARG(a.sbs > 0, "storage_block_size=", a.sbs, " must be positive");
   check_format(g.slot_format);
+  check_skip(g.block_offset_skip);
   check_table_size(g.block_table, g.block_table_stride, static_cast<std::size_t>(b));
   AAR_CHECK_ARG(g.num_blocks >= 0, "num_blocks=", g.num_blocks, " is negative");
   AAR_CHECK_ARG(g.rope_positions >= 0, "rope_positions=", g.rope_positions, " is negative");
@@ -462,9 +484,11 @@ RowOut row_out(const DsaGroupBuffers& buf) {
   return out;
 }
 
-void write_padding_rows(const RowOut& out, std::size_t from, std::size_t to, SlotFormat fmt, int32_t sbs) {
+void write_padding_rows(const RowOut& out, std::size_t from, std::size_t to, SlotFormat fmt, int32_t sbs,
+                        BlockOffsetSkip skip) {
+  const int32_t skip_off = skip_offset(skip, sbs);
   for (std::size_t row = from; row < to; ++row) {
-    put_slot(out.slots, row, fmt, -1, 0, sbs);
+    put_skip(out.slots, row, fmt, skip_off);
     if (out.index != nullptr) out.index[row] = -1;
     if (out.position != nullptr) out.position[row] = 0;
     if (out.request != nullptr) out.request[row] = -1;
@@ -498,7 +522,7 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   } else {
     out_row = write_rows_general(step, g.block_table.data(), a.stride, r, rdiv, sdiv, sbs, g.slot_format, out);
   }
-  write_padding_rows(out, out_row, a.rows_u, g.slot_format, sbs);
+  write_padding_rows(out, out_row, a.rows_u, g.slot_format, sbs, g.block_offset_skip);
   return {r, num_rows, static_cast<int32_t>(valid)};
 }
 
@@ -656,7 +680,7 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   } else {
     block_offset ? list_rows_write<true>(g, rows, sdiv, out) : list_rows_write<false>(g, rows, sdiv, out);
   }
-  write_padding_rows(out, rows.index.size(), a.rows_u, g.slot_format, a.sbs);
+  write_padding_rows(out, rows.index.size(), a.rows_u, g.slot_format, a.sbs, g.block_offset_skip);
   return {a.r, a.num_rows, static_cast<int32_t>(rows.index.size())};
 }
 

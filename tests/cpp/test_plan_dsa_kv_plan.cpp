@@ -152,6 +152,8 @@ TEST(PlanDsaKvPlan, HeadAdaptorTableA2A3) {
     EXPECT_EQ(p.slot_format, SlotFormat::BlockOffset);
     EXPECT_TRUE(p.requires_block_offset_slots);
     EXPECT_EQ(p.compressor_slot_format_code, 2);
+    // floor split of -1: (-1, bs-1)
+    EXPECT_EQ(p.block_offset_skip, BlockOffsetSkip::LastOffset);
     // KV scatter
     EXPECT_EQ(p.kv_scatter, KvScatterKind::ScatterNdUpdateV2);
     EXPECT_STREQ(to_string(p.kv_scatter), "npu_scatter_nd_update_v2");
@@ -246,6 +248,7 @@ TEST(PlanDsaKvPlan, HeadAdaptorTableA5Fp8) {
     EXPECT_EQ(p.rope_head_dim, 64);
     EXPECT_FALSE(p.passes_device_kwarg);
     EXPECT_TRUE(p.compressor_weights_unquantised);
+    // the MX-fp8 o_proj: the only plan that has it
     EXPECT_EQ(p.o_proj, OProjKind::MxFp8QuantBmm);
     // 7.2 "A5 other"
     EXPECT_EQ(p.sparse_attn, SparseAttnPath::KvQuantSharedKv);
@@ -278,6 +281,9 @@ TEST(PlanDsaKvPlan, PrPlanTableA5Bf16) {
     EXPECT_TRUE(p.requires_block_offset_slots);
     EXPECT_EQ(p.slot_mapping_columns, 2);
     EXPECT_EQ(p.compressor_slot_format_code, 2);
+    // invalid = [-1, -1] (the PR's explicit where), not the floor split's (-1, bs-1)
+    EXPECT_EQ(p.block_offset_skip, BlockOffsetSkip::MinusOne);
+    EXPECT_STREQ(to_string(p.block_offset_skip), "MinusOne");
     EXPECT_EQ(p.epilog_quant_mode, 0);
     // The adapter drops kv_quant_mode / tile_size / rope_head_dim / device and renames seqused.
     EXPECT_FALSE(p.passes_kv_quant_kwargs);
@@ -289,7 +295,10 @@ TEST(PlanDsaKvPlan, PrPlanTableA5Bf16) {
     EXPECT_EQ(p.indexer_k_write, IndexerKWriteKind::CompressEpilogV2);
     EXPECT_EQ(p.indexer_slot_format, SlotFormat::Flat);
     EXPECT_TRUE(p.indexer_full_view);
+    // o_proj: the device allows the MX-fp8 one (as on the A5 fp8 plan); the layer takes it only for a
+    // checkpoint with wo_a's MX scale (dsa/impl.h), so a BF16 checkpoint runs the grouped bmm
     EXPECT_EQ(p.o_proj, OProjKind::MxFp8QuantBmm);
+    EXPECT_EQ(p.o_proj, plan_for(DeviceKind::A5, std::string("fp8")).o_proj);
     EXPECT_EQ(p.decode_cu_seqlens_ori_kv, CuSeqlensKv::CumsumSeqLens);
   }
 }

@@ -286,6 +286,75 @@ TEST(DsaSlotFormat, BlockOffsetFloorAndSkip) {
   EXPECT_EQ(slot_format_width(SlotFormat::Flat), 1);
 }
 
+TEST(DsaSlotFormat, BlockOffsetMinusOneSkip) {
+  // Spec 7.2 (the A5 + BF16 plan): valid slots split as before, every negative slot -> (-1, -1) by rule, never
+  // by a % of the negative value; Flat ignores the choice.
+  const std::vector<int64_t> slots = {0, 1, 127, 128, 300, -1, -5, -128, 5000000000LL};
+  std::vector<int32_t> out(2 * slots.size() + 1, kSentinel);
+  format_dsa_slot_mapping(CSpan<int64_t>(slots), 128, SlotFormat::BlockOffset, out, BlockOffsetSkip::MinusOne);
+  const std::vector<int32_t> want = {0, 0, 0, 1, 0, 127, 1, 0, 2, 44, -1, -1, -1, -1, -1, -1, 39062500, 0,
+                                     kSentinel};
+  EXPECT_EQ(out, want);
+  std::vector<int32_t> last(2 * slots.size(), kSentinel);
+  format_dsa_slot_mapping(CSpan<int64_t>(slots), 128, SlotFormat::BlockOffset, last);  // default: LastOffset
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    EXPECT_EQ(out[2 * i], last[2 * i]) << i;  // the same block, -1 included
+    EXPECT_EQ(out[2 * i + 1], slots[i] < 0 ? -1 : last[2 * i + 1]) << i;
+  }
+  const std::vector<int32_t> flat_in = {7, -1, -9};
+  std::vector<int32_t> flat(3, kSentinel);
+  format_dsa_slot_mapping(CSpan<int32_t>(flat_in), 64, SlotFormat::Flat, flat, BlockOffsetSkip::MinusOne);
+  EXPECT_EQ(flat, (std::vector<int32_t>{7, -1, -1}));
+  std::vector<int32_t> keep(6, kSentinel);
+  EXPECT_INVALID(format_dsa_slot_mapping(CSpan<int32_t>(flat_in), 64, SlotFormat::BlockOffset, keep,
+                                         static_cast<BlockOffsetSkip>(5)),
+                 "block_offset_skip=5");
+  EXPECT_EQ(keep, std::vector<int32_t>(6, kSentinel));
+}
+
+TEST(DsaGroup, MinusOneSkipRowsAfterTheValidPrefix) {
+  // Graph padding (two dummies with tokens, padded T): with block_offset_skip = MinusOne the valid rows are those
+  // of LastOffset, first; every row past num_valid_rows is (-1, -1) instead of (-1, bs-1).
+  Batch bt;
+  bt.qsl = {0, 2, 4, 6, 8};
+  bt.seq = {515, 128, 3, 2};
+  bt.nra = 2;
+  bt.k = 1;
+  bt.t_in = 10;
+  std::mt19937 rng(5);
+  for (int32_t r : {1, 4}) {
+    Group g = random_group(rng, {515, 128, 515, 515}, r, 32, SlotFormat::BlockOffset);
+    std::vector<int32_t> start(4, kSentinel);
+    const DsaStepPlan step = plan_dsa_step(step_inputs(bt), start);
+    auto run = [&](BlockOffsetSkip skip, std::vector<int32_t>& slots) {
+      DsaGroupInputs in = g.inputs();
+      in.block_offset_skip = skip;
+      slots.assign(2 * 10 + 1, kSentinel);
+      DsaGroupBuffers buf;
+      buf.slot_mapping = slots;
+      return plan_dsa_group(step, in, buf);
+    };
+    std::vector<int32_t> last, minus;
+    const DsaGroupPlan a = run(BlockOffsetSkip::LastOffset, last), b = run(BlockOffsetSkip::MinusOne, minus);
+    ASSERT_EQ(a.num_valid_rows, b.num_valid_rows);
+    ASSERT_EQ(a.num_compressed_tokens, b.num_compressed_tokens);
+    const int32_t rows = b.num_compressed_tokens, valid = b.num_valid_rows;
+    EXPECT_EQ(valid, r == 1 ? 4 : 1) << r;  // ratio 1: the real requests' 4 tokens; ratio 4: row 31 of request 1
+    for (int32_t i = 0; i < rows; ++i) {
+      if (i < valid) {
+        EXPECT_GE(minus[2 * i], 0) << r << " row " << i;
+        EXPECT_EQ(minus[2 * i], last[2 * i]);
+        EXPECT_EQ(minus[2 * i + 1], last[2 * i + 1]);
+      } else {
+        EXPECT_EQ(minus[2 * i], -1) << r << " row " << i;
+        EXPECT_EQ(minus[2 * i + 1], -1) << r << " row " << i;
+        EXPECT_EQ(last[2 * i + 1], 31) << r << " row " << i;
+      }
+    }
+    EXPECT_EQ(minus[2 * rows], kSentinel);
+  }
+}
+
 TEST(DsaSlotFormat, FlatCopiesAndCanonicalisesNegatives) {
   const std::vector<int32_t> slots = {7, 0, -1, -3, 2147483647};
   std::vector<int32_t> out(slots.size(), kSentinel);

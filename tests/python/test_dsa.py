@@ -328,13 +328,11 @@ def test_unimplemented_plans_refused_by_name():
     w = ref.make_dsa_weights(d, torch.bfloat16, torch.Generator().manual_seed(2))
     kw = dict(hidden_size=64, num_heads=4, head_dim=64, rope_dim=16, q_lora_rank=32, window=8, o_groups=2,
               o_lora_rank=16)
-    # A5 fp8 plan: its o_proj is the MX-fp8 quantised transpose-bmm (not implemented)
-    with pytest.raises(NotImplementedError, match="MxFp8QuantBmm"):
+    # A5 fp8 plan: implemented (tests/python/test_dsa_a5.py), but its 640-byte rows need D 512 / R 64
+    with pytest.raises(ValueError, match="head_dim 512 and rope_dim 64"):
         aar.dsa.Impl(w, device_kind="a5", **kw)
-    # A5 + bf16 cache: SparseFlashMla
-    with pytest.raises(NotImplementedError, match="SparseFlashMla"):
-        aar.dsa.Impl(w, device_kind="a5", cache_dtype="bfloat16", **kw)
-    # A3 is the A2 plan: accepted
+    # A5 + bf16 cache (SparseFlashMla, tests/python/test_dsa_sfmla.py) and A3 (the A2 plan): accepted
+    aar.dsa.Impl(w, device_kind="a5", cache_dtype="bfloat16", **kw)
     aar.dsa.Impl(w, device_kind="a3", **kw)
 
 
@@ -346,7 +344,9 @@ def test_compose_and_unpack_tuple():
         aar.dsa.compose_kv_cache(swa_kv=swa, indexer_full=torch.zeros(2, 32, 1, 132, dtype=torch.int8))
 
 
-def test_graph_capture_refused_by_name_before_writing():
+def test_graph_capture_of_a_prefill_state_refused_by_name_before_writing():
+    # The capture itself is tested in test_dsa_graph.py; a step that is no DecodeOnly / SpecDecoding one is not
+    # captured (and the profiling run never is).
     d = dims(1)
     run = Run(d, torch.float32, nreq=1)
     st, md, S, qsl = run.build([0], [1])
@@ -355,7 +355,7 @@ def test_graph_capture_refused_by_name_before_writing():
     swa0 = run.swa.clone()
     g = aar.GraphParams("recording")
     with g.capture(1):
-        with pytest.raises(NotImplementedError, match="graph capture"):
+        with pytest.raises(NotImplementedError, match="graph capture takes DecodeOnly and SpecDecoding"):
             run.impl.forward(hid, run.kv, st, md["swa"], out)
         with pytest.raises(NotImplementedError, match="profiling"):
             run.impl.forward(hid, run.kv, None, None, out)

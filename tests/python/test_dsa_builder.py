@@ -500,12 +500,15 @@ def test_sas_metadata_blob():
     assert a5.sas_metadata_filled
     b = a5.sas_metadata.tolist()
     assert b[2] == 8 and b[5] == 2 and b[9] == 512 and b[10] == 4 and b[19] == 400
-    # not generated: state groups, num_heads_q unset, the A5 + BF16 plan
-    assert not group(sb, "c4_attn_state", num_heads_q=16).build(st, t).sas_metadata_filled
-    assert not group(sb, "swa").build(st, t).sas_metadata_filled
+    # the A5 + BF16 plan: CANN's sparse_flash_mla_metadata (its blob's fields; the full argument check is in
+    # test_dsa_sfmla.py)
     bf16 = aar.dsa.GroupBuilder(sb, kind="swa", device_kind="a5", cache_dtype="bfloat16", num_blocks=512,
                                 max_blocks_per_req=64, num_heads_q=16)
-    assert not bf16.build(st, t).sas_metadata_filled
+    b = bf16.build(st, t)
+    assert b.sas_metadata_filled and b.sas_metadata[0] == 0x534D4C41 and b.sas_metadata[2] == 16
+    # not generated: state groups, num_heads_q unset
+    assert not group(sb, "c4_attn_state", num_heads_q=16).build(st, t).sas_metadata_filled
+    assert not group(sb, "swa").build(st, t).sas_metadata_filled
 
 
 @pytest.mark.parametrize("separate", [False, True])

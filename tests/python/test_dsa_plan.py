@@ -31,6 +31,10 @@ def test_the_three_plans():
     assert bf["uses_sparse_flash_mla"] and bf["layout_kv"] == "PA_BBND" and bf["attn_kv_dtype"] == "bfloat16"
     assert (a5["slot_format"], a5["kv_scatter"], a5["o_proj"]) == ("FLAT", "kv_compress_epilog", "MxFp8QuantBmm")
     assert (bf["slot_format"], bf["kv_scatter"]) == ("BLOCK_OFFSET", "npu_scatter_nd_update_")
+    # spec 7.2: (-1, -1) skip rows; the device allows the MX-fp8 o_proj on both A5 plans (the layer takes it
+    # only for a checkpoint with wo_a's MX scale), never on A2/A3
+    assert (bf["block_offset_skip"], base["block_offset_skip"]) == ("MinusOne", "LastOffset")
+    assert (bf["o_proj"], base["o_proj"]) == ("MxFp8QuantBmm", "Bmm")
 
 
 def test_backends_and_cache_specs():

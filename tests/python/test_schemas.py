@@ -95,6 +95,8 @@ def test_table_covers_the_operators_the_runtime_calls():
         "npu_dynamic_block_quant",
         # issue 10: the quantised MLA-family preprocess (FA-quant prolog v2, W8A8 linears)
         "npu_mla_prolog_v3", "npu_mla_prolog_v2", "npu_quantize", "npu_quant_matmul",
+        # issue 12: the A5 MX-fp8 o_proj of the DeepSeek-V4 attention
+        "npu_dynamic_mx_quant", "npu_transpose_quant_batchmatmul",
     }
     assert expected <= names, expected - names
 

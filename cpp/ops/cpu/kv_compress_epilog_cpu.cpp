@@ -7,6 +7,7 @@
 // (640 bytes for D = 512). Per group of 64 nope elements:
 //   e = clamp(ceil(log2(amax / 448)), -127, 127)   (amax 0 gives -127)
 //   scale byte = e + 127,  fp8 = RNE(x / 2^e)       (|x / 2^e| <= 448, no clamp)
+// (the twins' one MX codec, mx_codec.h: its "ceil" rule)
 // so the row dequantises as fp8 * 2^(byte - 127). [verify] the scale rounding
 // (ceil, "round_scale") on hardware. The rope part is copied as bf16 bytes
 // (little endian). Slot -1 is skipped; any other slot must be a row of the
@@ -22,22 +23,13 @@
 #include "../op_signatures.h"
 #include "attention_reference.h"
 #include "dsa_common.h"
+#include "mx_codec.h"
 
 namespace aar::ops::cpu {
 namespace {
 
 constexpr const char* kOp = "_C_ascend::kv_compress_epilog";
 constexpr int64_t kRope = 64, kGroup = 64;
-constexpr double kFp8Max = 448.0;
-
-// Smallest e with 448 * 2^e >= amax, clamped to [-127, 127].
-int64_t mx_exponent(double amax) {
-  if (!(amax > 0)) return -127;
-  int e = static_cast<int>(std::ceil(std::log2(amax / kFp8Max)));
-  while (std::ldexp(kFp8Max, e) < amax) ++e;
-  while (e > -127 && std::ldexp(kFp8Max, e - 1) >= amax) --e;
-  return std::max(-127, std::min(127, e));
-}
 
 void kv_compress_epilog(AAR_KV_COMPRESS_EPILOG_PARAMS) {
   reject_int(kOp, quant_group_size, kGroup, "quant_group_size");
@@ -84,10 +76,9 @@ void kv_compress_epilog(AAR_KV_COMPRESS_EPILOG_PARAMS) {
   const at::Tensor amax = xn.abs().amax(-1).to(at::kDouble).contiguous();
   std::vector<int64_t> ex(m * groups);
   const double* ap = amax.data_ptr<double>();
-  for (int64_t i = 0; i < m * groups; ++i) ex[i] = mx_exponent(ap[i]);
+  for (int64_t i = 0; i < m * groups; ++i) ex[i] = mx::exponent_ceil(ap[i]);
   const at::Tensor e = at::tensor(ex, lo).view({m, groups});
-  const at::Tensor scale = at::pow(2.0, e.to(at::kDouble)).to(at::kFloat).unsqueeze(-1);
-  const at::Tensor q8 = (xn / scale).reshape({m, nope}).to(at::kFloat8_e4m3fn).view(at::kByte);
+  const at::Tensor q8 = mx::quantize_e4m3(xn, e).reshape({m, nope}).view(at::kByte);
   const at::Tensor rope = xs.narrow(1, nope, kRope).contiguous().view(at::kByte);  // (m, 128)
   const at::Tensor sb = (e + 127).to(at::kByte);
   const at::Tensor pad = at::zeros({m, width - need}, at::TensorOptions().dtype(at::kByte));

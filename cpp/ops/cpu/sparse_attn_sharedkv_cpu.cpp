@@ -45,6 +45,7 @@
 
 #include "../op_signatures.h"
 #include "attention_reference.h"
+#include "mx_codec.h"
 #include "shared_kv_attention.h"
 
 namespace aar::ops::cpu {
@@ -150,9 +151,7 @@ at::Tensor decode_quant_rows(const at::Tensor& rows) {
   const int64_t n = bytes.size(0);
   const at::Tensor nope = bytes.narrow(1, 0, kQuantNope).view(at::kFloat8_e4m3fn).to(at::kFloat);
   const at::Tensor rope = bytes.narrow(1, kQuantNope, 2 * kQuantRope).contiguous().view(at::kBFloat16).to(at::kFloat);
-  const at::Tensor e = bytes.narrow(1, kQuantNope + 2 * kQuantRope, kQuantScales).to(at::kFloat);
-  at::Tensor scale = at::exp2(e - 127.0);
-  scale = at::where(e == 255.0, at::full({}, std::numeric_limits<float>::quiet_NaN()), scale);
+  const at::Tensor scale = mx::e8m0_to_float(bytes.narrow(1, kQuantNope + 2 * kQuantRope, kQuantScales));
   const at::Tensor deq = (nope.view({n, kQuantScales, kQuantTile}) * scale.unsqueeze(2)).view({n, kQuantNope});
   return at::cat({deq, rope}, 1);
 }

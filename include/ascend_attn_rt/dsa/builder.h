@@ -40,13 +40,29 @@
 //    operator's blob copied in, device to device) for the groups a layer
 //    reads it from (spec 6.4 common(): Swa, C4Kv, C128Kv) when
 //    GroupConfig::num_heads_q > 0, with the arguments of spec 6.7, through
-//    the plan's metadata operator (ops/sparse_attn_sharedkv.h):
-//    npu_sparse_attn_sharedkv_metadata (A2/A3) or
-//    npu_kv_quant_sparse_attn_sharedkv_metadata with the plan's kv_quant_mode
-//    / tile_size / rope_head_dim (A5, fp8 rows). NOT filled
+//    the plan's metadata operator: npu_sparse_attn_sharedkv_metadata (A2/A3,
+//    ops/sparse_attn_sharedkv.h), npu_kv_quant_sparse_attn_sharedkv_metadata
+//    with the plan's kv_quant_mode / tile_size / rope_head_dim (A5, fp8
+//    rows), or CANN's cann_ops_transformer::sparse_flash_mla_metadata (A5 +
+//    BF16; schema in third_party/cann_ops_transformer_ops.txt,
+//    ops/sparse_flash_mla.h) with the same spec 6.7 values mapped by the spec
+//    7.2 adapter (to_sparse_flash_mla_metadata_args: seqused_kv ->
+//    seqused_ori_kv, max_seqlen_kv -> max_seqlen_ori_kv, no device; for the
+//    compressed groups also seqused_cmp_kv / cmp_residual_kv and
+//    max_seqlen_cmp_kv = max_seqlen_kv / cmp_ratio). NOT filled
 //    (sas_metadata_filled = false, the buffer keeps its old contents): the
-//    A5 + BF16 plan (SparseFlashMla: its metadata operator has no published
-//    schema) and the state / indexer groups (no layer reads their SAS blob).
+//    state / indexer groups (no layer reads their SAS blob).
+//  - SparseFlashMla lengths (spec 7.2), A5 + BF16 plan, compressed KV groups
+//    (C4Kv, C128Kv): seqused_cmp_kv = S / r and cmp_residual_kv = S % r per
+//    request, computed on the host (dsa::flash_mla_cmp_lengths) into the
+//    group's packed buffer, so they ride the group's one host-to-device copy
+//    and sit at stable addresses (GroupMetadata::seqused_cmp_kv, ...). The
+//    layer passes them to both the metadata op (above) and the attention call.
+//  - Skip rows (slot_mapping rows past num_valid_rows; the valid rows always
+//    come first): Flat -1; BlockOffset (-1, bs-1), except on a plan with
+//    block_offset_skip = MinusOne (A5 + BF16, spec 7.2) whose ratio <= 1
+//    groups write (-1, -1); its compressed groups keep (-1, bs-1), the
+//    encoding of the compressor_metadata rows they stand for.
 //    The QLI blob (spec 6.5 step 3, 6.7) is filled by the C4 indexer-cache
 //    group (kind C4IndexerK) when GroupConfig::index_n_heads > 0 (default 64):
 //    npu_vllm_quant_lightning_indexer_metadata (ops/lightning_indexer.h) with
@@ -62,6 +78,12 @@
 //    call's window (W + num_spec - 1 when DSpark is active, else W - 1) in
 //    main and draft builds alike; upstream's main build passes W - 1 to the
 //    metadata op but W + num_spec - 1 to the kernel.
+//  - Per-step rows a graph replay reads (stable buffers, a view per size):
+//    the step build negates its sin rows on the device (StepMetadata::neg_sin
+//    / compress_neg_sin: the inverse RoPE's -sin); a compressed group's build
+//    runs compressor_metadata_out over its staged table into the lane's
+//    compressed_cos / compressed_sin / compressed_slots (spec 6.5, 9; the
+//    slots equal the host plan's slot_mapping).
 //  - RoPE: a group of ratio <= 1 reads the rope_theta rows, a compressed group
 //    the compress_rope_theta rows (the layer's common() group decides its
 //    RoPE: spec 6.4). A compressed group needs the compress tables.

@@ -22,7 +22,10 @@
 //               the top-k), softmax scale D^-0.5.
 //   output      inverse RoPE (-sin) of the output's rope slice, o_proj: the
 //               output viewed (T, G, N D / G) times wo_a (G, N D / G, o_lora)
-//               per group (batched), then wo_b.
+//               per group (batched), then wo_b; on the MX-fp8 o_proj (below)
+//               the view is MX-quantised (npu_dynamic_mx_quant, fp8 e4m3,
+//               blocks of 32) and multiplied with the fp8 wo_a and its e8m0
+//               scales by npu_transpose_quant_batchmatmul (bf16 result).
 //
 // The AttnKvPlan (dsa/kv_plan.h) decides everything device-dependent; this
 // file reads its fields, never the device kind.
@@ -36,12 +39,11 @@
 //    for CPU reference runs, where the caches are float32 too).
 //  - Rows past the step's real tokens (query_start_loc[B] .. T, graph padding)
 //    are not attended: their output rows are written as zeros (o_proj(0) = 0).
-//  - Compressed-row slots and RoPE rows are produced in the forward by
-//    compressor_metadata from the group's logical block table and physical
-//    storage block size (spec 6.5: "the compressor metadata op generates slots
-//    on device"), once per compressed-group build, shared by the step's layers
-//    reading that group (a per-thread cache keyed by the group's block-table
-//    buffer and build generation).
+//  - Compressed-row slots and RoPE rows: compressor_metadata's outputs, which
+//    the compressed groups' builders make once per build from the group's
+//    logical block table and physical storage block size (spec 6.5: "the
+//    compressor metadata op generates slots on device") into stable buffers
+//    (GroupMetadata::compressed_cos / compressed_sin / compressed_slots).
 //  - QLI metadata: the indexer-cache group's blob, which its builder fills
 //    (dsa/builder.h; spec 6.5 step 3) in the group's address-stable buffer;
 //    the layer checks the blob's index_n_heads / index_head_dim / index_topk
@@ -59,72 +61,134 @@
 //    indexer cache (spec 1.6.2 step 6: "the compressors still run"), so a later
 //    layer of theirs that computes top-k finds its keys; use_index_cache layers
 //    (ratio 4 with their own top-k) store their selection into it.
-//  - Graph capture: refused by name (NotSupported) before anything runs; the
-//    DSA graph path is not implemented. What it still needs: (1) address-
-//    stable workspaces, shared by the layers of one shape, for the layer's
-//    intermediates (q / qr / kv rows, indexer q, weights and quantised q, the
-//    compressors' rows, the SAS output, the o_proj input), which means
-//    out-variants of the compressor, dynamic-quant, QLI, SAS and
-//    transpose-bmm wrappers; (2) the per-step values the layer makes today
-//    at fresh addresses (compressor_metadata's cos / sin / slots per
-//    compressed group, the inverse RoPE's -sin rows) made by the builders
-//    into their stable buffers, as the QLI blob now is; (3) the capture
-//    record itself (a Prepare call as sfa::Impl's, bucket and state checks).
-//    The batches a padded bucket replays already run eagerly: padding
-//    requests of 0 tokens with num_input_tokens = the bucket (tested); a
-//    padding request with tokens but seq_len < tokens is refused by name.
-//  - Not implemented, refused at construction by name: the SparseFlashMla plan
-//    (A5 + BF16 cache: the operator and its adapter exist in
-//    ops/sparse_flash_mla.h; the layer does not wire them yet) and the MX-fp8
-//    o_proj (plan.o_proj == MxFp8QuantBmm: npu_dynamic_mx_quant and the
-//    quantised transpose-bmm have no CPU twins. The torch_npu 2.14.0 wheel
-//    has both schemas (npu_native_functions_by_codegen.yaml:
-//    npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode="rint",
-//    int dst_type=296, int block_size=32, int? scale_alg=0, float
-//    dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor) and
-//    npu_transpose_quant_batchmatmul(Tensor x1, Tensor x2, int dtype, *, ...,
-//    Tensor? x1_scale, Tensor? x2_scale, int[]? group_sizes, int[]? perm_x1,
-//    int[]? perm_x2, int[]? perm_y, ...)), but the latter's documentation is
-//    empty in _op_plugin_docs.py and the spec does not give the A5 call's
-//    arguments (wo_a's MX scales, dtype codes, group_sizes): not guessed).
-//    The A5 fp8 plan (the "A5 other"
-//    plan of spec 7.2: 640-byte MXFP8 rows written by kv_compress_epilog,
-//    fp8 indexer through indexer_compress_epilog_v2 and the full byte view,
-//    fp8 query + fp32 scales and fp32 weights into the QLI, attention through
-//    npu_kv_quant_sparse_attn_sharedkv) is implemented up to its o_proj: it
-//    is refused by name unless ImplConfig::o_proj_override = OProjOverride::Bmm
-//    explicitly selects the plain bf16 grouped transpose-bmm o_proj (see there).
+//  - Graph capture (DecodeOnly and SpecDecoding buckets): while a capture is
+//    open (graph::GraphParams::current()) forward validates everything, then
+//    records the layer as one Prepare call (as sfa::Impl) and runs nothing;
+//    the device graph captures its kernels, the CPU recording provider
+//    replays the closure. Refused before anything is recorded or written:
+//    another attention state (NotSupported naming it), a step with prefills,
+//    a step whose rows are not all in requests or hidden / num_input_tokens
+//    other than the bucket (InvalidArgument naming the bucket), the
+//    plans whose writes or o_proj take per-step host sizes or fresh results
+//    (the A5 + BF16 plan's npu_scatter_nd_update_, see below; the MX-fp8
+//    o_proj, whose quantised operands have no out-variants here), the
+//    kv_compress_epilog plan with non-bf16 weights and li_k_scale_dtype !=
+//    indexer_k_scale_dtype (both would cast at fresh addresses; neither
+//    occurs in the spec's plans), a top-k buffer shorter than the bucket.
+//    The captured layer runs every operator over all T = bucket rows and
+//    reads only stable addresses: the builders' buffers (lengths, tables,
+//    slots, RoPE and -sin rows, compressor_metadata rows, SAS / QLI blobs),
+//    the caches, the top-k buffer and the shared workspace, where every
+//    operator result lands (out-variants, ops/out_variants.h: the operators
+//    without an out schema are called and their result copied in). No host
+//    list is baked in, so an update re-issues nothing for it.
+//    Replayed steps: every bucket row belongs to a request (the SAS and QLI
+//    operators take T = query_start_loc[B]; their CPU twins check it), so a
+//    step with fewer real requests is padded to the bucket's B requests with
+//    dummies of decode length (num_reqs_actual = the real ones; a dummy needs
+//    seq_len >= its tokens). The builder zeroes the dummies' block-table rows
+//    and gives their tokens skip slots and no compressed rows, so they write
+//    no KV row; they read block 0 (the null block) and the compressors write
+//    their state positions into the state caches' block 0. Their output rows
+//    are not meaningful (upstream: "o_proj_input padding rows are
+//    uninitialised"); eager forwards keep writing zeros past the real tokens.
+//    dsa::graph_step_params / aar.dsa.graph_update (dsa/graph.h) check at
+//    update that the step has the bucket's tokens, all in its B requests,
+//    and its SWA metadata at the captured addresses (same builder lane, same
+//    block-table width). Not checked there (the engine's side): the other
+//    groups' block-table widths and that the replayed step is decode-only
+//    (a prefill changes the cu_seqlens kinds and the DSpark rows).
+//  - The A5 + BF16 plan (spec 7.2: uses_sparse_flash_mla, SparseFlashMla,
+//    PA_BBND, bf16 rows of 512) runs whole:
+//     * SWA and compressed KV writes: in-place npu_scatter_nd_update_(cache,
+//       idx (V, 2), rows (V, 1, D)) over the group's first V = num_valid_rows
+//       rows only. torch_npu's docs say the kernel does not support
+//       out-of-range indices, so a (-1, x) row must never reach it; the
+//       builders emit the valid rows first (padding requests' tokens, padding
+//       tokens and the compressor's unemitted rows after them), so the valid
+//       rows are a prefix whose length the host already has: a narrow, no
+//       device-side compaction (which would need a nonzero and a sync). Graph
+//       capture of this plan is refused by name: V changes per step, and a
+//       C128 decode step often has V = 0 (a captured write would need a kernel
+//       that drops rows, or a reserved scratch page).
+//     * attention: ops::sparse_flash_mla with the sharedkv arguments through
+//       the spec 7.2 adapter (to_sparse_flash_mla_args: seqused_ori_kv, PA_BBND;
+//       compressed layers add the attention group's staged seqused_cmp_kv /
+//       cmp_residual_kv; no cu_seqlens_* extras, as on A5) and the group's
+//       sparse_flash_mla_metadata blob. The group must carry those lengths (a
+//       GroupBuilder of the same plan), else InvalidArgument naming them.
+//     * the indexer keeps the A5 fp8 flow (indexer_compress_epilog_v2 through
+//       the full view, fp8 query + fp32 scales, fp32 weights), as spec 7.2 says.
+//     * o_proj: by the rule below (a BF16 checkpoint, no wo_a_scale: the
+//       grouped transpose-bmm in the weights' dtype).
+//     * weights bfloat16 (float32 for CPU reference runs, the caches then
+//       float32 too); float16 weights are refused naming the plan.
+//  - Every layer checks that its groups' slot formats are its plan's
+//    (slot_format_for), naming the group: a GroupBuilder configured with
+//    another plan would have its slots misread.
+//  - The A5 fp8 plan (the "A5 other" plan of spec 7.2: 640-byte MXFP8 rows
+//    written by kv_compress_epilog, fp8 indexer through
+//    indexer_compress_epilog_v2 and the full byte view, fp8 query + fp32
+//    scales and fp32 weights into the QLI, attention through
+//    npu_kv_quant_sparse_attn_sharedkv) runs end to end.
+//  - o_proj (spec 6.8 step 4), upstream's rule (vllm-ascend dsa_v1.py
+//    _forward_o_proj: the MX path when the hardware supports fp8 attention
+//    AND wo_a has a weight_scale): the plan says whether the device may take
+//    the MX-fp8 o_proj (AttnKvPlan::o_proj == MxFp8QuantBmm on both A5 plans:
+//    a property of the hardware, not of the cache dtype), the weights say
+//    whether the checkpoint is MX-fp8 (Weights::wo_a_scale given). Both ->
+//    OProjKind::MxFp8QuantBmm; a plan without it or a bf16 checkpoint (no
+//    scale) -> OProjKind::Bmm, the grouped transpose-bmm in the weights'
+//    dtype. Impl::o_proj() reports the choice. A wo_a_scale on a plan whose
+//    o_proj is Bmm (A2/A3) is refused by name rather than ignored. The MX
+//    call is upstream's: npu_dynamic_mx_quant(o, dst_type=float8_e4m3fn)
+//    with the schema's other defaults (axis -1, "rint", block 32, scale_alg 0:
+//    the OCP rule), npu_transpose_quant_batchmatmul(y, wo_a, bfloat16,
+//    x1_scale = the scales viewed float8_e8m0fnu, x2_scale = wo_a_scale,
+//    group_sizes (0, 0, 32), perm_x1 (1, 0, 2), perm_x2 (0, 1, 2), perm_y
+//    (1, 0, 2)); its bf16 (T, G, o_lora) result reshaped (T, G o_lora) is
+//    cast to the weights' dtype for wo_b (a no-op for bf16 weights). The MX
+//    path needs k = N D / G a multiple of 64 (the device's constraint).
+//    ImplConfig::o_proj_override, the former escape hatch that ran the A5
+//    plan with the plain bmm while the MX path was missing, is gone: a bf16
+//    checkpoint on A5 now takes that path by the rule above.
 //  - The indexer weights' scale Di^-0.5 n_idx^-0.5 is folded into a copy of
 //    idx_weights_proj at construction (rounded once in the weights' dtype).
-//  - The inverse RoPE's -sin rows are made once per step and shared by the
-//    layers (a per-thread cache keyed by the rows and the step build).
-//  - Workspaces: intermediates are allocated per call (no shared workspace yet).
+//  - The inverse RoPE's -sin rows: the step builder's (StepMetadata::neg_sin,
+//    GroupMetadata::neg_sin), negated once per step into a stable buffer.
+//  - Workspaces (cpp/dsa/workspace.h): the intermediates of decode steps live
+//    in buffers shared by the layers of one shape (dims, dtypes, ratio),
+//    sized for the largest decode batch seen; eager decodes write the
+//    out-variant results there (projections, norms, Hadamard, casts) and take
+//    the fresh results of the operators without an out schema (no copy);
+//    captured layers copy those in too. Steps with a prefill allocate their
+//    intermediates per call, so a long prefill does not grow the shared
+//    buffers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/dsa/kv_plan.h"
 #include "ascend_attn_rt/dsa/metadata.h"
 #include "ascend_attn_rt/sfa/topk_buffer.h"
 
+namespace aar::graph {
+class GraphParams;
+}
+
 namespace aar::dsa {
 
-// An explicit, caller-chosen replacement of the plan's o_proj (spec 6.8 step 4).
-// The plan decides o_proj (AttnKvPlan::o_proj); this override exists only
-// because the A5 plan's MxFp8QuantBmm o_proj is not implemented (no CPU twin
-// of npu_dynamic_mx_quant / the quantised transpose-bmm): with Bmm, an A5 fp8
-// layer runs everything else of its plan and the plain grouped transpose-bmm
-// with wo_a then wo_b (the A2/A3 o_proj, no MX-fp8 rounding of the attention
-// output), so the rest of the A5 plan is testable and usable. It is a
-// deliberate deviation from the plan: None (the default) follows the plan and
-// refuses MxFp8QuantBmm by name. Bmm on a plan whose o_proj is already Bmm
-// changes nothing.
-enum class OProjOverride : int32_t { None = 0, Bmm = 1 };
-const char* to_string(OProjOverride o);  // "None", "Bmm"
+namespace detail {
+class Workspace;
+struct TokenViews;
+struct RowViews;
+}  // namespace detail
 
 struct ImplConfig {
   int64_t hidden_size = 0;
@@ -144,12 +208,18 @@ struct ImplConfig {
   bool use_index_cache = false;  // write the top-k into the TopkBuffer (needs ratio 4 with an indexer)
   bool skip_topk = false;        // ratio 4 without its own top-k: read the TopkBuffer (IndexCache)
   int64_t layer_index = -1;
-  OProjOverride o_proj_override = OProjOverride::None;  // see OProjOverride
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
 struct Weights {
   at::Tensor wq_a, q_norm, wq_b, wkv, kv_norm, attn_sink, wo_a, wo_b;
+  // wo_a's MX scales (upstream's wo_a.weight_scale), undefined for a bf16
+  // checkpoint. Given: wo_a is float8_e4m3fn in upstream's load layout (G, k,
+  // n) = (G, N D / G, o_lora) (npu_transpose_quant_batchmatmul's x2 with
+  // perm_x2 (0, 1, 2)), and wo_a_scale float8_e8m0fnu (uint8 is viewed as it)
+  // (G, k / 64, o_lora, 2): the scale of wo_a[g, 32 j : 32 j + 32, c] at
+  // [g, j / 2, c, j % 2].
+  at::Tensor wo_a_scale;
   at::Tensor cmp_wkv, cmp_wgate, cmp_ape, cmp_norm;                  // ratio > 1
   at::Tensor idx_wq_b, idx_weights_proj;                             // ratio 4
   at::Tensor idx_cmp_wkv, idx_cmp_wgate, idx_cmp_ape, idx_cmp_norm;  // ratio 4
@@ -187,11 +257,15 @@ class Impl {
   // ratio (nullptr: profiling run, output zero-filled); output (T,
   // hidden_size) in the weights' dtype; topk_buffer needed by skip_topk /
   // use_index_cache layers. Everything is validated before the first write.
+  // While a graph capture is open the layer is captured (see "Graph capture"
+  // above): nothing runs then; the replay computes the step.
   const at::Tensor& forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_tuple,
                             const LayerMetadata* md, const at::Tensor& output,
                             sfa::TopkBuffer* topk_buffer = nullptr);
 
   const ImplConfig& config() const { return cfg_; }
+  // The o_proj this layer runs (the plan's and the weights' rule above).
+  OProjKind o_proj() const { return o_proj_; }
   // The C4 selection (T, 1, K) int32 of the last forward (undefined otherwise).
   const at::Tensor& last_topk() const { return last_topk_; }
 
@@ -201,15 +275,40 @@ class Impl {
   };
   Caches validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const LayerMetadata& md,
                   const at::Tensor& output, sfa::TopkBuffer* topk) const;
-  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows);
-  void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md);
-  at::Tensor indexer_topk(const at::Tensor& x, const at::Tensor& qr, const Caches& c, const LayerMetadata& md,
-                          int64_t tk, const at::Tensor& cos3, const at::Tensor& sin3);
+  // The step's per-token views the operators take (RoPE rows, -sin, SWA
+  // slots, query ends), remade only when the builder hands out other tensors
+  // or the row count changes.
+  struct StepViews {
+    int64_t n = -1;
+    ::aar::detail::TensorBinding cos_src, neg_src, slots_src, qsl_src;
+    at::Tensor cos, sin, cos3, sin3, neg_sin3, swa_slots, q_ends;
+  };
+  const StepViews& step_views(const LayerMetadata& md, int64_t n);
+  // valid_rows: the leading rows whose slots are valid (the group's
+  // num_valid_rows); only the in-place scatter of the A5 + BF16 plan reads it.
+  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows);
+  void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
+                            const detail::RowViews& rv, int64_t r, bool graph);
+  at::Tensor indexer_topk(const at::Tensor& x, const Caches& c, const LayerMetadata& md, const detail::TokenViews& v,
+                          const detail::RowViews& rv, const StepViews& sv, int64_t n, int64_t r, bool graph,
+                          sfa::TopkBuffer* topk);
+  // The layer over the first n rows of hidden (eager: the step's real
+  // tokens; graph: the whole bucket), intermediates in `ws`; graph: every
+  // operator result lands in the workspace (stable addresses).
+  void run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
+           sfa::TopkBuffer* topk, int64_t n, bool graph, detail::Workspace& ws);
+  void capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const LayerMetadata& md,
+               const at::Tensor& output, sfa::TopkBuffer* topk);
+  // Spec 6.8 step 4 after the inverse RoPE (eager): o (tk, N, D) -> out (tk, hidden).
+  void run_o_proj(const at::Tensor& o, const at::Tensor& out);
 
   ImplConfig cfg_;
   Weights w_;
   at::Tensor cmp_ape_f32_, idx_ape_f32_, hadamard_, sinks_f32_, ones_d_, idx_wproj_scaled_;
   at::Tensor last_topk_;
+  OProjKind o_proj_ = OProjKind::Bmm;
+  std::shared_ptr<detail::Workspace> ws_;
+  StepViews step_views_;
 };
 
 }  // namespace aar::dsa

@@ -13,11 +13,14 @@
 //
 // The three plans (spec 7.2 table):
 //   base  (A2, A3)        npu_sparse_attn_sharedkv, PA_ND, bf16 rows of 512,
-//                         npu_scatter_nd_update_v2 with (block, offset) slots
+//                         npu_scatter_nd_update_v2 with (block, offset) slots,
+//                         bf16 grouped-bmm o_proj
 //   A5 + BF16 cache       SparseFlashMla, PA_BBND, bf16 rows of 512, in-place
 //                         npu_scatter_nd_update_ with (block, offset) slots
+//                         (skip = (-1, -1)), bf16 grouped-bmm o_proj
 //   A5 (any other cache)  npu_kv_quant_sparse_attn_sharedkv, PA_ND, 640-byte
-//                         MXFP8 rows, kv_compress_epilog with flat slots
+//                         MXFP8 rows, kv_compress_epilog with flat slots,
+//                         MX-fp8 quantised o_proj
 // The indexer does not follow the attention dtype: int8 k + fp16 scales on
 // A2/A3, fp8 k + fp32 scales on A5 (both A5 plans).
 //
@@ -34,10 +37,17 @@
 //    (-1, bs-1) (plan::format_dsa_slot_mapping: the same encoding as the
 //    device-generated compressor_metadata slots and HEAD's floor split), and
 //    every consumer skips explicitly on block < 0 (spec 7.1) instead of
-//    relying on the kernel dropping negative linear indices. On the A5 + BF16
-//    plan (in-place npu_scatter_nd_update_ with index pairs) the PR writes
-//    (-1, -1); both have block < 0: to verify on hardware that the in-place
-//    kernel skips such pairs.
+//    relying on the kernel dropping negative linear indices. The A5 + BF16
+//    plan's token slot mappings (the groups of ratio <= 1) write (-1, -1) as
+//    the PR does (block_offset_skip = MinusOne, an explicit rule, no % on a
+//    negative slot); its compressed groups keep (-1, bs-1), what
+//    compressor_metadata (format 2) generates on the device for them.
+//  - The A5 + BF16 KV writes (in-place npu_scatter_nd_update_) never pass a
+//    skip row to the kernel: torch_npu 2.14.0's _op_plugin_docs.py says of its
+//    indices "索引数据不支持越界" (out-of-range indices are not supported), so
+//    relying on the kernel to drop (-1, x) pairs is not allowed there. The
+//    builders put a group's valid rows first (GroupMetadata::num_valid_rows,
+//    a host value), and dsa::Impl writes only that prefix (dsa/impl.h).
 //  - The indexer's slot format follows its write kind, not the attention
 //    plan: flat on A5 (indexer_compress_epilog_v2 takes flat slots, as in
 //    HEAD), block/offset on A2/A3. On A5 + BF16 the attention groups are
@@ -113,15 +123,19 @@ const char* to_string(KvLayout l);  // "PA_ND", "PA_BBND": the layout_kv string 
 // Slot-mapping format: the plan layer's (plan/dsa_step_plan.h; the numeric
 // values are compressor_metadata's slot_mapping_format codes, spec 6.2, 7.1).
 // Scheduler slots are formatted by plan::format_dsa_slot_mapping (negative
-// slots -> -1 / (-1, bs-1): every consumer skips on block < 0).
+// slots -> -1 / (-1, bs-1) or (-1, -1): every consumer skips on block < 0).
 using plan::SlotFormat;
 const char* to_string(SlotFormat f);
+using plan::BlockOffsetSkip;
+const char* to_string(BlockOffsetSkip s);  // "LastOffset" (-1, bs-1), "MinusOne" (-1, -1)
 
 // How new KV rows reach the SWA and compressed caches (spec 7.1, 7.2).
 enum class KvScatterKind : int32_t {
   ScatterNdUpdateV2 = 0,       // npu_scatter_nd_update_v2(cache, idx [N,2], x)
   KvCompressEpilog = 1,        // kv_compress_epilog(cache.view(-1,1,640), x_bf16, flat slots, ...): quantise + scatter
-  ScatterNdUpdateInplace = 2,  // in-place npu_scatter_nd_update_(cache, idx [T,2], x)
+  // In-place npu_scatter_nd_update_(cache, idx [V,2], x [V,1,D]) over the V
+  // valid rows only (the kernel does not support out-of-range indices).
+  ScatterNdUpdateInplace = 2,
 };
 const char* to_string(KvScatterKind k);
 
@@ -132,6 +146,9 @@ enum class IndexerKWriteKind : int32_t {
 };
 const char* to_string(IndexerKWriteKind k);
 
+// As a plan field: the o_proj the device allows (MxFp8QuantBmm on both A5
+// plans, upstream's FP8_ATTENTION hardware capability). dsa::Impl takes it
+// only when the checkpoint has wo_a's MX scale, else Bmm (dsa/impl.h).
 enum class OProjKind : int32_t {
   Bmm = 0,            // transpose-bmm with wo_a (or the OTP / olora variants), then wo_b
   MxFp8QuantBmm = 1,  // npu_dynamic_mx_quant fp8, quantised transpose-bmm with wo_a (group 32), then wo_b
@@ -229,6 +246,10 @@ struct AttnKvPlan {
   // ---- KV writes and slot mappings
   SlotFormat slot_format = SlotFormat::BlockOffset;  // attention groups (SWA, compressed KV)
   bool requires_block_offset_slots = true;           // slot_format == BlockOffset
+  // Skip rows of the token (ratio <= 1) BlockOffset mappings: LastOffset
+  // (-1, bs-1) on A2/A3, MinusOne (-1, -1) on A5 + BF16 (spec 7.2). Compressed
+  // groups always use LastOffset (compressor_metadata's encoding).
+  BlockOffsetSkip block_offset_skip = BlockOffsetSkip::LastOffset;
   int32_t compressor_slot_format_code = 2;           // compressor_metadata's slot_mapping_format (2 / 1)
   int32_t slot_mapping_columns = 2;                  // builder slot_mapping buffer: [N, 2] or [N]
   KvScatterKind kv_scatter = KvScatterKind::ScatterNdUpdateV2;

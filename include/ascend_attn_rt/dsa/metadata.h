@@ -51,6 +51,11 @@ struct StepMetadata {
   // The full tables on the builder's device (compressor_metadata's rope_cos /
   // rope_sin for compressed rows; spec 6.5 full_compress_cos/sin).
   at::Tensor rope_cos_table, rope_sin_table, compress_cos_table, compress_sin_table;
+  // -sin and -compress_sin (T, R): the inverse RoPE's rows of the attention
+  // output (spec 6.8 step 4), negated on the device by the build into
+  // stable buffers of the lane (a view per size), so a graph replay reads
+  // the step's rows (compress_neg_sin undefined without the compress tables).
+  at::Tensor neg_sin, compress_neg_sin;
 
   // Host copies of the lists (the build's turn of the staging buffer).
   plan::CSpan<int32_t> query_start_loc_host, seq_lens_host, start_pos_host, positions_host;
@@ -81,8 +86,10 @@ struct GroupMetadata {
   // ratio <= 1: the formatted slots of the step's T tokens; compressed
   // groups: the slots of the compressed rows the step emits (what the device
   // path's compressor_metadata generates; the CPU path reads these), then the
-  // skip encoding up to num_compressed_tokens rows. (rows, 2) for BlockOffset,
-  // (rows,) for Flat.
+  // skip encoding up to num_compressed_tokens rows (-1 Flat; BlockOffset
+  // (-1, bs-1), or (-1, -1) for the ratio <= 1 groups of a plan with
+  // block_offset_skip MinusOne). (rows, 2) for BlockOffset, (rows,) for Flat.
+  // The first num_valid_rows rows are the valid ones, always.
   at::Tensor slot_mapping;
   int32_t num_compressed_tokens = 0;  // rows: T for ratio <= 1, min(T, T // r + B) else
   int32_t num_valid_rows = 0;         // rows emitted by real requests
@@ -94,6 +101,16 @@ struct GroupMetadata {
   // rope_theta; compressed: compress_rope_theta), and the full compress table
   // (compressed groups only; undefined otherwise).
   at::Tensor cos, sin, full_compress_cos, full_compress_sin;
+  // -sin of `sin` (the step's neg_sin / compress_neg_sin).
+  at::Tensor neg_sin;
+  // Compressed groups (main lane): compressor_metadata's outputs for the
+  // step's compressed rows (num_compressed_tokens of them; spec 6.5 "the
+  // compressor metadata op generates slots on device", spec 9), made by the
+  // build through compressor_metadata_out into stable buffers of the lane:
+  // cos / sin (rows, 1, 1, R) in the compress tables' dtype (identity rows
+  // for invalid ones) and the slots in the group's format ((rows, 2) or
+  // (rows,)). Undefined for groups of ratio <= 1.
+  at::Tensor compressed_cos, compressed_sin, compressed_slots;
   // Spec 6.7 blobs: (1024,) int32 device buffers at stable addresses (one pair
   // per builder lane). sas_metadata_filled / qli_metadata_filled say whether
   // this build wrote them (see dsa/builder.h).
@@ -106,6 +123,13 @@ struct GroupMetadata {
   // step's query_start_loc, [0, cumsum(S)], or undefined (None).
   at::Tensor cu_seqlens_ori_kv, cu_seqlens_cmp_kv;
   CuSeqlensKv cu_seqlens_ori_kv_kind = CuSeqlensKv::None, cu_seqlens_cmp_kv_kind = CuSeqlensKv::None;
+  // The SparseFlashMla plan's derived compressed lengths (spec 7.2 adapter),
+  // defined on its compressed KV groups (C4Kv, C128Kv) only: (B,) int32
+  // seqused_cmp_kv[b] = S_b / r and cmp_residual_kv[b] = S_b % r, staged by
+  // the builder (dsa::flash_mla_cmp_lengths) in the group's buffer; and
+  // max_seqlen_cmp_kv = max_seqlen_kv / r (0 elsewhere).
+  at::Tensor seqused_cmp_kv, cmp_residual_kv;
+  int32_t max_seqlen_cmp_kv = 0;
   // DSpark (spec 6.6): (T, 1, width) physical slots, defined on SWA groups
   // configured non-causal (dspark_num_spec > 0) in steps without prefill.
   at::Tensor dspark_swa_indices;
@@ -115,6 +139,7 @@ struct GroupMetadata {
   // Host lists (the build's turn of the staging buffer).
   plan::CSpan<int32_t> block_table_host;  // B * max_blocks_per_req
   plan::CSpan<int32_t> slot_mapping_host, row_index_host, row_position_host, row_request_host, dspark_host;
+  plan::CSpan<int32_t> seqused_cmp_kv_host, cmp_residual_kv_host;  // empty unless seqused_cmp_kv is defined
   int32_t block_table_stride = 0;
   int32_t dspark_width = 0;
 

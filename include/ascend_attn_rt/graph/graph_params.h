@@ -40,6 +40,8 @@ enum class CallKind : int32_t {
 };
 const char* to_string(CallKind k);
 
+struct StepParams;
+
 // One captured operator call. Tensors are held strongly until the bucket (or the
 // whole store) is released.
 struct CapturedCall {
@@ -65,6 +67,10 @@ struct CapturedCall {
   bool reshape_and_cache = false;
   // Prepare
   std::function<void()> prepare;
+  // Optional, Prepare calls that read per-step values at captured addresses
+  // (DSA): checks at update that the step (groups[group]) fits what was
+  // captured for bucket `num_tokens`; throws naming the mismatch.
+  std::function<void(const StepParams& step, int64_t num_tokens)> fits;
 };
 
 // What an update refreshes, per KV-cache group: the step's host lists and the
@@ -78,6 +84,7 @@ struct StepParams {
   int64_t num_reqs = 0;          // requests the kernels see (incl. padding dummies)
   int64_t num_real_reqs = 0;
   int64_t num_kernel_tokens = 0; // query rows attended (q_ends.back())
+  int64_t num_input_tokens = 0;  // rows the layers see (>= num_kernel_tokens); 0: not given (DSA sets it)
   BuildStamp stamp;              // the build the lists belong to (stale ones are rejected)
 };
 StepParams step_params(const gqa::Metadata& md);

@@ -37,5 +37,7 @@ at::Tensor dequant_rows(const at::Tensor& x_q, const at::Tensor& scale, at::Scal
 // [a | b] along the last dimension (the leading dimensions equal).
 at::Tensor cat_last(const at::Tensor& a, const at::Tensor& b);
 void zero(const at::Tensor& dst);
+// out = -x (out may be a view of a stable buffer: the inverse RoPE's -sin rows).
+void neg_out(const at::Tensor& out, const at::Tensor& x);
 
 }  // namespace aar::ops::dense

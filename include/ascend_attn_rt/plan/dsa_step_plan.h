@@ -41,6 +41,17 @@ enum class SlotFormat : int32_t { Flat = 1, BlockOffset = 2 };
 // int32 entries one slot takes in `format` (2 for BlockOffset, 1 for Flat).
 int32_t slot_format_width(SlotFormat format);
 
+// How a skipped slot ("do not write this row") is encoded in a BlockOffset
+// mapping. Both encodings have block -1, the one test every consumer makes
+// (Flat mappings always use -1).
+//   LastOffset (-1, storage_block_size - 1): upstream HEAD's floor split of
+//     slot -1 (spec 7.1), and what compressor_metadata writes for invalid
+//     rows (so every compressed group's host slots use it on every plan).
+//   MinusOne (-1, -1): the A5 + BF16 plan's token slot mapping (spec 7.2: the
+//     PR formats with an explicit `where(slot >= 0, (slot // bs, slot % bs),
+//     (-1, -1))`, no % applied to a negative slot). AttnKvPlan::block_offset_skip.
+enum class BlockOffsetSkip : int32_t { LastOffset = 0, MinusOne = 1 };
+
 // decode_threshold = 1 + num_speculative_tokens must be in [1, 16] (spec 6.5);
 // returns it, or throws naming num_speculative_tokens.
 inline constexpr int32_t kDsaMaxDecodeThreshold = 16;
@@ -59,7 +70,8 @@ int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio);
 //     storage_block_size) (floor semantics; for s >= 0 that is plain division).
 //   Flat: s >= 0 is copied.
 // Negative slots ("do not write this token") get one explicit skip encoding:
-//   BlockOffset: (-1, storage_block_size - 1); Flat: -1.
+//   BlockOffset: (-1, storage_block_size - 1), or (-1, -1) with
+//   skip = MinusOne; Flat: -1.
 // Why: (-1, bs-1) is what upstream's floor division gives for its only
 // negative slot, -1, and what compressor_metadata writes for invalid rows, so
 // the upstream scatter (which drops out-of-range linear indices) and a
@@ -69,8 +81,10 @@ int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio);
 // floor-divided to (-2, ...) etc., so "block < 0" or "slot < 0" is the one
 // test a consumer needs. Valid slots whose block (or flat slot) does not fit
 // int32 are rejected.
-void format_dsa_slot_mapping(CSpan<int64_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out);
-void format_dsa_slot_mapping(CSpan<int32_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out);
+void format_dsa_slot_mapping(CSpan<int64_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out,
+                             BlockOffsetSkip skip = BlockOffsetSkip::LastOffset);
+void format_dsa_slot_mapping(CSpan<int32_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out,
+                             BlockOffsetSkip skip = BlockOffsetSkip::LastOffset);
 
 // --- 2. Compressed-row counts (spec 6.5 step 3, 1.6.1) -----------------------
 //
@@ -155,6 +169,8 @@ struct DsaGroupInputs {
   int32_t block_table_stride = 0;
   int32_t num_blocks = 0;      // pages of the cache: ids written must be < this; 0 = unchecked
   SlotFormat slot_format = SlotFormat::BlockOffset;
+  // The BlockOffset encoding of the skip rows past the emitted ones (Flat: -1).
+  BlockOffsetSkip block_offset_skip = BlockOffsetSkip::LastOffset;
   // Rows of the full RoPE table of this group (compressor_metadata's
   // rope_cos): every emitted row's position c * r must be < this. 0 = unchecked.
   int64_t rope_positions = 0;
@@ -168,8 +184,10 @@ struct DsaGroupBuffers {
   // zeroed.
   Span<int32_t> block_table;
   // >= num_rows * slot_format_width(format): emitted rows' slots,
-  // concatenated over requests in order, then the skip encoding (see
-  // format_dsa_slot_mapping) up to num_rows. Required.
+  // concatenated over requests in order, then the skip encoding
+  // (DsaGroupInputs::block_offset_skip) up to num_rows. Required. The valid
+  // rows are always the first num_valid_rows: a consumer that must not pass
+  // skip rows to its kernel writes only that prefix.
   Span<int32_t> slot_mapping;
   // Optional, >= num_rows each (empty = not written):
   Span<int32_t> row_index;     // compressed row index c; -1 for padding rows

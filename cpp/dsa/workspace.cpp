@@ -1,0 +1,109 @@
+#include "workspace.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "../common/shared_by_shape.h"
+#include "ascend_attn_rt/errors.h"
+
+namespace aar::dsa::detail {
+
+bool WorkspaceShape::operator==(const WorkspaceShape& o) const {
+  return device == o.device && dtype == o.dtype && num_heads == o.num_heads && head_dim == o.head_dim &&
+         q_lora_rank == o.q_lora_rank && o_groups == o.o_groups && o_lora_rank == o.o_lora_rank &&
+         compress_ratio == o.compress_ratio && index_n_heads == o.index_n_heads &&
+         index_head_dim == o.index_head_dim && index_topk == o.index_topk && idx_q == o.idx_q &&
+         idx_q_scale == o.idx_q_scale && li_weights == o.li_weights && idx_k == o.idx_k &&
+         idx_k_scale == o.idx_k_scale;
+}
+
+std::shared_ptr<Workspace> Workspace::shared(const WorkspaceShape& shape) {
+  return aar::detail::shared_by_shape<Workspace>(shape);
+}
+
+void Workspace::grow(int64_t n) {
+  const WorkspaceShape& s = shape_;
+  const int64_t cap = std::max<int64_t>(n, 2 * capacity_);
+  const auto opts = at::TensorOptions().dtype(s.dtype).device(s.device);
+  const int64_t N = s.num_heads, D = s.head_dim;
+  qa_ = at::empty({cap * s.q_lora_rank}, opts);
+  q_ = at::empty({cap * N * D}, opts);
+  kv_ = at::empty({cap * D}, opts);
+  o_ = at::empty({cap * N * D}, opts);
+  y_ = at::empty({cap * s.o_groups * s.o_lora_rank}, opts);
+  if (s.compress_ratio > 1) cmp_ = at::empty({cap * D}, opts);
+  if (s.compress_ratio == 4) {
+    const int64_t nh = s.index_n_heads, Di = s.index_head_dim;
+    qi_ = at::empty({cap * nh * Di}, opts);
+    qi_rot_ = at::empty({cap * nh * Di}, opts);
+    wts_raw_ = at::empty({cap * nh}, opts);
+    wts_ = s.li_weights == s.dtype ? wts_raw_ : at::empty({cap * nh}, opts.dtype(s.li_weights));
+    q_q_ = at::empty({cap * nh * Di}, opts.dtype(s.idx_q));
+    q_scale_ = at::empty({cap * nh}, opts.dtype(at::kFloat));
+    q_scale_c_ = s.idx_q_scale == at::kFloat ? q_scale_ : at::empty({cap * nh}, opts.dtype(s.idx_q_scale));
+    sel_ = at::empty({cap * s.index_topk}, opts.dtype(at::kInt));
+    ik_ = at::empty({cap * Di}, opts);
+    ik_rot_ = at::empty({cap * Di}, opts);
+    ik_q_ = at::empty({cap * Di}, opts.dtype(s.idx_k));
+    ik_scale_ = at::empty({cap}, opts.dtype(at::kFloat));
+    ik_scale_c_ = s.idx_k_scale == at::kFloat ? ik_scale_ : at::empty({cap}, opts.dtype(s.idx_k_scale));
+  }
+  capacity_ = cap;
+  ++generation_;
+}
+
+const TokenViews& Workspace::tokens(int64_t n) {
+  if (n > capacity_) grow(n);
+  if (static_cast<int64_t>(tokens_.size()) <= n) tokens_.resize(n + 1);
+  TokenViews& v = tokens_[n];
+  if (v.generation == generation_) return v;
+  const WorkspaceShape& s = shape_;
+  const int64_t N = s.num_heads, D = s.head_dim, G = s.o_groups;
+  auto take = [n](const at::Tensor& buf, int64_t per_row) { return buf.narrow(0, 0, n * per_row); };
+  v = TokenViews{};
+  v.generation = generation_;
+  v.qa = take(qa_, s.q_lora_rank).view({n, s.q_lora_rank});
+  v.q2 = take(q_, N * D).view({n, N * D});
+  v.q = v.q2.view({n, N, D});
+  v.kv = take(kv_, D).view({n, D});
+  v.o = take(o_, N * D).view({n, N, D});
+  v.o_groups = v.o.view({n, G, N * D / G});
+  v.y = take(y_, G * s.o_lora_rank).view({n, G, s.o_lora_rank});
+  v.y2 = v.y.view({n, G * s.o_lora_rank});
+  if (s.compress_ratio == 4) {
+    const int64_t nh = s.index_n_heads, Di = s.index_head_dim;
+    v.qi2 = take(qi_, nh * Di).view({n, nh * Di});
+    v.qi = v.qi2.view({n, nh, Di});
+    v.qi_rot = take(qi_rot_, nh * Di).view({n, nh, Di});
+    v.wts_raw = take(wts_raw_, nh).view({n, nh});
+    v.wts = take(wts_, nh).view({n, nh});
+    v.q_q = take(q_q_, nh * Di).view({n, nh, Di});
+    v.q_scale = take(q_scale_, nh).view({n, nh});
+    v.q_scale_c = take(q_scale_c_, nh).view({n, nh});
+    v.sel = take(sel_, s.index_topk).view({n, 1, s.index_topk});
+  }
+  return v;
+}
+
+const RowViews& Workspace::rows(int64_t r) {
+  AAR_CHECK_ARG(r >= 0 && r <= capacity_, "dsa workspace: ", r, " compressed rows exceed the capacity ", capacity_);
+  if (static_cast<int64_t>(rows_.size()) <= r) rows_.resize(r + 1);
+  RowViews& v = rows_[r];
+  if (v.generation == generation_) return v;
+  const WorkspaceShape& s = shape_;
+  v = RowViews{};
+  v.generation = generation_;
+  if (s.compress_ratio > 1) v.cmp = cmp_.narrow(0, 0, r * s.head_dim).view({r, s.head_dim});
+  if (s.compress_ratio == 4) {
+    const int64_t Di = s.index_head_dim;
+    v.ik = ik_.narrow(0, 0, r * Di).view({r, Di});
+    v.ik_rot = ik_rot_.narrow(0, 0, r * Di).view({r, Di});
+    v.ik_q = ik_q_.narrow(0, 0, r * Di).view({r, Di});
+    v.ik_scale = ik_scale_.narrow(0, 0, r);
+    v.ik_scale_c = ik_scale_c_.narrow(0, 0, r).view({r, 1});
+  }
+  return v;
+}
+
+}  // namespace aar::dsa::detail

@@ -1,0 +1,89 @@
+// Intermediate buffers of the DSA layer forward (internal; dsa/impl.h).
+//
+// The layer's intermediates (q-LoRA rows, q, kv, the indexer query, weights
+// and quantised query, the compressors' rows and the indexer's quantised
+// rows, the top-k, the SAS output, the o_proj input) live in flat buffers
+// shared by every layer of one shape (layers run one after another on one
+// stream, so a layer's intermediates are dead when the next layer starts;
+// common/shared_by_shape.h), sized for the largest batch seen so far. The
+// views for n tokens (and r compressed rows) are made the first time that
+// size is seen and cached, so a steady-state forward makes no tensor for its
+// intermediates and a captured graph reads and writes them at stable
+// addresses. A buffer that grows is replaced; the old one lives on while a
+// captured graph (or a view) still holds it. As MLA's decode workspace: one
+// per shape in the process, so layers of one shape must not run forwards
+// concurrently from several threads (one model's layers run in order).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace aar::dsa::detail {
+
+struct WorkspaceShape {
+  c10::Device device = c10::Device(c10::kCPU);
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  // the weights'
+  int64_t num_heads = 0, head_dim = 0, q_lora_rank = 0, o_groups = 0, o_lora_rank = 0;
+  int32_t compress_ratio = 1;
+  // ratio 4 only (0 otherwise)
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  c10::ScalarType idx_q = c10::ScalarType::Undefined, idx_q_scale = c10::ScalarType::Undefined,
+                  li_weights = c10::ScalarType::Undefined, idx_k = c10::ScalarType::Undefined,
+                  idx_k_scale = c10::ScalarType::Undefined;
+  bool operator==(const WorkspaceShape& o) const;
+};
+
+// Views for one token count n.
+struct TokenViews {
+  int64_t generation = -1;
+  at::Tensor qa;            // (n, Q): the q-LoRA projection, normed in place (qr)
+  at::Tensor q2, q;         // (n, N*D) projection target, (n, N, D) the same memory
+  at::Tensor kv;            // (n, D)
+  at::Tensor o;             // (n, N, D): the SAS output (graph mode)
+  at::Tensor o_groups;      // (n, G, N*D/G) view of o
+  at::Tensor y, y2;         // (n, G, o_lora) transpose-bmm output (graph mode), (n, G*o_lora)
+  // ratio 4
+  at::Tensor qi2, qi;       // (n, nh*Di), (n, nh, Di): indexer q projection
+  at::Tensor qi_rot;        // (n, nh, Di): after the Hadamard rotation
+  at::Tensor wts_raw, wts;  // (n, nh) in the weights' dtype / li_weights dtype (the same when equal)
+  at::Tensor q_q, q_scale;  // (n, nh, Di) quantised query (graph mode), (n, nh) fp32 scale (graph mode)
+  at::Tensor q_scale_c;     // (n, nh) in the QLI's query scale dtype (q_scale when fp32)
+  at::Tensor sel;           // (n, 1, K) int32 top-k (graph mode)
+};
+
+// Views for r compressed rows.
+struct RowViews {
+  int64_t generation = -1;
+  at::Tensor cmp;           // (r, D): main compressor rows (graph mode)
+  // ratio 4
+  at::Tensor ik, ik_rot;    // (r, Di): indexer compressor rows (graph mode), rotated
+  at::Tensor ik_q, ik_scale;  // (r, Di) quantised (graph mode), (r) fp32 scale (graph mode)
+  at::Tensor ik_scale_c;    // (r, 1) in the indexer cache's scale dtype
+};
+
+class Workspace {
+ public:
+  explicit Workspace(const WorkspaceShape& shape) : shape_(shape) {}
+  const WorkspaceShape& shape() const { return shape_; }
+  // Grows the buffers when n exceeds the capacity.
+  const TokenViews& tokens(int64_t n);
+  const RowViews& rows(int64_t r);  // r <= the capacity (tokens(n) first, r <= n)
+
+  static std::shared_ptr<Workspace> shared(const WorkspaceShape& shape);
+
+ private:
+  void grow(int64_t n);
+
+  WorkspaceShape shape_;
+  int64_t capacity_ = 0, generation_ = 0;
+  at::Tensor qa_, q_, kv_, o_, y_, qi_, qi_rot_, wts_raw_, wts_, q_q_, q_scale_, q_scale_c_, sel_;
+  at::Tensor cmp_, ik_, ik_rot_, ik_q_, ik_scale_, ik_scale_c_;
+  std::vector<TokenViews> tokens_;
+  std::vector<RowViews> rows_;
+};
+
+}  // namespace aar::dsa::detail

@@ -1,0 +1,59 @@
+// Out-forms of typed operator wrappers whose schemas return fresh tensors:
+// the result lands in a caller-owned tensor (a workspace at a stable address),
+// which is what a captured graph needs (every tensor a replay reads or writes
+// keeps its address; spec gqa.md 7, DESIGN.md "buffers that kernels read in
+// graph mode are allocated once").
+//
+// None of these operators has an out schema (torch_npu
+// npu_native_functions_by_codegen.yaml: npu_dynamic_quant,
+// npu_transpose_batchmatmul; third_party/vllm_ascend_ops.txt: compressor,
+// npu_vllm_quant_lightning_indexer, npu_sparse_attn_sharedkv,
+// npu_kv_quant_sparse_attn_sharedkv), so the schemas stay exact: each
+// function calls the operator through its wrapper and copies the result into
+// `out` (one device copy; under the no-compute provider, nothing). The
+// destination's shape and dtype are checked before anything is written to it
+// (and, for the compressor, which writes its state cache, before the call).
+// Where a plain matmul is the whole operation (the Hadamard rotation) the
+// result is computed straight into `out`.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
+
+#include <optional>
+
+#include "ascend_attn_rt/ops/dsa_compressor.h"
+#include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/provider.h"
+#include "ascend_attn_rt/ops/quant.h"
+#include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+
+namespace aar::ops {
+
+// out (min(T, T // cmp_ratio + B), D) in x's dtype (CompressorArgs: T = x
+// rows, B = cu_seqlens entries - 1, D = norm_weight's size).
+void compressor_out(const CompressorArgs& a, const at::Tensor& out, Provider pv = Provider::Auto);
+
+// q_out: input's shape in the quantised dtype; scale_out: input.shape[:-1] fp32.
+void dynamic_quant_out(const DynamicQuantArgs& a, const at::Tensor& q_out, const at::Tensor& scale_out,
+                       Provider pv = Provider::Auto);
+
+// The sparse indices (return_value must be false: the values are not kept).
+void vllm_quant_lightning_indexer_out(const VllmQuantLightningIndexerArgs& a, const at::Tensor& indices_out,
+                                      Provider pv = Provider::Auto);
+
+// out: q's shape and dtype (return_softmax_lse must be false).
+void sparse_attn_sharedkv_out(const SparseAttnSharedKvArgs& a, const at::Tensor& out, Provider pv = Provider::Auto);
+void kv_quant_sparse_attn_sharedkv_out(const KvQuantSparseAttnSharedKvArgs& a, const at::Tensor& out,
+                                       Provider pv = Provider::Auto);
+
+// out: the permuted batched product (transpose_batchmatmul's result shape).
+void transpose_batchmatmul_out(const at::Tensor& input, const at::Tensor& weight,
+                               std::optional<c10::IntArrayRef> perm_x1, std::optional<c10::IntArrayRef> perm_x2,
+                               std::optional<c10::IntArrayRef> perm_y, const at::Tensor& out,
+                               Provider pv = Provider::Auto);
+
+// out = x @ h (x's shape and dtype; a dense::linear_out, h symmetric).
+void hadamard_rotate_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& h);
+
+}  // namespace aar::ops

@@ -1,0 +1,125 @@
+// PCP token split of the legacy model-runner v1 design, "DualChunkSwap" with
+// padding (spec cp.md 1.3A, 1.4, 3.3 legacy, 3.5, 10.9): which prefill tokens a
+// PCP rank computes, the restore permutation of the all-gathered buffer, the
+// unpad mask, the padded-global slot mapping, the prefill-only restore indices
+// of the context path, and the head/tail index lists of the attention.
+//
+// The batch is ordered decodes first (num_decodes requests), then prefills. For
+// a prefill request with q new tokens and Wp PCP ranks:
+//   P = ceil(q / (2 Wp)) * 2 Wp   (padded length; pads are positions q..P-1)
+//   c = P / (2 Wp)                (chunk length)
+//   rank rp computes chunk h = rp (head) and chunk t = 2 Wp - 1 - rp (tail):
+//   positions [h c, (h+1) c) ++ [t c, (t+1) c), 2c tokens.
+// Decode requests are not split: every rank computes all q decode tokens.
+// Every rank has the same local token count T_loc (the sum of q over decodes
+// plus 2c over prefills), so the all-gather G (rank-major, Wp * T_loc rows)
+// has equal splits.
+//
+// The "padded-global" layout puts the requests back to back: a decode request
+// takes q*Wp slots (Wp copies of each token), a prefill P slots in position
+// order. All positions here are within the request's scheduled tokens (model
+// position = num_computed + position).
+//
+// Decision where upstream is inconsistent (spec 10.9): upstream's restore index
+// puts rank rp's copy of decode token i at slot rp*q + i of the decode region,
+// while its unpad mask and decode slot stride treat slot i*Wp as token i's real
+// copy; for multi-token decodes these disagree (upstream never uses the
+// restored decode rows, so it does not notice). Here the copies of token i are
+// adjacent: rank rp's copy sits at slot i*Wp + rp, so the unpad mask, the
+// stride-Wp decode slots and the restore index all agree. For single-token
+// decodes (and the upstream docstring vector) the two layouts are identical.
+#pragma once
+
+#include <cstdint>
+
+#include "ascend_attn_rt/plan/span.h"
+
+namespace aar::plan {
+
+struct PcpSplitInputs {
+  CSpan<int32_t> query_lens;  // new tokens per request (>= 0), decodes first
+  int32_t num_decodes = 0;    // the first num_decodes requests are decodes
+  int32_t pcp_size = 1;       // Wp >= 1
+};
+
+struct PcpSplitSizes {
+  int32_t num_reqs = 0;
+  int32_t num_decode_tokens = 0;     // Td, sum of q over decodes
+  int32_t local_tokens = 0;          // T_loc, the same on every rank
+  int32_t local_prefill_tokens = 0;  // T_loc - Td
+  int32_t padded_global_tokens = 0;  // Wp * T_loc
+};
+
+// Validates the inputs (query_lens >= 0, 0 <= num_decodes <= N, pcp_size >= 1,
+// sizes within int32) and returns the buffer sizes. Every function below makes
+// the same checks before writing.
+PcpSplitSizes pcp_split_sizes(const PcpSplitInputs& in);
+
+// Rank `rank`'s local tokens: local_lens_out[i] (N entries) = q_i for decodes,
+// 2 c_i for prefills; positions_out (T_loc entries) = the position within its
+// request of every local token, in local order (positions >= q_i are pads).
+// Upstream docstring: q = [1,5,8], 1 decode, Wp = 2: local_lens [1,4,4];
+// rank 0 positions [0 | 0,1,6,7 | 0,1,6,7], rank 1 [0 | 2,3,4,5 | 2,3,4,5].
+void pcp_local_tokens(const PcpSplitInputs& in, int32_t rank, Span<int32_t> local_lens_out,
+                      Span<int32_t> positions_out);
+
+// Pads per request in the padded-global layout: (Wp-1)*q for decodes (the extra
+// copies), P - q for prefills. Docstring example: [1,3,0].
+void pcp_pad_counts(const PcpSplitInputs& in, Span<int32_t> pads_out);
+
+// restore_idx (padded_global_tokens entries): padded_global = G[restore_idx],
+// with G the rank-major all-gather of the ranks' local buffers. The docstring
+// example gives [0,9,1,2,10,11,12,13,3,4,5,6,14,15,16,17,7,8].
+void pcp_restore_index(const PcpSplitInputs& in, Span<int32_t> restore_out);
+
+// unpad_mask (padded_global_tokens entries, 1 = real token): prefill positions
+// < q, and rank 0's copy (the first of each group of Wp) of every decode token.
+void pcp_unpad_mask(const PcpSplitInputs& in, Span<uint8_t> mask_out);
+
+// The slot mapping in padded-global order (spec 1.4): token_slots holds one slot
+// per scheduled token in batch order (sum(query_lens) entries, computed from the
+// pre-split global positions, e.g. by compute_dcp_slot_mapping with W = Wp*Wd,
+// r = rp*Wd + rd); real padded-global entries get their token's slot, pads and
+// the extra decode copies kPadSlot (-1). The decode slots thus sit at stride Wp
+// in the first Wp*Td entries.
+void pcp_padded_slot_mapping(const PcpSplitInputs& in, CSpan<int32_t> token_slots, Span<int32_t> slots_out);
+
+// The context path's prefill-only permutations (spec 3.3 legacy), over
+// Wp * local_prefill_tokens rows. G' is the rank-major all-gather of the ranks'
+// local prefill tokens; X_pg is the padded-global prefill region.
+//   recover_out (cp_kv_recover_idx_for_chunk): X_pg = G'[recover]
+//   inverse_out (kv_inverse_idx_for_chunk):    G'-order rows = X_pg[inverse]
+// Equal to argsort(argsort(restore_idx[Wp*Td:])) and argsort(restore_idx[Wp*Td:]).
+void pcp_chunk_restore_index(const PcpSplitInputs& in, Span<int32_t> recover_out, Span<int32_t> inverse_out);
+
+// Head/tail attention lists of one rank (spec 3.5), over the prefill requests
+// only: q indices are into the rank's local prefill query (query[Td:]), KV
+// indices into the restored padded-global prefill K/V (full[Wp*Td:]).
+struct PcpHeadTailCounts {
+  int32_t num_prefills = 0;
+  int32_t chunk_tokens = 0;        // sum c_i: q_head/q_tail/kv_*_mask entries each
+  int32_t head_nomask_tokens = 0;  // sum rank * c_i
+  int32_t tail_nomask_tokens = 0;  // sum (2 Wp - 1 - rank) * c_i
+};
+PcpHeadTailCounts pcp_head_tail_counts(const PcpSplitInputs& in, int32_t rank);
+
+struct PcpHeadTailBuffers {
+  Span<int32_t> q_head_idx;          // chunk_tokens
+  Span<int32_t> q_tail_idx;          // chunk_tokens
+  Span<int32_t> kv_head_nomask_idx;  // head_nomask_tokens: earlier chunks of the request (non-causal)
+  Span<int32_t> kv_head_mask_idx;    // chunk_tokens: the head chunk itself (causal diagonal block)
+  Span<int32_t> kv_tail_nomask_idx;  // tail_nomask_tokens
+  Span<int32_t> kv_tail_mask_idx;    // chunk_tokens
+  Span<int32_t> q_full_idx;          // 2*chunk_tokens: concat(head out, tail out)[q_full_idx] = local order
+  // Cumulative ends (no leading 0), num_prefills entries each:
+  Span<int64_t> mask_seq_ends;         // attn_mask_seqlens: cumsum c_i (q and mask-KV lengths)
+  Span<int64_t> head_nomask_kv_ends;   // head_attn_nomask_seqlens: cumsum rank * c_i
+  Span<int64_t> tail_nomask_kv_ends;   // tail_attn_nomask_seqlens: cumsum (2 Wp - 1 - rank) * c_i
+};
+// Validates every capacity first, then fills the lists; returns the counts.
+// Example (Wp=2, one prefill with q=8, c=2): rank 0 q_head [0,1], head nomask
+// [], head mask [0,1], q_tail [2,3], tail nomask [0..5], tail mask [6,7];
+// rank 1 head nomask [0,1], head mask [2,3], tail nomask [0..3], tail mask [4,5].
+PcpHeadTailCounts pcp_head_tail_indices(const PcpSplitInputs& in, int32_t rank, const PcpHeadTailBuffers& out);
+
+}  // namespace aar::plan
