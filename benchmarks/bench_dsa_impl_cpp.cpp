@@ -17,42 +17,27 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ascend_attn_rt/dsa/builder.h"
 #include "ascend_attn_rt/dsa/impl.h"
 #include "ascend_attn_rt/ops/provider.h"
+#include "bench_dsa_model.h"
 #include "bench_timing.h"
 
 namespace {
 
-using aar::dsa::DsaCacheKind;
-
-struct Result {
-  std::string layer;
-  int batch;
-  double us;
-};
-
-constexpr int kMaxReqs = 256, kMaxModelLen = 8192, kCtx = 4000, kCbs = 128;
+constexpr int kCtx = 4000;
 constexpr int64_t kHid = 7168, kN = 16, kD = 512, kR = 64, kQ = 1536, kNI = 64, kDI = 128, kK = 512, kG = 2,
                   kOL = 1024;
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "benchmarks/results/cpp_dsa_impl.json";
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-  }
-  const int scale = quick ? 10 : 1;
+  const aar_bench::Args args = aar_bench::parse_args(argc, argv, "benchmarks/results/cpp_dsa_impl.json");
+  const int scale = args.quick ? 10 : 1;
   aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
   c10::InferenceMode inference;
   at::set_num_threads(1);
@@ -60,44 +45,18 @@ int main(int argc, char** argv) {
   const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(meta);
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(meta);
 
-  aar::dsa::StepBuilderConfig sc;
-  sc.max_num_reqs = kMaxReqs;
-  sc.max_num_tokens = 4096;
-  sc.cos_table = at::randn({kMaxModelLen, kR}).to(at::kBFloat16);
-  sc.sin_table = at::randn({kMaxModelLen, kR}).to(at::kBFloat16);
-  sc.compress_cos_table = at::randn({kMaxModelLen, kR}).to(at::kBFloat16);
-  sc.compress_sin_table = at::randn({kMaxModelLen, kR}).to(at::kBFloat16);
-  sc.device = meta;
-  aar::dsa::StepBuilder step(sc);
-  const aar::dsa::AttnKvPlan plan = aar::dsa::make_attn_kv_plan(aar::dsa::DsaConfig{});
-  const DsaCacheKind kinds[] = {DsaCacheKind::Swa,        DsaCacheKind::C4Kv,          DsaCacheKind::C128Kv,
-                                DsaCacheKind::C4IndexerK, DsaCacheKind::C4AttnState,   DsaCacheKind::C4IndexerState,
-                                DsaCacheKind::C128State};
-  std::vector<std::unique_ptr<aar::dsa::GroupBuilder>> groups;
-  std::vector<std::vector<int32_t>> tables;
-  std::vector<int32_t> cols;
-  std::vector<int64_t> rows, nbs;
-  for (DsaCacheKind k : kinds) {
-    const aar::dsa::DsaCacheSpec spec = aar::dsa::dsa_cache_spec(k, kCbs, plan);
-    const int32_t c = static_cast<int32_t>((kMaxModelLen + spec.block_size - 1) / spec.block_size);
-    aar::dsa::GroupConfig gc;
-    gc.kind = k;
-    gc.cache_block_size = kCbs;
-    gc.plan = plan;
-    gc.max_blocks_per_req = c;
-    gc.num_blocks = kMaxReqs * c;
-    gc.num_heads_q = static_cast<int32_t>(kN);
-    gc.index_topk = static_cast<int32_t>(kK);
-    gc.index_n_heads = static_cast<int32_t>(kNI);
-    gc.index_head_dim = static_cast<int32_t>(kDI);
-    groups.push_back(std::make_unique<aar::dsa::GroupBuilder>(step, gc));
-    std::vector<int32_t> t(static_cast<size_t>(kMaxReqs) * c);
-    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>(i);
-    tables.push_back(std::move(t));
-    cols.push_back(c);
-    rows.push_back(spec.storage_block_size);
-    nbs.push_back(gc.num_blocks);
-  }
+  aar_bench::DsaModelOptions mo;
+  mo.device = meta;
+  mo.num_heads_q = static_cast<int32_t>(kN);
+  mo.index_topk = static_cast<int32_t>(kK);
+  mo.index_n_heads = static_cast<int32_t>(kNI);
+  mo.index_head_dim = static_cast<int32_t>(kDI);
+  mo.wrap_table_ids = false;
+  aar_bench::DsaModel model = aar_bench::make_dsa_model(mo);
+  aar::dsa::StepBuilder& step = *model.step;
+  const aar::dsa::AttnKvPlan plan = model.plan;
+  const std::vector<int64_t>& rows = model.storage_block_sizes;
+  const std::vector<int64_t>& nbs = model.num_blocks;
   // Caches (meta): SWA, compressed KV, states, indexer k / scale.
   auto cache = [&](size_t g, int64_t width) { return at::empty({nbs[g], rows[g], 1, width}, opts); };
   const at::Tensor swa = cache(0, kD), c4kv = cache(1, kD), c128kv = cache(2, kD);
@@ -144,7 +103,9 @@ int main(int argc, char** argv) {
                                    {"C4, top-k reused", 4, true},
                                    {"C128", 128, false}};
   aar::sfa::TopkBuffer topk(4096, kK, meta);
-  std::vector<Result> results;
+  aar_bench::JsonReport report("bench_dsa_impl_cpp");
+  report.hardware_threads();
+  std::printf("%-24s %6s %10s\n", "layer", "batch", "us/call");
   for (const LayerKind& lk : layer_kinds) {
     aar::dsa::ImplConfig ic;
     ic.hidden_size = kHid;
@@ -167,46 +128,23 @@ int main(int argc, char** argv) {
         lk.ratio == 4 ? c4st : (lk.ratio == 128 ? c128st : at::Tensor()), lk.ratio == 4 ? ist : at::Tensor(),
         lk.ratio == 4 ? ik : at::Tensor(), lk.ratio == 4 ? isc : at::Tensor());
     for (int B : {1, 32, 256}) {
-      std::vector<int32_t> qsl(B + 1), seq(B, kCtx);
-      for (int b = 0; b <= B; ++b) qsl[b] = b;
-      aar::dsa::StepInputs in;
-      in.query_start_loc = aar::plan::CSpan<int32_t>(qsl.data(), qsl.size());
-      in.seq_lens = aar::plan::CSpan<int32_t>(seq.data(), seq.size());
-      const aar::dsa::StepMetadata& st = step.build(in);
+      const aar_bench::DecodeBatch batch(B, kCtx);
+      const aar::dsa::StepMetadata& st = step.build(batch.inputs());
       std::vector<const aar::dsa::GroupMetadata*> gm;
-      for (size_t g = 0; g < groups.size(); ++g) {
-        aar::dsa::GroupInputs gi;
-        gi.block_table = aar::plan::CSpan<int32_t>(tables[g].data(), static_cast<size_t>(B) * cols[g]);
-        gi.block_table_stride = cols[g];
-        gm.push_back(&groups[g]->build(st, gi));
+      for (size_t g = 0; g < model.groups.size(); ++g) {
+        gm.push_back(&model.groups[g]->build(st, aar_bench::dsa_group_inputs(model, g, B)));
       }
       aar::dsa::LayerMetadata md =
           lk.ratio == 1   ? aar::dsa::route_layer(1, st, gm[0])
           : lk.ratio == 4 ? aar::dsa::route_layer(4, st, gm[0], gm[1], gm[4], gm[3], gm[5])
                           : aar::dsa::route_layer(128, st, gm[0], gm[2], gm[6]);
       const at::Tensor x = at::empty({B, kHid}, opts), out = at::empty({B, kHid}, opts);
-      results.push_back({lk.name, B, aar_bench::time_us([&] { impl.forward(x, kv, &md, out, &topk); },
-                                                        (B == 256 ? 5000 : 10000) / scale)});
+      const double us =
+          aar_bench::time_us([&] { impl.forward(x, kv, &md, out, &topk); }, (B == 256 ? 5000 : 10000) / scale);
+      std::printf("%-24s %6d %10.3f\n", lk.name, B, us);
+      report.add("results", {{"layer", lk.name}, {"case", "decode, per layer forward"}, {"batch", B},
+                             {"us_per_call", us}});
     }
   }
-
-  std::printf("%-24s %6s %10s\n", "layer", "batch", "us/call");
-  for (const auto& r : results) std::printf("%-24s %6d %10.3f\n", r.layer.c_str(), r.batch, r.us);
-  if (!out_path.empty() && out_path != "-") {  // "-": print only
-    std::ofstream f(out_path);
-    if (!f) {
-      std::printf("could not write %s\n", out_path.c_str());
-      return 1;
-    }
-    f << "{\n  \"tool\": \"bench_dsa_impl_cpp\",\n  \"provider\": \"no_compute\",\n  \"hardware_threads\": "
-      << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
-      f << "    {\"layer\": \"" << r.layer << "\", \"case\": \"decode, per layer forward\", \"batch\": " << r.batch
-        << ", \"us_per_call\": " << r.us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
-    }
-    f << "  ]\n}\n";
-    std::printf("wrote %s\n", out_path.c_str());
-  }
-  return 0;
+  return report.write(args.out) ? 0 : 1;
 }

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,12 +36,8 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "benchmarks/results/cpp_graph.json";
-  int iters_scale = 1;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
-    if (!std::strcmp(argv[i], "--quick")) iters_scale = 10;
-  }
+  const aar_bench::Args args = aar_bench::parse_args(argc, argv, "benchmarks/results/cpp_graph.json");
+  const int iters_scale = args.quick ? 10 : 1;
   aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
   const int N = 32, Nkv = 8, D = 128, bs = 128, ctx = 2048, blocks = 16;
   auto opts = at::TensorOptions().dtype(at::kBFloat16);
@@ -102,19 +97,11 @@ int main(int argc, char** argv) {
   for (const auto& r : rows)
     std::printf("%-16s %6d %6d %12.2f %14.3f %18.2f\n", r.path.c_str(), r.layers, r.batch, r.update_us,
                 r.per_layer_us, r.step_with_build_us);
-  std::ofstream f;  // "-": print only
-  if (out_path != "-") f.open(out_path);
-  if (f.is_open()) {
-    f << "{\n  \"tool\": \"bench_graph_cpp\",\n  \"provider\": \"no_compute\",\n  \"graph_hooks\": \"noop\",\n"
-      << "  \"results\": [\n";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const auto& r = rows[i];
-      f << "    {\"path\": \"" << r.path << "\", \"layers\": " << r.layers << ", \"batch\": " << r.batch
-        << ", \"update_us\": " << r.update_us << ", \"per_layer_us\": " << r.per_layer_us
-        << ", \"build_plus_update_us\": " << r.step_with_build_us << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
-    }
-    f << "  ]\n}\n";
-    std::printf("wrote %s\n", out_path.c_str());
+  aar_bench::JsonReport report("bench_graph_cpp");
+  report.field("graph_hooks", "noop");
+  for (const auto& r : rows) {
+    report.add("results", {{"path", r.path}, {"layers", r.layers}, {"batch", r.batch}, {"update_us", r.update_us},
+                           {"per_layer_us", r.per_layer_us}, {"build_plus_update_us", r.step_with_build_us}});
   }
-  return 0;
+  return report.write(args.out) ? 0 : 1;
 }

@@ -10,10 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_timing.h"
@@ -44,13 +42,8 @@ aar::gqa::BuildInputs inputs_of(const Batch& b) { return aar_bench::inputs_of<aa
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "benchmarks/results/cpp_host.json";
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-  }
-  const int scale = quick ? 10 : 1;
+  const aar_bench::Args args = aar_bench::parse_args(argc, argv, "benchmarks/results/cpp_host.json");
+  const int scale = args.quick ? 10 : 1;
   aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
   std::vector<Result> results;
 
@@ -214,20 +207,10 @@ int main(int argc, char** argv) {
   std::printf("%-8s %-40s %6s %12s\n", "group", "case", "batch", "us/call");
   for (const auto& r : results) std::printf("%-8s %-40s %6d %12.3f\n", r.group.c_str(), r.name.c_str(), r.batch, r.us);
 
-  std::ofstream f;  // "-": print only
-  if (out_path != "-") f.open(out_path);
-  if (f.is_open()) {
-    f << "{\n  \"tool\": \"bench_host_cpp\",\n  \"provider\": \"no_compute\",\n  \"hardware_threads\": "
-      << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
-      f << "    {\"group\": \"" << r.group << "\", \"case\": \"" << r.name << "\", \"batch\": " << r.batch
-        << ", \"us_per_call\": " << r.us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
-    }
-    f << "  ]\n}\n";
-    std::printf("wrote %s\n", out_path.c_str());
-  } else {
-    std::printf("could not write %s\n", out_path.c_str());
+  aar_bench::JsonReport report("bench_host_cpp");
+  report.hardware_threads();
+  for (const auto& r : results) {
+    report.add("results", {{"group", r.group}, {"case", r.name}, {"batch", r.batch}, {"us_per_call", r.us}});
   }
-  return 0;
+  return report.write(args.out) ? 0 : 1;
 }

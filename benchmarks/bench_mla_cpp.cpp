@@ -21,10 +21,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_timing.h"
@@ -53,25 +51,12 @@ Batch make_batch(int decodes, int decode_seq, int prefills, int prefill_new, int
 
 aar::mla::BuildInputs inputs_of(const Batch& b) { return aar_bench::inputs_of<aar::mla::BuildInputs>(b); }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-  }
-  const int scale = quick ? 10 : 1;
+  // Without --out it prints only (its default since it was written).
+  const aar_bench::Args args = aar_bench::parse_args(argc, argv, "");
+  const int scale = args.quick ? 10 : 1;
   aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
   c10::InferenceMode guard;
   at::set_num_threads(1);
@@ -167,28 +152,12 @@ int main(int argc, char** argv) {
   std::printf("\n%-28s %-20s %6s %10s\n", "path", "case", "batch", "us/layer");
   for (const auto& r : fwd) std::printf("%-28s %-20s %6d %10.3f\n", r.path.c_str(), r.name.c_str(), r.batch, r.us);
 
-  if (!out_path.empty() && out_path != "-") {  // "-": print only
-    std::ofstream f(out_path);
-    if (!f) {
-      std::printf("could not write %s\n", out_path.c_str());
-      return 1;
-    }
-    f << "{\n  \"tool\": \"bench_mla_cpp\",\n  \"provider\": \"no_compute\",\n  \"hardware_threads\": "
-      << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
-      f << "    {\"path\": \"" << json_escape(r.path) << "\", \"case\": \"" << json_escape(r.name)
-        << "\", \"batch\": " << r.batch << ", \"us_per_build\": " << r.us << "}"
-        << (i + 1 < results.size() ? "," : "") << "\n";
-    }
-    f << "  ],\n  \"forward\": [\n";
-    for (size_t i = 0; i < fwd.size(); ++i) {
-      const auto& r = fwd[i];
-      f << "    {\"path\": \"" << json_escape(r.path) << "\", \"batch\": " << r.batch
-        << ", \"us_per_layer\": " << r.us << "}" << (i + 1 < fwd.size() ? "," : "") << "\n";
-    }
-    f << "  ]\n}\n";
-    std::printf("wrote %s\n", out_path.c_str());
+  aar_bench::JsonReport report("bench_mla_cpp");
+  report.hardware_threads();
+  for (const auto& r : results) {
+    report.add("results", {{"path", r.path}, {"case", r.name}, {"batch", r.batch}, {"us_per_build", r.us}});
   }
-  return 0;
+  report.array("forward");
+  for (const auto& r : fwd) report.add("forward", {{"path", r.path}, {"batch", r.batch}, {"us_per_layer", r.us}});
+  return report.write(args.out) ? 0 : 1;
 }

@@ -18,14 +18,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ascend_attn_rt/plan/resident_lru.h"
+#include "bench_timing.h"
 
 namespace {
 
@@ -141,14 +140,9 @@ double memcpy_floor_us(int32_t rows, int repeats) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "benchmarks/results/cpp_resident_lru.json";
-  bool quick = false;
-  std::string only;  // run the cases whose "<rows> rows, <name>" contains this
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-  }
+  const aar_bench::Args args = aar_bench::parse_args(argc, argv, "benchmarks/results/cpp_resident_lru.json", true);
+  const bool quick = args.quick;
+  const std::string& only = args.only;  // run the cases whose "<rows> rows, <name>" contains this
   const int repeats = quick ? 3 : 7;
   const std::vector<Case> cases = {
       {"0% hits (all new)", 256, 0.0},
@@ -184,27 +178,18 @@ int main(int argc, char** argv) {
   for (const auto& f : floors) {
     std::printf("%-40s %5d %10.1f\n", "floor: memcpy top-k -> current_slots", f.first, f.second);
   }
-  if (!out_path.empty() && out_path != "-") {
-    std::ofstream f(out_path);
-    if (!f) {
-      std::printf("could not write %s\n", out_path.c_str());
-      return 1;
-    }
-    f << "{\n  \"tool\": \"bench_resident_lru_cpp\",\n  \"K\": " << kK << ",\n  \"capacity\": " << kCapacity
-      << ",\n  \"hardware_threads\": " << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
-      f << "    {\"case\": \"" << r.c.name << "\", \"rows\": " << r.c.rows << ", \"us_per_step\": " << r.us
-        << ", \"us_per_step_min\": " << r.us_min << ", \"hits_per_step\": " << r.hits
-        << ", \"misses_per_step\": " << r.misses << ", \"invalidated_per_step\": " << r.invalidated
-        << ", \"ns_per_topk_entry\": " << 1000.0 * r.us / (static_cast<double>(r.c.rows) * kK) << "},\n";
-    }
-    for (std::size_t i = 0; i < floors.size(); ++i) {
-      f << "    {\"case\": \"floor: memcpy top-k -> current_slots\", \"rows\": " << floors[i].first
-        << ", \"us_per_step\": " << floors[i].second << "}" << (i + 1 < floors.size() ? "," : "") << "\n";
-    }
-    f << "  ]\n}\n";
-    std::printf("wrote %s\n", out_path.c_str());
+  aar_bench::JsonReport report("bench_resident_lru_cpp", /*no_compute=*/false);
+  report.field("K", kK);
+  report.field("capacity", kCapacity);
+  report.hardware_threads();
+  for (const auto& r : results) {
+    report.add("results", {{"case", r.c.name}, {"rows", r.c.rows}, {"us_per_step", r.us}, {"us_per_step_min", r.us_min},
+                           {"hits_per_step", r.hits}, {"misses_per_step", r.misses},
+                           {"invalidated_per_step", r.invalidated},
+                           {"ns_per_topk_entry", 1000.0 * r.us / (static_cast<double>(r.c.rows) * kK)}});
   }
-  return 0;
+  for (const auto& f : floors) {
+    report.add("results", {{"case", "floor: memcpy top-k -> current_slots"}, {"rows", f.first}, {"us_per_step", f.second}});
+  }
+  return report.write(args.out) ? 0 : 1;
 }

@@ -20,9 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench_timing.h"
@@ -66,15 +64,9 @@ aar::sfa::BuilderConfig builder_config(c10::Device device, bool separate) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "benchmarks/results/cpp_sfa.json";
-  bool quick = false;
-  std::string only;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-  }
-  const int scale = quick ? 10 : 1;
+  const aar_bench::Args args = aar_bench::parse_args(argc, argv, "benchmarks/results/cpp_sfa.json", true);
+  const std::string& only = args.only;
+  const int scale = args.quick ? 10 : 1;
   aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
   c10::InferenceMode inference;  // as serving engines run the model
   std::vector<Result> results;
@@ -155,21 +147,10 @@ int main(int argc, char** argv) {
   for (const auto& r : results) {
     std::printf("%-26s %-32s %6d %10.3f\n", r.group.c_str(), r.name.c_str(), r.batch, r.us);
   }
-  if (!out_path.empty() && out_path != "-") {  // "-": print only
-    std::ofstream f(out_path);
-    if (!f) {
-      std::printf("could not write %s\n", out_path.c_str());
-      return 1;
-    }
-    f << "{\n  \"tool\": \"bench_sfa_cpp\",\n  \"provider\": \"no_compute\",\n  \"hardware_threads\": "
-      << std::thread::hardware_concurrency() << ",\n  \"results\": [\n";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const auto& r = results[i];
-      f << "    {\"group\": \"" << r.group << "\", \"case\": \"" << r.name << "\", \"batch\": " << r.batch
-        << ", \"us_per_call\": " << r.us << "}" << (i + 1 < results.size() ? "," : "") << "\n";
-    }
-    f << "  ]\n}\n";
-    std::printf("wrote %s\n", out_path.c_str());
+  aar_bench::JsonReport report("bench_sfa_cpp");
+  report.hardware_threads();
+  for (const auto& r : results) {
+    report.add("results", {{"group", r.group}, {"case", r.name}, {"batch", r.batch}, {"us_per_call", r.us}});
   }
-  return 0;
+  return report.write(args.out) ? 0 : 1;
 }

@@ -374,6 +374,54 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("block_table_staging", [](const dsa::GroupBuilder& g) { return g.block_table_staging(); })
       .def_prop_ro("generation", &dsa::GroupBuilder::generation);
 
+  // By kind, from all of a step's groups (a {kind: metadata} dict or a
+  // sequence); registered first: a GroupMetadata is neither, so the
+  // positional form below still gets those calls.
+  using GroupObjects = std::vector<std::pair<const dsa::GroupMetadata*, nb::handle>>;
+  auto routed_dict = [](const dsa::LayerMetadata& l, const GroupObjects& objs) {
+    auto obj = [&](const dsa::GroupMetadata* g) -> nb::object {
+      if (g == nullptr) return nb::none();
+      for (const auto& o : objs) {
+        if (o.first == g) return nb::borrow(o.second);
+      }
+      return nb::none();
+    };
+    nb::dict d;
+    d["swa"] = obj(l.swa);
+    d["attention"] = obj(l.attention);
+    d["compressor_state"] = obj(l.compressor_state);
+    d["indexer_cache"] = obj(l.indexer_cache);
+    d["indexer_state"] = obj(l.indexer_state);
+    d["common"] = obj(&l.common());
+    return d;
+  };
+  auto route_by_kind = [routed_dict](int32_t ratio, const dsa::StepMetadata& step, nb::handle groups) {
+    GroupObjects objs;
+    std::vector<const dsa::GroupMetadata*> ptrs;
+    for (nb::handle h : groups) {
+      const dsa::GroupMetadata* g = h.is_none() ? nullptr : nb::cast<const dsa::GroupMetadata*>(h);
+      objs.emplace_back(g, h);
+      ptrs.push_back(g);
+    }
+    const dsa::LayerMetadata l =
+        dsa::route_layer(ratio, step, plan::CSpan<const dsa::GroupMetadata*>(ptrs.data(), ptrs.size()));
+    return routed_dict(l, objs);
+  };
+  m.def(
+      "route_layer",
+      [route_by_kind](int32_t ratio, const dsa::StepMetadata& step, const nb::dict& groups) {
+        return route_by_kind(ratio, step, groups.values());
+      },
+      "compress_ratio"_a, "step"_a, "groups"_a,
+      "Spec 6.4 by cache kind: the layer's groups picked from all of the step's groups ({kind: metadata}), checked; "
+      "the same dict as the positional form.");
+  m.def(
+      "route_layer",
+      [route_by_kind](int32_t ratio, const dsa::StepMetadata& step, const nb::sequence& groups) {
+        return route_by_kind(ratio, step, groups);
+      },
+      "compress_ratio"_a, "step"_a, "groups"_a,
+      "Spec 6.4 by cache kind: the layer's groups picked from a sequence of the step's group metadata, checked.");
   m.def(
       "route_layer",
       [](int32_t ratio, const dsa::StepMetadata& step, nb::handle swa, nb::handle attention,

@@ -72,6 +72,7 @@ class StepBuilder::Lane {
     sp_.assign(static_cast<size_t>(R_), 0);
     q_.assign(static_cast<size_t>(R_), 0);
     positions_.assign(static_cast<size_t>(T), 0);
+    for (auto& v : row_lists_) v.assign(static_cast<size_t>(T), 0);
     // The -sin rows (stable buffers; see StepMetadata::neg_sin).
     const auto topt = at::TensorOptions().dtype(rope.dtype()).device(cfg.device);
     neg_ = at::empty({T, rope.dim()}, topt);
@@ -105,6 +106,17 @@ class StepBuilder::Lane {
     di.max_num_tokens = cfg_.max_num_tokens;
     // Validates everything about the batch; writes only the private start_pos scratch.
     plan::DsaStepPlan p = plan::plan_dsa_step(di, plan::Span<int32_t>(sp_.data(), sp_.size()));
+    // The rows of each V4 ratio, once for all groups of the ratio (private
+    // scratch, like start_pos; they hold request indices and row numbers, so
+    // they do not depend on which copy of the lists the plan views).
+    plan::DsaRows rows[3];
+    const int32_t ratios[3] = {1, 4, 128};
+    for (int k = 0; k < 3; ++k) {
+      std::vector<int32_t>& rq = row_lists_[2 * k];
+      std::vector<int32_t>& ri = row_lists_[2 * k + 1];
+      rows[k] = plan::plan_dsa_rows(p, ratios[k], {plan::Span<int32_t>(rq.data(), rq.size()),
+                                                   plan::Span<int32_t>(ri.data(), ri.size())});
+    }
     const int32_t B = p.num_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
     const int32_t* qsl = in.query_start_loc.data();
     const int32_t* seq = in.seq_lens.data();
@@ -230,6 +242,9 @@ class StepBuilder::Lane {
     p.seq_lens = md_.seq_lens_host;
     p.start_pos = md_.start_pos_host;
     md_.plan = p;
+    md_.rows_r1 = rows[0];
+    md_.rows_r4 = rows[1];
+    md_.rows_r128 = rows[2];
     return md_;
   }
 
@@ -258,6 +273,7 @@ class StepBuilder::Lane {
   std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor device_, neg_, cneg_;
   std::vector<int32_t> sp_, q_, positions_;
+  std::vector<int32_t> row_lists_[6];  // (request, index) per ratio 1, 4, 128
   std::vector<CachedView> v_qsl_, v_seq_, v_sp_, v_cu_, v_cos_, v_sin_, v_ccos_, v_csin_, v_neg_, v_cneg_;
   StepMetadata md_;
   detail::BuildCounter counter_;
@@ -435,8 +451,11 @@ class GroupBuilder::Lane {
     gb.row_index = plan::Span<int32_t>(s + r.idx, ur);
     gb.row_position = plan::Span<int32_t>(s + r.pos, ur);
     gb.row_request = plan::Span<int32_t>(s + r.req, ur);
-    // Validates everything before its first write.
-    const plan::DsaGroupPlan gp = plan::plan_dsa_group(st.plan, gi, gb);
+    // Validates everything before its first write. The step's row list of
+    // this ratio saves re-deriving the rows per group.
+    const plan::DsaRows* rl = st.rows_at(ratio);
+    const plan::DsaGroupPlan gp =
+        rl != nullptr ? plan::plan_dsa_group(st.plan, gi, gb, *rl) : plan::plan_dsa_group(st.plan, gi, gb);
     const size_t dsn = dspark ? static_cast<size_t>(T) * dspark_width_ : 0;
     if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
     const size_t ub = static_cast<size_t>(B);
@@ -765,6 +784,30 @@ LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, const GroupMe
   l.indexer_cache = indexer_cache;
   l.indexer_state = indexer_state;
   return l;
+}
+
+LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, plan::CSpan<const GroupMetadata*> groups) {
+  AAR_CHECK_ARG(ratio == 0 || ratio == 1 || ratio == 4 || ratio == 128, "compress_ratio=", ratio,
+                " must be 0, 1, 4 or 128");
+  const bool compressed = ratio > 1, c4 = ratio == 4;
+  auto pick = [&](bool needed, DsaCacheKind kind) -> const GroupMetadata* {
+    if (!needed) return nullptr;
+    const GroupMetadata* found = nullptr;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      AAR_CHECK_ARG(groups[i] != nullptr, "groups[", i, "] is null");
+      if (groups[i]->kind != kind) continue;
+      AAR_CHECK_ARG(found == nullptr, "groups: cache kind ", to_string(kind), " is given twice (a layer of "
+                    "compress_ratio ", ratio, " reads one)");
+      found = groups[i];
+    }
+    AAR_CHECK_ARG(found != nullptr, "groups: no group of cache kind ", to_string(kind), ", which a layer of "
+                  "compress_ratio ", ratio, " reads (spec 6.4)");
+    return found;
+  };
+  return route_layer(ratio, step, pick(true, DsaCacheKind::Swa),
+                     pick(compressed, c4 ? DsaCacheKind::C4Kv : DsaCacheKind::C128Kv),
+                     pick(compressed, c4 ? DsaCacheKind::C4AttnState : DsaCacheKind::C128State),
+                     pick(c4, DsaCacheKind::C4IndexerK), pick(c4, DsaCacheKind::C4IndexerState));
 }
 
 }  // namespace aar::dsa

@@ -134,6 +134,16 @@ inline DsaCompressedRows rows_of(int32_t ctx, int32_t q, const NonNegDiv& r) {
   return {first, r.div(ctx + q) - first};
 }
 
+// A power-of-two divisor as a shift and a mask, with NonNegDiv's interface:
+// the write loop below is instantiated for it, so the common case has no
+// per-row branch on the divisor's kind.
+struct Pow2Div {
+  int32_t shift = 0, mask = 0;
+  explicit Pow2Div(const NonNegDiv& d) : shift(d.shift), mask(d.d - 1) {}
+  int32_t div(int32_t x) const { return x >> shift; }
+  int32_t mod(int32_t x) const { return x & mask; }
+};
+
 void check_table_size(CSpan<int32_t> table, int32_t stride, std::size_t b) {
   AAR_CHECK_ARG(stride >= 0, "block_table_stride=", stride, " is negative");
   AAR_CHECK_ARG(table.size() >= b * static_cast<std::size_t>(stride), "block_table has ", table.size(),
@@ -237,51 +247,23 @@ DsaStepPlan plan_dsa_step(const DsaStepInputs& in, Span<int32_t> start_pos_out) 
   return p;
 }
 
-DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaGroupBuffers& buf) {
-  const int32_t b = step.num_reqs;
-  const int32_t nra = step.num_reqs_actual;
-  AAR_CHECK_ARG(b >= 0 && nra >= 0 && nra <= b && step.query_start_loc.size() == static_cast<std::size_t>(b) + 1 &&
-                    step.seq_lens.size() == static_cast<std::size_t>(b) &&
-                    step.start_pos.size() == static_cast<std::size_t>(b),
-                "step is not a plan from plan_dsa_step (num_reqs=", b, ", num_reqs_actual=", nra,
-                ", query_start_loc has ", step.query_start_loc.size(), " entries)");
-  AAR_CHECK_ARG(g.compress_ratio >= 0, "compress_ratio=", g.compress_ratio, " is negative");
-  const int32_t r = std::max(g.compress_ratio, 1);
+namespace {
+
+// plan_dsa_group's validation as it was first written: request by request,
+// every condition with its own error. It is the definition of the errors (and
+// of their order: the first bad request's first failed check is reported);
+// group_rows_valid runs it only once its fast pass has found a problem.
+void throw_group_row_error(const DsaStepPlan& step, const DsaGroupInputs& g, int32_t r, const NonNegDiv& rdiv,
+                           const NonNegDiv& sdiv) {
   const int32_t sbs = g.storage_block_size;
-  AAR_CHECK_ARG(sbs > 0, "storage_block_size=", sbs, " must be positive");
-  check_format(g.slot_format);
-  check_skip(g.block_offset_skip);
-  check_table_size(g.block_table, g.block_table_stride, static_cast<std::size_t>(b));
-  AAR_CHECK_ARG(g.num_blocks >= 0, "num_blocks=", g.num_blocks, " is negative");
-  AAR_CHECK_ARG(g.rope_positions >= 0, "rope_positions=", g.rope_positions, " is negative");
   const auto stride = static_cast<std::size_t>(g.block_table_stride);
-
-  const int32_t num_rows = dsa_num_compressed_tokens(step.num_input_tokens, b, r);
-  const std::size_t w = static_cast<std::size_t>(slot_format_width(g.slot_format));
-  const auto rows_u = static_cast<std::size_t>(num_rows);
-  AAR_CHECK_ARG(buf.slot_mapping.size() >= rows_u * w, "slot_mapping has room for ", buf.slot_mapping.size(),
-                " int32 values, needs ", rows_u * w, " (", num_rows, " compressed rows, format width ", w, ")");
-  auto check_opt = [&](Span<int32_t> s, const char* name) {
-    AAR_CHECK_ARG(s.empty() || s.size() >= rows_u, name, " has room for ", s.size(), " entries, needs ", num_rows);
-  };
-  check_opt(buf.row_index, "row_index");
-  check_opt(buf.row_position, "row_position");
-  check_opt(buf.row_request, "row_request");
-  AAR_CHECK_ARG(buf.block_table.empty() || buf.block_table.size() >= static_cast<std::size_t>(b) * stride,
-                "block_table buffer has room for ", buf.block_table.size(), " entries, needs B * stride = ", b, " * ",
-                stride);
-
-  // Every row the real requests emit: its page column and block id.
-  const NonNegDiv rdiv(r), sdiv(sbs);
-  int64_t valid = 0;
-  for (int32_t q_i = 0; q_i < nra; ++q_i) {
+  for (int32_t q_i = 0; q_i < step.num_reqs_actual; ++q_i) {
     const int32_t q = step.query_start_loc[q_i + 1] - step.query_start_loc[q_i];
     // The plan holds views of the caller's arrays: guard against their change.
     AAR_CHECK_ARG(q >= 0 && step.seq_lens[q_i] >= q, "step: seq_lens[", q_i, "]=", step.seq_lens[q_i],
                   " and query length ", q, " are not a validated request (inputs changed after plan_dsa_step?)");
     const DsaCompressedRows rows = rows_of(step.seq_lens[q_i] - q, q, rdiv);
     if (rows.count == 0) continue;
-    valid += rows.count;
     const int32_t last = rows.first + rows.count - 1;
     AAR_CHECK_ARG(g.rope_positions == 0 || static_cast<int64_t>(last) * r < g.rope_positions, "request ", q_i,
                   " emits compressed row ", last, " at RoPE position ", static_cast<int64_t>(last) * r,
@@ -302,46 +284,404 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
                     sbs, ")");
     }
   }
-  AAR_CHECK_ARG(valid <= num_rows, "internal: ", valid, " emitted rows exceed num_compressed_tokens=", num_rows);
+}
 
-  // Writes.
-  if (!buf.block_table.empty() && stride > 0) {
-    int32_t* dst = buf.block_table.data();
-    const int32_t* src = g.block_table.data();
-    if (dst != src) std::copy(src, src + static_cast<std::size_t>(nra) * stride, dst);
-    std::fill(dst + static_cast<std::size_t>(nra) * stride, dst + static_cast<std::size_t>(b) * stride, 0);
+// The block-id checks of throw_group_row_error as one bound: an id passes iff
+// (uint32)id < it (negative ids wrap past any bound <= 2^31).
+uint32_t block_id_limit(const DsaGroupInputs& g) {
+  uint32_t limit = g.num_blocks == 0 ? uint32_t{1} << 31 : static_cast<uint32_t>(g.num_blocks);
+  if (g.slot_format == SlotFormat::Flat) {
+    // id * sbs + sbs - 1 <= INT32_MAX  <=>  id <= (INT32_MAX - sbs + 1) / sbs.
+    limit = std::min(limit, static_cast<uint32_t>((kInt32Max - g.storage_block_size + 1) / g.storage_block_size + 1));
   }
-  // Local pointers (null = not requested): the int32 stores below could
-  // alias the spans' arrays, so nothing is re-read through `buf` per row.
-  int32_t* const slots = buf.slot_mapping.data();
-  int32_t* const ri = buf.row_index.empty() ? nullptr : buf.row_index.data();
-  int32_t* const rp = buf.row_position.empty() ? nullptr : buf.row_position.data();
-  int32_t* const rq = buf.row_request.empty() ? nullptr : buf.row_request.data();
+  return limit;
+}
+
+// Checks every row the real requests emit (its RoPE position, page column and
+// block id) and returns how many there are. The same conditions as
+// throw_group_row_error, folded so that the per-request loop has no error
+// branch but the two that guard its own reads: the id checks (>= 0, below
+// num_blocks, flat slots within int32) are one unsigned bound, the RoPE check
+// one maximum. On any failure throw_group_row_error names the error.
+template <class Div>
+int64_t group_rows_valid(const DsaStepPlan& step, const DsaGroupInputs& g, int32_t r, const Div& rdiv,
+                         const Div& sdiv, const NonNegDiv& rdiv_checked, const NonNegDiv& sdiv_checked) {
+  const auto stride = static_cast<std::size_t>(g.block_table_stride);
+  const uint32_t limit = block_id_limit(g);
   const int32_t* const qsl = step.query_start_loc.data();
   const int32_t* const seq = step.seq_lens.data();
   const int32_t* const table = g.block_table.data();
-  const SlotFormat fmt = g.slot_format;
-  std::size_t out_row = 0;
+  int64_t valid = 0;
+  int32_t max_last = -1;
+  uint32_t bad = 0;
+  bool ok = true;
+  const int32_t nra = step.num_reqs_actual;
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
+    const int32_t q = qsl[q_i + 1] - qsl[q_i], s = seq[q_i];
+    if (__builtin_expect(q < 0 || s < q, 0)) {
+      ok = false;
+      break;
+    }
+    const int32_t first = rdiv.div(s - q), end = rdiv.div(s);
+    if (end == first) continue;
+    valid += end - first;
+    const int32_t last = end - 1;
+    max_last = std::max(max_last, last);
+    const int32_t col_first = sdiv.div(first), col_last = sdiv.div(last);
+    if (__builtin_expect(static_cast<std::size_t>(col_last) >= stride, 0)) {
+      ok = false;
+      break;
+    }
+    const int32_t* row = table + static_cast<std::size_t>(q_i) * stride;
+    bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[col_first]) >= limit);
+    // Rows of one request span more than one page only in prefills.
+    for (int32_t col = col_first + 1; col <= col_last; ++col) {
+      bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[col]) >= limit);
+    }
+  }
+  if (g.rope_positions != 0 && static_cast<int64_t>(max_last) * r >= g.rope_positions) ok = false;
+  if (!ok || bad != 0) {
+    throw_group_row_error(step, g, r, rdiv_checked, sdiv_checked);
+    throw_invalid("internal: plan_dsa_group's fast validation failed where the per-request one did not");
+  }
+  return valid;
+}
+
+struct RowOut {
+  int32_t *slots, *index, *position, *request;
+};
+
+// The emitted rows of the real requests (validated), every output given:
+// returns the rows written. Per request the bounds are loaded once, before
+// any store (the stores may alias the inputs as far as the compiler knows).
+template <bool kBlockOffset, class Div>
+std::size_t write_rows(const DsaStepPlan& step, const int32_t* table, std::size_t stride, int32_t r, const Div& rdiv,
+                       const Div& sdiv, int32_t sbs, const RowOut& out) {
+  const int32_t* const qsl = step.query_start_loc.data();
+  const int32_t* const seq = step.seq_lens.data();
+  int32_t* const slots = out.slots;
+  int32_t* const ri = out.index;
+  int32_t* const rp = out.position;
+  int32_t* const rq = out.request;
+  std::size_t o = 0;
+  for (int32_t q_i = 0; q_i < step.num_reqs_actual; ++q_i) {
+    const int32_t s = seq[q_i], q = qsl[q_i + 1] - qsl[q_i];
+    const int32_t first = rdiv.div(s - q), end = rdiv.div(s);
+    const int32_t* row = table + static_cast<std::size_t>(q_i) * stride;
+    auto put = [&](int32_t c) {
+      const int32_t block = row[sdiv.div(c)];
+      if (kBlockOffset) {
+        slots[2 * o] = block;
+        slots[2 * o + 1] = sdiv.mod(c);
+      } else {
+        slots[o] = block * sbs + sdiv.mod(c);
+      }
+      ri[o] = c;
+      rp[o] = c * r;
+      rq[o] = q_i;
+      ++o;
+    };
+    // One row per request is the decode step at every ratio (or none, for a
+    // compressed group): straight-line, not a loop the compiler vectorises
+    // with a set-up that costs more than the row.
+    if (end - first == 1) {
+      put(first);
+    } else {
+      for (int32_t c = first; c < end; ++c) put(c);
+    }
+  }
+  return o;
+}
+
+// The same rows for any divisor and any subset of the optional outputs.
+std::size_t write_rows_general(const DsaStepPlan& step, const int32_t* table, std::size_t stride, int32_t r,
+                               const NonNegDiv& rdiv, const NonNegDiv& sdiv, int32_t sbs, SlotFormat fmt,
+                               const RowOut& out) {
+  const int32_t* const qsl = step.query_start_loc.data();
+  const int32_t* const seq = step.seq_lens.data();
+  std::size_t out_row = 0;
+  for (int32_t q_i = 0; q_i < step.num_reqs_actual; ++q_i) {
     const int32_t q = qsl[q_i + 1] - qsl[q_i];
     const DsaCompressedRows rows = rows_of(seq[q_i] - q, q, rdiv);
     const int32_t* row = table + static_cast<std::size_t>(q_i) * stride;
     const int32_t end = rows.first + rows.count;
     for (int32_t c = rows.first; c < end; ++c, ++out_row) {
-      put_slot(slots, out_row, fmt, row[sdiv.div(c)], sdiv.mod(c), sbs);
-      if (ri != nullptr) ri[out_row] = c;
-      if (rp != nullptr) rp[out_row] = c * r;
-      if (rq != nullptr) rq[out_row] = q_i;
+      put_slot(out.slots, out_row, fmt, row[sdiv.div(c)], sdiv.mod(c), sbs);
+      if (out.index != nullptr) out.index[out_row] = c;
+      if (out.position != nullptr) out.position[out_row] = c * r;
+      if (out.request != nullptr) out.request[out_row] = q_i;
     }
   }
-  const int32_t skip_off = skip_offset(g.block_offset_skip, sbs);
-  for (; out_row < rows_u; ++out_row) {
-    put_skip(slots, out_row, fmt, skip_off);
-    if (ri != nullptr) ri[out_row] = -1;
-    if (rp != nullptr) rp[out_row] = 0;
-    if (rq != nullptr) rq[out_row] = -1;
+  return out_row;
+}
+
+}  // namespace
+
+namespace {
+
+// plan_dsa_group's argument checks, shared by both overloads.
+struct GroupArgs {
+  int32_t r = 1, sbs = 1, num_rows = 0;
+  std::size_t stride = 0, rows_u = 0;
+};
+GroupArgs check_group_args(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaGroupBuffers& buf) {
+  const int32_t b = step.num_reqs;
+  const int32_t nra = step.num_reqs_actual;
+  AAR_CHECK_ARG(b >= 0 && nra >= 0 && nra <= b && step.query_start_loc.size() == static_cast<std::size_t>(b) + 1 &&
+                    step.seq_lens.size() == static_cast<std::size_t>(b) &&
+                    step.start_pos.size() == static_cast<std::size_t>(b),
+                "step is not a plan from plan_dsa_step (num_reqs=", b, ", num_reqs_actual=", nra,
+                ", query_start_loc has ", step.query_start_loc.size(), " entries)");
+  AAR_CHECK_ARG(g.compress_ratio >= 0, "compress_ratio=", g.compress_ratio, " is negative");
+  GroupArgs a;
+  a.r = std::max(g.compress_ratio, 1);
+  a.sbs = g.storage_block_size;
+  AAR_CHECK_ARG(a.sbs > 0, "storage_block_size=", a.sbs, " must be positive");
+  check_format(g.slot_format);
+  check_skip(g.block_offset_skip);
+  check_table_size(g.block_table, g.block_table_stride, static_cast<std::size_t>(b));
+  AAR_CHECK_ARG(g.num_blocks >= 0, "num_blocks=", g.num_blocks, " is negative");
+  AAR_CHECK_ARG(g.rope_positions >= 0, "rope_positions=", g.rope_positions, " is negative");
+  a.stride = static_cast<std::size_t>(g.block_table_stride);
+
+  a.num_rows = dsa_num_compressed_tokens(step.num_input_tokens, b, a.r);
+  const std::size_t w = static_cast<std::size_t>(slot_format_width(g.slot_format));
+  a.rows_u = static_cast<std::size_t>(a.num_rows);
+  AAR_CHECK_ARG(buf.slot_mapping.size() >= a.rows_u * w, "slot_mapping has room for ", buf.slot_mapping.size(),
+                " int32 values, needs ", a.rows_u * w, " (", a.num_rows, " compressed rows, format width ", w, ")");
+  auto check_opt = [&](Span<int32_t> s, const char* name) {
+    AAR_CHECK_ARG(s.empty() || s.size() >= a.rows_u, name, " has room for ", s.size(), " entries, needs ",
+                  a.num_rows);
+  };
+  check_opt(buf.row_index, "row_index");
+  check_opt(buf.row_position, "row_position");
+  check_opt(buf.row_request, "row_request");
+  AAR_CHECK_ARG(buf.block_table.empty() || buf.block_table.size() >= static_cast<std::size_t>(b) * a.stride,
+                "block_table buffer has room for ", buf.block_table.size(), " entries, needs B * stride = ", b, " * ",
+                a.stride);
+  return a;
+}
+
+// The staged table: real rows copied (unless it is the input itself),
+// graph-padding rows zeroed.
+void stage_table(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaGroupBuffers& buf, std::size_t stride) {
+  if (buf.block_table.empty() || stride == 0) return;
+  int32_t* dst = buf.block_table.data();
+  const int32_t* src = g.block_table.data();
+  const auto nra = static_cast<std::size_t>(step.num_reqs_actual), b = static_cast<std::size_t>(step.num_reqs);
+  if (dst != src) std::copy(src, src + nra * stride, dst);
+  std::fill(dst + nra * stride, dst + b * stride, 0);
+}
+
+RowOut row_out(const DsaGroupBuffers& buf) {
+  // Local pointers (null = not requested): the int32 stores could alias the
+  // spans' arrays, so nothing is re-read through `buf` per row.
+  RowOut out;
+  out.slots = buf.slot_mapping.data();
+  out.index = buf.row_index.empty() ? nullptr : buf.row_index.data();
+  out.position = buf.row_position.empty() ? nullptr : buf.row_position.data();
+  out.request = buf.row_request.empty() ? nullptr : buf.row_request.data();
+  return out;
+}
+
+void write_padding_rows(const RowOut& out, std::size_t from, std::size_t to, SlotFormat fmt, int32_t sbs,
+                        BlockOffsetSkip skip) {
+  const int32_t skip_off = skip_offset(skip, sbs);
+  for (std::size_t row = from; row < to; ++row) {
+    put_skip(out.slots, row, fmt, skip_off);
+    if (out.index != nullptr) out.index[row] = -1;
+    if (out.position != nullptr) out.position[row] = 0;
+    if (out.request != nullptr) out.request[row] = -1;
   }
+}
+
+}  // namespace
+
+DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaGroupBuffers& buf) {
+  const GroupArgs a = check_group_args(step, g, buf);
+  const int32_t r = a.r, sbs = a.sbs, num_rows = a.num_rows;
+  const NonNegDiv rdiv(r), sdiv(sbs);
+  const bool pow2 = rdiv.shift >= 0 && sdiv.shift >= 0;
+  const int64_t valid = pow2 ? group_rows_valid(step, g, r, Pow2Div(rdiv), Pow2Div(sdiv), rdiv, sdiv)
+                             : group_rows_valid(step, g, r, rdiv, sdiv, rdiv, sdiv);
+  AAR_CHECK_ARG(valid <= num_rows, "internal: ", valid, " emitted rows exceed num_compressed_tokens=", num_rows);
+
+  // Writes.
+  stage_table(step, g, buf, a.stride);
+  const RowOut out = row_out(buf);
+  const bool all = out.index != nullptr && out.position != nullptr && out.request != nullptr;
+  const bool block_offset = g.slot_format == SlotFormat::BlockOffset;
+  std::size_t out_row;
+  // What the builders ask for (every DSV4 ratio and page size is a power of
+  // two, every optional buffer given) gets a branch-free instantiation; the
+  // rest the general loop. Both write the same values.
+  if (all && pow2) {
+    const Pow2Div rp2(rdiv), sp2(sdiv);
+    out_row = block_offset ? write_rows<true>(step, g.block_table.data(), a.stride, r, rp2, sp2, sbs, out)
+                           : write_rows<false>(step, g.block_table.data(), a.stride, r, rp2, sp2, sbs, out);
+  } else {
+    out_row = write_rows_general(step, g.block_table.data(), a.stride, r, rdiv, sdiv, sbs, g.slot_format, out);
+  }
+  write_padding_rows(out, out_row, a.rows_u, g.slot_format, sbs, g.block_offset_skip);
   return {r, num_rows, static_cast<int32_t>(valid)};
+}
+
+DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffers& buf) {
+  const int32_t b = step.num_reqs, nra = step.num_reqs_actual;
+  AAR_CHECK_ARG(b >= 0 && nra >= 0 && nra <= b && step.query_start_loc.size() == static_cast<std::size_t>(b) + 1 &&
+                    step.seq_lens.size() == static_cast<std::size_t>(b),
+                "step is not a plan from plan_dsa_step (num_reqs=", b, ", num_reqs_actual=", nra,
+                ", query_start_loc has ", step.query_start_loc.size(), " entries)");
+  AAR_CHECK_ARG(ratio >= 0, "ratio=", ratio, " is negative");
+  const int32_t r = std::max(ratio, 1);
+  const NonNegDiv rdiv(r);
+  const int32_t* const qsl = step.query_start_loc.data();
+  const int32_t* const seq = step.seq_lens.data();
+  // The plan holds views of the caller's arrays: guard against their change
+  // (plan_dsa_group's check and message). Branch-free, so it vectorises.
+  int32_t neg = 0;
+  for (int32_t q_i = 0; q_i < nra; ++q_i) {
+    const int32_t q = qsl[q_i + 1] - qsl[q_i];
+    neg |= q | (seq[q_i] - q);
+  }
+  if (neg < 0) {
+    for (int32_t q_i = 0; q_i < nra; ++q_i) {
+      const int32_t q = qsl[q_i + 1] - qsl[q_i], s = seq[q_i];
+      AAR_CHECK_ARG(q >= 0 && s >= q, "step: seq_lens[", q_i, "]=", s, " and query length ", q,
+                    " are not a validated request (inputs changed after plan_dsa_step?)");
+    }
+  }
+  // Every request emits at most min(q, q / r + 1) rows, so the step at most
+  // num_compressed_tokens (T >= the sum of q): room for that many suffices.
+  const int32_t num_rows = dsa_num_compressed_tokens(step.num_input_tokens, b, r);
+  const auto cap = static_cast<std::size_t>(num_rows);
+  AAR_CHECK_ARG(buf.request.size() >= cap && buf.index.size() >= cap, "row buffers have room for ",
+                buf.request.size(), " / ", buf.index.size(), " rows, need num_compressed_tokens=", num_rows,
+                " at ratio ", r);
+  int32_t* const rq = buf.request.data();
+  int32_t* const ri = buf.index.data();
+  std::size_t o = 0;
+  int32_t max_index = -1;
+  for (int32_t q_i = 0; q_i < nra; ++q_i) {
+    const int32_t s = seq[q_i], q = qsl[q_i + 1] - qsl[q_i];
+    const int32_t first = rdiv.div(s - q), end = rdiv.div(s);
+    if (end - first == 1) {  // a decode (or a short extend) at every ratio
+      rq[o] = q_i;
+      ri[o] = first;
+      ++o;
+    } else {
+      for (int32_t c = first; c < end; ++c, ++o) {
+        rq[o] = q_i;
+        ri[o] = c;
+      }
+    }
+    if (end > first) max_index = std::max(max_index, end - 1);  // a request's rows ascend
+  }
+  const std::size_t n = o;
+  DsaRows rows;
+  rows.ratio = r;
+  rows.num_compressed_tokens = num_rows;
+  rows.max_index = max_index;
+  rows.request = CSpan<int32_t>(rq, n);
+  rows.index = CSpan<int32_t>(ri, n);
+  return rows;
+}
+
+namespace {
+
+// The list's rows of one group, checked: a page column past the table or a
+// bad block id (the unsigned bound of block_id_limit) sends the step through
+// throw_group_row_error, the definition of the errors.
+template <class Div>
+void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaRows& rows, const Div& sdiv,
+                     const NonNegDiv& rdiv_checked, const NonNegDiv& sdiv_checked) {
+  const auto stride = static_cast<uint32_t>(g.block_table_stride);
+  const uint32_t limit = block_id_limit(g);
+  const int32_t* const rq = rows.request.data();
+  const int32_t* const ri = rows.index.data();
+  const int32_t* const table = g.block_table.data();
+  const std::size_t n = rows.index.size();
+  uint32_t bad = 0;
+  bool ok = g.rope_positions == 0 || static_cast<int64_t>(rows.max_index) * rows.ratio < g.rope_positions;
+  // A request outside the step can only come from a list of another step;
+  // checked before any table read (branch-free, so it vectorises).
+  const auto nra = static_cast<uint32_t>(step.num_reqs_actual);
+  uint32_t foreign = 0;
+  for (std::size_t k = 0; k < n; ++k) foreign |= static_cast<uint32_t>(static_cast<uint32_t>(rq[k]) >= nra);
+  if (foreign != 0) {
+    for (std::size_t k = 0; k < n; ++k) {
+      AAR_CHECK_ARG(static_cast<uint32_t>(rq[k]) < nra, "rows.request[", k, "]=", rq[k],
+                    " is not a real request of the step (num_reqs_actual=", nra, "): rows are from another step");
+    }
+  }
+  for (std::size_t k = 0; ok && k < n; ++k) {
+    const auto col = static_cast<uint32_t>(sdiv.div(ri[k]));
+    if (__builtin_expect(col >= stride, 0)) {
+      ok = false;
+      break;
+    }
+    const std::size_t at = static_cast<std::size_t>(rq[k]) * stride + col;
+    bad |= static_cast<uint32_t>(static_cast<uint32_t>(table[at]) >= limit);
+  }
+  if (!ok || bad != 0) {
+    throw_group_row_error(step, g, rows.ratio, rdiv_checked, sdiv_checked);
+    throw_invalid("internal: plan_dsa_group's row-list validation failed where the per-request one did not");
+  }
+}
+
+template <bool kBlockOffset, class Div>
+void list_rows_write(const DsaGroupInputs& g, const DsaRows& rows, const Div& sdiv, const RowOut& out) {
+  const std::size_t stride = static_cast<std::size_t>(g.block_table_stride);
+  const int32_t* const rq = rows.request.data();
+  const int32_t* const ri = rows.index.data();
+  const int32_t* const table = g.block_table.data();
+  const std::size_t n = rows.index.size();
+  const int32_t sbs = g.storage_block_size, r = rows.ratio;
+  int32_t* const slots = out.slots;
+  for (std::size_t k = 0; k < n; ++k) {
+    const int32_t c = ri[k];
+    const int32_t block = table[static_cast<std::size_t>(rq[k]) * stride + static_cast<std::size_t>(sdiv.div(c))];
+    if (kBlockOffset) {
+      slots[2 * k] = block;
+      slots[2 * k + 1] = sdiv.mod(c);
+    } else {
+      slots[k] = block * sbs + sdiv.mod(c);
+    }
+  }
+  if (out.index != nullptr) std::copy(ri, ri + n, out.index);
+  if (out.request != nullptr) std::copy(rq, rq + n, out.request);
+  if (out.position != nullptr) {
+    for (std::size_t k = 0; k < n; ++k) out.position[k] = ri[k] * r;
+  }
+}
+
+}  // namespace
+
+DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaGroupBuffers& buf,
+                            const DsaRows& rows) {
+  const GroupArgs a = check_group_args(step, g, buf);
+  AAR_CHECK_ARG(rows.ratio == a.r && rows.num_compressed_tokens == a.num_rows &&
+                    rows.request.size() == rows.index.size() && rows.index.size() <= a.rows_u,
+                "rows are not plan_dsa_rows of this step at ratio ", a.r, " (rows.ratio=", rows.ratio,
+                ", num_compressed_tokens=", rows.num_compressed_tokens, " vs ", a.num_rows, ", ", rows.index.size(),
+                " rows)");
+  const NonNegDiv rdiv(a.r), sdiv(a.sbs);
+  if (sdiv.shift >= 0) {
+    list_rows_check(step, g, rows, Pow2Div(sdiv), rdiv, sdiv);
+  } else {
+    list_rows_check(step, g, rows, sdiv, rdiv, sdiv);
+  }
+  stage_table(step, g, buf, a.stride);
+  const RowOut out = row_out(buf);
+  const bool block_offset = g.slot_format == SlotFormat::BlockOffset;
+  if (sdiv.shift >= 0) {
+    const Pow2Div sp2(sdiv);
+    block_offset ? list_rows_write<true>(g, rows, sp2, out) : list_rows_write<false>(g, rows, sp2, out);
+  } else {
+    block_offset ? list_rows_write<true>(g, rows, sdiv, out) : list_rows_write<false>(g, rows, sdiv, out);
+  }
+  write_padding_rows(out, rows.index.size(), a.rows_u, g.slot_format, a.sbs, g.block_offset_skip);
+  return {a.r, a.num_rows, static_cast<int32_t>(rows.index.size())};
 }
 
 int32_t dspark_swa_width(int32_t window, int32_t num_spec, int32_t width) {

@@ -556,6 +556,7 @@ class Engine:
         self.builder = aar.dsa.StepBuilder(max_num_reqs=args.max_running, max_num_tokens=max_tokens, cos_table=cos,
                                            sin_table=sin, compress_cos_table=cos, compress_sin_table=sin)
         self.dsa_kinds, self.dsa_groups, self.dsa_tables, self.dsa_pools, self.dsa_bs = kinds, {}, {}, {}, {}
+        self.dsa_row_owner = {}  # batch row -> the request whose block ids it holds
         shapes = {}
         for kd in kinds:
             sp = aar.dsa.cache_spec(kd, self.DSA_CBS, device_kind="a2", model_dtype="bfloat16")
@@ -567,7 +568,9 @@ class Engine:
                 self.builder, kind=kd, cache_block_size=self.DSA_CBS, device_kind="a2", model_dtype="bfloat16",
                 max_blocks_per_req=need, num_blocks=nb, window=cfg.dsa_window, num_heads_q=cfg.heads,
                 index_topk=cfg.dsa_index_topk, index_n_heads=cfg.index_heads, index_head_dim=cfg.index_dim)
-            self.dsa_tables[kd] = torch.zeros(args.max_running, need, dtype=torch.int32)
+            # The engine's table of this group lives in the builder's staging rows (zero copy, as for the
+            # other backends): a request's row is written when it is scheduled into a new batch row.
+            self.dsa_tables[kd] = self.dsa_groups[kd].block_table_staging
             self.dsa_pools[kd] = list(range(nb - 1, 0, -1))
             D, di = cfg.dsa_head_dim, cfg.index_dim
             shapes[kd] = {"swa": (nb, rows, 1, D), "c4_kv": (nb, rows, 1, D), "c128_kv": (nb, rows, 1, D),
@@ -607,14 +610,21 @@ class Engine:
             r.dsa_blocks[kd] = got
         return True
 
+    def _dsa_write_tables(self, sched) -> None:
+        """Each scheduled request's block ids into its batch row of every group's staging table. A request's
+        blocks are fixed at admission, so a row is rewritten only when another request takes it."""
+        for i, (r, _ql) in enumerate(sched):
+            if self.dsa_row_owner.get(i) == r.rid:
+                continue
+            self.dsa_row_owner[i] = r.rid
+            for kd in self.dsa_kinds:
+                self.dsa_tables[kd][i, : len(r.dsa_blocks[kd])] = torch.tensor(r.dsa_blocks[kd], dtype=torch.int32)
+
     def _dsa_metadata(self, sched, qsl, seq_lens):
         step = self.builder.build(qsl, seq_lens)
-        md = {}
-        for kd in self.dsa_kinds:
-            t = self.dsa_tables[kd]
-            for i, (r, _ql) in enumerate(sched):
-                t[i, : len(r.dsa_blocks[kd])] = torch.tensor(r.dsa_blocks[kd], dtype=torch.int32)
-            md[kd] = self.dsa_groups[kd].build(step, t[: len(sched)])
+        n = len(sched)
+        # A view of the staging rows: build() copies nothing.
+        md = {kd: self.dsa_groups[kd].build(step, self.dsa_tables[kd][:n]) for kd in self.dsa_kinds}
         return step, md
 
     # -- pool
@@ -676,6 +686,8 @@ class Engine:
             seq_lens[i] = start + ql
             if not self.dsa:
                 self.block_table[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+        if self.dsa:
+            self._dsa_write_tables(sched)
         tokens_t = torch.tensor(tokens, dtype=torch.long)
         positions_t = torch.tensor(positions, dtype=torch.long)
 
@@ -737,15 +749,12 @@ class Engine:
             out = torch.empty(t, cfg.hidden)
             impl = self.impls[layer]
             r = impl.compress_ratio
-            kw = {}
-            if r > 1:
-                ck = "c4" if r == 4 else "c128"
-                kw = dict(attention=dsa_md[f"{ck}_kv"], compressor_state=dsa_md["c4_attn_state" if r == 4 else
-                                                                                  "c128_state"])
-            if r == 4:
-                kw.update(indexer_cache=dsa_md["c4_indexer_k"], indexer_state=dsa_md["c4_indexer_state"])
+            # Spec 6.4: the groups this layer reads, picked by cache kind from the step's groups and checked.
+            g = aar.dsa.route_layer(r, md, dsa_md)
             t1 = time.perf_counter_ns()
-            impl.forward(h, self.caches[layer], md, dsa_md["swa"], out, **kw)
+            impl.forward(h, self.caches[layer], md, g["swa"], out, attention=g["attention"],
+                         compressor_state=g["compressor_state"], indexer_cache=g["indexer_cache"],
+                         indexer_state=g["indexer_state"])
             self.stats.forward_ns.append(time.perf_counter_ns() - t1)
             key = {1: "SWA", 4: "C4 (indexer top-k)", 128: "C128"}[r]
             self.stats.paths[key] = self.stats.paths.get(key, 0) + 1

@@ -17,19 +17,6 @@
 using namespace aar::dsa;
 using aar::plan::DeviceKind;
 
-#define EXPECT_NOT_SUPPORTED(stmt, substr)                                               \
-  do {                                                                                   \
-    try {                                                                                \
-      stmt;                                                                              \
-      ADD_FAILURE() << "expected aar::NotSupported from: " #stmt;                        \
-    } catch (const aar::NotSupported& e) {                                               \
-      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                   \
-          << "message '" << e.what() << "' does not contain '" << (substr) << "'";       \
-    } catch (...) {                                                                      \
-      ADD_FAILURE() << "wrong exception type from: " #stmt;                              \
-    }                                                                                    \
-  } while (0)
-
 namespace {
 
 AttnKvPlan plan_for(DeviceKind d, std::optional<std::string> cache_dtype = std::nullopt,

@@ -23,6 +23,20 @@
     }                                                                                    \
   } while (0)
 
+// Expects `stmt` to throw aar::NotSupported whose message contains `substr`.
+#define EXPECT_NOT_SUPPORTED(stmt, substr)                                               \
+  do {                                                                                   \
+    try {                                                                                \
+      stmt;                                                                              \
+      ADD_FAILURE() << "expected aar::NotSupported from: " #stmt;                        \
+    } catch (const aar::NotSupported& e) {                                               \
+      EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                   \
+          << "message '" << e.what() << "' does not contain '" << (substr) << "'";       \
+    } catch (...) {                                                                      \
+      ADD_FAILURE() << "wrong exception type from: " #stmt;                              \
+    }                                                                                    \
+  } while (0)
+
 namespace aar_test {
 
 // Straightforward reference for the slot of every scheduled token.

@@ -9,18 +9,15 @@ import torch
 import ascend_attn_rt as aar
 import _dsa_reference as ref
 
+_GROUP_ARGS = ("attention", "compressor_state", "indexer_cache", "indexer_state")
 
-def group_kw(ratio: int, md: dict) -> dict:
-    """The forward's group arguments of a layer of `ratio` (spec 6.4), from a {cache kind: metadata} dict:
-    compressed layers read their compressed-KV and compressor-state groups, C4 layers also the indexer's."""
-    kw = {}
-    if ratio > 1:
-        kw["attention"] = md["c4_kv" if ratio == 4 else "c128_kv"]
-        kw["compressor_state"] = md["c4_attn_state" if ratio == 4 else "c128_state"]
-    if ratio == 4:
-        kw["indexer_cache"] = md["c4_indexer_k"]
-        kw["indexer_state"] = md["c4_indexer_state"]
-    return kw
+
+def group_kw(ratio: int, md: dict, step) -> dict:
+    """The forward's group arguments of a layer of `ratio` (spec 6.4) from the step's {cache kind: metadata}
+    dict, routed by aar.dsa.route_layer (compressed layers read their compressed-KV and compressor-state
+    groups, C4 layers also the indexer's; the others are None)."""
+    g = aar.dsa.route_layer(ratio, step, md)
+    return {k: g[k] for k in _GROUP_ARGS}
 
 
 def slot_rows(cache: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
@@ -137,7 +134,7 @@ class LayerRun:
         hid = torch.cat([self.x[b][S[i] - qlens[i]: S[i]] for i, b in enumerate(reqs)]
                         + [torch.zeros(pad, self.d.hidden, dtype=self.dtype)])
         out = torch.full_like(hid, float("nan"))
-        (impl or self.impl).forward(hid, self.kv, st, md["swa"], out, **group_kw(self.d.ratio, md))
+        (impl or self.impl).forward(hid, self.kv, st, md["swa"], out, **group_kw(self.d.ratio, md, st))
         for i, b in enumerate(reqs):
             self.S[b] = S[i]
         return out, qsl, S

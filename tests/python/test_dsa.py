@@ -97,7 +97,7 @@ class Run:
                         + [torch.zeros(pad, self.d.hidden, dtype=self.dtype)])
         out = torch.full_like(hid, float("nan"))
         (impl or self.impl).forward(hid, self.kv, st, md["swa"], out, topk_buffer=self.topk,
-                                    **group_kw(self.d.ratio, md))
+                                    **group_kw(self.d.ratio, md, st))
         for i, b in enumerate(reqs):
             self.S[b] = S[i]
         return out, qsl, S

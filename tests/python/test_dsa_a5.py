@@ -154,14 +154,14 @@ class Run:
         md = {kd: self.gb[kd].build(st, self.tables[kd][reqs].contiguous()) for kd in self.kinds}
         return st, md, S, qsl
 
-    def group_kw(self, md):
-        return group_kw(self.d.ratio, md)
+    def group_kw(self, md, st):
+        return group_kw(self.d.ratio, md, st)
 
     def step(self, reqs, qlens):
         st, md, S, qsl = self.build(reqs, qlens)
         hid = torch.cat([self.x[b][S[i] - qlens[i]: S[i]] for i, b in enumerate(reqs)])
         out = torch.full_like(hid, float("nan"))
-        self.impl.forward(hid, self.kv, st, md["swa"], out, **self.group_kw(md))
+        self.impl.forward(hid, self.kv, st, md["swa"], out, **self.group_kw(md, st))
         for i, b in enumerate(reqs):
             self.S[b] = S[i]
         return out, qsl, S
@@ -446,7 +446,7 @@ def test_a5_bad_caches_named_before_writing():
     st, md, S, qsl = run.build([0], [9])
     hid = run.x[0][:9].clone()
     out = torch.zeros_like(hid)
-    kw = run.group_kw(md)
+    kw = run.group_kw(md, st)
     snap = [t.clone() for t in (run.swa, run.cmp, run.state, run.istate, run.raw)]
 
     def untouched():

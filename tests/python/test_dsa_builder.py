@@ -456,6 +456,23 @@ def test_route_layer():
         aar.dsa.route_layer(128, st, g["swa"], g["c128_kv"], g["c128_state"], g["c4_indexer_k"])
     with pytest.raises(ValueError, match="attention has cache kind"):
         aar.dsa.route_layer(128, st, g["swa"], g["c4_kv"], g["c128_state"])
+    # By cache kind from all of the step's groups (a dict or a sequence): the same routing.
+    for groups in (g, list(g.values())[::-1]):
+        r4k = aar.dsa.route_layer(4, st, groups)
+        assert all(r4k[k] is r4[k] for k in r4)
+        r128k = aar.dsa.route_layer(128, st, groups)
+        assert all(r128k[k] is r128[k] for k in r128)
+        r1 = aar.dsa.route_layer(1, st, groups)
+        assert r1["swa"] is g["swa"] and r1["common"] is g["swa"] and r1["attention"] is None
+    assert aar.dsa.route_layer(128, st, [g["swa"], g["c128_kv"], g["c128_state"]])["attention"] is g["c128_kv"]
+    with pytest.raises(ValueError, match="no group of cache kind C4 indexer K"):
+        aar.dsa.route_layer(4, st, {k: v for k, v in g.items() if k != "c4_indexer_k"})
+    with pytest.raises(ValueError, match="cache kind SWA is given twice"):
+        aar.dsa.route_layer(1, st, [g["swa"], g["c4_kv"], g["swa"]])
+    with pytest.raises(ValueError, match=r"groups\[1\] is null"):
+        aar.dsa.route_layer(1, st, [g["swa"], None])
+    with pytest.raises(ValueError, match="compress_ratio=2"):
+        aar.dsa.route_layer(2, st, g)
     sb.build(i32([0, 1, 2]), i32([11, 21]))
     with pytest.raises(ValueError):
         aar.dsa.route_layer(1, st, g["swa"])

@@ -52,7 +52,7 @@ class Bucket:
         snap = [t.clone() for t in caches(self.run)]
         with self.g.capture(self.n):
             for impl, kv, out in zip(self.impls, self.kvs, self.outs):
-                impl.forward(self.hidden, kv, st, md["swa"], out, **group_kw(self.run.d.ratio, md))
+                impl.forward(self.hidden, kv, st, md["swa"], out, **group_kw(self.run.d.ratio, md, st))
         # the recording provider ran nothing: caches and outputs as they were
         for a, b in zip(snap, caches(self.run)):
             assert torch.equal(a, b)
@@ -159,7 +159,7 @@ def test_index_cache_layers_replay():
     st, md, _, _ = bk.build([0, 1, 2], capture=True)
     with bk.g.capture(bk.n):
         for impl, kv, out in zip(bk.impls, bk.kvs, bk.outs):
-            impl.forward(bk.hidden, kv, st, md["swa"], out, topk_buffer=run.topk, **group_kw(4, md))
+            impl.forward(bk.hidden, kv, st, md["swa"], out, topk_buffer=run.topk, **group_kw(4, md, st))
     for reqs in ([0, 1, 2], [2, 1]):
         S, qsl = bk.replay(reqs)
         n = len(reqs)
@@ -201,12 +201,12 @@ def test_capture_refuses_prefill_and_wrong_sizes_before_writing():
     hid = torch.zeros(8, d.hidden)
     with bk.g.capture(8):
         with pytest.raises(NotImplementedError, match="DecodeOnly and SpecDecoding"):
-            run.impl.forward(hid, run.kv, st, md["swa"], torch.zeros_like(hid), **group_kw(4, md))
+            run.impl.forward(hid, run.kv, st, md["swa"], torch.zeros_like(hid), **group_kw(4, md, st))
     # hidden / the step not padded to the bucket
     st, md, _, _ = bk.build([0, 1, 2], capture=True)
     with bk.g.capture(bk.n + 1):
         with pytest.raises(ValueError, match="bucket 5 needs hidden of 5 rows"):
-            run.impl.forward(bk.hidden, run.kv, st, md["swa"], bk.outs[0], **group_kw(4, md))
+            run.impl.forward(bk.hidden, run.kv, st, md["swa"], bk.outs[0], **group_kw(4, md, st))
     for a, b in zip(snap, caches(run)):
         assert torch.equal(a, b)
 

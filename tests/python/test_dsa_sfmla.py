@@ -206,7 +206,7 @@ def test_kv_scatter_writes_only_valid_rows(ratio):
         snap = [t.clone() for t in run.caches()]
         out = torch.full_like(hid, float("nan"))
         with OpLog() as log:
-            run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(ratio, md))
+            run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(ratio, md, st))
         run.S[0], run.S[1] = S[0], S[1]
         sw = md["swa"]
         slots = torch.tensor(sw.slot_mapping_list).view(-1, 2)
@@ -357,7 +357,7 @@ def test_bad_input_named_nothing_written():
     st, md, S, qsl = run.build([0], [9])
     hid = run.x[0][:9].clone()
     out = torch.zeros_like(hid)
-    kw = group_kw(4, md)
+    kw = group_kw(4, md, st)
     snap = [t.clone() for t in run.caches()]
 
     def untouched():
@@ -392,7 +392,7 @@ def test_bad_input_named_nothing_written():
         md2 = {k: run.gb[k].build(st2, run.tables[k][[0]].contiguous()) for k in run.kinds}
         md2[kd] = other.build(st2, run.tables[kd][[0]].contiguous())
         with pytest.raises(ValueError, match=match):
-            run.impl.forward(hid, run.kv, st2, md2["swa"], out, **group_kw(4, md2))
+            run.impl.forward(hid, run.kv, st2, md2["swa"], out, **group_kw(4, md2, st2))
     untouched()
     # float16 weights: not the plan's bf16 rows
     w16 = {k: (v.to(torch.float16) if v.dtype == torch.float32 and k != "attn_sink" else v) for k, v in run.w.items()}
@@ -403,7 +403,7 @@ def test_bad_input_named_nothing_written():
     g = aar.GraphParams("recording")
     with g.capture(1):
         with pytest.raises(NotImplementedError, match="graph capture"):
-            run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(4, md))
+            run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(4, md, st))
     untouched()
 
 

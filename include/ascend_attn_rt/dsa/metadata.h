@@ -61,6 +61,13 @@ struct StepMetadata {
   plan::CSpan<int32_t> query_start_loc_host, seq_lens_host, start_pos_host, positions_host;
   // The plan the groups read (views of the host lists above).
   plan::DsaStepPlan plan;
+  // The rows the step emits at the V4 ratios 1, 4 and 128 (plan_dsa_rows),
+  // listed once per step for all groups of each ratio (host scratch of the
+  // build's lane); rows_at(ratio) is null for any other ratio.
+  plan::DsaRows rows_r1, rows_r4, rows_r128;
+  const plan::DsaRows* rows_at(int32_t ratio) const {
+    return ratio <= 1 ? &rows_r1 : ratio == 4 ? &rows_r4 : ratio == 128 ? &rows_r128 : nullptr;
+  }
   BuildStamp stamp;
 };
 
@@ -167,5 +174,13 @@ struct LayerMetadata {
 LayerMetadata route_layer(int32_t compress_ratio, const StepMetadata& step, const GroupMetadata* swa,
                           const GroupMetadata* attention = nullptr, const GroupMetadata* compressor_state = nullptr,
                           const GroupMetadata* indexer_cache = nullptr, const GroupMetadata* indexer_state = nullptr);
+
+// The same routing with the groups picked by cache kind from a step's group
+// builds in any order (an engine passes all of its groups to every layer; the
+// ones the layer does not read are ignored), then checked as above. A kind the
+// layer reads that is missing, or given twice (which one would be ambiguous),
+// is InvalidArgument naming it; a null entry is InvalidArgument naming its
+// index.
+LayerMetadata route_layer(int32_t compress_ratio, const StepMetadata& step, plan::CSpan<const GroupMetadata*> groups);
 
 }  // namespace aar::dsa

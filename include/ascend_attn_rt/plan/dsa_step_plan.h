@@ -218,6 +218,37 @@ struct DsaGroupPlan {
 // scheduler bugs that would silently lose compressed KV.
 DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& group, const DsaGroupBuffers& buf);
 
+// --- 4b. The emitted rows of a step at one ratio, shared by its groups --------
+//
+// Every group of one compress ratio emits the same rows in a step (request b,
+// compressed row c: what plan_dsa_group writes to row_request / row_index);
+// only the pages they land in differ. plan_dsa_rows lists them once per step
+// and ratio, and plan_dsa_group's overload below takes the list instead of
+// deriving it again per group: a V4 step has four ratio-1 groups (SWA and the
+// three compressor states) and two of ratio 4. For ratio <= 1 the rows are
+// the step's real tokens (c = the token's position).
+struct DsaRowBuffers {
+  Span<int32_t> request;  // >= the rows (<= num_compressed_tokens of the ratio)
+  Span<int32_t> index;
+};
+struct DsaRows {
+  int32_t ratio = 1;                  // max(ratio, 1)
+  int32_t num_compressed_tokens = 0;  // dsa_num_compressed_tokens(T, B, ratio)
+  int32_t max_index = -1;             // the largest row index c; -1 without rows
+  CSpan<int32_t> request, index;      // the rows of the real requests, in order
+};
+// Validates like plan_dsa_group (a plan's request whose lengths changed since
+// plan_dsa_step is rejected with the same message; room in both buffers) and
+// writes the list. The result views `buf`, which must outlive its uses.
+DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffers& buf);
+
+// plan_dsa_group over the list plan_dsa_rows made for this step at the
+// group's ratio (rows.ratio must equal max(compress_ratio, 1) and
+// rows.num_compressed_tokens the step's count): the same validation, errors
+// and outputs as the overload above, in about a quarter of its work per row.
+DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& group, const DsaGroupBuffers& buf,
+                            const DsaRows& rows);
+
 // --- 5. DSpark sliding-window visible slots (spec 6.6) -----------------------
 
 // Columns of the DSpark index rows: roundup(window + num_spec, 128) when
