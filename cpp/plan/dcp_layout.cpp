@@ -7,6 +7,7 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
+#include "internal.h"
 
 namespace aar::plan {
 namespace {
@@ -125,21 +126,10 @@ void dcp_context_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, i
 int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& shard, Span<int32_t> slots_out) {
   // Validation, all of it before the first write and independent of shard.rank.
   check_shard(shard);
+  detail::validate_slot_mapping_sizes(in, slots_out.size());
   const std::size_t b = in.seq_lens.size();
-  AAR_CHECK_ARG(in.query_start_loc.size() == b + 1, "query_start_loc has ", in.query_start_loc.size(),
-                " entries, expected seq_lens.size()+1 = ", b + 1);
-  validate_start_loc(in.query_start_loc, "query_start_loc");
-  AAR_CHECK_ARG(in.block_size > 0, "block_size=", in.block_size, " must be positive");
-  AAR_CHECK_ARG(in.block_table_stride >= 0, "block_table_stride=", in.block_table_stride, " is negative");
-  AAR_CHECK_ARG(in.num_blocks >= 0, "num_blocks=", in.num_blocks, " is negative");
-  AAR_CHECK_ARG(static_cast<int64_t>(in.num_blocks) * in.block_size <= INT32_MAX, "num_blocks=", in.num_blocks,
-                " x block_size=", in.block_size, " exceeds the int32 slot range");
   const std::size_t stride = static_cast<std::size_t>(in.block_table_stride);
-  AAR_CHECK_ARG(in.block_table.size() >= b * stride, "block_table has ", in.block_table.size(),
-                " entries, fewer than num_reqs*block_table_stride = ", b, "*", stride, " = ", b * stride);
   const int32_t total = in.query_start_loc[b];
-  AAR_CHECK_ARG(slots_out.size() >= static_cast<std::size_t>(total), "slots_out has room for ", slots_out.size(),
-                " entries, fewer than query_start_loc[", b, "]=", total);
   const int64_t bs = in.block_size, w = shard.world, il = shard.interleave;
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];

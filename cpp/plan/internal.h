@@ -66,6 +66,10 @@ StepTokens check_step_batch(CSpan<int32_t> query_start_loc, std::size_t num_reqs
                             int32_t decode_threshold, std::size_t num_spec_tokens, SpecMethod spec_method,
                             bool has_state, AttentionState state);
 
+// The sizes compute_slot_mapping checks (batch, block geometry, table and
+// output capacity), before its per-request block-range checks; shared with the
+// DCP slot mapping, whose per-request column rule differs.
+void validate_slot_mapping_sizes(const SlotMappingInputs& in, std::size_t slots_capacity);
 // Everything compute_slot_mapping checks, with the output capacity given.
 void validate_slot_mapping(const SlotMappingInputs& in, std::size_t slots_capacity);
 // Unchecked: slots of the real tokens, then kPadSlot up to slots_out.size().

@@ -10,7 +10,7 @@
 namespace aar::plan {
 namespace detail {
 
-void validate_slot_mapping(const SlotMappingInputs& in, std::size_t slots_capacity) {
+void validate_slot_mapping_sizes(const SlotMappingInputs& in, std::size_t slots_capacity) {
   const std::size_t b = in.seq_lens.size();
   AAR_CHECK_ARG(in.query_start_loc.size() == b + 1, "query_start_loc has ", in.query_start_loc.size(),
                 " entries, expected seq_lens.size()+1 = ", b + 1);
@@ -26,6 +26,12 @@ void validate_slot_mapping(const SlotMappingInputs& in, std::size_t slots_capaci
   const int32_t total = in.query_start_loc[b];
   AAR_CHECK_ARG(slots_capacity >= static_cast<std::size_t>(total), "slots_out has room for ", slots_capacity,
                 " entries, fewer than query_start_loc[", b, "]=", total);
+}
+
+void validate_slot_mapping(const SlotMappingInputs& in, std::size_t slots_capacity) {
+  validate_slot_mapping_sizes(in, slots_capacity);
+  const std::size_t b = in.seq_lens.size();
+  const std::size_t stride = static_cast<std::size_t>(in.block_table_stride);
   const int64_t bs = in.block_size;
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
