@@ -30,6 +30,15 @@ namespace aar::dsa {
 
 namespace {
 
+// npu_dynamic_quant: graph mode into the workspace's stable (q, scale) rows,
+// eager the operator's own results (no copy).
+std::tuple<at::Tensor, at::Tensor> dynamic_quant_into(const ops::DynamicQuantArgs& qa, bool graph,
+                                                      const at::Tensor& q_ws, const at::Tensor& scale_ws) {
+  if (!graph) return ops::dynamic_quant(qa);
+  ops::dynamic_quant_out(qa, q_ws, scale_ws);
+  return {q_ws, scale_ws};
+}
+
 at::ScalarType scalar_of(KvDtype d) {
   switch (d) {
     case KvDtype::BF16: return at::kBFloat16;
@@ -515,14 +524,7 @@ void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const Laye
   ops::DynamicQuantArgs qa;
   if (cf.plan.indexer_k_dtype != KvDtype::INT8) qa.dst_type = static_cast<int64_t>(scalar_of(cf.plan.indexer_k_dtype));
   qa.input = rv.ik_rot;
-  at::Tensor k_q, k_scale;
-  if (graph) {
-    ops::dynamic_quant_out(qa, rv.ik_q, rv.ik_scale);
-    k_q = rv.ik_q;
-    k_scale = rv.ik_scale;
-  } else {
-    std::tie(k_q, k_scale) = ops::dynamic_quant(qa);
-  }
+  const auto [k_q, k_scale] = dynamic_quant_into(qa, graph, rv.ik_q, rv.ik_scale);
   at::Tensor kc = c.indexer_k, sc = c.indexer_scale;
   // The scale in the cache's dtype: the workspace's rows (a converting copy),
   // or the fp32 scale itself when the cache is fp32.
@@ -557,14 +559,7 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const Caches& c, const LayerM
   ops::DynamicQuantArgs qa;
   if (cf.plan.indexer_q_dtype != KvDtype::INT8) qa.dst_type = static_cast<int64_t>(scalar_of(cf.plan.indexer_q_dtype));
   qa.input = v.qi_rot;
-  at::Tensor q_q, q_scale;
-  if (graph) {
-    ops::dynamic_quant_out(qa, v.q_q, v.q_scale);
-    q_q = v.q_q;
-    q_scale = v.q_scale;
-  } else {
-    std::tie(q_q, q_scale) = ops::dynamic_quant(qa);
-  }
+  auto [q_q, q_scale] = dynamic_quant_into(qa, graph, v.q_q, v.q_scale);
   if (!(graph && v.q_scale_c.is_same(v.q_scale))) {
     ops::dense::copy(v.q_scale_c, q_scale);
     q_scale = v.q_scale_c;
@@ -708,16 +703,8 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   // ---- inverse RoPE and o_proj (6.8 step 4)
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
   const at::Tensor out_n = n == T ? output : output.narrow(0, 0, n);
-  if (graph) {
-    // grouped o_proj into the workspace: (n, G, in) -> per group @ wo_a[g] -> (n, G, o_lora)
-    // (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
-    static constexpr int64_t kPerm[] = {1, 0, 2};
-    const c10::IntArrayRef perm(kPerm);
-    ops::transpose_batchmatmul_out(v.o_groups, w_.wo_a, perm, std::nullopt, perm, v.y);
-    ops::dense::linear_out(out_n, v.y2, w_.wo_b);
-  } else {
-    run_o_proj(o, out_n);
-  }
+  // Graph mode: into the workspace (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
+  run_o_proj(o, out_n, graph ? &v : nullptr);
   if (n < T) ops::dense::zero(output.narrow(0, n, T - n));
 }
 
@@ -861,7 +848,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   return output;
 }
 
-void Impl::run_o_proj(const at::Tensor& o, const at::Tensor& out) {
+void Impl::run_o_proj(const at::Tensor& o, const at::Tensor& out, const detail::TokenViews* ws) {
   const ImplConfig& cf = cfg_;
   const int64_t tk = o.size(0), G = cf.o_groups, k = cf.num_heads * cf.head_dim / G;
   static constexpr int64_t kPerm102[] = {1, 0, 2};
@@ -886,6 +873,12 @@ void Impl::run_o_proj(const at::Tensor& o, const at::Tensor& out) {
     b.perm_x2 = c10::IntArrayRef(kPerm012);
     b.perm_y = c10::IntArrayRef(kPerm102);
     y = ops::dense::cast(ops::transpose_quant_batchmatmul(b), w_.wo_b.scalar_type());
+  } else if (ws != nullptr) {
+    // grouped o_proj into the workspace's stable rows (graph mode), views made once per size
+    ops::transpose_batchmatmul_out(ws->o_groups, w_.wo_a, c10::IntArrayRef(kPerm102), std::nullopt,
+                                   c10::IntArrayRef(kPerm102), ws->y);
+    ops::dense::linear_out(out, ws->y2, w_.wo_b);
+    return;
   } else {
     // grouped o_proj: (tk, G, in) -> per group @ wo_a[g] -> (tk, G, o_lora), the transpose-bmm
     y = ops::transpose_batchmatmul(o.view({tk, G, k}), w_.wo_a, c10::IntArrayRef(kPerm102), std::nullopt,

@@ -300,7 +300,9 @@ class Impl {
   void capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const LayerMetadata& md,
                const at::Tensor& output, sfa::TopkBuffer* topk);
   // Spec 6.8 step 4 after the inverse RoPE (eager): o (tk, N, D) -> out (tk, hidden).
-  void run_o_proj(const at::Tensor& o, const at::Tensor& out);
+  // o_proj of o (n, N*D) into out (n, hidden); ws: the workspace's views (graph
+  // mode: the Bmm o_proj's result lands in its stable rows), nullptr eager.
+  void run_o_proj(const at::Tensor& o, const at::Tensor& out, const detail::TokenViews* ws = nullptr);
 
   ImplConfig cfg_;
   Weights w_;
