@@ -17,6 +17,8 @@ import ascend_attn_rt as aar
 import _dsa_reference as ref
 import test_dsa_a5 as a5t
 from _dsa_harness import LayerRun, group_kw
+# The A5 + BF16 plan has plain rows: the A2 tests' small dims and tolerances (unlike the fp8 rows' D 512 / R 64).
+from test_dsa import dims, tol
 
 F64 = torch.float64
 FP8 = torch.float8_e4m3fn
@@ -25,15 +27,6 @@ CBS = 32
 DT = [torch.float32, torch.bfloat16]
 
 
-def dims(ratio, **kw):
-    # The A5 + BF16 plan has plain rows: the layer's own dims (unlike the fp8 rows' D 512 / R 64).
-    base = dict(hidden=64, N=4, D=64, R=16, q_lora=32, W=8, ratio=ratio, n_idx=4, Di=32, K=8, G=2, o_lora=16)
-    base.update(kw)
-    return ref.DsaDims(**base)
-
-
-def tol(dtype):
-    return (2e-5, 2e-5) if dtype == torch.float32 else (3e-2, 3e-2)
 
 
 def cmp_kind(ratio):
