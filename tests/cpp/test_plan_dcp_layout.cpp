@@ -35,19 +35,9 @@ Dealt deal(int32_t len, int32_t world, int32_t interleave) {
   return d;
 }
 
-struct Batch {
-  std::vector<int32_t> qsl, seq_lens, table;
-  int32_t stride = 0, bs = 4, num_blocks = 0;
-  SlotMappingInputs inputs() const {
-    SlotMappingInputs in;
-    in.query_start_loc = qsl;
-    in.seq_lens = seq_lens;
-    in.block_table = table;
-    in.block_table_stride = stride;
-    in.block_size = bs;
-    in.num_blocks = num_blocks;
-    return in;
-  }
+// The DCP tests' batches default to block size 4.
+struct Batch : aar_test::SlotBatch {
+  Batch() { bs = 4; }
 };
 
 // Expected local slots from the dealing: the owner writes local index li at

@@ -10,20 +10,7 @@ using aar_test::naive_slots;
 
 namespace {
 
-struct Fixture {
-  std::vector<int32_t> qsl, seq_lens, table;
-  int32_t stride = 0, bs = 16, num_blocks = 0;
-  SlotMappingInputs inputs() const {
-    SlotMappingInputs in;
-    in.query_start_loc = qsl;
-    in.seq_lens = seq_lens;
-    in.block_table = table;
-    in.block_table_stride = stride;
-    in.block_size = bs;
-    in.num_blocks = num_blocks;
-    return in;
-  }
-};
+using Fixture = aar_test::SlotBatch;
 
 Fixture small() {
   Fixture f;

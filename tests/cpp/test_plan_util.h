@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/slot_mapping.h"
 
 // Expects `stmt` to throw aar::InvalidArgument whose message contains `substr`.
 #define EXPECT_INVALID(stmt, substr)                                                     \
@@ -53,6 +54,22 @@ inline std::vector<int32_t> naive_slots(const std::vector<int32_t>& qsl, const s
   }
   return out;
 }
+
+// A slot-mapping batch that owns its lists; inputs() views them.
+struct SlotBatch {
+  std::vector<int32_t> qsl, seq_lens, table;
+  int32_t stride = 0, bs = 16, num_blocks = 0;
+  aar::plan::SlotMappingInputs inputs() const {
+    aar::plan::SlotMappingInputs in;
+    in.query_start_loc = qsl;
+    in.seq_lens = seq_lens;
+    in.block_table = table;
+    in.block_table_stride = stride;
+    in.block_size = bs;
+    in.num_blocks = num_blocks;
+    return in;
+  }
+};
 
 inline std::vector<int32_t> lens_to_qsl(const std::vector<int32_t>& lens) {
   std::vector<int32_t> qsl(1, 0);
