@@ -10,6 +10,14 @@ import torch
 from _cp_harness import run_ranks
 
 
+def _close(got, ref, tol):
+    # Not torch.testing.assert_close: with a process group up it imports the
+    # DTensor stack (~10 s per rank on this machine).
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    err = float(((got.double() - ref.double()).abs() - tol * ref.double().abs()).max())
+    assert err <= tol, f"max excess error {err} (tol {tol})"
+
+
 def _attend(q, k, v, scale):
     # q (T, N, D), k/v (S, N, D) float64 -> out (T, N, D), lse (T, N); S may be 0.
     s = torch.einsum("tnd,snd->nts", q, k) * scale
@@ -38,7 +46,7 @@ def _case_exchange(rank, world):
     out_buf = torch.empty(T, world * H, D)
     gathered = aar.cp.gather_query_heads(comm, mine, out_buf)
     assert gathered.data_ptr() == out_buf.data_ptr()
-    torch.testing.assert_close(gathered, q_all.float(), rtol=0, atol=0)
+    _close(gathered, q_all.float(), 0.0)
     # This rank's partial for every gathered head over its own shard.
     po, pl = _attend(gathered.double(), ks[rank], vs[rank], scale)
     out = torch.empty(T, H, D)
@@ -46,15 +54,13 @@ def _case_exchange(rank, world):
     aar.cp.combine_partials(comm, po.float(), pl.float().unsqueeze(-1), out, lse)
     ref_o, ref_l = _attend(q_all, torch.cat(ks), torch.cat(vs), scale)
     sl = slice(rank * H, (rank + 1) * H)
-    torch.testing.assert_close(out.double(), ref_o[:, sl], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(lse.squeeze(-1).double(), ref_l[:, sl], rtol=1e-5, atol=1e-5)
+    _close(out, ref_o[:, sl], 1e-5)
+    _close(lse.squeeze(-1), ref_l[:, sl], 1e-5)
     # bf16 partial outputs travel as fp32 on the wire.
     out16 = torch.empty(T, H, D, dtype=torch.bfloat16)
     aar.cp.combine_partials(comm, po.to(torch.bfloat16), pl.float().unsqueeze(-1), out16)
-    torch.testing.assert_close(out16.double(), ref_o[:, sl], rtol=1e-2, atol=1e-2)
+    _close(out16, ref_o[:, sl], 1e-2)
     calls = comm.calls_of("all_to_all_single")
-    # Repeated gathers into a given out reuse one staging buffer: check by
-    # counting no growth in distinct allocations (the out address is the caller's).
     for _ in range(3):
         aar.cp.gather_query_heads(comm, mine, out_buf)
     return calls, comm.calls_of("all_gather")
@@ -73,11 +79,11 @@ def _case_single(rank, world):
 
     comm = aar.cp.Comm(dist.group.WORLD)
     q = torch.randn(3, 2, 8)
-    torch.testing.assert_close(aar.cp.gather_query_heads(comm, q), q)
+    _close(aar.cp.gather_query_heads(comm, q), q, 0.0)
     out = torch.empty(3, 2, 8)
     po = torch.randn(3, 2, 8)
     aar.cp.combine_partials(comm, po, torch.zeros(3, 2, 1), out)
-    torch.testing.assert_close(out, po)
+    _close(out, po, 0.0)
     return comm.calls
 
 

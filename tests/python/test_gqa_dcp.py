@@ -35,6 +35,13 @@ def _ref(q, hist, pos, G):
     return torch.einsum("hnl,lhd->nhd", torch.softmax(s, dim=-1), v)
 
 
+def _close(got, ref, tol, what):
+    # Not torch.testing.assert_close: with a process group up it imports the
+    # DTensor stack (~10 s per rank on this machine).
+    err = (got - ref).abs() - tol * ref.abs()
+    assert float(err.max()) <= tol, f"{what}: max excess error {float(err.max())} (tol {tol})"
+
+
 class _World:
     """The global state of one configuration: K/V histories, block table."""
 
@@ -100,8 +107,7 @@ class _World:
             ref = _ref(qr[rows], (Kh, Vh), pos, G)
             got = out[rows].double()
             assert not torch.isnan(got).any(), f"NaN in request {r}"
-            torch.testing.assert_close(got, ref, rtol=self.tol, atol=self.tol,
-                                       msg=lambda m: f"request {r} (q={n}, seq={Kh.shape[0]}): {m}")
+            _close(got, ref, self.tol, f"request {r} (q={n}, seq={Kh.shape[0]})")
         return md, issued
 
     def check_shard(self):
@@ -112,8 +118,7 @@ class _World:
             own = [x for x in range(L) if (x // I) % W == self.rank]
             for li, x in enumerate(own):
                 blk = int(self.bt[r, li // B])
-                torch.testing.assert_close(self.kc[blk, li % B].double(), K[x].to(self.dtype).double(),
-                                           rtol=0, atol=0)
+                _close(self.kc[blk, li % B].double(), K[x].to(self.dtype).double(), 0.0, f"cache of {r}@{x}")
 
 
 def _case_matrix(rank, W, configs):
@@ -121,6 +126,7 @@ def _case_matrix(rank, W, configs):
 
     import ascend_attn_rt as aar
 
+    torch.set_num_threads(1)  # ranks share two cores: no intra-op pools fighting
     comm = aar.cp.Comm(dist.group.WORLD, timeout_s=30.0)
     done = []
     for (B, I, H, Hkv, dtype_name) in configs:
@@ -140,7 +146,39 @@ def _case_matrix(rank, W, configs):
         w.step([4], [6], [1])
         w.check_shard()
         done.append((B, I, H, Hkv, dtype_name))
+    if W > 1:
+        _bad_inputs(rank, W, comm)
     return len(done)
+
+
+def _bad_inputs(rank, W, comm):
+    # Rejections are rank-independent and leave the cache untouched.
+    import ascend_attn_rt as aar
+
+    w = _World(rank, W, comm, 16, 1, 2, 1, torch.float32, nreq=2, max_len=64)
+    b = w.builder(0)
+    qsl, seq = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([40], dtype=torch.int32)
+    bad = w.bt[:1].clone()
+    bad[0, 0] = 10_000  # a block id the kernels would read (context), out of range
+    with pytest.raises(ValueError, match=r"block_table\[0\]\[0\]=10000"):
+        b.build(qsl, seq, bad)
+    md = b.build(qsl, seq, w.bt[:1].contiguous(), is_prefilling=torch.tensor([True]))
+    other = aar.DcpMetadataBuilder(max_num_reqs=2, max_num_tokens=8, max_blocks_per_req=w.stride, block_size=16,
+                                   num_blocks=w.num_blocks, dcp_world=W, dcp_rank=(rank + 1) % W)
+    md_other = other.build(qsl, seq, w.bt[:1].contiguous(), is_prefilling=torch.tensor([True]))
+    q, k = torch.randn(3, 2, D), torch.randn(3, 1, D)
+    snap = w.kc.clone()
+    with pytest.raises(ValueError, match="built for DCP rank"):
+        w.layer.forward(q, k, k, w.kc, w.vc, md_other, torch.empty(3, 2, D))
+    with pytest.raises(ValueError, match="query must have shape"):
+        w.layer.forward(torch.randn(3, 3, D), k, k, w.kc, w.vc, md, torch.empty(3, 3, D))
+    assert torch.equal(w.kc, snap)
+    with pytest.raises(ValueError, match="interleave_size=3 must divide block_size=16"):
+        aar.DcpMetadataBuilder(max_num_reqs=2, max_num_tokens=8, max_blocks_per_req=2, block_size=16,
+                               num_blocks=8, dcp_world=W, dcp_rank=rank, interleave=3)
+    # The same calls still work afterwards (no rank left inside a collective).
+    out = torch.empty(3, 2, D)
+    w.layer.forward(q, k, k, w.kc, w.vc, md, out)
 
 
 CONFIGS = [
