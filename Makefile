@@ -52,6 +52,7 @@ demo: build
 	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention mla
 	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention sfa
 	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention dsa
+	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --dcp 2
 
 bench: build
 	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json

@@ -39,6 +39,13 @@ scheduler shapes each step the way a serving engine does:
 * ``AttentionImpl.forward`` runs once per layer and writes the step's K/V into
   the paged cache itself.
 
+``--dcp N`` (GQA) serves the same requests with decode context parallelism over N
+local processes (gloo): every rank runs the whole stack, holds its share of the
+query heads and a sequence shard of every KV cache (``aar.DcpMetadataBuilder`` /
+``aar.DcpAttentionImpl``), and the ranks' attention outputs are gathered back to
+all heads; rank 0 also runs the single-rank engine and reports whether the greedy
+tokens match.
+
 At the end the same stack is run again with plain-torch dense causal attention
 over each request's whole sequence (no cache at all), and the greedy tokens and
 the logits that chose them are compared.
@@ -469,6 +476,8 @@ class Engine:
     def __init__(self, model: TinyLlama, args: argparse.Namespace):
         cfg = model.cfg
         self.model, self.args = model, args
+        # The DCP group's aar.cp.Comm (--dcp > 1, GQA only), or None.
+        self.dcp = getattr(args, "dcp_comm", None) if cfg.attention == "gqa" else None
         self.bs = args.block_size
         self.max_blocks_per_req = args.max_blocks_per_req
         sizes = dict(max_num_reqs=args.max_running, max_num_tokens=max(args.token_budget, args.max_running),
@@ -518,6 +527,22 @@ class Engine:
             ]
             shapes = aar.mla.Backend.kv_cache_shapes(args.num_blocks, self.bs, cfg.kv_lora_rank, cfg.qk_rope)
             self.caches = [tuple(torch.zeros(sh) for sh in shapes) for _ in range(cfg.layers)]
+        elif self.dcp is not None:
+            comm = self.dcp
+            W = comm.size
+            if (cfg.heads // cfg.kv_heads) % W:
+                raise ValueError(f"--dcp {W}: query heads per KV head ({cfg.heads // cfg.kv_heads}) must be "
+                                 f"divisible by the DCP size (spec cp.md 1.1)")
+            self.builder = aar.DcpMetadataBuilder(**sizes, dcp_world=W, dcp_rank=comm.rank)
+            self.impls = [aar.DcpAttentionImpl(comm, cfg.heads // W, cfg.head_size, num_kv_heads=cfg.kv_heads)
+                          for _ in range(cfg.layers)]
+            self.caches = [
+                (
+                    torch.zeros(args.num_blocks, self.bs, cfg.kv_heads, cfg.head_size),
+                    torch.zeros(args.num_blocks, self.bs, cfg.kv_heads, cfg.head_size),
+                )
+                for _ in range(cfg.layers)
+            ]
         else:
             self.builder = aar.MetadataBuilder(**sizes)
             self.impls = [aar.AttentionImpl(cfg.heads, cfg.head_size, num_kv_heads=cfg.kv_heads)
@@ -530,7 +555,9 @@ class Engine:
                 for _ in range(cfg.layers)
             ]
         # The engine's block table lives in the builder's staging buffer: build() then copies nothing.
-        if not self.dsa:
+        if self.dcp is not None:
+            self.block_table = torch.zeros(args.max_running, self.max_blocks_per_req, dtype=torch.int32)
+        elif not self.dsa:
             self.block_table = self.builder.block_table_staging
         # Block 0 is kept out of the pool (the dummy/padding block). LIFO pool:
         # blocks freed by a finished request are the next ones handed out.
@@ -631,7 +658,9 @@ class Engine:
     def _admit(self, r: Request) -> bool:
         if self.dsa:
             return self._dsa_admit(r)
-        need = -(-r.max_len // self.bs)
+        # Under DCP a block holds bs tokens on each of W ranks (a virtual block of bs*W, spec cp.md 1.2).
+        span = self.bs * (self.dcp.size if self.dcp is not None else 1)
+        need = -(-r.max_len // span)
         if need > self.max_blocks_per_req:
             raise ValueError(f"request {r.rid} needs {need} blocks > max_blocks_per_req={self.max_blocks_per_req}")
         if need > self.args.num_blocks - 1:
@@ -696,13 +725,34 @@ class Engine:
             md, dsa_md = self._dsa_metadata(sched, qsl, seq_lens)
         else:
             block_table = self.block_table[:n]  # a view of the staging buffer: build() copies nothing
-            md = self.builder.build(qsl, seq_lens, block_table)
+            if self.dcp is not None:
+                prefilling = torch.tensor([r.prefilling for r, _ in sched], dtype=torch.bool)
+                md = self.builder.build(qsl, seq_lens, block_table, is_prefilling=prefilling)
+            else:
+                md = self.builder.build(qsl, seq_lens, block_table)
         self.stats.build_ns.append(time.perf_counter_ns() - t0)
-        state = str(md.attn_state).rsplit(".", 1)[-1]
+        state = ("DCP " + " + ".join((["decode"] if md.num_decodes else []) +
+                                     (["prefill with context" if md.has_context else "fresh prefill"]
+                                      if md.num_prefills else []))
+                 if self.dcp is not None else str(md.attn_state).rsplit(".", 1)[-1])
         self.stats.states[state] = self.stats.states.get(state, 0) + 1
 
         cfg = self.model.cfg
         t = len(tokens)
+
+        def attend_dcp(layer, q, k, v):
+            # Rank rd holds, for each KV head, its share of that head's query heads
+            # (local head h uses KV head h // (G/W), gqa/dcp.h); outputs are gathered back.
+            W, rd, G = self.dcp.size, self.dcp.rank, cfg.heads // cfg.kv_heads
+            mine = q.view(t, cfg.kv_heads, W, G // W, cfg.head_size)[:, :, rd].reshape(t, -1, cfg.head_size)
+            out = torch.empty_like(mine)
+            kc, vc = self.caches[layer]
+            t1 = time.perf_counter_ns()
+            self.impls[layer].forward(mine, k, v, kc, vc, md, out)
+            self.stats.forward_ns.append(time.perf_counter_ns() - t1)
+            self.stats.paths["dcp"] = self.stats.paths.get("dcp", 0) + 1
+            full = self.dcp.all_gather(out, 1).view(t, W, cfg.kv_heads, G // W, cfg.head_size)
+            return full.permute(0, 2, 1, 3, 4).reshape(t, cfg.heads, cfg.head_size)
 
         def attend(layer, q, k, v):
             out = torch.empty(t, cfg.heads, cfg.head_size)
@@ -771,6 +821,8 @@ class Engine:
             self.stats.context_chunks += md.num_context_chunks
 
         attend_fn = attend_dsa if self.dsa else (attend_sfa if self.sfa else (attend_mla if self.mla else attend))
+        if self.dcp is not None:
+            attend_fn = attend_dcp
         hidden = self.model.forward(tokens_t, positions_t, attend_fn)
 
         # Sample where a request's last scheduled token is its last known token.
@@ -906,9 +958,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; 0: torch default)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--dcp", type=int, default=1,
+                   help="GQA: decode context parallel over this many local processes (gloo); rank 0 also runs the "
+                        "single-rank engine and compares the greedy tokens")
+
+
+def _dcp_rank(rank: int, world: int, init_file: str, args: argparse.Namespace) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    args.dcp_comm = aar.cp.Comm(dist.group.WORLD, timeout_s=120.0)
+    if rank != 0:
+        sys.stdout = open(os.devnull, "w")  # rank 0 reports
+        args.no_progress = True
+    code = run(args)
+    if code:
+        sys.exit(code)
+
+
+def _run_dcp(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    if args.attention != "gqa":
+        raise SystemExit(f"--dcp is implemented for --attention gqa only, got --attention {args.attention}")
+    world, args.dcp = args.dcp, 1  # the ranks run the ordinary driver with a Comm
+    with tempfile.TemporaryDirectory(prefix="aar_demo_dcp_") as tmp:
+        try:
+            mp.spawn(_dcp_rank, args=(world, os.path.join(tmp, "store"), args), nprocs=world, join=True)
+        except mp.ProcessExitedException as e:  # a rank's run() failed (it printed why)
+            print(f"DCP demo: {e}", file=sys.stderr)
+            return 1
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "dcp", 1) > 1:
+        return _run_dcp(args)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     cfg = ModelConfig(
@@ -933,6 +1023,9 @@ def run(args: argparse.Namespace) -> int:
                  f"{cfg.qk_nope}/{cfg.qk_rope}/{cfg.v_head}, chunked-prefill workspace {args.mla_workspace} tokens)")
     else:
         heads = f"{cfg.heads} query / {cfg.kv_heads} KV heads x {cfg.head_size}"
+        if getattr(args, "dcp_comm", None) is not None:
+            heads += f", DCP {args.dcp_comm.size} (this rank: {cfg.heads // args.dcp_comm.size} query heads, 1/" \
+                     f"{args.dcp_comm.size} of every sequence's KV)"
     print(
         f"ascend_attn_rt demo: {cfg.layers} layers, hidden {cfg.hidden}, {heads}, vocab {cfg.vocab}, fp32, "
         f"provider '{aar.get_provider()}'"
@@ -986,6 +1079,14 @@ def run(args: argparse.Namespace) -> int:
                 max_diff = max(max_diff, float((a - b).abs().max()))
         ref_s = time.perf_counter() - t_ref
 
+        single_match = None
+        if engine.dcp is not None and engine.dcp.rank == 0:
+            # The same requests through the single-rank engine (no DCP): greedy tokens must agree.
+            solo_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "dcp_comm"})
+            solo_reqs = make_requests(args, cfg.vocab)
+            Engine(model, solo_args).run(solo_reqs, args.steps, Progress(0, enabled=False))
+            single_match = [r.generated for r in solo_reqs] == [r.generated for r in requests]
+
     s = engine.stats
     b_mean, b_p50 = _us(s.build_ns)
     f_mean, f_p50 = _us(s.forward_ns)
@@ -1009,7 +1110,8 @@ def run(args: argparse.Namespace) -> int:
         ("dense reference (no cache)", f"{ref_s:.2f} s"),
         ("max |logits - dense|", f"{max_diff:.3e} (tolerance {LOGIT_TOLERANCE:.0e})"),
         ("greedy tokens match dense", "yes" if not mismatches else f"NO: {len(mismatches)} request(s)"),
-    ]
+    ] + ([(f"DCP {engine.dcp.size}: tokens match single-rank", "yes" if single_match else "NO")]
+         if single_match is not None else [])
     width = max(len(k) for k, _ in rows)
     print()
     for k, v in rows:
@@ -1017,7 +1119,7 @@ def run(args: argparse.Namespace) -> int:
     for rid, pos, got, want in mismatches:
         print(f"  request {rid}: token {pos} is {got}, dense reference gives {want}", file=sys.stderr)
 
-    ok = not mismatches and max_diff <= LOGIT_TOLERANCE and topk_mismatches == 0
+    ok = not mismatches and max_diff <= LOGIT_TOLERANCE and topk_mismatches == 0 and single_match is not False
     print("\nOK" if ok else "\nFAILED: the paged runtime disagrees with dense attention")
     return 0 if ok else 1
 
