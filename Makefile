@@ -67,6 +67,7 @@ bench: build
 	PYTHONPATH=python $(PY) benchmarks/bench_mla_host.py --out benchmarks/results/mla_host.json
 	PYTHONPATH=python $(PY) benchmarks/bench_sfa_host.py --out benchmarks/results/sfa_host.json
 	PYTHONPATH=python $(PY) benchmarks/bench_cp_comm.py --out benchmarks/results/cp_comm.json
+	PYTHONPATH=python $(PY) benchmarks/bench_gqa_dcp.py --out benchmarks/results/gqa_dcp.json
 
 clean:
 	rm -rf $(BUILD)

@@ -191,6 +191,8 @@ void bind_cp(nb::module_& m) {
           "t"_a, "dim"_a = 0, "out"_a = nb::none(), "async_op"_a = false,
           "Block `rank` (along dim) of the sum over ranks of t.")
       .def_prop_ro("calls", [](const cp::Comm& c) { return c.calls(); })
+      .def_prop_ro("collective_ns", &cp::Comm::collective_ns,
+                   "Wall time inside the synchronous collectives so far (reset by reset_counters)")
       .def(
           "calls_of",
           [](const cp::Comm& c, const std::string& op) {

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <chrono>
 #include <functional>
 #include <numeric>
 #include <sstream>
@@ -162,6 +163,7 @@ int64_t Comm::calls() const { return std::accumulate(counts_.begin(), counts_.en
 
 void Comm::reset_counters() {
   counts_.fill(0);
+  collective_ns_ = 0;
   log_.clear();
 }
 
@@ -234,8 +236,10 @@ CommWork Comm::start_all_gather(const at::Tensor& t, int64_t dim, const std::opt
 }
 
 at::Tensor Comm::all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
+  const auto t0 = std::chrono::steady_clock::now();
   CommWork w = start_all_gather(t, dim, out, false);
   at::Tensor o = w.wait();
+  collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   return o;
 }
 
@@ -265,8 +269,10 @@ CommWork Comm::start_all_to_all_single(const at::Tensor& t, const std::optional<
 }
 
 at::Tensor Comm::all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out) {
+  const auto t0 = std::chrono::steady_clock::now();
   CommWork w = start_all_to_all_single(t, out, false);
   at::Tensor o = w.wait();
+  collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   return o;
 }
 
@@ -304,8 +310,10 @@ CommWork Comm::start_reduce_scatter(const at::Tensor& t, int64_t dim, const std:
 }
 
 at::Tensor Comm::reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
+  const auto t0 = std::chrono::steady_clock::now();
   CommWork w = start_reduce_scatter(t, dim, out, false);
   at::Tensor o = w.wait();
+  collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   return o;
 }
 

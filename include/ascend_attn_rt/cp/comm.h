@@ -158,6 +158,10 @@ class Comm {
   // Calls issued so far (all ops, or one op); the log when CommOptions::log.
   int64_t calls() const;
   int64_t calls(CommOp op) const { return counts_[static_cast<size_t>(op)]; }
+  // Wall time spent inside the synchronous calls (issue to completion, staging
+  // copy included), so a benchmark can report a step's host time with the
+  // collectives excluded. Async calls are not timed (their wait overlaps work).
+  int64_t collective_ns() const { return collective_ns_; }
   const std::vector<CommRecord>& log() const { return log_; }
   void reset_counters();
 
@@ -178,6 +182,7 @@ class Comm {
   std::string name_;
   std::array<int64_t, kNumCommOps> counts_{};
   std::vector<CommRecord> log_;
+  int64_t collective_ns_ = 0;
   // all_gather's dim != 0 staging (see Layout above); grown, never shrunk.
   at::Tensor gather_staging_;
 };
