@@ -29,13 +29,15 @@ if not dist.is_available() or not dist.is_gloo_available():
 BS = 16          # KV block size
 D = 16           # head size (a multiple of 8: npu_attention_update)
 MB = 4           # block-table columns per request
-PROMPTS = [7, 16, 16, 1, 5]  # request 2 is prefilled in two chunks (3 + 13); 4 arrives at step B
+PROMPTS = [7, 16, 16, 1, 5, 1]  # request 2 is prefilled in two chunks (3 + 13); 4 arrives at step B, 5 at D
 
 # (request, num_computed, q, still prefilling) per step, decodes first.
 STEPS = [
     [(0, 0, 7, True), (1, 0, 16, True), (2, 0, 3, True), (3, 0, 1, True)],
     [(0, 7, 1, False), (1, 16, 1, False), (3, 1, 1, False), (2, 3, 13, True), (4, 0, 5, True)],
     [(0, 8, 1, False), (1, 17, 1, False), (3, 2, 1, False), (2, 16, 1, False), (4, 5, 1, False)],
+    # A lone 1-token prompt: every rank but one has only padding (sharded) or the dummy row (replicated).
+    [(5, 0, 1, True)],
 ]
 
 
@@ -98,7 +100,7 @@ def _case(rank, world, wp, wd, configs):
     rp, rd = rank // wd, rank % wd
     pcp = aar.cp.Comm(pcp_group, timeout_s=20.0, log=True)
     dcp = aar.cp.Comm(dcp_group, timeout_s=20.0, log=True) if wd > 1 else None
-    report = []
+    report, logs, dlogs = [], [], []
     for (mode, dtype, h, hkv, interleave) in configs:
         hq_total = wd * h
         scale = 1.0 / math.sqrt(D)
@@ -143,6 +145,8 @@ def _case(rank, world, wp, wd, configs):
             calls = (pcp.calls_of("all_gather"), pcp.calls_of("all_to_all_single"),
                      dcp.calls_of("all_gather") if dcp else 0, dcp.calls_of("all_to_all_single") if dcp else 0)
             assert calls == _expected_calls(mode, step, wp, wd), (mode, si, calls)
+            logs += [(op, tuple(shape), dt, dim) for (_, op, shape, dt, dim, _) in pcp.log]
+            dlogs += [(op, tuple(shape), dt, dim) for (_, op, shape, dt, dim, _) in dcp.log] if dcp else []
             # Reference for every real local row.
             starts = qsl.tolist()
             worst = 0.0
@@ -163,7 +167,7 @@ def _case(rank, world, wp, wd, configs):
         # The KV cache: sharded, this rank holds exactly the tokens it owns, at their local index;
         # replicated, every PCP rank holds every token.
         w, r_kv = (wp * wd, rp * wd + rd) if mode == "sharded" else (1, 0)
-        for ri, lmax in enumerate([8 + 1, 17 + 1, 16 + 1, 2 + 1, 5 + 1]):
+        for ri, lmax in enumerate([8 + 1, 17 + 1, 16 + 1, 2 + 1, 5 + 1, 1]):
             for x in range(lmax):
                 if (x // interleave) % w != r_kv:
                     continue
@@ -171,8 +175,6 @@ def _case(rank, world, wp, wd, configs):
                 slot = int(block_table_all[ri, li // BS]) * BS + li % BS
                 assert torch.equal(kc.view(-1, hkv, D)[slot], ka[ri][x]), (mode, ri, x)
                 assert torch.equal(vc.view(-1, hkv, D)[slot], va[ri][x]), (mode, ri, x)
-    logs = [(op, tuple(shape), dt, dim) for (_, op, shape, dt, dim, _) in pcp.log]
-    dlogs = [(op, tuple(shape), dt, dim) for (_, op, shape, dt, dim, _) in dcp.log] if dcp else []
     return report, logs, dlogs
 
 
@@ -266,3 +268,49 @@ def test_build_rejects_bad_batches_and_keeps_previous_metadata():
         b.build(qsl, torch.tensor([80, 5], dtype=torch.int32), bt)
     assert md2.is_current
     assert torch.equal(before, before)
+
+
+def _case_bad_input(rank, world):
+    pcp = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    out = []
+    for mode in ("sharded", "replicated"):
+        b = aar.cp.PcpMetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=2, block_size=16,
+                                      num_blocks=8, pcp_size=2, pcp_rank=rank, kv_mode=mode)
+        other = aar.cp.PcpMetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=2, block_size=16,
+                                          num_blocks=8, pcp_size=2, pcp_rank=1 - rank, kv_mode=mode)
+        qsl = torch.tensor([0, 1, 10], dtype=torch.int32)
+        seq = torch.tensor([5, 12], dtype=torch.int32)
+        bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+        md = b.build(qsl, seq, bt)
+        wrong_rank = other.build(qsl, seq, bt)
+        n = md.num_local_tokens
+        layer = aar.cp.PcpAttentionImpl(4, 16, pcp=pcp, num_kv_heads=2)
+        kc = torch.zeros(8, 16, 2, 16)
+        vc = torch.zeros_like(kc)
+        q, k, v = torch.randn(n, 4, 16), torch.randn(n, 2, 16), torch.randn(n, 2, 16)
+        o = torch.zeros(n, 4, 16)
+        bad = [
+            (lambda: layer.forward(q[:-1], k, v, kc, vc, md, o), "rows"),
+            (lambda: layer.forward(q, k.double(), v, kc, vc, md, o), "dtype"),
+            (lambda: layer.forward(q, k, v, kc[:, :8], vc, md, o), "key_cache"),
+            (lambda: layer.forward(q, k, v, kc, vc, wrong_rank, o), "pcp group"),
+        ]
+        for call, what in bad:
+            with pytest.raises(ValueError, match=what):
+                call()
+        md2 = b.build(qsl, seq, bt)
+        if mode == "replicated":
+            assert md2.local_attn_state == "ChunkedPrefill"
+        with pytest.raises(ValueError, match="stale"):
+            layer.forward(q, k, v, kc, vc, md, o)
+        state = (mode, pcp.calls, bool(kc.any()), bool(vc.any()), bool(o.any()))
+        assert state == (mode, 0, False, False, False), state
+        layer.forward(q, k, v, kc, vc, md2, o)  # the good call still works on every rank
+        out.append(pcp.calls)
+        pcp.reset_counters()
+    return out
+
+
+def test_forward_rejects_bad_input_before_any_collective_or_write():
+    res = run_ranks(2, _case_bad_input, deadline_s=60.0)
+    assert res[0] == res[1] == [4, 2]
