@@ -20,6 +20,17 @@ namespace {
 int32_t kv_world(const PcpConfig& c) { return c.pcp_size * c.dcp_size; }
 int32_t kv_rank(const PcpConfig& c) { return c.pcp_rank * c.dcp_size + c.dcp_rank; }
 
+plan::SlotMappingInputs slot_inputs(const PcpBuildInputs& in, const PcpConfig& c) {
+  plan::SlotMappingInputs si;
+  si.query_start_loc = in.query_start_loc;
+  si.seq_lens = in.seq_lens;
+  si.block_table = in.block_table;
+  si.block_table_stride = in.block_table_stride;
+  si.block_size = c.block_size;
+  si.num_blocks = c.num_blocks;
+  return si;
+}
+
 }  // namespace
 
 PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
@@ -156,13 +167,7 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
   const int32_t I = cfg_.interleave_size;
   const int32_t total = in.query_start_loc[n];
   // --- validation (nothing written that the previous metadata reads) ---
-  plan::SlotMappingInputs si;
-  si.query_start_loc = in.query_start_loc;
-  si.seq_lens = in.seq_lens;
-  si.block_table = in.block_table;
-  si.block_table_stride = in.block_table_stride;
-  si.block_size = cfg_.block_size;
-  si.num_blocks = cfg_.num_blocks;
+  const plan::SlotMappingInputs si = slot_inputs(in, cfg_);
   plan::check_sharded_block_table(si, W, I);
   plan::PcpSplitInputs sp;
   sp.query_lens = plan::CSpan<int32_t>(qlens_.data(), n);
@@ -282,13 +287,7 @@ void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
   const int32_t total = in.query_start_loc[n];
   const int64_t stride = in.block_table_stride;
   // --- validation ---
-  plan::SlotMappingInputs si;
-  si.query_start_loc = in.query_start_loc;
-  si.seq_lens = in.seq_lens;
-  si.block_table = in.block_table;
-  si.block_table_stride = in.block_table_stride;
-  si.block_size = cfg_.block_size;
-  si.num_blocks = cfg_.num_blocks;
+  const plan::SlotMappingInputs si = slot_inputs(in, cfg_);
   plan::compute_slot_mapping(si, plan::Span<int32_t>(token_slots_.data(), total));
   plan::PcpSegmentInputs seg;
   seg.query_start_loc = in.query_start_loc;

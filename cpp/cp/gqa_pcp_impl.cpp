@@ -12,10 +12,10 @@
 #include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/gqa/kv_write.h"
 #include "ascend_attn_rt/gqa/validate.h"
 #include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
-#include "ascend_attn_rt/ops/kv_cache_write.h"
 
 namespace aar::cp {
 
@@ -50,17 +50,6 @@ Partial merge_two(const Partial& a, const Partial& b) {
 }
 
 at::Tensor wire_of(const Partial& p) { return at::cat({p.out.to(at::kFloat), p.lse}, -1); }
-
-void write_cache(const gqa::ImplConfig& cfg, const at::Tensor& k, const at::Tensor& v, at::Tensor& kc,
-                 at::Tensor& vc, const at::Tensor& slots) {
-  const at::Tensor kk = k.is_contiguous() ? k : k.contiguous();
-  const at::Tensor vv = v.is_contiguous() ? v : v.contiguous();
-  if (cfg.device_kind == plan::DeviceKind::Ascend310P) {
-    ops::reshape_and_cache(kk, vv, kc, vc, slots);
-  } else {
-    ops::scatter_pa_kv_cache(kk, vv, kc, vc, slots, "Norm");
-  }
-}
 
 }  // namespace
 
@@ -151,14 +140,15 @@ void PcpAttentionImpl::forward_replicated(const at::Tensor& q, const at::Tensor&
   if (td == p) {
     // Nothing split anywhere (a batch-global fact): every rank writes its own
     // replicated copy of the decodes, no collective.
-    write_cache(cfg_, k.narrow(0, 0, td), v.narrow(0, 0, td), key_cache_, value_cache_, md.write_slots);
+    gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), key_cache_, value_cache_,
+                        md.write_slots);
   } else {
     // Spec 5.3: K and V gathered separately, so each stays contiguous.
     const at::Tensor gk = pcp_->all_gather(k.narrow(0, td, p - td), 0);
     const at::Tensor gv = pcp_->all_gather(v.narrow(0, td, p - td), 0);
     const at::Tensor ck = td > 0 ? at::cat({k.narrow(0, 0, td), gk}) : gk;
     const at::Tensor cv = td > 0 ? at::cat({v.narrow(0, 0, td), gv}) : gv;
-    write_cache(cfg_, ck, cv, key_cache_, value_cache_, md.write_slots);
+    gqa::write_paged_kv(cfg_.device_kind, ck, cv, key_cache_, value_cache_, md.write_slots);
   }
   // The ordinary GQA chunked-prefill path over the rank's segments; the cache
   // already holds this layer's KV of every token, so no write there.
@@ -177,13 +167,16 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   // --- KV write (spec 1.4, 5.2) ---
   at::Tensor kf, vf;  // the restored prefill K/V, padded-global order (Wp * tp rows)
   if (!has_prefill) {
-    if (td > 0) write_cache(cfg_, k.narrow(0, 0, td), v.narrow(0, 0, td), key_cache_, value_cache_, md.decode_slots);
+    if (td > 0) {
+      gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), key_cache_, value_cache_,
+                          md.decode_slots);
+    }
   } else {
     const at::Tensor kv = at::cat({k, v}, -1);  // (T_loc, Hkv, 2D)
     const at::Tensor gathered = Wp > 1 ? pcp_->all_gather(kv, 0) : kv;
     const at::Tensor full = gathered.index_select(0, md.restore_idx);
     const at::Tensor fk = full.narrow(-1, 0, D).contiguous(), fv = full.narrow(-1, D, D).contiguous();
-    write_cache(cfg_, fk, fv, key_cache_, value_cache_, md.padded_slot_mapping);
+    gqa::write_paged_kv(cfg_.device_kind, fk, fv, key_cache_, value_cache_, md.padded_slot_mapping);
     kf = fk.narrow(0, Wp * td, Wp * tp);
     vf = fv.narrow(0, Wp * td, Wp * tp);
   }

@@ -30,7 +30,8 @@ void check_sharded_block_table(const SlotMappingInputs& in, int32_t kv_world, in
   AAR_CHECK_ARG(interleave >= 1, "interleave=", interleave, " must be >= 1");
   AAR_CHECK_ARG(in.block_size > 0, "block_size=", in.block_size, " must be positive");
   const std::size_t n = in.seq_lens.size();
-  AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table.size() >= n * static_cast<std::size_t>(in.block_table_stride),
+  const std::size_t stride = static_cast<std::size_t>(std::max(in.block_table_stride, 0));
+  AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table.size() >= n * stride,
                 "block_table has ", in.block_table.size(), " entries, needs ", n, " rows of ", in.block_table_stride);
   for (std::size_t r = 0; r < n; ++r) {
     const int64_t seq = in.seq_lens[r];
