@@ -73,7 +73,7 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
   const bool separate = !cfg.device.is_cpu();
   int64_t words = 0;
   if (cfg.kv_mode == plan::PcpKvMode::Sharded) {
-    words = 2 * G + Tm + (6 + 3 * Wp) * C + (Nm + Wp * Nm) * mb;
+    words = 3 * G + Tm + (6 + 3 * Wp) * C + (Nm + Wp * Nm) * mb;
   } else {
     words = 2 * Wp * Tm;
   }
@@ -168,7 +168,7 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
   const int32_t total = in.query_start_loc[n];
   // --- validation (nothing written that the previous metadata reads) ---
   const plan::SlotMappingInputs si = slot_inputs(in, cfg_);
-  plan::check_sharded_block_table(si, W, I);
+  plan::check_dcp_block_table(si, W, I);
   plan::PcpSplitInputs sp;
   sp.query_lens = plan::CSpan<int32_t>(qlens_.data(), n);
   sp.num_decodes = nd;
@@ -195,7 +195,8 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
   };
   const int64_t o_slots = take(G), o_restore = take(G), o_dslots = take(Td), o_qh = take(C), o_qt = take(C),
                 o_hn = take(ht.head_nomask_tokens), o_hm = take(C), o_tn = take(ht.tail_nomask_tokens),
-                o_tm = take(C), o_qf = take(2 * C), o_dbt = take(nd * stride), o_cbt = take(Wp * np * stride);
+                o_tm = take(C), o_qf = take(2 * C), o_dbt = take(nd * stride), o_cbt = take(Wp * np * stride),
+                o_crow = take(sz.local_prefill_tokens);
   plan::pcp_padded_slot_mapping(sp, plan::CSpan<int32_t>(token_slots_.data(), total),
                                 plan::Span<int32_t>(s + o_slots, G));
   plan::pcp_restore_index(sp, plan::Span<int32_t>(s + o_restore, G));
@@ -224,6 +225,12 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
       ctx_q_ends_[j * np + i] = (qe += local_lens_[req]);
       ctx_kv_lens_[j * np + i] = plan::dcp_local_len(num_computed_[req], W, I, r);
       std::copy_n(in.block_table.data() + req * stride, stride, s + o_cbt + (j * np + i) * stride);
+    }
+  }
+  {
+    int32_t* crow = s + o_crow;
+    for (int64_t i = 0; i < np; ++i) {
+      crow = std::fill_n(crow, local_lens_[nd + i], num_computed_[nd + i] > 0 ? 1 : 0);
     }
   }
   int64_t de = 0;
@@ -259,6 +266,7 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
   md_.q_full_idx = view(o_qf, 2 * C);
   md_.decode_block_tables = view(o_dbt, nd * stride).view({nd, stride});
   md_.ctx_block_tables = view(o_cbt, Wp * np * stride).view({Wp * np, stride});
+  md_.context_rows = view(o_crow, sz.local_prefill_tokens);
   md_.attn_mask = causal_mask_;
   md_.decode_q_ends = c10::IntArrayRef(decode_q_ends_.data(), nd);
   md_.decode_kv_lens = c10::IntArrayRef(decode_kv_lens_.data(), nd);

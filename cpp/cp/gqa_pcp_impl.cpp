@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/cp/dcp.h"
 #include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -48,8 +49,6 @@ Partial merge_two(const Partial& a, const Partial& b) {
   auto [o, l] = ops::attention_update(lses, outs, /*update_type=*/1);
   return {o.view({t, h, d}), l.view({t, h, 1})};
 }
-
-at::Tensor wire_of(const Partial& p) { return at::cat({p.out.to(at::kFloat), p.lse}, -1); }
 
 }  // namespace
 
@@ -207,26 +206,35 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
     auto [o, l] = ops::fused_infer_attention_score(t, p);
     return Partial{o, l};
   };
-  // (rows, Wd*H, D+1) local partials -> this rank's heads' partials from every
-  // DCP rank, (rows, Wd, H, D+1) (spec 4 step 4).
-  auto dcp_exchange = [&](const at::Tensor& wire) {
-    const int64_t rows = wire.size(0);
-    if (Wd == 1) return wire.view({rows, 1, H, D + 1});
-    const at::Tensor x = dcp_->all_to_all_single(wire.permute({1, 2, 0}).contiguous());  // (Wd*H, D+1, rows)
-    return x.permute({2, 0, 1}).contiguous().view({rows, Wd, H, D + 1});
+  // A partial over this rank's shard for the Wd*H gathered heads -> merged
+  // over the DCP group for this rank's own H heads (cp/dcp.h), in the wire
+  // layout (rows, H, D+1) fp32 that the PCP exchange sends.
+  auto dcp_merge = [&](const Partial& p) {
+    const int64_t rows = p.out.size(0);
+    at::Tensor w = at::empty({rows, H, D + 1}, p.lse.options());
+    if (Wd == 1) {
+      w.narrow(-1, 0, D).copy_(p.out);
+      w.narrow(-1, D, 1).copy_(p.lse);
+      return w;
+    }
+    at::Tensor o = w.narrow(-1, 0, D);
+    combine_partials(*dcp_, p.out, p.lse, o, w.narrow(-1, D, 1));
+    return w;
+  };
+  // The Wp partials (Wp, rows, H, D+1) of this rank's rows merged: (rows, H, D) fp32 and (rows, H, 1).
+  auto pcp_merge = [&](const at::Tensor& parts, int64_t rows) {
+    auto [o, l] = merge_wire(parts.view({Wp, rows * H, D + 1}));
+    return Partial{o.view({rows, H, D}), l.view({rows, H, 1})};
   };
 
   // --- decodes (spec 4, legacy PCP x DCP) ---
   if (has_decode) {
-    at::Tensor qd = q.narrow(0, 0, td);
-    if (Wd > 1) qd = dcp_->all_gather(qd, 1);
-    const Partial part = fia(qd, key_cache_3d_, value_cache_3d_, Hq, md.decode_q_ends, md.decode_kv_lens,
-                             md.decode_block_tables, false);
-    at::Tensor w = dcp_exchange(wire_of(part));                 // (td, Wd, H, D+1)
-    if (Wp > 1) w = pcp_->all_gather(w, 0);                     // (Wp*td, Wd, H, D+1)
-    const at::Tensor parts = w.view({Wp, td, Wd, H, D + 1}).permute({0, 2, 1, 3, 4}).reshape({Wp * Wd, td * H, D + 1});
-    auto [o, l] = merge_wire(parts);
-    out.narrow(0, 0, td).copy_(o.view({td, H, D}));
+    const at::Tensor qd = q.narrow(0, 0, td);
+    const Partial part = fia(Wd > 1 ? gather_query_heads(*dcp_, qd) : qd, key_cache_3d_, value_cache_3d_, Hq,
+                             md.decode_q_ends, md.decode_kv_lens, md.decode_block_tables, false);
+    at::Tensor w = dcp_merge(part);          // (td, H, D+1)
+    if (Wp > 1) w = pcp_->all_gather(w, 0);  // (Wp*td, H, D+1): every PCP rank's shard
+    out.narrow(0, 0, td).copy_(pcp_merge(w, td).out);
   }
   if (!has_prefill) return;
 
@@ -253,14 +261,16 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   // rank-major query and the PCP all-to-all) ---
   if (md.has_context) {
     at::Tensor qg = Wp > 1 ? pcp_->all_gather(qp, 0) : qp;  // (Wp*tp, H, D), rank-major
-    if (Wd > 1) qg = dcp_->all_gather(qg, 1);                 // (Wp*tp, Wd*H, D)
+    if (Wd > 1) qg = gather_query_heads(*dcp_, qg);          // (Wp*tp, Wd*H, D)
     const Partial part = fia(qg, key_cache_3d_, value_cache_3d_, Hq, md.ctx_q_ends, md.ctx_kv_lens,
                              md.ctx_block_tables, false);
-    at::Tensor w = dcp_exchange(wire_of(part));  // (Wp*tp, Wd, H, D+1)
+    at::Tensor w = dcp_merge(part);              // (Wp*tp, H, D+1)
     if (Wp > 1) w = pcp_->all_to_all_single(w);  // block j: rank j's partials of this rank's tokens
-    const at::Tensor parts = w.view({Wp, tp, Wd, H, D + 1}).permute({0, 2, 1, 3, 4}).reshape({Wp * Wd, tp * H, D + 1});
-    auto [o, l] = merge_wire(parts);
-    cur = merge_two(Partial{o.view({tp, H, D}), l.view({tp, H, 1})}, cur);
+    const Partial merged = merge_two(pcp_merge(w, tp), cur);
+    // Rows of requests without cached context keep the current chunk's
+    // result: their context partials are all empty (-inf), which the CPU
+    // twin merges to 0 / -inf but the NPU kernel need not (spec 5.1 step 4).
+    cur.out = at::where(md.context_rows.ne(0).view({tp, 1, 1}), merged.out, cur.out);
   }
   out.narrow(0, td, tp).copy_(cur.out);
 }

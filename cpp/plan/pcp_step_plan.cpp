@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
 
 namespace aar::plan {
@@ -23,30 +22,6 @@ int32_t pcp_split_flags(CSpan<int32_t> qsl, CSpan<uint8_t> is_prefilling, Span<u
   }
   for (std::size_t i = 0; i < n; ++i) flags_out[i] = i >= first ? 1 : 0;
   return static_cast<int32_t>(first);
-}
-
-void check_sharded_block_table(const SlotMappingInputs& in, int32_t kv_world, int32_t interleave) {
-  AAR_CHECK_ARG(kv_world >= 1, "kv_world=", kv_world, " must be >= 1");
-  AAR_CHECK_ARG(interleave >= 1, "interleave=", interleave, " must be >= 1");
-  AAR_CHECK_ARG(in.block_size > 0, "block_size=", in.block_size, " must be positive");
-  const std::size_t n = in.seq_lens.size();
-  const std::size_t stride = static_cast<std::size_t>(std::max(in.block_table_stride, 0));
-  AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table.size() >= n * stride,
-                "block_table has ", in.block_table.size(), " entries, needs ", n, " rows of ", in.block_table_stride);
-  for (std::size_t r = 0; r < n; ++r) {
-    const int64_t seq = in.seq_lens[r];
-    AAR_CHECK_ARG(seq >= 0, "seq_lens[", r, "]=", seq, " is negative");
-    const int64_t most = dcp_local_len(seq, kv_world, interleave, 0);
-    const int64_t cols = (most + in.block_size - 1) / in.block_size;
-    AAR_CHECK_ARG(cols <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", cols,
-                  " block-table columns on KV rank 0 of ", kv_world, " (block_size=", in.block_size,
-                  ", interleave=", interleave, ") but block_table has ", in.block_table_stride);
-    const int32_t* row = in.block_table.data() + r * in.block_table_stride;
-    for (int64_t c = 0; c < cols; ++c) {
-      AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
-                    " is out of range [0, ", in.num_blocks, ")");
-    }
-  }
 }
 
 int32_t pcp_local_batch(const PcpSegmentInputs& in, int32_t rank, CSpan<int32_t> block_table,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/pcp_step_plan.h"
 #include "test_plan_util.h"
 
@@ -39,7 +40,7 @@ TEST(PcpStepPlan, SplitFlagsFirstFlagSplitsTheBatch) {
   EXPECT_THROW(pcp_split_flags(lens_to_qsl({1, 2}), {}, small), aar::InvalidArgument);
 }
 
-TEST(PcpStepPlan, ShardedBlockTableNeedsRankZerosColumns) {
+TEST(DcpBlockTableCheck, NeedsRankZerosColumns) {
   std::mt19937 rng(7);
   for (int32_t w : {1, 2, 3, 4, 6}) {
     for (int32_t bs : {4, 16}) {
@@ -54,12 +55,12 @@ TEST(PcpStepPlan, ShardedBlockTableNeedsRankZerosColumns) {
           std::vector<int32_t> qsl{0, 0}, seq{len};
           std::vector<int32_t> table(std::max(cols, 1), 3);
           SlotMappingInputs in{qsl, seq, table, static_cast<int32_t>(table.size()), bs, 8};
-          EXPECT_NO_THROW(check_sharded_block_table(in, w, il)) << w << " " << bs << " " << il << " " << len;
+          EXPECT_NO_THROW(check_dcp_block_table(in, w, il)) << w << " " << bs << " " << il << " " << len;
           if (cols > 0) {
             SlotMappingInputs fewer{qsl, seq, table, cols - 1, bs, 8};
-            EXPECT_THROW(check_sharded_block_table(fewer, w, il), aar::InvalidArgument);
+            EXPECT_THROW(check_dcp_block_table(fewer, w, il), aar::InvalidArgument);
             table[cols - 1] = 8;  // out of range [0, 8)
-            EXPECT_THROW(check_sharded_block_table(in, w, il), aar::InvalidArgument);
+            EXPECT_THROW(check_dcp_block_table(in, w, il), aar::InvalidArgument);
           }
         }
       }

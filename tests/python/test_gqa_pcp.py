@@ -264,7 +264,7 @@ def test_build_rejects_bad_batches_and_keeps_previous_metadata():
     # A sharded cache over W = 2 needs ceil(local_len(40, 2, 1, 0) / 16) = 2 columns, not 3.
     md2 = b.build(qsl, torch.tensor([40, 5], dtype=torch.int32), bt)
     assert md2.is_current and not md.is_current
-    with pytest.raises(ValueError, match="block-table columns"):
+    with pytest.raises(ValueError, match="needs 3 blocks per DCP rank"):
         b.build(qsl, torch.tensor([80, 5], dtype=torch.int32), bt)
     assert md2.is_current
     assert torch.equal(before, before)

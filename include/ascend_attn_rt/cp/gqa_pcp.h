@@ -33,9 +33,11 @@
 // ranks issue the same sequence, spec 7):
 //   sharded, prefills in the batch:  PCP all-gather [T_loc, Hkv, 2D] (KV write)
 //   sharded, decodes:                DCP all-gather q (Wd > 1), DCP a2a of the
-//                                    partials (Wd > 1), PCP all-gather of them
+//                                    partials (Wd > 1), PCP all-gather of the
+//                                    DCP-merged partials
 //   sharded, cached context:         PCP all-gather q, DCP all-gather q (Wd > 1),
-//                                    DCP a2a (Wd > 1), PCP a2a of the partials
+//                                    DCP a2a (Wd > 1), PCP a2a of the DCP-merged
+//                                    partials
 //   replicated, prefills:            PCP all-gather K, then V
 //   a decode-only or fresh-prefill-only batch issues only the entries above
 //   that apply (a decode-only replicated batch: none).
@@ -51,9 +53,13 @@
 //    per (rank, request) entry of the gathered query, KV length = the local
 //    context length), which is the kv_cache_load + dense call of spec 5.1
 //    without the copy.
-//  * Merges go through npu_attention_update (ops::attention_update), whose
-//    empty-partial rule (spec 6.3: all -inf gives 0 / -inf) makes the chunk
-//    merge safe without the filter indices.
+//  * Merges: over the DCP group first (cp/dcp.h combine_partials: the a2a of
+//    the Wd*H-head partials and their merge), then the Wp DCP-merged partials
+//    of the PCP ranks (npu_attention_update): the same merge of W = Wp*Wd
+//    partials as upstream's single one (log-sum-exp is associative), with
+//    1/Wd of upstream's PCP traffic. Rows of prefills without cached context
+//    keep the current chunk's result (a select on a per-row flag, the filter
+//    of spec 5.1 step 4), so no all-empty merge reaches them on the NPU.
 //  * The KV write of a sharded batch with prefills writes the whole restored
 //    buffer through the padded-global slot mapping in one call (decode copies
 //    other than the first are -1), which equals upstream's two writes.
@@ -131,6 +137,7 @@ struct PcpMetadata {
       q_full_idx;                  // device int32 (spec 3.5 lists)
   at::Tensor decode_block_tables;  // device int32 (num_decodes, stride)
   at::Tensor ctx_block_tables;     // device int32 (Wp * num_prefills, stride): entry (j, i) = request i's row
+  at::Tensor context_rows;         // device int32 (T_loc - Td): 1 where the local prefill row's request has context
   std::optional<at::Tensor> attn_mask;
   c10::IntArrayRef decode_q_ends, decode_kv_lens;  // cumulative 1..Td; local KV lengths (this step included)
   c10::IntArrayRef mask_seq_ends, head_nomask_kv_ends, tail_nomask_kv_ends;  // cumulative (spec 3.5)

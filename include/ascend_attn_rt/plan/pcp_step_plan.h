@@ -1,7 +1,6 @@
 // The per-step host pieces of the GQA PCP backend (spec cp.md 1.3, 1.4, 3.5,
 // 3.6) that pcp_split.h / pcp_segments.h / dcp_layout.h do not already give:
-// which requests a PCP step splits, the block-table check of a KV-sharded
-// cache, and the local request rows a model-runner-v2 rank hands to the
+// which requests a PCP step splits and the local request rows a model-runner-v2 rank hands to the
 // ordinary GQA metadata builder.
 //
 // Decisions where the spec is silent:
@@ -26,13 +25,6 @@ namespace aar::plan {
 // leading unsplit requests (the decodes). is_prefilling may be empty (no
 // request flagged). Validates query_start_loc and the sizes first.
 int32_t pcp_split_flags(CSpan<int32_t> query_start_loc, CSpan<uint8_t> is_prefilling, Span<uint8_t> flags_out);
-
-// A KV cache sharded over `kv_world` ranks with interleave I (spec 1.2, 1.4):
-// rank 0 holds the most tokens of every request, local_len(seq_len, W, I, 0),
-// so each row of the shared block table must have ceil(that / block_size)
-// columns, all of them block ids in [0, num_blocks). Checks every column any
-// rank reads (context included), rank-independently.
-void check_sharded_block_table(const SlotMappingInputs& in, int32_t kv_world, int32_t interleave);
 
 // A model-runner-v2 rank's local batch (spec 3.6): one request row per segment
 // (pcp_rank_segments order, so replicated decodes first, pure prefills last),
