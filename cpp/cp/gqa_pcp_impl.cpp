@@ -59,6 +59,13 @@ PcpAttentionImpl::PcpAttentionImpl(const gqa::ImplConfig& cfg, Comm* pcp, Comm* 
   // its defaults (num_kv_heads, scale).
   inner_ = std::make_unique<gqa::AttentionImpl>(cfg);
   cfg_ = inner_->config();
+  // DCP shards the KV of one replicated KV head per rank (spec 1.1: TP >
+  // total KV heads): the Wd*H gathered query heads all map to it. With more
+  // KV heads per rank the gathered heads' GQA groups would differ from each
+  // rank's own.
+  AAR_CHECK_ARG(dcp == nullptr || dcp->size() == 1 || cfg_.num_kv_heads == 1, "num_kv_heads=", cfg_.num_kv_heads,
+                " with a DCP group of ", dcp == nullptr ? 1 : dcp->size(),
+                " ranks: DCP needs one KV head per rank (TP > total KV heads), whose KV it shards");
   AAR_CHECK_ARG(!cfg_.kv_sharing, "kv_sharing: a PCP layer writes the KV it gathers; a layer sharing another "
                 "layer's cache is not supported with PCP");
 }

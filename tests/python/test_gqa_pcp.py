@@ -295,6 +295,7 @@ def _case_bad_input(rank, world):
             (lambda: layer.forward(q, k, v, kc[:, :8], vc, md, o), "key_cache"),
             (lambda: layer.forward(q, k, v, kc, vc, wrong_rank, o), "pcp group"),
         ]
+        bad.append((lambda: aar.cp.PcpAttentionImpl(4, 16, pcp=pcp, dcp=pcp, num_kv_heads=2), "one KV head"))
         for call, what in bad:
             with pytest.raises(ValueError, match=what):
                 call()
