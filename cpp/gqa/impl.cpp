@@ -8,6 +8,7 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/gqa/kv_write.h"
 #include "ascend_attn_rt/gqa/validate.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/fusion_attention.h"
@@ -143,12 +144,17 @@ void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, con
   // Rows past num_actual_tokens map to slot -1 and are skipped by the kernel, so
   // the padded slot mapping serves a padded key as is (no slicing per layer).
   at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
+  write_paged_kv(cfg_.device_kind, key, value, key_cache_, value_cache_, slots);
+}
+
+void write_paged_kv(plan::DeviceKind device, const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
+                    at::Tensor& value_cache, const at::Tensor& slot_mapping) {
   const at::Tensor k = key.is_contiguous() ? key : key.contiguous();
   const at::Tensor v = value.is_contiguous() ? value : value.contiguous();
-  if (cfg_.device_kind == plan::DeviceKind::Ascend310P) {
-    ops::reshape_and_cache(k, v, key_cache_, value_cache_, slots);
+  if (device == plan::DeviceKind::Ascend310P) {
+    ops::reshape_and_cache(k, v, key_cache, value_cache, slot_mapping);
   } else {
-    ops::scatter_pa_kv_cache(k, v, key_cache_, value_cache_, slots, "Norm");
+    ops::scatter_pa_kv_cache(k, v, key_cache, value_cache, slot_mapping, "Norm");
   }
 }
 

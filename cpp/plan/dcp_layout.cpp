@@ -173,6 +173,28 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
   return owned;
 }
 
+void check_dcp_block_table(const SlotMappingInputs& in, int32_t world, int32_t interleave) {
+  AAR_CHECK_ARG(world >= 1, "world=", world, " must be >= 1");
+  AAR_CHECK_ARG(interleave >= 1, "interleave=", interleave, " must be >= 1");
+  AAR_CHECK_ARG(in.block_size > 0, "block_size=", in.block_size, " must be positive");
+  const std::size_t n = in.seq_lens.size();
+  const std::size_t stride = static_cast<std::size_t>(std::max(in.block_table_stride, 0));
+  AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table.size() >= n * stride, "block_table has ",
+                in.block_table.size(), " entries, expected ", n, " x ", in.block_table_stride);
+  for (std::size_t r = 0; r < n; ++r) {
+    const int64_t seq = in.seq_lens[r];
+    AAR_CHECK_ARG(seq >= 0, "seq_lens[", r, "]=", seq, " is negative");
+    const int64_t need = (local_len(seq, world, interleave, 0) + in.block_size - 1) / in.block_size;
+    AAR_CHECK_ARG(need <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", need,
+                  " blocks per DCP rank but block_table_stride=", in.block_table_stride);
+    const int32_t* row = in.block_table.data() + r * stride;
+    for (int64_t c = 0; c < need; ++c) {
+      AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
+                    " is out of range [0, ", in.num_blocks, ")");
+    }
+  }
+}
+
 void build_dcp_mtp_mask(const DcpMtpMaskInputs& in, Span<uint8_t> mask_out) {
   check_shard(in.shard);
   const std::size_t n = in.seq_lens.size();

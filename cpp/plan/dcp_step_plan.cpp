@@ -68,26 +68,10 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   check_room(buf.prefill_context_lens.size(), np, "prefill_context_lens");
   check_room(buf.context_token_idx.size(), tp, "context_token_idx");
 
-  // The kernels read each request's local sequence through its row: columns
-  // [0, ceil(local_len(seq, 0) / B)) (rank 0 holds the most), so those ids are
-  // checked on every rank alike (the slot mapping checks the written ones only).
-  AAR_CHECK_ARG(in.block_size > 0, "block_size=", in.block_size, " must be positive");
-  AAR_CHECK_ARG(in.block_table.size() >= b * static_cast<std::size_t>(in.block_table_stride), "block_table has ",
-                in.block_table.size(), " entries, expected ", b, " x ", in.block_table_stride);
   for (std::size_t r = 0; r < b; ++r) {
     AAR_CHECK_ARG(in.seq_lens[r] >= qsl[r + 1] - qsl[r], "seq_lens[", r, "]=", in.seq_lens[r],
                   " is smaller than its query length ", qsl[r + 1] - qsl[r]);
-    const int64_t need = (dcp_local_len(in.seq_lens[r], in.shard.world, in.shard.interleave, 0) + in.block_size - 1) /
-                         in.block_size;
-    AAR_CHECK_ARG(need <= in.block_table_stride, "seq_lens[", r, "]=", in.seq_lens[r], " needs ", need,
-                  " blocks per DCP rank but block_table_stride=", in.block_table_stride);
-    const int32_t* row = in.block_table.data() + r * static_cast<std::size_t>(in.block_table_stride);
-    for (int64_t c = 0; c < need; ++c) {
-      AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
-                    " is out of range [0, ", in.num_blocks, ")");
-    }
   }
-  // Validates sizes, seq_len >= query_len, block columns and ids before writing.
   SlotMappingInputs sm;
   sm.query_start_loc = qsl;
   sm.seq_lens = in.seq_lens;
@@ -95,6 +79,10 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   sm.block_table_stride = in.block_table_stride;
   sm.block_size = in.block_size;
   sm.num_blocks = in.num_blocks;
+  // The kernels read each request's local sequence through its row, context
+  // included: those ids are checked on every rank alike (the slot mapping
+  // checks the written ones only), then the slot mapping's own checks.
+  check_dcp_block_table(sm, in.shard.world, in.shard.interleave);
   DcpStepPlan p;
   p.num_local_writes = compute_dcp_slot_mapping(sm, in.shard, buf.slot_mapping.subspan(0, t_in));
 

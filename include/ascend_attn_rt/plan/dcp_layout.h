@@ -76,6 +76,14 @@ void dcp_context_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, i
 // (ceil(seq_len / (B*W)) columns suffice when B % I == 0).
 int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& shard, Span<int32_t> slots_out);
 
+// Every block id a paged kernel reads under the (world, interleave) sharding:
+// rank 0 holds the most tokens of each request, local_len(seq_len, W, I, 0),
+// so each row needs ceil(that / block_size) columns, all of them block ids in
+// [0, num_blocks). compute_dcp_slot_mapping checks only the columns written
+// this step; this covers the cached context too, the same on every rank.
+// Used by the DCP and the sharded PCP step plans.
+void check_dcp_block_table(const SlotMappingInputs& in, int32_t world, int32_t interleave);
+
 // The causal mask of a multi-token (speculative) decode under DCP (spec 3.4,
 // mla.md 7.2), bool as uint8, 1 = masked, row-major [num_reqs, max_query_len,
 // max_kv_len]. For request b with n = query_lens[b] new tokens, L = seq_lens[b],

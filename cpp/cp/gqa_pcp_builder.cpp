@@ -1,0 +1,360 @@
+// GQA PCP metadata builder (spec cp.md 1.3, 1.4, 3.3 legacy, 3.5, 3.6).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "ascend_attn_rt/cp/gqa_pcp.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/gqa/backend.h"
+#include "ascend_attn_rt/gqa/mask.h"
+#include "ascend_attn_rt/plan/dcp_layout.h"
+#include "ascend_attn_rt/plan/pcp_split.h"
+#include "ascend_attn_rt/plan/pcp_step_plan.h"
+#include "ascend_attn_rt/plan/slot_mapping.h"
+#include "../common/staging.h"
+
+namespace aar::cp {
+
+namespace {
+
+int32_t kv_world(const PcpConfig& c) { return c.pcp_size * c.dcp_size; }
+int32_t kv_rank(const PcpConfig& c) { return c.pcp_rank * c.dcp_size + c.dcp_rank; }
+
+plan::SlotMappingInputs slot_inputs(const PcpBuildInputs& in, const PcpConfig& c) {
+  plan::SlotMappingInputs si;
+  si.query_start_loc = in.query_start_loc;
+  si.seq_lens = in.seq_lens;
+  si.block_table = in.block_table;
+  si.block_table_stride = in.block_table_stride;
+  si.block_size = c.block_size;
+  si.num_blocks = c.num_blocks;
+  return si;
+}
+
+}  // namespace
+
+PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
+  AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
+  AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
+  AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
+  AAR_CHECK_ARG(gqa::Backend::is_supported_block_size(cfg.block_size), "block_size ", cfg.block_size,
+                " is not supported (supported: 16, 32, 64, 128)");
+  AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
+  if (cfg.num_speculative_tokens != 0) {
+    throw_not_supported("num_speculative_tokens=", cfg.num_speculative_tokens,
+                        ": speculative decode is not supported with PCP (the decode threshold is 1)");
+  }
+  AAR_CHECK_ARG(cfg.pcp_size >= 1, "pcp_size must be >= 1, got ", cfg.pcp_size);
+  AAR_CHECK_ARG(cfg.pcp_rank >= 0 && cfg.pcp_rank < cfg.pcp_size, "pcp_rank=", cfg.pcp_rank,
+                " is out of range [0, pcp_size=", cfg.pcp_size, ")");
+  AAR_CHECK_ARG(cfg.dcp_size >= 1, "dcp_size must be >= 1, got ", cfg.dcp_size);
+  AAR_CHECK_ARG(cfg.dcp_rank >= 0 && cfg.dcp_rank < cfg.dcp_size, "dcp_rank=", cfg.dcp_rank,
+                " is out of range [0, dcp_size=", cfg.dcp_size, ")");
+  AAR_CHECK_ARG(cfg.interleave_size >= 1, "interleave_size must be >= 1, got ", cfg.interleave_size);
+  if (cfg.kv_mode == plan::PcpKvMode::Replicated) {
+    if (cfg.dcp_size != 1) {
+      throw_not_supported("kv_mode='replicated' (model-runner v2 PCP) with dcp_size=", cfg.dcp_size,
+                          ": PCP with replicated KV and DCP > 1 at once is not supported (use kv_mode='sharded')");
+    }
+    AAR_CHECK_ARG(cfg.interleave_size == 1, "interleave_size=", cfg.interleave_size,
+                  " has no effect with kv_mode='replicated' (the KV is not sharded); leave it at 1");
+  } else {
+    AAR_CHECK_ARG(cfg.block_size % cfg.interleave_size == 0, "block_size=", cfg.block_size,
+                  " must be a multiple of interleave_size=", cfg.interleave_size);
+    AAR_CHECK_ARG(kv_world(cfg) <= plan::kMaxCpMergePartitions, "pcp_size * dcp_size = ", kv_world(cfg),
+                  " exceeds the ", plan::kMaxCpMergePartitions, " partials npu_attention_update merges");
+  }
+
+  const int64_t Wp = cfg.pcp_size, Nm = cfg.max_num_reqs, Tm = cfg.max_num_tokens, mb = cfg.max_blocks_per_req;
+  // Padded-global rows: decodes Wp q, prefills P_i <= q_i + 2 Wp - 1.
+  const int64_t G = Wp * Tm + 2 * Wp * Nm;
+  const int64_t C = G / Wp;  // >= sum c_i
+  cap_ = G;
+  const bool separate = !cfg.device.is_cpu();
+  int64_t words = 0;
+  if (cfg.kv_mode == plan::PcpKvMode::Sharded) {
+    words = 3 * G + Tm + (6 + 3 * Wp) * C + (Nm + Wp * Nm) * mb;
+  } else {
+    words = 2 * Wp * Tm;
+  }
+  buffers_ = std::make_unique<detail::StagingBuffers>(words, cfg.device, separate, 2, nullptr);
+
+  flags_.assign(Nm, 0);
+  qlens_.assign(Nm, 0);
+  num_computed_.assign(Nm, 0);
+  token_slots_.assign(Tm, 0);
+  local_lens_.assign(Nm, 0);
+  positions_.reserve(G);
+  token_index_.reserve(G);
+  decode_q_ends_.assign(Nm, 0);
+  decode_kv_lens_.assign(Nm, 0);
+  mask_ends_.assign(Nm, 0);
+  head_ends_.assign(Nm, 0);
+  tail_ends_.assign(Nm, 0);
+  ctx_q_ends_.assign(Wp * Nm, 0);
+  ctx_kv_lens_.assign(Wp * Nm, 0);
+  if (cfg.kv_mode == plan::PcpKvMode::Replicated) {
+    gqa::BuilderConfig b;
+    b.max_num_reqs = static_cast<int32_t>(2 * Nm + 1);
+    b.max_num_tokens = cfg.max_num_tokens;
+    b.max_blocks_per_req = cfg.max_blocks_per_req;
+    b.block_size = cfg.block_size;
+    b.num_blocks = cfg.num_blocks;
+    b.device = cfg.device;
+    inner_ = std::make_unique<gqa::MetadataBuilder>(b);
+    segments_.resize(2 * Nm + 1);
+    local_qsl_.assign(2 * Nm + 2, 0);
+    local_seq_.assign(2 * Nm + 1, 0);
+    local_pref_.assign(2 * Nm + 1, 0);
+    local_bt_.assign((2 * Nm + 1) * mb, 0);
+    token_slots_.assign(Tm, 0);
+    u8_.reserve(Tm);
+  } else {
+    gqa::MaskBuilder masks(cfg.device);
+    causal_mask_ = masks.attention_mask(/*causal=*/true, /*pooling=*/false);
+  }
+  md_.kv_mode = cfg.kv_mode;
+  md_.pcp_size = cfg.pcp_size;
+  md_.pcp_rank = cfg.pcp_rank;
+  md_.dcp_size = cfg.dcp_size;
+  md_.dcp_rank = cfg.dcp_rank;
+}
+
+PcpMetadataBuilder::~PcpMetadataBuilder() = default;
+
+const PcpMetadata& PcpMetadataBuilder::build(const PcpBuildInputs& in) {
+  const size_t n = in.seq_lens.size();
+  AAR_CHECK_ARG(n <= static_cast<size_t>(cfg_.max_num_reqs), "num_reqs=", n,
+                " (seq_lens entries) exceeds the builder's max_num_reqs=", cfg_.max_num_reqs);
+  AAR_CHECK_ARG(in.query_start_loc.size() == n + 1, "query_start_loc has ", in.query_start_loc.size(),
+                " entries, expected num_reqs + 1 = ", n + 1);
+  AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table_stride <= cfg_.max_blocks_per_req, "block_table has ",
+                in.block_table_stride, " columns, more than the builder's max_blocks_per_req=",
+                cfg_.max_blocks_per_req);
+  AAR_CHECK_ARG(in.block_table.size() == n * static_cast<size_t>(in.block_table_stride), "block_table has ",
+                in.block_table.size(), " entries, expected num_reqs * block_table_stride = ",
+                n * static_cast<size_t>(in.block_table_stride));
+  const int32_t num_decodes = plan::pcp_split_flags(in.query_start_loc, in.is_prefilling,
+                                                    plan::Span<uint8_t>(flags_.data(), n));
+  const int32_t total = in.query_start_loc[n];
+  AAR_CHECK_ARG(total <= cfg_.max_num_tokens, "num_tokens=query_start_loc[-1]=", total,
+                " exceeds the builder's max_num_tokens=", cfg_.max_num_tokens);
+  for (size_t i = 0; i < n; ++i) {
+    qlens_[i] = in.query_start_loc[i + 1] - in.query_start_loc[i];
+    AAR_CHECK_ARG(in.seq_lens[i] >= qlens_[i], "seq_lens[", i, "]=", in.seq_lens[i],
+                  " is smaller than its query length ", qlens_[i]);
+    num_computed_[i] = in.seq_lens[i] - qlens_[i];
+  }
+  if (cfg_.kv_mode == plan::PcpKvMode::Sharded) {
+    build_sharded(in, num_decodes);
+  } else {
+    build_replicated(in);
+  }
+  md_.num_reqs = static_cast<int32_t>(n);
+  md_.num_decodes = num_decodes;
+  md_.num_prefills = static_cast<int32_t>(n) - num_decodes;
+  md_.num_actual_tokens = total;
+  bool ctx = false;
+  for (size_t i = num_decodes; i < n; ++i) ctx = ctx || num_computed_[i] > 0;
+  md_.has_context = ctx;
+  counter_.next(md_.stamp);
+  return md_;
+}
+
+void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
+  const size_t n = in.seq_lens.size();
+  const int32_t Wp = cfg_.pcp_size, rp = cfg_.pcp_rank, W = kv_world(cfg_), r = kv_rank(cfg_);
+  const int32_t I = cfg_.interleave_size;
+  const int32_t total = in.query_start_loc[n];
+  // --- validation (nothing written that the previous metadata reads) ---
+  const plan::SlotMappingInputs si = slot_inputs(in, cfg_);
+  plan::check_dcp_block_table(si, W, I);
+  plan::PcpSplitInputs sp;
+  sp.query_lens = plan::CSpan<int32_t>(qlens_.data(), n);
+  sp.num_decodes = nd;
+  sp.pcp_size = Wp;
+  const plan::PcpSplitSizes sz = plan::pcp_split_sizes(sp);
+  const plan::PcpHeadTailCounts ht = plan::pcp_head_tail_counts(sp, rp);
+  const int64_t G = sz.padded_global_tokens, Td = sz.num_decode_tokens, C = ht.chunk_tokens;
+  const int64_t np = static_cast<int64_t>(n) - nd, stride = in.block_table_stride;
+  // Holds by the token and request limits checked above; every other list is bounded by G.
+  AAR_CHECK_ARG(G <= cap_, "the padded-global batch has ", G, " rows, more than the builder's capacity ", cap_);
+
+  // The batch tokens' slots on this KV rank (-1 where another rank owns them);
+  // validates the written columns (the read ones were checked above).
+  plan::DcpShard shard{W, r, I};
+  plan::compute_dcp_slot_mapping(si, shard, plan::Span<int32_t>(token_slots_.data(), total));
+
+  // --- host lists and the staging buffer ---
+  int32_t* s = buffers_->begin();
+  int64_t off = 0;
+  auto take = [&](int64_t len) {
+    const int64_t o = off;
+    off += len;
+    return o;
+  };
+  const int64_t o_slots = take(G), o_restore = take(G), o_dslots = take(Td), o_qh = take(C), o_qt = take(C),
+                o_hn = take(ht.head_nomask_tokens), o_hm = take(C), o_tn = take(ht.tail_nomask_tokens),
+                o_tm = take(C), o_qf = take(2 * C), o_dbt = take(nd * stride), o_cbt = take(Wp * np * stride),
+                o_crow = take(sz.local_prefill_tokens);
+  plan::pcp_padded_slot_mapping(sp, plan::CSpan<int32_t>(token_slots_.data(), total),
+                                plan::Span<int32_t>(s + o_slots, G));
+  plan::pcp_restore_index(sp, plan::Span<int32_t>(s + o_restore, G));
+  std::copy_n(token_slots_.data(), Td, s + o_dslots);
+  plan::PcpHeadTailBuffers hb;
+  hb.q_head_idx = plan::Span<int32_t>(s + o_qh, C);
+  hb.q_tail_idx = plan::Span<int32_t>(s + o_qt, C);
+  hb.kv_head_nomask_idx = plan::Span<int32_t>(s + o_hn, ht.head_nomask_tokens);
+  hb.kv_head_mask_idx = plan::Span<int32_t>(s + o_hm, C);
+  hb.kv_tail_nomask_idx = plan::Span<int32_t>(s + o_tn, ht.tail_nomask_tokens);
+  hb.kv_tail_mask_idx = plan::Span<int32_t>(s + o_tm, C);
+  hb.q_full_idx = plan::Span<int32_t>(s + o_qf, 2 * C);
+  hb.mask_seq_ends = plan::Span<int64_t>(mask_ends_.data(), np);
+  hb.head_nomask_kv_ends = plan::Span<int64_t>(head_ends_.data(), np);
+  hb.tail_nomask_kv_ends = plan::Span<int64_t>(tail_ends_.data(), np);
+  plan::pcp_head_tail_indices(sp, rp, hb);
+  std::copy_n(in.block_table.data(), nd * stride, s + o_dbt);
+  // Context entries of the PCP-gathered query, rank-major: (rank j, request i).
+  positions_.assign(sz.local_tokens, 0);
+  plan::pcp_local_tokens(sp, rp, plan::Span<int32_t>(local_lens_.data(), n),
+                         plan::Span<int32_t>(positions_.data(), positions_.size()));
+  int64_t qe = 0;
+  for (int32_t j = 0; j < Wp; ++j) {
+    for (int64_t i = 0; i < np; ++i) {
+      const int64_t req = nd + i;
+      ctx_q_ends_[j * np + i] = (qe += local_lens_[req]);
+      ctx_kv_lens_[j * np + i] = plan::dcp_local_len(num_computed_[req], W, I, r);
+      std::copy_n(in.block_table.data() + req * stride, stride, s + o_cbt + (j * np + i) * stride);
+    }
+  }
+  {
+    int32_t* crow = s + o_crow;
+    for (int64_t i = 0; i < np; ++i) {
+      crow = std::fill_n(crow, local_lens_[nd + i], num_computed_[nd + i] > 0 ? 1 : 0);
+    }
+  }
+  int64_t de = 0;
+  for (int32_t i = 0; i < nd; ++i) {
+    decode_q_ends_[i] = (de += qlens_[i]);
+    decode_kv_lens_[i] = plan::dcp_local_len(in.seq_lens[i], W, I, r);
+  }
+  // Where each local row comes from in the global batch (-1: a pad).
+  token_index_.assign(sz.local_tokens, -1);
+  {
+    int64_t row = 0;
+    for (size_t i = 0; i < n; ++i) {
+      for (int32_t k = 0; k < local_lens_[i]; ++k, ++row) {
+        const int32_t p = positions_[row];
+        if (p < qlens_[i]) token_index_[row] = in.query_start_loc[i] + p;
+      }
+    }
+  }
+  buffers_->copy(0, off);
+  buffers_->finish();
+
+  const at::Tensor& dev = buffers_->device();
+  auto view = [&](int64_t o, int64_t len) { return dev.narrow(0, o, len); };
+  md_.padded_slot_mapping = view(o_slots, G);
+  md_.restore_idx = view(o_restore, G);
+  md_.decode_slots = view(o_dslots, Td);
+  md_.q_head_idx = view(o_qh, C);
+  md_.q_tail_idx = view(o_qt, C);
+  md_.kv_head_nomask_idx = view(o_hn, ht.head_nomask_tokens);
+  md_.kv_head_mask_idx = view(o_hm, C);
+  md_.kv_tail_nomask_idx = view(o_tn, ht.tail_nomask_tokens);
+  md_.kv_tail_mask_idx = view(o_tm, C);
+  md_.q_full_idx = view(o_qf, 2 * C);
+  md_.decode_block_tables = view(o_dbt, nd * stride).view({nd, stride});
+  md_.ctx_block_tables = view(o_cbt, Wp * np * stride).view({Wp * np, stride});
+  md_.context_rows = view(o_crow, sz.local_prefill_tokens);
+  md_.attn_mask = causal_mask_;
+  md_.decode_q_ends = c10::IntArrayRef(decode_q_ends_.data(), nd);
+  md_.decode_kv_lens = c10::IntArrayRef(decode_kv_lens_.data(), nd);
+  md_.mask_seq_ends = c10::IntArrayRef(mask_ends_.data(), np);
+  md_.head_nomask_kv_ends = c10::IntArrayRef(head_ends_.data(), np);
+  md_.tail_nomask_kv_ends = c10::IntArrayRef(tail_ends_.data(), np);
+  md_.ctx_q_ends = c10::IntArrayRef(ctx_q_ends_.data(), Wp * np);
+  md_.ctx_kv_lens = c10::IntArrayRef(ctx_kv_lens_.data(), Wp * np);
+  md_.chunk_tokens = ht.chunk_tokens;
+  md_.head_nomask_tokens = ht.head_nomask_tokens;
+  md_.tail_nomask_tokens = ht.tail_nomask_tokens;
+  md_.num_decode_tokens = sz.num_decode_tokens;
+  md_.num_local_tokens = sz.local_tokens;
+  md_.shape.block_size = cfg_.block_size;
+  md_.shape.num_blocks = cfg_.num_blocks;
+  md_.shape.num_input_tokens = md_.shape.num_actual_tokens = md_.shape.num_kernel_tokens = sz.local_tokens;
+  md_.local = nullptr;
+  md_.write_slots = at::Tensor();
+}
+
+void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
+  const size_t n = in.seq_lens.size();
+  const int32_t Wp = cfg_.pcp_size, rp = cfg_.pcp_rank;
+  const int32_t total = in.query_start_loc[n];
+  const int64_t stride = in.block_table_stride;
+  // --- validation ---
+  const plan::SlotMappingInputs si = slot_inputs(in, cfg_);
+  plan::compute_slot_mapping(si, plan::Span<int32_t>(token_slots_.data(), total));
+  plan::PcpSegmentInputs seg;
+  seg.query_start_loc = in.query_start_loc;
+  seg.num_computed_tokens = plan::CSpan<int32_t>(num_computed_.data(), n);
+  seg.is_prefilling = plan::CSpan<uint8_t>(flags_.data(), n);
+  seg.pcp_size = Wp;
+  const int32_t P = plan::pcp_padded_local_tokens(seg);
+  plan::PcpLocalBatchBuffers lb;
+  lb.query_start_loc = plan::Span<int32_t>(local_qsl_.data(), local_qsl_.size());
+  lb.seq_lens = plan::Span<int32_t>(local_seq_.data(), local_seq_.size());
+  lb.block_table = plan::Span<int32_t>(local_bt_.data(), local_bt_.size());
+  lb.is_prefilling = plan::Span<uint8_t>(local_pref_.data(), local_pref_.size());
+  lb.segments = plan::Span<plan::PcpSegment>(segments_.data(), segments_.size());
+  const int32_t rows = plan::pcp_local_batch(seg, rp, in.block_table, in.block_table_stride, lb);
+  int32_t td = 0;
+  bool any_split = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (flags_[i]) any_split = true;
+    else td += qlens_[i];
+  }
+
+  // The rank's rows as an ordinary GQA batch, padded to P tokens. A batch
+  // with a split request is always ChunkedPrefill (spec 3.6): a fresh prefill
+  // segment still reads the other ranks' chunks from the cache.
+  gqa::BuildInputs bi;
+  bi.query_start_loc = plan::CSpan<int32_t>(local_qsl_.data(), rows + 1);
+  bi.seq_lens = plan::CSpan<int32_t>(local_seq_.data(), rows);
+  bi.block_table = plan::CSpan<int32_t>(local_bt_.data(), rows * stride);
+  bi.block_table_stride = in.block_table_stride;
+  bi.num_input_tokens = P;
+  if (any_split) bi.attn_state = plan::AttentionState::ChunkedPrefill;
+  bi.is_prefilling = plan::CSpan<uint8_t>(local_pref_.data(), rows);
+  const gqa::Metadata& local = inner_->build(bi);
+
+  // The expanded mapping (spec 3.6) and the write slots of cat(K[:Td], gathered).
+  int32_t* s = buffers_->begin();
+  const int64_t G = static_cast<int64_t>(Wp) * P;
+  plan::pcp_expanded_slot_mapping(seg, plan::CSpan<int32_t>(token_slots_.data(), total),
+                                  plan::Span<int32_t>(s, G));
+  const int64_t nw = td + static_cast<int64_t>(Wp) * (P - td);
+  int32_t* w = s + G;
+  std::copy_n(s, td, w);  // rank 0's row: the decode copies' real slots
+  for (int32_t j = 0; j < Wp; ++j) std::copy_n(s + j * P + td, P - td, w + td + j * (P - td));
+  buffers_->copy(0, G + nw);
+  buffers_->finish();
+  md_.write_slots = buffers_->device().narrow(0, G, nw);
+  md_.local = &local;
+  md_.num_decode_tokens = td;
+  md_.num_local_tokens = P;
+
+  positions_.assign(P, -1);
+  token_index_.assign(P, -1);
+  for (int32_t k = 0; k < rows; ++k) {
+    const plan::PcpSegment& g = segments_[k];
+    for (int32_t t = 0; t < g.num_tokens; ++t) {
+      positions_[g.local_begin + t] = g.token_begin - in.query_start_loc[g.req] + t;
+      token_index_[g.local_begin + t] = g.token_begin + t;
+    }
+  }
+  md_.shape = gqa::Metadata{};
+  md_.attn_mask.reset();
+}
+
+}  // namespace aar::cp

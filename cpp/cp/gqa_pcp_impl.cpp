@@ -1,0 +1,285 @@
+// GQA PCP layer (spec cp.md 5.2, 5.3, 6, 7): the sharded (legacy head/tail)
+// and replicated (model-runner v2) designs of include/ascend_attn_rt/cp/gqa_pcp.h.
+#include <ATen/ATen.h>
+
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/cp/dcp.h"
+#include "ascend_attn_rt/cp/gqa_pcp.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/gqa/kv_write.h"
+#include "ascend_attn_rt/gqa/validate.h"
+#include "ascend_attn_rt/ops/attention_update.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+
+namespace aar::cp {
+
+namespace {
+
+// One attention partial: O (T, N, D) in the query dtype and its LSE (T, N, 1) fp32.
+struct Partial {
+  at::Tensor out, lse;
+};
+
+// The partials (N, M, D+1) fp32 (LSE in the last channel, the wire layout of
+// spec 6.2) merged through npu_attention_update: (M, D) fp32 and the (M) LSE.
+std::tuple<at::Tensor, at::Tensor> merge_wire(const at::Tensor& parts) {
+  const int64_t n = parts.size(0), d = parts.size(2) - 1;
+  std::vector<at::Tensor> outs, lses;
+  outs.reserve(n);
+  lses.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    outs.push_back(parts[i].narrow(1, 0, d).contiguous());
+    lses.push_back(parts[i].select(1, d).contiguous());
+  }
+  return ops::attention_update(lses, outs, /*update_type=*/1);
+}
+
+// Two partials of the same rows merged: (T, N, D) fp32 and (T, N, 1).
+Partial merge_two(const Partial& a, const Partial& b) {
+  const int64_t t = a.out.size(0), h = a.out.size(1), d = a.out.size(2);
+  std::vector<at::Tensor> outs{a.out.to(at::kFloat).reshape({t * h, d}), b.out.to(at::kFloat).reshape({t * h, d})};
+  std::vector<at::Tensor> lses{a.lse.reshape({t * h}).contiguous(), b.lse.reshape({t * h}).contiguous()};
+  auto [o, l] = ops::attention_update(lses, outs, /*update_type=*/1);
+  return {o.view({t, h, d}), l.view({t, h, 1})};
+}
+
+}  // namespace
+
+PcpAttentionImpl::PcpAttentionImpl(const gqa::ImplConfig& cfg, Comm* pcp, Comm* dcp)
+    : cfg_(cfg), pcp_(pcp), dcp_(dcp) {
+  AAR_CHECK_ARG(pcp != nullptr, "pcp: the PCP group's Comm is required");
+  // The GQA layer's own checks (heads, ALiBi, soft-cap, KV dtype, ...) and
+  // its defaults (num_kv_heads, scale).
+  inner_ = std::make_unique<gqa::AttentionImpl>(cfg);
+  cfg_ = inner_->config();
+  // DCP shards the KV of one replicated KV head per rank (spec 1.1: TP >
+  // total KV heads): the Wd*H gathered query heads all map to it. With more
+  // KV heads per rank the gathered heads' GQA groups would differ from each
+  // rank's own.
+  AAR_CHECK_ARG(dcp == nullptr || dcp->size() == 1 || cfg_.num_kv_heads == 1, "num_kv_heads=", cfg_.num_kv_heads,
+                " with a DCP group of ", dcp == nullptr ? 1 : dcp->size(),
+                " ranks: DCP needs one KV head per rank (TP > total KV heads), whose KV it shards");
+  AAR_CHECK_ARG(!cfg_.kv_sharing, "kv_sharing: a PCP layer writes the KV it gathers; a layer sharing another "
+                "layer's cache is not supported with PCP");
+}
+
+void PcpAttentionImpl::check_groups(const PcpMetadata& md) const {
+  AAR_CHECK_ARG(pcp_->size() == md.pcp_size && pcp_->rank() == md.pcp_rank, "pcp group: rank ", pcp_->rank(),
+                " of ", pcp_->size(), " but the metadata was built for PCP rank ", md.pcp_rank, " of ", md.pcp_size);
+  if (md.dcp_size > 1) {
+    AAR_CHECK_ARG(dcp_ != nullptr, "dcp: the metadata has dcp_size=", md.dcp_size,
+                  " but the layer was built without a DCP group");
+  }
+  if (dcp_ != nullptr) {
+    AAR_CHECK_ARG(dcp_->size() == md.dcp_size && dcp_->rank() == md.dcp_rank, "dcp group: rank ", dcp_->rank(),
+                  " of ", dcp_->size(), " but the metadata was built for DCP rank ", md.dcp_rank, " of ",
+                  md.dcp_size);
+  }
+}
+
+const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                            const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                            const PcpMetadata& md, const at::Tensor& output) {
+  graph::refuse_if_capturing("a PCP forward (graph capture of PCP is not supported)");
+  check_current(md.stamp, "metadata");
+  check_groups(md);
+  AAR_CHECK_ARG(key.defined() && value.defined(), "key and value are required: a PCP layer gathers and writes the "
+                "KV of every step");
+  AAR_CHECK_ARG(key_cache.defined() && value_cache.defined(), "key_cache and value_cache are required with PCP");
+  const gqa::LayerShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size};
+  const bool sharded = md.kv_mode == plan::PcpKvMode::Sharded;
+  const gqa::Metadata* g = sharded ? &md.shape : md.local;
+  AAR_CHECK_ARG(g != nullptr, "metadata: the replicated build has no local metadata");
+  if (!sharded) check_current(g->stamp, "metadata (its local GQA build)");
+  AAR_CHECK_ARG(query.defined() && query.dim() == 3 && query.size(0) == md.num_local_tokens, "query must have ",
+                md.num_local_tokens, " rows (the metadata's num_local_tokens), got shape ",
+                query.defined() ? query.sizes() : c10::IntArrayRef{});
+  gqa::validate_layer_inputs(shape, query, key, value, *g, output, md.num_local_tokens, "has num_local_tokens rows");
+  AAR_CHECK_ARG(key.size(0) == md.num_local_tokens, "key has ", key.size(0), " rows, expected num_local_tokens=",
+                md.num_local_tokens);
+  gqa::validate_nd_caches(shape, key_cache, value_cache, *g, query.scalar_type(), query.device());
+  if (sharded) {
+    if (cfg_.attn_type != gqa::AttnType::Decoder) {
+      throw_not_supported("attn_type='", gqa::to_string(cfg_.attn_type),
+                          "' with sharded PCP (only causal decoder layers)");
+    }
+    if (cfg_.sliding_window.has_value()) throw_not_supported("sliding_window with sharded PCP");
+    if (cfg_.sinks.has_value()) throw_not_supported("sinks with sharded PCP");
+    if (cfg_.head_size == 512 && cfg_.device_kind != plan::DeviceKind::A5) {
+      throw_not_supported("head_size 512 with sharded PCP on A2/A3 (FIA TND takes no head size 512 there)");
+    }
+    AAR_CHECK_ARG(cfg_.head_size % 8 == 0 && cfg_.head_size <= 512, "head_size=", cfg_.head_size,
+                  ": sharded PCP merges partials through npu_attention_update (a multiple of 8 in [8, 512])");
+  } else {
+    gqa::check_attn_type(cfg_.attn_type, *g, true);
+  }
+
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  if (!key_cache_.is_same(key_cache) || !value_cache_.is_same(value_cache)) {
+    // Contiguous (validated), so the views alias the caller's memory.
+    key_cache_ = key_cache;
+    value_cache_ = value_cache;
+    const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
+    key_cache_3d_ = key_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+    value_cache_3d_ = value_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  }
+  if (sharded) {
+    forward_sharded(query, key, value, md, output);
+  } else {
+    forward_replicated(query, key, value, key_cache, value_cache, md, output);
+  }
+  return output;
+}
+
+void PcpAttentionImpl::forward_replicated(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                          const PcpMetadata& md, const at::Tensor& out) {
+  const int64_t td = md.num_decode_tokens, p = md.num_local_tokens;
+  if (td == p) {
+    // Nothing split anywhere (a batch-global fact): every rank writes its own
+    // replicated copy of the decodes, no collective.
+    gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), key_cache_, value_cache_,
+                        md.write_slots);
+  } else {
+    // Spec 5.3: K and V gathered separately, so each stays contiguous.
+    const at::Tensor gk = pcp_->all_gather(k.narrow(0, td, p - td), 0);
+    const at::Tensor gv = pcp_->all_gather(v.narrow(0, td, p - td), 0);
+    const at::Tensor ck = td > 0 ? at::cat({k.narrow(0, 0, td), gk}) : gk;
+    const at::Tensor cv = td > 0 ? at::cat({v.narrow(0, 0, td), gv}) : gv;
+    gqa::write_paged_kv(cfg_.device_kind, ck, cv, key_cache_, value_cache_, md.write_slots);
+  }
+  // The ordinary GQA chunked-prefill path over the rank's segments; the cache
+  // already holds this layer's KV of every token, so no write there.
+  inner_->forward(q, std::nullopt, std::nullopt, key_cache, value_cache, md.local, out);
+  const int64_t nt = md.local->num_kernel_tokens;
+  if (nt < p) out.narrow(0, nt, p - nt).zero_();
+}
+
+void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const PcpMetadata& md, const at::Tensor& out) {
+  const int64_t Wp = md.pcp_size, Wd = md.dcp_size;
+  const int64_t H = cfg_.num_heads, Hkv = cfg_.num_kv_heads, D = cfg_.head_size, Hq = Wd * H;
+  const int64_t td = md.num_decode_tokens, tloc = md.num_local_tokens, tp = tloc - td;
+  const bool has_prefill = md.num_prefills > 0, has_decode = md.num_decodes > 0;
+
+  // --- KV write (spec 1.4, 5.2) ---
+  at::Tensor kf, vf;  // the restored prefill K/V, padded-global order (Wp * tp rows)
+  if (!has_prefill) {
+    if (td > 0) {
+      gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), key_cache_, value_cache_,
+                          md.decode_slots);
+    }
+  } else {
+    const at::Tensor kv = at::cat({k, v}, -1);  // (T_loc, Hkv, 2D)
+    const at::Tensor gathered = Wp > 1 ? pcp_->all_gather(kv, 0) : kv;
+    const at::Tensor full = gathered.index_select(0, md.restore_idx);
+    const at::Tensor fk = full.narrow(-1, 0, D).contiguous(), fv = full.narrow(-1, D, D).contiguous();
+    gqa::write_paged_kv(cfg_.device_kind, fk, fv, key_cache_, value_cache_, md.padded_slot_mapping);
+    kf = fk.narrow(0, Wp * td, Wp * tp);
+    vf = fv.narrow(0, Wp * td, Wp * tp);
+  }
+
+  auto fia = [&](const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t heads,
+                 c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens, const std::optional<at::Tensor>& block_table,
+                 bool causal) {
+    ops::FiaTensors t;
+    ops::FiaParams p;
+    t.query = query;
+    t.key = key;
+    t.value = value;
+    t.block_table = block_table;
+    p.actual_seq_lengths = q_ends;
+    p.actual_seq_lengths_kv = kv_lens;
+    p.num_heads = heads;
+    p.num_key_value_heads = Hkv;
+    p.scale = cfg_.scale;
+    p.input_layout = "TND";
+    p.softmax_lse_flag = true;
+    if (block_table.has_value()) p.block_size = md.shape.block_size;
+    if (causal) {
+      t.atten_mask = md.attn_mask;
+      p.sparse_mode = 3;
+    } else {
+      p.sparse_mode = 0;
+    }
+    auto [o, l] = ops::fused_infer_attention_score(t, p);
+    return Partial{o, l};
+  };
+  // A partial over this rank's shard for the Wd*H gathered heads -> merged
+  // over the DCP group for this rank's own H heads (cp/dcp.h), in the wire
+  // layout (rows, H, D+1) fp32 that the PCP exchange sends.
+  auto dcp_merge = [&](const Partial& p) {
+    const int64_t rows = p.out.size(0);
+    at::Tensor w = at::empty({rows, H, D + 1}, p.lse.options());
+    if (Wd == 1) {
+      w.narrow(-1, 0, D).copy_(p.out);
+      w.narrow(-1, D, 1).copy_(p.lse);
+      return w;
+    }
+    at::Tensor o = w.narrow(-1, 0, D);
+    combine_partials(*dcp_, p.out, p.lse, o, w.narrow(-1, D, 1));
+    return w;
+  };
+  // The Wp partials (Wp, rows, H, D+1) of this rank's rows merged: (rows, H, D) fp32 and (rows, H, 1).
+  auto pcp_merge = [&](const at::Tensor& parts, int64_t rows) {
+    auto [o, l] = merge_wire(parts.view({Wp, rows * H, D + 1}));
+    return Partial{o.view({rows, H, D}), l.view({rows, H, 1})};
+  };
+
+  // --- decodes (spec 4, legacy PCP x DCP) ---
+  if (has_decode) {
+    const at::Tensor qd = q.narrow(0, 0, td);
+    const Partial part = fia(Wd > 1 ? gather_query_heads(*dcp_, qd) : qd, key_cache_3d_, value_cache_3d_, Hq,
+                             md.decode_q_ends, md.decode_kv_lens, md.decode_block_tables, false);
+    at::Tensor w = dcp_merge(part);          // (td, H, D+1)
+    if (Wp > 1) w = pcp_->all_gather(w, 0);  // (Wp*td, H, D+1): every PCP rank's shard
+    out.narrow(0, 0, td).copy_(pcp_merge(w, td).out);
+  }
+  if (!has_prefill) return;
+
+  // --- current chunk: head and tail blocks (spec 5.2) ---
+  const at::Tensor qp = q.narrow(0, td, tp);
+  auto block = [&](const at::Tensor& q_idx, const at::Tensor& nomask_idx, int64_t nomask_tokens,
+                   c10::IntArrayRef nomask_ends, const at::Tensor& mask_idx) {
+    const at::Tensor qb = qp.index_select(0, q_idx);
+    Partial m = fia(qb, kf.index_select(0, mask_idx), vf.index_select(0, mask_idx), H, md.mask_seq_ends,
+                    md.mask_seq_ends, std::nullopt, true);
+    if (nomask_tokens == 0) return m;
+    Partial nm = fia(qb, kf.index_select(0, nomask_idx), vf.index_select(0, nomask_idx), H, md.mask_seq_ends,
+                     nomask_ends, std::nullopt, false);
+    return merge_two(nm, m);
+  };
+  const Partial head = block(md.q_head_idx, md.kv_head_nomask_idx, md.head_nomask_tokens, md.head_nomask_kv_ends,
+                             md.kv_head_mask_idx);
+  const Partial tail = block(md.q_tail_idx, md.kv_tail_nomask_idx, md.tail_nomask_tokens, md.tail_nomask_kv_ends,
+                             md.kv_tail_mask_idx);
+  Partial cur{at::cat({head.out.to(at::kFloat), tail.out.to(at::kFloat)}).index_select(0, md.q_full_idx),
+              at::cat({head.lse, tail.lse}).index_select(0, md.q_full_idx)};
+
+  // --- cached context (spec 5.2 "context with PCP"; see the header for the
+  // rank-major query and the PCP all-to-all) ---
+  if (md.has_context) {
+    at::Tensor qg = Wp > 1 ? pcp_->all_gather(qp, 0) : qp;  // (Wp*tp, H, D), rank-major
+    if (Wd > 1) qg = gather_query_heads(*dcp_, qg);          // (Wp*tp, Wd*H, D)
+    const Partial part = fia(qg, key_cache_3d_, value_cache_3d_, Hq, md.ctx_q_ends, md.ctx_kv_lens,
+                             md.ctx_block_tables, false);
+    at::Tensor w = dcp_merge(part);              // (Wp*tp, H, D+1)
+    if (Wp > 1) w = pcp_->all_to_all_single(w);  // block j: rank j's partials of this rank's tokens
+    const Partial merged = merge_two(pcp_merge(w, tp), cur);
+    // Rows of requests without cached context keep the current chunk's
+    // result: their context partials are all empty (-inf), which the CPU
+    // twin merges to 0 / -inf but the NPU kernel need not (spec 5.1 step 4).
+    cur.out = at::where(md.context_rows.ne(0).view({tp, 1, 1}), merged.out, cur.out);
+  }
+  out.narrow(0, td, tp).copy_(cur.out);
+}
+
+}  // namespace aar::cp

@@ -1,0 +1,226 @@
+// GQA/MHA prefill context parallelism (PCP) over a PCP process group, with or
+// without DCP (spec cp.md 1.3-1.4, 3.5-3.6, 5.2-5.3, 6, 7, 10).
+//
+// Two designs, chosen by PcpConfig::kv_mode (plan::PcpKvMode, the same switch
+// the layout checks of plan/cp_groups.h take):
+//
+//  * Sharded (default, the legacy model-runner-v1 design, spec 1.3A / 1.4 /
+//    5.2; normative for head/tail): every prefill request is padded to a
+//    multiple of 2 Wp and cut into 2 Wp chunks; PCP rank rp computes the head
+//    chunk rp and the tail chunk 2 Wp - 1 - rp (DualChunkSwap, plan/pcp_split.h).
+//    Decodes are replicated on every PCP rank. The KV cache is sharded over all
+//    W = Wp * Wd CP ranks with the DCP formulas of spec 1.2 (r = rp * Wd + rd),
+//    on one shared block table. A layer all-gathers [K|V] over PCP, restores
+//    the padded-global order and writes the tokens this rank owns; the current
+//    chunk is attended as head/tail blocks (a non-causal part over earlier
+//    chunks plus a causal diagonal block, merged by LSE); cached context and
+//    decodes are attended on the local shard and merged across the W ranks.
+//  * Replicated (model-runner v2, spec 1.3B / 3.6 / 5.3; DCP must be 1): every
+//    PCP rank holds the full KV. Queries are split into per-rank segments
+//    without padding (plan/pcp_segments.h); a layer all-gathers the prefill
+//    K and V over PCP (two collectives), writes all of it into its own cache
+//    and attends its segments as an ordinary GQA chunked-prefill batch (no LSE
+//    merge, no output exchange).
+//
+// Both take the *global* batch on every rank (the same scheduler output) and
+// give the rank's local rows: q/k/v/output of a forward have
+// PcpMetadata::num_local_tokens rows, in the order of pcp_local_tokens
+// (sharded) or pcp_rank_segments (replicated), padding rows included. Putting
+// the hidden states back in global order is the model runner's job (outside
+// attention, as upstream), with the indices PcpMetadataBuilder exposes.
+//
+// Collectives per layer (every decision on batch-global facts only, so all
+// ranks issue the same sequence, spec 7):
+//   sharded, prefills in the batch:  PCP all-gather [T_loc, Hkv, 2D] (KV write)
+//   sharded, decodes:                DCP all-gather q (Wd > 1), DCP a2a of the
+//                                    partials (Wd > 1), PCP all-gather of the
+//                                    DCP-merged partials
+//   sharded, cached context:         PCP all-gather q, DCP all-gather q (Wd > 1),
+//                                    DCP a2a (Wd > 1), PCP a2a of the DCP-merged
+//                                    partials
+//   replicated, prefills:            PCP all-gather K, then V
+//   a decode-only or fresh-prefill-only batch issues only the entries above
+//   that apply (a decode-only replicated batch: none).
+//
+// Decisions where the spec is silent or allows a choice:
+//  * Context partials: upstream all-gathers every rank's partials of all
+//    Wp * Tp_loc gathered queries over PCP (Wp^2 * Tp_loc rows per rank, spec
+//    10.11) and keeps its own; here the gathered queries stay in rank-major
+//    order and one PCP all-to-all by token block hands each rank only the
+//    partials of its own tokens (Wp * Tp_loc rows): the same merge of W
+//    partials, 1/Wp of the traffic, and no restore permutation of the query.
+//    The context is attended straight from the paged cache (a block table row
+//    per (rank, request) entry of the gathered query, KV length = the local
+//    context length), which is the kv_cache_load + dense call of spec 5.1
+//    without the copy.
+//  * Merges: over the DCP group first (cp/dcp.h combine_partials: the a2a of
+//    the Wd*H-head partials and their merge), then the Wp DCP-merged partials
+//    of the PCP ranks (npu_attention_update): the same merge of W = Wp*Wd
+//    partials as upstream's single one (log-sum-exp is associative), with
+//    1/Wd of upstream's PCP traffic. Rows of prefills without cached context
+//    keep the current chunk's result (a select on a per-row flag, the filter
+//    of spec 5.1 step 4), so no all-empty merge reaches them on the NPU.
+//  * The KV write of a sharded batch with prefills writes the whole restored
+//    buffer through the padded-global slot mapping in one call (decode copies
+//    other than the first are -1), which equals upstream's two writes.
+//  * No speculative decode (num_speculative_tokens must be 0), no sliding
+//    window, sinks, ALiBi, soft-cap or non-decoder layers on the sharded path
+//    (NotSupported naming them); the replicated path takes what the GQA layer
+//    takes. No graph capture (refused).
+//  * Two host-to-device copies per build on the replicated path (the inner GQA
+//    builder's and the PCP slot buffer's); one on the sharded path.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/gqa/builder.h"
+#include "ascend_attn_rt/gqa/impl.h"
+#include "ascend_attn_rt/gqa/metadata.h"
+#include "ascend_attn_rt/plan/cp_groups.h"
+#include "ascend_attn_rt/plan/pcp_segments.h"
+#include "ascend_attn_rt/plan/span.h"
+
+namespace aar::detail {
+class StagingBuffers;
+}
+
+namespace aar::cp {
+
+class Comm;
+
+struct PcpConfig {
+  int32_t max_num_reqs = 256;      // global requests per step
+  int32_t max_num_tokens = 8192;   // global scheduled tokens per step
+  int32_t max_blocks_per_req = 64;
+  int32_t block_size = 128;
+  int32_t num_blocks = 0;          // required
+  int32_t num_speculative_tokens = 0;  // must be 0 (no speculative decode with PCP)
+  c10::Device device = c10::Device(c10::kCPU);
+  int32_t pcp_size = 1, pcp_rank = 0;  // Wp, rp
+  int32_t dcp_size = 1, dcp_rank = 0;  // Wd, rd (sharded mode only)
+  int32_t interleave_size = 1;         // I (sharded mode: B % I == 0)
+  plan::PcpKvMode kv_mode = plan::PcpKvMode::Sharded;
+};
+
+struct PcpBuildInputs {
+  plan::CSpan<int32_t> query_start_loc;  // N+1, the global batch, decodes first
+  plan::CSpan<int32_t> seq_lens;         // N: context + new tokens
+  plan::CSpan<int32_t> block_table;      // N x block_table_stride, host
+  int32_t block_table_stride = 0;
+  plan::CSpan<uint8_t> is_prefilling;    // optional (N)
+};
+
+struct PcpMetadata {
+  plan::PcpKvMode kv_mode = plan::PcpKvMode::Sharded;
+  int32_t pcp_size = 1, pcp_rank = 0, dcp_size = 1, dcp_rank = 0;
+  int32_t num_reqs = 0, num_decodes = 0, num_prefills = 0;
+  int32_t num_decode_tokens = 0;   // Td: local decode rows (the same on every rank)
+  int32_t num_local_tokens = 0;    // rows of this rank's q/k/v/output
+  int32_t num_actual_tokens = 0;   // global scheduled tokens
+  bool has_context = false;        // a split request has cached context (batch-global)
+
+  // Sharded. `shape` carries the validation facts (block_size, num_blocks,
+  // rows) for the shared GQA input checks.
+  gqa::Metadata shape;
+  at::Tensor padded_slot_mapping;  // device int32 (Wp * T_loc): padded-global order
+  at::Tensor decode_slots;         // device int32 (Td)
+  at::Tensor restore_idx;          // device int32 (Wp * T_loc): padded_global = gathered[restore]
+  at::Tensor q_head_idx, q_tail_idx, kv_head_nomask_idx, kv_head_mask_idx, kv_tail_nomask_idx, kv_tail_mask_idx,
+      q_full_idx;                  // device int32 (spec 3.5 lists)
+  at::Tensor decode_block_tables;  // device int32 (num_decodes, stride)
+  at::Tensor ctx_block_tables;     // device int32 (Wp * num_prefills, stride): entry (j, i) = request i's row
+  at::Tensor context_rows;         // device int32 (T_loc - Td): 1 where the local prefill row's request has context
+  std::optional<at::Tensor> attn_mask;
+  c10::IntArrayRef decode_q_ends, decode_kv_lens;  // cumulative 1..Td; local KV lengths (this step included)
+  c10::IntArrayRef mask_seq_ends, head_nomask_kv_ends, tail_nomask_kv_ends;  // cumulative (spec 3.5)
+  c10::IntArrayRef ctx_q_ends, ctx_kv_lens;  // cumulative 2c_i over (rank j, request i); local context lengths
+  int32_t chunk_tokens = 0, head_nomask_tokens = 0, tail_nomask_tokens = 0;
+
+  // Replicated.
+  const gqa::Metadata* local = nullptr;  // the GQA build of this rank's segments
+  at::Tensor write_slots;                // device int32 (Td + Wp * (P - Td)): cat(K[:Td], gathered)'s slots
+
+  BuildStamp stamp;
+};
+
+class PcpMetadataBuilder {
+ public:
+  explicit PcpMetadataBuilder(const PcpConfig& cfg);
+  ~PcpMetadataBuilder();
+  PcpMetadataBuilder(const PcpMetadataBuilder&) = delete;
+  PcpMetadataBuilder& operator=(const PcpMetadataBuilder&) = delete;
+
+  const PcpMetadata& build(const PcpBuildInputs& in);
+  const PcpConfig& config() const { return cfg_; }
+  const PcpMetadata& metadata() const { return md_; }
+
+  // Host int32 positions (within each request's scheduled tokens) of this
+  // rank's local rows after the latest build: sharded, pcp_local_tokens (>= q
+  // for pads); replicated, per row (-1 for padding rows).
+  const std::vector<int32_t>& local_positions() const { return positions_; }
+  // Host int32, the global token (query_start_loc units) of every local row,
+  // -1 for padding: how a model runner gathers this rank's hidden states.
+  const std::vector<int32_t>& local_token_index() const { return token_index_; }
+
+ private:
+  void build_sharded(const PcpBuildInputs& in, int32_t num_decodes);
+  void build_replicated(const PcpBuildInputs& in);
+
+  PcpConfig cfg_;
+  PcpMetadata md_;
+  detail::BuildCounter counter_;
+  std::unique_ptr<detail::StagingBuffers> buffers_;
+  std::unique_ptr<gqa::MetadataBuilder> inner_;  // replicated mode
+  std::optional<at::Tensor> causal_mask_;
+  int64_t cap_ = 0;
+  // Host scratch, sized at construction.
+  std::vector<uint8_t> flags_;
+  std::vector<int32_t> qlens_, token_slots_, positions_, token_index_, local_lens_, pads_;
+  std::vector<int32_t> local_qsl_, local_seq_, local_bt_;
+  std::vector<uint8_t> local_pref_, u8_;
+  std::vector<int64_t> decode_q_ends_, decode_kv_lens_, mask_ends_, head_ends_, tail_ends_, ctx_q_ends_,
+      ctx_kv_lens_;
+  std::vector<int32_t> num_computed_;
+  std::vector<plan::PcpSegment> segments_;
+};
+
+class PcpAttentionImpl {
+ public:
+  // pcp: the PCP group's Comm (size Wp); dcp: the DCP group's (size Wd), may be
+  // null when Wd = 1. Both are borrowed: they must outlive the layer.
+  PcpAttentionImpl(const gqa::ImplConfig& cfg, Comm* pcp, Comm* dcp = nullptr);
+
+  // query (T_loc, H, D), key/value (T_loc, Hkv, D) (required: PCP writes the
+  // KV of every layer), caches as for gqa::AttentionImpl, output (T_loc, H, D)
+  // written in full (padding rows get defined values). Validates everything
+  // before the first collective or write.
+  const at::Tensor& forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                            const at::Tensor& key_cache, const at::Tensor& value_cache, const PcpMetadata& md,
+                            const at::Tensor& output);
+
+  const gqa::ImplConfig& config() const { return cfg_; }
+
+ private:
+  void forward_sharded(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const PcpMetadata& md,
+                       const at::Tensor& out);
+  void forward_replicated(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& key_cache, const at::Tensor& value_cache, const PcpMetadata& md,
+                          const at::Tensor& out);
+  void check_groups(const PcpMetadata& md) const;
+
+  gqa::ImplConfig cfg_;
+  Comm* pcp_;
+  Comm* dcp_;
+  std::unique_ptr<gqa::AttentionImpl> inner_;  // replicated mode: the ordinary layer, no KV write
+  at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
+};
+
+}  // namespace aar::cp
