@@ -11,6 +11,7 @@
 
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/dsa_compressor.h"
@@ -365,6 +366,7 @@ class GroupBuilder::Lane {
     buffers_ = std::make_unique<detail::StagingBuffers>(off_bt_ + R_ * MB, scfg.device, separate,
                                                         scfg.staging_buffers, scfg.staging_hooks, slot_base);
     device_ = buffers_->device();
+    block_scratch_.assign(static_cast<size_t>(T), 0);
     if (dspark_width_ > 0) dspark_scratch_.assign(static_cast<size_t>(T * dspark_width_), -1);
     const auto i32 = at::TensorOptions().dtype(at::kInt).device(scfg.device);
     md_.sas_metadata = at::zeros({kBlobWords}, i32);
@@ -451,6 +453,7 @@ class GroupBuilder::Lane {
     gb.row_index = plan::Span<int32_t>(s + r.idx, ur);
     gb.row_position = plan::Span<int32_t>(s + r.pos, ur);
     gb.row_request = plan::Span<int32_t>(s + r.req, ur);
+    gb.block_scratch = plan::Span<int32_t>(block_scratch_.data(), block_scratch_.size());
     // Validates everything before its first write. The step's row list of
     // this ratio saves re-deriving the rows per group.
     const plan::DsaRows* rl = st.rows_at(ratio);
@@ -650,7 +653,13 @@ class GroupBuilder::Lane {
     m.head_dim = c.index_head_dim;
     m.query_quant_mode = 0;
     m.key_quant_mode = 0;
-    m.actual_seq_lengths_query = st.query_start_loc.narrow(0, 1, st.num_reqs);
+    // query_start_loc[1:], remade only when the step hands out another
+    // query_start_loc view (its views are cached per size): no narrow per build.
+    if (!qsl_src_.same(st.query_start_loc)) {
+      q_ends_ = st.query_start_loc.narrow(0, 1, st.num_reqs);
+      qsl_src_.bind(st.query_start_loc);
+    }
+    m.actual_seq_lengths_query = q_ends_;
     m.actual_seq_lengths_key = st.seq_lens;
     m.batch_size = st.num_reqs;
     m.max_seqlen_q = st.max_seqlen_q;
@@ -683,7 +692,9 @@ class GroupBuilder::Lane {
   int64_t off_bt_ = 0;
   std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor device_, empty_, ccos_, csin_, cslots_;
-  std::vector<int32_t> dspark_scratch_;
+  std::vector<int32_t> dspark_scratch_, block_scratch_;
+  detail::TensorBinding qsl_src_;  // the step view q_ends_ was made from
+  at::Tensor q_ends_;
   std::vector<CachedView> v_bt_, v_slots_, v_idx_, v_pos_, v_req_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_,
       v_cslots_;
   GroupMetadata md_;

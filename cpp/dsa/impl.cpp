@@ -5,6 +5,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -532,7 +533,7 @@ void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const Laye
   if (rv.ik_scale_c.is_alias_of(rv.ik_scale) && graph) {
     scale_rows = rv.ik_scale_c;
   } else {
-    ops::dense::copy(rv.ik_scale_c.view({r}), k_scale);
+    ops::dense::copy(rv.ik_scale_c1, k_scale);
     scale_rows = rv.ik_scale_c;
   }
   ops::scatter_nd_update_v2(kc, islots, k_q);
@@ -884,7 +885,10 @@ void Impl::run_o_proj(const at::Tensor& o, const at::Tensor& out, const detail::
     y = ops::transpose_batchmatmul(o.view({tk, G, k}), w_.wo_a, c10::IntArrayRef(kPerm102), std::nullopt,
                                    c10::IntArrayRef(kPerm102));
   }
-  ops::dense::linear_out(out, y.reshape({tk, G * cf.o_lora_rank}), w_.wo_b);
+  // A contiguous result (the operator's own) takes the view directly: reshape
+  // would dispatch twice (reshape, then the same view).
+  const std::array<int64_t, 2> y2{tk, G * cf.o_lora_rank};
+  ops::dense::linear_out(out, y.is_contiguous() ? y.view(y2) : y.reshape(y2), w_.wo_b);
 }
 
 graph::StepParams graph_step_params(const LayerMetadata& md) {

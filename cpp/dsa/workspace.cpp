@@ -101,7 +101,8 @@ const RowViews& Workspace::rows(int64_t r) {
     v.ik_rot = ik_rot_.narrow(0, 0, r * Di).view({r, Di});
     v.ik_q = ik_q_.narrow(0, 0, r * Di).view({r, Di});
     v.ik_scale = ik_scale_.narrow(0, 0, r);
-    v.ik_scale_c = ik_scale_c_.narrow(0, 0, r).view({r, 1});
+    v.ik_scale_c1 = ik_scale_c_.narrow(0, 0, r);
+    v.ik_scale_c = v.ik_scale_c1.view({r, 1});
   }
   return v;
 }

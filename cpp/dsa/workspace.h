@@ -63,6 +63,7 @@ struct RowViews {
   at::Tensor ik, ik_rot;    // (r, Di): indexer compressor rows (graph mode), rotated
   at::Tensor ik_q, ik_scale;  // (r, Di) quantised (graph mode), (r) fp32 scale (graph mode)
   at::Tensor ik_scale_c;    // (r, 1) in the indexer cache's scale dtype
+  at::Tensor ik_scale_c1;   // (r) the same memory (the scale's copy target; no view per forward)
 };
 
 class Workspace {

@@ -486,13 +486,21 @@ RowOut row_out(const DsaGroupBuffers& buf) {
 
 void write_padding_rows(const RowOut& out, std::size_t from, std::size_t to, SlotFormat fmt, int32_t sbs,
                         BlockOffsetSkip skip) {
-  const int32_t skip_off = skip_offset(skip, sbs);
-  for (std::size_t row = from; row < to; ++row) {
-    put_skip(out.slots, row, fmt, skip_off);
-    if (out.index != nullptr) out.index[row] = -1;
-    if (out.position != nullptr) out.position[row] = 0;
-    if (out.request != nullptr) out.request[row] = -1;
+  if (from >= to) return;
+  // One fill per array (no per-row format branch): every compressed group of
+  // a decode step pads most of its rows.
+  if (fmt == SlotFormat::BlockOffset) {
+    const int32_t skip_off = skip_offset(skip, sbs);
+    for (std::size_t row = from; row < to; ++row) {
+      out.slots[2 * row] = -1;
+      out.slots[2 * row + 1] = skip_off;
+    }
+  } else {
+    std::fill(out.slots + from, out.slots + to, -1);
   }
+  if (out.index != nullptr) std::fill(out.index + from, out.index + to, -1);
+  if (out.position != nullptr) std::fill(out.position + from, out.position + to, 0);
+  if (out.request != nullptr) std::fill(out.request + from, out.request + to, -1);
 }
 
 }  // namespace
@@ -526,6 +534,38 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   return {r, num_rows, static_cast<int32_t>(valid)};
 }
 
+namespace {
+
+// plan_dsa_rows' list of the validated requests' rows; returns their number.
+template <class Div>
+std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const Div& rdiv, const DsaRowBuffers& buf,
+                      int32_t& max_index) {
+  int32_t* const rq = buf.request.data();
+  int32_t* const ri = buf.index.data();
+  std::size_t o = 0;
+  int32_t mx = -1;
+  for (int32_t q_i = 0; q_i < nra; ++q_i) {
+    const int32_t s = seq[q_i], q = qsl[q_i + 1] - qsl[q_i];
+    const int32_t first = rdiv.div(s - q), end = rdiv.div(s);
+    if (end - first == 1) {  // a decode (or a short extend) at every ratio
+      rq[o] = q_i;
+      ri[o] = first;
+      ++o;
+      mx = std::max(mx, first);
+    } else if (end > first) {
+      for (int32_t c = first; c < end; ++c, ++o) {
+        rq[o] = q_i;
+        ri[o] = c;
+      }
+      mx = std::max(mx, end - 1);  // a request's rows ascend
+    }
+  }
+  max_index = mx;
+  return o;
+}
+
+}  // namespace
+
 DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffers& buf) {
   const int32_t b = step.num_reqs, nra = step.num_reqs_actual;
   AAR_CHECK_ARG(b >= 0 && nra >= 0 && nra <= b && step.query_start_loc.size() == static_cast<std::size_t>(b) + 1 &&
@@ -558,32 +598,17 @@ DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffer
   AAR_CHECK_ARG(buf.request.size() >= cap && buf.index.size() >= cap, "row buffers have room for ",
                 buf.request.size(), " / ", buf.index.size(), " rows, need num_compressed_tokens=", num_rows,
                 " at ratio ", r);
-  int32_t* const rq = buf.request.data();
-  int32_t* const ri = buf.index.data();
-  std::size_t o = 0;
   int32_t max_index = -1;
-  for (int32_t q_i = 0; q_i < nra; ++q_i) {
-    const int32_t s = seq[q_i], q = qsl[q_i + 1] - qsl[q_i];
-    const int32_t first = rdiv.div(s - q), end = rdiv.div(s);
-    if (end - first == 1) {  // a decode (or a short extend) at every ratio
-      rq[o] = q_i;
-      ri[o] = first;
-      ++o;
-    } else {
-      for (int32_t c = first; c < end; ++c, ++o) {
-        rq[o] = q_i;
-        ri[o] = c;
-      }
-    }
-    if (end > first) max_index = std::max(max_index, end - 1);  // a request's rows ascend
-  }
-  const std::size_t n = o;
+  // Every V4 ratio is a power of two: its loop has no per-request branch on
+  // the divisor's kind.
+  const std::size_t n = rdiv.shift >= 0 ? list_rows(qsl, seq, nra, Pow2Div(rdiv), buf, max_index)
+                                        : list_rows(qsl, seq, nra, rdiv, buf, max_index);
   DsaRows rows;
   rows.ratio = r;
   rows.num_compressed_tokens = num_rows;
   rows.max_index = max_index;
-  rows.request = CSpan<int32_t>(rq, n);
-  rows.index = CSpan<int32_t>(ri, n);
+  rows.request = CSpan<int32_t>(buf.request.data(), n);
+  rows.index = CSpan<int32_t>(buf.index.data(), n);
   return rows;
 }
 
@@ -594,7 +619,7 @@ namespace {
 // throw_group_row_error, the definition of the errors.
 template <class Div>
 void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaRows& rows, const Div& sdiv,
-                     const NonNegDiv& rdiv_checked, const NonNegDiv& sdiv_checked) {
+                     const NonNegDiv& rdiv_checked, const NonNegDiv& sdiv_checked, int32_t* blocks) {
   const auto stride = static_cast<uint32_t>(g.block_table_stride);
   const uint32_t limit = block_id_limit(g);
   const int32_t* const rq = rows.request.data();
@@ -605,23 +630,35 @@ void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const Dsa
   bool ok = g.rope_positions == 0 || static_cast<int64_t>(rows.max_index) * rows.ratio < g.rope_positions;
   // A request outside the step can only come from a list of another step;
   // checked before any table read (branch-free, so it vectorises).
+  // The page column of every row (a negative index fails too), in the same
+  // branch-free pass: the table reads below then need no bound per row.
   const auto nra = static_cast<uint32_t>(step.num_reqs_actual);
-  uint32_t foreign = 0;
-  for (std::size_t k = 0; k < n; ++k) foreign |= static_cast<uint32_t>(static_cast<uint32_t>(rq[k]) >= nra);
+  uint32_t foreign = 0, outside = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    foreign |= static_cast<uint32_t>(static_cast<uint32_t>(rq[k]) >= nra);
+    outside |= static_cast<uint32_t>(static_cast<uint32_t>(sdiv.div(ri[k])) >= stride) |
+               (static_cast<uint32_t>(ri[k]) >> 31);
+  }
   if (foreign != 0) {
     for (std::size_t k = 0; k < n; ++k) {
       AAR_CHECK_ARG(static_cast<uint32_t>(rq[k]) < nra, "rows.request[", k, "]=", rq[k],
                     " is not a real request of the step (num_reqs_actual=", nra, "): rows are from another step");
     }
   }
-  for (std::size_t k = 0; ok && k < n; ++k) {
-    const auto col = static_cast<uint32_t>(sdiv.div(ri[k]));
-    if (__builtin_expect(col >= stride, 0)) {
-      ok = false;
-      break;
+  if (outside != 0) ok = false;
+  if (ok) {
+    auto id = [&](std::size_t k) {
+      return table[static_cast<std::size_t>(rq[k]) * stride + static_cast<uint32_t>(sdiv.div(ri[k]))];
+    };
+    if (blocks != nullptr) {
+      for (std::size_t k = 0; k < n; ++k) {
+        const int32_t b = id(k);
+        blocks[k] = b;
+        bad |= static_cast<uint32_t>(static_cast<uint32_t>(b) >= limit);
+      }
+    } else {
+      for (std::size_t k = 0; k < n; ++k) bad |= static_cast<uint32_t>(static_cast<uint32_t>(id(k)) >= limit);
     }
-    const std::size_t at = static_cast<std::size_t>(rq[k]) * stride + col;
-    bad |= static_cast<uint32_t>(static_cast<uint32_t>(table[at]) >= limit);
   }
   if (!ok || bad != 0) {
     throw_group_row_error(step, g, rows.ratio, rdiv_checked, sdiv_checked);
@@ -630,7 +667,8 @@ void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const Dsa
 }
 
 template <bool kBlockOffset, class Div>
-void list_rows_write(const DsaGroupInputs& g, const DsaRows& rows, const Div& sdiv, const RowOut& out) {
+void list_rows_write(const DsaGroupInputs& g, const DsaRows& rows, const Div& sdiv, const RowOut& out,
+                     const int32_t* blocks) {
   const std::size_t stride = static_cast<std::size_t>(g.block_table_stride);
   const int32_t* const rq = rows.request.data();
   const int32_t* const ri = rows.index.data();
@@ -638,14 +676,19 @@ void list_rows_write(const DsaGroupInputs& g, const DsaRows& rows, const Div& sd
   const std::size_t n = rows.index.size();
   const int32_t sbs = g.storage_block_size, r = rows.ratio;
   int32_t* const slots = out.slots;
-  for (std::size_t k = 0; k < n; ++k) {
-    const int32_t c = ri[k];
-    const int32_t block = table[static_cast<std::size_t>(rq[k]) * stride + static_cast<std::size_t>(sdiv.div(c))];
+  auto put = [&](std::size_t k, int32_t block) {
     if (kBlockOffset) {
       slots[2 * k] = block;
-      slots[2 * k + 1] = sdiv.mod(c);
+      slots[2 * k + 1] = sdiv.mod(ri[k]);
     } else {
-      slots[k] = block * sbs + sdiv.mod(c);
+      slots[k] = block * sbs + sdiv.mod(ri[k]);
+    }
+  };
+  if (blocks != nullptr) {  // the ids the validation pass read
+    for (std::size_t k = 0; k < n; ++k) put(k, blocks[k]);
+  } else {
+    for (std::size_t k = 0; k < n; ++k) {
+      put(k, table[static_cast<std::size_t>(rq[k]) * stride + static_cast<std::size_t>(sdiv.div(ri[k]))]);
     }
   }
   if (out.index != nullptr) std::copy(ri, ri + n, out.index);
@@ -666,19 +709,21 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
                 ", num_compressed_tokens=", rows.num_compressed_tokens, " vs ", a.num_rows, ", ", rows.index.size(),
                 " rows)");
   const NonNegDiv rdiv(a.r), sdiv(a.sbs);
+  int32_t* const blocks = buf.block_scratch.size() >= rows.index.size() ? buf.block_scratch.data() : nullptr;
   if (sdiv.shift >= 0) {
-    list_rows_check(step, g, rows, Pow2Div(sdiv), rdiv, sdiv);
+    list_rows_check(step, g, rows, Pow2Div(sdiv), rdiv, sdiv, blocks);
   } else {
-    list_rows_check(step, g, rows, sdiv, rdiv, sdiv);
+    list_rows_check(step, g, rows, sdiv, rdiv, sdiv, blocks);
   }
   stage_table(step, g, buf, a.stride);
   const RowOut out = row_out(buf);
   const bool block_offset = g.slot_format == SlotFormat::BlockOffset;
   if (sdiv.shift >= 0) {
     const Pow2Div sp2(sdiv);
-    block_offset ? list_rows_write<true>(g, rows, sp2, out) : list_rows_write<false>(g, rows, sp2, out);
+    block_offset ? list_rows_write<true>(g, rows, sp2, out, blocks) : list_rows_write<false>(g, rows, sp2, out, blocks);
   } else {
-    block_offset ? list_rows_write<true>(g, rows, sdiv, out) : list_rows_write<false>(g, rows, sdiv, out);
+    block_offset ? list_rows_write<true>(g, rows, sdiv, out, blocks)
+                 : list_rows_write<false>(g, rows, sdiv, out, blocks);
   }
   write_padding_rows(out, rows.index.size(), a.rows_u, g.slot_format, a.sbs, g.block_offset_skip);
   return {a.r, a.num_rows, static_cast<int32_t>(rows.index.size())};

@@ -195,6 +195,12 @@ struct DsaGroupBuffers {
                                // op writes cos = 1, sin = 0 there: a standard
                                // table's position 0)
   Span<int32_t> row_request;   // request b of the row; -1 for padding rows
+  // Optional private scratch (>= num_rows entries; empty = none) for the
+  // row-list overload: the block id of each row is kept there by the
+  // validation pass, so the write pass reads it sequentially instead of
+  // reading the block table a second time (one cache line, often one page,
+  // per request). Its contents are unspecified afterwards.
+  Span<int32_t> block_scratch;
 };
 
 struct DsaGroupPlan {
