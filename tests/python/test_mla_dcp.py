@@ -43,8 +43,8 @@ def _tol(dtype):
     return dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
 
 
-def _run_step(comm, rank, W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, workspace=0, seed=0, dims=None):
-    """One DCP step on this rank; returns (max error vs the reference, metadata facts)."""
+def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, workspace=0, seed=0, dims=None):
+    """The global step every rank (and the parent) regenerates from the seed."""
     d = dims or MlaDims()
     g = torch.Generator().manual_seed(seed)
     ws = make_weights(d, dtype, g)
@@ -59,59 +59,91 @@ def _run_step(comm, rank, W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32,
         table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
         k += n
     xs = [torch.randn(s, d.hidden, generator=g, dtype=torch.float64).to(dtype) for s in seq_lens]
-    # Private caches: garbage everywhere, then this rank's context rows.
-    cg = torch.Generator().manual_seed(100 + rank)
-    nope = torch.randn(nb, bs, 1, d.L, generator=cg).to(dtype)
-    rope = torch.randn(nb, bs, 1, d.R, generator=cg).to(dtype)
+    # Every token's cache row (float64): c_kv and the half-split RoPE'd k_rope.
+    rows = []
     for r in range(B):
-        ctx = seq_lens[r] - q_lens[r]
-        if ctx == 0:
-            continue
-        _, _, c, k_rope = project(d, ws, xs[r][:ctx], torch.arange(ctx))
-        kr = half_split(k_rope)
-        for p in range(ctx):
+        _, _, c, k_rope = project(d, ws, xs[r], torch.arange(seq_lens[r]))
+        rows.append((c, half_split(k_rope)))
+    return dict(d=d, ws=ws, B=B, nb=nb, table=table, xs=xs, rows=rows, seq_lens=seq_lens, q_lens=q_lens, I=I,
+                bs=bs, dtype=dtype, workspace=workspace)
+
+
+def _caches(st, W, rank, upto_context):
+    """This rank's caches: garbage, then its own rows of positions < context (upto_context) or of
+    every position (the expected state after the step's KV write, garbage kept elsewhere)."""
+    d, bs, dtype, table, I = st["d"], st["bs"], st["dtype"], st["table"], st["I"]
+    cg = torch.Generator().manual_seed(100 + rank)
+    nope = torch.randn(st["nb"], bs, 1, d.L, generator=cg).to(dtype)
+    rope = torch.randn(st["nb"], bs, 1, d.R, generator=cg).to(dtype)
+    for r in range(st["B"]):
+        end = st["seq_lens"][r] - st["q_lens"][r] if upto_context else st["seq_lens"][r]
+        c, kr = st["rows"][r]
+        for p in range(end):
             if _owner(p, W, I) != rank:
                 continue
             li = _local_index(p, W, I)
             blk, off = int(table[r, li // bs]), li % bs
             nope[blk, off, 0] = c[p].to(dtype)
             rope[blk, off, 0] = kr[p].to(dtype)
-    hidden = torch.cat([xs[r][seq_lens[r] - q_lens[r]:] for r in range(B)])
+    return nope, rope
+
+
+def _run_step(comm, rank, W, **spec):
+    """One DCP step on this rank: its output, caches after the step and metadata facts."""
+    st = _make_step(W, **spec)
+    d, dtype, bs, seq_lens, q_lens, xs = st["d"], st["dtype"], st["bs"], st["seq_lens"], st["q_lens"], st["xs"]
+    nope, rope = _caches(st, W, rank, upto_context=True)
+    hidden = torch.cat([xs[r][seq_lens[r] - q_lens[r]:] for r in range(st["B"])])
     qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     cos, sin = rope_tables(max(seq_lens) + 4, d.R)
-    builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=256, max_blocks_per_req=table.shape[1],
-                                  block_size=bs, num_blocks=nb, cos_table=cos.to(dtype), sin_table=sin.to(dtype),
-                                  workspace_tokens=workspace, dcp_world_size=W, dcp_rank=rank,
-                                  cp_kv_cache_interleave_size=I)
-    md = builder.build(qsl, torch.tensor(seq_lens, dtype=torch.int32), table)
-    scale = 1.0 / math.sqrt(d.P + d.R)
+    builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=256, max_blocks_per_req=st["table"].shape[1],
+                                  block_size=bs, num_blocks=st["nb"], cos_table=cos.to(dtype),
+                                  sin_table=sin.to(dtype), workspace_tokens=st["workspace"], dcp_world_size=W,
+                                  dcp_rank=rank, cp_kv_cache_interleave_size=st["I"])
+    md = builder.build(qsl, torch.tensor(seq_lens, dtype=torch.int32), st["table"])
     impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
-                    qk_rope_head_dim=d.R, v_head_dim=d.V, scale=scale, dcp_comm=comm, **ws)
-    before_nope, before_rope = nope.clone(), rope.clone()
+                    qk_rope_head_dim=d.R, v_head_dim=d.V, scale=1.0 / math.sqrt(d.P + d.R), dcp_comm=comm,
+                    **st["ws"])
     out = torch.full_like(hidden, 7.0)
     comm.reset_counters()
     impl.forward(hidden, nope, rope, md, out)
-    calls = (comm.calls_of("all_gather"), comm.calls_of("all_to_all_single"))
-    ref = torch.cat([attend_request(d, ws, xs[r], q_lens[r], scale) for r in range(B)])
-    torch.testing.assert_close(out.double(), ref, **_tol(dtype))
-    # The KV write: this rank's new tokens at their local slots, nothing else touched.
-    expect_nope, expect_rope = before_nope.clone(), before_rope.clone()
-    for r in range(B):
-        ctx = seq_lens[r] - q_lens[r]
-        _, _, c, k_rope = project(d, ws, xs[r], torch.arange(seq_lens[r]))
-        kr = half_split(k_rope)
-        for p in range(ctx, seq_lens[r]):
-            if _owner(p, W, I) != rank:
-                continue
-            li = _local_index(p, W, I)
-            blk, off = int(table[r, li // bs]), li % bs
-            expect_nope[blk, off, 0] = c[p].to(dtype)
-            expect_rope[blk, off, 0] = kr[p].to(dtype)
-    torch.testing.assert_close(nope, expect_nope, **_tol(dtype))
-    torch.testing.assert_close(rope, expect_rope, **_tol(dtype))
     facts = dict(num_decodes=md.num_decodes, num_prefills=md.num_prefills, chunks=md.num_context_chunks,
-                 calls=calls, local=md.decode_seq_lens_list if md.num_decodes else [])
-    return (out.double() - ref).abs().max().item(), facts
+                 calls=(comm.calls_of("all_gather"), comm.calls_of("all_to_all_single")),
+                 local=md.decode_seq_lens_list if md.num_decodes else [])
+    # As float64 numpy arrays (exact for fp32 / bf16): they pickle by value, while torch tensors would
+    # travel as shared-memory handles that die with the rank process.
+    return out.double().numpy(), nope.double().numpy(), rope.double().numpy(), facts
+
+
+_REFERENCES = {}
+
+
+def _reference(st):
+    """The float64 reference of a step; it depends on the seed, dims, dtype and lengths, not on the
+    DCP layout, so it is computed once per step and dtype."""
+    d, xs = st["d"], st["xs"]
+    key = (tuple(st["seq_lens"]), tuple(st["q_lens"]), st["dtype"], repr(d))
+    if key not in _REFERENCES:
+        scale = 1.0 / math.sqrt(d.P + d.R)
+        _REFERENCES[key] = torch.cat([attend_request(d, st["ws"], xs[r], st["q_lens"][r], scale)
+                                      for r in range(st["B"])])
+    return _REFERENCES[key]
+
+
+def _check(W, results, spec):
+    """Every rank's output against the float64 reference over the whole sequence (computed once,
+    here), and its caches: its own new tokens written at their local slots, nothing else touched."""
+    st = _make_step(W, **spec)
+    ref = _reference(st)
+    tol = _tol(st["dtype"])
+    for rank, (out, nope, rope, _) in enumerate(results):
+        torch.testing.assert_close(torch.from_numpy(out), ref, **tol, msg=lambda m: f"rank {rank} output: {m}")
+        want_nope, want_rope = _caches(st, W, rank, upto_context=False)
+        torch.testing.assert_close(torch.from_numpy(nope), want_nope.double(), **tol,
+                                   msg=lambda m: f"rank {rank} latent cache: {m}")
+        torch.testing.assert_close(torch.from_numpy(rope), want_rope.double(), **tol,
+                                   msg=lambda m: f"rank {rank} rope cache: {m}")
+    return [r[3] for r in results]
 
 
 # Each case runs inside one spawned group (spawning is the cost); bs 16.
@@ -135,28 +167,33 @@ def _case_steps(rank, world, names, I, dtype):
     return {n: _run_step(comm, rank, world, I=I, dtype=dtype, **_STEPS[n]) for n in names}
 
 
+def _run(world, names, I, dtype):
+    res = run_ranks(world, _case_steps, names, I, dtype)
+    facts = {n: _check(world, [r[n] for r in res], dict(I=I, dtype=dtype, **_STEPS[n])) for n in names}
+    return [{n: facts[n][rank] for n in names} for rank in range(world)]
+
+
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("I", [1, 16])
 def test_dcp_steps_fp32(world, I):
-    res = run_ranks(world, _case_steps, list(_STEPS), I, torch.float32)
-    for rank, per in enumerate(res):
-        dec = per["decode"][1]
+    for rank, per in enumerate(_run(world, list(_STEPS), I, torch.float32)):
+        dec = per["decode"]
         assert dec["num_decodes"] == 5
         # this rank's local KV lengths (cp_seq_len), the new token included
         assert dec["local"] == [_local_len(s, world, I, rank) for s in _STEPS["decode"]["seq_lens"]]
         assert dec["calls"] == (1, 1)  # the query gather and the partials' all-to-all
-        ch = per["chunked_prefill"][1]
+        ch = per["chunked_prefill"]
         assert ch["num_prefills"] == 3 and ch["chunks"] >= 2
         assert ch["calls"] == (ch["chunks"], 0)  # one KV all-gather per chunk, no output exchange
-        mx = per["mixed"][1]
+        mx = per["mixed"]
         assert mx["calls"] == (1 + mx["chunks"], 1)
-        assert per["fresh_prefill"][1]["calls"] == (0, 0)  # fresh prefills issue no collective
-        assert per["one_token_prompt"][1]["num_prefills"] == 2
+        assert per["fresh_prefill"]["calls"] == (0, 0)  # fresh prefills issue no collective
+        assert per["one_token_prompt"]["num_prefills"] == 2
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_dcp_steps_bf16(world):
-    run_ranks(world, _case_steps, ["decode", "mixed"], 16, torch.bfloat16)
+    _run(world, ["decode", "mixed"], 16, torch.bfloat16)
 
 
 def _case_metadata(rank, world):
