@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/cp/dcp.h"
 #include "common.h"
 #include "tensor_caster.h"
 
@@ -211,6 +212,28 @@ void bind_cp(nb::module_& m) {
           },
           "(group, op, input shape, dtype, dim, async) per call, when constructed with log=True")
       .def("reset_counters", &cp::Comm::reset_counters);
+
+  // The shared DCP exchange (cp/dcp.h), for tests and for backends written in Python.
+  c.def(
+      "gather_query_heads",
+      [](cp::Comm& comm, const at::Tensor& q, nb::handle out) {
+        const auto o = opt_out(out);
+        nb::gil_scoped_release nogil;
+        return cp::gather_query_heads(comm, q, o);
+      },
+      "comm"_a, "q"_a, "out"_a = nb::none(), "q (T, H, D) gathered along the head axis over the DCP group: (T, W*H, D).");
+  c.def(
+      "combine_partials",
+      [](cp::Comm& comm, const at::Tensor& partial_out, const at::Tensor& partial_lse, const at::Tensor& out,
+         nb::handle lse_out) {
+        const auto l = opt_out(lse_out);
+        at::Tensor o = out;
+        nb::gil_scoped_release nogil;
+        cp::combine_partials(comm, partial_out, partial_lse, o, l);
+      },
+      "comm"_a, "partial_out"_a, "partial_lse"_a, "out"_a, "lse_out"_a = nb::none(),
+      "All-to-all of this rank's partial (T, W*H, D) + LSE (T, W*H, 1) over the DCP group and the LSE merge "
+      "of this rank's own H heads into out (T, H, D) (and lse_out (T, H, 1)).");
 }
 
 const BindingRegistrar kRegisterCp(/*order=*/900, &bind_cp);

@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <functional>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -214,7 +215,15 @@ CommWork Comm::start_all_gather(const at::Tensor& t, int64_t dim, const std::opt
   // c10d wants the gather buffer as [W * s_0, s_1, ..]; it is read as [W, s_0, ..].
   std::vector<int64_t> ssz = t.sizes().vec();
   ssz[0] *= size_;
-  at::Tensor staging = at::empty(ssz, in.options());
+  // Reuse the Comm's staging when it fits and nothing else holds its storage
+  // (an unfinished async gather keeps a reference until its wait()).
+  const int64_t need = std::accumulate(ssz.begin(), ssz.end(), int64_t{1}, std::multiplies<int64_t>());
+  at::Tensor& st = gather_staging_;
+  if (!st.defined() || st.scalar_type() != in.scalar_type() || st.device() != in.device() || st.numel() < need ||
+      st.storage().use_count() > 1) {
+    st = at::empty({need}, in.options());
+  }
+  at::Tensor staging = st.narrow(0, 0, need).view(ssz);
   std::vector<int64_t> sv = t.sizes().vec();
   sv.insert(sv.begin(), size_);
   std::vector<int64_t> ov = t.sizes().vec();  // o viewed as [.., W, s_k, ..]

@@ -21,7 +21,10 @@
 // - Layout. c10d collectives move whole dim-0 blocks. all_gather along dim k
 //   gathers into a [W, ...] staging tensor and copies it into `out` viewed as
 //   [.., W, s_k, ..]; along dim 0 with a contiguous `out` it gathers straight
-//   into `out` (no staging, no copy). reduce_scatter along dim k != 0 reduces
+//   into `out` (no staging, no copy). The staging tensor is the Comm's own and
+//   is reused by every later gather that fits in it while no unfinished
+//   collective still holds it, so a steady-state gather with `out` given
+//   allocates nothing and its staging keeps one address (graph capture). reduce_scatter along dim k != 0 reduces
 //   t.movedim(k, 0) and copies the result back. all_to_all_single always splits
 //   dim 0 (the wire layouts of spec 6.2 put the rank block first). Inputs that
 //   are not contiguous are copied once; `out` must be contiguous (it is written
@@ -175,6 +178,8 @@ class Comm {
   std::string name_;
   std::array<int64_t, kNumCommOps> counts_{};
   std::vector<CommRecord> log_;
+  // all_gather's dim != 0 staging (see Layout above); grown, never shrunk.
+  at::Tensor gather_staging_;
 };
 
 }  // namespace aar::cp

@@ -1,0 +1,210 @@
+// Per-layer GQA DCP attention (decisions in gqa/dcp.h): local KV write, decode
+// over the local shard with the gathered query, prefill current chunk plus
+// context over the local shard, partial exchange and LSE merges (cp/dcp.h).
+#include <ATen/ATen.h>
+
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <limits>
+
+#include "ascend_attn_rt/cp/dcp.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/gqa/dcp.h"
+#include "ascend_attn_rt/gqa/validate.h"
+#include "ascend_attn_rt/ops/attention_update.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
+
+namespace aar::gqa {
+
+DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_(cfg), comm_(comm) {
+  AAR_CHECK_ARG(cfg_.num_heads > 0, "num_heads must be positive, got ", cfg_.num_heads);
+  AAR_CHECK_ARG(cfg_.head_size > 0, "head_size must be positive, got ", cfg_.head_size);
+  if (cfg_.num_kv_heads == 0) cfg_.num_kv_heads = cfg_.num_heads;
+  AAR_CHECK_ARG(cfg_.num_kv_heads > 0 && cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
+                " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
+  if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
+  const char* what = "decode context parallel (DCP) attention";
+  if (cfg_.sliding_window.has_value()) throw_not_supported("sliding_window with ", what);
+  if (cfg_.sinks.has_value()) throw_not_supported("sinks with ", what);
+  if (cfg_.has_alibi_slopes) throw_not_supported("ALiBi (alibi_slopes) with ", what);
+  if (cfg_.logits_soft_cap.has_value() && *cfg_.logits_soft_cap > 0.0) {
+    throw_not_supported("logits soft-cap with ", what);
+  }
+  if (cfg_.kv_cache_dtype != "auto") throw_not_supported("kv_cache_dtype='", cfg_.kv_cache_dtype, "' with ", what);
+  if (cfg_.attn_type != AttnType::Decoder) {
+    throw_not_supported("attn_type '", to_string(cfg_.attn_type), "' with ", what, " (decoder layers only)");
+  }
+  if (cfg_.device_kind == plan::DeviceKind::Ascend310P) throw_not_supported("device_kind 310p with ", what);
+  AAR_CHECK_ARG(comm_.size() <= 16, "DCP group size ", comm_.size(), " exceeds 16 (npu_attention_update's limit)");
+}
+
+void DcpAttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
+  if (bound_key_.same(key_cache) && bound_value_.same(value_cache)) return;
+  key_cache_ = key_cache;
+  value_cache_ = value_cache;
+  const int64_t nb = key_cache.sizes()[0], bs = key_cache.sizes()[1];
+  key_cache_3d_ = key_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  value_cache_3d_ = value_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
+  bound_key_.bind(key_cache);
+  bound_value_.bind(value_cache);
+}
+
+at::Tensor DcpAttentionImpl::to_kv_major(const at::Tensor& x) const {
+  const int64_t W = comm_.size(), kv = cfg_.num_kv_heads;
+  if (kv == 1 || W == 1) return x;
+  const int64_t T = x.size(0), G = cfg_.num_heads / kv, D = x.size(2);
+  // [T, W, Hkv, G, D] -> [T, Hkv, W, G, D]: gathered head (rd, kv*G + j) -> kv*(W*G) + rd*G + j.
+  return x.view({T, W, kv, G, D}).permute({0, 2, 1, 3, 4}).reshape({T, W * kv * G, D});
+}
+
+at::Tensor DcpAttentionImpl::from_kv_major(const at::Tensor& x) const {
+  const int64_t W = comm_.size(), kv = cfg_.num_kv_heads;
+  if (kv == 1 || W == 1) return x;
+  const int64_t T = x.size(0), G = cfg_.num_heads / kv, D = x.size(2);
+  return x.view({T, kv, W, G, D}).permute({0, 2, 1, 3, 4}).reshape({T, W * kv * G, D});
+}
+
+namespace {
+
+// FIA TND over the paged cache with an LSE: non-causal (every key the lengths
+// admit is visible), the call of the decode and context passes.
+void paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, const at::Tensor& value_cache_3d,
+                   const at::Tensor& block_table, c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens, int64_t heads,
+                   int64_t kv_heads, double scale, int64_t block_size, at::Tensor& out, at::Tensor& lse) {
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  t.query = q;
+  t.key = key_cache_3d;
+  t.value = value_cache_3d;
+  t.block_table = block_table;
+  p.actual_seq_lengths = q_ends;
+  p.actual_seq_lengths_kv = kv_lens;  // per request with a block table
+  p.num_heads = heads;
+  p.num_key_value_heads = kv_heads;
+  p.scale = scale;
+  p.input_layout = "TND";
+  p.block_size = block_size;
+  p.sparse_mode = 0;
+  p.softmax_lse_flag = true;
+  ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+}
+
+}  // namespace
+
+void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output) {
+  const int64_t td = md.base.num_decode_tokens, W = comm_.size(), H = cfg_.num_heads, D = cfg_.head_size;
+  const at::Tensor qd = query.narrow(0, 0, td);
+  const at::Tensor qg = to_kv_major(cp::gather_query_heads(comm_, qd));
+  at::Tensor po = at::empty({td, W * H, D}, query.options());
+  at::Tensor pl = at::empty({td, W * H, 1}, query.options().dtype(at::kFloat));
+  paged_partial(qg, key_cache_3d_, value_cache_3d_, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens,
+                W * H, cfg_.num_kv_heads, cfg_.scale, md.base.block_size, po, pl);
+  at::Tensor out = output.narrow(0, 0, td);
+  cp::combine_partials(comm_, from_kv_major(po), from_kv_major(pl), out);
+}
+
+void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key,
+                               const at::Tensor& value, const at::Tensor& output) {
+  const int64_t td = md.base.num_decode_tokens, tp = md.num_prefill_tokens;
+  const int64_t W = comm_.size(), H = cfg_.num_heads, D = cfg_.head_size;
+  const at::Tensor qp = query.narrow(0, td, tp);
+  // Upstream order (spec 7): the context query gather before the current pass.
+  at::Tensor qg;
+  if (md.has_context) qg = to_kv_major(cp::gather_query_heads(comm_, qp));
+
+  // Current chunk: causal over the step's own K/V (q_len == kv_len per request).
+  at::Tensor oc = output.narrow(0, td, tp);
+  at::Tensor lc = at::empty({tp, H, 1}, query.options().dtype(at::kFloat));
+  {
+    ops::FiaTensors t;
+    ops::FiaParams p;
+    t.query = qp;
+    t.key = key.narrow(0, td, tp);
+    t.value = value.narrow(0, td, tp);
+    t.atten_mask = md.base.attn_mask;
+    p.actual_seq_lengths = md.prefill_q_ends;
+    p.actual_seq_lengths_kv = md.prefill_q_ends;  // cumulative: dense K/V
+    p.num_heads = H;
+    p.num_key_value_heads = cfg_.num_kv_heads;
+    p.scale = cfg_.scale;
+    p.input_layout = "TND";
+    p.sparse_mode = 3;
+    p.softmax_lse_flag = md.has_context;
+    at::Tensor lse_arg = md.has_context ? lc : at::empty({1}, lc.options());
+    if (oc.is_contiguous()) {
+      ops::fused_infer_attention_score_out(t, p, std::nullopt, oc, lse_arg);
+    } else {
+      at::Tensor tmp = at::empty_like(qp);
+      ops::fused_infer_attention_score_out(t, p, std::nullopt, tmp, lse_arg);
+      oc.copy_(tmp);
+    }
+  }
+  if (!md.has_context) return;
+
+  // Context: the gathered query against this rank's local cached context.
+  at::Tensor po, pl;
+  if (md.local_context_tokens > 0) {
+    po = at::empty({tp, W * H, D}, query.options());
+    pl = at::empty({tp, W * H, 1}, query.options().dtype(at::kFloat));
+    paged_partial(qg, key_cache_3d_, value_cache_3d_, md.prefill_block_tables, md.prefill_q_ends,
+                  md.prefill_context_lens, W * H, cfg_.num_kv_heads, cfg_.scale, md.base.block_size, po, pl);
+    po = from_kv_major(po);
+    pl = from_kv_major(pl);
+  } else {
+    // No local context: the empty partial, still exchanged (spec 6.3, 10.7).
+    po = at::zeros({tp, W * H, D}, query.options());
+    pl = at::full({tp, W * H, 1}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
+  }
+  at::Tensor octx = at::empty({tp, H, D}, query.options().dtype(at::kFloat));
+  at::Tensor lctx = at::empty({tp, H, 1}, query.options().dtype(at::kFloat));
+  cp::combine_partials(comm_, po, pl, octx, lctx);
+
+  // Chunk merge on the rows of requests with context (spec 5.1 step 4). The
+  // other rows keep Oc: their context partial is empty on every rank, which
+  // the NPU's fused merge would turn into NaN.
+  const at::Tensor& idx = md.context_token_idx;
+  const int64_t n = idx.size(0);
+  if (n == 0) return;
+  const at::Tensor l_ctx = lctx.index_select(0, idx).view({n * H});
+  const at::Tensor l_cur = lc.index_select(0, idx).view({n * H});
+  const at::Tensor o_ctx = octx.index_select(0, idx).view({n * H, D});
+  const at::Tensor o_cur = oc.index_select(0, idx).to(at::kFloat).view({n * H, D});
+  auto [merged, unused] = ops::attention_update({l_ctx, l_cur}, {o_ctx, o_cur}, 0);
+  oc.index_copy_(0, idx, merged.view({n, H, D}).to(oc.scalar_type()));
+}
+
+const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                                            const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                                            const at::Tensor& value_cache, const DcpMetadata& md,
+                                            const at::Tensor& output) {
+  graph::refuse_if_capturing("DCP attention (gqa::DcpAttentionImpl)");
+  check_current(md.base.stamp, "metadata");
+  AAR_CHECK_ARG(md.shard.world == comm_.size() && md.shard.rank == comm_.rank(), "the metadata was built for DCP rank ",
+                md.shard.rank, " of ", md.shard.world, " but the layer's group is rank ", comm_.rank(), " of ",
+                comm_.size());
+  const LayerShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size};
+  validate_layer_inputs(shape, query, key, value, md.base, output, md.base.num_actual_tokens,
+                        "has num_actual_tokens rows");
+  AAR_CHECK_ARG(key_cache.defined(), "DCP attention reads and writes the paged KV cache: key_cache/value_cache are required");
+  validate_nd_caches(shape, key_cache, value_cache, md.base, query.scalar_type(), query.device());
+  AAR_CHECK_ARG(md.base.num_prefills == 0 || key.has_value(),
+                "prefill requests attend this step's own K/V: key and value are required");
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  bind_caches(key_cache, value_cache);
+  // 1. This rank's own tokens only (slot -1 elsewhere, skipped by the kernel).
+  if (key.has_value() && !cfg_.kv_sharing) {
+    const int64_t n = key->sizes()[0];
+    const at::Tensor slots = n == md.base.num_input_tokens ? md.base.slot_mapping : md.base.slot_mapping.narrow(0, 0, n);
+    ops::scatter_pa_kv_cache(key->contiguous(), value->contiguous(), key_cache_, value_cache_, slots, "Norm");
+  }
+  // 2-3. Collectives depend only on batch-global facts (spec 7).
+  if (md.base.num_decodes > 0) decode(md, query, output);
+  if (md.base.num_prefills > 0) prefill(md, query, *key, *value, output);
+  return output;
+}
+
+}  // namespace aar::gqa

@@ -1,0 +1,146 @@
+// One DCP step's host planning (decisions in plan/dcp_step_plan.h). Validation
+// and the split come first; the slot mapping validates the batch (sizes, block
+// columns and ids) before its first write; everything after it cannot fail.
+#include "ascend_attn_rt/plan/dcp_step_plan.h"
+
+#include <algorithm>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/slot_mapping.h"
+
+namespace aar::plan {
+
+namespace {
+
+void check_room(std::size_t have, int64_t need, const char* name) {
+  AAR_CHECK_ARG(static_cast<int64_t>(have) >= need, "buffers.", name, " has room for ", have, " entries, needs ",
+                need);
+}
+
+}  // namespace
+
+DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
+  const std::size_t b = in.seq_lens.size();
+  const CSpan<int32_t> qsl = in.query_start_loc;
+  AAR_CHECK_ARG(qsl.size() == b + 1, "query_start_loc has ", qsl.size(), " entries, expected seq_lens.size()+1 = ",
+                b + 1);
+  AAR_CHECK_ARG(in.decode_threshold >= 1 && in.decode_threshold <= 16, "decode_threshold=", in.decode_threshold,
+                " is out of range [1, 16]");
+  AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",
+                in.is_prefilling.size(), " entries, expected 0 or ", b);
+  AAR_CHECK_ARG(in.shard.world >= 1 && in.shard.rank >= 0 && in.shard.rank < in.shard.world &&
+                    in.shard.interleave >= 1,
+                "DCP shard (world=", in.shard.world, ", rank=", in.shard.rank, ", interleave=", in.shard.interleave,
+                ") is invalid");
+  AAR_CHECK_ARG(buf.out_stride >= in.block_table_stride, "buffers.out_stride=", buf.out_stride,
+                " is smaller than block_table_stride=", in.block_table_stride);
+  int32_t maxq = 0, maxs = 0;
+  for (std::size_t r = 0; r < b; ++r) {
+    AAR_CHECK_ARG(qsl[r + 1] >= qsl[r], "query_start_loc is not non-decreasing at ", r + 1, ": ", qsl[r], " > ",
+                  qsl[r + 1]);
+    maxq = std::max(maxq, qsl[r + 1] - qsl[r]);
+    maxs = std::max(maxs, in.seq_lens[r]);
+  }
+  const int32_t t_real = b == 0 ? 0 : qsl[b];
+  AAR_CHECK_ARG(b == 0 || qsl[0] == 0, "query_start_loc[0] must be 0, got ", qsl[0]);
+  const int32_t t_in = in.num_input_tokens == 0 ? t_real : in.num_input_tokens;
+  AAR_CHECK_ARG(t_in >= t_real, "num_input_tokens=", in.num_input_tokens, " is smaller than query_start_loc[", b,
+                "]=", t_real);
+
+  SplitInputs si;
+  si.query_start_loc = qsl;
+  si.num_actual_tokens = t_real;
+  si.max_query_len = maxq;
+  si.decode_threshold = in.decode_threshold;
+  // Spec 3.2: short extends are prefills (by is_prefilling); without it no
+  // request is prefilling, which is the "treat as decodes" rule.
+  si.treat_short_extends_as_decodes = in.is_prefilling.empty();
+  si.is_prefilling = in.is_prefilling;
+  const SplitResult split = b == 0 ? SplitResult{} : split_decodes_and_prefills(si);
+  const int32_t nd = split.num_decodes, np = static_cast<int32_t>(b) - nd;
+  const int32_t td = split.num_decode_tokens, tp = t_real - td;
+  const int64_t os = buf.out_stride;
+  check_room(buf.decode_block_table.size(), static_cast<int64_t>(td) * os, "decode_block_table");
+  check_room(buf.decode_q_ends.size(), td, "decode_q_ends");
+  check_room(buf.decode_kv_lens.size(), td, "decode_kv_lens");
+  check_room(buf.prefill_block_table.size(), static_cast<int64_t>(np) * os, "prefill_block_table");
+  check_room(buf.prefill_q_ends.size(), np, "prefill_q_ends");
+  check_room(buf.prefill_context_lens.size(), np, "prefill_context_lens");
+  check_room(buf.context_token_idx.size(), tp, "context_token_idx");
+
+  // The kernels read each request's local sequence through its row: columns
+  // [0, ceil(local_len(seq, 0) / B)) (rank 0 holds the most), so those ids are
+  // checked on every rank alike (the slot mapping checks the written ones only).
+  AAR_CHECK_ARG(in.block_size > 0, "block_size=", in.block_size, " must be positive");
+  AAR_CHECK_ARG(in.block_table.size() >= b * static_cast<std::size_t>(in.block_table_stride), "block_table has ",
+                in.block_table.size(), " entries, expected ", b, " x ", in.block_table_stride);
+  for (std::size_t r = 0; r < b; ++r) {
+    AAR_CHECK_ARG(in.seq_lens[r] >= qsl[r + 1] - qsl[r], "seq_lens[", r, "]=", in.seq_lens[r],
+                  " is smaller than its query length ", qsl[r + 1] - qsl[r]);
+    const int64_t need = (dcp_local_len(in.seq_lens[r], in.shard.world, in.shard.interleave, 0) + in.block_size - 1) /
+                         in.block_size;
+    AAR_CHECK_ARG(need <= in.block_table_stride, "seq_lens[", r, "]=", in.seq_lens[r], " needs ", need,
+                  " blocks per DCP rank but block_table_stride=", in.block_table_stride);
+    const int32_t* row = in.block_table.data() + r * static_cast<std::size_t>(in.block_table_stride);
+    for (int64_t c = 0; c < need; ++c) {
+      AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
+                    " is out of range [0, ", in.num_blocks, ")");
+    }
+  }
+  // Validates sizes, seq_len >= query_len, block columns and ids before writing.
+  SlotMappingInputs sm;
+  sm.query_start_loc = qsl;
+  sm.seq_lens = in.seq_lens;
+  sm.block_table = in.block_table;
+  sm.block_table_stride = in.block_table_stride;
+  sm.block_size = in.block_size;
+  sm.num_blocks = in.num_blocks;
+  DcpStepPlan p;
+  p.num_local_writes = compute_dcp_slot_mapping(sm, in.shard, buf.slot_mapping.subspan(0, t_in));
+
+  const int32_t W = in.shard.world, I = in.shard.interleave, rk = in.shard.rank;
+  const std::size_t is = static_cast<std::size_t>(in.block_table_stride);
+  auto copy_row = [&](std::size_t req, int32_t* dst) {
+    const int32_t* src = in.block_table.data() + req * is;
+    std::copy(src, src + is, dst);
+    std::fill(dst + is, dst + os, 0);
+  };
+  for (int32_t r = 0; r < nd; ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r];
+    const int64_t h = in.seq_lens[r] - q;
+    for (int32_t j = 0; j < q; ++j) {
+      const int32_t t = qsl[r] + j;
+      buf.decode_q_ends[t] = t + 1;
+      buf.decode_kv_lens[t] = dcp_local_len(h + j + 1, W, I, rk);
+      copy_row(static_cast<std::size_t>(r), buf.decode_block_table.data() + static_cast<int64_t>(t) * os);
+    }
+  }
+  int64_t local_ctx = 0;
+  bool has_ctx = false;
+  int32_t n_idx = 0;
+  for (int32_t i = 0; i < np; ++i) {
+    const std::size_t r = static_cast<std::size_t>(nd + i);
+    const int32_t q = qsl[r + 1] - qsl[r];
+    const int32_t ctx = in.seq_lens[r] - q;
+    buf.prefill_q_ends[i] = qsl[r + 1] - td;
+    buf.prefill_context_lens[i] = dcp_local_len(ctx, W, I, rk);
+    local_ctx += buf.prefill_context_lens[i];
+    copy_row(r, buf.prefill_block_table.data() + static_cast<int64_t>(i) * os);
+    if (ctx > 0) {
+      has_ctx = true;
+      for (int32_t j = 0; j < q; ++j) buf.context_token_idx[n_idx++] = qsl[r] - td + j;
+    }
+  }
+  p.split = split;
+  p.num_reqs = static_cast<int32_t>(b);
+  p.num_actual_tokens = t_real;
+  p.num_input_tokens = t_in;
+  p.max_query_len = maxq;
+  p.max_seq_len = maxs;
+  p.has_context = has_ctx;
+  p.local_context_tokens = local_ctx;
+  p.num_context_rows = n_idx;
+  return p;
+}
+
+}  // namespace aar::plan

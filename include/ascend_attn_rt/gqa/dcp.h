@@ -1,0 +1,163 @@
+// GQA decode context parallel (spec cp.md 3, 4, 5.1): the KV cache is sharded
+// along the sequence over the DCP group (plan/dcp_layout.h); every rank runs
+// the whole batch, writes only the tokens it owns, and attends its local shard.
+//
+// DcpMetadataBuilder: plan::build_dcp_step into persistent buffers (one
+// host-to-device copy per build on the device path, staging.h), giving
+// DcpMetadata: the ordinary GQA fields the layer checks (`base`) plus the DCP
+// parts. DcpAttentionImpl::forward, per layer:
+//   1. KV write of this rank's own tokens (local slots, -1 elsewhere);
+//   2. decodes: query heads all-gathered over the group, FIA over the local
+//      paged shard with one query row per decode token and that token's local
+//      KV length (plan/dcp_step_plan.h: the interleave-aware causal mask of
+//      speculative decode without a mask tensor), LSE returned, partials
+//      exchanged and merged (cp/dcp.h);
+//   3. prefills: causal FIA over the step's own K/V (every rank has all of
+//      them; no communication), and, when some prefill request has cached
+//      context (a batch-global fact), the gathered query against this rank's
+//      local context through the paged cache (non-causal: every cached token
+//      precedes the chunk), exchanged and merged across ranks, then merged with
+//      the current-chunk result on the rows of requests with context only.
+//   Fresh prefills (no context anywhere) issue no collective.
+//
+// Decisions where the spec is silent:
+// - Head layout. Every rank of the group holds the same num_kv_heads KV heads;
+//   rank rd's local query head h is global head rd*H + h and uses KV head
+//   h / (H / Hkv) (upstream's constraints make Hkv = 1 per rank; this is the
+//   same rule for any Hkv). FIA maps gathered head g to KV head g / (W*H/Hkv),
+//   so with Hkv > 1 the gathered heads are regrouped KV-head-major before the
+//   call and back after it (two copies; none when Hkv == 1 or W == 1).
+// - The context is read through the paged cache with per-request local
+//   lengths (FIA with a block table) instead of upstream's copy into
+//   contiguous K/V: the same keys, no extra memory. A rank with no local
+//   context skips the kernel (partial O = 0, LSE = -inf) but still exchanges.
+// - Not supported, rejected by name: sliding windows, sinks, ALiBi, soft-cap,
+//   non-decoder layers, quantised caches, non-causal metadata, graph capture.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/gqa/impl.h"
+#include "ascend_attn_rt/gqa/mask.h"
+#include "ascend_attn_rt/gqa/metadata.h"
+#include "ascend_attn_rt/plan/dcp_layout.h"
+#include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/staging.h"
+
+namespace aar::detail {
+class StagingBuffers;
+}
+
+namespace aar::gqa {
+
+struct DcpMetadata {
+  // The fields every GQA layer checks: num_actual_tokens / num_input_tokens,
+  // block_size, num_blocks, num_decodes / num_prefills / num_decode_tokens,
+  // slot_mapping (this rank's local slots), attn_mask (the causal mask of the
+  // current-chunk pass), block_tables (the request rows), stamp.
+  Metadata base;
+  plan::DcpShard shard;
+  int32_t num_prefill_tokens = 0;
+  // Decode rows, one per decode token (plan::build_dcp_step).
+  at::Tensor decode_block_tables;           // device int32 (num_decode_tokens, max_blocks)
+  c10::IntArrayRef decode_q_ends;           // 1..num_decode_tokens
+  c10::IntArrayRef decode_kv_lens;          // local KV length per decode token
+  // Prefill requests.
+  at::Tensor prefill_block_tables;          // device int32 (num_prefills, max_blocks)
+  c10::IntArrayRef prefill_q_ends;          // cumulative, from 0
+  c10::IntArrayRef prefill_context_lens;    // local cached context per request
+  bool has_context = false;                 // batch-global: some prefill has cached context
+  int64_t local_context_tokens = 0;         // this rank's share of it
+  at::Tensor context_token_idx;             // device int64 (num_context_rows): prefill rows with context
+  int32_t num_local_writes = 0;
+};
+
+struct DcpBuilderConfig {
+  int32_t max_num_reqs = 256;
+  int32_t max_num_tokens = 8192;
+  int32_t max_blocks_per_req = 64;
+  int32_t block_size = 128;
+  int32_t num_blocks = 0;
+  int32_t num_speculative_tokens = 0;  // decode threshold 1 + this (<= 16)
+  plan::DcpShard shard;                // world / rank / interleave (I <= B, B % I == 0)
+  c10::Device device = c10::Device(c10::kCPU);
+  std::optional<bool> separate_device_buffers;  // default: device != CPU
+  int32_t staging_buffers = 2;
+  std::shared_ptr<StagingHooks> staging_hooks;
+};
+
+struct DcpBuildInputs {
+  plan::CSpan<int32_t> query_start_loc;  // B+1, decode-first order
+  plan::CSpan<int32_t> seq_lens;         // B, global lengths
+  plan::CSpan<int32_t> block_table;      // B x stride: the group's one table
+  int32_t block_table_stride = 0;
+  int32_t num_input_tokens = 0;
+  plan::CSpan<uint8_t> is_prefilling;    // optional
+};
+
+class DcpMetadataBuilder {
+ public:
+  explicit DcpMetadataBuilder(const DcpBuilderConfig& cfg);
+  ~DcpMetadataBuilder();
+  DcpMetadataBuilder(const DcpMetadataBuilder&) = delete;
+  DcpMetadataBuilder& operator=(const DcpMetadataBuilder&) = delete;
+
+  const DcpMetadata& build(const DcpBuildInputs& in);
+  const DcpBuilderConfig& config() const { return cfg_; }
+  int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
+  const DcpMetadata& metadata() const { return md_; }
+
+ private:
+  DcpBuilderConfig cfg_;
+  bool separate_;
+  MaskBuilder masks_;
+  DcpMetadata md_;
+  detail::BuildCounter counter_;
+  // Packed int32 [slots | decode block table | prefill block table]; the
+  // context rows are int64 (the index kernels' type) in a buffer of their own.
+  std::unique_ptr<detail::StagingBuffers> buffers_;
+  at::Tensor ctx_idx_host_, ctx_idx_dev_;
+  std::vector<int32_t> ctx_idx32_;
+  std::vector<int64_t> dq_, dkv_, pq_, pctx_;
+  int64_t off_slot_ = 0, off_dbt_ = 0, off_pbt_ = 0;
+};
+
+class DcpAttentionImpl {
+ public:
+  // `comm` is the DCP group (its size and rank must match the metadata's
+  // shard); it must outlive the layer.
+  DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm);
+
+  // query (T, H, D); key/value (T, Hkv, D); caches (num_blocks, B, Hkv, D)
+  // contiguous; output (T, H, D), rows [0, num_actual_tokens) written.
+  const at::Tensor& forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                            const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                            const at::Tensor& value_cache, const DcpMetadata& metadata, const at::Tensor& output);
+
+  const ImplConfig& config() const { return cfg_; }
+  cp::Comm& comm() { return comm_; }
+
+ private:
+  void bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache);
+  // Gathered heads (rank-major) <-> KV-head-major for FIA (identity when Hkv == 1).
+  at::Tensor to_kv_major(const at::Tensor& x) const;
+  at::Tensor from_kv_major(const at::Tensor& x) const;
+  void decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output);
+  void prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+               const at::Tensor& output);
+
+  ImplConfig cfg_;
+  cp::Comm& comm_;
+  detail::TensorBinding bound_key_, bound_value_;
+  at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
+};
+
+}  // namespace aar::gqa

@@ -1,0 +1,79 @@
+// One DCP step's host planning for the GQA backend (spec cp.md 3.1-3.4, 5.1),
+// composed from the DCP layout functions (dcp_layout.h) and the split
+// (split.h): the decode/prefill split, the local slot mapping, the local KV
+// lengths of the decode rows, the prefill rows' local context and the
+// chunked-context row filter. Writes only into caller-owned buffers; allocates
+// nothing. Every check is rank-independent (dcp_layout.h), so all ranks of a
+// group accept or reject the same batch.
+//
+// Decisions where the spec is silent:
+// - Decode rows, one per decode *token*. Decode token j of a request (global
+//   position p) attends this rank's local keys at global positions <= p, which
+//   are the first local_len(p + 1, r) local keys: a paged call with one query
+//   row per token, that row's KV length and the request's block-table row is
+//   exactly the interleave-aware causal mask of spec 3.4, for single-token and
+//   speculative decodes alike, with no mask tensor. A row whose rank holds no
+//   key at or before p gets KV length 0 (its partial is O = 0, LSE = -inf):
+//   the correct masking of the upstream quirk (spec 3.4, 10.8), never the
+//   quirk. For a one-token decode the row's length is local_len(seq_len, r),
+//   spec 3.1's num_computed_tokens_of_dcp.
+// - Split: treat_short_extends_as_decodes = false (spec 3.2); without
+//   is_prefilling every request of at most decode_threshold tokens is a decode
+//   (is_prefilling all false). A short extend classed as a decode is still
+//   exact: its rows attend by position as above.
+// - The prefill context is every prefill request's cached context
+//   (seq_len - query_len) whatever chunked_prefill says: ignoring a prefix-cache
+//   hit would be silently wrong (spec 10.13). has_context is batch-global (the
+//   global context, not this rank's share), so every rank issues the same
+//   collectives.
+#pragma once
+
+#include <cstdint>
+
+#include "ascend_attn_rt/plan/dcp_layout.h"
+#include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/plan/split.h"
+
+namespace aar::plan {
+
+struct DcpStepInputs {
+  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums, decode-first order
+  CSpan<int32_t> seq_lens;         // B, global context + new tokens
+  CSpan<int32_t> block_table;      // B x block_table_stride, the group's one table
+  int32_t block_table_stride = 0;
+  int32_t block_size = 128;
+  int32_t num_blocks = 0;
+  int32_t num_input_tokens = 0;    // 0 = qsl[B]; extra tokens get slot -1 and are not attended
+  int32_t decode_threshold = 1;    // 1 + num_speculative_tokens, in [1, 16]
+  CSpan<uint8_t> is_prefilling;    // optional, B entries
+  DcpShard shard;
+};
+
+struct DcpStepBuffers {
+  Span<int32_t> slot_mapping;         // >= num_input_tokens: local slots, -1 where not owned
+  Span<int32_t> decode_block_table;   // >= num_decode_tokens * out_stride: the request's row per token
+  Span<int64_t> decode_q_ends;        // >= num_decode_tokens: 1, 2, ..., Td (one row per token)
+  Span<int64_t> decode_kv_lens;       // >= num_decode_tokens: local_len(p + 1, r) per token
+  Span<int32_t> prefill_block_table;  // >= num_prefills * out_stride
+  Span<int64_t> prefill_q_ends;       // >= num_prefills: cumulative query ends from 0
+  Span<int64_t> prefill_context_lens; // >= num_prefills: local_len(seq_len - q, r) per request
+  Span<int32_t> context_token_idx;    // >= num_prefill_tokens: prefill rows of requests with context
+  int32_t out_stride = 0;             // columns of the two block tables (>= block_table_stride)
+};
+
+struct DcpStepPlan {
+  SplitResult split;
+  int32_t num_reqs = 0;
+  int32_t num_actual_tokens = 0;
+  int32_t num_input_tokens = 0;
+  int32_t max_query_len = 0;
+  int32_t max_seq_len = 0;
+  int32_t num_local_writes = 0;      // tokens this rank writes to its cache
+  bool has_context = false;          // some prefill request has global cached context
+  int64_t local_context_tokens = 0;  // sum of prefill_context_lens on this rank
+  int32_t num_context_rows = 0;      // entries of context_token_idx
+};
+
+DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf);
+
+}  // namespace aar::plan

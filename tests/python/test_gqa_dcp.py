@@ -1,0 +1,157 @@
+"""GQA decode context parallel (gqa/dcp.h, spec cp.md 3-5.1, 11) over real gloo groups.
+
+Every rank runs the same batches with the same global K/V (one seed), holds its own
+query heads and its own KV shard; each rank's output is compared with a float64
+attention over the whole sequence, computed in the test from the global K/V history
+(causal by position; the context prefix fully visible). Steps per configuration:
+fresh prefills (no collective may be issued), a mixed batch (decodes, one with fewer
+tokens than the group, a chunked prefill over cached context, a fresh prefill), a
+speculative decode (4 tokens per request, the interleave-aware mask), a plain decode.
+All configurations run inside one spawned group per world size (spawning is the cost).
+"""
+
+import math
+
+import pytest
+import torch
+
+from _cp_harness import run_ranks
+
+D = 16
+
+
+def _ref(q, hist, pos, G):
+    # q (n, H, D) float64 for tokens at positions pos (n) of one request whose
+    # keys/values so far are hist = (K (L, Hkv, D), V); local head h uses KV head h // G.
+    K, V = hist
+    H = q.shape[1]
+    kv = torch.arange(H) // G
+    k = K[:, kv]  # (L, H, D)
+    v = V[:, kv]
+    s = torch.einsum("nhd,lhd->hnl", q, k) / math.sqrt(D)
+    L = K.shape[0]
+    mask = torch.arange(L)[None, :] > torch.tensor(pos)[:, None]
+    s = s.masked_fill(mask[None], -math.inf)
+    return torch.einsum("hnl,lhd->nhd", torch.softmax(s, dim=-1), v)
+
+
+class _World:
+    """The global state of one configuration: K/V histories, block table."""
+
+    def __init__(self, rank, W, comm, B, I, H, Hkv, dtype, nreq, max_len):
+        import ascend_attn_rt as aar
+
+        self.aar, self.rank, self.W, self.comm = aar, rank, W, comm
+        self.B, self.I, self.H, self.Hkv, self.dtype = B, I, H, Hkv, dtype
+        self.gen = torch.Generator().manual_seed(1234 + B + I + H + Hkv)
+        per_req = -(-max_len // (B * W))
+        self.stride = per_req
+        self.num_blocks = nreq * per_req + 1
+        # distinct block ids, shuffled, identical on every rank (one table)
+        ids = torch.randperm(self.num_blocks - 1, generator=self.gen)[: nreq * per_req] + 1
+        self.bt = ids.view(nreq, per_req).to(torch.int32)
+        self.kc = torch.zeros(self.num_blocks, B, Hkv, D, dtype=dtype)
+        self.vc = torch.zeros_like(self.kc)
+        self.hist = [(torch.zeros(0, Hkv, D, dtype=torch.float64), torch.zeros(0, Hkv, D, dtype=torch.float64))
+                     for _ in range(nreq)]
+        self.layer = aar.DcpAttentionImpl(comm, H, D, num_kv_heads=Hkv)
+        self.builders = {}
+        self.tol = 1e-5 if dtype == torch.float32 else 2e-2
+
+    def builder(self, spec):
+        if spec not in self.builders:
+            self.builders[spec] = self.aar.DcpMetadataBuilder(
+                max_num_reqs=8, max_num_tokens=1024, max_blocks_per_req=self.stride, block_size=self.B,
+                num_blocks=self.num_blocks, dcp_world=self.W, dcp_rank=self.rank, interleave=self.I,
+                num_speculative_tokens=spec)
+        return self.builders[spec]
+
+    def step(self, reqs, qlens, prefilling, spec=0, expect_collectives=None):
+        """One forward of requests `reqs` (decode-first) with qlens new tokens each."""
+        W, H, Hkv, G = self.W, self.H, self.Hkv, self.H // self.Hkv
+        T = sum(qlens)
+        # global inputs, identical on all ranks
+        q_all = torch.randn(T, W * H, D, generator=self.gen, dtype=torch.float64)
+        k = torch.randn(T, Hkv, D, generator=self.gen, dtype=torch.float64)
+        v = torch.randn(T, Hkv, D, generator=self.gen, dtype=torch.float64)
+        q = q_all[:, self.rank * H:(self.rank + 1) * H].to(self.dtype).contiguous()
+        kd, vd = k.to(self.dtype), v.to(self.dtype)
+        seq, qsl = [], [0]
+        for r, n in zip(reqs, qlens):
+            seq.append(self.hist[r][0].shape[0] + n)
+            qsl.append(qsl[-1] + n)
+        md = self.builder(spec).build(torch.tensor(qsl, dtype=torch.int32), torch.tensor(seq, dtype=torch.int32),
+                                      self.bt[list(reqs)].contiguous(),
+                                      is_prefilling=torch.tensor(prefilling, dtype=torch.bool))
+        out = torch.full((T, H, D), float("nan"), dtype=self.dtype)
+        before = self.comm.calls
+        self.layer.forward(q, kd, vd, self.kc, self.vc, md, out)
+        issued = self.comm.calls - before
+        if expect_collectives is not None:
+            assert issued == expect_collectives, (issued, expect_collectives)
+        # reference over the whole sequence, this rank's heads
+        qr = q.double()
+        for i, (r, n) in enumerate(zip(reqs, qlens)):
+            rows = slice(qsl[i], qsl[i + 1])
+            Kh = torch.cat([self.hist[r][0], kd[rows].double()])
+            Vh = torch.cat([self.hist[r][1], vd[rows].double()])
+            self.hist[r] = (Kh, Vh)
+            pos = list(range(Kh.shape[0] - n, Kh.shape[0]))
+            ref = _ref(qr[rows], (Kh, Vh), pos, G)
+            got = out[rows].double()
+            assert not torch.isnan(got).any(), f"NaN in request {r}"
+            torch.testing.assert_close(got, ref, rtol=self.tol, atol=self.tol,
+                                       msg=lambda m: f"request {r} (q={n}, seq={Kh.shape[0]}): {m}")
+        return md, issued
+
+    def check_shard(self):
+        # the cache holds exactly this rank's tokens: local sequence through the table
+        W, I, B = self.W, self.I, self.B
+        for r, (K, _) in enumerate(self.hist):
+            L = K.shape[0]
+            own = [x for x in range(L) if (x // I) % W == self.rank]
+            for li, x in enumerate(own):
+                blk = int(self.bt[r, li // B])
+                torch.testing.assert_close(self.kc[blk, li % B].double(), K[x].to(self.dtype).double(),
+                                           rtol=0, atol=0)
+
+
+def _case_matrix(rank, W, configs):
+    import torch.distributed as dist
+
+    import ascend_attn_rt as aar
+
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=30.0)
+    done = []
+    for (B, I, H, Hkv, dtype_name) in configs:
+        dtype = getattr(torch, dtype_name)
+        w = _World(rank, W, comm, B, I, H, Hkv, dtype, nreq=5, max_len=B + 80)
+        # 1. fresh prefills: no collective at all
+        _, n = w.step([0, 1, 2, 3], [1, 3, 37, B + 9], [1, 1, 1, 1], expect_collectives=0)
+        # 2. mixed: decodes (req 0 has 2 tokens: shorter than a 4-group), a chunked
+        #    prefill over cached context (req 2), a fresh prefill (req 4)
+        exp = 0 if W == 1 else 4  # decode gather + a2a, context gather + a2a
+        w.step([0, 1, 2, 4], [1, 1, 7, 5], [0, 0, 1, 1], expect_collectives=exp)
+        # 3. speculative decode, 4 tokens per request (interleave-aware causal mask)
+        w.step([0, 1, 3], [4, 4, 4], [0, 0, 0], spec=3, expect_collectives=0 if W == 1 else 2)
+        # 4. plain decode of everything, then a chunked prefill whose context is
+        #    short (ranks without local context still exchange)
+        w.step([0, 1, 2, 3, 4], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0])
+        w.step([4], [6], [1])
+        w.check_shard()
+        done.append((B, I, H, Hkv, dtype_name))
+    return len(done)
+
+
+CONFIGS = [
+    (16, 1, 4, 1, "float32"),     # GQA, one KV head per rank (upstream's layout)
+    (16, 2, 2, 2, "float32"),     # MHA
+    (16, 16, 4, 2, "bfloat16"),   # GQA with Hkv = 2, I = B
+    (128, 1, 2, 1, "bfloat16"),
+    (128, 128, 2, 2, "float32"),  # MHA, I = B = 128
+]
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_gqa_dcp_matches_float64_reference(world):
+    assert run_ranks(world, _case_matrix, CONFIGS, deadline_s=150.0) == [len(CONFIGS)] * world
