@@ -8,6 +8,7 @@
 
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/cp/dcp.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/mla/backend.h"
@@ -19,7 +20,6 @@
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
-#include "dcp_exchange.h"
 #include "latent_core.h"
 
 namespace aar::mla {
@@ -279,7 +279,7 @@ const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tens
   s.slots = md.slot_mapping;
   core_->preprocess(v, s, nope, rope, fused_of(path), /*stable=*/true);
   // Spec 7.3 reorg_decode_q: [ql_nope | q_pe] gathered along the heads.
-  const at::Tensor qg = detail::gather_query_heads(comm, at::cat({v.qn_heads, v.qr_heads}, -1));
+  const at::Tensor qg = cp::gather_query_heads(comm, at::cat({v.qn_heads, v.qr_heads}, -1));
   ops::FiaTensors t;
   t.query = qg.narrow(-1, 0, L).contiguous().view({td, N, 1, L});
   t.query_rope = qg.narrow(-1, L, R).contiguous().view({td, N, 1, R});
@@ -300,7 +300,7 @@ const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tens
   p.softmax_lse_flag = true;
   auto [out, lse] = ops::fused_infer_attention_score(t, p);  // (td, N, 1, L), (td, N, 1, 1)
   at::Tensor merged = v.attn_heads.transpose(0, 1);          // (td, H, L) view of the W_UV input
-  detail::combine_partials(comm, out.view({td, N, L}), lse.view({td, N, 1}), merged);
+  cp::combine_partials(comm, out.view({td, N, L}), lse.view({td, N, 1}), merged);
   return core_->w_uv_out(v, td);
 }
 

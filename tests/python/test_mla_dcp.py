@@ -49,6 +49,8 @@ def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, workspace=
     g = torch.Generator().manual_seed(seed)
     ws = make_weights(d, dtype, g)
     B = len(seq_lens)
+    # The tokens first: they (and the reference) must not depend on the DCP layout below.
+    xs = [torch.randn(s, d.hidden, generator=g, dtype=torch.float64).to(dtype) for s in seq_lens]
     # Block-table columns a request needs under DCP: rank 0 holds the most tokens.
     per_req = [max(1, math.ceil(_local_len(s, W, I, 0) / bs)) for s in seq_lens]
     nb = sum(per_req) + 2
@@ -58,7 +60,6 @@ def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, workspace=
     for r, n in enumerate(per_req):
         table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
         k += n
-    xs = [torch.randn(s, d.hidden, generator=g, dtype=torch.float64).to(dtype) for s in seq_lens]
     # Every token's cache row (float64): c_kv and the half-split RoPE'd k_rope.
     rows = []
     for r in range(B):
