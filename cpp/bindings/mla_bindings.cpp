@@ -6,6 +6,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "ascend_attn_rt/cp/comm.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/impl.h"
@@ -161,7 +162,18 @@ void bind_mla(nb::module_& root) {
                    })
       .def_prop_ro("context_cu_seq_lens", [](const mla::Metadata& m) { return m.prefill.chunked.cu_seq_lens; })
       .def_prop_ro("context_starts", [](const mla::Metadata& m) { return m.prefill.chunked.starts; })
-      .def_prop_ro("context_chunk_seq_lens", [](const mla::Metadata& m) { return m.prefill.chunked.chunk_seq_lens; });
+      .def_prop_ro("context_chunk_seq_lens", [](const mla::Metadata& m) { return m.prefill.chunked.chunk_seq_lens; })
+      .def_prop_ro("dcp_world_size", [](const mla::Metadata& m) { return m.dcp.world_size; })
+      .def_prop_ro("dcp_rank", [](const mla::Metadata& m) { return m.dcp.rank; })
+      .def_prop_ro("context_local_chunk_size",
+                   [](const mla::Metadata& m) { return m.prefill.chunked.local_chunk_size; })
+      .def_prop_ro("context_padded_chunk_seq_lens",
+                   [](const mla::Metadata& m) { return m.prefill.chunked.padded_chunk_seq_lens; })
+      .def_prop_ro("context_local_seq_tot",
+                   [](const mla::Metadata& m) { return to_list(live(m).prefill.chunked.local_seq_tot); })
+      .def_prop_ro("context_reorg_index", [](const mla::Metadata& m) { return m.prefill.chunked.reorg_index; })
+      .def_prop_ro("context_reorg_offsets",
+                   [](const mla::Metadata& m) { return to_list(live(m).prefill.chunked.reorg_offsets); });
 
   nb::class_<mla::MetadataBuilder>(m, "MetadataBuilder")
       .def(
@@ -170,8 +182,12 @@ void bind_mla(nb::module_& root) {
              int32_t block_size, int32_t num_blocks, const at::Tensor& cos_table, const at::Tensor& sin_table,
              int32_t max_model_len, int32_t num_speculative_tokens, bool chunked_prefill_enabled,
              int64_t workspace_tokens, const std::string& device, std::optional<bool> separate_device_buffers,
-             bool graph_decode_padding, bool disable_padded_drafter_batch, int32_t staging_buffers) {
+             bool graph_decode_padding, bool disable_padded_drafter_batch, int32_t staging_buffers,
+             int32_t dcp_world_size, int32_t dcp_rank, int32_t cp_kv_cache_interleave_size) {
             mla::BuilderConfig c;
+            c.dcp_world_size = dcp_world_size;
+            c.dcp_rank = dcp_rank;
+            c.cp_kv_cache_interleave_size = cp_kv_cache_interleave_size;
             c.staging_buffers = staging_buffers;
             c.graph_decode_padding = graph_decode_padding;
             c.disable_padded_drafter_batch = disable_padded_drafter_batch;
@@ -194,18 +210,23 @@ void bind_mla(nb::module_& root) {
           "num_blocks"_a, "cos_table"_a, "sin_table"_a, "max_model_len"_a = 0, "num_speculative_tokens"_a = 0,
           "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu",
           "separate_device_buffers"_a = nb::none(), "graph_decode_padding"_a = false,
-          "disable_padded_drafter_batch"_a = false, "staging_buffers"_a = 2)
+          "disable_padded_drafter_batch"_a = false, "staging_buffers"_a = 2, "dcp_world_size"_a = 1,
+          "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1)
       .def(
           "build",
           [](mla::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
              std::optional<plan::AttentionState> attn_state,
-             const std::optional<at::Tensor>& num_spec_tokens) -> mla::Metadata {
+             const std::optional<at::Tensor>& num_spec_tokens,
+             const std::optional<at::Tensor>& is_prefilling) -> mla::Metadata {
             // A Python object per build (a copy of the builder's metadata, with
             // this build's stamp): one kept past the next build is rejected as stale.
-            return b.build(latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens));
+            mla::BuildInputs in = latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens);
+            in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
+            return b.build(in);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
-          "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>())
+          "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), "is_prefilling"_a = nb::none(),
+          nb::rv_policy::move, nb::keep_alive<0, 1>())
       .def_prop_ro("metadata", &mla::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
       .def_prop_ro("decode_threshold", &mla::MetadataBuilder::decode_threshold)
       .def_prop_ro("block_table_staging", [](const mla::MetadataBuilder& b) { return b.block_table_staging(); })
@@ -278,8 +299,9 @@ void bind_mla(nb::module_& root) {
              const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj, const at::Tensor& o_proj, double scale,
              double q_norm_eps, double kv_norm_eps, bool enable_prolog, bool enable_kv_nz, int64_t layer_index,
              int64_t workspace_group, std::optional<bool> prefill_in_bf16, std::optional<mla::QuantWeights> quant,
-             bool enable_mlapo, std::optional<double> fa_quant_kv_scale) {
+             bool enable_mlapo, std::optional<double> fa_quant_kv_scale, cp::Comm* dcp_comm) {
             mla::ImplConfig c;
+            c.dcp_comm = dcp_comm;
             c.enable_mlapo = enable_mlapo;
             c.fa_quant_kv_scale = fa_quant_kv_scale;
             c.prefill_in_bf16 = prefill_in_bf16;
@@ -302,7 +324,8 @@ void bind_mla(nb::module_& root) {
           "kv_a_layernorm"_a, "kv_b_proj"_a, "o_proj"_a, "scale"_a = 0.0, "q_norm_eps"_a = 1e-6,
           "kv_norm_eps"_a = 1e-6, "enable_prolog"_a = false, "enable_kv_nz"_a = false, "layer_index"_a = -1,
           "workspace_group"_a = 0, "prefill_in_bf16"_a = nb::none(), "quant"_a = nb::none(),
-          "enable_mlapo"_a = false, "fa_quant_kv_scale"_a = nb::none())
+          "enable_mlapo"_a = false, "fa_quant_kv_scale"_a = nb::none(), "dcp_comm"_a = nb::none(),
+          nb::keep_alive<1, 27>())
       .def(
           "forward",
           [](mla::Impl& impl, const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,

@@ -41,7 +41,7 @@ struct MetadataBuilder::Views {
   std::vector<at::Tensor> slots;                   // by num_input_tokens
   std::vector<at::Tensor> decode_bt, prefill_bt;   // by num_decodes / num_prefills: (n, max_blocks)
   std::vector<at::Tensor> dcos, dsin, pcos, psin;  // by num_decode_tokens / num_prefill_tokens: (n, R)
-  std::vector<at::Tensor> cu, starts, clens;       // by (num_chunks - 1) * (max_num_reqs + 1) + num_prefills
+  std::vector<at::Tensor> cu, starts, clens, plens;  // by (num_chunks - 1) * (max_num_reqs + 1) + num_prefills
 };
 
 MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
@@ -55,6 +55,19 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
                 "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, the FIA TND limit), got ",
                 cfg.num_speculative_tokens);
+  AAR_CHECK_ARG(cfg.dcp_world_size >= 1 && cfg.dcp_rank >= 0 && cfg.dcp_rank < cfg.dcp_world_size, "dcp_rank=",
+                cfg.dcp_rank, " is not a rank of a DCP group of dcp_world_size=", cfg.dcp_world_size);
+  AAR_CHECK_ARG(cfg.cp_kv_cache_interleave_size >= 1 && cfg.block_size % cfg.cp_kv_cache_interleave_size == 0,
+                "cp_kv_cache_interleave_size=", cfg.cp_kv_cache_interleave_size,
+                " must be positive and divide block_size=", cfg.block_size, " (spec cp.md 1.1)");
+  if (cfg.dcp_world_size > 1 && cfg.graph_decode_padding) {
+    throw_not_supported("graph_decode_padding with DCP (dcp_world_size=", cfg.dcp_world_size, ")");
+  }
+  if (cfg.dcp_world_size > 1 && cfg.num_speculative_tokens > 0) {
+    throw_not_supported("speculative decode (num_speculative_tokens=", cfg.num_speculative_tokens,
+                        ") with DCP (dcp_world_size=", cfg.dcp_world_size,
+                        "): its interleave-aware mask needs FIA's BSND layout with an explicit mask");
+  }
   // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
   rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   const int64_t max_model_len =
@@ -76,7 +89,8 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   off_cu_ = align16(off_bt_ + R * MB);
   off_starts_ = off_cu_ + kChunks * (R + 1);
   off_clens_ = off_starts_ + kChunks * R;
-  off_pbt_ = off_clens_ + kChunks * R;
+  off_plens_ = off_clens_ + kChunks * R;
+  off_pbt_ = off_plens_ + kChunks * R;
   off_pcos_ = align16(off_pbt_ + R * MB);
   off_psin_ = align16(off_pcos_ + T * W);
   total_ = off_psin_ + T * W;
@@ -108,6 +122,12 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   chunk_kv_ends_.assign(kChunks * R, 0);
   seq_tot_.assign(kChunks, 0);
   max_seq_.assign(kChunks, 0);
+  if (cfg.dcp_world_size > 1) {
+    local_seq_tot_.assign(kChunks, 0);
+    reorg_offsets_.assign(kChunks + 1, 0);
+    dcp_block_lens_.assign(R, 0);
+    dcp_is_prefilling_.assign(R, 0);
+  }
 
   views_ = std::make_unique<Views>();
   Views& v = *views_;
@@ -120,11 +140,12 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   v.dsin.resize(TD + 1);
   v.pcos.resize(T + 1);
   v.psin.resize(T + 1);
-  for (auto* c : {&v.cu, &v.starts, &v.clens}) c->resize(kChunks * (R + 1));
+  for (auto* c : {&v.cu, &v.starts, &v.clens, &v.plens}) c->resize(kChunks * (R + 1));
 
   md_.block_size = cfg.block_size;
   md_.num_blocks = cfg.num_blocks;
   md_.speculative = cfg.num_speculative_tokens > 0;
+  md_.dcp = DcpInfo{cfg.dcp_world_size, cfg.dcp_rank, cfg.cp_kv_cache_interleave_size};
   md_.attn_mask = at::triu(at::ones({kMaskSize, kMaskSize}, at::TensorOptions().device(cfg.device).dtype(at::kChar)), 1);
   md_.prefill.chunked.kv_ends.reserve(kChunks);
 }
@@ -184,6 +205,21 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   mi.workspace_tokens = workspace_;
   mi.pad_decode_batch = cfg_.graph_decode_padding;
   mi.pad_interpolated = cfg_.disable_padded_drafter_batch;
+  const bool dcp = cfg_.dcp_world_size > 1;
+  mi.dcp = plan::DcpShard{cfg_.dcp_world_size, cfg_.dcp_rank, cfg_.cp_kv_cache_interleave_size};
+  mi.is_prefilling = in.is_prefilling;
+  if (dcp) {
+    AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == num_reqs, "is_prefilling has ",
+                  in.is_prefilling.size(), " entries, expected num_reqs=", num_reqs);
+    // The reorg rows of the context chunks: at most the total context of the
+    // batch (grown once to the largest batch seen; the plan checks the room).
+    int64_t ctx = 0;
+    const size_t n = std::min(num_reqs, in.query_start_loc.empty() ? size_t{0} : in.query_start_loc.size() - 1);
+    for (size_t r = 0; r < n; ++r) {
+      ctx += std::max<int64_t>(0, int64_t{in.seq_lens[r]} - (in.query_start_loc[r + 1] - in.query_start_loc[r]));
+    }
+    if (static_cast<int64_t>(reorg_index_.size()) < ctx) reorg_index_.resize(static_cast<size_t>(ctx));
+  }
 
   plan::MlaStepBuffers buf;
   buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 1);
@@ -202,6 +238,14 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   buf.chunks.kv_ends = plan::Span<int64_t>(chunk_kv_ends_.data(), chunk_kv_ends_.size());
   buf.chunks.seq_tot = plan::Span<int64_t>(seq_tot_.data(), seq_tot_.size());
   buf.chunks.max_seq_lens = plan::Span<int64_t>(max_seq_.data(), max_seq_.size());
+  if (dcp) {
+    buf.chunks.padded_chunk_seq_lens = plan::Span<int32_t>(s + off_plens_, kChunks * R);
+    buf.chunks.local_seq_tot = plan::Span<int64_t>(local_seq_tot_.data(), local_seq_tot_.size());
+    buf.chunks.reorg_index = plan::Span<int64_t>(reorg_index_.data(), reorg_index_.size());
+    buf.chunks.reorg_offsets = plan::Span<int64_t>(reorg_offsets_.data(), reorg_offsets_.size());
+    buf.dcp_block_lens = plan::Span<int32_t>(dcp_block_lens_.data(), dcp_block_lens_.size());
+    buf.dcp_is_prefilling = plan::Span<uint8_t>(dcp_is_prefilling_.data(), dcp_is_prefilling_.size());
+  }
 
   // Everything that can fail happens in here, before its first write.
   const plan::MlaStepPlan p = plan::plan_mla_step(mi, buf);
@@ -281,6 +325,20 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
     cc.seq_tot = c10::IntArrayRef(seq_tot_.data(), C);
     cc.max_seq_lens = c10::IntArrayRef(max_seq_.data(), C);
     for (int64_t c = 0; c < C; ++c) cc.kv_ends.emplace_back(chunk_kv_ends_.data() + c * np, np);
+    if (dcp) {
+      cc.local_chunk_size = p.local_chunk_size;
+      cc.padded_chunk_seq_lens =
+          lazy(v.plens, key, [&] { return device_.narrow(0, off_plens_, C * np).view({C, np}); });
+      cc.local_seq_tot = c10::IntArrayRef(local_seq_tot_.data(), C);
+      cc.reorg_offsets = c10::IntArrayRef(reorg_offsets_.data(), C + 1);
+      // A tensor over the host rows (CPU), or a synchronous copy of them (the
+      // device path: the host vector is rewritten by the next build). Only steps
+      // with prefill context under DCP pay it.
+      const int64_t rows = reorg_offsets_[C];
+      at::Tensor host = at::from_blob(reorg_index_.data(), {rows}, at::TensorOptions().dtype(at::kLong));
+      reorg_device_ = separate_ || !cfg_.device.is_cpu() ? host.to(cfg_.device) : host;
+      cc.reorg_index = reorg_device_;
+    }
   } else {
     cc.num_chunks = 0;
     cc.chunk_size = 0;
@@ -289,6 +347,13 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
     cc.chunk_seq_lens.reset();
     cc.seq_tot = {};
     cc.max_seq_lens = {};
+  }
+  if (!(np > 0 && C > 0 && dcp)) {
+    cc.local_chunk_size = 0;
+    cc.padded_chunk_seq_lens.reset();
+    cc.local_seq_tot = {};
+    cc.reorg_index.reset();
+    cc.reorg_offsets = {};
   }
   return md_;
 }

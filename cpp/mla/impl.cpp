@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "../common/kv_cache.h"
+#include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/cp/dcp.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/mla/backend.h"
@@ -71,6 +73,10 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
                           " heads (use a power-of-two head count)");
     }
     lc.kv_cache_scale = *cfg_.fa_quant_kv_scale;
+  }
+  if (cfg_.dcp_comm != nullptr && cfg_.dcp_comm->size() > 1) {
+    if (fa_quant()) throw_not_supported("an FA-quant layer (fa_quant_kv_scale) with DCP (spec 7.3)");
+    if (cfg_.enable_kv_nz) throw_not_supported("enable_kv_nz with DCP (spec 7.3: DCP reads ND caches)");
   }
   lc.kv_nz = cfg_.enable_kv_nz;
   lc.heads_padded = hp_;  // the decode kernel's head count
@@ -256,8 +262,51 @@ void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows)
   ops::dense::linear_out(out_rows, core_->w_uv_out(v, out_rows.sizes()[0]), core_->weights().o_proj);
 }
 
+const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tensor& nope, const at::Tensor& rope,
+                                             const Metadata& md, DecodePath path) {
+  cp::Comm& comm = *cfg_.dcp_comm;
+  const Dims& d = cfg_.dims;
+  const int64_t td = md.decode.num_kernel_tokens, H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const int64_t N = H * comm.size(), bs = md.block_size;
+  // The preprocess into the workspace (stable: the real heads are then in
+  // qn_heads / qr_heads whatever the padding); it writes this rank's own
+  // tokens (the local slot mapping).
+  const detail::DecodeViews& v = core_->views(td, detail::DecodeLayout::BNSD);
+  detail::LatentStep s;
+  s.x = x;
+  s.cos = md.decode.cos;
+  s.sin = md.decode.sin;
+  s.slots = md.slot_mapping;
+  core_->preprocess(v, s, nope, rope, fused_of(path), /*stable=*/true);
+  // Spec 7.3 reorg_decode_q: [ql_nope | q_pe] gathered along the heads.
+  const at::Tensor qg = cp::gather_query_heads(comm, at::cat({v.qn_heads, v.qr_heads}, -1));
+  ops::FiaTensors t;
+  t.query = qg.narrow(-1, 0, L).contiguous().view({td, N, 1, L});
+  t.query_rope = qg.narrow(-1, L, R).contiguous().view({td, N, 1, R});
+  // (nb, bs, 1, D) -> (nb, 1, bs, D): a reinterpretation (Nkv = 1) of the validated contiguous caches.
+  t.key = nope.view({nope.size(0), 1, bs, L});
+  t.value = t.key;
+  t.key_rope = rope.view({rope.size(0), 1, bs, R});
+  t.block_table = md.decode.block_table;
+  ops::FiaParams p;
+  p.num_heads = N;
+  p.num_key_value_heads = 1;
+  p.scale = cfg_.scale;
+  p.input_layout = "BNSD";
+  p.sparse_mode = 0;
+  p.block_size = bs;
+  p.has_actual_seq_lengths = false;
+  p.actual_seq_lengths_kv = md.decode.seq_lens_list;  // this rank's local lengths
+  p.softmax_lse_flag = true;
+  auto [out, lse] = ops::fused_infer_attention_score(t, p);  // (td, N, 1, L), (td, N, 1, 1)
+  at::Tensor merged = v.attn_heads.transpose(0, 1);          // (td, H, L) view of the W_UV input
+  cp::combine_partials(comm, out.view({td, N, L}), lse.view({td, N, 1}), merged);
+  return core_->w_uv_out(v, td);
+}
+
 const at::Tensor& Impl::decode_attention(const at::Tensor& x, const at::Tensor& nope, const at::Tensor& rope,
                                          const Metadata& md, DecodePath path) {
+  if (md.dcp.world_size > 1) return dcp_decode_attention(x, nope, rope, md, path);
   const detail::DecodeViews& v = decode_views(md);
   const detail::LatentQuery q = decode_preprocess(v, x, nope, rope, md, path, /*stable=*/false);
   // The eager decode's FIA arguments persist between calls: a steady-state step
@@ -326,15 +375,32 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
   std::vector<at::Tensor> outs{out0.to(at::kFloat).reshape({tp * H, V})};
   std::vector<at::Tensor> lses{lse0.reshape({tp * H})};
   const auto opts = nope.options();
+  const bool dcp = md.dcp.world_size > 1;
   for (int32_t c = 0; c < cc.num_chunks; ++c) {
     const int64_t toks = cc.seq_tot[c];
-    at::Tensor kv_c = at::empty({toks, 1, L}, opts);
-    at::Tensor kpe = at::empty({toks, 1, d.qk_rope_head_dim}, rope.options());
-    ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.chunk_seq_lens[c], kv_c, kpe, cc.starts[c]);
+    at::Tensor kv_c, kpe;
+    if (dcp) {
+      // Spec 7.4: this rank's part of the chunk (the padded local lengths from
+      // the local starts; every rank gathers the same row count), [latent |
+      // k_pe] all-gathered, then the real rows request by request.
+      const int64_t lt = cc.local_seq_tot[c];
+      at::Tensor lkv = at::empty({lt, 1, L}, opts);
+      at::Tensor lpe = at::empty({lt, 1, d.qk_rope_head_dim}, rope.options());
+      ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.padded_chunk_seq_lens[c], lkv, lpe, cc.starts[c]);
+      const at::Tensor all = cfg_.dcp_comm->all_gather(at::cat({lkv, lpe}, -1), 0);
+      const at::Tensor rows =
+          all.index_select(0, cc.reorg_index.narrow(0, cc.reorg_offsets[c], toks));  // (toks, 1, L+R)
+      kv_c = rows.narrow(-1, 0, L);
+      kpe = rows.narrow(-1, L, d.qk_rope_head_dim);
+    } else {
+      kv_c = at::empty({toks, 1, L}, opts);
+      kpe = at::empty({toks, 1, d.qk_rope_head_dim}, rope.options());
+      ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.chunk_seq_lens[c], kv_c, kpe, cc.starts[c]);
+    }
     // FA-quant: the int8 latent dequantised (spec 5.6 step 4, upstream's A5 rule).
     const at::Tensor lat = fa_quant() ? (kv_c.view({toks, L}).to(at::kFloat) * *cfg_.fa_quant_kv_scale)
                                             .to(W.kv_b_proj.scalar_type())
-                                      : kv_c.view({toks, L});
+                                      : kv_c.reshape({toks, L});
     const at::Tensor kv = ops::dense::linear(lat, W.kv_b_proj).view({toks, H, P + V});
     const at::Tensor kn = kv.narrow(-1, 0, P).contiguous();
     const at::Tensor v = kv.narrow(-1, P, V).contiguous();
@@ -421,6 +487,18 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   const Metadata& md = *md_ptr;
   check_current(md.stamp, "metadata");
   validate(hidden, nope, rope, md, output);
+  const int32_t comm_size = cfg_.dcp_comm != nullptr ? cfg_.dcp_comm->size() : 1;
+  if (md.dcp.world_size > 1) {
+    AAR_CHECK_ARG(cfg_.dcp_comm != nullptr, "metadata was built for DCP (dcp_world_size=", md.dcp.world_size,
+                  ") but the layer has no dcp_comm");
+    AAR_CHECK_ARG(comm_size == md.dcp.world_size && cfg_.dcp_comm->rank() == md.dcp.rank,
+                  "metadata was built for DCP rank ", md.dcp.rank, " of ", md.dcp.world_size,
+                  " but the layer's dcp_comm is rank ", cfg_.dcp_comm->rank(), " of ", comm_size);
+    graph::refuse_if_capturing("an MLA forward with DCP");
+  } else {
+    AAR_CHECK_ARG(comm_size == 1, "the layer's dcp_comm has ", comm_size,
+                  " ranks but the metadata was built without DCP (dcp_world_size=1)");
+  }
   const Dims& d = cfg_.dims;
   const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
                 V = d.v_head_dim;

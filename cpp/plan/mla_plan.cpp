@@ -119,6 +119,46 @@ void write_chunks(std::size_t np, Ctx ctx, const ContextChunkPlan& p, const Cont
   }
 }
 
+// Spec mla.md 7.2 / 7.4 over the global chunks written by write_chunks (chunk
+// a multiple of B * W): local starts c * Cl (Cl = chunk / W), the padded local
+// lengths every rank gathers, plen[c][b] = max(0, min(pad_ctx_b, (c+1) Cl) -
+// c Cl) with pad_ctx_b = ceil(ctx_b / (I W)) I (no rank holds more of the
+// request), and the rows of the all-gathered [W * sum_b plen[c][b]] buffer
+// that hold real tokens: for request b and rank k, n_k = min(max(0,
+// local_len(ctx_b, k) - c Cl), plen[c][b]) rows from k * toks + src_b.
+// Unchecked.
+template <typename Ctx>
+void write_dcp_chunks(std::size_t np, Ctx ctx, const ContextChunkPlan& p, const DcpShard& dcp,
+                      const ContextChunkBuffers& buf) {
+  const int64_t W = dcp.world, I = dcp.interleave;
+  const int64_t cl = p.chunk_size / W;
+  int64_t at = 0;
+  for (int64_t c = 0; c < p.num_chunks; ++c) {
+    int32_t* starts = buf.starts.data() + c * np;
+    int32_t* plen = buf.padded_chunk_seq_lens.data() + c * np;
+    const int64_t lstart = c * cl;
+    int64_t toks = 0;
+    for (std::size_t b = 0; b < np; ++b) {
+      const int64_t pad_ctx = (ctx(b) + I * W - 1) / (I * W) * I;
+      starts[b] = static_cast<int32_t>(lstart);
+      plen[b] = static_cast<int32_t>(std::max<int64_t>(0, std::min(pad_ctx, lstart + cl) - lstart));
+      toks += plen[b];
+    }
+    buf.local_seq_tot[c] = toks;
+    buf.reorg_offsets[c] = at;
+    int64_t src = 0;
+    for (std::size_t b = 0; b < np; ++b) {
+      for (int64_t k = 0; k < W; ++k) {
+        const int64_t local = dcp_local_len(ctx(b), dcp.world, dcp.interleave, static_cast<int32_t>(k));
+        const int64_t n = std::min<int64_t>(std::max<int64_t>(0, local - lstart), plen[b]);
+        for (int64_t i = 0; i < n; ++i) buf.reorg_index[at++] = k * toks + src + i;
+      }
+      src += plen[b];
+    }
+  }
+  buf.reorg_offsets[p.num_chunks] = at;
+}
+
 void check_room(std::size_t have, std::size_t need, const char* name) {
   AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
 }
@@ -161,6 +201,24 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const int32_t* seqs = in.seq_lens.data();
   const int32_t* table = in.block_table.data();
   MlaStepPlan plan;
+  // Decode context parallel (spec mla.md 7): the shard, then rank 0's local
+  // lengths as the block-table extent of every request.
+  const DcpShard& dcp = in.dcp;
+  const bool use_dcp = dcp.world > 1;
+  AAR_CHECK_ARG(dcp.world >= 1 && dcp.rank >= 0 && dcp.rank < dcp.world, "dcp: rank ", dcp.rank,
+                " of world size ", dcp.world, " is not a valid DCP rank");
+  AAR_CHECK_ARG(dcp.interleave >= 1 && bs % dcp.interleave == 0, "dcp: cp_kv_cache_interleave_size=",
+                dcp.interleave, " must be positive and divide block_size=", bs, " (spec cp.md 1.1)");
+  if (use_dcp) {
+    if (in.pad_decode_batch) throw_not_supported("graph decode padding (pad_decode_batch) with DCP");
+    check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
+    if (in.is_prefilling.empty()) check_room(buf.dcp_is_prefilling.size(), b, "buffers.dcp_is_prefilling");
+    for (std::size_t r = 0; r < b; ++r) {
+      // Negative lengths are named by the scan below; 0 blocks meanwhile.
+      buf.dcp_block_lens[r] =
+          seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0)) : 0;
+    }
+  }
   // The per-request rules, the inputs of the state rule (spec gqa 2.1), the
   // maxima and the block ids each request reads, in one branch-free pass (the
   // offender is named only on failure); the last needed block id of the first
@@ -168,7 +226,8 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   int32_t last_ids[detail::kStashRows];
   const detail::RequestScan scan =
       detail::scan_requests(qsl, seqs, b, has_spec ? in.num_spec_tokens.data() : nullptr, table, in_stride, bs,
-                            in.num_blocks, in.rope_positions, last_ids);
+                            in.num_blocks, in.rope_positions, last_ids,
+                            use_dcp ? buf.dcp_block_lens.data() : nullptr);
   const std::size_t num_last = scan.num_last;
   const bool all_fresh = scan.all_fresh, all_sched_one = scan.all_sched_one, all_valid_one = scan.all_valid_one;
   const int32_t max_q = scan.max_query_len, max_seq = scan.max_seq_len;
@@ -180,7 +239,18 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   split_in.num_actual_tokens = t_real;
   split_in.max_query_len = max_q;
   split_in.decode_threshold = in.decode_threshold;
-  split_in.treat_short_extends_as_decodes = true;  // MLA without DCP (spec 3.3)
+  // MLA: short extends are decodes without DCP, prefills while still
+  // prefilling under DCP (spec 3.3 / 3.6).
+  split_in.treat_short_extends_as_decodes = !use_dcp;
+  if (use_dcp) {
+    if (in.is_prefilling.empty()) {
+      // No flags given: a request is still prefilling when nothing of it is computed.
+      for (std::size_t r = 0; r < b; ++r) buf.dcp_is_prefilling[r] = seqs[r] == qsl[r + 1] - qsl[r];
+      split_in.is_prefilling = CSpan<uint8_t>(buf.dcp_is_prefilling.data(), b);
+    } else {
+      split_in.is_prefilling = in.is_prefilling;
+    }
+  }
   plan.split = split_decodes_and_prefills(split_in);
   const std::size_t nd = static_cast<std::size_t>(plan.split.num_decodes);
   const std::size_t np = static_cast<std::size_t>(plan.split.num_prefills);
@@ -195,8 +265,19 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     plan.prefill_max_query_len = std::max(plan.prefill_max_query_len, q);
     plan.prefill_max_seq_len = std::max(plan.prefill_max_seq_len, in.seq_lens[r]);
   }
-  plan.chunks = chunk_geometry(nwc, max_ctx, in.workspace_tokens, in.block_size, in.max_chunks);
+  // Under DCP the chunk is a multiple of B * W (see mla_plan.h), so every
+  // rank's local chunk start is a block multiple.
+  plan.chunks = chunk_geometry(nwc, max_ctx, in.workspace_tokens, use_dcp ? bs * dcp.world : bs, in.max_chunks);
   if (plan.chunks.num_chunks > 0) check_chunk_capacity(np, in.max_chunks, buf.chunks);
+  if (use_dcp && plan.chunks.num_chunks > 0) {
+    const std::size_t cap = static_cast<std::size_t>(in.max_chunks);
+    int64_t total_ctx = 0;
+    for (std::size_t r = nd; r < b; ++r) total_ctx += in.seq_lens[r] - (qsl[r + 1] - qsl[r]);
+    check_room(buf.chunks.padded_chunk_seq_lens.size(), cap * np, "chunks.padded_chunk_seq_lens");
+    check_room(buf.chunks.local_seq_tot.size(), cap, "chunks.local_seq_tot");
+    check_room(buf.chunks.reorg_offsets.size(), cap + 1, "chunks.reorg_offsets");
+    check_room(buf.chunks.reorg_index.size(), static_cast<std::size_t>(total_ctx), "chunks.reorg_index");
+  }
   // Spec 3.5 graph padding of a decode-only step (enable-pad or disable-pad mode).
   const int32_t td = plan.split.num_decode_tokens;
   // Enable-pad pads tokens (t_in > tokens); disable-pad pads rows (t_in > requests),
@@ -245,7 +326,29 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     q_ends[r] = qsl[r + 1];
     kv_lens[r] = seqs[r];
   }
-  if (all_sched_one && b > 0) {
+  if (use_dcp) {
+    // Local slots (spec cp.md 1.2): the owner writes the token at its local
+    // index through the shared block table; every other rank gets -1.
+    const int32_t pbase = qsl[nd];
+    int32_t* ppos = buf.prefill_positions.data();
+    const int64_t wi = int64_t{dcp.world} * dcp.interleave;
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t begin = qsl[r], end = qsl[r + 1];
+      const int32_t pos0 = seqs[r] - (end - begin);
+      int32_t* pos = r < nd ? dpos + begin : ppos + (begin - pbase);
+      const int32_t* row = table + r * in_stride;
+      for (int32_t t = begin; t < end; ++t) {
+        const int32_t p = pos0 + (t - begin);
+        pos[t - begin] = p;
+        const bool mine = (p / dcp.interleave) % dcp.world == dcp.rank;
+        const int64_t li = (p / wi) * dcp.interleave + p % dcp.interleave;
+        slots[t] = mine ? static_cast<int64_t>(row[li / bs]) * bs + li % bs : int64_t{kPadSlot};
+      }
+      kv_lens[r] = dcp_local_len(seqs[r], dcp.world, dcp.interleave, dcp.rank);
+      if (r < nd) plan.decode_max_seq_len = std::max<int32_t>(plan.decode_max_seq_len, static_cast<int32_t>(kv_lens[r]));
+      if (r >= nd) buf.prefill_q_ends[r - nd] = end - pbase;
+    }
+  } else if (all_sched_one && b > 0) {
     // Decode-only, one token per request (the steady state): every request is
     // a decode.
     detail::write_one_token_slots(seqs, b, table, in_stride, bs, last_ids, num_last, slots, dpos);
@@ -276,9 +379,12 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     const int32_t* rows = buf.block_table.data() + nd * stride;
     std::copy(rows, rows + np * stride, buf.prefill_block_table.data());
     if (plan.chunks.num_chunks > 0) {
-      write_chunks(
-          np, [&](std::size_t i) { return seqs[nd + i] - (qsl[nd + i + 1] - qsl[nd + i]); }, plan.chunks,
-          buf.chunks);
+      auto ctx = [&](std::size_t i) { return seqs[nd + i] - (qsl[nd + i + 1] - qsl[nd + i]); };
+      write_chunks(np, ctx, plan.chunks, buf.chunks);
+      if (use_dcp) {
+        plan.local_chunk_size = plan.chunks.chunk_size / dcp.world;
+        write_dcp_chunks(np, ctx, plan.chunks, dcp, buf.chunks);
+      }
     }
   }
   plan.num_reqs = static_cast<int32_t>(b);

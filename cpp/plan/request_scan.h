@@ -36,18 +36,23 @@ struct RequestScan {
 // last_ids. On any violation the exact checks, in request order, name the
 // first offender. With rope_positions > 0 every seq_len must be at most that
 // (a token's position is < seq_len). Writes nothing but last_ids.
+// block_lens (null: seqs) are the tokens each request keeps in its block-table
+// row: under DCP a rank's local length, not the sequence length; last_ids then
+// refer to those lengths.
 inline RequestScan scan_requests(CSpan<int32_t> qsl, const int32_t* seqs, std::size_t b, const int32_t* spec,
                                  const int32_t* table, std::size_t in_stride, int32_t block_size, int32_t num_blocks,
-                                 int64_t rope_positions, int32_t* last_ids) {
+                                 int64_t rope_positions, int32_t* last_ids, const int32_t* block_lens = nullptr) {
   const BlockCount blocks(block_size);
+  const int32_t* blens = block_lens != nullptr ? block_lens : seqs;
   const uint32_t stride_u = static_cast<uint32_t>(in_stride);
   uint32_t bad = 0, not_fresh = 0, not_one = 0, not_valid_one = 0;
-  int32_t max_q = 0, max_seq = 0;
+  int32_t max_q = 0, max_seq = 0, max_blen = 0;
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t q = qsl[r + 1] - qsl[r], seq = seqs[r];
     const int32_t sp = spec != nullptr ? spec[r] : 0;
     bad |= static_cast<uint32_t>(seq < q) | static_cast<uint32_t>(sp < 0) | static_cast<uint32_t>(sp > q) |
-           static_cast<uint32_t>(blocks(seq) > stride_u);
+           static_cast<uint32_t>(blocks(blens[r]) > stride_u);
+    max_blen = std::max(max_blen, blens[r]);
     not_fresh |= static_cast<uint32_t>(seq != q);
     not_one |= static_cast<uint32_t>(q != 1);
     not_valid_one |= static_cast<uint32_t>(q - sp != 1);
@@ -57,7 +62,7 @@ inline RequestScan scan_requests(CSpan<int32_t> qsl, const int32_t* seqs, std::s
   RequestScan s;
   s.num_last = std::min(b, kStashRows);
   if (!bad) {
-    bad = !block_ids_in_range(table, in_stride, seqs, b, blocks, blocks(max_seq), num_blocks, last_ids, s.num_last);
+    bad = !block_ids_in_range(table, in_stride, blens, b, blocks, blocks(max_blen), num_blocks, last_ids, s.num_last);
   }
   if (bad) {
     for (std::size_t r = 0; r < b; ++r) {
@@ -67,9 +72,10 @@ inline RequestScan scan_requests(CSpan<int32_t> qsl, const int32_t* seqs, std::s
         AAR_CHECK_ARG(spec[r] >= 0 && spec[r] <= q, "num_spec_tokens[", r, "]=", spec[r],
                       " is out of range [0, query length ", q, "]");
       }
-      const int64_t nblk = blocks(seq);
+      const int64_t nblk = blocks(blens[r]);
       AAR_CHECK_ARG(nblk <= static_cast<int64_t>(in_stride), "seq_lens[", r, "]=", seq, " needs ", nblk,
-                    " blocks but block_table_stride=", in_stride, " (block_size=", block_size, ")");
+                    " blocks", block_lens != nullptr ? " (for its DCP shard)" : "",
+                    " but block_table_stride=", in_stride, " (block_size=", block_size, ")");
       check_row_block_ids(table + r * in_stride, nblk, r, num_blocks);
     }
   }

@@ -583,3 +583,69 @@ TEST(PlanMlaStep, GraphDecodePaddingDisablePadModePadsRowsEvenWhenTokensFill) {
   EXPECT_EQ(first(s.q_ends, 4), (std::vector<int64_t>{2, 4, 4, 4}));
   EXPECT_EQ(first(s.kv, 4), (std::vector<int64_t>{7, 3, 0, 0}));
 }
+
+// ---------------------------------------------------------------- plan_mla_step under DCP
+
+TEST(PlanMlaStep, DcpContextChunksSpecExample) {
+  // Spec mla.md 7.2's example (dcp=2, I=1, chunk=512, ctx=[1000,0,300]): pad_ctx=[500,0,150],
+  // Cl=256, plen=[[256,0,150],[244,0,0]], local seq_tot=[406,244]; the global fields stay global.
+  constexpr int32_t kStride = 4;
+  MlaOutputs o;
+  o.size_for(4, 16, kStride, 4);
+  std::vector<int32_t> plens(kMaxContextChunks * 3, -7), blens(4), qsl{0, 4, 8, 12}, seq{1004, 4, 304};
+  std::vector<int64_t> ltot(kMaxContextChunks, -7), reorg(1300, -7), offs(kMaxContextChunks + 1, -7);
+  std::vector<uint8_t> pre(4);
+  std::vector<int32_t> table(3 * kStride);
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    MlaStepInputs in;
+    in.query_start_loc = qsl;
+    in.seq_lens = seq;
+    in.block_table = table;
+    in.block_table_stride = kStride;
+    in.block_size = 128;
+    in.num_blocks = 16;
+    in.workspace_tokens = 1024;
+    in.dcp = DcpShard{2, rank, 1};
+    MlaStepBuffers b = o.buffers(kStride);
+    b.chunks.padded_chunk_seq_lens = plens;
+    b.chunks.local_seq_tot = ltot;
+    b.chunks.reorg_index = reorg;
+    b.chunks.reorg_offsets = offs;
+    b.dcp_block_lens = blens;
+    b.dcp_is_prefilling = pre;
+    const MlaStepPlan p = plan_mla_step(in, b);
+    ASSERT_EQ(p.split.num_prefills, 3);
+    ASSERT_EQ(p.chunks.num_chunks, 2);
+    EXPECT_EQ(p.chunks.chunk_size, 512);
+    EXPECT_EQ(p.local_chunk_size, 256);
+    EXPECT_EQ(std::vector<int32_t>(plens.begin(), plens.begin() + 6), (std::vector<int32_t>{256, 0, 150, 244, 0, 0}));
+    EXPECT_EQ(std::vector<int32_t>(o.starts.begin(), o.starts.begin() + 6), (std::vector<int32_t>{0, 0, 0, 256, 256, 256}));
+    EXPECT_EQ(std::vector<int64_t>(ltot.begin(), ltot.begin() + 2), (std::vector<int64_t>{406, 244}));
+    EXPECT_EQ(std::vector<int64_t>(o.tot.begin(), o.tot.begin() + 2), (std::vector<int64_t>{812, 488}));
+    EXPECT_EQ(std::vector<int32_t>(o.lens.begin(), o.lens.begin() + 6), (std::vector<int32_t>{512, 0, 300, 488, 0, 0}));
+    // Reorg rows: chunk 0 request 0: rank 0's 256 rows then rank 1's (from 406), request 2 from 256 / 662.
+    EXPECT_EQ(offs[0], 0);
+    EXPECT_EQ(offs[1], 812);
+    EXPECT_EQ(offs[2], 1300);
+    EXPECT_EQ(reorg[0], 0);
+    EXPECT_EQ(reorg[256], 406);
+    EXPECT_EQ(reorg[512], 256);
+    EXPECT_EQ(reorg[662], 662);
+    EXPECT_EQ(reorg[811], 811);
+    EXPECT_EQ(reorg[812], 0);
+    EXPECT_EQ(reorg[812 + 244], 244);
+    // Local slots: token t of request r at position ctx + t is on rank (pos % 2).
+    for (int32_t t = 0; t < 12; ++t) {
+      const int32_t r = t / 4, pos = seq[r] - 4 + t % 4;
+      const bool mine = pos % 2 == rank;
+      EXPECT_EQ(o.slots[t] >= 0, mine) << "token " << t;
+      if (mine) {
+        const int32_t li = pos / 2;
+        EXPECT_EQ(o.slots[t], int64_t{table[r * kStride + li / 128]} * 128 + li % 128);
+      }
+    }
+    EXPECT_EQ(o.kv[0], rank == 0 ? 502 : 502);
+    EXPECT_EQ(o.kv[2], 152);
+  }
+}

@@ -17,6 +17,9 @@ struct BuildInputs {
   int32_t num_input_tokens = 0;          // 0 = query_start_loc[B]
   std::optional<plan::AttentionState> attn_state;  // derived when absent
   plan::CSpan<int32_t> num_spec_tokens;  // optional (state derivation)
+  // optional, B entries: request still prefilling its prompt (read under DCP
+  // only, spec 3.6; empty: seq_len == query_len)
+  plan::CSpan<uint8_t> is_prefilling;
 };
 
 }  // namespace aar::mla

@@ -85,6 +85,14 @@ struct BuilderConfig {
   // copies and their completion (null: a c10::Event on the current stream).
   int32_t staging_buffers = 2;
   std::shared_ptr<StagingHooks> staging_hooks;
+  // Decode context parallel (spec 7, AscendMlaDCPMetadataBuilder): this rank's
+  // place in the DCP group and the interleave size I (block_size % I == 0).
+  // With dcp_world_size > 1 the builds are this rank's (plan::MlaStepInputs::dcp:
+  // local slots and KV lengths, the DCP context chunks); graph decode padding
+  // and speculative decode are not supported with it yet (NotSupported).
+  int32_t dcp_world_size = 1;
+  int32_t dcp_rank = 0;
+  int32_t cp_kv_cache_interleave_size = 1;
 };
 
 class MetadataBuilder {
@@ -135,9 +143,16 @@ class MetadataBuilder {
   std::vector<int32_t> decode_positions_, prefill_positions_;
   std::vector<int64_t> q_ends_, kv_lens_, prefill_q_ends_;
   std::vector<int64_t> chunk_kv_ends_, seq_tot_, max_seq_;
+  // DCP: local gathered rows per chunk, the reorg rows (grown to the largest
+  // total context seen; the device copy is a tensor of its own) and the scratch
+  // of plan_mla_step.
+  std::vector<int64_t> local_seq_tot_, reorg_index_, reorg_offsets_;
+  at::Tensor reorg_device_;
+  std::vector<int32_t> dcp_block_lens_;
+  std::vector<uint8_t> dcp_is_prefilling_;
   std::unique_ptr<Views> views_;
   int64_t off_qsl_ = 0, off_slot_ = 0, off_dcos_ = 0, off_dsin_ = 0, off_bt_ = 0, off_cu_ = 0, off_starts_ = 0,
-          off_clens_ = 0, off_pbt_ = 0, off_pcos_ = 0, off_psin_ = 0, total_ = 0;
+          off_clens_ = 0, off_pbt_ = 0, off_pcos_ = 0, off_psin_ = 0, off_plens_ = 0, total_ = 0;
 };
 
 }  // namespace aar::mla

@@ -43,6 +43,9 @@
 namespace aar::graph {
 class GraphParams;
 }
+namespace aar::cp {
+class Comm;
+}
 namespace aar::mla::detail {
 class LatentCore;
 struct DecodeViews;
@@ -84,6 +87,22 @@ struct ImplConfig {
   // buffers. Impls that may run forward concurrently (two engines on two
   // threads) must use different groups.
   int64_t workspace_group = 0;
+  // Decode context parallel (spec 7, AscendMlaDCPImpl): the DCP group's
+  // collectives (not owned; must outlive the layer). Metadata built with
+  // dcp_world_size > 1 needs it, with the same size and rank. Under DCP:
+  //  * decode: ql_nope | q_pe all-gathered over the group along the heads
+  //    (rank-major, W*H heads), latent attention over this rank's KV shard
+  //    (FIA v1 BNSD, no head padding, LSE returned), the partials exchanged
+  //    (all-to-all) and merged by LSE for this rank's own heads, then W_UV
+  //    (spec 7.3; through the shared exchange of cp/dcp.h);
+  //  * prefill: the new tokens attend locally (no collective); each context
+  //    chunk is gathered from this rank's shard (padded local lengths, local
+  //    starts), [latent | k_pe] all-gathered over the group and reordered to
+  //    each request's tokens, rank-major (spec 7.4), then as without DCP;
+  //  * the KV write is the slot mapping's: this rank's own tokens only.
+  // Not with FA-quant layers or NZ caches (spec 7.3: ND views, no FA-quant),
+  // nor under graph capture yet (NotSupported).
+  cp::Comm* dcp_comm = nullptr;
 };
 
 enum class DecodePath : int32_t { None = 0, Native = 1, Prolog = 2, Mlapo = 3, FaQuant = 4 };
@@ -141,6 +160,9 @@ class Impl {
                        const Metadata& md, ops::FiaV2Tensors& t, ops::FiaV2Params& p);
   // W_UV, then o_proj into out_rows.
   void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows);
+  // The DCP decode up to W_UV (spec 7.3).
+  const at::Tensor& dcp_decode_attention(const at::Tensor& x, const at::Tensor& nope_cache,
+                                         const at::Tensor& rope_cache, const Metadata& md, DecodePath path);
   // The eager decode up to W_UV (preprocess with cache write, latent FIA, W_UV).
   const at::Tensor& decode_attention(const at::Tensor& x, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                                      const Metadata& md, DecodePath path);

@@ -25,6 +25,22 @@ struct ChunkedContext {
   c10::IntArrayRef seq_tot;       // C: gathered tokens per chunk
   c10::IntArrayRef max_seq_lens;  // C
   std::vector<c10::IntArrayRef> kv_ends;  // C x NP cumulative chunk_seq_lens (FIA actual_seq_lengths_kv)
+  // DCP (spec 7.2 / 7.4; undefined / empty without): the global fields above
+  // stay global, `starts` holds the local starts c * local_chunk_size.
+  int32_t local_chunk_size = 0;
+  at::Tensor padded_chunk_seq_lens;  // device int32 (C, NP): local tokens every rank gathers per request
+  c10::IntArrayRef local_seq_tot;    // C: rows each rank gathers in chunk c (sum of the padded lengths)
+  // device int64: the rows of chunk c's all-gathered (W * local_seq_tot[c])
+  // buffer holding real tokens, request by request, at [reorg_offsets[c], reorg_offsets[c+1]).
+  at::Tensor reorg_index;
+  c10::IntArrayRef reorg_offsets;    // C + 1
+};
+
+// Decode context parallel (spec 7): this build's shard of the KV cache.
+struct DcpInfo {
+  int32_t world_size = 1;
+  int32_t rank = 0;
+  int32_t interleave = 1;
 };
 
 struct DecodeMetadata {
@@ -33,7 +49,9 @@ struct DecodeMetadata {
   int32_t num_kernel_reqs = 0;
   int32_t num_kernel_tokens = 0;
   at::Tensor block_table;                 // device int32 (num_kernel_reqs, max_blocks)
-  c10::IntArrayRef seq_lens_list;         // per-request KV lengths (FIA actual_seq_kvlen), num_kernel_reqs
+  // per-request KV lengths (FIA actual_seq_kvlen), num_kernel_reqs; under DCP
+  // this rank's local lengths (upstream's cp_seq_len)
+  c10::IntArrayRef seq_lens_list;
   c10::IntArrayRef actual_seq_lengths_q;  // cumulative decode query ends, num_kernel_reqs
   at::Tensor cos, sin;                    // device (num_kernel_tokens, R)
   int32_t max_seq_len = 0;
@@ -60,6 +78,7 @@ struct Metadata {
   int32_t block_size = 0;
   int32_t num_blocks = 0;
   bool speculative = false;        // the builder has a speculative config (decode layout TND_NTD)
+  DcpInfo dcp;                     // world_size 1: no DCP; else slot_mapping holds local slots
 
   at::Tensor query_start_loc;  // device int32 (num_reqs + 1)
   at::Tensor slot_mapping;     // device int64 (num_input_tokens), -1 past num_actual_tokens

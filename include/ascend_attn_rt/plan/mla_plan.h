@@ -9,6 +9,7 @@
 
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/split.h"
 
 namespace aar::plan {
@@ -42,6 +43,16 @@ struct ContextChunkBuffers {
   Span<int64_t> kv_ends;         // >= max_chunks*NP: cumulative (inclusive) chunk_seq_lens[c]
   Span<int64_t> seq_tot;         // >= max_chunks: tokens gathered in chunk c
   Span<int64_t> max_seq_lens;    // >= max_chunks: max over requests of chunk_seq_lens[c]
+  // DCP only (plan_mla_step with dcp.world > 1, spec mla.md 7.2 / 7.4; `starts`
+  // then holds the local starts c * local_chunk_size):
+  Span<int32_t> padded_chunk_seq_lens;  // >= max_chunks*NP: local tokens every rank gathers (plen)
+  Span<int64_t> local_seq_tot;          // >= max_chunks: sum over requests of plen[c]
+  // Rows of the chunk's all-gathered [W * local_seq_tot[c]] buffer that hold real
+  // context tokens, request by request (rank 0's tokens, then rank 1's, ...),
+  // for chunk c at [reorg_offsets[c], reorg_offsets[c+1]); reorg_offsets[c+1] -
+  // reorg_offsets[c] == seq_tot[c]. reorg_index needs sum(context_lens) entries.
+  Span<int64_t> reorg_index;
+  Span<int64_t> reorg_offsets;          // >= max_chunks + 1
 };
 
 struct ContextChunkPlan {
@@ -126,6 +137,29 @@ struct MlaStepInputs {
   //    num_input_tokens; a dummy may get 0 tokens).
   bool pad_decode_batch = false;
   bool pad_interpolated = false;
+  // Decode context parallel (spec mla.md 7, cp.md 1.2): with dcp.world > 1 the
+  // KV cache is sharded along the sequence over the group, and this is rank
+  // dcp.rank's step:
+  //  * the split treats short requests still prefilling as prefills (spec 3.6:
+  //    treat_short_extends_as_decodes = false, is_prefilling below);
+  //  * the slot mapping holds this rank's local slots, -1 for the tokens other
+  //    ranks own (every rank computes every token's K/V, writes its own);
+  //  * kv_lens (FIA actual_seq_kvlen) are this rank's local lengths,
+  //    local_len(seq_len, rank) (the new tokens included: decodes write first);
+  //  * a request's block table needs ceil(local_len(seq_len, 0) / B) columns
+  //    (rank 0 holds the most), not ceil(seq_len / B);
+  //  * context chunks (spec 7.2): the chunk size is rounded to B * W (upstream
+  //    rounds to lcm(B, I * W), whose local starts c * chunk / W need not be
+  //    block multiples (spec 9.13); npu_gather_pa_kv_cache applies offsets at
+  //    block granularity, so we round to B * W, a multiple of lcm(B, I*W) since
+  //    I divides B). cu_seq_lens, chunk_seq_lens, kv_ends, seq_tot and
+  //    max_seq_lens stay global; starts become local (c * chunk / W) and the
+  //    DCP buffers of ContextChunkBuffers are filled.
+  // Requires B % I == 0. No graph decode padding under DCP (NotSupported).
+  DcpShard dcp;
+  // Per request, "still prefilling its prompt"; only read under DCP, where an
+  // empty span means seq_len == query_len (no computed tokens).
+  CSpan<uint8_t> is_prefilling;
 };
 
 struct MlaStepBuffers {
@@ -140,6 +174,10 @@ struct MlaStepBuffers {
   Span<int32_t> prefill_block_table;  // >= NP * block_table_stride: rows num_decodes..
   Span<int64_t> prefill_q_ends;       // >= NP: cumulative prefill query ends, rebased to 0
   ContextChunkBuffers chunks;         // room for max_chunks rows when a prefill has context
+  // DCP scratch, >= B entries each: rank 0's local lengths (the block-table
+  // columns a request needs) and, with an empty is_prefilling, the derived flags.
+  Span<int32_t> dcp_block_lens;
+  Span<uint8_t> dcp_is_prefilling;
 };
 
 struct MlaStepPlan {
@@ -158,6 +196,8 @@ struct MlaStepPlan {
   int32_t decode_kernel_tokens = 0;
   int32_t prefill_max_query_len = 0;
   int32_t prefill_max_seq_len = 0;
+  // DCP: tokens per request per chunk on each rank (chunks.chunk_size / W), 0 otherwise.
+  int32_t local_chunk_size = 0;
 };
 
 // If inputs.block_table.data() == buffers.block_table.data() the table is taken
