@@ -1,8 +1,9 @@
 /* A C11 engine calling the runtime through its C ABI (ascend_attn_rt/c_api.h):
  * one paged KV cache, a GQA metadata builder and layer; a prefill of two
  * requests, two eager decode steps, then two decode steps through graph mode
- * (a captured bucket, updated and replayed each step). Every step's output is
- * checked against a float64 attention computed here with plain loops. Then a
+ * (a captured bucket, updated and replayed each step); then an MLA layer with
+ * its builder (prefill, decodes, a request joining late). Every step's output
+ * is checked against a float64 attention computed here with plain loops. And a
  * few bad calls, each rejected with a status and a message naming the argument.
  *
  * Build: examples/c/CMakeLists.txt (find_package(ascend_attn_rt COMPONENTS
@@ -13,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { H = 4, HKV = 2, D = 32, BS = 8, NB = 16, REQS = 2, MAXTOK = 64, WIDTH = 8 };
+enum { H = 4, HKV = 2, D = 32, BS = 16, NB = 16, REQS = 2, MAXTOK = 64, WIDTH = 4 };
 
 #define CHECK(call)                                                                         \
   do {                                                                                      \
@@ -110,6 +111,180 @@ static int expect_rejected(aar_status_t st, const char* needle, const char* what
 }
 
 static float k_cache[NB][BS][HKV][D], v_cache[NB][BS][HKV][D];
+
+/* ------------------------------------------------------------------ MLA
+ * One DeepSeek-style MLA layer (no q-LoRA): two requests, a prefill, decodes,
+ * the second request joining late (decodes first in every step). The float64
+ * reference runs the un-absorbed equations from the weights: projections,
+ * RMSNorm of the latent, interleaved (GPT-J) RoPE, causal softmax, o_proj. */
+enum { MH = 2, MHID = 32, ML = 16, MP = 8, MR = 8, MV = 8, MBS = 16, MNB = 8, MMAXB = 4, MTOK = 24 };
+
+static float w_q[MH * (MP + MR)][MHID], w_kva[ML + MR][MHID], g_kv[ML], w_kvb[MH * (MP + MV)][ML],
+    w_o[MHID][MH * MV];
+static float x_hist[REQS][MTOK][MHID]; /* hidden states each request has seen */
+static double inv_freq[MR / 2];
+
+static void rope(double* y, const double* x, int pos) {
+  for (int i = 0; i < MR / 2; ++i) {
+    const double c = cos(pos * inv_freq[i]), s = sin(pos * inv_freq[i]);
+    y[2 * i] = x[2 * i] * c - x[2 * i + 1] * s;
+    y[2 * i + 1] = x[2 * i + 1] * c + x[2 * i] * s;
+  }
+}
+
+static void matvec(double* y, const float* w, const float* xf, const double* xd, int rows, int cols) {
+  for (int o = 0; o < rows; ++o) {
+    double acc = 0.0;
+    for (int i = 0; i < cols; ++i) acc += (double)w[(size_t)o * cols + i] * (xf ? (double)xf[i] : xd[i]);
+    y[o] = acc;
+  }
+}
+
+/* Output row (MHID) of the token at position `pos` of request r, attending positions [0, pos]. */
+static void mla_reference(double* out, int r, int pos) {
+  static double k_nope[MTOK][MH][MP], v[MTOK][MH][MV], k_rope[MTOK][MR];
+  const double scale = 1.0 / sqrt((double)(MP + MR));
+  for (int j = 0; j <= pos; ++j) {
+    double kv[ML + MR], c[ML], kvb[MH * (MP + MV)], ms = 0.0;
+    matvec(kv, &w_kva[0][0], x_hist[r][j], NULL, ML + MR, MHID);
+    for (int i = 0; i < ML; ++i) ms += kv[i] * kv[i] / ML;
+    for (int i = 0; i < ML; ++i) c[i] = kv[i] / sqrt(ms + 1e-6) * g_kv[i];
+    rope(k_rope[j], kv + ML, j);
+    matvec(kvb, &w_kvb[0][0], NULL, c, MH * (MP + MV), ML);
+    for (int h = 0; h < MH; ++h) {
+      for (int i = 0; i < MP; ++i) k_nope[j][h][i] = kvb[h * (MP + MV) + i];
+      for (int i = 0; i < MV; ++i) v[j][h][i] = kvb[h * (MP + MV) + MP + i];
+    }
+  }
+  double q[MH * (MP + MR)], o[MH * MV];
+  matvec(q, &w_q[0][0], x_hist[r][pos], NULL, MH * (MP + MR), MHID);
+  for (int h = 0; h < MH; ++h) {
+    double q_rope[MR], p[MTOK], mx = -INFINITY, sum = 0.0;
+    rope(q_rope, q + h * (MP + MR) + MP, pos);
+    for (int j = 0; j <= pos; ++j) {
+      double sc = 0.0;
+      for (int i = 0; i < MP; ++i) sc += q[h * (MP + MR) + i] * k_nope[j][h][i];
+      for (int i = 0; i < MR; ++i) sc += q_rope[i] * k_rope[j][i];
+      p[j] = sc * scale;
+      if (p[j] > mx) mx = p[j];
+    }
+    for (int j = 0; j <= pos; ++j) sum += (p[j] = exp(p[j] - mx));
+    for (int i = 0; i < MV; ++i) {
+      o[h * MV + i] = 0.0;
+      for (int j = 0; j <= pos; ++j) o[h * MV + i] += p[j] / sum * v[j][h][i];
+    }
+  }
+  matvec(out, &w_o[0][0], NULL, o, MHID, MH * MV);
+}
+
+static DLManagedTensor* view2(tensor_t* t, float* data, int64_t d0, int64_t d1) {
+  return view(t, data, 2, d0, d1, 0, 0);
+}
+
+static float nope_cache[MNB][MBS][1][ML], rope_cache[MNB][MBS][1][MR];
+
+static int run_mla(void) {
+  static float cos_t[MMAXB * MBS][MR], sin_t[MMAXB * MBS][MR], hidden[MTOK * MHID], out[MTOK * MHID];
+  tensor_t tw[5], tcos, tsin, tn, tr, th, to;
+  int ok = 1;
+  fill(&w_q[0][0], sizeof(w_q) / sizeof(float));
+  fill(&w_kva[0][0], sizeof(w_kva) / sizeof(float));
+  fill(&w_kvb[0][0], sizeof(w_kvb) / sizeof(float));
+  fill(&w_o[0][0], sizeof(w_o) / sizeof(float));
+  for (int i = 0; i < ML; ++i) g_kv[i] = 1.0f + 0.1f * uniform();
+  /* Tables (max_position, R), both halves equal (spec 6.1): column i has frequency i mod R/2. */
+  for (int i = 0; i < MR / 2; ++i) inv_freq[i] = pow(10000.0, -2.0 * i / MR);
+  for (int p = 0; p < MMAXB * MBS; ++p) {
+    for (int i = 0; i < MR; ++i) {
+      cos_t[p][i] = (float)cos(p * inv_freq[i % (MR / 2)]);
+      sin_t[p][i] = (float)sin(p * inv_freq[i % (MR / 2)]);
+    }
+  }
+
+  aar_mla_builder_config_t bc;
+  aar_mla_builder_config_init(&bc);
+  bc.max_num_reqs = 4;
+  bc.max_num_tokens = MTOK;
+  bc.max_blocks_per_req = MMAXB;
+  bc.block_size = MBS;
+  bc.num_blocks = MNB;
+  bc.cos_table = view2(&tcos, &cos_t[0][0], MMAXB * MBS, MR);
+  bc.sin_table = view2(&tsin, &sin_t[0][0], MMAXB * MBS, MR);
+  aar_mla_builder_t* builder = NULL;
+  CHECK(aar_mla_builder_create(&bc, &builder));
+
+  aar_mla_impl_config_t ic;
+  aar_mla_impl_config_init(&ic);
+  ic.num_heads = MH;
+  ic.hidden_size = MHID;
+  ic.kv_lora_rank = ML;
+  ic.qk_nope_head_dim = MP;
+  ic.qk_rope_head_dim = MR;
+  ic.v_head_dim = MV;
+  aar_mla_weights_t w;
+  aar_mla_weights_init(&w);
+  w.q_proj = view2(&tw[0], &w_q[0][0], MH * (MP + MR), MHID);
+  w.kv_a_proj_with_mqa = view2(&tw[1], &w_kva[0][0], ML + MR, MHID);
+  w.kv_a_layernorm = view(&tw[2], g_kv, 1, ML, 0, 0, 0);
+  w.kv_b_proj = view2(&tw[3], &w_kvb[0][0], MH * (MP + MV), ML);
+  w.o_proj = view2(&tw[4], &w_o[0][0], MHID, MH * MV);
+  aar_mla_impl_t* layer = NULL;
+  CHECK(aar_mla_impl_create(&ic, &w, &layer));
+  DLManagedTensor* nc = view(&tn, &nope_cache[0][0][0][0], 4, MNB, MBS, 1, ML);
+  DLManagedTensor* rc = view(&tr, &rope_cache[0][0][0][0], 4, MNB, MBS, 1, MR);
+
+  const int32_t table[REQS * MMAXB] = {3, 7, 1, 0, /**/ 5, 2, 6, 0};
+  /* (request, new tokens) per step, decodes first. */
+  const int steps[4][2][2] = {{{0, 5}, {-1, 0}}, {{0, 1}, {-1, 0}}, {{0, 1}, {1, 9}}, {{0, 1}, {1, 1}}};
+  int mseen[REQS] = {0, 0};
+  for (int step = 0; step < 4; ++step) {
+    int32_t qsl[REQS + 1] = {0}, seq[REQS], rows[REQS * MMAXB];
+    int n = 0, t = 0;
+    for (int e = 0; e < 2 && steps[step][e][0] >= 0; ++e, ++n) {
+      const int r = steps[step][e][0], q_len = steps[step][e][1];
+      fill(&x_hist[r][mseen[r]][0], (size_t)q_len * MHID);
+      memcpy(hidden + (size_t)t * MHID, x_hist[r][mseen[r]], sizeof(float) * q_len * MHID);
+      memcpy(rows + n * MMAXB, table + r * MMAXB, sizeof(int32_t) * MMAXB);
+      mseen[r] += q_len;
+      t += q_len;
+      qsl[n + 1] = t;
+      seq[n] = mseen[r];
+    }
+    aar_mla_build_inputs_t in;
+    aar_mla_build_inputs_init(&in);
+    in.query_start_loc = qsl;
+    in.query_start_loc_len = n + 1;
+    in.seq_lens = seq;
+    in.seq_lens_len = n;
+    in.block_table = rows;
+    in.block_table_len = n * MMAXB;
+    in.block_table_stride = MMAXB;
+    const aar_mla_metadata_t* md = NULL;
+    CHECK(aar_mla_builder_build(builder, &in, &md));
+    aar_mla_metadata_info_t info;
+    info.struct_size = sizeof(info);
+    CHECK(aar_mla_metadata_get_info(md, &info));
+    CHECK(aar_mla_impl_forward(layer, view2(&th, hidden, t, MHID), nc, rc, md, view2(&to, out, t, MHID)));
+    double worst = 0.0, ref[MHID];
+    int row = 0;
+    for (int e = 0; e < n; ++e) {
+      const int r = steps[step][e][0], q_len = steps[step][e][1];
+      for (int i = 0; i < q_len; ++i, ++row) {
+        mla_reference(ref, r, mseen[r] - q_len + i);
+        for (int d = 0; d < MHID; ++d) {
+          const double diff = fabs(ref[d] - out[(size_t)row * MHID + d]);
+          if (diff > worst) worst = diff;
+        }
+      }
+    }
+    printf("mla step %d: %d requests, %d tokens (%d decodes, %d prefills), max |out - ref| = %.2e\n", step, n, t,
+           info.num_decodes, info.num_prefills, worst);
+    ok = ok && worst < 1e-4;
+  }
+  aar_mla_impl_destroy(layer);
+  aar_mla_builder_destroy(builder);
+  return ok;
+}
 
 int main(void) {
   static float q[MAXTOK * H * D], k[MAXTOK * HKV * D], v[MAXTOK * HKV * D], out[MAXTOK * H * D];
@@ -228,6 +403,7 @@ int main(void) {
   aar_graph_params_destroy(graph);
   aar_gqa_impl_destroy(layer);
   aar_gqa_builder_destroy(builder);
+  ok = run_mla() && ok;
   printf("%s\n", ok ? "c_attention: OK" : "c_attention: FAILED");
   return ok ? 0 : 1;
 }

@@ -40,7 +40,7 @@ std::string last() { return aar_last_error(); }
     EXPECT_NE(last().find(needle), std::string::npos) << "message: " << last(); \
   } while (0)
 
-constexpr int H = 4, HKV = 2, D = 16, BS = 8, NB = 8, W = 4;
+constexpr int H = 4, HKV = 2, D = 16, BS = 16, NB = 8, W = 4;
 
 struct Gqa {
   Gqa() {
@@ -288,7 +288,7 @@ TEST(CApi, GraphErrorsAreStatusesNotCrashes) {
 // examples/embed_mla.cpp and tests/python/test_mla*.py).
 TEST(CApi, MlaMatchesTheCppLayerExactly) {
   constexpr int64_t kH = 2, kHidden = 32, kL = 16, kP = 8, kR = 8, kV = 8;
-  constexpr int kB = 8, kNb = 8, kMax = 4;
+  constexpr int kB = 16, kNb = 8, kMax = 4;
   at::manual_seed(3);
   auto rnd = [](int64_t o, int64_t i) { return at::randn({o, i}) / std::sqrt(static_cast<double>(i)); };
   const at::Tensor q_proj = rnd(kH * (kP + kR), kHidden), kv_a = rnd(kL + kR, kHidden),
