@@ -133,11 +133,7 @@ aar_status_t aar_gqa_builder_build_for_graph_capture(aar_gqa_builder_t* b, const
 }
 
 aar_status_t aar_gqa_builder_block_table(aar_gqa_builder_t* b, DLManagedTensor** out) {
-  return guarded("aar_gqa_builder_block_table", [&] {
-    capi::check_not_null(b, "builder");
-    capi::check_not_null(out, "out");
-    *out = capi::lend(b->builder.block_table_staging());
-  });
+  return capi::lend_block_table("aar_gqa_builder_block_table", b, out);
 }
 
 aar_status_t aar_gqa_metadata_get_info(const aar_gqa_metadata_t* m, aar_gqa_metadata_info_t* info) {

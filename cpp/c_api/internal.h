@@ -104,4 +104,14 @@ DLManagedTensor* lend(const at::Tensor& t);
 
 aar_attn_state_t to_c(plan::AttentionState s);
 
+// aar_{gqa,mla}_builder_block_table: the builder's staging block table, lent.
+template <typename Handle>
+aar_status_t lend_block_table(const char* fn, Handle* h, DLManagedTensor** out) noexcept {
+  return guarded(fn, [&] {
+    check_not_null(h, "builder");
+    check_not_null(out, "out");
+    *out = lend(h->builder.block_table_staging());
+  });
+}
+
 }  // namespace aar::capi

@@ -128,11 +128,7 @@ aar_status_t aar_mla_builder_build(aar_mla_builder_t* b, const aar_mla_build_inp
 }
 
 aar_status_t aar_mla_builder_block_table(aar_mla_builder_t* b, DLManagedTensor** out) {
-  return guarded("aar_mla_builder_block_table", [&] {
-    capi::check_not_null(b, "builder");
-    capi::check_not_null(out, "out");
-    *out = capi::lend(b->builder.block_table_staging());
-  });
+  return capi::lend_block_table("aar_mla_builder_block_table", b, out);
 }
 
 aar_status_t aar_mla_metadata_get_info(const aar_mla_metadata_t* m, aar_mla_metadata_info_t* info) {
