@@ -2,7 +2,8 @@
 // metadata builder, one attention layer; a prefill step then a decode step,
 // each checked against a naive double-precision attention written here.
 //
-// Build: part of the CMake project (target `embed_gqa`); `make test` runs it.
+// Build: examples/CMakeLists.txt, a project of its own against the installed
+// package (find_package(ascend_attn_rt)); ctest `example_embed_gqa` runs it.
 #include <ATen/ATen.h>
 
 #include <cmath>

@@ -5,7 +5,8 @@
 // written here from the equations (projections, RMSNorm, interleaved RoPE,
 // softmax over the full un-absorbed heads, o_proj).
 //
-// Build: part of the CMake project (target `embed_mla`); `make test` runs it.
+// Build: examples/CMakeLists.txt, a project of its own against the installed
+// package (find_package(ascend_attn_rt)); ctest `example_embed_mla` runs it.
 #include <ATen/ATen.h>
 
 #include <cmath>

@@ -1,0 +1,203 @@
+// C ABI of the MLA backend: builder, metadata facts, layer (unquantised weights).
+#include <memory>
+
+#include "ascend_attn_rt/mla/builder.h"
+#include "ascend_attn_rt/mla/impl.h"
+#include "internal.h"
+
+using aar::capi::guarded;
+namespace capi = aar::capi;
+namespace mla = aar::mla;
+
+struct aar_mla_builder {
+  explicit aar_mla_builder(const mla::BuilderConfig& c) : builder(c) {}
+  mla::MetadataBuilder builder;
+};
+
+struct aar_mla_impl {
+  aar_mla_impl(const mla::ImplConfig& c, const mla::Weights& w) : impl(c, w) {}
+  mla::Impl impl;
+  capi::BorrowCache nope_cache, rope_cache;
+};
+
+namespace {
+
+const aar_mla_metadata_t* wrap(const mla::Metadata& md) { return reinterpret_cast<const aar_mla_metadata_t*>(&md); }
+
+at::Tensor required(const DLManagedTensor* t, const char* name) { return capi::borrow(t, name); }
+
+}  // namespace
+
+extern "C" {
+
+void aar_mla_builder_config_init(aar_mla_builder_config_t* c) {
+  if (c == nullptr) return;
+  const mla::BuilderConfig d;
+  *c = aar_mla_builder_config_t{};
+  c->struct_size = sizeof(*c);
+  c->max_num_reqs = d.max_num_reqs;
+  c->max_num_tokens = d.max_num_tokens;
+  c->max_blocks_per_req = d.max_blocks_per_req;
+  c->block_size = d.block_size;
+  c->num_blocks = d.num_blocks;
+  c->max_model_len = d.max_model_len;
+  c->num_speculative_tokens = d.num_speculative_tokens;
+  c->chunked_prefill_enabled = d.chunked_prefill_enabled;
+  c->graph_decode_padding = d.graph_decode_padding;
+  c->disable_padded_drafter_batch = d.disable_padded_drafter_batch;
+  c->workspace_tokens = d.workspace_tokens;
+  c->device = DLDevice{kDLCPU, 0};
+  c->separate_device_buffers = AAR_DEFAULT;
+  c->staging_buffers = d.staging_buffers;
+}
+
+void aar_mla_build_inputs_init(aar_mla_build_inputs_t* in) {
+  if (in == nullptr) return;
+  *in = aar_mla_build_inputs_t{};
+  in->struct_size = sizeof(*in);
+  in->attn_state = AAR_STATE_AUTO;
+}
+
+void aar_mla_impl_config_init(aar_mla_impl_config_t* c) {
+  if (c == nullptr) return;
+  const mla::ImplConfig d;
+  *c = aar_mla_impl_config_t{};
+  c->struct_size = sizeof(*c);
+  c->kv_lora_rank = d.dims.kv_lora_rank;
+  c->qk_nope_head_dim = d.dims.qk_nope_head_dim;
+  c->qk_rope_head_dim = d.dims.qk_rope_head_dim;
+  c->v_head_dim = d.dims.v_head_dim;
+  c->scale = d.scale;
+  c->q_norm_eps = d.q_norm_eps;
+  c->kv_norm_eps = d.kv_norm_eps;
+  c->layer_index = d.layer_index;
+  c->prefill_in_bf16 = AAR_DEFAULT;
+  c->workspace_group = d.workspace_group;
+}
+
+void aar_mla_weights_init(aar_mla_weights_t* w) {
+  if (w == nullptr) return;
+  *w = aar_mla_weights_t{};
+  w->struct_size = sizeof(*w);
+}
+
+aar_status_t aar_mla_builder_create(const aar_mla_builder_config_t* c, aar_mla_builder_t** out) {
+  return guarded("aar_mla_builder_create", [&] {
+    capi::check_struct(c, "config", "aar_mla_builder_config_init");
+    capi::check_not_null(out, "out");
+    mla::BuilderConfig b;
+    b.max_num_reqs = c->max_num_reqs;
+    b.max_num_tokens = c->max_num_tokens;
+    b.max_blocks_per_req = c->max_blocks_per_req;
+    b.block_size = c->block_size;
+    b.num_blocks = c->num_blocks;
+    b.max_model_len = c->max_model_len;
+    b.num_speculative_tokens = c->num_speculative_tokens;
+    b.chunked_prefill_enabled = capi::flag(c->chunked_prefill_enabled, "config->chunked_prefill_enabled");
+    b.graph_decode_padding = capi::flag(c->graph_decode_padding, "config->graph_decode_padding");
+    b.disable_padded_drafter_batch =
+        capi::flag(c->disable_padded_drafter_batch, "config->disable_padded_drafter_batch");
+    b.workspace_tokens = c->workspace_tokens;
+    b.cos_table = required(c->cos_table, "config->cos_table");
+    b.sin_table = required(c->sin_table, "config->sin_table");
+    b.device = capi::device_of(c->device, "config->device");
+    b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
+    b.staging_buffers = c->staging_buffers;
+    *out = new aar_mla_builder(b);
+  });
+}
+
+void aar_mla_builder_destroy(aar_mla_builder_t* b) { delete b; }
+
+aar_status_t aar_mla_builder_build(aar_mla_builder_t* b, const aar_mla_build_inputs_t* in,
+                                   const aar_mla_metadata_t** out) {
+  return guarded("aar_mla_builder_build", [&] {
+    capi::check_not_null(b, "builder");
+    capi::check_not_null(out, "out");
+    capi::check_struct(in, "inputs", "aar_mla_build_inputs_init");
+    mla::BuildInputs bi;
+    bi.query_start_loc = capi::host_array(in->query_start_loc, in->query_start_loc_len, "inputs->query_start_loc");
+    bi.seq_lens = capi::host_array(in->seq_lens, in->seq_lens_len, "inputs->seq_lens");
+    bi.block_table = capi::host_array(in->block_table, in->block_table_len, "inputs->block_table");
+    bi.block_table_stride = in->block_table_stride;
+    bi.num_input_tokens = in->num_input_tokens;
+    bi.attn_state = capi::attn_state(in->attn_state, "inputs->attn_state");
+    bi.num_spec_tokens = capi::host_array(in->num_spec_tokens, in->num_spec_tokens_len, "inputs->num_spec_tokens");
+    *out = wrap(b->builder.build(bi));
+  });
+}
+
+aar_status_t aar_mla_builder_block_table(aar_mla_builder_t* b, DLManagedTensor** out) {
+  return capi::lend_block_table("aar_mla_builder_block_table", b, out);
+}
+
+aar_status_t aar_mla_metadata_get_info(const aar_mla_metadata_t* m, aar_mla_metadata_info_t* info) {
+  return guarded("aar_mla_metadata_get_info", [&] {
+    capi::check_not_null(m, "metadata");
+    capi::check_struct(info, "info", "sizeof(aar_mla_metadata_info_t)");
+    const mla::Metadata& md = *capi::unwrap(m);
+    info->attn_state = capi::to_c(md.attn_state);
+    info->num_reqs = md.num_reqs;
+    info->num_actual_tokens = md.num_actual_tokens;
+    info->num_input_tokens = md.num_input_tokens;
+    info->num_decodes = md.num_decodes;
+    info->num_prefills = md.num_prefills;
+    info->num_decode_tokens = md.num_decode_tokens;
+    info->num_prefill_tokens = md.num_prefill_tokens;
+    info->generation = md.stamp.generation;
+  });
+}
+
+aar_status_t aar_mla_impl_create(const aar_mla_impl_config_t* c, const aar_mla_weights_t* w, aar_mla_impl_t** out) {
+  return guarded("aar_mla_impl_create", [&] {
+    capi::check_struct(c, "config", "aar_mla_impl_config_init");
+    capi::check_struct(w, "weights", "aar_mla_weights_init");
+    capi::check_not_null(out, "out");
+    mla::ImplConfig ic;
+    AAR_CHECK_ARG(c->q_lora_rank >= 0, "config->q_lora_rank must be 0 (no q-LoRA) or positive, got ", c->q_lora_rank);
+    ic.dims = {c->num_heads,        c->hidden_size,
+               c->q_lora_rank > 0 ? std::optional<int64_t>(c->q_lora_rank) : std::nullopt,
+               c->kv_lora_rank,     c->qk_nope_head_dim,
+               c->qk_rope_head_dim, c->v_head_dim};
+    ic.scale = c->scale;
+    ic.q_norm_eps = c->q_norm_eps;
+    ic.kv_norm_eps = c->kv_norm_eps;
+    ic.enable_prolog = capi::flag(c->enable_prolog, "config->enable_prolog");
+    ic.enable_kv_nz = capi::flag(c->enable_kv_nz, "config->enable_kv_nz");
+    ic.layer_index = c->layer_index;
+    ic.prefill_in_bf16 = capi::tristate(c->prefill_in_bf16, "config->prefill_in_bf16");
+    ic.workspace_group = c->workspace_group;
+    mla::Weights mw;
+    const bool lora = c->q_lora_rank > 0;
+    AAR_CHECK_ARG(lora == (w->q_a_proj != nullptr), "weights->q_a_proj must be given exactly when q_lora_rank > 0 (",
+                  c->q_lora_rank, "), got ", w->q_a_proj ? "a tensor" : "NULL");
+    AAR_CHECK_ARG(lora == (w->q_a_layernorm != nullptr),
+                  "weights->q_a_layernorm must be given exactly when q_lora_rank > 0 (", c->q_lora_rank, "), got ",
+                  w->q_a_layernorm ? "a tensor" : "NULL");
+    mw.q_a_proj = capi::borrow_optional(w->q_a_proj, "weights->q_a_proj");
+    mw.q_a_layernorm = capi::borrow_optional(w->q_a_layernorm, "weights->q_a_layernorm");
+    mw.q_proj = required(w->q_proj, "weights->q_proj");
+    mw.kv_a_proj_with_mqa = required(w->kv_a_proj_with_mqa, "weights->kv_a_proj_with_mqa");
+    mw.kv_a_layernorm = required(w->kv_a_layernorm, "weights->kv_a_layernorm");
+    mw.kv_b_proj = required(w->kv_b_proj, "weights->kv_b_proj");
+    mw.o_proj = required(w->o_proj, "weights->o_proj");
+    *out = new aar_mla_impl(ic, mw);
+  });
+}
+
+void aar_mla_impl_destroy(aar_mla_impl_t* impl) { delete impl; }
+
+aar_status_t aar_mla_impl_forward(aar_mla_impl_t* impl, const DLManagedTensor* hidden,
+                                  const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache,
+                                  const aar_mla_metadata_t* metadata, const DLManagedTensor* output) {
+  return guarded("aar_mla_impl_forward", [&] {
+    capi::check_not_null(impl, "impl");
+    const at::Tensor h = capi::borrow(hidden, "hidden");
+    const at::Tensor nc = impl->nope_cache.get(nope_cache, "nope_cache");
+    const at::Tensor rc = impl->rope_cache.get(rope_cache, "rope_cache");
+    const at::Tensor out = capi::borrow(output, "output");
+    impl->impl.forward(h, nc, rc, metadata ? capi::unwrap(metadata) : nullptr, out);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,380 @@
+/* The C ABI of ascend_attn_rt: the GQA and MLA backends (metadata builders and
+ * per-layer attention) and graph mode, for engines that are not written in C++
+ * (C, Rust, Go, Zig, ... through their C FFI). Pure C11; also compiles as C++.
+ *
+ * Library: libascend_attn_rt_c.so (CMake: find_package(ascend_attn_rt
+ * COMPONENTS c_api), target ascend_attn_rt::c_api; no Torch needed to compile or
+ * link against it: the library finds libtorch at run time through its RUNPATH).
+ * Include path: <prefix>/include and <prefix>/include/ascend_attn_rt/third_party
+ * (DLPack's dlpack.h, shipped with its license; an engine's own dlpack.h of
+ * major version 1 may come first on the path instead).
+ *
+ * ERRORS. Every function returns an aar_status_t. On anything but AAR_OK,
+ * aar_last_error() is a message naming the function, the bad argument and its
+ * value; nothing has been written (a rejected build leaves the previous
+ * metadata valid, a rejected forward leaves the caches and the output
+ * untouched), and output handles are left as they were. The message is per
+ * thread and describes the last call that thread made (the empty string after a
+ * success); it is valid until that thread's next call. No C++ exception crosses
+ * this boundary.
+ *
+ * HANDLES. Opaque pointers made by *_create and freed by the matching
+ * *_destroy (NULL is accepted and ignored). A handle is used by one thread at a
+ * time (no internal locking); different handles may be used concurrently, but
+ * MLA impls that run concurrently need different workspace groups
+ * (aar_mla_impl_config_t.workspace_group).
+ *
+ * TENSORS cross as DLPack DLManagedTensor. The runtime BORROWS every tensor it
+ * is given: it never calls a DLManagedTensor's deleter, and the caller keeps
+ * ownership and frees it. The memory must stay valid
+ *   - for per-call tensors (query, key, value, output, hidden): during the call;
+ *   - for every tensor of a forward recorded into a graph capture (caches,
+ *     query, output, ...): as long as that bucket exists (aar_graph_release /
+ *     aar_graph_params_destroy), since replays read them at their addresses;
+ *   - for construction tensors (GQA sinks, MLA weights, RoPE tables): until the
+ *     handle is destroyed (the MLA impl aliases its weights; the MLA builder
+ *     keeps a host copy of the tables, so those may go after create returns).
+ * The DLManagedTensor structs themselves need only live during the call.
+ * Tensors on an Ascend NPU are DLPack device kDLExtDev (torch's PrivateUse1,
+ * which torch_npu registers); host tensors kDLCPU. Strides may be NULL
+ * (compact row-major); byte_offset is honoured.
+ * Tensors the runtime RETURNS (aar_*_builder_block_table) are new
+ * DLManagedTensors owned by the caller, who calls their deleter once; their
+ * memory aliases the runtime's buffer, which the deleter keeps alive.
+ *
+ * HOST ARRAYS cross as pointer + length (int32 unless named otherwise); they
+ * are read during the call only.
+ *
+ * METADATA. aar_*_builder_build returns a pointer to the builder's metadata:
+ * owned by the builder, valid until the builder is destroyed, and describing
+ * the latest build (the next build rewrites it in place, as the C++ API's
+ * `const Metadata&` does). */
+#ifndef ASCEND_ATTN_RT_C_API_H_
+#define ASCEND_ATTN_RT_C_API_H_
+
+#include <dlpack/dlpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define AAR_C_API __attribute__((visibility("default")))
+#else
+#define AAR_C_API
+#endif
+
+/* Bumped when a struct or a signature below changes. */
+#define AAR_C_API_VERSION 1
+
+typedef enum aar_status {
+  AAR_OK = 0,
+  AAR_ERR_INVALID_ARGUMENT = 1, /* bad input: the message names the argument and its value */
+  AAR_ERR_NOT_SUPPORTED = 2,    /* a feature the runtime does not implement: the message names it */
+  AAR_ERR_OUT_OF_MEMORY = 3,
+  AAR_ERR_RUNTIME = 4 /* anything else (an operator failed, a device error, ...) */
+} aar_status_t;
+
+AAR_C_API int aar_c_api_version(void);
+/* "AAR_OK", "AAR_ERR_INVALID_ARGUMENT", ...; "unknown" for other values. */
+AAR_C_API const char* aar_status_name(aar_status_t status);
+/* The calling thread's message for its last call (see ERRORS above). Never NULL. */
+AAR_C_API const char* aar_last_error(void);
+
+/* Operator provider (process-wide): AAR_PROVIDER_AUTO follows the tensors'
+ * device (torch_npu's operators on an NPU, the CPU twins on the host). */
+typedef enum aar_provider {
+  AAR_PROVIDER_AUTO = 0,
+  AAR_PROVIDER_NPU = 1,
+  AAR_PROVIDER_CPU = 2,
+  AAR_PROVIDER_NO_COMPUTE = 3
+} aar_provider_t;
+AAR_C_API aar_status_t aar_set_provider(aar_provider_t provider);
+
+/* Attention state of a step (spec gqa.md 2); AAR_STATE_AUTO: derived by the build. */
+typedef enum aar_attn_state {
+  AAR_STATE_AUTO = -1,
+  AAR_STATE_PREFILL_NO_CACHE = 0,
+  AAR_STATE_PREFILL_CACHE_HIT = 1,
+  AAR_STATE_DECODE_ONLY = 2,
+  AAR_STATE_CHUNKED_PREFILL = 3,
+  AAR_STATE_SPEC_DECODING = 4
+} aar_attn_state_t;
+
+/* Tri-state for options whose C++ default depends on the device. */
+typedef enum aar_tristate { AAR_DEFAULT = -1, AAR_FALSE = 0, AAR_TRUE = 1 } aar_tristate_t;
+
+/* Every config / inputs struct starts with struct_size: fill it with its
+ * aar_*_init function (which sets the C++ defaults), then set fields. A struct
+ * whose struct_size is not sizeof(the struct) is rejected by name (an
+ * uninitialised struct, or a caller built against another version). */
+
+/* ---------------------------------------------------------------- GQA / MHA */
+
+typedef struct aar_gqa_builder aar_gqa_builder_t;
+typedef struct aar_gqa_impl aar_gqa_impl_t;
+typedef struct aar_gqa_metadata aar_gqa_metadata_t;
+
+typedef struct aar_gqa_builder_config {
+  size_t struct_size;
+  int32_t max_num_reqs;           /* 256 */
+  int32_t max_num_tokens;         /* 8192 */
+  int32_t max_blocks_per_req;     /* 64 */
+  int32_t block_size;             /* 128 */
+  int32_t num_blocks;             /* required (range checks of block ids and slots) */
+  int32_t num_speculative_tokens; /* 0; decode threshold 1 + this (<= 16) */
+  int32_t spec_method;            /* 0 none, 1 MTP, 2 other */
+  int32_t chunked_prefill_enabled; /* 1 */
+  int32_t pooling;                /* 0: model_runner_type == "pooling" */
+  int32_t pad_fia_batch;          /* 1: a dummy request for padded tokens (spec 4.7) */
+  int32_t uniform_decode_padding; /* 0 */
+  DLDevice device;                /* {kDLCPU, 0} */
+  aar_tristate_t separate_device_buffers; /* AAR_DEFAULT: separate unless the device is the CPU */
+  int32_t staging_buffers;        /* 2 (1..4) */
+  int32_t dense_context;          /* 0 */
+} aar_gqa_builder_config_t;
+AAR_C_API void aar_gqa_builder_config_init(aar_gqa_builder_config_t* config);
+
+typedef struct aar_gqa_build_inputs {
+  size_t struct_size;
+  const int32_t* query_start_loc; /* B+1 exclusive prefix sums */
+  size_t query_start_loc_len;
+  const int32_t* seq_lens; /* B: context + new tokens */
+  size_t seq_lens_len;
+  const int32_t* block_table; /* B x block_table_stride, row-major, host */
+  size_t block_table_len;
+  int32_t block_table_stride;
+  int32_t num_input_tokens;       /* 0: query_start_loc[B] */
+  aar_attn_state_t attn_state;    /* AAR_STATE_AUTO */
+  const uint8_t* is_prefilling;   /* optional (NULL, 0) */
+  size_t is_prefilling_len;
+  const int32_t* num_spec_tokens; /* optional (NULL, 0) */
+  size_t num_spec_tokens_len;
+  int32_t causal; /* 1 */
+} aar_gqa_build_inputs_t;
+AAR_C_API void aar_gqa_build_inputs_init(aar_gqa_build_inputs_t* inputs);
+
+/* Facts of a build, for the engine (which output rows are written, ...). */
+typedef struct aar_gqa_metadata_info {
+  size_t struct_size;
+  aar_attn_state_t attn_state;
+  int32_t num_reqs;          /* requests the kernels see (incl. a padding dummy) */
+  int32_t num_real_reqs;     /* scheduled requests */
+  int32_t num_actual_tokens; /* scheduled tokens (written to the cache) */
+  int32_t num_input_tokens;  /* rows the layers receive */
+  int32_t num_kernel_tokens; /* rows a forward writes into its output */
+  int32_t num_decodes, num_prefills, num_decode_tokens;
+  int32_t max_query_len, max_seq_len;
+  uint64_t generation; /* the build's generation (1 for the first build) */
+} aar_gqa_metadata_info_t;
+
+AAR_C_API aar_status_t aar_gqa_builder_create(const aar_gqa_builder_config_t* config, aar_gqa_builder_t** out);
+AAR_C_API void aar_gqa_builder_destroy(aar_gqa_builder_t* builder);
+/* Validates, plans and stages one step; *out: the builder's metadata (see METADATA). */
+AAR_C_API aar_status_t aar_gqa_builder_build(aar_gqa_builder_t* builder, const aar_gqa_build_inputs_t* inputs,
+                                             const aar_gqa_metadata_t** out);
+/* Graph capture of a bucket (spec 4.5): state DECODE_ONLY, CHUNKED_PREFILL or SPEC_DECODING. */
+AAR_C_API aar_status_t aar_gqa_builder_build_for_graph_capture(aar_gqa_builder_t* builder,
+                                                               const aar_gqa_build_inputs_t* inputs,
+                                                               aar_attn_state_t state,
+                                                               const aar_gqa_metadata_t** out);
+/* The host int32 (capacity, max_blocks_per_req) block table an engine may keep
+ * its block table in and pass back as inputs.block_table (zero copy on the
+ * CPU). A new DLManagedTensor the caller frees (see TENSORS). */
+AAR_C_API aar_status_t aar_gqa_builder_block_table(aar_gqa_builder_t* builder, DLManagedTensor** out);
+/* info->struct_size must be set (sizeof(aar_gqa_metadata_info_t)). */
+AAR_C_API aar_status_t aar_gqa_metadata_get_info(const aar_gqa_metadata_t* metadata, aar_gqa_metadata_info_t* info);
+
+typedef struct aar_gqa_impl_config {
+  size_t struct_size;
+  int64_t num_heads;
+  int64_t head_size;
+  double scale;           /* 0: 1/sqrt(head_size) */
+  int64_t num_kv_heads;   /* 0: num_heads */
+  int64_t sliding_window; /* 0: none; else > 0 (keys in (p - W, p]) */
+  const DLManagedTensor* sinks; /* NULL or (num_heads,) learnable sinks (borrowed until destroy) */
+  int32_t has_alibi_slopes;     /* 0; 1 is rejected (not supported) */
+  double logits_soft_cap;       /* 0: none; > 0 is rejected (not supported) */
+  const char* kv_cache_dtype;   /* NULL: "auto" (the only one; INT8 is the C8 backend) */
+  int32_t attn_type;            /* 0 decoder, 1 encoder-only, 2 encoder, 3 encoder-decoder (rejected) */
+  int32_t kv_sharing;           /* 0 */
+  int32_t device_kind;          /* 0 A2, 1 A3, 2 A5, 3 310P */
+  int32_t has_speculative_config;
+  int32_t full_decode_only_graph;
+  const int32_t* pa_shape_list; /* optional (NULL, 0) */
+  size_t pa_shape_list_len;
+  int64_t layer_index; /* -1 */
+  int32_t kv_cache_group;
+} aar_gqa_impl_config_t;
+AAR_C_API void aar_gqa_impl_config_init(aar_gqa_impl_config_t* config);
+
+AAR_C_API aar_status_t aar_gqa_impl_create(const aar_gqa_impl_config_t* config, aar_gqa_impl_t** out);
+AAR_C_API void aar_gqa_impl_destroy(aar_gqa_impl_t* impl);
+/* query (T, N, D); key/value (T, Nkv, D) or both NULL (no cache write);
+ * key_cache/value_cache (num_blocks, block_size, Nkv, D) contiguous, or both
+ * NULL (encoder layers without a cache); output (T, N, D), rows
+ * [0, num_kernel_tokens) written. metadata NULL (profiling run) zero-fills the
+ * output. Inside an open capture (aar_graph_begin_capture, same thread) the
+ * calls are recorded instead. */
+AAR_C_API aar_status_t aar_gqa_impl_forward(aar_gqa_impl_t* impl, const DLManagedTensor* query,
+                                            const DLManagedTensor* key, const DLManagedTensor* value,
+                                            const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                                            const aar_gqa_metadata_t* metadata, const DLManagedTensor* output);
+/* Which kernel path the last forward took (gqa::ForwardPath, e.g. "fused_paged"); never NULL. */
+AAR_C_API const char* aar_gqa_impl_last_path(const aar_gqa_impl_t* impl);
+
+/* ---------------------------------------------------------------- MLA */
+
+typedef struct aar_mla_builder aar_mla_builder_t;
+typedef struct aar_mla_impl aar_mla_impl_t;
+typedef struct aar_mla_metadata aar_mla_metadata_t;
+
+typedef struct aar_mla_builder_config {
+  size_t struct_size;
+  int32_t max_num_reqs, max_num_tokens, max_blocks_per_req, block_size; /* 256, 8192, 64, 128 */
+  int32_t num_blocks;             /* required */
+  int32_t max_model_len;          /* 0: max_blocks_per_req * block_size */
+  int32_t num_speculative_tokens; /* 0 */
+  int32_t chunked_prefill_enabled; /* 1 */
+  int32_t graph_decode_padding;   /* 0 (spec 3.5 "enable-pad") */
+  int32_t disable_padded_drafter_batch; /* 0 */
+  int64_t workspace_tokens;       /* 0: the upstream rule */
+  /* RoPE tables (max_position, R), both halves equal (spec 6.1); required.
+   * The builder keeps a host copy: borrowed during create only. */
+  const DLManagedTensor* cos_table;
+  const DLManagedTensor* sin_table;
+  DLDevice device; /* {kDLCPU, 0} */
+  aar_tristate_t separate_device_buffers;
+  int32_t staging_buffers; /* 2 */
+} aar_mla_builder_config_t;
+AAR_C_API void aar_mla_builder_config_init(aar_mla_builder_config_t* config);
+
+typedef struct aar_mla_build_inputs {
+  size_t struct_size;
+  const int32_t* query_start_loc;
+  size_t query_start_loc_len;
+  const int32_t* seq_lens;
+  size_t seq_lens_len;
+  const int32_t* block_table;
+  size_t block_table_len;
+  int32_t block_table_stride;
+  int32_t num_input_tokens;    /* 0: query_start_loc[B] */
+  aar_attn_state_t attn_state; /* AAR_STATE_AUTO */
+  const int32_t* num_spec_tokens; /* optional */
+  size_t num_spec_tokens_len;
+} aar_mla_build_inputs_t;
+AAR_C_API void aar_mla_build_inputs_init(aar_mla_build_inputs_t* inputs);
+
+typedef struct aar_mla_metadata_info {
+  size_t struct_size;
+  aar_attn_state_t attn_state;
+  int32_t num_reqs, num_actual_tokens, num_input_tokens;
+  int32_t num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens;
+  uint64_t generation;
+} aar_mla_metadata_info_t;
+
+AAR_C_API aar_status_t aar_mla_builder_create(const aar_mla_builder_config_t* config, aar_mla_builder_t** out);
+AAR_C_API void aar_mla_builder_destroy(aar_mla_builder_t* builder);
+AAR_C_API aar_status_t aar_mla_builder_build(aar_mla_builder_t* builder, const aar_mla_build_inputs_t* inputs,
+                                             const aar_mla_metadata_t** out);
+AAR_C_API aar_status_t aar_mla_builder_block_table(aar_mla_builder_t* builder, DLManagedTensor** out);
+AAR_C_API aar_status_t aar_mla_metadata_get_info(const aar_mla_metadata_t* metadata, aar_mla_metadata_info_t* info);
+
+typedef struct aar_mla_impl_config {
+  size_t struct_size;
+  int64_t num_heads, hidden_size;
+  int64_t q_lora_rank;      /* 0: no q-LoRA (q_proj straight from hidden) */
+  int64_t kv_lora_rank;     /* L, 512 */
+  int64_t qk_nope_head_dim; /* P, 128 */
+  int64_t qk_rope_head_dim; /* R, 64 */
+  int64_t v_head_dim;       /* V, 128 */
+  double scale;             /* 0: 1/sqrt(P+R) */
+  double q_norm_eps, kv_norm_eps; /* 1e-6 */
+  int32_t enable_prolog;    /* 0 */
+  int32_t enable_kv_nz;     /* 0 */
+  int64_t layer_index;      /* -1 */
+  aar_tristate_t prefill_in_bf16; /* AAR_DEFAULT: when the operators run on the NPU */
+  int64_t workspace_group;  /* 0 */
+} aar_mla_impl_config_t;
+AAR_C_API void aar_mla_impl_config_init(aar_mla_impl_config_t* config);
+
+/* Linear weights in torch layout (out_features, in_features), borrowed until
+ * the impl is destroyed (it aliases them). Unquantised weights only: the C ABI
+ * has no W8A8 / FA-quant weights yet. */
+typedef struct aar_mla_weights {
+  size_t struct_size;
+  const DLManagedTensor* q_a_proj;      /* (Q, hidden), with q-LoRA; else NULL */
+  const DLManagedTensor* q_a_layernorm; /* (Q), with q-LoRA; else NULL */
+  const DLManagedTensor* q_proj;        /* (H*(P+R), Q or hidden) */
+  const DLManagedTensor* kv_a_proj_with_mqa; /* (L+R, hidden) */
+  const DLManagedTensor* kv_a_layernorm;     /* (L) */
+  const DLManagedTensor* kv_b_proj;          /* (H*(P+V), L) */
+  const DLManagedTensor* o_proj;             /* (hidden, H*V) */
+} aar_mla_weights_t;
+AAR_C_API void aar_mla_weights_init(aar_mla_weights_t* weights);
+
+AAR_C_API aar_status_t aar_mla_impl_create(const aar_mla_impl_config_t* config, const aar_mla_weights_t* weights,
+                                           aar_mla_impl_t** out);
+AAR_C_API void aar_mla_impl_destroy(aar_mla_impl_t* impl);
+/* hidden (T, hidden_size); nope_cache (nb, bs, 1, L) and rope_cache (nb, bs, 1, R)
+ * (or their NZ forms with enable_kv_nz), contiguous; output (T, hidden_size).
+ * metadata NULL zero-fills the output. Decode-only steps inside an open capture
+ * are recorded. */
+AAR_C_API aar_status_t aar_mla_impl_forward(aar_mla_impl_t* impl, const DLManagedTensor* hidden,
+                                            const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache,
+                                            const aar_mla_metadata_t* metadata, const DLManagedTensor* output);
+
+/* ---------------------------------------------------------------- graph mode */
+
+typedef struct aar_graph_params aar_graph_params_t;
+
+/* The NPU side of graph mode (graph/provider.h): an engine binds these to
+ * torch_npu's graph-task API (c10_npu::graph_task_group_begin, ...). A NULL
+ * function is a no-op. `user` is passed back to every function. */
+typedef struct aar_graph_hooks {
+  size_t struct_size;
+  void* user;
+  void* (*create_event)(void* user);
+  void (*event_wait_and_reset)(void* user, void* event);
+  void (*task_group_begin)(void* user);
+  void* (*task_group_end)(void* user);
+  void (*task_update_begin)(void* user, void* task);
+  void (*task_update_end)(void* user);
+  void (*event_record)(void* user, void* event);
+  void (*release)(void* user, void* event, void* task);
+} aar_graph_hooks_t;
+AAR_C_API void aar_graph_hooks_init(aar_graph_hooks_t* hooks);
+
+/* provider: "recording" (CPU: capture records, replay re-issues, hooks must be
+ * NULL), "hooks" (NPU: hooks required), "noop" (hooks must be NULL).
+ * use_max_workspace: 0 first-wins, 1 max over layers (spec 7.5). */
+AAR_C_API aar_status_t aar_graph_params_create(const char* provider, const aar_graph_hooks_t* hooks,
+                                               int32_t use_max_workspace, aar_graph_params_t** out);
+AAR_C_API void aar_graph_params_destroy(aar_graph_params_t* graph);
+/* While a capture is open on this thread, forwards on this thread are recorded
+ * into it. A capture left open by a failing forward should be aborted. */
+AAR_C_API aar_status_t aar_graph_begin_capture(aar_graph_params_t* graph, int64_t num_tokens);
+AAR_C_API aar_status_t aar_graph_end_capture(aar_graph_params_t* graph);
+AAR_C_API aar_status_t aar_graph_abort_capture(aar_graph_params_t* graph);
+/* Refreshes every captured call of bucket num_tokens: groups[g] is the GQA
+ * metadata of KV-cache group g (its latest build). */
+AAR_C_API aar_status_t aar_graph_update_gqa(aar_graph_params_t* graph, int64_t num_tokens,
+                                            const aar_gqa_metadata_t* const* groups, size_t num_groups);
+/* Draft model (spec 7.8): per-(draft step, layer) metadata cycled over the calls. */
+AAR_C_API aar_status_t aar_graph_update_draft_gqa(aar_graph_params_t* graph, int64_t num_tokens,
+                                                  const aar_gqa_metadata_t* const* per_call, size_t num_calls);
+AAR_C_API aar_status_t aar_graph_update_mla(aar_graph_params_t* graph, int64_t num_tokens,
+                                            const aar_mla_metadata_t* metadata);
+/* "recording" provider: runs the bucket's recorded calls (each updated since the last replay). */
+AAR_C_API aar_status_t aar_graph_replay(aar_graph_params_t* graph, int64_t num_tokens);
+/* *out: 1 when bucket num_tokens is captured, else 0. */
+AAR_C_API aar_status_t aar_graph_has(const aar_graph_params_t* graph, int64_t num_tokens, int32_t* out);
+AAR_C_API aar_status_t aar_graph_release(aar_graph_params_t* graph, int64_t num_tokens);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ASCEND_ATTN_RT_C_API_H_ */
