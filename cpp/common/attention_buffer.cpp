@@ -12,9 +12,11 @@ namespace aar {
 
 namespace {
 
+// Both leaked on purpose: workspaces release their entries from destructors
+// that may run during static teardown.
 std::mutex& registry_mutex() {
-  static std::mutex mu;
-  return mu;
+  static auto* mu = new std::mutex();
+  return *mu;
 }
 std::map<std::string, at::Tensor>& registry() {
   static auto* r = new std::map<std::string, at::Tensor>();  // never destroyed: tensors outlive static teardown
