@@ -186,26 +186,22 @@ Case attention_update_case(int64_t update_type) {
               }};
 }
 
-Case reshape_and_cache_case() {
-  return Case{"_npu_reshape_and_cache", "key/value (T=9, Nkv=2, D=64) fp16 into (nb=6, bs=16, Nkv, D), slot_indices int32",
-              "slot s writes block s / bs, row s % bs", 0.0, [](const Side& s) {
+// The two paged cache writes: ATB's _npu_reshape_and_cache (GQA, C8 float
+// path on 310P) and npu_scatter_pa_kv_cache "Norm" (FA3), same inputs.
+Case cache_write_case(bool atb) {
+  const char* args = atb ? "key/value (T=9, Nkv=2, D=64) fp16 into (nb=6, bs=16, Nkv, D), slot_indices int32"
+                         : "key/value (T=9, Nkv=2, D=64) fp16, cache_mode=Norm, slot_mapping int32";
+  return Case{atb ? "_npu_reshape_and_cache" : "npu_scatter_pa_kv_cache", args,
+              "slot s writes block s / bs, row s % bs", 0.0, [atb](const Side& s) {
                 at::manual_seed(15);
                 const at::Tensor k = at::randn({9, 2, 64}).to(at::kHalf), v = at::randn({9, 2, 64}).to(at::kHalf);
                 at::Tensor kc = s.to(at::zeros({6, 16, 2, 64}, at::kHalf)), vc = s.to(at::zeros({6, 16, 2, 64}, at::kHalf));
-                const at::Tensor slots = at::tensor({17, 18, 19, 3, 80, 81, 82, 83, 40}, at::kInt);
-                ops::reshape_and_cache(s.to(k), s.to(v), kc, vc, s.to(slots), s.pv);
-                return std::vector<at::Tensor>{kc.cpu(), vc.cpu()};
-              }};
-}
-
-Case scatter_pa_case() {
-  return Case{"npu_scatter_pa_kv_cache", "key/value (T=9, Nkv=2, D=64) fp16, cache_mode=Norm, slot_mapping int32",
-              "the FA3 backend's ND cache write: same slot rule as reshape_and_cache", 0.0, [](const Side& s) {
-                at::manual_seed(16);
-                const at::Tensor k = at::randn({9, 2, 64}).to(at::kHalf), v = at::randn({9, 2, 64}).to(at::kHalf);
-                at::Tensor kc = s.to(at::zeros({6, 16, 2, 64}, at::kHalf)), vc = s.to(at::zeros({6, 16, 2, 64}, at::kHalf));
-                const at::Tensor slots = at::tensor({17, 18, 19, 3, 80, 81, 82, 83, 40}, at::kInt);
-                ops::scatter_pa_kv_cache(s.to(k), s.to(v), kc, vc, s.to(slots), "Norm", s.pv);
+                const at::Tensor slots = s.to(at::tensor({17, 18, 19, 3, 80, 81, 82, 83, 40}, at::kInt));
+                if (atb) {
+                  ops::reshape_and_cache(s.to(k), s.to(v), kc, vc, slots, s.pv);
+                } else {
+                  ops::scatter_pa_kv_cache(s.to(k), s.to(v), kc, vc, slots, "Norm", s.pv);
+                }
                 return std::vector<at::Tensor>{kc.cpu(), vc.cpu()};
               }};
 }
@@ -227,8 +223,8 @@ std::vector<Case> cases() {
   c.push_back(fia_antiquant());
   c.push_back(attention_update_case(0));
   c.push_back(attention_update_case(1));
-  c.push_back(reshape_and_cache_case());
-  c.push_back(scatter_pa_case());
+  c.push_back(cache_write_case(true));
+  c.push_back(cache_write_case(false));
   return c;
 }
 
