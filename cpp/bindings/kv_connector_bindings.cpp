@@ -42,23 +42,34 @@ class PyKvConnector final : public KvConnector {
   }
   void wait_for_layer_load(const std::string& layer) override {
     nb::gil_scoped_acquire gil;
-    obj_.attr("wait_for_layer_load")(layer);
+    guarded([&] { obj_.attr("wait_for_layer_load")(layer); });
   }
   void on_kv_cache_written(const std::string& layer, bool wrote) override {
     if (!has_written_) return;  // vLLM connectors have no such method: nothing to notify
     nb::gil_scoped_acquire gil;
-    obj_.attr("on_kv_cache_written")(layer, wrote);
+    guarded([&] { obj_.attr("on_kv_cache_written")(layer, wrote); });
   }
   void save_kv_layer(const std::string& layer, const std::vector<at::Tensor>& kv_layer,
                      const KvLayerMetadata& md) override {
     nb::gil_scoped_acquire gil;
     nb::list kv;
-    for (const at::Tensor& t : kv_layer) kv.append(nb::cast(t));
-    obj_.attr("save_kv_layer")(layer, nb::tuple(kv), metadata_object(md));
+    for (const at::Tensor& t : kv_layer) kv.append(t.defined() ? nb::cast(t) : nb::none());  // DSA: absent entries
+    guarded([&] { obj_.attr("save_kv_layer")(layer, nb::tuple(kv), metadata_object(md)); });
   }
   const nb::object& object() const { return obj_; }
 
  private:
+  // A Python exception becomes "Type: message" (its traceback stays in Python's
+  // hands); the hook layer adds the hook and the layer.
+  template <class F>
+  static void guarded(F&& f) {
+    try {
+      f();
+    } catch (nb::python_error& e) {
+      std::string msg = std::string(nb::str(e.type().attr("__name__")).c_str()) + ": " + nb::str(e.value()).c_str();
+      throw std::runtime_error(msg);
+    }
+  }
   // The Python object the forward's metadata came from (always one: forward
   // takes it from Python), None if it has none.
   static nb::object metadata_object(const KvLayerMetadata& md) {
