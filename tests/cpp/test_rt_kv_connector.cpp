@@ -124,14 +124,22 @@ TEST(KvConnector, OrderArgumentsAndOutput) {
   EXPECT_TRUE(rec->saved[0].is_same(s.kc));
   EXPECT_TRUE(rec->saved[1].is_same(s.vc));
   EXPECT_EQ(rec->saved_md, s.md);
-  // A layer without new key/value (KV sharing) writes nothing and still gets all three.
+  // A KV-sharing layer writes no cache and still gets all three.
+  aar::gqa::ImplConfig shared_cfg = Step::icfg();
+  shared_cfg.kv_sharing = true;
+  aar::gqa::AttentionImpl shared(shared_cfg);
+  shared.kv_hooks.set(rec, "model.layers.1.attn");
   rec->log.clear();
-  s.layer.forward(s.q, std::nullopt, std::nullopt, s.kc, s.vc, s.md, s.out);
-  EXPECT_EQ(rec->log[1], "written:model.layers.0.attn:0");
-  EXPECT_EQ(rec->log.size(), 3u);
+  const at::Tensor kc0 = s.kc.clone();
+  shared.forward(s.q, s.k, s.v, s.kc, s.vc, s.md, s.out);
+  const std::vector<std::string> want_shared = {"wait:model.layers.1.attn", "written:model.layers.1.attn:0",
+                                                "save:model.layers.1.attn:gqa"};
+  EXPECT_EQ(rec->log, want_shared);
+  EXPECT_TRUE(at::equal(kc0, s.kc));
   // Profiling run (no metadata): no hook.
   rec->log.clear();
   s.layer.forward(s.q, s.k, s.v, s.kc, s.vc, nullptr, s.out);
+  shared.forward(s.q, s.k, s.v, s.kc, s.vc, nullptr, s.out);
   EXPECT_TRUE(rec->log.empty());
 }
 
