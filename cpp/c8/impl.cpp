@@ -295,6 +295,9 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     last_path_ = ForwardPath::None;
     return output;
   }
+  const KvHookScope<gqa::Metadata> kv_scope(kv_hooks, key_cache, value_cache,
+                                            key.has_value() && key_cache.defined() && !cfg_.kv_sharing, *metadata,
+                                            "c8");
   if (float_impl_.has_value()) {
     float_impl_->forward(query, key, value, key_cache, value_cache, metadata, output);
     last_path_ = ForwardPath::Float;

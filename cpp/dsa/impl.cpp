@@ -826,6 +826,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   }
   const LayerMetadata& md = *md_ptr;
   const Caches c = validate(hidden, kv, md, output, topk);
+  const KvHookScope<LayerMetadata> kv_scope(kv_hooks, kv, md.step->num_actual_tokens > 0, md, "dsa");
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
   if (graph::GraphParams* g = graph::GraphParams::current()) {

@@ -109,6 +109,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   }
   const gqa::Metadata& md = *metadata;
   check_current(md.stamp, "metadata");
+  const KvHookScope<gqa::Metadata> kv_scope(kv_hooks, key_cache, value_cache,
+                                            key.has_value() && key_cache.defined() && !cfg_.kv_sharing, md, "fa3");
   if (!md.causal && (md.is_pooling || !key_cache.defined())) {
     // Inherited upstream forward: bidirectional attention over the step's own
     // tokens takes the dense encoder path (the GQA impl, same attn_type checks).

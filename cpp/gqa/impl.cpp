@@ -339,6 +339,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     AAR_CHECK_ARG(md.dense.valid, "the head-size-512 fallback over cached context reads the builder's dense "
                   "context: construct the MetadataBuilder with dense_context=True");
   }
+  const KvHookScope<Metadata> kv_scope(kv_hooks, key_cache, value_cache,
+                                       key.has_value() && has_cache && !cfg_.kv_sharing, md, "gqa");
   // Operators run without autograd (entered once here, not per operator call).
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 
 #include "../common/shared_by_shape.h"
+#include "ascend_attn_rt/attention_buffer.h"
+
+#include <sstream>
 
 namespace aar::mla::detail {
 
@@ -16,23 +19,50 @@ std::shared_ptr<DecodeWorkspace> DecodeWorkspace::shared(const DecodeShape& shap
   return aar::detail::shared_by_shape<DecodeWorkspace>(shape);
 }
 
+// The flat buffers live in the process-wide attention-buffer registry
+// (attention_buffer.h) under names that carry the shape and the capacity, so an
+// engine can find (and share) them; one workspace exists per shape
+// (shared_by_shape), so the names are its own. A grow registers the larger
+// buffers and releases the registry's hold on the smaller ones (views handed
+// out keep theirs alive).
+std::string DecodeWorkspace::buffer_name(const char* what, int64_t cap) const {
+  const DecodeShape& s = shape_;
+  std::ostringstream os;
+  os << "mla.decode_workspace/" << s.device << "/" << s.dtype << "/H" << s.heads << "p" << s.heads_padded << "L"
+     << s.kv_lora_rank << "P" << s.nope_dim << "R" << s.rope_dim << "Q" << s.q_lora_rank << "V" << s.v_head_dim
+     << "g" << s.group << "/" << what << "/cap" << cap;
+  return os.str();
+}
+
+at::Tensor DecodeWorkspace::buffer(const char* what, int64_t cap, int64_t numel, bool zeros) {
+  std::string name = buffer_name(what, cap);
+  at::Tensor t = get_or_register_attention_buffer(name, {numel}, shape_.dtype, shape_.device, zeros);
+  names_.push_back(std::move(name));
+  return t;
+}
+
+DecodeWorkspace::~DecodeWorkspace() {
+  for (const std::string& n : names_) release_attention_buffer(n);
+}
+
 void DecodeWorkspace::grow(int64_t td) {
   const DecodeShape& s = shape_;
   const int64_t cap = std::max<int64_t>(td, 2 * capacity_);
-  const auto opts = at::TensorOptions().dtype(s.dtype).device(s.device);
   const int64_t H = s.heads, Hp = s.heads_padded, L = s.kv_lora_rank, P = s.nope_dim, R = s.rope_dim;
-  kv_raw_ = at::empty({cap * (L + R)}, opts);
+  for (const std::string& n : names_) release_attention_buffer(n);
+  names_.clear();
+  kv_raw_ = buffer("kv_raw", cap, cap * (L + R), false);
   if (s.q_lora_rank > 0) {
-    qa_ = at::empty({cap * s.q_lora_rank}, opts);
-    qc_ = at::empty({cap * s.q_lora_rank}, opts);
+    qa_ = buffer("qa", cap, cap * s.q_lora_rank, false);
+    qc_ = buffer("qc", cap, cap * s.q_lora_rank, false);
   }
-  q_ = at::empty({cap * H * (P + R)}, opts);
+  q_ = buffer("q", cap, cap * H * (P + R), false);
   // Token-major (td, Hp, D): element (t, h, d) sits at the same offset for
   // every td, so the padded heads (h >= H), never written, stay zero.
-  qn_ = at::zeros({cap * Hp * L}, opts);
-  qr_ = at::zeros({cap * Hp * R}, opts);
-  attn_ = at::empty({cap * Hp * L}, opts);
-  y_ = at::empty({cap * H * s.v_head_dim}, opts);
+  qn_ = buffer("qn", cap, cap * Hp * L, true);
+  qr_ = buffer("qr", cap, cap * Hp * R, true);
+  attn_ = buffer("attn", cap, cap * Hp * L, false);
+  y_ = buffer("y", cap, cap * H * s.v_head_dim, false);
   capacity_ = cap;
   ++generation_;
 }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace aar::mla::detail {
@@ -51,6 +52,9 @@ struct DecodeViews {
 class DecodeWorkspace {
  public:
   explicit DecodeWorkspace(const DecodeShape& shape) : shape_(shape) {}
+  ~DecodeWorkspace();
+  DecodeWorkspace(const DecodeWorkspace&) = delete;
+  DecodeWorkspace& operator=(const DecodeWorkspace&) = delete;
   // The views for td tokens in `layout`, growing the buffers when td exceeds
   // the capacity (earlier buffers stay alive while something references them).
   const DecodeViews& views(int64_t td, DecodeLayout layout);
@@ -61,11 +65,14 @@ class DecodeWorkspace {
 
  private:
   void grow(int64_t td);
+  std::string buffer_name(const char* what, int64_t cap) const;
+  at::Tensor buffer(const char* what, int64_t cap, int64_t numel, bool zeros);
 
   DecodeShape shape_;
   int64_t capacity_ = 0, generation_ = 0;
   at::Tensor kv_raw_, qa_, qc_, q_, qn_, qr_, attn_, y_;
   std::vector<DecodeViews> views_;
+  std::vector<std::string> names_;  // this workspace's entries in the attention-buffer registry
 };
 
 }  // namespace aar::mla::detail

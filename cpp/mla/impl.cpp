@@ -499,6 +499,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     AAR_CHECK_ARG(comm_size == 1, "the layer's dcp_comm has ", comm_size,
                   " ranks but the metadata was built without DCP (dcp_world_size=1)");
   }
+  const KvHookScope<Metadata> kv_scope(kv_hooks, nope, rope, md.num_decode_tokens + md.num_prefill_tokens > 0, md,
+                                       "mla");
   const Dims& d = cfg_.dims;
   const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
                 V = d.v_head_dim;

@@ -641,6 +641,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   check_current(md.stamp, "metadata");
   const Caches c = validate(hidden, kv_cache, md, topk, output);
   const int64_t tk = md.cum_query_lens_list.empty() ? 0 : md.cum_query_lens_list.back();
+  const KvHookScope<Metadata> kv_scope(kv_hooks, kv_cache, tk > 0, md, "sfa");
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
   if (graph::GraphParams* g = graph::GraphParams::current()) {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/c8/scales.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/gqa/impl.h"
@@ -86,6 +87,9 @@ struct DecodeCall {
 
 class AttentionImpl {
  public:
+  // KV-connector hooks of this layer (kv_connector.h); none by default.
+  KvHooks kv_hooks;
+
   explicit AttentionImpl(const ImplConfig& cfg);
 
   // query (T, N, D) float; key/value (T, Nkv, D) of the query dtype, or absent;

@@ -173,6 +173,7 @@
 #include <optional>
 #include <vector>
 
+#include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/dsa/kv_plan.h"
 #include "ascend_attn_rt/dsa/metadata.h"
@@ -248,6 +249,9 @@ IndexerKv unpack_indexer_kv_cache(const std::vector<at::Tensor>& kv);
 
 class Impl {
  public:
+  // KV-connector hooks of this layer (kv_connector.h); none by default.
+  KvHooks kv_hooks;
+
   Impl(const ImplConfig& cfg, const Weights& weights);
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;

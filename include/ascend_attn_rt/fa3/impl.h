@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/metadata.h"
@@ -51,6 +52,9 @@ const char* to_string(ForwardPath p);
 
 class AttentionImpl {
  public:
+  // KV-connector hooks of this layer (kv_connector.h); none by default.
+  KvHooks kv_hooks;
+
   explicit AttentionImpl(const ImplConfig& cfg);
 
   // As gqa::AttentionImpl::forward: query (T, N, D), key/value (T, Nkv, D) or

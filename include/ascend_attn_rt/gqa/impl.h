@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -80,6 +81,9 @@ const char* to_string(ForwardPath p);
 
 class AttentionImpl {
  public:
+  // KV-connector hooks of this layer (kv_connector.h); none by default.
+  KvHooks kv_hooks;
+
   explicit AttentionImpl(const ImplConfig& cfg);
 
   // query (T, N, D); key/value (T, Nkv, D) or absent (no cache write);

@@ -34,6 +34,7 @@
 #include <memory>
 #include <optional>
 
+#include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/mla/weights.h"
@@ -110,6 +111,9 @@ const char* to_string(DecodePath p);
 
 class Impl {
  public:
+  // KV-connector hooks of this layer (kv_connector.h); none by default.
+  KvHooks kv_hooks;
+
   // Processes the weights (spec 4): splits kv_b_proj, prepares the prolog weights.
   Impl(const ImplConfig& cfg, const Weights& weights);
 

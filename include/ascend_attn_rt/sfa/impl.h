@@ -74,6 +74,7 @@
 #include <string>
 #include <vector>
 
+#include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/mla/weights.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
@@ -151,6 +152,9 @@ const char* to_string(TopkSource s);
 
 class Impl {
  public:
+  // KV-connector hooks of this layer (kv_connector.h); none by default.
+  KvHooks kv_hooks;
+
   Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::optional<IndexerWeights>& indexer_weights);
   ~Impl();
   Impl(const Impl&) = delete;
