@@ -45,8 +45,7 @@ $(VENV)/.vllm-installed: $(VENV)/.installed
 		$(VENV)/vllm-build/bin/pip install --quiet "setuptools>=77.0.3,<81" "setuptools-scm>=8" \
 			"setuptools-rust>=1.9" wheel "packaging>=24.2" jinja2 && \
 		mkdir -p $(VENV)/wheels/src && \
-		$(VENV)/vllm-build/bin/pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
-			vllm==$(VLLM_VERSION) -d $(VENV)/wheels/src || true; \
+		$(PY) tools/fetch_sdist.py vllm $(VLLM_VERSION) $(VENV)/wheels/src && \
 		VLLM_TARGET_DEVICE=empty $(VENV)/vllm-build/bin/pip wheel --no-deps --no-build-isolation \
 			$(VENV)/wheels/src/vllm-$(VLLM_VERSION).tar.gz -w $(VENV)/wheels && rm -rf $(VENV)/vllm-build; \
 	fi
