@@ -11,7 +11,7 @@ BUILD  := build
 JOBS   ?= $(shell nproc)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all setup venv gtest build test test-cpp test-python demo bench clean
+.PHONY: all setup venv vllm gtest build test test-cpp test-python demo bench clean
 
 all: build
 
@@ -24,6 +24,33 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0" "nanobind>=2.0" "scikit-build-core>=1.1" \
 		"pytest>=7" numpy ninja tqdm
+	touch $@
+
+# vLLM 0.27.1 for the attention-backend adapter's tests (tests/python/test_vllm_backend.py):
+# built once from its sdist with VLLM_TARGET_DEVICE=empty (pure Python) in a side venv that
+# sees .venv's torch through a .pth file (its build pins setuptools<81, which stays out of
+# .venv), the wheel cached in .venv/wheels; installed with --no-deps so torch stays 2.13.0,
+# plus the runtime packages the imported modules need.
+VLLM_VERSION := 0.27.1
+VLLM_RUNTIME_DEPS := regex psutil pyzmq urllib3 transformers cbor2 aiohttp requests openai-harmony \
+	openai cloudpickle pyyaml py-cpuinfo msgspec cachetools blake3 pydantic
+
+vllm: $(VENV)/.vllm-installed
+
+$(VENV)/.vllm-installed: $(VENV)/.installed
+	@if ! ls $(VENV)/wheels/vllm-$(VLLM_VERSION)+empty-*.whl >/dev/null 2>&1; then \
+		rm -rf $(VENV)/vllm-build && $(PY) -m venv $(VENV)/vllm-build && \
+		$(PY) -c "import site; print(site.getsitepackages()[0])" > \
+			$$($(VENV)/vllm-build/bin/python -c "import site; print(site.getsitepackages()[0])")/zz_main_venv.pth && \
+		$(VENV)/vllm-build/bin/pip install --quiet "setuptools>=77.0.3,<81" "setuptools-scm>=8" \
+			"setuptools-rust>=1.9" wheel "packaging>=24.2" jinja2 && \
+		mkdir -p $(VENV)/wheels/src && \
+		$(PY) tools/fetch_sdist.py vllm $(VLLM_VERSION) $(VENV)/wheels/src && \
+		VLLM_TARGET_DEVICE=empty $(VENV)/vllm-build/bin/pip wheel --no-deps --no-build-isolation \
+			$(VENV)/wheels/src/vllm-$(VLLM_VERSION).tar.gz -w $(VENV)/wheels && rm -rf $(VENV)/vllm-build; \
+	fi
+	$(PY) -m pip install --quiet --no-deps $(VENV)/wheels/vllm-$(VLLM_VERSION)+empty-*.whl
+	$(PY) -m pip install --quiet $(VLLM_RUNTIME_DEPS) "torch==2.13.0"
 	touch $@
 
 gtest:
@@ -42,7 +69,7 @@ build: setup $(BUILD)/build.ninja
 test-cpp: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-test-python: build
+test-python: build vllm
 	$(PY) -m pytest tests/python -q
 
 test: test-cpp test-python
