@@ -36,9 +36,11 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(_bits(a), _bits(b))
 
 
-def sweep(step, caches):
+def sweep(step, caches, whole=True):
     """step() runs one forward and returns its output tensor. Returns (N, per-cache first k
-    after which it is written) for the caller's contract checks."""
+    after which it is written) for the caller's contract checks. whole=False: a cache may be
+    written by several operator calls (each its own rows); then every element must be its value
+    before the step or after it, and the first-written k is not tracked."""
     before = [c.clone() for c in caches]
     T.arm_fault(0)
     try:
@@ -58,6 +60,10 @@ def sweep(step, caches):
         finally:
             T.disarm_fault()
         for i, (c, b0, g) in enumerate(zip(caches, before, good)):
+            if not whole:
+                cb, bb, gb = _bits(c), _bits(b0), _bits(g)
+                assert bool(((cb == bb) | (cb == gb)).all()), f"cache {i}: a row neither old nor new at k={k}"
+                continue
             if _same(c, g) and (written_after[i] is not None or not _same(b0, g)):
                 if written_after[i] is None:
                     written_after[i] = k  # its write is among calls 1..k-1
@@ -90,10 +96,10 @@ def test_hook_counts_and_is_per_thread():
 
 # ---------------------------------------------------------------- GQA / FA3 / C8
 
-def _gqa_step(gen, impl_cls, **impl_kw):
+def _gqa_step(gen, impl_cls, block_size=16, **impl_kw):
     from _reference import make_batch
 
-    b = make_batch([37, 140, 9, 60], [1, 1, 9, 12], num_heads=4, num_kv_heads=2, head_size=16, block_size=16,
+    b = make_batch([37, 140, 9, 60], [1, 1, 9, 12], num_heads=4, num_kv_heads=2, head_size=16, block_size=block_size,
                    gen=gen, dtype=torch.float32)
     builder = aar.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=b.block_table.shape[1],
                                   block_size=b.block_size, num_blocks=b.num_blocks)
@@ -116,7 +122,7 @@ def test_gqa_forward_faults(gen):
 
 
 def test_fa3_forward_faults(gen):
-    step, caches = _gqa_step(gen, aar.FA3AttentionImpl)
+    step, caches = _gqa_step(gen, aar.FA3AttentionImpl, block_size=128)  # FA3 takes block 128 only
     n, written = sweep(step, caches)
     assert written[0] is not None and written[0] == written[1], (n, written)
 
@@ -150,8 +156,9 @@ def test_mla_forward_faults():
         c.impl.forward(c.hidden, c.nope, c.rope, c.md, out)
         return out
 
-    n, written = sweep(step, [c.nope, c.rope])
-    assert written[0] is not None and written[1] is not None, (n, written)
+    # MLA writes the decode and the prefill tokens' cache rows in separate operator calls: a
+    # failure between them leaves the decodes' rows written and the prefills' not.
+    sweep(step, [c.nope, c.rope], whole=False)
 
 
 def test_sfa_forward_faults():
