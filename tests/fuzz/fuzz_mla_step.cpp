@@ -13,14 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int32_t B = b.B();
   const int32_t real = b.qsl.back();
   plan::MlaStepInputs si;
-  si.query_start_loc = b.qsl;
-  si.seq_lens = b.seq_lens;
-  si.block_table = b.table;
-  si.block_table_stride = b.stride;
-  si.block_size = b.block_size;
-  si.num_blocks = b.num_blocks;
-  si.num_input_tokens = fuzz::input_tokens(in, real);
-  si.decode_threshold = in.range(1, 3);
+  fuzz::fill_step_inputs(si, b, in);
   si.workspace_tokens = in.range(0, 4) * 128;
   si.max_chunks = in.range(0, 16);
   si.pad_decode_batch = in.flag();

@@ -13,14 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int32_t B = b.B();
   const int32_t real = b.qsl.back();
   plan::SfaStepInputs si;
-  si.query_start_loc = b.qsl;
-  si.seq_lens = b.seq_lens;
-  si.block_table = b.table;
-  si.block_table_stride = b.stride;
-  si.block_size = b.block_size;
-  si.num_blocks = b.num_blocks;
-  si.num_input_tokens = fuzz::input_tokens(in, real);
-  si.decode_threshold = in.range(1, 3);
+  fuzz::fill_step_inputs(si, b, in);
   si.pad_decode_batch = in.flag();
   si.rope_positions = in.flag() ? 0 : in.range(1, 400);
   const int32_t T = std::max(0, si.num_input_tokens ? si.num_input_tokens : real);

@@ -194,6 +194,20 @@ inline int32_t input_tokens(Bytes& in, int32_t real) {
 // planners must reject by their own checks, not by us allocating gigabytes.
 inline size_t room(int64_t n) { return static_cast<size_t>(std::max<int64_t>(0, std::min<int64_t>(n, 1 << 14))); }
 
+// The fields every step planner's inputs share (plan::StepInputs, MlaStepInputs, SfaStepInputs):
+// the batch, num_input_tokens and the decode threshold.
+template <class StepInputs>
+void fill_step_inputs(StepInputs& si, const Batch& b, Bytes& in) {
+  si.query_start_loc = b.qsl;
+  si.seq_lens = b.seq_lens;
+  si.block_table = b.table;
+  si.block_table_stride = b.stride;
+  si.block_size = b.block_size;
+  si.num_blocks = b.num_blocks;
+  si.num_input_tokens = input_tokens(in, b.qsl.back());
+  si.decode_threshold = in.range(1, 3);
+}
+
 // Independent naive slot of token `t` of request `r` (spec gqa 4.4).
 inline int64_t naive_slot(const Batch& b, int32_t r, int32_t t) {
   const int64_t q = b.qsl[r + 1] - b.qsl[r];
