@@ -11,7 +11,8 @@ BUILD  := build
 JOBS   ?= $(shell nproc)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all setup venv vllm gtest build test test-cpp test-python demo bench clean
+.PHONY: all setup venv vllm gtest build test test-cpp test-python demo bench clean \
+	build-asan test-sanitize clang build-fuzz fuzz fuzz-smoke
 
 all: build
 
@@ -96,5 +97,84 @@ bench: build
 	PYTHONPATH=python $(PY) benchmarks/bench_cp_comm.py --out benchmarks/results/cp_comm.json
 	PYTHONPATH=python $(PY) benchmarks/bench_gqa_dcp.py --out benchmarks/results/gqa_dcp.json
 
+# ---------------------------------------------------------------- sanitizers
+# ASan + UBSan build of the libraries, the C++ tests, the examples and _C (no benchmarks), in
+# its own directory; ctest with leak detection on, then the pytest suite against it (Python is
+# not instrumented: libasan is preloaded and leak detection is off there, CPython's and torch's
+# never-freed singletons are not ours). Options and suppressions: tools/sanitizers/.
+ASAN_BUILD := build-asan
+SAN_DIR    := $(abspath tools/sanitizers)
+LIBASAN     = $(shell $(CXX) -print-file-name=libasan.so)
+ASAN_ENV_CPP = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_init_order=1:detect_stack_use_after_return=0 \
+	LSAN_OPTIONS=suppressions=$(SAN_DIR)/lsan.supp:print_suppressions=0 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$(SAN_DIR)/ubsan.supp
+ASAN_ENV_PY = ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$(SAN_DIR)/ubsan.supp \
+	LD_PRELOAD=$(LIBASAN)
+
+$(ASAN_BUILD)/build.ninja: CMakeLists.txt $(VENV)/.installed
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DAAR_SANITIZE=address,undefined \
+		-DAAR_BUILD_BENCHMARKS=OFF -DAAR_PKG_DIR=$(abspath $(ASAN_BUILD))/python/ascend_attn_rt \
+		-DPython_EXECUTABLE=$(abspath $(PY))
+
+build-asan: setup $(ASAN_BUILD)/build.ninja
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	mkdir -p $(ASAN_BUILD)/python/ascend_attn_rt
+	cp python/ascend_attn_rt/*.py $(ASAN_BUILD)/python/ascend_attn_rt/
+
+test-sanitize: build-asan
+	$(ASAN_ENV_CPP) ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+	$(ASAN_ENV_PY) AAR_SANITIZED=1 $(PY) -m pytest tests/python -q -p no:cacheprovider \
+		-o pythonpath="$(ASAN_BUILD)/python tests/python"
+
+# ---------------------------------------------------------------- fuzzing
+# libFuzzer targets over the plan layer (tests/fuzz/fuzz_*.cpp, ASan + UBSan), built with
+# Debian's clang in a plan-only build. `make fuzz` runs each for FUZZ_SECONDS from the checked-in
+# corpus (new inputs go to build-fuzz/corpus/, not the tree); `make fuzz-smoke` (CI) replays the
+# checked-in corpus and fuzzes each target for FUZZ_SMOKE_SECONDS. A failure leaves the
+# crashing input in build-fuzz/ (crash-*); add it to tests/fuzz/corpus/<target>/ and a
+# GoogleTest in tests/cpp/test_plan_fuzz_regressions.cpp.
+FUZZ_BUILD := build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 5
+FUZZ_TARGETS = $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.cpp)))
+
+clang:
+	@if ! command -v clang++ >/dev/null 2>&1; then \
+		echo "installing clang"; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang; \
+	fi
+	@v=$$(clang++ -dumpversion | cut -d. -f1); \
+	if [ ! -f "$$(clang++ -print-resource-dir)/lib/linux/libclang_rt.fuzzer-x86_64.a" ]; then \
+		echo "installing libclang-rt-$$v-dev (libFuzzer)"; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-rt-$$v-dev; \
+	fi
+
+$(FUZZ_BUILD)/build.ninja: CMakeLists.txt
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Release \
+		-DAAR_PLAN_ONLY=ON -DAAR_BUILD_TESTS=OFF -DAAR_FUZZ=ON
+
+build-fuzz: clang $(FUZZ_BUILD)/build.ninja
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+
+# One line per target: inputs run, inputs/s, libFuzzer's coverage (cov: edges, ft: features).
+fuzz: build-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
+		$(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/$$t- \
+			$(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t > $(FUZZ_BUILD)/$$t.log 2>&1 \
+			|| { tail -40 $(FUZZ_BUILD)/$$t.log; exit 1; }; \
+		tools/fuzz_stats.sh $$t $(FUZZ_BUILD)/$$t.log; \
+	done
+
+fuzz-smoke: build-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+		rm -rf $(FUZZ_BUILD)/smoke/$$t && mkdir -p $(FUZZ_BUILD)/smoke/$$t; \
+		$(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SMOKE_SECONDS) -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/$$t- \
+			$(FUZZ_BUILD)/smoke/$$t tests/fuzz/corpus/$$t > $(FUZZ_BUILD)/$$t.smoke.log 2>&1 \
+			|| { tail -40 $(FUZZ_BUILD)/$$t.smoke.log; exit 1; }; \
+		tools/fuzz_stats.sh $$t $(FUZZ_BUILD)/$$t.smoke.log; \
+	done
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/ops/attention_update.h"
+#include "ascend_attn_rt/ops/fault_injection.h"
 #include "common.h"
 #include "tensor_caster.h"
 
@@ -50,6 +51,10 @@ void bind_testing(nb::module_& m) {
       [](nb::handle x, bool none_ok) -> at::Tensor { return borrow_tensor(x, "x", none_ok); },
       "x"_a.none(), "none_ok"_a = false, "The tensor through borrow_tensor (the forward entry points' path) and back.");
   t.def("describe", &describe, "x"_a);
+  t.def("arm_fault", &ops::testing::arm_fault, "k"_a,
+        "Make the k-th operator call on this thread raise (k = 0: count only). ops/fault_injection.h.");
+  t.def("disarm_fault", &ops::testing::disarm_fault, "Disarm this thread; returns the operator calls counted.");
+  t.def("fault_calls", &ops::testing::fault_calls, "Operator calls counted on this thread since arm_fault.");
   t.def(
       "attention_update",
       [](const std::vector<at::Tensor>& lse, const std::vector<at::Tensor>& local_out, int64_t update_type,

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/fault_injection.h"
 #include "ascend_attn_rt/ops/provider.h"
 
 namespace aar::ops::detail {
@@ -34,6 +35,8 @@ inline Provider pick_provider(Provider pv, const at::Tensor& first) {
 class DispatchGuard {
  public:
   explicit DispatchGuard(Provider) {
+    // Test-only fault injection (ops/fault_injection.h): one relaxed load unless a test armed it.
+    if (__builtin_expect(testing::detail::any_fault_armed(), 0)) testing::detail::fault_point_slow();
     if (!c10::InferenceMode::is_enabled()) guard_.emplace();
   }
 

@@ -22,12 +22,14 @@ int32_t mla_reorder_batch(CSpan<int32_t> num_scheduled, int32_t decode_threshold
   AAR_CHECK_ARG(perm_out.size() == b, "perm_out has ", perm_out.size(), " entries, expected ", b);
   AAR_CHECK_ARG(swaps_out.size() >= 2 * b, "swaps_out has room for ", swaps_out.size(),
                 " entries, needs at least 2*B = ", 2 * b);
+  // Validate every entry before the first write: a rejected call leaves perm_out untouched
+  // (found by fuzz_reorder: the identity used to be written while validating).
   int32_t num_dec = 0;
   for (std::size_t i = 0; i < b; ++i) {
     AAR_CHECK_ARG(num_scheduled[i] >= 0, "num_scheduled[", i, "]=", num_scheduled[i], " is negative");
-    perm_out[i] = static_cast<int32_t>(i);
     if (num_scheduled[i] <= decode_threshold) ++num_dec;
   }
+  for (std::size_t i = 0; i < b; ++i) perm_out[i] = static_cast<int32_t>(i);
   const int32_t n = static_cast<int32_t>(b);
   const int32_t num_pre = n - num_dec;
   // dec[#dec - i] walks the decodes from the back; pre[k] the prefills from the front.

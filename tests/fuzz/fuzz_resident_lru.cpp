@@ -1,0 +1,68 @@
+// ResidentLru::step over several steps: every valid top-k entry's slot holds that token after
+// the step, invalid entries get -1, hits + misses count the distinct valid tokens of each row,
+// misses name free-or-evicted slots with their token; a rejected step changes neither the
+// state nor the outputs.
+#include <set>
+
+#include "ascend_attn_rt/plan/resident_lru.h"
+#include "fuzz_util.h"
+
+using namespace aar;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  fuzz::Bytes in(data, size);
+  const int32_t max_rows = in.range(1, 4), cap = in.range(1, 12);
+  plan::ResidentLru lru(max_rows, cap);
+  for (int step = 0; step < 6 && in.remaining(); ++step) {
+    const int32_t rows = in.range(0, max_rows + (in.u8() % 16 == 0));
+    const int32_t K = in.u8() % 16 == 0 ? cap + 1 : in.range(1, cap);
+    std::vector<int32_t> topk(static_cast<size_t>(rows) * K), prefix(rows);
+    std::vector<uint32_t> ids(rows);
+    for (auto& t : topk) t = in.u8() % 6 == 0 ? -1 : in.range(0, 3 * cap);
+    for (int32_t r = 0; r < rows; ++r) {
+      ids[r] = in.range(0, 2);
+      prefix[r] = in.u8() % 16 == 0 ? -1 : in.range(0, 4 * cap);
+    }
+    auto cur = fuzz::canary<int32_t>(topk.size(), -9);
+    std::vector<plan::ResidentMiss> miss(topk.size(), {-9, -9, -9});
+    // Snapshot the state through token_at.
+    std::vector<int32_t> before;
+    for (int32_t r = 0; r < max_rows; ++r)
+      for (int32_t s = 0; s < cap; ++s) before.push_back(lru.token_at(r, s));
+    fuzz::Snapshot snap;
+    snap.add(cur);
+    bool valid = rows <= max_rows && K <= cap;
+    for (int32_t p : prefix) valid &= p >= 0;
+    plan::ResidentStepStats st;
+    const bool ok = fuzz::accepted([&] { st = lru.step({topk, K, ids, prefix}, {cur, miss}); }, snap);
+    FUZZ_CHECK(ok == valid);
+    if (!ok) {
+      std::vector<int32_t> after;
+      for (int32_t r = 0; r < max_rows; ++r)
+        for (int32_t s = 0; s < cap; ++s) after.push_back(lru.token_at(r, s));
+      FUZZ_CHECK(after == before);
+      continue;
+    }
+    int64_t distinct = 0;
+    for (int32_t r = 0; r < rows; ++r) {
+      std::set<int32_t> seen;
+      for (int32_t j = 0; j < K; ++j) {
+        const int32_t t = topk[static_cast<size_t>(r) * K + j];
+        const int32_t s = cur[static_cast<size_t>(r) * K + j];
+        if (t < 0) {
+          FUZZ_CHECK(s == -1);
+          continue;
+        }
+        seen.insert(t);
+        FUZZ_CHECK(s >= 0 && s < cap && lru.token_at(r, s) == t);
+      }
+      distinct += static_cast<int64_t>(seen.size());
+    }
+    FUZZ_CHECK(st.hits + st.misses == distinct);
+    for (int64_t m = 0; m < st.misses; ++m) {
+      const auto& e = miss[m];
+      FUZZ_CHECK(e.row >= 0 && e.row < rows && e.slot >= 0 && e.slot < cap && lru.token_at(e.row, e.slot) == e.token);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,202 @@
+"""Fault injection at every operator call of a step (issue 15, "Faults").
+
+_C._testing.arm_fault(k) makes the k-th operator call on this thread raise (the hook sits in
+every operator wrapper, before the dispatcher call: ops/fault_injection.h). For each backend's
+forward, a fault-free run first counts the step's N operator calls and records the outputs;
+then for every k in 1..N, from the same starting caches:
+  * the fault surfaces as RuntimeError("fault injected at operator call k");
+  * no cache tensor is half-written: each one is bit-identical either to its state before the
+    step (its write had not run yet) or to its state after the fault-free step (its write ran
+    completely). Caches written before the fault keep the step's values: a write op is never
+    rolled back, and each is idempotent (it writes this step's values at this step's slots);
+  * retrying the same step (same metadata, same layer) from that state succeeds and gives the
+    fault-free output and caches, bit for bit.
+The per-backend contract is in docs/reliability.md."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import ascend_attn_rt as aar
+from ascend_attn_rt import _C
+
+T = _C._testing
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(_INT[t.element_size()])
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(_bits(a), _bits(b))
+
+
+def sweep(step, caches, whole=True):
+    """step() runs one forward and returns its output tensor. Returns (N, per-cache first k
+    after which it is written) for the caller's contract checks. whole=False: a cache may be
+    written by several operator calls (each its own rows); then every element must be its value
+    before the step or after it, and the first-written k is not tracked."""
+    before = [c.clone() for c in caches]
+    T.arm_fault(0)
+    try:
+        good_out = step().clone()
+    finally:
+        n = T.disarm_fault()
+    assert n >= 1, "the step made no operator call"
+    good = [c.clone() for c in caches]
+    written_after = [None] * len(caches)  # smallest k whose fault leaves the cache written
+    for k in range(1, n + 1):
+        for c, b0 in zip(caches, before):
+            c.copy_(b0)
+        T.arm_fault(k)
+        try:
+            with pytest.raises(RuntimeError, match=rf"fault injected at operator call {k}$"):
+                step()
+        finally:
+            T.disarm_fault()
+        for i, (c, b0, g) in enumerate(zip(caches, before, good)):
+            if not whole:
+                cb, bb, gb = _bits(c), _bits(b0), _bits(g)
+                assert bool(((cb == bb) | (cb == gb)).all()), f"cache {i}: a row neither old nor new at k={k}"
+                continue
+            if _same(c, g) and (written_after[i] is not None or not _same(b0, g)):
+                if written_after[i] is None:
+                    written_after[i] = k  # its write is among calls 1..k-1
+            elif _same(c, b0):
+                # untouched: no earlier (smaller) k may have found it written
+                assert written_after[i] is None, f"cache {i} written at fault k={written_after[i]} but not at k={k}"
+            else:
+                pytest.fail(f"cache {i} half-written after a fault at operator call {k} of {n}")
+        # Retry the same step from the faulted state: the fault-free result, bit for bit.
+        out = step()
+        assert _same(out, good_out), f"retry after a fault at call {k} gave a different output"
+        for i, (c, g) in enumerate(zip(caches, good)):
+            assert _same(c, g), f"retry after a fault at call {k}: cache {i} differs from the fault-free step"
+    return n, written_after
+
+
+def test_hook_counts_and_is_per_thread():
+    import threading
+
+    T.arm_fault(0)
+    assert T.fault_calls() == 0
+    seen = []
+    th = threading.Thread(target=lambda: seen.append(T.fault_calls()))
+    th.start()
+    th.join()
+    assert seen == [0]
+    assert T.disarm_fault() == 0
+    assert T.fault_calls() == 0
+
+
+# ---------------------------------------------------------------- GQA / FA3 / C8
+
+def _gqa_step(gen, impl_cls, block_size=16, **impl_kw):
+    from _reference import make_batch
+
+    b = make_batch([37, 140, 9, 60], [1, 1, 9, 12], num_heads=4, num_kv_heads=2, head_size=16, block_size=block_size,
+                   gen=gen, dtype=torch.float32)
+    builder = aar.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=b.block_table.shape[1],
+                                  block_size=b.block_size, num_blocks=b.num_blocks)
+    md = builder.build(b.query_start_loc, b.seq_lens_t, b.block_table)
+    impl = impl_cls(4, 16, num_kv_heads=2, **impl_kw)
+    out = torch.zeros_like(b.q)
+
+    def step():
+        impl.forward(b.q, b.k, b.v, b.key_cache, b.value_cache, md, out)
+        return out
+
+    return step, [b.key_cache, b.value_cache]
+
+
+def test_gqa_forward_faults(gen):
+    step, caches = _gqa_step(gen, aar.AttentionImpl)
+    n, written = sweep(step, caches)
+    # GQA: the cache write is the first operator call; a fault there leaves both caches untouched.
+    assert written[0] == written[1] == 2, (n, written)
+
+
+def test_fa3_forward_faults(gen):
+    step, caches = _gqa_step(gen, aar.FA3AttentionImpl, block_size=128)  # FA3 takes block 128 only
+    n, written = sweep(step, caches)
+    assert written[0] is not None and written[0] == written[1], (n, written)
+
+
+def test_c8_forward_faults(gen):
+    import test_c8 as c8
+
+    b = c8.make_c8_batch([37, 140, 9, 60], [1, 1, 9, 12], gen=gen)
+    builder = c8.make_builder(b)
+    md = builder.build(b.qsl, b.seq_lens_t, b.block_table, num_input_tokens=b.num_input_tokens)
+    impl = c8.make_impl(b)
+    out = torch.zeros(b.q.shape, dtype=b.dtype)
+
+    def step():
+        impl.forward(b.q, b.k, b.v, b.key_cache, b.value_cache, md, out)
+        return out
+
+    n, written = sweep(step, [b.key_cache, b.value_cache])
+    assert written[0] is not None and written[1] is not None, (n, written)
+
+
+# ---------------------------------------------------------------- MLA / SFA
+
+def test_mla_forward_faults():
+    from test_mla import setup_case
+
+    c = setup_case([40, 3, 70], [1, 3, 9], workspace=256)
+    out = torch.zeros_like(c.hidden)
+
+    def step():
+        c.impl.forward(c.hidden, c.nope, c.rope, c.md, out)
+        return out
+
+    # MLA writes the decode and the prefill tokens' cache rows in separate operator calls: a
+    # failure between them leaves the decodes' rows written and the prefills' not.
+    sweep(step, [c.nope, c.rope], whole=False)
+
+
+def test_sfa_forward_faults():
+    from test_sfa import Model, _qsl
+
+    seq, q = [40, 21, 33], [1, 5, 33]
+    m = Model(seq)
+    for r, (s, ql) in enumerate(zip(seq, q)):
+        m.fill(r, s - ql)
+    md = m.builder().build(_qsl(q), torch.tensor(seq, dtype=torch.int32), m.table)
+    hidden = torch.cat([m.xs[r][s - ql:] for r, (s, ql) in enumerate(zip(seq, q))])
+    impl = m.impl()
+    out = torch.zeros_like(hidden)
+    caches = m.caches()
+
+    def step():
+        impl.forward(hidden, caches, md, out)
+        return out
+
+    n, written = sweep(step, caches)
+    assert all(w is not None for w in written), (n, written)
+
+
+# ---------------------------------------------------------------- DSA
+
+def test_dsa_forward_faults():
+    from test_dsa import Run, dims, group_kw
+
+    run = Run(dims(4), torch.float32, nreq=2)
+    run.step([0, 1], [13, 5])  # some context in every cache
+    st, md, S, qsl = run.build([0, 1], [1, 6])
+    hid = torch.cat([run.x[b][S[i] - q: S[i]] for i, (b, q) in enumerate(zip([0, 1], [1, 6]))])
+    out = torch.zeros_like(hid)
+    caches = [t for t in (run.swa, run.cmp, run.state, run.istate, run.ik, run.isc) if t is not None]
+
+    def step():
+        run.impl.forward(hid, run.kv, st, md["swa"], out, topk_buffer=run.topk, **group_kw(run.d.ratio, md, st))
+        return out
+
+    n, written = sweep(step, caches)
+    assert all(w is not None for w in written), (n, written)
