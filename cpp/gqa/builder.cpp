@@ -10,6 +10,7 @@
 #include "ascend_attn_rt/gqa/backend.h"
 #include "ascend_attn_rt/plan/step_plan.h"
 #include "../common/staging.h"
+#include "builder_checks.h"
 
 namespace aar::gqa {
 
@@ -40,15 +41,7 @@ at::Tensor lazy_view(std::vector<at::Tensor>& cache, size_t n, const at::Tensor&
 
 MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     : cfg_(cfg), separate_(cfg.separate_device_buffers.value_or(!cfg.device.is_cpu())), masks_(cfg.device) {
-  AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
-  AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
-  AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
-  AAR_CHECK_ARG(Backend::is_supported_block_size(cfg.block_size), "block_size ", cfg.block_size,
-                " is not supported (supported: 16, 32, 64, 128)");
-  AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
-  AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
-                "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, the FIA TND limit), got ",
-                cfg.num_speculative_tokens);
+  internal::check_builder_sizes(cfg);
 
   // Requests the kernels may see: the real ones plus one padding dummy, or, with
   // uniform decode padding, up to one dummy per padding token.
