@@ -6,6 +6,7 @@
 #include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/backend.h"
+#include "../common/builder_checks.h"
 #include "ascend_attn_rt/gqa/mask.h"
 #include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/pcp_split.h"
@@ -34,12 +35,7 @@ plan::SlotMappingInputs slot_inputs(const PcpBuildInputs& in, const PcpConfig& c
 }  // namespace
 
 PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
-  AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
-  AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
-  AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
-  AAR_CHECK_ARG(gqa::Backend::is_supported_block_size(cfg.block_size), "block_size ", cfg.block_size,
-                " is not supported (supported: 16, 32, 64, 128)");
-  AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
+  internal::check_builder_sizes<gqa::Backend>(cfg);
   if (cfg.num_speculative_tokens != 0) {
     throw_not_supported("num_speculative_tokens=", cfg.num_speculative_tokens,
                         ": speculative decode is not supported with PCP (the decode threshold is 1)");

@@ -10,7 +10,7 @@
 #include "ascend_attn_rt/gqa/backend.h"
 #include "ascend_attn_rt/plan/step_plan.h"
 #include "../common/staging.h"
-#include "builder_checks.h"
+#include "../common/builder_checks.h"
 
 namespace aar::gqa {
 
@@ -41,7 +41,8 @@ at::Tensor lazy_view(std::vector<at::Tensor>& cache, size_t n, const at::Tensor&
 
 MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     : cfg_(cfg), separate_(cfg.separate_device_buffers.value_or(!cfg.device.is_cpu())), masks_(cfg.device) {
-  internal::check_builder_sizes(cfg);
+  internal::check_builder_sizes<Backend>(cfg);
+  internal::check_num_speculative_tokens(cfg);
 
   // Requests the kernels may see: the real ones plus one padding dummy, or, with
   // uniform decode padding, up to one dummy per padding token.

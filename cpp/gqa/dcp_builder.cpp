@@ -9,13 +9,14 @@
 #include "ascend_attn_rt/gqa/dcp.h"
 #include "ascend_attn_rt/plan/dcp_step_plan.h"
 #include "../common/staging.h"
-#include "builder_checks.h"
+#include "../common/builder_checks.h"
 
 namespace aar::gqa {
 
 DcpMetadataBuilder::DcpMetadataBuilder(const DcpBuilderConfig& cfg)
     : cfg_(cfg), separate_(cfg.separate_device_buffers.value_or(!cfg.device.is_cpu())), masks_(cfg.device) {
-  internal::check_builder_sizes(cfg);
+  internal::check_builder_sizes<Backend>(cfg);
+  internal::check_num_speculative_tokens(cfg);
   const plan::DcpShard& s = cfg.shard;
   AAR_CHECK_ARG(s.world >= 1 && s.world <= 16, "dcp world size must be in [1, 16] (npu_attention_update merges at "
                 "most 16 partials), got ", s.world);

@@ -13,6 +13,7 @@
 #include "ascend_attn_rt/plan/workspace.h"
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
+#include "../common/builder_checks.h"
 
 namespace aar::mla {
 
@@ -46,15 +47,8 @@ struct MetadataBuilder::Views {
 
 MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     : cfg_(cfg), separate_(cfg.separate_device_buffers.value_or(!cfg.device.is_cpu())) {
-  AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
-  AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
-  AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
-  AAR_CHECK_ARG(Backend::is_supported_block_size(cfg.block_size), "block_size ", cfg.block_size,
-                " is not supported (supported: 16, 32, 64, 128)");
-  AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
-  AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
-                "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, the FIA TND limit), got ",
-                cfg.num_speculative_tokens);
+  internal::check_builder_sizes<Backend>(cfg);
+  internal::check_num_speculative_tokens(cfg);
   AAR_CHECK_ARG(cfg.dcp_world_size >= 1 && cfg.dcp_rank >= 0 && cfg.dcp_rank < cfg.dcp_world_size, "dcp_rank=",
                 cfg.dcp_rank, " is not a rank of a DCP group of dcp_world_size=", cfg.dcp_world_size);
   AAR_CHECK_ARG(cfg.cp_kv_cache_interleave_size >= 1 && cfg.block_size % cfg.cp_kv_cache_interleave_size == 0,
