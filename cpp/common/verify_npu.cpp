@@ -6,35 +6,21 @@
 #include <cstdio>
 #include <functional>
 #include <sstream>
+#include <stdexcept>
 
 #include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "ascend_attn_rt/ops/provider.h"
+#include "verify_npu_cases.h"
 
 namespace aar::verify {
 
 namespace {
 
 using ops::Provider;
+using namespace detail;
 
-// One side of a row: inputs (on CPU, made from the row's seed) are moved to
-// `dev`, the operator runs through provider `pv`, outputs come back to CPU.
-struct Side {
-  c10::Device dev;
-  Provider pv;
-  at::Tensor to(const at::Tensor& t) const { return t.to(dev); }
-};
-
-struct Case {
-  const char* op;
-  std::string args;
-  const char* assumption;
-  double tol;  // max |npu - twin| <= tol * (1 + max |twin|)
-  std::function<std::vector<at::Tensor>(const Side&)> run;
-};
-
-constexpr int64_t kMax = 2147483647;
 
 // Paged TND inputs: per-request q / kv lengths, a shuffled block table over a
 // (nb, bs, Nkv*D) cache (the layout the GQA backend passes).
@@ -206,7 +192,8 @@ Case cache_write_case(bool atb) {
               }};
 }
 
-// The table. Rows follow the calls the backends make (gqa, c8, fa3, cp).
+// The table. Rows follow the calls the backends make (gqa, c8, fa3, cp here;
+// the MLA family, SFA, DSA and the quantisation operators in their files).
 std::vector<Case> cases() {
   std::vector<Case> c;
   c.push_back(fia_v1("causal prefill over cached context", 3, kMax, kMax, false,
@@ -225,8 +212,74 @@ std::vector<Case> cases() {
   c.push_back(attention_update_case(1));
   c.push_back(cache_write_case(true));
   c.push_back(cache_write_case(false));
+  add_mla_cases(c);
+  add_sparse_cases(c);
+  add_dsa_cases(c);
+  add_quant_cases(c);
   return c;
 }
+
+}  // namespace
+
+namespace detail {
+
+at::Tensor i32(const std::vector<int64_t>& v) {
+  std::vector<int32_t> w(v.begin(), v.end());
+  return at::tensor(w, at::kInt);
+}
+
+at::Tensor rnd(at::IntArrayRef shape, at::ScalarType dt, double scale) { return (at::randn(shape) * scale).to(dt); }
+
+std::vector<int64_t> cumsum(const std::vector<int64_t>& lens) {
+  std::vector<int64_t> out;
+  int64_t s = 0;
+  for (int64_t l : lens) out.push_back(s += l);
+  return out;
+}
+
+Paged paged(const std::vector<int64_t>& lens, int64_t bs, std::vector<int64_t> rest, at::ScalarType dt,
+            uint64_t seed) {
+  at::manual_seed(seed);
+  Paged p;
+  int64_t mb = 1;
+  for (int64_t l : lens) {
+    const int64_t b = (l + bs - 1) / bs;
+    mb = std::max(mb, b);
+    p.nb += b;
+  }
+  ++p.nb;  // block 0: never referenced
+  const at::Tensor perm = at::randperm(p.nb - 1, at::kInt) + 1;
+  p.table = at::zeros({static_cast<int64_t>(lens.size()), mb}, at::kInt);
+  int64_t k = 0;
+  for (size_t r = 0; r < lens.size(); ++r) {
+    const int64_t b = (lens[r] + bs - 1) / bs;
+    if (b > 0) p.table[r].narrow(0, 0, b).copy_(perm.narrow(0, k, b));
+    k += b;
+  }
+  std::vector<int64_t> shape{p.nb, bs};
+  shape.insert(shape.end(), rest.begin(), rest.end());
+  p.cache = rnd(shape, dt);
+  return p;
+}
+
+at::Tensor like_pages(const Paged& p, std::vector<int64_t> rest, at::ScalarType dt, uint64_t seed) {
+  at::manual_seed(seed);
+  std::vector<int64_t> shape{p.nb, p.cache.size(1)};
+  shape.insert(shape.end(), rest.begin(), rest.end());
+  return rnd(shape, dt);
+}
+
+Outputs on_cpu(std::initializer_list<at::Tensor> ts) {
+  Outputs out;
+  for (const at::Tensor& t : ts) out.push_back(t.defined() ? t.cpu() : at::empty({0}));
+  return out;
+}
+
+at::Tensor sorted_rows(const at::Tensor& idx) { return std::get<0>(idx.cpu().sort(-1)); }
+
+}  // namespace detail
+
+namespace {
 
 double max_abs(const at::Tensor& t) {
   if (t.numel() == 0) return 0;
@@ -345,17 +398,29 @@ int run_verify_cli(const std::vector<std::string>& args, std::string& out) {
         got = c.run(npu);
       }
       if (perturbed == c.op) {
-        // The deliberately wrong stand-in: its first output is off by 1 at one element.
-        got[0] = got[0].clone();
-        got[0].view(-1)[0] += 1;
+        // The deliberately wrong stand-in: its first output is off by half its
+        // scale, 0.5 * (1 + max |out|), at its first finite element (as float64:
+        // any dtype, fp8 and int outputs too): beyond every row's tolerance.
+        const double off = 0.5 * (1 + max_abs(got[0]));
+        got[0] = got[0].to(at::kDouble).contiguous();
+        const at::Tensor finite = at::isfinite(got[0].view(-1)).nonzero();
+        if (finite.numel() > 0) got[0].view(-1)[finite[0][0].item<int64_t>()] += off;
       }
-      double worst = 0, scale = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        worst = std::max(worst, max_err(got[i], want[i]));
-        scale = std::max(scale, max_abs(want[i]));
+      // A row whose reference outputs are all zero (or empty) would pass
+      // whatever the device computed: refused as a broken row.
+      bool informative = false;
+      for (const at::Tensor& w : want) informative = informative || max_abs(w) > 0;
+      if (!informative) throw std::runtime_error("degenerate row: the CPU twin's outputs are all zero or empty");
+      // Each output against its own scale: max |npu - twin| <= tol * (1 + max |twin|).
+      double worst = 0;
+      bool pass = want.size() == got.size();
+      for (size_t i = 0; pass && i < want.size(); ++i) {
+        const double e = max_err(got[i], want[i]);
+        worst = std::max(worst, e);
+        pass = e <= c.tol * (1 + max_abs(want[i]));
       }
       r.max_err = worst;
-      r.pass = want.size() == got.size() && worst <= c.tol * (1 + scale);
+      r.pass = pass;
     } catch (const std::exception& e) {
       r.error = e.what();
       const size_t nl = r.error.find('\n');
