@@ -364,8 +364,10 @@ Case fia_v1_mla_prefill(bool concat, bool causal) {
     << (causal ? ", sparse_mode=3 with the 2048 mask" : ", sparse_mode=0 over a gathered context chunk")
     << ", softmax_lse_flag=True";
   return Case{"npu_fused_infer_attention_score", a.str(),
-              causal ? "the MLA TND prefill with separate rope tensors equals attention over [nope | rope], Dv != Dqk"
-                     : "a context chunk (kv ends != q ends) attends every key; its LSE merges with npu_attention_update",
+              !causal ? "a context chunk (kv ends != q ends) attends every key; its LSE merges with npu_attention_update"
+              : concat ? "q / k concatenated to D = P + R with no rope tensors (non-power-of-two heads) is plain "
+                         "attention with Dv != Dqk"
+                       : "the MLA TND prefill with separate rope tensors equals attention over [nope | rope], Dv != Dqk",
               5e-3, [=](const Side& s) {
                 at::manual_seed(31);
                 const int64_t H = 4, P = 32, R = 16, V = 32;
