@@ -58,12 +58,13 @@ Paged make_paged(std::vector<int64_t> q_lens, std::vector<int64_t> kv_lens, int6
 }
 
 Case fia_v1(std::string name, int64_t mode, int64_t pre, int64_t next, bool lse, const char* assumption,
-            at::ScalarType dt = at::kHalf) {
+            at::ScalarType dt = at::kHalf, bool out = false) {
   std::ostringstream a;
   a << name << ": TND paged (nb,bs,Nkv*D) bs=16 N=8 Nkv=2 D=64 " << c10::toString(dt) << " sparse_mode=" << mode;
   if (pre != kMax) a << " pre_tokens=" << pre;
   if (next != kMax) a << " next_tokens=" << next;
   if (lse) a << " softmax_lse_flag=True";
+  a << out_note(out);
   return Case{"npu_fused_infer_attention_score", a.str(), assumption, dt == at::kFloat ? 1e-4 : 5e-3,
               [=](const Side& s) {
                 const Paged p = make_paged({1, 7, 12}, {40, 7, 30}, 8, 2, 64, 16, dt, 11);
@@ -81,18 +82,17 @@ Case fia_v1(std::string name, int64_t mode, int64_t pre, int64_t next, bool lse,
                 f.sparse_mode = mode;
                 f.block_size = 16;
                 f.softmax_lse_flag = lse;
-                auto [o, l] = ops::fused_infer_attention_score(t, f, s.pv);
-                std::vector<at::Tensor> r{o.cpu()};
-                if (lse) r.push_back(l.cpu());
-                return r;
+                return run_fia(t, f, s, out ? std::vector<int64_t>(p.q.sizes().begin(), p.q.sizes().end())
+                                            : std::vector<int64_t>{}, dt);
               }};
 }
 
-Case fia_v2_sinks() {
+Case fia_v2_sinks(bool out = false) {
   return Case{"npu_fused_infer_attention_score_v2",
-              "TND paged bs=16 N=8 Nkv=2 D=64 bfloat16 sparse_mode=3 learnable_sink (N,) fp32 return_softmax_lse=True",
+              std::string("TND paged bs=16 N=8 Nkv=2 D=64 bfloat16 sparse_mode=3 learnable_sink (N,) fp32 ") +
+                  (out ? "return_softmax_lse=False" : "return_softmax_lse=True") + out_note(out),
               "sinks enter the softmax denominator only (exp(sink) added per head), LSE includes them", 5e-3,
-              [](const Side& s) {
+              [out](const Side& s) {
                 const Paged p = make_paged({1, 9}, {33, 20}, 8, 2, 64, 16, at::kBFloat16, 12);
                 at::manual_seed(5);
                 const at::Tensor sink = at::randn({8}) * 2;
@@ -108,18 +108,18 @@ Case fia_v2_sinks() {
                 f.softmax_scale = 0.125;
                 f.sparse_mode = 3;
                 f.block_size = 16;
-                f.return_softmax_lse = true;
-                auto [o, l] = ops::fused_infer_attention_score_v2(t, f, s.pv);
-                return std::vector<at::Tensor>{o.cpu(), l.cpu()};
+                f.return_softmax_lse = !out;
+                return run_fia_v2(t, f, s, out ? std::vector<int64_t>{10, 8, 64} : std::vector<int64_t>{}, at::kBFloat16);
               }};
 }
 
-Case fia_antiquant() {
+Case fia_antiquant(bool out = false) {
   return Case{"npu_fused_infer_attention_score",
-              "C8 decode: BNSD query (B,N,1,D) fp16, int8 NZ cache (nb,Nkv,D/32,bs,32), key/value_antiquant_scale "
-              "and _offset (Nkv,1,D), antiquant_mode=0, sparse_mode=0, inner_precise=1",
+              std::string("C8 decode: BNSD query (B,N,1,D) fp16, int8 NZ cache (nb,Nkv,D/32,bs,32), "
+                          "key/value_antiquant_scale and _offset (Nkv,1,D), antiquant_mode=0, sparse_mode=0, "
+                          "inner_precise=1") + out_note(out),
               "antiquant offset sign: k = (k_int8 + offset) * scale (the C8 backend passes -k_offset)", 5e-3,
-              [](const Side& s) {
+              [out](const Side& s) {
                 at::manual_seed(13);
                 const int64_t B = 3, N = 4, Nkv = 2, D = 64, bs = 16, nb = 8;
                 const at::Tensor q = at::randn({B, N, 1, D}).to(at::kHalf);
@@ -147,8 +147,7 @@ Case fia_antiquant() {
                 f.sparse_mode = 0;
                 f.inner_precise = 1;
                 f.block_size = bs;
-                auto [o, l] = ops::fused_infer_attention_score(t, f, s.pv);
-                return std::vector<at::Tensor>{o.cpu()};
+                return run_fia(t, f, s, out ? std::vector<int64_t>{B, N, 1, D} : std::vector<int64_t>{}, at::kHalf);
               }};
 }
 
@@ -195,19 +194,26 @@ Case cache_write_case(bool atb) {
 // The table. Rows follow the calls the backends make (gqa, c8, fa3, cp here;
 // the MLA family, SFA, DSA and the quantisation operators in their files).
 std::vector<Case> cases() {
+  static const char* kCausal =
+      "sparse_mode 3 with the 2048 triu mask is bottom-right causal: query i of a request with q new tokens and kv "
+      "keys sees keys j <= kv - q + i";
+  static const char* kWindow =
+      "sliding-window pre_tokens convention: with sparse_mode 4, pre_tokens=W-1 keeps the W keys j in [pos-(W-1), "
+      "pos] (the query's own position included)";
   std::vector<Case> c;
-  c.push_back(fia_v1("causal prefill over cached context", 3, kMax, kMax, false,
-                     "sparse_mode 3 with the 2048 triu mask is bottom-right causal: query i of a request with q "
-                     "new tokens and kv keys sees keys j <= kv - q + i"));
+  c.push_back(fia_v1("causal prefill over cached context", 3, kMax, kMax, false, kCausal));
   c.push_back(fia_v1("causal, LSE", 3, kMax, kMax, true,
                      "softmax_lse is TND (T, N, 1) fp32, natural log"));
-  c.push_back(fia_v1("sliding window", 4, 7, 0, false,
-                     "sliding-window pre_tokens convention: with sparse_mode 4, pre_tokens=W-1 keeps the W keys "
-                     "j in [pos-(W-1), pos] (the query's own position included)"));
+  c.push_back(fia_v1("sliding window", 4, 7, 0, false, kWindow));
   c.push_back(fia_v1("non-causal", 0, kMax, kMax, false, "sparse_mode 0 without a mask attends every cached key",
                      at::kFloat));
   c.push_back(fia_v2_sinks());
   c.push_back(fia_antiquant());
+  // The same calls through the .out overloads, as the GQA / C8 / FA3 backends make them eagerly.
+  c.push_back(fia_v1("causal prefill over cached context", 3, kMax, kMax, false, kCausal, at::kHalf, true));
+  c.push_back(fia_v1("sliding window", 4, 7, 0, false, kWindow, at::kHalf, true));
+  c.push_back(fia_v2_sinks(true));
+  c.push_back(fia_antiquant(true));
   c.push_back(attention_update_case(0));
   c.push_back(attention_update_case(1));
   c.push_back(cache_write_case(true));
@@ -276,6 +282,30 @@ Outputs on_cpu(std::initializer_list<at::Tensor> ts) {
 }
 
 at::Tensor sorted_rows(const at::Tensor& idx) { return std::get<0>(idx.cpu().sort(-1)); }
+
+Outputs run_fia(const ops::FiaTensors& t, const ops::FiaParams& p, const Side& s,
+                const std::vector<int64_t>& out_shape, at::ScalarType out_dtype) {
+  if (out_shape.empty()) {
+    auto [o, l] = ops::fused_infer_attention_score(t, p, s.pv);
+    return p.softmax_lse_flag ? on_cpu({o, l}) : on_cpu({o});
+  }
+  at::Tensor o = s.to(at::zeros(out_shape, out_dtype)), lse = s.to(at::zeros({1}));
+  ops::fused_infer_attention_score_out(t, p, std::nullopt, o, lse, s.pv);
+  return on_cpu({o});
+}
+
+Outputs run_fia_v2(const ops::FiaV2Tensors& t, const ops::FiaV2Params& p, const Side& s,
+                   const std::vector<int64_t>& out_shape, at::ScalarType out_dtype) {
+  if (out_shape.empty()) {
+    auto [o, l] = ops::fused_infer_attention_score_v2(t, p, s.pv);
+    return p.return_softmax_lse ? on_cpu({o, l}) : on_cpu({o});
+  }
+  at::Tensor o = s.to(at::zeros(out_shape, out_dtype)), lse = s.to(at::zeros({1}));
+  ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, o, lse, s.pv);
+  return on_cpu({o});
+}
+
+const char* out_note(bool out) { return out ? ", through .out (the backends' eager call; LSE into a (1,) placeholder)" : ""; }
 
 }  // namespace detail
 

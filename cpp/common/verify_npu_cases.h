@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/provider.h"
 
 namespace aar::verify::detail {
@@ -78,6 +79,17 @@ at::Tensor like_pages(const Paged& p, std::vector<int64_t> rest, at::ScalarType 
 Outputs on_cpu(std::initializer_list<at::Tensor> ts);
 // Each row's last-dim entries sorted: index outputs as sets.
 at::Tensor sorted_rows(const at::Tensor& idx);
+
+// FIA v1 / v2 through the plain overload (returns (out, lse) with the LSE
+// flag, else (out)), or, with `out_shape`, through the .out overload as the
+// GQA / C8 / FA3 / MLA-decode backends call it: into a (out_shape, out_dtype)
+// buffer, the LSE into their (1,) fp32 placeholder (returns (out)).
+Outputs run_fia(const ops::FiaTensors& t, const ops::FiaParams& p, const Side& s,
+                const std::vector<int64_t>& out_shape = {}, at::ScalarType out_dtype = at::kHalf);
+Outputs run_fia_v2(const ops::FiaV2Tensors& t, const ops::FiaV2Params& p, const Side& s,
+                   const std::vector<int64_t>& out_shape = {}, at::ScalarType out_dtype = at::kHalf);
+// " through .out (...)" for a row's arguments.
+const char* out_note(bool out);
 
 // The row groups (one file each).
 void add_mla_cases(std::vector<Case>& c);     // verify_npu_mla.cpp

@@ -69,12 +69,13 @@ Case compressor(int64_t ratio) {
               }};
 }
 
-Case compressor_metadata(ops::CompressedSlotFormat fmt) {
+Case compressor_metadata(ops::CompressedSlotFormat fmt, bool out = false) {
   const bool flat = fmt == ops::CompressedSlotFormat::Flat;
-  return Case{"compressor_metadata",
+  return Case{out ? "compressor_metadata_out" : "compressor_metadata",
               std::string("C4: rope tables (1024,64) fp32, q_lens (1,9,40) start_pos (11,3,500), kv_block_size=16, a -1 "
                           "table entry, num_compressed_tokens=15, slot_mapping_format=") +
-                  (flat ? "1 (FLAT)" : "2 (BLOCK_OFFSET)"),
+                  (flat ? "1 (FLAT)" : "2 (BLOCK_OFFSET)") +
+                  (out ? ", into the builder's (15,1,1,64) / slot buffers (its call)" : ""),
               "row c of request b takes the tables' row c*r and slot (table[b][c / bs], c % bs); an invalid row gets "
               "cos 1, sin 0 and slot -1 / (-1, bs-1)",
               0.0, [=](const Side& s) {
@@ -92,6 +93,12 @@ Case compressor_metadata(ops::CompressedSlotFormat fmt) {
                 m.slot_mapping_format = fmt;
                 m.compress_ratio = 4;
                 m.num_reqs_actual = 3;
+                if (out) {
+                  at::Tensor c = s.to(at::zeros({15, 1, 1, 64})), sn = s.to(at::zeros({15, 1, 1, 64}));
+                  at::Tensor sl = s.to(flat ? at::zeros({15}, at::kInt) : at::zeros({15, 2}, at::kInt));
+                  ops::compressor_metadata_out(m, c, sn, sl, s.pv);
+                  return on_cpu({c, sn, sl});
+                }
                 auto [c, sn, sl] = ops::compressor_metadata(m, 15, s.pv);
                 return on_cpu({c, sn, sl});
               }};
@@ -359,6 +366,7 @@ void add_dsa_cases(std::vector<Case>& c) {
   c.push_back(compressor(128));
   c.push_back(compressor_metadata(ops::CompressedSlotFormat::BlockOffset));
   c.push_back(compressor_metadata(ops::CompressedSlotFormat::Flat));
+  c.push_back(compressor_metadata(ops::CompressedSlotFormat::BlockOffset, true));
   c.push_back(sharedkv(1, false));
   c.push_back(sharedkv(4, false));
   c.push_back(sharedkv(128, false));

@@ -251,11 +251,22 @@ Latent latent(at::ScalarType dt, uint64_t seed) {
   return l;
 }
 
-Case fia_v2_latent(const char* layout) {
+// The latent caches as FIA (v1 or v2) reads them: key = value = the
+// (nb, bs, 1, L) cache viewed (nb, 1, bs, L) (Nkv = 1), the rope cache alike.
+template <class FiaT>
+void latent_kv(FiaT& t, const Side& s, const Latent& l) {
+  t.key = s.to(l.nope.cache).view({l.nope.nb, 1, l.bs, l.L});
+  t.value = t.key;
+  t.key_rope = s.to(l.rope).view({l.nope.nb, 1, l.bs, l.R});
+  t.block_table = s.to(l.nope.table);
+}
+
+Case fia_v2_latent(const char* layout, bool out = false) {
   const bool tnd = std::string(layout) == "TND_NTD";
   std::ostringstream a;
   a << "MLA decode bfloat16 N=8 Nkv=1 L=64 R=16 query_rope/key_rope, key (nb,1,bs,L) = the (nb,bs,1,L) cache viewed, "
-    << "bs=16 input_layout=" << layout << (tnd ? " sparse_mode=3 (q_lens 1,2,1, 2048 mask)" : " sparse_mode=0");
+    << "bs=16 input_layout=" << layout << (tnd ? " sparse_mode=3 (q_lens 1,2,1, 2048 mask)" : " sparse_mode=0")
+    << out_note(out);
   return Case{"npu_fused_infer_attention_score_v2", a.str(),
               tnd ? "TND_NTD returns (N, T, L); multi-token decodes are bottom-right causal over their own KV"
                   : "BNSD_NBSD returns (N, B, 1, L); the (nb,1,bs,L) view of the (nb,bs,1,L) cache is read as BNSD pages",
@@ -274,10 +285,7 @@ Case fia_v2_latent(const char* layout) {
                   t.query = s.to(rnd({T, l.N, 1, l.L}, at::kBFloat16));
                   t.query_rope = s.to(rnd({T, l.N, 1, l.R}, at::kBFloat16));
                 }
-                t.key = s.to(l.nope.cache).view({l.nope.nb, 1, l.bs, l.L});
-                t.value = t.key;
-                t.key_rope = s.to(l.rope).view({l.nope.nb, 1, l.bs, l.R});
-                t.block_table = s.to(l.nope.table);
+                latent_kv(t, s, l);
                 ops::FiaV2Params p;
                 p.num_query_heads = l.N;
                 p.num_key_value_heads = 1;
@@ -288,8 +296,10 @@ Case fia_v2_latent(const char* layout) {
                 p.sparse_mode = tnd ? 3 : 0;
                 p.has_actual_seq_qlen = tnd;
                 if (tnd) p.actual_seq_qlen = q_cum;
-                auto [o, lse] = ops::fused_infer_attention_score_v2(t, p, s.pv);
-                return on_cpu({o});
+                // The .out buffer: (N, T, L) for TND_NTD, (N, B, 1, L) for BNSD_NBSD.
+                std::vector<int64_t> shape;
+                if (out) shape = tnd ? std::vector<int64_t>{l.N, T, l.L} : std::vector<int64_t>{l.N, T, 1, l.L};
+                return run_fia_v2(t, p, s, shape, at::kBFloat16);
               }};
 }
 
@@ -339,10 +349,7 @@ Case fia_v1_latent_lse() {
                 ops::FiaTensors t;
                 t.query = s.to(rnd({3, l.N, 1, l.L}, at::kBFloat16));
                 t.query_rope = s.to(rnd({3, l.N, 1, l.R}, at::kBFloat16));
-                t.key = s.to(l.nope.cache).view({l.nope.nb, 1, l.bs, l.L});
-                t.value = t.key;
-                t.key_rope = s.to(l.rope).view({l.nope.nb, 1, l.bs, l.R});
-                t.block_table = s.to(l.nope.table);
+                latent_kv(t, s, l);
                 ops::FiaParams p;
                 p.num_heads = l.N;
                 p.num_key_value_heads = 1;
@@ -462,6 +469,8 @@ void add_mla_cases(std::vector<Case>& c) {
   c.push_back(interleave_rope());
   c.push_back(fia_v2_latent("TND_NTD"));
   c.push_back(fia_v2_latent("BNSD_NBSD"));
+  c.push_back(fia_v2_latent("TND_NTD", true));  // the MLA eager decode's call
+  c.push_back(fia_v2_latent("BNSD_NBSD", true));
   c.push_back(fia_v2_fa_quant());
   c.push_back(fia_v1_latent_lse());
   c.push_back(fia_v1_mla_prefill(false, true));

@@ -20,7 +20,8 @@
 // and without --stand-in, it refuses with exit code 2. Exit code 1: a row
 // failed; 0: every row passed.
 //
-// The rows (70; `--list` prints them) and the open assumptions they settle:
+// The rows (77; `--list` prints them; FIA v1 / v2 and compressor_metadata
+// also through the .out overloads the backends call eagerly) and the open assumptions they settle:
 //  GQA / C8 / FA3 / CP: FIA sparse_mode 3 is bottom-right causal; the
 //    sliding-window pre_tokens convention (pre_tokens = W - 1 keeps W keys);
 //    FIA LSE layout; v2 sinks in the denominator only; the antiquant offset
