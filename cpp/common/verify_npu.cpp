@@ -283,26 +283,34 @@ Outputs on_cpu(std::initializer_list<at::Tensor> ts) {
 
 at::Tensor sorted_rows(const at::Tensor& idx) { return std::get<0>(idx.cpu().sort(-1)); }
 
+namespace {
+
+// The plain call, or the .out call into a (shape, dtype) buffer with the LSE
+// into the backends' (1,) fp32 placeholder.
+template <class T, class P, class Plain, class Out>
+Outputs run_fia_any(const T& t, const P& p, const Side& s, bool lse, const std::vector<int64_t>& shape,
+                    at::ScalarType dt, Plain plain, Out out) {
+  if (shape.empty()) {
+    auto [o, l] = plain(t, p, s.pv);
+    return lse ? on_cpu({o, l}) : on_cpu({o});
+  }
+  at::Tensor o = s.to(at::zeros(shape, dt)), placeholder = s.to(at::zeros({1}));
+  out(t, p, std::nullopt, o, placeholder, s.pv);
+  return on_cpu({o});
+}
+
+}  // namespace
+
 Outputs run_fia(const ops::FiaTensors& t, const ops::FiaParams& p, const Side& s,
                 const std::vector<int64_t>& out_shape, at::ScalarType out_dtype) {
-  if (out_shape.empty()) {
-    auto [o, l] = ops::fused_infer_attention_score(t, p, s.pv);
-    return p.softmax_lse_flag ? on_cpu({o, l}) : on_cpu({o});
-  }
-  at::Tensor o = s.to(at::zeros(out_shape, out_dtype)), lse = s.to(at::zeros({1}));
-  ops::fused_infer_attention_score_out(t, p, std::nullopt, o, lse, s.pv);
-  return on_cpu({o});
+  return run_fia_any(t, p, s, p.softmax_lse_flag, out_shape, out_dtype, ops::fused_infer_attention_score,
+                     ops::fused_infer_attention_score_out);
 }
 
 Outputs run_fia_v2(const ops::FiaV2Tensors& t, const ops::FiaV2Params& p, const Side& s,
                    const std::vector<int64_t>& out_shape, at::ScalarType out_dtype) {
-  if (out_shape.empty()) {
-    auto [o, l] = ops::fused_infer_attention_score_v2(t, p, s.pv);
-    return p.return_softmax_lse ? on_cpu({o, l}) : on_cpu({o});
-  }
-  at::Tensor o = s.to(at::zeros(out_shape, out_dtype)), lse = s.to(at::zeros({1}));
-  ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, o, lse, s.pv);
-  return on_cpu({o});
+  return run_fia_any(t, p, s, p.return_softmax_lse, out_shape, out_dtype, ops::fused_infer_attention_score_v2,
+                     ops::fused_infer_attention_score_v2_out);
 }
 
 const char* out_note(bool out) { return out ? ", through .out (the backends' eager call; LSE into a (1,) placeholder)" : ""; }

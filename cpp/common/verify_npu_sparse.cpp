@@ -123,10 +123,11 @@ Case quant_lightning_indexer(OpLibrary lib) {
                 const IndexerIn in = indexer_in(b, 45);
                 const at::ScalarType qd = a5 ? at::kFloat8_e4m3fn : at::kChar, sd = a5 ? at::kFloat : at::kHalf;
                 const double qmax = a5 ? 448.0 : 127.0;
+                // Per row (token, head / token) symmetric, as npu_dynamic_quant makes them.
                 auto quant = [&](const at::Tensor& x, at::Tensor& scale) {
                   scale = x.abs().amax(-1) / qmax;
-                  const at::Tensor q = (x / scale.unsqueeze(-1)).round().clamp(-qmax, qmax);
-                  return a5 ? (x / scale.unsqueeze(-1)).to(qd) : q.to(qd);
+                  const at::Tensor y = x / scale.unsqueeze(-1);
+                  return (a5 ? y : y.round().clamp(-qmax, qmax)).to(qd);
                 };
                 at::Tensor qs, ks;
                 const at::Tensor q8 = quant(in.q, qs), k8 = quant(in.k, ks);
