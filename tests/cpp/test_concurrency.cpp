@@ -15,6 +15,8 @@
 // and intra-op parallelism is off (at::set_num_threads(1)): outputs are then deterministic, and libgomp, which
 // is not instrumented, stays out of TSan's view (its synchronisation is invisible to it).
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -27,6 +29,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -41,6 +44,7 @@
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/mask.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/graph.h"
 #include "ascend_attn_rt/mla/impl.h"
@@ -626,6 +630,7 @@ TEST_F(Concurrency, MaskBuilderSharedByManyThreads) {
       got[i].push_back(*masks.attention_mask(true, (i + k) % 2 == 0));
     }
   });
+  const at::Tensor splitfuse = at::ones({2048, 2048}, at::kBool).triu(1).to(at::kChar);
   for (int i = 0; i < kThreads; ++i) {
     for (int k = 0; k < 6; ++k) {
       const int64_t L = 8 + 24 * ((i + k) % 6);
@@ -634,7 +639,7 @@ TEST_F(Concurrency, MaskBuilderSharedByManyThreads) {
       const at::Tensor want = dt == at::kHalf ? at::zeros({L, L}, at::kHalf).masked_fill(upper, -INFINITY)
                                               : upper.to(dt);
       EXPECT_TRUE(at::equal(got[i][3 * k], want)) << "attn_mask(" << L << ", " << dt << ")";
-      EXPECT_TRUE(at::equal(got[i][3 * k + 1], at::ones({2048, 2048}, at::kBool).triu(1).to(at::kChar)));
+      EXPECT_TRUE(at::equal(got[i][3 * k + 1], splitfuse));
       EXPECT_EQ(got[i][3 * k + 2].size(0), aar::gqa::kCompressedMaskSize);
     }
   }
@@ -658,7 +663,9 @@ TEST_F(Concurrency, AttentionBufferRegistryFromManyThreads) {
   for (int k = 0; k < 4; ++k) {
     const void* p = got[0][k].data_ptr();
     for (int i = 0; i < kThreads; ++i) {
-      for (size_t j = k; j < got[i].size(); j += 4) EXPECT_EQ(got[i][j].data_ptr(), p);
+      for (size_t j = k; j < got[i].size(); j += 4) {
+        EXPECT_EQ(got[i][j].data_ptr(), p);
+      }
     }
     EXPECT_TRUE(aar::release_attention_buffer("tsan.shared/" + std::to_string(k)));
   }
@@ -706,7 +713,9 @@ TEST_F(Concurrency, FaultHookIsPerThread) {
         ++failed[i];
       }
     }
-    if (i == 0) EXPECT_EQ(aar::ops::testing::disarm_fault(), 3);
+    if (i == 0) {
+      EXPECT_EQ(aar::ops::testing::disarm_fault(), 3);
+    }
   });
   EXPECT_EQ(failed[0], 1);
   for (int i = 1; i < kThreads; ++i) EXPECT_EQ(failed[i], 0);
@@ -872,7 +881,8 @@ TEST_F(Concurrency, MlaGraphCapturedOnOneThreadUpdatedAndReplayedOnAnother) {
     Engine& en = engines[e];
     for (size_t s = 0; s < seqs.size(); ++s) {
       en.hidden.copy_(en.steps[s]);
-      en.graph->update(kBucket, {aar::mla::graph_step_params(en.builder->build(inputs(seqs[s])))});
+      en.graph->update(kBucket, std::vector<aar::graph::StepParams>{
+                                     aar::mla::graph_step_params(en.builder->build(inputs(seqs[s])))});
       en.graph->replay(kBucket);
       for (int l = 0; l < kMlaLayers; ++l) replayed[e].push_back(en.outs[l].clone());
     }
