@@ -128,13 +128,18 @@ StepLists step_lists(const Step& step, std::vector<int>& seen, int mbr, int firs
 }
 
 template <class In>
-In build_inputs(const StepLists& l, int mbr) {
+In build_inputs(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq, const std::vector<int32_t>& table,
+                int mbr) {
   In in;
-  in.query_start_loc = CSpan<int32_t>(l.qsl.data(), l.qsl.size());
-  in.seq_lens = CSpan<int32_t>(l.seq.data(), l.seq.size());
-  in.block_table = CSpan<int32_t>(l.table.data(), l.table.size());
+  in.query_start_loc = CSpan<int32_t>(qsl.data(), qsl.size());
+  in.seq_lens = CSpan<int32_t>(seq.data(), seq.size());
+  in.block_table = CSpan<int32_t>(table.data(), table.size());
   in.block_table_stride = mbr;
   return in;
+}
+template <class In>
+In build_inputs(const StepLists& l, int mbr) {
+  return build_inputs<In>(l.qsl, l.seq, l.table, mbr);
 }
 
 at::Tensor rnd(at::Generator& g, at::IntArrayRef shape, double scale = 1.0) {
@@ -744,12 +749,7 @@ TEST_F(Concurrency, GqaGraphCapturedOnOneThreadUpdatedAndReplayedOnAnother) {
   const std::vector<int32_t> qsl = {0, 1, 2}, table = {0, 1, 2, 3, 4, 5, 6, 7};
   const std::vector<std::vector<int32_t>> seqs = {{5, 17}, {6, 18}, {40, 3}, {41, 4}};
   auto inputs = [&](const std::vector<int32_t>& seq) {
-    aar::gqa::BuildInputs in;
-    in.query_start_loc = CSpan<int32_t>(qsl.data(), qsl.size());
-    in.seq_lens = CSpan<int32_t>(seq.data(), seq.size());
-    in.block_table = CSpan<int32_t>(table.data(), table.size());
-    in.block_table_stride = kGqaMbr;
-    return in;
+    return build_inputs<aar::gqa::BuildInputs>(qsl, seq, table, kGqaMbr);
   };
   for (int e = 0; e < kGraphEngines; ++e) {
     Engine& en = engines[e];
@@ -843,12 +843,7 @@ TEST_F(Concurrency, MlaGraphCapturedOnOneThreadUpdatedAndReplayedOnAnother) {
   const std::vector<int32_t> qsl = {0, 1, 2}, table = {1, 2, 3, 4, 5, 6, 7, 8};
   const std::vector<std::vector<int32_t>> seqs = {{16, 16}, {5, 17}, {40, 2}, {63, 30}};
   auto inputs = [&](const std::vector<int32_t>& seq) {
-    aar::mla::BuildInputs in;
-    in.query_start_loc = CSpan<int32_t>(qsl.data(), qsl.size());
-    in.seq_lens = CSpan<int32_t>(seq.data(), seq.size());
-    in.block_table = CSpan<int32_t>(table.data(), table.size());
-    in.block_table_stride = kMlaMbr;
-    return in;
+    return build_inputs<aar::mla::BuildInputs>(qsl, seq, table, kMlaMbr);
   };
   for (int e = 0; e < kGraphEngines; ++e) {
     Engine& en = engines[e];
