@@ -12,7 +12,7 @@ JOBS   ?= $(shell nproc)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all setup venv vllm gtest build test test-cpp test-python demo bench clean \
-	build-asan test-sanitize clang build-fuzz fuzz fuzz-smoke
+	build-asan test-sanitize build-tsan test-tsan clang build-fuzz fuzz fuzz-smoke
 
 all: build
 
@@ -127,6 +127,22 @@ test-sanitize: build-asan
 	$(ASAN_ENV_PY) AAR_SANITIZED=1 $(PY) -m pytest tests/python -q -p no:cacheprovider \
 		-o pythonpath="$(ASAN_BUILD)/python tests/python"
 
+# ThreadSanitizer build of the runtime and the concurrency suite only (tests/cpp/
+# test_concurrency.cpp, ctest label "concurrency"), in its own directory. libtorch is not
+# instrumented; halt_on_error makes any report a failure. Suppressions: tools/sanitizers/tsan.supp.
+TSAN_BUILD := build-tsan
+TSAN_ENV   = TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(SAN_DIR)/tsan.supp
+
+$(TSAN_BUILD)/build.ninja: CMakeLists.txt $(VENV)/.installed
+	cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DAAR_SANITIZE=thread \
+		-DAAR_BUILD_BENCHMARKS=OFF -DAAR_BUILD_PYTHON=OFF -DPython_EXECUTABLE=$(abspath $(PY))
+
+build-tsan: setup $(TSAN_BUILD)/build.ninja
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_concurrency
+
+test-tsan: build-tsan
+	$(TSAN_ENV) ctest --test-dir $(TSAN_BUILD) -L concurrency --output-on-failure -j $(JOBS)
+
 # ---------------------------------------------------------------- fuzzing
 # libFuzzer targets over the plan layer (tests/fuzz/fuzz_*.cpp, ASan + UBSan), built with
 # Debian's clang in a plan-only build. `make fuzz` runs each for FUZZ_SECONDS from the checked-in
@@ -177,4 +193,4 @@ fuzz-smoke: build-fuzz
 	done
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -546,7 +546,8 @@ void bind_dsa_impl(nb::module_& m) {
              int64_t rope_dim, int64_t q_lora_rank, int64_t window, int32_t compress_ratio, int64_t index_n_heads,
              int64_t index_head_dim, int64_t index_topk, double eps, int64_t o_groups, int64_t o_lora_rank,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
-             const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index) {
+             const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index,
+             int64_t workspace_group) {
             dsa::ImplConfig c;
             c.hidden_size = hidden_size;
             c.num_heads = num_heads;
@@ -565,6 +566,7 @@ void bind_dsa_impl(nb::module_& m) {
             c.use_index_cache = use_index_cache;
             c.skip_topk = skip_topk;
             c.layer_index = layer_index;
+            c.workspace_group = workspace_group;
             dsa::Weights w;
             w.wq_a = weight_of(weights, "wq_a");
             w.q_norm = weight_of(weights, "q_norm");
@@ -591,7 +593,7 @@ void bind_dsa_impl(nb::module_& m) {
           "q_lora_rank"_a, "window"_a = 128, "compress_ratio"_a = 1, "index_n_heads"_a = 64, "index_head_dim"_a = 128,
           "index_topk"_a = 512, "eps"_a = 1e-6, "o_groups"_a = 1, "o_lora_rank"_a, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
-          "skip_topk"_a = false, "layer_index"_a = -1)
+          "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0)
       .def(
           "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, nb::handle step, nb::handle swa,

@@ -1,6 +1,8 @@
 // One object per distinct shape, shared by every holder of that shape: the
 // layers of a model with equal dimensions share one workspace. Held weakly:
-// the object goes when its last holder does.
+// the object goes when its last holder does. Thread safety: any number of
+// threads at once (one mutex per T); the objects themselves are not guarded:
+// their holders use them one at a time.
 #pragma once
 
 #include <memory>

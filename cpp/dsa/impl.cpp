@@ -238,6 +238,7 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   ws.o_groups = G;
   ws.o_lora_rank = c.o_lora_rank;
   ws.compress_ratio = c.compress_ratio;
+  ws.group = c.workspace_group;
   if (c4) {
     ws.index_n_heads = c.index_n_heads;
     ws.index_head_dim = c.index_head_dim;

@@ -12,7 +12,7 @@ namespace aar::dsa::detail {
 bool WorkspaceShape::operator==(const WorkspaceShape& o) const {
   return device == o.device && dtype == o.dtype && num_heads == o.num_heads && head_dim == o.head_dim &&
          q_lora_rank == o.q_lora_rank && o_groups == o.o_groups && o_lora_rank == o.o_lora_rank &&
-         compress_ratio == o.compress_ratio && index_n_heads == o.index_n_heads &&
+         compress_ratio == o.compress_ratio && group == o.group && index_n_heads == o.index_n_heads &&
          index_head_dim == o.index_head_dim && index_topk == o.index_topk && idx_q == o.idx_q &&
          idx_q_scale == o.idx_q_scale && li_weights == o.li_weights && idx_k == o.idx_k &&
          idx_k_scale == o.idx_k_scale;

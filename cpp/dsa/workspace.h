@@ -11,8 +11,9 @@
 // intermediates and a captured graph reads and writes them at stable
 // addresses. A buffer that grows is replaced; the old one lives on while a
 // captured graph (or a view) still holds it. As MLA's decode workspace: one
-// per shape in the process, so layers of one shape must not run forwards
-// concurrently from several threads (one model's layers run in order).
+// per shape and workspace group in the process, so layers of one shape and
+// group must not run forwards concurrently from several threads (one model's
+// layers run in order); concurrent engines use different groups.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -29,6 +30,7 @@ struct WorkspaceShape {
   c10::ScalarType dtype = c10::ScalarType::Undefined;  // the weights'
   int64_t num_heads = 0, head_dim = 0, q_lora_rank = 0, o_groups = 0, o_lora_rank = 0;
   int32_t compress_ratio = 1;
+  int64_t group = 0;  // ImplConfig::workspace_group: concurrent engines keep apart
   // ratio 4 only (0 otherwise)
   int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
   c10::ScalarType idx_q = c10::ScalarType::Undefined, idx_q_scale = c10::ScalarType::Undefined,

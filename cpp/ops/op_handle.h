@@ -4,6 +4,10 @@
 // first call for a provider looks the schema up by qualified name and caches the
 // typed handle; every later call costs one acquire load before the unboxed
 // dispatcher call. No strings are built on the hot path.
+//
+// Thread safety: get() from any number of threads at once; a provider's first
+// resolution takes the handle's mutex, raced first calls resolve once
+// (tests/cpp/test_concurrency.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -8,7 +8,8 @@
 // (same shape, dtype and device; zero_init is the first caller's) return a
 // tensor over the same storage (same data_ptr). Any other spec raises
 // InvalidArgument naming the buffer, the registered spec and the requested one.
-// Thread-safe (one mutex). The registry holds its buffers until
+// Thread safety: every function may be called from any number of threads at
+// once (one mutex; tests/cpp/test_concurrency.cpp). The registry holds its buffers until
 // release_attention_buffer(name): that drops the registry's reference only;
 // tensors already handed out keep their storage alive.
 #pragma once

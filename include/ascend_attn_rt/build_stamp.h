@@ -34,6 +34,8 @@ void check_current(const BuildStamp& s, const char* what);
 
 namespace detail {
 // A builder's side: the counter its metadata point at.
+//
+// Thread safety: that of the builder owning it (one thread at a time).
 class BuildCounter {
  public:
   BuildCounter() : live_(std::make_shared<std::atomic<uint64_t>>(0)) {}

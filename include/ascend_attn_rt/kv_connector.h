@@ -60,6 +60,8 @@ struct KvLayerMetadata {
   }
 };
 
+// Thread safety: the hooks are called on the thread running the layer's forward; a
+// connector shared by layers that run on several threads must synchronise itself.
 class KvConnector {
  public:
   virtual ~KvConnector() = default;

@@ -24,6 +24,8 @@
 
 namespace aar {
 
+// Thread safety: called by the builder that owns them, on the thread of its build; hooks
+// shared by several builders must synchronise themselves.
 class StagingHooks {
  public:
   virtual ~StagingHooks() = default;

@@ -85,6 +85,8 @@ struct DecodeCall {
   at::Tensor output;  // (B, N, 1, D) view of the layer output rows [0, B)
 };
 
+// Thread safety: as gqa::AttentionImpl: one thread at a time per layer; layers share no
+// workspace.
 class AttentionImpl {
  public:
   // KV-connector hooks of this layer (kv_connector.h); none by default.

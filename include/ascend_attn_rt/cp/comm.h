@@ -125,6 +125,9 @@ class CommWork {
   bool done_ = true;
 };
 
+// Thread safety: one thread at a time per Comm (its staging tensor, counters and log are
+// unsynchronised; every rank must issue the same sequence of collectives anyway); Comms
+// over different groups are independent.
 class Comm {
  public:
   explicit Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, CommOptions opts = {});

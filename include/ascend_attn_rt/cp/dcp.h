@@ -43,6 +43,8 @@ namespace aar::cp {
 
 // Intermediates of one exchange shape, reused across layers and steps: sized
 // for max_rows rows, viewed to the step's rows.
+//
+// Thread safety: one thread at a time (layers using one workspace run in order).
 class DcpWorkspace {
  public:
   DcpWorkspace() = default;

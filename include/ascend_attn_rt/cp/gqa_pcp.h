@@ -151,6 +151,7 @@ struct PcpMetadata {
   BuildStamp stamp;
 };
 
+// Thread safety: as gqa::MetadataBuilder: one thread at a time per builder.
 class PcpMetadataBuilder {
  public:
   explicit PcpMetadataBuilder(const PcpConfig& cfg);
@@ -192,6 +193,8 @@ class PcpMetadataBuilder {
   std::vector<plan::PcpSegment> segments_;
 };
 
+// Thread safety: one thread at a time per layer; layers of one rank run in order (their
+// collectives must be issued in the same order on every rank).
 class PcpAttentionImpl {
  public:
   // pcp: the PCP group's Comm (size Wp); dcp: the DCP group's (size Wd), may be

@@ -138,6 +138,8 @@ struct StepInputs {
   plan::CSpan<int32_t> num_spec_tokens;  // per request, optional
 };
 
+// Thread safety: one thread at a time per builder; builders of different engines share
+// nothing. (tests/cpp/test_concurrency.cpp)
 class StepBuilder {
  public:
   explicit StepBuilder(const StepBuilderConfig& cfg);
@@ -194,6 +196,9 @@ struct GroupInputs {
   int32_t block_table_stride = 0;    // <= max_blocks_per_req
 };
 
+// Thread safety: one thread at a time per builder, and not concurrently with a build of
+// its StepBuilder (it reads the step's metadata): build a step's groups after the step, on
+// the same thread or one handed over to.
 class GroupBuilder {
  public:
   // Sizes, device and staging come from `step` (which must outlive this).

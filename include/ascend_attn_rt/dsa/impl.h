@@ -209,6 +209,11 @@ struct ImplConfig {
   bool use_index_cache = false;  // write the top-k into the TopkBuffer (needs ratio 4 with an indexer)
   bool skip_topk = false;        // ratio 4 without its own top-k: read the TopkBuffer (IndexCache)
   int64_t layer_index = -1;
+  // The intermediates' buffers are shared by the layers of one shape, dtype,
+  // device and group (they run one after another on one stream). Impls that may
+  // run forward concurrently (two engines on two threads) must use different
+  // groups, as MLA / SFA's workspace_group.
+  int64_t workspace_group = 0;
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
@@ -247,6 +252,9 @@ struct IndexerKv {
 };
 IndexerKv unpack_indexer_kv_cache(const std::vector<at::Tensor>& kv);
 
+// Thread safety: one thread at a time per layer. Layers of one shape and
+// workspace_group share their intermediates (ImplConfig::workspace_group): layers that may
+// run concurrently (engines on different threads) need different groups. (tests/cpp/test_concurrency.cpp)
 class Impl {
  public:
   // KV-connector hooks of this layer (kv_connector.h); none by default.

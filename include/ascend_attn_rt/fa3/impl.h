@@ -50,6 +50,8 @@ enum class ForwardPath : int32_t {
 };
 const char* to_string(ForwardPath p);
 
+// Thread safety: as gqa::AttentionImpl: one thread at a time per layer; layers share no
+// workspace.
 class AttentionImpl {
  public:
   // KV-connector hooks of this layer (kv_connector.h); none by default.

@@ -81,6 +81,10 @@ struct BuildInputs {
   bool causal = true;
 };
 
+// Thread safety: one thread at a time per builder (build, build_for_graph_capture, the
+// accessors, mask_builder()); builders share nothing, so engines on several threads each
+// keep their own. forward and graph update only read the returned Metadata; the builder's
+// next build rewrites it. (tests/cpp/test_concurrency.cpp)
 class MetadataBuilder {
  public:
   explicit MetadataBuilder(const BuilderConfig& cfg);

@@ -103,6 +103,7 @@ struct DcpBuildInputs {
   plan::CSpan<uint8_t> is_prefilling;    // optional
 };
 
+// Thread safety: as gqa::MetadataBuilder: one thread at a time per builder.
 class DcpMetadataBuilder {
  public:
   explicit DcpMetadataBuilder(const DcpBuilderConfig& cfg);
@@ -130,6 +131,8 @@ class DcpMetadataBuilder {
   int64_t off_slot_ = 0, off_dbt_ = 0, off_pbt_ = 0;
 };
 
+// Thread safety: one thread at a time per layer; layers of one rank run in order, as
+// their collectives must be issued in the same order on every rank (cp/comm.h).
 class DcpAttentionImpl {
  public:
   // `comm` is the DCP group (its size and rank must match the metadata's

@@ -79,6 +79,10 @@ enum class ForwardPath : int32_t {
 };
 const char* to_string(ForwardPath p);
 
+// Thread safety: one thread at a time per layer (forward binds the caches and records
+// last_path). Layers share no workspace: layers of different engines may run forward
+// concurrently, each over its own caches and output. An open graph capture belongs to the
+// thread that began it (graph_params.h). (tests/cpp/test_concurrency.cpp)
 class AttentionImpl {
  public:
   // KV-connector hooks of this layer (kv_connector.h); none by default.

@@ -11,6 +11,9 @@ namespace aar::gqa {
 
 inline constexpr int64_t kCompressedMaskSize = 2048;
 
+// Thread safety: every member may be called from any number of threads at once: one
+// process-wide mutex guards the lazily made caches (cpp/gqa/mask.cpp), and a cached mask is
+// replaced, never written, so a tensor handed out stays valid. (tests/cpp/test_concurrency.cpp)
 class MaskBuilder {
  public:
   explicit MaskBuilder(c10::Device device);

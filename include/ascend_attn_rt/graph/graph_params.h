@@ -97,6 +97,11 @@ struct Bucket {
   bool updated = false;
 };
 
+// Thread safety: one thread at a time per store: its capture, update, replay and
+// release calls must not overlap, but may come from different threads one after another
+// (an engine captures on its loading thread and steps on another; a mutex, a queue or a
+// join between them is enough). The open capture is per thread: forwards on other threads
+// are not recorded, current() is null there. Stores share nothing. (tests/cpp/test_concurrency.cpp)
 class GraphParams {
  public:
   explicit GraphParams(std::shared_ptr<GraphProvider> provider,
@@ -168,6 +173,8 @@ class GraphParams {
 void refuse_if_capturing(const char* what);
 
 // RAII capture scope; a scope left by an exception drops the partial bucket.
+//
+// Thread safety: lives on the thread that captures (begin and end on the same thread).
 class CaptureScope {
  public:
   CaptureScope(GraphParams& g, int64_t num_tokens) : g_(g), exceptions_(std::uncaught_exceptions()) {

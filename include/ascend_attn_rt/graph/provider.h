@@ -92,6 +92,8 @@ class HookGraphProvider final : public GraphProvider {
 // CPU: events are flags ("recorded since the last replay"), tasks are indices.
 // replay() refuses to run a call whose event was not recorded by an update,
 // which is what the NPU replay would block on.
+//
+// Thread safety: that of the GraphParams it serves (one thread at a time).
 class RecordingGraphProvider final : public GraphProvider {
  public:
   const char* name() const override { return "recording"; }

@@ -95,6 +95,8 @@ struct BuilderConfig {
   int32_t cp_kv_cache_interleave_size = 1;
 };
 
+// Thread safety: one thread at a time per builder; builders share nothing, so engines on
+// several threads each keep their own. Layers only read the returned Metadata. (tests/cpp/test_concurrency.cpp)
 class MetadataBuilder {
  public:
   explicit MetadataBuilder(const BuilderConfig& cfg);

@@ -109,6 +109,10 @@ struct ImplConfig {
 enum class DecodePath : int32_t { None = 0, Native = 1, Prolog = 2, Mlapo = 3, FaQuant = 4 };
 const char* to_string(DecodePath p);
 
+// Thread safety: one thread at a time per layer. Layers of one shape, dtype, device and
+// workspace_group share a decode workspace (ImplConfig::workspace_group): run them one at a
+// time (one model's layers in order); layers that may run concurrently (engines on
+// different threads) need different groups. (tests/cpp/test_concurrency.cpp)
 class Impl {
  public:
   // KV-connector hooks of this layer (kv_connector.h); none by default.

@@ -29,7 +29,9 @@ enum class OpLibrary : int32_t { TorchNpu = 0, Atb = 1, VllmAscend = 2, CannOpsT
 const char* to_string(Provider p);
 const char* to_string(OpLibrary l);
 
-// Process-wide override. Auto (the default) picks the provider from the device
+// Process-wide override. Thread safety: one atomic, read at every operator call
+// on every thread: set it before the threads calling operators start (a
+// ProviderOverride on one thread changes the provider of all of them). Auto (the default) picks the provider from the device
 // of the operator's first tensor argument: PrivateUse1 (NPU) -> Npu, CPU -> Cpu,
 // Meta (shapes only, no data) -> NoCompute.
 void set_provider_override(Provider p);

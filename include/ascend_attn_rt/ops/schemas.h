@@ -1,6 +1,9 @@
 // The exact schemas of every operator the runtime calls, without namespace. The
 // CPU twins and the no-compute provider are registered from these tables;
 // tests/python/test_schemas.py compares them with their sources.
+//
+// Thread safety: each table is made once (a function-local static) and never
+// changes: read it from any number of threads.
 #pragma once
 
 #include <vector>

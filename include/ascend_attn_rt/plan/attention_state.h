@@ -1,4 +1,7 @@
 // Attention state of a batch (spec gqa.md section 2).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

@@ -25,6 +25,9 @@
 //    must be left at 0 for MLA (a value would be ignored, so it is refused).
 //  * The KV-connector rule I == B and the SFA override I := B apply when any
 //    context parallelism is on (Wd * Wp > 1).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

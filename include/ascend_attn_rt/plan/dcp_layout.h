@@ -15,6 +15,9 @@
 //
 // Every validation is rank-independent: all ranks of a group accept or reject
 // the same batch, so a rejection can never leave ranks waiting in a collective.
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

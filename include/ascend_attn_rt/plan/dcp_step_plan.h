@@ -26,6 +26,9 @@
 //   hit would be silently wrong (spec 10.13). has_context is batch-global (the
 //   global context, not this rank's share), so every rank issues the same
 //   collectives.
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

@@ -23,6 +23,9 @@
 // tokens). Block tables are row-major, B rows of block_table_stride int32 ids.
 // Every function validates all of its input first and writes nothing on error
 // (aar::InvalidArgument naming the argument and the value); none allocates.
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

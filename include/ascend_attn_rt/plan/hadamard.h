@@ -7,6 +7,9 @@
 // Sylvester's construction H_1 = [1], H_2n = [[H_n, H_n], [H_n, -H_n]] gives
 // H_n[i][j] = (-1)^popcount(i & j): symmetric, H H^T = n I, so H / sqrt(n) is
 // orthogonal (dot products, hence unquantised scores, are unchanged).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

@@ -19,6 +19,9 @@
 //
 // The sum runs over the partials in the order given; a different order changes
 // only floating-point rounding (the merge is permutation invariant).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,9 @@
 // the speculative-decode query lengths. The decode/prefill split is the shared
 // plan::split_decodes_and_prefills (same rule; MLA passes
 // treat_short_extends_as_decodes = true without DCP).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

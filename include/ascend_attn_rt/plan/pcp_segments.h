@@ -18,6 +18,9 @@
 // 0 and 3 ([A B], [G]), rank 1 chunks 1 and 2 ([C D], [E F]). With context
 // (num_computed > 0) rank 0's rows are [A B | G]; for a fresh prefill [A B] is
 // a pure prefill and moves last: [G | A B].
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

@@ -28,6 +28,9 @@
 // adjacent: rank rp's copy sits at slot i*Wp + rp, so the unpad mask, the
 // stride-Wp decode slots and the restore index all agree. For single-token
 // decodes (and the upstream docstring vector) the two layouts are identical.
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

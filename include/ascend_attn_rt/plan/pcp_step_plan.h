@@ -11,6 +11,9 @@
 //    must come decodes first, as the GQA builder's reorder leaves it.
 //  * A request with 0 new tokens before the first split one is a decode with
 //    nothing to compute (it contributes no row).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

@@ -105,6 +105,7 @@ struct ResidentStepStats {
   int64_t duplicates = 0;  // valid top-k entries repeating a token earlier in the same row
 };
 
+// Thread safety: one thread at a time per object; objects share nothing.
 class ResidentLru {
  public:
   // max_rows decode rows of `capacity` slots each (capacity >= K of every step).

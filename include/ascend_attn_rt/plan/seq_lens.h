@@ -2,6 +2,9 @@
 //   *_start_loc : exclusive prefix sums with a leading 0   ([0,2,5,9])
 //   *_ends      : cumulative ends, no leading 0            ([2,5,9])
 //   *_lens      : per-request lengths                       ([2,3,4])
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

@@ -18,6 +18,9 @@
 // batch with a decode after the first prefill, by name: engines reorder the
 // batch decode-first (reorder_batch_threshold = decode threshold;
 // plan::reorder_decode_first does it with minimal swaps).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

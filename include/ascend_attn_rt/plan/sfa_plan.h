@@ -6,6 +6,9 @@
 // reorder, spec 2.1), with two length lists of different conventions (spec
 // 11.1): actual_seq_lengths_query = cumulative query ENDS (no leading 0) and
 // actual_seq_lengths_key = per-request KV LENGTHS. Both are int32, B_k entries.
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

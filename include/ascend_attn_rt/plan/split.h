@@ -1,4 +1,7 @@
 // Decode/prefill split and the decode-first batch reorder (spec gqa.md 4.2, 4.3).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

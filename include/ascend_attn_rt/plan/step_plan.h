@@ -2,6 +2,9 @@
 // validation, attention state, decode/prefill split, FIA padding, slot mapping,
 // staging of query_start_loc / seq_lens / block table. Writes only into the
 // caller-owned buffers; allocates nothing.
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,7 @@
 // Workspace sizing and kernel-selection rules (spec gqa.md 9.6, 9.7, 9.13).
+//
+// Thread safety: functions without shared state over caller buffers: any number of
+// threads at once, each with its own output buffers.
 #pragma once
 
 #include <cstdint>

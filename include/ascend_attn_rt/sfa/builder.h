@@ -142,6 +142,8 @@ struct BuildInputs : mla::BuildInputs {
   plan::CSpan<uint8_t> is_prefilling;
 };
 
+// Thread safety: one thread at a time per builder (main and draft lanes included);
+// builders share nothing. Layers only read the returned Metadata. (tests/cpp/test_concurrency.cpp)
 class MetadataBuilder {
  public:
   explicit MetadataBuilder(const BuilderConfig& cfg);

@@ -66,6 +66,8 @@ struct HostKvPoolConfig {
   std::function<void(void* ptr)> unpin;                   // optional, with pin
 };
 
+// Thread safety: one thread at a time (the engine's step thread and its offload layers,
+// in order); pools share nothing.
 class HostKvPool {
  public:
   // Creates the segment (the caller is the owner). InvalidArgument for a bad

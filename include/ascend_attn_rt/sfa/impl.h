@@ -150,6 +150,10 @@ struct ImplConfig {
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
 const char* to_string(TopkSource s);
 
+// Thread safety: one thread at a time per layer. Layers of one shape and
+// workspace_group share the decode and indexer workspaces (and, with offload, the offload
+// workspace): layers that may run concurrently (engines on different threads) need
+// different groups. The TopkBuffer is the engine's: one thread at a time. (tests/cpp/test_concurrency.cpp)
 class Impl {
  public:
   // KV-connector hooks of this layer (kv_connector.h); none by default.

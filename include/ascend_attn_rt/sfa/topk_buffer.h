@@ -14,6 +14,8 @@
 
 namespace aar::sfa {
 
+// Thread safety: one thread at a time (view() caches its views, also from const calls):
+// one buffer per engine, used by its layers in order.
 class TopkBuffer {
  public:
   // Filled with -1 (no valid index: a layer that reads before any indexer
