@@ -31,14 +31,20 @@ $(VENV)/.installed: pyproject.toml
 # built once from its sdist with VLLM_TARGET_DEVICE=empty (pure Python) in a side venv that
 # sees .venv's torch through a .pth file (its build pins setuptools<81, which stays out of
 # .venv), the wheel cached in .venv/wheels; installed with --no-deps so torch stays 2.13.0,
-# plus the runtime packages the imported modules need.
+# plus the runtime packages the imported modules need. einops, pillow, pybase64, uvloop and
+# prometheus_client are what building a real ModelConfig / VllmConfig imports: ModelConfig
+# inspects the architecture in a subprocess that imports the model module (llama.py,
+# deepseek_v2.py), which failed with "Model architectures [...] failed to be inspected"
+# while any of them was missing. The stamp depends on this Makefile so a new dependency here
+# reaches an existing .venv (the wheel is cached, so that re-run is a few pip installs).
 VLLM_VERSION := 0.27.1
 VLLM_RUNTIME_DEPS := regex psutil pyzmq urllib3 transformers cbor2 aiohttp requests openai-harmony \
-	openai cloudpickle pyyaml py-cpuinfo msgspec cachetools blake3 pydantic
+	openai cloudpickle pyyaml py-cpuinfo msgspec cachetools blake3 pydantic \
+	einops pillow pybase64 uvloop prometheus_client
 
 vllm: $(VENV)/.vllm-installed
 
-$(VENV)/.vllm-installed: $(VENV)/.installed
+$(VENV)/.vllm-installed: $(VENV)/.installed Makefile
 	@if ! ls $(VENV)/wheels/vllm-$(VLLM_VERSION)+empty-*.whl >/dev/null 2>&1; then \
 		rm -rf $(VENV)/vllm-build && $(PY) -m venv $(VENV)/vllm-build && \
 		$(PY) -c "import site; print(site.getsitepackages()[0])" > \

@@ -1,50 +1,87 @@
-"""The vLLM v1 attention-backend adapter (ascend_attn_rt.vllm) on vLLM 0.27.1's own
-CommonAttentionMetadata, checked against the float64 reference.
+"""The vLLM v1 attention-backend adapter (ascend_attn_rt.vllm) on vLLM 0.27.1's own config and
+metadata objects: real VllmConfig objects built from the local model configs in
+tests/python/data (a Llama-like GQA model and a DeepSeek-V2-like MLA model), vLLM's
+CommonAttentionMetadata for decode, prefill, chunked-prefill and mixed batches.
+GQA outputs are checked against the float64 reference; the MLA metadata against the
+slots, lengths and splits recomputed here (the MLA impl is not adapted yet)."""
 
-The builder is given a stand-in for VllmConfig (the fields it reads); building a real
-VllmConfig from tests/python/data/vllm_tiny_gqa is still to do (see the report)."""
-
-from types import SimpleNamespace
+import os
 
 import pytest
 import torch
 
 vllm_backend = pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
 from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # noqa: E402
 
-from ascend_attn_rt.vllm import AscendAttnRtBackend  # noqa: E402
-from _reference import assert_close, make_batch, new_output  # noqa: E402
+from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend  # noqa: E402
+from _reference import assert_close, make_batch, new_output, random_block_table  # noqa: E402
 
-N, NKV, D, BS = 8, 2, 32, 16
+DATA = os.path.join(os.path.dirname(__file__), "data")
+BS = 16
+MAX_LEN = 512
+BATCHES = [
+    pytest.param([17, 40, 5], [1, 1, 1], id="decode"),
+    pytest.param([9, 30], [9, 30], id="prefill"),
+    pytest.param([40, 70], [8, 20], id="chunked_prefill"),
+    pytest.param([33, 12, 50], [1, 1, 14], id="mixed"),
+]
 
 
-def _config(num_blocks):
-    return SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=512, enable_chunked_prefill=True),
-        cache_config=SimpleNamespace(num_gpu_blocks=num_blocks),
-        model_config=SimpleNamespace(max_model_len=512),
-        speculative_config=None,
-    )
+def _vllm_config(model_dir):
+    # What `vllm serve DIR --block-size 16 --max-model-len 512 --max-num-seqs 8` builds,
+    # without a tokenizer (none is checked in) and on the CPU device.
+    path = os.path.join(DATA, model_dir)
+    mc = ModelConfig(model=path, tokenizer=path, skip_tokenizer_init=True, dtype="float16", max_model_len=MAX_LEN)
+    sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
+                         is_encoder_decoder=False, enable_chunked_prefill=True)
+    return VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=BS), scheduler_config=sc,
+                      device_config=DeviceConfig(device="cpu"))
 
 
-@pytest.mark.parametrize("seq_lens,q_lens", [
-    ([17, 40, 5], [1, 1, 1]),          # decode
-    ([9, 30], [9, 30]),                # prefill
-    ([40, 70], [8, 20]),               # chunked prefill
-    ([33, 12, 50], [1, 1, 14]),        # mixed
-])
-def test_builder_and_forward(seq_lens, q_lens):
+@pytest.fixture(scope="module")
+def gqa_config():
+    return _vllm_config("vllm_tiny_gqa")
+
+
+@pytest.fixture(scope="module")
+def mla_config():
+    return _vllm_config("vllm_tiny_mla")
+
+
+def _common_metadata(qsl, seq_lens, bt, slots):
+    q_lens = (qsl[1:] - qsl[:-1]).tolist()
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq_lens, num_reqs=len(q_lens),
+        num_actual_tokens=int(qsl[-1]), max_query_len=max(q_lens), max_seq_len=int(seq_lens.max()),
+        block_table_tensor=bt, slot_mapping=slots, _seq_lens_cpu=seq_lens)
+
+
+def test_real_configs(gqa_config, mla_config):
+    g, m = gqa_config.model_config, mla_config.model_config
+    assert g.architectures == ["LlamaForCausalLM"] and not g.use_mla
+    assert m.architectures == ["DeepseekV2ForCausalLM"] and m.use_mla
+    assert m.get_head_size() == 64 + 16  # kv_lora_rank + qk_rope_head_dim
+    assert gqa_config.cache_config.block_size == BS and mla_config.scheduler_config.max_num_seqs == 8
+
+
+@pytest.mark.parametrize("seq_lens,q_lens", BATCHES)
+def test_gqa_builder_and_forward(gqa_config, seq_lens, q_lens):
+    mc = gqa_config.model_config
+    N = mc.get_num_attention_heads(gqa_config.parallel_config)
+    NKV = mc.get_num_kv_heads(gqa_config.parallel_config)
+    D = mc.get_head_size()
     gen = torch.Generator().manual_seed(7)
-    b = make_batch(seq_lens, q_lens, num_heads=N, num_kv_heads=NKV, head_size=D, dtype=torch.float16,
-                   block_size=BS, gen=gen, width=512 // BS)
-    spec = FullAttentionSpec(block_size=BS, num_kv_heads=NKV, head_size=D, dtype=torch.float16)
-    builder = AscendAttnRtBackend.get_builder_cls()(spec, ["l0"], _config(b.num_blocks), torch.device("cpu"))
-    cam = CommonAttentionMetadata(
-        query_start_loc=b.query_start_loc, query_start_loc_cpu=b.query_start_loc,
-        seq_lens=b.seq_lens_t, num_reqs=b.num_reqs, num_actual_tokens=b.num_actual_tokens,
-        max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_table_tensor=b.block_table,
-        slot_mapping=torch.tensor(b.new_slots, dtype=torch.int64), _seq_lens_cpu=b.seq_lens_t)
+    b = make_batch(seq_lens, q_lens, num_heads=N, num_kv_heads=NKV, head_size=D, dtype=mc.dtype,
+                   block_size=BS, gen=gen, width=MAX_LEN // BS)
+    gqa_config.cache_config.num_gpu_blocks = b.num_blocks  # set by vLLM after profiling
+    spec = FullAttentionSpec(block_size=gqa_config.cache_config.block_size, num_kv_heads=NKV, head_size=D,
+                             dtype=mc.dtype)
+    builder = AscendAttnRtBackend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], gqa_config,
+                                                    torch.device("cpu"))
+    cam = _common_metadata(b.query_start_loc, b.seq_lens_t, b.block_table,
+                           torch.tensor(b.new_slots, dtype=torch.int64))
     md = builder.build(0, cam)
     impl = AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV)
     shape = AscendAttnRtBackend.get_kv_cache_shape(b.num_blocks, BS, NKV, D)
@@ -53,11 +90,53 @@ def test_builder_and_forward(seq_lens, q_lens):
     out = new_output(b).view(b.q.shape[0], N * D)
     impl.forward(None, b.q.view(-1, N * D), b.k.view(-1, NKV * D), b.v.view(-1, NKV * D), kv_cache, md, out)
     n = b.num_actual_tokens
-    assert_close(out.view(-1, N, D)[:n], b.reference(), torch.float16)
+    assert_close(out.view(-1, N, D)[:n], b.reference(), mc.dtype)
+
+
+@pytest.mark.parametrize("seq_lens,q_lens", BATCHES)
+def test_mla_builder(mla_config, seq_lens, q_lens):
+    mc = mla_config.model_config
+    head = mc.get_head_size()
+    nb = 64
+    mla_config.cache_config.num_gpu_blocks = nb
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=head, dtype=mc.dtype, cache_dtype_str="auto")
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], mla_config,
+                                                       torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    bt = random_block_table(seq_lens, BS, nb, gen, width=MAX_LEN // BS)
+    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    slots = []
+    for i, (s, q) in enumerate(zip(seq_lens, q_lens)):
+        slots += [int(bt[i, p // BS]) * BS + p % BS for p in range(s - q, s)]
+    md = builder.build(0, _common_metadata(qsl, sl, bt, torch.tensor(slots, dtype=torch.int64)))
+
+    nd = sum(1 for q in q_lens if q == 1)  # the batches are in vLLM's reordered form: decodes first
+    assert (md.num_decodes, md.num_prefills) == (nd, len(q_lens) - nd)
+    assert md.num_decode_tokens == nd and md.num_prefill_tokens == sum(q_lens) - nd
+    assert md.num_actual_tokens == sum(q_lens) and md.block_size == BS
+    assert md.slot_mapping[: len(slots)].tolist() == slots
+    assert md.decode_seq_lens_list == seq_lens[:nd]
+    has_context = any(s > q for s, q in zip(seq_lens[nd:], q_lens[nd:]))
+    assert (md.num_context_chunks > 0) == has_context
+    if has_context:
+        total_ctx = sum(s - q for s, q in zip(seq_lens[nd:], q_lens[nd:]))
+        assert sum(md.context_seq_tot) == total_ctx
+    shape = AscendAttnRtMlaBackend.get_kv_cache_shape(nb, BS, 1, head)
+    assert shape == (nb, BS, head) and AscendAttnRtMlaBackend.is_mla()
+
+
+def test_mla_refusals(mla_config):
+    with pytest.raises(NotImplementedError, match="forward_mqa"):
+        AscendAttnRtMlaBackend.get_impl_cls()
+    with pytest.raises(ValueError, match="block_size=24"):
+        AscendAttnRtMlaBackend.get_kv_cache_shape(8, 24, 1, 80)
+    with pytest.raises(ValueError, match="num_kv_heads=2"):
+        AscendAttnRtMlaBackend.get_kv_cache_shape(8, 16, 2, 80)
 
 
 def test_refusals():
     with pytest.raises(NotImplementedError, match="output_scale"):
-        AscendAttnRtBackend.get_impl_cls()(N, D, 1.0, NKV).forward(
+        AscendAttnRtBackend.get_impl_cls()(8, 32, 1.0, 2).forward(
             None, None, None, None, None, None, None, output_scale=torch.ones(1))
     assert AscendAttnRtBackend.get_name() == "CUSTOM"
