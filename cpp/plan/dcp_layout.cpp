@@ -214,7 +214,11 @@ void build_dcp_mtp_mask(const DcpMtpMaskInputs& in, Span<uint8_t> mask_out) {
                   " local tokens on DCP rank 0, more than max_kv_len=", in.max_kv_len);
   }
   const std::size_t s = static_cast<std::size_t>(in.max_query_len), kmax = static_cast<std::size_t>(in.max_kv_len);
-  const std::size_t need = n * s * kmax;
+  // The product of two int32 dims and the batch can wrap size_t (5 x 1718039348 x 2147418113
+  // is 4 mod 2^64): a wrapped count would pass the room check and the fill would overrun.
+  std::size_t need = 0;
+  const bool wraps = __builtin_mul_overflow(n, s, &need) || __builtin_mul_overflow(need, kmax, &need);
+  AAR_CHECK_ARG(!wraps, "num_reqs*max_query_len*max_kv_len = ", n, "*", s, "*", kmax, " overflows the mask size");
   AAR_CHECK_ARG(mask_out.size() >= need, "mask_out has room for ", mask_out.size(),
                 " entries, needs num_reqs*max_query_len*max_kv_len = ", n, "*", s, "*", kmax, " = ", need);
 

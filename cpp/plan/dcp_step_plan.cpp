@@ -60,6 +60,9 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   const int32_t nd = split.num_decodes, np = static_cast<int32_t>(b) - nd;
   const int32_t td = split.num_decode_tokens, tp = t_real - td;
   const int64_t os = buf.out_stride;
+  // The slot mapping is written through a t_in-long view: its room is checked here, the view
+  // cannot check it (fuzz_dcp_step found the pad fill running past a short buffer).
+  check_room(buf.slot_mapping.size(), t_in, "slot_mapping");
   check_room(buf.decode_block_table.size(), static_cast<int64_t>(td) * os, "decode_block_table");
   check_room(buf.decode_q_ends.size(), td, "decode_q_ends");
   check_room(buf.decode_kv_lens.size(), td, "decode_kv_lens");

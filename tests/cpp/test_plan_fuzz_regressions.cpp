@@ -1,11 +1,17 @@
 // Regression tests for the defects the plan-layer fuzz targets (tests/fuzz/) found. Each test
 // names its target; the crashing input is kept in tests/fuzz/corpus/<target>/ as well.
+#include <climits>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/dcp_layout.h"
+#include "ascend_attn_rt/plan/dcp_step_plan.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/plan/pcp_segments.h"
+#include "ascend_attn_rt/plan/pcp_split.h"
 
 using namespace aar::plan;
 
@@ -17,4 +23,83 @@ TEST(FuzzRegression, MlaReorderRejectsBeforeWritingPerm) {
   EXPECT_THROW(mla_reorder_batch(sched, 1, perm, swaps), aar::InvalidArgument);
   EXPECT_EQ(perm, std::vector<int32_t>(4, -7));
   EXPECT_EQ(swaps, std::vector<int32_t>(8, -7));
+}
+
+// fuzz_dcp_step: build_dcp_step wrote the slot mapping through a num_input_tokens-long view of
+// buffers.slot_mapping without checking its room, so a short buffer was overrun by the pad fill
+// (UBSan: a null reference for an empty one). Now rejected by name before any write.
+TEST(FuzzRegression, DcpStepChecksSlotMappingRoom) {
+  const std::vector<int32_t> qsl = {0, 1, 3}, seq = {5, 9}, table = {0, 1, 2, 3};
+  DcpStepInputs in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.block_table = table;
+  in.block_table_stride = 2;
+  in.block_size = 16;
+  in.num_blocks = 4;
+  in.num_input_tokens = 6;  // 3 pads past the 3 real tokens
+  in.decode_threshold = 1;
+  in.shard = {2, 1, 1};
+  std::vector<int32_t> slots(4, -7), dtab(8, -7), ptab(8, -7), cidx(8, -7);
+  std::vector<int64_t> dq(8, -7), dkv(8, -7), pq(8, -7), pctx(8, -7);
+  DcpStepBuffers buf{slots, dtab, dq, dkv, ptab, pq, pctx, cidx, 2};
+  try {
+    build_dcp_step(in, buf);
+    FAIL() << "a 4-entry slot_mapping for 6 input tokens was accepted";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("slot_mapping"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slots, std::vector<int32_t>(4, -7));
+  EXPECT_EQ(dq, std::vector<int64_t>(8, -7));
+  slots.assign(6, -7);
+  buf.slot_mapping = slots;
+  const DcpStepPlan p = build_dcp_step(in, buf);
+  EXPECT_EQ(p.num_input_tokens, 6);
+  EXPECT_EQ(slots[5], -1);
+}
+
+// fuzz_dcp: build_dcp_mtp_mask computed num_reqs * max_query_len * max_kv_len in size_t, which
+// wraps for 5 x 1718039348 x 2147418113 (= 4 mod 2^64): a 4-byte mask passed the room check
+// and the fill ran past it. The product is now overflow-checked.
+TEST(FuzzRegression, DcpMtpMaskSizeCannotWrap) {
+  const std::vector<int32_t> seq(5, 1), q(5, 1);
+  DcpMtpMaskInputs in;
+  in.seq_lens = seq;
+  in.query_lens = q;
+  in.shard = {1, 0, 1};
+  in.max_query_len = 1718039348;
+  in.max_kv_len = 2147418113;
+  std::vector<uint8_t> mask(4, 7);
+  EXPECT_THROW(build_dcp_mtp_mask(in, mask), aar::InvalidArgument);
+  EXPECT_EQ(mask, std::vector<uint8_t>(4, 7));
+}
+
+// fuzz_pcp: pcp_split_sizes accepted any pcp_size >= 1, so an empty batch with pcp_size =
+// INT32_MAX reached `2 * pcp_size` (signed overflow) in pcp_restore_index / pcp_local_tokens.
+// The sharded layout's Wp is now bounded by kMaxCpMergePartitions (cp_groups.h).
+TEST(FuzzRegression, PcpSplitBoundsPcpSize) {
+  const std::vector<int32_t> q = {};
+  std::vector<int32_t> restore(4, -7);
+  EXPECT_THROW(pcp_split_sizes({q, 0, INT32_MAX}), aar::InvalidArgument);
+  EXPECT_THROW(pcp_restore_index({q, 0, INT32_MAX}, restore), aar::InvalidArgument);
+  EXPECT_EQ(restore, std::vector<int32_t>(4, -7));
+  EXPECT_EQ(pcp_split_sizes({q, 0, kMaxCpMergePartitions}).padded_global_tokens, 0);
+}
+
+// fuzz_pcp_segments: the per-rank chunk arithmetic ran in int32: pcp_size = INT32_MAX
+// overflowed 2 * pcp_size, and a split request of q near INT32_MAX overflowed q + chunks - 1.
+// pcp_size is bounded (65536) and the chunk offsets are computed in int64.
+TEST(FuzzRegression, PcpSegmentsChunkArithmetic) {
+  const std::vector<int32_t> qsl0 = {0}, comp0 = {};
+  const std::vector<uint8_t> pre0 = {};
+  EXPECT_THROW(pcp_padded_local_tokens({qsl0, comp0, pre0, INT32_MAX}), aar::InvalidArgument);
+  const std::vector<int32_t> qsl = {0, INT32_MAX}, comp = {0};
+  const std::vector<uint8_t> pre = {1};
+  // 4 ranks, chunk = ceil((2^31 - 1) / 8) = 2^28: the largest rank holds two chunks.
+  EXPECT_EQ(pcp_padded_local_tokens({qsl, comp, pre, 4}), 1 << 29);
+  std::vector<PcpSegment> segs(2);
+  EXPECT_EQ(pcp_rank_segments({qsl, comp, pre, 4}, 0, segs), 2);
+  EXPECT_EQ(segs[0].token_begin, 7 * (1 << 28));  // the tail chunk (context-free head moves last)
+  EXPECT_EQ(segs[0].num_tokens, (1 << 28) - 1);
+  EXPECT_EQ(segs[1].start_pos, 0);
 }
