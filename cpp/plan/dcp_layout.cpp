@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/cp_groups.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
 #include "internal.h"
 
@@ -126,6 +127,11 @@ void dcp_context_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, i
 int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& shard, Span<int32_t> slots_out) {
   // Validation, all of it before the first write and independent of shard.rank.
   check_shard(shard);
+  // The column checks walk every rank's range of local indices: a world of INT32_MAX (a valid
+  // shard otherwise) made that loop run for minutes (fuzz_dcp_step). A KV shard spans at most
+  // kMaxCpMergePartitions ranks (cp_groups.h), for DCP and legacy PCP x DCP alike.
+  AAR_CHECK_ARG(shard.world <= kMaxCpMergePartitions, "world=", shard.world, " exceeds ", kMaxCpMergePartitions,
+                " (the KV shard's ranks, cp_groups.h)");
   detail::validate_slot_mapping_sizes(in, slots_out.size());
   const std::size_t b = in.seq_lens.size();
   const std::size_t stride = static_cast<std::size_t>(in.block_table_stride);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/cp_groups.h"
 #include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/dcp_step_plan.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
@@ -102,4 +103,17 @@ TEST(FuzzRegression, PcpSegmentsChunkArithmetic) {
   EXPECT_EQ(segs[0].token_begin, 7 * (1 << 28));  // the tail chunk (context-free head moves last)
   EXPECT_EQ(segs[0].num_tokens, (1 << 28) - 1);
   EXPECT_EQ(segs[1].start_pos, 0);
+}
+
+// fuzz_dcp_step (a timeout): compute_dcp_slot_mapping's column check walks every rank of the
+// shard, so a shard of world = INT32_MAX (valid otherwise) ran for minutes. world is bounded by
+// kMaxCpMergePartitions, as cp_groups bounds a KV shard.
+TEST(FuzzRegression, DcpSlotMappingBoundsWorld) {
+  const std::vector<int32_t> qsl = {0, 1}, seq = {1}, table = {0};
+  const SlotMappingInputs in{qsl, seq, table, 1, 16, 1};
+  std::vector<int32_t> slots(1, -7);
+  EXPECT_THROW(compute_dcp_slot_mapping(in, {INT32_MAX, 0, 1}, slots), aar::InvalidArgument);
+  EXPECT_EQ(slots, std::vector<int32_t>(1, -7));
+  EXPECT_EQ(compute_dcp_slot_mapping(in, {kMaxCpMergePartitions, 0, 1}, slots), 1);
+  EXPECT_EQ(slots[0], 0);
 }

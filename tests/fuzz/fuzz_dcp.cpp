@@ -150,7 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool ok = fuzz::accepted([&] { owned = plan::compute_dcp_slot_mapping(si, sh, slots); }, s);
     // Naive acceptance: the basic batch rules, and every token this step writes (on any rank)
     // finds its column in the table and a block id in range.
-    bool valid = b.block_size > 0 && b.num_blocks >= 0 && b.qsl[0] == 0 && real >= 0 &&
+    bool valid = sh.world <= 16 && b.block_size > 0 && b.num_blocks >= 0 && b.qsl[0] == 0 && real >= 0 &&
                  static_cast<size_t>(real) <= n && int64_t{b.num_blocks} * b.block_size <= INT32_MAX;
     for (int32_t r = 0; r < B && valid && tame; ++r) {
       const int64_t q = static_cast<int64_t>(b.qsl[r + 1]) - b.qsl[r];
