@@ -117,3 +117,12 @@ TEST(FuzzRegression, DcpSlotMappingBoundsWorld) {
   EXPECT_EQ(compute_dcp_slot_mapping(in, {kMaxCpMergePartitions, 0, 1}, slots), 1);
   EXPECT_EQ(slots[0], 0);
 }
+
+// fuzz_cp_groups: cp_max_blocks_per_request rounded up with max_model_len + vb - 1, a signed
+// overflow for a length near INT64_MAX; now rejected as beyond int32 like any other huge length.
+TEST(FuzzRegression, CpMaxBlocksNoOverflow) {
+  EXPECT_THROW(cp_max_blocks_per_request(INT64_MAX - 7, 128, 1), aar::InvalidArgument);
+  EXPECT_EQ(cp_max_blocks_per_request(int64_t{INT32_MAX} * 128, 128, 1), INT32_MAX);
+  EXPECT_EQ(cp_max_blocks_per_request(257, 128, 2), 2);
+  EXPECT_EQ(cp_max_blocks_per_request(0, 128, 2), 0);
+}
