@@ -13,6 +13,7 @@
 #include "ascend_attn_rt/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/pcp_segments.h"
 #include "ascend_attn_rt/plan/pcp_split.h"
+#include "ascend_attn_rt/plan/sfa_offload_plan.h"
 
 using namespace aar::plan;
 
@@ -125,4 +126,31 @@ TEST(FuzzRegression, CpMaxBlocksNoOverflow) {
   EXPECT_EQ(cp_max_blocks_per_request(int64_t{INT32_MAX} * 128, 128, 1), INT32_MAX);
   EXPECT_EQ(cp_max_blocks_per_request(257, 128, 2), 2);
   EXPECT_EQ(cp_max_blocks_per_request(0, 128, 2), 0);
+}
+
+// fuzz_sfa_offload: write_sfa_offload_step trusted its split argument; num_decodes = -1 with
+// num_prefills = B + 1 passed the "nd + np == B" check in size_t arithmetic and indexed
+// query_start_loc at -1. The split is now checked against the batch before any write.
+TEST(FuzzRegression, SfaOffloadWriteChecksSplit) {
+  const std::vector<int32_t> qsl = {0, 1, 4}, seq = {5, 9};
+  const std::vector<uint32_t> ids = {7, 8};
+  const std::vector<uint8_t> pre = {0, 1};
+  SfaOffloadInputs in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.req_ids = ids;
+  in.is_prefilling = pre;
+  const SplitResult good = check_sfa_offload_step(in);
+  ASSERT_EQ(good.num_decodes, 1);
+  std::vector<int32_t> rid(2, -7), ttr(4, -7), pcq(2, -7), dsl(4, -7), dsp(4, -7);
+  std::vector<uint32_t> dri(4, 7);
+  const SfaOffloadBuffers buf{rid, ttr, pcq, dri, dsl, dsp};
+  for (SplitResult bad : {SplitResult{-1, 3, 0, 4}, SplitResult{1, 1, 3, 1}, SplitResult{2, 1, 4, 0}}) {
+    EXPECT_THROW(write_sfa_offload_step(in, bad, 4, buf), aar::InvalidArgument);
+    EXPECT_EQ(rid, std::vector<int32_t>(2, -7));
+    EXPECT_EQ(ttr, std::vector<int32_t>(4, -7));
+  }
+  write_sfa_offload_step(in, good, 4, buf);
+  EXPECT_EQ(ttr, (std::vector<int32_t>{0, 1, 1, 1}));
+  EXPECT_EQ(dsp[0], 4);
 }
