@@ -14,6 +14,7 @@
 #include "ascend_attn_rt/plan/pcp_segments.h"
 #include "ascend_attn_rt/plan/pcp_split.h"
 #include "ascend_attn_rt/plan/sfa_offload_plan.h"
+#include "ascend_attn_rt/plan/workspace.h"
 
 using namespace aar::plan;
 
@@ -153,4 +154,36 @@ TEST(FuzzRegression, SfaOffloadWriteChecksSplit) {
   write_sfa_offload_step(in, good, 4, buf);
   EXPECT_EQ(ttr, (std::vector<int32_t>{0, 1, 1, 1}));
   EXPECT_EQ(dsp[0], 4);
+}
+
+// fuzz_sizes: round_up multiplied past int64 near the limits (and INT64_MIN / -1 trapped);
+// chunked_prefill_workspace_size overflowed max_num_seqs * block_size and 8 * max_model_len.
+// Both now refuse what int64 cannot hold and are exact below it.
+TEST(FuzzRegression, WorkspaceSizesNoOverflow) {
+  EXPECT_THROW(round_up(INT64_MAX, 2), aar::InvalidArgument);
+  EXPECT_EQ(round_up(INT64_MIN, -1), INT64_MIN);
+  EXPECT_EQ(round_up(INT64_MAX - 1, 2), INT64_MAX - 1);
+  EXPECT_EQ(round_up(-5, 4), -4);
+  EXPECT_THROW(chunked_prefill_workspace_size(16, int64_t{1} << 40, int64_t{1} << 30), aar::InvalidArgument);
+  EXPECT_EQ(chunked_prefill_workspace_size(INT64_MAX, 1, 128), 131072);
+  EXPECT_EQ(chunked_prefill_workspace_size(4096, int64_t{1} << 20, 128), int64_t{1} << 27);
+}
+
+// fuzz_sizes: plan_context_chunks wrapped its int32 chunk_size: a workspace past INT32_MAX
+// tokens per request, and (bounded) a context of INT32_MAX tokens with max_chunks = 1, whose
+// ceil(max_context / max_chunks) also overflowed int32. The first is capped at the largest int32
+// multiple of the block, the second refused.
+TEST(FuzzRegression, ContextChunksSizeFitsInt32) {
+  std::vector<int32_t> cu(2, -7), st(1, -7), ln(1, -7);
+  std::vector<int64_t> ke(1, -7), tot(1, -7), mx(1, -7);
+  const ContextChunkBuffers buf{cu, st, ln, ke, tot, mx};
+  const std::vector<int32_t> ctx = {1000};
+  ContextChunkPlan p = plan_context_chunks({ctx, int64_t{1} << 40, 128, 1}, buf);
+  EXPECT_EQ(p.num_chunks, 1);
+  EXPECT_EQ(p.chunk_size, INT32_MAX / 128 * 128);
+  EXPECT_EQ(ln[0], 1000);
+  const std::vector<int32_t> huge = {INT32_MAX};
+  cu.assign(2, -7);
+  EXPECT_THROW(plan_context_chunks({huge, 1024, 128, 1}, buf), aar::InvalidArgument);
+  EXPECT_EQ(cu, std::vector<int32_t>(2, -7));
 }
