@@ -187,3 +187,18 @@ TEST(FuzzRegression, ContextChunksSizeFitsInt32) {
   EXPECT_THROW(plan_context_chunks({huge, 1024, 128, 1}, buf), aar::InvalidArgument);
   EXPECT_EQ(cu, std::vector<int32_t>(2, -7));
 }
+
+// fuzz_dcp (a timeout): build_dcp_mtp_mask walked max_query_len rows even when the mask is
+// empty (max_kv_len = 0): a huge max_query_len took minutes. An empty mask returns at once.
+TEST(FuzzRegression, DcpMtpEmptyMaskReturnsAtOnce) {
+  const std::vector<int32_t> seq = {0, 0}, q = {0, 0};
+  DcpMtpMaskInputs in;
+  in.seq_lens = seq;
+  in.query_lens = q;
+  in.shard = {2, 1, 1};
+  in.max_query_len = INT32_MAX;
+  in.max_kv_len = 0;
+  std::vector<uint8_t> mask;
+  build_dcp_mtp_mask(in, mask);  // would loop 2 x 2^31 rows before the fix
+  SUCCEED();
+}

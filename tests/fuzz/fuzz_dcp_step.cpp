@@ -27,14 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (in.u8() % 16 == 0) b.qsl[0] = in.maybe_bad(0);
   const int32_t B = b.B();
   plan::DcpStepInputs si;
-  si.query_start_loc = b.qsl;
-  si.seq_lens = b.seq_lens;
-  si.block_table = b.table;
-  si.block_table_stride = b.stride;
-  si.block_size = b.block_size;
-  si.num_blocks = b.num_blocks;
-  si.num_input_tokens = fuzz::input_tokens(in, b.qsl.back());
-  si.decode_threshold = in.u8() % 16 == 0 ? in.maybe_bad(17) : in.range(1, 4);
+  fuzz::fill_step_inputs(si, b, in);
+  if (in.u8() % 16 == 0) si.decode_threshold = in.maybe_bad(17);  // sometimes outside [1, 16]
   std::vector<uint8_t> pre;
   if (in.flag()) {
     for (int32_t r = 0; r < B; ++r) pre.push_back(in.u8() % 4 == 0);

@@ -239,11 +239,20 @@ def graph_sweep(g, n, update_a, update_b, replay, outs, caches):
 
     T.arm_fault(0)
     try:
+        update_b()
+    finally:
+        update_calls = T.disarm_fault()
+    update_a()
+    T.arm_fault(0)
+    try:
         step_b()
     finally:
         calls = T.disarm_fault()
     assert calls >= 1
     new = _lists(g, n)
+    # The update's operator calls are its re-issues, one per parameterised call (NPU-like
+    # provider), or none (CPU: it rewrites host lists only).
+    assert update_calls in (0, len(new)), (update_calls, len(new))
     assert all(o != w for o, w in zip(old, new)), "steps A and B must differ in every call's lists"
     good_out = [o.clone() for o in outs]
     good = [c.clone() for c in caches]
@@ -260,7 +269,9 @@ def graph_sweep(g, n, update_a, update_b, replay, outs, caches):
         now = _lists(g, n)
         which = ["new" if x == w else "old" if x == o else "mixed" for x, o, w in zip(now, old, new)]
         assert "mixed" not in which, (k, which)
-        assert which == sorted(which, key=lambda s: s != "new"), f"k={k}: B's lists are not a prefix: {which}"
+        # The calls updated before the fault hold B's lists, the failing call and the rest A's.
+        want_new = k - 1 if k <= update_calls else len(new)
+        assert which == ["new"] * want_new + ["old"] * (len(new) - want_new), (k, which)
         for i, (c, b0, gd) in enumerate(zip(caches, before, good)):
             assert _same(c, b0) or _same(c, gd), f"cache {i} half-written after a fault at call {k} of {calls}"
         if replay is not None:
@@ -323,3 +334,42 @@ def test_mla_graph_update_faults(provider):
     replay = (lambda: g.replay(BUCKET)) if provider == "recording" else None
     n = graph_sweep(g, BUCKET, lambda: g.update(BUCKET, md_a), lambda: g.update(BUCKET, md_b), replay, outs, flat)
     assert n >= 2, n
+
+
+def test_dsa_graph_update_replay_faults():
+    # DSA: a captured layer is one Prepare call reading every per-step value at stable addresses,
+    # so update re-issues nothing and makes no operator call (it checks that the step fits; its
+    # rejections are tested in test_dsa_graph.py). Every operator call of the step is in the
+    # replay: the forward contract holds for it (each cache whole or untouched), the failed
+    # replay consumed the update (replay alone is refused), and update + replay redo the step
+    # bit for bit.
+    from test_dsa import Run, dims
+    from test_dsa_graph import Bucket, caches as dsa_caches
+
+    run = Run(dims(4), torch.float32, nreq=3)
+    run.step([0, 1, 2], [13, 5, 9])
+    bk = Bucket(run, B=4, q=1)
+    bk.capture([0, 1, 2])
+    st, md, S, _ = bk.build([0, 1, 2])
+    bk.hidden.zero_()
+    bk.hidden[:3] = torch.cat([run.x[b][S[i] - 1: S[i]] for i, b in enumerate([0, 1, 2])])
+
+    T.arm_fault(0)
+    aar.dsa.graph_update(bk.g, bk.n, st, md["swa"])
+    assert T.disarm_fault() == 0, "a DSA graph update makes no operator call"
+
+    def step():
+        aar.dsa.graph_update(bk.g, bk.n, st, md["swa"])
+        bk.g.replay(bk.n)
+        return bk.outs[0]
+
+    # (A one-token decode step leaves some caches unchanged, e.g. no compressed row is emitted:
+    # their `written` entry stays None.)
+    n, written = sweep(step, dsa_caches(run))
+    assert n > 1 and any(w is not None for w in written), (n, written)
+    T.arm_fault(n)
+    with pytest.raises(RuntimeError, match="fault injected"):
+        step()
+    T.disarm_fault()
+    with pytest.raises(ValueError, match="before update"):
+        bk.g.replay(bk.n)
