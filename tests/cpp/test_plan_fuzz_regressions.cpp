@@ -202,3 +202,26 @@ TEST(FuzzRegression, DcpMtpEmptyMaskReturnsAtOnce) {
   build_dcp_mtp_mask(in, mask);  // would loop 2 x 2^31 rows before the fix
   SUCCEED();
 }
+
+// fuzz_dcp_step: build_dcp_step took the query lengths' maximum before it checked
+// query_start_loc[0] == 0, so qsl = [INT32_MIN, 2] overflowed 2 - INT32_MIN. qsl[0] is now
+// checked first.
+TEST(FuzzRegression, DcpStepChecksQslStartFirst) {
+  const std::vector<int32_t> qsl = {INT32_MIN, 2}, seq = {2}, table = {0};
+  DcpStepInputs in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.block_table = table;
+  in.block_table_stride = 1;
+  in.block_size = 16;
+  in.num_blocks = 1;
+  std::vector<int32_t> slots(4, -7), i32(4, -7);
+  std::vector<int64_t> i64(4, -7);
+  try {
+    build_dcp_step(in, {slots, i32, i64, i64, i32, i64, i64, i32, 1});
+    FAIL() << "query_start_loc[0] = INT32_MIN was accepted";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("query_start_loc[0]"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slots, std::vector<int32_t>(4, -7));
+}
