@@ -159,6 +159,9 @@ test-tsan: build-tsan
 FUZZ_BUILD := build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 5
+# A unit slower than this is a failure (libFuzzer's default, 1200 s, let a quadratic loop on a
+# huge length stall a run for minutes).
+FUZZ_TIMEOUT ?= 30
 FUZZ_TARGETS = $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.cpp)))
 
 clang:
@@ -183,7 +186,7 @@ build-fuzz: clang $(FUZZ_BUILD)/build.ninja
 fuzz: build-fuzz
 	@for t in $(FUZZ_TARGETS); do \
 		mkdir -p $(FUZZ_BUILD)/corpus/$$t; \
-		$(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/$$t- \
+		$(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/$$t- \
 			$(FUZZ_BUILD)/corpus/$$t tests/fuzz/corpus/$$t > $(FUZZ_BUILD)/$$t.log 2>&1 \
 			|| { tail -40 $(FUZZ_BUILD)/$$t.log; exit 1; }; \
 		tools/fuzz_stats.sh $$t $(FUZZ_BUILD)/$$t.log; \
@@ -192,7 +195,7 @@ fuzz: build-fuzz
 fuzz-smoke: build-fuzz
 	@for t in $(FUZZ_TARGETS); do \
 		rm -rf $(FUZZ_BUILD)/smoke/$$t && mkdir -p $(FUZZ_BUILD)/smoke/$$t; \
-		$(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SMOKE_SECONDS) -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/$$t- \
+		$(FUZZ_BUILD)/$$t -max_total_time=$(FUZZ_SMOKE_SECONDS) -timeout=$(FUZZ_TIMEOUT) -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/$$t- \
 			$(FUZZ_BUILD)/smoke/$$t tests/fuzz/corpus/$$t > $(FUZZ_BUILD)/$$t.smoke.log 2>&1 \
 			|| { tail -40 $(FUZZ_BUILD)/$$t.smoke.log; exit 1; }; \
 		tools/fuzz_stats.sh $$t $(FUZZ_BUILD)/$$t.smoke.log; \

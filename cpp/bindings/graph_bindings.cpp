@@ -150,6 +150,42 @@ void bind_graph(nb::module_& m) {
           },
           "num_tokens"_a, "(kind, layer_index, group) of every recorded call, in update order")
       .def(
+          "captured_lists",
+          [](const GraphParams& g, int64_t n) {
+            // Test introspection: what each parameterised call would replay with right now.
+            using Lists = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>, int64_t>;
+            std::vector<Lists> out;
+            auto vec = [](c10::IntArrayRef r) { return std::vector<int64_t>(r.begin(), r.end()); };
+            auto ptr = [](const std::optional<at::Tensor>& t) {
+              return t && t->defined() ? reinterpret_cast<int64_t>(t->data_ptr()) : int64_t{0};
+            };
+            for (const auto& c : g.bucket(n).calls) {
+              switch (c.kind) {
+                case graph::CallKind::Fia:
+                  out.emplace_back("fia", vec(c.fia_params.actual_seq_lengths), vec(c.fia_params.actual_seq_lengths_kv),
+                                   ptr(c.fia.block_table));
+                  break;
+                case graph::CallKind::FiaV2:
+                  out.emplace_back("fia_v2", vec(c.fia2_params.actual_seq_qlen), vec(c.fia2_params.actual_seq_kvlen),
+                                   ptr(c.fia2.block_table));
+                  break;
+                case graph::CallKind::PagedAttention: {
+                  const at::Tensor cl = c.pa.context_lens.to(at::kLong).contiguous();
+                  std::vector<int64_t> lens(cl.data_ptr<int64_t>(), cl.data_ptr<int64_t>() + cl.numel());
+                  out.emplace_back("paged_attention", std::vector<int64_t>{}, lens,
+                                   reinterpret_cast<int64_t>(c.pa.block_table.data_ptr()));
+                  break;
+                }
+                default:
+                  break;
+              }
+            }
+            return out;
+          },
+          "num_tokens"_a,
+          "(kind, query ends, KV lengths, block-table address) of every parameterised call, in update order "
+          "(tests: which step's parameters a replay would use)")
+      .def(
           "workspaces",
           [](const GraphParams& g, int64_t n) { return std::make_pair(g.bucket(n).fia_workspace, g.bucket(n).pa_workspace); },
           "num_tokens"_a, "(fused-attention workspace, paged-attention workspace) of a bucket (None if absent)")

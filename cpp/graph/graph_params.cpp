@@ -230,6 +230,44 @@ void check_fits(const CapturedCall& c, const StepParams& sp, int64_t n) {
                 " KV lengths and ", sp.q_ends.size(), " query ends");
 }
 
+// One call's refresh inside an update: rewrite its host parameters (`refresh`), re-issue it
+// between the provider's task-update hooks (`launch`, NPU only) and record its event. If the
+// refresh or the launch throws, the call keeps the previous step's parameters (the device task
+// was not updated either) and its event is not recorded.
+template <typename Refresh, typename Launch>
+void refresh_or_restore(CapturedCall& c, Bucket& b, GraphProvider& provider, bool relaunch, Refresh&& refresh,
+                        Launch&& launch) {
+  // The host parameters a refresh rewrites, kept until the call's update has gone through.
+  const ops::FiaTensors fia = c.fia;
+  const ops::FiaParams fia_params = c.fia_params;
+  const ops::FiaV2Tensors fia2 = c.fia2;
+  const ops::FiaV2Params fia2_params = c.fia2_params;
+  const ops::PagedAttentionArgs pa = c.pa;
+  const at::Tensor pa_workspace = b.pa_workspace;
+  auto restore = [&] {
+    c.fia = fia, c.fia_params = fia_params, c.fia2 = fia2, c.fia2_params = fia2_params, c.pa = pa;
+    b.pa_workspace = pa_workspace;
+  };
+  try {
+    refresh();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  provider.task_update_begin(c.task);
+  if (relaunch) {
+    try {
+      launch();
+    } catch (...) {
+      provider.task_update_end();  // the task update is closed on any error
+      restore();
+      throw;
+    }
+  }
+  provider.task_update_end();
+  provider.event_record(c.event);
+}
+
 }  // namespace
 
 void GraphParams::refresh(CapturedCall& c, const StepParams& sp, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready) {
@@ -287,20 +325,14 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
   at::Tensor pa_ws;
   bool pa_ws_ready = false;
   const bool relaunch = !provider_->replays_recorded_calls();
+  // From here an operator call (the paged-attention workspace query, an NPU relaunch) may fail:
+  // the bucket counts as not updated until the loop completes (replay refuses it), and a call
+  // whose refresh fails keeps the previous step's parameters (see the header).
+  b.updated = false;
   for (CapturedCall& c : b.calls) {
     if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
-    refresh(c, groups[c.group], b, pa_ws, pa_ws_ready);
-    provider_->task_update_begin(c.task);
-    if (relaunch) {
-      try {
-        launch(c, b);
-      } catch (...) {
-        provider_->task_update_end();
-        throw;
-      }
-    }
-    provider_->task_update_end();
-    provider_->event_record(c.event);
+    refresh_or_restore(c, b, *provider_, relaunch, [&] { refresh(c, groups[c.group], b, pa_ws, pa_ws_ready); },
+                       [&] { launch(c, b); });
   }
   b.updated = true;
 }
@@ -321,24 +353,15 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
   at::Tensor pa_ws;
   bool pa_ws_ready = false;
   const bool relaunch = !provider_->replays_recorded_calls();
+  b.updated = false;  // as update(): not updated until every call went through
   i = 0;
   for (CapturedCall& c : b.calls) {
     if (c.kind == CallKind::KvWrite || c.kind == CallKind::Prepare) continue;
     const StepParams& md = per_call[i++ % per_call.size()];
     // Each draft step has its own lengths: the PA workspace follows the metadata.
     if (c.kind == CallKind::PagedAttention) pa_ws_ready = false;
-    refresh(c, md, b, pa_ws, pa_ws_ready);
-    provider_->task_update_begin(c.task);
-    if (relaunch) {
-      try {
-        launch(c, b);
-      } catch (...) {
-        provider_->task_update_end();  // as update(): the task update is closed on any error
-        throw;
-      }
-    }
-    provider_->task_update_end();
-    provider_->event_record(c.event);
+    refresh_or_restore(c, b, *provider_, relaunch, [&] { refresh(c, md, b, pa_ws, pa_ws_ready); },
+                       [&] { launch(c, b); });
   }
   b.updated = true;
 }
@@ -348,6 +371,10 @@ void GraphParams::replay(int64_t n) {
                 "' graph provider replays on the device; call the device graph's replay instead");
   auto* rec = dynamic_cast<RecordingGraphProvider*>(provider_.get());
   Bucket& b = mutable_bucket(n);
+  // The last update must have completed: one that failed part way leaves every call's event
+  // recorded by an earlier, unreplayed update looking fresh, with a mix of two steps' lists.
+  AAR_CHECK_ARG(b.updated, "replay of bucket ", n, " before update: the last update did not complete (or the "
+                "bucket was replayed since); update it with the step's metadata first");
   for (size_t i = 0; i < b.calls.size(); ++i) {
     const CapturedCall& c = b.calls[i];
     if (c.event != nullptr && rec != nullptr) {
@@ -358,6 +385,7 @@ void GraphParams::replay(int64_t n) {
   // The recorded work is inference work (buffers made during capture are
   // inference tensors when the forward ran under InferenceMode).
   c10::InferenceMode guard;
+  b.updated = false;  // a replay consumes the update, whether or not it completes
   for (CapturedCall& c : b.calls) {
     launch(c, b);
     if (c.event != nullptr && rec != nullptr) rec->reset_event(c.event);

@@ -172,7 +172,8 @@ int32_t cp_max_blocks_per_request(int64_t max_model_len, int32_t block_size, int
   AAR_CHECK_ARG(block_size >= 1, "block_size=", block_size, " must be >= 1");
   AAR_CHECK_ARG(kv_shard_size >= 1, "kv_shard_size=", kv_shard_size, " must be >= 1");
   const int64_t vb = static_cast<int64_t>(block_size) * kv_shard_size;
-  const int64_t blocks = (max_model_len + vb - 1) / vb;
+  // Ceil division without max_model_len + vb - 1, which overflows near INT64_MAX (fuzz_cp_groups).
+  const int64_t blocks = max_model_len / vb + (max_model_len % vb != 0);
   AAR_CHECK_ARG(blocks <= INT32_MAX, "max_model_len=", max_model_len, " needs ", blocks,
                 " blocks, beyond int32");
   return static_cast<int32_t>(blocks);

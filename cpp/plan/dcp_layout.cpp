@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/cp_groups.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
 #include "internal.h"
 
@@ -126,6 +127,11 @@ void dcp_context_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, i
 int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& shard, Span<int32_t> slots_out) {
   // Validation, all of it before the first write and independent of shard.rank.
   check_shard(shard);
+  // The column checks walk every rank's range of local indices: a world of INT32_MAX (a valid
+  // shard otherwise) made that loop run for minutes (fuzz_dcp_step). A KV shard spans at most
+  // kMaxCpMergePartitions ranks (cp_groups.h), for DCP and legacy PCP x DCP alike.
+  AAR_CHECK_ARG(shard.world <= kMaxCpMergePartitions, "world=", shard.world, " exceeds ", kMaxCpMergePartitions,
+                " (the KV shard's ranks, cp_groups.h)");
   detail::validate_slot_mapping_sizes(in, slots_out.size());
   const std::size_t b = in.seq_lens.size();
   const std::size_t stride = static_cast<std::size_t>(in.block_table_stride);
@@ -214,9 +220,16 @@ void build_dcp_mtp_mask(const DcpMtpMaskInputs& in, Span<uint8_t> mask_out) {
                   " local tokens on DCP rank 0, more than max_kv_len=", in.max_kv_len);
   }
   const std::size_t s = static_cast<std::size_t>(in.max_query_len), kmax = static_cast<std::size_t>(in.max_kv_len);
-  const std::size_t need = n * s * kmax;
+  // The product of two int32 dims and the batch can wrap size_t (5 x 1718039348 x 2147418113
+  // is 4 mod 2^64): a wrapped count would pass the room check and the fill would overrun.
+  std::size_t need = 0;
+  const bool wraps = __builtin_mul_overflow(n, s, &need) || __builtin_mul_overflow(need, kmax, &need);
+  AAR_CHECK_ARG(!wraps, "num_reqs*max_query_len*max_kv_len = ", n, "*", s, "*", kmax, " overflows the mask size");
   AAR_CHECK_ARG(mask_out.size() >= need, "mask_out has room for ", mask_out.size(),
                 " entries, needs num_reqs*max_query_len*max_kv_len = ", n, "*", s, "*", kmax, " = ", need);
+  // An empty mask (max_kv_len = 0 with a huge max_query_len, say) has nothing to write; walking
+  // its rows anyway took minutes (fuzz_dcp, a timeout).
+  if (need == 0) return;
 
   for (std::size_t b = 0; b < n; ++b) {
     const int64_t len = in.seq_lens[b], q = in.query_lens[b], h = len - q;

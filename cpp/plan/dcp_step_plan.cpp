@@ -34,6 +34,8 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
                 ") is invalid");
   AAR_CHECK_ARG(buf.out_stride >= in.block_table_stride, "buffers.out_stride=", buf.out_stride,
                 " is smaller than block_table_stride=", in.block_table_stride);
+  // query_start_loc[0] first: with it negative, qsl[1] - qsl[0] below overflowed (fuzz_dcp_step).
+  AAR_CHECK_ARG(b == 0 || qsl[0] == 0, "query_start_loc[0] must be 0, got ", qsl[0]);
   int32_t maxq = 0, maxs = 0;
   for (std::size_t r = 0; r < b; ++r) {
     AAR_CHECK_ARG(qsl[r + 1] >= qsl[r], "query_start_loc is not non-decreasing at ", r + 1, ": ", qsl[r], " > ",
@@ -42,7 +44,6 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
     maxs = std::max(maxs, in.seq_lens[r]);
   }
   const int32_t t_real = b == 0 ? 0 : qsl[b];
-  AAR_CHECK_ARG(b == 0 || qsl[0] == 0, "query_start_loc[0] must be 0, got ", qsl[0]);
   const int32_t t_in = in.num_input_tokens == 0 ? t_real : in.num_input_tokens;
   AAR_CHECK_ARG(t_in >= t_real, "num_input_tokens=", in.num_input_tokens, " is smaller than query_start_loc[", b,
                 "]=", t_real);
@@ -60,6 +61,9 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   const int32_t nd = split.num_decodes, np = static_cast<int32_t>(b) - nd;
   const int32_t td = split.num_decode_tokens, tp = t_real - td;
   const int64_t os = buf.out_stride;
+  // The slot mapping is written through a t_in-long view: its room is checked here, the view
+  // cannot check it (fuzz_dcp_step found the pad fill running past a short buffer).
+  check_room(buf.slot_mapping.size(), t_in, "slot_mapping");
   check_room(buf.decode_block_table.size(), static_cast<int64_t>(td) * os, "decode_block_table");
   check_room(buf.decode_q_ends.size(), td, "decode_q_ends");
   check_room(buf.decode_kv_lens.size(), td, "decode_kv_lens");

@@ -63,14 +63,20 @@ ContextChunkPlan chunk_geometry(int32_t num_with_context, int32_t max_context, i
   if (num_with_context == 0) return p;
   AAR_CHECK_ARG(workspace_tokens > 0, "workspace_tokens must be positive, got ", workspace_tokens);
   const int64_t bs = block_size;
-  int64_t chunk = (workspace_tokens / num_with_context) / bs * bs;
+  // Capped at the largest int32 multiple of the block: chunk_size is int32, and a huge
+  // workspace wrapped it (fuzz_sizes); no context is longer, so the chunk count is unchanged.
+  int64_t chunk = std::min<int64_t>((workspace_tokens / num_with_context) / bs * bs, INT32_MAX / bs * bs);
   AAR_CHECK_ARG(chunk > 0, "workspace_tokens=", workspace_tokens, " is too small: ", num_with_context,
                 " prefills with context need at least one block of ", bs, " tokens each");
   int64_t chunks = (max_context + chunk - 1) / chunk;
   if (chunks > max_chunks) {
-    chunk = round_up((max_context + max_chunks - 1) / max_chunks, bs);
+    chunk = round_up((int64_t{max_context} + max_chunks - 1) / max_chunks, bs);  // int64: max_context may be INT32_MAX
     chunks = (max_context + chunk - 1) / chunk;
     p.bounded = true;
+    // chunk_size is int32: a context that needs a chunk past it within max_chunks is refused
+    // (fuzz_sizes: max_context = INT32_MAX with max_chunks = 1 wrapped it negative).
+    AAR_CHECK_ARG(chunk <= INT32_MAX, "max_context=", max_context, " needs chunks of ", chunk,
+                  " tokens to fit max_chunks=", max_chunks, ", beyond int32");
   }
   p.chunk_size = static_cast<int32_t>(chunk);
   p.num_chunks = static_cast<int32_t>(chunks);

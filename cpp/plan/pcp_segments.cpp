@@ -11,8 +11,13 @@
 namespace aar::plan {
 namespace {
 
+// More PCP ranks than any deployment; keeps 2 * Wp in int32 and bounds the per-rank passes,
+// which run even for an empty batch (fuzz_pcp_segments: 2 * INT32_MAX overflowed).
+constexpr int32_t kMaxPcpSize = 1 << 16;
+
 void validate(const PcpSegmentInputs& in) {
   AAR_CHECK_ARG(in.pcp_size >= 1, "pcp_size=", in.pcp_size, " must be >= 1");
+  AAR_CHECK_ARG(in.pcp_size <= kMaxPcpSize, "pcp_size=", in.pcp_size, " exceeds ", kMaxPcpSize);
   const std::size_t n = in.num_computed_tokens.size();
   AAR_CHECK_ARG(in.query_start_loc.size() == n + 1, "query_start_loc has ", in.query_start_loc.size(),
                 " entries, expected num_computed_tokens.size()+1 = ", n + 1);
@@ -40,12 +45,15 @@ void for_each_segment(const PcpSegmentInputs& in, int32_t rank, Fn fn) {
       const int32_t begin = in.query_start_loc[i], q = in.query_start_loc[i + 1] - begin;
       if (q == 0) continue;
       const bool split = in.is_prefilling[i] != 0;
-      const int32_t size = split ? (q + chunks - 1) / chunks : q;
+      // int64: q may be near INT32_MAX, and q + chunks - 1 or idx * size past it (fuzz_pcp_segments).
+      const int64_t size = split ? (int64_t{q} + chunks - 1) / chunks : q;
       const int32_t idx[2] = {split ? rank : 0, chunks - 1 - rank};
       for (int k = 0; k < (split ? 2 : 1); ++k) {
-        const int32_t offset = idx[k] * size;
-        const int32_t len = std::min(size, q - offset);
-        if (len <= 0) continue;
+        const int64_t off = idx[k] * size;
+        if (off >= q) continue;
+        // off < q: offset, len and start (computed + off < computed + q, validated) fit int32.
+        const int32_t offset = static_cast<int32_t>(off);
+        const int32_t len = static_cast<int32_t>(std::min<int64_t>(size, q - off));
         const int32_t start = in.num_computed_tokens[i] + offset;
         if ((split && start == 0) != want_pure) continue;
         fn(PcpSegment{static_cast<int32_t>(i), begin + offset, len, local, start});

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/cp_groups.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
 
 namespace aar::plan {
@@ -53,7 +54,11 @@ void check_room(std::size_t have, int64_t need, const char* name) {
 }  // namespace
 
 PcpSplitSizes pcp_split_sizes(const PcpSplitInputs& in) {
+  // The sharded layout spreads the KV over Wp * Wd <= kMaxCpMergePartitions ranks (cp_groups.h);
+  // the bound also keeps 2 * Wp and the per-rank loops small (fuzz_pcp: 2 * INT32_MAX overflowed).
   AAR_CHECK_ARG(in.pcp_size >= 1, "pcp_size=", in.pcp_size, " must be >= 1");
+  AAR_CHECK_ARG(in.pcp_size <= kMaxCpMergePartitions, "pcp_size=", in.pcp_size, " exceeds ",
+                kMaxCpMergePartitions, " (the sharded KV spans at most that many ranks)");
   const std::size_t n = in.query_lens.size();
   AAR_CHECK_ARG(in.num_decodes >= 0 && static_cast<std::size_t>(in.num_decodes) <= n, "num_decodes=",
                 in.num_decodes, " is out of range [0, ", n, "]");

@@ -59,6 +59,14 @@ void write_sfa_offload_step(const SfaOffloadInputs& in, const SplitResult& split
   const auto room = [](std::size_t have, std::size_t need, const char* name) {
     AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
   };
+  // The split is an argument of its own: check it describes this batch before using it as
+  // indices (fuzz_sfa_offload: num_decodes = -1 with num_prefills = B + 1 wrapped the coverage
+  // check below and read query_start_loc out of bounds).
+  AAR_CHECK_ARG(split.num_decodes >= 0 && static_cast<std::size_t>(split.num_decodes) <= b &&
+                    static_cast<std::size_t>(split.num_prefills) == b - static_cast<std::size_t>(split.num_decodes) &&
+                    split.num_decode_tokens == (b == 0 ? 0 : qsl[split.num_decodes]),
+                "split (", split.num_decodes, " decodes / ", split.num_decode_tokens, " tokens, ", split.num_prefills,
+                " prefills) does not describe the ", b, "-request batch");
   const std::size_t nd = static_cast<std::size_t>(split.num_decodes);
   const std::size_t np = static_cast<std::size_t>(split.num_prefills);
   const std::size_t ndt = static_cast<std::size_t>(split.num_decode_tokens);
@@ -79,7 +87,7 @@ void write_sfa_offload_step(const SfaOffloadInputs& in, const SplitResult& split
   for (std::size_t i = 0; i < np; ++i) buf.prefill_cum_query_lens[i] = qsl[nd + i + 1] - base;
   for (std::size_t r = 0; r < nd; ++r) {
     const int32_t q = qsl[r + 1] - qsl[r], s = in.seq_lens[r];
-    const int32_t stable = std::max(s - q, 0);
+    const int32_t stable = static_cast<int32_t>(std::max<int64_t>(int64_t{s} - q, 0));
     for (int32_t t = qsl[r]; t < qsl[r + 1]; ++t) {
       buf.decode_req_ids[t] = in.req_ids[r];
       buf.decode_seq_lens[t] = s;

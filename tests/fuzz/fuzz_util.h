@@ -42,8 +42,8 @@ class Bytes {
     switch (u8() % 16) {
       case 0: return -1;
       case 1: return 0;
-      case 2: return v + 1;
-      case 3: return v - 1;
+      case 2: return v == INT32_MAX ? v : v + 1;  // saturating: v may be a corrupted value already
+      case 3: return v == INT32_MIN ? v : v - 1;
       case 4: return INT32_MAX;
       case 5: return INT32_MIN;
       default: return v;

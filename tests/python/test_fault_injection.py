@@ -200,3 +200,176 @@ def test_dsa_forward_faults():
 
     n, written = sweep(step, caches)
     assert all(w is not None for w in written), (n, written)
+
+
+# ---------------------------------------------------------------- graph update (+ replay)
+#
+# A captured bucket, one step A updated into it, then the next step B: the engine's per-step
+# sequence is update(B) and, on CPU (the "recording" provider), replay(B); on the NPU (the
+# "hooks" provider, here "noop": the same code path with the hooks unset) update re-issues every
+# parameterised call itself and the device graph replays. A and B come from two builders, so
+# their host lists live in different buffers and the captured parameters of each call can be
+# told apart. For every k the k-th operator call of that sequence raises, and:
+#  * the error surfaces;
+#  * every parameterised call keeps either A's lists (and block table) or B's, never a mix, and
+#    the calls holding B's are a prefix in update order (the failing call keeps A's);
+#  * the bucket counts as not updated: replay refuses it until an update completes;
+#  * no cache is half-written (each one whole before-B or after-B; GQA/MLA graph updates write
+#    no cache, the replay's cache writes are single operator calls);
+#  * update(B) + replay(B) with the same inputs then gives the fault-free outputs and caches.
+# Contract in include/ascend_attn_rt/graph/graph_params.h, docs/reliability.md.
+
+
+def _lists(g, n):
+    return [(q, kv, bt) for _, q, kv, bt in g.captured_lists(n)]
+
+
+def graph_sweep(g, n, update_a, update_b, replay, outs, caches):
+    """update_a(): brings the bucket back to step A's parameters (unarmed). update_b(): the new
+    step's update. replay: None (NPU-like provider) or the replay of the bucket. Returns the
+    number of operator calls of update(B)(+replay(B))."""
+    before = [c.clone() for c in caches]
+    update_a()
+    old = _lists(g, n)
+
+    def step_b():
+        update_b()
+        if replay is not None:
+            replay()
+
+    T.arm_fault(0)
+    try:
+        update_b()
+    finally:
+        update_calls = T.disarm_fault()
+    update_a()
+    T.arm_fault(0)
+    try:
+        step_b()
+    finally:
+        calls = T.disarm_fault()
+    assert calls >= 1
+    new = _lists(g, n)
+    # The update's operator calls are its re-issues, one per parameterised call (NPU-like
+    # provider), or none (CPU: it rewrites host lists only).
+    assert update_calls in (0, len(new)), (update_calls, len(new))
+    assert all(o != w for o, w in zip(old, new)), "steps A and B must differ in every call's lists"
+    good_out = [o.clone() for o in outs]
+    good = [c.clone() for c in caches]
+    for k in range(1, calls + 1):
+        for c, b0 in zip(caches, before):
+            c.copy_(b0)
+        update_a()
+        T.arm_fault(k)
+        try:
+            with pytest.raises(RuntimeError, match=rf"fault injected at operator call {k}$"):
+                step_b()
+        finally:
+            T.disarm_fault()
+        now = _lists(g, n)
+        which = ["new" if x == w else "old" if x == o else "mixed" for x, o, w in zip(now, old, new)]
+        assert "mixed" not in which, (k, which)
+        # The calls updated before the fault hold B's lists, the failing call and the rest A's.
+        want_new = k - 1 if k <= update_calls else len(new)
+        assert which == ["new"] * want_new + ["old"] * (len(new) - want_new), (k, which)
+        for i, (c, b0, gd) in enumerate(zip(caches, before, good)):
+            assert _same(c, b0) or _same(c, gd), f"cache {i} half-written after a fault at call {k} of {calls}"
+        if replay is not None:
+            with pytest.raises(ValueError, match="before update"):
+                replay()
+        step_b()
+        for o, go in zip(outs, good_out):
+            assert _same(o, go), f"update+replay after a fault at call {k} gave a different output"
+        for i, (c, gd) in enumerate(zip(caches, good)):
+            assert _same(c, gd), f"after a fault at call {k}: cache {i} differs from the fault-free step"
+    return calls
+
+
+@pytest.mark.parametrize("provider", ["recording", "noop"])
+def test_gqa_graph_update_faults(gen, provider):
+    import test_graph as tg
+
+    model = tg.Model(gen, layer_indices=(4, 1, 2))
+    g = aar.GraphParams(provider)
+    model.capture(g, model.meta([1] * tg.BUCKET, [16] * tg.BUCKET, capture=True))
+    second = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=tg.BS,
+                                 num_blocks=tg.NB)
+    qa, ca = [1, 1, 6], [20, 35, 9]
+    qb, cb = [1] * 5, [12, 30, 7, 50, 21]
+    md_a = model.meta(qa, [c + q for c, q in zip(ca, qa)], num_input_tokens=tg.BUCKET)
+    qslb = torch.tensor([0] + torch.tensor(qb).cumsum(0).tolist(), dtype=torch.int32)
+    md_b = second.build(qslb, torch.tensor([c + q for c, q in zip(cb, qb)], dtype=torch.int32), model.block_table(5),
+                        num_input_tokens=tg.BUCKET)
+    tg.prefill_history(model, [max(a, b) + 8 for a, b in zip(ca + [0, 0], cb)])
+    qs, ks, vs = model.step_inputs(5)
+    model.load_static(qs, ks, vs)
+    caches = [t for kv in model.caches for t in kv]
+    replay = (lambda: g.replay(tg.BUCKET)) if provider == "recording" else None
+    n = graph_sweep(g, tg.BUCKET, lambda: g.update(tg.BUCKET, md_a), lambda: g.update(tg.BUCKET, md_b), replay,
+                    model.out, caches)
+    # recording: update rewrites host lists only, the 6 calls (3 KV writes, 3 FIA) run at replay;
+    # noop: update re-issues the 3 FIA calls, the KV writes belong to the device graph.
+    assert n == (6 if provider == "recording" else 3), n
+
+
+@pytest.mark.parametrize("provider", ["recording", "noop"])
+def test_mla_graph_update_faults(provider):
+    from test_mla_graph import BUCKET, _setup
+
+    d, gen, builder, table, kw, caches = _setup()
+    second = _setup()[2]
+    layers = [aar.mla.Impl(layer_index=i, **kw) for i in range(2)]
+    hidden_s = torch.zeros(BUCKET, d.hidden)
+    outs = [torch.zeros(BUCKET, d.hidden) for _ in layers]
+    qsl = torch.arange(BUCKET + 1, dtype=torch.int32)
+    md = builder.build(qsl, torch.full((BUCKET,), 16, dtype=torch.int32), table)
+    g = aar.GraphParams(provider)
+    with g.capture(BUCKET):
+        for layer, (nope, rope), out in zip(layers, caches, outs):
+            layer.forward(hidden_s, nope, rope, md, out)
+    md_a = builder.build(qsl, torch.tensor([5, 17, 33, 9], dtype=torch.int32), table)
+    md_b = second.build(qsl, torch.tensor([40, 2, 11, 23], dtype=torch.int32), table)
+    hidden_s.copy_(torch.randn(BUCKET, d.hidden, generator=gen))
+    flat = [t for c in caches for t in c]
+    replay = (lambda: g.replay(BUCKET)) if provider == "recording" else None
+    n = graph_sweep(g, BUCKET, lambda: g.update(BUCKET, md_a), lambda: g.update(BUCKET, md_b), replay, outs, flat)
+    assert n >= 2, n
+
+
+def test_dsa_graph_update_replay_faults():
+    # DSA: a captured layer is one Prepare call reading every per-step value at stable addresses,
+    # so update re-issues nothing and makes no operator call (it checks that the step fits; its
+    # rejections are tested in test_dsa_graph.py). Every operator call of the step is in the
+    # replay: the forward contract holds for it (each cache whole or untouched), the failed
+    # replay consumed the update (replay alone is refused), and update + replay redo the step
+    # bit for bit.
+    from test_dsa import Run, dims
+    from test_dsa_graph import Bucket, caches as dsa_caches
+
+    run = Run(dims(4), torch.float32, nreq=3)
+    run.step([0, 1, 2], [13, 5, 9])
+    bk = Bucket(run, B=4, q=1)
+    bk.capture([0, 1, 2])
+    st, md, S, _ = bk.build([0, 1, 2])
+    bk.hidden.zero_()
+    bk.hidden[:3] = torch.cat([run.x[b][S[i] - 1: S[i]] for i, b in enumerate([0, 1, 2])])
+
+    T.arm_fault(0)
+    aar.dsa.graph_update(bk.g, bk.n, st, md["swa"])
+    assert T.disarm_fault() == 0, "a DSA graph update makes no operator call"
+
+    def step():
+        aar.dsa.graph_update(bk.g, bk.n, st, md["swa"])
+        bk.g.replay(bk.n)
+        return bk.outs[0]
+
+    # (A one-token decode step leaves some caches unchanged, e.g. no compressed row is emitted:
+    # their `written` entry stays None.)
+    n, written = sweep(step, dsa_caches(run))
+    assert n > 1 and any(w is not None for w in written), (n, written)
+    T.arm_fault(n)
+    with pytest.raises(RuntimeError, match="fault injected"):
+        step()
+    T.disarm_fault()
+    with pytest.raises(ValueError, match="before update"):
+        bk.g.replay(bk.n)

@@ -94,7 +94,7 @@ struct Bucket {
   at::Tensor fia_workspace;         // shared by the bucket's fused calls
   at::Tensor pa_workspace;          // paged attention keeps its own (upstream shares one slot)
   int64_t num_query_rows = 0;       // captured kernel token count (FIA) / requests (PA)
-  bool updated = false;
+  bool updated = false;              // the last update completed and was not replayed since
 };
 
 // Thread safety: one thread at a time per store: its capture, update, replay and
@@ -123,6 +123,19 @@ class GraphParams {
   // Per step, before (NPU) or instead of (CPU) the device replay: refresh every
   // call of the bucket from the step's metadata. `groups[g]` is the metadata of
   // KV-cache group g (one entry serves a single-group model).
+  //
+  // Failure contract (tests/python/test_fault_injection.py, graph sweep). Every
+  // check runs before the first hook: a rejected step leaves the bucket exactly as
+  // it was. Past the checks an operator call can still fail (the paged-attention
+  // workspace query; on the NPU provider the re-issue of each call). Then the
+  // error propagates, the calls before the failing one hold the new step's lists
+  // and block table, the failing call and every later one keep the previous
+  // update's (the device task of the failing call was not updated either), and
+  // the bucket is marked not updated: replay() refuses it until an update
+  // completes. An engine must not replay the device graph after a failed update
+  // (the calls whose events were not recorded would block it); the next update
+  // with good metadata rewrites every call. update never writes a KV cache (KV
+  // writes are captured kernels, run by the replay).
   void update(int64_t num_tokens, const std::vector<StepParams>& groups);
   void update(int64_t num_tokens, const gqa::Metadata& md) { update(num_tokens, std::vector<StepParams>{step_params(md)}); }
   // Draft model: per-(draft step, layer) metadata flattened in capture order and
@@ -131,9 +144,12 @@ class GraphParams {
   // build): build each draft step's metadata with its own builder.
   void update_draft(int64_t num_tokens, const std::vector<StepParams>& per_call);
 
-  // CPU provider: run the bucket's recorded calls in order (each must have been
-  // updated since the last replay). NPU provider: nothing to do here (the device
-  // graph replays); calling it is an error.
+  // CPU provider: run the bucket's recorded calls in order (the last update
+  // must have completed, and a replay consumes it: the next replay needs the next
+  // update, even when this one fails part way). NPU provider: nothing to do here
+  // (the device graph replays); calling it is an error. A failure in the middle
+  // leaves the calls before it run (a KV write runs completely or not at all) and
+  // the rest not; update + replay of the same step then redo it exactly.
   void replay(int64_t num_tokens);
 
   bool has(int64_t num_tokens) const { return buckets_.count(num_tokens) != 0; }

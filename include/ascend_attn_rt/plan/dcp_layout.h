@@ -76,7 +76,9 @@ void dcp_context_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, i
 // block size Bk < B: pass Bk and the table of logical ids phys*(B/Bk)+j, which
 // gives the same slot (spec 1.2). Checks are those of compute_slot_mapping,
 // with the block-table columns that *any* rank of the group references
-// (ceil(seq_len / (B*W)) columns suffice when B % I == 0).
+// (ceil(seq_len / (B*W)) columns suffice when B % I == 0), and world <=
+// kMaxCpMergePartitions (16, cp_groups.h: a KV shard never spans more ranks;
+// the column check walks every rank).
 int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& shard, Span<int32_t> slots_out);
 
 // Every block id a paged kernel reads under the (world, interleave) sharding:

@@ -33,7 +33,7 @@ struct PcpSegmentInputs {
   CSpan<int32_t> query_start_loc;      // N+1 exclusive prefix sums (the global batch)
   CSpan<int32_t> num_computed_tokens;  // N
   CSpan<uint8_t> is_prefilling;        // N, nonzero = still inside the prompt (split); else replicated
-  int32_t pcp_size = 1;                // Wp >= 1
+  int32_t pcp_size = 1;                // Wp in [1, 65536] (the bound keeps 2 Wp and the per-rank passes small)
 };
 
 struct PcpSegment {

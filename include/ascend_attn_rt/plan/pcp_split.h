@@ -42,7 +42,7 @@ namespace aar::plan {
 struct PcpSplitInputs {
   CSpan<int32_t> query_lens;  // new tokens per request (>= 0), decodes first
   int32_t num_decodes = 0;    // the first num_decodes requests are decodes
-  int32_t pcp_size = 1;       // Wp >= 1
+  int32_t pcp_size = 1;       // Wp in [1, kMaxCpMergePartitions]
 };
 
 struct PcpSplitSizes {
@@ -53,7 +53,8 @@ struct PcpSplitSizes {
   int32_t padded_global_tokens = 0;  // Wp * T_loc
 };
 
-// Validates the inputs (query_lens >= 0, 0 <= num_decodes <= N, pcp_size >= 1,
+// Validates the inputs (query_lens >= 0, 0 <= num_decodes <= N, 1 <= pcp_size <=
+// kMaxCpMergePartitions (16: the sharded KV spans Wp * Wd <= 16 ranks, cp_groups.h),
 // sizes within int32) and returns the buffer sizes. Every function below makes
 // the same checks before writing.
 PcpSplitSizes pcp_split_sizes(const PcpSplitInputs& in);

@@ -10,10 +10,12 @@
 
 namespace aar::plan {
 
-// 0 if align == 0, else ceil(val / align) * align.
+// 0 if align == 0, else ceil(val / align) * align; InvalidArgument when that
+// multiple is outside int64.
 int64_t round_up(int64_t val, int64_t align);
 
-// max(min(max(8*max_model_len, 4*max_num_seqs*block_size), 131072), max_num_seqs*block_size)
+// max(min(max(8*max_model_len, 4*max_num_seqs*block_size), 131072), max_num_seqs*block_size);
+// InvalidArgument for a negative argument or when max_num_seqs*block_size leaves int64.
 int64_t chunked_prefill_workspace_size(int64_t max_model_len, int64_t max_num_seqs, int64_t block_size);
 
 enum class DeviceKind : int32_t { A2 = 0, A3 = 1, A5 = 2, Ascend310P = 3 };
