@@ -551,15 +551,11 @@ namespace {
 // plan_dsa_rows' list of the validated requests' rows; returns their number.
 template <class Div>
 std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const Div& rdiv, const DsaRowBuffers& buf,
-                      bool all_one, std::size_t cap, int32_t& max_index) {
+                      bool all_one, int32_t& max_index) {
   int32_t* const rq = buf.request.data();
   int32_t* const ri = buf.index.data();
   std::size_t o = 0;
   int32_t mx = -1;
-  // The decode paths below write one entry per request: the buffers (cap
-  // entries, the step's num_compressed_tokens, which is >= num_reqs_actual
-  // when every request has one token) must hold them all.
-  all_one = all_one && static_cast<std::size_t>(nra) <= cap;
   if (all_one && rdiv.d == 1) {
     // A decode step (every real request one token): at ratio 1 request b's
     // row is (b, S_b - 1). Two loops that vectorise.
@@ -570,21 +566,6 @@ std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const
     }
     max_index = mx;
     return static_cast<std::size_t>(nra);
-  }
-  if (all_one) {
-    // A decode step at ratio r > 1: request b emits row (S_b - 1) / r iff S_b
-    // is a multiple of r. Branch-free: each request's candidate is written at
-    // o <= b < cap and kept by advancing o.
-    for (int32_t q_i = 0; q_i < nra; ++q_i) {
-      const int32_t s = seq[q_i];
-      const int32_t first = rdiv.div(s - 1), cnt = rdiv.div(s) - first;
-      rq[o] = q_i;
-      ri[o] = first;
-      mx = std::max(mx, cnt > 0 ? first : -1);
-      o += static_cast<std::size_t>(cnt);
-    }
-    max_index = mx;
-    return o;
   }
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t s = seq[q_i], q = qsl[q_i + 1] - qsl[q_i];
@@ -646,8 +627,8 @@ DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffer
   int32_t max_index = -1;
   // Every V4 ratio is a power of two: its loop has no per-request branch on
   // the divisor's kind.
-  const std::size_t n = rdiv.shift >= 0 ? list_rows(qsl, seq, nra, Pow2Div(rdiv), buf, not_one == 0, cap, max_index)
-                                        : list_rows(qsl, seq, nra, rdiv, buf, not_one == 0, cap, max_index);
+  const std::size_t n = rdiv.shift >= 0 ? list_rows(qsl, seq, nra, Pow2Div(rdiv), buf, not_one == 0, max_index)
+                                        : list_rows(qsl, seq, nra, rdiv, buf, not_one == 0, max_index);
   DsaRows rows;
   rows.ratio = r;
   rows.num_compressed_tokens = num_rows;
@@ -678,14 +659,11 @@ void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const Dsa
   // The page column of every row (a negative index fails too), in the same
   // branch-free pass: the table reads below then need no bound per row.
   const auto nra = static_cast<uint32_t>(step.num_reqs_actual);
-  // And whether row k is request k's for every k (a ratio-1 decode step):
-  // then the table is walked row by row, without the request list.
-  uint32_t foreign = 0, outside = 0, sparse = 0;
+  uint32_t foreign = 0, outside = 0;
   for (std::size_t k = 0; k < n; ++k) {
     foreign |= static_cast<uint32_t>(static_cast<uint32_t>(rq[k]) >= nra);
     outside |= static_cast<uint32_t>(static_cast<uint32_t>(sdiv.div(ri[k])) >= stride) |
                (static_cast<uint32_t>(ri[k]) >> 31);
-    sparse |= static_cast<uint32_t>(rq[k]) ^ static_cast<uint32_t>(k);
   }
   if (foreign != 0) {
     for (std::size_t k = 0; k < n; ++k) {
@@ -698,14 +676,7 @@ void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const Dsa
     auto id = [&](std::size_t k) {
       return table[static_cast<std::size_t>(rq[k]) * stride + static_cast<uint32_t>(sdiv.div(ri[k]))];
     };
-    if (blocks != nullptr && sparse == 0) {
-      const int32_t* row = table;
-      for (std::size_t k = 0; k < n; ++k, row += stride) {
-        const int32_t b = row[static_cast<uint32_t>(sdiv.div(ri[k]))];
-        blocks[k] = b;
-        bad |= static_cast<uint32_t>(static_cast<uint32_t>(b) >= limit);
-      }
-    } else if (blocks != nullptr) {
+    if (blocks != nullptr) {
       for (std::size_t k = 0; k < n; ++k) {
         const int32_t b = id(k);
         blocks[k] = b;
