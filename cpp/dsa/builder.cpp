@@ -131,15 +131,21 @@ class StepBuilder::Lane {
     }
     // RoPE positions within both tables (the largest is max over requests of
     // start_pos + q - 1).
-    int64_t max_pos = -1;
+    // Branch-free (start_pos + q - 1 fits int32: it is S - 1 or, for padding
+    // rows, q - 1).
+    int32_t max_pos = -1;
     int64_t sum_s = 0;
-    for (int32_t b = 0; b < B; ++b) {
-      const int32_t q = qsl[b + 1] - qsl[b];
-      q_[static_cast<size_t>(b)] = q;
-      if (q > 0) max_pos = std::max<int64_t>(max_pos, int64_t{sp_[static_cast<size_t>(b)]} + q - 1);
-      sum_s += seq[b];
+    {
+      int32_t* const qv = q_.data();
+      const int32_t* const spv = sp_.data();
+      for (int32_t b = 0; b < B; ++b) {
+        const int32_t q = qsl[b + 1] - qsl[b];
+        qv[b] = q;
+        max_pos = std::max(max_pos, q > 0 ? spv[b] + q - 1 : -1);
+        sum_s += seq[b];
+      }
     }
-    if (t_in > t_real) max_pos = std::max<int64_t>(max_pos, 0);
+    if (t_in > t_real) max_pos = std::max(max_pos, 0);
     AAR_CHECK_ARG(max_pos < rope_.positions(), "seq_lens: a token at position ", max_pos,
                   " is past the rope_theta table (cos_table has ", rope_.positions(), " rows)");
     AAR_CHECK_ARG(crope_ == nullptr || max_pos < crope_->positions(), "seq_lens: a token at position ", max_pos,
@@ -173,9 +179,14 @@ class StepBuilder::Lane {
     cu[0] = 0;
     for (int32_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + seq[b];
     int32_t* pos = positions_.data();
-    for (int32_t b = 0; b < B; ++b) {
-      const int32_t base = sp_[static_cast<size_t>(b)];
-      for (int32_t i = qsl[b], j = 0; i < qsl[b + 1]; ++i, ++j) pos[i] = base + j;
+    if (t_real == B && p.max_seqlen_q == 1) {
+      // Every request one token (a decode step): its position is its start_pos.
+      std::memcpy(pos, sp_.data(), static_cast<size_t>(B) * 4);
+    } else {
+      for (int32_t b = 0; b < B; ++b) {
+        const int32_t base = sp_[static_cast<size_t>(b)];
+        for (int32_t i = qsl[b], j = 0; i < qsl[b + 1]; ++i, ++j) pos[i] = base + j;
+      }
     }
     std::fill(pos + t_real, pos + t_in, 0);
     const Region r = region(t_in);

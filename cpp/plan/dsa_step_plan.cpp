@@ -97,6 +97,16 @@ int32_t check_batch(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t num_req
   const int32_t nra = num_reqs_actual < 0 ? nb : num_reqs_actual;
   AAR_CHECK_ARG(num_reqs_actual >= -1 && nra <= nb, "num_reqs_actual=", num_reqs_actual,
                 " is out of range [0, B=", nb, "] (or -1 for B)");
+  // Branch-free pass (vectorises); the per-request checks run only when it
+  // has found a bad length, and name the first one. q >= 0 (query_start_loc
+  // is non-decreasing), so S - q < 0 <=> S < q once S >= 0.
+  const int32_t* const s = seq_lens.data();
+  int32_t neg = 0;
+  for (int32_t r = 0; r < nb; ++r) neg |= s[r];
+  for (int32_t r = 0; r < nra; ++r) {
+    neg |= static_cast<int32_t>(static_cast<uint32_t>(s[r]) - static_cast<uint32_t>(qsl[r + 1] - qsl[r]));
+  }
+  if (neg >= 0) return nra;
   for (int32_t r = 0; r < nb; ++r) {
     const int32_t q = qsl[r + 1] - qsl[r];
     AAR_CHECK_ARG(seq_lens[r] >= 0, "seq_lens[", r, "]=", seq_lens[r], " is negative");
@@ -138,8 +148,8 @@ inline DsaCompressedRows rows_of(int32_t ctx, int32_t q, const NonNegDiv& r) {
 // the write loop below is instantiated for it, so the common case has no
 // per-row branch on the divisor's kind.
 struct Pow2Div {
-  int32_t shift = 0, mask = 0;
-  explicit Pow2Div(const NonNegDiv& d) : shift(d.shift), mask(d.d - 1) {}
+  int32_t d = 1, shift = 0, mask = 0;
+  explicit Pow2Div(const NonNegDiv& nd) : d(nd.d), shift(nd.shift), mask(nd.d - 1) {}
   int32_t div(int32_t x) const { return x >> shift; }
   int32_t mod(int32_t x) const { return x & mask; }
 };
@@ -218,10 +228,16 @@ DsaStepPlan plan_dsa_step(const DsaStepInputs& in, Span<int32_t> start_pos_out) 
                 start_pos_out.size(), " entries, needs B=", b);
 
   DsaStepPlan p;
+  // One pass over the requests (everything is validated): the maxima and
+  // start_pos.
   int32_t max_q = 0, max_kv = 0;
+  const int32_t* const seq = in.seq_lens.data();
+  int32_t* const sp = start_pos_out.data();
   for (int32_t r = 0; r < b; ++r) {
-    max_q = std::max(max_q, qsl[r + 1] - qsl[r]);
-    max_kv = std::max(max_kv, in.seq_lens[r]);
+    const int32_t q = qsl[r + 1] - qsl[r];
+    max_q = std::max(max_q, q);
+    max_kv = std::max(max_kv, seq[r]);
+    sp[r] = r < nra ? seq[r] - q : 0;
   }
   SplitInputs si;
   si.query_start_loc = qsl;
@@ -230,10 +246,6 @@ DsaStepPlan plan_dsa_step(const DsaStepInputs& in, Span<int32_t> start_pos_out) 
   si.decode_threshold = thr;
   si.treat_short_extends_as_decodes = true;
   p.split = split_decodes_and_prefills(si);  // cannot throw on the validated batch
-
-  for (int32_t r = 0; r < b; ++r) {
-    start_pos_out[r] = r < nra ? in.seq_lens[r] - (qsl[r + 1] - qsl[r]) : 0;
-  }
   p.query_start_loc = qsl;
   p.seq_lens = in.seq_lens;
   p.start_pos = CSpan<int32_t>(start_pos_out.data(), static_cast<std::size_t>(b));
@@ -539,11 +551,22 @@ namespace {
 // plan_dsa_rows' list of the validated requests' rows; returns their number.
 template <class Div>
 std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const Div& rdiv, const DsaRowBuffers& buf,
-                      int32_t& max_index) {
+                      bool all_one, int32_t& max_index) {
   int32_t* const rq = buf.request.data();
   int32_t* const ri = buf.index.data();
   std::size_t o = 0;
   int32_t mx = -1;
+  if (all_one && rdiv.d == 1) {
+    // A decode step (every real request one token): at ratio 1 request b's
+    // row is (b, S_b - 1). Two loops that vectorise.
+    for (int32_t q_i = 0; q_i < nra; ++q_i) rq[q_i] = q_i;
+    for (int32_t q_i = 0; q_i < nra; ++q_i) {
+      ri[q_i] = seq[q_i] - 1;
+      mx = std::max(mx, seq[q_i] - 1);
+    }
+    max_index = mx;
+    return static_cast<std::size_t>(nra);
+  }
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t s = seq[q_i], q = qsl[q_i + 1] - qsl[q_i];
     const int32_t first = rdiv.div(s - q), end = rdiv.div(s);
@@ -579,10 +602,13 @@ DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffer
   const int32_t* const seq = step.seq_lens.data();
   // The plan holds views of the caller's arrays: guard against their change
   // (plan_dsa_group's check and message). Branch-free, so it vectorises.
-  int32_t neg = 0;
+  // Whether every real request has one token, in the same pass: the list's
+  // ratio-1 fast path relies on it (the arrays' values, not the plan's).
+  int32_t neg = 0, not_one = 0;
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t q = qsl[q_i + 1] - qsl[q_i];
     neg |= q | (seq[q_i] - q);
+    not_one |= q ^ 1;
   }
   if (neg < 0) {
     for (int32_t q_i = 0; q_i < nra; ++q_i) {
@@ -601,8 +627,8 @@ DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffer
   int32_t max_index = -1;
   // Every V4 ratio is a power of two: its loop has no per-request branch on
   // the divisor's kind.
-  const std::size_t n = rdiv.shift >= 0 ? list_rows(qsl, seq, nra, Pow2Div(rdiv), buf, max_index)
-                                        : list_rows(qsl, seq, nra, rdiv, buf, max_index);
+  const std::size_t n = rdiv.shift >= 0 ? list_rows(qsl, seq, nra, Pow2Div(rdiv), buf, not_one == 0, max_index)
+                                        : list_rows(qsl, seq, nra, rdiv, buf, not_one == 0, max_index);
   DsaRows rows;
   rows.ratio = r;
   rows.num_compressed_tokens = num_rows;

@@ -36,20 +36,6 @@ inline AttentionState state_from_flags(bool empty, bool all_fresh, bool all_sche
   return st;
 }
 
-// Spec 2.1 (model runner v1) over accessors. Inputs are assumed validated.
-template <typename ComputedFn, typename SchedFn, typename SpecFn>
-AttentionState select_state_rule(std::size_t n, ComputedFn computed, SchedFn sched, SpecFn spec,
-                                 SpecMethod method, bool chunked_prefill_enabled) {
-  bool all_fresh = true, all_sched_one = true, all_valid_one = true;
-  for (std::size_t i = 0; i < n; ++i) {
-    const int32_t s = sched(i);
-    all_fresh = all_fresh && computed(i) == 0;
-    all_sched_one = all_sched_one && s == 1;
-    all_valid_one = all_valid_one && (s - spec(i)) == 1;
-  }
-  return state_from_flags(n == 0, all_fresh, all_sched_one, all_valid_one, method, chunked_prefill_enabled);
-}
-
 void validate_spec_method(SpecMethod m);
 
 // The batch-level checks every step planner makes before its per-request pass
