@@ -89,8 +89,8 @@ const DcpViews& DcpWorkspace::views(int64_t T) {
     v.staged_lse = take(sl_, {T, WH, 1});
     v.local_query = take(lq_, {T, H, Dq});
   }
-  v.send = take(send_, {WH, D + 1, T});
-  v.recv = take(recv_, {WH, D + 1, T});
+  v.send = take(send_, {W, T, H, D + 1});
+  v.recv = take(recv_, {W, T, H, D + 1});
   v.parts_out = take(parts_out_, {W, T * H, D});
   v.parts_lse = take(parts_lse_, {W, T * H});
   for (int64_t i = 0; i < W; ++i) {
@@ -150,22 +150,24 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   if (ws == nullptr) {
     check_merge_limits(W, D, lse_out.has_value() ? 1 : 0);
   } else {
-    AAR_CHECK_ARG(ws->send.defined() && ws->send.size(0) == WH && ws->send.size(1) == D + 1 && ws->send.size(2) == T,
+    AAR_CHECK_ARG(ws->send.defined() && ws->send.size(0) == W && ws->send.size(1) == T && ws->send.size(2) == H &&
+                      ws->send.size(3) == D + 1,
                   "combine_partials: the workspace views are for (", ws->send.defined() ? ws->send.sizes() : c10::IntArrayRef{},
-                  ") wire rows, the exchange needs (", WH, ", ", D + 1, ", ", T, ")");
+                  ") wire rows, the exchange needs (", W, ", ", T, ", ", H, ", ", D + 1, ")");
   }
-  // Wire: [W*H, D+1, T] fp32, heads first (spec 6.2).
-  at::Tensor send = ws ? ws->send : at::empty({WH, D + 1, T}, partial_lse.options());
-  send.narrow(1, 0, D).copy_(partial_out.permute({1, 2, 0}));
-  send.select(1, D).copy_(lse3.t());
+  // Wire: [W, T, H, D+1] fp32 (see cp/dcp.h): block j holds this rank's
+  // partial for rank j's heads, token-major, so packing and unpacking copy
+  // contiguous runs of D.
+  at::Tensor send = ws ? ws->send : at::empty({W, T, H, D + 1}, partial_lse.options());
+  send.narrow(3, 0, D).copy_(partial_out.reshape({T, W, H, D}).permute({1, 0, 2, 3}));
+  send.select(3, D).copy_(lse3.view({T, W, H}).permute({1, 0, 2}));
   at::Tensor recv = ws ? ws->recv : at::empty_like(send);
   comm.all_to_all_single(send, recv);
-  // recv viewed [W, H, D+1, T]: block i is rank i's partial for this rank's heads.
-  const at::Tensor r4 = recv.view({W, H, D + 1, T});
+  // Block i of recv is rank i's partial for this rank's heads.
   at::Tensor po = ws ? ws->parts_out : at::empty({W, T * H, D}, partial_lse.options());
   at::Tensor pl = ws ? ws->parts_lse : at::empty({W, T * H}, partial_lse.options());
-  po.view({W, T, H, D}).copy_(r4.narrow(2, 0, D).permute({0, 3, 1, 2}));
-  pl.view({W, T, H}).copy_(r4.select(2, D).permute({0, 2, 1}));
+  po.view({W, T, H, D}).copy_(recv.narrow(3, 0, D));
+  pl.view({W, T, H}).copy_(recv.select(3, D));
   std::vector<at::Tensor> lses, outs;
   if (ws == nullptr) {
     lses.reserve(W);
