@@ -8,8 +8,13 @@ the runtime's own host work: building, the FIA call, the wire packing and the me
 call. The non-CP figure is aar.MetadataBuilder.build + aar.AttentionImpl.forward on
 the same per-rank shapes in the same process.
 
+--fake-group: one process as rank 0 of torch's in-process fake 2-rank group
+(torch.testing._internal.distributed.fake_pg: every collective returns at once, no
+data moves), so the figure is the host work alone, without gloo's threads and
+their wake-ups competing for the cores (the collectives' wall time is then ~0).
+
 Run from the repository root:
-  PYTHONPATH=python .venv/bin/python benchmarks/bench_gqa_dcp.py [--iters N] [--out FILE]
+  PYTHONPATH=python .venv/bin/python benchmarks/bench_gqa_dcp.py [--iters N] [--out FILE] [--fake-group]
 """
 
 import argparse
@@ -44,11 +49,16 @@ def _median_us(xs):
     return round(statistics.median(xs) / 1e3, 2)
 
 
-def _worker(rank, init_file, iters, results):
+def _worker(rank, init_file, iters, results, fake=False):
     import ascend_attn_rt as aar
 
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=60))
+    if fake:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
+    else:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     aar.set_provider("no_compute")
     comm = aar.cp.Comm(dist.group.WORLD, timeout_s=30.0)
@@ -104,6 +114,8 @@ def _worker(rank, init_file, iters, results):
                      "path": l1.last_path}
             plain["step_us"] = round(plain["build_us"] + LAYERS * plain["forward_per_layer_us"], 1)
             rows[key] = {"dcp2": dcp, "no_cp": plain}
+    if fake:
+        return rows
     results.put((rank, rows))
     results.close()
     results.join_thread()
@@ -114,19 +126,25 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default=None)
+    p.add_argument("--fake-group", action="store_true",
+                   help="rank 0 of an in-process fake 2-rank group (collectives free): the host work alone")
     args = p.parse_args()
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="aar_bench_dcp_") as tmp:
-        init = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, init, args.iters, results)) for r in range(WORLD)]
-        for pr in procs:
-            pr.start()
-        got = dict(results.get(timeout=600) for _ in range(WORLD))
-        for pr in procs:
-            pr.join(timeout=30)
+    if args.fake_group:
+        got = {0: _worker(0, None, args.iters, None, fake=True)}
+    else:
+        ctx = mp.get_context("spawn")
+        results = ctx.Queue()
+        with tempfile.TemporaryDirectory(prefix="aar_bench_dcp_") as tmp:
+            init = os.path.join(tmp, "store")
+            procs = [ctx.Process(target=_worker, args=(r, init, args.iters, results)) for r in range(WORLD)]
+            for pr in procs:
+                pr.start()
+            got = dict(results.get(timeout=600) for _ in range(WORLD))
+            for pr in procs:
+                pr.join(timeout=30)
     report = {
         "benchmark": "gqa_dcp_decode_host",
+        "group": "fake (in-process, collectives free)" if args.fake_group else "gloo, 2 local processes",
         "provider": "no_compute",
         "dtype": "bfloat16",
         "shapes": {"heads_per_rank": H, "kv_heads": HKV, "head_size": D, "block_size": B, "layers": LAYERS},

@@ -30,6 +30,7 @@ void bind_gqa_dcp(nb::module_& m) {
       .def_prop_ro("num_decode_tokens", [](const gqa::DcpMetadata& d) { return d.base.num_decode_tokens; })
       .def_ro("num_prefill_tokens", &gqa::DcpMetadata::num_prefill_tokens)
       .def_prop_ro("slot_mapping", [](const gqa::DcpMetadata& d) { return d.base.slot_mapping; })
+      .def_ro("decode_kernel_rows", &gqa::DcpMetadata::decode_kernel_rows)
       .def_ro("decode_block_tables", &gqa::DcpMetadata::decode_block_tables)
       .def_prop_ro("decode_q_ends", [](const gqa::DcpMetadata& d) { return list_of(d, d.decode_q_ends); })
       .def_prop_ro("decode_kv_lens", [](const gqa::DcpMetadata& d) { return list_of(d, d.decode_kv_lens); })

@@ -8,6 +8,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "ascend_attn_rt/gqa/dcp_graph.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/mla/graph.h"
 #include "ascend_attn_rt/mla/metadata.h"
@@ -57,17 +58,21 @@ GraphHooks python_hooks(nb::object create_event, nb::object event_wait_and_reset
 graph::StepParams step_params_of(nb::handle item) {
   if (nb::isinstance<gqa::Metadata>(item)) return graph::step_params(*nb::cast<const gqa::Metadata*>(item));
   if (nb::isinstance<mla::Metadata>(item)) return mla::graph_step_params(*nb::cast<const mla::Metadata*>(item));
-  throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, or a sequence of them");
+  if (nb::isinstance<gqa::DcpMetadata>(item)) {
+    return gqa::dcp_graph_step_params(*nb::cast<const gqa::DcpMetadata*>(item));
+  }
+  throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, or a sequence of them");
 }
 
 std::vector<graph::StepParams> metadata_list(nb::handle md) {
   std::vector<graph::StepParams> out;
-  if (nb::isinstance<gqa::Metadata>(md) || nb::isinstance<mla::Metadata>(md)) {
+  if (nb::isinstance<gqa::Metadata>(md) || nb::isinstance<mla::Metadata>(md) || nb::isinstance<gqa::DcpMetadata>(md)) {
     out.push_back(step_params_of(md));
     return out;
   }
   if (!nb::isinstance<nb::list>(md) && !nb::isinstance<nb::tuple>(md)) {
-    throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, or a list/tuple of them, got ",
+    throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, or a list/tuple of "
+                  "them, got ",
                   nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(md.ptr())))).c_str());
   }
   for (nb::handle item : md) out.push_back(step_params_of(item));
@@ -136,7 +141,15 @@ void bind_graph(nb::module_& m) {
       .def(
           "update_draft", [](GraphParams& g, int64_t n, nb::handle md) { g.update_draft(n, metadata_list(md)); },
           "num_tokens"_a, "metadata"_a)
-      .def("replay", &GraphParams::replay, "num_tokens"_a)
+      .def(
+          "replay",
+          [](GraphParams& g, int64_t n) {
+            // A replay may run collectives (DCP decode): never with the GIL
+            // held (cp_bindings.cpp).
+            nb::gil_scoped_release nogil;
+            g.replay(n);
+          },
+          "num_tokens"_a)
       .def("has", &GraphParams::has, "num_tokens"_a)
       .def("buckets", &GraphParams::buckets)
       .def("release", &GraphParams::release, "num_tokens"_a)
@@ -185,6 +198,40 @@ void bind_graph(nb::module_& m) {
           "num_tokens"_a,
           "(kind, query ends, KV lengths, block-table address) of every parameterised call, in update order "
           "(tests: which step's parameters a replay would use)")
+      .def(
+          "call_addresses",
+          [](const GraphParams& g, int64_t n) {
+            // The device addresses a replay reads and writes: they must not
+            // move between steps (the device graph baked them in).
+            auto ptr = [](const at::Tensor& t) -> int64_t {
+              return t.defined() ? reinterpret_cast<int64_t>(t.data_ptr()) : 0;
+            };
+            auto opt = [&](const std::optional<at::Tensor>& t) -> int64_t { return t.has_value() ? ptr(*t) : 0; };
+            std::vector<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>> out;
+            for (const auto& c : g.bucket(n).calls) {
+              switch (c.kind) {
+                case graph::CallKind::Fia:
+                  out.emplace_back("fia", ptr(c.fia.query), ptr(c.out), ptr(c.lse), opt(c.fia.block_table));
+                  break;
+                case graph::CallKind::FiaV2:
+                  out.emplace_back("fia_v2", ptr(c.fia2.query), ptr(c.out), ptr(c.lse), opt(c.fia2.block_table));
+                  break;
+                case graph::CallKind::PagedAttention:
+                  out.emplace_back("paged_attention", ptr(c.pa.query), ptr(c.out), 0, ptr(c.pa.block_table));
+                  break;
+                case graph::CallKind::KvWrite:
+                  out.emplace_back("kv_write", ptr(c.key), ptr(c.key_cache), 0, ptr(c.slot_mapping));
+                  break;
+                case graph::CallKind::Prepare:
+                  out.emplace_back("prepare", 0, 0, 0, 0);
+                  break;
+              }
+            }
+            return out;
+          },
+          "num_tokens"_a,
+          "(kind, query, output, lse, block table / slot mapping) data pointers of every recorded call "
+          "(KV writes: key, key cache, -, slot mapping; 0 where absent), in update order")
       .def(
           "workspaces",
           [](const GraphParams& g, int64_t n) { return std::make_pair(g.bucket(n).fia_workspace, g.bucket(n).pa_workspace); },

@@ -15,8 +15,10 @@
 
 #include "ascend_attn_rt/attention_buffer.h"
 #include "ascend_attn_rt/c8/impl.h"
+#include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/dsa/impl.h"
 #include "ascend_attn_rt/fa3/impl.h"
+#include "ascend_attn_rt/gqa/dcp.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/mla/impl.h"
@@ -78,6 +80,8 @@ class PyKvConnector final : public KvConnector {
     else if (auto* p = md.as<mla::Metadata>()) h = nb::find(p);
     else if (auto* p = md.as<sfa::Metadata>()) h = nb::find(p);
     else if (auto* p = md.as<dsa::LayerMetadata>()) h = p->step ? nb::find(p->step) : nb::handle();
+    else if (auto* p = md.as<gqa::DcpMetadata>()) h = nb::find(p);
+    else if (auto* p = md.as<cp::PcpMetadata>()) h = nb::find(p);
     return h.is_valid() ? nb::borrow(h) : nb::none();
   }
   nb::object obj_;
@@ -123,6 +127,8 @@ void bind_kv_connector(nb::module_& m) {
   add_hook_methods<mla::Impl>("mla.Impl");
   add_hook_methods<sfa::Impl>("sfa.Impl");
   add_hook_methods<dsa::Impl>("dsa.Impl");
+  add_hook_methods<gqa::DcpAttentionImpl>("DcpAttentionImpl");
+  add_hook_methods<cp::PcpAttentionImpl>("PcpAttentionImpl");
 
   m.def(
       "get_or_register_attention_buffer",
@@ -145,6 +151,7 @@ void bind_kv_connector(nb::module_& m) {
 
 }  // namespace
 
-const BindingRegistrar kRegisterKvConnector(/*order=*/800, &bind_kv_connector);
+// After every Impl class is bound (the context-parallel layers are bound at 910).
+const BindingRegistrar kRegisterKvConnector(/*order=*/950, &bind_kv_connector);
 
 }  // namespace aar::bindings

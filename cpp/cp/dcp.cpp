@@ -4,47 +4,102 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/attention_update.h"
+#include "../common/shared_by_shape.h"
 #include "../ops/attention_update_check.h"
 
 namespace aar::cp {
 
-DcpWorkspace::DcpWorkspace(int64_t max_rows, int64_t world, int64_t heads, int64_t head_dim, at::ScalarType q_dtype,
-                           c10::Device device)
-    : max_rows_(max_rows), world_(world), heads_(heads), dim_(head_dim) {
-  AAR_CHECK_ARG(max_rows > 0 && world > 0 && heads > 0 && head_dim > 0,
-                "DcpWorkspace: max_rows, world, heads and head_dim must be positive, got ", max_rows, ", ", world,
-                ", ", heads, ", ", head_dim);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-  const int64_t wh = world * heads;
-  q_ = at::empty({max_rows * wh * head_dim}, f32.dtype(q_dtype));
-  send_ = at::empty({wh * (head_dim + 1) * max_rows}, f32);
-  recv_ = at::empty({wh * (head_dim + 1) * max_rows}, f32);
-  out_ = at::empty({world * max_rows * heads * head_dim}, f32);
-  lse_ = at::empty({world * max_rows * heads}, f32);
-}
-
 namespace {
 
-at::Tensor prefix(const at::Tensor& flat, c10::IntArrayRef sizes, int64_t rows, int64_t max_rows) {
-  AAR_CHECK_ARG(rows >= 0 && rows <= max_rows, "DcpWorkspace: ", rows, " rows exceed its max_rows=", max_rows);
-  int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
-  return flat.narrow(0, 0, n).view(sizes);
+// npu_attention_update's limits for W partials of head dim D (W <= 16, D a
+// multiple of 8 in [8, 512]), checked without running it.
+void check_merge_limits(int64_t W, int64_t D, int64_t update_type) {
+  const at::Tensor probe_lse = at::empty({0}, at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor probe_out = at::empty({0, D}, probe_lse.options());
+  std::vector<at::Tensor> l(static_cast<size_t>(W), probe_lse), o(static_cast<size_t>(W), probe_out);
+  ops::detail::check_attention_update_args(l, o, update_type, "combine_partials (npu_attention_update)");
 }
 
 }  // namespace
 
-at::Tensor DcpWorkspace::gathered_query(int64_t T) const {
-  return prefix(q_, {T, world_ * heads_, dim_}, T, max_rows_);
+bool DcpWorkspaceShape::operator==(const DcpWorkspaceShape& o) const {
+  return device == o.device && q_dtype == o.q_dtype && out_dtype == o.out_dtype && world == o.world &&
+         heads == o.heads && q_dim == o.q_dim && out_dim == o.out_dim && regroup == o.regroup &&
+         comm == o.comm && workspace_group == o.workspace_group;
 }
-at::Tensor DcpWorkspace::send(int64_t T) const { return prefix(send_, {world_ * heads_, dim_ + 1, T}, T, max_rows_); }
-at::Tensor DcpWorkspace::recv(int64_t T) const { return prefix(recv_, {world_ * heads_, dim_ + 1, T}, T, max_rows_); }
-at::Tensor DcpWorkspace::parts_out(int64_t T) const { return prefix(out_, {world_, T * heads_, dim_}, T, max_rows_); }
-at::Tensor DcpWorkspace::parts_lse(int64_t T) const { return prefix(lse_, {world_, T * heads_}, T, max_rows_); }
+
+DcpWorkspace::DcpWorkspace(const DcpWorkspaceShape& shape) : shape_(shape) {
+  AAR_CHECK_ARG(shape.world > 0 && shape.heads > 0 && shape.q_dim > 0 && shape.out_dim > 0,
+                "DcpWorkspace: world, heads, q_dim and out_dim must be positive, got ", shape.world, ", ",
+                shape.heads, ", ", shape.q_dim, ", ", shape.out_dim);
+  if (shape.world > 1) check_merge_limits(shape.world, shape.out_dim, 1);
+}
+
+std::shared_ptr<DcpWorkspace> DcpWorkspace::shared(const DcpWorkspaceShape& shape) {
+  return aar::detail::shared_by_shape<DcpWorkspace>(shape);
+}
+
+void DcpWorkspace::grow(int64_t rows) {
+  const DcpWorkspaceShape& s = shape_;
+  const int64_t cap = std::max<int64_t>(rows, 2 * capacity_);
+  const int64_t wh = s.world * s.heads;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(s.device);
+  q_ = at::empty({cap * wh * s.q_dim}, f32.dtype(s.q_dtype));
+  po_ = at::empty({cap * wh * s.out_dim}, f32.dtype(s.out_dtype));
+  pl_ = at::empty({cap * wh}, f32);
+  if (s.regroup) {
+    sq_ = at::empty({cap * wh * s.q_dim}, f32.dtype(s.q_dtype));
+    so_ = at::empty({cap * wh * s.out_dim}, f32.dtype(s.out_dtype));
+    sl_ = at::empty({cap * wh}, f32);
+    lq_ = at::empty({cap * s.heads * s.q_dim}, f32.dtype(s.q_dtype));
+  }
+  send_ = at::empty({wh * (s.out_dim + 1) * cap}, f32);
+  recv_ = at::empty({wh * (s.out_dim + 1) * cap}, f32);
+  parts_out_ = at::empty({cap * wh * s.out_dim}, f32);
+  parts_lse_ = at::empty({cap * wh}, f32);
+  capacity_ = cap;
+  ++generation_;
+}
+
+const DcpViews& DcpWorkspace::views(int64_t T) {
+  AAR_CHECK_ARG(T >= 0, "DcpWorkspace: row count must be non-negative, got ", T);
+  if (T > capacity_ || capacity_ == 0) grow(std::max<int64_t>(T, 1));
+  if (static_cast<int64_t>(views_.size()) <= T) views_.resize(T + 1);
+  DcpViews& v = views_[T];
+  if (v.generation == generation_) return v;
+  const DcpWorkspaceShape& s = shape_;
+  const int64_t W = s.world, H = s.heads, WH = W * H, Dq = s.q_dim, D = s.out_dim;
+  auto take = [](const at::Tensor& flat, c10::IntArrayRef sizes) {
+    int64_t n = 1;
+    for (int64_t x : sizes) n *= x;
+    return flat.narrow(0, 0, n).view(sizes);
+  };
+  v = DcpViews{};
+  v.generation = generation_;
+  v.gathered_query = take(q_, {T, WH, Dq});
+  v.partial_out = take(po_, {T, WH, D});
+  v.partial_lse = take(pl_, {T, WH, 1});
+  if (s.regroup) {
+    v.staged_query = take(sq_, {T, WH, Dq});
+    v.staged_out = take(so_, {T, WH, D});
+    v.staged_lse = take(sl_, {T, WH, 1});
+    v.local_query = take(lq_, {T, H, Dq});
+  }
+  v.send = take(send_, {W, T, H, D + 1});
+  v.recv = take(recv_, {W, T, H, D + 1});
+  v.parts_out = take(parts_out_, {W, T * H, D});
+  v.parts_lse = take(parts_lse_, {W, T * H});
+  for (int64_t i = 0; i < W; ++i) {
+    v.out_list.push_back(v.parts_out.select(0, i));
+    v.lse_list.push_back(v.parts_lse.select(0, i));
+  }
+  return v;
+}
 
 at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::optional<at::Tensor>& out) {
   AAR_CHECK_ARG(q.defined() && q.dim() == 3, "gather_query_heads: q must be (T, H, D), got ",
@@ -63,7 +118,7 @@ at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::option
 }
 
 void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tensor& partial_lse, at::Tensor& out,
-                      const std::optional<at::Tensor>& lse_out, const DcpWorkspace* ws) {
+                      const std::optional<at::Tensor>& lse_out, const DcpViews* ws) {
   const int64_t W = comm.size();
   AAR_CHECK_ARG(partial_out.defined() && partial_out.dim() == 3, "combine_partials: partial_out must be (T, W*H, D), got ",
                 partial_out.defined() ? partial_out.sizes() : c10::IntArrayRef{});
@@ -91,37 +146,41 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   }
   if (T == 0) return;  // batch-global: no rank exchanges
   // The merge's limits, before anything is sent (a rank refusing alone would
-  // leave its peers in the all-to-all until the timeout).
-  {
-    const at::Tensor probe_lse = at::empty({0}, partial_lse.options());
-    const at::Tensor probe_out = at::empty({0, D}, partial_lse.options());
-    std::vector<at::Tensor> l(static_cast<size_t>(W), probe_lse), o(static_cast<size_t>(W), probe_out);
-    ops::detail::check_attention_update_args(l, o, lse_out.has_value() ? 1 : 0, "combine_partials (npu_attention_update)");
+  // leave its peers in the all-to-all until the timeout); a workspace's shape
+  // was checked once when it was made.
+  if (ws == nullptr) {
+    check_merge_limits(W, D, lse_out.has_value() ? 1 : 0);
+  } else {
+    AAR_CHECK_ARG(ws->send.defined() && ws->send.size(0) == W && ws->send.size(1) == T && ws->send.size(2) == H &&
+                      ws->send.size(3) == D + 1,
+                  "combine_partials: the workspace views are for (", ws->send.defined() ? ws->send.sizes() : c10::IntArrayRef{},
+                  ") wire rows, the exchange needs (", W, ", ", T, ", ", H, ", ", D + 1, ")");
   }
-  if (ws != nullptr) {
-    AAR_CHECK_ARG(ws->defined() && T <= ws->max_rows(), "combine_partials: workspace holds ", ws->max_rows(),
-                  " rows, the exchange needs ", T);
-  }
-  // Wire: [W*H, D+1, T] fp32, heads first (spec 6.2).
-  at::Tensor send = ws ? ws->send(T) : at::empty({WH, D + 1, T}, partial_lse.options());
-  send.narrow(1, 0, D).copy_(partial_out.permute({1, 2, 0}));
-  send.select(1, D).copy_(lse3.t());
-  at::Tensor recv = ws ? ws->recv(T) : at::empty_like(send);
+  // Wire: [W, T, H, D+1] fp32 (see cp/dcp.h): block j holds this rank's
+  // partial for rank j's heads, token-major, so packing and unpacking copy
+  // contiguous runs of D.
+  at::Tensor send = ws ? ws->send : at::empty({W, T, H, D + 1}, partial_lse.options());
+  send.narrow(3, 0, D).copy_(partial_out.reshape({T, W, H, D}).permute({1, 0, 2, 3}));
+  send.select(3, D).copy_(lse3.view({T, W, H}).permute({1, 0, 2}));
+  at::Tensor recv = ws ? ws->recv : at::empty_like(send);
   comm.all_to_all_single(send, recv);
-  // recv viewed [W, H, D+1, T]: block i is rank i's partial for this rank's heads.
-  const at::Tensor r4 = recv.view({W, H, D + 1, T});
-  at::Tensor po = ws ? ws->parts_out(T) : at::empty({W, T * H, D}, partial_lse.options());
-  at::Tensor pl = ws ? ws->parts_lse(T) : at::empty({W, T * H}, partial_lse.options());
-  po.view({W, T, H, D}).copy_(r4.narrow(2, 0, D).permute({0, 3, 1, 2}));
-  pl.view({W, T, H}).copy_(r4.select(2, D).permute({0, 2, 1}));
+  // Block i of recv is rank i's partial for this rank's heads.
+  at::Tensor po = ws ? ws->parts_out : at::empty({W, T * H, D}, partial_lse.options());
+  at::Tensor pl = ws ? ws->parts_lse : at::empty({W, T * H}, partial_lse.options());
+  po.view({W, T, H, D}).copy_(recv.narrow(3, 0, D));
+  pl.view({W, T, H}).copy_(recv.select(3, D));
   std::vector<at::Tensor> lses, outs;
-  lses.reserve(W);
-  outs.reserve(W);
-  for (int64_t i = 0; i < W; ++i) {
-    lses.push_back(pl.select(0, i));
-    outs.push_back(po.select(0, i));
+  if (ws == nullptr) {
+    lses.reserve(W);
+    outs.reserve(W);
+    for (int64_t i = 0; i < W; ++i) {
+      lses.push_back(pl.select(0, i));
+      outs.push_back(po.select(0, i));
+    }
   }
-  auto [merged, merged_lse] = ops::attention_update(lses, outs, lse_out.has_value() ? 1 : 0);
+  auto [merged, merged_lse] = ops::attention_update(ws ? at::TensorList(ws->lse_list) : at::TensorList(lses),
+                                                    ws ? at::TensorList(ws->out_list) : at::TensorList(outs),
+                                                    lse_out.has_value() ? 1 : 0);
   out.copy_(merged.view({T, H, D}));
   if (lse_out.has_value()) lse_out->view({T, H}).copy_(merged_lse.view({T, H}));
 }

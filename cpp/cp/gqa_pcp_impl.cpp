@@ -120,6 +120,7 @@ const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::T
   } else {
     gqa::check_attn_type(cfg_.attn_type, *g, true);
   }
+  const KvHookScope<PcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, /*wrote=*/true, md, "gqa_pcp");
 
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();

@@ -7,6 +7,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/backend.h"
 #include "ascend_attn_rt/gqa/dcp.h"
+#include "ascend_attn_rt/gqa/dcp_graph.h"
 #include "ascend_attn_rt/plan/dcp_step_plan.h"
 #include "../common/staging.h"
 #include "../common/builder_checks.h"
@@ -83,8 +84,12 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
 
   const int32_t nd = p.split.num_decodes, np = p.split.num_prefills;
   const int32_t td = p.split.num_decode_tokens, tp = p.num_actual_tokens - td;
-  // One copy of everything used: the packed buffer up to the prefill rows' end.
-  buffers_->copy(0, off_pbt_ + static_cast<int64_t>(np) * M);
+  const int32_t dk = p.decode_kernel_rows;
+  // The regions used, each copied once (the decode-row region is sized for
+  // max_num_tokens rows: copying it whole would move megabytes per step).
+  buffers_->copy(off_slot_, p.num_input_tokens);
+  buffers_->copy(off_dbt_, static_cast<int64_t>(dk) * M);
+  buffers_->copy(off_pbt_, static_cast<int64_t>(np) * M);
   buffers_->finish();
   int64_t* ci = ctx_idx_host_.data_ptr<int64_t>();
   std::copy(ctx_idx32_.begin(), ctx_idx32_.begin() + p.num_context_rows, ci);
@@ -110,9 +115,10 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
   m.no_context = !p.has_context && nd == 0;
   m.prefill_no_context = !p.has_context;
   md_.num_prefill_tokens = tp;
-  md_.decode_block_tables = dev.narrow(0, off_dbt_, static_cast<int64_t>(td) * M).view({td, M});
-  md_.decode_q_ends = c10::IntArrayRef(dq_.data(), td);
-  md_.decode_kv_lens = c10::IntArrayRef(dkv_.data(), td);
+  md_.decode_kernel_rows = dk;
+  md_.decode_block_tables = dev.narrow(0, off_dbt_, static_cast<int64_t>(dk) * M).view({dk, M});
+  md_.decode_q_ends = c10::IntArrayRef(dq_.data(), dk);
+  md_.decode_kv_lens = c10::IntArrayRef(dkv_.data(), dk);
   md_.prefill_block_tables = dev.narrow(0, off_pbt_, static_cast<int64_t>(np) * M).view({np, M});
   md_.prefill_q_ends = c10::IntArrayRef(pq_.data(), np);
   md_.prefill_context_lens = c10::IntArrayRef(pctx_.data(), np);
@@ -121,6 +127,23 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
   md_.context_token_idx = ctx_idx_dev_.narrow(0, 0, p.num_context_rows);
   md_.num_local_writes = p.num_local_writes;
   return md_;
+}
+
+}  // namespace aar::gqa
+
+namespace aar::gqa {
+
+graph::StepParams dcp_graph_step_params(const DcpMetadata& md) {
+  graph::StepParams sp;
+  sp.block_tables = md.decode_block_tables;
+  sp.q_ends = md.decode_q_ends;
+  sp.kv_lens = md.decode_kv_lens;
+  sp.num_reqs = md.decode_kernel_rows;  // one kernel "request" per decode row
+  sp.num_real_reqs = md.base.num_decodes;
+  sp.num_kernel_tokens = md.decode_kernel_rows;
+  sp.num_input_tokens = md.base.num_input_tokens;
+  sp.stamp = md.base.stamp;
+  return sp;
 }
 
 }  // namespace aar::gqa

@@ -71,11 +71,10 @@ namespace {
 
 // FIA TND over the paged cache with an LSE: non-causal (every key the lengths
 // admit is visible), the call of the decode and context passes.
-void paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, const at::Tensor& value_cache_3d,
-                   const at::Tensor& block_table, c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens, int64_t heads,
-                   int64_t kv_heads, double scale, int64_t block_size, at::Tensor& out, at::Tensor& lse) {
-  ops::FiaTensors t;
-  ops::FiaParams p;
+void fill_paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, const at::Tensor& value_cache_3d,
+                        const at::Tensor& block_table, c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens,
+                        int64_t heads, int64_t kv_heads, double scale, int64_t block_size, ops::FiaTensors& t,
+                        ops::FiaParams& p) {
   t.query = q;
   t.key = key_cache_3d;
   t.value = value_cache_3d;
@@ -89,21 +88,128 @@ void paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, const at
   p.block_size = block_size;
   p.sparse_mode = 0;
   p.softmax_lse_flag = true;
+}
+
+void paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, const at::Tensor& value_cache_3d,
+                   const at::Tensor& block_table, c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens, int64_t heads,
+                   int64_t kv_heads, double scale, int64_t block_size, at::Tensor& out, at::Tensor& lse) {
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  fill_paged_partial(q, key_cache_3d, value_cache_3d, block_table, q_ends, kv_lens, heads, kv_heads, scale, block_size,
+                     t, p);
   ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
 }
 
 }  // namespace
 
+const cp::DcpViews& DcpAttentionImpl::decode_views(int64_t T, const at::Tensor& query) {
+  const int64_t W = comm_.size();
+  cp::DcpWorkspaceShape sh;
+  sh.device = query.device();
+  sh.q_dtype = sh.out_dtype = query.scalar_type();
+  sh.world = W;
+  sh.heads = cfg_.num_heads;
+  sh.q_dim = sh.out_dim = cfg_.head_size;
+  sh.regroup = cfg_.num_kv_heads > 1 && W > 1;
+  sh.comm = &comm_;
+  if (!ws_ || !(ws_->shape() == sh)) ws_ = cp::DcpWorkspace::shared(sh);
+  return ws_->views(T);
+}
+
+void DcpAttentionImpl::stage_query(const cp::DcpViews& v, const at::Tensor& q_rows) {
+  at::Tensor qg = v.gathered_query;
+  cp::gather_query_heads(comm_, q_rows, qg);
+  if (!v.staged_query.defined()) return;
+  // Gathered heads (rank-major) -> KV-head-major for FIA.
+  const int64_t T = qg.size(0), W = comm_.size(), kv = cfg_.num_kv_heads, G = cfg_.num_heads / kv;
+  const int64_t D = qg.size(2);
+  v.staged_query.view({T, kv, W, G, D}).copy_(qg.view({T, W, kv, G, D}).permute({0, 2, 1, 3, 4}));
+}
+
+void DcpAttentionImpl::fill_decode_call(const cp::DcpViews& v, const DcpMetadata& md, ops::FiaTensors& t,
+                                        ops::FiaParams& p, at::Tensor& out, at::Tensor& lse) const {
+  const bool regroup = v.staged_query.defined();
+  fill_paged_partial(regroup ? v.staged_query : v.gathered_query, key_cache_3d_, value_cache_3d_,
+                     md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, comm_.size() * cfg_.num_heads,
+                     cfg_.num_kv_heads, cfg_.scale, md.base.block_size, t, p);
+  out = regroup ? v.staged_out : v.partial_out;
+  lse = regroup ? v.staged_lse : v.partial_lse;
+}
+
+void DcpAttentionImpl::combine(const cp::DcpViews& v, const at::Tensor& out_rows) {
+  if (v.staged_out.defined()) {
+    // KV-head-major partials back to the gathered (rank-major) head order.
+    const int64_t T = v.partial_out.size(0), W = comm_.size(), kv = cfg_.num_kv_heads, G = cfg_.num_heads / kv;
+    const int64_t D = v.partial_out.size(2);
+    v.partial_out.view({T, W, kv, G, D}).copy_(v.staged_out.view({T, kv, W, G, D}).permute({0, 2, 1, 3, 4}));
+    v.partial_lse.view({T, W, kv, G}).copy_(v.staged_lse.view({T, kv, W, G}).permute({0, 2, 1, 3}));
+  }
+  at::Tensor out = out_rows;
+  cp::combine_partials(comm_, v.partial_out, v.partial_lse, out, std::nullopt, &v);
+}
+
 void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output) {
-  const int64_t td = md.base.num_decode_tokens, W = comm_.size(), H = cfg_.num_heads, D = cfg_.head_size;
-  const at::Tensor qd = query.narrow(0, 0, td);
-  const at::Tensor qg = to_kv_major(cp::gather_query_heads(comm_, qd));
-  at::Tensor po = at::empty({td, W * H, D}, query.options());
-  at::Tensor pl = at::empty({td, W * H, 1}, query.options().dtype(at::kFloat));
-  paged_partial(qg, key_cache_3d_, value_cache_3d_, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens,
-                W * H, cfg_.num_kv_heads, cfg_.scale, md.base.block_size, po, pl);
-  at::Tensor out = output.narrow(0, 0, td);
-  cp::combine_partials(comm_, from_kv_major(po), from_kv_major(pl), out);
+  // The step's decode tokens only (eager: no padding rows).
+  const int64_t td = md.base.num_decode_tokens;
+  const cp::DcpViews& v = decode_views(td, query);
+  stage_query(v, query.narrow(0, 0, td));
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  at::Tensor out, lse;
+  fill_decode_call(v, md, t, p, out, lse);
+  p.actual_seq_lengths = md.decode_q_ends.slice(0, td);
+  p.actual_seq_lengths_kv = md.decode_kv_lens.slice(0, td);
+  t.block_table = md.decode_kernel_rows == td ? md.decode_block_tables : md.decode_block_tables.narrow(0, 0, td);
+  ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+  combine(v, output.narrow(0, 0, td));
+}
+
+void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& md, const at::Tensor& query,
+                                      const std::optional<at::Tensor>& key, const std::optional<at::Tensor>& value,
+                                      const at::Tensor& output) {
+  const int64_t n = g.capturing_bucket();
+  if (md.base.num_prefills != 0 || md.base.num_decodes == 0 || md.decode_kernel_rows != n ||
+      md.base.num_input_tokens != n || query.sizes()[0] != n) {
+    throw_not_supported("DCP graph capture of bucket ", n, " takes decode-only batches padded to ", n,
+                        " tokens (got ", md.base.num_decodes, " decodes, ", md.base.num_prefills,
+                        " prefills, ", md.decode_kernel_rows, " decode rows, num_input_tokens=",
+                        md.base.num_input_tokens, ", query rows=", query.sizes()[0], ")");
+  }
+  if (key.has_value() && !cfg_.kv_sharing) {
+    // Replays read the captured key/value buffers in place: no hidden copies.
+    AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
+    AAR_CHECK_ARG(key->sizes()[0] == n, "graph capture of bucket ", n, " needs key/value of ", n, " rows, got ",
+                  key->sizes()[0]);
+    graph::CapturedCall w;
+    w.kind = graph::CallKind::KvWrite;
+    w.layer_index = cfg_.layer_index;
+    w.key = *key;
+    w.value = *value;
+    w.key_cache = key_cache_;
+    w.value_cache = value_cache_;
+    w.slot_mapping = md.base.slot_mapping;  // the builder's buffer: a stable address, -1 past the real tokens
+    g.capture_call(std::move(w));
+  }
+  // The closures hold copies of the views (and so the buffers) they use.
+  const cp::DcpViews v = decode_views(n, query);
+  graph::CapturedCall gather;
+  gather.kind = graph::CallKind::Prepare;
+  gather.layer_index = cfg_.layer_index;
+  gather.prepare = [this, v, q = at::Tensor(query)]() { stage_query(v, q); };
+  g.capture_call(std::move(gather));
+
+  graph::CapturedCall c;
+  c.kind = graph::CallKind::Fia;
+  c.layer_index = cfg_.layer_index;
+  c.paged = true;
+  fill_decode_call(v, md, c.fia, c.fia_params, c.out, c.lse);
+  g.capture_call(std::move(c));
+
+  graph::CapturedCall merge;
+  merge.kind = graph::CallKind::Prepare;
+  merge.layer_index = cfg_.layer_index;
+  merge.prepare = [this, v, out = at::Tensor(output)]() { combine(v, out); };
+  g.capture_call(std::move(merge));
 }
 
 void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key,
@@ -180,7 +286,6 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
                                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                                             const at::Tensor& value_cache, const DcpMetadata& md,
                                             const at::Tensor& output) {
-  graph::refuse_if_capturing("DCP attention (gqa::DcpAttentionImpl)");
   check_current(md.base.stamp, "metadata");
   AAR_CHECK_ARG(md.shard.world == comm_.size() && md.shard.rank == comm_.rank(), "the metadata was built for DCP rank ",
                 md.shard.rank, " of ", md.shard.world, " but the layer's group is rank ", comm_.rank(), " of ",
@@ -192,11 +297,17 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
   validate_nd_caches(shape, key_cache, value_cache, md.base, query.scalar_type(), query.device());
   AAR_CHECK_ARG(md.base.num_prefills == 0 || key.has_value(),
                 "prefill requests attend this step's own K/V: key and value are required");
+  const bool writes = key.has_value() && !cfg_.kv_sharing;
+  const KvHookScope<DcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, writes, md, "gqa_dcp");
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
   bind_caches(key_cache, value_cache);
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    capture_decode(*g, md, query, key, value, output);
+    return output;
+  }
   // 1. This rank's own tokens only (slot -1 elsewhere, skipped by the kernel).
-  if (key.has_value() && !cfg_.kv_sharing) {
+  if (writes) {
     const int64_t n = key->sizes()[0];
     const at::Tensor slots = n == md.base.num_input_tokens ? md.base.slot_mapping : md.base.slot_mapping.narrow(0, 0, n);
     ops::scatter_pa_kv_cache(key->contiguous(), value->contiguous(), key_cache_, value_cache_, slots, "Norm");

@@ -41,6 +41,7 @@ struct MetadataBuilder::Views {
   std::vector<at::Tensor> qsl;                     // by num_reqs: (n+1)
   std::vector<at::Tensor> slots;                   // by num_input_tokens
   std::vector<at::Tensor> decode_bt, prefill_bt;   // by num_decodes / num_prefills: (n, max_blocks)
+  std::vector<at::Tensor> token_bt;                // DCP per-token decode rows: (n, max_blocks)
   std::vector<at::Tensor> dcos, dsin, pcos, psin;  // by num_decode_tokens / num_prefill_tokens: (n, R)
   std::vector<at::Tensor> cu, starts, clens, plens;  // by (num_chunks - 1) * (max_num_reqs + 1) + num_prefills
 };
@@ -54,14 +55,6 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   AAR_CHECK_ARG(cfg.cp_kv_cache_interleave_size >= 1 && cfg.block_size % cfg.cp_kv_cache_interleave_size == 0,
                 "cp_kv_cache_interleave_size=", cfg.cp_kv_cache_interleave_size,
                 " must be positive and divide block_size=", cfg.block_size, " (spec cp.md 1.1)");
-  if (cfg.dcp_world_size > 1 && cfg.graph_decode_padding) {
-    throw_not_supported("graph_decode_padding with DCP (dcp_world_size=", cfg.dcp_world_size, ")");
-  }
-  if (cfg.dcp_world_size > 1 && cfg.num_speculative_tokens > 0) {
-    throw_not_supported("speculative decode (num_speculative_tokens=", cfg.num_speculative_tokens,
-                        ") with DCP (dcp_world_size=", cfg.dcp_world_size,
-                        "): its interleave-aware mask needs FIA's BSND layout with an explicit mask");
-  }
   // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
   rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   const int64_t max_model_len =
@@ -87,7 +80,10 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   off_pbt_ = off_plens_ + kChunks * R;
   off_pcos_ = align16(off_pbt_ + R * MB);
   off_psin_ = align16(off_pcos_ + T * W);
-  total_ = off_psin_ + T * W;
+  // DCP with speculative decode: one decode row per token (plan/mla_plan.h).
+  const bool token_rows = cfg.dcp_world_size > 1 && cfg.num_speculative_tokens > 0;
+  off_dtbt_ = align16(off_psin_ + T * W);
+  total_ = off_dtbt_ + (token_rows ? TD * MB : 0);
 
   buffers_ = std::make_unique<detail::StagingBuffers>(total_, cfg.device, separate_, cfg.staging_buffers,
                                                       cfg.staging_hooks);
@@ -121,6 +117,10 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     reorg_offsets_.assign(kChunks + 1, 0);
     dcp_block_lens_.assign(R, 0);
     dcp_is_prefilling_.assign(R, 0);
+    if (token_rows) {
+      dcp_q_ends_.assign(TD, 0);
+      dcp_kv_lens_.assign(TD, 0);
+    }
   }
 
   views_ = std::make_unique<Views>();
@@ -129,6 +129,7 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   v.qsl.resize(R + 1);
   v.slots.resize(T + 1);
   v.decode_bt.resize(R + 1);
+  v.token_bt.resize(TD + 1);
   v.prefill_bt.resize(R + 1);
   v.dcos.resize(TD + 1);
   v.dsin.resize(TD + 1);
@@ -239,6 +240,11 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
     buf.chunks.reorg_offsets = plan::Span<int64_t>(reorg_offsets_.data(), reorg_offsets_.size());
     buf.dcp_block_lens = plan::Span<int32_t>(dcp_block_lens_.data(), dcp_block_lens_.size());
     buf.dcp_is_prefilling = plan::Span<uint8_t>(dcp_is_prefilling_.data(), dcp_is_prefilling_.size());
+    if (!dcp_q_ends_.empty()) {
+      buf.dcp_decode_block_table = plan::Span<int32_t>(s + off_dtbt_, total_ - off_dtbt_);
+      buf.dcp_decode_q_ends = plan::Span<int64_t>(dcp_q_ends_.data(), dcp_q_ends_.size());
+      buf.dcp_decode_kv_lens = plan::Span<int64_t>(dcp_kv_lens_.data(), dcp_kv_lens_.size());
+    }
   }
 
   // Everything that can fail happens in here, before its first write.
@@ -265,6 +271,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
     buffers_->copy(off_pcos_, words);
     buffers_->copy(off_psin_, words);
   }
+  if (p.dcp_token_rows) buffers_->copy(off_dtbt_, static_cast<int64_t>(nk) * MB);
   buffers_->finish();
   counter_.next(md_.stamp);
 
@@ -282,9 +289,15 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
     DecodeMetadata& d = md_.decode;
     d.num_kernel_reqs = nk;
     d.num_kernel_tokens = tk;
-    d.block_table = lazy(v.decode_bt, nk, [&] { return device_.narrow(0, off_bt_, nk * MB).view({nk, MB}); });
-    d.seq_lens_list = c10::IntArrayRef(kv_lens_.data(), nk);
-    d.actual_seq_lengths_q = c10::IntArrayRef(q_ends_.data(), nk);
+    if (p.dcp_token_rows) {
+      d.block_table = lazy(v.token_bt, nk, [&] { return device_.narrow(0, off_dtbt_, nk * MB).view({nk, MB}); });
+      d.seq_lens_list = c10::IntArrayRef(dcp_kv_lens_.data(), nk);
+      d.actual_seq_lengths_q = c10::IntArrayRef(dcp_q_ends_.data(), nk);
+    } else {
+      d.block_table = lazy(v.decode_bt, nk, [&] { return device_.narrow(0, off_bt_, nk * MB).view({nk, MB}); });
+      d.seq_lens_list = c10::IntArrayRef(kv_lens_.data(), nk);
+      d.actual_seq_lengths_q = c10::IntArrayRef(q_ends_.data(), nk);
+    }
     d.cos = lazy(v.dcos, tk, [&] { return rope_view(off_dcos_, tk); });
     d.sin = lazy(v.dsin, tk, [&] { return rope_view(off_dsin_, tk); });
     d.max_seq_len = p.decode_max_seq_len;

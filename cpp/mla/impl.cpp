@@ -262,34 +262,58 @@ void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows)
   ops::dense::linear_out(out_rows, core_->w_uv_out(v, out_rows.sizes()[0]), core_->weights().o_proj);
 }
 
-const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tensor& nope, const at::Tensor& rope,
-                                             const Metadata& md, DecodePath path) {
-  cp::Comm& comm = *cfg_.dcp_comm;
+const cp::DcpViews& Impl::dcp_views(int64_t td, const at::Tensor& like) {
   const Dims& d = cfg_.dims;
-  const int64_t td = md.decode.num_kernel_tokens, H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  const int64_t N = H * comm.size(), bs = md.block_size;
-  // The preprocess into the workspace (stable: the real heads are then in
-  // qn_heads / qr_heads whatever the padding); it writes this rank's own
-  // tokens (the local slot mapping).
-  const detail::DecodeViews& v = core_->views(td, detail::DecodeLayout::BNSD);
-  detail::LatentStep s;
-  s.x = x;
-  s.cos = md.decode.cos;
-  s.sin = md.decode.sin;
-  s.slots = md.slot_mapping;
-  core_->preprocess(v, s, nope, rope, fused_of(path), /*stable=*/true);
+  cp::DcpWorkspaceShape sh;
+  sh.device = like.device();
+  sh.q_dtype = sh.out_dtype = like.scalar_type();
+  sh.world = cfg_.dcp_comm->size();
+  sh.heads = d.num_heads;
+  sh.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;  // the gathered [ql_nope | q_pe]
+  sh.out_dim = d.kv_lora_rank;
+  sh.regroup = true;                                // the split query halves, the concat input
+  sh.comm = cfg_.dcp_comm;
+  sh.workspace_group = cfg_.workspace_group;
+  if (!dcp_ws_ || !(dcp_ws_->shape() == sh)) dcp_ws_ = cp::DcpWorkspace::shared(sh);
+  return dcp_ws_->views(td);
+}
+
+namespace {
+
+// The gathered query's two halves, contiguous, carved from the workspace's
+// staged query (N * (L + R) elements per row): (td, N, 1, L) and (td, N, 1, R).
+std::pair<at::Tensor, at::Tensor> dcp_split_query(const cp::DcpViews& w, int64_t L, int64_t R) {
+  const int64_t td = w.staged_query.size(0), N = w.staged_query.size(1);
+  const at::Tensor flat = w.staged_query.view({-1});
+  return {flat.narrow(0, 0, td * N * L).view({td, N, 1, L}), flat.narrow(0, td * N * L, td * N * R).view({td, N, 1, R})};
+}
+
+}  // namespace
+
+void Impl::dcp_stage_query(const cp::DcpViews& w, const detail::DecodeViews& v) {
+  const Dims& d = cfg_.dims;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   // Spec 7.3 reorg_decode_q: [ql_nope | q_pe] gathered along the heads.
-  const at::Tensor qg = cp::gather_query_heads(comm, at::cat({v.qn_heads, v.qr_heads}, -1));
-  ops::FiaTensors t;
-  t.query = qg.narrow(-1, 0, L).contiguous().view({td, N, 1, L});
-  t.query_rope = qg.narrow(-1, L, R).contiguous().view({td, N, 1, R});
+  w.local_query.narrow(-1, 0, L).copy_(v.qn_heads);
+  w.local_query.narrow(-1, L, R).copy_(v.qr_heads);
+  at::Tensor qg = w.gathered_query;
+  cp::gather_query_heads(*cfg_.dcp_comm, w.local_query, qg);
+  auto [qn, qr] = dcp_split_query(w, L, R);
+  qn.squeeze(2).copy_(qg.narrow(-1, 0, L));
+  qr.squeeze(2).copy_(qg.narrow(-1, L, R));
+}
+
+void Impl::dcp_fia_args(const cp::DcpViews& w, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
+                        ops::FiaTensors& t, ops::FiaParams& p) {
+  const Dims& d = cfg_.dims;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, bs = md.block_size;
+  std::tie(t.query, t.query_rope) = dcp_split_query(w, L, R);
   // (nb, bs, 1, D) -> (nb, 1, bs, D): a reinterpretation (Nkv = 1) of the validated contiguous caches.
   t.key = nope.view({nope.size(0), 1, bs, L});
   t.value = t.key;
   t.key_rope = rope.view({rope.size(0), 1, bs, R});
   t.block_table = md.decode.block_table;
-  ops::FiaParams p;
-  p.num_heads = N;
+  p.num_heads = w.gathered_query.size(1);
   p.num_key_value_heads = 1;
   p.scale = cfg_.scale;
   p.input_layout = "BNSD";
@@ -298,9 +322,31 @@ const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tens
   p.has_actual_seq_lengths = false;
   p.actual_seq_lengths_kv = md.decode.seq_lens_list;  // this rank's local lengths
   p.softmax_lse_flag = true;
-  auto [out, lse] = ops::fused_infer_attention_score(t, p);  // (td, N, 1, L), (td, N, 1, 1)
-  at::Tensor merged = v.attn_heads.transpose(0, 1);          // (td, H, L) view of the W_UV input
-  cp::combine_partials(comm, out.view({td, N, L}), lse.view({td, N, 1}), merged);
+}
+
+void Impl::dcp_combine(const cp::DcpViews& w, const detail::DecodeViews& v) {
+  at::Tensor merged = v.attn_heads.transpose(0, 1);  // (td, H, L) view of the W_UV input
+  cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+}
+
+const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tensor& nope, const at::Tensor& rope,
+                                             const Metadata& md, DecodePath path) {
+  const int64_t td = md.decode.num_kernel_tokens;
+  // The preprocess into the workspace (stable: the real heads are then in
+  // qn_heads / qr_heads whatever the padding); it writes this rank's own
+  // tokens (the local slot mapping).
+  const detail::DecodeViews& v = core_->views(td, detail::DecodeLayout::BNSD);
+  decode_preprocess(v, x, nope, rope, md, path, /*stable=*/true);
+  const cp::DcpViews& w = dcp_views(td, v.qn_heads);
+  dcp_stage_query(w, v);
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  dcp_fia_args(w, nope, rope, md, t, p);
+  const int64_t N = w.gathered_query.size(1), L = cfg_.dims.kv_lora_rank;
+  at::Tensor out = w.partial_out.view({td, N, 1, L});
+  at::Tensor lse = w.partial_lse.view({td, N, 1, 1});
+  ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+  dcp_combine(w, v);
   return core_->w_uv_out(v, td);
 }
 
@@ -441,6 +487,10 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
                         md.num_prefills, " prefills, num_input_tokens=", md.num_input_tokens,
                         "; pad smaller decode batches with MetadataBuilder graph_decode_padding)");
   }
+  if (md.dcp.world_size > 1) {
+    capture_dcp_decode(g, hidden, nope, rope, md, output, path);
+    return;
+  }
   // The closures hold copies of the views (and so the buffers) they use.
   const detail::DecodeViews v = decode_views(md);
   graph::CapturedCall pre;
@@ -474,6 +524,47 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   g.capture_call(std::move(post));
 }
 
+void Impl::capture_dcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
+                              const at::Tensor& rope, const Metadata& md, const at::Tensor& output, DecodePath path) {
+  // The DCP decode of spec 7.3 in three recorded calls: the preprocess (cache
+  // write of this rank's own tokens) with the query gather (prepare; on the NPU
+  // the collective is captured into the device graph), the latent attention
+  // over the local shard (FIA v1 BNSD, refreshed per step: block table and
+  // local KV lengths), the exchange + merge, W_UV and o_proj (prepare). Every
+  // intermediate lives in the decode workspace or the shared DcpWorkspace.
+  const int64_t n = g.capturing_bucket();
+  const detail::DecodeViews v = core_->views(n, detail::DecodeLayout::BNSD);
+  const cp::DcpViews w = dcp_views(n, v.qn_heads);
+  graph::CapturedCall pre;
+  pre.kind = graph::CallKind::Prepare;
+  pre.layer_index = cfg_.layer_index;
+  pre.prepare = [this, v, w, hidden, nope, rope, md_at_capture = md, path]() {
+    decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
+    dcp_stage_query(w, v);
+  };
+  g.capture_call(std::move(pre));
+
+  graph::CapturedCall c;
+  c.kind = graph::CallKind::Fia;
+  c.layer_index = cfg_.layer_index;
+  c.paged = true;
+  c.refresh_q_lens = false;  // BNSD: one query row per request, no query-length list
+  dcp_fia_args(w, nope, rope, md, c.fia, c.fia_params);
+  const int64_t N = w.gathered_query.size(1), L = cfg_.dims.kv_lora_rank;
+  c.out = w.partial_out.view({n, N, 1, L});
+  c.lse = w.partial_lse.view({n, N, 1, 1});
+  g.capture_call(std::move(c));
+
+  graph::CapturedCall post;
+  post.kind = graph::CallKind::Prepare;
+  post.layer_index = cfg_.layer_index;
+  post.prepare = [this, v, w, out = at::Tensor(output)]() {
+    dcp_combine(w, v);
+    decode_post(v, out);
+  };
+  g.capture_call(std::move(post));
+}
+
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
                                 const Metadata* md_ptr, const at::Tensor& output) {
   const Weights& W = core_->weights();
@@ -494,7 +585,6 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     AAR_CHECK_ARG(comm_size == md.dcp.world_size && cfg_.dcp_comm->rank() == md.dcp.rank,
                   "metadata was built for DCP rank ", md.dcp.rank, " of ", md.dcp.world_size,
                   " but the layer's dcp_comm is rank ", cfg_.dcp_comm->rank(), " of ", comm_size);
-    graph::refuse_if_capturing("an MLA forward with DCP");
   } else {
     AAR_CHECK_ARG(comm_size == 1, "the layer's dcp_comm has ", comm_size,
                   " ranks but the metadata was built without DCP (dcp_world_size=1)");

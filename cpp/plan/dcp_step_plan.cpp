@@ -19,6 +19,32 @@ void check_room(std::size_t have, int64_t need, const char* name) {
 
 }  // namespace
 
+void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t num_decodes,
+                           CSpan<int32_t> block_table, int32_t block_table_stride, const DcpShard& shard, int32_t rows,
+                           Span<int64_t> q_ends, Span<int64_t> kv_lens, Span<int32_t> table, int32_t out_stride) {
+  const int32_t td = num_decodes > 0 ? qsl[num_decodes] : 0;
+  const int64_t os = out_stride;
+  const std::size_t is = static_cast<std::size_t>(block_table_stride);
+  for (int32_t r = 0; r < num_decodes; ++r) {
+    const int32_t q = qsl[r + 1] - qsl[r];
+    const int64_t h = seq_lens[r] - q;
+    const int32_t* src = block_table.data() + static_cast<std::size_t>(r) * is;
+    for (int32_t j = 0; j < q; ++j) {
+      const int32_t t = qsl[r] + j;
+      q_ends[t] = t + 1;
+      kv_lens[t] = dcp_local_len(h + j + 1, shard.world, shard.interleave, shard.rank);
+      int32_t* dst = table.data() + static_cast<int64_t>(t) * os;
+      std::copy(src, src + is, dst);
+      std::fill(dst + is, dst + os, 0);
+    }
+  }
+  for (int32_t t = td; t < rows; ++t) {
+    q_ends[t] = t + 1;
+    kv_lens[t] = 0;
+    std::fill(table.data() + static_cast<int64_t>(t) * os, table.data() + static_cast<int64_t>(t + 1) * os, 0);
+  }
+}
+
 DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   const std::size_t b = in.seq_lens.size();
   const CSpan<int32_t> qsl = in.query_start_loc;
@@ -64,9 +90,11 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   // The slot mapping is written through a t_in-long view: its room is checked here, the view
   // cannot check it (fuzz_dcp_step found the pad fill running past a short buffer).
   check_room(buf.slot_mapping.size(), t_in, "slot_mapping");
-  check_room(buf.decode_block_table.size(), static_cast<int64_t>(td) * os, "decode_block_table");
-  check_room(buf.decode_q_ends.size(), td, "decode_q_ends");
-  check_room(buf.decode_kv_lens.size(), td, "decode_kv_lens");
+  // Graph buckets: a decode-only step padded to num_input_tokens gets padding rows up to it.
+  const int32_t dk = (np == 0 && nd > 0 && t_in > td) ? t_in : td;
+  check_room(buf.decode_block_table.size(), static_cast<int64_t>(dk) * os, "decode_block_table");
+  check_room(buf.decode_q_ends.size(), dk, "decode_q_ends");
+  check_room(buf.decode_kv_lens.size(), dk, "decode_kv_lens");
   check_room(buf.prefill_block_table.size(), static_cast<int64_t>(np) * os, "prefill_block_table");
   check_room(buf.prefill_q_ends.size(), np, "prefill_q_ends");
   check_room(buf.prefill_context_lens.size(), np, "prefill_context_lens");
@@ -97,16 +125,8 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
     std::copy(src, src + is, dst);
     std::fill(dst + is, dst + os, 0);
   };
-  for (int32_t r = 0; r < nd; ++r) {
-    const int32_t q = qsl[r + 1] - qsl[r];
-    const int64_t h = in.seq_lens[r] - q;
-    for (int32_t j = 0; j < q; ++j) {
-      const int32_t t = qsl[r] + j;
-      buf.decode_q_ends[t] = t + 1;
-      buf.decode_kv_lens[t] = dcp_local_len(h + j + 1, W, I, rk);
-      copy_row(static_cast<std::size_t>(r), buf.decode_block_table.data() + static_cast<int64_t>(t) * os);
-    }
-  }
+  write_dcp_decode_rows(qsl, in.seq_lens, nd, in.block_table, in.block_table_stride, in.shard, dk,
+                        buf.decode_q_ends, buf.decode_kv_lens, buf.decode_block_table, buf.out_stride);
   int64_t local_ctx = 0;
   bool has_ctx = false;
   int32_t n_idx = 0;
@@ -124,6 +144,7 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
     }
   }
   p.split = split;
+  p.decode_kernel_rows = dk;
   p.num_reqs = static_cast<int32_t>(b);
   p.num_actual_tokens = t_real;
   p.num_input_tokens = t_in;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/dcp_step_plan.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
 #include "ascend_attn_rt/plan/split.h"
@@ -218,7 +219,6 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   AAR_CHECK_ARG(dcp.interleave >= 1 && bs % dcp.interleave == 0, "dcp: cp_kv_cache_interleave_size=",
                 dcp.interleave, " must be positive and divide block_size=", bs, " (spec cp.md 1.1)");
   if (use_dcp) {
-    if (in.pad_decode_batch) throw_not_supported("graph decode padding (pad_decode_batch) with DCP");
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
     if (in.is_prefilling.empty()) check_room(buf.dcp_is_prefilling.size(), b, "buffers.dcp_is_prefilling");
     for (std::size_t r = 0; r < b; ++r) {
@@ -311,6 +311,17 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const std::size_t b_dec = nd + num_dummies;
   plan.decode_kernel_reqs = static_cast<int32_t>(b_dec);
   plan.decode_kernel_tokens = pad ? t_in : td;
+  // DCP with multi-token decodes: one decode row per token (the padding, if
+  // any, as rows of KV length 0), see mla_plan.h.
+  const bool token_rows = use_dcp && in.decode_threshold > 1 && nd > 0;
+  if (token_rows) {
+    const std::size_t rows = static_cast<std::size_t>(plan.decode_kernel_tokens);
+    check_room(buf.dcp_decode_block_table.size(), rows * stride, "buffers.dcp_decode_block_table");
+    check_room(buf.dcp_decode_q_ends.size(), rows, "buffers.dcp_decode_q_ends");
+    check_room(buf.dcp_decode_kv_lens.size(), rows, "buffers.dcp_decode_kv_lens");
+    plan.decode_kernel_reqs = plan.decode_kernel_tokens;
+    plan.dcp_token_rows = true;
+  }
   check_room(buf.query_start_loc.size(), b + 1, "buffers.query_start_loc");
   check_room(buf.block_table.size(), (b + num_dummies) * stride, "buffers.block_table");
   check_room(buf.q_ends.size(), b + num_dummies, "buffers.q_ends");
@@ -382,6 +393,11 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     std::fill(kv_lens + b, kv_lens + b + num_dummies, int64_t{0});
     std::fill(buf.block_table.data() + b * stride, buf.block_table.data() + (b + num_dummies) * stride, 0);
     std::fill(dpos + td, dpos + t_in, 0);
+  }
+  if (token_rows) {
+    write_dcp_decode_rows(qsl, in.seq_lens, static_cast<int32_t>(nd), in.block_table, in.block_table_stride, dcp,
+                          plan.decode_kernel_tokens, buf.dcp_decode_q_ends, buf.dcp_decode_kv_lens,
+                          buf.dcp_decode_block_table, static_cast<int32_t>(stride));
   }
   if (np > 0) {
     const int32_t* rows = buf.block_table.data() + nd * stride;

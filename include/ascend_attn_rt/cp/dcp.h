@@ -9,13 +9,20 @@
 //   gather_query_heads  q [T, H, D]            -> [T, W*H, D]   (head g = rank g/H, local head g%H)
 //   combine_partials    out [T, W*H, Dv], lse [T, W*H, 1] fp32 (this rank's partial for every
 //                       gathered head) -> merged [T, H, Dv] for this rank's own heads (+ lse)
-// The wire tensor is [W*H, Dv+1, T] fp32 (the partial output and its LSE along
-// the feature axis, heads first so rank blocks are dim-0 blocks); after the
-// all-to-all, block i is rank i's partial for this rank's heads, merged in rank
-// order. fp32 on the wire whatever the output dtype (spec 10.5), so every rank
-// sends the same dtype.
+// The wire tensor is [W, T, H, Dv+1] fp32 (the partial output and its LSE along
+// the feature axis; block j = this rank's partial for rank j's H heads); after
+// the all-to-all, block i is rank i's partial for this rank's heads, merged in
+// rank order. fp32 on the wire whatever the output dtype (spec 10.5), so every
+// rank sends the same dtype.
 //
 // Decisions where the spec is silent:
+// - The wire's order. Upstream sends [W*H, Dv+1, T] (spec 6.2: heads first,
+//   tokens last); both ends of the exchange are ours, and any layout whose
+//   dim-0 blocks are the rank blocks carries the same bytes per rank. Ours is
+//   token-major inside each block, so packing the partial and unpacking the
+//   merge inputs copy contiguous runs of Dv; upstream's layout transposes the
+//   token axis on both sides (a 128-token decode batch, 8 heads of 128 per
+//   rank, bf16, CPU: the forward's host copies went from 7.2 ms to 1.8 ms).
 // - W == 1 issues no collective: the gather is a copy, the combine a copy of
 //   the (already complete) partial.
 // - T == 0 issues no collective either; whether T is 0 must be a batch-global
@@ -29,42 +36,88 @@
 //   one key somewhere (decode rows always do: rank 0 owns position 0).
 // - A DcpWorkspace, when given, holds every intermediate at stable addresses
 //   (graph capture; no allocation per layer); without one each call allocates
-//   its intermediates.
+//   its intermediates. One workspace per shape (DcpWorkspace::shared): the
+//   layers of a model run one after the other on one stream, so a layer's
+//   intermediates are dead when the next layer starts, and they share one
+//   set of buffers (as the MLA decode workspace does), grown to the largest
+//   row count seen (views handed out keep the older, smaller buffers alive).
+//   The views for a row count are made once and cached, so a steady-state
+//   exchange creates no tensor for them.
+// - The merge result itself comes from npu_attention_update, which has no out
+//   form: one tensor per call, copied into `out`.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "ascend_attn_rt/cp/comm.h"
 
 namespace aar::cp {
 
-// Intermediates of one exchange shape, reused across layers and steps: sized
-// for max_rows rows, viewed to the step's rows.
+// What a DcpWorkspace is sized by. q_dim: the gathered query's last dim
+// (GQA: D; MLA: L + R, the concatenated [ql_nope | q_pe]); out_dim: the
+// partial output's (GQA: D; MLA: L). regroup: a second set of query / partial
+// buffers for a backend that reorders the gathered heads before its kernel
+// (GQA with several KV heads per rank, gqa/dcp.h) or splits the gathered
+// query (MLA: [ql_nope | q_pe] into two contiguous parts), and a buffer for
+// the local query a backend assembles before the gather (MLA's concat).
+struct DcpWorkspaceShape {
+  c10::Device device = c10::Device(c10::kCPU);
+  at::ScalarType q_dtype = at::ScalarType::Undefined;
+  at::ScalarType out_dtype = at::ScalarType::Undefined;
+  int64_t world = 1, heads = 0, q_dim = 0, out_dim = 0;
+  bool regroup = false;
+  // Sharing scope. Layers on one process group issue their collectives in order, so one
+  // workspace per (comm, workspace_group, shape) is never used by two threads at once;
+  // engines driven from different threads have different comms (or MLA workspace_groups).
+  const void* comm = nullptr;
+  int64_t workspace_group = 0;
+  bool operator==(const DcpWorkspaceShape& o) const;
+};
+
+// The views of one exchange of T rows (W = world, H = heads).
+struct DcpViews {
+  int64_t generation = -1;
+  at::Tensor gathered_query;   // [T, W*H, q_dim] q dtype: gather_query_heads' out
+  at::Tensor partial_out;      // [T, W*H, out_dim] out dtype: the local kernel's output
+  at::Tensor partial_lse;      // [T, W*H, 1] fp32: its LSE
+  // regroup only (undefined otherwise): same shapes, a second copy, and the
+  // local query [T, H, q_dim] q dtype.
+  at::Tensor staged_query, staged_out, staged_lse, local_query;
+  at::Tensor send, recv;       // [W, T, H, out_dim+1] fp32 wire
+  at::Tensor parts_out;        // [W, T*H, out_dim] fp32
+  at::Tensor parts_lse;        // [W, T*H] fp32
+  std::vector<at::Tensor> out_list, lse_list;  // the W partials of parts_out / parts_lse
+};
+
+// Intermediates of one exchange shape, reused across layers and steps: grown
+// to the largest step, viewed to the step's rows.
 //
 // Thread safety: one thread at a time (layers using one workspace run in order).
 class DcpWorkspace {
  public:
-  DcpWorkspace() = default;
-  // Buffers for up to max_rows rows of `heads` local heads, head dim
-  // `head_dim`, group size `world`, query dtype `q_dtype`, on `device`.
-  DcpWorkspace(int64_t max_rows, int64_t world, int64_t heads, int64_t head_dim, at::ScalarType q_dtype,
-               c10::Device device);
-  bool defined() const { return max_rows_ > 0; }
-  int64_t max_rows() const { return max_rows_; }
-
-  // Views for T rows (T <= max_rows).
-  at::Tensor gathered_query(int64_t T) const;  // [T, W*H, D] q dtype
-  at::Tensor send(int64_t T) const;            // [W*H, D+1, T] fp32
-  at::Tensor recv(int64_t T) const;            // [W*H, D+1, T] fp32
-  at::Tensor parts_out(int64_t T) const;       // [W, T*H, D] fp32
-  at::Tensor parts_lse(int64_t T) const;       // [W, T*H] fp32
+  explicit DcpWorkspace(const DcpWorkspaceShape& shape);
+  DcpWorkspace(const DcpWorkspace&) = delete;
+  DcpWorkspace& operator=(const DcpWorkspace&) = delete;
+  // One workspace per shape in the process (held weakly: it goes with its last holder).
+  static std::shared_ptr<DcpWorkspace> shared(const DcpWorkspaceShape& shape);
+  const DcpWorkspaceShape& shape() const { return shape_; }
+  int64_t capacity() const { return capacity_; }
+  // The views for T rows, growing the buffers when T exceeds the capacity.
+  const DcpViews& views(int64_t T);
 
  private:
-  int64_t max_rows_ = 0, world_ = 1, heads_ = 0, dim_ = 0;
-  at::Tensor q_, send_, recv_, out_, lse_;
+  void grow(int64_t rows);
+  DcpWorkspaceShape shape_;
+  int64_t capacity_ = 0, generation_ = 0;
+  at::Tensor q_, po_, pl_, sq_, so_, sl_, lq_, send_, recv_, parts_out_, parts_lse_;
+  std::vector<DcpViews> views_;
 };
 
 // Spec 4 step 1: q [T, H, D] gathered along the head axis over the group.
@@ -77,7 +130,8 @@ at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::option
 // [T, W*H]) fp32. Writes merged [T, H, Dv] into `out` (any float dtype, may be
 // a strided view) and, when given, the merged LSE into `lse_out` ([T, H, 1] or
 // [T, H], fp32).
+// `ws`: views of a DcpWorkspace for T rows (the wire and the merge inputs).
 void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tensor& partial_lse, at::Tensor& out,
-                      const std::optional<at::Tensor>& lse_out = std::nullopt, const DcpWorkspace* ws = nullptr);
+                      const std::optional<at::Tensor>& lse_out = std::nullopt, const DcpViews* ws = nullptr);
 
 }  // namespace aar::cp

@@ -84,6 +84,7 @@
 #include "ascend_attn_rt/gqa/builder.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/metadata.h"
+#include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/plan/cp_groups.h"
 #include "ascend_attn_rt/plan/pcp_segments.h"
 #include "ascend_attn_rt/plan/span.h"
@@ -197,6 +198,11 @@ class PcpMetadataBuilder {
 // collectives must be issued in the same order on every rank).
 class PcpAttentionImpl {
  public:
+  // KV-connector hooks of this layer (kv_connector.h), around every forward
+  // with the PcpMetadata as the layer metadata; a PCP layer always writes its
+  // cache (wrote = true). None by default.
+  KvHooks kv_hooks;
+
   // pcp: the PCP group's Comm (size Wp); dcp: the DCP group's (size Wd), may be
   // null when Wd = 1. Both are borrowed: they must outlive the layer.
   PcpAttentionImpl(const gqa::ImplConfig& cfg, Comm* pcp, Comm* dcp = nullptr);

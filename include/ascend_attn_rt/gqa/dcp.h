@@ -31,8 +31,25 @@
 //   lengths (FIA with a block table) instead of upstream's copy into
 //   contiguous K/V: the same keys, no extra memory. A rank with no local
 //   context skips the kernel (partial O = 0, LSE = -inf) but still exchanges.
+// - Graph capture (graph/graph_params.h) of decode-only batches padded to the
+//   bucket (num_input_tokens = bucket): the decode rows are padded to the
+//   bucket with rows of KV length 0 (block-table row 0), so the fused call's
+//   query has the bucket's rows at every step; a capture records the KV write,
+//   the query gather (prepare), the local paged call (refreshed per step from
+//   dcp_graph_step_params: block table, query ends, local KV lengths) and the
+//   exchange + merge (prepare). The intermediates are a shared DcpWorkspace's
+//   (cp/dcp.h), at stable addresses. On the NPU the prepare work, collectives
+//   included, is captured into the device graph; the CPU recording provider
+//   runs it in order at replay. Padded rows merge to 0 (their partials are
+//   empty on every rank) and land in output rows no caller reads. Steps with
+//   prefills are refused in a capture (NotSupported), as is a capture with a
+//   KV connector set (kv_connector.h).
+// - KV-connector hooks (kv_connector.h) around every eager forward, with the
+//   DcpMetadata as the layer metadata; `wrote` is whether this call wrote the
+//   cache (key given, not a KV-sharing layer), on every rank alike, even when
+//   this rank owns none of the step's tokens.
 // - Not supported, rejected by name: sliding windows, sinks, ALiBi, soft-cap,
-//   non-decoder layers, quantised caches, non-causal metadata, graph capture.
+//   non-decoder layers, quantised caches, non-causal metadata.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -45,15 +62,22 @@
 
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/cp/dcp.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/mask.h"
 #include "ascend_attn_rt/gqa/metadata.h"
+#include "ascend_attn_rt/kv_connector.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/staging.h"
 
 namespace aar::detail {
 class StagingBuffers;
+}
+
+namespace aar::graph {
+class GraphParams;
 }
 
 namespace aar::gqa {
@@ -66,10 +90,13 @@ struct DcpMetadata {
   Metadata base;
   plan::DcpShard shard;
   int32_t num_prefill_tokens = 0;
-  // Decode rows, one per decode token (plan::build_dcp_step).
-  at::Tensor decode_block_tables;           // device int32 (num_decode_tokens, max_blocks)
-  c10::IntArrayRef decode_q_ends;           // 1..num_decode_tokens
-  c10::IntArrayRef decode_kv_lens;          // local KV length per decode token
+  // Decode rows, one per decode token (plan::build_dcp_step), then, in a
+  // decode-only step padded to num_input_tokens (graph buckets), padding rows
+  // of KV length 0 up to decode_kernel_rows.
+  int32_t decode_kernel_rows = 0;           // num_decode_tokens, or num_input_tokens when padded
+  at::Tensor decode_block_tables;           // device int32 (decode_kernel_rows, max_blocks)
+  c10::IntArrayRef decode_q_ends;           // 1..decode_kernel_rows
+  c10::IntArrayRef decode_kv_lens;          // local KV length per decode row
   // Prefill requests.
   at::Tensor prefill_block_tables;          // device int32 (num_prefills, max_blocks)
   c10::IntArrayRef prefill_q_ends;          // cumulative, from 0
@@ -135,6 +162,9 @@ class DcpMetadataBuilder {
 // their collectives must be issued in the same order on every rank (cp/comm.h).
 class DcpAttentionImpl {
  public:
+  // KV-connector hooks of this layer (kv_connector.h); none by default.
+  KvHooks kv_hooks;
+
   // `comm` is the DCP group (its size and rank must match the metadata's
   // shard); it must outlive the layer.
   DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm);
@@ -154,6 +184,17 @@ class DcpAttentionImpl {
   at::Tensor to_kv_major(const at::Tensor& x) const;
   at::Tensor from_kv_major(const at::Tensor& x) const;
   void decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output);
+  // The decode's three stages over workspace views of T rows: the gathered
+  // query (regrouped KV-head-major when needed) and the fused call's
+  // arguments; then the exchange and merge into out_rows.
+  const cp::DcpViews& decode_views(int64_t T, const at::Tensor& query);
+  void stage_query(const cp::DcpViews& v, const at::Tensor& q_rows);
+  void fill_decode_call(const cp::DcpViews& v, const DcpMetadata& md, ops::FiaTensors& t, ops::FiaParams& p,
+                        at::Tensor& out, at::Tensor& lse) const;
+  void combine(const cp::DcpViews& v, const at::Tensor& out_rows);
+  void capture_decode(graph::GraphParams& g, const DcpMetadata& md, const at::Tensor& query,
+                      const std::optional<at::Tensor>& key, const std::optional<at::Tensor>& value,
+                      const at::Tensor& output);
   void prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                const at::Tensor& output);
 
@@ -161,6 +202,7 @@ class DcpAttentionImpl {
   cp::Comm& comm_;
   detail::TensorBinding bound_key_, bound_value_;
   at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
+  std::shared_ptr<cp::DcpWorkspace> ws_;  // shared by the layers of one shape
 };
 
 }  // namespace aar::gqa

@@ -88,8 +88,11 @@ struct BuilderConfig {
   // Decode context parallel (spec 7, AscendMlaDCPMetadataBuilder): this rank's
   // place in the DCP group and the interleave size I (block_size % I == 0).
   // With dcp_world_size > 1 the builds are this rank's (plan::MlaStepInputs::dcp:
-  // local slots and KV lengths, the DCP context chunks); graph decode padding
-  // and speculative decode are not supported with it yet (NotSupported).
+  // local slots and KV lengths, the DCP context chunks; graph decode padding's
+  // dummy requests get local KV length 0). With num_speculative_tokens > 0 the
+  // decode metadata has one row per decode token (spec cp.md 3.4 as per-row
+  // local KV lengths, plan/mla_plan.h): DecodeMetadata's num_kernel_reqs ==
+  // num_kernel_tokens, block_table / seq_lens_list per token.
   int32_t dcp_world_size = 1;
   int32_t dcp_rank = 0;
   int32_t cp_kv_cache_interleave_size = 1;
@@ -152,9 +155,12 @@ class MetadataBuilder {
   at::Tensor reorg_device_;
   std::vector<int32_t> dcp_block_lens_;
   std::vector<uint8_t> dcp_is_prefilling_;
+  // DCP with speculative decode: the per-token decode rows (their block table
+  // is the staging region at off_dtbt_).
+  std::vector<int64_t> dcp_q_ends_, dcp_kv_lens_;
   std::unique_ptr<Views> views_;
   int64_t off_qsl_ = 0, off_slot_ = 0, off_dcos_ = 0, off_dsin_ = 0, off_bt_ = 0, off_cu_ = 0, off_starts_ = 0,
-          off_clens_ = 0, off_pbt_ = 0, off_pcos_ = 0, off_psin_ = 0, off_plens_ = 0, total_ = 0;
+          off_clens_ = 0, off_pbt_ = 0, off_pcos_ = 0, off_psin_ = 0, off_plens_ = 0, off_dtbt_ = 0, total_ = 0;
 };
 
 }  // namespace aar::mla

@@ -46,6 +46,8 @@ class GraphParams;
 }
 namespace aar::cp {
 class Comm;
+class DcpWorkspace;
+struct DcpViews;
 }
 namespace aar::mla::detail {
 class LatentCore;
@@ -100,9 +102,16 @@ struct ImplConfig {
   //    chunk is gathered from this rank's shard (padded local lengths, local
   //    starts), [latent | k_pe] all-gathered over the group and reordered to
   //    each request's tokens, rank-major (spec 7.4), then as without DCP;
-  //  * the KV write is the slot mapping's: this rank's own tokens only.
-  // Not with FA-quant layers or NZ caches (spec 7.3: ND views, no FA-quant),
-  // nor under graph capture yet (NotSupported).
+  //  * the KV write is the slot mapping's: this rank's own tokens only;
+  //  * graph capture of decode-only buckets (MetadataBuilder
+  //    graph_decode_padding pads smaller batches with dummy requests of local
+  //    KV length 0): the preprocess and the query gather, the local latent call
+  //    (refreshed per step from mla::graph_step_params: block table, local KV
+  //    lengths) and the exchange + merge + W_UV + o_proj are recorded; the
+  //    intermediates live in the decode workspace and a shared
+  //    cp::DcpWorkspace, at stable addresses; the collectives run inside the
+  //    recorded prepare calls (captured into the device graph on the NPU).
+  // Not with FA-quant layers or NZ caches (spec 7.3: ND views, no FA-quant).
   cp::Comm* dcp_comm = nullptr;
 };
 
@@ -168,7 +177,17 @@ class Impl {
                        const Metadata& md, ops::FiaV2Tensors& t, ops::FiaV2Params& p);
   // W_UV, then o_proj into out_rows.
   void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows);
-  // The DCP decode up to W_UV (spec 7.3).
+  // The DCP decode up to W_UV (spec 7.3), in the stages a graph capture
+  // records: the gathered, split query; the local latent call's arguments; the
+  // exchange and merge into the W_UV input.
+  const cp::DcpViews& dcp_views(int64_t td, const at::Tensor& like);
+  void dcp_stage_query(const cp::DcpViews& w, const detail::DecodeViews& v);
+  void dcp_fia_args(const cp::DcpViews& w, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+                    const Metadata& md, ops::FiaTensors& t, ops::FiaParams& p);
+  void dcp_combine(const cp::DcpViews& w, const detail::DecodeViews& v);
+  void capture_dcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope_cache,
+                          const at::Tensor& rope_cache, const Metadata& md, const at::Tensor& output,
+                          DecodePath path);
   const at::Tensor& dcp_decode_attention(const at::Tensor& x, const at::Tensor& nope_cache,
                                          const at::Tensor& rope_cache, const Metadata& md, DecodePath path);
   // The eager decode up to W_UV (preprocess with cache write, latent FIA, W_UV).
@@ -199,6 +218,7 @@ class Impl {
   ops::FiaV2Tensors decode_t_;
   ops::FiaV2Params decode_p_;
   DecodePath last_decode_ = DecodePath::None;
+  std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP decode intermediates, shared by the layers of one shape
   bool fa_quant() const { return cfg_.fa_quant_kv_scale.has_value(); }
 };
 

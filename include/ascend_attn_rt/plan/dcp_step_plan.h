@@ -46,7 +46,7 @@ struct DcpStepInputs {
   int32_t block_table_stride = 0;
   int32_t block_size = 128;
   int32_t num_blocks = 0;
-  int32_t num_input_tokens = 0;    // 0 = qsl[B]; extra tokens get slot -1 and are not attended
+  int32_t num_input_tokens = 0;    // 0 = qsl[B]; extra tokens get slot -1 (decode-only steps: padding decode rows)
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens, in [1, 16]
   CSpan<uint8_t> is_prefilling;    // optional, B entries
   DcpShard shard;
@@ -54,9 +54,10 @@ struct DcpStepInputs {
 
 struct DcpStepBuffers {
   Span<int32_t> slot_mapping;         // >= num_input_tokens: local slots, -1 where not owned
-  Span<int32_t> decode_block_table;   // >= num_decode_tokens * out_stride: the request's row per token
-  Span<int64_t> decode_q_ends;        // >= num_decode_tokens: 1, 2, ..., Td (one row per token)
-  Span<int64_t> decode_kv_lens;       // >= num_decode_tokens: local_len(p + 1, r) per token
+  // Decode rows: >= decode_kernel_rows (see DcpStepPlan) entries.
+  Span<int32_t> decode_block_table;   // x out_stride: the request's row per token
+  Span<int64_t> decode_q_ends;        // 1, 2, ..., (one row per token)
+  Span<int64_t> decode_kv_lens;       // local_len(p + 1, r) per token, 0 for padding rows
   Span<int32_t> prefill_block_table;  // >= num_prefills * out_stride
   Span<int64_t> prefill_q_ends;       // >= num_prefills: cumulative query ends from 0
   Span<int64_t> prefill_context_lens; // >= num_prefills: local_len(seq_len - q, r) per request
@@ -66,6 +67,10 @@ struct DcpStepBuffers {
 
 struct DcpStepPlan {
   SplitResult split;
+  // Decode rows written: num_decode_tokens, or, for a decode-only step padded
+  // to num_input_tokens (a graph bucket), num_input_tokens: the rows past the
+  // decode tokens are padding rows (KV length 0, block-table row 0).
+  int32_t decode_kernel_rows = 0;
   int32_t num_reqs = 0;
   int32_t num_actual_tokens = 0;
   int32_t num_input_tokens = 0;
@@ -78,5 +83,16 @@ struct DcpStepPlan {
 };
 
 DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf);
+
+// The decode rows alone (shared by the GQA step above and the MLA DCP step,
+// plan/mla_plan.h): decode requests [0, num_decodes) of the batch
+// (decode-first, qsl cumulative from 0), one row per token: row t = qsl[r] + j
+// gets q_end t + 1, KV length local_len(seq_lens[r] - q + j + 1, rank) and
+// request r's block-table row (zero-padded to out_stride); rows
+// [qsl[num_decodes], rows) are padding rows (q_end t + 1, KV length 0, zero
+// block-table row). The caller has checked the batch and the room.
+void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t num_decodes,
+                           CSpan<int32_t> block_table, int32_t block_table_stride, const DcpShard& shard, int32_t rows,
+                           Span<int64_t> q_ends, Span<int64_t> kv_lens, Span<int32_t> table, int32_t out_stride);
 
 }  // namespace aar::plan

@@ -158,7 +158,7 @@ struct MlaStepInputs {
   //    I divides B). cu_seq_lens, chunk_seq_lens, kv_ends, seq_tot and
   //    max_seq_lens stay global; starts become local (c * chunk / W) and the
   //    DCP buffers of ContextChunkBuffers are filled.
-  // Requires B % I == 0. No graph decode padding under DCP (NotSupported).
+  // Requires B % I == 0. Graph decode padding under DCP: dummies of local KV length 0.
   DcpShard dcp;
   // Per request, "still prefilling its prompt"; only read under DCP, where an
   // empty span means seq_len == query_len (no computed tokens).
@@ -181,6 +181,18 @@ struct MlaStepBuffers {
   // columns a request needs) and, with an empty is_prefilling, the derived flags.
   Span<int32_t> dcp_block_lens;
   Span<uint8_t> dcp_is_prefilling;
+  // DCP with multi-token decodes (decode_threshold > 1, speculative decode):
+  // one decode row per token, >= decode_kernel_tokens entries (x
+  // block_table_stride for the table), written by plan::write_dcp_decode_rows
+  // (dcp_step_plan.h): row t of decode request r has r's block-table row and
+  // this rank's local length local_len(p_t + 1, rank) (p_t the token's
+  // position), which is the interleave-aware causal mask of spec cp.md 3.4 for
+  // a one-query-row (BNSD) call, with upstream's quirk (a row with no local key
+  // at or before its position attends everything, spec 10.8) corrected: such a
+  // row gets KV length 0. Graph padding rows get KV length 0.
+  Span<int32_t> dcp_decode_block_table;
+  Span<int64_t> dcp_decode_q_ends;
+  Span<int64_t> dcp_decode_kv_lens;
 };
 
 struct MlaStepPlan {
@@ -197,6 +209,9 @@ struct MlaStepPlan {
   // graph decode padding the padded request and token counts.
   int32_t decode_kernel_reqs = 0;
   int32_t decode_kernel_tokens = 0;
+  // DCP with multi-token decodes: the decode rows are the dcp_decode_*
+  // buffers, one per token (decode_kernel_reqs == decode_kernel_tokens).
+  bool dcp_token_rows = false;
   int32_t prefill_max_query_len = 0;
   int32_t prefill_max_seq_len = 0;
   // DCP: tokens per request per chunk on each rank (chunks.chunk_size / W), 0 otherwise.

@@ -1,0 +1,14 @@
+// GQA DCP decode in graph mode: what a per-step update refreshes (gqa/dcp.h).
+#pragma once
+
+#include "ascend_attn_rt/gqa/dcp.h"
+#include "ascend_attn_rt/graph/graph_params.h"
+
+namespace aar::gqa {
+
+// The decode rows of the step: one per decode token plus the padding rows
+// (KV length 0) up to the bucket, each with its request's block-table row,
+// its query end and this rank's local KV length.
+graph::StepParams dcp_graph_step_params(const DcpMetadata& md);
+
+}  // namespace aar::gqa
