@@ -130,7 +130,7 @@ build-asan: setup $(ASAN_BUILD)/build.ninja
 
 test-sanitize: build-asan
 	$(ASAN_ENV_CPP) ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
-	$(ASAN_ENV_PY) AAR_SANITIZED=1 $(PY) -m pytest tests/python -q -p no:cacheprovider \
+	$(ASAN_ENV_PY) AAR_SANITIZED=1 AAR_BUILD_DIR=$(abspath $(ASAN_BUILD)) $(PY) -m pytest tests/python -q -p no:cacheprovider \
 		-o pythonpath="$(ASAN_BUILD)/python tests/python"
 
 # ThreadSanitizer build of the runtime and the concurrency suite only (tests/cpp/

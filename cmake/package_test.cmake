@@ -3,6 +3,7 @@
 #       a fresh `cmake --install` of the build into PREFIX
 #   -DMODE=build -DSOURCE_DIR=<project> -DBINARY_DIR=<dir> -DGENERATOR=<g> -DCXX_COMPILER=<c++>
 #                -DPREFIX=<installed prefix> [-DTORCH_PREFIX=<torch.utils.cmake_prefix_path>] [-DNO_TORCH=ON]
+#                [-DSANITIZE=<-fsanitize= list>]
 #       configures the project as an engine would (a separate project, with
 #       CMAKE_PREFIX_PATH = the installed prefix [+ torch's]) and builds it;
 #       NO_TORCH makes Torch unfindable. The binary dir is kept, so a re-run is
@@ -23,6 +24,16 @@ elseif(MODE STREQUAL "build")
   set(extra "")
   if(NO_TORCH)
     list(APPEND extra -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON)
+  endif()
+  if(SANITIZE)
+    # A sanitizer build's package holds instrumented code (libaar_plan.a above all): its
+    # consumers are built with the same -fsanitize, as an engine testing against it would be.
+    set(san "-fsanitize=${SANITIZE} -fno-omit-frame-pointer")
+    if(SANITIZE MATCHES "undefined")
+      string(APPEND san " -fno-sanitize-recover=undefined")
+    endif()
+    list(APPEND extra "-DCMAKE_CXX_FLAGS=${san}" "-DCMAKE_C_FLAGS=${san}"
+                      "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE}")
   endif()
   execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${BINARY_DIR}" -G "${GENERATOR}"
                           -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"

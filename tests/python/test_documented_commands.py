@@ -6,9 +6,14 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.skipif(os.environ.get("AAR_SANITIZED") == "1",
+                    reason="checks the normal build's in-tree package (python/, from `make build`), which `make "
+                           "test-sanitize` neither builds nor instruments; `make test` runs it")
 def test_pytest_from_the_repository_root_without_pythonpath():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # A test module that imports the package and the test helpers (_mla_reference) at collection.

@@ -10,18 +10,24 @@ import sys
 
 import pytest
 
+import ascend_attn_rt
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXE = ROOT / "build" / "aar_verify_npu"
+# The build under test: build/ by default; `make test-sanitize` points AAR_BUILD_DIR at build-asan/, whose
+# package (the one this process imported) the Python front end's child must import too.
+BUILD_DIR = pathlib.Path(os.environ.get("AAR_BUILD_DIR", ROOT / "build"))
+EXE = BUILD_DIR / "aar_verify_npu"
+PKG_PARENT = pathlib.Path(ascend_attn_rt.__file__).resolve().parents[1]
 
 
 def py(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    env = dict(os.environ, PYTHONPATH=str(PKG_PARENT))
     return subprocess.run([sys.executable, "-m", "ascend_attn_rt", "verify-npu", *args], capture_output=True,
                           text=True, env=env, timeout=600)
 
 
 def cpp(*args):
-    assert EXE.exists(), f"{EXE} is built by `make build`"
+    assert EXE.exists(), f"{EXE} is built by `make build` (`make build-asan` for {BUILD_DIR})"
     return subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=600)
 
 
