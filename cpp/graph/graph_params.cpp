@@ -49,6 +49,17 @@ void refuse_if_capturing(const char* what) {
                       " is open): it would run eagerly and its replay would leave the output stale");
 }
 
+namespace {
+// A bucket whose calls are all prepare calls and KV writes (SFA, DSA: they read the builders'
+// stable buffers) has no per-step parameters: it is ready to replay once captured and stays
+// ready after a replay that completes. A replay that fails part way still consumes it, so the
+// engine's next update (which re-checks the step) must come first.
+bool has_params(const Bucket& b) {
+  return std::any_of(b.calls.begin(), b.calls.end(),
+                     [](const CapturedCall& c) { return c.kind != CallKind::KvWrite && c.kind != CallKind::Prepare; });
+}
+}  // namespace
+
 void GraphParams::begin_capture(int64_t n) {
   AAR_CHECK_ARG(n > 0, "num_tokens must be positive, got ", n);
   AAR_CHECK_ARG(!capturing(), "a capture of bucket ", capturing_, " is already open on this graph");
@@ -79,6 +90,7 @@ void GraphParams::end_capture() {
       return x.layer_index < y.layer_index;
     });
   }
+  b.updated = !has_params(b);
   capturing_ = -1;
   tl_current = nullptr;
 }
@@ -390,6 +402,7 @@ void GraphParams::replay(int64_t n) {
     launch(c, b);
     if (c.event != nullptr && rec != nullptr) rec->reset_event(c.event);
   }
+  b.updated = !has_params(b);  // see has_params()
 }
 
 void GraphParams::release(int64_t n) {
