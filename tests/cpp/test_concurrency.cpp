@@ -101,6 +101,21 @@ void expect_equal_runs(const std::vector<std::vector<at::Tensor>>& alone,
   }
 }
 
+// Runs kEngines engines (engine e gets inputs make(seed + e) and workspace group e) first one
+// after another, then on one thread each, and expects bit-identical outputs. Returns the inputs
+// and the threaded outputs for checks against a reference.
+template <class Make, class Run>
+auto engines_alone_and_together(int seed, const char* what, Make make, Run run) {
+  using Inputs = decltype(make(0));
+  std::vector<Inputs> inputs;
+  for (int e = 0; e < kEngines; ++e) inputs.push_back(make(seed + e));
+  std::vector<std::vector<at::Tensor>> alone, together(kEngines);
+  for (int e = 0; e < kEngines; ++e) alone.push_back(run(inputs[e], e));
+  run_threads(kEngines, [&](int e) { together[e] = run(inputs[e], e); });
+  expect_equal_runs(alone, together, what);
+  return std::make_pair(std::move(inputs), std::move(together));
+}
+
 // ------------------------------------------------------------------ the step schedule of (a)
 // Two requests; a step is (request, new tokens) pairs, decodes first (the builders' reorder contract).
 using Step = std::vector<std::pair<int, int>>;
@@ -246,12 +261,8 @@ std::vector<at::Tensor> gqa_reference(const GqaInputs& x) {
 }
 
 TEST_F(Concurrency, GqaEnginesOnThreadsEqualSingleThreadedRuns) {
-  std::vector<GqaInputs> inputs;
-  for (int e = 0; e < kEngines; ++e) inputs.push_back(gqa_inputs(100 + e));
-  std::vector<std::vector<at::Tensor>> alone, together(kEngines);
-  for (int e = 0; e < kEngines; ++e) alone.push_back(run_gqa_engine(inputs[e]));
-  run_threads(kEngines, [&](int e) { together[e] = run_gqa_engine(inputs[e]); });
-  expect_equal_runs(alone, together, "GQA");
+  auto [inputs, together] = engines_alone_and_together(
+      100, "GQA", gqa_inputs, [](const GqaInputs& in, int) { return run_gqa_engine(in); });
   for (int e = 0; e < kEngines; ++e) {
     const std::vector<at::Tensor> ref = gqa_reference(inputs[e]);
     ASSERT_EQ(ref.size(), together[e].size());
@@ -337,13 +348,8 @@ std::vector<at::Tensor> run_mla_engine(const MlaInputs& x, int64_t group) {
 }
 
 TEST_F(Concurrency, MlaEnginesOnThreadsEqualSingleThreadedRuns) {
-  std::vector<MlaInputs> inputs;
-  for (int e = 0; e < kEngines; ++e) inputs.push_back(mla_inputs(200 + e));
-  std::vector<std::vector<at::Tensor>> alone, together(kEngines);
   // Each engine its own workspace group: layers of one shape and group share the decode workspace.
-  for (int e = 0; e < kEngines; ++e) alone.push_back(run_mla_engine(inputs[e], e));
-  run_threads(kEngines, [&](int e) { together[e] = run_mla_engine(inputs[e], e); });
-  expect_equal_runs(alone, together, "MLA");
+  engines_alone_and_together(200, "MLA", mla_inputs, run_mla_engine);
 }
 
 // ------------------------------------------------------------------ (a) SFA
@@ -432,12 +438,7 @@ std::vector<at::Tensor> run_sfa_engine(const SfaInputs& x, int64_t group) {
 }
 
 TEST_F(Concurrency, SfaEnginesOnThreadsEqualSingleThreadedRuns) {
-  std::vector<SfaInputs> inputs;
-  for (int e = 0; e < kEngines; ++e) inputs.push_back(sfa_inputs(300 + e));
-  std::vector<std::vector<at::Tensor>> alone, together(kEngines);
-  for (int e = 0; e < kEngines; ++e) alone.push_back(run_sfa_engine(inputs[e], e));
-  run_threads(kEngines, [&](int e) { together[e] = run_sfa_engine(inputs[e], e); });
-  expect_equal_runs(alone, together, "SFA");
+  engines_alone_and_together(300, "SFA", sfa_inputs, run_sfa_engine);
 }
 
 // ------------------------------------------------------------------ (a) DSA
@@ -578,12 +579,7 @@ std::vector<at::Tensor> run_dsa_engine(const DsaInputs& x, int64_t group) {
 }
 
 TEST_F(Concurrency, DsaEnginesOnThreadsEqualSingleThreadedRuns) {
-  std::vector<DsaInputs> inputs;
-  for (int e = 0; e < kEngines; ++e) inputs.push_back(dsa_inputs(400 + e));
-  std::vector<std::vector<at::Tensor>> alone, together(kEngines);
-  for (int e = 0; e < kEngines; ++e) alone.push_back(run_dsa_engine(inputs[e], e));
-  run_threads(kEngines, [&](int e) { together[e] = run_dsa_engine(inputs[e], e); });
-  expect_equal_runs(alone, together, "DSA");
+  engines_alone_and_together(400, "DSA", dsa_inputs, run_dsa_engine);
 }
 
 // ------------------------------------------------------------------ (b) shared objects
