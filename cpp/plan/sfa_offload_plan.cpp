@@ -59,14 +59,15 @@ void write_sfa_offload_step(const SfaOffloadInputs& in, const SplitResult& split
   const auto room = [](std::size_t have, std::size_t need, const char* name) {
     AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
   };
-  // The split is an argument of its own: check it describes this batch before using it as
-  // indices (fuzz_sfa_offload: num_decodes = -1 with num_prefills = B + 1 wrapped the coverage
-  // check below and read query_start_loc out of bounds).
-  AAR_CHECK_ARG(split.num_decodes >= 0 && static_cast<std::size_t>(split.num_decodes) <= b &&
-                    static_cast<std::size_t>(split.num_prefills) == b - static_cast<std::size_t>(split.num_decodes) &&
-                    split.num_decode_tokens == (b == 0 ? 0 : qsl[split.num_decodes]),
-                "split (", split.num_decodes, " decodes / ", split.num_decode_tokens, " tokens, ", split.num_prefills,
-                " prefills) does not describe the ", b, "-request batch");
+  // The split is an argument of its own: it must be the one check_sfa_offload_step gives for
+  // this batch before it is used as indices. Comparing token counts alone is not enough
+  // (fuzz_sfa_offload: num_decodes = -1 with num_prefills = B + 1 read query_start_loc out of
+  // bounds; a leading zero-token request moved between the decodes and the prefills kept every
+  // count and changed prefill_cum_query_lens).
+  const SplitResult expect = check_sfa_offload_step(in);
+  AAR_CHECK_ARG(split == expect, "split (", split.num_decodes, " decodes / ", split.num_decode_tokens, " tokens, ",
+                split.num_prefills, " prefills) does not describe the ", b, "-request batch (its split is ",
+                expect.num_decodes, " / ", expect.num_decode_tokens, " / ", expect.num_prefills, ")");
   const std::size_t nd = static_cast<std::size_t>(split.num_decodes);
   const std::size_t np = static_cast<std::size_t>(split.num_prefills);
   const std::size_t ndt = static_cast<std::size_t>(split.num_decode_tokens);

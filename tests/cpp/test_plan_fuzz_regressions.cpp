@@ -156,6 +156,33 @@ TEST(FuzzRegression, SfaOffloadWriteChecksSplit) {
   EXPECT_EQ(dsp[0], 4);
 }
 
+// fuzz_sfa_offload (found by CI's fuzz smoke): a leading zero-token request can be counted with
+// the decodes or with the prefills without changing any token count, so a split that moved it
+// passed the count checks and wrote prefill_cum_query_lens for the wrong requests. The writer now
+// requires exactly the batch's own split.
+TEST(FuzzRegression, SfaOffloadWriteRefusesAMovedZeroTokenRequest) {
+  const std::vector<int32_t> qsl = {0, 0, 12, 14}, seq = {0, 12, 2};
+  const std::vector<uint32_t> ids = {1, 2, 3};
+  const std::vector<uint8_t> pre = {0, 1, 1};
+  SfaOffloadInputs in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.req_ids = ids;
+  in.is_prefilling = pre;
+  const SplitResult good = check_sfa_offload_step(in);
+  const int32_t nd = good.num_decodes == 1 ? 0 : 1;
+  const SplitResult moved{nd, 3 - nd, 0, 14};
+  ASSERT_FALSE(moved == good);
+  std::vector<int32_t> rid(3, -7), ttr(14, -7), pcq(3, -7), dsl(14, -7), dsp(14, -7);
+  std::vector<uint32_t> dri(14, 7);
+  const SfaOffloadBuffers buf{rid, ttr, pcq, dri, dsl, dsp};
+  EXPECT_THROW(write_sfa_offload_step(in, moved, 14, buf), aar::InvalidArgument);
+  EXPECT_EQ(rid, std::vector<int32_t>(3, -7));
+  EXPECT_EQ(pcq, std::vector<int32_t>(3, -7));
+  write_sfa_offload_step(in, good, 14, buf);
+  EXPECT_EQ(rid, (std::vector<int32_t>{1, 2, 3}));
+}
+
 // fuzz_sizes: round_up multiplied past int64 near the limits (and INT64_MIN / -1 trapped);
 // chunked_prefill_workspace_size overflowed max_num_seqs * block_size and 8 * max_model_len.
 // Both now refuse what int64 cannot hold and are exact below it.
