@@ -124,8 +124,8 @@ $(ASAN_BUILD)/build.ninja: CMakeLists.txt $(VENV)/.installed
 		-DPython_EXECUTABLE=$(abspath $(PY))
 
 build-asan: setup $(ASAN_BUILD)/build.ninja
+	mkdir -p $(ASAN_BUILD)/python/ascend_attn_rt   # _C's post-build copy goes there
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	mkdir -p $(ASAN_BUILD)/python/ascend_attn_rt
 	cp python/ascend_attn_rt/*.py $(ASAN_BUILD)/python/ascend_attn_rt/
 
 test-sanitize: build-asan

@@ -77,16 +77,18 @@ bool flag(int32_t v, const char* name) {
   return v == 1;
 }
 
-std::optional<bool> tristate(aar_tristate_t v, const char* name) {
+std::optional<bool> tristate(const aar_tristate_t& field, const char* name) {
+  const int32_t v = enum_int(field);
   AAR_CHECK_ARG(v == AAR_DEFAULT || v == AAR_FALSE || v == AAR_TRUE, name,
-                " must be AAR_DEFAULT (-1), AAR_FALSE (0) or AAR_TRUE (1), got ", static_cast<int>(v));
+                " must be AAR_DEFAULT (-1), AAR_FALSE (0) or AAR_TRUE (1), got ", v);
   if (v == AAR_DEFAULT) return std::nullopt;
   return v == AAR_TRUE;
 }
 
-std::optional<plan::AttentionState> attn_state(aar_attn_state_t s, const char* name) {
+std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& field, const char* name) {
+  const int32_t s = enum_int(field);
   AAR_CHECK_ARG(s >= AAR_STATE_AUTO && s <= AAR_STATE_SPEC_DECODING, name,
-                " must be AAR_STATE_AUTO (-1) or an aar_attn_state_t in [0, 4], got ", static_cast<int>(s));
+                " must be AAR_STATE_AUTO (-1) or an aar_attn_state_t in [0, 4], got ", s);
   if (s == AAR_STATE_AUTO) return std::nullopt;
   return static_cast<plan::AttentionState>(s);
 }
@@ -96,14 +98,15 @@ aar_attn_state_t to_c(plan::AttentionState s) { return static_cast<aar_attn_stat
 c10::Device device_of(const DLDevice& d, const char* name) {
   AAR_CHECK_ARG(d.device_id >= 0 && d.device_id <= INT8_MAX, name, ".device_id must be in [0, 127], got ",
                 d.device_id);
-  switch (d.device_type) {
+  const int32_t type = enum_int(d.device_type);
+  switch (type) {
     case kDLCPU:
     case kDLCUDAHost:  // pinned host memory: a host tensor
       return c10::Device(c10::kCPU);
     case kDLExtDev:  // torch's PrivateUse1: the Ascend NPU under torch_npu
       return c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(d.device_id));
     default:
-      throw_invalid(name, ".device_type ", static_cast<int>(d.device_type),
+      throw_invalid(name, ".device_type ", type,
                     " is not a device this runtime runs on (kDLCPU = 1 or kDLExtDev = 12, the NPU)");
   }
 }
@@ -185,7 +188,7 @@ extern "C" {
 int aar_c_api_version(void) { return AAR_C_API_VERSION; }
 
 const char* aar_status_name(aar_status_t status) {
-  switch (status) {
+  switch (aar::capi::enum_int(status)) {
     case AAR_OK: return "AAR_OK";
     case AAR_ERR_INVALID_ARGUMENT: return "AAR_ERR_INVALID_ARGUMENT";
     case AAR_ERR_NOT_SUPPORTED: return "AAR_ERR_NOT_SUPPORTED";
@@ -199,9 +202,10 @@ const char* aar_last_error(void) { return aar::capi::last_error(); }
 
 aar_status_t aar_set_provider(aar_provider_t provider) {
   return guarded("aar_set_provider", [&] {
-    AAR_CHECK_ARG(provider >= AAR_PROVIDER_AUTO && provider <= AAR_PROVIDER_NO_COMPUTE,
-                  "provider must be an aar_provider_t in [0, 3], got ", static_cast<int>(provider));
-    aar::ops::set_provider_override(static_cast<aar::ops::Provider>(provider));
+    const int32_t v = aar::capi::enum_int(provider);
+    AAR_CHECK_ARG(v >= AAR_PROVIDER_AUTO && v <= AAR_PROVIDER_NO_COMPUTE, "provider must be an aar_provider_t in [0, 3], got ",
+                  v);
+    aar::ops::set_provider_override(static_cast<aar::ops::Provider>(v));
   });
 }
 

@@ -8,8 +8,10 @@
 #include <c10/core/InferenceMode.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ascend_attn_rt/c_api.h"
@@ -64,8 +66,19 @@ void check_struct(const T* s, const char* name, const char* init_fn) {
 
 // A 0/1 flag field.
 bool flag(int32_t v, const char* name);
-std::optional<bool> tristate(aar_tristate_t v, const char* name);
-std::optional<plan::AttentionState> attn_state(aar_attn_state_t s, const char* name);
+// The integer a C caller stored in an enum field or argument. A C enum object may hold any int,
+// and loading an out-of-range value as the C++ enum type is undefined behaviour (UBSan's
+// -fsanitize=enum reports it: make test-sanitize found it here), so every enum that crosses the
+// ABI is read through its bytes, taken by reference, before it is checked.
+template <typename E>
+int32_t enum_int(const E& e) {
+  static_assert(std::is_enum_v<E> && sizeof(E) == sizeof(int32_t), "a C enum of int size");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+std::optional<bool> tristate(const aar_tristate_t& v, const char* name);
+std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& s, const char* name);
 c10::Device device_of(const DLDevice& d, const char* name);
 
 // A host array given as pointer + length (NULL only with length 0).
