@@ -111,12 +111,15 @@ bench: build
 ASAN_BUILD := build-asan
 SAN_DIR    := $(abspath tools/sanitizers)
 LIBASAN     = $(shell $(CXX) -print-file-name=libasan.so)
+# libstdc++ is preloaded too: python is not linked against it, so without it ASan's __cxa_throw
+# interceptor finds no real __cxa_throw and aborts at the first C++ exception.
+LIBSTDCXX   = $(shell $(CXX) -print-file-name=libstdc++.so)
 ASAN_ENV_CPP = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_init_order=1:detect_stack_use_after_return=0 \
 	LSAN_OPTIONS=suppressions=$(SAN_DIR)/lsan.supp:print_suppressions=0 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$(SAN_DIR)/ubsan.supp
 ASAN_ENV_PY = ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 \
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$(SAN_DIR)/ubsan.supp \
-	LD_PRELOAD=$(LIBASAN)
+	LD_PRELOAD="$(LIBASAN) $(LIBSTDCXX)"
 
 $(ASAN_BUILD)/build.ninja: CMakeLists.txt $(VENV)/.installed
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Sanitize -DAAR_SANITIZE=address,undefined \
@@ -131,7 +134,7 @@ build-asan: setup $(ASAN_BUILD)/build.ninja
 test-sanitize: build-asan
 	$(ASAN_ENV_CPP) ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 	$(ASAN_ENV_PY) AAR_SANITIZED=1 AAR_BUILD_DIR=$(abspath $(ASAN_BUILD)) $(PY) -m pytest tests/python -q -p no:cacheprovider \
-		-o pythonpath="$(ASAN_BUILD)/python tests/python"
+		--capture=sys -o pythonpath="$(ASAN_BUILD)/python tests/python"
 
 # ThreadSanitizer build of the runtime and the concurrency suite only (tests/cpp/
 # test_concurrency.cpp, ctest label "concurrency"), in its own directory. libtorch is not
