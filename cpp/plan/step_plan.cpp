@@ -270,9 +270,12 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     int32_t base = row[blk] * bs32;
     for (int32_t t = begin; t < end; ++t) {
       slots[t] = base + off;
-      if (++off == bs32) {
+      // Step to the next block only when a token of this request lands there: the column after
+      // the request's last block is not validated and may hold anything (fuzz_build_step:
+      // INT32_MIN * block_size overflowed here).
+      if (++off == bs32 && t + 1 < end) {
         off = 0;
-        base = row[++blk < static_cast<int32_t>(in_stride) ? blk : blk - 1] * bs32;
+        base = row[++blk] * bs32;
       }
     }
   }

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -628,4 +629,21 @@ TEST(PlanStep, ContextEndIsOnePastTheLastRequestWithContext) {
     r.alloc(16, 64, 4);
     EXPECT_EQ(r.build().context_end, want);
   }
+}
+
+// fuzz_build_step (CI's fuzz smoke, UBSan): a request whose last token fills its last block read
+// the next, unvalidated table column and multiplied it by the block size (INT32_MIN * 16
+// overflowed). The slot loop now steps to a block only when a token lands in it.
+TEST(PlanStep, LastTokenAtABlockEndReadsNoFurtherColumn) {
+  Step s;
+  s.qsl = lens_to_qsl({16});
+  s.seq_lens = {16};
+  s.in.block_size = 16;
+  s.in.block_table_stride = 2;
+  s.in.num_blocks = 64;
+  s.table = {3, std::numeric_limits<int32_t>::min()};
+  s.alloc(1, 16, 2);
+  const StepPlan p = s.build();
+  EXPECT_EQ(p.num_actual_tokens, 16);
+  for (int32_t t = 0; t < 16; ++t) EXPECT_EQ(s.b_slots[t], 48 + t) << t;
 }
