@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/dcp_step_plan.h"
@@ -218,13 +219,18 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
                 " of world size ", dcp.world, " is not a valid DCP rank");
   AAR_CHECK_ARG(dcp.interleave >= 1 && bs % dcp.interleave == 0, "dcp: cp_kv_cache_interleave_size=",
                 dcp.interleave, " must be positive and divide block_size=", bs, " (spec cp.md 1.1)");
+  // The DCP lengths and flags are computed into this thread's scratch and copied
+  // into the caller's buffers in the write phase: a rejected step leaves them
+  // unchanged like every other buffer (they used to be written before the scan).
+  thread_local std::vector<int32_t> dcp_lens;
+  thread_local std::vector<uint8_t> dcp_pre;
   if (use_dcp) {
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
     if (in.is_prefilling.empty()) check_room(buf.dcp_is_prefilling.size(), b, "buffers.dcp_is_prefilling");
+    if (dcp_lens.size() < b) dcp_lens.resize(b), dcp_pre.resize(b);
     for (std::size_t r = 0; r < b; ++r) {
       // Negative lengths are named by the scan below; 0 blocks meanwhile.
-      buf.dcp_block_lens[r] =
-          seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0)) : 0;
+      dcp_lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0)) : 0;
     }
   }
   // The per-request rules, the inputs of the state rule (spec gqa 2.1), the
@@ -235,7 +241,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const detail::RequestScan scan =
       detail::scan_requests(qsl, seqs, b, has_spec ? in.num_spec_tokens.data() : nullptr, table, in_stride, bs,
                             in.num_blocks, in.rope_positions, last_ids,
-                            use_dcp ? buf.dcp_block_lens.data() : nullptr);
+                            use_dcp ? dcp_lens.data() : nullptr);
   const std::size_t num_last = scan.num_last;
   const bool all_fresh = scan.all_fresh, all_sched_one = scan.all_sched_one, all_valid_one = scan.all_valid_one;
   const int32_t max_q = scan.max_query_len, max_seq = scan.max_seq_len;
@@ -253,8 +259,8 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   if (use_dcp) {
     if (in.is_prefilling.empty()) {
       // No flags given: a request is still prefilling when nothing of it is computed.
-      for (std::size_t r = 0; r < b; ++r) buf.dcp_is_prefilling[r] = seqs[r] == qsl[r + 1] - qsl[r];
-      split_in.is_prefilling = CSpan<uint8_t>(buf.dcp_is_prefilling.data(), b);
+      for (std::size_t r = 0; r < b; ++r) dcp_pre[r] = seqs[r] == qsl[r + 1] - qsl[r];
+      split_in.is_prefilling = CSpan<uint8_t>(dcp_pre.data(), b);
     } else {
       split_in.is_prefilling = in.is_prefilling;
     }
@@ -275,7 +281,11 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   }
   // Under DCP the chunk is a multiple of B * W (see mla_plan.h), so every
   // rank's local chunk start is a block multiple.
-  plan.chunks = chunk_geometry(nwc, max_ctx, in.workspace_tokens, use_dcp ? bs * dcp.world : bs, in.max_chunks);
+  // (fuzz_mla_dcp_step: bs * W overflowed int32 for a huge block size.)
+  const int64_t chunk_align = int64_t{bs} * (use_dcp ? dcp.world : 1);
+  AAR_CHECK_ARG(chunk_align <= INT32_MAX, "dcp: block_size=", bs, " times the DCP world size ", dcp.world,
+                " exceeds int32 (the context-chunk alignment)");
+  plan.chunks = chunk_geometry(nwc, max_ctx, in.workspace_tokens, static_cast<int32_t>(chunk_align), in.max_chunks);
   if (plan.chunks.num_chunks > 0) check_chunk_capacity(np, in.max_chunks, buf.chunks);
   if (use_dcp && plan.chunks.num_chunks > 0) {
     const std::size_t cap = static_cast<std::size_t>(in.max_chunks);
@@ -336,6 +346,10 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
 
   // ---------------------------------------------------------------- write
   std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
+  if (use_dcp) {
+    std::copy(dcp_lens.begin(), dcp_lens.begin() + b, buf.dcp_block_lens.begin());
+    if (in.is_prefilling.empty()) std::copy(dcp_pre.begin(), dcp_pre.begin() + b, buf.dcp_is_prefilling.begin());
+  }
   if (!zero_copy) detail::copy_block_table_rows(table, b, in_stride, buf.block_table.data(), stride);
   int64_t* slots = buf.slot_mapping.data();
   int64_t* q_ends = buf.q_ends.data();

@@ -252,3 +252,75 @@ TEST(FuzzRegression, DcpStepChecksQslStartFirst) {
   }
   EXPECT_EQ(slots, std::vector<int32_t>(4, -7));
 }
+
+// fuzz_mla_dcp_step: plan_mla_step under DCP, two defects.
+//  1. It wrote the DCP scratch (dcp_block_lens, the derived dcp_is_prefilling) before its scan
+//     could reject the batch, so a rejected step changed caller buffers. A block id out of range
+//     is rejected now with both buffers as they were.
+//  2. The context-chunk alignment block_size * W overflowed int32 for a huge block size (UBSan);
+//     it is refused, naming the block size and the DCP world.
+namespace {
+struct MlaDcpBuffers {
+  std::vector<int32_t> qsl = std::vector<int32_t>(8, -7), table = std::vector<int32_t>(32, -7),
+                       dpos = std::vector<int32_t>(16, -7), ppos = std::vector<int32_t>(16, -7),
+                       ptable = std::vector<int32_t>(32, -7), blens = std::vector<int32_t>(4, -7);
+  std::vector<int64_t> q_ends = std::vector<int64_t>(8, -7), kv = std::vector<int64_t>(8, -7),
+                       slots = std::vector<int64_t>(16, -7), pq = std::vector<int64_t>(8, -7);
+  std::vector<uint8_t> pre = std::vector<uint8_t>(4, 0xAB);
+  MlaStepBuffers spans(int32_t stride) {
+    MlaStepBuffers b{qsl, table, stride, q_ends, kv, slots, dpos, ppos, ptable, pq, {}};
+    b.dcp_block_lens = blens;
+    b.dcp_is_prefilling = pre;
+    return b;
+  }
+};
+}  // namespace
+
+TEST(FuzzRegression, MlaDcpRejectionLeavesScratchUnchanged) {
+  const std::vector<int32_t> qsl = {0, 1, 5}, seq = {9, 4}, table = {0, 99, 2, 3};  // 99: out of range
+  MlaStepInputs in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.block_table = table;
+  in.block_table_stride = 2;
+  in.block_size = 4;
+  in.num_blocks = 8;
+  in.dcp = DcpShard{2, 0, 1};
+  MlaDcpBuffers o;
+  try {
+    plan_mla_step(in, o.spans(2));
+    FAIL() << "block id 99 of 8 blocks was accepted";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("99"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(o.blens, std::vector<int32_t>(4, -7));
+  EXPECT_EQ(o.pre, std::vector<uint8_t>(4, 0xAB));
+  // The same batch with a valid id: the scratch holds rank 0's local lengths and the flags.
+  const std::vector<int32_t> good = {0, 1, 2, 3};
+  in.block_table = good;
+  plan_mla_step(in, o.spans(2));
+  EXPECT_EQ(o.blens[0], 5);  // positions 0, 2, 4, 6, 8 of 9
+  EXPECT_EQ(o.blens[1], 2);
+  EXPECT_EQ(o.pre[0], 0);
+  EXPECT_EQ(o.pre[1], 1);  // seq_len == query length: still prefilling
+}
+
+TEST(FuzzRegression, MlaDcpChunkAlignmentFitsInt32) {
+  const std::vector<int32_t> qsl = {0, 1}, seq = {1}, table = {0};
+  MlaStepInputs in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.block_table = table;
+  in.block_table_stride = 1;
+  in.block_size = INT32_MAX;
+  in.num_blocks = 1;
+  in.dcp = DcpShard{2, 1, 1};
+  MlaDcpBuffers o;
+  try {
+    plan_mla_step(in, o.spans(1));
+    FAIL() << "block_size INT32_MAX x DCP 2 was accepted";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("block_size=2147483647"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(o.blens, std::vector<int32_t>(4, -7));
+}
