@@ -437,6 +437,11 @@ void interp_round_half_even(int64_t a, int64_t b, int32_t n, Span<int64_t> out) 
   AAR_CHECK_ARG(n >= 0, "interp: step count must be non-negative, got ", n);
   AAR_CHECK_ARG(out.size() >= static_cast<std::size_t>(n), "interp: output has room for ", out.size(),
                 " values, needs ", n);
+  // Both ends exact in a double (and b - a in int64): token counts are far below 2^52
+  // (fuzz_mla_pad: b - a overflowed int64, and a double past 2^63 has no int64 value).
+  constexpr int64_t kExact = int64_t{1} << 52;
+  AAR_CHECK_ARG(a >= -kExact && a <= kExact, "interp: start ", a, " is outside [-2^52, 2^52]");
+  AAR_CHECK_ARG(b >= -kExact && b <= kExact, "interp: end ", b, " is outside [-2^52, 2^52]");
   for (int32_t i = 1; i <= n; ++i) {
     // numpy linspace: a + i*step, with the endpoint set exactly to b.
     const double v = i == n ? static_cast<double>(b)
@@ -445,16 +450,25 @@ void interp_round_half_even(int64_t a, int64_t b, int32_t n, Span<int64_t> out) 
   }
 }
 
+// Both padding modes validate everything before their first write (fuzz_mla_pad: they copied
+// actual_q into out and then rejected graph_pad_size / ref).
 int32_t pad_actual_q_disable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int32_t graph_pad_size,
                                   Span<int64_t> out) {
   AAR_CHECK_ARG(!actual_q.empty(), "actual_q must not be empty");
-  const int32_t pad = std::max(0, graph_pad_size - num_reqs);
+  AAR_CHECK_ARG(num_reqs >= 0, "num_reqs must be non-negative, got ", num_reqs);
+  const int64_t pad64 = std::max<int64_t>(0, int64_t{graph_pad_size} - num_reqs);
+  const int32_t pad = static_cast<int32_t>(pad64);  // <= graph_pad_size
   const std::size_t n = actual_q.size();
-  AAR_CHECK_ARG(out.size() >= n + pad, "output has room for ", out.size(), " values, needs ", n + pad);
-  for (std::size_t i = 0; i < n; ++i) out[i] = actual_q[i];
+  AAR_CHECK_ARG(out.size() >= n && out.size() - n >= static_cast<std::size_t>(pad), "output has room for ",
+                out.size(), " values, needs ", n + static_cast<std::size_t>(pad));
   if (pad > 0) {
     AAR_CHECK_ARG(actual_q.back() <= graph_pad_size, "actual_q.back()=", actual_q.back(),
                   " exceeds graph_pad_size=", graph_pad_size);
+    AAR_CHECK_ARG(actual_q.back() >= -(int64_t{1} << 52), "actual_q.back()=", actual_q.back(),
+                  " is outside [-2^52, 2^52]");
+  }
+  for (std::size_t i = 0; i < n; ++i) out[i] = actual_q[i];
+  if (pad > 0) {
     interp_round_half_even(actual_q.back(), static_cast<int64_t>(num_reqs) + pad, pad, out.subspan(n, pad));
   }
   return static_cast<int32_t>(n + pad);
@@ -464,18 +478,31 @@ int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int3
                                  Span<int64_t> out) {
   AAR_CHECK_ARG(!actual_q.empty(), "actual_q must not be empty");
   AAR_CHECK_ARG(req_pad >= 0, "req_pad must be non-negative, got ", req_pad);
+  AAR_CHECK_ARG(num_reqs >= 0, "num_reqs must be non-negative, got ", num_reqs);
   const std::size_t n = actual_q.size();
-  AAR_CHECK_ARG(out.size() >= n + req_pad, "output has room for ", out.size(), " values, needs ", n + req_pad);
+  AAR_CHECK_ARG(out.size() >= n && out.size() - n >= static_cast<std::size_t>(req_pad), "output has room for ",
+                out.size(), " values, needs ", n + static_cast<std::size_t>(req_pad));
+  const std::size_t nr = static_cast<std::size_t>(num_reqs);
+  const int64_t last = actual_q.back();
+  // ref[nr] - last > 16, without the int64 overflow of the subtraction.
+  const bool interp = req_pad != 0 && ref.size() > nr && ref[nr] > last &&
+                      static_cast<uint64_t>(ref[nr]) - static_cast<uint64_t>(last) > 16u;
+  if (req_pad != 0) {
+    AAR_CHECK_ARG(ref.size() >= nr + static_cast<std::size_t>(req_pad), "ref (actual_seq_lengths_q) has ",
+                  ref.size(), " entries, needs ", nr + static_cast<std::size_t>(req_pad), " (num_reqs + req_pad)");
+  }
+  if (interp) {
+    constexpr int64_t kExact = int64_t{1} << 52;
+    const int64_t end = ref[nr + req_pad - 1];
+    AAR_CHECK_ARG(last >= -kExact && last <= kExact, "actual_q.back()=", last, " is outside [-2^52, 2^52]");
+    AAR_CHECK_ARG(end >= -kExact && end <= kExact, "ref[", nr + req_pad - 1, "]=", end,
+                  " is outside [-2^52, 2^52]");
+  }
   for (std::size_t i = 0; i < n; ++i) out[i] = actual_q[i];
   if (req_pad == 0) return static_cast<int32_t>(n);
-  const std::size_t nr = static_cast<std::size_t>(num_reqs);
-  if (ref.size() > nr && ref[nr] - actual_q.back() > 16) {
-    AAR_CHECK_ARG(ref.size() >= nr + req_pad, "ref (actual_seq_lengths_q) has ", ref.size(), " entries, needs ",
-                  nr + req_pad);
-    interp_round_half_even(actual_q.back(), ref[nr + req_pad - 1], req_pad, out.subspan(n, req_pad));
+  if (interp) {
+    interp_round_half_even(last, ref[nr + req_pad - 1], req_pad, out.subspan(n, req_pad));
   } else {
-    AAR_CHECK_ARG(ref.size() >= nr + req_pad, "ref (actual_seq_lengths_q) has ", ref.size(), " entries, needs ",
-                  nr + req_pad, " (num_reqs + req_pad)");
     for (int32_t i = 0; i < req_pad; ++i) out[n + i] = ref[nr + i];
   }
   return static_cast<int32_t>(n + req_pad);

@@ -324,3 +324,30 @@ TEST(FuzzRegression, MlaDcpChunkAlignmentFitsInt32) {
   }
   EXPECT_EQ(o.blens, std::vector<int32_t>(4, -7));
 }
+
+// fuzz_mla_pad: the MLA graph-padding helpers.
+//  1. pad_actual_q_disable_mode copied actual_q into out, then rejected actual_q.back() >
+//     graph_pad_size; pad_actual_q_enable_mode copied it, then rejected a short ref. Both now
+//     validate first.
+//  2. interp_round_half_even computed b - a in int64 (overflow for ends of opposite sign near
+//     the int64 limits) and converted doubles past 2^63 to int64; both ends must now lie in
+//     [-2^52, 2^52] (token counts do).
+TEST(FuzzRegression, MlaPadHelpersValidateBeforeWriting) {
+  const std::vector<int64_t> q = {3, 9};
+  std::vector<int64_t> out(8, -7);
+  EXPECT_THROW(pad_actual_q_disable_mode(q, 2, 6, out), aar::InvalidArgument);  // 9 > graph_pad_size 6
+  EXPECT_EQ(out, std::vector<int64_t>(8, -7));
+  const std::vector<int64_t> ref = {1, 2, 3};
+  EXPECT_THROW(pad_actual_q_enable_mode(q, 2, 4, ref, out), aar::InvalidArgument);  // ref needs 6 entries
+  EXPECT_EQ(out, std::vector<int64_t>(8, -7));
+}
+
+TEST(FuzzRegression, MlaInterpEndsAreBounded) {
+  std::vector<int64_t> out(3, -7);
+  EXPECT_THROW(interp_round_half_even(INT64_MIN, INT64_MAX, 3, out), aar::InvalidArgument);
+  EXPECT_THROW(interp_round_half_even(0, (int64_t{1} << 52) + 1, 3, out), aar::InvalidArgument);
+  EXPECT_EQ(out, std::vector<int64_t>(3, -7));
+  interp_round_half_even(-(int64_t{1} << 52), int64_t{1} << 52, 2, out);
+  EXPECT_EQ(out[0], 0);
+  EXPECT_EQ(out[1], int64_t{1} << 52);
+}

@@ -1,0 +1,151 @@
+// The configuration rules of the plan layer: the DSA attention-KV plan (make_attn_kv_plan over
+// any device value, cache_dtype string and model dtype, against spec sparse.md 7.2's table
+// written here and the plan's own consistency rules), the SparseFlashMla adapter's derived
+// lengths (flash_mla_cmp_lengths: floor and remainder, outputs untouched on rejection) and the
+// paged-attention selection rule (using_paged_attention, spec gqa.md 9.6's table).
+#include <optional>
+#include <string>
+
+#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/plan/workspace.h"
+#include "fuzz_util.h"
+
+using namespace aar;
+
+namespace {
+
+const char* const kCacheDtypes[] = {"auto", "bfloat16", "bf16", "fp8", "fp8_e4m3", "float8_e4m3fn",
+                                    "float16", "BF16", "fp8_e5m2", "", "int8"};
+
+void check_kv_plan(fuzz::Bytes& in) {
+  dsa::DsaConfig cfg;
+  const int32_t dev = in.u8() % 8 == 0 ? in.maybe_bad(2) : in.range(0, 3);
+  cfg.device = static_cast<plan::DeviceKind>(dev);
+  const int32_t md = in.u8() % 8 == 0 ? in.maybe_bad(0) : in.range(0, 4);
+  cfg.model_dtype = static_cast<dsa::KvDtype>(md);
+  switch (in.u8() % 4) {
+    case 0: break;  // not set
+    case 1: {       // arbitrary bytes
+      std::string s;
+      for (int32_t i = in.range(0, 12); i > 0; --i) s.push_back(static_cast<char>(in.u8()));
+      cfg.cache_dtype = s;
+      break;
+    }
+    default: cfg.cache_dtype = kCacheDtypes[in.u8() % (sizeof(kCacheDtypes) / sizeof(kCacheDtypes[0]))];
+  }
+  const std::string s = cfg.cache_dtype.value_or("auto");
+  const bool bf16_req = s == "bfloat16" || s == "bf16";
+  const bool known = s == "auto" || bf16_req || s == "fp8" || s == "fp8_e4m3" || s == "float8_e4m3fn";
+  const bool dev_ok = dev == 0 || dev == 1 || dev == 2;
+  const bool model_ok = md == static_cast<int32_t>(dsa::KvDtype::BF16) || md == static_cast<int32_t>(dsa::KvDtype::FP16);
+  dsa::AttnKvPlan p;
+  bool ok = false;
+  try {
+    p = dsa::make_attn_kv_plan(cfg);
+    ok = true;
+  } catch (const NotSupported& e) {
+    FUZZ_CHECK(dev == static_cast<int32_t>(plan::DeviceKind::Ascend310P));  // only 310P is "not supported"
+    FUZZ_CHECK(std::string(e.what()).find("Ascend310P") != std::string::npos);
+  } catch (const InvalidArgument& e) {
+    FUZZ_CHECK(e.what()[0] != '\0');
+  }
+  FUZZ_CHECK(ok == (dev_ok && model_ok && known));
+  if (!ok) return;
+  const bool a5 = cfg.device == plan::DeviceKind::A5;
+  // Spec 7.2's table: the attention KV dtype and the three plans.
+  const dsa::KvDtype want = !a5 ? cfg.model_dtype : bf16_req ? dsa::KvDtype::BF16 : dsa::KvDtype::FP8_E4M3;
+  FUZZ_CHECK(p.attn_kv_dtype == want);
+  FUZZ_CHECK(p.device == cfg.device);
+  const dsa::SparseAttnPath path = !a5 ? dsa::SparseAttnPath::SharedKv
+                                   : want == dsa::KvDtype::BF16 ? dsa::SparseAttnPath::SparseFlashMla
+                                                                : dsa::SparseAttnPath::KvQuantSharedKv;
+  FUZZ_CHECK(p.sparse_attn == path);
+  FUZZ_CHECK(p.uses_sparse_flash_mla == (path == dsa::SparseAttnPath::SparseFlashMla));
+  FUZZ_CHECK(p.layout_kv == (p.uses_sparse_flash_mla ? dsa::KvLayout::PA_BBND : dsa::KvLayout::PA_ND));
+  FUZZ_CHECK(p.fp8_kv_rows == (want == dsa::KvDtype::FP8_E4M3));
+  // The row geometry: 512 logical dims; MXFP8 rows are 640 bytes of which 128 are extra.
+  FUZZ_CHECK(p.attn_head_dim == dsa::kDsaHeadDim);
+  FUZZ_CHECK(p.attn_head_bytes == p.attn_head_size * dsa::element_size(p.attn_kv_dtype));
+  FUZZ_CHECK(p.kv_head_extra == p.attn_head_size - dsa::kDsaHeadDim);
+  FUZZ_CHECK(p.attn_head_bytes == (p.fp8_kv_rows ? 640 : 1024));
+  // Slot formats and scatter kinds agree with each other.
+  FUZZ_CHECK(p.requires_block_offset_slots == (p.slot_format == plan::SlotFormat::BlockOffset));
+  FUZZ_CHECK(p.slot_mapping_columns == (p.requires_block_offset_slots ? 2 : 1));
+  FUZZ_CHECK(p.compressor_slot_format_code == static_cast<int32_t>(p.slot_format));
+  FUZZ_CHECK((p.kv_scatter == dsa::KvScatterKind::KvCompressEpilog) == p.fp8_kv_rows);
+  FUZZ_CHECK((p.kv_scatter == dsa::KvScatterKind::KvCompressEpilog) == (p.slot_format == plan::SlotFormat::Flat));
+  FUZZ_CHECK((p.kv_scatter == dsa::KvScatterKind::KvCompressEpilog) == (p.epilog_quant_mode != 0));
+  FUZZ_CHECK(p.passes_kv_quant_kwargs == p.fp8_kv_rows);
+  FUZZ_CHECK((p.block_offset_skip == plan::BlockOffsetSkip::MinusOne) == p.uses_sparse_flash_mla);
+  // The indexer follows the device, not the attention dtype.
+  FUZZ_CHECK(p.indexer_k_dtype == (a5 ? dsa::KvDtype::FP8_E4M3 : dsa::KvDtype::INT8));
+  FUZZ_CHECK(p.indexer_slot_format == (a5 ? plan::SlotFormat::Flat : plan::SlotFormat::BlockOffset));
+  FUZZ_CHECK(p.indexer_full_view == a5);
+  FUZZ_CHECK(p.passes_device_kwarg == !a5);
+  FUZZ_CHECK(p.o_proj == (a5 ? dsa::OProjKind::MxFp8QuantBmm : dsa::OProjKind::Bmm));
+  FUZZ_CHECK(std::string(p.sparse_attn_op_library) == (p.uses_sparse_flash_mla ? "cann_ops_transformer" : "_C_ascend"));
+  FUZZ_CHECK(p.sparse_attn_op[0] != '\0' && p.sparse_attn_metadata_op[0] != '\0');
+  FUZZ_CHECK(std::string(p.sparse_attn_metadata_op) == std::string(p.sparse_attn_op) + "_metadata");
+  // Every field names itself.
+  for (const char* name : {dsa::to_string(p.attn_kv_dtype), dsa::to_string(p.sparse_attn), dsa::to_string(p.layout_kv),
+                           dsa::to_string(p.slot_format), dsa::to_string(p.kv_scatter), dsa::to_string(p.o_proj),
+                           dsa::to_string(p.indexer_k_write), dsa::to_string(p.q_norm), dsa::device_name(p.device)}) {
+    FUZZ_CHECK(name != nullptr && name[0] != '\0' && name[0] != '<');
+  }
+}
+
+void check_cmp_lengths(fuzz::Bytes& in) {
+  const int32_t ratio = in.u8() % 8 == 0 ? in.maybe_bad(1) : (in.flag() ? 4 : 128);
+  const int32_t max_kv = in.u8() % 8 == 0 ? in.maybe_bad(500) : in.range(0, 1000);
+  std::vector<int32_t> seq(in.range(0, 8));
+  for (auto& s : seq) s = in.u8() % 16 == 0 ? in.maybe_bad(max_kv) : in.range(0, std::max(0, max_kv));
+  const size_t room_c = in.u8() % 8 == 0 ? in.range(0, 8) : seq.size();
+  const size_t room_r = in.u8() % 8 == 0 ? in.range(0, 8) : seq.size();
+  auto cmp = fuzz::canary<int32_t>(room_c, -9), res = fuzz::canary<int32_t>(room_r, -9);
+  fuzz::Snapshot snap;
+  snap.add(cmp), snap.add(res);
+  int32_t max_cmp = -1;
+  const bool ok = fuzz::accepted([&] { max_cmp = dsa::flash_mla_cmp_lengths(seq, max_kv, ratio, cmp, res); }, snap);
+  bool valid = ratio >= 2 && max_kv >= 0 && room_c >= seq.size() && room_r >= seq.size();
+  for (int32_t s : seq) valid = valid && s >= 0 && s <= max_kv;
+  FUZZ_CHECK(ok == valid);
+  if (!ok) return;
+  FUZZ_CHECK(max_cmp == max_kv / ratio);
+  for (size_t b = 0; b < seq.size(); ++b) {
+    FUZZ_CHECK(int64_t{cmp[b]} * ratio + res[b] == seq[b]);
+    FUZZ_CHECK(res[b] >= 0 && res[b] < ratio);
+  }
+  for (size_t b = seq.size(); b < cmp.size(); ++b) FUZZ_CHECK(cmp[b] == -9);
+}
+
+void check_paged_rule(fuzz::Bytes& in) {
+  plan::PagedAttentionRule rule;
+  rule.has_speculative_config = in.flag();
+  rule.device = static_cast<plan::DeviceKind>(in.range(0, 3));
+  rule.full_decode_only_graph = in.flag();
+  std::vector<int32_t> shapes(in.range(0, 6));
+  for (auto& s : shapes) s = in.range(0, 64);
+  rule.pa_shape_list = shapes;
+  const int64_t shape = in.flag() ? in.range(0, 64) : static_cast<int64_t>(in.u32()) - (int64_t{1} << 31);
+  const int64_t head = in.flag() ? -1 : (in.flag() ? 512 : in.range(0, 1024));
+  const bool got = plan::using_paged_attention(shape, rule, head);
+  // Spec 9.6, row by row: speculative decoding and the A5 never; head size 512 always;
+  // otherwise only captured FULL_DECODE_ONLY shapes listed in pa_shape_list.
+  bool listed = false;
+  for (int32_t s : shapes) listed = listed || s == shape;
+  const bool want = !rule.has_speculative_config && rule.device != plan::DeviceKind::A5 &&
+                    (head == 512 || (rule.full_decode_only_graph && listed));
+  FUZZ_CHECK(got == want);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  fuzz::Bytes in(data, size);
+  switch (in.u8() % 3) {
+    case 0: check_kv_plan(in); break;
+    case 1: check_cmp_lengths(in); break;
+    default: check_paged_rule(in); break;
+  }
+  return 0;
+}
