@@ -131,7 +131,7 @@ build-asan: setup $(ASAN_BUILD)/build.ninja
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cp python/ascend_attn_rt/*.py $(ASAN_BUILD)/python/ascend_attn_rt/
 
-test-sanitize: build-asan
+test-sanitize: build-asan vllm
 	$(ASAN_ENV_CPP) ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 	$(ASAN_ENV_PY) AAR_SANITIZED=1 AAR_BUILD_DIR=$(abspath $(ASAN_BUILD)) $(PY) -m pytest tests/python -q -p no:cacheprovider \
 		--capture=sys -o pythonpath="$(ASAN_BUILD)/python tests/python"

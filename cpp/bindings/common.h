@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <nanobind/nanobind.h>
@@ -24,6 +25,9 @@ inline void check_host_tensor(const at::Tensor& t, const char* name, at::ScalarT
   AAR_CHECK_ARG(t.dim() == dims, name, " must have ", dims, " dimension(s), got shape ", t.sizes());
   AAR_CHECK_ARG(t.is_contiguous(), name, " must be contiguous");
 }
+
+// A shape as a Python list.
+inline std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
 inline plan::CSpan<int32_t> i32_span(const at::Tensor& t, const char* name, int64_t dims = 1) {
   check_host_tensor(t, name, at::kInt, dims);

@@ -37,7 +37,6 @@ gqa::BuildInputs make_inputs(const at::Tensor& qsl, const at::Tensor& seq_lens, 
   return in;
 }
 
-std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
 // The host lists of a metadata live in its builder and hold the latest build:
 // reading them through a stale metadata is an error, not another step's values.

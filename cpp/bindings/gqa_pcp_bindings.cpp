@@ -26,7 +26,6 @@ plan::PcpKvMode parse_kv_mode(const std::string& s) {
                 "(model-runner v2 PCP, KV replicated), got '", s, "'");
 }
 
-std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
 const cp::PcpMetadata& live(const cp::PcpMetadata& m) {
   check_current(m.stamp, "metadata");

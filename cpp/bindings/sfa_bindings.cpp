@@ -33,7 +33,6 @@ using namespace nb::literals;
 namespace aar::bindings {
 namespace {
 
-std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
 // Host lists live in the builder and hold its lane's latest build (see gqa_bindings.cpp).
 const sfa::Metadata& live(const sfa::Metadata& m) {

@@ -11,7 +11,7 @@ namespace {
 detail::OpHandle<sig::FusionAttention> g_fa("npu_fusion_attention", "", OpLibrary::TorchNpu);
 
 // An empty list means "not given" (BNSD/BSH layouts take no length lists).
-inline at::OptionalIntArrayRef opt_list(c10::IntArrayRef v) {
+inline at::OptionalIntArrayRef opt_int_list(c10::IntArrayRef v) {
   return v.empty() ? at::OptionalIntArrayRef() : at::OptionalIntArrayRef(v);
 }
 }  // namespace
@@ -24,7 +24,7 @@ at::Tensor fusion_attention(const FusionAttentionArgs& a, Provider pv) {
   auto r = op.call(a.query, a.key, a.value, a.head_num, a.input_layout, none /*pse*/, none /*padding_mask*/,
                    a.atten_mask, a.scale, /*keep_prob=*/1.0, a.pre_tockens, a.next_tockens,
                    /*inner_precise=*/0, at::OptionalIntArrayRef() /*prefix*/,
-                   opt_list(a.actual_seq_qlen), opt_list(a.actual_seq_kvlen),
+                   opt_int_list(a.actual_seq_qlen), opt_int_list(a.actual_seq_kvlen),
                    a.sparse_mode, /*gen_mask_parallel=*/true, /*sync=*/false, /*softmax_layout=*/"",
                    none /*sink*/, none /*dropout_mask*/, /*seed=*/0, /*offset=*/0);
   return std::move(std::get<0>(r));

@@ -21,7 +21,7 @@ void check_sizes(const char* what, int64_t nb, int64_t bs, int64_t a, const char
   AAR_CHECK_ARG(b > 0, what, ": ", b_name, " must be positive, got ", b);
 }
 
-bool is_c8_byte_dtype(at::ScalarType t) { return t == at::kChar || t == at::kFloat8_e4m3fn; }
+bool is_c8_cache_dtype(at::ScalarType t) { return t == at::kChar || t == at::kFloat8_e4m3fn; }
 bool is_fp8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
 bool is_model_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
 
@@ -94,7 +94,7 @@ ComposedKvCache compose_kv_cache(const std::vector<at::Tensor>& main, const std:
   if (sfa_c8) {
     const std::string n = entry("main_kv_cache", 0, "packed SFA C8 cache");
     check_cache_tensor(main[0], n);
-    AAR_CHECK_ARG(is_c8_byte_dtype(main[0].scalar_type()), n, " must be int8 (A2/A3) or float8_e4m3fn (A5), got ",
+    AAR_CHECK_ARG(is_c8_cache_dtype(main[0].scalar_type()), n, " must be int8 (A2/A3) or float8_e4m3fn (A5), got ",
                   main[0].scalar_type());
   } else {
     const std::string nope = entry("main_kv_cache", 0, "k_nope"), pe = entry("main_kv_cache", 1, "k_pe");
@@ -131,7 +131,7 @@ ComposedKvCache compose_kv_cache(const std::vector<at::Tensor>& main, const std:
   check_cache_tensor(k, kn);
   const at::ScalarType kt = k.scalar_type();
   if (li_c8) {
-    AAR_CHECK_ARG(is_c8_byte_dtype(kt), kn, " must be int8 (A2/A3) or float8_e4m3fn (A5) with LI C8, got ", kt);
+    AAR_CHECK_ARG(is_c8_cache_dtype(kt), kn, " must be int8 (A2/A3) or float8_e4m3fn (A5) with LI C8, got ", kt);
     const std::string sn = entry("indexer_kv_cache", 1, "idx_scale");
     const at::Tensor& s = indexer[1];
     check_cache_tensor(s, sn);

@@ -54,7 +54,7 @@ const char* c8_scale_rule(plan::DeviceKind k) {
                                    : "the LI C8 scale dtype of device_kind a2/a3; spec 3.1: fp16 on A2/A3, fp32 on A5";
 }
 
-bool is_c8_byte_dtype(at::ScalarType t) {
+bool is_one_byte_cache_dtype(at::ScalarType t) {
   return t == at::kChar || t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
 }
 
@@ -68,8 +68,8 @@ void check_cache(const at::Tensor& c, const char* name, int64_t width, const Met
   AAR_CHECK_ARG(c.size(0) >= md.num_blocks, name, " has ", c.size(0), " blocks, fewer than the metadata's ",
                 md.num_blocks);
   AAR_CHECK_ARG(c.scalar_type() == dtype, name, " dtype ", c.scalar_type(), " is not ", dtype, " (", dtype_is, ")",
-                is_c8_byte_dtype(c.scalar_type()) != is_c8_byte_dtype(dtype)
-                    ? (is_c8_byte_dtype(c.scalar_type()) ? "; a quantised cache: the layer's C8 flag for it is off"
+                is_one_byte_cache_dtype(c.scalar_type()) != is_one_byte_cache_dtype(dtype)
+                    ? (is_one_byte_cache_dtype(c.scalar_type()) ? "; a quantised cache: the layer's C8 flag for it is off"
                                                          : "; the layer's C8 flag for it is on: it takes the quantised "
                                                            "cache")
                     : "");
@@ -465,7 +465,7 @@ void Impl::store_packed_rows(const at::Tensor& k_nope, const at::Tensor& k_rope,
 at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Caches& c,
                                   const Metadata& md) {
   // Spec 3.6: routed by the main cache's dtype (validated against sfa_c8).
-  if (is_c8_byte_dtype(c.packed.defined() ? c.packed.scalar_type() : c.nope.scalar_type())) {
+  if (is_one_byte_cache_dtype(c.packed.defined() ? c.packed.scalar_type() : c.nope.scalar_type())) {
     ops::KvQuantSparseFlashAttentionArgs a;
     a.query = ops::dense::cat_last(qn, qr);  // (tk, H, L + R) = [ql_nope | q_pe]
     a.key = c.packed;

@@ -20,11 +20,11 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "npu_attention_update";
+constexpr const char* kAttentionUpdateOp = "npu_attention_update";
 
 std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
                                                     int64_t update_type) {
-  detail::check_attention_update_args(lse, local_out, update_type, kOp);
+  detail::check_attention_update_args(lse, local_out, update_type, kAttentionUpdateOp);
   const size_t n = lse.size();
   const int64_t m = lse[0].size(0);
   const int64_t d = local_out[0].size(1);

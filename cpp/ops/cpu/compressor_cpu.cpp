@@ -21,7 +21,7 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "_C_ascend::compressor";
+constexpr const char* kCompressorOp = "_C_ascend::compressor";
 
 struct Request {
   int64_t tok0 = 0, q = 0, start = 0;  // first token in x, query length, context (start_pos)
@@ -36,100 +36,100 @@ struct StateLoc {
 
 StateLoc locate(const dsa::IntTable& table, int64_t b, int64_t p, int64_t sbs, int64_t nb, const char* why) {
   const int64_t col = p / sbs;
-  AAR_CHECK_ARG(col < table.cols, kOp, ": state_block_table has ", table.cols, " columns but request ", b,
+  AAR_CHECK_ARG(col < table.cols, kCompressorOp, ": state_block_table has ", table.cols, " columns but request ", b,
                 " needs column ", col, " (raw position ", p, " ", why, ", state block size ", sbs, ")");
   const int64_t blk = table.at(b, col);
-  AAR_CHECK_ARG(blk >= 0 && blk < nb, kOp, ": state_block_table[", b, "][", col, "]=", blk,
+  AAR_CHECK_ARG(blk >= 0 && blk < nb, kCompressorOp, ": state_block_table[", b, "][", col, "]=", blk,
                 " is outside [0, num_blocks=", nb, ") (raw position ", p, " ", why, ")");
   return {blk, p % sbs};
 }
 
 at::Tensor compressor(AAR_COMPRESSOR_PARAMS) {
   // ---- arguments
-  reject_int(kOp, rotary_mode, 2, "rotary_mode");
-  reject_int(kOp, cache_mode, 1, "cache_mode");
-  AAR_CHECK_ARG(coff == 1 || coff == 2, kOp, ": coff must be 1 or 2, got ", coff);
-  AAR_CHECK_ARG(cmp_ratio >= 1, kOp, ": cmp_ratio must be >= 1, got ", cmp_ratio);
-  AAR_CHECK_ARG(norm_eps >= 0, kOp, ": norm_eps must be >= 0, got ", norm_eps);
+  reject_int(kCompressorOp, rotary_mode, 2, "rotary_mode");
+  reject_int(kCompressorOp, cache_mode, 1, "cache_mode");
+  AAR_CHECK_ARG(coff == 1 || coff == 2, kCompressorOp, ": coff must be 1 or 2, got ", coff);
+  AAR_CHECK_ARG(cmp_ratio >= 1, kCompressorOp, ": cmp_ratio must be >= 1, got ", cmp_ratio);
+  AAR_CHECK_ARG(norm_eps >= 0, kCompressorOp, ": norm_eps must be >= 0, got ", norm_eps);
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&x, &wkv, &wgate, &state_cache, &ape,
                                                                        &norm_weight, &rope_sin, &rope_cos}) {
-    AAR_CHECK_ARG(t->defined() && t->device().is_cpu(), kOp, ": the CPU twin needs CPU tensors, got one on ",
+    AAR_CHECK_ARG(t->defined() && t->device().is_cpu(), kCompressorOp, ": the CPU twin needs CPU tensors, got one on ",
                   t->defined() ? t->device() : c10::Device(c10::kCPU));
   }
-  AAR_CHECK_ARG(x.dim() == 2, kOp, ": x must be (T, H), got ", x.sizes());
-  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kOp, ": x must be float32/float16/bfloat16, got ", x.scalar_type());
+  AAR_CHECK_ARG(x.dim() == 2, kCompressorOp, ": x must be (T, H), got ", x.sizes());
+  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kCompressorOp, ": x must be float32/float16/bfloat16, got ", x.scalar_type());
   const int64_t T = x.size(0), H = x.size(1);
-  AAR_CHECK_ARG(norm_weight.dim() == 1 && norm_weight.size(0) >= 1, kOp, ": norm_weight must be (D), got ",
+  AAR_CHECK_ARG(norm_weight.dim() == 1 && norm_weight.size(0) >= 1, kCompressorOp, ": norm_weight must be (D), got ",
                 norm_weight.sizes());
   const int64_t D = norm_weight.size(0), W = coff * D, r = cmp_ratio;
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&wkv, "wkv"}, {&wgate, "wgate"}}) {
-    AAR_CHECK_ARG(t->dim() == 2 && t->size(0) == W && t->size(1) == H, kOp, ": ", name, " must be (coff*D=", W,
+    AAR_CHECK_ARG(t->dim() == 2 && t->size(0) == W && t->size(1) == H, kCompressorOp, ": ", name, " must be (coff*D=", W,
                   ", H=", H, "), got ", t->sizes());
-    AAR_CHECK_ARG(is_float_dtype(t->scalar_type()), kOp, ": ", name, " must be a float dtype, got ",
+    AAR_CHECK_ARG(is_float_dtype(t->scalar_type()), kCompressorOp, ": ", name, " must be a float dtype, got ",
                   t->scalar_type());
   }
-  AAR_CHECK_ARG(is_float_dtype(norm_weight.scalar_type()), kOp, ": norm_weight must be a float dtype, got ",
+  AAR_CHECK_ARG(is_float_dtype(norm_weight.scalar_type()), kCompressorOp, ": norm_weight must be a float dtype, got ",
                 norm_weight.scalar_type());
-  AAR_CHECK_ARG(ape.dim() == 2 && ape.size(0) == r && ape.size(1) == W, kOp, ": ape must be (cmp_ratio=", r,
+  AAR_CHECK_ARG(ape.dim() == 2 && ape.size(0) == r && ape.size(1) == W, kCompressorOp, ": ape must be (cmp_ratio=", r,
                 ", coff*D=", W, "), got ", ape.sizes());
-  AAR_CHECK_ARG(is_float_dtype(ape.scalar_type()), kOp, ": ape must be a float dtype, got ", ape.scalar_type());
-  AAR_CHECK_ARG(state_cache.scalar_type() == at::kFloat, kOp, ": state_cache must be float32, got ",
+  AAR_CHECK_ARG(is_float_dtype(ape.scalar_type()), kCompressorOp, ": ape must be a float dtype, got ", ape.scalar_type());
+  AAR_CHECK_ARG(state_cache.scalar_type() == at::kFloat, kCompressorOp, ": state_cache must be float32, got ",
                 state_cache.scalar_type());
-  AAR_CHECK_ARG(state_cache.dim() == 3 && state_cache.size(2) == 2 * W && state_cache.size(1) >= 1, kOp,
+  AAR_CHECK_ARG(state_cache.dim() == 3 && state_cache.size(2) == 2 * W && state_cache.size(1) >= 1, kCompressorOp,
                 ": state_cache must be (num_blocks, block_size, 2*coff*D=", 2 * W, "), got ", state_cache.sizes());
   const int64_t nb = state_cache.size(0), sbs = state_cache.size(1);
-  AAR_CHECK_ARG(rope_head_dim >= 2 && rope_head_dim % 2 == 0 && rope_head_dim <= D, kOp,
+  AAR_CHECK_ARG(rope_head_dim >= 2 && rope_head_dim % 2 == 0 && rope_head_dim <= D, kCompressorOp,
                 ": rope_head_dim must be even and in [2, D=", D, "], got ", rope_head_dim);
   const int64_t R = rope_head_dim;
   for (const auto& [t, name] :
        {std::pair<const at::Tensor*, const char*>{&rope_cos, "rope_cos"}, {&rope_sin, "rope_sin"}}) {
-    AAR_CHECK_ARG(t->dim() >= 1 && t->size(-1) == R, kOp, ": ", name, " must end in rope_head_dim=", R,
+    AAR_CHECK_ARG(t->dim() >= 1 && t->size(-1) == R, kCompressorOp, ": ", name, " must end in rope_head_dim=", R,
                   " ((rows, R) or (rows, 1, 1, R)), got ", t->sizes());
-    AAR_CHECK_ARG(is_float_dtype(t->scalar_type()), kOp, ": ", name, " must be a float dtype, got ",
+    AAR_CHECK_ARG(is_float_dtype(t->scalar_type()), kCompressorOp, ": ", name, " must be a float dtype, got ",
                   t->scalar_type());
   }
-  AAR_CHECK_ARG(rope_cos.numel() == rope_sin.numel(), kOp, ": rope_cos ", rope_cos.sizes(), " and rope_sin ",
+  AAR_CHECK_ARG(rope_cos.numel() == rope_sin.numel(), kCompressorOp, ": rope_cos ", rope_cos.sizes(), " and rope_sin ",
                 rope_sin.sizes(), " must hold the same rows");
   const int64_t rope_rows = rope_cos.numel() / R;
 
   // ---- lengths
   if (!cu_seqlens.has_value() || !cu_seqlens->defined()) {
-    throw_not_supported(kOp, ": cu_seqlens=None is not supported (pass query_start_loc, (B + 1) int32)");
+    throw_not_supported(kCompressorOp, ": cu_seqlens=None is not supported (pass query_start_loc, (B + 1) int32)");
   }
-  const std::vector<int64_t> cu = dsa::read_ints(kOp, *cu_seqlens, "cu_seqlens");
-  const int64_t B = dsa::check_cu_seqlens(kOp, cu, T, "x.size(0) (T)");
+  const std::vector<int64_t> cu = dsa::read_ints(kCompressorOp, *cu_seqlens, "cu_seqlens");
+  const int64_t B = dsa::check_cu_seqlens(kCompressorOp, cu, T, "x.size(0) (T)");
   const bool has_start = start_pos.has_value() && start_pos->defined();
   const bool has_used = seqused.has_value() && seqused->defined();
   if (!has_start && !has_used) {
-    throw_invalid(kOp, ": start_pos or seqused is required (start_pos = S - q, seqused = S per request)");
+    throw_invalid(kCompressorOp, ": start_pos or seqused is required (start_pos = S - q, seqused = S per request)");
   }
   std::vector<int64_t> start(B);
   if (has_start) {
-    start = dsa::read_ints(kOp, *start_pos, "start_pos");
-    AAR_CHECK_ARG(static_cast<int64_t>(start.size()) == B, kOp, ": start_pos must have B=", B,
+    start = dsa::read_ints(kCompressorOp, *start_pos, "start_pos");
+    AAR_CHECK_ARG(static_cast<int64_t>(start.size()) == B, kCompressorOp, ": start_pos must have B=", B,
                   " entries (cu_seqlens has B + 1), got ", start.size());
   }
   if (has_used) {
-    const std::vector<int64_t> used = dsa::read_ints(kOp, *seqused, "seqused");
-    AAR_CHECK_ARG(static_cast<int64_t>(used.size()) == B, kOp, ": seqused must have B=", B,
+    const std::vector<int64_t> used = dsa::read_ints(kCompressorOp, *seqused, "seqused");
+    AAR_CHECK_ARG(static_cast<int64_t>(used.size()) == B, kCompressorOp, ": seqused must have B=", B,
                   " entries (cu_seqlens has B + 1), got ", used.size());
     for (int64_t b = 0; b < B; ++b) {
       const int64_t s = used[b] - (cu[b + 1] - cu[b]);
-      AAR_CHECK_ARG(s >= 0, kOp, ": seqused[", b, "]=", used[b], " is below the request's query length ",
+      AAR_CHECK_ARG(s >= 0, kCompressorOp, ": seqused[", b, "]=", used[b], " is below the request's query length ",
                     cu[b + 1] - cu[b]);
-      AAR_CHECK_ARG(!has_start || start[b] == s, kOp, ": start_pos[", b, "]=", start[b], " disagrees with seqused[",
+      AAR_CHECK_ARG(!has_start || start[b] == s, kCompressorOp, ": start_pos[", b, "]=", start[b], " disagrees with seqused[",
                     b, "] - q = ", s);
       start[b] = s;
     }
   }
   for (int64_t b = 0; b < B; ++b) {
-    AAR_CHECK_ARG(start[b] >= 0, kOp, ": start_pos[", b, "] must be >= 0, got ", start[b]);
+    AAR_CHECK_ARG(start[b] >= 0, kCompressorOp, ": start_pos[", b, "] must be >= 0, got ", start[b]);
   }
   if (!state_block_table.has_value() || !state_block_table->defined()) {
-    throw_not_supported(kOp, ": state_block_table=None is not supported (cache_mode 1: the state cache is paged)");
+    throw_not_supported(kCompressorOp, ": state_block_table=None is not supported (cache_mode 1: the state cache is paged)");
   }
-  const dsa::IntTable table = dsa::read_table(kOp, *state_block_table, "state_block_table");
-  AAR_CHECK_ARG(table.rows >= B, kOp, ": state_block_table has ", table.rows, " rows, fewer than B=", B);
+  const dsa::IntTable table = dsa::read_table(kCompressorOp, *state_block_table, "state_block_table");
+  AAR_CHECK_ARG(table.rows >= B, kCompressorOp, ": state_block_table has ", table.rows, " rows, fewer than B=", B);
 
   // ---- plan: groups per request, every state location touched (checked here)
   std::vector<Request> reqs(B);
@@ -152,8 +152,8 @@ at::Tensor compressor(AAR_COMPRESSOR_PARAMS) {
     }
   }
   const int64_t out_rows = std::min(T, T / r + B);
-  AAR_CHECK_ARG(emitted <= out_rows, kOp, ": ", emitted, " compressed rows exceed min(T, T // r + B)=", out_rows);
-  AAR_CHECK_ARG(rope_rows >= emitted, kOp, ": rope_cos / rope_sin hold ", rope_rows, " rows but the step emits ",
+  AAR_CHECK_ARG(emitted <= out_rows, kCompressorOp, ": ", emitted, " compressed rows exceed min(T, T // r + B)=", out_rows);
+  AAR_CHECK_ARG(rope_rows >= emitted, kCompressorOp, ": rope_cos / rope_sin hold ", rope_rows, " rows but the step emits ",
                 emitted, " compressed rows (one rope row per emitted row, from compressor_metadata)");
 
   // Raw entries of earlier positions the completed groups need, gathered into

@@ -20,7 +20,7 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "_C_ascend::compressor_metadata";
+constexpr const char* kCompressorMetadataOp = "_C_ascend::compressor_metadata";
 
 struct Result {
   at::Tensor cos, sin, slots;  // (rows, 1, 1, R), (rows, 1, 1, R), (rows, 2) / (rows) int32
@@ -118,7 +118,7 @@ Result compute(const char* op, AAR_COMPRESSOR_METADATA_HEAD_PARAMS, int64_t rows
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> compressor_metadata(AAR_COMPRESSOR_METADATA_PARAMS) {
-  Result r = compute(kOp, rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, kv_block_size,
+  Result r = compute(kCompressorMetadataOp, rope_cos, rope_sin, cu_seqlens, start_pos, kv_block_table, kv_block_size,
                      slot_mapping_format, compress_ratio, num_compressed_tokens, num_reqs_actual);
   return {r.cos, r.sin, r.slots};
 }

@@ -16,24 +16,24 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "npu_dynamic_block_quant";
+constexpr const char* kDynamicBlockQuantOp = "npu_dynamic_block_quant";
 
 std::tuple<at::Tensor, at::Tensor> dynamic_block_quant(AAR_DYNAMIC_BLOCK_QUANT_PARAMS) {
-  reject_int(kOp, row_block_size, 1, "row_block_size");
-  reject_int(kOp, col_block_size, 128, "col_block_size");
-  reject_int(kOp, dst_type, 1, "dst_type");
+  reject_int(kDynamicBlockQuantOp, row_block_size, 1, "row_block_size");
+  reject_int(kDynamicBlockQuantOp, col_block_size, 128, "col_block_size");
+  reject_int(kDynamicBlockQuantOp, dst_type, 1, "dst_type");
   if (min_scale != 0.0) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: min_scale=", min_scale, " (only 0)");
+    throw_not_supported(kDynamicBlockQuantOp, ": not supported by the CPU twin: min_scale=", min_scale, " (only 0)");
   }
   if (round_mode != "rint") {
-    throw_not_supported(kOp, ": not supported: round_mode=\"", round_mode, "\" (only \"rint\")");
+    throw_not_supported(kDynamicBlockQuantOp, ": not supported: round_mode=\"", round_mode, "\" (only \"rint\")");
   }
   if (dst_type_max != 0.0 && dst_type_max != 127.0) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: dst_type_max=", dst_type_max, " (only 0 or 127)");
+    throw_not_supported(kDynamicBlockQuantOp, ": not supported by the CPU twin: dst_type_max=", dst_type_max, " (only 0 or 127)");
   }
-  AAR_CHECK_ARG(x.dim() == 2 || x.dim() == 3, kOp, ": x must be 2-D or 3-D, got ", x.sizes());
-  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kOp, ": x must be float16/bfloat16/float32, got ", x.scalar_type());
-  AAR_CHECK_ARG(x.device().is_cpu(), kOp, ": the CPU twin needs a CPU x, got ", x.device());
+  AAR_CHECK_ARG(x.dim() == 2 || x.dim() == 3, kDynamicBlockQuantOp, ": x must be 2-D or 3-D, got ", x.sizes());
+  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kDynamicBlockQuantOp, ": x must be float16/bfloat16/float32, got ", x.scalar_type());
+  AAR_CHECK_ARG(x.device().is_cpu(), kDynamicBlockQuantOp, ": the CPU twin needs a CPU x, got ", x.device());
   const int64_t cols = x.size(-1);
   const int64_t tiles = (cols + col_block_size - 1) / col_block_size;
   const int64_t padded = tiles * col_block_size;

@@ -27,7 +27,7 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "npu_dynamic_mx_quant";
+constexpr const char* kDynamicMxQuantOp = "npu_dynamic_mx_quant";
 
 // torch.float8_e4m3fn as the ScalarType value torch passes, and torch_npu's own code in the doc.
 constexpr int64_t kE4m3Scalar = static_cast<int64_t>(at::kFloat8_e4m3fn), kE4m3Npu = 292;
@@ -35,46 +35,46 @@ constexpr int64_t kE4m3Scalar = static_cast<int64_t>(at::kFloat8_e4m3fn), kE4m3N
 void check_dst_type(int64_t dst_type) {
   if (dst_type == kE4m3Scalar || dst_type == kE4m3Npu) return;
   if (dst_type == static_cast<int64_t>(at::kFloat8_e5m2) || dst_type == 291) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: dst_type=", dst_type,
+    throw_not_supported(kDynamicMxQuantOp, ": not supported by the CPU twin: dst_type=", dst_type,
                         " (float8_e5m2); only float8_e4m3fn (", kE4m3Scalar, " or ", kE4m3Npu, ")");
   }
   if (dst_type == 296 || dst_type == 297) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: dst_type=", dst_type,
+    throw_not_supported(kDynamicMxQuantOp, ": not supported by the CPU twin: dst_type=", dst_type,
                         dst_type == 296 ? " (float4_e2m1fn_x2, the schema default)" : " (float4_e1m2fn_x2)",
                         "; only float8_e4m3fn (", kE4m3Scalar, " or ", kE4m3Npu, ")");
   }
-  throw_invalid(kOp, ": dst_type=", dst_type, " is not an MX target (float8_e4m3fn ", kE4m3Scalar, " / ", kE4m3Npu,
+  throw_invalid(kDynamicMxQuantOp, ": dst_type=", dst_type, " is not an MX target (float8_e4m3fn ", kE4m3Scalar, " / ", kE4m3Npu,
                 ", float8_e5m2 23 / 291, float4 296 / 297)");
 }
 
 std::tuple<at::Tensor, at::Tensor> dynamic_mx_quant(AAR_DYNAMIC_MX_QUANT_PARAMS) {
-  AAR_CHECK_ARG(input.defined() && input.device().is_cpu(), kOp, ": the CPU twin needs a CPU input");
-  AAR_CHECK_ARG(is_float_dtype(input.scalar_type()), kOp, ": input must be float16, bfloat16 or float32, got ",
+  AAR_CHECK_ARG(input.defined() && input.device().is_cpu(), kDynamicMxQuantOp, ": the CPU twin needs a CPU input");
+  AAR_CHECK_ARG(is_float_dtype(input.scalar_type()), kDynamicMxQuantOp, ": input must be float16, bfloat16 or float32, got ",
                 input.scalar_type());
   const int64_t rank = input.dim();
-  AAR_CHECK_ARG(rank >= 1 && rank <= 7, kOp, ": input must have 1 to 7 dims, got ", input.sizes());
-  AAR_CHECK_ARG(axis >= -rank && axis < rank, kOp, ": axis=", axis, " is outside [", -rank, ", ", rank - 1, "]");
+  AAR_CHECK_ARG(rank >= 1 && rank <= 7, kDynamicMxQuantOp, ": input must have 1 to 7 dims, got ", input.sizes());
+  AAR_CHECK_ARG(axis >= -rank && axis < rank, kDynamicMxQuantOp, ": axis=", axis, " is outside [", -rank, ", ", rank - 1, "]");
   if (axis != -1 && axis != rank - 1) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: axis=", axis, " (only the last axis; on other "
+    throw_not_supported(kDynamicMxQuantOp, ": not supported by the CPU twin: axis=", axis, " (only the last axis; on other "
                         "axes the device interleaves the scales of row pairs)");
   }
   check_dst_type(dst_type);
-  AAR_CHECK_ARG(round_mode == "rint", kOp, ": round_mode='", std::string(round_mode),
+  AAR_CHECK_ARG(round_mode == "rint", kDynamicMxQuantOp, ": round_mode='", std::string(round_mode),
                 "' is not supported for float8 targets (only 'rint')");
-  AAR_CHECK_ARG(block_size > 0 && block_size % 32 == 0 && block_size <= 1024, kOp, ": block_size=", block_size,
+  AAR_CHECK_ARG(block_size > 0 && block_size % 32 == 0 && block_size <= 1024, kDynamicMxQuantOp, ": block_size=", block_size,
                 " must be a positive multiple of 32, at most 1024");
   const int64_t alg = scale_alg.value_or(0);
-  AAR_CHECK_ARG(alg == 0 || alg == 1, kOp, ": scale_alg=", alg, " is not valid for float8 targets (0: OCP, 1: CuBALS)");
-  AAR_CHECK_ARG(dst_type_max == 0.0, kOp, ": dst_type_max=", dst_type_max,
+  AAR_CHECK_ARG(alg == 0 || alg == 1, kDynamicMxQuantOp, ": scale_alg=", alg, " is not valid for float8 targets (0: OCP, 1: CuBALS)");
+  AAR_CHECK_ARG(dst_type_max == 0.0, kDynamicMxQuantOp, ": dst_type_max=", dst_type_max,
                 " applies to float4_e2m1fn_x2 only; float8 targets need 0.0");
-  AAR_CHECK_ARG(max_low_bound >= 0.0 && (alg == 1 || max_low_bound == 0.0), kOp, ": max_low_bound=", max_low_bound,
+  AAR_CHECK_ARG(max_low_bound >= 0.0 && (alg == 1 || max_low_bound == 0.0), kDynamicMxQuantOp, ": max_low_bound=", max_low_bound,
                 " must be >= 0, and 0.0 unless scale_alg is 1");
   const int64_t n = input.size(-1);
   if (input.scalar_type() == at::kFloat) {
-    AAR_CHECK_ARG(block_size == 32 && n >= 32, kOp, ": float32 input needs block_size 32 and a quantised axis of "
+    AAR_CHECK_ARG(block_size == 32 && n >= 32, kDynamicMxQuantOp, ": float32 input needs block_size 32 and a quantised axis of "
                   "at least 32, got block_size=", block_size, ", axis size ", n);
   }
-  AAR_CHECK_ARG(n > 0, kOp, ": the quantised axis is empty (input ", input.sizes(), ")");
+  AAR_CHECK_ARG(n > 0, kDynamicMxQuantOp, ": the quantised axis is empty (input ", input.sizes(), ")");
 
   const int64_t blocks = (n + block_size - 1) / block_size, pairs = (blocks + 1) / 2;
   std::vector<int64_t> lead(input.sizes().begin(), input.sizes().end() - 1);

@@ -16,19 +16,19 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "npu_dynamic_quant";
+constexpr const char* kDynamicQuantOp = "npu_dynamic_quant";
 
 std::tuple<at::Tensor, at::Tensor> dynamic_quant(AAR_DYNAMIC_QUANT_PARAMS) {
-  reject_tensor(kOp, smooth_scales, "smooth_scales");
-  reject_tensor(kOp, group_index, "group_index");
+  reject_tensor(kDynamicQuantOp, smooth_scales, "smooth_scales");
+  reject_tensor(kDynamicQuantOp, group_index, "group_index");
   if (quant_mode != "pertoken") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: quant_mode=\"", quant_mode, "\" (only \"pertoken\")");
+    throw_not_supported(kDynamicQuantOp, ": not supported by the CPU twin: quant_mode=\"", quant_mode, "\" (only \"pertoken\")");
   }
   at::ScalarType out = at::kChar;
   double qmax = 127.0;
   if (dst_type.has_value() && *dst_type != static_cast<int64_t>(at::kChar)) {
     if (*dst_type != static_cast<int64_t>(at::kFloat8_e4m3fn)) {
-      throw_not_supported(kOp, ": not supported by the CPU twin: dst_type=", *dst_type, " (only None / ",
+      throw_not_supported(kDynamicQuantOp, ": not supported by the CPU twin: dst_type=", *dst_type, " (only None / ",
                           static_cast<int64_t>(at::kChar), " = int8 and ", static_cast<int64_t>(at::kFloat8_e4m3fn),
                           " = float8_e4m3fn)");
     }
@@ -36,13 +36,13 @@ std::tuple<at::Tensor, at::Tensor> dynamic_quant(AAR_DYNAMIC_QUANT_PARAMS) {
     qmax = 448.0;
   }
   if (dst_type_max != 0.0 && dst_type_max != qmax) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: dst_type_max=", dst_type_max, " (only 0 or ", qmax,
+    throw_not_supported(kDynamicQuantOp, ": not supported by the CPU twin: dst_type_max=", dst_type_max, " (only 0 or ", qmax,
                         ", the ", out, " maximum)");
   }
-  AAR_CHECK_ARG(input.dim() >= 2, kOp, ": input must have at least 2 dims, got ", input.sizes());
-  AAR_CHECK_ARG(is_float_dtype(input.scalar_type()), kOp, ": input must be float16/bfloat16/float32, got ",
+  AAR_CHECK_ARG(input.dim() >= 2, kDynamicQuantOp, ": input must have at least 2 dims, got ", input.sizes());
+  AAR_CHECK_ARG(is_float_dtype(input.scalar_type()), kDynamicQuantOp, ": input must be float16/bfloat16/float32, got ",
                 input.scalar_type());
-  AAR_CHECK_ARG(input.device().is_cpu(), kOp, ": the CPU twin needs a CPU input, got ", input.device());
+  AAR_CHECK_ARG(input.device().is_cpu(), kDynamicQuantOp, ": the CPU twin needs a CPU input, got ", input.device());
   const at::Tensor x = input.to(at::kFloat);
   const at::Tensor scale = x.abs().amax(-1, /*keepdim=*/true).div_(static_cast<float>(qmax));
   const at::Tensor safe = at::where(scale.eq(0), at::ones_like(scale), scale);  // zero rows: q = 0 / 1 = 0

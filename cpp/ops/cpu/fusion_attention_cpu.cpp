@@ -14,66 +14,66 @@ namespace aar::ops::cpu {
 
 namespace {
 
-constexpr const char* kOp = "npu_fusion_attention";
+constexpr const char* kFusionAttentionOp = "npu_fusion_attention";
 
 sig::FusionAttentionResult fusion_attention(AAR_FUSION_ATTENTION_PARAMS) {
-  reject_tensor(kOp, pse, "pse");
-  reject_tensor(kOp, padding_mask, "padding_mask");
-  reject_tensor(kOp, sink, "sink");
-  reject_tensor(kOp, dropout_mask, "dropout_mask");
+  reject_tensor(kFusionAttentionOp, pse, "pse");
+  reject_tensor(kFusionAttentionOp, padding_mask, "padding_mask");
+  reject_tensor(kFusionAttentionOp, sink, "sink");
+  reject_tensor(kFusionAttentionOp, dropout_mask, "dropout_mask");
   if (keep_prob != 1.0) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: keep_prob=", keep_prob, " (only 1.0, no dropout)");
+    throw_not_supported(kFusionAttentionOp, ": not supported by the CPU twin: keep_prob=", keep_prob, " (only 1.0, no dropout)");
   }
   if (prefix.has_value()) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: prefix (got a list of ", prefix->size(),
+    throw_not_supported(kFusionAttentionOp, ": not supported by the CPU twin: prefix (got a list of ", prefix->size(),
                         " values; pass None)");
   }
   if (input_layout != "TND") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: input_layout=\"", input_layout, "\" (only \"TND\")");
+    throw_not_supported(kFusionAttentionOp, ": not supported by the CPU twin: input_layout=\"", input_layout, "\" (only \"TND\")");
   }
   if (softmax_layout != "" && softmax_layout != "TND") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: softmax_layout=\"", softmax_layout,
+    throw_not_supported(kFusionAttentionOp, ": not supported by the CPU twin: softmax_layout=\"", softmax_layout,
                         "\" (only \"\" or \"TND\")");
   }
   if (inner_precise != 0 && inner_precise != 1) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: inner_precise=", inner_precise, " (only 0, 1)");
+    throw_not_supported(kFusionAttentionOp, ": not supported by the CPU twin: inner_precise=", inner_precise, " (only 0, 1)");
   }
   MaskSpec mask;
   if (sparse_mode == 0) {
-    reject_tensor(kOp, atten_mask, "atten_mask with sparse_mode=0");
+    reject_tensor(kFusionAttentionOp, atten_mask, "atten_mask with sparse_mode=0");
     if (pre_tockens != 2147483647 || next_tockens != 2147483647) {
-      throw_not_supported(kOp, ": not supported by the CPU twin: sparse_mode=0 with pre_tockens=", pre_tockens,
+      throw_not_supported(kFusionAttentionOp, ": not supported by the CPU twin: sparse_mode=0 with pre_tockens=", pre_tockens,
                           ", next_tockens=", next_tockens, " (only the defaults 2147483647)");
     }
   } else if (sparse_mode == 3) {
-    check_compressed_mask(kOp, atten_mask, sparse_mode);  // pre/next_tockens are ignored in mode 3
+    check_compressed_mask(kFusionAttentionOp, atten_mask, sparse_mode);  // pre/next_tockens are ignored in mode 3
     mask.sparse_mode = 3;
   } else {
-    throw_not_supported(kOp, ": not supported by the CPU twin: sparse_mode=", sparse_mode, " (only 0, 3)");
+    throw_not_supported(kFusionAttentionOp, ": not supported by the CPU twin: sparse_mode=", sparse_mode, " (only 0, 3)");
   }
 
-  AAR_CHECK_ARG(is_float_dtype(query.scalar_type()), kOp, ": query dtype must be float16/bfloat16/float32, got ",
+  AAR_CHECK_ARG(is_float_dtype(query.scalar_type()), kFusionAttentionOp, ": query dtype must be float16/bfloat16/float32, got ",
                 query.scalar_type());
-  AAR_CHECK_ARG(key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(), kOp,
+  AAR_CHECK_ARG(key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(), kFusionAttentionOp,
                 ": key/value dtype (", key.scalar_type(), "/", value.scalar_type(), ") must equal the query dtype ",
                 query.scalar_type());
-  AAR_CHECK_ARG(query.dim() == 3 && query.size(1) == head_num, kOp, ": TND query must be (T, head_num=", head_num,
+  AAR_CHECK_ARG(query.dim() == 3 && query.size(1) == head_num, kFusionAttentionOp, ": TND query must be (T, head_num=", head_num,
                 ", D), got ", query.sizes());
-  AAR_CHECK_ARG(key.dim() == 3 && key.size(2) == query.size(2) && key.size(1) > 0, kOp,
+  AAR_CHECK_ARG(key.dim() == 3 && key.size(2) == query.size(2) && key.size(1) > 0, kFusionAttentionOp,
                 ": TND key must be (Tkv, Nkv, D=", query.size(2), "), got ", key.sizes());
-  AAR_CHECK_ARG(value.dim() == 3 && value.size(0) == key.size(0) && value.size(1) == key.size(1), kOp,
+  AAR_CHECK_ARG(value.dim() == 3 && value.size(0) == key.size(0) && value.size(1) == key.size(1), kFusionAttentionOp,
                 ": TND value must be (Tkv=", key.size(0), ", Nkv=", key.size(1), ", Dv), got ", value.sizes());
   const int64_t nkv = key.size(1);
-  AAR_CHECK_ARG(head_num % nkv == 0, kOp, ": key heads ", nkv, " must divide head_num=", head_num);
-  AAR_CHECK_ARG(actual_seq_qlen.has_value() && actual_seq_kvlen.has_value(), kOp,
+  AAR_CHECK_ARG(head_num % nkv == 0, kFusionAttentionOp, ": key heads ", nkv, " must divide head_num=", head_num);
+  AAR_CHECK_ARG(actual_seq_qlen.has_value() && actual_seq_kvlen.has_value(), kFusionAttentionOp,
                 ": input_layout TND requires actual_seq_qlen and actual_seq_kvlen (cumulative ends)");
   const std::vector<int64_t> ql = to_vector(actual_seq_qlen), kl = to_vector(actual_seq_kvlen);
-  AAR_CHECK_ARG(!ql.empty() && ql.size() == kl.size(), kOp,
+  AAR_CHECK_ARG(!ql.empty() && ql.size() == kl.size(), kFusionAttentionOp,
                 ": actual_seq_qlen and actual_seq_kvlen must be non-empty and of equal length, got ", ql.size(),
                 " and ", kl.size());
   std::vector<int64_t> qs, qn, ks, kn;
-  cumulative_to_ranges(kOp, "actual_seq_qlen", ql, query.size(0), "the query token count T", qs, qn);
-  cumulative_to_ranges(kOp, "actual_seq_kvlen", kl, key.size(0), "the key token count Tkv", ks, kn);
+  cumulative_to_ranges(kFusionAttentionOp, "actual_seq_qlen", ql, query.size(0), "the query token count T", qs, qn);
+  cumulative_to_ranges(kFusionAttentionOp, "actual_seq_kvlen", kl, key.size(0), "the key token count Tkv", ks, kn);
 
   at::Tensor out = at::zeros({query.size(0), head_num, value.size(2)}, query.options());
   const at::Tensor no_sink;

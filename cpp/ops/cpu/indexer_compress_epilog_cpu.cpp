@@ -21,34 +21,34 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "_C_ascend::indexer_compress_epilog_v2";
+constexpr const char* kIndexerCompressEpilogOp = "_C_ascend::indexer_compress_epilog_v2";
 
 void indexer_compress_epilog_v2(AAR_INDEXER_COMPRESS_EPILOG_PARAMS) {
-  reject_int(kOp, layout, 2, "layout");
+  reject_int(kIndexerCompressEpilogOp, layout, 2, "layout");
   at::Tensor& cache = indexer_compress_cache;
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&cache, &x, &slot_mapping}) {
-    AAR_CHECK_ARG(t->defined() && t->device().is_cpu(), kOp, ": the CPU twin needs CPU tensors");
+    AAR_CHECK_ARG(t->defined() && t->device().is_cpu(), kIndexerCompressEpilogOp, ": the CPU twin needs CPU tensors");
   }
-  AAR_CHECK_ARG(dsa::is_byte_dtype(cache.scalar_type()), kOp,
+  AAR_CHECK_ARG(dsa::is_byte_dtype(cache.scalar_type()), kIndexerCompressEpilogOp,
                 ": indexer_compress_cache must be a one-byte view (uint8 / int8 / float8_e4m3fn), got ",
                 cache.scalar_type());
-  AAR_CHECK_ARG(cache.dim() == 4 && cache.size(2) == 1 && cache.size(3) > 4, kOp,
+  AAR_CHECK_ARG(cache.dim() == 4 && cache.size(2) == 1 && cache.size(3) > 4, kIndexerCompressEpilogOp,
                 ": indexer_compress_cache must be the full page view (num_blocks, block_size, 1, Di + 4), got ",
                 cache.sizes());
   const int64_t nb = cache.size(0), bs = cache.size(1), di = cache.size(3) - 4;
-  AAR_CHECK_ARG(cache.stride(3) == 1 && (bs == 1 || cache.stride(1) == di + 4), kOp,
+  AAR_CHECK_ARG(cache.stride(3) == 1 && (bs == 1 || cache.stride(1) == di + 4), kIndexerCompressEpilogOp,
                 ": indexer_compress_cache's pages must be contiguous (strides (page, Di + 4, *, 1)), got strides ",
                 cache.strides());
-  AAR_CHECK_ARG(x.dim() == 2 && x.size(1) == di, kOp, ": x must be (N, Di=", di, "), got ", x.sizes());
-  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kOp, ": x must be float32/float16/bfloat16, got ", x.scalar_type());
+  AAR_CHECK_ARG(x.dim() == 2 && x.size(1) == di, kIndexerCompressEpilogOp, ": x must be (N, Di=", di, "), got ", x.sizes());
+  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kIndexerCompressEpilogOp, ": x must be float32/float16/bfloat16, got ", x.scalar_type());
   const int64_t n = x.size(0);
-  const std::vector<int64_t> slots = dsa::read_ints(kOp, slot_mapping, "slot_mapping");
-  AAR_CHECK_ARG(static_cast<int64_t>(slots.size()) == n, kOp, ": slot_mapping must have N=", n, " entries, got ",
+  const std::vector<int64_t> slots = dsa::read_ints(kIndexerCompressEpilogOp, slot_mapping, "slot_mapping");
+  AAR_CHECK_ARG(static_cast<int64_t>(slots.size()) == n, kIndexerCompressEpilogOp, ": slot_mapping must have N=", n, " entries, got ",
                 slots.size());
   std::vector<int64_t> blk, off, src;
   for (int64_t i = 0; i < n; ++i) {
     if (slots[i] == -1) continue;
-    AAR_CHECK_ARG(slots[i] >= 0 && slots[i] < nb * bs, kOp, ": slot_mapping[", i, "]=", slots[i],
+    AAR_CHECK_ARG(slots[i] >= 0 && slots[i] < nb * bs, kIndexerCompressEpilogOp, ": slot_mapping[", i, "]=", slots[i],
                   " is outside [0, num_blocks * block_size=", nb * bs, ") (-1 skips a row)");
     blk.push_back(slots[i] / bs);
     off.push_back(slots[i] % bs);

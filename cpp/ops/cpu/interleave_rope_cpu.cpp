@@ -22,18 +22,18 @@ at::Tensor deinterleave(const at::Tensor& x) {
 
 namespace {
 
-constexpr const char* kOp = "npu_interleave_rope";
+constexpr const char* kInterleaveRopeOp = "npu_interleave_rope";
 
 at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kOp, ": x must be float16/bfloat16/float32, got ", x.scalar_type());
-  AAR_CHECK_ARG(x.dim() == 4, kOp, ": x must be (B, N, S, D), got ", x.sizes());
+  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kInterleaveRopeOp, ": x must be float16/bfloat16/float32, got ", x.scalar_type());
+  AAR_CHECK_ARG(x.dim() == 4, kInterleaveRopeOp, ": x must be (B, N, S, D), got ", x.sizes());
   const int64_t b = x.size(0), s = x.size(2), d = x.size(3);
-  AAR_CHECK_ARG(d % 2 == 0, kOp, ": the last dim of x must be even, got ", d);
+  AAR_CHECK_ARG(d % 2 == 0, kInterleaveRopeOp, ": the last dim of x must be even, got ", d);
   for (const at::Tensor* t : {&cos, &sin}) {
     const char* name = t == &cos ? "cos" : "sin";
     AAR_CHECK_ARG(t->dim() == 4 && t->size(0) == b && t->size(1) == 1 && (t->size(2) == s || t->size(2) == 1) &&
                       t->size(3) == d,
-                  kOp, ": ", name, " must be (B=", b, ", 1, S=", s, " or 1, D=", d, "), got ", t->sizes());
+                  kInterleaveRopeOp, ": ", name, " must be (B=", b, ", 1, S=", s, " or 1, D=", d, "), got ", t->sizes());
   }
   return rope_half_split(deinterleave(x), cos, sin).to(x.scalar_type());
 }

@@ -28,41 +28,41 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "_C_ascend::kv_compress_epilog";
+constexpr const char* kKvCompressEpilogOp = "_C_ascend::kv_compress_epilog";
 constexpr int64_t kRope = 64, kGroup = 64;
 
 void kv_compress_epilog(AAR_KV_COMPRESS_EPILOG_PARAMS) {
-  reject_int(kOp, quant_group_size, kGroup, "quant_group_size");
-  reject_int(kOp, quant_mode, 2, "quant_mode");
+  reject_int(kKvCompressEpilogOp, quant_group_size, kGroup, "quant_group_size");
+  reject_int(kKvCompressEpilogOp, quant_mode, 2, "quant_mode");
   if (!round_scale_flag) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: round_scale_flag=false (only true: ue8m0 = ",
+    throw_not_supported(kKvCompressEpilogOp, ": not supported by the CPU twin: round_scale_flag=false (only true: ue8m0 = ",
                         "ceil(log2(amax / 448)) + 127)");
   }
-  reject_int(kOp, layout, 1, "layout");
+  reject_int(kKvCompressEpilogOp, layout, 1, "layout");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&kv_compress_cache, &x, &slot_mapping}) {
-    AAR_CHECK_ARG(t->defined() && t->device().is_cpu(), kOp, ": the CPU twin needs CPU tensors");
+    AAR_CHECK_ARG(t->defined() && t->device().is_cpu(), kKvCompressEpilogOp, ": the CPU twin needs CPU tensors");
   }
-  AAR_CHECK_ARG(x.dim() == 2, kOp, ": x must be (N, D), got ", x.sizes());
-  AAR_CHECK_ARG(x.scalar_type() == at::kBFloat16, kOp, ": x must be bfloat16 (its rope part is stored as bf16), got ",
+  AAR_CHECK_ARG(x.dim() == 2, kKvCompressEpilogOp, ": x must be (N, D), got ", x.sizes());
+  AAR_CHECK_ARG(x.scalar_type() == at::kBFloat16, kKvCompressEpilogOp, ": x must be bfloat16 (its rope part is stored as bf16), got ",
                 x.scalar_type());
   const int64_t n = x.size(0), d = x.size(1), nope = d - kRope;
-  AAR_CHECK_ARG(nope >= kGroup && nope % kGroup == 0, kOp, ": x's width D=", d,
+  AAR_CHECK_ARG(nope >= kGroup && nope % kGroup == 0, kKvCompressEpilogOp, ": x's width D=", d,
                 " must be 64 rope dims plus a positive multiple of 64 nope dims (512 in DeepSeek-V4)");
   const int64_t groups = nope / kGroup, need = nope + 2 * kRope + groups;
-  AAR_CHECK_ARG(dsa::is_byte_dtype(kv_compress_cache.scalar_type()), kOp,
+  AAR_CHECK_ARG(dsa::is_byte_dtype(kv_compress_cache.scalar_type()), kKvCompressEpilogOp,
                 ": kv_compress_cache must have a one-byte dtype (float8_e4m3fn / uint8 / int8), got ",
                 kv_compress_cache.scalar_type());
   AAR_CHECK_ARG(kv_compress_cache.dim() == 3 && kv_compress_cache.size(1) == 1 && kv_compress_cache.size(2) >= need,
-                kOp, ": kv_compress_cache must be (rows, 1, W >= ", need, " bytes) (the cache viewed as (-1, 1, 640)), got ",
+                kKvCompressEpilogOp, ": kv_compress_cache must be (rows, 1, W >= ", need, " bytes) (the cache viewed as (-1, 1, 640)), got ",
                 kv_compress_cache.sizes());
   const int64_t rows = kv_compress_cache.size(0), width = kv_compress_cache.size(2);
-  const std::vector<int64_t> slots = dsa::read_ints(kOp, slot_mapping, "slot_mapping");
-  AAR_CHECK_ARG(static_cast<int64_t>(slots.size()) == n, kOp, ": slot_mapping must have N=", n, " entries, got ",
+  const std::vector<int64_t> slots = dsa::read_ints(kKvCompressEpilogOp, slot_mapping, "slot_mapping");
+  AAR_CHECK_ARG(static_cast<int64_t>(slots.size()) == n, kKvCompressEpilogOp, ": slot_mapping must have N=", n, " entries, got ",
                 slots.size());
   std::vector<int64_t> dst, src;
   for (int64_t i = 0; i < n; ++i) {
     if (slots[i] == -1) continue;
-    AAR_CHECK_ARG(slots[i] >= 0 && slots[i] < rows, kOp, ": slot_mapping[", i, "]=", slots[i],
+    AAR_CHECK_ARG(slots[i] >= 0 && slots[i] < rows, kKvCompressEpilogOp, ": slot_mapping[", i, "]=", slots[i],
                   " is outside [0, rows=", rows, ") (-1 skips a row)");
     dst.push_back(slots[i]);
     src.push_back(i);

@@ -70,10 +70,10 @@ sig::SfaResult kv_quant_sfa(const char* op, bool want_lse, AAR_KVQ_SFA_COMMON_PA
       tile_size, rope_head_dim
 
 at::Tensor kv_quant_sfa_npu(AAR_KVQ_SFA_NPU_PARAMS) {
-  constexpr const char* kOp = "npu_kv_quant_sparse_flash_attention";
-  reject_opt_int(kOp, key_dtype, "key_dtype");
-  reject_opt_int(kOp, value_dtype, "value_dtype");
-  return std::get<0>(kv_quant_sfa(kOp, /*want_lse=*/false, AAR_KVQ_FORWARD));
+  constexpr const char* kKvQuantSparseFlashAttentionOp = "npu_kv_quant_sparse_flash_attention";
+  reject_opt_int(kKvQuantSparseFlashAttentionOp, key_dtype, "key_dtype");
+  reject_opt_int(kKvQuantSparseFlashAttentionOp, value_dtype, "value_dtype");
+  return std::get<0>(kv_quant_sfa(kKvQuantSparseFlashAttentionOp, /*want_lse=*/false, AAR_KVQ_FORWARD));
 }
 
 sig::SfaResult kv_quant_sfa_va(AAR_KVQ_SFA_VA_PARAMS) {

@@ -21,56 +21,56 @@ at::Tensor deinterleave(const at::Tensor& x);
 
 namespace {
 
-constexpr const char* kOp = "npu_kv_rmsnorm_rope_cache";
+constexpr const char* kKvRmsnormRopeCacheOp = "npu_kv_rmsnorm_rope_cache";
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> kv_rmsnorm_rope_cache(AAR_KV_RMSNORM_ROPE_CACHE_PARAMS) {
-  reject_tensor(kOp, k_rope_scale, "k_rope_scale");
-  reject_tensor(kOp, k_rope_offset, "k_rope_offset");
-  reject_tensor(kOp, c_kv_offset, "c_kv_offset");
-  reject_tensor(kOp, v, "v");
+  reject_tensor(kKvRmsnormRopeCacheOp, k_rope_scale, "k_rope_scale");
+  reject_tensor(kKvRmsnormRopeCacheOp, k_rope_offset, "k_rope_offset");
+  reject_tensor(kKvRmsnormRopeCacheOp, c_kv_offset, "c_kv_offset");
+  reject_tensor(kKvRmsnormRopeCacheOp, v, "v");
   bool nz = false;
   if (cache_mode == "PA_NZ") {
     nz = true;
   } else if (cache_mode != "PA" && cache_mode != "PA_BNSD") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: cache_mode=\"", cache_mode,
+    throw_not_supported(kKvRmsnormRopeCacheOp, ": not supported by the CPU twin: cache_mode=\"", cache_mode,
                         "\" (only \"PA\", \"PA_BNSD\" and \"PA_NZ\")");
   }
-  const MlaCacheView kc = MlaCacheView::make(kOp, "k_cache", k_cache, nz);
-  const MlaCacheView cc = MlaCacheView::make(kOp, "ckv_cache", ckv_cache, nz);
+  const MlaCacheView kc = MlaCacheView::make(kKvRmsnormRopeCacheOp, "k_cache", k_cache, nz);
+  const MlaCacheView cc = MlaCacheView::make(kKvRmsnormRopeCacheOp, "ckv_cache", ckv_cache, nz);
   const int64_t L = cc.dim, R = kc.dim;
-  AAR_CHECK_ARG(is_float_dtype(kv.scalar_type()), kOp, ": kv must be float16/bfloat16/float32, got ",
+  AAR_CHECK_ARG(is_float_dtype(kv.scalar_type()), kKvRmsnormRopeCacheOp, ": kv must be float16/bfloat16/float32, got ",
                 kv.scalar_type());
-  AAR_CHECK_ARG(kv.dim() == 4 && kv.size(1) == 1 && kv.size(3) == L + R, kOp, ": kv must be (B, 1, S, L+R=", L + R,
+  AAR_CHECK_ARG(kv.dim() == 4 && kv.size(1) == 1 && kv.size(3) == L + R, kKvRmsnormRopeCacheOp, ": kv must be (B, 1, S, L+R=", L + R,
                 ") for ckv_cache width L=", L, " and k_cache width R=", R, ", got ", kv.sizes());
-  AAR_CHECK_ARG(R % 2 == 0, kOp, ": k_cache width must be even, got ", R);
-  AAR_CHECK_ARG(kc.num_blocks == cc.num_blocks && kc.block_size == cc.block_size, kOp,
+  AAR_CHECK_ARG(R % 2 == 0, kKvRmsnormRopeCacheOp, ": k_cache width must be even, got ", R);
+  AAR_CHECK_ARG(kc.num_blocks == cc.num_blocks && kc.block_size == cc.block_size, kKvRmsnormRopeCacheOp,
                 ": k_cache and ckv_cache must have the same blocks, got ", k_cache.sizes(), " and ", ckv_cache.sizes());
   const bool quant = c_kv_scale.has_value() && c_kv_scale->defined();
-  AAR_CHECK_ARG(k_cache.scalar_type() == kv.scalar_type(), kOp, ": k_cache dtype must equal the kv dtype ",
+  AAR_CHECK_ARG(k_cache.scalar_type() == kv.scalar_type(), kKvRmsnormRopeCacheOp, ": k_cache dtype must equal the kv dtype ",
                 kv.scalar_type(), ", got ", k_cache.scalar_type());
-  AAR_CHECK_ARG(ckv_cache.scalar_type() == (quant ? at::kChar : kv.scalar_type()), kOp, ": ckv_cache must be ",
+  AAR_CHECK_ARG(ckv_cache.scalar_type() == (quant ? at::kChar : kv.scalar_type()), kKvRmsnormRopeCacheOp, ": ckv_cache must be ",
                 quant ? "int8 with c_kv_scale" : "of the kv dtype (int8 needs c_kv_scale)", ", got ",
                 ckv_cache.scalar_type());
   if (quant) {
     AAR_CHECK_ARG(c_kv_scale->scalar_type() == at::kFloat && (c_kv_scale->numel() == 1 || c_kv_scale->numel() == L),
-                  kOp, ": c_kv_scale must be float32 with 1 or L=", L, " elements, got ", c_kv_scale->scalar_type(),
+                  kKvRmsnormRopeCacheOp, ": c_kv_scale must be float32 with 1 or L=", L, " elements, got ", c_kv_scale->scalar_type(),
                   " ", c_kv_scale->sizes());
   }
-  AAR_CHECK_ARG(gamma.dim() == 1 && gamma.size(0) == L, kOp, ": gamma must be (L=", L, "), got ", gamma.sizes());
+  AAR_CHECK_ARG(gamma.dim() == 1 && gamma.size(0) == L, kKvRmsnormRopeCacheOp, ": gamma must be (L=", L, "), got ", gamma.sizes());
   const int64_t b = kv.size(0), s = kv.size(2), n = b * s;
   for (const at::Tensor* t : {&cos, &sin}) {
-    AAR_CHECK_ARG(t->dim() == 4 && t->size(0) == b && t->size(1) == 1 && t->size(2) == s && t->size(3) == R, kOp,
+    AAR_CHECK_ARG(t->dim() == 4 && t->size(0) == b && t->size(1) == 1 && t->size(2) == s && t->size(3) == R, kKvRmsnormRopeCacheOp,
                   ": ", t == &cos ? "cos" : "sin", " must be (B=", b, ", 1, S=", s, ", R=", R, "), got ",
                   t->sizes());
   }
-  AAR_CHECK_ARG(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, kOp,
+  AAR_CHECK_ARG(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, kKvRmsnormRopeCacheOp,
                 ": index must be int64 (or int32), got ", index.scalar_type());
-  AAR_CHECK_ARG(index.numel() == n, kOp, ": index must have B*S=", n, " slots, got ", index.numel());
+  AAR_CHECK_ARG(index.numel() == n, kKvRmsnormRopeCacheOp, ": index must have B*S=", n, " slots, got ", index.numel());
   const at::Tensor idx = index.reshape({n}).to(at::kLong).contiguous();
   const int64_t* ip = idx.data_ptr<int64_t>();
   const int64_t num_slots = kc.num_blocks * kc.block_size;
   for (int64_t t = 0; t < n; ++t) {
-    AAR_CHECK_ARG(ip[t] < num_slots, kOp, ": index[", t, "]=", ip[t], " is out of range [0, ", num_slots,
+    AAR_CHECK_ARG(ip[t] < num_slots, kKvRmsnormRopeCacheOp, ": index[", t, "]=", ip[t], " is out of range [0, ", num_slots,
                   ") (num_blocks * block_size); negative slots are skipped");
   }
 

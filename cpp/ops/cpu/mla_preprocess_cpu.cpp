@@ -24,35 +24,35 @@ at::Tensor rope_half_split(const at::Tensor& u, const at::Tensor& cos, const at:
 
 namespace {
 
-constexpr const char* kOp = "mla_preprocess";
+constexpr const char* kMlaPreprocessOp = "mla_preprocess";
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // The ND (rows, cols) int8 weight from its 4-D NZ staging form (1, C'/32, R', 32)
 // (transdata, spec 4.3), checking the padded sizes.
 at::Tensor from_nz(const at::Tensor& z, const char* name, int64_t rows, int64_t cols) {
-  AAR_CHECK_ARG(z.scalar_type() == at::kChar, kOp, ": ", name, " must be int8 (W8A8), got ", z.scalar_type());
+  AAR_CHECK_ARG(z.scalar_type() == at::kChar, kMlaPreprocessOp, ": ", name, " must be int8 (W8A8), got ", z.scalar_type());
   const int64_t rp = round_up(rows, 16), cp = round_up(cols, 32);
-  AAR_CHECK_ARG(z.dim() == 4 && z.size(0) == 1 && z.size(1) == cp / 32 && z.size(2) == rp && z.size(3) == 32, kOp,
+  AAR_CHECK_ARG(z.dim() == 4 && z.size(0) == 1 && z.size(1) == cp / 32 && z.size(2) == rp && z.size(3) == 32, kMlaPreprocessOp,
                 ": ", name, " must be the NZ staging layout (1, ", cp / 32, ", ", rp, ", 32) of a (", rows, ", ", cols,
                 ") weight, got ", z.sizes());
   return z.select(0, 0).permute({1, 0, 2}).reshape({rp, cp}).narrow(0, 0, rows).narrow(1, 0, cols);
 }
 
 const at::Tensor& need(const std::optional<at::Tensor>& t, const char* name) {
-  AAR_CHECK_ARG(t.has_value() && t->defined(), kOp, ": ", name, " is required (quant_mode per_tensor_quant_asymm)");
+  AAR_CHECK_ARG(t.has_value() && t->defined(), kMlaPreprocessOp, ": ", name, " is required (quant_mode per_tensor_quant_asymm)");
   return *t;
 }
 
 void check_vec(const at::Tensor& t, const char* name, int64_t n, at::ScalarType dt) {
-  AAR_CHECK_ARG(t.dim() == 1 && t.size(0) == n && t.scalar_type() == dt, kOp, ": ", name, " must be ", dt, " (", n,
+  AAR_CHECK_ARG(t.dim() == 1 && t.size(0) == n && t.scalar_type() == dt, kMlaPreprocessOp, ": ", name, " must be ", dt, " (", n,
                 "), got ", t.scalar_type(), " ", t.sizes());
 }
 
 void check_descale(const std::optional<at::Tensor>& t, const char* name, int64_t n) {
   const at::Tensor& d = need(t, name);
   if (d.scalar_type() == at::kLong) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: an int64 ", name, " (the float16 kernel's packed "
+    throw_not_supported(kMlaPreprocessOp, ": not supported by the CPU twin: an int64 ", name, " (the float16 kernel's packed "
                         "form; pass float32)");
   }
   check_vec(d, name, n, at::kFloat);
@@ -61,7 +61,7 @@ void check_descale(const std::optional<at::Tensor>& t, const char* name, int64_t
 void check_unit(const std::optional<at::Tensor>& t, const char* name) {
   if (!t.has_value() || !t->defined()) return;
   if (!at::all(t->to(at::kFloat).eq(1.0f)).item<bool>()) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: ", name, " other than ones (it scales the int8 "
+    throw_not_supported(kMlaPreprocessOp, ": not supported by the CPU twin: ", name, " other than ones (it scales the int8 "
                         "cache of cache_mode int8_nzcache only)");
   }
 }
@@ -91,7 +91,7 @@ bool same_tensor(const at::Tensor& a, const at::Tensor& b) {
 // The ND view (nb, bs, 1, D) of a krope_ctkv cache given as (nb, bs, 1, D) or (nb, bs, D).
 at::Tensor nd4(const at::Tensor& c, const char* name) {
   if (c.dim() == 3) return c.unsqueeze(2);
-  AAR_CHECK_ARG(c.dim() == 4 && c.size(2) == 1, kOp, ": ", name,
+  AAR_CHECK_ARG(c.dim() == 4 && c.size(2) == 1, kMlaPreprocessOp, ": ", name,
                 " must be (num_blocks, block_size, 1, D) or (num_blocks, block_size, D) (cache_mode krope_ctkv), got ",
                 c.sizes());
   return c;
@@ -100,7 +100,7 @@ at::Tensor nd4(const at::Tensor& c, const char* name) {
 sig::MlaPreprocessResult mla_preprocess(AAR_MLA_PREPROCESS_PARAMS) {
   const c10::string_view qm = quant_mode.value_or("per_token_quant_symm");
   if (qm != "per_tensor_quant_asymm") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: quant_mode=\"", qm,
+    throw_not_supported(kMlaPreprocessOp, ": not supported by the CPU twin: quant_mode=\"", qm,
                         "\" (only \"per_tensor_quant_asymm\", W8A8 static)");
   }
   const c10::string_view cm = cache_mode.value_or("krope_ctkv");
@@ -108,33 +108,33 @@ sig::MlaPreprocessResult mla_preprocess(AAR_MLA_PREPROCESS_PARAMS) {
   if (cm == "nzcache") {
     nz = true;
   } else if (cm != "krope_ctkv") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: cache_mode=\"", cm,
+    throw_not_supported(kMlaPreprocessOp, ": not supported by the CPU twin: cache_mode=\"", cm,
                         "\" (only \"krope_ctkv\" and \"nzcache\")");
   }
   if (!cos.has_value() || !sin.has_value() || !cos->defined() || !sin->defined()) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: a call without RoPE (cos / sin None)");
+    throw_not_supported(kMlaPreprocessOp, ": not supported by the CPU twin: a call without RoPE (cos / sin None)");
   }
   check_unit(ctkv_scale, "ctkv_scale");
   check_unit(q_nope_scale, "q_nope_scale");
-  AAR_CHECK_ARG(same_tensor(kv_cache_out0, kv_cache) && same_tensor(kv_cache_out1, kv_cache_rope), kOp,
+  AAR_CHECK_ARG(same_tensor(kv_cache_out0, kv_cache) && same_tensor(kv_cache_out1, kv_cache_rope), kMlaPreprocessOp,
                 ": kv_cache_out0 / kv_cache_out1 must be the kv_cache / kv_cache_rope inputs (the caches are "
                 "written in place)");
   const bool inner = enable_inner_out.value_or(false);
 
   const auto dt = hiddenState.scalar_type();
-  AAR_CHECK_ARG(is_float_dtype(dt), kOp, ": hiddenState must be float16/bfloat16/float32, got ", dt);
-  AAR_CHECK_ARG(hiddenState.dim() == 2, kOp, ": hiddenState must be (T, He), got ", hiddenState.sizes());
+  AAR_CHECK_ARG(is_float_dtype(dt), kMlaPreprocessOp, ": hiddenState must be float16/bfloat16/float32, got ", dt);
+  AAR_CHECK_ARG(hiddenState.dim() == 2, kMlaPreprocessOp, ": hiddenState must be (T, He), got ", hiddenState.sizes());
   const int64_t T = hiddenState.size(0), He = hiddenState.size(1);
-  AAR_CHECK_ARG(wuk.dim() == 3 && wuk.scalar_type() == dt, kOp, ": wuk must be ", dt, " (H, P, L), got ",
+  AAR_CHECK_ARG(wuk.dim() == 3 && wuk.scalar_type() == dt, kMlaPreprocessOp, ": wuk must be ", dt, " (H, P, L), got ",
                 wuk.scalar_type(), " ", wuk.sizes());
   const int64_t H = wuk.size(0), P = wuk.size(1), L = wuk.size(2);
-  AAR_CHECK_ARG(cos->dim() == 2 && cos->size(0) == T && sin->sizes() == cos->sizes(), kOp,
+  AAR_CHECK_ARG(cos->dim() == 2 && cos->size(0) == T && sin->sizes() == cos->sizes(), kMlaPreprocessOp,
                 ": cos / sin must be (T=", T, ", R), got ", cos->sizes(), " / ", sin->sizes());
   // The kernel takes them in the activation dtype; the twin accepts any floating dtype (RoPE in fp32).
-  AAR_CHECK_ARG(at::isFloatingType(cos->scalar_type()) && at::isFloatingType(sin->scalar_type()), kOp,
+  AAR_CHECK_ARG(at::isFloatingType(cos->scalar_type()) && at::isFloatingType(sin->scalar_type()), kMlaPreprocessOp,
                 ": cos / sin must be floating point, got ", cos->scalar_type(), " / ", sin->scalar_type());
   const int64_t R = cos->size(1);
-  AAR_CHECK_ARG(R % 2 == 0, kOp, ": the rope dim must be even, got ", R);
+  AAR_CHECK_ARG(R % 2 == 0, kMlaPreprocessOp, ": the rope dim must be even, got ", R);
   check_vec(gamma1, "gamma1", gamma1.size(0), dt);
   const int64_t Q = gamma1.size(0);
   check_vec(gamma2, "gamma2", L, dt);
@@ -151,17 +151,17 @@ sig::MlaPreprocessResult mla_preprocess(AAR_MLA_PREPROCESS_PARAMS) {
   check_vec(need(quant_offset0, "quant_offset0"), "quant_offset0", 1, at::kChar);
   check_vec(need(quant_offset1, "quant_offset1"), "quant_offset1", 1, at::kChar);
 
-  const MlaCacheView kvc = MlaCacheView::make(kOp, "kv_cache", nz ? kv_cache : nd4(kv_cache, "kv_cache"), nz);
+  const MlaCacheView kvc = MlaCacheView::make(kMlaPreprocessOp, "kv_cache", nz ? kv_cache : nd4(kv_cache, "kv_cache"), nz);
   const MlaCacheView krc =
-      MlaCacheView::make(kOp, "kv_cache_rope", nz ? kv_cache_rope : nd4(kv_cache_rope, "kv_cache_rope"), nz);
-  AAR_CHECK_ARG(kvc.dim == L && krc.dim == R, kOp, ": kv_cache / kv_cache_rope widths ", kvc.dim, " / ", krc.dim,
+      MlaCacheView::make(kMlaPreprocessOp, "kv_cache_rope", nz ? kv_cache_rope : nd4(kv_cache_rope, "kv_cache_rope"), nz);
+  AAR_CHECK_ARG(kvc.dim == L && krc.dim == R, kMlaPreprocessOp, ": kv_cache / kv_cache_rope widths ", kvc.dim, " / ", krc.dim,
                 " must be L=", L, " (wuk) / R=", R, " (cos)");
-  AAR_CHECK_ARG(kvc.num_blocks == krc.num_blocks && kvc.block_size == krc.block_size, kOp,
+  AAR_CHECK_ARG(kvc.num_blocks == krc.num_blocks && kvc.block_size == krc.block_size, kMlaPreprocessOp,
                 ": kv_cache and kv_cache_rope must have the same blocks");
-  AAR_CHECK_ARG(kv_cache.scalar_type() == dt && kv_cache_rope.scalar_type() == dt, kOp,
+  AAR_CHECK_ARG(kv_cache.scalar_type() == dt && kv_cache_rope.scalar_type() == dt, kMlaPreprocessOp,
                 ": the caches must be ", dt, " (krope_ctkv / nzcache hold the activation dtype)");
   auto check_out = [&](const at::Tensor& o, const char* name, std::initializer_list<int64_t> shape) {
-    AAR_CHECK_ARG(o.defined() && o.sizes() == c10::IntArrayRef(shape) && o.scalar_type() == dt, kOp, ": ", name,
+    AAR_CHECK_ARG(o.defined() && o.sizes() == c10::IntArrayRef(shape) && o.scalar_type() == dt, kMlaPreprocessOp, ": ", name,
                   " must be ", dt, " ", c10::IntArrayRef(shape), ", got ", o.defined() ? o.scalar_type() : dt, " ",
                   o.defined() ? o.sizes() : c10::IntArrayRef{});
   };
@@ -170,13 +170,13 @@ sig::MlaPreprocessResult mla_preprocess(AAR_MLA_PREPROCESS_PARAMS) {
   if (inner) check_out(inner_out, "inner_out", {T, Q});
   AAR_CHECK_ARG(slotmapping.numel() == T && (slotmapping.scalar_type() == at::kInt ||
                                              slotmapping.scalar_type() == at::kLong),
-                kOp, ": slotmapping must be int32/int64 with T=", T, " entries, got ", slotmapping.scalar_type(), " ",
+                kMlaPreprocessOp, ": slotmapping must be int32/int64 with T=", T, " entries, got ", slotmapping.scalar_type(), " ",
                 slotmapping.sizes());
   const at::Tensor slots = slotmapping.reshape({T}).to(at::kLong).contiguous();
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t num_slots = kvc.num_blocks * kvc.block_size;
   for (int64_t t = 0; t < T; ++t) {
-    AAR_CHECK_ARG(sp[t] < num_slots, kOp, ": slotmapping[", t, "]=", sp[t], " is out of range [0, ", num_slots, ")");
+    AAR_CHECK_ARG(sp[t] < num_slots, kMlaPreprocessOp, ": slotmapping[", t, "]=", sp[t], " is out of range [0, ", num_slots, ")");
   }
 
   // Down projection (kv | q), norms, RoPE.

@@ -19,26 +19,26 @@ namespace aar::ops::cpu {
 
 namespace {
 
-constexpr const char* kOp = "npu_mla_prolog_v2";
+constexpr const char* kMlaPrologV2Op = "npu_mla_prolog_v2";
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolog_v2(AAR_MLA_PROLOG_V2_PARAMS) {
-  reject_tensor(kOp, smooth_scales_cq, "smooth_scales_cq");
-  reject_tensor(kOp, quant_scale_ckr, "quant_scale_ckr");
+  reject_tensor(kMlaPrologV2Op, smooth_scales_cq, "smooth_scales_cq");
+  reject_tensor(kMlaPrologV2Op, quant_scale_ckr, "quant_scale_ckr");
   if (token_x.scalar_type() != at::kChar) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: a ", token_x.scalar_type(), " token_x (the CPU "
+    throw_not_supported(kMlaPrologV2Op, ": not supported by the CPU twin: a ", token_x.scalar_type(), " token_x (the CPU "
                         "twin implements the fully quantised form with an int8 kv_cache, the FA-quant decode; "
                         "npu_mla_prolog_v3 covers the unquantised one)");
   }
   if (kv_cache.scalar_type() != at::kChar) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: a ", kv_cache.scalar_type(), " kv_cache with the "
+    throw_not_supported(kMlaPrologV2Op, ": not supported by the CPU twin: a ", kv_cache.scalar_type(), " kv_cache with the "
                         "quantised inputs (only an int8 kv_cache with quant_scale_ckv)");
   }
   prolog::Mode m;
-  m.op = kOp;
+  m.op = kMlaPrologV2Op;
   if (cache_mode == "PA_NZ") {
     m.nz = true;
   } else if (cache_mode != "PA_BSND") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: cache_mode=\"", cache_mode,
+    throw_not_supported(kMlaPrologV2Op, ": not supported by the CPU twin: cache_mode=\"", cache_mode,
                         "\" (only \"PA_BSND\" and \"PA_NZ\")");
   }
   m.full_quant = true;

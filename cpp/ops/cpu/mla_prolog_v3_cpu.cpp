@@ -24,42 +24,42 @@ namespace aar::ops::cpu {
 
 namespace {
 
-constexpr const char* kOp = "npu_mla_prolog_v3";
+constexpr const char* kMlaPrologV3Op = "npu_mla_prolog_v3";
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolog_v3(AAR_MLA_PROLOG_V3_PARAMS) {
   for (auto [t, name] : {std::pair<sig::OptT, const char*>{quant_scale_ckv, "quant_scale_ckv"},
                          {quant_scale_ckr, "quant_scale_ckr"},
                          {smooth_scales_cq, "smooth_scales_cq"},
                          {actual_seq_len, "actual_seq_len"}}) {
-    reject_tensor(kOp, t, name);
+    reject_tensor(kMlaPrologV3Op, t, name);
   }
   if (weight_quant_mode != 0 && weight_quant_mode != 2) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: weight_quant_mode=", weight_quant_mode,
+    throw_not_supported(kMlaPrologV3Op, ": not supported by the CPU twin: weight_quant_mode=", weight_quant_mode,
                         " (only 0, unquantised, and 2, W8A8 with a per-token quantised token_x; 1 is the "
                         "partially quantised form, 3 MXFP8)");
   }
   if (kv_cache_quant_mode != 0 && kv_cache_quant_mode != 3) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: kv_cache_quant_mode=", kv_cache_quant_mode,
+    throw_not_supported(kMlaPrologV3Op, ": not supported by the CPU twin: kv_cache_quant_mode=", kv_cache_quant_mode,
                         " (only 0, unquantised, and 3, the per-tile packed SFA C8 row)");
   }
-  reject_int(kOp, query_quant_mode, 0, "query_quant_mode");
+  reject_int(kMlaPrologV3Op, query_quant_mode, 0, "query_quant_mode");
   const bool tile = kv_cache_quant_mode == 3;
-  reject_int(kOp, ckvkr_repo_mode, tile ? 1 : 0, "ckvkr_repo_mode");
-  reject_int(kOp, quant_scale_repo_mode, tile ? 1 : 0, "quant_scale_repo_mode");
-  if (tile) reject_int(kOp, tile_size, 128, "tile_size");
+  reject_int(kMlaPrologV3Op, ckvkr_repo_mode, tile ? 1 : 0, "ckvkr_repo_mode");
+  reject_int(kMlaPrologV3Op, quant_scale_repo_mode, tile ? 1 : 0, "quant_scale_repo_mode");
+  if (tile) reject_int(kMlaPrologV3Op, tile_size, 128, "tile_size");
   if (k_nope_clip_alpha.has_value() && k_nope_clip_alpha->defined()) {
     if (!tile) {
-      throw_not_supported(kOp, ": not supported by the CPU twin: k_nope_clip_alpha without the per-tile kv_cache "
+      throw_not_supported(kMlaPrologV3Op, ": not supported by the CPU twin: k_nope_clip_alpha without the per-tile kv_cache "
                           "quantisation (kv_cache_quant_mode 3)");
     }
     const at::Tensor a = k_nope_clip_alpha->to(at::kFloat);
     if (a.numel() != 1 || a.item<float>() != 1.0f) {
-      throw_not_supported(kOp, ": not supported by the CPU twin: k_nope_clip_alpha other than [1.0] (got ",
+      throw_not_supported(kMlaPrologV3Op, ": not supported by the CPU twin: k_nope_clip_alpha other than [1.0] (got ",
                           a.numel() == 1 ? std::to_string(a.item<float>()) : "shape " + c10::str(a.sizes()), ")");
     }
   }
   if (qc_qr_scale != 1.0 || kc_scale != 1.0) {
-    throw_not_supported(kOp, ": not supported by the CPU twin: qc_qr_scale=", qc_qr_scale, ", kc_scale=", kc_scale,
+    throw_not_supported(kMlaPrologV3Op, ": not supported by the CPU twin: qc_qr_scale=", qc_qr_scale, ", kc_scale=", kc_scale,
                         " (only 1.0)");
   }
   for (auto [v, name] : {std::pair<sig::OptInt, const char*>{token_x_dtype, "token_x_dtype"},
@@ -67,14 +67,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolo
                          {weight_uq_qr_dtype, "weight_uq_qr_dtype"},
                          {weight_dkv_kr_dtype, "weight_dkv_kr_dtype"},
                          {kv_cache_dtype, "kv_cache_dtype"}}) {
-    reject_opt_int(kOp, v, name);
+    reject_opt_int(kMlaPrologV3Op, v, name);
   }
   prolog::Mode m;
-  m.op = kOp;
+  m.op = kMlaPrologV3Op;
   if (cache_mode == "PA_NZ") {
     m.nz = true;
   } else if (cache_mode != "PA_BSND") {
-    throw_not_supported(kOp, ": not supported by the CPU twin: cache_mode=\"", cache_mode,
+    throw_not_supported(kMlaPrologV3Op, ": not supported by the CPU twin: cache_mode=\"", cache_mode,
                         "\" (only \"PA_BSND\" and \"PA_NZ\")");
   }
   m.full_quant = weight_quant_mode == 2;

@@ -11,43 +11,43 @@ namespace aar::ops::cpu {
 
 namespace {
 
-constexpr const char* kOp = "_npu_paged_attention";
+constexpr const char* kPagedAttentionOp = "_npu_paged_attention";
 
 std::vector<int64_t> check_paged_attention(AAR_PAGED_ATTENTION_PARAMS) {
-  AAR_CHECK_ARG(is_float_dtype(query.scalar_type()), kOp, ": query dtype must be float16/bfloat16/float32, got ",
+  AAR_CHECK_ARG(is_float_dtype(query.scalar_type()), kPagedAttentionOp, ": query dtype must be float16/bfloat16/float32, got ",
                 query.scalar_type());
-  AAR_CHECK_ARG(query.dim() == 3 && query.size(1) == num_heads, kOp, ": query must be (B, num_heads=", num_heads,
+  AAR_CHECK_ARG(query.dim() == 3 && query.size(1) == num_heads, kPagedAttentionOp, ": query must be (B, num_heads=", num_heads,
                 ", D), got ", query.sizes());
-  AAR_CHECK_ARG(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0, kOp, ": num_kv_heads=",
+  AAR_CHECK_ARG(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0, kPagedAttentionOp, ": num_kv_heads=",
                 num_kv_heads, " must be positive and divide num_heads=", num_heads);
   const int64_t batch = query.size(0), d = query.size(2);
   if (key_cache.scalar_type() == at::kChar) {
-    throw_not_supported(kOp, ": int8 key_cache is not supported by the CPU twin");
+    throw_not_supported(kPagedAttentionOp, ": int8 key_cache is not supported by the CPU twin");
   }
   AAR_CHECK_ARG(key_cache.scalar_type() == query.scalar_type() && value_cache.scalar_type() == query.scalar_type(),
-                kOp, ": key_cache/value_cache dtype (", key_cache.scalar_type(), "/", value_cache.scalar_type(),
+                kPagedAttentionOp, ": key_cache/value_cache dtype (", key_cache.scalar_type(), "/", value_cache.scalar_type(),
                 ") must equal the query dtype ", query.scalar_type());
-  AAR_CHECK_ARG(key_cache.dim() == 4 && key_cache.size(2) == num_kv_heads && key_cache.size(3) == d, kOp,
+  AAR_CHECK_ARG(key_cache.dim() == 4 && key_cache.size(2) == num_kv_heads && key_cache.size(3) == d, kPagedAttentionOp,
                 ": key_cache must be (num_blocks, block_size, num_kv_heads=", num_kv_heads, ", D=", d, "), got ",
                 key_cache.sizes());
   AAR_CHECK_ARG(value_cache.dim() == 4 && value_cache.size(0) == key_cache.size(0) &&
                     value_cache.size(1) == key_cache.size(1) && value_cache.size(2) == num_kv_heads,
-                kOp, ": value_cache must be (num_blocks, block_size, num_kv_heads, Dv) like key_cache, got ",
+                kPagedAttentionOp, ": value_cache must be (num_blocks, block_size, num_kv_heads, Dv) like key_cache, got ",
                 value_cache.sizes());
   AAR_CHECK_ARG(out.dim() == 3 && out.size(0) == batch && out.size(1) == num_heads &&
                     out.size(2) == value_cache.size(3),
-                kOp, ": out must be (B=", batch, ", num_heads=", num_heads, ", Dv=", value_cache.size(3), "), got ",
+                kPagedAttentionOp, ": out must be (B=", batch, ", num_heads=", num_heads, ", Dv=", value_cache.size(3), "), got ",
                 out.sizes());
-  AAR_CHECK_ARG(out.scalar_type() == query.scalar_type(), kOp, ": out dtype ", out.scalar_type(),
+  AAR_CHECK_ARG(out.scalar_type() == query.scalar_type(), kPagedAttentionOp, ": out dtype ", out.scalar_type(),
                 " must equal the query dtype ", query.scalar_type());
   AAR_CHECK_ARG(context_lens.scalar_type() == at::kInt && context_lens.dim() == 1 && context_lens.size(0) == batch,
-                kOp, ": context_lens must be an int32 (B=", batch, ",) tensor, got ", context_lens.scalar_type(), " ",
+                kPagedAttentionOp, ": context_lens must be an int32 (B=", batch, ",) tensor, got ", context_lens.scalar_type(), " ",
                 context_lens.sizes());
-  AAR_CHECK_ARG(context_lens.device().is_cpu(), kOp, ": context_lens must be a host tensor, got ",
+  AAR_CHECK_ARG(context_lens.device().is_cpu(), kPagedAttentionOp, ": context_lens must be a host tensor, got ",
                 context_lens.device());
   const at::Tensor lens = context_lens.contiguous();
   std::vector<int64_t> kv_len(lens.data_ptr<int32_t>(), lens.data_ptr<int32_t>() + batch);
-  check_block_table(kOp, block_table, batch, kv_len, key_cache.size(1), key_cache.size(0), "context_lens");
+  check_block_table(kPagedAttentionOp, block_table, batch, kv_len, key_cache.size(1), key_cache.size(0), "context_lens");
   return kv_len;
 }
 

@@ -98,10 +98,10 @@ std::tuple<at::Tensor, at::Tensor> quant_lightning_indexer(const char* op, const
 }
 
 at::Tensor quant_lightning_indexer_npu(AAR_QUANT_LIGHTNING_INDEXER_NPU_PARAMS) {
-  constexpr const char* kOp = "npu_quant_lightning_indexer";
-  reject_opt_int(kOp, query_dtype, "query_dtype");
-  reject_opt_int(kOp, key_dtype, "key_dtype");
-  return std::get<0>(quant_lightning_indexer(kOp, query, key, weights, query_dequant_scale, key_dequant_scale,
+  constexpr const char* kQuantLightningIndexerOp = "npu_quant_lightning_indexer";
+  reject_opt_int(kQuantLightningIndexerOp, query_dtype, "query_dtype");
+  reject_opt_int(kQuantLightningIndexerOp, key_dtype, "key_dtype");
+  return std::get<0>(quant_lightning_indexer(kQuantLightningIndexerOp, query, key, weights, query_dequant_scale, key_dequant_scale,
                                              query_quant_mode, key_quant_mode, actual_seq_lengths_query,
                                              actual_seq_lengths_key, block_table, layout_query, layout_key,
                                              sparse_count, sparse_mode, pre_tokens, next_tokens));

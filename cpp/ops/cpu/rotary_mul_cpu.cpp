@@ -10,22 +10,22 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "npu_rotary_mul";
+constexpr const char* kRotaryMulOp = "npu_rotary_mul";
 
 at::Tensor rotary_mul(const at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2, c10::string_view mode,
                       const std::optional<at::Tensor>& rotate) {
-  reject_tensor(kOp, rotate, "rotate");
-  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kOp, ": self must be float16/bfloat16/float32, got ",
+  reject_tensor(kRotaryMulOp, rotate, "rotate");
+  AAR_CHECK_ARG(is_float_dtype(x.scalar_type()), kRotaryMulOp, ": self must be float16/bfloat16/float32, got ",
                 x.scalar_type());
-  AAR_CHECK_ARG(x.dim() == 4, kOp, ": self must be 4-D (BSND, BNSD or SBND), got ", x.sizes());
+  AAR_CHECK_ARG(x.dim() == 4, kRotaryMulOp, ": self must be 4-D (BSND, BNSD or SBND), got ", x.sizes());
   const int64_t d = x.size(3);
-  AAR_CHECK_ARG(d % 2 == 0, kOp, ": the last dim of self must be even, got ", d);
+  AAR_CHECK_ARG(d % 2 == 0, kRotaryMulOp, ": the last dim of self must be even, got ", d);
   for (const at::Tensor* t : {&r1, &r2}) {
     const char* name = t == &r1 ? "r1" : "r2";
-    AAR_CHECK_ARG(t->dim() == 4 && t->size(3) == d, kOp, ": ", name, " must be 4-D with last dim ", d, ", got ",
+    AAR_CHECK_ARG(t->dim() == 4 && t->size(3) == d, kRotaryMulOp, ": ", name, " must be 4-D with last dim ", d, ", got ",
                   t->sizes());
     for (int64_t i = 0; i < 3; ++i) {
-      AAR_CHECK_ARG(t->size(i) == 1 || t->size(i) == x.size(i), kOp, ": ", name, " ", t->sizes(),
+      AAR_CHECK_ARG(t->size(i) == 1 || t->size(i) == x.size(i), kRotaryMulOp, ": ", name, " ", t->sizes(),
                     " does not broadcast to self ", x.sizes());
     }
   }
@@ -37,7 +37,7 @@ at::Tensor rotary_mul(const at::Tensor& x, const at::Tensor& r1, const at::Tenso
     const at::Tensor pairs = xf.view({x.size(0), x.size(1), x.size(2), d / 2, 2});
     rot = at::stack({pairs.select(-1, 1).neg(), pairs.select(-1, 0)}, -1).view(x.sizes());
   } else {
-    throw_invalid(kOp, ": rotary_mode must be 'half' or 'interleave', got '", mode, "'");
+    throw_invalid(kRotaryMulOp, ": rotary_mode must be 'half' or 'interleave', got '", mode, "'");
   }
   return (xf * r1.to(at::kFloat) + rot * r2.to(at::kFloat)).to(x.scalar_type());
 }

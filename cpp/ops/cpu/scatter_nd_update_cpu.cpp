@@ -19,23 +19,23 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "npu_scatter_nd_update_";
+constexpr const char* kScatterNdUpdateOp = "npu_scatter_nd_update_";
 
 at::Tensor& scatter_nd_update_(at::Tensor& self, const at::Tensor& indices, const at::Tensor& updates) {
-  AAR_CHECK_ARG(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, kOp,
+  AAR_CHECK_ARG(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt, kScatterNdUpdateOp,
                 ": indices must be int64 or int32, got ", indices.scalar_type());
-  AAR_CHECK_ARG(indices.dim() >= 2, kOp, ": indices must be at least 2-D (..., k), got ", indices.sizes());
+  AAR_CHECK_ARG(indices.dim() >= 2, kScatterNdUpdateOp, ": indices must be at least 2-D (..., k), got ", indices.sizes());
   const int64_t k = indices.size(-1);
-  AAR_CHECK_ARG(k >= 1 && k <= self.dim(), kOp, ": indices' last dim k=", k, " must be in [1, self.dim()=",
+  AAR_CHECK_ARG(k >= 1 && k <= self.dim(), kScatterNdUpdateOp, ": indices' last dim k=", k, " must be in [1, self.dim()=",
                 self.dim(), "] (self ", self.sizes(), ")");
-  AAR_CHECK_ARG(updates.scalar_type() == self.scalar_type(), kOp, ": updates must have self's dtype ",
+  AAR_CHECK_ARG(updates.scalar_type() == self.scalar_type(), kScatterNdUpdateOp, ": updates must have self's dtype ",
                 self.scalar_type(), ", got ", updates.scalar_type());
   std::vector<int64_t> want(indices.sizes().begin(), indices.sizes().end() - 1);
   want.insert(want.end(), self.sizes().begin() + k, self.sizes().end());
-  AAR_CHECK_ARG(updates.sizes() == c10::IntArrayRef(want), kOp, ": updates must be indices.shape[:-1] + self.shape[",
+  AAR_CHECK_ARG(updates.sizes() == c10::IntArrayRef(want), kScatterNdUpdateOp, ": updates must be indices.shape[:-1] + self.shape[",
                 k, ":] = ", c10::IntArrayRef(want), ", got ", updates.sizes());
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&self, &indices, &updates}) {
-    AAR_CHECK_ARG(t->device().is_cpu(), kOp, ": the CPU twin needs CPU tensors, got one on ", t->device());
+    AAR_CHECK_ARG(t->device().is_cpu(), kScatterNdUpdateOp, ": the CPU twin needs CPU tensors, got one on ", t->device());
   }
   const int64_t rows = indices.numel() / k;
   const at::Tensor idx = indices.reshape({rows, k}).to(at::kLong).contiguous();

@@ -12,14 +12,14 @@ namespace aar::ops::cpu {
 
 namespace {
 
-constexpr const char* kOp = "npu_scatter_pa_kv_cache";
+constexpr const char* kScatterPaKvCacheOp = "npu_scatter_pa_kv_cache";
 
 void scatter_pa_kv_cache(AAR_SCATTER_PA_PARAMS) {
-  reject_tensor(kOp, compress_lens, "compress_lens");
-  reject_tensor(kOp, compress_seq_offsets, "compress_seq_offsets");
-  reject_tensor(kOp, seq_lens, "seq_lens");
+  reject_tensor(kScatterPaKvCacheOp, compress_lens, "compress_lens");
+  reject_tensor(kScatterPaKvCacheOp, compress_seq_offsets, "compress_seq_offsets");
+  reject_tensor(kScatterPaKvCacheOp, seq_lens, "seq_lens");
   if (!cache_mode.has_value()) {
-    throw_invalid(kOp, ": cache_mode=None is ambiguous; pass \"Norm\" (ND cache) or \"PA_NZ\" (NZ cache)");
+    throw_invalid(kScatterPaKvCacheOp, ": cache_mode=None is ambiguous; pass \"Norm\" (ND cache) or \"PA_NZ\" (NZ cache)");
   }
   CacheFormat format;
   if (*cache_mode == "Norm") {
@@ -27,10 +27,10 @@ void scatter_pa_kv_cache(AAR_SCATTER_PA_PARAMS) {
   } else if (*cache_mode == "PA_NZ") {
     format = CacheFormat::Nz;
   } else {
-    throw_not_supported(kOp, ": not supported by the CPU twin: cache_mode=\"", *cache_mode,
+    throw_not_supported(kScatterPaKvCacheOp, ": not supported by the CPU twin: cache_mode=\"", *cache_mode,
                         "\" (only \"Norm\" and \"PA_NZ\")");
   }
-  scatter_kv(kOp, "slot_mapping", key, value, key_cache, value_cache, slot_mapping, format);
+  scatter_kv(kScatterPaKvCacheOp, "slot_mapping", key, value, key_cache, value_cache, slot_mapping, format);
 }
 
 }  // namespace

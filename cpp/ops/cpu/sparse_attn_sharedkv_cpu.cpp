@@ -51,8 +51,8 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "_C_ascend::npu_sparse_attn_sharedkv";
-constexpr const char* kMdOp = "_C_ascend::npu_sparse_attn_sharedkv_metadata";
+constexpr const char* kSparseAttnSharedkvOp = "_C_ascend::npu_sparse_attn_sharedkv";
+constexpr const char* kSparseAttnSharedkvMetadataOp = "_C_ascend::npu_sparse_attn_sharedkv_metadata";
 constexpr const char* kKvqOp = "_C_ascend::npu_kv_quant_sparse_attn_sharedkv";
 constexpr const char* kKvqMdOp = "_C_ascend::npu_kv_quant_sparse_attn_sharedkv_metadata";
 
@@ -367,7 +367,7 @@ sig::SasResult sas_core(const char* op, bool quant, AAR_SPARSE_ATTN_SHAREDKV_PAR
 }
 
 sig::SasResult sparse_attn_sharedkv(AAR_SPARSE_ATTN_SHAREDKV_PARAMS) {
-  return sas_core(kOp, false, AAR_SPARSE_ATTN_SHAREDKV_ARGS);
+  return sas_core(kSparseAttnSharedkvOp, false, AAR_SPARSE_ATTN_SHAREDKV_ARGS);
 }
 
 // A5: kv_quant_mode 1 (MXFP8 rows), tile_size 64, rope_head_dim 64, q 512 wide, only.
@@ -442,7 +442,7 @@ at::Tensor metadata_core(const char* op, int64_t magic, std::initializer_list<in
 }
 
 at::Tensor sparse_attn_sharedkv_metadata(AAR_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS) {
-  return metadata_core(kMdOp, 0x5341534D, {}, AAR_SPARSE_ATTN_SHAREDKV_METADATA_ARGS);
+  return metadata_core(kSparseAttnSharedkvMetadataOp, 0x5341534D, {}, AAR_SPARSE_ATTN_SHAREDKV_METADATA_ARGS);
 }
 
 at::Tensor kv_quant_sparse_attn_sharedkv_metadata(AAR_KV_QUANT_SPARSE_ATTN_SHAREDKV_METADATA_PARAMS) {

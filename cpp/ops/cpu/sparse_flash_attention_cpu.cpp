@@ -72,10 +72,10 @@ sig::SfaResult sparse_flash_attention(const char* op, const at::Tensor& query, c
 }
 
 sig::SfaResult sparse_flash_attention_npu(AAR_SFA_NPU_PARAMS) {
-  constexpr const char* kOp = "npu_sparse_flash_attention";
-  reject_tensor(kOp, sinks, "sinks");
+  constexpr const char* kSparseFlashAttentionOp = "npu_sparse_flash_attention";
+  reject_tensor(kSparseFlashAttentionOp, sinks, "sinks");
   const at::Tensor& v = value.has_value() && value->defined() ? *value : key;
-  return sparse_flash_attention(kOp, query, key, v, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+  return sparse_flash_attention(kSparseFlashAttentionOp, query, key, v, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
                                 actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query,
                                 layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse);
 }

@@ -45,8 +45,8 @@
 namespace aar::ops::cpu {
 namespace {
 
-constexpr const char* kOp = "cann_ops_transformer::sparse_flash_mla";
-constexpr const char* kMdOp = "cann_ops_transformer::sparse_flash_mla_metadata";
+constexpr const char* kSparseFlashMlaOp = "cann_ops_transformer::sparse_flash_mla";
+constexpr const char* kSparseFlashMlaMetadataOp = "cann_ops_transformer::sparse_flash_mla_metadata";
 
 bool has(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
@@ -85,7 +85,7 @@ void check_cmp_lengths(const char* op, const std::vector<int64_t>& ori, const st
 }
 
 sig::SasResult sparse_flash_mla(AAR_SPARSE_FLASH_MLA_PARAMS) {
-  const char* op = kOp;
+  const char* op = kSparseFlashMlaOp;
   if (layout_kv != "PA_BBND") {
     throw_not_supported(op, ": not supported by the CPU twin: layout_kv=\"", layout_kv,
                         "\" (only \"PA_BBND\", the paged caches)");
@@ -128,7 +128,7 @@ sig::SasResult sparse_flash_mla(AAR_SPARSE_FLASH_MLA_PARAMS) {
 }
 
 at::Tensor sparse_flash_mla_metadata(AAR_SPARSE_FLASH_MLA_METADATA_PARAMS) {
-  const char* op = kMdOp;
+  const char* op = kSparseFlashMlaMetadataOp;
   const int64_t bs = batch_size.value_or(0), mq = max_seqlen_q.value_or(0), mo = max_seqlen_ori_kv.value_or(0),
                 mc = max_seqlen_cmp_kv.value_or(0), otk = ori_topk.value_or(0), ctk = cmp_topk.value_or(0),
                 ratio = cmp_ratio.value_or(1), omm = ori_mask_mode.value_or(0), cmm = cmp_mask_mode.value_or(0),

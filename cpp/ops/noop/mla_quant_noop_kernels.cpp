@@ -52,18 +52,18 @@ sig::MlaPreprocessResult mla_preprocess(AAR_MLA_PREPROCESS_PARAMS) {
   return {q_out0, kv_cache_out0, q_out1, kv_cache_out1, inner_out};
 }
 
-void register_torch_npu(torch::Library& m) {
+void register_mla_quant_torch_npu(torch::Library& m) {
   m.impl("npu_mla_prolog_v2", TORCH_FN(mla_prolog_v2));
   m.impl("npu_quantize", TORCH_FN(quantize));
   m.impl("npu_quant_matmul", TORCH_FN(quant_matmul));
 }
 
-void register_vllm_ascend(torch::Library& m) { m.impl("mla_preprocess", TORCH_FN(mla_preprocess)); }
+void register_mla_quant_vllm_ascend(torch::Library& m) { m.impl("mla_preprocess", TORCH_FN(mla_preprocess)); }
 
 }  // namespace
 }  // namespace aar::ops::noop
 
-TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) { aar::ops::noop::register_torch_npu(m); }
-TORCH_LIBRARY_IMPL(ascend_noop, Meta, m) { aar::ops::noop::register_torch_npu(m); }
-TORCH_LIBRARY_IMPL(ascend_noop_va, CPU, m) { aar::ops::noop::register_vllm_ascend(m); }
-TORCH_LIBRARY_IMPL(ascend_noop_va, Meta, m) { aar::ops::noop::register_vllm_ascend(m); }
+TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) { aar::ops::noop::register_mla_quant_torch_npu(m); }
+TORCH_LIBRARY_IMPL(ascend_noop, Meta, m) { aar::ops::noop::register_mla_quant_torch_npu(m); }
+TORCH_LIBRARY_IMPL(ascend_noop_va, CPU, m) { aar::ops::noop::register_mla_quant_vllm_ascend(m); }
+TORCH_LIBRARY_IMPL(ascend_noop_va, Meta, m) { aar::ops::noop::register_mla_quant_vllm_ascend(m); }

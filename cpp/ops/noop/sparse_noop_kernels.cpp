@@ -123,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor> dynamic_block_quant(AAR_DYNAMIC_BLOCK_QUANT_P
 void batch_matmul_transpose(const at::Tensor& tensor_a, const at::Tensor& tensor_b, const at::Tensor& tensor_c,
                             std::optional<c10::string_view> format_mode, std::optional<c10::string_view> quant_mode) {}
 
-void register_torch_npu(torch::Library& m) {
+void register_sparse_torch_npu(torch::Library& m) {
   m.impl("npu_lightning_indexer", TORCH_FN(lightning_indexer));
   m.impl("npu_quant_lightning_indexer", TORCH_FN(quant_lightning_indexer_npu));
   m.impl("npu_sparse_flash_attention", TORCH_FN(sfa_npu));
@@ -133,7 +133,7 @@ void register_torch_npu(torch::Library& m) {
   m.impl("npu_dynamic_block_quant", TORCH_FN(dynamic_block_quant));
 }
 
-void register_vllm_ascend(torch::Library& m) {
+void register_sparse_vllm_ascend(torch::Library& m) {
   m.impl("npu_lightning_indexer", TORCH_FN(lightning_indexer));
   m.impl("npu_lightning_indexer_quant", TORCH_FN(lightning_indexer_quant_va));
   m.impl("npu_vllm_quant_lightning_indexer", TORCH_FN(vllm_quant_lightning_indexer));
@@ -146,10 +146,10 @@ void register_vllm_ascend(torch::Library& m) {
 }  // namespace
 }  // namespace aar::ops::noop
 
-TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) { aar::ops::noop::register_torch_npu(m); }
-TORCH_LIBRARY_IMPL(ascend_noop, Meta, m) { aar::ops::noop::register_torch_npu(m); }
-TORCH_LIBRARY_IMPL(ascend_noop_va, CPU, m) { aar::ops::noop::register_vllm_ascend(m); }
-TORCH_LIBRARY_IMPL(ascend_noop_va, Meta, m) { aar::ops::noop::register_vllm_ascend(m); }
+TORCH_LIBRARY_IMPL(ascend_noop, CPU, m) { aar::ops::noop::register_sparse_torch_npu(m); }
+TORCH_LIBRARY_IMPL(ascend_noop, Meta, m) { aar::ops::noop::register_sparse_torch_npu(m); }
+TORCH_LIBRARY_IMPL(ascend_noop_va, CPU, m) { aar::ops::noop::register_sparse_vllm_ascend(m); }
+TORCH_LIBRARY_IMPL(ascend_noop_va, Meta, m) { aar::ops::noop::register_sparse_vllm_ascend(m); }
 
 // The metadata operator may get no tensor at all: the dispatcher then runs the
 // CompositeExplicitAutograd kernel (the same function).

@@ -165,7 +165,7 @@ class StepBuilder {
   class Lane;
   Lane& lane(int32_t draft_index) const;
   StepBuilderConfig cfg_;
-  std::unique_ptr<detail::RopeRows> rope_, compress_rope_;
+  std::unique_ptr<::aar::detail::RopeRows> rope_, compress_rope_;
   std::vector<std::unique_ptr<Lane>> lanes_;
 };
 

@@ -134,14 +134,14 @@ class MetadataBuilder {
   BuilderConfig cfg_;  // cos_table / sin_table: contiguous host copies
   bool separate_ = false;
   int64_t workspace_ = 0;
-  std::unique_ptr<detail::RopeRows> rope_;  // the host tables and the row gather (cpp/common/rope_gather.h)
+  std::unique_ptr<::aar::detail::RopeRows> rope_;  // the host tables and the row gather (cpp/common/rope_gather.h)
   Metadata md_;
-  detail::BuildCounter counter_;
+  ::aar::detail::BuildCounter counter_;
   // Packed int32, offsets in int32 units, each region on a 64-byte boundary:
   // [qsl | slot64 | decode cos | decode sin | block table (all rows) | chunk
   // cu_seq_lens | chunk starts | chunk lens | prefill block table | prefill cos
   // | prefill sin]. A decode-only build copies up to the last decode row.
-  std::unique_ptr<detail::StagingBuffers> buffers_;
+  std::unique_ptr<::aar::detail::StagingBuffers> buffers_;
   at::Tensor device_;  // buffers_->device()
   at::Tensor staging_block_table_;
   // Token positions (host only: the rows are gathered on the host).

@@ -182,7 +182,7 @@ class MetadataBuilder {
   Lane& draft_lane(int32_t draft_index) const;
 
   BuilderConfig cfg_;
-  std::unique_ptr<detail::RopeRows> rope_;
+  std::unique_ptr<::aar::detail::RopeRows> rope_;
   std::vector<std::unique_ptr<Lane>> lanes_;  // [0] main, [1 + d] draft d
   at::Tensor staging_block_table_;
 };
