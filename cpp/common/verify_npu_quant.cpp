@@ -1,5 +1,5 @@
-// verify-npu rows of the quantisation operators (npu_dynamic_quant,
-// npu_quantize + npu_quant_matmul of the W8A8 MLA linears, the DSV4 MX-fp8
+// verify-npu rows of the quantisation operators (npu_dynamic_quant, npu_quantize
+// on its own and with npu_quant_matmul of the W8A8 MLA linears, the DSV4 MX-fp8
 // o_proj: npu_dynamic_mx_quant + npu_transpose_quant_batchmatmul) and of the
 // GQA paths not covered by the FIA rows (_npu_paged_attention,
 // npu_fusion_attention). Conventions: verify_npu_cases.h.
@@ -35,6 +35,32 @@ Case dynamic_quant(bool fp8) {
                 auto [q, scale] = ops::dynamic_quant(a, s.pv);
                 const at::Tensor sc = scale.cpu();
                 return Outputs{q.cpu().to(at::kFloat) * sc.unsqueeze(-1), sc};
+              }};
+}
+
+// npu_quantize on its own (the W8A8-static activation quantisation), so a disagreement is
+// named here and not only through the linear it feeds: both the per-tensor scale expanded per
+// channel (what vllm-ascend passes) and truly per-channel scales and offsets, with values that
+// saturate at both ends.
+Case quantize(bool per_channel) {
+  return Case{"npu_quantize",
+              per_channel ? "x (T=5,256) bfloat16 with saturating values, scales (256) and zero_points (256) "
+                            "bfloat16, one value per channel, dtype=QInt8, axis=-1, div_mode=False"
+                          : "W8A8-static activation: x (T=5,256) bfloat16, scales = 1/input_scale and zero_points = "
+                            "input_offset expanded to (256) bfloat16, dtype=QInt8, axis=-1, div_mode=False",
+              "div_mode=False multiplies: y = saturate_int8(rint(x * scales + zero_points)), in fp32, half to even; "
+              "compared as integers, one step allowed (tol x (1 + 127) = 1) where fp32 rounding of x * scales "
+              "lands on a tie",
+              1.0 / 128, [per_channel](const Side& s) {
+                at::manual_seed(per_channel ? 87 : 86);
+                const at::Tensor x = rnd({5, 256}, at::kBFloat16, per_channel ? 6.0 : 3.0);
+                const at::Tensor inv = per_channel ? (at::rand({256}) * 60 + 5).to(at::kBFloat16)
+                                                   : at::full({256}, 1.0 / 0.03).to(at::kBFloat16);
+                const at::Tensor off = per_channel ? at::randint(-20, 20, {256}).to(at::kBFloat16)
+                                                   : at::full({256}, 3.0).to(at::kBFloat16);
+                const at::Tensor q = ops::quantize(s.to(x), s.to(inv), s.to(off), static_cast<int64_t>(at::kQInt8),
+                                                   -1, /*div_mode=*/false, s.pv);
+                return Outputs{q.cpu().to(at::kFloat)};
               }};
 }
 
@@ -170,6 +196,8 @@ Case fusion_attention(bool causal) {
 void add_quant_cases(std::vector<Case>& c) {
   c.push_back(dynamic_quant(false));
   c.push_back(dynamic_quant(true));
+  c.push_back(quantize(false));
+  c.push_back(quantize(true));
   c.push_back(w8a8_linear(false));
   c.push_back(w8a8_linear(true));
   c.push_back(dynamic_mx_quant());

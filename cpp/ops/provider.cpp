@@ -61,8 +61,9 @@ const char* to_string(OpLibrary l) {
       return "Atb";
     case OpLibrary::VllmAscend:
       return "VllmAscend";
+    case OpLibrary::CannOpsTransformer:
+      return "CannOpsTransformer";
   }
-  if (l == kCannOpsTransformer) return "CannOpsTransformer";
   return "<invalid OpLibrary>";
 }
 

@@ -2,6 +2,7 @@
 #include "ascend_attn_rt/plan/mla_plan.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -129,6 +130,17 @@ void write_chunks(std::size_t np, Ctx ctx, const ContextChunkPlan& p, const Cont
   }
 }
 
+// cu_seq_lens are int32: the tokens of one chunk over every request must fit. Chunk 0 holds
+// the most (a request's share of chunk c never grows with c). (fuzz_sizes, in CI's smoke pass:
+// contexts near INT32_MAX over several requests wrapped cu_seq_lens.)
+template <class Ctx>
+void check_chunk_totals(std::size_t np, Ctx ctx, const ContextChunkPlan& p) {
+  int64_t tot = 0;
+  for (std::size_t b = 0; b < np; ++b) tot += std::min<int64_t>(ctx(b), p.chunk_size);
+  AAR_CHECK_ARG(tot <= INT32_MAX, "context chunks: chunk 0 gathers ", tot, " tokens over ", np,
+                " prefills (chunk_size=", p.chunk_size, "), more than the int32 cu_seq_lens hold");
+}
+
 // Spec mla.md 7.2 / 7.4 over the global chunks written by write_chunks (chunk
 // a multiple of B * W): local starts c * Cl (Cl = chunk / W), the padded local
 // lengths every rank gathers, plen[c][b] = max(0, min(pad_ctx_b, (c+1) Cl) -
@@ -187,7 +199,9 @@ ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const Context
   const ContextChunkPlan p = chunk_geometry(nwc, max_ctx, in.workspace_tokens, in.block_size, in.max_chunks);
   if (p.num_chunks == 0) return p;
   check_chunk_capacity(np, in.max_chunks, buf);
-  write_chunks(np, [&](std::size_t b) { return in.context_lens[b]; }, p, buf);
+  auto ctx = [&](std::size_t b) { return in.context_lens[b]; };
+  check_chunk_totals(np, ctx, p);
+  write_chunks(np, ctx, p, buf);
   return p;
 }
 
@@ -286,7 +300,10 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   AAR_CHECK_ARG(chunk_align <= INT32_MAX, "dcp: block_size=", bs, " times the DCP world size ", dcp.world,
                 " exceeds int32 (the context-chunk alignment)");
   plan.chunks = chunk_geometry(nwc, max_ctx, in.workspace_tokens, static_cast<int32_t>(chunk_align), in.max_chunks);
-  if (plan.chunks.num_chunks > 0) check_chunk_capacity(np, in.max_chunks, buf.chunks);
+  if (plan.chunks.num_chunks > 0) {
+    check_chunk_capacity(np, in.max_chunks, buf.chunks);
+    check_chunk_totals(np, [&](std::size_t i) { return seqs[nd + i] - (qsl[nd + i + 1] - qsl[nd + i]); }, plan.chunks);
+  }
   if (use_dcp && plan.chunks.num_chunks > 0) {
     const std::size_t cap = static_cast<std::size_t>(in.max_chunks);
     int64_t total_ctx = 0;

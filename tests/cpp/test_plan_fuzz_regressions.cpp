@@ -351,3 +351,26 @@ TEST(FuzzRegression, MlaInterpEndsAreBounded) {
   EXPECT_EQ(out[0], 0);
   EXPECT_EQ(out[1], int64_t{1} << 52);
 }
+
+// fuzz_sizes (CI's fuzz smoke of a fresh clone): plan_context_chunks wrote the int32
+// cu_seq_lens of a chunk whose tokens over all requests passed INT32_MAX (three contexts of
+// 2^30 in one chunk: cu wrapped negative). Refused now, naming the chunk's token count; the same
+// check guards plan_mla_step's chunks.
+TEST(FuzzRegression, ContextChunksTotalFitsInt32) {
+  std::vector<int32_t> cu(4, -7), st(3, -7), ln(3, -7);
+  std::vector<int64_t> ke(3, -7), tot(1, -7), mx(1, -7);
+  const ContextChunkBuffers buf{cu, st, ln, ke, tot, mx};
+  const std::vector<int32_t> ctx = {1 << 30, 1 << 30, 1 << 30};
+  try {
+    plan_context_chunks({ctx, int64_t{1} << 40, 128, 1}, buf);
+    FAIL() << "a chunk of 3 * 2^30 tokens was accepted";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("3221225472 tokens"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cu, std::vector<int32_t>(4, -7));
+  EXPECT_EQ(ke, std::vector<int64_t>(3, -7));
+  const std::vector<int32_t> two = {1 << 29, 1 << 29};  // 2^30 tokens: fits
+  cu.assign(4, -7);
+  plan_context_chunks({two, int64_t{1} << 40, 128, 1}, buf);
+  EXPECT_EQ(cu[2], 1 << 30);
+}

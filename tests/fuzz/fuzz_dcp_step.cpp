@@ -8,17 +8,6 @@
 
 using namespace aar;
 
-namespace {
-
-// Keys of rank `rank` among positions [0, len): runs of `il` dealt over `w` ranks.
-int64_t naive_local_len(int64_t len, int32_t w, int32_t il, int32_t rank) {
-  int64_t n = 0;
-  for (int64_t x = 0; x < len; ++x) n += (x / il) % w == rank;
-  return n;
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Bytes in(data, size);
   fuzz::Batch b = fuzz::make_batch(in, 6, 24, 300);
@@ -101,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         continue;
       }
       ++writes;
-      const int64_t li = naive_local_len(pos, W, I, rk);
+      const int64_t li = fuzz::naive_local_len(pos, W, I, rk);
       FUZZ_CHECK(slots[t] == static_cast<int64_t>(b.table[static_cast<size_t>(r) * b.stride + li / b.block_size]) *
                                      b.block_size +
                                  li % b.block_size);
@@ -120,7 +109,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int32_t j = 0; j < q; ++j) {
       const int32_t t = b.qsl[r] + j;
       FUZZ_CHECK(dq[t] == t + 1);
-      FUZZ_CHECK(dkv[t] == naive_local_len(b.seq_lens[r] - q + j + 1, W, I, rk));
+      FUZZ_CHECK(dkv[t] == fuzz::naive_local_len(b.seq_lens[r] - q + j + 1, W, I, rk));
       FUZZ_CHECK(row_copied(dtab, t, r));
     }
   }
@@ -131,7 +120,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int32_t i = 0; i < B - nd; ++i) {
     const int32_t r = nd + i, q = b.qsl[r + 1] - b.qsl[r], ctx = b.seq_lens[r] - q;
     FUZZ_CHECK(pq[i] == b.qsl[r + 1] - td);
-    FUZZ_CHECK(pctx[i] == naive_local_len(ctx, W, I, rk));
+    FUZZ_CHECK(pctx[i] == fuzz::naive_local_len(ctx, W, I, rk));
     FUZZ_CHECK(row_copied(ptab, i, r));
     local_ctx += pctx[i];
     if (ctx > 0) {

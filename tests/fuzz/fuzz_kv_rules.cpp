@@ -2,10 +2,13 @@
 // any device value, cache_dtype string and model dtype, against spec sparse.md 7.2's table
 // written here and the plan's own consistency rules), the SparseFlashMla adapter's derived
 // lengths (flash_mla_cmp_lengths: floor and remainder, outputs untouched on rejection) and the
-// paged-attention selection rule (using_paged_attention, spec gqa.md 9.6's table).
+// paged-attention selection rule (using_paged_attention, spec gqa.md 9.6's table), and the DSA
+// cache facts (spec 6.1 / 6.2: storage_block_size, every cache kind's spec under every plan, the
+// cache shapes and the strided views, which must stay inside the group's raw buffer).
 #include <optional>
 #include <string>
 
+#include "ascend_attn_rt/dsa/backend_facts.h"
 #include "ascend_attn_rt/dsa/kv_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "fuzz_util.h"
@@ -138,14 +141,109 @@ void check_paged_rule(fuzz::Bytes& in) {
   FUZZ_CHECK(got == want);
 }
 
+int64_t element_bytes(dsa::KvDtype d) { return dsa::element_size(d); }
+
+// The largest byte a view reaches (exclusive), or -1 for an empty view.
+int64_t view_end_bytes(const dsa::DsaCacheView& v) {
+  int64_t last = v.storage_offset;
+  for (size_t i = 0; i < v.shape.size(); ++i) {
+    if (v.shape[i] == 0) return -1;
+    last += (v.shape[i] - 1) * v.stride[i];
+  }
+  return (last + 1) * element_bytes(v.dtype);
+}
+
+void check_cache_facts(fuzz::Bytes& in) {
+  // storage_block_size on its own: any block size and ratio.
+  {
+    const int64_t bs = in.u8() % 4 == 0 ? static_cast<int64_t>(in.u32()) - (int64_t{1} << 31) : in.range(0, 256);
+    const int64_t r = in.u8() % 4 == 0 ? in.maybe_bad(4) : (in.flag() ? 4 : (in.flag() ? 128 : in.range(0, 2)));
+    int64_t got = -1;
+    bool ok = true;
+    try {
+      got = dsa::storage_block_size(bs, r);
+    } catch (const InvalidArgument&) {
+      ok = false;
+    }
+    const bool valid = bs > 0 && r >= 0 && (r <= 1 || bs % r == 0);
+    FUZZ_CHECK(ok == valid);
+    if (ok) FUZZ_CHECK(got == (r <= 1 ? bs : bs / r));
+  }
+  dsa::DsaConfig cfg;
+  cfg.device = static_cast<plan::DeviceKind>(in.range(0, 2));
+  const char* dt[] = {"auto", "bfloat16", "fp8"};
+  cfg.cache_dtype = dt[in.u8() % 3];
+  const dsa::AttnKvPlan plan = dsa::make_attn_kv_plan(cfg);
+  const int32_t kind_i = in.u8() % 8 == 0 ? in.maybe_bad(3) : in.range(0, 6);
+  const auto kind = static_cast<dsa::DsaCacheKind>(kind_i);
+  const int64_t cbs = in.u8() % 4 == 0 ? in.maybe_bad(64) : (in.flag() ? 128 : (in.flag() ? 64 : 32));
+  dsa::DsaCacheSpec spec;
+  bool ok = true;
+  try {
+    spec = dsa::dsa_cache_spec(kind, cbs, plan);
+  } catch (const InvalidArgument& e) {
+    FUZZ_CHECK(e.what()[0] != '\0');
+    ok = false;
+  }
+  FUZZ_CHECK(ok == (kind_i >= 0 && kind_i <= 6 && (cbs == 32 || cbs == 64 || cbs == 128)));
+  if (!ok) return;
+  // The spec's own rules (spec 6.2).
+  FUZZ_CHECK(spec.kind == kind && spec.cache_block_size == cbs && spec.num_kv_heads == 1);
+  FUZZ_CHECK(spec.storage_block_size == dsa::storage_block_size(spec.block_size, spec.compress_ratio));
+  dsa::check_kernel_block_size(dsa::backend_of(kind), plan.device, spec.block_size);  // throws if not
+  const int64_t row = spec.head_size * element_bytes(spec.dtype) + spec.scale_dim * element_bytes(spec.scale_dtype);
+  FUZZ_CHECK(spec.page_bytes == spec.storage_block_size * spec.num_kv_heads * row);
+  FUZZ_CHECK(spec.page_bytes <= spec.padded_page_bytes);
+  const bool tier1 = kind == dsa::DsaCacheKind::C4IndexerK || kind == dsa::DsaCacheKind::C4IndexerState;
+  FUZZ_CHECK(spec.pad_tier == (tier1 ? 1 : 2));
+  const dsa::Dsv4BlockSizes sizes = dsa::dsv4_block_sizes(cbs, plan);
+  FUZZ_CHECK(spec.padded_page_bytes == (tier1 ? sizes.pad_t1 : sizes.pad_t2));
+  FUZZ_CHECK((spec.scale_dim > 0) == (kind == dsa::DsaCacheKind::C4IndexerK));
+  // Shapes and views of num_blocks pages stay inside num_blocks * padded_page_bytes.
+  const int64_t nb = in.u8() % 8 == 0 ? in.maybe_bad(3) : in.range(0, 9);
+  auto views = [&](auto&& f) {
+    try {
+      f();
+      return true;
+    } catch (const InvalidArgument& e) {
+      FUZZ_CHECK(e.what()[0] != '\0');
+      return false;
+    }
+  };
+  dsa::DsaCacheView v;
+  const bool vok = views([&] { v = dsa::dsa_cache_view(spec, nb); });
+  FUZZ_CHECK(vok == (nb >= 0));
+  if (!vok) return;
+  FUZZ_CHECK(v.shape.size() == v.stride.size() && !v.shape.empty() && v.shape[0] == nb);
+  FUZZ_CHECK(v.shape == dsa::dsa_kv_cache_shape(spec, nb));
+  FUZZ_CHECK(v.stride[0] * element_bytes(v.dtype) == spec.padded_page_bytes);
+  FUZZ_CHECK(view_end_bytes(v) <= nb * spec.padded_page_bytes);
+  if (kind != dsa::DsaCacheKind::C4IndexerK) {
+    FUZZ_CHECK(!views([&] { dsa::dsa_indexer_scale_view(spec, nb); }));
+    return;
+  }
+  const dsa::IndexerPageLayout l = dsa::dsa_indexer_page_layout(spec, plan);
+  FUZZ_CHECK(l.scale_offset_bytes == spec.storage_block_size * l.k_row_bytes);
+  FUZZ_CHECK(l.scale_offset_bytes + spec.storage_block_size * l.scale_row_bytes <= l.page_stride_bytes);
+  const dsa::DsaCacheView sv = dsa::dsa_indexer_scale_view(spec, nb);
+  FUZZ_CHECK(sv.shape == dsa::dsa_scale_cache_shape(spec, nb));
+  FUZZ_CHECK(view_end_bytes(sv) <= nb * spec.padded_page_bytes);
+  if (nb > 0) FUZZ_CHECK(sv.storage_offset * element_bytes(sv.dtype) == l.scale_offset_bytes);
+  dsa::DsaCacheView fv;
+  const bool fok = views([&] { fv = dsa::dsa_indexer_full_view(spec, plan, nb); });
+  FUZZ_CHECK(fok == plan.indexer_full_view);
+  if (fok) FUZZ_CHECK(view_end_bytes(fv) <= nb * spec.padded_page_bytes);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Bytes in(data, size);
-  switch (in.u8() % 3) {
+  switch (in.u8() % 4) {
     case 0: check_kv_plan(in); break;
     case 1: check_cmp_lengths(in); break;
-    default: check_paged_rule(in); break;
+    case 2: check_paged_rule(in); break;
+    default: check_cache_facts(in); break;
   }
   return 0;
 }

@@ -7,19 +7,9 @@
 // dcp_block_lens before its scan could reject the batch).
 #include "ascend_attn_rt/plan/mla_plan.h"
 #include "fuzz_util.h"
+#include "mla_step_buffers.h"
 
 using namespace aar;
-
-namespace {
-
-// Tokens of a length-`len` sequence that rank `rank` stores: a count, not the formula.
-int64_t naive_local_len(int64_t len, int32_t world, int32_t interleave, int32_t rank) {
-  int64_t n = 0;
-  for (int64_t p = 0; p < len; ++p) n += (p / interleave) % world == rank;
-  return n;
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Bytes in(data, size);
@@ -55,40 +45,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int32_t T = std::max(0, si.num_input_tokens ? si.num_input_tokens : real);
   const size_t rows = fuzz::room(std::max(B, T)) + 2;
   const int32_t st = b.stride;
-  const size_t mc = 8;
-  auto qsl = fuzz::canary<int32_t>(rows + 1, -9), table = fuzz::canary<int32_t>(rows * st, -9);
-  auto q_ends = fuzz::canary<int64_t>(rows, -9), kv = fuzz::canary<int64_t>(rows, -9);
-  auto slots = fuzz::canary<int64_t>(fuzz::room(T), -9);
-  auto dpos = fuzz::canary<int32_t>(rows, -9), ppos = fuzz::canary<int32_t>(rows, -9);
-  auto ptable = fuzz::canary<int32_t>(rows * st, -9);
-  auto pq = fuzz::canary<int64_t>(rows, -9);
-  auto cu = fuzz::canary<int32_t>(mc * (rows + 1), -9), starts = fuzz::canary<int32_t>(mc * rows, -9),
-       clens = fuzz::canary<int32_t>(mc * rows, -9);
-  auto kv_ends = fuzz::canary<int64_t>(mc * rows, -9), tot = fuzz::canary<int64_t>(mc, -9),
-       maxl = fuzz::canary<int64_t>(mc, -9);
-  auto plen = fuzz::canary<int32_t>(mc * rows, -9);
-  auto ltot = fuzz::canary<int64_t>(mc, -9), roff = fuzz::canary<int64_t>(mc + 1, -9);
-  auto ridx = fuzz::canary<int64_t>(fuzz::room(int64_t{B} * 400), -9);
   // The DCP scratch is sometimes one entry short (a rejection naming it).
   const size_t scratch = in.u8() % 16 == 0 ? (B > 0 ? B - 1 : 0) : static_cast<size_t>(B);
-  auto blens = fuzz::canary<int32_t>(scratch, -9);
-  auto pre = fuzz::canary<uint8_t>(scratch, 0xAB);
-  auto dtable = fuzz::canary<int32_t>(rows * st, -9);
-  auto dq = fuzz::canary<int64_t>(rows, -9), dkv = fuzz::canary<int64_t>(rows, -9);
-  fuzz::Snapshot snap;
-  snap.add(qsl), snap.add(table), snap.add(q_ends), snap.add(kv), snap.add(slots), snap.add(dpos);
-  snap.add(ppos), snap.add(ptable), snap.add(pq), snap.add(cu), snap.add(starts), snap.add(clens);
-  snap.add(kv_ends), snap.add(tot), snap.add(maxl), snap.add(plen), snap.add(ltot), snap.add(roff);
-  snap.add(ridx), snap.add(blens), snap.add(pre), snap.add(dtable), snap.add(dq), snap.add(dkv);
-  plan::MlaStepBuffers sb{qsl, table, st, q_ends, kv, slots, dpos, ppos, ptable, pq,
-                          {cu, starts, clens, kv_ends, tot, maxl, plen, ltot, ridx, roff}};
-  sb.dcp_block_lens = blens;
-  sb.dcp_is_prefilling = pre;
-  sb.dcp_decode_block_table = dtable;
-  sb.dcp_decode_q_ends = dq;
-  sb.dcp_decode_kv_lens = dkv;
+  fuzz::MlaStepCanaries cb(rows, st, T, 8, fuzz::room(int64_t{B} * 400), scratch);
+  plan::MlaStepBuffers sb = cb.spans();
   plan::MlaStepPlan p;
-  const bool ok = fuzz::accepted([&] { p = plan::plan_mla_step(si, sb); }, snap);
+  const bool ok = fuzz::accepted([&] { p = plan::plan_mla_step(si, sb); }, cb.snap);
   const bool shard_ok = rank >= 0 && rank < world && interleave >= 1 && b.block_size > 0 &&
                         b.block_size % interleave == 0;
   if (!shard_ok || b.block_size <= 0 || b.qsl[0] != 0) FUZZ_CHECK(!ok);
@@ -106,17 +68,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool prefilling = given.empty() ? b.seq_lens[r] == q
                                           : (static_cast<size_t>(r) < given.size() && given[r] != 0);
     if (world > 1) {
-      FUZZ_CHECK(blens[r] == naive_local_len(b.seq_lens[r], world, interleave, 0));
-      if (given.empty()) FUZZ_CHECK(pre[r] == static_cast<uint8_t>(prefilling));
+      FUZZ_CHECK(cb.blens[r] == fuzz::naive_local_len(b.seq_lens[r], world, interleave, 0));
+      if (given.empty()) FUZZ_CHECK(cb.pre[r] == static_cast<uint8_t>(prefilling));
       if (r < nd) FUZZ_CHECK(!prefilling || q == 0);
     }
     if (r < nd) FUZZ_CHECK(q <= si.decode_threshold);
     for (int32_t t = b.qsl[r]; t < b.qsl[r + 1]; ++t) {
       const int32_t pos = b.seq_lens[r] - q + (t - b.qsl[r]);
-      if (r < nd) FUZZ_CHECK(dpos[t] == pos);
-      else FUZZ_CHECK(ppos[t - b.qsl[nd]] == pos);
+      if (r < nd) FUZZ_CHECK(cb.dpos[t] == pos);
+      else FUZZ_CHECK(cb.ppos[t - b.qsl[nd]] == pos);
       if (world == 1) {
-        FUZZ_CHECK(slots[t] == fuzz::naive_slot(b, r, t));
+        FUZZ_CHECK(cb.slots[t] == fuzz::naive_slot(b, r, t));
         continue;
       }
       const bool mine = (pos / interleave) % world == rank;
@@ -124,11 +86,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const int64_t want =
           mine ? int64_t{b.table[static_cast<size_t>(r) * st + li / b.block_size]} * b.block_size + li % b.block_size
                : -1;
-      FUZZ_CHECK(slots[t] == want);
+      FUZZ_CHECK(cb.slots[t] == want);
     }
-    const int64_t kv_want = world > 1 ? naive_local_len(b.seq_lens[r], world, interleave, rank) : b.seq_lens[r];
-    FUZZ_CHECK(kv[r] == kv_want);
+    const int64_t kv_want = world > 1 ? fuzz::naive_local_len(b.seq_lens[r], world, interleave, rank) : b.seq_lens[r];
+    FUZZ_CHECK(cb.kv[r] == kv_want);
   }
-  for (int32_t t = real; t < T; ++t) FUZZ_CHECK(slots[t] == -1);
+  for (int32_t t = real; t < T; ++t) FUZZ_CHECK(cb.slots[t] == -1);
   return 0;
 }

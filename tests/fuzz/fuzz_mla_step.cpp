@@ -3,6 +3,7 @@
 // covering each prefill's context exactly once; rejections leave every buffer untouched.
 #include "ascend_attn_rt/plan/mla_plan.h"
 #include "fuzz_util.h"
+#include "mla_step_buffers.h"
 
 using namespace aar;
 
@@ -22,25 +23,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int32_t T = std::max(0, si.num_input_tokens ? si.num_input_tokens : real);
   const size_t rows = fuzz::room(std::max(B, T)) + 2;
   const int32_t st = b.stride;
-  const size_t mc = 16;
-  auto qsl = fuzz::canary<int32_t>(rows + 1, -9), table = fuzz::canary<int32_t>(rows * st, -9);
-  auto q_ends = fuzz::canary<int64_t>(rows, -9), kv = fuzz::canary<int64_t>(rows, -9);
-  auto slots = fuzz::canary<int64_t>(fuzz::room(T), -9);
-  auto dpos = fuzz::canary<int32_t>(rows, -9), ppos = fuzz::canary<int32_t>(rows, -9);
-  auto ptable = fuzz::canary<int32_t>(rows * st, -9);
-  auto pq = fuzz::canary<int64_t>(rows, -9);
-  auto cu = fuzz::canary<int32_t>(mc * (rows + 1), -9), starts = fuzz::canary<int32_t>(mc * rows, -9),
-       clens = fuzz::canary<int32_t>(mc * rows, -9);
-  auto kv_ends = fuzz::canary<int64_t>(mc * rows, -9), tot = fuzz::canary<int64_t>(mc, -9),
-       maxl = fuzz::canary<int64_t>(mc, -9);
-  fuzz::Snapshot snap;
-  snap.add(qsl), snap.add(table), snap.add(q_ends), snap.add(kv), snap.add(slots), snap.add(dpos);
-  snap.add(ppos), snap.add(ptable), snap.add(pq), snap.add(cu), snap.add(starts), snap.add(clens);
-  snap.add(kv_ends), snap.add(tot), snap.add(maxl);
-  plan::MlaStepBuffers sb{qsl, table, st, q_ends, kv, slots, dpos, ppos, ptable, pq,
-                          {cu, starts, clens, kv_ends, tot, maxl}};
+  fuzz::MlaStepCanaries cb(rows, st, T, 16);
+  plan::MlaStepBuffers sb = cb.spans();
   plan::MlaStepPlan p;
-  const bool ok = fuzz::accepted([&] { p = plan::plan_mla_step(si, sb); }, snap);
+  const bool ok = fuzz::accepted([&] { p = plan::plan_mla_step(si, sb); }, cb.snap);
   if (!fuzz::batch_valid(b) || (si.num_input_tokens && si.num_input_tokens < real)) FUZZ_CHECK(!ok);
   if (!ok) return 0;
   const int32_t nd = p.split.num_decodes;
@@ -48,14 +34,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int32_t r = 0; r < B; ++r) {
     const int32_t q = b.qsl[r + 1] - b.qsl[r];
     for (int32_t t = b.qsl[r]; t < b.qsl[r + 1]; ++t) {
-      FUZZ_CHECK(slots[t] == fuzz::naive_slot(b, r, t));
+      FUZZ_CHECK(cb.slots[t] == fuzz::naive_slot(b, r, t));
       const int32_t pos = b.seq_lens[r] - q + (t - b.qsl[r]);
-      if (r < nd) FUZZ_CHECK(dpos[t] == pos);
-      else FUZZ_CHECK(ppos[t - b.qsl[nd]] == pos);
+      if (r < nd) FUZZ_CHECK(cb.dpos[t] == pos);
+      else FUZZ_CHECK(cb.ppos[t - b.qsl[nd]] == pos);
     }
     if (r < nd) FUZZ_CHECK(q <= si.decode_threshold);
   }
-  for (int32_t t = real; t < T; ++t) FUZZ_CHECK(slots[t] == -1);
+  for (int32_t t = real; t < T; ++t) FUZZ_CHECK(cb.slots[t] == -1);
   // Each prefill with context is covered by the chunks exactly.
   const int32_t np = p.split.num_prefills, nc = p.chunks.num_chunks;
   if (nc > 0) {
@@ -65,9 +51,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const int64_t ctx = b.seq_lens[r] - (b.qsl[r + 1] - b.qsl[r]);
       int64_t sum = 0;
       for (int32_t c = 0; c < nc; ++c) {
-        const int32_t len = clens[static_cast<size_t>(c) * np + j];
+        const int32_t len = cb.clens[static_cast<size_t>(c) * np + j];
         FUZZ_CHECK(len >= 0 && len <= p.chunks.chunk_size);
-        FUZZ_CHECK(starts[static_cast<size_t>(c) * np + j] == c * p.chunks.chunk_size);
+        FUZZ_CHECK(cb.starts[static_cast<size_t>(c) * np + j] == c * p.chunks.chunk_size);
         sum += len;
       }
       FUZZ_CHECK(sum == ctx);

@@ -179,6 +179,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       const bool room = cu.size() >= cap * (w + 1) && st.size() >= cap * w && ln.size() >= cap * w &&
                         ke.size() >= cap * w && tot.size() >= cap && mx.size() >= cap;
+      {
+        // cu_seq_lens are int32: chunk 0's tokens over every request must fit, else refused.
+        const bool bounded = (mctx + base_c - 1) / base_c > ci.max_chunks;
+        const i128 chunk = bounded ? (bounded_c0 + bs - 1) / bs * bs : base_c;
+        i128 chunk0 = 0;
+        for (int32_t c : ctx) chunk0 += std::min<i128>(c, chunk);
+        if (room && chunk0 > INT32_MAX) {
+          FUZZ_CHECK(!ok);
+          break;
+        }
+      }
       FUZZ_CHECK(ok == room);
       if (!ok) break;
       const int64_t C = p.chunk_size, n = p.num_chunks;

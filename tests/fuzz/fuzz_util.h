@@ -216,6 +216,14 @@ inline int64_t naive_slot(const Batch& b, int32_t r, int32_t t) {
          pos % b.block_size;
 }
 
+// Keys of DCP rank `rank` among positions [0, len): runs of `interleave` dealt round robin over
+// `world` ranks (counted, not the formula of plan/dcp_layout.h).
+inline int64_t naive_local_len(int64_t len, int32_t world, int32_t interleave, int32_t rank) {
+  int64_t n = 0;
+  for (int64_t x = 0; x < len; ++x) n += (x / interleave) % world == rank;
+  return n;
+}
+
 // True when the batch is one the step planners must accept (the corruption, if any, was benign).
 inline bool batch_valid(const Batch& b) {
   if (b.block_size <= 0 || b.num_blocks < 0 || b.qsl.empty() || b.qsl[0] != 0) return false;
