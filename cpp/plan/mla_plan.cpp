@@ -450,15 +450,25 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   return plan;
 }
 
+namespace {
+
+// interp's ends must be exact in a double (and b - a fit int64): token counts are far below
+// 2^52 (fuzz_mla_pad: b - a overflowed int64, and a double past 2^63 has no int64 value). The
+// padding modes check their ends with it before their first write. `what` names the value.
+template <class... What>
+void check_interp_end(int64_t v, const What&... what) {
+  constexpr int64_t kExact = int64_t{1} << 52;
+  AAR_CHECK_ARG(v >= -kExact && v <= kExact, what..., v, " is outside [-2^52, 2^52]");
+}
+
+}  // namespace
+
 void interp_round_half_even(int64_t a, int64_t b, int32_t n, Span<int64_t> out) {
   AAR_CHECK_ARG(n >= 0, "interp: step count must be non-negative, got ", n);
   AAR_CHECK_ARG(out.size() >= static_cast<std::size_t>(n), "interp: output has room for ", out.size(),
                 " values, needs ", n);
-  // Both ends exact in a double (and b - a in int64): token counts are far below 2^52
-  // (fuzz_mla_pad: b - a overflowed int64, and a double past 2^63 has no int64 value).
-  constexpr int64_t kExact = int64_t{1} << 52;
-  AAR_CHECK_ARG(a >= -kExact && a <= kExact, "interp: start ", a, " is outside [-2^52, 2^52]");
-  AAR_CHECK_ARG(b >= -kExact && b <= kExact, "interp: end ", b, " is outside [-2^52, 2^52]");
+  check_interp_end(a, "interp: start ");
+  check_interp_end(b, "interp: end ");
   for (int32_t i = 1; i <= n; ++i) {
     // numpy linspace: a + i*step, with the endpoint set exactly to b.
     const double v = i == n ? static_cast<double>(b)
@@ -481,8 +491,7 @@ int32_t pad_actual_q_disable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int
   if (pad > 0) {
     AAR_CHECK_ARG(actual_q.back() <= graph_pad_size, "actual_q.back()=", actual_q.back(),
                   " exceeds graph_pad_size=", graph_pad_size);
-    AAR_CHECK_ARG(actual_q.back() >= -(int64_t{1} << 52), "actual_q.back()=", actual_q.back(),
-                  " is outside [-2^52, 2^52]");
+    check_interp_end(actual_q.back(), "actual_q.back()=");  // the end, graph_pad_size, is an int32
   }
   for (std::size_t i = 0; i < n; ++i) out[i] = actual_q[i];
   if (pad > 0) {
@@ -509,11 +518,8 @@ int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int3
                   ref.size(), " entries, needs ", nr + static_cast<std::size_t>(req_pad), " (num_reqs + req_pad)");
   }
   if (interp) {
-    constexpr int64_t kExact = int64_t{1} << 52;
-    const int64_t end = ref[nr + req_pad - 1];
-    AAR_CHECK_ARG(last >= -kExact && last <= kExact, "actual_q.back()=", last, " is outside [-2^52, 2^52]");
-    AAR_CHECK_ARG(end >= -kExact && end <= kExact, "ref[", nr + req_pad - 1, "]=", end,
-                  " is outside [-2^52, 2^52]");
+    check_interp_end(last, "actual_q.back()=");
+    check_interp_end(ref[nr + req_pad - 1], "ref[", nr + req_pad - 1, "]=");
   }
   for (std::size_t i = 0; i < n; ++i) out[i] = actual_q[i];
   if (req_pad == 0) return static_cast<int32_t>(n);
