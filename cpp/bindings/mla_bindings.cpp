@@ -2,6 +2,7 @@
 // utilities, plan functions, builder, impl. No logic beyond argument conversion.
 #include <ATen/ATen.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -10,6 +11,7 @@
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/impl.h"
+#include "ascend_attn_rt/mla/latent_attention.h"
 #include "ascend_attn_rt/mla/quant.h"
 #include "ascend_attn_rt/mla/weights.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
@@ -119,7 +121,29 @@ void bind_mla(nb::module_& root) {
       },
       "actual_q"_a, "num_reqs"_a, "req_pad"_a, "ref"_a);
 
+  // The decode / prefill parts of a Metadata (None when the step has none): what
+  // engines that test `metadata.decode is not None` (vLLM's MLAAttention) read.
+  nb::class_<mla::DecodeMetadata>(m, "DecodeMetadata")
+      .def_ro("num_kernel_reqs", &mla::DecodeMetadata::num_kernel_reqs)
+      .def_ro("num_kernel_tokens", &mla::DecodeMetadata::num_kernel_tokens)
+      .def_ro("max_seq_len", &mla::DecodeMetadata::max_seq_len)
+      .def_prop_ro("block_table", [](const mla::DecodeMetadata& d) { return d.block_table; });
+  nb::class_<mla::PrefillMetadata>(m, "PrefillMetadata")
+      .def_ro("max_query_len", &mla::PrefillMetadata::max_query_len)
+      .def_ro("max_seq_len", &mla::PrefillMetadata::max_seq_len)
+      .def_prop_ro("block_table", [](const mla::PrefillMetadata& p) { return p.block_table; })
+      .def_prop_ro("num_context_chunks", [](const mla::PrefillMetadata& p) { return p.chunked.num_chunks; });
   nb::class_<mla::Metadata>(m, "Metadata")
+      .def_prop_ro(
+          "decode",
+          [](const mla::Metadata& m) -> const mla::DecodeMetadata* { return m.num_decodes > 0 ? &m.decode : nullptr; },
+          nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "prefill",
+          [](const mla::Metadata& m) -> const mla::PrefillMetadata* {
+            return m.num_prefills > 0 ? &m.prefill : nullptr;
+          },
+          nb::rv_policy::reference_internal)
       .def_ro("attn_state", &mla::Metadata::attn_state)
       .def_ro("num_reqs", &mla::Metadata::num_reqs)
       .def_ro("num_actual_tokens", &mla::Metadata::num_actual_tokens)
@@ -363,6 +387,45 @@ void bind_mla(nb::module_& root) {
           [](const mla::Impl& i) { return reinterpret_cast<uintptr_t>(i.decode_workspace_id()); },
           "Address of the decode workspace this layer uses: equal for layers that share one (same shape, dtype, "
           "device and workspace_group).");
+
+  nb::class_<mla::LatentAttention>(m, "LatentAttention",
+                                   "MLA attention without the projections (C++ mla::LatentAttention): the cache "
+                                   "write, the absorbed latent decode and the un-absorbed prefill with its cached "
+                                   "context, for engines that project themselves (vLLM's MLAAttention).")
+      .def(
+          "__init__",
+          [](mla::LatentAttention* self, int64_t num_heads, int64_t kv_lora_rank, int64_t qk_nope_head_dim,
+             int64_t qk_rope_head_dim, int64_t v_head_dim, double scale, std::optional<bool> prefill_in_bf16,
+             int64_t workspace_group) {
+            mla::LatentAttentionConfig c;
+            c.num_heads = num_heads;
+            c.kv_lora_rank = kv_lora_rank;
+            c.qk_nope_head_dim = qk_nope_head_dim;
+            c.qk_rope_head_dim = qk_rope_head_dim;
+            c.v_head_dim = v_head_dim;
+            c.scale = scale;
+            c.prefill_in_bf16 = prefill_in_bf16;
+            c.workspace_group = workspace_group;
+            new (self) mla::LatentAttention(c);
+          },
+          nb::kw_only(), "num_heads"_a, "kv_lora_rank"_a, "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a,
+          "scale"_a = 0.0, "prefill_in_bf16"_a = nb::none(), "workspace_group"_a = 0)
+      .def_static(
+          "split_kv_cache",
+          [](const at::Tensor& kv_cache, int64_t kv_lora_rank) {
+            return mla::LatentAttention::split_kv_cache(kv_cache, kv_lora_rank);
+          },
+          "kv_cache"_a, "kv_lora_rank"_a,
+          "(num_blocks, block_size, L+R) buffer -> (latent cache (nb, bs, 1, L), rope cache (nb, bs, 1, R)), both "
+          "aliasing it.")
+      .def("write_kv", &mla::LatentAttention::write_kv, "kv_c"_a, "k_pe"_a, "slot_mapping"_a, "nope_cache"_a,
+           "rope_cache"_a)
+      .def("forward_decode", &mla::LatentAttention::forward_decode, "ql_nope"_a, "q_pe"_a, "nope_cache"_a,
+           "rope_cache"_a, "metadata"_a, "out"_a)
+      .def("forward_prefill", &mla::LatentAttention::forward_prefill, "q"_a, "kv_c"_a, "k_pe"_a, "kv_b_proj"_a,
+           "nope_cache"_a, "rope_cache"_a, "metadata"_a, "out"_a)
+      .def_prop_ro("num_heads_padded", &mla::LatentAttention::num_heads_padded)
+      .def_prop_ro("scale", [](const mla::LatentAttention& a) { return a.config().scale; });
 }
 
 const BindingRegistrar kRegisterMla(/*order=*/30, &bind_mla);

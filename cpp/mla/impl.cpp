@@ -12,15 +12,14 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/mla/backend.h"
-#include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
-#include "ascend_attn_rt/ops/gather_pa_kv_cache.h"
 #include "ascend_attn_rt/ops/interleave_rope.h"
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 #include "latent_core.h"
+#include "latent_ops.h"
 
 namespace aar::mla {
 
@@ -128,34 +127,12 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
-  for (const at::Tensor* c : {&nope, &rope}) {
-    const bool is_nope = c == &nope;
-    const char* name = is_nope ? "nope_cache" : "rope_cache";
-    const int64_t width = is_nope ? d.kv_lora_rank : d.qk_rope_head_dim;
-    AAR_CHECK_ARG(c->defined(), name, " is missing");
-    if (!cfg_.enable_kv_nz) {
-      AAR_CHECK_ARG(c->dim() == 4 && c->size(1) == md.block_size && c->size(2) == 1 && c->size(3) == width, name,
-                    " must have shape (num_blocks, block_size=", md.block_size, ", 1, ",
-                    is_nope ? "kv_lora_rank=" : "qk_rope_head_dim=", width, "), got ", c->sizes());
-      ::aar::detail::check_kv_cache_layout(
-          *c, name,
-          is_nope ? "(num_blocks, block_size, 1, kv_lora_rank) = kv_cache_shapes(...)[0]"
-                  : "(num_blocks, block_size, 1, qk_rope_head_dim) = kv_cache_shapes(...)[1]");
-    } else {
-      AAR_CHECK_ARG(c->dim() == 5, name,
-                    " must be the 5-D NZ cache (num_blocks, 1, D/c, block_size, c) (enable_kv_nz), got ", c->sizes());
-      const auto s = Backend::nz_cache_shape(c->size(0), md.block_size, width, c->element_size());
-      AAR_CHECK_ARG(c->sizes() == c10::IntArrayRef(s), name, " must be the NZ cache ", c10::IntArrayRef(s),
-                    " (enable_kv_nz), got ", c->sizes());
-      ::aar::detail::check_kv_cache_layout(*c, name, "(num_blocks, 1, D/c, block_size, c) = nz_cache_shape(...)");
-    }
-    AAR_CHECK_ARG(c->size(0) >= md.num_blocks, name, " has ", c->size(0), " blocks, fewer than the metadata's ",
-                  md.num_blocks);
-    // FA-quant layers: the int8 latent cache.
-    const at::ScalarType want = is_nope && fa_quant() ? at::kChar : hidden.scalar_type();
-    AAR_CHECK_ARG(c->scalar_type() == want, name, " dtype ", c->scalar_type(), " must be ", want,
-                  is_nope && fa_quant() ? " (the FA-quant layer's int8 latent cache)" : " (the hidden_states dtype)");
-  }
+  // FA-quant layers: the int8 latent cache.
+  detail::check_latent_cache(nope, /*is_nope=*/true, d.kv_lora_rank, md, cfg_.enable_kv_nz,
+                             fa_quant() ? at::kChar : hidden.scalar_type(),
+                             fa_quant() ? " (the FA-quant layer's int8 latent cache)" : " (the hidden_states dtype)");
+  detail::check_latent_cache(rope, /*is_nope=*/false, d.qk_rope_head_dim, md, cfg_.enable_kv_nz, hidden.scalar_type(),
+                             " (the hidden_states dtype)");
 }
 
 namespace {
@@ -169,12 +146,6 @@ detail::Fused fused_of(DecodePath p) {
     case DecodePath::FaQuant: return detail::Fused::PrologV2;
     default: return detail::Fused::None;
   }
-}
-
-detail::DecodeLayout layout_of(const Metadata& md, bool kv_nz) {
-  // Spec 5.3 rows A (speculative), D (NZ caches), E.
-  if (md.speculative) return detail::DecodeLayout::TND;
-  return kv_nz ? detail::DecodeLayout::BSND : detail::DecodeLayout::BNSD;
 }
 
 // Assignments that skip the reference-count traffic when the tensor is already there.
@@ -198,7 +169,7 @@ void Impl::release_views() {
 void Impl::reload_weights(const Weights& nw) { core_->reload_weights(nw); }
 
 const detail::DecodeViews& Impl::decode_views(const Metadata& md) {
-  return core_->views(md.decode.num_kernel_tokens, layout_of(md, cfg_.enable_kv_nz));
+  return core_->views(md.decode.num_kernel_tokens, detail::decode_layout_of(md, cfg_.enable_kv_nz));
 }
 
 void Impl::decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
@@ -219,7 +190,6 @@ void Impl::decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope,
   set(t.value, t.key);
   set(t.query, q.qn);
   set(t.query_rope, q.qr);
-  set(t.block_table, md.decode.block_table);
   if (fa_quant()) {
     // Spec 5.3: the fully quantised decode (int8 query with per-(token, head)
     // scales, the per-tensor dequant scale of the int8 latent).
@@ -230,32 +200,7 @@ void Impl::decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope,
     p.key_quant_mode = 0;
     p.value_quant_mode = 0;
   }
-  p.num_query_heads = hp_;
-  p.num_key_value_heads = 1;
-  p.softmax_scale = cfg_.scale;
-  p.block_size = bs;
-  p.actual_seq_kvlen = md.decode.seq_lens_list;
-  const detail::DecodeLayout layout = layout_of(md, cfg_.enable_kv_nz);
-  switch (layout) {
-    case detail::DecodeLayout::TND:
-      // Row A of spec 5.3. Upstream also requires the state to be one of
-      // SpecDecoding/ChunkedPrefill/DecodeOnly/PrefillNoCache and otherwise falls
-      // to the BNSD row with a multi-token decode, mismatching block-table rows
-      // and batch (spec 9.11); we use TND_NTD whenever decodes may have several tokens.
-      set(t.atten_mask, md.attn_mask);
-      p.sparse_mode = 3;
-      p.input_layout = "TND_NTD";
-      p.has_actual_seq_qlen = true;
-      p.actual_seq_qlen = md.decode.actual_seq_lengths_q;
-      break;
-    case detail::DecodeLayout::BSND:  // row D (NZ caches)
-    case detail::DecodeLayout::BNSD:  // row E
-      t.atten_mask.reset();
-      p.sparse_mode = 0;
-      p.input_layout = layout == detail::DecodeLayout::BSND ? "BSND_NBSD" : "BNSD_NBSD";
-      p.has_actual_seq_qlen = false;
-      break;
-  }
+  detail::set_latent_decode_params(md, detail::decode_layout_of(md, cfg_.enable_kv_nz), hp_, cfg_.scale, t, p);
 }
 
 void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows) {
@@ -375,88 +320,20 @@ void Impl::decode_forward(const at::Tensor& hidden, const at::Tensor& nope, cons
 at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& k_nope,
                                    const at::Tensor& k_pe, const at::Tensor& value, const at::Tensor& nope,
                                    const at::Tensor& rope, const Metadata& md) const {
-  const Weights& W = core_->weights();
   const Dims& d = cfg_.dims;
-  const int64_t tp = q_nope.size(0), H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, V = d.v_head_dim;
-  const bool concat = hp_ != H;  // spec 5.5: non-power-of-two heads pass concatenated q/k, no rope tensors
-  const auto& pf = md.prefill;
-  // Spec 5.5 step 1: the TND MLA kernel takes bf16 only; other dtypes attend in
-  // bf16 (the result is cast back when it lands in o_in). On the CPU twins this
-  // is off unless asked for (ImplConfig::prefill_in_bf16): they attend in any dtype.
-  const bool to_bf16 = q_nope.scalar_type() != at::kBFloat16 &&
-                       cfg_.prefill_in_bf16.value_or(ops::resolve_provider(q_nope) == ops::Provider::Npu);
-  auto cast = [&](const at::Tensor& x) { return to_bf16 ? x.to(at::kBFloat16) : x; };
-  const at::Tensor qn = cast(q_nope), qr = cast(q_pe);
-  auto attend = [&](const at::Tensor& kn_in, const at::Tensor& kp_in, const at::Tensor& v_in, bool causal,
-                    c10::IntArrayRef kv_ends) {
-    const at::Tensor kn = cast(kn_in), kp = cast(kp_in), v = cast(v_in);
-    ops::FiaTensors t;
-    ops::FiaParams p;
-    if (concat) {
-      t.query = at::cat({qn, qr}, -1);
-      t.key = at::cat({kn, kp}, -1);
-    } else {
-      t.query = qn;
-      t.key = kn;
-      t.query_rope = qr;
-      t.key_rope = kp;
-    }
-    t.value = v;
-    if (causal) t.atten_mask = md.attn_mask;
-    p.sparse_mode = causal ? 3 : 0;
-    p.num_heads = H;
-    p.num_key_value_heads = H;
-    p.scale = cfg_.scale;
-    p.input_layout = "TND";
-    p.actual_seq_lengths = pf.actual_seq_lengths_q;
-    p.actual_seq_lengths_kv = kv_ends;
-    p.softmax_lse_flag = true;
-    return ops::fused_infer_attention_score(t, p);
-  };
-  auto [out0, lse0] = attend(k_nope, k_pe, value, /*causal=*/true, pf.actual_seq_lengths_q);
-  const ChunkedContext& cc = pf.chunked;
-  if (cc.num_chunks == 0) return out0.reshape({tp, H * V});
-
-  // Spec 5.6: gather each chunk from the caches, up-project, attend, merge.
-  std::vector<at::Tensor> outs{out0.to(at::kFloat).reshape({tp * H, V})};
-  std::vector<at::Tensor> lses{lse0.reshape({tp * H})};
-  const auto opts = nope.options();
-  const bool dcp = md.dcp.world_size > 1;
-  for (int32_t c = 0; c < cc.num_chunks; ++c) {
-    const int64_t toks = cc.seq_tot[c];
-    at::Tensor kv_c, kpe;
-    if (dcp) {
-      // Spec 7.4: this rank's part of the chunk (the padded local lengths from
-      // the local starts; every rank gathers the same row count), [latent |
-      // k_pe] all-gathered, then the real rows request by request.
-      const int64_t lt = cc.local_seq_tot[c];
-      at::Tensor lkv = at::empty({lt, 1, L}, opts);
-      at::Tensor lpe = at::empty({lt, 1, d.qk_rope_head_dim}, rope.options());
-      ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.padded_chunk_seq_lens[c], lkv, lpe, cc.starts[c]);
-      const at::Tensor all = cfg_.dcp_comm->all_gather(at::cat({lkv, lpe}, -1), 0);
-      const at::Tensor rows =
-          all.index_select(0, cc.reorg_index.narrow(0, cc.reorg_offsets[c], toks));  // (toks, 1, L+R)
-      kv_c = rows.narrow(-1, 0, L);
-      kpe = rows.narrow(-1, L, d.qk_rope_head_dim);
-    } else {
-      kv_c = at::empty({toks, 1, L}, opts);
-      kpe = at::empty({toks, 1, d.qk_rope_head_dim}, rope.options());
-      ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.chunk_seq_lens[c], kv_c, kpe, cc.starts[c]);
-    }
-    // FA-quant: the int8 latent dequantised (spec 5.6 step 4, upstream's A5 rule).
-    const at::Tensor lat = fa_quant() ? (kv_c.view({toks, L}).to(at::kFloat) * *cfg_.fa_quant_kv_scale)
-                                            .to(W.kv_b_proj.scalar_type())
-                                      : kv_c.reshape({toks, L});
-    const at::Tensor kv = ops::dense::linear(lat, W.kv_b_proj).view({toks, H, P + V});
-    const at::Tensor kn = kv.narrow(-1, 0, P).contiguous();
-    const at::Tensor v = kv.narrow(-1, P, V).contiguous();
-    const at::Tensor kp = kpe.expand({toks, H, d.qk_rope_head_dim});
-    auto [out_c, lse_c] = attend(kn, kp, v, /*causal=*/false, cc.kv_ends[c]);
-    outs.push_back(out_c.to(at::kFloat).reshape({tp * H, V}));
-    lses.push_back(lse_c.reshape({tp * H}));
-  }
-  const at::Tensor merged = std::get<0>(ops::attention_update(lses, outs, 0));
-  return merged.view({tp, H * V});
+  detail::PrefillSpec s;
+  s.heads = d.num_heads;
+  s.heads_padded = hp_;
+  s.kv_lora_rank = d.kv_lora_rank;
+  s.nope_dim = d.qk_nope_head_dim;
+  s.rope_dim = d.qk_rope_head_dim;
+  s.v_head_dim = d.v_head_dim;
+  s.scale = cfg_.scale;
+  s.kv_b_proj = core_->weights().kv_b_proj;
+  s.kv_cache_scale = cfg_.fa_quant_kv_scale;
+  s.in_bf16 = cfg_.prefill_in_bf16;
+  s.dcp_comm = cfg_.dcp_comm;
+  return detail::latent_prefill_attention(s, q_nope, q_pe, k_nope, k_pe, value, nope, rope, md);
 }
 
 detail::LatentQuery Impl::decode_preprocess(const detail::DecodeViews& v, const at::Tensor& x,

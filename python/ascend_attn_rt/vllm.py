@@ -1,5 +1,4 @@
-"""vLLM v1 attention-backend adapter (issue 14 part 3): GQA (backend, builder, impl) and
-the MLA backend facts and metadata builder (the MLA impl is not adapted yet, see below).
+"""vLLM v1 attention-backend adapter (issue 14 part 3): GQA and MLA (backend, builder, impl).
 
 Select it in vLLM with ``--attention-backend CUSTOM`` after registering
 ``AscendAttnRtBackend`` (see ``register()``), or use the classes directly.
@@ -17,19 +16,22 @@ Decisions where vLLM is silent:
 * ``cache_config.num_gpu_blocks`` must be known when the builder is made (vLLM sets it
   before it builds the attention metadata builders).
 
-MLA (``AscendAttnRtMlaBackend``, ``AscendAttnRtMlaMetadataBuilder``):
+MLA (``AscendAttnRtMlaBackend``, ``AscendAttnRtMlaMetadataBuilder``, ``AscendAttnRtMlaImpl``):
 * the KV cache is vLLM's MLA shape ``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)``
   (what ``MLAAttentionSpec`` sizes its pages for); the runtime keeps the latent and the rope
-  rows in two contiguous caches, so the impl will view each layer's buffer as the two
-  caches split kv_lora_rank : qk_rope_head_dim, as vllm-ascend's model runner does;
+  rows in two contiguous caches, so the impl views each layer's buffer as the two caches
+  split kv_lora_rank : qk_rope_head_dim (``mla.LatentAttention.split_kv_cache``), as
+  vllm-ascend's model runner does. A block's rows are therefore not one contiguous range of
+  the buffer: KV connectors that copy vLLM's MLA blocks as byte ranges do not fit this layout;
 * vLLM applies RoPE before attention (``MLAAttention`` gets the rotated ``q``/``k_pe``), so
   the runtime's RoPE rows are not needed: the builder is given zero cos/sin tables and the
   metadata's RoPE rows are zeros (nothing in the adapter reads them);
-* the impl is missing: vLLM's ``MLAAttentionImpl`` (``forward_mqa`` on the absorbed query,
-  ``forward_mha`` on the projected query and latent, ``do_kv_cache_update``) takes the
-  attention after the projections, while the runtime's ``mla.Impl.forward`` takes the hidden
-  states and does the projections itself; the attention-only entry points it needs are not
-  in the C++ API yet, so ``get_impl_cls`` raises ``NotImplementedError`` naming them.
+* the impl is the runtime's attention-only ``mla.LatentAttention``: vLLM's layer does the
+  projections, the W_UK absorption of the decode query and W_UV on the decode output;
+  ``do_kv_cache_update`` writes at vLLM's slot mapping (negative slots skipped);
+  ``forward_mqa`` runs the latent decode and returns no LSE (DCP and PCP are refused when
+  the impl is made); ``forward_mha`` runs the prefill with its cached context chunks, reading
+  ``kv_b_proj.weight`` at each call (a quantised kv_b_proj is refused).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from vllm.v1.attention.backend import (
     AttentionMetadataBuilder,
     AttentionType,
     CommonAttentionMetadata,
+    MLAAttentionImpl,
 )
 
 from . import _C as aar
@@ -116,6 +119,11 @@ def _builder_sizes(kv_cache_spec, vllm_config) -> dict:
     sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
     if cc.num_gpu_blocks is None:
         raise ValueError("cache_config.num_gpu_blocks=None: the ascend_attn_rt builder needs the block count")
+    pc = vllm_config.parallel_config
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        if getattr(pc, name, 1) > 1:
+            raise NotImplementedError(f"{name}={getattr(pc, name)}: context parallel through the vLLM adapter is "
+                                      "not supported by ascend_attn_rt")
     bs = kv_cache_spec.block_size
     return dict(max_num_reqs=sc.max_num_seqs, max_num_tokens=sc.max_num_batched_tokens,
                 max_blocks_per_req=_cdiv(mc.max_model_len, bs), block_size=bs, num_blocks=cc.num_gpu_blocks,
@@ -185,10 +193,7 @@ class AscendAttnRtMlaBackend(AttentionBackend):
 
     @staticmethod
     def get_impl_cls():
-        raise NotImplementedError(
-            "ascend_attn_rt's MLA impl for vLLM (forward_mqa / forward_mha / do_kv_cache_update on the projected "
-            "query and latent) is not implemented: aar.mla.Impl.forward takes the hidden states and has no "
-            "attention-only entry point yet")
+        return AscendAttnRtMlaImpl
 
     @staticmethod
     def get_builder_cls():
@@ -255,8 +260,97 @@ class AscendAttnRtMlaMetadataBuilder(AttentionMetadataBuilder):
                                    is_prefilling=m.is_prefilling)
 
 
-def register() -> None:
-    """Registers AscendAttnRtBackend as vLLM's CUSTOM attention backend."""
+class AscendAttnRtMlaImpl(MLAAttentionImpl):
+    """vLLM's MLA impl interface over the runtime's attention-only mla.LatentAttention."""
+
+    supports_dcp: bool = False
+    supports_pcp: bool = False
+    can_return_lse_for_decode: bool = False
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, alibi_slopes,
+                 sliding_window: Optional[int], kv_cache_dtype: str, logits_soft_cap: Optional[float],
+                 attn_type: str, kv_sharing_target_layer_name: Optional[str], q_lora_rank: Optional[int],
+                 kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int, qk_head_dim: int,
+                 v_head_dim: int, kv_b_proj, indexer: object | None = None, q_pad_num_heads: Optional[int] = None,
+                 **kwargs) -> None:
+        refused = dict(kwargs)
+        for name, value, default in (("alibi_slopes", alibi_slopes, None), ("sliding_window", sliding_window, None),
+                                     ("logits_soft_cap", logits_soft_cap, None), ("indexer", indexer, None),
+                                     ("kv_sharing_target_layer_name", kv_sharing_target_layer_name, None),
+                                     ("q_pad_num_heads", q_pad_num_heads, None), ("num_kv_heads", num_kv_heads, 1)):
+            if not (value is default or (not isinstance(value, torch.Tensor) and value == default)):
+                refused[name] = value
+        at = attn_type.value if isinstance(attn_type, AttentionType) else str(attn_type)
+        if at != AttentionType.DECODER.value:
+            refused["attn_type"] = at
+        if refused:
+            raise NotImplementedError(f"arguments not supported by ascend_attn_rt's MLA impl: {refused}")
+        if kv_cache_dtype not in AscendAttnRtMlaBackend.supported_kv_cache_dtypes:
+            raise NotImplementedError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported by ascend_attn_rt's MLA impl")
+        if self.dcp_world_size > 1 or self.pcp_world_size > 1:
+            raise NotImplementedError(
+                f"context parallel through the vLLM adapter (dcp_world_size={self.dcp_world_size}, "
+                f"pcp_world_size={self.pcp_world_size}) is not supported by ascend_attn_rt")
+        if qk_head_dim != qk_nope_head_dim + qk_rope_head_dim or head_size != kv_lora_rank + qk_rope_head_dim:
+            raise ValueError(f"qk_head_dim={qk_head_dim} / head_size={head_size} do not match qk_nope_head_dim="
+                             f"{qk_nope_head_dim}, qk_rope_head_dim={qk_rope_head_dim}, kv_lora_rank={kv_lora_rank}")
+        self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_lora_rank, self.v_head_dim = kv_lora_rank, v_head_dim
+        self.kv_b_proj = kv_b_proj
+        self._attn = aar.mla.LatentAttention(
+            num_heads=num_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
+            qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, scale=self.scale)
+        self._split_src = None
+        self._split = None
+
+    def _caches(self, kv_cache: torch.Tensor):
+        # The two caches of one layer's buffer, made once per buffer.
+        if self._split_src is not kv_cache:
+            self._split = aar.mla.LatentAttention.split_kv_cache(kv_cache, self.kv_lora_rank)
+            self._split_src = kv_cache
+        return self._split
+
+    def _kv_b_proj_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        w = getattr(self.kv_b_proj, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dtype != dtype:
+            raise NotImplementedError(
+                f"kv_b_proj weight {None if w is None else w.dtype}: ascend_attn_rt's MLA prefill needs an "
+                f"unquantised kv_b_proj in the activations' dtype {dtype}")
+        return w
+
+    def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale) -> None:
+        if kv_cache.numel() == 0:  # vLLM's profiling run
+            return
+        if kv_cache_dtype != self.kv_cache_dtype:
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the layer's {self.kv_cache_dtype!r}")
+        nope, rope = self._caches(kv_cache)
+        self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
+
+    def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
+        if isinstance(q, tuple):
+            ql_nope, q_pe = q
+        else:
+            ql_nope, q_pe = q.split([self.kv_lora_rank, q.shape[-1] - self.kv_lora_rank], dim=-1)
+        nope, rope = self._caches(kv_c_and_k_pe_cache)
+        out = torch.empty(ql_nope.shape, dtype=ql_nope.dtype, device=ql_nope.device)
+        self._attn.forward_decode(ql_nope, q_pe, nope, rope, attn_metadata, out)
+        return out, None
+
+    def forward_mha(self, q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata, k_scale, output,
+                    output_scale=None) -> None:
+        if output_scale is not None:
+            raise NotImplementedError("output_scale (fused output quant) is not supported by ascend_attn_rt's MLA impl")
+        nope, rope = self._caches(kv_c_and_k_pe_cache)
+        self._attn.forward_prefill(q, kv_c_normed, k_pe, self._kv_b_proj_weight(q.dtype), nope, rope, attn_metadata,
+                                   output)
+
+
+def register(mla: bool = False) -> None:
+    """Registers the runtime as vLLM's CUSTOM attention backend: AscendAttnRtBackend, or with
+    ``mla=True`` (MLA models: DeepSeek V2/V3) AscendAttnRtMlaBackend. vLLM has one CUSTOM
+    slot, so one process serves one of the two."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    register_backend(AttentionBackendEnum.CUSTOM, "ascend_attn_rt.vllm.AscendAttnRtBackend")
+    cls = "AscendAttnRtMlaBackend" if mla else "AscendAttnRtBackend"
+    register_backend(AttentionBackendEnum.CUSTOM, f"ascend_attn_rt.vllm.{cls}")

@@ -127,3 +127,20 @@ def lse_merge(lses, outs):
     tot = torch.log(torch.exp(l - safe).sum(0)) + safe
     w = torch.where(torch.isfinite(m)[None], torch.exp(l - tot), torch.zeros_like(l))
     return sum(o.to(F64) * w[i][:, None] for i, o in enumerate(outs)), tot
+
+
+def latent_attention_reference(q, c, k_rope, kv_b_proj, q_len: int, scale: float, H: int, P: int, V: int):
+    """float64 MLA attention of a request's last q_len tokens from what an engine that
+    projects itself hands over: q (q_len, H, P+R) with RoPE applied, the latents c (s, L) and
+    rotated k_rope (s, R) of all s tokens, kv_b_proj (H*(P+V), L). Un-absorbed:
+    [k_nope | v] per head = c W_kvb^T, causal over the explicit mask j <= s - q_len + i.
+    Returns (q_len, H, V)."""
+    s = c.shape[0]
+    q, c, k_rope = q.to(F64), c.to(F64), k_rope.to(F64)
+    kvb = (c @ kv_b_proj.to(F64).T).view(s, H, P + V)
+    k_nope, v = kvb[..., :P], kvb[..., P:]
+    sc = scale * (torch.einsum("ihp,jhp->hij", q[..., :P], k_nope) + torch.einsum("ihr,jr->hij", q[..., P:], k_rope))
+    i = torch.arange(q_len)[:, None]
+    j = torch.arange(s)[None, :]
+    sc = sc.masked_fill(~(j <= s - q_len + i)[None], float("-inf"))
+    return torch.einsum("hij,jhv->ihv", torch.softmax(sc, -1), v)

@@ -3,20 +3,26 @@ metadata objects: real VllmConfig objects built from the local model configs in
 tests/python/data (a Llama-like GQA model and a DeepSeek-V2-like MLA model), vLLM's
 CommonAttentionMetadata for decode, prefill, chunked-prefill and mixed batches.
 GQA outputs are checked against the float64 reference; the MLA metadata against the
-slots, lengths and splits recomputed here (the MLA impl is not adapted yet)."""
+slots, lengths and splits recomputed here; the MLA impl runs inside vLLM's own
+MLAAttention.forward_impl (its W_UK absorption, decode/prefill split and W_UV) and is
+checked against the float64 un-absorbed reference."""
 
+import copy
 import os
+import types
 
 import pytest
 import torch
 
 vllm_backend = pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata  # noqa: E402
+from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # noqa: E402
 
 from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend  # noqa: E402
 from _reference import assert_close, make_batch, new_output, random_block_table  # noqa: E402
+from _mla_reference import latent_attention_reference  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 BS = 16
@@ -126,9 +132,111 @@ def test_mla_builder(mla_config, seq_lens, q_lens):
     assert shape == (nb, BS, head) and AscendAttnRtMlaBackend.is_mla()
 
 
-def test_mla_refusals(mla_config):
-    with pytest.raises(NotImplementedError, match="forward_mqa"):
-        AscendAttnRtMlaBackend.get_impl_cls()
+def _mla_dims(cfg):
+    hf = cfg.model_config.hf_text_config
+    return (cfg.model_config.get_num_attention_heads(cfg.parallel_config), hf.kv_lora_rank, hf.qk_nope_head_dim,
+            hf.qk_rope_head_dim, hf.v_head_dim, hf.q_lora_rank)
+
+
+def _mla_impl(cfg, kv_b_proj, **over):
+    N, L, P, R, V, Q = _mla_dims(cfg)
+    kw = dict(num_heads=N, head_size=L + R, scale=(P + R) ** -0.5, num_kv_heads=1, alibi_slopes=None,
+              sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None, attn_type=AttentionType.DECODER,
+              kv_sharing_target_layer_name=None, q_lora_rank=Q, kv_lora_rank=L, qk_nope_head_dim=P,
+              qk_rope_head_dim=R, qk_head_dim=P + R, v_head_dim=V, kv_b_proj=kv_b_proj)
+    kw.update(over)
+    return AscendAttnRtMlaBackend.get_impl_cls()(**kw)
+
+
+def _mla_layer(impl, cfg, kv_b_proj):
+    """The attributes of vLLM's MLAAttention that its forward_impl reads, with W_UK_T / W_UV
+    made the way its process_weights_after_loading makes them; vLLM's own forward_impl
+    and _v_up_proj then run on it (building the real layer needs vLLM's distributed
+    state and a device platform)."""
+    N, L, P, R, V, _ = _mla_dims(cfg)
+    w = kv_b_proj.weight.T.view(L, N, P + V)
+    w_uk, w_uv = w.split([P, V], dim=-1)
+    layer = types.SimpleNamespace(
+        impl=impl, num_heads=N, kv_lora_rank=L, qk_nope_head_dim=P, qk_rope_head_dim=R, v_head_dim=V,
+        kv_cache_dtype="auto", use_pcp=False, q_pad_num_heads=getattr(impl, "q_pad_num_heads", None),
+        is_aiter_triton_fp4_bmm_enabled=False, is_aiter_triton_fp8_bmm_enabled=False, prefill_backend=None,
+        dcp_a2a=False, W_UK_T=w_uk.permute(1, 2, 0), W_UV=w_uv.transpose(0, 1), _k_scale=torch.ones(()),
+        _vllm_config=cfg)
+    layer._v_up_proj = types.MethodType(MLAAttention._v_up_proj, layer)
+    layer.forward_impl = types.MethodType(MLAAttention.forward_impl, layer)
+    return layer
+
+
+MLA_BATCHES = [pytest.param(*p.values, 0, id=p.id) for p in BATCHES] + [
+    pytest.param([20, 31, 9], [3, 2, 1], 2, id="spec_decode"),
+    pytest.param([20, 31, 40], [3, 1, 12], 2, id="spec_decode_mixed"),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("seq_lens,q_lens,spec", MLA_BATCHES)
+def test_mla_impl_in_vllm_forward(mla_config, seq_lens, q_lens, spec, dtype):
+    cfg = copy.copy(mla_config)
+    if spec:
+        # What vLLM's speculative config tells the builder (the draft model itself is not needed here).
+        cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=spec)
+    N, L, P, R, V, _ = _mla_dims(cfg)
+    nb = 64
+    cfg.cache_config.num_gpu_blocks = nb
+    kv_spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=dtype, cache_dtype_str="auto")
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(kv_spec, ["model.layers.0.self_attn.attn"], cfg,
+                                                       torch.device("cpu"))
+    assert builder.reorder_batch_threshold == 1 + spec
+    gen = torch.Generator().manual_seed(11)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
+
+    bt = random_block_table(seq_lens, BS, nb, gen, width=MAX_LEN // BS)
+    kv_cache = rnd(*AscendAttnRtMlaBackend.get_kv_cache_shape(nb, BS, 1, L + R))  # garbage where unused
+    c = [rnd(s, L) for s in seq_lens]
+    kpe = [rnd(s, R) for s in seq_lens]
+    q = [rnd(ql, N, P + R) for ql in q_lens]
+    kv_b_proj = torch.nn.Linear(L, N * (P + V), bias=False, dtype=dtype).requires_grad_(False)  # as vLLM's
+    kv_b_proj.weight.copy_(rnd(N * (P + V), L, scale=L ** -0.5))
+    impl = _mla_impl(cfg, kv_b_proj)
+    # The context was written by earlier steps (through the impl, at vLLM's slots).
+    ctx_slots, new_slots = [], []
+    for i, (s, ql) in enumerate(zip(seq_lens, q_lens)):
+        row = [int(bt[i, p // BS]) * BS + p % BS for p in range(s)]
+        ctx_slots += row[: s - ql]
+        new_slots += row[s - ql:]
+    ctx = lambda xs: torch.cat([x[: s - ql] for x, s, ql in zip(xs, seq_lens, q_lens)])  # noqa: E731
+    new = lambda xs: torch.cat([x[s - ql:] for x, s, ql in zip(xs, seq_lens, q_lens)])  # noqa: E731
+    impl.do_kv_cache_update(ctx(c), ctx(kpe).unsqueeze(1), kv_cache, torch.tensor(ctx_slots, dtype=torch.int64),
+                            "auto", torch.ones(()))
+
+    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    slots = torch.tensor(new_slots, dtype=torch.int64)
+    md = builder.build(0, _common_metadata(qsl, sl, bt, slots))
+    # MLAAttention.forward: the cache update, then forward_impl on the step's tokens.
+    kv_c, k_pe = new(c), new(kpe).unsqueeze(1)
+    impl.do_kv_cache_update(kv_c, k_pe, kv_cache, slots, "auto", torch.ones(()))
+    out = torch.full((int(qsl[-1]), N * V), 7.0, dtype=dtype)
+    layer = _mla_layer(impl, cfg, kv_b_proj)
+    layer.forward_impl(torch.cat(q), kv_c, k_pe, kv_cache, md, output=out)
+
+    ref = torch.cat([latent_attention_reference(q[r], c[r], kpe[r], kv_b_proj.weight.detach(), ql, impl.scale,
+                                                N, P, V) for r, ql in enumerate(q_lens)])
+    assert_close(out.view(-1, N, V), ref, dtype)
+    assert md.num_decodes == sum(1 for x in q_lens if x <= builder.reorder_batch_threshold)
+    assert (md.decode is None) == (md.num_decodes == 0) and (md.prefill is None) == (md.num_prefills == 0)
+
+
+def test_mla_impl_refusals(mla_config):
+    lin = torch.nn.Linear(64, 8 * 64, bias=False)
+    with pytest.raises(NotImplementedError, match="sliding_window"):
+        _mla_impl(mla_config, lin, sliding_window=128)
+    with pytest.raises(NotImplementedError, match="kv_cache_dtype='fp8'"):
+        _mla_impl(mla_config, lin, kv_cache_dtype="fp8")
+    with pytest.raises(NotImplementedError, match="output_scale"):
+        _mla_impl(mla_config, lin).forward_mha(None, None, None, None, None, None, None, output_scale=torch.ones(1))
     with pytest.raises(ValueError, match="block_size=24"):
         AscendAttnRtMlaBackend.get_kv_cache_shape(8, 24, 1, 80)
     with pytest.raises(ValueError, match="num_kv_heads=2"):
@@ -140,3 +248,19 @@ def test_refusals():
         AscendAttnRtBackend.get_impl_cls()(8, 32, 1.0, 2).forward(
             None, None, None, None, None, None, None, output_scale=torch.ones(1))
     assert AscendAttnRtBackend.get_name() == "CUSTOM"
+
+
+@pytest.mark.parametrize("mla", [False, True])
+def test_register_installs_the_backend_vllm_resolves(mla):
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES, AttentionBackendEnum
+    from ascend_attn_rt import vllm as aar_vllm
+
+    saved = dict(_ATTN_OVERRIDES)
+    try:
+        aar_vllm.register(mla=mla)
+        cls = AttentionBackendEnum.CUSTOM.get_class()
+        assert cls is (AscendAttnRtMlaBackend if mla else AscendAttnRtBackend)
+        assert cls.get_impl_cls().__name__ == ("AscendAttnRtMlaImpl" if mla else "AscendAttnRtImpl")
+    finally:
+        _ATTN_OVERRIDES.clear()
+        _ATTN_OVERRIDES.update(saved)

@@ -1,0 +1,222 @@
+// MLA attention without the projections (latent_attention.h).
+#include "ascend_attn_rt/mla/latent_attention.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/mla/backend.h"
+#include "ascend_attn_rt/ops/dense.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "decode_workspace.h"
+#include "latent_ops.h"
+
+namespace aar::mla {
+
+namespace {
+
+// k_pe as (T, R): accepts (T, R) and vLLM's (T, 1, R).
+at::Tensor rope_rows(const at::Tensor& k_pe, int64_t R, const char* name) {
+  AAR_CHECK_ARG(k_pe.defined() && ((k_pe.dim() == 2 && k_pe.size(1) == R) ||
+                                   (k_pe.dim() == 3 && k_pe.size(1) == 1 && k_pe.size(2) == R)),
+                name, " must have shape (T, qk_rope_head_dim=", R, ") or (T, 1, ", R, "), got ",
+                k_pe.defined() ? k_pe.sizes() : c10::IntArrayRef{});
+  return k_pe.dim() == 2 ? k_pe : k_pe.select(1, 0);
+}
+
+void check_shape(const at::Tensor& t, const char* name, std::initializer_list<int64_t> want, const char* dims) {
+  AAR_CHECK_ARG(t.defined() && t.sizes() == c10::IntArrayRef(want), name, " must have shape ", dims, " = ",
+                c10::IntArrayRef(want), ", got ", t.defined() ? t.sizes() : c10::IntArrayRef{});
+}
+
+void check_like(const at::Tensor& t, const char* name, at::ScalarType dtype, c10::Device device) {
+  AAR_CHECK_ARG(t.scalar_type() == dtype, name, " dtype ", t.scalar_type(), " must be the caches' ", dtype);
+  AAR_CHECK_ARG(t.device() == device, name, " is on ", t.device(), " but the caches are on ", device);
+}
+
+}  // namespace
+
+LatentAttention::LatentAttention(const LatentAttentionConfig& cfg) : cfg_(cfg) {
+  for (const auto& [v, name] : {std::pair<int64_t, const char*>{cfg.num_heads, "num_heads"},
+                                {cfg.kv_lora_rank, "kv_lora_rank"},
+                                {cfg.qk_nope_head_dim, "qk_nope_head_dim"},
+                                {cfg.qk_rope_head_dim, "qk_rope_head_dim"},
+                                {cfg.v_head_dim, "v_head_dim"}}) {
+    AAR_CHECK_ARG(v > 0, name, " must be positive, got ", v);
+  }
+  AAR_CHECK_ARG(cfg.num_heads <= Backend::kMaxHeads, "num_heads=", cfg.num_heads,
+                " exceeds the MLA decode kernel's ", Backend::kMaxHeads, " heads");
+  AAR_CHECK_ARG(std::isfinite(cfg.scale) && cfg.scale >= 0.0, "scale must be finite and >= 0 (0: 1/sqrt(P+R)), got ",
+                cfg.scale);
+  if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim));
+  hp_ = Backend::num_heads_padded(cfg.num_heads);
+}
+
+LatentAttention::~LatentAttention() = default;
+
+std::pair<at::Tensor, at::Tensor> LatentAttention::split_kv_cache(const at::Tensor& kv, int64_t L) {
+  AAR_CHECK_ARG(kv.defined() && kv.dim() == 3 && L > 0 && kv.size(2) > L,
+                "kv_cache must have shape (num_blocks, block_size, kv_lora_rank + qk_rope_head_dim) with "
+                "kv_lora_rank=", L, " < its last dimension, got ", kv.defined() ? kv.sizes() : c10::IntArrayRef{});
+  AAR_CHECK_ARG(kv.is_contiguous(), "kv_cache must be contiguous to be split into the latent and rope caches, got "
+                "strides ", kv.strides());
+  const int64_t nb = kv.size(0), bs = kv.size(1), R = kv.size(2) - L;
+  const at::Tensor flat = kv.view({-1});
+  return {flat.narrow(0, 0, nb * bs * L).view({nb, bs, 1, L}), flat.narrow(0, nb * bs * L, nb * bs * R).view({nb, bs, 1, R})};
+}
+
+void LatentAttention::write_kv(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor& slots,
+                               const at::Tensor& nope, const at::Tensor& rope) const {
+  graph::refuse_if_capturing("mla.LatentAttention.write_kv");
+  const int64_t L = cfg_.kv_lora_rank, R = cfg_.qk_rope_head_dim;
+  for (const auto& [c, name, w] : {std::tuple<const at::Tensor*, const char*, int64_t>{&nope, "nope_cache", L},
+                                   {&rope, "rope_cache", R}}) {
+    AAR_CHECK_ARG(c->defined() && c->dim() == 4 && c->size(2) == 1 && c->size(3) == w, name,
+                  " must have shape (num_blocks, block_size, 1, ", w, "), got ",
+                  c->defined() ? c->sizes() : c10::IntArrayRef{});
+    AAR_CHECK_ARG(c->is_contiguous(), name, " must be contiguous, got strides ", c->strides());
+  }
+  AAR_CHECK_ARG(nope.size(0) == rope.size(0) && nope.size(1) == rope.size(1), "nope_cache ", nope.sizes(),
+                " and rope_cache ", rope.sizes(), " must have the same (num_blocks, block_size)");
+  AAR_CHECK_ARG(rope.scalar_type() == nope.scalar_type() && rope.device() == nope.device(), "rope_cache (",
+                rope.scalar_type(), ", ", rope.device(), ") must match nope_cache (", nope.scalar_type(), ", ",
+                nope.device(), ")");
+  AAR_CHECK_ARG(kv_c.defined() && kv_c.dim() == 2 && kv_c.size(1) == L, "kv_c must have shape (T, kv_lora_rank=", L,
+                "), got ", kv_c.defined() ? kv_c.sizes() : c10::IntArrayRef{});
+  const at::Tensor pe = rope_rows(k_pe, R, "k_pe");
+  AAR_CHECK_ARG(pe.size(0) == kv_c.size(0), "k_pe has ", pe.size(0), " rows but kv_c has ", kv_c.size(0));
+  check_like(kv_c, "kv_c", nope.scalar_type(), nope.device());
+  check_like(pe, "k_pe", nope.scalar_type(), nope.device());
+  AAR_CHECK_ARG(slots.defined() && slots.dim() == 1 && (slots.scalar_type() == at::kLong || slots.scalar_type() == at::kInt),
+                "slot_mapping must be a 1-D int64 or int32 tensor, got ",
+                slots.defined() ? slots.scalar_type() : at::ScalarType::Undefined, " ",
+                slots.defined() ? slots.sizes() : c10::IntArrayRef{});
+  AAR_CHECK_ARG(slots.size(0) <= kv_c.size(0), "slot_mapping has ", slots.size(0), " entries but kv_c has only ",
+                kv_c.size(0), " rows");
+  AAR_CHECK_ARG(slots.device() == nope.device(), "slot_mapping is on ", slots.device(), " but the caches are on ",
+                nope.device());
+  const int64_t n = slots.size(0);
+  if (n == 0) return;
+  at::Tensor nc = nope, rc = rope;
+  // The operator validates every slot before its first write (a rejected call writes nothing).
+  ops::scatter_pa_kv_cache(kv_c.narrow(0, 0, n).unsqueeze(1).contiguous(), pe.narrow(0, 0, n).unsqueeze(1).contiguous(),
+                           nc, rc, slots.scalar_type() == at::kLong ? slots : slots.to(at::kLong), "Norm");
+}
+
+void LatentAttention::check_step(const Metadata& md, const at::Tensor& nope, const at::Tensor& rope,
+                                 at::ScalarType dtype, c10::Device device, const char* what) const {
+  check_current(md.stamp, "metadata");
+  if (md.dcp.world_size > 1) {
+    throw_not_supported("mla.LatentAttention.", what, " with metadata built for DCP (dcp_world_size=",
+                        md.dcp.world_size, "): use mla::Impl, which does the query gather and the LSE merge");
+  }
+  detail::check_latent_cache(nope, /*is_nope=*/true, cfg_.kv_lora_rank, md, /*nz=*/false, dtype, " (the query dtype)");
+  detail::check_latent_cache(rope, /*is_nope=*/false, cfg_.qk_rope_head_dim, md, /*nz=*/false, dtype,
+                             " (the query dtype)");
+  AAR_CHECK_ARG(nope.device() == device && rope.device() == device, "the caches are on ", nope.device(), " / ",
+                rope.device(), " but the query is on ", device);
+}
+
+void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
+                                     const at::Tensor& rope, const Metadata& md, const at::Tensor& out) {
+  graph::refuse_if_capturing("mla.LatentAttention.forward_decode");
+  const int64_t H = cfg_.num_heads, L = cfg_.kv_lora_rank, R = cfg_.qk_rope_head_dim;
+  AAR_CHECK_ARG(md.num_decodes > 0, "forward_decode: the metadata schedules no decode tokens");
+  if (md.decode.num_kernel_tokens != md.num_decode_tokens) {
+    throw_not_supported("mla.LatentAttention.forward_decode with graph decode padding (", md.decode.num_kernel_tokens,
+                        " kernel tokens for ", md.num_decode_tokens, " decode tokens)");
+  }
+  const int64_t td = md.num_decode_tokens;
+  check_shape(ql_nope, "ql_nope", {td, H, L}, "(num_decode_tokens, num_heads, kv_lora_rank)");
+  check_shape(q_pe, "q_pe", {td, H, R}, "(num_decode_tokens, num_heads, qk_rope_head_dim)");
+  check_shape(out, "out", {td, H, L}, "(num_decode_tokens, num_heads, kv_lora_rank)");
+  const at::ScalarType dt = ql_nope.scalar_type();
+  const c10::Device dev = ql_nope.device();
+  check_like(q_pe, "q_pe", dt, dev);
+  check_like(out, "out", dt, dev);
+  AAR_CHECK_ARG(out.is_contiguous(), "out must be contiguous, got strides ", out.strides());
+  check_step(md, nope, rope, dt, dev, "forward_decode");
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+
+  detail::DecodeShape sh;
+  sh.device = dev;
+  sh.dtype = dt;
+  sh.heads = H;
+  sh.heads_padded = hp_;
+  sh.kv_lora_rank = L;
+  sh.nope_dim = cfg_.qk_nope_head_dim;
+  sh.rope_dim = R;
+  sh.v_head_dim = cfg_.v_head_dim;
+  sh.group = cfg_.workspace_group;
+  if (!ws_ || !(ws_->shape() == sh)) ws_ = detail::DecodeWorkspace::shared(sh);
+  const detail::DecodeLayout layout = detail::decode_layout_of(md, /*kv_nz=*/false);
+  const detail::DecodeViews& v = ws_->views(td, layout);
+  // The real heads of the zero-padded queries.
+  ops::dense::copy(v.qn_heads, ql_nope);
+  ops::dense::copy(v.qr_heads, q_pe);
+  ops::FiaV2Tensors t;
+  ops::FiaV2Params p;
+  const int64_t bs = md.block_size;
+  // (nb, bs, 1, D) -> (nb, 1, bs, D): a reinterpretation (one KV head) of the validated contiguous caches.
+  t.key = nope.view({nope.size(0), 1, bs, L});
+  t.value = t.key;
+  t.key_rope = rope.view({rope.size(0), 1, bs, R});
+  t.query = v.fia_qn;
+  t.query_rope = v.fia_qr;
+  detail::set_latent_decode_params(md, layout, hp_, cfg_.scale, t, p);
+  at::Tensor attn = v.attn;
+  if (!lse_.defined() || lse_.device() != dev) lse_ = at::zeros({1}, ql_nope.options().dtype(at::kFloat));
+  ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, attn, lse_);
+  ops::dense::copy(out, v.attn_heads.transpose(0, 1));
+}
+
+void LatentAttention::forward_prefill(const at::Tensor& q, const at::Tensor& kv_c, const at::Tensor& k_pe,
+                                      const at::Tensor& kv_b_proj, const at::Tensor& nope, const at::Tensor& rope,
+                                      const Metadata& md, const at::Tensor& out) const {
+  graph::refuse_if_capturing("mla.LatentAttention.forward_prefill");
+  const int64_t H = cfg_.num_heads, L = cfg_.kv_lora_rank, P = cfg_.qk_nope_head_dim, R = cfg_.qk_rope_head_dim,
+                V = cfg_.v_head_dim;
+  AAR_CHECK_ARG(md.num_prefills > 0, "forward_prefill: the metadata schedules no prefill tokens");
+  const int64_t tp = md.num_prefill_tokens;
+  check_shape(q, "q", {tp, H, P + R}, "(num_prefill_tokens, num_heads, qk_nope_head_dim + qk_rope_head_dim)");
+  check_shape(kv_c, "kv_c", {tp, L}, "(num_prefill_tokens, kv_lora_rank)");
+  const at::Tensor pe = rope_rows(k_pe, R, "k_pe");
+  AAR_CHECK_ARG(pe.size(0) == tp, "k_pe has ", pe.size(0), " rows but the metadata schedules ", tp,
+                " prefill tokens");
+  check_shape(kv_b_proj, "kv_b_proj", {H * (P + V), L}, "(num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank)");
+  check_shape(out, "out", {tp, H * V}, "(num_prefill_tokens, num_heads * v_head_dim)");
+  const at::ScalarType dt = q.scalar_type();
+  const c10::Device dev = q.device();
+  check_like(kv_c, "kv_c", dt, dev);
+  check_like(pe, "k_pe", dt, dev);
+  check_like(kv_b_proj, "kv_b_proj", dt, dev);
+  check_like(out, "out", dt, dev);
+  AAR_CHECK_ARG(out.stride(1) == 1 && out.stride(0) == H * V, "out must hold row-major rows (strides (", H * V,
+                ", 1)), got strides ", out.strides());
+  check_step(md, nope, rope, dt, dev, "forward_prefill");
+  std::optional<c10::InferenceMode> guard;
+  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+
+  const at::Tensor kv = ops::dense::linear(kv_c, kv_b_proj).view({tp, H, P + V});
+  detail::PrefillSpec s;
+  s.heads = H;
+  s.heads_padded = hp_;
+  s.kv_lora_rank = L;
+  s.nope_dim = P;
+  s.rope_dim = R;
+  s.v_head_dim = V;
+  s.scale = cfg_.scale;
+  s.kv_b_proj = kv_b_proj;
+  s.in_bf16 = cfg_.prefill_in_bf16;
+  const at::Tensor res = detail::latent_prefill_attention(
+      s, q.narrow(-1, 0, P).contiguous(), q.narrow(-1, P, R).contiguous(), kv.narrow(-1, 0, P).contiguous(),
+      pe.unsqueeze(1).expand({tp, H, R}), kv.narrow(-1, P, V).contiguous(), nope, rope, md);
+  ops::dense::copy(out, res);
+}
+
+}  // namespace aar::mla
