@@ -2,7 +2,8 @@
 // mla_preprocess (MLAPO), npu_mla_prolog_v3 / v2, npu_kv_rmsnorm_rope_cache,
 // npu_interleave_rope, FIA v1 / v2 over the latent layouts, the W_UV
 // projections (npu_transpose_batchmatmul, batch_matmul_transpose) and
-// npu_gather_pa_kv_cache. Conventions: verify_npu_cases.h.
+// npu_gather_pa_kv_cache, the latent cache write of mla::LatentAttention
+// (npu_scatter_pa_kv_cache). Conventions: verify_npu_cases.h.
 #include <ATen/ATen.h>
 
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/gather_pa_kv_cache.h"
 #include "ascend_attn_rt/ops/interleave_rope.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_preprocess.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
@@ -454,6 +456,24 @@ Case gather_pa() {
               }};
 }
 
+// mla::LatentAttention::write_kv: the normalised latent and rotated k_pe (key
+// and value of different widths) into the two caches, a -1 slot skipped.
+Case latent_cache_write() {
+  return Case{"npu_scatter_pa_kv_cache",
+              "key (T=7, 1, L=512) / value (7, 1, R=64) bfloat16 (different widths), cache_mode=Norm, latent "
+              "(nb=4, bs=128, 1, 512) + rope (4, 128, 1, 64) caches, slot_mapping int64 with a -1",
+              "slot s >= 0 writes block s / bs, row s % bs of each cache; slot -1 writes nothing", 0.0,
+              [](const Side& s) {
+                at::manual_seed(36);
+                const at::Tensor k = at::randn({7, 1, 512}).to(at::kBFloat16), v = at::randn({7, 1, 64}).to(at::kBFloat16);
+                at::Tensor kc = s.to(at::zeros({4, 128, 1, 512}, at::kBFloat16));
+                at::Tensor vc = s.to(at::zeros({4, 128, 1, 64}, at::kBFloat16));
+                const at::Tensor slots = s.to(at::tensor({5, 300, -1, 128, 511, 0, 257}, at::kLong));
+                ops::scatter_pa_kv_cache(s.to(k), s.to(v), kc, vc, slots, "Norm", s.pv);
+                return on_cpu({kc, vc});
+              }};
+}
+
 }  // namespace
 
 void add_mla_cases(std::vector<Case>& c) {
@@ -480,6 +500,7 @@ void add_mla_cases(std::vector<Case>& c) {
   c.push_back(transpose_bmm(true));
   c.push_back(batch_matmul_transpose_case());
   c.push_back(gather_pa());
+  c.push_back(latent_cache_write());
 }
 
 }  // namespace aar::verify::detail
