@@ -12,7 +12,7 @@ JOBS   ?= $(shell nproc)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all setup venv vllm gtest build test test-cpp test-python demo bench clean \
-	build-asan test-sanitize build-tsan test-tsan clang build-fuzz fuzz fuzz-smoke
+	build-asan test-sanitize build-tsan test-tsan clang build-fuzz fuzz fuzz-smoke wheel-check
 
 all: build
 
@@ -203,6 +203,11 @@ fuzz-smoke: build-fuzz
 			|| { tail -40 $(FUZZ_BUILD)/$$t.smoke.log; exit 1; }; \
 		tools/fuzz_stats.sh $$t $(FUZZ_BUILD)/$$t.smoke.log; \
 	done
+
+# Builds the wheel (a full Release build of its own, ~5-8 min) and checks it as installed:
+# Python suites against the installed package, the CMake examples against its tree (not in CI).
+wheel-check: setup vllm
+	tools/check_wheel.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

@@ -81,18 +81,6 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
   gqa::validate_nd_caches({cfg_.num_heads, Nkv, D}, key_cache, value_cache, md, dtype, query.device());
 }
 
-void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
-  if (bound_key_.same(key_cache) && bound_value_.same(value_cache)) return;
-  // validate() accepted contiguous caches only: the 3-D views alias them.
-  key_cache_ = key_cache;
-  value_cache_ = value_cache;
-  const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
-  key_cache_3d_ = key_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  value_cache_3d_ = value_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  bound_key_.bind(key_cache);
-  bound_value_.bind(value_cache);
-}
-
 const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
                                          const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                                          const at::Tensor& value_cache, const gqa::Metadata* metadata,
@@ -123,13 +111,13 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   gqa::check_attn_type(cfg_.attn_type, md, true);
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
-  bind_caches(key_cache, value_cache);
+  caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (key.has_value() && !cfg_.kv_sharing) {
     const int64_t n = key->size(0);
     const at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
     const at::Tensor k = key->is_contiguous() ? *key : key->contiguous();
     const at::Tensor v = value->is_contiguous() ? *value : value->contiguous();
-    ops::scatter_pa_kv_cache(k, v, key_cache_, value_cache_, slots, "Norm");
+    ops::scatter_pa_kv_cache(k, v, caches_.key, caches_.value, slots, "Norm");
   }
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
     lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));
@@ -141,8 +129,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   const int64_t nd = md.num_decodes, ndt = md.num_decode_tokens, R = md.num_reqs;
   ops::FiaTensors t;
   ops::FiaParams p;
-  t.key = key_cache_3d_;
-  t.value = value_cache_3d_;
+  t.key = caches_.key_3d;
+  t.value = caches_.value_3d;
   p.num_heads = cfg_.num_heads;
   p.num_key_value_heads = cfg_.num_kv_heads;
   p.scale = cfg_.scale;  // upstream leaves the kernel's default 1/sqrt(D)

@@ -41,17 +41,6 @@ DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_
   AAR_CHECK_ARG(comm_.size() <= 16, "DCP group size ", comm_.size(), " exceeds 16 (npu_attention_update's limit)");
 }
 
-void DcpAttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
-  if (bound_key_.same(key_cache) && bound_value_.same(value_cache)) return;
-  key_cache_ = key_cache;
-  value_cache_ = value_cache;
-  const int64_t nb = key_cache.sizes()[0], bs = key_cache.sizes()[1];
-  key_cache_3d_ = key_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  value_cache_3d_ = value_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  bound_key_.bind(key_cache);
-  bound_value_.bind(value_cache);
-}
-
 at::Tensor DcpAttentionImpl::to_kv_major(const at::Tensor& x) const {
   const int64_t W = comm_.size(), kv = cfg_.num_kv_heads;
   if (kv == 1 || W == 1) return x;
@@ -129,7 +118,7 @@ void DcpAttentionImpl::stage_query(const cp::DcpViews& v, const at::Tensor& q_ro
 void DcpAttentionImpl::fill_decode_call(const cp::DcpViews& v, const DcpMetadata& md, ops::FiaTensors& t,
                                         ops::FiaParams& p, at::Tensor& out, at::Tensor& lse) const {
   const bool regroup = v.staged_query.defined();
-  fill_paged_partial(regroup ? v.staged_query : v.gathered_query, key_cache_3d_, value_cache_3d_,
+  fill_paged_partial(regroup ? v.staged_query : v.gathered_query, caches_.key_3d, caches_.value_3d,
                      md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, comm_.size() * cfg_.num_heads,
                      cfg_.num_kv_heads, cfg_.scale, md.base.block_size, t, p);
   out = regroup ? v.staged_out : v.partial_out;
@@ -185,8 +174,8 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
     w.layer_index = cfg_.layer_index;
     w.key = *key;
     w.value = *value;
-    w.key_cache = key_cache_;
-    w.value_cache = value_cache_;
+    w.key_cache = caches_.key;
+    w.value_cache = caches_.value;
     w.slot_mapping = md.base.slot_mapping;  // the builder's buffer: a stable address, -1 past the real tokens
     g.capture_call(std::move(w));
   }
@@ -255,7 +244,7 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
   if (md.local_context_tokens > 0) {
     po = at::empty({tp, W * H, D}, query.options());
     pl = at::empty({tp, W * H, 1}, query.options().dtype(at::kFloat));
-    paged_partial(qg, key_cache_3d_, value_cache_3d_, md.prefill_block_tables, md.prefill_q_ends,
+    paged_partial(qg, caches_.key_3d, caches_.value_3d, md.prefill_block_tables, md.prefill_q_ends,
                   md.prefill_context_lens, W * H, cfg_.num_kv_heads, cfg_.scale, md.base.block_size, po, pl);
     po = from_kv_major(po);
     pl = from_kv_major(pl);
@@ -301,7 +290,7 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
   const KvHookScope<DcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, writes, md, "gqa_dcp");
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
-  bind_caches(key_cache, value_cache);
+  caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     capture_decode(*g, md, query, key, value, output);
     return output;
@@ -310,7 +299,7 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
   if (writes) {
     const int64_t n = key->sizes()[0];
     const at::Tensor slots = n == md.base.num_input_tokens ? md.base.slot_mapping : md.base.slot_mapping.narrow(0, 0, n);
-    ops::scatter_pa_kv_cache(key->contiguous(), value->contiguous(), key_cache_, value_cache_, slots, "Norm");
+    ops::scatter_pa_kv_cache(key->contiguous(), value->contiguous(), caches_.key, caches_.value, slots, "Norm");
   }
   // 2-3. Collectives depend only on batch-global facts (spec 7).
   if (md.base.num_decodes > 0) decode(md, query, output);

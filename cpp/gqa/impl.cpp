@@ -94,19 +94,6 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
   }
 }
 
-void AttentionImpl::bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
-  if (bound_key_.same(key_cache) && bound_value_.same(value_cache)) return;
-  // validate_nd_caches accepted contiguous caches only, so these views alias
-  // the caller's memory (a reshape could read a copy).
-  key_cache_ = key_cache;
-  value_cache_ = value_cache;
-  const int64_t nb = key_cache.sizes()[0], bs = key_cache.sizes()[1];
-  key_cache_3d_ = key_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  value_cache_3d_ = value_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  bound_key_.bind(key_cache);
-  bound_value_.bind(value_cache);
-}
-
 void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
                              const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                              const at::Tensor& value_cache, const Metadata& md, const at::Tensor& output) const {
@@ -144,7 +131,7 @@ void AttentionImpl::write_kv(const at::Tensor& key, const at::Tensor& value, con
   // Rows past num_actual_tokens map to slot -1 and are skipped by the kernel, so
   // the padded slot mapping serves a padded key as is (no slicing per layer).
   at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
-  write_paged_kv(cfg_.device_kind, key, value, key_cache_, value_cache_, slots);
+  write_paged_kv(cfg_.device_kind, key, value, caches_.key, caches_.value, slots);
 }
 
 void write_paged_kv(plan::DeviceKind device, const at::Tensor& key, const at::Tensor& value, at::Tensor& key_cache,
@@ -163,8 +150,8 @@ at::Tensor AttentionImpl::fill_paged(const Metadata& md, const at::Tensor& query
   // One query row per real request; a padding dummy is not attended.
   const int64_t B = md.num_real_reqs, T = query.sizes()[0];
   a.query = T == B ? query : query.narrow(0, 0, B);
-  a.key_cache = key_cache_;
-  a.value_cache = value_cache_;
+  a.key_cache = caches_.key;
+  a.value_cache = caches_.value;
   a.num_kv_heads = cfg_.num_kv_heads;
   a.num_heads = cfg_.num_heads;
   a.scale_value = cfg_.scale;
@@ -184,8 +171,8 @@ void AttentionImpl::fill_fia(const Metadata& md, const at::Tensor& q, const std:
     t.value = value->sizes()[0] == nt ? *value : value->narrow(0, 0, nt);
     p.actual_seq_lengths_kv = md.actual_seq_lengths_q;
   } else {
-    t.key = key_cache_3d_;
-    t.value = value_cache_3d_;
+    t.key = caches_.key_3d;
+    t.value = caches_.value_3d;
     t.block_table = md.block_tables;
     p.actual_seq_lengths_kv = md.seq_lens_list;  // per request with a block table
     p.block_size = md.block_size;
@@ -219,8 +206,8 @@ void AttentionImpl::fill_fia_v2(const Metadata& md, const at::Tensor& q, const s
     t.value = value->sizes()[0] == nt ? *value : value->narrow(0, 0, nt);
     p.actual_seq_kvlen = md.actual_seq_lengths_q;
   } else {
-    t.key = key_cache_3d_;
-    t.value = value_cache_3d_;
+    t.key = caches_.key_3d;
+    t.value = caches_.value_3d;
     t.block_table = md.block_tables;
     p.actual_seq_kvlen = md.seq_lens_list;
     p.block_size = md.block_size;
@@ -258,7 +245,7 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const Metad
   AAR_CHECK_ARG(md.num_input_tokens == n && query.sizes()[0] == n, "graph capture of bucket ", n,
                 " needs a batch padded to ", n, " tokens (num_input_tokens=", md.num_input_tokens,
                 ", query rows=", query.sizes()[0], ")");
-  if (key.has_value() && key_cache_.defined() && !cfg_.kv_sharing) {
+  if (key.has_value() && caches_.key.defined() && !cfg_.kv_sharing) {
     // Replays read the captured key/value buffers in place: no hidden copies.
     AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
     graph::CapturedCall w;
@@ -267,8 +254,8 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const Metad
     w.group = cfg_.kv_cache_group;
     w.key = *key;
     w.value = *value;
-    w.key_cache = key_cache_;
-    w.value_cache = value_cache_;
+    w.key_cache = caches_.key;
+    w.value_cache = caches_.value;
     w.slot_mapping = key->sizes()[0] == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, key->sizes()[0]);
     w.reshape_and_cache = cfg_.device_kind == plan::DeviceKind::Ascend310P;
     g.capture_call(std::move(w));
@@ -344,7 +331,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   // Operators run without autograd (entered once here, not per operator call).
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
-  if (has_cache) bind_caches(key_cache, value_cache);
+  if (has_cache) caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
     lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));
   }
@@ -415,8 +402,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
         const int64_t nkv = cfg_.num_kv_heads, d = cfg_.head_size;
         c10::List<std::optional<at::Tensor>> rows;
         rows.push_back(md.dense.slots);
-        a.key = at::index(key_cache_.view({-1, nkv, d}), rows);
-        a.value = at::index(value_cache_.view({-1, nkv, d}), rows);
+        a.key = at::index(caches_.key.view({-1, nkv, d}), rows);
+        a.value = at::index(caches_.value.view({-1, nkv, d}), rows);
         a.actual_seq_kvlen = md.dense.kv_ends;
       }
       a.head_num = cfg_.num_heads;
@@ -440,8 +427,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
       const int64_t nd = md.num_decodes, ndt = md.num_decode_tokens;
       ops::FiaTensors t;
       ops::FiaParams p;
-      t.key = key_cache_3d_;
-      t.value = value_cache_3d_;
+      t.key = caches_.key_3d;
+      t.value = caches_.value_3d;
       t.atten_mask = md.attn_mask;
       p.num_heads = cfg_.num_heads;
       p.num_key_value_heads = cfg_.num_kv_heads;

@@ -76,4 +76,24 @@ class TensorBinding {
   std::array<int64_t, kMaxDims> sizes_{}, strides_{};
 };
 
+// A GQA-family layer's bound ND caches (nb, bs, Nkv, D) and the (nb, bs, Nkv*D)
+// views the fused kernels take, remade only when a cache is another tensor or
+// describes other memory. The caches must have been validated contiguous, so
+// the views alias them.
+struct BoundNdCaches {
+  TensorBinding key_src, value_src;
+  at::Tensor key, value, key_3d, value_3d;
+
+  void bind(const at::Tensor& k, const at::Tensor& v, int64_t row_width) {
+    if (key_src.same(k) && value_src.same(v)) return;
+    key = k;
+    value = v;
+    const int64_t nb = k.sizes()[0], bs = k.sizes()[1];
+    key_3d = k.view({nb, bs, row_width});
+    value_3d = v.view({nb, bs, row_width});
+    key_src.bind(k);
+    value_src.bind(v);
+  }
+};
+
 }  // namespace aar::detail

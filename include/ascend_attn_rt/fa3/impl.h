@@ -74,13 +74,11 @@ class AttentionImpl {
   void validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
                 const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                 const at::Tensor& value_cache, const gqa::Metadata& md, const at::Tensor& output) const;
-  void bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache);
 
   ImplConfig cfg_;
   gqa::AttentionImpl encoder_;  // pooling path (inherited upstream)
   // The caches last bound and their 3-D views (see gqa::AttentionImpl).
-  detail::TensorBinding bound_key_, bound_value_;
-  at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
+  detail::BoundNdCaches caches_;
   at::Tensor lse_placeholder_;
   ForwardPath last_path_ = ForwardPath::None;
   int32_t last_num_calls_ = 0;

@@ -179,7 +179,6 @@ class DcpAttentionImpl {
   cp::Comm& comm() { return comm_; }
 
  private:
-  void bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache);
   // Gathered heads (rank-major) <-> KV-head-major for FIA (identity when Hkv == 1).
   at::Tensor to_kv_major(const at::Tensor& x) const;
   at::Tensor from_kv_major(const at::Tensor& x) const;
@@ -200,8 +199,7 @@ class DcpAttentionImpl {
 
   ImplConfig cfg_;
   cp::Comm& comm_;
-  detail::TensorBinding bound_key_, bound_value_;
-  at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
+  detail::BoundNdCaches caches_;
   std::shared_ptr<cp::DcpWorkspace> ws_;  // shared by the layers of one shape
 };
 

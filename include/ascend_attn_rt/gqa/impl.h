@@ -107,7 +107,6 @@ class AttentionImpl {
   ForwardPath last_path() const { return last_path_; }
 
  private:
-  void bind_caches(const at::Tensor& key_cache, const at::Tensor& value_cache);
   void write_kv(const at::Tensor& key, const at::Tensor& value, const Metadata& md);
   void validate(const at::Tensor& query, const std::optional<at::Tensor>& key,
                 const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
@@ -130,8 +129,7 @@ class AttentionImpl {
   // Caches are bound on first use; the 3-D (nb, bs, Nkv*D) views the fused
   // kernel takes are made once per binding, not per call, and remade when the
   // caller's tensor is another one or describes other memory (set_, resize_).
-  detail::TensorBinding bound_key_, bound_value_;
-  at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
+  detail::BoundNdCaches caches_;
   at::Tensor lse_placeholder_;
   at::Tensor large_head_mask_;  // bool copy of the compressed mask (npu_fusion_attention)
   ForwardPath last_path_ = ForwardPath::None;
