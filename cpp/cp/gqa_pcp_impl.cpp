@@ -124,14 +124,7 @@ const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::T
 
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
-  if (!key_cache_.is_same(key_cache) || !value_cache_.is_same(value_cache)) {
-    // Contiguous (validated), so the views alias the caller's memory.
-    key_cache_ = key_cache;
-    value_cache_ = value_cache;
-    const int64_t nb = key_cache.size(0), bs = key_cache.size(1);
-    key_cache_3d_ = key_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-    value_cache_3d_ = value_cache.view({nb, bs, cfg_.num_kv_heads * cfg_.head_size});
-  }
+  caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (sharded) {
     forward_sharded(query, key, value, md, output);
   } else {
@@ -147,7 +140,7 @@ void PcpAttentionImpl::forward_replicated(const at::Tensor& q, const at::Tensor&
   if (td == p) {
     // Nothing split anywhere (a batch-global fact): every rank writes its own
     // replicated copy of the decodes, no collective.
-    gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), key_cache_, value_cache_,
+    gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), caches_.key, caches_.value,
                         md.write_slots);
   } else {
     // Spec 5.3: K and V gathered separately, so each stays contiguous.
@@ -155,7 +148,7 @@ void PcpAttentionImpl::forward_replicated(const at::Tensor& q, const at::Tensor&
     const at::Tensor gv = pcp_->all_gather(v.narrow(0, td, p - td), 0);
     const at::Tensor ck = td > 0 ? at::cat({k.narrow(0, 0, td), gk}) : gk;
     const at::Tensor cv = td > 0 ? at::cat({v.narrow(0, 0, td), gv}) : gv;
-    gqa::write_paged_kv(cfg_.device_kind, ck, cv, key_cache_, value_cache_, md.write_slots);
+    gqa::write_paged_kv(cfg_.device_kind, ck, cv, caches_.key, caches_.value, md.write_slots);
   }
   // The ordinary GQA chunked-prefill path over the rank's segments; the cache
   // already holds this layer's KV of every token, so no write there.
@@ -175,7 +168,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   at::Tensor kf, vf;  // the restored prefill K/V, padded-global order (Wp * tp rows)
   if (!has_prefill) {
     if (td > 0) {
-      gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), key_cache_, value_cache_,
+      gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), caches_.key, caches_.value,
                           md.decode_slots);
     }
   } else {
@@ -183,7 +176,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
     const at::Tensor gathered = Wp > 1 ? pcp_->all_gather(kv, 0) : kv;
     const at::Tensor full = gathered.index_select(0, md.restore_idx);
     const at::Tensor fk = full.narrow(-1, 0, D).contiguous(), fv = full.narrow(-1, D, D).contiguous();
-    gqa::write_paged_kv(cfg_.device_kind, fk, fv, key_cache_, value_cache_, md.padded_slot_mapping);
+    gqa::write_paged_kv(cfg_.device_kind, fk, fv, caches_.key, caches_.value, md.padded_slot_mapping);
     kf = fk.narrow(0, Wp * td, Wp * tp);
     vf = fv.narrow(0, Wp * td, Wp * tp);
   }
@@ -238,7 +231,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   // --- decodes (spec 4, legacy PCP x DCP) ---
   if (has_decode) {
     const at::Tensor qd = q.narrow(0, 0, td);
-    const Partial part = fia(Wd > 1 ? gather_query_heads(*dcp_, qd) : qd, key_cache_3d_, value_cache_3d_, Hq,
+    const Partial part = fia(Wd > 1 ? gather_query_heads(*dcp_, qd) : qd, caches_.key_3d, caches_.value_3d, Hq,
                              md.decode_q_ends, md.decode_kv_lens, md.decode_block_tables, false);
     at::Tensor w = dcp_merge(part);          // (td, H, D+1)
     if (Wp > 1) w = pcp_->all_gather(w, 0);  // (Wp*td, H, D+1): every PCP rank's shard
@@ -270,7 +263,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   if (md.has_context) {
     at::Tensor qg = Wp > 1 ? pcp_->all_gather(qp, 0) : qp;  // (Wp*tp, H, D), rank-major
     if (Wd > 1) qg = gather_query_heads(*dcp_, qg);          // (Wp*tp, Wd*H, D)
-    const Partial part = fia(qg, key_cache_3d_, value_cache_3d_, Hq, md.ctx_q_ends, md.ctx_kv_lens,
+    const Partial part = fia(qg, caches_.key_3d, caches_.value_3d, Hq, md.ctx_q_ends, md.ctx_kv_lens,
                              md.ctx_block_tables, false);
     at::Tensor w = dcp_merge(part);              // (Wp*tp, H, D+1)
     if (Wp > 1) w = pcp_->all_to_all_single(w);  // block j: rank j's partials of this rank's tokens

@@ -15,6 +15,22 @@ bool DecodeShape::operator==(const DecodeShape& o) const {
          q_lora_rank == o.q_lora_rank && v_head_dim == o.v_head_dim && group == o.group;
 }
 
+DecodeShape decode_shape_of(const Dims& d, int64_t heads_padded, int64_t group, c10::Device device,
+                            c10::ScalarType dtype) {
+  DecodeShape s;
+  s.device = device;
+  s.dtype = dtype;
+  s.heads = d.num_heads;
+  s.heads_padded = heads_padded;
+  s.kv_lora_rank = d.kv_lora_rank;
+  s.nope_dim = d.qk_nope_head_dim;
+  s.rope_dim = d.qk_rope_head_dim;
+  s.q_lora_rank = d.q_lora_rank.value_or(0);
+  s.v_head_dim = d.v_head_dim;
+  s.group = group;
+  return s;
+}
+
 std::shared_ptr<DecodeWorkspace> DecodeWorkspace::shared(const DecodeShape& shape) {
   return aar::detail::shared_by_shape<DecodeWorkspace>(shape);
 }

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "ascend_attn_rt/mla/weights.h"
+
 namespace aar::mla::detail {
 
 // FIA v2 query layout of the decode (spec 5.3 rows A, D, E).
@@ -30,6 +32,10 @@ struct DecodeShape {
   int64_t group = 0;
   bool operator==(const DecodeShape& o) const;
 };
+
+// The workspace shape of a layer with dims `d` (q_lora_rank 0 without q-LoRA).
+DecodeShape decode_shape_of(const Dims& d, int64_t heads_padded, int64_t group, c10::Device device,
+                            c10::ScalarType dtype);
 
 // Views for one decode token count and layout.
 struct DecodeViews {

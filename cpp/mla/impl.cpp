@@ -148,14 +148,6 @@ detail::Fused fused_of(DecodePath p) {
   }
 }
 
-// Assignments that skip the reference-count traffic when the tensor is already there.
-void set(at::Tensor& dst, const at::Tensor& src) {
-  if (!dst.is_same(src)) dst = src;
-}
-void set(std::optional<at::Tensor>& dst, const at::Tensor& src) {
-  if (!dst.has_value() || !dst->is_same(src)) dst = src;
-}
-
 using detail::LatentCore;
 
 }  // namespace
@@ -182,20 +174,20 @@ void Impl::decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope,
   } else {
     // (nb, bs, 1, D) -> (nb, 1, bs, D): a pure reinterpretation since Nkv = 1,
     // made with view() on the validated (contiguous) cache, so it aliases it.
-    set(t.key, LatentCore::view_of(nope, nope.sizes()[0], seen_.nope_src, seen_.key,
+    detail::assign(t.key, LatentCore::view_of(nope, nope.sizes()[0], seen_.nope_src, seen_.key,
                        [&] { return nope.view({nope.size(0), 1, bs, L}); }));
-    set(t.key_rope, LatentCore::view_of(rope, rope.sizes()[0], seen_.rope_src, seen_.key_rope,
+    detail::assign(t.key_rope, LatentCore::view_of(rope, rope.sizes()[0], seen_.rope_src, seen_.key_rope,
                             [&] { return rope.view({rope.size(0), 1, bs, R}); }));
   }
-  set(t.value, t.key);
-  set(t.query, q.qn);
-  set(t.query_rope, q.qr);
+  detail::assign(t.value, t.key);
+  detail::assign(t.query, q.qn);
+  detail::assign(t.query_rope, q.qr);
   if (fa_quant()) {
     // Spec 5.3: the fully quantised decode (int8 query with per-(token, head)
     // scales, the per-tensor dequant scale of the int8 latent).
-    set(t.dequant_scale_query, q.dequant_scale_q);
-    set(t.dequant_scale_key, core_->kv_dequant_scale());
-    set(t.dequant_scale_value, core_->kv_dequant_scale());
+    detail::assign(t.dequant_scale_query, q.dequant_scale_q);
+    detail::assign(t.dequant_scale_key, core_->kv_dequant_scale());
+    detail::assign(t.dequant_scale_value, core_->kv_dequant_scale());
     p.query_quant_mode = 3;
     p.key_quant_mode = 0;
     p.value_quant_mode = 0;

@@ -143,16 +143,8 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
 
-  detail::DecodeShape sh;
-  sh.device = dev;
-  sh.dtype = dt;
-  sh.heads = H;
-  sh.heads_padded = hp_;
-  sh.kv_lora_rank = L;
-  sh.nope_dim = cfg_.qk_nope_head_dim;
-  sh.rope_dim = R;
-  sh.v_head_dim = cfg_.v_head_dim;
-  sh.group = cfg_.workspace_group;
+  const Dims d{H, 0, std::nullopt, L, cfg_.qk_nope_head_dim, R, cfg_.v_head_dim};
+  const detail::DecodeShape sh = detail::decode_shape_of(d, hp_, cfg_.workspace_group, dev, dt);
   if (!ws_ || !(ws_->shape() == sh)) ws_ = detail::DecodeWorkspace::shared(sh);
   const detail::DecodeLayout layout = detail::decode_layout_of(md, /*kv_nz=*/false);
   const detail::DecodeViews& v = ws_->views(td, layout);

@@ -95,18 +95,7 @@ LatentCore::LatentCore(const LatentConfig& cfg, const Weights& weights) : cfg_(c
     q_b_.prepare(w_.quant->q_proj, w_.quant->type, dtype(), false);
   }
   prepare_fused(false);
-  DecodeShape shape;
-  shape.device = device();
-  shape.dtype = dtype();
-  shape.heads = d.num_heads;
-  shape.heads_padded = cfg_.heads_padded;
-  shape.kv_lora_rank = d.kv_lora_rank;
-  shape.nope_dim = d.qk_nope_head_dim;
-  shape.rope_dim = d.qk_rope_head_dim;
-  shape.q_lora_rank = d.q_lora_rank.value_or(0);
-  shape.v_head_dim = d.v_head_dim;
-  shape.group = cfg_.workspace_group;
-  ws_ = DecodeWorkspace::shared(shape);
+  ws_ = DecodeWorkspace::shared(decode_shape_of(d, cfg_.heads_padded, cfg_.workspace_group, device(), dtype()));
 }
 
 void LatentCore::prepare_fused(bool in_place) {

@@ -46,16 +46,9 @@ void check_latent_cache(const at::Tensor& c, bool is_nope, int64_t width, const 
   AAR_CHECK_ARG(c.scalar_type() == want, name, " dtype ", c.scalar_type(), " must be ", want, why);
 }
 
-namespace {
-// Assignments that skip the reference-count traffic when the tensor is already there.
-void set_opt(std::optional<at::Tensor>& dst, const at::Tensor& src) {
-  if (!dst.has_value() || !dst->is_same(src)) dst = src;
-}
-}  // namespace
-
 void set_latent_decode_params(const Metadata& md, DecodeLayout layout, int64_t heads_padded, double scale,
                               ops::FiaV2Tensors& t, ops::FiaV2Params& p) {
-  set_opt(t.block_table, md.decode.block_table);
+  assign(t.block_table, md.decode.block_table);
   p.num_query_heads = heads_padded;
   p.num_key_value_heads = 1;
   p.softmax_scale = scale;
@@ -67,7 +60,7 @@ void set_latent_decode_params(const Metadata& md, DecodeLayout layout, int64_t h
       // SpecDecoding/ChunkedPrefill/DecodeOnly/PrefillNoCache and otherwise falls
       // to the BNSD row with a multi-token decode, mismatching block-table rows
       // and batch (spec 9.11); we use TND_NTD whenever decodes may have several tokens.
-      set_opt(t.atten_mask, md.attn_mask);
+      assign(t.atten_mask, md.attn_mask);
       p.sparse_mode = 3;
       p.input_layout = "TND_NTD";
       p.has_actual_seq_qlen = true;

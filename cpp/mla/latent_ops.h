@@ -24,6 +24,15 @@ class Comm;
 
 namespace aar::mla::detail {
 
+// Assignments that skip the reference-count traffic when the tensor is already
+// there (the decode's FIA arguments persist between calls).
+inline void assign(at::Tensor& dst, const at::Tensor& src) {
+  if (!dst.is_same(src)) dst = src;
+}
+inline void assign(std::optional<at::Tensor>& dst, const at::Tensor& src) {
+  if (!dst.has_value() || !dst->is_same(src)) dst = src;
+}
+
 // Spec 5.3 rows A (speculative: TND), D (NZ caches: BSND), E (BNSD).
 DecodeLayout decode_layout_of(const Metadata& md, bool kv_nz);
 

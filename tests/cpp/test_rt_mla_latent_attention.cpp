@@ -47,6 +47,16 @@ at::Tensor reference(const at::Tensor& q, const at::Tensor& c, const at::Tensor&
   return out;
 }
 
+aar::mla::LatentAttentionConfig config() {
+  aar::mla::LatentAttentionConfig cfg;
+  cfg.num_heads = H;
+  cfg.kv_lora_rank = L;
+  cfg.qk_nope_head_dim = P;
+  cfg.qk_rope_head_dim = R;
+  cfg.v_head_dim = V;
+  return cfg;
+}
+
 }  // namespace
 
 TEST(MlaLatentAttention, MixedStepAgainstFloat64Reference) {
@@ -88,13 +98,7 @@ TEST(MlaLatentAttention, MixedStepAgainstFloat64Reference) {
   ASSERT_EQ(md.num_decodes, 1);
   ASSERT_EQ(md.num_prefills, 1);
 
-  aar::mla::LatentAttentionConfig cfg;
-  cfg.num_heads = H;
-  cfg.kv_lora_rank = L;
-  cfg.qk_nope_head_dim = P;
-  cfg.qk_rope_head_dim = R;
-  cfg.v_head_dim = V;
-  aar::mla::LatentAttention attn(cfg);
+  aar::mla::LatentAttention attn(config());
   const double scale = 1.0 / std::sqrt(double(P + R));
   EXPECT_DOUBLE_EQ(attn.config().scale, scale);
 
@@ -125,13 +129,7 @@ TEST(MlaLatentAttention, MixedStepAgainstFloat64Reference) {
 TEST(MlaLatentAttention, RejectedWriteLeavesTheCacheUntouched) {
   at::Tensor kv_cache = at::randn({2, BS, L + R});
   auto [nope, rope] = aar::mla::LatentAttention::split_kv_cache(kv_cache, L);
-  aar::mla::LatentAttentionConfig cfg;
-  cfg.num_heads = H;
-  cfg.kv_lora_rank = L;
-  cfg.qk_nope_head_dim = P;
-  cfg.qk_rope_head_dim = R;
-  cfg.v_head_dim = V;
-  const aar::mla::LatentAttention attn(cfg);
+  const aar::mla::LatentAttention attn(config());
   const at::Tensor before = kv_cache.clone();
   const at::Tensor slots = at::tensor(std::vector<int64_t>{1, 2 * BS});  // the second is past the cache
   EXPECT_THROW(attn.write_kv(at::randn({2, L}), at::randn({2, R}), slots, nope, rope), std::exception);

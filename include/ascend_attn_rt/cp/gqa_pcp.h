@@ -81,6 +81,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/gqa/builder.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/metadata.h"
@@ -229,7 +230,7 @@ class PcpAttentionImpl {
   Comm* pcp_;
   Comm* dcp_;
   std::unique_ptr<gqa::AttentionImpl> inner_;  // replicated mode: the ordinary layer, no KV write
-  at::Tensor key_cache_, value_cache_, key_cache_3d_, value_cache_3d_;
+  ::aar::detail::BoundNdCaches caches_;
 };
 
 }  // namespace aar::cp
