@@ -301,14 +301,15 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
         self._attn = aar.mla.LatentAttention(
             num_heads=num_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
             qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, scale=self.scale)
-        self._split_src = None
-        self._split = None
+        self._split_src = self._split_key = self._split = None
 
     def _caches(self, kv_cache: torch.Tensor):
-        # The two caches of one layer's buffer, made once per buffer.
-        if self._split_src is not kv_cache:
+        # The two caches of one layer's buffer, made once per buffer and remade when the
+        # tensor is another one or was moved in place (set_ / resize_).
+        key = (kv_cache.data_ptr(), kv_cache.shape)
+        if self._split_src is not kv_cache or self._split_key != key:
             self._split = aar.mla.LatentAttention.split_kv_cache(kv_cache, self.kv_lora_rank)
-            self._split_src = kv_cache
+            self._split_src, self._split_key = kv_cache, key
         return self._split
 
     def _kv_b_proj_weight(self, dtype: torch.dtype) -> torch.Tensor:

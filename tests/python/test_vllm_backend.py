@@ -229,6 +229,19 @@ def test_mla_impl_in_vllm_forward(mla_config, seq_lens, q_lens, spec, dtype):
     assert (md.decode is None) == (md.num_decodes == 0) and (md.prefill is None) == (md.num_prefills == 0)
 
 
+def test_mla_impl_remakes_its_cache_views_when_the_buffer_moves(mla_config):
+    N, L, P, R, V, _ = _mla_dims(mla_config)
+    impl = _mla_impl(mla_config, torch.nn.Linear(L, N * (P + V), bias=False))
+    kv = torch.zeros(4, BS, L + R)
+    nope, _ = impl._caches(kv)
+    assert impl._caches(kv)[0] is nope  # made once per buffer
+    kv.set_(torch.zeros(6, BS, L + R))  # moved in place: same tensor object, other memory
+    nope2, rope2 = impl._caches(kv)
+    assert nope2.data_ptr() == kv.data_ptr() and nope2.shape[0] == 6 and rope2.shape == (6, BS, 1, R)
+    impl.do_kv_cache_update(torch.ones(1, L), torch.ones(1, 1, R), kv, torch.tensor([5]), "auto", torch.ones(()))
+    assert torch.equal(kv.view(-1)[5 * L:6 * L], torch.ones(L))
+
+
 def test_mla_impl_refusals(mla_config):
     lin = torch.nn.Linear(64, 8 * 64, bias=False)
     with pytest.raises(NotImplementedError, match="sliding_window"):
