@@ -42,6 +42,7 @@ void bind_gqa_dcp(nb::module_& m) {
       .def_ro("local_context_tokens", &gqa::DcpMetadata::local_context_tokens)
       .def_ro("context_token_idx", &gqa::DcpMetadata::context_token_idx)
       .def_ro("num_local_writes", &gqa::DcpMetadata::num_local_writes)
+      .def_ro("draft_step", &gqa::DcpMetadata::draft_step)
       .def_prop_ro("dcp_world", [](const gqa::DcpMetadata& d) { return d.shard.world; })
       .def_prop_ro("dcp_rank", [](const gqa::DcpMetadata& d) { return d.shard.rank; })
       .def_prop_ro("interleave", [](const gqa::DcpMetadata& d) { return d.shard.interleave; })
@@ -53,8 +54,9 @@ void bind_gqa_dcp(nb::module_& m) {
           [](gqa::DcpMetadataBuilder* self, int32_t max_num_reqs, int32_t max_num_tokens,
              int32_t max_blocks_per_req, int32_t block_size, int32_t num_blocks, int32_t dcp_world,
              int32_t dcp_rank, int32_t interleave, int32_t num_speculative_tokens, const std::string& device,
-             std::optional<bool> separate_device_buffers, int32_t staging_buffers) {
+             std::optional<bool> separate_device_buffers, int32_t staging_buffers, bool pd_recompute_scheduler) {
             gqa::DcpBuilderConfig c;
+            c.pd_recompute_scheduler = pd_recompute_scheduler;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
             c.max_blocks_per_req = max_blocks_per_req;
@@ -69,11 +71,12 @@ void bind_gqa_dcp(nb::module_& m) {
           },
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "max_blocks_per_req"_a, "block_size"_a = 128,
           "num_blocks"_a, "dcp_world"_a, "dcp_rank"_a, "interleave"_a = 1, "num_speculative_tokens"_a = 0,
-          "device"_a = "cpu", "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2)
+          "device"_a = "cpu", "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2,
+          "pd_recompute_scheduler"_a = false)
       .def(
           "build",
           [](gqa::DcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
-             const std::optional<at::Tensor>& is_prefilling) -> gqa::DcpMetadata {
+             const std::optional<at::Tensor>& is_prefilling, int32_t draft_step) -> gqa::DcpMetadata {
             const at::Tensor& q = borrow_tensor(qsl, "query_start_loc", false);
             const at::Tensor& s = borrow_tensor(seq_lens, "seq_lens", false);
             const at::Tensor& t = borrow_tensor(bt, "block_table", false);
@@ -84,10 +87,11 @@ void bind_gqa_dcp(nb::module_& m) {
             in.block_table_stride = static_cast<int32_t>(t.size(1));
             in.num_input_tokens = num_input_tokens;
             in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
+            in.draft_step = draft_step;
             return b.build(in);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
-          "is_prefilling"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>(),
+          "is_prefilling"_a = nb::none(), "draft_step"_a = -1, nb::rv_policy::move, nb::keep_alive<0, 1>(),
           "A stamped copy of the builder's metadata; stale after the next build.")
       .def_prop_ro("decode_threshold", &gqa::DcpMetadataBuilder::decode_threshold);
 

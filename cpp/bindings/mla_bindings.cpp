@@ -186,6 +186,7 @@ void bind_mla(nb::module_& root) {
       .def_prop_ro("context_cu_seq_lens", [](const mla::Metadata& m) { return m.prefill.chunked.cu_seq_lens; })
       .def_prop_ro("context_starts", [](const mla::Metadata& m) { return m.prefill.chunked.starts; })
       .def_prop_ro("context_chunk_seq_lens", [](const mla::Metadata& m) { return m.prefill.chunked.chunk_seq_lens; })
+      .def_ro("draft_step", &mla::Metadata::draft_step)
       .def_prop_ro("dcp_world_size", [](const mla::Metadata& m) { return m.dcp.world_size; })
       .def_prop_ro("dcp_rank", [](const mla::Metadata& m) { return m.dcp.rank; })
       .def_prop_ro("context_local_chunk_size",
@@ -206,8 +207,10 @@ void bind_mla(nb::module_& root) {
              int32_t max_model_len, int32_t num_speculative_tokens, bool chunked_prefill_enabled,
              int64_t workspace_tokens, const std::string& device, std::optional<bool> separate_device_buffers,
              bool graph_decode_padding, bool disable_padded_drafter_batch, int32_t staging_buffers,
-             int32_t dcp_world_size, int32_t dcp_rank, int32_t cp_kv_cache_interleave_size) {
+             int32_t dcp_world_size, int32_t dcp_rank, int32_t cp_kv_cache_interleave_size,
+             bool pd_recompute_scheduler) {
             mla::BuilderConfig c;
+            c.pd_recompute_scheduler = pd_recompute_scheduler;
             c.dcp_world_size = dcp_world_size;
             c.dcp_rank = dcp_rank;
             c.cp_kv_cache_interleave_size = cp_kv_cache_interleave_size;
@@ -234,22 +237,23 @@ void bind_mla(nb::module_& root) {
           "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu",
           "separate_device_buffers"_a = nb::none(), "graph_decode_padding"_a = false,
           "disable_padded_drafter_batch"_a = false, "staging_buffers"_a = 2, "dcp_world_size"_a = 1,
-          "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1)
+          "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1, "pd_recompute_scheduler"_a = false)
       .def(
           "build",
           [](mla::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
              std::optional<plan::AttentionState> attn_state,
              const std::optional<at::Tensor>& num_spec_tokens,
-             const std::optional<at::Tensor>& is_prefilling) -> mla::Metadata {
+             const std::optional<at::Tensor>& is_prefilling, int32_t draft_step) -> mla::Metadata {
             // A Python object per build (a copy of the builder's metadata, with
             // this build's stamp): one kept past the next build is rejected as stale.
             mla::BuildInputs in = latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens);
             in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
+            in.draft_step = draft_step;
             return b.build(in);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), "is_prefilling"_a = nb::none(),
-          nb::rv_policy::move, nb::keep_alive<0, 1>())
+          "draft_step"_a = -1, nb::rv_policy::move, nb::keep_alive<0, 1>())
       .def_prop_ro("metadata", &mla::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
       .def_prop_ro("decode_threshold", &mla::MetadataBuilder::decode_threshold)
       .def_prop_ro("block_table_staging", [](const mla::MetadataBuilder& b) { return b.block_table_staging(); })

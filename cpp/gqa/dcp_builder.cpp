@@ -38,6 +38,7 @@ DcpMetadataBuilder::DcpMetadataBuilder(const DcpBuilderConfig& cfg)
   dkv_.assign(T, 0);
   pq_.assign(R, 0);
   pctx_.assign(R, 0);
+  draft_seq_.assign(R, 0);
   md_.shard = s;
   md_.base.block_size = cfg.block_size;
   md_.base.num_blocks = cfg.num_blocks;
@@ -61,7 +62,8 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
 
   plan::DcpStepInputs si;
   si.query_start_loc = in.query_start_loc;
-  si.seq_lens = in.seq_lens;
+  si.seq_lens = plan::draft_step_seq_lens(in.query_start_loc, in.seq_lens, in.draft_step,
+                                          plan::Span<int32_t>(draft_seq_.data(), draft_seq_.size()));
   si.block_table = in.block_table;
   si.block_table_stride = in.block_table_stride;
   si.block_size = cfg_.block_size;
@@ -69,6 +71,7 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
   si.num_input_tokens = in.num_input_tokens;
   si.decode_threshold = decode_threshold();
   si.is_prefilling = in.is_prefilling;
+  si.pd_recompute_scheduler = cfg_.pd_recompute_scheduler || in.draft_step >= 0;  // a draft step: all decodes
   si.shard = cfg_.shard;
   plan::DcpStepBuffers bf;
   bf.slot_mapping = plan::Span<int32_t>(s + off_slot_, T);
@@ -126,6 +129,7 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
   md_.local_context_tokens = p.local_context_tokens;
   md_.context_token_idx = ctx_idx_dev_.narrow(0, 0, p.num_context_rows);
   md_.num_local_writes = p.num_local_writes;
+  md_.draft_step = in.draft_step >= 0 ? in.draft_step : -1;
   return md_;
 }
 

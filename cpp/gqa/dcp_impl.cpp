@@ -41,21 +41,6 @@ DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_
   AAR_CHECK_ARG(comm_.size() <= 16, "DCP group size ", comm_.size(), " exceeds 16 (npu_attention_update's limit)");
 }
 
-at::Tensor DcpAttentionImpl::to_kv_major(const at::Tensor& x) const {
-  const int64_t W = comm_.size(), kv = cfg_.num_kv_heads;
-  if (kv == 1 || W == 1) return x;
-  const int64_t T = x.size(0), G = cfg_.num_heads / kv, D = x.size(2);
-  // [T, W, Hkv, G, D] -> [T, Hkv, W, G, D]: gathered head (rd, kv*G + j) -> kv*(W*G) + rd*G + j.
-  return x.view({T, W, kv, G, D}).permute({0, 2, 1, 3, 4}).reshape({T, W * kv * G, D});
-}
-
-at::Tensor DcpAttentionImpl::from_kv_major(const at::Tensor& x) const {
-  const int64_t W = comm_.size(), kv = cfg_.num_kv_heads;
-  if (kv == 1 || W == 1) return x;
-  const int64_t T = x.size(0), G = cfg_.num_heads / kv, D = x.size(2);
-  return x.view({T, kv, W, G, D}).permute({0, 2, 1, 3, 4}).reshape({T, W * kv * G, D});
-}
-
 namespace {
 
 // FIA TND over the paged cache with an LSE: non-causal (every key the lengths
@@ -77,16 +62,6 @@ void fill_paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, con
   p.block_size = block_size;
   p.sparse_mode = 0;
   p.softmax_lse_flag = true;
-}
-
-void paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, const at::Tensor& value_cache_3d,
-                   const at::Tensor& block_table, c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens, int64_t heads,
-                   int64_t kv_heads, double scale, int64_t block_size, at::Tensor& out, at::Tensor& lse) {
-  ops::FiaTensors t;
-  ops::FiaParams p;
-  fill_paged_partial(q, key_cache_3d, value_cache_3d, block_table, q_ends, kv_lens, heads, kv_heads, scale, block_size,
-                     t, p);
-  ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
 }
 
 }  // namespace
@@ -125,7 +100,8 @@ void DcpAttentionImpl::fill_decode_call(const cp::DcpViews& v, const DcpMetadata
   lse = regroup ? v.staged_lse : v.partial_lse;
 }
 
-void DcpAttentionImpl::combine(const cp::DcpViews& v, const at::Tensor& out_rows) {
+void DcpAttentionImpl::combine(const cp::DcpViews& v, const at::Tensor& out_rows,
+                               const std::optional<at::Tensor>& lse_rows) {
   if (v.staged_out.defined()) {
     // KV-head-major partials back to the gathered (rank-major) head order.
     const int64_t T = v.partial_out.size(0), W = comm_.size(), kv = cfg_.num_kv_heads, G = cfg_.num_heads / kv;
@@ -134,7 +110,7 @@ void DcpAttentionImpl::combine(const cp::DcpViews& v, const at::Tensor& out_rows
     v.partial_lse.view({T, W, kv, G}).copy_(v.staged_lse.view({T, kv, W, G}).permute({0, 2, 1, 3}));
   }
   at::Tensor out = out_rows;
-  cp::combine_partials(comm_, v.partial_out, v.partial_lse, out, std::nullopt, &v);
+  cp::combine_partials(comm_, v.partial_out, v.partial_lse, out, lse_rows, &v);
 }
 
 void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output) {
@@ -204,15 +180,28 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
 void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key,
                                const at::Tensor& value, const at::Tensor& output) {
   const int64_t td = md.base.num_decode_tokens, tp = md.num_prefill_tokens;
-  const int64_t W = comm_.size(), H = cfg_.num_heads, D = cfg_.head_size;
+  const int64_t H = cfg_.num_heads, D = cfg_.head_size;
   const at::Tensor qp = query.narrow(0, td, tp);
-  // Upstream order (spec 7): the context query gather before the current pass.
-  at::Tensor qg;
-  if (md.has_context) qg = to_kv_major(cp::gather_query_heads(comm_, qp));
+  // Upstream order (spec 7): the context query gather before the current pass,
+  // into the workspace the decode uses (the decode pass of this step is done
+  // with it; its views of tp rows alias the same storage).
+  const cp::DcpViews* v = nullptr;
+  if (md.has_context) {
+    v = &decode_views(tp, query);
+    stage_query(*v, qp);
+  }
+  // The current pass's LSE and the context pass's merged output and LSE: a
+  // grow-only fp32 scratch of the layer (3 views, no allocation once grown).
+  const int64_t need = tp * H * (D + 2);
+  if (!prefill_scratch_.defined() || prefill_scratch_.numel() < need || prefill_scratch_.device() != query.device()) {
+    prefill_scratch_ = at::empty({std::max<int64_t>(need, 1)}, query.options().dtype(at::kFloat));
+  }
+  at::Tensor lc = prefill_scratch_.narrow(0, 0, tp * H).view({tp, H, 1});
+  at::Tensor lctx = prefill_scratch_.narrow(0, tp * H, tp * H).view({tp, H, 1});
+  at::Tensor octx = prefill_scratch_.narrow(0, 2 * tp * H, tp * H * D).view({tp, H, D});
 
   // Current chunk: causal over the step's own K/V (q_len == kv_len per request).
   at::Tensor oc = output.narrow(0, td, tp);
-  at::Tensor lc = at::empty({tp, H, 1}, query.options().dtype(at::kFloat));
   {
     ops::FiaTensors t;
     ops::FiaParams p;
@@ -228,7 +217,8 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
     p.input_layout = "TND";
     p.sparse_mode = 3;
     p.softmax_lse_flag = md.has_context;
-    at::Tensor lse_arg = md.has_context ? lc : at::empty({1}, lc.options());
+    // Without the LSE flag the kernel writes no LSE: a one-element placeholder of the scratch.
+    at::Tensor lse_arg = md.has_context ? lc : prefill_scratch_.narrow(0, 0, 1);
     if (oc.is_contiguous()) {
       ops::fused_infer_attention_score_out(t, p, std::nullopt, oc, lse_arg);
     } else {
@@ -239,23 +229,25 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
   }
   if (!md.has_context) return;
 
-  // Context: the gathered query against this rank's local cached context.
-  at::Tensor po, pl;
+  // Context: the gathered query against this rank's local cached context, its
+  // partial into the workspace (KV-head-major when regrouped), exchanged and
+  // merged into octx / lctx.
+  const bool regroup = v->staged_query.defined();
+  at::Tensor po = regroup ? v->staged_out : v->partial_out;
+  at::Tensor pl = regroup ? v->staged_lse : v->partial_lse;
   if (md.local_context_tokens > 0) {
-    po = at::empty({tp, W * H, D}, query.options());
-    pl = at::empty({tp, W * H, 1}, query.options().dtype(at::kFloat));
-    paged_partial(qg, caches_.key_3d, caches_.value_3d, md.prefill_block_tables, md.prefill_q_ends,
-                  md.prefill_context_lens, W * H, cfg_.num_kv_heads, cfg_.scale, md.base.block_size, po, pl);
-    po = from_kv_major(po);
-    pl = from_kv_major(pl);
+    ops::FiaTensors t;
+    ops::FiaParams p;
+    fill_paged_partial(regroup ? v->staged_query : v->gathered_query, caches_.key_3d, caches_.value_3d,
+                       md.prefill_block_tables, md.prefill_q_ends, md.prefill_context_lens, comm_.size() * H,
+                       cfg_.num_kv_heads, cfg_.scale, md.base.block_size, t, p);
+    ops::fused_infer_attention_score_out(t, p, std::nullopt, po, pl);
   } else {
     // No local context: the empty partial, still exchanged (spec 6.3, 10.7).
-    po = at::zeros({tp, W * H, D}, query.options());
-    pl = at::full({tp, W * H, 1}, -std::numeric_limits<float>::infinity(), query.options().dtype(at::kFloat));
+    po.zero_();
+    pl.fill_(-std::numeric_limits<float>::infinity());
   }
-  at::Tensor octx = at::empty({tp, H, D}, query.options().dtype(at::kFloat));
-  at::Tensor lctx = at::empty({tp, H, 1}, query.options().dtype(at::kFloat));
-  cp::combine_partials(comm_, po, pl, octx, lctx);
+  combine(*v, octx, lctx);
 
   // Chunk merge on the rows of requests with context (spec 5.1 step 4). The
   // other rows keep Oc: their context partial is empty on every rank, which

@@ -9,6 +9,7 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/mla/backend.h"
+#include "ascend_attn_rt/plan/dcp_step_plan.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "../common/rope_gather.h"
@@ -33,6 +34,16 @@ const at::Tensor& lazy(std::vector<at::Tensor>& cache, size_t i, Make make) {
 // RoPE rows start on cache lines and every region can be reinterpreted as a
 // wider dtype.
 int64_t align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
+
+// A draft step's inputs (BuildInputs::draft_step): the given ones with the
+// step's lengths base + d + 1 written into `lens` (plan::draft_step_seq_lens
+// checks the step's shape first).
+const BuildInputs& mla_draft_inputs(const BuildInputs& given, std::vector<int32_t>& lens, BuildInputs& out) {
+  out = given;
+  out.seq_lens = plan::draft_step_seq_lens(given.query_start_loc, given.seq_lens, given.draft_step,
+                                           plan::Span<int32_t>(lens.data(), lens.size()));
+  return out;
+}
 
 }  // namespace
 
@@ -117,6 +128,9 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     reorg_offsets_.assign(kChunks + 1, 0);
     dcp_block_lens_.assign(R, 0);
     dcp_is_prefilling_.assign(R, 0);
+  }
+  draft_seq_.assign(R, 0);
+  if (cfg.dcp_world_size > 1) {
     if (token_rows) {
       dcp_q_ends_.assign(TD, 0);
       dcp_kv_lens_.assign(TD, 0);
@@ -169,13 +183,15 @@ void MetadataBuilder::gather_rope(uint8_t* s, const BuildInputs& in, int32_t num
   }
 }
 
-const Metadata& MetadataBuilder::build(const BuildInputs& in) {
+const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   // The host buffer of this build's turn, once its last copies have completed.
   int32_t* s = buffers_->begin();
   const int64_t R = cfg_.max_num_reqs, T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req;
-  const size_t num_reqs = in.seq_lens.size();
+  const size_t num_reqs = given.seq_lens.size();
   AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(R), "num_reqs=", num_reqs,
                 " (seq_lens entries) exceeds the builder's max_num_reqs=", R);
+  BuildInputs drafted;
+  const BuildInputs& in = given.draft_step == -1 ? given : mla_draft_inputs(given, draft_seq_, drafted);
   const int64_t tokens = in.num_input_tokens > 0 ? in.num_input_tokens
                                                  : (in.query_start_loc.empty() ? 0 : in.query_start_loc.back());
   AAR_CHECK_ARG(tokens <= T, "num_tokens=", tokens, " exceeds the builder's max_num_tokens=", T);
@@ -203,6 +219,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   const bool dcp = cfg_.dcp_world_size > 1;
   mi.dcp = plan::DcpShard{cfg_.dcp_world_size, cfg_.dcp_rank, cfg_.cp_kv_cache_interleave_size};
   mi.is_prefilling = in.is_prefilling;
+  mi.pd_recompute_scheduler = cfg_.pd_recompute_scheduler || in.draft_step >= 0;  // a draft step: all decodes
   if (dcp) {
     AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == num_reqs, "is_prefilling has ",
                   in.is_prefilling.size(), " entries, expected num_reqs=", num_reqs);
@@ -276,6 +293,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   counter_.next(md_.stamp);
 
   md_.attn_state = p.state;
+  md_.draft_step = in.draft_step;
   md_.num_reqs = B;
   md_.num_actual_tokens = p.num_actual_tokens;
   md_.num_input_tokens = T_in;

@@ -4,6 +4,7 @@
 #include "ascend_attn_rt/plan/dcp_step_plan.h"
 
 #include <algorithm>
+#include <climits>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
@@ -45,6 +46,28 @@ void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t 
   }
 }
 
+CSpan<int32_t> draft_step_seq_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> base_seq_lens,
+                                   int32_t draft_index, Span<int32_t> out) {
+  if (draft_index == -1) return base_seq_lens;
+  const std::size_t b = base_seq_lens.size();
+  AAR_CHECK_ARG(draft_index >= 0 && draft_index < 16, "draft_step=", draft_index,
+                " is out of range: -1 (not a draft step) or [0, 16) (at most 15 draft steps)");
+  AAR_CHECK_ARG(query_start_loc.size() == b + 1, "query_start_loc has ", query_start_loc.size(),
+                " entries, expected seq_lens.size()+1 = ", b + 1);
+  check_room(out.size(), static_cast<int64_t>(b), "draft_seq_lens");
+  for (std::size_t r = 0; r <= b; ++r) {
+    AAR_CHECK_ARG(query_start_loc[r] == static_cast<int32_t>(r), "a draft step (draft_step=", draft_index,
+                  ") has one query token per request: query_start_loc[", r, "]=", query_start_loc[r],
+                  ", expected ", r);
+  }
+  for (std::size_t r = 0; r < b; ++r) {
+    AAR_CHECK_ARG(base_seq_lens[r] >= 0 && base_seq_lens[r] <= INT32_MAX - 16, "draft step: seq_lens[", r, "]=",
+                  base_seq_lens[r], " is not a valid base length");
+  }
+  for (std::size_t r = 0; r < b; ++r) out[r] = base_seq_lens[r] + draft_index + 1;
+  return CSpan<int32_t>(out.data(), b);
+}
+
 DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   const std::size_t b = in.seq_lens.size();
   const CSpan<int32_t> qsl = in.query_start_loc;
@@ -80,9 +103,10 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   si.max_query_len = maxq;
   si.decode_threshold = in.decode_threshold;
   // Spec 3.2: short extends are prefills (by is_prefilling); without it no
-  // request is prefilling, which is the "treat as decodes" rule.
-  si.treat_short_extends_as_decodes = in.is_prefilling.empty();
-  si.is_prefilling = in.is_prefilling;
+  // request is prefilling, which is the "treat as decodes" rule, as with the
+  // P/D recompute scheduler.
+  si.treat_short_extends_as_decodes = in.is_prefilling.empty() || in.pd_recompute_scheduler;
+  if (!si.treat_short_extends_as_decodes) si.is_prefilling = in.is_prefilling;
   const SplitResult split = b == 0 ? SplitResult{} : split_decodes_and_prefills(si);
   const int32_t nd = split.num_decodes, np = static_cast<int32_t>(b) - nd;
   const int32_t td = split.num_decode_tokens, tp = t_real - td;

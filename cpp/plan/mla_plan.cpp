@@ -268,9 +268,11 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   split_in.max_query_len = max_q;
   split_in.decode_threshold = in.decode_threshold;
   // MLA: short extends are decodes without DCP, prefills while still
-  // prefilling under DCP (spec 3.3 / 3.6).
-  split_in.treat_short_extends_as_decodes = !use_dcp;
-  if (use_dcp) {
+  // prefilling under DCP (spec 3.3 / 3.6) unless the P/D recompute scheduler.
+  // The P/D recompute scheduler forces the "decodes" rule under DCP too (spec cp.md 3.2).
+  const bool dcp_split = use_dcp && !in.pd_recompute_scheduler;
+  split_in.treat_short_extends_as_decodes = !dcp_split;
+  if (dcp_split) {
     if (in.is_prefilling.empty()) {
       // No flags given: a request is still prefilling when nothing of it is computed.
       for (std::size_t r = 0; r < b; ++r) dcp_pre[r] = seqs[r] == qsl[r + 1] - qsl[r];
@@ -365,7 +367,14 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
   if (use_dcp) {
     std::copy(dcp_lens.begin(), dcp_lens.begin() + b, buf.dcp_block_lens.begin());
-    if (in.is_prefilling.empty()) std::copy(dcp_pre.begin(), dcp_pre.begin() + b, buf.dcp_is_prefilling.begin());
+    if (in.is_prefilling.empty()) {
+      // The derived flags (all false under the P/D recompute scheduler, whose split reads none).
+      if (dcp_split) {
+        std::copy(dcp_pre.begin(), dcp_pre.begin() + b, buf.dcp_is_prefilling.begin());
+      } else {
+        std::fill(buf.dcp_is_prefilling.begin(), buf.dcp_is_prefilling.begin() + b, uint8_t{0});
+      }
+    }
   }
   if (!zero_copy) detail::copy_block_table_rows(table, b, in_stride, buf.block_table.data(), stride);
   int64_t* slots = buf.slot_mapping.data();

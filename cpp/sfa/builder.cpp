@@ -89,6 +89,10 @@ class MetadataBuilder::Lane {
   Metadata& build(const BuildInputs& in) {
     const int64_t T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req;
     const size_t num_reqs = in.seq_lens.size();
+    if (in.draft_step != -1) {
+      throw_not_supported("BuildInputs.draft_step=", in.draft_step, ": the SFA builder has no DCP draft steps "
+                          "(its drafts are build_for_drafting's lanes, which take the draft's own seq_lens)");
+    }
     // The offload's checks (plan/sfa_offload_plan.h), before anything is written.
     plan::SfaOffloadInputs oi;
     if (offload_) {

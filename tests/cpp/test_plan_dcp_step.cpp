@@ -3,6 +3,8 @@
 // filter, the local slot mapping, and rank-independent rejection.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
@@ -21,6 +23,7 @@ struct Step {
   std::vector<int32_t> qsl, seq, bt;
   std::vector<uint8_t> prefilling;
   int32_t stride = 0;
+  bool pd_recompute = false;
   std::vector<int32_t> slots, dbt, pbt, idx;
   std::vector<int64_t> dq, dkv, pq, pctx;
   DcpStepPlan run(DcpShard s, int32_t threshold, int32_t bs = 4) {
@@ -33,6 +36,7 @@ struct Step {
     in.num_blocks = 64;
     in.decode_threshold = threshold;
     in.is_prefilling = CSpan<uint8_t>(prefilling.data(), prefilling.size());
+    in.pd_recompute_scheduler = pd_recompute;
     in.shard = s;
     const int32_t T = qsl.back();
     slots.assign(T, 7);
@@ -153,6 +157,90 @@ TEST(PlanDcpStep, RejectionIsRankIndependentAndBeforeWrites) {
   Step s = mixed();
   s.seq[1] = 2;  // seq_len < query_len
   EXPECT_THROW(s.run({2, 0, 1}, 4), InvalidArgument);
+}
+
+// Spec 3.1 / 3.2: the P/D recompute scheduler classes a short request still in
+// its prompt (the decode node recomputing the last prompt token:
+// num_computed == prompt_len - 1) as a decode; without it that request splits
+// the batch as a prefill.
+TEST(PlanDcpStep, PdRecomputeSchedulerTreatsShortExtendsAsDecodes) {
+  auto make = [](bool pd) {
+    Step s;
+    s.qsl = {0, 1, 2, 5};
+    s.seq = {7, 8, 3};            // a decode, the recomputed last prompt token (7 computed), a fresh prompt
+    s.prefilling = {0, 1, 1};
+    s.stride = 4;
+    s.pd_recompute = pd;
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 4; ++c) s.bt.push_back(1 + 4 * r + c);
+    return s;
+  };
+  for (int32_t r = 0; r < 2; ++r) {
+    Step plain = make(false);
+    const DcpStepPlan a = plain.run({2, r, 1}, 1, 4);
+    EXPECT_EQ(a.split.num_decodes, 1);
+    EXPECT_EQ(a.split.num_prefills, 2);
+    EXPECT_TRUE(a.has_context);  // the recomputed request's 7 tokens are prefill context
+    Step pd = make(true);
+    const DcpStepPlan b = pd.run({2, r, 1}, 1, 4);
+    EXPECT_EQ(b.split.num_decodes, 2);
+    EXPECT_EQ(b.split.num_decode_tokens, 2);
+    EXPECT_EQ(b.split.num_prefills, 1);
+    EXPECT_FALSE(b.has_context);
+    EXPECT_EQ(pd.dkv[0], owned_before(7, 2, 1, r));
+    EXPECT_EQ(pd.dkv[1], owned_before(8, 2, 1, r));
+    // The slot mapping does not depend on the split.
+    EXPECT_EQ(pd.slots, plain.slots);
+  }
+}
+
+TEST(PlanDcpStep, DraftStepLengthsAreBasePlusIndexPlusOne) {
+  const std::vector<int32_t> qsl = {0, 1, 2, 3}, base = {5, 9, 0};
+  std::vector<int32_t> out(3, -7);
+  const CSpan<int32_t> same = draft_step_seq_lens(CSpan<int32_t>(qsl.data(), 4), CSpan<int32_t>(base.data(), 3),
+                                                  -1, Span<int32_t>(out.data(), 3));
+  EXPECT_EQ(same.data(), base.data());
+  EXPECT_EQ(out, std::vector<int32_t>(3, -7));
+  const CSpan<int32_t> d2 = draft_step_seq_lens(CSpan<int32_t>(qsl.data(), 4), CSpan<int32_t>(base.data(), 3), 2,
+                                                Span<int32_t>(out.data(), 3));
+  EXPECT_EQ(d2.data(), out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{8, 12, 3}));
+  // The decode rows of the drafted step: local_len(base + d + 1, r), brute force.
+  for (int32_t W : {2, 4})
+    for (int32_t I : {1, 2})
+      for (int32_t r = 0; r < W; ++r) {
+        Step s;
+        s.qsl = qsl;
+        s.seq = out;
+        s.prefilling = {1, 1, 1};  // a draft step is all decodes: run with the recompute rule
+        s.pd_recompute = true;
+        s.stride = 4;
+        for (int q = 0; q < 3; ++q)
+          for (int c = 0; c < 4; ++c) s.bt.push_back(1 + 4 * q + c);
+        const DcpStepPlan p = s.run({W, r, I}, 1, 4);
+        ASSERT_EQ(p.split.num_decodes, 3);
+        for (int q = 0; q < 3; ++q) EXPECT_EQ(s.dkv[q], owned_before(base[q] + 3, W, I, r)) << W << I << r << q;
+      }
+  // Rejected, naming the argument; nothing written.
+  std::fill(out.begin(), out.end(), -7);
+  const std::vector<int32_t> two_tokens = {0, 2, 3, 4};
+  auto bad = [&](const std::vector<int32_t>& q, const std::vector<int32_t>& b, int32_t d, std::size_t room) {
+    try {
+      draft_step_seq_lens(CSpan<int32_t>(q.data(), q.size()), CSpan<int32_t>(b.data(), b.size()), d,
+                          Span<int32_t>(out.data(), room));
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(bad(two_tokens, base, 0, 3).find("one query token per request: query_start_loc[1]=2"),
+            std::string::npos);
+  EXPECT_NE(bad(qsl, base, 16, 3).find("draft_step=16 is out of range"), std::string::npos);
+  EXPECT_NE(bad(qsl, base, -2, 3).find("draft_step=-2 is out of range"), std::string::npos);
+  EXPECT_NE(bad(qsl, {5, -1, 0}, 0, 3).find("seq_lens[1]=-1"), std::string::npos);
+  EXPECT_NE(bad(qsl, base, 0, 2).find("draft_seq_lens has room for 2"), std::string::npos);
+  EXPECT_NE(bad({0, 1}, base, 0, 3).find("query_start_loc has 2 entries"), std::string::npos);
+  EXPECT_EQ(out, std::vector<int32_t>(3, -7));
 }
 
 }  // namespace

@@ -649,3 +649,60 @@ TEST(PlanMlaStep, DcpContextChunksSpecExample) {
     EXPECT_EQ(o.kv[2], 152);
   }
 }
+
+namespace aar::plan {
+namespace {
+
+// Spec cp.md 3.1 / 3.2 under MLA DCP: a short request still in its prompt (the
+// last prompt token recomputed on the decode node) is a prefill by
+// is_prefilling, a decode with the P/D recompute scheduler; the derived flags
+// are all false then (the split reads none).
+TEST(PlanMlaStep, DcpPdRecomputeSchedulerTreatsShortExtendsAsDecodes) {
+  constexpr int32_t kStride = 4;
+  std::vector<int32_t> qsl{0, 1, 2, 5}, seq{9, 7, 3}, blens(3);
+  std::vector<int32_t> table(3 * kStride);
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i + 1);
+  const std::vector<uint8_t> flags{0, 1, 1};
+  for (const bool pd : {false, true})
+    for (const bool given : {false, true}) {
+      MlaOutputs o;
+      o.size_for(3, 8, kStride, 4);
+      std::vector<uint8_t> pre(3, 9);
+      MlaStepInputs in;
+      in.query_start_loc = qsl;
+      in.seq_lens = seq;
+      in.block_table = table;
+      in.block_table_stride = kStride;
+      in.block_size = 16;
+      in.num_blocks = 16;
+      in.workspace_tokens = 256;
+      in.dcp = DcpShard{2, 1, 1};
+      in.pd_recompute_scheduler = pd;
+      if (given) in.is_prefilling = flags;
+      MlaStepBuffers b = o.buffers(kStride);
+      std::vector<int32_t> plens(kMaxContextChunks * 3);
+      std::vector<int64_t> ltot(kMaxContextChunks), reorg(64), offs(kMaxContextChunks + 1);
+      b.chunks.padded_chunk_seq_lens = plens;
+      b.chunks.local_seq_tot = ltot;
+      b.chunks.reorg_index = reorg;
+      b.chunks.reorg_offsets = offs;
+      b.dcp_block_lens = blens;
+      b.dcp_is_prefilling = pre;
+      const MlaStepPlan p = plan_mla_step(in, b);
+      // Without the flags a request is prefilling when nothing of it is computed, so only the
+      // fresh prompt; with the flags the recomputed request is prefilling too, unless pd.
+      const int32_t nd = (pd || !given) ? 2 : 1;
+      EXPECT_EQ(p.split.num_decodes, nd) << pd << given;
+      EXPECT_EQ(p.split.num_prefills, 3 - nd) << pd << given;
+      if (!given) {
+        EXPECT_EQ(pre, (pd ? std::vector<uint8_t>{0, 0, 0} : std::vector<uint8_t>{0, 0, 1})) << pd;
+      }
+      if (nd == 2) {
+        EXPECT_EQ(o.kv[0], 4);  // local_len(9, rank 1) with W 2, I 1
+        EXPECT_EQ(o.kv[1], 3);  // local_len(7, rank 1)
+      }
+    }
+}
+
+}  // namespace
+}  // namespace aar::plan

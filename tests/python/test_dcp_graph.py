@@ -146,7 +146,7 @@ def test_gqa_dcp_decode_graph_replays_like_eager(world):
 MLA_BUCKET = 4
 
 
-def _mla_case(rank, W, I, dtype_name):
+def _mla_case(rank, W, I, dtype_name, spec=0):
     import ascend_attn_rt as aar
     from _mla_reference import rope_tables
     from test_mla_dcp import _local_index, _make_step, _owner, _reference
@@ -158,38 +158,43 @@ def _mla_case(rank, W, I, dtype_name):
     bs, MB, NB = 16, 8, 40
     # Each step is a _make_step of its own lengths; one seed, so one set of weights for all.
     steps = [[2, 17, 40, 33], [3, 18], [41, 34, 5], [2], [19, 42, 6, 35]]  # [2]: shorter than the group
-    st0 = _make_step(W, seq_lens=steps[0], q_lens=[1] * 4, I=I, dtype=dtype)
+    qn = 1 + spec  # tokens per decode request (speculative decode: the bucket holds MLA_BUCKET requests)
+    steps = [[n + spec for n in seq] for seq in steps]  # a history of at least one token: decodes
+    NT = MLA_BUCKET * qn
+    st0 = _make_step(W, seq_lens=steps[0], q_lens=[qn] * 4, I=I, dtype=dtype)
     d = st0["d"]
     cos, sin = rope_tables(64, d.R)
     mk = dict(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=MB, block_size=bs, num_blocks=NB,
               cos_table=cos.to(dtype), sin_table=sin.to(dtype), dcp_world_size=W, dcp_rank=rank,
-              cp_kv_cache_interleave_size=I)
+              cp_kv_cache_interleave_size=I, num_speculative_tokens=spec)
     b_graph = mla.MetadataBuilder(graph_decode_padding=True, **mk)
     b_eager = mla.MetadataBuilder(**mk)
     kw = dict(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
               qk_rope_head_dim=d.R, v_head_dim=d.V, scale=1.0 / math.sqrt(d.P + d.R), dcp_comm=comm, **st0["ws"])
     layer_graph, layer_eager = mla.Impl(**kw), mla.Impl(**kw)
     nope_g, rope_g = torch.zeros(NB, bs, 1, d.L, dtype=dtype), torch.zeros(NB, bs, 1, d.R, dtype=dtype)
-    hidden_s, out_s = torch.zeros(MLA_BUCKET, d.hidden, dtype=dtype), torch.zeros(MLA_BUCKET, d.hidden, dtype=dtype)
+    hidden_s, out_s = torch.zeros(NT, d.hidden, dtype=dtype), torch.zeros(NT, d.hidden, dtype=dtype)
 
     def table_of(st):
         t = torch.zeros(st["B"], MB, dtype=torch.int32)
         t[:, :st["table"].shape[1]] = st["table"]
         return t
 
-    md = b_graph.build(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
-                       table_of(st0)[:1].contiguous(), num_input_tokens=MLA_BUCKET)
-    assert md.decode_num_kernel_reqs == MLA_BUCKET and md.decode_seq_lens_list[1:] == [0] * (MLA_BUCKET - 1)
+    md = b_graph.build(torch.tensor([0, qn], dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
+                       table_of(st0)[:1].contiguous(), num_input_tokens=NT)
+    # One decode row per token under DCP speculative decode (spec cp.md 3.4), one per request otherwise.
+    rows = NT if spec else MLA_BUCKET
+    assert md.decode_num_kernel_reqs == rows and md.decode_seq_lens_list[qn:] == [0] * (rows - qn)
     g = aar.GraphParams("recording")
-    with g.capture(MLA_BUCKET):
+    with g.capture(NT):
         layer_graph.forward(hidden_s, nope_g, rope_g, md, out_s)
-    kinds = [c[0] for c in g.calls(MLA_BUCKET)]
+    kinds = [c[0] for c in g.calls(NT)]
     assert kinds == ["prepare", "fia", "prepare"], kinds
-    addrs = g.call_addresses(MLA_BUCKET)
+    addrs = g.call_addresses(NT)
     tol = 2e-4 if dtype == torch.float32 else 3e-2  # test_mla_dcp's _tol
     for seq in steps:
         B = len(seq)
-        st = _make_step(W, seq_lens=seq, q_lens=[1] * B, I=I, dtype=dtype)
+        st = _make_step(W, seq_lens=seq, q_lens=[qn] * B, I=I, dtype=dtype)
         assert st["nb"] <= NB and st["table"].shape[1] <= MB
         # This rank's context rows (positions < seq - 1) in both caches; garbage elsewhere.
         gcache = torch.Generator().manual_seed(5 + rank)
@@ -197,39 +202,44 @@ def _mla_case(rank, W, I, dtype_name):
         rope_g.copy_(torch.randn(NB, bs, 1, d.R, generator=gcache).to(dtype))
         for r in range(B):
             c, kr = st["rows"][r]
-            for p in range(seq[r] - 1):
+            for p in range(seq[r] - qn):
                 if _owner(p, W, I) == rank:
                     li = _local_index(p, W, I)
                     blk, off = int(st["table"][r, li // bs]), li % bs
                     nope_g[blk, off, 0] = c[p].to(dtype)
                     rope_g[blk, off, 0] = kr[p].to(dtype)
         nope_e, rope_e = nope_g.clone(), rope_g.clone()
-        hidden = torch.cat([st["xs"][r][seq[r] - 1:] for r in range(B)])
-        qsl = torch.arange(B + 1, dtype=torch.int32)
+        hidden = torch.cat([st["xs"][r][seq[r] - qn:] for r in range(B)])
+        qsl = torch.arange(B + 1, dtype=torch.int32) * qn
         tab = table_of(st)
-        md_g = b_graph.build(qsl, torch.tensor(seq, dtype=torch.int32), tab, num_input_tokens=MLA_BUCKET)
+        md_g = b_graph.build(qsl, torch.tensor(seq, dtype=torch.int32), tab, num_input_tokens=NT)
         md_e = b_eager.build(qsl, torch.tensor(seq, dtype=torch.int32), tab)
         hidden_s.zero_()
-        hidden_s[:B] = hidden
+        hidden_s[:B * qn] = hidden
         out_s.fill_(float("nan"))
-        g.update(MLA_BUCKET, md_g)
+        g.update(NT, md_g)
         before = comm.calls
-        g.replay(MLA_BUCKET)
+        g.replay(NT)
         assert comm.calls - before == 2  # the query gather and the partials' a2a
         out_e = torch.full_like(hidden, 7.0)
         layer_eager.forward(hidden, nope_e, rope_e, md_e, out_e)
-        _close(out_s[:B].double(), out_e.double(), 1e-5 if dtype == torch.float32 else 1e-2, "replay vs eager")
-        assert not torch.isnan(out_s).any() and float(out_s[B:].abs().sum()) == 0.0  # dummies attend nothing
-        _close(out_s[:B].double(), _reference(st), tol, "replay vs the float64 reference")
+        T = B * qn
+        _close(out_s[:T].double(), out_e.double(), 1e-5 if dtype == torch.float32 else 1e-2, "replay vs eager")
+        assert not torch.isnan(out_s).any() and float(out_s[T:].abs().sum()) == 0.0  # dummies attend nothing
+        _close(out_s[:T].double(), _reference(st), tol, "replay vs the float64 reference")
         # The same rows written (the padded bucket's projections may round differently in the
         # last bits: a GEMM over 4 rows instead of B).
         ctol = 1e-5 if dtype == torch.float32 else 1e-2
         _close(nope_g.double(), nope_e.double(), ctol, "latent cache")
         _close(rope_g.double(), rope_e.double(), ctol, "rope cache")
-        assert g.call_addresses(MLA_BUCKET) == addrs
+        assert g.call_addresses(NT) == addrs
     return len(steps)
 
 
-@pytest.mark.parametrize("I,dtype", [(1, "float32"), (16, "float32"), (2, "bfloat16")])
-def test_mla_dcp_decode_graph_replays_like_eager(I, dtype):
-    assert run_ranks(2, _mla_case, I, dtype, deadline_s=120.0) == [5, 5]
+@pytest.mark.parametrize("I,dtype,spec", [(1, "float32", 0), (16, "float32", 0), (2, "bfloat16", 0),
+                                          (1, "float32", 1), (2, "bfloat16", 2)])
+def test_mla_dcp_decode_graph_replays_like_eager(I, dtype, spec):
+    # spec > 0: speculative decode inside the capture (1 + spec tokens per request, per-token rows
+    # with the interleave-aware causal lengths of cp.md 3.4; a history of one token with I = 2
+    # leaves rank 1 with no local key at or before the first queries' positions).
+    assert run_ranks(2, _mla_case, I, dtype, spec, deadline_s=120.0) == [5, 5]

@@ -65,16 +65,19 @@ class _World:
         self.builders = {}
         self.tol = 1e-5 if dtype == torch.float32 else 2e-2
 
-    def builder(self, spec):
-        if spec not in self.builders:
-            self.builders[spec] = self.aar.DcpMetadataBuilder(
+    def builder(self, spec, pd=False):
+        if (spec, pd) not in self.builders:
+            self.builders[(spec, pd)] = self.aar.DcpMetadataBuilder(
                 max_num_reqs=8, max_num_tokens=1024, max_blocks_per_req=self.stride, block_size=self.B,
                 num_blocks=self.num_blocks, dcp_world=self.W, dcp_rank=self.rank, interleave=self.I,
-                num_speculative_tokens=spec)
-        return self.builders[spec]
+                num_speculative_tokens=spec, pd_recompute_scheduler=pd)
+        return self.builders[(spec, pd)]
 
-    def step(self, reqs, qlens, prefilling, spec=0, expect_collectives=None):
-        """One forward of requests `reqs` (decode-first) with qlens new tokens each."""
+    def step(self, reqs, qlens, prefilling, spec=0, expect_collectives=None, pd=False, draft=-1):
+        """One forward of requests `reqs` (decode-first) with qlens new tokens each.
+
+        pd: through a builder with the P/D recompute scheduler. draft = d >= 0: a draft step,
+        built from base lengths (history - d: the new token sits at base + d)."""
         W, H, Hkv, G = self.W, self.H, self.Hkv, self.H // self.Hkv
         T = sum(qlens)
         # global inputs, identical on all ranks
@@ -87,9 +90,15 @@ class _World:
         for r, n in zip(reqs, qlens):
             seq.append(self.hist[r][0].shape[0] + n)
             qsl.append(qsl[-1] + n)
-        md = self.builder(spec).build(torch.tensor(qsl, dtype=torch.int32), torch.tensor(seq, dtype=torch.int32),
-                                      self.bt[list(reqs)].contiguous(),
-                                      is_prefilling=torch.tensor(prefilling, dtype=torch.bool))
+        given = seq if draft < 0 else [L - draft - 1 for L in seq]
+        md = self.builder(spec, pd).build(torch.tensor(qsl, dtype=torch.int32),
+                                          torch.tensor(given, dtype=torch.int32), self.bt[list(reqs)].contiguous(),
+                                          is_prefilling=torch.tensor(prefilling, dtype=torch.bool), draft_step=draft)
+        if draft >= 0:
+            # upstream's draft_cp_seq_len: local_len(base + d + 1, rank), by brute force
+            W, I = self.W, self.I
+            assert md.draft_step == draft and md.num_decodes == len(reqs)
+            assert md.decode_kv_lens == [sum((x // I) % W == self.rank for x in range(L)) for L in seq]
         out = torch.full((T, H, D), float("nan"), dtype=self.dtype)
         before = self.comm.calls
         self.layer.forward(q, kd, vd, self.kc, self.vc, md, out)
@@ -144,6 +153,15 @@ def _case_matrix(rank, W, configs):
         #    short (ranks without local context still exchange)
         w.step([0, 1, 2, 3, 4], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0])
         w.step([4], [6], [1])
+        # 5. the P/D recompute scheduler (spec 3.1 / 3.2): a one-token request still flagged
+        #    as prefilling (its last prompt token recomputed) runs as a decode
+        dec = 0 if W == 1 else 2
+        md, _ = w.step([0, 1], [1, 1], [0, 1], pd=True, expect_collectives=dec)
+        assert md.num_decodes == 2 and md.num_prefills == 0
+        # 6. draft-model steps d = 0, 1 over base lengths (spec 3.1 draft_cp_seq_len), the
+        #    prefilling flags ignored
+        for d in (0, 1):
+            w.step([0, 2, 3], [1, 1, 1], [1, 1, 1], draft=d, expect_collectives=dec)
         w.check_shard()
         done.append((B, I, H, Hkv, dtype_name))
     if W > 1:
@@ -162,6 +180,10 @@ def _bad_inputs(rank, W, comm):
     bad[0, 0] = 10_000  # a block id the kernels would read (context), out of range
     with pytest.raises(ValueError, match=r"block_table\[0\]\[0\]=10000"):
         b.build(qsl, seq, bad)
+    with pytest.raises(ValueError, match=r"draft step \(draft_step=0\) has one query token per request"):
+        b.build(qsl, seq, w.bt[:1].contiguous(), draft_step=0)
+    with pytest.raises(ValueError, match="draft_step=16 is out of range"):
+        b.build(torch.tensor([0, 1], dtype=torch.int32), seq, w.bt[:1].contiguous(), draft_step=16)
     md = b.build(qsl, seq, w.bt[:1].contiguous(), is_prefilling=torch.tensor([True]))
     other = aar.DcpMetadataBuilder(max_num_reqs=2, max_num_tokens=8, max_blocks_per_req=w.stride, block_size=16,
                                    num_blocks=w.num_blocks, dcp_world=W, dcp_rank=(rank + 1) % W)

@@ -43,8 +43,12 @@ def _tol(dtype):
     return dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
 
 
-def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, workspace=0, seed=0, dims=None, spec=0):
-    """The global step every rank (and the parent) regenerates from the seed."""
+def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, workspace=0, seed=0, dims=None, spec=0,
+               prefilling=None, pd=False, draft=-1):
+    """The global step every rank (and the parent) regenerates from the seed.
+
+    prefilling: the is_prefilling flags to build with (None: derived); pd: a builder with the P/D
+    recompute scheduler; draft = d >= 0: a draft step, built from the base lengths seq - d - 1."""
     d = dims or MlaDims()
     g = torch.Generator().manual_seed(seed)
     ws = make_weights(d, dtype, g)
@@ -66,7 +70,7 @@ def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, workspace=
         _, _, c, k_rope = project(d, ws, xs[r], torch.arange(seq_lens[r]))
         rows.append((c, half_split(k_rope)))
     return dict(d=d, ws=ws, B=B, nb=nb, table=table, xs=xs, rows=rows, seq_lens=seq_lens, q_lens=q_lens, I=I,
-                bs=bs, dtype=dtype, workspace=workspace, spec=spec)
+                bs=bs, dtype=dtype, workspace=workspace, spec=spec, prefilling=prefilling, pd=pd, draft=draft)
 
 
 def _caches(st, W, rank, upto_context):
@@ -101,8 +105,10 @@ def _run_step(comm, rank, W, **spec):
                                   block_size=bs, num_blocks=st["nb"], cos_table=cos.to(dtype),
                                   sin_table=sin.to(dtype), workspace_tokens=st["workspace"], dcp_world_size=W,
                                   dcp_rank=rank, cp_kv_cache_interleave_size=st["I"],
-                                  num_speculative_tokens=st["spec"])
-    md = builder.build(qsl, torch.tensor(seq_lens, dtype=torch.int32), st["table"])
+                                  num_speculative_tokens=st["spec"], pd_recompute_scheduler=st["pd"])
+    given = seq_lens if st["draft"] < 0 else [s - st["draft"] - 1 for s in seq_lens]
+    flags = {} if st["prefilling"] is None else dict(is_prefilling=torch.tensor(st["prefilling"], dtype=torch.bool))
+    md = builder.build(qsl, torch.tensor(given, dtype=torch.int32), st["table"], draft_step=st["draft"], **flags)
     impl = mla.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
                     qk_rope_head_dim=d.R, v_head_dim=d.V, scale=1.0 / math.sqrt(d.P + d.R), dcp_comm=comm,
                     **st["ws"])
@@ -112,7 +118,7 @@ def _run_step(comm, rank, W, **spec):
     facts = dict(num_decodes=md.num_decodes, num_prefills=md.num_prefills, chunks=md.num_context_chunks,
                  kernel_rows=md.decode_num_kernel_reqs if md.num_decodes else 0,
                  calls=(comm.calls_of("all_gather"), comm.calls_of("all_to_all_single")),
-                 local=md.decode_seq_lens_list if md.num_decodes else [])
+                 local=md.decode_seq_lens_list if md.num_decodes else [], draft_step=md.draft_step)
     # As float64 numpy arrays (exact for fp32 / bf16): they pickle by value, while torch tensors would
     # travel as shared-memory handles that die with the rank process.
     return out.double().numpy(), nope.double().numpy(), rope.double().numpy(), facts
@@ -166,6 +172,12 @@ _STEPS = {
     # histories of 1 and 2 tokens leave ranks with no local key at or before a query's
     # position (upstream's quirk, corrected: such a row attends nothing on that rank)
     "spec_decode": dict(seq_lens=[4, 5, 18, 41, 34], q_lens=[3, 3, 3, 3, 3], spec=2),
+    # the P/D recompute scheduler (cp.md 3.1 / 3.2): the second request is still flagged as
+    # prefilling (its last prompt token recomputed on the decode node) and runs as a decode
+    "pd_recompute": dict(seq_lens=[12, 20, 9], q_lens=[1, 1, 9], prefilling=[0, 1, 1], pd=True, workspace=128),
+    # a draft-model step (cp.md 3.1 draft_cp_seq_len): built from base lengths with draft_step 1,
+    # the prefilling flags ignored; a 3-token request leaves ranks with nothing local at W = 4
+    "draft": dict(seq_lens=[12, 20, 3, 33], q_lens=[1, 1, 1, 1], prefilling=[1, 1, 1, 1], draft=1),
 }
 
 
@@ -200,6 +212,11 @@ def test_dcp_steps_fp32(world, I):
         sp = per["spec_decode"]
         assert sp["num_decodes"] == 5 and sp["kernel_rows"] == 15  # one decode row per token
         assert sp["calls"] == (1, 1)
+        pd = per["pd_recompute"]
+        assert (pd["num_decodes"], pd["num_prefills"], pd["calls"]) == (2, 1, (1, 1))
+        dr = per["draft"]
+        assert dr["num_decodes"] == 4 and dr["draft_step"] == 1 and dr["calls"] == (1, 1)
+        assert dr["local"] == [_local_len(s, world, I, rank) for s in _STEPS["draft"]["seq_lens"]]
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -105,6 +105,9 @@ struct DcpMetadata {
   int64_t local_context_tokens = 0;         // this rank's share of it
   at::Tensor context_token_idx;             // device int64 (num_context_rows): prefill rows with context
   int32_t num_local_writes = 0;
+  // A draft-model step (DcpBuildInputs::draft_step): its index d, -1 otherwise.
+  // Its decode_kv_lens are upstream's draft_cp_seq_len (local_len(base + d + 1, rank)).
+  int32_t draft_step = -1;
 };
 
 struct DcpBuilderConfig {
@@ -114,6 +117,10 @@ struct DcpBuilderConfig {
   int32_t block_size = 128;
   int32_t num_blocks = 0;
   int32_t num_speculative_tokens = 0;  // decode threshold 1 + this (<= 16)
+  // The P/D recompute scheduler (spec 3.1 / 3.2): requests of at most the
+  // decode threshold are decodes whatever is_prefilling says (a decode node
+  // recomputes a transferred request's last prompt token as a decode).
+  bool pd_recompute_scheduler = false;
   plan::DcpShard shard;                // world / rank / interleave (I <= B, B % I == 0)
   c10::Device device = c10::Device(c10::kCPU);
   std::optional<bool> separate_device_buffers;  // default: device != CPU
@@ -128,6 +135,11 @@ struct DcpBuildInputs {
   int32_t block_table_stride = 0;
   int32_t num_input_tokens = 0;
   plan::CSpan<uint8_t> is_prefilling;    // optional
+  // A draft-model (MTP proposer) step d >= 0 (spec 3.1, plan::draft_step_seq_lens):
+  // seq_lens are then the requests' base lengths, every request has one query
+  // token at position base + d (query_start_loc 0, 1, ..., B) and is a decode
+  // (is_prefilling is not read); -1: a normal step.
+  int32_t draft_step = -1;
 };
 
 // Thread safety: as gqa::MetadataBuilder: one thread at a time per builder.
@@ -155,6 +167,7 @@ class DcpMetadataBuilder {
   at::Tensor ctx_idx_host_, ctx_idx_dev_;
   std::vector<int32_t> ctx_idx32_;
   std::vector<int64_t> dq_, dkv_, pq_, pctx_;
+  std::vector<int32_t> draft_seq_;  // a draft step's lengths (base + d + 1)
   int64_t off_slot_ = 0, off_dbt_ = 0, off_pbt_ = 0;
 };
 
@@ -179,18 +192,17 @@ class DcpAttentionImpl {
   cp::Comm& comm() { return comm_; }
 
  private:
-  // Gathered heads (rank-major) <-> KV-head-major for FIA (identity when Hkv == 1).
-  at::Tensor to_kv_major(const at::Tensor& x) const;
-  at::Tensor from_kv_major(const at::Tensor& x) const;
   void decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output);
   // The decode's three stages over workspace views of T rows: the gathered
   // query (regrouped KV-head-major when needed) and the fused call's
-  // arguments; then the exchange and merge into out_rows.
+  // arguments; then the exchange and merge into out_rows (and the merged LSE
+  // into lse_rows when given). The prefill's context pass uses them too.
   const cp::DcpViews& decode_views(int64_t T, const at::Tensor& query);
   void stage_query(const cp::DcpViews& v, const at::Tensor& q_rows);
   void fill_decode_call(const cp::DcpViews& v, const DcpMetadata& md, ops::FiaTensors& t, ops::FiaParams& p,
                         at::Tensor& out, at::Tensor& lse) const;
-  void combine(const cp::DcpViews& v, const at::Tensor& out_rows);
+  void combine(const cp::DcpViews& v, const at::Tensor& out_rows,
+               const std::optional<at::Tensor>& lse_rows = std::nullopt);
   void capture_decode(graph::GraphParams& g, const DcpMetadata& md, const at::Tensor& query,
                       const std::optional<at::Tensor>& key, const std::optional<at::Tensor>& value,
                       const at::Tensor& output);
@@ -201,6 +213,7 @@ class DcpAttentionImpl {
   cp::Comm& comm_;
   detail::BoundNdCaches caches_;
   std::shared_ptr<cp::DcpWorkspace> ws_;  // shared by the layers of one shape
+  at::Tensor prefill_scratch_;             // fp32, grow-only: the prefill's LSEs and merged context output
 };
 
 }  // namespace aar::gqa

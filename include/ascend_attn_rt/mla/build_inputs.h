@@ -20,6 +20,14 @@ struct BuildInputs {
   // optional, B entries: request still prefilling its prompt (read under DCP
   // only, spec 3.6; empty: seq_len == query_len)
   plan::CSpan<uint8_t> is_prefilling;
+  // mla:: only (the SFA builders refuse it; theirs is build_for_drafting's
+  // lane): a draft-model (MTP proposer) step d >= 0, spec cp.md 3.1. seq_lens
+  // are the requests' base lengths, each request has one query token at
+  // position base + d (query_start_loc 0, 1, ..., B), so its length is
+  // base + d + 1 (plan::draft_step_seq_lens) and, under DCP, its local KV length
+  // local_len(base + d + 1, rank) (upstream's draft_cp_seq_len); every request
+  // is a decode. -1: a normal step.
+  int32_t draft_step = -1;
 };
 
 }  // namespace aar::mla

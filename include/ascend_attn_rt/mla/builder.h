@@ -96,6 +96,10 @@ struct BuilderConfig {
   int32_t dcp_world_size = 1;
   int32_t dcp_rank = 0;
   int32_t cp_kv_cache_interleave_size = 1;
+  // The P/D recompute scheduler (spec cp.md 3.1 / 3.2): under DCP, requests of
+  // at most the decode threshold are decodes whatever is_prefilling says (as
+  // they are without DCP).
+  bool pd_recompute_scheduler = false;
 };
 
 // Thread safety: one thread at a time per builder; builders share nothing, so engines on
@@ -155,6 +159,7 @@ class MetadataBuilder {
   at::Tensor reorg_device_;
   std::vector<int32_t> dcp_block_lens_;
   std::vector<uint8_t> dcp_is_prefilling_;
+  std::vector<int32_t> draft_seq_;  // a draft step's lengths (base + d + 1)
   // DCP with speculative decode: the per-token decode rows (their block table
   // is the staging region at off_dtbt_).
   std::vector<int64_t> dcp_q_ends_, dcp_kv_lens_;

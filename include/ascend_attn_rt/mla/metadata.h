@@ -79,6 +79,7 @@ struct Metadata {
   int32_t num_blocks = 0;
   bool speculative = false;        // the builder has a speculative config (decode layout TND_NTD)
   DcpInfo dcp;                     // world_size 1: no DCP; else slot_mapping holds local slots
+  int32_t draft_step = -1;         // BuildInputs::draft_step of this build (-1: a normal step)
 
   at::Tensor query_start_loc;  // device int32 (num_reqs + 1)
   at::Tensor slot_mapping;     // device int64 (num_input_tokens), -1 past num_actual_tokens

@@ -20,7 +20,11 @@
 // - Split: treat_short_extends_as_decodes = false (spec 3.2); without
 //   is_prefilling every request of at most decode_threshold tokens is a decode
 //   (is_prefilling all false). A short extend classed as a decode is still
-//   exact: its rows attend by position as above.
+//   exact: its rows attend by position as above. With the P/D recompute
+//   scheduler (pd_recompute_scheduler) is_prefilling is not read: a decode
+//   node recomputes a transferred request's last prompt token, a request with
+//   num_computed == prompt_len - 1 that is still "prefilling", and spec 3.1 / 3.2
+//   class it as a decode (treat_short_extends_as_decodes forced true).
 // - The prefill context is every prefill request's cached context
 //   (seq_len - query_len) whatever chunked_prefill says: ignoring a prefix-cache
 //   hit would be silently wrong (spec 10.13). has_context is batch-global (the
@@ -49,6 +53,7 @@ struct DcpStepInputs {
   int32_t num_input_tokens = 0;    // 0 = qsl[B]; extra tokens get slot -1 (decode-only steps: padding decode rows)
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens, in [1, 16]
   CSpan<uint8_t> is_prefilling;    // optional, B entries
+  bool pd_recompute_scheduler = false;  // spec 3.1 / 3.2: short requests are decodes, is_prefilling unread
   DcpShard shard;
 };
 
@@ -94,5 +99,18 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf);
 void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t num_decodes,
                            CSpan<int32_t> block_table, int32_t block_table_stride, const DcpShard& shard, int32_t rows,
                            Span<int64_t> q_ends, Span<int64_t> kv_lens, Span<int32_t> table, int32_t out_stride);
+
+// A draft-model (MTP proposer) step of draft index d (spec 3.1
+// draft_cp_seq_len / draft_base_seq_lens): every request has one query token,
+// at position base + d, so its sequence length is base + d + 1 and, under
+// DCP, its local KV length on rank r is local_len(base + d + 1, r) (the
+// decode rows' KV lengths of a one-token step, upstream's draft_cp_seq_len).
+// With draft_index == -1 returns base_seq_lens unchanged. Otherwise checks that
+// query_start_loc is 0, 1, ..., B (one token per request, the draft step's
+// shape), that 0 <= draft_index < 16 (at most 15 draft steps: decode_threshold <=
+// 16) and that no length is negative or overflows, writes the lengths into
+// out (>= B entries) and returns them. Writes nothing on a rejected input.
+CSpan<int32_t> draft_step_seq_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> base_seq_lens,
+                                   int32_t draft_index, Span<int32_t> out);
 
 }  // namespace aar::plan

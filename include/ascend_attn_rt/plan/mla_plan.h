@@ -163,6 +163,11 @@ struct MlaStepInputs {
   // Per request, "still prefilling its prompt"; only read under DCP, where an
   // empty span means seq_len == query_len (no computed tokens).
   CSpan<uint8_t> is_prefilling;
+  // The P/D recompute scheduler (spec cp.md 3.1 / 3.2): under DCP the split
+  // treats short extends as decodes and reads no is_prefilling, as without
+  // DCP (a decode node recomputing a transferred request's last prompt token
+  // runs it as a decode).
+  bool pd_recompute_scheduler = false;
 };
 
 struct MlaStepBuffers {
