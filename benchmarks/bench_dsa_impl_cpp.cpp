@@ -12,11 +12,15 @@
 // bench_dsa_cpp times the builders).
 //
 //   build/bench_dsa_impl_cpp [--out benchmarks/results/cpp_dsa_impl.json] [--quick]
+//
+// AAR_BENCH_LAYER=<text> runs only the layer kinds whose name contains it (for
+// a profiler: valgrind --tool=callgrind --toggle-collect='aar::dsa::Impl::forward(*').
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,7 +110,9 @@ int main(int argc, char** argv) {
   aar_bench::JsonReport report("bench_dsa_impl_cpp");
   report.hardware_threads();
   std::printf("%-24s %6s %10s\n", "layer", "batch", "us/call");
+  const char* only = std::getenv("AAR_BENCH_LAYER");
   for (const LayerKind& lk : layer_kinds) {
+    if (only != nullptr && std::string(lk.name).find(only) == std::string::npos) continue;
     aar::dsa::ImplConfig ic;
     ic.hidden_size = kHid;
     ic.num_heads = kN;

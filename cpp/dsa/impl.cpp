@@ -673,12 +673,15 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
     if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
   }
   const bool kv_quant = cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
-  ops::KvQuantSparseAttnSharedKvArgs qa;
+  // Made only on that plan (its many optional tensors cost a construction and
+  // a destruction per call otherwise).
+  std::optional<ops::KvQuantSparseAttnSharedKvArgs> qa;
   if (kv_quant) {
-    qa.base = a;
-    qa.kv_quant_mode = cf.plan.kv_quant_mode;
-    qa.tile_size = cf.plan.tile_size;
-    qa.rope_head_dim = cf.plan.rope_head_dim;
+    qa.emplace();
+    qa->base = a;
+    qa->kv_quant_mode = cf.plan.kv_quant_mode;
+    qa->tile_size = cf.plan.tile_size;
+    qa->rope_head_dim = cf.plan.rope_head_dim;
   }
   at::Tensor o;
   if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
@@ -693,13 +696,13 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
     o = std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
   } else if (graph) {
     if (kv_quant) {
-      ops::kv_quant_sparse_attn_sharedkv_out(qa, v.o);
+      ops::kv_quant_sparse_attn_sharedkv_out(*qa, v.o);
     } else {
       ops::sparse_attn_sharedkv_out(a, v.o);
     }
     o = v.o;
   } else {
-    o = std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(qa) : ops::sparse_attn_sharedkv(a));
+    o = std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(*qa) : ops::sparse_attn_sharedkv(a));
   }
 
   // ---- inverse RoPE and o_proj (6.8 step 4)

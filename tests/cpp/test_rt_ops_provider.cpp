@@ -12,6 +12,7 @@
 #include "ascend_attn_rt/ops/fusion_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "ascend_attn_rt/ops/paged_attention.h"
+#include "../../cpp/ops/noop/output_cache.h"
 #include "ascend_attn_rt/ops/cann_ops_library.h"
 #include "ascend_attn_rt/ops/provider.h"
 #include "ascend_attn_rt/ops/schemas.h"
@@ -359,4 +360,37 @@ TEST(RtOpsProvider, NoComputeShapesForTheSparseOperators) {
                                                 at::empty({t, 1, 64}, meta.dtype(at::kBFloat16)));
   EXPECT_EQ(rows.sizes(), (c10::IntArrayRef{t, 1, 656}));
   EXPECT_TRUE(rows.is_meta());
+}
+
+// The no-compute provider's per-thread output cache (cpp/ops/noop/output_cache.h):
+// one tensor per (shape, dtype, device), returned again on a repeat (a steady-state
+// call allocates nothing), right-shaped for any number of distinct keys (replacement
+// past its 64 entries).
+TEST(RtOpsProvider, NoComputeOutputCacheKeysOnShapeDtypeAndDevice) {
+  const c10::Device meta(c10::kMeta), cpu(c10::kCPU);
+  const std::vector<int64_t> s{3, 4};
+  const at::Tensor a = ops::noop::cached(s, at::kFloat, meta);
+  EXPECT_TRUE(a.is_same(ops::noop::cached(s, at::kFloat, meta)));
+  EXPECT_EQ(a.sizes(), c10::IntArrayRef(s));
+  EXPECT_EQ(a.device(), meta);
+  const at::Tensor b = ops::noop::cached(s, at::kHalf, meta);
+  const at::Tensor c = ops::noop::cached(s, at::kFloat, cpu);
+  const std::vector<int64_t> s2{4, 3}, s3{3, 4, 1};
+  const at::Tensor d = ops::noop::cached(s2, at::kFloat, meta);
+  const at::Tensor e = ops::noop::cached(s3, at::kFloat, meta);
+  for (const at::Tensor* t : {&b, &c, &d, &e}) EXPECT_FALSE(t->is_same(a));
+  EXPECT_EQ(b.scalar_type(), at::kHalf);
+  EXPECT_EQ(c.device(), cpu);
+  EXPECT_EQ(d.sizes(), c10::IntArrayRef(s2));
+  EXPECT_EQ(e.sizes(), c10::IntArrayRef(s3));
+  // Far more keys than entries: every answer has its key's shape, old or new.
+  for (int round = 0; round < 2; ++round) {
+    for (int64_t n = 1; n <= 300; ++n) {
+      const std::vector<int64_t> k{n, 2};
+      const at::Tensor t = ops::noop::cached(k, at::kFloat, meta);
+      ASSERT_EQ(t.sizes(), c10::IntArrayRef(k)) << n;
+      ASSERT_TRUE(t.is_same(ops::noop::cached(k, at::kFloat, meta))) << n;
+    }
+  }
+  EXPECT_THROW(ops::noop::cached(std::vector<int64_t>(7, 1), at::kFloat, meta), aar::InvalidArgument);
 }

@@ -25,20 +25,50 @@ struct Entry {
   at::Tensor t;
 };
 
+// The per-thread cache: 64 entries addressed by a hash of the key, probed
+// over 8 slots; on a miss the first free slot of the probe takes the new
+// entry, or the home slot is replaced. (A linear scan of 32 entries, with
+// the thread_local re-resolved in every iteration, was a fifth of a DSA C4
+// forward's measured host instructions.)
+struct OutputCache {
+  std::array<Entry, 64> entries;
+};
+
+bool same_key(const Entry& e, c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device) {
+  if (e.rank != static_cast<int64_t>(shape.size()) || e.dtype != dtype || e.device != device) return false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (e.shape[d] != shape[d]) return false;
+  }
+  return true;
+}
+
+// Out of line, so the caller holds a plain pointer: GCC re-resolved an inline
+// thread_local's address (__tls_get_addr) in every iteration of a loop.
+__attribute__((noinline)) OutputCache& output_cache() {
+  thread_local OutputCache tls;
+  return tls;
+}
+
 }  // namespace
 
 at::Tensor cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device) {
-  thread_local std::array<Entry, 32> cache;
-  thread_local size_t next = 0;
   AAR_CHECK_ARG(shape.size() <= 6, "ascend_noop: at most 6 dims, got ", shape);
-  for (auto& e : cache) {
-    if (e.rank == static_cast<int64_t>(shape.size()) && e.dtype == dtype && e.device == device &&
-        std::equal(shape.begin(), shape.end(), e.shape.begin())) {
-      return e.t;
+  OutputCache& c = output_cache();  // one TLS look-up per call
+  uint64_t h = (static_cast<uint64_t>(dtype) << 8) ^ static_cast<uint64_t>(device.index() + 1) ^
+               (static_cast<uint64_t>(device.type()) << 16) ^ shape.size();
+  const int64_t* dims = shape.data();
+  for (size_t d = 0; d < shape.size(); ++d) h = (h ^ static_cast<uint64_t>(dims[d])) * 0x9E3779B97F4A7C15ull;
+  const size_t n = c.entries.size(), home = static_cast<size_t>(h >> 58) & (n - 1);
+  Entry* slot = &c.entries[home];
+  for (size_t k = 0; k < 8; ++k) {
+    Entry& e = c.entries[(home + k) & (n - 1)];
+    if (same_key(e, shape, dtype, device)) return e.t;
+    if (e.rank < 0) {
+      slot = &e;
+      break;
     }
   }
-  Entry& e = cache[next];
-  next = (next + 1) % cache.size();
+  Entry& e = *slot;
   e.rank = static_cast<int64_t>(shape.size());
   std::copy(shape.begin(), shape.end(), e.shape.begin());
   e.dtype = dtype;

@@ -11,7 +11,7 @@
 namespace aar::ops::noop {
 
 // Up to 6 dims; the returned tensor is reused by later calls of the same shape.
-// Returned by value: the cache is a small ring, so a later call may replace
+// Returned by value: the cache is a small hashed table, so a later call may replace
 // the entry an earlier result came from (a reference would then change under
 // its holder, e.g. between two outputs of one kernel).
 at::Tensor cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device);
