@@ -567,6 +567,22 @@ std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const
     max_index = mx;
     return static_cast<std::size_t>(nra);
   }
+  if (all_one) {
+    // A decode step at ratio r > 1: request b emits the row (S_b - 1) / r iff
+    // S_b % r == 0 (its token completes a compressed row). Branch-free: every
+    // request's entry is written at the list's end, which advances by the
+    // emit bit; o <= q_i < nra <= the rows' room, so the write stays in bounds.
+    for (int32_t q_i = 0; q_i < nra; ++q_i) {
+      const int32_t s = seq[q_i], first = rdiv.div(s - 1);
+      const int32_t e = rdiv.div(s) - first;  // 0 or 1
+      rq[o] = q_i;
+      ri[o] = first;
+      mx = e != 0 && first > mx ? first : mx;
+      o += static_cast<std::size_t>(e);
+    }
+    max_index = mx;
+    return o;
+  }
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t s = seq[q_i], q = qsl[q_i + 1] - qsl[q_i];
     const int32_t first = rdiv.div(s - q), end = rdiv.div(s);
