@@ -586,6 +586,22 @@ TEST(PlanMlaStep, GraphDecodePaddingDisablePadModePadsRowsEvenWhenTokensFill) {
 
 // ---------------------------------------------------------------- plan_mla_step under DCP
 
+// A DCP step's inputs over a 16-block pool.
+MlaStepInputs dcp_step_inputs(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq,
+                              const std::vector<int32_t>& table, int32_t stride, int32_t block_size,
+                              int64_t workspace_tokens, DcpShard shard) {
+  MlaStepInputs in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.block_table = table;
+  in.block_table_stride = stride;
+  in.block_size = block_size;
+  in.num_blocks = 16;
+  in.workspace_tokens = workspace_tokens;
+  in.dcp = shard;
+  return in;
+}
+
 TEST(PlanMlaStep, DcpContextChunksSpecExample) {
   // Spec mla.md 7.2's example (dcp=2, I=1, chunk=512, ctx=[1000,0,300]): pad_ctx=[500,0,150],
   // Cl=256, plen=[[256,0,150],[244,0,0]], local seq_tot=[406,244]; the global fields stay global.
@@ -598,15 +614,7 @@ TEST(PlanMlaStep, DcpContextChunksSpecExample) {
   std::vector<int32_t> table(3 * kStride);
   for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   for (int32_t rank = 0; rank < 2; ++rank) {
-    MlaStepInputs in;
-    in.query_start_loc = qsl;
-    in.seq_lens = seq;
-    in.block_table = table;
-    in.block_table_stride = kStride;
-    in.block_size = 128;
-    in.num_blocks = 16;
-    in.workspace_tokens = 1024;
-    in.dcp = DcpShard{2, rank, 1};
+    MlaStepInputs in = dcp_step_inputs(qsl, seq, table, kStride, 128, 1024, DcpShard{2, rank, 1});
     MlaStepBuffers b = o.buffers(kStride);
     b.chunks.padded_chunk_seq_lens = plens;
     b.chunks.local_seq_tot = ltot;
@@ -668,15 +676,7 @@ TEST(PlanMlaStep, DcpPdRecomputeSchedulerTreatsShortExtendsAsDecodes) {
       MlaOutputs o;
       o.size_for(3, 8, kStride, 4);
       std::vector<uint8_t> pre(3, 9);
-      MlaStepInputs in;
-      in.query_start_loc = qsl;
-      in.seq_lens = seq;
-      in.block_table = table;
-      in.block_table_stride = kStride;
-      in.block_size = 16;
-      in.num_blocks = 16;
-      in.workspace_tokens = 256;
-      in.dcp = DcpShard{2, 1, 1};
+      MlaStepInputs in = dcp_step_inputs(qsl, seq, table, kStride, 16, 256, DcpShard{2, 1, 1});
       in.pd_recompute_scheduler = pd;
       if (given) in.is_prefilling = flags;
       MlaStepBuffers b = o.buffers(kStride);
