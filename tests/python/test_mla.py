@@ -486,3 +486,27 @@ def test_rejected_build_without_chunked_prefill():
         b.build(*_batch([1, 3], [9, 8]))
     assert torch.equal(md.prefill_block_table, snap[0]) and torch.equal(md.slot_mapping, snap[1])
     assert md.num_prefills == 1 and md.prefill_actual_seq_lengths_q == [6]
+
+
+def test_draft_step_builds_the_lengths_base_plus_index_plus_one():
+    # BuildInputs.draft_step (spec cp.md 3.1, also without DCP): one token per request at position
+    # base + d; the metadata equals a build with the lengths base + d + 1 given directly.
+    cos, sin = rope_tables(64, 16)
+    mk = dict(max_num_reqs=4, max_num_tokens=8, max_blocks_per_req=4, block_size=16, num_blocks=16,
+              cos_table=cos, sin_table=sin)
+    drafted, direct = aar.mla.MetadataBuilder(**mk), aar.mla.MetadataBuilder(**mk)
+    qsl = torch.arange(4, dtype=torch.int32)
+    base = torch.tensor([5, 17, 30], dtype=torch.int32)
+    table = torch.arange(12, dtype=torch.int32).view(3, 4)
+    for d in (0, 2):
+        a = drafted.build(qsl, base, table, draft_step=d, is_prefilling=torch.tensor([True, True, True]))
+        b = direct.build(qsl, base + d + 1, table)
+        assert a.draft_step == d and b.draft_step == -1
+        assert a.num_decodes == b.num_decodes == 3
+        assert torch.equal(a.slot_mapping, b.slot_mapping)
+        assert a.decode_seq_lens_list == b.decode_seq_lens_list == (base + d + 1).tolist()
+        assert torch.equal(a.decode_cos, b.decode_cos) and torch.equal(a.decode_sin, b.decode_sin)
+    with pytest.raises(ValueError, match=r"one query token per request: query_start_loc\[1\]=2"):
+        drafted.build(torch.tensor([0, 2, 3, 4], dtype=torch.int32), base, table, draft_step=0)
+    with pytest.raises(ValueError, match="draft_step=-3 is out of range"):
+        drafted.build(qsl, base, table, draft_step=-3)
