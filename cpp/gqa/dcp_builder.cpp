@@ -129,7 +129,7 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
   md_.local_context_tokens = p.local_context_tokens;
   md_.context_token_idx = ctx_idx_dev_.narrow(0, 0, p.num_context_rows);
   md_.num_local_writes = p.num_local_writes;
-  md_.draft_step = in.draft_step >= 0 ? in.draft_step : -1;
+  md_.draft_step = in.draft_step;  // -1 or [0, 16): draft_step_seq_lens refused anything else
   return md_;
 }
 

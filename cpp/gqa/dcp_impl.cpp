@@ -90,12 +90,14 @@ void DcpAttentionImpl::stage_query(const cp::DcpViews& v, const at::Tensor& q_ro
   v.staged_query.view({T, kv, W, G, D}).copy_(qg.view({T, W, kv, G, D}).permute({0, 2, 1, 3, 4}));
 }
 
-void DcpAttentionImpl::fill_decode_call(const cp::DcpViews& v, const DcpMetadata& md, ops::FiaTensors& t,
-                                        ops::FiaParams& p, at::Tensor& out, at::Tensor& lse) const {
+void DcpAttentionImpl::fill_partial_call(const cp::DcpViews& v, const at::Tensor& block_table,
+                                         c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens, int64_t block_size,
+                                         ops::FiaTensors& t, ops::FiaParams& p, at::Tensor& out,
+                                         at::Tensor& lse) const {
   const bool regroup = v.staged_query.defined();
-  fill_paged_partial(regroup ? v.staged_query : v.gathered_query, caches_.key_3d, caches_.value_3d,
-                     md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, comm_.size() * cfg_.num_heads,
-                     cfg_.num_kv_heads, cfg_.scale, md.base.block_size, t, p);
+  fill_paged_partial(regroup ? v.staged_query : v.gathered_query, caches_.key_3d, caches_.value_3d, block_table,
+                     q_ends, kv_lens, comm_.size() * cfg_.num_heads, cfg_.num_kv_heads, cfg_.scale, block_size, t,
+                     p);
   out = regroup ? v.staged_out : v.partial_out;
   lse = regroup ? v.staged_lse : v.partial_lse;
 }
@@ -121,7 +123,8 @@ void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, co
   ops::FiaTensors t;
   ops::FiaParams p;
   at::Tensor out, lse;
-  fill_decode_call(v, md, t, p, out, lse);
+  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.base.block_size, t, p, out,
+                    lse);
   p.actual_seq_lengths = md.decode_q_ends.slice(0, td);
   p.actual_seq_lengths_kv = md.decode_kv_lens.slice(0, td);
   t.block_table = md.decode_kernel_rows == td ? md.decode_block_tables : md.decode_block_tables.narrow(0, 0, td);
@@ -167,7 +170,8 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
   c.kind = graph::CallKind::Fia;
   c.layer_index = cfg_.layer_index;
   c.paged = true;
-  fill_decode_call(v, md, c.fia, c.fia_params, c.out, c.lse);
+  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.base.block_size, c.fia,
+                    c.fia_params, c.out, c.lse);
   g.capture_call(std::move(c));
 
   graph::CapturedCall merge;
@@ -232,15 +236,12 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
   // Context: the gathered query against this rank's local cached context, its
   // partial into the workspace (KV-head-major when regrouped), exchanged and
   // merged into octx / lctx.
-  const bool regroup = v->staged_query.defined();
-  at::Tensor po = regroup ? v->staged_out : v->partial_out;
-  at::Tensor pl = regroup ? v->staged_lse : v->partial_lse;
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  at::Tensor po, pl;
+  fill_partial_call(*v, md.prefill_block_tables, md.prefill_q_ends, md.prefill_context_lens, md.base.block_size, t,
+                    p, po, pl);
   if (md.local_context_tokens > 0) {
-    ops::FiaTensors t;
-    ops::FiaParams p;
-    fill_paged_partial(regroup ? v->staged_query : v->gathered_query, caches_.key_3d, caches_.value_3d,
-                       md.prefill_block_tables, md.prefill_q_ends, md.prefill_context_lens, comm_.size() * H,
-                       cfg_.num_kv_heads, cfg_.scale, md.base.block_size, t, p);
     ops::fused_infer_attention_score_out(t, p, std::nullopt, po, pl);
   } else {
     // No local context: the empty partial, still exchanged (spec 6.3, 10.7).

@@ -268,8 +268,8 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   split_in.max_query_len = max_q;
   split_in.decode_threshold = in.decode_threshold;
   // MLA: short extends are decodes without DCP, prefills while still
-  // prefilling under DCP (spec 3.3 / 3.6) unless the P/D recompute scheduler.
-  // The P/D recompute scheduler forces the "decodes" rule under DCP too (spec cp.md 3.2).
+  // prefilling under DCP (spec 3.3 / 3.6); the P/D recompute scheduler keeps
+  // the "decodes" rule under DCP too (spec cp.md 3.2).
   const bool dcp_split = use_dcp && !in.pd_recompute_scheduler;
   split_in.treat_short_extends_as_decodes = !dcp_split;
   if (dcp_split) {

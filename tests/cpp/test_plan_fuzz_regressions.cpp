@@ -15,6 +15,7 @@
 #include "ascend_attn_rt/plan/pcp_split.h"
 #include "ascend_attn_rt/plan/sfa_offload_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
+#include "test_plan_util.h"
 
 using namespace aar::plan;
 
@@ -275,25 +276,11 @@ struct MlaDcpBuffers {
   }
 };
 
-// A DCP step's inputs over the caller's arrays (one block table row of `stride` per request).
-MlaStepInputs mla_dcp_inputs(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq,
-                             const std::vector<int32_t>& table, int32_t stride, int32_t block_size,
-                             int32_t num_blocks, DcpShard shard) {
-  MlaStepInputs in;
-  in.query_start_loc = qsl;
-  in.seq_lens = seq;
-  in.block_table = table;
-  in.block_table_stride = stride;
-  in.block_size = block_size;
-  in.num_blocks = num_blocks;
-  in.dcp = shard;
-  return in;
-}
 }  // namespace
 
 TEST(FuzzRegression, MlaDcpRejectionLeavesScratchUnchanged) {
   const std::vector<int32_t> qsl = {0, 1, 5}, seq = {9, 4}, table = {0, 99, 2, 3};  // 99: out of range
-  MlaStepInputs in = mla_dcp_inputs(qsl, seq, table, 2, 4, 8, DcpShard{2, 0, 1});
+  MlaStepInputs in = aar_test::mla_dcp_inputs(qsl, seq, table, 2, 4, 8, DcpShard{2, 0, 1});
   MlaDcpBuffers o;
   try {
     plan_mla_step(in, o.spans(2));
@@ -315,7 +302,7 @@ TEST(FuzzRegression, MlaDcpRejectionLeavesScratchUnchanged) {
 
 TEST(FuzzRegression, MlaDcpChunkAlignmentFitsInt32) {
   const std::vector<int32_t> qsl = {0, 1}, seq = {1}, table = {0};
-  const MlaStepInputs in = mla_dcp_inputs(qsl, seq, table, 1, INT32_MAX, 1, DcpShard{2, 1, 1});
+  const MlaStepInputs in = aar_test::mla_dcp_inputs(qsl, seq, table, 1, INT32_MAX, 1, DcpShard{2, 1, 1});
   MlaDcpBuffers o;
   try {
     plan_mla_step(in, o.spans(1));

@@ -586,21 +586,28 @@ TEST(PlanMlaStep, GraphDecodePaddingDisablePadModePadsRowsEvenWhenTokensFill) {
 
 // ---------------------------------------------------------------- plan_mla_step under DCP
 
-// A DCP step's inputs over a 16-block pool.
-MlaStepInputs dcp_step_inputs(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq,
-                              const std::vector<int32_t>& table, int32_t stride, int32_t block_size,
-                              int64_t workspace_tokens, DcpShard shard) {
-  MlaStepInputs in;
-  in.query_start_loc = qsl;
-  in.seq_lens = seq;
-  in.block_table = table;
-  in.block_table_stride = stride;
-  in.block_size = block_size;
-  in.num_blocks = 16;
-  in.workspace_tokens = workspace_tokens;
-  in.dcp = shard;
-  return in;
-}
+namespace {
+
+// The DCP context-chunk scratch of plan_mla_step (ContextChunkBuffers' DCP
+// part), `fill` in every entry, attached to a step's buffers with the DCP
+// lengths / flags scratch.
+struct DcpChunkScratch {
+  std::vector<int32_t> plens;
+  std::vector<int64_t> ltot, reorg, offs;
+  DcpChunkScratch(std::size_t reqs, std::size_t reorg_rows, int64_t fill)
+      : plens(kMaxContextChunks * reqs, static_cast<int32_t>(fill)), ltot(kMaxContextChunks, fill),
+        reorg(reorg_rows, fill), offs(kMaxContextChunks + 1, fill) {}
+  void attach(MlaStepBuffers& b, std::vector<int32_t>& blens, std::vector<uint8_t>& pre) {
+    b.chunks.padded_chunk_seq_lens = plens;
+    b.chunks.local_seq_tot = ltot;
+    b.chunks.reorg_index = reorg;
+    b.chunks.reorg_offsets = offs;
+    b.dcp_block_lens = blens;
+    b.dcp_is_prefilling = pre;
+  }
+};
+
+}  // namespace
 
 TEST(PlanMlaStep, DcpContextChunksSpecExample) {
   // Spec mla.md 7.2's example (dcp=2, I=1, chunk=512, ctx=[1000,0,300]): pad_ctx=[500,0,150],
@@ -608,20 +615,18 @@ TEST(PlanMlaStep, DcpContextChunksSpecExample) {
   constexpr int32_t kStride = 4;
   MlaOutputs o;
   o.size_for(4, 16, kStride, 4);
-  std::vector<int32_t> plens(kMaxContextChunks * 3, -7), blens(4), qsl{0, 4, 8, 12}, seq{1004, 4, 304};
-  std::vector<int64_t> ltot(kMaxContextChunks, -7), reorg(1300, -7), offs(kMaxContextChunks + 1, -7);
+  std::vector<int32_t> blens(4), qsl{0, 4, 8, 12}, seq{1004, 4, 304};
+  DcpChunkScratch dc(3, 1300, -7);
+  const std::vector<int32_t>& plens = dc.plens;
+  const std::vector<int64_t>&ltot = dc.ltot, &reorg = dc.reorg, &offs = dc.offs;
   std::vector<uint8_t> pre(4);
   std::vector<int32_t> table(3 * kStride);
   for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   for (int32_t rank = 0; rank < 2; ++rank) {
-    MlaStepInputs in = dcp_step_inputs(qsl, seq, table, kStride, 128, 1024, DcpShard{2, rank, 1});
+    MlaStepInputs in = aar_test::mla_dcp_inputs(qsl, seq, table, kStride, 128, 16, DcpShard{2, rank, 1});
+    in.workspace_tokens = 1024;
     MlaStepBuffers b = o.buffers(kStride);
-    b.chunks.padded_chunk_seq_lens = plens;
-    b.chunks.local_seq_tot = ltot;
-    b.chunks.reorg_index = reorg;
-    b.chunks.reorg_offsets = offs;
-    b.dcp_block_lens = blens;
-    b.dcp_is_prefilling = pre;
+    dc.attach(b, blens, pre);
     const MlaStepPlan p = plan_mla_step(in, b);
     ASSERT_EQ(p.split.num_prefills, 3);
     ASSERT_EQ(p.chunks.num_chunks, 2);
@@ -676,18 +681,13 @@ TEST(PlanMlaStep, DcpPdRecomputeSchedulerTreatsShortExtendsAsDecodes) {
       MlaOutputs o;
       o.size_for(3, 8, kStride, 4);
       std::vector<uint8_t> pre(3, 9);
-      MlaStepInputs in = dcp_step_inputs(qsl, seq, table, kStride, 16, 256, DcpShard{2, 1, 1});
+      MlaStepInputs in = aar_test::mla_dcp_inputs(qsl, seq, table, kStride, 16, 16, DcpShard{2, 1, 1});
+      in.workspace_tokens = 256;
       in.pd_recompute_scheduler = pd;
       if (given) in.is_prefilling = flags;
       MlaStepBuffers b = o.buffers(kStride);
-      std::vector<int32_t> plens(kMaxContextChunks * 3);
-      std::vector<int64_t> ltot(kMaxContextChunks), reorg(64), offs(kMaxContextChunks + 1);
-      b.chunks.padded_chunk_seq_lens = plens;
-      b.chunks.local_seq_tot = ltot;
-      b.chunks.reorg_index = reorg;
-      b.chunks.reorg_offsets = offs;
-      b.dcp_block_lens = blens;
-      b.dcp_is_prefilling = pre;
+      DcpChunkScratch dc(3, 64, 0);
+      dc.attach(b, blens, pre);
       const MlaStepPlan p = plan_mla_step(in, b);
       // Without the flags a request is prefilling when nothing of it is computed, so only the
       // fresh prompt; with the flags the recomputed request is prefilling too, unless pd.

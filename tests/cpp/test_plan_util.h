@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
 
 // Expects `stmt` to throw aar::InvalidArgument whose message contains `substr`.
@@ -75,6 +76,22 @@ inline std::vector<int32_t> lens_to_qsl(const std::vector<int32_t>& lens) {
   std::vector<int32_t> qsl(1, 0);
   for (int32_t l : lens) qsl.push_back(qsl.back() + l);
   return qsl;
+}
+
+// An MLA DCP step's inputs over the caller's arrays (one block-table row of
+// `stride` per request; the arrays must outlive the inputs).
+inline aar::plan::MlaStepInputs mla_dcp_inputs(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq,
+                                               const std::vector<int32_t>& table, int32_t stride,
+                                               int32_t block_size, int32_t num_blocks, aar::plan::DcpShard shard) {
+  aar::plan::MlaStepInputs in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  in.block_table = table;
+  in.block_table_stride = stride;
+  in.block_size = block_size;
+  in.num_blocks = num_blocks;
+  in.dcp = shard;
+  return in;
 }
 
 }  // namespace aar_test

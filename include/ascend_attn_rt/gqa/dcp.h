@@ -199,8 +199,11 @@ class DcpAttentionImpl {
   // into lse_rows when given). The prefill's context pass uses them too.
   const cp::DcpViews& decode_views(int64_t T, const at::Tensor& query);
   void stage_query(const cp::DcpViews& v, const at::Tensor& q_rows);
-  void fill_decode_call(const cp::DcpViews& v, const DcpMetadata& md, ops::FiaTensors& t, ops::FiaParams& p,
-                        at::Tensor& out, at::Tensor& lse) const;
+  // The local paged call of T gathered rows (the decode rows, or the prefill's
+  // context pass) over the workspace's views: its arguments, out and lse.
+  void fill_partial_call(const cp::DcpViews& v, const at::Tensor& block_table, c10::IntArrayRef q_ends,
+                         c10::IntArrayRef kv_lens, int64_t block_size, ops::FiaTensors& t, ops::FiaParams& p,
+                         at::Tensor& out, at::Tensor& lse) const;
   void combine(const cp::DcpViews& v, const at::Tensor& out_rows,
                const std::optional<at::Tensor>& lse_rows = std::nullopt);
   void capture_decode(graph::GraphParams& g, const DcpMetadata& md, const at::Tensor& query,
