@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ascend_attn_rt/errors.h"
+#include "cpu_features.h"
 
 namespace aar::detail {
 
@@ -49,13 +50,6 @@ template <size_t N>
 __attribute__((target("avx2"))) void gather_rows_avx2(const uint8_t* cos, const uint8_t* sin, const int32_t* pos,
                                                       int32_t n, uint8_t* out_cos, uint8_t* out_sin) {
   gather_rows_body<N>(cos, sin, pos, n, out_cos, out_sin);
-}
-bool cpu_has_avx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();  // a builder may be constructed during static initialisation
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
 }
 template <size_t N>
 GatherFn pick_gather() {

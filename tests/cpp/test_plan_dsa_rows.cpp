@@ -67,13 +67,17 @@ Ref brute_rows(const Batch& bt, int32_t ratio) {
 
 struct Out {
   std::vector<int32_t> bt, slots, index, position, request;
-  Out(std::size_t bt_size, std::size_t rows) {
+  // The row-list overload's optional block-id scratch (its fused, AVX2 where
+  // the CPU has it, validation pass); not an output, so not compared.
+  std::vector<int32_t> scratch;
+  Out(std::size_t bt_size, std::size_t rows, bool with_scratch = false) {
     bt.assign(bt_size, kSentinel);
     slots.assign(2 * rows + 2, kSentinel);
     for (auto* v : {&index, &position, &request}) v->assign(rows + 2, kSentinel);
+    if (with_scratch) scratch.assign(rows + 2, kSentinel);
   }
   DsaGroupBuffers buffers() { return {Span<int32_t>(bt), Span<int32_t>(slots), Span<int32_t>(index),
-                                      Span<int32_t>(position), Span<int32_t>(request)}; }
+                                      Span<int32_t>(position), Span<int32_t>(request), Span<int32_t>(scratch)}; }
   bool operator==(const Out& o) const {
     return bt == o.bt && slots == o.slots && index == o.index && position == o.position && request == o.request;
   }
@@ -133,11 +137,14 @@ TEST(DsaRows, ListsAndBothGroupPathsMatchBruteForce) {
           g.num_blocks = 5000;
           g.slot_format = f;
           g.rope_positions = ratio > 1 ? 8192 : 0;
-          Out a(B * cols, num_rows), b(B * cols, num_rows);
+          Out a(B * cols, num_rows), b(B * cols, num_rows), c(B * cols, num_rows, true);
           const DsaGroupPlan pa = plan_dsa_group(st, g, a.buffers());
           const DsaGroupPlan pb = plan_dsa_group(st, g, b.buffers(), rows);
+          const DsaGroupPlan pc = plan_dsa_group(st, g, c.buffers(), rows);
           ASSERT_TRUE(a == b) << "ratio " << ratio << " sbs " << sbs;
+          ASSERT_TRUE(a == c) << "ratio " << ratio << " sbs " << sbs << " (with block scratch)";
           ASSERT_EQ(pa.num_valid_rows, pb.num_valid_rows);
+          ASSERT_EQ(pa.num_valid_rows, pc.num_valid_rows);
           ASSERT_EQ(pa.num_valid_rows, static_cast<int32_t>(ref.index.size()));
           // Brute force of every output.
           const int32_t r = std::max(ratio, 1);
@@ -220,19 +227,23 @@ TEST(DsaRows, BothGroupPathsRejectAlikeAndWriteNothing) {
       }
       return std::string();
     };
-    Out a(bt_size, num_rows), b(bt_size, num_rows);
+    Out a(bt_size, num_rows), b(bt_size, num_rows), c(bt_size, num_rows, true);
     const Out untouched(bt_size, num_rows);
-    const std::string ma = message(false, a), mb = message(true, b);
+    const std::string ma = message(false, a), mb = message(true, b), mc = message(true, c);
     if (ma.empty()) {
-      // A fault that is no fault (e.g. the narrower table still fits): both accept, same outputs.
+      // A fault that is no fault (e.g. the narrower table still fits): all accept, same outputs.
       ASSERT_TRUE(mb.empty()) << mb;
+      ASSERT_TRUE(mc.empty()) << mc;
       ASSERT_TRUE(a == b);
+      ASSERT_TRUE(a == c);
       continue;
     }
     ASSERT_EQ(ma, mb);
+    ASSERT_EQ(ma, mc);
     ASSERT_EQ(ma.find("internal"), std::string::npos) << ma;
     ASSERT_TRUE(a == untouched) << ma;
     ASSERT_TRUE(b == untouched) << mb;
+    ASSERT_TRUE(c == untouched) << mc;
     ++rejected;
   }
   EXPECT_GT(rejected, 100);

@@ -79,9 +79,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   plan::DsaGroupPlan gp2;
   const bool ok2 = fuzz::accepted(
       [&] { gp2 = plan::plan_dsa_group(step, g, {gtable2, slots2, ridx2, rpos2, rreq2}, list); }, s3);
-  FUZZ_CHECK(ok == ok2);
+  // The same again with the block-id scratch (the fused validation pass, AVX2 where the CPU has it).
+  auto gtable3 = fuzz::canary<int32_t>(gtable.size(), -9), slots3 = fuzz::canary<int32_t>(slots.size(), -9);
+  auto ridx3 = fuzz::canary<int32_t>(ridx.size(), -9), rpos3 = fuzz::canary<int32_t>(ridx.size(), -9),
+       rreq3 = fuzz::canary<int32_t>(ridx.size(), -9);
+  auto scratch = fuzz::canary<int32_t>(fuzz::room(rows), -9);
+  fuzz::Snapshot s4;
+  s4.add(gtable3), s4.add(slots3), s4.add(ridx3), s4.add(rpos3), s4.add(rreq3);
+  plan::DsaGroupPlan gp3;
+  const bool ok3 = fuzz::accepted(
+      [&] { gp3 = plan::plan_dsa_group(step, g, {gtable3, slots3, ridx3, rpos3, rreq3, scratch}, list); }, s4);
+  FUZZ_CHECK(ok == ok2 && ok == ok3);
   if (!ok) return 0;
   FUZZ_CHECK(gtable == gtable2 && slots == slots2 && ridx == ridx2 && rpos == rpos2 && rreq == rreq2);
+  FUZZ_CHECK(gtable == gtable3 && slots == slots3 && ridx == ridx3 && rpos == rpos3 && rreq == rreq3);
+  FUZZ_CHECK(gp3.num_valid_rows == gp.num_valid_rows);
   FUZZ_CHECK(gp.num_compressed_tokens == rows && gp2.num_valid_rows == gp.num_valid_rows);
   // Naive model of the emitted rows.
   int32_t k = 0;
