@@ -62,7 +62,9 @@ class StepBuilder::Lane {
        int64_t max_reqs, bool separate, int slot_base)
       : cfg_(cfg), rope_(rope), crope_(crope), draft_index_(draft_index), R_(max_reqs) {
     const int64_t T = cfg.max_num_tokens;
-    off_qsl_ = 2 * align16(T * rope.row_words()) + (crope ? 2 * align16(T * crope->row_words()) : 0);
+    // The per-row arrays of the three ratios (at most T rows each), then the RoPE rows.
+    off_qsl_ = 3 * kRowArrays * align16(T) + 2 * align16(T * rope.row_words()) +
+               (crope ? 2 * align16(T * crope->row_words()) : 0);
     off_seq_ = align16(off_qsl_ + R_ + 1);
     off_sp_ = align16(off_seq_ + R_);
     off_cu_ = align16(off_sp_ + R_);
@@ -73,7 +75,6 @@ class StepBuilder::Lane {
     sp_.assign(static_cast<size_t>(R_), 0);
     q_.assign(static_cast<size_t>(R_), 0);
     positions_.assign(static_cast<size_t>(T), 0);
-    for (auto& v : row_lists_) v.assign(static_cast<size_t>(T), 0);
     // The -sin rows (stable buffers; see StepMetadata::neg_sin).
     const auto topt = at::TensorOptions().dtype(rope.dtype()).device(cfg.device);
     neg_ = at::empty({T, rope.dim()}, topt);
@@ -107,17 +108,6 @@ class StepBuilder::Lane {
     di.max_num_tokens = cfg_.max_num_tokens;
     // Validates everything about the batch; writes only the private start_pos scratch.
     plan::DsaStepPlan p = plan::plan_dsa_step(di, plan::Span<int32_t>(sp_.data(), sp_.size()));
-    // The rows of each V4 ratio, once for all groups of the ratio (private
-    // scratch, like start_pos; they hold request indices and row numbers, so
-    // they do not depend on which copy of the lists the plan views).
-    plan::DsaRows rows[3];
-    const int32_t ratios[3] = {1, 4, 128};
-    for (int k = 0; k < 3; ++k) {
-      std::vector<int32_t>& rq = row_lists_[2 * k];
-      std::vector<int32_t>& ri = row_lists_[2 * k + 1];
-      rows[k] = plan::plan_dsa_rows(p, ratios[k], {plan::Span<int32_t>(rq.data(), rq.size()),
-                                                   plan::Span<int32_t>(ri.data(), ri.size())});
-    }
     const int32_t B = p.num_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
     const int32_t* qsl = in.query_start_loc.data();
     const int32_t* seq = in.seq_lens.data();
@@ -171,7 +161,29 @@ class StepBuilder::Lane {
     }
 
     // ---- writes
+    int32_t counts[3];
+    for (int k = 0; k < 3; ++k) counts[k] = plan::dsa_num_compressed_tokens(t_in, B, kRatios[k]);
+    const Region r = region(t_in, counts);
     int32_t* s = buffers_->begin();
+    // The rows of each V4 ratio, once for all groups of the ratio, listed
+    // straight into the staging buffer with their per-row arrays. Cannot
+    // fail here: plan_dsa_rows checks what plan_dsa_step validated above (the
+    // same arrays) and room for num_compressed_tokens rows, which each
+    // region has.
+    plan::DsaRows rows[3];
+    for (int k = 0; k < 3; ++k) {
+      const int32_t rk = kRatios[k];
+      const auto nr = static_cast<size_t>(counts[k]);
+      int32_t* idx = s + r.idx[k];
+      int32_t* rpos = s + r.pos[k];
+      int32_t* req = s + r.req[k];
+      rows[k] = plan::plan_dsa_rows(p, rk, {plan::Span<int32_t>(req, nr), plan::Span<int32_t>(idx, nr)});
+      const size_t n = rows[k].index.size();
+      for (size_t i = 0; i < n; ++i) rpos[i] = idx[i] * rk;
+      std::fill(idx + n, idx + nr, -1);
+      std::fill(rpos + n, rpos + nr, 0);
+      std::fill(req + n, req + nr, -1);
+    }
     std::memcpy(s + off_qsl_, qsl, (static_cast<size_t>(B) + 1) * 4);
     std::memcpy(s + off_seq_, seq, static_cast<size_t>(B) * 4);
     std::memcpy(s + off_sp_, sp_.data(), static_cast<size_t>(B) * 4);
@@ -189,7 +201,6 @@ class StepBuilder::Lane {
       }
     }
     std::fill(pos + t_real, pos + t_in, 0);
-    const Region r = region(t_in);
     auto* bytes = reinterpret_cast<uint8_t*>(s);
     const bool decode_only = p.max_seqlen_q <= thr;
     auto gather = [&](const detail::RopeRows& rr, int64_t oc, int64_t os) {
@@ -208,8 +219,8 @@ class StepBuilder::Lane {
     };
     gather(rope_, r.cos, r.sin);
     if (crope_ != nullptr) gather(*crope_, r.ccos, r.csin);
-    // One host-to-device copy: from the first RoPE row to cumsum(S)'s end.
-    buffers_->copy(r.cos, off_cu_ + B + 1 - r.cos);
+    // One host-to-device copy: from the first row array to cumsum(S)'s end.
+    buffers_->copy(r.first, off_cu_ + B + 1 - r.first);
     buffers_->finish();
     counter_.next(md_.stamp);
 
@@ -250,6 +261,17 @@ class StepBuilder::Lane {
     md_.seq_lens_host = plan::CSpan<int32_t>(s + off_seq_, ub);
     md_.start_pos_host = plan::CSpan<int32_t>(s + off_sp_, ub);
     md_.positions_host = plan::CSpan<int32_t>(pos, ut);
+    for (int k = 0; k < 3; ++k) {
+      const int64_t nr = counts[k];
+      const auto unr = static_cast<size_t>(nr);
+      StepMetadata::RowArrays& ra = md_.row_arrays[k];
+      set(ra.index, cached(v_ridx_[k], unr, r.idx[k], [&] { return device_.narrow(0, r.idx[k], nr); }));
+      set(ra.position, cached(v_rpos_[k], unr, r.pos[k], [&] { return device_.narrow(0, r.pos[k], nr); }));
+      set(ra.request, cached(v_rreq_[k], unr, r.req[k], [&] { return device_.narrow(0, r.req[k], nr); }));
+      ra.index_host = plan::CSpan<int32_t>(s + r.idx[k], unr);
+      ra.position_host = plan::CSpan<int32_t>(s + r.pos[k], unr);
+      ra.request_host = plan::CSpan<int32_t>(s + r.req[k], unr);
+    }
     p.query_start_loc = md_.query_start_loc_host;
     p.seq_lens = md_.seq_lens_host;
     p.start_pos = md_.start_pos_host;
@@ -261,18 +283,33 @@ class StepBuilder::Lane {
   }
 
  private:
-  // Word offsets of the RoPE rows of a step of n tokens: packed, ending (up
-  // to alignment) at the request part.
+  // The V4 ratios whose rows the step lists (StepMetadata::ratio_slot's order)
+  // and the arrays per ratio (index, position, request).
+  static constexpr int32_t kRatios[3] = {1, 4, 128};
+  static constexpr int64_t kRowArrays = 3;
+  // Word offsets of a step of n tokens whose ratios emit counts[k] rows: the
+  // row arrays, then the RoPE rows, packed, ending (up to alignment) at the
+  // request part.
   struct Region {
+    int64_t first;  // the first word of the step's copy
+    int64_t idx[3], pos[3], req[3];
     int64_t cos, sin, ccos, csin;
   };
-  Region region(int64_t n) const {
+  Region region(int64_t n, const int32_t (&counts)[3]) const {
     const int64_t w1 = align16(n * rope_.row_words()), w2 = crope_ ? align16(n * crope_->row_words()) : 0;
     Region r;
     r.cos = off_qsl_ - 2 * w1 - 2 * w2;
     r.sin = r.cos + w1;
     r.ccos = r.sin + w1;
     r.csin = r.ccos + w2;
+    int64_t a[3], total = 0;
+    for (int k = 0; k < 3; ++k) total += kRowArrays * (a[k] = align16(counts[k]));
+    r.first = r.cos - total;
+    for (int64_t k = 0, o = 0; k < 3; o += kRowArrays * a[k], ++k) {
+      r.idx[k] = r.first + o;
+      r.pos[k] = r.idx[k] + a[k];
+      r.req[k] = r.pos[k] + a[k];
+    }
     return r;
   }
 
@@ -285,7 +322,7 @@ class StepBuilder::Lane {
   std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor device_, neg_, cneg_;
   std::vector<int32_t> sp_, q_, positions_;
-  std::vector<int32_t> row_lists_[6];  // (request, index) per ratio 1, 4, 128
+  std::vector<CachedView> v_ridx_[3], v_rpos_[3], v_rreq_[3];
   std::vector<CachedView> v_qsl_, v_seq_, v_sp_, v_cu_, v_cos_, v_sin_, v_ccos_, v_csin_, v_neg_, v_cneg_;
   StepMetadata md_;
   detail::BuildCounter counter_;
@@ -373,7 +410,7 @@ class GroupBuilder::Lane {
     const DsaCacheKind kind = g.cfg_.kind;
     cmp_lens_ = g.cfg_.plan.renames_seqused_for_flash_mla &&
                 (kind == DsaCacheKind::C4Kv || kind == DsaCacheKind::C128Kv);
-    off_bt_ = align16(T * fw_) + 3 * align16(T) + align16(T * dspark_width_) + (cmp_lens_ ? 2 * align16(R_) : 0);
+    off_bt_ = align16(T * fw_) + align16(T * dspark_width_) + (cmp_lens_ ? 2 * align16(R_) : 0);
     buffers_ = std::make_unique<detail::StagingBuffers>(off_bt_ + R_ * MB, scfg.device, separate,
                                                         scfg.staging_buffers, scfg.staging_hooks, slot_base);
     device_ = buffers_->device();
@@ -461,15 +498,15 @@ class GroupBuilder::Lane {
     plan::DsaGroupBuffers gb;
     gb.block_table = plan::Span<int32_t>(s + off_bt_, static_cast<size_t>(R_ * g_.cfg_.max_blocks_per_req));
     gb.slot_mapping = plan::Span<int32_t>(s + r.slots, ur * fw_);
-    gb.row_index = plan::Span<int32_t>(s + r.idx, ur);
-    gb.row_position = plan::Span<int32_t>(s + r.pos, ur);
-    gb.row_request = plan::Span<int32_t>(s + r.req, ur);
     gb.block_scratch = plan::Span<int32_t>(block_scratch_.data(), block_scratch_.size());
     // Validates everything before its first write. The step's row list of
-    // this ratio saves re-deriving the rows per group.
+    // this ratio saves re-deriving the rows per group, and the step's per-row
+    // arrays (index, position, request) are this group's: only the slots are
+    // written here.
     const plan::DsaRows* rl = st.rows_at(ratio);
-    const plan::DsaGroupPlan gp =
-        rl != nullptr ? plan::plan_dsa_group(st.plan, gi, gb, *rl) : plan::plan_dsa_group(st.plan, gi, gb);
+    const StepMetadata::RowArrays* ra = st.row_arrays_at(ratio);
+    AAR_CHECK_ARG(rl != nullptr && ra != nullptr, "internal: the step lists no rows at ratio ", ratio);
+    const plan::DsaGroupPlan gp = plan::plan_dsa_group(st.plan, gi, gb, *rl);
     const size_t dsn = dspark ? static_cast<size_t>(T) * dspark_width_ : 0;
     if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
     const size_t ub = static_cast<size_t>(B);
@@ -498,9 +535,9 @@ class GroupBuilder::Lane {
       at::Tensor v = device_.narrow(0, r.slots, rows * fw_);
       return fw_ == 2 ? v.view({rows, 2}) : v;
     }));
-    set(md_.row_index, cached(v_idx_, ur, r.idx, [&] { return device_.narrow(0, r.idx, rows); }));
-    set(md_.row_position, cached(v_pos_, ur, r.pos, [&] { return device_.narrow(0, r.pos, rows); }));
-    set(md_.row_request, cached(v_req_, ur, r.req, [&] { return device_.narrow(0, r.req, rows); }));
+    set(md_.row_index, ra->index);
+    set(md_.row_position, ra->position);
+    set(md_.row_request, ra->request);
     if (ratio > 1) {
       set(md_.cos, st.compress_cos);
       set(md_.sin, st.compress_sin);
@@ -541,30 +578,27 @@ class GroupBuilder::Lane {
     md_.qli_sparse_count = md_.qli_metadata_filled ? gc.index_topk : 0;
     md_.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B * stride));
     md_.slot_mapping_host = plan::CSpan<int32_t>(s + r.slots, ur * fw_);
-    md_.row_index_host = plan::CSpan<int32_t>(s + r.idx, ur);
-    md_.row_position_host = plan::CSpan<int32_t>(s + r.pos, ur);
-    md_.row_request_host = plan::CSpan<int32_t>(s + r.req, ur);
+    md_.row_index_host = ra->index_host;
+    md_.row_position_host = ra->position_host;
+    md_.row_request_host = ra->request_host;
     md_.dspark_host = dspark ? plan::CSpan<int32_t>(s + r.dspark, dsn) : plan::CSpan<int32_t>();
     return md_;
   }
 
  private:
   struct Region {
-    int64_t slots, idx, pos, req, dspark, cmp;
+    int64_t slots, dspark, cmp;
   };
   // Word offsets of a build of `rows` compressed rows, `ds_tokens` DSpark
   // rows and `reqs` requests (the SparseFlashMla lengths, two regions of
   // align16(reqs) when cmp_lens_): packed, ending (up to alignment) at the
   // block table.
   Region region(int64_t rows, int64_t ds_tokens, int64_t reqs) const {
-    const int64_t a = align16(rows * fw_), b = align16(rows), d = align16(ds_tokens * dspark_width_);
+    const int64_t a = align16(rows * fw_), d = align16(ds_tokens * dspark_width_);
     const int64_t c = cmp_lens_ ? 2 * align16(reqs) : 0;
     Region r;
-    r.slots = off_bt_ - a - 3 * b - d - c;
-    r.idx = r.slots + a;
-    r.pos = r.idx + b;
-    r.req = r.pos + b;
-    r.dspark = r.req + b;
+    r.slots = off_bt_ - a - d - c;
+    r.dspark = r.slots + a;
     r.cmp = r.dspark + d;
     return r;
   }
@@ -706,7 +740,7 @@ class GroupBuilder::Lane {
   std::vector<int32_t> dspark_scratch_, block_scratch_;
   detail::TensorBinding qsl_src_;  // the step view q_ends_ was made from
   at::Tensor q_ends_;
-  std::vector<CachedView> v_bt_, v_slots_, v_idx_, v_pos_, v_req_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_,
+  std::vector<CachedView> v_bt_, v_slots_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_,
       v_cslots_;
   GroupMetadata md_;
   detail::BuildCounter counter_;

@@ -64,9 +64,28 @@ struct StepMetadata {
   // The rows the step emits at the V4 ratios 1, 4 and 128 (plan_dsa_rows),
   // listed once per step for all groups of each ratio (host scratch of the
   // build's lane); rows_at(ratio) is null for any other ratio.
+  // (Their request / index lists are the first rows of row_arrays below.)
   plan::DsaRows rows_r1, rows_r4, rows_r128;
+  // The per-row arrays of those rows, one set per ratio (rows_r1's, rows_r4's,
+  // rows_r128's), staged by the step build and shared by every group of the
+  // ratio (GroupMetadata::row_index / row_position / row_request are these
+  // views): (num_compressed_tokens(T, B, r),) int32 each, the compressed row
+  // index c (-1 for padding rows), its RoPE position c * r (0 for padding
+  // rows), its request (-1 for padding rows).
+  struct RowArrays {
+    at::Tensor index, position, request;
+    plan::CSpan<int32_t> index_host, position_host, request_host;
+  };
+  RowArrays row_arrays[3];
+  // 0, 1, 2 for ratios <= 1, 4, 128; -1 for any other.
+  static int ratio_slot(int32_t ratio) { return ratio <= 1 ? 0 : ratio == 4 ? 1 : ratio == 128 ? 2 : -1; }
   const plan::DsaRows* rows_at(int32_t ratio) const {
-    return ratio <= 1 ? &rows_r1 : ratio == 4 ? &rows_r4 : ratio == 128 ? &rows_r128 : nullptr;
+    const int k = ratio_slot(ratio);
+    return k == 0 ? &rows_r1 : k == 1 ? &rows_r4 : k == 2 ? &rows_r128 : nullptr;
+  }
+  const RowArrays* row_arrays_at(int32_t ratio) const {
+    const int k = ratio_slot(ratio);
+    return k < 0 ? nullptr : &row_arrays[k];
   }
   BuildStamp stamp;
 };
@@ -95,7 +114,8 @@ struct GroupMetadata {
   int32_t num_valid_rows = 0;         // rows emitted by real requests
   // Per row (num_compressed_tokens,) int32: compressed row index c (-1 for
   // padding rows), its RoPE position c * r (0 for padding rows), its request
-  // (-1 for padding rows).
+  // (-1 for padding rows). The same for every group of one ratio: views of
+  // the step's StepMetadata::row_arrays (the step build stages them once).
   at::Tensor row_index, row_position, row_request;
   // RoPE rows of the step's tokens from this group's table (ratio <= 1:
   // rope_theta; compressed: compress_rope_theta), and the full compress table
