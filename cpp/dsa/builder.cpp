@@ -131,7 +131,8 @@ class StepBuilder::Lane {
       for (int32_t b = 0; b < B; ++b) {
         const int32_t q = qsl[b + 1] - qsl[b];
         qv[b] = q;
-        max_pos = std::max(max_pos, q > 0 ? spv[b] + q - 1 : -1);
+        // start_pos + q - 1 when q > 0 (q >= 0 was validated), else -1: a select, not a branch.
+        max_pos = std::max(max_pos, ((spv[b] + q) & -static_cast<int32_t>(q > 0)) - 1);
         sum_s += seq[b];
       }
     }
@@ -169,17 +170,23 @@ class StepBuilder::Lane {
     // straight into the staging buffer with their per-row arrays. Cannot
     // fail here: plan_dsa_rows checks what plan_dsa_step validated above (the
     // same arrays) and room for num_compressed_tokens rows, which each
-    // region has.
+    // region has; and it checks all three before it writes.
     plan::DsaRows rows[3];
+    plan::DsaRowBuffers row_bufs[3];
     for (int k = 0; k < 3; ++k) {
-      const int32_t rk = kRatios[k];
+      const auto nr = static_cast<size_t>(counts[k]);
+      row_bufs[k] = {plan::Span<int32_t>(s + r.req[k], nr), plan::Span<int32_t>(s + r.idx[k], nr)};
+    }
+    plan::plan_dsa_rows(p, plan::CSpan<int32_t>(kRatios, 3), plan::CSpan<plan::DsaRowBuffers>(row_bufs, 3),
+                        plan::Span<plan::DsaRows>(rows, 3));
+    for (int k = 0; k < 3; ++k) {
       const auto nr = static_cast<size_t>(counts[k]);
       int32_t* idx = s + r.idx[k];
       int32_t* rpos = s + r.pos[k];
       int32_t* req = s + r.req[k];
-      rows[k] = plan::plan_dsa_rows(p, rk, {plan::Span<int32_t>(req, nr), plan::Span<int32_t>(idx, nr)});
       const size_t n = rows[k].index.size();
-      for (size_t i = 0; i < n; ++i) rpos[i] = idx[i] * rk;
+      const int sh = kRatioShifts[k];  // c * r for the power-of-two r
+      for (size_t i = 0; i < n; ++i) rpos[i] = idx[i] << sh;
       std::fill(idx + n, idx + nr, -1);
       std::fill(rpos + n, rpos + nr, 0);
       std::fill(req + n, req + nr, -1);
@@ -286,6 +293,10 @@ class StepBuilder::Lane {
   // The V4 ratios whose rows the step lists (StepMetadata::ratio_slot's order)
   // and the arrays per ratio (index, position, request).
   static constexpr int32_t kRatios[3] = {1, 4, 128};
+  static constexpr int kRatioShifts[3] = {0, 2, 7};
+  static_assert((1 << kRatioShifts[0]) == kRatios[0] && (1 << kRatioShifts[1]) == kRatios[1] &&
+                    (1 << kRatioShifts[2]) == kRatios[2],
+                "kRatioShifts are log2(kRatios)");
   static constexpr int64_t kRowArrays = 3;
   // Word offsets of a step of n tokens whose ratios emit counts[k] rows: the
   // row arrays, then the RoPE rows, packed, ending (up to alignment) at the

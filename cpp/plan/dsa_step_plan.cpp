@@ -16,6 +16,9 @@
 #if AAR_HAVE_X86_DISPATCH
 #include <immintrin.h>
 #endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace aar::plan {
 
@@ -575,10 +578,51 @@ std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const
   }
   if (all_one) {
     // A decode step at ratio r > 1: request b emits the row (S_b - 1) / r iff
-    // S_b % r == 0 (its token completes a compressed row). Branch-free: every
-    // request's entry is written at the list's end, which advances by the
-    // emit bit; o <= q_i < nra <= the rows' room, so the write stays in bounds.
-    for (int32_t q_i = 0; q_i < nra; ++q_i) {
+    // S_b % r == 0 (its token completes a compressed row).
+    int32_t q_i = 0;
+#if defined(__SSE2__)
+    if constexpr (std::is_same_v<Div, Pow2Div>) {
+      // Four requests at a time: a block where all four emit (the batch's
+      // lengths agree modulo r) is stored as vectors, one where none emits
+      // costs its test, and a mixed one lists its emitters from the mask.
+      const __m128i mask = _mm_set1_epi32(rdiv.mask), one = _mm_set1_epi32(1), four = _mm_set1_epi32(4);
+      const __m128i shift = _mm_cvtsi32_si128(rdiv.shift);
+      __m128i req = _mm_setr_epi32(0, 1, 2, 3);
+      __m128i vmax = _mm_set1_epi32(-1);
+      for (; q_i + 4 <= nra; q_i += 4, req = _mm_add_epi32(req, four)) {
+        const __m128i sv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(seq + q_i));
+        const __m128i emit = _mm_cmpeq_epi32(_mm_and_si128(sv, mask), _mm_setzero_si128());
+        const int bits = _mm_movemask_ps(_mm_castsi128_ps(emit));
+        if (bits == 0) continue;
+        const __m128i first = _mm_sra_epi32(_mm_sub_epi32(sv, one), shift);
+        if (bits == 0xF) {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(rq + o), req);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(ri + o), first);
+          // max over signed int32 (SSE2 has no pmaxsd): first > vmax picks first.
+          const __m128i gt = _mm_cmpgt_epi32(first, vmax);
+          vmax = _mm_or_si128(_mm_and_si128(gt, first), _mm_andnot_si128(gt, vmax));
+          o += 4;
+          continue;
+        }
+        for (int m = bits; m != 0; m &= m - 1) {
+          const int j = __builtin_ctz(static_cast<unsigned>(m));
+          const int32_t f = rdiv.div(seq[q_i + j] - 1);
+          rq[o] = q_i + j;
+          ri[o] = f;
+          mx = std::max(mx, f);
+          ++o;
+        }
+      }
+      alignas(16) int32_t lanes[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(lanes), vmax);
+      for (int32_t v : lanes) mx = std::max(mx, v);
+    }
+#endif
+    // The rest (and every request without SSE2 or for another divisor),
+    // branch-free: every request's entry is written at the list's end, which
+    // advances by the emit bit; o <= q_i < nra <= the rows' room, so the
+    // write stays in bounds.
+    for (; q_i < nra; ++q_i) {
       const int32_t s = seq[q_i], first = rdiv.div(s - 1);
       const int32_t e = rdiv.div(s) - first;  // 0 or 1
       rq[o] = q_i;
@@ -611,21 +655,31 @@ std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const
 
 }  // namespace
 
-DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffers& buf) {
+void plan_dsa_rows(const DsaStepPlan& step, CSpan<int32_t> ratios, CSpan<DsaRowBuffers> bufs, Span<DsaRows> out) {
   const int32_t b = step.num_reqs, nra = step.num_reqs_actual;
   AAR_CHECK_ARG(b >= 0 && nra >= 0 && nra <= b && step.query_start_loc.size() == static_cast<std::size_t>(b) + 1 &&
                     step.seq_lens.size() == static_cast<std::size_t>(b),
                 "step is not a plan from plan_dsa_step (num_reqs=", b, ", num_reqs_actual=", nra,
                 ", query_start_loc has ", step.query_start_loc.size(), " entries)");
-  AAR_CHECK_ARG(ratio >= 0, "ratio=", ratio, " is negative");
-  const int32_t r = std::max(ratio, 1);
-  const NonNegDiv rdiv(r);
+  AAR_CHECK_ARG(bufs.size() == ratios.size() && out.size() >= ratios.size(), "plan_dsa_rows: ", ratios.size(),
+                " ratios need as many row buffers (got ", bufs.size(), ") and results (room for ", out.size(), ")");
+  // Every request emits at most min(q, q / r + 1) rows, so the step at most
+  // num_compressed_tokens (T >= the sum of q): room for that many suffices.
+  for (std::size_t k = 0; k < ratios.size(); ++k) {
+    AAR_CHECK_ARG(ratios[k] >= 0, "ratio=", ratios[k], " is negative");
+    const int32_t r = std::max(ratios[k], 1);
+    const auto cap = static_cast<std::size_t>(dsa_num_compressed_tokens(step.num_input_tokens, b, r));
+    AAR_CHECK_ARG(bufs[k].request.size() >= cap && bufs[k].index.size() >= cap, "row buffers have room for ",
+                  bufs[k].request.size(), " / ", bufs[k].index.size(), " rows, need num_compressed_tokens=", cap,
+                  " at ratio ", r);
+  }
   const int32_t* const qsl = step.query_start_loc.data();
   const int32_t* const seq = step.seq_lens.data();
   // The plan holds views of the caller's arrays: guard against their change
-  // (plan_dsa_group's check and message). Branch-free, so it vectorises.
-  // Whether every real request has one token, in the same pass: the list's
-  // ratio-1 fast path relies on it (the arrays' values, not the plan's).
+  // (plan_dsa_group's check and message), once for every ratio. Branch-free,
+  // so it vectorises. Whether every real request has one token, in the same
+  // pass: the lists' decode paths rely on it (the arrays' values, not the
+  // plan's).
   int32_t neg = 0, not_one = 0;
   for (int32_t q_i = 0; q_i < nra; ++q_i) {
     const int32_t q = qsl[q_i + 1] - qsl[q_i];
@@ -639,24 +693,28 @@ DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffer
                     " are not a validated request (inputs changed after plan_dsa_step?)");
     }
   }
-  // Every request emits at most min(q, q / r + 1) rows, so the step at most
-  // num_compressed_tokens (T >= the sum of q): room for that many suffices.
-  const int32_t num_rows = dsa_num_compressed_tokens(step.num_input_tokens, b, r);
-  const auto cap = static_cast<std::size_t>(num_rows);
-  AAR_CHECK_ARG(buf.request.size() >= cap && buf.index.size() >= cap, "row buffers have room for ",
-                buf.request.size(), " / ", buf.index.size(), " rows, need num_compressed_tokens=", num_rows,
-                " at ratio ", r);
-  int32_t max_index = -1;
-  // Every V4 ratio is a power of two: its loop has no per-request branch on
-  // the divisor's kind.
-  const std::size_t n = rdiv.shift >= 0 ? list_rows(qsl, seq, nra, Pow2Div(rdiv), buf, not_one == 0, max_index)
-                                        : list_rows(qsl, seq, nra, rdiv, buf, not_one == 0, max_index);
+  // Writes.
+  for (std::size_t k = 0; k < ratios.size(); ++k) {
+    const int32_t r = std::max(ratios[k], 1);
+    const NonNegDiv rdiv(r);
+    const DsaRowBuffers& buf = bufs[k];
+    int32_t max_index = -1;
+    // Every V4 ratio is a power of two: its loop has no per-request branch on
+    // the divisor's kind.
+    const std::size_t n = rdiv.shift >= 0 ? list_rows(qsl, seq, nra, Pow2Div(rdiv), buf, not_one == 0, max_index)
+                                          : list_rows(qsl, seq, nra, rdiv, buf, not_one == 0, max_index);
+    DsaRows& rows = out[k];
+    rows.ratio = r;
+    rows.num_compressed_tokens = dsa_num_compressed_tokens(step.num_input_tokens, b, r);
+    rows.max_index = max_index;
+    rows.request = CSpan<int32_t>(buf.request.data(), n);
+    rows.index = CSpan<int32_t>(buf.index.data(), n);
+  }
+}
+
+DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffers& buf) {
   DsaRows rows;
-  rows.ratio = r;
-  rows.num_compressed_tokens = num_rows;
-  rows.max_index = max_index;
-  rows.request = CSpan<int32_t>(buf.request.data(), n);
-  rows.index = CSpan<int32_t>(buf.index.data(), n);
+  plan_dsa_rows(step, CSpan<int32_t>(&ratio, 1), CSpan<DsaRowBuffers>(&buf, 1), Span<DsaRows>(&rows, 1));
   return rows;
 }
 

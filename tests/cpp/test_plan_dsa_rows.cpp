@@ -174,6 +174,49 @@ TEST(DsaRows, ListsAndBothGroupPathsMatchBruteForce) {
   EXPECT_GT(checked, 10000);
 }
 
+// Decode steps (every real request one token: the list's vector path at
+// power-of-two ratios, four requests at a time) of 0..40 requests whose
+// lengths make every block of four emit, emit nothing, or mix, at every
+// ratio; some with graph padding: the list equals the brute force, the
+// entries past it are untouched, and max_index is the largest row.
+TEST(DsaRows, DecodeListsOfEveryEmitPattern) {
+  std::mt19937 rng(4128);
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int32_t n = static_cast<int32_t>(rng() % 41);
+    const int32_t r = std::vector<int32_t>{4, 128, 2, 3}[rng() % 4];
+    const int pattern = static_cast<int>(rng() % 3);  // 0 all emit, 1 none, 2 mixed
+    Batch bt;
+    for (int32_t b = 0; b < n; ++b) {
+      int32_t s = r * (1 + static_cast<int32_t>(rng() % 300));  // emits at r
+      if (pattern == 1 || (pattern == 2 && rng() % 2 == 0)) s -= 1 + static_cast<int32_t>(rng() % (r - 1));
+      bt.qsl.push_back(bt.qsl.back() + 1);
+      bt.seq.push_back(s);
+    }
+    if (n > 0 && rng() % 4 == 0) {
+      bt.nra = static_cast<int32_t>(rng() % (n + 1));  // the rest is graph padding
+    }
+    const Case cs = plan_step(bt);
+    for (int32_t ratio : {r, 1}) {
+      const Ref ref = brute_rows(cs.bt, ratio);
+      const int32_t num_rows = dsa_num_compressed_tokens(cs.step.num_input_tokens, cs.step.num_reqs, ratio);
+      std::vector<int32_t> rq(num_rows + 4, kSentinel), ri(num_rows + 4, kSentinel);
+      const DsaRows rows = plan_dsa_rows(cs.step, ratio, {Span<int32_t>(rq.data(), num_rows),
+                                                          Span<int32_t>(ri.data(), num_rows)});
+      ASSERT_EQ(std::vector<int32_t>(rows.request.begin(), rows.request.end()), ref.request)
+          << "ratio " << ratio << " n " << n << " pattern " << pattern;
+      ASSERT_EQ(std::vector<int32_t>(rows.index.begin(), rows.index.end()), ref.index);
+      ASSERT_EQ(rows.max_index, ref.index.empty() ? -1 : *std::max_element(ref.index.begin(), ref.index.end()));
+      for (int32_t k = num_rows; k < num_rows + 4; ++k) {
+        ASSERT_EQ(rq[k], kSentinel);
+        ASSERT_EQ(ri[k], kSentinel);
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 800);
+}
+
 // Every way a table can be wrong: both overloads throw the same message (the
 // per-request definition's) and write nothing.
 TEST(DsaRows, BothGroupPathsRejectAlikeAndWriteNothing) {
@@ -281,4 +324,64 @@ TEST(DsaRows, Errors) {
   changed.seq_lens = CSpan<int32_t>(seq);
   EXPECT_INVALID(plan_dsa_rows(changed, 1, {Span<int32_t>(rq), Span<int32_t>(ri)}),
                  "step: seq_lens[1]=2 and query length 4 are not a validated request");
+}
+
+// The several-ratio form: each result equals the single-ratio call, and one
+// ratio without room (or a count mismatch) rejects the call before any list
+// is written.
+TEST(DsaRows, SeveralRatiosAtOnce) {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 100; ++trial) {
+    const Case cs = plan_step(random_batch(rng));
+    const int32_t ratios[3] = {1, 4, 128};
+    std::vector<int32_t> lists[6], singles[6];
+    DsaRowBuffers bufs[3];
+    DsaRows got[3];
+    for (int k = 0; k < 3; ++k) {
+      const auto n = static_cast<std::size_t>(
+          dsa_num_compressed_tokens(cs.step.num_input_tokens, cs.step.num_reqs, ratios[k]));
+      for (int j : {2 * k, 2 * k + 1}) {
+        lists[j].assign(n, kSentinel);
+        singles[j].assign(n, kSentinel);
+      }
+      bufs[k] = {Span<int32_t>(lists[2 * k]), Span<int32_t>(lists[2 * k + 1])};
+    }
+    plan_dsa_rows(cs.step, CSpan<int32_t>(ratios, 3), CSpan<DsaRowBuffers>(bufs, 3), Span<DsaRows>(got, 3));
+    for (int k = 0; k < 3; ++k) {
+      const DsaRows one =
+          plan_dsa_rows(cs.step, ratios[k], {Span<int32_t>(singles[2 * k]), Span<int32_t>(singles[2 * k + 1])});
+      ASSERT_EQ(lists[2 * k], singles[2 * k]);
+      ASSERT_EQ(lists[2 * k + 1], singles[2 * k + 1]);
+      ASSERT_EQ(got[k].ratio, one.ratio);
+      ASSERT_EQ(got[k].num_compressed_tokens, one.num_compressed_tokens);
+      ASSERT_EQ(got[k].max_index, one.max_index);
+      ASSERT_EQ(got[k].index.size(), one.index.size());
+      ASSERT_EQ(got[k].index.data(), lists[2 * k + 1].data());
+    }
+  }
+  // No room at ratio 128 (the last): the lists of ratios 1 and 4 stay unwritten.
+  const Case cs = plan_step([] {
+    Batch b;
+    b.qsl = {0, 1, 2, 3};
+    b.seq = {128, 256, 9};
+    return b;
+  }());
+  const int32_t ratios[3] = {1, 4, 128};
+  std::vector<int32_t> a(8, kSentinel), b(8, kSentinel), c(8, kSentinel), d(8, kSentinel), e(2, kSentinel),
+      f(2, kSentinel);
+  const DsaRowBuffers bufs[3] = {{Span<int32_t>(a), Span<int32_t>(b)}, {Span<int32_t>(c), Span<int32_t>(d)},
+                                 {Span<int32_t>(e), Span<int32_t>(f)}};
+  DsaRows got[3];
+  EXPECT_INVALID(plan_dsa_rows(cs.step, CSpan<int32_t>(ratios, 3), CSpan<DsaRowBuffers>(bufs, 3),
+                               Span<DsaRows>(got, 3)),
+                 "need num_compressed_tokens=3 at ratio 128");
+  for (const auto* v : {&a, &b, &c, &d, &e, &f}) {
+    ASSERT_TRUE(std::all_of(v->begin(), v->end(), [](int32_t x) { return x == kSentinel; }));
+  }
+  EXPECT_INVALID(plan_dsa_rows(cs.step, CSpan<int32_t>(ratios, 3), CSpan<DsaRowBuffers>(bufs, 2),
+                               Span<DsaRows>(got, 3)),
+                 "3 ratios need as many row buffers (got 2)");
+  EXPECT_INVALID(plan_dsa_rows(cs.step, CSpan<int32_t>(ratios, 3), CSpan<DsaRowBuffers>(bufs, 3),
+                               Span<DsaRows>(got, 2)),
+                 "results (room for 2)");
 }

@@ -250,6 +250,11 @@ struct DsaRows {
 // plan_dsa_step is rejected with the same message; room in both buffers) and
 // writes the list. The result views `buf`, which must outlive its uses.
 DsaRows plan_dsa_rows(const DsaStepPlan& step, int32_t ratio, const DsaRowBuffers& buf);
+// The lists of several ratios (a step's 1, 4 and 128) over one validation:
+// out[k] = plan_dsa_rows(step, ratios[k], bufs[k]) for every k, with every
+// check (bufs.size() == ratios.size() <= out.size(), each ratio's room)
+// made before the first list is written.
+void plan_dsa_rows(const DsaStepPlan& step, CSpan<int32_t> ratios, CSpan<DsaRowBuffers> bufs, Span<DsaRows> out);
 
 // plan_dsa_group over the list plan_dsa_rows made for this step at the
 // group's ratio (rows.ratio must equal max(compress_ratio, 1) and
