@@ -3,12 +3,12 @@
 #include "ascend_attn_rt/dsa/builder.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
 
+#include "../common/inference_scope.h"
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
@@ -256,7 +256,7 @@ class StepBuilder::Lane {
     }
     {
       // Device work after the copy (same stream): the inverse RoPE's rows.
-      c10::InferenceMode guard;
+      detail::InferenceScope guard;
       set(md_.neg_sin, cached(v_neg_, ut, 0, [&] { return neg_.narrow(0, 0, t_in); }));
       ops::dense::neg_out(md_.neg_sin, md_.sin);
       if (crope_ != nullptr) {
@@ -624,7 +624,7 @@ class GroupBuilder::Lane {
       at::Tensor v = cslots_.narrow(0, 0, rows * fw_);
       return fw_ == 2 ? v.view({rows, 2}) : v;
     }));
-    c10::InferenceMode guard;
+    detail::InferenceScope guard;
     ops::CompressorMetadataArgs a;
     a.rope_cos = st.compress_cos_table;
     a.rope_sin = st.compress_sin_table;
@@ -649,7 +649,7 @@ class GroupBuilder::Lane {
     const bool shared = c.plan.sparse_attn == SparseAttnPath::SharedKv;
     const bool flash_mla = c.plan.sparse_attn == SparseAttnPath::SparseFlashMla;
     if (!reads_sas || c.num_heads_q <= 0) return false;
-    c10::InferenceMode guard;
+    detail::InferenceScope guard;
     auto opt = [](const at::Tensor& t) -> std::optional<at::Tensor> {
       if (!t.defined()) return std::nullopt;
       return t;
@@ -702,7 +702,7 @@ class GroupBuilder::Lane {
   bool fill_qli(const StepMetadata& st) {
     const GroupConfig& c = g_.cfg_;
     if (c.kind != DsaCacheKind::C4IndexerK || c.index_n_heads <= 0) return false;
-    c10::InferenceMode guard;
+    detail::InferenceScope guard;
     ops::VllmQuantLightningIndexerMetadataArgs m;
     m.num_heads_q = c.index_n_heads;
     m.num_heads_k = 1;

@@ -355,6 +355,26 @@ def test_separate_device_buffers_same_values():
     assert out[0] == out[1]
 
 
+def test_builds_inside_and_outside_inference_mode_agree():
+    # The builders take their own inference-mode scope only when the caller is not in one.
+    q, S = [1, 1, 30], [64, 513, 30]
+    table = make_table(3, 8, 512, 13)
+    out = []
+    for inference in (False, True):
+        sb = step_builder()
+        g4, gs = group(sb, "c4_kv"), group(sb, "swa")
+        with torch.inference_mode(inference):
+            st = sb.build(i32(ref_step(q, S)["qsl"]), i32(S))
+            gm = g4.build(st, i32(table))
+            gsm = gs.build(st, i32(table))
+        check_step(st, q, S)
+        check_group(gm, st, q, S, table, 4, 128, False)
+        out.append((gm.slot_mapping.tolist(), gm.compressed_slots.tolist(), st.sin.neg().tolist(),
+                    st.neg_sin.tolist(), gsm.row_index.tolist()))
+    assert out[0] == out[1]
+    assert out[0][2] == out[0][3]  # -sin made by the build in both modes
+
+
 def test_stale_metadata_rejected():
     sb = step_builder()
     g = group(sb, "c4_kv")
