@@ -16,6 +16,7 @@
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/dsa_compressor.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/out_variants.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 #include "ascend_attn_rt/ops/sparse_flash_mla.h"
 #include "ascend_attn_rt/plan/dsa_step_plan.h"
@@ -677,7 +678,7 @@ class GroupBuilder::Lane {
     a.has_cmp_kv = ratio > 1;
     a.device = "npu";
     if (shared) {
-      md_.sas_metadata.copy_(ops::sparse_attn_sharedkv_metadata(a), /*non_blocking=*/true);
+      ops::sparse_attn_sharedkv_metadata_out(a, md_.sas_metadata);
     } else if (flash_mla) {
       // Spec 7.2: the same arguments through the SparseFlashMla adapter
       // (seqused_kv -> seqused_ori_kv, max_seqlen_kv -> max_seqlen_ori_kv,
@@ -685,15 +686,14 @@ class GroupBuilder::Lane {
       // cmp_residual_kv and max_seqlen_cmp_kv = max_seqlen_kv / cmp_ratio).
       std::optional<ops::FlashMlaCmpLengthTensors> cmp;
       if (ratio > 1) cmp = ops::FlashMlaCmpLengthTensors{md_.seqused_cmp_kv, md_.cmp_residual_kv};
-      md_.sas_metadata.copy_(ops::sparse_flash_mla_metadata(ops::to_sparse_flash_mla_metadata_args(a, cmp)),
-                             /*non_blocking=*/true);
+      ops::sparse_flash_mla_metadata_out(ops::to_sparse_flash_mla_metadata_args(a, cmp), md_.sas_metadata);
     } else {
       ops::KvQuantSparseAttnSharedKvMetadataArgs q;
       q.base = a;
       q.kv_quant_mode = c.plan.kv_quant_mode;
       q.tile_size = c.plan.tile_size;
       q.rope_head_dim = c.plan.rope_head_dim;
-      md_.sas_metadata.copy_(ops::kv_quant_sparse_attn_sharedkv_metadata(q), /*non_blocking=*/true);
+      ops::kv_quant_sparse_attn_sharedkv_metadata_out(q, md_.sas_metadata);
     }
     return true;
   }
@@ -726,7 +726,7 @@ class GroupBuilder::Lane {
     m.sparse_mode = 3;
     m.cmp_ratio = 4;
     m.device = "npu";
-    md_.qli_metadata.copy_(ops::vllm_quant_lightning_indexer_metadata(m), /*non_blocking=*/true);
+    ops::vllm_quant_lightning_indexer_metadata_out(m, md_.qli_metadata);
     return true;
   }
   at::Tensor cu_tensor(CuSeqlensKv k, const StepMetadata& st) const {

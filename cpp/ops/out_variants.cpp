@@ -76,6 +76,33 @@ void kv_quant_sparse_attn_sharedkv_out(const KvQuantSparseAttnSharedKvArgs& a, c
   dense::copy(out, o);
 }
 
+void sparse_attn_sharedkv_metadata_out(const SparseAttnSharedKvMetadataArgs& a, const at::Tensor& out,
+                                       Provider pv) {
+  const at::Tensor m = sparse_attn_sharedkv_metadata(a, pv);
+  check_like("sparse_attn_sharedkv_metadata_out", "out", out, m);
+  dense::copy(out, m);
+}
+
+void kv_quant_sparse_attn_sharedkv_metadata_out(const KvQuantSparseAttnSharedKvMetadataArgs& a,
+                                                const at::Tensor& out, Provider pv) {
+  const at::Tensor m = kv_quant_sparse_attn_sharedkv_metadata(a, pv);
+  check_like("kv_quant_sparse_attn_sharedkv_metadata_out", "out", out, m);
+  dense::copy(out, m);
+}
+
+void sparse_flash_mla_metadata_out(const SparseFlashMlaMetadataArgs& a, const at::Tensor& out, Provider pv) {
+  const at::Tensor m = sparse_flash_mla_metadata(a, pv);
+  check_like("sparse_flash_mla_metadata_out", "out", out, m);
+  dense::copy(out, m);
+}
+
+void vllm_quant_lightning_indexer_metadata_out(const VllmQuantLightningIndexerMetadataArgs& a, const at::Tensor& out,
+                                               Provider pv) {
+  const at::Tensor m = vllm_quant_lightning_indexer_metadata(a, pv);
+  check_like("vllm_quant_lightning_indexer_metadata_out", "out", out, m);
+  dense::copy(out, m);
+}
+
 void transpose_batchmatmul_out(const at::Tensor& input, const at::Tensor& weight,
                                std::optional<c10::IntArrayRef> perm_x1, std::optional<c10::IntArrayRef> perm_x2,
                                std::optional<c10::IntArrayRef> perm_y, const at::Tensor& out, Provider pv) {

@@ -7,9 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/dsa_inplace_ops.h"
+#include "ascend_attn_rt/ops/lightning_indexer.h"
+#include "ascend_attn_rt/ops/out_variants.h"
+#include "ascend_attn_rt/ops/provider.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 
 namespace ops = aar::ops;
@@ -98,6 +103,75 @@ TEST(RtOpsDsa, MetadataProviderFromItsLengthsOrTheOverride) {
   {
     ops::ProviderOverride o(ops::Provider::NoCompute);
     EXPECT_EQ(ops::sparse_attn_sharedkv_metadata(md).sizes(), at::IntArrayRef({1024}));
+  }
+}
+
+// The metadata blobs' out-forms (what the DSA builders fill their
+// address-stable buffers with): the operator's blob lands in `out`; a wrong
+// destination is refused by name with nothing written; the no-compute
+// provider writes nothing (as every out-form's copy).
+TEST(RtOpsDsa, MetadataOutFormsCopyTheBlobIntoTheStableBuffer) {
+  ops::SparseAttnSharedKvMetadataArgs md;
+  md.num_heads_q = 8;
+  md.cu_seqlens_q = i32({0, 2});
+  md.seqused_kv = i32({5});
+  md.batch_size = 1;
+  md.max_seqlen_q = 2;
+  md.max_seqlen_kv = 5;
+  md.cmp_ratio = 4;
+  ops::KvQuantSparseAttnSharedKvMetadataArgs kq;
+  kq.base = md;
+  kq.kv_quant_mode = 1;
+  kq.tile_size = 64;
+  kq.rope_head_dim = 64;
+  const auto cmp = ops::flash_mla_cmp_length_tensors(*md.seqused_kv, 4);
+  const ops::SparseFlashMlaMetadataArgs fm = ops::to_sparse_flash_mla_metadata_args(md, cmp);
+  ops::VllmQuantLightningIndexerMetadataArgs li;
+  li.actual_seq_lengths_query = i32({2});
+  li.actual_seq_lengths_key = i32({5});
+  li.batch_size = 1;
+  li.cmp_ratio = 4;
+  struct Form {
+    const char* name;
+    std::function<at::Tensor()> op;
+    std::function<void(const at::Tensor&)> out;
+  };
+  const Form forms[] = {
+      {"sparse_attn_sharedkv_metadata_out", [&] { return ops::sparse_attn_sharedkv_metadata(md); },
+       [&](const at::Tensor& o) { ops::sparse_attn_sharedkv_metadata_out(md, o); }},
+      {"kv_quant_sparse_attn_sharedkv_metadata_out", [&] { return ops::kv_quant_sparse_attn_sharedkv_metadata(kq); },
+       [&](const at::Tensor& o) { ops::kv_quant_sparse_attn_sharedkv_metadata_out(kq, o); }},
+      {"sparse_flash_mla_metadata_out", [&] { return ops::sparse_flash_mla_metadata(fm); },
+       [&](const at::Tensor& o) { ops::sparse_flash_mla_metadata_out(fm, o); }},
+      {"vllm_quant_lightning_indexer_metadata_out", [&] { return ops::vllm_quant_lightning_indexer_metadata(li); },
+       [&](const at::Tensor& o) { ops::vllm_quant_lightning_indexer_metadata_out(li, o); }},
+  };
+  for (const Form& f : forms) {
+    SCOPED_TRACE(f.name);
+    const at::Tensor want = f.op();
+    ASSERT_EQ(want.sizes(), at::IntArrayRef({1024}));
+    ASSERT_GT(want.abs().sum().item<int64_t>(), 0);  // a blob that differs from the sentinel fill
+    at::Tensor out = at::full({1024}, -7, at::kInt);
+    const void* addr = out.data_ptr();
+    f.out(out);
+    EXPECT_TRUE(at::equal(out, want));
+    EXPECT_EQ(out.data_ptr(), addr);
+    for (const at::Tensor& bad : {at::full({1023}, -7, at::kInt), at::full({1024}, -7, at::kLong)}) {
+      try {
+        f.out(bad);
+        ADD_FAILURE() << "accepted a destination of " << bad.sizes() << " " << bad.scalar_type();
+      } catch (const aar::InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find(std::string(f.name) + ": out must be [1024] Int"), std::string::npos)
+            << e.what();
+      }
+      EXPECT_TRUE(bad.eq(-7).all().item<bool>());
+    }
+    at::Tensor untouched = at::full({1024}, -7, at::kInt);
+    {
+      ops::ProviderOverride o(ops::Provider::NoCompute);
+      f.out(untouched);
+    }
+    EXPECT_TRUE(untouched.eq(-7).all().item<bool>());
   }
 }
 

@@ -7,14 +7,17 @@
 //   StepBuilder::build(step inputs)            once per step: validation, the
 //       decode/prefill split, start_pos, cumsum(S), the RoPE rows of every token
 //       from each RoPE table (rope_theta and compress_rope_theta), gathered on
-//       the host; one host-to-device copy.
+//       the host, and the rows each V4 ratio (1, 4, 128) emits with their
+//       index / position / request arrays (StepMetadata::row_arrays, shared
+//       by every group of the ratio); one host-to-device copy.
 //   GroupBuilder::build(step metadata, table)  once per KV-cache group (SWA,
 //       C4 KV, C128 KV, C4 indexer K, the state caches): the staged block table
 //       (graph-padding rows zeroed), the slot mapping (ratio <= 1: the step's
-//       token slots; compressed groups: the compressed rows' slots), the
-//       emitted rows' indices / positions / requests, DSpark indices; one
-//       host-to-device copy. All planning is plan::plan_dsa_step /
-//       plan::plan_dsa_group (plan/dsa_step_plan.h).
+//       token slots; compressed groups: the compressed rows' slots), DSpark
+//       indices; one host-to-device copy. Its row_index / row_position /
+//       row_request are the step's arrays of its ratio. All planning is
+//       plan::plan_dsa_step / plan_dsa_rows / plan_dsa_group
+//       (plan/dsa_step_plan.h).
 //
 // Buffers follow the SFA builder (sfa/builder.h): per lane one packed int32
 // buffer (host staging buffers used in turn + a device twin; one buffer on the
@@ -37,7 +40,8 @@
 //    build takes a draft step build of the same draft index.
 //  - SAS / QLI metadata (spec 6.7): every group lane owns two (1024,) int32
 //    device buffers at stable addresses. A build fills sas_metadata (the
-//    operator's blob copied in, device to device) for the groups a layer
+//    operator's blob copied in, device to device, by the
+//    out-forms of ops/out_variants.h) for the groups a layer
 //    reads it from (spec 6.4 common(): Swa, C4Kv, C128Kv) when
 //    GroupConfig::num_heads_q > 0, with the arguments of spec 6.7, through
 //    the plan's metadata operator: npu_sparse_attn_sharedkv_metadata (A2/A3,

@@ -8,7 +8,9 @@
 // npu_native_functions_by_codegen.yaml: npu_dynamic_quant,
 // npu_transpose_batchmatmul; third_party/vllm_ascend_ops.txt: compressor,
 // npu_vllm_quant_lightning_indexer, npu_sparse_attn_sharedkv,
-// npu_kv_quant_sparse_attn_sharedkv), so the schemas stay exact: each
+// npu_kv_quant_sparse_attn_sharedkv and the three metadata operators;
+// third_party/cann_ops_transformer_ops.txt: sparse_flash_mla_metadata), so
+// the schemas stay exact: each
 // function calls the operator through its wrapper and copies the result into
 // `out` (one device copy; under the no-compute provider, nothing). The
 // destination's shape and dtype are checked before anything is written to it
@@ -27,6 +29,7 @@
 #include "ascend_attn_rt/ops/provider.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+#include "ascend_attn_rt/ops/sparse_flash_mla.h"
 
 namespace aar::ops {
 
@@ -46,6 +49,17 @@ void vllm_quant_lightning_indexer_out(const VllmQuantLightningIndexerArgs& a, co
 void sparse_attn_sharedkv_out(const SparseAttnSharedKvArgs& a, const at::Tensor& out, Provider pv = Provider::Auto);
 void kv_quant_sparse_attn_sharedkv_out(const KvQuantSparseAttnSharedKvArgs& a, const at::Tensor& out,
                                        Provider pv = Provider::Auto);
+
+// The DSA metadata blobs (spec 6.7) into a builder's address-stable (1024,)
+// int32 buffer: the SAS blob of each sparse-attention path and the QLI blob.
+void sparse_attn_sharedkv_metadata_out(const SparseAttnSharedKvMetadataArgs& a, const at::Tensor& out,
+                                       Provider pv = Provider::Auto);
+void kv_quant_sparse_attn_sharedkv_metadata_out(const KvQuantSparseAttnSharedKvMetadataArgs& a,
+                                                const at::Tensor& out, Provider pv = Provider::Auto);
+void sparse_flash_mla_metadata_out(const SparseFlashMlaMetadataArgs& a, const at::Tensor& out,
+                                   Provider pv = Provider::Auto);
+void vllm_quant_lightning_indexer_metadata_out(const VllmQuantLightningIndexerMetadataArgs& a, const at::Tensor& out,
+                                               Provider pv = Provider::Auto);
 
 // out: the permuted batched product (transpose_batchmatmul's result shape).
 void transpose_batchmatmul_out(const at::Tensor& input, const at::Tensor& weight,
