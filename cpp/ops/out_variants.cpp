@@ -27,6 +27,12 @@ void check_like(const char* op, const char* name, const at::Tensor& out, const a
   check_out(op, name, out, result.sizes(), result.scalar_type(), result.device());
 }
 
+// An operator's result into `out` (checked against the result first).
+void land(const char* op, const char* name, const at::Tensor& out, const at::Tensor& result) {
+  check_like(op, name, out, result);
+  dense::copy(out, result);
+}
+
 }  // namespace
 
 void compressor_out(const CompressorArgs& a, const at::Tensor& out, Provider pv) {
@@ -39,8 +45,7 @@ void compressor_out(const CompressorArgs& a, const at::Tensor& out, Provider pv)
   // Checked before the call: the operator writes the state cache.
   check_out("compressor_out", "out", out, shape, a.x.scalar_type(), a.x.device());
   const at::Tensor r = compressor(a, pv);
-  check_like("compressor_out", "out", out, r);
-  dense::copy(out, r);
+  land("compressor_out", "out", out, r);
 }
 
 void dynamic_quant_out(const DynamicQuantArgs& a, const at::Tensor& q_out, const at::Tensor& scale_out, Provider pv) {
@@ -56,59 +61,51 @@ void vllm_quant_lightning_indexer_out(const VllmQuantLightningIndexerArgs& a, co
   AAR_CHECK_ARG(!a.quant.base.return_value, "vllm_quant_lightning_indexer_out: return_value=True is not supported "
                 "(the out form keeps the sparse indices only)");
   const at::Tensor idx = std::get<0>(vllm_quant_lightning_indexer(a, pv));
-  check_like("vllm_quant_lightning_indexer_out", "indices_out", indices_out, idx);
-  dense::copy(indices_out, idx);
+  land("vllm_quant_lightning_indexer_out", "indices_out", indices_out, idx);
 }
 
 void sparse_attn_sharedkv_out(const SparseAttnSharedKvArgs& a, const at::Tensor& out, Provider pv) {
   AAR_CHECK_ARG(!a.return_softmax_lse, "sparse_attn_sharedkv_out: return_softmax_lse=True is not supported (the "
                 "out form keeps the attention output only)");
   const at::Tensor o = std::get<0>(sparse_attn_sharedkv(a, pv));
-  check_like("sparse_attn_sharedkv_out", "out", out, o);
-  dense::copy(out, o);
+  land("sparse_attn_sharedkv_out", "out", out, o);
 }
 
 void kv_quant_sparse_attn_sharedkv_out(const KvQuantSparseAttnSharedKvArgs& a, const at::Tensor& out, Provider pv) {
   AAR_CHECK_ARG(!a.base.return_softmax_lse, "kv_quant_sparse_attn_sharedkv_out: return_softmax_lse=True is not "
                 "supported (the out form keeps the attention output only)");
   const at::Tensor o = std::get<0>(kv_quant_sparse_attn_sharedkv(a, pv));
-  check_like("kv_quant_sparse_attn_sharedkv_out", "out", out, o);
-  dense::copy(out, o);
+  land("kv_quant_sparse_attn_sharedkv_out", "out", out, o);
 }
 
 void sparse_attn_sharedkv_metadata_out(const SparseAttnSharedKvMetadataArgs& a, const at::Tensor& out,
                                        Provider pv) {
   const at::Tensor m = sparse_attn_sharedkv_metadata(a, pv);
-  check_like("sparse_attn_sharedkv_metadata_out", "out", out, m);
-  dense::copy(out, m);
+  land("sparse_attn_sharedkv_metadata_out", "out", out, m);
 }
 
 void kv_quant_sparse_attn_sharedkv_metadata_out(const KvQuantSparseAttnSharedKvMetadataArgs& a,
                                                 const at::Tensor& out, Provider pv) {
   const at::Tensor m = kv_quant_sparse_attn_sharedkv_metadata(a, pv);
-  check_like("kv_quant_sparse_attn_sharedkv_metadata_out", "out", out, m);
-  dense::copy(out, m);
+  land("kv_quant_sparse_attn_sharedkv_metadata_out", "out", out, m);
 }
 
 void sparse_flash_mla_metadata_out(const SparseFlashMlaMetadataArgs& a, const at::Tensor& out, Provider pv) {
   const at::Tensor m = sparse_flash_mla_metadata(a, pv);
-  check_like("sparse_flash_mla_metadata_out", "out", out, m);
-  dense::copy(out, m);
+  land("sparse_flash_mla_metadata_out", "out", out, m);
 }
 
 void vllm_quant_lightning_indexer_metadata_out(const VllmQuantLightningIndexerMetadataArgs& a, const at::Tensor& out,
                                                Provider pv) {
   const at::Tensor m = vllm_quant_lightning_indexer_metadata(a, pv);
-  check_like("vllm_quant_lightning_indexer_metadata_out", "out", out, m);
-  dense::copy(out, m);
+  land("vllm_quant_lightning_indexer_metadata_out", "out", out, m);
 }
 
 void transpose_batchmatmul_out(const at::Tensor& input, const at::Tensor& weight,
                                std::optional<c10::IntArrayRef> perm_x1, std::optional<c10::IntArrayRef> perm_x2,
                                std::optional<c10::IntArrayRef> perm_y, const at::Tensor& out, Provider pv) {
   const at::Tensor y = transpose_batchmatmul(input, weight, perm_x1, perm_x2, perm_y, pv);
-  check_like("transpose_batchmatmul_out", "out", out, y);
-  dense::copy(out, y);
+  land("transpose_batchmatmul_out", "out", out, y);
 }
 
 void hadamard_rotate_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& h) {
