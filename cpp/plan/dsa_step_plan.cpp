@@ -864,11 +864,6 @@ __attribute__((always_inline)) inline void list_rows_write(const DsaGroupInputs&
 
 // list_rows_write for the builders' case (a power-of-two page size, the ids
 // in `blocks`): its loops vectorise eight rows wide in an AVX2 clone.
-template <bool kBlockOffset>
-void list_rows_write_pow2(const DsaGroupInputs& g, const DsaRows& rows, const Pow2Div& sdiv, const RowOut& out,
-                          const int32_t* blocks) {
-  list_rows_write<kBlockOffset>(g, rows, sdiv, out, blocks);
-}
 #if AAR_HAVE_X86_DISPATCH
 template <bool kBlockOffset>
 __attribute__((target("avx2"))) void list_rows_write_pow2_avx2(const DsaGroupInputs& g, const DsaRows& rows,
@@ -886,7 +881,7 @@ void list_rows_write_pick(const DsaGroupInputs& g, const DsaRows& rows, const Po
     return;
   }
 #endif
-  list_rows_write_pow2<kBlockOffset>(g, rows, sdiv, out, blocks);
+  list_rows_write<kBlockOffset>(g, rows, sdiv, out, blocks);
 }
 
 }  // namespace

@@ -62,9 +62,9 @@ struct StepMetadata {
   // The plan the groups read (views of the host lists above).
   plan::DsaStepPlan plan;
   // The rows the step emits at the V4 ratios 1, 4 and 128 (plan_dsa_rows),
-  // listed once per step for all groups of each ratio (host scratch of the
-  // build's lane); rows_at(ratio) is null for any other ratio.
-  // (Their request / index lists are the first rows of row_arrays below.)
+  // listed once per step for all groups of each ratio; rows_at(ratio) is
+  // null for any other ratio. Their request / index lists view the first
+  // rows of row_arrays below (the build's turn of the staging buffer).
   plan::DsaRows rows_r1, rows_r4, rows_r128;
   // The per-row arrays of those rows, one set per ratio (rows_r1's, rows_r4's,
   // rows_r128's), staged by the step build and shared by every group of the
