@@ -88,7 +88,7 @@ Result run_case(const Case& c, int steps, int warm, int repeats) {
   const std::size_t n = static_cast<std::size_t>(c.rows) * kK;
   std::vector<int32_t> current(n);
   std::vector<ResidentMiss> misses(n);
-  std::vector<uint32_t> req(c.rows);
+  std::vector<uint64_t> req(c.rows);
   std::iota(req.begin(), req.end(), 1u);
   std::vector<double> samples;
   double hits = 0, miss = 0, inval = 0;

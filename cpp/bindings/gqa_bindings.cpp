@@ -48,6 +48,12 @@ const gqa::Metadata& live(const gqa::Metadata& m) {
 }  // namespace
 
 namespace {
+// A dense-context tensor of the metadata's build, once computed (None before).
+at::Tensor dense_field(const gqa::Metadata& m, at::Tensor gqa::DenseContext::*field) {
+  const gqa::DenseContext* d = gqa::computed_dense_context(m);
+  return d != nullptr ? d->*field : at::Tensor();
+}
+
 void bind_gqa(nb::module_& m) {
   nb::class_<gqa::Backend>(m, "Backend")
       .def_static("name", &gqa::Backend::name)
@@ -86,12 +92,20 @@ void bind_gqa(nb::module_& m) {
       .def_prop_ro("is_current", [](const gqa::Metadata& m) { return m.stamp.current(); })
       .def_prop_ro("prefill_actual_seq_lengths_q",
                    [](const gqa::Metadata& m) { return to_list(live(m).prefill_actual_seq_lengths_q); })
-      .def_prop_ro("dense_valid", [](const gqa::Metadata& m) { return m.dense.valid; })
-      .def_prop_ro("dense_slots", [](const gqa::Metadata& m) { return m.dense.slots; })
-      .def_prop_ro("dense_token_rows", [](const gqa::Metadata& m) { return m.dense.token_rows; })
-      .def_prop_ro("dense_prefill_token_rows", [](const gqa::Metadata& m) { return m.dense.prefill_token_rows; })
-      .def_prop_ro("dense_kv_ends", [](const gqa::Metadata& m) { return to_list(live(m).dense.kv_ends); })
-      .def_prop_ro("dense_prefill_kv_ends", [](const gqa::Metadata& m) { return to_list(live(m).dense.prefill_kv_ends); })
+      .def_prop_ro("dense_valid", [](const gqa::Metadata& m) { return gqa::computed_dense_context(m) != nullptr; })
+      .def_prop_ro("dense_slots", [](const gqa::Metadata& m) { return dense_field(m, &gqa::DenseContext::slots); })
+      .def_prop_ro("dense_token_rows",
+                   [](const gqa::Metadata& m) { return dense_field(m, &gqa::DenseContext::token_rows); })
+      .def_prop_ro("dense_prefill_token_rows",
+                   [](const gqa::Metadata& m) { return dense_field(m, &gqa::DenseContext::prefill_token_rows); })
+      .def_prop_ro("dense_kv_ends", [](const gqa::Metadata& m) {
+        const gqa::DenseContext* d = gqa::computed_dense_context(live(m));
+        return to_list(d != nullptr ? d->kv_ends : c10::IntArrayRef{});
+      })
+      .def_prop_ro("dense_prefill_kv_ends", [](const gqa::Metadata& m) {
+        const gqa::DenseContext* d = gqa::computed_dense_context(live(m));
+        return to_list(d != nullptr ? d->prefill_kv_ends : c10::IntArrayRef{});
+      })
       .def_prop_ro("query_start_loc", [](const gqa::Metadata& m) { return m.query_start_loc; })
       .def_prop_ro("seq_lens", [](const gqa::Metadata& m) { return m.seq_lens; })
       .def_prop_ro("block_tables", [](const gqa::Metadata& m) { return m.block_tables; })
@@ -107,7 +121,7 @@ void bind_gqa(nb::module_& m) {
              int32_t block_size, int32_t num_blocks, int32_t num_speculative_tokens, const std::string& spec_method,
              bool chunked_prefill_enabled, bool pooling, bool pad_fia_batch, const std::string& device,
              std::optional<bool> separate_device_buffers, bool uniform_decode_padding, int32_t staging_buffers,
-             bool dense_context) {
+             std::optional<bool> dense_context) {
             gqa::BuilderConfig c;
             c.staging_buffers = staging_buffers;
             c.dense_context = dense_context;
@@ -130,7 +144,7 @@ void bind_gqa(nb::module_& m) {
           "num_blocks"_a, "num_speculative_tokens"_a = 0, "spec_method"_a = "none",
           "chunked_prefill_enabled"_a = true, "pooling"_a = false, "pad_fia_batch"_a = true, "device"_a = "cpu",
           "separate_device_buffers"_a = nb::none(), "uniform_decode_padding"_a = false, "staging_buffers"_a = 2,
-          "dense_context"_a = false)
+          "dense_context"_a = nb::none())
       .def(
           "build",
           // The three arrays are borrowed from their Python objects (no caster copies).

@@ -112,33 +112,58 @@ std::function<void(void*)> unpin_from(const std::optional<nb::callable>& f) {
   };
 }
 
-// The engine's request ids: uint32, int32 (bit patterns) or int64 in [0, 2^32)
-// (what zlib.adler32 returns), host, 1-D, contiguous; int64 is converted into `keep`.
-plan::CSpan<uint32_t> req_id_span(const at::Tensor& t, std::vector<uint32_t>& keep) {
-  AAR_CHECK_ARG(t.defined() && t.device().is_cpu() && t.dim() == 1 && t.is_contiguous(),
-                "req_ids must be a contiguous 1-D host tensor, got ",
-                t.defined() ? t.sizes() : c10::IntArrayRef{});
-  const auto dt = t.scalar_type();
-  if (dt == at::kInt || dt == at::kUInt32) {
-    return {static_cast<const uint32_t*>(t.const_data_ptr()), static_cast<size_t>(t.numel())};
+// The engine's request ids (sfa::BuildInputs::req_ids): a host 1-D tensor of
+// exact identities (int64 / uint64 as they are; int32 / uint32 zero-extended from
+// their 32 bits), or a sequence of str, turned into keys that never collide by the
+// builder's RequestKeys (plan/request_keys.h).
+plan::CSpan<uint64_t> req_id_keys(sfa::MetadataBuilder& b, nb::handle h, std::vector<uint64_t>& keep) {
+  if (nb::isinstance<at::Tensor>(h)) {
+    const at::Tensor t = nb::cast<at::Tensor>(h);
+    AAR_CHECK_ARG(t.defined() && t.device().is_cpu() && t.dim() == 1 && t.is_contiguous(),
+                  "req_ids must be a contiguous 1-D host tensor or a sequence of str, got a tensor of shape ",
+                  t.defined() ? t.sizes() : c10::IntArrayRef{}, " on ", t.defined() ? t.device() : c10::Device(c10::kCPU));
+    const auto dt = t.scalar_type();
+    const auto n = static_cast<size_t>(t.numel());
+    keep.resize(n);
+    if (dt == at::kInt || dt == at::kUInt32) {
+      const auto* p = static_cast<const uint32_t*>(t.const_data_ptr());
+      for (size_t i = 0; i < n; ++i) keep[i] = p[i];
+    } else {
+      AAR_CHECK_ARG(dt == at::kLong || dt == at::kUInt64, "req_ids must be int64, uint64, int32 or uint32, got ", dt);
+      const auto* p = static_cast<const uint64_t*>(t.const_data_ptr());
+      std::copy(p, p + n, keep.begin());
+    }
+    return {keep.data(), keep.size()};
   }
-  AAR_CHECK_ARG(dt == at::kLong, "req_ids must be uint32, int32 (bit patterns) or int64 in [0, 2^32), got ", dt);
-  const int64_t* p = t.const_data_ptr<int64_t>();
-  keep.resize(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    AAR_CHECK_ARG(p[i] >= 0 && p[i] <= 0xffffffffLL, "req_ids[", i, "]=", p[i], " is not a uint32 (0 .. 2^32-1)");
-    keep[static_cast<size_t>(i)] = static_cast<uint32_t>(p[i]);
+  AAR_CHECK_ARG(nb::isinstance<nb::sequence>(h) && !nb::isinstance<nb::str>(h),
+                "req_ids must be a 1-D host integer tensor or a sequence of str, got ", nb::inst_name(h).c_str());
+  std::vector<std::string_view> ids;
+  const nb::sequence seq = nb::borrow<nb::sequence>(h);
+  const size_t n = nb::len(seq);
+  ids.reserve(n);
+  std::vector<nb::object> hold;  // the items stay alive while their views are read
+  hold.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    nb::object item = seq[i];
+    AAR_CHECK_ARG(nb::isinstance<nb::str>(item), "req_ids[", i, "] must be a str (or pass an integer tensor), got ",
+                  nb::inst_name(item).c_str());
+    Py_ssize_t len = 0;
+    const char* c = PyUnicode_AsUTF8AndSize(item.ptr(), &len);
+    if (c == nullptr) throw nb::python_error();
+    ids.emplace_back(c, static_cast<size_t>(len));
+    hold.push_back(std::move(item));
   }
+  keep.resize(n);
+  b.request_keys().assign(plan::CSpan<std::string_view>(ids.data(), n), plan::Span<uint64_t>(keep.data(), n));
   return {keep.data(), keep.size()};
 }
 
-sfa::BuildInputs sfa_build_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
-                                  std::optional<plan::AttentionState> attn_state,
-                                  const std::optional<at::Tensor>& num_spec_tokens,
-                                  const std::optional<at::Tensor>& req_ids,
-                                  const std::optional<at::Tensor>& is_prefilling, std::vector<uint32_t>& keep) {
+sfa::BuildInputs sfa_build_inputs(sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt,
+                                  int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
+                                  const std::optional<at::Tensor>& num_spec_tokens, nb::handle req_ids,
+                                  const std::optional<at::Tensor>& is_prefilling, std::vector<uint64_t>& keep) {
   sfa::BuildInputs in = latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens);
-  if (req_ids.has_value()) in.req_ids = req_id_span(*req_ids, keep);
+  if (!req_ids.is_none()) in.req_ids = req_id_keys(b, req_ids, keep);
   in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
   return in;
 }
@@ -287,6 +312,7 @@ void bind_sfa(nb::module_& root) {
                   "block_size"_a, "kv_lora_rank"_a, "qk_rope_head_dim"_a)
       .def_prop_ro("name", &sfa::HostKvPool::name)
       .def_prop_ro("is_owner", &sfa::HostKvPool::is_owner)
+      .def_prop_ro("owner_alive", &sfa::HostKvPool::owner_alive)
       .def_prop_ro("num_layers", &sfa::HostKvPool::num_layers)
       .def_prop_ro("num_blocks", &sfa::HostKvPool::num_blocks)
       .def_prop_ro("block_size", &sfa::HostKvPool::block_size)
@@ -435,16 +461,15 @@ void bind_sfa(nb::module_& root) {
           "build",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
              std::optional<plan::AttentionState> attn_state, const std::optional<at::Tensor>& num_spec_tokens,
-             const std::optional<at::Tensor>& req_ids, const std::optional<at::Tensor>& is_prefilling)
-              -> sfa::Metadata {
+             nb::handle req_ids, const std::optional<at::Tensor>& is_prefilling) -> sfa::Metadata {
             // A Python object per build (a copy of the builder's metadata, with
             // this build's stamp): one kept past the next build is rejected as stale.
-            if (!req_ids.has_value() && !is_prefilling.has_value()) {
+            if (req_ids.is_none() && !is_prefilling.has_value()) {
               return b.build(latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens));
             }
-            std::vector<uint32_t> keep;
-            return b.build(sfa_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens, req_ids,
-                                            is_prefilling, keep));
+            std::vector<uint64_t> keep;
+            return b.build(sfa_build_inputs(b, qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens,
+                                            req_ids, is_prefilling, keep));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), "req_ids"_a = nb::none(),
@@ -462,10 +487,10 @@ void bind_sfa(nb::module_& root) {
           "build_for_drafting",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,
              int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
-             const std::optional<at::Tensor>& num_spec_tokens, const std::optional<at::Tensor>& req_ids,
+             const std::optional<at::Tensor>& num_spec_tokens, nb::handle req_ids,
              const std::optional<at::Tensor>& is_prefilling) -> sfa::Metadata {
-            std::vector<uint32_t> keep;
-            return b.build_for_drafting(sfa_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state,
+            std::vector<uint64_t> keep;
+            return b.build_for_drafting(sfa_build_inputs(b, qsl, seq_lens, bt, num_input_tokens, attn_state,
                                                          num_spec_tokens, req_ids, is_prefilling, keep),
                                         draft_index);
           },

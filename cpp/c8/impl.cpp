@@ -13,6 +13,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/fusion_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "../common/impl_checks.h"
 
 namespace aar::c8 {
 
@@ -49,6 +50,7 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg_.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg_.num_kv_heads);
   AAR_CHECK_ARG(cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
                 " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
+  internal::check_softmax_scale(cfg_.scale);
   if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
   if (cfg_.sliding_window.has_value()) {
     throw_not_supported("sliding_window=", *cfg_.sliding_window,
@@ -207,9 +209,7 @@ void AttentionImpl::run_prefill(const at::Tensor& query, const std::optional<at:
   } else {
     AAR_CHECK_ARG(key_nz_.defined(), "attention state ", plan::to_string(md.attn_state),
                   " reads cached context from the paged KV cache, but key_cache/value_cache are not given");
-    const gqa::DenseContext& dc = md.dense;
-    AAR_CHECK_ARG(dc.valid, "the C8 prefill over cached context reads the builder's dense context: construct the "
-                  "MetadataBuilder with dense_context=True");
+    const gqa::DenseContext& dc = gqa::dense_context(md);
     kv_lens = (prefill_part ? dc.prefill_kv_ends : dc.kv_ends).slice(0, np);
     const at::Tensor slots = dc.slots.narrow(0, prefill_part ? dc.prefill_kv_start : 0, kv_lens.back());
     const auto dtype = query.scalar_type();
@@ -324,8 +324,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   if (prefill_reads_cache) {
     AAR_CHECK_ARG(key_cache.defined(), "attention state ", plan::to_string(md.attn_state),
                   " reads cached context from the paged KV cache, but key_cache/value_cache are not given");
-    AAR_CHECK_ARG(md.dense.valid, "the C8 prefill over cached context reads the builder's dense context: "
-                  "construct the MetadataBuilder with dense_context=True");
+    // Computed now (once per build) if the build did not: before any write.
+    (void)gqa::dense_context(md);
   }
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();

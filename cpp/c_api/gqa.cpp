@@ -64,7 +64,7 @@ void aar_gqa_builder_config_init(aar_gqa_builder_config_t* c) {
   c->device = DLDevice{kDLCPU, 0};
   c->separate_device_buffers = AAR_DEFAULT;
   c->staging_buffers = d.staging_buffers;
-  c->dense_context = d.dense_context;
+  c->dense_context = AAR_DEFAULT;
 }
 
 void aar_gqa_build_inputs_init(aar_gqa_build_inputs_t* in) {
@@ -103,7 +103,7 @@ aar_status_t aar_gqa_builder_create(const aar_gqa_builder_config_t* c, aar_gqa_b
     b.device = capi::device_of(c->device, "config->device");
     b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
     b.staging_buffers = c->staging_buffers;
-    b.dense_context = capi::flag(c->dense_context, "config->dense_context");
+    b.dense_context = capi::tristate(c->dense_context, "config->dense_context");
     *out = new aar_gqa_builder(b);
   });
 }

@@ -11,6 +11,7 @@
 #include "ascend_attn_rt/ops/attention_update.h"
 #include "../common/shared_by_shape.h"
 #include "../ops/attention_update_check.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::cp {
 
@@ -33,7 +34,10 @@ bool DcpWorkspaceShape::operator==(const DcpWorkspaceShape& o) const {
          comm == o.comm && workspace_group == o.workspace_group;
 }
 
-DcpWorkspace::DcpWorkspace(const DcpWorkspaceShape& shape) : shape_(shape) {
+DcpWorkspace::DcpWorkspace(const DcpWorkspaceShape& shape)
+    : shape_(shape),
+      exclusive_(std::make_shared<::aar::detail::ExclusiveUse>(
+          "the DCP exchange workspace of workspace_group " + std::to_string(shape.workspace_group))) {
   AAR_CHECK_ARG(shape.world > 0 && shape.heads > 0 && shape.q_dim > 0 && shape.out_dim > 0,
                 "DcpWorkspace: world, heads, q_dim and out_dim must be positive, got ", shape.world, ", ",
                 shape.heads, ", ", shape.q_dim, ", ", shape.out_dim);
@@ -67,6 +71,7 @@ void DcpWorkspace::grow(int64_t rows) {
 }
 
 const DcpViews& DcpWorkspace::views(int64_t T) {
+  graph::use_in_forward(exclusive_);
   AAR_CHECK_ARG(T >= 0, "DcpWorkspace: row count must be non-negative, got ", T);
   if (T > capacity_ || capacity_ == 0) grow(std::max<int64_t>(T, 1));
   if (static_cast<int64_t>(views_.size()) <= T) views_.resize(T + 1);

@@ -26,6 +26,8 @@
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 #include "ascend_attn_rt/dsa/graph.h"
 #include "workspace.h"
+#include "../common/impl_checks.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::dsa {
 
@@ -113,6 +115,7 @@ IndexerKv unpack_indexer_kv_cache(const std::vector<at::Tensor>& kv) {
 
 Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   ImplConfig& c = cfg_;
+  internal::check_norm_eps(c.eps, "eps");
   if (c.compress_ratio == 0) c.compress_ratio = 1;
   AAR_CHECK_ARG(c.compress_ratio == 1 || c.compress_ratio == 4 || c.compress_ratio == 128,
                 "compress_ratio must be 0/1 (SWA only), 4 or 128, got ", c.compress_ratio);
@@ -821,6 +824,8 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
 
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv,
                                 const LayerMetadata* md_ptr, const at::Tensor& output, sfa::TopkBuffer* topk) {
+  // Shared workspaces used below are held for this forward (one thread at a time).
+  graph::ForwardScope exclusive_scope;
   if (md_ptr == nullptr) {
     graph::refuse_if_capturing("a DSA forward without metadata (profiling run)");
     AAR_CHECK_ARG(output.defined(), "output must be given");

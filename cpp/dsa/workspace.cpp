@@ -6,6 +6,7 @@
 
 #include "../common/shared_by_shape.h"
 #include "ascend_attn_rt/errors.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::dsa::detail {
 
@@ -53,7 +54,13 @@ void Workspace::grow(int64_t n) {
   ++generation_;
 }
 
+Workspace::Workspace(const WorkspaceShape& shape)
+    : shape_(shape),
+      exclusive_(std::make_shared<::aar::detail::ExclusiveUse>(
+          "the DSA layer workspace of workspace_group " + std::to_string(shape.group))) {}
+
 const TokenViews& Workspace::tokens(int64_t n) {
+  graph::use_in_forward(exclusive_);
   if (n > capacity_) grow(n);
   if (static_cast<int64_t>(tokens_.size()) <= n) tokens_.resize(n + 1);
   TokenViews& v = tokens_[n];
@@ -87,6 +94,7 @@ const TokenViews& Workspace::tokens(int64_t n) {
 }
 
 const RowViews& Workspace::rows(int64_t r) {
+  graph::use_in_forward(exclusive_);
   AAR_CHECK_ARG(r >= 0 && r <= capacity_, "dsa workspace: ", r, " compressed rows exceed the capacity ", capacity_);
   if (static_cast<int64_t>(rows_.size()) <= r) rows_.resize(r + 1);
   RowViews& v = rows_[r];

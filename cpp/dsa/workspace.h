@@ -23,6 +23,10 @@
 #include <memory>
 #include <vector>
 
+namespace aar::detail {
+class ExclusiveUse;  // cpp/common/exclusive_use.h
+}
+
 namespace aar::dsa::detail {
 
 struct WorkspaceShape {
@@ -70,7 +74,7 @@ struct RowViews {
 
 class Workspace {
  public:
-  explicit Workspace(const WorkspaceShape& shape) : shape_(shape) {}
+  explicit Workspace(const WorkspaceShape& shape);
   const WorkspaceShape& shape() const { return shape_; }
   // Grows the buffers when n exceeds the capacity.
   const TokenViews& tokens(int64_t n);
@@ -82,6 +86,7 @@ class Workspace {
   void grow(int64_t n);
 
   WorkspaceShape shape_;
+  std::shared_ptr<::aar::detail::ExclusiveUse> exclusive_;
   int64_t capacity_ = 0, generation_ = 0;
   at::Tensor qa_, q_, kv_, o_, y_, qi_, qi_rot_, wts_raw_, wts_, q_q_, q_scale_, q_scale_c_, sel_;
   at::Tensor cmp_, ik_, ik_rot_, ik_q_, ik_scale_, ik_scale_c_;

@@ -8,6 +8,7 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/backend.h"
+#include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/plan/step_plan.h"
 #include "../common/staging.h"
 #include "../common/builder_checks.h"
@@ -69,7 +70,7 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   q_ends_.assign(R, 0);
   kv_lens_.assign(R, 0);
   prefill_q_ends_.assign(R, 0);
-  if (cfg.dense_context) {
+  if (cfg.dense_context.value_or(true)) {
     dense_kv_ends_.assign(R, 0);
     dense_prefill_kv_ends_.assign(R, 0);
   }
@@ -178,12 +179,40 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   md_.prefill_actual_seq_lengths_q = c10::IntArrayRef(prefill_q_ends_.data(), np_fia);
   md_.no_context = p.context_end == 0;
   md_.prefill_no_context = p.context_end <= nd;
-  if (cfg_.dense_context) {
-    build_dense_context(nd, ndt);
-  } else {
-    md_.dense = DenseContext{};
-  }
+  md_.dense = DenseContext{};
+  md_.dense_source = cfg_.dense_context.has_value() ? nullptr : this;
+  if (cfg_.dense_context.value_or(false)) build_dense_context(nd, ndt);
   return md_;
+}
+
+const DenseContext& MetadataBuilder::dense_context_of(const Metadata& md) {
+  AAR_CHECK_ARG(md.stamp.generation == md_.stamp.generation && md.stamp.live == md_.stamp.live, "the metadata is stale: its builder has built again since (generation ",
+                md_.stamp.generation, "), so its dense context can no longer be computed");
+  if (!md_.dense.valid) {
+    graph::refuse_if_capturing(
+        "computing the dense context on demand (construct the MetadataBuilder with dense_context=True to capture "
+        "a step whose layers read it)");
+    build_dense_context(md_.num_decodes, md_.num_decode_tokens);
+  }
+  return md_.dense;
+}
+
+const DenseContext* MetadataBuilder::computed_dense_context_of(const Metadata& md) const {
+  const bool same_build = md.stamp.generation == md_.stamp.generation && md.stamp.live == md_.stamp.live;
+  return same_build && md_.dense.valid ? &md_.dense : nullptr;
+}
+
+const DenseContext* computed_dense_context(const Metadata& md) {
+  if (md.dense.valid) return &md.dense;
+  return md.dense_source != nullptr ? md.dense_source->computed_dense_context_of(md) : nullptr;
+}
+
+const DenseContext& dense_context(const Metadata& md) {
+  if (md.dense.valid) return md.dense;
+  AAR_CHECK_ARG(md.dense_source != nullptr, "this layer reads the builder's dense context (the paged context as "
+                "dense rows), but the MetadataBuilder was constructed with dense_context=False: construct it with "
+                "dense_context=True or leave the option unset (computed on demand)");
+  return md.dense_source->dense_context_of(md);
 }
 
 void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {

@@ -16,6 +16,8 @@
 #include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "../common/impl_checks.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::gqa {
 
@@ -25,6 +27,7 @@ DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_
   if (cfg_.num_kv_heads == 0) cfg_.num_kv_heads = cfg_.num_heads;
   AAR_CHECK_ARG(cfg_.num_kv_heads > 0 && cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
                 " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
+  internal::check_softmax_scale(cfg_.scale);
   if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
   const char* what = "decode context parallel (DCP) attention";
   if (cfg_.sliding_window.has_value()) throw_not_supported("sliding_window with ", what);
@@ -268,6 +271,10 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
                                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                                             const at::Tensor& value_cache, const DcpMetadata& md,
                                             const at::Tensor& output) {
+  // The shared exchange workspace is held for this forward (one thread at a
+  // time), from the start when the layer has one already: before any write.
+  graph::ForwardScope exclusive_scope;
+  if (ws_) exclusive_scope.hold(ws_->exclusive());
   check_current(md.base.stamp, "metadata");
   AAR_CHECK_ARG(md.shard.world == comm_.size() && md.shard.rank == comm_.rank(), "the metadata was built for DCP rank ",
                 md.shard.rank, " of ", md.shard.world, " but the layer's group is rank ", comm_.rank(), " of ",

@@ -14,6 +14,7 @@
 #include "ascend_attn_rt/ops/fusion_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "ascend_attn_rt/ops/paged_attention.h"
+#include "../common/impl_checks.h"
 
 namespace aar::gqa {
 
@@ -67,6 +68,7 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg_.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg_.num_kv_heads);
   AAR_CHECK_ARG(cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
                 " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
+  internal::check_softmax_scale(cfg_.scale);
   if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
   if (cfg_.has_alibi_slopes) {
     throw_not_supported("ALiBi (alibi_slopes) is not supported by the GQA backend: the fused kernels take no slopes");
@@ -323,8 +325,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
                         "(npu_fusion_attention) has no window here; use device_kind a5");
   }
   if (path == ForwardPath::LargeHead && !dense) {
-    AAR_CHECK_ARG(md.dense.valid, "the head-size-512 fallback over cached context reads the builder's dense "
-                  "context: construct the MetadataBuilder with dense_context=True");
+    // Computed now (once per build) if the build did not: before any write.
+    (void)dense_context(md);
   }
   const KvHookScope<Metadata> kv_scope(kv_hooks, key_cache, value_cache,
                                        key.has_value() && has_cache && !cfg_.kv_sharing, md, "gqa");
@@ -401,10 +403,11 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
         // build computed (no host work here); both length lists cumulative.
         const int64_t nkv = cfg_.num_kv_heads, d = cfg_.head_size;
         c10::List<std::optional<at::Tensor>> rows;
-        rows.push_back(md.dense.slots);
+        const DenseContext& dc = dense_context(md);
+        rows.push_back(dc.slots);
         a.key = at::index(caches_.key.view({-1, nkv, d}), rows);
         a.value = at::index(caches_.value.view({-1, nkv, d}), rows);
-        a.actual_seq_kvlen = md.dense.kv_ends;
+        a.actual_seq_kvlen = dc.kv_ends;
       }
       a.head_num = cfg_.num_heads;
       a.input_layout = "TND";

@@ -8,6 +8,7 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "exclusive_scope.h"
 
 namespace aar::graph {
 
@@ -378,6 +379,47 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
   b.updated = true;
 }
 
+namespace {
+thread_local ForwardScope* tl_forward = nullptr;
+
+// Records `use` in the bucket of the capture open on this thread (none: nothing).
+void note_exclusive_use(const std::shared_ptr<detail::ExclusiveUse>& use) {
+  GraphParams* g = GraphParams::current();
+  if (g == nullptr || !g->capturing()) return;
+  auto& ex = g->open_bucket().exclusive;
+  for (const auto& u : ex) {
+    if (u == use) return;
+  }
+  ex.push_back(use);
+}
+}  // namespace
+
+ForwardScope::ForwardScope() noexcept : prev_(tl_forward) { tl_forward = this; }
+
+ForwardScope::~ForwardScope() {
+  while (n_ > 0) held_[--n_]->leave();
+  tl_forward = prev_;
+}
+
+void ForwardScope::hold(const std::shared_ptr<detail::ExclusiveUse>& use) {
+  for (std::size_t i = 0; i < n_; ++i) {
+    if (held_[i] == use.get()) return;
+  }
+  AAR_CHECK_ARG(n_ < kMax, "ForwardScope: more than ", kMax, " shared workspaces in one forward");
+  use->enter();
+  held_[n_++] = use.get();
+  try {
+    note_exclusive_use(use);
+  } catch (...) {
+    held_[--n_]->leave();
+    throw;
+  }
+}
+
+void use_in_forward(const std::shared_ptr<detail::ExclusiveUse>& use) {
+  if (tl_forward != nullptr) tl_forward->hold(use);
+}
+
 void GraphParams::replay(int64_t n) {
   AAR_CHECK_ARG(provider_->replays_recorded_calls(), "replay(): the '", provider_->name(),
                 "' graph provider replays on the device; call the device graph's replay instead");
@@ -393,6 +435,23 @@ void GraphParams::replay(int64_t n) {
       AAR_CHECK_ARG(rec->event_recorded(c.event), "replay of bucket ", n, " before update: call ", i, " (",
                     to_string(c.kind), ", layer ", c.layer_index, ") has no recorded update since the last replay");
     }
+  }
+  // The shared workspaces the calls write, entered for the whole replay (before
+  // anything runs: another thread inside one refuses this replay, unchanged).
+  std::vector<detail::ExclusiveUse*> entered;
+  entered.reserve(b.exclusive.size());
+  struct Leave {
+    std::vector<detail::ExclusiveUse*>& e;
+    ~Leave() {
+      while (!e.empty()) {
+        e.back()->leave();
+        e.pop_back();
+      }
+    }
+  } leave{entered};
+  for (const auto& u : b.exclusive) {
+    u->enter();
+    entered.push_back(u.get());
   }
   // The recorded work is inference work (buffers made during capture are
   // inference tensors when the forward ran under InferenceMode).

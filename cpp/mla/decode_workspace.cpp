@@ -6,6 +6,7 @@
 #include "ascend_attn_rt/attention_buffer.h"
 
 #include <sstream>
+#include "../graph/exclusive_scope.h"
 
 namespace aar::mla::detail {
 
@@ -83,7 +84,13 @@ void DecodeWorkspace::grow(int64_t td) {
   ++generation_;
 }
 
+DecodeWorkspace::DecodeWorkspace(const DecodeShape& shape)
+    : shape_(shape),
+      exclusive_(std::make_shared<::aar::detail::ExclusiveUse>(
+          "the MLA decode workspace of workspace_group " + std::to_string(shape.group))) {}
+
 const DecodeViews& DecodeWorkspace::views(int64_t td, DecodeLayout layout) {
+  graph::use_in_forward(exclusive_);
   if (td > capacity_) grow(td);
   if (static_cast<int64_t>(views_.size()) <= td) views_.resize(td + 1);
   DecodeViews& v = views_[td];

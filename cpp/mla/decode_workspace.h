@@ -19,6 +19,10 @@
 
 #include "ascend_attn_rt/mla/weights.h"
 
+namespace aar::detail {
+class ExclusiveUse;  // cpp/common/exclusive_use.h
+}
+
 namespace aar::mla::detail {
 
 // FIA v2 query layout of the decode (spec 5.3 rows A, D, E).
@@ -57,7 +61,7 @@ struct DecodeViews {
 
 class DecodeWorkspace {
  public:
-  explicit DecodeWorkspace(const DecodeShape& shape) : shape_(shape) {}
+  explicit DecodeWorkspace(const DecodeShape& shape);
   ~DecodeWorkspace();
   DecodeWorkspace(const DecodeWorkspace&) = delete;
   DecodeWorkspace& operator=(const DecodeWorkspace&) = delete;
@@ -75,6 +79,7 @@ class DecodeWorkspace {
   at::Tensor buffer(const char* what, int64_t cap, int64_t numel, bool zeros);
 
   DecodeShape shape_;
+  std::shared_ptr<::aar::detail::ExclusiveUse> exclusive_;
   int64_t capacity_ = 0, generation_ = 0;
   at::Tensor kv_raw_, qa_, qc_, q_, qn_, qr_, attn_, y_;
   std::vector<DecodeViews> views_;

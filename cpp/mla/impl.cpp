@@ -20,6 +20,8 @@
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 #include "latent_core.h"
 #include "latent_ops.h"
+#include "../common/impl_checks.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::mla {
 
@@ -37,6 +39,7 @@ const char* to_string(DecodePath p) {
 Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
   const Dims& d = cfg_.dims;
   hp_ = Backend::num_heads_padded(d.num_heads);
+  internal::check_softmax_scale(cfg_.scale);
   if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim));
   detail::LatentConfig lc;
   lc.dims = d;
@@ -436,6 +439,8 @@ void Impl::capture_dcp_decode(graph::GraphParams& g, const at::Tensor& hidden, c
 
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
                                 const Metadata* md_ptr, const at::Tensor& output) {
+  // Shared workspaces used below are held for this forward (one thread at a time).
+  graph::ForwardScope exclusive_scope;
   const Weights& W = core_->weights();
   last_decode_ = DecodePath::None;
   if (md_ptr == nullptr) {

@@ -14,6 +14,8 @@
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "decode_workspace.h"
 #include "latent_ops.h"
+#include "../common/impl_checks.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::mla {
 
@@ -50,8 +52,7 @@ LatentAttention::LatentAttention(const LatentAttentionConfig& cfg) : cfg_(cfg) {
   }
   AAR_CHECK_ARG(cfg.num_heads <= Backend::kMaxHeads, "num_heads=", cfg.num_heads,
                 " exceeds the MLA decode kernel's ", Backend::kMaxHeads, " heads");
-  AAR_CHECK_ARG(std::isfinite(cfg.scale) && cfg.scale >= 0.0, "scale must be finite and >= 0 (0: 1/sqrt(P+R)), got ",
-                cfg.scale);
+  internal::check_softmax_scale(cfg.scale);
   if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim));
   hp_ = Backend::num_heads_padded(cfg.num_heads);
 }
@@ -124,6 +125,9 @@ void LatentAttention::check_step(const Metadata& md, const at::Tensor& nope, con
 void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
                                      const at::Tensor& rope, const Metadata& md, const at::Tensor& out) {
   graph::refuse_if_capturing("mla.LatentAttention.forward_decode");
+  // Shared workspaces used below are held for this forward (one thread at a time).
+  graph::ForwardScope exclusive_scope;
+
   const int64_t H = cfg_.num_heads, L = cfg_.kv_lora_rank, R = cfg_.qk_rope_head_dim;
   AAR_CHECK_ARG(md.num_decodes > 0, "forward_decode: the metadata schedules no decode tokens");
   if (md.decode.num_kernel_tokens != md.num_decode_tokens) {

@@ -10,6 +10,7 @@
 #include "ascend_attn_rt/ops/batch_matmul_transpose.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
+#include "../common/impl_checks.h"
 
 namespace aar::mla::detail {
 
@@ -81,6 +82,8 @@ at::Tensor LatentCore::QLinear::run(const at::Tensor& x) const {
 LatentCore::LatentCore(const LatentConfig& cfg, const Weights& weights) : cfg_(cfg), w_(weights) {
   const Dims& d = cfg_.dims;
   validate_weights(d, w_);
+  internal::check_norm_eps(cfg_.q_norm_eps, "q_norm_eps");
+  internal::check_norm_eps(cfg_.kv_norm_eps, "kv_norm_eps");
   AAR_CHECK_ARG(cfg_.heads_padded >= d.num_heads, "heads_padded=", cfg_.heads_padded, " is smaller than num_heads=",
                 d.num_heads);
   const Absorbed a = split_kv_b_proj(w_.kv_b_proj, d.num_heads, d.qk_nope_head_dim, d.v_head_dim);

@@ -78,19 +78,19 @@ int32_t ResidentLru::capacity() const { return capacity_; }
 
 void ResidentLru::reset() {
   // Lazy: a row whose request is unknown is rebuilt at its next step.
-  for (RowHead& h : heads_) h.req = -1;
+  for (RowHead& h : heads_) h.has_req = false;
 }
 
 void ResidentLru::reset_rows(int32_t begin, int32_t end) {
   begin = std::max(begin, 0);
   end = std::min(end, max_rows_);
-  for (int32_t r = begin; r < end; ++r) heads_[static_cast<std::size_t>(r)].req = -1;
+  for (int32_t r = begin; r < end; ++r) heads_[static_cast<std::size_t>(r)].has_req = false;
 }
 
 int32_t ResidentLru::token_at(int32_t row, int32_t slot) const {
   AAR_CHECK_ARG(row >= 0 && row < max_rows_, "token_at: row=", row, " is out of range [0, ", max_rows_, ")");
   AAR_CHECK_ARG(slot >= 0 && slot < capacity_, "token_at: slot=", slot, " is out of range [0, ", capacity_, ")");
-  if (heads_[static_cast<std::size_t>(row)].req < 0) return -1;
+  if (!heads_[static_cast<std::size_t>(row)].has_req) return -1;
   return slot_to_token_[static_cast<std::size_t>(row) * static_cast<std::size_t>(capacity_) +
                         static_cast<std::size_t>(slot)];
 }
@@ -164,13 +164,13 @@ ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentS
     }
 
     // (a) a new request: every slot empty, used in the order 0, 1, ...
-    const int64_t req = static_cast<int64_t>(in.req_ids[r]);
-    if (rh.req != req) {
+    const uint64_t req = in.req_ids[r];
+    if (!rh.has_req || rh.req != req) {
       std::fill(s2t, s2t + ucap, -1);
       std::fill(qpos, qpos + ucap, kNone);
       for (int32_t s = 0; s < cap; ++s) free_ring[s] = static_cast<Idx>(s);
       std::fill(table, table + table_size_, kNone);
-      rh = RowHead{req, -1, 0, 0, 0, cap};
+      rh = RowHead{req, true, -1, 0, 0, 0, cap};
       ++st.resets;
     }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/request_keys.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
 
 namespace aar::plan {
@@ -17,6 +18,7 @@ SplitResult check_sfa_offload_step(const SfaOffloadInputs& in) {
   AAR_CHECK_ARG(in.req_ids.size() == b, "req_ids has ", in.req_ids.size(),
                 " entries, expected one per request (", b, "): the KV-offload builder keys its resident-slot LRU "
                 "rows by them (spec 5)");
+  check_distinct_request_ids(in.req_ids, "req_ids");
   if (in.decode_consumer) {
     AAR_CHECK_ARG(in.is_prefilling.empty(), "is_prefilling was given to a KV-offload builder configured as a "
                   "decode consumer: its split treats short extends as decodes and never reads the flags (spec 5)");
@@ -80,7 +82,7 @@ void write_sfa_offload_step(const SfaOffloadInputs& in, const SplitResult& split
   AAR_CHECK_ARG(nd + np == b || b == 0, "split of ", nd, " decodes + ", np, " prefills does not cover the ", b,
                 " requests");
 
-  for (std::size_t r = 0; r < b; ++r) buf.req_ids[r] = static_cast<int32_t>(in.req_ids[r]);
+  for (std::size_t r = 0; r < b; ++r) buf.req_ids[r] = in.req_ids[r];
   int32_t* ttr = buf.token_to_req.data();
   for (std::size_t r = 0; r < b; ++r) std::fill(ttr + qsl[r], ttr + qsl[r + 1], static_cast<int32_t>(r));
   std::fill(ttr + t_real, ttr + num_tokens, -1);

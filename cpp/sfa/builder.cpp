@@ -47,8 +47,8 @@ class MetadataBuilder::Lane {
     off_seq_ = align16(off_cql_ + R_);
     int64_t end = off_seq_ + R_;
     if (offload_) {
-      off_rid_ = align16(end);
-      off_pcql_ = align16(off_rid_ + R_);
+      off_rid_ = align16(end);  // R int64 ids: 2R words at an 8-byte aligned offset
+      off_pcql_ = align16(off_rid_ + 2 * R_);
       end = off_pcql_ + R_;
       dec_ids_.assign(T, 0);
       dec_seq_.assign(T, 0);
@@ -162,10 +162,10 @@ class MetadataBuilder::Lane {
     const int32_t B = p.num_reqs, Bk = p.num_kernel_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
     if (offload_) {
       plan::SfaOffloadBuffers ob;
-      ob.req_ids = plan::Span<int32_t>(s + off_rid_, R_);
+      ob.req_ids = plan::Span<uint64_t>(reinterpret_cast<uint64_t*>(s + off_rid_), R_);
       ob.token_to_req = plan::Span<int32_t>(s + tr.ttr, n);
       ob.prefill_cum_query_lens = plan::Span<int32_t>(s + off_pcql_, R_);
-      ob.decode_req_ids = plan::Span<uint32_t>(dec_ids_.data(), dec_ids_.size());
+      ob.decode_req_ids = plan::Span<uint64_t>(dec_ids_.data(), dec_ids_.size());
       ob.decode_seq_lens = plan::Span<int32_t>(dec_seq_.data(), dec_seq_.size());
       ob.decode_stable_prefix = plan::Span<int32_t>(dec_stable_.data(), dec_stable_.size());
       plan::write_sfa_offload_step(oi, p.split, t_in, ob);
@@ -243,7 +243,7 @@ class MetadataBuilder::Lane {
     const int32_t B = p.num_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
     const int32_t nd = p.split.num_decodes, np = p.split.num_prefills, ndt = p.split.num_decode_tokens;
     OffloadMetadata& o = md_.offload;
-    o.req_ids = lazy(views_.rid, B, [&] { return device_.narrow(0, off_rid_, B); });
+    o.req_ids = lazy(views_.rid, B, [&] { return device_.narrow(0, off_rid_, 2 * int64_t{B}).view(at::kLong); });
     o.token_to_req = lazy(views_.ttr, t_in, [&] { return device_.narrow(0, tr.ttr, t_in); });
     o.prefill_cum_query_lens = lazy(views_.pcql, np, [&] { return device_.narrow(0, off_pcql_, np); });
     if (!prefill_views_.seq.defined() || prefill_views_.nd != nd || prefill_views_.np != np) {
@@ -263,10 +263,10 @@ class MetadataBuilder::Lane {
       sh.view = buffers_->host(turn).narrow(0, tr.slots, 2 * static_cast<int64_t>(t_real)).view(at::kLong);
     }
     o.slot_mapping_host = sh.view;
-    o.req_ids_host = plan::CSpan<uint32_t>(reinterpret_cast<const uint32_t*>(s + off_rid_), B);
+    o.req_ids_host = plan::CSpan<uint64_t>(reinterpret_cast<const uint64_t*>(s + off_rid_), B);
     o.token_to_req_host = plan::CSpan<int32_t>(s + tr.ttr, t_in);
     o.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B) * MB);
-    o.decode_req_ids = plan::CSpan<uint32_t>(dec_ids_.data(), ndt);
+    o.decode_req_ids = plan::CSpan<uint64_t>(dec_ids_.data(), ndt);
     o.decode_seq_lens = plan::CSpan<int32_t>(dec_seq_.data(), ndt);
     o.decode_stable_prefix = plan::CSpan<int32_t>(dec_stable_.data(), ndt);
   }
@@ -304,7 +304,7 @@ class MetadataBuilder::Lane {
   Views views_;
   PrefillViews prefill_views_;
   std::vector<SlotsHost> slots_host_;
-  std::vector<uint32_t> dec_ids_;       // offload, host only: per decode token
+  std::vector<uint64_t> dec_ids_;       // offload, host only: per decode token
   std::vector<int32_t> dec_seq_, dec_stable_;
   Metadata md_;
   detail::BuildCounter counter_;

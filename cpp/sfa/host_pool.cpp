@@ -7,9 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <limits>
 #include <stdexcept>
 
@@ -20,7 +24,8 @@ namespace aar::sfa {
 namespace {
 
 constexpr char kMagic[8] = {'A', 'A', 'R', 'K', 'V', 'P', 'L', '1'};
-constexpr uint32_t kVersion = 1;
+// 2: the header records the owner's start time beside its pid.
+constexpr uint32_t kVersion = 2;
 constexpr int64_t kPage = 4096;
 constexpr int64_t kElem = 2;  // bfloat16
 
@@ -34,6 +39,10 @@ struct Header {
   int64_t num_layers, num_blocks, block_size, k_dim, v_dim;
   int64_t layer_stride, v_offset, total_bytes;
   int64_t owner_pid;
+  // The owner's start time (field 22 of /proc/<pid>/stat, clock ticks since
+  // boot; 0 where it cannot be read): with the pid it names the owner process
+  // even after the pid has been reused.
+  int64_t owner_start;
 };
 static_assert(sizeof(Header) <= kPage, "the header fits its page");
 
@@ -49,7 +58,42 @@ Layout layout_of(int64_t layers, int64_t blocks, int64_t bs, int64_t k_dim, int6
   return l;
 }
 
+// Start time of process `pid` (see Header::owner_start), 0 when unknown.
+int64_t process_start_time(int64_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!f || !std::getline(f, line)) return 0;
+  // The command name (field 2) is in parentheses and may hold spaces: count
+  // fields after its closing one (field 3 is the first).
+  const std::size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 22) {
+      try {
+        return std::stoll(field);
+      } catch (...) {
+        return 0;
+      }
+    }
+  }
+  return 0;
+}
+
+// Whether the process that created a pool is still running: the pid exists
+// (kill 0: EPERM means it exists under another user) and, where both start
+// times are known, it is the same process, not a later one with the pid reused.
+bool owner_is_alive(int64_t pid, int64_t start) {
+  if (pid <= 0) return false;
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  const int64_t now = process_start_time(pid);
+  return start == 0 || now == 0 || now == start;
+}
+
 std::string posix_name(const std::string& name) {
+  AAR_CHECK_ARG(name.find('\0') == std::string::npos, "name \"", name.c_str(), "...\" (", name.size(),
+                " bytes) holds a NUL byte at offset ", name.find('\0'), ": a POSIX shared-memory name is a C string");
   std::string n = name.empty() || name[0] != '/' ? "/" + name : name;
   AAR_CHECK_ARG(n.size() > 1 && n.size() <= 255 && n.find('/', 1) == std::string::npos, "name \"", name,
                 "\" is not a POSIX shared-memory name (\"/name\", 1..254 characters, no other '/')");
@@ -167,6 +211,7 @@ std::shared_ptr<HostKvPool> HostKvPool::create(const HostKvPoolConfig& cfg) {
   h->v_offset = lay.v_offset;
   h->total_bytes = lay.total;
   h->owner_pid = getpid();
+  h->owner_start = process_start_time(getpid());
   __atomic_store_n(&h->ready, 1u, __ATOMIC_RELEASE);
   p->make_views();
   return p;
@@ -216,6 +261,11 @@ std::shared_ptr<HostKvPool> HostKvPool::attach(const std::string& name_in, std::
   if (__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE) != 1u) {
     throw std::runtime_error("the host KV pool \"" + name + "\" is not ready (its owner is still creating it)");
   }
+  if (!owner_is_alive(h->owner_pid, h->owner_start)) {
+    throw std::runtime_error("the host KV pool \"" + name + "\" was created by process " +
+                             std::to_string(h->owner_pid) + ", which has exited: nothing commits its rows any more "
+                             "(HostKvPool::unlink removes the name; the new owner creates the pool again)");
+  }
   const Layout lay = layout_of(h->num_layers, h->num_blocks, h->block_size, h->k_dim, h->v_dim);
   if (lay.total != h->total_bytes || h->total_bytes > st.st_size || lay.layer_stride != h->layer_stride ||
       lay.v_offset != h->v_offset) {
@@ -223,6 +273,8 @@ std::shared_ptr<HostKvPool> HostKvPool::attach(const std::string& name_in, std::
   }
   std::shared_ptr<HostKvPool> p(new HostKvPool());
   p->owner_ = false;
+  p->owner_pid_ = h->owner_pid;
+  p->owner_start_ = h->owner_start;
   p->name_ = name;
   p->num_layers_ = h->num_layers;
   p->num_blocks_ = h->num_blocks;
@@ -237,6 +289,8 @@ std::shared_ptr<HostKvPool> HostKvPool::attach(const std::string& name_in, std::
   p->make_views();
   return p;
 }
+
+bool HostKvPool::owner_alive() const { return owner_ || owner_is_alive(owner_pid_, owner_start_); }
 
 bool HostKvPool::unlink(const std::string& name) { return shm_unlink(posix_name(name).c_str()) == 0; }
 

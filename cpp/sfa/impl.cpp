@@ -23,6 +23,8 @@
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
 #include "ascend_attn_rt/plan/hadamard.h"
 #include "ascend_attn_rt/sfa/backend.h"
+#include "../common/impl_checks.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::sfa {
 
@@ -82,6 +84,7 @@ void check_cache(const at::Tensor& c, const char* name, int64_t width, const Met
 Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::optional<IndexerWeights>& iw)
     : cfg_(cfg), iw_(iw) {
   const mla::Dims& d = cfg_.dims;
+  internal::check_softmax_scale(cfg_.scale);
   if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim));
   AAR_CHECK_ARG(cfg_.indexer.has_value() == iw_.has_value(),
                 cfg_.indexer.has_value() ? "the layer has an indexer config but no indexer_weights"
@@ -90,6 +93,7 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
                 "use_index_cache writes the layer's top-k for later layers: it needs an indexer");
   if (cfg_.indexer.has_value()) {
     const IndexerConfig& ic = *cfg_.indexer;
+    internal::check_norm_eps(ic.k_norm_eps, "indexer.k_norm_eps");
     AAR_CHECK_ARG(ic.n_head > 0 && ic.head_dim > 0 && ic.topk > 0, "indexer n_head, head_dim and topk must be "
                   "positive, got ", ic.n_head, ", ", ic.head_dim, ", ", ic.topk);
     AAR_CHECK_ARG(d.qk_rope_head_dim <= ic.head_dim && d.qk_rope_head_dim % 2 == 0, "the indexer RoPE rotates the "
@@ -630,6 +634,8 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
 
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
                                 const Metadata* md_ptr, TopkBuffer* topk, const at::Tensor& output) {
+  // Shared workspaces used below are held for this forward (one thread at a time).
+  graph::ForwardScope exclusive_scope;
   if (md_ptr == nullptr) {
     graph::refuse_if_capturing("an SFA forward without metadata (profiling run)");
     AAR_CHECK_ARG(output.defined(), "output must be given");

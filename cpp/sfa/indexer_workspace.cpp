@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "../common/shared_by_shape.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::sfa::detail {
 
@@ -10,7 +11,13 @@ std::shared_ptr<IndexerWorkspace> IndexerWorkspace::shared(const IndexerShape& s
   return aar::detail::shared_by_shape<IndexerWorkspace>(shape);
 }
 
+IndexerWorkspace::IndexerWorkspace(const IndexerShape& shape)
+    : shape_(shape),
+      exclusive_(std::make_shared<::aar::detail::ExclusiveUse>(
+          "the SFA indexer workspace of workspace_group " + std::to_string(shape.group))) {}
+
 const IndexerViews& IndexerWorkspace::views(int64_t tk) {
+  graph::use_in_forward(exclusive_);
   const IndexerShape& s = shape_;
   const int64_t D = s.head_dim, N = s.n_head, R = s.rope_dim;
   if (tk > capacity_) {

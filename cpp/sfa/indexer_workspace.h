@@ -13,6 +13,10 @@
 #include <memory>
 #include <vector>
 
+namespace aar::detail {
+class ExclusiveUse;  // cpp/common/exclusive_use.h
+}
+
 namespace aar::sfa::detail {
 
 struct IndexerShape {
@@ -38,7 +42,7 @@ struct IndexerViews {
 
 class IndexerWorkspace {
  public:
-  explicit IndexerWorkspace(const IndexerShape& shape) : shape_(shape) {}
+  explicit IndexerWorkspace(const IndexerShape& shape);
   const IndexerViews& views(int64_t tk);
   const IndexerShape& shape() const { return shape_; }
   // One workspace per shape (and group) in the process.
@@ -46,6 +50,7 @@ class IndexerWorkspace {
 
  private:
   IndexerShape shape_;
+  std::shared_ptr<::aar::detail::ExclusiveUse> exclusive_;
   int64_t capacity_ = 0, generation_ = 0;
   at::Tensor k_, q_, w_;
   std::vector<IndexerViews> views_;

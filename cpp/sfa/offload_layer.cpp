@@ -9,6 +9,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/sfa_plan.h"
 #include "sparse_attention.h"
+#include "../graph/exclusive_scope.h"
 
 namespace aar::sfa {
 
@@ -53,7 +54,8 @@ const char* to_string(OffloadStepStats::Route r) {
 
 namespace detail {
 
-OffloadWorkspace::OffloadWorkspace(const OffloadShape& s) : shape_(s) {
+OffloadWorkspace::OffloadWorkspace(const OffloadShape& s)
+    : shape_(s), exclusive_(std::make_shared<::aar::detail::ExclusiveUse>("the SFA offload workspace")) {
   const int64_t n = s.rows * s.K, ppr = s.capacity / s.block_size;
   const auto host_i32 = at::TensorOptions().dtype(at::kInt);
   const auto host_i64 = at::TensorOptions().dtype(at::kLong);
@@ -74,6 +76,8 @@ OffloadWorkspace::OffloadWorkspace(const OffloadShape& s) : shape_(s) {
   seq_lens = at::full({s.rows}, s.capacity, dev_i32);
   row_views_.resize(static_cast<size_t>(s.rows) + 1);
 }
+
+void OffloadWorkspace::use() { graph::use_in_forward(exclusive_); }
 
 std::shared_ptr<OffloadWorkspace> OffloadWorkspace::shared(const OffloadShape& shape) {
   return ::aar::detail::shared_by_shape<OffloadWorkspace>(shape);
@@ -118,6 +122,8 @@ OffloadLayer::OffloadLayer(const OffloadConfig& cfg, int64_t layer_index, int64_
   AAR_CHECK_ARG(p.is_owner() || cfg_.copy_hooks != nullptr, "offload.copy_hooks is required on a process that "
                 "attached to the host KV pool \"", p.name(), "\" (not its owner): its before_onload must wait for the "
                 "owner's commit of the step's rows (upstream: a TP broadcast), which the default hooks cannot do");
+  AAR_CHECK_ARG(cfg_.pool_layer >= -1, "offload.pool_layer=", cfg_.pool_layer,
+                " is negative: give a layer of the pool, or -1 for the layer's layer_index");
   pool_layer_ = cfg_.pool_layer >= 0 ? cfg_.pool_layer : layer_index;
   AAR_CHECK_ARG(pool_layer_ >= 0 && pool_layer_ < p.num_layers(), "offload.pool_layer=", pool_layer_,
                 cfg_.pool_layer >= 0 ? "" : " (the layer_index)", " is out of range [0, ", p.num_layers(),
@@ -200,6 +206,7 @@ at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, cons
   const OffloadShape shape{rows_, K, cfg_.topk_buffer_size, md.block_size, device_};
   if (ws_ == nullptr || !(ws_->shape() == shape)) ws_ = OffloadWorkspace::shared(shape);
   OffloadWorkspace& w = *ws_;
+  w.use();
   const size_t n = static_cast<size_t>(rows * K);
   // Step 2: the top-k on the host (on a device: the path's one synchronising
   // copy), entries outside [0, seq_len) of the token's request -> -1.

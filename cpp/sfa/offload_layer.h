@@ -18,6 +18,10 @@
 #include "ascend_attn_rt/sfa/metadata.h"
 #include "ascend_attn_rt/sfa/offload.h"
 
+namespace aar::detail {
+class ExclusiveUse;  // cpp/common/exclusive_use.h
+}
+
 namespace aar::sfa::detail {
 
 // What the offload layers of one shape share: the host scratch of a step's
@@ -36,6 +40,8 @@ class OffloadWorkspace {
   explicit OffloadWorkspace(const OffloadShape& shape);
   static std::shared_ptr<OffloadWorkspace> shared(const OffloadShape& shape);
   const OffloadShape& shape() const { return shape_; }
+  // Enters the workspace for the current forward (graph/exclusive_scope.h).
+  void use();
 
   at::Tensor topk_host;   // host int32 (rows * K): the device top-k's copy (not used on the CPU)
   std::vector<int32_t> masked;              // rows * K
@@ -53,6 +59,7 @@ class OffloadWorkspace {
 
  private:
   OffloadShape shape_;
+  std::shared_ptr<::aar::detail::ExclusiveUse> exclusive_;
   std::vector<RowViews> row_views_;
 };
 

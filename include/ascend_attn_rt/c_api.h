@@ -133,7 +133,7 @@ typedef struct aar_gqa_builder_config {
   DLDevice device;                /* {kDLCPU, 0} */
   aar_tristate_t separate_device_buffers; /* AAR_DEFAULT: separate unless the device is the CPU */
   int32_t staging_buffers;        /* 2 (1..4) */
-  int32_t dense_context;          /* 0 */
+  aar_tristate_t dense_context;   /* AAR_DEFAULT: on demand, once per build, when a layer reads it; 1: every build; 0: never */
 } aar_gqa_builder_config_t;
 AAR_C_API void aar_gqa_builder_config_init(aar_gqa_builder_config_t* config);
 

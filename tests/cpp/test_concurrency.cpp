@@ -44,6 +44,7 @@
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/mask.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/graph.h"
@@ -350,6 +351,77 @@ std::vector<at::Tensor> run_mla_engine(const MlaInputs& x, int64_t group) {
 TEST_F(Concurrency, MlaEnginesOnThreadsEqualSingleThreadedRuns) {
   // Each engine its own workspace group: layers of one shape and group share the decode workspace.
   engines_alone_and_together(200, "MLA", mla_inputs, run_mla_engine);
+}
+
+// ------------------------------------------------------------------ a shared workspace on two threads
+// Layers of one shape and workspace_group share the MLA decode workspace. Two engines on two threads with
+// the same group must not both be inside it: the second is refused by name, and nothing is corrupted.
+
+// Holds the forward that calls its save hook until `release` (hook points 2-3 run at the forward's end,
+// while the forward still holds its workspaces).
+class BlockingConnector : public aar::KvConnector {
+ public:
+  std::atomic<bool> inside{false}, release{false};
+  void wait_for_layer_load(const std::string&) override {}
+  void on_kv_cache_written(const std::string&, bool) override {}
+  void save_kv_layer(const std::string&, const std::vector<at::Tensor>&, const aar::KvLayerMetadata&) override {
+    inside = true;
+    while (!release) std::this_thread::yield();
+  }
+};
+
+struct MlaDecodeEngine {
+  aar::mla::MetadataBuilder builder{mla_builder_config()};
+  std::unique_ptr<aar::mla::Impl> layer;
+  at::Tensor nope, rope;
+  std::vector<int32_t> qsl{0, 1, 2}, seq{5, 9}, table;
+  MlaDecodeEngine(const aar::mla::Weights& w, int64_t group) {
+    layer = std::make_unique<aar::mla::Impl>(mla_impl_config(0, group), w);
+    const auto shapes = aar::mla::Backend::kv_cache_shapes(2 * kMlaMbr + 1, kMlaBlock, kMlaL, kMlaR);
+    nope = at::zeros(shapes[0]);
+    rope = at::zeros(shapes[1]);
+    for (int i = 0; i < 2 * kMlaMbr; ++i) table.push_back(i + 1);
+  }
+  // One decode step (two requests with context) through the layer.
+  at::Tensor step(const at::Tensor& hidden) {
+    aar::mla::BuildInputs in;
+    in.query_start_loc = CSpan<int32_t>(qsl.data(), qsl.size());
+    in.seq_lens = CSpan<int32_t>(seq.data(), seq.size());
+    in.block_table = CSpan<int32_t>(table.data(), table.size());
+    in.block_table_stride = kMlaMbr;
+    const aar::mla::Metadata& md = builder.build(in);
+    at::Tensor out = at::zeros_like(hidden);
+    layer->forward(hidden, nope, rope, &md, out);
+    return out;
+  }
+};
+
+TEST_F(Concurrency, SharedWorkspaceIsRefusedToASecondThreadNotCorrupted) {
+  const MlaInputs x = mla_inputs(300);
+  at::Generator g = at::detail::createCPUGenerator(301);
+  const at::Tensor hidden = rnd(g, {2, kMlaHidden});
+  MlaDecodeEngine a(x.w[0], 0), b(x.w[0], 0), c(x.w[0], 1);
+  const at::Tensor expected = MlaDecodeEngine(x.w[0], 2).step(hidden);
+  auto conn = std::make_shared<BlockingConnector>();
+  a.layer->kv_hooks.set(conn, "layer.0");
+  at::Tensor out_a;
+  std::thread ta([&] { out_a = a.step(hidden); });
+  while (!conn->inside) std::this_thread::yield();
+  // Thread a is inside its forward: the same group's workspace is refused to this thread, by name ...
+  try {
+    b.step(hidden);
+    ADD_FAILURE() << "a forward on a second thread entered a workspace in use";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("MLA decode workspace of workspace_group 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("in use by another thread"), std::string::npos) << e.what();
+  }
+  // ... and another group's is not.
+  EXPECT_TRUE(at::equal(c.step(hidden), expected));
+  conn->release = true;
+  ta.join();
+  EXPECT_TRUE(at::equal(out_a, expected));
+  // Once thread a has left, the group is free again.
+  EXPECT_TRUE(at::equal(b.step(hidden), expected));
 }
 
 // ------------------------------------------------------------------ (a) SFA

@@ -135,7 +135,7 @@ TEST(FuzzRegression, CpMaxBlocksNoOverflow) {
 // query_start_loc at -1. The split is now checked against the batch before any write.
 TEST(FuzzRegression, SfaOffloadWriteChecksSplit) {
   const std::vector<int32_t> qsl = {0, 1, 4}, seq = {5, 9};
-  const std::vector<uint32_t> ids = {7, 8};
+  const std::vector<uint64_t> ids = {7, 8};
   const std::vector<uint8_t> pre = {0, 1};
   SfaOffloadInputs in;
   in.query_start_loc = qsl;
@@ -144,12 +144,13 @@ TEST(FuzzRegression, SfaOffloadWriteChecksSplit) {
   in.is_prefilling = pre;
   const SplitResult good = check_sfa_offload_step(in);
   ASSERT_EQ(good.num_decodes, 1);
-  std::vector<int32_t> rid(2, -7), ttr(4, -7), pcq(2, -7), dsl(4, -7), dsp(4, -7);
-  std::vector<uint32_t> dri(4, 7);
+  std::vector<uint64_t> rid(2, 7);
+  std::vector<int32_t> ttr(4, -7), pcq(2, -7), dsl(4, -7), dsp(4, -7);
+  std::vector<uint64_t> dri(4, 7);
   const SfaOffloadBuffers buf{rid, ttr, pcq, dri, dsl, dsp};
   for (SplitResult bad : {SplitResult{-1, 3, 0, 4}, SplitResult{1, 1, 3, 1}, SplitResult{2, 1, 4, 0}}) {
     EXPECT_THROW(write_sfa_offload_step(in, bad, 4, buf), aar::InvalidArgument);
-    EXPECT_EQ(rid, std::vector<int32_t>(2, -7));
+    EXPECT_EQ(rid, std::vector<uint64_t>(2, 7));
     EXPECT_EQ(ttr, std::vector<int32_t>(4, -7));
   }
   write_sfa_offload_step(in, good, 4, buf);
@@ -163,7 +164,7 @@ TEST(FuzzRegression, SfaOffloadWriteChecksSplit) {
 // requires exactly the batch's own split.
 TEST(FuzzRegression, SfaOffloadWriteRefusesAMovedZeroTokenRequest) {
   const std::vector<int32_t> qsl = {0, 0, 12, 14}, seq = {0, 12, 2};
-  const std::vector<uint32_t> ids = {1, 2, 3};
+  const std::vector<uint64_t> ids = {1, 2, 3};
   const std::vector<uint8_t> pre = {0, 1, 1};
   SfaOffloadInputs in;
   in.query_start_loc = qsl;
@@ -174,14 +175,15 @@ TEST(FuzzRegression, SfaOffloadWriteRefusesAMovedZeroTokenRequest) {
   const int32_t nd = good.num_decodes == 1 ? 0 : 1;
   const SplitResult moved{nd, 3 - nd, 0, 14};
   ASSERT_FALSE(moved == good);
-  std::vector<int32_t> rid(3, -7), ttr(14, -7), pcq(3, -7), dsl(14, -7), dsp(14, -7);
-  std::vector<uint32_t> dri(14, 7);
+  std::vector<uint64_t> rid(3, 7);
+  std::vector<int32_t> ttr(14, -7), pcq(3, -7), dsl(14, -7), dsp(14, -7);
+  std::vector<uint64_t> dri(14, 7);
   const SfaOffloadBuffers buf{rid, ttr, pcq, dri, dsl, dsp};
   EXPECT_THROW(write_sfa_offload_step(in, moved, 14, buf), aar::InvalidArgument);
-  EXPECT_EQ(rid, std::vector<int32_t>(3, -7));
+  EXPECT_EQ(rid, std::vector<uint64_t>(3, 7));
   EXPECT_EQ(pcq, std::vector<int32_t>(3, -7));
   write_sfa_offload_step(in, good, 14, buf);
-  EXPECT_EQ(rid, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(rid, (std::vector<uint64_t>{1, 2, 3}));
 }
 
 // fuzz_sizes: round_up multiplied past int64 near the limits (and INT64_MIN / -1 trapped);

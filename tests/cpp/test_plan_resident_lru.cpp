@@ -37,13 +37,13 @@ std::string to_string(const std::vector<ResidentMiss>& v) {
 // One step's inputs and outputs, outputs pre-filled with sentinels so every write shows.
 struct Step {
   std::vector<int32_t> topk, sp, current;
-  std::vector<uint32_t> req;
+  std::vector<uint64_t> req;
   std::vector<ResidentMiss> misses_buf;
   int32_t K = 0;
   ResidentStepStats stats;
   std::vector<ResidentMiss> misses;  // the written ones
 
-  Step(int32_t k, std::vector<int32_t> t, std::vector<uint32_t> r, std::vector<int32_t> s)
+  Step(int32_t k, std::vector<int32_t> t, std::vector<uint64_t> r, std::vector<int32_t> s)
       : topk(std::move(t)), sp(std::move(s)), req(std::move(r)), K(k) {}
 
   ResidentStepStats run(ResidentLru& lru) {
@@ -61,7 +61,7 @@ struct Step {
 };
 
 // A one-row step with a stable prefix that covers everything.
-Step one_row(int32_t K, std::vector<int32_t> topk, uint32_t req = 1, int32_t sp = 1 << 30) {
+Step one_row(int32_t K, std::vector<int32_t> topk, uint64_t req = 1, int32_t sp = 1 << 30) {
   return Step(K, std::move(topk), {req}, {sp});
 }
 
@@ -79,7 +79,7 @@ class RefLru {
  public:
   RefLru(int32_t max_rows, int32_t capacity) : cap_(capacity), rows_(max_rows) {}
 
-  ResidentStepStats step(const std::vector<int32_t>& topk, int32_t K, const std::vector<uint32_t>& req,
+  ResidentStepStats step(const std::vector<int32_t>& topk, int32_t K, const std::vector<uint64_t>& req,
                          const std::vector<int32_t>& sp, std::vector<int32_t>& current,
                          std::vector<ResidentMiss>& misses) {
     ResidentStepStats st;
@@ -166,7 +166,7 @@ class RefLru {
  private:
   struct Row {
     bool known = false;
-    uint32_t req = 0;
+    uint64_t req = 0;
     std::vector<int32_t> s2t;
     std::deque<int32_t> empty;
     std::list<int32_t> lru;                                // resident slots, least recent first
@@ -490,17 +490,17 @@ ResidentStepStats run_against_model(const RandomRun& cfg) {
   ResidentLru lru(cfg.max_rows, cfg.capacity);
   RefLru ref(cfg.max_rows, cfg.capacity);
   const int32_t K = cfg.K;
-  std::vector<uint32_t> req(cfg.max_rows);
+  std::vector<uint64_t> req(cfg.max_rows);
   std::vector<int32_t> ctx(cfg.max_rows);
   std::vector<std::vector<int32_t>> prev(cfg.max_rows);
-  uint32_t next_req = 1;
+  uint64_t next_req = 1;
   for (auto& r : req) r = next_req++;
   for (auto& c : ctx) c = K + static_cast<int32_t>(rng() % static_cast<uint32_t>(cfg.context));
   const auto pick = [&](uint32_t n) { return static_cast<int32_t>(rng() % n); };
   for (int step = 0; step < cfg.steps; ++step) {
     const int32_t rows = step % 7 == 3 ? 1 + pick(cfg.max_rows) : cfg.max_rows;
     std::vector<int32_t> topk(static_cast<std::size_t>(rows) * K), sp(rows);
-    std::vector<uint32_t> ids(req.begin(), req.begin() + rows);
+    std::vector<uint64_t> ids(req.begin(), req.begin() + rows);
     for (int32_t r = 0; r < rows; ++r) {
       if (pick(20) == 0) {  // a new request in this row
         ids[r] = req[r] = next_req++;

@@ -5,6 +5,9 @@
 // mask_invalid_topk against build_valid_topk_mask.
 #include <vector>
 
+#include <string_view>
+
+#include "ascend_attn_rt/plan/request_keys.h"
 #include "ascend_attn_rt/plan/sfa_offload_plan.h"
 #include "ascend_attn_rt/plan/sfa_plan.h"
 #include "test_plan_util.h"
@@ -15,7 +18,7 @@ namespace {
 
 struct Case {
   std::vector<int32_t> qsl, seq;
-  std::vector<uint32_t> ids;
+  std::vector<uint64_t> ids;
   std::vector<uint8_t> prefilling;
   int32_t thr = 1;
   bool consumer = false;
@@ -33,9 +36,9 @@ struct Case {
 };
 
 struct Out {
-  std::vector<int32_t> rid, ttr, pcql, dseq, dstable;
-  std::vector<uint32_t> dids;
-  explicit Out(std::size_t n) : rid(n, -7), ttr(n, -7), pcql(n, -7), dseq(n, -7), dstable(n, -7), dids(n, 7) {}
+  std::vector<int32_t> ttr, pcql, dseq, dstable;
+  std::vector<uint64_t> rid, dids;
+  explicit Out(std::size_t n) : rid(n, 7), ttr(n, -7), pcql(n, -7), dseq(n, -7), dstable(n, -7), dids(n, 7) {}
   SfaOffloadBuffers buffers() {
     SfaOffloadBuffers b;
     b.req_ids = rid;
@@ -70,13 +73,12 @@ TEST(SfaOffloadPlan, ArraysOfAMixedSpeculativeBatch) {
   EXPECT_EQ(s, (SplitResult{2, 2, 4, 8}));
   Out o(16);
   write_sfa_offload_step(c.inputs(), s, 14, o.buffers());
-  EXPECT_EQ(std::vector<int32_t>(o.rid.begin(), o.rid.begin() + 4),
-            (std::vector<int32_t>{static_cast<int32_t>(0xdeadbeefu), 5, 6, 7}));
+  EXPECT_EQ(std::vector<uint64_t>(o.rid.begin(), o.rid.begin() + 4), (std::vector<uint64_t>{0xdeadbeefu, 5, 6, 7}));
   EXPECT_EQ(std::vector<int32_t>(o.ttr.begin(), o.ttr.begin() + 15),
             (std::vector<int32_t>{0, 0, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, -1, -1, -7}));
   EXPECT_EQ(std::vector<int32_t>(o.pcql.begin(), o.pcql.begin() + 3), (std::vector<int32_t>{5, 8, -7}));
-  EXPECT_EQ(std::vector<uint32_t>(o.dids.begin(), o.dids.begin() + 5),
-            (std::vector<uint32_t>{0xdeadbeefu, 0xdeadbeefu, 5, 5, 7}));
+  EXPECT_EQ(std::vector<uint64_t>(o.dids.begin(), o.dids.begin() + 5),
+            (std::vector<uint64_t>{0xdeadbeefu, 0xdeadbeefu, 5, 5, 7}));
   EXPECT_EQ(std::vector<int32_t>(o.dseq.begin(), o.dseq.begin() + 5), (std::vector<int32_t>{10, 10, 2, 2, -7}));
   // stable prefix max(S - q, 0): 8 for (10, 2), 0 for (2, 2).
   EXPECT_EQ(std::vector<int32_t>(o.dstable.begin(), o.dstable.begin() + 5), (std::vector<int32_t>{8, 8, 0, 0, -7}));
@@ -154,4 +156,59 @@ TEST(SfaOffloadPlan, MaskInvalidTopkIsWhereOfTheMask) {
   const std::vector<int32_t> negative = {6, -1, 0};
   EXPECT_INVALID(mask_invalid_topk(topk, 3, negative, out), "thresholds_per_row[1]=-1");
   EXPECT_INVALID(mask_invalid_topk(topk, 4, thr, out), "not a multiple of K=4");
+}
+
+// ------------------------------------------------------------------ request identities
+TEST(SfaOffloadPlan, ARepeatedRequestIdIsRefusedWithBothPositions) {
+  Case c{{0, 1, 2, 3}, {9, 4, 7}, {11, 22, 11}, {}, 1, true};
+  EXPECT_INVALID(check_sfa_offload_step(c.inputs()), "req_ids[2]=11 repeats req_ids[0]");
+  c.ids = {11, 22, 0xffffffffffffffffULL};  // any 64-bit value is an identity
+  EXPECT_EQ(check_sfa_offload_step(c.inputs()).num_decodes, 3);
+}
+
+TEST(RequestIds, DistinctCheckAgainstPairwiseComparison) {
+  uint64_t state = 7;
+  auto next = [&] { return (state = state * 6364136223846793005ULL + 1442695040888963407ULL) >> 33; };
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::size_t n = next() % 70;
+    std::vector<uint64_t> ids(n);
+    for (auto& v : ids) v = trial % 3 == 0 ? next() % (n + 1) : (next() << 32 | next());
+    bool distinct = true;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < i; ++j) distinct = distinct && ids[i] != ids[j];
+    bool threw = false;
+    try {
+      check_distinct_request_ids(CSpan<uint64_t>(ids.data(), n), "req_ids");
+    } catch (const aar::InvalidArgument&) {
+      threw = true;
+    }
+    EXPECT_EQ(threw, !distinct) << "trial " << trial;
+  }
+}
+
+TEST(RequestKeys, KeysAreStableWhilePresentAndNeverReused) {
+  RequestKeys keys;
+  std::vector<uint64_t> k(3, 0), seen;
+  auto assign = [&](std::vector<std::string_view> ids) {
+    keys.assign(CSpan<std::string_view>(ids.data(), ids.size()), Span<uint64_t>(k.data(), k.size()));
+  };
+  assign({"a", "b"});
+  const uint64_t a = k[0], b = k[1];
+  EXPECT_NE(a, b);
+  assign({"b", "a"});
+  EXPECT_EQ(k[0], b);
+  EXPECT_EQ(k[1], a);
+  assign({"b", "c"});  // "a" is forgotten
+  EXPECT_EQ(k[0], b);
+  const uint64_t c = k[1];
+  EXPECT_TRUE(c != a && c != b);
+  assign({"a"});  // back after a gap: a key never used before
+  EXPECT_TRUE(k[0] != a && k[0] != b && k[0] != c);
+  // A repeated id is refused and changes nothing.
+  const std::vector<uint64_t> before = k;
+  EXPECT_INVALID((assign({"x", "y", "x"})), "req_ids[2]=\"x\" repeats req_ids[0]");
+  EXPECT_EQ(k, before);
+  EXPECT_EQ(keys.size(), 1u);
+  std::vector<std::string_view> ids{"a", "b"};
+  EXPECT_INVALID(keys.assign(CSpan<std::string_view>(ids.data(), 2), Span<uint64_t>(k.data(), 1)), "room for 1");
 }

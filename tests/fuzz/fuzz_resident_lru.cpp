@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int32_t rows = in.range(0, max_rows + (in.u8() % 16 == 0));
     const int32_t K = in.u8() % 16 == 0 ? cap + 1 : in.range(1, cap);
     std::vector<int32_t> topk(static_cast<size_t>(rows) * K), prefix(rows);
-    std::vector<uint32_t> ids(rows);
+    std::vector<uint64_t> ids(rows);
     for (auto& t : topk) t = in.u8() % 6 == 0 ? -1 : in.range(0, 3 * cap);
     for (int32_t r = 0; r < rows; ++r) {
       ids[r] = in.range(0, 2);

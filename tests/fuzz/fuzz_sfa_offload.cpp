@@ -11,8 +11,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Batch b = fuzz::make_batch(in, 8, 12, 100);
   fuzz::current_batch() = &b;
   const int32_t B = b.B();
-  std::vector<uint32_t> ids(B + (in.u8() % 16 == 0 ? 1 : 0));
-  for (auto& v : ids) v = in.u32();
+  std::vector<uint64_t> ids(B + (in.u8() % 16 == 0 ? 1 : 0));
+  // Mostly distinct ids, sometimes a small range where repeats are likely.
+  const bool narrow_ids = in.u8() % 8 == 0;
+  for (auto& v : ids) v = narrow_ids ? in.range(0, 3) : (uint64_t{in.u32()} << 32 | in.u32());
   plan::SfaOffloadInputs oi;
   oi.query_start_loc = b.qsl;
   oi.seq_lens = b.seq_lens;
@@ -39,7 +41,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const int32_t q = b.qsl[r + 1] - b.qsl[r];
     return q > 0 && q <= oi.decode_threshold && (oi.decode_consumer || !pre[r]);
   };
-  if (!mono || !flags_ok || ids.size() != size_t(B)) {
+  bool distinct = true;
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (size_t j = 0; j < i; ++j) distinct = distinct && ids[i] != ids[j];
+  if (!mono || !flags_ok || ids.size() != size_t(B) || !distinct) {
     FUZZ_CHECK(!ok);
     return 0;
   }
@@ -75,10 +80,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (corrupt == 2) sp.num_prefills = in.maybe_bad(sp.num_prefills);
   const int32_t nd = split.num_decodes, ndt = split.num_decode_tokens, np = B - nd;
   auto sz = [&](int64_t n) { return fuzz::room(in.u8() % 16 == 0 ? n - 1 : n); };
-  auto rid = fuzz::canary<int32_t>(sz(B), -9), ttr = fuzz::canary<int32_t>(sz(std::max(T, 0)), -9);
+  auto rid = fuzz::canary<uint64_t>(sz(B), 9);
+  auto ttr = fuzz::canary<int32_t>(sz(std::max(T, 0)), -9);
   auto pcq = fuzz::canary<int32_t>(sz(np), -9), dsl = fuzz::canary<int32_t>(sz(ndt), -9);
   auto dsp = fuzz::canary<int32_t>(sz(ndt), -9);
-  auto dri = fuzz::canary<uint32_t>(sz(ndt), 9);
+  auto dri = fuzz::canary<uint64_t>(sz(ndt), 9);
   fuzz::Snapshot s;
   s.add(rid), s.add(ttr), s.add(pcq), s.add(dsl), s.add(dsp), s.add(dri);
   const bool wok =
@@ -89,7 +95,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (split_same) FUZZ_CHECK(wok == room);
   if (!wok) return 0;
   FUZZ_CHECK(split_same);  // a split that does not describe the batch is refused
-  for (int32_t r = 0; r < B; ++r) FUZZ_CHECK(rid[r] == static_cast<int32_t>(ids[r]));
+  for (int32_t r = 0; r < B; ++r) FUZZ_CHECK(rid[r] == ids[r]);
   for (int32_t r = 0; r < B; ++r)
     for (int32_t t = b.qsl[r]; t < b.qsl[r + 1]; ++t) FUZZ_CHECK(ttr[t] == r);
   for (int32_t t = real; t < T; ++t) FUZZ_CHECK(ttr[t] == -1);

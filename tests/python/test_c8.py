@@ -131,7 +131,7 @@ def reference(b, *, decode_rows_int8, scale=None, causal=True):
 
 def make_builder(b, **kw):
     cfg = dict(max_num_reqs=16, max_num_tokens=max(64, b.q.shape[0]), max_blocks_per_req=max(8, b.block_table.shape[1]),
-               block_size=b.block_size, num_blocks=b.num_blocks, dense_context=True)
+               block_size=b.block_size, num_blocks=b.num_blocks)  # dense context: on demand (the default)
     cfg.update(kw)
     return aar.MetadataBuilder(**cfg)
 

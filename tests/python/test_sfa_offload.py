@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import zlib
 
 import pytest
@@ -93,7 +94,12 @@ class Serve:
     consumer=False: keep_device_kv_cache; prompts are prefilled by the layers in chunks, steps are mixed
     (decodes first, as the offload builder requires)."""
 
-    def __init__(self, *, consumer=True, spec=0, nb=40, max_reqs=4, tbs=16, seed=0, hooks=None, reject_every=0):
+    def __init__(self, *, consumer=True, spec=0, nb=40, max_reqs=4, tbs=16, seed=0, hooks=None, reject_every=0,
+                 names=None, id_kind="adler", rotate=False):
+        # names: the requests' names in arrival order (default req-0, req-1, ...); id_kind: how the engine passes
+        # them as req_ids ("adler": adler32 integers as upstream, "names": the strings themselves); rotate: the
+        # decodes change places every step (each decode row then serves another request than at the last step).
+        self.names, self.id_kind, self.rotate = names, id_kind, rotate
         self.layer = Layer(seed)
         self.g = torch.Generator().manual_seed(seed + 1)
         self.consumer, self.spec, self.nb, self.max_reqs = consumer, spec, nb, max_reqs
@@ -127,7 +133,8 @@ class Serve:
         nblk = math.ceil(total / BS)
         assert nblk <= self.mbr and len(self.free) >= nblk
         blocks = [self.free.pop() for _ in range(nblk)]
-        r = Request(f"req-{self.arrived}", prompt, total, blocks, self.g)
+        name = self.names[self.arrived] if self.names else f"req-{self.arrived}"
+        r = Request(name, prompt, total, blocks, self.g)
         self.arrived += 1
         if self.consumer:  # the KV connector delivers the prompt's rows
             self.write_rows(r, 0, prompt)
@@ -162,6 +169,9 @@ class Serve:
     def step(self, chunk=24):
         dec = [r for r in self.active if r.n >= r.prompt]
         pre = [r for r in self.active if r.n < r.prompt]
+        if self.rotate and dec:
+            k = len(self.stats) % len(dec)
+            dec = dec[k:] + dec[:k]
         reqs = dec + pre  # decode-first
         q = [1 + self.spec] * len(dec) + [min(chunk, r.prompt - r.n) for r in pre]
         seq = [r.n + ql for r, ql in zip(reqs, q)]
@@ -169,7 +179,7 @@ class Serve:
         seq_t = torch.tensor(seq, dtype=torch.int32)
         table = self.table(reqs)
         hidden = torch.cat([r.x[r.n:s] for r, s in zip(reqs, seq)])
-        ids = torch.tensor([r.id for r in reqs], dtype=torch.int64)
+        ids = torch.tensor([r.id for r in reqs], dtype=torch.int64) if self.id_kind == "adler" else [r.name for r in reqs]
         kw = {} if self.consumer else dict(is_prefilling=torch.tensor([r.n < r.prompt for r in reqs]))
         if self.spec:  # the engine's per-request draft counts: all-decode steps are SpecDecoding (MTP)
             kw["num_spec_tokens"] = torch.tensor([self.spec] * len(dec) + [0] * len(pre), dtype=torch.int32)
@@ -634,8 +644,8 @@ def test_offload_builder_split_maps_and_rebased_prefill_lengths():
         b.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=ids)
     with pytest.raises(ValueError, match="req_ids"):
         b.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=ids[:3], is_prefilling=pre)
-    with pytest.raises(ValueError, match="req_ids"):
-        b.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=torch.tensor([1, 2, 3, -4]),
+    with pytest.raises(ValueError, match=r"req_ids\[3\]=1 repeats req_ids\[0\]"):
+        b.build(qsl, torch.tensor(seq, dtype=torch.int32), table, req_ids=torch.tensor([1, 2, 3, 1]),
                 is_prefilling=pre)
     # A decode after the first prefill: the batch must be decode-first.
     with pytest.raises(ValueError, match="decode"):
@@ -719,3 +729,98 @@ def test_unpin_that_raises_does_not_take_the_process_down(monkeypatch):
     assert calls == [("pin", pool.segment_bytes)]
     del pool  # the unpin error is reported as unraisable, the mapping goes
     assert unraisable == [ZeroDivisionError]
+
+
+# ---------------------------------------------------------------- request identities (issue 26, item 1)
+
+COLLIDING = ["req-1001", "req-0110"]  # zlib.adler32 gives both 197591608
+
+
+def test_colliding_hashed_ids_in_one_batch_are_refused_by_name():
+    assert rid(COLLIDING[0]) == rid(COLLIDING[1])
+    s = Serve(consumer=True, names=COLLIDING + ["req-2"], id_kind="adler")
+    s.arrive(40, 6)
+    s.arrive(50, 6)
+    pool_k, tokens = s.pool.k(0).clone(), s.off.resident_tokens().clone()
+    with pytest.raises(ValueError, match=r"req_ids\[1\]=197591608 repeats req_ids\[0\]"):
+        s.step()
+    assert torch.equal(s.pool.k(0), pool_k) and torch.equal(s.off.resident_tokens(), tokens)
+
+
+@pytest.mark.parametrize("consumer", [True, False])
+def test_string_request_ids_keep_colliding_requests_apart(consumer):
+    # Two requests whose adler32 ids collide, in flight together, changing rows every step: with their names as
+    # req_ids the builder keys residency by keys that never collide, so every step equals the device layer and the
+    # float64 reference (Serve.step asserts both). Keyed by the 32-bit hash this batch could not even be built.
+    s = Serve(consumer=consumer, names=COLLIDING + ["req-2", "req-3"], id_kind="names", rotate=True)
+    serve(s, {0: [(40, 8), (50, 8)], 3: [(30, 6)]}, 12)
+    assert s.served >= 2
+    assert max(st["resets"] for st in s.stats) >= 2  # rows changed requests: reset, never reused
+
+
+def test_string_request_ids_are_stable_across_steps_and_checked():
+    layer = Layer()
+    b = layer.builder(40, 8, offload=sfa.BuilderOffloadConfig(is_decode_consumer=True))
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    seq = torch.tensor([9, 12], dtype=torch.int32)
+    table = torch.arange(16, dtype=torch.int32).view(2, 8)
+    k1 = b.build(qsl, seq, table, req_ids=["a", "b"]).req_ids_list
+    k2 = b.build(qsl, seq, table, req_ids=["b", "a"]).req_ids_list
+    assert k2 == [k1[1], k1[0]] and k1[0] != k1[1]
+    k3 = b.build(qsl, seq, table, req_ids=["b", "c"]).req_ids_list  # "a" left: "c" gets a key never used before
+    assert k3[0] == k1[1] and k3[1] not in k1
+    k4 = b.build(qsl, seq, table, req_ids=["a", "c"]).req_ids_list  # "a" came back after a gap: a new key
+    assert k4[0] not in k1 + k3 and k4[1] == k3[1]
+    with pytest.raises(ValueError, match=r'req_ids\[1\]="c" repeats req_ids\[0\]'):
+        b.build(qsl, seq, table, req_ids=["c", "c"])
+    with pytest.raises(ValueError, match=r"req_ids\[1\] must be a str"):
+        b.build(qsl, seq, table, req_ids=["c", 3])
+    # 64-bit integer ids are taken exactly (no 32-bit range any more).
+    assert b.build(qsl, seq, table, req_ids=torch.tensor([2 ** 40, -5])).req_ids_list == [2 ** 40, -5]
+
+
+# ---------------------------------------------------------------- the pool's owner and names (issue 26, items 7, 8)
+
+def _create_pool_and_die(name, nb):
+    import os
+
+    import ascend_attn_rt as aar_child
+
+    pool = aar_child.sfa.HostKvPool.create(name=name, num_layers=1, block_size=BS, kv_lora_rank=D.L,
+                                           qk_rope_head_dim=D.R,
+                                           budget_bytes=nb * aar_child.sfa.HostKvPool.block_bytes(1, BS, D.L, D.R))
+    assert pool.is_owner
+    os._exit(0)  # dies without destroying its pool: the name stays behind
+
+
+def test_attach_refuses_a_pool_whose_owner_died():
+    name = f"/aar_dead_owner_{os.getpid()}"
+    sfa.HostKvPool.unlink(name)
+    p = mp.get_context("spawn").Process(target=_create_pool_and_die, args=(name, 4), daemon=True)
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0
+    try:
+        with pytest.raises(RuntimeError, match=rf"created by process {p.pid}, which has exited"):
+            sfa.HostKvPool.attach(name)
+    finally:
+        assert sfa.HostKvPool.unlink(name)
+    # A live owner's pool attaches, and says its owner is alive.
+    pool = make_pool(2)
+    reader = sfa.HostKvPool.attach(pool.name)
+    assert reader.owner_alive and not reader.is_owner and pool.owner_alive
+
+
+def test_pool_names_with_a_nul_byte_and_negative_pool_layers_are_refused():
+    for call in (lambda: sfa.HostKvPool.attach("/aar_pool\0x"), lambda: sfa.HostKvPool.unlink("/aar_pool\0x"),
+                 lambda: sfa.HostKvPool.create(name="/aar_pool\0x", num_layers=1, budget_bytes=10 ** 6, block_size=BS,
+                                               kv_lora_rank=D.L, qk_rope_head_dim=D.R)):
+        with pytest.raises(ValueError, match="NUL byte at offset 9"):
+            call()
+    layer = Layer()
+    pool = make_pool(4)
+    with pytest.raises(ValueError, match="offload.pool_layer=-2"):
+        layer.impl(offload=sfa.OffloadConfig(pool, pool_layer=-2, topk_buffer_size=16, is_decode_consumer=True),
+                   layer_index=0)
+    layer.impl(offload=sfa.OffloadConfig(pool, pool_layer=-1, topk_buffer_size=16, is_decode_consumer=True),
+               layer_index=0)  # -1: the layer's layer_index

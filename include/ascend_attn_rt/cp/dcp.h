@@ -58,6 +58,10 @@
 
 #include "ascend_attn_rt/cp/comm.h"
 
+namespace aar::detail {
+class ExclusiveUse;  // cpp/common/exclusive_use.h
+}
+
 namespace aar::cp {
 
 // What a DcpWorkspace is sized by. q_dim: the gathered query's last dim
@@ -109,12 +113,16 @@ class DcpWorkspace {
   static std::shared_ptr<DcpWorkspace> shared(const DcpWorkspaceShape& shape);
   const DcpWorkspaceShape& shape() const { return shape_; }
   int64_t capacity() const { return capacity_; }
+  // One thread at a time (cpp/common/exclusive_use.h); views() holds it for the
+  // current forward.
+  const std::shared_ptr<::aar::detail::ExclusiveUse>& exclusive() const { return exclusive_; }
   // The views for T rows, growing the buffers when T exceeds the capacity.
   const DcpViews& views(int64_t T);
 
  private:
   void grow(int64_t rows);
   DcpWorkspaceShape shape_;
+  std::shared_ptr<::aar::detail::ExclusiveUse> exclusive_;
   int64_t capacity_ = 0, generation_ = 0;
   at::Tensor q_, po_, pl_, sq_, so_, sl_, lq_, send_, recv_, parts_out_, parts_lse_;
   std::vector<DcpViews> views_;

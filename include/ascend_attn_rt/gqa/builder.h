@@ -62,11 +62,14 @@ struct BuilderConfig {
   // How the staging copies reach the device and how their completion is
   // awaited (null: a c10::Event on the device's current stream).
   std::shared_ptr<StagingHooks> staging_hooks;
-  // Compute Metadata::dense (the paged context as dense rows) at every build:
-  // needed by layers that attend over a gathered context (head size 512 on
-  // A2/A3, C8 prefill over cached context). Off by default: it costs a few
-  // device operations per build.
-  bool dense_context = false;
+  // Metadata::dense (the paged context as dense rows), read by layers that
+  // attend over a gathered context (head size 512 on A2/A3, the C8 prefill
+  // over cached context): unset (default) computes it on demand, once per
+  // build, when the first such layer asks (gqa::dense_context()), so those
+  // layers work with the default builder and others pay nothing; true computes
+  // it at every build (a few device operations; needed to capture such a step
+  // in a graph); false never does (those layers then refuse by name).
+  std::optional<bool> dense_context;
 };
 
 struct BuildInputs {
@@ -85,7 +88,7 @@ struct BuildInputs {
 // accessors, mask_builder()); builders share nothing, so engines on several threads each
 // keep their own. forward and graph update only read the returned Metadata; the builder's
 // next build rewrites it. (tests/cpp/test_concurrency.cpp)
-class MetadataBuilder {
+class MetadataBuilder : private DenseContextSource {
  public:
   explicit MetadataBuilder(const BuilderConfig& cfg);
   ~MetadataBuilder();
@@ -116,6 +119,8 @@ class MetadataBuilder {
   struct Views;  // per-size cached views
 
   void build_dense_context(int32_t num_decodes, int32_t num_decode_tokens);
+  const DenseContext& dense_context_of(const Metadata& md) override;
+  const DenseContext* computed_dense_context_of(const Metadata& md) const override;
 
   BuilderConfig cfg_;
   bool separate_;

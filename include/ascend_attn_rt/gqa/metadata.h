@@ -17,8 +17,9 @@ namespace aar::gqa {
 
 // The paged context as dense rows, request after request: what the paths that
 // attend over a gathered context read (the A2/A3 head-size-512 fallback, the C8
-// prefill over dequantised context). Computed once per build on the metadata's
-// device when the builder is configured with dense_context; absent otherwise.
+// prefill over dequantised context). Computed on the metadata's device at most once
+// per build: by the build itself (BuilderConfig::dense_context = true), or on
+// demand by the first layer that reads it (the default; gqa::dense_context()).
 struct DenseContext {
   bool valid = false;
   // Device int64 (sum of the kernels' KV lengths): the cache slot
@@ -33,6 +34,20 @@ struct DenseContext {
   c10::IntArrayRef kv_ends;          // host, num_reqs: cumulative KV lengths
   c10::IntArrayRef prefill_kv_ends;  // host: the same for requests [num_decodes, num_reqs), rebased to 0
   int64_t prefill_kv_start = 0;      // kv_ends[num_decodes - 1] (0 without decodes)
+};
+
+struct Metadata;
+
+// What computes a build's dense context on demand (the builder that made it).
+// (Not in a gqa::detail namespace: one would hide ::aar::detail in gqa code.)
+class DenseContextSource {
+ public:
+  virtual const DenseContext& dense_context_of(const Metadata& md) = 0;
+  // The dense context if it has been computed for md's build (null otherwise).
+  virtual const DenseContext* computed_dense_context_of(const Metadata& md) const = 0;
+
+ protected:
+  ~DenseContextSource() = default;
 };
 
 struct Metadata {
@@ -68,7 +83,18 @@ struct Metadata {
   bool no_context = false;
   bool prefill_no_context = false;
   DenseContext dense;
+  // Set when the builder computes the dense context on demand (null when it
+  // computed it at the build, or never does).
+  DenseContextSource* dense_source = nullptr;
   BuildStamp stamp;
 };
+
+// The build's dense context: md.dense when the build computed it, else computed
+// now, once per build, by the builder (refused inside a graph capture, and by a
+// builder configured with dense_context = false: the error names the option).
+const DenseContext& dense_context(const Metadata& md);
+// The dense context if the build or a layer has computed it (null otherwise);
+// computes nothing.
+const DenseContext* computed_dense_context(const Metadata& md);
 
 }  // namespace aar::gqa

@@ -24,6 +24,10 @@
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/paged_attention.h"
 
+namespace aar::detail {
+class ExclusiveUse;  // cpp/common/exclusive_use.h
+}
+
 namespace aar::graph {
 
 enum class WorkspacePolicy : int32_t {
@@ -95,6 +99,9 @@ struct Bucket {
   at::Tensor pa_workspace;          // paged attention keeps its own (upstream shares one slot)
   int64_t num_query_rows = 0;       // captured kernel token count (FIA) / requests (PA)
   bool updated = false;              // the last update completed and was not replayed since
+  // Shared workspaces the captured calls use: a CPU replay enters each (one
+  // thread at a time; another thread's forward or replay is refused by name).
+  std::vector<std::shared_ptr<detail::ExclusiveUse>> exclusive;
 };
 
 // Thread safety: one thread at a time per store: its capture, update, replay and

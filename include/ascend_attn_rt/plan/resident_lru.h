@@ -55,8 +55,9 @@
 //  - Any negative top-k entry is invalid, not only -1 (as upstream). Tokens
 //    need no upper bound: the token -> slot lookup is a per-row hash table of
 //    2 x capacity entries, not an array over the context.
-//  - Request ids are compared as given (spec 5 uses adler32 of the request id,
-//    so two requests may collide; the caller must then pass distinct ids).
+//  - Request ids are 64-bit identities compared as given; the offload builder
+//    refuses a batch with an id twice (upstream keys rows by adler32 of the
+//    request id, so two live requests can share rows).
 //
 // Misses are written in row order, then in top-k order within a row. Tokens
 // >= stable_prefix in the top-k (a speculative suffix) are valid: they are
@@ -88,7 +89,7 @@ struct ResidentMiss {
 struct ResidentStepInputs {
   CSpan<int32_t> topk;           // rows x K, row-major; < 0 = invalid (already masked: build_valid_topk_mask)
   int32_t K = 0;                 // top-k width, 1 .. capacity
-  CSpan<uint32_t> req_ids;       // rows: the id of the request each row belongs to (a change resets the row)
+  CSpan<uint64_t> req_ids;       // rows: the id of the request each row belongs to (a change resets the row)
   CSpan<int32_t> stable_prefix;  // rows, >= 0: resident tokens >= this are invalidated first (speculative suffix)
 };
 
@@ -135,7 +136,8 @@ class ResidentLru {
   // Per-row scalars; the per-row arrays live in the vectors below, one block
   // of each per row (layout in resident_lru.cpp).
   struct RowHead {
-    int64_t req = -1;        // request id last served; -1 = none (reset pending)
+    uint64_t req = 0;        // request id last served (when has_req)
+    bool has_req = false;    // false: none (reset pending)
     int32_t max_token = -1;  // upper bound of the row's resident tokens (-1: none)
     int32_t head = 0;        // recency queue: live range [head, tail)
     int32_t tail = 0;

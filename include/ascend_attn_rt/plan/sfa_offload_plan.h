@@ -33,14 +33,21 @@ namespace aar::plan {
 struct SfaOffloadInputs {
   CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums
   CSpan<int32_t> seq_lens;         // B
-  CSpan<uint32_t> req_ids;         // B: the engine's per-request ids (e.g. adler32 of its request id)
+  // B: each request's identity, distinct within the batch and never shared by
+  // two live requests: the resident-slot LRU keeps a row's resident tokens
+  // while its id stays the same, so two requests with one id (a hash collision,
+  // e.g. upstream's adler32 of the request id) would read each other's rows.
+  // Give the engine's own 64-bit request numbers, or keys from
+  // plan::RequestKeys for string ids (plan/request_keys.h).
+  CSpan<uint64_t> req_ids;
   CSpan<uint8_t> is_prefilling;    // B when !decode_consumer (required), empty otherwise (rejected)
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens
   bool decode_consumer = false;    // treat_short_extends_as_decodes
 };
 
 // Validates what the offload adds to an SFA build, writing nothing: req_ids
-// and is_prefilling sizes (named), then the split of the batch as given and
+// and is_prefilling sizes (named), no id twice in the batch (named with both
+// positions), then the split of the batch as given and
 // its order (no decode after the first prefill). query_start_loc is checked
 // here too (monotonic; the rest of the batch is plan_sfa_step's). Returns the
 // split (what plan_sfa_step computes with the same rule).
@@ -48,10 +55,10 @@ SplitResult check_sfa_offload_step(const SfaOffloadInputs& in);
 
 // Caller-owned outputs; every span needs room for the entries noted.
 struct SfaOffloadBuffers {
-  Span<int32_t> req_ids;                 // >= B: the ids' bit patterns (int32 on the device)
+  Span<uint64_t> req_ids;                // >= B: the ids (int64 on the device)
   Span<int32_t> token_to_req;            // >= num_tokens: request of each token, -1 past qsl[B]
   Span<int32_t> prefill_cum_query_lens;  // >= num_prefills: qsl[d + 1 .. B] - qsl[d], d = num_decodes
-  Span<uint32_t> decode_req_ids;         // >= num_decode_tokens: req_ids of each decode token's request
+  Span<uint64_t> decode_req_ids;         // >= num_decode_tokens: req_ids of each decode token's request
   Span<int32_t> decode_seq_lens;         // >= num_decode_tokens: S of its request (the top-k mask threshold)
   Span<int32_t> decode_stable_prefix;    // >= num_decode_tokens: max(S - q, 0) of its request (LRU step b)
 };

@@ -62,6 +62,7 @@
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/mla/build_inputs.h"
 #include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/request_keys.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/sfa/metadata.h"
 #include "ascend_attn_rt/staging.h"
@@ -132,10 +133,12 @@ struct BuilderConfig {
 struct BuildInputs : mla::BuildInputs {
   BuildInputs() = default;
   BuildInputs(const mla::BuildInputs& b) : mla::BuildInputs(b) {}  // NOLINT: implicit on purpose
-  // Offload builders only (rejected by name otherwise): the engine's id of
-  // each request (B entries; e.g. adler32 of its request id string, as
-  // upstream). The resident-slot LRU resets a decode row whose id changed.
-  plan::CSpan<uint32_t> req_ids;
+  // Offload builders only (rejected by name otherwise): each request's
+  // identity (B entries, no two equal: refused by name), which must never be
+  // shared by two live requests, so not a hash (upstream's adler32 collides):
+  // the engine's own request numbers, or MetadataBuilder::request_keys() for
+  // string ids. The resident-slot LRU resets a decode row whose id changed.
+  plan::CSpan<uint64_t> req_ids;
   // Offload builders that are not decode consumers only (required there,
   // rejected elsewhere): per request, "still prefilling its prompt"
   // (num_computed < prompt length), B entries, nonzero = true.
@@ -176,6 +179,9 @@ class MetadataBuilder {
   const at::Tensor& block_table_staging() const { return staging_block_table_; }
   uint64_t generation() const;                           // the main lane's (0 before its first build)
   uint64_t draft_generation(int32_t draft_index) const;  // a draft lane's
+  // String request ids -> BuildInputs::req_ids that never collide (see
+  // plan/request_keys.h); one table per builder, kept across steps.
+  plan::RequestKeys& request_keys() { return request_keys_; }
 
  private:
   class Lane;
@@ -185,6 +191,7 @@ class MetadataBuilder {
   std::unique_ptr<::aar::detail::RopeRows> rope_;
   std::vector<std::unique_ptr<Lane>> lanes_;  // [0] main, [1 + d] draft d
   at::Tensor staging_block_table_;
+  plan::RequestKeys request_keys_;
 };
 
 // The indexer cache group's builder (spec 4: AscendSFAIndexerBackend). The

@@ -14,7 +14,10 @@
 // only the name; the owner marks the header ready last. The owner unlinks the
 // name when its HostKvPool goes: mappings already made stay valid (POSIX), new
 // attaches fail. A process that dies without destroying its pool leaves the
-// name behind (/dev/shm on Linux): HostKvPool::unlink(name) removes it.
+// name behind (/dev/shm on Linux): attach() refuses it (the header records the
+// owner's pid and start time, so a reused pid is not taken for the owner), and
+// HostKvPool::unlink(name) removes it. A process that attached before the
+// owner died keeps its mapping; owner_alive() tells it.
 //
 // Pinning: upstream's pool is page-locked so that host <-> device copies are
 // DMA; on an NPU an engine passes pin / unpin callbacks (for instance torch_npu's
@@ -91,6 +94,9 @@ class HostKvPool {
   HostKvPool& operator=(const HostKvPool&) = delete;
 
   bool is_owner() const { return owner_; }
+  // Whether the process that created the pool is still running (always true
+  // on the owner).
+  bool owner_alive() const;
   const std::string& name() const { return name_; }
   int64_t num_layers() const { return num_layers_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -115,6 +121,7 @@ class HostKvPool {
   void check_layer(int64_t layer) const;
 
   bool owner_ = false;
+  int64_t owner_pid_ = 0, owner_start_ = 0;
   std::string name_;
   int64_t num_layers_ = 0, num_blocks_ = 0, block_size_ = 0, k_dim_ = 0, v_dim_ = 0;
   std::shared_ptr<Mapping> map_;

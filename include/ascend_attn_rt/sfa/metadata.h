@@ -29,19 +29,19 @@ namespace aar::sfa {
 struct OffloadMetadata {
   bool enabled = false;
   bool decode_consumer = false;         // the split's treat_short_extends_as_decodes
-  at::Tensor req_ids;                   // device int32 (B): the engine's uint32 ids (bit patterns)
+  at::Tensor req_ids;                   // device int64 (B): the request ids (bit patterns of the uint64 ids)
   at::Tensor token_to_req;              // device int32 (num_input_tokens): request of each token, -1 past the real ones
   at::Tensor prefill_cum_query_lens;    // device int32 (num_prefills): query ends of the prefills, rebased to 0
   at::Tensor prefill_seq_lens;          // device int32 (num_prefills): seq_lens[num_decodes:] (a view)
   at::Tensor prefill_block_table;       // device int32 (num_prefills, max_blocks_per_req): rows [num_decodes, B)
   at::Tensor slot_mapping_host;         // host int64 (num_actual_tokens): the commit's destination rows
-  plan::CSpan<uint32_t> req_ids_host;   // (B)
+  plan::CSpan<uint64_t> req_ids_host;   // (B)
   plan::CSpan<int32_t> token_to_req_host;  // (num_input_tokens)
   plan::CSpan<int32_t> block_table_host;   // (B x block_table_stride), row-major
   int32_t block_table_stride = 0;
   // Per decode token (num_decode_tokens): its request's id, seq_len (the top-k
   // mask threshold) and stable prefix max(S - q, 0) (the LRU's invalidation bound).
-  plan::CSpan<uint32_t> decode_req_ids;
+  plan::CSpan<uint64_t> decode_req_ids;
   plan::CSpan<int32_t> decode_seq_lens;
   plan::CSpan<int32_t> decode_stable_prefix;
 };
