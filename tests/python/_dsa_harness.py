@@ -51,12 +51,13 @@ class LayerRun:
     A bf16 checkpoint (no wo_a_scale) runs the grouped-bmm o_proj on every plan."""
 
     def __init__(self, d, plan, dtype, nreq, *, k=0, seed=0, max_blocks=200, w=None, x=None, cbs=32, maxpos=1024,
-                 dspark=0):
+                 dspark=0, rope=None):
         self.d, self.plan, self.dtype = d, plan, dtype
         self.device_kind, self.cache_dtype = PLANS[plan]
         g = torch.Generator().manual_seed(seed)
         self.w = w if w is not None else ref.make_dsa_weights(d, dtype, g)
-        self.cos, self.sin = ref.rope_tables(maxpos, d.R)
+        # rope: the layer's (cos, sin) tables when they are not the reference's (a model's own RoPE)
+        self.cos, self.sin = rope if rope is not None else ref.rope_tables(maxpos, d.R)
         self.x = x if x is not None else [torch.randn(400, d.hidden, generator=g, dtype=torch.float64).to(dtype)
                                           for _ in range(nreq)]
         self.sb = aar.dsa.StepBuilder(max_num_reqs=8, max_num_tokens=512, cos_table=self.cos, sin_table=self.sin,
