@@ -1,10 +1,9 @@
 // The C ABI's shared pieces: per-thread errors, status mapping, DLPack in and out.
 #include <ATen/DLConvertor.h>
 #include <ATen/Functions.h>
-#include <c10/util/Exception.h>
-
 #include <c10/core/DeviceType.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstdint>

@@ -64,6 +64,7 @@ aar_status_t guarded(const char* fn, F&& body) noexcept {
     return status_of_current_exception(fn);
   }
 }
+
 // aar_*_destroy: NULL is ignored; anything but a live handle of H's kind is
 // left alone (the thread's message says what it was), so a handle passed to
 // the wrong destroy, or destroyed twice, frees nothing. `free_objects` frees

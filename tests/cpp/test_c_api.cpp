@@ -638,7 +638,7 @@ TEST(CApi, DlpackOffsetsAndDtypesTheRuntimeCannotHonourAreRejected) {
   EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT, "query.strides[1] is negative: -16");
   bad = *dq.get();
   bad.dl_tensor.ndim = 2;  // (5, H): the layer's shape check names the query
-  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT, "query");
+  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT, "query must have shape");
   EXPECT_TRUE(at::equal(kc, kc0));
   EXPECT_TRUE(at::equal(vc, vc0));
   EXPECT_EQ(out.abs().sum().item<float>(), 0.0f);
