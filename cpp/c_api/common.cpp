@@ -1,8 +1,12 @@
 // The C ABI's shared pieces: per-thread errors, status mapping, DLPack in and out.
 #include <ATen/DLConvertor.h>
 #include <ATen/Functions.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
+#include <cstdint>
 #include <new>
 #include <string>
 
@@ -95,8 +99,38 @@ std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& field, co
 
 aar_attn_state_t to_c(plan::AttentionState s) { return static_cast<aar_attn_state_t>(s); }
 
-c10::Device device_of(const DLDevice& d, const char* name) {
-  AAR_CHECK_ARG(d.device_id >= 0 && d.device_id <= INT8_MAX, name, ".device_id must be in [0, 127], got ",
+namespace {
+
+// How many NPUs torch_npu sees, once it is known to be loaded (-1 until then).
+// Cached: a PrivateUse1 backend cannot be unloaded or renamed once registered,
+// and asking the device runtime for its count per tensor per call would not be free.
+std::atomic<int32_t> g_npu_count{-1};
+
+// The NPU backend this process has, checked before torch is asked for a
+// PrivateUse1 tensor: without it torch's own error would name neither the
+// argument nor what is missing.
+void check_npu_reachable(const DLDevice& d, const char* name, const char* suffix) {
+  int32_t count = g_npu_count.load(std::memory_order_relaxed);
+  if (count < 0) {
+    AAR_CHECK_ARG(c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1), name, suffix,
+                  " is kDLExtDev (12) device ", d.device_id,
+                  ", an Ascend NPU, but no NPU backend is loaded in this process: NPU tensors need torch_npu "
+                  "(import torch_npu, or link libtorch_npu, before this call)");
+    const std::string backend = c10::get_privateuse1_backend();
+    AAR_CHECK_ARG(backend == "npu", name, suffix, " is kDLExtDev (12) device ", d.device_id,
+                  ", an Ascend NPU, but the PrivateUse1 backend loaded in this process is '", backend,
+                  "', not torch_npu's 'npu'");
+    count = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->deviceCount();
+    g_npu_count.store(count, std::memory_order_relaxed);
+  }
+  AAR_CHECK_ARG(d.device_id < count, name, suffix, " is kDLExtDev (12) device ", d.device_id, ", but torch_npu sees ",
+                count, " NPU(s)");
+}
+
+}  // namespace
+
+c10::Device device_of(const DLDevice& d, const char* name, const char* suffix) {
+  AAR_CHECK_ARG(d.device_id >= 0 && d.device_id <= INT8_MAX, name, suffix, ".device_id must be in [0, 127], got ",
                 d.device_id);
   const int32_t type = enum_int(d.device_type);
   switch (type) {
@@ -104,10 +138,11 @@ c10::Device device_of(const DLDevice& d, const char* name) {
     case kDLCUDAHost:  // pinned host memory: a host tensor
       return c10::Device(c10::kCPU);
     case kDLExtDev:  // torch's PrivateUse1: the Ascend NPU under torch_npu
+      check_npu_reachable(d, name, suffix);
       return c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(d.device_id));
     default:
-      throw_invalid(name, ".device_type ", type,
-                    " is not a device this runtime runs on (kDLCPU = 1 or kDLExtDev = 12, the NPU)");
+      throw_invalid(name, suffix, ".device_type ", type,
+                    " is not a device this runtime runs on (kDLCPU = 1, kDLCUDAHost = 3 or kDLExtDev = 12, the NPU)");
   }
 }
 
@@ -128,6 +163,10 @@ at::Tensor borrow(const DLManagedTensor* t, const char* name) {
   }
   AAR_CHECK_ARG(d.data != nullptr || numel == 0, name, ".data is NULL with ", numel, " elements");
   AAR_CHECK_ARG(d.dtype.lanes == 1, name, ".dtype.lanes must be 1, got ", d.dtype.lanes);
+  // Sub-byte element types (DLPack's packed 4- and 6-bit floats, odd int widths) have no
+  // addressable element: torch and the kernels index whole bytes.
+  AAR_CHECK_ARG(d.dtype.bits > 0 && d.dtype.bits % 8 == 0, name, ".dtype.bits must be a positive multiple of 8, got ",
+                static_cast<int>(d.dtype.bits), " (code ", static_cast<int>(d.dtype.code), ")");
   at::ScalarType st;
   try {
     st = at::toScalarType(d.dtype);
@@ -135,7 +174,17 @@ at::Tensor borrow(const DLManagedTensor* t, const char* name) {
     throw_invalid(name, ".dtype (code ", static_cast<int>(d.dtype.code), ", bits ", static_cast<int>(d.dtype.bits),
                   ") is not a dtype torch represents");
   }
-  const c10::Device dev = device_of(d.device, (std::string(name) + ".device").c_str());
+  const c10::Device dev = device_of(d.device, name, ".device");
+  // byte_offset moves the first element; torch would take any address, but a
+  // misaligned element is undefined behaviour on the host and a fault or a
+  // wrong read in a device kernel.
+  const auto base = reinterpret_cast<uintptr_t>(d.data);
+  AAR_CHECK_ARG(d.byte_offset <= UINTPTR_MAX - base, name, ".byte_offset ", d.byte_offset,
+                " overflows the address space from data ", d.data);
+  const size_t item = at::elementSize(st);
+  AAR_CHECK_ARG(numel == 0 || (base + d.byte_offset) % item == 0, name, ".byte_offset ", d.byte_offset,
+                " puts the first element at ", reinterpret_cast<const void*>(base + d.byte_offset),
+                " (data ", d.data, "), not a multiple of ", item, " bytes, the element size of ", st);
   const std::vector<int64_t> sizes(d.shape, d.shape + d.ndim);
   char* data = static_cast<char*>(d.data) + d.byte_offset;
   const at::TensorOptions opts = at::TensorOptions().dtype(st).device(dev);

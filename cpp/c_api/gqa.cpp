@@ -12,19 +12,32 @@ namespace capi = aar::capi;
 namespace gqa = aar::gqa;
 
 struct aar_gqa_builder {
-  explicit aar_gqa_builder(const gqa::BuilderConfig& c) : builder(c) {}
-  gqa::MetadataBuilder builder;
+  static constexpr capi::Kind kKind = capi::Kind::GqaBuilder;
+  capi::Tag tag;
+  gqa::MetadataBuilder* builder;  // owned
+  aar_gqa_metadata metadata;      // what build returns
 };
 
-struct aar_gqa_impl {
-  explicit aar_gqa_impl(const gqa::ImplConfig& c) : impl(c) {}
+namespace aar::capi {
+struct GqaImplState {
+  explicit GqaImplState(const gqa::ImplConfig& c) : impl(c) {}
   gqa::AttentionImpl impl;
-  capi::BorrowCache key_cache, value_cache;
+  BorrowCache key_cache, value_cache;
+};
+}  // namespace aar::capi
+
+struct aar_gqa_impl {
+  static constexpr capi::Kind kKind = capi::Kind::GqaImpl;
+  capi::Tag tag;
+  capi::GqaImplState* state;  // owned
 };
 
 namespace {
 
-const aar_gqa_metadata_t* wrap(const gqa::Metadata& md) { return reinterpret_cast<const aar_gqa_metadata_t*>(&md); }
+const aar_gqa_metadata_t* wrap(aar_gqa_builder* b, const gqa::Metadata& md) {
+  b->metadata.md = &md;
+  return &b->metadata;
+}
 
 gqa::BuildInputs build_inputs(const aar_gqa_build_inputs_t* in) {
   capi::check_struct(in, "inputs", "aar_gqa_build_inputs_init");
@@ -104,31 +117,41 @@ aar_status_t aar_gqa_builder_create(const aar_gqa_builder_config_t* c, aar_gqa_b
     b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
     b.staging_buffers = c->staging_buffers;
     b.dense_context = capi::tristate(c->dense_context, "config->dense_context");
-    *out = new aar_gqa_builder(b);
+    auto builder = std::make_unique<gqa::MetadataBuilder>(b);
+    aar_gqa_builder* h = capi::make<aar_gqa_builder>();
+    h->builder = builder.release();
+    capi::mark_live(h->metadata.tag, capi::Kind::GqaMetadata);
+    h->metadata.md = &h->builder->metadata();
+    *out = h;
   });
 }
 
-void aar_gqa_builder_destroy(aar_gqa_builder_t* b) { delete b; }
+void aar_gqa_builder_destroy(aar_gqa_builder_t* b) {
+  capi::destroy("aar_gqa_builder_destroy", b, "builder", [](aar_gqa_builder* h) {
+    delete h->builder;
+    capi::mark_dead(h->metadata.tag);
+  });
+}
 
 aar_status_t aar_gqa_builder_build(aar_gqa_builder_t* b, const aar_gqa_build_inputs_t* in,
                                    const aar_gqa_metadata_t** out) {
   return guarded("aar_gqa_builder_build", [&] {
-    capi::check_not_null(b, "builder");
+    capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const gqa::BuildInputs bi = build_inputs(in);
-    *out = wrap(b->builder.build(bi));
+    *out = wrap(b, b->builder->build(bi));
   });
 }
 
 aar_status_t aar_gqa_builder_build_for_graph_capture(aar_gqa_builder_t* b, const aar_gqa_build_inputs_t* in,
                                                      aar_attn_state_t state, const aar_gqa_metadata_t** out) {
   return guarded("aar_gqa_builder_build_for_graph_capture", [&] {
-    capi::check_not_null(b, "builder");
+    capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const gqa::BuildInputs bi = build_inputs(in);
     const auto s = capi::attn_state(state, "state");
     AAR_CHECK_ARG(s.has_value(), "state must be an attention state, got AAR_STATE_AUTO");
-    *out = wrap(b->builder.build_for_graph_capture(bi, *s));
+    *out = wrap(b, b->builder->build_for_graph_capture(bi, *s));
   });
 }
 
@@ -138,9 +161,8 @@ aar_status_t aar_gqa_builder_block_table(aar_gqa_builder_t* b, DLManagedTensor**
 
 aar_status_t aar_gqa_metadata_get_info(const aar_gqa_metadata_t* m, aar_gqa_metadata_info_t* info) {
   return guarded("aar_gqa_metadata_get_info", [&] {
-    capi::check_not_null(m, "metadata");
+    const gqa::Metadata& md = *capi::unwrap(m, "metadata");
     capi::check_struct(info, "info", "sizeof(aar_gqa_metadata_info_t)");
-    const gqa::Metadata& md = *capi::unwrap(m);
     info->attn_state = capi::to_c(md.attn_state);
     info->num_reqs = md.num_reqs;
     info->num_real_reqs = md.num_real_reqs;
@@ -188,18 +210,24 @@ aar_status_t aar_gqa_impl_create(const aar_gqa_impl_config_t* c, aar_gqa_impl_t*
     ic.pa_shape_list.assign(pa.begin(), pa.end());
     ic.layer_index = c->layer_index;
     ic.kv_cache_group = c->kv_cache_group;
-    *out = new aar_gqa_impl(ic);
+    auto state = std::make_unique<capi::GqaImplState>(ic);
+    aar_gqa_impl* h = capi::make<aar_gqa_impl>();
+    h->state = state.release();
+    *out = h;
   });
 }
 
-void aar_gqa_impl_destroy(aar_gqa_impl_t* impl) { delete impl; }
+void aar_gqa_impl_destroy(aar_gqa_impl_t* impl) {
+  capi::destroy("aar_gqa_impl_destroy", impl, "impl", [](aar_gqa_impl* h) { delete h->state; });
+}
 
 aar_status_t aar_gqa_impl_forward(aar_gqa_impl_t* impl, const DLManagedTensor* query, const DLManagedTensor* key,
                                   const DLManagedTensor* value, const DLManagedTensor* key_cache,
                                   const DLManagedTensor* value_cache, const aar_gqa_metadata_t* metadata,
                                   const DLManagedTensor* output) {
   return guarded("aar_gqa_impl_forward", [&] {
-    capi::check_not_null(impl, "impl");
+    capi::GqaImplState& st = *capi::checked(impl, "impl")->state;
+    const gqa::Metadata* md = metadata ? capi::unwrap(metadata, "metadata") : nullptr;
     AAR_CHECK_ARG((key == nullptr) == (value == nullptr), "key and value must both be given or both be NULL, got key ",
                   key == nullptr ? "NULL" : "given", " and value ", value == nullptr ? "NULL" : "given");
     AAR_CHECK_ARG((key_cache == nullptr) == (value_cache == nullptr),
@@ -208,16 +236,17 @@ aar_status_t aar_gqa_impl_forward(aar_gqa_impl_t* impl, const DLManagedTensor* q
     const at::Tensor q = capi::borrow(query, "query");
     const auto k = capi::borrow_optional(key, "key");
     const auto v = capi::borrow_optional(value, "value");
-    const at::Tensor kc = key_cache ? impl->key_cache.get(key_cache, "key_cache") : at::Tensor();
-    const at::Tensor vc = value_cache ? impl->value_cache.get(value_cache, "value_cache") : at::Tensor();
+    const at::Tensor kc = key_cache ? st.key_cache.get(key_cache, "key_cache") : at::Tensor();
+    const at::Tensor vc = value_cache ? st.value_cache.get(value_cache, "value_cache") : at::Tensor();
     const at::Tensor out = capi::borrow(output, "output");
-    impl->impl.forward(q, k, v, kc, vc, metadata ? capi::unwrap(metadata) : nullptr, out);
+    st.impl.forward(q, k, v, kc, vc, md, out);
   });
 }
 
 const char* aar_gqa_impl_last_path(const aar_gqa_impl_t* impl) {
-  if (impl == nullptr) return "";
-  return gqa::to_string(impl->impl.last_path());
+  const char* path = "";
+  guarded("aar_gqa_impl_last_path", [&] { path = gqa::to_string(capi::checked(impl, "impl")->state->impl.last_path()); });
+  return path;
 }
 
 }  // extern "C"

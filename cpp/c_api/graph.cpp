@@ -13,8 +13,9 @@ namespace capi = aar::capi;
 namespace graph = aar::graph;
 
 struct aar_graph_params {
-  aar_graph_params(std::shared_ptr<graph::GraphProvider> p, graph::WorkspacePolicy policy) : g(std::move(p), policy) {}
-  graph::GraphParams g;
+  static constexpr capi::Kind kKind = capi::Kind::GraphParams;
+  capi::Tag tag;
+  graph::GraphParams* g;  // owned
 };
 
 namespace {
@@ -39,7 +40,10 @@ std::vector<graph::StepParams> gqa_params(const aar_gqa_metadata_t* const* mds, 
   out.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     AAR_CHECK_ARG(mds[i] != nullptr, name, "[", i, "] is NULL");
-    out.push_back(graph::step_params(*capi::unwrap(mds[i])));
+    if (!capi::has_tag(mds[i], capi::Kind::GqaMetadata)) {
+      capi::check_tag(mds[i], capi::Kind::GqaMetadata, (name + ("[" + std::to_string(i) + "]")).c_str());
+    }
+    out.push_back(graph::step_params(*mds[i]->md));
   }
   return out;
 }
@@ -76,84 +80,88 @@ aar_status_t aar_graph_params_create(const char* provider, const aar_graph_hooks
     } else {
       aar::throw_invalid("provider must be 'recording' (CPU), 'hooks' (NPU) or 'noop', got '", p, "'");
     }
-    *out = new aar_graph_params(gp, policy);
+    auto params = std::make_unique<graph::GraphParams>(gp, policy);
+    aar_graph_params* h = capi::make<aar_graph_params>();
+    h->g = params.release();
+    *out = h;
   });
 }
 
 void aar_graph_params_destroy(aar_graph_params_t* g) {
-  if (g == nullptr) return;
-  try {
-    if (g->g.capturing()) g->g.abort_capture();
-  } catch (...) {
-    // Destroy never fails: a capture that cannot be aborted is dropped with the store.
-  }
-  delete g;
+  capi::destroy("aar_graph_params_destroy", g, "graph", [](aar_graph_params* h) {
+    try {
+      if (h->g->capturing()) h->g->abort_capture();
+    } catch (...) {
+      // Destroy never fails: a capture that cannot be aborted is dropped with the store.
+    }
+    delete h->g;
+  });
 }
 
 aar_status_t aar_graph_begin_capture(aar_graph_params_t* g, int64_t num_tokens) {
   return guarded("aar_graph_begin_capture", [&] {
-    capi::check_not_null(g, "graph");
-    g->g.begin_capture(num_tokens);
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    params.begin_capture(num_tokens);
   });
 }
 
 aar_status_t aar_graph_end_capture(aar_graph_params_t* g) {
   return guarded("aar_graph_end_capture", [&] {
-    capi::check_not_null(g, "graph");
-    g->g.end_capture();
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    params.end_capture();
   });
 }
 
 aar_status_t aar_graph_abort_capture(aar_graph_params_t* g) {
   return guarded("aar_graph_abort_capture", [&] {
-    capi::check_not_null(g, "graph");
-    g->g.abort_capture();
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    params.abort_capture();
   });
 }
 
 aar_status_t aar_graph_update_gqa(aar_graph_params_t* g, int64_t num_tokens, const aar_gqa_metadata_t* const* groups,
                                   size_t num_groups) {
   return guarded("aar_graph_update_gqa", [&] {
-    capi::check_not_null(g, "graph");
-    g->g.update(num_tokens, gqa_params(groups, num_groups, "groups"));
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    params.update(num_tokens, gqa_params(groups, num_groups, "groups"));
   });
 }
 
 aar_status_t aar_graph_update_draft_gqa(aar_graph_params_t* g, int64_t num_tokens,
                                         const aar_gqa_metadata_t* const* per_call, size_t num_calls) {
   return guarded("aar_graph_update_draft_gqa", [&] {
-    capi::check_not_null(g, "graph");
-    g->g.update_draft(num_tokens, gqa_params(per_call, num_calls, "per_call"));
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    params.update_draft(num_tokens, gqa_params(per_call, num_calls, "per_call"));
   });
 }
 
 aar_status_t aar_graph_update_mla(aar_graph_params_t* g, int64_t num_tokens, const aar_mla_metadata_t* md) {
   return guarded("aar_graph_update_mla", [&] {
-    capi::check_not_null(g, "graph");
-    capi::check_not_null(md, "metadata");
-    g->g.update(num_tokens, std::vector<graph::StepParams>{aar::mla::graph_step_params(*capi::unwrap(md))});
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    const aar::mla::Metadata& m = *capi::unwrap(md, "metadata");
+    params.update(num_tokens, std::vector<graph::StepParams>{aar::mla::graph_step_params(m)});
   });
 }
 
 aar_status_t aar_graph_replay(aar_graph_params_t* g, int64_t num_tokens) {
   return guarded("aar_graph_replay", [&] {
-    capi::check_not_null(g, "graph");
-    g->g.replay(num_tokens);
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    params.replay(num_tokens);
   });
 }
 
 aar_status_t aar_graph_has(const aar_graph_params_t* g, int64_t num_tokens, int32_t* out) {
   return guarded("aar_graph_has", [&] {
-    capi::check_not_null(g, "graph");
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
     capi::check_not_null(out, "out");
-    *out = g->g.has(num_tokens) ? 1 : 0;
+    *out = params.has(num_tokens) ? 1 : 0;
   });
 }
 
 aar_status_t aar_graph_release(aar_graph_params_t* g, int64_t num_tokens) {
   return guarded("aar_graph_release", [&] {
-    capi::check_not_null(g, "graph");
-    g->g.release(num_tokens);
+    graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    params.release(num_tokens);
   });
 }
 

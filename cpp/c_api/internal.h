@@ -18,6 +18,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/plan/span.h"
+#include "handle.h"
 
 namespace aar::gqa {
 struct Metadata;
@@ -26,11 +27,23 @@ namespace aar::mla {
 struct Metadata;
 }
 
+// The metadata handle a build returns: a shell inside the builder's own shell
+// that views the builder's metadata, so a build allocates nothing for it.
+struct aar_gqa_metadata {
+  static constexpr aar::capi::Kind kKind = aar::capi::Kind::GqaMetadata;
+  aar::capi::Tag tag;
+  const aar::gqa::Metadata* md;
+};
+struct aar_mla_metadata {
+  static constexpr aar::capi::Kind kKind = aar::capi::Kind::MlaMetadata;
+  aar::capi::Tag tag;
+  const aar::mla::Metadata* md;
+};
+
 namespace aar::capi {
 
-// A C metadata handle is the builder's metadata object itself.
-inline const gqa::Metadata* unwrap(const aar_gqa_metadata_t* m) { return reinterpret_cast<const gqa::Metadata*>(m); }
-inline const mla::Metadata* unwrap(const aar_mla_metadata_t* m) { return reinterpret_cast<const mla::Metadata*>(m); }
+inline const gqa::Metadata* unwrap(const aar_gqa_metadata_t* m, const char* name) { return checked(m, name)->md; }
+inline const mla::Metadata* unwrap(const aar_mla_metadata_t* m, const char* name) { return checked(m, name)->md; }
 
 void clear_error() noexcept;
 const char* last_error() noexcept;
@@ -51,6 +64,24 @@ aar_status_t guarded(const char* fn, F&& body) noexcept {
     return status_of_current_exception(fn);
   }
 }
+
+// aar_*_destroy: NULL is ignored; anything but a live handle of H's kind is
+// left alone (the thread's message says what it was), so a handle passed to
+// the wrong destroy, or destroyed twice, frees nothing. `free_objects` frees
+// what the shell owns, then the shell is retired (handle.h). A destroy that
+// frees leaves the thread's message alone: engines destroy handles from static
+// destructors, when this thread's thread_local message may be gone already.
+template <typename H, typename F>
+void destroy(const char* fn, H* h, const char* name, F&& free_objects) noexcept {
+  if (h == nullptr) return;
+  if (!has_tag(h, H::kKind)) {
+    guarded(fn, [&] { check_tag(h, H::kKind, name); });
+    return;
+  }
+  free_objects(h);
+  retire(h);
+}
+
 template <typename T>
 void check_not_null(const T* p, const char* name) {
   AAR_CHECK_ARG(p != nullptr, name, " is NULL");
@@ -79,7 +110,9 @@ int32_t enum_int(const E& e) {
 }
 std::optional<bool> tristate(const aar_tristate_t& v, const char* name);
 std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& s, const char* name);
-c10::Device device_of(const DLDevice& d, const char* name);
+// A device the runtime can reach in this process: the host, or an NPU when
+// torch_npu is loaded (else rejected naming `name` + `suffix` and torch_npu).
+c10::Device device_of(const DLDevice& d, const char* name, const char* suffix = "");
 
 // A host array given as pointer + length (NULL only with length 0).
 template <typename T>
@@ -90,8 +123,9 @@ plan::CSpan<T> host_array(const T* p, size_t n, const char* name) {
 
 // A borrowed tensor: aliases the DLTensor's memory, never calls its deleter.
 // Rejects (naming `name`) NULL, a negative or too large ndim, a NULL shape,
-// negative sizes, NULL data with elements, vector lanes, dtypes and devices
-// torch cannot represent.
+// negative sizes or strides, NULL data with elements, vector lanes, sub-byte
+// or unknown dtypes, a first element (data + byte_offset) not aligned to the
+// element size, and devices not reachable here (device_of).
 at::Tensor borrow(const DLManagedTensor* t, const char* name);
 std::optional<at::Tensor> borrow_optional(const DLManagedTensor* t, const char* name);
 
@@ -121,9 +155,9 @@ aar_attn_state_t to_c(plan::AttentionState s);
 template <typename Handle>
 aar_status_t lend_block_table(const char* fn, Handle* h, DLManagedTensor** out) noexcept {
   return guarded(fn, [&] {
-    check_not_null(h, "builder");
+    checked(h, "builder");
     check_not_null(out, "out");
-    *out = lend(h->builder.block_table_staging());
+    *out = lend(h->builder->block_table_staging());
   });
 }
 

@@ -10,19 +10,32 @@ namespace capi = aar::capi;
 namespace mla = aar::mla;
 
 struct aar_mla_builder {
-  explicit aar_mla_builder(const mla::BuilderConfig& c) : builder(c) {}
-  mla::MetadataBuilder builder;
+  static constexpr capi::Kind kKind = capi::Kind::MlaBuilder;
+  capi::Tag tag;
+  mla::MetadataBuilder* builder;  // owned
+  aar_mla_metadata metadata;      // what build returns
 };
 
-struct aar_mla_impl {
-  aar_mla_impl(const mla::ImplConfig& c, const mla::Weights& w) : impl(c, w) {}
+namespace aar::capi {
+struct MlaImplState {
+  MlaImplState(const mla::ImplConfig& c, const mla::Weights& w) : impl(c, w) {}
   mla::Impl impl;
-  capi::BorrowCache nope_cache, rope_cache;
+  BorrowCache nope_cache, rope_cache;
+};
+}  // namespace aar::capi
+
+struct aar_mla_impl {
+  static constexpr capi::Kind kKind = capi::Kind::MlaImpl;
+  capi::Tag tag;
+  capi::MlaImplState* state;  // owned
 };
 
 namespace {
 
-const aar_mla_metadata_t* wrap(const mla::Metadata& md) { return reinterpret_cast<const aar_mla_metadata_t*>(&md); }
+const aar_mla_metadata_t* wrap(aar_mla_builder* b, const mla::Metadata& md) {
+  b->metadata.md = &md;
+  return &b->metadata;
+}
 
 at::Tensor required(const DLManagedTensor* t, const char* name) { return capi::borrow(t, name); }
 
@@ -103,16 +116,26 @@ aar_status_t aar_mla_builder_create(const aar_mla_builder_config_t* c, aar_mla_b
     b.device = capi::device_of(c->device, "config->device");
     b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
     b.staging_buffers = c->staging_buffers;
-    *out = new aar_mla_builder(b);
+    auto builder = std::make_unique<mla::MetadataBuilder>(b);
+    aar_mla_builder* h = capi::make<aar_mla_builder>();
+    h->builder = builder.release();
+    capi::mark_live(h->metadata.tag, capi::Kind::MlaMetadata);
+    h->metadata.md = &h->builder->metadata();
+    *out = h;
   });
 }
 
-void aar_mla_builder_destroy(aar_mla_builder_t* b) { delete b; }
+void aar_mla_builder_destroy(aar_mla_builder_t* b) {
+  capi::destroy("aar_mla_builder_destroy", b, "builder", [](aar_mla_builder* h) {
+    delete h->builder;
+    capi::mark_dead(h->metadata.tag);
+  });
+}
 
 aar_status_t aar_mla_builder_build(aar_mla_builder_t* b, const aar_mla_build_inputs_t* in,
                                    const aar_mla_metadata_t** out) {
   return guarded("aar_mla_builder_build", [&] {
-    capi::check_not_null(b, "builder");
+    capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     capi::check_struct(in, "inputs", "aar_mla_build_inputs_init");
     mla::BuildInputs bi;
@@ -123,7 +146,7 @@ aar_status_t aar_mla_builder_build(aar_mla_builder_t* b, const aar_mla_build_inp
     bi.num_input_tokens = in->num_input_tokens;
     bi.attn_state = capi::attn_state(in->attn_state, "inputs->attn_state");
     bi.num_spec_tokens = capi::host_array(in->num_spec_tokens, in->num_spec_tokens_len, "inputs->num_spec_tokens");
-    *out = wrap(b->builder.build(bi));
+    *out = wrap(b, b->builder->build(bi));
   });
 }
 
@@ -133,9 +156,8 @@ aar_status_t aar_mla_builder_block_table(aar_mla_builder_t* b, DLManagedTensor**
 
 aar_status_t aar_mla_metadata_get_info(const aar_mla_metadata_t* m, aar_mla_metadata_info_t* info) {
   return guarded("aar_mla_metadata_get_info", [&] {
-    capi::check_not_null(m, "metadata");
+    const mla::Metadata& md = *capi::unwrap(m, "metadata");
     capi::check_struct(info, "info", "sizeof(aar_mla_metadata_info_t)");
-    const mla::Metadata& md = *capi::unwrap(m);
     info->attn_state = capi::to_c(md.attn_state);
     info->num_reqs = md.num_reqs;
     info->num_actual_tokens = md.num_actual_tokens;
@@ -181,22 +203,28 @@ aar_status_t aar_mla_impl_create(const aar_mla_impl_config_t* c, const aar_mla_w
     mw.kv_a_layernorm = required(w->kv_a_layernorm, "weights->kv_a_layernorm");
     mw.kv_b_proj = required(w->kv_b_proj, "weights->kv_b_proj");
     mw.o_proj = required(w->o_proj, "weights->o_proj");
-    *out = new aar_mla_impl(ic, mw);
+    auto state = std::make_unique<capi::MlaImplState>(ic, mw);
+    aar_mla_impl* h = capi::make<aar_mla_impl>();
+    h->state = state.release();
+    *out = h;
   });
 }
 
-void aar_mla_impl_destroy(aar_mla_impl_t* impl) { delete impl; }
+void aar_mla_impl_destroy(aar_mla_impl_t* impl) {
+  capi::destroy("aar_mla_impl_destroy", impl, "impl", [](aar_mla_impl* h) { delete h->state; });
+}
 
 aar_status_t aar_mla_impl_forward(aar_mla_impl_t* impl, const DLManagedTensor* hidden,
                                   const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache,
                                   const aar_mla_metadata_t* metadata, const DLManagedTensor* output) {
   return guarded("aar_mla_impl_forward", [&] {
-    capi::check_not_null(impl, "impl");
+    capi::MlaImplState& st = *capi::checked(impl, "impl")->state;
+    const mla::Metadata* md = metadata ? capi::unwrap(metadata, "metadata") : nullptr;
     const at::Tensor h = capi::borrow(hidden, "hidden");
-    const at::Tensor nc = impl->nope_cache.get(nope_cache, "nope_cache");
-    const at::Tensor rc = impl->rope_cache.get(rope_cache, "rope_cache");
+    const at::Tensor nc = st.nope_cache.get(nope_cache, "nope_cache");
+    const at::Tensor rc = st.rope_cache.get(rope_cache, "rope_cache");
     const at::Tensor out = capi::borrow(output, "output");
-    impl->impl.forward(h, nc, rc, metadata ? capi::unwrap(metadata) : nullptr, out);
+    st.impl.forward(h, nc, rc, md, out);
   });
 }
 

@@ -290,6 +290,10 @@ int main(void) {
   static float q[MAXTOK * H * D], k[MAXTOK * HKV * D], v[MAXTOK * HKV * D], out[MAXTOK * H * D];
   tensor_t tq, tk, tv, tkc, tvc, to;
   int ok = 1;
+  if (aar_c_api_version() != AAR_C_API_VERSION) { /* a header of another release than the library */
+    fprintf(stderr, "c_api.h is version %d, libascend_attn_rt_c %d\n", AAR_C_API_VERSION, aar_c_api_version());
+    return 1;
+  }
 
   aar_gqa_builder_config_t bc;
   aar_gqa_builder_config_init(&bc);
@@ -398,6 +402,10 @@ int main(void) {
   memset(&uninit, 0, sizeof(uninit));
   ok = ok && expect_rejected(aar_gqa_builder_build(builder, &uninit, &md), "struct_size", "uninitialised inputs");
   ok = ok && expect_rejected(aar_graph_params_create("cuda", NULL, 0, &graph), "provider", "graph provider");
+  /* Handles are typed: a cast does not make a layer a metadata. */
+  ok = ok && expect_rejected(aar_gqa_impl_forward(layer, view(&tq, q, 3, BUCKET, H, D, 0), &tk.m, &tv.m, kc, vc,
+                                                  (const aar_gqa_metadata_t*)layer, &to.m),
+                             "metadata is an aar_gqa_impl_t", "impl given as metadata");
   ok = ok && k_cache[0][0][0][0] == cache_before && graph != NULL;
 
   aar_graph_params_destroy(graph);

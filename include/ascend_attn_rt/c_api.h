@@ -23,6 +23,19 @@
  * time (no internal locking); different handles may be used concurrently, but
  * MLA impls that run concurrently need different workspace groups
  * (aar_mla_impl_config_t.workspace_group).
+ * Handles are typed: each carries a tag that every function checks before it
+ * uses the handle. NULL where a handle is required, a handle of another type
+ * (an MLA metadata given to a GQA function, an impl given as a builder, any
+ * pointer cast to a handle type) and a destroyed handle are rejected with
+ * AAR_ERR_INVALID_ARGUMENT, the message naming the argument, the expected type
+ * and what was found. A *_destroy given anything but a live handle of its type
+ * frees nothing (so a double destroy is harmless) and leaves the reason in
+ * aar_last_error() (a destroy that frees, or of NULL, leaves the message as it
+ * was). Detecting a destroyed handle (or a metadata whose builder
+ * was destroyed) is best effort: it holds for the most recently destroyed
+ * handles (their memory is kept, marked dead, for a while); using an older
+ * destroyed handle is undefined behaviour, as is any pointer that points at
+ * fewer than 8 readable bytes.
  *
  * TENSORS cross as DLPack DLManagedTensor. The runtime BORROWS every tensor it
  * is given: it never calls a DLManagedTensor's deleter, and the caller keeps
@@ -36,8 +49,15 @@
  *     keeps a host copy of the tables, so those may go after create returns).
  * The DLManagedTensor structs themselves need only live during the call.
  * Tensors on an Ascend NPU are DLPack device kDLExtDev (torch's PrivateUse1,
- * which torch_npu registers); host tensors kDLCPU. Strides may be NULL
- * (compact row-major); byte_offset is honoured.
+ * which torch_npu registers); host tensors kDLCPU (or kDLCUDAHost, pinned host
+ * memory). A kDLExtDev tensor or device is accepted only when torch_npu is
+ * loaded in the process (its PrivateUse1 backend "npu" registered) and sees
+ * that device_id; otherwise it is rejected by name, saying torch_npu is
+ * needed. Strides may be NULL (compact row-major), else non-negative.
+ * byte_offset is honoured; data + byte_offset must be a multiple of the
+ * element size (bits / 8) when the tensor has elements. dtype: lanes 1, bits a
+ * positive multiple of 8, a (code, bits) pair torch represents. Anything else
+ * is rejected by name with its value.
  * Tensors the runtime RETURNS (aar_*_builder_block_table) are new
  * DLManagedTensors owned by the caller, who calls their deleter once; their
  * memory aliases the runtime's buffer, which the deleter keeps alive.
@@ -45,10 +65,10 @@
  * HOST ARRAYS cross as pointer + length (int32 unless named otherwise); they
  * are read during the call only.
  *
- * METADATA. aar_*_builder_build returns a pointer to the builder's metadata:
- * owned by the builder, valid until the builder is destroyed, and describing
- * the latest build (the next build rewrites it in place, as the C++ API's
- * `const Metadata&` does). */
+ * METADATA. aar_*_builder_build returns a handle to the builder's metadata:
+ * owned by the builder (one per builder: a build allocates none), valid until
+ * the builder is destroyed, and describing the latest build (the next build
+ * rewrites it in place, as the C++ API's `const Metadata&` does). */
 #ifndef ASCEND_ATTN_RT_C_API_H_
 #define ASCEND_ATTN_RT_C_API_H_
 
@@ -66,8 +86,10 @@ extern "C" {
 #define AAR_C_API
 #endif
 
-/* Bumped when a struct or a signature below changes. */
-#define AAR_C_API_VERSION 1
+/* Bumped when a struct, a signature or the handles' layout changes.
+ * 2: typed handles (a metadata handle is no longer the builder's C++ metadata
+ * object); byte_offset alignment and NPU availability checked. */
+#define AAR_C_API_VERSION 2
 
 typedef enum aar_status {
   AAR_OK = 0,
@@ -222,7 +244,8 @@ AAR_C_API aar_status_t aar_gqa_impl_forward(aar_gqa_impl_t* impl, const DLManage
                                             const DLManagedTensor* key, const DLManagedTensor* value,
                                             const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
                                             const aar_gqa_metadata_t* metadata, const DLManagedTensor* output);
-/* Which kernel path the last forward took (gqa::ForwardPath, e.g. "fused_paged"); never NULL. */
+/* Which kernel path the last forward took (gqa::ForwardPath, e.g. "fused_paged"); never NULL:
+ * "" when impl is NULL or not a live aar_gqa_impl_t (aar_last_error() says which). */
 AAR_C_API const char* aar_gqa_impl_last_path(const aar_gqa_impl_t* impl);
 
 /* ---------------------------------------------------------------- MLA */

@@ -6,6 +6,7 @@
 // program linked against the installed package (ctest example_c_attention).
 #include <ATen/ATen.h>
 #include <ATen/DLConvertor.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -75,6 +76,56 @@ struct Gqa {
   aar_gqa_impl_t* impl = nullptr;
   std::vector<int32_t> qsl = {0, 3, 5}, seq = {3, 2}, table = {0, 1, 2, 3, 4, 5, 6, 7};
   aar_gqa_build_inputs_t in;
+};
+
+// A small MLA builder and layer (no q-LoRA) over weights and RoPE tables the struct owns.
+struct Mla {
+  static constexpr int64_t kH = 2, kHidden = 32, kL = 16, kP = 8, kR = 8, kV = 8;
+  static constexpr int kB = 16, kNb = 4, kMax = 2;
+  Mla()
+      : cos(at::ones({kMax * kB, kR})),
+        sin(at::zeros({kMax * kB, kR})),
+        q_proj(at::randn({kH * (kP + kR), kHidden})),
+        kv_a(at::randn({kL + kR, kHidden})),
+        kv_norm(at::ones({kL})),
+        kv_b(at::randn({kH * (kP + kV), kL})),
+        o_proj(at::randn({kHidden, kH * kV})),
+        dcos(cos), dsin(sin), dq(q_proj), dkva(kv_a), dnorm(kv_norm), dkvb(kv_b), dout(o_proj) {
+    aar_mla_builder_config_t bc;
+    aar_mla_builder_config_init(&bc);
+    bc.max_num_reqs = 2;
+    bc.max_num_tokens = 16;
+    bc.max_blocks_per_req = kMax;
+    bc.block_size = kB;
+    bc.num_blocks = kNb;
+    bc.cos_table = dcos.get();
+    bc.sin_table = dsin.get();
+    EXPECT_EQ(aar_mla_builder_create(&bc, &builder), AAR_OK) << last();
+    aar_mla_impl_config_t ic;
+    aar_mla_impl_config_init(&ic);
+    ic.num_heads = kH;
+    ic.hidden_size = kHidden;
+    ic.kv_lora_rank = kL;
+    ic.qk_nope_head_dim = kP;
+    ic.qk_rope_head_dim = kR;
+    ic.v_head_dim = kV;
+    aar_mla_weights_t w;
+    aar_mla_weights_init(&w);
+    w.q_proj = dq.get();
+    w.kv_a_proj_with_mqa = dkva.get();
+    w.kv_a_layernorm = dnorm.get();
+    w.kv_b_proj = dkvb.get();
+    w.o_proj = dout.get();
+    EXPECT_EQ(aar_mla_impl_create(&ic, &w, &impl), AAR_OK) << last();
+  }
+  ~Mla() {
+    aar_mla_impl_destroy(impl);
+    aar_mla_builder_destroy(builder);
+  }
+  at::Tensor cos, sin, q_proj, kv_a, kv_norm, kv_b, o_proj;
+  Dl dcos, dsin, dq, dkva, dnorm, dkvb, dout;
+  aar_mla_builder_t* builder = nullptr;
+  aar_mla_impl_t* impl = nullptr;
 };
 
 TEST(CApi, NullHandlesAndOutputsAreNamed) {
@@ -400,6 +451,255 @@ TEST(CApi, MlaMatchesTheCppLayerExactly) {
     EXPECT_TRUE(at::equal(nope_a, nope_b));
     EXPECT_TRUE(at::equal(rope_a, rope_b));
   }
+}
+
+// Every handle carries a type tag: a handle of another type is rejected by
+// name (argument, expected type, what it is) before anything is read through
+// it or written, instead of being read as the wrong struct.
+TEST(CApi, HandlesOfAnotherTypeAreRejectedByName) {
+  Gqa s;
+  const aar_gqa_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_gqa_builder_build(s.builder, &s.in, &md), AAR_OK) << last();
+  const auto* gqa_as_mla = reinterpret_cast<const aar_mla_metadata_t*>(md);
+
+  // GQA metadata where MLA metadata is expected: nothing read, nothing written.
+  aar_mla_metadata_info_t minfo;
+  std::memset(&minfo, 0x5a, sizeof(minfo));
+  minfo.struct_size = sizeof(minfo);
+  const aar_mla_metadata_info_t minfo0 = minfo;
+  EXPECT_REJECTED(aar_mla_metadata_get_info(gqa_as_mla, &minfo), AAR_ERR_INVALID_ARGUMENT,
+                  "aar_mla_metadata_get_info: metadata is an aar_gqa_metadata_t, expected an aar_mla_metadata_t");
+  EXPECT_EQ(std::memcmp(&minfo, &minfo0, sizeof(minfo)), 0);
+  aar_graph_params_t* g = nullptr;
+  ASSERT_EQ(aar_graph_params_create("recording", nullptr, 0, &g), AAR_OK) << last();
+  EXPECT_REJECTED(aar_graph_update_mla(g, 4, gqa_as_mla), AAR_ERR_INVALID_ARGUMENT,
+                  "metadata is an aar_gqa_metadata_t, expected an aar_mla_metadata_t");
+  {
+    Mla m;
+    at::Tensor hidden = at::randn({5, Mla::kHidden}), out = at::zeros({5, Mla::kHidden});
+    const auto shapes = aar::mla::Backend::kv_cache_shapes(Mla::kNb, Mla::kB, Mla::kL, Mla::kR);
+    at::Tensor nope = at::randn(shapes[0]), rope = at::randn(shapes[1]);
+    const at::Tensor nope0 = nope.clone(), rope0 = rope.clone();
+    Dl dh(hidden), dout(out), dnope(nope), drope(rope);
+    EXPECT_REJECTED(aar_mla_impl_forward(m.impl, dh.get(), dnope.get(), drope.get(), gqa_as_mla, dout.get()),
+                    AAR_ERR_INVALID_ARGUMENT, "metadata is an aar_gqa_metadata_t, expected an aar_mla_metadata_t");
+    EXPECT_REJECTED(aar_mla_impl_forward(reinterpret_cast<aar_mla_impl_t*>(m.builder), dh.get(), dnope.get(),
+                                         drope.get(), nullptr, dout.get()),
+                    AAR_ERR_INVALID_ARGUMENT, "impl is an aar_mla_builder_t, expected an aar_mla_impl_t");
+    EXPECT_TRUE(at::equal(nope, nope0));
+    EXPECT_TRUE(at::equal(rope, rope0));
+    EXPECT_EQ(out.abs().sum().item<float>(), 0.0f);
+  }
+
+  // Builders, impls and graph params swapped.
+  const aar_gqa_metadata_t* md2 = md;
+  EXPECT_REJECTED(aar_gqa_builder_build(reinterpret_cast<aar_gqa_builder_t*>(s.impl), &s.in, &md2),
+                  AAR_ERR_INVALID_ARGUMENT,
+                  "aar_gqa_builder_build: builder is an aar_gqa_impl_t, expected an aar_gqa_builder_t");
+  EXPECT_EQ(md2, md);
+  EXPECT_REJECTED(aar_graph_replay(reinterpret_cast<aar_graph_params_t*>(s.builder), 4), AAR_ERR_INVALID_ARGUMENT,
+                  "graph is an aar_gqa_builder_t, expected an aar_graph_params_t");
+  DLManagedTensor* bt = nullptr;
+  EXPECT_REJECTED(aar_gqa_builder_block_table(reinterpret_cast<aar_gqa_builder_t*>(g), &bt),
+                  AAR_ERR_INVALID_ARGUMENT, "builder is an aar_graph_params_t, expected an aar_gqa_builder_t");
+  EXPECT_EQ(bt, nullptr);
+  EXPECT_STREQ(aar_gqa_impl_last_path(reinterpret_cast<aar_gqa_impl_t*>(s.builder)), "");
+  EXPECT_NE(last().find("impl is an aar_gqa_builder_t, expected an aar_gqa_impl_t"), std::string::npos) << last();
+
+  // A forward given a builder as its metadata writes neither the caches nor the output.
+  at::Tensor q = at::randn({5, H, D}), k = at::randn({5, HKV, D}), v = at::randn({5, HKV, D});
+  at::Tensor kc = at::randn({NB, BS, HKV, D}), vc = at::randn({NB, BS, HKV, D}), out = at::zeros({5, H, D});
+  const at::Tensor kc0 = kc.clone(), vc0 = vc.clone();
+  Dl dq(q), dk(k), dv(v), dkc(kc), dvc(vc), dout(out);
+  EXPECT_REJECTED(aar_gqa_impl_forward(s.impl, dq.get(), dk.get(), dv.get(), dkc.get(), dvc.get(),
+                                       reinterpret_cast<const aar_gqa_metadata_t*>(s.builder), dout.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "metadata is an aar_gqa_builder_t, expected an aar_gqa_metadata_t");
+  EXPECT_REJECTED(aar_gqa_impl_forward(reinterpret_cast<aar_gqa_impl_t*>(s.builder), dq.get(), dk.get(), dv.get(),
+                                       dkc.get(), dvc.get(), md, dout.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "impl is an aar_gqa_builder_t, expected an aar_gqa_impl_t");
+  EXPECT_TRUE(at::equal(kc, kc0));
+  EXPECT_TRUE(at::equal(vc, vc0));
+  EXPECT_EQ(out.abs().sum().item<float>(), 0.0f);
+
+  // One bad element of a metadata array, named by its index.
+  const aar_gqa_metadata_t* groups[2] = {md, reinterpret_cast<const aar_gqa_metadata_t*>(s.impl)};
+  EXPECT_REJECTED(aar_graph_update_gqa(g, 4, groups, 2), AAR_ERR_INVALID_ARGUMENT,
+                  "groups[1] is an aar_gqa_impl_t, expected an aar_gqa_metadata_t");
+  // A pointer that is no handle at all.
+  const uint64_t not_a_handle[2] = {0x1234, 0};
+  EXPECT_REJECTED(aar_gqa_metadata_get_info(reinterpret_cast<const aar_gqa_metadata_t*>(not_a_handle), nullptr),
+                  AAR_ERR_INVALID_ARGUMENT, "metadata is not a handle of this API");
+  EXPECT_NE(last().find("expected an aar_gqa_metadata_t"), std::string::npos) << last();
+  EXPECT_REJECTED(aar_gqa_metadata_get_info(nullptr, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                  "metadata is NULL, expected an aar_gqa_metadata_t");
+
+  // The wrong destroy frees nothing: the builder and the graph params still work.
+  aar_gqa_impl_destroy(reinterpret_cast<aar_gqa_impl_t*>(s.builder));
+  EXPECT_NE(last().find("aar_gqa_impl_destroy: impl is an aar_gqa_builder_t"), std::string::npos) << last();
+  aar_mla_builder_destroy(reinterpret_cast<aar_mla_builder_t*>(g));
+  EXPECT_NE(last().find("builder is an aar_graph_params_t, expected an aar_mla_builder_t"), std::string::npos)
+      << last();
+  ASSERT_EQ(aar_gqa_builder_build(s.builder, &s.in, &md2), AAR_OK) << last();
+  EXPECT_EQ(md2, md);  // one metadata handle per builder
+  int32_t has = 7;
+  ASSERT_EQ(aar_graph_has(g, 4, &has), AAR_OK) << last();
+  EXPECT_EQ(has, 0);
+  aar_graph_params_destroy(g);
+}
+
+// Destroy clears the tag: a handle used after its destroy (or a metadata after
+// its builder's) is rejected as destroyed, and a second destroy frees nothing.
+// Best effort by contract (c_api.h HANDLES); it holds for recent destroys.
+TEST(CApi, DestroyedHandlesAreRejected) {
+  auto s = std::make_unique<Gqa>();
+  const aar_gqa_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_gqa_builder_build(s->builder, &s->in, &md), AAR_OK) << last();
+  aar_gqa_builder_t* builder = s->builder;
+  aar_gqa_impl_t* impl = s->impl;
+  s.reset();  // destroys both
+  aar_gqa_metadata_info_t info;
+  info.struct_size = sizeof(info);
+  EXPECT_REJECTED(aar_gqa_metadata_get_info(md, &info), AAR_ERR_INVALID_ARGUMENT,
+                  "metadata is an aar_gqa_metadata_t that has been destroyed");
+  aar_gqa_build_inputs_t in;
+  aar_gqa_build_inputs_init(&in);
+  EXPECT_REJECTED(aar_gqa_builder_build(builder, &in, &md), AAR_ERR_INVALID_ARGUMENT,
+                  "builder is an aar_gqa_builder_t that has been destroyed");
+  EXPECT_STREQ(aar_gqa_impl_last_path(impl), "");
+  EXPECT_NE(last().find("impl is an aar_gqa_impl_t that has been destroyed"), std::string::npos) << last();
+  aar_gqa_builder_destroy(builder);  // twice: nothing freed again
+  EXPECT_NE(last().find("aar_gqa_builder_destroy: builder is an aar_gqa_builder_t that has been destroyed"),
+            std::string::npos)
+      << last();
+  aar_gqa_impl_destroy(impl);
+  EXPECT_NE(last().find("has been destroyed"), std::string::npos) << last();
+
+  aar_graph_params_t* g = nullptr;
+  ASSERT_EQ(aar_graph_params_create("recording", nullptr, 0, &g), AAR_OK) << last();
+  aar_graph_params_destroy(g);
+  EXPECT_REJECTED(aar_graph_replay(g, 4), AAR_ERR_INVALID_ARGUMENT,
+                  "graph is an aar_graph_params_t that has been destroyed");
+  // A destroyed handle of another type says both.
+  EXPECT_REJECTED(aar_gqa_builder_build(reinterpret_cast<aar_gqa_builder_t*>(g), &in, &md), AAR_ERR_INVALID_ARGUMENT,
+                  "builder is a destroyed aar_graph_params_t, expected an aar_gqa_builder_t");
+}
+
+// DLPack fields the runtime cannot honour are rejected by name and value
+// before anything is written; an aligned byte_offset is honoured.
+TEST(CApi, DlpackOffsetsAndDtypesTheRuntimeCannotHonourAreRejected) {
+  Gqa s;
+  const aar_gqa_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_gqa_builder_build(s.builder, &s.in, &md), AAR_OK) << last();
+  constexpr int64_t kPad = 3;  // floats before the query in its buffer
+  const at::Tensor buf = at::randn({kPad + 5 * H * D + 1});
+  const at::Tensor q = buf.narrow(0, kPad, 5 * H * D).view({5, H, D}).clone();
+  at::Tensor k = at::randn({5, HKV, D}), v = at::randn({5, HKV, D});
+  at::Tensor kc = at::randn({NB, BS, HKV, D}), vc = at::randn({NB, BS, HKV, D}), out = at::zeros({5, H, D});
+  const at::Tensor kc0 = kc.clone(), vc0 = vc.clone();
+  Dl dq(q), dk(k), dv(v), dkc(kc), dvc(vc), dout(out);
+  auto forward = [&](const DLManagedTensor* query, const DLManagedTensor* key_cache, const DLManagedTensor* output) {
+    return aar_gqa_impl_forward(s.impl, query, dk.get(), dv.get(), key_cache, dvc.get(), md, output);
+  };
+
+  // The query at buf + kPad floats, described as buf's data + a byte_offset.
+  DLManagedTensor off = *dq.get();
+  off.dl_tensor.data = buf.data_ptr();
+  off.dl_tensor.byte_offset = kPad * sizeof(float) - 2;  // 2 bytes short of a float boundary
+  EXPECT_REJECTED(forward(&off, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT, "query.byte_offset 10 puts the first element at");
+  EXPECT_NE(last().find("not a multiple of 4 bytes, the element size of Float"), std::string::npos) << last();
+  DLManagedTensor bad = *dq.get();
+  bad.dl_tensor.data = static_cast<char*>(buf.data_ptr()) + 1;  // misaligned data, no offset
+  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT, "query.byte_offset 0 puts the first element at");
+  DLManagedTensor bad_cache = *dkc.get();
+  bad_cache.dl_tensor.byte_offset = 6;
+  EXPECT_REJECTED(forward(dq.get(), &bad_cache, dout.get()), AAR_ERR_INVALID_ARGUMENT, "key_cache.byte_offset 6");
+  DLManagedTensor bad_out = *dout.get();
+  bad_out.dl_tensor.byte_offset = 1;
+  EXPECT_REJECTED(forward(dq.get(), dkc.get(), &bad_out), AAR_ERR_INVALID_ARGUMENT, "output.byte_offset 1");
+
+  bad = *dq.get();
+  bad.dl_tensor.dtype.bits = 4;  // a packed sub-byte float
+  bad.dl_tensor.dtype.code = kDLFloat4_e2m1fn;
+  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT,
+                  "query.dtype.bits must be a positive multiple of 8, got 4 (code 17)");
+  bad.dl_tensor.dtype.code = kDLInt;
+  bad.dl_tensor.dtype.bits = 12;
+  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT,
+                  "query.dtype.bits must be a positive multiple of 8, got 12");
+  bad.dl_tensor.dtype.bits = 0;
+  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT,
+                  "query.dtype.bits must be a positive multiple of 8, got 0");
+  bad = *dq.get();
+  bad.dl_tensor.dtype.code = kDLOpaqueHandle;
+  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT, "query.dtype (code 3, bits 32)");
+  bad = *dq.get();
+  int64_t neg_strides[3] = {H * D, -D, 1};
+  bad.dl_tensor.strides = neg_strides;
+  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT, "query.strides[1] is negative: -16");
+  bad = *dq.get();
+  bad.dl_tensor.ndim = 2;  // (5, H): the layer's shape check names the query
+  EXPECT_REJECTED(forward(&bad, dkc.get(), dout.get()), AAR_ERR_INVALID_ARGUMENT, "query must have shape");
+  EXPECT_TRUE(at::equal(kc, kc0));
+  EXPECT_TRUE(at::equal(vc, vc0));
+  EXPECT_EQ(out.abs().sum().item<float>(), 0.0f);
+
+  // An aligned byte_offset is honoured: the same output as the plain query.
+  off.dl_tensor.byte_offset = kPad * sizeof(float);
+  ASSERT_EQ(forward(&off, dkc.get(), dout.get()), AAR_OK) << last();
+  at::Tensor out2 = at::zeros({5, H, D});
+  Dl dout2(out2);
+  ASSERT_EQ(forward(dq.get(), dkc.get(), dout2.get()), AAR_OK) << last();
+  EXPECT_GT(out.abs().sum().item<float>(), 0.0f);
+  EXPECT_TRUE(at::equal(out, out2));
+}
+
+// An NPU tensor (or device) in a process without torch_npu is rejected with the
+// argument, the device and what is missing, not with torch's own message.
+TEST(CApi, NpuTensorsWithoutTorchNpuAreRejectedByName) {
+  if (c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1)) GTEST_SKIP() << "a PrivateUse1 backend is loaded";
+  Gqa s;
+  const aar_gqa_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_gqa_builder_build(s.builder, &s.in, &md), AAR_OK) << last();
+  at::Tensor q = at::randn({5, H, D}), k = at::randn({5, HKV, D}), v = at::randn({5, HKV, D});
+  at::Tensor kc = at::randn({NB, BS, HKV, D}), vc = at::randn({NB, BS, HKV, D}), out = at::zeros({5, H, D});
+  const at::Tensor kc0 = kc.clone(), vc0 = vc.clone();
+  Dl dq(q), dk(k), dv(v), dkc(kc), dvc(vc), dout(out);
+  DLManagedTensor npu_q = *dq.get();
+  npu_q.dl_tensor.device = DLDevice{kDLExtDev, 1};
+  EXPECT_REJECTED(aar_gqa_impl_forward(s.impl, &npu_q, dk.get(), dv.get(), dkc.get(), dvc.get(), md, dout.get()),
+                  AAR_ERR_INVALID_ARGUMENT,
+                  "query.device is kDLExtDev (12) device 1, an Ascend NPU, but no NPU backend is loaded");
+  EXPECT_NE(last().find("NPU tensors need torch_npu"), std::string::npos) << last();
+  DLManagedTensor npu_vc = *dvc.get();
+  npu_vc.dl_tensor.device = DLDevice{kDLExtDev, 0};
+  EXPECT_REJECTED(aar_gqa_impl_forward(s.impl, dq.get(), dk.get(), dv.get(), dkc.get(), &npu_vc, md, dout.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "value_cache.device is kDLExtDev (12) device 0");
+  EXPECT_TRUE(at::equal(kc, kc0));
+  EXPECT_TRUE(at::equal(vc, vc0));
+  EXPECT_EQ(out.abs().sum().item<float>(), 0.0f);
+
+  aar_gqa_builder_config_t bc;
+  aar_gqa_builder_config_init(&bc);
+  bc.num_blocks = NB;
+  bc.device = DLDevice{kDLExtDev, 0};
+  aar_gqa_builder_t* b = nullptr;
+  EXPECT_REJECTED(aar_gqa_builder_create(&bc, &b), AAR_ERR_INVALID_ARGUMENT,
+                  "config->device is kDLExtDev (12) device 0, an Ascend NPU");
+  EXPECT_NE(last().find("torch_npu"), std::string::npos) << last();
+  EXPECT_EQ(b, nullptr);
+  const at::Tensor table = at::ones({32, 8});
+  Dl dtable(table);
+  DLManagedTensor npu_table = *dtable.get();
+  npu_table.dl_tensor.device = DLDevice{kDLExtDev, 0};
+  aar_mla_builder_config_t mbc;
+  aar_mla_builder_config_init(&mbc);
+  mbc.num_blocks = NB;
+  mbc.cos_table = &npu_table;
+  mbc.sin_table = dtable.get();
+  aar_mla_builder_t* mb = nullptr;
+  EXPECT_REJECTED(aar_mla_builder_create(&mbc, &mb), AAR_ERR_INVALID_ARGUMENT,
+                  "config->cos_table.device is kDLExtDev (12) device 0");
+  EXPECT_EQ(mb, nullptr);
 }
 
 }  // namespace
