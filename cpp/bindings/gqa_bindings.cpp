@@ -72,8 +72,10 @@ void bind_gqa(nb::module_& m) {
 
   nb::class_<gqa::Metadata>(m, "Metadata")
       .def_ro("attn_state", &gqa::Metadata::attn_state)
-      .def_ro("num_reqs", &gqa::Metadata::num_reqs)
-      .def_ro("num_real_reqs", &gqa::Metadata::num_real_reqs)
+      .def_prop_ro("num_reqs", [](const gqa::Metadata& m) { return m.num_reqs; }, "scheduled (real) requests")
+      .def_prop_ro("num_kernel_reqs", [](const gqa::Metadata& m) { return m.num_kernel_reqs; },
+                   "requests the kernels see (a padding dummy included)")
+      .def_prop_ro("num_real_reqs", [](const gqa::Metadata& m) { return m.num_reqs; }, "alias of num_reqs")
       .def_ro("num_actual_tokens", &gqa::Metadata::num_actual_tokens)
       .def_ro("num_input_tokens", &gqa::Metadata::num_input_tokens)
       .def_ro("num_kernel_tokens", &gqa::Metadata::num_kernel_tokens)

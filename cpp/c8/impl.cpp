@@ -151,8 +151,8 @@ DecodeCall AttentionImpl::decode_call(const at::Tensor& query, const gqa::Metada
                                       const at::Tensor& output) {
   check_current(md.stamp, "metadata");
   AAR_CHECK_ARG(key_nz_.defined(), "decode_call: no KV cache bound yet (forward binds it)");
-  AAR_CHECK_ARG(num_decodes >= 0 && num_decodes <= md.num_reqs, "num_decodes=", num_decodes,
-                " must be in [0, num_reqs=", md.num_reqs, "]");
+  AAR_CHECK_ARG(num_decodes >= 0 && num_decodes <= md.num_kernel_reqs, "num_decodes=", num_decodes,
+                " must be in [0, num_kernel_reqs=", md.num_kernel_reqs, "]");
   const int64_t B = num_decodes;
   DecodeCall c;
   c.tensors.query = query.narrow(0, 0, B).unsqueeze(2);  // (B, N, 1, D)
@@ -195,7 +195,7 @@ void AttentionImpl::run_prefill(const at::Tensor& query, const std::optional<at:
   // The requests [r0, num_real_reqs) and their tokens [t0, t1): every request,
   // or the prefill part after the decodes. Every list and index comes from the
   // build (the part's rebased query ends, the dense context): no host work.
-  const int64_t r0 = prefill_part ? md.num_decodes : 0, np = md.num_real_reqs - r0;
+  const int64_t r0 = prefill_part ? md.num_decodes : 0, np = md.num_reqs - r0;
   const int64_t t0 = prefill_part ? md.num_decode_tokens : 0, t1 = md.num_actual_tokens;
   if (np <= 0 || t1 == t0) return;
   const c10::IntArrayRef q_ends =
@@ -252,8 +252,9 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const gqa::
                         plan::to_string(md.attn_state), ") is not supported: only DecodeOnly batches are captured");
   }
   const int64_t n = g.capturing_bucket();
-  AAR_CHECK_ARG(md.num_input_tokens == n && query.sizes()[0] == n && md.num_reqs == n && md.num_kernel_tokens == n,
-                "C8 graph capture of bucket ", n, " needs ", n, " one-token requests (num_reqs=", md.num_reqs,
+  AAR_CHECK_ARG(md.num_input_tokens == n && query.sizes()[0] == n && md.num_kernel_reqs == n &&
+                    md.num_kernel_tokens == n,
+                "C8 graph capture of bucket ", n, " needs ", n, " one-token requests (num_kernel_reqs=", md.num_kernel_reqs,
                 ", num_input_tokens=", md.num_input_tokens,
                 "); pad decode batches with uniform_decode_padding");
   if (key.has_value() && key_nz_.defined() && !cfg_.kv_sharing) {
@@ -270,7 +271,7 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const gqa::
     };
     g.capture_call(std::move(w));
   }
-  DecodeCall dc = decode_call(query, md, md.num_reqs, output);
+  DecodeCall dc = decode_call(query, md, md.num_kernel_reqs, output);
   graph::CapturedCall c;
   c.kind = graph::CallKind::Fia;
   c.layer_index = cfg_.layer_index;
@@ -343,7 +344,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   last_path_ = path;
   // Only the scheduled requests are attended (the FIA dummy request of a
   // padded batch is not): rows [0, num_actual_tokens).
-  const int64_t B = md.num_real_reqs, n = md.num_actual_tokens;
+  const int64_t B = md.num_reqs, n = md.num_actual_tokens;
   if (n == 0) return output;
 
   switch (path) {

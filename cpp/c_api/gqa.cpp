@@ -165,7 +165,7 @@ aar_status_t aar_gqa_metadata_get_info(const aar_gqa_metadata_t* m, aar_gqa_meta
     capi::check_struct(info, "info", "sizeof(aar_gqa_metadata_info_t)");
     info->attn_state = capi::to_c(md.attn_state);
     info->num_reqs = md.num_reqs;
-    info->num_real_reqs = md.num_real_reqs;
+    info->num_kernel_reqs = md.num_kernel_reqs;
     info->num_actual_tokens = md.num_actual_tokens;
     info->num_input_tokens = md.num_input_tokens;
     info->num_kernel_tokens = md.num_kernel_tokens;

@@ -126,7 +126,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   const int64_t nt = md.num_kernel_tokens;
   if (nt == 0) return output;
 
-  const int64_t nd = md.num_decodes, ndt = md.num_decode_tokens, R = md.num_reqs;
+  const int64_t nd = md.num_decodes, ndt = md.num_decode_tokens, R = md.num_kernel_reqs;
   ops::FiaTensors t;
   ops::FiaParams p;
   t.key = caches_.key_3d;

@@ -12,33 +12,18 @@
 #include "ascend_attn_rt/plan/step_plan.h"
 #include "../common/staging.h"
 #include "../common/builder_checks.h"
+#include "../core/staging_layout.h"
 
 namespace aar::gqa {
 
-// Views of the persistent buffers, created the first time a size is seen and
-// reused afterwards: a steady-state build creates no tensor.
-struct MetadataBuilder::Views {
-  std::vector<at::Tensor> qsl;          // by num_reqs: device (n+1)
-  // by host buffer, then num_reqs: host (n)
-  std::array<std::vector<at::Tensor>, detail::StagingBuffers::kMaxHostBuffers> seq_lens;
-  std::vector<at::Tensor> seq_lens_dev;  // by num_reqs: device (n) (dense context)
-  std::vector<at::Tensor> block_table;  // by num_reqs: device (n, max_blocks)
-  std::vector<at::Tensor> slots;        // by num_input_tokens: device (n)
+// The staging buffer's regions and their views (core/staging_layout.h): views
+// are made the first time a size is seen and reused, so a steady-state build
+// creates no tensor.
+struct MetadataBuilder::Staging {
+  core::Region qsl, seq, slots, bt;
+  core::RegionViews qsl_dev, seq_dev, bt_dev, slots_dev;
+  std::array<core::RegionViews, detail::StagingBuffers::kMaxHostBuffers> seq_host;  // per host buffer
 };
-
-namespace {
-
-at::Tensor lazy_view(std::vector<at::Tensor>& cache, size_t n, const at::Tensor& base, int64_t offset,
-                     int64_t len, int64_t cols = 0) {
-  at::Tensor& v = cache[n];
-  if (!v.defined()) {
-    v = base.narrow(0, offset, len * (cols > 0 ? cols : 1));
-    if (cols > 0) v = v.view({len, cols});
-  }
-  return v;
-}
-
-}  // namespace
 
 MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     : cfg_(cfg), separate_(cfg.separate_device_buffers.value_or(!cfg.device.is_cpu())), masks_(cfg.device) {
@@ -50,22 +35,30 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   const int64_t R = cfg.uniform_decode_padding
                         ? std::max<int64_t>(cfg.max_num_reqs + 1, cfg.max_num_tokens)
                         : cfg.max_num_reqs + 1;
+  const int64_t MB = cfg.max_blocks_per_req;
   cap_reqs_ = R;
-  off_qsl_ = 0;
-  off_seq_ = off_qsl_ + R + 1;
-  off_slot_ = off_seq_ + R;
-  off_bt_ = off_slot_ + cfg.max_num_tokens;
-  const int64_t total = off_bt_ + R * static_cast<int64_t>(cfg.max_blocks_per_req);
-
-  buffers_ = std::make_unique<detail::StagingBuffers>(total, cfg.device, separate_, cfg.staging_buffers,
+  // Fixed regions, the block table last: a build copies [0, the last used row).
+  core::StagingLayout layout;
+  st_ = std::make_unique<Staging>();
+  Staging& st = *st_;
+  st.qsl = layout.add("query_start_loc", R + 1);
+  st.seq = layout.add("seq_lens", R);
+  st.slots = layout.add("slot_mapping", cfg.max_num_tokens);
+  st.bt = layout.add("block_table", R * MB);
+  buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), cfg.device, separate_, cfg.staging_buffers,
                                                       cfg.staging_hooks);
+  const at::Tensor& device = buffers_->device();
+  st.qsl_dev = core::RegionViews(device, st.qsl, R + 1, at::kInt);
+  st.seq_dev = core::RegionViews(device, st.seq, R, at::kInt);
+  st.bt_dev = core::RegionViews(device, st.bt, R, at::kInt, MB);
+  st.slots_dev = core::RegionViews(device, st.slots, cfg.max_num_tokens, at::kInt);
+  for (int i = 0; i < buffers_->num_host(); ++i) st.seq_host[i] = core::RegionViews(buffers_->host(i), st.seq, R, at::kInt);
   if (separate_) {
     // The engine's table is its own: builds copy its rows into the staging
     // buffer of their turn, so it is free to rewrite once build() returns.
-    staging_block_table_ = at::zeros({R, cfg.max_blocks_per_req}, at::TensorOptions().dtype(at::kInt));
+    staging_block_table_ = at::zeros({R, MB}, at::TensorOptions().dtype(at::kInt));
   } else {
-    staging_block_table_ =
-        buffers_->host(0).narrow(0, off_bt_, R * cfg.max_blocks_per_req).view({R, cfg.max_blocks_per_req});
+    staging_block_table_ = buffers_->host(0).narrow(0, st.bt.offset, R * MB).view({R, MB});
   }
   q_ends_.assign(R, 0);
   kv_lens_.assign(R, 0);
@@ -74,13 +67,6 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     dense_kv_ends_.assign(R, 0);
     dense_prefill_kv_ends_.assign(R, 0);
   }
-
-  views_ = std::make_unique<Views>();
-  views_->qsl.resize(R + 1);
-  for (int i = 0; i < buffers_->num_host(); ++i) views_->seq_lens[i].resize(R + 1);
-  views_->seq_lens_dev.resize(R + 1);
-  views_->block_table.resize(R + 1);
-  views_->slots.resize(cfg.max_num_tokens + 1);
 
   md_.block_size = cfg.block_size;
   md_.num_blocks = cfg.num_blocks;
@@ -97,41 +83,26 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   const int host = buffers_->active();
   const int64_t R = cap_reqs_;
 
-  const size_t num_reqs = in.seq_lens.size();
-  AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(cfg_.max_num_reqs), "num_reqs=", num_reqs,
-                " (seq_lens entries) exceeds the builder's max_num_reqs=", cfg_.max_num_reqs);
-  const int64_t tokens = in.num_input_tokens > 0 ? in.num_input_tokens
-                                                 : (in.query_start_loc.empty() ? 0 : in.query_start_loc.back());
-  AAR_CHECK_ARG(tokens <= cfg_.max_num_tokens, "num_tokens=", tokens,
-                " (query_start_loc[-1] or num_input_tokens) exceeds the builder's max_num_tokens=",
-                cfg_.max_num_tokens);
-  AAR_CHECK_ARG(in.block_table_stride <= cfg_.max_blocks_per_req, "block_table has ", in.block_table_stride,
-                " columns, more than the builder's max_blocks_per_req=", cfg_.max_blocks_per_req);
+  core::check_step_fits(in, cfg_, cfg_.max_blocks_per_req);
+  core::refuse_unread(in, core::kReqIds, "the GQA builder (it keeps no per-request state)");
 
   plan::StepInputs si;
-  si.query_start_loc = in.query_start_loc;
-  si.seq_lens = in.seq_lens;
-  si.block_table = in.block_table;
-  si.block_table_stride = in.block_table_stride;
+  static_cast<core::StepInput&>(si) = in;
   si.block_size = cfg_.block_size;
   si.num_blocks = cfg_.num_blocks;
-  si.num_input_tokens = in.num_input_tokens;
   si.decode_threshold = decode_threshold();
   si.treat_short_extends_as_decodes = true;
-  si.is_prefilling = in.is_prefilling;
-  si.has_state = in.attn_state.has_value();
-  if (si.has_state) si.state = *in.attn_state;
-  si.num_spec_tokens = in.num_spec_tokens;
   si.spec_method = cfg_.spec_method;
   si.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
   si.pad_fia_batch = cfg_.pad_fia_batch;
   si.uniform_decode_len = cfg_.uniform_decode_padding ? decode_threshold() : 0;
 
   plan::StepBuffers buf;
-  buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 1);
-  buf.seq_lens = plan::Span<int32_t>(s + off_seq_, R);
-  buf.slot_mapping = plan::Span<int32_t>(s + off_slot_, cfg_.max_num_tokens);
-  buf.block_table = plan::Span<int32_t>(s + off_bt_, R * cfg_.max_blocks_per_req);
+  Staging& st = *st_;
+  buf.query_start_loc = plan::Span<int32_t>(s + st.qsl.offset, R + 1);
+  buf.seq_lens = plan::Span<int32_t>(s + st.seq.offset, R);
+  buf.slot_mapping = plan::Span<int32_t>(s + st.slots.offset, cfg_.max_num_tokens);
+  buf.block_table = plan::Span<int32_t>(s + st.bt.offset, R * cfg_.max_blocks_per_req);
   buf.block_table_stride = cfg_.max_blocks_per_req;
   buf.q_ends = plan::Span<int64_t>(q_ends_.data(), q_ends_.size());
   buf.kv_lens = plan::Span<int64_t>(kv_lens_.data(), kv_lens_.size());
@@ -142,27 +113,28 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
 
   // One host-to-device copy (device path): the packed prefix up to the last
   // used block-table row; then the turn passes to the next host buffer.
-  buffers_->copy(0, off_bt_ + static_cast<int64_t>(B) * cfg_.max_blocks_per_req);
+  buffers_->copy(0, st.bt.offset + static_cast<int64_t>(B) * cfg_.max_blocks_per_req);
   buffers_->finish();
   counter_.next(md_.stamp);
   const at::Tensor& device = buffers_->device();
 
   md_.attn_state = p.state;
-  md_.num_reqs = B;
-  md_.num_real_reqs = p.num_reqs;
+  md_.num_reqs = p.num_reqs;
+  md_.num_kernel_reqs = B;
   md_.num_actual_tokens = p.num_actual_tokens;
   md_.num_input_tokens = p.num_input_tokens;
   md_.num_kernel_tokens = p.fia.num_tokens;
   md_.num_decodes = p.split.num_decodes;
   md_.num_prefills = p.split.num_prefills;
   md_.num_decode_tokens = p.split.num_decode_tokens;
+  md_.num_prefill_tokens = p.num_actual_tokens - p.split.num_decode_tokens;
   md_.max_query_len = p.max_query_len;
   md_.max_seq_len = p.max_seq_len;
   md_.causal = in.causal;
-  md_.query_start_loc = lazy_view(views_->qsl, B, device, off_qsl_, B + 1);
-  md_.seq_lens = lazy_view(views_->seq_lens[host], B, buffers_->host(host), off_seq_, B);
-  md_.block_tables = lazy_view(views_->block_table, B, device, off_bt_, B, cfg_.max_blocks_per_req);
-  md_.slot_mapping = lazy_view(views_->slots, p.num_input_tokens, device, off_slot_, p.num_input_tokens);
+  md_.query_start_loc = st.qsl_dev.first(B + 1);
+  md_.seq_lens = st.seq_host[host].first(B);
+  md_.block_tables = st.bt_dev.first(B);
+  md_.slot_mapping = st.slots_dev.first(p.num_input_tokens);
   if (in.causal) {
     md_.attn_mask = causal_mask_;
   } else {
@@ -217,7 +189,7 @@ const DenseContext& dense_context(const Metadata& md) {
 
 void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {
   // Host: cumulative KV lengths (all kernel requests, and the prefill part's).
-  const int32_t B = md_.num_reqs;
+  const int32_t B = md_.num_kernel_reqs;
   int64_t total = 0;
   for (int32_t r = 0; r < B; ++r) dense_kv_ends_[r] = (total += kv_lens_[r]);
   const int64_t start = nd > 0 ? dense_kv_ends_[nd - 1] : 0;
@@ -231,7 +203,7 @@ void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {
   // metadata's device tensors (no host loop over positions, no sync).
   const at::Tensor& device = buffers_->device();
   const at::Tensor kv_lens =
-      lazy_view(views_->seq_lens_dev, B, device, off_seq_, B).to(at::kLong);  // int32 -> int64 (a new tensor)
+      st_->seq_dev.first(B).to(at::kLong);  // int32 -> int64 (a new tensor)
   const auto lopts = at::TensorOptions().dtype(at::kLong).device(cfg_.device);
   // Index of the segment (request) of every position 0..n-1 given the
   // segments' cumulative ends: the number of ends <= position (scatter-add +
@@ -255,7 +227,7 @@ void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {
   const at::Tensor tok = at::arange(nt, lopts);
   // Tokens past the real requests (a padding dummy) are not rows of anything:
   // the segments are the real requests' query ends.
-  const int32_t nr = md_.num_real_reqs;
+  const int32_t nr = md_.num_reqs;
   const at::Tensor treq = segment_of(qs.narrow(0, 1, nr), nt);
   const at::Tensor ctx = kv_lens - (qs.narrow(0, 1, B) - qs.narrow(0, 0, B));  // cached tokens per request
   d.token_rows = at::gather(starts + ctx, 0, treq) + tok - at::gather(qs, 0, treq);

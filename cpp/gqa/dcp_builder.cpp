@@ -105,7 +105,7 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
 
   Metadata& m = md_.base;
   m.attn_state = plan::AttentionState::ChunkedPrefill;
-  m.num_reqs = m.num_real_reqs = p.num_reqs;
+  m.num_reqs = m.num_kernel_reqs = p.num_reqs;
   m.num_actual_tokens = p.num_actual_tokens;
   m.num_input_tokens = p.num_input_tokens;
   m.num_kernel_tokens = p.num_actual_tokens;

@@ -150,15 +150,15 @@ void write_paged_kv(plan::DeviceKind device, const at::Tensor& key, const at::Te
 at::Tensor AttentionImpl::fill_paged(const Metadata& md, const at::Tensor& query, const at::Tensor& output,
                                      ops::PagedAttentionArgs& a) const {
   // One query row per real request; a padding dummy is not attended.
-  const int64_t B = md.num_real_reqs, T = query.sizes()[0];
+  const int64_t B = md.num_reqs, T = query.sizes()[0];
   a.query = T == B ? query : query.narrow(0, 0, B);
   a.key_cache = caches_.key;
   a.value_cache = caches_.value;
   a.num_kv_heads = cfg_.num_kv_heads;
   a.num_heads = cfg_.num_heads;
   a.scale_value = cfg_.scale;
-  a.block_table = md.num_reqs == B ? md.block_tables : md.block_tables.narrow(0, 0, B);
-  a.context_lens = md.num_reqs == B ? md.seq_lens : md.seq_lens.narrow(0, 0, B);
+  a.block_table = md.num_kernel_reqs == B ? md.block_tables : md.block_tables.narrow(0, 0, B);
+  a.context_lens = md.num_kernel_reqs == B ? md.seq_lens : md.seq_lens.narrow(0, 0, B);
   return T == B ? output : output.narrow(0, 0, B);
 }
 
@@ -445,7 +445,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
       p.actual_seq_lengths_kv = md.seq_lens_list.slice(0, nd);
       at::Tensor out_d = out.narrow(0, 0, ndt);
       ops::fused_infer_attention_score_out(t, p, std::nullopt, out_d, lse_placeholder_);
-      const int64_t np = md.num_reqs - nd;
+      const int64_t np = md.num_kernel_reqs - nd;
       t.query = q.narrow(0, ndt, nt - ndt);
       t.block_table = md.block_tables.narrow(0, nd, np);
       p.actual_seq_lengths = md.prefill_actual_seq_lengths_q;

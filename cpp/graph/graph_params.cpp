@@ -201,8 +201,8 @@ StepParams step_params(const gqa::Metadata& md) {
   sp.seq_lens = md.seq_lens;
   sp.q_ends = md.actual_seq_lengths_q;
   sp.kv_lens = md.seq_lens_list;
-  sp.num_reqs = md.num_reqs;
-  sp.num_real_reqs = md.num_real_reqs;
+  sp.num_reqs = md.num_kernel_reqs;
+  sp.num_real_reqs = md.num_reqs;
   sp.num_kernel_tokens = md.num_kernel_tokens;
   sp.stamp = md.stamp;
   return sp;

@@ -198,18 +198,12 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   AAR_CHECK_ARG(in.block_table_stride <= MB, "block_table has ", in.block_table_stride,
                 " columns, more than the builder's max_blocks_per_req=", MB);
 
+  core::refuse_unread(in, core::kReqIds, "the MLA builder (it keeps no per-request state)");
   plan::MlaStepInputs mi;
-  mi.query_start_loc = in.query_start_loc;
-  mi.seq_lens = in.seq_lens;
-  mi.block_table = in.block_table;
-  mi.block_table_stride = in.block_table_stride;
+  static_cast<core::StepInput&>(mi) = in;
   mi.block_size = cfg_.block_size;
   mi.num_blocks = cfg_.num_blocks;
-  mi.num_input_tokens = in.num_input_tokens;
   mi.decode_threshold = decode_threshold();
-  mi.has_state = in.attn_state.has_value();
-  if (mi.has_state) mi.state = *in.attn_state;
-  mi.num_spec_tokens = in.num_spec_tokens;
   mi.spec_method = cfg_.num_speculative_tokens > 0 ? plan::SpecMethod::Mtp : plan::SpecMethod::None;
   mi.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
   mi.rope_positions = rope_->positions();
@@ -218,7 +212,6 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   mi.pad_interpolated = cfg_.disable_padded_drafter_batch;
   const bool dcp = cfg_.dcp_world_size > 1;
   mi.dcp = plan::DcpShard{cfg_.dcp_world_size, cfg_.dcp_rank, cfg_.cp_kv_cache_interleave_size};
-  mi.is_prefilling = in.is_prefilling;
   mi.pd_recompute_scheduler = cfg_.pd_recompute_scheduler || in.draft_step >= 0;  // a draft step: all decodes
   if (dcp) {
     AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == num_reqs, "is_prefilling has ",

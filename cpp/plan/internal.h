@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <cstdint>
 
 #include "ascend_attn_rt/plan/attention_state.h"
@@ -50,7 +51,7 @@ struct StepTokens {
 StepTokens check_step_batch(CSpan<int32_t> query_start_loc, std::size_t num_reqs, int32_t num_input_tokens,
                             int32_t block_size, int32_t block_table_stride, int32_t num_blocks,
                             int32_t decode_threshold, std::size_t num_spec_tokens, SpecMethod spec_method,
-                            bool has_state, AttentionState state);
+                            const std::optional<AttentionState>& state);
 
 // The sizes compute_slot_mapping checks (batch, block geometry, table and
 // output capacity), before its per-request block-range checks; shared with the

@@ -212,7 +212,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const CSpan<int32_t> qsl = in.query_start_loc;
   const detail::StepTokens tokens =
       detail::check_step_batch(qsl, b, in.num_input_tokens, in.block_size, in.block_table_stride, in.num_blocks,
-                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.has_state, in.state);
+                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.attn_state);
   const int32_t t_real = tokens.real, t_in = tokens.input;
   check_chunk_args(in.block_size, in.max_chunks);
   const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
@@ -259,7 +259,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const std::size_t num_last = scan.num_last;
   const bool all_fresh = scan.all_fresh, all_sched_one = scan.all_sched_one, all_valid_one = scan.all_valid_one;
   const int32_t max_q = scan.max_query_len, max_seq = scan.max_seq_len;
-  plan.state = in.has_state ? in.state
+  plan.state = in.attn_state.has_value() ? *in.attn_state
                             : detail::state_from_flags(b == 0, all_fresh, all_sched_one, all_valid_one,
                                                        in.spec_method, in.chunked_prefill_enabled);
   SplitInputs split_in;

@@ -30,7 +30,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   const CSpan<int32_t> qsl = in.query_start_loc;
   const detail::StepTokens tokens =
       detail::check_step_batch(qsl, b, in.num_input_tokens, in.block_size, in.block_table_stride, in.num_blocks,
-                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.has_state, in.state);
+                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.attn_state);
   const int32_t t_real = tokens.real, t_in = tokens.input;
   const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
   const std::size_t stride = static_cast<std::size_t>(buf.block_table_stride);
@@ -44,7 +44,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
                             in_stride, in.block_size, in.num_blocks, in.rope_positions, last_ids);
 
   SfaStepPlan plan;
-  plan.state = in.has_state ? in.state
+  plan.state = in.attn_state.has_value() ? *in.attn_state
                             : detail::state_from_flags(b == 0, scan.all_fresh, scan.all_sched_one, scan.all_valid_one,
                                                        in.spec_method, in.chunked_prefill_enabled);
   const int32_t thr = in.decode_threshold;

@@ -31,8 +31,8 @@ namespace detail {
 
 StepTokens check_step_batch(CSpan<int32_t> qsl, std::size_t b, int32_t num_input_tokens, int32_t block_size,
                             int32_t block_table_stride, int32_t num_blocks, int32_t decode_threshold,
-                            std::size_t num_spec_tokens, SpecMethod spec_method, bool has_state,
-                            AttentionState state) {
+                            std::size_t num_spec_tokens, SpecMethod spec_method,
+                            const std::optional<AttentionState>& state) {
   AAR_CHECK_ARG(qsl.size() == b + 1, "query_start_loc has ", qsl.size(), " entries, expected seq_lens.size()+1 = ",
                 b + 1);
   AAR_CHECK_ARG(b <= static_cast<std::size_t>(INT32_MAX - 2), "batch of ", b, " requests is too large");
@@ -53,8 +53,8 @@ StepTokens check_step_batch(CSpan<int32_t> qsl, std::size_t b, int32_t num_input
   AAR_CHECK_ARG(num_spec_tokens == 0 || num_spec_tokens == b, "num_spec_tokens has ", num_spec_tokens,
                 " entries, expected 0 or ", b);
   validate_spec_method(spec_method);
-  if (has_state) {
-    const auto s = static_cast<int32_t>(state);
+  if (state.has_value()) {
+    const auto s = static_cast<int32_t>(*state);
     AAR_CHECK_ARG(s >= 0 && s <= 4, "state=", s, " is not an AttentionState");
   }
   return t;
@@ -68,7 +68,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   const CSpan<int32_t> qsl = in.query_start_loc;
   const detail::StepTokens tokens =
       detail::check_step_batch(qsl, b, in.num_input_tokens, in.block_size, in.block_table_stride, in.num_blocks,
-                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.has_state, in.state);
+                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.attn_state);
   const int32_t t_real = tokens.real, t_in = tokens.input;
   AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",
                 in.is_prefilling.size(), " entries, expected 0 or ", b);
@@ -187,8 +187,8 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
 
   // Everything that may still throw is computed before the first write.
   StepPlan plan;
-  if (in.has_state) {
-    plan.state = in.state;
+  if (in.attn_state.has_value()) {
+    plan.state = *in.attn_state;
   } else {
     plan.state = detail::state_from_flags(b == 0, all_fresh, all_sched_one, all_valid_one, in.spec_method,
                                           in.chunked_prefill_enabled);

@@ -127,24 +127,17 @@ class MetadataBuilder::Lane {
     const int64_t n = std::max<int64_t>(in.num_input_tokens < 0 ? 0 : tokens, 0);
     const TokenRegion tr = token_region(n);
 
+    // is_prefilling and req_ids were refused above unless this is an offload builder.
     plan::SfaStepInputs pi;
-    pi.query_start_loc = in.query_start_loc;
-    pi.seq_lens = in.seq_lens;
-    pi.block_table = in.block_table;
-    pi.block_table_stride = in.block_table_stride;
+    static_cast<core::StepInput&>(pi) = in;
     pi.block_size = cfg_.block_size;
     pi.num_blocks = cfg_.num_blocks;
-    pi.num_input_tokens = in.num_input_tokens;
     pi.decode_threshold = 1 + cfg_.num_speculative_tokens;
-    pi.has_state = in.attn_state.has_value();
-    if (pi.has_state) pi.state = *in.attn_state;
-    pi.num_spec_tokens = in.num_spec_tokens;
     pi.spec_method = cfg_.num_speculative_tokens > 0 ? plan::SpecMethod::Mtp : plan::SpecMethod::None;
     pi.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
     pi.rope_positions = rope_.positions();
     pi.pad_decode_batch = cfg_.graph_decode_padding;
     pi.treat_short_extends_as_decodes = !offload_ || cfg_.offload->is_decode_consumer;
-    if (offload_) pi.is_prefilling = in.is_prefilling;
 
     plan::SfaStepBuffers pb;
     pb.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R_ + 1);

@@ -182,8 +182,8 @@ AAR_C_API void aar_gqa_build_inputs_init(aar_gqa_build_inputs_t* inputs);
 typedef struct aar_gqa_metadata_info {
   size_t struct_size;
   aar_attn_state_t attn_state;
-  int32_t num_reqs;          /* requests the kernels see (incl. a padding dummy) */
-  int32_t num_real_reqs;     /* scheduled requests */
+  int32_t num_reqs;          /* scheduled (real) requests */
+  int32_t num_kernel_reqs;   /* requests the kernels see (incl. a padding dummy) */
   int32_t num_actual_tokens; /* scheduled tokens (written to the cache) */
   int32_t num_input_tokens;  /* rows the layers receive */
   int32_t num_kernel_tokens; /* rows a forward writes into its output */

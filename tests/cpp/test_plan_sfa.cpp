@@ -203,8 +203,7 @@ TEST(PlanSfaStep, StatesAndSpeculativeDecodes) {
   SfaStep hit({0, 3, 5}, {9, 2});
   hit.in.chunked_prefill_enabled = false;
   EXPECT_EQ(hit.run().state, AttentionState::PrefillCacheHit);
-  hit.in.has_state = true;
-  hit.in.state = AttentionState::DecodeOnly;
+  hit.in.attn_state = AttentionState::DecodeOnly;
   EXPECT_EQ(hit.run().state, AttentionState::DecodeOnly);
 }
 
@@ -349,10 +348,9 @@ TEST(PlanSfaStep, EveryBadInputIsRejectedByNameWithoutWriting) {
   s.in.spec_method = static_cast<SpecMethod>(5);
   expect_bad("spec_method=5 is not a SpecMethod");
   s.in.spec_method = SpecMethod::None;
-  s.in.has_state = true;
-  s.in.state = static_cast<AttentionState>(9);
+  s.in.attn_state = static_cast<AttentionState>(9);
   expect_bad("state=9 is not an AttentionState");
-  s.in.has_state = false;
+  s.in.attn_state.reset();
   s.in.block_size = 0;
   expect_bad("block_size=0 must be positive");
   s.in.block_size = 4;

@@ -228,8 +228,7 @@ TEST(PlanStep, EmptyBatch) {
   Step e;
   e.qsl = {0};
   e.alloc(0, 0, 0);
-  e.in.has_state = true;
-  e.in.state = AttentionState::ChunkedPrefill;
+  e.in.attn_state = AttentionState::ChunkedPrefill;
   EXPECT_EQ(e.build().state, AttentionState::ChunkedPrefill);
 }
 
@@ -271,8 +270,7 @@ TEST(PlanStep, AllPrefillAndStates) {
   h.in.chunked_prefill_enabled = true;
   EXPECT_EQ(h.build().state, AttentionState::ChunkedPrefill);
   // Explicit state wins over derivation.
-  h.in.has_state = true;
-  h.in.state = AttentionState::SpecDecoding;
+  h.in.attn_state = AttentionState::SpecDecoding;
   EXPECT_EQ(h.build().state, AttentionState::SpecDecoding);
 }
 
@@ -406,8 +404,7 @@ TEST(PlanStep, RejectedCallsLeaveBuffersUntouched) {
       {"spec_method=9", [](Step& s) { s.in.spec_method = static_cast<SpecMethod>(9); }},
       {"state=11",
        [](Step& s) {
-         s.in.has_state = true;
-         s.in.state = static_cast<AttentionState>(11);
+         s.in.attn_state = static_cast<AttentionState>(11);
        }},
       {"is_prefilling is required", [](Step& s) { s.in.treat_short_extends_as_decodes = false; }},
   };

@@ -164,7 +164,7 @@ def test_metadata_known_batch():
 
 def test_metadata_fia_padding_dummy():
     md = _builder().build(*_known(), num_input_tokens=8)
-    assert md.num_reqs == 4 and md.num_real_reqs == 3
+    assert md.num_kernel_reqs == 4 and md.num_reqs == 3 and md.num_real_reqs == 3
     assert md.num_actual_tokens == 6 and md.num_input_tokens == 8 and md.num_kernel_tokens == 8
     assert list(md.actual_seq_lengths_q) == [1, 2, 6, 8]
     assert list(md.seq_lens_list) == [10, 20, 30, 1]
@@ -179,7 +179,7 @@ def test_metadata_fia_padding_dummy():
 
 def test_metadata_no_fia_padding():
     md = _builder(pad_fia_batch=False).build(*_known(), num_input_tokens=8)
-    assert md.num_reqs == 3 and md.num_kernel_tokens == 6 and md.num_input_tokens == 8
+    assert md.num_reqs == md.num_kernel_reqs == 3 and md.num_kernel_tokens == 6 and md.num_input_tokens == 8
     assert list(md.actual_seq_lengths_q) == [1, 2, 6]
     assert all(s == -1 for s in md.slot_mapping.tolist()[6:8])
 

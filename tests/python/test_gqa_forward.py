@@ -301,8 +301,8 @@ def test_padded_tokens_fia_dummy(name, pad, gen):
     md = res.md
     assert md.num_actual_tokens == n_act
     assert md.num_input_tokens == n_act + pad
-    assert md.num_real_reqs == len(case["q"])
-    assert md.num_reqs == len(case["q"]) + 1
+    assert md.num_reqs == md.num_real_reqs == len(case["q"])
+    assert md.num_kernel_reqs == len(case["q"]) + 1
     assert md.num_kernel_tokens == n_act + pad
     assert md.actual_seq_lengths_q[-1] == n_act + pad
     check_output(batch, res, **ref_kw)
@@ -315,7 +315,7 @@ def test_padded_decode_paged_attention(gen):
     case = dict(seq=[37, 5, 60], q=[1, 1, 1], state=S.DecodeOnly)
     batch, res, ref_kw = _run_case(case, dtype=torch.float32, gen=gen, num_input_tokens=4,
                                    impl_extra=dict(full_decode_only_graph=True, pa_shape_list=[4]))
-    assert res.md.num_reqs == 4
+    assert res.md.num_kernel_reqs == 4 and res.md.num_reqs == 3
     check_output(batch, res, **ref_kw)
     check_cache_written(batch, res)
     assert res.impl.last_path == "paged_attention"
@@ -329,7 +329,7 @@ def test_padded_tokens_no_fia_padding(name, gen):
     batch, res, ref_kw = _run_case(case, dtype=torch.float32, gen=gen, num_input_tokens=n_act + 5,
                                    builder_extra=dict(pad_fia_batch=False))
     assert res.md.num_kernel_tokens == n_act
-    assert res.md.num_reqs == len(case["q"])
+    assert res.md.num_reqs == res.md.num_kernel_reqs == len(case["q"])
     check_output(batch, res, **ref_kw)
     assert bool((res.out[n_act:] == SENTINEL).all())
     check_cache_written(batch, res)

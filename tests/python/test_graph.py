@@ -370,7 +370,7 @@ def test_paged_attention_padded_decode_with_uniform_dummies(gen):
     ctx = [12, 30, 7, 50, 21]
     prefill_history(model, ctx)
     md = model.meta([1] * 5, [c + 1 for c in ctx], num_input_tokens=BUCKET)
-    assert md.num_reqs == BUCKET and md.num_real_reqs == 5
+    assert md.num_kernel_reqs == BUCKET and md.num_reqs == 5
     assert md.actual_seq_lengths_q == list(range(1, BUCKET + 1))
     assert md.seq_lens_list[5:] == [1, 1, 1]
     assert md.block_tables[5:].abs().sum() == 0

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/gqa/mask.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 #include "ascend_attn_rt/plan/attention_state.h"
@@ -36,13 +37,9 @@ class StagingBuffers;
 
 namespace aar::gqa {
 
-struct BuilderConfig {
-  int32_t max_num_reqs = 256;
-  int32_t max_num_tokens = 8192;
-  int32_t max_blocks_per_req = 64;
-  int32_t block_size = 128;
-  int32_t num_blocks = 0;                 // KV-cache blocks (range checks); required
-  int32_t num_speculative_tokens = 0;     // decode threshold = 1 + this (<= 16)
+// The builder core (core/step.h: capacities, block geometry, staging) and what
+// the GQA builder adds.
+struct BuilderConfig : core::BuilderCore {
   plan::SpecMethod spec_method = plan::SpecMethod::None;
   bool chunked_prefill_enabled = true;
   bool pooling = false;                   // model_runner_type == "pooling"
@@ -52,16 +49,6 @@ struct BuilderConfig {
   // of one dummy for all: graph buckets for paged attention and the BNSD decode
   // kernels take one row per request (spec 4.7, uniform case).
   bool uniform_decode_padding = false;
-  c10::Device device = c10::Device(c10::kCPU);
-  // Keep device buffers apart from the host staging buffer and copy once per
-  // build. Defaults to (device != CPU); settable so CPU tests exercise the copy.
-  std::optional<bool> separate_device_buffers;
-  // Host staging buffers used in turn on the device path (1..4). With one, a
-  // build waits until the previous build's copy has completed.
-  int32_t staging_buffers = 2;
-  // How the staging copies reach the device and how their completion is
-  // awaited (null: a c10::Event on the device's current stream).
-  std::shared_ptr<StagingHooks> staging_hooks;
   // Metadata::dense (the paged context as dense rows), read by layers that
   // attend over a gathered context (head size 512 on A2/A3, the C8 prefill
   // over cached context): unset (default) computes it on demand, once per
@@ -72,15 +59,9 @@ struct BuilderConfig {
   std::optional<bool> dense_context;
 };
 
-struct BuildInputs {
-  plan::CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums
-  plan::CSpan<int32_t> seq_lens;         // B
-  plan::CSpan<int32_t> block_table;      // B x block_table_stride, row-major, host
-  int32_t block_table_stride = 0;
-  int32_t num_input_tokens = 0;          // 0 = query_start_loc[B]
-  std::optional<plan::AttentionState> attn_state;  // derived when absent
-  plan::CSpan<uint8_t> is_prefilling;    // optional
-  plan::CSpan<int32_t> num_spec_tokens;  // optional (state derivation)
+// The step (core::StepInput; req_ids are not read: refused when given) and
+// whether its attention is causal.
+struct BuildInputs : core::StepInput {
   bool causal = true;
 };
 
@@ -116,7 +97,7 @@ class MetadataBuilder : private DenseContextSource {
   MaskBuilder& mask_builder() { return masks_; }
 
  private:
-  struct Views;  // per-size cached views
+  struct Staging;  // the staging buffer's regions and their cached views
 
   void build_dense_context(int32_t num_decodes, int32_t num_decode_tokens);
   const DenseContext& dense_context_of(const Metadata& md) override;
@@ -136,9 +117,8 @@ class MetadataBuilder : private DenseContextSource {
   std::vector<int64_t> kv_lens_;
   std::vector<int64_t> prefill_q_ends_;
   std::vector<int64_t> dense_kv_ends_, dense_prefill_kv_ends_;
-  std::unique_ptr<Views> views_;
+  std::unique_ptr<Staging> st_;
   int64_t cap_reqs_ = 0;  // request capacity incl. padding dummies
-  int64_t off_qsl_ = 0, off_seq_ = 0, off_slot_ = 0, off_bt_ = 0;
 };
 
 }  // namespace aar::gqa

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 
 namespace aar::gqa {
@@ -50,18 +51,12 @@ class DenseContextSource {
   ~DenseContextSource() = default;
 };
 
-struct Metadata {
+// The step's counts (core::StepCounts: num_reqs real requests, num_kernel_reqs
+// the fused kernels' B_fia with a padding dummy; num_actual_tokens are written
+// to the cache) and the GQA metadata.
+struct Metadata : core::StepCounts {
   plan::AttentionState attn_state = plan::AttentionState::ChunkedPrefill;
-  int32_t num_reqs = 0;            // B_fia: requests the kernels see (incl. a dummy)
-  int32_t num_real_reqs = 0;       // B: scheduled requests
-  int32_t num_actual_tokens = 0;   // unpadded scheduled tokens (written to the cache)
-  int32_t num_input_tokens = 0;    // tokens the layers receive (>= num_actual_tokens)
   int32_t num_kernel_tokens = 0;   // actual_seq_lengths_q.back(): query rows attended
-  int32_t num_decodes = 0;
-  int32_t num_prefills = 0;
-  int32_t num_decode_tokens = 0;
-  int32_t max_query_len = 0;
-  int32_t max_seq_len = 0;
   int32_t block_size = 0;
   int32_t num_blocks = 0;          // KV-cache blocks the slots and block ids were checked against
   bool causal = true;

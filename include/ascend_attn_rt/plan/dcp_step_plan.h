@@ -40,19 +40,18 @@
 #include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/plan/split.h"
+#include "ascend_attn_rt/plan/step_input.h"
 
 namespace aar::plan {
 
-struct DcpStepInputs {
-  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums, decode-first order
-  CSpan<int32_t> seq_lens;         // B, global context + new tokens
-  CSpan<int32_t> block_table;      // B x block_table_stride, the group's one table
-  int32_t block_table_stride = 0;
+// The step (plan/step_input.h: decode-first order, global seq_lens, the group's
+// one block table; num_input_tokens beyond qsl[B]: slot -1, padding decode rows
+// on decode-only steps; attn_state, num_spec_tokens and req_ids are not read)
+// and what the DCP plan adds.
+struct DcpStepInputs : StepInput {
   int32_t block_size = 128;
   int32_t num_blocks = 0;
-  int32_t num_input_tokens = 0;    // 0 = qsl[B]; extra tokens get slot -1 (decode-only steps: padding decode rows)
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens, in [1, 16]
-  CSpan<uint8_t> is_prefilling;    // optional, B entries
   bool pd_recompute_scheduler = false;  // spec 3.1 / 3.2: short requests are decodes, is_prefilling unread
   DcpShard shard;
 };

@@ -14,6 +14,7 @@
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/split.h"
+#include "ascend_attn_rt/plan/step_input.h"
 
 namespace aar::plan {
 
@@ -106,18 +107,12 @@ int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int3
 // no KV), otherwise the kernels never see them.
 // Everything that can fail is checked before the first write, so a rejected
 // call leaves every buffer untouched. Allocates nothing.
-struct MlaStepInputs {
-  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums of query lengths
-  CSpan<int32_t> seq_lens;         // B, context + new tokens
-  CSpan<int32_t> block_table;      // B rows x block_table_stride (row-major)
-  int32_t block_table_stride = 0;
+// The step (plan/step_input.h; attn_state absent: derived from the lengths) and
+// what the MLA plan adds.
+struct MlaStepInputs : StepInput {
   int32_t block_size = 128;
   int32_t num_blocks = 0;          // KV-cache blocks, for range checks
-  int32_t num_input_tokens = 0;    // tokens the layers see (>= qsl[B]); 0 = qsl[B]
   int32_t decode_threshold = 1;
-  bool has_state = false;          // else derived (spec gqa 2.1) from the lengths
-  AttentionState state = AttentionState::ChunkedPrefill;
-  CSpan<int32_t> num_spec_tokens;  // optional, B entries (state derivation)
   SpecMethod spec_method = SpecMethod::None;
   // Disabled: a prefill with cached context is rejected (its context would be lost).
   bool chunked_prefill_enabled = true;
@@ -160,9 +155,8 @@ struct MlaStepInputs {
   //    DCP buffers of ContextChunkBuffers are filled.
   // Requires B % I == 0. Graph decode padding under DCP: dummies of local KV length 0.
   DcpShard dcp;
-  // Per request, "still prefilling its prompt"; only read under DCP, where an
-  // empty span means seq_len == query_len (no computed tokens).
-  CSpan<uint8_t> is_prefilling;
+  // StepInput::is_prefilling is only read under DCP, where an empty span means
+  // seq_len == query_len (no computed tokens).
   // The P/D recompute scheduler (spec cp.md 3.1 / 3.2): under DCP the split
   // treats short extends as decodes and reads no is_prefilling, as without
   // DCP (a decode node recomputing a transferred request's last prompt token

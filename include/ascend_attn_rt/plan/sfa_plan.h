@@ -16,21 +16,16 @@
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/plan/split.h"
+#include "ascend_attn_rt/plan/step_input.h"
 
 namespace aar::plan {
 
-struct SfaStepInputs {
-  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums of query lengths
-  CSpan<int32_t> seq_lens;         // B, context + new tokens
-  CSpan<int32_t> block_table;      // B rows x block_table_stride (row-major)
-  int32_t block_table_stride = 0;
+// The step (plan/step_input.h; attn_state absent: derived by
+// plan::select_attention_state's rule) and what the SFA plan adds.
+struct SfaStepInputs : StepInput {
   int32_t block_size = 128;        // SFA's kernel block (spec 11.20); any positive size is planned
   int32_t num_blocks = 0;          // KV-cache blocks, for range checks
-  int32_t num_input_tokens = 0;    // tokens the layers see (>= qsl[B]); 0 = qsl[B]
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens, in [1, 16]
-  bool has_state = false;          // else derived (spec gqa 2.1, plan::select_attention_state's rule)
-  AttentionState state = AttentionState::ChunkedPrefill;
-  CSpan<int32_t> num_spec_tokens;  // optional, B entries (state derivation)
   SpecMethod spec_method = SpecMethod::None;
   bool chunked_prefill_enabled = true;  // state derivation only: the kernels read the whole context
   // Rows of the RoPE tables: every seq_len must be <= this (positions are
@@ -51,9 +46,8 @@ struct SfaStepInputs {
   // Plain SFA keeps the defaults (short extends count as decodes); the KV
   // offload builder passes treat_short_extends_as_decodes = is_decode_consumer
   // (spec 5) and, when that is false, the per-request "still prefilling its
-  // prompt" flags (B entries, required then by the rule).
+  // prompt" flags (StepInput::is_prefilling, B entries, required then by the rule).
   bool treat_short_extends_as_decodes = true;
-  CSpan<uint8_t> is_prefilling;
 };
 
 // Caller-owned outputs. Required spans must have room for what the step

@@ -13,27 +13,19 @@
 #include "ascend_attn_rt/plan/seq_lens.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/plan/split.h"
+#include "ascend_attn_rt/plan/step_input.h"
 
 namespace aar::plan {
 
-struct StepInputs {
-  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums of query lengths
-  CSpan<int32_t> seq_lens;         // B, context + new tokens
-  CSpan<int32_t> block_table;      // B rows x block_table_stride (row-major)
-  int32_t block_table_stride = 0;
+// The step (plan/step_input.h; num_input_tokens beyond qsl[B]: the extra tokens
+// get slot -1 and, when FIA padding applies, form one dummy request; attn_state
+// absent: derived with select_attention_state from computed = seq_len -
+// query_len and scheduled = query_len) and what the GQA plan adds.
+struct StepInputs : StepInput {
   int32_t block_size = 128;
   int32_t num_blocks = 0;          // KV-cache blocks, for range checks
-  // Tokens the layers will see (>= qsl[B]); 0 means qsl[B]. Extra tokens get
-  // slot -1 and, when FIA padding applies, form one dummy request.
-  int32_t num_input_tokens = 0;
   int32_t decode_threshold = 1;
   bool treat_short_extends_as_decodes = true;
-  CSpan<uint8_t> is_prefilling;    // optional, B entries
-  // Attention state: given explicitly, or derived with select_attention_state
-  // from computed = seq_len - query_len and scheduled = query_len.
-  bool has_state = false;
-  AttentionState state = AttentionState::ChunkedPrefill;
-  CSpan<int32_t> num_spec_tokens;  // optional, B entries (for state derivation)
   SpecMethod spec_method = SpecMethod::None;
   bool chunked_prefill_enabled = true;
   // Pad the batch with a dummy request for the fused kernel when

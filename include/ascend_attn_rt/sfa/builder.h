@@ -127,23 +127,19 @@ struct BuilderConfig {
   std::optional<BuilderOffloadConfig> offload;
 };
 
-// The MLA family's build inputs (mla/build_inputs.h) and what the KV-offload
-// builder adds. A plain mla::BuildInputs converts implicitly (no offload
-// inputs).
-struct BuildInputs : mla::BuildInputs {
-  BuildInputs() = default;
-  BuildInputs(const mla::BuildInputs& b) : mla::BuildInputs(b) {}  // NOLINT: implicit on purpose
-  // Offload builders only (rejected by name otherwise): each request's
-  // identity (B entries, no two equal: refused by name), which must never be
-  // shared by two live requests, so not a hash (upstream's adler32 collides):
-  // the engine's own request numbers, or MetadataBuilder::request_keys() for
-  // string ids. The resident-slot LRU resets a decode row whose id changed.
-  plan::CSpan<uint64_t> req_ids;
-  // Offload builders that are not decode consumers only (required there,
-  // rejected elsewhere): per request, "still prefilling its prompt"
-  // (num_computed < prompt length), B entries, nonzero = true.
-  plan::CSpan<uint8_t> is_prefilling;
-};
+// The step (core::StepInput via mla::BuildInputs). What the SFA builders
+// read beyond the MLA family's:
+//  * req_ids: offload builders only (refused by name otherwise): each
+//    request's identity (B entries, no two equal: refused by name), which must
+//    never be shared by two live requests, so not a hash (upstream's adler32
+//    collides): the engine's own request numbers, or
+//    MetadataBuilder::request_keys() for string ids. The resident-slot LRU
+//    resets a decode row whose id changed.
+//  * is_prefilling: offload builders that are not decode consumers only
+//    (required there, rejected elsewhere): per request, "still prefilling its
+//    prompt" (num_computed < prompt length), B entries, nonzero = true.
+// draft_step is refused (the SFA drafts are build_for_drafting's lanes).
+using BuildInputs = mla::BuildInputs;
 
 // Thread safety: one thread at a time per builder (main and draft lanes included);
 // builders share nothing. Layers only read the returned Metadata. (tests/cpp/test_concurrency.cpp)
