@@ -164,6 +164,23 @@ void bind_gqa(nb::module_& m) {
           "A Python object per build (a copy of the builder's metadata, stamped with this build): one kept "
           "past the builder's next build is stale, and forward / graph update reject it.")
       .def(
+          "build_for_drafting",
+          [](gqa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,
+             int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
+             const std::optional<at::Tensor>& is_prefilling, const std::optional<at::Tensor>& num_spec_tokens,
+             bool causal) -> gqa::Metadata {
+            return b.build_for_drafting(make_inputs(borrow_tensor(qsl, "query_start_loc", false),
+                                                    borrow_tensor(seq_lens, "seq_lens", false),
+                                                    borrow_tensor(bt, "block_table", false), num_input_tokens,
+                                                    attn_state, is_prefilling, num_spec_tokens, causal),
+                                        draft_index);
+          },
+          "query_start_loc"_a, "seq_lens"_a, "block_table"_a, "draft_index"_a, nb::kw_only(),
+          "num_input_tokens"_a = 0, "attn_state"_a = nb::none(), "is_prefilling"_a = nb::none(),
+          "num_spec_tokens"_a = nb::none(), "causal"_a = true, nb::rv_policy::move, nb::keep_alive<0, 1>(),
+          "A draft model's step: build() (the GQA builder keeps no draft lanes, so the previous metadata becomes "
+          "stale).")
+      .def(
           "build_for_graph_capture",
           [](gqa::MetadataBuilder& b, const at::Tensor& qsl, const at::Tensor& seq_lens, const at::Tensor& bt,
              int32_t num_input_tokens, plan::AttentionState state, bool causal) -> gqa::Metadata {

@@ -3,6 +3,7 @@
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/c8/quant.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/core/backend.h"
 
 namespace aar::c8 {
 
@@ -34,5 +35,20 @@ std::vector<int64_t> Backend::kv_cache_shape(int64_t num_blocks, int64_t block_s
 std::vector<int64_t> Backend::kv_cache_stride_order(bool include_num_layers_dimension) {
   return detail::identity_stride_order(6, include_num_layers_dimension);
 }
+
+core::BackendFacts Backend::facts() {
+  core::BackendFacts f;
+  f.id = "c8";
+  f.name = name();
+  f.block_sizes = supported_block_sizes();
+  f.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat};
+  f.kv_caches = {"key_cache", "value_cache"};  // int8 NZ
+  f.capturable = core::state_bit(plan::AttentionState::DecodeOnly);
+  return f;
+}
+
+namespace {
+const core::BackendRegistrar kRegisterC8Backend(&Backend::facts);
+}  // namespace
 
 }  // namespace aar::c8

@@ -2,6 +2,7 @@
 
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/core/backend.h"
 
 namespace aar::fa3 {
 
@@ -27,5 +28,20 @@ std::vector<int64_t> Backend::kv_cache_shape(int64_t num_blocks, int64_t block_s
 std::vector<int64_t> Backend::kv_cache_stride_order(bool include_num_layers_dimension) {
   return detail::identity_stride_order(5, include_num_layers_dimension);
 }
+
+core::BackendFacts Backend::facts() {
+  core::BackendFacts f;
+  f.id = "fa3";
+  f.name = name();
+  f.block_sizes = supported_block_sizes();
+  f.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat};
+  f.kv_caches = {"key_cache", "value_cache"};
+  f.capturable = 0;  // eager only: a forward inside a capture is refused by name
+  return f;
+}
+
+namespace {
+const core::BackendRegistrar kRegisterFa3Backend(&Backend::facts);
+}  // namespace
 
 }  // namespace aar::fa3

@@ -8,6 +8,7 @@
 
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/core/backend.h"
 
 namespace aar::gqa {
 
@@ -147,5 +148,22 @@ void Backend::copy_blocks(const std::vector<std::pair<at::Tensor, at::Tensor>>& 
     v.index_copy_(0, dst, vg);
   }
 }
+
+core::BackendFacts Backend::facts() {
+  core::BackendFacts f;
+  f.id = "gqa";
+  f.name = name();
+  f.block_sizes = supported_block_sizes();
+  f.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat};
+  f.kv_caches = {"key_cache", "value_cache"};
+  f.capturable = core::state_bit(plan::AttentionState::DecodeOnly) |
+                 core::state_bit(plan::AttentionState::ChunkedPrefill) |
+                 core::state_bit(plan::AttentionState::SpecDecoding);
+  return f;
+}
+
+namespace {
+const core::BackendRegistrar kRegisterGqaBackend(&Backend::facts);
+}  // namespace
 
 }  // namespace aar::gqa

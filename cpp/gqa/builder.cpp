@@ -235,8 +235,8 @@ void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {
 }
 
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
-  if (state != plan::AttentionState::DecodeOnly && state != plan::AttentionState::ChunkedPrefill &&
-      state != plan::AttentionState::SpecDecoding) {
+  static const core::StateSet capturable = Backend::facts().capturable;
+  if (!core::has_state(capturable, state)) {
     throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
                         " cannot be captured (only DecodeOnly, ChunkedPrefill and SpecDecoding)");
   }
@@ -244,5 +244,12 @@ const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, 
   md_.attn_state = state;
   return md_;
 }
+
+const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32_t draft_index) {
+  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  return build(in);
+}
+
+static_assert(core::is_builder_v<MetadataBuilder>, "gqa::MetadataBuilder follows the builder contract");
 
 }  // namespace aar::gqa

@@ -5,10 +5,13 @@
 
 #include <cstdint>
 #include <vector>
+#include "ascend_attn_rt/core/backend.h"
 
 namespace aar::c8 {
 
 struct Backend {
+  // The declared facts (core/backend.h), registered with the runtime.
+  static core::BackendFacts facts();
   static const char* name();  // "CUSTOM" (the upstream registration name)
   // NZ needs block_size % 32 == 0: 32, 64, 128.
   static const std::vector<int64_t>& supported_block_sizes();

@@ -5,10 +5,13 @@
 
 #include <cstdint>
 #include <vector>
+#include "ascend_attn_rt/core/backend.h"
 
 namespace aar::fa3 {
 
 struct Backend {
+  // The declared facts (core/backend.h), registered with the runtime.
+  static core::BackendFacts facts();
   static const char* name();  // "CUSTOM" (the upstream registration name)
   static const std::vector<int64_t>& supported_block_sizes();  // {128}
   static bool is_supported_block_size(int64_t block_size);

@@ -6,10 +6,13 @@
 #include <cstdint>
 #include <utility>
 #include <vector>
+#include "ascend_attn_rt/core/backend.h"
 
 namespace aar::gqa {
 
 struct Backend {
+  // The declared facts (core/backend.h), registered with the runtime.
+  static core::BackendFacts facts();
   // The name vLLM knows the upstream backend by ("CUSTOM").
   static const char* name();
   // Kernel block sizes this runtime accepts. Upstream fixes 128; the kernels

@@ -77,9 +77,15 @@ class MetadataBuilder : private DenseContextSource {
   MetadataBuilder& operator=(const MetadataBuilder&) = delete;
 
   const Metadata& build(const BuildInputs& in);
-  // Spec 4.5: only DecodeOnly, ChunkedPrefill and SpecDecoding may be captured.
+  using Inputs = BuildInputs;
+  using Output = Metadata;
+  // The states Backend::facts().capturable declares (DecodeOnly, ChunkedPrefill,
+  // SpecDecoding); others are refused by name before anything is built.
   const Metadata& build_for_graph_capture(const BuildInputs& in,
                                           plan::AttentionState state = plan::AttentionState::DecodeOnly);
+  // A draft model's step: build() (the builder keeps no draft lanes, so the
+  // previous metadata becomes stale; keep one builder per live draft step).
+  const Metadata& build_for_drafting(const BuildInputs& in, int32_t draft_index);
 
   const BuilderConfig& config() const { return cfg_; }
   int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
