@@ -190,6 +190,10 @@ MENTIONS: list[tuple[str | None, str, str]] = [
     (None, r"\(the spec's A5 column\)", "(upstream's A5 column)"),
     (None, r"\bThe(\n//\s+)spec's ops file says no schema is published", r"Upstream's\1operator list publishes no schema"),
     (None, r"\bagainst the spec(\n//) formulas", r"against the\1 formulas of docs/design"),
+    ("tests/python/test_mla_builder_random.py", r"\bthe spec's formulas\b", "the formulas of docs/design/mla.md"),
+    ("tests/python/test_mla_dcp.py", r"\bthe spec's formulas\b", "the formulas of docs/design/cp.md"),
+    ("tests/cpp/test_plan_sfa.cpp", r"\bThe spec's formulas\b", "The formulas of docs/design/sfa.md"),
+    ("tests/fuzz/fuzz_mla_pad.cpp", r"\bthe spec's rules\b", "the rules of docs/design/mla.md"),
     (None, r"\b([Tt])he spec's formulas\b", r"\1he formulas of docs/design"),
     (None, r"\b([Tt])he spec's rules\b", r"\1he rules of docs/design"),
     (None, r"\b([Tt])he spec's own rules\b", r"\1he documented rules"),
@@ -483,7 +487,11 @@ def scan_text(rel: str, text: str) -> tuple[list[Citation], list[Mention], str]:
         for m in re.finditer(rx, text):
             mentions.append(Mention(rel, line_of(text, m.start()), m.start(), m.end(), m.group(0),
                                     m.expand(repl)))
-    mentions.sort(key=lambda m: m.start)
+    kept: list[Mention] = []
+    for m in mentions:  # MENTIONS order: the first entry matching a span wins
+        if not any(k.start < m.end and m.start < k.end for k in kept):
+            kept.append(m)
+    mentions = sorted(kept, key=lambda m: m.start)
     cits = [c for c in cits if not any(m.start < c.end and c.start < m.end for m in mentions)]
     return cits, mentions, why
 
