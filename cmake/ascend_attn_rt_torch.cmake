@@ -42,9 +42,10 @@ endfunction()
 
 # aar_torch_target(<root> <cxx11-abi>)
 #   Defines ascend_attn_rt::torch: torch's headers (as system headers), the compile definitions
-#   that torch's own torch_cpu target carries, libtorch_cpu and libc10. <cxx11-abi> is torch's
-#   _GLIBCXX_USE_CXX11_ABI (torch._C._GLIBCXX_USE_CXX11_ABI): 0 is passed on to every user;
-#   1 is GCC's default and, like torch's own CMake package, adds nothing.
+#   that torch's own torch_cpu target carries, libtorch_cpu and libc10, and the C++ standard
+#   torch's headers demand. <cxx11-abi> is torch's _GLIBCXX_USE_CXX11_ABI
+#   (torch._C._GLIBCXX_USE_CXX11_ABI): 0 is passed on to every user; 1 is GCC's default and, like
+#   torch's own CMake package, adds nothing.
 function(aar_torch_target root cxx11_abi)
   if(TARGET ascend_attn_rt::torch)
     return()
@@ -66,9 +67,23 @@ function(aar_torch_target root cxx11_abi)
   elseif(NOT cxx11_abi STREQUAL "1")
     message(FATAL_ERROR "torch's _GLIBCXX_USE_CXX11_ABI must be 0 or 1, got '${cxx11_abi}'")
   endif()
+  # <ATen/ATen.h> refuses a compiler below the standard it was written for (C++17 up to torch
+  # 2.13, C++20 from 2.14): as a compile feature, that minimum reaches every target using torch,
+  # an engine's included, while a target that asks for more keeps it.
+  file(STRINGS "${root}/include/ATen/ATen.h" cxx_guard REGEX "__cplusplus < [0-9]+L")
+  if(cxx_guard MATCHES "__cplusplus < 20(1703|2002|2302)L")
+    set(std_of_1703 17)
+    set(std_of_2002 20)
+    set(std_of_2302 23)
+    set(cxx_std ${std_of_${CMAKE_MATCH_1}})
+  else()
+    message(FATAL_ERROR "${root}/include/ATen/ATen.h states no C++ standard CMake knows "
+                        "(its __cplusplus guard: '${cxx_guard}')")
+  endif()
   add_library(ascend_attn_rt::torch INTERFACE IMPORTED)
   set_target_properties(ascend_attn_rt::torch PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${root}/include"
     INTERFACE_COMPILE_DEFINITIONS "${defs}"
+    INTERFACE_COMPILE_FEATURES cxx_std_${cxx_std}
     INTERFACE_LINK_LIBRARIES "${root}/lib/libtorch_cpu.so;${root}/lib/libc10.so")
 endfunction()

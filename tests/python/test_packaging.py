@@ -198,6 +198,48 @@ def test_wheel_build_compiles_the_package_only(tmp_path):
     group = targets["ascend_attn_rt"]["compileGroups"][0]
     defines = {d["define"] for d in group.get("defines", [])}
     assert {"USE_DISTRIBUTED", "USE_C10D_GLOO"} <= defines, defines
+    assert _std_flags(targets["ascend_attn_rt"]) == ["-std=gnu++17"]  # what torch 2.13's headers ask for
     torch_include = str(pathlib.Path(torch.utils.cmake_prefix_path).parents[1] / "include")
     assert {"path": torch_include, "isSystem": True} in [
         {"path": i["path"], "isSystem": i.get("isSystem", False)} for i in group["includes"]], group["includes"]
+
+
+def _std_flags(target):
+    """The -std= flags of a target's compile groups (each source group has its own)."""
+    return sorted({f["fragment"] for g in target["compileGroups"] for f in g.get("compileCommandFragments", [])
+                   if f["fragment"].startswith("-std=")})
+
+
+@pytest.fixture(scope="module")
+def cxx20_torch_standin(tmp_path_factory):
+    """A torch prefix like the running torch's but whose <ATen/ATen.h> demands C++20, as torch's
+    does from 2.14 on (the running torch is 2.13, whose headers ask for C++17)."""
+    torch_root = pathlib.Path(torch.utils.cmake_prefix_path).parents[1]
+    root = tmp_path_factory.mktemp("cxx20_torch") / "torch"
+    (root / "include" / "ATen").mkdir(parents=True)
+    for entry in (torch_root / "include").iterdir():
+        if entry.name != "ATen":
+            (root / "include" / entry.name).symlink_to(entry)
+    for entry in (torch_root / "include" / "ATen").iterdir():
+        if entry.name != "ATen.h":
+            (root / "include" / "ATen" / entry.name).symlink_to(entry)
+    header = (torch_root / "include" / "ATen" / "ATen.h").read_text()
+    header, n = re.subn(r"__cplusplus < 201703L", "__cplusplus < 202002L", header)
+    assert n == 1, "torch's <ATen/ATen.h> has no single C++17 guard"
+    (root / "include" / "ATen" / "ATen.h").write_text(header)
+    (root / "lib").symlink_to(torch_root / "lib")
+    (root / "share").symlink_to(torch_root / "share")
+    return root
+
+
+def test_targets_using_torch_compile_with_the_standard_torchs_headers_demand(tmp_path, cxx20_torch_standin):
+    """torch 2.14's headers stop at a compiler below C++20: the runtime, _C and an engine linking
+    them are compiled as C++20 then, the torch-free plan layer stays C++17."""
+    build = tmp_path / "build"
+    proc, log = _configure(ROOT, build, f"Python_EXECUTABLE={sys.executable}",
+                           f"Torch_DIR={cxx20_torch_standin}/share/cmake/Torch", *_wheel_defines())
+    assert proc.returncode == 0, log[-4000:]
+    targets = _targets(build)
+    for name in ("ascend_attn_rt", "ascend_attn_rt_c", "_C"):
+        assert _std_flags(targets[name]) == ["-std=gnu++20"], (name, _std_flags(targets[name]))
+    assert _std_flags(targets["aar_plan"]) == ["-std=gnu++17"]
