@@ -12,7 +12,8 @@ JOBS   ?= $(shell nproc)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all setup venv vllm gtest build test test-cpp test-python demo bench clean \
-	build-asan test-sanitize build-tsan test-tsan clang build-fuzz fuzz fuzz-smoke wheel-check
+	build-asan test-sanitize build-tsan test-tsan clang build-fuzz fuzz fuzz-smoke wheel-check \
+	install-check-cuda-torch
 
 all: build
 
@@ -208,6 +209,15 @@ fuzz-smoke: build-fuzz
 # Python suites against the installed package, the CMake examples against its tree (not in CI).
 wheel-check: setup vllm
 	tools/check_wheel.sh
+
+# The package installed as a user beside PyPI's torch installs it (tools/check_install_cuda_torch.sh):
+# a fresh venv with PyPI's default torch of the supported range (on x86_64 a CUDA build: 5.5 GB,
+# 1.5-3 min to create here), `pip install --no-build-isolation` of a clean copy of the tree with no
+# CUDA toolkit findable, then one forward and the C++ examples against the installed package.
+# Not in `make test` (the venv alone costs more than the CI budget allows); `make test` configures
+# against a CUDA-build stand-in instead (tests/python/test_packaging.py).
+install-check-cuda-torch:
+	tools/check_install_cuda_torch.sh
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)
