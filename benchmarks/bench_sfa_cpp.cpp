@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
         const at::Tensor out = at::empty({B, hid}, opts);
         const auto& kv = indexer ? caches : main_caches;
         results.push_back({path, "decode, per layer", B,
-                           time_us([&] { impl.forward(x, kv, &md, &topk, out); }, 20000 / scale)});
+                           time_us([&] { impl.forward(x, kv, &md, out, &topk); }, 20000 / scale)});
       }
     }
   }

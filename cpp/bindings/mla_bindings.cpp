@@ -145,13 +145,17 @@ void bind_mla(nb::module_& root) {
           },
           nb::rv_policy::reference_internal)
       .def_ro("attn_state", &mla::Metadata::attn_state)
-      .def_ro("num_reqs", &mla::Metadata::num_reqs)
-      .def_ro("num_actual_tokens", &mla::Metadata::num_actual_tokens)
-      .def_ro("num_input_tokens", &mla::Metadata::num_input_tokens)
-      .def_ro("num_decodes", &mla::Metadata::num_decodes)
-      .def_ro("num_prefills", &mla::Metadata::num_prefills)
-      .def_ro("num_decode_tokens", &mla::Metadata::num_decode_tokens)
-      .def_ro("num_prefill_tokens", &mla::Metadata::num_prefill_tokens)
+      .def_prop_ro("num_reqs", [](const mla::Metadata& m) { return m.num_reqs; }, "scheduled (real) requests")
+      .def_prop_ro("num_kernel_reqs", [](const mla::Metadata& m) { return m.num_kernel_reqs; },
+                   "requests the kernels see (graph decode padding's dummy requests included)")
+      .def_prop_ro("num_actual_tokens", [](const mla::Metadata& m) { return m.num_actual_tokens; })
+      .def_prop_ro("num_input_tokens", [](const mla::Metadata& m) { return m.num_input_tokens; })
+      .def_prop_ro("num_decodes", [](const mla::Metadata& m) { return m.num_decodes; })
+      .def_prop_ro("num_prefills", [](const mla::Metadata& m) { return m.num_prefills; })
+      .def_prop_ro("num_decode_tokens", [](const mla::Metadata& m) { return m.num_decode_tokens; })
+      .def_prop_ro("num_prefill_tokens", [](const mla::Metadata& m) { return m.num_prefill_tokens; })
+      .def_prop_ro("max_query_len", [](const mla::Metadata& m) { return m.max_query_len; })
+      .def_prop_ro("max_seq_len", [](const mla::Metadata& m) { return m.max_seq_len; })
       .def_ro("block_size", &mla::Metadata::block_size)
       .def_prop_ro("generation", [](const mla::Metadata& m) { return m.stamp.generation; })
       .def_prop_ro("is_current", [](const mla::Metadata& m) { return m.stamp.current(); })
@@ -254,6 +258,33 @@ void bind_mla(nb::module_& root) {
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(), "is_prefilling"_a = nb::none(),
           "draft_step"_a = -1, nb::rv_policy::move, nb::keep_alive<0, 1>())
+      .def(
+          "build_for_graph_capture",
+          [](mla::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
+             plan::AttentionState state) -> mla::Metadata {
+            return b.build_for_graph_capture(
+                latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, std::nullopt, std::nullopt), state);
+          },
+          "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
+          "state"_a = plan::AttentionState::DecodeOnly, nb::rv_policy::move, nb::keep_alive<0, 1>(),
+          "build() of a batch to capture, the metadata carrying `state`: DecodeOnly or SpecDecoding (others raise "
+          "NotImplementedError before anything is built).")
+      .def(
+          "build_for_drafting",
+          [](mla::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,
+             int32_t num_input_tokens, std::optional<plan::AttentionState> attn_state,
+             const std::optional<at::Tensor>& num_spec_tokens, const std::optional<at::Tensor>& is_prefilling,
+             int32_t draft_step) -> mla::Metadata {
+            mla::BuildInputs in = latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, attn_state, num_spec_tokens);
+            in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
+            in.draft_step = draft_step;
+            return b.build_for_drafting(in, draft_index);
+          },
+          "query_start_loc"_a, "seq_lens"_a, "block_table"_a, "draft_index"_a, nb::kw_only(),
+          "num_input_tokens"_a = 0, "attn_state"_a = nb::none(), "num_spec_tokens"_a = nb::none(),
+          "is_prefilling"_a = nb::none(), "draft_step"_a = -1, nb::rv_policy::move, nb::keep_alive<0, 1>(),
+          "A draft model's step: build() (the MLA builder keeps no draft lanes, so the previous metadata becomes "
+          "stale).")
       .def_prop_ro("metadata", &mla::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
       .def_prop_ro("decode_threshold", &mla::MetadataBuilder::decode_threshold)
       .def_prop_ro("block_table_staging", [](const mla::MetadataBuilder& b) { return b.block_table_staging(); })
@@ -424,10 +455,23 @@ void bind_mla(nb::module_& root) {
           "aliasing it.")
       .def("write_kv", &mla::LatentAttention::write_kv, "kv_c"_a, "k_pe"_a, "slot_mapping"_a, "nope_cache"_a,
            "rope_cache"_a)
-      .def("forward_decode", &mla::LatentAttention::forward_decode, "ql_nope"_a, "q_pe"_a, "nope_cache"_a,
-           "rope_cache"_a, "metadata"_a, "out"_a)
-      .def("forward_prefill", &mla::LatentAttention::forward_prefill, "q"_a, "kv_c"_a, "k_pe"_a, "kv_b_proj"_a,
-           "nope_cache"_a, "rope_cache"_a, "metadata"_a, "out"_a)
+      .def(
+          "forward_decode",
+          [](mla::LatentAttention& a, const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope_cache,
+             const at::Tensor& rope_cache, const mla::Metadata* md, const at::Tensor& out) {
+            a.forward_decode(ql_nope, q_pe, nope_cache, rope_cache, md, out);
+          },
+          "ql_nope"_a, "q_pe"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a.none(), "out"_a,
+          "metadata None: a profiling run (out zero-filled).")
+      .def(
+          "forward_prefill",
+          [](const mla::LatentAttention& a, const at::Tensor& q, const at::Tensor& kv_c, const at::Tensor& k_pe,
+             const at::Tensor& kv_b_proj, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+             const mla::Metadata* md, const at::Tensor& out) {
+            a.forward_prefill(q, kv_c, k_pe, nope_cache, rope_cache, md, out, kv_b_proj);
+          },
+          "q"_a, "kv_c"_a, "k_pe"_a, "kv_b_proj"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a.none(), "out"_a,
+          "metadata None: a profiling run (out zero-filled).")
       .def_prop_ro("num_heads_padded", &mla::LatentAttention::num_heads_padded)
       .def_prop_ro("scale", [](const mla::LatentAttention& a) { return a.config().scale; });
 }

@@ -383,15 +383,17 @@ void bind_sfa(nb::module_& root) {
 
   nb::class_<sfa::Metadata>(m, "Metadata")
       .def_ro("attn_state", &sfa::Metadata::attn_state)
-      .def_ro("num_reqs", &sfa::Metadata::num_reqs)
-      .def_ro("num_kernel_reqs", &sfa::Metadata::num_kernel_reqs)
-      .def_ro("num_actual_tokens", &sfa::Metadata::num_actual_tokens)
-      .def_ro("num_input_tokens", &sfa::Metadata::num_input_tokens)
-      .def_ro("num_decodes", &sfa::Metadata::num_decodes)
-      .def_ro("num_decode_tokens", &sfa::Metadata::num_decode_tokens)
-      .def_ro("num_prefills", &sfa::Metadata::num_prefills)
-      .def_ro("max_query_len", &sfa::Metadata::max_query_len)
-      .def_ro("max_seq_len", &sfa::Metadata::max_seq_len)
+      .def_prop_ro("num_reqs", [](const sfa::Metadata& m) { return m.num_reqs; }, "real requests B")
+      .def_prop_ro("num_kernel_reqs", [](const sfa::Metadata& m) { return m.num_kernel_reqs; },
+                   "requests the kernels see (graph padding dummies included)")
+      .def_prop_ro("num_actual_tokens", [](const sfa::Metadata& m) { return m.num_actual_tokens; })
+      .def_prop_ro("num_input_tokens", [](const sfa::Metadata& m) { return m.num_input_tokens; })
+      .def_prop_ro("num_decodes", [](const sfa::Metadata& m) { return m.num_decodes; })
+      .def_prop_ro("num_decode_tokens", [](const sfa::Metadata& m) { return m.num_decode_tokens; })
+      .def_prop_ro("num_prefills", [](const sfa::Metadata& m) { return m.num_prefills; })
+      .def_prop_ro("num_prefill_tokens", [](const sfa::Metadata& m) { return m.num_prefill_tokens; })
+      .def_prop_ro("max_query_len", [](const sfa::Metadata& m) { return m.max_query_len; })
+      .def_prop_ro("max_seq_len", [](const sfa::Metadata& m) { return m.max_seq_len; })
       .def_ro("block_size", &sfa::Metadata::block_size)
       .def_ro("num_blocks", &sfa::Metadata::num_blocks)
       .def_ro("speculative", &sfa::Metadata::speculative)
@@ -520,7 +522,11 @@ void bind_sfa(nb::module_& root) {
       .def(
           "build_for_graph_capture",
           [](const sfa::IndexerMetadataBuilder&, nb::args, nb::kwargs) { return nb::none(); },
-          "Returns None.");
+          "Returns None.")
+      .def(
+          "build_for_drafting",
+          [](const sfa::IndexerMetadataBuilder&, nb::args, nb::kwargs) { return nb::none(); },
+          "Returns None (the indexer reads the main group's draft metadata).");
 
   nb::class_<sfa::Impl>(m, "Impl")
       .def(
@@ -600,7 +606,7 @@ void bind_sfa(nb::module_& root) {
           "forward",
           [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
              const sfa::Metadata* md, const at::Tensor& output, sfa::TopkBuffer* topk) -> at::Tensor {
-            return impl.forward(hidden, kv_cache, md, topk, output);
+            return impl.forward(hidden, kv_cache, md, output, topk);
           },
           "hidden_states"_a, "kv_cache"_a, "metadata"_a.none(), "output"_a, "topk_buffer"_a.none() = nb::none())
       .def("release_views", &sfa::Impl::release_views)

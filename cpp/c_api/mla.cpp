@@ -160,6 +160,7 @@ aar_status_t aar_mla_metadata_get_info(const aar_mla_metadata_t* m, aar_mla_meta
     capi::check_struct(info, "info", "sizeof(aar_mla_metadata_info_t)");
     info->attn_state = capi::to_c(md.attn_state);
     info->num_reqs = md.num_reqs;
+    info->num_kernel_reqs = md.num_kernel_reqs;
     info->num_actual_tokens = md.num_actual_tokens;
     info->num_input_tokens = md.num_input_tokens;
     info->num_decodes = md.num_decodes;

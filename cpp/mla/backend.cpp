@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "../common/kv_cache.h"
+#include "ascend_attn_rt/core/backend.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/mla_plan.h"
 
@@ -60,5 +61,20 @@ int64_t Backend::num_heads_padded(int64_t h) {
                 kMaxHeads, " query heads (padded to a power of two)");
   return plan::next_power_of_two(h);
 }
+
+core::BackendFacts Backend::facts() {
+  core::BackendFacts f;
+  f.id = "mla";
+  f.name = name();
+  f.block_sizes = supported_block_sizes();
+  f.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat};
+  f.kv_caches = {"nope_cache", "rope_cache"};
+  f.capturable = core::state_bit(plan::AttentionState::DecodeOnly) | core::state_bit(plan::AttentionState::SpecDecoding);
+  return f;
+}
+
+namespace {
+const core::BackendRegistrar kRegisterMlaBackend(&Backend::facts);
+}  // namespace
 
 }  // namespace aar::mla

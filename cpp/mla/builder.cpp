@@ -15,25 +15,13 @@
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
 #include "../common/builder_checks.h"
+#include "../core/staging_layout.h"
 
 namespace aar::mla {
 
 namespace {
 constexpr int64_t kMaskSize = 2048;
 constexpr int64_t kChunks = plan::kMaxContextChunks;
-
-// Returns the cached view at index i, making it on first use.
-template <typename Make>
-const at::Tensor& lazy(std::vector<at::Tensor>& cache, size_t i, Make make) {
-  at::Tensor& v = cache[i];
-  if (!v.defined()) v = make();
-  return v;
-}
-
-// Region starts in the packed buffer are multiples of 16 int32 (64 bytes): the
-// RoPE rows start on cache lines and every region can be reinterpreted as a
-// wider dtype.
-int64_t align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
 
 // A draft step's inputs (BuildInputs::draft_step): the given ones with the
 // step's lengths base + d + 1 written into `lens` (plan::draft_step_seq_lens
@@ -47,14 +35,19 @@ const BuildInputs& mla_draft_inputs(const BuildInputs& given, std::vector<int32_
 
 }  // namespace
 
-struct MetadataBuilder::Views {
-  at::Tensor slots64;                              // int64 view of the whole slot region
-  std::vector<at::Tensor> qsl;                     // by num_reqs: (n+1)
-  std::vector<at::Tensor> slots;                   // by num_input_tokens
-  std::vector<at::Tensor> decode_bt, prefill_bt;   // by num_decodes / num_prefills: (n, max_blocks)
-  std::vector<at::Tensor> token_bt;                // DCP per-token decode rows: (n, max_blocks)
-  std::vector<at::Tensor> dcos, dsin, pcos, psin;  // by num_decode_tokens / num_prefill_tokens: (n, R)
-  std::vector<at::Tensor> cu, starts, clens, plens;  // by (num_chunks - 1) * (max_num_reqs + 1) + num_prefills
+// The staging buffer's regions (core/staging_layout.h) and their views, made
+// the first time a size is seen and reused: a steady-state build creates no
+// tensor.
+struct MetadataBuilder::Staging {
+  core::Region qsl, slots, dcos, dsin, bt, cu, starts, clens, plens, pbt, pcos, psin, dtbt;
+  core::RegionViews qsl_dev;                // by num_reqs: (n + 1)
+  core::RegionViews slots_dev;              // int64, by num_input_tokens
+  core::RegionViews decode_bt, prefill_bt;  // by decode kernel requests / num_prefills: (n, max_blocks)
+  core::RegionViews token_bt;               // DCP per-token decode rows: (n, max_blocks)
+  // RoPE rows in the tables' dtype, by decode kernel tokens / num_prefill_tokens: (n, R)
+  core::ViewCache dcos_v, dsin_v, pcos_v, psin_v;
+  // Context chunks, by (num_chunks - 1) * (max_num_reqs + 1) + num_prefills
+  core::ViewCache cu_v, starts_v, clens_v, plens_v;
 };
 
 MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
@@ -79,37 +72,50 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   // sized for that, not for max_num_tokens.
   const int64_t TD = std::min<int64_t>(T, R * decode_threshold());
   const int64_t W = rope_->row_words();  // int32 words per RoPE row
-  off_qsl_ = 0;
-  off_slot_ = align16(off_qsl_ + R + 1);
-  off_dcos_ = align16(off_slot_ + 2 * T);
-  off_dsin_ = align16(off_dcos_ + TD * W);
-  off_bt_ = align16(off_dsin_ + TD * W);
-  off_cu_ = align16(off_bt_ + R * MB);
-  off_starts_ = off_cu_ + kChunks * (R + 1);
-  off_clens_ = off_starts_ + kChunks * R;
-  off_plens_ = off_clens_ + kChunks * R;
-  off_pbt_ = off_plens_ + kChunks * R;
-  off_pcos_ = align16(off_pbt_ + R * MB);
-  off_psin_ = align16(off_pcos_ + T * W);
   // DCP with speculative decode: one decode row per token (plan/mla_plan.h).
   const bool token_rows = cfg.dcp_world_size > 1 && cfg.num_speculative_tokens > 0;
-  off_dtbt_ = align16(off_psin_ + T * W);
-  total_ = off_dtbt_ + (token_rows ? TD * MB : 0);
+  // The regions a decode-only step uses come first (one copy up to its last
+  // block-table row); a step with prefills copies up to its last prefill
+  // block-table row, then its prefill RoPE rows.
+  core::StagingLayout layout;
+  st_ = std::make_unique<Staging>();
+  Staging& st = *st_;
+  st.qsl = layout.add("query_start_loc", R + 1);
+  st.slots = layout.add("slot_mapping", 2 * T);  // int64
+  st.dcos = layout.add("decode_cos", TD * W);
+  st.dsin = layout.add("decode_sin", TD * W);
+  st.bt = layout.add("block_table", R * MB);
+  st.cu = layout.add("chunk_cu_seq_lens", kChunks * (R + 1));
+  st.starts = layout.add("chunk_starts", kChunks * R);
+  st.clens = layout.add("chunk_seq_lens", kChunks * R);
+  st.plens = layout.add("chunk_padded_seq_lens", kChunks * R);
+  st.pbt = layout.add("prefill_block_table", R * MB);
+  st.pcos = layout.add("prefill_cos", T * W);
+  st.psin = layout.add("prefill_sin", T * W);
+  st.dtbt = layout.add("dcp_decode_block_table", token_rows ? TD * MB : 0);
 
-  buffers_ = std::make_unique<detail::StagingBuffers>(total_, cfg.device, separate_, cfg.staging_buffers,
+  buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), cfg.device, separate_, cfg.staging_buffers,
                                                       cfg.staging_hooks);
   device_ = buffers_->device();
   if (separate_) {
     // The engine's table is its own (see block_table_staging()).
     staging_block_table_ = at::zeros({R, MB}, at::TensorOptions().dtype(at::kInt));
   } else {
-    staging_block_table_ = buffers_->host(0).narrow(0, off_bt_, R * MB).view({R, MB});
+    staging_block_table_ = buffers_->host(0).narrow(0, st.bt.offset, R * MB).view({R, MB});
   }
   // Padding slots stay -1 until a build overwrites them.
-  device_.narrow(0, off_slot_, 2 * T).view(at::kLong).fill_(-1);
+  device_.narrow(0, st.slots.offset, st.slots.words).view(at::kLong).fill_(-1);
   for (int i = 0; separate_ && i < buffers_->num_host(); ++i) {
-    buffers_->host(i).narrow(0, off_slot_, 2 * T).view(at::kLong).fill_(-1);
+    buffers_->host(i).narrow(0, st.slots.offset, st.slots.words).view(at::kLong).fill_(-1);
   }
+  st.qsl_dev = core::RegionViews(device_, st.qsl, R + 1, at::kInt);
+  st.slots_dev = core::RegionViews(device_, st.slots, T, at::kLong);
+  st.decode_bt = core::RegionViews(device_, st.bt, R, at::kInt, MB);
+  st.prefill_bt = core::RegionViews(device_, st.pbt, R, at::kInt, MB);
+  if (token_rows) st.token_bt = core::RegionViews(device_, st.dtbt, TD, at::kInt, MB);
+  for (core::ViewCache* c : {&st.dcos_v, &st.dsin_v}) c->resize(TD);
+  for (core::ViewCache* c : {&st.pcos_v, &st.psin_v}) c->resize(T);
+  for (core::ViewCache* c : {&st.cu_v, &st.starts_v, &st.clens_v, &st.plens_v}) c->resize(kChunks * (R + 1) - 1);
 
   // The RoPE rows are gathered on the host, so the tables live there.
   cfg_.cos_table = rope_->cos_table();
@@ -137,20 +143,6 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     }
   }
 
-  views_ = std::make_unique<Views>();
-  Views& v = *views_;
-  v.slots64 = device_.narrow(0, off_slot_, 2 * T).view(at::kLong);
-  v.qsl.resize(R + 1);
-  v.slots.resize(T + 1);
-  v.decode_bt.resize(R + 1);
-  v.token_bt.resize(TD + 1);
-  v.prefill_bt.resize(R + 1);
-  v.dcos.resize(TD + 1);
-  v.dsin.resize(TD + 1);
-  v.pcos.resize(T + 1);
-  v.psin.resize(T + 1);
-  for (auto* c : {&v.cu, &v.starts, &v.clens, &v.plens}) c->resize(kChunks * (R + 1));
-
   md_.block_size = cfg.block_size;
   md_.num_blocks = cfg.num_blocks;
   md_.speculative = cfg.num_speculative_tokens > 0;
@@ -164,13 +156,13 @@ MetadataBuilder::~MetadataBuilder() = default;
 at::Tensor MetadataBuilder::rope_view(int64_t offset, int64_t rows) const { return rope_->view(device_, offset, rows); }
 
 void MetadataBuilder::gather_rope(uint8_t* s, const BuildInputs& in, int32_t num_decodes, int32_t td, int32_t tp) {
-  if (td > 0) rope_->gather(decode_positions_.data(), td, s + off_dcos_ * 4, s + off_dsin_ * 4);
+  if (td > 0) rope_->gather(decode_positions_.data(), td, s + st_->dcos.offset * 4, s + st_->dsin.offset * 4);
   if (tp > 0) {
     // A prefill's tokens have consecutive positions (seq_len - query_len ..
     // seq_len - 1): one copy per request and table.
     const size_t rb = static_cast<size_t>(rope_->row_bytes());
-    uint8_t* out_cos = s + off_pcos_ * 4;
-    uint8_t* out_sin = s + off_psin_ * 4;
+    uint8_t* out_cos = s + st_->pcos.offset * 4;
+    uint8_t* out_sin = s + st_->psin.offset * 4;
     const int32_t* qsl = in.query_start_loc.data();
     const int32_t* seq = in.seq_lens.data();
     const int32_t base = qsl[num_decodes];
@@ -188,17 +180,12 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   int32_t* s = buffers_->begin();
   const int64_t R = cfg_.max_num_reqs, T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req;
   const size_t num_reqs = given.seq_lens.size();
-  AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(R), "num_reqs=", num_reqs,
-                " (seq_lens entries) exceeds the builder's max_num_reqs=", R);
+  // Before the draft step's lengths are written into draft_seq_ (max_num_reqs entries).
+  core::check_step_fits(given, cfg_, cfg_.max_blocks_per_req);
+  core::refuse_unread(given, core::kReqIds, "the MLA builder (it keeps no per-request state)");
   BuildInputs drafted;
   const BuildInputs& in = given.draft_step == -1 ? given : mla_draft_inputs(given, draft_seq_, drafted);
-  const int64_t tokens = in.num_input_tokens > 0 ? in.num_input_tokens
-                                                 : (in.query_start_loc.empty() ? 0 : in.query_start_loc.back());
-  AAR_CHECK_ARG(tokens <= T, "num_tokens=", tokens, " exceeds the builder's max_num_tokens=", T);
-  AAR_CHECK_ARG(in.block_table_stride <= MB, "block_table has ", in.block_table_stride,
-                " columns, more than the builder's max_blocks_per_req=", MB);
 
-  core::refuse_unread(in, core::kReqIds, "the MLA builder (it keeps no per-request state)");
   plan::MlaStepInputs mi;
   static_cast<core::StepInput&>(mi) = in;
   mi.block_size = cfg_.block_size;
@@ -226,32 +213,33 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
     if (static_cast<int64_t>(reorg_index_.size()) < ctx) reorg_index_.resize(static_cast<size_t>(ctx));
   }
 
+  Staging& st = *st_;
   plan::MlaStepBuffers buf;
-  buf.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R + 1);
-  buf.block_table = plan::Span<int32_t>(s + off_bt_, R * MB);
+  buf.query_start_loc = plan::Span<int32_t>(s + st.qsl.offset, R + 1);
+  buf.block_table = plan::Span<int32_t>(s + st.bt.offset, R * MB);
   buf.block_table_stride = static_cast<int32_t>(MB);
   buf.q_ends = plan::Span<int64_t>(q_ends_.data(), q_ends_.size());
   buf.kv_lens = plan::Span<int64_t>(kv_lens_.data(), kv_lens_.size());
-  buf.slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + off_slot_), T);
+  buf.slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + st.slots.offset), T);
   buf.decode_positions = plan::Span<int32_t>(decode_positions_.data(), decode_positions_.size());
   buf.prefill_positions = plan::Span<int32_t>(prefill_positions_.data(), prefill_positions_.size());
-  buf.prefill_block_table = plan::Span<int32_t>(s + off_pbt_, R * MB);
+  buf.prefill_block_table = plan::Span<int32_t>(s + st.pbt.offset, R * MB);
   buf.prefill_q_ends = plan::Span<int64_t>(prefill_q_ends_.data(), prefill_q_ends_.size());
-  buf.chunks.cu_seq_lens = plan::Span<int32_t>(s + off_cu_, kChunks * (R + 1));
-  buf.chunks.starts = plan::Span<int32_t>(s + off_starts_, kChunks * R);
-  buf.chunks.chunk_seq_lens = plan::Span<int32_t>(s + off_clens_, kChunks * R);
+  buf.chunks.cu_seq_lens = plan::Span<int32_t>(s + st.cu.offset, kChunks * (R + 1));
+  buf.chunks.starts = plan::Span<int32_t>(s + st.starts.offset, kChunks * R);
+  buf.chunks.chunk_seq_lens = plan::Span<int32_t>(s + st.clens.offset, kChunks * R);
   buf.chunks.kv_ends = plan::Span<int64_t>(chunk_kv_ends_.data(), chunk_kv_ends_.size());
   buf.chunks.seq_tot = plan::Span<int64_t>(seq_tot_.data(), seq_tot_.size());
   buf.chunks.max_seq_lens = plan::Span<int64_t>(max_seq_.data(), max_seq_.size());
   if (dcp) {
-    buf.chunks.padded_chunk_seq_lens = plan::Span<int32_t>(s + off_plens_, kChunks * R);
+    buf.chunks.padded_chunk_seq_lens = plan::Span<int32_t>(s + st.plens.offset, kChunks * R);
     buf.chunks.local_seq_tot = plan::Span<int64_t>(local_seq_tot_.data(), local_seq_tot_.size());
     buf.chunks.reorg_index = plan::Span<int64_t>(reorg_index_.data(), reorg_index_.size());
     buf.chunks.reorg_offsets = plan::Span<int64_t>(reorg_offsets_.data(), reorg_offsets_.size());
     buf.dcp_block_lens = plan::Span<int32_t>(dcp_block_lens_.data(), dcp_block_lens_.size());
     buf.dcp_is_prefilling = plan::Span<uint8_t>(dcp_is_prefilling_.data(), dcp_is_prefilling_.size());
     if (!dcp_q_ends_.empty()) {
-      buf.dcp_decode_block_table = plan::Span<int32_t>(s + off_dtbt_, total_ - off_dtbt_);
+      buf.dcp_decode_block_table = plan::Span<int32_t>(s + st.dtbt.offset, st.dtbt.words);
       buf.dcp_decode_q_ends = plan::Span<int64_t>(dcp_q_ends_.data(), dcp_q_ends_.size());
       buf.dcp_decode_kv_lens = plan::Span<int64_t>(dcp_kv_lens_.data(), dcp_kv_lens_.size());
     }
@@ -263,7 +251,6 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   const int32_t td = p.split.num_decode_tokens, tp = p.split.num_prefill_tokens;
   const int32_t T_in = p.num_input_tokens;
   const int64_t C = p.chunks.num_chunks;
-  Views& v = *views_;
 
   // The decode kernels' view: with graph decode padding, the padded bucket.
   const int32_t nk = p.decode_kernel_reqs, tk = p.decode_kernel_tokens;
@@ -274,43 +261,46 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   // row, then its prefill cos and sin rows (the regions between are sized for
   // max_num_tokens and mostly unused). Then the turn passes on.
   if (np == 0) {
-    buffers_->copy(0, off_bt_ + static_cast<int64_t>(std::max(B, nk)) * MB);
+    buffers_->copy(0, st.bt.offset + static_cast<int64_t>(std::max(B, nk)) * MB);
   } else {
     const int64_t words = static_cast<int64_t>(tp) * rope_->row_words();
-    buffers_->copy(0, off_pbt_ + static_cast<int64_t>(np) * MB);
-    buffers_->copy(off_pcos_, words);
-    buffers_->copy(off_psin_, words);
+    buffers_->copy(0, st.pbt.offset + static_cast<int64_t>(np) * MB);
+    buffers_->copy(st.pcos.offset, words);
+    buffers_->copy(st.psin.offset, words);
   }
-  if (p.dcp_token_rows) buffers_->copy(off_dtbt_, static_cast<int64_t>(nk) * MB);
+  if (p.dcp_token_rows) buffers_->copy(st.dtbt.offset, static_cast<int64_t>(nk) * MB);
   buffers_->finish();
   counter_.next(md_.stamp);
 
   md_.attn_state = p.state;
   md_.draft_step = in.draft_step;
   md_.num_reqs = B;
+  md_.num_kernel_reqs = p.num_kernel_reqs;
   md_.num_actual_tokens = p.num_actual_tokens;
   md_.num_input_tokens = T_in;
   md_.num_decodes = nd;
   md_.num_prefills = np;
   md_.num_decode_tokens = td;
   md_.num_prefill_tokens = tp;
-  md_.query_start_loc = lazy(v.qsl, B, [&] { return device_.narrow(0, off_qsl_, B + 1); });
-  md_.slot_mapping = lazy(v.slots, T_in, [&] { return v.slots64.narrow(0, 0, T_in); });
+  md_.max_query_len = p.max_query_len;
+  md_.max_seq_len = p.max_seq_len;
+  md_.query_start_loc = st.qsl_dev.first(B + 1);
+  md_.slot_mapping = st.slots_dev.first(T_in);
   if (nd > 0) {
     DecodeMetadata& d = md_.decode;
     d.num_kernel_reqs = nk;
     d.num_kernel_tokens = tk;
     if (p.dcp_token_rows) {
-      d.block_table = lazy(v.token_bt, nk, [&] { return device_.narrow(0, off_dtbt_, nk * MB).view({nk, MB}); });
+      d.block_table = st.token_bt.first(nk);
       d.seq_lens_list = c10::IntArrayRef(dcp_kv_lens_.data(), nk);
       d.actual_seq_lengths_q = c10::IntArrayRef(dcp_q_ends_.data(), nk);
     } else {
-      d.block_table = lazy(v.decode_bt, nk, [&] { return device_.narrow(0, off_bt_, nk * MB).view({nk, MB}); });
+      d.block_table = st.decode_bt.first(nk);
       d.seq_lens_list = c10::IntArrayRef(kv_lens_.data(), nk);
       d.actual_seq_lengths_q = c10::IntArrayRef(q_ends_.data(), nk);
     }
-    d.cos = lazy(v.dcos, tk, [&] { return rope_view(off_dcos_, tk); });
-    d.sin = lazy(v.dsin, tk, [&] { return rope_view(off_dsin_, tk); });
+    d.cos = st.dcos_v.get(tk, [&] { return rope_view(st.dcos.offset, tk); });
+    d.sin = st.dsin_v.get(tk, [&] { return rope_view(st.dsin.offset, tk); });
     d.max_seq_len = p.decode_max_seq_len;
   } else {
     md_.decode = DecodeMetadata{};
@@ -318,10 +308,10 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   PrefillMetadata& pf = md_.prefill;
   ChunkedContext& cc = pf.chunked;
   if (np > 0) {
-    pf.block_table = lazy(v.prefill_bt, np, [&] { return device_.narrow(0, off_pbt_, np * MB).view({np, MB}); });
+    pf.block_table = st.prefill_bt.first(np);
     pf.actual_seq_lengths_q = c10::IntArrayRef(prefill_q_ends_.data(), np);
-    pf.cos = lazy(v.pcos, tp, [&] { return rope_view(off_pcos_, tp); });
-    pf.sin = lazy(v.psin, tp, [&] { return rope_view(off_psin_, tp); });
+    pf.cos = st.pcos_v.get(tp, [&] { return rope_view(st.pcos.offset, tp); });
+    pf.sin = st.psin_v.get(tp, [&] { return rope_view(st.psin.offset, tp); });
     pf.max_query_len = p.prefill_max_query_len;
     pf.max_seq_len = p.prefill_max_seq_len;
   } else {
@@ -336,17 +326,19 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   cc.chunk_size = p.chunks.chunk_size;
   cc.kv_ends.clear();  // keeps its capacity (kChunks)
   if (np > 0 && C > 0) {
-    const size_t key = static_cast<size_t>((C - 1) * (R + 1) + np);
-    cc.cu_seq_lens = lazy(v.cu, key, [&] { return device_.narrow(0, off_cu_, C * (np + 1)).view({C, np + 1}); });
-    cc.starts = lazy(v.starts, key, [&] { return device_.narrow(0, off_starts_, C * np).view({C, np}); });
-    cc.chunk_seq_lens = lazy(v.clens, key, [&] { return device_.narrow(0, off_clens_, C * np).view({C, np}); });
+    const int64_t key = (C - 1) * (R + 1) + np;
+    const auto chunk_rows = [&](const core::Region& r, int64_t cols) {
+      return device_.narrow(0, r.offset, C * cols).view({C, cols});
+    };
+    cc.cu_seq_lens = st.cu_v.get(key, [&] { return chunk_rows(st.cu, np + 1); });
+    cc.starts = st.starts_v.get(key, [&] { return chunk_rows(st.starts, np); });
+    cc.chunk_seq_lens = st.clens_v.get(key, [&] { return chunk_rows(st.clens, np); });
     cc.seq_tot = c10::IntArrayRef(seq_tot_.data(), C);
     cc.max_seq_lens = c10::IntArrayRef(max_seq_.data(), C);
     for (int64_t c = 0; c < C; ++c) cc.kv_ends.emplace_back(chunk_kv_ends_.data() + c * np, np);
     if (dcp) {
       cc.local_chunk_size = p.local_chunk_size;
-      cc.padded_chunk_seq_lens =
-          lazy(v.plens, key, [&] { return device_.narrow(0, off_plens_, C * np).view({C, np}); });
+      cc.padded_chunk_seq_lens = st.plens_v.get(key, [&] { return chunk_rows(st.plens, np); });
       cc.local_seq_tot = c10::IntArrayRef(local_seq_tot_.data(), C);
       cc.reorg_offsets = c10::IntArrayRef(reorg_offsets_.data(), C + 1);
       // A tensor over the host rows (CPU), or a synchronous copy of them (the
@@ -375,5 +367,23 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   }
   return md_;
 }
+
+const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
+  static const core::StateSet capturable = Backend::facts().capturable;
+  if (!core::has_state(capturable, state)) {
+    throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
+                        " cannot be captured by the MLA backend (only DecodeOnly and SpecDecoding)");
+  }
+  build(in);
+  md_.attn_state = state;
+  return md_;
+}
+
+const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32_t draft_index) {
+  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  return build(in);
+}
+
+static_assert(core::is_builder_v<MetadataBuilder>, "mla::MetadataBuilder follows the builder contract");
 
 }  // namespace aar::mla

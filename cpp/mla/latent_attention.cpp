@@ -35,6 +35,12 @@ void check_shape(const at::Tensor& t, const char* name, std::initializer_list<in
                 c10::IntArrayRef(want), ", got ", t.defined() ? t.sizes() : c10::IntArrayRef{});
 }
 
+// A profiling run (no metadata): the output is all the call writes.
+void zero_for_profiling(const at::Tensor& out) {
+  AAR_CHECK_ARG(out.defined(), "out must be given");
+  out.zero_();
+}
+
 void check_like(const at::Tensor& t, const char* name, at::ScalarType dtype, c10::Device device) {
   AAR_CHECK_ARG(t.scalar_type() == dtype, name, " dtype ", t.scalar_type(), " must be the caches' ", dtype);
   AAR_CHECK_ARG(t.device() == device, name, " is on ", t.device(), " but the caches are on ", device);
@@ -123,8 +129,13 @@ void LatentAttention::check_step(const Metadata& md, const at::Tensor& nope, con
 }
 
 void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
-                                     const at::Tensor& rope, const Metadata& md, const at::Tensor& out) {
+                                     const at::Tensor& rope, const Metadata* md_ptr, const at::Tensor& out) {
   graph::refuse_if_capturing("mla.LatentAttention.forward_decode");
+  if (md_ptr == nullptr) {
+    zero_for_profiling(out);
+    return;
+  }
+  const Metadata& md = *md_ptr;
   // Shared workspaces used below are held for this forward (one thread at a time).
   graph::ForwardScope exclusive_scope;
 
@@ -172,9 +183,14 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
 }
 
 void LatentAttention::forward_prefill(const at::Tensor& q, const at::Tensor& kv_c, const at::Tensor& k_pe,
-                                      const at::Tensor& kv_b_proj, const at::Tensor& nope, const at::Tensor& rope,
-                                      const Metadata& md, const at::Tensor& out) const {
+                                      const at::Tensor& nope, const at::Tensor& rope, const Metadata* md_ptr,
+                                      const at::Tensor& out, const at::Tensor& kv_b_proj) const {
   graph::refuse_if_capturing("mla.LatentAttention.forward_prefill");
+  if (md_ptr == nullptr) {
+    zero_for_profiling(out);
+    return;
+  }
+  const Metadata& md = *md_ptr;
   const int64_t H = cfg_.num_heads, L = cfg_.kv_lora_rank, P = cfg_.qk_nope_head_dim, R = cfg_.qk_rope_head_dim,
                 V = cfg_.v_head_dim;
   AAR_CHECK_ARG(md.num_prefills > 0, "forward_prefill: the metadata schedules no prefill tokens");

@@ -452,6 +452,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     }
   }
   plan.num_reqs = static_cast<int32_t>(b);
+  plan.num_kernel_reqs = static_cast<int32_t>(b + num_dummies);
   plan.num_actual_tokens = t_real;
   plan.num_input_tokens = t_in;
   plan.max_query_len = max_q;

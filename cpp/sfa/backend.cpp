@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../common/kv_cache.h"
+#include "ascend_attn_rt/core/backend.h"
 #include "ascend_attn_rt/errors.h"
 
 namespace aar::sfa {
@@ -193,5 +194,24 @@ int64_t IndexerBackend::page_bytes(int64_t bs, bool li_c8, plan::DeviceKind devi
   const int64_t scale_bytes = li_c8 ? static_cast<int64_t>(c10::elementSize(dt[1])) : 0;
   return repl * bs * (k_bytes + scale_bytes);
 }
+
+core::BackendFacts Backend::facts() {
+  core::BackendFacts f;
+  f.id = "sfa";
+  f.name = name();
+  f.block_sizes = supported_block_sizes();  // what an engine allocates (the builder also takes 16..128, see backend.h)
+  f.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat};
+  // The composed tuple without C8 (compose_kv_cache): SFA C8 packs the first
+  // two into one byte cache, LI C8 appends the indexer scale cache, a layer
+  // without an indexer has the main part only.
+  f.kv_caches = {"nope_cache", "rope_cache", "indexer_k_cache"};
+  f.capturable = core::state_bit(plan::AttentionState::DecodeOnly) | core::state_bit(plan::AttentionState::SpecDecoding);
+  f.draft_lanes = true;  // build_for_drafting writes lane 1 + draft_index
+  return f;
+}
+
+namespace {
+const core::BackendRegistrar kRegisterSfaBackend(&Backend::facts);
+}  // namespace
 
 }  // namespace aar::sfa

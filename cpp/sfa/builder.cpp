@@ -10,28 +10,13 @@
 
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
+#include "../core/staging_layout.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/sfa_offload_plan.h"
 #include "ascend_attn_rt/plan/sfa_plan.h"
 #include "ascend_attn_rt/sfa/backend.h"
 
 namespace aar::sfa {
-
-namespace {
-
-// Region starts are multiples of 16 int32 (64 bytes): rows start on cache
-// lines and the slot region can be viewed as int64.
-int64_t align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
-
-// Returns the cached view at index i, making it on first use.
-template <typename Make>
-const at::Tensor& lazy(std::vector<at::Tensor>& cache, size_t i, Make make) {
-  at::Tensor& v = cache[i];
-  if (!v.defined()) v = make();
-  return v;
-}
-
-}  // namespace
 
 // One set of buffers, views, host lists and stamp counter: the main builds'
 // (index -1) or one draft index's.
@@ -41,34 +26,40 @@ class MetadataBuilder::Lane {
        int slot_base)
       : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs), offload_(cfg.offload.has_value()) {
     const int64_t T = cfg.max_num_tokens, MB = cfg.max_blocks_per_req, W = rope.row_words();
-    // The token region ends here (offload: the token-to-request map after sin).
-    off_qsl_ = align16(2 * T) + align16(T * W) + align16(T * W) + (offload_ ? align16(T) : 0);
-    off_cql_ = align16(off_qsl_ + R_ + 1);
-    off_seq_ = align16(off_cql_ + R_);
-    int64_t end = off_seq_ + R_;
+    // The token region first, sized for max_num_tokens; a step packs its token
+    // views at its end (token_region), right before the request part.
+    core::StagingLayout layout;
+    const int64_t token_words = core::align_words(2 * T) + 2 * core::align_words(T * W) +
+                                (offload_ ? core::align_words(T) : 0);  // offload: the token-to-request map
+    layout.add("token_region", token_words);
+    qsl_ = layout.add("query_start_loc", R_ + 1);
+    cql_ = layout.add("cum_query_lens", R_);
+    seq_ = layout.add("seq_lens", R_);
     if (offload_) {
-      off_rid_ = align16(end);  // R int64 ids: 2R words at an 8-byte aligned offset
-      off_pcql_ = align16(off_rid_ + 2 * R_);
-      end = off_pcql_ + R_;
+      rid_ = layout.add("req_ids", 2 * R_);  // int64
+      pcql_ = layout.add("prefill_cum_query_lens", R_);
       dec_ids_.assign(T, 0);
       dec_seq_.assign(T, 0);
       dec_stable_.assign(T, 0);
-      views_.ttr.resize(T + 1);
-      views_.rid.resize(R_ + 1);
-      views_.pcql.resize(R_ + 1);
       slots_host_.resize(static_cast<size_t>(cfg.staging_buffers) + 1);
     }
-    off_bt_ = align16(end);
-    const int64_t total = off_bt_ + R_ * MB;
-    buffers_ = std::make_unique<detail::StagingBuffers>(total, cfg.device, separate, cfg.staging_buffers,
+    bt_ = layout.add("block_table", R_ * MB);
+    buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
     positions_.assign(T, 0);
     cql_list_.assign(R_, 0);
     seq_list_.assign(R_, 0);
-    views_.qsl.resize(R_ + 1);
-    for (auto* v : {&views_.cql, &views_.seq, &views_.bt}) v->resize(R_ + 1);
-    for (auto* v : {&views_.slots, &views_.cos, &views_.sin}) v->resize(T + 1);
+    views_.qsl = core::RegionViews(device_, qsl_, R_ + 1, at::kInt);
+    views_.cql = core::RegionViews(device_, cql_, R_, at::kInt);
+    views_.seq = core::RegionViews(device_, seq_, R_, at::kInt);
+    views_.bt = core::RegionViews(device_, bt_, R_, at::kInt, MB);
+    for (core::ViewCache* v : {&views_.slots, &views_.cos, &views_.sin}) v->resize(T);
+    if (offload_) {
+      views_.ttr.resize(T);
+      views_.rid = core::RegionViews(device_, rid_, R_, at::kLong);
+      views_.pcql = core::RegionViews(device_, pcql_, R_, at::kInt);
+    }
     md_.block_size = cfg.block_size;
     md_.num_blocks = cfg.num_blocks;
     md_.speculative = cfg.num_speculative_tokens > 0;
@@ -80,49 +71,41 @@ class MetadataBuilder::Lane {
 
   // The main lane's staging rows (R x max_blocks_per_req) on the CPU path.
   at::Tensor staged_rows(int64_t rows) const {
-    return buffers_->host(0).narrow(0, off_bt_, rows * cfg_.max_blocks_per_req).view({rows, cfg_.max_blocks_per_req});
+    return buffers_->host(0).narrow(0, bt_.offset, rows * cfg_.max_blocks_per_req).view({rows, cfg_.max_blocks_per_req});
   }
 
   const Metadata& metadata() const { return md_; }
   uint64_t generation() const { return counter_.current(); }
 
   Metadata& build(const BuildInputs& in) {
-    const int64_t T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req;
-    const size_t num_reqs = in.seq_lens.size();
+    const int64_t MB = cfg_.max_blocks_per_req;
     if (in.draft_step != -1) {
       throw_not_supported("BuildInputs.draft_step=", in.draft_step, ": the SFA builder has no DCP draft steps "
                           "(its drafts are build_for_drafting's lanes, which take the draft's own seq_lens)");
     }
+    if (draft_index_ >= 0) {
+      AAR_CHECK_ARG(in.seq_lens.size() <= static_cast<size_t>(R_), "num_reqs=", in.seq_lens.size(),
+                    " (seq_lens entries) exceeds the draft lane's request capacity max_num_reqs*decode_threshold=",
+                    R_);
+    }
+    core::check_step_fits(in, cfg_, cfg_.max_blocks_per_req, draft_index_ >= 0 ? R_ : -1);
     // The offload's checks (plan/sfa_offload_plan.h), before anything is written.
     plan::SfaOffloadInputs oi;
     if (offload_) {
-      oi.query_start_loc = in.query_start_loc;
-      oi.seq_lens = in.seq_lens;
-      oi.req_ids = in.req_ids;
-      oi.is_prefilling = in.is_prefilling;
+      static_cast<core::StepInput&>(oi) = in;
       oi.decode_threshold = 1 + cfg_.num_speculative_tokens;
       oi.decode_consumer = cfg_.offload->is_decode_consumer;
       plan::check_sfa_offload_step(oi);
     } else {
-      AAR_CHECK_ARG(in.req_ids.empty(), "req_ids were given but the builder is not configured for KV offload "
-                    "(BuilderConfig::offload / offload=...): a plain SFA build does not read them");
-      AAR_CHECK_ARG(in.is_prefilling.empty(), "is_prefilling was given but the builder is not configured for KV "
-                    "offload (BuilderConfig::offload): the SFA split treats short extends as decodes and does not "
-                    "read it");
+      // The plain split treats short extends as decodes and keeps no per-request state.
+      core::refuse_unread(in, core::kReqIds | core::kIsPrefilling,
+                          "the SFA builder without KV offload (BuilderConfig::offload)");
     }
     // The host buffer of this build's turn, once its last copy has completed.
     int32_t* s = buffers_->begin();
     const int turn = buffers_->active();
-    AAR_CHECK_ARG(num_reqs <= static_cast<size_t>(R_), "num_reqs=", num_reqs, " (seq_lens entries) exceeds the ",
-                  draft_index_ < 0 ? "builder's max_num_reqs=" : "draft lane's request capacity "
-                                                                 "max_num_reqs*decode_threshold=",
-                  R_);
     const int64_t tokens = in.num_input_tokens > 0 ? in.num_input_tokens
                                                    : (in.query_start_loc.empty() ? 0 : in.query_start_loc.back());
-    AAR_CHECK_ARG(tokens <= T, "num_tokens=", tokens,
-                  " (query_start_loc[-1] or num_input_tokens) exceeds the builder's max_num_tokens=", T);
-    AAR_CHECK_ARG(in.block_table_stride <= MB, "block_table has ", in.block_table_stride,
-                  " columns, more than the builder's max_blocks_per_req=", MB);
     // A negative count is rejected by the plan; the token spans are then empty.
     const int64_t n = std::max<int64_t>(in.num_input_tokens < 0 ? 0 : tokens, 0);
     const TokenRegion tr = token_region(n);
@@ -140,10 +123,10 @@ class MetadataBuilder::Lane {
     pi.treat_short_extends_as_decodes = !offload_ || cfg_.offload->is_decode_consumer;
 
     plan::SfaStepBuffers pb;
-    pb.query_start_loc = plan::Span<int32_t>(s + off_qsl_, R_ + 1);
-    pb.cum_query_lens = plan::Span<int32_t>(s + off_cql_, R_);
-    pb.seq_lens = plan::Span<int32_t>(s + off_seq_, R_);
-    pb.block_table = plan::Span<int32_t>(s + off_bt_, R_ * MB);
+    pb.query_start_loc = plan::Span<int32_t>(s + qsl_.offset, R_ + 1);
+    pb.cum_query_lens = plan::Span<int32_t>(s + cql_.offset, R_);
+    pb.seq_lens = plan::Span<int32_t>(s + seq_.offset, R_);
+    pb.block_table = plan::Span<int32_t>(s + bt_.offset, R_ * MB);
     pb.block_table_stride = static_cast<int32_t>(MB);
     pb.slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + tr.slots), n);
     pb.positions = plan::Span<int32_t>(positions_.data(), n);
@@ -155,9 +138,9 @@ class MetadataBuilder::Lane {
     const int32_t B = p.num_reqs, Bk = p.num_kernel_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
     if (offload_) {
       plan::SfaOffloadBuffers ob;
-      ob.req_ids = plan::Span<uint64_t>(reinterpret_cast<uint64_t*>(s + off_rid_), R_);
+      ob.req_ids = plan::Span<uint64_t>(reinterpret_cast<uint64_t*>(s + rid_.offset), R_);
       ob.token_to_req = plan::Span<int32_t>(s + tr.ttr, n);
-      ob.prefill_cum_query_lens = plan::Span<int32_t>(s + off_pcql_, R_);
+      ob.prefill_cum_query_lens = plan::Span<int32_t>(s + pcql_.offset, R_);
       ob.decode_req_ids = plan::Span<uint64_t>(dec_ids_.data(), dec_ids_.size());
       ob.decode_seq_lens = plan::Span<int32_t>(dec_seq_.data(), dec_seq_.size());
       ob.decode_stable_prefix = plan::Span<int32_t>(dec_stable_.data(), dec_stable_.size());
@@ -186,7 +169,7 @@ class MetadataBuilder::Lane {
     }
     // One host-to-device copy (device path): from the step's first slot to its
     // last block-table row. Then the turn passes to the next host buffer.
-    buffers_->copy(tr.slots, off_bt_ + static_cast<int64_t>(Bk) * MB - tr.slots);
+    buffers_->copy(tr.slots, bt_.offset + static_cast<int64_t>(Bk) * MB - tr.slots);
     buffers_->finish();
     counter_.next(md_.stamp);
 
@@ -198,15 +181,17 @@ class MetadataBuilder::Lane {
     md_.num_decodes = p.split.num_decodes;
     md_.num_decode_tokens = p.split.num_decode_tokens;
     md_.num_prefills = p.split.num_prefills;
+    md_.num_prefill_tokens = t_real - p.split.num_decode_tokens;
     md_.max_query_len = p.max_query_len;
     md_.max_seq_len = p.max_seq_len;
-    md_.query_start_loc = lazy(views_.qsl, B, [&] { return device_.narrow(0, off_qsl_, B + 1); });
-    md_.cum_query_lens = lazy(views_.cql, Bk, [&] { return device_.narrow(0, off_cql_, Bk); });
-    md_.seq_lens = lazy(views_.seq, Bk, [&] { return device_.narrow(0, off_seq_, Bk); });
-    md_.block_table = lazy(views_.bt, Bk, [&] { return device_.narrow(0, off_bt_, Bk * MB).view({Bk, MB}); });
-    md_.slot_mapping = lazy(views_.slots, t_in, [&] { return device_.narrow(0, tr.slots, 2 * n).view(at::kLong); });
-    md_.cos = lazy(views_.cos, t_in, [&] { return rope_.view(device_, tr.cos, t_in); });
-    md_.sin = lazy(views_.sin, t_in, [&] { return rope_.view(device_, tr.sin, t_in); });
+    md_.query_start_loc = views_.qsl.first(B + 1);
+    md_.cum_query_lens = views_.cql.first(Bk);
+    md_.seq_lens = views_.seq.first(Bk);
+    md_.block_table = views_.bt.first(Bk);
+    // The token views' offsets depend on the token count only (token_region).
+    md_.slot_mapping = views_.slots.get(t_in, [&] { return device_.narrow(0, tr.slots, 2 * n).view(at::kLong); });
+    md_.cos = views_.cos.get(t_in, [&] { return rope_.view(device_, tr.cos, t_in); });
+    md_.sin = views_.sin.get(t_in, [&] { return rope_.view(device_, tr.sin, t_in); });
     md_.seq_lens_list = c10::IntArrayRef(seq_list_.data(), Bk);
     md_.cum_query_lens_list = c10::IntArrayRef(cql_list_.data(), Bk);
     if (offload_) fill_offload(s, turn, tr, p);
@@ -222,10 +207,8 @@ class MetadataBuilder::Lane {
   TokenRegion token_region(int64_t n) const {
     const int64_t W = rope_.row_words();
     TokenRegion r;
-    r.slots = off_qsl_ - (align16(2 * n) + align16(n * W) + align16(n * W) + (offload_ ? align16(n) : 0));
-    r.cos = r.slots + align16(2 * n);
-    r.sin = r.cos + align16(n * W);
-    r.ttr = r.sin + align16(n * W);
+    core::StagingLayout::pack_before(qsl_.offset,
+                                     {{&r.slots, 2 * n}, {&r.cos, n * W}, {&r.sin, n * W}, {&r.ttr, offload_ ? n : 0}});
     return r;
   }
 
@@ -236,14 +219,14 @@ class MetadataBuilder::Lane {
     const int32_t B = p.num_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
     const int32_t nd = p.split.num_decodes, np = p.split.num_prefills, ndt = p.split.num_decode_tokens;
     OffloadMetadata& o = md_.offload;
-    o.req_ids = lazy(views_.rid, B, [&] { return device_.narrow(0, off_rid_, 2 * int64_t{B}).view(at::kLong); });
-    o.token_to_req = lazy(views_.ttr, t_in, [&] { return device_.narrow(0, tr.ttr, t_in); });
-    o.prefill_cum_query_lens = lazy(views_.pcql, np, [&] { return device_.narrow(0, off_pcql_, np); });
+    o.req_ids = views_.rid.first(B);
+    o.token_to_req = views_.ttr.get(t_in, [&] { return device_.narrow(0, tr.ttr, t_in); });
+    o.prefill_cum_query_lens = views_.pcql.first(np);
     if (!prefill_views_.seq.defined() || prefill_views_.nd != nd || prefill_views_.np != np) {
       prefill_views_.nd = nd;
       prefill_views_.np = np;
-      prefill_views_.seq = device_.narrow(0, off_seq_ + nd, np);
-      prefill_views_.bt = device_.narrow(0, off_bt_ + nd * MB, np * MB).view({np, MB});
+      prefill_views_.seq = device_.narrow(0, seq_.offset + nd, np);
+      prefill_views_.bt = device_.narrow(0, bt_.offset + nd * MB, np * MB).view({np, MB});
     }
     o.prefill_seq_lens = prefill_views_.seq;
     o.prefill_block_table = prefill_views_.bt;
@@ -256,20 +239,21 @@ class MetadataBuilder::Lane {
       sh.view = buffers_->host(turn).narrow(0, tr.slots, 2 * static_cast<int64_t>(t_real)).view(at::kLong);
     }
     o.slot_mapping_host = sh.view;
-    o.req_ids_host = plan::CSpan<uint64_t>(reinterpret_cast<const uint64_t*>(s + off_rid_), B);
+    o.req_ids_host = plan::CSpan<uint64_t>(reinterpret_cast<const uint64_t*>(s + rid_.offset), B);
     o.token_to_req_host = plan::CSpan<int32_t>(s + tr.ttr, t_in);
-    o.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B) * MB);
+    o.block_table_host = plan::CSpan<int32_t>(s + bt_.offset, static_cast<size_t>(B) * MB);
     o.decode_req_ids = plan::CSpan<uint64_t>(dec_ids_.data(), ndt);
     o.decode_seq_lens = plan::CSpan<int32_t>(dec_seq_.data(), ndt);
     o.decode_stable_prefix = plan::CSpan<int32_t>(dec_stable_.data(), ndt);
   }
 
+  // Views made the first time a size is seen (core/staging_layout.h).
   struct Views {
-    std::vector<at::Tensor> qsl;             // by num_reqs: (n + 1)
-    std::vector<at::Tensor> cql, seq, bt;    // by num_kernel_reqs
-    std::vector<at::Tensor> slots, cos, sin;  // by num_input_tokens
-    std::vector<at::Tensor> ttr;             // offload: by num_input_tokens
-    std::vector<at::Tensor> rid, pcql;       // offload: by num_reqs / num_prefills
+    core::RegionViews qsl;                 // by num_reqs: (n + 1)
+    core::RegionViews cql, seq, bt;        // by num_kernel_reqs
+    core::ViewCache slots, cos, sin;       // by num_input_tokens (the token region's packing)
+    core::ViewCache ttr;                   // offload: by num_input_tokens
+    core::RegionViews rid, pcql;           // offload: by num_reqs / num_prefills
   };
   // Offload: the prefill views of the last (num_decodes, num_prefills).
   struct PrefillViews {
@@ -288,8 +272,8 @@ class MetadataBuilder::Lane {
   int32_t draft_index_;
   int64_t R_;  // request capacity (kernel requests, dummies included)
   bool offload_ = false;
-  int64_t off_qsl_ = 0, off_cql_ = 0, off_seq_ = 0, off_bt_ = 0;
-  int64_t off_rid_ = 0, off_pcql_ = 0;  // offload only
+  core::Region qsl_, cql_, seq_, bt_;  // the staging buffer's request part
+  core::Region rid_, pcql_;           // offload only
   std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor device_;
   std::vector<int32_t> positions_;          // host only: the RoPE rows are gathered on the host
@@ -349,7 +333,8 @@ MetadataBuilder::~MetadataBuilder() = default;
 const Metadata& MetadataBuilder::build(const BuildInputs& in) { return lanes_[0]->build(in); }
 
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
-  if (state != plan::AttentionState::DecodeOnly && state != plan::AttentionState::SpecDecoding) {
+  static const core::StateSet capturable = Backend::facts().capturable;
+  if (!core::has_state(capturable, state)) {
     throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
                         " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, spec 2.3)");
   }
@@ -376,5 +361,21 @@ const Metadata& MetadataBuilder::metadata() const { return lanes_[0]->metadata()
 const Metadata& MetadataBuilder::draft_metadata(int32_t d) const { return draft_lane(d).metadata(); }
 uint64_t MetadataBuilder::generation() const { return lanes_[0]->generation(); }
 uint64_t MetadataBuilder::draft_generation(int32_t d) const { return draft_lane(d).generation(); }
+
+static_assert(core::is_builder_v<MetadataBuilder>, "sfa::MetadataBuilder follows the builder contract");
+
+const Metadata* IndexerMetadataBuilder::build_for_graph_capture(const BuildInputs&, plan::AttentionState state) const {
+  static const core::StateSet capturable = Backend::facts().capturable;
+  if (!core::has_state(capturable, state)) {
+    throw_not_supported("IndexerMetadataBuilder.build_for_graph_capture: attention state ", plan::to_string(state),
+                        " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, spec 2.3)");
+  }
+  return nullptr;
+}
+
+const Metadata* IndexerMetadataBuilder::build_for_drafting(const BuildInputs&, int32_t draft_index) const {
+  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  return nullptr;
+}
 
 }  // namespace aar::sfa

@@ -633,7 +633,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
 }
 
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
-                                const Metadata* md_ptr, TopkBuffer* topk, const at::Tensor& output) {
+                                const Metadata* md_ptr, const at::Tensor& output, TopkBuffer* topk) {
   // Shared workspaces used below are held for this forward (one thread at a time).
   graph::ForwardScope exclusive_scope;
   if (md_ptr == nullptr) {

@@ -293,7 +293,9 @@ AAR_C_API void aar_mla_build_inputs_init(aar_mla_build_inputs_t* inputs);
 typedef struct aar_mla_metadata_info {
   size_t struct_size;
   aar_attn_state_t attn_state;
-  int32_t num_reqs, num_actual_tokens, num_input_tokens;
+  int32_t num_reqs;        /* scheduled (real) requests */
+  int32_t num_kernel_reqs; /* requests the kernels see (incl. graph decode padding's dummies) */
+  int32_t num_actual_tokens, num_input_tokens;
   int32_t num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens;
   uint64_t generation;
 } aar_mla_metadata_info_t;

@@ -453,6 +453,54 @@ TEST(CApi, MlaMatchesTheCppLayerExactly) {
   }
 }
 
+// The info's counts mean what they mean in every backend (core::StepCounts):
+// num_reqs the scheduled requests, num_kernel_reqs those plus graph decode
+// padding's dummy requests.
+TEST(CApi, MlaInfoCountsRealAndKernelRequests) {
+  const at::Tensor cos = at::ones({64, 8}), sin = at::zeros({64, 8});
+  Dl dcos(cos), dsin(sin);
+  aar_mla_builder_config_t bc;
+  aar_mla_builder_config_init(&bc);
+  bc.max_num_reqs = 4;
+  bc.max_num_tokens = 8;
+  bc.max_blocks_per_req = 2;
+  bc.block_size = 16;
+  bc.num_blocks = 8;
+  bc.graph_decode_padding = 1;
+  bc.cos_table = dcos.get();
+  bc.sin_table = dsin.get();
+  aar_mla_builder_t* b = nullptr;
+  ASSERT_EQ(aar_mla_builder_create(&bc, &b), AAR_OK) << last();
+  const std::vector<int32_t> qsl = {0, 1, 2}, seq = {5, 9}, table = {1, 0, 2, 0};
+  aar_mla_build_inputs_t in;
+  aar_mla_build_inputs_init(&in);
+  in.query_start_loc = qsl.data();
+  in.query_start_loc_len = qsl.size();
+  in.seq_lens = seq.data();
+  in.seq_lens_len = seq.size();
+  in.block_table = table.data();
+  in.block_table_len = table.size();
+  in.block_table_stride = 2;
+  in.num_input_tokens = 4;  // a bucket of 4: two dummy decode requests
+  const aar_mla_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_mla_builder_build(b, &in, &md), AAR_OK) << last();
+  aar_mla_metadata_info_t info;
+  info.struct_size = sizeof(info);
+  ASSERT_EQ(aar_mla_metadata_get_info(md, &info), AAR_OK) << last();
+  EXPECT_EQ(info.num_reqs, 2);
+  EXPECT_EQ(info.num_kernel_reqs, 4);
+  EXPECT_EQ(info.num_actual_tokens, 2);
+  EXPECT_EQ(info.num_input_tokens, 4);
+  EXPECT_EQ(info.num_decodes, 2);
+  EXPECT_EQ(info.num_decode_tokens, 2);
+  in.num_input_tokens = 0;  // unpadded: the kernels see the scheduled requests
+  ASSERT_EQ(aar_mla_builder_build(b, &in, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_metadata_get_info(md, &info), AAR_OK) << last();
+  EXPECT_EQ(info.num_reqs, 2);
+  EXPECT_EQ(info.num_kernel_reqs, 2);
+  aar_mla_builder_destroy(b);
+}
+
 // Every handle carries a type tag: a handle of another type is rejected by
 // name (argument, expected type, what it is) before anything is read through
 // it or written, instead of being read as the wrong struct.

@@ -500,8 +500,8 @@ std::vector<at::Tensor> run_sfa_engine(const SfaInputs& x, int64_t group) {
     const StepLists l = step_lists(schedule()[s], seen, kSfaMbr);
     const aar::sfa::Metadata& md = builder.build(build_inputs<aar::mla::BuildInputs>(l, kSfaMbr));
     at::Tensor o0 = at::zeros_like(x.hidden[s]), o1 = at::zeros_like(x.hidden[s]);
-    l0.forward(x.hidden[s], kv0, &md, &topk, o0);
-    l1.forward(o0, kv1, &md, &topk, o1);
+    l0.forward(x.hidden[s], kv0, &md, o0, &topk);
+    l1.forward(o0, kv1, &md, o1, &topk);
     outs.push_back(o0);
     outs.push_back(o1);
     outs.push_back(l0.last_topk().clone());

@@ -114,12 +114,12 @@ TEST(MlaLatentAttention, MixedStepAgainstFloat64Reference) {
                                                          wv.narrow(1, 0, P)})
                                  .to(at::kFloat);
   at::Tensor lat = at::full({1, H, L}, 7.0);
-  attn.forward_decode(ql_nope, qs.narrow(0, 0, 1).narrow(-1, P, R), nope, rope, md, lat);
+  attn.forward_decode(ql_nope, qs.narrow(0, 0, 1).narrow(-1, P, R), nope, rope, &md, lat);
   const at::Tensor dec = at::einsum("ihl,hvl->ihv", {lat.to(at::kDouble), wv.narrow(1, P, V)});
   // Prefill into a row slice of a larger output.
   at::Tensor out = at::full({10, H * V}, 7.0);
-  attn.forward_prefill(qs.narrow(0, 1, 9), kv_c.narrow(0, 1, 9), k_pe.narrow(0, 1, 9), w, nope, rope, md,
-                       out.narrow(0, 1, 9));
+  attn.forward_prefill(qs.narrow(0, 1, 9), kv_c.narrow(0, 1, 9), k_pe.narrow(0, 1, 9), nope, rope, &md,
+                       out.narrow(0, 1, 9), w);
   EXPECT_TRUE(at::allclose(dec, reference(q[0], c[0], kpe[0], w, scale), 1e-4, 1e-5));
   EXPECT_TRUE(at::allclose(out.narrow(0, 1, 9).view({9, H, V}).to(at::kDouble), reference(q[1], c[1], kpe[1], w, scale),
                            1e-4, 1e-5));

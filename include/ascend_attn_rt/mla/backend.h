@@ -9,9 +9,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "ascend_attn_rt/core/backend.h"
+
 namespace aar::mla {
 
 struct Backend {
+  // The declared facts (core/backend.h), registered with the runtime. The
+  // builder-less mla::LatentAttention takes this backend's metadata and is no
+  // backend of its own.
+  static core::BackendFacts facts();
   static const char* name();  // "ASCEND_MLA"
   // Upstream fixes 128; like the GQA backend we also accept 16, 32 and 64
   // (the kernels take multiples of 16) for tests and small caches.

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/mla/build_inputs.h"
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/plan/span.h"
@@ -49,14 +50,10 @@ class RopeRows;
 
 namespace aar::mla {
 
-struct BuilderConfig {
-  int32_t max_num_reqs = 256;
-  int32_t max_num_tokens = 8192;
-  int32_t max_blocks_per_req = 64;
-  int32_t block_size = 128;
-  int32_t num_blocks = 0;              // required, for range checks
+// The builder core (core/step.h: capacities, block geometry, staging) and
+// what the MLA builder adds.
+struct BuilderConfig : core::BuilderCore {
   int32_t max_model_len = 0;           // 0 = max_blocks_per_req * block_size
-  int32_t num_speculative_tokens = 0;  // decode threshold = 1 + n <= 16
   bool chunked_prefill_enabled = true;
   // Graph decode padding (spec 3.5 "enable-pad"; for MLA decode graph buckets):
   // a decode-only build with num_input_tokens > its tokens pads the decode
@@ -76,15 +73,6 @@ struct BuilderConfig {
   // Any dtype with rows of a multiple of 4 bytes; the builder keeps a host copy
   // (the rows are gathered on the host).
   at::Tensor cos_table, sin_table;
-  c10::Device device = c10::Device(c10::kCPU);
-  // Keep the device buffer apart from the host staging buffer and copy once per
-  // build (the device path). Defaults to (device != CPU); settable so CPU tests
-  // exercise that path.
-  std::optional<bool> separate_device_buffers;
-  // Host staging buffers used in turn on the device path (1..4); hooks for the
-  // copies and their completion (null: a c10::Event on the current stream).
-  int32_t staging_buffers = 2;
-  std::shared_ptr<StagingHooks> staging_hooks;
   // Decode context parallel (spec 7, AscendMlaDCPMetadataBuilder): this rank's
   // place in the DCP group and the interleave size I (block_size % I == 0).
   // With dcp_world_size > 1 the builds are this rank's (plan::MlaStepInputs::dcp:
@@ -112,6 +100,17 @@ class MetadataBuilder {
   MetadataBuilder& operator=(const MetadataBuilder&) = delete;
 
   const Metadata& build(const BuildInputs& in);
+  using Inputs = BuildInputs;
+  using Output = Metadata;
+  // The states Backend::facts().capturable declares (DecodeOnly and
+  // SpecDecoding): build(in), the metadata carrying `state`; other states are
+  // refused by name (NotSupported) before anything is built.
+  const Metadata& build_for_graph_capture(const BuildInputs& in,
+                                          plan::AttentionState state = plan::AttentionState::DecodeOnly);
+  // A draft model's step (draft_index >= 0): build(in). The builder keeps no
+  // draft lanes, so the previous metadata becomes stale; the DCP draft-step
+  // lengths rule stays BuildInputs::draft_step, as in build().
+  const Metadata& build_for_drafting(const BuildInputs& in, int32_t draft_index);
 
   const BuilderConfig& config() const { return cfg_; }
   int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
@@ -129,7 +128,7 @@ class MetadataBuilder {
   uint64_t generation() const { return counter_.current(); }
 
  private:
-  struct Views;  // per-size cached views of the persistent buffers
+  struct Staging;  // the staging buffer's named regions and their cached views
 
   void gather_rope(uint8_t* staging, const BuildInputs& in, int32_t num_decodes, int32_t num_decode_tokens,
                    int32_t num_prefill_tokens);
@@ -141,10 +140,11 @@ class MetadataBuilder {
   std::unique_ptr<::aar::detail::RopeRows> rope_;  // the host tables and the row gather (cpp/common/rope_gather.h)
   Metadata md_;
   ::aar::detail::BuildCounter counter_;
-  // Packed int32, offsets in int32 units, each region on a 64-byte boundary:
+  // Packed int32 regions (core::StagingLayout, each on a 64-byte boundary):
   // [qsl | slot64 | decode cos | decode sin | block table (all rows) | chunk
-  // cu_seq_lens | chunk starts | chunk lens | prefill block table | prefill cos
-  // | prefill sin]. A decode-only build copies up to the last decode row.
+  // cu_seq_lens | chunk starts | chunk lens | padded chunk lens | prefill block
+  // table | prefill cos | prefill sin | DCP per-token decode rows]. A
+  // decode-only build copies up to the last decode row.
   std::unique_ptr<::aar::detail::StagingBuffers> buffers_;
   at::Tensor device_;  // buffers_->device()
   at::Tensor staging_block_table_;
@@ -161,11 +161,9 @@ class MetadataBuilder {
   std::vector<uint8_t> dcp_is_prefilling_;
   std::vector<int32_t> draft_seq_;  // a draft step's lengths (base + d + 1)
   // DCP with speculative decode: the per-token decode rows (their block table
-  // is the staging region at off_dtbt_).
+  // is the staging region "dcp_decode_block_table").
   std::vector<int64_t> dcp_q_ends_, dcp_kv_lens_;
-  std::unique_ptr<Views> views_;
-  int64_t off_qsl_ = 0, off_slot_ = 0, off_dcos_ = 0, off_dsin_ = 0, off_bt_ = 0, off_cu_ = 0, off_starts_ = 0,
-          off_clens_ = 0, off_pbt_ = 0, off_pcos_ = 0, off_psin_ = 0, off_plens_ = 0, off_dtbt_ = 0, total_ = 0;
+  std::unique_ptr<Staging> st_;
 };
 
 }  // namespace aar::mla

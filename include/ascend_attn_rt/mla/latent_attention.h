@@ -69,19 +69,24 @@ class LatentAttention {
   void write_kv(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor& slot_mapping,
                 const at::Tensor& nope_cache, const at::Tensor& rope_cache) const;
 
-  // The decode tokens (the first md.num_decode_tokens of the step): ql_nope
+  // Both forwards take their arguments in the backend contract's order
+  // (core/backend.h: activations, caches, metadata, output, extras); md ==
+  // nullptr is a profiling run: out is zero-filled (refused inside a graph
+  // capture, as every call of this class is).
+
+  // The decode tokens (the first md->num_decode_tokens of the step): ql_nope
   // (B, H, L) and q_pe (B, H, R), any strides; out (B, H, L), contiguous,
   // gets the latent attention output. The caches must hold the step's rows.
   void forward_decode(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope_cache,
-                      const at::Tensor& rope_cache, const Metadata& md, const at::Tensor& out);
+                      const at::Tensor& rope_cache, const Metadata* md, const at::Tensor& out);
 
-  // The prefill tokens (the md.num_prefill_tokens after the decodes): q
-  // (tp, H, P+R), kv_c (tp, L), k_pe (tp, R) or (tp, 1, R); kv_b_proj
-  // (H*(P+V), L) in the activations' dtype; out (tp, H*V) (any row-major
-  // rows: a row slice of a larger output is fine) gets the attention output.
+  // The prefill tokens (the md->num_prefill_tokens after the decodes): q
+  // (tp, H, P+R), kv_c (tp, L), k_pe (tp, R) or (tp, 1, R); out (tp, H*V) (any
+  // row-major rows: a row slice of a larger output is fine) gets the attention
+  // output; kv_b_proj (H*(P+V), L) in the activations' dtype.
   void forward_prefill(const at::Tensor& q, const at::Tensor& kv_c, const at::Tensor& k_pe,
-                       const at::Tensor& kv_b_proj, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
-                       const Metadata& md, const at::Tensor& out) const;
+                       const at::Tensor& nope_cache, const at::Tensor& rope_cache, const Metadata* md,
+                       const at::Tensor& out, const at::Tensor& kv_b_proj) const;
 
  private:
   void check_step(const Metadata& md, const at::Tensor& nope, const at::Tensor& rope, at::ScalarType dtype,

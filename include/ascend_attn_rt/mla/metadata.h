@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 
 namespace aar::mla {
@@ -66,15 +67,12 @@ struct PrefillMetadata {
   ChunkedContext chunked;                 // num_chunks == 0: no cached context
 };
 
-struct Metadata {
+// The step's counts (core::StepCounts: num_reqs the scheduled requests,
+// num_kernel_reqs those plus graph decode padding's dummy requests; the split
+// counts are the real decodes and prefills, the padded decode is
+// DecodeMetadata::num_kernel_*) and the MLA metadata.
+struct Metadata : core::StepCounts {
   plan::AttentionState attn_state = plan::AttentionState::ChunkedPrefill;
-  int32_t num_reqs = 0;
-  int32_t num_actual_tokens = 0;   // unpadded scheduled tokens
-  int32_t num_input_tokens = 0;    // tokens the layers receive (>= num_actual_tokens)
-  int32_t num_decodes = 0;
-  int32_t num_prefills = 0;
-  int32_t num_decode_tokens = 0;
-  int32_t num_prefill_tokens = 0;
   int32_t block_size = 0;
   int32_t num_blocks = 0;
   bool speculative = false;        // the builder has a speculative config (decode layout TND_NTD)

@@ -199,6 +199,7 @@ struct MlaStepPlan {
   SplitResult split;
   ContextChunkPlan chunks;  // num_chunks == 0: no prefill context
   int32_t num_reqs = 0;
+  int32_t num_kernel_reqs = 0;  // num_reqs + graph decode padding's dummy requests
   int32_t num_actual_tokens = 0;
   int32_t num_input_tokens = 0;
   int32_t max_query_len = 0;

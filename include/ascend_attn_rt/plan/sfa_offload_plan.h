@@ -26,21 +26,23 @@
 #include <cstdint>
 
 #include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/plan/step_input.h"
 #include "ascend_attn_rt/plan/split.h"
 
 namespace aar::plan {
 
-struct SfaOffloadInputs {
-  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums
-  CSpan<int32_t> seq_lens;         // B
-  // B: each request's identity, distinct within the batch and never shared by
-  // two live requests: the resident-slot LRU keeps a row's resident tokens
-  // while its id stays the same, so two requests with one id (a hash collision,
-  // e.g. upstream's adler32 of the request id) would read each other's rows.
-  // Give the engine's own 64-bit request numbers, or keys from
-  // plan::RequestKeys for string ids (plan/request_keys.h).
-  CSpan<uint64_t> req_ids;
-  CSpan<uint8_t> is_prefilling;    // B when !decode_consumer (required), empty otherwise (rejected)
+// The step (plan/step_input.h); what the offload reads of it:
+//  * query_start_loc (B+1) and seq_lens (B);
+//  * req_ids (B): each request's identity, distinct within the batch and
+//    never shared by two live requests: the resident-slot LRU keeps a row's
+//    resident tokens while its id stays the same, so two requests with one id
+//    (a hash collision, e.g. upstream's adler32 of the request id) would read
+//    each other's rows. Give the engine's own 64-bit request numbers, or keys
+//    from plan::RequestKeys for string ids (plan/request_keys.h);
+//  * is_prefilling: B when !decode_consumer (required), empty otherwise
+//    (rejected).
+// The other StepInput fields are plan_sfa_step's.
+struct SfaOffloadInputs : StepInput {
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens
   bool decode_consumer = false;    // treat_short_extends_as_decodes
 };

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ascend_attn_rt/core/backend.h"
 #include "ascend_attn_rt/plan/workspace.h"
 
 namespace aar::sfa {
@@ -29,6 +30,10 @@ inline constexpr int64_t kIndexHeadDim = 128;
 inline constexpr int64_t kC8Tile = 128;
 
 struct Backend {
+  // The declared facts (core/backend.h) of the "sfa" backend, registered with
+  // the runtime; the indexer cache group (IndexerBackend,
+  // IndexerMetadataBuilder) is part of it.
+  static core::BackendFacts facts();
   static const char* name();  // "ASCEND_SFA"
   static const std::vector<int64_t>& supported_block_sizes();  // {128} (spec 11.20)
   static bool is_supported_block_size(int64_t block_size);     // == 128

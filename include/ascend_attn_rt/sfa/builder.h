@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/mla/build_inputs.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/plan/request_keys.h"
@@ -82,15 +83,14 @@ struct BuilderOffloadConfig {
   bool is_decode_consumer = false;
 };
 
-struct BuilderConfig {
-  int32_t max_num_reqs = 256;
-  int32_t max_num_tokens = 8192;
-  int32_t max_blocks_per_req = 64;
-  // SFA's kernel block is 128 (Backend::supported_block_sizes); any multiple of
-  // 16 in [16, 128] is accepted (Backend::is_builder_block_size) for tests.
-  int32_t block_size = 128;
-  int32_t num_blocks = 0;              // required, for range checks
-  int32_t num_speculative_tokens = 0;  // decode threshold = 1 + n <= 16; SpecDecoding needs n > 0 (MTP)
+// The builder core (core/step.h: capacities, block geometry, staging) and
+// what the SFA builder adds. block_size: SFA's kernel block is 128
+// (Backend::supported_block_sizes); any multiple of 16 in [16, 128] is
+// accepted (Backend::is_builder_block_size) for tests. num_speculative_tokens:
+// SpecDecoding needs n > 0 (MTP). staging_buffers are per lane; shared
+// staging_hooks see lane i's host buffer j as slot i * staging_buffers + j
+// (lane 0 = main, lane 1 + d = draft d).
+struct BuilderConfig : core::BuilderCore {
   bool chunked_prefill_enabled = true; // attention-state derivation only
   // Graph decode padding (the MLA "enable-pad" rule, plan::SfaStepInputs::
   // pad_decode_batch): a build whose every request is a decode, with
@@ -107,17 +107,6 @@ struct BuilderConfig {
   // RoPE tables (max_position, R), first and second halves identical (MLA half
   // layout). Any dtype with rows of a multiple of 4 bytes; kept on the host.
   at::Tensor cos_table, sin_table;
-  c10::Device device = c10::Device(c10::kCPU);
-  // Keep the device buffers apart from the host staging buffers and copy once
-  // per build (the device path). Defaults to (device != CPU); settable so CPU
-  // tests exercise that path.
-  std::optional<bool> separate_device_buffers;
-  // Host staging buffers per lane, used in turn on the device path (1..4).
-  int32_t staging_buffers = 2;
-  // Copies and their completion (null: a c10::Event per host buffer on the
-  // current stream, per lane). Shared hooks see lane i's host buffer j as slot
-  // i * staging_buffers + j (lane 0 = main, lane 1 + d = draft d).
-  std::shared_ptr<StagingHooks> staging_hooks;
   // The KV-offload builder (spec 5): every build takes req_ids (and
   // is_prefilling unless a decode consumer), splits the batch with the
   // offload's rule, needs it decode-first (a decode after the first prefill
@@ -151,8 +140,11 @@ class MetadataBuilder {
   MetadataBuilder& operator=(const MetadataBuilder&) = delete;
 
   const Metadata& build(const BuildInputs& in);
-  // Spec 2.3: only DecodeOnly and SpecDecoding may be captured (NotSupported
-  // otherwise, before anything is built); the metadata carries `state`.
+  using Inputs = BuildInputs;
+  using Output = Metadata;
+  // The states Backend::facts().capturable declares (DecodeOnly and
+  // SpecDecoding; NotSupported otherwise, before anything is built); the
+  // metadata carries `state`.
   const Metadata& build_for_graph_capture(const BuildInputs& in,
                                           plan::AttentionState state = plan::AttentionState::DecodeOnly);
   // A draft step's metadata in draft lane `draft_index` (see the file comment).
@@ -190,21 +182,23 @@ class MetadataBuilder {
   plan::RequestKeys request_keys_;
 };
 
-// The indexer cache group's builder (spec 4: AscendSFAIndexerBackend). The
-// group exists so the KV planner allocates the indexer cache as its own tensor
-// while sharing the main group's block ids; it has no metadata of its own:
-// build() and build_for_graph_capture() return null, and the indexer reads
-// everything (block table, both length lists, slot mapping) from the main
-// "*.attn" layer's sfa::Metadata. Nothing is validated because nothing is read.
+// The indexer cache group's builder (spec 4: AscendSFAIndexerBackend), part
+// of the "sfa" backend (its facts are Backend::facts()). The group exists so
+// the KV planner allocates the indexer cache as its own tensor while sharing
+// the main group's block ids; it has no metadata of its own: the three build
+// entry points return null, and the indexer reads everything (block table,
+// both length lists, slot mapping) from the main "*.attn" layer's
+// sfa::Metadata. The step is not validated because nothing of it is read;
+// build_for_graph_capture refuses the states the backend cannot capture and
+// build_for_drafting a negative draft_index, as the main builder does.
 class IndexerMetadataBuilder {
  public:
   // reorder_batch_threshold = None upstream.
   static std::optional<int32_t> reorder_batch_threshold() { return std::nullopt; }
   const Metadata* build(const BuildInputs&) const noexcept { return nullptr; }
-  const Metadata* build_for_graph_capture(const BuildInputs&,
-                                          plan::AttentionState = plan::AttentionState::DecodeOnly) const noexcept {
-    return nullptr;
-  }
+  const Metadata* build_for_graph_capture(const BuildInputs& in,
+                                          plan::AttentionState state = plan::AttentionState::DecodeOnly) const;
+  const Metadata* build_for_drafting(const BuildInputs& in, int32_t draft_index) const;
 };
 
 }  // namespace aar::sfa

@@ -173,15 +173,16 @@ class Impl {
   //                 the weights' dtype, or with LI C8 (indexer k int8 / fp8,
   //                 indexer scale (nb', bs, 1, 1) fp16 / fp32).
   // A tuple of another length, dtype (for the layer's device_kind), shape or
-  // layout is rejected by name before anything is written. topk the model's
-  // TopkBuffer (needed by layers without an
-  // indexer and with use_index_cache; may be null otherwise); output (T,
-  // hidden_size): rows past the kernel tokens get o_proj(0) = 0. metadata ==
-  // nullptr (profiling run) zero-fills output. While a graph capture is open
-  // the layer is captured (every length it reads lives in the builder's stable
+  // layout is rejected by name before anything is written. output (T,
+  // hidden_size): rows past the kernel tokens get o_proj(0) = 0; topk the
+  // model's TopkBuffer (needed by layers without an indexer and with
+  // use_index_cache; may be null otherwise). The backend contract's order
+  // (core/backend.h): metadata == nullptr (profiling run) zero-fills output
+  // and is refused inside a graph capture. While a graph capture is open the
+  // layer is captured (every length it reads lives in the builder's stable
   // buffers, so an update re-issues nothing for it).
   const at::Tensor& forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache, const Metadata* metadata,
-                            TopkBuffer* topk, const at::Tensor& output);
+                            const at::Tensor& output, TopkBuffer* topk = nullptr);
 
   const ImplConfig& config() const { return cfg_; }
   const at::Tensor& w_uk_t() const;

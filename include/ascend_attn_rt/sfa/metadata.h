@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/plan/span.h"
 
@@ -46,16 +47,12 @@ struct OffloadMetadata {
   plan::CSpan<int32_t> decode_stable_prefix;
 };
 
-struct Metadata {
+// The step's counts (core::StepCounts: num_reqs the real requests B,
+// num_kernel_reqs B_k = B + graph padding dummies; the split counts are the
+// split rule on the batch as given: informational for plain SFA, the offload
+// path's routing (leading decodes -> resident path)) and the SFA metadata.
+struct Metadata : core::StepCounts {
   plan::AttentionState attn_state = plan::AttentionState::ChunkedPrefill;
-  int32_t num_reqs = 0;            // real requests B
-  int32_t num_kernel_reqs = 0;     // B_k = B + graph padding dummies
-  int32_t num_actual_tokens = 0;   // real tokens
-  int32_t num_input_tokens = 0;    // tokens the layers receive (>= num_actual_tokens)
-  // The split rule on the batch as given: informational for plain SFA; the
-  // offload path's routing (leading decodes -> resident path).
-  int32_t num_decodes = 0, num_decode_tokens = 0, num_prefills = 0;
-  int32_t max_query_len = 0, max_seq_len = 0;
   int32_t block_size = 0, num_blocks = 0;
   bool speculative = false;        // the builder has a speculative config (num_speculative_tokens > 0)
   int32_t draft_index = -1;        // -1: a main build; d: build_for_drafting(..., d)
