@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/backend.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/builder.h"
 #include "ascend_attn_rt/mla/builder.h"
@@ -421,6 +422,42 @@ TEST(Staging, SfaGraphCaptureOnlyForDecodeStates) {
   EXPECT_EQ(ib.build(sfa_inputs(step_a())), nullptr);
   EXPECT_EQ(ib.build_for_graph_capture(sfa_inputs(step_a())), nullptr);
   EXPECT_FALSE(aar::sfa::IndexerMetadataBuilder::reorder_batch_threshold().has_value());
+}
+
+// The indexer cache group is part of the "sfa" backend: its capture build
+// refuses what the backend cannot capture, its draft build a negative index.
+TEST(Staging, SfaIndexerBuilderFollowsTheContract) {
+  aar::sfa::IndexerMetadataBuilder ib;
+  EXPECT_THROW(ib.build_for_graph_capture(sfa_inputs(step_a()), aar::plan::AttentionState::ChunkedPrefill),
+               aar::NotSupported);
+  EXPECT_EQ(ib.build_for_graph_capture(sfa_inputs(step_a()), aar::plan::AttentionState::SpecDecoding), nullptr);
+  EXPECT_EQ(ib.build_for_drafting(sfa_inputs(step_a()), 0), nullptr);
+  EXPECT_THROW(ib.build_for_drafting(sfa_inputs(step_a()), -1), aar::InvalidArgument);
+}
+
+// MLA: the capture build takes the states the backend declares capturable,
+// refuses the others before anything is built; the draft build is build().
+TEST(Staging, MlaGraphCaptureOnlyForDecodeStatesAndDraftingBuilds) {
+  static_assert(aar::core::is_builder_v<aar::mla::MetadataBuilder>);
+  static_assert(aar::core::is_builder_v<aar::sfa::MetadataBuilder>);
+  aar::mla::MetadataBuilder b(mla_config(nullptr, 1));
+  EXPECT_THROW(b.build_for_graph_capture(mla_inputs(step_a()), aar::plan::AttentionState::ChunkedPrefill),
+               aar::NotSupported);
+  EXPECT_EQ(b.generation(), 0u);
+  const aar::mla::Metadata& md =
+      b.build_for_graph_capture(mla_inputs(step_a()), aar::plan::AttentionState::SpecDecoding);
+  EXPECT_EQ(md.attn_state, aar::plan::AttentionState::SpecDecoding);
+  EXPECT_EQ(b.generation(), 1u);
+  const aar::mla::Metadata& d = b.build_for_drafting(mla_inputs(step_b()), 0);
+  EXPECT_EQ(d.attn_state, aar::plan::AttentionState::DecodeOnly);
+  EXPECT_TRUE(all_equal(mla_views(d), mla_expected(step_b())));
+  EXPECT_EQ(b.generation(), 2u);
+  EXPECT_THROW(b.build_for_drafting(mla_inputs(step_b()), -1), aar::InvalidArgument);
+  EXPECT_EQ(b.generation(), 2u);
+  EXPECT_EQ(aar::core::backend_facts("mla").capturable,
+            aar::core::state_bit(aar::plan::AttentionState::DecodeOnly) |
+                aar::core::state_bit(aar::plan::AttentionState::SpecDecoding));
+  EXPECT_TRUE(aar::core::backend_facts("sfa").draft_lanes);
 }
 
 // ---------------------------------------------------------------- build stamps

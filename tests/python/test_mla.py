@@ -510,3 +510,41 @@ def test_draft_step_builds_the_lengths_base_plus_index_plus_one():
         drafted.build(torch.tensor([0, 2, 3, 4], dtype=torch.int32), base, table, draft_step=0)
     with pytest.raises(ValueError, match="draft_step=-3 is out of range"):
         drafted.build(qsl, base, table, draft_step=-3)
+
+
+# ---------------------------------------------------------------- the step core and the backend contract
+
+def test_counts_mean_what_they_mean_in_every_backend():
+    # core::StepCounts: num_reqs the scheduled requests, num_kernel_reqs those plus graph decode
+    # padding's dummy requests, max_query_len / max_seq_len over the scheduled requests.
+    b, _, _ = _stable_builder(graph_decode_padding=True)
+    md = b.build(*_batch([1, 1, 1], [12, 20, 45]), num_input_tokens=5)
+    assert (md.num_reqs, md.num_kernel_reqs, md.decode_num_kernel_reqs) == (3, 5, 5)
+    assert (md.num_actual_tokens, md.num_input_tokens, md.num_decodes, md.num_decode_tokens) == (3, 5, 3, 3)
+    assert (md.max_query_len, md.max_seq_len) == (1, 45)
+    md = b.build(*_batch([1, 5, 4], [12, 45, 30]))  # steps with prefills are not padded
+    assert (md.num_reqs, md.num_kernel_reqs) == (3, 3)
+    assert (md.num_prefills, md.num_prefill_tokens, md.max_query_len, md.max_seq_len) == (2, 9, 5, 45)
+
+
+def test_graph_capture_and_drafting_builds_follow_the_contract():
+    facts = aar.backend_facts("mla")
+    assert facts["name"] == "ASCEND_MLA" and facts["kv_caches"] == ["nope_cache", "rope_cache"]
+    assert facts["capturable"] == ["DecodeOnly", "SpecDecoding"] and not facts["draft_lanes"]
+    assert facts["block_sizes"] == mla.Backend.supported_block_sizes()
+    assert "mla_latent" not in [f["id"] for f in aar.backends()]  # LatentAttention takes the MLA metadata
+    b, _, _ = _stable_builder()
+    batch = _batch([1, 1], [12, 20])
+    md = b.build_for_graph_capture(*batch, state=aar.AttentionState.SpecDecoding)
+    assert md.attn_state == aar.AttentionState.SpecDecoding and md.num_decodes == 2
+    gen = b.generation
+    for state in (aar.AttentionState.ChunkedPrefill, aar.AttentionState.PrefillNoCache):
+        with pytest.raises(NotImplementedError, match=f"{state.name} cannot be captured by the MLA backend"):
+            b.build_for_graph_capture(*batch, state=state)
+    assert b.generation == gen and md.is_current  # refused before anything was built
+    d = b.build_for_drafting(*batch, 1)
+    assert d.is_current and not md.is_current and d.attn_state == aar.AttentionState.DecodeOnly
+    assert d.decode_seq_lens_list == [12, 20] and d.draft_step == -1
+    with pytest.raises(ValueError, match="draft_index must be >= 0, got -1"):
+        b.build_for_drafting(*batch, -1)
+    assert d.is_current

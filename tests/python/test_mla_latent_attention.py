@@ -202,3 +202,17 @@ def test_refusals_name_what_is_not_supported():
     assert (md.decode_num_kernel_tokens, md.num_decode_tokens) == (4, 1)
     with pytest.raises(NotImplementedError, match="graph decode padding"):
         t.attn.forward_decode(torch.zeros(1, 8, L), torch.zeros(1, 8, R), t.nope, t.rope, md, torch.zeros(1, 8, L))
+
+
+def test_profiling_run_without_metadata_zero_fills_the_output():
+    # The backend contract: metadata None is a profiling run (the output zero-filled, nothing else).
+    t = _case([33, 12, 50], [1, 1, 14])
+    H = t.H
+    snap = (t.nope.clone(), t.rope.clone())
+    lat = torch.full((2, H, L), 7.0)
+    t.attn.forward_decode(torch.zeros(2, H, L), torch.zeros(2, H, R), t.nope, t.rope, None, lat)
+    assert torch.all(lat == 0)
+    o = torch.full((14, H * V), 7.0)
+    t.attn.forward_prefill(t.q[2:], t.c[2:], t.kpe[2:], t.w, t.nope, t.rope, None, o)
+    assert torch.all(o == 0)
+    assert torch.equal(t.nope, snap[0]) and torch.equal(t.rope, snap[1])

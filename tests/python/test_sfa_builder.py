@@ -575,3 +575,23 @@ def test_build_valid_topk_mask():
     ]:
         with pytest.raises(ValueError, match=msg):
             aar.plan.build_valid_topk_mask(*args)
+
+
+def test_counts_and_the_backend_contract():
+    # core::StepCounts in SFA's metadata (num_prefill_tokens completes the split's counts); the "sfa"
+    # facts, the indexer cache group being part of that backend.
+    cos, sin = rope(64)
+    b = sfa.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16, num_blocks=16,
+                            cos_table=cos, sin_table=sin, num_speculative_tokens=1, graph_decode_padding=True)
+    table = torch.arange(16, dtype=torch.int32).view(4, 4)
+    md = b.build(i32([0, 2, 3, 8]), i32([10, 7, 20]), table[:3])
+    assert (md.num_decodes, md.num_decode_tokens, md.num_prefills, md.num_prefill_tokens) == (2, 3, 1, 5)
+    assert (md.num_reqs, md.num_kernel_reqs, md.max_query_len, md.max_seq_len) == (3, 3, 5, 20)
+    md = b.build(i32([0, 2, 4]), i32([10, 7]), table[:2], num_input_tokens=8)  # two dummies of 2 tokens
+    assert (md.num_reqs, md.num_kernel_reqs, md.num_actual_tokens, md.num_prefill_tokens) == (2, 4, 4, 0)
+    facts = aar.backend_facts("sfa")
+    assert facts["name"] == "ASCEND_SFA" and facts["block_sizes"] == [128] and facts["draft_lanes"]
+    assert facts["capturable"] == ["DecodeOnly", "SpecDecoding"]
+    assert facts["kv_caches"] == ["nope_cache", "rope_cache", "indexer_k_cache"]
+    assert [f["id"] for f in aar.backends()].count("sfa") == 1
+    assert sfa.IndexerMetadataBuilder().build_for_drafting(i32([0, 1]), i32([4]), table[:1], 0) is None
