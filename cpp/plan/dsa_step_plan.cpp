@@ -368,6 +368,122 @@ int64_t group_rows_valid(const DsaStepPlan& step, const DsaGroupInputs& g, int32
   return valid;
 }
 
+// The rows [lo, hi) request b's kernels read (DsaGroupReads, in the group's
+// row units), for the validated lengths s >= q >= 0; lo >= hi when none.
+struct ReadSpan {
+  int32_t lo, hi;
+};
+template <DsaGroupReads kReads, class Div>
+inline ReadSpan read_span(int32_t s, int32_t q, const DsaGroupInputs& g, const Div& rdiv, const Div& state_div) {
+  const int32_t start = s - q;
+  if constexpr (kReads == DsaGroupReads::CompressedPrefix) {
+    return {0, rdiv.div(s)};
+  } else if constexpr (kReads == DsaGroupReads::Window) {
+    return {std::max(start - g.read_window, 0), s};
+  } else {
+    const int32_t c0 = state_div.div(start);
+    if (state_div.div(s) == c0) return {0, 0};  // no row completes: the compressor reads no earlier state
+    return {std::max((c0 - g.state_coff + 1) * g.state_ratio, 0), start};
+  }
+}
+
+const char* reads_what(DsaGroupReads r) {
+  switch (r) {
+    case DsaGroupReads::CompressedPrefix: return "the attention / indexer reads its compressed rows";
+    case DsaGroupReads::Window: return "the sliding-window attention reads its positions";
+    case DsaGroupReads::CompressorState: return "the compressor reads the state of its positions";
+    default: return "reads";
+  }
+}
+
+// The definition of the read checks' errors (the first bad request's first
+// failure); check_group_reads runs it once its fast pass found a problem.
+template <DsaGroupReads kReads>
+void throw_group_read_error(const DsaStepPlan& step, const DsaGroupInputs& g, const NonNegDiv& rdiv,
+                            const NonNegDiv& sdiv, const NonNegDiv& state_div) {
+  const auto stride = static_cast<std::size_t>(g.block_table_stride);
+  for (int32_t b = 0; b < step.num_reqs_actual; ++b) {
+    const int32_t q = step.query_start_loc[b + 1] - step.query_start_loc[b], s = step.seq_lens[b];
+    AAR_CHECK_ARG(q >= 0 && s >= q, "step: seq_lens[", b, "]=", s, " and query length ", q,
+                  " are not a validated request (inputs changed after plan_dsa_step?)");
+    const ReadSpan span = read_span<kReads>(s, q, g, rdiv, state_div);
+    if (span.lo >= span.hi) continue;
+    const int32_t col_lo = sdiv.div(span.lo), col_hi = sdiv.div(span.hi - 1);
+    AAR_CHECK_ARG(static_cast<std::size_t>(col_hi) < stride, "request ", b, ": ", reads_what(kReads), " [",
+                  span.lo, ", ", span.hi, "), up to block-table column ", col_hi, ", but block_table_stride=", stride,
+                  " (storage_block_size=", sdiv.d, ")");
+    const int32_t* row = g.block_table.data() + static_cast<std::size_t>(b) * stride;
+    for (int32_t col = col_lo; col <= col_hi; ++col) {
+      const int32_t id = row[col];
+      AAR_CHECK_ARG(id >= 0 && (g.num_blocks == 0 || id < g.num_blocks), "block_table[", b, "][", col, "]=", id,
+                    " is out of range [0, num_blocks=",
+                    g.num_blocks == 0 ? std::string("inf") : std::to_string(g.num_blocks), ") (request ", b, ": ",
+                    reads_what(kReads), " [", span.lo, ", ", span.hi, ") there)");
+      AAR_CHECK_ARG(g.slot_format != SlotFormat::Flat ||
+                        static_cast<int64_t>(id) * sdiv.d + (sdiv.d - 1) <= kInt32Max,
+                    "block_table[", b, "][", col, "]=", id, " gives flat slots beyond int32 (storage_block_size=",
+                    sdiv.d, ")");
+    }
+  }
+}
+
+// Every page column of the rows the group's kernels read (DsaGroupReads) is
+// in the table and holds a block id in [0, num_blocks): one branch-free pass
+// over the real requests (the id checks are block_id_limit's one unsigned
+// bound); any failure is named by throw_group_read_error.
+template <DsaGroupReads kReads, class Div>
+void group_reads_valid(const DsaStepPlan& step, const DsaGroupInputs& g, const Div& rdiv, const Div& sdiv,
+                       const Div& state_div, const NonNegDiv& rdiv_checked, const NonNegDiv& sdiv_checked,
+                       const NonNegDiv& state_div_checked) {
+  const auto stride = static_cast<std::size_t>(g.block_table_stride);
+  const uint32_t limit = block_id_limit(g);
+  const int32_t* const qsl = step.query_start_loc.data();
+  const int32_t* const seq = step.seq_lens.data();
+  const int32_t* const table = g.block_table.data();
+  uint32_t bad = 0;
+  bool ok = true;
+  for (int32_t b = 0; b < step.num_reqs_actual; ++b) {
+    const int32_t q = qsl[b + 1] - qsl[b], s = seq[b];
+    if (__builtin_expect(q < 0 || s < q, 0)) {
+      ok = false;
+      break;
+    }
+    const ReadSpan span = read_span<kReads>(s, q, g, rdiv, state_div);
+    if (span.lo >= span.hi) continue;
+    const int32_t col_lo = sdiv.div(span.lo), col_hi = sdiv.div(span.hi - 1);
+    if (__builtin_expect(static_cast<std::size_t>(col_hi) >= stride, 0)) {
+      ok = false;
+      break;
+    }
+    const int32_t* row = table + static_cast<std::size_t>(b) * stride;
+    for (int32_t col = col_lo; col <= col_hi; ++col) bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[col]) >= limit);
+  }
+  if (!ok || bad != 0) {
+    throw_group_read_error<kReads>(step, g, rdiv_checked, sdiv_checked, state_div_checked);
+    throw_invalid("internal: plan_dsa_group's fast read validation failed where the per-request one did not");
+  }
+}
+
+template <DsaGroupReads kReads>
+void check_group_reads_as(const DsaStepPlan& step, const DsaGroupInputs& g, int32_t r, int32_t sbs) {
+  const NonNegDiv rdiv(r), sdiv(sbs), state_div(kReads == DsaGroupReads::CompressorState ? g.state_ratio : 1);
+  if (rdiv.shift >= 0 && sdiv.shift >= 0 && state_div.shift >= 0) {
+    group_reads_valid<kReads>(step, g, Pow2Div(rdiv), Pow2Div(sdiv), Pow2Div(state_div), rdiv, sdiv, state_div);
+  } else {
+    group_reads_valid<kReads>(step, g, rdiv, sdiv, state_div, rdiv, sdiv, state_div);
+  }
+}
+
+// plan_dsa_group's read checks (the arguments were checked by check_group_args).
+void check_group_reads(const DsaStepPlan& step, const DsaGroupInputs& g, int32_t r, int32_t sbs) {
+  switch (g.reads) {
+    case DsaGroupReads::WrittenRows: return;
+    case DsaGroupReads::CompressedPrefix: return check_group_reads_as<DsaGroupReads::CompressedPrefix>(step, g, r, sbs);
+    case DsaGroupReads::Window: return check_group_reads_as<DsaGroupReads::Window>(step, g, r, sbs);
+    case DsaGroupReads::CompressorState: return check_group_reads_as<DsaGroupReads::CompressorState>(step, g, r, sbs);
+  }
+}
+
 struct RowOut {
   int32_t *slots, *index, *position, *request;
 };
@@ -464,6 +580,22 @@ GroupArgs check_group_args(const DsaStepPlan& step, const DsaGroupInputs& g, con
   AAR_CHECK_ARG(g.num_blocks >= 0, "num_blocks=", g.num_blocks, " is negative");
   AAR_CHECK_ARG(g.rope_positions >= 0, "rope_positions=", g.rope_positions, " is negative");
   a.stride = static_cast<std::size_t>(g.block_table_stride);
+  switch (g.reads) {
+    case DsaGroupReads::WrittenRows:
+    case DsaGroupReads::CompressedPrefix: break;
+    case DsaGroupReads::Window:
+      AAR_CHECK_ARG(g.read_window >= 0, "read_window=", g.read_window, " is negative");
+      AAR_CHECK_ARG(a.r == 1, "reads=Window is the sliding window of an uncompressed group, but compress_ratio=",
+                    g.compress_ratio);
+      break;
+    case DsaGroupReads::CompressorState:
+      AAR_CHECK_ARG(g.state_ratio >= 1 && g.state_coff >= 1, "reads=CompressorState needs state_ratio >= 1 and "
+                    "state_coff >= 1, got ", g.state_ratio, " and ", g.state_coff);
+      AAR_CHECK_ARG(a.r == 1, "reads=CompressorState is a state cache (one row per position), but compress_ratio=",
+                    g.compress_ratio);
+      break;
+    default: throw_invalid("reads=", static_cast<int32_t>(g.reads), " is not a DsaGroupReads");
+  }
 
   a.num_rows = dsa_num_compressed_tokens(step.num_input_tokens, b, a.r);
   const std::size_t w = static_cast<std::size_t>(slot_format_width(g.slot_format));
@@ -534,6 +666,7 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   const int64_t valid = pow2 ? group_rows_valid(step, g, r, Pow2Div(rdiv), Pow2Div(sdiv), rdiv, sdiv)
                              : group_rows_valid(step, g, r, rdiv, sdiv, rdiv, sdiv);
   AAR_CHECK_ARG(valid <= num_rows, "internal: ", valid, " emitted rows exceed num_compressed_tokens=", num_rows);
+  check_group_reads(step, g, r, sbs);
 
   // Writes.
   stage_table(step, g, buf, a.stride);
@@ -901,6 +1034,7 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   } else {
     list_rows_check(step, g, rows, sdiv, rdiv, sdiv, blocks);
   }
+  check_group_reads(step, g, a.r, a.sbs);
   stage_table(step, g, buf, a.stride);
   const RowOut out = row_out(buf);
   const bool block_offset = g.slot_format == SlotFormat::BlockOffset;
