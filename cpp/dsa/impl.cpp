@@ -56,8 +56,8 @@ c10::IntArrayRef sizes_of(const at::Tensor& t) { return t.defined() ? t.sizes() 
 // The cache's pages against its group's: the group's block table addresses
 // blocks [0, num_blocks), so a cache with fewer would be written and read out
 // of bounds (or have some of its rows dropped by a kernel that skips them).
-void check_blocks(const at::Tensor& c, const char* name, const GroupMetadata& g, const char* group) {
-  AAR_CHECK_ARG(c.size(0) >= g.num_blocks, name, " has ", c.size(0), " blocks, fewer than metadata.", group,
+void check_blocks(int64_t blocks, const char* name, const GroupMetadata& g, const char* group) {
+  AAR_CHECK_ARG(blocks >= g.num_blocks, name, " has ", blocks, " blocks, fewer than metadata.", group,
                 "'s num_blocks=", g.num_blocks, " (its GroupBuilder's)");
 }
 
@@ -66,12 +66,15 @@ void check_blocks(const at::Tensor& c, const char* name, const GroupMetadata& g,
 void check_paged(const at::Tensor& c, const char* name, const GroupMetadata& g, const char* group, int64_t rows,
                  int64_t width, at::ScalarType dtype, c10::Device device) {
   AAR_CHECK_ARG(c.defined(), name, " is None but the layer needs it (spec 6.3 tuple)");
-  AAR_CHECK_ARG(c.dim() == 4 && c.size(1) == rows && c.size(2) == 1 && c.size(3) == width, name,
-                " must have shape (num_blocks, ", rows, ", 1, ", width, "), got ", c.sizes());
-  check_blocks(c, name, g, group);
+  // The sizes and strides read once (each size(i) / stride(i) call wraps and checks its index).
+  const c10::IntArrayRef sz = c.sizes();
+  AAR_CHECK_ARG(sz.size() == 4 && sz[1] == rows && sz[2] == 1 && sz[3] == width, name,
+                " must have shape (num_blocks, ", rows, ", 1, ", width, "), got ", sz);
+  check_blocks(sz[0], name, g, group);
   AAR_CHECK_ARG(c.scalar_type() == dtype, name, " dtype ", c.scalar_type(), " is not ", dtype);
   AAR_CHECK_ARG(c.device() == device, name, " is on ", c.device(), ", the layer's weights on ", device);
-  AAR_CHECK_ARG(c.stride(3) == 1 && c.stride(1) == width, name, " rows must be dense (strides ", c.strides(), ")");
+  const c10::IntArrayRef st = c.strides();
+  AAR_CHECK_ARG(st[3] == 1 && st[1] == width, name, " rows must be dense (strides ", st, ")");
 }
 
 void check_group(const GroupMetadata* g, const char* name) {
@@ -376,11 +379,12 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 md.attention->storage_block_size, width, kv_dt, dev);
     const int64_t coff = c.compress_ratio == 4 ? 2 : 1;
     const at::Tensor& s = f.state;
-    AAR_CHECK_ARG(s.defined() && s.dim() == 3 && s.size(1) == md.compressor_state->storage_block_size &&
-                      s.size(2) == 2 * coff * c.head_dim && s.scalar_type() == at::kFloat && s.device() == dev,
+    const c10::IntArrayRef ss = sizes_of(s);
+    AAR_CHECK_ARG(ss.size() == 3 && ss[1] == md.compressor_state->storage_block_size &&
+                      ss[2] == 2 * coff * c.head_dim && s.scalar_type() == at::kFloat && s.device() == dev,
                   "kv_cache[2] (state) must be float32 (num_blocks, ", md.compressor_state->storage_block_size, ", ",
                   2 * coff * c.head_dim, ") on ", dev, ", got ", sizes_of(s));
-    check_blocks(s, "kv_cache[2] (state)", *md.compressor_state, "compressor_state");
+    check_blocks(ss[0], "kv_cache[2] (state)", *md.compressor_state, "compressor_state");
     out.compress_kv = f.compress_kv;
     out.state = s;
   }
@@ -388,29 +392,32 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
     const IndexerKv ik = unpack_indexer_kv_cache(kv);
     const int64_t Di = c.index_head_dim, rows = md.indexer_cache->storage_block_size;
     const at::Tensor& s = ik.indexer_state;
-    AAR_CHECK_ARG(s.defined() && s.dim() == 3 && s.size(1) == md.indexer_state->storage_block_size &&
-                      s.size(2) == 4 * Di && s.scalar_type() == at::kFloat && s.device() == dev,
+    const c10::IntArrayRef ss = sizes_of(s);
+    AAR_CHECK_ARG(ss.size() == 3 && ss[1] == md.indexer_state->storage_block_size && ss[2] == 4 * Di &&
+                      s.scalar_type() == at::kFloat && s.device() == dev,
                   "kv_cache[3] (indexer_state) must be float32 (num_blocks, ", md.indexer_state->storage_block_size,
                   ", ", 4 * Di, ") on ", dev, ", got ", sizes_of(s));
-    check_blocks(s, "kv_cache[3] (indexer_state)", *md.indexer_state, "indexer_state");
+    check_blocks(ss[0], "kv_cache[3] (indexer_state)", *md.indexer_state, "indexer_state");
     const GroupMetadata& ig = *md.indexer_cache;
     check_paged(ik.indexer_k, "kv_cache[4] (indexer_k)", ig, "indexer_cache", rows, Di,
                 scalar_of(c.plan.indexer_k_dtype), dev);
     const at::Tensor& sc = ik.indexer_scale;
-    AAR_CHECK_ARG(sc.defined() && sc.dim() == 3 && sc.size(1) == rows && sc.size(2) == 1 &&
+    const c10::IntArrayRef scs = sizes_of(sc);
+    AAR_CHECK_ARG(scs.size() == 3 && scs[1] == rows && scs[2] == 1 &&
                       sc.scalar_type() == scalar_of(c.plan.indexer_k_scale_dtype) && sc.device() == dev,
                   "kv_cache[5] (indexer_scale) must be ", scalar_of(c.plan.indexer_k_scale_dtype),
                   " (num_blocks, ", rows, ", 1) on ", dev, ", got ", sizes_of(sc));
-    check_blocks(sc, "kv_cache[5] (indexer_scale)", ig, "indexer_cache");
+    check_blocks(scs[0], "kv_cache[5] (indexer_scale)", ig, "indexer_cache");
     if (c.plan.indexer_full_view) {
       const at::Tensor& fv = ik.indexer_full;
       const int64_t full_w = Di * element_size(c.plan.indexer_k_dtype) + element_size(c.plan.indexer_k_scale_dtype);
-      AAR_CHECK_ARG(fv.defined() && fv.dim() == 4 && fv.size(1) == rows && fv.size(2) == 1 &&
-                        fv.size(3) == full_w && fv.element_size() == 1 && fv.device() == dev && fv.stride(3) == 1,
+      const c10::IntArrayRef fs = sizes_of(fv);
+      AAR_CHECK_ARG(fs.size() == 4 && fs[1] == rows && fs[2] == 1 && fs[3] == full_w && fv.element_size() == 1 &&
+                        fv.device() == dev && fv.stride(3) == 1,
                     "kv_cache[6] (indexer_full) must be the (num_blocks, ", rows, ", 1, ", full_w,
                     ") one-byte view of the indexer pages on ", dev, ", got ", sizes_of(fv), " ",
                     fv.defined() ? fv.scalar_type() : at::kByte);
-      check_blocks(fv, "kv_cache[6] (indexer_full)", ig, "indexer_cache");
+      check_blocks(fs[0], "kv_cache[6] (indexer_full)", ig, "indexer_cache");
     }
     out.indexer_state = s;
     out.indexer_k = ik.indexer_k;

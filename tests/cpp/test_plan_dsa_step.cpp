@@ -987,12 +987,14 @@ TEST(DsaGroup, ReadColumnsAreCheckedBeforeAnyWrite) {
     const std::size_t rows = static_cast<std::size_t>(dsa_num_compressed_tokens(bt.qsl.back(), 1, r));
     std::vector<int32_t> rq(rows), ri(rows);
     const DsaRows list = plan_dsa_rows(step, r, {Span<int32_t>(rq), Span<int32_t>(ri)});
-    for (int overload = 0; overload < 2; ++overload) {
+    for (int overload = 0; overload < 3; ++overload) {
       GroupOut out;
       out.size_for(1, g.stride, rows);
       const std::vector<int32_t> before = out.all();
-      auto run = [&] { return overload == 0 ? plan_dsa_group(step, in, out.buffers())
-                                            : plan_dsa_group(step, in, out.buffers(), list); };
+      std::vector<int32_t> scratch(rows);
+      DsaGroupBuffers bufs = out.buffers();
+      if (overload == 2) bufs.block_scratch = scratch;  // the fused row pass
+      auto run = [&] { return overload == 0 ? plan_dsa_group(step, in, bufs) : plan_dsa_group(step, in, bufs, list); };
       if (c.message == nullptr) {
         EXPECT_NO_THROW(run()) << "overload " << overload;
       } else {
@@ -1001,6 +1003,119 @@ TEST(DsaGroup, ReadColumnsAreCheckedBeforeAnyWrite) {
       }
     }
   }
+}
+
+// Random batches (up to 20 requests: the vector passes take eight at a time)
+// and tables with a few bad ids: plan_dsa_group accepts exactly the tables
+// whose written and read columns (a brute-force span per request, from the
+// DsaGroupReads definitions) are all inside the row and in [0, num_blocks).
+TEST(DsaGroup, ReadChecksAgreeWithABruteForceDefinition) {
+  std::mt19937 rng(26);
+  struct Kind {
+    DsaGroupReads reads;
+    int32_t ratio, sbs, read_window, state_ratio, state_coff;
+  };
+  const Kind kinds[] = {{DsaGroupReads::CompressedPrefix, 4, 32, 0, 0, 0},
+                        {DsaGroupReads::CompressedPrefix, 128, 32, 0, 0, 0},
+                        {DsaGroupReads::CompressedPrefix, 3, 5, 0, 0, 0},  // not powers of two
+                        {DsaGroupReads::Window, 1, 32, 40, 0, 0},
+                        {DsaGroupReads::Window, 1, 16, 127, 0, 0},
+                        {DsaGroupReads::CompressorState, 1, 8, 0, 4, 2},
+                        {DsaGroupReads::CompressorState, 1, 32, 0, 128, 1},
+                        {DsaGroupReads::CompressorState, 1, 6, 0, 3, 2}};
+  int rejected = 0, accepted = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    const Kind& k = kinds[iter % (sizeof(kinds) / sizeof(kinds[0]))];
+    const int32_t b = 1 + static_cast<int32_t>(rng() % 20);
+    std::vector<int32_t> q(b), seq(b);
+    for (int32_t i = 0; i < b; ++i) {
+      q[i] = rng() % 3 == 0 ? static_cast<int32_t>(rng() % 40) : 1;
+      seq[i] = q[i] + static_cast<int32_t>(rng() % 3000);
+    }
+    std::sort(q.begin(), q.end());  // decode-first
+    for (int32_t i = 0; i < b; ++i) seq[i] = std::max(seq[i], q[i]);
+    Batch bt;
+    bt.qsl = lens_to_qsl(q);
+    bt.seq = seq;
+    std::vector<int32_t> start(b);
+    const DsaStepPlan step = plan_dsa_step(step_inputs(bt), start);
+    Group g;
+    g.ratio = k.ratio;
+    g.sbs = k.sbs;
+    g.num_blocks = 4000;
+    const int64_t per_block = static_cast<int64_t>(k.sbs) * std::max(k.ratio, 1);
+    int32_t need = 1;
+    for (int32_t x : seq) need = std::max<int32_t>(need, static_cast<int32_t>((x + per_block - 1) / per_block));
+    g.stride = need + static_cast<int32_t>(rng() % 3) - (rng() % 6 == 0 ? 1 : 0);  // sometimes a column short
+    g.stride = std::max(g.stride, 1);
+    g.table.resize(static_cast<std::size_t>(b) * g.stride);
+    for (int32_t& id : g.table) id = static_cast<int32_t>(rng() % 4000);
+    for (int bad = static_cast<int>(rng() % 3); bad > 0; --bad) {
+      g.table[rng() % g.table.size()] = rng() % 2 ? -1 - static_cast<int32_t>(rng() % 5) : 4000 + static_cast<int32_t>(rng() % 5);
+    }
+    DsaGroupInputs in = g.inputs();
+    in.reads = k.reads;
+    in.read_window = k.read_window;
+    in.state_ratio = k.state_ratio;
+    in.state_coff = k.state_coff;
+    // Brute force: every column a request writes or reads.
+    bool ok = true;
+    for (int32_t i = 0; i < b && ok; ++i) {
+      const int32_t st = seq[i] - q[i], r = std::max(k.ratio, 1);
+      std::vector<int64_t> rows;  // rows (compressed rows, or positions) touched
+      for (int64_t c = st / r; c < seq[i] / r; ++c) rows.push_back(c);  // written
+      if (q[i] == 0) {
+        // no tokens: no query reads anything
+      } else if (k.reads == DsaGroupReads::CompressedPrefix) {
+        for (int64_t c = 0; c < seq[i] / r; ++c) rows.push_back(c);
+      } else if (k.reads == DsaGroupReads::Window) {
+        for (int64_t p = std::max(st - k.read_window, 0); p < seq[i]; ++p) rows.push_back(p);
+      } else if (seq[i] / k.state_ratio > st / k.state_ratio) {
+        const int64_t lo = std::max<int64_t>((st / k.state_ratio - k.state_coff + 1) * k.state_ratio, 0);
+        for (int64_t p = lo; p < st; ++p) rows.push_back(p);
+      }
+      for (int64_t c : rows) {
+        const int64_t col = c / k.sbs;
+        if (col >= g.stride) {
+          ok = false;
+          break;
+        }
+        const int32_t id = g.table[static_cast<std::size_t>(i) * g.stride + col];
+        if (id < 0 || id >= g.num_blocks) {
+          ok = false;
+          break;
+        }
+      }
+    }
+    const std::size_t nrows = static_cast<std::size_t>(dsa_num_compressed_tokens(bt.qsl.back(), b, std::max(k.ratio, 1)));
+    std::vector<int32_t> rq(nrows), ri(nrows);
+    const DsaRows list = plan_dsa_rows(step, std::max(k.ratio, 1), {Span<int32_t>(rq), Span<int32_t>(ri)});
+    // The plain overload; the row-list one without and with the block scratch (its fused pass checks a ratio-1
+    // group's reads with its rows).
+    for (int overload = 0; overload < 3; ++overload) {
+      GroupOut out;
+      out.size_for(static_cast<std::size_t>(b), g.stride, nrows);
+      const std::vector<int32_t> before = out.all();
+      std::vector<int32_t> scratch(nrows);
+      DsaGroupBuffers bufs = out.buffers();
+      if (overload == 2) bufs.block_scratch = scratch;
+      bool threw = false;
+      try {
+        if (overload == 0) {
+          plan_dsa_group(step, in, bufs);
+        } else {
+          plan_dsa_group(step, in, bufs, list);
+        }
+      } catch (const aar::InvalidArgument&) {
+        threw = true;
+        EXPECT_EQ(out.all(), before);
+      }
+      ASSERT_EQ(threw, !ok) << "iter " << iter << " overload " << overload << " B=" << b;
+    }
+    (ok ? accepted : rejected) += 1;
+  }
+  EXPECT_GT(accepted, 50);
+  EXPECT_GT(rejected, 50);
 }
 
 TEST(DsaGroup, ReadChecksNameTheTableWidthAndTheirArguments) {

@@ -157,9 +157,9 @@ struct DsaStepPlan {
 DsaStepPlan plan_dsa_step(const DsaStepInputs& in, Span<int32_t> start_pos_out);
 
 // What a group's kernels read from its cache besides the rows the step writes
-// (DsaGroupInputs::reads), per real request b with S = seq_lens[b] and
-// start = S - query length (row units: compressed rows, or raw positions for
-// ratio <= 1):
+// (DsaGroupInputs::reads), per real request b with tokens in the step (one
+// without queries nothing), S = seq_lens[b] and start = S - query length (row
+// units: compressed rows, or raw positions for ratio <= 1):
 //   WrittenRows       nothing more
 //   CompressedPrefix  rows [0, S / r): the attention over a compressed KV
 //                     cache (C128 reads them all, C4 any the top-k picks) and
