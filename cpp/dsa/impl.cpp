@@ -316,8 +316,8 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                     "metadata.indexer_cache's QLI blob was made for index_n_heads=", ig.qli_num_heads,
                     ", index_head_dim=", ig.qli_head_dim, ", index_topk=", ig.qli_sparse_count,
                     " but the layer has ", c.index_n_heads, ", ", c.index_head_dim, ", ", c.index_topk,
-                    ": configure the C4 indexer GroupBuilder with the layer's index_n_heads / index_head_dim / "
-                    "index_topk");
+                    ": give the StepBuilder (whose settings every group reads) the layer's index_n_heads / "
+                    "index_head_dim / index_topk");
     }
   }
   // The per-step rows the builders make (dsa/metadata.h); metadata filled in
