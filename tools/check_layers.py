@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The layering check (run by ctest as `check_layers`): every #include of include/, cpp/ and tools/
-goes down the layers, never up.
+"""The layering check (run by ctest as `check_layers`): every #include of include/, cpp/ and
+tools/verify_npu/ goes down the layers, never up.
 
 Layers, bottom up (a file may include its own layer and the layers below it):
 
