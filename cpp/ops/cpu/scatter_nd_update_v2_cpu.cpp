@@ -1,7 +1,7 @@
 // CPU twin of vllm-ascend's npu_scatter_nd_update_v2 (ascend_cpu_va; semantics in
 // include/ascend_attn_rt/ops/dsa_inplace_ops.h): var[indices[i]] = update[i]; rows with a
-// negative component or a linear index outside [0, numel of var's first k dims) are skipped
-// (spec 7.1, 11.8); the last of repeated rows wins. Every check precedes the first write.
+// negative component or a linear index outside [0, numel of var's first k dims) are skipped, as
+// the kernel drops them; the last of repeated rows wins. Every check precedes the first write.
 #include <torch/library.h>
 
 #include <unordered_set>
