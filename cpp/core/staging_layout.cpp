@@ -39,14 +39,12 @@ int64_t StagingLayout::pack_before(int64_t end, std::initializer_list<std::pair<
 RegionViews::RegionViews(at::Tensor buffer, Region r, int64_t max_count, at::ScalarType dtype, int64_t cols)
     : buffer_(std::move(buffer)), region_(r), dtype_(dtype), cols_(cols), cache_(max_count) {}
 
-const at::Tensor& RegionViews::first(int64_t n) {
-  return cache_.get(n, [&] {
-    const int64_t per = dtype_ == at::kLong ? 2 : 1;  // int32 words per element
-    const int64_t elems = n * (cols_ > 0 ? cols_ : 1);
-    at::Tensor v = buffer_.narrow(0, region_.offset, elems * per);
-    if (per == 2) v = v.view(at::kLong);
-    return cols_ > 0 ? v.view({n, cols_}) : v;
-  });
+at::Tensor RegionViews::make(int64_t n) const {
+  const int64_t per = dtype_ == at::kLong ? 2 : 1;  // int32 words per element
+  const int64_t elems = n * (cols_ > 0 ? cols_ : 1);
+  at::Tensor v = buffer_.narrow(0, region_.offset, elems * per);
+  if (per == 2) v = v.view(at::kLong);
+  return cols_ > 0 ? v.view({n, cols_}) : v;
 }
 
 }  // namespace aar::core

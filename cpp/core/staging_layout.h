@@ -73,9 +73,12 @@ class RegionViews {
  public:
   RegionViews() = default;
   RegionViews(at::Tensor buffer, Region r, int64_t max_count, at::ScalarType dtype, int64_t cols = 0);
-  const at::Tensor& first(int64_t n);
+  // Inline: a steady-state build's lookup is a cached view, no call.
+  const at::Tensor& first(int64_t n) { return cache_.get(n, [&] { return make(n); }); }
 
  private:
+  at::Tensor make(int64_t n) const;
+
   at::Tensor buffer_;
   Region region_;
   at::ScalarType dtype_ = at::kInt;

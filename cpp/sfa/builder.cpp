@@ -108,7 +108,7 @@ class MetadataBuilder::Lane {
                                                    : (in.query_start_loc.empty() ? 0 : in.query_start_loc.back());
     // A negative count is rejected by the plan; the token spans are then empty.
     const int64_t n = std::max<int64_t>(in.num_input_tokens < 0 ? 0 : tokens, 0);
-    const TokenRegion tr = token_region(n);
+    const TokenRegion& tr = token_region(n);
 
     // is_prefilling and req_ids were refused above unless this is an offload builder.
     plan::SfaStepInputs pi;
@@ -204,12 +204,16 @@ class MetadataBuilder::Lane {
   struct TokenRegion {
     int64_t slots, cos, sin, ttr;
   };
-  TokenRegion token_region(int64_t n) const {
-    const int64_t W = rope_.row_words();
-    TokenRegion r;
-    core::StagingLayout::pack_before(qsl_.offset,
-                                     {{&r.slots, 2 * n}, {&r.cos, n * W}, {&r.sin, n * W}, {&r.ttr, offload_ ? n : 0}});
-    return r;
+  // Kept for the last n: steady-state steps repeat their token count.
+  const TokenRegion& token_region(int64_t n) {
+    if (n != token_region_n_) {
+      const int64_t W = rope_.row_words();
+      TokenRegion& r = token_region_;
+      core::StagingLayout::pack_before(
+          qsl_.offset, {{&r.slots, 2 * n}, {&r.cos, n * W}, {&r.sin, n * W}, {&r.ttr, offload_ ? n : 0}});
+      token_region_n_ = n;
+    }
+    return token_region_;
   }
 
   // The metadata's offload part (spec 5) of a build planned into host buffer
@@ -273,6 +277,8 @@ class MetadataBuilder::Lane {
   int64_t R_;  // request capacity (kernel requests, dummies included)
   bool offload_ = false;
   core::Region qsl_, cql_, seq_, bt_;  // the staging buffer's request part
+  TokenRegion token_region_;
+  int64_t token_region_n_ = -1;
   core::Region rid_, pcql_;           // offload only
   std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor device_;
