@@ -58,6 +58,10 @@ inline DsaModel make_dsa_model(const DsaModelOptions& o) {
   sc.compress_sin_table = at::randn({kDsaMaxModelLen, 64}).to(at::kBFloat16);
   sc.device = o.device;
   if (o.device.is_cpu()) sc.separate_device_buffers = o.separate;
+  sc.model.num_heads_q = o.num_heads_q;
+  sc.model.index_topk = o.index_topk;
+  sc.model.index_n_heads = o.index_n_heads;
+  sc.model.index_head_dim = o.index_head_dim;
   DsaModel m;
   m.plan = aar::dsa::make_attn_kv_plan(aar::dsa::DsaConfig{});
   m.step = std::make_unique<aar::dsa::StepBuilder>(sc);
@@ -73,10 +77,6 @@ inline DsaModel make_dsa_model(const DsaModelOptions& o) {
     gc.plan = m.plan;
     gc.max_blocks_per_req = cols;
     gc.num_blocks = kDsaMaxReqs * cols;
-    gc.num_heads_q = o.num_heads_q;
-    gc.index_topk = o.index_topk;
-    gc.index_n_heads = o.index_n_heads;
-    gc.index_head_dim = o.index_head_dim;
     m.groups.push_back(std::make_unique<aar::dsa::GroupBuilder>(*m.step, gc));
     std::vector<int32_t> t(static_cast<size_t>(kDsaMaxReqs) * cols);
     for (size_t i = 0; i < t.size(); ++i) {

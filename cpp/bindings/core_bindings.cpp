@@ -29,6 +29,7 @@ nb::dict facts_dict(const core::BackendFacts& f) {
   d["capturable"] = states;
   d["draft_lanes"] = f.draft_lanes;
   d["context_parallel"] = f.context_parallel;
+  d["builder"] = f.builder;
   return d;
 }
 

@@ -68,6 +68,76 @@ dsa::DsaCacheKind parse_cache_kind(const std::string& s) {
                 "'c128_state', got '", s, "'");
 }
 
+const char* cache_kind_name(dsa::DsaCacheKind k) {
+  for (const auto& [n, kind] : kCacheKinds) {
+    if (kind == k) return n;
+  }
+  throw_invalid("DSA: cache kind is not a DsaCacheKind (value ", static_cast<int32_t>(k), ")");
+}
+
+// The type of an argument as an error names it ("int", "ascend_attn_rt._C.dsa.GroupMetadata").
+std::string arg_type(nb::handle h) { return nb::inst_name(h).c_str(); }
+
+// A GroupMetadata argument (None allowed); anything else is a TypeError naming
+// the argument and the type received (nb::cast would throw a bare bad_cast).
+const dsa::GroupMetadata* group_arg(nb::handle h, const std::string& name) {
+  if (h.is_none()) return nullptr;
+  if (!nb::isinstance<dsa::GroupMetadata>(h)) {
+    throw nb::type_error((name + " must be an aar.dsa.GroupMetadata (a GroupBuilder.build result) or None, got " +
+                          arg_type(h)).c_str());
+  }
+  return nb::cast<const dsa::GroupMetadata*>(h);
+}
+
+const dsa::StepMetadata& step_arg(nb::handle h, const char* name) {
+  if (!nb::isinstance<dsa::StepMetadata>(h)) {
+    throw nb::type_error((std::string(name) + " must be an aar.dsa.StepMetadata (a StepBuilder.build result), got " +
+                          arg_type(h)).c_str());
+  }
+  return *nb::cast<const dsa::StepMetadata*>(h);
+}
+
+nb::dict view_dict(const dsa::DsaCacheView& v) {
+  nb::dict d;
+  d["dtype"] = dsa::to_string(v.dtype);
+  d["shape"] = v.shape;
+  d["stride"] = v.stride;
+  d["storage_offset"] = v.storage_offset;
+  return d;
+}
+
+// A cache spec as Python sees it (aar.dsa.cache_spec, GroupBuilder.cache_spec):
+// the fields, the shape for num_blocks and the views over a raw buffer of
+// num_blocks padded pages.
+nb::dict spec_dict(const dsa::DsaCacheSpec& s, const dsa::AttnKvPlan& p, int64_t num_blocks) {
+  nb::dict d;
+  d["kind"] = cache_kind_name(s.kind);
+  d["backend"] = s.backend;
+  d["cache_block_size"] = s.cache_block_size;
+  d["compress_ratio"] = s.compress_ratio;
+  d["coff"] = s.coff;
+  d["block_size"] = s.block_size;
+  d["storage_block_size"] = s.storage_block_size;
+  d["num_kv_heads"] = s.num_kv_heads;
+  d["head_size"] = s.head_size;
+  d["dtype"] = dsa::to_string(s.dtype);
+  d["scale_dim"] = s.scale_dim;
+  d["scale_dtype"] = dsa::to_string(s.scale_dtype);
+  d["page_bytes"] = s.page_bytes;
+  d["pad_tier"] = s.pad_tier;
+  d["padded_page_bytes"] = s.padded_page_bytes;
+  d["slot_format"] = dsa::to_string(dsa::slot_format_for(p, s.kind));
+  d["num_blocks"] = num_blocks;
+  d["shape"] = dsa::dsa_kv_cache_shape(s, num_blocks);
+  d["view"] = view_dict(dsa::dsa_cache_view(s, num_blocks));
+  if (s.scale_dim > 0) {
+    d["scale_shape"] = dsa::dsa_scale_cache_shape(s, num_blocks);
+    d["scale_view"] = view_dict(dsa::dsa_indexer_scale_view(s, num_blocks));
+    if (p.indexer_full_view) d["full_view"] = view_dict(dsa::dsa_indexer_full_view(s, p, num_blocks));
+  }
+  return d;
+}
+
 nb::dict plan_dict(const dsa::AttnKvPlan& p) {
   nb::dict d;
   d["device"] = dsa::device_name(p.device);
@@ -161,6 +231,13 @@ dsa::GroupInputs group_inputs(nb::handle bt) {
   return in;
 }
 
+// What aar.dsa.route_layer returns: the routed layer metadata (pointers into
+// the Python metadata objects below, which it keeps alive).
+struct RoutedLayer {
+  dsa::LayerMetadata md;
+  nb::object step, swa, attention, compressor_state, indexer_cache, indexer_state;
+};
+
 void bind_dsa_builders(nb::module_& m) {
   nb::class_<dsa::StepMetadata>(m, "StepMetadata", "The per-step shared DSA metadata (dsa/metadata.h).")
       .def_ro("num_reqs", &dsa::StepMetadata::num_reqs)
@@ -215,6 +292,8 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("slot_format", [](const dsa::GroupMetadata& g) { return std::string(dsa::to_string(g.slot_format)); })
       .def_ro("num_reqs_actual", &dsa::GroupMetadata::num_reqs_actual)
       .def_ro("draft_index", &dsa::GroupMetadata::draft_index)
+      .def_ro("num_blocks", &dsa::GroupMetadata::num_blocks)
+      .def_ro("window", &dsa::GroupMetadata::window)
       .def_ro("num_compressed_tokens", &dsa::GroupMetadata::num_compressed_tokens)
       .def_ro("num_valid_rows", &dsa::GroupMetadata::num_valid_rows)
       .def_ro("ori_win_left", &dsa::GroupMetadata::ori_win_left)
@@ -273,7 +352,9 @@ void bind_dsa_builders(nb::module_& m) {
              const at::Tensor& sin_table, const std::optional<at::Tensor>& compress_cos_table,
              const std::optional<at::Tensor>& compress_sin_table, int32_t num_speculative_tokens,
              std::optional<int32_t> num_drafts, bool chunked_prefill_enabled, const std::string& device,
-             std::optional<bool> separate_device_buffers, int32_t staging_buffers) {
+             std::optional<bool> separate_device_buffers, int32_t staging_buffers, int32_t head_dim, int32_t window,
+             int32_t dspark_num_spec, int32_t dspark_width, int32_t num_heads_q, int32_t index_topk,
+             int32_t index_n_heads, int32_t index_head_dim) {
             dsa::StepBuilderConfig c;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
@@ -287,12 +368,23 @@ void bind_dsa_builders(nb::module_& m) {
             c.device = c10::Device(device);
             c.separate_device_buffers = separate_device_buffers;
             c.staging_buffers = staging_buffers;
+            c.model.head_dim = head_dim;
+            c.model.window = window;
+            c.model.dspark_num_spec = dspark_num_spec;
+            c.model.dspark_width = dspark_width;
+            c.model.num_heads_q = num_heads_q;
+            c.model.index_topk = index_topk;
+            c.model.index_n_heads = index_n_heads;
+            c.model.index_head_dim = index_head_dim;
             new (self) dsa::StepBuilder(c);
           },
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "cos_table"_a, "sin_table"_a,
           "compress_cos_table"_a = nb::none(), "compress_sin_table"_a = nb::none(), "num_speculative_tokens"_a = 0,
           "num_drafts"_a = nb::none(), "chunked_prefill_enabled"_a = true, "device"_a = "cpu",
-          "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2)
+          "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2, "head_dim"_a = dsa::ModelSettings().head_dim,
+          "window"_a = dsa::ModelSettings().window, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, "num_heads_q"_a = 0,
+          "index_topk"_a = dsa::ModelSettings().index_topk, "index_n_heads"_a = dsa::ModelSettings().index_n_heads,
+          "index_head_dim"_a = dsa::ModelSettings().index_head_dim)
       .def(
           "build",
           [](dsa::StepBuilder& b, nb::handle qsl, nb::handle seq_lens, int32_t num_reqs_actual,
@@ -323,7 +415,34 @@ void bind_dsa_builders(nb::module_& m) {
           "num_input_tokens"_a = 0, nb::rv_policy::move, nb::keep_alive<0, 1>())
       .def_prop_ro("decode_threshold", &dsa::StepBuilder::decode_threshold)
       .def_prop_ro("num_drafts", &dsa::StepBuilder::num_drafts)
-      .def_prop_ro("generation", &dsa::StepBuilder::generation);
+      .def_prop_ro("generation", &dsa::StepBuilder::generation)
+      .def_prop_ro(
+          "model",
+          [](const dsa::StepBuilder& b) {
+            const dsa::ModelSettings& ms = b.model();
+            nb::dict d;
+            d["head_dim"] = ms.head_dim;
+            d["window"] = ms.window;
+            d["dspark_num_spec"] = ms.dspark_num_spec;
+            d["dspark_width"] = ms.dspark_width;
+            d["num_heads_q"] = ms.num_heads_q;
+            d["index_topk"] = ms.index_topk;
+            d["index_n_heads"] = ms.index_n_heads;
+            d["index_head_dim"] = ms.index_head_dim;
+            return d;
+          },
+          "The model settings every GroupBuilder of this step reads (dsa/builder.h ModelSettings), as a dict.")
+      .def_prop_ro(
+          "cache_dims",
+          [](const dsa::StepBuilder& b) {
+            const dsa::DsaCacheDims c = b.cache_dims();
+            nb::dict d;
+            d["head_dim"] = c.head_dim;
+            d["rope_dim"] = c.rope_dim;
+            d["index_head_dim"] = c.index_head_dim;
+            return d;
+          },
+          "The dims the groups' cache specs are for (rope_dim: the RoPE tables' width).");
 
   nb::class_<dsa::GroupBuilder>(m, "GroupBuilder",
                                 "One KV-cache group's DSA builder (dsa/builder.h): block table, slots, compressed "
@@ -332,28 +451,17 @@ void bind_dsa_builders(nb::module_& m) {
           "__init__",
           [](dsa::GroupBuilder* self, const dsa::StepBuilder& step, const std::string& kind, int32_t cache_block_size,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
-             const std::string& model_dtype, int32_t max_blocks_per_req, int32_t num_blocks, int32_t window,
-             int32_t dspark_num_spec, int32_t dspark_width, int32_t num_heads_q, int32_t index_topk,
-             int32_t index_n_heads, int32_t index_head_dim) {
+             const std::string& model_dtype, int32_t max_blocks_per_req, int32_t num_blocks) {
             dsa::GroupConfig c;
             c.kind = parse_cache_kind(kind);
             c.cache_block_size = cache_block_size;
             c.plan = plan_from(device_kind, cache_dtype, model_dtype);
             c.max_blocks_per_req = max_blocks_per_req;
             c.num_blocks = num_blocks;
-            c.window = window;
-            c.dspark_num_spec = dspark_num_spec;
-            c.dspark_width = dspark_width;
-            c.num_heads_q = num_heads_q;
-            c.index_topk = index_topk;
-            c.index_n_heads = index_n_heads;
-            c.index_head_dim = index_head_dim;
             new (self) dsa::GroupBuilder(step, c);
           },
           "step_builder"_a, nb::kw_only(), "kind"_a, "cache_block_size"_a = 128, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "max_blocks_per_req"_a = 64, "num_blocks"_a,
-          "window"_a = 128, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, "num_heads_q"_a = 0, "index_topk"_a = 512,
-          "index_n_heads"_a = dsa::kDsaIndexerHeads, "index_head_dim"_a = dsa::kDsaIndexerHeadDim,
           nb::keep_alive<1, 2>())
       .def(
           "build",
@@ -372,77 +480,95 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("slot_format", [](const dsa::GroupBuilder& g) { return std::string(dsa::to_string(g.slot_format())); })
       .def_prop_ro("num_drafts", &dsa::GroupBuilder::num_drafts)
       .def_prop_ro("block_table_staging", [](const dsa::GroupBuilder& g) { return g.block_table_staging(); })
-      .def_prop_ro("generation", &dsa::GroupBuilder::generation);
+      .def_prop_ro("generation", &dsa::GroupBuilder::generation)
+      .def_prop_ro(
+          "cache_spec",
+          [](const dsa::GroupBuilder& g) { return spec_dict(g.cache_spec(), g.config().plan, g.config().num_blocks); },
+          "The group's cache spec for the step's model dims (aar.dsa.cache_spec's dict, for its num_blocks): "
+          "'shape' is the cache tensor its layers take.");
+
+  // route_layer's result: the routed C++ LayerMetadata and the Python
+  // metadata objects it points into, kept alive with it.
+  nb::class_<RoutedLayer>(m, "LayerMetadata",
+                          "One layer's routed metadata (spec 6.4, dsa::LayerMetadata): what route_layer returns and "
+                          "Impl.forward takes as its metadata argument.")
+      .def_prop_ro("compress_ratio", [](const RoutedLayer& r) { return r.md.compress_ratio; })
+      .def_prop_ro("step", [](const RoutedLayer& r) { return r.step; })
+      .def_prop_ro("swa", [](const RoutedLayer& r) { return r.swa; })
+      .def_prop_ro("attention", [](const RoutedLayer& r) { return r.attention; })
+      .def_prop_ro("compressor_state", [](const RoutedLayer& r) { return r.compressor_state; })
+      .def_prop_ro("indexer_cache", [](const RoutedLayer& r) { return r.indexer_cache; })
+      .def_prop_ro("indexer_state", [](const RoutedLayer& r) { return r.indexer_state; })
+      .def_prop_ro(
+          "common", [](const RoutedLayer& r) { return r.md.attention != nullptr ? r.attention : r.swa; },
+          "attention if the layer has one, else swa (spec 6.4).");
 
   // By kind, from all of a step's groups (a {kind: metadata} dict or a
   // sequence); registered first: a GroupMetadata is neither, so the
   // positional form below still gets those calls.
-  using GroupObjects = std::vector<std::pair<const dsa::GroupMetadata*, nb::handle>>;
-  auto routed_dict = [](const dsa::LayerMetadata& l, const GroupObjects& objs) {
+  auto route_by_kind = [](int32_t ratio, nb::handle step, const std::vector<std::pair<std::string, nb::handle>>& items) {
+    const dsa::StepMetadata& st = step_arg(step, "step");
+    std::vector<const dsa::GroupMetadata*> ptrs;
+    for (const auto& [name, h] : items) ptrs.push_back(group_arg(h, name));
+    const dsa::LayerMetadata l =
+        dsa::route_layer(ratio, st, plan::CSpan<const dsa::GroupMetadata*>(ptrs.data(), ptrs.size()));
+    RoutedLayer out;
+    out.md = l;
+    out.step = nb::borrow(step);
     auto obj = [&](const dsa::GroupMetadata* g) -> nb::object {
       if (g == nullptr) return nb::none();
-      for (const auto& o : objs) {
-        if (o.first == g) return nb::borrow(o.second);
+      for (size_t i = 0; i < ptrs.size(); ++i) {
+        if (ptrs[i] == g) return nb::borrow(items[i].second);
       }
       return nb::none();
     };
-    nb::dict d;
-    d["swa"] = obj(l.swa);
-    d["attention"] = obj(l.attention);
-    d["compressor_state"] = obj(l.compressor_state);
-    d["indexer_cache"] = obj(l.indexer_cache);
-    d["indexer_state"] = obj(l.indexer_state);
-    d["common"] = obj(&l.common());
-    return d;
-  };
-  auto route_by_kind = [routed_dict](int32_t ratio, const dsa::StepMetadata& step, nb::handle groups) {
-    GroupObjects objs;
-    std::vector<const dsa::GroupMetadata*> ptrs;
-    for (nb::handle h : groups) {
-      const dsa::GroupMetadata* g = h.is_none() ? nullptr : nb::cast<const dsa::GroupMetadata*>(h);
-      objs.emplace_back(g, h);
-      ptrs.push_back(g);
-    }
-    const dsa::LayerMetadata l =
-        dsa::route_layer(ratio, step, plan::CSpan<const dsa::GroupMetadata*>(ptrs.data(), ptrs.size()));
-    return routed_dict(l, objs);
+    out.swa = obj(l.swa);
+    out.attention = obj(l.attention);
+    out.compressor_state = obj(l.compressor_state);
+    out.indexer_cache = obj(l.indexer_cache);
+    out.indexer_state = obj(l.indexer_state);
+    return out;
   };
   m.def(
       "route_layer",
-      [route_by_kind](int32_t ratio, const dsa::StepMetadata& step, const nb::dict& groups) {
-        return route_by_kind(ratio, step, groups.values());
+      [route_by_kind](int32_t ratio, nb::handle step, const nb::dict& groups) {
+        std::vector<std::pair<std::string, nb::handle>> items;
+        for (auto [k, v] : groups) items.emplace_back("groups[" + nb::cast<std::string>(nb::repr(k)) + "]", v);
+        return route_by_kind(ratio, step, items);
       },
       "compress_ratio"_a, "step"_a, "groups"_a,
       "Spec 6.4 by cache kind: the layer's groups picked from all of the step's groups ({kind: metadata}), checked; "
-      "the same dict as the positional form.");
+      "an aar.dsa.LayerMetadata (Impl.forward's metadata).");
   m.def(
       "route_layer",
-      [route_by_kind](int32_t ratio, const dsa::StepMetadata& step, const nb::sequence& groups) {
-        return route_by_kind(ratio, step, groups);
+      [route_by_kind](int32_t ratio, nb::handle step, const nb::sequence& groups) {
+        std::vector<std::pair<std::string, nb::handle>> items;
+        size_t i = 0;
+        for (nb::handle h : groups) items.emplace_back("groups[" + std::to_string(i++) + "]", h);
+        return route_by_kind(ratio, step, items);
       },
       "compress_ratio"_a, "step"_a, "groups"_a,
       "Spec 6.4 by cache kind: the layer's groups picked from a sequence of the step's group metadata, checked.");
   m.def(
       "route_layer",
-      [](int32_t ratio, const dsa::StepMetadata& step, nb::handle swa, nb::handle attention,
-         nb::handle compressor_state, nb::handle indexer_cache, nb::handle indexer_state) {
-        auto ptr = [](nb::handle h) -> const dsa::GroupMetadata* {
-          return h.is_none() ? nullptr : nb::cast<const dsa::GroupMetadata*>(h);
-        };
-        const dsa::LayerMetadata l = dsa::route_layer(ratio, step, ptr(swa), ptr(attention), ptr(compressor_state),
-                                                      ptr(indexer_cache), ptr(indexer_state));
-        nb::dict d;
-        d["swa"] = swa;
-        d["attention"] = attention;
-        d["compressor_state"] = compressor_state;
-        d["indexer_cache"] = indexer_cache;
-        d["indexer_state"] = indexer_state;
-        d["common"] = l.attention != nullptr ? attention : swa;
-        return d;
+      [](int32_t ratio, nb::handle step, nb::handle swa, nb::handle attention, nb::handle compressor_state,
+         nb::handle indexer_cache, nb::handle indexer_state) {
+        RoutedLayer out;
+        out.md = dsa::route_layer(ratio, step_arg(step, "step"), group_arg(swa, "swa"),
+                                  group_arg(attention, "attention"), group_arg(compressor_state, "compressor_state"),
+                                  group_arg(indexer_cache, "indexer_cache"),
+                                  group_arg(indexer_state, "indexer_state"));
+        out.step = nb::borrow(step);
+        out.swa = nb::borrow(swa);
+        out.attention = nb::borrow(attention);
+        out.compressor_state = nb::borrow(compressor_state);
+        out.indexer_cache = nb::borrow(indexer_cache);
+        out.indexer_state = nb::borrow(indexer_state);
+        return out;
       },
-      "compress_ratio"_a, "step"_a, "swa"_a, "attention"_a = nb::none(), "compressor_state"_a = nb::none(),
+      "compress_ratio"_a, "step"_a, "swa"_a.none(), "attention"_a = nb::none(), "compressor_state"_a = nb::none(),
       "indexer_cache"_a = nb::none(), "indexer_state"_a = nb::none(),
-      "Spec 6.4: a layer's groups, checked (kinds, currency, same step); 'common' is attention if present, else swa.");
+      "Spec 6.4: a layer's groups, checked (kinds, currency, same step); an aar.dsa.LayerMetadata.");
   m.def(
       "graph_update",
       [](graph::GraphParams& g, int64_t num_tokens, const dsa::StepMetadata& step, const dsa::GroupMetadata& swa) {
@@ -499,40 +625,55 @@ void bind_dsa(nb::module_& root) {
   m.def(
       "cache_spec",
       [](const std::string& kind, int64_t cache_block_size, const std::string& device_kind,
-         const std::optional<std::string>& cache_dtype, const std::string& model_dtype, int64_t num_blocks) {
+         const std::optional<std::string>& cache_dtype, const std::string& model_dtype, int64_t num_blocks,
+         int64_t head_dim, int64_t rope_dim, int64_t index_head_dim) {
         const dsa::AttnKvPlan p = plan_from(device_kind, cache_dtype, model_dtype);
-        const dsa::DsaCacheSpec s = dsa::dsa_cache_spec(parse_cache_kind(kind), cache_block_size, p);
-        nb::dict d;
-        d["kind"] = kind;
-        d["backend"] = s.backend;
-        d["cache_block_size"] = s.cache_block_size;
-        d["compress_ratio"] = s.compress_ratio;
-        d["coff"] = s.coff;
-        d["block_size"] = s.block_size;
-        d["storage_block_size"] = s.storage_block_size;
-        d["num_kv_heads"] = s.num_kv_heads;
-        d["head_size"] = s.head_size;
-        d["dtype"] = dsa::to_string(s.dtype);
-        d["scale_dim"] = s.scale_dim;
-        d["scale_dtype"] = dsa::to_string(s.scale_dtype);
-        d["page_bytes"] = s.page_bytes;
-        d["pad_tier"] = s.pad_tier;
-        d["padded_page_bytes"] = s.padded_page_bytes;
-        d["slot_format"] = dsa::to_string(dsa::slot_format_for(p, s.kind));
-        d["shape"] = dsa::dsa_kv_cache_shape(s, num_blocks);
-        if (s.scale_dim > 0) d["scale_shape"] = dsa::dsa_scale_cache_shape(s, num_blocks);
-        return d;
+        dsa::DsaCacheDims dims;
+        dims.head_dim = head_dim;
+        dims.rope_dim = rope_dim;
+        dims.index_head_dim = index_head_dim;
+        return spec_dict(dsa::dsa_cache_spec(parse_cache_kind(kind), cache_block_size, p, dims), p, num_blocks);
       },
       "kind"_a, "cache_block_size"_a = 128, nb::kw_only(), "device_kind"_a = "a2", "cache_dtype"_a = nb::none(),
-      "model_dtype"_a = "bfloat16", "num_blocks"_a = 1,
-      "A DSA cache's spec (6.2) under the plan of (device_kind, cache_dtype, model_dtype): kind 'swa', 'c4_kv', ... "
-      "'c128_kv', 'c4_indexer_k', 'c4_attn_state', 'c4_indexer_state', 'c128_state', its block geometry, dtypes, page bytes and tier, and its shape for "
-      "num_blocks.");
+      "model_dtype"_a = "bfloat16", "num_blocks"_a = 1, "head_dim"_a = dsa::kDsaHeadDim,
+      "rope_dim"_a = dsa::kDsaRopeDim, "index_head_dim"_a = dsa::kDsaIndexerHeadDim,
+      "A DSA cache's spec (6.2) under the plan of (device_kind, cache_dtype, model_dtype) for a model of head_dim / "
+      "rope_dim / index_head_dim (defaults DeepSeek-V4's): kind 'swa', 'c4_kv', 'c128_kv', 'c4_indexer_k', "
+      "'c4_attn_state', 'c4_indexer_state', 'c128_state'; its block geometry, dtypes, page bytes and tier, the shape "
+      "the layer takes for num_blocks ('shape', 'scale_shape') and the views over a raw buffer of num_blocks padded "
+      "pages ('view', 'scale_view', 'full_view': dtype, shape, stride, storage_offset).");
+  m.def(
+      "layer_cache_kinds",
+      [](int64_t compress_ratio) {
+        std::vector<std::string> out;
+        for (dsa::DsaCacheKind k : dsa::layer_cache_kinds(compress_ratio)) out.emplace_back(cache_kind_name(k));
+        return out;
+      },
+      "compress_ratio"_a,
+      "Spec 6.4: the cache kinds a layer of compress_ratio (1, 4 or 128) reads, in route_layer's order.");
 }
 
 // aar.dsa.Impl: the layer forward (dsa/impl.h). Weights from the reference's
-// dict names; the metadata as the group objects of this step (route_layer's
-// slots); kv_cache the 6/7-entry tuple with None for unused slots.
+// dict names; the metadata as route_layer's LayerMetadata, or the step and
+// group objects of this step (route_layer's slots); kv_cache the 6/7-entry
+// tuple with None for unused slots.
+// The 6/7-entry cache tuple; None for unused slots, any other non-tensor a
+// TypeError naming its entry.
+std::vector<at::Tensor> kv_list(const nb::sequence& kv_cache) {
+  std::vector<at::Tensor> kv;
+  for (nb::handle h : kv_cache) {
+    if (h.is_none()) {
+      kv.emplace_back();
+    } else if (is_torch_tensor(h.ptr())) {
+      kv.push_back(nb::cast<at::Tensor>(h));
+    } else {
+      throw nb::type_error(("kv_cache[" + std::to_string(kv.size()) + "] must be a torch.Tensor or None, got " +
+                            arg_type(h)).c_str());
+    }
+  }
+  return kv;
+}
+
 at::Tensor weight_of(const nb::dict& w, const char* name) {
   if (!w.contains(name)) return at::Tensor();
   return nb::cast<at::Tensor>(w[name]);
@@ -589,32 +730,40 @@ void bind_dsa_impl(nb::module_& m) {
             w.idx_cmp_norm = weight_of(weights, "idx_cmp_norm");
             new (self) dsa::Impl(c, w);
           },
-          "weights"_a, nb::kw_only(), "hidden_size"_a, "num_heads"_a, "head_dim"_a = 512, "rope_dim"_a = 64,
-          "q_lora_rank"_a, "window"_a = 128, "compress_ratio"_a = 1, "index_n_heads"_a = 64, "index_head_dim"_a = 128,
+          "weights"_a, nb::kw_only(), "hidden_size"_a, "num_heads"_a, "head_dim"_a = dsa::kDsaHeadDim,
+          "rope_dim"_a = dsa::kDsaRopeDim, "q_lora_rank"_a, "window"_a = 0, "compress_ratio"_a = 1,
+          "index_n_heads"_a = dsa::kDsaIndexerHeads, "index_head_dim"_a = dsa::kDsaIndexerHeadDim,
           "index_topk"_a = 512, "eps"_a = 1e-6, "o_groups"_a = 1, "o_lora_rank"_a, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
           "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0)
       .def(
           "forward",
+          [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, const RoutedLayer& metadata,
+             const at::Tensor& output, sfa::TopkBuffer* topk_buffer) -> at::Tensor {
+            return self.forward(hidden, kv_list(kv_cache), &metadata.md, output, topk_buffer);
+          },
+          "hidden"_a, "kv_cache"_a, "metadata"_a, "output"_a, nb::kw_only(), "topk_buffer"_a.none() = nb::none(),
+          "Spec 6.8 with route_layer's result as it is (the routing it checked is used, not made again). Returns "
+          "output.")
+      .def(
+          "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, nb::handle step, nb::handle swa,
              const at::Tensor& output, nb::handle attention, nb::handle compressor_state, nb::handle indexer_cache,
              nb::handle indexer_state, sfa::TopkBuffer* topk_buffer) -> at::Tensor {
-            std::vector<at::Tensor> kv;
-            for (nb::handle h : kv_cache) kv.push_back(h.is_none() ? at::Tensor() : nb::cast<at::Tensor>(h));
+            const std::vector<at::Tensor> kv = kv_list(kv_cache);
             if (step.is_none()) return self.forward(hidden, kv, nullptr, output, topk_buffer);
-            auto ptr = [](nb::handle h) -> const dsa::GroupMetadata* {
-              return h.is_none() ? nullptr : nb::cast<const dsa::GroupMetadata*>(h);
-            };
             AAR_CHECK_ARG(!swa.is_none(), "swa metadata must be given with step");
-            const dsa::LayerMetadata md =
-                dsa::route_layer(self.config().compress_ratio, nb::cast<const dsa::StepMetadata&>(step), ptr(swa),
-                                 ptr(attention), ptr(compressor_state), ptr(indexer_cache), ptr(indexer_state));
+            const dsa::LayerMetadata md = dsa::route_layer(
+                self.config().compress_ratio, step_arg(step, "step"), group_arg(swa, "swa"),
+                group_arg(attention, "attention"), group_arg(compressor_state, "compressor_state"),
+                group_arg(indexer_cache, "indexer_cache"), group_arg(indexer_state, "indexer_state"));
             return self.forward(hidden, kv, &md, output, topk_buffer);
           },
           "hidden"_a, "kv_cache"_a, "step"_a.none(), "swa"_a.none(), "output"_a, nb::kw_only(),
           "attention"_a = nb::none(), "compressor_state"_a = nb::none(), "indexer_cache"_a = nb::none(),
           "indexer_state"_a = nb::none(), "topk_buffer"_a.none() = nb::none(),
-          "Spec 6.8. step=None: profiling run (output zero-filled). Returns output.")
+          "Spec 6.8 with the step and group metadata (routed here, as route_layer). step=None: profiling run "
+          "(output zero-filled). Returns output.")
       .def_prop_ro("last_topk", [](const dsa::Impl& i) { return i.last_topk(); })
       .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; })
       .def_prop_ro(

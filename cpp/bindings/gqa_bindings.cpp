@@ -80,6 +80,7 @@ void bind_gqa(nb::module_& m) {
       .def_ro("num_input_tokens", &gqa::Metadata::num_input_tokens)
       .def_ro("num_kernel_tokens", &gqa::Metadata::num_kernel_tokens)
       .def_ro("num_decodes", &gqa::Metadata::num_decodes)
+      .def_prop_ro("num_prefill_tokens", [](const gqa::Metadata& m) { return m.num_prefill_tokens; })
       .def_ro("num_prefills", &gqa::Metadata::num_prefills)
       .def_ro("num_decode_tokens", &gqa::Metadata::num_decode_tokens)
       .def_ro("max_query_len", &gqa::Metadata::max_query_len)

@@ -42,6 +42,7 @@ core::BackendFacts Backend::facts() {
   f.name = name();
   f.block_sizes = supported_block_sizes();
   f.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat};
+  f.builder = "gqa";  // the layers take gqa::MetadataBuilder's metadata
   f.kv_caches = {"key_cache", "value_cache"};  // int8 NZ
   f.capturable = core::state_bit(plan::AttentionState::DecodeOnly);
   return f;

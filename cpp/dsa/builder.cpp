@@ -349,7 +349,18 @@ StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg.staging_buffers >= 1 && cfg.staging_buffers <= detail::StagingBuffers::kMaxHostBuffers,
                 "staging_buffers must be in [1, ", detail::StagingBuffers::kMaxHostBuffers, "], got ",
                 cfg.staging_buffers);
+  const ModelSettings& ms = cfg.model;
+  AAR_CHECK_ARG(ms.head_dim > 0, "head_dim must be positive, got ", ms.head_dim);
+  AAR_CHECK_ARG(ms.window >= 1, "window must be positive, got ", ms.window);
+  AAR_CHECK_ARG(ms.dspark_num_spec >= 0, "dspark_num_spec must be >= 0, got ", ms.dspark_num_spec);
+  if (ms.dspark_num_spec > 0) plan::dspark_swa_width(ms.window, ms.dspark_num_spec, ms.dspark_width);
+  AAR_CHECK_ARG(ms.num_heads_q >= 0, "num_heads_q must be >= 0 (0: no SAS blob), got ", ms.num_heads_q);
+  AAR_CHECK_ARG(ms.index_n_heads >= 0, "index_n_heads must be >= 0 (0: no QLI blob), got ", ms.index_n_heads);
+  AAR_CHECK_ARG(ms.index_head_dim > 0, "index_head_dim must be positive, got ", ms.index_head_dim);
+  AAR_CHECK_ARG(ms.index_topk > 0, "index_topk must be positive, got ", ms.index_topk);
   rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
+  AAR_CHECK_ARG(rope_->dim() % 2 == 0 && rope_->dim() <= ms.head_dim, "cos_table has ", rope_->dim(),
+                " columns: the rope dim must be even and <= head_dim=", ms.head_dim);
   const bool has_c = cfg.compress_cos_table.defined(), has_s = cfg.compress_sin_table.defined();
   AAR_CHECK_ARG(has_c == has_s, "compress_cos_table and compress_sin_table must be given together (got ",
                 has_c ? "only compress_cos_table" : "only compress_sin_table", ")");
@@ -400,6 +411,14 @@ const StepMetadata& StepBuilder::build_for_drafting(const StepInputs& in, int32_
   return lane(d).build(in, nullptr);
 }
 
+DsaCacheDims StepBuilder::cache_dims() const {
+  DsaCacheDims d;
+  d.head_dim = cfg_.model.head_dim;
+  d.rope_dim = rope_->dim();
+  d.index_head_dim = cfg_.model.index_head_dim;
+  return d;
+}
+
 int64_t StepBuilder::rope_positions() const { return rope_->positions(); }
 int64_t StepBuilder::compress_rope_positions() const { return compress_rope_ ? compress_rope_->positions() : 0; }
 const StepMetadata& StepBuilder::metadata() const { return lanes_[0]->metadata(); }
@@ -414,8 +433,10 @@ class GroupBuilder::Lane {
       : g_(g), draft_index_(draft_index), R_(max_reqs) {
     const int64_t T = scfg.max_num_tokens, MB = g.cfg_.max_blocks_per_req;
     fw_ = plan::slot_format_width(g.slot_format_);
-    dspark_width_ = g.cfg_.dspark_num_spec > 0
-                        ? plan::dspark_swa_width(g.cfg_.window, g.cfg_.dspark_num_spec, g.cfg_.dspark_width)
+    const ModelSettings& ms = g.model();
+    // DSpark is the SWA group's (spec 6.6).
+    dspark_width_ = g.cfg_.kind == DsaCacheKind::Swa && ms.dspark_num_spec > 0
+                        ? plan::dspark_swa_width(ms.window, ms.dspark_num_spec, ms.dspark_width)
                         : 0;
     // The SparseFlashMla plan's compressed KV groups stage seqused_cmp_kv /
     // cmp_residual_kv (spec 7.2 adapter) next to their rows.
@@ -441,6 +462,8 @@ class GroupBuilder::Lane {
     }
     empty_ = at::empty({0}, i32);
     md_.kind = g.cfg_.kind;
+    md_.num_blocks = g.cfg_.num_blocks;
+    md_.window = ms.window;
     md_.compress_ratio = g.spec_.compress_ratio;
     md_.block_size = static_cast<int32_t>(g.spec_.block_size);
     md_.storage_block_size = static_cast<int32_t>(g.spec_.storage_block_size);
@@ -473,6 +496,9 @@ class GroupBuilder::Lane {
     const int32_t ratio = std::max(g_.spec_.compress_ratio, 1);
     const int32_t rows = plan::dsa_num_compressed_tokens(T, B, ratio);
     const bool dspark = dspark_width_ > 0 && !st.has_prefill();
+    const ModelSettings& ms = g_.model();
+    // The attention call's window (spec 6.6: DSpark widens it to the draft block).
+    const int32_t win_left = dspark ? ms.window + ms.dspark_num_spec - 1 : ms.window - 1;
     const Region r = region(rows, dspark ? T : 0, B);
 
     // DSpark first into the private scratch (validates; the staging buffer
@@ -485,8 +511,8 @@ class GroupBuilder::Lane {
       di.block_table_stride = in.block_table_stride;
       di.block_size = static_cast<int32_t>(g_.spec_.storage_block_size);
       di.num_blocks = g_.cfg_.num_blocks;
-      di.window = g_.cfg_.window;
-      di.num_spec = g_.cfg_.dspark_num_spec;
+      di.window = ms.window;
+      di.num_spec = ms.dspark_num_spec;
       di.width = dspark_width_;
       di.num_rows = T;
       di.num_reqs_actual = st.num_reqs_actual;
@@ -503,6 +529,11 @@ class GroupBuilder::Lane {
     // groups keep compressor_metadata's (-1, bs-1) (dsa/kv_plan.h).
     gi.block_offset_skip = ratio <= 1 ? g_.cfg_.plan.block_offset_skip : BlockOffsetSkip::LastOffset;
     gi.rope_positions = ratio > 1 ? g_.step_.compress_rope_positions() : 0;
+    // What the group's kernels read besides this step's rows (dsa/builder.h "Reads").
+    gi.reads = g_.reads_;
+    gi.read_window = win_left;
+    gi.state_ratio = g_.state_ratio_;
+    gi.state_coff = g_.spec_.coff;
 
     int32_t* s = buffers_->begin();
     const size_t ur = static_cast<size_t>(rows);
@@ -571,7 +602,7 @@ class GroupBuilder::Lane {
       return device_.narrow(0, r.dspark, int64_t{T} * dspark_width_).view({T, 1, dspark_width_});
     })
                                     : at::Tensor());
-    md_.ori_win_left = dspark ? g_.cfg_.window + g_.cfg_.dspark_num_spec - 1 : g_.cfg_.window - 1;
+    md_.ori_win_left = win_left;
     md_.ori_win_right = 0;
     md_.max_seqlen_q = st.max_seqlen_q;
     md_.max_seqlen_kv = st.max_seqlen_kv;
@@ -584,10 +615,9 @@ class GroupBuilder::Lane {
     }
     md_.sas_metadata_filled = fill_sas(st, ratio);
     md_.qli_metadata_filled = fill_qli(st);
-    const GroupConfig& gc = g_.cfg_;
-    md_.qli_num_heads = md_.qli_metadata_filled ? gc.index_n_heads : 0;
-    md_.qli_head_dim = md_.qli_metadata_filled ? gc.index_head_dim : 0;
-    md_.qli_sparse_count = md_.qli_metadata_filled ? gc.index_topk : 0;
+    md_.qli_num_heads = md_.qli_metadata_filled ? ms.index_n_heads : 0;
+    md_.qli_head_dim = md_.qli_metadata_filled ? ms.index_head_dim : 0;
+    md_.qli_sparse_count = md_.qli_metadata_filled ? ms.index_topk : 0;
     md_.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B * stride));
     md_.slot_mapping_host = plan::CSpan<int32_t>(s + r.slots, ur * fw_);
     md_.row_index_host = ra->index_host;
@@ -649,16 +679,17 @@ class GroupBuilder::Lane {
     // the remaining path is KvQuantSharedKv.
     const bool shared = c.plan.sparse_attn == SparseAttnPath::SharedKv;
     const bool flash_mla = c.plan.sparse_attn == SparseAttnPath::SparseFlashMla;
-    if (!reads_sas || c.num_heads_q <= 0) return false;
+    const ModelSettings& ms = g_.model();
+    if (!reads_sas || ms.num_heads_q <= 0) return false;
     detail::InferenceScope guard;
     auto opt = [](const at::Tensor& t) -> std::optional<at::Tensor> {
       if (!t.defined()) return std::nullopt;
       return t;
     };
     ops::SparseAttnSharedKvMetadataArgs a;
-    a.num_heads_q = c.num_heads_q;
+    a.num_heads_q = ms.num_heads_q;
     a.num_heads_kv = 1;
-    a.head_dim = c.plan.attn_head_dim;
+    a.head_dim = ms.head_dim;
     a.cu_seqlens_q = st.query_start_loc;
     a.cu_seqlens_ori_kv = opt(md_.cu_seqlens_ori_kv);
     a.cu_seqlens_cmp_kv = opt(md_.cu_seqlens_cmp_kv);
@@ -666,7 +697,7 @@ class GroupBuilder::Lane {
     a.batch_size = st.num_reqs;
     a.max_seqlen_q = st.max_seqlen_q;
     a.max_seqlen_kv = st.max_seqlen_kv;
-    a.cmp_topk = ratio == 4 ? c.index_topk : 0;
+    a.cmp_topk = ratio == 4 ? ms.index_topk : 0;
     a.cmp_ratio = ratio <= 1 ? 1 : (ratio == 4 ? 4 : 128);
     a.ori_mask_mode = 4;
     a.cmp_mask_mode = 3;
@@ -701,12 +732,13 @@ class GroupBuilder::Lane {
   // indexer-cache group and copied into the stable buffer.
   bool fill_qli(const StepMetadata& st) {
     const GroupConfig& c = g_.cfg_;
-    if (c.kind != DsaCacheKind::C4IndexerK || c.index_n_heads <= 0) return false;
+    const ModelSettings& ms = g_.model();
+    if (c.kind != DsaCacheKind::C4IndexerK || ms.index_n_heads <= 0) return false;
     detail::InferenceScope guard;
     ops::VllmQuantLightningIndexerMetadataArgs m;
-    m.num_heads_q = c.index_n_heads;
+    m.num_heads_q = ms.index_n_heads;
     m.num_heads_k = 1;
-    m.head_dim = c.index_head_dim;
+    m.head_dim = ms.index_head_dim;
     m.query_quant_mode = 0;
     m.key_quant_mode = 0;
     // query_start_loc[1:], remade only when the step hands out another
@@ -722,7 +754,7 @@ class GroupBuilder::Lane {
     m.max_seqlen_k = st.max_seqlen_kv;
     m.layout_query = "TND";
     m.layout_key = "PA_BSND";
-    m.sparse_count = c.index_topk;
+    m.sparse_count = ms.index_topk;
     m.sparse_mode = 3;
     m.cmp_ratio = 4;
     m.device = "npu";
@@ -758,7 +790,8 @@ class GroupBuilder::Lane {
 };
 
 GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : step_(step), cfg_(cfg) {
-  spec_ = dsa_cache_spec(cfg.kind, cfg.cache_block_size, cfg.plan);  // names cache_block_size
+  // Names cache_block_size, and a model dim the plan cannot hold (the fp8 rows' 512 / 64).
+  spec_ = dsa_cache_spec(cfg.kind, cfg.cache_block_size, cfg.plan, step.cache_dims());
   AAR_CHECK_ARG(cfg.plan.sparse_attn == SparseAttnPath::SharedKv ||
                     cfg.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv ||
                     cfg.plan.sparse_attn == SparseAttnPath::SparseFlashMla,
@@ -766,16 +799,24 @@ GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : st
   slot_format_ = slot_format_for(cfg.plan, cfg.kind);
   AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
   AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
-  AAR_CHECK_ARG(cfg.window >= 1, "window must be positive, got ", cfg.window);
-  AAR_CHECK_ARG(cfg.dspark_num_spec >= 0, "dspark_num_spec must be >= 0, got ", cfg.dspark_num_spec);
-  AAR_CHECK_ARG(cfg.dspark_num_spec == 0 || cfg.kind == DsaCacheKind::Swa, "dspark_num_spec=", cfg.dspark_num_spec,
-                " is for the SWA group only (spec 6.6), not kind ", to_string(cfg.kind));
-  AAR_CHECK_ARG(cfg.index_n_heads >= 0, "index_n_heads must be >= 0 (0: no QLI blob), got ", cfg.index_n_heads);
-  AAR_CHECK_ARG(cfg.index_n_heads == 0 || cfg.kind != DsaCacheKind::C4IndexerK ||
-                    (cfg.index_head_dim > 0 && cfg.index_topk > 0),
-                "index_head_dim and index_topk must be positive for the QLI blob, got ", cfg.index_head_dim, ", ",
-                cfg.index_topk);
-  if (cfg.dspark_num_spec > 0) plan::dspark_swa_width(cfg.window, cfg.dspark_num_spec, cfg.dspark_width);
+  // The rows each kind's kernels read (plan::DsaGroupReads): the compressed KV
+  // and indexer K caches are read whole (attention, indexer), the SWA cache
+  // over its window, a state cache where the compressor gathers.
+  switch (cfg.kind) {
+    case DsaCacheKind::Swa: reads_ = plan::DsaGroupReads::Window; break;
+    case DsaCacheKind::C4Kv:
+    case DsaCacheKind::C128Kv:
+    case DsaCacheKind::C4IndexerK: reads_ = plan::DsaGroupReads::CompressedPrefix; break;
+    case DsaCacheKind::C4AttnState:
+    case DsaCacheKind::C4IndexerState:
+      reads_ = plan::DsaGroupReads::CompressorState;
+      state_ratio_ = 4;
+      break;
+    case DsaCacheKind::C128State:
+      reads_ = plan::DsaGroupReads::CompressorState;
+      state_ratio_ = 128;
+      break;
+  }
   AAR_CHECK_ARG(spec_.compress_ratio <= 1 || step.has_compress_table(), "kind ", to_string(cfg.kind),
                 " (compress_ratio ", spec_.compress_ratio, ") needs the compress_rope_theta tables: the StepBuilder "
                 "has no compress_cos_table / compress_sin_table");
@@ -824,8 +865,7 @@ void check_current(const GroupMetadata& g, const char* what) {
 LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, const GroupMetadata* swa,
                           const GroupMetadata* attention, const GroupMetadata* compressor_state,
                           const GroupMetadata* indexer_cache, const GroupMetadata* indexer_state) {
-  AAR_CHECK_ARG(ratio == 0 || ratio == 1 || ratio == 4 || ratio == 128, "compress_ratio=", ratio,
-                " must be 0, 1, 4 or 128");
+  check_compress_ratio(ratio);
   check_current(step.stamp, "step metadata");
   const bool compressed = ratio > 1, c4 = ratio == 4;
   auto slot = [&](const GroupMetadata* g, const char* name, bool needed, DsaCacheKind kind) {
@@ -854,8 +894,7 @@ LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, const GroupMe
 }
 
 LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, plan::CSpan<const GroupMetadata*> groups) {
-  AAR_CHECK_ARG(ratio == 0 || ratio == 1 || ratio == 4 || ratio == 128, "compress_ratio=", ratio,
-                " must be 0, 1, 4 or 128");
+  check_compress_ratio(ratio);
   const bool compressed = ratio > 1, c4 = ratio == 4;
   auto pick = [&](bool needed, DsaCacheKind kind) -> const GroupMetadata* {
     if (!needed) return nullptr;

@@ -55,16 +55,28 @@ at::ScalarType scalar_of(KvDtype d) {
 
 c10::IntArrayRef sizes_of(const at::Tensor& t) { return t.defined() ? t.sizes() : c10::IntArrayRef{}; }
 
+// The cache's pages against its group's: the group's block table addresses
+// blocks [0, num_blocks), so a cache with fewer would be written and read out
+// of bounds (or have some of its rows dropped by a kernel that skips them).
+void check_blocks(int64_t blocks, const char* name, const GroupMetadata& g, const char* group) {
+  AAR_CHECK_ARG(blocks >= g.num_blocks, name, " has ", blocks, " blocks, fewer than metadata.", group,
+                "'s num_blocks=", g.num_blocks, " (its GroupBuilder's)");
+}
+
 // A paged cache (nb, rows, 1, width) with unit stride in its last dim (page
-// strides may be padded: spec 6.2's tiers).
-void check_paged(const at::Tensor& c, const char* name, int64_t rows, int64_t width, at::ScalarType dtype,
-                 c10::Device device) {
+// strides may be padded: spec 6.2's tiers), of at least the group's blocks.
+void check_paged(const at::Tensor& c, const char* name, const GroupMetadata& g, const char* group, int64_t rows,
+                 int64_t width, at::ScalarType dtype, c10::Device device) {
   AAR_CHECK_ARG(c.defined(), name, " is None but the layer needs it (spec 6.3 tuple)");
-  AAR_CHECK_ARG(c.dim() == 4 && c.size(1) == rows && c.size(2) == 1 && c.size(3) == width, name,
-                " must have shape (num_blocks, ", rows, ", 1, ", width, "), got ", c.sizes());
+  // The sizes and strides read once (each size(i) / stride(i) call wraps and checks its index).
+  const c10::IntArrayRef sz = c.sizes();
+  AAR_CHECK_ARG(sz.size() == 4 && sz[1] == rows && sz[2] == 1 && sz[3] == width, name,
+                " must have shape (num_blocks, ", rows, ", 1, ", width, "), got ", sz);
+  check_blocks(sz[0], name, g, group);
   AAR_CHECK_ARG(c.scalar_type() == dtype, name, " dtype ", c.scalar_type(), " is not ", dtype);
   AAR_CHECK_ARG(c.device() == device, name, " is on ", c.device(), ", the layer's weights on ", device);
-  AAR_CHECK_ARG(c.stride(3) == 1 && c.stride(1) == width, name, " rows must be dense (strides ", c.strides(), ")");
+  const c10::IntArrayRef st = c.strides();
+  AAR_CHECK_ARG(st[3] == 1 && st[1] == width, name, " rows must be dense (strides ", st, ")");
 }
 
 void check_group(const GroupMetadata* g, const char* name) {
@@ -116,15 +128,14 @@ IndexerKv unpack_indexer_kv_cache(const std::vector<at::Tensor>& kv) {
 Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   ImplConfig& c = cfg_;
   internal::check_norm_eps(c.eps, "eps");
-  if (c.compress_ratio == 0) c.compress_ratio = 1;
-  AAR_CHECK_ARG(c.compress_ratio == 1 || c.compress_ratio == 4 || c.compress_ratio == 128,
-                "compress_ratio must be 0/1 (SWA only), 4 or 128, got ", c.compress_ratio);
+  check_compress_ratio(c.compress_ratio);
   AAR_CHECK_ARG(c.hidden_size > 0 && c.num_heads > 0 && c.head_dim > 0 && c.q_lora_rank > 0 && c.o_lora_rank > 0,
                 "hidden_size, num_heads, head_dim, q_lora_rank and o_lora_rank must be positive, got ", c.hidden_size,
                 ", ", c.num_heads, ", ", c.head_dim, ", ", c.q_lora_rank, ", ", c.o_lora_rank);
   AAR_CHECK_ARG(c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, "rope_dim=", c.rope_dim,
                 " must be even and in (0, head_dim=", c.head_dim, "]");
-  AAR_CHECK_ARG(c.window > 0, "window must be positive, got ", c.window);
+  AAR_CHECK_ARG(c.window >= 0, "window must be >= 0 (0: the SWA group's, set once on the StepBuilder), got ",
+                c.window);
   AAR_CHECK_ARG(c.eps > 0, "eps must be positive, got ", c.eps);
   AAR_CHECK_ARG(c.o_groups > 0 && (c.num_heads * c.head_dim) % c.o_groups == 0, "o_groups=", c.o_groups,
                 " must divide num_heads * head_dim = ", c.num_heads * c.head_dim);
@@ -266,11 +277,17 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                         "writes are sized by the step's valid rows (a per-step host value), which a replay cannot "
                         "change");
   }
-  AAR_CHECK_ARG(md.compress_ratio == c.compress_ratio || (md.compress_ratio <= 1 && c.compress_ratio == 1),
-                "metadata was routed for compress_ratio ", md.compress_ratio, " but the layer's is ", c.compress_ratio);
+  AAR_CHECK_ARG(md.compress_ratio == c.compress_ratio, "metadata was routed for compress_ratio ", md.compress_ratio,
+                " but the layer's is ", c.compress_ratio);
   AAR_CHECK_ARG(md.step != nullptr, "metadata.step is missing");
   check_current(md.step->stamp, "metadata.step");
   check_group(md.swa, "swa");
+  // The window is the model's, set once on the StepBuilder; a layer that
+  // names one of its own must name the same (it would attend another span
+  // than the builders' metadata describes).
+  AAR_CHECK_ARG(c.window == 0 || c.window == md.swa->window, "window=", c.window, " (the layer's) differs from "
+                "the SWA group's window=", md.swa->window, " (the StepBuilder's model settings): pass the same "
+                "window, or window=0 to take the builders'");
   if (c.compress_ratio > 1) {
     check_group(md.attention, "attention");
     check_group(md.compressor_state, "compressor_state");
@@ -302,8 +319,8 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                     "metadata.indexer_cache's QLI blob was made for index_n_heads=", ig.qli_num_heads,
                     ", index_head_dim=", ig.qli_head_dim, ", index_topk=", ig.qli_sparse_count,
                     " but the layer has ", c.index_n_heads, ", ", c.index_head_dim, ", ", c.index_topk,
-                    ": configure the C4 indexer GroupBuilder with the layer's index_n_heads / index_head_dim / "
-                    "index_topk");
+                    ": give the StepBuilder (whose settings every group reads) the layer's index_n_heads / "
+                    "index_head_dim / index_topk");
     }
   }
   // The per-step rows the builders make (dsa/metadata.h); metadata filled in
@@ -358,16 +375,19 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   const bool fp8 = c.plan.fp8_kv_rows;
   const at::ScalarType kv_dt = fp8 ? scalar_of(c.plan.attn_kv_dtype) : dt;
   const int64_t width = fp8 ? c.plan.attn_head_size : c.head_dim;
-  check_paged(f.swa_kv, "kv_cache[1] (swa_kv)", md.swa->storage_block_size, width, kv_dt, dev);
+  check_paged(f.swa_kv, "kv_cache[1] (swa_kv)", *md.swa, "swa", md.swa->storage_block_size, width, kv_dt, dev);
   out.swa_kv = f.swa_kv;
   if (c.compress_ratio > 1) {
-    check_paged(f.compress_kv, "kv_cache[0] (compress_kv)", md.attention->storage_block_size, width, kv_dt, dev);
+    check_paged(f.compress_kv, "kv_cache[0] (compress_kv)", *md.attention, "attention",
+                md.attention->storage_block_size, width, kv_dt, dev);
     const int64_t coff = c.compress_ratio == 4 ? 2 : 1;
     const at::Tensor& s = f.state;
-    AAR_CHECK_ARG(s.defined() && s.dim() == 3 && s.size(1) == md.compressor_state->storage_block_size &&
-                      s.size(2) == 2 * coff * c.head_dim && s.scalar_type() == at::kFloat && s.device() == dev,
+    const c10::IntArrayRef ss = sizes_of(s);
+    AAR_CHECK_ARG(ss.size() == 3 && ss[1] == md.compressor_state->storage_block_size &&
+                      ss[2] == 2 * coff * c.head_dim && s.scalar_type() == at::kFloat && s.device() == dev,
                   "kv_cache[2] (state) must be float32 (num_blocks, ", md.compressor_state->storage_block_size, ", ",
                   2 * coff * c.head_dim, ") on ", dev, ", got ", sizes_of(s));
+    check_blocks(ss[0], "kv_cache[2] (state)", *md.compressor_state, "compressor_state");
     out.compress_kv = f.compress_kv;
     out.state = s;
   }
@@ -375,26 +395,32 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
     const IndexerKv ik = unpack_indexer_kv_cache(kv);
     const int64_t Di = c.index_head_dim, rows = md.indexer_cache->storage_block_size;
     const at::Tensor& s = ik.indexer_state;
-    AAR_CHECK_ARG(s.defined() && s.dim() == 3 && s.size(1) == md.indexer_state->storage_block_size &&
-                      s.size(2) == 4 * Di && s.scalar_type() == at::kFloat && s.device() == dev,
+    const c10::IntArrayRef ss = sizes_of(s);
+    AAR_CHECK_ARG(ss.size() == 3 && ss[1] == md.indexer_state->storage_block_size && ss[2] == 4 * Di &&
+                      s.scalar_type() == at::kFloat && s.device() == dev,
                   "kv_cache[3] (indexer_state) must be float32 (num_blocks, ", md.indexer_state->storage_block_size,
                   ", ", 4 * Di, ") on ", dev, ", got ", sizes_of(s));
-    check_paged(ik.indexer_k, "kv_cache[4] (indexer_k)", rows, Di, scalar_of(c.plan.indexer_k_dtype), dev);
+    check_blocks(ss[0], "kv_cache[3] (indexer_state)", *md.indexer_state, "indexer_state");
+    const GroupMetadata& ig = *md.indexer_cache;
+    check_paged(ik.indexer_k, "kv_cache[4] (indexer_k)", ig, "indexer_cache", rows, Di,
+                scalar_of(c.plan.indexer_k_dtype), dev);
     const at::Tensor& sc = ik.indexer_scale;
-    AAR_CHECK_ARG(sc.defined() && sc.dim() == 3 && sc.size(0) == ik.indexer_k.size(0) && sc.size(1) == rows &&
-                      sc.size(2) == 1 && sc.scalar_type() == scalar_of(c.plan.indexer_k_scale_dtype) &&
-                      sc.device() == dev,
-                  "kv_cache[5] (indexer_scale) must be ", scalar_of(c.plan.indexer_k_scale_dtype), " (",
-                  ik.indexer_k.size(0), ", ", rows, ", 1) on ", dev, ", got ", sizes_of(sc));
+    const c10::IntArrayRef scs = sizes_of(sc);
+    AAR_CHECK_ARG(scs.size() == 3 && scs[1] == rows && scs[2] == 1 &&
+                      sc.scalar_type() == scalar_of(c.plan.indexer_k_scale_dtype) && sc.device() == dev,
+                  "kv_cache[5] (indexer_scale) must be ", scalar_of(c.plan.indexer_k_scale_dtype),
+                  " (num_blocks, ", rows, ", 1) on ", dev, ", got ", sizes_of(sc));
+    check_blocks(scs[0], "kv_cache[5] (indexer_scale)", ig, "indexer_cache");
     if (c.plan.indexer_full_view) {
       const at::Tensor& fv = ik.indexer_full;
       const int64_t full_w = Di * element_size(c.plan.indexer_k_dtype) + element_size(c.plan.indexer_k_scale_dtype);
-      AAR_CHECK_ARG(fv.defined() && fv.dim() == 4 && fv.size(0) == ik.indexer_k.size(0) && fv.size(1) == rows &&
-                        fv.size(2) == 1 && fv.size(3) == full_w && fv.element_size() == 1 && fv.device() == dev &&
-                        fv.stride(3) == 1,
-                    "kv_cache[6] (indexer_full) must be the (", ik.indexer_k.size(0), ", ", rows, ", 1, ", full_w,
+      const c10::IntArrayRef fs = sizes_of(fv);
+      AAR_CHECK_ARG(fs.size() == 4 && fs[1] == rows && fs[2] == 1 && fs[3] == full_w && fv.element_size() == 1 &&
+                        fv.device() == dev && fv.stride(3) == 1,
+                    "kv_cache[6] (indexer_full) must be the (num_blocks, ", rows, ", 1, ", full_w,
                     ") one-byte view of the indexer pages on ", dev, ", got ", sizes_of(fv), " ",
                     fv.defined() ? fv.scalar_type() : at::kByte);
+      check_blocks(fs[0], "kv_cache[6] (indexer_full)", ig, "indexer_cache");
     }
     out.indexer_state = s;
     out.indexer_k = ik.indexer_k;

@@ -35,6 +35,7 @@ core::BackendFacts Backend::facts() {
   f.name = name();
   f.block_sizes = supported_block_sizes();
   f.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat};
+  f.builder = "gqa";  // the layers take gqa::MetadataBuilder's metadata
   f.kv_caches = {"key_cache", "value_cache"};
   f.capturable = 0;  // eager only: a forward inside a capture is refused by name
   return f;

@@ -127,9 +127,38 @@ int64_t storage_block_size(int64_t block_size, int64_t compress_ratio) {
   return block_size / compress_ratio;
 }
 
-DsaCacheSpec dsa_cache_spec(DsaCacheKind kind, int64_t cache_block_size, const AttnKvPlan& plan) {
-  const DsaBackendKind backend = backend_of(kind);
-  const Dsv4BlockSizes t = dsv4_block_sizes(cache_block_size, plan);
+void check_compress_ratio(int64_t ratio) {
+  for (int32_t r : kDsaLayerRatios) {
+    if (ratio == r) return;
+  }
+  throw_invalid("compress_ratio=", ratio, " is not a DSA layer ratio: the supported ones are 1 (sliding window "
+                "only), 4 (C4) and 128 (C128)");
+}
+
+std::vector<DsaCacheKind> layer_cache_kinds(int64_t ratio) {
+  check_compress_ratio(ratio);
+  if (ratio == 1) return {DsaCacheKind::Swa};
+  if (ratio == 128) return {DsaCacheKind::Swa, DsaCacheKind::C128Kv, DsaCacheKind::C128State};
+  return {DsaCacheKind::Swa, DsaCacheKind::C4Kv, DsaCacheKind::C4AttnState, DsaCacheKind::C4IndexerK,
+          DsaCacheKind::C4IndexerState};
+}
+
+void check_cache_dims(const DsaCacheDims& d, const AttnKvPlan& plan) {
+  AAR_CHECK_ARG(d.head_dim > 0, "head_dim must be positive, got ", d.head_dim);
+  AAR_CHECK_ARG(d.rope_dim > 0 && d.rope_dim % 2 == 0 && d.rope_dim <= d.head_dim, "rope_dim=", d.rope_dim,
+                " must be even and in (0, head_dim=", d.head_dim, "]");
+  AAR_CHECK_ARG(d.index_head_dim > 0, "index_head_dim must be positive, got ", d.index_head_dim);
+  AAR_CHECK_ARG(!plan.fp8_kv_rows || (d.head_dim == Fp8KvRowLayout::kNopeDims + Fp8KvRowLayout::kRopeDims &&
+                                      d.rope_dim == Fp8KvRowLayout::kRopeDims),
+                "the plan's 640-byte fp8 rows hold head_dim 512 and rope_dim 64, got head_dim=", d.head_dim,
+                ", rope_dim=", d.rope_dim);
+}
+
+namespace {
+
+// The geometry and element layout of one cache kind, before its page is padded to a tier.
+DsaCacheSpec unpadded_spec(DsaCacheKind kind, const Dsv4BlockSizes& t, const AttnKvPlan& plan,
+                           const DsaCacheDims& dims) {
   DsaCacheSpec s;
   s.kind = kind;
   s.cache_block_size = t.cache_block_size;
@@ -140,14 +169,15 @@ DsaCacheSpec dsa_cache_spec(DsaCacheKind kind, int64_t cache_block_size, const A
     case DsaCacheKind::C128Kv:
       s.compress_ratio = kind == DsaCacheKind::Swa ? 1 : kind == DsaCacheKind::C4Kv ? 4 : 128;
       s.block_size = int64_t{kind == DsaCacheKind::Swa ? t.swa : t.mla} * s.compress_ratio;
-      s.head_size = plan.attn_head_size;
+      // Plain rows hold the model's D; the fp8 plan's rows are its fixed 640 bytes (check_cache_dims).
+      s.head_size = plan.fp8_kv_rows ? plan.attn_head_size : dims.head_dim;
       s.dtype = plan.attn_kv_dtype;
       s.pad_tier = 2;
       break;
     case DsaCacheKind::C4IndexerK:
       s.compress_ratio = 4;
       s.block_size = int64_t{t.mla} * 4;
-      s.head_size = kDsaIndexerHeadDim;
+      s.head_size = dims.index_head_dim;
       s.dtype = plan.indexer_k_dtype;
       s.scale_dim = 1;
       s.scale_dtype = plan.indexer_k_scale_dtype;
@@ -158,7 +188,7 @@ DsaCacheSpec dsa_cache_spec(DsaCacheKind kind, int64_t cache_block_size, const A
     case DsaCacheKind::C128State: {
       // [kv_state (coff*D) | score_state (coff*D)] fp32 per raw position (spec 1.6.1).
       const bool c128 = kind == DsaCacheKind::C128State;
-      const int64_t d = kind == DsaCacheKind::C4IndexerState ? kDsaIndexerHeadDim : kDsaHeadDim;
+      const int64_t d = kind == DsaCacheKind::C4IndexerState ? dims.index_head_dim : dims.head_dim;
       s.compress_ratio = 1;
       s.coff = c128 ? 1 : 2;
       s.block_size = c128 ? t.c128_state : t.c4_state;
@@ -168,21 +198,53 @@ DsaCacheSpec dsa_cache_spec(DsaCacheKind kind, int64_t cache_block_size, const A
       break;
     }
   }
-  const DsaBackendFacts facts = dsa_backend(backend, plan.device);
-  s.backend = facts.name;
-  check_kernel_block_size(backend, plan.device, s.block_size);
   s.storage_block_size = storage_block_size(s.block_size, s.compress_ratio);
   s.page_bytes = s.storage_block_size * s.num_kv_heads *
                  (s.head_size * element_size(s.dtype) + s.scale_dim * element_size(s.scale_dtype));
-  s.padded_page_bytes = s.pad_tier == 1 ? t.pad_t1 : t.pad_t2;
-  AAR_CHECK_ARG(s.page_bytes <= s.padded_page_bytes, "DSA: the ", to_string(kind), " page of ", s.page_bytes,
-                " bytes does not fit its tier pad_t", s.pad_tier, " = ", s.padded_page_bytes,
-                " (cache_block_size ", cache_block_size, ")");
   return s;
 }
 
+constexpr DsaCacheKind kAllCacheKinds[] = {DsaCacheKind::Swa,         DsaCacheKind::C4Kv,
+                                           DsaCacheKind::C128Kv,      DsaCacheKind::C4IndexerK,
+                                           DsaCacheKind::C4AttnState, DsaCacheKind::C4IndexerState,
+                                           DsaCacheKind::C128State};
+
+}  // namespace
+
+DsaCacheSpec dsa_cache_spec(DsaCacheKind kind, int64_t cache_block_size, const AttnKvPlan& plan,
+                            const DsaCacheDims& dims) {
+  const DsaBackendKind backend = backend_of(kind);
+  const Dsv4BlockSizes t = dsv4_block_sizes(cache_block_size, plan);
+  check_cache_dims(dims, plan);
+  DsaCacheSpec s = unpadded_spec(kind, t, plan, dims);
+  const DsaBackendFacts facts = dsa_backend(backend, plan.device);
+  s.backend = facts.name;
+  check_kernel_block_size(backend, plan.device, s.block_size);
+  if (dims.is_dsv4()) {
+    s.padded_page_bytes = s.pad_tier == 1 ? t.pad_t1 : t.pad_t2;
+    AAR_CHECK_ARG(s.page_bytes <= s.padded_page_bytes, "DSA: the ", to_string(kind), " page of ", s.page_bytes,
+                  " bytes does not fit its tier pad_t", s.pad_tier, " = ", s.padded_page_bytes,
+                  " (cache_block_size ", cache_block_size, ")");
+  } else {
+    for (DsaCacheKind k : kAllCacheKinds) {
+      const DsaCacheSpec o = unpadded_spec(k, t, plan, dims);
+      if (o.pad_tier == s.pad_tier) s.padded_page_bytes = std::max(s.padded_page_bytes, o.page_bytes);
+    }
+  }
+  return s;
+}
+
+namespace {
+
+bool is_state(DsaCacheKind k) {
+  return k == DsaCacheKind::C4AttnState || k == DsaCacheKind::C4IndexerState || k == DsaCacheKind::C128State;
+}
+
+}  // namespace
+
 std::vector<int64_t> dsa_kv_cache_shape(const DsaCacheSpec& spec, int64_t num_blocks) {
   AAR_CHECK_ARG(num_blocks >= 0, "dsa_kv_cache_shape: num_blocks must be >= 0, got ", num_blocks);
+  if (is_state(spec.kind)) return {num_blocks, spec.storage_block_size, spec.num_kv_heads * spec.head_size};
   return {num_blocks, spec.storage_block_size, spec.num_kv_heads, spec.head_size};
 }
 
@@ -222,7 +284,11 @@ DsaCacheView dsa_cache_view(const DsaCacheSpec& spec, int64_t num_blocks) {
   v.dtype = spec.dtype;
   v.shape = dsa_kv_cache_shape(spec, num_blocks);
   const int64_t page = elements_of(spec.padded_page_bytes, spec.dtype, "page stride", spec);
-  v.stride = {page, spec.num_kv_heads * spec.head_size, spec.head_size, 1};
+  if (is_state(spec.kind)) {
+    v.stride = {page, spec.num_kv_heads * spec.head_size, 1};
+  } else {
+    v.stride = {page, spec.num_kv_heads * spec.head_size, spec.head_size, 1};
+  }
   v.storage_offset = 0;
   return v;
 }

@@ -139,10 +139,8 @@ struct NonNegDiv {
   int32_t d = 1;
   int32_t shift = -1;  // log2(d) when d is a power of two
   explicit NonNegDiv(int32_t divisor) : d(divisor) {
-    if ((d & (d - 1)) == 0) {
-      shift = 0;
-      while ((int32_t{1} << shift) < d) ++shift;
-    }
+    // A bit count, not a loop: the builders make a few of these per group build.
+    if ((d & (d - 1)) == 0) shift = d > 0 ? __builtin_ctz(static_cast<uint32_t>(d)) : 0;
   }
   int32_t div(int32_t x) const { return shift >= 0 ? x >> shift : x / d; }
   int32_t mod(int32_t x) const { return shift >= 0 ? x & (d - 1) : x % d; }
@@ -368,6 +366,305 @@ int64_t group_rows_valid(const DsaStepPlan& step, const DsaGroupInputs& g, int32
   return valid;
 }
 
+// The rows [lo, hi) request b's kernels read (DsaGroupReads, in the group's
+// row units), for the validated lengths s >= q >= 0; lo >= hi when none.
+struct ReadSpan {
+  int32_t lo, hi;
+};
+template <DsaGroupReads kReads, class Div>
+inline ReadSpan read_span(int32_t s, int32_t q, const DsaGroupInputs& g, const Div& rdiv, const Div& state_div) {
+  const int32_t start = s - q;
+  if constexpr (kReads == DsaGroupReads::CompressedPrefix) {
+    return {0, q == 0 ? 0 : rdiv.div(s)};  // a request without tokens queries nothing
+  } else if constexpr (kReads == DsaGroupReads::Window) {
+    return {std::max(start - g.read_window, 0), q == 0 ? 0 : s};
+  } else {
+    const int32_t c0 = state_div.div(start);
+    if (state_div.div(s) == c0) return {0, 0};  // no row completes: the compressor reads no earlier state
+    return {std::max((c0 - g.state_coff + 1) * g.state_ratio, 0), start};
+  }
+}
+
+const char* reads_what(DsaGroupReads r) {
+  switch (r) {
+    case DsaGroupReads::CompressedPrefix: return "the attention / indexer reads its compressed rows";
+    case DsaGroupReads::Window: return "the sliding-window attention reads its positions";
+    case DsaGroupReads::CompressorState: return "the compressor reads the state of its positions";
+    default: return "reads";
+  }
+}
+
+// The definition of the read checks' errors (the first bad request's first
+// failure); check_group_reads runs it once its fast pass found a problem.
+template <DsaGroupReads kReads>
+void throw_group_read_error(const DsaStepPlan& step, const DsaGroupInputs& g, const NonNegDiv& rdiv,
+                            const NonNegDiv& sdiv, const NonNegDiv& state_div) {
+  const auto stride = static_cast<std::size_t>(g.block_table_stride);
+  for (int32_t b = 0; b < step.num_reqs_actual; ++b) {
+    const int32_t q = step.query_start_loc[b + 1] - step.query_start_loc[b], s = step.seq_lens[b];
+    AAR_CHECK_ARG(q >= 0 && s >= q, "step: seq_lens[", b, "]=", s, " and query length ", q,
+                  " are not a validated request (inputs changed after plan_dsa_step?)");
+    const ReadSpan span = read_span<kReads>(s, q, g, rdiv, state_div);
+    if (span.lo >= span.hi) continue;
+    const int32_t col_lo = sdiv.div(span.lo), col_hi = sdiv.div(span.hi - 1);
+    AAR_CHECK_ARG(static_cast<std::size_t>(col_hi) < stride, "request ", b, ": ", reads_what(kReads), " [",
+                  span.lo, ", ", span.hi, "), up to block-table column ", col_hi, ", but block_table_stride=", stride,
+                  " (storage_block_size=", sdiv.d, ")");
+    const int32_t* row = g.block_table.data() + static_cast<std::size_t>(b) * stride;
+    for (int32_t col = col_lo; col <= col_hi; ++col) {
+      const int32_t id = row[col];
+      AAR_CHECK_ARG(id >= 0 && (g.num_blocks == 0 || id < g.num_blocks), "block_table[", b, "][", col, "]=", id,
+                    " is out of range [0, num_blocks=",
+                    g.num_blocks == 0 ? std::string("inf") : std::to_string(g.num_blocks), ") (request ", b, ": ",
+                    reads_what(kReads), " [", span.lo, ", ", span.hi, ") there)");
+      AAR_CHECK_ARG(g.slot_format != SlotFormat::Flat ||
+                        static_cast<int64_t>(id) * sdiv.d + (sdiv.d - 1) <= kInt32Max,
+                    "block_table[", b, "][", col, "]=", id, " gives flat slots beyond int32 (storage_block_size=",
+                    sdiv.d, ")");
+    }
+  }
+}
+
+// The exact read check: every page column of the rows each real request's
+// kernels read (DsaGroupReads) is in the table and holds a block id in [0,
+// num_blocks), request by request (the id checks are block_id_limit's one
+// unsigned bound); any failure is named by throw_group_read_error. The fast
+// passes below fall back to it when they find a problem or cannot run.
+template <DsaGroupReads kReads, class Div>
+void group_reads_valid(const DsaStepPlan& step, const DsaGroupInputs& g, const Div& rdiv, const Div& sdiv,
+                       const Div& state_div, const NonNegDiv& rdiv_checked, const NonNegDiv& sdiv_checked,
+                       const NonNegDiv& state_div_checked, int32_t first = 0) {
+  const auto stride = static_cast<std::size_t>(g.block_table_stride);
+  const uint32_t limit = block_id_limit(g);
+  const int32_t* const qsl = step.query_start_loc.data();
+  const int32_t* const seq = step.seq_lens.data();
+  const int32_t* const table = g.block_table.data();
+  uint32_t bad = 0;
+  bool ok = true;
+  for (int32_t b = first; b < step.num_reqs_actual; ++b) {
+    const int32_t q = qsl[b + 1] - qsl[b], s = seq[b];
+    if (__builtin_expect(q < 0 || s < q, 0)) {
+      ok = false;
+      break;
+    }
+    const ReadSpan span = read_span<kReads>(s, q, g, rdiv, state_div);
+    if (span.lo >= span.hi) continue;
+    const int32_t col_lo = sdiv.div(span.lo), col_hi = sdiv.div(span.hi - 1);
+    if (__builtin_expect(static_cast<std::size_t>(col_hi) >= stride, 0)) {
+      ok = false;
+      break;
+    }
+    const int32_t* row = table + static_cast<std::size_t>(b) * stride;
+    for (int32_t col = col_lo; col <= col_hi; ++col) bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[col]) >= limit);
+  }
+  if (!ok || bad != 0) {
+    throw_group_read_error<kReads>(step, g, rdiv_checked, sdiv_checked, state_div_checked);
+    throw_invalid("internal: plan_dsa_group's fast read validation failed where the per-request one did not");
+  }
+}
+
+// Whether the first `cols` ids of each of `rows` table rows pass the unsigned
+// bound `limit` (block_id_limit).
+bool scan_rows(const int32_t* row, std::size_t rows, std::size_t stride, std::size_t cols, uint32_t limit) {
+  uint32_t bad = 0;
+  for (std::size_t b = 0; b < rows; ++b, row += stride) {
+    for (std::size_t c = 0; c < cols; ++c) bad |= static_cast<uint32_t>(static_cast<uint32_t>(row[c]) >= limit);
+  }
+  return bad == 0;
+}
+#if AAR_HAVE_X86_DISPATCH
+// all & the lanes of id with (uint32)id <= max_id.
+__attribute__((target("avx2"), always_inline)) inline __m256i and_within(__m256i all, __m256i max_id, __m256i id) {
+  return _mm256_and_si256(all, _mm256_cmpeq_epi32(_mm256_min_epu32(id, max_id), id));
+}
+
+// scan_rows eight ids a step (the rows are short: a decode's C4 prefix is a
+// few pages), the last part of a row by a masked load (its masked lanes read
+// nothing). limit >= 1.
+__attribute__((target("avx2"))) bool scan_rows_avx2(const int32_t* row, std::size_t rows, std::size_t stride,
+                                                    std::size_t cols, uint32_t limit) {
+  const __m256i max_id = _mm256_set1_epi32(static_cast<int32_t>(limit - 1));
+  const std::size_t full = cols / 8;
+  // Lanes of a row's last part (all eight when cols is a multiple of eight, for the one-load case).
+  const int32_t in_tail = cols % 8 == 0 ? 8 : static_cast<int32_t>(cols % 8);
+  const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(in_tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const bool has_tail = cols % 8 != 0;
+  __m256i all = _mm256_set1_epi32(-1);
+  if (cols <= 2 && rows >= 8 && rows * stride <= static_cast<std::size_t>(kInt32Max)) {
+    // A column or two a row (a C128 decode): eight rows a gather.
+    const __m256i vstride = _mm256_set1_epi32(static_cast<int32_t>(stride));
+    const __m256i eight_rows = _mm256_set1_epi32(static_cast<int32_t>(8 * stride));
+    __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vstride);
+    std::size_t b = 0;
+    for (; b + 8 <= rows; b += 8, idx = _mm256_add_epi32(idx, eight_rows)) {
+      all = and_within(all, max_id, _mm256_i32gather_epi32(row, idx, 4));
+      if (cols == 2) all = and_within(all, max_id, _mm256_i32gather_epi32(row + 1, idx, 4));
+    }
+    for (row += b * stride; b < rows; ++b, row += stride) all = and_within(all, max_id, _mm256_maskload_epi32(row, tail));
+    return _mm256_movemask_epi8(all) == -1;
+  }
+  if (cols <= 8) {
+    // The decode case: one (masked) load a row, four rows a turn.
+    std::size_t b = 0;
+    for (; b + 4 <= rows; b += 4, row += 4 * stride) {
+      all = and_within(all, max_id, _mm256_maskload_epi32(row, tail));
+      all = and_within(all, max_id, _mm256_maskload_epi32(row + stride, tail));
+      all = and_within(all, max_id, _mm256_maskload_epi32(row + 2 * stride, tail));
+      all = and_within(all, max_id, _mm256_maskload_epi32(row + 3 * stride, tail));
+    }
+    for (; b < rows; ++b, row += stride) all = and_within(all, max_id, _mm256_maskload_epi32(row, tail));
+    return _mm256_movemask_epi8(all) == -1;
+  }
+  for (std::size_t b = 0; b < rows; ++b, row += stride) {
+    const int32_t* p = row;
+    for (std::size_t c = 0; c < full; ++c, p += 8) {
+      const __m256i id = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      all = _mm256_and_si256(all, _mm256_cmpeq_epi32(_mm256_min_epu32(id, max_id), id));
+    }
+    if (has_tail) {
+      // Masked lanes load 0, which passes.
+      const __m256i id = _mm256_maskload_epi32(p, tail);
+      all = _mm256_and_si256(all, _mm256_cmpeq_epi32(_mm256_min_epu32(id, max_id), id));
+    }
+  }
+  return _mm256_movemask_epi8(all) == -1;
+}
+#endif
+bool scan_rows_pick(const int32_t* row, std::size_t rows, std::size_t stride, std::size_t cols, uint32_t limit) {
+#if AAR_HAVE_X86_DISPATCH
+  if (limit >= 1 && detail::cpu_has_avx2()) return scan_rows_avx2(row, rows, stride, cols, limit);
+#endif
+  return scan_rows(row, rows, stride, cols, limit);
+}
+
+// The CompressedPrefix fast pass: request b reads columns [0, (S_b / r - 1) /
+// sbs], so every real request's row is scanned over the widest of those
+// prefixes, [0, H]: one fixed-length run per row (it vectorises) instead of a
+// span per request. Columns past a shorter request's prefix are within its
+// row and, in an engine's table, hold ids of its own blocks or the null block
+// 0; when one holds anything else the exact check decides. Returns whether
+// every id passed (false: run the exact check).
+template <class Div>
+bool prefix_reads_fast(const DsaStepPlan& step, const DsaGroupInputs& g, const Div& rdiv, const Div& sdiv) {
+  const int32_t nra = step.num_reqs_actual;
+  // At most the longest request's rows (the division is monotone; the step's
+  // maximum also counts graph-padding rows: at worst more columns are scanned).
+  const int32_t max_rows = rdiv.div(step.max_seqlen_kv);
+  if (max_rows <= 0 || nra == 0) return true;
+  const auto stride = static_cast<std::size_t>(g.block_table_stride);
+  const auto cols = static_cast<std::size_t>(sdiv.div(max_rows - 1)) + 1;
+  if (cols > stride) return false;
+  return scan_rows_pick(g.block_table.data(), static_cast<std::size_t>(nra), stride, cols, block_id_limit(g));
+}
+
+#if AAR_HAVE_X86_DISPATCH
+// The Window / CompressorState fast pass, eight requests at a time (AVX2; the
+// page size and the state ratio are powers of two), over the columns a request
+// reads BEFORE the first one it writes: those it writes (a ratio-1 group
+// writes a row per token) were checked by the written-row pass already. Its
+// span is computed in vectors and its few columns (a window's or a compressor
+// group's worth, usually none or one) read with masked gathers, column k of
+// all eight at once. Returns whether every request passed (false: the exact
+// check names the error); the last nra % 8 requests are left to the caller.
+// Needs nra * stride <= INT32_MAX (the gathers' indices are int32) and limit
+// >= 1.
+__attribute__((target("avx2"))) bool narrow_reads_avx2(const int32_t* start_pos, const int32_t* seq, int32_t nra,
+                                                       const int32_t* table, uint32_t stride, uint32_t limit,
+                                                       int sshift, bool window, int32_t read_window, int rshift,
+                                                       int32_t coff) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i max_col = _mm256_set1_epi32(static_cast<int32_t>(stride - 1));
+  const __m256i max_id = _mm256_set1_epi32(static_cast<int32_t>(limit - 1));
+  const __m256i vstride = _mm256_set1_epi32(static_cast<int32_t>(stride));
+  const __m256i eight_rows = _mm256_set1_epi32(static_cast<int32_t>(8 * stride));
+  const __m128i vs = _mm_cvtsi32_si128(sshift), vr = _mm_cvtsi32_si128(rshift);
+  const __m256i vwin = _mm256_set1_epi32(read_window), vback = _mm256_set1_epi32(coff - 1);
+  __m256i fail = zero;
+  __m256i row0 = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), vstride);  // each row's first id
+  for (int32_t b = 0; b + 8 <= nra; b += 8, row0 = _mm256_add_epi32(row0, eight_rows)) {
+    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(seq + b));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(start_pos + b));
+    // Lengths changed after planning (start_pos < 0 or > S): the exact check names them.
+    fail = _mm256_or_si256(fail, _mm256_or_si256(_mm256_cmpgt_epi32(zero, start), _mm256_cmpgt_epi32(start, s)));
+    // The first column the request writes, start >> sshift, when it has tokens.
+    const __m256i written = _mm256_sra_epi32(start, vs);
+    __m256i lo, last;  // the first position read; the last column to check
+    if (window) {
+      lo = _mm256_max_epi32(_mm256_sub_epi32(start, vwin), zero);
+      // A request without tokens (S == start_pos) queries nothing: last -1, no column.
+      const __m256i no_tokens = _mm256_cmpeq_epi32(s, start);
+      last = _mm256_or_si256(_mm256_sub_epi32(written, one), no_tokens);
+    } else {
+      const __m256i c0 = _mm256_sra_epi32(start, vr);
+      const __m256i completes = _mm256_cmpgt_epi32(_mm256_sra_epi32(s, vr), c0);
+      lo = _mm256_max_epi32(_mm256_sll_epi32(_mm256_sub_epi32(c0, vback), vr), zero);
+      // A completed row implies tokens: the gathered positions [lo, start) end before the written column.
+      last = _mm256_or_si256(_mm256_sub_epi32(written, one), _mm256_andnot_si256(completes, _mm256_set1_epi32(-1)));
+    }
+    const __m256i col_lo = _mm256_sra_epi32(lo, vs);
+    // Columns to read per lane (<= 0: none); a span past the table fails (the exact check names it).
+    const __m256i n = _mm256_add_epi32(_mm256_sub_epi32(last, col_lo), one);
+    const __m256i nonempty = _mm256_cmpgt_epi32(n, zero);
+    fail = _mm256_or_si256(fail, _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_min_epu32(last, max_col), last),
+                                                     nonempty));
+    const __m256i take_n = _mm256_andnot_si256(fail, _mm256_and_si256(n, nonempty));
+    __m256i idx = _mm256_add_epi32(row0, col_lo);
+    for (__m256i k = zero;; k = _mm256_add_epi32(k, one), idx = _mm256_add_epi32(idx, one)) {
+      const __m256i take = _mm256_cmpgt_epi32(take_n, k);
+      if (_mm256_testz_si256(take, take)) break;
+      const __m256i id = _mm256_mask_i32gather_epi32(zero, table, idx, take, 4);
+      const __m256i within = _mm256_cmpeq_epi32(_mm256_min_epu32(id, max_id), id);
+      fail = _mm256_or_si256(fail, _mm256_andnot_si256(within, take));
+    }
+  }
+  return _mm256_testz_si256(fail, fail);
+}
+#endif
+
+template <DsaGroupReads kReads>
+void check_group_reads_as(const DsaStepPlan& step, const DsaGroupInputs& g, int32_t r, int32_t sbs) {
+  const NonNegDiv rdiv(r), sdiv(sbs), state_div(kReads == DsaGroupReads::CompressorState ? g.state_ratio : 1);
+  const bool pow2 = rdiv.shift >= 0 && sdiv.shift >= 0 && state_div.shift >= 0;
+  if constexpr (kReads == DsaGroupReads::CompressedPrefix) {
+    if (pow2 ? prefix_reads_fast(step, g, Pow2Div(rdiv), Pow2Div(sdiv)) : prefix_reads_fast(step, g, rdiv, sdiv)) {
+      return;
+    }
+  } else {
+#if AAR_HAVE_X86_DISPATCH
+    const int32_t nra = step.num_reqs_actual;
+    const auto stride = static_cast<uint32_t>(g.block_table_stride);
+    const uint32_t limit = block_id_limit(g);
+    if (pow2 && nra >= 8 && stride >= 1 && limit >= 1 &&
+        static_cast<uint64_t>(nra) * stride <= static_cast<uint64_t>(kInt32Max) && detail::cpu_has_avx2() &&
+        step.start_pos.size() >= static_cast<std::size_t>(nra) &&
+        narrow_reads_avx2(step.start_pos.data(), step.seq_lens.data(), nra, g.block_table.data(), stride,
+                          limit, sdiv.shift, kReads == DsaGroupReads::Window, g.read_window, state_div.shift,
+                          g.state_coff)) {
+      // The last nra % 8 requests, exactly (an error there is named over the whole step).
+      group_reads_valid<kReads>(step, g, Pow2Div(rdiv), Pow2Div(sdiv), Pow2Div(state_div), rdiv, sdiv, state_div,
+                                nra & ~7);
+      return;
+    }
+#endif
+  }
+  if (pow2) {
+    group_reads_valid<kReads>(step, g, Pow2Div(rdiv), Pow2Div(sdiv), Pow2Div(state_div), rdiv, sdiv, state_div);
+  } else {
+    group_reads_valid<kReads>(step, g, rdiv, sdiv, state_div, rdiv, sdiv, state_div);
+  }
+}
+
+// plan_dsa_group's read checks (the arguments were checked by check_group_args).
+void check_group_reads(const DsaStepPlan& step, const DsaGroupInputs& g, int32_t r, int32_t sbs) {
+  switch (g.reads) {
+    case DsaGroupReads::WrittenRows: return;
+    case DsaGroupReads::CompressedPrefix: return check_group_reads_as<DsaGroupReads::CompressedPrefix>(step, g, r, sbs);
+    case DsaGroupReads::Window: return check_group_reads_as<DsaGroupReads::Window>(step, g, r, sbs);
+    case DsaGroupReads::CompressorState: return check_group_reads_as<DsaGroupReads::CompressorState>(step, g, r, sbs);
+  }
+}
+
 struct RowOut {
   int32_t *slots, *index, *position, *request;
 };
@@ -464,6 +761,22 @@ GroupArgs check_group_args(const DsaStepPlan& step, const DsaGroupInputs& g, con
   AAR_CHECK_ARG(g.num_blocks >= 0, "num_blocks=", g.num_blocks, " is negative");
   AAR_CHECK_ARG(g.rope_positions >= 0, "rope_positions=", g.rope_positions, " is negative");
   a.stride = static_cast<std::size_t>(g.block_table_stride);
+  switch (g.reads) {
+    case DsaGroupReads::WrittenRows:
+    case DsaGroupReads::CompressedPrefix: break;
+    case DsaGroupReads::Window:
+      AAR_CHECK_ARG(g.read_window >= 0, "read_window=", g.read_window, " is negative");
+      AAR_CHECK_ARG(a.r == 1, "reads=Window is the sliding window of an uncompressed group, but compress_ratio=",
+                    g.compress_ratio);
+      break;
+    case DsaGroupReads::CompressorState:
+      AAR_CHECK_ARG(g.state_ratio >= 1 && g.state_coff >= 1, "reads=CompressorState needs state_ratio >= 1 and "
+                    "state_coff >= 1, got ", g.state_ratio, " and ", g.state_coff);
+      AAR_CHECK_ARG(a.r == 1, "reads=CompressorState is a state cache (one row per position), but compress_ratio=",
+                    g.compress_ratio);
+      break;
+    default: throw_invalid("reads=", static_cast<int32_t>(g.reads), " is not a DsaGroupReads");
+  }
 
   a.num_rows = dsa_num_compressed_tokens(step.num_input_tokens, b, a.r);
   const std::size_t w = static_cast<std::size_t>(slot_format_width(g.slot_format));
@@ -534,6 +847,7 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
   const int64_t valid = pow2 ? group_rows_valid(step, g, r, Pow2Div(rdiv), Pow2Div(sdiv), rdiv, sdiv)
                              : group_rows_valid(step, g, r, rdiv, sdiv, rdiv, sdiv);
   AAR_CHECK_ARG(valid <= num_rows, "internal: ", valid, " emitted rows exceed num_compressed_tokens=", num_rows);
+  check_group_reads(step, g, r, sbs);
 
   // Writes.
   stage_table(step, g, buf, a.stride);
@@ -559,8 +873,9 @@ namespace {
 
 // plan_dsa_rows' list of the validated requests' rows; returns their number.
 template <class Div>
-std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const Div& rdiv, const DsaRowBuffers& buf,
-                      bool all_one, int32_t& max_index) {
+__attribute__((always_inline)) inline std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra,
+                                                            const Div& rdiv, const DsaRowBuffers& buf, bool all_one,
+                                                            int32_t& max_index) {
   int32_t* const rq = buf.request.data();
   int32_t* const ri = buf.index.data();
   std::size_t o = 0;
@@ -653,6 +968,24 @@ std::size_t list_rows(const int32_t* qsl, const int32_t* seq, int32_t nra, const
   return o;
 }
 
+// list_rows for the builders' case (a power-of-two ratio), its loops eight
+// requests wide in an AVX2 clone where the CPU has it.
+#if AAR_HAVE_X86_DISPATCH
+__attribute__((target("avx2"))) std::size_t list_rows_pow2_avx2(const int32_t* qsl, const int32_t* seq, int32_t nra,
+                                                                const Pow2Div& rdiv, const DsaRowBuffers& buf,
+                                                                bool all_one, int32_t& max_index) {
+  return list_rows(qsl, seq, nra, rdiv, buf, all_one, max_index);
+}
+#endif
+std::size_t list_rows_pow2(const int32_t* qsl, const int32_t* seq, int32_t nra, const Pow2Div& rdiv,
+                           const DsaRowBuffers& buf, bool all_one, int32_t& max_index) {
+#if AAR_HAVE_X86_DISPATCH
+  // Below two vectors of requests the clone's set-up costs more than it saves.
+  if (nra >= 16 && detail::cpu_has_avx2()) return list_rows_pow2_avx2(qsl, seq, nra, rdiv, buf, all_one, max_index);
+#endif
+  return list_rows(qsl, seq, nra, rdiv, buf, all_one, max_index);
+}
+
 }  // namespace
 
 void plan_dsa_rows(const DsaStepPlan& step, CSpan<int32_t> ratios, CSpan<DsaRowBuffers> bufs, Span<DsaRows> out) {
@@ -701,7 +1034,7 @@ void plan_dsa_rows(const DsaStepPlan& step, CSpan<int32_t> ratios, CSpan<DsaRowB
     int32_t max_index = -1;
     // Every V4 ratio is a power of two: its loop has no per-request branch on
     // the divisor's kind.
-    const std::size_t n = rdiv.shift >= 0 ? list_rows(qsl, seq, nra, Pow2Div(rdiv), buf, not_one == 0, max_index)
+    const std::size_t n = rdiv.shift >= 0 ? list_rows_pow2(qsl, seq, nra, Pow2Div(rdiv), buf, not_one == 0, max_index)
                                           : list_rows(qsl, seq, nra, rdiv, buf, not_one == 0, max_index);
     DsaRows& rows = out[k];
     rows.ratio = r;
@@ -726,42 +1059,89 @@ __attribute__((target("avx2"), always_inline)) inline __m256i dsa_within_avx2(__
   return _mm256_cmpeq_epi32(_mm256_min_epu32(x, m), x);
 }
 
+// What the fused row pass below also checks for a ratio-1 group (one row a
+// token: ri is the token's position): the columns before the token's own
+// that its kernels read (DsaGroupReads; the union over a request's tokens is
+// the request's read span). kind 0: nothing; 1: Window, [max(0, p - window),
+// p]; 2: CompressorState, a token completing a row (p + 1 a multiple of 2^rshift)
+// reads the state of [max(0, ((p >> rshift) - back) << rshift), p].
+struct FusedReads {
+  int kind = 0;
+  int32_t window = 0;
+  int rshift = 0;
+  int32_t back = 0;  // state_coff - 1
+};
+
 // list_rows_check's passes fused into one, eight rows at a time (AVX2; a
 // power-of-two page size): the request and page column of every row are
 // bounds-checked, the block ids read with a masked gather (a row that fails
 // its bounds reads nothing), checked against `limit` (block_id_limit) and
-// stored in blocks[0, n). Returns whether every row passed; on false the
-// contents of `blocks` are unspecified and the caller's scalar checks name
-// the error. Needs nra >= 1, stride >= 1 and nra * stride <= INT32_MAX (the
-// gather's indices are int32), limit >= 1.
+// stored in blocks[0, n); with `fr`, the columns each token reads before its
+// own are gathered and checked too. Returns whether every row passed; on
+// false the contents of `blocks` are unspecified and the caller's scalar
+// checks name the error. Needs nra >= 1, stride >= 1 and nra * stride <=
+// INT32_MAX (the gather's indices are int32), limit >= 1.
 __attribute__((target("avx2"))) bool dsa_gather_block_ids_avx2(const int32_t* rq, const int32_t* ri, std::size_t n,
                                                                const int32_t* table, uint32_t nra, uint32_t stride,
-                                                               int shift, uint32_t limit, int32_t* blocks) {
+                                                               int shift, uint32_t limit, int32_t* blocks,
+                                                               const FusedReads& fr) {
   const __m256i max_req = _mm256_set1_epi32(static_cast<int32_t>(nra - 1));
   const __m256i max_col = _mm256_set1_epi32(static_cast<int32_t>(stride - 1));
   const __m256i max_id = _mm256_set1_epi32(static_cast<int32_t>(limit - 1));
   const __m256i vstride = _mm256_set1_epi32(static_cast<int32_t>(stride));
-  const __m128i vshift = _mm_cvtsi32_si128(shift);
+  const __m128i vshift = _mm_cvtsi32_si128(shift), vr = _mm_cvtsi32_si128(fr.rshift);
+  const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi32(1);
+  const __m256i vwin = _mm256_set1_epi32(fr.window), vback = _mm256_set1_epi32(fr.back);
+  const __m256i rmask = _mm256_set1_epi32((1 << fr.rshift) - 1);
   __m256i all = _mm256_set1_epi32(-1);
   std::size_t k = 0;
   for (; k + 8 <= n; k += 8) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rq + k));
+    const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ri + k));
     // A negative index shifts to a negative column, which fails as unsigned.
-    const __m256i col = _mm256_sra_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ri + k)), vshift);
+    const __m256i col = _mm256_sra_epi32(p, vshift);
     const __m256i in = _mm256_and_si256(dsa_within_avx2(q, max_req), dsa_within_avx2(col, max_col));
     const __m256i idx = _mm256_add_epi32(_mm256_mullo_epi32(q, vstride), col);
     const __m256i id = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), table, idx, in, 4);
     all = _mm256_and_si256(all, _mm256_and_si256(in, dsa_within_avx2(id, max_id)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(blocks + k), id);
+    if (fr.kind == 0) continue;
+    // The columns [col_lo, col) this token reads before its own: extra of them.
+    __m256i lo;
+    if (fr.kind == 1) {
+      lo = _mm256_max_epi32(_mm256_sub_epi32(p, vwin), zero);
+    } else {
+      const __m256i completes = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_add_epi32(p, one), rmask), zero);
+      lo = _mm256_max_epi32(_mm256_sll_epi32(_mm256_sub_epi32(_mm256_sra_epi32(p, vr), vback), vr), zero);
+      lo = _mm256_blendv_epi8(p, lo, completes);  // no row completes: nothing before p
+    }
+    const __m256i extra = _mm256_and_si256(_mm256_sub_epi32(col, _mm256_sra_epi32(lo, vshift)), in);
+    __m256i at = idx;
+    for (__m256i kk = zero;; kk = _mm256_add_epi32(kk, one)) {
+      const __m256i take = _mm256_cmpgt_epi32(extra, kk);
+      if (_mm256_testz_si256(take, take)) break;
+      at = _mm256_sub_epi32(at, one);
+      const __m256i id2 = _mm256_mask_i32gather_epi32(zero, table, at, take, 4);
+      all = _mm256_andnot_si256(_mm256_andnot_si256(dsa_within_avx2(id2, max_id), take), all);
+    }
   }
   bool ok = _mm256_movemask_epi8(all) == -1;
   for (; k < n; ++k) {
     const auto q = static_cast<uint32_t>(rq[k]);
-    const auto col = static_cast<uint32_t>(ri[k] >> shift);
+    const int32_t p = ri[k];
+    const auto col = static_cast<uint32_t>(p >> shift);
     if (q >= nra || col >= stride) return false;
-    const int32_t id = table[static_cast<std::size_t>(q) * stride + col];
+    const int32_t* row = table + static_cast<std::size_t>(q) * stride;
+    const int32_t id = row[col];
     blocks[k] = id;
     ok &= static_cast<uint32_t>(id) < limit;
+    int32_t lo = p;
+    if (fr.kind == 1) {
+      lo = std::max(p - fr.window, 0);
+    } else if (fr.kind == 2 && ((p + 1) & ((1 << fr.rshift) - 1)) == 0) {
+      lo = std::max(((p >> fr.rshift) - fr.back) << fr.rshift, 0);
+    }
+    for (int32_t c = lo >> shift; c < static_cast<int32_t>(col); ++c) ok &= static_cast<uint32_t>(row[c]) < limit;
   }
   return ok;
 }
@@ -770,8 +1150,10 @@ __attribute__((target("avx2"))) bool dsa_gather_block_ids_avx2(const int32_t* rq
 // The list's rows of one group, checked: a page column past the table or a
 // bad block id (the unsigned bound of block_id_limit) sends the step through
 // throw_group_row_error, the definition of the errors.
+// Returns whether the group's reads (DsaGroupReads) were checked too (the
+// fused AVX2 pass of a ratio-1 group); false: check_group_reads must run.
 template <class Div>
-void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaRows& rows, const Div& sdiv,
+bool list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const DsaRows& rows, const Div& sdiv,
                      const NonNegDiv& rdiv_checked, const NonNegDiv& sdiv_checked, int32_t* blocks) {
   const auto stride = static_cast<uint32_t>(g.block_table_stride);
   const uint32_t limit = block_id_limit(g);
@@ -784,11 +1166,25 @@ void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const Dsa
 #if AAR_HAVE_X86_DISPATCH
   if constexpr (std::is_same_v<Div, Pow2Div>) {
     const auto nra_u = static_cast<uint32_t>(step.num_reqs_actual);
+    // A ratio-1 group's rows are its tokens: the fused pass checks their
+    // reads as well (FusedReads), when the state ratio is a power of two.
+    FusedReads fr;
+    if (rows.ratio == 1 && g.reads == DsaGroupReads::Window) {
+      fr.kind = 1;
+      fr.window = g.read_window;
+    } else if (rows.ratio == 1 && g.reads == DsaGroupReads::CompressorState) {
+      const NonNegDiv sr(g.state_ratio);
+      if (sr.shift >= 0) {
+        fr.kind = 2;
+        fr.rshift = sr.shift;
+        fr.back = g.state_coff - 1;
+      }
+    }
     // The fused pass; on any failure the passes below find and name it.
     if (ok && blocks != nullptr && nra_u >= 1 && stride >= 1 && limit >= 1 &&
         static_cast<uint64_t>(nra_u) * stride <= static_cast<uint64_t>(kInt32Max) && detail::cpu_has_avx2() &&
-        dsa_gather_block_ids_avx2(rq, ri, n, table, nra_u, stride, sdiv.shift, limit, blocks)) {
-      return;
+        dsa_gather_block_ids_avx2(rq, ri, n, table, nra_u, stride, sdiv.shift, limit, blocks, fr)) {
+      return fr.kind != 0;
     }
   }
 #endif
@@ -828,6 +1224,7 @@ void list_rows_check(const DsaStepPlan& step, const DsaGroupInputs& g, const Dsa
     throw_group_row_error(step, g, rows.ratio, rdiv_checked, sdiv_checked);
     throw_invalid("internal: plan_dsa_group's row-list validation failed where the per-request one did not");
   }
+  return false;
 }
 
 template <bool kBlockOffset, class Div>
@@ -896,11 +1293,9 @@ DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& g, co
                 " rows)");
   const NonNegDiv rdiv(a.r), sdiv(a.sbs);
   int32_t* const blocks = buf.block_scratch.size() >= rows.index.size() ? buf.block_scratch.data() : nullptr;
-  if (sdiv.shift >= 0) {
-    list_rows_check(step, g, rows, Pow2Div(sdiv), rdiv, sdiv, blocks);
-  } else {
-    list_rows_check(step, g, rows, sdiv, rdiv, sdiv, blocks);
-  }
+  const bool reads_checked = sdiv.shift >= 0 ? list_rows_check(step, g, rows, Pow2Div(sdiv), rdiv, sdiv, blocks)
+                                             : list_rows_check(step, g, rows, sdiv, rdiv, sdiv, blocks);
+  if (!reads_checked) check_group_reads(step, g, a.r, a.sbs);
   stage_table(step, g, buf, a.stride);
   const RowOut out = row_out(buf);
   const bool block_offset = g.slot_format == SlotFormat::BlockOffset;

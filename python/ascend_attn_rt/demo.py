@@ -580,46 +580,47 @@ class Engine:
         max_len = args.max_prompt + args.max_new_tokens
         cos, sin = model.dsa_rope_tables(max_len + 1)
         max_tokens = max(args.token_budget, args.max_running)
+        # The model's settings, once: every group builder reads them from the step builder.
         self.builder = aar.dsa.StepBuilder(max_num_reqs=args.max_running, max_num_tokens=max_tokens, cos_table=cos,
-                                           sin_table=sin, compress_cos_table=cos, compress_sin_table=sin)
+                                           sin_table=sin, compress_cos_table=cos, compress_sin_table=sin,
+                                           head_dim=cfg.dsa_head_dim, window=cfg.dsa_window, num_heads_q=cfg.heads,
+                                           index_topk=cfg.dsa_index_topk, index_n_heads=cfg.index_heads,
+                                           index_head_dim=cfg.index_dim)
         self.dsa_kinds, self.dsa_groups, self.dsa_tables, self.dsa_pools, self.dsa_bs = kinds, {}, {}, {}, {}
         self.dsa_row_owner = {}  # batch row -> the request whose block ids it holds
-        shapes = {}
         for kd in kinds:
             sp = aar.dsa.cache_spec(kd, self.DSA_CBS, device_kind="a2", model_dtype="bfloat16")
-            bs, rows = sp["block_size"], sp["storage_block_size"]
+            bs = sp["block_size"]
             need = -(-max_len // bs)
             nb = args.max_running * need + 1  # block 0 reserved; each group's pool fits max_running requests
             self.dsa_bs[kd] = bs
             self.dsa_groups[kd] = aar.dsa.GroupBuilder(
                 self.builder, kind=kd, cache_block_size=self.DSA_CBS, device_kind="a2", model_dtype="bfloat16",
-                max_blocks_per_req=need, num_blocks=nb, window=cfg.dsa_window, num_heads_q=cfg.heads,
-                index_topk=cfg.dsa_index_topk, index_n_heads=cfg.index_heads, index_head_dim=cfg.index_dim)
+                max_blocks_per_req=need, num_blocks=nb)
             # The engine's table of this group lives in the builder's staging rows (zero copy, as for the
             # other backends): a request's row is written when it is scheduled into a new batch row.
             self.dsa_tables[kd] = self.dsa_groups[kd].block_table_staging
             self.dsa_pools[kd] = list(range(nb - 1, 0, -1))
-            D, di = cfg.dsa_head_dim, cfg.index_dim
-            shapes[kd] = {"swa": (nb, rows, 1, D), "c4_kv": (nb, rows, 1, D), "c128_kv": (nb, rows, 1, D),
-                          "c4_attn_state": (nb, rows, 4 * D), "c128_state": (nb, rows, 2 * D),
-                          "c4_indexer_state": (nb, rows, 4 * di), "c4_indexer_k": (nb, rows, 1, di)}[kd]
+        # Each group's cache as the runtime shapes it for this model's dims (GroupBuilder.cache_spec).
+        spec = {kd: g.cache_spec for kd, g in self.dsa_groups.items()}
         self.impls, self.caches = [], []
         for i, lw in enumerate(model.layers):
             r = ratios[i]
             self.impls.append(aar.dsa.Impl(
                 {k: lw[k] for k in TinyLlama.DSA_WEIGHTS if k in lw}, hidden_size=cfg.hidden, num_heads=cfg.heads,
-                head_dim=cfg.dsa_head_dim, rope_dim=cfg.qk_rope, q_lora_rank=cfg.q_lora_rank, window=cfg.dsa_window,
+                head_dim=cfg.dsa_head_dim, rope_dim=cfg.qk_rope, q_lora_rank=cfg.q_lora_rank,
                 compress_ratio=r, index_n_heads=cfg.index_heads, index_head_dim=cfg.index_dim,
                 index_topk=cfg.dsa_index_topk, eps=cfg.eps, o_groups=cfg.dsa_o_groups, o_lora_rank=cfg.dsa_o_lora,
                 layer_index=i))
-            z = lambda kd, dt=torch.float32: torch.zeros(shapes[kd], dtype=dt)
+            # float32 KV rows (the model's dtype here; the spec's bf16 is the production one), int8 / fp16 indexer
+            z = lambda kd, key="shape", dt=torch.float32: torch.zeros(spec[kd][key], dtype=dt)
             ck = {4: "c4", 128: "c128"}.get(r)
             cmp = z(f"{ck}_kv") if ck else None
             state = z("c4_attn_state" if r == 4 else "c128_state") if ck else None
             ist = ik = isc = None
             if r == 4:
-                ist, ik = z("c4_indexer_state"), z("c4_indexer_k", torch.int8)
-                isc = torch.zeros(shapes["c4_indexer_k"][:3], dtype=torch.float16)
+                ist, ik = z("c4_indexer_state"), z("c4_indexer_k", dt=torch.int8)
+                isc = z("c4_indexer_k", "scale_shape", torch.float16)
             self.caches.append(aar.dsa.compose_kv_cache(compress_kv=cmp, swa_kv=z("swa"), state=state,
                                                         indexer_state=ist, indexer_k=ik, indexer_scale=isc))
 
@@ -723,6 +724,7 @@ class Engine:
         t0 = time.perf_counter_ns()
         if self.dsa:
             md, dsa_md = self._dsa_metadata(sched, qsl, seq_lens)
+            dsa_routed = {}  # compress ratio -> this step's route_layer result, shared by its layers
         else:
             block_table = self.block_table[:n]  # a view of the staging buffer: build() copies nothing
             if self.dcp is not None:
@@ -799,12 +801,12 @@ class Engine:
             out = torch.empty(t, cfg.hidden)
             impl = self.impls[layer]
             r = impl.compress_ratio
-            # Spec 6.4: the groups this layer reads, picked by cache kind from the step's groups and checked.
-            g = aar.dsa.route_layer(r, md, dsa_md)
+            # Spec 6.4: the groups this layer reads, picked by cache kind from the step's groups and checked
+            # once per step and ratio; forward takes the routed metadata as it is.
+            if r not in dsa_routed:
+                dsa_routed[r] = aar.dsa.route_layer(r, md, dsa_md)
             t1 = time.perf_counter_ns()
-            impl.forward(h, self.caches[layer], md, g["swa"], out, attention=g["attention"],
-                         compressor_state=g["compressor_state"], indexer_cache=g["indexer_cache"],
-                         indexer_state=g["indexer_state"])
+            impl.forward(h, self.caches[layer], dsa_routed[r], out)
             self.stats.forward_ns.append(time.perf_counter_ns() - t1)
             key = {1: "SWA", 4: "C4 (indexer top-k)", 128: "C128"}[r]
             self.stats.paths[key] = self.stats.paths.get(key, 0) + 1

@@ -593,6 +593,12 @@ std::vector<at::Tensor> run_dsa_engine(const DsaInputs& x, int64_t group) {
   at::Tensor ang = (at::arange(1024, at::kDouble).unsqueeze(1) * inv).repeat_interleave(2, -1);
   sc.cos_table = sc.compress_cos_table = ang.cos().to(at::kFloat);
   sc.sin_table = sc.compress_sin_table = ang.sin().to(at::kFloat);
+  sc.model.head_dim = kDsaD;
+  sc.model.window = kDsaW;
+  sc.model.num_heads_q = kDsaN;
+  sc.model.index_topk = kDsaK;
+  sc.model.index_n_heads = kDsaNi;
+  sc.model.index_head_dim = kDsaDi;
   aar::dsa::StepBuilder step(sc);
   // The groups a C4 layer reads (route_layer's order) and the SWA layer's.
   const DsaCacheKind kinds[] = {DsaCacheKind::Swa, DsaCacheKind::C4Kv, DsaCacheKind::C4AttnState,
@@ -607,11 +613,6 @@ std::vector<at::Tensor> run_dsa_engine(const DsaInputs& x, int64_t group) {
     gc.plan = plan;
     gc.max_blocks_per_req = kDsaMbr;
     gc.num_blocks = nb;
-    gc.window = kDsaW;
-    gc.num_heads_q = kDsaN;
-    gc.index_topk = kDsaK;
-    gc.index_n_heads = kDsaNi;
-    gc.index_head_dim = kDsaDi;
     groups.push_back(std::make_unique<aar::dsa::GroupBuilder>(step, gc));
     rows.push_back(groups.back()->storage_block_size());
   }

@@ -596,8 +596,10 @@ TEST(PlanDsaBackendFacts, StorageBlockSizeAndErrors) {
   AttnKvPlan bad = p;
   bad.device = DeviceKind::Ascend310P;
   EXPECT_NOT_SUPPORTED(dsa_cache_spec(DsaCacheKind::Swa, 128, bad), "Ascend310P");
-  // A plan whose attention rows do not fit the tier is refused (the facts are checked, not trusted).
+  // A plan whose attention rows do not fit the tier is refused (the facts are checked, not trusted): fixed-width
+  // rows wider than the table's tier.
   AttnKvPlan fat = p;
+  fat.fp8_kv_rows = true;
   fat.attn_head_size = 1024;
   EXPECT_INVALID(dsa_cache_spec(DsaCacheKind::C4Kv, 128, fat), "does not fit its tier pad_t2 = 131072");
 }
@@ -619,8 +621,10 @@ TEST(PlanDsaBackendFacts, CacheShapesAndMainViews) {
     // A padded state page: the page stride is the tier, not the page.
     const DsaCacheSpec st = dsa_cache_spec(DsaCacheKind::C128State, 128, p);
     const DsaCacheView sv = dsa_cache_view(st, nb);
-    EXPECT_EQ(sv.shape, (std::vector<int64_t>{nb, st.storage_block_size, 1, 1024}));
-    EXPECT_EQ(sv.stride[0], (d == DeviceKind::A5 ? 81920 : 131072) / 4);
+    // A state cache is the compressor's (nb, rows, 2 coff D).
+    EXPECT_EQ(sv.shape, (std::vector<int64_t>{nb, st.storage_block_size, 1024}));
+    EXPECT_EQ(dsa_kv_cache_shape(st, nb), sv.shape);
+    EXPECT_EQ(sv.stride, (std::vector<int64_t>{(d == DeviceKind::A5 ? 81920 : 131072) / 4, 1024, 1}));
     // The last element of the view lies inside the raw buffer.
     int64_t last = sv.storage_offset;
     for (std::size_t i = 0; i < sv.shape.size(); ++i) last += (sv.shape[i] - 1) * sv.stride[i];
@@ -701,4 +705,80 @@ TEST(PlanDsaBackendFacts, ViewsRefuseGeometryThatDoesNotDivide) {
   k.storage_block_size = 127;
   k.head_size = 129;  // k rows end at a byte offset that is no fp32 boundary
   EXPECT_INVALID(dsa_indexer_scale_view(k, 1), "scale offset");
+}
+
+// A model of other dims (item 14 of issue 26: the caches of a non-production
+// model from the runtime): every kind's spec follows the dims, the tiers are
+// the largest page of their kinds, the views tile num_blocks pages.
+TEST(PlanDsaBackendFacts, CacheSpecsOfAModelOfOtherDims) {
+  DsaCacheDims dims;
+  dims.head_dim = 64;
+  dims.rope_dim = 16;
+  dims.index_head_dim = 32;
+  EXPECT_FALSE(dims.is_dsv4());
+  EXPECT_TRUE(DsaCacheDims().is_dsv4());
+  for (DeviceKind d : {DeviceKind::A2, DeviceKind::A5}) {
+    const AttnKvPlan p = plan_for(d, d == DeviceKind::A5 ? std::optional<std::string>("bfloat16") : std::nullopt);
+    const int64_t nb = 5;
+    const int64_t sc = d == DeviceKind::A5 ? 4 : 2;  // fp32 / fp16 indexer scales
+    int64_t tier[3] = {0, 0, 0};
+    struct Want {
+      DsaCacheKind kind;
+      std::vector<int64_t> shape;
+      int64_t row_bytes;
+    };
+    const int64_t c4s = 2, c128s = d == DeviceKind::A5 ? 4 : 8;  // state rows at cache block size 32
+    const Want wants[] = {
+        {DsaCacheKind::Swa, {nb, 32, 1, 64}, 64 * 2},
+        {DsaCacheKind::C4Kv, {nb, 32, 1, 64}, 64 * 2},
+        {DsaCacheKind::C128Kv, {nb, 32, 1, 64}, 64 * 2},
+        {DsaCacheKind::C4IndexerK, {nb, 32, 1, 32}, 32 + sc},
+        {DsaCacheKind::C4AttnState, {nb, c4s, 2 * 2 * 64}, 2 * 2 * 64 * 4},
+        {DsaCacheKind::C4IndexerState, {nb, c4s, 2 * 2 * 32}, 2 * 2 * 32 * 4},
+        {DsaCacheKind::C128State, {nb, c128s, 2 * 64}, 2 * 64 * 4},
+    };
+    for (const Want& w : wants) {
+      const DsaCacheSpec s = dsa_cache_spec(w.kind, 32, p, dims);
+      EXPECT_EQ(dsa_kv_cache_shape(s, nb), w.shape) << to_string(w.kind);
+      EXPECT_EQ(s.page_bytes, w.shape[1] * w.row_bytes) << to_string(w.kind);
+      tier[s.pad_tier] = std::max(tier[s.pad_tier], s.page_bytes);
+    }
+    for (const Want& w : wants) {
+      const DsaCacheSpec s = dsa_cache_spec(w.kind, 32, p, dims);
+      EXPECT_EQ(s.padded_page_bytes, tier[s.pad_tier]) << to_string(w.kind);
+      const DsaCacheView v = dsa_cache_view(s, nb);
+      EXPECT_EQ(v.shape, w.shape);
+      int64_t last = v.storage_offset;
+      for (std::size_t i = 0; i < v.shape.size(); ++i) last += (v.shape[i] - 1) * v.stride[i];
+      EXPECT_LE((last + 1) * element_size(v.dtype), nb * s.padded_page_bytes) << to_string(w.kind);
+    }
+    EXPECT_EQ(tier[2], 32 * 64 * 2);  // the SWA page, as at DeepSeek-V4's dims
+  }
+  // The fp8 rows hold D 512 / R 64 only; bad dims are named.
+  const AttnKvPlan a5 = plan_for(DeviceKind::A5);
+  EXPECT_INVALID(dsa_cache_spec(DsaCacheKind::Swa, 32, a5, dims), "640-byte fp8 rows hold head_dim 512 and rope_dim 64");
+  DsaCacheDims bad = dims;
+  bad.head_dim = 0;
+  EXPECT_INVALID(dsa_cache_spec(DsaCacheKind::Swa, 32, plan_for(DeviceKind::A2), bad), "head_dim must be positive");
+  bad = dims;
+  bad.rope_dim = 15;
+  EXPECT_INVALID(dsa_cache_spec(DsaCacheKind::Swa, 32, plan_for(DeviceKind::A2), bad), "rope_dim=15");
+  bad = dims;
+  bad.index_head_dim = -2;
+  EXPECT_INVALID(dsa_cache_spec(DsaCacheKind::C4IndexerK, 32, plan_for(DeviceKind::A2), bad), "index_head_dim");
+}
+
+TEST(PlanDsaBackendFacts, LayerRatiosAndTheirCaches) {
+  for (int64_t r : {0, 2, 3, 8, 64, -1, 256}) {
+    EXPECT_INVALID(check_compress_ratio(r), "compress_ratio=" + std::to_string(r) +
+                                                " is not a DSA layer ratio: the supported ones are 1 (sliding "
+                                                "window only), 4 (C4) and 128 (C128)");
+    EXPECT_INVALID(layer_cache_kinds(r), "compress_ratio=" + std::to_string(r));
+  }
+  EXPECT_EQ(layer_cache_kinds(1), (std::vector<DsaCacheKind>{DsaCacheKind::Swa}));
+  EXPECT_EQ(layer_cache_kinds(128),
+            (std::vector<DsaCacheKind>{DsaCacheKind::Swa, DsaCacheKind::C128Kv, DsaCacheKind::C128State}));
+  EXPECT_EQ(layer_cache_kinds(4),
+            (std::vector<DsaCacheKind>{DsaCacheKind::Swa, DsaCacheKind::C4Kv, DsaCacheKind::C4AttnState,
+                                       DsaCacheKind::C4IndexerK, DsaCacheKind::C4IndexerState}));
 }

@@ -924,6 +924,232 @@ TEST(DsaGroup, Errors) {
   EXPECT_EQ(out.all(), before);
 }
 
+// The columns a group's kernels READ (DsaGroupReads) are checked like the
+// written ones, before any write, through both plan_dsa_group overloads: a
+// bad id where the step writes nothing is accepted only with WrittenRows.
+TEST(DsaGroup, ReadColumnsAreCheckedBeforeAnyWrite) {
+  struct Case {
+    const char* what;
+    std::vector<int32_t> q, seq;
+    int32_t ratio, sbs;
+    DsaGroupReads reads;
+    int32_t read_window, state_ratio, state_coff;
+    int32_t bad_col;      // request 0's column given an id past num_blocks
+    const char* message;  // nullptr: the column is not read, the build passes
+  };
+  const Case cases[] = {
+      // C4 KV / indexer K: rows [0, 2000 / 4 = 500) of request 0 in columns 0..15; a decode writes column 15 only.
+      {"prefix", {1}, {2000}, 4, 32, DsaGroupReads::CompressedPrefix, 0, 0, 0, 3,
+       "block_table[0][3]=64 is out of range [0, num_blocks=64) (request 0: the attention / indexer reads its "
+       "compressed rows [0, 500) there)"},
+      // A decode that emits no row (2001 / 4 = 500 rows, as before) still reads them all.
+      {"prefix, no row emitted", {1}, {2001}, 4, 32, DsaGroupReads::CompressedPrefix, 0, 0, 0, 0,
+       "block_table[0][0]=64"},
+      {"prefix, past the rows", {1}, {2000}, 4, 32, DsaGroupReads::CompressedPrefix, 0, 0, 0, 16, nullptr},
+      {"written rows only", {1}, {2000}, 4, 32, DsaGroupReads::WrittenRows, 0, 0, 0, 3, nullptr},
+      // SWA: the token at 1999 reads [1999 - 127, 2000) = columns 58..62 (it writes column 62).
+      {"window", {1}, {2000}, 1, 32, DsaGroupReads::Window, 127, 0, 0, 58,
+       "block_table[0][58]=64 is out of range [0, num_blocks=64) (request 0: the sliding-window attention reads "
+       "its positions [1872, 2000) there)"},
+      {"window, before it", {1}, {2000}, 1, 32, DsaGroupReads::Window, 127, 0, 0, 57, nullptr},
+      // A prefill chunk of 40 tokens (writing columns 61..62) reads the window before its first token: 1960 - 40
+      // = 1920, column 60.
+      {"window of a chunk", {40}, {2000}, 1, 32, DsaGroupReads::Window, 40, 0, 0, 60,
+       "block_table[0][60]=64 is out of range [0, num_blocks=64) (request 0: the sliding-window attention"},
+      // C4 state (ratio 4, coff 2, 8 positions a page): the token at 2003 completes row 500 and the compressor
+      // gathers positions [(500 - 1) * 4, 2003) = [1996, 2003): columns 249..250 (it writes column 250).
+      {"state", {1}, {2004}, 1, 8, DsaGroupReads::CompressorState, 0, 4, 2, 249,
+       "block_table[0][249]=64 is out of range [0, num_blocks=64) (request 0: the compressor reads the state of "
+       "its positions [1996, 2003) there)"},
+      // The token at 2002 completes no row: nothing earlier is read.
+      {"state, no row completes", {1}, {2003}, 1, 8, DsaGroupReads::CompressorState, 0, 4, 2, 249, nullptr},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    Batch bt;
+    bt.qsl = lens_to_qsl(c.q);
+    bt.seq = c.seq;
+    std::vector<int32_t> start(1);
+    const DsaStepPlan step = plan_dsa_step(step_inputs(bt), start);
+    Group g;
+    g.ratio = c.ratio;
+    g.sbs = c.sbs;
+    g.stride = 256;
+    g.num_blocks = 64;
+    g.table.assign(256, 1);  // every column a valid id
+    g.table[static_cast<std::size_t>(c.bad_col)] = g.num_blocks;
+    DsaGroupInputs in = g.inputs();
+    in.reads = c.reads;
+    in.read_window = c.read_window;
+    in.state_ratio = c.state_ratio;
+    in.state_coff = c.state_coff;
+    const int32_t r = std::max(c.ratio, 1);
+    const std::size_t rows = static_cast<std::size_t>(dsa_num_compressed_tokens(bt.qsl.back(), 1, r));
+    std::vector<int32_t> rq(rows), ri(rows);
+    const DsaRows list = plan_dsa_rows(step, r, {Span<int32_t>(rq), Span<int32_t>(ri)});
+    for (int overload = 0; overload < 3; ++overload) {
+      GroupOut out;
+      out.size_for(1, g.stride, rows);
+      const std::vector<int32_t> before = out.all();
+      std::vector<int32_t> scratch(rows);
+      DsaGroupBuffers bufs = out.buffers();
+      if (overload == 2) bufs.block_scratch = scratch;  // the fused row pass
+      auto run = [&] { return overload == 0 ? plan_dsa_group(step, in, bufs) : plan_dsa_group(step, in, bufs, list); };
+      if (c.message == nullptr) {
+        EXPECT_NO_THROW(run()) << "overload " << overload;
+      } else {
+        EXPECT_INVALID(run(), c.message);
+        EXPECT_EQ(out.all(), before) << "overload " << overload;
+      }
+    }
+  }
+}
+
+// Random batches (up to 20 requests: the vector passes take eight at a time)
+// and tables with a few bad ids: plan_dsa_group accepts exactly the tables
+// whose written and read columns (a brute-force span per request, from the
+// DsaGroupReads definitions) are all inside the row and in [0, num_blocks).
+TEST(DsaGroup, ReadChecksAgreeWithABruteForceDefinition) {
+  std::mt19937 rng(26);
+  struct Kind {
+    DsaGroupReads reads;
+    int32_t ratio, sbs, read_window, state_ratio, state_coff;
+  };
+  const Kind kinds[] = {{DsaGroupReads::CompressedPrefix, 4, 32, 0, 0, 0},
+                        {DsaGroupReads::CompressedPrefix, 128, 32, 0, 0, 0},
+                        {DsaGroupReads::CompressedPrefix, 3, 5, 0, 0, 0},  // not powers of two
+                        {DsaGroupReads::Window, 1, 32, 40, 0, 0},
+                        {DsaGroupReads::Window, 1, 16, 127, 0, 0},
+                        {DsaGroupReads::CompressorState, 1, 8, 0, 4, 2},
+                        {DsaGroupReads::CompressorState, 1, 32, 0, 128, 1},
+                        {DsaGroupReads::CompressorState, 1, 6, 0, 3, 2}};
+  int rejected = 0, accepted = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    const Kind& k = kinds[iter % (sizeof(kinds) / sizeof(kinds[0]))];
+    const int32_t b = 1 + static_cast<int32_t>(rng() % 20);
+    std::vector<int32_t> q(b), seq(b);
+    for (int32_t i = 0; i < b; ++i) {
+      q[i] = rng() % 3 == 0 ? static_cast<int32_t>(rng() % 40) : 1;
+      seq[i] = q[i] + static_cast<int32_t>(rng() % 3000);
+    }
+    std::sort(q.begin(), q.end());  // decode-first
+    for (int32_t i = 0; i < b; ++i) seq[i] = std::max(seq[i], q[i]);
+    Batch bt;
+    bt.qsl = lens_to_qsl(q);
+    bt.seq = seq;
+    std::vector<int32_t> start(b);
+    const DsaStepPlan step = plan_dsa_step(step_inputs(bt), start);
+    Group g;
+    g.ratio = k.ratio;
+    g.sbs = k.sbs;
+    g.num_blocks = 4000;
+    const int64_t per_block = static_cast<int64_t>(k.sbs) * std::max(k.ratio, 1);
+    int32_t need = 1;
+    for (int32_t x : seq) need = std::max<int32_t>(need, static_cast<int32_t>((x + per_block - 1) / per_block));
+    g.stride = need + static_cast<int32_t>(rng() % 3) - (rng() % 6 == 0 ? 1 : 0);  // sometimes a column short
+    g.stride = std::max(g.stride, 1);
+    g.table.resize(static_cast<std::size_t>(b) * g.stride);
+    for (int32_t& id : g.table) id = static_cast<int32_t>(rng() % 4000);
+    for (int bad = static_cast<int>(rng() % 3); bad > 0; --bad) {
+      g.table[rng() % g.table.size()] = rng() % 2 ? -1 - static_cast<int32_t>(rng() % 5) : 4000 + static_cast<int32_t>(rng() % 5);
+    }
+    DsaGroupInputs in = g.inputs();
+    in.reads = k.reads;
+    in.read_window = k.read_window;
+    in.state_ratio = k.state_ratio;
+    in.state_coff = k.state_coff;
+    // Brute force: every column a request writes or reads.
+    bool ok = true;
+    for (int32_t i = 0; i < b && ok; ++i) {
+      const int32_t st = seq[i] - q[i], r = std::max(k.ratio, 1);
+      std::vector<int64_t> rows;  // rows (compressed rows, or positions) touched
+      for (int64_t c = st / r; c < seq[i] / r; ++c) rows.push_back(c);  // written
+      if (q[i] == 0) {
+        // no tokens: no query reads anything
+      } else if (k.reads == DsaGroupReads::CompressedPrefix) {
+        for (int64_t c = 0; c < seq[i] / r; ++c) rows.push_back(c);
+      } else if (k.reads == DsaGroupReads::Window) {
+        for (int64_t p = std::max(st - k.read_window, 0); p < seq[i]; ++p) rows.push_back(p);
+      } else if (seq[i] / k.state_ratio > st / k.state_ratio) {
+        const int64_t lo = std::max<int64_t>((st / k.state_ratio - k.state_coff + 1) * k.state_ratio, 0);
+        for (int64_t p = lo; p < st; ++p) rows.push_back(p);
+      }
+      for (int64_t c : rows) {
+        const int64_t col = c / k.sbs;
+        if (col >= g.stride) {
+          ok = false;
+          break;
+        }
+        const int32_t id = g.table[static_cast<std::size_t>(i) * g.stride + col];
+        if (id < 0 || id >= g.num_blocks) {
+          ok = false;
+          break;
+        }
+      }
+    }
+    const std::size_t nrows = static_cast<std::size_t>(dsa_num_compressed_tokens(bt.qsl.back(), b, std::max(k.ratio, 1)));
+    std::vector<int32_t> rq(nrows), ri(nrows);
+    const DsaRows list = plan_dsa_rows(step, std::max(k.ratio, 1), {Span<int32_t>(rq), Span<int32_t>(ri)});
+    // The plain overload; the row-list one without and with the block scratch (its fused pass checks a ratio-1
+    // group's reads with its rows).
+    for (int overload = 0; overload < 3; ++overload) {
+      GroupOut out;
+      out.size_for(static_cast<std::size_t>(b), g.stride, nrows);
+      const std::vector<int32_t> before = out.all();
+      std::vector<int32_t> scratch(nrows);
+      DsaGroupBuffers bufs = out.buffers();
+      if (overload == 2) bufs.block_scratch = scratch;
+      bool threw = false;
+      try {
+        if (overload == 0) {
+          plan_dsa_group(step, in, bufs);
+        } else {
+          plan_dsa_group(step, in, bufs, list);
+        }
+      } catch (const aar::InvalidArgument&) {
+        threw = true;
+        EXPECT_EQ(out.all(), before);
+      }
+      ASSERT_EQ(threw, !ok) << "iter " << iter << " overload " << overload << " B=" << b;
+    }
+    (ok ? accepted : rejected) += 1;
+  }
+  EXPECT_GT(accepted, 50);
+  EXPECT_GT(rejected, 50);
+}
+
+TEST(DsaGroup, ReadChecksNameTheTableWidthAndTheirArguments) {
+  Batch bt;
+  bt.qsl = lens_to_qsl({1});
+  bt.seq = {2001};  // emits no C4 row, reads rows [0, 500): column 15 at 32 rows a page
+  std::vector<int32_t> start(1);
+  const DsaStepPlan step = plan_dsa_step(step_inputs(bt), start);
+  Group g;
+  g.ratio = 4;
+  g.sbs = 32;
+  g.stride = 15;
+  g.num_blocks = 64;
+  g.table.assign(15, 1);
+  GroupOut out;
+  out.size_for(1, g.stride, 2);
+  const std::vector<int32_t> before = out.all();
+  DsaGroupInputs in = g.inputs();
+  in.reads = DsaGroupReads::CompressedPrefix;
+  EXPECT_INVALID(plan_dsa_group(step, in, out.buffers()),
+                 "request 0: the attention / indexer reads its compressed rows [0, 500), up to block-table column 15, "
+                 "but block_table_stride=15");
+  in.reads = DsaGroupReads::Window;
+  in.read_window = -1;
+  EXPECT_INVALID(plan_dsa_group(step, in, out.buffers()), "read_window=-1 is negative");
+  in.read_window = 8;
+  EXPECT_INVALID(plan_dsa_group(step, in, out.buffers()), "reads=Window is the sliding window of an uncompressed group");
+  in.reads = DsaGroupReads::CompressorState;
+  EXPECT_INVALID(plan_dsa_group(step, in, out.buffers()), "state_ratio >= 1 and state_coff >= 1, got 0 and 0");
+  in.reads = static_cast<DsaGroupReads>(9);
+  EXPECT_INVALID(plan_dsa_group(step, in, out.buffers()), "reads=9 is not a DsaGroupReads");
+  EXPECT_EQ(out.all(), before);
+}
+
 // ---- 5. DSpark ---------------------------------------------------------------
 
 TEST(Dspark, WidthRule) {

@@ -1,6 +1,6 @@
 """Pieces shared by the DSA layer tests (test_dsa.py, test_dsa_a5.py, test_dsa_sfmla.py): a layer's metadata
-routing by compress ratio (spec 6.4), reading a request's rows back out of a paged cache, and a layer run on any
-of the three attention-KV plans (LayerRun)."""
+routing by compress ratio (spec 6.4), its caches allocated from the runtime's cache specs, reading a request's rows
+back out of a paged cache, and a layer run on any of the three attention-KV plans (LayerRun)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def group_kw(ratio: int, md: dict, step) -> dict:
     dict, routed by aar.dsa.route_layer (compressed layers read their compressed-KV and compressor-state
     groups, C4 layers also the indexer's; the others are None)."""
     g = aar.dsa.route_layer(ratio, step, md)
-    return {k: g[k] for k in _GROUP_ARGS}
+    return {k: getattr(g, k) for k in _GROUP_ARGS}
 
 
 def slot_rows(cache: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
@@ -31,13 +31,49 @@ PLANS = {"a2": ("a2", None), "a5": ("a5", None), "a5_bf16": ("a5", "bfloat16")}
 
 
 def cache_kinds(ratio: int) -> list:
-    """The KV-cache groups a layer of `ratio` reads (spec 6.4)."""
-    kinds = ["swa"]
-    if ratio > 1:
-        kinds += ["c4_kv", "c4_attn_state"] if ratio == 4 else ["c128_kv", "c128_state"]
-    if ratio == 4:
-        kinds += ["c4_indexer_k", "c4_indexer_state"]
-    return kinds
+    """The KV-cache groups a layer of `ratio` reads (spec 6.4), from the runtime."""
+    return aar.dsa.layer_cache_kinds(ratio)
+
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int8": torch.int8,
+                "float8_e4m3fn": torch.float8_e4m3fn}
+
+
+def _as_view(raw: torch.Tensor, v: dict) -> torch.Tensor:
+    """A cache spec's view (dtype, shape, stride, storage_offset) over a raw byte buffer."""
+    return raw.view(TORCH_DTYPES[v["dtype"]]).as_strided(v["shape"], v["stride"], v["storage_offset"])
+
+
+def allocate_caches(groups: dict, kv_dtype) -> dict:
+    """Every group's cache as the runtime describes it (GroupBuilder.cache_spec: the step's model dims, the
+    group's plan and num_blocks), zero-filled; no shape is written here. The SWA and compressed KV caches with plain
+    rows are in kv_dtype (the weights' dtype: float32 for reference runs), the fp8 plan's 640-byte rows, the states
+    and the indexer in their spec's dtypes. An indexer K cache with a full byte view (A5) is one raw buffer of
+    num_blocks padded pages viewed as k rows, scales and full rows, the runtime's layout.
+    Returns {"swa", "compress_kv", "state", "indexer_state", "indexer_k", "indexer_scale", "indexer_full",
+    "indexer_raw"} (None where the groups have no such cache)."""
+    out = dict.fromkeys(("swa", "compress_kv", "state", "indexer_state", "indexer_k", "indexer_scale",
+                         "indexer_full", "indexer_raw"))
+    for kd, gb in groups.items():
+        sp = gb.cache_spec
+        if kd == "c4_indexer_k":
+            if "full_view" in sp:
+                raw = torch.zeros(sp["num_blocks"] * sp["padded_page_bytes"], dtype=torch.uint8)
+                out["indexer_raw"] = raw
+                out["indexer_k"] = _as_view(raw, sp["view"])
+                out["indexer_scale"] = _as_view(raw, sp["scale_view"])
+                fv = sp["full_view"]
+                out["indexer_full"] = raw.as_strided(fv["shape"], fv["stride"], fv["storage_offset"])
+            else:
+                out["indexer_k"] = torch.zeros(sp["shape"], dtype=TORCH_DTYPES[sp["dtype"]])
+                out["indexer_scale"] = torch.zeros(sp["scale_shape"], dtype=TORCH_DTYPES[sp["scale_dtype"]])
+            continue
+        plain = sp["dtype"] in ("bfloat16", "float16")
+        dtype = kv_dtype if plain and kd in ("swa", "c4_kv", "c128_kv") else TORCH_DTYPES[sp["dtype"]]
+        slot = {"swa": "swa", "c4_kv": "compress_kv", "c128_kv": "compress_kv", "c4_attn_state": "state",
+                "c128_state": "state", "c4_indexer_state": "indexer_state"}[kd]
+        out[slot] = torch.zeros(sp["shape"], dtype=dtype)
+    return out
 
 
 class LayerRun:
@@ -60,45 +96,25 @@ class LayerRun:
         self.cos, self.sin = rope if rope is not None else ref.rope_tables(maxpos, d.R)
         self.x = x if x is not None else [torch.randn(400, d.hidden, generator=g, dtype=torch.float64).to(dtype)
                                           for _ in range(nreq)]
+        # The model's settings, once (the groups read them from the step builder).
         self.sb = aar.dsa.StepBuilder(max_num_reqs=8, max_num_tokens=512, cos_table=self.cos, sin_table=self.sin,
                                       compress_cos_table=self.cos, compress_sin_table=self.sin,
-                                      num_speculative_tokens=k)
+                                      num_speculative_tokens=k, head_dim=d.D, window=d.W, num_heads_q=d.N,
+                                      index_topk=d.K, index_n_heads=d.n_idx, index_head_dim=d.Di,
+                                      dspark_num_spec=dspark)
         self.kinds = cache_kinds(d.ratio)
         self.nb = nreq * max_blocks + 1
         self.gb, self.tables, self.rows = {}, {}, {}
         pk = dict(device_kind=self.device_kind, cache_dtype=self.cache_dtype, model_dtype="bfloat16")
         for kd in self.kinds:
             self.gb[kd] = aar.dsa.GroupBuilder(self.sb, kind=kd, cache_block_size=cbs, max_blocks_per_req=max_blocks,
-                                               num_blocks=self.nb, window=d.W, num_heads_q=d.N, index_topk=d.K,
-                                               index_n_heads=d.n_idx, index_head_dim=d.Di,
-                                               dspark_num_spec=dspark if kd == "swa" else 0, **pk)
+                                               num_blocks=self.nb, **pk)
             self.tables[kd] = torch.tensor([[1 + b * max_blocks + j for j in range(max_blocks)] for b in range(nreq)],
                                            dtype=torch.int32)
-            self.rows[kd] = aar.dsa.cache_spec(kd, cbs, **pk)["storage_block_size"]
-        fp8 = plan == "a5"
-        kv_width, kv_dt = (640, torch.float8_e4m3fn) if fp8 else (d.D, dtype)
-        r = d.ratio
-        self.swa = torch.zeros(self.nb, self.rows["swa"], 1, kv_width, dtype=kv_dt)
-        self.cmp = self.state = self.istate = self.ik = self.isc = self.ifull = self.raw = None
-        if r > 1:
-            ck, sk = ("c4_kv", "c4_attn_state") if r == 4 else ("c128_kv", "c128_state")
-            self.cmp = torch.zeros(self.nb, self.rows[ck], 1, kv_width, dtype=kv_dt)
-            self.state = torch.zeros(self.nb, self.rows[sk], 2 * d.coff * d.D, dtype=torch.float32)
-        if r == 4:
-            rows = self.rows["c4_indexer_k"]
-            self.istate = torch.zeros(self.nb, self.rows["c4_indexer_state"], 4 * d.Di, dtype=torch.float32)
-            if plan == "a2":
-                self.ik = torch.zeros(self.nb, rows, 1, d.Di, dtype=torch.int8)
-                self.isc = torch.zeros(self.nb, rows, 1, dtype=torch.float16)
-            else:
-                # spec 6.2 indexer page: [k rows x Di fp8][scale rows x fp32]; the full byte view (rows, Di + 4)
-                # from the page base is indexer_compress_epilog_v2's write handle (layout 2)
-                page = rows * (d.Di + 4)
-                self.raw = torch.zeros(self.nb * page, dtype=torch.uint8)
-                self.ifull = self.raw.as_strided((self.nb, rows, 1, d.Di + 4), (page, d.Di + 4, d.Di + 4, 1))
-                self.ik = self.raw.as_strided((self.nb, rows, 1, d.Di), (page, d.Di, d.Di, 1)).view(torch.float8_e4m3fn)
-                self.isc = self.raw.view(torch.float32).as_strided((self.nb, rows, 1), (page // 4, 1, 1),
-                                                                   rows * d.Di // 4)
+            self.rows[kd] = self.gb[kd].storage_block_size
+        c = allocate_caches(self.gb, dtype)
+        self.swa, self.cmp, self.state, self.istate = c["swa"], c["compress_kv"], c["state"], c["indexer_state"]
+        self.ik, self.isc, self.ifull, self.raw = c["indexer_k"], c["indexer_scale"], c["indexer_full"], c["indexer_raw"]
         self.kv = aar.dsa.compose_kv_cache(compress_kv=self.cmp, swa_kv=self.swa, state=self.state,
                                            indexer_state=self.istate, indexer_k=self.ik, indexer_scale=self.isc,
                                            indexer_full=self.ifull, **pk)
@@ -113,8 +129,9 @@ class LayerRun:
 
     def make_impl(self, **kw):
         d = self.d
+        # No window: the layer takes the builders' (the StepBuilder's, the one source).
         return aar.dsa.Impl(self.w, hidden_size=d.hidden, num_heads=d.N, head_dim=d.D, rope_dim=d.R,
-                                 q_lora_rank=d.q_lora, window=d.W, compress_ratio=d.ratio, index_n_heads=d.n_idx,
+                                 q_lora_rank=d.q_lora, compress_ratio=d.ratio, index_n_heads=d.n_idx,
                                  index_head_dim=d.Di, index_topk=d.K, eps=d.eps, o_groups=d.G, o_lora_rank=d.o_lora,
                                  device_kind=self.device_kind, cache_dtype=self.cache_dtype, model_dtype="bfloat16",
                                  **kw)

@@ -10,15 +10,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ascend_attn_rt as aar
 import _dsa_reference as ref
-from _dsa_harness import group_kw, slot_rows
+from _dsa_harness import allocate_caches, group_kw, slot_rows
 
 F64 = torch.float64
 CBS = 32  # cache block size (spec 6.2 table row 32)
 MAXPOS = 1024
-
-
-def spec(kind):
-    return aar.dsa.cache_spec(kind, CBS, device_kind="a2", model_dtype="bfloat16")
 
 
 class Run:
@@ -30,38 +26,25 @@ class Run:
         self.w = ref.make_dsa_weights(d, dtype, g)
         self.cos, self.sin = ref.rope_tables(MAXPOS, d.R)
         self.x = [torch.randn(400, d.hidden, generator=g, dtype=F64).to(dtype) for _ in range(nreq)]
+        # The model's settings, once: every group reads them from the step builder.
         self.sb = aar.dsa.StepBuilder(max_num_reqs=8, max_num_tokens=512, cos_table=self.cos, sin_table=self.sin,
                                       compress_cos_table=self.cos, compress_sin_table=self.sin,
-                                      num_speculative_tokens=k)
-        r = d.ratio
-        kinds = ["swa"]
-        if r > 1:
-            kinds += ["c4_kv", "c4_attn_state"] if r == 4 else ["c128_kv", "c128_state"]
-        if r == 4:
-            kinds += ["c4_indexer_k", "c4_indexer_state"]
-        self.kinds = kinds
+                                      num_speculative_tokens=k, head_dim=d.D, window=d.W, num_heads_q=d.N,
+                                      index_topk=d.K, index_n_heads=d.n_idx, index_head_dim=d.Di,
+                                      dspark_num_spec=dspark)
+        self.kinds = aar.dsa.layer_cache_kinds(d.ratio)
         self.nb = nreq * max_blocks + 1
         self.gb, self.tables = {}, {}
-        for kd in kinds:
+        for kd in self.kinds:
             self.gb[kd] = aar.dsa.GroupBuilder(self.sb, kind=kd, cache_block_size=CBS, device_kind="a2",
                                                model_dtype="bfloat16", max_blocks_per_req=max_blocks,
-                                               num_blocks=self.nb, window=d.W, num_heads_q=d.N, index_topk=d.K,
-                                               index_n_heads=d.n_idx, index_head_dim=d.Di,
-                                               dspark_num_spec=dspark if kd == "swa" else 0)
+                                               num_blocks=self.nb)
             # request b owns blocks [1 + b * max_blocks, ...): block 0 stays unused
             self.tables[kd] = torch.tensor([[1 + b * max_blocks + j for j in range(max_blocks)] for b in range(nreq)],
                                            dtype=torch.int32)
-        rows = lambda kd: spec(kd)["storage_block_size"]
-        self.swa = torch.zeros(self.nb, rows("swa"), 1, d.D, dtype=dtype)
-        self.cmp = self.state = self.istate = self.ik = self.isc = None
-        if r > 1:
-            ck, sk = ("c4_kv", "c4_attn_state") if r == 4 else ("c128_kv", "c128_state")
-            self.cmp = torch.zeros(self.nb, rows(ck), 1, d.D, dtype=dtype)
-            self.state = torch.zeros(self.nb, rows(sk), 2 * d.coff * d.D, dtype=torch.float32)
-        if r == 4:
-            self.istate = torch.zeros(self.nb, rows("c4_indexer_state"), 4 * d.Di, dtype=torch.float32)
-            self.ik = torch.zeros(self.nb, rows("c4_indexer_k"), 1, d.Di, dtype=torch.int8)
-            self.isc = torch.zeros(self.nb, rows("c4_indexer_k"), 1, dtype=torch.float16)
+        c = allocate_caches(self.gb, dtype)  # the runtime's shapes (GroupBuilder.cache_spec)
+        self.swa, self.cmp, self.state, self.istate = c["swa"], c["compress_kv"], c["state"], c["indexer_state"]
+        self.ik, self.isc = c["indexer_k"], c["indexer_scale"]
         self.kv = aar.dsa.compose_kv_cache(compress_kv=self.cmp, swa_kv=self.swa, state=self.state,
                                            indexer_state=self.istate, indexer_k=self.ik, indexer_scale=self.isc)
         self.topk = aar.sfa.TopkBuffer(512, d.K) if use_topk else None
@@ -71,7 +54,7 @@ class Run:
     def make_impl(self, **kw):
         d = self.d
         return aar.dsa.Impl(self.w, hidden_size=d.hidden, num_heads=d.N, head_dim=d.D, rope_dim=d.R,
-                            q_lora_rank=d.q_lora, window=d.W, compress_ratio=d.ratio, index_n_heads=d.n_idx,
+                            q_lora_rank=d.q_lora, compress_ratio=d.ratio, index_n_heads=d.n_idx,
                             index_head_dim=d.Di, index_topk=d.K, eps=d.eps, o_groups=d.G, o_lora_rank=d.o_lora,
                             device_kind="a2", model_dtype="bfloat16", **kw)
 
@@ -90,14 +73,18 @@ class Run:
                   for kd in self.kinds}
         return st, md, S, qsl
 
-    def step(self, reqs, qlens, impl=None, pad=0, draft=None):
+    def step(self, reqs, qlens, impl=None, pad=0, draft=None, routed=False):
         st, md, S, qsl = self.build(reqs, qlens, draft, pad)
         self.last_md = md
         hid = torch.cat([self.x[b][S[i] - qlens[i]: S[i]] for i, b in enumerate(reqs)]
                         + [torch.zeros(pad, self.d.hidden, dtype=self.dtype)])
         out = torch.full_like(hid, float("nan"))
-        (impl or self.impl).forward(hid, self.kv, st, md["swa"], out, topk_buffer=self.topk,
-                                    **group_kw(self.d.ratio, md, st))
+        if routed:  # route_layer's result as forward's metadata (docs/python_api.md)
+            (impl or self.impl).forward(hid, self.kv, aar.dsa.route_layer(self.d.ratio, st, md), out,
+                                        topk_buffer=self.topk)
+        else:
+            (impl or self.impl).forward(hid, self.kv, st, md["swa"], out, topk_buffer=self.topk,
+                                        **group_kw(self.d.ratio, md, st))
         for i, b in enumerate(reqs):
             self.S[b] = S[i]
         return out, qsl, S
@@ -301,17 +288,15 @@ def test_bad_input_raises_before_writing():
         run.impl.forward(hid, run.kv, st, md["swa"], out, attention=md["c4_kv"], compressor_state=md["c4_attn_state"])
     with pytest.raises(ValueError, match="output"):
         run.impl.forward(hid, run.kv, st, md["swa"], out[:4], **full)
-    # the indexer group's QLI blob (spec 6.5 step 3) was made for other indexer dims
+    # the indexer group's QLI blob (spec 6.5 step 3) was made for the builders' indexer dims, not this layer's
     assert md["c4_indexer_k"].qli_metadata_filled
-    other = aar.dsa.GroupBuilder(run.sb, kind="c4_indexer_k", cache_block_size=CBS, max_blocks_per_req=200,
-                                 num_blocks=run.nb, index_topk=d.K, index_n_heads=d.n_idx + 1, index_head_dim=d.Di)
-    st2 = run.sb.build(torch.tensor([0, 9], dtype=torch.int32), torch.tensor([9], dtype=torch.int32))
-    md2 = {kd: run.gb[kd].build(st2, run.tables[kd][[0]].contiguous()) for kd in run.kinds}
-    bad_ig = other.build(st2, run.tables["c4_indexer_k"][[0]].contiguous())
+    d5 = dims(4, n_idx=d.n_idx + 1)
+    other = aar.dsa.Impl(ref.make_dsa_weights(d5, torch.float32, torch.Generator().manual_seed(3)),
+                         hidden_size=d5.hidden, num_heads=d5.N, head_dim=d5.D, rope_dim=d5.R, q_lora_rank=d5.q_lora,
+                         compress_ratio=4, index_n_heads=d5.n_idx, index_head_dim=d5.Di, index_topk=d5.K,
+                         o_groups=d5.G, o_lora_rank=d5.o_lora)
     with pytest.raises(ValueError, match="index_n_heads"):
-        run.impl.forward(hid, run.kv, st2, md2["swa"], out, attention=md2["c4_kv"],
-                         compressor_state=md2["c4_attn_state"], indexer_cache=bad_ig,
-                         indexer_state=md2["c4_indexer_state"])
+        other.forward(hid, run.kv, st, md["swa"], out, **full)
     untouched()
     with pytest.raises(ValueError, match="use_index_cache"):
         run.make_impl(skip_topk=True, use_index_cache=True)
@@ -487,3 +472,205 @@ def test_graph_padded_decode_batch_eager(ratio, k):
     for a, b in zip(snap, caches()):
         assert torch.equal(a, b)
     assert torch.equal(out, torch.zeros_like(out))
+
+
+# ---- issue 26 (user defects): one source for the model's settings, every cache and table checked by name
+
+KV_NAMES = ("compress_kv", "swa_kv", "state", "indexer_state", "indexer_k", "indexer_scale", "indexer_full")
+
+
+def test_window_is_the_builders_and_a_layer_window_is_checked():
+    # The window is set once, on the StepBuilder; a layer without one takes it, a layer given another is refused
+    # by name before anything is written (it was silently ignored: 0.59 off with 32 against the builder's 16).
+    d = dims(1, W=16)
+    run = Run(d, torch.float32, nreq=1)
+    assert run.sb.model["window"] == 16
+    out, qsl, S = run.step([0], [40])
+    check_step(run, [0], [40], out, qsl, S)  # the reference at W = 16
+    assert run.last_md["swa"].window == 16 and run.last_md["swa"].ori_win_left == 15
+    st, md, S, qsl = run.build([0], [1])
+    hid = run.x[0][S[0] - 1: S[0]].clone()
+    out = torch.zeros_like(hid)
+    snap = run.swa.clone()
+    with pytest.raises(ValueError, match=r"window=32 \(the layer's\) differs from the SWA group's window=16"):
+        run.make_impl(window=32).forward(hid, run.kv, st, md["swa"], out)
+    assert torch.equal(run.swa, snap) and torch.equal(out, torch.zeros_like(out))
+    run.make_impl(window=16).forward(hid, run.kv, st, md["swa"], out)  # the same window: accepted
+    run.S[0] = S[0]
+    check_step(run, [0], [1], out, qsl, S)
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        run.make_impl(window=-1)
+    with pytest.raises(ValueError, match="window must be positive"):
+        aar.dsa.StepBuilder(max_num_reqs=1, max_num_tokens=8, cos_table=run.cos, sin_table=run.sin, window=0)
+    # the groups take no window (nor heads, indexer or DSpark settings) of their own
+    with pytest.raises(TypeError):
+        aar.dsa.GroupBuilder(run.sb, kind="swa", cache_block_size=CBS, num_blocks=run.nb, window=16)
+
+
+@pytest.mark.parametrize("entry", range(6))
+def test_a_cache_short_of_its_groups_blocks_is_named_before_any_write(entry):
+    # Every cache of the tuple against its group's num_blocks (e.g. swa_kv=cache[:3] wrote some tokens and dropped
+    # others; a short indexer_k was blamed on kv_cache[5]).
+    d = dims(4)
+    run = Run(d, torch.float32, nreq=1)
+    run.step([0], [20])
+    st, md, S, qsl = run.build([0], [9])
+    hid = run.x[0][S[0] - 9: S[0]].clone()
+    out = torch.zeros_like(hid)
+    kv = list(run.kv)
+    kv[entry] = kv[entry][: run.nb - 1]
+    group = {0: "attention", 1: "swa", 2: "compressor_state", 3: "indexer_state"}.get(entry, "indexer_cache")
+    snap = [t.clone() for t in (run.swa, run.cmp, run.state, run.istate, run.ik, run.isc)]
+    msg = (rf"kv_cache\[{entry}\] \({KV_NAMES[entry]}\) has {run.nb - 1} blocks, fewer than metadata\.{group}'s "
+           rf"num_blocks={run.nb}")
+    with pytest.raises(ValueError, match=msg):
+        run.impl.forward(hid, kv, st, md["swa"], out, **group_kw(4, md, st))
+    for a, b in zip(snap, (run.swa, run.cmp, run.state, run.istate, run.ik, run.isc)):
+        assert torch.equal(a, b)
+    assert torch.equal(out, torch.zeros_like(out))
+    # more blocks than the group's are fine (the table addresses [0, num_blocks))
+    kv = list(run.kv)
+    kv[1] = torch.cat([run.swa, run.swa[:1]])
+    run.impl.forward(hid, kv, st, md["swa"], out, **group_kw(4, md, st))
+
+
+def test_the_full_indexer_view_short_of_blocks_is_named():
+    from _dsa_harness import LayerRun
+
+    run = LayerRun(dims(4), "a5_bf16", torch.float32, nreq=1, max_blocks=8)
+    st, md, S, qsl = run.build([0], [9])
+    hid = run.x[0][:9].clone()
+    out = torch.zeros_like(hid)
+    kv = list(run.kv)
+    kv[6] = kv[6][: run.nb - 1]
+    snap = [t.clone() for t in run.caches()]
+    with pytest.raises(ValueError, match=rf"kv_cache\[6\] \(indexer_full\) has {run.nb - 1} blocks"):
+        run.impl.forward(hid, kv, st, md["swa"], out, **group_kw(4, md, st))
+    assert all(torch.equal(a, b) for a, b in zip(snap, run.caches()))
+
+
+@pytest.mark.parametrize("kind", ["c4_kv", "c4_indexer_k"])
+def test_a_block_id_past_the_cache_in_a_read_column_is_refused_at_build(kind):
+    # The C4 KV and indexer-key groups' kernels read every compressed row before S / 4 (attention over the top-k,
+    # the indexer over all keys), not only the rows the step writes: an id at or past num_blocks there was
+    # accepted, and the forward wrote the SWA and state caches and the top-k buffer before a kernel failed (on an
+    # NPU: read out of bounds). Now the group build refuses it by name, and nothing of the step is written.
+    d = dims(4)
+    run = Run(d, torch.float32, nreq=2, use_topk=True)
+    run.impl = run.make_impl(use_index_cache=True)
+    run.step([0, 1], [150, 60])
+    run.step([0, 1], [1, 1])  # request 0 at 151 positions: compressed rows [0, 37) in columns 0..1; none written
+    snap = [t.clone() for t in (run.swa, run.cmp, run.state, run.istate, run.ik, run.isc, run.topk.buffer)]
+    good = run.tables[kind].clone()
+    run.tables[kind][0, 0] = run.nb  # a column the step reads but does not write
+    S = list(run.S)
+    with pytest.raises(ValueError, match=rf"block_table\[0\]\[0\]={run.nb} is out of range \[0, "
+                                         rf"num_blocks={run.nb}\) \(request 0: the attention / indexer reads its "
+                                         rf"compressed rows \[0, 38\)"):
+        run.step([0, 1], [1, 1])
+    assert run.S == S
+    for a, b in zip(snap, (run.swa, run.cmp, run.state, run.istate, run.ik, run.isc, run.topk.buffer)):
+        assert torch.equal(a, b)
+    run.tables[kind][0, 0] = -1
+    with pytest.raises(ValueError, match=r"block_table\[0\]\[0\]=-1 is out of range"):
+        run.step([0, 1], [1, 1])
+    run.tables[kind] = good
+    out, qsl, S = run.step([0, 1], [1, 1])
+    check_step(run, [0, 1], [1, 1], out, qsl, S, run.impl.last_topk)
+
+
+def test_compress_ratio_and_topk_buffer_sizes_named():
+    d = dims(1)
+    w = ref.make_dsa_weights(d, torch.float32, torch.Generator().manual_seed(1))
+    kw = dict(hidden_size=64, num_heads=4, head_dim=64, rope_dim=16, q_lora_rank=32, o_groups=2, o_lora_rank=16)
+    for r in (0, 2, 16):
+        with pytest.raises(ValueError, match=rf"compress_ratio={r} is not a DSA layer ratio: the supported ones are "
+                                             r"1 \(sliding window only\), 4 \(C4\) and 128 \(C128\)"):
+            aar.dsa.Impl(w, compress_ratio=r, **kw)
+    assert aar.dsa.Impl(w, **kw).compress_ratio == 1
+    with pytest.raises(ValueError, match="max_num_tokens=1000000000000 x index_topk=2048 entries exceed the top-k "
+                                         "buffer's bound of 2147483647"):
+        aar.sfa.TopkBuffer(10**12, 2048)
+    with pytest.raises(ValueError, match="max_num_tokens=4611686018427387904 x index_topk=4 entries exceed"):
+        aar.sfa.TopkBuffer(2**62, 4)  # the product overflows int64
+    with pytest.raises(ValueError, match="max_num_tokens must be positive, got 0"):
+        aar.sfa.TopkBuffer(0, 8)
+    with pytest.raises(ValueError, match="index_topk must be positive, got -3"):
+        aar.sfa.TopkBuffer(8, -3)
+    b = aar.sfa.TopkBuffer(1 << 16, 64)  # its views are made on demand, at stable addresses
+    v = b.view(5)
+    assert v.shape == (5, 1, 64) and b.view(1 << 16).shape == (1 << 16, 1, 64)
+    assert b.view(5).data_ptr() == v.data_ptr()
+
+
+def test_non_metadata_arguments_are_type_errors():
+    d = dims(4)
+    run = Run(d, torch.float32, nreq=1)
+    st, md, S, qsl = run.build([0], [9])
+    hid = run.x[0][:9].clone()
+    out = torch.zeros_like(hid)
+    full = group_kw(4, md, st)
+    with pytest.raises(TypeError, match="step must be an aar.dsa.StepMetadata .* got .*GroupMetadata"):
+        run.impl.forward(hid, run.kv, md["swa"], md["swa"], out, **full)
+    with pytest.raises(TypeError, match="indexer_state must be an aar.dsa.GroupMetadata .* got str"):
+        run.impl.forward(hid, run.kv, st, md["swa"], out, **dict(full, indexer_state="c4_indexer_state"))
+    kv = list(run.kv)
+    kv[3] = "state"
+    with pytest.raises(TypeError, match=r"kv_cache\[3\] must be a torch.Tensor or None, got str"):
+        run.impl.forward(hid, kv, st, md["swa"], out, **full)
+
+
+@pytest.mark.parametrize("ratio", [1, 4, 128])
+def test_route_layer_result_is_forwards_metadata(ratio):
+    # What route_layer returns goes to forward as it is (routed once, e.g. once per step and ratio for all the
+    # layers of that ratio): the same outputs and caches as the form that takes the step and the groups.
+    d = dims(ratio)
+    a, b = Run(d, torch.float32, nreq=2, seed=5), Run(d, torch.float32, nreq=2, seed=5)
+    for reqs, qlens in [([0, 1], [37, 20]), ([0, 1], [1, 1]), ([1, 0], [1, 9])]:
+        oa, qsl, S = a.step(reqs, qlens)
+        ob, _, _ = b.step(reqs, qlens, routed=True)
+        assert torch.equal(oa, ob)
+        check_step(b, reqs, qlens, ob, qsl, S, b.impl.last_topk if ratio == 4 else None)
+    for ca, cb in zip((a.swa, a.cmp, a.state, a.istate, a.ik, a.isc), (b.swa, b.cmp, b.state, b.istate, b.ik, b.isc)):
+        assert (ca is None and cb is None) or torch.equal(ca, cb)
+    # keywords, and one routing for two layers of the ratio
+    st, md, S, qsl = b.build([0], [1])
+    routed = aar.dsa.route_layer(ratio, st, md)
+    hid = b.x[0][S[0] - 1: S[0]].clone()
+    o1, o2 = torch.zeros_like(hid), torch.zeros_like(hid)
+    b.impl.forward(hid, b.kv, metadata=routed, output=o1)
+    assert routed.step is st and routed.swa is md["swa"]
+    other = {1: 4, 4: 128, 128: 1}[ratio]
+    with pytest.raises(ValueError, match=f"metadata was routed for compress_ratio {ratio} but the layer's is {other}"):
+        Run(dims(other), torch.float32, nreq=1).impl.forward(hid, b.kv, routed, o2)
+
+
+@pytest.mark.parametrize("ratio", [1, 4, 128])
+def test_small_model_served_from_the_runtimes_cache_shapes(ratio):
+    # A model other than DeepSeek-V4's sizes (head_dim 64, rope 16, indexer 2 x 32, window 8): its seven cache shapes
+    # come from the runtime (the step builder's model settings -> GroupBuilder.cache_spec, the same as
+    # aar.dsa.cache_spec for these dims); served end to end against the float64 reference.
+    d = dims(ratio, n_idx=2)
+    run = Run(d, torch.float32, nreq=2)
+    assert run.sb.cache_dims == dict(head_dim=64, rope_dim=16, index_head_dim=32)
+    for kd in aar.dsa.layer_cache_kinds(4) + ["c128_kv", "c128_state"]:
+        sp = aar.dsa.cache_spec(kd, CBS, head_dim=64, rope_dim=16, index_head_dim=32, num_blocks=run.nb)
+        if kd in run.gb:
+            assert run.gb[kd].cache_spec["shape"] == sp["shape"]
+    spec = lambda kd: run.gb[kd].cache_spec
+    assert list(run.swa.shape) == spec("swa")["shape"] == [run.nb, 32, 1, 64]
+    if ratio == 4:
+        assert list(run.state.shape) == spec("c4_attn_state")["shape"] == [run.nb, 2, 4 * 64]
+        assert list(run.istate.shape) == spec("c4_indexer_state")["shape"] == [run.nb, 2, 4 * 32]
+        assert list(run.ik.shape) == spec("c4_indexer_k")["shape"] == [run.nb, 32, 1, 32]
+        assert list(run.isc.shape) == spec("c4_indexer_k")["scale_shape"] == [run.nb, 32, 1]
+    if ratio == 128:
+        assert list(run.state.shape) == spec("c128_state")["shape"] == [run.nb, 8, 2 * 64]
+    for reqs, qlens in [([0, 1], [130, 21]), ([0, 1], [1, 1]), ([1, 0], [1, 3]), ([0, 1], [1, 1])]:
+        out, qsl, S = run.step(reqs, qlens)
+        tk = run.impl.last_topk if ratio == 4 else None
+        if tk is not None:
+            check_topk(run, reqs, qlens, qsl, S, tk)
+        check_step(run, reqs, qlens, out, qsl, S, tk)
+    for b in range(2):
+        check_caches(run, b)

@@ -31,7 +31,7 @@ import torch
 import ascend_attn_rt as aar
 import _dsa_reference as ref
 import _mx_reference as mx
-from _dsa_harness import group_kw, slot_rows
+from _dsa_harness import allocate_caches, group_kw, slot_rows
 
 F64 = torch.float64
 FP8 = torch.float8_e4m3fn
@@ -91,47 +91,24 @@ class Run:
         self.x = x if x is not None else [torch.randn(400, d.hidden, generator=g, dtype=F64).to(self.dtype)
                                           for _ in range(nreq)]
         self.sb = aar.dsa.StepBuilder(max_num_reqs=8, max_num_tokens=512, cos_table=self.cos, sin_table=self.sin,
-                                      compress_cos_table=self.cos, compress_sin_table=self.sin)
-        r = d.ratio
-        kinds = ["swa"]
-        if r > 1:
-            kinds += ["c4_kv", "c4_attn_state"] if r == 4 else ["c128_kv", "c128_state"]
-        if r == 4:
-            kinds += ["c4_indexer_k", "c4_indexer_state"]
-        self.kinds = kinds
+                                      compress_cos_table=self.cos, compress_sin_table=self.sin, head_dim=d.D,
+                                      window=d.W, num_heads_q=d.N, index_topk=d.K, index_n_heads=d.n_idx,
+                                      index_head_dim=d.Di)
+        self.kinds = aar.dsa.layer_cache_kinds(d.ratio)
         self.nb = nreq * max_blocks + 1
         self.gb, self.tables = {}, {}
-        for kd in kinds:
+        for kd in self.kinds:
             self.gb[kd] = aar.dsa.GroupBuilder(self.sb, kind=kd, cache_block_size=CBS, device_kind=plan,
                                                model_dtype="bfloat16", max_blocks_per_req=max_blocks,
-                                               num_blocks=self.nb, window=d.W, num_heads_q=d.N, index_topk=d.K,
-                                               index_n_heads=d.n_idx, index_head_dim=d.Di)
+                                               num_blocks=self.nb)
             self.tables[kd] = torch.tensor([[1 + b * max_blocks + j for j in range(max_blocks)] for b in range(nreq)],
                                            dtype=torch.int32)
-        self.rows = {kd: aar.dsa.cache_spec(kd, CBS, device_kind=plan)["storage_block_size"] for kd in kinds}
-        a5 = plan == "a5"
-        kv_width, kv_dt = (640, FP8) if a5 else (d.D, self.dtype)
-        self.swa = torch.zeros(self.nb, self.rows["swa"], 1, kv_width, dtype=kv_dt)
-        self.cmp = self.state = self.istate = self.ik = self.isc = self.ifull = None
-        if r > 1:
-            ck, sk = ("c4_kv", "c4_attn_state") if r == 4 else ("c128_kv", "c128_state")
-            self.cmp = torch.zeros(self.nb, self.rows[ck], 1, kv_width, dtype=kv_dt)
-            self.state = torch.zeros(self.nb, self.rows[sk], 2 * d.coff * d.D, dtype=torch.float32)
-        if r == 4:
-            rows = self.rows["c4_indexer_k"]
-            self.istate = torch.zeros(self.nb, self.rows["c4_indexer_state"], 4 * d.Di, dtype=torch.float32)
-            if a5:
-                # spec 6.2 indexer page: [k rows x Di fp8][scale rows x fp32]; the full byte view (rows, Di + 4)
-                # from the page base is indexer_compress_epilog_v2's write handle (layout 2)
-                page = rows * (d.Di + 4)
-                self.raw = torch.zeros(self.nb * page, dtype=torch.uint8)
-                self.ifull = self.raw.as_strided((self.nb, rows, 1, d.Di + 4), (page, d.Di + 4, d.Di + 4, 1))
-                self.ik = self.raw.as_strided((self.nb, rows, 1, d.Di), (page, d.Di, d.Di, 1)).view(FP8)
-                self.isc = self.raw.view(torch.float32).as_strided((self.nb, rows, 1), (page // 4, 1, 1),
-                                                                   rows * d.Di // 4)
-            else:
-                self.ik = torch.zeros(self.nb, rows, 1, d.Di, dtype=torch.int8)
-                self.isc = torch.zeros(self.nb, rows, 1, dtype=torch.float16)
+        self.rows = {kd: gb.storage_block_size for kd, gb in self.gb.items()}
+        # The caches from the runtime's specs: on A5 the 640-byte fp8 rows and the indexer's raw pages viewed as
+        # k rows, fp32 scales and the full byte rows (spec 6.2).
+        c = allocate_caches(self.gb, self.dtype)
+        self.swa, self.cmp, self.state, self.istate = c["swa"], c["compress_kv"], c["state"], c["indexer_state"]
+        self.ik, self.isc, self.ifull, self.raw = c["indexer_k"], c["indexer_scale"], c["indexer_full"], c["indexer_raw"]
         self.kv = aar.dsa.compose_kv_cache(device_kind=plan, compress_kv=self.cmp, swa_kv=self.swa,
                                            state=self.state, indexer_state=self.istate, indexer_k=self.ik,
                                            indexer_scale=self.isc, indexer_full=self.ifull)
@@ -141,7 +118,7 @@ class Run:
     def make_impl(self, **kw):
         d = self.d
         return aar.dsa.Impl(self.w, hidden_size=d.hidden, num_heads=d.N, head_dim=d.D, rope_dim=d.R,
-                            q_lora_rank=d.q_lora, window=d.W, compress_ratio=d.ratio, index_n_heads=d.n_idx,
+                            q_lora_rank=d.q_lora, compress_ratio=d.ratio, index_n_heads=d.n_idx,
                             index_head_dim=d.Di, index_topk=d.K, eps=d.eps, o_groups=d.G, o_lora_rank=d.o_lora,
                             device_kind=self.plan, model_dtype="bfloat16", **kw)
 
@@ -481,5 +458,13 @@ def test_a5_bad_caches_named_before_writing():
     bad[6] = torch.zeros(run.nb, CBS, 1, d.Di + 4, dtype=torch.float32)  # not a byte view
     with pytest.raises(ValueError, match="indexer_full"):
         run.impl.forward(hid, bad, st, md["swa"], out, **kw)
+    # a group built under another plan (the A2 plan's block/offset slots) would have its slots misread
+    other = aar.dsa.GroupBuilder(run.sb, kind="swa", cache_block_size=CBS, device_kind="a2", max_blocks_per_req=200,
+                                 num_blocks=run.nb)
+    st2 = run.sb.build(torch.tensor([0, 9], dtype=torch.int32), torch.tensor([9], dtype=torch.int32))
+    md2 = {k: run.gb[k].build(st2, run.tables[k][[0]].contiguous()) for k in run.kinds}
+    md2["swa"] = other.build(st2, run.tables["swa"][[0]].contiguous())
+    with pytest.raises(ValueError, match="metadata.swa has BLOCK_OFFSET slots but the layer's plan"):
+        run.impl.forward(hid, run.kv, st2, md2["swa"], out, **run.group_kw(md2, st2))
     untouched()
     assert torch.equal(out, torch.zeros_like(out))

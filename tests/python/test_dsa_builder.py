@@ -289,16 +289,17 @@ def test_graph_padding_and_capture():
 
 def test_dspark_indices_and_window():
     W, ns = 128, 7
-    sb = step_builder()
-    g = group(sb, "swa", 64, dspark_num_spec=ns, window=W, mbr=32, num_blocks=1024)
+    # DSpark and the window are the model's: given once, to the step builder (the SWA group reads them).
+    sb = step_builder(dspark_num_spec=ns, window=W)
+    g = group(sb, "swa", 64, mbr=32, num_blocks=1024)
     q, S = [8, 8, 8], [8, 300, 1000]
     table = make_table(3, 16, 1024, 9)
     st = sb.build(i32(ref_step(q, S)["qsl"]), i32(S), attn_state=aar.AttentionState.SpecDecoding)
     # threshold 1: these are prefills for the split -> no DSpark (has_prefill)
     gm = g.build(st, i32(table))
     assert gm.dspark_swa_indices is None and gm.ori_win_left == W - 1
-    sb7 = step_builder(k=7)
-    g7 = group(sb7, "swa", 64, dspark_num_spec=ns, window=W, mbr=32, num_blocks=1024)
+    sb7 = step_builder(k=7, dspark_num_spec=ns, window=W)
+    g7 = group(sb7, "swa", 64, mbr=32, num_blocks=1024)
     st = sb7.build(i32(ref_step(q, S)["qsl"]), i32(S))
     assert not st.has_prefill
     gm = g7.build(st, i32(table))
@@ -306,9 +307,14 @@ def test_dspark_indices_and_window():
     assert gm.dspark_width == width == 256
     assert gm.dspark_swa_indices.shape == (24, 1, width)
     assert gm.dspark_swa_indices[:, 0].tolist() == ref and gm.dspark_list == sum(ref, [])
-    assert gm.ori_win_left == W + ns - 1 and gm.ori_win_right == 0
-    with pytest.raises(ValueError, match="SWA group only"):
-        group(sb7, "c4_kv", dspark_num_spec=3)
+    assert gm.ori_win_left == W + ns - 1 and gm.ori_win_right == 0 and gm.window == W
+    # only the SWA group builds DSpark rows
+    g4 = group(sb7, "c4_kv", 64, mbr=32, num_blocks=1024).build(st, i32(table))
+    assert g4.dspark_swa_indices is None and g4.dspark_width == 0 and g4.window == W
+    with pytest.raises(ValueError, match="dspark_num_spec must be >= 0"):
+        step_builder(dspark_num_spec=-1)
+    with pytest.raises(ValueError, match="width=5 is smaller than window \\+ num_spec = 135"):
+        step_builder(dspark_num_spec=ns, dspark_width=5)
 
 
 def test_address_stability_across_builds():
@@ -461,6 +467,9 @@ def test_drafting_swa_only():
         gs.build_for_drafting(d, table, 0)
 
 
+ROUTED = ("swa", "attention", "compressor_state", "indexer_cache", "indexer_state", "common")
+
+
 def test_route_layer():
     sb = step_builder()
     t = i32(make_table(2, 4, 512, 8))
@@ -468,10 +477,11 @@ def test_route_layer():
     g = {k: group(sb, k).build(st, t) for k in KINDS}
     r4 = aar.dsa.route_layer(4, st, g["swa"], g["c4_kv"], g["c4_attn_state"], g["c4_indexer_k"],
                              g["c4_indexer_state"])
-    assert r4["common"] is g["c4_kv"]
+    assert isinstance(r4, aar.dsa.LayerMetadata) and r4.compress_ratio == 4 and r4.step is st
+    assert r4.common is g["c4_kv"] and r4.indexer_cache is g["c4_indexer_k"]
     r128 = aar.dsa.route_layer(128, st, g["swa"], g["c128_kv"], g["c128_state"])
-    assert r128["common"] is g["c128_kv"]
-    assert aar.dsa.route_layer(1, st, g["swa"])["common"] is g["swa"]
+    assert r128.common is g["c128_kv"] and r128.indexer_cache is None
+    assert aar.dsa.route_layer(1, st, g["swa"]).common is g["swa"]
     with pytest.raises(ValueError, match="indexer_cache"):
         aar.dsa.route_layer(128, st, g["swa"], g["c128_kv"], g["c128_state"], g["c4_indexer_k"])
     with pytest.raises(ValueError, match="attention has cache kind"):
@@ -479,23 +489,51 @@ def test_route_layer():
     # By cache kind from all of the step's groups (a dict or a sequence): the same routing.
     for groups in (g, list(g.values())[::-1]):
         r4k = aar.dsa.route_layer(4, st, groups)
-        assert all(r4k[k] is r4[k] for k in r4)
+        assert all(getattr(r4k, k) is getattr(r4, k) for k in ROUTED)
         r128k = aar.dsa.route_layer(128, st, groups)
-        assert all(r128k[k] is r128[k] for k in r128)
+        assert all(getattr(r128k, k) is getattr(r128, k) for k in ROUTED)
         r1 = aar.dsa.route_layer(1, st, groups)
-        assert r1["swa"] is g["swa"] and r1["common"] is g["swa"] and r1["attention"] is None
-    assert aar.dsa.route_layer(128, st, [g["swa"], g["c128_kv"], g["c128_state"]])["attention"] is g["c128_kv"]
+        assert r1.swa is g["swa"] and r1.common is g["swa"] and r1.attention is None
+    assert aar.dsa.route_layer(128, st, [g["swa"], g["c128_kv"], g["c128_state"]]).attention is g["c128_kv"]
     with pytest.raises(ValueError, match="no group of cache kind C4 indexer K"):
         aar.dsa.route_layer(4, st, {k: v for k, v in g.items() if k != "c4_indexer_k"})
     with pytest.raises(ValueError, match="cache kind SWA is given twice"):
         aar.dsa.route_layer(1, st, [g["swa"], g["c4_kv"], g["swa"]])
     with pytest.raises(ValueError, match=r"groups\[1\] is null"):
         aar.dsa.route_layer(1, st, [g["swa"], None])
-    with pytest.raises(ValueError, match="compress_ratio=2"):
-        aar.dsa.route_layer(2, st, g)
     sb.build(i32([0, 1, 2]), i32([11, 21]))
     with pytest.raises(ValueError):
         aar.dsa.route_layer(1, st, g["swa"])
+
+
+def test_route_layer_names_bad_arguments():
+    # Issue 26 item 8: a value that is no metadata is a TypeError naming the argument and the type received (it was
+    # a bare std::bad_cast), a ratio outside the supported ones a ValueError listing them (0 was accepted).
+    sb = step_builder()
+    t = i32(make_table(2, 4, 512, 8))
+    st = sb.build(i32([0, 1, 2]), i32([10, 20]))
+    g = {k: group(sb, k).build(st, t) for k in KINDS}
+    supported = r"compress_ratio=%d is not a DSA layer ratio: the supported ones are 1 \(sliding window only\), 4 " \
+                r"\(C4\) and 128 \(C128\)"
+    for ratio in (0, 2, 64):
+        for args in ((g,), (g["swa"],), (list(g.values()),)):
+            with pytest.raises(ValueError, match=supported % ratio):
+                aar.dsa.route_layer(ratio, st, *args)
+    with pytest.raises(TypeError, match="swa must be an aar.dsa.GroupMetadata .* got int"):
+        aar.dsa.route_layer(1, st, 7)
+    with pytest.raises(TypeError, match="attention must be an aar.dsa.GroupMetadata .* got str"):
+        aar.dsa.route_layer(128, st, g["swa"], "c128_kv", g["c128_state"])
+    with pytest.raises(TypeError, match="step must be an aar.dsa.StepMetadata .* got .*GroupMetadata"):
+        aar.dsa.route_layer(1, g["swa"], g["swa"])
+    with pytest.raises(TypeError, match=r"groups\['c4_kv'\] must be an aar.dsa.GroupMetadata .* got .*Tensor"):
+        aar.dsa.route_layer(4, st, dict(g, c4_kv=t))
+    with pytest.raises(TypeError, match=r"groups\[1\] must be an aar.dsa.GroupMetadata .* got float"):
+        aar.dsa.route_layer(1, st, [g["swa"], 1.5])
+    assert aar.dsa.layer_cache_kinds(4) == ["swa", "c4_kv", "c4_attn_state", "c4_indexer_k", "c4_indexer_state"]
+    assert aar.dsa.layer_cache_kinds(128) == ["swa", "c128_kv", "c128_state"]
+    assert aar.dsa.layer_cache_kinds(1) == ["swa"]
+    with pytest.raises(ValueError, match=supported % 0):
+        aar.dsa.layer_cache_kinds(0)
 
 
 def test_sas_metadata_blob():
@@ -503,12 +541,12 @@ def test_sas_metadata_blob():
     # A2: generated with spec 6.7's arguments (the CPU twin's blob records
     # them: [2] heads, [5] B, [6] max q, [7] max kv, [9] cmp_topk, [10]
     # cmp_ratio, [13] ori_win_left, [17] has_cmp_kv, [18] total q, [19] total kv).
-    sb = step_builder()
+    sb = step_builder(num_heads_q=16, window=128)  # the SAS arguments are the model's, on the step builder
     q, S = [1, 1], [100, 300]
     t = i32(make_table(2, 64, 512, 12))
     st = sb.build(i32([0, 1, 2]), i32(S))
     for kind, ratio, topk in (("swa", 1, 0), ("c4_kv", 4, 512), ("c128_kv", 128, 0)):
-        g = group(sb, kind, num_heads_q=16, window=128)
+        g = group(sb, kind)
         gm = g.build(st, t)
         assert gm.sas_metadata_filled and not gm.qli_metadata_filled
         b = gm.sas_metadata.tolist()
@@ -516,19 +554,21 @@ def test_sas_metadata_blob():
         assert b[9] == topk and b[10] == ratio and b[13] == 127 and b[17] == (ratio > 1)
         assert b[18] == 2 and b[19] == 400
     # A5 (fp8 rows): the kv-quant metadata operator, the same fields.
-    a5 = group(sb, "c4_kv", dk="a5", num_heads_q=8).build(st, t)
+    sb8 = step_builder(num_heads_q=8)
+    a5 = group(sb8, "c4_kv", dk="a5").build(sb8.build(i32([0, 1, 2]), i32(S)), t)
     assert a5.sas_metadata_filled
     b = a5.sas_metadata.tolist()
     assert b[2] == 8 and b[5] == 2 and b[9] == 512 and b[10] == 4 and b[19] == 400
     # the A5 + BF16 plan: CANN's sparse_flash_mla_metadata (its blob's fields; the full argument check is in
     # test_dsa_sfmla.py)
     bf16 = aar.dsa.GroupBuilder(sb, kind="swa", device_kind="a5", cache_dtype="bfloat16", num_blocks=512,
-                                max_blocks_per_req=64, num_heads_q=16)
+                                max_blocks_per_req=64)
     b = bf16.build(st, t)
     assert b.sas_metadata_filled and b.sas_metadata[0] == 0x534D4C41 and b.sas_metadata[2] == 16
     # not generated: state groups, num_heads_q unset
-    assert not group(sb, "c4_attn_state", num_heads_q=16).build(st, t).sas_metadata_filled
-    assert not group(sb, "swa").build(st, t).sas_metadata_filled
+    assert not group(sb, "c4_attn_state").build(st, t).sas_metadata_filled
+    sb0 = step_builder()
+    assert not group(sb0, "swa").build(sb0.build(i32([0, 1, 2]), i32(S)), t).sas_metadata_filled
 
 
 @pytest.mark.parametrize("separate", [False, True])
@@ -567,8 +607,8 @@ def ref_qli_blob(q, S, heads, di, topk, T=None):
 
 def test_qli_metadata_blob_filled_by_the_indexer_group():
     # spec 6.5 step 3 / 6.7: the C4 indexer-cache group fills the QLI blob into its stable buffer.
-    sb = step_builder()
-    g = group(sb, "c4_indexer_k", bs=128, mbr=64, index_n_heads=8, index_head_dim=32, index_topk=16)
+    sb = step_builder(index_n_heads=8, index_head_dim=32, index_topk=16)
+    g = group(sb, "c4_indexer_k", bs=128, mbr=64)
     t = i32(make_table(3, 64, 512, 5))
     addr = None
     steps = [([1, 1, 1], [100, 300, 5]), ([20, 7], [20, 57]), ([1, 1], [101, 58]), ([1, 3, 9], [9, 130, 400])]
@@ -592,7 +632,9 @@ def test_qli_metadata_blob_filled_by_the_indexer_group():
     assert gm.qli_metadata.data_ptr() == addr
     assert torch.equal(gm.qli_metadata, ref_qli_blob([1, 1, 1, 1], [40, 9, 0, 0], 8, 32, 16))
     # defaults are spec 6.7's (64 heads, Di 128, top-k 512)
-    d = group(sb, "c4_indexer_k", mbr=64).build(st, t[:3].contiguous().repeat(2, 1)[:4].contiguous())
+    sbd = step_builder()
+    std = sbd.build_for_graph_capture(i32([0, 1, 2, 3, 4]), i32([40, 9, 0, 0]), num_reqs_actual=2)
+    d = group(sbd, "c4_indexer_k", mbr=64).build(std, t[:3].contiguous().repeat(2, 1)[:4].contiguous())
     assert (d.qli_num_heads, d.qli_head_dim, d.qli_sparse_count) == (64, 128, 512)
     assert torch.equal(d.qli_metadata, ref_qli_blob([1, 1, 1, 1], [40, 9, 0, 0], 64, 128, 512))
     # other groups, and index_n_heads=0, do not fill it
@@ -600,8 +642,10 @@ def test_qli_metadata_blob_filled_by_the_indexer_group():
     for kind in ("swa", "c4_kv", "c4_indexer_state", "c4_attn_state"):
         gm = group(sb, kind, mbr=64).build(st, t[:1].contiguous())
         assert not gm.qli_metadata_filled and gm.qli_num_heads == 0
-    assert not group(sb, "c4_indexer_k", mbr=64, index_n_heads=0).build(st, t[:1].contiguous()).qli_metadata_filled
+    sb0 = step_builder(index_n_heads=0)
+    st0 = sb0.build(i32([0, 1]), i32([50]))
+    assert not group(sb0, "c4_indexer_k", mbr=64).build(st0, t[:1].contiguous()).qli_metadata_filled
     with pytest.raises(ValueError, match="index_head_dim"):
-        group(sb, "c4_indexer_k", index_head_dim=0)
+        step_builder(index_head_dim=0)
     with pytest.raises(ValueError, match="index_n_heads"):
-        group(sb, "c4_indexer_k", index_n_heads=-1)
+        step_builder(index_n_heads=-1)

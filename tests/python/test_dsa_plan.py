@@ -65,3 +65,52 @@ def test_bad_arguments_are_named():
         dsa.cache_spec("swa", 96)
     with pytest.raises(ValueError, match="model_dtype"):
         dsa.make_attn_kv_plan(model_dtype="float64")
+
+
+def test_cache_spec_for_the_models_dims():
+    # The seven caches of a model come from the runtime for its dims (defaults: DeepSeek-V4's).
+    kw = dict(head_dim=64, rope_dim=16, index_head_dim=32, num_blocks=5)
+    shapes = {k: dsa.cache_spec(k, 32, **kw)["shape"] for k in
+              ("swa", "c4_kv", "c128_kv", "c4_indexer_k", "c4_attn_state", "c4_indexer_state", "c128_state")}
+    assert shapes == {"swa": [5, 32, 1, 64], "c4_kv": [5, 32, 1, 64], "c128_kv": [5, 32, 1, 64],
+                      "c4_indexer_k": [5, 32, 1, 32], "c4_attn_state": [5, 2, 256], "c4_indexer_state": [5, 2, 128],
+                      "c128_state": [5, 8, 128]}
+    idx = dsa.cache_spec("c4_indexer_k", 32, **kw)
+    assert idx["scale_shape"] == [5, 32, 1] and idx["view"]["shape"] == [5, 32, 1, 32] and "full_view" not in idx
+    # at DeepSeek-V4's dims, the spec's table (state caches in the compressor's (nb, rows, 2 coff D) layout)
+    assert dsa.cache_spec("c4_attn_state", 128, num_blocks=2)["shape"] == [2, 8, 2048]
+    assert dsa.cache_spec("swa", 128, num_blocks=2)["shape"] == [2, 128, 1, 512]
+    a5 = dsa.cache_spec("c4_indexer_k", 32, device_kind="a5", cache_dtype="bfloat16", **kw)
+    assert a5["full_view"]["shape"] == [5, 32, 1, 36] and a5["scale_view"]["dtype"] == "float32"
+    with pytest.raises(ValueError, match="640-byte fp8 rows hold head_dim 512 and rope_dim 64"):
+        dsa.cache_spec("swa", 32, device_kind="a5", **kw)
+    with pytest.raises(ValueError, match="rope_dim=15"):
+        dsa.cache_spec("swa", 32, head_dim=64, rope_dim=15)
+    with pytest.raises(ValueError, match="index_head_dim must be positive"):
+        dsa.cache_spec("c4_indexer_k", 32, index_head_dim=0)
+
+
+def _dsa_doc_section():
+    import pathlib
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "python_api.md").read_text()
+    start = doc.index("## DSA backend (`ascend_attn_rt.dsa`)")
+    return doc[start: doc.index("\n## ", start + 1)]
+
+
+def test_every_public_name_of_aar_dsa_is_documented():
+    import re
+
+    sec = _dsa_doc_section()
+    documented = set(re.findall(r"`dsa\.([A-Za-z_]\w*)", sec))
+    public = {n for n in dir(dsa) if not n.startswith("_")}
+    assert public == documented, (public - documented, documented - public)
+
+
+def test_the_documented_dsa_example_runs():
+    sec = _dsa_doc_section()
+    code = sec[sec.index("```python\n") + len("```python\n"): sec.index("```", sec.index("```python\n") + 3)]
+    scope = {}
+    exec(compile(code, "docs/python_api.md (DSA example)", "exec"), scope)
+    routed = scope["routed"]
+    assert isinstance(routed, dsa.LayerMetadata) and routed.common is scope["md"]["c4_kv"]

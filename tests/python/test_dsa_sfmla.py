@@ -245,9 +245,9 @@ def test_builder_sfmla_lengths_and_metadata_blob():
     # max_seqlen_cmp_kv = max // r, PA_BBND, no device); decode passes cu_seqlens_ori_kv = [0, cumsum(S)] (A5).
     cos, sin = ref.rope_tables(1024, 16)
     sb = aar.dsa.StepBuilder(max_num_reqs=8, max_num_tokens=512, cos_table=cos, sin_table=sin,
-                             compress_cos_table=cos, compress_sin_table=sin)
-    kw = dict(device_kind="a5", cache_dtype="bfloat16", num_blocks=4096, max_blocks_per_req=64, num_heads_q=16,
-              index_topk=512, window=128)
+                             compress_cos_table=cos, compress_sin_table=sin, num_heads_q=16, index_topk=512,
+                             window=128)
+    kw = dict(device_kind="a5", cache_dtype="bfloat16", num_blocks=4096, max_blocks_per_req=64)
     gbs = {kd: aar.dsa.GroupBuilder(sb, kind=kd, **kw) for kd in ("swa", "c4_kv", "c128_kv", "c4_attn_state")}
     table = torch.arange(1, 1 + 3 * 64, dtype=torch.int32).view(3, 64)
     ptrs = {}
@@ -374,13 +374,16 @@ def test_bad_input_named_nothing_written():
     bad(5, torch.zeros(run.nb, rows, 1, dtype=torch.float16), "indexer_scale")
     with pytest.raises(ValueError, match="kv_cache has 6 entries"):  # the A2 tuple (no full indexer view)
         run.impl.forward(hid, list(run.kv)[:6], st, md["swa"], out, **kw)
-    # groups built under other plans: flat slots (A5 fp8) / no SparseFlashMla lengths (A2)
-    for plan, kd, match in [("a5", "swa", "metadata.swa has FLAT slots"),
-                            ("a2", "c4_kv", "seqused_cmp_kv / cmp_residual_kv")]:
-        dk, cd = {"a5": ("a5", None), "a2": ("a2", None)}[plan]
+    # a group under the A5 fp8 plan cannot hold this model's rows (its 640-byte rows are D 512 / R 64): refused
+    # when it is made, by name
+    with pytest.raises(ValueError, match="640-byte fp8 rows hold head_dim 512 and rope_dim 64, got head_dim=64"):
+        aar.dsa.GroupBuilder(run.sb, kind="swa", cache_block_size=CBS, device_kind="a5", max_blocks_per_req=200,
+                             num_blocks=run.nb)
+    # groups built under other plans: no SparseFlashMla lengths (A2)
+    for plan, kd, match in [("a2", "c4_kv", "seqused_cmp_kv / cmp_residual_kv")]:
+        dk, cd = {"a2": ("a2", None)}[plan]
         other = aar.dsa.GroupBuilder(run.sb, kind=kd, cache_block_size=CBS, device_kind=dk, cache_dtype=cd,
-                                     max_blocks_per_req=200, num_blocks=run.nb, window=d.W, num_heads_q=d.N,
-                                     index_topk=d.K)
+                                     max_blocks_per_req=200, num_blocks=run.nb)
         st2 = run.sb.build(torch.tensor([0, 9], dtype=torch.int32), torch.tensor([9], dtype=torch.int32))
         md2 = {k: run.gb[k].build(st2, run.tables[k][[0]].contiguous()) for k in run.kinds}
         md2[kd] = other.build(st2, run.tables[kd][[0]].contiguous())

@@ -45,7 +45,12 @@ struct BackendFacts {
   std::vector<int64_t> block_sizes;         // kernel block sizes accepted (empty: any positive)
   std::vector<c10::ScalarType> dtypes;      // activation dtypes the layers take
   std::vector<std::string> kv_caches;       // the layer's cache tensors, in forward order
-  StateSet capturable = 0;                  // states build_for_graph_capture takes; 0: capture is refused
+  // States the backend captures in a graph (its layers record a forward of a
+  // step built for them); 0: a forward inside a capture is refused by name.
+  StateSet capturable = 0;
+  // The backend whose builder this one's layers take (empty: its own). Its
+  // build_for_graph_capture accepts that builder's capturable states.
+  std::string builder;
   bool draft_lanes = false;                 // build_for_drafting keeps lanes of its own
   bool context_parallel = false;            // the impl needs a cp::Comm
 };

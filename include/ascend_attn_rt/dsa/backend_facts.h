@@ -102,6 +102,21 @@ SlotFormat slot_format_for(const AttnKvPlan& plan, DsaCacheKind k);
 // compress_ratio < 0, or a ratio that does not divide block_size.
 int64_t storage_block_size(int64_t block_size, int64_t compress_ratio);
 
+// ------------------------------------------------------------ layer ratios
+// The compress ratios a DSA layer may have: 1 (sliding window only), 4 (C4:
+// compressed KV with the indexer's top-k) and 128 (C128: dense compressed
+// KV). They are the only ones the cache kinds above exist for. Every public
+// entry that takes a layer's ratio (route_layer, Impl, layer_cache_kinds)
+// checks it here. 0, which upstream's specs use as another spelling of 1, is
+// refused so that a layer's ratio has one spelling.
+inline constexpr int32_t kDsaLayerRatios[] = {1, 4, 128};
+// InvalidArgument naming compress_ratio, its value and the supported ratios.
+void check_compress_ratio(int64_t compress_ratio);
+// Spec 6.4: the cache kinds a layer of compress_ratio reads, in the order of
+// the groups route_layer takes (SWA; the compressed KV and its compressor
+// state; the indexer K and the indexer state).
+std::vector<DsaCacheKind> layer_cache_kinds(int64_t compress_ratio);
+
 struct DsaCacheSpec {
   DsaCacheKind kind = DsaCacheKind::Swa;
   const char* backend = "";       // backend name (6.1)
@@ -121,14 +136,41 @@ struct DsaCacheSpec {
   int64_t padded_page_bytes = 0;  // the tier's size: the page stride of the group's raw buffer
 };
 
-// The spec of one cache kind for a cache block size (32, 64, 128) under a
-// plan. Throws InvalidArgument naming cache_block_size outside the table, and
-// (a bug in the facts, never expected) when a page does not fit its tier or
-// the scheduler block size is not a kernel block size of the backend.
-DsaCacheSpec dsa_cache_spec(DsaCacheKind kind, int64_t cache_block_size, const AttnKvPlan& plan);
+// The model dimensions the caches are sized by. The defaults are
+// DeepSeek-V4's; another model (a smaller test model, a future variant) gets
+// its cache shapes from these instead of a table of its own.
+//   head_dim        D: the SWA and compressed KV rows, and the compressor
+//                   states' 2 * coff * D columns
+//   rope_dim        R, the rope slice of D (even, 0 < R <= D); the fp8 plan's
+//                   640-byte rows hold D = 512 with R = 64 only
+//   index_head_dim  Di: the indexer K rows and the indexer state's 2 * 2 * Di
+struct DsaCacheDims {
+  int64_t head_dim = kDsaHeadDim;
+  int64_t rope_dim = kDsaRopeDim;
+  int64_t index_head_dim = kDsaIndexerHeadDim;
+  bool is_dsv4() const {
+    return head_dim == kDsaHeadDim && rope_dim == kDsaRopeDim && index_head_dim == kDsaIndexerHeadDim;
+  }
+};
+// InvalidArgument naming the dimension unless dims are usable under plan.
+void check_cache_dims(const DsaCacheDims& dims, const AttnKvPlan& plan);
 
-// The cache tensor shapes, (nb, rows, n_kv, head_size) and, for the indexer K
-// cache, the scale's (nb, rows, scale_dim). num_blocks >= 0.
+// The spec of one cache kind for a cache block size (32, 64, 128) under a
+// plan, for a model of `dims`. Throws InvalidArgument naming cache_block_size
+// outside the table, a dimension check_cache_dims refuses, and (a bug in the
+// facts, never expected) when a page does not fit its tier or the scheduler
+// block size is not a kernel block size of the backend.
+// Page tiers: at DeepSeek-V4's dims the table's pad_t1 / pad_t2 (every page
+// must fit its tier); at other dims the table's byte sizes do not apply, and
+// a tier is the largest page of its kinds (the rule the table follows at
+// DeepSeek-V4's dims: pad_t2 is the SWA page, pad_t1 the indexer K page).
+DsaCacheSpec dsa_cache_spec(DsaCacheKind kind, int64_t cache_block_size, const AttnKvPlan& plan,
+                            const DsaCacheDims& dims = DsaCacheDims());
+
+// The cache tensor shapes the layer takes (dsa::Impl::forward): the KV and
+// indexer K caches (nb, rows, n_kv, head_size); the compressor state caches
+// (nb, rows, head_size), the compressor's layout; for the indexer K cache the
+// scale's (nb, rows, scale_dim). num_blocks >= 0.
 std::vector<int64_t> dsa_kv_cache_shape(const DsaCacheSpec& spec, int64_t num_blocks);
 std::vector<int64_t> dsa_scale_cache_shape(const DsaCacheSpec& spec, int64_t num_blocks);
 

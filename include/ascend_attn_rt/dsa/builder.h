@@ -43,7 +43,7 @@
 //    operator's blob copied in, device to device, by the
 //    out-forms of ops/out_variants.h) for the groups a layer
 //    reads it from (spec 6.4 common(): Swa, C4Kv, C128Kv) when
-//    GroupConfig::num_heads_q > 0, with the arguments of spec 6.7, through
+//    ModelSettings::num_heads_q > 0, with the arguments of spec 6.7, through
 //    the plan's metadata operator: npu_sparse_attn_sharedkv_metadata (A2/A3,
 //    ops/sparse_attn_sharedkv.h), npu_kv_quant_sparse_attn_sharedkv_metadata
 //    with the plan's kv_quant_mode / tile_size / rope_head_dim (A5, fp8
@@ -68,7 +68,7 @@
 //    groups write (-1, -1); its compressed groups keep (-1, bs-1), the
 //    encoding of the compressor_metadata rows they stand for.
 //    The QLI blob (spec 6.5 step 3, 6.7) is filled by the C4 indexer-cache
-//    group (kind C4IndexerK) when GroupConfig::index_n_heads > 0 (default 64):
+//    group (kind C4IndexerK) when ModelSettings::index_n_heads > 0 (default 64):
 //    npu_vllm_quant_lightning_indexer_metadata (ops/lightning_indexer.h) with
 //    actual_seq_lengths_query = query_start_loc[1:], actual_seq_lengths_key =
 //    seq_lens, num_heads_q = index_n_heads, num_heads_k 1, head_dim =
@@ -91,6 +91,23 @@
 //  - RoPE: a group of ratio <= 1 reads the rope_theta rows, a compressed group
 //    the compress_rope_theta rows (the layer's common() group decides its
 //    RoPE: spec 6.4). A compressed group needs the compress tables.
+//  - One source of truth for the model: the settings every group reads (the
+//    window, the attention and indexer heads and dims, the top-k, DSpark) are
+//    given once, to the StepBuilder (StepBuilderConfig::model); a
+//    GroupBuilder takes them from its StepBuilder and only its own cache
+//    (kind, cache block size, plan, table width, num_blocks) from GroupConfig.
+//    The rope dim is the RoPE tables' width. The group's cache spec is for
+//    these dims (GroupBuilder::cache_spec(), dsa_cache_spec), and its
+//    metadata carries the window (GroupMetadata::window), which a layer
+//    configured with a window of its own is checked against (dsa/impl.h).
+//  - Reads (plan::DsaGroupReads): a build checks every block-table column the
+//    group's kernels read, not only the ones the step writes, inside the
+//    table and in [0, num_blocks): the compressed KV and indexer K groups
+//    every compressed row before S / r (the attention and the indexer read
+//    them all), the SWA group its window (ori_win_left positions before the
+//    step's first token), the compressor state groups the positions the
+//    compressor gathers when a row completes. A table that fails is refused
+//    by name (block_table[b][col]=id, num_blocks) before anything is written.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -114,6 +131,26 @@ class RopeRows;
 
 namespace aar::dsa {
 
+// The model's attention settings every KV-cache group of a step reads (one
+// source of truth, given once to the StepBuilder). Defaults: DeepSeek-V4.
+struct ModelSettings {
+  int32_t head_dim = static_cast<int32_t>(kDsaHeadDim);  // D (the caches' rows; the SAS blob's head_dim)
+  int32_t window = 128;  // SWA window W (ori_win_left = W - 1)
+  // DSpark non-causal drafting (spec 6.6), read by the SWA group: num_spec > 0
+  // builds dspark_swa_indices in steps without prefill (ori_win_left = W +
+  // num_spec - 1 then). width 0 = roundup(W + num_spec, 128).
+  int32_t dspark_num_spec = 0;
+  int32_t dspark_width = 0;
+  // SAS metadata (spec 6.7): the local query heads (0 = do not generate the
+  // SAS blob) and the indexer top-k (cmp_topk of C4 layers).
+  int32_t num_heads_q = 0;
+  int32_t index_topk = 512;
+  // The indexer (C4 layers): its query heads (the QLI blob's num_heads_q; 0 =
+  // do not generate the QLI blob) and head dim Di (the indexer caches' rows).
+  int32_t index_n_heads = static_cast<int32_t>(kDsaIndexerHeads);
+  int32_t index_head_dim = static_cast<int32_t>(kDsaIndexerHeadDim);
+};
+
 struct StepBuilderConfig {
   int32_t max_num_reqs = 256;
   int32_t max_num_tokens = 8192;
@@ -129,6 +166,7 @@ struct StepBuilderConfig {
   std::optional<bool> separate_device_buffers;  // default: device != CPU
   int32_t staging_buffers = 2;                  // host buffers per lane (1..4)
   std::shared_ptr<StagingHooks> staging_hooks;  // null: default events (per lane)
+  ModelSettings model;                          // read by every GroupBuilder of this step
 };
 
 struct StepInputs {
@@ -157,6 +195,10 @@ class StepBuilder {
   const StepMetadata& build_for_drafting(const StepInputs& in, int32_t draft_index);
 
   const StepBuilderConfig& config() const { return cfg_; }
+  const ModelSettings& model() const { return cfg_.model; }
+  // The cache dims of the model (head_dim and index_head_dim of the settings,
+  // rope_dim the RoPE tables' width): what every group's cache spec is for.
+  DsaCacheDims cache_dims() const;
   int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
   int32_t num_drafts() const { return static_cast<int32_t>(lanes_.size()) - 1; }
   bool has_compress_table() const { return compress_rope_ != nullptr; }
@@ -173,26 +215,14 @@ class StepBuilder {
   std::vector<std::unique_ptr<Lane>> lanes_;
 };
 
+// One KV-cache group's own cache; the settings every group shares come from
+// the StepBuilder (ModelSettings).
 struct GroupConfig {
   DsaCacheKind kind = DsaCacheKind::Swa;
   int32_t cache_block_size = 128;  // 32, 64, 128 (spec 6.2): gives the group's block sizes and ratio
   AttnKvPlan plan;                 // slot format, cu_seqlens choices
   int32_t max_blocks_per_req = 64; // block-table columns
   int32_t num_blocks = 0;          // pages of the group's cache (range checks); required
-  int32_t window = 128;            // SWA window W (ori_win_left = W - 1)
-  // DSpark non-causal drafting (spec 6.6), SWA groups only: num_spec > 0
-  // builds dspark_swa_indices in steps without prefill (ori_win_left = W +
-  // num_spec - 1 then). width 0 = roundup(W + num_spec, 128).
-  int32_t dspark_num_spec = 0;
-  int32_t dspark_width = 0;
-  // SAS metadata arguments (spec 6.7): the local query heads (0 = do not
-  // generate the SAS blob) and the indexer top-k (cmp_topk of C4 layers).
-  int32_t num_heads_q = 0;
-  int32_t index_topk = 512;
-  // QLI metadata arguments (spec 6.7), C4IndexerK groups only: the indexer's
-  // query heads (0 = do not generate the QLI blob) and head dim Di.
-  int32_t index_n_heads = kDsaIndexerHeads;
-  int32_t index_head_dim = kDsaIndexerHeadDim;
 };
 
 struct GroupInputs {
@@ -205,7 +235,8 @@ struct GroupInputs {
 // the same thread or one handed over to.
 class GroupBuilder {
  public:
-  // Sizes, device and staging come from `step` (which must outlive this).
+  // Sizes, device, staging and the model's settings come from `step` (which
+  // must outlive this).
   GroupBuilder(const StepBuilder& step, const GroupConfig& cfg);
   ~GroupBuilder();
   GroupBuilder(const GroupBuilder&) = delete;
@@ -217,6 +248,9 @@ class GroupBuilder {
   const GroupMetadata& build_for_drafting(const StepMetadata& step, const GroupInputs& in, int32_t draft_index);
 
   const GroupConfig& config() const { return cfg_; }
+  const ModelSettings& model() const { return step_.model(); }
+  // The group's cache for the step's model dims (StepBuilder::cache_dims()):
+  // dsa_kv_cache_shape(cache_spec(), num_blocks) is the shape a layer takes.
   const DsaCacheSpec& cache_spec() const { return spec_; }
   int32_t compress_ratio() const { return spec_.compress_ratio; }
   int32_t block_size() const { return static_cast<int32_t>(spec_.block_size); }
@@ -242,6 +276,8 @@ class GroupBuilder {
   GroupConfig cfg_;
   DsaCacheSpec spec_;
   SlotFormat slot_format_ = SlotFormat::BlockOffset;
+  plan::DsaGroupReads reads_ = plan::DsaGroupReads::WrittenRows;  // by kind (dsa/builder.h "Reads")
+  int32_t state_ratio_ = 0;                                       // the compressor's ratio of a state group
   std::vector<std::unique_ptr<Lane>> lanes_;
 };
 

@@ -33,7 +33,16 @@
 // Decisions where the spec is silent:
 //  - Dims are the layer's (ImplConfig): the DSV4 numbers (D 512, R 64, 64 x 128
 //    indexer) are not imposed, so small layers test on the CPU. The fp8 plans
-//    (640-byte rows) need D = 512, R = 64 (Fp8KvRowLayout).
+//    (640-byte rows) need D = 512, R = 64 (Fp8KvRowLayout). Caches of the
+//    model's dims: dsa_cache_spec(kind, cache_block_size, plan, dims) and
+//    dsa_kv_cache_shape (dsa/backend_facts.h), or GroupBuilder::cache_spec().
+//  - The window is the model's (the StepBuilder's ModelSettings, carried by
+//    GroupMetadata::window); ImplConfig::window 0 takes it, any other value is
+//    checked against it before anything is written (InvalidArgument naming
+//    window and both values).
+//  - Every cache of the tuple has at least its group's num_blocks pages
+//    (GroupMetadata::num_blocks), checked before any write (InvalidArgument
+//    naming kv_cache[i] (name), its blocks and the group's).
 //  - On plans with plain rows the attention caches' dtype is the weights' dtype
 //    (the plan's non_a5 dtype is the model dtype; float32 weights are accepted
 //    for CPU reference runs, where the caches are float32 too).
@@ -197,8 +206,10 @@ struct ImplConfig {
   int64_t head_dim = kDsaHeadDim;  // D (nope D-R, rope the last R)
   int64_t rope_dim = 64;        // R
   int64_t q_lora_rank = 0;
-  int64_t window = 128;         // W (the SWA group's window decides the attention call's)
-  int32_t compress_ratio = 1;   // 1 (0 accepted) = SWA only, 4, 128
+  // W: 0 = the SWA group's (the StepBuilder's ModelSettings::window, the one
+  // source); a layer that gives one is checked against it in forward.
+  int64_t window = 0;
+  int32_t compress_ratio = 1;   // 1 = SWA only, 4, 128 (check_compress_ratio)
   int64_t index_n_heads = kDsaIndexerHeads;  // ratio 4
   int64_t index_head_dim = kDsaIndexerHeadDim;  // Di, a power of two
   int64_t index_topk = 512;

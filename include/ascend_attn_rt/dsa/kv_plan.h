@@ -190,6 +190,7 @@ struct Fp8KvRowLayout {
 
 // DSV4 attention geometry the plan's numbers are built on (spec 1.6).
 inline constexpr int64_t kDsaHeadDim = 512;        // nope 448 + rope 64
+inline constexpr int64_t kDsaRopeDim = 64;
 inline constexpr int64_t kDsaIndexerHeadDim = 128;
 inline constexpr int64_t kDsaIndexerHeads = 64;
 

@@ -99,6 +99,8 @@ struct GroupMetadata {
   SlotFormat slot_format = SlotFormat::BlockOffset;
   int32_t num_reqs_actual = 0;
   int32_t draft_index = -1;
+  int32_t num_blocks = 0;  // the group's GroupConfig::num_blocks: a layer's cache of this group needs as many
+  int32_t window = 0;      // the step's ModelSettings::window (W); ori_win_left derives from it
 
   at::Tensor block_table;  // (B, max_blocks_per_req) int32, graph-padding rows zeroed
   at::Tensor seq_lens, query_start_loc, start_pos;  // the step's
@@ -185,7 +187,7 @@ struct LayerMetadata {
   const GroupMetadata& common() const { return attention != nullptr ? *attention : *swa; }
 };
 
-// Builds the routing of a layer of compress_ratio (0/1, 4, 128) and checks it:
+// Builds the routing of a layer of compress_ratio (1, 4, 128: check_compress_ratio) and checks it:
 // every group the ratio needs is given, no other one is (a ratio-128 layer
 // given an indexer is a wiring bug), each has the expected cache kind (swa:
 // Swa; attention: C4Kv / C128Kv by ratio; compressor_state: C4AttnState /

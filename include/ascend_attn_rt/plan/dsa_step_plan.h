@@ -156,6 +156,26 @@ struct DsaStepPlan {
 // and returns the shared plan. Nothing is written on error.
 DsaStepPlan plan_dsa_step(const DsaStepInputs& in, Span<int32_t> start_pos_out);
 
+// What a group's kernels read from its cache besides the rows the step writes
+// (DsaGroupInputs::reads), per real request b with tokens in the step (one
+// without queries nothing), S = seq_lens[b] and start = S - query length (row
+// units: compressed rows, or raw positions for ratio <= 1):
+//   WrittenRows       nothing more
+//   CompressedPrefix  rows [0, S / r): the attention over a compressed KV
+//                     cache (C128 reads them all, C4 any the top-k picks) and
+//                     the indexer's scoring of every compressed key
+//   Window            positions [max(0, start - read_window), S): the sliding
+//                     window attention's keys (read_window = the attention
+//                     call's ori_win_left)
+//   CompressorState   when the step completes a row of the compressor
+//                     (S / state_ratio > start / state_ratio), the positions
+//                     [max(0, (start / state_ratio - state_coff + 1) *
+//                     state_ratio), start) whose state it gathers
+// plan_dsa_group checks every page column of those rows like a written one:
+// inside the table row and a block id in [0, num_blocks). A kernel given an
+// id past the cache would read out of bounds on the device.
+enum class DsaGroupReads : int32_t { WrittenRows = 0, CompressedPrefix = 1, Window = 2, CompressorState = 3 };
+
 struct DsaGroupInputs {
   // compress_ratio of the group's cache spec: 0 or 1 = uncompressed (SWA and
   // its state), 4, 128, ... (any r >= 1 is planned).
@@ -177,6 +197,12 @@ struct DsaGroupInputs {
   // Rows of the full RoPE table of this group (compressor_metadata's
   // rope_cos): every emitted row's position c * r must be < this. 0 = unchecked.
   int64_t rope_positions = 0;
+  // The rows the group's kernels read (DsaGroupReads above) and their
+  // parameters: read_window >= 0 for Window; state_ratio >= 1 and state_coff
+  // >= 1 for CompressorState (the state cache is uncompressed: ratio <= 1).
+  DsaGroupReads reads = DsaGroupReads::WrittenRows;
+  int32_t read_window = 0;
+  int32_t state_ratio = 0, state_coff = 0;
 };
 
 // Caller-owned outputs. num_rows = DsaGroupPlan::num_compressed_tokens.
@@ -215,7 +241,8 @@ struct DsaGroupPlan {
 // The per-group half (spec 6.5 steps 2-3, 6.2 geometry rule, 9). Validates
 // the group against the step (storage_block_size > 0, ratio >= 0, stride >=
 // 0, table size >= B * stride, every emitted row's column < stride and its
-// block id in [0, num_blocks) (negative ids are always rejected), positions
+// block id in [0, num_blocks) (negative ids are always rejected), the same
+// for every column of the rows its kernels read (DsaGroupReads), positions
 // within rope_positions, flat slots within int32, room in every buffer), then
 // writes. For ratio <= 1 the rows are the step's tokens, so slot_mapping
 // equals format_dsa_slot_mapping of the scheduler's token slot mapping (the

@@ -10,7 +10,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
-#include <vector>
+#include <deque>
 
 namespace aar::sfa {
 
@@ -20,7 +20,8 @@ class TopkBuffer {
  public:
   // Filled with -1 (no valid index: a layer that reads before any indexer
   // layer wrote attends to nothing rather than to garbage). Both sizes must be
-  // positive.
+  // positive and their product at most 2^31 - 1 entries; a failed allocation
+  // is an InvalidArgument naming both (never a bare allocator error).
   TopkBuffer(int64_t max_num_tokens, int64_t index_topk, c10::Device device = c10::Device(c10::kCPU));
   TopkBuffer(const TopkBuffer&) = delete;
   TopkBuffer& operator=(const TopkBuffer&) = delete;
@@ -39,7 +40,9 @@ class TopkBuffer {
 
  private:
   at::Tensor buffer_;
-  mutable std::vector<at::Tensor> views_;  // by num_tokens
+  // By num_tokens, grown on demand; a deque keeps the references view()
+  // returned valid when it grows.
+  mutable std::deque<at::Tensor> views_;
 };
 
 }  // namespace aar::sfa
