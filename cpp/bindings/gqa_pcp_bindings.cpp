@@ -57,6 +57,7 @@ void bind_gqa_pcp(nb::module_& m) {
       .def_prop_ro("kv_mode", [](const cp::PcpMetadata& d) {
         return std::string(d.kv_mode == plan::PcpKvMode::Sharded ? "sharded" : "replicated");
       })
+      .def_ro("attn_state", &cp::PcpMetadata::attn_state, "the global step's state")
       .def_ro("pcp_size", &cp::PcpMetadata::pcp_size)
       .def_ro("pcp_rank", &cp::PcpMetadata::pcp_rank)
       .def_ro("dcp_size", &cp::PcpMetadata::dcp_size)

@@ -166,11 +166,16 @@ const PcpMetadata& PcpMetadataBuilder::build(const PcpBuildInputs& in) {
     max_q = std::max(max_q, qlens_[i]);
     max_s = std::max(max_s, in.seq_lens[i]);
   }
+  plan::StateInputs state_in;
+  state_in.num_computed_tokens = plan::CSpan<int32_t>(num_computed_.data(), n);
+  state_in.num_scheduled_tokens = plan::CSpan<int32_t>(qlens_.data(), n);
+  const plan::AttentionState state = plan::select_attention_state(state_in);
   if (cfg_.kv_mode == plan::PcpKvMode::Sharded) {
     build_sharded(in, num_decodes);
   } else {
     build_replicated(in);
   }
+  md_.attn_state = state;
   md_.num_reqs = md_.num_kernel_reqs = static_cast<int32_t>(n);
   md_.num_decodes = num_decodes;
   md_.num_prefills = static_cast<int32_t>(n) - num_decodes;

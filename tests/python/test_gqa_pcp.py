@@ -334,6 +334,8 @@ def test_pcp_metadata_counts_are_the_global_steps(mode):
     assert (md.num_actual_tokens, md.num_input_tokens, md.num_decode_tokens, md.num_prefill_tokens) == (6, 6, 1, 5)
     assert (md.max_query_len, md.max_seq_len) == (5, 9)
     assert md.num_local_tokens == len(b.local_token_index)
+    assert md.attn_state == aar.AttentionState.ChunkedPrefill  # the global step's (a decode and a fresh prompt)
+    assert b.build(_i32([0, 1, 2]), _i32([9, 4]), _i32([[0, 1], [2, 3]])).attn_state == aar.AttentionState.DecodeOnly
 
 
 def test_pcp_backend_contract():

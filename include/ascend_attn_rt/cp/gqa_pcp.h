@@ -129,6 +129,10 @@ struct PcpBuildInputs : core::StepInput {};
 // decodes are replicated). The rows of this rank's q/k/v/output are
 // num_local_tokens.
 struct PcpMetadata : core::StepCounts {
+  // The global step's state (plan::select_attention_state of its lengths), for
+  // engines and logs: the layers read the split. The replicated path's local
+  // GQA batch has its own (local->attn_state).
+  plan::AttentionState attn_state = plan::AttentionState::ChunkedPrefill;
   plan::PcpKvMode kv_mode = plan::PcpKvMode::Sharded;
   int32_t pcp_size = 1, pcp_rank = 0, dcp_size = 1, dcp_rank = 0;
   int32_t num_local_tokens = 0;    // rows of this rank's q/k/v/output
