@@ -21,7 +21,7 @@ std::vector<int64_t> list_of(const gqa::DcpMetadata& m, c10::IntArrayRef a) {
   return std::vector<int64_t>(a.begin(), a.end());
 }
 
-gqa::DcpBuildInputs make_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
+gqa::DcpBuildInputs dcp_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
                                 const std::optional<at::Tensor>& is_prefilling, int32_t draft_step) {
   const at::Tensor& q = borrow_tensor(qsl, "query_start_loc", false);
   const at::Tensor& s = borrow_tensor(seq_lens, "seq_lens", false);
@@ -99,7 +99,7 @@ void bind_gqa_dcp(nb::module_& m) {
           "build",
           [](gqa::DcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
              const std::optional<at::Tensor>& is_prefilling, int32_t draft_step) -> gqa::DcpMetadata {
-            return b.build(make_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, draft_step));
+            return b.build(dcp_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, draft_step));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "is_prefilling"_a = nb::none(), "draft_step"_a = -1, nb::rv_policy::move, nb::keep_alive<0, 1>(),
@@ -108,7 +108,7 @@ void bind_gqa_dcp(nb::module_& m) {
           "build_for_graph_capture",
           [](gqa::DcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
              plan::AttentionState state, const std::optional<at::Tensor>& is_prefilling) -> gqa::DcpMetadata {
-            return b.build_for_graph_capture(make_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, -1),
+            return b.build_for_graph_capture(dcp_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, -1),
                                              state);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
@@ -120,7 +120,7 @@ void bind_gqa_dcp(nb::module_& m) {
           [](gqa::DcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,
              int32_t num_input_tokens, const std::optional<at::Tensor>& is_prefilling,
              int32_t draft_step) -> gqa::DcpMetadata {
-            return b.build_for_drafting(make_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, draft_step),
+            return b.build_for_drafting(dcp_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, draft_step),
                                         draft_index);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, "draft_index"_a, nb::kw_only(),

@@ -32,7 +32,7 @@ const cp::PcpMetadata& live(const cp::PcpMetadata& m) {
   return m;
 }
 
-cp::PcpBuildInputs make_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt,
+cp::PcpBuildInputs pcp_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt,
                                const std::optional<at::Tensor>& is_prefilling) {
   const at::Tensor& q = borrow_tensor(qsl, "query_start_loc", false);
   const at::Tensor& s = borrow_tensor(seq_lens, "seq_lens", false);
@@ -117,7 +117,7 @@ void bind_gqa_pcp(nb::module_& m) {
           "build",
           [](cp::PcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt,
              const std::optional<at::Tensor>& is_prefilling) -> cp::PcpMetadata {
-            return b.build(make_inputs(qsl, seq_lens, bt, is_prefilling));
+            return b.build(pcp_inputs(qsl, seq_lens, bt, is_prefilling));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "is_prefilling"_a = nb::none(),
           nb::rv_policy::move, nb::keep_alive<0, 1>(),
@@ -127,7 +127,7 @@ void bind_gqa_pcp(nb::module_& m) {
           "build_for_graph_capture",
           [](cp::PcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt,
              plan::AttentionState state, const std::optional<at::Tensor>& is_prefilling) -> cp::PcpMetadata {
-            return b.build_for_graph_capture(make_inputs(qsl, seq_lens, bt, is_prefilling), state);
+            return b.build_for_graph_capture(pcp_inputs(qsl, seq_lens, bt, is_prefilling), state);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(),
           "state"_a = plan::AttentionState::DecodeOnly, "is_prefilling"_a = nb::none(), nb::rv_policy::move,
@@ -136,7 +136,7 @@ void bind_gqa_pcp(nb::module_& m) {
           "build_for_drafting",
           [](cp::PcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,
              const std::optional<at::Tensor>& is_prefilling) -> cp::PcpMetadata {
-            return b.build_for_drafting(make_inputs(qsl, seq_lens, bt, is_prefilling), draft_index);
+            return b.build_for_drafting(pcp_inputs(qsl, seq_lens, bt, is_prefilling), draft_index);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, "draft_index"_a, nb::kw_only(),
           "is_prefilling"_a = nb::none(), nb::rv_policy::move, nb::keep_alive<0, 1>(),
