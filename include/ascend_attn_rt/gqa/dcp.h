@@ -97,7 +97,10 @@ struct DcpBackend {
 // decode/prefill split. Of the GQA fields the layer reads block_size,
 // num_blocks, slot_mapping (this rank's local slots), attn_mask (the causal
 // mask of the current-chunk pass) and stamp. attn_state is ChunkedPrefill,
-// or the state build_for_graph_capture was given (nothing reads it).
+// or the state build_for_graph_capture was given (nothing reads it). The GQA
+// request fields (query_start_loc, seq_lens, block_tables, the length lists)
+// stay empty: hand it to DcpAttentionImpl and dcp_graph_step_params only (C++
+// would also take it where a plain GQA Metadata goes, and read an empty step).
 struct DcpMetadata : Metadata {
   plan::DcpShard shard;
   // Decode rows, one per decode token (plan::build_dcp_step), then, in a
