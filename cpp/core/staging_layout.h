@@ -53,8 +53,11 @@ class StagingLayout {
 class ViewCache {
  public:
   ViewCache() = default;
-  explicit ViewCache(int64_t max_count) : cache_(static_cast<size_t>(max_count) + 1) {}
-  void resize(int64_t max_count) { cache_.assign(static_cast<size_t>(max_count) + 1, at::Tensor()); }
+  explicit ViewCache(int64_t max_count) { resize(max_count); }
+  void resize(int64_t max_count) {
+    cache_.assign(static_cast<size_t>(max_count) + 1, at::Tensor());
+    keys_.assign(static_cast<size_t>(max_count) + 1, 0);
+  }
   // The view for `n` (0 <= n <= max_count), made by make() the first time.
   template <class Make>
   const at::Tensor& get(int64_t n, Make&& make) {
@@ -62,9 +65,23 @@ class ViewCache {
     if (!v.defined()) v = make();
     return v;
   }
+  // The same for a view that also depends on `key`, remade when the key seen
+  // for n changes: a pack_before region's offset (it moves with the sizes of
+  // the step's other packed regions), a table's width.
+  template <class Make>
+  const at::Tensor& get(int64_t n, int64_t key, Make&& make) {
+    const auto i = static_cast<size_t>(n);
+    at::Tensor& v = cache_[i];
+    if (!v.defined() || keys_[i] != key) {
+      keys_[i] = key;
+      v = make();
+    }
+    return v;
+  }
 
  private:
   std::vector<at::Tensor> cache_;
+  std::vector<int64_t> keys_;
 };
 
 // The first n elements (or n rows of `cols`) of a region of `buffer`, viewed as
