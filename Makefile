@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make test   builds everything and runs every C++ and Python test
-#   make demo   builds and runs the continuous-batching demo
+#   make demo   builds and runs the continuous-batching demo (examples/demo)
 # Both create .venv, install torch 2.13.0 (CPU) and the Python dependencies, and
 # install libgtest-dev through apt when it is missing.
 
@@ -83,11 +83,11 @@ test-python: build vllm
 test: test-cpp test-python
 
 demo: build
-	PYTHONPATH=python $(PY) -m ascend_attn_rt demo
-	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention mla
-	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention sfa
-	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --attention dsa
-	PYTHONPATH=python $(PY) -m ascend_attn_rt demo --dcp 2
+	PYTHONPATH=python:examples/demo $(PY) -m aar_demo
+	PYTHONPATH=python:examples/demo $(PY) -m aar_demo --attention mla
+	PYTHONPATH=python:examples/demo $(PY) -m aar_demo --attention sfa
+	PYTHONPATH=python:examples/demo $(PY) -m aar_demo --attention dsa
+	PYTHONPATH=python:examples/demo $(PY) -m aar_demo --dcp 2
 
 bench: build
 	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json

@@ -4,7 +4,7 @@
 // same inputs; a table of max errors per call with pass/fail against each
 // row's stated tolerance, and the open assumption each row settles.
 //
-// One table (cpp/common/verify_npu.cpp) serves both front ends: the C++
+// One table (tools/verify_npu/verify_npu.cpp) serves both front ends: the C++
 // executable `aar_verify_npu` and `python -m ascend_attn_rt verify-npu` call
 // run_verify_cli with their argument lists.
 //
@@ -56,7 +56,7 @@
 //    scale; dynamic_mx_quant's OCP scale rule (byte for byte);
 //    transpose_quant_batchmatmul's MX scale pairing.
 // Comparison rules (quantised outputs dequantised, index sets sorted, opaque
-// blobs through their kernel): cpp/common/verify_npu_cases.h.
+// blobs through their kernel): tools/verify_npu/verify_npu_cases.h.
 #pragma once
 
 #include <string>

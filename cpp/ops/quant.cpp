@@ -1,7 +1,5 @@
 // Typed wrappers for torch_npu's npu_scatter_nd_update_, npu_dynamic_quant,
-// npu_dynamic_block_quant, npu_quantize and npu_quant_matmul, and vllm-ascend's
-// _C_ascend batch_matmul_transpose.
-#include "ascend_attn_rt/ops/batch_matmul_transpose.h"
+// npu_dynamic_block_quant, npu_quantize and npu_quant_matmul.
 #include "ascend_attn_rt/ops/quant.h"
 #include "op_handle.h"
 #include "op_signatures.h"
@@ -12,7 +10,6 @@ namespace {
 detail::OpHandle<sig::ScatterNdUpdate_> g_scatter_nd("npu_scatter_nd_update_", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::DynamicQuant> g_dyn_quant("npu_dynamic_quant", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::DynamicBlockQuant> g_dyn_block_quant("npu_dynamic_block_quant", "", OpLibrary::TorchNpu);
-detail::OpHandle<sig::BatchMatmulTranspose> g_bmt("batch_matmul_transpose", "", OpLibrary::VllmAscend);
 detail::OpHandle<sig::Quantize> g_quantize("npu_quantize", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::QuantMatmul> g_quant_matmul("npu_quant_matmul", "", OpLibrary::TorchNpu);
 }  // namespace
@@ -40,15 +37,6 @@ std::tuple<at::Tensor, at::Tensor> dynamic_block_quant(const at::Tensor& x, int6
   const auto& op = g_dyn_block_quant.get(p);
   detail::DispatchGuard guard(p);
   return op.call(x, min_scale, round_mode, dst_type, row_block_size, col_block_size, dst_type_max);
-}
-
-void batch_matmul_transpose(const at::Tensor& a, const at::Tensor& b, at::Tensor& c,
-                            std::optional<c10::string_view> format_mode, std::optional<c10::string_view> quant_mode,
-                            Provider pv) {
-  const Provider p = detail::pick_provider(pv, a);
-  const auto& op = g_bmt.get(p);
-  detail::DispatchGuard guard(p);
-  op.call(a, b, c, format_mode, quant_mode);
 }
 
 at::Tensor quantize(const at::Tensor& x, const at::Tensor& scales, const std::optional<at::Tensor>& zero_points,

@@ -1127,7 +1127,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ascend_attn_rt demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m aar_demo", description=__doc__.split("\n\n")[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -1,5 +1,5 @@
 // The rows of verify-npu (include/ascend_attn_rt/verify_npu.h), private to
-// cpp/common/verify_npu*.cpp: one Case per operator call with an argument
+// tools/verify_npu/verify_npu*.cpp: one Case per operator call with an argument
 // combination a backend uses. A Case builds its inputs on the CPU from a fixed
 // seed, moves them to the side's device (`Side::to`), calls the operator
 // through the side's provider and returns its outputs on the CPU; the harness

@@ -1,8 +1,8 @@
-// Typed wrappers for the DeepSeek-V4 (DSA) operators of vllm-ascend's
-// _C_ascend (issue 12): shared-KV sparse attention (plain and A5 kv-quant), its metadata, and the
-// in-place scatter / partial RoPE helpers. Validation is the provider's.
-#include "ascend_attn_rt/ops/dsa_inplace_ops.h"
+// Typed wrappers for the DeepSeek-V4 (DSA) shared-KV sparse attention operators of vllm-ascend's
+// _C_ascend (issue 12): plain and A5 kv-quant, each with its metadata operator. Validation is the
+// provider's.
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
+
 #include "op_handle.h"
 #include "op_signatures.h"
 
@@ -17,9 +17,6 @@ detail::OpHandle<sig::KvQuantSparseAttnSharedKv> g_kvq_sas("npu_kv_quant_sparse_
                                                           OpLibrary::VllmAscend);
 detail::OpHandle<sig::KvQuantSparseAttnSharedKvMetadata> g_kvq_sas_md("npu_kv_quant_sparse_attn_sharedkv_metadata",
                                                                       "", OpLibrary::VllmAscend);
-detail::OpHandle<sig::ScatterNdUpdateV2> g_scatter_v2("npu_scatter_nd_update_v2", "", OpLibrary::VllmAscend);
-detail::OpHandle<sig::InplacePartialRotaryMul> g_partial_rope("inplace_partial_rotary_mul", "",
-                                                              OpLibrary::VllmAscend);
 
 // The metadata operator has no required tensor: the provider comes from the
 // first length tensor given, else from `pv` or the process-wide override.
@@ -76,21 +73,6 @@ at::Tensor kv_quant_sparse_attn_sharedkv_metadata(const KvQuantSparseAttnSharedK
                  a.ori_topk, a.cmp_topk, k.tile_size, k.rope_head_dim, a.cmp_ratio, a.ori_mask_mode,
                  a.cmp_mask_mode, a.ori_win_left, a.ori_win_right, a.layout_q, a.layout_kv, a.has_ori_kv,
                  a.has_cmp_kv, a.device);
-}
-
-void scatter_nd_update_v2(at::Tensor& var, const at::Tensor& indices, const at::Tensor& update, Provider pv) {
-  const Provider p = detail::pick_provider(pv, var);
-  const auto& op = g_scatter_v2.get(p);
-  detail::DispatchGuard guard(p);
-  op.call(var, indices, update);
-}
-
-void inplace_partial_rotary_mul(at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2,
-                                c10::string_view rotary_mode, c10::IntArrayRef partial_slice, Provider pv) {
-  const Provider p = detail::pick_provider(pv, x);
-  const auto& op = g_partial_rope.get(p);
-  detail::DispatchGuard guard(p);
-  op.call(x, r1, r2, rotary_mode, partial_slice);
 }
 
 }  // namespace aar::ops

@@ -1,0 +1,23 @@
+// Typed wrapper for torch_npu's npu_attention_update (namespace `npu` on the NPU).
+#include "ascend_attn_rt/ops/attention_update.h"
+
+#include "attention_update_check.h"
+#include "op_handle.h"
+#include "op_signatures.h"
+
+namespace aar::ops {
+
+namespace {
+detail::OpHandle<sig::AttentionUpdate> g_attn_update("npu_attention_update", "", OpLibrary::TorchNpu);
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
+                                                    int64_t update_type, Provider pv) {
+  detail::check_attention_update_args(lse, local_out, update_type, "attention_update");
+  const Provider p = detail::pick_provider(pv, lse[0]);
+  const auto& op = g_attn_update.get(p);
+  detail::DispatchGuard guard(p);
+  return op.call(lse, local_out, update_type);
+}
+
+}  // namespace aar::ops
