@@ -41,8 +41,21 @@ class StagingLayout {
   // alignment allows; writes their offsets. Returns the first offset. Builders
   // whose token-sized regions precede the fixed ones use it so one copy from the
   // first used word to the end covers a step, whatever its size.
+  // Inline: called once per build and packed region, where the alignment is
+  // the constant default and folds to shifts.
   static int64_t pack_before(int64_t end, std::initializer_list<std::pair<int64_t*, int64_t>> regions,
-                             int64_t align = kStagingAlignWords);
+                             int64_t align = kStagingAlignWords) {
+    int64_t total = 0;
+    for (const auto& [offset, words] : regions) total += align_words(words, align);
+    int64_t at = end - total;
+    at -= ((at % align) + align) % align;  // round down to the alignment
+    const int64_t first = at;
+    for (const auto& [offset, words] : regions) {
+      *offset = at;
+      at += align_words(words, align);
+    }
+    return first;
+  }
 
  private:
   std::vector<std::pair<std::string, Region>> regions_;
