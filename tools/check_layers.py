@@ -99,13 +99,6 @@ ALLOWED_FOR_NOW = [
     ("cpp/mla/impl.cpp", "include/ascend_attn_rt/cp/comm.h"),
     ("cpp/mla/impl.cpp", "include/ascend_attn_rt/cp/dcp.h"),
     ("cpp/mla/latent_ops.cpp", "include/ascend_attn_rt/cp/comm.h"),
-    # plan -> dsa: two torch-free DSA headers that the plan library implements sit in dsa/ (they
-    # belong in plan/).
-    ("cpp/plan/dsa_backend_facts.cpp", "include/ascend_attn_rt/dsa/backend_facts.h"),
-    ("cpp/plan/dsa_kv_plan.cpp", "include/ascend_attn_rt/dsa/kv_plan.h"),
-    # plan -> core: the CPU feature probe the DSA row planner dispatches on is in cpp/common (it is
-    # standard C++ and belongs in cpp/plan).
-    ("cpp/plan/dsa_step_plan.cpp", "cpp/common/cpu_features.h"),
 ]
 
 SCANNED = ("include", "cpp", "tools/verify_npu")

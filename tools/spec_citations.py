@@ -162,9 +162,9 @@ EXTRA: list[tuple[str, str, str]] = [
     ("tests/cpp/test_plan_dsa_step.cpp", r"the (?P<sec>6\.2) geometry", "sparse.md"),
     ("include/ascend_attn_rt/ops/dsa_compressor.h", r"\(A5, (?P<sec>1\.6\.3) last bullet\)", "sparse.md"),
     ("include/ascend_attn_rt/ops/lightning_indexer.h", r"Score as (?P<sec>1\.2\.1)\b", "sparse.md"),
-    ("include/ascend_attn_rt/dsa/kv_plan.h", r"facts of (?P<sec>6\.1) /", "sparse.md"),
-    ("include/ascend_attn_rt/dsa/kv_plan.h", r"facts of 6\.1 /\n// (?P<sec>6\.2) that", "sparse.md"),
-    ("include/ascend_attn_rt/dsa/kv_plan.h", r"non_a5_dtype of (?P<sec>7\.2):", "sparse.md"),
+    ("include/ascend_attn_rt/plan/dsa_kv_plan.h", r"facts of (?P<sec>6\.1) /", "sparse.md"),
+    ("include/ascend_attn_rt/plan/dsa_kv_plan.h", r"facts of 6\.1 /\n// (?P<sec>6\.2) that", "sparse.md"),
+    ("include/ascend_attn_rt/plan/dsa_kv_plan.h", r"non_a5_dtype of (?P<sec>7\.2):", "sparse.md"),
     ("tests/python/test_dsa_plan.py", r"(?:descriptors|cache specs) of (?P<sec>6\.[12])\b", "sparse.md"),
     ("tests/cpp/test_plan_dsa_kv_plan.cpp", r'// (?P<sec>7\.2) (?:base plan|"A5 other")', "sparse.md"),
     ("cpp/bindings/dsa_bindings.cpp", r"cache's spec \((?P<sec>6\.2)\)", "sparse.md"),
@@ -210,7 +210,7 @@ RESIDUAL = re.compile(r"(?<!OCP )\b[Tt]he spec\b(?![ \t]+(?:decode|tokens?)\b)|(
                       r"|(?<![\w/.])(?:gqa|mla|sparse|cp)\.md\b")
 # Text RESIDUAL matches that is about something else: (path, regex of the line).
 RESIDUAL_OK: list[tuple[str, str]] = [
-    ("include/ascend_attn_rt/dsa/backend_facts.h", r"The spec of one cache kind"),  # a DSA cache spec
+    ("include/ascend_attn_rt/plan/dsa_backend_facts.h", r"The spec of one cache kind"),  # a DSA cache spec
 ]
 
 

@@ -240,17 +240,23 @@ struct RoutedLayer {
 
 void bind_dsa_builders(nb::module_& m) {
   nb::class_<dsa::StepMetadata>(m, "StepMetadata", "The per-step shared DSA metadata (dsa/metadata.h).")
-      .def_ro("num_reqs", &dsa::StepMetadata::num_reqs)
-      .def_ro("num_reqs_actual", &dsa::StepMetadata::num_reqs_actual)
-      .def_ro("num_actual_tokens", &dsa::StepMetadata::num_actual_tokens)
+      .def_ro("num_reqs", &dsa::StepMetadata::num_reqs, "real requests (graph padding excluded)")
+      .def_ro("num_kernel_reqs", &dsa::StepMetadata::num_kernel_reqs,
+              "requests the kernels see: B, graph-padding requests included")
+      .def_prop_ro("num_reqs_actual", [](const dsa::StepMetadata& s) { return s.num_reqs; }, "alias of num_reqs")
+      .def_ro("num_actual_tokens", &dsa::StepMetadata::num_actual_tokens, "the real requests' tokens")
+      .def_ro("num_kernel_tokens", &dsa::StepMetadata::num_kernel_tokens,
+              "query_start_loc[B]: the tokens of all B requests, padding requests' included")
       .def_ro("num_input_tokens", &dsa::StepMetadata::num_input_tokens)
       .def_ro("num_decodes", &dsa::StepMetadata::num_decodes)
       .def_ro("num_decode_tokens", &dsa::StepMetadata::num_decode_tokens)
       .def_ro("num_prefills", &dsa::StepMetadata::num_prefills)
       .def_ro("num_prefill_tokens", &dsa::StepMetadata::num_prefill_tokens)
+      .def_ro("max_query_len", &dsa::StepMetadata::max_query_len, "over the real requests")
+      .def_ro("max_seq_len", &dsa::StepMetadata::max_seq_len, "over the real requests")
       .def_ro("decode_threshold", &dsa::StepMetadata::decode_threshold)
-      .def_ro("max_seqlen_q", &dsa::StepMetadata::max_seqlen_q)
-      .def_ro("max_seqlen_kv", &dsa::StepMetadata::max_seqlen_kv)
+      .def_ro("max_seqlen_q", &dsa::StepMetadata::max_seqlen_q, "over all B requests (the kernels')")
+      .def_ro("max_seqlen_kv", &dsa::StepMetadata::max_seqlen_kv, "over all B requests (the kernels')")
       .def_ro("attn_state", &dsa::StepMetadata::attn_state)
       .def_ro("draft_index", &dsa::StepMetadata::draft_index)
       .def_prop_ro("has_prefill", &dsa::StepMetadata::has_prefill)
@@ -290,7 +296,9 @@ void bind_dsa_builders(nb::module_& m) {
       .def_ro("block_size", &dsa::GroupMetadata::block_size)
       .def_ro("storage_block_size", &dsa::GroupMetadata::storage_block_size)
       .def_prop_ro("slot_format", [](const dsa::GroupMetadata& g) { return std::string(dsa::to_string(g.slot_format)); })
-      .def_ro("num_reqs_actual", &dsa::GroupMetadata::num_reqs_actual)
+      .def_ro("num_reqs", &dsa::GroupMetadata::num_reqs, "the step's real requests")
+      .def_ro("num_kernel_reqs", &dsa::GroupMetadata::num_kernel_reqs, "the step's B (the block table's rows)")
+      .def_prop_ro("num_reqs_actual", [](const dsa::GroupMetadata& g) { return g.num_reqs; }, "alias of num_reqs")
       .def_ro("draft_index", &dsa::GroupMetadata::draft_index)
       .def_ro("num_blocks", &dsa::GroupMetadata::num_blocks)
       .def_ro("window", &dsa::GroupMetadata::window)
@@ -738,13 +746,14 @@ void bind_dsa_impl(nb::module_& m) {
           "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0)
       .def(
           "forward",
-          [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, const RoutedLayer& metadata,
+          [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, const RoutedLayer* metadata,
              const at::Tensor& output, sfa::TopkBuffer* topk_buffer) -> at::Tensor {
-            return self.forward(hidden, kv_list(kv_cache), &metadata.md, output, topk_buffer);
+            return self.forward(hidden, kv_list(kv_cache), metadata != nullptr ? &metadata->md : nullptr, output,
+                                topk_buffer);
           },
-          "hidden"_a, "kv_cache"_a, "metadata"_a, "output"_a, nb::kw_only(), "topk_buffer"_a.none() = nb::none(),
-          "Spec 6.8 with route_layer's result as it is (the routing it checked is used, not made again). Returns "
-          "output.")
+          "hidden"_a, "kv_cache"_a, "metadata"_a.none(), "output"_a, nb::kw_only(), "topk_buffer"_a.none() = nb::none(),
+          "Spec 6.8 with route_layer's result as it is (the routing it checked is used, not made again); "
+          "metadata=None: profiling run (output zero-filled). Returns output.")
       .def(
           "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, nb::handle step, nb::handle swa,

@@ -17,19 +17,41 @@ namespace aar::bindings {
 namespace {
 
 std::vector<int64_t> list_of(const gqa::DcpMetadata& m, c10::IntArrayRef a) {
-  check_current(m.base.stamp, "metadata");
+  check_current(m.stamp, "metadata");
   return std::vector<int64_t>(a.begin(), a.end());
+}
+
+gqa::DcpBuildInputs dcp_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
+                                const std::optional<at::Tensor>& is_prefilling, int32_t draft_step) {
+  const at::Tensor& q = borrow_tensor(qsl, "query_start_loc", false);
+  const at::Tensor& s = borrow_tensor(seq_lens, "seq_lens", false);
+  const at::Tensor& t = borrow_tensor(bt, "block_table", false);
+  gqa::DcpBuildInputs in;
+  in.query_start_loc = i32_span(q, "query_start_loc");
+  in.seq_lens = i32_span(s, "seq_lens");
+  in.block_table = i32_span(t, "block_table", 2);
+  in.block_table_stride = static_cast<int32_t>(t.size(1));
+  in.num_input_tokens = num_input_tokens;
+  in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
+  in.draft_step = draft_step;
+  return in;
 }
 
 void bind_gqa_dcp(nb::module_& m) {
   nb::class_<gqa::DcpMetadata>(m, "DcpMetadata")
-      .def_prop_ro("num_actual_tokens", [](const gqa::DcpMetadata& d) { return d.base.num_actual_tokens; })
-      .def_prop_ro("num_input_tokens", [](const gqa::DcpMetadata& d) { return d.base.num_input_tokens; })
-      .def_prop_ro("num_decodes", [](const gqa::DcpMetadata& d) { return d.base.num_decodes; })
-      .def_prop_ro("num_prefills", [](const gqa::DcpMetadata& d) { return d.base.num_prefills; })
-      .def_prop_ro("num_decode_tokens", [](const gqa::DcpMetadata& d) { return d.base.num_decode_tokens; })
+      .def_ro("num_reqs", &gqa::DcpMetadata::num_reqs, "scheduled (real) requests")
+      .def_ro("num_kernel_reqs", &gqa::DcpMetadata::num_kernel_reqs,
+              "num_reqs plus the padding decode rows of a graph bucket")
+      .def_ro("num_actual_tokens", &gqa::DcpMetadata::num_actual_tokens)
+      .def_ro("num_input_tokens", &gqa::DcpMetadata::num_input_tokens)
+      .def_ro("num_decodes", &gqa::DcpMetadata::num_decodes)
+      .def_ro("num_prefills", &gqa::DcpMetadata::num_prefills)
+      .def_ro("num_decode_tokens", &gqa::DcpMetadata::num_decode_tokens)
       .def_ro("num_prefill_tokens", &gqa::DcpMetadata::num_prefill_tokens)
-      .def_prop_ro("slot_mapping", [](const gqa::DcpMetadata& d) { return d.base.slot_mapping; })
+      .def_ro("max_query_len", &gqa::DcpMetadata::max_query_len)
+      .def_ro("max_seq_len", &gqa::DcpMetadata::max_seq_len)
+      .def_ro("attn_state", &gqa::DcpMetadata::attn_state)
+      .def_ro("slot_mapping", &gqa::DcpMetadata::slot_mapping)
       .def_ro("decode_kernel_rows", &gqa::DcpMetadata::decode_kernel_rows)
       .def_ro("decode_block_tables", &gqa::DcpMetadata::decode_block_tables)
       .def_prop_ro("decode_q_ends", [](const gqa::DcpMetadata& d) { return list_of(d, d.decode_q_ends); })
@@ -46,7 +68,7 @@ void bind_gqa_dcp(nb::module_& m) {
       .def_prop_ro("dcp_world", [](const gqa::DcpMetadata& d) { return d.shard.world; })
       .def_prop_ro("dcp_rank", [](const gqa::DcpMetadata& d) { return d.shard.rank; })
       .def_prop_ro("interleave", [](const gqa::DcpMetadata& d) { return d.shard.interleave; })
-      .def_prop_ro("is_current", [](const gqa::DcpMetadata& d) { return d.base.stamp.current(); });
+      .def_prop_ro("is_current", [](const gqa::DcpMetadata& d) { return d.stamp.current(); });
 
   nb::class_<gqa::DcpMetadataBuilder>(m, "DcpMetadataBuilder")
       .def(
@@ -77,22 +99,35 @@ void bind_gqa_dcp(nb::module_& m) {
           "build",
           [](gqa::DcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
              const std::optional<at::Tensor>& is_prefilling, int32_t draft_step) -> gqa::DcpMetadata {
-            const at::Tensor& q = borrow_tensor(qsl, "query_start_loc", false);
-            const at::Tensor& s = borrow_tensor(seq_lens, "seq_lens", false);
-            const at::Tensor& t = borrow_tensor(bt, "block_table", false);
-            gqa::DcpBuildInputs in;
-            in.query_start_loc = i32_span(q, "query_start_loc");
-            in.seq_lens = i32_span(s, "seq_lens");
-            in.block_table = i32_span(t, "block_table", 2);
-            in.block_table_stride = static_cast<int32_t>(t.size(1));
-            in.num_input_tokens = num_input_tokens;
-            in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
-            in.draft_step = draft_step;
-            return b.build(in);
+            return b.build(dcp_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, draft_step));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
           "is_prefilling"_a = nb::none(), "draft_step"_a = -1, nb::rv_policy::move, nb::keep_alive<0, 1>(),
           "A stamped copy of the builder's metadata; stale after the next build.")
+      .def(
+          "build_for_graph_capture",
+          [](gqa::DcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
+             plan::AttentionState state, const std::optional<at::Tensor>& is_prefilling) -> gqa::DcpMetadata {
+            return b.build_for_graph_capture(dcp_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, -1),
+                                             state);
+          },
+          "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
+          "state"_a = plan::AttentionState::DecodeOnly, "is_prefilling"_a = nb::none(), nb::rv_policy::move,
+          nb::keep_alive<0, 1>(),
+          "build() for a capture of `state` (DecodeOnly or SpecDecoding; others raise NotImplementedError).")
+      .def(
+          "build_for_drafting",
+          [](gqa::DcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,
+             int32_t num_input_tokens, const std::optional<at::Tensor>& is_prefilling,
+             int32_t draft_step) -> gqa::DcpMetadata {
+            return b.build_for_drafting(dcp_inputs(qsl, seq_lens, bt, num_input_tokens, is_prefilling, draft_step),
+                                        draft_index);
+          },
+          "query_start_loc"_a, "seq_lens"_a, "block_table"_a, "draft_index"_a, nb::kw_only(),
+          "num_input_tokens"_a = 0, "is_prefilling"_a = nb::none(), "draft_step"_a = -1, nb::rv_policy::move,
+          nb::keep_alive<0, 1>(),
+          "A draft model's step: build() over the draft step's own seq_lens (draft_step, if given, must equal "
+          "draft_index); the previous metadata becomes stale.")
       .def_prop_ro("decode_threshold", &gqa::DcpMetadataBuilder::decode_threshold);
 
   nb::class_<gqa::DcpAttentionImpl>(m, "DcpAttentionImpl")
@@ -114,7 +149,7 @@ void bind_gqa_dcp(nb::module_& m) {
       .def(
           "forward",
           [](gqa::DcpAttentionImpl& impl, nb::handle query, nb::handle key, nb::handle value, nb::handle key_cache,
-             nb::handle value_cache, const gqa::DcpMetadata& md, nb::handle output) -> nb::object {
+             nb::handle value_cache, const gqa::DcpMetadata* md, nb::handle output) -> nb::object {
             const at::Tensor& k = borrow_tensor(key, "key", true);
             const at::Tensor& v = borrow_tensor(value, "value", true);
             std::optional<at::Tensor> ko, vo;
@@ -131,8 +166,8 @@ void bind_gqa_dcp(nb::module_& m) {
             }
             return nb::borrow(output);
           },
-          "query"_a, "key"_a.none(), "value"_a.none(), "key_cache"_a.none(), "value_cache"_a.none(), "metadata"_a,
-          "output"_a)
+          "query"_a, "key"_a.none(), "value"_a.none(), "key_cache"_a.none(), "value_cache"_a.none(),
+          "metadata"_a.none(), "output"_a, "metadata=None: a profiling run (output zero-filled, no collective).")
       .def_prop_ro("num_heads", [](const gqa::DcpAttentionImpl& i) { return i.config().num_heads; })
       .def_prop_ro("num_kv_heads", [](const gqa::DcpAttentionImpl& i) { return i.config().num_kv_heads; })
       .def_prop_ro("head_size", [](const gqa::DcpAttentionImpl& i) { return i.config().head_size; });

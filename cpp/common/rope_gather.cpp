@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "ascend_attn_rt/errors.h"
-#include "cpu_features.h"
+#include "../plan/cpu_features.h"
 
 namespace aar::detail {
 

@@ -22,20 +22,6 @@ std::string StagingLayout::describe() const {
   return os.str();
 }
 
-int64_t StagingLayout::pack_before(int64_t end, std::initializer_list<std::pair<int64_t*, int64_t>> regions,
-                                   int64_t align) {
-  int64_t total = 0;
-  for (const auto& [offset, words] : regions) total += align_words(words, align);
-  int64_t at = end - total;
-  at -= ((at % align) + align) % align;  // round down to the alignment
-  const int64_t first = at;
-  for (const auto& [offset, words] : regions) {
-    *offset = at;
-    at += align_words(words, align);
-  }
-  return first;
-}
-
 RegionViews::RegionViews(at::Tensor buffer, Region r, int64_t max_count, at::ScalarType dtype, int64_t cols)
     : buffer_(std::move(buffer)), region_(r), dtype_(dtype), cols_(cols), cache_(max_count) {}
 

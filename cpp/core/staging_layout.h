@@ -41,8 +41,21 @@ class StagingLayout {
   // alignment allows; writes their offsets. Returns the first offset. Builders
   // whose token-sized regions precede the fixed ones use it so one copy from the
   // first used word to the end covers a step, whatever its size.
+  // Inline: called once per build and packed region, where the alignment is
+  // the constant default and folds to shifts.
   static int64_t pack_before(int64_t end, std::initializer_list<std::pair<int64_t*, int64_t>> regions,
-                             int64_t align = kStagingAlignWords);
+                             int64_t align = kStagingAlignWords) {
+    int64_t total = 0;
+    for (const auto& [offset, words] : regions) total += align_words(words, align);
+    int64_t at = end - total;
+    at -= ((at % align) + align) % align;  // round down to the alignment
+    const int64_t first = at;
+    for (const auto& [offset, words] : regions) {
+      *offset = at;
+      at += align_words(words, align);
+    }
+    return first;
+  }
 
  private:
   std::vector<std::pair<std::string, Region>> regions_;
@@ -53,8 +66,11 @@ class StagingLayout {
 class ViewCache {
  public:
   ViewCache() = default;
-  explicit ViewCache(int64_t max_count) : cache_(static_cast<size_t>(max_count) + 1) {}
-  void resize(int64_t max_count) { cache_.assign(static_cast<size_t>(max_count) + 1, at::Tensor()); }
+  explicit ViewCache(int64_t max_count) { resize(max_count); }
+  void resize(int64_t max_count) {
+    cache_.assign(static_cast<size_t>(max_count) + 1, at::Tensor());
+    keys_.assign(static_cast<size_t>(max_count) + 1, 0);
+  }
   // The view for `n` (0 <= n <= max_count), made by make() the first time.
   template <class Make>
   const at::Tensor& get(int64_t n, Make&& make) {
@@ -62,9 +78,23 @@ class ViewCache {
     if (!v.defined()) v = make();
     return v;
   }
+  // The same for a view that also depends on `key`, remade when the key seen
+  // for n changes: a pack_before region's offset (it moves with the sizes of
+  // the step's other packed regions), a table's width.
+  template <class Make>
+  const at::Tensor& get(int64_t n, int64_t key, Make&& make) {
+    const auto i = static_cast<size_t>(n);
+    at::Tensor& v = cache_[i];
+    if (!v.defined() || keys_[i] != key) {
+      keys_[i] = key;
+      v = make();
+    }
+    return v;
+  }
 
  private:
   std::vector<at::Tensor> cache_;
+  std::vector<int64_t> keys_;
 };
 
 // The first n elements (or n rows of `cols`) of a region of `buffer`, viewed as

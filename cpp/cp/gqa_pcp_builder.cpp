@@ -13,6 +13,7 @@
 #include "ascend_attn_rt/plan/pcp_step_plan.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
 #include "../common/staging.h"
+#include "../core/staging_layout.h"
 
 namespace aar::cp {
 
@@ -32,7 +33,19 @@ plan::SlotMappingInputs slot_inputs(const PcpBuildInputs& in, const PcpConfig& c
   return si;
 }
 
+// The sharded path's lists, one region per list, are sized by the step (the
+// batch's decode tokens, chunks and head/tail KV counts): they are packed per
+// build at the end of one region (StagingLayout::pack_before), so one copy of
+// the used tail moves them all.
+constexpr int kShardedLists = 13;
+
 }  // namespace
+
+struct PcpMetadataBuilder::Staging {
+  core::Region lists;        // sharded: the per-step packed lists
+  core::Region write_slots;  // replicated
+  core::RegionViews write_slots_dev;
+};
 
 PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
   internal::check_builder_sizes<gqa::Backend>(cfg);
@@ -66,14 +79,24 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
   const int64_t G = Wp * Tm + 2 * Wp * Nm;
   const int64_t C = G / Wp;  // >= sum c_i
   cap_ = G;
-  const bool separate = !cfg.device.is_cpu();
-  int64_t words = 0;
+  core::StagingLayout layout;
+  st_ = std::make_unique<Staging>();
+  int slot_base = 0;
   if (cfg.kv_mode == plan::PcpKvMode::Sharded) {
-    words = 3 * G + Tm + (6 + 3 * Wp) * C + (Nm + Wp * Nm) * mb;
+    // Every list at its bound, plus each one's alignment padding.
+    const int64_t words = 3 * G + Tm + (6 + 3 * Wp) * C + (Nm + Wp * Nm) * mb;
+    st_->lists = layout.add("sharded_lists", words + (kShardedLists + 1) * core::kStagingAlignWords);
   } else {
-    words = 2 * Wp * Tm;
+    // Td + Wp (P - Td) <= Wp P slots, and P <= Tm (a rank's rows are at most the batch's).
+    st_->write_slots = layout.add("write_slots", Wp * Tm);
+    // Hooks shared with the inner GQA builder (its buffers are slots [0, n)) see ours after them.
+    if (cfg.staging_hooks) slot_base = cfg.staging_buffers;
   }
-  buffers_ = std::make_unique<detail::StagingBuffers>(words, cfg.device, separate, 2, nullptr);
+  buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), cfg.device, cfg.separate(),
+                                                      cfg.staging_buffers, cfg.staging_hooks, slot_base);
+  if (cfg.kv_mode == plan::PcpKvMode::Replicated) {
+    st_->write_slots_dev = core::RegionViews(buffers_->device(), st_->write_slots, Wp * Tm, at::kInt);
+  }
 
   flags_.assign(Nm, 0);
   qlens_.assign(Nm, 0);
@@ -90,13 +113,11 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
   ctx_q_ends_.assign(Wp * Nm, 0);
   ctx_kv_lens_.assign(Wp * Nm, 0);
   if (cfg.kv_mode == plan::PcpKvMode::Replicated) {
+    // The rank's segments as an ordinary GQA batch: the same core (geometry,
+    // staging), at most 2 N + 1 rows.
     gqa::BuilderConfig b;
+    static_cast<core::BuilderCore&>(b) = cfg;
     b.max_num_reqs = static_cast<int32_t>(2 * Nm + 1);
-    b.max_num_tokens = cfg.max_num_tokens;
-    b.max_blocks_per_req = cfg.max_blocks_per_req;
-    b.block_size = cfg.block_size;
-    b.num_blocks = cfg.num_blocks;
-    b.device = cfg.device;
     inner_ = std::make_unique<gqa::MetadataBuilder>(b);
     segments_.resize(2 * Nm + 1);
     local_qsl_.assign(2 * Nm + 2, 0);
@@ -104,6 +125,7 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
     local_pref_.assign(2 * Nm + 1, 0);
     local_bt_.assign((2 * Nm + 1) * mb, 0);
     token_slots_.assign(Tm, 0);
+    expanded_slots_.assign(Wp * Tm, 0);
     u8_.reserve(Tm);
   } else {
     gqa::MaskBuilder masks(cfg.device);
@@ -120,42 +142,66 @@ PcpMetadataBuilder::~PcpMetadataBuilder() = default;
 
 const PcpMetadata& PcpMetadataBuilder::build(const PcpBuildInputs& in) {
   const size_t n = in.seq_lens.size();
-  AAR_CHECK_ARG(n <= static_cast<size_t>(cfg_.max_num_reqs), "num_reqs=", n,
-                " (seq_lens entries) exceeds the builder's max_num_reqs=", cfg_.max_num_reqs);
+  core::check_step_fits(in, cfg_, cfg_.max_blocks_per_req);
+  core::refuse_unread(in, core::kAttnState | core::kNumSpecTokens | core::kReqIds,
+                      "the GQA PCP builder (no forced state, no speculative decode, no per-request state)");
   AAR_CHECK_ARG(in.query_start_loc.size() == n + 1, "query_start_loc has ", in.query_start_loc.size(),
                 " entries, expected num_reqs + 1 = ", n + 1);
-  AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table_stride <= cfg_.max_blocks_per_req, "block_table has ",
-                in.block_table_stride, " columns, more than the builder's max_blocks_per_req=",
-                cfg_.max_blocks_per_req);
+  AAR_CHECK_ARG(in.block_table_stride >= 0, "block_table_stride must be >= 0, got ", in.block_table_stride);
   AAR_CHECK_ARG(in.block_table.size() == n * static_cast<size_t>(in.block_table_stride), "block_table has ",
                 in.block_table.size(), " entries, expected num_reqs * block_table_stride = ",
                 n * static_cast<size_t>(in.block_table_stride));
   const int32_t num_decodes = plan::pcp_split_flags(in.query_start_loc, in.is_prefilling,
                                                     plan::Span<uint8_t>(flags_.data(), n));
-  const int32_t total = in.query_start_loc[n];
-  AAR_CHECK_ARG(total <= cfg_.max_num_tokens, "num_tokens=query_start_loc[-1]=", total,
-                " exceeds the builder's max_num_tokens=", cfg_.max_num_tokens);
+  const int32_t total = in.query_start_loc[n];  // <= max_num_tokens (check_step_fits)
+  // Graph padding is not PCP's (no capture): only the unpadded count.
+  AAR_CHECK_ARG(in.num_input_tokens == 0 || in.num_input_tokens == total, "num_input_tokens=", in.num_input_tokens,
+                ": the GQA PCP builder pads no step (no graph capture); give 0 or query_start_loc[-1]=", total);
+  int32_t max_q = 0, max_s = 0;
   for (size_t i = 0; i < n; ++i) {
     qlens_[i] = in.query_start_loc[i + 1] - in.query_start_loc[i];
     AAR_CHECK_ARG(in.seq_lens[i] >= qlens_[i], "seq_lens[", i, "]=", in.seq_lens[i],
                   " is smaller than its query length ", qlens_[i]);
     num_computed_[i] = in.seq_lens[i] - qlens_[i];
+    max_q = std::max(max_q, qlens_[i]);
+    max_s = std::max(max_s, in.seq_lens[i]);
   }
+  plan::StateInputs state_in;
+  state_in.num_computed_tokens = plan::CSpan<int32_t>(num_computed_.data(), n);
+  state_in.num_scheduled_tokens = plan::CSpan<int32_t>(qlens_.data(), n);
+  const plan::AttentionState state = plan::select_attention_state(state_in);
   if (cfg_.kv_mode == plan::PcpKvMode::Sharded) {
     build_sharded(in, num_decodes);
   } else {
     build_replicated(in);
   }
-  md_.num_reqs = static_cast<int32_t>(n);
+  md_.attn_state = state;
+  md_.num_reqs = md_.num_kernel_reqs = static_cast<int32_t>(n);
   md_.num_decodes = num_decodes;
   md_.num_prefills = static_cast<int32_t>(n) - num_decodes;
-  md_.num_actual_tokens = total;
+  md_.num_actual_tokens = md_.num_input_tokens = total;
+  md_.num_prefill_tokens = total - md_.num_decode_tokens;
+  md_.max_query_len = max_q;
+  md_.max_seq_len = max_s;
   bool ctx = false;
   for (size_t i = num_decodes; i < n; ++i) ctx = ctx || num_computed_[i] > 0;
   md_.has_context = ctx;
   counter_.next(md_.stamp);
   return md_;
 }
+
+const PcpMetadata& PcpMetadataBuilder::build_for_graph_capture(const PcpBuildInputs&, plan::AttentionState state) {
+  // PcpBackend::facts() declares no capturable state: a PCP forward is never captured.
+  throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
+                      " cannot be captured: graph capture of GQA PCP is not supported");
+}
+
+const PcpMetadata& PcpMetadataBuilder::build_for_drafting(const PcpBuildInputs& in, int32_t draft_index) {
+  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  return build(in);
+}
+
+static_assert(core::is_builder_v<PcpMetadataBuilder>, "cp::PcpMetadataBuilder follows the builder contract");
 
 void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
   const size_t n = in.seq_lens.size();
@@ -183,16 +229,16 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
 
   // --- host lists and the staging buffer ---
   int32_t* s = buffers_->begin();
-  int64_t off = 0;
-  auto take = [&](int64_t len) {
-    const int64_t o = off;
-    off += len;
-    return o;
-  };
-  const int64_t o_slots = take(G), o_restore = take(G), o_dslots = take(Td), o_qh = take(C), o_qt = take(C),
-                o_hn = take(ht.head_nomask_tokens), o_hm = take(C), o_tn = take(ht.tail_nomask_tokens),
-                o_tm = take(C), o_qf = take(2 * C), o_dbt = take(nd * stride), o_cbt = take(Wp * np * stride),
-                o_crow = take(sz.local_prefill_tokens);
+  int64_t o_slots, o_restore, o_dslots, o_qh, o_qt, o_hn, o_hm, o_tn, o_tm, o_qf, o_dbt, o_cbt, o_crow;
+  const core::Region& lists = st_->lists;
+  const int64_t first = core::StagingLayout::pack_before(
+      lists.end(), {{&o_slots, G}, {&o_restore, G}, {&o_dslots, Td}, {&o_qh, C}, {&o_qt, C},
+                    {&o_hn, ht.head_nomask_tokens}, {&o_hm, C}, {&o_tn, ht.tail_nomask_tokens}, {&o_tm, C},
+                    {&o_qf, 2 * C}, {&o_dbt, nd * stride}, {&o_cbt, Wp * np * stride},
+                    {&o_crow, sz.local_prefill_tokens}});
+  // Holds by the bounds the region was sized with (G <= cap_ above).
+  AAR_CHECK_ARG(first >= lists.offset, "the sharded PCP lists of this step need ", lists.end() - first,
+                " staging words, more than the builder's ", lists.words);
   plan::pcp_padded_slot_mapping(sp, plan::CSpan<int32_t>(token_slots_.data(), total),
                                 plan::Span<int32_t>(s + o_slots, G));
   plan::pcp_restore_index(sp, plan::Span<int32_t>(s + o_restore, G));
@@ -245,7 +291,7 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
       }
     }
   }
-  buffers_->copy(0, off);
+  buffers_->copy(first, lists.end() - first);
   buffers_->finish();
 
   const at::Tensor& dev = buffers_->device();
@@ -297,6 +343,10 @@ void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
   seg.is_prefilling = plan::CSpan<uint8_t>(flags_.data(), n);
   seg.pcp_size = Wp;
   const int32_t P = plan::pcp_padded_local_tokens(seg);
+  // Holds (a rank's rows are at most the batch's, or the one dummy row); the
+  // expanded mapping and write-slot region are sized by it.
+  AAR_CHECK_ARG(P <= cfg_.max_num_tokens, "the rank's padded rows P=", P, " exceed max_num_tokens=",
+                cfg_.max_num_tokens);
   plan::PcpLocalBatchBuffers lb;
   lb.query_start_loc = plan::Span<int32_t>(local_qsl_.data(), local_qsl_.size());
   lb.seq_lens = plan::Span<int32_t>(local_seq_.data(), local_seq_.size());
@@ -324,18 +374,19 @@ void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
   bi.is_prefilling = plan::CSpan<uint8_t>(local_pref_.data(), rows);
   const gqa::Metadata& local = inner_->build(bi);
 
-  // The expanded mapping (spec 3.6) and the write slots of cat(K[:Td], gathered).
-  int32_t* s = buffers_->begin();
+  // The expanded mapping (spec 3.6, host scratch) and the write slots of
+  // cat(K[:Td], gathered), the one region a layer reads.
   const int64_t G = static_cast<int64_t>(Wp) * P;
-  plan::pcp_expanded_slot_mapping(seg, plan::CSpan<int32_t>(token_slots_.data(), total),
-                                  plan::Span<int32_t>(s, G));
+  int32_t* e = expanded_slots_.data();
+  plan::pcp_expanded_slot_mapping(seg, plan::CSpan<int32_t>(token_slots_.data(), total), plan::Span<int32_t>(e, G));
+  int32_t* s = buffers_->begin();
   const int64_t nw = td + static_cast<int64_t>(Wp) * (P - td);
-  int32_t* w = s + G;
-  std::copy_n(s, td, w);  // rank 0's row: the decode copies' real slots
-  for (int32_t j = 0; j < Wp; ++j) std::copy_n(s + j * P + td, P - td, w + td + j * (P - td));
-  buffers_->copy(0, G + nw);
+  int32_t* w = s + st_->write_slots.offset;
+  std::copy_n(e, td, w);  // rank 0's row: the decode copies' real slots
+  for (int32_t j = 0; j < Wp; ++j) std::copy_n(e + j * P + td, P - td, w + td + j * (P - td));
+  buffers_->copy(st_->write_slots.offset, nw);
   buffers_->finish();
-  md_.write_slots = buffers_->device().narrow(0, G, nw);
+  md_.write_slots = st_->write_slots_dev.first(nw);
   md_.local = &local;
   md_.num_decode_tokens = td;
   md_.num_local_tokens = P;

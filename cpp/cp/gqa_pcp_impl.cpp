@@ -86,8 +86,15 @@ void PcpAttentionImpl::check_groups(const PcpMetadata& md) const {
 
 const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                             const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                            const PcpMetadata& md, const at::Tensor& output) {
+                                            const PcpMetadata* metadata, const at::Tensor& output) {
   graph::refuse_if_capturing("a PCP forward (graph capture of PCP is not supported)");
+  if (metadata == nullptr) {
+    // Profiling / dummy run: nothing to attend, no collective (every rank runs it alike).
+    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
+    output.zero_();
+    return output;
+  }
+  const PcpMetadata& md = *metadata;
   check_current(md.stamp, "metadata");
   check_groups(md);
   AAR_CHECK_ARG(key.defined() && value.defined(), "key and value are required: a PCP layer gathers and writes the "

@@ -11,7 +11,9 @@
 #include "../common/inference_scope.h"
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
+#include "../core/staging_layout.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
+#include "ascend_attn_rt/dsa/backend.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/dsa_compressor.h"
@@ -24,26 +26,6 @@
 namespace aar::dsa {
 
 namespace {
-
-// Region starts are multiples of 16 int32 (64 bytes).
-int64_t align16(int64_t n) { return (n + 15) & ~int64_t{15}; }
-
-// A view cached per size; remade when the size's offset changed (the group
-// token region also depends on whether DSpark rows are present).
-struct CachedView {
-  int64_t offset = -1;
-  at::Tensor t;
-};
-template <typename Make>
-const at::Tensor& cached(std::vector<CachedView>& cache, size_t i, int64_t offset, Make make) {
-  if (cache.size() <= i) cache.resize(i + 1);
-  CachedView& v = cache[i];
-  if (!v.t.defined() || v.offset != offset) {
-    v.offset = offset;
-    v.t = make();
-  }
-  return v.t;
-}
 
 constexpr int64_t kBlobWords = 1024;  // spec 6.7: (1024,) int32
 
@@ -63,16 +45,30 @@ class StepBuilder::Lane {
        int64_t max_reqs, bool separate, int slot_base)
       : cfg_(cfg), rope_(rope), crope_(crope), draft_index_(draft_index), R_(max_reqs) {
     const int64_t T = cfg.max_num_tokens;
-    // The per-row arrays of the three ratios (at most T rows each), then the RoPE rows.
-    off_qsl_ = 3 * kRowArrays * align16(T) + 2 * align16(T * rope.row_words()) +
-               (crope ? 2 * align16(T * crope->row_words()) : 0);
-    off_seq_ = align16(off_qsl_ + R_ + 1);
-    off_sp_ = align16(off_seq_ + R_);
-    off_cu_ = align16(off_sp_ + R_);
-    const int64_t total = off_cu_ + R_ + 1;
-    buffers_ = std::make_unique<detail::StagingBuffers>(total, cfg.device, separate, cfg.staging_buffers,
+    // Room for the step's packed rows (placed per step right before the
+    // request part, packed()): the per-row arrays of the three ratios (at
+    // most T rows each), then the RoPE rows of both tables. The request part
+    // comes last, so a build copies from its first packed word to cumsum(S)'s end.
+    core::StagingLayout layout;
+    layout.add("step rows", 3 * kRowArrays * core::align_words(T) + 2 * core::align_words(T * rope.row_words()) +
+                                (crope ? 2 * core::align_words(T * crope->row_words()) : 0));
+    qsl_ = layout.add("query_start_loc", R_ + 1);
+    seq_ = layout.add("seq_lens", R_);
+    sp_r_ = layout.add("start_pos", R_);
+    cu_ = layout.add("cu_seqlens_kv", R_ + 1);
+    buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
+    v_qsl_ = core::RegionViews(device_, qsl_, R_ + 1, at::kInt);
+    v_seq_ = core::RegionViews(device_, seq_, R_, at::kInt);
+    v_sp_ = core::RegionViews(device_, sp_r_, R_, at::kInt);
+    v_cu_ = core::RegionViews(device_, cu_, R_ + 1, at::kInt);
+    for (core::ViewCache* c : {&v_cos_, &v_sin_, &v_ccos_, &v_csin_, &v_neg_, &v_cneg_}) c->resize(T);
+    for (int k = 0; k < 3; ++k) {
+      v_ridx_[k].resize(T);
+      v_rpos_[k].resize(T);
+      v_rreq_[k].resize(T);
+    }
     sp_.assign(static_cast<size_t>(R_), 0);
     q_.assign(static_cast<size_t>(R_), 0);
     positions_.assign(static_cast<size_t>(T), 0);
@@ -95,21 +91,20 @@ class StepBuilder::Lane {
 
   const StepMetadata& build(const StepInputs& in, const plan::AttentionState* capture) {
     const int32_t thr = 1 + cfg_.num_speculative_tokens;
-    AAR_CHECK_ARG(in.seq_lens.size() <= static_cast<size_t>(R_), "num_reqs=", in.seq_lens.size(),
-                  " (seq_lens entries) exceeds the ",
-                  draft_index_ < 0 ? "builder's max_num_reqs=" : "draft lane's capacity max_num_reqs*decode_threshold=",
-                  R_);
+    core::refuse_unread(in, core::kBlockTable | core::kIsPrefilling | core::kReqIds,
+                        "the DSA StepBuilder (each group's block table goes to its GroupBuilder)");
+    // A draft lane holds max_num_reqs * decode_threshold requests.
+    core::check_step_fits(in, cfg_, /*max_blocks_per_req=*/-1, draft_index_ < 0 ? -1 : R_);
     plan::DsaStepInputs di;
-    di.query_start_loc = in.query_start_loc;
-    di.seq_lens = in.seq_lens;
+    static_cast<core::StepInput&>(di) = in;
     di.num_reqs_actual = in.num_reqs_actual;
-    di.num_input_tokens = in.num_input_tokens;
     di.num_speculative_tokens = cfg_.num_speculative_tokens;
     di.max_num_reqs = static_cast<int32_t>(R_);
     di.max_num_tokens = cfg_.max_num_tokens;
     // Validates everything about the batch; writes only the private start_pos scratch.
     plan::DsaStepPlan p = plan::plan_dsa_step(di, plan::Span<int32_t>(sp_.data(), sp_.size()));
-    const int32_t B = p.num_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
+    // B requests (graph padding included) holding t_q tokens; t_in rows in all.
+    const int32_t B = p.num_reqs, t_q = p.num_actual_tokens, t_in = p.num_input_tokens;
     const int32_t* qsl = in.query_start_loc.data();
     const int32_t* seq = in.seq_lens.data();
 
@@ -137,7 +132,7 @@ class StepBuilder::Lane {
         sum_s += seq[b];
       }
     }
-    if (t_in > t_real) max_pos = std::max(max_pos, 0);
+    if (t_in > t_q) max_pos = std::max(max_pos, 0);
     AAR_CHECK_ARG(max_pos < rope_.positions(), "seq_lens: a token at position ", max_pos,
                   " is past the rope_theta table (cos_table has ", rope_.positions(), " rows)");
     AAR_CHECK_ARG(crope_ == nullptr || max_pos < crope_->positions(), "seq_lens: a token at position ", max_pos,
@@ -165,7 +160,7 @@ class StepBuilder::Lane {
     // ---- writes
     int32_t counts[3];
     for (int k = 0; k < 3; ++k) counts[k] = plan::dsa_num_compressed_tokens(t_in, B, kRatios[k]);
-    const Region r = region(t_in, counts);
+    const Packed r = packed(t_in, counts);
     int32_t* s = buffers_->begin();
     // The rows of each V4 ratio, once for all groups of the ratio, listed
     // straight into the staging buffer with their per-row arrays. Cannot
@@ -192,14 +187,14 @@ class StepBuilder::Lane {
       std::fill(rpos + n, rpos + nr, 0);
       std::fill(req + n, req + nr, -1);
     }
-    std::memcpy(s + off_qsl_, qsl, (static_cast<size_t>(B) + 1) * 4);
-    std::memcpy(s + off_seq_, seq, static_cast<size_t>(B) * 4);
-    std::memcpy(s + off_sp_, sp_.data(), static_cast<size_t>(B) * 4);
-    int32_t* cu = s + off_cu_;
+    std::memcpy(s + qsl_.offset, qsl, (static_cast<size_t>(B) + 1) * 4);
+    std::memcpy(s + seq_.offset, seq, static_cast<size_t>(B) * 4);
+    std::memcpy(s + sp_r_.offset, sp_.data(), static_cast<size_t>(B) * 4);
+    int32_t* cu = s + cu_.offset;
     cu[0] = 0;
     for (int32_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + seq[b];
     int32_t* pos = positions_.data();
-    if (t_real == B && p.max_seqlen_q == 1) {
+    if (t_q == B && p.max_seqlen_q == 1) {
       // Every request one token (a decode step): its position is its start_pos.
       std::memcpy(pos, sp_.data(), static_cast<size_t>(B) * 4);
     } else {
@@ -208,7 +203,7 @@ class StepBuilder::Lane {
         for (int32_t i = qsl[b], j = 0; i < qsl[b + 1]; ++i, ++j) pos[i] = base + j;
       }
     }
-    std::fill(pos + t_real, pos + t_in, 0);
+    std::fill(pos + t_q, pos + t_in, 0);
     auto* bytes = reinterpret_cast<uint8_t*>(s);
     const bool decode_only = p.max_seqlen_q <= thr;
     auto gather = [&](const detail::RopeRows& rr, int64_t oc, int64_t os) {
@@ -223,59 +218,77 @@ class StepBuilder::Lane {
         const int32_t q = q_[static_cast<size_t>(b)];
         if (q > 0) rr.copy_run(pos[qsl[b]], q, out_c + static_cast<size_t>(qsl[b]) * rb, out_s + qsl[b] * rb);
       }
-      rr.gather(pos + t_real, t_in - t_real, out_c + t_real * rb, out_s + t_real * rb);
+      rr.gather(pos + t_q, t_in - t_q, out_c + t_q * rb, out_s + t_q * rb);
     };
     gather(rope_, r.cos, r.sin);
     if (crope_ != nullptr) gather(*crope_, r.ccos, r.csin);
     // One host-to-device copy: from the first row array to cumsum(S)'s end.
-    buffers_->copy(r.first, off_cu_ + B + 1 - r.first);
+    buffers_->copy(r.first, cu_.offset + B + 1 - r.first);
     buffers_->finish();
     counter_.next(md_.stamp);
 
-    md_.num_reqs = B;
-    md_.num_reqs_actual = p.num_reqs_actual;
-    md_.num_actual_tokens = t_real;
+    // The counts' one meaning (StepMetadata): over the real requests. The
+    // real ones are decode-first (checked above), so their split is the
+    // kernels' split cut at num_reqs_actual.
+    const int32_t nra = p.num_reqs_actual;
+    const int32_t nd = std::min(p.split.num_decodes, nra);
+    md_.num_reqs = nra;
+    md_.num_kernel_reqs = B;
+    md_.num_actual_tokens = qsl[nra];
+    md_.num_kernel_tokens = t_q;
     md_.num_input_tokens = t_in;
-    md_.num_decodes = p.split.num_decodes;
-    md_.num_decode_tokens = p.split.num_decode_tokens;
-    md_.num_prefills = p.split.num_prefills;
-    md_.num_prefill_tokens = p.split.num_prefill_tokens;
+    md_.num_decodes = nd;
+    md_.num_decode_tokens = qsl[nd];
+    md_.num_prefills = nra - nd;
+    md_.num_prefill_tokens = qsl[nra] - qsl[nd];
     md_.max_seqlen_q = p.max_seqlen_q;
     md_.max_seqlen_kv = p.max_seqlen_kv;
+    if (nra == B) {
+      md_.max_query_len = p.max_seqlen_q;
+      md_.max_seq_len = p.max_seqlen_kv;
+    } else {
+      int32_t mq = 0, ms = 0;
+      for (int32_t b = 0; b < nra; ++b) {
+        mq = std::max(mq, q_[static_cast<size_t>(b)]);
+        ms = std::max(ms, seq[b]);
+      }
+      md_.max_query_len = mq;
+      md_.max_seq_len = ms;
+    }
     md_.attn_state = state;
     const size_t ub = static_cast<size_t>(B);
-    set(md_.query_start_loc, cached(v_qsl_, ub, off_qsl_, [&] { return device_.narrow(0, off_qsl_, B + 1); }));
-    set(md_.seq_lens, cached(v_seq_, ub, off_seq_, [&] { return device_.narrow(0, off_seq_, B); }));
-    set(md_.start_pos, cached(v_sp_, ub, off_sp_, [&] { return device_.narrow(0, off_sp_, B); }));
-    set(md_.cu_seqlens_kv, cached(v_cu_, ub, off_cu_, [&] { return device_.narrow(0, off_cu_, B + 1); }));
+    set(md_.query_start_loc, v_qsl_.first(B + 1));
+    set(md_.seq_lens, v_seq_.first(B));
+    set(md_.start_pos, v_sp_.first(B));
+    set(md_.cu_seqlens_kv, v_cu_.first(B + 1));
     const size_t ut = static_cast<size_t>(t_in);
-    set(md_.cos, cached(v_cos_, ut, r.cos, [&] { return rope_.view(device_, r.cos, t_in); }));
-    set(md_.sin, cached(v_sin_, ut, r.sin, [&] { return rope_.view(device_, r.sin, t_in); }));
+    set(md_.cos, v_cos_.get(t_in, r.cos, [&] { return rope_.view(device_, r.cos, t_in); }));
+    set(md_.sin, v_sin_.get(t_in, r.sin, [&] { return rope_.view(device_, r.sin, t_in); }));
     if (crope_ != nullptr) {
-      set(md_.compress_cos, cached(v_ccos_, ut, r.ccos, [&] { return crope_->view(device_, r.ccos, t_in); }));
-      set(md_.compress_sin, cached(v_csin_, ut, r.csin, [&] { return crope_->view(device_, r.csin, t_in); }));
+      set(md_.compress_cos, v_ccos_.get(t_in, r.ccos, [&] { return crope_->view(device_, r.ccos, t_in); }));
+      set(md_.compress_sin, v_csin_.get(t_in, r.csin, [&] { return crope_->view(device_, r.csin, t_in); }));
     }
     {
       // Device work after the copy (same stream): the inverse RoPE's rows.
       detail::InferenceScope guard;
-      set(md_.neg_sin, cached(v_neg_, ut, 0, [&] { return neg_.narrow(0, 0, t_in); }));
+      set(md_.neg_sin, v_neg_.get(t_in, [&] { return neg_.narrow(0, 0, t_in); }));
       ops::dense::neg_out(md_.neg_sin, md_.sin);
       if (crope_ != nullptr) {
-        set(md_.compress_neg_sin, cached(v_cneg_, ut, 0, [&] { return cneg_.narrow(0, 0, t_in); }));
+        set(md_.compress_neg_sin, v_cneg_.get(t_in, [&] { return cneg_.narrow(0, 0, t_in); }));
         ops::dense::neg_out(md_.compress_neg_sin, md_.compress_sin);
       }
     }
-    md_.query_start_loc_host = plan::CSpan<int32_t>(s + off_qsl_, ub + 1);
-    md_.seq_lens_host = plan::CSpan<int32_t>(s + off_seq_, ub);
-    md_.start_pos_host = plan::CSpan<int32_t>(s + off_sp_, ub);
+    md_.query_start_loc_host = plan::CSpan<int32_t>(s + qsl_.offset, ub + 1);
+    md_.seq_lens_host = plan::CSpan<int32_t>(s + seq_.offset, ub);
+    md_.start_pos_host = plan::CSpan<int32_t>(s + sp_r_.offset, ub);
     md_.positions_host = plan::CSpan<int32_t>(pos, ut);
     for (int k = 0; k < 3; ++k) {
       const int64_t nr = counts[k];
       const auto unr = static_cast<size_t>(nr);
       StepMetadata::RowArrays& ra = md_.row_arrays[k];
-      set(ra.index, cached(v_ridx_[k], unr, r.idx[k], [&] { return device_.narrow(0, r.idx[k], nr); }));
-      set(ra.position, cached(v_rpos_[k], unr, r.pos[k], [&] { return device_.narrow(0, r.pos[k], nr); }));
-      set(ra.request, cached(v_rreq_[k], unr, r.req[k], [&] { return device_.narrow(0, r.req[k], nr); }));
+      set(ra.index, v_ridx_[k].get(nr, r.idx[k], [&] { return device_.narrow(0, r.idx[k], nr); }));
+      set(ra.position, v_rpos_[k].get(nr, r.pos[k], [&] { return device_.narrow(0, r.pos[k], nr); }));
+      set(ra.request, v_rreq_[k].get(nr, r.req[k], [&] { return device_.narrow(0, r.req[k], nr); }));
       ra.index_host = plan::CSpan<int32_t>(s + r.idx[k], unr);
       ra.position_host = plan::CSpan<int32_t>(s + r.pos[k], unr);
       ra.request_host = plan::CSpan<int32_t>(s + r.req[k], unr);
@@ -300,28 +313,21 @@ class StepBuilder::Lane {
                 "kRatioShifts are log2(kRatios)");
   static constexpr int64_t kRowArrays = 3;
   // Word offsets of a step of n tokens whose ratios emit counts[k] rows: the
-  // row arrays, then the RoPE rows, packed, ending (up to alignment) at the
-  // request part.
-  struct Region {
+  // row arrays of each ratio, then the RoPE rows, packed so that they end (up
+  // to alignment) at the request part.
+  struct Packed {
     int64_t first;  // the first word of the step's copy
     int64_t idx[3], pos[3], req[3];
     int64_t cos, sin, ccos, csin;
   };
-  Region region(int64_t n, const int32_t (&counts)[3]) const {
-    const int64_t w1 = align16(n * rope_.row_words()), w2 = crope_ ? align16(n * crope_->row_words()) : 0;
-    Region r;
-    r.cos = off_qsl_ - 2 * w1 - 2 * w2;
-    r.sin = r.cos + w1;
-    r.ccos = r.sin + w1;
-    r.csin = r.ccos + w2;
-    int64_t a[3], total = 0;
-    for (int k = 0; k < 3; ++k) total += kRowArrays * (a[k] = align16(counts[k]));
-    r.first = r.cos - total;
-    for (int64_t k = 0, o = 0; k < 3; o += kRowArrays * a[k], ++k) {
-      r.idx[k] = r.first + o;
-      r.pos[k] = r.idx[k] + a[k];
-      r.req[k] = r.pos[k] + a[k];
-    }
+  Packed packed(int64_t n, const int32_t (&counts)[3]) const {
+    const int64_t w1 = n * rope_.row_words(), w2 = crope_ ? n * crope_->row_words() : 0;
+    Packed r;
+    r.first = core::StagingLayout::pack_before(
+        qsl_.offset, {{&r.idx[0], counts[0]}, {&r.pos[0], counts[0]}, {&r.req[0], counts[0]},
+                      {&r.idx[1], counts[1]}, {&r.pos[1], counts[1]}, {&r.req[1], counts[1]},
+                      {&r.idx[2], counts[2]}, {&r.pos[2], counts[2]}, {&r.req[2], counts[2]},
+                      {&r.cos, w1}, {&r.sin, w1}, {&r.ccos, w2}, {&r.csin, w2}});
     return r;
   }
 
@@ -330,25 +336,24 @@ class StepBuilder::Lane {
   const detail::RopeRows* crope_;
   int32_t draft_index_;
   int64_t R_;
-  int64_t off_qsl_ = 0, off_seq_ = 0, off_sp_ = 0, off_cu_ = 0;
+  core::Region qsl_, seq_, sp_r_, cu_;  // the request part
   std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor device_, neg_, cneg_;
   std::vector<int32_t> sp_, q_, positions_;
-  std::vector<CachedView> v_ridx_[3], v_rpos_[3], v_rreq_[3];
-  std::vector<CachedView> v_qsl_, v_seq_, v_sp_, v_cu_, v_cos_, v_sin_, v_ccos_, v_csin_, v_neg_, v_cneg_;
+  core::RegionViews v_qsl_, v_seq_, v_sp_, v_cu_;
+  // Views of the packed rows by count (remade when the count's offset moves),
+  // and of the -sin buffers.
+  core::ViewCache v_ridx_[3], v_rpos_[3], v_rreq_[3];
+  core::ViewCache v_cos_, v_sin_, v_ccos_, v_csin_, v_neg_, v_cneg_;
   StepMetadata md_;
   detail::BuildCounter counter_;
 };
 
 StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
-  AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
-  AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
-  plan::dsa_decode_threshold(cfg.num_speculative_tokens);  // names num_speculative_tokens
+  core::check_capacities(cfg);
+  core::check_staging(cfg);
   const int32_t drafts = cfg.num_drafts.value_or(cfg.num_speculative_tokens);
   AAR_CHECK_ARG(drafts >= 0 && drafts <= 15, "num_drafts must be in [0, 15], got ", drafts);
-  AAR_CHECK_ARG(cfg.staging_buffers >= 1 && cfg.staging_buffers <= detail::StagingBuffers::kMaxHostBuffers,
-                "staging_buffers must be in [1, ", detail::StagingBuffers::kMaxHostBuffers, "], got ",
-                cfg.staging_buffers);
   const ModelSettings& ms = cfg.model;
   AAR_CHECK_ARG(ms.head_dim > 0, "head_dim must be positive, got ", ms.head_dim);
   AAR_CHECK_ARG(ms.window >= 1, "window must be positive, got ", ms.window);
@@ -380,7 +385,7 @@ StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
     cc = dev(compress_rope_->cos_table());
     cs = dev(compress_rope_->sin_table());
   }
-  const bool separate = cfg.separate_device_buffers.value_or(!cfg.device.is_cpu());
+  const bool separate = cfg.separate();
   for (int32_t l = 0; l <= drafts; ++l) {
     const int slot_base = cfg.staging_hooks != nullptr ? l * cfg.staging_buffers : 0;
     const int64_t cap = l == 0 ? cfg.max_num_reqs : int64_t{cfg.max_num_reqs} * decode_threshold();
@@ -400,7 +405,8 @@ StepBuilder::Lane& StepBuilder::lane(int32_t d) const {
 const StepMetadata& StepBuilder::build(const StepInputs& in) { return lanes_[0]->build(in, nullptr); }
 
 const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, plan::AttentionState state) {
-  if (state != plan::AttentionState::DecodeOnly && state != plan::AttentionState::SpecDecoding) {
+  static const core::StateSet capturable = Backend::facts().capturable;
+  if (!core::has_state(capturable, state)) {
     throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
                         " cannot be captured by the DSA backend (only DecodeOnly and SpecDecoding)");
   }
@@ -410,6 +416,8 @@ const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, p
 const StepMetadata& StepBuilder::build_for_drafting(const StepInputs& in, int32_t d) {
   return lane(d).build(in, nullptr);
 }
+
+static_assert(core::is_builder_v<StepBuilder>, "dsa::StepBuilder follows the builder contract");
 
 DsaCacheDims StepBuilder::cache_dims() const {
   DsaCacheDims d;
@@ -443,10 +451,18 @@ class GroupBuilder::Lane {
     const DsaCacheKind kind = g.cfg_.kind;
     cmp_lens_ = g.cfg_.plan.renames_seqused_for_flash_mla &&
                 (kind == DsaCacheKind::C4Kv || kind == DsaCacheKind::C128Kv);
-    off_bt_ = align16(T * fw_) + align16(T * dspark_width_) + (cmp_lens_ ? 2 * align16(R_) : 0);
-    buffers_ = std::make_unique<detail::StagingBuffers>(off_bt_ + R_ * MB, scfg.device, separate,
+    // Room for a build's packed rows (packed(): slots, DSpark rows, the
+    // SparseFlashMla lengths), then the block table: a build copies from its
+    // first packed word to its last table row.
+    core::StagingLayout layout;
+    layout.add("group rows", core::align_words(T * fw_) + core::align_words(T * dspark_width_) +
+                                 (cmp_lens_ ? 2 * core::align_words(R_) : 0));
+    bt_ = layout.add("block_table", R_ * MB);
+    buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), scfg.device, separate,
                                                         scfg.staging_buffers, scfg.staging_hooks, slot_base);
     device_ = buffers_->device();
+    for (core::ViewCache* c : {&v_slots_, &v_ds_, &v_ccos_, &v_csin_, &v_cslots_}) c->resize(T);
+    for (core::ViewCache* c : {&v_bt_, &v_scmp_, &v_cres_}) c->resize(R_);
     block_scratch_.assign(static_cast<size_t>(T), 0);
     if (dspark_width_ > 0) dspark_scratch_.assign(static_cast<size_t>(T * dspark_width_), -1);
     const auto i32 = at::TensorOptions().dtype(at::kInt).device(scfg.device);
@@ -476,7 +492,7 @@ class GroupBuilder::Lane {
   uint64_t generation() const { return counter_.current(); }
   at::Tensor staged_rows(int64_t rows) const {
     const int64_t MB = g_.cfg_.max_blocks_per_req;
-    return buffers_->host(0).narrow(0, off_bt_, rows * MB).view({rows, MB});
+    return buffers_->host(0).narrow(0, bt_.offset, rows * MB).view({rows, MB});
   }
 
   const GroupMetadata& build(const StepMetadata& st, const GroupInputs& in) {
@@ -488,8 +504,8 @@ class GroupBuilder::Lane {
                   " but this is a ",
                   draft_index_ < 0 ? std::string("main build") : "draft build of draft_index " +
                                                                      std::to_string(draft_index_));
-    const int32_t B = st.num_reqs, T = st.num_input_tokens;
-    AAR_CHECK_ARG(B <= R_, "num_reqs=", B, " exceeds the group lane's request capacity ", R_);
+    const int32_t B = st.num_kernel_reqs, T = st.num_input_tokens;
+    AAR_CHECK_ARG(B <= R_, "the step's num_kernel_reqs=", B, " exceeds the group lane's request capacity ", R_);
     AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table_stride <= g_.cfg_.max_blocks_per_req,
                   "block_table_stride=", in.block_table_stride, " must be in [0, max_blocks_per_req=",
                   g_.cfg_.max_blocks_per_req, "]");
@@ -499,7 +515,7 @@ class GroupBuilder::Lane {
     const ModelSettings& ms = g_.model();
     // The attention call's window (spec 6.6: DSpark widens it to the draft block).
     const int32_t win_left = dspark ? ms.window + ms.dspark_num_spec - 1 : ms.window - 1;
-    const Region r = region(rows, dspark ? T : 0, B);
+    const Packed r = packed(rows, dspark ? T : 0, B);
 
     // DSpark first into the private scratch (validates; the staging buffer
     // stays untouched if anything below fails).
@@ -515,7 +531,7 @@ class GroupBuilder::Lane {
       di.num_spec = ms.dspark_num_spec;
       di.width = dspark_width_;
       di.num_rows = T;
-      di.num_reqs_actual = st.num_reqs_actual;
+      di.num_reqs_actual = st.num_reqs;
       plan::build_dspark_swa_indices(di, plan::Span<int32_t>(dspark_scratch_.data(), dspark_scratch_.size()));
     }
     plan::DsaGroupInputs gi;
@@ -539,7 +555,7 @@ class GroupBuilder::Lane {
     const size_t ur = static_cast<size_t>(rows);
     const int64_t stride = in.block_table_stride;
     plan::DsaGroupBuffers gb;
-    gb.block_table = plan::Span<int32_t>(s + off_bt_, static_cast<size_t>(R_ * g_.cfg_.max_blocks_per_req));
+    gb.block_table = plan::Span<int32_t>(s + bt_.offset, static_cast<size_t>(R_ * g_.cfg_.max_blocks_per_req));
     gb.slot_mapping = plan::Span<int32_t>(s + r.slots, ur * fw_);
     gb.block_scratch = plan::Span<int32_t>(block_scratch_.data(), block_scratch_.size());
     // Validates everything before its first write. The step's row list of
@@ -553,28 +569,28 @@ class GroupBuilder::Lane {
     const size_t dsn = dspark ? static_cast<size_t>(T) * dspark_width_ : 0;
     if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
     const size_t ub = static_cast<size_t>(B);
-    const int64_t cres = r.cmp + align16(B);
     if (cmp_lens_) {
       // Cannot fail here: seq_lens were validated by the step build and are <= its max_seqlen_kv.
       flash_mla_cmp_lengths(st.plan.seq_lens, st.max_seqlen_kv, ratio, plan::Span<int32_t>(s + r.cmp, ub),
-                            plan::Span<int32_t>(s + cres, ub));
+                            plan::Span<int32_t>(s + r.cres, ub));
     }
-    buffers_->copy(r.slots, off_bt_ + B * stride - r.slots);
+    buffers_->copy(r.slots, bt_.offset + B * stride - r.slots);
     buffers_->finish();
     counter_.next(md_.stamp);
 
     const AttnKvPlan& kp = g_.cfg_.plan;
     md_.step_stamp = st.stamp;
-    md_.num_reqs_actual = st.num_reqs_actual;
+    md_.num_reqs = st.num_reqs;
+    md_.num_kernel_reqs = B;
     md_.num_compressed_tokens = gp.num_compressed_tokens;
     md_.num_valid_rows = gp.num_valid_rows;
     md_.block_table_stride = static_cast<int32_t>(stride);
-    set(md_.block_table, cached(v_bt_, static_cast<size_t>(B), stride,
-                             [&] { return device_.narrow(0, off_bt_, B * stride).view({B, stride}); }));
+    set(md_.block_table,
+        v_bt_.get(B, stride, [&] { return device_.narrow(0, bt_.offset, B * stride).view({B, stride}); }));
     set(md_.seq_lens, st.seq_lens);
     set(md_.query_start_loc, st.query_start_loc);
     set(md_.start_pos, st.start_pos);
-    set(md_.slot_mapping, cached(v_slots_, ur, r.slots, [&] {
+    set(md_.slot_mapping, v_slots_.get(rows, r.slots, [&] {
       at::Tensor v = device_.narrow(0, r.slots, rows * fw_);
       return fw_ == 2 ? v.view({rows, 2}) : v;
     }));
@@ -598,7 +614,7 @@ class GroupBuilder::Lane {
     md_.cu_seqlens_cmp_kv_kind = prefill ? kp.prefill_cu_seqlens_cmp_kv : kp.decode_cu_seqlens_cmp_kv;
     set(md_.cu_seqlens_ori_kv, cu_tensor(md_.cu_seqlens_ori_kv_kind, st));
     set(md_.cu_seqlens_cmp_kv, cu_tensor(md_.cu_seqlens_cmp_kv_kind, st));
-    set(md_.dspark_swa_indices, dspark ? cached(v_ds_, static_cast<size_t>(T), r.dspark, [&] {
+    set(md_.dspark_swa_indices, dspark ? v_ds_.get(T, r.dspark, [&] {
       return device_.narrow(0, r.dspark, int64_t{T} * dspark_width_).view({T, 1, dspark_width_});
     })
                                     : at::Tensor());
@@ -607,18 +623,18 @@ class GroupBuilder::Lane {
     md_.max_seqlen_q = st.max_seqlen_q;
     md_.max_seqlen_kv = st.max_seqlen_kv;
     if (cmp_lens_) {
-      set(md_.seqused_cmp_kv, cached(v_scmp_, ub, r.cmp, [&] { return device_.narrow(0, r.cmp, B); }));
-      set(md_.cmp_residual_kv, cached(v_cres_, ub, cres, [&] { return device_.narrow(0, cres, B); }));
+      set(md_.seqused_cmp_kv, v_scmp_.get(B, r.cmp, [&] { return device_.narrow(0, r.cmp, B); }));
+      set(md_.cmp_residual_kv, v_cres_.get(B, r.cres, [&] { return device_.narrow(0, r.cres, B); }));
       md_.max_seqlen_cmp_kv = st.max_seqlen_kv / ratio;
       md_.seqused_cmp_kv_host = plan::CSpan<int32_t>(s + r.cmp, ub);
-      md_.cmp_residual_kv_host = plan::CSpan<int32_t>(s + cres, ub);
+      md_.cmp_residual_kv_host = plan::CSpan<int32_t>(s + r.cres, ub);
     }
     md_.sas_metadata_filled = fill_sas(st, ratio);
     md_.qli_metadata_filled = fill_qli(st);
     md_.qli_num_heads = md_.qli_metadata_filled ? ms.index_n_heads : 0;
     md_.qli_head_dim = md_.qli_metadata_filled ? ms.index_head_dim : 0;
     md_.qli_sparse_count = md_.qli_metadata_filled ? ms.index_topk : 0;
-    md_.block_table_host = plan::CSpan<int32_t>(s + off_bt_, static_cast<size_t>(B * stride));
+    md_.block_table_host = plan::CSpan<int32_t>(s + bt_.offset, static_cast<size_t>(B * stride));
     md_.slot_mapping_host = plan::CSpan<int32_t>(s + r.slots, ur * fw_);
     md_.row_index_host = ra->index_host;
     md_.row_position_host = ra->position_host;
@@ -628,30 +644,26 @@ class GroupBuilder::Lane {
   }
 
  private:
-  struct Region {
-    int64_t slots, dspark, cmp;
+  struct Packed {
+    int64_t slots, dspark, cmp, cres;
   };
   // Word offsets of a build of `rows` compressed rows, `ds_tokens` DSpark
-  // rows and `reqs` requests (the SparseFlashMla lengths, two regions of
-  // align16(reqs) when cmp_lens_): packed, ending (up to alignment) at the
-  // block table.
-  Region region(int64_t rows, int64_t ds_tokens, int64_t reqs) const {
-    const int64_t a = align16(rows * fw_), d = align16(ds_tokens * dspark_width_);
-    const int64_t c = cmp_lens_ ? 2 * align16(reqs) : 0;
-    Region r;
-    r.slots = off_bt_ - a - d - c;
-    r.dspark = r.slots + a;
-    r.cmp = r.dspark + d;
+  // rows and `reqs` requests (seqused_cmp_kv and cmp_residual_kv when
+  // cmp_lens_): packed so that they end (up to alignment) at the block table.
+  Packed packed(int64_t rows, int64_t ds_tokens, int64_t reqs) const {
+    const int64_t c = cmp_lens_ ? reqs : 0;
+    Packed r;
+    core::StagingLayout::pack_before(
+        bt_.offset, {{&r.slots, rows * fw_}, {&r.dspark, ds_tokens * dspark_width_}, {&r.cmp, c}, {&r.cres, c}});
     return r;
   }
   // Spec 6.5 / 9: compressor_metadata over the staged table into the lane's
   // stable buffers (views per row count), read by the step's layers.
   void fill_compressed_rows(const StepMetadata& st, int64_t rows) {
-    const size_t ur = static_cast<size_t>(rows);
     const int64_t R = st.compress_cos_table.size(1);
-    set(md_.compressed_cos, cached(v_ccos_, ur, 0, [&] { return ccos_.narrow(0, 0, rows * R).view({rows, 1, 1, R}); }));
-    set(md_.compressed_sin, cached(v_csin_, ur, 0, [&] { return csin_.narrow(0, 0, rows * R).view({rows, 1, 1, R}); }));
-    set(md_.compressed_slots, cached(v_cslots_, ur, 0, [&] {
+    set(md_.compressed_cos, v_ccos_.get(rows, [&] { return ccos_.narrow(0, 0, rows * R).view({rows, 1, 1, R}); }));
+    set(md_.compressed_sin, v_csin_.get(rows, [&] { return csin_.narrow(0, 0, rows * R).view({rows, 1, 1, R}); }));
+    set(md_.compressed_slots, v_cslots_.get(rows, [&] {
       at::Tensor v = cslots_.narrow(0, 0, rows * fw_);
       return fw_ == 2 ? v.view({rows, 2}) : v;
     }));
@@ -666,7 +678,7 @@ class GroupBuilder::Lane {
     a.slot_mapping_format = g_.slot_format_ == SlotFormat::Flat ? ops::CompressedSlotFormat::Flat
                                                                 : ops::CompressedSlotFormat::BlockOffset;
     a.compress_ratio = g_.spec_.compress_ratio;
-    a.num_reqs_actual = st.num_reqs_actual;
+    a.num_reqs_actual = st.num_reqs;
     ops::compressor_metadata_out(a, md_.compressed_cos, md_.compressed_sin, md_.compressed_slots);
   }
   // Spec 6.7: the SAS blob of this group's layers, copied into the stable
@@ -694,7 +706,7 @@ class GroupBuilder::Lane {
     a.cu_seqlens_ori_kv = opt(md_.cu_seqlens_ori_kv);
     a.cu_seqlens_cmp_kv = opt(md_.cu_seqlens_cmp_kv);
     a.seqused_kv = st.seq_lens;
-    a.batch_size = st.num_reqs;
+    a.batch_size = st.num_kernel_reqs;
     a.max_seqlen_q = st.max_seqlen_q;
     a.max_seqlen_kv = st.max_seqlen_kv;
     a.cmp_topk = ratio == 4 ? ms.index_topk : 0;
@@ -744,12 +756,12 @@ class GroupBuilder::Lane {
     // query_start_loc[1:], remade only when the step hands out another
     // query_start_loc view (its views are cached per size): no narrow per build.
     if (!qsl_src_.same(st.query_start_loc)) {
-      q_ends_ = st.query_start_loc.narrow(0, 1, st.num_reqs);
+      q_ends_ = st.query_start_loc.narrow(0, 1, st.num_kernel_reqs);
       qsl_src_.bind(st.query_start_loc);
     }
     m.actual_seq_lengths_query = q_ends_;
     m.actual_seq_lengths_key = st.seq_lens;
-    m.batch_size = st.num_reqs;
+    m.batch_size = st.num_kernel_reqs;
     m.max_seqlen_q = st.max_seqlen_q;
     m.max_seqlen_k = st.max_seqlen_kv;
     m.layout_query = "TND";
@@ -777,14 +789,15 @@ class GroupBuilder::Lane {
   int64_t fw_ = 2;
   int32_t dspark_width_ = 0;
   bool cmp_lens_ = false;
-  int64_t off_bt_ = 0;
+  core::Region bt_;  // the staged block table (R_ rows of max_blocks_per_req)
   std::unique_ptr<detail::StagingBuffers> buffers_;
   at::Tensor device_, empty_, ccos_, csin_, cslots_;
   std::vector<int32_t> dspark_scratch_, block_scratch_;
   detail::TensorBinding qsl_src_;  // the step view q_ends_ was made from
   at::Tensor q_ends_;
-  std::vector<CachedView> v_bt_, v_slots_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_,
-      v_cslots_;
+  // Views by count; the block table's also by its width, the packed rows'
+  // also by their offset.
+  core::ViewCache v_bt_, v_slots_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_, v_cslots_;
   GroupMetadata md_;
   detail::BuildCounter counter_;
 };
@@ -797,8 +810,11 @@ GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : st
                     cfg.plan.sparse_attn == SparseAttnPath::SparseFlashMla,
                 "plan sparse_attn value ", static_cast<int>(cfg.plan.sparse_attn), " is outside the enum");
   slot_format_ = slot_format_for(cfg.plan, cfg.kind);
-  AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
-  AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
+  AAR_CHECK_ARG(cfg.block_size == 0 || cfg.block_size == spec_.block_size, "block_size=", cfg.block_size,
+                " is not the block size of a ", to_string(cfg.kind), " group at cache_block_size=", cfg.cache_block_size,
+                " (", spec_.block_size, "; 0 takes it)");
+  cfg_.block_size = static_cast<int32_t>(spec_.block_size);
+  core::check_geometry(cfg_, nullptr, 0);
   // The rows each kind's kernels read (plan::DsaGroupReads): the compressed KV
   // and indexer K caches are read whole (attention, indexer), the SWA cache
   // over its window, a state cache where the compressor gathers.
@@ -821,7 +837,7 @@ GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : st
                 " (compress_ratio ", spec_.compress_ratio, ") needs the compress_rope_theta tables: the StepBuilder "
                 "has no compress_cos_table / compress_sin_table");
   const StepBuilderConfig& sc = step.config();
-  const bool separate = sc.separate_device_buffers.value_or(!sc.device.is_cpu());
+  const bool separate = sc.separate();
   // Draft lanes only where drafting is supported (spec 6.5: ratio <= 1).
   const int32_t drafts = spec_.compress_ratio <= 1 ? step.num_drafts() : 0;
   for (int32_t l = 0; l <= drafts; ++l) {

@@ -340,7 +340,7 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   // seq_len >= query_len, after the caches were written: refused here, before
   // any write. Padding requests of 0 tokens (the bucket's extra rows counted
   // by num_input_tokens) are what the layer takes.
-  for (int32_t b = st.num_reqs_actual; b < st.num_reqs; ++b) {
+  for (int32_t b = st.num_reqs; b < st.num_kernel_reqs; ++b) {
     const size_t ub = static_cast<size_t>(b);
     const int32_t q = st.query_start_loc_host[ub + 1] - st.query_start_loc_host[ub];
     const int32_t s = st.seq_lens_host[ub];
@@ -353,8 +353,8 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 c.hidden_size, "), got ", sizes_of(hidden));
   AAR_CHECK_ARG(hidden.scalar_type() == dt && hidden.device() == dev, "hidden is ", hidden.scalar_type(), " on ",
                 hidden.device(), "; the layer's weights are ", dt, " on ", dev);
-  AAR_CHECK_ARG(hidden.size(0) >= st.num_actual_tokens, "hidden has ", hidden.size(0),
-                " rows, fewer than the step's num_actual_tokens=", st.num_actual_tokens);
+  AAR_CHECK_ARG(hidden.size(0) >= st.num_kernel_tokens, "hidden has ", hidden.size(0),
+                " rows, fewer than the step's tokens in requests (num_kernel_tokens=", st.num_kernel_tokens, ")");
   AAR_CHECK_ARG(output.defined() && output.sizes() == hidden.sizes() && output.scalar_type() == dt &&
                     output.device() == dev && output.is_contiguous(),
                 "output must be a contiguous ", hidden.sizes(), " ", dt, " tensor on ", dev, ", got ",
@@ -362,9 +362,9 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   AAR_CHECK_ARG(!output.is_same(hidden), "output must not alias hidden");
   if (c.skip_topk || c.use_index_cache) {
     AAR_CHECK_ARG(topk != nullptr, "topk_buffer must be given (skip_topk / use_index_cache)");
-    AAR_CHECK_ARG(topk->index_topk() == c.index_topk && topk->max_num_tokens() >= st.num_actual_tokens,
+    AAR_CHECK_ARG(topk->index_topk() == c.index_topk && topk->max_num_tokens() >= st.num_kernel_tokens,
                   "topk_buffer is (", topk->max_num_tokens(), ", ", topk->index_topk(), "); the layer needs index_topk=",
-                  c.index_topk, " and >= ", st.num_actual_tokens, " rows");
+                  c.index_topk, " and >= ", st.num_kernel_tokens, " rows");
   }
 
   const ForwardKv f = unpack_forward_kv_cache(kv, c.compress_ratio);
@@ -634,7 +634,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   const int64_t D = cf.head_dim, R = cf.rope_dim;
   const detail::TokenViews& v = ws.tokens(n);
   // The compressors emit min(n, n / r + B) rows for n rows of B requests.
-  const int64_t r = cf.compress_ratio > 1 ? std::min<int64_t>(n, n / cf.compress_ratio + st.num_reqs) : 0;
+  const int64_t r = cf.compress_ratio > 1 ? std::min<int64_t>(n, n / cf.compress_ratio + st.num_kernel_reqs) : 0;
   const detail::RowViews& rv = ws.rows(r);
   const StepViews& sv = step_views(md, n);
   const at::Tensor x = n == T ? hidden : hidden.narrow(0, 0, n);
@@ -771,13 +771,14 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
                         "StepBuilder::build_for_graph_capture), got attention state ",
                         plan::to_string(st.attn_state));
   }
-  if (st.num_prefills != 0) {
-    throw_not_supported("DSA graph capture takes decode-only steps, got ", st.num_prefills, " prefill request(s)");
+  if (st.has_prefill()) {
+    throw_not_supported("DSA graph capture takes decode-only steps, got ", st.plan.split.num_prefills,
+                        " prefill request(s)");
   }
-  AAR_CHECK_ARG(hidden.size(0) == n && st.num_input_tokens == n && st.num_actual_tokens == n,
+  AAR_CHECK_ARG(hidden.size(0) == n && st.num_input_tokens == n && st.num_kernel_tokens == n,
                 "DSA graph capture of bucket ", n, " needs hidden of ", n, " rows and a step of ", n,
                 " tokens in requests (num_input_tokens = query_start_loc[B] = ", n, "; got hidden ", hidden.size(0),
-                " rows, num_input_tokens=", st.num_input_tokens, ", query_start_loc[B]=", st.num_actual_tokens,
+                " rows, num_input_tokens=", st.num_input_tokens, ", query_start_loc[B]=", st.num_kernel_tokens,
                 "): pad the batch to the bucket with dummy requests of decode length (seq_len >= their tokens)");
   if (cf.plan.kv_scatter == KvScatterKind::KvCompressEpilog && w_.wq_a.scalar_type() != at::kBFloat16) {
     throw_not_supported("DSA graph capture of the kv_compress_epilog plan needs bfloat16 weights (the epilog takes "
@@ -814,7 +815,7 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   cl->output = output;
   cl->ws = ws_;
   cl->bucket = n;
-  cl->num_reqs = st.num_reqs;
+  cl->num_reqs = st.num_kernel_reqs;
   cl->swa_block_table = md.swa->block_table;
   // The workspace's views for the bucket exist from here on (a replay makes no tensor for them).
   ws_->tokens(n);
@@ -861,7 +862,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   }
   const LayerMetadata& md = *md_ptr;
   const Caches c = validate(hidden, kv, md, output, topk);
-  const KvHookScope<LayerMetadata> kv_scope(kv_hooks, kv, md.step->num_actual_tokens > 0, md, "dsa");
+  const KvHookScope<LayerMetadata> kv_scope(kv_hooks, kv, md.step->num_kernel_tokens > 0, md, "dsa");
   std::optional<c10::InferenceMode> guard;
   if (!c10::InferenceMode::is_enabled()) guard.emplace();
   if (graph::GraphParams* g = graph::GraphParams::current()) {
@@ -869,7 +870,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     return output;
   }
   const StepMetadata& st = *md.step;
-  const int64_t tk = st.num_actual_tokens;
+  // Every token in a request (a padding request's too); rows past them are zeros.
+  const int64_t tk = st.num_kernel_tokens;
   if (tk == 0) {
     output.zero_();
     return output;
@@ -934,9 +936,9 @@ graph::StepParams graph_step_params(const LayerMetadata& md) {
   graph::StepParams sp;
   sp.block_tables = md.swa->block_table;
   sp.seq_lens = st.seq_lens;
-  sp.num_reqs = st.num_reqs;
-  sp.num_real_reqs = st.num_reqs_actual;
-  sp.num_kernel_tokens = st.num_actual_tokens;
+  sp.num_reqs = st.num_kernel_reqs;
+  sp.num_real_reqs = st.num_reqs;
+  sp.num_kernel_tokens = st.num_kernel_tokens;
   sp.num_input_tokens = st.num_input_tokens;
   sp.stamp = md.swa->stamp;
   return sp;

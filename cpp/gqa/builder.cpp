@@ -116,7 +116,6 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) {
   buffers_->copy(0, st.bt.offset + static_cast<int64_t>(B) * cfg_.max_blocks_per_req);
   buffers_->finish();
   counter_.next(md_.stamp);
-  const at::Tensor& device = buffers_->device();
 
   md_.attn_state = p.state;
   md_.num_reqs = p.num_reqs;
@@ -201,7 +200,6 @@ void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {
   d.prefill_kv_start = start;
   // Device: every KV position's slot and every real token's row, from the
   // metadata's device tensors (no host loop over positions, no sync).
-  const at::Tensor& device = buffers_->device();
   const at::Tensor kv_lens =
       st_->seq_dev.first(B).to(at::kLong);  // int32 -> int64 (a new tensor)
   const auto lopts = at::TensorOptions().dtype(at::kLong).device(cfg_.device);

@@ -120,13 +120,13 @@ void DcpAttentionImpl::combine(const cp::DcpViews& v, const at::Tensor& out_rows
 
 void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output) {
   // The step's decode tokens only (eager: no padding rows).
-  const int64_t td = md.base.num_decode_tokens;
+  const int64_t td = md.num_decode_tokens;
   const cp::DcpViews& v = decode_views(td, query);
   stage_query(v, query.narrow(0, 0, td));
   ops::FiaTensors t;
   ops::FiaParams p;
   at::Tensor out, lse;
-  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.base.block_size, t, p, out,
+  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.block_size, t, p, out,
                     lse);
   p.actual_seq_lengths = md.decode_q_ends.slice(0, td);
   p.actual_seq_lengths_kv = md.decode_kv_lens.slice(0, td);
@@ -139,12 +139,12 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
                                       const std::optional<at::Tensor>& key, const std::optional<at::Tensor>& value,
                                       const at::Tensor& output) {
   const int64_t n = g.capturing_bucket();
-  if (md.base.num_prefills != 0 || md.base.num_decodes == 0 || md.decode_kernel_rows != n ||
-      md.base.num_input_tokens != n || query.sizes()[0] != n) {
+  if (md.num_prefills != 0 || md.num_decodes == 0 || md.decode_kernel_rows != n ||
+      md.num_input_tokens != n || query.sizes()[0] != n) {
     throw_not_supported("DCP graph capture of bucket ", n, " takes decode-only batches padded to ", n,
-                        " tokens (got ", md.base.num_decodes, " decodes, ", md.base.num_prefills,
+                        " tokens (got ", md.num_decodes, " decodes, ", md.num_prefills,
                         " prefills, ", md.decode_kernel_rows, " decode rows, num_input_tokens=",
-                        md.base.num_input_tokens, ", query rows=", query.sizes()[0], ")");
+                        md.num_input_tokens, ", query rows=", query.sizes()[0], ")");
   }
   if (key.has_value() && !cfg_.kv_sharing) {
     // Replays read the captured key/value buffers in place: no hidden copies.
@@ -158,7 +158,7 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
     w.value = *value;
     w.key_cache = caches_.key;
     w.value_cache = caches_.value;
-    w.slot_mapping = md.base.slot_mapping;  // the builder's buffer: a stable address, -1 past the real tokens
+    w.slot_mapping = md.slot_mapping;  // the builder's buffer: a stable address, -1 past the real tokens
     g.capture_call(std::move(w));
   }
   // The closures hold copies of the views (and so the buffers) they use.
@@ -173,7 +173,7 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
   c.kind = graph::CallKind::Fia;
   c.layer_index = cfg_.layer_index;
   c.paged = true;
-  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.base.block_size, c.fia,
+  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.block_size, c.fia,
                     c.fia_params, c.out, c.lse);
   g.capture_call(std::move(c));
 
@@ -186,7 +186,7 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
 
 void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key,
                                const at::Tensor& value, const at::Tensor& output) {
-  const int64_t td = md.base.num_decode_tokens, tp = md.num_prefill_tokens;
+  const int64_t td = md.num_decode_tokens, tp = md.num_prefill_tokens;
   const int64_t H = cfg_.num_heads, D = cfg_.head_size;
   const at::Tensor qp = query.narrow(0, td, tp);
   // Upstream order (spec 7): the context query gather before the current pass,
@@ -215,7 +215,7 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
     t.query = qp;
     t.key = key.narrow(0, td, tp);
     t.value = value.narrow(0, td, tp);
-    t.atten_mask = md.base.attn_mask;
+    t.atten_mask = md.attn_mask;
     p.actual_seq_lengths = md.prefill_q_ends;
     p.actual_seq_lengths_kv = md.prefill_q_ends;  // cumulative: dense K/V
     p.num_heads = H;
@@ -242,7 +242,7 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
   ops::FiaTensors t;
   ops::FiaParams p;
   at::Tensor po, pl;
-  fill_partial_call(*v, md.prefill_block_tables, md.prefill_q_ends, md.prefill_context_lens, md.base.block_size, t,
+  fill_partial_call(*v, md.prefill_block_tables, md.prefill_q_ends, md.prefill_context_lens, md.block_size, t,
                     p, po, pl);
   if (md.local_context_tokens > 0) {
     ops::fused_infer_attention_score_out(t, p, std::nullopt, po, pl);
@@ -269,22 +269,31 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
 
 const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
                                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
-                                            const at::Tensor& value_cache, const DcpMetadata& md,
+                                            const at::Tensor& value_cache, const DcpMetadata* metadata,
                                             const at::Tensor& output) {
+  if (metadata == nullptr) {
+    // Profiling / dummy run: nothing to attend, no collective (every rank of
+    // the group runs it alike, so none waits for a peer).
+    graph::refuse_if_capturing("a DCP forward without metadata (profiling run)");
+    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
+    output.zero_();
+    return output;
+  }
+  const DcpMetadata& md = *metadata;
   // The shared exchange workspace is held for this forward (one thread at a
   // time), from the start when the layer has one already: before any write.
   graph::ForwardScope exclusive_scope;
   if (ws_) exclusive_scope.hold(ws_->exclusive());
-  check_current(md.base.stamp, "metadata");
+  check_current(md.stamp, "metadata");
   AAR_CHECK_ARG(md.shard.world == comm_.size() && md.shard.rank == comm_.rank(), "the metadata was built for DCP rank ",
                 md.shard.rank, " of ", md.shard.world, " but the layer's group is rank ", comm_.rank(), " of ",
                 comm_.size());
   const LayerShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size};
-  validate_layer_inputs(shape, query, key, value, md.base, output, md.base.num_actual_tokens,
+  validate_layer_inputs(shape, query, key, value, md, output, md.num_actual_tokens,
                         "has num_actual_tokens rows");
   AAR_CHECK_ARG(key_cache.defined(), "DCP attention reads and writes the paged KV cache: key_cache/value_cache are required");
-  validate_nd_caches(shape, key_cache, value_cache, md.base, query.scalar_type(), query.device());
-  AAR_CHECK_ARG(md.base.num_prefills == 0 || key.has_value(),
+  validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device());
+  AAR_CHECK_ARG(md.num_prefills == 0 || key.has_value(),
                 "prefill requests attend this step's own K/V: key and value are required");
   const bool writes = key.has_value() && !cfg_.kv_sharing;
   const KvHookScope<DcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, writes, md, "gqa_dcp");
@@ -298,12 +307,12 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
   // 1. This rank's own tokens only (slot -1 elsewhere, skipped by the kernel).
   if (writes) {
     const int64_t n = key->sizes()[0];
-    const at::Tensor slots = n == md.base.num_input_tokens ? md.base.slot_mapping : md.base.slot_mapping.narrow(0, 0, n);
+    const at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
     ops::scatter_pa_kv_cache(key->contiguous(), value->contiguous(), caches_.key, caches_.value, slots, "Norm");
   }
   // 2-3. Collectives depend only on batch-global facts (spec 7).
-  if (md.base.num_decodes > 0) decode(md, query, output);
-  if (md.base.num_prefills > 0) prefill(md, query, *key, *value, output);
+  if (md.num_decodes > 0) decode(md, query, output);
+  if (md.num_prefills > 0) prefill(md, query, *key, *value, output);
   return output;
 }
 

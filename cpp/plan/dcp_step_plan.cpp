@@ -69,6 +69,15 @@ CSpan<int32_t> draft_step_seq_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t
 }
 
 DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
+  // The step fields this plan has no use for: taken silently, a caller's
+  // forced state or draft counts would seem to shape a step they do not.
+  AAR_CHECK_ARG(!in.attn_state.has_value(), "attn_state was given, but the DCP step plan does not read it (its "
+                "split and lengths serve every state)");
+  AAR_CHECK_ARG(in.num_spec_tokens.empty(), "num_spec_tokens was given (", in.num_spec_tokens.size(),
+                " entries), but the DCP step plan does not read it (decodes are the requests of at most "
+                "decode_threshold tokens)");
+  AAR_CHECK_ARG(in.req_ids.empty(), "req_ids was given (", in.req_ids.size(),
+                " entries), but the DCP step plan does not read it (it keeps no per-request state)");
   const std::size_t b = in.seq_lens.size();
   const CSpan<int32_t> qsl = in.query_start_loc;
   AAR_CHECK_ARG(qsl.size() == b + 1, "query_start_loc has ", qsl.size(), " entries, expected seq_lens.size()+1 = ",

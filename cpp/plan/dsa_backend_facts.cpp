@@ -1,5 +1,5 @@
 // Static facts of the DSA backends and caches (spec sparse.md 6.1, 6.2).
-#include "ascend_attn_rt/dsa/backend_facts.h"
+#include "ascend_attn_rt/plan/dsa_backend_facts.h"
 
 #include <algorithm>
 #include <initializer_list>

@@ -1,6 +1,6 @@
 // The DSA attention-KV plan (spec sparse.md 7.1, 7.2): the one place that
 // turns the device kind into decisions.
-#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/plan/dsa_kv_plan.h"
 
 #include <limits>
 

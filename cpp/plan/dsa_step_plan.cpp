@@ -9,7 +9,7 @@
 #include <string>
 #include <type_traits>
 
-#include "../common/cpu_features.h"
+#include "cpu_features.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
 

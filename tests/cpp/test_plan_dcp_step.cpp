@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/dcp_step_plan.h"
+#include "test_plan_util.h"
 
 namespace aar::plan {
 namespace {
@@ -24,6 +26,10 @@ struct Step {
   std::vector<uint8_t> prefilling;
   int32_t stride = 0;
   bool pd_recompute = false;
+  // StepInput fields the DCP plan does not read (refused when given).
+  std::optional<AttentionState> attn_state;
+  std::vector<int32_t> num_spec_tokens;
+  std::vector<uint64_t> req_ids;
   std::vector<int32_t> slots, dbt, pbt, idx;
   std::vector<int64_t> dq, dkv, pq, pctx;
   DcpStepPlan run(DcpShard s, int32_t threshold, int32_t bs = 4) {
@@ -38,6 +44,9 @@ struct Step {
     in.is_prefilling = CSpan<uint8_t>(prefilling.data(), prefilling.size());
     in.pd_recompute_scheduler = pd_recompute;
     in.shard = s;
+    in.attn_state = attn_state;
+    in.num_spec_tokens = CSpan<int32_t>(num_spec_tokens.data(), num_spec_tokens.size());
+    in.req_ids = CSpan<uint64_t>(req_ids.data(), req_ids.size());
     const int32_t T = qsl.back();
     slots.assign(T, 7);
     dbt.assign(T * stride, 0);
@@ -157,6 +166,25 @@ TEST(PlanDcpStep, RejectionIsRankIndependentAndBeforeWrites) {
   Step s = mixed();
   s.seq[1] = 2;  // seq_len < query_len
   EXPECT_THROW(s.run({2, 0, 1}, 4), InvalidArgument);
+}
+
+// The step fields the plan does not read are refused by name, before any write:
+// accepted, a forced state or draft counts would be silently ignored.
+TEST(PlanDcpStep, RefusesStepFieldsItDoesNotRead) {
+  Step s = mixed();
+  s.attn_state = AttentionState::DecodeOnly;
+  EXPECT_INVALID(s.run({2, 0, 1}, 4), "attn_state was given, but the DCP step plan does not read it");
+  for (int32_t v : s.slots) EXPECT_EQ(v, 7);
+  s = mixed();
+  s.num_spec_tokens = {0, 2, 0, 0, 0};
+  EXPECT_INVALID(s.run({2, 1, 1}, 4), "num_spec_tokens was given (5 entries)");
+  for (int32_t v : s.slots) EXPECT_EQ(v, 7);
+  s = mixed();
+  s.req_ids = {11, 12, 13, 14, 15};
+  EXPECT_INVALID(s.run({2, 0, 2}, 4), "req_ids was given (5 entries)");
+  for (int32_t v : s.slots) EXPECT_EQ(v, 7);
+  s = mixed();
+  s.run({2, 0, 1}, 4);  // the same step without them is accepted
 }
 
 // Spec 3.1 / 3.2: the P/D recompute scheduler classes a short request still in

@@ -43,10 +43,10 @@ def ref_step(q, S, nra=None, T=None, thr=1):
     for b in range(B):
         pos += [sp[b] + j for j in range(q[b])]
     pos += [0] * (T - qsl[-1])
-    nd = 0
-    while nd < B and q[nd] <= thr:
+    nd = 0  # the split counts the real requests (graph padding excluded)
+    while nd < nra and q[nd] <= thr:
         nd += 1
-    return dict(qsl=qsl, sp=sp, pos=pos, T=T, nd=nd, np=B - nd, nra=nra)
+    return dict(qsl=qsl, sp=sp, pos=pos, T=T, nd=nd, np=nra - nd, nra=nra)
 
 
 def fmt(slot, bs, flat):
@@ -116,9 +116,15 @@ def check_step(st, q, S, nra=None, T=None, thr=1):
     for s in S:
         cu.append(cu[-1] + s)
     assert st.cu_seqlens_kv.tolist() == cu
-    assert st.num_input_tokens == ref["T"] and st.num_actual_tokens == ref["qsl"][-1]
-    assert (st.num_decodes, st.num_prefills) == (ref["nd"], ref["np"])
-    assert st.num_decode_tokens == sum(q[: ref["nd"]])
+    # The counts' one meaning (docs/design/core.md): num_reqs and the tokens, split and maxima of the real
+    # requests; num_kernel_reqs / num_kernel_tokens / max_seqlen_q / kv over all B (padding included).
+    nra, nd = ref["nra"], ref["nd"]
+    assert (st.num_reqs, st.num_reqs_actual, st.num_kernel_reqs) == (nra, nra, len(q))
+    assert st.num_input_tokens == ref["T"] and st.num_kernel_tokens == ref["qsl"][-1]
+    assert st.num_actual_tokens == ref["qsl"][nra]
+    assert (st.num_decodes, st.num_prefills) == (nd, ref["np"])
+    assert st.num_decode_tokens == sum(q[:nd]) and st.num_prefill_tokens == sum(q[nd:nra])
+    assert st.max_query_len == max(q[:nra], default=0) and st.max_seq_len == max(S[:nra], default=0)
     pos = torch.tensor(ref["pos"], dtype=torch.long)
     assert torch.equal(st.cos, COS[pos]) and torch.equal(st.sin, SIN[pos])
     assert torch.equal(st.compress_cos, CCOS[pos]) and torch.equal(st.compress_sin, CSIN[pos])
@@ -141,7 +147,7 @@ def check_group(gm, st, q, S, table, ratio, sbs, flat, nra=None, T=None, device_
     bt = [list(table[b]) if b < nra else [0] * cols for b in range(B)]
     assert gm.block_table.tolist() == bt and gm.block_table_list == sum(bt, [])
     assert gm.seq_lens.tolist() == list(S) and gm.start_pos.tolist() == st.start_pos_list
-    assert gm.num_reqs_actual == nra
+    assert (gm.num_reqs, gm.num_reqs_actual, gm.num_kernel_reqs) == (nra, nra, B)
     pos = torch.tensor(st.positions_list, dtype=torch.long)
     if ratio > 1:
         assert torch.equal(gm.cos, CCOS[pos]) and torch.equal(gm.sin, CSIN[pos])

@@ -215,3 +215,88 @@ CONFIGS = [
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_gqa_dcp_matches_float64_reference(world):
     assert run_ranks(world, _case_matrix, CONFIGS, deadline_s=150.0) == [len(CONFIGS)] * world
+
+
+# ----------------------------------------------------------------------------- the step core and the contract
+
+
+def _i32(x):
+    return torch.tensor(x, dtype=torch.int32)
+
+
+def _dcp_builder(**kw):
+    import ascend_attn_rt as aar
+
+    return aar.DcpMetadataBuilder(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=2, block_size=16,
+                                  num_blocks=32, dcp_world=2, dcp_rank=1, **kw)
+
+
+_BT = _i32([[1, 2], [3, 4], [5, 6], [7, 8]])
+
+
+def test_dcp_metadata_counts_have_the_step_core_meaning():
+    b = _dcp_builder(num_speculative_tokens=1)
+    # Decodes of 1 and 2 tokens, a chunk of 5 over 20 cached tokens, a fresh prefill of 3.
+    md = b.build(_i32([0, 1, 3, 8, 11]), _i32([10, 12, 25, 3]), _BT,
+                 is_prefilling=torch.tensor([False, False, True, True]))
+    assert (md.num_reqs, md.num_kernel_reqs) == (4, 4)
+    assert (md.num_decodes, md.num_decode_tokens, md.num_prefills, md.num_prefill_tokens) == (2, 3, 2, 8)
+    assert md.num_actual_tokens == md.num_input_tokens == 11
+    assert (md.max_query_len, md.max_seq_len) == (5, 25)
+    # A decode-only step padded to a bucket of 8: its 5 padding rows are the kernels' dummies.
+    md = b.build(_i32([0, 1, 2, 3]), _i32([4, 9, 30]), _BT[:3].contiguous(), num_input_tokens=8)
+    assert (md.num_reqs, md.decode_kernel_rows, md.num_kernel_reqs) == (3, 8, 8)
+    assert (md.num_actual_tokens, md.num_input_tokens, md.num_prefill_tokens) == (3, 8, 0)
+
+
+def test_dcp_backend_contract():
+    import ascend_attn_rt as aar
+
+    S = aar.AttentionState
+    f = aar.backend_facts("gqa_dcp")
+    assert f["capturable"] == ["DecodeOnly", "SpecDecoding"] and f["context_parallel"]
+    assert f["kv_caches"] == ["key_cache", "value_cache"] and "gqa_dcp" in [x["id"] for x in aar.backends()]
+    b = _dcp_builder()
+    qsl, base, bt = _i32([0, 1, 2]), _i32([7, 20]), _BT[:2].contiguous()
+    md = b.build(qsl, base, bt)
+    # Refused by name before anything is built: the previous metadata stays current.
+    for state in (S.PrefillNoCache, S.PrefillCacheHit, S.ChunkedPrefill):
+        with pytest.raises(NotImplementedError, match=f"attention state {state.name} cannot be captured with DCP"):
+            b.build_for_graph_capture(qsl, base, bt, num_input_tokens=4, state=state)
+    assert md.is_current
+    g = b.build_for_graph_capture(qsl, base, bt, num_input_tokens=4)
+    assert g.attn_state == S.DecodeOnly and g.decode_kernel_rows == 4 and not md.is_current
+    assert b.build(qsl, base, bt).attn_state == S.ChunkedPrefill
+    # Drafting is build() over the draft step's own lengths: draft 1 of base lengths b is a step of b + 2,
+    # the same decode rows as a draft_step=1 build over the base lengths.
+    lens = b.build_for_drafting(qsl, base + 2, bt, 1).decode_kv_lens
+    assert b.build(qsl, base, bt, draft_step=1).decode_kv_lens == lens
+    assert b.build_for_drafting(qsl, base, bt, 1, draft_step=1).decode_kv_lens == lens
+    with pytest.raises(ValueError, match=r"draft_step=0 \(a draft step over base lengths\) differs from draft_index=1"):
+        b.build_for_drafting(qsl, base, bt, 1, draft_step=0)
+    with pytest.raises(ValueError, match="draft_index must be >= 0, got -1"):
+        b.build_for_drafting(qsl, base, bt, -1)
+
+
+def _case_profiling_run(rank, W):
+    import torch.distributed as dist
+
+    import ascend_attn_rt as aar
+
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    layer = aar.DcpAttentionImpl(comm, 2, D, num_kv_heads=1)
+    kc = torch.zeros(8, 16, 1, D)
+    q, k = torch.randn(3, 2, D), torch.randn(3, 1, D)
+    out = torch.full((3, 2, D), float("nan"))
+    assert layer.forward(q, k, k, kc, kc, None, out) is out
+    assert comm.calls == 0 and bool((out == 0).all()) and not bool(kc.any())
+    g = aar.GraphParams("recording")
+    with pytest.raises(NotImplementedError, match="a DCP forward without metadata"):
+        with g.capture(3):
+            layer.forward(q, k, k, kc, kc, None, out)
+    return comm.calls
+
+
+def test_dcp_forward_without_metadata_is_a_profiling_run():
+    # Every rank runs it alike and issues no collective: a rank waiting in one would hang the test.
+    assert run_ranks(2, _case_profiling_run, deadline_s=60.0) == [0, 0]

@@ -315,3 +315,82 @@ def _case_bad_input(rank, world):
 def test_forward_rejects_bad_input_before_any_collective_or_write():
     res = run_ranks(2, _case_bad_input, deadline_s=60.0)
     assert res[0] == res[1] == [4, 2]
+
+
+# ----------------------------------------------------------------------------- the step core and the contract
+
+def _i32(x):
+    return torch.tensor(x, dtype=torch.int32)
+
+
+_KW = dict(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=2, block_size=16, num_blocks=8)
+
+
+@pytest.mark.parametrize("mode", ["sharded", "replicated"])
+def test_pcp_metadata_counts_are_the_global_steps(mode):
+    b = aar.cp.PcpMetadataBuilder(**_KW, pcp_size=2, pcp_rank=1, kv_mode=mode)
+    md = b.build(_i32([0, 1, 6]), _i32([9, 5]), _i32([[0, 1], [2, 3]]))
+    assert (md.num_reqs, md.num_kernel_reqs, md.num_decodes, md.num_prefills) == (2, 2, 1, 1)
+    assert (md.num_actual_tokens, md.num_input_tokens, md.num_decode_tokens, md.num_prefill_tokens) == (6, 6, 1, 5)
+    assert (md.max_query_len, md.max_seq_len) == (5, 9)
+    assert md.num_local_tokens == len(b.local_token_index)
+    assert md.attn_state == aar.AttentionState.ChunkedPrefill  # the global step's (a decode and a fresh prompt)
+    assert b.build(_i32([0, 1, 2]), _i32([9, 4]), _i32([[0, 1], [2, 3]])).attn_state == aar.AttentionState.DecodeOnly
+
+
+def test_pcp_backend_contract():
+    S = aar.AttentionState
+    f = aar.backend_facts("gqa_pcp")
+    assert f["capturable"] == [] and f["context_parallel"] and f["kv_caches"] == ["key_cache", "value_cache"]
+    b = aar.cp.PcpMetadataBuilder(**_KW, pcp_size=2, pcp_rank=0)
+    qsl, seq, bt = _i32([0, 1, 6]), _i32([9, 5]), _i32([[0, 1], [2, 3]])
+    md = b.build(qsl, seq, bt)
+    for state in (S.DecodeOnly, S.ChunkedPrefill, S.SpecDecoding):
+        with pytest.raises(NotImplementedError, match=f"attention state {state.name} cannot be captured"):
+            b.build_for_graph_capture(qsl, seq, bt, state=state)
+    assert md.is_current  # refused before anything was built
+    want = (md.num_local_tokens, md.decode_kv_lens, md.padded_slot_mapping.clone())
+    d = b.build_for_drafting(qsl, seq, bt, 0)
+    assert not md.is_current and d.is_current
+    assert (d.num_local_tokens, d.decode_kv_lens) == want[:2] and torch.equal(d.padded_slot_mapping, want[2])
+    with pytest.raises(ValueError, match="draft_index must be >= 0, got -1"):
+        b.build_for_drafting(qsl, seq, bt, -1)
+
+
+@pytest.mark.parametrize("mode", ["sharded", "replicated"])
+def test_pcp_staging_config_is_honoured(mode):
+    # Separate device buffers on the CPU exercise the staging copy: the same metadata as the in-place path,
+    # build after build, with 3 host buffers used in turn.
+    kw = dict(_KW, pcp_size=2, pcp_rank=1, kv_mode=mode)
+    plain = aar.cp.PcpMetadataBuilder(**kw)
+    staged = aar.cp.PcpMetadataBuilder(**kw, separate_device_buffers=True, staging_buffers=3)
+    steps = [([0, 1, 6], [9, 5]), ([0, 1, 2, 12], [10, 6, 20]), ([0, 7], [7]), ([0, 1, 2], [11, 7])]
+    for qsl, seq in steps:
+        args = (_i32(qsl), _i32(seq), _i32([[0, 1], [2, 3], [4, 5]][:len(seq)]))
+        a, s = plain.build(*args), staged.build(*args)
+        fields = ["write_slots"] if mode == "replicated" else ["padded_slot_mapping", "restore_idx"]
+        for name in fields:
+            assert torch.equal(getattr(a, name), getattr(s, name)), name
+        assert (a.decode_kv_lens, a.ctx_kv_lens) == (s.decode_kv_lens, s.ctx_kv_lens)
+        assert torch.equal(plain.local_token_index, staged.local_token_index)
+    with pytest.raises(ValueError, match=r"staging_buffers must be in \[1, 4\], got 5"):
+        aar.cp.PcpMetadataBuilder(**kw, separate_device_buffers=True, staging_buffers=5)
+
+
+def _case_profiling_run(rank, world):
+    pcp = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    layer = aar.cp.PcpAttentionImpl(4, 16, pcp=pcp, num_kv_heads=2)
+    kc = torch.zeros(8, 16, 2, 16)
+    q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
+    out = torch.full((5, 4, 16), float("nan"))
+    assert layer.forward(q, k, k, kc, kc, None, out) is out
+    assert pcp.calls == 0 and bool((out == 0).all()) and not bool(kc.any())
+    g = aar.GraphParams("recording")
+    with pytest.raises(NotImplementedError, match="a PCP forward"):
+        with g.capture(5):
+            layer.forward(q, k, k, kc, kc, None, out)
+    return pcp.calls
+
+
+def test_pcp_forward_without_metadata_is_a_profiling_run():
+    assert run_ranks(2, _case_profiling_run, deadline_s=60.0) == [0, 0]

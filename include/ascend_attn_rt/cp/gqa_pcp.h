@@ -81,6 +81,8 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/backend.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/gqa/builder.h"
 #include "ascend_attn_rt/gqa/impl.h"
@@ -98,35 +100,42 @@ namespace aar::cp {
 
 class Comm;
 
-struct PcpConfig {
-  int32_t max_num_reqs = 256;      // global requests per step
-  int32_t max_num_tokens = 8192;   // global scheduled tokens per step
-  int32_t max_blocks_per_req = 64;
-  int32_t block_size = 128;
-  int32_t num_blocks = 0;          // required
-  int32_t num_speculative_tokens = 0;  // must be 0 (no speculative decode with PCP)
-  c10::Device device = c10::Device(c10::kCPU);
+// The backend's declared facts (core/backend.h), registered as "gqa_pcp".
+struct PcpBackend {
+  static core::BackendFacts facts();
+};
+
+// The builder core (core/step.h; capacities for the global batch: max_num_reqs
+// requests and max_num_tokens scheduled tokens per step) and what PCP adds.
+// num_speculative_tokens must be 0 (no speculative decode with PCP).
+struct PcpConfig : core::BuilderCore {
   int32_t pcp_size = 1, pcp_rank = 0;  // Wp, rp
   int32_t dcp_size = 1, dcp_rank = 0;  // Wd, rd (sharded mode only)
   int32_t interleave_size = 1;         // I (sharded mode: B % I == 0)
   plan::PcpKvMode kv_mode = plan::PcpKvMode::Sharded;
 };
 
-struct PcpBuildInputs {
-  plan::CSpan<int32_t> query_start_loc;  // N+1, the global batch, decodes first
-  plan::CSpan<int32_t> seq_lens;         // N: context + new tokens
-  plan::CSpan<int32_t> block_table;      // N x block_table_stride, host
-  int32_t block_table_stride = 0;
-  plan::CSpan<uint8_t> is_prefilling;    // optional (N)
-};
+// The step (core::StepInput): the global batch, decodes first. Read:
+// query_start_loc, seq_lens (context + new tokens), the host block table and
+// is_prefilling; num_input_tokens may only repeat query_start_loc[N] (PCP
+// pads nothing for graphs); attn_state, num_spec_tokens and req_ids are
+// refused by name when given.
+struct PcpBuildInputs : core::StepInput {};
 
-struct PcpMetadata {
+// The counts (core::StepCounts) are the global step's, the same on every rank:
+// num_reqs = num_kernel_reqs the N scheduled requests (no padding dummies),
+// num_actual_tokens = num_input_tokens the scheduled tokens, the
+// decode/prefill split (num_decode_tokens Td are also this rank's decode rows:
+// decodes are replicated). The rows of this rank's q/k/v/output are
+// num_local_tokens.
+struct PcpMetadata : core::StepCounts {
+  // The global step's state (plan::select_attention_state of its lengths), for
+  // engines and logs: the layers read the split. The replicated path's local
+  // GQA batch has its own (local->attn_state).
+  plan::AttentionState attn_state = plan::AttentionState::ChunkedPrefill;
   plan::PcpKvMode kv_mode = plan::PcpKvMode::Sharded;
   int32_t pcp_size = 1, pcp_rank = 0, dcp_size = 1, dcp_rank = 0;
-  int32_t num_reqs = 0, num_decodes = 0, num_prefills = 0;
-  int32_t num_decode_tokens = 0;   // Td: local decode rows (the same on every rank)
   int32_t num_local_tokens = 0;    // rows of this rank's q/k/v/output
-  int32_t num_actual_tokens = 0;   // global scheduled tokens
   bool has_context = false;        // a split request has cached context (batch-global)
 
   // Sharded. `shape` carries the validation facts (block_size, num_blocks,
@@ -162,6 +171,15 @@ class PcpMetadataBuilder {
   PcpMetadataBuilder& operator=(const PcpMetadataBuilder&) = delete;
 
   const PcpMetadata& build(const PcpBuildInputs& in);
+  using Inputs = PcpBuildInputs;
+  using Output = PcpMetadata;
+  // PcpBackend::facts().capturable is empty: every state is refused by name
+  // (NotSupported), before anything is built.
+  const PcpMetadata& build_for_graph_capture(const PcpBuildInputs& in,
+                                             plan::AttentionState state = plan::AttentionState::DecodeOnly);
+  // A draft model's step: build() (no draft lanes; the previous metadata
+  // becomes stale).
+  const PcpMetadata& build_for_drafting(const PcpBuildInputs& in, int32_t draft_index);
   const PcpConfig& config() const { return cfg_; }
   const PcpMetadata& metadata() const { return md_; }
 
@@ -177,17 +195,20 @@ class PcpMetadataBuilder {
   void build_sharded(const PcpBuildInputs& in, int32_t num_decodes);
   void build_replicated(const PcpBuildInputs& in);
 
+  struct Staging;  // the staging buffer's regions (and the replicated path's cached views)
+
   PcpConfig cfg_;
   PcpMetadata md_;
   detail::BuildCounter counter_;
   std::unique_ptr<detail::StagingBuffers> buffers_;
+  std::unique_ptr<Staging> st_;
   std::unique_ptr<gqa::MetadataBuilder> inner_;  // replicated mode
   std::optional<at::Tensor> causal_mask_;
   int64_t cap_ = 0;
   // Host scratch, sized at construction.
   std::vector<uint8_t> flags_;
   std::vector<int32_t> qlens_, token_slots_, positions_, token_index_, local_lens_, pads_;
-  std::vector<int32_t> local_qsl_, local_seq_, local_bt_;
+  std::vector<int32_t> local_qsl_, local_seq_, local_bt_, expanded_slots_;
   std::vector<uint8_t> local_pref_, u8_;
   std::vector<int64_t> decode_q_ends_, decode_kv_lens_, mask_ends_, head_ends_, tail_ends_, ctx_q_ends_,
       ctx_kv_lens_;
@@ -211,9 +232,10 @@ class PcpAttentionImpl {
   // query (T_loc, H, D), key/value (T_loc, Hkv, D) (required: PCP writes the
   // KV of every layer), caches as for gqa::AttentionImpl, output (T_loc, H, D)
   // written in full (padding rows get defined values). Validates everything
-  // before the first collective or write.
+  // before the first collective or write. metadata == nullptr (profiling run)
+  // zero-fills the output and issues no collective. Returns output.
   const at::Tensor& forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                            const at::Tensor& key_cache, const at::Tensor& value_cache, const PcpMetadata& md,
+                            const at::Tensor& key_cache, const at::Tensor& value_cache, const PcpMetadata* metadata,
                             const at::Tensor& output);
 
   const gqa::ImplConfig& config() const { return cfg_; }

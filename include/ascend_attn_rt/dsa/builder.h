@@ -19,20 +19,23 @@
 //       plan::plan_dsa_step / plan_dsa_rows / plan_dsa_group
 //       (plan/dsa_step_plan.h).
 //
-// Buffers follow the SFA builder (sfa/builder.h): per lane one packed int32
-// buffer (host staging buffers used in turn + a device twin; one buffer on the
-// CPU), per-token regions end-aligned against the per-request part so a build
-// copies one contiguous range; views are cached per size, so a given size
-// always gets the same addresses. Lanes: the main one and one per draft index
-// (build_for_drafting), each with its own stamp counter. A rejected build
-// writes nothing: the previous metadata stays valid.
+// Buffers (the core's staging allocator, docs/design/core.md): per lane one
+// int32 buffer laid out by name (host staging buffers used in turn + a device
+// twin; one buffer on the CPU), the per-token regions packed per step right
+// before the per-request part (the block table, in a group) so a build copies
+// one contiguous range; views are cached per size (and per offset for the
+// packed regions), so a given step shape always gets the same addresses.
+// Lanes: the main one and one per draft index (build_for_drafting), each with
+// its own stamp counter. A rejected build writes nothing: the previous
+// metadata stays valid.
 //
 // Requirements and decisions (where the spec is silent):
 //  - Batches must be decode-first (a request of <= decode_threshold tokens
 //    after the first prefill is rejected naming query_start_loc; engines
 //    reorder with plan::reorder_decode_first at decode_threshold).
-//  - build_for_graph_capture takes DecodeOnly or SpecDecoding only
-//    (NotSupported otherwise) and a batch without prefills.
+//  - build_for_graph_capture takes the states dsa::Backend::facts() declares
+//    capturable, DecodeOnly and SpecDecoding (NotSupported naming any other),
+//    and a batch without prefills.
 //  - Graph padding: requests [num_reqs_actual, B) get start_pos 0 and zeroed
 //    block-table rows (and no compressed rows, -1 DSpark rows).
 //  - Drafts (spec 6.5 "Draft mode"): only groups of ratio <= 1 build for
@@ -118,10 +121,11 @@
 #include <optional>
 #include <vector>
 
-#include "ascend_attn_rt/dsa/backend_facts.h"
-#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/dsa/metadata.h"
 #include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/dsa_backend_facts.h"
+#include "ascend_attn_rt/plan/dsa_kv_plan.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/staging.h"
 
@@ -151,10 +155,13 @@ struct ModelSettings {
   int32_t index_head_dim = static_cast<int32_t>(kDsaIndexerHeadDim);
 };
 
-struct StepBuilderConfig {
-  int32_t max_num_reqs = 256;
-  int32_t max_num_tokens = 8192;
-  int32_t num_speculative_tokens = 0;  // k: decode_threshold = 1 + k <= 16
+// The step builder's part of the builder core (core/step.h): its capacities
+// (max_num_reqs, max_num_tokens, num_speculative_tokens k: decode_threshold =
+// 1 + k <= 16) and staging (device, separate_device_buffers: default device !=
+// CPU, staging_buffers: host buffers per lane 1..4, staging_hooks: null =
+// default events per lane). It has no block geometry: each GroupBuilder has its
+// own (GroupConfig).
+struct StepBuilderConfig : core::Capacities, core::StagingConfig {
   std::optional<int32_t> num_drafts;   // draft lanes; unset: num_speculative_tokens
   bool chunked_prefill_enabled = true; // attention-state derivation only
   // RoPE tables (max_position, R), rows of a multiple of 4 bytes (bf16 R = 64
@@ -162,22 +169,18 @@ struct StepBuilderConfig {
   // compressed groups). Kept on the host; device copies on `device`.
   at::Tensor cos_table, sin_table;
   at::Tensor compress_cos_table, compress_sin_table;
-  c10::Device device = c10::Device(c10::kCPU);
-  std::optional<bool> separate_device_buffers;  // default: device != CPU
-  int32_t staging_buffers = 2;                  // host buffers per lane (1..4)
-  std::shared_ptr<StagingHooks> staging_hooks;  // null: default events (per lane)
   ModelSettings model;                          // read by every GroupBuilder of this step
 };
 
-struct StepInputs {
-  plan::CSpan<int32_t> query_start_loc;  // B+1, leading 0
-  plan::CSpan<int32_t> seq_lens;         // B, raw KV lengths
+// The step (core::StepInput): query_start_loc (B+1, leading 0), seq_lens (B,
+// raw KV lengths), num_input_tokens (0 = query_start_loc[B]), attn_state
+// (unset: derived by plan::select_attention_state with num_computed =
+// start_pos, and num_spec_tokens when given). A DSA step has no block table of
+// its own (each group's comes with GroupInputs), and is_prefilling / req_ids
+// are not read: given, they are refused by name. B counts the graph-padding
+// requests too; num_reqs_actual says which are real.
+struct StepInputs : core::StepInput {
   int32_t num_reqs_actual = -1;          // -1 = B (no graph padding)
-  int32_t num_input_tokens = 0;          // 0 = query_start_loc[B]
-  // The engine's attention state; unset: derived (plan::select_attention_state
-  // with num_computed = start_pos, and num_spec_tokens when given).
-  std::optional<plan::AttentionState> attn_state;
-  plan::CSpan<int32_t> num_spec_tokens;  // per request, optional
 };
 
 // Thread safety: one thread at a time per builder; builders of different engines share
@@ -189,9 +192,15 @@ class StepBuilder {
   StepBuilder(const StepBuilder&) = delete;
   StepBuilder& operator=(const StepBuilder&) = delete;
 
+  // The backend contract's builder (core/backend.h).
+  using Inputs = StepInputs;
+  using Output = StepMetadata;
   const StepMetadata& build(const StepInputs& in);
+  // The states Backend::facts().capturable declares (DecodeOnly, SpecDecoding);
+  // others are refused by name (NotSupported) before anything is built.
   const StepMetadata& build_for_graph_capture(const StepInputs& in,
                                               plan::AttentionState state = plan::AttentionState::DecodeOnly);
+  // A draft step in the lane of draft_index (the main metadata stays current).
   const StepMetadata& build_for_drafting(const StepInputs& in, int32_t draft_index);
 
   const StepBuilderConfig& config() const { return cfg_; }
@@ -216,13 +225,18 @@ class StepBuilder {
 };
 
 // One KV-cache group's own cache; the settings every group shares come from
-// the StepBuilder (ModelSettings).
-struct GroupConfig {
+// the StepBuilder (ModelSettings), and so do the capacities and staging.
+// The block geometry (core/step.h): max_blocks_per_req (block-table columns),
+// num_blocks (pages of the group's cache, range checks; required) and
+// block_size, the raw tokens one block-table entry covers, which the kind and
+// cache_block_size decide (GroupBuilder::block_size(): cache_block_size times
+// the ratio for the compressed caches, the state backends' own sizes): 0 (the
+// default here) takes it, another value must equal it.
+struct GroupConfig : core::BlockGeometry {
+  GroupConfig() { block_size = 0; }
   DsaCacheKind kind = DsaCacheKind::Swa;
   int32_t cache_block_size = 128;  // 32, 64, 128 (spec 6.2): gives the group's block sizes and ratio
   AttnKvPlan plan;                 // slot format, cu_seqlens choices
-  int32_t max_blocks_per_req = 64; // block-table columns
-  int32_t num_blocks = 0;          // pages of the group's cache (range checks); required
 };
 
 struct GroupInputs {

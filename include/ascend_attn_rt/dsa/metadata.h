@@ -16,9 +16,10 @@
 #include <cstdint>
 
 #include "ascend_attn_rt/build_stamp.h"
-#include "ascend_attn_rt/dsa/backend_facts.h"
-#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/plan/attention_state.h"
+#include "ascend_attn_rt/plan/dsa_backend_facts.h"
+#include "ascend_attn_rt/plan/dsa_kv_plan.h"
 #include "ascend_attn_rt/plan/dsa_step_plan.h"
 #include "ascend_attn_rt/plan/span.h"
 
@@ -26,17 +27,26 @@ namespace aar::dsa {
 
 // The per-step shared values (upstream's per-step dict, spec 6.5 step 1 and
 // 11.11): computed once per step, read by every group of the step.
-struct StepMetadata {
-  int32_t num_reqs = 0;            // B, graph-padding requests included
-  int32_t num_reqs_actual = 0;     // real requests; [num_reqs_actual, B) are padding
-  int32_t num_actual_tokens = 0;   // query_start_loc[B]
-  int32_t num_input_tokens = 0;    // T: tokens the layers see (>= num_actual_tokens)
-  int32_t num_decodes = 0, num_decode_tokens = 0, num_prefills = 0, num_prefill_tokens = 0;
+//
+// The counts (core::StepCounts) have their one meaning: num_reqs the real
+// requests (StepInputs::num_reqs_actual), num_kernel_reqs the B requests the
+// kernels see ([num_reqs, B) are graph padding), num_actual_tokens the real
+// requests' tokens (query_start_loc[num_reqs]), num_input_tokens T (>= the
+// tokens of all B requests); the decode/prefill split and max_query_len /
+// max_seq_len over the real requests. What the kernels take over all B
+// requests is below (num_kernel_tokens, max_seqlen_q / kv, plan.split).
+struct StepMetadata : core::StepCounts {
+  // query_start_loc[B]: the tokens in the B requests, padding requests'
+  // included (the SAS / QLI operators' T; the rows an eager forward computes).
+  int32_t num_kernel_tokens = 0;
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens
+  // Maxima over all B requests (what the kernels tile; the SAS / QLI metadata's).
   int32_t max_seqlen_q = 0, max_seqlen_kv = 0;
   plan::AttentionState attn_state = plan::AttentionState::DecodeOnly;
   int32_t draft_index = -1;        // -1: the main lane; d: build_for_drafting(.., d)
-  bool has_prefill() const { return num_prefills > 0; }
+  // A prefill among the B requests (the kernels' split): it picks the groups'
+  // cu_seqlens kinds and turns DSpark off.
+  bool has_prefill() const { return plan.has_prefill(); }
 
   // Device views (int32): query_start_loc (B+1), seq_lens (B), start_pos (B:
   // S_b - q_b, 0 for padding rows), cu_seqlens_kv (B+1: [0, cumsum(S)], what
@@ -97,7 +107,8 @@ struct GroupMetadata {
   int32_t block_size = 0;            // the scheduler's logical block (raw tokens)
   int32_t storage_block_size = 0;    // physical rows per page
   SlotFormat slot_format = SlotFormat::BlockOffset;
-  int32_t num_reqs_actual = 0;
+  int32_t num_reqs = 0;         // the step's real requests (StepMetadata::num_reqs)
+  int32_t num_kernel_reqs = 0;  // the step's B: the block table's rows (padding rows zeroed)
   int32_t draft_index = -1;
   int32_t num_blocks = 0;  // the group's GroupConfig::num_blocks: a layer's cache of this group needs as many
   int32_t window = 0;      // the step's ModelSettings::window (W); ori_win_left derives from it

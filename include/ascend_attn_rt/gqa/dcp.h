@@ -2,10 +2,10 @@
 // along the sequence over the DCP group (plan/dcp_layout.h); every rank runs
 // the whole batch, writes only the tokens it owns, and attends its local shard.
 //
-// DcpMetadataBuilder: plan::build_dcp_step into persistent buffers (one
-// host-to-device copy per build on the device path, staging.h), giving
-// DcpMetadata: the ordinary GQA fields the layer checks (`base`) plus the DCP
-// parts. DcpAttentionImpl::forward, per layer:
+// DcpMetadataBuilder: plan::build_dcp_step into persistent buffers (the used
+// part of each staging region copied once per build on the device path,
+// staging.h), giving DcpMetadata: a gqa::Metadata (the fields the layer
+// checks) plus the DCP parts. DcpAttentionImpl::forward, per layer:
 //   1. KV write of this rank's own tokens (local slots, -1 elsewhere);
 //   2. decodes: query heads all-gathered over the group, FIA over the local
 //      paged shard with one query row per decode token and that token's local
@@ -61,6 +61,8 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/core/backend.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/cp/comm.h"
 #include "ascend_attn_rt/cp/dcp.h"
 #include "ascend_attn_rt/gqa/impl.h"
@@ -82,14 +84,25 @@ class GraphParams;
 
 namespace aar::gqa {
 
-struct DcpMetadata {
-  // The fields every GQA layer checks: num_actual_tokens / num_input_tokens,
-  // block_size, num_blocks, num_decodes / num_prefills / num_decode_tokens,
-  // slot_mapping (this rank's local slots), attn_mask (the causal mask of the
-  // current-chunk pass), block_tables (the request rows), stamp.
-  Metadata base;
+// The backend's declared facts (core/backend.h), registered as "gqa_dcp".
+struct DcpBackend {
+  static core::BackendFacts facts();
+};
+
+// A gqa::Metadata (so the layer's shared GQA input checks take it as it is)
+// whose counts (core::StepCounts) keep their one meaning: num_reqs the B
+// scheduled requests, num_kernel_reqs B plus the padding decode rows of a
+// graph bucket (each a one-token dummy without KV), num_actual_tokens the
+// tokens written, num_input_tokens the rows the layer receives, and the
+// decode/prefill split. Of the GQA fields the layer reads block_size,
+// num_blocks, slot_mapping (this rank's local slots), attn_mask (the causal
+// mask of the current-chunk pass) and stamp. attn_state is ChunkedPrefill,
+// or the state build_for_graph_capture was given (nothing reads it). The GQA
+// request fields (query_start_loc, seq_lens, block_tables, the length lists)
+// stay empty: hand it to DcpAttentionImpl and dcp_graph_step_params only (C++
+// would also take it where a plain GQA Metadata goes, and read an empty step).
+struct DcpMetadata : Metadata {
   plan::DcpShard shard;
-  int32_t num_prefill_tokens = 0;
   // Decode rows, one per decode token (plan::build_dcp_step), then, in a
   // decode-only step padded to num_input_tokens (graph buckets), padding rows
   // of KV length 0 up to decode_kernel_rows.
@@ -110,31 +123,20 @@ struct DcpMetadata {
   int32_t draft_step = -1;
 };
 
-struct DcpBuilderConfig {
-  int32_t max_num_reqs = 256;
-  int32_t max_num_tokens = 8192;
-  int32_t max_blocks_per_req = 64;
-  int32_t block_size = 128;
-  int32_t num_blocks = 0;
-  int32_t num_speculative_tokens = 0;  // decode threshold 1 + this (<= 16)
+// The builder core (core/step.h: capacities, block geometry, staging) and
+// what DCP adds.
+struct DcpBuilderConfig : core::BuilderCore {
   // The P/D recompute scheduler (spec 3.1 / 3.2): requests of at most the
   // decode threshold are decodes whatever is_prefilling says (a decode node
   // recomputes a transferred request's last prompt token as a decode).
   bool pd_recompute_scheduler = false;
   plan::DcpShard shard;                // world / rank / interleave (I <= B, B % I == 0)
-  c10::Device device = c10::Device(c10::kCPU);
-  std::optional<bool> separate_device_buffers;  // default: device != CPU
-  int32_t staging_buffers = 2;
-  std::shared_ptr<StagingHooks> staging_hooks;
 };
 
-struct DcpBuildInputs {
-  plan::CSpan<int32_t> query_start_loc;  // B+1, decode-first order
-  plan::CSpan<int32_t> seq_lens;         // B, global lengths
-  plan::CSpan<int32_t> block_table;      // B x stride: the group's one table
-  int32_t block_table_stride = 0;
-  int32_t num_input_tokens = 0;
-  plan::CSpan<uint8_t> is_prefilling;    // optional
+// The step (core::StepInput: decode-first order, global seq_lens, the group's
+// one block table; attn_state, num_spec_tokens and req_ids are not read and
+// are refused by name when given) and the draft step.
+struct DcpBuildInputs : core::StepInput {
   // A draft-model (MTP proposer) step d >= 0 (spec 3.1, plan::draft_step_seq_lens):
   // seq_lens are then the requests' base lengths, every request has one query
   // token at position base + d (query_start_loc 0, 1, ..., B) and is a decode
@@ -151,24 +153,39 @@ class DcpMetadataBuilder {
   DcpMetadataBuilder& operator=(const DcpMetadataBuilder&) = delete;
 
   const DcpMetadata& build(const DcpBuildInputs& in);
+  using Inputs = DcpBuildInputs;
+  using Output = DcpMetadata;
+  // The states DcpBackend::facts().capturable declares (DecodeOnly,
+  // SpecDecoding: the decode-only batches padded to a bucket that
+  // DcpAttentionImpl captures); others are refused by name before anything is
+  // built. The metadata's attn_state is `state`.
+  const DcpMetadata& build_for_graph_capture(const DcpBuildInputs& in,
+                                             plan::AttentionState state = plan::AttentionState::DecodeOnly);
+  // A draft model's step: build() (no draft lanes; the previous metadata
+  // becomes stale). Its seq_lens are the draft step's own lengths, as vLLM
+  // passes them; a step built from base lengths sets in.draft_step instead,
+  // which must then equal draft_index.
+  const DcpMetadata& build_for_drafting(const DcpBuildInputs& in, int32_t draft_index);
   const DcpBuilderConfig& config() const { return cfg_; }
   int32_t decode_threshold() const { return 1 + cfg_.num_speculative_tokens; }
   const DcpMetadata& metadata() const { return md_; }
 
  private:
+  struct Staging;  // the staging buffer's regions and their cached views
+
   DcpBuilderConfig cfg_;
   bool separate_;
   MaskBuilder masks_;
   DcpMetadata md_;
   detail::BuildCounter counter_;
-  // Packed int32 [slots | decode block table | prefill block table]; the
-  // context rows are int64 (the index kernels' type) in a buffer of their own.
+  // Regions [slots | decode block table | prefill block table]; the context
+  // rows are int64 (the index kernels' type) in a buffer of their own.
   std::unique_ptr<detail::StagingBuffers> buffers_;
+  std::unique_ptr<Staging> st_;
   at::Tensor ctx_idx_host_, ctx_idx_dev_;
   std::vector<int32_t> ctx_idx32_;
   std::vector<int64_t> dq_, dkv_, pq_, pctx_;
   std::vector<int32_t> draft_seq_;  // a draft step's lengths (base + d + 1)
-  int64_t off_slot_ = 0, off_dbt_ = 0, off_pbt_ = 0;
 };
 
 // Thread safety: one thread at a time per layer; layers of one rank run in order, as
@@ -184,9 +201,12 @@ class DcpAttentionImpl {
 
   // query (T, H, D); key/value (T, Hkv, D); caches (num_blocks, B, Hkv, D)
   // contiguous; output (T, H, D), rows [0, num_actual_tokens) written.
+  // metadata == nullptr (profiling run) zero-fills the output and issues no
+  // collective (every rank of the group runs it alike); refused inside a graph
+  // capture. Returns output.
   const at::Tensor& forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
-                            const at::Tensor& value_cache, const DcpMetadata& metadata, const at::Tensor& output);
+                            const at::Tensor& value_cache, const DcpMetadata* metadata, const at::Tensor& output);
 
   const ImplConfig& config() const { return cfg_; }
   cp::Comm& comm() { return comm_; }

@@ -46,8 +46,8 @@ namespace aar::plan {
 
 // The step (plan/step_input.h: decode-first order, global seq_lens, the group's
 // one block table; num_input_tokens beyond qsl[B]: slot -1, padding decode rows
-// on decode-only steps; attn_state, num_spec_tokens and req_ids are not read)
-// and what the DCP plan adds.
+// on decode-only steps; attn_state, num_spec_tokens and req_ids are not read:
+// build_dcp_step refuses them by name when given) and what the DCP plan adds.
 struct DcpStepInputs : StepInput {
   int32_t block_size = 128;
   int32_t num_blocks = 0;

@@ -32,6 +32,7 @@
 
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/plan/split.h"
+#include "ascend_attn_rt/plan/step_input.h"
 
 namespace aar::plan {
 
@@ -112,17 +113,17 @@ DsaCompressedRows dsa_compressed_rows(int32_t context_len, int32_t query_len, in
 
 // --- 3 / 4 / 6. The step plan and the per-group plan -------------------------
 
-struct DsaStepInputs {
-  CSpan<int32_t> query_start_loc;  // B+1, exclusive prefix sums (B = the batch incl. graph padding)
-  CSpan<int32_t> seq_lens;         // B, raw KV lengths S_b
+// The step (StepInput): query_start_loc (B+1, B = the batch incl. graph
+// padding), seq_lens (B, raw KV lengths S_b) and num_input_tokens (tokens the
+// layers see, >= query_start_loc[B]; 0 = query_start_loc[B]; num_compressed_tokens
+// of every group is counted from it) are read; the step's other fields are the
+// builder's (state derivation) and not read here.
+struct DsaStepInputs : StepInput {
   // Requests [num_reqs_actual, B) are graph padding (spec 6.5 step 3, 11.13):
   // start_pos 0, zeroed block-table rows, no compressed rows, no DSpark
   // slots. Their lengths are only required to be >= 0 (a dummy may have
   // tokens but no KV). -1 = B (no padding).
   int32_t num_reqs_actual = -1;
-  // Tokens the layers see (>= query_start_loc[B]); 0 = query_start_loc[B].
-  // num_compressed_tokens of every group is counted from it.
-  int32_t num_input_tokens = 0;
   int32_t num_speculative_tokens = 0;  // k: decode_threshold = 1 + k <= 16
   int32_t max_num_reqs = 0;            // B must be <= this; 0 = unchecked
   int32_t max_num_tokens = 0;          // num_input_tokens must be <= this; 0 = unchecked
