@@ -29,7 +29,9 @@ class ForwardScope {
  private:
   static constexpr std::size_t kMax = 8;
   ForwardScope* prev_;
-  std::array<detail::ExclusiveUse*, kMax> held_{};
+  // Owning: a workspace made for one call (the DSA prefill path's local one)
+  // may be destroyed before the scope ends; the scope still leaves it.
+  std::array<std::shared_ptr<detail::ExclusiveUse>, kMax> held_{};
   std::size_t n_ = 0;
 };
 

@@ -397,21 +397,27 @@ void note_exclusive_use(const std::shared_ptr<detail::ExclusiveUse>& use) {
 ForwardScope::ForwardScope() noexcept : prev_(tl_forward) { tl_forward = this; }
 
 ForwardScope::~ForwardScope() {
-  while (n_ > 0) held_[--n_]->leave();
+  while (n_ > 0) {
+    --n_;
+    held_[n_]->leave();
+    held_[n_].reset();
+  }
   tl_forward = prev_;
 }
 
 void ForwardScope::hold(const std::shared_ptr<detail::ExclusiveUse>& use) {
   for (std::size_t i = 0; i < n_; ++i) {
-    if (held_[i] == use.get()) return;
+    if (held_[i] == use) return;
   }
   AAR_CHECK_ARG(n_ < kMax, "ForwardScope: more than ", kMax, " shared workspaces in one forward");
   use->enter();
-  held_[n_++] = use.get();
+  held_[n_++] = use;
   try {
     note_exclusive_use(use);
   } catch (...) {
-    held_[--n_]->leave();
+    --n_;
+    held_[n_]->leave();
+    held_[n_].reset();
     throw;
   }
 }

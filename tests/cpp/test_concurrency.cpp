@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "../../cpp/common/shared_by_shape.h"
+#include "../../cpp/graph/exclusive_scope.h"
 #include "../../cpp/ops/op_handle.h"
 #include "../../cpp/ops/op_signatures.h"
 #include "ascend_attn_rt/attention_buffer.h"
@@ -656,6 +657,31 @@ TEST_F(Concurrency, DsaEnginesOnThreadsEqualSingleThreadedRuns) {
 }
 
 // ------------------------------------------------------------------ (b) shared objects
+// A workspace made for one call (the DSA prefill path) can be destroyed while the
+// forward's scope is still open: the scope keeps what it entered alive and leaves it
+// at its end (before, it kept a raw pointer and left freed memory: ASan
+// heap-use-after-free in the DSA engines test).
+TEST_F(Concurrency, ForwardScopeOutlivesAWorkspaceDestroyedInside) {
+  std::weak_ptr<aar::detail::ExclusiveUse> seen;
+  {
+    aar::graph::ForwardScope scope;
+    auto use = std::make_shared<aar::detail::ExclusiveUse>("a workspace made for one call");
+    seen = use;
+    aar::graph::use_in_forward(use);
+    use.reset();
+    EXPECT_FALSE(seen.expired()) << "the scope must own what it entered until it ends";
+  }
+  EXPECT_TRUE(seen.expired());
+  // Entered and left: another thread may take a fresh one of the same kind.
+  auto again = std::make_shared<aar::detail::ExclusiveUse>("w");
+  std::thread([&] {
+    aar::graph::ForwardScope scope;
+    EXPECT_NO_THROW(aar::graph::use_in_forward(again));
+  }).join();
+  aar::graph::ForwardScope scope;
+  EXPECT_NO_THROW(aar::graph::use_in_forward(again));
+}
+
 TEST_F(Concurrency, SchemaTablesFromManyThreads) {
   std::vector<std::vector<const aar::ops::OpSchema*>> seen(kThreads);
   run_threads(kThreads, [&](int i) {
