@@ -666,13 +666,10 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
       throw_not_supported("SFA graph capture takes DecodeOnly and SpecDecoding batches (spec 2.3), got ",
                           plan::to_string(md.attn_state));
     }
-    graph::CapturedCall call;
-    call.kind = graph::CallKind::Prepare;
-    call.layer_index = cfg_.layer_index;
-    call.prepare = [this, hidden, c, md_at_capture = md, topk, out = at::Tensor(output), tk]() {
-      run(hidden, c, md_at_capture, topk, out, tk, /*stable=*/true);
-    };
-    g->capture_call(std::move(call));
+    g->capture_call(std::make_unique<graph::ClosureCall>(
+        cfg_.layer_index, 0, [this, hidden, c, md_at_capture = md, topk, out = at::Tensor(output), tk]() {
+          run(hidden, c, md_at_capture, topk, out, tk, /*stable=*/true);
+        }));
     return output;
   }
   run(hidden, c, md, topk, output, tk, /*stable=*/false);
