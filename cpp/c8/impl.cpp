@@ -5,8 +5,6 @@
 #include "ascend_attn_rt/gqa/validate.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 #include <vector>
 
@@ -15,6 +13,7 @@
 #include "ascend_attn_rt/ops/fusion_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "../common/impl_checks.h"
+#include "../common/inference_scope.h"
 
 namespace aar::c8 {
 
@@ -317,8 +316,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     // Computed now (once per build) if the build did not: before any write.
     (void)gqa::dense_context(md);
   }
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   if (scales_.k_scale.device() != query.device()) scales_ = scales_.to(query.device());
   if (key_cache.defined()) bind_caches(key_cache, value_cache);
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {

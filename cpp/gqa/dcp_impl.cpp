@@ -3,8 +3,6 @@
 // context over the local shard, partial exchange and LSE merges (cp/dcp.h).
 #include <ATen/ATen.h>
 
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 #include <limits>
 
@@ -19,6 +17,7 @@
 #include "../common/impl_checks.h"
 #include "../graph/exclusive_scope.h"
 #include "graph_calls.h"
+#include "../common/inference_scope.h"
 
 namespace aar::gqa {
 
@@ -274,8 +273,7 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
                 "prefill requests attend this step's own K/V: key and value are required");
   const bool writes = key.has_value() && !cfg_.kv_sharing;
   const KvHookScope<DcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, writes, md, "gqa_dcp");
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     capture_decode(*g, md, query, key, value, output);

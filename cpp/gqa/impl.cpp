@@ -2,8 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 
 #include "ascend_attn_rt/errors.h"
@@ -15,6 +13,7 @@
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "ascend_attn_rt/ops/paged_attention.h"
 #include "../common/impl_checks.h"
+#include "../common/inference_scope.h"
 #include "graph_calls.h"
 
 namespace aar::gqa {
@@ -326,8 +325,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   const KvHookScope<Metadata> kv_scope(kv_hooks, key_cache, value_cache,
                                        key.has_value() && has_cache && !cfg_.kv_sharing, md, "gqa");
   // Operators run without autograd (entered once here, not per operator call).
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   if (has_cache) caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
     lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));

@@ -210,7 +210,7 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
     c.check(groups[c.group()], n);
   }
   // The re-issues are operator calls: one inference-mode scope for all of them.
-  detail::InferenceScope inference;
+  aar::detail::InferenceScope inference;
   const UpdatePass pass{++passes_};
   const bool relaunch = !provider_->replays_recorded_calls();
   // From here an operator call (a workspace query, an NPU re-issue) may fail: the bucket counts
@@ -235,7 +235,7 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
   for (const RecordedCall& r : b.calls) {
     if (r.call->has_params()) r.call->check(per_call[i++ % per_call.size()], n);
   }
-  detail::InferenceScope inference;
+  aar::detail::InferenceScope inference;
   const UpdatePass pass{++passes_};
   const bool relaunch = !provider_->replays_recorded_calls();
   b.updated = false;  // as update(): not updated until every call went through
@@ -313,7 +313,7 @@ void GraphParams::replay(int64_t n) {
   }
   // The recorded work is inference work (buffers made during capture are
   // inference tensors when the forward ran under InferenceMode).
-  detail::InferenceScope inference;
+  aar::detail::InferenceScope inference;
   b.updated = false;  // a replay consumes the update, whether or not it completes
   for (RecordedCall& r : b.calls) {
     r.call->launch();

@@ -23,6 +23,7 @@
 #include "latent_ops.h"
 #include "../common/impl_checks.h"
 #include "../graph/exclusive_scope.h"
+#include "../common/inference_scope.h"
 
 namespace aar::mla {
 
@@ -453,8 +454,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   const int64_t td = md.num_decode_tokens, tp = md.num_prefill_tokens;
   // The dense work runs without autograd; serving engines usually run the
   // model under inference mode already (entering it costs two TLS writes).
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != hidden.device()) {
     lse_placeholder_ = at::zeros({1}, hidden.options().dtype(at::kFloat));
   }
