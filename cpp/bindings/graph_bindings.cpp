@@ -161,7 +161,9 @@ void bind_graph(nb::module_& m) {
           "calls",
           [](const GraphParams& g, int64_t n) {
             std::vector<std::tuple<std::string, int64_t, int32_t>> out;
-            for (const auto& r : g.bucket(n).calls) out.emplace_back(r.call->kind(), r.call->layer_index(), r.call->group());
+            for (const auto& r : g.bucket(n).calls) {
+              out.emplace_back(r.call->kind(), r.call->layer_index(), r.call->group());
+            }
             return out;
           },
           "num_tokens"_a, "(kind, layer_index, group) of every recorded call, in update order")

@@ -291,7 +291,8 @@ void GraphParams::replay(int64_t n) {
     const RecordedCall& r = b.calls[i];
     if (r.event != nullptr && rec != nullptr) {
       AAR_CHECK_ARG(rec->event_recorded(r.event), "replay of bucket ", n, " before update: call ", i, " (",
-                    r.call->kind(), ", layer ", r.call->layer_index(), ") has no recorded update since the last replay");
+                    r.call->kind(), ", layer ", r.call->layer_index(),
+                    ") has no recorded update since the last replay");
     }
   }
   // The shared workspaces the calls write, entered for the whole replay (before
