@@ -17,6 +17,7 @@
 
 #include "bench_timing.h"
 #include "ascend_attn_rt/gqa/builder.h"
+#include "ascend_attn_rt/gqa/graph.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/provider.h"

@@ -2,6 +2,7 @@
 // update and (CPU) replay, and the provider hooks filled from Python.
 #include <ATen/ATen.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -9,7 +10,9 @@
 #include <nanobind/stl/vector.h>
 
 #include "ascend_attn_rt/gqa/dcp_graph.h"
+#include "ascend_attn_rt/gqa/graph.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
 #include "ascend_attn_rt/mla/graph.h"
 #include "ascend_attn_rt/mla/metadata.h"
 #include "common.h"
@@ -56,7 +59,7 @@ GraphHooks python_hooks(nb::object create_event, nb::object event_wait_and_reset
 
 // One metadata (GQA, or MLA's decode part) or a sequence of them.
 graph::StepParams step_params_of(nb::handle item) {
-  if (nb::isinstance<gqa::Metadata>(item)) return graph::step_params(*nb::cast<const gqa::Metadata*>(item));
+  if (nb::isinstance<gqa::Metadata>(item)) return gqa::graph_step_params(*nb::cast<const gqa::Metadata*>(item));
   if (nb::isinstance<mla::Metadata>(item)) return mla::graph_step_params(*nb::cast<const mla::Metadata*>(item));
   if (nb::isinstance<gqa::DcpMetadata>(item)) {
     return gqa::dcp_graph_step_params(*nb::cast<const gqa::DcpMetadata*>(item));
@@ -158,7 +161,9 @@ void bind_graph(nb::module_& m) {
           "calls",
           [](const GraphParams& g, int64_t n) {
             std::vector<std::tuple<std::string, int64_t, int32_t>> out;
-            for (const auto& c : g.bucket(n).calls) out.emplace_back(graph::to_string(c.kind), c.layer_index, c.group);
+            for (const auto& r : g.bucket(n).calls) {
+              out.emplace_back(r.call->kind(), r.call->layer_index(), r.call->group());
+            }
             return out;
           },
           "num_tokens"_a, "(kind, layer_index, group) of every recorded call, in update order")
@@ -168,30 +173,11 @@ void bind_graph(nb::module_& m) {
             // Test introspection: what each parameterised call would replay with right now.
             using Lists = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>, int64_t>;
             std::vector<Lists> out;
-            auto vec = [](c10::IntArrayRef r) { return std::vector<int64_t>(r.begin(), r.end()); };
-            auto ptr = [](const std::optional<at::Tensor>& t) {
-              return t && t->defined() ? reinterpret_cast<int64_t>(t->data_ptr()) : int64_t{0};
-            };
-            for (const auto& c : g.bucket(n).calls) {
-              switch (c.kind) {
-                case graph::CallKind::Fia:
-                  out.emplace_back("fia", vec(c.fia_params.actual_seq_lengths), vec(c.fia_params.actual_seq_lengths_kv),
-                                   ptr(c.fia.block_table));
-                  break;
-                case graph::CallKind::FiaV2:
-                  out.emplace_back("fia_v2", vec(c.fia2_params.actual_seq_qlen), vec(c.fia2_params.actual_seq_kvlen),
-                                   ptr(c.fia2.block_table));
-                  break;
-                case graph::CallKind::PagedAttention: {
-                  const at::Tensor cl = c.pa.context_lens.to(at::kLong).contiguous();
-                  std::vector<int64_t> lens(cl.data_ptr<int64_t>(), cl.data_ptr<int64_t>() + cl.numel());
-                  out.emplace_back("paged_attention", std::vector<int64_t>{}, lens,
-                                   reinterpret_cast<int64_t>(c.pa.block_table.data_ptr()));
-                  break;
-                }
-                default:
-                  break;
-              }
+            for (const auto& r : g.bucket(n).calls) {
+              if (!r.call->has_params()) continue;
+              graph::CallInfo i = r.call->info();
+              out.emplace_back(r.call->kind(), std::move(i.q_ends), std::move(i.kv_lens),
+                               reinterpret_cast<int64_t>(i.table));
             }
             return out;
           },
@@ -203,29 +189,11 @@ void bind_graph(nb::module_& m) {
           [](const GraphParams& g, int64_t n) {
             // The device addresses a replay reads and writes: they must not
             // move between steps (the device graph baked them in).
-            auto ptr = [](const at::Tensor& t) -> int64_t {
-              return t.defined() ? reinterpret_cast<int64_t>(t.data_ptr()) : 0;
-            };
-            auto opt = [&](const std::optional<at::Tensor>& t) -> int64_t { return t.has_value() ? ptr(*t) : 0; };
+            auto ptr = [](const void* p) { return reinterpret_cast<int64_t>(p); };
             std::vector<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>> out;
-            for (const auto& c : g.bucket(n).calls) {
-              switch (c.kind) {
-                case graph::CallKind::Fia:
-                  out.emplace_back("fia", ptr(c.fia.query), ptr(c.out), ptr(c.lse), opt(c.fia.block_table));
-                  break;
-                case graph::CallKind::FiaV2:
-                  out.emplace_back("fia_v2", ptr(c.fia2.query), ptr(c.out), ptr(c.lse), opt(c.fia2.block_table));
-                  break;
-                case graph::CallKind::PagedAttention:
-                  out.emplace_back("paged_attention", ptr(c.pa.query), ptr(c.out), 0, ptr(c.pa.block_table));
-                  break;
-                case graph::CallKind::KvWrite:
-                  out.emplace_back("kv_write", ptr(c.key), ptr(c.key_cache), 0, ptr(c.slot_mapping));
-                  break;
-                case graph::CallKind::Prepare:
-                  out.emplace_back("prepare", 0, 0, 0, 0);
-                  break;
-              }
+            for (const auto& r : g.bucket(n).calls) {
+              const graph::CallInfo i = r.call->info();
+              out.emplace_back(r.call->kind(), ptr(i.input), ptr(i.output), ptr(i.lse), ptr(i.table));
             }
             return out;
           },
@@ -234,7 +202,10 @@ void bind_graph(nb::module_& m) {
           "(KV writes: key, key cache, -, slot mapping; 0 where absent), in update order")
       .def(
           "workspaces",
-          [](const GraphParams& g, int64_t n) { return std::make_pair(g.bucket(n).fia_workspace, g.bucket(n).pa_workspace); },
+          [](const GraphParams& g, int64_t n) {
+            const graph::Bucket& b = g.bucket(n);
+            return std::make_pair(b.workspace(graph_calls::kFiaWorkspace), b.workspace(gqa::kPagedAttentionWorkspace));
+          },
           "num_tokens"_a, "(fused-attention workspace, paged-attention workspace) of a bucket (None if absent)")
       .def_prop_ro("provider", [](GraphParams& g) { return std::string(g.provider().name()); })
       .def_prop_ro("update_log",

@@ -15,6 +15,7 @@
 
 #include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/fault_injection.h"
+#include "ascend_attn_rt/ops/inference_mode.h"
 #include "common.h"
 #include "tensor_caster.h"
 
@@ -55,6 +56,8 @@ void bind_testing(nb::module_& m) {
         "Make the k-th operator call on this thread raise (k = 0: count only). ops/fault_injection.h.");
   t.def("disarm_fault", &ops::testing::disarm_fault, "Disarm this thread; returns the operator calls counted.");
   t.def("fault_calls", &ops::testing::fault_calls, "Operator calls counted on this thread since arm_fault.");
+  t.def("inference_mode_entries", &ops::testing::inference_mode_entries,
+        "InferenceMode guards the runtime took on this thread (ops/inference_mode.h).");
   t.def(
       "attention_update",
       [](const std::vector<at::Tensor>& lse, const std::vector<at::Tensor>& local_out, int64_t update_type,

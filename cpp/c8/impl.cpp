@@ -1,11 +1,10 @@
 #include "ascend_attn_rt/c8/impl.h"
 
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
 #include "ascend_attn_rt/gqa/validate.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "ascend_attn_rt/ops/fusion_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "../common/impl_checks.h"
+#include "../common/inference_scope.h"
 
 namespace aar::c8 {
 
@@ -260,29 +260,18 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const gqa::
   if (key.has_value() && key_nz_.defined() && !cfg_.kv_sharing) {
     AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
     // Quantise every bucket row; padding rows map to slot -1 and are skipped.
-    graph::CapturedCall w;
-    w.kind = graph::CallKind::Prepare;
-    w.layer_index = cfg_.layer_index;
-    w.group = cfg_.kv_cache_group;
-    w.prepare = [k = *key, v = *value, kc = key_nz_, vc = value_nz_, slots = md.slot_mapping, sc = scales_]() mutable {
-      const at::Tensor kq = quantize(k, sc.k_inv_scale, sc.k_offset);
-      const at::Tensor vq = quantize(v, sc.v_inv_scale, sc.v_offset);
-      ops::scatter_pa_kv_cache(kq, vq, kc, vc, slots, "PA_NZ");
-    };
-    g.capture_call(std::move(w));
+    g.capture_call(std::make_unique<graph::ClosureCall>(
+        cfg_.layer_index, cfg_.kv_cache_group,
+        [k = *key, v = *value, kc = key_nz_, vc = value_nz_, slots = md.slot_mapping, sc = scales_]() mutable {
+          const at::Tensor kq = quantize(k, sc.k_inv_scale, sc.k_offset);
+          const at::Tensor vq = quantize(v, sc.v_inv_scale, sc.v_offset);
+          ops::scatter_pa_kv_cache(kq, vq, kc, vc, slots, "PA_NZ");
+        }));
   }
   DecodeCall dc = decode_call(query, md, md.num_kernel_reqs, output);
-  graph::CapturedCall c;
-  c.kind = graph::CallKind::Fia;
-  c.layer_index = cfg_.layer_index;
-  c.group = cfg_.kv_cache_group;
-  c.paged = true;
-  c.refresh_q_lens = false;  // BNSD: one row per request, no query-length list
-  c.fia = std::move(dc.tensors);
-  c.fia_params = dc.params;
-  c.out = dc.output;
-  c.lse = lse_placeholder_;
-  g.capture_call(std::move(c));
+  // BNSD: one row per request, no query-length list.
+  graph_calls::capture_fia(g, {cfg_.layer_index, cfg_.kv_cache_group}, {/*paged=*/true, /*q_lens=*/false},
+                           std::move(dc.tensors), dc.params, dc.output, lse_placeholder_);
 }
 
 const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
@@ -328,8 +317,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     // Computed now (once per build) if the build did not: before any write.
     (void)gqa::dense_context(md);
   }
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   if (scales_.k_scale.device() != query.device()) scales_ = scales_.to(query.device());
   if (key_cache.defined()) bind_caches(key_cache, value_cache);
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "ascend_attn_rt/gqa/graph.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/mla/graph.h"
@@ -43,7 +44,7 @@ std::vector<graph::StepParams> gqa_params(const aar_gqa_metadata_t* const* mds, 
     if (!capi::has_tag(mds[i], capi::Kind::GqaMetadata)) {
       capi::check_tag(mds[i], capi::Kind::GqaMetadata, (name + ("[" + std::to_string(i) + "]")).c_str());
     }
-    out.push_back(graph::step_params(*mds[i]->md));
+    out.push_back(aar::gqa::graph_step_params(*mds[i]->md));
   }
   return out;
 }

@@ -4,7 +4,7 @@
 #include <stdexcept>
 
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/graph/graph_params.h"
+#include "open_capture.h"
 
 namespace aar::detail {
 
@@ -25,7 +25,7 @@ namespace {
 }  // namespace
 
 void kv_hook_wait(KvConnector& c, const std::string& layer) {
-  if (graph::GraphParams::current() != nullptr) {
+  if (open_capture_bucket() >= 0) {
     throw_not_supported("KV connector hooks inside a graph capture (layer '", layer,
                         "'): the hooks are host calls a replay would not make; capture without a connector");
   }

@@ -2,8 +2,6 @@
 // and replicated (model-runner v2) designs of include/ascend_attn_rt/cp/gqa_pcp.h.
 #include <ATen/ATen.h>
 
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "ascend_attn_rt/gqa/validate.h"
 #include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "../common/inference_scope.h"
 
 namespace aar::cp {
 
@@ -129,8 +128,7 @@ const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::T
   }
   const KvHookScope<PcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, /*wrote=*/true, md, "gqa_pcp");
 
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (sharded) {
     forward_sharded(query, key, value, md, output);

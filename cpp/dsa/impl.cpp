@@ -2,7 +2,6 @@
 #include "ascend_attn_rt/dsa/impl.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <array>
@@ -27,6 +26,7 @@
 #include "ascend_attn_rt/dsa/graph.h"
 #include "workspace.h"
 #include "../common/impl_checks.h"
+#include "../common/inference_scope.h"
 #include "../graph/exclusive_scope.h"
 
 namespace aar::dsa {
@@ -819,17 +819,15 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   cl->swa_block_table = md.swa->block_table;
   // The workspace's views for the bucket exist from here on (a replay makes no tensor for them).
   ws_->tokens(n);
-  graph::CapturedCall call;
-  call.kind = graph::CallKind::Prepare;
-  call.layer_index = cf.layer_index;
   // Every operator of the layer reads and writes tensors at stable addresses
   // (the builders' buffers, the caches, the workspace, the top-k buffer) and
   // no host list: the device graph captures them as they are and an update
   // has nothing to re-issue; the CPU recording provider replays the closure.
-  call.prepare = [this, cl, c, topk]() {
+  auto run_layer = [this, cl, c, topk]() {
     run(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, /*graph=*/true, *cl->ws);
   };
-  call.fits = [cl, layer = cf.layer_index](const graph::StepParams& sp, int64_t bucket) {
+  // At each update: the step must fit what the layer was captured with.
+  auto fits = [cl, layer = cf.layer_index](const graph::StepParams& sp, int64_t bucket) {
     const at::Tensor& bt = cl->swa_block_table;
     AAR_CHECK_ARG(sp.num_input_tokens == cl->bucket && sp.num_kernel_tokens == cl->bucket &&
                       sp.num_reqs == cl->num_reqs,
@@ -846,7 +844,7 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
                   bt.sizes(), ", got ", sp.block_tables.defined() ? sp.block_tables.sizes() : c10::IntArrayRef{},
                   ")");
   };
-  g.capture_call(std::move(call));
+  g.capture_call(std::make_unique<graph::ClosureCall>(cf.layer_index, 0, std::move(run_layer), std::move(fits)));
 }
 
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv,
@@ -863,8 +861,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   const LayerMetadata& md = *md_ptr;
   const Caches c = validate(hidden, kv, md, output, topk);
   const KvHookScope<LayerMetadata> kv_scope(kv_hooks, kv, md.step->num_kernel_tokens > 0, md, "dsa");
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     capture(*g, hidden, c, md, output, topk);
     return output;

@@ -1,8 +1,6 @@
 #include "ascend_attn_rt/fa3/impl.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 #include <vector>
 
@@ -13,6 +11,7 @@
 #include "ascend_attn_rt/fa3/backend.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "../common/inference_scope.h"
 
 namespace aar::fa3 {
 
@@ -109,8 +108,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   }
   validate(query, key, value, key_cache, value_cache, md, output);
   gqa::check_attn_type(cfg_.attn_type, md, true);
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (key.has_value() && !cfg_.kv_sharing) {
     const int64_t n = key->size(0);

@@ -3,8 +3,6 @@
 // context over the local shard, partial exchange and LSE merges (cp/dcp.h).
 #include <ATen/ATen.h>
 
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 #include <limits>
 
@@ -18,6 +16,8 @@
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "../common/impl_checks.h"
 #include "../graph/exclusive_scope.h"
+#include "graph_calls.h"
+#include "../common/inference_scope.h"
 
 namespace aar::gqa {
 
@@ -151,37 +151,22 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
     AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
     AAR_CHECK_ARG(key->sizes()[0] == n, "graph capture of bucket ", n, " needs key/value of ", n, " rows, got ",
                   key->sizes()[0]);
-    graph::CapturedCall w;
-    w.kind = graph::CallKind::KvWrite;
-    w.layer_index = cfg_.layer_index;
-    w.key = *key;
-    w.value = *value;
-    w.key_cache = caches_.key;
-    w.value_cache = caches_.value;
-    w.slot_mapping = md.slot_mapping;  // the builder's buffer: a stable address, -1 past the real tokens
-    g.capture_call(std::move(w));
+    // The builder's slot mapping: a stable address, -1 past the real tokens.
+    capture_kv_write(g, {cfg_.layer_index, 0}, *key, *value, caches_.key, caches_.value, md.slot_mapping,
+                     /*reshape_and_cache=*/false);
   }
   // The closures hold copies of the views (and so the buffers) they use.
   const cp::DcpViews v = decode_views(n, query);
-  graph::CapturedCall gather;
-  gather.kind = graph::CallKind::Prepare;
-  gather.layer_index = cfg_.layer_index;
-  gather.prepare = [this, v, q = at::Tensor(query)]() { stage_query(v, q); };
-  g.capture_call(std::move(gather));
-
-  graph::CapturedCall c;
-  c.kind = graph::CallKind::Fia;
-  c.layer_index = cfg_.layer_index;
-  c.paged = true;
-  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.block_size, c.fia,
-                    c.fia_params, c.out, c.lse);
-  g.capture_call(std::move(c));
-
-  graph::CapturedCall merge;
-  merge.kind = graph::CallKind::Prepare;
-  merge.layer_index = cfg_.layer_index;
-  merge.prepare = [this, v, out = at::Tensor(output)]() { combine(v, out); };
-  g.capture_call(std::move(merge));
+  g.capture_call(std::make_unique<graph::ClosureCall>(cfg_.layer_index, 0,
+                                                      [this, v, q = at::Tensor(query)]() { stage_query(v, q); }));
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  at::Tensor out, lse;
+  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.block_size, t, p, out,
+                    lse);
+  graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {}, std::move(t), p, std::move(out), std::move(lse));
+  g.capture_call(std::make_unique<graph::ClosureCall>(cfg_.layer_index, 0,
+                                                      [this, v, out = at::Tensor(output)]() { combine(v, out); }));
 }
 
 void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key,
@@ -297,8 +282,7 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
                 "prefill requests attend this step's own K/V: key and value are required");
   const bool writes = key.has_value() && !cfg_.kv_sharing;
   const KvHookScope<DcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, writes, md, "gqa_dcp");
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     capture_decode(*g, md, query, key, value, output);

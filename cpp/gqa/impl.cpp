@@ -2,8 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 
 #include "ascend_attn_rt/errors.h"
@@ -15,6 +13,8 @@
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "ascend_attn_rt/ops/paged_attention.h"
 #include "../common/impl_checks.h"
+#include "../common/inference_scope.h"
+#include "graph_calls.h"
 
 namespace aar::gqa {
 
@@ -247,46 +247,40 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const Metad
   AAR_CHECK_ARG(md.num_input_tokens == n && query.sizes()[0] == n, "graph capture of bucket ", n,
                 " needs a batch padded to ", n, " tokens (num_input_tokens=", md.num_input_tokens,
                 ", query rows=", query.sizes()[0], ")");
+  const graph_calls::CallKeys keys{cfg_.layer_index, cfg_.kv_cache_group};
   if (key.has_value() && caches_.key.defined() && !cfg_.kv_sharing) {
     // Replays read the captured key/value buffers in place: no hidden copies.
     AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
-    graph::CapturedCall w;
-    w.kind = graph::CallKind::KvWrite;
-    w.layer_index = cfg_.layer_index;
-    w.group = cfg_.kv_cache_group;
-    w.key = *key;
-    w.value = *value;
-    w.key_cache = caches_.key;
-    w.value_cache = caches_.value;
-    w.slot_mapping = key->sizes()[0] == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, key->sizes()[0]);
-    w.reshape_and_cache = cfg_.device_kind == plan::DeviceKind::Ascend310P;
-    g.capture_call(std::move(w));
+    const at::Tensor slots =
+        key->sizes()[0] == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, key->sizes()[0]);
+    capture_kv_write(g, keys, *key, *value, caches_.key, caches_.value, slots,
+                     cfg_.device_kind == plan::DeviceKind::Ascend310P);
   }
   const int64_t nt = md.num_kernel_tokens, T = query.sizes()[0];
   const at::Tensor q = T == nt ? query : query.narrow(0, 0, nt);
-  graph::CapturedCall c;
-  c.layer_index = cfg_.layer_index;
-  c.group = cfg_.kv_cache_group;
-  c.paged = true;
+  const at::Tensor out = T == nt ? output : output.narrow(0, 0, nt);
   switch (path) {
-    case ForwardPath::PagedAttention:
-      c.kind = graph::CallKind::PagedAttention;
-      c.out = fill_paged(md, query, output, c.pa);
-      break;
-    case ForwardPath::FusedSinks:
-      c.kind = graph::CallKind::FiaV2;
-      fill_fia_v2(md, q, key, value, /*dense=*/false, c.fia2, c.fia2_params);
-      c.out = T == nt ? output : output.narrow(0, 0, nt);
-      c.lse = lse_placeholder_;
-      break;
-    default:
-      c.kind = graph::CallKind::Fia;
-      fill_fia(md, q, key, value, /*dense=*/false, c.fia, c.fia_params);
-      c.out = T == nt ? output : output.narrow(0, 0, nt);
-      c.lse = lse_placeholder_;
-      break;
+    case ForwardPath::PagedAttention: {
+      ops::PagedAttentionArgs a;
+      at::Tensor o = fill_paged(md, query, output, a);
+      capture_paged_attention(g, keys, std::move(a), std::move(o));
+      return;
+    }
+    case ForwardPath::FusedSinks: {
+      ops::FiaV2Tensors t;
+      ops::FiaV2Params p;
+      fill_fia_v2(md, q, key, value, /*dense=*/false, t, p);
+      graph_calls::capture_fia_v2(g, keys, {}, std::move(t), p, out, lse_placeholder_);
+      return;
+    }
+    default: {
+      ops::FiaTensors t;
+      ops::FiaParams p;
+      fill_fia(md, q, key, value, /*dense=*/false, t, p);
+      graph_calls::capture_fia(g, keys, {}, std::move(t), p, out, lse_placeholder_);
+      return;
+    }
   }
-  g.capture_call(std::move(c));
 }
 
 const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
@@ -331,8 +325,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   const KvHookScope<Metadata> kv_scope(kv_hooks, key_cache, value_cache,
                                        key.has_value() && has_cache && !cfg_.kv_sharing, md, "gqa");
   // Operators run without autograd (entered once here, not per operator call).
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   if (has_cache) caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != query.device()) {
     lse_placeholder_ = at::zeros({1}, query.options().dtype(at::kFloat));

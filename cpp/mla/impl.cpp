@@ -11,6 +11,7 @@
 #include "ascend_attn_rt/cp/dcp.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -22,6 +23,7 @@
 #include "latent_ops.h"
 #include "../common/impl_checks.h"
 #include "../graph/exclusive_scope.h"
+#include "../common/inference_scope.h"
 
 namespace aar::mla {
 
@@ -365,35 +367,26 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
   }
   // The closures hold copies of the views (and so the buffers) they use.
   const detail::DecodeViews v = decode_views(md);
-  graph::CapturedCall pre;
-  pre.kind = graph::CallKind::Prepare;
-  pre.layer_index = cfg_.layer_index;
   // The closure keeps the capture-time metadata: its tensors are views of the
   // builder's persistent buffers, which every later build refills in place.
-  pre.prepare = [this, v, hidden, nope, rope, md_at_capture = md, path]() {
-    decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
-  };
-  g.capture_call(std::move(pre));
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      cfg_.layer_index, 0, [this, v, hidden, nope, rope, md_at_capture = md, path]() {
+        decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
+      }));
 
-  graph::CapturedCall c;
-  c.kind = graph::CallKind::FiaV2;
-  c.layer_index = cfg_.layer_index;
-  c.paged = true;
   // The queries the prepare call leaves at stable addresses: the workspace's
   // (padded) buffers, or the FA-quant int8 query's own buffers.
   const detail::LatentQuery q = path == DecodePath::FaQuant ? core_->fa_query_buffers(n, v.layout)
                                                             : detail::LatentQuery{v.fia_qn, v.fia_qr};
-  decode_fia_args(q, nope, rope, md, c.fia2, c.fia2_params);
-  c.refresh_q_lens = md.speculative;  // BNSD/BSND layouts take no query-length list
-  c.out = v.attn;
-  c.lse = lse_placeholder_;
-  g.capture_call(std::move(c));
+  ops::FiaV2Tensors t;
+  ops::FiaV2Params p;
+  decode_fia_args(q, nope, rope, md, t, p);
+  // BNSD/BSND layouts take no query-length list; the speculative TND one does.
+  graph_calls::capture_fia_v2(g, {cfg_.layer_index, 0}, {/*paged=*/true, /*q_lens=*/md.speculative}, std::move(t), p,
+                              v.attn, lse_placeholder_);
 
-  graph::CapturedCall post;
-  post.kind = graph::CallKind::Prepare;
-  post.layer_index = cfg_.layer_index;
-  post.prepare = [this, v, out = at::Tensor(output)]() { decode_post(v, out); };
-  g.capture_call(std::move(post));
+  g.capture_call(std::make_unique<graph::ClosureCall>(cfg_.layer_index, 0,
+                                                      [this, v, out = at::Tensor(output)]() { decode_post(v, out); }));
 }
 
 void Impl::capture_dcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
@@ -407,34 +400,24 @@ void Impl::capture_dcp_decode(graph::GraphParams& g, const at::Tensor& hidden, c
   const int64_t n = g.capturing_bucket();
   const detail::DecodeViews v = core_->views(n, detail::DecodeLayout::BNSD);
   const cp::DcpViews w = dcp_views(n, v.qn_heads);
-  graph::CapturedCall pre;
-  pre.kind = graph::CallKind::Prepare;
-  pre.layer_index = cfg_.layer_index;
-  pre.prepare = [this, v, w, hidden, nope, rope, md_at_capture = md, path]() {
-    decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
-    dcp_stage_query(w, v);
-  };
-  g.capture_call(std::move(pre));
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      cfg_.layer_index, 0, [this, v, w, hidden, nope, rope, md_at_capture = md, path]() {
+        decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
+        dcp_stage_query(w, v);
+      }));
 
-  graph::CapturedCall c;
-  c.kind = graph::CallKind::Fia;
-  c.layer_index = cfg_.layer_index;
-  c.paged = true;
-  c.refresh_q_lens = false;  // BNSD: one query row per request, no query-length list
-  dcp_fia_args(w, nope, rope, md, c.fia, c.fia_params);
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  dcp_fia_args(w, nope, rope, md, t, p);
   const int64_t N = w.gathered_query.size(1), L = cfg_.dims.kv_lora_rank;
-  c.out = w.partial_out.view({n, N, 1, L});
-  c.lse = w.partial_lse.view({n, N, 1, 1});
-  g.capture_call(std::move(c));
+  // BNSD: one query row per request, no query-length list.
+  graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {/*paged=*/true, /*q_lens=*/false}, std::move(t), p,
+                           w.partial_out.view({n, N, 1, L}), w.partial_lse.view({n, N, 1, 1}));
 
-  graph::CapturedCall post;
-  post.kind = graph::CallKind::Prepare;
-  post.layer_index = cfg_.layer_index;
-  post.prepare = [this, v, w, out = at::Tensor(output)]() {
+  g.capture_call(std::make_unique<graph::ClosureCall>(cfg_.layer_index, 0, [this, v, w, out = at::Tensor(output)]() {
     dcp_combine(w, v);
     decode_post(v, out);
-  };
-  g.capture_call(std::move(post));
+  }));
 }
 
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope, const at::Tensor& rope,
@@ -471,8 +454,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   const int64_t td = md.num_decode_tokens, tp = md.num_prefill_tokens;
   // The dense work runs without autograd; serving engines usually run the
   // model under inference mode already (entering it costs two TLS writes).
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != hidden.device()) {
     lse_placeholder_ = at::zeros({1}, hidden.options().dtype(at::kFloat));
   }

@@ -16,6 +16,7 @@
 #include "latent_ops.h"
 #include "../common/impl_checks.h"
 #include "../graph/exclusive_scope.h"
+#include "../common/inference_scope.h"
 
 namespace aar::mla {
 
@@ -155,8 +156,7 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
   check_like(out, "out", dt, dev);
   AAR_CHECK_ARG(out.is_contiguous(), "out must be contiguous, got strides ", out.strides());
   check_step(md, nope, rope, dt, dev, "forward_decode");
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
 
   const Dims d{H, 0, std::nullopt, L, cfg_.qk_nope_head_dim, R, cfg_.v_head_dim};
   const detail::DecodeShape sh = detail::decode_shape_of(d, hp_, cfg_.workspace_group, dev, dt);
@@ -211,8 +211,7 @@ void LatentAttention::forward_prefill(const at::Tensor& q, const at::Tensor& kv_
   AAR_CHECK_ARG(out.stride(1) == 1 && out.stride(0) == H * V, "out must hold row-major rows (strides (", H * V,
                 ", 1)), got strides ", out.strides());
   check_step(md, nope, rope, dt, dev, "forward_prefill");
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
 
   const at::Tensor kv = ops::dense::linear(kv_c, kv_b_proj).view({tp, H, P + V});
   detail::PrefillSpec s;

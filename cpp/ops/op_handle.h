@@ -12,7 +12,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/InferenceMode.h>
 
 #include <atomic>
 #include <mutex>
@@ -22,6 +21,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/fault_injection.h"
 #include "ascend_attn_rt/ops/provider.h"
+#include "inference_scope.h"
 
 namespace aar::ops::detail {
 
@@ -32,20 +32,21 @@ inline Provider pick_provider(Provider pv, const at::Tensor& first) {
 }
 
 // Keeps the call off PyTorch's boxed autograd fallback: every provider's
-// operators are called under InferenceMode (DESIGN.md), entered only if not
-// already active. No provider has an Autograd kernel (torch_npu registers none
-// for these operators, and cpp/ops/registry.cpp none for ours), so the CPU
-// twins and the no-compute provider dispatch exactly like the NPU path.
+// operators are called under InferenceMode (ops/inference_mode.h). The runtime's
+// entry points take it once; inside them this finds it active, and a wrapper
+// called on its own takes it for the call. No provider has an Autograd kernel
+// (torch_npu registers none for these operators, and cpp/ops/registry.cpp none
+// for ours), so the CPU twins and the no-compute provider dispatch exactly like
+// the NPU path.
 class DispatchGuard {
  public:
   explicit DispatchGuard(Provider) {
     // Test-only fault injection (ops/fault_injection.h): one relaxed load unless a test armed it.
     if (__builtin_expect(testing::detail::any_fault_armed(), 0)) testing::detail::fault_point_slow();
-    if (!c10::InferenceMode::is_enabled()) guard_.emplace();
   }
 
  private:
-  std::optional<c10::InferenceMode> guard_;
+  InferenceScope inference_;
 };
 
 inline const std::optional<at::Tensor>& none_tensor() {

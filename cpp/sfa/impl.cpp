@@ -2,8 +2,6 @@
 #include "ascend_attn_rt/sfa/impl.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 #include <utility>
 
@@ -25,6 +23,7 @@
 #include "ascend_attn_rt/sfa/backend.h"
 #include "../common/impl_checks.h"
 #include "../graph/exclusive_scope.h"
+#include "../common/inference_scope.h"
 
 namespace aar::sfa {
 
@@ -648,8 +647,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   const Caches c = validate(hidden, kv_cache, md, topk, output);
   const int64_t tk = md.cum_query_lens_list.empty() ? 0 : md.cum_query_lens_list.back();
   const KvHookScope<Metadata> kv_scope(kv_hooks, kv_cache, tk > 0, md, "sfa");
-  std::optional<c10::InferenceMode> guard;
-  if (!c10::InferenceMode::is_enabled()) guard.emplace();
+  const aar::detail::InferenceScope inference;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     if (offload_ != nullptr) {
       throw_not_supported("Eager only: inside a graph capture the SFA KV-offload path refuses (its resident-slot "
@@ -666,13 +664,10 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
       throw_not_supported("SFA graph capture takes DecodeOnly and SpecDecoding batches (spec 2.3), got ",
                           plan::to_string(md.attn_state));
     }
-    graph::CapturedCall call;
-    call.kind = graph::CallKind::Prepare;
-    call.layer_index = cfg_.layer_index;
-    call.prepare = [this, hidden, c, md_at_capture = md, topk, out = at::Tensor(output), tk]() {
-      run(hidden, c, md_at_capture, topk, out, tk, /*stable=*/true);
-    };
-    g->capture_call(std::move(call));
+    g->capture_call(std::make_unique<graph::ClosureCall>(
+        cfg_.layer_index, 0, [this, hidden, c, md_at_capture = md, topk, out = at::Tensor(output), tk]() {
+          run(hidden, c, md_at_capture, topk, out, tk, /*stable=*/true);
+        }));
     return output;
   }
   run(hidden, c, md, topk, output, tk, /*stable=*/false);

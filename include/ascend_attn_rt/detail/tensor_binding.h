@@ -29,12 +29,16 @@ class TensorBinding {
   // True when `t` is the bound tensor and still describes the memory and the
   // geometry it had when bound.
   bool same(const at::Tensor& t) const noexcept {
-    if (dim_ < 0 || t.unsafeGetTensorImpl() != src_.unsafeGetTensorImpl()) return false;
-    if (t.dim() != dim_ || t.scalar_type() != dtype_ || t.storage_offset() != offset_ ||
-        t.storage().unsafeGetStorageImpl() != storage_ || t.const_data_ptr() != data_) {
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (dim_ < 0 || impl != src_.unsafeGetTensorImpl()) return false;
+    // Read through the TensorImpl: Tensor::storage() copies the Storage handle (two
+    // atomic reference-count updates per call, on every layer's forward).
+    const c10::Storage& storage = impl->unsafe_storage();
+    if (impl->dim() != dim_ || impl->dtype().toScalarType() != dtype_ || impl->storage_offset() != offset_ ||
+        storage.unsafeGetStorageImpl() != storage_ || storage_ == nullptr || storage.data() != storage_data_) {
       return false;
     }
-    const c10::IntArrayRef sz = t.sizes(), st = t.strides();
+    const c10::IntArrayRef sz = impl->sizes(), st = impl->strides();
     for (int64_t i = 0; i < dim_; ++i) {
       if (sz[i] != sizes_[i] || st[i] != strides_[i]) return false;
     }
@@ -47,7 +51,7 @@ class TensorBinding {
     dim_ = -1;
     if (!t.defined() || t.dim() > kMaxDims) return;
     storage_ = t.storage().unsafeGetStorageImpl();
-    data_ = t.const_data_ptr();
+    storage_data_ = t.storage().data();
     offset_ = t.storage_offset();
     dtype_ = t.scalar_type();
     const c10::IntArrayRef sz = t.sizes(), st = t.strides();
@@ -69,7 +73,7 @@ class TensorBinding {
  private:
   at::Tensor src_;
   const c10::StorageImpl* storage_ = nullptr;
-  const void* data_ = nullptr;
+  const void* storage_data_ = nullptr;  // the storage's memory (with offset_: the tensor's data)
   int64_t offset_ = 0;
   int64_t dim_ = -1;
   at::ScalarType dtype_ = at::ScalarType::Undefined;

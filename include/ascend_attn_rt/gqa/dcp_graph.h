@@ -2,7 +2,7 @@
 #pragma once
 
 #include "ascend_attn_rt/gqa/dcp.h"
-#include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/graph/step_params.h"
 
 namespace aar::gqa {
 
@@ -10,5 +10,7 @@ namespace aar::gqa {
 // (KV length 0) up to the bucket, each with its request's block-table row,
 // its query end and this rank's local KV length.
 graph::StepParams dcp_graph_step_params(const DcpMetadata& md);
+// The same, under the name GraphParams::update(n, metadata) looks for.
+inline graph::StepParams graph_step_params(const DcpMetadata& md) { return dcp_graph_step_params(md); }
 
 }  // namespace aar::gqa

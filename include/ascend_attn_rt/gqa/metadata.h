@@ -14,6 +14,10 @@
 #include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 
+namespace aar::graph {
+struct StepParams;  // graph/step_params.h
+}
+
 namespace aar::gqa {
 
 // The paged context as dense rows, request after request: what the paths that
@@ -91,5 +95,9 @@ const DenseContext& dense_context(const Metadata& md);
 // The dense context if the build or a layer has computed it (null otherwise);
 // computes nothing.
 const DenseContext* computed_dense_context(const Metadata& md);
+
+// What a graph update refreshes from this step (gqa/graph.h), declared with
+// the metadata so that GraphParams::update(n, metadata) finds it.
+graph::StepParams graph_step_params(const Metadata& md);
 
 }  // namespace aar::gqa

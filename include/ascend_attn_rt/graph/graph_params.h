@@ -1,11 +1,13 @@
-// The graph parameter store and the per-step update (spec gqa.md 7.1-7.8).
+// The graph parameter store and the per-step update.
 //
 // A GraphParams instance belongs to one model (the main model, or a draft
-// model). Per captured token count ("bucket") it keeps, for every attention call
-// captured in that bucket, its event, task handle and parameter record, plus the
-// bucket's workspaces. update() refreshes every recorded call from the step's
-// metadata in layer order, entirely in C++: one pass, no per-layer metadata work
-// (the host lists were computed once by MetadataBuilder::build).
+// model). Per captured token count ("bucket") it keeps every call the backends
+// recorded in that bucket (graph/captured_call.h: type-erased, each backend
+// brings its own), their events and task handles, and the workspaces the calls
+// share. update() refreshes every call that takes host parameters from the
+// step's parameters in layer order, entirely in C++: one pass, no per-layer
+// metadata work (the host lists were computed once by the builder's build).
+// The store knows no backend and no operator.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,13 +18,14 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
-#include "ascend_attn_rt/build_stamp.h"
-#include "ascend_attn_rt/gqa/metadata.h"
+#include "ascend_attn_rt/graph/captured_call.h"
 #include "ascend_attn_rt/graph/provider.h"
-#include "ascend_attn_rt/ops/fused_infer_attention.h"
-#include "ascend_attn_rt/ops/paged_attention.h"
+#include "ascend_attn_rt/graph/step_params.h"
 
 namespace aar::detail {
 class ExclusiveUse;  // cpp/common/exclusive_use.h
@@ -31,77 +34,40 @@ class ExclusiveUse;  // cpp/common/exclusive_use.h
 namespace aar::graph {
 
 enum class WorkspacePolicy : int32_t {
-  FirstWins = 0,      // default: the first workspace computed for a bucket is kept (spec 7.5)
+  FirstWins = 0,      // default: the first workspace computed for a bucket is kept
   MaxOverLayers = 1,  // layer-aware models: keep the largest candidate by bytes
 };
 
-enum class CallKind : int32_t {
-  KvWrite = 0,         // paged KV-cache write (slot mapping at a stable address)
-  Fia = 1,
-  FiaV2 = 2,
-  PagedAttention = 3,
-  Prepare = 4,         // other captured work without host parameters (e.g. C8 quantise + NZ write)
+// A tensor the calls of one bucket share by name (a kernel's workspace): its
+// calls read `tensor` when they launch. Capture offers candidates
+// (GraphParams::offer_workspace); a call whose workspace depends on the step
+// replaces it when it refreshes, once per update pass and step (`pass`, `step`).
+struct SharedWorkspace {
+  std::string name;
+  std::optional<at::Tensor> tensor;  // as the kernels take it (no per-launch wrapping)
+  uint64_t pass = 0;
+  const StepParams* step = nullptr;
 };
-const char* to_string(CallKind k);
 
-struct StepParams;
-
-// One captured operator call. Tensors are held strongly until the bucket (or the
-// whole store) is released.
-struct CapturedCall {
-  CallKind kind = CallKind::Fia;
-  int64_t layer_index = -1;   // ordering key (capture order when equal / unset)
-  int32_t group = 0;          // KV-cache group: which metadata refreshes it
-  bool paged = true;          // KV read through a block table (per-request KV lengths)
-  // False for BNSD decode calls (one query row per request, no query-length
-  // list): an update refreshes only the KV lengths and the block table.
-  bool refresh_q_lens = true;
+// A recorded call and the provider handles the store gave it (event and task
+// group: calls with host parameters only).
+struct RecordedCall {
+  std::unique_ptr<CapturedCall> call;
   Handle event = nullptr;
   Handle task = nullptr;
-  // Fia / FiaV2
-  ops::FiaTensors fia;
-  ops::FiaParams fia_params;   // scalars; lists are refreshed from metadata
-  ops::FiaV2Tensors fia2;
-  ops::FiaV2Params fia2_params;
-  at::Tensor out, lse;
-  // PagedAttention
-  ops::PagedAttentionArgs pa;
-  // KvWrite (no host parameters: slot mapping lives at a stable address)
-  at::Tensor key, value, key_cache, value_cache, slot_mapping;
-  bool reshape_and_cache = false;
-  // Prepare
-  std::function<void()> prepare;
-  // Optional, Prepare calls that read per-step values at captured addresses
-  // (DSA): checks at update that the step (groups[group]) fits what was
-  // captured for bucket `num_tokens`; throws naming the mismatch.
-  std::function<void(const StepParams& step, int64_t num_tokens)> fits;
 };
-
-// What an update refreshes, per KV-cache group: the step's host lists and the
-// device tensors they index. step_params(gqa::Metadata) makes one; backends
-// with their own metadata (MLA decode) make theirs.
-struct StepParams {
-  at::Tensor block_tables;       // device int32 (num_reqs, max_blocks)
-  at::Tensor seq_lens;           // host int32 (num_reqs): paged attention's context_lens
-  c10::IntArrayRef q_ends;       // cumulative query ends (num_reqs)
-  c10::IntArrayRef kv_lens;      // per-request KV lengths (num_reqs)
-  int64_t num_reqs = 0;          // requests the kernels see (incl. padding dummies)
-  int64_t num_real_reqs = 0;
-  int64_t num_kernel_tokens = 0; // query rows attended (q_ends.back())
-  int64_t num_input_tokens = 0;  // rows the layers see (>= num_kernel_tokens); 0: not given (DSA sets it)
-  BuildStamp stamp;              // the build the lists belong to (stale ones are rejected)
-};
-StepParams step_params(const gqa::Metadata& md);
 
 struct Bucket {
-  std::vector<CapturedCall> calls;  // layer order after end_capture
-  at::Tensor fia_workspace;         // shared by the bucket's fused calls
-  at::Tensor pa_workspace;          // paged attention keeps its own (upstream shares one slot)
-  int64_t num_query_rows = 0;       // captured kernel token count (FIA) / requests (PA)
-  bool updated = false;              // the last update completed and was not replayed since
+  std::vector<RecordedCall> calls;  // layer order after end_capture
+  // Stable addresses: calls keep pointers to their slots.
+  std::vector<std::unique_ptr<SharedWorkspace>> workspaces;
+  bool updated = false;  // the last update completed and was not replayed since
   // Shared workspaces the captured calls use: a CPU replay enters each (one
   // thread at a time; another thread's forward or replay is refused by name).
   std::vector<std::shared_ptr<detail::ExclusiveUse>> exclusive;
+
+  // The shared workspace `name` (nullopt when the bucket has none).
+  std::optional<at::Tensor> workspace(const char* name) const;
 };
 
 // Thread safety: one thread at a time per store: its capture, update, replay and
@@ -117,8 +83,8 @@ class GraphParams {
   GraphParams(const GraphParams&) = delete;
   GraphParams& operator=(const GraphParams&) = delete;
 
-  // Capture: while a capture is open on this thread, AttentionImpl::forward
-  // records its calls here instead of running them eagerly. A bucket is
+  // Capture: while a capture is open on this thread, the backends' forwards
+  // record their calls here instead of running them eagerly. A bucket is
   // captured once; capturing it again is an error (release it first).
   void begin_capture(int64_t num_tokens);
   void end_capture();
@@ -128,27 +94,33 @@ class GraphParams {
   int64_t capturing_bucket() const { return capturing_; }
 
   // Per step, before (NPU) or instead of (CPU) the device replay: refresh every
-  // call of the bucket from the step's metadata. `groups[g]` is the metadata of
+  // call of the bucket from the step's parameters. `groups[g]` holds those of
   // KV-cache group g (one entry serves a single-group model).
   //
   // Failure contract (tests/python/test_fault_injection.py, graph sweep). Every
   // check runs before the first hook: a rejected step leaves the bucket exactly as
-  // it was. Past the checks an operator call can still fail (the paged-attention
-  // workspace query; on the NPU provider the re-issue of each call). Then the
-  // error propagates, the calls before the failing one hold the new step's lists
-  // and block table, the failing call and every later one keep the previous
-  // update's (the device task of the failing call was not updated either), and
-  // the bucket is marked not updated: replay() refuses it until an update
-  // completes. An engine must not replay the device graph after a failed update
-  // (the calls whose events were not recorded would block it); the next update
-  // with good metadata rewrites every call. update never writes a KV cache (KV
-  // writes are captured kernels, run by the replay).
+  // it was. Past the checks an operator call can still fail (a workspace query
+  // that depends on the step; on the NPU provider the re-issue of each call).
+  // Then the error propagates, the calls before the failing one hold the new
+  // step's lists and block table, the failing call and every later one keep the
+  // previous update's (the device task of the failing call was not updated
+  // either), and the bucket is marked not updated: replay() refuses it until an
+  // update completes. An engine must not replay the device graph after a failed
+  // update (the calls whose events were not recorded would block it); the next
+  // update with good parameters rewrites every call. update never writes a KV
+  // cache (KV writes are captured kernels, run by the replay).
   void update(int64_t num_tokens, const std::vector<StepParams>& groups);
-  void update(int64_t num_tokens, const gqa::Metadata& md) { update(num_tokens, std::vector<StepParams>{step_params(md)}); }
-  // Draft model: per-(draft step, layer) metadata flattened in capture order and
-  // cycled (or truncated) over the recorded calls (spec 7.8). Each entry must be
-  // the latest build of its builder (a builder rewrites its lists at every
-  // build): build each draft step's metadata with its own builder.
+  // One metadata of any backend whose namespace provides
+  // graph_step_params(metadata) (gqa::Metadata, mla::Metadata, ...).
+  template <class Metadata,
+            class = decltype(graph_step_params(std::declval<const Metadata&>()))>
+  void update(int64_t num_tokens, const Metadata& md) {
+    update(num_tokens, std::vector<StepParams>{graph_step_params(md)});
+  }
+  // Draft model: per-(draft step, layer) parameters flattened in capture order and
+  // cycled (or truncated) over the calls with host parameters. Each entry must
+  // come from the latest build of its builder (a builder rewrites its lists at
+  // every build): build each draft step's metadata with its own builder.
   void update_draft(int64_t num_tokens, const std::vector<StepParams>& per_call);
 
   // CPU provider: run the bucket's recorded calls in order (the last update
@@ -169,24 +141,35 @@ class GraphParams {
   GraphProvider& provider() { return *provider_; }
   WorkspacePolicy policy() const { return policy_; }
 
-  // Used by the backends' capture paths.
-  Bucket& open_bucket();
-  void capture_call(CapturedCall&& call);
-  const at::Tensor& fia_workspace_for(const CapturedCall& call);
-  const at::Tensor& pa_workspace_for(const CapturedCall& call);
+  // Used by the backends' capture code. Records `call` in the bucket being
+  // captured: a call with host parameters gets an event and a task group around
+  // its launch; on the NPU provider the call is launched now (into the device
+  // graph being captured), on the CPU provider it runs at replay.
+  void capture_call(std::unique_ptr<CapturedCall> call);
+  // The bucket being captured, its shared workspace `name` (empty at first).
+  SharedWorkspace& shared_workspace(const char* name);
+  // Offers the workspace `query` computes to `ws` by the store's policy; `query`
+  // is not called when the policy keeps the workspace `ws` has.
+  void offer_workspace(SharedWorkspace& ws, const std::function<at::Tensor()>& query);
+  // Records `use` in the bucket being captured: every CPU replay enters it.
+  void note_exclusive_use(const std::shared_ptr<detail::ExclusiveUse>& use);
 
   // The store a capture is open on, for this thread (nullptr outside capture).
   static GraphParams* current();
 
  private:
+  Bucket& open_bucket();
   Bucket& mutable_bucket(int64_t num_tokens);
-  void refresh(CapturedCall& c, const StepParams& sp, Bucket& b, at::Tensor& pa_ws, bool& pa_ws_ready);
-  void launch(CapturedCall& c, const Bucket& b);
+  // Refreshes `r` from `step`, re-issues it between the provider's task-update
+  // hooks (NPU) and records its event; on failure the call keeps its previous
+  // parameters.
+  void refresh_one(RecordedCall& r, const StepParams& step, const UpdatePass& pass, bool relaunch);
 
   std::shared_ptr<GraphProvider> provider_;
   WorkspacePolicy policy_;
   std::map<int64_t, Bucket> buckets_;
   int64_t capturing_ = -1;
+  uint64_t passes_ = 0;
 };
 
 // The capture policy every Impl follows: inside an open capture a forward call

@@ -1,0 +1,168 @@
+// The graph layer on its own (graph/graph_params.h, graph/captured_call.h): a
+// captured call of no backend, written here against the interface, goes through
+// capture, update (check, refresh, re-issue, revert) and replay with the store's
+// documented contract. The backends' own calls are tested through their layers
+// (tests/python/test_graph.py, test_mla_graph.py, test_fault_injection.py).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
+
+namespace {
+
+using aar::graph::CaptureScope;
+using aar::graph::ClosureCall;
+using aar::graph::GraphHooks;
+using aar::graph::GraphParams;
+using aar::graph::HookGraphProvider;
+using aar::graph::RecordingGraphProvider;
+using aar::graph::StepParams;
+using aar::graph::UpdatePass;
+
+constexpr int64_t kBucket = 4;
+
+// A call whose one host parameter is the step's request count. It refuses steps
+// of more requests than the bucket, and its launch fails while `fail_launch`.
+struct FakeCall final : aar::graph::CapturedCall {
+  FakeCall(int64_t layer, std::vector<std::string>* log)
+      : CapturedCall("fake", layer, 0, /*has_params=*/true), log(log) {}
+  void check(const StepParams& sp, int64_t bucket) const override {
+    AAR_CHECK_ARG(sp.num_reqs <= bucket, "fake call of layer ", layer_index(), ": ", sp.num_reqs,
+                  " requests do not fit bucket ", bucket);
+  }
+  void refresh(const StepParams& sp, const UpdatePass&) override {
+    prev = value;
+    value = sp.num_reqs;
+  }
+  void revert() noexcept override { value = prev; }
+  void launch() override {
+    if (fail_launch) throw std::runtime_error("launch failed");
+    log->push_back("launch " + std::to_string(layer_index()) + " with " + std::to_string(value));
+  }
+  int64_t value = 0, prev = 0;
+  bool fail_launch = false;
+  std::vector<std::string>* log;
+};
+
+StepParams step(int64_t reqs) {
+  StepParams sp;
+  sp.num_reqs = reqs;
+  return sp;
+}
+
+// Captures layers 2, 0, 1 (out of order) and returns them in layer order.
+std::vector<FakeCall*> capture(GraphParams& g, std::vector<std::string>* log) {
+  std::vector<FakeCall*> calls(3);
+  CaptureScope scope(g, kBucket);
+  for (int64_t layer : {2, 0, 1}) {
+    auto c = std::make_unique<FakeCall>(layer, log);
+    calls[layer] = c.get();
+    g.capture_call(std::move(c));
+  }
+  return calls;
+}
+
+std::vector<int64_t> values(const std::vector<FakeCall*>& calls) {
+  std::vector<int64_t> v;
+  for (const FakeCall* c : calls) v.push_back(c->value);
+  return v;
+}
+
+TEST(Graph, UpdateRefreshesInLayerOrderAndReplayRunsTheCalls) {
+  GraphParams g(std::make_shared<RecordingGraphProvider>());
+  std::vector<std::string> log;
+  const std::vector<FakeCall*> calls = capture(g, &log);
+  EXPECT_TRUE(log.empty());  // the recording provider runs nothing at capture
+  EXPECT_THROW(g.replay(kBucket), aar::InvalidArgument);  // not updated yet
+  g.update(kBucket, {step(3)});
+  EXPECT_EQ(values(calls), (std::vector<int64_t>{3, 3, 3}));
+  g.replay(kBucket);
+  EXPECT_EQ(log, (std::vector<std::string>{"launch 0 with 3", "launch 1 with 3", "launch 2 with 3"}));
+  EXPECT_THROW(g.replay(kBucket), aar::InvalidArgument);  // a replay consumes its update
+}
+
+TEST(Graph, ARejectedStepChangesNoCall) {
+  GraphParams g(std::make_shared<RecordingGraphProvider>());
+  std::vector<std::string> log;
+  const std::vector<FakeCall*> calls = capture(g, &log);
+  g.update(kBucket, {step(2)});
+  try {
+    g.update(kBucket, {step(kBucket + 1)});
+    FAIL() << "a step that does not fit was accepted";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("do not fit bucket 4"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(values(calls), (std::vector<int64_t>{2, 2, 2}));
+  g.replay(kBucket);  // the earlier update still stands
+  EXPECT_EQ(log.size(), 3u);
+}
+
+TEST(Graph, AFailedReissueRevertsItsCallAndLeavesTheBucketNotUpdated) {
+  std::vector<std::string> hooks;
+  GraphHooks h;
+  h.task_update_begin = [&](aar::graph::Handle) { hooks.push_back("begin"); };
+  h.task_update_end = [&] { hooks.push_back("end"); };
+  GraphParams g(std::make_shared<HookGraphProvider>(h));
+  std::vector<std::string> log;
+  const std::vector<FakeCall*> calls = capture(g, &log);  // the NPU-like provider launches at capture
+  EXPECT_EQ(log.size(), 3u);
+  g.update(kBucket, {step(1)});
+  calls[1]->fail_launch = true;
+  hooks.clear();
+  EXPECT_THROW(g.update(kBucket, {step(4)}), std::runtime_error);
+  // Layer 0 took the new step, layer 1 (whose re-issue failed) and layer 2 kept the previous one.
+  EXPECT_EQ(values(calls), (std::vector<int64_t>{4, 1, 1}));
+  EXPECT_EQ(hooks, (std::vector<std::string>{"begin", "end", "begin", "end"}));  // the failed update closed
+  EXPECT_FALSE(g.bucket(kBucket).updated);
+  calls[1]->fail_launch = false;
+  g.update(kBucket, {step(4)});
+  EXPECT_EQ(values(calls), (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_TRUE(g.bucket(kBucket).updated);
+}
+
+TEST(Graph, ABucketOfClosuresReplaysWithoutUpdates) {
+  GraphParams g(std::make_shared<RecordingGraphProvider>());
+  int runs = 0;
+  {
+    CaptureScope scope(g, kBucket);
+    g.capture_call(std::make_unique<ClosureCall>(0, 0, [&] { ++runs; }));
+  }
+  g.replay(kBucket);
+  g.replay(kBucket);
+  EXPECT_EQ(runs, 2);
+  EXPECT_EQ(std::string(g.bucket(kBucket).calls[0].call->kind()), "prepare");
+}
+
+TEST(Graph, SharedWorkspacesFollowTheStorePolicy) {
+  for (auto policy : {aar::graph::WorkspacePolicy::FirstWins, aar::graph::WorkspacePolicy::MaxOverLayers}) {
+    GraphParams g(std::make_shared<RecordingGraphProvider>(), policy);
+    int queries = 0;
+    {
+      CaptureScope scope(g, kBucket);
+      for (int64_t n : {8, 32, 16}) {
+        g.offer_workspace(g.shared_workspace("ws"), [&] {
+          ++queries;
+          return at::empty({n}, at::kByte);
+        });
+      }
+    }
+    const std::optional<at::Tensor> ws = g.bucket(kBucket).workspace("ws");
+    ASSERT_TRUE(ws.has_value());
+    if (policy == aar::graph::WorkspacePolicy::FirstWins) {
+      EXPECT_EQ(queries, 1);  // the kept workspace is not recomputed
+      EXPECT_EQ(ws->numel(), 8);
+    } else {
+      EXPECT_EQ(queries, 3);
+      EXPECT_EQ(ws->numel(), 32);
+    }
+    EXPECT_FALSE(g.bucket(kBucket).workspace("other").has_value());
+  }
+}
+
+}  // namespace
