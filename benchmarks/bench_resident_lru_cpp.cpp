@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "ascend_attn_rt/plan/resident_lru.h"
+#include "ascend_attn_rt/sfa/plan/resident_lru.h"
 #include "bench_timing.h"
 
 namespace {

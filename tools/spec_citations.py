@@ -61,9 +61,9 @@ FILE_SPEC: dict[str, str] = {
     "cpp/ops/cpu/scatter_pa_kv_cache_cpu.cpp": "gqa.md",
     "cpp/ops/cpu/attention_update_cpu.cpp": "cp.md",
     "cpp/plan/internal.h": "gqa.md",
-    "cpp/plan/step_plan.cpp": "gqa.md",
+    "cpp/gqa/plan/step_plan.cpp": "gqa.md",
     "include/ascend_attn_rt/plan/seq_lens.h": "gqa.md",
-    "include/ascend_attn_rt/plan/step_plan.h": "gqa.md",
+    "include/ascend_attn_rt/gqa/plan/step_plan.h": "gqa.md",
     "include/ascend_attn_rt/ops/out_variants.h": "sparse.md",
     "python/ascend_attn_rt/demo.py": "sparse.md",
     "python/ascend_attn_rt/npu_graph.py": "gqa.md",
@@ -84,7 +84,7 @@ FILE_SPEC: dict[str, str] = {
 OVERRIDES: list[tuple[str, str, str, str]] = [
     ("include/ascend_attn_rt/c_api.h", r"graph_decode_padding", "3.5", "mla.md"),
     ("include/ascend_attn_rt/c_api.h", r"RoPE tables", "6.1", "mla.md"),
-    ("include/ascend_attn_rt/plan/mla_plan.h", r"attends everything", "10.8", "cp.md"),
+    ("include/ascend_attn_rt/mla/plan/mla_plan.h", r"attends everything", "10.8", "cp.md"),
     ("tests/fuzz/fuzz_kv_rules.cpp", r"row by row", "9.6", "gqa.md"),
     # User documentation (--include-docs): prose without a path family.
     ("README.md", r"ResidentLru|cache tuple composed|^KV offload", "*", "sparse.md"),
@@ -162,12 +162,12 @@ EXTRA: list[tuple[str, str, str]] = [
     ("tests/cpp/test_plan_dsa_step.cpp", r"the (?P<sec>6\.2) geometry", "sparse.md"),
     ("include/ascend_attn_rt/ops/dsa_compressor.h", r"\(A5, (?P<sec>1\.6\.3) last bullet\)", "sparse.md"),
     ("include/ascend_attn_rt/ops/lightning_indexer.h", r"Score as (?P<sec>1\.2\.1)\b", "sparse.md"),
-    ("include/ascend_attn_rt/plan/dsa_kv_plan.h", r"facts of (?P<sec>6\.1) /", "sparse.md"),
-    ("include/ascend_attn_rt/plan/dsa_kv_plan.h", r"facts of 6\.1 /\n// (?P<sec>6\.2) that", "sparse.md"),
-    ("include/ascend_attn_rt/plan/dsa_kv_plan.h", r"non_a5_dtype of (?P<sec>7\.2):", "sparse.md"),
+    ("include/ascend_attn_rt/dsa/plan/dsa_kv_plan.h", r"facts of (?P<sec>6\.1) /", "sparse.md"),
+    ("include/ascend_attn_rt/dsa/plan/dsa_kv_plan.h", r"facts of 6\.1 /\n// (?P<sec>6\.2) that", "sparse.md"),
+    ("include/ascend_attn_rt/dsa/plan/dsa_kv_plan.h", r"non_a5_dtype of (?P<sec>7\.2):", "sparse.md"),
     ("tests/python/test_dsa_plan.py", r"(?:descriptors|cache specs) of (?P<sec>6\.[12])\b", "sparse.md"),
     ("tests/cpp/test_plan_dsa_kv_plan.cpp", r'// (?P<sec>7\.2) (?:base plan|"A5 other")', "sparse.md"),
-    ("cpp/bindings/dsa_bindings.cpp", r"cache's spec \((?P<sec>6\.2)\)", "sparse.md"),
+    ("cpp/dsa/bindings.cpp", r"cache's spec \((?P<sec>6\.2)\)", "sparse.md"),
 ]
 
 # Lines that look like citations but are not: (path, regex of the line).
@@ -210,7 +210,7 @@ RESIDUAL = re.compile(r"(?<!OCP )\b[Tt]he spec\b(?![ \t]+(?:decode|tokens?)\b)|(
                       r"|(?<![\w/.])(?:gqa|mla|sparse|cp)\.md\b")
 # Text RESIDUAL matches that is about something else: (path, regex of the line).
 RESIDUAL_OK: list[tuple[str, str]] = [
-    ("include/ascend_attn_rt/plan/dsa_backend_facts.h", r"The spec of one cache kind"),  # a DSA cache spec
+    ("include/ascend_attn_rt/dsa/plan/dsa_backend_facts.h", r"The spec of one cache kind"),  # a DSA cache spec
 ]
 
 

@@ -9,7 +9,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "ascend_attn_rt/gqa/dcp_graph.h"
+#include "ascend_attn_rt/cp/gqa_dcp_graph.h"
 #include "ascend_attn_rt/gqa/graph.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/graph_calls/fused_attention_calls.h"

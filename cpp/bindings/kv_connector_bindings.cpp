@@ -18,7 +18,7 @@
 #include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/dsa/impl.h"
 #include "ascend_attn_rt/fa3/impl.h"
-#include "ascend_attn_rt/gqa/dcp.h"
+#include "ascend_attn_rt/cp/gqa_dcp.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/mla/impl.h"

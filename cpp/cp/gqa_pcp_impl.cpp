@@ -6,8 +6,8 @@
 #include <tuple>
 #include <vector>
 
-#include "ascend_attn_rt/cp/comm.h"
-#include "ascend_attn_rt/cp/dcp.h"
+#include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/comm/dcp_exchange.h"
 #include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -213,7 +213,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
     return Partial{o, l};
   };
   // A partial over this rank's shard for the Wd*H gathered heads -> merged
-  // over the DCP group for this rank's own H heads (cp/dcp.h), in the wire
+  // over the DCP group for this rank's own H heads (comm/dcp_exchange.h), in the wire
   // layout (rows, H, D+1) fp32 that the PCP exchange sends.
   auto dcp_merge = [&](const Partial& p) {
     const int64_t rows = p.out.size(0);

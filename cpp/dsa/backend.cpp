@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "ascend_attn_rt/plan/attention_state.h"
-#include "ascend_attn_rt/plan/dsa_backend_facts.h"
+#include "ascend_attn_rt/dsa/plan/dsa_backend_facts.h"
 
 namespace aar::dsa {
 

@@ -21,7 +21,7 @@
 #include "ascend_attn_rt/ops/out_variants.h"
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 #include "ascend_attn_rt/ops/sparse_flash_mla.h"
-#include "ascend_attn_rt/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
 
 namespace aar::dsa {
 
@@ -542,7 +542,7 @@ class GroupBuilder::Lane {
     gi.num_blocks = g_.cfg_.num_blocks;
     gi.slot_format = g_.slot_format_;
     // The plan's skip encoding for token (ratio <= 1) mappings; compressed
-    // groups keep compressor_metadata's (-1, bs-1) (dsa/kv_plan.h).
+    // groups keep compressor_metadata's (-1, bs-1) (dsa/plan/dsa_kv_plan.h).
     gi.block_offset_skip = ratio <= 1 ? g_.cfg_.plan.block_offset_skip : BlockOffsetSkip::LastOffset;
     gi.rope_positions = ratio > 1 ? g_.step_.compress_rope_positions() : 0;
     // What the group's kernels read besides this step's rows (dsa/builder.h "Reads").

@@ -9,7 +9,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/gqa/backend.h"
 #include "ascend_attn_rt/graph/graph_params.h"
-#include "ascend_attn_rt/plan/step_plan.h"
+#include "ascend_attn_rt/gqa/plan/step_plan.h"
 #include "../common/staging.h"
 #include "../common/builder_checks.h"
 #include "../core/staging_layout.h"

@@ -5,7 +5,7 @@
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/core/backend.h"
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 
 namespace aar::mla {
 

@@ -9,8 +9,8 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/mla/backend.h"
-#include "ascend_attn_rt/plan/dcp_step_plan.h"
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/cp/plan/dcp_step_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "../common/rope_gather.h"
 #include "../common/staging.h"

@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "../common/kv_cache.h"
-#include "ascend_attn_rt/cp/comm.h"
-#include "ascend_attn_rt/cp/dcp.h"
+#include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/comm/dcp_exchange.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
@@ -19,7 +19,7 @@
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
-#include "latent_core.h"
+#include "../latent/latent_core.h"
 #include "latent_ops.h"
 #include "../common/impl_checks.h"
 #include "../graph/exclusive_scope.h"

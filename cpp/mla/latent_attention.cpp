@@ -12,7 +12,7 @@
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
-#include "decode_workspace.h"
+#include "../latent/decode_workspace.h"
 #include "latent_ops.h"
 #include "../common/impl_checks.h"
 #include "../graph/exclusive_scope.h"

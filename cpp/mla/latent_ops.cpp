@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "../common/kv_cache.h"
-#include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/ops/attention_update.h"

@@ -16,7 +16,7 @@
 
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
-#include "decode_workspace.h"
+#include "../latent/decode_workspace.h"
 
 namespace aar::cp {
 class Comm;

@@ -12,8 +12,8 @@
 #include "../common/staging.h"
 #include "../core/staging_layout.h"
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/sfa_offload_plan.h"
-#include "ascend_attn_rt/plan/sfa_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_offload_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "ascend_attn_rt/sfa/backend.h"
 
 namespace aar::sfa {

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "../common/kv_cache.h"
-#include "../mla/latent_core.h"
+#include "../latent/latent_core.h"
 #include "indexer_workspace.h"
 #include "offload_layer.h"
 #include "sparse_attention.h"

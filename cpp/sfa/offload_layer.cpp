@@ -7,7 +7,7 @@
 
 #include "../common/shared_by_shape.h"
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/sfa_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "sparse_attention.h"
 #include "../graph/exclusive_scope.h"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
-#include "ascend_attn_rt/plan/resident_lru.h"
+#include "ascend_attn_rt/sfa/plan/resident_lru.h"
 #include "ascend_attn_rt/sfa/host_pool.h"
 #include "ascend_attn_rt/sfa/metadata.h"
 #include "ascend_attn_rt/sfa/offload.h"

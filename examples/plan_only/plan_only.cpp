@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/step_plan.h"
+#include "ascend_attn_rt/gqa/plan/step_plan.h"
 
 namespace plan = aar::plan;
 

@@ -5,7 +5,7 @@
 #include <set>
 #include <vector>
 
-#include "ascend_attn_rt/plan/cp_groups.h"
+#include "ascend_attn_rt/cp/plan/cp_groups.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "ascend_attn_rt/plan/dcp_layout.h"
+#include "ascend_attn_rt/cp/plan/dcp_layout.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/dcp_step_plan.h"
+#include "ascend_attn_rt/cp/plan/dcp_step_plan.h"
 #include "test_plan_util.h"
 
 namespace aar::plan {

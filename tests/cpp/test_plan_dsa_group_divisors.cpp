@@ -1,6 +1,6 @@
 // plan_dsa_group divides by the compress ratio and the storage block size with
 // shifts and masks when they are powers of two and with plain division
-// otherwise (cpp/plan/dsa_step_plan.cpp, NonNegDiv). The DSV4 sizes are all
+// otherwise (cpp/dsa/plan/dsa_step_plan.cpp, NonNegDiv). The DSV4 sizes are all
 // powers of two (test_plan_dsa_step.cpp); this checks the other branch and
 // its boundary against a brute force written here: every raw position p of
 // every real request, a row c = p / r completing at p (p + 1) % r == 0, its
@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "ascend_attn_rt/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
 
 using namespace aar::plan;
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "ascend_attn_rt/plan/dsa_backend_facts.h"
-#include "ascend_attn_rt/plan/dsa_kv_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_backend_facts.h"
+#include "ascend_attn_rt/dsa/plan/dsa_kv_plan.h"
 #include "test_plan_util.h"
 
 using namespace aar::dsa;

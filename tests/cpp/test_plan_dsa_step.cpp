@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ascend_attn_rt/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
 #include "ascend_attn_rt/plan/split.h"
 #include "test_plan_util.h"
 

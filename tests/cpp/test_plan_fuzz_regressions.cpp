@@ -7,13 +7,13 @@
 #include <gtest/gtest.h>
 
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/cp_groups.h"
-#include "ascend_attn_rt/plan/dcp_layout.h"
-#include "ascend_attn_rt/plan/dcp_step_plan.h"
-#include "ascend_attn_rt/plan/mla_plan.h"
-#include "ascend_attn_rt/plan/pcp_segments.h"
-#include "ascend_attn_rt/plan/pcp_split.h"
-#include "ascend_attn_rt/plan/sfa_offload_plan.h"
+#include "ascend_attn_rt/cp/plan/cp_groups.h"
+#include "ascend_attn_rt/cp/plan/dcp_layout.h"
+#include "ascend_attn_rt/cp/plan/dcp_step_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
+#include "ascend_attn_rt/cp/plan/pcp_segments.h"
+#include "ascend_attn_rt/cp/plan/pcp_split.h"
+#include "ascend_attn_rt/sfa/plan/sfa_offload_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "test_plan_util.h"
 

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "ascend_attn_rt/plan/lse_merge.h"
+#include "ascend_attn_rt/cp/plan/lse_merge.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

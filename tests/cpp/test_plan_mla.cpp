@@ -4,7 +4,7 @@
 #include <numeric>
 #include <vector>
 
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/split.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "test_plan_util.h"

@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "ascend_attn_rt/plan/pcp_segments.h"
+#include "ascend_attn_rt/cp/plan/pcp_segments.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

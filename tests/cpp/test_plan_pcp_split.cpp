@@ -8,8 +8,8 @@
 #include <tuple>
 #include <vector>
 
-#include "ascend_attn_rt/plan/dcp_layout.h"
-#include "ascend_attn_rt/plan/pcp_split.h"
+#include "ascend_attn_rt/cp/plan/dcp_layout.h"
+#include "ascend_attn_rt/cp/plan/pcp_split.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/dcp_layout.h"
-#include "ascend_attn_rt/plan/pcp_step_plan.h"
+#include "ascend_attn_rt/cp/plan/dcp_layout.h"
+#include "ascend_attn_rt/cp/plan/pcp_step_plan.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

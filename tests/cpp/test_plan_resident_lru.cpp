@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ascend_attn_rt/plan/resident_lru.h"
+#include "ascend_attn_rt/sfa/plan/resident_lru.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

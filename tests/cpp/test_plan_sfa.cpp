@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/plan/attention_state.h"
-#include "ascend_attn_rt/plan/sfa_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

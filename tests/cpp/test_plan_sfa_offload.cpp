@@ -8,8 +8,8 @@
 #include <string_view>
 
 #include "ascend_attn_rt/plan/request_keys.h"
-#include "ascend_attn_rt/plan/sfa_offload_plan.h"
-#include "ascend_attn_rt/plan/sfa_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_offload_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ascend_attn_rt/plan/step_plan.h"
+#include "ascend_attn_rt/gqa/plan/step_plan.h"
 #include "test_plan_util.h"
 
 using namespace aar::plan;

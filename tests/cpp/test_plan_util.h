@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
 
 // Expects `stmt` to throw aar::InvalidArgument whose message contains `substr`.

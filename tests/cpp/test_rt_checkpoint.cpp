@@ -11,7 +11,7 @@
 
 #include "ascend_attn_rt/dsa/checkpoint.h"
 #include "ascend_attn_rt/dsa/impl.h"
-#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_kv_plan.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/sfa/checkpoint.h"
 #include "ascend_attn_rt/sfa/impl.h"

@@ -11,9 +11,9 @@
 #include <memory>
 #include <vector>
 
-#include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/cp/gqa_pcp.h"
-#include "ascend_attn_rt/gqa/dcp.h"
+#include "ascend_attn_rt/cp/gqa_dcp.h"
 #include "contract_util.h"
 
 namespace aar_contract {

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "ascend_attn_rt/cp/comm.h"
+#include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/errors.h"
 
 namespace {

@@ -14,7 +14,7 @@
 #include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/errors.h"
-#include "ascend_attn_rt/gqa/dcp.h"
+#include "ascend_attn_rt/cp/gqa_dcp.h"
 #include "ascend_attn_rt/staging.h"
 
 namespace aar {

@@ -2,7 +2,7 @@
 // against an independent computation; a batch that breaks a slot-mapping rule is rejected with
 // every buffer untouched.
 #include "ascend_attn_rt/plan/slot_mapping.h"
-#include "ascend_attn_rt/plan/step_plan.h"
+#include "ascend_attn_rt/gqa/plan/step_plan.h"
 #include "fuzz_util.h"
 
 using namespace aar;

@@ -6,7 +6,7 @@
 // every rank's place must match it, and the groups of each kind must partition the ranks.
 #include <map>
 
-#include "ascend_attn_rt/plan/cp_groups.h"
+#include "ascend_attn_rt/cp/plan/cp_groups.h"
 #include "fuzz_util.h"
 
 using namespace aar;

@@ -4,7 +4,7 @@
 // and chunked_context_token_indices. The naive model deals the positions of a request out to
 // the ranks in runs of I, round robin, and counts: owner, local index and local length come
 // from that simulation, not from the header's closed forms.
-#include "ascend_attn_rt/plan/dcp_layout.h"
+#include "ascend_attn_rt/cp/plan/dcp_layout.h"
 #include "fuzz_util.h"
 
 using namespace aar;

@@ -3,7 +3,7 @@
 // with KV length = this rank's keys at or before its position, the prefill rows' local
 // context, the chunked-context row filter and the copied block-table rows; every buffer is
 // sometimes one entry short, and a rejection leaves them all untouched.
-#include "ascend_attn_rt/plan/dcp_step_plan.h"
+#include "ascend_attn_rt/cp/plan/dcp_step_plan.h"
 #include "fuzz_util.h"
 
 using namespace aar;

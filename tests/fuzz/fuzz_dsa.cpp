@@ -2,7 +2,7 @@
 // emitted compressed rows of each request (spec 1.6.1, dsa_compressed_rows) in order, their
 // slots in the group's table, the skip encoding past them, and the two group overloads
 // agreeing bit for bit; rejections leave every buffer untouched.
-#include "ascend_attn_rt/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
 #include "fuzz_util.h"
 
 using namespace aar;

@@ -8,8 +8,8 @@
 #include <optional>
 #include <string>
 
-#include "ascend_attn_rt/plan/dsa_backend_facts.h"
-#include "ascend_attn_rt/plan/dsa_kv_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_backend_facts.h"
+#include "ascend_attn_rt/dsa/plan/dsa_kv_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "fuzz_util.h"
 

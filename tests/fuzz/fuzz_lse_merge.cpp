@@ -2,7 +2,7 @@
 // log-sum-exp merge written here; -inf partial LSEs (an empty part) are included.
 #include <cmath>
 
-#include "ascend_attn_rt/plan/lse_merge.h"
+#include "ascend_attn_rt/cp/plan/lse_merge.h"
 #include "fuzz_util.h"
 
 using namespace aar;

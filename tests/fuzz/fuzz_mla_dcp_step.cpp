@@ -5,7 +5,7 @@
 // prefilling is a prefill whatever its length); rejections leave every buffer untouched,
 // the DCP scratch and the per-token decode rows included (plan_mla_step used to write
 // dcp_block_lens before its scan could reject the batch).
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "fuzz_util.h"
 #include "mla_step_buffers.h"
 

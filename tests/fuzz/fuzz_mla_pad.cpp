@@ -6,7 +6,7 @@
 // argument and leave the output untouched.
 #include <cmath>
 
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "fuzz_util.h"
 
 using namespace aar;

@@ -1,7 +1,7 @@
 // plan_mla_step and plan_context_chunks: the int64 slot mapping and the token positions
 // against the naive formulas, the decode/prefill split's boundary, and the context chunks
 // covering each prefill's context exactly once; rejections leave every buffer untouched.
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "fuzz_util.h"
 #include "mla_step_buffers.h"
 

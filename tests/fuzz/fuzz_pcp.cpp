@@ -7,7 +7,7 @@
 #include <map>
 #include <utility>
 
-#include "ascend_attn_rt/plan/pcp_split.h"
+#include "ascend_attn_rt/cp/plan/pcp_split.h"
 #include "fuzz_util.h"
 
 using namespace aar;

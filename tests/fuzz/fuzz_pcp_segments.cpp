@@ -8,7 +8,7 @@
 // it is not in the snapshot.
 #include <algorithm>
 
-#include "ascend_attn_rt/plan/pcp_step_plan.h"
+#include "ascend_attn_rt/cp/plan/pcp_step_plan.h"
 #include "fuzz_util.h"
 
 using namespace aar;

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/split.h"
 #include "fuzz_util.h"
 

@@ -4,7 +4,7 @@
 // state nor the outputs.
 #include <set>
 
-#include "ascend_attn_rt/plan/resident_lru.h"
+#include "ascend_attn_rt/sfa/plan/resident_lru.h"
 #include "fuzz_util.h"
 
 using namespace aar;

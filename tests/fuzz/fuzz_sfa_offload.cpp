@@ -1,7 +1,7 @@
 // The SFA KV-offload step (plan/sfa_offload_plan.h): check_sfa_offload_step's split and its
 // decode-first order rule, then write_sfa_offload_step's per-request and per-token arrays
 // against a naive model (and with a corrupted split, which must be rejected untouched).
-#include "ascend_attn_rt/plan/sfa_offload_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_offload_plan.h"
 #include "fuzz_util.h"
 
 using namespace aar;

@@ -1,7 +1,7 @@
 // plan_sfa_step: the kernels' two length conventions (cumulative query ends, per-request KV
 // lengths), the int64 slot mapping and the RoPE positions against the naive formulas; graph
 // padding dummies have KV length 0; rejections leave every buffer untouched.
-#include "ascend_attn_rt/plan/sfa_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "fuzz_util.h"
 
 using namespace aar;

@@ -5,7 +5,7 @@
 // formulas (an int64 overflow must be a rejection, never a wrapped size); the Hadamard matrix
 // against Sylvester's doubling; the FIA padding and the context chunks against naive models.
 #include "ascend_attn_rt/plan/hadamard.h"
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "fuzz_util.h"

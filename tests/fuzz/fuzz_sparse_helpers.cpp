@@ -4,9 +4,9 @@
 // row per token), dsa_decode_threshold, dsa_storage_block_size, build_valid_topk_mask and
 // mask_invalid_topk (spec 1.4), and the query_start_loc helpers of seq_lens.h. Rejections
 // leave every output untouched.
-#include "ascend_attn_rt/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
-#include "ascend_attn_rt/plan/sfa_plan.h"
+#include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include <string>
 
 #include "fuzz_util.h"

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ascend_attn_rt/plan/mla_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "fuzz_util.h"
 
 namespace aar::fuzz {

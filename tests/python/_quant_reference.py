@@ -1,5 +1,5 @@
 """W8A8 weights for the MLA-family tests, built from float weights and written from the definitions of
-ascend_attn_rt/mla/quant.h, not from the runtime:
+ascend_attn_rt/latent/quant.h, not from the runtime:
 
   per output row: weight_scale = amax(|W_row|) / 127, weight = rint(W_row / weight_scale)  (int8)
   dequantised weight = weight * weight_scale  (what the float64 references run with)

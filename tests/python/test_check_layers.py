@@ -63,7 +63,7 @@ BASE = {
 def test_a_tree_whose_includes_go_down_passes(tmp_path, run):
     r = run(make_tree(tmp_path, dict(BASE, **{
         "cpp/c8/impl.cpp": '#include "ascend_attn_rt/gqa/metadata.h"\n',   # a family relation
-        "cpp/bindings/m.cpp": "#include <nanobind/nanobind.h>\n#include \"ascend_attn_rt/cp/comm.h\"\n",
+        "cpp/bindings/m.cpp": "#include <nanobind/nanobind.h>\n#include \"ascend_attn_rt/comm/comm.h\"\n",
         "cpp/ops/cpu/twin.cpp": '#include "../op_handle.h"\n',               # relative to the file
     })))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -77,7 +77,7 @@ def test_a_tree_whose_includes_go_down_passes(tmp_path, run):
     ("cpp/ops/z.cpp", '#include "../common/staging.h"\n', "ops (ops) includes cpp/common/staging.h, of the core"),
     (f"{H}/graph/p.h", '#include "ascend_attn_rt/gqa/metadata.h"\n', "graph (graph) includes"),
     ("cpp/common/k.cpp", '#include "ascend_attn_rt/graph/provider.h"\n', "core (core) includes"),
-    ("cpp/gqa/d.cpp", '#include "ascend_attn_rt/cp/comm.h"\n', "backend (gqa) includes include/ascend_attn_rt/cp"),
+    ("cpp/gqa/d.cpp", '#include "ascend_attn_rt/comm/comm.h"\n', "backend (gqa) includes include/ascend_attn_rt/cp"),
     ("cpp/gqa/e.cpp", '#include "ascend_attn_rt/mla/metadata.h"\n', "backend gqa includes"),
     ("cpp/mla/f.cpp", '#include "ascend_attn_rt/gqa/metadata.h"\n', "backend mla includes"),
     ("cpp/gqa/g.cpp", "#include <nanobind/nanobind.h>\n", "only the bindings speak Python"),

@@ -1,4 +1,4 @@
-"""The context-parallel collective interface (cp.Comm, include/ascend_attn_rt/cp/comm.h)
+"""The context-parallel collective interface (cp.Comm, include/ascend_attn_rt/comm/comm.h)
 over real gloo process groups of 2 and 4 local processes (spec cp.md 7, 11), and the
 LSE-merge operator npu_attention_update (spec 6) against a float64 log-sum-exp reference.
 

@@ -1,4 +1,4 @@
-"""Graph capture of DCP decode (gqa/dcp.h, mla/impl.h; spec cp.md 4 "Graph mode", mla.md 7.3)
+"""Graph capture of DCP decode (cp/gqa_dcp.h, mla/impl.h; spec cp.md 4 "Graph mode", mla.md 7.3)
 over real gloo groups of 2 ranks.
 
 A decode bucket is captured once (KV write, query gather, the local paged call, exchange +

@@ -1,4 +1,4 @@
-"""GQA decode context parallel (gqa/dcp.h, spec cp.md 3-5.1, 11) over real gloo groups.
+"""GQA decode context parallel (cp/gqa_dcp.h, spec cp.md 3-5.1, 11) over real gloo groups.
 
 Every rank runs the same batches with the same global K/V (one seed), holds its own
 query heads and its own KV shard; each rank's output is compared with a float64

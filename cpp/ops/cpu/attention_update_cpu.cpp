@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "../attention_update_check.h"
-#include "ascend_attn_rt/plan/lse_merge.h"
+#include "ascend_attn_rt/cp/plan/lse_merge.h"
 
 namespace aar::ops::cpu {
 namespace {

@@ -744,7 +744,7 @@ class Engine:
 
         def attend_dcp(layer, q, k, v):
             # Rank rd holds, for each KV head, its share of that head's query heads
-            # (local head h uses KV head h // (G/W), gqa/dcp.h); outputs are gathered back.
+            # (local head h uses KV head h // (G/W), cp/gqa_dcp.h); outputs are gathered back.
             W, rd, G = self.dcp.size, self.dcp.rank, cfg.heads // cfg.kv_heads
             mine = q.view(t, cfg.kv_heads, W, G // W, cfg.head_size)[:, :, rd].reshape(t, -1, cfg.head_size)
             out = torch.empty_like(mine)

@@ -53,7 +53,7 @@
 //    per (rank, request) entry of the gathered query, KV length = the local
 //    context length), which is the kv_cache_load + dense call of spec 5.1
 //    without the copy.
-//  * Merges: over the DCP group first (cp/dcp.h combine_partials: the a2a of
+//  * Merges: over the DCP group first (comm/dcp_exchange.h combine_partials: the a2a of
 //    the Wd*H-head partials and their merge), then the Wp DCP-merged partials
 //    of the PCP ranks (npu_attention_update): the same merge of W = Wp*Wd
 //    partials as upstream's single one (log-sum-exp is associative), with
@@ -88,8 +88,8 @@
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/gqa/metadata.h"
 #include "ascend_attn_rt/kv_connector.h"
-#include "ascend_attn_rt/plan/cp_groups.h"
-#include "ascend_attn_rt/plan/pcp_segments.h"
+#include "ascend_attn_rt/cp/plan/cp_groups.h"
+#include "ascend_attn_rt/cp/plan/pcp_segments.h"
 #include "ascend_attn_rt/plan/span.h"
 
 namespace aar::detail {

@@ -124,8 +124,8 @@
 #include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/dsa/metadata.h"
 #include "ascend_attn_rt/plan/attention_state.h"
-#include "ascend_attn_rt/plan/dsa_backend_facts.h"
-#include "ascend_attn_rt/plan/dsa_kv_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_backend_facts.h"
+#include "ascend_attn_rt/dsa/plan/dsa_kv_plan.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/staging.h"
 

@@ -27,7 +27,7 @@
 //               blocks of 32) and multiplied with the fp8 wo_a and its e8m0
 //               scales by npu_transpose_quant_batchmatmul (bf16 result).
 //
-// The AttnKvPlan (dsa/kv_plan.h) decides everything device-dependent; this
+// The AttnKvPlan (dsa/plan/dsa_kv_plan.h) decides everything device-dependent; this
 // file reads its fields, never the device kind.
 //
 // Decisions where the spec is silent:
@@ -35,7 +35,7 @@
 //    indexer) are not imposed, so small layers test on the CPU. The fp8 plans
 //    (640-byte rows) need D = 512, R = 64 (Fp8KvRowLayout). Caches of the
 //    model's dims: dsa_cache_spec(kind, cache_block_size, plan, dims) and
-//    dsa_kv_cache_shape (dsa/backend_facts.h), or GroupBuilder::cache_spec().
+//    dsa_kv_cache_shape (dsa/plan/dsa_backend_facts.h), or GroupBuilder::cache_spec().
 //  - The window is the model's (the StepBuilder's ModelSettings, carried by
 //    GroupMetadata::window); ImplConfig::window 0 takes it, any other value is
 //    checked against it before anything is written (InvalidArgument naming
@@ -184,9 +184,9 @@
 
 #include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
-#include "ascend_attn_rt/dsa/kv_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_kv_plan.h"
 #include "ascend_attn_rt/dsa/metadata.h"
-#include "ascend_attn_rt/sfa/topk_buffer.h"
+#include "ascend_attn_rt/sparse/topk_buffer.h"
 
 namespace aar::graph {
 class GraphParams;

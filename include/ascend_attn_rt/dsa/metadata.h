@@ -18,9 +18,9 @@
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/plan/attention_state.h"
-#include "ascend_attn_rt/plan/dsa_backend_facts.h"
-#include "ascend_attn_rt/plan/dsa_kv_plan.h"
-#include "ascend_attn_rt/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_backend_facts.h"
+#include "ascend_attn_rt/dsa/plan/dsa_kv_plan.h"
+#include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
 #include "ascend_attn_rt/plan/span.h"
 
 namespace aar::dsa {

@@ -38,7 +38,7 @@
 
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/core/step.h"
-#include "ascend_attn_rt/mla/build_inputs.h"
+#include "ascend_attn_rt/latent/build_inputs.h"
 #include "ascend_attn_rt/mla/metadata.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/staging.h"

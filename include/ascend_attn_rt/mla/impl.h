@@ -5,7 +5,7 @@
 // context merged by npu_attention_update, o_proj. `forward` does no host
 // metadata work.
 //
-// Quantised layers (Weights::quant, mla/quant.h): the projections run as W8A8
+// Quantised layers (Weights::quant, latent/quant.h): the projections run as W8A8
 // linears on every path (npu_quantize / npu_dynamic_quant + npu_quant_matmul).
 //
 // FA-quant layers (ImplConfig::fa_quant, the A2/A3 int8 latent cache, spec 5.3
@@ -37,7 +37,7 @@
 #include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/mla/metadata.h"
-#include "ascend_attn_rt/mla/weights.h"
+#include "ascend_attn_rt/latent/weights.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 
@@ -97,7 +97,7 @@ struct ImplConfig {
   //    (rank-major, W*H heads), latent attention over this rank's KV shard
   //    (FIA v1 BNSD, no head padding, LSE returned), the partials exchanged
   //    (all-to-all) and merged by LSE for this rank's own heads, then W_UV
-  //    (spec 7.3; through the shared exchange of cp/dcp.h);
+  //    (spec 7.3; through the shared exchange of comm/dcp_exchange.h);
   //  * prefill: the new tokens attend locally (no collective); each context
   //    chunk is gathered from this rank's shard (padded local lengths, local
   //    starts), [latent | k_pe] all-gathered over the group and reordered to
@@ -205,7 +205,7 @@ class Impl {
   ImplConfig cfg_;
   int64_t hp_ = 0;
   // Weights, W_UK_T / W_UV, prolog weights, the preprocess and the decode
-  // workspace: the MLA family's shared core (cpp/mla/latent_core.h).
+  // workspace: the MLA family's shared core (cpp/latent/latent_core.h).
   std::shared_ptr<detail::LatentCore> core_;
   at::Tensor lse_placeholder_;
   // Views of the last caches seen, keyed by their sources: each binding holds

@@ -91,7 +91,7 @@ at::Tensor sparse_flash_mla_metadata(const SparseFlashMlaMetadataArgs& a, Provid
 // (int32, no host sync): (seqused_kv / cmp_ratio, seqused_kv % cmp_ratio).
 // seqused_kv must be a 1-D int32 tensor; cmp_ratio >= 2. Lengths are
 // non-negative by contract (the builder's seq_lens), so floor and truncation
-// agree. The host twin is dsa::flash_mla_cmp_lengths (dsa/kv_plan.h), which the
+// agree. The host twin is dsa::flash_mla_cmp_lengths (dsa/plan/dsa_kv_plan.h), which the
 // builder uses when it stages lengths itself.
 struct FlashMlaCmpLengthTensors {
   at::Tensor seqused_cmp_kv, cmp_residual_kv;

@@ -47,7 +47,7 @@
 #include <string>
 #include <string_view>
 
-#include "ascend_attn_rt/mla/weights.h"
+#include "ascend_attn_rt/latent/weights.h"
 #include "ascend_attn_rt/sfa/impl.h"
 
 namespace aar::sfa {

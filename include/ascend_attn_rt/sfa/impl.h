@@ -1,6 +1,6 @@
 // Per-layer SFA attention (DeepSeek-V3.2 sparse attention, spec sparse.md
 // section 3): the MLA family's absorbed-query preprocess (shared with the MLA
-// backend: cpp/mla/latent_core.h), the lightning indexer (spec 1.2, 3.4) and
+// backend: cpp/latent/latent_core.h), the lightning indexer (spec 1.2, 3.4) and
 // its cache write, top-k selection (or its reuse from an earlier layer),
 // sparse flash attention over the selected positions (1.3), W_UV (3.7) and
 // o_proj. Every query token goes the same way (SFA has no decode/prefill
@@ -76,14 +76,14 @@
 
 #include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
-#include "ascend_attn_rt/mla/weights.h"
+#include "ascend_attn_rt/latent/weights.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "ascend_attn_rt/sfa/metadata.h"
 #include "ascend_attn_rt/sfa/offload.h"
 #include "ascend_attn_rt/sfa/preprocess.h"
-#include "ascend_attn_rt/sfa/topk_buffer.h"
+#include "ascend_attn_rt/sparse/topk_buffer.h"
 
 namespace aar::mla::detail {
 class LatentCore;

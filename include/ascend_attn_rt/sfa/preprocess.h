@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <string>
 
-#include "ascend_attn_rt/mla/quant.h"
+#include "ascend_attn_rt/latent/quant.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 
 namespace aar::sfa {

@@ -1,0 +1,193 @@
+// The DCP exchange: query-head gather, partial all-to-all in the fp32 wire
+// layout, LSE merge through npu_attention_update (decisions in comm/dcp_exchange.h).
+#include "ascend_attn_rt/comm/dcp_exchange.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/attention_update.h"
+#include "../common/shared_by_shape.h"
+#include "../ops/attention_update_check.h"
+#include "../graph/exclusive_scope.h"
+
+namespace aar::cp {
+
+namespace {
+
+// npu_attention_update's limits for W partials of head dim D (W <= 16, D a
+// multiple of 8 in [8, 512]), checked without running it.
+void check_merge_limits(int64_t W, int64_t D, int64_t update_type) {
+  const at::Tensor probe_lse = at::empty({0}, at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor probe_out = at::empty({0, D}, probe_lse.options());
+  std::vector<at::Tensor> l(static_cast<size_t>(W), probe_lse), o(static_cast<size_t>(W), probe_out);
+  ops::detail::check_attention_update_args(l, o, update_type, "combine_partials (npu_attention_update)");
+}
+
+}  // namespace
+
+bool DcpWorkspaceShape::operator==(const DcpWorkspaceShape& o) const {
+  return device == o.device && q_dtype == o.q_dtype && out_dtype == o.out_dtype && world == o.world &&
+         heads == o.heads && q_dim == o.q_dim && out_dim == o.out_dim && regroup == o.regroup &&
+         comm == o.comm && workspace_group == o.workspace_group;
+}
+
+DcpWorkspace::DcpWorkspace(const DcpWorkspaceShape& shape)
+    : shape_(shape),
+      exclusive_(std::make_shared<::aar::detail::ExclusiveUse>(
+          "the DCP exchange workspace of workspace_group " + std::to_string(shape.workspace_group))) {
+  AAR_CHECK_ARG(shape.world > 0 && shape.heads > 0 && shape.q_dim > 0 && shape.out_dim > 0,
+                "DcpWorkspace: world, heads, q_dim and out_dim must be positive, got ", shape.world, ", ",
+                shape.heads, ", ", shape.q_dim, ", ", shape.out_dim);
+  if (shape.world > 1) check_merge_limits(shape.world, shape.out_dim, 1);
+}
+
+std::shared_ptr<DcpWorkspace> DcpWorkspace::shared(const DcpWorkspaceShape& shape) {
+  return aar::detail::shared_by_shape<DcpWorkspace>(shape);
+}
+
+void DcpWorkspace::grow(int64_t rows) {
+  const DcpWorkspaceShape& s = shape_;
+  const int64_t cap = std::max<int64_t>(rows, 2 * capacity_);
+  const int64_t wh = s.world * s.heads;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(s.device);
+  q_ = at::empty({cap * wh * s.q_dim}, f32.dtype(s.q_dtype));
+  po_ = at::empty({cap * wh * s.out_dim}, f32.dtype(s.out_dtype));
+  pl_ = at::empty({cap * wh}, f32);
+  if (s.regroup) {
+    sq_ = at::empty({cap * wh * s.q_dim}, f32.dtype(s.q_dtype));
+    so_ = at::empty({cap * wh * s.out_dim}, f32.dtype(s.out_dtype));
+    sl_ = at::empty({cap * wh}, f32);
+    lq_ = at::empty({cap * s.heads * s.q_dim}, f32.dtype(s.q_dtype));
+  }
+  send_ = at::empty({wh * (s.out_dim + 1) * cap}, f32);
+  recv_ = at::empty({wh * (s.out_dim + 1) * cap}, f32);
+  parts_out_ = at::empty({cap * wh * s.out_dim}, f32);
+  parts_lse_ = at::empty({cap * wh}, f32);
+  capacity_ = cap;
+  ++generation_;
+}
+
+const DcpViews& DcpWorkspace::views(int64_t T) {
+  graph::use_in_forward(exclusive_);
+  AAR_CHECK_ARG(T >= 0, "DcpWorkspace: row count must be non-negative, got ", T);
+  if (T > capacity_ || capacity_ == 0) grow(std::max<int64_t>(T, 1));
+  if (static_cast<int64_t>(views_.size()) <= T) views_.resize(T + 1);
+  DcpViews& v = views_[T];
+  if (v.generation == generation_) return v;
+  const DcpWorkspaceShape& s = shape_;
+  const int64_t W = s.world, H = s.heads, WH = W * H, Dq = s.q_dim, D = s.out_dim;
+  auto take = [](const at::Tensor& flat, c10::IntArrayRef sizes) {
+    int64_t n = 1;
+    for (int64_t x : sizes) n *= x;
+    return flat.narrow(0, 0, n).view(sizes);
+  };
+  v = DcpViews{};
+  v.generation = generation_;
+  v.gathered_query = take(q_, {T, WH, Dq});
+  v.partial_out = take(po_, {T, WH, D});
+  v.partial_lse = take(pl_, {T, WH, 1});
+  if (s.regroup) {
+    v.staged_query = take(sq_, {T, WH, Dq});
+    v.staged_out = take(so_, {T, WH, D});
+    v.staged_lse = take(sl_, {T, WH, 1});
+    v.local_query = take(lq_, {T, H, Dq});
+  }
+  v.send = take(send_, {W, T, H, D + 1});
+  v.recv = take(recv_, {W, T, H, D + 1});
+  v.parts_out = take(parts_out_, {W, T * H, D});
+  v.parts_lse = take(parts_lse_, {W, T * H});
+  for (int64_t i = 0; i < W; ++i) {
+    v.out_list.push_back(v.parts_out.select(0, i));
+    v.lse_list.push_back(v.parts_lse.select(0, i));
+  }
+  return v;
+}
+
+at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::optional<at::Tensor>& out) {
+  AAR_CHECK_ARG(q.defined() && q.dim() == 3, "gather_query_heads: q must be (T, H, D), got ",
+                q.defined() ? q.sizes() : c10::IntArrayRef{});
+  const int64_t W = comm.size();
+  if (W == 1 || q.size(0) == 0) {
+    // Nothing to exchange (W == 1; T == 0 is batch-global, so every rank skips).
+    std::vector<int64_t> sz{q.size(0), q.size(1) * W, q.size(2)};
+    at::Tensor o = out.has_value() ? *out : at::empty(sz, q.options());
+    AAR_CHECK_ARG(o.sizes() == c10::IntArrayRef(sz), "gather_query_heads: out must be ", c10::IntArrayRef(sz),
+                  ", got ", o.sizes());
+    if (W == 1) o.copy_(q);
+    return o;
+  }
+  return comm.all_gather(q, 1, out);
+}
+
+void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tensor& partial_lse, at::Tensor& out,
+                      const std::optional<at::Tensor>& lse_out, const DcpViews* ws) {
+  const int64_t W = comm.size();
+  AAR_CHECK_ARG(partial_out.defined() && partial_out.dim() == 3, "combine_partials: partial_out must be (T, W*H, D), got ",
+                partial_out.defined() ? partial_out.sizes() : c10::IntArrayRef{});
+  const int64_t T = partial_out.size(0), WH = partial_out.size(1), D = partial_out.size(2);
+  AAR_CHECK_ARG(WH % W == 0, "combine_partials: partial_out has ", WH, " heads, not a multiple of the group size ", W);
+  const int64_t H = WH / W;
+  AAR_CHECK_ARG(partial_lse.defined() && partial_lse.scalar_type() == at::kFloat && partial_lse.numel() == T * WH &&
+                    partial_lse.size(0) == T && partial_lse.size(1) == WH,
+                "combine_partials: partial_lse must be float32 (T=", T, ", ", WH, ", 1), got ",
+                partial_lse.defined() ? partial_lse.sizes() : c10::IntArrayRef{}, " ",
+                partial_lse.defined() ? partial_lse.scalar_type() : at::ScalarType::Undefined);
+  AAR_CHECK_ARG(out.defined() && out.dim() == 3 && out.size(0) == T && out.size(1) == H && out.size(2) == D,
+                "combine_partials: out must be (", T, ", ", H, ", ", D, "), got ",
+                out.defined() ? out.sizes() : c10::IntArrayRef{});
+  if (lse_out.has_value()) {
+    AAR_CHECK_ARG(lse_out->scalar_type() == at::kFloat && lse_out->numel() == T * H && lse_out->size(0) == T &&
+                      lse_out->size(1) == H,
+                  "combine_partials: lse_out must be float32 (", T, ", ", H, ", 1), got ", lse_out->sizes());
+  }
+  const at::Tensor lse3 = partial_lse.view({T, WH});
+  if (W == 1) {
+    out.copy_(partial_out);
+    if (lse_out.has_value()) lse_out->view({T, H}).copy_(lse3);
+    return;
+  }
+  if (T == 0) return;  // batch-global: no rank exchanges
+  // The merge's limits, before anything is sent (a rank refusing alone would
+  // leave its peers in the all-to-all until the timeout); a workspace's shape
+  // was checked once when it was made.
+  if (ws == nullptr) {
+    check_merge_limits(W, D, lse_out.has_value() ? 1 : 0);
+  } else {
+    AAR_CHECK_ARG(ws->send.defined() && ws->send.size(0) == W && ws->send.size(1) == T && ws->send.size(2) == H &&
+                      ws->send.size(3) == D + 1,
+                  "combine_partials: the workspace views are for (", ws->send.defined() ? ws->send.sizes() : c10::IntArrayRef{},
+                  ") wire rows, the exchange needs (", W, ", ", T, ", ", H, ", ", D + 1, ")");
+  }
+  // Wire: [W, T, H, D+1] fp32 (see comm/dcp_exchange.h): block j holds this rank's
+  // partial for rank j's heads, token-major, so packing and unpacking copy
+  // contiguous runs of D.
+  at::Tensor send = ws ? ws->send : at::empty({W, T, H, D + 1}, partial_lse.options());
+  send.narrow(3, 0, D).copy_(partial_out.reshape({T, W, H, D}).permute({1, 0, 2, 3}));
+  send.select(3, D).copy_(lse3.view({T, W, H}).permute({1, 0, 2}));
+  at::Tensor recv = ws ? ws->recv : at::empty_like(send);
+  comm.all_to_all_single(send, recv);
+  // Block i of recv is rank i's partial for this rank's heads.
+  at::Tensor po = ws ? ws->parts_out : at::empty({W, T * H, D}, partial_lse.options());
+  at::Tensor pl = ws ? ws->parts_lse : at::empty({W, T * H}, partial_lse.options());
+  po.view({W, T, H, D}).copy_(recv.narrow(3, 0, D));
+  pl.view({W, T, H}).copy_(recv.select(3, D));
+  std::vector<at::Tensor> lses, outs;
+  if (ws == nullptr) {
+    lses.reserve(W);
+    outs.reserve(W);
+    for (int64_t i = 0; i < W; ++i) {
+      lses.push_back(pl.select(0, i));
+      outs.push_back(po.select(0, i));
+    }
+  }
+  auto [merged, merged_lse] = ops::attention_update(ws ? at::TensorList(ws->lse_list) : at::TensorList(lses),
+                                                    ws ? at::TensorList(ws->out_list) : at::TensorList(outs),
+                                                    lse_out.has_value() ? 1 : 0);
+  out.copy_(merged.view({T, H, D}));
+  if (lse_out.has_value()) lse_out->view({T, H}).copy_(merged_lse.view({T, H}));
+}
+
+}  // namespace aar::cp

@@ -1,0 +1,303 @@
+// Per-layer GQA DCP attention (decisions in cp/gqa_dcp.h): local KV write, decode
+// over the local shard with the gathered query, prefill current chunk plus
+// context over the local shard, partial exchange and LSE merges (comm/dcp_exchange.h).
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "ascend_attn_rt/comm/dcp_exchange.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/cp/gqa_dcp.h"
+#include "ascend_attn_rt/gqa/validate.h"
+#include "ascend_attn_rt/ops/attention_update.h"
+#include "ascend_attn_rt/ops/fused_infer_attention.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "../common/impl_checks.h"
+#include "../graph/exclusive_scope.h"
+#include "../gqa/graph_calls.h"
+#include "../common/inference_scope.h"
+
+namespace aar::gqa {
+
+DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_(cfg), comm_(comm) {
+  AAR_CHECK_ARG(cfg_.num_heads > 0, "num_heads must be positive, got ", cfg_.num_heads);
+  AAR_CHECK_ARG(cfg_.head_size > 0, "head_size must be positive, got ", cfg_.head_size);
+  if (cfg_.num_kv_heads == 0) cfg_.num_kv_heads = cfg_.num_heads;
+  AAR_CHECK_ARG(cfg_.num_kv_heads > 0 && cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
+                " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
+  internal::check_softmax_scale(cfg_.scale);
+  if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
+  const char* what = "decode context parallel (DCP) attention";
+  if (cfg_.sliding_window.has_value()) throw_not_supported("sliding_window with ", what);
+  if (cfg_.sinks.has_value()) throw_not_supported("sinks with ", what);
+  if (cfg_.has_alibi_slopes) throw_not_supported("ALiBi (alibi_slopes) with ", what);
+  if (cfg_.logits_soft_cap.has_value() && *cfg_.logits_soft_cap > 0.0) {
+    throw_not_supported("logits soft-cap with ", what);
+  }
+  if (cfg_.kv_cache_dtype != "auto") throw_not_supported("kv_cache_dtype='", cfg_.kv_cache_dtype, "' with ", what);
+  if (cfg_.attn_type != AttnType::Decoder) {
+    throw_not_supported("attn_type '", to_string(cfg_.attn_type), "' with ", what, " (decoder layers only)");
+  }
+  if (cfg_.device_kind == plan::DeviceKind::Ascend310P) throw_not_supported("device_kind 310p with ", what);
+  AAR_CHECK_ARG(comm_.size() <= 16, "DCP group size ", comm_.size(), " exceeds 16 (npu_attention_update's limit)");
+}
+
+namespace {
+
+// FIA TND over the paged cache with an LSE: non-causal (every key the lengths
+// admit is visible), the call of the decode and context passes.
+void fill_paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, const at::Tensor& value_cache_3d,
+                        const at::Tensor& block_table, c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens,
+                        int64_t heads, int64_t kv_heads, double scale, int64_t block_size, ops::FiaTensors& t,
+                        ops::FiaParams& p) {
+  t.query = q;
+  t.key = key_cache_3d;
+  t.value = value_cache_3d;
+  t.block_table = block_table;
+  p.actual_seq_lengths = q_ends;
+  p.actual_seq_lengths_kv = kv_lens;  // per request with a block table
+  p.num_heads = heads;
+  p.num_key_value_heads = kv_heads;
+  p.scale = scale;
+  p.input_layout = "TND";
+  p.block_size = block_size;
+  p.sparse_mode = 0;
+  p.softmax_lse_flag = true;
+}
+
+}  // namespace
+
+const cp::DcpViews& DcpAttentionImpl::decode_views(int64_t T, const at::Tensor& query) {
+  const int64_t W = comm_.size();
+  cp::DcpWorkspaceShape sh;
+  sh.device = query.device();
+  sh.q_dtype = sh.out_dtype = query.scalar_type();
+  sh.world = W;
+  sh.heads = cfg_.num_heads;
+  sh.q_dim = sh.out_dim = cfg_.head_size;
+  sh.regroup = cfg_.num_kv_heads > 1 && W > 1;
+  sh.comm = &comm_;
+  if (!ws_ || !(ws_->shape() == sh)) ws_ = cp::DcpWorkspace::shared(sh);
+  return ws_->views(T);
+}
+
+void DcpAttentionImpl::stage_query(const cp::DcpViews& v, const at::Tensor& q_rows) {
+  at::Tensor qg = v.gathered_query;
+  cp::gather_query_heads(comm_, q_rows, qg);
+  if (!v.staged_query.defined()) return;
+  // Gathered heads (rank-major) -> KV-head-major for FIA.
+  const int64_t T = qg.size(0), W = comm_.size(), kv = cfg_.num_kv_heads, G = cfg_.num_heads / kv;
+  const int64_t D = qg.size(2);
+  v.staged_query.view({T, kv, W, G, D}).copy_(qg.view({T, W, kv, G, D}).permute({0, 2, 1, 3, 4}));
+}
+
+void DcpAttentionImpl::fill_partial_call(const cp::DcpViews& v, const at::Tensor& block_table,
+                                         c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens, int64_t block_size,
+                                         ops::FiaTensors& t, ops::FiaParams& p, at::Tensor& out,
+                                         at::Tensor& lse) const {
+  const bool regroup = v.staged_query.defined();
+  fill_paged_partial(regroup ? v.staged_query : v.gathered_query, caches_.key_3d, caches_.value_3d, block_table,
+                     q_ends, kv_lens, comm_.size() * cfg_.num_heads, cfg_.num_kv_heads, cfg_.scale, block_size, t,
+                     p);
+  out = regroup ? v.staged_out : v.partial_out;
+  lse = regroup ? v.staged_lse : v.partial_lse;
+}
+
+void DcpAttentionImpl::combine(const cp::DcpViews& v, const at::Tensor& out_rows,
+                               const std::optional<at::Tensor>& lse_rows) {
+  if (v.staged_out.defined()) {
+    // KV-head-major partials back to the gathered (rank-major) head order.
+    const int64_t T = v.partial_out.size(0), W = comm_.size(), kv = cfg_.num_kv_heads, G = cfg_.num_heads / kv;
+    const int64_t D = v.partial_out.size(2);
+    v.partial_out.view({T, W, kv, G, D}).copy_(v.staged_out.view({T, kv, W, G, D}).permute({0, 2, 1, 3, 4}));
+    v.partial_lse.view({T, W, kv, G}).copy_(v.staged_lse.view({T, kv, W, G}).permute({0, 2, 1, 3}));
+  }
+  at::Tensor out = out_rows;
+  cp::combine_partials(comm_, v.partial_out, v.partial_lse, out, lse_rows, &v);
+}
+
+void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output) {
+  // The step's decode tokens only (eager: no padding rows).
+  const int64_t td = md.num_decode_tokens;
+  const cp::DcpViews& v = decode_views(td, query);
+  stage_query(v, query.narrow(0, 0, td));
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  at::Tensor out, lse;
+  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.block_size, t, p, out,
+                    lse);
+  p.actual_seq_lengths = md.decode_q_ends.slice(0, td);
+  p.actual_seq_lengths_kv = md.decode_kv_lens.slice(0, td);
+  t.block_table = md.decode_kernel_rows == td ? md.decode_block_tables : md.decode_block_tables.narrow(0, 0, td);
+  ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+  combine(v, output.narrow(0, 0, td));
+}
+
+void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& md, const at::Tensor& query,
+                                      const std::optional<at::Tensor>& key, const std::optional<at::Tensor>& value,
+                                      const at::Tensor& output) {
+  const int64_t n = g.capturing_bucket();
+  if (md.num_prefills != 0 || md.num_decodes == 0 || md.decode_kernel_rows != n ||
+      md.num_input_tokens != n || query.sizes()[0] != n) {
+    throw_not_supported("DCP graph capture of bucket ", n, " takes decode-only batches padded to ", n,
+                        " tokens (got ", md.num_decodes, " decodes, ", md.num_prefills,
+                        " prefills, ", md.decode_kernel_rows, " decode rows, num_input_tokens=",
+                        md.num_input_tokens, ", query rows=", query.sizes()[0], ")");
+  }
+  if (key.has_value() && !cfg_.kv_sharing) {
+    // Replays read the captured key/value buffers in place: no hidden copies.
+    AAR_CHECK_ARG(key->is_contiguous() && value->is_contiguous(), "graph capture needs contiguous key and value");
+    AAR_CHECK_ARG(key->sizes()[0] == n, "graph capture of bucket ", n, " needs key/value of ", n, " rows, got ",
+                  key->sizes()[0]);
+    // The builder's slot mapping: a stable address, -1 past the real tokens.
+    capture_kv_write(g, {cfg_.layer_index, 0}, *key, *value, caches_.key, caches_.value, md.slot_mapping,
+                     /*reshape_and_cache=*/false);
+  }
+  // The closures hold copies of the views (and so the buffers) they use.
+  const cp::DcpViews v = decode_views(n, query);
+  g.capture_call(std::make_unique<graph::ClosureCall>(cfg_.layer_index, 0,
+                                                      [this, v, q = at::Tensor(query)]() { stage_query(v, q); }));
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  at::Tensor out, lse;
+  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.block_size, t, p, out,
+                    lse);
+  graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {}, std::move(t), p, std::move(out), std::move(lse));
+  g.capture_call(std::make_unique<graph::ClosureCall>(cfg_.layer_index, 0,
+                                                      [this, v, out = at::Tensor(output)]() { combine(v, out); }));
+}
+
+void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key,
+                               const at::Tensor& value, const at::Tensor& output) {
+  const int64_t td = md.num_decode_tokens, tp = md.num_prefill_tokens;
+  const int64_t H = cfg_.num_heads, D = cfg_.head_size;
+  const at::Tensor qp = query.narrow(0, td, tp);
+  // Upstream order (spec 7): the context query gather before the current pass,
+  // into the workspace the decode uses (the decode pass of this step is done
+  // with it; its views of tp rows alias the same storage).
+  const cp::DcpViews* v = nullptr;
+  if (md.has_context) {
+    v = &decode_views(tp, query);
+    stage_query(*v, qp);
+  }
+  // The current pass's LSE and the context pass's merged output and LSE: a
+  // grow-only fp32 scratch of the layer (3 views, no allocation once grown).
+  const int64_t need = tp * H * (D + 2);
+  if (!prefill_scratch_.defined() || prefill_scratch_.numel() < need || prefill_scratch_.device() != query.device()) {
+    prefill_scratch_ = at::empty({std::max<int64_t>(need, 1)}, query.options().dtype(at::kFloat));
+  }
+  at::Tensor lc = prefill_scratch_.narrow(0, 0, tp * H).view({tp, H, 1});
+  at::Tensor lctx = prefill_scratch_.narrow(0, tp * H, tp * H).view({tp, H, 1});
+  at::Tensor octx = prefill_scratch_.narrow(0, 2 * tp * H, tp * H * D).view({tp, H, D});
+
+  // Current chunk: causal over the step's own K/V (q_len == kv_len per request).
+  at::Tensor oc = output.narrow(0, td, tp);
+  {
+    ops::FiaTensors t;
+    ops::FiaParams p;
+    t.query = qp;
+    t.key = key.narrow(0, td, tp);
+    t.value = value.narrow(0, td, tp);
+    t.atten_mask = md.attn_mask;
+    p.actual_seq_lengths = md.prefill_q_ends;
+    p.actual_seq_lengths_kv = md.prefill_q_ends;  // cumulative: dense K/V
+    p.num_heads = H;
+    p.num_key_value_heads = cfg_.num_kv_heads;
+    p.scale = cfg_.scale;
+    p.input_layout = "TND";
+    p.sparse_mode = 3;
+    p.softmax_lse_flag = md.has_context;
+    // Without the LSE flag the kernel writes no LSE: a one-element placeholder of the scratch.
+    at::Tensor lse_arg = md.has_context ? lc : prefill_scratch_.narrow(0, 0, 1);
+    if (oc.is_contiguous()) {
+      ops::fused_infer_attention_score_out(t, p, std::nullopt, oc, lse_arg);
+    } else {
+      at::Tensor tmp = at::empty_like(qp);
+      ops::fused_infer_attention_score_out(t, p, std::nullopt, tmp, lse_arg);
+      oc.copy_(tmp);
+    }
+  }
+  if (!md.has_context) return;
+
+  // Context: the gathered query against this rank's local cached context, its
+  // partial into the workspace (KV-head-major when regrouped), exchanged and
+  // merged into octx / lctx.
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  at::Tensor po, pl;
+  fill_partial_call(*v, md.prefill_block_tables, md.prefill_q_ends, md.prefill_context_lens, md.block_size, t,
+                    p, po, pl);
+  if (md.local_context_tokens > 0) {
+    ops::fused_infer_attention_score_out(t, p, std::nullopt, po, pl);
+  } else {
+    // No local context: the empty partial, still exchanged (spec 6.3, 10.7).
+    po.zero_();
+    pl.fill_(-std::numeric_limits<float>::infinity());
+  }
+  combine(*v, octx, lctx);
+
+  // Chunk merge on the rows of requests with context (spec 5.1 step 4). The
+  // other rows keep Oc: their context partial is empty on every rank, which
+  // the NPU's fused merge would turn into NaN.
+  const at::Tensor& idx = md.context_token_idx;
+  const int64_t n = idx.size(0);
+  if (n == 0) return;
+  const at::Tensor l_ctx = lctx.index_select(0, idx).view({n * H});
+  const at::Tensor l_cur = lc.index_select(0, idx).view({n * H});
+  const at::Tensor o_ctx = octx.index_select(0, idx).view({n * H, D});
+  const at::Tensor o_cur = oc.index_select(0, idx).to(at::kFloat).view({n * H, D});
+  auto [merged, unused] = ops::attention_update({l_ctx, l_cur}, {o_ctx, o_cur}, 0);
+  oc.index_copy_(0, idx, merged.view({n, H, D}).to(oc.scalar_type()));
+}
+
+const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
+                                            const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
+                                            const at::Tensor& value_cache, const DcpMetadata* metadata,
+                                            const at::Tensor& output) {
+  if (metadata == nullptr) {
+    // Profiling / dummy run: nothing to attend, no collective (every rank of
+    // the group runs it alike, so none waits for a peer).
+    graph::refuse_if_capturing("a DCP forward without metadata (profiling run)");
+    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
+    output.zero_();
+    return output;
+  }
+  const DcpMetadata& md = *metadata;
+  // The shared exchange workspace is held for this forward (one thread at a
+  // time), from the start when the layer has one already: before any write.
+  graph::ForwardScope exclusive_scope;
+  if (ws_) exclusive_scope.hold(ws_->exclusive());
+  check_current(md.stamp, "metadata");
+  AAR_CHECK_ARG(md.shard.world == comm_.size() && md.shard.rank == comm_.rank(), "the metadata was built for DCP rank ",
+                md.shard.rank, " of ", md.shard.world, " but the layer's group is rank ", comm_.rank(), " of ",
+                comm_.size());
+  const LayerShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size};
+  validate_layer_inputs(shape, query, key, value, md, output, md.num_actual_tokens,
+                        "has num_actual_tokens rows");
+  AAR_CHECK_ARG(key_cache.defined(), "DCP attention reads and writes the paged KV cache: key_cache/value_cache are required");
+  validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device());
+  AAR_CHECK_ARG(md.num_prefills == 0 || key.has_value(),
+                "prefill requests attend this step's own K/V: key and value are required");
+  const bool writes = key.has_value() && !cfg_.kv_sharing;
+  const KvHookScope<DcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, writes, md, "gqa_dcp");
+  const aar::detail::InferenceScope inference;
+  caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    capture_decode(*g, md, query, key, value, output);
+    return output;
+  }
+  // 1. This rank's own tokens only (slot -1 elsewhere, skipped by the kernel).
+  if (writes) {
+    const int64_t n = key->sizes()[0];
+    const at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
+    ops::scatter_pa_kv_cache(key->contiguous(), value->contiguous(), caches_.key, caches_.value, slots, "Norm");
+  }
+  // 2-3. Collectives depend only on batch-global facts (spec 7).
+  if (md.num_decodes > 0) decode(md, query, output);
+  if (md.num_prefills > 0) prefill(md, query, *key, *value, output);
+  return output;
+}
+
+}  // namespace aar::gqa

@@ -1,0 +1,349 @@
+// The resident-slot LRU of the SFA KV-offload decode path (spec sparse.md 5,
+// step 3 (a)-(g)); the decisions where the spec is silent are in the header.
+//
+// Per row, besides slot_to_token (capacity int32):
+//   qpos  [capacity]  index of the slot's live entry in the recency queue, kNone if empty
+//   free  [capacity]  ring of the empty slots, in the order they are used
+//   queue [queue_size_] recency queue of slot ids, least recent at `head`; an
+//                     entry is live iff qpos[slot] == its index. Moving a slot
+//                     to the recency tail pushes a new entry and leaves the old
+//                     one stale, so a hit costs O(1); stale entries are skipped
+//                     when evicting and squeezed out when the queue is full.
+//   table [table_size_] open-addressing hash (linear probing) token -> slot: an
+//                     entry holds a slot id and the key is slot_to_token[slot],
+//                     so the table is one index wide; deletion shifts back (no
+//                     tombstones), so probes stay short at load <= 1/2.
+// Every resident slot has exactly one live queue entry in [head, tail) and one
+// table entry; every empty slot is in the free ring.
+#include "ascend_attn_rt/sfa/plan/resident_lru.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "ascend_attn_rt/errors.h"
+
+namespace aar::plan {
+
+namespace {
+
+constexpr int32_t kMaxCapacity = 1 << 24;
+// Capacities up to this use 16-bit index arrays: queue positions < 4 * capacity < 0xFFFF.
+constexpr int32_t kMaxNarrowCapacity = 16383;
+constexpr uint32_t kHashMul = 0x9E3779B1u;   // Fibonacci hashing: consecutive positions spread out
+constexpr uint32_t kBloomMul = 0x85EBCA6Bu;  // an independent 12-bit hash for the duplicate filter
+constexpr int kBloomBits = 12;
+
+int32_t table_size_for(int32_t capacity) {
+  int32_t t = 2;
+  while (t < 2 * capacity) t *= 2;
+  return t;
+}
+
+int log2_of(int32_t pow2) {
+  int b = 0;
+  while ((int32_t{1} << b) < pow2) ++b;
+  return b;
+}
+
+}  // namespace
+
+ResidentLru::ResidentLru(int32_t max_rows, int32_t capacity) {
+  AAR_CHECK_ARG(max_rows >= 1, "ResidentLru: max_rows must be >= 1, got ", max_rows);
+  AAR_CHECK_ARG(capacity >= 1 && capacity <= kMaxCapacity, "ResidentLru: capacity must be in [1, ", kMaxCapacity,
+                "], got ", capacity);
+  max_rows_ = max_rows;
+  capacity_ = capacity;
+  table_size_ = table_size_for(capacity);
+  queue_size_ = 4 * capacity;
+  const std::size_t rows = static_cast<std::size_t>(max_rows);
+  const std::size_t cap = static_cast<std::size_t>(capacity);
+  const std::size_t stride = 2 * cap + static_cast<std::size_t>(queue_size_) + static_cast<std::size_t>(table_size_);
+  heads_.assign(rows, RowHead{});
+  slot_to_token_.assign(rows * cap, -1);
+  if (capacity <= kMaxNarrowCapacity) {
+    index16_.assign(rows * stride, 0);
+  } else {
+    index32_.assign(rows * stride, 0);
+  }
+  hit_stamp_.assign(cap, 0);
+  miss_pos_.assign(cap, 0);
+  miss_token_.assign(cap, 0);
+  hit_slots_.assign(cap, 0);
+  maybe_dup_.assign(cap, 0);
+}
+
+int32_t ResidentLru::max_rows() const { return max_rows_; }
+int32_t ResidentLru::capacity() const { return capacity_; }
+
+void ResidentLru::reset() {
+  // Lazy: a row whose request is unknown is rebuilt at its next step.
+  for (RowHead& h : heads_) h.has_req = false;
+}
+
+void ResidentLru::reset_rows(int32_t begin, int32_t end) {
+  begin = std::max(begin, 0);
+  end = std::min(end, max_rows_);
+  for (int32_t r = begin; r < end; ++r) heads_[static_cast<std::size_t>(r)].has_req = false;
+}
+
+int32_t ResidentLru::token_at(int32_t row, int32_t slot) const {
+  AAR_CHECK_ARG(row >= 0 && row < max_rows_, "token_at: row=", row, " is out of range [0, ", max_rows_, ")");
+  AAR_CHECK_ARG(slot >= 0 && slot < capacity_, "token_at: slot=", slot, " is out of range [0, ", capacity_, ")");
+  if (!heads_[static_cast<std::size_t>(row)].has_req) return -1;
+  return slot_to_token_[static_cast<std::size_t>(row) * static_cast<std::size_t>(capacity_) +
+                        static_cast<std::size_t>(slot)];
+}
+
+template <class Idx>
+ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentStepOutputs& out, Idx* index) {
+  constexpr Idx kNone = std::numeric_limits<Idx>::max();
+  const std::size_t rows = in.req_ids.size();
+  const int32_t K = in.K;
+  const int32_t cap = capacity_;
+  const std::size_t ucap = static_cast<std::size_t>(cap);
+  const std::size_t uk = static_cast<std::size_t>(K);
+  const uint32_t mask = static_cast<uint32_t>(table_size_) - 1;
+  const int shift = 32 - log2_of(table_size_);
+  const std::size_t stride = 2 * ucap + static_cast<std::size_t>(queue_size_) + static_cast<std::size_t>(table_size_);
+  const auto home = [shift](int32_t t) { return (static_cast<uint32_t>(t) * kHashMul) >> shift; };
+
+  uint32_t* hit_stamp = hit_stamp_.data();
+  int32_t* miss_pos = miss_pos_.data();
+  int32_t* miss_token = miss_token_.data();
+  int32_t* hit_slots = hit_slots_.data();
+  uint8_t* maybe_dup = maybe_dup_.data();
+  uint64_t bloom[(1 << kBloomBits) / 64];
+  std::memset(bloom, 0, sizeof(bloom));
+  ResidentMiss* misses = out.misses.data();
+  std::size_t n_out = 0;
+  ResidentStepStats st;
+
+  for (std::size_t r = 0; r < rows; ++r) {
+    RowHead& rh = heads_[r];
+    int32_t* s2t = slot_to_token_.data() + r * ucap;
+    Idx* qpos = index + r * stride;
+    Idx* free_ring = qpos + ucap;
+    Idx* queue = free_ring + ucap;
+    Idx* table = queue + queue_size_;
+    const int32_t* tk = in.topk.data() + r * uk;
+    int32_t* cur = out.current_slots.data() + r * uk;
+    const int32_t row = static_cast<int32_t>(r);
+
+    // Removes the table entry at position i, shifting later entries of the
+    // probe run back into the hole (their keys are still in s2t).
+    const auto erase_at = [&](uint32_t i) {
+      uint32_t j = i;
+      for (;;) {
+        j = (j + 1) & mask;
+        const Idx e = table[j];
+        if (e == kNone) break;
+        const uint32_t k = home(s2t[e]);
+        if (((j - k) & mask) >= ((j - i) & mask)) {
+          table[i] = e;
+          i = j;
+        }
+      }
+      table[i] = kNone;
+    };
+    // Removes slot s (holding token t) from the table: the entry is found by slot id, no key compares.
+    const auto erase_slot = [&](int32_t t, Idx s) {
+      uint32_t h = home(t);
+      while (table[h] != s) h = (h + 1) & mask;
+      erase_at(h);
+    };
+
+    if (r + 1 < rows) {  // pull the next row's table, tokens and queue positions towards L2
+      const char* lines[3] = {reinterpret_cast<const char*>(table + stride),
+                              reinterpret_cast<const char*>(s2t + ucap), reinterpret_cast<const char*>(qpos + stride)};
+      const std::size_t bytes[3] = {sizeof(Idx) * static_cast<std::size_t>(table_size_), sizeof(int32_t) * ucap,
+                                    sizeof(Idx) * ucap};
+      for (int a = 0; a < 3; ++a) {
+        for (std::size_t o = 0; o < bytes[a]; o += 64) __builtin_prefetch(lines[a] + o, 0, 2);
+      }
+    }
+
+    // (a) a new request: every slot empty, used in the order 0, 1, ...
+    const uint64_t req = in.req_ids[r];
+    if (!rh.has_req || rh.req != req) {
+      std::fill(s2t, s2t + ucap, -1);
+      std::fill(qpos, qpos + ucap, kNone);
+      for (int32_t s = 0; s < cap; ++s) free_ring[s] = static_cast<Idx>(s);
+      std::fill(table, table + table_size_, kNone);
+      rh = RowHead{req, true, -1, 0, 0, 0, cap};
+      ++st.resets;
+    }
+
+    // (b) the speculative suffix: tokens >= stable_prefix are dropped. The
+    // scan is skipped when no resident token can be that large.
+    const int32_t sp = in.stable_prefix[r];
+    if (rh.max_token >= sp) {
+      int32_t new_max = -1;
+      for (int32_t s = 0; s < cap; ++s) {
+        const int32_t t = s2t[s];
+        if (t >= sp) {  // sp >= 0, so an empty slot (-1) never matches
+          erase_slot(t, static_cast<Idx>(s));
+          s2t[s] = -1;
+          qpos[s] = kNone;  // its queue entry turns stale
+          int32_t at = rh.free_head + rh.free_count;
+          if (at >= cap) at -= cap;
+          free_ring[at] = static_cast<Idx>(s);
+          ++rh.free_count;
+          ++st.invalidated;
+        } else {
+          new_max = std::max(new_max, t);
+        }
+      }
+      rh.max_token = new_max;
+    }
+
+    if (++stamp_ == 0) {  // wrapped: old stamps could match again
+      std::fill(hit_stamp_.begin(), hit_stamp_.end(), 0u);
+      stamp_ = 1;
+    }
+    const uint32_t stamp = stamp_;
+
+    // (c), (g): one pass over the top-k. Hits get their slot; first-seen
+    // misses are listed in top-k order, flagged when the filter has seen
+    // their hash among this row's misses (a possible repeat, checked in (e)).
+    int32_t nh = 0, nm = 0;
+    for (int32_t pos = 0; pos < K; ++pos) {
+      const int32_t t = tk[pos];
+      if (t < 0) {
+        cur[pos] = -1;
+        continue;
+      }
+      uint32_t h = home(t);
+      Idx e;
+      while ((e = table[h]) != kNone && s2t[e] != t) h = (h + 1) & mask;
+      if (e != kNone) {
+        cur[pos] = static_cast<int32_t>(e);
+        if (hit_stamp[e] != stamp) {
+          hit_stamp[e] = stamp;
+          hit_slots[nh++] = static_cast<int32_t>(e);
+        } else {
+          ++st.duplicates;
+        }
+      } else {
+        const uint32_t b = (static_cast<uint32_t>(t) * kBloomMul) >> (32 - kBloomBits);
+        const uint64_t bit = uint64_t{1} << (b & 63);
+        maybe_dup[nm] = (bloom[b >> 6] & bit) != 0;
+        bloom[b >> 6] |= bit;
+        miss_pos[nm] = pos;
+        miss_token[nm] = t;
+        ++nm;
+      }
+    }
+    st.hits += nh;
+
+    // (d), (e): the misses take the empty slots, then the least recent
+    // non-hit residents. K <= capacity guarantees enough of them.
+    const std::size_t first_miss = n_out;
+    int32_t max_token = rh.max_token;
+    for (int32_t i = 0; i < nm; ++i) {
+      const int32_t t = miss_token[i];
+      const int32_t pos = miss_pos[i];
+      if (maybe_dup[i]) {
+        uint32_t h = home(t);
+        Idx e;
+        while ((e = table[h]) != kNone && s2t[e] != t) h = (h + 1) & mask;
+        if (e != kNone) {  // copied earlier in this row
+          cur[pos] = static_cast<int32_t>(e);
+          ++st.duplicates;
+          continue;
+        }
+      }
+      Idx v;
+      if (rh.free_count > 0) {
+        v = free_ring[rh.free_head];
+        if (++rh.free_head == cap) rh.free_head = 0;
+        --rh.free_count;
+      } else {
+        for (;;) {
+          const Idx s = queue[rh.head];
+          const bool live = qpos[s] == static_cast<Idx>(rh.head);
+          ++rh.head;
+          // A hit's entry is dropped too: the hit is pushed again below.
+          if (live && hit_stamp[s] != stamp) {
+            v = s;
+            break;
+          }
+        }
+        qpos[v] = kNone;
+        erase_slot(s2t[v], v);
+      }
+      s2t[v] = t;
+      uint32_t h = home(t);
+      while (table[h] != kNone) h = (h + 1) & mask;
+      table[h] = v;
+      cur[pos] = static_cast<int32_t>(v);
+      misses[n_out++] = ResidentMiss{row, t, static_cast<int32_t>(v)};
+      max_token = std::max(max_token, t);
+    }
+    rh.max_token = max_token;
+    if (nm > 0) std::memset(bloom, 0, sizeof(bloom));
+
+    // (f) the new recency tail: the assigned slots, then the hits, each in
+    // reverse top-k order. Squeeze stale entries out first if the pushes
+    // would not fit (live entries <= capacity, pushes <= K <= capacity).
+    const int32_t pushes = static_cast<int32_t>(n_out - first_miss) + nh;
+    if (rh.tail + pushes > queue_size_) {
+      int32_t j = 0;
+      for (int32_t i = rh.head; i < rh.tail; ++i) {
+        const Idx s = queue[i];
+        if (qpos[s] == static_cast<Idx>(i)) {
+          queue[j] = s;
+          qpos[s] = static_cast<Idx>(j);
+          ++j;
+        }
+      }
+      rh.head = 0;
+      rh.tail = j;
+    }
+    int32_t tail = rh.tail;
+    for (std::size_t i = n_out; i > first_miss; --i) {
+      const Idx s = static_cast<Idx>(misses[i - 1].slot);
+      queue[tail] = s;
+      qpos[s] = static_cast<Idx>(tail);
+      ++tail;
+    }
+    for (int32_t i = nh; i > 0; --i) {
+      const Idx s = static_cast<Idx>(hit_slots[i - 1]);
+      queue[tail] = s;
+      qpos[s] = static_cast<Idx>(tail);
+      ++tail;
+    }
+    rh.tail = tail;
+  }
+  st.misses = static_cast<int64_t>(n_out);
+  return st;
+}
+
+ResidentStepStats ResidentLru::step(const ResidentStepInputs& in, const ResidentStepOutputs& out) {
+  // ---------------------------------------------------------------- validate
+  const std::size_t rows = in.req_ids.size();
+  AAR_CHECK_ARG(rows <= static_cast<std::size_t>(max_rows_), "req_ids has ", rows, " rows, more than max_rows=",
+                max_rows_);
+  AAR_CHECK_ARG(in.K >= 1, "K (index_topk) must be >= 1, got ", in.K);
+  AAR_CHECK_ARG(in.K <= capacity_, "K=", in.K, " exceeds the resident capacity ", capacity_,
+                " (topk_buffer_size must be >= index_topk)");
+  const std::size_t entries = rows * static_cast<std::size_t>(in.K);
+  AAR_CHECK_ARG(in.topk.size() == entries, "topk has ", in.topk.size(), " entries, expected rows x K = ", rows, " x ",
+                in.K, " = ", entries);
+  AAR_CHECK_ARG(in.stable_prefix.size() == rows, "stable_prefix has ", in.stable_prefix.size(),
+                " entries, expected one per row: ", rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    AAR_CHECK_ARG(in.stable_prefix[r] >= 0, "stable_prefix[", r, "]=", in.stable_prefix[r],
+                  " is negative (a stable prefix is a KV length)");
+  }
+  AAR_CHECK_ARG(out.current_slots.size() >= entries, "current_slots has room for ", out.current_slots.size(),
+                " entries, needs rows x K = ", entries);
+  AAR_CHECK_ARG(out.misses.size() >= entries, "misses has room for ", out.misses.size(),
+                " entries, needs rows x K = ", entries);
+
+  // ---------------------------------------------------------------- write
+  if (!index16_.empty()) return run(in, out, index16_.data());
+  return run(in, out, index32_.data());
+}
+
+}  // namespace aar::plan

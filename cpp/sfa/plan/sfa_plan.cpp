@@ -1,0 +1,177 @@
+// SFA host planning (spec sparse.md 2.2, 2.3, 1.4).
+#include "ascend_attn_rt/sfa/plan/sfa_plan.h"
+
+#include <algorithm>
+
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/slot_mapping.h"
+#include "../../plan/block_scan.h"
+#include "../../plan/internal.h"
+#include "../../plan/request_scan.h"
+
+namespace aar::plan {
+
+namespace {
+
+void check_room(std::size_t have, std::size_t need, const char* name) {
+  AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
+}
+
+void check_optional_room(std::size_t have, std::size_t need, const char* name) {
+  AAR_CHECK_ARG(have == 0 || have >= need, name, " has room for ", have, " entries, needs ", need,
+                " (or pass an empty span: not written)");
+}
+
+}  // namespace
+
+SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
+  // ---------------------------------------------------------------- validate
+  const std::size_t b = in.seq_lens.size();
+  const CSpan<int32_t> qsl = in.query_start_loc;
+  const detail::StepTokens tokens =
+      detail::check_step_batch(qsl, b, in.num_input_tokens, in.block_size, in.block_table_stride, in.num_blocks,
+                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.attn_state);
+  const int32_t t_real = tokens.real, t_in = tokens.input;
+  const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
+  const std::size_t stride = static_cast<std::size_t>(buf.block_table_stride);
+  const bool zero_copy = detail::check_block_table_args(in.block_table, b, in.block_table_stride,
+                                                        buf.block_table.data(), buf.block_table_stride);
+  const int32_t* seqs = in.seq_lens.data();
+  const int32_t* table = in.block_table.data();
+  int32_t last_ids[detail::kStashRows];
+  const detail::RequestScan scan =
+      detail::scan_requests(qsl, seqs, b, in.num_spec_tokens.empty() ? nullptr : in.num_spec_tokens.data(), table,
+                            in_stride, in.block_size, in.num_blocks, in.rope_positions, last_ids);
+
+  SfaStepPlan plan;
+  plan.state = in.attn_state.has_value() ? *in.attn_state
+                            : detail::state_from_flags(b == 0, scan.all_fresh, scan.all_sched_one, scan.all_valid_one,
+                                                       in.spec_method, in.chunked_prefill_enabled);
+  const int32_t thr = in.decode_threshold;
+  const bool all_decodes = b > 0 && scan.max_query_len <= thr;
+  AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",
+                in.is_prefilling.size(), " entries, expected 0 or one per request (", b, ")");
+  if (all_decodes && in.treat_short_extends_as_decodes) {
+    // The split rule's fast path (spec gqa 4.2 step 5), qsl already validated.
+    plan.split = SplitResult{static_cast<int32_t>(b), 0, t_real, 0};
+  } else {
+    SplitInputs split_in;
+    split_in.query_start_loc = qsl;
+    split_in.num_actual_tokens = t_real;
+    split_in.max_query_len = scan.max_query_len;
+    split_in.decode_threshold = thr;
+    split_in.treat_short_extends_as_decodes = in.treat_short_extends_as_decodes;
+    split_in.is_prefilling = in.is_prefilling;
+    plan.split = split_decodes_and_prefills(split_in);
+  }
+
+  const bool pad = in.pad_decode_batch && all_decodes && t_in > t_real;
+  std::size_t num_dummies = 0;
+  if (pad) {
+    AAR_CHECK_ARG((t_in - t_real) % thr == 0, "graph decode padding: num_input_tokens=", t_in, " pads ", t_real,
+                  " decode tokens by ", t_in - t_real, ", not a multiple of the decode length ", thr,
+                  " (1 + num_speculative_tokens)");
+    num_dummies = static_cast<std::size_t>((t_in - t_real) / thr);
+    const std::size_t room = std::min({buf.cum_query_lens.size(), buf.seq_lens.size(),
+                                       buf.block_table.size() / std::max<std::size_t>(stride, 1)});
+    AAR_CHECK_ARG(b + num_dummies <= room, "graph decode padding: ", b, " decodes + ", num_dummies,
+                  " dummy requests (num_input_tokens=", t_in, ") exceed the room for ", room, " requests");
+  }
+  const std::size_t bk = b + num_dummies;
+  const std::size_t ti = static_cast<std::size_t>(t_in);
+  check_optional_room(buf.query_start_loc.size(), b + 1, "buffers.query_start_loc");
+  check_room(buf.cum_query_lens.size(), bk, "buffers.cum_query_lens");
+  check_room(buf.seq_lens.size(), bk, "buffers.seq_lens");
+  check_room(buf.block_table.size(), bk * stride, "buffers.block_table");
+  check_room(buf.slot_mapping.size(), ti, "buffers.slot_mapping");
+  check_room(buf.positions.size(), ti, "buffers.positions");
+  check_optional_room(buf.cum_query_lens_list.size(), bk, "buffers.cum_query_lens_list");
+  check_optional_room(buf.seq_lens_list.size(), bk, "buffers.seq_lens_list");
+
+  // ---------------------------------------------------------------- write
+  if (!buf.query_start_loc.empty()) std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
+  if (!zero_copy) detail::copy_block_table_rows(table, b, in_stride, buf.block_table.data(), stride);
+  int32_t* cql = buf.cum_query_lens.data();
+  int32_t* kv = buf.seq_lens.data();
+  std::copy(qsl.begin() + 1, qsl.end(), cql);
+  std::copy(seqs, seqs + b, kv);
+  int64_t* slots = buf.slot_mapping.data();
+  int32_t* pos = buf.positions.data();
+  if (scan.all_sched_one && b > 0) {
+    detail::write_one_token_slots(seqs, b, table, in_stride, in.block_size, last_ids, scan.num_last, slots, pos);
+  } else {
+    detail::write_token_slots(qsl, seqs, b, table, in_stride, in.block_size, slots,
+                              [&](std::size_t r) { return pos + qsl[r]; });
+  }
+  std::fill(slots + t_real, slots + t_in, int64_t{kPadSlot});
+  std::fill(pos + t_real, pos + t_in, 0);
+  for (std::size_t i = 0; i < num_dummies; ++i) {
+    cql[b + i] = t_real + static_cast<int32_t>(i + 1) * thr;
+    kv[b + i] = 0;
+  }
+  if (num_dummies > 0) std::fill(buf.block_table.data() + b * stride, buf.block_table.data() + bk * stride, 0);
+  if (!buf.cum_query_lens_list.empty()) std::copy(cql, cql + bk, buf.cum_query_lens_list.data());
+  if (!buf.seq_lens_list.empty()) std::copy(kv, kv + bk, buf.seq_lens_list.data());
+
+  plan.num_reqs = static_cast<int32_t>(b);
+  plan.num_kernel_reqs = static_cast<int32_t>(bk);
+  plan.num_actual_tokens = t_real;
+  plan.num_input_tokens = t_in;
+  plan.max_query_len = scan.max_query_len;
+  plan.max_seq_len = scan.max_seq_len;
+  plan.padded = num_dummies > 0;
+  return plan;
+}
+
+namespace {
+
+// build_valid_topk_mask's and mask_invalid_topk's checks; returns the rows.
+std::size_t check_topk_mask_args(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row,
+                                 std::size_t out_size) {
+  AAR_CHECK_ARG(K > 0, "K (index_topk) must be positive, got ", K);
+  const std::size_t k = static_cast<std::size_t>(K);
+  AAR_CHECK_ARG(topk.size() % k == 0, "topk has ", topk.size(), " entries, not a multiple of K=", K);
+  const std::size_t rows = topk.size() / k;
+  AAR_CHECK_ARG(thresholds_per_row.size() == rows, "thresholds_per_row has ", thresholds_per_row.size(),
+                " entries, expected one per top-k row: ", rows);
+  AAR_CHECK_ARG(out_size >= topk.size(), "out has room for ", out_size, " entries, needs ", topk.size());
+  int32_t min_thr = 0;
+  for (std::size_t r = 0; r < rows; ++r) min_thr = std::min(min_thr, thresholds_per_row[r]);
+  if (min_thr < 0) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      AAR_CHECK_ARG(thresholds_per_row[r] >= 0, "thresholds_per_row[", r, "]=", thresholds_per_row[r],
+                    " is negative (a threshold is a KV length)");
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
+void mask_invalid_topk(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<int32_t> out) {
+  const std::size_t rows = check_topk_mask_args(topk, K, thresholds_per_row, out.size());
+  const std::size_t k = static_cast<std::size_t>(K);
+  const int32_t* t = topk.data();
+  int32_t* o = out.data();
+  for (std::size_t r = 0; r < rows; ++r) {
+    const uint32_t thr = static_cast<uint32_t>(thresholds_per_row[r]);
+    for (std::size_t j = 0; j < k; ++j) {
+      const int32_t v = t[r * k + j];
+      o[r * k + j] = static_cast<uint32_t>(v) < thr ? v : -1;
+    }
+  }
+}
+
+void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<uint8_t> out) {
+  const std::size_t rows = check_topk_mask_args(topk, K, thresholds_per_row, out.size());
+  const std::size_t k = static_cast<std::size_t>(K);
+  const int32_t* t = topk.data();
+  uint8_t* o = out.data();
+  for (std::size_t r = 0; r < rows; ++r) {
+    // One unsigned compare per entry: a negative index wraps above any threshold.
+    const uint32_t thr = static_cast<uint32_t>(thresholds_per_row[r]);
+    for (std::size_t j = 0; j < k; ++j) o[r * k + j] = static_cast<uint8_t>(static_cast<uint32_t>(t[r * k + j]) < thr);
+  }
+}
+
+}  // namespace aar::plan
