@@ -1,6 +1,6 @@
 """Per-call wall time of the CP collectives through cp.Comm versus the same collective
 through torch.distributed directly, on 2 local gloo ranks (CPU), at DCP decode shapes
-(spec cp.md 7: the query all-gather along the head dim and the [Wd*H, D+1, Td] fp32
+(docs/design/cp.md §8: the query all-gather along the head dim and the [Wd*H, D+1, Td] fp32
 all-to-all of the partials). Both sides move the same bytes over the same gloo group,
 so the difference is the interface's own host cost.
 

@@ -1,5 +1,5 @@
-// Host-time benchmark of the DeepSeek-V4 (DSA) layer's two o_proj forms (spec
-// sparse.md 6.8 step 4), the operator sequences dsa::Impl::run_o_proj issues,
+// Host-time benchmark of the DeepSeek-V4 (DSA) layer's two o_proj forms
+// (docs/design/dsa.md §5.2), the operator sequences dsa::Impl::run_o_proj issues,
 // with the no-compute provider on meta tensors (host work only: dispatch,
 // argument passing, views):
 //   Bmm            npu_transpose_batchmatmul(o, wo_a), then wo_b

@@ -1,4 +1,4 @@
-"""Host time of a GQA DCP decode step beside the non-CP step (spec cp.md 4), 2 local
+"""Host time of a GQA DCP decode step beside the non-CP step (docs/design/cp.md §4), 2 local
 gloo ranks, operator provider "no_compute" (kernels return at once), bf16.
 
 Per step: DcpMetadataBuilder.build once, then DcpAttentionImpl.forward per layer;

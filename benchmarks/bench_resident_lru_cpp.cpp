@@ -1,5 +1,5 @@
 // Host time of the SFA KV-offload resident-slot LRU (plan::ResidentLru::step,
-// spec sparse.md 5 step 3): one layer's step over decode rows of top-k 2048
+// docs/design/sfa.md §6.3): one layer's step over decode rows of top-k 2048
 // into 4096-slot resident buffers, as the offload path runs it once per layer
 // and decode step. Steady decode: each row's top-k at step n+1 keeps a share
 // `hit` of step n's tokens (a random subset) and takes the rest from positions

@@ -103,8 +103,8 @@ OVERRIDES: list[tuple[str, str, str, str]] = [
 # The first family whose pattern the path matches wins (most specific first).
 FAMILY_BY_PATH = (
     (re.compile(r"(^|/|_)(sfa|dsa|sparse)(/|_|\.)"), "sparse.md"),
-    (re.compile(r"(^|/|_)mla(/|_|\.)"), "mla.md"),
-    (re.compile(r"(^|/|_)(dcp|pcp|cp)(/|_|\.)"), "cp.md"),
+    (re.compile(r"(^|/|_)(mla|latent)(/|_|\.)"), "mla.md"),
+    (re.compile(r"(^|/|_)(dcp|pcp|cp|comm)(/|_|\.)"), "cp.md"),
     (re.compile(r"(^|/|_)(c8|fa3|gqa|graph)(/|_|\.)"), "gqa.md"),
 )
 

@@ -66,7 +66,7 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
     throw_not_supported("attn_type 'encoder_decoder' (cross-attention) is not supported by the C8 backend yet");
   }
   if (cfg_.kv_transfer == KvTransferRole::Producer) {
-    // A KV producer keeps a float cache (spec 8.1 a): the layer is a GQA layer.
+    // A KV producer keeps a float cache (docs/design/gqa.md §5.1): the layer is a GQA layer.
     gqa::ImplConfig g;
     g.num_heads = cfg_.num_heads;
     g.head_size = cfg_.head_size;
@@ -350,7 +350,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
       return output;
     case ForwardPath::Encoder: {
       // Bidirectional over the float new K/V (upstream feeds the int8 K/V to
-      // npu_fusion_attention, spec 13.23).
+      // npu_fusion_attention, docs/design/gqa.md §5.4).
       ops::FusionAttentionArgs a;
       a.query = query.narrow(0, 0, n);
       a.key = key->narrow(0, 0, n);

@@ -4,7 +4,7 @@
 // the builder's one host-to-device copy.
 //
 // The tables are the MLA "half layout" ones, (max_position, R) with equal
-// halves (spec mla 6.1, sparse 2.2), in any dtype whose rows are a multiple of
+// halves (docs/design/mla.md §1.3, docs/design/sfa.md §3.1), in any dtype whose rows are a multiple of
 // 4 bytes (the packed buffer is int32 words). The builder keeps contiguous host
 // copies of them.
 #pragma once

@@ -32,7 +32,7 @@ DcpMetadataBuilder::DcpMetadataBuilder(const DcpBuilderConfig& cfg)
   AAR_CHECK_ARG(s.world >= 1 && s.world <= 16, "dcp world size must be in [1, 16] (npu_attention_update merges at "
                 "most 16 partials), got ", s.world);
   AAR_CHECK_ARG(s.rank >= 0 && s.rank < s.world, "dcp rank ", s.rank, " is out of range [0, ", s.world, ")");
-  // Spec 1.1: I <= B and B % I == 0.
+  // docs/design/cp.md §1.1: I <= B and B % I == 0.
   AAR_CHECK_ARG(s.interleave >= 1 && s.interleave <= cfg.block_size && cfg.block_size % s.interleave == 0,
                 "cp_kv_cache_interleave_size=", s.interleave, " must divide block_size=", cfg.block_size);
   const int64_t T = cfg.max_num_tokens, R = cfg.max_num_reqs, M = cfg.max_blocks_per_req;

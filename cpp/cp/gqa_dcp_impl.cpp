@@ -174,7 +174,7 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
   const int64_t td = md.num_decode_tokens, tp = md.num_prefill_tokens;
   const int64_t H = cfg_.num_heads, D = cfg_.head_size;
   const at::Tensor qp = query.narrow(0, td, tp);
-  // Upstream order (spec 7): the context query gather before the current pass,
+  // Upstream order (docs/design/cp.md §8): the context query gather before the current pass,
   // into the workspace the decode uses (the decode pass of this step is done
   // with it; its views of tp rows alias the same storage).
   const cp::DcpViews* v = nullptr;
@@ -232,13 +232,13 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
   if (md.local_context_tokens > 0) {
     ops::fused_infer_attention_score_out(t, p, std::nullopt, po, pl);
   } else {
-    // No local context: the empty partial, still exchanged (spec 6.3, 10.7).
+    // No local context: the empty partial, still exchanged (docs/design/cp.md §7.3).
     po.zero_();
     pl.fill_(-std::numeric_limits<float>::infinity());
   }
   combine(*v, octx, lctx);
 
-  // Chunk merge on the rows of requests with context (spec 5.1 step 4). The
+  // Chunk merge on the rows of requests with context (docs/design/cp.md §5). The
   // other rows keep Oc: their context partial is empty on every rank, which
   // the NPU's fused merge would turn into NaN.
   const at::Tensor& idx = md.context_token_idx;
@@ -294,7 +294,7 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
     const at::Tensor slots = n == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
     ops::scatter_pa_kv_cache(key->contiguous(), value->contiguous(), caches_.key, caches_.value, slots, "Norm");
   }
-  // 2-3. Collectives depend only on batch-global facts (spec 7).
+  // 2-3. Collectives depend only on batch-global facts (docs/design/cp.md §8).
   if (md.num_decodes > 0) decode(md, query, output);
   if (md.num_prefills > 0) prefill(md, query, *key, *value, output);
   return output;

@@ -1,4 +1,4 @@
-// GQA PCP metadata builder (spec cp.md 1.3, 1.4, 3.3 legacy, 3.5, 3.6).
+// GQA PCP metadata builder (docs/design/cp.md §6, §6.3, §6.4, §6.5).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -362,7 +362,7 @@ void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
   }
 
   // The rank's rows as an ordinary GQA batch, padded to P tokens. A batch
-  // with a split request is always ChunkedPrefill (spec 3.6): a fresh prefill
+  // with a split request is always ChunkedPrefill (docs/design/cp.md §6.5): a fresh prefill
   // segment still reads the other ranks' chunks from the cache.
   gqa::BuildInputs bi;
   bi.query_start_loc = plan::CSpan<int32_t>(local_qsl_.data(), rows + 1);
@@ -374,7 +374,7 @@ void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
   bi.is_prefilling = plan::CSpan<uint8_t>(local_pref_.data(), rows);
   const gqa::Metadata& local = inner_->build(bi);
 
-  // The expanded mapping (spec 3.6, host scratch) and the write slots of
+  // The expanded mapping (docs/design/cp.md §6.5, host scratch) and the write slots of
   // cat(K[:Td], gathered), the one region a layer reads.
   const int64_t G = static_cast<int64_t>(Wp) * P;
   int32_t* e = expanded_slots_.data();

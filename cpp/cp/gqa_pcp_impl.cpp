@@ -1,4 +1,4 @@
-// GQA PCP layer (spec cp.md 5.2, 5.3, 6, 7): the sharded (legacy head/tail)
+// GQA PCP layer (docs/design/cp.md §6.4, §6.5, §7, §8): the sharded (legacy head/tail)
 // and replicated (model-runner v2) designs of include/ascend_attn_rt/cp/gqa_pcp.h.
 #include <ATen/ATen.h>
 
@@ -27,7 +27,7 @@ struct Partial {
 };
 
 // The partials (N, M, D+1) fp32 (LSE in the last channel, the wire layout of
-// spec 6.2) merged through npu_attention_update: (M, D) fp32 and the (M) LSE.
+// docs/design/cp.md §7.2) merged through npu_attention_update: (M, D) fp32 and the (M) LSE.
 std::tuple<at::Tensor, at::Tensor> merge_wire(const at::Tensor& parts) {
   const int64_t n = parts.size(0), d = parts.size(2) - 1;
   std::vector<at::Tensor> outs, lses;
@@ -58,7 +58,7 @@ PcpAttentionImpl::PcpAttentionImpl(const gqa::ImplConfig& cfg, Comm* pcp, Comm* 
   // its defaults (num_kv_heads, scale).
   inner_ = std::make_unique<gqa::AttentionImpl>(cfg);
   cfg_ = inner_->config();
-  // DCP shards the KV of one replicated KV head per rank (spec 1.1: TP >
+  // DCP shards the KV of one replicated KV head per rank (docs/design/cp.md §1.1: TP >
   // total KV heads): the Wd*H gathered query heads all map to it. With more
   // KV heads per rank the gathered heads' GQA groups would differ from each
   // rank's own.
@@ -148,7 +148,7 @@ void PcpAttentionImpl::forward_replicated(const at::Tensor& q, const at::Tensor&
     gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), caches_.key, caches_.value,
                         md.write_slots);
   } else {
-    // Spec 5.3: K and V gathered separately, so each stays contiguous.
+    // docs/design/cp.md §6.5: K and V gathered separately, so each stays contiguous.
     const at::Tensor gk = pcp_->all_gather(k.narrow(0, td, p - td), 0);
     const at::Tensor gv = pcp_->all_gather(v.narrow(0, td, p - td), 0);
     const at::Tensor ck = td > 0 ? at::cat({k.narrow(0, 0, td), gk}) : gk;
@@ -169,7 +169,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   const int64_t td = md.num_decode_tokens, tloc = md.num_local_tokens, tp = tloc - td;
   const bool has_prefill = md.num_prefills > 0, has_decode = md.num_decodes > 0;
 
-  // --- KV write (spec 1.4, 5.2) ---
+  // --- KV write (docs/design/cp.md §6.3, §6.4) ---
   at::Tensor kf, vf;  // the restored prefill K/V, padded-global order (Wp * tp rows)
   if (!has_prefill) {
     if (td > 0) {
@@ -233,7 +233,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
     return Partial{o.view({rows, H, D}), l.view({rows, H, 1})};
   };
 
-  // --- decodes (spec 4, legacy PCP x DCP) ---
+  // --- decodes (docs/design/cp.md §4, legacy PCP x DCP) ---
   if (has_decode) {
     const at::Tensor qd = q.narrow(0, 0, td);
     const Partial part = fia(Wd > 1 ? gather_query_heads(*dcp_, qd) : qd, caches_.key_3d, caches_.value_3d, Hq,
@@ -244,7 +244,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   }
   if (!has_prefill) return;
 
-  // --- current chunk: head and tail blocks (spec 5.2) ---
+  // --- current chunk: head and tail blocks (docs/design/cp.md §6.4) ---
   const at::Tensor qp = q.narrow(0, td, tp);
   auto block = [&](const at::Tensor& q_idx, const at::Tensor& nomask_idx, int64_t nomask_tokens,
                    c10::IntArrayRef nomask_ends, const at::Tensor& mask_idx) {
@@ -263,7 +263,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   Partial cur{at::cat({head.out.to(at::kFloat), tail.out.to(at::kFloat)}).index_select(0, md.q_full_idx),
               at::cat({head.lse, tail.lse}).index_select(0, md.q_full_idx)};
 
-  // --- cached context (spec 5.2 "context with PCP"; see the header for the
+  // --- cached context (docs/design/cp.md §6.4 "context with PCP"; see the header for the
   // rank-major query and the PCP all-to-all) ---
   if (md.has_context) {
     at::Tensor qg = Wp > 1 ? pcp_->all_gather(qp, 0) : qp;  // (Wp*tp, H, D), rank-major
@@ -275,7 +275,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
     const Partial merged = merge_two(pcp_merge(w, tp), cur);
     // Rows of requests without cached context keep the current chunk's
     // result: their context partials are all empty (-inf), which the CPU
-    // twin merges to 0 / -inf but the NPU kernel need not (spec 5.1 step 4).
+    // twin merges to 0 / -inf but the NPU kernel need not (docs/design/cp.md §5).
     cur.out = at::where(md.context_rows.ne(0).view({tp, 1, 1}), merged.out, cur.out);
   }
   out.narrow(0, td, tp).copy_(cur.out);

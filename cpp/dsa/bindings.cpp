@@ -498,7 +498,7 @@ void bind_dsa_builders(nb::module_& m) {
   // route_layer's result: the routed C++ LayerMetadata and the Python
   // metadata objects it points into, kept alive with it.
   nb::class_<RoutedLayer>(m, "LayerMetadata",
-                          "One layer's routed metadata (spec 6.4, dsa::LayerMetadata): what route_layer returns and "
+                          "One layer's routed metadata (docs/design/dsa.md §3.3, dsa::LayerMetadata): what route_layer returns and "
                           "Impl.forward takes as its metadata argument.")
       .def_prop_ro("compress_ratio", [](const RoutedLayer& r) { return r.md.compress_ratio; })
       .def_prop_ro("step", [](const RoutedLayer& r) { return r.step; })
@@ -509,7 +509,7 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("indexer_state", [](const RoutedLayer& r) { return r.indexer_state; })
       .def_prop_ro(
           "common", [](const RoutedLayer& r) { return r.md.attention != nullptr ? r.attention : r.swa; },
-          "attention if the layer has one, else swa (spec 6.4).");
+          "attention if the layer has one, else swa (docs/design/dsa.md §3.3).");
 
   // By kind, from all of a step's groups (a {kind: metadata} dict or a
   // sequence); registered first: a GroupMetadata is neither, so the
@@ -545,7 +545,7 @@ void bind_dsa_builders(nb::module_& m) {
         return route_by_kind(ratio, step, items);
       },
       "compress_ratio"_a, "step"_a, "groups"_a,
-      "Spec 6.4 by cache kind: the layer's groups picked from all of the step's groups ({kind: metadata}), checked; "
+      "docs/design/dsa.md §3.3 by cache kind: the layer's groups picked from all of the step's groups ({kind: metadata}), checked; "
       "an aar.dsa.LayerMetadata (Impl.forward's metadata).");
   m.def(
       "route_layer",
@@ -556,7 +556,7 @@ void bind_dsa_builders(nb::module_& m) {
         return route_by_kind(ratio, step, items);
       },
       "compress_ratio"_a, "step"_a, "groups"_a,
-      "Spec 6.4 by cache kind: the layer's groups picked from a sequence of the step's group metadata, checked.");
+      "docs/design/dsa.md §3.3 by cache kind: the layer's groups picked from a sequence of the step's group metadata, checked.");
   m.def(
       "route_layer",
       [](int32_t ratio, nb::handle step, nb::handle swa, nb::handle attention, nb::handle compressor_state,
@@ -576,7 +576,7 @@ void bind_dsa_builders(nb::module_& m) {
       },
       "compress_ratio"_a, "step"_a, "swa"_a.none(), "attention"_a = nb::none(), "compressor_state"_a = nb::none(),
       "indexer_cache"_a = nb::none(), "indexer_state"_a = nb::none(),
-      "Spec 6.4: a layer's groups, checked (kinds, currency, same step); an aar.dsa.LayerMetadata.");
+      "docs/design/dsa.md §3.3: a layer's groups, checked (kinds, currency, same step); an aar.dsa.LayerMetadata.");
   m.def(
       "graph_update",
       [](graph::GraphParams& g, int64_t num_tokens, const dsa::StepMetadata& step, const dsa::GroupMetadata& swa) {
@@ -601,7 +601,7 @@ void bind_dsa(nb::module_& root) {
                                                                      parse_kv_dtype(non_a5_dtype))));
       },
       "device_kind"_a, "cache_dtype"_a = nb::none(), "non_a5_dtype"_a = "bfloat16",
-      "Spec 7.2's attention KV dtype (a string); never mutates anything.");
+      "docs/design/dsa.md §4.2's attention KV dtype (a string); never mutates anything.");
   m.def(
       "flash_mla_cmp_lengths",
       [](const std::vector<int32_t>& seqused_kv, int32_t max_seqlen_kv, int32_t cmp_ratio) {
@@ -610,14 +610,14 @@ void bind_dsa(nb::module_& root) {
         return std::make_tuple(cmp, res, mx);
       },
       "seqused_kv"_a, "max_seqlen_kv"_a, "cmp_ratio"_a,
-      "The SparseFlashMla adapter's derived lengths (spec 7.2, dsa/plan/dsa_kv_plan.h): (seqused_cmp_kv, cmp_residual_kv, "
+      "The SparseFlashMla adapter's derived lengths (docs/design/dsa.md §4.2, dsa/plan/dsa_kv_plan.h): (seqused_cmp_kv, cmp_residual_kv, "
       "max_seqlen_cmp_kv).");
   m.def(
       "make_attn_kv_plan",
       [](const std::string& device_kind, const std::optional<std::string>& cache_dtype,
          const std::string& model_dtype) { return plan_dict(plan_from(device_kind, cache_dtype, model_dtype)); },
       nb::kw_only(), "device_kind"_a = "a2", "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16",
-      "Every per-device decision of the DSA backend (spec 7.1 / 7.2) as a dict (dsa/plan/dsa_kv_plan.h: AttnKvPlan).");
+      "Every per-device decision of the DSA backend (docs/design/dsa.md §4.1 / §4.2) as a dict (dsa/plan/dsa_kv_plan.h: AttnKvPlan).");
   m.def(
       "backend",
       [](const std::string& kind, const std::string& device_kind) {
@@ -629,7 +629,7 @@ void bind_dsa(nb::module_& root) {
         return d;
       },
       "kind"_a, "device_kind"_a = "a2",
-      "A DSA backend descriptor (spec 6.1): kind 'generic', 'c4', 'c128', 'swa', 'c4_state' or 'c128_state'.");
+      "A DSA backend descriptor (docs/design/dsa.md §2.1): kind 'generic', 'c4', 'c128', 'swa', 'c4_state' or 'c128_state'.");
   m.def(
       "cache_spec",
       [](const std::string& kind, int64_t cache_block_size, const std::string& device_kind,
@@ -645,7 +645,7 @@ void bind_dsa(nb::module_& root) {
       "kind"_a, "cache_block_size"_a = 128, nb::kw_only(), "device_kind"_a = "a2", "cache_dtype"_a = nb::none(),
       "model_dtype"_a = "bfloat16", "num_blocks"_a = 1, "head_dim"_a = dsa::kDsaHeadDim,
       "rope_dim"_a = dsa::kDsaRopeDim, "index_head_dim"_a = dsa::kDsaIndexerHeadDim,
-      "A DSA cache's spec (6.2) under the plan of (device_kind, cache_dtype, model_dtype) for a model of head_dim / "
+      "A DSA cache's spec (docs/design/dsa.md §2.2) under the plan of (device_kind, cache_dtype, model_dtype) for a model of head_dim / "
       "rope_dim / index_head_dim (defaults DeepSeek-V4's): kind 'swa', 'c4_kv', 'c128_kv', 'c4_indexer_k', "
       "'c4_attn_state', 'c4_indexer_state', 'c128_state'; its block geometry, dtypes, page bytes and tier, the shape "
       "the layer takes for num_blocks ('shape', 'scale_shape') and the views over a raw buffer of num_blocks padded "
@@ -658,7 +658,7 @@ void bind_dsa(nb::module_& root) {
         return out;
       },
       "compress_ratio"_a,
-      "Spec 6.4: the cache kinds a layer of compress_ratio (1, 4 or 128) reads, in route_layer's order.");
+      "docs/design/dsa.md §3.3: the cache kinds a layer of compress_ratio (1, 4 or 128) reads, in route_layer's order.");
 }
 
 // aar.dsa.Impl: the layer forward (dsa/impl.h). Weights from the reference's
@@ -752,7 +752,7 @@ void bind_dsa_impl(nb::module_& m) {
                                 topk_buffer);
           },
           "hidden"_a, "kv_cache"_a, "metadata"_a.none(), "output"_a, nb::kw_only(), "topk_buffer"_a.none() = nb::none(),
-          "Spec 6.8 with route_layer's result as it is (the routing it checked is used, not made again); "
+          "docs/design/dsa.md §5.1 with route_layer's result as it is (the routing it checked is used, not made again); "
           "metadata=None: profiling run (output zero-filled). Returns output.")
       .def(
           "forward",
@@ -771,7 +771,7 @@ void bind_dsa_impl(nb::module_& m) {
           "hidden"_a, "kv_cache"_a, "step"_a.none(), "swa"_a.none(), "output"_a, nb::kw_only(),
           "attention"_a = nb::none(), "compressor_state"_a = nb::none(), "indexer_cache"_a = nb::none(),
           "indexer_state"_a = nb::none(), "topk_buffer"_a.none() = nb::none(),
-          "Spec 6.8 with the step and group metadata (routed here, as route_layer). step=None: profiling run "
+          "docs/design/dsa.md §5.1 with the step and group metadata (routed here, as route_layer). step=None: profiling run "
           "(output zero-filled). Returns output.")
       .def_prop_ro("last_topk", [](const dsa::Impl& i) { return i.last_topk(); })
       .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; })
@@ -798,7 +798,7 @@ void bind_dsa_impl(nb::module_& m) {
       nb::kw_only(), "device_kind"_a = "a2", "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16",
       "compress_kv"_a = nb::none(), "swa_kv"_a, "state"_a = nb::none(), "indexer_state"_a = nb::none(),
       "indexer_k"_a = nb::none(), "indexer_scale"_a = nb::none(), "indexer_full"_a = nb::none(),
-      "Spec 6.3: the per-layer tuple (compress_kv, swa_kv, state, indexer_state, indexer_k, indexer_scale"
+      "docs/design/dsa.md §2.3: the per-layer tuple (compress_kv, swa_kv, state, indexer_state, indexer_k, indexer_scale"
       "[, indexer_full]); None for unused slots.");
 }
 

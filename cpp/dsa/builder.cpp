@@ -1,4 +1,4 @@
-// DSA metadata builders (spec sparse.md 6.5, 6.6, 6.7). Layout, lanes and the
+// DSA metadata builders (docs/design/dsa.md §3.1, §3.4, §3.5). Layout, lanes and the
 // decisions are described in include/ascend_attn_rt/dsa/builder.h.
 #include "ascend_attn_rt/dsa/builder.h"
 
@@ -27,7 +27,7 @@ namespace aar::dsa {
 
 namespace {
 
-constexpr int64_t kBlobWords = 1024;  // spec 6.7: (1024,) int32
+constexpr int64_t kBlobWords = 1024;  // docs/design/dsa.md §3.5: (1024,) int32
 
 // dst = src without the reference-count traffic when dst already is src (the
 // steady state: cached views, the step's tensors).
@@ -108,7 +108,7 @@ class StepBuilder::Lane {
     const int32_t* qsl = in.query_start_loc.data();
     const int32_t* seq = in.seq_lens.data();
 
-    // Decode-first (spec 6.5: upstream reorders; the split assumes it).
+    // Decode-first (docs/design/dsa.md §3.1: upstream reorders; the split assumes it).
     for (int32_t b = p.split.num_decodes; b < p.num_reqs_actual; ++b) {
       const int32_t q = qsl[b + 1] - qsl[b];
       AAR_CHECK_ARG(q > thr, "query_start_loc: request ", b, " has ", q, " tokens (a decode at decode_threshold=",
@@ -442,12 +442,12 @@ class GroupBuilder::Lane {
     const int64_t T = scfg.max_num_tokens, MB = g.cfg_.max_blocks_per_req;
     fw_ = plan::slot_format_width(g.slot_format_);
     const ModelSettings& ms = g.model();
-    // DSpark is the SWA group's (spec 6.6).
+    // DSpark is the SWA group's (docs/design/dsa.md §3.4).
     dspark_width_ = g.cfg_.kind == DsaCacheKind::Swa && ms.dspark_num_spec > 0
                         ? plan::dspark_swa_width(ms.window, ms.dspark_num_spec, ms.dspark_width)
                         : 0;
     // The SparseFlashMla plan's compressed KV groups stage seqused_cmp_kv /
-    // cmp_residual_kv (spec 7.2 adapter) next to their rows.
+    // cmp_residual_kv (docs/design/dsa.md §4.2 adapter) next to their rows.
     const DsaCacheKind kind = g.cfg_.kind;
     cmp_lens_ = g.cfg_.plan.renames_seqused_for_flash_mla &&
                 (kind == DsaCacheKind::C4Kv || kind == DsaCacheKind::C128Kv);
@@ -513,7 +513,7 @@ class GroupBuilder::Lane {
     const int32_t rows = plan::dsa_num_compressed_tokens(T, B, ratio);
     const bool dspark = dspark_width_ > 0 && !st.has_prefill();
     const ModelSettings& ms = g_.model();
-    // The attention call's window (spec 6.6: DSpark widens it to the draft block).
+    // The attention call's window (docs/design/dsa.md §3.4: DSpark widens it to the draft block).
     const int32_t win_left = dspark ? ms.window + ms.dspark_num_spec - 1 : ms.window - 1;
     const Packed r = packed(rows, dspark ? T : 0, B);
 
@@ -657,7 +657,7 @@ class GroupBuilder::Lane {
         bt_.offset, {{&r.slots, rows * fw_}, {&r.dspark, ds_tokens * dspark_width_}, {&r.cmp, c}, {&r.cres, c}});
     return r;
   }
-  // Spec 6.5 / 9: compressor_metadata over the staged table into the lane's
+  // docs/design/dsa.md §3.1 / docs/design/ops.md §4.6: compressor_metadata over the staged table into the lane's
   // stable buffers (views per row count), read by the step's layers.
   void fill_compressed_rows(const StepMetadata& st, int64_t rows) {
     const int64_t R = st.compress_cos_table.size(1);
@@ -681,7 +681,7 @@ class GroupBuilder::Lane {
     a.num_reqs_actual = st.num_reqs;
     ops::compressor_metadata_out(a, md_.compressed_cos, md_.compressed_sin, md_.compressed_slots);
   }
-  // Spec 6.7: the SAS blob of this group's layers, copied into the stable
+  // docs/design/dsa.md §3.5: the SAS blob of this group's layers, copied into the stable
   // buffer. Returns whether it was generated (see dsa/builder.h).
   bool fill_sas(const StepMetadata& st, int32_t ratio) {
     const GroupConfig& c = g_.cfg_;
@@ -723,7 +723,7 @@ class GroupBuilder::Lane {
     if (shared) {
       ops::sparse_attn_sharedkv_metadata_out(a, md_.sas_metadata);
     } else if (flash_mla) {
-      // Spec 7.2: the same arguments through the SparseFlashMla adapter
+      // docs/design/dsa.md §4.2: the same arguments through the SparseFlashMla adapter
       // (seqused_kv -> seqused_ori_kv, max_seqlen_kv -> max_seqlen_ori_kv,
       // device dropped; compressed groups add the staged seqused_cmp_kv /
       // cmp_residual_kv and max_seqlen_cmp_kv = max_seqlen_kv / cmp_ratio).
@@ -740,7 +740,7 @@ class GroupBuilder::Lane {
     }
     return true;
   }
-  // Spec 6.5 step 3 / 6.7: the QLI blob of the step's C4 layers, made by the
+  // docs/design/dsa.md §3.2 / §3.5: the QLI blob of the step's C4 layers, made by the
   // indexer-cache group and copied into the stable buffer.
   bool fill_qli(const StepMetadata& st) {
     const GroupConfig& c = g_.cfg_;
@@ -838,7 +838,7 @@ GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : st
                 "has no compress_cos_table / compress_sin_table");
   const StepBuilderConfig& sc = step.config();
   const bool separate = sc.separate();
-  // Draft lanes only where drafting is supported (spec 6.5: ratio <= 1).
+  // Draft lanes only where drafting is supported (docs/design/dsa.md §3.1: ratio <= 1).
   const int32_t drafts = spec_.compress_ratio <= 1 ? step.num_drafts() : 0;
   for (int32_t l = 0; l <= drafts; ++l) {
     const int slot_base = sc.staging_hooks != nullptr ? l * sc.staging_buffers : 0;
@@ -861,7 +861,7 @@ const GroupMetadata& GroupBuilder::build(const StepMetadata& step, const GroupIn
 const GroupMetadata& GroupBuilder::build_for_drafting(const StepMetadata& step, const GroupInputs& in, int32_t d) {
   if (spec_.compress_ratio > 1) {
     throw_not_supported("build_for_drafting: kind ", to_string(cfg_.kind), " (compress_ratio ", spec_.compress_ratio,
-                        ") cannot build for drafting: only SWA (ratio <= 1) groups draft (spec 6.5 Draft mode)");
+                        ") cannot build for drafting: only SWA (ratio <= 1) groups draft (docs/design/dsa.md §3.1 Draft mode)");
   }
   AAR_CHECK_ARG(d >= 0 && d < num_drafts(), "draft_index=", d, " is out of range [0, num_drafts=", num_drafts(), ")");
   return lanes_[static_cast<size_t>(d) + 1]->build(step, in);
@@ -886,7 +886,7 @@ LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, const GroupMe
   const bool compressed = ratio > 1, c4 = ratio == 4;
   auto slot = [&](const GroupMetadata* g, const char* name, bool needed, DsaCacheKind kind) {
     AAR_CHECK_ARG((g != nullptr) == needed, name, needed ? " is required" : " must not be given", " for a layer of "
-                  "compress_ratio ", ratio, " (spec 6.4)");
+                  "compress_ratio ", ratio, " (docs/design/dsa.md §3.3)");
     if (g == nullptr) return;
     AAR_CHECK_ARG(g->kind == kind, name, " has cache kind ", to_string(g->kind), ", expected ", to_string(kind));
     check_current(*g, name);
@@ -923,7 +923,7 @@ LayerMetadata route_layer(int32_t ratio, const StepMetadata& step, plan::CSpan<c
       found = groups[i];
     }
     AAR_CHECK_ARG(found != nullptr, "groups: no group of cache kind ", to_string(kind), ", which a layer of "
-                  "compress_ratio ", ratio, " reads (spec 6.4)");
+                  "compress_ratio ", ratio, " reads (docs/design/dsa.md §3.3)");
     return found;
   };
   return route_layer(ratio, step, pick(true, DsaCacheKind::Swa),

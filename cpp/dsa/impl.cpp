@@ -1,4 +1,4 @@
-// Per-layer DSA forward (spec sparse.md 1.6, 6.3, 6.8); see dsa/impl.h.
+// Per-layer DSA forward (docs/design/dsa.md §1.1, §2.3, §5.1); see dsa/impl.h.
 #include "ascend_attn_rt/dsa/impl.h"
 
 #include <ATen/ATen.h>
@@ -64,10 +64,10 @@ void check_blocks(int64_t blocks, const char* name, const GroupMetadata& g, cons
 }
 
 // A paged cache (nb, rows, 1, width) with unit stride in its last dim (page
-// strides may be padded: spec 6.2's tiers), of at least the group's blocks.
+// strides may be padded: docs/design/dsa.md §2.2's tiers), of at least the group's blocks.
 void check_paged(const at::Tensor& c, const char* name, const GroupMetadata& g, const char* group, int64_t rows,
                  int64_t width, at::ScalarType dtype, c10::Device device) {
-  AAR_CHECK_ARG(c.defined(), name, " is None but the layer needs it (spec 6.3 tuple)");
+  AAR_CHECK_ARG(c.defined(), name, " is None but the layer needs it (docs/design/dsa.md §2.3 tuple)");
   // The sizes and strides read once (each size(i) / stride(i) call wraps and checks its index).
   const c10::IntArrayRef sz = c.sizes();
   AAR_CHECK_ARG(sz.size() == 4 && sz[1] == rows && sz[2] == 1 && sz[3] == width, name,
@@ -80,19 +80,19 @@ void check_paged(const at::Tensor& c, const char* name, const GroupMetadata& g, 
 }
 
 void check_group(const GroupMetadata* g, const char* name) {
-  AAR_CHECK_ARG(g != nullptr, "metadata.", name, " is missing for this layer's ratio (spec 6.4)");
+  AAR_CHECK_ARG(g != nullptr, "metadata.", name, " is missing for this layer's ratio (docs/design/dsa.md §3.3)");
   check_current(*g, name);
 }
 
 }  // namespace
 
-// ------------------------------------------------------------------ 6.3 tuple
+// ------------------------------------------------------------------ docs/design/dsa.md §2.3 tuple
 
 std::vector<at::Tensor> compose_kv_cache(const AttnKvPlan& plan, const at::Tensor& compress_kv,
                                          const at::Tensor& swa_kv, const at::Tensor& state,
                                          const at::Tensor& indexer_state, const at::Tensor& indexer_k,
                                          const at::Tensor& indexer_scale, const at::Tensor& indexer_full) {
-  AAR_CHECK_ARG(swa_kv.defined(), "swa_kv must be given: every DSA layer has an SWA cache (spec 6.3)");
+  AAR_CHECK_ARG(swa_kv.defined(), "swa_kv must be given: every DSA layer has an SWA cache (docs/design/dsa.md §2.3)");
   AAR_CHECK_ARG(plan.indexer_full_view || !indexer_full.defined(), "indexer_full is given but the plan has no "
                 "full indexer view (indexer_full_view=False): the tuple has 6 entries");
   std::vector<at::Tensor> t{compress_kv, swa_kv, state, indexer_state, indexer_k, indexer_scale};
@@ -101,7 +101,7 @@ std::vector<at::Tensor> compose_kv_cache(const AttnKvPlan& plan, const at::Tenso
 }
 
 ForwardKv unpack_forward_kv_cache(const std::vector<at::Tensor>& kv, int32_t ratio) {
-  AAR_CHECK_ARG(kv.size() == 6 || kv.size() == 7, "kv_cache must be the 6- or 7-entry DSA tuple (spec 6.3), got ",
+  AAR_CHECK_ARG(kv.size() == 6 || kv.size() == 7, "kv_cache must be the 6- or 7-entry DSA tuple (docs/design/dsa.md §2.3), got ",
                 kv.size(), " entries");
   ForwardKv f;
   f.swa_kv = kv[1];
@@ -118,7 +118,7 @@ ForwardKv unpack_forward_kv_cache(const std::vector<at::Tensor>& kv, int32_t rat
 }
 
 IndexerKv unpack_indexer_kv_cache(const std::vector<at::Tensor>& kv) {
-  AAR_CHECK_ARG(kv.size() == 6 || kv.size() == 7, "kv_cache must be the 6- or 7-entry DSA tuple (spec 6.3), got ",
+  AAR_CHECK_ARG(kv.size() == 6 || kv.size() == 7, "kv_cache must be the 6- or 7-entry DSA tuple (docs/design/dsa.md §2.3), got ",
                 kv.size(), " entries");
   return {kv[3], kv[4], kv[5], kv.size() == 7 ? kv[6] : at::Tensor()};
 }
@@ -145,7 +145,7 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                   c.index_n_heads, ", ", c.index_topk);
     AAR_CHECK_ARG(c.index_head_dim > 0 && (c.index_head_dim & (c.index_head_dim - 1)) == 0 &&
                       c.rope_dim <= c.index_head_dim,
-                  "index_head_dim=", c.index_head_dim, " must be a power of two (Hadamard, spec 1.5) and >= rope_dim=",
+                  "index_head_dim=", c.index_head_dim, " must be a power of two (Hadamard, docs/design/sparse.md §3) and >= rope_dim=",
                   c.rope_dim);
   }
   AAR_CHECK_ARG(!c.skip_topk || c4, "skip_topk reuses a C4 selection: the layer's compress_ratio must be 4, got ",
@@ -188,7 +188,7 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   check(w.wkv, "wkv", {D, H});
   check(w.kv_norm, "kv_norm", {D});
   check(w.attn_sink, "attn_sink", {N}, /*fp32=*/true);
-  // o_proj (6.8 step 4): the plan allows the MX-fp8 path, the checkpoint's wo_a_scale selects it (impl.h).
+  // o_proj (docs/design/dsa.md §5.2): the plan allows the MX-fp8 path, the checkpoint's wo_a_scale selects it (impl.h).
   if (w.wo_a_scale.defined()) {
     AAR_CHECK_ARG(c.plan.o_proj == OProjKind::MxFp8QuantBmm, "weight wo_a_scale is given but the plan's o_proj is ",
                   to_string(c.plan.o_proj), ": the MX-fp8 o_proj runs only on the A5 plans (device_kind a5); pass "
@@ -234,9 +234,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                   "weight idx_cmp_ape must have shape (4, ", 2 * Di, "), got ", sizes_of(w.idx_cmp_ape));
     check(w.idx_cmp_norm, "idx_cmp_norm", {Di});
     idx_ape_f32_ = w.idx_cmp_ape.to(at::kFloat).contiguous();
-    // rotate_activation (spec 1.5 DSV4): x H / sqrt(Di), Di a power of two.
+    // rotate_activation (docs/design/sparse.md §3 DSV4): x H / sqrt(Di), Di a power of two.
     hadamard_ = ops::hadamard_matrix(Di, 1.0 / std::sqrt(static_cast<double>(Di)), dt, dev);
-    // 1.6.2 step 3's Di^-0.5 n_idx^-0.5 folded into the projection (one matmul per call instead of three ops).
+    // docs/design/dsa.md §1.3's Di^-0.5 n_idx^-0.5 folded into the projection (one matmul per call instead of three ops).
     idx_wproj_scaled_ = (w.idx_weights_proj.to(at::kFloat) *
                          (1.0 / std::sqrt(static_cast<double>(Di)) / std::sqrt(static_cast<double>(c.index_n_heads))))
                             .to(dt);
@@ -303,7 +303,7 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   check_format(*md.swa, "swa", DsaCacheKind::Swa);
   if (c.compress_ratio > 1) {
     check_format(*md.attention, "attention", md.attention->kind);
-    // Spec 7.2: SparseFlashMla takes the compressed lengths the builder stages for this plan only.
+    // docs/design/dsa.md §4.2: SparseFlashMla takes the compressed lengths the builder stages for this plan only.
     AAR_CHECK_ARG(!c.plan.uses_sparse_flash_mla ||
                       (md.attention->seqused_cmp_kv.defined() && md.attention->cmp_residual_kv.defined()),
                   "metadata.attention has no seqused_cmp_kv / cmp_residual_kv: plan sparse_attn=SparseFlashMla "
@@ -432,7 +432,7 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
 
 void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows,
                          int64_t valid_rows) {
-  // Spec 7.1 / 7.2: the plan's scatter kind and slot format. The v2 scatter
+  // docs/design/dsa.md §4.1 / §4.2: the plan's scatter kind and slot format. The v2 scatter
   // and kv_compress_epilog skip the rows of block / slot -1 themselves.
   at::Tensor var = cache;
   switch (cfg_.plan.kv_scatter) {
@@ -533,7 +533,7 @@ const Impl::StepViews& Impl::step_views(const LayerMetadata& md, int64_t n) {
 
 void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
                                 const detail::RowViews& rv, int64_t r, bool graph) {
-  // 1.6.2 step 2: the C4Li compressor over its state, Hadamard, the indexer cache write.
+  // docs/design/dsa.md §1.3: the C4Li compressor over its state, Hadamard, the indexer cache write.
   const ImplConfig& cf = cfg_;
   const GroupMetadata& ig = *md.indexer_cache;
   const at::Tensor k = run_compressor(x, w_.idx_cmp_wkv, w_.idx_cmp_wgate, idx_ape_f32_, w_.idx_cmp_norm,
@@ -613,7 +613,7 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const Caches& c, const LayerM
   // indexer_k_scale_dtype): the cast returns the cache's tensor itself.
   a.quant.key_dequant_scale = ops::dense::cast(c.indexer_scale, scalar_of(cf.plan.li_k_scale_dtype));
   a.cmp_ratio = 4;
-  // Spec 6.5 step 3: the indexer group's builder made the blob (validated
+  // docs/design/dsa.md §3.2: the indexer group's builder made the blob (validated
   // against this layer in validate()); without one the operator runs bare.
   if (ig.qli_metadata_filled) a.metadata = ig.qli_metadata;
   if (graph) {
@@ -639,7 +639,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   const StepViews& sv = step_views(md, n);
   const at::Tensor x = n == T ? hidden : hidden.narrow(0, 0, n);
 
-  // ---- prolog (1.6 steps 1-3)
+  // ---- prolog (docs/design/dsa.md §1.1)
   ops::dense::linear_out(v.qa, x, w_.wq_a);
   ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);  // qr
   // per-head RMS without weight, fp32 maths (plan q_norm: RmsFp32 / QNormWithoutWeight, the same maths)
@@ -653,11 +653,11 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   const GroupMetadata& swa = *md.swa;
   write_kv_rows(c.swa_kv, sv.swa_slots, v.kv, swa.num_valid_rows);
 
-  // ---- compressed caches and the C4 selection (6.8 step 3)
+  // ---- compressed caches and the C4 selection (docs/design/dsa.md §5.1)
   at::Tensor sel;
   if (cf.compress_ratio == 4) {
     if (cf.skip_topk) {
-      indexer_cache_update(x, c, md, rv, r, graph);  // spec 1.6.2 step 6: the compressors still run
+      indexer_cache_update(x, c, md, rv, r, graph);  // docs/design/sparse.md §6: the compressors still run
       sel = topk->view(n);
     } else {
       sel = indexer_topk(x, c, md, v, rv, sv, n, r, graph, topk);
@@ -673,7 +673,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   }
   last_topk_ = sel;
 
-  // ---- SAS attention (6.8 step 3)
+  // ---- SAS attention (docs/design/dsa.md §5.1)
   ops::SparseAttnSharedKvArgs a;
   a.q = v.q;
   a.ori_kv = c.swa_kv;
@@ -714,7 +714,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   }
   at::Tensor o;
   if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
-    // Spec 7.2: the sharedkv arguments through the adapter (seqused_kv ->
+    // docs/design/dsa.md §4.2: the sharedkv arguments through the adapter (seqused_kv ->
     // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
     // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
     // Eager only (capture of this plan is refused in validate()).
@@ -734,7 +734,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
     o = std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(*qa) : ops::sparse_attn_sharedkv(a));
   }
 
-  // ---- inverse RoPE and o_proj (6.8 step 4)
+  // ---- inverse RoPE and o_proj (docs/design/dsa.md §5.2)
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
   const at::Tensor out_n = n == T ? output : output.narrow(0, 0, n);
   // Graph mode: into the workspace (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
@@ -767,7 +767,7 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   const int64_t n = g.capturing_bucket();
   // Bucket and state checks, before anything is recorded or written.
   if (st.attn_state != plan::AttentionState::DecodeOnly && st.attn_state != plan::AttentionState::SpecDecoding) {
-    throw_not_supported("DSA graph capture takes DecodeOnly and SpecDecoding steps (spec 6.5: "
+    throw_not_supported("DSA graph capture takes DecodeOnly and SpecDecoding steps (docs/design/dsa.md §3.1: "
                         "StepBuilder::build_for_graph_capture), got attention state ",
                         plan::to_string(st.attn_state));
   }

@@ -106,7 +106,7 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
 
 ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens, bool has_cache) const {
   // Bidirectional attention over the step's own tokens: a pooling model's
-  // encoder layers (spec 5.6), and encoder layers without a cache.
+  // encoder layers (docs/design/gqa.md §4.3), and encoder layers without a cache.
   if (!md.causal && (md.is_pooling || !has_cache)) return ForwardPath::Encoder;
   // Paged attention has no sink input: sinks always go through FIA v2.
   if (md.attn_state == AttentionState::DecodeOnly && !cfg_.sliding_window.has_value() && !cfg_.sinks.has_value()) {
@@ -118,7 +118,7 @@ ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens, b
     if (plan::using_paged_attention(num_tokens, rule, cfg_.head_size)) return ForwardPath::PagedAttention;
   }
   if (cfg_.sinks.has_value()) return ForwardPath::FusedSinks;
-  // A2/A3 FIA in TND layout does not take head size 512 (spec 5.5).
+  // A2/A3 FIA in TND layout does not take head size 512 (docs/design/gqa.md §4.5).
   if (cfg_.head_size == 512 && cfg_.device_kind != plan::DeviceKind::A5) return ForwardPath::LargeHead;
   if (md.attn_state == AttentionState::PrefillNoCache) return ForwardPath::FusedDense;
   if (cfg_.device_kind == plan::DeviceKind::A5 && md.attn_state == AttentionState::ChunkedPrefill &&
@@ -382,7 +382,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
       return output;
     }
     case ForwardPath::LargeHead: {
-      // Spec 5.5 large-head fallback: dense TND K/V (the new tokens for
+      // docs/design/gqa.md §4.5 large-head fallback: dense TND K/V (the new tokens for
       // PrefillNoCache, else the paged context gathered request by request)
       // through npu_fusion_attention; both length lists cumulative.
       ops::FusionAttentionArgs a;
@@ -419,7 +419,7 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
     }
     case ForwardPath::FusedSplit: {
       // A5: decodes and prefills of a chunked-prefill batch in two calls
-      // (spec 5.4); mathematically the single call.
+      // (docs/design/gqa.md §4.4); mathematically the single call.
       const int64_t nd = md.num_decodes, ndt = md.num_decode_tokens;
       ops::FiaTensors t;
       ops::FiaParams p;

@@ -25,7 +25,7 @@ class ExclusiveUse;  // cpp/common/exclusive_use.h
 
 namespace aar::mla::detail {
 
-// FIA v2 query layout of the decode (spec 5.3 rows A, D, E).
+// FIA v2 query layout of the decode (docs/design/mla.md §5.3 rows A, D, E).
 enum class DecodeLayout : int32_t { BNSD = 0, BSND = 1, TND = 2 };
 
 struct DecodeShape {

@@ -365,7 +365,7 @@ LatentQuery LatentCore::preprocess(const DecodeViews& v, const LatentStep& s, co
   switch (path) {
     case Fused::PrologV3:
     case Fused::PrologV2: {
-      // Spec mla 5.4 / sparse 3.2: the fused prolog; q and k_pe come out in the
+      // docs/design/mla.md §5.4 / docs/design/sfa.md §4.2: the fused prolog; q and k_pe come out in the
       // half-split RoPE order of the native path (weights via trans_rope_weight).
       // The weights are set once; only the step's inputs change.
       ops::MlaPrologArgs& a = prolog_args_;
@@ -413,7 +413,7 @@ LatentQuery LatentCore::preprocess(const DecodeViews& v, const LatentStep& s, co
       return out;
     }
     case Fused::Mlapo: {
-      // Spec mla 5.4 / sparse 3.2: vllm-ascend's W8A8-static mla_preprocess.
+      // docs/design/mla.md §5.4 / docs/design/sfa.md §4.2: vllm-ascend's W8A8-static mla_preprocess.
       ops::MlaPreprocessArgs& a = mlapo_args_;
       a.hidden_state = s.x;
       const auto [cos2, sin2] = rope_rows_2d(s, td);
@@ -435,7 +435,7 @@ LatentQuery LatentCore::preprocess(const DecodeViews& v, const LatentStep& s, co
     case Fused::None:
       break;
   }
-  // Spec mla 5.2: native preprocess, into the workspace.
+  // docs/design/mla.md §5.2: native preprocess, into the workspace.
   const at::Tensor q_pe = native_query(v, s, cos, sin);  // (td, H, 1, R)
   const char* mode = cfg_.kv_nz ? "PA_NZ" : "PA";
   if (kv_qscale_.defined()) {

@@ -1,12 +1,12 @@
 // Internal: the latent-space core shared by the MLA family's backends (MLA
 // decode, SFA). It owns what those layers have in common:
-//  * the weights and their processing (spec mla 4: kv_b_proj split into W_UK_T
+//  * the weights and their processing (docs/design/mla.md §4: kv_b_proj split into W_UK_T
 //    and W_UV; the fused preprocess's weights: npu_mla_prolog_v3 / v2, MLAPO),
 //    and their reload in place;
 //  * the projections, unquantised or W8A8 (latent/quant.h: dynamic or static, the
 //    quantised fused_qkv_a_proj and q_proj through npu_dynamic_quant /
 //    npu_quantize and npu_quant_matmul);
-//  * the absorbed-query preprocess (spec mla 5.2 / 5.4, sparse 3.2 / 3.3 step 3):
+//  * the absorbed-query preprocess (docs/design/mla.md §5.2 / §5.4, docs/design/sfa.md §4.2 / §4.1):
 //    a token's hidden state to the latent-space query (ql_nope = q_nope W_UK_T,
 //    q_pe = RoPE(q_rope)), with the token's latent and rope cache rows written at
 //    its slot, natively or through one fused operator:
@@ -16,12 +16,12 @@
 //               (the MLA FA-quant decode: an int8 query with per-(token, head)
 //               dequant scales)
 //    Every path writes the same cache rows (up to quantisation) in the same
-//    half-split RoPE order (spec 9.1) and returns q_c when asked (query_norm,
+//    half-split RoPE order (docs/design/mla.md §1.3) and returns q_c when asked (query_norm,
 //    SFA's indexer input);
 //  * the intermediates' workspace (decode_workspace.h), shared by every layer of
 //    one shape and group, and the views of the step's tensors kept between
 //    calls so that a steady-state call makes none;
-//  * W_UV on a latent attention output (spec mla 5.3 / sparse 3.7).
+//  * W_UV on a latent attention output (docs/design/mla.md §5.3 / docs/design/sfa.md §4.4).
 // A backend adds its attention call and its own metadata around it.
 #pragma once
 
@@ -75,7 +75,7 @@ struct LatentStep {
 };
 
 // The latent key of a step's tokens when the caller stores it itself (SFA C8,
-// spec sparse 3.5: packed into quantised rows): not written to any cache.
+// docs/design/sfa.md §5: packed into quantised rows): not written to any cache.
 struct LatentKv {
   at::Tensor k_nope;  // (td, L) RMSNorm(kv[:L]) * gamma, in the weights' dtype
   at::Tensor k_rope;  // (td, 1, 1, R) interleave->half RoPE(kv[L:]): the caches' half layout
@@ -131,8 +131,8 @@ class LatentCore {
   // The native projections (quantised or not) of x, as new tensors.
   Projections project(const at::Tensor& x) const;
 
-  // The native preprocess of s.x without cache writes (SFA C8, spec sparse
-  // 3.3 step 3 / 3.5): the same queries as preprocess (always in the
+  // The native preprocess of s.x without cache writes (SFA C8, 
+  // docs/design/sfa.md §4.1 / §5): the same queries as preprocess (always in the
   // workspace's buffers, stable addresses), and the latent key in `kv`, which
   // the caller quantises and stores (s.slots is not read). With q-LoRA the
   // normed q-LoRA activations are left in v.qc.
@@ -140,13 +140,13 @@ class LatentCore {
 
   // W_UV on the real heads of v.attn_heads, as (td, H*V); valid until the next call.
   const at::Tensor& w_uv_out(const DecodeViews& v, int64_t td);
-  // W_UV on a token-major latent output (td, H, L), as (td, H*V) (spec sparse
-  // 3.7): vllm-ascend's batch_matmul_transpose into the workspace's v.y for
+  // W_UV on a token-major latent output (td, H, L), as (td, H*V)
+  // (docs/design/sfa.md §4.4): vllm-ascend's batch_matmul_transpose into the workspace's v.y for
   // fp16/bf16 and at most 1024 tokens, npu_transpose_batchmatmul otherwise
   // (the same maths).
   const at::Tensor& w_uv_out_token_major(const DecodeViews& v, const at::Tensor& attn, int64_t td);
 
-  // Spec mla 9.17: copies new weights into the layer's tensors and recomputes
+  // docs/design/mla.md §4.6: copies new weights into the layer's tensors and recomputes
   // the derived ones in place (captured graphs keep valid addresses).
   void reload_weights(const Weights& weights);
 

@@ -1,4 +1,4 @@
-// MLA weight processing (spec mla.md 4.1-4.3, prolog weights).
+// MLA weight processing (docs/design/mla.md §4.1-§4.3, prolog weights).
 #include "ascend_attn_rt/latent/weights.h"
 
 #include <ATen/ATen.h>

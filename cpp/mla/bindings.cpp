@@ -345,7 +345,7 @@ void bind_mla(nb::module_& root) {
       },
       nb::kw_only(), "num_heads"_a, "hidden_size"_a, "q_lora_rank"_a, "kv_lora_rank"_a, "qk_nope_head_dim"_a,
       "qk_rope_head_dim"_a, "v_head_dim"_a, "q_a_layernorm"_a, "kv_a_layernorm"_a, "kv_b_proj"_a, "o_proj"_a,
-      "quant"_a, "The mla_preprocess (MLAPO) weights of W8A8-static projections (spec mla.md 4.4).");
+      "quant"_a, "The mla_preprocess (MLAPO) weights of W8A8-static projections (docs/design/mla.md §4.4).");
 
   nb::class_<mla::Impl>(m, "Impl")
       .def(

@@ -1,4 +1,4 @@
-// MLA metadata builder (spec mla.md section 3).
+// MLA metadata builder (docs/design/mla.md §3).
 #include "ascend_attn_rt/mla/builder.h"
 
 #include <ATen/ATen.h>
@@ -58,7 +58,7 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
                 cfg.dcp_rank, " is not a rank of a DCP group of dcp_world_size=", cfg.dcp_world_size);
   AAR_CHECK_ARG(cfg.cp_kv_cache_interleave_size >= 1 && cfg.block_size % cfg.cp_kv_cache_interleave_size == 0,
                 "cp_kv_cache_interleave_size=", cfg.cp_kv_cache_interleave_size,
-                " must be positive and divide block_size=", cfg.block_size, " (spec cp.md 1.1)");
+                " must be positive and divide block_size=", cfg.block_size, " (docs/design/cp.md §1.1)");
   // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
   rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   const int64_t max_model_len =

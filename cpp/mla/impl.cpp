@@ -1,4 +1,4 @@
-// Per-layer MLA forward (spec mla.md section 5).
+// Per-layer MLA forward (docs/design/mla.md §5).
 #include "ascend_attn_rt/mla/impl.h"
 
 #include <ATen/ATen.h>
@@ -59,7 +59,7 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
   const QuantType qt = quant_type(weights);
   if (cfg_.enable_mlapo) {
     AAR_CHECK_ARG(qt == QuantType::W8A8Static, "enable_mlapo needs W8A8-static weights (mla_preprocess is the "
-                  "W8A8-static kernel; spec 4.1 disables MLAPO for other layers), got quant type ", to_string(qt));
+                  "W8A8-static kernel; docs/design/mla.md §4.1 disables MLAPO for other layers), got quant type ", to_string(qt));
     if (cfg_.q_norm_eps != 1e-6 || cfg_.kv_norm_eps != 1e-6) {
       throw_not_supported("enable_mlapo with q_norm_eps=", cfg_.q_norm_eps, ", kv_norm_eps=", cfg_.kv_norm_eps,
                           ": mla_preprocess takes no epsilon (its kernel uses 1e-6)");
@@ -71,7 +71,7 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
     AAR_CHECK_ARG(qt == QuantType::W8A8Dynamic, "an FA-quant layer (fa_quant_kv_scale) needs W8A8-dynamic weights "
                   "(npu_mla_prolog_v2 quantises the hidden states per token), got quant type ", to_string(qt));
     AAR_CHECK_ARG(cfg_.enable_kv_nz, "an FA-quant layer (fa_quant_kv_scale) keeps its int8 latent cache in "
-                  "FRACTAL_NZ (spec 5.3 row C): set enable_kv_nz");
+                  "FRACTAL_NZ (docs/design/mla.md §5.3 row C): set enable_kv_nz");
     if (hp_ != d.num_heads) {
       throw_not_supported("an FA-quant layer with ", d.num_heads, " heads: its int8 query is not padded to ", hp_,
                           " heads (use a power-of-two head count)");
@@ -79,8 +79,8 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
     lc.kv_cache_scale = *cfg_.fa_quant_kv_scale;
   }
   if (cfg_.dcp_comm != nullptr && cfg_.dcp_comm->size() > 1) {
-    if (fa_quant()) throw_not_supported("an FA-quant layer (fa_quant_kv_scale) with DCP (spec 7.3)");
-    if (cfg_.enable_kv_nz) throw_not_supported("enable_kv_nz with DCP (spec 7.3: DCP reads ND caches)");
+    if (fa_quant()) throw_not_supported("an FA-quant layer (fa_quant_kv_scale) with DCP (docs/design/mla.md §6.2)");
+    if (cfg_.enable_kv_nz) throw_not_supported("enable_kv_nz with DCP (docs/design/mla.md §6.2: DCP reads ND caches)");
   }
   lc.kv_nz = cfg_.enable_kv_nz;
   lc.heads_padded = hp_;  // the decode kernel's head count
@@ -188,7 +188,7 @@ void Impl::decode_fia_args(const detail::LatentQuery& q, const at::Tensor& nope,
   detail::assign(t.query, q.qn);
   detail::assign(t.query_rope, q.qr);
   if (fa_quant()) {
-    // Spec 5.3: the fully quantised decode (int8 query with per-(token, head)
+    // docs/design/mla.md §5.3: the fully quantised decode (int8 query with per-(token, head)
     // scales, the per-tensor dequant scale of the int8 latent).
     detail::assign(t.dequant_scale_query, q.dequant_scale_q);
     detail::assign(t.dequant_scale_key, core_->kv_dequant_scale());
@@ -235,7 +235,7 @@ std::pair<at::Tensor, at::Tensor> dcp_split_query(const cp::DcpViews& w, int64_t
 void Impl::dcp_stage_query(const cp::DcpViews& w, const detail::DecodeViews& v) {
   const Dims& d = cfg_.dims;
   const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  // Spec 7.3 reorg_decode_q: [ql_nope | q_pe] gathered along the heads.
+  // docs/design/mla.md §6.2 reorg_decode_q: [ql_nope | q_pe] gathered along the heads.
   w.local_query.narrow(-1, 0, L).copy_(v.qn_heads);
   w.local_query.narrow(-1, L, R).copy_(v.qr_heads);
   at::Tensor qg = w.gathered_query;
@@ -347,7 +347,7 @@ detail::LatentQuery Impl::decode_preprocess(const detail::DecodeViews& v, const 
 
 void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
                           const at::Tensor& rope, const Metadata& md, const at::Tensor& output, DecodePath path) {
-  // Spec 7 for MLA decode: the projections, RoPE and cache write (prepare), the
+  // docs/design/mla.md §6 for MLA decode: the projections, RoPE and cache write (prepare), the
   // absorbed latent attention (a fused call refreshed per step: block table, KV
   // lengths, and the query ends in the speculative TND layout), then W_UV and
   // o_proj (prepare). The device graph captures the prepare work as plain
@@ -391,7 +391,7 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
 
 void Impl::capture_dcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
                               const at::Tensor& rope, const Metadata& md, const at::Tensor& output, DecodePath path) {
-  // The DCP decode of spec 7.3 in three recorded calls: the preprocess (cache
+  // The DCP decode of docs/design/mla.md §6.2 in three recorded calls: the preprocess (cache
   // write of this rank's own tokens) with the query gather (prepare; on the NPU
   // the collective is captured into the device graph), the latent attention
   // over the local shard (FIA v1 BNSD, refreshed per step: block table and
@@ -458,8 +458,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   if (!lse_placeholder_.defined() || lse_placeholder_.device() != hidden.device()) {
     lse_placeholder_ = at::zeros({1}, hidden.options().dtype(at::kFloat));
   }
-  // The decode's preprocess: the layer's fused one where the spec allows it
-  // (5.1 step 3: decode-only steps of <= 1024 decode tokens; FA-quant: always,
+  // The decode's preprocess: the layer's fused one where upstream allows it
+  // (docs/design/mla.md §5.1: decode-only steps of <= 1024 decode tokens; FA-quant: always,
   // see impl.h), else native.
   DecodePath path = DecodePath::Native;
   const DecodePath fused = fused_decode_path();

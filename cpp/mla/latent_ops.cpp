@@ -56,10 +56,10 @@ void set_latent_decode_params(const Metadata& md, DecodeLayout layout, int64_t h
   p.actual_seq_kvlen = md.decode.seq_lens_list;
   switch (layout) {
     case DecodeLayout::TND:
-      // Row A of spec 5.3. Upstream also requires the state to be one of
+      // Row A of docs/design/mla.md §5.3. Upstream also requires the state to be one of
       // SpecDecoding/ChunkedPrefill/DecodeOnly/PrefillNoCache and otherwise falls
       // to the BNSD row with a multi-token decode, mismatching block-table rows
-      // and batch (spec 9.11); we use TND_NTD whenever decodes may have several tokens.
+      // and batch (docs/design/mla.md §5.3); we use TND_NTD whenever decodes may have several tokens.
       assign(t.atten_mask, md.attn_mask);
       p.sparse_mode = 3;
       p.input_layout = "TND_NTD";
@@ -81,9 +81,9 @@ at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_no
                                     const at::Tensor& nope, const at::Tensor& rope, const Metadata& md) {
   const int64_t tp = q_nope.size(0), H = s.heads, L = s.kv_lora_rank, P = s.nope_dim, R = s.rope_dim,
                 V = s.v_head_dim;
-  const bool concat = s.heads_padded != H;  // spec 5.5: non-power-of-two heads pass concatenated q/k, no rope tensors
+  const bool concat = s.heads_padded != H;  // docs/design/mla.md §5.5: non-power-of-two heads pass concatenated q/k, no rope tensors
   const auto& pf = md.prefill;
-  // Spec 5.5 step 1: the TND MLA kernel takes bf16 only; other dtypes attend in
+  // docs/design/mla.md §5.5: the TND MLA kernel takes bf16 only; other dtypes attend in
   // bf16 (the caller casts the result back where it lands). On the CPU twins
   // this is off unless asked for: they attend in any dtype.
   const bool to_bf16 =
@@ -120,7 +120,7 @@ at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_no
   const ChunkedContext& cc = pf.chunked;
   if (cc.num_chunks == 0) return out0.reshape({tp, H * V});
 
-  // Spec 5.6: gather each chunk from the caches, up-project, attend, merge.
+  // docs/design/mla.md §5.6: gather each chunk from the caches, up-project, attend, merge.
   std::vector<at::Tensor> outs{out0.to(at::kFloat).reshape({tp * H, V})};
   std::vector<at::Tensor> lses{lse0.reshape({tp * H})};
   const auto opts = nope.options();
@@ -129,7 +129,7 @@ at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_no
     const int64_t toks = cc.seq_tot[c];
     at::Tensor kv_c, kpe;
     if (dcp) {
-      // Spec 7.4: this rank's part of the chunk (the padded local lengths from
+      // docs/design/mla.md §6.3: this rank's part of the chunk (the padded local lengths from
       // the local starts; every rank gathers the same row count), [latent |
       // k_pe] all-gathered, then the real rows request by request.
       AAR_CHECK_ARG(s.dcp_comm != nullptr, "metadata built for DCP needs the layer's dcp_comm");
@@ -147,7 +147,7 @@ at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_no
       kpe = at::empty({toks, 1, R}, rope.options());
       ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.chunk_seq_lens[c], kv_c, kpe, cc.starts[c]);
     }
-    // FA-quant: the int8 latent dequantised (spec 5.6 step 4, upstream's A5 rule).
+    // FA-quant: the int8 latent dequantised (docs/design/mla.md §5.7, upstream's A5 rule).
     const at::Tensor lat = s.kv_cache_scale.has_value()
                                ? (kv_c.view({toks, L}).to(at::kFloat) * *s.kv_cache_scale).to(s.kv_b_proj.scalar_type())
                                : kv_c.reshape({toks, L});

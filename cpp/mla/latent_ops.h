@@ -1,12 +1,12 @@
 // Internal: the latent attention calls shared by mla::Impl (hidden states in,
 // projections inside) and mla::LatentAttention (the attention alone, for
 // engines that project themselves, e.g. vLLM's MLAAttention):
-//  * the cache checks (spec mla 1: the latent and rope caches, ND or NZ);
+//  * the cache checks (docs/design/mla.md §1: the latent and rope caches, ND or NZ);
 //  * the FIA v2 arguments of the absorbed latent decode that depend on the
-//    metadata alone (spec 5.3 rows A, D, E: layout, mask, lengths);
-//  * the un-absorbed prefill attention (spec 5.5 / 5.6): the new tokens
+//    metadata alone (docs/design/mla.md §5.3 rows A, D, E: layout, mask, lengths);
+//  * the un-absorbed prefill attention (docs/design/mla.md §5.5 / §5.6): the new tokens
 //    causally, then each cached context chunk gathered from the caches,
-//    up-projected by kv_b_proj, attended and merged by LSE (DCP: spec 7.4).
+//    up-projected by kv_b_proj, attended and merged by LSE (DCP: docs/design/mla.md §6.3).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,7 +33,7 @@ inline void assign(std::optional<at::Tensor>& dst, const at::Tensor& src) {
   if (!dst.has_value() || !dst->is_same(src)) dst = src;
 }
 
-// Spec 5.3 rows A (speculative: TND), D (NZ caches: BSND), E (BNSD).
+// docs/design/mla.md §5.3 rows A (speculative: TND), D (NZ caches: BSND), E (BNSD).
 DecodeLayout decode_layout_of(const Metadata& md, bool kv_nz);
 
 // Checks one of a layer's caches: nope (width L) or rope (width R), ND
@@ -50,7 +50,7 @@ void set_latent_decode_params(const Metadata& md, DecodeLayout layout, int64_t h
 
 // The prefill attention's fixed inputs.
 struct PrefillSpec {
-  int64_t heads = 0, heads_padded = 0;  // concatenated q/k when they differ (spec 5.5)
+  int64_t heads = 0, heads_padded = 0;  // concatenated q/k when they differ (docs/design/mla.md §5.5)
   int64_t kv_lora_rank = 0, nope_dim = 0, rope_dim = 0, v_head_dim = 0;
   double scale = 0.0;
   at::Tensor kv_b_proj;                  // (H*(P+V), L): the context chunks' up-projection

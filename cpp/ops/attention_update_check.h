@@ -3,8 +3,8 @@
 // the CPU twin and the no-compute kernel (reached by name through the
 // dispatcher too). The limits: the torch_npu 2.14.0 documentation
 // (_op_plugin_docs.py: lse FLOAT (M), local_out FLOAT/FLOAT16/BFLOAT16 (M, D),
-// lse_out valid for update_type 1) and the kernel's limits of spec cp.md 6.1 /
-// 10.12 (N in [1, 16] partials, D a multiple of 8 in [8, 512]). update_type
+// lse_out valid for update_type 1) and the kernel's limits of docs/design/cp.md §7.1
+//  (N in [1, 16] partials, D a multiple of 8 in [8, 512]). update_type
 // other than 0 / 1 is refused as not supported (the documentation defines no
 // other). Where the documentation is silent: every partial on one device, all
 // local_out of one dtype, M may be 0; strides are not restricted (the twin

@@ -1,7 +1,7 @@
 // Typed wrappers of vllm-ascend's DSA compressor operators (issue 12): one
 // dispatcher handle per operator, namespace `_C_ascend` on the NPU,
 // `ascend_cpu_va` / `ascend_noop_va` here. Semantics and the decisions taken
-// where the spec is silent: include/ascend_attn_rt/ops/dsa_compressor.h.
+// where upstream is silent: include/ascend_attn_rt/ops/dsa_compressor.h.
 #include "ascend_attn_rt/ops/dsa_compressor.h"
 
 #include "op_handle.h"

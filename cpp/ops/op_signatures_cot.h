@@ -1,5 +1,5 @@
 // Internal: the typed signatures of CANN's cann_ops_transformer operators
-// (SparseFlashMla, spec sparse.md 7.2), in the style of op_signatures.h.
+// (SparseFlashMla, docs/design/dsa.md §4.2), in the style of op_signatures.h.
 #pragma once
 
 #include "op_signatures.h"
@@ -7,7 +7,7 @@
 namespace aar::ops::sig {
 
 // ---- CANN cann_ops_transformer::sparse_flash_mla (+ _metadata): SparseFlashMla,
-// the A5 + bf16-cache DeepSeek-V4 attention (spec sparse.md 7.2).
+// the A5 + bf16-cache DeepSeek-V4 attention (docs/design/dsa.md §4.2).
 #define AAR_SMLA_TENSOR_PARAMS                                                                          \
   sig::OptT ori_kv, sig::OptT cmp_kv, sig::OptT ori_sparse_indices, sig::OptT cmp_sparse_indices,        \
       sig::OptT ori_block_table, sig::OptT cmp_block_table, sig::OptT cu_seqlens_q,                      \

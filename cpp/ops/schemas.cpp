@@ -239,7 +239,7 @@ const std::vector<OpSchema>& op_schemas() {
         "int? x2_dtype=None, int? pertoken_scale_dtype=None, int? scale_dtype=None, int[]? group_sizes=None, "
         "Tensor? y_scale=None) -> Tensor",
        false},
-      // ---- the A5 MX-fp8 o_proj of the DeepSeek-V4 attention (issue 12, spec sparse.md 6.8 step 4)
+      // ---- the A5 MX-fp8 o_proj of the DeepSeek-V4 attention (issue 12, docs/design/dsa.md §5.2)
       {"npu_dynamic_mx_quant",
         "npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode=\"rint\", int dst_type=296, "
         "int block_size=32, int? scale_alg=0, float dst_type_max=0.0, float max_low_bound=0.0) -> (Tensor, Tensor)",

@@ -1,7 +1,7 @@
 // The schema table of CANN's torch-extension operators (library
 // `cann_ops_transformer`) that the runtime calls: SparseFlashMla and its
-// tiling-metadata operator, the A5 + bf16-cache DeepSeek-V4 attention (spec
-// sparse.md 7.2). Every string is copied verbatim from
+// tiling-metadata operator, the A5 + bf16-cache DeepSeek-V4 attention
+// (docs/design/dsa.md §4.2). Every string is copied verbatim from
 // third_party/cann_ops_transformer_ops.txt (hicann/ops-transformer
 // torch_extension/cann_ops_transformer/ops/sparse_flash_mla.py at commit
 // 331ff3ce). Our CPU twins (`ascend_cpu_cot`) and no-compute kernels

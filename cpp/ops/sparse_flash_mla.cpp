@@ -1,5 +1,5 @@
 // Typed wrappers for CANN's cann_ops_transformer::sparse_flash_mla and
-// sparse_flash_mla_metadata (SparseFlashMla, spec sparse.md 7.2), and the
+// sparse_flash_mla_metadata (SparseFlashMla, docs/design/dsa.md §4.2), and the
 // sharedkv -> SparseFlashMla argument adapter. Validation of the operator
 // arguments is the provider's; the adapter validates what it derives.
 #include <ATen/ATen.h>

@@ -1,4 +1,4 @@
-// Attention state selection (spec gqa.md 2.1).
+// Attention state selection (docs/design/gqa.md §2.1).
 #include "ascend_attn_rt/plan/attention_state.h"
 
 #include "ascend_attn_rt/errors.h"
@@ -56,7 +56,7 @@ AttentionState select_attention_state(const StateInputs& in) {
       }
     }
   }
-  // Spec 2.1's three flags (detail::state_from_flags), as OR-reductions over
+  // docs/design/gqa.md §2.1's three flags (detail::state_from_flags), as OR-reductions over
   // the validated values: all computed == 0, all scheduled == 1, all
   // scheduled - spec == 1.
   int32_t any_computed = 0, sched_not_one = 0, valid_not_one = 0;

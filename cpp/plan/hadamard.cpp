@@ -1,4 +1,4 @@
-// Sylvester Hadamard matrices (spec sparse.md 1.5).
+// Sylvester Hadamard matrices (docs/design/sparse.md §3).
 #include "ascend_attn_rt/plan/hadamard.h"
 
 #include "ascend_attn_rt/errors.h"

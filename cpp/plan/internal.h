@@ -15,7 +15,7 @@
 
 namespace aar::plan::detail {
 
-// Spec 2.1 rows 1-5 and the post-rule, from the three per-batch flags
+// docs/design/gqa.md §2.1 rows 1-5 and the post-rule, from the three per-batch flags
 // (all computed == 0, all scheduled == 1, all scheduled - spec == 1).
 inline AttentionState state_from_flags(bool empty, bool all_fresh, bool all_sched_one, bool all_valid_one,
                                        SpecMethod method, bool chunked_prefill_enabled) {

@@ -1,4 +1,4 @@
-// Decode-first batch reorder (spec gqa.md 4.3) with the minimal number of swaps.
+// Decode-first batch reorder (docs/design/gqa.md §2.3) with the minimal number of swaps.
 //
 // Each request has a target region (its class); a position is misplaced when
 // the request sitting there belongs to another region. Let M[b][a] be the number

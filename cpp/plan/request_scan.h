@@ -19,7 +19,7 @@ namespace aar::plan::detail {
 inline constexpr std::size_t kStashRows = 1024;
 
 struct RequestScan {
-  // Inputs of the attention-state rule (spec gqa 2.1).
+  // Inputs of the attention-state rule (docs/design/gqa.md §2.1).
   bool all_fresh = true;      // every seq_len == query length
   bool all_sched_one = true;  // every query length == 1
   bool all_valid_one = true;  // every query length - num_spec == 1

@@ -1,4 +1,4 @@
-// Length-convention conversions and FIA batch padding (spec gqa.md 4.1 step 10, 4.7).
+// Length-convention conversions and FIA batch padding (docs/design/gqa.md §2.5).
 #include "ascend_attn_rt/plan/seq_lens.h"
 
 #include "ascend_attn_rt/errors.h"

@@ -1,4 +1,4 @@
-// Flat KV-cache slot of every scheduled token (spec gqa.md 4.4, no DCP/PCP).
+// Flat KV-cache slot of every scheduled token (docs/design/gqa.md §2.4, no DCP/PCP).
 #include "ascend_attn_rt/plan/slot_mapping.h"
 
 #include <cstdint>

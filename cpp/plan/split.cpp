@@ -1,4 +1,4 @@
-// Decode/prefill split (spec gqa.md 4.2), without the DCP override (step 1) and
+// Decode/prefill split (docs/design/gqa.md §2.2), without the DCP override (step 1) and
 // the PD recompute-scheduler rule (step 4): those belong to the callers.
 #include "ascend_attn_rt/plan/split.h"
 

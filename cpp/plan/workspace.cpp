@@ -1,4 +1,4 @@
-// Workspace sizing and kernel-selection rules (spec gqa.md 9.6, 9.7, 9.13).
+// Workspace sizing and kernel-selection rules (docs/design/gqa.md §2.6).
 #include "ascend_attn_rt/plan/workspace.h"
 
 #include <algorithm>

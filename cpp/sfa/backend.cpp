@@ -1,4 +1,4 @@
-// SFA backend facts and the cache-tuple composition (spec sparse.md 2.1, 3.1, 4).
+// SFA backend facts and the cache-tuple composition (docs/design/sfa.md §2.1, §2.2, §2.3).
 #include "ascend_attn_rt/sfa/backend.h"
 
 #include <ATen/ATen.h>
@@ -101,7 +101,7 @@ ComposedKvCache compose_kv_cache(const std::vector<at::Tensor>& main, const std:
     const std::string nope = entry("main_kv_cache", 0, "k_nope"), pe = entry("main_kv_cache", 1, "k_pe");
     check_cache_tensor(main[0], nope);
     check_cache_tensor(main[1], pe);
-    // The forward routes by the latent cache's dtype (spec 3.6): a byte cache
+    // The forward routes by the latent cache's dtype (docs/design/sfa.md §4.1): a byte cache
     // here would take the KV-quant path with the SFA C8 flag off.
     AAR_CHECK_ARG(is_model_dtype(main[0].scalar_type()), nope,
                   " must be float16, bfloat16 or float32 without SFA C8, got ", main[0].scalar_type(),
@@ -121,7 +121,7 @@ ComposedKvCache compose_kv_cache(const std::vector<at::Tensor>& main, const std:
   ComposedKvCache out;
   out.caches = main;
   out.num_main = static_cast<int32_t>(main.size());
-  if (indexer.empty()) return out;  // a layer without an indexer reuses the last top-k (spec 3.3 step 6)
+  if (indexer.empty()) return out;  // a layer without an indexer reuses the last top-k (docs/design/sparse.md §6)
 
   const size_t want_idx = li_c8 ? 2 : 1;
   AAR_CHECK_ARG(indexer.size() == want_idx, "indexer_kv_cache has ", indexer.size(), " tensors, expected ", want_idx,
@@ -137,7 +137,7 @@ ComposedKvCache compose_kv_cache(const std::vector<at::Tensor>& main, const std:
     const at::Tensor& s = indexer[1];
     check_cache_tensor(s, sn);
     const at::ScalarType want_scale = kt == at::kChar ? at::kHalf : at::kFloat;
-    AAR_CHECK_ARG(s.scalar_type() == want_scale, sn, " must be ", want_scale, " for ", kt, " keys (spec 3.1: ",
+    AAR_CHECK_ARG(s.scalar_type() == want_scale, sn, " must be ", want_scale, " for ", kt, " keys (docs/design/sfa.md §2.2: ",
                   "int8 keys with fp16 scales on A2/A3, fp8 keys with fp32 scales on A5), got ", s.scalar_type());
     AAR_CHECK_ARG(s.size(3) == 1 && s.size(0) == k.size(0) && s.size(1) == k.size(1), sn,
                   " must be (num_blocks, block_size, 1, 1) with idx_k's blocks ", k.sizes(), ", got ", s.sizes());
@@ -148,7 +148,7 @@ ComposedKvCache compose_kv_cache(const std::vector<at::Tensor>& main, const std:
   for (size_t i = 0; i < indexer.size(); ++i) check_device(indexer[i], entry("indexer_kv_cache", i, i ? "idx_scale" : "idx_k"));
   const int64_t main_nb = main[0].size(0), main_bs = main[0].size(1);
   AAR_CHECK_ARG(k.size(1) == main_bs, kn, " has block_size ", k.size(1), " but main_kv_cache[0] has ", main_bs,
-                " (the indexer cache shares the main group's block ids, spec 4)");
+                " (the indexer cache shares the main group's block ids, docs/design/sfa.md §2.3)");
   AAR_CHECK_ARG(k.size(0) > 0 ? (main_nb > 0 && k.size(0) % main_nb == 0) : main_nb == 0, kn, " has ", k.size(0),
                 " blocks, not a positive multiple of main_kv_cache[0]'s ", main_nb,
                 " (the same blocks, or dcp copies of them under DCP)");

@@ -251,7 +251,7 @@ void bind_sfa(nb::module_& root) {
         return nb::make_tuple(nb::tuple(caches), k, s);
       },
       "main_kv_cache"_a, "indexer_kv_cache"_a = nb::none(), nb::kw_only(), "sfa_c8"_a = false, "li_c8"_a = false,
-      "Spec 3.1: (composed tuple, indexer_k index or None, indexer_scale index or None); no indexer part: the "
+      "docs/design/sfa.md §2.2: (composed tuple, indexer_k index or None, indexer_scale index or None); no indexer part: the "
       "main tuple.");
 
   nb::class_<sfa::TopkBuffer>(m, "TopkBuffer")
@@ -272,7 +272,7 @@ void bind_sfa(nb::module_& root) {
           "Copy a (T, 1, K) or (T, K) int32 selection into the first T rows; returns view(T).");
 
   nb::class_<sfa::HostKvPool>(m, "HostKvPool",
-                              "The KV-offload host pool (spec 5) in POSIX shared memory: per layer k (nb, bs, 1, "
+                              "The KV-offload host pool (docs/design/sfa.md §6) in POSIX shared memory: per layer k (nb, bs, 1, "
                               "kv_lora_rank) and v (nb, bs, 1, qk_rope_head_dim) bf16; one owner writes, other "
                               "processes attach read-only by name.")
       .def_static(
@@ -339,7 +339,7 @@ void bind_sfa(nb::module_& root) {
       .def("before_onload", &sfa::OffloadCopyHooks::before_onload)
       .def("onload", &sfa::OffloadCopyHooks::onload, "dst_rows"_a, "dst_index"_a, "src_rows"_a, "src_index"_a);
 
-  nb::class_<sfa::OffloadConfig>(m, "OffloadConfig", "A layer's KV-offload settings (spec 5; sfa/offload.h).")
+  nb::class_<sfa::OffloadConfig>(m, "OffloadConfig", "A layer's KV-offload settings (docs/design/sfa.md §6; sfa/offload.h).")
       .def(
           "__init__",
           [](sfa::OffloadConfig* self, std::shared_ptr<sfa::HostKvPool> pool, int64_t pool_layer,
@@ -372,7 +372,7 @@ void bind_sfa(nb::module_& root) {
         "num_speculative_tokens"_a = 0, "min(max_num_tokens, max_num_reqs * (1 + num_speculative_tokens))");
 
   nb::class_<sfa::BuilderOffloadConfig>(m, "BuilderOffloadConfig",
-                                        "The KV-offload builder's settings (spec 5, \"Builder\").")
+                                        "The KV-offload builder's settings (docs/design/sfa.md §6, \"Builder\").")
       .def(
           "__init__",
           [](sfa::BuilderOffloadConfig* self, bool is_decode_consumer) {
@@ -511,7 +511,7 @@ void bind_sfa(nb::module_& root) {
       .def("draft_generation", &sfa::MetadataBuilder::draft_generation, "draft_index"_a);
 
   nb::class_<sfa::IndexerMetadataBuilder>(m, "IndexerMetadataBuilder",
-                                          "The indexer cache group's builder (spec 4): no metadata of its own; the "
+                                          "The indexer cache group's builder (docs/design/sfa.md §2.3): no metadata of its own; the "
                                           "indexer reads the main group's sfa.Metadata.")
       .def(nb::init<>())
       .def_prop_ro_static("reorder_batch_threshold",
@@ -644,7 +644,7 @@ void bind_sfa(nb::module_& root) {
           "(resident_rows, topk_buffer_size) int32: the token each resident slot holds (-1: empty).")
       .def("reset_resident", &sfa::Impl::reset_resident, "Forgets every resident row (the LRU).");
 
-  // Spec 3.2's selection table on its own (sfa/preprocess.h).
+  // docs/design/sfa.md §4.2's selection table on its own (sfa/preprocess.h).
   m.def(
       "resolve_preprocess",
       [](const std::string& quant_type, bool has_q_lora, bool is_kv_consumer, bool is_kv_producer, bool enable_mlapo,
@@ -666,7 +666,7 @@ void bind_sfa(nb::module_& root) {
       nb::kw_only(), "quant_type"_a = "none", "has_q_lora"_a = true, "is_kv_consumer"_a = false,
       "is_kv_producer"_a = false, "enable_mlapo"_a = false, "enable_sparse_sfa_c8"_a = false,
       "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "kv_offload"_a = false,
-      "Spec sparse.md 3.2: (\"native\" | \"prolog_v3\" | \"mlapo\", reason).");
+      "docs/design/sfa.md §4.2: (\"native\" | \"prolog_v3\" | \"mlapo\", reason).");
   m.def(
       "runtime_preprocess",
       [](const std::string& resolved, plan::AttentionState state, int64_t num_input_tokens) {
@@ -682,9 +682,9 @@ void bind_sfa(nb::module_& root) {
         return std::string(sfa::to_string(sfa::runtime_preprocess(p, state, num_input_tokens)));
       },
       "resolved"_a, "attn_state"_a, "num_input_tokens"_a,
-      "The per-call path of a layer that resolved to `resolved` (spec 3.2's downgrade rules).");
+      "The per-call path of a layer that resolved to `resolved` (docs/design/sfa.md §4.2's downgrade rules).");
 
-  // The plan layer's spec 1.4 mask, next to the other plan functions.
+  // The plan layer's docs/design/sparse.md §8 mask, next to the other plan functions.
   nb::module_ p = nb::borrow<nb::module_>(root.attr("plan"));
   p.def(
       "build_valid_topk_mask",
@@ -702,7 +702,7 @@ void bind_sfa(nb::module_& root) {
         return out;
       },
       "topk"_a, "thresholds"_a,
-      "Spec 1.4: (topk >= 0) & (topk < threshold of the row), for host int32 topk (..., K) and one int32 "
+      "docs/design/sparse.md §8: (topk >= 0) & (topk < threshold of the row), for host int32 topk (..., K) and one int32 "
       "threshold per row (thresholds.numel() == topk.numel() / K); returns a bool tensor of topk's shape.");
 }
 

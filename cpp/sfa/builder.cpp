@@ -1,4 +1,4 @@
-// SFA metadata builder (spec sparse.md 2.2, 2.3). The layout and the lane
+// SFA metadata builder (docs/design/sfa.md §3.1, §3.2). The layout and the lane
 // model are described in include/ascend_attn_rt/sfa/builder.h.
 #include "ascend_attn_rt/sfa/builder.h"
 
@@ -216,7 +216,7 @@ class MetadataBuilder::Lane {
     return token_region_;
   }
 
-  // The metadata's offload part (spec 5) of a build planned into host buffer
+  // The metadata's offload part (docs/design/sfa.md §6) of a build planned into host buffer
   // `turn` (data s).
   void fill_offload(const int32_t* s, int turn, const TokenRegion& tr, const plan::SfaStepPlan& p) {
     const int64_t MB = cfg_.max_blocks_per_req;
@@ -303,10 +303,10 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(static_cast<int64_t>(cfg.num_blocks) * cfg.block_size <= INT32_MAX, "num_blocks=", cfg.num_blocks,
                 " x block_size=", cfg.block_size, " exceeds the int32 slot range");
   AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
-                "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, spec 2.3), got ",
+                "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, docs/design/sfa.md §3.2), got ",
                 cfg.num_speculative_tokens);
   AAR_CHECK_ARG(!(cfg.offload.has_value() && cfg.graph_decode_padding), "graph_decode_padding pads graph "
-                "buckets, but the KV-offload path is eager only (spec 5: upstream runs its LRU as a host callback "
+                "buckets, but the KV-offload path is eager only (docs/design/sfa.md §6: upstream runs its LRU as a host callback "
                 "inside the graph; not implemented): drop one of offload / graph_decode_padding");
   const int32_t drafts = cfg.num_drafts.value_or(cfg.num_speculative_tokens);
   AAR_CHECK_ARG(drafts >= 0 && drafts <= 15, "num_drafts must be in [0, 15], got ", drafts);
@@ -342,10 +342,10 @@ const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, 
   static const core::StateSet capturable = Backend::facts().capturable;
   if (!core::has_state(capturable, state)) {
     throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
-                        " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, spec 2.3)");
+                        " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, docs/design/sfa.md §3.2)");
   }
   if (cfg_.offload.has_value()) {
-    throw_not_supported("build_for_graph_capture: the KV-offload builder is eager only (spec 5's resident path "
+    throw_not_supported("build_for_graph_capture: the KV-offload builder is eager only (docs/design/sfa.md §6's resident path "
                         "plans its copies on the host per step; upstream's host-callback capture is not implemented)");
   }
   Metadata& md = lanes_[0]->build(in);
@@ -374,7 +374,7 @@ const Metadata* IndexerMetadataBuilder::build_for_graph_capture(const BuildInput
   static const core::StateSet capturable = Backend::facts().capturable;
   if (!core::has_state(capturable, state)) {
     throw_not_supported("IndexerMetadataBuilder.build_for_graph_capture: attention state ", plan::to_string(state),
-                        " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, spec 2.3)");
+                        " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, docs/design/sfa.md §3.2)");
   }
   return nullptr;
 }

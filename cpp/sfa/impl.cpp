@@ -1,4 +1,4 @@
-// Per-layer SFA forward (spec sparse.md section 3).
+// Per-layer SFA forward (docs/design/sfa.md §4).
 #include "ascend_attn_rt/sfa/impl.h"
 
 #include <ATen/ATen.h>
@@ -42,17 +42,17 @@ using mla::detail::LatentCore;
 
 using detail::set;
 
-// The layout every SFA cache is read in (contiguous, spec 3.1).
+// The layout every SFA cache is read in (contiguous, docs/design/sfa.md §2.2).
 constexpr const char* kCacheLayout = "(num_blocks, block_size, 1, head_dim)";
 
-// What a C8 cache's dtype must be, per device kind (spec 3.1), for messages.
+// What a C8 cache's dtype must be, per device kind (docs/design/sfa.md §2.2), for messages.
 const char* c8_dtype_rule(plan::DeviceKind k) {
-  return k == plan::DeviceKind::A5 ? "the C8 dtype of device_kind a5; spec 3.1: int8 on A2/A3, float8_e4m3fn on A5"
-                                   : "the C8 dtype of device_kind a2/a3; spec 3.1: int8 on A2/A3, float8_e4m3fn on A5";
+  return k == plan::DeviceKind::A5 ? "the C8 dtype of device_kind a5; docs/design/sfa.md §2.2: int8 on A2/A3, float8_e4m3fn on A5"
+                                   : "the C8 dtype of device_kind a2/a3; docs/design/sfa.md §2.2: int8 on A2/A3, float8_e4m3fn on A5";
 }
 const char* c8_scale_rule(plan::DeviceKind k) {
-  return k == plan::DeviceKind::A5 ? "the LI C8 scale dtype of device_kind a5; spec 3.1: fp16 on A2/A3, fp32 on A5"
-                                   : "the LI C8 scale dtype of device_kind a2/a3; spec 3.1: fp16 on A2/A3, fp32 on A5";
+  return k == plan::DeviceKind::A5 ? "the LI C8 scale dtype of device_kind a5; docs/design/sfa.md §2.2: fp16 on A2/A3, fp32 on A5"
+                                   : "the LI C8 scale dtype of device_kind a2/a3; docs/design/sfa.md §2.2: fp16 on A2/A3, fp32 on A5";
 }
 
 bool is_one_byte_cache_dtype(at::ScalarType t) {
@@ -119,36 +119,36 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   if (cfg_.li_c8) {
     const int64_t D = cfg_.indexer->head_dim;
     AAR_CHECK_ARG(plan::is_power_of_two(D) && D <= 4096, "li_c8: the indexer head_dim=", D,
-                  " must be a power of two (the Sylvester Hadamard rotation of spec 1.5; DeepSeek-V3.2: 128)");
+                  " must be a power of two (the Sylvester Hadamard rotation of docs/design/sparse.md §3; DeepSeek-V3.2: 128)");
   }
   if (cfg_.sfa_c8) {
     AAR_CHECK_ARG(d.kv_lora_rank == ops::kSfaC8NopeDim && d.qk_rope_head_dim == ops::kSfaC8RopeDim,
                   "sfa_c8: the packed SFA C8 rows hold kv_lora_rank=", ops::kSfaC8NopeDim, " and qk_rope_head_dim=",
-                  ops::kSfaC8RopeDim, " (spec 1.3.1), got kv_lora_rank=", d.kv_lora_rank, ", qk_rope_head_dim=",
+                  ops::kSfaC8RopeDim, " (docs/design/sfa.md §5), got kv_lora_rank=", d.kv_lora_rank, ", qk_rope_head_dim=",
                   d.qk_rope_head_dim);
   }
-  // Spec 5: the offload's configuration checks, before the preprocess (which it forces).
+  // docs/design/sfa.md §6: the offload's configuration checks, before the preprocess (which it forces).
   if (cfg_.offload.has_value()) {
     const OffloadConfig& oc = *cfg_.offload;
-    AAR_CHECK_ARG(!cfg_.sfa_c8, "offload: the SFA C8 main cache (sfa_c8=True) cannot be offloaded (spec 5: the "
+    AAR_CHECK_ARG(!cfg_.sfa_c8, "offload: the SFA C8 main cache (sfa_c8=True) cannot be offloaded (docs/design/sfa.md §6: the "
                   "main cache must be BF16; LI C8 is allowed)");
     AAR_CHECK_ARG(!cfg_.preprocess.dsa_cp && cfg_.preprocess.dcp_size <= 1, "offload: context parallel (dsa_cp=",
                   cfg_.preprocess.dsa_cp ? "True" : "False", ", dcp_size=", cfg_.preprocess.dcp_size,
-                  ") is not allowed with KV offload (spec 5)");
+                  ") is not allowed with KV offload (docs/design/sfa.md §6)");
     const at::ScalarType dt = mla::activation_dtype(weights);
-    AAR_CHECK_ARG(dt == at::kBFloat16, "offload: the main cache must be bfloat16 (spec 5; the host pool holds bf16 "
+    AAR_CHECK_ARG(dt == at::kBFloat16, "offload: the main cache must be bfloat16 (docs/design/sfa.md §6; the host pool holds bf16 "
                   "rows), but the layer's cache dtype (its weights' dtype) is ", dt);
     AAR_CHECK_ARG(oc.is_decode_consumer || oc.keep_device_kv_cache, "offload: is_decode_consumer=False and "
                   "keep_device_kv_cache=False: the offloaded layer must be a PD decode consumer, or keep the device "
-                  "KV cache for its prefills (spec 5)");
+                  "KV cache for its prefills (docs/design/sfa.md §6)");
     if (cfg_.indexer.has_value()) {
       AAR_CHECK_ARG(oc.topk_buffer_size >= cfg_.indexer->topk, "offload.topk_buffer_size=", oc.topk_buffer_size,
-                    " must be >= index_topk=", cfg_.indexer->topk, " (spec 5: every top-k entry needs a resident slot)");
+                    " must be >= index_topk=", cfg_.indexer->topk, " (docs/design/sfa.md §6: every top-k entry needs a resident slot)");
     }
   }
   AAR_CHECK_ARG(!cfg_.preprocess.kv_offload || cfg_.offload.has_value(), "preprocess.kv_offload is set but offload "
                 "is not: the layer's KV offload is ImplConfig::offload (the preprocess selection follows it)");
-  // Spec 3.2: the preprocess, once.
+  // docs/design/sfa.md §4.2: the preprocess, once.
   PreprocessConfig pc = cfg_.preprocess;
   pc.kv_offload = cfg_.offload.has_value();
   pc.has_q_lora = d.q_lora_rank.has_value();
@@ -264,7 +264,7 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
-  // Spec 3.1: the main part, then the indexer part, per the layer's flags.
+  // docs/design/sfa.md §2.2: the main part, then the indexer part, per the layer's flags.
   const bool has_idx = cfg_.indexer.has_value();
   const bool sfa_c8 = cfg_.sfa_c8, li_c8 = cfg_.li_c8;
   // KV offload without keep_device_kv_cache: no main cache on the device.
@@ -327,20 +327,20 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   }
   if (offload_ != nullptr) {
     offload_->check(md, has_idx ? cfg_.indexer->topk : topk->index_topk());
-    // Spec 5's table: a step with prefills writes and reads the device cache.
+    // docs/design/sfa.md §6's table: a step with prefills writes and reads the device cache.
     const bool decode_only = (md.attn_state == plan::AttentionState::DecodeOnly ||
                               md.attn_state == plan::AttentionState::SpecDecoding) &&
                              md.num_prefills == 0 && md.num_decodes > 0;
     AAR_CHECK_ARG(decode_only || tk == 0 || cfg_.offload->keep_device_kv_cache, "a step with prefills (num_prefills=",
                   md.num_prefills, ", num_decodes=", md.num_decodes, ", attn_state=", plan::to_string(md.attn_state),
                   ") needs offload.keep_device_kv_cache=True: only decode-only steps run without the device KV "
-                  "cache (spec 5)");
+                  "cache (docs/design/sfa.md §6)");
   }
   return c;
 }
 
 void Impl::indexer_rope_(const at::Tensor& head, const at::Tensor& cos, const at::Tensor& sin) {
-  // RoPE on the first R dims of each indexer head (spec 1.1.1), in place:
+  // RoPE on the first R dims of each indexer head (docs/design/sparse.md §2), in place:
   // `head` is the (tk, 1, heads, R) view of those dims (BSND with S = 1, the
   // angles BS1D); the rotated values are written back over them, the rest of
   // the head stays.
@@ -362,7 +362,7 @@ void Impl::indexer_rope_(const at::Tensor& head, const at::Tensor& cos, const at
 
 at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const Caches& c, const Metadata& md,
                               int64_t tk) {
-  // Spec 1.2 / 3.4: keys (LayerNorm, RoPE) written into the indexer cache at
+  // docs/design/sparse.md §4 / docs/design/sfa.md §4.3: keys (LayerNorm, RoPE) written into the indexer cache at
   // the step's full slot mapping, weights, queries (RoPE), then the indexer.
   // The intermediates live in the shared indexer workspace and every view of
   // the step's tensors is cached: a steady-state call makes none.
@@ -401,7 +401,7 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
   a.layout_key = "PA_BSND";
   a.sparse_count = ic.topk;
   a.sparse_mode = 3;
-  // Spec 3.4's dispatch: glm_moe_dsa and A5 take torch_npu's indexer, the rest vllm-ascend's.
+  // docs/design/sfa.md §4.3's dispatch: glm_moe_dsa and A5 take torch_npu's indexer, the rest vllm-ascend's.
   const ops::OpLibrary lib = ic.glm_moe_dsa || cfg_.device_kind == plan::DeviceKind::A5 ? ops::OpLibrary::TorchNpu
                                                                                          : ops::OpLibrary::VllmAscend;
   return std::get<0>(ops::lightning_indexer(a, lib));
@@ -409,7 +409,7 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
 
 at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights,
                                     const Caches& c, const Metadata& md, at::Tensor& k_rows, const at::Tensor& slots) {
-  // Spec 1.2.1 / 3.4, LI C8: the Hadamard rotation (after RoPE), per-token key
+  // docs/design/sparse.md §4 / docs/design/sfa.md §4.3, LI C8: the Hadamard rotation (after RoPE), per-token key
   // and per-(token, head) query quantisation, the key bytes and scales written
   // at the full slot mapping, then the quantised indexer.
   const IndexerConfig& ic = *cfg_.indexer;
@@ -433,7 +433,7 @@ at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, co
   ops::LightningIndexerArgs& b = a.base;
   b.query = q_q;
   b.key = c.index_k;
-  b.weights = ops::dense::cast(weights, at::kHalf);  // spec 1.2: fp16 weights in the C8 path
+  b.weights = ops::dense::cast(weights, at::kHalf);  // docs/design/sparse.md §4: fp16 weights in the C8 path
   b.actual_seq_lengths_query = md.cum_query_lens;
   b.actual_seq_lengths_key = md.seq_lens;
   b.block_table = md.block_table;
@@ -446,13 +446,13 @@ at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, co
   a.key_dequant_scale = c.index_scale.squeeze(2);  // (nb, bs, 1)
   a.query_quant_mode = 0;
   a.key_quant_mode = 0;
-  // Spec 3.4: A2/A3 vllm-ascend's npu_lightning_indexer_quant, A5 torch_npu's npu_quant_lightning_indexer.
+  // docs/design/sfa.md §4.3: A2/A3 vllm-ascend's npu_lightning_indexer_quant, A5 torch_npu's npu_quant_lightning_indexer.
   return ops::quant_lightning_indexer(a, a5 ? ops::OpLibrary::TorchNpu : ops::OpLibrary::VllmAscend);
 }
 
 void Impl::store_packed_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, const Caches& c, const Metadata& md,
                              int64_t tk) {
-  // Spec 3.5 / 3.3 step 3: block-quantised k_nope, the rope bytes and the
+  // docs/design/sfa.md §5 / §4.1: block-quantised k_nope, the rope bytes and the
   // scale bytes in one 656-byte row per token, cache.view(-1, 656)[slot] = row
   // (slot -1 skipped by the scatter).
   const at::Tensor packed = ops::pack_sfa_c8_rows(k_nope, k_rope.view({tk, cfg_.dims.qk_rope_head_dim}),
@@ -467,7 +467,7 @@ void Impl::store_packed_rows(const at::Tensor& k_nope, const at::Tensor& k_rope,
 
 at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Caches& c,
                                   const Metadata& md) {
-  // Spec 3.6: routed by the main cache's dtype (validated against sfa_c8).
+  // docs/design/sfa.md §4.1: routed by the main cache's dtype (validated against sfa_c8).
   if (is_one_byte_cache_dtype(c.packed.defined() ? c.packed.scalar_type() : c.nope.scalar_type())) {
     ops::KvQuantSparseFlashAttentionArgs a;
     a.query = ops::dense::cat_last(qn, qr);  // (tk, H, L + R) = [ql_nope | q_pe]
@@ -522,7 +522,7 @@ const at::Tensor& Impl::select_topk(const at::Tensor& x, const mla::detail::Late
 
 void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                        const at::Tensor& output, int64_t tk) {
-  // Spec 5's table. The batch is decode-first (the builder checked): the
+  // docs/design/sfa.md §6's table. The batch is decode-first (the builder checked): the
   // md.num_decode_tokens leading tokens take the resident path.
   const int64_t rows = hidden.size(0), ndt = md.num_decode_tokens, R = cfg_.dims.qk_rope_head_dim;
   const at::Tensor x = rows == tk ? hidden : hidden.narrow(0, 0, tk);
@@ -532,7 +532,7 @@ void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata
   s.cos = md.cos;
   s.sin = md.sin;
   s.slots = md.slot_mapping;
-  last_pre_ = Preprocess::Native;  // forced (spec 5)
+  last_pre_ = Preprocess::Native;  // forced (docs/design/sfa.md §6)
   OffloadStepStats& st = offload_->stats();
   st = OffloadStepStats{};
   const bool decode_only = md.num_prefills == 0 && ndt > 0 &&
@@ -564,7 +564,7 @@ void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata
   } else if (decode_only) {
     attn = at::cat({dec, at::zeros({tk - ndt, dec.size(1), dec.size(2)}, dec.options())});
   } else {
-    // The prefills on the device cache, their lengths rebased (spec 5).
+    // The prefills on the device cache, their lengths rebased (docs/design/sfa.md §6).
     const OffloadMetadata& o = md.offload;
     const int64_t np = tk - ndt;
     st.prefill_tokens = np;
@@ -604,14 +604,14 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   s.cos = md.cos;
   s.sin = md.sin;
   s.slots = md.slot_mapping;
-  // Spec 3.2: the resolved preprocess, downgraded to NATIVE outside
+  // docs/design/sfa.md §4.2: the resolved preprocess, downgraded to NATIVE outside
   // DecodeOnly / SpecDecoding steps and for MLAPO above 1024 input tokens.
   last_pre_ = runtime_preprocess(choice_.kind, md.attn_state, md.num_input_tokens);
   const mla::detail::Fused path = last_pre_ == Preprocess::PrologV3 ? mla::detail::Fused::PrologV3
                                   : last_pre_ == Preprocess::Mlapo  ? mla::detail::Fused::Mlapo
                                                                     : mla::detail::Fused::None;
   // SFA C8: NATIVE preprocesses without latent/rope cache writes and packs the
-  // latent key into the cache below (spec 3.3 step 3, 3.5); PROLOG_V3 writes
+  // latent key into the cache below (docs/design/sfa.md §4.1, §5); PROLOG_V3 writes
   // the packed rows itself (kv_cache_quant_mode 3; the rope cache is empty).
   mla::detail::LatentKv kv;
   const bool packed_here = cfg_.sfa_c8 && path == mla::detail::Fused::None;
@@ -661,7 +661,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     AAR_CHECK_ARG(hidden.size(0) == g->capturing_bucket(), "SFA graph capture of bucket ", g->capturing_bucket(),
                   " needs hidden_states of that many rows, got ", hidden.size(0));
     if (md.attn_state != plan::AttentionState::DecodeOnly && md.attn_state != plan::AttentionState::SpecDecoding) {
-      throw_not_supported("SFA graph capture takes DecodeOnly and SpecDecoding batches (spec 2.3), got ",
+      throw_not_supported("SFA graph capture takes DecodeOnly and SpecDecoding batches (docs/design/sfa.md §3.2), got ",
                           plan::to_string(md.attn_state));
     }
     g->capture_call(std::make_unique<graph::ClosureCall>(

@@ -1,4 +1,4 @@
-// One SFA layer's KV-offload state and data movements (spec sparse.md 5).
+// One SFA layer's KV-offload state and data movements (docs/design/sfa.md §6).
 #include "offload_layer.h"
 
 #include <ATen/ATen.h>
@@ -151,7 +151,7 @@ void OffloadLayer::check(const Metadata& md, int64_t K) const {
                 "offloaded layer needs");
   AAR_CHECK_ARG(o.decode_consumer == cfg_.is_decode_consumer, "the metadata's builder has is_decode_consumer=",
                 o.decode_consumer ? "True" : "False", " but the layer's offload.is_decode_consumer=",
-                cfg_.is_decode_consumer ? "True" : "False", " (the split rule and the layer must agree, spec 5)");
+                cfg_.is_decode_consumer ? "True" : "False", " (the split rule and the layer must agree, docs/design/sfa.md §6)");
   const HostKvPool& p = *cfg_.pool;
   AAR_CHECK_ARG(p.block_size() == md.block_size, "the host KV pool \"", p.name(), "\" has block_size=",
                 p.block_size(), " but the metadata's is ", md.block_size);
@@ -162,7 +162,7 @@ void OffloadLayer::check(const Metadata& md, int64_t K) const {
                 "layer's resident buffers have ", rows_, " rows (offload max_num_tokens=", cfg_.max_num_tokens,
                 ", max_num_reqs=", cfg_.max_num_reqs, ", num_speculative_tokens=", cfg_.num_speculative_tokens, ")");
   AAR_CHECK_ARG(K <= cfg_.topk_buffer_size, "the top-k holds ", K, " indices per token, more than offload."
-                "topk_buffer_size=", cfg_.topk_buffer_size, " resident slots per row (spec 5: topk_buffer_size >= "
+                "topk_buffer_size=", cfg_.topk_buffer_size, " resident slots per row (docs/design/sfa.md §6: topk_buffer_size >= "
                 "index_topk)");
 }
 
@@ -177,7 +177,7 @@ void OffloadLayer::commit(const at::Tensor& k, const at::Tensor& v, const Metada
 }
 
 void OffloadLayer::onload(const Metadata& md, int64_t rows, int64_t n) {
-  // Spec 5 step 3's addresses: token p of row t (request b) sits in pool row
+  // docs/design/sfa.md §6.3's addresses: token p of row t (request b) sits in pool row
   // block_table[b][p / bs] * bs + p % bs and goes to resident row t *
   // capacity + slot.
   const OffloadMetadata& o = md.offload;

@@ -1,5 +1,5 @@
 // Internal: one SFA layer's KV-offload state and its two data movements
-// (spec sparse.md 5; the design is in include/ascend_attn_rt/sfa/offload.h):
+// (docs/design/sfa.md §6; the design is in include/ascend_attn_rt/sfa/offload.h):
 // the commit of a step's new rows into the host pool, and the resident decode
 // path (top-k to the host, mask, the layer's ResidentLru, the misses' copies,
 // sparse attention over the resident buffers).

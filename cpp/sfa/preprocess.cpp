@@ -1,4 +1,4 @@
-// SFA preprocess selection (sfa/preprocess.h, spec sparse.md 3.2).
+// SFA preprocess selection (sfa/preprocess.h, docs/design/sfa.md §4.2).
 #include "ascend_attn_rt/sfa/preprocess.h"
 
 #include "ascend_attn_rt/errors.h"

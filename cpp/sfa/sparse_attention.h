@@ -1,5 +1,5 @@
-// Internal: the SFA layer's sparse flash attention call (spec sparse.md 1.3,
-// 3.6, unquantised latent caches), shared by the device-cache path
+// Internal: the SFA layer's sparse flash attention call (docs/design/sparse.md §5,
+// docs/design/sfa.md §4.1, unquantised latent caches), shared by the device-cache path
 // (sfa::Impl) and the KV-offload paths (the prefill part on the device cache,
 // the resident decode path on the resident buffers, cpp/sfa/offload_layer.h).
 #pragma once
@@ -32,7 +32,7 @@ struct SparseAttentionInputs {
   double scale;
 };
 
-// npu_sparse_flash_attention (vllm-ascend's) with spec 3.6's fixed arguments:
+// npu_sparse_flash_attention (vllm-ascend's) with docs/design/sfa.md §4.1's fixed arguments:
 // sparse_block_size 1, TND / PA_BSND, sparse_mode 3, attention_mode 2.
 // `args` persists between calls (a steady-state call assigns nothing new).
 inline at::Tensor sparse_attention(ops::SparseFlashAttentionArgs& a, const SparseAttentionInputs& in) {

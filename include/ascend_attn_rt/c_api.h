@@ -115,7 +115,7 @@ typedef enum aar_provider {
 } aar_provider_t;
 AAR_C_API aar_status_t aar_set_provider(aar_provider_t provider);
 
-/* Attention state of a step (spec gqa.md 2); AAR_STATE_AUTO: derived by the build. */
+/* Attention state of a step (docs/design/gqa.md §2.1); AAR_STATE_AUTO: derived by the build. */
 typedef enum aar_attn_state {
   AAR_STATE_AUTO = -1,
   AAR_STATE_PREFILL_NO_CACHE = 0,
@@ -150,7 +150,7 @@ typedef struct aar_gqa_builder_config {
   int32_t spec_method;            /* 0 none, 1 MTP, 2 other */
   int32_t chunked_prefill_enabled; /* 1 */
   int32_t pooling;                /* 0: model_runner_type == "pooling" */
-  int32_t pad_fia_batch;          /* 1: a dummy request for padded tokens (spec 4.7) */
+  int32_t pad_fia_batch;          /* 1: a dummy request for padded tokens (docs/design/gqa.md §2.5) */
   int32_t uniform_decode_padding; /* 0 */
   DLDevice device;                /* {kDLCPU, 0} */
   aar_tristate_t separate_device_buffers; /* AAR_DEFAULT: separate unless the device is the CPU */
@@ -197,7 +197,7 @@ AAR_C_API void aar_gqa_builder_destroy(aar_gqa_builder_t* builder);
 /* Validates, plans and stages one step; *out: the builder's metadata (see METADATA). */
 AAR_C_API aar_status_t aar_gqa_builder_build(aar_gqa_builder_t* builder, const aar_gqa_build_inputs_t* inputs,
                                              const aar_gqa_metadata_t** out);
-/* Graph capture of a bucket (spec 4.5): state DECODE_ONLY, CHUNKED_PREFILL or SPEC_DECODING. */
+/* Graph capture of a bucket (docs/design/gqa.md §3.4): state DECODE_ONLY, CHUNKED_PREFILL or SPEC_DECODING. */
 AAR_C_API aar_status_t aar_gqa_builder_build_for_graph_capture(aar_gqa_builder_t* builder,
                                                                const aar_gqa_build_inputs_t* inputs,
                                                                aar_attn_state_t state,
@@ -261,10 +261,10 @@ typedef struct aar_mla_builder_config {
   int32_t max_model_len;          /* 0: max_blocks_per_req * block_size */
   int32_t num_speculative_tokens; /* 0 */
   int32_t chunked_prefill_enabled; /* 1 */
-  int32_t graph_decode_padding;   /* 0 (spec 3.5 "enable-pad") */
+  int32_t graph_decode_padding;   /* 0 (docs/design/mla.md §3.5 "enable-pad") */
   int32_t disable_padded_drafter_batch; /* 0 */
   int64_t workspace_tokens;       /* 0: the upstream rule */
-  /* RoPE tables (max_position, R), both halves equal (spec 6.1); required.
+  /* RoPE tables (max_position, R), both halves equal (docs/design/mla.md §1.3); required.
    * The builder keeps a host copy: borrowed during create only. */
   const DLManagedTensor* cos_table;
   const DLManagedTensor* sin_table;
@@ -374,7 +374,7 @@ AAR_C_API void aar_graph_hooks_init(aar_graph_hooks_t* hooks);
 
 /* provider: "recording" (CPU: capture records, replay re-issues, hooks must be
  * NULL), "hooks" (NPU: hooks required), "noop" (hooks must be NULL).
- * use_max_workspace: 0 first-wins, 1 max over layers (spec 7.5). */
+ * use_max_workspace: 0 first-wins, 1 max over layers (docs/design/graph.md §2.2). */
 AAR_C_API aar_status_t aar_graph_params_create(const char* provider, const aar_graph_hooks_t* hooks,
                                                int32_t use_max_workspace, aar_graph_params_t** out);
 AAR_C_API void aar_graph_params_destroy(aar_graph_params_t* graph);
@@ -387,7 +387,7 @@ AAR_C_API aar_status_t aar_graph_abort_capture(aar_graph_params_t* graph);
  * metadata of KV-cache group g (its latest build). */
 AAR_C_API aar_status_t aar_graph_update_gqa(aar_graph_params_t* graph, int64_t num_tokens,
                                             const aar_gqa_metadata_t* const* groups, size_t num_groups);
-/* Draft model (spec 7.8): per-(draft step, layer) metadata cycled over the calls. */
+/* Draft model (docs/design/graph.md §1.2): per-(draft step, layer) metadata cycled over the calls. */
 AAR_C_API aar_status_t aar_graph_update_draft_gqa(aar_graph_params_t* graph, int64_t num_tokens,
                                                   const aar_gqa_metadata_t* const* per_call, size_t num_calls);
 AAR_C_API aar_status_t aar_graph_update_mla(aar_graph_params_t* graph, int64_t num_tokens,

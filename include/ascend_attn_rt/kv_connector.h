@@ -1,40 +1,10 @@
-// KV-connector hooks: what a KV connector (prefill/decode disaggregation, KV
-// pools) needs around a layer's attention, named after vLLM's worker-side
-// KVConnectorBase_V1 API (wait_for_layer_load, save_kv_layer) and the two
-// attention-layer hooks vLLM wraps around attention
-// (wait_for_kv_layer_from_connector before, maybe_save_kv_layer_to_connector
-// after).
-//
-// Every backend's Impl has a public `kv_hooks` (KvHooks). With no connector
-// set (the default) each hook point is one null-pointer test: no virtual call,
-// no allocation. With a connector, an eager forward with metadata calls, in
-// this order:
-//   1. wait_for_layer_load(layer)            before any operator of the layer
-//                                            (after input validation, so a
-//                                            rejected call makes no hook call)
-//   2. on_kv_cache_written(layer, wrote)     after the layer's cache writes
-//   3. save_kv_layer(layer, kv_layer, md)    last, after attention and o_proj
-// Layers that write no cache (KV-sharing layers, inputs without key/value,
-// DSA layers with nothing to write) still get all three, with wrote = false,
-// as vLLM calls its hooks for every attention layer.
-//
-// Decisions where vLLM is silent:
-//  * 2 and 3 are called together at the end of the forward. On the device every
-//    operator is enqueued on one stream, so "written" is a host-order fact; a
-//    connector must order its transfers on the stream either way, and one hook
-//    point per forward keeps the backends' forward functions unchanged.
-//  * A profiling run (metadata == nullptr) calls no hook (vLLM's hooks return
-//    early when attn_metadata is None).
-//  * Inside a graph capture a forward with a connector set is refused
-//    (NotSupported): the hooks are host calls a replay would not make, and the
-//    capture policy is "recorded or refused".
-//  * A hook that throws surfaces as a std::runtime_error naming the hook and the
-//    layer, with the connector's message. The cache state is then what the
-//    order above says: a failed wait leaves the cache and output untouched; a
-//    failed on_kv_cache_written or save_kv_layer leaves the layer's cache
-//    writes and output in place (the forward ran; the connector did not).
-//  * kv_layer is the layer's cache tensors as passed to forward (GQA/C8/FA3:
-//    key, value; MLA: nope, rope; SFA/DSA: the cache tuple), possibly empty.
+// KV-connector hooks around a layer's attention (vLLM's KVConnectorBase_V1 worker
+// API): with a connector set, an eager forward with metadata calls
+// wait_for_layer_load before its first operator, then on_kv_cache_written(layer,
+// wrote) and save_kv_layer after its writes and outputs; with none set each hook
+// point is one null test. Inside a graph capture a forward with a connector is
+// refused. A throwing hook surfaces naming the hook and layer.
+// Design: docs/design/core.md §5.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,7 +1,7 @@
 """Graph hooks from torch_npu: what ``aar.GraphParams("hooks", **hooks)`` needs on an NPU.
 
-The runtime's graph layer calls these around every captured attention call (spec 7.2) and
-every per-step update (spec 7.8):
+The runtime's graph layer calls these around every captured attention call (docs/design/graph.md §1.1) and
+every per-step update (docs/design/graph.md §1.2):
 
 * capture: ``event = torch.npu.ExternalEvent()``; ``event.wait(stream)``; ``event.reset(stream)``;
   ``torch.npu.graph_task_group_begin(stream)``; launch; ``handle = torch.npu.graph_task_group_end(stream)``

@@ -1,4 +1,4 @@
-// Context-parallel process-group layout (spec cp.md 1.1): the groups against an
+// Context-parallel process-group layout (docs/design/cp.md §1.1): the groups against an
 // explicit arange(world).reshape(ext, DP, PP, PCP, TP) grid, the rank places,
 // and every configuration check.
 #include <algorithm>

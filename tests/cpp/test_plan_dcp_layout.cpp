@@ -1,4 +1,4 @@
-// DCP token placement (spec cp.md 1.2, 2, 3.1, 3.3, 3.4, 11.1, 11.3) against
+// DCP token placement (docs/design/cp.md §2.1, §2.2, §3.1, §3.4, §3.3, §9) against
 // brute-force definitions written here: tokens are dealt to the ranks in turn,
 // I at a time, and each rank's local sequence is what it was dealt, in order.
 #include <algorithm>
@@ -66,7 +66,7 @@ std::vector<int32_t> interleaves_for(int32_t bs) { return {1, 2, bs}; }
 }  // namespace
 
 TEST(PlanDcpLayout, LocalLenUpstreamTables) {
-  // Spec 2 (each row is an upstream test vector).
+  // docs/design/cp.md §2.2 (each row is an upstream test vector).
   struct Case {
     int32_t w, i;
     std::vector<int32_t> lens;
@@ -84,13 +84,13 @@ TEST(PlanDcpLayout, LocalLenUpstreamTables) {
     dcp_local_seq_lens(c.lens, c.w, c.i, out);
     EXPECT_EQ(out, c.expected) << "W=" << c.w << " I=" << c.i;
   }
-  // Spec 2 step by step: L=9, W=2, I=4 -> rank 0: 5, rank 1: 4.
+  // docs/design/cp.md §2.2 step by step: L=9, W=2, I=4 -> rank 0: 5, rank 1: 4.
   EXPECT_EQ(dcp_local_len(9, 2, 4, 0), 5);
   EXPECT_EQ(dcp_local_len(9, 2, 4, 1), 4);
 }
 
 TEST(PlanDcpLayout, LocalLenAgainstBruteForceOwnership) {
-  // Spec 11.1: every L <= 300, I in {1, 2, B}, W in {1, 2, 4}, B in {4, 16}.
+  // docs/design/cp.md §9: every L <= 300, I in {1, 2, B}, W in {1, 2, 4}, B in {4, 16}.
   for (int32_t bs : kBlockSizes) {
     for (int32_t il : interleaves_for(bs)) {
       for (int32_t w : kWorlds) {
@@ -151,7 +151,7 @@ TEST(PlanDcpLayout, VirtualBlockFormAgreesWithLocalForm) {
 }
 
 TEST(PlanDcpLayout, WorkedExampleOfSpec) {
-  // Spec 1.2: B=4, W=2, I=2, BT=[7,3]; positions 0..11.
+  // docs/design/cp.md §2.1: B=4, W=2, I=2, BT=[7,3]; positions 0..11.
   Batch b;
   b.bs = 4;
   b.stride = 2;
@@ -209,7 +209,7 @@ TEST(PlanDcpLayout, SlotMappingRandomAgainstBruteForce) {
 }
 
 TEST(PlanDcpLayout, WriteThenGatherRoundTrip) {
-  // Spec 11.3 in pure form: requests grow over a prefill step and decode steps;
+  // docs/design/cp.md §9 in pure form: requests grow over a prefill step and decode steps;
   // each rank scatters the global values (req*1000 + pos) of the step's tokens
   // into its own paged cache through its local slots. Reading every rank's local
   // sequence back through the block table and local_len, and interleaving the
@@ -268,7 +268,7 @@ TEST(PlanDcpLayout, WriteThenGatherRoundTrip) {
 }
 
 TEST(PlanDcpLayout, KernelBlockSplitGivesTheSameSlots) {
-  // Spec 1.2: physical B=16, kernel Bk=8, the table in logical ids phys*2+j.
+  // docs/design/cp.md §2.1: physical B=16, kernel Bk=8, the table in logical ids phys*2+j.
   std::mt19937 rng(3);
   for (int32_t il : {1, 2, 16}) {
     for (int32_t w : {2, 4}) {
@@ -403,7 +403,7 @@ TEST(PlanDcpLayout, LocalSeqLensShapesAndErrors) {
 }
 
 TEST(PlanDcpLayout, ContextLensCountNewTokensOnlyForDecodes) {
-  // Spec 3.1 / 10.3: decode rows use seq_len (this step's KV is written first),
+  // docs/design/cp.md §3.1: decode rows use seq_len (this step's KV is written first),
   // prefill rows the cached context seq_len - q. W=2, I=1.
   std::vector<int32_t> qsl = lens_to_qsl({1, 2, 5, 3});
   std::vector<int32_t> seq = {9, 10, 5, 11};
@@ -460,7 +460,7 @@ std::vector<uint8_t> mtp_mask(const std::vector<int32_t>& seq, const std::vector
 }  // namespace
 
 TEST(PlanDcpLayout, MtpMaskUpstreamVector) {
-  // Spec 3.4: Wd=2, I=1, h=5, n=4: k_len = (9+1-r)//2, the row of position p masks k >= (p+2-r)//2.
+  // docs/design/cp.md §3.3: Wd=2, I=1, h=5, n=4: k_len = (9+1-r)//2, the row of position p masks k >= (p+2-r)//2.
   const int32_t kmax = 8, s = 4;
   for (int32_t r = 0; r < 2; ++r) {
     const std::vector<uint8_t> m = mtp_mask({9}, {4}, {2, r, 1}, s, kmax, false);
@@ -476,7 +476,7 @@ TEST(PlanDcpLayout, MtpMaskUpstreamVector) {
 }
 
 TEST(PlanDcpLayout, MtpMaskQuirkRowIsMaskedNotOpen) {
-  // Spec 3.4 / 10.8: I=1, Wd=4, h=1, n=4 (L=5), rank 3 holds position 3 only.
+  // docs/design/cp.md §3.3: I=1, Wd=4, h=1, n=4 (L=5), rank 3 holds position 3 only.
   // Query 0 (p=1) and query 1 (p=2) have no local key at or before p: we mask
   // the key (the partial is empty); upstream leaves it visible, a future key.
   const std::vector<uint8_t> ours = mtp_mask({5}, {4}, {4, 3, 1}, 4, 2, false);
@@ -539,7 +539,7 @@ TEST(PlanDcpLayout, MtpMaskErrors) {
 }
 
 TEST(PlanDcpLayout, ChunkedContextTokenIndices) {
-  // Spec 3.3: q = [2,1,3], mask [T,F,T] -> [0,1,3,4,5]; all-False -> empty.
+  // docs/design/cp.md §3.4: q = [2,1,3], mask [T,F,T] -> [0,1,3,4,5]; all-False -> empty.
   std::vector<int32_t> q = {2, 1, 3}, ctx = {5, 0, 9}, out(6, -1);
   EXPECT_EQ(chunked_context_token_indices(q, ctx, out), 5);
   EXPECT_EQ(std::vector<int32_t>(out.begin(), out.begin() + 5), (std::vector<int32_t>{0, 1, 3, 4, 5}));

@@ -1,5 +1,5 @@
-// plan::build_dcp_step against brute-force ownership counting (spec cp.md 1.2,
-// 3.1-3.4, 5.1): decode rows per token, prefill local context, the context row
+// plan::build_dcp_step against brute-force ownership counting (docs/design/cp.md §2.1,
+// §3.1-§3.3, §5): decode rows per token, prefill local context, the context row
 // filter, the local slot mapping, and rank-independent rejection.
 #include <gtest/gtest.h>
 
@@ -127,7 +127,7 @@ TEST(PlanDcpStep, DecodeRowsPerTokenMatchBruteForce) {
 }
 
 TEST(PlanDcpStep, SpeculativeRowWithNoEarlierLocalKeyIsEmpty) {
-  // spec 3.4 quirk case: I=1, W=4, h=1, rank 3: the first query token (p=1)
+  // docs/design/cp.md §3.3 quirk case: I=1, W=4, h=1, rank 3: the first query token (p=1)
   // has no local key at or before it on rank 3 -> length 0 (masked), not the
   // upstream's unmasked row.
   Step s;
@@ -187,7 +187,7 @@ TEST(PlanDcpStep, RefusesStepFieldsItDoesNotRead) {
   s.run({2, 0, 1}, 4);  // the same step without them is accepted
 }
 
-// Spec 3.1 / 3.2: the P/D recompute scheduler classes a short request still in
+// docs/design/cp.md §3.1 / §3.2: the P/D recompute scheduler classes a short request still in
 // its prompt (the decode node recomputing the last prompt token:
 // num_computed == prompt_len - 1) as a decode; without it that request splits
 // the batch as a prefill.

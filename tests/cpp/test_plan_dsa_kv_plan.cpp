@@ -1,5 +1,5 @@
-// The DSA (DeepSeek-V4) attention-KV plan and backend facts (spec sparse.md
-// 6.1, 6.2, 7.1, 7.2): every row of the spec's tables, written out here as
+// The DSA (DeepSeek-V4) attention-KV plan and backend facts
+// (docs/design/dsa.md §2.1, §2.2, §4.1, §4.2): every row of the tables of docs/design/dsa.md, written out here as
 // literals, against make_attn_kv_plan, resolve_attn_kv_dtype, the backend
 // descriptors, DSV4_BLOCK_SIZES and the cache specs; the SparseFlashMla
 // length adapter and the slot-mapping formats against brute-force
@@ -55,7 +55,7 @@ TEST(PlanDsaKvPlan, DtypeNamesAndSizes) {
 }
 
 TEST(PlanDsaKvPlan, Fp8RowLayoutTilesThe640ByteRow) {
-  // [448 fp8 nope | 64 bf16 rope (128 B) | 7 e8m0 scales | 57 pad] (spec 1.6.3)
+  // [448 fp8 nope | 64 bf16 rope (128 B) | 7 e8m0 scales | 57 pad] (docs/design/dsa.md §1.4)
   EXPECT_EQ(Fp8KvRowLayout::kNopeOffset, 0);
   EXPECT_EQ(Fp8KvRowLayout::kNopeBytes, 448);
   EXPECT_EQ(Fp8KvRowLayout::kRopeOffset, Fp8KvRowLayout::kNopeOffset + Fp8KvRowLayout::kNopeBytes);
@@ -68,7 +68,7 @@ TEST(PlanDsaKvPlan, Fp8RowLayoutTilesThe640ByteRow) {
   EXPECT_EQ(Fp8KvRowLayout::kRowBytes, 640);
 }
 
-// ------------------------------------------------------------- resolve (7.2)
+// ------------------------------------------------------------- resolve (docs/design/dsa.md §4.2)
 
 TEST(PlanDsaKvPlan, ResolveAttnKvDtypeTable) {
   struct Row {
@@ -129,7 +129,7 @@ TEST(PlanDsaKvPlan, ResolveRejectsBadDeviceAndModelDtype) {
   }
 }
 
-// ------------------------------------------------------------ 7.1 per device
+// ------------------------------------------------------------ docs/design/dsa.md §4.1 per device
 
 TEST(PlanDsaKvPlan, HeadAdaptorTableA2A3) {
   for (DeviceKind d : kA2A3) {
@@ -182,7 +182,7 @@ TEST(PlanDsaKvPlan, HeadAdaptorTableA2A3) {
     // compressor weights: model quant config; o_proj: bmm
     EXPECT_FALSE(p.compressor_weights_unquantised);
     EXPECT_EQ(p.o_proj, OProjKind::Bmm);
-    // 7.2 base plan
+    // docs/design/dsa.md §4.2 base plan
     EXPECT_EQ(p.sparse_attn, SparseAttnPath::SharedKv);
     EXPECT_FALSE(p.uses_sparse_flash_mla);
     EXPECT_FALSE(p.renames_seqused_for_flash_mla);
@@ -250,7 +250,7 @@ TEST(PlanDsaKvPlan, HeadAdaptorTableA5Fp8) {
     EXPECT_TRUE(p.compressor_weights_unquantised);
     // the MX-fp8 o_proj: the only plan that has it
     EXPECT_EQ(p.o_proj, OProjKind::MxFp8QuantBmm);
-    // 7.2 "A5 other"
+    // docs/design/dsa.md §4.2 "A5 other"
     EXPECT_EQ(p.sparse_attn, SparseAttnPath::KvQuantSharedKv);
     EXPECT_FALSE(p.uses_sparse_flash_mla);
     EXPECT_FALSE(p.renames_seqused_for_flash_mla);
@@ -303,7 +303,7 @@ TEST(PlanDsaKvPlan, PrPlanTableA5Bf16) {
   }
 }
 
-// ------------------------------------------------ SparseFlashMla adapter (7.2)
+// ------------------------------------------------ SparseFlashMla adapter (docs/design/dsa.md §4.2)
 
 TEST(PlanDsaKvPlan, FlashMlaCmpLengthsMatchesTheDefinition) {
   const std::vector<int32_t> S = {0, 1, 3, 4, 5, 127, 128, 129, 1000, 16383, 16384, 16385};
@@ -349,7 +349,7 @@ TEST(PlanDsaKvPlan, FlashMlaCmpLengthsErrorsWriteNothing) {
   untouched();
 }
 
-// ------------------------------------------------------------ 6.1 backends
+// ------------------------------------------------------------ docs/design/dsa.md §2.1 backends
 
 TEST(PlanDsaBackendFacts, SixBackendDescriptors) {
   struct Row {
@@ -397,7 +397,7 @@ TEST(PlanDsaBackendFacts, SixBackendDescriptors) {
   EXPECT_INVALID(dsa_backend(static_cast<DsaBackendKind>(17), DeviceKind::A2), "DsaBackendKind");
 }
 
-// ------------------------------------------------------ 6.2 DSV4_BLOCK_SIZES
+// ------------------------------------------------------ docs/design/dsa.md §2.2 DSV4_BLOCK_SIZES
 
 namespace {
 struct TableRow {
@@ -405,14 +405,14 @@ struct TableRow {
   int32_t mla, swa, c4s, c128s;
   int64_t t1, t2;
 };
-// Spec 6.2, verbatim.
+// docs/design/dsa.md §2.2, verbatim.
 const TableRow kSpecA2A3[] = {{128, 128, 128, 8, 32, 16640, 131072},
                               {64, 64, 64, 4, 16, 8320, 65536},
                               {32, 32, 32, 2, 8, 4160, 32768}};
 const TableRow kSpecA5[] = {{128, 128, 128, 8, 16, 16896, 81920},
                             {64, 64, 64, 4, 8, 8448, 40960},
                             {32, 32, 32, 2, 4, 4224, 20480}};
-// Spec 7.2 gives 131072 at 128 for A5 + BF16; 64 / 32 by the same rule (the bf16 SWA page).
+// docs/design/dsa.md §4.2 gives 131072 at 128 for A5 + BF16; 64 / 32 by the same rule (the bf16 SWA page).
 const TableRow kA5Bf16[] = {{128, 128, 128, 8, 16, 16896, 131072},
                             {64, 64, 64, 4, 8, 8448, 65536},
                             {32, 32, 32, 2, 4, 4224, 32768}};
@@ -442,7 +442,7 @@ TEST(PlanDsaBackendFacts, Dsv4BlockSizesTable) {
   const AttnKvPlan b = plan_for(DeviceKind::A5, std::string("bfloat16"));
   EXPECT_EQ(geometry_class(b), Dsv4GeometryClass::A5Bf16);
   for (const TableRow& r : kA5Bf16) expect_row(dsv4_block_sizes(r.bs, b), r, "A5 bf16");
-  EXPECT_EQ(dsv4_block_sizes(128, b).pad_t2, 131072);  // spec 7.2: A5 BF16 page pad
+  EXPECT_EQ(dsv4_block_sizes(128, b).pad_t2, 131072);  // docs/design/dsa.md §4.2: A5 BF16 page pad
   // The state-backend lists contain the table's state sizes.
   for (const TableRow& r : kSpecA5) {
     EXPECT_TRUE(dsa_backend(DsaBackendKind::C128State, DeviceKind::A5).supports(r.c128s));
@@ -455,7 +455,7 @@ TEST(PlanDsaBackendFacts, Dsv4BlockSizesTable) {
   }
 }
 
-// ----------------------------------------------------------- 6.2 cache specs
+// ----------------------------------------------------------- docs/design/dsa.md §2.2 cache specs
 
 TEST(PlanDsaBackendFacts, SpecRulesTableAtBlockSize128) {
   struct Row {

@@ -1,10 +1,10 @@
-// DSA (DeepSeek-V4) per-step planning (spec sparse.md 6.5, 6.6, 1.6.1, 6.2, 7.1,
-// 9): slot formatting, compressed-row counts, the shared step plan and the
+// DSA (DeepSeek-V4) per-step planning (docs/design/dsa.md §3.1, §3.4, §1.2, §2.2, §4.1,
+// docs/design/ops.md §4.6): slot formatting, compressed-row counts, the shared step plan and the
 // per-group compressed-row slots against brute-force definitions written here
-// (loops over every raw position; the 6.2 geometry derived from logical
-// blocks of storage_bs * ratio raw tokens; the spec 9 compressor_metadata
+// (loops over every raw position; the docs/design/dsa.md §2.2 geometry derived from logical
+// blocks of storage_bs * ratio raw tokens; the docs/design/ops.md §4.6 compressor_metadata
 // pseudocode), the DSpark visible slots against a per-position definition,
-// the spec's examples, random batches over ratios {1, 4, 128} and block sizes
+// upstream's examples, random batches over ratios {1, 4, 128} and block sizes
 // {32, 64, 128}, multi-step chunked prefill / speculative decode, graph
 // padding, and every error path with the caller buffers unchanged.
 #include <algorithm>
@@ -49,9 +49,9 @@ struct RefRows {
 };
 
 // Every raw position the step processes, in request order: a position p with
-// (p + 1) % r == 0 completes compressed row c = (p + 1) / r - 1 (spec 1.6.1).
+// (p + 1) % r == 0 completes compressed row c = (p + 1) / r - 1 (docs/design/dsa.md §1.2).
 // Its page: the logical block holding raw position c * r covers storage_bs * r
-// raw tokens (spec 6.2); inside it the row sits at c % storage_bs.
+// raw tokens (docs/design/dsa.md §2.2); inside it the row sits at c % storage_bs.
 RefRows brute_rows(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq, int32_t nra,
                    const std::vector<int32_t>& table, int32_t stride, int32_t sbs, int32_t ratio, int32_t t_in) {
   const int32_t r = std::max(ratio, 1);
@@ -80,7 +80,7 @@ RefRows brute_rows(const std::vector<int32_t>& qsl, const std::vector<int32_t>& 
   return ref;
 }
 
-// Spec 9's compressor_metadata pseudocode, literally (valid inputs only):
+// docs/design/ops.md §4.6's compressor_metadata pseudocode, literally (valid inputs only):
 // the slots of num_rows rows, for requests [0, num_reqs_actual).
 std::vector<int64_t> spec9_slots(const std::vector<int32_t>& cu, const std::vector<int32_t>& start_pos,
                                  const std::vector<int32_t>& table, int32_t cols, int32_t sbs, int32_t r,
@@ -109,7 +109,7 @@ std::vector<int64_t> spec9_slots(const std::vector<int32_t>& cu, const std::vect
   return out;
 }
 
-// Spec 6.6 per raw position: token rows of request b list, in ascending
+// docs/design/dsa.md §3.4 per raw position: token rows of request b list, in ascending
 // order, the slots of raw positions p < S_b with p >= max(S_b - q_b - W, 0).
 std::vector<int32_t> brute_dspark(const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq, int32_t nra,
                                   const std::vector<int32_t>& table, int32_t stride, int32_t bs, int32_t window,
@@ -234,7 +234,7 @@ void check_group(const Batch& bt, const Group& g, const std::string& what) {
   EXPECT_EQ(out.index[rows], kSentinel);
   EXPECT_EQ(gp.num_valid_rows, std::count_if(ref.request.begin(), ref.request.end(), [](int32_t x) { return x >= 0; }));
 
-  // Spec 9 pseudocode (the device op) agrees on valid input.
+  // docs/design/ops.md §4.6 pseudocode (the device op) agrees on valid input.
   std::vector<int32_t> sp(start.begin(), start.begin() + b);
   EXPECT_EQ(spec9_slots(bt.qsl, sp, g.table, g.stride, g.sbs, std::max(g.ratio, 1), static_cast<int32_t>(rows), nra),
             ref.slots);
@@ -287,7 +287,7 @@ TEST(DsaSlotFormat, BlockOffsetFloorAndSkip) {
 }
 
 TEST(DsaSlotFormat, BlockOffsetMinusOneSkip) {
-  // Spec 7.2 (the A5 + BF16 plan): valid slots split as before, every negative slot -> (-1, -1) by rule, never
+  // docs/design/dsa.md §4.2 (the A5 + BF16 plan): valid slots split as before, every negative slot -> (-1, -1) by rule, never
   // by a % of the negative value; Flat ignores the choice.
   const std::vector<int64_t> slots = {0, 1, 127, 128, 300, -1, -5, -128, 5000000000LL};
   std::vector<int32_t> out(2 * slots.size() + 1, kSentinel);
@@ -412,7 +412,7 @@ TEST(DsaCounts, SpecExamples) {
 }
 
 TEST(DsaCounts, StorageBlockSizeSpecTable) {
-  // Spec 6.2 at cache bs 128 / 64 / 32: every compressed cache stores bs rows a page.
+  // docs/design/dsa.md §2.2 at cache bs 128 / 64 / 32: every compressed cache stores bs rows a page.
   for (int32_t bs : {32, 64, 128}) {
     EXPECT_EQ(dsa_storage_block_size(bs, 0), bs);
     EXPECT_EQ(dsa_storage_block_size(bs, 1), bs);
@@ -498,7 +498,7 @@ TEST(DsaGroup, SpecNineExamples) {
 }
 
 TEST(DsaGroup, SpecCountExampleThreeGroupsShareOneStep) {
-  // T = 13 over B = 3 (spec 6.5): 13 / 6 / 3 rows for ratios 1 / 4 / 128,
+  // T = 13 over B = 3 (docs/design/dsa.md §3.1): 13 / 6 / 3 rows for ratios 1 / 4 / 128,
   // three groups deriving from the one step plan.
   Batch bt;
   bt.qsl = lens_to_qsl({1, 4, 8});

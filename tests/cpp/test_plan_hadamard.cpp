@@ -1,4 +1,4 @@
-// Sylvester Hadamard matrices (spec sparse.md 1.5): the recursive definition,
+// Sylvester Hadamard matrices (docs/design/sparse.md §3): the recursive definition,
 // orthogonality, DSV4's padded size, bad input before any write.
 #include <cmath>
 #include <vector>

@@ -1,4 +1,4 @@
-// LSE merge (spec cp.md 6, 11.2) against attention computed here in long double
+// LSE merge (docs/design/cp.md §7, §9) against attention computed here in long double
 // over the full key set: shards of any shape (contiguous, interleaved, empty)
 // merge back to the unsharded result; -inf / +inf / NaN partials; all-empty rows.
 #include <algorithm>

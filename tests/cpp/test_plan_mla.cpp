@@ -1,5 +1,5 @@
-// MLA plan layer: reorder (spec mla 3.2), context chunks (3.4), graph padding of
-// the speculative-decode query lengths (3.5), with the upstream vectors of spec 8.4.
+// MLA plan layer: reorder (docs/design/mla.md §3.2), context chunks (docs/design/mla.md §3.4), graph padding of
+// the speculative-decode query lengths (docs/design/mla.md §3.5), with the upstream vectors of docs/design/mla.md §7.
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -45,7 +45,7 @@ std::vector<T> first(const std::vector<T>& v, std::size_t n) {
 }  // namespace
 
 TEST(PlanMla, ReorderUpstreamVector) {
-  // Spec 3.2: tokens {0:1, 1:3, 2:1, 3:2}, threshold 1 -> exactly one swap (1, 2).
+  // docs/design/mla.md §3.2: tokens {0:1, 1:3, 2:1, 3:2}, threshold 1 -> exactly one swap (1, 2).
   std::vector<int32_t> sched = {1, 3, 1, 2}, perm(4), swaps(8);
   EXPECT_EQ(mla_reorder_batch(sched, 1, perm, swaps), 1);
   EXPECT_EQ(swaps[0], 1);
@@ -85,7 +85,7 @@ TEST(PlanMla, SplitIsTheSharedRule) {
 }
 
 TEST(PlanMla, ContextChunksWorkedExample) {
-  // Spec 3.4: W=1024, BS=128, ctx = [1000, 0, 300].
+  // docs/design/mla.md §3.4: W=1024, BS=128, ctx = [1000, 0, 300].
   Chunks c = chunk({1000, 0, 300}, 1024, 128);
   EXPECT_EQ(c.plan.num_with_context, 2);
   EXPECT_EQ(c.plan.chunk_size, 512);
@@ -163,7 +163,7 @@ TEST(PlanMla, InterpRoundsHalfToEven) {
 }
 
 TEST(PlanMla, DisablePadUpstreamVector) {
-  // Spec 3.5 / 8.4: actual_q [1,2,4,5], num_reqs 4, graph_pad_size 8 -> [1,2,4,5,6,6,7,8].
+  // docs/design/mla.md §3.5 / §7: actual_q [1,2,4,5], num_reqs 4, graph_pad_size 8 -> [1,2,4,5,6,6,7,8].
   std::vector<int64_t> q = {1, 2, 4, 5}, out(8);
   EXPECT_EQ(pad_actual_q_disable_mode(q, 4, 8, out), 8);
   EXPECT_EQ(out, (std::vector<int64_t>{1, 2, 4, 5, 6, 6, 7, 8}));
@@ -490,7 +490,7 @@ TEST(PlanMlaStep, EmptyRequestsNeedNoBlockTable) {
   EXPECT_EQ(p.max_seq_len, 0);
 }
 
-// Spec 3.5 "enable-pad": a decode-only step padded to a graph bucket.
+// docs/design/mla.md §3.5 "enable-pad": a decode-only step padded to a graph bucket.
 TEST(PlanMlaStep, GraphDecodePaddingAddsDummyRequests) {
   MlaStep s({0, 1, 2, 3}, {5, 1, 9});
   s.in.pad_decode_batch = true;
@@ -551,7 +551,7 @@ TEST(PlanMlaStep, GraphDecodePaddingRejectsWithoutWriting) {
   EXPECT_EQ(t.snapshot(), t_before);
 }
 
-// Spec 3.5 / 8.4 "disable-pad" vector: graph_pad_size 8, 4 requests, qsl [0,1,2,4,5], 1 spec token.
+// docs/design/mla.md §3.5 / §7 "disable-pad" vector: graph_pad_size 8, 4 requests, qsl [0,1,2,4,5], 1 spec token.
 TEST(PlanMlaStep, GraphDecodePaddingDisablePadModeInterpolatesQueryEnds) {
   MlaStep s({0, 1, 2, 4, 5}, {3, 5, 7, 2});
   s.in.decode_threshold = 2;
@@ -610,7 +610,7 @@ struct DcpChunkScratch {
 }  // namespace
 
 TEST(PlanMlaStep, DcpContextChunksSpecExample) {
-  // Spec mla.md 7.2's example (dcp=2, I=1, chunk=512, ctx=[1000,0,300]): pad_ctx=[500,0,150],
+  // docs/design/mla.md §6.1's example (dcp=2, I=1, chunk=512, ctx=[1000,0,300]): pad_ctx=[500,0,150],
   // Cl=256, plen=[[256,0,150],[244,0,0]], local seq_tot=[406,244]; the global fields stay global.
   constexpr int32_t kStride = 4;
   MlaOutputs o;
@@ -666,7 +666,7 @@ TEST(PlanMlaStep, DcpContextChunksSpecExample) {
 namespace aar::plan {
 namespace {
 
-// Spec cp.md 3.1 / 3.2 under MLA DCP: a short request still in its prompt (the
+// docs/design/cp.md §3.1 / §3.2 under MLA DCP: a short request still in its prompt (the
 // last prompt token recomputed on the decode node) is a prefill by
 // is_prefilling, a decode with the P/D recompute scheduler; the derived flags
 // are all false then (the split reads none).

@@ -1,4 +1,4 @@
-// MRV2 PCP segment partition (spec cp.md 1.3B, 3.6, 5.3, 11.7): upstream's
+// MRV2 PCP segment partition (docs/design/cp.md §6.2, §6.5, §9): upstream's
 // [A B G] / [C D E F] example, and random batches checked against what the
 // partition must guarantee.
 #include <algorithm>

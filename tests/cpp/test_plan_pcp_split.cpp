@@ -1,4 +1,4 @@
-// Legacy PCP DualChunkSwap split (spec cp.md 1.3A, 1.4, 3.3, 3.5, 10.9, 11.1):
+// Legacy PCP DualChunkSwap split (docs/design/cp.md §6.1, §6.3, §3.4, §6.4, §9):
 // the upstream docstring vector, and a simulation that all-gathers tagged local
 // tokens, restores them and checks every real token comes back exactly once, in
 // batch order, and that head/tail attention sees exactly the causal keys.
@@ -43,7 +43,7 @@ std::vector<int32_t> argsort(const std::vector<int32_t>& v) {
   return idx;
 }
 
-// Brute force from the spec's words: split [0, P) into 2 Wp chunks of c; rank
+// Brute force from the words of docs/design/cp.md: split [0, P) into 2 Wp chunks of c; rank
 // rp takes chunks rp and 2 Wp - 1 - rp.
 std::vector<int32_t> brute_positions(const Split& s, int32_t rank) {
   std::vector<int32_t> pos;
@@ -126,7 +126,7 @@ TEST(PlanPcpSplit, UpstreamDocstringVector) {
   pcp_pad_counts(s.in(), pads);
   EXPECT_EQ(pads, (std::vector<int32_t>{1, 3, 0}));
   EXPECT_EQ(restore(s), (std::vector<int32_t>{0, 9, 1, 2, 10, 11, 12, 13, 3, 4, 5, 6, 14, 15, 16, 17, 7, 8}));
-  // The spec's construction: argsort of the concatenated padded-global indices.
+  // The construction of docs/design/cp.md: argsort of the concatenated padded-global indices.
   EXPECT_EQ(restore(s), argsort({0, 2, 3, 8, 9, 10, 11, 16, 17, 1, 4, 5, 6, 7, 12, 13, 14, 15}));
   EXPECT_EQ(unpad(s), (std::vector<uint8_t>{1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}));
 }
@@ -149,7 +149,7 @@ TEST(PlanPcpSplit, PositionsAgainstBruteForce) {
 }
 
 TEST(PlanPcpSplit, RestoreAndUnpadGiveBackTheBatch) {
-  // Spec 10.9: mixed batches, multi-token decodes, q values forcing padding.
+  // docs/design/cp.md §6.1: mixed batches, multi-token decodes, q values forcing padding.
   std::mt19937 rng(22);
   std::vector<Split> cases = random_splits(rng, 300);
   cases.push_back({{2, 2, 7}, 2, 2});  // MTP decodes
@@ -200,7 +200,7 @@ TEST(PlanPcpSplit, RestoreAndUnpadGiveBackTheBatch) {
 }
 
 TEST(PlanPcpSplit, PaddedSlotMapping) {
-  // Spec 1.4: batch-order slots scattered to the padded-global layout through
+  // docs/design/cp.md §6.3: batch-order slots scattered to the padded-global layout through
   // the unpad mask; decode slots at stride Wp in the first Wp*Td entries.
   const Split s{{2, 1, 5}, 2, 2};
   const std::vector<int32_t> tok = {10, 11, 12, 20, 21, 22, 23, 24};
@@ -223,7 +223,7 @@ TEST(PlanPcpSplit, PaddedSlotMapping) {
 }
 
 TEST(PlanPcpSplit, ChunkRestoreIndicesAgainstArgsort) {
-  // Spec 3.3 legacy: kv_inverse = argsort(restore[Wp*Td:]), recover = argsort(kv_inverse).
+  // docs/design/cp.md §6.4: kv_inverse = argsort(restore[Wp*Td:]), recover = argsort(kv_inverse).
   std::mt19937 rng(23);
   std::vector<Split> cases = random_splits(rng, 200);
   cases.push_back({{1, 5, 8}, 1, 2});
@@ -275,7 +275,7 @@ std::vector<int32_t> range(int32_t a, int32_t b) {
 }  // namespace
 
 TEST(PlanPcpSplit, HeadTailSpecExample) {
-  // Spec 3.5: Wp=2, one prefill with local length 4 (c=2, P=8).
+  // docs/design/cp.md §6.4: Wp=2, one prefill with local length 4 (c=2, P=8).
   const Split s{{8}, 0, 2};
   const HeadTail a = head_tail(s, 0), b = head_tail(s, 1);
   EXPECT_EQ(a.qh, range(0, 2));
@@ -363,7 +363,7 @@ TEST(PlanPcpSplit, HeadTailAttentionSeesExactlyTheCausalKeys) {
 }
 
 TEST(PlanPcpSplit, LegacyWritePathShardsTheKvOverAllCpRanks) {
-  // Spec 1.4 / 5.2 write path, Wp x Wd ranks: each rank computes the batch's
+  // docs/design/cp.md §6.3 / §6.4 write path, Wp x Wd ranks: each rank computes the batch's
   // slots with W = Wp*Wd, r = rp*Wd + rd (pre-split global positions), scatters
   // them to the padded-global layout, all-gathers the tagged K rows, restores
   // them and writes every row with a slot. Two steps (fresh prefills, then

@@ -1,5 +1,5 @@
-// The resident-slot LRU of the SFA KV-offload decode path (spec sparse.md 5
-// step 3 (a)-(g), decisions in resident_lru.h): hand-checked steps (hits,
+// The resident-slot LRU of the SFA KV-offload decode path (docs/design/sfa.md §6.3
+// (a)-(g), decisions in resident_lru.h): hand-checked steps (hits,
 // misses, eviction order, resets, invalidation, invalid entries, a full
 // buffer, repeated tokens, rows that come and go), every bad call rejected by
 // name with nothing changed, and random runs against a std::map / std::list

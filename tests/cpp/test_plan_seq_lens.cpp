@@ -62,7 +62,7 @@ TEST(PlanSeqLens, PadForFiaNoDummy) {
 }
 
 TEST(PlanSeqLens, PadForFiaMixedCaseAddsOneDummy) {
-  // spec 4.7 mixed case: qsl[B] < T_pad -> one dummy request ending at T_pad, kv len 1.
+  // docs/design/gqa.md §2.5 mixed case: qsl[B] < T_pad -> one dummy request ending at T_pad, kv len 1.
   std::vector<int32_t> qsl = {0, 2, 5}, seq = {10, 20};
   std::vector<int64_t> q_ends(4, -1), kv(4, -1);
   FiaPadding p = pad_for_fia(qsl, seq, 8, q_ends, kv);

@@ -1,4 +1,4 @@
-// SFA plan layer (spec sparse.md 2.2, 2.3, 1.4): plan_sfa_step against hand
+// SFA plan layer (docs/design/sfa.md §3.1, §3.2, docs/design/sparse.md §8): plan_sfa_step against hand
 // vectors and a naive model over random batches in any order, every bad input
 // rejected by name with the buffers untouched, and build_valid_topk_mask.
 #include <algorithm>
@@ -82,7 +82,7 @@ struct SfaStep : SfaOutputs {
   }
 };
 
-// The spec's formulas one request at a time (spec 2.2-2.3 and the padding rule).
+// The formulas of docs/design/sfa.md one request at a time (docs/design/sfa.md §3.1-§3.2 and the padding rule).
 struct Naive {
   std::vector<int32_t> cql, kv, bt, pos;
   std::vector<int64_t> slots;

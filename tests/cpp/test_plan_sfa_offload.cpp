@@ -1,4 +1,4 @@
-// SFA KV-offload planning (spec sparse.md 5, 1.4): the split with
+// SFA KV-offload planning (docs/design/sfa.md §6, docs/design/sparse.md §8): the split with
 // treat_short_extends_as_decodes = is_decode_consumer (the upstream test's
 // 1-token boundary step), the per-request / per-token arrays against hand
 // vectors, the decode-first order and every bad input rejected by name, and

@@ -37,7 +37,7 @@ SplitResult R(int32_t d, int32_t p, int32_t dt, int32_t pt) { return SplitResult
 }  // namespace
 
 TEST(PlanSplit, UpstreamPcpVector) {
-  // spec 4.2: qsl=[0,1,5], max_q=4, threshold 1, is_prefilling=[T,T], treat=false -> (0,2,0,5)
+  // docs/design/gqa.md §2.2: qsl=[0,1,5], max_q=4, threshold 1, is_prefilling=[T,T], treat=false -> (0,2,0,5)
   Args a;
   a.qsl = {0, 1, 5};
   a.max_query_len = 4;
@@ -164,7 +164,7 @@ TEST(PlanSplit, NumActualTokensDiffersFromQsl) {
   a.qsl = {0, 1, 1, 5};
   EXPECT_EQ(run(a), R(2, 1, 1, 14));
   // Padded qsl with a dummy request: num_prefill_tokens uses the unpadded count
-  // and the dummy is counted as a prefill (spec 13.4).
+  // and the dummy is counted as a prefill (docs/design/gqa.md §2.5).
   a.qsl = {0, 1, 2, 8};
   a.num_actual_tokens = 2;
   EXPECT_EQ(run(a), R(2, 1, 2, 0));

@@ -115,7 +115,7 @@ TEST(PlanStep, MixedBatchNoPadding) {
 }
 
 TEST(PlanStep, FiaPaddingAddsDummy) {
-  // spec 4.7 mixed case: 13 real tokens padded to 16 -> one dummy request [13, 16).
+  // docs/design/gqa.md §2.5 mixed case: 13 real tokens padded to 16 -> one dummy request [13, 16).
   Step s = mixed();
   s.in.num_input_tokens = 16;
   StepPlan p = s.build();
@@ -423,7 +423,7 @@ TEST(PlanStep, RejectedCallsLeaveBuffersUntouched) {
 }
 
 TEST(PlanStep, UniformDecodePaddingAddsOneDummyPerStride) {
-  // spec 4.7 uniform case: 3 decodes of 2 tokens (1 + 1 spec) padded to 10 tokens
+  // docs/design/gqa.md §2.5 uniform case: 3 decodes of 2 tokens (1 + 1 spec) padded to 10 tokens
   // -> two dummy requests of 2 tokens each, KV length 2, block 0.
   Step s;
   s.qsl = lens_to_qsl({2, 2, 2});

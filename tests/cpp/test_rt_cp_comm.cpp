@@ -1,5 +1,5 @@
 // cp::Comm against a fake c10d backend in one process: a group of W "mirror"
-// ranks that all hold this rank's input (the upstream mocks of spec cp.md 8:
+// ranks that all hold this rank's input (the upstream mocks of docs/design/cp.md §9:
 // all-gather = W copies, all-to-all = this rank's block from every peer,
 // reduce-scatter = W times this rank's block), reached through the real
 // c10d::ProcessGroup and its dispatcher ops. It checks the interface's layout

@@ -93,7 +93,7 @@ TEST(RtOpsDsaCompressor, NoComputeProviderShapesOnly) {
 }
 
 TEST(RtOpsDsaCompressor, MetadataSpecExampleInBothFormats) {
-  // Spec 9: C4, start 508, q 8, table [10, 11], storage block size 128 -> (10, 127), (11, 0).
+  // docs/design/ops.md §4.6: C4, start 508, q 8, table [10, 11], storage block size 128 -> (10, 127), (11, 0).
   ops::CompressorMetadataArgs m;
   m.rope_cos = at::arange(4096 * 2, at::kFloat).view({4096, 2});
   m.rope_sin = -m.rope_cos;

@@ -64,7 +64,7 @@ at::Tensor to_nz(const at::Tensor& nd, int64_t c) {
 }
 
 // The transdata NZ staging layout of an (R, C) weight, unsqueezed: (1, C'/32, R', 32),
-// Z[cb, r, k] = A[r, 32 cb + k], zero padded (spec mla 4.3).
+// Z[cb, r, k] = A[r, 32 cb + k], zero padded (docs/design/mla.md §4.3).
 at::Tensor staging_nz(const at::Tensor& a) {
   const int64_t R = a.size(0), C = a.size(1);
   const int64_t Rp = (R + 15) / 16 * 16, Cp = (C + 31) / 32 * 32;

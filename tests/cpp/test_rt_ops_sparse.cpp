@@ -51,7 +51,7 @@ PagedKv page(const std::vector<at::Tensor>& rows, int64_t bs, uint32_t seed) {
 
 // ---------------------------------------------------------------- indexer reference
 
-// Visible keys of row i (spec 1.2): mode 3 right-down causal, mode 0 all.
+// Visible keys of row i (docs/design/sparse.md §4): mode 3 right-down causal, mode 0 all.
 int64_t ref_visible(int64_t mode, int64_t s, int64_t q, int64_t i) { return mode == 3 ? s - q + i + 1 : s; }
 
 // score(t, s) = sum_h w[t,h] * relu(q[t,h] . k[s]) in float64, for s < vis.
@@ -336,7 +336,7 @@ TEST(RtOpsSparse, QuantIndexerExactOnIntegerScores) {
 
 namespace {
 
-// The scan rule of spec 1.3, written out plainly: threshold, valid_count,
+// The scan rule of docs/design/sparse.md §5, written out plainly: threshold, valid_count,
 // stop at the first -1, skip entries at or beyond the threshold, expand blocks.
 std::vector<int64_t> ref_tokens(const std::vector<int64_t>& row, int64_t th, int64_t sbs) {
   std::vector<int64_t> toks;

@@ -1,4 +1,4 @@
-// SparseFlashMla (spec sparse.md 7.2) through its typed wrappers, and the
+// SparseFlashMla (docs/design/dsa.md §4.2) through its typed wrappers, and the
 // sharedkv -> SparseFlashMla adapter: the renames, the derived compressed
 // lengths against brute-force values, the dropped arguments, and the same
 // output as the sharedkv twin on the same paged cache. The twins' maths is

@@ -1,5 +1,5 @@
 // plan_dsa_step, plan_dsa_rows and both plan_dsa_group overloads: start positions S - q, the
-// emitted compressed rows of each request (spec 1.6.1, dsa_compressed_rows) in order, their
+// emitted compressed rows of each request (docs/design/dsa.md §1.2, dsa_compressed_rows) in order, their
 // slots in the group's table, the skip encoding past them, and the two group overloads
 // agreeing bit for bit; rejections leave every buffer untouched.
 #include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"

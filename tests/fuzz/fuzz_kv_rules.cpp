@@ -1,9 +1,9 @@
 // The configuration rules of the plan layer: the DSA attention-KV plan (make_attn_kv_plan over
-// any device value, cache_dtype string and model dtype, against spec sparse.md 7.2's table
+// any device value, cache_dtype string and model dtype, against docs/design/dsa.md §4.2's table
 // written here and the plan's own consistency rules), the SparseFlashMla adapter's derived
 // lengths (flash_mla_cmp_lengths: floor and remainder, outputs untouched on rejection) and the
-// paged-attention selection rule (using_paged_attention, spec gqa.md 9.6's table), and the DSA
-// cache facts (spec 6.1 / 6.2: storage_block_size, every cache kind's spec under every plan, the
+// paged-attention selection rule (using_paged_attention, docs/design/gqa.md §2.6's table), and the DSA
+// cache facts (docs/design/dsa.md §2.1 / §2.2: storage_block_size, every cache kind's spec under every plan, the
 // cache shapes and the strided views, which must stay inside the group's raw buffer).
 #include <optional>
 #include <string>
@@ -55,7 +55,7 @@ void check_kv_plan(fuzz::Bytes& in) {
   FUZZ_CHECK(ok == (dev_ok && model_ok && known));
   if (!ok) return;
   const bool a5 = cfg.device == plan::DeviceKind::A5;
-  // Spec 7.2's table: the attention KV dtype and the three plans.
+  // docs/design/dsa.md §4.2's table: the attention KV dtype and the three plans.
   const dsa::KvDtype want = !a5 ? cfg.model_dtype : bf16_req ? dsa::KvDtype::BF16 : dsa::KvDtype::FP8_E4M3;
   FUZZ_CHECK(p.attn_kv_dtype == want);
   FUZZ_CHECK(p.device == cfg.device);
@@ -132,7 +132,7 @@ void check_paged_rule(fuzz::Bytes& in) {
   const int64_t shape = in.flag() ? in.range(0, 64) : static_cast<int64_t>(in.u32()) - (int64_t{1} << 31);
   const int64_t head = in.flag() ? -1 : (in.flag() ? 512 : in.range(0, 1024));
   const bool got = plan::using_paged_attention(shape, rule, head);
-  // Spec 9.6, row by row: speculative decoding and the A5 never; head size 512 always;
+  // docs/design/gqa.md §2.6, row by row: speculative decoding and the A5 never; head size 512 always;
   // otherwise only captured FULL_DECODE_ONLY shapes listed in pa_shape_list.
   bool listed = false;
   for (int32_t s : shapes) listed = listed || s == shape;
@@ -187,7 +187,7 @@ void check_cache_facts(fuzz::Bytes& in) {
   }
   FUZZ_CHECK(ok == (kind_i >= 0 && kind_i <= 6 && (cbs == 32 || cbs == 64 || cbs == 128)));
   if (!ok) return;
-  // The spec's own rules (spec 6.2).
+  // The documented rules (docs/design/dsa.md §2.2).
   FUZZ_CHECK(spec.kind == kind && spec.cache_block_size == cbs && spec.num_kv_heads == 1);
   FUZZ_CHECK(spec.storage_block_size == dsa::storage_block_size(spec.block_size, spec.compress_ratio));
   dsa::check_kernel_block_size(dsa::backend_of(kind), plan.device, spec.block_size);  // throws if not

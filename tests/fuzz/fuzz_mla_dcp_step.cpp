@@ -1,4 +1,4 @@
-// plan_mla_step under decode context parallel (dcp.world > 1, spec mla.md 7, cp.md 1.2): the
+// plan_mla_step under decode context parallel (dcp.world > 1, docs/design/mla.md §6, docs/design/cp.md §2.1): the
 // local slot mapping and local KV lengths against a brute-force owner model (token p lives on
 // rank (p / I) % W at local index (p / (W*I)) * I + p % I), the DCP scratch (rank 0's local
 // lengths, the derived is_prefilling flags) and the split rule under DCP (a request still

@@ -1,7 +1,7 @@
-// The MLA graph-padding helpers (spec mla.md 3.5): interp_round_half_even (numpy's
+// The MLA graph-padding helpers (docs/design/mla.md §3.5): interp_round_half_even (numpy's
 // round(linspace(a, b, n + 1)[1:])) against an exact rational model (within one of it: numpy
 // computes in doubles; the last value exactly b; non-decreasing when b >= a), and
-// pad_actual_q_disable_mode / pad_actual_q_enable_mode against the spec's rules written here
+// pad_actual_q_disable_mode / pad_actual_q_enable_mode against the rules of docs/design/mla.md written here
 // (the copy of actual_q, then the interpolated or referenced tail); rejections name the
 // argument and leave the output untouched.
 #include <cmath>
@@ -52,7 +52,7 @@ void check_interp(fuzz::Bytes& in) {
     if (i > 1 && b <= a) FUZZ_CHECK(out[i - 1] <= out[i - 2]);
   }
   for (size_t i = n; i < out.size(); ++i) FUZZ_CHECK(out[i] == -9);
-  // Small exact cases: the value itself, half to even (the spec's examples: 5.75 -> 6, 6.5 -> 6).
+  // Small exact cases: the value itself, half to even (upstream's examples: 5.75 -> 6, 6.5 -> 6).
   if (std::llabs(a) < (1 << 20) && std::llabs(b) < (1 << 20) && (n & (n - 1)) == 0) {
     for (int32_t i = 1; i <= n; ++i) {
       const int64_t num = a * n + int64_t{i} * (b - a);  // exact, n a power of two: the double is exact too

@@ -1,8 +1,8 @@
 // The plan layer's sizing functions and the two planners reached elsewhere only through a step
 // planner: round_up, chunked_prefill_workspace_size (plan/workspace.h), hadamard_size and
 // fill_hadamard (plan/hadamard.h), pad_for_fia (plan/seq_lens.h) and plan_context_chunks
-// (plan/mla_plan.h) on their own. Sizes are checked in 128-bit arithmetic against the spec
-// formulas (an int64 overflow must be a rejection, never a wrapped size); the Hadamard matrix
+// (plan/mla_plan.h) on their own. Sizes are checked in 128-bit arithmetic against the
+// formulas of docs/design (an int64 overflow must be a rejection, never a wrapped size); the Hadamard matrix
 // against Sylvester's doubling; the FIA padding and the context chunks against naive models.
 #include "ascend_attn_rt/plan/hadamard.h"
 #include "ascend_attn_rt/mla/plan/mla_plan.h"
@@ -59,7 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!rej) FUZZ_CHECK(got == want);
       break;
     }
-    case 1: {  // chunked_prefill_workspace_size (spec gqa 9.7)
+    case 1: {  // chunked_prefill_workspace_size (docs/design/gqa.md §2.6)
       const int64_t L = any_i64(in), S = any_i64(in), B = in.flag() ? any_i64(in) : in.range(-1, 256);
       int64_t got = 0;
       const bool rej = rejected([&] { got = plan::chunked_prefill_workspace_size(L, S, B); });

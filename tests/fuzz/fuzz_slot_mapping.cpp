@@ -1,4 +1,4 @@
-// compute_slot_mapping (spec gqa 4.4) against the naive per-token formula; rejections leave
+// compute_slot_mapping (docs/design/gqa.md §2.4) against the naive per-token formula; rejections leave
 // slots_out untouched and happen exactly when the batch breaks one of the header's rules.
 #include "ascend_attn_rt/plan/slot_mapping.h"
 #include "fuzz_util.h"

@@ -1,8 +1,8 @@
 // The smaller plan functions of the sparse backends, each against the rule its header states
 // (written out here): format_dsa_slot_mapping (both overloads, both formats, both skip
-// encodings), build_dspark_swa_indices with dspark_swa_width (spec 6.6's visible slots, one
+// encodings), build_dspark_swa_indices with dspark_swa_width (docs/design/dsa.md §3.4's visible slots, one
 // row per token), dsa_decode_threshold, dsa_storage_block_size, build_valid_topk_mask and
-// mask_invalid_topk (spec 1.4), and the query_start_loc helpers of seq_lens.h. Rejections
+// mask_invalid_topk (docs/design/sparse.md §8), and the query_start_loc helpers of seq_lens.h. Rejections
 // leave every output untouched.
 #include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
@@ -104,7 +104,7 @@ void check_dspark(fuzz::Bytes& in) {
   FUZZ_CHECK(got == width);
   FUZZ_CHECK(width >= si.window + si.num_spec && (si.width != 0 || width % 128 == 0));
   const int32_t nreal = si.num_reqs_actual < 0 ? b.B() : si.num_reqs_actual;
-  // The expected rows, built token by token (spec 6.6).
+  // The expected rows, built token by token (docs/design/dsa.md §3.4).
   std::vector<int32_t> want(static_cast<size_t>(rows) * width, -1);
   for (int32_t r = 0; r < nreal; ++r) {
     const int64_t q = b.qsl[r + 1] - b.qsl[r], seq = b.seq_lens[r];

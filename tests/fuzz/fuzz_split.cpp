@@ -1,4 +1,4 @@
-// split_decodes_and_prefills (spec gqa 4.2): the counts partition the batch at one boundary,
+// split_decodes_and_prefills (docs/design/gqa.md §2.2): the counts partition the batch at one boundary,
 // the decode side holds only short requests, and the token counts follow query_start_loc.
 #include "ascend_attn_rt/plan/split.h"
 #include "fuzz_util.h"

@@ -1,4 +1,4 @@
-// select_attention_state (spec gqa 2.1) against the decision table written out row by row.
+// select_attention_state (docs/design/gqa.md §2.1) against the decision table written out row by row.
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "fuzz_util.h"
 

@@ -208,7 +208,7 @@ void fill_step_inputs(StepInputs& si, const Batch& b, Bytes& in) {
   si.decode_threshold = in.range(1, 3);
 }
 
-// Independent naive slot of token `t` of request `r` (spec gqa 4.4).
+// Independent naive slot of token `t` of request `r` (docs/design/gqa.md §2.4).
 inline int64_t naive_slot(const Batch& b, int32_t r, int32_t t) {
   const int64_t q = b.qsl[r + 1] - b.qsl[r];
   const int64_t pos = b.seq_lens[r] - q + (t - b.qsl[r]);

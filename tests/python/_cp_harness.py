@@ -1,4 +1,4 @@
-"""Multi-process harness of the context-parallel tests (spec cp.md 11).
+"""Multi-process harness of the context-parallel tests (docs/design/cp.md §9).
 
 ``run_ranks(world, case, *args)`` starts ``world`` processes with torch.multiprocessing's
 forkserver context (see ``_context``); each joins a gloo process group over a

@@ -1,5 +1,5 @@
 """Pieces shared by the DSA layer tests (test_dsa.py, test_dsa_a5.py, test_dsa_sfmla.py): a layer's metadata
-routing by compress ratio (spec 6.4), its caches allocated from the runtime's cache specs, reading a request's rows
+routing by compress ratio (docs/design/dsa.md §3.3), its caches allocated from the runtime's cache specs, reading a request's rows
 back out of a paged cache, and a layer run on any of the three attention-KV plans (LayerRun)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ _GROUP_ARGS = ("attention", "compressor_state", "indexer_cache", "indexer_state"
 
 
 def group_kw(ratio: int, md: dict, step) -> dict:
-    """The forward's group arguments of a layer of `ratio` (spec 6.4) from the step's {cache kind: metadata}
+    """The forward's group arguments of a layer of `ratio` (docs/design/dsa.md §3.3) from the step's {cache kind: metadata}
     dict, routed by aar.dsa.route_layer (compressed layers read their compressed-KV and compressor-state
     groups, C4 layers also the indexer's; the others are None)."""
     g = aar.dsa.route_layer(ratio, step, md)
@@ -26,12 +26,12 @@ def slot_rows(cache: torch.Tensor, table: torch.Tensor, n: int) -> torch.Tensor:
     return torch.stack([cache[table[c // rows], c % rows, 0] for c in range(n)]) if n else cache[:0, 0, 0]
 
 
-# The three attention-KV plans of spec 7.2 as the facade spells them: (device_kind, cache_dtype).
+# The three attention-KV plans of docs/design/dsa.md §4.2 as the facade spells them: (device_kind, cache_dtype).
 PLANS = {"a2": ("a2", None), "a5": ("a5", None), "a5_bf16": ("a5", "bfloat16")}
 
 
 def cache_kinds(ratio: int) -> list:
-    """The KV-cache groups a layer of `ratio` reads (spec 6.4), from the runtime."""
+    """The KV-cache groups a layer of `ratio` reads (docs/design/dsa.md §3.3), from the runtime."""
     return aar.dsa.layer_cache_kinds(ratio)
 
 
@@ -40,7 +40,7 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 
 
 def _as_view(raw: torch.Tensor, v: dict) -> torch.Tensor:
-    """A cache spec's view (dtype, shape, stride, storage_offset) over a raw byte buffer."""
+    """The view a cache_spec entry describes (dtype, shape, stride, storage_offset) over a raw byte buffer."""
     return raw.view(TORCH_DTYPES[v["dtype"]]).as_strided(v["shape"], v["stride"], v["storage_offset"])
 
 
@@ -48,7 +48,7 @@ def allocate_caches(groups: dict, kv_dtype) -> dict:
     """Every group's cache as the runtime describes it (GroupBuilder.cache_spec: the step's model dims, the
     group's plan and num_blocks), zero-filled; no shape is written here. The SWA and compressed KV caches with plain
     rows are in kv_dtype (the weights' dtype: float32 for reference runs), the fp8 plan's 640-byte rows, the states
-    and the indexer in their spec's dtypes. An indexer K cache with a full byte view (A5) is one raw buffer of
+    and the indexer in the dtypes cache_spec gives. An indexer K cache with a full byte view (A5) is one raw buffer of
     num_blocks padded pages viewed as k rows, scales and full rows, the runtime's layout.
     Returns {"swa", "compress_kv", "state", "indexer_state", "indexer_k", "indexer_scale", "indexer_full",
     "indexer_raw"} (None where the groups have no such cache)."""
@@ -83,7 +83,7 @@ class LayerRun:
 
     Caches: plain rows (a2, a5_bf16) are in the weights' dtype (float32 for reference runs); "a5" has the 640-byte
     MXFP8 rows. The indexer is int8 + fp16 scales on a2 and fp8 + fp32 scales in one raw page with the full byte
-    view on both A5 plans (spec 6.2).
+    view on both A5 plans (docs/design/dsa.md §2.2).
     A bf16 checkpoint (no wo_a_scale) runs the grouped-bmm o_proj on every plan."""
 
     def __init__(self, d, plan, dtype, nreq, *, k=0, seed=0, max_blocks=200, w=None, x=None, cbs=32, maxpos=1024,

@@ -1,30 +1,30 @@
-"""Independent float64 reference of DeepSeek-V4 attention (DSA), written from the model equations of spec
-sparse.md 1.6 (with the DSV4 "interleave" RoPE of 1.1.1, the Hadamard of 1.5 and DSpark of 6.6), not from the
+"""Independent float64 reference of DeepSeek-V4 attention (DSA), written from the model equations of 
+docs/design/dsa.md §1.1 (with the DSV4 "interleave" RoPE of docs/design/sparse.md §2, the Hadamard of docs/design/sparse.md §3 and DSpark of docs/design/dsa.md §3.4), not from the
 runtime or its operator twins. One request at a time; every function computes in float64 (weights, tables and
 activations of any float dtype are promoted).
 
-  prolog (1.6 steps 1-3):
+  prolog (docs/design/dsa.md §1.1):
     qr = RMSNorm(x W_q_a^T) * q_norm;  q = qr W_q_b^T viewed (N, D);  q <- q / sqrt(mean(q^2) + eps) per head
     kv = RMSNorm(x W_kv^T) * kv_norm   (D, one shared head; it is the SWA cache row)
     interleave RoPE (pairs (2i, 2i+1), tables read at the same index as x) on q[..., D-R:] and kv[D-R:] at p
-  compressor (1.6.1), ratio r, coff in {1, 2}: kv_t = x_t W_kv^T, g_t = x_t W_gate^T + ape[p_t mod r]
+  compressor (docs/design/dsa.md §1.2), ratio r, coff in {1, 2}: kv_t = x_t W_kv^T, g_t = x_t W_gate^T + ape[p_t mod r]
     (width coff*D); row c covers [c r, (c+1) r) and exists once position (c+1) r - 1 exists.
     coff=1: y[d] = sum_k softmax_k(g[k, d]) kv[k, d] over the r tokens of group c.
     coff=2: 2r entries: group c-1's tokens with columns [0, D), group c's with [D, 2D); for c = 0 the previous
             entries are kv = 0, score = -inf. Per-feature softmax over the 2r entries.
     then y = RMSNorm(y) * norm, interleave RoPE on y[D-R:] at position c r.
-  indexer (1.6.2, ratio 4 only, unquantised): q_i = qr W_idx_q_b^T viewed (n_idx, Di), RoPE on its last R dims
+  indexer (docs/design/dsa.md §1.3, ratio 4 only, unquantised): q_i = qr W_idx_q_b^T viewed (n_idx, Di), RoPE on its last R dims
     at p, then rotate_activation (x H^T / sqrt(Di), H the Sylvester +-1 matrix, 1.5); k_i = C4Li compressor rows
     (coff 2, ratio 4, width Di), rotate_activation; w = (x W_weights_proj^T) Di^-0.5 n_idx^-0.5;
     score(t, c) = sum_h w[t, h] relu(q_i[t, h] . k_i[c]); row t at p sees c < floor((p + 1) / 4);
     top-K by descending score (ties: lower row first), -1 padded.
-  SAS attention (1.6.3): query row at p attends SWA keys kv[max(0, p-(W-1)) .. p] plus compressed rows
+  SAS attention (docs/design/dsa.md §1.4): query row at p attends SWA keys kv[max(0, p-(W-1)) .. p] plus compressed rows
     c < floor((p+1)/ratio) (all of them when ratio != 4; when ratio == 4 only the top-k entries e with
     0 <= e < limit, -1 skipped, duplicates counted as many times as listed, like the SFA scan), logits
     scale * q[h] . k over all D dims, scale = D^-0.5; the per-head sink joins the denominator only; v = k.
-  output (1.6 steps 7-8): inverse RoPE (-sin) on o[..., D-R:] at p; o_proj viewed (G, N D / G),
+  output (docs/design/dsa.md §1.1): inverse RoPE (-sin) on o[..., D-R:] at p; o_proj viewed (G, N D / G),
     per group @ wo_a[g] (N D / G, o_lora), concatenated (G o_lora), @ wo_b^T.
-  DSpark (6.6, SWA-only layers): every draft row sees the W context tokens before the draft block plus the whole
+  DSpark (docs/design/dsa.md §3.4, SWA-only layers): every draft row sees the W context tokens before the draft block plus the whole
     draft block of q tokens, non-causally (the num_spec argument bounds q: q_len > num_spec raises).
 """
 
@@ -117,7 +117,7 @@ def make_dsa_weights(d: DsaDims, dtype, gen) -> Dict[str, torch.Tensor]:
 
 def rope_tables(max_pos: int, R: int, base: float = 10000.0) -> Tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin), each (max_pos, R) float32, repeat-interleaved: column 2i and 2i+1 hold angle p * base^(-2i/R)
-    (spec 1.1.1 DSV4; plain inv_freq: a YaRN table is just another input)."""
+    (docs/design/sparse.md §2 DSV4; plain inv_freq: a YaRN table is just another input)."""
     inv = base ** (-torch.arange(0, R, 2, dtype=F64) / R)
     ang = torch.arange(max_pos, dtype=F64)[:, None] * inv[None, :]
     return (ang.cos().repeat_interleave(2, -1).to(torch.float32),
@@ -125,7 +125,7 @@ def rope_tables(max_pos: int, R: int, base: float = 10000.0) -> Tuple[torch.Tens
 
 
 def interleave_rope(x, cos_rows, sin_rows):
-    """DSV4 interleave RoPE (1.1.1) of the slice x (..., R): y[2i] = x[2i] c[2i] - x[2i+1] s[2i],
+    """DSV4 interleave RoPE (docs/design/sparse.md §2) of the slice x (..., R): y[2i] = x[2i] c[2i] - x[2i+1] s[2i],
     y[2i+1] = x[2i+1] c[2i+1] + x[2i] s[2i+1]. cos_rows/sin_rows (T, R) rows for x's leading axis T (broadcast over
     any middle axes). Pass -sin_rows for the inverse rotation. Returns float64."""
     x = x.to(F64)
@@ -163,7 +163,7 @@ def sylvester_hadamard(n: int) -> torch.Tensor:
 
 
 def rotate_activation(x):
-    """Spec 1.5 DSV4: zero-pad the last axis to 2^ceil(log2 d), @ H^T, times d^-0.5 (original d), crop to d."""
+    """docs/design/sparse.md §3 DSV4: zero-pad the last axis to 2^ceil(log2 d), @ H^T, times d^-0.5 (original d), crop to d."""
     x = x.to(F64)
     dd = x.shape[-1]
     n = 1 << max(0, (dd - 1).bit_length())
@@ -180,12 +180,12 @@ def _w(w, k):
 
 
 def q_lora(d: DsaDims, w, x):
-    """qr = RMSNorm(x W_q_a^T) * q_norm (1.6 step 1), (T, q_lora)."""
+    """qr = RMSNorm(x W_q_a^T) * q_norm (docs/design/dsa.md §1.1), (T, q_lora)."""
     return rms(x.to(F64) @ _w(w, "wq_a").T, w["q_norm"], d.eps)
 
 
 def prolog(d: DsaDims, w, x, pos, cos, sin):
-    """1.6 steps 1-3 for tokens x (T, hidden) at absolute positions pos (T,): (q (T, N, D), kv (T, D)), both
+    """docs/design/dsa.md §1.1 for tokens x (T, hidden) at absolute positions pos (T,): (q (T, N, D), kv (T, D)), both
     RoPE'd on their last R dims with the table rows cos[pos], sin[pos]."""
     pos = torch.as_tensor(pos, dtype=torch.long)
     cr, sr = cos[pos], sin[pos]
@@ -201,7 +201,7 @@ def swa_rows(d: DsaDims, w, x_all, cos, sin):
 
 
 def compress_rows(x_all, wkv, wgate, ape, norm, ratio: int, coff: int, D: int, cos, sin, R: int, eps: float):
-    """Spec 1.6.1: all complete compressed rows (S // ratio, D) of one request's tokens x_all (positions 0..S-1)."""
+    """docs/design/dsa.md §1.2: all complete compressed rows (S // ratio, D) of one request's tokens x_all (positions 0..S-1)."""
     if coff not in (1, 2):
         raise ValueError(f"coff must be 1 or 2, got {coff}")
     x = x_all.to(F64)
@@ -270,7 +270,7 @@ def topk_rows(scores, visible: List[int], K: int):
 
 
 def indexer_topk(d: DsaDims, w, x_all, q_len: int, cos, sin):
-    """Spec 1.6.2 (unquantised) for the last q_len tokens of a request whose tokens are x_all:
+    """docs/design/dsa.md §1.3 (unquantised) for the last q_len tokens of a request whose tokens are x_all:
     (topk (q_len, K) int64 compressed-row ids, scores (q_len, S // 4) float64 for every complete row, including
     rows the query does not see)."""
     S = x_all.shape[0]
@@ -286,7 +286,7 @@ def indexer_topk(d: DsaDims, w, x_all, q_len: int, cos, sin):
 
 
 def sas_attention(d: DsaDims, q, swa_kv, cmp_kv, pos, sinks, cmp_topk=None, ori_positions=None):
-    """Spec 1.6.3 for query rows q (T, N, D) at absolute positions pos (T,). swa_kv (S, D) are the request's SWA rows
+    """docs/design/dsa.md §1.4 for query rows q (T, N, D) at absolute positions pos (T,). swa_kv (S, D) are the request's SWA rows
     by position; cmp_kv (C, D) its compressed rows (None or empty: none). Visible compressed rows are
     c < floor((p+1)/ratio): all of them when cmp_topk is None, else only the listed entries e (0 <= e < limit; -1 and
     out-of-range skipped; duplicates counted). ori_positions: optional per-row list of the raw positions to attend
@@ -322,21 +322,21 @@ def sas_attention(d: DsaDims, q, swa_kv, cmp_kv, pos, sinks, cmp_topk=None, ori_
 
 
 def o_proj(d: DsaDims, w, o):
-    """1.6 step 8: o (T, N, D) viewed (T, G, N D / G), per-group @ wo_a[g], concat (T, G o_lora), @ wo_b^T."""
+    """docs/design/dsa.md §5.2: o (T, N, D) viewed (T, G, N D / G), per-group @ wo_a[g], concat (T, G o_lora), @ wo_b^T."""
     T = o.shape[0]
     og = o.to(F64).reshape(T, d.G, d.N * d.D // d.G)
     return torch.einsum("tgi,gio->tgo", og, _w(w, "wo_a")).reshape(T, d.G * d.o_lora) @ _w(w, "wo_b").T
 
 
 def dspark_positions(S: int, q_len: int, W: int) -> List[int]:
-    """Spec 6.6: the raw positions every draft row sees: [max(S - q_len - W, 0), S)."""
+    """docs/design/dsa.md §3.4: the raw positions every draft row sees: [max(S - q_len - W, 0), S)."""
     return list(range(max(S - q_len - W, 0), S))
 
 
 def dsa_layer(d: DsaDims, w, x_all, q_len: int, cos, sin, topk=None, dspark: Optional[int] = None):
-    """Output (q_len, hidden) float64 of the last q_len tokens of a request whose tokens are x_all (spec 1.6).
+    """Output (q_len, hidden) float64 of the last q_len tokens of a request whose tokens are x_all (docs/design/dsa.md §1.1).
     topk: (q_len, K) compressed-row ids for ratio 4 (None: computed by indexer_topk); ignored otherwise.
-    dspark: num_spec of a DSpark draft step (6.6): SWA-only layers, q_len <= num_spec; every row sees the W context
+    dspark: num_spec of a DSpark draft step (docs/design/dsa.md §3.4): SWA-only layers, q_len <= num_spec; every row sees the W context
     tokens before the block and the whole block, non-causally."""
     S = x_all.shape[0]
     if not 0 < q_len <= S:

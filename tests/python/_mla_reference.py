@@ -10,7 +10,7 @@ equations, not from the runtime or the kernels:
   out = softmax(s) v  over the full (un-absorbed) heads, then o_proj.
 
 The paged caches hold c_kv (latent cache) and the RoPE'd k_rope in half-split order
-([y0, y2, ..., y1, y3, ...], spec mla.md 1.2 / 6.1); the helper writing the
+([y0, y2, ..., y1, y3, ...], docs/design/mla.md §1.2 / §1.3); the helper writing the
 context into them states that convention here independently.
 """
 

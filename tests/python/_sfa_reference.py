@@ -1,14 +1,14 @@
 """Independent float64 reference of DeepSeek-V3.2 sparse attention (SFA), written from the model
-equations of spec sparse.md section 1, not from the runtime or its operator twins:
+equations of docs/design/sfa.md §1, not from the runtime or its operator twins:
 
   MLA projections as in _mla_reference (q-LoRA c_q, q_nope/q_rope, latent c_kv, k_rope, GPT-J RoPE);
-  lightning indexer (1.2):
+  lightning indexer (docs/design/sparse.md §4):
     kw    = x W_k^T -> k = LayerNorm(kw) (gamma, beta), then RoPE on its first R dims (neox: pairs (i, i+R/2);
             glm_moe_dsa: pairs (2i, 2i+1)); w = x W_w^T (n_head weights, no extra scaling)
     q_li  = c_q W_qb^T viewed (n_head, D_i), the same RoPE
     score(t, s) = sum_h w[t, h] * relu(q_li[t, h] . k[s]),  s visible iff s <= pos_t (right-down causal)
     top-k = the K visible positions of highest score (ties: lower position first), then -1
-  sparse attention (1.3): softmax over the selected positions only of
+  sparse attention (docs/design/sparse.md §5): softmax over the selected positions only of
     scale * (q_nope . k_nope + q_rope . k_rope) (un-absorbed heads here), out = sum P v, then o_proj.
 The scan rule of the kernel (stop at the first -1, skip positions past the row's threshold) is applied to the
 top-k rows explicitly, so a reference row may be given any index list.

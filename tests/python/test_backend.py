@@ -244,7 +244,7 @@ def test_build_for_graph_capture():
                                   torch.tensor([[1, 0, 0, 0]], dtype=torch.int32), state=S.PrefillNoCache)
 
 
-# ----------------------------------------------------------------------------- attention state derivation (spec 2.1)
+# ----------------------------------------------------------------------------- attention state derivation (docs/design/gqa.md §2.1)
 
 
 def _state(q_lens, seq_lens, num_spec=None, **builder_kw):
@@ -318,7 +318,7 @@ def test_plan_select_attention_state(computed, sched, kw, expected):
     assert got == expected
 
 
-# ----------------------------------------------------------------------------- split (spec 4.2)
+# ----------------------------------------------------------------------------- split (docs/design/gqa.md §2.2)
 
 
 def _split(qsl, n_act, max_q, **kw):
@@ -351,7 +351,7 @@ def test_split_cases(qsl, n_act, max_q, kw, expected):
     assert _split(qsl, n_act, max_q, **kw) == expected
 
 
-# ----------------------------------------------------------------------------- workspace size (spec 9.7)
+# ----------------------------------------------------------------------------- workspace size (docs/design/gqa.md §2.6)
 
 
 @pytest.mark.parametrize(

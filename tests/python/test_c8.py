@@ -1,4 +1,4 @@
-"""C8 backend (static INT8 KV cache, spec gqa.md 8) against an independent float64 reference.
+"""C8 backend (static INT8 KV cache, docs/design/gqa.md §5) against an independent float64 reference.
 
 The reference here never calls the runtime:
 * quantisation q = clamp(round_half_even(x * (1/scale) + offset), -128, 127) (fp32, as

@@ -1,6 +1,6 @@
 """The context-parallel collective interface (cp.Comm, include/ascend_attn_rt/comm/comm.h)
-over real gloo process groups of 2 and 4 local processes (spec cp.md 7, 11), and the
-LSE-merge operator npu_attention_update (spec 6) against a float64 log-sum-exp reference.
+over real gloo process groups of 2 and 4 local processes (docs/design/cp.md §8, §9), and the
+LSE-merge operator npu_attention_update (docs/design/cp.md §7) against a float64 log-sum-exp reference.
 
 Each collective is checked against its definition: every rank regenerates every other
 rank's input from the shared seed and computes the expected result itself.
@@ -69,7 +69,7 @@ def _collectives(comm, rank, world, dtype):
     comm.all_to_all_single(a_ins[rank], out=out)
     n += 2
     assert torch.equal(out, expect)
-    # The spec 6.2 wire layout: [Wd*H, D+1, T] fp32 partials, one block of H heads per rank.
+    # The docs/design/cp.md §7.2 wire layout: [Wd*H, D+1, T] fp32 partials, one block of H heads per rank.
     H, D, T = 2, 8, 3
     wire = [_input(r, (world * H, D + 1, T), torch.float32, seed=3) for r in range(world)]
     got = comm.all_to_all_single(wire[rank])
@@ -152,7 +152,7 @@ def _case_log(rank, world):
 
 
 def _case_subgroups(rank, world):
-    # Spec 11: every rank creates every group, in the same order (DCP pairs over 4 ranks).
+    # docs/design/cp.md §9: every rank creates every group, in the same order (DCP pairs over 4 ranks).
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = groups[rank // 2]
     other = groups[1 - rank // 2]
@@ -286,7 +286,7 @@ def test_peer_that_never_calls_times_out():
 # ----------------------------------------------------------------------------- npu_attention_update
 
 def _lse_merge_f64(lses, outs):
-    """float64 log-sum-exp merge (spec 6.1) with empty partitions (-inf, +inf or NaN LSE) dropped;
+    """float64 log-sum-exp merge (docs/design/cp.md §7.1) with empty partitions (-inf, +inf or NaN LSE) dropped;
     a row with no partition left gives 0 / -inf."""
     L = torch.stack([x.double() for x in lses])          # (N, M)
     O = torch.stack([x.double() for x in outs])          # (N, M, D)
@@ -308,7 +308,7 @@ _MERGE = {
 
 @pytest.mark.parametrize("via", list(_MERGE))
 def test_attention_update_upstream_example(via):
-    # Spec 8: outputs [1,3] and [5,7] with LSE [0, ln 3] merge to [4,6] with LSE ln 4
+    # docs/design/cp.md §9: outputs [1,3] and [5,7] with LSE [0, ln 3] merge to [4,6] with LSE ln 4
     # (the op needs D a multiple of 8: the pair is repeated four times).
     outs = [torch.tensor([[1.0, 3.0] * 4]), torch.tensor([[5.0, 7.0] * 4])]
     lses = [torch.tensor([0.0]), torch.tensor([math.log(3.0)])]
@@ -326,7 +326,7 @@ def _attend_f64(q, k, v, scale):
 
 @pytest.mark.parametrize("via", list(_MERGE))
 def test_attention_update_three_shards_equal_unsharded_attention(via):
-    # Spec 8 (test_attention_cp_precision): Q [5,3,8], K/V [12,3,8] in 3 contiguous shards.
+    # docs/design/cp.md §9 (test_attention_cp_precision): Q [5,3,8], K/V [12,3,8] in 3 contiguous shards.
     g = torch.Generator().manual_seed(3)
     T, H, D, S = 5, 3, 8, 12
     q, k, v = (torch.randn(n, H, D, generator=g, dtype=torch.float64) for n in (T, S, S))
@@ -339,7 +339,7 @@ def test_attention_update_three_shards_equal_unsharded_attention(via):
     out, lse = _MERGE[via](lses, outs, 1)
     torch.testing.assert_close(out.double().view(T, H, D), ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.double().view(T, H), ref_lse, atol=1e-5, rtol=1e-5)
-    # The float64 reference merge is exact to 1e-10 (spec 8's tolerance).
+    # The float64 reference merge is exact to 1e-10 (docs/design/cp.md §9's tolerance).
     m64, l64 = _lse_merge_f64([l.reshape(T * H) for _, l in parts], [o.reshape(T * H, D) for o, _ in parts])
     torch.testing.assert_close(m64.view(T, H, D), ref, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(l64.view(T, H), ref_lse, atol=1e-10, rtol=1e-10)

@@ -1,4 +1,4 @@
-"""The shared DCP exchange (comm/dcp_exchange.h, spec cp.md 4, 6.2, 7) over real gloo groups:
+"""The shared DCP exchange (comm/dcp_exchange.h, docs/design/cp.md §4, §7.2, §8) over real gloo groups:
 the query-head gather and the partial all-to-all + LSE merge against an unsharded
 float64 attention; gathers into a given `out` reuse the Comm's staging."""
 

@@ -1,4 +1,4 @@
-"""Graph capture of DCP decode (cp/gqa_dcp.h, mla/impl.h; spec cp.md 4 "Graph mode", mla.md 7.3)
+"""Graph capture of DCP decode (cp/gqa_dcp.h, mla/impl.h; docs/design/cp.md §4 "Graph mode", docs/design/mla.md §6.2)
 over real gloo groups of 2 ranks.
 
 A decode bucket is captured once (KV write, query gather, the local paged call, exchange +
@@ -182,7 +182,7 @@ def _mla_case(rank, W, I, dtype_name, spec=0):
 
     md = b_graph.build(torch.tensor([0, qn], dtype=torch.int32), torch.tensor([9], dtype=torch.int32),
                        table_of(st0)[:1].contiguous(), num_input_tokens=NT)
-    # One decode row per token under DCP speculative decode (spec cp.md 3.4), one per request otherwise.
+    # One decode row per token under DCP speculative decode (docs/design/cp.md §3.3), one per request otherwise.
     rows = NT if spec else MLA_BUCKET
     assert md.decode_num_kernel_reqs == rows and md.decode_seq_lens_list[qn:] == [0] * (rows - qn)
     g = aar.GraphParams("recording")
@@ -240,6 +240,6 @@ def _mla_case(rank, W, I, dtype_name, spec=0):
                                           (1, "float32", 1), (2, "bfloat16", 2)])
 def test_mla_dcp_decode_graph_replays_like_eager(I, dtype, spec):
     # spec > 0: speculative decode inside the capture (1 + spec tokens per request, per-token rows
-    # with the interleave-aware causal lengths of cp.md 3.4; a history of one token with I = 2
+    # with the interleave-aware causal lengths of docs/design/cp.md §3.3; a history of one token with I = 2
     # leaves rank 1 with no local key at or before the first queries' positions).
     assert run_ranks(2, _mla_case, I, dtype, spec, deadline_s=120.0) == [5, 5]

@@ -1,6 +1,6 @@
 # The DSA layer forward (aar.dsa.Impl, dsa/impl.h) over multi-step runs with the
 # metadata builders, against the float64 reference tests/python/_dsa_reference.py
-# (spec sparse.md 1.6, 6.3, 6.8): outputs, and the SWA / compressed / indexer
+# (docs/design/dsa.md §1.1, §2.3, §5.1): outputs, and the SWA / compressed / indexer
 # cache rows after each step. The A2 plan (bf16 rows, int8 indexer).
 import math
 
@@ -13,7 +13,7 @@ import _dsa_reference as ref
 from _dsa_harness import allocate_caches, group_kw, slot_rows
 
 F64 = torch.float64
-CBS = 32  # cache block size (spec 6.2 table row 32)
+CBS = 32  # cache block size (docs/design/dsa.md §2.2 table row 32)
 MAXPOS = 1024
 
 
@@ -67,7 +67,7 @@ class Run:
         if draft is None:
             st = self.sb.build(*args, num_input_tokens=qsl[-1] + pad)
             md = {kd: self.gb[kd].build(st, self.tables[kd][reqs].contiguous()) for kd in self.kinds}
-        else:  # spec 6.5 draft mode: SWA-only layers, the draft lane `draft`
+        else:  # docs/design/dsa.md §3.1 draft mode: SWA-only layers, the draft lane `draft`
             st = self.sb.build_for_drafting(*args, draft, num_input_tokens=qsl[-1] + pad)
             md = {kd: self.gb[kd].build_for_drafting(st, self.tables[kd][reqs].contiguous(), draft)
                   for kd in self.kinds}
@@ -288,7 +288,7 @@ def test_bad_input_raises_before_writing():
         run.impl.forward(hid, run.kv, st, md["swa"], out, attention=md["c4_kv"], compressor_state=md["c4_attn_state"])
     with pytest.raises(ValueError, match="output"):
         run.impl.forward(hid, run.kv, st, md["swa"], out[:4], **full)
-    # the indexer group's QLI blob (spec 6.5 step 3) was made for the builders' indexer dims, not this layer's
+    # the indexer group's QLI blob (docs/design/dsa.md §3.2) was made for the builders' indexer dims, not this layer's
     assert md["c4_indexer_k"].qli_metadata_filled
     d5 = dims(4, n_idx=d.n_idx + 1)
     other = aar.dsa.Impl(ref.make_dsa_weights(d5, torch.float32, torch.Generator().manual_seed(3)),
@@ -365,7 +365,7 @@ class OpLog(TorchDispatchMode):
 
 @pytest.mark.parametrize("dtype", DT)
 def test_dspark_draft_steps_swa_only(dtype):
-    # spec 6.6 / 6.5 "DSpark non-causal" / 6.8 (ratio <= 1: ori_sparse_indices): every draft row attends to the W
+    # docs/design/dsa.md §3.4 / §3.1 "DSpark non-causal" / §5.1 (ratio <= 1: ori_sparse_indices): every draft row attends to the W
     # context tokens before its block and the whole block (num_spec tokens at most), non-causally.
     ns = 3
     d = dims(1)
@@ -419,7 +419,7 @@ def test_dspark_draft_steps_swa_only(dtype):
 
 @pytest.mark.parametrize("ratio,k", [(1, 0), (4, 0), (128, 0), (4, 1), (1, 1)])
 def test_graph_padded_decode_batch_eager(ratio, k):
-    # The batches a captured decode bucket would replay (spec 6.5 step 3, 11.13): B requests of which
+    # The batches a captured decode bucket would replay (docs/design/dsa.md §3.2): B requests of which
     # [num_reqs_actual, B) are padding (0 tokens, S = 0, zeroed table rows), T = the bucket. Real rows as the
     # reference, padding rows zero, caches as the reference, block 0 (the zeroed rows' target) untouched. A padding
     # request with tokens but no KV is refused before anything is written.

@@ -1,4 +1,4 @@
-# The DSA layer forward (aar.dsa.Impl) on the A5 FP8 plan (spec sparse.md 7.1 A5 column, 7.2 "A5 other"):
+# The DSA layer forward (aar.dsa.Impl) on the A5 FP8 plan (docs/design/dsa.md §4.1 A5 column, §4.2 "A5 other"):
 # SWA / compressed KV as 640-byte MXFP8 rows written by kv_compress_epilog (flat slots), the fp8 indexer k
 # written by indexer_compress_epilog_v2 through the full byte view, fp8 indexer query + fp32 scales, fp32 LI
 # weights, attention through npu_kv_quant_sparse_attn_sharedkv (kv_quant_mode 1, tile 64, rope 64). o_proj follows
@@ -10,7 +10,7 @@
 #  - ref:   _dsa_reference.dsa_layer (no quantisation at all);
 #  - ref_q: the same layer composed from the reference's pieces (prolog q, sas_attention, inverse RoPE, o_proj)
 #           attending over the KV rows DECODED from the A5 caches (nope fp8 * 2^(e8m0 - 127), rope bf16). The
-#           decoded rows are themselves checked: bit-exact against the MXFP8 model of spec 1.6.3 applied to the A2
+#           decoded rows are themselves checked: bit-exact against the MXFP8 model of docs/design/dsa.md §1.4 applied to the A2
 #           plan's bf16 rows of the same step (e8m0 exponent per 64 nope dims = the smallest e with
 #           448 * 2^e >= amax, e4m3 round-to-nearest-even, rope bf16 verbatim, zero pad), and against the float64
 #           reference rows within one e4m3 rounding plus the bf16 tolerance. (Quantising the float64 rows instead
@@ -105,7 +105,7 @@ class Run:
                                            dtype=torch.int32)
         self.rows = {kd: gb.storage_block_size for kd, gb in self.gb.items()}
         # The caches from the runtime's specs: on A5 the 640-byte fp8 rows and the indexer's raw pages viewed as
-        # k rows, fp32 scales and the full byte rows (spec 6.2).
+        # k rows, fp32 scales and the full byte rows (docs/design/dsa.md §2.2).
         c = allocate_caches(self.gb, self.dtype)
         self.swa, self.cmp, self.state, self.istate = c["swa"], c["compress_kv"], c["state"], c["indexer_state"]
         self.ik, self.isc, self.ifull, self.raw = c["indexer_k"], c["indexer_scale"], c["indexer_full"], c["indexer_raw"]

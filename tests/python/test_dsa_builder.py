@@ -1,6 +1,6 @@
 # The DSA metadata builders (aar.dsa.StepBuilder / GroupBuilder, dsa/builder.h):
-# every field against brute-force references written here from spec sparse.md
-# 6.2 (geometry rule), 6.5, 6.6, 6.7, 1.6.1 (compressed rows).
+# every field against brute-force references written here from 
+# docs/design/dsa.md §2.2 (geometry rule), §3.1, §3.4, §3.5, §1.2 (compressed rows).
 import random
 
 import pytest
@@ -56,7 +56,7 @@ def fmt(slot, bs, flat):
 
 
 def ref_group(q, S, table, ratio, sbs, flat, nra=None, T=None):
-    """Rows a group emits (spec 1.6.1, 6.2 geometry rule), brute force."""
+    """Rows a group emits (docs/design/dsa.md §1.2, §2.2 geometry rule), brute force."""
     B = len(q)
     nra = B if nra is None else nra
     T = sum(q) if T is None else T
@@ -155,7 +155,7 @@ def check_group(gm, st, q, S, table, ratio, sbs, flat, nra=None, T=None, device_
     else:
         assert torch.equal(gm.cos, COS[pos]) and torch.equal(gm.sin, SIN[pos])
         assert gm.full_compress_cos is None
-    # cu_seqlens per plan (spec 6.5 step 3).
+    # cu_seqlens per plan (docs/design/dsa.md §3.2).
     a5 = device_kind == "a5"
     if st.has_prefill:
         assert gm.cu_seqlens_ori_kv.tolist() == st.query_start_loc_list and gm.cu_seqlens_cmp_kv is None
@@ -204,7 +204,7 @@ def test_decode_and_prefill_every_group(kind, bs, dk):
 
 
 def test_spec_example_counts():
-    # Spec 6.5: (T=13, B=3) gives 13 / 6 / 3 rows for ratios 1 / 4 / 128.
+    # docs/design/dsa.md §3.1: (T=13, B=3) gives 13 / 6 / 3 rows for ratios 1 / 4 / 128.
     sb = step_builder()
     q, S = [1, 4, 8], [100, 200, 300]
     st = sb.build(i32(ref_step(q, S)["qsl"]), i32(S))
@@ -544,7 +544,7 @@ def test_route_layer_names_bad_arguments():
 
 def test_sas_metadata_blob():
     group = lambda *a, **kw: globals()["group"](*a, mbr=64, **kw)
-    # A2: generated with spec 6.7's arguments (the CPU twin's blob records
+    # A2: generated with docs/design/dsa.md §3.5's arguments (the CPU twin's blob records
     # them: [2] heads, [5] B, [6] max q, [7] max kv, [9] cmp_topk, [10]
     # cmp_ratio, [13] ori_win_left, [17] has_cmp_kv, [18] total q, [19] total kv).
     sb = step_builder(num_heads_q=16, window=128)  # the SAS arguments are the model's, on the step builder
@@ -600,7 +600,7 @@ def test_staged_block_table(separate):
 
 
 def ref_qli_blob(q, S, heads, di, topk, T=None):
-    """The QLI metadata operator's blob for a step (spec 6.7's arguments), from the lists alone."""
+    """The QLI metadata operator's blob for a step (docs/design/dsa.md §3.5's arguments), from the lists alone."""
     qsl = [0]
     for x in q:
         qsl.append(qsl[-1] + x)
@@ -612,7 +612,7 @@ def ref_qli_blob(q, S, heads, di, topk, T=None):
 
 
 def test_qli_metadata_blob_filled_by_the_indexer_group():
-    # spec 6.5 step 3 / 6.7: the C4 indexer-cache group fills the QLI blob into its stable buffer.
+    # docs/design/dsa.md §3.2 / §3.5: the C4 indexer-cache group fills the QLI blob into its stable buffer.
     sb = step_builder(index_n_heads=8, index_head_dim=32, index_topk=16)
     g = group(sb, "c4_indexer_k", bs=128, mbr=64)
     t = i32(make_table(3, 64, 512, 5))
@@ -637,7 +637,7 @@ def test_qli_metadata_blob_filled_by_the_indexer_group():
     gm = g.build(st, t[:3].contiguous().repeat(2, 1)[:4].contiguous())
     assert gm.qli_metadata.data_ptr() == addr
     assert torch.equal(gm.qli_metadata, ref_qli_blob([1, 1, 1, 1], [40, 9, 0, 0], 8, 32, 16))
-    # defaults are spec 6.7's (64 heads, Di 128, top-k 512)
+    # defaults are docs/design/dsa.md §3.5's (64 heads, Di 128, top-k 512)
     sbd = step_builder()
     std = sbd.build_for_graph_capture(i32([0, 1, 2, 3, 4]), i32([40, 9, 0, 0]), num_reqs_actual=2)
     d = group(sbd, "c4_indexer_k", mbr=64).build(std, t[:3].contiguous().repeat(2, 1)[:4].contiguous())

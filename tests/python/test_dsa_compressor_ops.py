@@ -1,7 +1,7 @@
 """The DeepSeek-V4 (DSA) compressor operators of vllm-ascend (issue 12) through the dispatcher: the CPU twins
 (``torch.ops.ascend_cpu_va``) of ``compressor``, ``compressor_metadata`` / ``compressor_metadata_out``,
 ``kv_compress_epilog`` and ``indexer_compress_epilog_v2`` against float64 / brute-force references written here
-from spec sparse.md 1.6.1, 1.6.3, 6.2, 7.1 and 9, and the no-compute kernels (``ascend_noop_va``) for shapes.
+from docs/design/dsa.md §1.2, §1.4, §2.2, §4.1 and docs/design/ops.md §4.6, and the no-compute kernels (``ascend_noop_va``) for shapes.
 
 The compressor is driven like a serving engine drives it: several requests, each a fixed stream of hidden
 states, processed in steps (one prefill step, or a prefill chunked over many steps, then decode steps), with the
@@ -33,7 +33,7 @@ def i32(v):
 
 
 def rope_tables(max_pos, rd, base=10000.0):
-    """Repeat-interleaved cos/sin tables (max_pos, rd) fp32, as DSV4 builds them (spec 1.1.1)."""
+    """Repeat-interleaved cos/sin tables (max_pos, rd) fp32, as DSV4 builds them (docs/design/sparse.md §2)."""
     inv = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
     ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
     return ang.cos().repeat_interleave(2, 1).float(), ang.sin().repeat_interleave(2, 1).float()
@@ -49,7 +49,7 @@ class Weights:
 
 
 def ref_rows(w, xs, c_lo, c_hi, cos, sin, rd, eps):
-    """Float64 rows c in [c_lo, c_hi) of one request whose raw hidden states are xs (S, H) (spec 1.6.1)."""
+    """Float64 rows c in [c_lo, c_hi) of one request whose raw hidden states are xs (S, H) (docs/design/dsa.md §1.2)."""
     d, r, coff = w.d, w.r, w.coff
     x = xs.double()
     kv = x @ w.wkv.double().T
@@ -281,7 +281,7 @@ def test_decode_only_padding_and_empty_requests():
 
 
 def brute_metadata(cos_full, sin_full, cu, start, table, bs, fmt, r, rows, nra):
-    """Slots by the geometry rule (spec 6.2): compressed row c of request b -> table[b][c // bs] * bs + c % bs."""
+    """Slots by the geometry rule (docs/design/dsa.md §2.2): compressed row c of request b -> table[b][c // bs] * bs + c % bs."""
     ents = []
     for b in range(nra):
         q, s = cu[b + 1] - cu[b], start[b]

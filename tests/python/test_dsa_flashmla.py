@@ -1,6 +1,6 @@
-"""SparseFlashMla (CANN cann_ops_transformer::sparse_flash_mla + _metadata, spec sparse.md 7.2, the A5 + bf16 DSA
+"""SparseFlashMla (CANN cann_ops_transformer::sparse_flash_mla + _metadata, docs/design/dsa.md §4.2, the A5 + bf16 DSA
 attention): the CPU twins (``torch.ops.ascend_cpu_cot``) against a float64 brute-force shared-KV sparse attention
-over bf16 PA_BBND pages written here (spec 1.6.3), against the npu_sparse_attn_sharedkv twin on the same inputs, the
+over bf16 PA_BBND pages written here (docs/design/dsa.md §1.4), against the npu_sparse_attn_sharedkv twin on the same inputs, the
 adapter's derived lengths (S // r, S % r, max // r) against brute-force values, the interface checks, and the
 in-place npu_scatter_nd_update_ KV writes with (block, offset) index pairs on a PA_BBND cache."""
 
@@ -42,7 +42,7 @@ def _pages(lengths, block_size, g):
 
 
 def _reference(q, q_lens, kv_lens, ori_rows, win_left, ratio=1, cmp_rows=None, topk=None, sinks=None, scale=1.0):
-    """float64 brute force of spec 1.6.3: window keys of the raw rows, causal compressed rows (all, or the top-k
+    """float64 brute force of docs/design/dsa.md §1.4: window keys of the raw rows, causal compressed rows (all, or the top-k
     entries below the visible limit), a per-head sink in the denominator."""
     out = torch.zeros(q.shape, dtype=torch.float64)
     t = 0
@@ -175,7 +175,7 @@ def test_adapter_lengths_match_brute_force(ratio):
 
 
 def test_inplace_scatter_writes_pa_bbnd_rows_and_skips_negative_blocks():
-    """The A5 + BF16 KV write (spec 7.2): in-place npu_scatter_nd_update_(cache, idx [T, 2], rows) on a
+    """The A5 + BF16 KV write (docs/design/dsa.md §4.2): in-place npu_scatter_nd_update_(cache, idx [T, 2], rows) on a
     (nb, bs, 1, D) cache; a scheduler slot s maps to (s // bs, s % bs), an invalid slot to block -1, which writes
     nothing (the explicit skip)."""
     g = torch.Generator().manual_seed(11)

@@ -1,6 +1,6 @@
 """The DeepSeek-V4 (DSA) operators of vllm-ascend's ``_C_ascend`` (issue 12) through the dispatcher: the CPU
 twins (``torch.ops.ascend_cpu_va``) of ``npu_sparse_attn_sharedkv`` (+ ``_metadata``), ``npu_scatter_nd_update_v2``
-and ``inplace_partial_rotary_mul`` against float64 references written here from spec sparse.md 1.6.3 / 1.1.1 / 7.1
+and ``inplace_partial_rotary_mul`` against float64 references written here from docs/design/dsa.md §1.4 / docs/design/sparse.md §2 / docs/design/dsa.md §4.1
 (SWA windows, C4 sparse compressed rows with -1 and out-of-limit entries, C128-style dense compressed rows, sinks,
 DSpark physical ori slots, empty rows, TND and BSND, fp32 and bf16), the no-compute kernels' shapes
 (``ascend_noop_va``, CPU and meta), and bad input refused by name with caller buffers untouched."""
@@ -76,7 +76,7 @@ class Case:
 
 def reference(case, *, win_left=None, win_right=0, ori=True, ori_slots=None, cmp=False, cmp_idx=None, sinks=None,
               scale=0.1):
-    """float64 out (T, N, D) and lse (T, N) of spec 1.6.3, one row at a time."""
+    """float64 out (T, N, D) and lse (T, N) of docs/design/dsa.md §1.4, one row at a time."""
     T, N, D = case.T, case.n, case.d
     out = torch.zeros(T, N, D, dtype=torch.float64)
     lse = torch.full((T, N), -math.inf, dtype=torch.float64)
@@ -231,7 +231,7 @@ def test_empty_rows_with_sink_give_zero_and_lse_sink():
 
 
 def _dspark_slots(case, bs, W, num_spec):
-    """spec 6.6: physical slots of the trailing W context tokens plus the draft block, repeated per row."""
+    """docs/design/dsa.md §3.4: physical slots of the trailing W context tokens plus the draft block, repeated per row."""
     width = ((W + num_spec + 127) // 128) * 128
     rows = []
     for b in range(case.B):
@@ -479,7 +479,7 @@ def test_inplace_partial_rotary_mul(dtype, mode):
     assert CPU.inplace_partial_rotary_mul(x, cos, sin, mode, [a, b]) is None
     torch.testing.assert_close(x.double(), want, rtol=TOL[dtype], atol=TOL[dtype])
     assert torch.equal(x[..., :a], orig[..., :a])  # outside the slice: untouched
-    # -sin de-rotates (spec 1.6 step 7).
+    # -sin de-rotates (docs/design/dsa.md §1.1).
     CPU.inplace_partial_rotary_mul(x, cos, -sin, mode, [a, b])
     torch.testing.assert_close(x.double(), orig.double(), rtol=2 * TOL[dtype], atol=4 * TOL[dtype])
 
@@ -546,7 +546,7 @@ def test_noop_shapes(device, lse):
 
 
 def _pack_a5_rows(x, g):
-    """(M, 512) float -> (M, 640) float8_e4m3fn bytes: [448 fp8 nope | 64 bf16 rope | 7 e8m0 | 57 pad] (spec 1.6.3),
+    """(M, 512) float -> (M, 640) float8_e4m3fn bytes: [448 fp8 nope | 64 bf16 rope | 7 e8m0 | 57 pad] (docs/design/dsa.md §1.4),
     each 64-group's scale 2^(e - 127) with e = ceil(log2(amax / 448)) + 127; the pad holds random bytes."""
     m = x.shape[0]
     nope, rope = x[:, :448].double(), x[:, 448:].to(torch.bfloat16)

@@ -1,5 +1,5 @@
-"""The DSA plan layer from Python (aar.dsa): the attention-KV plan of spec sparse.md 7.1 / 7.2, the backend
-descriptors of 6.1 and the cache specs of 6.2. The tables are checked row by row in the GoogleTests
+"""The DSA plan layer from Python (aar.dsa): the attention-KV plan of docs/design/dsa.md §4.1 / §4.2, the backend
+descriptors of docs/design/dsa.md §2.1 and the cache specs of docs/design/dsa.md §2.2. The tables are checked row by row in the GoogleTests
 (tests/cpp/test_plan_dsa_kv_plan.cpp); here: the facade converts every field and names bad arguments."""
 
 import pytest
@@ -31,7 +31,7 @@ def test_the_three_plans():
     assert bf["uses_sparse_flash_mla"] and bf["layout_kv"] == "PA_BBND" and bf["attn_kv_dtype"] == "bfloat16"
     assert (a5["slot_format"], a5["kv_scatter"], a5["o_proj"]) == ("FLAT", "kv_compress_epilog", "MxFp8QuantBmm")
     assert (bf["slot_format"], bf["kv_scatter"]) == ("BLOCK_OFFSET", "npu_scatter_nd_update_")
-    # spec 7.2: (-1, -1) skip rows; the device allows the MX-fp8 o_proj on both A5 plans (the layer takes it
+    # docs/design/dsa.md §4.2: (-1, -1) skip rows; the device allows the MX-fp8 o_proj on both A5 plans (the layer takes it
     # only for a checkpoint with wo_a's MX scale), never on A2/A3
     assert (bf["block_offset_skip"], base["block_offset_skip"]) == ("MinusOne", "LastOffset")
     assert (bf["o_proj"], base["o_proj"]) == ("MxFp8QuantBmm", "Bmm")
@@ -77,7 +77,7 @@ def test_cache_spec_for_the_models_dims():
                       "c128_state": [5, 8, 128]}
     idx = dsa.cache_spec("c4_indexer_k", 32, **kw)
     assert idx["scale_shape"] == [5, 32, 1] and idx["view"]["shape"] == [5, 32, 1, 32] and "full_view" not in idx
-    # at DeepSeek-V4's dims, the spec's table (state caches in the compressor's (nb, rows, 2 coff D) layout)
+    # at DeepSeek-V4's dims, the cache table of docs/design/dsa.md (state caches in the compressor's (nb, rows, 2 coff D) layout)
     assert dsa.cache_spec("c4_attn_state", 128, num_blocks=2)["shape"] == [2, 8, 2048]
     assert dsa.cache_spec("swa", 128, num_blocks=2)["shape"] == [2, 128, 1, 512]
     a5 = dsa.cache_spec("c4_indexer_k", 32, device_kind="a5", cache_dtype="bfloat16", **kw)

@@ -2,7 +2,7 @@
 its ``_metadata`` op, through the dispatcher: the CPU twins (``torch.ops.ascend_cpu_va``) against a float64
 reference written here, and the no-compute kernels (``torch.ops.ascend_noop_va``) for shapes.
 
-Reference (spec sparse.md 1.2.1, 1.6.2 step 5, 9, 11): query int8 / fp8 per (token, head) with
+Reference (docs/design/sparse.md §4, docs/design/dsa.md §1.3, docs/design/ops.md §4.6, docs/design/sparse.md §1): query int8 / fp8 per (token, head) with
 query_dequant_scale [T, H]; keys int8 / fp8 per compressed row in a paged cache [nb, bs, 1, D] with
 key_dequant_scale [nb, bs, 1], read through block_table; actual_seq_lengths_query are cumulative ends,
 actual_seq_lengths_key the RAW lengths S_b, so request b has floor(S_b / r) compressed rows and row i sees

@@ -1,5 +1,5 @@
 """Self-consistency tests of the float64 DSA reference (_dsa_reference.py). No runtime import: every check here is
-an identity of the model equations (spec sparse.md 1.5, 1.6, 6.6) that a wrong reference would break."""
+an identity of the model equations (docs/design/sparse.md §3, docs/design/dsa.md §1.1, §3.4) that a wrong reference would break."""
 
 import math
 

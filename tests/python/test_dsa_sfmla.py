@@ -1,10 +1,10 @@
-# The DSA layer forward (aar.dsa.Impl) and builders on the A5 + BF16 plan (spec sparse.md 7.2 "A5 + BF16"):
+# The DSA layer forward (aar.dsa.Impl) and builders on the A5 + BF16 plan (docs/design/dsa.md §4.2 "A5 + BF16"):
 # SparseFlashMla (CANN cann_ops_transformer::sparse_flash_mla + _metadata) over PA_BBND bf16 rows of 512, the SWA
 # and compressed KV written by in-place npu_scatter_nd_update_ with (block, offset) pairs over the valid rows only,
 # the A5 fp8 indexer flow, the BF16 grouped-bmm o_proj. And the issue's "every plan (A2/A3, A5 FP8, A5 BF16
 # SparseFlashMla) giving the same results within quantisation error" on the same weights and steps.
 #
-# References, all float64: _dsa_reference.dsa_layer (and its cache rows) written from spec 1.6; for the A5 fp8 plan
+# References, all float64: _dsa_reference.dsa_layer (and its cache rows) written from docs/design/dsa.md §1.1; for the A5 fp8 plan
 # the reference over the rows decoded from its caches (test_dsa_a5.ref_q_layer). Tolerances: fp32 2e-5 and bf16
 # 3e-2 relative to the output's magnitude (the A2 tests' own, tests/python/test_dsa.py); across plans, the A5 fp8
 # allowance is the measured float64 quantisation effect |ref_q - ref| per element plus twice the bf16 tolerance
@@ -176,7 +176,7 @@ def test_sfmla_speculative_decode(ratio):
 def test_kv_scatter_writes_only_valid_rows(ratio):
     # A graph-padded decode batch: 2 real requests, 2 padding requests WITH tokens (seq_len >= tokens: the layer
     # accepts them; their zeroed table rows point at block 0) and 3 padding tokens past them. The builder's token
-    # slot mapping has (-1, -1) on every skip row (spec 7.2); npu_scatter_nd_update_ gets only the valid prefix
+    # slot mapping has (-1, -1) on every skip row (docs/design/dsa.md §4.2); npu_scatter_nd_update_ gets only the valid prefix
     # (never a block -1 pair: its documented indices may not be out of range); every cache row other than the
     # real requests' new ones is unchanged, block 0 above all. The A2 plan on the same batch (its v2 scatter skips
     # (-1, bs-1) rows itself) writes the same rows.
@@ -240,7 +240,7 @@ def test_kv_scatter_writes_only_valid_rows(ratio):
 
 
 def test_builder_sfmla_lengths_and_metadata_blob():
-    # Spec 6.7 / 7.2: the compressed groups stage S // r and S % r at stable addresses and fill the SAS blob with
+    # docs/design/dsa.md §3.5 / §4.2: the compressed groups stage S // r and S % r at stable addresses and fill the SAS blob with
     # sparse_flash_mla_metadata through the adapter (seqused_ori_kv, max_seqlen_ori_kv, the compressed lengths,
     # max_seqlen_cmp_kv = max // r, PA_BBND, no device); decode passes cu_seqlens_ori_kv = [0, cumsum(S)] (A5).
     cos, sin = ref.rope_tables(1024, 16)
@@ -336,7 +336,7 @@ def test_every_plan_same_results_within_quantisation_error():
         # the caches: bf16 KV rows as A2's, the indexer pages as A5 fp8's (both bit for bit)
         assert torch.equal(b16.swa, a2.swa)
         if ratio > 1:
-            # (the state caches are not compared: A5's C128 state pages hold half A2's rows, spec 6.1)
+            # (the state caches are not compared: A5's C128 state pages hold half A2's rows, docs/design/dsa.md §2.1)
             assert torch.equal(b16.cmp, a2.cmp)
         if ratio == 4:
             assert torch.equal(b16.raw, a5.raw) and torch.equal(b16.istate, a5.istate)
@@ -404,7 +404,7 @@ def test_bad_input_named_nothing_written():
 
 
 def test_sfmla_dspark_non_causal_swa():
-    # Spec 6.6 / 6.8 (ratio <= 1): a step without prefill on an SWA group configured for DSpark passes
+    # docs/design/dsa.md §3.4 / §5.1 (ratio <= 1): a step without prefill on an SWA group configured for DSpark passes
     # ori_sparse_indices (the builder's visible slots) and ori_win_left = W + num_spec - 1 through the adapter;
     # every draft row sees the W context tokens before its block and the whole block.
     ns = 3

@@ -1,6 +1,6 @@
-"""FA3-style backend (spec gqa.md 11) against the float64 explicit-mask reference.
+"""FA3-style backend (docs/design/gqa.md §6) against the float64 explicit-mask reference.
 
-Upstream's flash_attn_with_kvcache entry has four slicing quirks (spec 11, 13.13); each
+Upstream's flash_attn_with_kvcache entry has four slicing quirks (docs/design/gqa.md §6); each
 case below names the quirk it would catch:
   * prefill block table sliced by decode *tokens* ([ndt:]) instead of requests ([nd:]):
     caught by batches with multi-token (speculative) decodes, where ndt != nd;

@@ -1,4 +1,4 @@
-"""GQA decode context parallel (cp/gqa_dcp.h, spec cp.md 3-5.1, 11) over real gloo groups.
+"""GQA decode context parallel (cp/gqa_dcp.h, docs/design/cp.md §3, §5, §9) over real gloo groups.
 
 Every rank runs the same batches with the same global K/V (one seed), holds its own
 query heads and its own KV shard; each rank's output is compared with a float64
@@ -153,12 +153,12 @@ def _case_matrix(rank, W, configs):
         #    short (ranks without local context still exchange)
         w.step([0, 1, 2, 3, 4], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0])
         w.step([4], [6], [1])
-        # 5. the P/D recompute scheduler (spec 3.1 / 3.2): a one-token request still flagged
+        # 5. the P/D recompute scheduler (docs/design/cp.md §3.1 / §3.2): a one-token request still flagged
         #    as prefilling (its last prompt token recomputed) runs as a decode
         dec = 0 if W == 1 else 2
         md, _ = w.step([0, 1], [1, 1], [0, 1], pd=True, expect_collectives=dec)
         assert md.num_decodes == 2 and md.num_prefills == 0
-        # 6. draft-model steps d = 0, 1 over base lengths (spec 3.1 draft_cp_seq_len), the
+        # 6. draft-model steps d = 0, 1 over base lengths (docs/design/cp.md §3.1 draft_cp_seq_len), the
         #    prefilling flags ignored
         for d in (0, 1):
             w.step([0, 2, 3], [1, 1, 1], [1, 1, 1], draft=d, expect_collectives=dec)

@@ -166,7 +166,7 @@ def test_sliding_window_sizes(window, gen):
 
 
 def test_state_none_treated_as_derived(gen):
-    # attn_state=None: the builder derives it (spec 2.1); mixed batch -> ChunkedPrefill.
+    # attn_state=None: the builder derives it (docs/design/gqa.md §2.1); mixed batch -> ChunkedPrefill.
     case = dict(seq=[19, 40, 30, 13], q=[1, 1, 6, 13], state=None)
     batch, res, ref_kw = _run_case(case, dtype=torch.float32, gen=gen)
     assert res.md.attn_state == S.ChunkedPrefill
@@ -205,7 +205,7 @@ def test_large_head_sliding_window_rejected_before_write(gen):
     assert torch.equal(kc, batch.key_cache) and torch.equal(vc, batch.value_cache)
 
 
-# ----------------------------------------------------------------------------- paged-attention selection (spec 9.6)
+# ----------------------------------------------------------------------------- paged-attention selection (docs/design/gqa.md §2.6)
 
 
 @pytest.mark.parametrize(
@@ -244,7 +244,7 @@ def test_paged_attention_shape_not_listed(gen):
     assert res.impl.last_path == "fused_paged"
 
 
-# ----------------------------------------------------------------------------- upstream precision specs (gqa.md 12.1), scaled down
+# ----------------------------------------------------------------------------- upstream precision specs (docs/design/gqa.md §7), scaled down
 
 # (seq_lens, query_lens); single_* use a shorter context than upstream's 1024.
 PRECISION_SPECS = {

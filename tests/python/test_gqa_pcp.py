@@ -1,5 +1,5 @@
 """GQA prefill context parallelism (aar.cp.PcpMetadataBuilder / PcpAttentionImpl,
-include/ascend_attn_rt/cp/gqa_pcp.h) over real gloo process groups (spec cp.md 11.6, 11.7).
+include/ascend_attn_rt/cp/gqa_pcp.h) over real gloo process groups (docs/design/cp.md §9).
 
 Every rank regenerates the whole model input (Q of every query head, K/V of every position)
 from one seed, feeds its local rows (builder.local_token_index) and checks each real row of
@@ -7,10 +7,10 @@ its output against a single-process float64 attention over the whole sequence (s
 explicit causal mask). Three steps per scenario: fresh prefills that force padding
 (q mod 2Wp != 0, a 1-token prompt), a mixed step (decodes, including one whose KV is on fewer
 ranks than the group, a chunked prefill over cached context, a fresh prefill), then a
-decode-only step. Collectives are counted per step against spec 7 (with this runtime's PCP
+decode-only step. Collectives are counted per step against docs/design/cp.md §8 (with this runtime's PCP
 all-to-all for the context partials, see the header) and the logs compared across ranks.
 
-Layout (spec 1.1 with TP = DCP): global rank = rp * Wd + rd; DCP groups are consecutive ranks,
+Layout (docs/design/cp.md §1.1 with TP = DCP): global rank = rp * Wd + rd; DCP groups are consecutive ranks,
 PCP groups stride Wd.
 """
 
@@ -65,7 +65,7 @@ def _reference(q, k, v, pos, scale):
 
 
 def _groups(rank, wp, wd):
-    """Every rank creates every group in the same order (spec 11)."""
+    """Every rank creates every group in the same order (docs/design/cp.md §9)."""
     dcp = pcp = None
     for rp in range(wp):
         ranks = [rp * wd + rd for rd in range(wd)]
@@ -81,7 +81,7 @@ def _groups(rank, wp, wd):
 
 
 def _expected_calls(mode, step, wp, wd):
-    """(pcp all_gather, pcp all_to_all, dcp all_gather, dcp all_to_all) of one layer (spec 7)."""
+    """(pcp all_gather, pcp all_to_all, dcp all_gather, dcp all_to_all) of one layer (docs/design/cp.md §8)."""
     nd = sum(1 for (_, _, q, pf) in step if q <= 1 and not pf)
     np_ = len(step) - nd
     ctx = any(c > 0 for (_, c, q, pf) in step[nd:])
@@ -180,7 +180,7 @@ def _case(rank, world, wp, wd, configs):
 
 def _run(wp, wd, configs):
     res = run_ranks(wp * wd, _case, wp, wd, configs, deadline_s=120.0)
-    # Every rank of a DCP group issued the same collectives, and so did every PCP rank (spec 11.8).
+    # Every rank of a DCP group issued the same collectives, and so did every PCP rank (docs/design/cp.md §8).
     assert all(r[1] == res[0][1] for r in res)
     assert all(r[2] == res[0][2] for r in res)
     # For every step, the ranks of one DCP index cover every real token exactly once (sharded:

@@ -1,4 +1,4 @@
-"""Graph mode (spec gqa.md 7): capture at a bucket, then per step update the
+"""Graph mode (docs/design/graph.md §1): capture at a bucket, then per step update the
 captured calls from the step's metadata and replay. On CPU the recording provider
 re-issues the recorded calls; every replay must equal an eager run of the same
 batch and the float64 reference."""
@@ -361,7 +361,7 @@ def test_python_hooks_drive_capture_and_update(gen):
 
 def test_paged_attention_padded_decode_with_uniform_dummies(gen):
     """A decode batch smaller than the bucket is padded with one-token dummy
-    requests (spec 4.7 uniform case), so the paged-attention graph replays it."""
+    requests (docs/design/gqa.md §2.5 uniform case), so the paged-attention graph replays it."""
     model = Model(gen, impl_kw=dict(full_decode_only_graph=True, pa_shape_list=[BUCKET]))
     model.builder = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=BS,
                                         num_blocks=NB, uniform_decode_padding=True)

@@ -366,7 +366,7 @@ def test_c8_producer_keeps_no_scales_but_checks_them(gen):
 
 
 def _brute_dense(b, md):
-    """The dense context of spec 5.5 / 8.7, written out: slots of every KV position, request by request."""
+    """The dense context of docs/design/gqa.md §4.5 / §5.5, written out: slots of every KV position, request by request."""
     kv = md.seq_lens_list
     slots, ends, tot = [], [], 0
     for r, s in enumerate(kv):

@@ -178,7 +178,7 @@ N, NKV, D, BS = 4, 2, 16, 16
 GQA_STEPS = {
     # FIA over the paged cache through the layer's (nb, bs, Nkv*D) views
     "chunked_prefill": ([37, 5, 20], [3, 1, 20], S.ChunkedPrefill),
-    # one token per request (paged attention or FIA per spec 9.6)
+    # one token per request (paged attention or FIA per docs/design/gqa.md §2.6)
     "decode": ([37, 5, 20], [1, 1, 1], S.DecodeOnly),
     # dense attention over the new tokens; the cache is still written
     "prefill_no_cache": ([5, 17], [5, 17], S.PrefillNoCache),

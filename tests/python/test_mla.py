@@ -113,7 +113,7 @@ def test_mixed_batch(dtype):
 
 @pytest.mark.parametrize("heads", [4, 5])
 def test_prefill_in_bf16_for_other_dtypes(heads):
-    # Spec 5.5 step 1 (what the NPU's TND kernel needs): fp32 activations attend in bf16 and come back
+    # docs/design/mla.md §5.5 (what the NPU's TND kernel needs): fp32 activations attend in bf16 and come back
     # fp32, within bf16 tolerance of the reference, with context chunks and a decode in the batch.
     bf16_tol = dict(atol=2e-2, rtol=2e-2)
     run_case([12, 40, 9], [1, 7, 9], dims=MlaDims(H=heads), workspace=16, prefill_in_bf16=True, tol=bf16_tol)
@@ -126,7 +126,7 @@ def test_prefill_in_bf16_for_other_dtypes(heads):
 
 
 def test_prefill_in_bf16_for_an_fp16_model():
-    # Spec 9.12: upstream mixes bf16 queries with fp16 kv_b_proj outputs in the context path; here every
+    # docs/design/mla.md §5.5: upstream mixes bf16 queries with fp16 kv_b_proj outputs in the context path; here every
     # attention input is cast, and the result comes back fp16.
     run_case([12, 40, 9], [1, 7, 9], dtype=torch.float16, workspace=16, prefill_in_bf16=True,
              tol=dict(atol=2e-2, rtol=2e-2))
@@ -238,7 +238,7 @@ def test_transdata_index_maths(shape):
                 col = 32 * j + k
                 want = a[i, col] if i < shape[0] and col < shape[1] else 0.0
                 assert z[j, i, k] == want
-    # The (16, 16) variant of gqa 9.15.
+    # The (16, 16) variant of docs/design/mla.md §4.3.
     z16 = mla.transdata(a, 16, 16)
     assert z16.shape == (-(-shape[1] // 16), r, 16)
 
@@ -489,7 +489,7 @@ def test_rejected_build_without_chunked_prefill():
 
 
 def test_draft_step_builds_the_lengths_base_plus_index_plus_one():
-    # BuildInputs.draft_step (spec cp.md 3.1, also without DCP): one token per request at position
+    # BuildInputs.draft_step (docs/design/cp.md §3.1, also without DCP): one token per request at position
     # base + d; the metadata equals a build with the lengths base + d + 1 given directly.
     cos, sin = rope_tables(64, 16)
     mk = dict(max_num_reqs=4, max_num_tokens=8, max_blocks_per_req=4, block_size=16, num_blocks=16,

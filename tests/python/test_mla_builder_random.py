@@ -1,4 +1,4 @@
-"""The MLA metadata builder against a naive Python model of spec mla.md 3.3-3.5, over many random batches:
+"""The MLA metadata builder against a naive Python model of docs/design/mla.md §3.3-§3.5, over many random batches:
 decode-only and mixed steps, speculative decodes, block sizes that are and are not powers of two, contexts
 on block boundaries, graph decode padding in both modes, host and staged block tables, aliased and separate
 device buffers; and random bad block ids, which must be rejected naming the entry and leave the previous
@@ -17,7 +17,7 @@ R = 8  # rope dim: rows of 16 bytes in fp16 / 32 in fp32
 
 
 def naive(qsl, seq, table, bs, threshold, workspace, t_in, pad_mode):
-    """Expected metadata fields, written from the spec's formulas one request at a time."""
+    """Expected metadata fields, written from the formulas of docs/design/mla.md one request at a time."""
     B = len(seq)
     q_lens = [qsl[i + 1] - qsl[i] for i in range(B)]
     nd = 0

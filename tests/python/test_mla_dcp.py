@@ -1,9 +1,9 @@
-"""MLA decode context parallel (spec mla.md 7, cp.md 1.2 / 2 / 4 / 6 / 7 / 11) over real gloo
+"""MLA decode context parallel (docs/design/mla.md §6, docs/design/cp.md §2.1 / §2.2 / §4 / §7 / §8 / §9) over real gloo
 process groups of 2 and 4 local processes.
 
 Every rank regenerates the same global step from one seed (weights, every request's tokens),
 keeps a private KV cache holding only the context tokens it owns (placement written here from
-the spec's formulas: owner(x) = (x // I) % W, local index (x // (W I)) I + x % I, through the
+the formulas of docs/design/cp.md: owner(x) = (x // I) % W, local index (x // (W I)) I + x % I, through the
 shared block table), runs the DCP builder and layer, and compares its output for the whole batch
 with the single-process float64 reference of _mla_reference.py over the whole sequence. The new
 tokens' cache rows must land on their owner only.
@@ -159,7 +159,7 @@ def _check(W, results, spec):
 _STEPS = {
     # requests shorter than the group (ranks without local tokens), lengths around multiples of W*I
     "decode": dict(seq_lens=[2, 3, 17, 40, 33], q_lens=[1, 1, 1, 1, 1]),
-    # a one-token fresh prompt is still prefilling: under DCP a prefill (spec 3.6), so the step is
+    # a one-token fresh prompt is still prefilling: under DCP a prefill (docs/design/mla.md §3.3), so the step is
     # all prefill (the split's first request is one)
     "one_token_prompt": dict(seq_lens=[1, 5], q_lens=[1, 1], workspace=128),
     # several context chunks (workspace 64 tokens, 2 prefills with context)
@@ -168,14 +168,14 @@ _STEPS = {
     # a short context: with I = 16 only rank 0 holds any of it
     "short_context": dict(seq_lens=[9, 6], q_lens=[3, 6], workspace=128),
     "fresh_prefill": dict(seq_lens=[6, 9], q_lens=[6, 9]),
-    # speculative decode (3 tokens per request, the interleave-aware causal mask of cp.md 3.4):
+    # speculative decode (3 tokens per request, the interleave-aware causal mask of docs/design/cp.md §3.3):
     # histories of 1 and 2 tokens leave ranks with no local key at or before a query's
     # position (upstream's quirk, corrected: such a row attends nothing on that rank)
     "spec_decode": dict(seq_lens=[4, 5, 18, 41, 34], q_lens=[3, 3, 3, 3, 3], spec=2),
-    # the P/D recompute scheduler (cp.md 3.1 / 3.2): the second request is still flagged as
+    # the P/D recompute scheduler (docs/design/cp.md §3.1 / §3.2): the second request is still flagged as
     # prefilling (its last prompt token recomputed on the decode node) and runs as a decode
     "pd_recompute": dict(seq_lens=[12, 20, 9], q_lens=[1, 1, 9], prefilling=[0, 1, 1], pd=True, workspace=128),
-    # a draft-model step (cp.md 3.1 draft_cp_seq_len): built from base lengths with draft_step 1,
+    # a draft-model step (docs/design/cp.md §3.1 draft_cp_seq_len): built from base lengths with draft_step 1,
     # the prefilling flags ignored; a 3-token request leaves ranks with nothing local at W = 4
     "draft": dict(seq_lens=[12, 20, 3, 33], q_lens=[1, 1, 1, 1], prefilling=[1, 1, 1, 1], draft=1),
 }
@@ -222,7 +222,7 @@ def test_dcp_steps_fp32(world, I):
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("I", [1, 2, 128])
 def test_dcp_steps_block_128(world, I):
-    # The kernel block size 128 (spec cp.md 11), I in {1, 2, B}, requests shorter than the group
+    # The kernel block size 128 (docs/design/cp.md §9), I in {1, 2, B}, requests shorter than the group
     # and, with I = 128, whole blocks of context on rank 0 only; chunked context with the upstream
     # workspace rule (the chunk is rounded to B * W).
     per = _run(world, ["decode", "spec_decode", "mixed", "short_context"], I, torch.float32, bs=128, workspace=0)
@@ -237,7 +237,7 @@ def test_dcp_steps_bf16(world):
 
 
 def _case_metadata(rank, world):
-    """The DCP context-chunk metadata (spec 7.2) against its definition, and the errors."""
+    """The DCP context-chunk metadata (docs/design/mla.md §6.1) against its definition, and the errors."""
     W, I, bs = world, 1, 16
     cos, sin = rope_tables(2048, 16)
     b = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=256, max_blocks_per_req=64, block_size=bs,

@@ -162,7 +162,7 @@ def test_mla_graph_padding_rejects_a_bucket_that_is_not_a_multiple_of_the_decode
 
 @pytest.mark.parametrize("prolog", [False, True])
 def test_mla_weight_reload_keeps_the_captured_graph_valid(prolog):
-    # Spec 9.17: weights reloaded in place (derived W_UK_T / W_UV / prolog weights recomputed at their
+    # docs/design/mla.md §4.6: weights reloaded in place (derived W_UK_T / W_UV / prolog weights recomputed at their
     # addresses): the captured graph replays with the new weights.
     d, gen, builder, table, kw, caches = _setup()
     kw = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
@@ -204,7 +204,7 @@ def test_mla_reload_rejects_other_shapes():
 
 
 def test_mla_disable_pad_bucket_replays_like_eager():
-    # Spec 3.5 "disable-pad" (full-graph MTP without a padded drafter batch): a 4-token bucket always has
+    # docs/design/mla.md §3.5 "disable-pad" (full-graph MTP without a padded drafter batch): a 4-token bucket always has
     # 4 kernel rows; the query ends of the dummies are interpolated (a dummy may get 0 tokens).
     d, gen, builder, table, kw, caches = _setup(spec=1, padding=True, disable_pad=True)
     eager_builder = mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=4, block_size=16,

@@ -152,7 +152,7 @@ def test_mlapo_speculative_decode():
 def test_mlapo_falls_back_to_native_on_mixed_steps():
     c = setup([12, 20, 40], [1, 1, 7], quant="w8a8_static", workspace=16)
     impl, out, *_ = run(c, enable_mlapo=True)
-    assert impl.last_decode_path == "native"  # spec 5.1 step 3: prefills present
+    assert impl.last_decode_path == "native"  # docs/design/mla.md §5.1: prefills present
     _, out_n, *_ = run(c)
     close(out, out_n, atol=1e-6, rtol=1e-6)
 
@@ -369,7 +369,7 @@ def test_fa_quant_caches_are_checked_by_name():
 
 
 def test_mlapo_weights_layout():
-    # Spec 4.4: kv rows (rope permuted) before q rows; NZ staging of (out, in); per-head rope permutation.
+    # docs/design/mla.md §4.4: kv rows (rope permuted) before q rows; NZ staging of (out, in); per-head rope permutation.
     kw, ws = _kw("w8a8_static")
     d = MlaDims()
     w = mla.prepare_mlapo_weights(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L,
@@ -422,7 +422,7 @@ def test_quantised_paths_run_on_the_no_compute_provider():
 
 @pytest.mark.parametrize("extra", [dict(enable_mlapo=True), {}])
 def test_reload_quantised_weights_in_place(extra):
-    # Spec 9.17: new W8A8 weights are copied into the layer's tensors and the derived ones (W8A8 linears,
+    # docs/design/mla.md §4.6: new W8A8 weights are copied into the layer's tensors and the derived ones (W8A8 linears,
     # MLAPO weights) recomputed in place; the layer then computes like a fresh one.
     c = setup([5, 17, 33], [1, 1, 1], quant="w8a8_static")
     impl = mla.Impl(**c.kw, **extra)

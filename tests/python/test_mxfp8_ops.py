@@ -1,4 +1,4 @@
-"""torch_npu's MX-fp8 operators, the A5 o_proj of the DeepSeek-V4 attention (spec sparse.md 6.8 step 4, 7.1), through
+"""torch_npu's MX-fp8 operators, the A5 o_proj of the DeepSeek-V4 attention (docs/design/dsa.md §5.2, §4.1), through
 the dispatcher: the CPU twins (``torch.ops.ascend_cpu``) of ``npu_dynamic_mx_quant`` and
 ``npu_transpose_quant_batchmatmul`` against the float64 model in ``_mx_reference.py`` (written from the torch_npu
 2.14.0 docs and the OCP MX format, no torch fp8 casts), their refusals by name, and the no-compute kernels

@@ -1,4 +1,4 @@
-"""The SFA layer (DeepSeek-V3.2 sparse attention, spec sparse.md 1-3) against the float64 reference of
+"""The SFA layer (DeepSeek-V3.2 sparse attention, docs/design/sfa.md §1, §4) against the float64 reference of
 _sfa_reference (written from the model equations): the lightning indexer's top-k (exact, with distinct scores),
 the sparse attention over the selected positions, the whole layer with its cache writes, for decode, prefill,
 chunked prefill with context, mixed and speculative batches, with and without q-LoRA, top-k larger and smaller than

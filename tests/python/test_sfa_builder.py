@@ -1,7 +1,7 @@
-"""The SFA metadata builder and backend facts (spec sparse.md 2.1-2.3, 3.1, 4, 1.4; the test_sfa_v1.py and
-test_indexer.py rows of spec 10).
+"""The SFA metadata builder and backend facts (docs/design/sfa.md §2.1, §3.2, §2.2, §2.3, docs/design/sparse.md §8; the test_sfa_v1.py and
+test_indexer.py rows of docs/design/sfa.md §8).
 
-The builder is checked against a naive Python model of spec 2.2-2.3 written one request at a time, over random
+The builder is checked against a naive Python model of docs/design/sfa.md §3.1-§3.2 written one request at a time, over random
 batches: decode-only, prefill, mixed in any order (SFA does not reorder), speculative, graph padding, staged and
 host block tables, aliased and separate device buffers, one to four staging buffers, several RoPE dtypes and
 block sizes. Then: stable addresses across builds, draft lanes distinct from the main one, bad input rejected by
@@ -38,7 +38,7 @@ def qsl_of(q_lens):
 
 
 def state_rule(q, seq, spec, speculative, chunked):
-    """Spec gqa 2.1 (model runner v1) with the post-rule; MTP when speculative."""
+    """docs/design/gqa.md §2.1 (model runner v1) with the post-rule; MTP when speculative."""
     if not q:
         return S.DecodeOnly
     computed = [s - x for s, x in zip(seq, q)]
@@ -56,7 +56,7 @@ def state_rule(q, seq, spec, speculative, chunked):
 
 
 def naive(qsl, seq, table, mb, bs, thr, t_in, pad, cos, sin, spec, speculative, chunked):
-    """Every metadata field, from spec 2.2-2.3 (and the graph padding rule), one request at a time."""
+    """Every metadata field, from docs/design/sfa.md §3.1-§3.2 (and the graph padding rule), one request at a time."""
     B = len(seq)
     q = [qsl[i + 1] - qsl[i] for i in range(B)]
     cql, kv = list(qsl[1:]), list(seq)
@@ -179,7 +179,7 @@ def test_empty_batch_and_padding_tokens_of_a_step_with_prefills():
 
 def test_stable_addresses_across_builds():
     """Every tensor is a view of one packed device buffer; the length lists, block table and query_start_loc start
-    at fixed addresses, the token views at an address that depends on the token count only (spec 2.3)."""
+    at fixed addresses, the token views at an address that depends on the token count only (docs/design/sfa.md §3.2)."""
     cos, sin = rope(128)
     for separate in (False, True):
         b = sfa.MetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=8, block_size=16,
@@ -215,7 +215,7 @@ def test_stable_addresses_across_builds():
 
 
 def test_draft_lanes_are_distinct_and_stamped_apart():
-    """Spec 10 (test_sfa_v1.py): cum_query_lens / seq_lens are views of static buffers and the draft buffers are
+    """docs/design/sfa.md §8 (test_sfa_v1.py): cum_query_lens / seq_lens are views of static buffers and the draft buffers are
     distinct; here every draft lane has its own buffers and stamp counter."""
     cos, sin = rope(128)
     b = sfa.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16, num_blocks=16,
@@ -396,7 +396,7 @@ def test_builder_config_is_validated():
         sfa.MetadataBuilder(**{**base, "block_size": bs})
 
 
-# ----------------------------------------------------------------------------- backend facts (spec 2.1, 3.1, 4)
+# ----------------------------------------------------------------------------- backend facts (docs/design/sfa.md §2.1, §2.2, §2.3)
 
 
 def test_backend_facts():
@@ -423,7 +423,7 @@ def test_backend_facts():
 
 
 def test_indexer_backend_contract():
-    """Spec 4 / test_indexer.py: a cache-only backend sharing the main group's block ids; its builder builds
+    """docs/design/sfa.md §2.3 / test_indexer.py: a cache-only backend sharing the main group's block ids; its builder builds
     nothing (the forward reads the main group's metadata)."""
     I = sfa.IndexerBackend
     assert I.name() == "ASCEND_SFA_INDEXER" and I.supported_block_sizes() == [128]

@@ -1,9 +1,9 @@
-"""The SFA layer's C8 combinations (spec sparse.md 1.2.1, 1.3.1, 1.5, 3.1, 3.3-3.6) against float64 references.
+"""The SFA layer's C8 combinations (docs/design/sparse.md §4, docs/design/sfa.md §5, docs/design/sparse.md §3, docs/design/sfa.md §2.2, §4.1) against float64 references.
 
 Everything quantised is re-derived here, independently of the runtime and of its operator twins:
 * the Sylvester Hadamard matrix by its recursion H_2n = [[H, H], [H, -H]];
 * dynamic symmetric quantisation of a vector (scale = amax / QMAX, QMAX 127 for int8 and 448 for fp8 e4m3,
-  q = round-half-even(x / scale)) and the SFA C8 row layout of spec 1.3.1:
+  q = round-half-even(x / scale)) and the SFA C8 row layout of docs/design/sfa.md §5:
   [k_nope_q 512 x int8 | k_rope 64 x bf16/fp16 (128 B) | 4 fp32 scales (16 B)] = 656 bytes,
   k_nope[d] = q[d] * scale[d // 128]; rows are packed and unpacked here with plain byte views;
 * the indexer score sum_h w[t,h] relu(q_li[t,h] . k_li[s]) (the rotation is orthogonal: the unquantised score is
@@ -91,7 +91,7 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 
 
 class C8Model(Model):
-    """test_sfa.Model's weights, table and token streams, with the caches of one C8 combination (spec 3.1)."""
+    """test_sfa.Model's weights, table and token streams, with the caches of one C8 combination (docs/design/sfa.md §2.2)."""
 
     def __init__(self, seq_lens, *, sfa_c8, li_c8, device_kind="a2", dtype=torch.bfloat16, dims=None, idx=None,
                  **kw):
@@ -170,7 +170,7 @@ class C8Model(Model):
 
 
 def attend_cached(m: C8Model, r, s, q_len, topk):
-    """Output (q_len, hidden) of request r's last q_len tokens in latent space (spec 1.1 steps 4-8) over the keys
+    """Output (q_len, hidden) of request r's last q_len tokens in latent space (docs/design/sfa.md §1) over the keys
     the caches hold (dequantised), attending the positions the top-k rows select (scan rule, causal)."""
     d = m.d
     pos = torch.arange(s)
@@ -527,7 +527,7 @@ def test_construction_rejects_what_c8_cannot_take():
 
 class QC8Model(C8Model):
     """A C8 model with W8A8-dynamic projections: the layer gets the quantised weights, the context rows and the
-    references the dequantised ones (spec 3.2: a W8A8-dynamic SFA C8 layer on a KV consumer takes PROLOG_V3)."""
+    references the dequantised ones (docs/design/sfa.md §4.2: a W8A8-dynamic SFA C8 layer on a KV consumer takes PROLOG_V3)."""
 
     def __init__(self, seq_lens, **kw):
         super().__init__(seq_lens, **kw)

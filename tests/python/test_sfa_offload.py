@@ -1,4 +1,4 @@
-"""SFA KV offload (spec sparse.md 5): the main MLA cache lives in a host pool, each decode step moves only the
+"""SFA KV offload (docs/design/sfa.md §6): the main MLA cache lives in a host pool, each decode step moves only the
 top-k rows a layer's resident buffer misses.
 
 Every run here serves a continuous batch (requests arriving, decoding, finishing, their blocks reused) with two
@@ -573,7 +573,7 @@ def test_bad_steps_are_refused_with_nothing_lost():
 
 def test_rewritten_speculative_tokens_are_copied_again():
     """MTP: a step rewrites the rows of positions >= S - q (rejected drafts get new tokens). The resident copies of
-    those tokens are dropped (spec 5 step 3b) and copied again from the pool's new rows; nothing stale is read."""
+    those tokens are dropped (docs/design/sfa.md §6.3) and copied again from the pool's new rows; nothing stale is read."""
     layer = Layer(4)
     nb = 12
     pool = make_pool(nb)

@@ -1,4 +1,4 @@
-"""SFA's preprocess selection (spec sparse.md 3.2) and its three paths: every row of the selection table with
+"""SFA's preprocess selection (docs/design/sfa.md §4.2) and its three paths: every row of the selection table with
 its rejection rules, the per-call downgrades, and NATIVE / PROLOG_V3 / MLAPO giving the same results on SFA
 layers (PROLOG_V3 with unquantised weights on a KV consumer, MLAPO on W8A8-static weights) -- the same top-k
 (the fused paths hand the indexer q_c: query_norm_flag / enable_inner_out), the same cache rows, outputs

@@ -1,4 +1,4 @@
-// Context-parallel process-group layout and its checks (spec cp.md 1.1).
+// Context-parallel process-group layout and its checks (docs/design/cp.md §1.1).
 #include "ascend_attn_rt/cp/plan/cp_groups.h"
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // DCP token placement, local lengths, local slot mapping, the speculative-decode
-// mask and the chunked-context filter (spec cp.md 1.2, 2, 3.1, 3.3, 3.4).
+// mask and the chunked-context filter (docs/design/cp.md §2.1, §2.2, §3.1, §3.4, §3.3).
 #include "ascend_attn_rt/cp/plan/dcp_layout.h"
 
 #include <algorithm>

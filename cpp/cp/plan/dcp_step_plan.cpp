@@ -111,7 +111,7 @@ DcpStepPlan build_dcp_step(const DcpStepInputs& in, const DcpStepBuffers& buf) {
   si.num_actual_tokens = t_real;
   si.max_query_len = maxq;
   si.decode_threshold = in.decode_threshold;
-  // Spec 3.2: short extends are prefills (by is_prefilling); without it no
+  // docs/design/cp.md §3.2: short extends are prefills (by is_prefilling); without it no
   // request is prefilling, which is the "treat as decodes" rule, as with the
   // P/D recompute scheduler.
   si.treat_short_extends_as_decodes = in.is_prefilling.empty() || in.pd_recompute_scheduler;

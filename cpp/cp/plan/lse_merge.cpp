@@ -1,4 +1,4 @@
-// LSE merge of attention partials (spec cp.md 6.1, 6.3).
+// LSE merge of attention partials (docs/design/cp.md §7.1, §7.3).
 #include "ascend_attn_rt/cp/plan/lse_merge.h"
 
 #include <cmath>

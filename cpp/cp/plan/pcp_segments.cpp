@@ -1,4 +1,4 @@
-// Model-runner v2 PCP segment partition (spec cp.md 1.3B, 3.6, 5.3).
+// Model-runner v2 PCP segment partition (docs/design/cp.md §6.2, §6.5).
 #include "ascend_attn_rt/cp/plan/pcp_segments.h"
 
 #include <algorithm>

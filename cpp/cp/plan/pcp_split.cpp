@@ -1,4 +1,4 @@
-// Legacy PCP DualChunkSwap split (spec cp.md 1.3A, 1.4, 3.3, 3.5, 10.9).
+// Legacy PCP DualChunkSwap split (docs/design/cp.md §6.1, §6.3, §3.4, §6.4).
 #include "ascend_attn_rt/cp/plan/pcp_split.h"
 
 #include <cstdint>

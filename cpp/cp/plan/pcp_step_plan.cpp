@@ -1,4 +1,4 @@
-// GQA PCP per-step host pieces (spec cp.md 1.3, 1.4, 3.6).
+// GQA PCP per-step host pieces (docs/design/cp.md §6, §6.3, §6.5).
 #include "ascend_attn_rt/cp/plan/pcp_step_plan.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Static facts of the DSA backends and caches (spec sparse.md 6.1, 6.2).
+// Static facts of the DSA backends and caches (docs/design/dsa.md §2.1, §2.2).
 #include "ascend_attn_rt/dsa/plan/dsa_backend_facts.h"
 
 #include <algorithm>
@@ -53,7 +53,7 @@ void check_kernel_block_size(DsaBackendKind kind, DeviceKind device, int64_t blo
                 " on ", device_name(device), " (supported: ", list_of(f.kernel_block_sizes()), ")");
 }
 
-// ---------------------------------------------------------------- 6.2 table
+// ---------------------------------------------------------------- docs/design/dsa.md §2.2 table
 
 const Dsv4BlockSizesRow kDsv4BlockSizes[9] = {
     {Dsv4GeometryClass::A2A3, {128, 128, 128, 8, 32, 16640, 131072}},
@@ -62,7 +62,7 @@ const Dsv4BlockSizesRow kDsv4BlockSizes[9] = {
     {Dsv4GeometryClass::A5Fp8, {128, 128, 128, 8, 16, 16896, 81920}},
     {Dsv4GeometryClass::A5Fp8, {64, 64, 64, 4, 8, 8448, 40960}},
     {Dsv4GeometryClass::A5Fp8, {32, 32, 32, 2, 4, 4224, 20480}},
-    // Spec 7.2: A5 + BF16 pads the attention tier to the bf16 page (131072 at 128).
+    // docs/design/dsa.md §4.2: A5 + BF16 pads the attention tier to the bf16 page (131072 at 128).
     {Dsv4GeometryClass::A5Bf16, {128, 128, 128, 8, 16, 16896, 131072}},
     {Dsv4GeometryClass::A5Bf16, {64, 64, 64, 4, 8, 8448, 65536}},
     {Dsv4GeometryClass::A5Bf16, {32, 32, 32, 2, 4, 4224, 32768}},
@@ -83,7 +83,7 @@ Dsv4BlockSizes dsv4_block_sizes(int64_t cache_block_size, const AttnKvPlan& plan
                 cache_block_size);
 }
 
-// ---------------------------------------------------------------- 6.2 caches
+// ---------------------------------------------------------------- docs/design/dsa.md §2.2 caches
 
 const char* to_string(DsaCacheKind k) {
   switch (k) {
@@ -186,7 +186,7 @@ DsaCacheSpec unpadded_spec(DsaCacheKind kind, const Dsv4BlockSizes& t, const Att
     case DsaCacheKind::C4AttnState:
     case DsaCacheKind::C4IndexerState:
     case DsaCacheKind::C128State: {
-      // [kv_state (coff*D) | score_state (coff*D)] fp32 per raw position (spec 1.6.1).
+      // [kv_state (coff*D) | score_state (coff*D)] fp32 per raw position (docs/design/dsa.md §1.2).
       const bool c128 = kind == DsaCacheKind::C128State;
       const int64_t d = kind == DsaCacheKind::C4IndexerState ? dims.index_head_dim : dims.head_dim;
       s.compress_ratio = 1;

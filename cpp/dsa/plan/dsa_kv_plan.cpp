@@ -1,4 +1,4 @@
-// The DSA attention-KV plan (spec sparse.md 7.1, 7.2): the one place that
+// The DSA attention-KV plan (docs/design/dsa.md §4.1, §4.2): the one place that
 // turns the device kind into decisions.
 #include "ascend_attn_rt/dsa/plan/dsa_kv_plan.h"
 
@@ -163,7 +163,7 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
 
   const bool a5 = cfg.device == DeviceKind::A5;
   if (!a5) {
-    // Spec 7.1 base column / 7.2 "base" plan: the defaults of AttnKvPlan are
+    // docs/design/dsa.md §4.1 base column / §4.2 "base" plan: the defaults of AttnKvPlan are
     // the base plan; set them explicitly so the table reads here.
     p.attn_head_size = kDsaHeadDim;
     p.attn_head_bytes = kDsaHeadDim * element_size(attn);
@@ -197,7 +197,7 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
     p.compressor_weights_unquantised = false;
     p.o_proj = OProjKind::Bmm;
   } else {
-    // Everything both A5 plans share (spec 7.1 A5 column).
+    // Everything both A5 plans share (docs/design/dsa.md §4.1 A5 column).
     p.indexer_k_dtype = KvDtype::FP8_E4M3;
     p.indexer_k_scale_dtype = KvDtype::FP32;
     p.indexer_q_dtype = KvDtype::FP8_E4M3;
@@ -214,7 +214,7 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
     p.q_norm = QNormKind::QNormWithoutWeight;
     p.compressor_weights_unquantised = true;
     if (attn == KvDtype::BF16) {
-      // Spec 7.2 "A5 + BF16": SparseFlashMla over bf16 rows of 512.
+      // docs/design/dsa.md §4.2 "A5 + BF16": SparseFlashMla over bf16 rows of 512.
       p.attn_head_size = kDsaHeadDim;
       p.attn_head_bytes = kDsaHeadDim * element_size(attn);
       p.kv_head_extra = 0;
@@ -228,7 +228,7 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
       p.passes_kv_quant_kwargs = false;
       p.renames_seqused_for_flash_mla = true;
       p.slot_format = SlotFormat::BlockOffset;
-      p.block_offset_skip = BlockOffsetSkip::MinusOne;  // spec 7.2: invalid = [-1, -1]
+      p.block_offset_skip = BlockOffsetSkip::MinusOne;  // docs/design/dsa.md §4.2: invalid = [-1, -1]
       p.kv_scatter = KvScatterKind::ScatterNdUpdateInplace;
       // The o_proj the device allows (upstream's FP8_ATTENTION capability is
       // the A5's, whatever the cache dtype): dsa::Impl takes the MX-fp8 path
@@ -236,7 +236,7 @@ AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg) {
       // (the usual A5 + BF16-cache deployment) runs the grouped bmm.
       p.o_proj = OProjKind::MxFp8QuantBmm;
     } else {
-      // Spec 7.1 A5 column / 7.2 "A5 other": 640-byte MXFP8 rows.
+      // docs/design/dsa.md §4.1 A5 column / §4.2 "A5 other": 640-byte MXFP8 rows.
       p.attn_head_size = Fp8KvRowLayout::kRowBytes;
       p.attn_head_bytes = Fp8KvRowLayout::kRowBytes * element_size(attn);
       p.kv_head_extra = Fp8KvRowLayout::kRowBytes - kDsaHeadDim;

@@ -1,4 +1,4 @@
-// DeepSeek-V4 DSA per-step planning (spec sparse.md 6.5, 6.6, 1.6.1, 6.2, 7.1, 9).
+// DeepSeek-V4 DSA per-step planning (docs/design/dsa.md §3.1, §3.4, §1.2, §2.2, §4.1, docs/design/ops.md §4.6).
 // See the header for the contract; every function validates completely before
 // its first write.
 #include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
@@ -61,7 +61,7 @@ void check_skip(BlockOffsetSkip s) {
                 static_cast<int32_t>(s), " is not a BlockOffsetSkip (0 = LastOffset, 1 = MinusOne)");
 }
 
-// Spec 7.1 (-1, bs-1) or spec 7.2 (-1, -1).
+// docs/design/dsa.md §4.1 (-1, bs-1) or docs/design/dsa.md §4.2 (-1, -1).
 inline int32_t skip_offset(BlockOffsetSkip s, int32_t bs) { return s == BlockOffsetSkip::MinusOne ? -1 : bs - 1; }
 
 template <typename T>

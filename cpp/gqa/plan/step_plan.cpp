@@ -87,7 +87,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   const bool has_spec = !in.num_spec_tokens.empty();
   int32_t max_query_len = 0;
   int32_t max_seq_len = 0;
-  // Inputs of the attention-state rule (spec 2.1), gathered in the same pass.
+  // Inputs of the attention-state rule (docs/design/gqa.md §2.1), gathered in the same pass.
   bool all_fresh = true, all_sched_one = true, all_valid_one = true;
   int32_t context_end = 0;  // 1 + the last request with cached context
   int64_t used_blocks = 0;  // block-table entries the kernels will read
@@ -167,7 +167,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   }
 
   const bool add_dummy = in.pad_fia_batch && t_in > t_real;
-  // Spec 4.7: a uniform decode batch (every request has uniform_decode_len
+  // docs/design/gqa.md §2.5: a uniform decode batch (every request has uniform_decode_len
   // tokens) is padded with dummy requests of that length, so kernels that take
   // one row per request (paged attention, BNSD decode) see the padded batch as
   // more requests; otherwise one dummy request takes all padding tokens.
@@ -230,7 +230,7 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
   } else {
     if (add_dummy) {
       buf.query_start_loc[b + 1] = t_in;
-      buf.seq_lens[b] = 1;  // as upstream pads short seq_lens buffers (spec 4.1 step 10)
+      buf.seq_lens[b] = 1;  // as upstream pads short seq_lens buffers (docs/design/gqa.md §2.5)
     }
     plan.fia = detail::write_fia_padding(qsl, in.seq_lens, add_dummy ? t_in : t_real, buf.q_ends, buf.kv_lens, 1);
   }

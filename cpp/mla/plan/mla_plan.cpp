@@ -1,4 +1,4 @@
-// MLA host planning (spec mla.md 3.2, 3.4, 3.5).
+// MLA host planning (docs/design/mla.md §3.2, §3.4, §3.5).
 #include "ascend_attn_rt/mla/plan/mla_plan.h"
 
 #include <algorithm>
@@ -56,7 +56,7 @@ int32_t mla_reorder_batch(CSpan<int32_t> num_scheduled, int32_t decode_threshold
 
 namespace {
 
-// Spec 3.4 geometry (chunk size and count) from the context statistics;
+// docs/design/mla.md §3.4 geometry (chunk size and count) from the context statistics;
 // validates, writes nothing.
 ContextChunkPlan chunk_geometry(int32_t num_with_context, int32_t max_context, int64_t workspace_tokens,
                                 int32_t block_size, int32_t max_chunks) {
@@ -141,7 +141,7 @@ void check_chunk_totals(std::size_t np, Ctx ctx, const ContextChunkPlan& p) {
                 " prefills (chunk_size=", p.chunk_size, "), more than the int32 cu_seq_lens hold");
 }
 
-// Spec mla.md 7.2 / 7.4 over the global chunks written by write_chunks (chunk
+// docs/design/mla.md §6.1 / §6.3 over the global chunks written by write_chunks (chunk
 // a multiple of B * W): local starts c * Cl (Cl = chunk / W), the padded local
 // lengths every rank gathers, plen[c][b] = max(0, min(pad_ctx_b, (c+1) Cl) -
 // c Cl) with pad_ctx_b = ceil(ctx_b / (I W)) I (no rank holds more of the
@@ -225,14 +225,14 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const int32_t* seqs = in.seq_lens.data();
   const int32_t* table = in.block_table.data();
   MlaStepPlan plan;
-  // Decode context parallel (spec mla.md 7): the shard, then rank 0's local
+  // Decode context parallel (docs/design/mla.md §6): the shard, then rank 0's local
   // lengths as the block-table extent of every request.
   const DcpShard& dcp = in.dcp;
   const bool use_dcp = dcp.world > 1;
   AAR_CHECK_ARG(dcp.world >= 1 && dcp.rank >= 0 && dcp.rank < dcp.world, "dcp: rank ", dcp.rank,
                 " of world size ", dcp.world, " is not a valid DCP rank");
   AAR_CHECK_ARG(dcp.interleave >= 1 && bs % dcp.interleave == 0, "dcp: cp_kv_cache_interleave_size=",
-                dcp.interleave, " must be positive and divide block_size=", bs, " (spec cp.md 1.1)");
+                dcp.interleave, " must be positive and divide block_size=", bs, " (docs/design/cp.md §1.1)");
   // The DCP lengths and flags are computed into this thread's scratch and copied
   // into the caller's buffers in the write phase: a rejected step leaves them
   // unchanged like every other buffer (they used to be written before the scan).
@@ -247,7 +247,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
       dcp_lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0)) : 0;
     }
   }
-  // The per-request rules, the inputs of the state rule (spec gqa 2.1), the
+  // The per-request rules, the inputs of the state rule (docs/design/gqa.md §2.1), the
   // maxima and the block ids each request reads, in one branch-free pass (the
   // offender is named only on failure); the last needed block id of the first
   // rows is stashed for the decode slots.
@@ -268,8 +268,8 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   split_in.max_query_len = max_q;
   split_in.decode_threshold = in.decode_threshold;
   // MLA: short extends are decodes without DCP, prefills while still
-  // prefilling under DCP (spec 3.3 / 3.6); the P/D recompute scheduler keeps
-  // the "decodes" rule under DCP too (spec cp.md 3.2).
+  // prefilling under DCP (docs/design/mla.md §3.3); the P/D recompute scheduler keeps
+  // the "decodes" rule under DCP too (docs/design/cp.md §3.2).
   const bool dcp_split = use_dcp && !in.pd_recompute_scheduler;
   split_in.treat_short_extends_as_decodes = !dcp_split;
   if (dcp_split) {
@@ -315,7 +315,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     check_room(buf.chunks.reorg_offsets.size(), cap + 1, "chunks.reorg_offsets");
     check_room(buf.chunks.reorg_index.size(), static_cast<std::size_t>(total_ctx), "chunks.reorg_index");
   }
-  // Spec 3.5 graph padding of a decode-only step (enable-pad or disable-pad mode).
+  // docs/design/mla.md §3.5 graph padding of a decode-only step (enable-pad or disable-pad mode).
   const int32_t td = plan.split.num_decode_tokens;
   // Enable-pad pads tokens (t_in > tokens); disable-pad pads rows (t_in > requests),
   // as upstream pads whenever graph_pad_size > num_reqs.
@@ -386,7 +386,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     kv_lens[r] = seqs[r];
   }
   if (use_dcp) {
-    // Local slots (spec cp.md 1.2): the owner writes the token at its local
+    // Local slots (docs/design/cp.md §2.1): the owner writes the token at its local
     // index through the shared block table; every other rank gets -1.
     const int32_t pbase = qsl[nd];
     int32_t* ppos = buf.prefill_positions.data();

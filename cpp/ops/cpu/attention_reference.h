@@ -59,7 +59,7 @@ void check_block_table(const char* op, const at::Tensor& block_table, int64_t ba
 at::Tensor gather_paged(const at::Tensor& cache, PagedLayout layout, const at::Tensor& block_table, int64_t row,
                         int64_t kv_len, int64_t block_size, int64_t num_kv_heads, int64_t head_dim);
 
-// Mask semantics of one request (right-down aligned, spec 5.8.1).
+// Mask semantics of one request (right-down aligned, docs/design/ops.md §4.1).
 struct MaskSpec {
   int64_t sparse_mode = 0;  // 0: none, 3: causal, 4: band
   int64_t pre_tokens = 0;

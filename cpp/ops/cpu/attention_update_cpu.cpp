@@ -1,9 +1,9 @@
-// CPU twin of npu_attention_update (spec cp.md 6.1, mla.md 6.5): the merge of
+// CPU twin of npu_attention_update (docs/design/cp.md §7.1, docs/design/ops.md §4.8): the merge of
 // N partial attention results by their log-sum-exp,
 //   lmax = max_i lse_i,  lse = lmax + ln sum_i exp(lse_i - lmax),  out = sum_i out_i exp(lse_i - lse),
 // computed by plan::merge_attention_partials in fp32 (double inside the
 // exponentials) over contiguous fp32 copies of the partials; out has
-// local_out's dtype. Empty partials (spec 6.3): an lse of -inf (or +inf / NaN,
+// local_out's dtype. Empty partials (docs/design/cp.md §7.3): an lse of -inf (or +inf / NaN,
 // normalised to -inf) contributes nothing and its output is never read, so a
 // NaN there cannot leak; a row whose partials are all empty gives out 0 and
 // lse -inf, never NaN. update_type 1 also returns the merged lse (float32,

@@ -1,5 +1,5 @@
-// CPU twin of vllm-ascend's _C_ascend::batch_matmul_transpose (spec sparse.md
-// 3.7, 9): c[t, n] = a[t, n] @ b[n] for a (T, N, L), b (N, L, V), written into
+// CPU twin of vllm-ascend's _C_ascend::batch_matmul_transpose
+// (docs/design/sfa.md §4.4, docs/design/ops.md §4.6): c[t, n] = a[t, n] @ b[n] for a (T, N, L), b (N, L, V), written into
 // c (T, N, V) in place (any strides), accumulated in fp32. format_mode and
 // quant_mode other than None are rejected by name.
 #include <torch/library.h>

@@ -1,6 +1,6 @@
 // CPU twin of vllm-ascend's _C_ascend::compressor (namespace ascend_cpu_va;
-// spec sparse.md 1.6.1, 9, 12.5): the DeepSeek-V4 KV compressor with its paged
-// fp32 state cache. Semantics and the decisions where the spec is silent (which
+// docs/design/dsa.md §1.2, docs/design/ops.md §4.6): the DeepSeek-V4 KV compressor with its paged
+// fp32 state cache. Semantics and the decisions where upstream is silent (which
 // rope rows it reads, seqused vs start_pos, which state positions it reads and
 // writes, precision): include/ascend_attn_rt/ops/dsa_compressor.h.
 //

@@ -1,7 +1,7 @@
 // CPU twins of vllm-ascend's _C_ascend::compressor_metadata and
-// compressor_metadata_out (namespace ascend_cpu_va; spec sparse.md 6.2, 7.1, 9):
+// compressor_metadata_out (namespace ascend_cpu_va; docs/design/dsa.md §2.2, §4.1, docs/design/ops.md §4.6):
 // the rope rows and cache slots of the compressed rows a step emits, bit-exact
-// to the pseudocode of spec 9 (see include/ascend_attn_rt/ops/dsa_compressor.h).
+// to the pseudocode of docs/design/ops.md §4.6 (see include/ascend_attn_rt/ops/dsa_compressor.h).
 // The kernel's own rules are kept where they are lenient: a request with
 // start_pos < 0 or no tokens emits nothing; a row whose table column is beyond
 // the table, whose rope position is beyond the tables, or whose block is

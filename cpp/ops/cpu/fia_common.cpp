@@ -76,10 +76,10 @@ FiaPlan plan_fia(const FiaInputs& in) {
                           ", next_tokens=", in.next_tokens, " (only the defaults 2147483647)");
     }
   } else {
-    // The mask's content is a fixed convention (spec 5.8.1): only its shape is
+    // The mask's content is a fixed convention (docs/design/ops.md §4.1): only its shape is
     // checked. Mode 3 ignores pre/next_tokens, as the kernel documents.
     check_compressed_mask(op, in.atten_mask, in.sparse_mode);
-    if (in.sparse_mode == 4) {  // inclusive band p - pre <= j <= p + next (spec 13.3)
+    if (in.sparse_mode == 4) {  // inclusive band p - pre <= j <= p + next (docs/design/gqa.md §4.2)
       pl.mask.pre_tokens = in.pre_tokens;
       pl.mask.next_tokens = in.next_tokens;
     }

@@ -1,4 +1,4 @@
-// Internal: the FIA v1/v2 CPU twin core (spec 5.8.1). v1 and v2 differ only in
+// Internal: the FIA v1/v2 CPU twin core (docs/design/ops.md §4.1). v1 and v2 differ only in
 // argument names, the learnable sink, and which arguments exist; both reduce
 // to FiaInputs after rejecting what the twin does not implement.
 #pragma once

@@ -1,4 +1,4 @@
-// Internal: the MLA arguments of the FIA v1/v2 CPU twins (spec mla.md 5.3, 6.3).
+// Internal: the MLA arguments of the FIA v1/v2 CPU twins (docs/design/mla.md §5.3, docs/design/ops.md §4.1).
 // `query_rope` / `key_rope` are folded into query / key by concatenation on
 // the head dim (s = scale * (q.k + q_rope.k_rope) is exactly the score of the
 // concatenated vectors; value keeps its own width, so a latent cache passed as

@@ -1,5 +1,5 @@
 // CPU twin of npu_fused_infer_attention_score (FIA v1), its .out variant and
-// _npu_fused_infer_attention_score_get_max_workspace. Semantics: spec 5.8.1.
+// _npu_fused_infer_attention_score_get_max_workspace. Semantics: docs/design/ops.md §4.1.
 // Supported: layouts TND / BNSD; dense or paged KV; sparse_mode 0 / 3 / 4;
 // GQA; softmax_lse_flag (lse shape (T, N, 1) for TND, (B, N, S, 1) for BNSD;
 // [1] zero placeholder when the flag is off); int8 KV with key/value_antiquant_scale

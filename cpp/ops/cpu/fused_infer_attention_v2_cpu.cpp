@@ -2,7 +2,7 @@
 // _npu_fused_infer_attention_score_v2_get_max_workspace. Same core as v1
 // (fia_common.cpp) plus learnable_sink: exp(sink_h - m') joins the softmax
 // denominator only (no value row); the returned lse includes the sink's mass.
-// The fully quantised MLA form (the FA-quant decode, spec mla.md 5.3): query,
+// The fully quantised MLA form (the FA-quant decode, docs/design/mla.md §5.3): query,
 // key and value int8, query_rope / key_rope in the output dtype,
 // query_quant_mode 3 (per token and head: dequant_scale_query with one fp32
 // scale per query row), key_quant_mode = value_quant_mode = 0 with per-tensor

@@ -1,4 +1,4 @@
-// CPU twin of npu_fusion_attention (FlashAttentionScore forward, spec 5.8.3):
+// CPU twin of npu_fusion_attention (FlashAttentionScore forward, docs/design/ops.md §4.3):
 // TND layout, cumulative actual_seq_qlen / actual_seq_kvlen, KV heads from the
 // key shape, sparse_mode 0 (no mask: full attention per sequence) or 3
 // (right-down causal; compressed mask required, its content ignored).

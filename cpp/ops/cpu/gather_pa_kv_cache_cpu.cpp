@@ -1,4 +1,4 @@
-// CPU twin of npu_gather_pa_kv_cache (spec mla.md 6.4): for b in order and t in
+// CPU twin of npu_gather_pa_kv_cache (docs/design/ops.md §4.5): for b in order and t in
 // [0, seq_lens[b]): output row sum_{b'<b} seq_lens[b'] + t <-
 // cache[block_tables[b, seq_offset[b]/bs + t/bs], t % bs]; a block index past
 // the table or an invalid block id yields zeros (golden semantics). seq_offset

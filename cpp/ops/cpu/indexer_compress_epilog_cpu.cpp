@@ -1,5 +1,5 @@
 // CPU twin of vllm-ascend's _C_ascend::indexer_compress_epilog_v2 (namespace
-// ascend_cpu_va; spec sparse.md 1.6.2 step 2, 6.2, 7.1, 9): the A5 indexer-K
+// ascend_cpu_va; docs/design/dsa.md §1.3, §2.2, §4.1, docs/design/ops.md §4.6): the A5 indexer-K
 // write. Row i of x (N, Di) (float dtype) is quantised per row to fp8 e4m3 with
 // an fp32 scale = amax(|x_i|) / 448 (an all-zero row: scale 0, bytes 0),
 // q = RNE(clamp(x / scale, -448, 448)), so the row dequantises as fp8 * scale

@@ -1,4 +1,4 @@
-// CPU twin of npu_interleave_rope (spec mla.md 6.1): u = [x0, x2, ..., x1, x3, ...],
+// CPU twin of npu_interleave_rope (docs/design/mla.md §1.3): u = [x0, x2, ..., x1, x3, ...],
 // y = u*cos + rotate_half(u)*sin, computed in fp32 and cast to x's dtype. The
 // NPU kernel requires D = 64; the twin takes any even D (small test shapes).
 #include <torch/library.h>

@@ -1,5 +1,5 @@
 // CPU twin of vllm-ascend's _C_ascend::kv_compress_epilog (namespace
-// ascend_cpu_va; spec sparse.md 1.6.3 last bullet, 7.1, 9, 12.9-10): the A5
+// ascend_cpu_va; docs/design/dsa.md §1.4 last bullet, §4.1, docs/design/ops.md §4.6, §4.7, §4.4): the A5
 // MXFP8 quantise-and-scatter of compressed (and SWA) KV rows. Row i of x
 // (N, D) bf16, D = nope + 64 (nope a multiple of 64; 448 in DeepSeek-V4) goes
 // to cache row slot_mapping[i] as

@@ -1,4 +1,4 @@
-// CPU twins of npu_kv_quant_sparse_flash_attention (spec sparse.md 1.3.1):
+// CPU twins of npu_kv_quant_sparse_flash_attention (docs/design/sfa.md §5):
 // torch_npu's (ascend_cpu; returns the output only) and vllm-ascend's
 // _C_ascend one (ascend_cpu_va; (out, softmax_max, softmax_sum)). query
 // (T, N, 576) = [q_nope 512 | q_rope 64] in fp16/bf16; key / value are packed

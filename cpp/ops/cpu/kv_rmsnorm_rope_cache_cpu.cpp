@@ -1,4 +1,4 @@
-// CPU twin of npu_kv_rmsnorm_rope_cache (spec mla.md 6.2), cache modes "PA"
+// CPU twin of npu_kv_rmsnorm_rope_cache (docs/design/ops.md §4.5), cache modes "PA"
 // (ND caches) and "PA_NZ". c = kv[..., :L], r = kv[..., L:]:
 // c_n = c / sqrt(mean(c^2) + eps) * gamma (fp32, cast to kv dtype),
 // r_e = interleave_rope(r). ckv_cache.flat[index[t]] = c_n[t], k_cache.flat[index[t]] = r_e[t];

@@ -1,6 +1,6 @@
 // CPU twins of npu_lightning_indexer: torch_npu's (namespace ascend_cpu) and
 // vllm-ascend's _C_ascend one (ascend_cpu_va); same arguments, same semantics
-// (spec sparse.md 1.2, 9, 12.1). For request b, row i: every visible key
+// (docs/design/sparse.md §4, docs/design/ops.md §4.6). For request b, row i: every visible key
 // position s < vis (vis = S_b - q_b + i + 1 under sparse_mode 3, S_b under 0)
 // gets score = sum_h w[t, h] * relu(q[t, h] . k[s]) in fp32, k read through
 // block_table[b][s / bs] at offset s % bs; the row lists the top min(K, vis)

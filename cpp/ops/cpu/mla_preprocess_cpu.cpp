@@ -29,7 +29,7 @@ constexpr const char* kMlaPreprocessOp = "mla_preprocess";
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // The ND (rows, cols) int8 weight from its 4-D NZ staging form (1, C'/32, R', 32)
-// (transdata, spec 4.3), checking the padded sizes.
+// (transdata, docs/design/mla.md §4.3), checking the padded sizes.
 at::Tensor from_nz(const at::Tensor& z, const char* name, int64_t rows, int64_t cols) {
   AAR_CHECK_ARG(z.scalar_type() == at::kChar, kMlaPreprocessOp, ": ", name, " must be int8 (W8A8), got ", z.scalar_type());
   const int64_t rp = round_up(rows, 16), cp = round_up(cols, 32);

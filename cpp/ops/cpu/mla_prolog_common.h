@@ -1,5 +1,5 @@
 // Internal: the maths shared by the CPU twins of npu_mla_prolog_v2 and
-// npu_mla_prolog_v3 (spec mla.md 5.4, sparse.md 3.2; the torch_npu 2.14.0
+// npu_mla_prolog_v3 (docs/design/mla.md §5.4, docs/design/sfa.md §4.2; the torch_npu 2.14.0
 // documentation of both operators). Each twin maps its arguments onto a Mode
 // (rejecting by name what it does not implement) and calls run():
 //

@@ -1,5 +1,5 @@
 // CPU twin of npu_mla_prolog_v2 (maths: mla_prolog_common.h), the form the
-// runtime uses: the A2/A3 FA-quant decode preprocess (spec mla.md 5.4) -- full
+// runtime uses: the A2/A3 FA-quant decode preprocess (docs/design/mla.md §5.4) -- full
 // quantisation (token_x int8 with its per-token dequant_scale_x, int8
 // weight_dq / weight_uq_qr / weight_dkv_kr with per-channel dequant scales)
 // and a quantised int8 kv_cache (quant_scale_ckv), kr_cache unquantised,

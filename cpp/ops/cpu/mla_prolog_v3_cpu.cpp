@@ -1,5 +1,5 @@
 // CPU twin of npu_mla_prolog_v3 (maths: mla_prolog_common.h), the forms the
-// runtime uses (spec mla.md 5.4, sparse.md 3.2):
+// runtime uses (docs/design/mla.md §5.4, docs/design/sfa.md §4.2):
 //   weight_quant_mode 0 (unquantised) or 2 (token_x int8 with dequant_scale_x,
 //     int8 weight_dq / weight_uq_qr / weight_dkv_kr with their per-channel
 //     dequant scales: the W8A8-dynamic PROLOG_V3 of SFA);

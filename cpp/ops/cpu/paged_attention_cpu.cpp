@@ -1,4 +1,4 @@
-// CPU twin of ATB _npu_paged_attention (spec 5.8.2): one query token per
+// CPU twin of ATB _npu_paged_attention (docs/design/ops.md §4.2): one query token per
 // request attends, without mask, to the first context_lens[b] tokens of its
 // paged KV (caches (nb, bs, Nkv, D)); writes `out` in place. Also the workspace
 // query (a small deterministic uint8 tensor).

@@ -1,4 +1,4 @@
-// CPU twins of the quantised lightning indexer (spec sparse.md 1.2.1):
+// CPU twins of the quantised lightning indexer (docs/design/sparse.md §4):
 // torch_npu's npu_quant_lightning_indexer (ascend_cpu) and vllm-ascend's
 // _C_ascend::npu_lightning_indexer_quant (ascend_cpu_va). Query and key are int8
 // (or float8_e4m3fn), dequantised per (token, head) / per key position:
@@ -8,8 +8,8 @@
 // Quant modes other than 0 (per token-head) and torch_npu's query_dtype /
 // key_dtype are rejected by name.
 //
-// Also the DeepSeek-V4 _C_ascend::npu_vllm_quant_lightning_indexer (spec 1.6.2
-// step 5, 9): the same score over the request's COMPRESSED key rows. With raw
+// Also the DeepSeek-V4 _C_ascend::npu_vllm_quant_lightning_indexer (docs/design/dsa.md §1.3
+// , docs/design/ops.md §4.6): the same score over the request's COMPRESSED key rows. With raw
 // KV length S_b (actual_seq_lengths_key) request b has floor(S_b / cmp_ratio)
 // cache rows (read through block_table, which must cover them), and row i of
 // q_b sees rows c < floor((S_b - q_b + i + 1) / cmp_ratio) (sparse_mode 3) or

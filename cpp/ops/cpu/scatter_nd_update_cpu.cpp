@@ -3,7 +3,7 @@
 // is indices.shape[:-1] + self.shape[k:]. A row whose LINEAR index into self's
 // first k dims (sum_j idx_j * prod(self.shape[j+1:k])) is negative or >= their
 // element count is skipped: the upstream kernel drops negative linear indices
-// (spec sparse.md 11.8), which is what slot -1 and the A2/A3 (-1, bs-1)
+// (docs/design/sparse.md §7), which is what slot -1 and the A2/A3 (-1, bs-1)
 // block/offset encoding rely on; out of range is skipped too rather than
 // written past the tensor. A component outside its own dim but with an in-range
 // linear index writes where the linear index points, as a flattening kernel

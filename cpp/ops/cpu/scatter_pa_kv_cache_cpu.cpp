@@ -1,4 +1,4 @@
-// CPU twin of npu_scatter_pa_kv_cache (spec 6.2): cache_mode "Norm" writes
+// CPU twin of npu_scatter_pa_kv_cache (docs/design/ops.md §4.4): cache_mode "Norm" writes
 // key[t] to cache[s / bs, s % bs] for every slot s >= 0 of an ND cache
 // (nb, bs, Nkv, D); "PA_NZ" writes the 5-D NZ cache (nb, Nkv, D/c, bs, c).
 // The compress_* / seq_lens arguments are not implemented and must be None.

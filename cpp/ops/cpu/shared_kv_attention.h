@@ -1,4 +1,4 @@
-// Internal: the shared-KV sparse attention of spec sparse.md 1.6.3 as the
+// Internal: the shared-KV sparse attention of docs/design/dsa.md §1.4 as the
 // npu_sparse_attn_sharedkv CPU twin computes it (sparse_attn_sharedkv_cpu.cpp),
 // for the other twins with the same semantics (SparseFlashMla,
 // sparse_flash_mla_cpu.cpp). `op` names the calling operator in every error;

@@ -1,9 +1,9 @@
 // CPU twins of vllm-ascend's _C_ascend::npu_sparse_attn_sharedkv and
 // npu_sparse_attn_sharedkv_metadata (ascend_cpu_va), the DeepSeek-V4 shared-KV
-// sparse attention (spec sparse.md 1.6.3, 6.7, 12.7; semantics in
+// sparse attention (docs/design/dsa.md §1.4, §3.5, docs/design/ops.md §4.6; semantics in
 // include/ascend_attn_rt/ops/sparse_attn_sharedkv.h).
 //
-// Decisions where the spec is silent:
+// Decisions where upstream is silent:
 // - layout_kv "PA_ND" only (paged caches (num_blocks, block_size, 1, D), one
 //   KV head); layout_q "TND" (cu_seqlens_q required) or "BSND" (every request
 //   has S = q.size(1) query rows; cu_seqlens_q must then be unset).
@@ -21,7 +21,7 @@
 // - seqused_kv[b] >= q_b (a query row's position p = S_b - q_b + i is >= 0).
 // - ori_sparse_indices entries are physical slots block * bs + offset in
 //   [0, num_blocks * bs) or -1 (skipped); the window is not applied on top of
-//   them (they are the row's key set, spec 6.6). Any other negative entry is an
+//   them (they are the row's key set, docs/design/dsa.md §3.4). Any other negative entry is an
 //   error. cmp_sparse_indices entries: -1 skipped, entries >= the row's visible
 //   limit skipped (the indexer's tail), other negatives an error. Duplicates in
 //   either count twice (the kernel reads what it is given).
@@ -56,7 +56,7 @@ constexpr const char* kSparseAttnSharedkvMetadataOp = "_C_ascend::npu_sparse_att
 constexpr const char* kKvqOp = "_C_ascend::npu_kv_quant_sparse_attn_sharedkv";
 constexpr const char* kKvqMdOp = "_C_ascend::npu_kv_quant_sparse_attn_sharedkv_metadata";
 
-// The A5 FP8 row (spec 1.6.3): [448 fp8-e4m3 nope | 64 bf16 rope (128 B) | 7 e8m0 scales, one per 64 nope
+// The A5 FP8 row (docs/design/dsa.md §1.4): [448 fp8-e4m3 nope | 64 bf16 rope (128 B) | 7 e8m0 scales, one per 64 nope
 // values | 57 pad] = 640 bytes; q is 512 wide (nope + rope).
 constexpr int64_t kQuantRowBytes = 640, kQuantNope = 448, kQuantRope = 64, kQuantTile = 64;
 constexpr int64_t kQuantScales = kQuantNope / kQuantTile;

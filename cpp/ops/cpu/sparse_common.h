@@ -1,5 +1,5 @@
 // Internal: shared pieces of the sparse-attention CPU twins (lightning indexer,
-// sparse flash attention and their quantised forms; spec sparse.md 1.2, 1.3, 12):
+// sparse flash attention and their quantised forms; docs/design/sparse.md §4, §5, docs/design/ops.md §4.6):
 // validation of the TND / PA_BSND batch (lengths arrive as int32 tensors),
 // paged row gathers, top-k selection and the SFA scan-rule attention.
 #pragma once
@@ -28,7 +28,7 @@ struct PagedBatch {
   int64_t batch = 0, tokens = 0, block_size = 0, num_blocks = 0;
   std::vector<int64_t> q_start, q_len, kv_len;  // per request; kv_len = cache rows (compressed when cmp_ratio > 1)
   at::Tensor block_table;                       // (B, max_blocks) int32, CPU
-  // DSV4 compressed keys (spec 1.6.2 step 5): the lengths tensor holds the RAW
+  // DSV4 compressed keys (docs/design/dsa.md §1.3): the lengths tensor holds the RAW
   // lengths raw_kv_len[b]; the cache holds kv_len[b] = floor(raw / cmp_ratio) rows.
   int64_t cmp_ratio = 1;
   std::vector<int64_t> raw_kv_len;
@@ -83,7 +83,7 @@ struct SfaKv {
   at::Tensor k_nope, k_rope, v;
 };
 
-// Sparse flash attention with the scan rule of spec 1.3 over q_nope (T, N, Dn)
+// Sparse flash attention with the scan rule of docs/design/sparse.md §5 over q_nope (T, N, Dn)
 // fp32 and q_rope (T, N, R) fp32 or undefined; V is v_dim wide. Returns (out (T, N, Dv) in
 // out_dtype, softmax_max (1, T, N), softmax_sum (1, T, N)) or, without LSE, two
 // empty fp32 tensors. Rows with an empty selection: out 0, max -inf, sum 0.

@@ -1,6 +1,6 @@
 // CPU twins of npu_sparse_flash_attention: torch_npu's (ascend_cpu; value
 // optional, `sinks`) and vllm-ascend's _C_ascend one (ascend_cpu_va). Semantics
-// of spec sparse.md 1.3 / 9 / 11.2 (MLA-absorbed latent layout,
+// of docs/design/sparse.md §5 / docs/design/ops.md §4.6 (MLA-absorbed latent layout,
 // attention_mode 2): for query token t (request b, row i), Th = S_b
 // (sparse_mode 0) or S_b - q_b + i + 1 (sparse_mode 3); the first
 // min(K, ceil(Th / sparse_block_size)) entries of sparse_indices[t, 0, :] are

@@ -1,6 +1,6 @@
 // CPU twins of CANN's cann_ops_transformer::sparse_flash_mla and
 // sparse_flash_mla_metadata (ascend_cpu_cot): SparseFlashMla, the A5 + bf16
-// DeepSeek-V4 attention (spec sparse.md 7.2; semantics in
+// DeepSeek-V4 attention (docs/design/dsa.md §4.2; semantics in
 // include/ascend_attn_rt/ops/sparse_flash_mla.h). The attention is the shared-KV
 // sparse attention the npu_sparse_attn_sharedkv twin computes
 // (shared_kv_attention.h); this file checks what differs in the interface.

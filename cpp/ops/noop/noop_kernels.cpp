@@ -96,7 +96,7 @@ at::Tensor workspace(const at::Tensor& like) {
   return cached(c10::IntArrayRef(shape.data(), 1), at::kByte, like.device());
 }
 
-// MLA layouts (spec mla.md 5.3): head-major outputs (_NBSD / _NTD), BSND, and
+// MLA layouts (docs/design/mla.md §5.3): head-major outputs (_NBSD / _NTD), BSND, and
 // dense TND with a value width different from the query's (MLA prefill).
 std::tuple<at::Tensor, at::Tensor> fia_layout_outputs(const at::Tensor& query, const at::Tensor& value,
                                                       bool paged, c10::string_view layout, bool lse) {

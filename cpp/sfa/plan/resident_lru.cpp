@@ -1,5 +1,5 @@
-// The resident-slot LRU of the SFA KV-offload decode path (spec sparse.md 5,
-// step 3 (a)-(g)); the decisions where the spec is silent are in the header.
+// The resident-slot LRU of the SFA KV-offload decode path (docs/design/sfa.md §6.3
+// (a)-(g)); the decisions where upstream is silent are in the header.
 //
 // Per row, besides slot_to_token (capacity int32):
 //   qpos  [capacity]  index of the slot's live entry in the recency queue, kNone if empty

@@ -1,4 +1,4 @@
-// Host planning of the SFA KV-offload builder (spec sparse.md 5).
+// Host planning of the SFA KV-offload builder (docs/design/sfa.md §6).
 #include "ascend_attn_rt/sfa/plan/sfa_offload_plan.h"
 
 #include <algorithm>
@@ -17,15 +17,15 @@ SplitResult check_sfa_offload_step(const SfaOffloadInputs& in) {
   validate_start_loc(qsl, "query_start_loc");
   AAR_CHECK_ARG(in.req_ids.size() == b, "req_ids has ", in.req_ids.size(),
                 " entries, expected one per request (", b, "): the KV-offload builder keys its resident-slot LRU "
-                "rows by them (spec 5)");
+                "rows by them (docs/design/sfa.md §6)");
   check_distinct_request_ids(in.req_ids, "req_ids");
   if (in.decode_consumer) {
     AAR_CHECK_ARG(in.is_prefilling.empty(), "is_prefilling was given to a KV-offload builder configured as a "
-                  "decode consumer: its split treats short extends as decodes and never reads the flags (spec 5)");
+                  "decode consumer: its split treats short extends as decodes and never reads the flags (docs/design/sfa.md §6)");
   } else {
     AAR_CHECK_ARG(in.is_prefilling.size() == b, "is_prefilling has ", in.is_prefilling.size(),
                   " entries, expected one per request (", b, "): a KV-offload builder that is not a decode consumer "
-                  "splits with treat_short_extends_as_decodes=False, which needs them (spec 5)");
+                  "splits with treat_short_extends_as_decodes=False, which needs them (docs/design/sfa.md §6)");
   }
   if (b == 0) return {};
   const int32_t thr = in.decode_threshold;

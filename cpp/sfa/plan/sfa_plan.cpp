@@ -1,4 +1,4 @@
-// SFA host planning (spec sparse.md 2.2, 2.3, 1.4).
+// SFA host planning (docs/design/sfa.md §3.1, §3.2, docs/design/sparse.md §8).
 #include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 
 #include <algorithm>
@@ -52,7 +52,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",
                 in.is_prefilling.size(), " entries, expected 0 or one per request (", b, ")");
   if (all_decodes && in.treat_short_extends_as_decodes) {
-    // The split rule's fast path (spec gqa 4.2 step 5), qsl already validated.
+    // The split rule's fast path (docs/design/gqa.md §2.2), qsl already validated.
     plan.split = SplitResult{static_cast<int32_t>(b), 0, t_real, 0};
   } else {
     SplitInputs split_in;

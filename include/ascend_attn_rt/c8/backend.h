@@ -1,5 +1,5 @@
 // Static facts of the C8 (INT8 KV cache) backend. Upstream installs the C8
-// impl into the CUSTOM backend per layer (spec 8.1); here it is a backend of
+// impl into the CUSTOM backend per layer (docs/design/gqa.md §5.1); here it is a backend of
 // its own with an explicit NZ cache shape.
 #pragma once
 

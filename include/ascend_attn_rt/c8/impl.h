@@ -1,9 +1,9 @@
-// Per-layer C8 attention (static INT8 KV cache, spec gqa.md 8): quantises the
+// Per-layer C8 attention (static INT8 KV cache, docs/design/gqa.md §5): quantises the
 // new K/V, writes them into the NZ int8 cache, and attends through the fused
 // kernel with antiquant scales (decode) or over dequantised context (prefill).
 // Metadata comes from the GQA builder (gqa::MetadataBuilder / gqa::Metadata).
 //
-// Decision table (upstream 8.5, with its "returns None" cells made correct):
+// Decision table (upstream's, docs/design/gqa.md §5.4, with its "returns None" cells made correct):
 //   metadata absent                         -> zero output
 //   kv_transfer Producer                    -> the float GQA path (a producer's
 //                                              cache is float), any state; its
@@ -21,7 +21,7 @@
 // Consumers (kv_transfer Consumer) take the same rows as kv_transfer None
 // (upstream returns None for their non-decode states). Prefill paths attend
 // the new tokens at full precision (upstream re-reads them through INT8 when
-// there is cached context, spec 13.11); all dequantisation applies the offset.
+// there is cached context, docs/design/gqa.md §5.4); all dequantisation applies the offset.
 #pragma once
 
 #include <ATen/core/Tensor.h>

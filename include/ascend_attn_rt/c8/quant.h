@@ -1,5 +1,5 @@
 // C8 quantisation, the NZ INT8 cache layout, and dequantisation to dense
-// (spec gqa.md 8.3, 8.4, 8.7, 1.2).
+// (docs/design/gqa.md §5.3, §5.5, §5.1).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,7 +26,7 @@ at::Tensor dequantize(const at::Tensor& q, const at::Tensor& scale, const at::Te
 
 // The (num_blocks, block_size) of an int8 C8 cache given either as NZ (nb, Nkv,
 // D/32, bs, 32) or with the ND shape it is declared with, (nb, bs, Nkv, D),
-// whose bytes are NZ-ordered (spec 1.2; never index such a tensor as (blk, off,
+// whose bytes are NZ-ordered (docs/design/gqa.md §5.1; never index such a tensor as (blk, off,
 // h, d)). Either form must be contiguous (the kernels read the NZ bytes as laid
 // out; any storage offset is fine): anything else is rejected with `name`, its
 // shape and strides. Makes no tensor (the per-layer validation calls it).

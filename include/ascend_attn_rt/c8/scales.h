@@ -1,4 +1,4 @@
-// C8 (static INT8 KV cache) scales and offsets (spec gqa.md 8.2): per-channel,
+// C8 (static INT8 KV cache) scales and offsets (docs/design/gqa.md §5.2): per-channel,
 // per-KV-head K/V scales and offsets, with tensor-parallel shard selection.
 #pragma once
 

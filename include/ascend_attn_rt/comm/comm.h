@@ -1,52 +1,9 @@
-// The one collective interface of every context-parallel path (spec cp.md 7
-// and 11): all-gather along a dim, all-to-all-single with equal splits and
-// reduce-scatter along a dim, over a c10d::ProcessGroup (gloo on CPU here, HCCL
-// on the NPU). No transport of our own: every call is the ProcessGroup's own
-// collective (all_gather_single, all_to_all_single, reduce_scatter_single, the
-// c10d dispatcher ops behind torch.distributed), so whatever backend the group
-// was built with carries the data.
-//
-// Decisions where the spec is silent:
-// - Timeouts. Every collective is issued with this Comm's timeout (default
-//   60 s, spec 11 item 8) in its c10d options and waited on with it, so a peer
-//   that died gives a CommError (gloo reports a closed connection at once) and
-//   a peer that never calls gives one within the timeout, never a hang.
-// - Errors. Bad arguments (dim out of range, a dim not divisible by the group
-//   size, an `out` of the wrong shape / dtype / device / layout) raise
-//   InvalidArgument before anything is sent or written. Every rank of a group
-//   must issue the same sequence of collectives (spec 7): a call rejected on
-//   one rank only leaves its peers to fail by the timeout. A backend failure
-//   (a peer died, the timeout passed) raises CommError naming the op, group,
-//   rank and size, with the backend's message.
-// - Layout. c10d collectives move whole dim-0 blocks. all_gather along dim k
-//   gathers into a [W, ...] staging tensor and copies it into `out` viewed as
-//   [.., W, s_k, ..]; along dim 0 with a contiguous `out` it gathers straight
-//   into `out` (no staging, no copy). The staging tensor is the Comm's own and
-//   is reused by every later gather that fits in it while no unfinished
-//   collective still holds it, so a steady-state gather with `out` given
-//   allocates nothing and its staging keeps one address (graph capture). reduce_scatter along dim k != 0 reduces
-//   t.movedim(k, 0) and copies the result back. all_to_all_single always splits
-//   dim 0 (the wire layouts of spec 6.2 put the rank block first). Inputs that
-//   are not contiguous are copied once; `out` must be contiguous (it is written
-//   in place, never through a copy).
-// - reduce_scatter sums (the only reduction CP needs, spec 9); gloo has
-//   reduce_scatter_single on CPU in torch 2.13, so it is used directly.
-// - Async. The *_async forms return a CommWork; wait() blocks (bounded by the
-//   timeout), finishes any staging copy and returns the output. The inputs must
-//   stay unmodified and `out` untouched until then. A CommWork never waited on
-//   is waited on by its destructor (errors swallowed there), so the buffers it
-//   references are never freed under a running collective.
-// - Counting and the log (spec 11 item 8). Every call (sync or async) counts
-//   once per op at issue time, before the backend is reached, so an exchange
-//   that fails still counts. With CommOptions::log set, each call also appends
-//   (group, op, input shape, dtype, dim, async) to a per-rank log, for tests to
-//   compare across ranks. Off by default: it allocates per call.
-// - One Comm is used from one thread at a time (as a layer's forward is).
-// - Python: the binding releases the GIL around every launch and wait (and in
-//   a dropped handle's destructor). gloo's worker thread may take the GIL to
-//   free a finished work's tensors while holding the mutex the next launch
-//   needs, so a launch with the GIL held can deadlock (as torch's own bindings
-//   know: they release it around every collective).
+// The collectives of every context-parallel path over a c10d::ProcessGroup (gloo on
+// CPU, HCCL on the NPU): all-gather along a dim, equal-split all-to-all along dim 0,
+// reduce-scatter (sum) along a dim, sync and async. Bad arguments are InvalidArgument
+// before anything is sent; a failed or silent peer is a CommError within the Comm's
+// timeout, never a hang. Every rank must issue the same sequence. One thread at a time.
+// Design: docs/design/cp.md §1.2.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,50 +1,9 @@
-// The DCP exchange (spec cp.md 4, 5.1, 6.2, 7), shared by every backend that
-// shards its KV cache along the sequence (GQA, MLA): the query-head all-gather
-// over the DCP group, the all-to-all of partial outputs with their LSE in the
-// fp32 wire layout, and the LSE merge through npu_attention_update. It takes
-// tensors and a cp::Comm, nothing of a backend: a backend computes its local
-// partial over the gathered heads and hands it here.
-//
-// Shapes (W = comm.size(), H = this rank's query heads, D = head dim, T rows):
-//   gather_query_heads  q [T, H, D]            -> [T, W*H, D]   (head g = rank g/H, local head g%H)
-//   combine_partials    out [T, W*H, Dv], lse [T, W*H, 1] fp32 (this rank's partial for every
-//                       gathered head) -> merged [T, H, Dv] for this rank's own heads (+ lse)
-// The wire tensor is [W, T, H, Dv+1] fp32 (the partial output and its LSE along
-// the feature axis; block j = this rank's partial for rank j's H heads); after
-// the all-to-all, block i is rank i's partial for this rank's heads, merged in
-// rank order. fp32 on the wire whatever the output dtype (spec 10.5), so every
-// rank sends the same dtype.
-//
-// Decisions where the spec is silent:
-// - The wire's order. Upstream sends [W*H, Dv+1, T] (spec 6.2: heads first,
-//   tokens last); both ends of the exchange are ours, and any layout whose
-//   dim-0 blocks are the rank blocks carries the same bytes per rank. Ours is
-//   token-major inside each block, so packing the partial and unpacking the
-//   merge inputs copy contiguous runs of Dv; upstream's layout transposes the
-//   token axis on both sides (a 128-token decode batch, 8 heads of 128 per
-//   rank, bf16, CPU: the forward's host copies went from 7.2 ms to 1.8 ms).
-// - W == 1 issues no collective: the gather is a copy, the combine a copy of
-//   the (already complete) partial.
-// - T == 0 issues no collective either; whether T is 0 must be a batch-global
-//   fact (num_decode_tokens, num_prefill_tokens), so every rank skips alike.
-// - The merge is npu_attention_update (update_type 0, or 1 when the merged LSE
-//   is wanted) on W lists of [T*H, Dv] / [T*H]: the kernel's limits (W <= 16,
-//   Dv a multiple of 8 in [8, 512]) are checked by the op wrapper, before any
-//   collective is issued (checked here first, so a rejected call sends
-//   nothing). Rows whose W partials are all empty (LSE -inf) merge to 0 / -inf
-//   through the CPU twin; on the NPU callers only merge rows that have at least
-//   one key somewhere (decode rows always do: rank 0 owns position 0).
-// - A DcpWorkspace, when given, holds every intermediate at stable addresses
-//   (graph capture; no allocation per layer); without one each call allocates
-//   its intermediates. One workspace per shape (DcpWorkspace::shared): the
-//   layers of a model run one after the other on one stream, so a layer's
-//   intermediates are dead when the next layer starts, and they share one
-//   set of buffers (as the MLA decode workspace does), grown to the largest
-//   row count seen (views handed out keep the older, smaller buffers alive).
-//   The views for a row count are made once and cached, so a steady-state
-//   exchange creates no tensor for them.
-// - The merge result itself comes from npu_attention_update, which has no out
-//   form: one tensor per call, copied into `out`.
+// The DCP exchange shared by the backends that shard their KV cache along the
+// sequence (GQA, MLA): gather_query_heads ([T, H, D] -> [T, W*H, D]) and
+// combine_partials (the fp32 [W, T, H, Dv+1] all-to-all of partial outputs with their
+// LSE, merged by npu_attention_update into this rank's heads). W == 1 and T == 0 issue
+// no collective; limits are checked before any collective. A DcpWorkspace keeps the
+// intermediates at stable addresses. Design: docs/design/cp.md §4, §7.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -128,11 +87,11 @@ class DcpWorkspace {
   std::vector<DcpViews> views_;
 };
 
-// Spec 4 step 1: q [T, H, D] gathered along the head axis over the group.
+// docs/design/cp.md §4: q [T, H, D] gathered along the head axis over the group.
 // `out` (optional, contiguous [T, W*H, D]) receives it.
 at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::optional<at::Tensor>& out = std::nullopt);
 
-// Spec 4 steps 4-5 / 5.1 step 3: exchange this rank's partial for all W*H
+// docs/design/cp.md §4 / §5: exchange this rank's partial for all W*H
 // gathered heads and merge the W partials of this rank's own H heads.
 // partial_out [T, W*H, Dv] (any float dtype), partial_lse [T, W*H, 1] (or
 // [T, W*H]) fp32. Writes merged [T, H, Dv] into `out` (any float dtype, may be

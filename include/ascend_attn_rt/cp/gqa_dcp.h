@@ -1,55 +1,10 @@
-// GQA decode context parallel (spec cp.md 3, 4, 5.1): the KV cache is sharded
-// along the sequence over the DCP group (plan/dcp_layout.h); every rank runs
-// the whole batch, writes only the tokens it owns, and attends its local shard.
-//
-// DcpMetadataBuilder: plan::build_dcp_step into persistent buffers (the used
-// part of each staging region copied once per build on the device path,
-// staging.h), giving DcpMetadata: a gqa::Metadata (the fields the layer
-// checks) plus the DCP parts. DcpAttentionImpl::forward, per layer:
-//   1. KV write of this rank's own tokens (local slots, -1 elsewhere);
-//   2. decodes: query heads all-gathered over the group, FIA over the local
-//      paged shard with one query row per decode token and that token's local
-//      KV length (plan/dcp_step_plan.h: the interleave-aware causal mask of
-//      speculative decode without a mask tensor), LSE returned, partials
-//      exchanged and merged (comm/dcp_exchange.h);
-//   3. prefills: causal FIA over the step's own K/V (every rank has all of
-//      them; no communication), and, when some prefill request has cached
-//      context (a batch-global fact), the gathered query against this rank's
-//      local context through the paged cache (non-causal: every cached token
-//      precedes the chunk), exchanged and merged across ranks, then merged with
-//      the current-chunk result on the rows of requests with context only.
-//   Fresh prefills (no context anywhere) issue no collective.
-//
-// Decisions where the spec is silent:
-// - Head layout. Every rank of the group holds the same num_kv_heads KV heads;
-//   rank rd's local query head h is global head rd*H + h and uses KV head
-//   h / (H / Hkv) (upstream's constraints make Hkv = 1 per rank; this is the
-//   same rule for any Hkv). FIA maps gathered head g to KV head g / (W*H/Hkv),
-//   so with Hkv > 1 the gathered heads are regrouped KV-head-major before the
-//   call and back after it (two copies; none when Hkv == 1 or W == 1).
-// - The context is read through the paged cache with per-request local
-//   lengths (FIA with a block table) instead of upstream's copy into
-//   contiguous K/V: the same keys, no extra memory. A rank with no local
-//   context skips the kernel (partial O = 0, LSE = -inf) but still exchanges.
-// - Graph capture (graph/graph_params.h) of decode-only batches padded to the
-//   bucket (num_input_tokens = bucket): the decode rows are padded to the
-//   bucket with rows of KV length 0 (block-table row 0), so the fused call's
-//   query has the bucket's rows at every step; a capture records the KV write,
-//   the query gather (prepare), the local paged call (refreshed per step from
-//   dcp_graph_step_params: block table, query ends, local KV lengths) and the
-//   exchange + merge (prepare). The intermediates are a shared DcpWorkspace's
-//   (comm/dcp_exchange.h), at stable addresses. On the NPU the prepare work, collectives
-//   included, is captured into the device graph; the CPU recording provider
-//   runs it in order at replay. Padded rows merge to 0 (their partials are
-//   empty on every rank) and land in output rows no caller reads. Steps with
-//   prefills are refused in a capture (NotSupported), as is a capture with a
-//   KV connector set (kv_connector.h).
-// - KV-connector hooks (kv_connector.h) around every eager forward, with the
-//   DcpMetadata as the layer metadata; `wrote` is whether this call wrote the
-//   cache (key given, not a KV-sharing layer), on every rank alike, even when
-//   this rank owns none of the step's tokens.
-// - Not supported, rejected by name: sliding windows, sinks, ALiBi, soft-cap,
-//   non-decoder layers, quantised caches, non-causal metadata.
+// GQA decode context parallelism: DcpMetadataBuilder (this rank's local slots, per-token
+// decode rows, prefill context, one copy per build) and DcpAttentionImpl (KV write of
+// the rank's own tokens; decodes and cached context attended on the local shard and
+// merged over the group; current prefill chunks attended locally). Every rank must run
+// the same layers in the same order (collectives). Refused by name: windows, sinks,
+// ALiBi, soft-cap, non-decoder layers, quantised caches.
+// Design: docs/design/cp.md §3-§5, graph capture docs/design/graph.md §4.4.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -126,7 +81,7 @@ struct DcpMetadata : Metadata {
 // The builder core (core/step.h: capacities, block geometry, staging) and
 // what DCP adds.
 struct DcpBuilderConfig : core::BuilderCore {
-  // The P/D recompute scheduler (spec 3.1 / 3.2): requests of at most the
+  // The P/D recompute scheduler (docs/design/cp.md §3.1 / §3.2): requests of at most the
   // decode threshold are decodes whatever is_prefilling says (a decode node
   // recomputes a transferred request's last prompt token as a decode).
   bool pd_recompute_scheduler = false;
@@ -137,7 +92,7 @@ struct DcpBuilderConfig : core::BuilderCore {
 // one block table; attn_state, num_spec_tokens and req_ids are not read and
 // are refused by name when given) and the draft step.
 struct DcpBuildInputs : core::StepInput {
-  // A draft-model (MTP proposer) step d >= 0 (spec 3.1, plan::draft_step_seq_lens):
+  // A draft-model (MTP proposer) step d >= 0 (docs/design/cp.md §3.1, plan::draft_step_seq_lens):
   // seq_lens are then the requests' base lengths, every request has one query
   // token at position base + d (query_start_loc 0, 1, ..., B) and is a decode
   // (is_prefilling is not read); -1: a normal step.

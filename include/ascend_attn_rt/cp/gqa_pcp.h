@@ -1,74 +1,9 @@
-// GQA/MHA prefill context parallelism (PCP) over a PCP process group, with or
-// without DCP (spec cp.md 1.3-1.4, 3.5-3.6, 5.2-5.3, 6, 7, 10).
-//
-// Two designs, chosen by PcpConfig::kv_mode (plan::PcpKvMode, the same switch
-// the layout checks of plan/cp_groups.h take):
-//
-//  * Sharded (default, the legacy model-runner-v1 design, spec 1.3A / 1.4 /
-//    5.2; normative for head/tail): every prefill request is padded to a
-//    multiple of 2 Wp and cut into 2 Wp chunks; PCP rank rp computes the head
-//    chunk rp and the tail chunk 2 Wp - 1 - rp (DualChunkSwap, plan/pcp_split.h).
-//    Decodes are replicated on every PCP rank. The KV cache is sharded over all
-//    W = Wp * Wd CP ranks with the DCP formulas of spec 1.2 (r = rp * Wd + rd),
-//    on one shared block table. A layer all-gathers [K|V] over PCP, restores
-//    the padded-global order and writes the tokens this rank owns; the current
-//    chunk is attended as head/tail blocks (a non-causal part over earlier
-//    chunks plus a causal diagonal block, merged by LSE); cached context and
-//    decodes are attended on the local shard and merged across the W ranks.
-//  * Replicated (model-runner v2, spec 1.3B / 3.6 / 5.3; DCP must be 1): every
-//    PCP rank holds the full KV. Queries are split into per-rank segments
-//    without padding (plan/pcp_segments.h); a layer all-gathers the prefill
-//    K and V over PCP (two collectives), writes all of it into its own cache
-//    and attends its segments as an ordinary GQA chunked-prefill batch (no LSE
-//    merge, no output exchange).
-//
-// Both take the *global* batch on every rank (the same scheduler output) and
-// give the rank's local rows: q/k/v/output of a forward have
-// PcpMetadata::num_local_tokens rows, in the order of pcp_local_tokens
-// (sharded) or pcp_rank_segments (replicated), padding rows included. Putting
-// the hidden states back in global order is the model runner's job (outside
-// attention, as upstream), with the indices PcpMetadataBuilder exposes.
-//
-// Collectives per layer (every decision on batch-global facts only, so all
-// ranks issue the same sequence, spec 7):
-//   sharded, prefills in the batch:  PCP all-gather [T_loc, Hkv, 2D] (KV write)
-//   sharded, decodes:                DCP all-gather q (Wd > 1), DCP a2a of the
-//                                    partials (Wd > 1), PCP all-gather of the
-//                                    DCP-merged partials
-//   sharded, cached context:         PCP all-gather q, DCP all-gather q (Wd > 1),
-//                                    DCP a2a (Wd > 1), PCP a2a of the DCP-merged
-//                                    partials
-//   replicated, prefills:            PCP all-gather K, then V
-//   a decode-only or fresh-prefill-only batch issues only the entries above
-//   that apply (a decode-only replicated batch: none).
-//
-// Decisions where the spec is silent or allows a choice:
-//  * Context partials: upstream all-gathers every rank's partials of all
-//    Wp * Tp_loc gathered queries over PCP (Wp^2 * Tp_loc rows per rank, spec
-//    10.11) and keeps its own; here the gathered queries stay in rank-major
-//    order and one PCP all-to-all by token block hands each rank only the
-//    partials of its own tokens (Wp * Tp_loc rows): the same merge of W
-//    partials, 1/Wp of the traffic, and no restore permutation of the query.
-//    The context is attended straight from the paged cache (a block table row
-//    per (rank, request) entry of the gathered query, KV length = the local
-//    context length), which is the kv_cache_load + dense call of spec 5.1
-//    without the copy.
-//  * Merges: over the DCP group first (comm/dcp_exchange.h combine_partials: the a2a of
-//    the Wd*H-head partials and their merge), then the Wp DCP-merged partials
-//    of the PCP ranks (npu_attention_update): the same merge of W = Wp*Wd
-//    partials as upstream's single one (log-sum-exp is associative), with
-//    1/Wd of upstream's PCP traffic. Rows of prefills without cached context
-//    keep the current chunk's result (a select on a per-row flag, the filter
-//    of spec 5.1 step 4), so no all-empty merge reaches them on the NPU.
-//  * The KV write of a sharded batch with prefills writes the whole restored
-//    buffer through the padded-global slot mapping in one call (decode copies
-//    other than the first are -1), which equals upstream's two writes.
-//  * No speculative decode (num_speculative_tokens must be 0), no sliding
-//    window, sinks, ALiBi, soft-cap or non-decoder layers on the sharded path
-//    (NotSupported naming them); the replicated path takes what the GQA layer
-//    takes. No graph capture (refused).
-//  * Two host-to-device copies per build on the replicated path (the inner GQA
-//    builder's and the PCP slot buffer's); one on the sharded path.
+// GQA/MHA prefill context parallelism over a PCP group, with or without DCP, in two
+// designs (PcpConfig::kv_mode): Sharded (DualChunkSwap head/tail, KV sharded over
+// Wp * Wd ranks) and Replicated (model-runner v2 segments, full KV on every rank).
+// Both take the global batch on every rank and give the rank's local rows; every
+// collective decision uses batch-global facts only. No speculative decode, no graph
+// capture. Design: docs/design/cp.md §6 (the designs), §8 (collectives).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -145,13 +80,13 @@ struct PcpMetadata : core::StepCounts {
   at::Tensor decode_slots;         // device int32 (Td)
   at::Tensor restore_idx;          // device int32 (Wp * T_loc): padded_global = gathered[restore]
   at::Tensor q_head_idx, q_tail_idx, kv_head_nomask_idx, kv_head_mask_idx, kv_tail_nomask_idx, kv_tail_mask_idx,
-      q_full_idx;                  // device int32 (spec 3.5 lists)
+      q_full_idx;                  // device int32 (docs/design/cp.md §6.4 lists)
   at::Tensor decode_block_tables;  // device int32 (num_decodes, stride)
   at::Tensor ctx_block_tables;     // device int32 (Wp * num_prefills, stride): entry (j, i) = request i's row
   at::Tensor context_rows;         // device int32 (T_loc - Td): 1 where the local prefill row's request has context
   std::optional<at::Tensor> attn_mask;
   c10::IntArrayRef decode_q_ends, decode_kv_lens;  // cumulative 1..Td; local KV lengths (this step included)
-  c10::IntArrayRef mask_seq_ends, head_nomask_kv_ends, tail_nomask_kv_ends;  // cumulative (spec 3.5)
+  c10::IntArrayRef mask_seq_ends, head_nomask_kv_ends, tail_nomask_kv_ends;  // cumulative (docs/design/cp.md §6.4)
   c10::IntArrayRef ctx_q_ends, ctx_kv_lens;  // cumulative 2c_i over (rank j, request i); local context lengths
   int32_t chunk_tokens = 0, head_nomask_tokens = 0, tail_nomask_tokens = 0;
 

@@ -1,116 +1,9 @@
-// The DeepSeek-V4 ("DSA") metadata builders (spec sparse.md 6.5, 6.6, 6.7):
-// the C++ half of AscendDSAMetadataBuilder.
-//
-// Upstream runs one builder per KV-cache group, and the first one to run in a
-// step fills a shared per-step dict (split, seq_lens, cos/sin, SAS blobs) that
-// the others reuse (spec 6.5 step 1, 11.11). Here that is explicit:
-//   StepBuilder::build(step inputs)            once per step: validation, the
-//       decode/prefill split, start_pos, cumsum(S), the RoPE rows of every token
-//       from each RoPE table (rope_theta and compress_rope_theta), gathered on
-//       the host, and the rows each V4 ratio (1, 4, 128) emits with their
-//       index / position / request arrays (StepMetadata::row_arrays, shared
-//       by every group of the ratio); one host-to-device copy.
-//   GroupBuilder::build(step metadata, table)  once per KV-cache group (SWA,
-//       C4 KV, C128 KV, C4 indexer K, the state caches): the staged block table
-//       (graph-padding rows zeroed), the slot mapping (ratio <= 1: the step's
-//       token slots; compressed groups: the compressed rows' slots), DSpark
-//       indices; one host-to-device copy. Its row_index / row_position /
-//       row_request are the step's arrays of its ratio. All planning is
-//       plan::plan_dsa_step / plan_dsa_rows / plan_dsa_group
-//       (plan/dsa_step_plan.h).
-//
-// Buffers (the core's staging allocator, docs/design/core.md): per lane one
-// int32 buffer laid out by name (host staging buffers used in turn + a device
-// twin; one buffer on the CPU), the per-token regions packed per step right
-// before the per-request part (the block table, in a group) so a build copies
-// one contiguous range; views are cached per size (and per offset for the
-// packed regions), so a given step shape always gets the same addresses.
-// Lanes: the main one and one per draft index (build_for_drafting), each with
-// its own stamp counter. A rejected build writes nothing: the previous
-// metadata stays valid.
-//
-// Requirements and decisions (where the spec is silent):
-//  - Batches must be decode-first (a request of <= decode_threshold tokens
-//    after the first prefill is rejected naming query_start_loc; engines
-//    reorder with plan::reorder_decode_first at decode_threshold).
-//  - build_for_graph_capture takes the states dsa::Backend::facts() declares
-//    capturable, DecodeOnly and SpecDecoding (NotSupported naming any other),
-//    and a batch without prefills.
-//  - Graph padding: requests [num_reqs_actual, B) get start_pos 0 and zeroed
-//    block-table rows (and no compressed rows, -1 DSpark rows).
-//  - Drafts (spec 6.5 "Draft mode"): only groups of ratio <= 1 build for
-//    drafting (NotSupported naming the cache kind otherwise); a draft group
-//    build takes a draft step build of the same draft index.
-//  - SAS / QLI metadata (spec 6.7): every group lane owns two (1024,) int32
-//    device buffers at stable addresses. A build fills sas_metadata (the
-//    operator's blob copied in, device to device, by the
-//    out-forms of ops/out_variants.h) for the groups a layer
-//    reads it from (spec 6.4 common(): Swa, C4Kv, C128Kv) when
-//    ModelSettings::num_heads_q > 0, with the arguments of spec 6.7, through
-//    the plan's metadata operator: npu_sparse_attn_sharedkv_metadata (A2/A3,
-//    ops/sparse_attn_sharedkv.h), npu_kv_quant_sparse_attn_sharedkv_metadata
-//    with the plan's kv_quant_mode / tile_size / rope_head_dim (A5, fp8
-//    rows), or CANN's cann_ops_transformer::sparse_flash_mla_metadata (A5 +
-//    BF16; schema in third_party/cann_ops_transformer_ops.txt,
-//    ops/sparse_flash_mla.h) with the same spec 6.7 values mapped by the spec
-//    7.2 adapter (to_sparse_flash_mla_metadata_args: seqused_kv ->
-//    seqused_ori_kv, max_seqlen_kv -> max_seqlen_ori_kv, no device; for the
-//    compressed groups also seqused_cmp_kv / cmp_residual_kv and
-//    max_seqlen_cmp_kv = max_seqlen_kv / cmp_ratio). NOT filled
-//    (sas_metadata_filled = false, the buffer keeps its old contents): the
-//    state / indexer groups (no layer reads their SAS blob).
-//  - SparseFlashMla lengths (spec 7.2), A5 + BF16 plan, compressed KV groups
-//    (C4Kv, C128Kv): seqused_cmp_kv = S / r and cmp_residual_kv = S % r per
-//    request, computed on the host (dsa::flash_mla_cmp_lengths) into the
-//    group's packed buffer, so they ride the group's one host-to-device copy
-//    and sit at stable addresses (GroupMetadata::seqused_cmp_kv, ...). The
-//    layer passes them to both the metadata op (above) and the attention call.
-//  - Skip rows (slot_mapping rows past num_valid_rows; the valid rows always
-//    come first): Flat -1; BlockOffset (-1, bs-1), except on a plan with
-//    block_offset_skip = MinusOne (A5 + BF16, spec 7.2) whose ratio <= 1
-//    groups write (-1, -1); its compressed groups keep (-1, bs-1), the
-//    encoding of the compressor_metadata rows they stand for.
-//    The QLI blob (spec 6.5 step 3, 6.7) is filled by the C4 indexer-cache
-//    group (kind C4IndexerK) when ModelSettings::index_n_heads > 0 (default 64):
-//    npu_vllm_quant_lightning_indexer_metadata (ops/lightning_indexer.h) with
-//    actual_seq_lengths_query = query_start_loc[1:], actual_seq_lengths_key =
-//    seq_lens, num_heads_q = index_n_heads, num_heads_k 1, head_dim =
-//    index_head_dim, quant modes 0, batch_size B, the step's max_seqlen_q/kv,
-//    "TND"/"PA_BSND", sparse_count = index_topk, sparse_mode 3, pre/next
-//    tokens 2^63-1, cmp_ratio 4; copied device to device into the lane's
-//    stable qli_metadata buffer (qli_metadata_filled = true; the arguments are
-//    recorded in GroupMetadata::qli_* so a layer can check them). Every other
-//    group (and index_n_heads = 0) leaves qli_metadata_filled = false.
-//    Deliberate fix of spec 11.12: the blob's ori_win_left is the attention
-//    call's window (W + num_spec - 1 when DSpark is active, else W - 1) in
-//    main and draft builds alike; upstream's main build passes W - 1 to the
-//    metadata op but W + num_spec - 1 to the kernel.
-//  - Per-step rows a graph replay reads (stable buffers, a view per size):
-//    the step build negates its sin rows on the device (StepMetadata::neg_sin
-//    / compress_neg_sin: the inverse RoPE's -sin); a compressed group's build
-//    runs compressor_metadata_out over its staged table into the lane's
-//    compressed_cos / compressed_sin / compressed_slots (spec 6.5, 9; the
-//    slots equal the host plan's slot_mapping).
-//  - RoPE: a group of ratio <= 1 reads the rope_theta rows, a compressed group
-//    the compress_rope_theta rows (the layer's common() group decides its
-//    RoPE: spec 6.4). A compressed group needs the compress tables.
-//  - One source of truth for the model: the settings every group reads (the
-//    window, the attention and indexer heads and dims, the top-k, DSpark) are
-//    given once, to the StepBuilder (StepBuilderConfig::model); a
-//    GroupBuilder takes them from its StepBuilder and only its own cache
-//    (kind, cache block size, plan, table width, num_blocks) from GroupConfig.
-//    The rope dim is the RoPE tables' width. The group's cache spec is for
-//    these dims (GroupBuilder::cache_spec(), dsa_cache_spec), and its
-//    metadata carries the window (GroupMetadata::window), which a layer
-//    configured with a window of its own is checked against (dsa/impl.h).
-//  - Reads (plan::DsaGroupReads): a build checks every block-table column the
-//    group's kernels read, not only the ones the step writes, inside the
-//    table and in [0, num_blocks): the compressed KV and indexer K groups
-//    every compressed row before S / r (the attention and the indexer read
-//    them all), the SWA group its window (ori_win_left positions before the
-//    step's first token), the compressor state groups the positions the
-//    compressor gathers when a row completes. A table that fails is refused
-//    by name (block_table[b][col]=id, num_blocks) before anything is written.
+// The DeepSeek-V4 ("DSA") metadata builders: StepBuilder once per step (split,
+// start_pos, RoPE rows, the rows each ratio emits) and one GroupBuilder per KV-cache
+// group (block table, slots, DSpark indices, tiling blobs), each one host-to-device
+// copy into stable per-lane buffers. Batches must be decode-first; a rejected build
+// writes nothing; metadata is valid until its builder's next build (build_stamp.h).
+// Design: docs/design/dsa.md §3 (builders, slots, routing, DSpark, blobs, drafts).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -140,12 +33,12 @@ namespace aar::dsa {
 struct ModelSettings {
   int32_t head_dim = static_cast<int32_t>(kDsaHeadDim);  // D (the caches' rows; the SAS blob's head_dim)
   int32_t window = 128;  // SWA window W (ori_win_left = W - 1)
-  // DSpark non-causal drafting (spec 6.6), read by the SWA group: num_spec > 0
+  // DSpark non-causal drafting (docs/design/dsa.md §3.4), read by the SWA group: num_spec > 0
   // builds dspark_swa_indices in steps without prefill (ori_win_left = W +
   // num_spec - 1 then). width 0 = roundup(W + num_spec, 128).
   int32_t dspark_num_spec = 0;
   int32_t dspark_width = 0;
-  // SAS metadata (spec 6.7): the local query heads (0 = do not generate the
+  // SAS metadata (docs/design/dsa.md §3.5): the local query heads (0 = do not generate the
   // SAS blob) and the indexer top-k (cmp_topk of C4 layers).
   int32_t num_heads_q = 0;
   int32_t index_topk = 512;
@@ -235,7 +128,7 @@ class StepBuilder {
 struct GroupConfig : core::BlockGeometry {
   GroupConfig() { block_size = 0; }
   DsaCacheKind kind = DsaCacheKind::Swa;
-  int32_t cache_block_size = 128;  // 32, 64, 128 (spec 6.2): gives the group's block sizes and ratio
+  int32_t cache_block_size = 128;  // 32, 64, 128 (docs/design/dsa.md §2.2): gives the group's block sizes and ratio
   AttnKvPlan plan;                 // slot format, cu_seqlens choices
 };
 

@@ -1,4 +1,4 @@
-// DeepSeek-V4 ("DSA") attention metadata (spec sparse.md 6.4, 6.5, 6.6, 6.7):
+// DeepSeek-V4 ("DSA") attention metadata (docs/design/dsa.md §3.3, §3.1, §3.4, §3.5):
 // what dsa::StepBuilder (once per step) and one dsa::GroupBuilder per KV-cache
 // group (dsa/builder.h) produce, and the per-layer routing view.
 //
@@ -25,8 +25,8 @@
 
 namespace aar::dsa {
 
-// The per-step shared values (upstream's per-step dict, spec 6.5 step 1 and
-// 11.11): computed once per step, read by every group of the step.
+// The per-step shared values (upstream's per-step dict, docs/design/dsa.md §3.1
+// ): computed once per step, read by every group of the step.
 //
 // The counts (core::StepCounts) have their one meaning: num_reqs the real
 // requests (StepInputs::num_reqs_actual), num_kernel_reqs the B requests the
@@ -59,10 +59,10 @@ struct StepMetadata : core::StepCounts {
   // compress_rope_theta table (compressed layers; undefined without one).
   at::Tensor cos, sin, compress_cos, compress_sin;
   // The full tables on the builder's device (compressor_metadata's rope_cos /
-  // rope_sin for compressed rows; spec 6.5 full_compress_cos/sin).
+  // rope_sin for compressed rows; docs/design/dsa.md §3.1 full_compress_cos/sin).
   at::Tensor rope_cos_table, rope_sin_table, compress_cos_table, compress_sin_table;
   // -sin and -compress_sin (T, R): the inverse RoPE's rows of the attention
-  // output (spec 6.8 step 4), negated on the device by the build into
+  // output (docs/design/dsa.md §5.2), negated on the device by the build into
   // stable buffers of the lane (a view per size), so a graph replay reads
   // the step's rows (compress_neg_sin undefined without the compress tables).
   at::Tensor neg_sin, compress_neg_sin;
@@ -100,7 +100,7 @@ struct StepMetadata : core::StepCounts {
   BuildStamp stamp;
 };
 
-// One KV-cache group's metadata (spec 6.5 AscendDSAReqMetadata).
+// One KV-cache group's metadata (docs/design/dsa.md §3.1 AscendDSAReqMetadata).
 struct GroupMetadata {
   DsaCacheKind kind = DsaCacheKind::Swa;
   int32_t compress_ratio = 1;        // 1 = uncompressed (SWA and every state cache), 4, 128
@@ -137,33 +137,33 @@ struct GroupMetadata {
   // -sin of `sin` (the step's neg_sin / compress_neg_sin).
   at::Tensor neg_sin;
   // Compressed groups (main lane): compressor_metadata's outputs for the
-  // step's compressed rows (num_compressed_tokens of them; spec 6.5 "the
-  // compressor metadata op generates slots on device", spec 9), made by the
+  // step's compressed rows (num_compressed_tokens of them; docs/design/dsa.md §3.1 "the
+  // compressor metadata op generates slots on device", docs/design/ops.md §4.6), made by the
   // build through compressor_metadata_out into stable buffers of the lane:
   // cos / sin (rows, 1, 1, R) in the compress tables' dtype (identity rows
   // for invalid ones) and the slots in the group's format ((rows, 2) or
   // (rows,)). Undefined for groups of ratio <= 1.
   at::Tensor compressed_cos, compressed_sin, compressed_slots;
-  // Spec 6.7 blobs: (1024,) int32 device buffers at stable addresses (one pair
+  // docs/design/dsa.md §3.5 blobs: (1024,) int32 device buffers at stable addresses (one pair
   // per builder lane). sas_metadata_filled / qli_metadata_filled say whether
   // this build wrote them (see dsa/builder.h).
   at::Tensor sas_metadata, qli_metadata;
   bool sas_metadata_filled = false, qli_metadata_filled = false;
   // The QLI blob's num_heads_q / head_dim / sparse_count when filled (0 otherwise).
   int32_t qli_num_heads = 0, qli_head_dim = 0, qli_sparse_count = 0;
-  // The SAS metadata op's cu_seqlens_ori_kv / cu_seqlens_cmp_kv (spec 6.5
-  // step 3, per the AttnKvPlan): an empty (0,) tensor (EmptyTensor), the
+  // The SAS metadata op's cu_seqlens_ori_kv / cu_seqlens_cmp_kv (docs/design/dsa.md §3.2
+  // , per the AttnKvPlan): an empty (0,) tensor (EmptyTensor), the
   // step's query_start_loc, [0, cumsum(S)], or undefined (None).
   at::Tensor cu_seqlens_ori_kv, cu_seqlens_cmp_kv;
   CuSeqlensKv cu_seqlens_ori_kv_kind = CuSeqlensKv::None, cu_seqlens_cmp_kv_kind = CuSeqlensKv::None;
-  // The SparseFlashMla plan's derived compressed lengths (spec 7.2 adapter),
+  // The SparseFlashMla plan's derived compressed lengths (docs/design/dsa.md §4.2 adapter),
   // defined on its compressed KV groups (C4Kv, C128Kv) only: (B,) int32
   // seqused_cmp_kv[b] = S_b / r and cmp_residual_kv[b] = S_b % r, staged by
   // the builder (dsa::flash_mla_cmp_lengths) in the group's buffer; and
   // max_seqlen_cmp_kv = max_seqlen_kv / r (0 elsewhere).
   at::Tensor seqused_cmp_kv, cmp_residual_kv;
   int32_t max_seqlen_cmp_kv = 0;
-  // DSpark (spec 6.6): (T, 1, width) physical slots, defined on SWA groups
+  // DSpark (docs/design/dsa.md §3.4): (T, 1, width) physical slots, defined on SWA groups
   // configured non-causal (dspark_num_spec > 0) in steps without prefill.
   at::Tensor dspark_swa_indices;
   int32_t ori_win_left = 0, ori_win_right = 0;  // the attention call's window
@@ -184,7 +184,7 @@ struct GroupMetadata {
 // build it reads is stale.
 void check_current(const GroupMetadata& g, const char* what);
 
-// Spec 6.4: the groups one attention layer reads. swa always; ratio > 1:
+// docs/design/dsa.md §3.3: the groups one attention layer reads. swa always; ratio > 1:
 // attention (the compressed KV group) and compressor_state; ratio 4: also
 // indexer_cache and indexer_state. common() = attention if present, else swa.
 struct LayerMetadata {

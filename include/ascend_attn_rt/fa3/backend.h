@@ -1,4 +1,4 @@
-// Static facts of the FA3-style backend (spec gqa.md 11): upstream's
+// Static facts of the FA3-style backend (docs/design/gqa.md §6): upstream's
 // flash_attn_with_kvcache entry, selected for RL training consistency. Same KV
 // cache as GQA, one kernel block size (128).
 #pragma once

@@ -1,10 +1,10 @@
-// Per-layer FA3-style attention (spec gqa.md 11): K/V are always read from the
+// Per-layer FA3-style attention (docs/design/gqa.md §6): K/V are always read from the
 // paged cache (written first), in up to two fused-kernel calls: the decodes,
 // then the prefills. Runs through FIA over the paged cache (the operator this
 // runtime has for flash_attn_with_kvcache's semantics). Metadata from the GQA
 // builder.
 //
-// Upstream slicing quirks fixed here (spec 11, 13.13), each covered by a test:
+// Upstream slicing quirks fixed here (docs/design/gqa.md §6), each covered by a test:
 //  * the prefill block table is sliced by requests ([nd:]), not by decode
 //    tokens ([ndt:]);
 //  * the prefill part's cumulative query lengths are rebased to 0;

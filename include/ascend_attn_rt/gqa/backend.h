@@ -1,4 +1,4 @@
-// Static facts of the GQA/MHA backend (spec gqa.md section 1).
+// Static facts of the GQA/MHA backend (docs/design/gqa.md §1).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,4 @@
-// The GQA metadata builder (spec gqa.md section 4): turns one step's scheduler
+// The GQA metadata builder (docs/design/gqa.md §3): turns one step's scheduler
 // output into device metadata. Persistent buffers are allocated at construction;
 // a build validates, plans (plan::build_step, pure C++), and makes at most one
 // host-to-device copy. No allocation in steady state (the optional dense
@@ -43,11 +43,11 @@ struct BuilderConfig : core::BuilderCore {
   plan::SpecMethod spec_method = plan::SpecMethod::None;
   bool chunked_prefill_enabled = true;
   bool pooling = false;                   // model_runner_type == "pooling"
-  bool pad_fia_batch = true;              // dummy request for padded tokens (spec 4.7)
+  bool pad_fia_batch = true;              // dummy request for padded tokens (docs/design/gqa.md §2.5)
   // Pad uniform decode batches (every request 1 + num_speculative_tokens
   // tokens) with one dummy request per decode_threshold padding tokens instead
   // of one dummy for all: graph buckets for paged attention and the BNSD decode
-  // kernels take one row per request (spec 4.7, uniform case).
+  // kernels take one row per request (docs/design/gqa.md §2.5, uniform case).
   bool uniform_decode_padding = false;
   // Metadata::dense (the paged context as dense rows), read by layers that
   // attend over a gathered context (head size 512 on A2/A3, the C8 prefill

@@ -1,4 +1,4 @@
-// Per-layer GQA/MHA attention (spec gqa.md sections 5 and 6). `forward` does no
+// Per-layer GQA/MHA attention (docs/design/gqa.md §4 and §4.6). `forward` does no
 // host metadata work: it picks a path from the metadata, writes the KV cache
 // and calls the operators.
 #pragma once
@@ -55,7 +55,7 @@ struct ImplConfig {
   std::string kv_cache_dtype = "auto";      // only "auto" (INT8 is the C8 backend)
   AttnType attn_type = AttnType::Decoder;
   bool kv_sharing = false;                  // shares another layer's cache: never writes
-  // Paged-attention selection (spec 9.6) and device generation.
+  // Paged-attention selection (docs/design/gqa.md §2.6) and device generation.
   plan::DeviceKind device_kind = plan::DeviceKind::A2;
   bool has_speculative_config = false;
   bool full_decode_only_graph = false;
@@ -98,7 +98,7 @@ class AttentionImpl {
   // [0, metadata.num_kernel_tokens) only. metadata == nullptr (profiling run)
   // zero-fills the output. Returns output. While a graph capture is open on this
   // thread (graph::GraphParams::begin_capture), the calls are recorded into that
-  // graph instead of running eagerly (spec 7.2-7.4, 7.7).
+  // graph instead of running eagerly (docs/design/graph.md §1.1, §4.1).
   const at::Tensor& forward(const at::Tensor& query, const std::optional<at::Tensor>& key,
                             const std::optional<at::Tensor>& value, const at::Tensor& key_cache,
                             const at::Tensor& value_cache, const Metadata* metadata, const at::Tensor& output);

@@ -1,4 +1,4 @@
-// Attention masks (spec gqa.md section 10). One builder per device (upstream's
+// Attention masks (docs/design/gqa.md §3.5). One builder per device (upstream's
 // process-wide singleton lets the first device win; we key by device instead).
 #pragma once
 

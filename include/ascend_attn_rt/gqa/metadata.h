@@ -1,4 +1,4 @@
-// Per-step attention metadata (spec gqa.md 3.2). Owned by the MetadataBuilder
+// Per-step attention metadata (docs/design/gqa.md §3.1). Owned by the MetadataBuilder
 // that produced it and valid until that builder's next build: every tensor is a
 // view of a persistent buffer and the length lists point into builder storage.
 // `stamp` identifies the build; consumers reject a stale copy (build_stamp.h).

@@ -3,7 +3,7 @@
 // In full-graph mode the fused-attention and paged-attention kernels take their
 // sequence lengths as host lists, baked into the captured task. Before each
 // replay every captured attention call is re-issued with the step's lists inside
-// a task-update bracket (spec gqa.md 7.2, 7.8). The provider supplies that
+// a task-update bracket (docs/design/graph.md §1.1, §1.2). The provider supplies that
 // bracket and the per-call events the replay waits on:
 //   HookGraphProvider      : NPU. Function hooks that the Python facade fills from
 //                            torch_npu (graph_task_group_begin/end,

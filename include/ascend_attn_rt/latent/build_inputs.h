@@ -11,11 +11,11 @@
 namespace aar::mla {
 
 // The step (core::StepInput, any decode/prefill order; is_prefilling is read
-// under DCP only, spec 3.6, empty meaning seq_len == query_len; req_ids only by
+// under DCP only, docs/design/cp.md §6.5, empty meaning seq_len == query_len; req_ids only by
 // the SFA KV-offload builder) and the MLA family's draft step.
 struct BuildInputs : core::StepInput {
   // mla:: only (the SFA builders refuse it; theirs is build_for_drafting's
-  // lane): a draft-model (MTP proposer) step d >= 0, spec cp.md 3.1. seq_lens
+  // lane): a draft-model (MTP proposer) step d >= 0, docs/design/cp.md §3.1. seq_lens
   // are the requests' base lengths, each request has one query token at
   // position base + d (query_start_loc 0, 1, ..., B), so its length is
   // base + d + 1 (plan::draft_step_seq_lens) and, under DCP, its local KV length

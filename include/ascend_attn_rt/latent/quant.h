@@ -1,7 +1,7 @@
 // Quantised (W8A8) projections of an MLA-family layer (MLA, SFA): the two
 // linears ModelSlim quantises before attention, fused_qkv_a_proj (q_a_proj and
 // kv_a_proj_with_mqa stacked) and q_proj (q_b_proj). kv_b_proj and o_proj stay
-// unquantised (spec mla.md 4.1: W_UK / W_UV are derived from kv_b_proj).
+// unquantised (docs/design/mla.md §4.1: W_UK / W_UV are derived from kv_b_proj).
 //
 //  W8A8 dynamic: y = (x_q @ weight^T) * s_x[t] * weight_scale[o], with
 //    (x_q, s_x) the per-token symmetric int8 quantisation of x (npu_dynamic_quant).
@@ -23,7 +23,7 @@ namespace aar::mla {
 
 struct Dims;
 
-// The quant-method type of fused_qkv_a_proj (sparse.md 3.2's `qt`).
+// The quant-method type of fused_qkv_a_proj (docs/design/sfa.md §4.2's `qt`).
 enum class QuantType : int32_t { None = 0, W8A8Dynamic = 1, W8A8Static = 2, MxFp8 = 3 };
 const char* to_string(QuantType t);  // "none", "w8a8_dynamic", "w8a8_static", "mxfp8"
 // "none" / "w8a8_dynamic" / "w8a8_static" / "mxfp8"; anything else is rejected by name.

@@ -1,4 +1,4 @@
-// MLA weight processing (spec mla.md section 4). Linear weights are in torch
+// MLA weight processing (docs/design/mla.md §4). Linear weights are in torch
 // layout (out_features, in_features).
 #pragma once
 
@@ -44,18 +44,18 @@ inline QuantType quant_type(const Weights& w) { return w.quant.has_value() ? w.q
 inline at::ScalarType activation_dtype(const Weights& w) { return w.kv_b_proj.scalar_type(); }
 inline c10::Device weights_device(const Weights& w) { return w.kv_b_proj.device(); }
 
-// Spec 4.1: W_UK_T[h,p,l] = kv_b[h*(P+V)+p, l] (H,P,L); W_UV[h,l,v] = kv_b[h*(P+V)+P+v, l] (H,L,V).
+// docs/design/mla.md §4.1: W_UK_T[h,p,l] = kv_b[h*(P+V)+p, l] (H,P,L); W_UV[h,l,v] = kv_b[h*(P+V)+P+v, l] (H,L,V).
 struct Absorbed {
   at::Tensor w_uk_t, w_uv;
 };
 Absorbed split_kv_b_proj(const at::Tensor& kv_b_proj, int64_t num_heads, int64_t qk_nope_head_dim,
                          int64_t v_head_dim);
 
-// Spec 4.2: along dim -2, the last `rope_dim` rows are reordered even offsets
+// docs/design/mla.md §4.2: along dim -2, the last `rope_dim` rows are reordered even offsets
 // first, then odd; the rows before stay. rope_dim == 0: contiguous copy.
 at::Tensor trans_rope_weight(const at::Tensor& w, int64_t rope_dim);
 
-// Spec 4.3 / gqa 9.15: ND (R, C) -> FRACTAL_NZ staging layout (C'/cb, R', cb)
+// docs/design/mla.md §4.3: ND (R, C) -> FRACTAL_NZ staging layout (C'/cb, R', cb)
 // with R' = round_up(R, rb), C' = round_up(C, cb), Z[j, i, k] = padded[i, cb*j + k].
 // Rows are zero-padded by R'-R and columns by C'-C (upstream swaps the two pad
 // amounts, which is only harmless when both are 0; fixed here).
@@ -68,7 +68,7 @@ at::Tensor transdata(const at::Tensor& nd, int64_t row_block = 16, int64_t col_b
 // per-channel scales as (1, n) rows permuted alike. The rope columns are
 // permuted for the quantised forms too (upstream's FA-quant preparation skips
 // trans_rope_weight, which would leave the decode's cache rows in another RoPE
-// order than the native path's, spec 9.1: we keep one convention).
+// order than the native path's, docs/design/mla.md §1.3: we keep one convention).
 struct PrologWeights {
   at::Tensor weight_dq;      // (hidden, Q)
   at::Tensor weight_uq_qr;   // (Q, H*(P+R)), rope rows of every head via trans_rope_weight
@@ -80,7 +80,7 @@ struct PrologWeights {
 };
 PrologWeights prepare_prolog_weights(const Dims& d, const Weights& w, const at::Tensor& w_uk_t);
 
-// Weights of vllm-ascend's mla_preprocess (MLAPO, spec 4.4) from W8A8-static
+// Weights of vllm-ascend's mla_preprocess (MLAPO, docs/design/mla.md §4.4) from W8A8-static
 // weights (requires q-LoRA): the down projection with its output rows reordered
 // kv | q and the kv rope rows permuted, the up projection with each head's rope
 // rows permuted, both in transdata's NZ staging layout unsqueezed to 4-D; their

@@ -1,4 +1,4 @@
-// Static facts of the MLA backend (spec mla.md section 1): two per-layer paged
+// Static facts of the MLA backend (docs/design/mla.md §1): two per-layer paged
 // caches, the latent ("nope") cache (num_blocks, block_size, 1, kv_lora_rank)
 // and the rope cache (num_blocks, block_size, 1, qk_rope_head_dim); their NZ
 // views; block sizes; head padding to a power of two for the decode kernel.

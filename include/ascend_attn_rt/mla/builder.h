@@ -1,31 +1,9 @@
-// The MLA metadata builder (spec mla.md section 3). Every buffer the metadata
-// points at is allocated once, at construction, at a stable address (graph
-// capture records these tensors and replays them with updated contents): one
-// packed int32 buffer on the host, the same layout on the device (aliasing the
-// host buffer on CPU). It holds query_start_loc, the int64 slot mapping, the
-// decode and prefill RoPE cos/sin rows, the block table (all rows, decodes
-// first), the context-chunk tensors and the prefill block-table rows; the
-// metadata tensors are views of it (the RoPE views reinterpret its words as the
-// tables' dtype, shape (n, R)). A build validates and plans in pure C++
-// (plan::plan_mla_step) into the host buffer, gathers the RoPE rows there from
-// the tables (kept on the host: a row per decode token, one run of rows per
-// prefill, whose positions are consecutive), and on a device copies what the
-// step uses to the device: a decode-only step is ONE copy of the packed prefix
-// up to its last block-table row (the decode RoPE regions come first and hold
-// min(max_num_tokens, max_num_reqs * decode_threshold) rows); a step with
-// prefills makes three (the prefix up to the last prefill block-table row, the
-// prefill cos rows, the prefill sin rows). No index_select or other kernel
-// runs per build. Views of the buffers are created
-// the first time a size is seen and cached: a steady-state build creates no
-// tensor. A rejected build writes nothing, so the previous metadata stays
-// valid. Graph decode padding (BuilderConfig::graph_decode_padding) implements
-// both modes of spec 3.5.
-//
-// On the device path the host buffers are used in turn (BuilderConfig::
-// staging_buffers), each rewritten only once the copies made from it have
-// completed (include/ascend_attn_rt/staging.h). Every build stamps the metadata
-// with its generation; a copy kept past the next build is stale and rejected by
-// forward and graph update (build_stamp.h).
+// The MLA metadata builder: validates and plans a step in pure C++, gathers the RoPE
+// rows on the host, and copies into persistent buffers at stable addresses (one copy
+// for a decode-only step, three with prefills); views cached per size; a rejected
+// build writes nothing; metadata valid until the next build (build_stamp.h). Graph
+// decode padding and DCP builds per BuilderConfig.
+// Design: docs/design/mla.md §3, DCP §6.1, staging docs/design/core.md §4.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -55,36 +33,36 @@ namespace aar::mla {
 struct BuilderConfig : core::BuilderCore {
   int32_t max_model_len = 0;           // 0 = max_blocks_per_req * block_size
   bool chunked_prefill_enabled = true;
-  // Graph decode padding (spec 3.5 "enable-pad"; for MLA decode graph buckets):
+  // Graph decode padding (docs/design/mla.md §3.5 "enable-pad"; for MLA decode graph buckets):
   // a decode-only build with num_input_tokens > its tokens pads the decode
   // metadata to the bucket with dummy requests of decode_threshold tokens (KV
   // length 0, zero block-table rows written into the staging rows after the
   // real ones, RoPE position 0); DecodeMetadata::num_kernel_* give the padded
   // counts. The decode then runs over the padded rows (their output is 0).
   bool graph_decode_padding = false;
-  // With graph_decode_padding: spec 3.5 "disable-pad" mode (full-graph MTP with
+  // With graph_decode_padding: docs/design/mla.md §3.5 "disable-pad" mode (full-graph MTP with
   // the padded drafter batch disabled) instead: the bucket's num_input_tokens
   // become both the kernels' requests and tokens, the query ends extended by
   // round-half-even interpolation (plan::pad_actual_q_disable_mode).
   bool disable_padded_drafter_batch = false;
   // 0 = the upstream workspace rule (plan::chunked_prefill_workspace_size).
   int64_t workspace_tokens = 0;
-  // RoPE tables (max_position, R), first and second halves identical (spec 6.1).
+  // RoPE tables (max_position, R), first and second halves identical (docs/design/mla.md §1.3).
   // Any dtype with rows of a multiple of 4 bytes; the builder keeps a host copy
   // (the rows are gathered on the host).
   at::Tensor cos_table, sin_table;
-  // Decode context parallel (spec 7, AscendMlaDCPMetadataBuilder): this rank's
+  // Decode context parallel (docs/design/mla.md §6, AscendMlaDCPMetadataBuilder): this rank's
   // place in the DCP group and the interleave size I (block_size % I == 0).
   // With dcp_world_size > 1 the builds are this rank's (plan::MlaStepInputs::dcp:
   // local slots and KV lengths, the DCP context chunks; graph decode padding's
   // dummy requests get local KV length 0). With num_speculative_tokens > 0 the
-  // decode metadata has one row per decode token (spec cp.md 3.4 as per-row
+  // decode metadata has one row per decode token (docs/design/cp.md §3.3 as per-row
   // local KV lengths, plan/mla_plan.h): DecodeMetadata's num_kernel_reqs ==
   // num_kernel_tokens, block_table / seq_lens_list per token.
   int32_t dcp_world_size = 1;
   int32_t dcp_rank = 0;
   int32_t cp_kv_cache_interleave_size = 1;
-  // The P/D recompute scheduler (spec cp.md 3.1 / 3.2): under DCP, requests of
+  // The P/D recompute scheduler (docs/design/cp.md §3.1 / §3.2): under DCP, requests of
   // at most the decode threshold are decodes whatever is_prefilling says (as
   // they are without DCP).
   bool pd_recompute_scheduler = false;

@@ -1,31 +1,9 @@
-// Per-layer MLA attention (spec mla.md section 5): native preprocess or a
-// fused decode preprocess (npu_mla_prolog_v3; vllm-ascend's mla_preprocess for
-// W8A8-static layers; npu_mla_prolog_v2 for FA-quant layers), absorbed latent
-// decode through FIA v2, un-absorbed prefill through FIA v1 with the chunked
-// context merged by npu_attention_update, o_proj. `forward` does no host
-// metadata work.
-//
-// Quantised layers (Weights::quant, latent/quant.h): the projections run as W8A8
-// linears on every path (npu_quantize / npu_dynamic_quant + npu_quant_matmul).
-//
-// FA-quant layers (ImplConfig::fa_quant, the A2/A3 int8 latent cache, spec 5.3
-// row C / 5.4): the latent cache is int8 FRACTAL_NZ (nb, 1, L/32, bs, 32), its
-// rows saturate_int8(rint(c_kv / kv_cache_scale)) (one per-tensor dequant
-// scale); the rope cache stays in the activation dtype (NZ). Decode: per-token
-// dynamic quantisation of the hidden states, npu_mla_prolog_v2 (cache mode
-// PA_NZ, the int8 query with per-(token, head) scales), FIA v2 fully quantised
-// (query_quant_mode 3, per-tensor key/value dequant scale), for every decode
-// batch size (the 1024-token limit is mla_preprocess's; npu_mla_prolog_v2
-// documents T up to 1048576) and also for the decode part of mixed steps (the
-// native decode has no int8 query). The spec does not say how such a layer
-// writes its cache in prefill (upstream's A2/A3 prefill writes unquantised rows
-// into the int8 cache); decided here, as upstream's A5 FA-quant does on its
-// ND cache: npu_kv_rmsnorm_rope_cache into the NZ caches with c_kv_scale =
-// 1 / kv_cache_scale (the same quantisation as the prolog), the new tokens'
-// attention at full precision from the returned unquantised rows, and the
-// cached context gathered (npu_gather_pa_kv_cache over the NZ caches) and
-// dequantised (* kv_cache_scale) before kv_b_proj (spec 5.6 step 4's A5 rule).
-// Needs W8A8-dynamic weights, enable_kv_nz and power-of-two heads.
+// Per-layer MLA attention: native or fused decode preprocess, absorbed latent decode
+// (FIA v2), un-absorbed prefill with cached context in chunks merged by LSE, W_UV and
+// o_proj; W8A8 and FA-quant layers; decode context parallel. forward validates before
+// any write and does no host metadata work; layers of one shape and workspace_group
+// share a decode workspace and run one at a time.
+// Design: docs/design/mla.md §4 (weights), §5 (forward), §6 (DCP).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -65,7 +43,7 @@ struct ImplConfig {
   // The fused decode preprocess npu_mla_prolog_v3 (unquantised or W8A8-dynamic
   // weights): decode-only steps with <= 1024 decode tokens use it. Requires q-LoRA.
   bool enable_prolog = false;
-  // W8A8-static layers (upstream enable_mlapo on A2/A3, spec 4.4 / 5.4):
+  // W8A8-static layers (upstream enable_mlapo on A2/A3, docs/design/mla.md §4.4 / §5.4):
   // decode-only steps with <= 1024 decode tokens use vllm-ascend's
   // mla_preprocess; other steps the native W8A8 path. Rejected for other
   // weights (upstream silently disables it), for q_norm_eps / kv_norm_eps other
@@ -80,7 +58,7 @@ struct ImplConfig {
   bool enable_kv_nz = false;
   // Graph mode: orders the layer's captured calls (see gqa::ImplConfig).
   int64_t layer_index = -1;
-  // Prefill attention in bf16 when the activations are not (spec 5.5 step 1:
+  // Prefill attention in bf16 when the activations are not (docs/design/mla.md §5.5:
   // the NPU's TND MLA kernel takes bf16 only). nullopt: when the operators run
   // on the NPU; the CPU twins attend in any dtype.
   std::optional<bool> prefill_in_bf16;
@@ -90,18 +68,18 @@ struct ImplConfig {
   // buffers. Impls that may run forward concurrently (two engines on two
   // threads) must use different groups.
   int64_t workspace_group = 0;
-  // Decode context parallel (spec 7, AscendMlaDCPImpl): the DCP group's
+  // Decode context parallel (docs/design/mla.md §6, AscendMlaDCPImpl): the DCP group's
   // collectives (not owned; must outlive the layer). Metadata built with
   // dcp_world_size > 1 needs it, with the same size and rank. Under DCP:
   //  * decode: ql_nope | q_pe all-gathered over the group along the heads
   //    (rank-major, W*H heads), latent attention over this rank's KV shard
   //    (FIA v1 BNSD, no head padding, LSE returned), the partials exchanged
   //    (all-to-all) and merged by LSE for this rank's own heads, then W_UV
-  //    (spec 7.3; through the shared exchange of comm/dcp_exchange.h);
+  //    (docs/design/mla.md §6.2; through the shared exchange of comm/dcp_exchange.h);
   //  * prefill: the new tokens attend locally (no collective); each context
   //    chunk is gathered from this rank's shard (padded local lengths, local
   //    starts), [latent | k_pe] all-gathered over the group and reordered to
-  //    each request's tokens, rank-major (spec 7.4), then as without DCP;
+  //    each request's tokens, rank-major (docs/design/mla.md §6.3), then as without DCP;
   //  * the KV write is the slot mapping's: this rank's own tokens only;
   //  * graph capture of decode-only buckets (MetadataBuilder
   //    graph_decode_padding pads smaller batches with dummy requests of local
@@ -111,7 +89,7 @@ struct ImplConfig {
   //    intermediates live in the decode workspace and a shared
   //    cp::DcpWorkspace, at stable addresses; the collectives run inside the
   //    recorded prepare calls (captured into the device graph on the NPU).
-  // Not with FA-quant layers or NZ caches (spec 7.3: ND views, no FA-quant).
+  // Not with FA-quant layers or NZ caches (docs/design/mla.md §6.2: ND views, no FA-quant).
   cp::Comm* dcp_comm = nullptr;
 };
 
@@ -127,7 +105,7 @@ class Impl {
   // KV-connector hooks of this layer (kv_connector.h); none by default.
   KvHooks kv_hooks;
 
-  // Processes the weights (spec 4): splits kv_b_proj, prepares the prolog weights.
+  // Processes the weights (docs/design/mla.md §4): splits kv_b_proj, prepares the prolog weights.
   Impl(const ImplConfig& cfg, const Weights& weights);
 
   // hidden (T, hidden_size) with T >= metadata.num_actual_tokens; nope_cache
@@ -155,7 +133,7 @@ class Impl {
   // otherwise. For tests and diagnostics; nothing may be read through it.
   const void* decode_workspace_id() const;
   void release_views();
-  // Weight reload (spec 9.17): copies the new weights into the tensors the layer
+  // Weight reload (docs/design/mla.md §4.6): copies the new weights into the tensors the layer
   // holds (those it was built with: the caller's, aliased) and recomputes the
   // derived ones (W_UK_T, W_UV, the prolog weights) in place, so graph-captured
   // addresses stay valid. Shapes, dtype and device must match. A caller that
@@ -177,7 +155,7 @@ class Impl {
                        const Metadata& md, ops::FiaV2Tensors& t, ops::FiaV2Params& p);
   // W_UV, then o_proj into out_rows.
   void decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows);
-  // The DCP decode up to W_UV (spec 7.3), in the stages a graph capture
+  // The DCP decode up to W_UV (docs/design/mla.md §6.2), in the stages a graph capture
   // records: the gathered, split query; the local latent call's arguments; the
   // exchange and merge into the W_UV input.
   const cp::DcpViews& dcp_views(int64_t td, const at::Tensor& like);

@@ -1,4 +1,4 @@
-// MLA attention without the projections (spec mla.md 5.3, 5.5, 5.6), for
+// MLA attention without the projections (docs/design/mla.md §5.3, §5.5, §5.6), for
 // engines whose model code does the projections itself, as vLLM's
 // MLAAttention layer does: it applies RoPE, absorbs W_UK into the decode query
 // (ql_nope = q_nope W_UK_T) and applies W_UV to the decode's latent output;

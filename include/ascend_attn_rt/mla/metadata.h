@@ -1,4 +1,4 @@
-// Per-step MLA metadata (spec mla.md section 2). Owned by the MetadataBuilder
+// Per-step MLA metadata (docs/design/mla.md §2). Owned by the MetadataBuilder
 // that produced it and valid until its next build: tensors are views of
 // persistent buffers, length lists point into builder storage; `stamp`
 // identifies the build (build_stamp.h).
@@ -16,7 +16,7 @@
 
 namespace aar::mla {
 
-// Context of the prefills with cached tokens, in chunks (spec 2.1 / 3.4).
+// Context of the prefills with cached tokens, in chunks (docs/design/mla.md §2.2 / §3.4).
 struct ChunkedContext {
   int32_t num_chunks = 0;
   int32_t chunk_size = 0;
@@ -26,7 +26,7 @@ struct ChunkedContext {
   c10::IntArrayRef seq_tot;       // C: gathered tokens per chunk
   c10::IntArrayRef max_seq_lens;  // C
   std::vector<c10::IntArrayRef> kv_ends;  // C x NP cumulative chunk_seq_lens (FIA actual_seq_lengths_kv)
-  // DCP (spec 7.2 / 7.4; undefined / empty without): the global fields above
+  // DCP (docs/design/mla.md §6.1 / §6.3; undefined / empty without): the global fields above
   // stay global, `starts` holds the local starts c * local_chunk_size.
   int32_t local_chunk_size = 0;
   at::Tensor padded_chunk_seq_lens;  // device int32 (C, NP): local tokens every rank gathers per request
@@ -37,7 +37,7 @@ struct ChunkedContext {
   c10::IntArrayRef reorg_offsets;    // C + 1
 };
 
-// Decode context parallel (spec 7): this build's shard of the KV cache.
+// Decode context parallel (docs/design/mla.md §6): this build's shard of the KV cache.
 struct DcpInfo {
   int32_t world_size = 1;
   int32_t rank = 0;

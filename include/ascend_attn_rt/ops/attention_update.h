@@ -1,4 +1,4 @@
-// npu_attention_update (spec mla.md 6.5): LSE-weighted merge of up to 16
+// npu_attention_update (docs/design/ops.md §4.8): LSE-weighted merge of up to 16
 // partial attention results.
 #pragma once
 

@@ -1,4 +1,4 @@
-// vllm-ascend's _C_ascend batch_matmul_transpose (spec sparse.md 3.7, the SFA V
+// vllm-ascend's _C_ascend batch_matmul_transpose (docs/design/sfa.md §4.4, the SFA V
 // up-projection): c[t, n] = a[t, n] @ b[n], written into c.
 #pragma once
 

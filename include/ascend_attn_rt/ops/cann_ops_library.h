@@ -1,5 +1,5 @@
 // The operator library of CANN's torch extension `cann_ops_transformer`
-// (SparseFlashMla, spec sparse.md 7.2):
+// (SparseFlashMla, docs/design/dsa.md §4.2):
 //   CannOpsTransformer -> cann_ops_transformer / ascend_cpu_cot / ascend_noop_cot
 // (OpLibrary::CannOpsTransformer; the name below is kept for the code that
 // spells it so).

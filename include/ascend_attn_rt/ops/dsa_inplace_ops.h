@@ -1,5 +1,5 @@
 // The in-place helpers of the DeepSeek-V4 (DSA) path, vllm-ascend's _C_ascend
-// operators (spec sparse.md 1.1.1, 1.6 step 7, 7.1, 9, 11.8):
+// operators (docs/design/sparse.md §2, docs/design/dsa.md §1.1, §4.1, docs/design/ops.md §4.6, docs/design/sparse.md §7):
 //   npu_scatter_nd_update_v2    the A2/A3 SWA / compressed KV-cache write by (block, offset)
 //   inplace_partial_rotary_mul  RoPE on a slice of the last dim (DSV4 de-rotates the
 //                               attention output with r2 = -sin)
@@ -21,7 +21,7 @@ namespace aar::ops {
 // var.shape[k:], or the same with var's size-1 trailing dims left out (e.g.
 // (N, D) for that cache). A row with a negative component (block -1: the A2/A3
 // encoding (-1, bs-1) of slot -1) or whose linear index into var's first k dims
-// is outside [0, their element count) is skipped (spec 7.1: the kernel drops
+// is outside [0, their element count) is skipped (docs/design/dsa.md §4.1: the kernel drops
 // it). Rows that repeat an index: the last one wins. updates must have var's
 // dtype; var may be any strided view; nothing is written when the call is refused.
 void scatter_nd_update_v2(at::Tensor& var, const at::Tensor& indices, const at::Tensor& update,

@@ -1,4 +1,4 @@
-// npu_gather_pa_kv_cache (spec mla.md 6.4): gathers per-request token ranges
+// npu_gather_pa_kv_cache (docs/design/ops.md §4.5): gathers per-request token ranges
 // of two paged caches into contiguous buffers.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The Hadamard rotation of the quantised indexers (spec sparse.md 1.5) as
+// The Hadamard rotation of the quantised indexers (docs/design/sparse.md §3) as
 // tensors; the construction is the plan layer's (ascend_attn_rt/plan/hadamard.h).
 //  * SFA LI C8: k_li @ (H128 / sqrt(128)) and q_li @ (H128 / sqrt(128)), in the
 //    model dtype, after RoPE and before npu_dynamic_quant.

@@ -1,4 +1,4 @@
-// npu_interleave_rope (spec mla.md 6.1): RoPE on interleaved pairs, result in
+// npu_interleave_rope (docs/design/mla.md §1.3): RoPE on interleaved pairs, result in
 // half-split ("de-interleaved") order.
 #pragma once
 

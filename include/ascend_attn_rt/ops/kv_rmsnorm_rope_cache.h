@@ -1,4 +1,4 @@
-// npu_kv_rmsnorm_rope_cache (spec mla.md 6.2): RMSNorm of the latent, RoPE of
+// npu_kv_rmsnorm_rope_cache (docs/design/ops.md §4.5): RMSNorm of the latent, RoPE of
 // k_pe, both scattered into the paged MLA caches (negative slots skipped).
 #pragma once
 

@@ -1,4 +1,4 @@
-// The DeepSeek-V3.2 lightning indexer (spec sparse.md 1.2, 1.2.1): per query
+// The DeepSeek-V3.2 lightning indexer (docs/design/sparse.md §4): per query
 // token, the top-k key positions of its request by
 //   score(t, s) = sum_h w[t, h] * relu(q[t, h] . k[s])
 // Two libraries provide it with different schemas (OpLibrary::TorchNpu:
@@ -56,13 +56,13 @@ struct QuantLightningIndexerArgs {
 at::Tensor quant_lightning_indexer(const QuantLightningIndexerArgs& a, OpLibrary lib, Provider pv = Provider::Auto);
 
 // ---- DeepSeek-V4 (DSA) quantised indexer: _C_ascend::npu_vllm_quant_lightning_indexer
-// (spec sparse.md 1.2.1, 1.6.2 step 5, 9; VllmAscend only). The keys are the
+// (docs/design/sparse.md §4, docs/design/dsa.md §1.3, docs/design/ops.md §4.6; VllmAscend only). The keys are the
 // request's COMPRESSED rows (one per cmp_ratio raw tokens, written by the C4
 // indexer compressor), read through block_table; actual_seq_lengths_key holds the
 // RAW lengths S_b, so request b has floor(S_b / cmp_ratio) compressed rows and,
 // under sparse_mode 3, row i (of q_b) sees the compressed rows
 //   c < floor((S_b - q_b + i + 1) / cmp_ratio)   (sparse_mode 0: c < floor(S_b / cmp_ratio)).
-// Score as 1.2.1 (int8 + fp16 scales on A2/A3, fp8 e4m3 + fp32 scales on A5);
+// Score as docs/design/sparse.md §4 (int8 + fp16 scales on A2/A3, fp8 e4m3 + fp32 scales on A5);
 // sparse_indices (T, 1, sparse_count) int32 are compressed-row ids within the
 // request by descending score (CPU twin: ties lower id first), then -1.
 // sparse_values: with return_value, (T, 1, sparse_count) fp32 selected scores
@@ -78,7 +78,7 @@ struct VllmQuantLightningIndexerArgs {
 std::tuple<at::Tensor, at::Tensor> vllm_quant_lightning_indexer(const VllmQuantLightningIndexerArgs& a,
                                                                 Provider pv = Provider::Auto);
 
-// _C_ascend::npu_vllm_quant_lightning_indexer_metadata (spec 6.7): the (1024,)
+// _C_ascend::npu_vllm_quant_lightning_indexer_metadata (docs/design/dsa.md §3.5): the (1024,)
 // int32 tiling blob for the indexer above; regenerate it whenever lengths change.
 // Opaque: on CPU it is a deterministic function of the arguments that nothing
 // reads. The provider comes from the first length tensor given, else from `pv`

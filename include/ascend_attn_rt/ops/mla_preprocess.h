@@ -1,16 +1,16 @@
 // vllm-ascend's mla_preprocess (_C_ascend, "MLAPO"): the fused A2/A3 decode
-// preprocess of a W8A8-static MLA layer (spec mla.md 4.4 / 5.4, sparse.md 3.2).
+// preprocess of a W8A8-static MLA layer (docs/design/mla.md §4.4 / §5.4, docs/design/sfa.md §4.2).
 // Per token, in the forms the runtime uses (quant_mode
 // "per_tensor_quant_asymm", cache_mode "krope_ctkv" or "nzcache"):
 //   x_q   = saturate_int8(rint(x * (1 / quant_scale0) + quant_offset0))
 //   y     = (x_q @ Wdqkv^T + bias0) * descale0            rows [kv (L+R) | q (Q)]
 //   c_kv  = RMSNorm(y[:L]) * gamma2  -> kv_cache_out0[slot]
-//   k_pe  = rotate_half RoPE(y[L:L+R]) -> kv_cache_out1[slot]  (rope rows pre-permuted, spec 4.2)
+//   k_pe  = rotate_half RoPE(y[L:L+R]) -> kv_cache_out1[slot]  (rope rows pre-permuted, docs/design/mla.md §4.2)
 //   c_q   = RMSNorm(y[L+R:]) * gamma1 + beta1  (-> inner_out with enable_inner_out)
 //   cq_q  = saturate_int8(rint(c_q * (1 / quant_scale1) + quant_offset1))
 //   q     = (cq_q @ Wuq^T + bias1) * descale1  -> per head [q_nope (P) | q_rope (R)]
 //   q_out0 = q_nope @ wuk[h] (T, H, L);  q_out1 = rotate_half RoPE(q_rope) (T, H, R)
-// The int8 weights come in the NZ staging layout of transdata (spec 4.3),
+// The int8 weights come in the NZ staging layout of transdata (docs/design/mla.md §4.3),
 // unsqueezed to 4-D: wdqkv (1, He/32, round16(L+R+Q), 32), wuq (1, Q'/32,
 // round16(H*(P+R)), 32); biases int32 in accumulator units (they carry the
 // activation zero-point correction); descales float32 per output channel.

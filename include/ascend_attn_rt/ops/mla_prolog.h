@@ -4,7 +4,7 @@
 // enable_prolog, SFA PROLOG_V3 with bf16 weights) and in its W8A8 forms (SFA
 // PROLOG_V3: weight_quant_mode 2, with kv_cache_quant_mode 3 under SFA C8), and
 // v2 fully quantised with an int8 latent cache (MLA FA-quant layers on A2/A3,
-// spec mla.md 5.4).
+// docs/design/mla.md §5.4).
 #pragma once
 
 #include <ATen/core/Tensor.h>

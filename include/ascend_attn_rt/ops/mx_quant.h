@@ -1,5 +1,5 @@
 // torch_npu's MX (OCP microscaling) fp8 operators, the A5 o_proj of the
-// DeepSeek-V4 attention (spec sparse.md 6.8 step 4, 7.1 "o_proj: MX-fp8 quant
+// DeepSeek-V4 attention (docs/design/dsa.md §5.2, §4.1 "o_proj: MX-fp8 quant
 // bmm"): npu_dynamic_mx_quant and npu_transpose_quant_batchmatmul.
 //
 // MX block: 32 consecutive values along one axis share a scale 2^(b - 127)

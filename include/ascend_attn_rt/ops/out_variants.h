@@ -1,7 +1,7 @@
 // Out-forms of typed operator wrappers whose schemas return fresh tensors:
 // the result lands in a caller-owned tensor (a workspace at a stable address),
 // which is what a captured graph needs (every tensor a replay reads or writes
-// keeps its address; spec gqa.md 7, DESIGN.md "buffers that kernels read in
+// keeps its address; docs/design/graph.md §1, DESIGN.md "buffers that kernels read in
 // graph mode are allocated once").
 //
 // None of these operators has an out schema (torch_npu
@@ -50,7 +50,7 @@ void sparse_attn_sharedkv_out(const SparseAttnSharedKvArgs& a, const at::Tensor&
 void kv_quant_sparse_attn_sharedkv_out(const KvQuantSparseAttnSharedKvArgs& a, const at::Tensor& out,
                                        Provider pv = Provider::Auto);
 
-// The DSA metadata blobs (spec 6.7) into a builder's address-stable (1024,)
+// The DSA metadata blobs (docs/design/dsa.md §3.5) into a builder's address-stable (1024,)
 // int32 buffer: the SAS blob of each sparse-attention path and the QLI blob.
 void sparse_attn_sharedkv_metadata_out(const SparseAttnSharedKvMetadataArgs& a, const at::Tensor& out,
                                        Provider pv = Provider::Auto);

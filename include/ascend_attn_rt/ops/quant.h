@@ -16,7 +16,7 @@ namespace aar::ops {
 // In place: self[indices[i]] = updates[i] for each row i of indices (N, k)
 // (int64 or int32), indexing the first k dims of self; updates is
 // (N, self.shape[k:]...). A row whose linear index into self's first k dims is
-// negative or out of range is skipped (spec sparse.md 11.8: the upstream kernel
+// negative or out of range is skipped (docs/design/sparse.md §7: the upstream kernel
 // drops negative ones; slot -1 and the (-1, bs-1) block/offset encoding land
 // here). Later rows win over earlier rows with the same index. Any dtype.
 at::Tensor& scatter_nd_update_(at::Tensor& self, const at::Tensor& indices, const at::Tensor& updates,

@@ -4,7 +4,7 @@
 //   'interleave': x_new = (-x1, x0, -x3, x2, ...) on the pairs (x0, x1), ...
 //   out = r1 * x + r2 * x_new
 // The SFA indexer rotates the first qk_rope_head_dim dims of its heads with it
-// (spec sparse.md 1.1.1: neox halves, or pairs for GLM-MoE-DSA).
+// (docs/design/sparse.md §2: neox halves, or pairs for GLM-MoE-DSA).
 #pragma once
 
 #include <ATen/core/Tensor.h>

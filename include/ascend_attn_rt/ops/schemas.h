@@ -26,7 +26,7 @@ const std::vector<OpSchema>& op_schemas();
 const std::vector<OpSchema>& vllm_ascend_op_schemas();
 
 // CANN's torch-extension operators (namespace `cann_ops_transformer` on the NPU:
-// SparseFlashMla, spec sparse.md 7.2; `atb` is always false), registered under
+// SparseFlashMla, docs/design/dsa.md §4.2; `atb` is always false), registered under
 // `ascend_cpu_cot` and `ascend_noop_cot`; checked against
 // third_party/cann_ops_transformer_ops.txt.
 const std::vector<OpSchema>& cann_ops_transformer_op_schemas();

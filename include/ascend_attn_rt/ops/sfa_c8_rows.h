@@ -1,4 +1,4 @@
-// The SFA C8 packed KV row (spec sparse.md 1.3.1, 3.5): one 656-byte int8 row per
+// The SFA C8 packed KV row (docs/design/sfa.md §5): one 656-byte int8 row per
 // token, [k_nope_q: 512 x int8 | k_rope: 64 x fp16/bf16 (128 B) | scale: 4 x fp32 (16 B)],
 // k_nope[d] = k_nope_q[d] * scale[d / 128]. npu_kv_quant_sparse_flash_attention
 // reads these rows (key = value = the packed cache (nb, bs, 1, 656)).
@@ -25,7 +25,7 @@ constexpr int64_t kSfaC8RowBytes = kSfaC8NopeDim + 2 * kSfaC8RopeDim + 4 * kSfaC
 // so on the NPU this is the device operator plus a concatenation.
 at::Tensor pack_sfa_c8_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, Provider pv = Provider::Auto);
 
-// As above, rows in `row_dtype`: int8 (A2/A3) or float8_e4m3fn (A5, spec 3.5:
+// As above, rows in `row_dtype`: int8 (A2/A3) or float8_e4m3fn (A5, docs/design/sfa.md §5:
 // the same byte order reinterpreted as fp8; the nope part quantised by
 // npu_dynamic_block_quant with dst_type = float8_e4m3fn's ScalarType value).
 // [verify] torch_npu documents dst_type 1 (int8) only, on A2/A3; the CPU twin

@@ -1,29 +1,9 @@
-// DeepSeek-V4 (DSA) shared-KV sparse attention, vllm-ascend's
-// _C_ascend::npu_sparse_attn_sharedkv and its tiling-metadata operator
-// npu_sparse_attn_sharedkv_metadata (spec sparse.md 1.6.3, 6.7, 6.8, 9, 12.7).
-//
-// One KV head whose rows are both key and value (V = K, D = 512 in DSV4). For
-// query row i of request b (rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]), with
-// S_b = seqused_kv[b] and q_b its query count, the absolute position is
-// p = S_b - q_b + i, and the row attends over
-//   - original (sliding-window) keys: raw positions
-//     [max(0, p - ori_win_left), min(S_b - 1, p + ori_win_right)] of ori_kv,
-//     token s at ori_block_table[b][s / bs], offset s % bs (ori_mask_mode 4);
-//     or, when ori_sparse_indices (T, 1, K) is given (DSpark drafts, spec
-//     6.6), exactly its entries as PHYSICAL slots block * bs + offset (-1
-//     skipped, duplicates count twice, the window is then not applied);
-//   - compressed keys (cmp_kv given, cmp_mask_mode 3): row c is visible iff
-//     c < floor((p + 1) / cmp_ratio); all visible rows (C128) or only the
-//     entries e of cmp_sparse_indices[t, 0, :] with 0 <= e < that limit (C4;
-//     -1 and entries at or beyond the limit skipped, duplicates twice); row c
-//     at cmp_block_table[b][c / bs_cmp], offset c % bs_cmp;
-//   - a per-head sink logit sinks[h] (fp32) that joins the denominator only:
-//     out[h] = sum_j e^(l_j - m) k_j / (e^(sinks[h] - m) + sum_j e^(l_j - m)),
-//     m = max(max_j l_j, sinks[h]), l_j = softmax_scale * (q[h] . k_j).
-// A row with no key gets a zero output. Accumulation is fp32.
-//
-// Lengths are DEVICE int32 tensors (cumulative cu_seqlens_q of length B + 1,
-// per-request totals seqused_kv of length B; spec 11.1).
+// DeepSeek-V4 shared-KV sparse attention (vllm-ascend's npu_sparse_attn_sharedkv, its
+// A5 kv-quant form over 640-byte MXFP8 rows, and their tiling-metadata operators):
+// one KV head whose rows are key and value, a sliding window of raw rows (or DSpark's
+// explicit slots), causal compressed rows (all, or a top-k), per-head sinks in the
+// denominator. Lengths are device int32 tensors. Semantics: docs/design/dsa.md §1.4,
+// twin decisions docs/design/ops.md §4.6.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -76,7 +56,7 @@ struct SparseAttnSharedKvMetadataArgs {
   c10::string_view device = "npu";
 };
 
-// The (1024,) int32 tiling blob the attention kernel reads (spec 6.7). It must
+// The (1024,) int32 tiling blob the attention kernel reads (docs/design/dsa.md §3.5). It must
 // be regenerated whenever the lengths change and copied into an address-stable
 // buffer for graph replay. The provider is picked from the first given length
 // tensor (cu_seqlens_q, seqused_kv, cu_seqlens_ori_kv, cu_seqlens_cmp_kv,
@@ -85,7 +65,7 @@ struct SparseAttnSharedKvMetadataArgs {
 at::Tensor sparse_attn_sharedkv_metadata(const SparseAttnSharedKvMetadataArgs& a, Provider pv = Provider::Auto);
 
 // ---- A5: npu_kv_quant_sparse_attn_sharedkv (+ _metadata). The caches hold the
-// 640-byte FP8 rows written by kv_compress_epilog (spec 1.6.3):
+// 640-byte FP8 rows written by kv_compress_epilog (docs/design/dsa.md §1.4):
 //   [448 fp8-e4m3 nope | 64 bf16 rope (128 B) | 7 e8m0 scales | 57 pad]
 // dequantised as nope[d] = fp8[d] * 2^(e8m0[d / 64] - 127) (e8m0 255 = NaN),
 // rope = the bf16 values; q is (.., 512) = [nope | rope]. Otherwise exactly the

@@ -1,5 +1,5 @@
 // Sparse flash attention over top-k selected tokens, MLA-absorbed latent layout
-// (spec sparse.md 1.3, 1.3.1, 9, 11.2): npu_sparse_flash_attention and
+// (docs/design/sparse.md §5, docs/design/sfa.md §5, docs/design/ops.md §4.6): npu_sparse_flash_attention and
 // npu_kv_quant_sparse_flash_attention, from torch_npu (OpLibrary::TorchNpu) or
 // from vllm-ascend's _C_ascend (OpLibrary::VllmAscend); the schemas differ.
 //

@@ -1,31 +1,8 @@
-// SparseFlashMla: CANN's cann_ops_transformer::sparse_flash_mla and its
-// tiling-metadata operator sparse_flash_mla_metadata, the attention kernel of
-// the DeepSeek-V4 (DSA) A5 + bf16-cache plan (spec sparse.md 7.2). Schemas:
-// third_party/cann_ops_transformer_ops.txt (hicann/ops-transformer, documented
-// in torch_extension/cann_ops_transformer/docs/zh/sparse_flash_mla.md).
-//
-// Semantics: the shared-KV sparse attention of spec 1.6.3, exactly those of
-// ops/sparse_attn_sharedkv.h (window over ori_kv, causal compressed rows of
-// cmp_kv, C4 top-k through cmp_sparse_indices, per-head sinks), with these
-// differences in the interface:
-//  - layout_kv "PA_BBND": a paged cache (block_num, block_size, N2, D) with
-//    N2 = 1 KV head, addressed by a (B, max_blocks) block table: token s of
-//    request b is row s % block_size of block block_table[b][s / block_size].
-//    (The bytes are those of the sharedkv "PA_ND" caches; the name spells out
-//    Block-num, Block-size, N, D.)
-//  - the raw KV lengths are seqused_ori_kv (sharedkv: seqused_kv); for a
-//    compressed layer (cmp_ratio > 1) the kernel also takes
-//    seqused_cmp_kv[b] = S_b / r and cmp_residual_kv[b] = S_b % r, which must
-//    satisfy seqused_cmp_kv * r + cmp_residual_kv == seqused_ori_kv.
-//  - cmp_ratio 0 is illegal (an SWA layer passes 1); topk_value_mode 1 only;
-//    ori_topk_length / cmp_topk_length are reserved (must be None).
-//  - no kv_quant_mode / tile_size / rope_head_dim / device arguments.
-//  - softmax_lse: a 0-dim fp32 placeholder without return_softmax_lse; with
-//    it, (N2, T, N1) for layout_q "TND" and (B, N2, S, N1) for "BSND" (the
-//    published Meta shapes), the log of the full denominator (sink included).
-//
-// The adapter (spec 7.2) builds these arguments from the sharedkv ones the DSA
-// layer already has: to_sparse_flash_mla_args / to_sparse_flash_mla_metadata_args.
+// CANN's SparseFlashMla (cann_ops_transformer::sparse_flash_mla and its tiling-metadata
+// operator), the attention of the DeepSeek-V4 A5 + bf16-cache plan: the shared-KV
+// semantics of sparse_attn_sharedkv.h with layout PA_BBND and seqused_ori_kv /
+// seqused_cmp_kv / cmp_residual_kv, plus the adapter from the sharedkv arguments.
+// Design: docs/design/dsa.md §1.4, §4.2.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -85,7 +62,7 @@ struct SparseFlashMlaMetadataArgs {
 // or the process-wide override. The CPU twin's blob is deterministic but opaque.
 at::Tensor sparse_flash_mla_metadata(const SparseFlashMlaMetadataArgs& a, Provider pv = Provider::Auto);
 
-// ---- the SparseFlashMla adapter (spec 7.2)
+// ---- the SparseFlashMla adapter (docs/design/dsa.md §4.2)
 
 // The derived compressed lengths of a compressed layer, on seqused_kv's device
 // (int32, no host sync): (seqused_kv / cmp_ratio, seqused_kv % cmp_ratio).

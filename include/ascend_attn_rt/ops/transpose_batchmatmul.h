@@ -1,4 +1,4 @@
-// npu_transpose_batchmatmul (spec mla.md 6.6): batched matmul with input /
+// npu_transpose_batchmatmul (docs/design/ops.md §4.5): batched matmul with input /
 // weight / output permutations (the MLA V up-projection).
 #pragma once
 

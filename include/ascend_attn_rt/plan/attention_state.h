@@ -1,4 +1,4 @@
-// Attention state of a batch (spec gqa.md section 2).
+// Attention state of a batch (docs/design/gqa.md §2.1).
 //
 // Thread safety: functions without shared state over caller buffers: any number of
 // threads at once, each with its own output buffers.
@@ -34,7 +34,7 @@ struct StateInputs {
   bool chunked_prefill_enabled = true;
 };
 
-// Model runner v1 rule (spec 2.1), including the post-rule that rewrites
+// Model runner v1 rule (docs/design/gqa.md §2.1), including the post-rule that rewrites
 // SpecDecoding to ChunkedPrefill when the speculative method is not MTP.
 // An empty batch is DecodeOnly (nothing to attend). Throws InvalidArgument on
 // mismatched lengths or negative counts.

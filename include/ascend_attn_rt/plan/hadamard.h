@@ -1,4 +1,4 @@
-// Sylvester Hadamard matrices (spec sparse.md 1.5), torch-free: the rotation
+// Sylvester Hadamard matrices (docs/design/sparse.md §3), torch-free: the rotation
 // the quantised indexers apply before quantising (SFA LI C8: x @ H128 /
 // sqrt(128) for q and k; DSV4's rotate_activation: zero-pad to the next power
 // of two, x_pad @ H^T, times d^-0.5 with the ORIGINAL d, crop). The tensor

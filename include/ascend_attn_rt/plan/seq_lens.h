@@ -23,7 +23,7 @@ void start_loc_to_lens(CSpan<int32_t> start_loc, Span<int32_t> lens_out);
 // ends[i] = sum(lens[0..i]); validates lens >= 0.
 void lens_to_ends(CSpan<int32_t> lens, Span<int64_t> ends_out);
 
-// FIA batch padding (spec 4.1 step 10 and 4.7).
+// FIA batch padding (docs/design/gqa.md §2.5).
 struct FiaPadding {
   int32_t num_reqs = 0;        // B_fia: requests the kernel sees (incl. dummy)
   int32_t num_tokens = 0;      // T the kernel sees == last cumulative query end
@@ -35,7 +35,7 @@ struct FiaPadding {
 //   q_ends_out[0..B_fia)   cumulative query ends (int64, as the kernel takes them)
 //   kv_lens_out[0..B_fia)  per-request KV lengths (int64); dummy requests get
 //                          `dummy_kv_len` (1 by default, as upstream pads)
-// When T_pad > qsl[B], one dummy request [qsl[B], T_pad) is appended (spec 4.7,
+// When T_pad > qsl[B], one dummy request [qsl[B], T_pad) is appended (docs/design/gqa.md §2.5,
 // mixed case); both outputs need room for B+1 entries. Returns the padding.
 FiaPadding pad_for_fia(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, int32_t padded_tokens,
                        Span<int64_t> q_ends_out, Span<int64_t> kv_lens_out, int32_t dummy_kv_len = 1);

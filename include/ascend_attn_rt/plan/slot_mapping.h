@@ -1,4 +1,4 @@
-// Flat KV-cache slot of every scheduled token (spec gqa.md 4.4).
+// Flat KV-cache slot of every scheduled token (docs/design/gqa.md §2.4).
 //
 // Thread safety: functions without shared state over caller buffers: any number of
 // threads at once, each with its own output buffers.

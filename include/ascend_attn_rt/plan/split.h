@@ -1,4 +1,4 @@
-// Decode/prefill split and the decode-first batch reorder (spec gqa.md 4.2, 4.3).
+// Decode/prefill split and the decode-first batch reorder (docs/design/gqa.md §2.2, §2.3).
 //
 // Thread safety: functions without shared state over caller buffers: any number of
 // threads at once, each with its own output buffers.
@@ -35,7 +35,7 @@ struct SplitInputs {
   CSpan<uint8_t> is_prefilling;
 };
 
-// Assumes decode-first order (see reorder_decode_first). Follows spec 4.2 step by
+// Assumes decode-first order (see reorder_decode_first). Follows docs/design/gqa.md §2.2 step by
 // step, fast paths included. Throws InvalidArgument on a non-monotonic
 // query_start_loc or when is_prefilling is needed but missing.
 SplitResult split_decodes_and_prefills(const SplitInputs& in);

@@ -1,4 +1,4 @@
-// Workspace sizing and kernel-selection rules (spec gqa.md 9.6, 9.7, 9.13).
+// Workspace sizing and kernel-selection rules (docs/design/gqa.md §2.6).
 //
 // Thread safety: functions without shared state over caller buffers: any number of
 // threads at once, each with its own output buffers.
@@ -27,7 +27,7 @@ struct PagedAttentionRule {
   CSpan<int32_t> pa_shape_list;         // additional_config["pa_shape_list"]
 };
 
-// Spec 9.6 decision table. head_size < 0 means "not given".
+// docs/design/gqa.md §2.6 decision table. head_size < 0 means "not given".
 bool using_paged_attention(int64_t runtime_shape, const PagedAttentionRule& rule, int64_t head_size = -1);
 
 }  // namespace aar::plan

@@ -1,54 +1,9 @@
-// The SFA metadata builder (spec sparse.md 2.2, 2.3) and the indexer cache
-// group's builder (spec 4).
-//
-// Buffers. Everything a build produces lives in one packed int32 buffer per
-// "lane" (the main builds, and one lane per draft index), allocated at
-// construction: the host staging buffer and, on the device path, its device
-// twin (on the CPU they are one buffer). Every metadata tensor (query_start_loc,
-// cum_query_lens, seq_lens, block_table, slot_mapping, cos, sin) is a view of
-// the lane's device buffer, created the first time a size is seen and cached,
-// so a steady-state build creates no tensor and a given size always gets the
-// same addresses (graph replay reads them; spec 2.3). Layout of a lane, in
-// int32 words, each region 64-byte aligned:
-//
-//   [ token region: slots (2T) | cos (T*W) | sin (T*W), END-aligned
-//     | query_start_loc | cum_query_lens | seq_lens | block table rows ]
-//
-// The per-token regions of a step of n tokens are packed together and end at
-// the request part, whose rows start right after it; so what a step uses is
-// one contiguous range, from its first slot to its last block-table row, and a
-// build is ONE host-to-device copy of exactly that (plus at most 45 words of
-// alignment padding and the request part's unused tail of three small lists).
-// (The MLA builder's layout, with regions sized for max_num_tokens between the
-// used parts, needs three copies for a step with prefills.) The token views'
-// addresses therefore depend on the token count, never on anything else.
-//
-// A build validates and plans in pure C++ (plan::plan_sfa_step) straight into
-// the host buffer of the turn, gathers the RoPE cos/sin rows of every token
-// from the host tables into it (cpp/common/rope_gather.h, the MLA builder's
-// gather), then copies. No kernel runs per build. A rejected build writes
-// nothing, so the previous metadata stays valid.
-//
-// Staging: on the device path each lane's host buffers (staging_buffers of
-// them) are used in turn, each rewritten only once the copy made from it has
-// completed (include/ascend_attn_rt/staging.h).
-//
-// KV offload (BuilderConfig::offload, spec 5): the lane gains the token-to-
-// request map in the token region and the request ids and rebased prefill
-// query ends in the request part, so the build is still one copy; the host
-// lists the offload forward reads (per-decode-token ids, seq lens and stable
-// prefixes) are lane vectors, and the metadata's host spans of the block
-// table, the slot mapping, the ids and the map point into the host buffer of
-// the build's turn (not rewritten while the metadata is current).
-//
-// Drafts (spec 2.3): build_for_drafting(in, d) writes lane 1 + d, a full set of
-// buffers of its own (upstream keeps separate length buffers per draft index;
-// here every region is per lane, so a draft build cannot touch what the main
-// metadata views). Each lane has its own stamp counter: a draft build does not
-// make the main build's metadata stale, nor the main build a draft's, nor one
-// draft index another's; a lane's metadata is stale after that lane's next
-// build. Draft lanes also keep stable addresses (upstream computes the draft
-// cos/sin afresh; a graph captured over a draft step can replay them).
+// The SFA metadata builder and the indexer cache group's builder. Every build is one
+// host-to-device copy of a contiguous range of the lane's packed buffer (main lane and
+// one lane per draft index, each with its own stamp counter); metadata tensors are
+// views at addresses that depend only on their size; a rejected build writes nothing.
+// Optional KV-offload builds (BuilderConfig::offload) add the offload part.
+// Design: docs/design/sfa.md §3 (buffers, drafts, padding), §6.2 (offload builder).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -74,7 +29,7 @@ class RopeRows;
 
 namespace aar::sfa {
 
-// The KV-offload builder's settings (spec sparse.md 5, "Builder"; the layer's
+// The KV-offload builder's settings (docs/design/sfa.md §6, "Builder"; the layer's
 // side is sfa::OffloadConfig, sfa/offload.h).
 struct BuilderOffloadConfig {
   // A PD decode consumer (kv consumer and not producer): the split treats
@@ -107,7 +62,7 @@ struct BuilderConfig : core::BuilderCore {
   // RoPE tables (max_position, R), first and second halves identical (MLA half
   // layout). Any dtype with rows of a multiple of 4 bytes; kept on the host.
   at::Tensor cos_table, sin_table;
-  // The KV-offload builder (spec 5): every build takes req_ids (and
+  // The KV-offload builder (docs/design/sfa.md §6): every build takes req_ids (and
   // is_prefilling unless a decode consumer), splits the batch with the
   // offload's rule, needs it decode-first (a decode after the first prefill
   // is rejected by name: plan/sfa_offload_plan.h) and fills
@@ -182,7 +137,7 @@ class MetadataBuilder {
   plan::RequestKeys request_keys_;
 };
 
-// The indexer cache group's builder (spec 4: AscendSFAIndexerBackend), part
+// The indexer cache group's builder (docs/design/sfa.md §2.3: AscendSFAIndexerBackend), part
 // of the "sfa" backend (its facts are Backend::facts()). The group exists so
 // the KV planner allocates the indexer cache as its own tensor while sharing
 // the main group's block ids; it has no metadata of its own: the three build

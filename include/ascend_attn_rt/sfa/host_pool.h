@@ -1,46 +1,8 @@
-// The host KV pool of the SFA KV-offload variant (spec sparse.md 5,
-// "Memory"): per layer, the latent rows k_cpu (num_blocks, block_size, 1,
-// kv_lora_rank) and the rope rows v_cpu (num_blocks, block_size, 1,
-// qk_rope_head_dim) ("V" is the rope part), bfloat16, indexed by the engine's
-// block ids like the device caches. Decode steps commit their new rows into it
-// and copy the top-k rows they miss from it to the device.
-//
-// One process (upstream: TP rank 0) owns the pool and is its only writer; the
-// others attach to it and read. The pool lives in POSIX shared memory: the
-// owner creates a segment under a name it chooses (shm_open + ftruncate +
-// mmap), the other processes open it by that name and map it READ-ONLY (a
-// write from a non-owner faults instead of corrupting the owner's rows). A
-// header at the start of the segment describes the layout, so attach() needs
-// only the name; the owner marks the header ready last. The owner unlinks the
-// name when its HostKvPool goes: mappings already made stay valid (POSIX), new
-// attaches fail. A process that dies without destroying its pool leaves the
-// name behind (/dev/shm on Linux): attach() refuses it (the header records the
-// owner's pid and start time, so a reused pid is not taken for the owner), and
-// HostKvPool::unlink(name) removes it. A process that attached before the
-// owner died keeps its mapping; owner_alive() tells it.
-//
-// Pinning: upstream's pool is page-locked so that host <-> device copies are
-// DMA; on an NPU an engine passes pin / unpin callbacks (for instance torch_npu's
-// host-register API) that the pool calls on its mapping after mapping it and
-// before unmapping it. On the CPU nothing is pinned.
-//
-// Tensors handed out (k(), v(), their row views) keep the mapping alive: the
-// memory is unmapped when the pool AND every tensor viewing it are gone. On a
-// process that attached they view a read-only mapping: writing them faults
-// (the Python facade hands out copies there). The pages are reserved at
-// creation (posix_fallocate): a budget /dev/shm cannot hold fails then, with
-// ENOSPC, not later with SIGBUS.
-//
-// Names: the owner's destructor unlinks its name, and unlink(name) removes
-// whatever object has the name; neither checks that the object is still the
-// one this owner created, so do not recreate a name while its first owner
-// lives.
-//
-// Size: the number of blocks is what a byte budget holds, budget_bytes /
-// block_bytes with block_bytes = num_layers * block_size * (kv_lora_rank +
-// qk_rope_head_dim) * 2 (the header page and per-layer page alignment come on
-// top); a budget that holds fewer than min_blocks is rejected naming the
-// budget and what one block needs.
+// The host KV pool of the SFA KV-offload variant: per layer the latent and rope rows
+// (bf16), indexed by the engine's block ids, in POSIX shared memory. One process owns
+// it and is its only writer; others attach read-only by name. Tensors handed out keep
+// the mapping alive; pinning is the engine's callbacks; a stale name is refused at
+// attach and removed by unlink(). Design: docs/design/sfa.md §6.4.
 #pragma once
 
 #include <ATen/core/Tensor.h>

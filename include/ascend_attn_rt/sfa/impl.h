@@ -1,69 +1,9 @@
-// Per-layer SFA attention (DeepSeek-V3.2 sparse attention, spec sparse.md
-// section 3): the MLA family's absorbed-query preprocess (shared with the MLA
-// backend: cpp/latent/latent_core.h), the lightning indexer (spec 1.2, 3.4) and
-// its cache write, top-k selection (or its reuse from an earlier layer),
-// sparse flash attention over the selected positions (1.3), W_UV (3.7) and
-// o_proj. Every query token goes the same way (SFA has no decode/prefill
-// split). `forward` does no host metadata work: lengths, block table, slots and
-// RoPE rows are the build's (sfa::MetadataBuilder), at stable addresses.
-//
-// The C8 variants (spec 3.1's four combinations, chosen per layer by
-// ImplConfig::sfa_c8 / li_c8; the forward takes the composed tuple of
-// compose_kv_cache with the same flags):
-//  * SFA C8 (spec 1.3.1, 3.3 step 3, 3.5, 3.6): the main cache is one packed
-//    (nb, bs, 1, 656) byte cache (int8 on A2/A3, float8_e4m3fn on A5). The
-//    layer computes k_nope = RMSNorm(kv[:512]) * gamma and k_rope =
-//    interleave->half RoPE(kv[512:]) without writing latent/rope caches,
-//    quantises k_nope per 128-column tile (npu_dynamic_block_quant(row 1, col
-//    128)), packs [k_nope_q 512 B | k_rope 64 x fp16/bf16 | 4 fp32 scales]
-//    rows and scatters them by slot (npu_scatter_nd_update_ into
-//    cache.view(-1, 656); slot -1 skipped), then attends with
-//    npu_kv_quant_sparse_flash_attention on query = [ql_nope | q_pe]
-//    (T, N, 576), key = value = the packed cache, key/value_quant_mode 2,
-//    tile 128, rope_head_dim 64 (vllm-ascend's operator on A2/A3, torch_npu's
-//    on A5). Needs kv_lora_rank 512, qk_rope_head_dim 64, fp16/bf16 weights.
-//    The path is routed by the main cache's dtype (spec 3.6), which the
-//    validation ties to the flag.
-//  * LI C8 (spec 1.2.1, 1.5, 3.4): k_li and q_li (after RoPE) are rotated by
-//    H_D / sqrt(D) (Sylvester, ops/hadamard.h; D = index head_dim, a power of
-//    two) and quantised by npu_dynamic_quant: keys per token, queries per
-//    (token, head) (int8 on A2/A3, float8_e4m3fn on A5); the key bytes go into
-//    the indexer k cache and its scale (fp16 on A2/A3, fp32 on A5) into the
-//    indexer scale cache (nb, bs, 1, 1), both at the step's full slot mapping;
-//    the weights are cast to fp16, the query scales to the scale cache's
-//    dtype, and the quantised indexer selects (A2/A3: _C_ascend
-//    npu_lightning_indexer_quant, key scale cache.squeeze(2); A5: torch_npu
-//    npu_quant_lightning_indexer).
-// On the CPU the A5 (fp8) LI C8 path runs on the twins; A5 SFA C8 does not:
-// the npu_dynamic_block_quant twin implements int8 only and refuses the fp8
-// dst_type by name (NotImplementedError) before the layer writes anything.
-// The preprocess (spec 3.2, sfa/preprocess.h) is chosen once at construction
-// from ImplConfig::preprocess: NATIVE (unquantised or W8A8 projections),
-// PROLOG_V3 (npu_mla_prolog_v3, query_norm_flag returning q_c for the indexer)
-// or MLAPO (mla_preprocess on W8A8-static weights, enable_inner_out returning
-// q_c), and downgraded to NATIVE per call outside DecodeOnly / SpecDecoding
-// steps and for MLAPO above 1024 input tokens. All three write the same cache
-// rows and give the same queries up to quantisation. Not implemented (rejected
-// at construction by name): MXFP8, DSA-CP, DCP.
-//
-// KV offload (ImplConfig::offload, spec 5; sfa/offload.h describes the
-// routing and the resident decode path, sfa/host_pool.h the host pool): the
-// main cache lives in a host pool, decode steps attend over a per-layer
-// resident buffer that holds each decode row's top-k tokens. Its checks, at
-// construction, each naming the argument: no SFA C8 main cache and no
-// context parallel (dsa_cp, dcp_size > 1); a bfloat16 main cache (the
-// weights' dtype); a decode consumer or keep_device_kv_cache; topk_buffer_size
-// >= index_topk and a multiple of the block size; the pool's row widths. It
-// forces the NATIVE preprocess (preprocess.kv_offload follows ImplConfig::
-// offload: one switch). LI C8 stays allowed (the indexer cache stays on the
-// device). The forward takes the metadata of an offload builder
-// (BuilderConfig::offload) and, for kv_cache, the main part only with
-// keep_device_kv_cache: (latent, rope, indexer k[, indexer scale]) with it,
-// (indexer k[, indexer scale]) without. Eager only: inside a graph capture the
-// offloaded forward refuses (NotSupported) before anything runs. Unlike every
-// other path, the resident decode path does host work per layer (its LRU
-// step and copy addresses) and synchronises once per layer on the top-k (spec
-// 5 makes the residency decision on the host).
+// Per-layer SFA attention (DeepSeek-V3.2): the MLA family's absorbed-query
+// preprocess (NATIVE / PROLOG_V3 / MLAPO), the lightning indexer and top-k (or its
+// reuse), sparse flash attention, W_UV and o_proj; the C8 variants and the KV-offload
+// variant per ImplConfig. forward validates the composed cache tuple before any write
+// and does no host metadata work (except the offload's resident path).
+// Design: docs/design/sfa.md §4 (forward), §5 (C8), §6 (offload).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -99,11 +39,11 @@ class GraphParams;
 
 namespace aar::sfa {
 
-// The lightning indexer's weights (spec 1.2), torch layout (out, in).
+// The lightning indexer's weights (docs/design/sparse.md §4), torch layout (out, in).
 struct IndexerWeights {
   at::Tensor wq_b;           // (n_head * head_dim, q_lora_rank) (hidden_size without q-LoRA): q_li = c_q W^T
   at::Tensor wk;             // (head_dim, hidden_size): the indexer key
-  at::Tensor weights_proj;   // (n_head, hidden_size): the per-head score weights (no extra scaling, spec 11.7)
+  at::Tensor weights_proj;   // (n_head, hidden_size): the per-head score weights (no extra scaling, docs/design/sparse.md §4)
   at::Tensor k_norm_weight;  // (head_dim) LayerNorm gamma of the key
   at::Tensor k_norm_bias;    // (head_dim) LayerNorm beta
 };
@@ -114,7 +54,7 @@ struct IndexerConfig {
   int64_t topk = 2048;        // index_topk K
   double k_norm_eps = 1e-6;
   // GLM-MoE-DSA: the indexer RoPE rotates interleaved pairs (2i, 2i+1) instead
-  // of the neox halves (spec 1.1.1), and A2/A3 call torch_npu's indexer.
+  // of the neox halves (docs/design/sparse.md §2), and A2/A3 call torch_npu's indexer.
   bool glm_moe_dsa = false;
 };
 
@@ -123,7 +63,7 @@ struct ImplConfig {
   double scale = 0.0;  // 0 = 1/sqrt(P+R); DeepSeek-V3.2 passes its YaRN-scaled one
   double q_norm_eps = 1e-6, kv_norm_eps = 1e-6;
   // The layer's indexer; absent: the layer reuses the top-k the last indexer
-  // layer left in the model's TopkBuffer (skip_topk, spec 3.3 step 6).
+  // layer left in the model's TopkBuffer (skip_topk, docs/design/sparse.md §6).
   std::optional<IndexerConfig> indexer;
   // A layer with an indexer also writes its top-k into the TopkBuffer for the
   // layers without one (use_index_cache).
@@ -139,11 +79,11 @@ struct ImplConfig {
   plan::DeviceKind device_kind = plan::DeviceKind::A2;
   int64_t layer_index = -1;
   int64_t workspace_group = 0;
-  // The preprocess selection inputs (spec 3.2). `quant` must equal the weights'
+  // The preprocess selection inputs (docs/design/sfa.md §4.2). `quant` must equal the weights'
   // quant type (mla::Weights::quant); `has_q_lora` is taken from dims;
   // `kv_offload` follows `offload` below (set alone it is rejected).
   PreprocessConfig preprocess;
-  // Sparse KV offload (spec 5; see above and sfa/offload.h).
+  // Sparse KV offload (docs/design/sfa.md §6; see above and sfa/offload.h).
   std::optional<OffloadConfig> offload;
 };
 
@@ -219,7 +159,7 @@ class Impl {
   };
   Caches validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache, const Metadata& md,
                   TopkBuffer* topk, const at::Tensor& output) const;
-  // The offload's routing (spec 5's table) of a validated step of tk tokens.
+  // The offload's routing (docs/design/sfa.md §6's table) of a validated step of tk tokens.
   void run_offload(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                    const at::Tensor& output, int64_t tk);
   // The top-k of the step's tk tokens: this layer's indexer, or the buffer's.

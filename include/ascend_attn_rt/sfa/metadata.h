@@ -1,12 +1,12 @@
-// Per-step SFA metadata (spec sparse.md 2.2): what the lightning indexer, the
+// Per-step SFA metadata (docs/design/sfa.md §3.1): what the lightning indexer, the
 // sparse flash attention and the cache writes of every SFA layer (and of the
-// indexer cache group, spec 4) read. Owned by the MetadataBuilder that produced
+// indexer cache group, docs/design/sfa.md §2.3) read. Owned by the MetadataBuilder that produced
 // it and valid until that builder's next build of the same kind (a main build,
 // or a draft build of the same draft index: build_stamp.h): the tensors are
 // views of the builder's persistent packed device buffer, the lists point into
 // builder storage.
 //
-// Length conventions (spec 11.1): cum_query_lens are cumulative query ENDS (no
+// Length conventions (docs/design/sparse.md §1): cum_query_lens are cumulative query ENDS (no
 // leading 0: the kernels' actual_seq_lengths_query), seq_lens per-request KV
 // LENGTHS (actual_seq_lengths_key); both int32 with num_kernel_reqs entries.
 // query_start_loc is the B+1 exclusive prefix sum.
@@ -24,8 +24,8 @@
 
 namespace aar::sfa {
 
-// What the KV-offload builder adds (spec 2.2's req_ids_tensor / token_to_req,
-// spec 5's split and rebased prefill lengths). `enabled` is false for a plain
+// What the KV-offload builder adds (docs/design/sfa.md §3.1's req_ids_tensor / token_to_req,
+// docs/design/sfa.md §6's split and rebased prefill lengths). `enabled` is false for a plain
 // SFA builder's metadata (every other member empty).
 struct OffloadMetadata {
   bool enabled = false;

@@ -1,48 +1,8 @@
-// The SFA KV-offload variant's layer configuration (spec sparse.md 5): the
-// main MLA cache lives in a host pool (sfa/host_pool.h) and each decode step
-// moves only the rows its top-k selects, and does not already hold, to a
-// per-layer resident buffer on the device.
-//
-// Per layer (sfa::Impl with ImplConfig::offload set):
-//   * resident buffers topk_buf_k (rows, topk_buffer_size, 1, kv_lora_rank)
-//     and topk_buf_v (rows, topk_buffer_size, 1, qk_rope_head_dim) on the
-//     layer's device, rows = min(max_num_tokens, max_num_reqs * (1 +
-//     num_speculative_tokens)) (one row per decode token), allocated at
-//     construction;
-//   * the resident-slot LRU of those rows (plan::ResidentLru, spec 5 step 3);
-//   * the layer's k_cpu / v_cpu in the pool (pool_layer).
-// The routing per step (spec 5's table):
-//   * decode-only (attn_state DecodeOnly / SpecDecoding, no prefill, at least
-//     one decode): the latent and rope rows of the new tokens are computed
-//     WITHOUT a device cache write (the MLA family's preprocess_unwritten) and
-//     committed to the pool at their slots (the pool's owner only); every token
-//     attends through the resident path;
-//   * a step with prefills needs keep_device_kv_cache (refused by name
-//     otherwise, before anything is written): the device caches are written as
-//     without offload, the new rows are committed device -> host, the leading
-//     decodes attend through the resident path and the prefills through sparse
-//     attention on the device cache with their rebased lengths (the metadata's
-//     offload part); the two outputs are concatenated in token order.
-// Resident path (spec 5 steps 1-5), for the num_decode_tokens leading tokens:
-// the top-k rows go to the host (on an NPU this is a device -> host copy that
-// waits for the indexer: the one synchronisation of the path), entries outside
-// [0, seq_len of the token's request) become -1 (plan::mask_invalid_topk), the
-// layer's LRU maps them to resident slots (a row whose request id changed is
-// reset; resident tokens >= the request's stable prefix S - q are dropped
-// first), the misses are copied host -> device (K and V rows, through the
-// OffloadCopyHooks below: one gather + one scatter per tensor per step), and
-// sparse flash attention runs over the resident buffers viewed as
-// (rows * ppr, block_size, 1, D) pages with row t's block table [t * ppr, t *
-// ppr + ppr), one query per row (cumulative ends 1..rows), KV length
-// topk_buffer_size and the resident slots as its sparse indices.
-//
-// Not done: graph capture (upstream runs the LRU as a host callback inside the
-// graph; here a forward inside a capture is refused, eager only), the
-// IndexCache descriptor reuse between layers (every layer plans its own
-// copies), TP > 1 collectives (the engine orders the owner's commit before the
-// other ranks' copies: OffloadCopyHooks::before_onload), PP and model-runner
-// v2 checks (engine-level), DSA models (the offload config lives on the SFA
-// layer only; no DSA backend here).
+// The SFA KV-offload variant's layer configuration (ImplConfig::offload) and the copy
+// hooks: the main cache lives in a host pool (sfa/host_pool.h); decode steps attend
+// over per-layer resident buffers holding each decode row's top-k tokens, steps with
+// prefills need keep_device_kv_cache. Eager only.
+// Routing, resident path and checks: docs/design/sfa.md §6.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -87,7 +47,7 @@ struct OffloadConfig {
   // layer's ImplConfig::layer_index).
   std::shared_ptr<HostKvPool> pool;
   int64_t pool_layer = -1;
-  // Resident slots per decode row (spec 5; default 4096): >= the layer's top-k
+  // Resident slots per decode row (docs/design/sfa.md §6; default 4096): >= the layer's top-k
   // (index_topk) and a multiple of the block size.
   int64_t topk_buffer_size = 4096;
   // Keep the main cache on the device too (upstream's colocated / debug
@@ -95,7 +55,7 @@ struct OffloadConfig {
   bool keep_device_kv_cache = false;
   // A PD decode consumer (kv consumer and not producer): short extends are
   // decodes (the builder's BuilderConfig::offload must say the same). Either
-  // this or keep_device_kv_cache (spec 5).
+  // this or keep_device_kv_cache (docs/design/sfa.md §6).
   bool is_decode_consumer = false;
   // Resident rows: min(max_num_tokens, max_num_reqs * (1 + num_speculative_tokens)),
   // the builder's values.

@@ -1,4 +1,4 @@
-// SFA's preprocess selection (spec sparse.md 3.2): NATIVE, PROLOG_V3
+// SFA's preprocess selection (docs/design/sfa.md §4.2): NATIVE, PROLOG_V3
 // (npu_mla_prolog_v3) or MLAPO (vllm-ascend's mla_preprocess), resolved once per
 // layer from an explicit configuration, then downgraded per call. Pure: no
 // tensors, usable (and tested) on its own.
@@ -48,7 +48,7 @@ struct PreprocessChoice {
 // The construction-time choice. dcp_size < 1 is rejected by name.
 PreprocessChoice resolve_preprocess(const PreprocessConfig& c);
 
-// MLAPO's input-token limit (spec 3.2, mla 9.15).
+// MLAPO's input-token limit (docs/design/sfa.md §4.2, docs/design/mla.md §5.1).
 constexpr int64_t kMlapoMaxTokens = 1024;
 
 // The per-call path of a layer that resolved to `resolved`.

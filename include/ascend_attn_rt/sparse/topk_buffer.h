@@ -1,5 +1,5 @@
-// The top-k index buffer shared by the SFA layers of one model (spec sparse.md
-// 3.3 step 6): a persistent (max_num_tokens, index_topk) int32 device tensor.
+// The top-k index buffer shared by the SFA layers of one model
+// (docs/design/sparse.md §6): a persistent (max_num_tokens, index_topk) int32 device tensor.
 // A layer with an indexer writes its selection into it (use_index_cache); a
 // layer without one reads the last indexer layer's selection from it instead
 // of running the indexer (skip_topk). Allocated once, so its views keep stable

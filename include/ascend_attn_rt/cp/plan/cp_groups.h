@@ -1,33 +1,8 @@
-// Context-parallel process-group layout (spec cp.md 1.1): which ranks form the
-// TP, DCP and PCP groups, the checks a TP/DCP/PCP configuration must pass, and
-// a rank's place in the layout (the W and r of the KV sharding formulas, spec
-// 1.2 and 1.4). Torch-free: the cp layer builds c10d groups from these lists.
-//
-// Ranks are laid out as arange(world).reshape(ext, DP, PP, PCP, TP):
-//   TP group:  TP consecutive ranks;
-//   DCP group: Wd consecutive ranks (inside one TP group, since Wd | TP);
-//   PCP group: the ranks with the same (ext, DP, PP, TP index) at PCP index 0..Wp-1,
-//              i.e. stride TP.
-// Groups are numbered in the order upstream creates them (row order of
-// reshape(-1, size)); every rank must create every group in that order.
-//
-// Decisions where the spec is silent (each one is tested):
-//  * GQA with DCP>1: besides upstream's three checks (TP > total KV heads,
-//    Wd <= TP / total KV heads, (q heads / KV heads) % Wd == 0) we require
-//    (TP / total KV heads) % Wd == 0. Without it a DCP group can straddle two
-//    KV heads (TP=12, 2 KV heads, Wd=4: ranks 4..7 hold heads 0 and 1), which
-//    upstream's checks accept and which gives wrong attention.
-//  * The KV of the decode path is merged from W partials through
-//    npu_attention_update, which takes at most 16: W > 16 is rejected.
-//  * PCP with replicated KV (model-runner v2, spec 1.3B / 5.3) and DCP>1 at
-//    once is NotSupported, as at upstream HEAD.
-//  * MLA has one latent KV head shared by every TP rank: total_num_kv_heads
-//    must be left at 0 for MLA (a value would be ignored, so it is refused).
-//  * The KV-connector rule I == B and the SFA override I := B apply when any
-//    context parallelism is on (Wd * Wp > 1).
-//
-// Thread safety: functions without shared state over caller buffers: any number of
-// threads at once, each with its own output buffers.
+// Context-parallel process-group layout: which ranks form the TP, DCP and PCP groups,
+// the checks a TP / DCP / PCP configuration must pass (InvalidArgument, or
+// NotSupported for replicated-KV PCP with DCP, naming the first offending field), and
+// a rank's place in the layout (the W and r of the KV sharding). Torch-free.
+// Design: docs/design/cp.md §1.1.
 #pragma once
 
 #include <cstdint>
@@ -41,10 +16,10 @@ inline constexpr int32_t kMaxCpMergePartitions = 16;
 
 // Where the KV of prefill tokens lives when PCP > 1.
 enum class PcpKvMode : int32_t {
-  // Legacy model-runner v1 (spec 1.3A / 1.4 / 5.2): the KV is sharded over all
+  // Legacy model-runner v1 (docs/design/cp.md §6.1 / §6.3 / §6.4): the KV is sharded over all
   // W = Wp * Wd CP ranks, r = rp * Wd + rd. The normative head/tail design.
   Sharded = 0,
-  // Model-runner v2 (spec 1.3B / 5.3): every PCP rank holds the full KV; DCP must be 1.
+  // Model-runner v2 (docs/design/cp.md §6.2 / §6.5): every PCP rank holds the full KV; DCP must be 1.
   Replicated = 1,
 };
 
@@ -76,7 +51,7 @@ struct CpRankPlace {
   int32_t dcp_rank = 0, dcp_size = 1;  // rd, Wd
   int32_t pcp_rank = 0, pcp_size = 1;  // rp, Wp
   int32_t tp_group = 0, dcp_group = 0, pcp_group = 0;  // group indices (see cp_group_ranks)
-  // The KV sharding of spec 1.2: the token at position x lives on shard rank
+  // The KV sharding of docs/design/cp.md §2.1: the token at position x lives on shard rank
   // floor(x / I) mod kv_shard_size. Sharded PCP: W = Wp*Wd, r = rp*Wd + rd;
   // otherwise W = Wd, r = rd.
   int32_t kv_shard_rank = 0, kv_shard_size = 1;
@@ -105,7 +80,7 @@ int32_t cp_group_size(const CpLayoutConfig& cfg, CpGroupKind kind);
 void cp_group_ranks(const CpLayoutConfig& cfg, CpGroupKind kind, int32_t group_index, Span<int32_t> ranks_out);
 
 // ceil(max_model_len / (block_size * kv_shard_size)): block-table columns a
-// request needs under KV sharding (spec 1.2, 10.1).
+// request needs under KV sharding (docs/design/cp.md §2.1, §2.3).
 int32_t cp_max_blocks_per_request(int64_t max_model_len, int32_t block_size, int32_t kv_shard_size);
 
 }  // namespace aar::plan

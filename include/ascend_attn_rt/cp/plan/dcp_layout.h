@@ -1,5 +1,5 @@
-// DCP token placement with the interleave size I (spec cp.md 1.2, 2, 3.1, 3.3,
-// 3.4; mla.md 7.1): which CP rank stores which token of a request, the per-rank
+// DCP token placement with the interleave size I (docs/design/cp.md §2.1, §2.2, §3.1, §3.4,
+// §3.3; docs/design/mla.md §6.1): which CP rank stores which token of a request, the per-rank
 // KV lengths (get_dcp_local_seq_lens), the local slot mapping of a step's tokens,
 // the interleave-aware causal mask of speculative decode, and the chunked-context
 // token filter of the DCP prefill.
@@ -36,11 +36,11 @@ struct DcpShard {
 // The scalar formulas above (x >= 0, W >= 1, I >= 1; InvalidArgument otherwise).
 int32_t dcp_owner(int64_t x, int32_t world, int32_t interleave);
 int64_t dcp_local_index(int64_t x, int32_t world, int32_t interleave);
-// Spec 2: base = floor(L/(W*I))*I, rem = L - base*W, local_len = base + clamp(rem - r*I, 0, I).
+// docs/design/cp.md §2.2: base = floor(L/(W*I))*I, rem = L - base*W, local_len = base + clamp(rem - r*I, 0, I).
 // Equals #{x < L : owner(x) = r}; non-increasing in r; sums to L over r.
 int64_t dcp_local_len(int64_t len, int32_t world, int32_t interleave, int32_t rank);
 
-// The virtual-block form of spec 1.2 (the scheduler's view, a virtual block
+// The virtual-block form of docs/design/cp.md §2.1 (the scheduler's view, a virtual block
 // spans B*W positions): vb = x div (B*W), o = x mod (B*W),
 // owner = (o div I) mod W, local_offset = (o div (W*I))*I + (o mod I), and the
 // slot on the owner is block_table[vb]*B + local_offset. Needs B % I == 0, which
@@ -58,14 +58,14 @@ void dcp_local_seq_lens(CSpan<int32_t> seq_lens, int32_t world, int32_t interlea
 // One rank's column: out[i] = local_len(seq_lens[i], shard.rank).
 void dcp_local_seq_lens_of_rank(CSpan<int32_t> seq_lens, const DcpShard& shard, Span<int32_t> out);
 
-// num_computed_tokens_of_dcp (spec 3.1), row-major [N, W], for a batch ordered
+// num_computed_tokens_of_dcp (docs/design/cp.md §3.1), row-major [N, W], for a batch ordered
 // decodes first: decode rows count this step's tokens too (their KV is written
 // before attention, ctx = seq_len), prefill rows only the cached context
 // (ctx = seq_len - query_len). seq_lens = context + new tokens per request.
 void dcp_context_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, int32_t num_decodes,
                       int32_t world, int32_t interleave, Span<int32_t> out);
 
-// The local slot mapping of a step on one rank (spec 1.2): token t of request b
+// The local slot mapping of a step on one rank (docs/design/cp.md §2.1): token t of request b
 // at position pos (as in plan::compute_slot_mapping) gets, when owner(pos) ==
 // shard.rank, slot = block_table[b][li / B] * B + li % B with li =
 // local_index(pos); every other token gets kPadSlot (-1): the rank computes K/V
@@ -74,7 +74,7 @@ void dcp_context_lens(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, i
 //
 // The local form needs no relation between B and I, so it also serves a kernel
 // block size Bk < B: pass Bk and the table of logical ids phys*(B/Bk)+j, which
-// gives the same slot (spec 1.2). Checks are those of compute_slot_mapping,
+// gives the same slot (docs/design/cp.md §2.1). Checks are those of compute_slot_mapping,
 // with the block-table columns that *any* rank of the group references
 // (ceil(seq_len / (B*W)) columns suffice when B % I == 0), and world <=
 // kMaxCpMergePartitions (16, cp_groups.h: a KV shard never spans more ranks;
@@ -89,8 +89,8 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
 // Used by the DCP and the sharded PCP step plans.
 void check_dcp_block_table(const SlotMappingInputs& in, int32_t world, int32_t interleave);
 
-// The causal mask of a multi-token (speculative) decode under DCP (spec 3.4,
-// mla.md 7.2), bool as uint8, 1 = masked, row-major [num_reqs, max_query_len,
+// The causal mask of a multi-token (speculative) decode under DCP (docs/design/cp.md §3.3,
+// docs/design/mla.md §6.1), bool as uint8, 1 = masked, row-major [num_reqs, max_query_len,
 // max_kv_len]. For request b with n = query_lens[b] new tokens, L = seq_lens[b],
 // h = L - n and k_len = local_len(L, r): query j < n at global position p = h + j
 // may see local key k iff k <= upper_j = local_len(p + 1, r) - 1, the last local
@@ -99,7 +99,7 @@ void check_dcp_block_table(const SlotMappingInputs& in, int32_t world, int32_t i
 // writes all num_reqs * max_query_len * max_kv_len entries, so no prior zeroing
 // is needed.
 //
-// Quirk (spec 3.4, 10.8): upstream leaves a row with upper_j = -1 (this rank
+// Quirk (docs/design/cp.md §3.3): upstream leaves a row with upper_j = -1 (this rank
 // holds no key at or before p, but k_len > 0, e.g. I=1, W=4, h=1, rank 3)
 // fully *unmasked*, so the query attends to this rank's future keys. We mask the
 // whole row (the partial then has LSE -inf and drops out of the merge);
@@ -115,7 +115,7 @@ struct DcpMtpMaskInputs {
 };
 void build_dcp_mtp_mask(const DcpMtpMaskInputs& in, Span<uint8_t> mask_out);
 
-// chunk_seq_mask_filtered_indices (spec 3.3): the prefill-local token indices of
+// chunk_seq_mask_filtered_indices (docs/design/cp.md §3.4): the prefill-local token indices of
 // the prefill requests with cached context (global context_lens[i] > 0), in
 // order; for q = [2,1,3] and context [5,0,9]: [0,1,3,4,5]. These are the rows
 // whose context partial exists, so the chunk merge never sees an all -inf row.

@@ -1,38 +1,8 @@
-// One DCP step's host planning for the GQA backend (spec cp.md 3.1-3.4, 5.1),
-// composed from the DCP layout functions (dcp_layout.h) and the split
-// (split.h): the decode/prefill split, the local slot mapping, the local KV
-// lengths of the decode rows, the prefill rows' local context and the
-// chunked-context row filter. Writes only into caller-owned buffers; allocates
-// nothing. Every check is rank-independent (dcp_layout.h), so all ranks of a
-// group accept or reject the same batch.
-//
-// Decisions where the spec is silent:
-// - Decode rows, one per decode *token*. Decode token j of a request (global
-//   position p) attends this rank's local keys at global positions <= p, which
-//   are the first local_len(p + 1, r) local keys: a paged call with one query
-//   row per token, that row's KV length and the request's block-table row is
-//   exactly the interleave-aware causal mask of spec 3.4, for single-token and
-//   speculative decodes alike, with no mask tensor. A row whose rank holds no
-//   key at or before p gets KV length 0 (its partial is O = 0, LSE = -inf):
-//   the correct masking of the upstream quirk (spec 3.4, 10.8), never the
-//   quirk. For a one-token decode the row's length is local_len(seq_len, r),
-//   spec 3.1's num_computed_tokens_of_dcp.
-// - Split: treat_short_extends_as_decodes = false (spec 3.2); without
-//   is_prefilling every request of at most decode_threshold tokens is a decode
-//   (is_prefilling all false). A short extend classed as a decode is still
-//   exact: its rows attend by position as above. With the P/D recompute
-//   scheduler (pd_recompute_scheduler) is_prefilling is not read: a decode
-//   node recomputes a transferred request's last prompt token, a request with
-//   num_computed == prompt_len - 1 that is still "prefilling", and spec 3.1 / 3.2
-//   class it as a decode (treat_short_extends_as_decodes forced true).
-// - The prefill context is every prefill request's cached context
-//   (seq_len - query_len) whatever chunked_prefill says: ignoring a prefix-cache
-//   hit would be silently wrong (spec 10.13). has_context is batch-global (the
-//   global context, not this rank's share), so every rank issues the same
-//   collectives.
-//
-// Thread safety: functions without shared state over caller buffers: any number of
-// threads at once, each with its own output buffers.
+// One DCP step's host planning for the GQA backend: the split (short extends as
+// prefills), this rank's local slot mapping, one decode row per decode token with its
+// local KV length (the interleave-aware causal mask without a mask tensor), the
+// prefills' local context and the context row filter. Caller-owned buffers, no
+// allocation; every check is rank-independent. Design: docs/design/cp.md §3.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +22,7 @@ struct DcpStepInputs : StepInput {
   int32_t block_size = 128;
   int32_t num_blocks = 0;
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens, in [1, 16]
-  bool pd_recompute_scheduler = false;  // spec 3.1 / 3.2: short requests are decodes, is_prefilling unread
+  bool pd_recompute_scheduler = false;  // docs/design/cp.md §3.1 / §3.2: short requests are decodes, is_prefilling unread
   DcpShard shard;
 };
 
@@ -99,7 +69,7 @@ void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t 
                            CSpan<int32_t> block_table, int32_t block_table_stride, const DcpShard& shard, int32_t rows,
                            Span<int64_t> q_ends, Span<int64_t> kv_lens, Span<int32_t> table, int32_t out_stride);
 
-// A draft-model (MTP proposer) step of draft index d (spec 3.1
+// A draft-model (MTP proposer) step of draft index d (docs/design/cp.md §3.1
 // draft_cp_seq_len / draft_base_seq_lens): every request has one query token,
 // at position base + d, so its sequence length is base + d + 1 and, under
 // DCP, its local KV length on rank r is local_len(base + d + 1, r) (the

@@ -1,4 +1,4 @@
-// Merging attention partials by their log-sum-exp (spec cp.md 6): the maths of
+// Merging attention partials by their log-sum-exp (docs/design/cp.md §7): the maths of
 // the DCP/PCP output exchange and of context-chunk merges, over plain
 // float/double arrays (the torch op wrapper and npu_attention_update sit on
 // top of this in ops/).
@@ -8,12 +8,12 @@
 // included). For disjoint key sets the union is
 //   m = max_i lse_i,   lse = m + ln sum_i exp(lse_i - m),   O = sum_i exp(lse_i - lse) O_i.
 //
-// Empty partials (spec 6.3): an lse of -inf marks a partial with no keys (a
+// Empty partials (docs/design/cp.md §7.3): an lse of -inf marks a partial with no keys (a
 // rank without local tokens for that row); +inf and NaN lse are normalised to
 // -inf first (upstream FlashAttention-style empty rows). Such a partial
 // contributes nothing and its output is never read, so a NaN output there
 // cannot leak. A row whose partials are all empty merges to O = 0 and
-// lse = -inf, never NaN, so callers need not filter rows (spec 10.6). Any
+// lse = -inf, never NaN, so callers need not filter rows (docs/design/cp.md §7.3). Any
 // number of partials is accepted (0 gives every row O = 0, lse = -inf); the
 // 16-partial limit is npu_attention_update's, checked where that op is called.
 //

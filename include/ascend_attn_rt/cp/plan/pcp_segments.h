@@ -1,4 +1,4 @@
-// PCP batch partition of model-runner v2 (spec cp.md 1.3B, 3.6, 5.3): KV
+// PCP batch partition of model-runner v2 (docs/design/cp.md §6.2, §6.5): KV
 // replicated on every PCP rank, queries split without padding into per-rank
 // "segments" (local request rows), and the gather/restore indices and the
 // expanded slot mapping of the replicated KV write.
@@ -66,7 +66,7 @@ int32_t pcp_rank_segments(const PcpSegmentInputs& in, int32_t rank, Span<PcpSegm
 void pcp_segment_gather_indices(const PcpSegmentInputs& in, Span<int32_t> hidden_restore_out,
                                 Span<int32_t> padded_gather_out, Span<uint8_t> kv_write_mask_out);
 
-// The expanded slot mapping of spec 3.6 (Wp * P entries, rank-major): entry
+// The expanded slot mapping of docs/design/cp.md §6.5 (Wp * P entries, rank-major): entry
 // (rank, i) is the slot (token_slots[t], one per global token) of rank's i-th
 // local token, kPadSlot (-1) for padding and for replicated copies on ranks != 0.
 void pcp_expanded_slot_mapping(const PcpSegmentInputs& in, CSpan<int32_t> token_slots, Span<int32_t> slots_out);

@@ -1,36 +1,9 @@
-// PCP token split of the legacy model-runner v1 design, "DualChunkSwap" with
-// padding (spec cp.md 1.3A, 1.4, 3.3 legacy, 3.5, 10.9): which prefill tokens a
-// PCP rank computes, the restore permutation of the all-gathered buffer, the
-// unpad mask, the padded-global slot mapping, the prefill-only restore indices
-// of the context path, and the head/tail index lists of the attention.
-//
-// The batch is ordered decodes first (num_decodes requests), then prefills. For
-// a prefill request with q new tokens and Wp PCP ranks:
-//   P = ceil(q / (2 Wp)) * 2 Wp   (padded length; pads are positions q..P-1)
-//   c = P / (2 Wp)                (chunk length)
-//   rank rp computes chunk h = rp (head) and chunk t = 2 Wp - 1 - rp (tail):
-//   positions [h c, (h+1) c) ++ [t c, (t+1) c), 2c tokens.
-// Decode requests are not split: every rank computes all q decode tokens.
-// Every rank has the same local token count T_loc (the sum of q over decodes
-// plus 2c over prefills), so the all-gather G (rank-major, Wp * T_loc rows)
-// has equal splits.
-//
-// The "padded-global" layout puts the requests back to back: a decode request
-// takes q*Wp slots (Wp copies of each token), a prefill P slots in position
-// order. All positions here are within the request's scheduled tokens (model
-// position = num_computed + position).
-//
-// Decision where upstream is inconsistent (spec 10.9): upstream's restore index
-// puts rank rp's copy of decode token i at slot rp*q + i of the decode region,
-// while its unpad mask and decode slot stride treat slot i*Wp as token i's real
-// copy; for multi-token decodes these disagree (upstream never uses the
-// restored decode rows, so it does not notice). Here the copies of token i are
-// adjacent: rank rp's copy sits at slot i*Wp + rp, so the unpad mask, the
-// stride-Wp decode slots and the restore index all agree. For single-token
-// decodes (and the upstream docstring vector) the two layouts are identical.
-//
-// Thread safety: functions without shared state over caller buffers: any number of
-// threads at once, each with its own output buffers.
+// PCP token split of the sharded (legacy model-runner v1) design, DualChunkSwap with
+// padding: each rank's local tokens, the restore permutation of the all-gathered
+// buffer, the unpad mask, the padded-global slot mapping, the context path's
+// permutations and the head/tail index lists. Batches decode-first; caller-owned
+// buffers; every function validates before writing. Design: docs/design/cp.md §6.1,
+// §6.3, §6.4.
 #pragma once
 
 #include <cstdint>
@@ -80,7 +53,7 @@ void pcp_restore_index(const PcpSplitInputs& in, Span<int32_t> restore_out);
 // < q, and rank 0's copy (the first of each group of Wp) of every decode token.
 void pcp_unpad_mask(const PcpSplitInputs& in, Span<uint8_t> mask_out);
 
-// The slot mapping in padded-global order (spec 1.4): token_slots holds one slot
+// The slot mapping in padded-global order (docs/design/cp.md §6.3): token_slots holds one slot
 // per scheduled token in batch order (sum(query_lens) entries, computed from the
 // pre-split global positions, e.g. by compute_dcp_slot_mapping with W = Wp*Wd,
 // r = rp*Wd + rd); real padded-global entries get their token's slot, pads and
@@ -88,7 +61,7 @@ void pcp_unpad_mask(const PcpSplitInputs& in, Span<uint8_t> mask_out);
 // in the first Wp*Td entries.
 void pcp_padded_slot_mapping(const PcpSplitInputs& in, CSpan<int32_t> token_slots, Span<int32_t> slots_out);
 
-// The context path's prefill-only permutations (spec 3.3 legacy), over
+// The context path's prefill-only permutations (docs/design/cp.md §6.4), over
 // Wp * local_prefill_tokens rows. G' is the rank-major all-gather of the ranks'
 // local prefill tokens; X_pg is the padded-global prefill region.
 //   recover_out (cp_kv_recover_idx_for_chunk): X_pg = G'[recover]
@@ -96,7 +69,7 @@ void pcp_padded_slot_mapping(const PcpSplitInputs& in, CSpan<int32_t> token_slot
 // Equal to argsort(argsort(restore_idx[Wp*Td:])) and argsort(restore_idx[Wp*Td:]).
 void pcp_chunk_restore_index(const PcpSplitInputs& in, Span<int32_t> recover_out, Span<int32_t> inverse_out);
 
-// Head/tail attention lists of one rank (spec 3.5), over the prefill requests
+// Head/tail attention lists of one rank (docs/design/cp.md §6.4), over the prefill requests
 // only: q indices are into the rank's local prefill query (query[Td:]), KV
 // indices into the restored padded-global prefill K/V (full[Wp*Td:]).
 struct PcpHeadTailCounts {

@@ -1,13 +1,13 @@
-// The per-step host pieces of the GQA PCP backend (spec cp.md 1.3, 1.4, 3.5,
-// 3.6) that pcp_split.h / pcp_segments.h / dcp_layout.h do not already give:
+// The per-step host pieces of the GQA PCP backend (docs/design/cp.md §6, §6.3, §6.4,
+// §6.5) that pcp_split.h / pcp_segments.h / dcp_layout.h do not already give:
 // which requests a PCP step splits and the local request rows a model-runner-v2 rank hands to the
 // ordinary GQA metadata builder.
 //
-// Decisions where the spec is silent:
+// Decisions where upstream is silent:
 //  * Split rule. PCP keeps no speculative decode (the decode threshold is 1):
 //    a request is split (a prefill) when it has more than one new token or is
 //    flagged still-prefilling; the first split request splits the batch, every
-//    request after it is split too (spec 3.2's first-flag rule), so the batch
+//    request after it is split too (docs/design/cp.md §3.2's first-flag rule), so the batch
 //    must come decodes first, as the GQA builder's reorder leaves it.
 //  * A request with 0 new tokens before the first split one is a decode with
 //    nothing to compute (it contributes no row).
@@ -29,7 +29,7 @@ namespace aar::plan {
 // request flagged). Validates query_start_loc and the sizes first.
 int32_t pcp_split_flags(CSpan<int32_t> query_start_loc, CSpan<uint8_t> is_prefilling, Span<uint8_t> flags_out);
 
-// A model-runner-v2 rank's local batch (spec 3.6): one request row per segment
+// A model-runner-v2 rank's local batch (docs/design/cp.md §6.5): one request row per segment
 // (pcp_rank_segments order, so replicated decodes first, pure prefills last),
 // row k with query length seg.num_tokens, seq_len = seg.start_pos +
 // seg.num_tokens (its KV, already written for every token before it), the

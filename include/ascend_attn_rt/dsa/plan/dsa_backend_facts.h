@@ -1,25 +1,25 @@
-// Static facts of the DeepSeek-V4 ("DSA") backends and caches (spec sparse.md
-// 6.1, 6.2): the six backend descriptors, DSV4_BLOCK_SIZES, and per cache kind
+// Static facts of the DeepSeek-V4 ("DSA") backends and caches
+// (docs/design/dsa.md §2.1, §2.2): the six backend descriptors, DSV4_BLOCK_SIZES, and per cache kind
 // the scheduler block size, page geometry, dtypes, page bytes (and their
 // padding into the two page-size tiers) and the cache views. Torch-free.
 //
 // Every cache has one KV head. A page of a compressed cache holds
 // storage_block_size = block_size / compress_ratio physical rows, while the
 // scheduler's block table is LOGICAL: one entry per block_size raw tokens
-// (spec 6.2 geometry rule). Compressed row c lives in table[c / rows],
+// (docs/design/dsa.md §2.2 geometry rule). Compressed row c lives in table[c / rows],
 // offset c % rows.
 //
 // Device dependence: the backend descriptors and block sizes are per device
-// by definition (spec 6.1: the C128 state backend's sizes differ on A5); the
+// by definition (docs/design/dsa.md §2.1: the C128 state backend's sizes differ on A5); the
 // functions here take plan::DeviceKind for those facts, or read it from the
 // AttnKvPlan (plan/dsa_kv_plan.h). Dtypes and row sizes come from the plan's fields,
 // never from the device.
 //
-// Page-size tiers (spec 6.2): every cache group's page is padded to one of two
+// Page-size tiers (docs/design/dsa.md §2.2): every cache group's page is padded to one of two
 // sizes so all groups share num_blocks. pad_t1 (the indexer tier) is the
 // indexer K+scale page; pad_t2 (the attention tier) is the SWA page. The
 // indexer K and indexer state caches are in tier 1, everything else in tier 2.
-// The A5 + BF16 plan (spec 7.2) has bf16 rows of 512 on A5: its pad_t2 is the
+// The A5 + BF16 plan (docs/design/dsa.md §4.2) has bf16 rows of 512 on A5: its pad_t2 is the
 // bf16 SWA page (131072 at cache block size 128, as the PR says; 65536 / 32768
 // at 64 / 32, the same rule), its pad_t1 A5's fp8 indexer page, and its state
 // block sizes A5's.
@@ -34,7 +34,7 @@
 
 namespace aar::dsa {
 
-// ---------------------------------------------------------------- 6.1 backends
+// ---------------------------------------------------------------- docs/design/dsa.md §2.1 backends
 enum class DsaBackendKind : int32_t { Generic = 0, C4 = 1, C128 = 2, Swa = 3, C4State = 4, C128State = 5 };
 
 struct DsaBackendFacts {
@@ -54,7 +54,7 @@ DsaBackendFacts dsa_backend(DsaBackendKind kind, DeviceKind device);
 // block_size is one of the backend's kernel block sizes.
 void check_kernel_block_size(DsaBackendKind kind, DeviceKind device, int64_t block_size);
 
-// -------------------------------------------------------- 6.2 DSV4_BLOCK_SIZES
+// -------------------------------------------------------- docs/design/dsa.md §2.2 DSV4_BLOCK_SIZES
 // DSV4_BLOCK_SIZES[cache_block_size] = [[mla, swa, c4_state, c128_state], [pad_t1, pad_t2]].
 struct Dsv4BlockSizes {
   int32_t cache_block_size = 0;
@@ -64,7 +64,7 @@ struct Dsv4BlockSizes {
 };
 
 // The table's rows, by the plan's geometry class: A2/A3 (bf16 rows), A5 with
-// fp8 rows (the spec's A5 column), A5 with bf16 rows (spec 7.2).
+// fp8 rows (upstream's A5 column), A5 with bf16 rows (docs/design/dsa.md §4.2).
 enum class Dsv4GeometryClass : int32_t { A2A3 = 0, A5Fp8 = 1, A5Bf16 = 2 };
 Dsv4GeometryClass geometry_class(const AttnKvPlan& plan);
 
@@ -78,7 +78,7 @@ extern const Dsv4BlockSizesRow kDsv4BlockSizes[9];
 // InvalidArgument naming cache_block_size unless it is 32, 64 or 128.
 Dsv4BlockSizes dsv4_block_sizes(int64_t cache_block_size, const AttnKvPlan& plan);
 
-// ---------------------------------------------------------------- 6.2 caches
+// ---------------------------------------------------------------- docs/design/dsa.md §2.2 caches
 enum class DsaCacheKind : int32_t {
   Swa = 0,             // every layer: the sliding-window KV
   C4Kv = 1,            // compressed KV of ratio-4 layers
@@ -97,7 +97,7 @@ DsaBackendKind backend_of(DsaCacheKind k);
 // itself addresses the state through its state block table).
 SlotFormat slot_format_for(const AttnKvPlan& plan, DsaCacheKind k);
 
-// Spec 6.2: block_size / compress_ratio (ratio 0 or 1 = uncompressed, the
+// docs/design/dsa.md §2.2: block_size / compress_ratio (ratio 0 or 1 = uncompressed, the
 // block size itself). InvalidArgument naming the argument for block_size <= 0,
 // compress_ratio < 0, or a ratio that does not divide block_size.
 int64_t storage_block_size(int64_t block_size, int64_t compress_ratio);
@@ -112,14 +112,14 @@ int64_t storage_block_size(int64_t block_size, int64_t compress_ratio);
 inline constexpr int32_t kDsaLayerRatios[] = {1, 4, 128};
 // InvalidArgument naming compress_ratio, its value and the supported ratios.
 void check_compress_ratio(int64_t compress_ratio);
-// Spec 6.4: the cache kinds a layer of compress_ratio reads, in the order of
+// docs/design/dsa.md §3.3: the cache kinds a layer of compress_ratio reads, in the order of
 // the groups route_layer takes (SWA; the compressed KV and its compressor
 // state; the indexer K and the indexer state).
 std::vector<DsaCacheKind> layer_cache_kinds(int64_t compress_ratio);
 
 struct DsaCacheSpec {
   DsaCacheKind kind = DsaCacheKind::Swa;
-  const char* backend = "";       // backend name (6.1)
+  const char* backend = "";       // backend name (docs/design/dsa.md §2.1)
   int32_t cache_block_size = 0;   // the configured cache block size (32 / 64 / 128)
   int32_t compress_ratio = 1;     // 1 (SWA and every state), 4, 128
   int32_t coff = 0;               // compressor overlap factor of a state cache (2, or 1 for C128), else 0
@@ -184,7 +184,7 @@ struct DsaCacheView {
   int64_t storage_offset = 0;
 };
 
-// The indexer page (spec 6.2): [k: rows x 128 B][scale: rows x sizeof(scale)]
+// The indexer page (docs/design/dsa.md §2.2): [k: rows x 128 B][scale: rows x sizeof(scale)]
 // then padding up to the page stride; on A5 also a "full" byte view
 // [nb, rows, 1, 128 + 4] from the page base, the write handle of
 // indexer_compress_epilog_v2 (layout 2: k rows, then scales).

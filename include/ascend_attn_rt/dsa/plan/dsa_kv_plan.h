@@ -1,72 +1,9 @@
-// The DeepSeek-V4 ("DSA") attention-KV plan (spec sparse.md 7.1, 7.2): every
-// per-device decision of the DSA backend, made ONCE per configuration by
-// make_attn_kv_plan and read everywhere else. Torch-free (plan layer).
-//
-// Upstream HEAD spreads these decisions over a per-device adaptor (spec 7.1:
-// BaseDeviceAdaptor for A2/A3, A5DeviceAdaptor) and the cache-spec methods;
-// the unmerged PR of spec 7.2 gathers them into one frozen object. This is
-// that object. The rule of the house for the DSA family: NO OTHER CODE
-// BRANCHES ON THE DEVICE KIND. Builders, the impl, cache allocation and the
-// cache specs (plan/dsa_backend_facts.h) read AttnKvPlan's fields; only
-// make_attn_kv_plan (and the two device-dependent block-size facts of 6.1 /
-// 6.2 that dsa_backend_facts.h keys on plan.device, A5 vs not) look at the device.
-//
-// The three plans (spec 7.2 table):
-//   base  (A2, A3)        npu_sparse_attn_sharedkv, PA_ND, bf16 rows of 512,
-//                         npu_scatter_nd_update_v2 with (block, offset) slots,
-//                         bf16 grouped-bmm o_proj
-//   A5 + BF16 cache       SparseFlashMla, PA_BBND, bf16 rows of 512, in-place
-//                         npu_scatter_nd_update_ with (block, offset) slots
-//                         (skip = (-1, -1)), bf16 grouped-bmm o_proj
-//   A5 (any other cache)  npu_kv_quant_sparse_attn_sharedkv, PA_ND, 640-byte
-//                         MXFP8 rows, kv_compress_epilog with flat slots,
-//                         MX-fp8 quantised o_proj
-// The indexer does not follow the attention dtype: int8 k + fp16 scales on
-// A2/A3, fp8 k + fp32 scales on A5 (both A5 plans).
-//
-// Decisions where the spec is silent (each is a field below, so a later
-// correction changes one line in make_attn_kv_plan):
-//  - Ascend310P is refused (NotSupported, by name): no DSA kernels exist there.
-//  - cache_dtype strings: unknown strings are refused everywhere (InvalidArgument
-//    listing the accepted ones), also on A2/A3 where the table ignores the
-//    value, so a typo never passes silently. Known fp8 strings on A2/A3 follow
-//    the table (the model dtype is used): DSV4 checkpoints carry an fp8 KV
-//    setting that A2/A3 deployments must accept.
-//  - model dtype (non_a5_dtype): BF16 or FP16; anything else is refused.
-//  - A negative slot in a (block, offset) slot mapping is written as
-//    (-1, bs-1) (plan::format_dsa_slot_mapping: the same encoding as the
-//    device-generated compressor_metadata slots and HEAD's floor split), and
-//    every consumer skips explicitly on block < 0 (spec 7.1) instead of
-//    relying on the kernel dropping negative linear indices. The A5 + BF16
-//    plan's token slot mappings (the groups of ratio <= 1) write (-1, -1) as
-//    the PR does (block_offset_skip = MinusOne, an explicit rule, no % on a
-//    negative slot); its compressed groups keep (-1, bs-1), what
-//    compressor_metadata (format 2) generates on the device for them.
-//  - The A5 + BF16 KV writes (in-place npu_scatter_nd_update_) never pass a
-//    skip row to the kernel: torch_npu 2.14.0's _op_plugin_docs.py says of its
-//    indices "索引数据不支持越界" (out-of-range indices are not supported), so
-//    relying on the kernel to drop (-1, x) pairs is not allowed there. The
-//    builders put a group's valid rows first (GroupMetadata::num_valid_rows,
-//    a host value), and dsa::Impl writes only that prefix (dsa/impl.h).
-//  - The indexer's slot format follows its write kind, not the attention
-//    plan: flat on A5 (indexer_compress_epilog_v2 takes flat slots, as in
-//    HEAD), block/offset on A2/A3. On A5 + BF16 the attention groups are
-//    block/offset and the indexer group flat: each cache group's builder asks
-//    slot_format_for(plan, its cache kind) (plan/dsa_backend_facts.h).
-//  - SparseFlashMla (A5 + BF16) follows the A5 metadata conventions (decode
-//    cu_seqlens_ori_kv = [0, cumsum(S)], no cu_seqlens_* extras on the
-//    attention call) and takes no device / kv_quant kwargs (spec 7.2: the
-//    adapter drops kv_quant_mode, tile_size, rope_head_dim, device). The
-//    spec's ops file says no schema is published; CANN's ops-transformer
-//    torch extension does publish both (sparse_flash_mla,
-//    sparse_flash_mla_metadata in namespace cann_ops_transformer:
-//    third_party/cann_ops_transformer_ops.txt, ops/sparse_flash_mla.h, which
-//    also holds the tensor-level adapter built on the rule below).
-//  - HEAD's A5 pad_dsa_decode_slot_mapping is dead code (spec 7.1) and is not
-//    a plan decision here.
-//  - The 7.1 row "SFA C8 caches" belongs to the DeepSeek-V3.2 SFA backend
-//    (sfa::Backend::c8_dtype, cpp/sfa/backend.cpp), not to DSA; its dtypes are
-//    the same as indexer_k_dtype / indexer_k_scale_dtype here.
+// The DeepSeek-V4 ("DSA") attention-KV plan: every per-device decision of the DSA
+// backend (KV dtypes and row layouts, slot formats and skip encodings, scatter and
+// indexer write kinds, the sparse-attention operator and its metadata arguments,
+// the o_proj the device allows), made once by make_attn_kv_plan and read everywhere
+// else: no other DSA code branches on the device kind. Torch-free.
+// Design: docs/design/dsa.md §4.
 #pragma once
 
 #include <cstdint>
@@ -96,7 +33,7 @@ const char* device_name(DeviceKind d);
 // InvalidArgument for a value outside the enum.
 void check_dsa_device(DeviceKind d);
 
-// Spec 7.2, dsv4_resolve_attn_kv_dtype: the attention (SWA and compressed)
+// docs/design/dsa.md §4.2, dsv4_resolve_attn_kv_dtype: the attention (SWA and compressed)
 // KV dtype. Never mutates anything (HEAD's A5 path rewrote
 // cache_config.cache_dtype; this takes values).
 //   device   cache_dtype                              result
@@ -121,7 +58,7 @@ enum class KvLayout : int32_t { PA_ND = 0, PA_BBND = 1 };
 const char* to_string(KvLayout l);  // "PA_ND", "PA_BBND": the layout_kv string the kernels take
 
 // Slot-mapping format: the plan layer's (plan/dsa_step_plan.h; the numeric
-// values are compressor_metadata's slot_mapping_format codes, spec 6.2, 7.1).
+// values are compressor_metadata's slot_mapping_format codes, docs/design/dsa.md §2.2, §4.1).
 // Scheduler slots are formatted by plan::format_dsa_slot_mapping (negative
 // slots -> -1 / (-1, bs-1) or (-1, -1): every consumer skips on block < 0).
 using plan::SlotFormat;
@@ -129,7 +66,7 @@ const char* to_string(SlotFormat f);
 using plan::BlockOffsetSkip;
 const char* to_string(BlockOffsetSkip s);  // "LastOffset" (-1, bs-1), "MinusOne" (-1, -1)
 
-// How new KV rows reach the SWA and compressed caches (spec 7.1, 7.2).
+// How new KV rows reach the SWA and compressed caches (docs/design/dsa.md §4.1, §4.2).
 enum class KvScatterKind : int32_t {
   ScatterNdUpdateV2 = 0,       // npu_scatter_nd_update_v2(cache, idx [N,2], x)
   KvCompressEpilog = 1,        // kv_compress_epilog(cache.view(-1,1,640), x_bf16, flat slots, ...): quantise + scatter
@@ -139,7 +76,7 @@ enum class KvScatterKind : int32_t {
 };
 const char* to_string(KvScatterKind k);
 
-// How the indexer k rows (and their scales) are written (spec 7.1).
+// How the indexer k rows (and their scales) are written (docs/design/dsa.md §4.1).
 enum class IndexerKWriteKind : int32_t {
   QuantThenScatter = 0,  // dynamic_quant int8, scatter k, then scatter the fp16 scale (4-D)
   CompressEpilogV2 = 1,  // indexer_compress_epilog_v2(full byte view, x, slots, layout 2): quant + both writes
@@ -155,7 +92,7 @@ enum class OProjKind : int32_t {
 };
 const char* to_string(OProjKind k);
 
-// The weightless per-head q RMS norm (spec 1.6 step 2, 7.1).
+// The weightless per-head q RMS norm (docs/design/dsa.md §1.1, §4.1).
 enum class QNormKind : int32_t {
   RmsFp32 = 0,               // Triton q_rms or fp32 torch (A2/A3)
   QNormWithoutWeight = 1,    // the q_norm_without_weight module (A5)
@@ -171,7 +108,7 @@ enum class CuSeqlensKv : int32_t {
 };
 const char* to_string(CuSeqlensKv c);
 
-// A5's 640-byte MXFP8 KV row (spec 1.6.3): [448 fp8 nope | 64 bf16 rope |
+// A5's 640-byte MXFP8 KV row (docs/design/dsa.md §1.4): [448 fp8 nope | 64 bf16 rope |
 // 7 e8m0 scales, one per 64 nope elements | 57 pad].
 struct Fp8KvRowLayout {
   static constexpr int64_t kNopeDims = 448;
@@ -188,7 +125,7 @@ struct Fp8KvRowLayout {
   static constexpr int64_t kRowBytes = 640;
 };
 
-// DSV4 attention geometry the plan's numbers are built on (spec 1.6).
+// DSV4 attention geometry the plan's numbers are built on (docs/design/dsa.md §1.1).
 inline constexpr int64_t kDsaHeadDim = 512;        // nope 448 + rope 64
 inline constexpr int64_t kDsaRopeDim = 64;
 inline constexpr int64_t kDsaIndexerHeadDim = 128;
@@ -197,10 +134,10 @@ inline constexpr int64_t kDsaIndexerHeads = 64;
 struct DsaConfig {
   DeviceKind device = DeviceKind::A2;
   std::optional<std::string> cache_dtype;  // the engine's cache_config.cache_dtype; nullopt = not set
-  KvDtype model_dtype = KvDtype::BF16;     // non_a5_dtype of 7.2: the attention KV dtype off A5
+  KvDtype model_dtype = KvDtype::BF16;     // non_a5_dtype of docs/design/dsa.md §4.2: the attention KV dtype off A5
 };
 
-// Everything of spec 7.1 / 7.2, decided once. Plain data: copy it freely.
+// Everything of docs/design/dsa.md §4.1 / §4.2, decided once. Plain data: copy it freely.
 struct AttnKvPlan {
   DeviceKind device = DeviceKind::A2;
 
@@ -221,7 +158,7 @@ struct AttnKvPlan {
   KvDtype li_k_scale_dtype = KvDtype::FP16;       // k scale after squeeze(-2)
   IndexerKWriteKind indexer_k_write = IndexerKWriteKind::QuantThenScatter;
   SlotFormat indexer_slot_format = SlotFormat::BlockOffset;
-  bool indexer_full_view = false;  // A5: the 7th cache-tuple entry, a [nb, rows, 1, 128+4] byte view (spec 6.2, 6.3)
+  bool indexer_full_view = false;  // A5: the 7th cache-tuple entry, a [nb, rows, 1, 128+4] byte view (docs/design/dsa.md §2.2, §2.3)
 
   // ---- sparse attention call
   SparseAttnPath sparse_attn = SparseAttnPath::SharedKv;
@@ -248,7 +185,7 @@ struct AttnKvPlan {
   SlotFormat slot_format = SlotFormat::BlockOffset;  // attention groups (SWA, compressed KV)
   bool requires_block_offset_slots = true;           // slot_format == BlockOffset
   // Skip rows of the token (ratio <= 1) BlockOffset mappings: LastOffset
-  // (-1, bs-1) on A2/A3, MinusOne (-1, -1) on A5 + BF16 (spec 7.2). Compressed
+  // (-1, bs-1) on A2/A3, MinusOne (-1, -1) on A5 + BF16 (docs/design/dsa.md §4.2). Compressed
   // groups always use LastOffset (compressor_metadata's encoding).
   BlockOffsetSkip block_offset_skip = BlockOffsetSkip::LastOffset;
   int32_t compressor_slot_format_code = 2;           // compressor_metadata's slot_mapping_format (2 / 1)
@@ -271,7 +208,7 @@ struct AttnKvPlan {
 // Ascend310P, InvalidArgument for bad cache_dtype / model_dtype (named).
 AttnKvPlan make_attn_kv_plan(const DsaConfig& cfg);
 
-// Spec 7.2, the SparseFlashMla adapter's derived lengths, for cmp_ratio > 1:
+// docs/design/dsa.md §4.2, the SparseFlashMla adapter's derived lengths, for cmp_ratio > 1:
 //   seqused_cmp_kv[b]  = seqused_kv[b] / cmp_ratio   (floor)
 //   cmp_residual_kv[b] = seqused_kv[b] % cmp_ratio
 //   return value       = max_seqlen_kv / cmp_ratio   (max_seqlen_cmp_kv)

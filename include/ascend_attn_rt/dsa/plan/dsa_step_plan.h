@@ -1,31 +1,9 @@
-// DeepSeek-V4 "DSA" per-step host planning (spec sparse.md 6.5, 6.6, 1.6.1,
-// 6.2 "Geometry rule", 7.1 "Slot split rule", 9 compressor_metadata): the
-// torch-free half of AscendDSAMetadataBuilder.
-//
-// One step is planned in two stages, mirroring upstream's per-step "shared
-// dict" (spec 6.5 step 1, 11.11):
-//   1. plan_dsa_step(...) once per step: validates the batch, runs the shared
-//      decode/prefill split (plan::split_decodes_and_prefills with
-//      treat_short_extends_as_decodes = true and decode_threshold = 1 + k) and
-//      writes the per-request start_pos. Its DsaStepPlan is what every KV-cache
-//      group of the step reuses.
-//   2. plan_dsa_group(step, group, buffers) once per KV-cache group (SWA /
-//      ratio 1, C4, C128, indexer, ...; each with its own ratio, storage block
-//      size and logical block table): the staged block table (graph-padding
-//      rows zeroed), num_compressed_tokens, and the slot / compressed index /
-//      RoPE position of every compressed row the step emits: on valid input,
-//      exactly what the device's compressor_metadata produces (spec 9).
-// The caller reorders the persistent batch decode-first beforehand with
-// plan::reorder_decode_first at the same threshold (dsa_decode_threshold).
-//
-// Conventions: query_start_loc holds exclusive prefix sums (B+1 entries,
-// leading 0); seq_lens are per-request raw KV lengths S_b (context + new
-// tokens). Block tables are row-major, B rows of block_table_stride int32 ids.
-// Every function validates all of its input first and writes nothing on error
-// (aar::InvalidArgument naming the argument and the value); none allocates.
-//
-// Thread safety: functions without shared state over caller buffers: any number of
-// threads at once, each with its own output buffers.
+// DeepSeek-V4 ("DSA") per-step host planning, torch-free: plan_dsa_step once per step
+// (validation, split, start_pos), plan_dsa_rows per ratio, plan_dsa_group per KV-cache
+// group (staged table, slots, compressed rows; equal to compressor_metadata on valid
+// input), the slot formats and DSpark rows. Every function validates all of its input
+// first and writes nothing on error; none allocates.
+// Design: docs/design/dsa.md §3.1, §3.2, §3.4; skip slots docs/design/sparse.md §7.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +14,7 @@
 
 namespace aar::plan {
 
-// Slot-mapping layouts of the DSA KV scatters (spec 7.1). The values are
+// Slot-mapping layouts of the DSA KV scatters (docs/design/dsa.md §4.1). The values are
 // compressor_metadata's slot_mapping_format argument.
 //   BlockOffset (A2/A3): two int32 per slot, (block, offset).
 //   Flat (A5): one int32 per slot.
@@ -49,25 +27,25 @@ int32_t slot_format_width(SlotFormat format);
 // mapping. Both encodings have block -1, the one test every consumer makes
 // (Flat mappings always use -1).
 //   LastOffset (-1, storage_block_size - 1): upstream HEAD's floor split of
-//     slot -1 (spec 7.1), and what compressor_metadata writes for invalid
+//     slot -1 (docs/design/dsa.md §4.1), and what compressor_metadata writes for invalid
 //     rows (so every compressed group's host slots use it on every plan).
-//   MinusOne (-1, -1): the A5 + BF16 plan's token slot mapping (spec 7.2: the
+//   MinusOne (-1, -1): the A5 + BF16 plan's token slot mapping (docs/design/dsa.md §4.2: the
 //     PR formats with an explicit `where(slot >= 0, (slot // bs, slot % bs),
 //     (-1, -1))`, no % applied to a negative slot). AttnKvPlan::block_offset_skip.
 enum class BlockOffsetSkip : int32_t { LastOffset = 0, MinusOne = 1 };
 
-// decode_threshold = 1 + num_speculative_tokens must be in [1, 16] (spec 6.5);
+// decode_threshold = 1 + num_speculative_tokens must be in [1, 16] (docs/design/dsa.md §3.1);
 // returns it, or throws naming num_speculative_tokens.
 inline constexpr int32_t kDsaMaxDecodeThreshold = 16;
 int32_t dsa_decode_threshold(int32_t num_speculative_tokens);
 
-// Spec 6.2: the physical rows per page of a compressed cache, block_size /
+// docs/design/dsa.md §2.2: the physical rows per page of a compressed cache, block_size /
 // compress_ratio (block_size = the scheduler's logical block in raw tokens,
 // e.g. 512 / 4 = 128, 16384 / 128 = 128); ratio 0 or 1 gives block_size.
 // block_size must be a positive multiple of the ratio.
 int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio);
 
-// --- 1. Token slot formatting (spec 6.5 step 2, 7.1) -------------------------
+// --- 1. Token slot formatting (docs/design/dsa.md §3.2, §4.1) -------------------------
 //
 // out receives slots.size() * slot_format_width(format) int32 values.
 //   BlockOffset: a slot s >= 0 becomes (s / storage_block_size, s %
@@ -79,7 +57,7 @@ int32_t dsa_storage_block_size(int32_t block_size, int32_t compress_ratio);
 // Why: (-1, bs-1) is what upstream's floor division gives for its only
 // negative slot, -1, and what compressor_metadata writes for invalid rows, so
 // the upstream scatter (which drops out-of-range linear indices) and a
-// consumer that skips explicitly on block < 0 (spec 7.1's advice, what our
+// consumer that skips explicitly on block < 0 (docs/design/dsa.md §4.1's advice, what our
 // scatter twins do) both skip the token. Any other negative slot (upstream
 // never produces one) is canonicalised to the same encoding rather than
 // floor-divided to (-2, ...) etc., so "block < 0" or "slot < 0" is the one
@@ -90,15 +68,15 @@ void format_dsa_slot_mapping(CSpan<int64_t> slots, int32_t storage_block_size, S
 void format_dsa_slot_mapping(CSpan<int32_t> slots, int32_t storage_block_size, SlotFormat format, Span<int32_t> out,
                              BlockOffsetSkip skip = BlockOffsetSkip::LastOffset);
 
-// --- 2. Compressed-row counts (spec 6.5 step 3, 1.6.1) -----------------------
+// --- 2. Compressed-row counts (docs/design/dsa.md §3.2, §1.2) -----------------------
 //
 // Rows of the compressor's output for a step of num_tokens tokens over
 // num_reqs requests: min(T, T / ratio + B) for ratio > 1, else T (ratio 0 and
-// 1 mean "uncompressed"). Spec example: T=13, B=3 gives 13 / 6 / 3 for ratios
+// 1 mean "uncompressed"). Upstream's example: T=13, B=3 gives 13 / 6 / 3 for ratios
 // 1 / 4 / 128. Negative arguments are rejected.
 int32_t dsa_num_compressed_tokens(int32_t num_tokens, int32_t num_reqs, int32_t ratio);
 
-// The compressed rows a request emits in one step (spec 1.6.1): row c covers
+// The compressed rows a request emits in one step (docs/design/dsa.md §1.2): row c covers
 // raw positions [c*r, (c+1)*r) and is emitted once position (c+1)*r - 1 has
 // been processed, so a step that takes the request from context_len to
 // context_len + query_len raw tokens emits rows [first, first + count) with
@@ -119,7 +97,7 @@ DsaCompressedRows dsa_compressed_rows(int32_t context_len, int32_t query_len, in
 // of every group is counted from it) are read; the step's other fields are the
 // builder's (state derivation) and not read here.
 struct DsaStepInputs : StepInput {
-  // Requests [num_reqs_actual, B) are graph padding (spec 6.5 step 3, 11.13):
+  // Requests [num_reqs_actual, B) are graph padding (docs/design/dsa.md §3.2):
   // start_pos 0, zeroed block-table rows, no compressed rows, no DSpark
   // slots. Their lengths are only required to be >= 0 (a dummy may have
   // tokens but no KV). -1 = B (no padding).
@@ -143,7 +121,7 @@ struct DsaStepPlan {
   int32_t num_input_tokens = 0;    // T
   int32_t decode_threshold = 1;
   // Over all B rows (what the kernels tile); 0 for an empty step (upstream
-  // allows 0, spec 6.5 step 3).
+  // allows 0, docs/design/dsa.md §3.2).
   int32_t max_seqlen_q = 0;
   int32_t max_seqlen_kv = 0;
   bool has_prefill() const { return split.num_prefills > 0; }
@@ -181,11 +159,11 @@ struct DsaGroupInputs {
   // compress_ratio of the group's cache spec: 0 or 1 = uncompressed (SWA and
   // its state), 4, 128, ... (any r >= 1 is planned).
   int32_t compress_ratio = 1;
-  // Physical rows per page of the group's storage (spec 6.2: block_size //
+  // Physical rows per page of the group's storage (docs/design/dsa.md §2.2: block_size //
   // compress_ratio, 128 for every cache at cache bs 128). For ratio <= 1 this
   // is the block size itself.
   int32_t storage_block_size = 0;
-  // The scheduler's logical table (spec 6.2): one entry per storage_block_size
+  // The scheduler's logical table (docs/design/dsa.md §2.2): one entry per storage_block_size
   // * ratio raw tokens, i.e. per storage_block_size compressed rows. Row c of
   // request b lives at table[b][c / storage_block_size] * storage_block_size +
   // c % storage_block_size.
@@ -239,7 +217,7 @@ struct DsaGroupPlan {
   int32_t num_valid_rows = 0;         // rows emitted by real requests (<= num_rows)
 };
 
-// The per-group half (spec 6.5 steps 2-3, 6.2 geometry rule, 9). Validates
+// The per-group half (docs/design/dsa.md §3.2, §2.2 geometry rule, 9). Validates
 // the group against the step (storage_block_size > 0, ratio >= 0, stride >=
 // 0, table size >= B * stride, every emitted row's column < stride and its
 // block id in [0, num_blocks) (negative ids are always rejected), the same
@@ -291,7 +269,7 @@ void plan_dsa_rows(const DsaStepPlan& step, CSpan<int32_t> ratios, CSpan<DsaRowB
 DsaGroupPlan plan_dsa_group(const DsaStepPlan& step, const DsaGroupInputs& group, const DsaGroupBuffers& buf,
                             const DsaRows& rows);
 
-// --- 5. DSpark sliding-window visible slots (spec 6.6) -----------------------
+// --- 5. DSpark sliding-window visible slots (docs/design/dsa.md §3.4) -----------------------
 
 // Columns of the DSpark index rows: roundup(window + num_spec, 128) when
 // width == 0, else width, which must be >= window + num_spec. window >= 1,
@@ -312,14 +290,14 @@ struct DsparkSwaInputs {
   int32_t num_reqs_actual = -1;    // -1 = B; padding requests' rows are all -1
 };
 
-// Spec 6.6: for request b, q_b = its query length, prefix = S_b - q_b, start
+// docs/design/dsa.md §3.4: for request b, q_b = its query length, prefix = S_b - q_b, start
 // = max(prefix - W, 0), vis = S_b - start; column j < width holds the physical
 // slot of raw position start + j, table[b][p / bs] * bs + p % bs, if j < vis,
 // else -1. The row is repeated q_b times (one per token, in token order),
 // rows past query_start_loc[B] are -1 and the result is truncated to num_rows
 // rows. out gets num_rows * width int32 (row-major [T, 1, width]); returns
 // width.
-// Decisions where the spec is silent: the table must cover every visible
+// Decisions where upstream is silent: the table must cover every visible
 // position (upstream clamps the column, which can only matter for a table too
 // short for S_b: that is rejected, naming the request); a request whose
 // visible span exceeds width (vis > width, possible only when q_b > width - W)

@@ -29,10 +29,10 @@ struct StepInputs : StepInput {
   SpecMethod spec_method = SpecMethod::None;
   bool chunked_prefill_enabled = true;
   // Pad the batch with a dummy request for the fused kernel when
-  // num_input_tokens > qsl[B] (spec 4.7). When false, the padded tokens are
+  // num_input_tokens > qsl[B] (docs/design/gqa.md §2.5). When false, the padded tokens are
   // simply not attended (the kernel sees qsl[B] tokens).
   bool pad_fia_batch = true;
-  // Uniform decode padding (spec 4.7, uniform case): when > 0 and every real
+  // Uniform decode padding (docs/design/gqa.md §2.5, uniform case): when > 0 and every real
   // request has exactly this many query tokens and the padding is a multiple of
   // it, the padding becomes (num_input_tokens - qsl[B]) / uniform_decode_len
   // dummy requests of that length (KV length = that length, block 0), instead of

@@ -1,4 +1,4 @@
-// MLA-specific host planning (spec mla.md sections 3.2, 3.4, 3.5): the MLA
+// MLA-specific host planning (docs/design/mla.md §3.2, §3.4, §3.5): the MLA
 // decode-first reorder, prefill context chunking, and the graph-mode padding of
 // the speculative-decode query lengths. The decode/prefill split is the shared
 // plan::split_decodes_and_prefills (same rule; MLA passes
@@ -22,7 +22,7 @@ namespace aar::plan {
 // plus at most 15 context chunks.
 inline constexpr int32_t kMaxContextChunks = 15;
 
-// Spec mla 3.2: requests with num_scheduled <= decode_threshold are decodes,
+// docs/design/mla.md §3.2: requests with num_scheduled <= decode_threshold are decodes,
 // the rest prefills (both ascending). For i = 1..min(#dec, #pre): if
 // dec[#dec - i] >= #dec swap it with pre[k] (k = 0, 1, ... per swap), else stop.
 // perm_out (B entries) gets the resulting order (old index at each new
@@ -47,7 +47,7 @@ struct ContextChunkBuffers {
   Span<int64_t> kv_ends;         // >= max_chunks*NP: cumulative (inclusive) chunk_seq_lens[c]
   Span<int64_t> seq_tot;         // >= max_chunks: tokens gathered in chunk c
   Span<int64_t> max_seq_lens;    // >= max_chunks: max over requests of chunk_seq_lens[c]
-  // DCP only (plan_mla_step with dcp.world > 1, spec mla.md 7.2 / 7.4; `starts`
+  // DCP only (plan_mla_step with dcp.world > 1, docs/design/mla.md §6.1 / §6.3; `starts`
   // then holds the local starts c * local_chunk_size):
   Span<int32_t> padded_chunk_seq_lens;  // >= max_chunks*NP: local tokens every rank gathers (plen)
   Span<int64_t> local_seq_tot;          // >= max_chunks: sum over requests of plen[c]
@@ -64,7 +64,7 @@ struct ContextChunkPlan {
   int32_t chunk_size = 0;        // tokens per request per chunk, a multiple of block_size
   int32_t num_with_context = 0;  // prefills with context > 0
   int32_t max_context = 0;
-  // True when the workspace rule (spec 3.4) would need more than max_chunks
+  // True when the workspace rule (docs/design/mla.md §3.4) would need more than max_chunks
   // chunks and the chunk size was raised to round_up(ceil(max_context /
   // max_chunks), block_size) instead; the per-chunk gather then exceeds W
   // tokens (W is only a token budget on Ascend, the gather buffers are sized
@@ -72,14 +72,14 @@ struct ContextChunkPlan {
   bool bounded = false;
 };
 
-// Spec mla 3.4 with the chunk-count bound. Validates before writing.
+// docs/design/mla.md §3.4 with the chunk-count bound. Validates before writing.
 ContextChunkPlan plan_context_chunks(const ContextChunkInputs& in, const ContextChunkBuffers& buf);
 
 // round_half_even(linspace(a, b, n+1)[1:]) into out[0..n) (numpy semantics,
-// spec 3.5 `interp`); the last value is exactly b.
+// docs/design/mla.md §3.5 `interp`); the last value is exactly b.
 void interp_round_half_even(int64_t a, int64_t b, int32_t n, Span<int64_t> out);
 
-// Spec 3.5, "disable-pad" mode (full-graph MTP with the padded drafter batch
+// docs/design/mla.md §3.5, "disable-pad" mode (full-graph MTP with the padded drafter batch
 // disabled): actual_q (cumulative decode query ends, nd entries) is extended
 // by interp(actual_q.back(), graph_pad_size, graph_pad_size - num_reqs) (or by
 // nothing when graph_pad_size <= num_reqs). Writes the result into out and
@@ -87,14 +87,14 @@ void interp_round_half_even(int64_t a, int64_t b, int32_t n, Span<int64_t> out);
 int32_t pad_actual_q_disable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int32_t graph_pad_size,
                                   Span<int64_t> out);
 
-// Spec 3.5 `pad_enable`: appends req_pad entries to actual_q: if req_pad != 0,
+// docs/design/mla.md §3.5 `pad_enable`: appends req_pad entries to actual_q: if req_pad != 0,
 // ref.size() > num_reqs and ref[num_reqs] - actual_q.back() > 16, the interp
 // from actual_q.back() to ref[num_reqs + req_pad - 1]; otherwise
 // ref[num_reqs : num_reqs + req_pad]. Returns the result length.
 int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int32_t req_pad, CSpan<int64_t> ref,
                                  Span<int64_t> out);
 
-// One MLA step (spec 3.3-3.5; graph padding: "enable-pad" mode only), in two branch-free
+// One MLA step (docs/design/mla.md §3.3-§3.5; graph padding: "enable-pad" mode only), in two branch-free
 // validating passes (the per-request rules, then the block ids each request
 // reads) and one writing pass: what plan::build_step
 // does for MLA (attention state, decode/prefill split with short extends as
@@ -102,7 +102,7 @@ int32_t pad_actual_q_enable_mode(CSpan<int64_t> actual_q, int32_t num_reqs, int3
 // lengths, slot mapping) plus what MLA adds: the slot mapping as int64, decode
 // and prefill token positions (for the RoPE gather), the prefill rows of the
 // block table at their own fixed address, prefill query ends rebased to 0, and
-// the context chunks (spec 3.4). Tokens past query_start_loc[B] get slot -1;
+// the context chunks (docs/design/mla.md §3.4). Tokens past query_start_loc[B] get slot -1;
 // they are attended only with pad_decode_batch (as dummy decode requests with
 // no KV), otherwise the kernels never see them.
 // Everything that can fail is checked before the first write, so a rejected
@@ -119,9 +119,9 @@ struct MlaStepInputs : StepInput {
   // Rows of the RoPE tables: every seq_len must be <= this (positions are
   // seq_len - query_len .. seq_len - 1). 0 = unchecked.
   int64_t rope_positions = 0;
-  int64_t workspace_tokens = 0;  // W of spec 3.4 (needed when a prefill has context)
+  int64_t workspace_tokens = 0;  // W of docs/design/mla.md §3.4 (needed when a prefill has context)
   int32_t max_chunks = kMaxContextChunks;
-  // Graph decode padding (spec 3.5), for a decode-only step with
+  // Graph decode padding (docs/design/mla.md §3.5), for a decode-only step with
   // num_input_tokens > qsl[B] (steps with prefills are not padded). Dummy
   // requests get KV length 0, a block-table row of zeros, positions 0; the
   // decode kernels then see the whole padded bucket.
@@ -135,10 +135,10 @@ struct MlaStepInputs : StepInput {
   //    num_input_tokens; a dummy may get 0 tokens).
   bool pad_decode_batch = false;
   bool pad_interpolated = false;
-  // Decode context parallel (spec mla.md 7, cp.md 1.2): with dcp.world > 1 the
+  // Decode context parallel (docs/design/mla.md §6, docs/design/cp.md §2.1): with dcp.world > 1 the
   // KV cache is sharded along the sequence over the group, and this is rank
   // dcp.rank's step:
-  //  * the split treats short requests still prefilling as prefills (spec 3.6:
+  //  * the split treats short requests still prefilling as prefills (docs/design/mla.md §3.3:
   //    treat_short_extends_as_decodes = false, is_prefilling below);
   //  * the slot mapping holds this rank's local slots, -1 for the tokens other
   //    ranks own (every rank computes every token's K/V, writes its own);
@@ -146,9 +146,9 @@ struct MlaStepInputs : StepInput {
   //    local_len(seq_len, rank) (the new tokens included: decodes write first);
   //  * a request's block table needs ceil(local_len(seq_len, 0) / B) columns
   //    (rank 0 holds the most), not ceil(seq_len / B);
-  //  * context chunks (spec 7.2): the chunk size is rounded to B * W (upstream
+  //  * context chunks (docs/design/mla.md §6.1): the chunk size is rounded to B * W (upstream
   //    rounds to lcm(B, I * W), whose local starts c * chunk / W need not be
-  //    block multiples (spec 9.13); npu_gather_pa_kv_cache applies offsets at
+  //    block multiples (docs/design/mla.md §6.1); npu_gather_pa_kv_cache applies offsets at
   //    block granularity, so we round to B * W, a multiple of lcm(B, I*W) since
   //    I divides B). cu_seq_lens, chunk_seq_lens, kv_ends, seq_tot and
   //    max_seq_lens stay global; starts become local (c * chunk / W) and the
@@ -157,7 +157,7 @@ struct MlaStepInputs : StepInput {
   DcpShard dcp;
   // StepInput::is_prefilling is only read under DCP, where an empty span means
   // seq_len == query_len (no computed tokens).
-  // The P/D recompute scheduler (spec cp.md 3.1 / 3.2): under DCP the split
+  // The P/D recompute scheduler (docs/design/cp.md §3.1 / §3.2): under DCP the split
   // treats short extends as decodes and reads no is_prefilling, as without
   // DCP (a decode node recomputing a transferred request's last prompt token
   // runs it as a decode).
@@ -185,9 +185,9 @@ struct MlaStepBuffers {
   // block_table_stride for the table), written by plan::write_dcp_decode_rows
   // (dcp_step_plan.h): row t of decode request r has r's block-table row and
   // this rank's local length local_len(p_t + 1, rank) (p_t the token's
-  // position), which is the interleave-aware causal mask of spec cp.md 3.4 for
+  // position), which is the interleave-aware causal mask of docs/design/cp.md §3.3 for
   // a one-query-row (BNSD) call, with upstream's quirk (a row with no local key
-  // at or before its position attends everything, spec 10.8) corrected: such a
+  // at or before its position attends everything, docs/design/cp.md §3.3) corrected: such a
   // row gets KV length 0. Graph padding rows get KV length 0.
   Span<int32_t> dcp_decode_block_table;
   Span<int64_t> dcp_decode_q_ends;

@@ -1,19 +1,19 @@
-// Host planning of the SFA KV-offload builder (spec sparse.md 5, "Builder" and
+// Host planning of the SFA KV-offload builder (docs/design/sfa.md §6, "Builder" and
 // "Resident decode path" step 1): the per-request ids, the token-to-request
 // map, the rebased lengths of the prefill part and the per-decode-token inputs
 // of the resident-slot LRU. Pure C++ over spans; writes into caller buffers.
 //
 // The offload builder splits the batch with treat_short_extends_as_decodes =
-// is_decode_consumer (spec 5): on a PD decode consumer a short extend (the
+// is_decode_consumer (docs/design/sfa.md §6): on a PD decode consumer a short extend (the
 // 1-token boundary step of a prompt) is a decode; elsewhere a request still
 // prefilling its prompt is a prefill whatever its length, so the rule needs
 // the per-request is_prefilling flags.
 //
-// Order. The split counts the LEADING decodes (spec gqa 4.2: a batch starting
+// Order. The split counts the LEADING decodes (docs/design/gqa.md §2.2: a batch starting
 // with a prefill is all prefills); the offload forward sends those through the
 // resident path and everything after them through sparse attention on the
 // device cache. A decode-only step writes its new rows to the host pool only
-// (spec 5's table), so a decode request placed after a prefill would read rows
+// (docs/design/sfa.md §6's table), so a decode request placed after a prefill would read rows
 // the device cache never received. check_sfa_offload_step therefore rejects a
 // batch with a decode after the first prefill, by name: engines reorder the
 // batch decode-first (reorder_batch_threshold = decode threshold;

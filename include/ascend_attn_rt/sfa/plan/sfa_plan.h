@@ -1,10 +1,10 @@
-// SFA host planning (spec sparse.md 2.2, 2.3, 1.4): one DeepSeek-V3.2 sparse
+// SFA host planning (docs/design/sfa.md §3.1, §3.2, docs/design/sparse.md §8): one DeepSeek-V3.2 sparse
 // attention step, and the valid-top-k mask of the KV-offload path.
 //
-// The SFA kernels (lightning indexer, sparse flash attention, spec 3.4 / 3.6)
+// The SFA kernels (lightning indexer, sparse flash attention, docs/design/sfa.md §4.3 / §4.1)
 // take the whole batch in one call, in any order (SFA needs no decode/prefill
-// reorder, spec 2.1), with two length lists of different conventions (spec
-// 11.1): actual_seq_lengths_query = cumulative query ENDS (no leading 0) and
+// reorder, docs/design/sfa.md §2.1), with two length lists of different conventions
+// (docs/design/sparse.md §1): actual_seq_lengths_query = cumulative query ENDS (no leading 0) and
 // actual_seq_lengths_key = per-request KV LENGTHS. Both are int32, B_k entries.
 //
 // Thread safety: functions without shared state over caller buffers: any number of
@@ -23,7 +23,7 @@ namespace aar::plan {
 // The step (plan/step_input.h; attn_state absent: derived by
 // plan::select_attention_state's rule) and what the SFA plan adds.
 struct SfaStepInputs : StepInput {
-  int32_t block_size = 128;        // SFA's kernel block (spec 11.20); any positive size is planned
+  int32_t block_size = 128;        // SFA's kernel block (docs/design/sfa.md §2.1); any positive size is planned
   int32_t num_blocks = 0;          // KV-cache blocks, for range checks
   int32_t decode_threshold = 1;    // 1 + num_speculative_tokens, in [1, 16]
   SpecMethod spec_method = SpecMethod::None;
@@ -31,7 +31,7 @@ struct SfaStepInputs : StepInput {
   // Rows of the RoPE tables: every seq_len must be <= this (positions are
   // seq_len - query_len .. seq_len - 1). 0 = unchecked.
   int64_t rope_positions = 0;
-  // Graph decode padding (the MLA "enable-pad" rule, spec mla 3.5): a step
+  // Graph decode padding (the MLA "enable-pad" rule, docs/design/mla.md §3.5): a step
   // whose every request is a decode (query length <= decode_threshold) with
   // num_input_tokens > qsl[B] gets (num_input_tokens - qsl[B]) /
   // decode_threshold dummy requests of decode_threshold tokens, KV length 0,
@@ -42,10 +42,10 @@ struct SfaStepInputs : StepInput {
   // padding tokens get slot -1 and position 0, and the kernels see qsl[B]
   // tokens.
   bool pad_decode_batch = false;
-  // The decode/prefill split rule's inputs (spec gqa 4.2; SfaStepPlan::split).
+  // The decode/prefill split rule's inputs (docs/design/gqa.md §2.2; SfaStepPlan::split).
   // Plain SFA keeps the defaults (short extends count as decodes); the KV
   // offload builder passes treat_short_extends_as_decodes = is_decode_consumer
-  // (spec 5) and, when that is false, the per-request "still prefilling its
+  // (docs/design/sfa.md §6) and, when that is false, the per-request "still prefilling its
   // prompt" flags (StepInput::is_prefilling, B entries, required then by the rule).
   bool treat_short_extends_as_decodes = true;
 };
@@ -67,7 +67,7 @@ struct SfaStepBuffers {
 struct SfaStepPlan {
   AttentionState state = AttentionState::ChunkedPrefill;
   // Informational for plain SFA (upstream's SFA metadata leaves these 0; the
-  // offload and DCP variants use them): the shared split rule (spec gqa 4.2,
+  // offload and DCP variants use them): the shared split rule (docs/design/gqa.md §2.2,
   // short extends as decodes unless SfaStepInputs says otherwise) on the
   // batch AS GIVEN. SFA does not reorder, and the rule
   // counts the leading decodes (a batch starting with a prefill is all
@@ -91,14 +91,14 @@ struct SfaStepPlan {
 // written.
 SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf);
 
-// Spec 1.4: out[i] = (topk[i] >= 0) && (topk[i] < thresholds_per_row[i / K])
+// docs/design/sparse.md §8: out[i] = (topk[i] >= 0) && (topk[i] < thresholds_per_row[i / K])
 // over a row-major (rows, K) top-k array (rows = topk.size() / K). The KV
 // offload path uses it to drop padding and unwritten tail positions (the
 // threshold is the request's seq_len). Validates before writing: K > 0,
 // topk.size() a multiple of K, one non-negative threshold per row, room in out.
 void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<uint8_t> out);
 
-// The offload path's use of that mask in one pass (spec 5 step 2:
+// The offload path's use of that mask in one pass (docs/design/sfa.md §6.3:
 // where(build_valid_topk_mask(topk, thr), topk, -1)): out[i] = topk[i] where
 // the mask holds, -1 elsewhere. Same validation (out needs topk.size()
 // entries); out may be topk itself.
