@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -13,6 +14,7 @@
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "ascend_attn_rt/plan/span.h"
+#include "ascend_attn_rt/plan/step_input.h"
 
 namespace aar::bindings {
 
@@ -57,5 +59,26 @@ struct BindingRegistrar {
   BindingRegistrar(int order, BindFn fn);
 };
 void run_registered_bindings(nb::module_& m);
+
+// The counts every backend's metadata embeds (core::StepCounts), bound with one meaning for all
+// of them (docs/design/core.md §2).
+// Used as the head of a class_ chain: def_step_counts(nb::class_<M>(m, "Metadata")).def_ro(...).
+template <typename M, typename... Extra>
+nb::class_<M, Extra...> def_step_counts(nb::class_<M, Extra...> c) {
+  static_assert(std::is_base_of_v<plan::StepCounts, M>, "the metadata embeds core::StepCounts");
+  c.def_prop_ro("num_reqs", [](const M& m) { return m.num_reqs; }, "scheduled (real) requests")
+      .def_prop_ro("num_kernel_reqs", [](const M& m) { return m.num_kernel_reqs; },
+                   "requests the kernels see (graph-padding dummies included)")
+      .def_prop_ro("num_actual_tokens", [](const M& m) { return m.num_actual_tokens; }, "the real requests' tokens")
+      .def_prop_ro("num_input_tokens", [](const M& m) { return m.num_input_tokens; },
+                   "tokens the layers receive (>= num_actual_tokens)")
+      .def_prop_ro("num_decodes", [](const M& m) { return m.num_decodes; })
+      .def_prop_ro("num_decode_tokens", [](const M& m) { return m.num_decode_tokens; })
+      .def_prop_ro("num_prefills", [](const M& m) { return m.num_prefills; })
+      .def_prop_ro("num_prefill_tokens", [](const M& m) { return m.num_prefill_tokens; })
+      .def_prop_ro("max_query_len", [](const M& m) { return m.max_query_len; }, "over the real requests")
+      .def_prop_ro("max_seq_len", [](const M& m) { return m.max_seq_len; }, "over the real requests");
+  return c;
+}
 
 }  // namespace aar::bindings

@@ -19,4 +19,19 @@ inline void check_norm_eps(double eps, const char* name) {
   AAR_CHECK_ARG(std::isfinite(eps) && eps >= 0.0, name, " must be finite and >= 0, got ", eps);
 }
 
+// The head layout of a GQA-family layer (GQA, C8, GQA DCP), checked and completed in place:
+// positive num_heads and head_size, num_kv_heads 0 meaning num_heads, num_heads a multiple of
+// num_kv_heads, a finite scale where 0 becomes 1/sqrt(head_size).
+template <typename Config>
+void resolve_head_layout(Config& c) {
+  AAR_CHECK_ARG(c.num_heads > 0, "num_heads must be positive, got ", c.num_heads);
+  AAR_CHECK_ARG(c.head_size > 0, "head_size must be positive, got ", c.head_size);
+  if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
+  AAR_CHECK_ARG(c.num_kv_heads > 0, "num_kv_heads must be positive, got ", c.num_kv_heads);
+  AAR_CHECK_ARG(c.num_heads % c.num_kv_heads == 0, "num_heads=", c.num_heads,
+                " is not divisible by num_kv_heads=", c.num_kv_heads);
+  check_softmax_scale(c.scale);
+  if (c.scale == 0.0) c.scale = 1.0 / std::sqrt(static_cast<double>(c.head_size));
+}
+
 }  // namespace aar::internal

@@ -25,6 +25,21 @@ const BackendFacts& backend_facts(const std::string& id) {
   throw;  // unreachable
 }
 
+void check_capturable(const BackendFacts& facts, plan::AttentionState state, const char* who) {
+  if (has_state(facts.capturable, state)) return;
+  std::string can;
+  for (int32_t i = 0; i <= static_cast<int32_t>(plan::AttentionState::SpecDecoding); ++i) {
+    const auto s = static_cast<plan::AttentionState>(i);
+    if (has_state(facts.capturable, s)) can += (can.empty() ? "" : ", ") + std::string(plan::to_string(s));
+  }
+  throw_not_supported(who, ": attention state ", plan::to_string(state), " cannot be captured by the ", facts.id,
+                      " backend (", can.empty() ? std::string("it captures no state") : "only " + can, ")");
+}
+
+void check_draft_index(int32_t draft_index) {
+  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+}
+
 BackendRegistrar::BackendRegistrar(BackendFacts (*facts)()) {
   BackendFacts f = facts();
   for (const BackendFacts& g : registry()) {

@@ -38,18 +38,7 @@ gqa::DcpBuildInputs dcp_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle b
 }
 
 void bind_gqa_dcp(nb::module_& m) {
-  nb::class_<gqa::DcpMetadata>(m, "DcpMetadata")
-      .def_ro("num_reqs", &gqa::DcpMetadata::num_reqs, "scheduled (real) requests")
-      .def_ro("num_kernel_reqs", &gqa::DcpMetadata::num_kernel_reqs,
-              "num_reqs plus the padding decode rows of a graph bucket")
-      .def_ro("num_actual_tokens", &gqa::DcpMetadata::num_actual_tokens)
-      .def_ro("num_input_tokens", &gqa::DcpMetadata::num_input_tokens)
-      .def_ro("num_decodes", &gqa::DcpMetadata::num_decodes)
-      .def_ro("num_prefills", &gqa::DcpMetadata::num_prefills)
-      .def_ro("num_decode_tokens", &gqa::DcpMetadata::num_decode_tokens)
-      .def_ro("num_prefill_tokens", &gqa::DcpMetadata::num_prefill_tokens)
-      .def_ro("max_query_len", &gqa::DcpMetadata::max_query_len)
-      .def_ro("max_seq_len", &gqa::DcpMetadata::max_seq_len)
+  def_step_counts(nb::class_<gqa::DcpMetadata>(m, "DcpMetadata"))
       .def_ro("attn_state", &gqa::DcpMetadata::attn_state)
       .def_ro("slot_mapping", &gqa::DcpMetadata::slot_mapping)
       .def_ro("decode_kernel_rows", &gqa::DcpMetadata::decode_kernel_rows)

@@ -147,18 +147,15 @@ const DcpMetadata& DcpMetadataBuilder::build(const DcpBuildInputs& in) {
 
 const DcpMetadata& DcpMetadataBuilder::build_for_graph_capture(const DcpBuildInputs& in,
                                                                plan::AttentionState state) {
-  static const core::StateSet capturable = DcpBackend::facts().capturable;
-  if (!core::has_state(capturable, state)) {
-    throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
-                        " cannot be captured with DCP (only the decode-only states DecodeOnly and SpecDecoding)");
-  }
+  static const core::BackendFacts& facts = DcpBackend::facts();
+  core::check_capturable(facts, state);
   build(in);
   md_.attn_state = state;
   return md_;
 }
 
 const DcpMetadata& DcpMetadataBuilder::build_for_drafting(const DcpBuildInputs& in, int32_t draft_index) {
-  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  core::check_draft_index(draft_index);
   AAR_CHECK_ARG(in.draft_step < 0 || in.draft_step == draft_index, "draft_step=", in.draft_step,
                 " (a draft step over base lengths) differs from draft_index=", draft_index);
   return build(in);

@@ -22,13 +22,7 @@
 namespace aar::gqa {
 
 DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_(cfg), comm_(comm) {
-  AAR_CHECK_ARG(cfg_.num_heads > 0, "num_heads must be positive, got ", cfg_.num_heads);
-  AAR_CHECK_ARG(cfg_.head_size > 0, "head_size must be positive, got ", cfg_.head_size);
-  if (cfg_.num_kv_heads == 0) cfg_.num_kv_heads = cfg_.num_heads;
-  AAR_CHECK_ARG(cfg_.num_kv_heads > 0 && cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
-                " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
-  internal::check_softmax_scale(cfg_.scale);
-  if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
+  internal::resolve_head_layout(cfg_);
   const char* what = "decode context parallel (DCP) attention";
   if (cfg_.sliding_window.has_value()) throw_not_supported("sliding_window with ", what);
   if (cfg_.sinks.has_value()) throw_not_supported("sinks with ", what);

@@ -53,7 +53,7 @@ at::Tensor int_tensor(const std::vector<int32_t>& v) {
 void bind_gqa_pcp(nb::module_& m) {
   nb::module_ c = nb::borrow<nb::module_>(m.attr("cp"));
 
-  nb::class_<cp::PcpMetadata>(c, "PcpMetadata")
+  def_step_counts(nb::class_<cp::PcpMetadata>(c, "PcpMetadata"))
       .def_prop_ro("kv_mode", [](const cp::PcpMetadata& d) {
         return std::string(d.kv_mode == plan::PcpKvMode::Sharded ? "sharded" : "replicated");
       })
@@ -62,17 +62,7 @@ void bind_gqa_pcp(nb::module_& m) {
       .def_ro("pcp_rank", &cp::PcpMetadata::pcp_rank)
       .def_ro("dcp_size", &cp::PcpMetadata::dcp_size)
       .def_ro("dcp_rank", &cp::PcpMetadata::dcp_rank)
-      .def_ro("num_reqs", &cp::PcpMetadata::num_reqs, "the global batch's requests")
-      .def_ro("num_kernel_reqs", &cp::PcpMetadata::num_kernel_reqs, "num_reqs (PCP pads no step)")
-      .def_ro("num_decodes", &cp::PcpMetadata::num_decodes)
-      .def_ro("num_prefills", &cp::PcpMetadata::num_prefills)
-      .def_ro("num_decode_tokens", &cp::PcpMetadata::num_decode_tokens)
-      .def_ro("num_prefill_tokens", &cp::PcpMetadata::num_prefill_tokens)
       .def_ro("num_local_tokens", &cp::PcpMetadata::num_local_tokens)
-      .def_ro("num_actual_tokens", &cp::PcpMetadata::num_actual_tokens, "the global batch's scheduled tokens")
-      .def_ro("num_input_tokens", &cp::PcpMetadata::num_input_tokens, "num_actual_tokens (PCP pads no step)")
-      .def_ro("max_query_len", &cp::PcpMetadata::max_query_len)
-      .def_ro("max_seq_len", &cp::PcpMetadata::max_seq_len)
       .def_ro("has_context", &cp::PcpMetadata::has_context)
       .def_prop_ro("is_current", [](const cp::PcpMetadata& d) { return d.stamp.current(); })
       .def_prop_ro("padded_slot_mapping", [](const cp::PcpMetadata& d) { return live(d).padded_slot_mapping; })

@@ -192,12 +192,13 @@ const PcpMetadata& PcpMetadataBuilder::build(const PcpBuildInputs& in) {
 
 const PcpMetadata& PcpMetadataBuilder::build_for_graph_capture(const PcpBuildInputs&, plan::AttentionState state) {
   // PcpBackend::facts() declares no capturable state: a PCP forward is never captured.
-  throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
-                      " cannot be captured: graph capture of GQA PCP is not supported");
+  static const core::BackendFacts& facts = PcpBackend::facts();
+  core::check_capturable(facts, state);
+  throw_not_supported("build_for_graph_capture: graph capture of GQA PCP is not supported");
 }
 
 const PcpMetadata& PcpMetadataBuilder::build_for_drafting(const PcpBuildInputs& in, int32_t draft_index) {
-  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  core::check_draft_index(draft_index);
   return build(in);
 }
 

@@ -239,21 +239,10 @@ struct RoutedLayer {
 };
 
 void bind_dsa_builders(nb::module_& m) {
-  nb::class_<dsa::StepMetadata>(m, "StepMetadata", "The per-step shared DSA metadata (dsa/metadata.h).")
-      .def_ro("num_reqs", &dsa::StepMetadata::num_reqs, "real requests (graph padding excluded)")
-      .def_ro("num_kernel_reqs", &dsa::StepMetadata::num_kernel_reqs,
-              "requests the kernels see: B, graph-padding requests included")
+  def_step_counts(nb::class_<dsa::StepMetadata>(m, "StepMetadata", "The per-step shared DSA metadata (dsa/metadata.h)."))
       .def_prop_ro("num_reqs_actual", [](const dsa::StepMetadata& s) { return s.num_reqs; }, "alias of num_reqs")
-      .def_ro("num_actual_tokens", &dsa::StepMetadata::num_actual_tokens, "the real requests' tokens")
       .def_ro("num_kernel_tokens", &dsa::StepMetadata::num_kernel_tokens,
               "query_start_loc[B]: the tokens of all B requests, padding requests' included")
-      .def_ro("num_input_tokens", &dsa::StepMetadata::num_input_tokens)
-      .def_ro("num_decodes", &dsa::StepMetadata::num_decodes)
-      .def_ro("num_decode_tokens", &dsa::StepMetadata::num_decode_tokens)
-      .def_ro("num_prefills", &dsa::StepMetadata::num_prefills)
-      .def_ro("num_prefill_tokens", &dsa::StepMetadata::num_prefill_tokens)
-      .def_ro("max_query_len", &dsa::StepMetadata::max_query_len, "over the real requests")
-      .def_ro("max_seq_len", &dsa::StepMetadata::max_seq_len, "over the real requests")
       .def_ro("decode_threshold", &dsa::StepMetadata::decode_threshold)
       .def_ro("max_seqlen_q", &dsa::StepMetadata::max_seqlen_q, "over all B requests (the kernels')")
       .def_ro("max_seqlen_kv", &dsa::StepMetadata::max_seqlen_kv, "over all B requests (the kernels')")

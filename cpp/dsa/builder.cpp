@@ -41,7 +41,7 @@ inline void set(at::Tensor& dst, const at::Tensor& src) {
 
 class StepBuilder::Lane {
  public:
-  Lane(const StepBuilderConfig& cfg, const detail::RopeRows& rope, const detail::RopeRows* crope, int32_t draft_index,
+  Lane(const StepBuilderConfig& cfg, const aar::detail::RopeRows& rope, const aar::detail::RopeRows* crope, int32_t draft_index,
        int64_t max_reqs, bool separate, int slot_base)
       : cfg_(cfg), rope_(rope), crope_(crope), draft_index_(draft_index), R_(max_reqs) {
     const int64_t T = cfg.max_num_tokens;
@@ -56,7 +56,7 @@ class StepBuilder::Lane {
     seq_ = layout.add("seq_lens", R_);
     sp_r_ = layout.add("start_pos", R_);
     cu_ = layout.add("cu_seqlens_kv", R_ + 1);
-    buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
+    buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
     v_qsl_ = core::RegionViews(device_, qsl_, R_ + 1, at::kInt);
@@ -206,7 +206,7 @@ class StepBuilder::Lane {
     std::fill(pos + t_q, pos + t_in, 0);
     auto* bytes = reinterpret_cast<uint8_t*>(s);
     const bool decode_only = p.max_seqlen_q <= thr;
-    auto gather = [&](const detail::RopeRows& rr, int64_t oc, int64_t os) {
+    auto gather = [&](const aar::detail::RopeRows& rr, int64_t oc, int64_t os) {
       uint8_t* out_c = bytes + oc * 4;
       uint8_t* out_s = bytes + os * 4;
       if (decode_only) {
@@ -332,12 +332,12 @@ class StepBuilder::Lane {
   }
 
   const StepBuilderConfig& cfg_;
-  const detail::RopeRows& rope_;
-  const detail::RopeRows* crope_;
+  const aar::detail::RopeRows& rope_;
+  const aar::detail::RopeRows* crope_;
   int32_t draft_index_;
   int64_t R_;
   core::Region qsl_, seq_, sp_r_, cu_;  // the request part
-  std::unique_ptr<detail::StagingBuffers> buffers_;
+  std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_, neg_, cneg_;
   std::vector<int32_t> sp_, q_, positions_;
   core::RegionViews v_qsl_, v_seq_, v_sp_, v_cu_;
@@ -363,7 +363,7 @@ StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(ms.index_n_heads >= 0, "index_n_heads must be >= 0 (0: no QLI blob), got ", ms.index_n_heads);
   AAR_CHECK_ARG(ms.index_head_dim > 0, "index_head_dim must be positive, got ", ms.index_head_dim);
   AAR_CHECK_ARG(ms.index_topk > 0, "index_topk must be positive, got ", ms.index_topk);
-  rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
+  rope_ = std::make_unique<aar::detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   AAR_CHECK_ARG(rope_->dim() % 2 == 0 && rope_->dim() <= ms.head_dim, "cos_table has ", rope_->dim(),
                 " columns: the rope dim must be even and <= head_dim=", ms.head_dim);
   const bool has_c = cfg.compress_cos_table.defined(), has_s = cfg.compress_sin_table.defined();
@@ -371,7 +371,7 @@ StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
                 has_c ? "only compress_cos_table" : "only compress_sin_table", ")");
   if (has_c) {
     try {
-      compress_rope_ = std::make_unique<detail::RopeRows>(cfg.compress_cos_table, cfg.compress_sin_table);
+      compress_rope_ = std::make_unique<aar::detail::RopeRows>(cfg.compress_cos_table, cfg.compress_sin_table);
     } catch (const InvalidArgument& e) {
       throw_invalid("compress tables: ", e.what());
     }
@@ -405,11 +405,8 @@ StepBuilder::Lane& StepBuilder::lane(int32_t d) const {
 const StepMetadata& StepBuilder::build(const StepInputs& in) { return lanes_[0]->build(in, nullptr); }
 
 const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, plan::AttentionState state) {
-  static const core::StateSet capturable = Backend::facts().capturable;
-  if (!core::has_state(capturable, state)) {
-    throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
-                        " cannot be captured by the DSA backend (only DecodeOnly and SpecDecoding)");
-  }
+  static const core::BackendFacts& facts = Backend::facts();
+  core::check_capturable(facts, state);
   return lanes_[0]->build(in, &state);
 }
 
@@ -458,7 +455,7 @@ class GroupBuilder::Lane {
     layout.add("group rows", core::align_words(T * fw_) + core::align_words(T * dspark_width_) +
                                  (cmp_lens_ ? 2 * core::align_words(R_) : 0));
     bt_ = layout.add("block_table", R_ * MB);
-    buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), scfg.device, separate,
+    buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), scfg.device, separate,
                                                         scfg.staging_buffers, scfg.staging_hooks, slot_base);
     device_ = buffers_->device();
     for (core::ViewCache* c : {&v_slots_, &v_ds_, &v_ccos_, &v_csin_, &v_cslots_}) c->resize(T);
@@ -790,7 +787,7 @@ class GroupBuilder::Lane {
   int32_t dspark_width_ = 0;
   bool cmp_lens_ = false;
   core::Region bt_;  // the staged block table (R_ rows of max_blocks_per_req)
-  std::unique_ptr<detail::StagingBuffers> buffers_;
+  std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_, empty_, ccos_, csin_, cslots_;
   std::vector<int32_t> dspark_scratch_, block_scratch_;
   detail::TensorBinding qsl_src_;  // the step view q_ends_ was made from

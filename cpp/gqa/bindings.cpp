@@ -70,21 +70,10 @@ void bind_gqa(nb::module_& m) {
           "src_key_cache"_a, "src_value_cache"_a, "dst_key_cache"_a, "dst_value_cache"_a, "src_to_dst"_a)
       .def_static("copy_blocks", &gqa::Backend::copy_blocks, "kv_caches"_a, "src_to_dsts"_a);
 
-  nb::class_<gqa::Metadata>(m, "Metadata")
+  def_step_counts(nb::class_<gqa::Metadata>(m, "Metadata"))
       .def_ro("attn_state", &gqa::Metadata::attn_state)
-      .def_prop_ro("num_reqs", [](const gqa::Metadata& m) { return m.num_reqs; }, "scheduled (real) requests")
-      .def_prop_ro("num_kernel_reqs", [](const gqa::Metadata& m) { return m.num_kernel_reqs; },
-                   "requests the kernels see (a padding dummy included)")
       .def_prop_ro("num_real_reqs", [](const gqa::Metadata& m) { return m.num_reqs; }, "alias of num_reqs")
-      .def_ro("num_actual_tokens", &gqa::Metadata::num_actual_tokens)
-      .def_ro("num_input_tokens", &gqa::Metadata::num_input_tokens)
       .def_ro("num_kernel_tokens", &gqa::Metadata::num_kernel_tokens)
-      .def_ro("num_decodes", &gqa::Metadata::num_decodes)
-      .def_prop_ro("num_prefill_tokens", [](const gqa::Metadata& m) { return m.num_prefill_tokens; })
-      .def_ro("num_prefills", &gqa::Metadata::num_prefills)
-      .def_ro("num_decode_tokens", &gqa::Metadata::num_decode_tokens)
-      .def_ro("max_query_len", &gqa::Metadata::max_query_len)
-      .def_ro("max_seq_len", &gqa::Metadata::max_seq_len)
       .def_ro("block_size", &gqa::Metadata::block_size)
       .def_ro("num_blocks", &gqa::Metadata::num_blocks)
       .def_ro("causal", &gqa::Metadata::causal)

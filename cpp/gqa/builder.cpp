@@ -233,18 +233,15 @@ void MetadataBuilder::build_dense_context(int32_t nd, int32_t ndt) {
 }
 
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
-  static const core::StateSet capturable = Backend::facts().capturable;
-  if (!core::has_state(capturable, state)) {
-    throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
-                        " cannot be captured (only DecodeOnly, ChunkedPrefill and SpecDecoding)");
-  }
+  static const core::BackendFacts& facts = Backend::facts();
+  core::check_capturable(facts, state);
   build(in);
   md_.attn_state = state;
   return md_;
 }
 
 const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32_t draft_index) {
-  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  core::check_draft_index(draft_index);
   return build(in);
 }
 

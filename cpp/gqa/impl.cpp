@@ -62,14 +62,7 @@ const char* to_string(ForwardPath p) {
 }
 
 AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
-  AAR_CHECK_ARG(cfg_.num_heads > 0, "num_heads must be positive, got ", cfg_.num_heads);
-  AAR_CHECK_ARG(cfg_.head_size > 0, "head_size must be positive, got ", cfg_.head_size);
-  if (cfg_.num_kv_heads == 0) cfg_.num_kv_heads = cfg_.num_heads;
-  AAR_CHECK_ARG(cfg_.num_kv_heads > 0, "num_kv_heads must be positive, got ", cfg_.num_kv_heads);
-  AAR_CHECK_ARG(cfg_.num_heads % cfg_.num_kv_heads == 0, "num_heads=", cfg_.num_heads,
-                " is not divisible by num_kv_heads=", cfg_.num_kv_heads);
-  internal::check_softmax_scale(cfg_.scale);
-  if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg_.head_size));
+  internal::resolve_head_layout(cfg_);
   if (cfg_.has_alibi_slopes) {
     throw_not_supported("ALiBi (alibi_slopes) is not supported by the GQA backend: the fused kernels take no slopes");
   }

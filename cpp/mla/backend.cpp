@@ -53,7 +53,7 @@ at::Tensor Backend::from_nz(const at::Tensor& nz) {
 }
 
 std::vector<int64_t> Backend::kv_cache_stride_order(bool include_num_layers_dimension) {
-  return detail::identity_stride_order(4, include_num_layers_dimension);
+  return aar::detail::identity_stride_order(4, include_num_layers_dimension);
 }
 
 int64_t Backend::num_heads_padded(int64_t h) {

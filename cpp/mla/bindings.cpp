@@ -133,7 +133,7 @@ void bind_mla(nb::module_& root) {
       .def_ro("max_seq_len", &mla::PrefillMetadata::max_seq_len)
       .def_prop_ro("block_table", [](const mla::PrefillMetadata& p) { return p.block_table; })
       .def_prop_ro("num_context_chunks", [](const mla::PrefillMetadata& p) { return p.chunked.num_chunks; });
-  nb::class_<mla::Metadata>(m, "Metadata")
+  def_step_counts(nb::class_<mla::Metadata>(m, "Metadata"))
       .def_prop_ro(
           "decode",
           [](const mla::Metadata& m) -> const mla::DecodeMetadata* { return m.num_decodes > 0 ? &m.decode : nullptr; },
@@ -145,17 +145,6 @@ void bind_mla(nb::module_& root) {
           },
           nb::rv_policy::reference_internal)
       .def_ro("attn_state", &mla::Metadata::attn_state)
-      .def_prop_ro("num_reqs", [](const mla::Metadata& m) { return m.num_reqs; }, "scheduled (real) requests")
-      .def_prop_ro("num_kernel_reqs", [](const mla::Metadata& m) { return m.num_kernel_reqs; },
-                   "requests the kernels see (graph decode padding's dummy requests included)")
-      .def_prop_ro("num_actual_tokens", [](const mla::Metadata& m) { return m.num_actual_tokens; })
-      .def_prop_ro("num_input_tokens", [](const mla::Metadata& m) { return m.num_input_tokens; })
-      .def_prop_ro("num_decodes", [](const mla::Metadata& m) { return m.num_decodes; })
-      .def_prop_ro("num_prefills", [](const mla::Metadata& m) { return m.num_prefills; })
-      .def_prop_ro("num_decode_tokens", [](const mla::Metadata& m) { return m.num_decode_tokens; })
-      .def_prop_ro("num_prefill_tokens", [](const mla::Metadata& m) { return m.num_prefill_tokens; })
-      .def_prop_ro("max_query_len", [](const mla::Metadata& m) { return m.max_query_len; })
-      .def_prop_ro("max_seq_len", [](const mla::Metadata& m) { return m.max_seq_len; })
       .def_ro("block_size", &mla::Metadata::block_size)
       .def_prop_ro("generation", [](const mla::Metadata& m) { return m.stamp.generation; })
       .def_prop_ro("is_current", [](const mla::Metadata& m) { return m.stamp.current(); })

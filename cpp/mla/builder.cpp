@@ -60,7 +60,7 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
                 "cp_kv_cache_interleave_size=", cfg.cp_kv_cache_interleave_size,
                 " must be positive and divide block_size=", cfg.block_size, " (docs/design/cp.md §1.1)");
   // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
-  rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
+  rope_ = std::make_unique<aar::detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   const int64_t max_model_len =
       cfg.max_model_len > 0 ? cfg.max_model_len : int64_t{cfg.max_blocks_per_req} * cfg.block_size;
   workspace_ = cfg.workspace_tokens > 0
@@ -94,7 +94,7 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   st.psin = layout.add("prefill_sin", T * W);
   st.dtbt = layout.add("dcp_decode_block_table", token_rows ? TD * MB : 0);
 
-  buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), cfg.device, separate_, cfg.staging_buffers,
+  buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate_, cfg.staging_buffers,
                                                       cfg.staging_hooks);
   device_ = buffers_->device();
   if (separate_) {
@@ -369,18 +369,15 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
 }
 
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
-  static const core::StateSet capturable = Backend::facts().capturable;
-  if (!core::has_state(capturable, state)) {
-    throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
-                        " cannot be captured by the MLA backend (only DecodeOnly and SpecDecoding)");
-  }
+  static const core::BackendFacts& facts = Backend::facts();
+  core::check_capturable(facts, state);
   build(in);
   md_.attn_state = state;
   return md_;
 }
 
 const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32_t draft_index) {
-  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  core::check_draft_index(draft_index);
   return build(in);
 }
 

@@ -62,7 +62,7 @@ std::vector<int64_t> Backend::kv_cache_shape(int64_t nb, int64_t bs, int64_t nkv
 }
 
 std::vector<int64_t> Backend::kv_cache_stride_order(bool include_num_layers_dimension) {
-  return detail::identity_stride_order(4, include_num_layers_dimension);
+  return aar::detail::identity_stride_order(4, include_num_layers_dimension);
 }
 
 std::vector<std::vector<int64_t>> Backend::main_cache_shapes(int64_t nb, int64_t bs, bool sfa_c8, int64_t L,

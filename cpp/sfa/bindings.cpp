@@ -381,19 +381,8 @@ void bind_sfa(nb::module_& root) {
           nb::kw_only(), "is_decode_consumer"_a = false)
       .def_ro("is_decode_consumer", &sfa::BuilderOffloadConfig::is_decode_consumer);
 
-  nb::class_<sfa::Metadata>(m, "Metadata")
+  def_step_counts(nb::class_<sfa::Metadata>(m, "Metadata"))
       .def_ro("attn_state", &sfa::Metadata::attn_state)
-      .def_prop_ro("num_reqs", [](const sfa::Metadata& m) { return m.num_reqs; }, "real requests B")
-      .def_prop_ro("num_kernel_reqs", [](const sfa::Metadata& m) { return m.num_kernel_reqs; },
-                   "requests the kernels see (graph padding dummies included)")
-      .def_prop_ro("num_actual_tokens", [](const sfa::Metadata& m) { return m.num_actual_tokens; })
-      .def_prop_ro("num_input_tokens", [](const sfa::Metadata& m) { return m.num_input_tokens; })
-      .def_prop_ro("num_decodes", [](const sfa::Metadata& m) { return m.num_decodes; })
-      .def_prop_ro("num_decode_tokens", [](const sfa::Metadata& m) { return m.num_decode_tokens; })
-      .def_prop_ro("num_prefills", [](const sfa::Metadata& m) { return m.num_prefills; })
-      .def_prop_ro("num_prefill_tokens", [](const sfa::Metadata& m) { return m.num_prefill_tokens; })
-      .def_prop_ro("max_query_len", [](const sfa::Metadata& m) { return m.max_query_len; })
-      .def_prop_ro("max_seq_len", [](const sfa::Metadata& m) { return m.max_seq_len; })
       .def_ro("block_size", &sfa::Metadata::block_size)
       .def_ro("num_blocks", &sfa::Metadata::num_blocks)
       .def_ro("speculative", &sfa::Metadata::speculative)

@@ -22,7 +22,7 @@ namespace aar::sfa {
 // (index -1) or one draft index's.
 class MetadataBuilder::Lane {
  public:
-  Lane(const BuilderConfig& cfg, const detail::RopeRows& rope, int32_t draft_index, int64_t max_reqs, bool separate,
+  Lane(const BuilderConfig& cfg, const aar::detail::RopeRows& rope, int32_t draft_index, int64_t max_reqs, bool separate,
        int slot_base)
       : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs), offload_(cfg.offload.has_value()) {
     const int64_t T = cfg.max_num_tokens, MB = cfg.max_blocks_per_req, W = rope.row_words();
@@ -44,7 +44,7 @@ class MetadataBuilder::Lane {
       slots_host_.resize(static_cast<size_t>(cfg.staging_buffers) + 1);
     }
     bt_ = layout.add("block_table", R_ * MB);
-    buffers_ = std::make_unique<detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
+    buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
     positions_.assign(T, 0);
@@ -272,7 +272,7 @@ class MetadataBuilder::Lane {
   };
 
   const BuilderConfig& cfg_;
-  const detail::RopeRows& rope_;
+  const aar::detail::RopeRows& rope_;
   int32_t draft_index_;
   int64_t R_;  // request capacity (kernel requests, dummies included)
   bool offload_ = false;
@@ -280,7 +280,7 @@ class MetadataBuilder::Lane {
   TokenRegion token_region_;
   int64_t token_region_n_ = -1;
   core::Region rid_, pcql_;           // offload only
-  std::unique_ptr<detail::StagingBuffers> buffers_;
+  std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_;
   std::vector<int32_t> positions_;          // host only: the RoPE rows are gathered on the host
   std::vector<int64_t> cql_list_, seq_list_;
@@ -310,11 +310,11 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
                 "inside the graph; not implemented): drop one of offload / graph_decode_padding");
   const int32_t drafts = cfg.num_drafts.value_or(cfg.num_speculative_tokens);
   AAR_CHECK_ARG(drafts >= 0 && drafts <= 15, "num_drafts must be in [0, 15], got ", drafts);
-  AAR_CHECK_ARG(cfg.staging_buffers >= 1 && cfg.staging_buffers <= detail::StagingBuffers::kMaxHostBuffers,
-                "staging_buffers must be in [1, ", detail::StagingBuffers::kMaxHostBuffers, "], got ",
+  AAR_CHECK_ARG(cfg.staging_buffers >= 1 && cfg.staging_buffers <= aar::detail::StagingBuffers::kMaxHostBuffers,
+                "staging_buffers must be in [1, ", aar::detail::StagingBuffers::kMaxHostBuffers, "], got ",
                 cfg.staging_buffers);
   // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
-  rope_ = std::make_unique<detail::RopeRows>(cfg.cos_table, cfg.sin_table);
+  rope_ = std::make_unique<aar::detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   cfg_.cos_table = rope_->cos_table();
   cfg_.sin_table = rope_->sin_table();
   cfg_.num_drafts = drafts;
@@ -339,11 +339,8 @@ MetadataBuilder::~MetadataBuilder() = default;
 const Metadata& MetadataBuilder::build(const BuildInputs& in) { return lanes_[0]->build(in); }
 
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
-  static const core::StateSet capturable = Backend::facts().capturable;
-  if (!core::has_state(capturable, state)) {
-    throw_not_supported("build_for_graph_capture: attention state ", plan::to_string(state),
-                        " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, docs/design/sfa.md §3.2)");
-  }
+  static const core::BackendFacts& facts = Backend::facts();
+  core::check_capturable(facts, state);  // docs/design/sfa.md §3.2
   if (cfg_.offload.has_value()) {
     throw_not_supported("build_for_graph_capture: the KV-offload builder is eager only (docs/design/sfa.md §6's resident path "
                         "plans its copies on the host per step; upstream's host-callback capture is not implemented)");
@@ -371,16 +368,13 @@ uint64_t MetadataBuilder::draft_generation(int32_t d) const { return draft_lane(
 static_assert(core::is_builder_v<MetadataBuilder>, "sfa::MetadataBuilder follows the builder contract");
 
 const Metadata* IndexerMetadataBuilder::build_for_graph_capture(const BuildInputs&, plan::AttentionState state) const {
-  static const core::StateSet capturable = Backend::facts().capturable;
-  if (!core::has_state(capturable, state)) {
-    throw_not_supported("IndexerMetadataBuilder.build_for_graph_capture: attention state ", plan::to_string(state),
-                        " cannot be captured by the SFA backend (only DecodeOnly and SpecDecoding, docs/design/sfa.md §3.2)");
-  }
+  static const core::BackendFacts& facts = Backend::facts();
+  core::check_capturable(facts, state, "IndexerMetadataBuilder.build_for_graph_capture");
   return nullptr;
 }
 
 const Metadata* IndexerMetadataBuilder::build_for_drafting(const BuildInputs&, int32_t draft_index) const {
-  AAR_CHECK_ARG(draft_index >= 0, "draft_index must be >= 0, got ", draft_index);
+  core::check_draft_index(draft_index);
   return nullptr;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/core/backend.h"
+#include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/graph/provider.h"

@@ -261,7 +261,8 @@ def test_dcp_backend_contract():
     md = b.build(qsl, base, bt)
     # Refused by name before anything is built: the previous metadata stays current.
     for state in (S.PrefillNoCache, S.PrefillCacheHit, S.ChunkedPrefill):
-        with pytest.raises(NotImplementedError, match=f"attention state {state.name} cannot be captured with DCP"):
+        refusal = f"attention state {state.name} cannot be captured by the gqa_dcp backend \\(only DecodeOnly, SpecDecoding\\)"
+        with pytest.raises(NotImplementedError, match=refusal):
             b.build_for_graph_capture(qsl, base, bt, num_input_tokens=4, state=state)
     assert md.is_current
     g = b.build_for_graph_capture(qsl, base, bt, num_input_tokens=4)

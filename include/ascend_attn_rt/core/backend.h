@@ -61,6 +61,15 @@ const std::vector<BackendFacts>& registered_backends();
 // The facts of backend `id`; InvalidArgument naming the known ids otherwise.
 const BackendFacts& backend_facts(const std::string& id);
 
+// The contract's argument checks, one wording for every backend:
+// build_for_graph_capture refuses a state outside facts.capturable (NotSupported
+// naming the state, the backend's id and the states it captures) before
+// anything is built; build_for_drafting refuses a negative draft_index
+// (InvalidArgument). `who` prefixes the message.
+void check_capturable(const BackendFacts& facts, plan::AttentionState state,
+                      const char* who = "build_for_graph_capture");
+void check_draft_index(int32_t draft_index);
+
 struct BackendRegistrar {
   explicit BackendRegistrar(BackendFacts (*facts)());
 };
