@@ -54,7 +54,9 @@ BASE = {
     f"{H}/graph/provider.h": '#include "ascend_attn_rt/ops/provider.h"\n',
     f"{H}/gqa/metadata.h": '#include "ascend_attn_rt/plan/span.h"\n',
     f"{H}/mla/metadata.h": '#include "ascend_attn_rt/plan/span.h"\n',
-    f"{H}/cp/comm.h": '#include "ascend_attn_rt/gqa/metadata.h"\n',
+    f"{H}/comm/comm.h": '#include "ascend_attn_rt/graph/provider.h"\n',
+    f"{H}/latent/weights.h": '#include "ascend_attn_rt/comm/comm.h"\n',
+    f"{H}/cp/gqa_dcp.h": '#include "ascend_attn_rt/gqa/metadata.h"\n',
     "cpp/common/staging.h": "#pragma once\n",
     "cpp/ops/op_handle.h": '#include <ATen/core/Tensor.h>\n#include "ascend_attn_rt/ops/provider.h"\n',
 }
@@ -63,6 +65,9 @@ BASE = {
 def test_a_tree_whose_includes_go_down_passes(tmp_path, run):
     r = run(make_tree(tmp_path, dict(BASE, **{
         "cpp/c8/impl.cpp": '#include "ascend_attn_rt/gqa/metadata.h"\n',   # a family relation
+        "cpp/mla/impl.cpp": '#include "ascend_attn_rt/latent/weights.h"\n',  # a family module
+        "cpp/gqa/plan/p.cpp": '#include "ascend_attn_rt/plan/span.h"\n',     # a backend's plan code
+        "cpp/gqa/bindings.cpp": '#include <nanobind/nanobind.h>\n',         # a backend's bindings
         "cpp/bindings/m.cpp": "#include <nanobind/nanobind.h>\n#include \"ascend_attn_rt/comm/comm.h\"\n",
         "cpp/ops/cpu/twin.cpp": '#include "../op_handle.h"\n',               # relative to the file
     })))
@@ -77,7 +82,11 @@ def test_a_tree_whose_includes_go_down_passes(tmp_path, run):
     ("cpp/ops/z.cpp", '#include "../common/staging.h"\n', "ops (ops) includes cpp/common/staging.h, of the core"),
     (f"{H}/graph/p.h", '#include "ascend_attn_rt/gqa/metadata.h"\n', "graph (graph) includes"),
     ("cpp/common/k.cpp", '#include "ascend_attn_rt/graph/provider.h"\n', "core (core) includes"),
-    ("cpp/gqa/d.cpp", '#include "ascend_attn_rt/comm/comm.h"\n', "backend (gqa) includes include/ascend_attn_rt/cp"),
+    ("cpp/gqa/d.cpp", '#include "ascend_attn_rt/cp/gqa_dcp.h"\n', "backend (gqa) includes include/ascend_attn_rt/cp"),
+    ("cpp/comm/d.cpp", '#include "ascend_attn_rt/latent/weights.h"\n', "comm (comm) includes"),
+    ("cpp/latent/d.cpp", '#include "ascend_attn_rt/mla/metadata.h"\n', "family (latent) includes"),
+    ("cpp/gqa/plan/q.cpp", '#include "ascend_attn_rt/ops/provider.h"\n', "plan (plan) includes"),
+    ("cpp/gqa/plan/r.cpp", "#include <ATen/ATen.h>\n", "plan includes <ATen/ATen.h>"),
     ("cpp/gqa/e.cpp", '#include "ascend_attn_rt/mla/metadata.h"\n', "backend gqa includes"),
     ("cpp/mla/f.cpp", '#include "ascend_attn_rt/gqa/metadata.h"\n', "backend mla includes"),
     ("cpp/gqa/g.cpp", "#include <nanobind/nanobind.h>\n", "only the bindings speak Python"),

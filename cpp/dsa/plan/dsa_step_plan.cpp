@@ -1139,7 +1139,7 @@ __attribute__((target("avx2"))) bool dsa_gather_block_ids_avx2(const int32_t* rq
     if (fr.kind == 1) {
       lo = std::max(p - fr.window, 0);
     } else if (fr.kind == 2 && ((p + 1) & ((1 << fr.rshift) - 1)) == 0) {
-      lo = std::max(((p >> fr.rshift) - fr.back) << fr.rshift, 0);
+      lo = std::max((p >> fr.rshift) - fr.back, 0) << fr.rshift;  // shifted after the clamp: no negative shift
     }
     for (int32_t c = lo >> shift; c < static_cast<int32_t>(col); ++c) ok &= static_cast<uint32_t>(row[c]) < limit;
   }
