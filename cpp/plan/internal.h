@@ -52,6 +52,14 @@ StepTokens check_step_batch(CSpan<int32_t> query_start_loc, std::size_t num_reqs
                             int32_t block_size, int32_t block_table_stride, int32_t num_blocks,
                             int32_t decode_threshold, std::size_t num_spec_tokens, SpecMethod spec_method,
                             const std::optional<AttentionState>& state);
+// The same for a planner's inputs (plan::StepInputs, SfaStepInputs, MlaStepInputs, ...): the
+// one call every planner makes, with its fields in the same places.
+template <typename In>
+StepTokens check_step_batch(const In& in) {
+  return check_step_batch(in.query_start_loc, in.seq_lens.size(), in.num_input_tokens, in.block_size,
+                          in.block_table_stride, in.num_blocks, in.decode_threshold, in.num_spec_tokens.size(),
+                          in.spec_method, in.attn_state);
+}
 
 // The sizes compute_slot_mapping checks (batch, block geometry, table and
 // output capacity), before its per-request block-range checks; shared with the

@@ -210,9 +210,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   // The batch checks plan::build_step makes (same messages), then the MLA ones.
   const std::size_t b = in.seq_lens.size();
   const CSpan<int32_t> qsl = in.query_start_loc;
-  const detail::StepTokens tokens =
-      detail::check_step_batch(qsl, b, in.num_input_tokens, in.block_size, in.block_table_stride, in.num_blocks,
-                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.attn_state);
+  const detail::StepTokens tokens = detail::check_step_batch(in);
   const int32_t t_real = tokens.real, t_in = tokens.input;
   check_chunk_args(in.block_size, in.max_chunks);
   const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);

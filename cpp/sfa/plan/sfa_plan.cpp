@@ -28,9 +28,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   // ---------------------------------------------------------------- validate
   const std::size_t b = in.seq_lens.size();
   const CSpan<int32_t> qsl = in.query_start_loc;
-  const detail::StepTokens tokens =
-      detail::check_step_batch(qsl, b, in.num_input_tokens, in.block_size, in.block_table_stride, in.num_blocks,
-                               in.decode_threshold, in.num_spec_tokens.size(), in.spec_method, in.attn_state);
+  const detail::StepTokens tokens = detail::check_step_batch(in);
   const int32_t t_real = tokens.real, t_in = tokens.input;
   const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
   const std::size_t stride = static_cast<std::size_t>(buf.block_table_stride);
