@@ -15,10 +15,7 @@ const std::vector<int64_t>& Backend::supported_block_sizes() {
 }
 
 bool Backend::is_supported_block_size(int64_t block_size) {
-  for (int64_t s : supported_block_sizes()) {
-    if (s == block_size) return true;
-  }
-  return false;
+  return core::has_block_size(supported_block_sizes(), block_size);
 }
 
 std::vector<int64_t> Backend::kv_cache_shape(int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,

@@ -69,6 +69,13 @@ const BackendFacts& backend_facts(const std::string& id);
 void check_capturable(const BackendFacts& facts, plan::AttentionState state,
                       const char* who = "build_for_graph_capture");
 void check_draft_index(int32_t draft_index);
+// Whether `block_size` is one of a backend's supported sizes.
+inline bool has_block_size(const std::vector<int64_t>& sizes, int64_t block_size) {
+  for (int64_t s : sizes) {
+    if (s == block_size) return true;
+  }
+  return false;
+}
 
 struct BackendRegistrar {
   explicit BackendRegistrar(BackendFacts (*facts)());
