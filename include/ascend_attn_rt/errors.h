@@ -1,6 +1,7 @@
 // Error types shared by every layer. The plan layer is torch-free, so these
 // derive from the standard exceptions only; the bindings map InvalidArgument
-// to Python's ValueError and NotSupported / everything else to RuntimeError.
+// to Python's ValueError, NotSupported to NotImplementedError and everything
+// else to RuntimeError.
 #pragma once
 
 #include <sstream>
