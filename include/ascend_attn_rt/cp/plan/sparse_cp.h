@@ -1,0 +1,86 @@
+// Host planning of context parallel for the sparse families (docs/design/sparse_cp.md):
+// the DCP "replicated indexer" views of SFA (§2), the remap of a replicated-view top-k
+// selection to one DCP rank's local positions (§3), and the token shard of DSA-CP, shared
+// by SFA and DSA (§4). Torch-free, caller-owned buffers, no allocation; every function
+// validates all of its input before its first write (a rejected call writes nothing) and
+// every check is rank-independent.
+//
+// Thread safety: functions without shared state over caller buffers.
+#pragma once
+
+#include <cstdint>
+
+#include "ascend_attn_rt/cp/plan/dcp_layout.h"
+#include "ascend_attn_rt/plan/span.h"
+
+namespace aar::plan {
+
+// ---- §2: the replicated indexer views (SFA DCP) ----
+// The indexer cache is replicated on every DCP rank and holds num_blocks * W blocks: local
+// block lb of rank r is replicated block lb * W + r. Replicated column j of a request (the
+// global positions [j*bs, (j+1)*bs)) is rank (j mod W)'s local column floor(j / W):
+//   rep[b][j] = local_table[b][floor(j / W)] * W + (j mod W)
+// for j < ceil(seq_lens[b] / bs); every other entry of the row (and every entry of a row with
+// seq_len 0) is 0. The kernel block equals the KV block here (upstream's bpp = 1).
+struct DcpReplicatedInputs {
+  CSpan<int32_t> block_table;       // rows x block_table_stride, the group's (local) block table
+  int32_t block_table_stride = 0;
+  CSpan<int32_t> seq_lens;          // rows: global KV lengths (>= 0)
+  int32_t world = 1;                // W in [1, kMaxCpMergePartitions]
+  int32_t block_size = 128;         // bs > 0
+  int32_t num_blocks = 0;           // local blocks per rank: every local id read is in [0, num_blocks)
+};
+// out: rows x out_stride, out_stride >= block_table_stride * W. Checks: the local column
+// floor(j / W) < block_table_stride and its id in range for every j read, room in out.
+void dcp_replicated_block_table(const DcpReplicatedInputs& in, Span<int32_t> out, int32_t out_stride);
+
+// The replicated slot of every token: token t of request b (query_start_loc cumulative from
+// 0, B + 1 entries) at position p = seq_lens[b] - q_b + i has slot
+// rep[b][floor(p / bs)] * bs + p mod bs; entries [qsl[B], out.size()) are -1.
+// rep is the table above (rows x rep_stride). Checks q_b <= seq_lens[b], the column in range.
+void dcp_replicated_slot_mapping(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, CSpan<int32_t> rep,
+                                 int32_t rep_stride, int32_t block_size, Span<int64_t> out);
+
+// ---- §3: the top-k remap (SFA DCP) ----
+// topk: rows x K row-major, global positions of the replicated view, negative = invalid.
+// out[row] = the entries x >= 0 with dcp_owner(x, W, I) == shard.rank, as
+// dcp_local_index(x, W, I), in their top-k order, then -1 up to K (a stable compaction).
+// out may be topk itself (in place). Checks K > 0, topk.size() a multiple of K, room in out,
+// the shard (world >= 1, 0 <= rank < world, interleave >= 1).
+void remap_sparse_indices(CSpan<int32_t> topk, int32_t K, const DcpShard& shard, Span<int32_t> out);
+
+// ---- §4: the DSA-CP token shard (SFA and DSA) ----
+// The flattened token stream split evenly over W ranks: T_pad = roundup(num_input_tokens, W),
+// tpr = T_pad / W, rank r owns [r*tpr, r*tpr + tpr) of it.
+struct TokenShard {
+  int32_t num_actual_tokens = 0;  // qsl[B]
+  int32_t num_tokens_pad = 0;     // T_pad
+  int32_t tokens_per_rank = 0;    // tpr
+  int32_t local_start = 0;        // r * tpr
+  int32_t local_end = 0;          // min(local_start + tpr, num_actual_tokens) (>= local_start)
+  int32_t local_end_with_pad = 0; // local_start + tpr
+  int32_t num_local_tokens = 0;   // local_end - local_start: real tokens of this rank
+};
+struct TokenShardInputs {
+  CSpan<int32_t> query_start_loc;  // B + 1, cumulative from 0
+  CSpan<int32_t> seq_lens;         // B: KV lengths (context + new)
+  int32_t num_input_tokens = 0;    // >= qsl[B] (graph padding)
+  int32_t world = 1;               // W >= 1
+  int32_t rank = 0;                // in [0, W)
+};
+struct TokenShardBuffers {
+  // B entries each: per request b with [gs, ge) = [qsl[b], qsl[b+1]) and
+  // ls = max(gs, local_start), le = min(ge, local_end_with_pad), n = le - ls:
+  //   local_cum_query_lens[b] = sum over b' <= b of max(n_b', 0)   (cumulative ENDS)
+  //   local_seq_lens[b]       = n > 0 ? max(seq_lens[b] - (ge - le), 0) : 0
+  Span<int32_t> local_cum_query_lens;
+  Span<int32_t> local_seq_lens;
+  // Optional (empty: not written): the local slice of the step's slot mapping padded with -1
+  // to T_pad: local_slot_mapping[i] = slot_mapping[local_start + i] (or -1 past its size),
+  // tpr entries.
+  CSpan<int64_t> slot_mapping;
+  Span<int64_t> local_slot_mapping;
+};
+TokenShard plan_token_shard(const TokenShardInputs& in, const TokenShardBuffers& buf);
+
+}  // namespace aar::plan
