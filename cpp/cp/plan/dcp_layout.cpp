@@ -9,38 +9,17 @@
 #include "ascend_attn_rt/cp/plan/cp_groups.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
 #include "../../plan/internal.h"
+#include "dcp_internal.h"
 
 namespace aar::plan {
 namespace {
 
-void check_world_interleave(int32_t world, int32_t interleave) {
-  AAR_CHECK_ARG(world >= 1, "world=", world, " must be >= 1");
-  AAR_CHECK_ARG(interleave >= 1, "interleave=", interleave, " must be >= 1");
-}
-
-void check_shard(const DcpShard& s) {
-  check_world_interleave(s.world, s.interleave);
-  AAR_CHECK_ARG(s.rank >= 0 && s.rank < s.world, "rank=", s.rank, " is out of range [0, world=", s.world, ")");
-}
-
-// Unchecked formulas (arguments validated by the callers).
-inline int64_t local_len(int64_t len, int64_t world, int64_t interleave, int64_t rank) {
-  const int64_t base = len / (world * interleave) * interleave;
-  const int64_t rem = len - base * world;
-  return base + std::clamp<int64_t>(rem - rank * interleave, 0, interleave);
-}
-
-inline int64_t local_index(int64_t x, int64_t world, int64_t interleave) {
-  return x / (world * interleave) * interleave + x % interleave;
-}
-
-inline int64_t owner(int64_t x, int64_t world, int64_t interleave) { return x / interleave % world; }
-
-void check_lens_nonneg(CSpan<int32_t> lens, const char* name) {
-  for (std::size_t i = 0; i < lens.size(); ++i) {
-    AAR_CHECK_ARG(lens[i] >= 0, name, "[", i, "]=", lens[i], " is negative");
-  }
-}
+using detail::dcp::check_lens_nonneg;
+using detail::dcp::check_shard;
+using detail::dcp::check_world_interleave;
+using detail::dcp::local_index;
+using detail::dcp::local_len;
+using detail::dcp::owner;
 
 }  // namespace
 

@@ -30,14 +30,18 @@ struct DcpReplicatedInputs {
   int32_t block_size = 128;         // bs > 0
   int32_t num_blocks = 0;           // local blocks per rank: every local id read is in [0, num_blocks)
 };
-// out: rows x out_stride, out_stride >= block_table_stride * W. Checks: the local column
+// out: rows x out_stride, out_stride >= block_table_stride * W; every entry of the rows x out_stride
+// is written (nothing past it). Checks: W, bs, num_blocks >= 0 with num_blocks * W <= INT32_MAX
+// (the replicated ids are int32), the strides, the table's size, seq_lens >= 0, the local column
 // floor(j / W) < block_table_stride and its id in range for every j read, room in out.
 void dcp_replicated_block_table(const DcpReplicatedInputs& in, Span<int32_t> out, int32_t out_stride);
 
 // The replicated slot of every token: token t of request b (query_start_loc cumulative from
 // 0, B + 1 entries) at position p = seq_lens[b] - q_b + i has slot
 // rep[b][floor(p / bs)] * bs + p mod bs; entries [qsl[B], out.size()) are -1.
-// rep is the table above (rows x rep_stride). Checks q_b <= seq_lens[b], the column in range.
+// rep is the table above (rows x rep_stride). Checks query_start_loc (B + 1 entries, from 0,
+// non-decreasing), q_b <= seq_lens[b], the column in range and its id >= 0 for every token,
+// bs > 0, room in out.
 void dcp_replicated_slot_mapping(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, CSpan<int32_t> rep,
                                  int32_t rep_stride, int32_t block_size, Span<int64_t> out);
 
@@ -45,8 +49,11 @@ void dcp_replicated_slot_mapping(CSpan<int32_t> query_start_loc, CSpan<int32_t> 
 // topk: rows x K row-major, global positions of the replicated view, negative = invalid.
 // out[row] = the entries x >= 0 with dcp_owner(x, W, I) == shard.rank, as
 // dcp_local_index(x, W, I), in their top-k order, then -1 up to K (a stable compaction).
-// out may be topk itself (in place). Checks K > 0, topk.size() a multiple of K, room in out,
-// the shard (world >= 1, 0 <= rank < world, interleave >= 1).
+// out may be topk itself (in place); any other overlap of the two is rejected. Only the first
+// topk.size() entries of out are written. Checks K > 0, topk.size() a multiple of K, room in out,
+// the shard (world >= 1, 0 <= rank < world, interleave >= 1; no bound on W: nothing walks the
+// ranks). Exact integer arithmetic (upstream computes in float32, exact below 2^24). W = 1 is the
+// identity on the valid entries but still compacts (upstream skips the remap then).
 void remap_sparse_indices(CSpan<int32_t> topk, int32_t K, const DcpShard& shard, Span<int32_t> out);
 
 // ---- §4: the DSA-CP token shard (SFA and DSA) ----
@@ -57,14 +64,16 @@ struct TokenShard {
   int32_t num_tokens_pad = 0;     // T_pad
   int32_t tokens_per_rank = 0;    // tpr
   int32_t local_start = 0;        // r * tpr
-  int32_t local_end = 0;          // min(local_start + tpr, num_actual_tokens) (>= local_start)
+  int32_t local_end = 0;          // max(local_start, min(local_start + tpr, num_actual_tokens))
   int32_t local_end_with_pad = 0; // local_start + tpr
   int32_t num_local_tokens = 0;   // local_end - local_start: real tokens of this rank
 };
 struct TokenShardInputs {
   CSpan<int32_t> query_start_loc;  // B + 1, cumulative from 0
-  CSpan<int32_t> seq_lens;         // B: KV lengths (context + new)
-  int32_t num_input_tokens = 0;    // >= qsl[B] (graph padding)
+  CSpan<int32_t> seq_lens;         // B: KV lengths (context + new), >= 0; below q_b for a graph
+                                   // padding request (tokens without KV), which is accepted
+  int32_t num_input_tokens = 0;    // >= qsl[B] (graph padding; 0 is not "qsl[B]" here), and
+                                   // roundup(num_input_tokens, W) <= INT32_MAX
   int32_t world = 1;               // W >= 1
   int32_t rank = 0;                // in [0, W)
 };
@@ -75,12 +84,14 @@ struct TokenShardBuffers {
   //   local_seq_lens[b]       = n > 0 ? max(seq_lens[b] - (ge - le), 0) : 0
   Span<int32_t> local_cum_query_lens;
   Span<int32_t> local_seq_lens;
-  // Optional (empty: not written): the local slice of the step's slot mapping padded with -1
-  // to T_pad: local_slot_mapping[i] = slot_mapping[local_start + i] (or -1 past its size),
-  // tpr entries.
+  // Optional (local_slot_mapping empty: slot_mapping is not read, nothing written): the local
+  // slice of the step's slot mapping padded with -1 to T_pad:
+  // local_slot_mapping[i] = slot_mapping[local_start + i] (or -1 past its size), exactly tpr
+  // entries written; local_slot_mapping needs room for tpr, slot_mapping at least qsl[B] entries.
   CSpan<int64_t> slot_mapping;
   Span<int64_t> local_slot_mapping;
 };
+// Writes the first B entries of the two length buffers (room checked), and the slots above.
 TokenShard plan_token_shard(const TokenShardInputs& in, const TokenShardBuffers& buf);
 
 }  // namespace aar::plan

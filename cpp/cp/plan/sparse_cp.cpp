@@ -1,0 +1,197 @@
+// The sparse families' CP planning (docs/design/sparse_cp.md §2, §3, §4): the replicated indexer
+// views of SFA DCP, the top-k remap to a DCP rank's local positions, and the DSA-CP token shard.
+// Each function checks all of its input first (the same checks on every rank), then writes in
+// plain loops that cannot fail.
+#include "ascend_attn_rt/cp/plan/sparse_cp.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "ascend_attn_rt/cp/plan/cp_groups.h"
+#include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/plan/seq_lens.h"
+#include "ascend_attn_rt/plan/slot_mapping.h"
+#include "dcp_internal.h"
+
+namespace aar::plan {
+
+void dcp_replicated_block_table(const DcpReplicatedInputs& in, Span<int32_t> out, int32_t out_stride) {
+  // The world bound keeps the replicated ids (local id * W + rank) inside the cache the
+  // indexer allocates, num_blocks * W blocks, and matches the KV shards of the rest of DCP.
+  AAR_CHECK_ARG(in.world >= 1 && in.world <= kMaxCpMergePartitions, "world=", in.world, " is out of range [1, ",
+                kMaxCpMergePartitions, "] (the DCP group's ranks, cp_groups.h)");
+  AAR_CHECK_ARG(in.block_size > 0, "block_size=", in.block_size, " must be positive");
+  AAR_CHECK_ARG(in.num_blocks >= 0, "num_blocks=", in.num_blocks, " is negative");
+  const int64_t w = in.world;
+  AAR_CHECK_ARG(static_cast<int64_t>(in.num_blocks) * w <= INT32_MAX, "num_blocks*world = ", in.num_blocks, "*", w,
+                " replicated blocks do not fit int32 block ids");
+  AAR_CHECK_ARG(in.block_table_stride >= 0, "block_table_stride=", in.block_table_stride, " is negative");
+  const std::size_t rows = in.seq_lens.size();
+  const std::size_t stride = static_cast<std::size_t>(in.block_table_stride);
+  AAR_CHECK_ARG(in.block_table.size() >= rows * stride, "block_table has ", in.block_table.size(),
+                " entries, expected ", rows, " x ", in.block_table_stride);
+  AAR_CHECK_ARG(static_cast<int64_t>(out_stride) >= static_cast<int64_t>(in.block_table_stride) * w, "out_stride=",
+                out_stride, " is smaller than block_table_stride*world = ", in.block_table_stride, "*", w);
+  const std::size_t os = static_cast<std::size_t>(out_stride);
+  AAR_CHECK_ARG(out.size() >= rows * os, "out has room for ", out.size(), " entries, needs rows*out_stride = ", rows,
+                "*", out_stride, " = ", rows * os);
+  const int64_t bs = in.block_size;
+  for (std::size_t b = 0; b < rows; ++b) {
+    const int32_t seq = in.seq_lens[b];
+    AAR_CHECK_ARG(seq >= 0, "seq_lens[", b, "]=", seq, " is negative");
+    const int64_t cols = (seq + bs - 1) / bs;
+    if (cols == 0) continue;
+    // Replicated columns [0, cols) read local columns [0, last_local].
+    const int64_t last_local = (cols - 1) / w;
+    AAR_CHECK_ARG(last_local < in.block_table_stride, "seq_lens[", b, "]=", seq, " needs ", cols,
+                  " replicated columns, local column ", last_local, " of the block table, but block_table_stride=",
+                  in.block_table_stride, " (block_size=", in.block_size, ", world=", in.world, ")");
+    const int32_t* row = in.block_table.data() + b * stride;
+    for (int64_t c = 0; c <= last_local; ++c) {
+      AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", b, "][", c, "]=", row[c],
+                    " is out of range [0, num_blocks=", in.num_blocks, ")");
+    }
+  }
+
+  for (std::size_t b = 0; b < rows; ++b) {
+    const int64_t cols = (in.seq_lens[b] + bs - 1) / bs;
+    const int32_t* row = in.block_table.data() + b * stride;
+    int32_t* dst = out.data() + b * os;
+    for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<int32_t>(row[j / w] * w + j % w);
+    std::fill(dst + cols, dst + os, 0);
+  }
+}
+
+void dcp_replicated_slot_mapping(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens, CSpan<int32_t> rep,
+                                 int32_t rep_stride, int32_t block_size, Span<int64_t> out) {
+  AAR_CHECK_ARG(block_size > 0, "block_size=", block_size, " must be positive");
+  AAR_CHECK_ARG(rep_stride >= 0, "rep_stride=", rep_stride, " is negative");
+  const std::size_t n = seq_lens.size();
+  AAR_CHECK_ARG(query_start_loc.size() == n + 1, "query_start_loc has ", query_start_loc.size(),
+                " entries, expected seq_lens.size()+1 = ", n + 1);
+  validate_start_loc(query_start_loc, "query_start_loc");
+  const std::size_t stride = static_cast<std::size_t>(rep_stride);
+  AAR_CHECK_ARG(rep.size() >= n * stride, "rep has ", rep.size(), " entries, expected ", n, " x ", rep_stride);
+  const int32_t total = query_start_loc[n];
+  AAR_CHECK_ARG(out.size() >= static_cast<std::size_t>(total), "out has room for ", out.size(),
+                " entries, needs query_start_loc[B]=", total);
+  for (std::size_t b = 0; b < n; ++b) {
+    const int32_t q = query_start_loc[b + 1] - query_start_loc[b];
+    const int32_t seq = seq_lens[b];
+    AAR_CHECK_ARG(seq >= q, "seq_lens[", b, "]=", seq, " is smaller than its query length ", q);
+    if (q == 0) continue;
+    const int64_t first = (seq - q) / block_size, last = (seq - 1) / block_size;
+    AAR_CHECK_ARG(last < rep_stride, "seq_lens[", b, "]=", seq, " needs replicated column ", last,
+                  " but rep_stride=", rep_stride, " (block_size=", block_size, ")");
+    const int32_t* row = rep.data() + b * stride;
+    for (int64_t c = first; c <= last; ++c) {
+      AAR_CHECK_ARG(row[c] >= 0, "rep[", b, "][", c, "]=", row[c], " is negative");
+    }
+  }
+
+  const int64_t bs = block_size;
+  for (std::size_t b = 0; b < n; ++b) {
+    const int32_t begin = query_start_loc[b], end = query_start_loc[b + 1];
+    const int32_t* row = rep.data() + b * stride;
+    int64_t pos = seq_lens[b] - (end - begin);
+    for (int32_t t = begin; t < end; ++t, ++pos) out[t] = row[pos / bs] * bs + pos % bs;
+  }
+  std::fill(out.begin() + total, out.end(), int64_t{kPadSlot});
+}
+
+void remap_sparse_indices(CSpan<int32_t> topk, int32_t K, const DcpShard& shard, Span<int32_t> out) {
+  AAR_CHECK_ARG(K > 0, "K=", K, " must be positive");
+  const std::size_t k = static_cast<std::size_t>(K), n = topk.size();
+  AAR_CHECK_ARG(n % k == 0, "topk has ", n, " entries, not a multiple of K=", K);
+  detail::dcp::check_shard(shard);
+  AAR_CHECK_ARG(out.size() >= n, "out has room for ", out.size(), " entries, needs topk.size()=", n);
+  // The compaction writes a row's slot w only after reading its slots <= w, so out == topk works;
+  // any other overlap would overwrite entries not read yet.
+  const int32_t* src = topk.data();
+  int32_t* dst = out.data();
+  const std::less<const int32_t*> before;
+  const bool overlaps = n > 0 && before(dst, src + n) && before(src, dst + n);
+  AAR_CHECK_ARG(dst == src || !overlaps, "out overlaps topk without starting at it (in place needs out.data() == "
+                "topk.data())");
+
+  const int64_t w = shard.world, il = shard.interleave, rank = shard.rank;
+  for (std::size_t r = 0; r < n; r += k) {
+    std::size_t kept = r;
+    for (std::size_t j = r; j < r + k; ++j) {
+      const int32_t x = src[j];
+      if (x >= 0 && detail::dcp::owner(x, w, il) == rank) {
+        dst[kept++] = static_cast<int32_t>(detail::dcp::local_index(x, w, il));
+      }
+    }
+    std::fill(dst + kept, dst + r + k, -1);
+  }
+}
+
+TokenShard plan_token_shard(const TokenShardInputs& in, const TokenShardBuffers& buf) {
+  AAR_CHECK_ARG(in.world >= 1, "world=", in.world, " must be >= 1");
+  AAR_CHECK_ARG(in.rank >= 0 && in.rank < in.world, "rank=", in.rank, " is out of range [0, world=", in.world, ")");
+  const std::size_t n = in.seq_lens.size();
+  AAR_CHECK_ARG(in.query_start_loc.size() == n + 1, "query_start_loc has ", in.query_start_loc.size(),
+                " entries, expected seq_lens.size()+1 = ", n + 1);
+  validate_start_loc(in.query_start_loc, "query_start_loc");
+  // seq_lens below a request's query length are accepted: graph padding requests carry tokens
+  // and no KV (docs/design/sparse_cp.md §4); the max(., 0) of the local length covers them.
+  detail::dcp::check_lens_nonneg(in.seq_lens, "seq_lens");
+  const int32_t total = in.query_start_loc[n];
+  AAR_CHECK_ARG(in.num_input_tokens >= total, "num_input_tokens=", in.num_input_tokens,
+                " is smaller than query_start_loc[B]=", total);
+  const int64_t w = in.world;
+  const int64_t pad = (static_cast<int64_t>(in.num_input_tokens) + w - 1) / w * w;
+  AAR_CHECK_ARG(pad <= INT32_MAX, "num_input_tokens=", in.num_input_tokens, " rounded up to a multiple of world=", w,
+                " is ", pad, ", beyond int32");
+  const int64_t tpr = pad / w;
+  AAR_CHECK_ARG(buf.local_cum_query_lens.size() >= n, "local_cum_query_lens has room for ",
+                buf.local_cum_query_lens.size(), " entries, needs B=", n);
+  AAR_CHECK_ARG(buf.local_seq_lens.size() >= n, "local_seq_lens has room for ", buf.local_seq_lens.size(),
+                " entries, needs B=", n);
+  const bool slots = !buf.local_slot_mapping.empty();
+  if (slots) {
+    AAR_CHECK_ARG(buf.local_slot_mapping.size() >= static_cast<std::size_t>(tpr), "local_slot_mapping has room for ",
+                  buf.local_slot_mapping.size(), " entries, needs tokens_per_rank=", tpr);
+    AAR_CHECK_ARG(buf.slot_mapping.size() >= static_cast<std::size_t>(total), "slot_mapping has ",
+                  buf.slot_mapping.size(), " entries, fewer than query_start_loc[B]=", total);
+  }
+
+  TokenShard s;
+  s.num_actual_tokens = total;
+  s.num_tokens_pad = static_cast<int32_t>(pad);
+  s.tokens_per_rank = static_cast<int32_t>(tpr);
+  const int64_t start = in.rank * tpr, end_pad = start + tpr;
+  s.local_start = static_cast<int32_t>(start);
+  s.local_end_with_pad = static_cast<int32_t>(end_pad);
+  // A rank whose whole range is padding ends where it starts (upstream's min would end it before).
+  s.local_end = static_cast<int32_t>(std::max(start, std::min<int64_t>(end_pad, total)));
+  s.num_local_tokens = s.local_end - s.local_start;
+
+  int32_t cum = 0;
+  for (std::size_t b = 0; b < n; ++b) {
+    const int64_t gs = in.query_start_loc[b], ge = in.query_start_loc[b + 1];
+    const int64_t le = std::min(ge, end_pad), local = le - std::max(gs, start);
+    int32_t seq = 0;
+    if (local > 0) {
+      cum += static_cast<int32_t>(local);
+      // The last local query sees the request's keys but for its ge - le later queries.
+      seq = static_cast<int32_t>(std::max<int64_t>(in.seq_lens[b] - (ge - le), 0));
+    }
+    buf.local_cum_query_lens[b] = cum;
+    buf.local_seq_lens[b] = seq;
+  }
+  if (slots) {
+    const std::size_t have = buf.slot_mapping.size();
+    for (int64_t i = 0; i < tpr; ++i) {
+      const std::size_t g = static_cast<std::size_t>(start + i);
+      buf.local_slot_mapping[static_cast<std::size_t>(i)] = g < have ? buf.slot_mapping[g] : int64_t{kPadSlot};
+    }
+  }
+  return s;
+}
+
+}  // namespace aar::plan
