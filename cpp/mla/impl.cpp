@@ -9,6 +9,7 @@
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/comm/dcp_exchange.h"
+#include "../latent/dcp_query.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
@@ -206,50 +207,20 @@ void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows)
 
 const cp::DcpViews& Impl::dcp_views(int64_t td, const at::Tensor& like) {
   const Dims& d = cfg_.dims;
-  cp::DcpWorkspaceShape sh;
-  sh.device = like.device();
-  sh.q_dtype = sh.out_dtype = like.scalar_type();
-  sh.world = cfg_.dcp_comm->size();
-  sh.heads = d.num_heads;
-  sh.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;  // the gathered [ql_nope | q_pe]
-  sh.out_dim = d.kv_lora_rank;
-  sh.regroup = true;                                // the split query halves, the concat input
-  sh.comm = cfg_.dcp_comm;
-  sh.workspace_group = cfg_.workspace_group;
-  if (!dcp_ws_ || !(dcp_ws_->shape() == sh)) dcp_ws_ = cp::DcpWorkspace::shared(sh);
-  return dcp_ws_->views(td);
+  return detail::latent_dcp_views(*cfg_.dcp_comm, {d.num_heads, d.kv_lora_rank, d.qk_rope_head_dim, cfg_.workspace_group},
+                          like, td, dcp_ws_);
 }
-
-namespace {
-
-// The gathered query's two halves, contiguous, carved from the workspace's
-// staged query (N * (L + R) elements per row): (td, N, 1, L) and (td, N, 1, R).
-std::pair<at::Tensor, at::Tensor> dcp_split_query(const cp::DcpViews& w, int64_t L, int64_t R) {
-  const int64_t td = w.staged_query.size(0), N = w.staged_query.size(1);
-  const at::Tensor flat = w.staged_query.view({-1});
-  return {flat.narrow(0, 0, td * N * L).view({td, N, 1, L}), flat.narrow(0, td * N * L, td * N * R).view({td, N, 1, R})};
-}
-
-}  // namespace
 
 void Impl::dcp_stage_query(const cp::DcpViews& w, const detail::DecodeViews& v) {
-  const Dims& d = cfg_.dims;
-  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   // docs/design/mla.md §6.2 reorg_decode_q: [ql_nope | q_pe] gathered along the heads.
-  w.local_query.narrow(-1, 0, L).copy_(v.qn_heads);
-  w.local_query.narrow(-1, L, R).copy_(v.qr_heads);
-  at::Tensor qg = w.gathered_query;
-  cp::gather_query_heads(*cfg_.dcp_comm, w.local_query, qg);
-  auto [qn, qr] = dcp_split_query(w, L, R);
-  qn.squeeze(2).copy_(qg.narrow(-1, 0, L));
-  qr.squeeze(2).copy_(qg.narrow(-1, L, R));
+  detail::latent_dcp_stage_query(*cfg_.dcp_comm, w, v.qn_heads, v.qr_heads);
 }
 
 void Impl::dcp_fia_args(const cp::DcpViews& w, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
                         ops::FiaTensors& t, ops::FiaParams& p) {
   const Dims& d = cfg_.dims;
   const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, bs = md.block_size;
-  std::tie(t.query, t.query_rope) = dcp_split_query(w, L, R);
+  std::tie(t.query, t.query_rope) = detail::latent_dcp_split_query(w, L, R);
   // (nb, bs, 1, D) -> (nb, 1, bs, D): a reinterpretation (Nkv = 1) of the validated contiguous caches.
   t.key = nope.view({nope.size(0), 1, bs, L});
   t.value = t.key;

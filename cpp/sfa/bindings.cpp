@@ -23,6 +23,9 @@
 #include "ascend_attn_rt/sfa/preprocess.h"
 #include "ascend_attn_rt/latent/quant.h"
 #include "ascend_attn_rt/sparse/topk_buffer.h"
+#include "ascend_attn_rt/sparse/topk_remap.h"
+#include "ascend_attn_rt/cp/plan/sparse_cp.h"
+#include "ascend_attn_rt/comm/comm.h"
 #include "../bindings/common.h"
 #include "../latent/bindings_build_inputs.h"
 #include "../bindings/tensor_caster.h"
@@ -238,6 +241,33 @@ void bind_sfa(nb::module_& root) {
           "block_size"_a, "li_c8"_a = false, "device_kind"_a = "a2", "model_dtype"_a, "repl"_a = 1,
           "index_head_dim"_a = sfa::kIndexHeadDim);
 
+  nb::enum_<sfa::CpMode>(m, "CpMode")
+      .value("plain", sfa::CpMode::Plain)
+      .value("dsa_cp", sfa::CpMode::DsaCp)
+      .value("dcp", sfa::CpMode::Dcp)
+      .value("dsa_cp_dcp", sfa::CpMode::DsaCpDcp);
+  m.def("resolve_cp_mode", &sfa::resolve_cp_mode, "dsa_cp"_a, "dcp_size"_a,
+        "docs/design/sparse_cp.md §1: the SFA context-parallel mode of the two switches (NotImplementedError names "
+        "the modes not built).");
+  m.def("remap_topk_to_dcp_rank", &sparse::remap_topk_to_dcp_rank, "topk"_a, nb::kw_only(), "world"_a, "rank"_a,
+        "interleave"_a = 1,
+        "docs/design/sparse_cp.md §3: a replicated-view top-k (..., K) int32 to this DCP rank's local positions, kept "
+        "entries first in top-k order, then -1 (aten operators; the device form).");
+  m.def(
+      "remap_sparse_indices",
+      [](const at::Tensor& topk, int32_t world, int32_t rank, int32_t interleave) {
+        AAR_CHECK_ARG(topk.defined() && topk.dim() >= 1 && topk.scalar_type() == at::kInt && topk.device().is_cpu(),
+                      "topk must be a CPU int32 tensor (..., K)");
+        const at::Tensor in = topk.contiguous();
+        at::Tensor out = at::empty_like(in);
+        plan::remap_sparse_indices(plan::CSpan<int32_t>(in.data_ptr<int32_t>(), in.numel()),
+                                   static_cast<int32_t>(in.size(-1)), plan::DcpShard{world, rank, interleave},
+                                   plan::Span<int32_t>(out.data_ptr<int32_t>(), out.numel()));
+        return out;
+      },
+      "topk"_a, nb::kw_only(), "world"_a, "rank"_a, "interleave"_a = 1,
+      "docs/design/sparse_cp.md §3: the host (plan) form of remap_topk_to_dcp_rank, for tests and tracing.");
+
   m.def(
       "compose_kv_cache",
       [](const std::vector<at::Tensor>& main, const std::optional<std::vector<at::Tensor>>& indexer, bool sfa_c8,
@@ -415,7 +445,15 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("decode_seq_lens_list",
                    [](const sfa::Metadata& m) { return span_list(live(m).offload.decode_seq_lens); })
       .def_prop_ro("decode_stable_prefix_list",
-                   [](const sfa::Metadata& m) { return span_list(live(m).offload.decode_stable_prefix); });
+                   [](const sfa::Metadata& m) { return span_list(live(m).offload.decode_stable_prefix); })
+      // DCP with the replicated indexer (docs/design/sparse_cp.md §2; dcp_world_size 1 otherwise).
+      .def_prop_ro("dcp_world_size", [](const sfa::Metadata& m) { return m.dcp.world_size; })
+      .def_prop_ro("dcp_rank", [](const sfa::Metadata& m) { return m.dcp.rank; })
+      .def_prop_ro("dcp_interleave", [](const sfa::Metadata& m) { return m.dcp.interleave; })
+      .def_prop_ro("dcp_seq_lens", [](const sfa::Metadata& m) { return m.dcp.seq_lens; })
+      .def_prop_ro("dcp_seq_lens_list", [](const sfa::Metadata& m) { return to_list(live(m).dcp.seq_lens_list); })
+      .def_prop_ro("indexer_block_table", [](const sfa::Metadata& m) { return m.dcp.indexer_block_table; })
+      .def_prop_ro("indexer_slot_mapping", [](const sfa::Metadata& m) { return m.dcp.indexer_slot_mapping; });
 
   nb::class_<sfa::MetadataBuilder>(m, "MetadataBuilder")
       .def(
@@ -424,8 +462,12 @@ void bind_sfa(nb::module_& root) {
              int32_t block_size, int32_t num_blocks, const at::Tensor& cos_table, const at::Tensor& sin_table,
              int32_t num_speculative_tokens, bool chunked_prefill_enabled, bool graph_decode_padding,
              std::optional<int32_t> num_drafts, const std::string& device, std::optional<bool> separate_device_buffers,
-             int32_t staging_buffers, std::optional<sfa::BuilderOffloadConfig> offload) {
+             int32_t staging_buffers, std::optional<sfa::BuilderOffloadConfig> offload, int32_t dcp_world_size,
+             int32_t dcp_rank, int32_t cp_kv_cache_interleave_size) {
             sfa::BuilderConfig c;
+            c.dcp_world_size = dcp_world_size;
+            c.dcp_rank = dcp_rank;
+            c.cp_kv_cache_interleave_size = cp_kv_cache_interleave_size;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
             c.max_blocks_per_req = max_blocks_per_req;
@@ -447,7 +489,7 @@ void bind_sfa(nb::module_& root) {
           "num_blocks"_a, "cos_table"_a, "sin_table"_a, "num_speculative_tokens"_a = 0,
           "chunked_prefill_enabled"_a = true, "graph_decode_padding"_a = false, "num_drafts"_a = nb::none(),
           "device"_a = "cpu", "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2,
-          "offload"_a = nb::none())
+          "offload"_a = nb::none(), "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1)
       .def(
           "build",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
@@ -533,8 +575,9 @@ void bind_sfa(nb::module_& root) {
              bool use_index_cache, bool sfa_c8, bool li_c8, const std::string& device_kind, int64_t layer_index,
              int64_t workspace_group, std::optional<mla::QuantWeights> quant, bool is_kv_consumer,
              bool is_kv_producer, bool enable_mlapo, bool chunked_q_proj, bool dsa_cp, int64_t dcp_size,
-             std::optional<sfa::OffloadConfig> offload) {
+             std::optional<sfa::OffloadConfig> offload, cp::Comm* dcp_comm) {
             sfa::ImplConfig c;
+            c.dcp_comm = dcp_comm;
             c.preprocess.quant = quant.has_value() ? quant->type : mla::QuantType::None;
             c.preprocess.is_kv_consumer = is_kv_consumer;
             c.preprocess.is_kv_producer = is_kv_producer;
@@ -590,7 +633,8 @@ void bind_sfa(nb::module_& root) {
           "indexer_k_norm_eps"_a = 1e-6, "glm_moe_dsa"_a = false, "use_index_cache"_a = false,
           "sfa_c8"_a = false, "li_c8"_a = false, "device_kind"_a = "a2", "layer_index"_a = -1, "workspace_group"_a = 0,
           "quant"_a = nb::none(), "is_kv_consumer"_a = false, "is_kv_producer"_a = false, "enable_mlapo"_a = false,
-          "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "offload"_a = nb::none())
+          "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "offload"_a = nb::none(),
+          "dcp_comm"_a = nb::none(), nb::keep_alive<1, 43>())
       .def(
           "forward",
           [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,

@@ -24,13 +24,15 @@ class MetadataBuilder::Lane {
  public:
   Lane(const BuilderConfig& cfg, const aar::detail::RopeRows& rope, int32_t draft_index, int64_t max_reqs, bool separate,
        int slot_base)
-      : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs), offload_(cfg.offload.has_value()) {
+      : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs), offload_(cfg.offload.has_value()),
+        dcp_(cfg.dcp_world_size > 1) {
     const int64_t T = cfg.max_num_tokens, MB = cfg.max_blocks_per_req, W = rope.row_words();
     // The token region first, sized for max_num_tokens; a step packs its token
     // views at its end (token_region), right before the request part.
     core::StagingLayout layout;
     const int64_t token_words = core::align_words(2 * T) + 2 * core::align_words(T * W) +
-                                (offload_ ? core::align_words(T) : 0);  // offload: the token-to-request map
+                                (offload_ ? core::align_words(T) : 0) +  // offload: the token-to-request map
+                                (dcp_ ? core::align_words(2 * T) : 0);   // DCP: the indexer's slots
     layout.add("token_region", token_words);
     qsl_ = layout.add("query_start_loc", R_ + 1);
     cql_ = layout.add("cum_query_lens", R_);
@@ -43,7 +45,13 @@ class MetadataBuilder::Lane {
       dec_stable_.assign(T, 0);
       slots_host_.resize(static_cast<size_t>(cfg.staging_buffers) + 1);
     }
+    if (dcp_) {
+      dseq_ = layout.add("dcp_seq_lens", R_);
+      dcp_block_lens_.assign(R_, 0);
+      dseq_list_.assign(R_, 0);
+    }
     bt_ = layout.add("block_table", R_ * MB);
+    if (dcp_) rbt_ = layout.add("indexer_block_table", R_ * MB * cfg.dcp_world_size);
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
@@ -55,6 +63,14 @@ class MetadataBuilder::Lane {
     views_.seq = core::RegionViews(device_, seq_, R_, at::kInt);
     views_.bt = core::RegionViews(device_, bt_, R_, at::kInt, MB);
     for (core::ViewCache* v : {&views_.slots, &views_.cos, &views_.sin}) v->resize(T);
+    if (dcp_) {
+      views_.islots.resize(T);
+      views_.dseq = core::RegionViews(device_, dseq_, R_, at::kInt);
+      views_.rbt = core::RegionViews(device_, rbt_, R_, at::kInt, MB * cfg.dcp_world_size);
+      md_.dcp.world_size = cfg.dcp_world_size;
+      md_.dcp.rank = cfg.dcp_rank;
+      md_.dcp.interleave = cfg.cp_kv_cache_interleave_size;
+    }
     if (offload_) {
       views_.ttr.resize(T);
       views_.rid = core::RegionViews(device_, rid_, R_, at::kLong);
@@ -121,6 +137,7 @@ class MetadataBuilder::Lane {
     pi.rope_positions = rope_.positions();
     pi.pad_decode_batch = cfg_.graph_decode_padding;
     pi.treat_short_extends_as_decodes = !offload_ || cfg_.offload->is_decode_consumer;
+    pi.dcp = plan::DcpShard{cfg_.dcp_world_size, cfg_.dcp_rank, cfg_.cp_kv_cache_interleave_size};
 
     plan::SfaStepBuffers pb;
     pb.query_start_loc = plan::Span<int32_t>(s + qsl_.offset, R_ + 1);
@@ -132,6 +149,15 @@ class MetadataBuilder::Lane {
     pb.positions = plan::Span<int32_t>(positions_.data(), n);
     pb.cum_query_lens_list = plan::Span<int64_t>(cql_list_.data(), cql_list_.size());
     pb.seq_lens_list = plan::Span<int64_t>(seq_list_.data(), seq_list_.size());
+    if (dcp_) {
+      const int64_t rs = MB * cfg_.dcp_world_size;
+      pb.dcp_block_lens = plan::Span<int32_t>(dcp_block_lens_.data(), dcp_block_lens_.size());
+      pb.dcp_seq_lens = plan::Span<int32_t>(s + dseq_.offset, R_);
+      pb.dcp_seq_lens_list = plan::Span<int64_t>(dseq_list_.data(), dseq_list_.size());
+      pb.replicated_block_table = plan::Span<int32_t>(s + rbt_.offset, R_ * rs);
+      pb.replicated_stride = static_cast<int32_t>(rs);
+      pb.replicated_slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + tr.islots), n);
+    }
 
     // Everything that can fail happens in here, before its first write.
     const plan::SfaStepPlan p = plan::plan_sfa_step(pi, pb);
@@ -169,7 +195,9 @@ class MetadataBuilder::Lane {
     }
     // One host-to-device copy (device path): from the step's first slot to its
     // last block-table row. Then the turn passes to the next host buffer.
-    buffers_->copy(tr.slots, bt_.offset + static_cast<int64_t>(Bk) * MB - tr.slots);
+    const int64_t copy_end = dcp_ ? rbt_.offset + static_cast<int64_t>(Bk) * MB * cfg_.dcp_world_size
+                                  : bt_.offset + static_cast<int64_t>(Bk) * MB;
+    buffers_->copy(tr.slots, copy_end - tr.slots);
     buffers_->finish();
     counter_.next(md_.stamp);
 
@@ -195,6 +223,13 @@ class MetadataBuilder::Lane {
     md_.seq_lens_list = c10::IntArrayRef(seq_list_.data(), Bk);
     md_.cum_query_lens_list = c10::IntArrayRef(cql_list_.data(), Bk);
     if (offload_) fill_offload(s, turn, tr, p);
+    if (dcp_) {
+      md_.dcp.seq_lens = views_.dseq.first(Bk);
+      md_.dcp.indexer_block_table = views_.rbt.first(Bk);
+      md_.dcp.indexer_slot_mapping =
+          views_.islots.get(t_in, [&] { return device_.narrow(0, tr.islots, 2 * n).view(at::kLong); });
+      md_.dcp.seq_lens_list = c10::IntArrayRef(dseq_list_.data(), Bk);
+    }
     return md_;
   }
 
@@ -202,7 +237,7 @@ class MetadataBuilder::Lane {
   // Word offsets of a step's token views: packed together, ending (up to
   // alignment) where the request part begins.
   struct TokenRegion {
-    int64_t slots, cos, sin, ttr;
+    int64_t slots, cos, sin, ttr, islots;
   };
   // Kept for the last n: steady-state steps repeat their token count.
   const TokenRegion& token_region(int64_t n) {
@@ -210,7 +245,8 @@ class MetadataBuilder::Lane {
       const int64_t W = rope_.row_words();
       TokenRegion& r = token_region_;
       core::StagingLayout::pack_before(
-          qsl_.offset, {{&r.slots, 2 * n}, {&r.cos, n * W}, {&r.sin, n * W}, {&r.ttr, offload_ ? n : 0}});
+          qsl_.offset, {{&r.slots, 2 * n}, {&r.cos, n * W}, {&r.sin, n * W}, {&r.ttr, offload_ ? n : 0},
+                        {&r.islots, dcp_ ? 2 * n : 0}});
       token_region_n_ = n;
     }
     return token_region_;
@@ -258,6 +294,8 @@ class MetadataBuilder::Lane {
     core::ViewCache slots, cos, sin;       // by num_input_tokens (the token region's packing)
     core::ViewCache ttr;                   // offload: by num_input_tokens
     core::RegionViews rid, pcql;           // offload: by num_reqs / num_prefills
+    core::ViewCache islots;                // DCP: by num_input_tokens
+    core::RegionViews dseq, rbt;           // DCP: by num_kernel_reqs
   };
   // Offload: the prefill views of the last (num_decodes, num_prefills).
   struct PrefillViews {
@@ -280,6 +318,10 @@ class MetadataBuilder::Lane {
   TokenRegion token_region_;
   int64_t token_region_n_ = -1;
   core::Region rid_, pcql_;           // offload only
+  bool dcp_ = false;
+  core::Region dseq_, rbt_;           // DCP only
+  std::vector<int32_t> dcp_block_lens_;  // DCP, host scratch of the plan
+  std::vector<int64_t> dseq_list_;
   std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_;
   std::vector<int32_t> positions_;          // host only: the RoPE rows are gathered on the host
@@ -308,6 +350,15 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(!(cfg.offload.has_value() && cfg.graph_decode_padding), "graph_decode_padding pads graph "
                 "buckets, but the KV-offload path is eager only (docs/design/sfa.md §6: upstream runs its LRU as a host callback "
                 "inside the graph; not implemented): drop one of offload / graph_decode_padding");
+  AAR_CHECK_ARG(cfg.dcp_world_size >= 1 && cfg.dcp_rank >= 0 && cfg.dcp_rank < cfg.dcp_world_size, "dcp_rank=",
+                cfg.dcp_rank, " is not a rank of a DCP group of dcp_world_size=", cfg.dcp_world_size);
+  AAR_CHECK_ARG(cfg.cp_kv_cache_interleave_size >= 1 && cfg.block_size % cfg.cp_kv_cache_interleave_size == 0,
+                "cp_kv_cache_interleave_size=", cfg.cp_kv_cache_interleave_size,
+                " must be positive and divide block_size=", cfg.block_size);
+  if (cfg.dcp_world_size > 1 && cfg.offload.has_value()) {
+    throw_not_supported("offload with dcp_world_size=", cfg.dcp_world_size,
+                        ": the KV-offload builder has no context-parallel variant (upstream's neither)");
+  }
   const int32_t drafts = cfg.num_drafts.value_or(cfg.num_speculative_tokens);
   AAR_CHECK_ARG(drafts >= 0 && drafts <= 15, "num_drafts must be in [0, 15], got ", drafts);
   AAR_CHECK_ARG(cfg.staging_buffers >= 1 && cfg.staging_buffers <= aar::detail::StagingBuffers::kMaxHostBuffers,

@@ -3,10 +3,14 @@
 
 #include <ATen/ATen.h>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "../common/kv_cache.h"
+#include "../latent/dcp_query.h"
 #include "../latent/latent_core.h"
+#include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/sparse/topk_remap.h"
 #include "indexer_workspace.h"
 #include "offload_layer.h"
 #include "sparse_attention.h"
@@ -62,12 +66,13 @@ bool is_one_byte_cache_dtype(at::ScalarType t) {
 // One cache of the composed tuple: (num_blocks >= the metadata's, block_size,
 // 1, width) in `dtype` (what `dtype_is` says it must be), contiguous.
 void check_cache(const at::Tensor& c, const char* name, int64_t width, const Metadata& md, at::ScalarType dtype,
-                 const char* dtype_is, c10::Device device) {
+                 const char* dtype_is, c10::Device device, int64_t replicas = 1) {
   AAR_CHECK_ARG(c.defined() && c.dim() == 4 && c.size(1) == md.block_size && c.size(2) == 1 && c.size(3) == width,
                 name, " must have shape (num_blocks, block_size=", md.block_size, ", 1, ", width, "), got ",
                 c.defined() ? c.sizes() : c10::IntArrayRef{});
-  AAR_CHECK_ARG(c.size(0) >= md.num_blocks, name, " has ", c.size(0), " blocks, fewer than the metadata's ",
-                md.num_blocks);
+  AAR_CHECK_ARG(c.size(0) >= md.num_blocks * replicas, name, " has ", c.size(0), " blocks, fewer than the metadata's ",
+                md.num_blocks, replicas > 1 ? " x dcp_world_size=" : "", replicas > 1 ? std::to_string(replicas) : "",
+                replicas > 1 ? " (the indexer cache is replicated over the DCP group, docs/design/sparse_cp.md §2)" : "");
   AAR_CHECK_ARG(c.scalar_type() == dtype, name, " dtype ", c.scalar_type(), " is not ", dtype, " (", dtype_is, ")",
                 is_one_byte_cache_dtype(c.scalar_type()) != is_one_byte_cache_dtype(dtype)
                     ? (is_one_byte_cache_dtype(c.scalar_type()) ? "; a quantised cache: the layer's C8 flag for it is off"
@@ -161,8 +166,20 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   AAR_CHECK_ARG(!pc.enable_sparse_sfa_c8 || cfg_.sfa_c8, "preprocess.enable_sparse_sfa_c8 is set but sfa_c8 is "
                 "not: the layer's SFA C8 is ImplConfig::sfa_c8 (the selection follows it)");
   pc.enable_sparse_sfa_c8 = cfg_.sfa_c8;
-  if (pc.dsa_cp) throw_not_supported("dsa_cp: DSA context parallel is not implemented by this layer");
-  if (pc.dcp_size > 1) throw_not_supported("dcp_size=", pc.dcp_size, ": DCP is not implemented by this layer");
+  // docs/design/sparse_cp.md §1: the mode from the two switches; the DCP size is the comm's.
+  const int64_t dcp_world = cfg_.dcp_comm != nullptr ? cfg_.dcp_comm->size() : 1;
+  AAR_CHECK_ARG(pc.dcp_size == 1 || pc.dcp_size == dcp_world, "preprocess.dcp_size=", pc.dcp_size,
+                " but the layer's dcp_comm has ", dcp_world, " rank(s): DCP is the dcp_comm's group");
+  pc.dcp_size = dcp_world;
+  const CpMode mode = resolve_cp_mode(pc.dsa_cp, pc.dcp_size);
+  if (mode == CpMode::Dcp) {
+    if (cfg_.sfa_c8) {
+      throw_not_supported("sfa_c8 with DCP (dcp_comm of ", dcp_world, " ranks): the KV-quant sparse attention's "
+                          "LSE path under DCP is not implemented (docs/design/sparse_cp.md §6)");
+    }
+    AAR_CHECK_ARG(!cfg_.offload.has_value(), "offload with DCP (dcp_comm of ", dcp_world,
+                  " ranks): the KV-offload layer has no context-parallel variant");
+  }
   choice_ = resolve_preprocess(pc);
   if (choice_.kind == Preprocess::Mlapo && (cfg_.q_norm_eps != 1e-6 || cfg_.kv_norm_eps != 1e-6)) {
     throw_not_supported("MLAPO (", choice_.reason, ") with q_norm_eps=", cfg_.q_norm_eps, ", kv_norm_eps=",
@@ -264,6 +281,17 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
+  const int32_t comm_size = cfg_.dcp_comm != nullptr ? cfg_.dcp_comm->size() : 1;
+  if (md.dcp.world_size > 1) {
+    AAR_CHECK_ARG(cfg_.dcp_comm != nullptr, "metadata was built for DCP (dcp_world_size=", md.dcp.world_size,
+                  ") but the layer has no dcp_comm");
+    AAR_CHECK_ARG(comm_size == md.dcp.world_size && cfg_.dcp_comm->rank() == md.dcp.rank,
+                  "metadata was built for DCP rank ", md.dcp.rank, " of ", md.dcp.world_size,
+                  " but the layer's dcp_comm is rank ", cfg_.dcp_comm->rank(), " of ", comm_size);
+  } else {
+    AAR_CHECK_ARG(comm_size == 1, "the layer's dcp_comm has ", comm_size,
+                  " ranks but the metadata was built without DCP (dcp_world_size=1)");
+  }
   // docs/design/sfa.md §2.2: the main part, then the indexer part, per the layer's flags.
   const bool has_idx = cfg_.indexer.has_value();
   const bool sfa_c8 = cfg_.sfa_c8, li_c8 = cfg_.li_c8;
@@ -300,14 +328,14 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
     const char* kn = no_main ? "kv_cache[0] (indexer k)" : sfa_c8 ? "kv_cache[1] (indexer k)" : "kv_cache[2] (indexer k)";
     c.index_k = kv[n_main];
     check_cache(c.index_k, kn, cfg_.indexer->head_dim, md, li_c8 ? c8 : dtype, li_c8 ? c8_dtype_rule(dk) : kModelIs,
-                dev);
+                dev, md.dcp.world_size);
     if (li_c8) {
       const char* sn = no_main  ? "kv_cache[1] (indexer scale)"
                        : sfa_c8 ? "kv_cache[2] (indexer scale)"
                                 : "kv_cache[3] (indexer scale)";
       c.index_scale = kv[n_main + 1];
       check_cache(c.index_scale, sn, 1, md, dk == plan::DeviceKind::A5 ? at::kFloat : at::kHalf, c8_scale_rule(dk),
-                  dev);
+                  dev, md.dcp.world_size);
       AAR_CHECK_ARG(c.index_scale.size(0) == c.index_k.size(0), sn, " has ", c.index_scale.size(0),
                     " blocks but ", kn, " has ", c.index_k.size(0), " (one scale per key row)");
     }
@@ -375,8 +403,12 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
                                               [&] { return md.cos.narrow(0, 0, tk).view({tk, 1, 1, R}); });
   const at::Tensor& sin = LatentCore::view_of(md.sin, tk, seen_.sin_src, seen_.sin4,
                                               [&] { return md.sin.narrow(0, 0, tk).view({tk, 1, 1, R}); });
-  const at::Tensor& slots = LatentCore::view_of(md.slot_mapping, tk, seen_.slots_src, seen_.slots2,
-                                                [&] { return md.slot_mapping.narrow(0, 0, tk).view({tk, 1}); });
+  // Under DCP the indexer cache is replicated: its own slots and block table (docs/design/sparse_cp.md §2).
+  const bool dcp = md.dcp.world_size > 1;
+  const at::Tensor& idx_slots = dcp ? md.dcp.indexer_slot_mapping : md.slot_mapping;
+  const at::Tensor& idx_table = dcp ? md.dcp.indexer_block_table : md.block_table;
+  const at::Tensor& slots = LatentCore::view_of(idx_slots, tk, seen_.slots_src, seen_.slots2,
+                                                [&] { return idx_slots.narrow(0, 0, tk).view({tk, 1}); });
   ops::dense::linear_out(v.k, x, w.wk);
   ops::dense::layer_norm_out(v.k, v.k, w.k_norm_weight, w.k_norm_bias, ic.k_norm_eps);
   indexer_rope_(v.k_head, cos, sin);                  // k: (tk, D)
@@ -396,7 +428,7 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
   set(a.weights, v.w);
   set(a.actual_seq_lengths_query, md.cum_query_lens);
   set(a.actual_seq_lengths_key, md.seq_lens);
-  set(a.block_table, md.block_table);
+  set(a.block_table, idx_table);
   a.layout_query = "TND";
   a.layout_key = "PA_BSND";
   a.sparse_count = ic.topk;
@@ -436,7 +468,7 @@ at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, co
   b.weights = ops::dense::cast(weights, at::kHalf);  // docs/design/sparse.md §4: fp16 weights in the C8 path
   b.actual_seq_lengths_query = md.cum_query_lens;
   b.actual_seq_lengths_key = md.seq_lens;
-  b.block_table = md.block_table;
+  b.block_table = md.dcp.world_size > 1 ? md.dcp.indexer_block_table : md.block_table;
   b.layout_query = "TND";
   b.layout_key = "PA_BSND";
   b.sparse_count = ic.topk;
@@ -495,6 +527,49 @@ at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, co
   }
   return detail::sparse_attention(sfa_args_, {qn, qr, topk, c.nope, c.rope, md.block_table, md.cum_query_lens,
                                                md.seq_lens, cfg_.scale});
+}
+
+at::Tensor Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                      const Caches& c, const Metadata& md, int64_t tk) {
+  // docs/design/sparse_cp.md §5: every rank holds the step's tokens and this rank's heads; the
+  // KV of a request is spread over the group, the indexer saw all of it (replicated).
+  cp::Comm& comm = *cfg_.dcp_comm;
+  const mla::Dims& d = cfg_.dims;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const cp::DcpViews& w =
+      mla::detail::latent_dcp_views(comm, {d.num_heads, L, R, cfg_.workspace_group}, qn, tk, dcp_ws_);
+  mla::detail::latent_dcp_stage_query(comm, w, qn, qr);  // (tk, W*H, L + R) gathered, then split
+  const auto [qn_all, qr_all] = mla::detail::latent_dcp_split_query(w, L, R);
+  // The selection in this rank's local positions, valid entries first (the kernel's scan
+  // stops at the first -1); sparse_mode 0 with the local lengths: the indexer already
+  // applied causality in global positions.
+  const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk, md.dcp.world_size, md.dcp.rank,
+                                                               md.dcp.interleave);
+  ops::SparseFlashAttentionArgs& a = dcp_sfa_args_;
+  a.query = qn_all.squeeze(2);
+  a.query_rope = qr_all.squeeze(2);
+  a.key = c.nope;
+  a.value = c.nope;
+  a.key_rope = c.rope;
+  a.sparse_indices = local_topk;
+  a.scale_value = cfg_.scale;
+  a.block_table = md.block_table;  // the main cache's local blocks
+  a.actual_seq_lengths_query = md.cum_query_lens;
+  a.actual_seq_lengths_kv = md.dcp.seq_lens;
+  a.sparse_block_size = 1;
+  a.layout_query = "TND";
+  a.layout_kv = "PA_BSND";
+  a.sparse_mode = 0;
+  a.attention_mode = 2;
+  a.return_softmax_lse = true;
+  const auto [o, mx, sm] = ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend);
+  // lse = max + log(sum), (1, tk, W*H) -> (tk, W*H, 1); an empty selection gives -inf.
+  w.partial_out.copy_(o);
+  at::Tensor lse = w.partial_lse;
+  at::add_out(lse, mx.view({tk, -1, 1}), sm.view({tk, -1, 1}).log());
+  at::Tensor merged = at::empty({tk, d.num_heads, L}, o.options());
+  cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+  return merged;
 }
 
 const at::Tensor& Impl::select_topk(const at::Tensor& x, const mla::detail::LatentQuery& q, const Caches& c,
@@ -621,7 +696,8 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
                                       stable);
   if (packed_here) store_packed_rows(kv.k_nope, kv.k_rope, c, md, tk);
   select_topk(x, q, c, md, topk, tk);
-  const at::Tensor attn = sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);  // (tk, H, L)
+  const at::Tensor attn = md.dcp.world_size > 1 ? dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk)
+                                                : sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);  // (tk, H, L)
   const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tk);                                         // (tk, H*V)
   if (rows == tk) {
     ops::dense::linear_out(output, y, core_->weights().o_proj);
@@ -672,6 +748,27 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   }
   run(hidden, c, md, topk, output, tk, /*stable=*/false);
   return output;
+}
+
+const char* to_string(CpMode m) {
+  switch (m) {
+    case CpMode::Plain: return "plain";
+    case CpMode::DsaCp: return "dsa_cp";
+    case CpMode::Dcp: return "dcp";
+    case CpMode::DsaCpDcp: return "dsa_cp_dcp";
+  }
+  return "?";
+}
+
+CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size) {
+  AAR_CHECK_ARG(dcp_size >= 1, "dcp_size must be >= 1, got ", dcp_size);
+  const CpMode m = dsa_cp ? (dcp_size > 1 ? CpMode::DsaCpDcp : CpMode::DsaCp) : (dcp_size > 1 ? CpMode::Dcp : CpMode::Plain);
+  if (m == CpMode::DsaCp || m == CpMode::DsaCpDcp) {
+    throw_not_supported("dsa_cp=True", dcp_size > 1 ? " with dcp_size=" + std::to_string(dcp_size) : std::string(),
+                        ": SFA's DSA-CP token sharding (docs/design/sparse_cp.md §1, §4) is not implemented yet; "
+                        "the modes built are plain and DCP with the replicated indexer");
+  }
+  return m;
 }
 
 }  // namespace aar::sfa

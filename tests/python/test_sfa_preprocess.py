@@ -281,7 +281,8 @@ def test_unimplemented_configurations_are_rejected_by_name():
         m.impl(is_kv_consumer=True, enable_sparse_sfa_c8=True)
     with pytest.raises(RuntimeError, match="dsa_cp"):
         m.impl(dsa_cp=True)
-    with pytest.raises(RuntimeError, match="dcp_size=2"):
+    # DCP is the dcp_comm's group (test_sfa_dcp): a dcp_size without one names both
+    with pytest.raises(ValueError, match="dcp_size=2 but the layer's dcp_comm has 1 rank"):
         m.impl(dcp_size=2)
     with pytest.raises(TypeError):  # KV offload is the layer's `offload` config (test_sfa_offload)
         m.impl(kv_offload=True)

@@ -2,8 +2,11 @@
 #include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/cp/plan/cp_groups.h"
+#include "ascend_attn_rt/cp/plan/sparse_cp.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
 #include "../../plan/block_scan.h"
 #include "../../plan/internal.h"
@@ -36,10 +39,31 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
                                                         buf.block_table.data(), buf.block_table_stride);
   const int32_t* seqs = in.seq_lens.data();
   const int32_t* table = in.block_table.data();
+  // DCP (docs/design/sparse_cp.md §2): the block table holds this rank's local blocks, so
+  // the columns a request reads follow rank 0's local length (the longest).
+  const DcpShard& dcp = in.dcp;
+  const bool use_dcp = dcp.world > 1;
+  AAR_CHECK_ARG(dcp.world >= 1 && dcp.world <= kMaxCpMergePartitions && dcp.rank >= 0 && dcp.rank < dcp.world,
+                "dcp: rank ", dcp.rank, " of world size ", dcp.world, " is not a valid DCP rank (world in [1, ",
+                kMaxCpMergePartitions, "])");
+  AAR_CHECK_ARG(dcp.interleave >= 1 && in.block_size % dcp.interleave == 0, "dcp: cp_kv_cache_interleave_size=",
+                dcp.interleave, " must be positive and divide block_size=", in.block_size);
+  if (use_dcp) {
+    check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
+    for (std::size_t r = 0; r < b; ++r) {
+      buf.dcp_block_lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0))
+                                          : 0;
+    }
+  } else {
+    AAR_CHECK_ARG(buf.dcp_seq_lens.empty() && buf.replicated_block_table.empty() &&
+                      buf.replicated_slot_mapping.empty(),
+                  "buffers: the DCP outputs are given but dcp.world is 1");
+  }
   int32_t last_ids[detail::kStashRows];
   const detail::RequestScan scan =
       detail::scan_requests(qsl, seqs, b, in.num_spec_tokens.empty() ? nullptr : in.num_spec_tokens.data(), table,
-                            in_stride, in.block_size, in.num_blocks, in.rope_positions, last_ids);
+                            in_stride, in.block_size, in.num_blocks, in.rope_positions, last_ids,
+                            use_dcp ? buf.dcp_block_lens.data() : nullptr);
 
   SfaStepPlan plan;
   plan.state = in.attn_state.has_value() ? *in.attn_state
@@ -49,7 +73,21 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   const bool all_decodes = b > 0 && scan.max_query_len <= thr;
   AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",
                 in.is_prefilling.size(), " entries, expected 0 or one per request (", b, ")");
-  if (all_decodes && in.treat_short_extends_as_decodes) {
+  const bool short_as_decodes = in.treat_short_extends_as_decodes && !use_dcp;
+  if (use_dcp && in.is_prefilling.empty()) {
+    // Without flags the DCP split's is_prefilling is "a fresh request" (docs/design/sparse_cp.md §2).
+    thread_local std::vector<uint8_t> fresh;
+    fresh.resize(b);
+    for (std::size_t r = 0; r < b; ++r) fresh[r] = seqs[r] == qsl[r + 1] - qsl[r];
+    SplitInputs split_in;
+    split_in.query_start_loc = qsl;
+    split_in.num_actual_tokens = t_real;
+    split_in.max_query_len = scan.max_query_len;
+    split_in.decode_threshold = thr;
+    split_in.treat_short_extends_as_decodes = false;
+    split_in.is_prefilling = CSpan<uint8_t>(fresh.data(), b);
+    plan.split = split_decodes_and_prefills(split_in);
+  } else if (all_decodes && short_as_decodes) {
     // The split rule's fast path (docs/design/gqa.md §2.2), qsl already validated.
     plan.split = SplitResult{static_cast<int32_t>(b), 0, t_real, 0};
   } else {
@@ -58,7 +96,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
     split_in.num_actual_tokens = t_real;
     split_in.max_query_len = scan.max_query_len;
     split_in.decode_threshold = thr;
-    split_in.treat_short_extends_as_decodes = in.treat_short_extends_as_decodes;
+    split_in.treat_short_extends_as_decodes = short_as_decodes;
     split_in.is_prefilling = in.is_prefilling;
     plan.split = split_decodes_and_prefills(split_in);
   }
@@ -85,6 +123,29 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   check_room(buf.positions.size(), ti, "buffers.positions");
   check_optional_room(buf.cum_query_lens_list.size(), bk, "buffers.cum_query_lens_list");
   check_optional_room(buf.seq_lens_list.size(), bk, "buffers.seq_lens_list");
+  if (use_dcp) {
+    check_room(buf.dcp_seq_lens.size(), bk, "buffers.dcp_seq_lens");
+    check_optional_room(buf.dcp_seq_lens_list.size(), bk, "buffers.dcp_seq_lens_list");
+    check_room(buf.replicated_slot_mapping.size(), ti, "buffers.replicated_slot_mapping");
+    AAR_CHECK_ARG(buf.replicated_stride >= in.block_table_stride * dcp.world, "buffers.replicated_stride=",
+                  buf.replicated_stride, " is below block_table_stride x world = ", in.block_table_stride, " x ",
+                  dcp.world);
+    check_room(buf.replicated_block_table.size(), bk * static_cast<std::size_t>(buf.replicated_stride),
+               "buffers.replicated_block_table");
+    // The replicated views (docs/design/sparse_cp.md §2) validate their own reads (the
+    // columns were checked above) and write only their own buffers, before any other write.
+    DcpReplicatedInputs ri;
+    ri.block_table = in.block_table;
+    ri.block_table_stride = in.block_table_stride;
+    ri.seq_lens = in.seq_lens;
+    ri.world = dcp.world;
+    ri.block_size = in.block_size;
+    ri.num_blocks = in.num_blocks;
+    dcp_replicated_block_table(ri, buf.replicated_block_table.first(b * static_cast<std::size_t>(buf.replicated_stride)),
+                               buf.replicated_stride);
+    dcp_replicated_slot_mapping(qsl, in.seq_lens, buf.replicated_block_table, buf.replicated_stride, in.block_size,
+                                buf.replicated_slot_mapping.first(ti));
+  }
 
   // ---------------------------------------------------------------- write
   if (!buf.query_start_loc.empty()) std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
@@ -95,7 +156,32 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   std::copy(seqs, seqs + b, kv);
   int64_t* slots = buf.slot_mapping.data();
   int32_t* pos = buf.positions.data();
-  if (scan.all_sched_one && b > 0) {
+  if (use_dcp) {
+    // This rank's local slots (docs/design/sparse_cp.md §2): the owner writes, -1 elsewhere.
+    const int64_t W = dcp.world, I = dcp.interleave, bsz = in.block_size;
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t begin = qsl[r], end = qsl[r + 1];
+      const int32_t pos0 = seqs[r] - (end - begin);
+      const int32_t* row = table + r * in_stride;
+      for (int32_t t = begin; t < end; ++t) {
+        const int64_t p = pos0 + (t - begin);
+        pos[t] = static_cast<int32_t>(p);
+        if ((p / I) % W != dcp.rank) {
+          slots[t] = kPadSlot;
+          continue;
+        }
+        const int64_t li = (p / (W * I)) * I + p % I;
+        slots[t] = static_cast<int64_t>(row[li / bsz]) * bsz + li % bsz;
+      }
+    }
+    int32_t* lk = buf.dcp_seq_lens.data();
+    for (std::size_t r = 0; r < b; ++r) lk[r] = static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, dcp.rank));
+    std::fill(lk + b, lk + bk, 0);
+    if (!buf.dcp_seq_lens_list.empty()) std::copy(lk, lk + bk, buf.dcp_seq_lens_list.data());
+    std::fill(buf.replicated_slot_mapping.data() + t_real, buf.replicated_slot_mapping.data() + t_in, int64_t{kPadSlot});
+    const std::size_t rs = static_cast<std::size_t>(buf.replicated_stride);
+    std::fill(buf.replicated_block_table.data() + b * rs, buf.replicated_block_table.data() + bk * rs, 0);
+  } else if (scan.all_sched_one && b > 0) {
     detail::write_one_token_slots(seqs, b, table, in_stride, in.block_size, last_ids, scan.num_last, slots, pos);
   } else {
     detail::write_token_slots(qsl, seqs, b, table, in_stride, in.block_size, slots,

@@ -69,6 +69,14 @@ struct BuilderConfig : core::BuilderCore {
   // Metadata::offload. The offload path is eager only: graph_decode_padding
   // and build_for_graph_capture are refused with it.
   std::optional<BuilderOffloadConfig> offload;
+  // Decode context parallel with the replicated indexer (docs/design/sparse_cp.md §2):
+  // this rank's place in the DCP group and the interleave size I (block_size % I == 0).
+  // The engine's block table holds the group's local blocks (one table for the group);
+  // the indexer cache has num_blocks * dcp_world_size blocks (replicated on every rank).
+  // Not combinable with offload (refused by name).
+  int32_t dcp_world_size = 1;
+  int32_t dcp_rank = 0;
+  int32_t cp_kv_cache_interleave_size = 1;
 };
 
 // The step (core::StepInput via mla::BuildInputs). What the SFA builders

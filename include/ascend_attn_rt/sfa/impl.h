@@ -36,6 +36,10 @@ class OffloadLayer;
 namespace aar::graph {
 class GraphParams;
 }
+namespace aar::cp {
+class Comm;
+class DcpWorkspace;
+}
 
 namespace aar::sfa {
 
@@ -85,7 +89,19 @@ struct ImplConfig {
   PreprocessConfig preprocess;
   // Sparse KV offload (docs/design/sfa.md §6; see above and sfa/offload.h).
   std::optional<OffloadConfig> offload;
+  // Decode context parallel with the replicated indexer (docs/design/sparse_cp.md §5): the
+  // DCP group (null or one rank: no DCP). Metadata built with dcp_world_size > 1 needs the
+  // matching comm (same size and rank); preprocess.dcp_size follows it. The comm must
+  // outlive the layer.
+  cp::Comm* dcp_comm = nullptr;
 };
+
+// The context-parallel modes of SFA from its two switches (docs/design/sparse_cp.md §1).
+enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3 };
+const char* to_string(CpMode m);
+// The mode of (dsa_cp, dcp_size); NotSupported names the modes this runtime does not build
+// yet (DSA-CP, alone or with DCP); InvalidArgument for dcp_size < 1.
+CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size);
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
 const char* to_string(TopkSource s);
@@ -182,6 +198,11 @@ class Impl {
                          int64_t tk);
   at::Tensor sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Caches& c,
                               const Metadata& md);
+  // DCP (docs/design/sparse_cp.md §5): the query gathered over the group, the top-k remapped
+  // to this rank's positions, sparse attention over the local shard with its LSE, the
+  // partials exchanged and merged into this rank's heads: (tk, H, L).
+  at::Tensor dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                  const Caches& c, const Metadata& md, int64_t tk);
 
   ImplConfig cfg_;
   std::shared_ptr<mla::detail::LatentCore> core_;
@@ -191,6 +212,8 @@ class Impl {
   std::unique_ptr<detail::OffloadLayer> offload_;  // ImplConfig::offload
   ops::LightningIndexerArgs li_args_;              // kept between calls: a steady-state call assigns nothing new
   ops::SparseFlashAttentionArgs sfa_args_;
+  ops::SparseFlashAttentionArgs dcp_sfa_args_;
+  std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP intermediates, shared by the layers of one shape
   at::Tensor hadamard_;  // LI C8: H_D / sqrt(D) in the weights' dtype
   TopkSource last_topk_ = TopkSource::None;
   PreprocessChoice choice_;

@@ -47,6 +47,20 @@ struct OffloadMetadata {
   plan::CSpan<int32_t> decode_stable_prefix;
 };
 
+// Decode context parallel with the replicated indexer (docs/design/sparse_cp.md §2, §5):
+// world_size 1 (every tensor empty) without DCP. Under DCP the Metadata's block_table,
+// slot_mapping and seq_lens are the main cache's (this rank's local blocks and slots, the
+// GLOBAL lengths the indexer reads), and these are what the other kernels read.
+struct DcpMetadata {
+  int32_t world_size = 1;
+  int32_t rank = 0;
+  int32_t interleave = 1;
+  at::Tensor seq_lens;              // device int32 (B_k): this rank's local KV lengths (sparse attention)
+  at::Tensor indexer_block_table;   // device int32 (B_k, max_blocks_per_req * W): the replicated view
+  at::Tensor indexer_slot_mapping;  // device int64 (num_input_tokens): the indexer cache's slots
+  c10::IntArrayRef seq_lens_list;   // host copy of seq_lens
+};
+
 // The step's counts (core::StepCounts: num_reqs the real requests B,
 // num_kernel_reqs B_k = B + graph padding dummies; the split counts are the
 // split rule on the batch as given: informational for plain SFA, the offload
@@ -66,6 +80,7 @@ struct Metadata : core::StepCounts {
   c10::IntArrayRef seq_lens_list;  // host copies of the two length lists (B_k), for tests/tracing
   c10::IntArrayRef cum_query_lens_list;
   OffloadMetadata offload;     // BuilderConfig::offload only
+  DcpMetadata dcp;             // BuilderConfig::dcp_world_size > 1 only
   BuildStamp stamp;
 };
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "ascend_attn_rt/cp/plan/dcp_layout.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/plan/split.h"
@@ -48,6 +49,14 @@ struct SfaStepInputs : StepInput {
   // (docs/design/sfa.md §6) and, when that is false, the per-request "still prefilling its
   // prompt" flags (StepInput::is_prefilling, B entries, required then by the rule).
   bool treat_short_extends_as_decodes = true;
+  // Decode context parallel with the replicated indexer (docs/design/sparse_cp.md §2, §5):
+  // world > 1 plans this rank's step. The main (latent) cache is DCP-local: the block table
+  // holds this rank's local blocks, slot_mapping gets the local slots (owner(pos) == rank,
+  // -1 elsewhere), dcp_seq_lens the local KV lengths; the indexer cache is replicated, read
+  // through replicated_block_table / replicated_slot_mapping with the global seq_lens.
+  // The interleave must divide block_size. The split then counts a short extend as a prefill
+  // (upstream's treat_short_extends_as_decodes=False under DCP; informational for SFA).
+  DcpShard dcp;
 };
 
 // Caller-owned outputs. Required spans must have room for what the step
@@ -62,6 +71,13 @@ struct SfaStepBuffers {
   Span<int32_t> positions;            // >= num_input_tokens: token positions (RoPE rows), 0 past qsl[B]
   Span<int64_t> cum_query_lens_list;  // optional, >= B_k: int64 host copy of cum_query_lens
   Span<int64_t> seq_lens_list;        // optional, >= B_k: int64 host copy of seq_lens
+  // DCP only (SfaStepInputs::dcp.world > 1; must be empty otherwise):
+  Span<int32_t> dcp_block_lens;           // >= B, scratch: rank 0's local lengths (the block-table columns read)
+  Span<int32_t> dcp_seq_lens;             // >= B_k: this rank's local KV lengths, 0 for dummies
+  Span<int64_t> dcp_seq_lens_list;        // optional, >= B_k: int64 host copy of dcp_seq_lens
+  Span<int32_t> replicated_block_table;   // >= B_k * replicated_stride (cp/plan/sparse_cp.h), dummy rows 0
+  int32_t replicated_stride = 0;          // >= block_table_stride * world
+  Span<int64_t> replicated_slot_mapping;  // >= num_input_tokens: the indexer cache's slots, -1 past qsl[B]
 };
 
 struct SfaStepPlan {

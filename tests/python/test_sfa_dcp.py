@@ -1,0 +1,250 @@
+"""SFA decode context parallel with the replicated indexer (docs/design/sparse_cp.md §2, §3, §5) over real gloo
+process groups of 2 and 4 local processes.
+
+Every rank regenerates the same global step from one seed (weights, every request's tokens). Its private main
+cache (latent, rope) holds only the context tokens it owns (placement written here from docs/design/cp.md's
+formulas: owner(x) = (x // I) % W at local index (x // (W I)) I + x % I through the group's block table); its
+indexer cache holds EVERY context token (replicated: num_blocks * W blocks, local block b of rank r is block
+b * W + r). It runs the SFA builder and layer with the DCP group and compares, for the whole batch:
+  * the top-k rows with the single-rank float64 selection of _sfa_reference (ties to the lower position),
+  * the output with the float64 reference of the whole sequence (sparse attention over that selection),
+  * its caches after the step: its own new latent rows at their local slots, every new indexer row at its
+    replicated slot, nothing else touched,
+  * the collectives of a layer's step: one query all-gather and one all-to-all.
+"""
+
+import math
+
+import pytest
+import torch
+
+import ascend_attn_rt as aar
+from _cp_harness import run_ranks
+from _mla_reference import MlaDims, half_split, make_weights, project, rope_tables
+from _sfa_reference import IdxDims, indexer_keys, indexer_topk_request, make_indexer_weights, sfa_attend_request
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+sfa = aar.sfa
+F64 = torch.float64
+
+
+def _owner(x, W, I):
+    return (x // I) % W
+
+
+def _local_index(x, W, I):
+    return (x // (W * I)) * I + x % I
+
+
+def _local_len(n, W, I, k):
+    base = (n // I // W) * I
+    rem = n - base * W
+    return base + min(max(rem - k * I, 0), I)
+
+
+def _tol(dtype):
+    return dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+
+
+def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, seed=0, spec=0, K=8, pad=0):
+    d = MlaDims()
+    idx = IdxDims(K=K)
+    g = torch.Generator().manual_seed(seed)
+    ws = make_weights(d, dtype, g)
+    iw = make_indexer_weights(d, idx, dtype, g)
+    B = len(seq_lens)
+    xs = [torch.randn(s, d.hidden, generator=g, dtype=F64).to(dtype) for s in seq_lens]
+    # The group's block table: enough local blocks for rank 0 (the longest local sequence) and for the
+    # replicated columns (ceil(S / bs) replicated blocks use ceil(that / W) local columns).
+    per_req = [max(1, math.ceil(_local_len(s, W, I, 0) / bs), math.ceil(math.ceil(s / bs) / W)) for s in seq_lens]
+    nb = sum(per_req) + 2
+    perm = torch.randperm(nb, generator=g).tolist()
+    table = torch.zeros(B, max(per_req), dtype=torch.int32)
+    k = 0
+    for r, n in enumerate(per_req):
+        table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
+        k += n
+    rows, keys = [], []
+    for r in range(B):
+        pos = torch.arange(seq_lens[r])
+        _, _, c, k_rope = project(d, ws, xs[r], pos)
+        rows.append((c, half_split(k_rope)))
+        keys.append(indexer_keys(d, idx, iw, xs[r], pos))
+    return dict(d=d, idx=idx, ws=ws, iw=iw, B=B, nb=nb, table=table, xs=xs, rows=rows, keys=keys,
+                seq_lens=seq_lens, q_lens=q_lens, I=I, bs=bs, dtype=dtype, spec=spec, pad=pad)
+
+
+def _replicated_slot(table, r, p, W, bs):
+    col = p // bs
+    return (int(table[r, col // W]) * W + col % W) * bs + p % bs
+
+
+def _caches(st, W, rank, upto_context):
+    """This rank's caches: garbage, then its own main rows and every indexer row of positions < context
+    (upto_context) or of every position (the expected state after the step)."""
+    d, idx, bs, dtype, table, I = st["d"], st["idx"], st["bs"], st["dtype"], st["table"], st["I"]
+    cg = torch.Generator().manual_seed(100 + rank)
+    nope = torch.randn(st["nb"], bs, 1, d.L, generator=cg).to(dtype)
+    rope = torch.randn(st["nb"], bs, 1, d.R, generator=cg).to(dtype)
+    idx_k = torch.randn(st["nb"] * W, bs, 1, idx.D, generator=cg).to(dtype)
+    flat_idx = idx_k.view(-1, idx.D)
+    for r in range(st["B"]):
+        end = st["seq_lens"][r] - st["q_lens"][r] if upto_context else st["seq_lens"][r]
+        c, kr = st["rows"][r]
+        for p in range(end):
+            flat_idx[_replicated_slot(table, r, p, W, bs)] = st["keys"][r][p].to(dtype)
+            if _owner(p, W, I) != rank:
+                continue
+            li = _local_index(p, W, I)
+            blk, off = int(table[r, li // bs]), li % bs
+            nope[blk, off, 0] = c[p].to(dtype)
+            rope[blk, off, 0] = kr[p].to(dtype)
+    return nope, rope, idx_k
+
+
+def _impl(st, comm):
+    d, idx, iw = st["d"], st["idx"], st["iw"]
+    return sfa.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
+                    qk_rope_head_dim=d.R, v_head_dim=d.V, scale=1.0 / math.sqrt(d.P + d.R),
+                    index_n_head=idx.n_head, index_head_dim=idx.D, index_topk=idx.K, indexer_wq_b=iw["wq_b"],
+                    indexer_wk=iw["wk"], indexer_weights_proj=iw["weights_proj"],
+                    indexer_k_norm_weight=iw["k_norm_weight"], indexer_k_norm_bias=iw["k_norm_bias"],
+                    indexer_k_norm_eps=idx.eps, dcp_comm=comm, **st["ws"])
+
+
+def _builder(st, W, rank, **kw):
+    d, dtype = st["d"], st["dtype"]
+    cos, sin = rope_tables(max(st["seq_lens"]) + 4, d.R)
+    return sfa.MetadataBuilder(max_num_reqs=8, max_num_tokens=256, max_blocks_per_req=st["table"].shape[1],
+                               block_size=st["bs"], num_blocks=st["nb"], cos_table=cos.to(dtype),
+                               sin_table=sin.to(dtype), num_speculative_tokens=st["spec"], dcp_world_size=W,
+                               dcp_rank=rank, cp_kv_cache_interleave_size=st["I"], **kw)
+
+
+def _hidden(st):
+    seq_lens, q_lens, xs = st["seq_lens"], st["q_lens"], st["xs"]
+    h = torch.cat([xs[r][seq_lens[r] - q_lens[r]:] for r in range(st["B"])])
+    if st["pad"]:
+        h = torch.cat([h, torch.zeros(st["pad"], h.shape[1], dtype=h.dtype)])
+    return h
+
+
+def _qsl(q_lens):
+    return torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+
+
+def _run_step(comm, rank, W, graph=False, **spec):
+    """One DCP step on this rank: its output, top-k rows, caches after the step and facts."""
+    st = _make_step(W, **spec)
+    nope, rope, idx_k = _caches(st, W, rank, upto_context=True)
+    hidden = _hidden(st)
+    n_in = hidden.shape[0]
+    builder = _builder(st, W, rank, graph_decode_padding=graph)
+    impl = _impl(st, comm)
+    args = (_qsl(st["q_lens"]), torch.tensor(st["seq_lens"], dtype=torch.int32), st["table"])
+    out = torch.full_like(hidden, 7.0)
+    if graph:
+        # Captured once on the recording provider (nothing runs), rebuilt and replayed: the collectives
+        # run inside the replayed call, every rank replaying in the same order.
+        g = aar.GraphParams("recording")
+        buf = torch.zeros_like(hidden)
+        md = builder.build_for_graph_capture(*args, num_input_tokens=n_in)
+        comm.reset_counters()
+        with g.capture(n_in):
+            impl.forward(buf, [nope, rope, idx_k], md, out)
+        assert comm.calls == 0, "the recording capture runs nothing"
+        md = builder.build(*args, num_input_tokens=n_in)
+        buf.copy_(hidden)
+        g.replay(n_in)
+    else:
+        md = builder.build(*args, num_input_tokens=n_in)
+        comm.reset_counters()
+        impl.forward(hidden, [nope, rope, idx_k], md, out)
+    facts = dict(calls=(comm.calls_of("all_gather"), comm.calls_of("all_to_all_single")),
+                 local=md.dcp_seq_lens_list, world=md.dcp_world_size, rank=md.dcp_rank)
+    topk = impl.last_topk[:, 0].to(torch.int64)
+    return (out.double().numpy(), topk.numpy(), nope.double().numpy(), rope.double().numpy(),
+            idx_k.double().numpy(), facts)
+
+
+_REFERENCES = {}
+
+
+def _reference(st):
+    """(output, top-k rows) of the whole batch in float64, independent of the DCP layout (computed once)."""
+    d, idx, xs = st["d"], st["idx"], st["xs"]
+    key = (tuple(st["seq_lens"]), tuple(st["q_lens"]), st["dtype"], idx.K)
+    if key not in _REFERENCES:
+        scale = 1.0 / math.sqrt(d.P + d.R)
+        outs, tks = [], []
+        for r in range(st["B"]):
+            s, q = st["seq_lens"][r], st["q_lens"][r]
+            tk, _ = indexer_topk_request(d, idx, st["ws"], st["iw"], xs[r][:s], q)
+            outs.append(sfa_attend_request(d, st["ws"], xs[r][:s], q, scale, tk))
+            tks.append(tk)
+        _REFERENCES[key] = (torch.cat(outs), torch.cat(tks))
+    return _REFERENCES[key]
+
+
+def _check(W, results, spec):
+    st = _make_step(W, **spec)
+    ref, ref_topk = _reference(st)
+    tol = _tol(st["dtype"])
+    n = ref.shape[0]
+    for rank, (out, topk, nope, rope, idx_k, facts) in enumerate(results):
+        out = torch.from_numpy(out)
+        torch.testing.assert_close(out[:n], ref, **tol, msg=lambda m: f"rank {rank} output: {m}")
+        if out.shape[0] > n:
+            assert torch.all(out[n:] == 0), f"rank {rank}: padding rows must be o_proj(0) = 0"
+        got_topk = torch.from_numpy(topk)[:n]
+        if st["dtype"] == torch.float32:
+            assert torch.equal(got_topk, ref_topk), (rank, got_topk, ref_topk)
+        want = _caches(st, W, rank, upto_context=False)
+        for name, got, w in zip(("latent", "rope", "indexer"), (nope, rope, idx_k), want):
+            torch.testing.assert_close(torch.from_numpy(got), w.double(), **tol,
+                                       msg=lambda m: f"rank {rank} {name} cache: {m}")
+        assert facts["calls"] == (1, 1), (rank, facts["calls"])
+        assert facts["world"] == W and facts["rank"] == rank
+        assert facts["local"][:st["B"]] == [_local_len(s, W, st["I"], rank) for s in st["seq_lens"]]
+    return [r[-1] for r in results]
+
+
+_STEPS = {
+    # requests shorter than the group (ranks without local tokens), contexts past K (a real selection)
+    "decode": dict(seq_lens=[2, 3, 17, 40, 33], q_lens=[1, 1, 1, 1, 1]),
+    "fresh_prefill": dict(seq_lens=[6, 13], q_lens=[6, 13]),
+    "chunked_prefill": dict(seq_lens=[40, 30, 9], q_lens=[5, 4, 9]),
+    "mixed": dict(seq_lens=[12, 20, 37, 9], q_lens=[1, 1, 7, 9]),
+    # speculative decode: 3 tokens per request, causality from the indexer's selection
+    "spec_decode": dict(seq_lens=[4, 5, 18, 41, 34], q_lens=[3, 3, 3, 3, 3], spec=2),
+    # a decode-only step padded to a graph bucket (token count not divisible by the group)
+    "padded_decode": dict(seq_lens=[7, 26, 19], q_lens=[1, 1, 1], pad=2),
+}
+
+
+def _case_steps(rank, world, names, I, dtype, graph):
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    return {n: _run_step(comm, rank, world, I=I, dtype=dtype, graph=graph, **_STEPS[n]) for n in names}
+
+
+def _run(world, names, I, dtype, graph=False):
+    res = run_ranks(world, _case_steps, names, I, dtype, graph)
+    return {n: _check(world, [r[n] for r in res], dict(I=I, dtype=dtype, **_STEPS[n])) for n in names}
+
+
+@pytest.mark.parametrize("world,I", [(2, 1), (2, 16), (4, 2)])
+def test_sfa_dcp_steps_fp32(world, I):
+    _run(world, list(_STEPS), I, torch.float32)
+
+
+def test_sfa_dcp_steps_bf16():
+    _run(2, ["decode", "mixed", "spec_decode"], 4, torch.bfloat16)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sfa_dcp_decode_graph_replays_like_the_reference(world):
+    # A decode bucket (padded, token count not divisible by the group) captured and replayed.
+    _run(world, ["decode", "padded_decode"], 2, torch.float32, graph=True)
