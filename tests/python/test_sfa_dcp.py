@@ -248,3 +248,134 @@ def test_sfa_dcp_steps_bf16():
 def test_sfa_dcp_decode_graph_replays_like_the_reference(world):
     # A decode bucket (padded, token count not divisible by the group) captured and replayed.
     _run(world, ["decode", "padded_decode"], 2, torch.float32, graph=True)
+
+
+def _case_bad_input(rank, world):
+    """Rejections under DCP, each before anything is written (caches compared with their copies)."""
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    st = _make_step(world, I=2, **_STEPS["mixed"])
+    nope, rope, idx_k = _caches(st, world, rank, upto_context=True)
+    before = [t.clone() for t in (nope, rope, idx_k)]
+    hidden = _hidden(st)
+    args = (_qsl(st["q_lens"]), torch.tensor(st["seq_lens"], dtype=torch.int32), st["table"])
+    md = _builder(st, world, rank).build(*args)
+    impl = _impl(st, comm)
+    out = torch.zeros_like(hidden)
+    errors = []
+    # the indexer cache is replicated: num_blocks * W blocks
+    try:
+        impl.forward(hidden, [nope, rope, idx_k[: st["nb"]]], md, out)
+    except ValueError as e:
+        errors.append(str(e))
+    # metadata of another rank
+    other = _builder(st, world, (rank + 1) % world).build(*args)
+    try:
+        impl.forward(hidden, [nope, rope, idx_k], other, out)
+    except ValueError as e:
+        errors.append(str(e))
+    # SFA C8 with DCP is refused at construction
+    d8 = MlaDims(H=2, L=512, R=64)  # the packed C8 rows' geometry
+    w8 = make_weights(d8, torch.bfloat16, torch.Generator().manual_seed(3))
+    try:
+        sfa.Impl(num_heads=d8.H, hidden_size=d8.hidden, q_lora_rank=d8.Q, kv_lora_rank=d8.L, qk_nope_head_dim=d8.P,
+                 qk_rope_head_dim=d8.R, v_head_dim=d8.V, sfa_c8=True, dcp_comm=comm, **w8)
+    except NotImplementedError as e:
+        errors.append(str(e))
+    untouched = all(torch.equal(a, b) for a, b in zip(before, (nope, rope, idx_k)))
+    return errors, untouched, comm.calls
+
+
+def test_sfa_dcp_bad_input_is_rejected_by_name_before_any_write():
+    for rank, (errors, untouched, calls) in enumerate(run_ranks(2, _case_bad_input)):
+        assert len(errors) == 3, errors
+        assert "blocks, fewer than the metadata's" in errors[0] and "replicated" in errors[0]
+        assert f"metadata was built for DCP rank {(rank + 1) % 2} of 2" in errors[1]
+        assert "sfa_c8 with DCP" in errors[2]
+        assert untouched, f"rank {rank}: a rejected forward wrote a cache"
+        assert calls == 0, "a rejected forward issued a collective"
+
+
+def test_resolve_cp_mode_names_the_modes_not_built():
+    assert sfa.resolve_cp_mode(False, 1) == sfa.CpMode.plain
+    assert sfa.resolve_cp_mode(False, 4) == sfa.CpMode.dcp
+    with pytest.raises(NotImplementedError, match="dsa_cp=True: SFA's DSA-CP"):
+        sfa.resolve_cp_mode(True, 1)
+    with pytest.raises(NotImplementedError, match="dsa_cp=True with dcp_size=2"):
+        sfa.resolve_cp_mode(True, 2)
+    with pytest.raises(ValueError, match="dcp_size must be >= 1, got 0"):
+        sfa.resolve_cp_mode(False, 0)
+
+
+def _remap_definition(row, W, rank, I):
+    kept = [_local_index(x, W, I) for x in row if x >= 0 and _owner(x, W, I) == rank]
+    return kept + [-1] * (len(row) - len(kept))
+
+
+@pytest.mark.parametrize("W,I", [(2, 1), (2, 2), (3, 4), (4, 16)])
+def test_topk_remap_device_and_host_forms_equal_the_definition(W, I):
+    g = torch.Generator().manual_seed(W * 100 + I)
+    T, K = 9, 12
+    rows = []
+    for t in range(T):
+        S = int(torch.randint(1, 200, (1,), generator=g))
+        sel = torch.randperm(S, generator=g)[:K].tolist()
+        sel += [-1] * (K - len(sel))
+        if t % 3 == 0 and K > 2:
+            sel[K // 2] = -1  # an invalid entry in the middle
+        rows.append(sel)
+    topk = torch.tensor(rows, dtype=torch.int32).view(T, 1, K)
+    for rank in range(W):
+        want = torch.tensor([_remap_definition(r, W, rank, I) for r in rows], dtype=torch.int32).view(T, 1, K)
+        assert torch.equal(sfa.remap_topk_to_dcp_rank(topk, world=W, rank=rank, interleave=I), want)
+        assert torch.equal(sfa.remap_sparse_indices(topk, world=W, rank=rank, interleave=I), want)
+    assert sfa.remap_topk_to_dcp_rank(topk, world=1, rank=0).data_ptr() == topk.data_ptr()
+    with pytest.raises(ValueError, match="dcp rank 2 of world size 2"):
+        sfa.remap_topk_to_dcp_rank(topk, world=2, rank=2)
+    with pytest.raises(ValueError, match="topk must be an int32 tensor"):
+        sfa.remap_topk_to_dcp_rank(topk.long(), world=2, rank=0)
+
+
+@pytest.mark.parametrize("W,I", [(2, 1), (4, 4)])
+def test_builder_dcp_views_follow_the_layout(W, I):
+    """Single process: the DCP build's local slots and lengths and the replicated indexer views, from the
+    layout's formulas written here; graph padding rows; a rejected build writes nothing."""
+    st = _make_step(W, I=I, **_STEPS["mixed"])
+    bs, table, seq, q = st["bs"], st["table"], st["seq_lens"], st["q_lens"]
+    for rank in range(W):
+        md = _builder(st, W, rank).build(_qsl(q), torch.tensor(seq, dtype=torch.int32), table)
+        assert (md.dcp_world_size, md.dcp_rank, md.dcp_interleave) == (W, rank, I)
+        assert md.dcp_seq_lens_list == [_local_len(s, W, I, rank) for s in seq]
+        assert md.seq_lens_list == seq  # the indexer's global lengths
+        slots, islots = [], []
+        for r, (s, n) in enumerate(zip(seq, q)):
+            for p in range(s - n, s):
+                li = _local_index(p, W, I)
+                slots.append(int(table[r, li // bs]) * bs + li % bs if _owner(p, W, I) == rank else -1)
+                islots.append(_replicated_slot(table, r, p, W, bs))
+        assert md.slot_mapping.tolist() == slots
+        assert md.indexer_slot_mapping.tolist() == islots
+        rep = md.indexer_block_table
+        assert rep.shape == (len(seq), table.shape[1] * W)
+        for r, s in enumerate(seq):
+            for j in range(rep.shape[1]):
+                want = int(table[r, j // W]) * W + j % W if j < math.ceil(s / bs) else 0
+                assert int(rep[r, j]) == want, (r, j)
+    # graph padding of a decode-only step: dummy rows have local length 0 and zero replicated rows
+    b = _builder(st, W, 0, graph_decode_padding=True)
+    md = b.build(_qsl([1, 1]), torch.tensor([9, 30], dtype=torch.int32), table[:2], num_input_tokens=4)
+    assert md.num_kernel_reqs == 4 and md.dcp_seq_lens_list[2:] == [0, 0]
+    assert torch.count_nonzero(md.indexer_block_table[2:]) == 0
+    assert md.indexer_slot_mapping.tolist()[2:] == [-1, -1]
+    # rejected configurations and builds, by name
+    with pytest.raises(ValueError, match="dcp_rank=2 is not a rank of a DCP group of dcp_world_size=2"):
+        _builder(_make_step(2, I=1, **_STEPS["decode"]), 2, 2)
+    with pytest.raises(ValueError, match="cp_kv_cache_interleave_size=3 must be positive and divide block_size=16"):
+        _builder(_make_step(2, I=3, **_STEPS["decode"]), 2, 0)
+    b = _builder(st, W, 0)
+    good = b.build(_qsl(q), torch.tensor(seq, dtype=torch.int32), table)
+    gen = good.generation
+    bad = table.clone()
+    bad[0, 0] = st["nb"] + 5
+    with pytest.raises(ValueError, match=r"block_table\[0\]\[0\]=%d" % (st["nb"] + 5)):
+        b.build(_qsl(q), torch.tensor(seq, dtype=torch.int32), bad)
+    assert b.generation == gen and good.is_current

@@ -39,11 +39,18 @@ scheduler shapes each step the way a serving engine does:
 * ``AttentionImpl.forward`` runs once per layer and writes the step's K/V into
   the paged cache itself.
 
-``--dcp N`` (GQA) serves the same requests with decode context parallelism over N
-local processes (gloo): every rank runs the whole stack, holds its share of the
-query heads and a sequence shard of every KV cache (``aar.DcpMetadataBuilder`` /
-``aar.DcpAttentionImpl``), and the ranks' attention outputs are gathered back to
-all heads; rank 0 also runs the single-rank engine and reports whether the greedy
+``--dcp N`` serves the same requests with decode context parallelism over N
+local processes (gloo): every rank runs the whole stack and holds a sequence shard
+of every KV cache. GQA (``aar.DcpMetadataBuilder`` / ``aar.DcpAttentionImpl``):
+each rank holds its share of the query heads and the ranks' attention outputs are
+gathered back to all heads. SFA (``aar.sfa.MetadataBuilder(dcp_world_size=N, ...)``
+/ ``aar.sfa.Impl(dcp_comm=...)``, the replicated indexer): every rank computes all
+heads; the latent / rope caches hold only the rank's own tokens while every
+indexer cache is replicated (num_blocks * N blocks), so each rank selects the
+same top-k over the whole sequence and attends over its shard, and the layer's
+LSE merge returns the full result on every rank. Both use one block table per
+group (a block id stands for bs tokens on each of the N ranks, a virtual block of
+bs * N). Rank 0 also runs the single-rank engine and reports whether the greedy
 tokens match.
 
 At the end the same stack is run again with plain-torch dense causal attention
@@ -476,8 +483,9 @@ class Engine:
     def __init__(self, model: TinyLlama, args: argparse.Namespace):
         cfg = model.cfg
         self.model, self.args = model, args
-        # The DCP group's aar.cp.Comm (--dcp > 1, GQA only), or None.
-        self.dcp = getattr(args, "dcp_comm", None) if cfg.attention == "gqa" else None
+        # The DCP group's aar.cp.Comm (--dcp > 1, GQA or SFA), or None.
+        self.dcp = getattr(args, "dcp_comm", None) if cfg.attention in ("gqa", "sfa") else None
+        W = self.dcp.size if self.dcp is not None else 1
         self.bs = args.block_size
         self.max_blocks_per_req = args.max_blocks_per_req
         sizes = dict(max_num_reqs=args.max_running, max_num_tokens=max(args.token_budget, args.max_running),
@@ -488,8 +496,13 @@ class Engine:
         if self.dsa:
             self._init_dsa(model, args)
         elif self.sfa:
-            cos, sin = model.mla_rope_tables(self.max_blocks_per_req * self.bs)
-            self.builder = aar.sfa.MetadataBuilder(**sizes, cos_table=cos, sin_table=sin)
+            # Rotary rows by global position: under DCP a table row spans bs * W positions.
+            cos, sin = model.mla_rope_tables(self.max_blocks_per_req * self.bs * W)
+            # DCP: the builder computes this rank's latent slots (token x on rank (x // I) % W, I = 1 here, at
+            # local index x // W through the group's table) and the replicated indexer's table and slots.
+            dcp_kw = {} if self.dcp is None else dict(dcp_world_size=W, dcp_rank=self.dcp.rank,
+                                                      cp_kv_cache_interleave_size=1)
+            self.builder = aar.sfa.MetadataBuilder(**sizes, cos_table=cos, sin_table=sin, **dcp_kw)
             names = TinyLlama.MLA_WEIGHTS
             self.impls = []
             for i, lw in enumerate(model.layers):
@@ -502,10 +515,12 @@ class Engine:
                     aar.sfa.Impl(num_heads=cfg.heads, hidden_size=cfg.hidden, q_lora_rank=cfg.q_lora_rank,
                                  kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope,
                                  qk_rope_head_dim=cfg.qk_rope, v_head_dim=cfg.v_head, q_norm_eps=cfg.eps,
-                                 kv_norm_eps=cfg.eps, layer_index=i, **idx, **{k: lw[k] for k in names}))
+                                 kv_norm_eps=cfg.eps, layer_index=i, dcp_comm=self.dcp, **idx,
+                                 **{k: lw[k] for k in names}))
             shapes = aar.mla.Backend.kv_cache_shapes(args.num_blocks, self.bs, cfg.kv_lora_rank, cfg.qk_rope)
-            # The indexer's keys are a KV-cache group of their own sharing the main group's block ids.
-            idx_shape = aar.sfa.IndexerBackend.cache_shapes(args.num_blocks, self.bs, False,
+            # The indexer's keys are a KV-cache group of their own sharing the main group's block ids. Under DCP
+            # the indexer cache is replicated (every rank holds every key): num_blocks * W blocks.
+            idx_shape = aar.sfa.IndexerBackend.cache_shapes(args.num_blocks * W, self.bs, False,
                                                             index_head_dim=cfg.index_dim)[0]
             self.caches = [
                 [torch.zeros(sh) for sh in shapes] + ([torch.zeros(idx_shape)] if model.has_indexer(i) else [])
@@ -555,7 +570,7 @@ class Engine:
                 for _ in range(cfg.layers)
             ]
         # The engine's block table lives in the builder's staging buffer: build() then copies nothing.
-        if self.dcp is not None:
+        if self.dcp is not None and not self.sfa:
             self.block_table = torch.zeros(args.max_running, self.max_blocks_per_req, dtype=torch.int32)
         elif not self.dsa:
             self.block_table = self.builder.block_table_staging
@@ -727,16 +742,17 @@ class Engine:
             dsa_routed = {}  # compress ratio -> this step's route_layer result, shared by its layers
         else:
             block_table = self.block_table[:n]  # a view of the staging buffer: build() copies nothing
-            if self.dcp is not None:
+            if self.dcp is not None and not self.sfa:
                 prefilling = torch.tensor([r.prefilling for r, _ in sched], dtype=torch.bool)
                 md = self.builder.build(qsl, seq_lens, block_table, is_prefilling=prefilling)
             else:
                 md = self.builder.build(qsl, seq_lens, block_table)
         self.stats.build_ns.append(time.perf_counter_ns() - t0)
-        state = ("DCP " + " + ".join((["decode"] if md.num_decodes else []) +
-                                     (["prefill with context" if md.has_context else "fresh prefill"]
-                                      if md.num_prefills else []))
-                 if self.dcp is not None else str(md.attn_state).rsplit(".", 1)[-1])
+        state = str(md.attn_state).rsplit(".", 1)[-1]
+        if self.dcp is not None:
+            state = "DCP " + (state if self.sfa else " + ".join(
+                (["decode"] if md.num_decodes else []) +
+                (["prefill with context" if md.has_context else "fresh prefill"] if md.num_prefills else [])))
         self.stats.states[state] = self.stats.states.get(state, 0) + 1
 
         cfg = self.model.cfg
@@ -823,7 +839,7 @@ class Engine:
             self.stats.context_chunks += md.num_context_chunks
 
         attend_fn = attend_dsa if self.dsa else (attend_sfa if self.sfa else (attend_mla if self.mla else attend))
-        if self.dcp is not None:
+        if self.dcp is not None and not self.sfa:
             attend_fn = attend_dcp
         hidden = self.model.forward(tokens_t, positions_t, attend_fn)
 
@@ -961,8 +977,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; 0: torch default)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dcp", type=int, default=1,
-                   help="GQA: decode context parallel over this many local processes (gloo); rank 0 also runs the "
-                        "single-rank engine and compares the greedy tokens")
+                   help="GQA or SFA: decode context parallel over this many local processes (gloo); rank 0 also "
+                        "runs the single-rank engine and compares the greedy tokens")
 
 
 def _dcp_rank(rank: int, world: int, init_file: str, args: argparse.Namespace) -> None:
@@ -986,8 +1002,8 @@ def _run_dcp(args: argparse.Namespace) -> int:
 
     import torch.multiprocessing as mp
 
-    if args.attention != "gqa":
-        raise SystemExit(f"--dcp is implemented for --attention gqa only, got --attention {args.attention}")
+    if args.attention not in ("gqa", "sfa"):
+        raise SystemExit(f"--dcp is implemented for --attention gqa and sfa only, got --attention {args.attention}")
     world, args.dcp = args.dcp, 1  # the ranks run the ordinary driver with a Comm
     with tempfile.TemporaryDirectory(prefix="aar_demo_dcp_") as tmp:
         try:
@@ -1020,6 +1036,9 @@ def run(args: argparse.Namespace) -> int:
         heads = (f"SFA {cfg.heads} heads (MLA latent {cfg.kv_lora_rank}, nope/rope/v {cfg.qk_nope}/{cfg.qk_rope}/"
                  f"{cfg.v_head}; lightning indexer {cfg.index_heads}x{cfg.index_dim} on even layers, top-k "
                  f"{cfg.index_topk}, odd layers reuse it)")
+        if getattr(args, "dcp_comm", None) is not None:
+            heads += (f", DCP {args.dcp_comm.size} (this rank: all {cfg.heads} heads, 1/{args.dcp_comm.size} of "
+                      f"every sequence's latent KV, the indexer keys replicated)")
     elif cfg.attention == "mla":
         heads = (f"MLA {cfg.heads} heads (q-LoRA {cfg.q_lora_rank}, latent {cfg.kv_lora_rank}, nope/rope/v "
                  f"{cfg.qk_nope}/{cfg.qk_rope}/{cfg.v_head}, chunked-prefill workspace {args.mla_workspace} tokens)")
