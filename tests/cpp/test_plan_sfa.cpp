@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ascend_attn_rt/cp/plan/sparse_cp.h"
 #include "ascend_attn_rt/plan/attention_state.h"
 #include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "test_plan_util.h"
@@ -583,4 +584,146 @@ TEST(PlanSfaTopkMask, BadInputIsRejectedWithoutWriting) {
   EXPECT_INVALID(build_valid_topk_mask(topk, 3, thr2, small), "out has room for 5 entries, needs 6");
   EXPECT_EQ(out, std::vector<uint8_t>(6, 9));
   EXPECT_EQ(small, std::vector<uint8_t>(5, 9));
+}
+
+// SFA DCP with the replicated indexer (docs/design/sparse_cp.md §2): the step's local slots and lengths and the
+// replicated indexer views equal the shared CP plan functions' (and the layout's formulas), over random batches;
+// graph padding rows are empty; a rejected step writes nothing.
+
+namespace {
+
+struct SfaDcpOutputs {
+  std::vector<int32_t> blens, dseq, rep;
+  std::vector<int64_t> dseq_list, rslots;
+  int32_t rstride = 0;
+  void size_for(std::size_t reqs, std::size_t tokens, int32_t stride, int32_t world) {
+    rstride = stride * world;
+    blens.assign(reqs, -7);
+    dseq.assign(reqs, -7);
+    dseq_list.assign(reqs, -7);
+    rep.assign(reqs * rstride, -7);
+    rslots.assign(tokens, -7);
+  }
+  void add_to(SfaStepBuffers& b) {
+    b.dcp_block_lens = blens;
+    b.dcp_seq_lens = dseq;
+    b.dcp_seq_lens_list = dseq_list;
+    b.replicated_block_table = rep;
+    b.replicated_stride = rstride;
+    b.replicated_slot_mapping = rslots;
+  }
+};
+
+}  // namespace
+
+TEST(PlanSfaStep, DcpViewsEqualTheSharedFunctions) {
+  std::mt19937 rng(11);
+  for (int iter = 0; iter < 200; ++iter) {
+    const int32_t W = 1 + static_cast<int32_t>(rng() % 4) + 1;  // 2..5
+    const int32_t bs = 8, I = std::vector<int32_t>{1, 2, 4, 8}[rng() % 4];
+    const std::size_t B = 1 + rng() % 6;
+    std::vector<int32_t> qsl{0}, seq;
+    for (std::size_t r = 0; r < B; ++r) {
+      const int32_t s = 1 + static_cast<int32_t>(rng() % 60);
+      const int32_t q = 1 + static_cast<int32_t>(rng() % std::min(s, 5));
+      seq.push_back(s);
+      qsl.push_back(qsl.back() + q);
+    }
+    const int32_t stride = 8, nb = 64;
+    std::vector<int32_t> table(B * stride);
+    for (auto& v : table) v = static_cast<int32_t>(rng() % nb);
+    const int32_t t_real = qsl.back(), t_in = t_real + static_cast<int32_t>(rng() % 3);
+    for (int32_t rank = 0; rank < W; ++rank) {
+      SfaOutputs o;
+      o.size_for(8, 64, stride);
+      SfaDcpOutputs d;
+      d.size_for(8, 64, stride, W);
+      SfaStepInputs in;
+      in.query_start_loc = qsl;
+      in.seq_lens = seq;
+      in.block_table = table;
+      in.block_table_stride = stride;
+      in.block_size = bs;
+      in.num_blocks = nb;
+      in.num_input_tokens = t_in;
+      in.dcp = DcpShard{W, rank, I};
+      SfaStepBuffers buf = o.buffers();
+      d.add_to(buf);
+      const SfaStepPlan p = plan_sfa_step(in, buf);
+      ASSERT_EQ(p.num_kernel_reqs, static_cast<int32_t>(B));
+      // main cache: the local slots of compute_dcp_slot_mapping, the local lengths
+      std::vector<int32_t> want_slots(t_in);
+      SlotMappingInputs si{qsl, seq, table, stride, bs, nb};
+      compute_dcp_slot_mapping(si, DcpShard{W, rank, I}, want_slots);
+      for (int32_t t = 0; t < t_in; ++t) ASSERT_EQ(o.slots[t], want_slots[t]) << "token " << t;
+      for (std::size_t r = 0; r < B; ++r) {
+        ASSERT_EQ(d.dseq[r], dcp_local_len(seq[r], W, I, rank));
+        ASSERT_EQ(d.dseq_list[r], d.dseq[r]);
+        ASSERT_EQ(o.kv[r], seq[r]);  // the indexer's global lengths
+      }
+      // indexer: the replicated views of the shared functions
+      std::vector<int32_t> rep(B * d.rstride, -9);
+      std::vector<int64_t> rslots(t_in, -9);
+      DcpReplicatedInputs ri;
+      ri.block_table = table;
+      ri.block_table_stride = stride;
+      ri.seq_lens = seq;
+      ri.world = W;
+      ri.block_size = bs;
+      ri.num_blocks = nb;
+      dcp_replicated_block_table(ri, rep, d.rstride);
+      dcp_replicated_slot_mapping(qsl, seq, rep, d.rstride, bs, rslots);
+      ASSERT_EQ(first(d.rep, rep.size()), rep);
+      ASSERT_EQ(first(d.rslots, rslots.size()), rslots);
+    }
+  }
+}
+
+TEST(PlanSfaStep, DcpPaddingAndRejections) {
+  SfaStep s({0, 1, 2}, {9, 17}, /*bs=*/4, /*stride=*/6);
+  SfaDcpOutputs d;
+  d.size_for(8, 64, 6, 2);
+  s.in.dcp = DcpShard{2, 1, 2};
+  s.in.pad_decode_batch = true;
+  s.in.query_start_loc = s.qsl;
+  s.in.seq_lens = s.seq;
+  s.in.block_table = s.table;
+  s.in.num_input_tokens = 4;
+  SfaStepBuffers buf = s.buffers();
+  d.add_to(buf);
+  const SfaStepPlan p = plan_sfa_step(s.in, buf);
+  EXPECT_EQ(p.num_kernel_reqs, 4);
+  EXPECT_EQ(first(d.dseq, 4), (std::vector<int32_t>{dcp_local_len(9, 2, 2, 1), dcp_local_len(17, 2, 2, 1), 0, 0}));
+  EXPECT_EQ(d.rslots[2], -1);
+  EXPECT_EQ(d.rslots[3], -1);
+  for (int32_t c = 0; c < 12; ++c) EXPECT_EQ(d.rep[2 * 12 + c], 0);
+  // Rejections write nothing: an out-of-range block id in a column rank 0 reads, a bad shard, a
+  // replicated stride too narrow, DCP outputs without DCP.
+  SfaStep r({0, 1, 3}, {9, 17}, 4, 6);
+  SfaDcpOutputs rd;
+  rd.size_for(8, 64, 6, 2);
+  r.table[0] = 99;
+  r.in.dcp = DcpShard{2, 0, 2};
+  r.in.query_start_loc = r.qsl;
+  r.in.seq_lens = r.seq;
+  r.in.block_table = r.table;
+  SfaStepBuffers rb = r.buffers();
+  rd.add_to(rb);
+  const auto before = r.snapshot();
+  const auto rep_before = rd.rep;
+  EXPECT_INVALID(plan_sfa_step(r.in, rb), "block_table[0][0]=99");
+  r.table[0] = 1;
+  r.in.dcp = DcpShard{2, 2, 2};
+  EXPECT_INVALID(plan_sfa_step(r.in, rb), "dcp: rank 2 of world size 2");
+  r.in.dcp = DcpShard{2, 0, 3};
+  EXPECT_INVALID(plan_sfa_step(r.in, rb), "cp_kv_cache_interleave_size=3 must be positive and divide block_size=4");
+  r.in.dcp = DcpShard{2, 0, 2};
+  rb.replicated_stride = 11;
+  EXPECT_INVALID(plan_sfa_step(r.in, rb), "buffers.replicated_stride=11");
+  rb.replicated_stride = 12;
+  r.in.dcp = DcpShard{};
+  EXPECT_INVALID(plan_sfa_step(r.in, rb), "the DCP outputs are given but dcp.world is 1");
+  EXPECT_EQ(r.snapshot(), before);
+  EXPECT_EQ(rd.rep, rep_before);
+  EXPECT_EQ(rd.dseq, std::vector<int32_t>(8, -7));
 }

@@ -5,6 +5,7 @@ From the repository root, after a build::
 
     PYTHONPATH=python:examples/demo .venv/bin/python -m aar_demo [--attention gqa|mla|sfa|dsa] [--dcp 2] ...
 
-``make demo`` runs it once per attention backend, then with ``--dcp 2``. The code is in
+``make demo`` runs it once per attention backend, then with ``--dcp 2`` (GQA) and
+``--attention sfa --dcp 2``. The code is in
 ``aar_demo/demo.py``.
 """
