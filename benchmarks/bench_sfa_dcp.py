@@ -1,0 +1,267 @@
+"""Host time of an SFA (DeepSeek-V3.2 sparse attention) decode step under DCP 2 with the replicated indexer
+(docs/design/sparse_cp.md), beside the single-rank SFA step of the same shapes, operator provider "no_compute"
+(kernels return correctly shaped outputs at once), bf16.
+
+Per step: sfa.MetadataBuilder.build once, then sfa.Impl.forward of one layer with a lightning indexer (top-k
+stored in a TopkBuffer, as bench_sfa_host.py's "indexer" layer); the figures are the build, the forward and
+their sum. Decode batches of 32 and 256 requests at 1000-token contexts (block size 128, a 64-column block table
+whose ids cycle over a pool of cache blocks: nothing is computed, so requests may share blocks), DeepSeek-V3.2
+shapes at TP 8 (16 heads, hidden 7168, q-LoRA 1536, L 512, P/V 128, R 64; indexer 64 x 128, top-k 2048).
+DCP: the builder with dcp_world_size=2, dcp_rank=r, cp_kv_cache_interleave_size=1, the layer with
+dcp_comm=cp.Comm(group), the indexer cache with num_blocks * 2 blocks. The collectives a DCP forward issues
+(query all-gather, partial all-to-all) are counted per layer-step and their wall time (cp.Comm.collective_ns)
+is subtracted. Single rank: the same builder and layer without DCP, in the same process, on the same inputs.
+Medians over --iters steps (after 5 warm-up steps), torch.set_num_threads(1), garbage collector off while
+timing, under torch.inference_mode(). The provider is set back to "auto" afterwards.
+
+Tensors are on the CPU (gloo's collectives need storage): the ATen glue the runtime issues around the kernels
+(query staging copies, the DCP top-k remap, the LSE, the copies into the merge workspace) runs its arithmetic
+on the CPU here, where on the NPU it is launched to the device. Meta tensors are not an option: gloo cannot
+move them, and several meta kernels of the remap's ops are Python decompositions.
+
+--fake-group: one process as rank 0 of torch's in-process fake 2-rank group
+(torch.testing._internal.distributed.fake_pg: every collective returns at once, no data moves), so the figure
+is the host work alone, without gloo's threads and their wake-ups competing for the cores.
+
+Run from the repository root:
+  PYTHONPATH=python .venv/bin/python benchmarks/bench_sfa_dcp.py [--iters N] [--out FILE] [--fake-group]
+"""
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import queue
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+WORLD = 2
+INTERLEAVE = 1                      # cp_kv_cache_interleave_size (vLLM's default)
+SIZES = (32, 256)                   # decode requests per step
+SEQ = 1000                          # context length of every request (the new token included)
+BS, MBR, POOL = 128, 64, 512        # block size, block-table columns, cache blocks (ids cycle over the pool)
+H, HID, Q, L, P, V, R = 16, 7168, 1536, 512, 128, 128, 64  # DeepSeek-V3.2 MLA at TP 8
+NI, DI, K = 64, 128, 2048           # lightning indexer heads, head dim, top-k
+WARMUP = 5
+DT = torch.bfloat16
+
+
+def _rope_tables(n):
+    inv = 10000.0 ** (-torch.arange(0, R, 2, dtype=torch.float64) / R)
+    a = torch.arange(n, dtype=torch.float64)[:, None] * inv
+    return torch.cat([a.cos(), a.cos()], -1).to(DT), torch.cat([a.sin(), a.sin()], -1).to(DT)
+
+
+def _median_us(xs):
+    return round(statistics.median(xs) / 1e3, 2)
+
+
+def _layer_args():
+    def w(o, i):
+        return torch.zeros(o, i, dtype=DT)
+
+    def v(n):
+        return torch.zeros(n, dtype=DT)
+
+    return dict(num_heads=H, hidden_size=HID, q_lora_rank=Q, kv_lora_rank=L, qk_nope_head_dim=P, qk_rope_head_dim=R,
+                v_head_dim=V, q_a_proj=w(Q, HID), q_a_layernorm=v(Q), q_proj=w(H * (P + R), Q),
+                kv_a_proj_with_mqa=w(L + R, HID), kv_a_layernorm=v(L), kv_b_proj=w(H * (P + V), L),
+                o_proj=w(HID, H * V), index_n_head=NI, index_head_dim=DI, index_topk=K, indexer_wq_b=w(NI * DI, Q),
+                indexer_wk=w(DI, HID), indexer_weights_proj=w(NI, HID), indexer_k_norm_weight=v(DI),
+                indexer_k_norm_bias=v(DI), use_index_cache=True)
+
+
+def _caches(replicas):
+    return [torch.zeros(POOL, BS, 1, L, dtype=DT), torch.zeros(POOL, BS, 1, R, dtype=DT),
+            torch.zeros(POOL * replicas, BS, 1, DI, dtype=DT)]
+
+
+def _measure(builder, impl, caches, topk, n, iters, comm=None):
+    """Medians of (build, forward, collectives) over iters steps, and the collectives per layer-step."""
+    qsl = torch.arange(n + 1, dtype=torch.int32)
+    seq = torch.full((n,), SEQ, dtype=torch.int32)
+    bt = (torch.arange(n * MBR, dtype=torch.int32) % POOL).view(n, MBR)
+    x = torch.zeros(n, HID, dtype=DT)
+    out = torch.empty_like(x)
+    build_ns, fwd_ns, coll_ns = [], [], []
+    gathers = a2a = calls = 0
+    gc.collect()
+    gc.disable()
+    try:
+        for it in range(WARMUP + iters):
+            if comm is not None:
+                g0, a0, c0, x0 = (comm.calls_of("all_gather"), comm.calls_of("all_to_all_single"), comm.calls,
+                                  comm.collective_ns)
+            t0 = time.perf_counter_ns()
+            md = builder.build(qsl, seq, bt)
+            t1 = time.perf_counter_ns()
+            impl.forward(x, caches, md, out, topk)
+            t2 = time.perf_counter_ns()
+            if it < WARMUP:
+                continue
+            coll = comm.collective_ns - x0 if comm is not None else 0
+            build_ns.append(t1 - t0)
+            fwd_ns.append(t2 - t1 - coll)
+            coll_ns.append(coll)
+            if comm is not None:
+                gathers += comm.calls_of("all_gather") - g0
+                a2a += comm.calls_of("all_to_all_single") - a0
+                calls += comm.calls - c0
+    finally:
+        gc.enable()
+    row = {"build_us": _median_us(build_ns), "forward_us": _median_us(fwd_ns)}
+    row["step_us"] = round(row["build_us"] + row["forward_us"], 2)
+    if comm is not None:
+        row["collectives_us_excluded"] = _median_us(coll_ns)
+        row["all_gather_per_layer_step"] = gathers / iters
+        row["all_to_all_single_per_layer_step"] = a2a / iters
+        row["collectives_per_layer_step"] = calls / iters
+    return row
+
+
+def _bench(rank, iters):
+    import ascend_attn_rt as aar
+
+    sfa = aar.sfa
+    torch.set_num_threads(1)
+    aar.set_provider("no_compute")
+    try:
+        comm = aar.cp.Comm(dist.group.WORLD, timeout_s=30.0)
+        cos, sin = _rope_tables(MBR * BS)
+        args = _layer_args()
+        topk = sfa.TopkBuffer(4096, K)
+        common = dict(max_num_reqs=max(SIZES), max_num_tokens=4096, max_blocks_per_req=MBR, block_size=BS,
+                      num_blocks=POOL, cos_table=cos, sin_table=sin)
+        rows = {}
+        with torch.inference_mode():
+            dcp_builder = sfa.MetadataBuilder(**common, dcp_world_size=WORLD, dcp_rank=rank,
+                                              cp_kv_cache_interleave_size=INTERLEAVE)
+            dcp_layer = sfa.Impl(**args, dcp_comm=comm)
+            dcp_caches = _caches(WORLD)
+            builder = sfa.MetadataBuilder(**common)
+            layer = sfa.Impl(**args)
+            caches = _caches(1)
+            for n in SIZES:
+                dcp = _measure(dcp_builder, dcp_layer, dcp_caches, topk, n, iters, comm)
+                single = _measure(builder, layer, caches, topk, n, iters)
+                rows[f"decode_{n}"] = {"dcp2": dcp, "single_rank": single,
+                                       "ratio_dcp_over_single": round(dcp["step_us"] / single["step_us"], 2)}
+    finally:
+        aar.set_provider("auto")
+    return rows
+
+
+def _worker(rank, init_file, iters, results):
+    try:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=60))
+        results.put((rank, True, _bench(rank, iters)))
+    except BaseException:  # noqa: BLE001  (the parent reports it)
+        results.put((rank, False, traceback.format_exc()))
+    # Flush the queue's feeder thread, then leave without gloo's teardown (which waits for the peer).
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def _run_gloo(iters, deadline_s=300.0):
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    got = {}
+    with tempfile.TemporaryDirectory(prefix="aar_bench_sfa_dcp_") as tmp:
+        init = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_worker, args=(r, init, iters, results), daemon=True) for r in range(WORLD)]
+        for pr in procs:
+            pr.start()
+        end = time.monotonic() + deadline_s
+        try:
+            while len(got) < WORLD and time.monotonic() < end:
+                try:
+                    rank, ok, value = results.get(timeout=0.5)
+                    got[rank] = (ok, value)
+                except queue.Empty:
+                    if all(not pr.is_alive() for pr in procs) and results.empty():
+                        break
+        finally:
+            for pr in procs:
+                pr.join(timeout=10)
+            for pr in procs:  # every process ends: terminated, then killed, if still alive
+                if pr.is_alive():
+                    pr.terminate()
+                    pr.join(timeout=5)
+                if pr.is_alive():
+                    pr.kill()
+                    pr.join(timeout=5)
+            results.close()
+            results.join_thread()
+    errors = [f"rank {r}:\n{v}" for r, (ok, v) in sorted(got.items()) if not ok]
+    errors += [f"rank {r} did not report within {deadline_s:.0f} s" for r in range(WORLD) if r not in got]
+    if errors:
+        raise SystemExit("\n".join(errors))
+    return {r: got[r][1] for r in range(WORLD)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iters", type=int, default=50, help="timed steps per case (medians), after 5 warm-up steps")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--fake-group", action="store_true",
+                   help="rank 0 of an in-process fake 2-rank group (collectives free): the host work alone")
+    args = p.parse_args()
+    if args.iters < 1:
+        p.error("--iters must be >= 1")
+    if args.fake_group:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+        got = {0: _bench(0, args.iters)}
+    else:
+        got = _run_gloo(args.iters)
+    report = {
+        "benchmark": "sfa_dcp_decode_host",
+        "group": "fake (in-process, collectives free)" if args.fake_group else "gloo, 2 local processes",
+        "provider": "no_compute",
+        "device": "cpu",
+        "dtype": "bfloat16",
+        "step": "MetadataBuilder.build + Impl.forward of one indexer layer (collectives' wall time subtracted)",
+        "shapes": {"num_heads": H, "hidden_size": HID, "q_lora_rank": Q, "kv_lora_rank": L, "qk_nope_head_dim": P,
+                   "v_head_dim": V, "qk_rope_head_dim": R, "index_n_head": NI, "index_head_dim": DI,
+                   "index_topk": K, "block_size": BS, "block_table_columns": MBR, "cache_blocks": POOL,
+                   "seq_len": SEQ},
+        "dcp_world": WORLD,
+        "cp_kv_cache_interleave_size": INTERLEAVE,
+        "iters": args.iters,
+        "warmup": WARMUP,
+        "threads": 1,
+        "torch": torch.__version__,
+        "target_ratio_dcp_over_single": 1.5,
+        "ranks": {str(r): got[r] for r in sorted(got)},
+    }
+    text = json.dumps(report, indent=2)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(f"SFA decode step host time, {report['group']}, provider no_compute, us (median of {args.iters})")
+    for r in sorted(got):
+        for key, row in got[r].items():
+            d, s = row["dcp2"], row["single_rank"]
+            print(f"rank {r} {key:10s} DCP2 build {d['build_us']:8.1f} + fwd {d['forward_us']:9.1f} = {d['step_us']:9.1f}"
+                  f" ({d['all_gather_per_layer_step']:.0f} all_gather + {d['all_to_all_single_per_layer_step']:.0f}"
+                  f" all_to_all_single/layer-step, {d['collectives_us_excluded']:.1f} us excluded) | single build"
+                  f" {s['build_us']:6.1f} + fwd {s['forward_us']:6.1f} = {s['step_us']:6.1f} | ratio"
+                  f" {row['ratio_dcp_over_single']:.2f}x (target <= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()
