@@ -104,6 +104,7 @@ bench: build
 	PYTHONPATH=python $(PY) benchmarks/bench_sfa_host.py --out benchmarks/results/sfa_host.json
 	PYTHONPATH=python $(PY) benchmarks/bench_cp_comm.py --out benchmarks/results/cp_comm.json
 	PYTHONPATH=python $(PY) benchmarks/bench_gqa_dcp.py --out benchmarks/results/gqa_dcp.json
+	PYTHONPATH=python $(PY) benchmarks/bench_sfa_dcp.py --out benchmarks/results/sfa_dcp.json
 
 # ---------------------------------------------------------------- sanitizers
 # ASan + UBSan build of the libraries, the C++ tests, the examples and _C (no benchmarks), in

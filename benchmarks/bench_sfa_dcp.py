@@ -256,7 +256,8 @@ def main():
     for r in sorted(got):
         for key, row in got[r].items():
             d, s = row["dcp2"], row["single_rank"]
-            print(f"rank {r} {key:10s} DCP2 build {d['build_us']:8.1f} + fwd {d['forward_us']:9.1f} = {d['step_us']:9.1f}"
+            print(f"rank {r} {key:10s} DCP2 build {d['build_us']:8.1f} + fwd {d['forward_us']:9.1f} ="
+                  f" {d['step_us']:9.1f}"
                   f" ({d['all_gather_per_layer_step']:.0f} all_gather + {d['all_to_all_single_per_layer_step']:.0f}"
                   f" all_to_all_single/layer-step, {d['collectives_us_excluded']:.1f} us excluded) | single build"
                   f" {s['build_us']:6.1f} + fwd {s['forward_us']:6.1f} = {s['step_us']:6.1f} | ratio"
