@@ -190,6 +190,7 @@ void bind_cp(nb::module_& m) {
           },
           "t"_a, "dim"_a = 0, "out"_a = nb::none(), "async_op"_a = false,
           "Block `rank` (along dim) of the sum over ranks of t.")
+      .def("all_reduce", &cp::Comm::all_reduce, "t"_a, "In place: t (contiguous) becomes the sum over ranks; returns t.")
       .def_prop_ro("calls", [](const cp::Comm& c) { return c.calls(); })
       .def_prop_ro("collective_ns", &cp::Comm::collective_ns,
                    "Wall time inside the synchronous collectives so far (reset by reset_counters)")
@@ -199,7 +200,8 @@ void bind_cp(nb::module_& m) {
             for (int32_t i = 0; i < cp::kNumCommOps; ++i) {
               if (op == cp::to_string(static_cast<cp::CommOp>(i))) return c.calls(static_cast<cp::CommOp>(i));
             }
-            throw_invalid("op must be 'all_gather', 'all_to_all_single' or 'reduce_scatter', got '", op, "'");
+            throw_invalid("op must be 'all_gather', 'all_to_all_single', 'reduce_scatter' or 'all_reduce', got '", op,
+                          "'");
           },
           "op"_a)
       .def_prop_ro(

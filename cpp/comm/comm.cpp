@@ -26,6 +26,8 @@ const char* to_string(CommOp op) {
       return "all_to_all_single";
     case CommOp::ReduceScatter:
       return "reduce_scatter";
+    case CommOp::AllReduce:
+      return "all_reduce";
   }
   return "?";
 }
@@ -312,6 +314,23 @@ CommWork Comm::start_reduce_scatter(const at::Tensor& t, int64_t dim, const std:
 at::Tensor Comm::reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
   const auto t0 = std::chrono::steady_clock::now();
   CommWork w = start_reduce_scatter(t, dim, out, false);
+  at::Tensor o = w.wait();
+  collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  return o;
+}
+
+at::Tensor Comm::all_reduce(const at::Tensor& t) {
+  constexpr const char* op = "all_reduce";
+  check_input(t, op);
+  AAR_CHECK_ARG(t.is_contiguous(), "cp::Comm ", op, ": the input is reduced in place and must be contiguous, got "
+                "strides ", t.strides());
+  const auto t0 = std::chrono::steady_clock::now();
+  note(CommOp::AllReduce, t, 0, false);
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.timeout = opts_.timeout;
+  std::vector<at::Tensor> ts{t};
+  CommWork w = launch(CommOp::AllReduce, [&] { return pg_->allreduce(ts, opts); }, t, {t}, nullptr);
   at::Tensor o = w.wait();
   collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   return o;

@@ -81,7 +81,7 @@ at::Tensor LatentCore::QLinear::run(const at::Tensor& x) const {
 
 LatentCore::LatentCore(const LatentConfig& cfg, const Weights& weights) : cfg_(cfg), w_(weights) {
   const Dims& d = cfg_.dims;
-  validate_weights(d, w_);
+  validate_weights(d, w_, cfg_.o_proj_shards);
   internal::check_norm_eps(cfg_.q_norm_eps, "q_norm_eps");
   internal::check_norm_eps(cfg_.kv_norm_eps, "kv_norm_eps");
   AAR_CHECK_ARG(cfg_.heads_padded >= d.num_heads, "heads_padded=", cfg_.heads_padded, " is smaller than num_heads=",
@@ -208,7 +208,7 @@ void LatentCore::prepare_fused(bool in_place) {
 
 void LatentCore::reload_weights(const Weights& nw) {
   const Dims& d = cfg_.dims;
-  validate_weights(d, nw);
+  validate_weights(d, nw, cfg_.o_proj_shards);
   AAR_CHECK_ARG(activation_dtype(nw) == dtype() && weights_device(nw) == device(), "reload_weights: the new weights "
                 "are ", activation_dtype(nw), " on ", weights_device(nw), ", the layer's are ", dtype(), " on ",
                 device());

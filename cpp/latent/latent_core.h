@@ -65,6 +65,8 @@ struct LatentConfig {
   // to a power of two; SFA takes the real heads.
   int64_t heads_padded = 0;
   int64_t workspace_group = 0;
+  // DSA-CP (docs/design/sparse_cp.md §7): o_proj is one rank's row-parallel shard of this many.
+  int64_t o_proj_shards = 1;
 };
 
 // One call's per-token inputs (td tokens).
@@ -104,6 +106,9 @@ class LatentCore {
   const LatentConfig& config() const { return cfg_; }
   const Dims& dims() const { return cfg_.dims; }
   const Weights& weights() const { return w_; }
+  // The o_proj tensor handle itself: the DSA-CP full-weight switch (sparse/oproj_switch.h) swaps
+  // it for the prefill computation and restores it.
+  at::Tensor& o_proj_slot() { return w_.o_proj; }
   QuantType quant() const { return quant_type(w_); }
   at::ScalarType dtype() const { return activation_dtype(w_); }
   c10::Device device() const { return weights_device(w_); }

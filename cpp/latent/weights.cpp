@@ -16,7 +16,7 @@ void check_shape(const at::Tensor& t, const char* name, std::initializer_list<in
 }
 }  // namespace
 
-void validate_weights(const Dims& d, const Weights& w) {
+void validate_weights(const Dims& d, const Weights& w, int64_t o_proj_shards) {
   const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
                 V = d.v_head_dim, hid = d.hidden_size;
   AAR_CHECK_ARG(H > 0 && hid > 0 && L > 0 && P > 0 && R > 0 && V > 0, "MLA dims must be positive (num_heads=", H,
@@ -25,7 +25,16 @@ void validate_weights(const Dims& d, const Weights& w) {
   AAR_CHECK_ARG(R % 2 == 0, "qk_rope_head_dim must be even, got ", R);
   check_shape(w.kv_a_layernorm, "kv_a_layernorm", {L});
   check_shape(w.kv_b_proj, "kv_b_proj", {H * (P + V), L});
-  check_shape(w.o_proj, "o_proj", {hid, H * V});
+  AAR_CHECK_ARG(o_proj_shards >= 1 && H % o_proj_shards == 0, "o_proj shards: num_heads=", H,
+                " is not divisible by the DSA-CP group size ", o_proj_shards);
+  if (o_proj_shards > 1) {
+    AAR_CHECK_ARG(w.o_proj.defined() && w.o_proj.sizes() == c10::IntArrayRef({hid, H * V / o_proj_shards}),
+                  "o_proj must be this rank's row-parallel shard of shape ", c10::IntArrayRef({hid, H * V / o_proj_shards}),
+                  " (hidden_size, num_heads * v_head_dim / ", o_proj_shards, ": DSA-CP computes all heads), got ",
+                  w.o_proj.defined() ? w.o_proj.sizes() : c10::IntArrayRef{});
+  } else {
+    check_shape(w.o_proj, "o_proj", {hid, H * V});
+  }
   const auto dt = w.kv_b_proj.scalar_type();
   const c10::Device dev = w.kv_b_proj.device();
   std::vector<const at::Tensor*> dense{&w.kv_a_layernorm, &w.kv_b_proj, &w.o_proj};

@@ -453,7 +453,18 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("dcp_seq_lens", [](const sfa::Metadata& m) { return m.dcp.seq_lens; })
       .def_prop_ro("dcp_seq_lens_list", [](const sfa::Metadata& m) { return to_list(live(m).dcp.seq_lens_list); })
       .def_prop_ro("indexer_block_table", [](const sfa::Metadata& m) { return m.dcp.indexer_block_table; })
-      .def_prop_ro("indexer_slot_mapping", [](const sfa::Metadata& m) { return m.dcp.indexer_slot_mapping; });
+      .def_prop_ro("indexer_slot_mapping", [](const sfa::Metadata& m) { return m.dcp.indexer_slot_mapping; })
+      // DSA-CP token sharding (docs/design/sparse_cp.md §4; dsa_cp_world_size 1 otherwise).
+      .def_prop_ro("dsa_cp_world_size", [](const sfa::Metadata& m) { return m.dsa_cp.world_size; })
+      .def_prop_ro("dsa_cp_rank", [](const sfa::Metadata& m) { return m.dsa_cp.rank; })
+      .def_prop_ro("num_tokens_pad", [](const sfa::Metadata& m) { return m.dsa_cp.num_tokens_pad; })
+      .def_prop_ro("tokens_per_rank", [](const sfa::Metadata& m) { return m.dsa_cp.tokens_per_rank; })
+      .def_prop_ro("local_start", [](const sfa::Metadata& m) { return m.dsa_cp.local_start; })
+      .def_prop_ro("local_end", [](const sfa::Metadata& m) { return m.dsa_cp.local_end; })
+      .def_prop_ro("local_cum_query_lens_list",
+                   [](const sfa::Metadata& m) { return to_list(live(m).dsa_cp.cum_query_lens_list); })
+      .def_prop_ro("local_seq_lens_list", [](const sfa::Metadata& m) { return to_list(live(m).dsa_cp.seq_lens_list); })
+      .def_prop_ro("local_cos", [](const sfa::Metadata& m) { return m.dsa_cp.cos; });
 
   nb::class_<sfa::MetadataBuilder>(m, "MetadataBuilder")
       .def(
@@ -463,8 +474,10 @@ void bind_sfa(nb::module_& root) {
              int32_t num_speculative_tokens, bool chunked_prefill_enabled, bool graph_decode_padding,
              std::optional<int32_t> num_drafts, const std::string& device, std::optional<bool> separate_device_buffers,
              int32_t staging_buffers, std::optional<sfa::BuilderOffloadConfig> offload, int32_t dcp_world_size,
-             int32_t dcp_rank, int32_t cp_kv_cache_interleave_size) {
+             int32_t dcp_rank, int32_t cp_kv_cache_interleave_size, int32_t dsa_cp_world_size, int32_t dsa_cp_rank) {
             sfa::BuilderConfig c;
+            c.dsa_cp_world_size = dsa_cp_world_size;
+            c.dsa_cp_rank = dsa_cp_rank;
             c.dcp_world_size = dcp_world_size;
             c.dcp_rank = dcp_rank;
             c.cp_kv_cache_interleave_size = cp_kv_cache_interleave_size;
@@ -489,7 +502,8 @@ void bind_sfa(nb::module_& root) {
           "num_blocks"_a, "cos_table"_a, "sin_table"_a, "num_speculative_tokens"_a = 0,
           "chunked_prefill_enabled"_a = true, "graph_decode_padding"_a = false, "num_drafts"_a = nb::none(),
           "device"_a = "cpu", "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2,
-          "offload"_a = nb::none(), "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1)
+          "offload"_a = nb::none(), "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1,
+          "dsa_cp_world_size"_a = 1, "dsa_cp_rank"_a = 0)
       .def(
           "build",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
@@ -575,9 +589,12 @@ void bind_sfa(nb::module_& root) {
              bool use_index_cache, bool sfa_c8, bool li_c8, const std::string& device_kind, int64_t layer_index,
              int64_t workspace_group, std::optional<mla::QuantWeights> quant, bool is_kv_consumer,
              bool is_kv_producer, bool enable_mlapo, bool chunked_q_proj, bool dsa_cp, int64_t dcp_size,
-             std::optional<sfa::OffloadConfig> offload, cp::Comm* dcp_comm) {
+             std::optional<sfa::OffloadConfig> offload, cp::Comm* dcp_comm, cp::Comm* dsa_cp_comm,
+             bool dsa_cp_full_o_proj_prefill) {
             sfa::ImplConfig c;
             c.dcp_comm = dcp_comm;
+            c.dsa_cp_comm = dsa_cp_comm;
+            c.dsa_cp_full_o_proj_prefill = dsa_cp_full_o_proj_prefill;
             c.preprocess.quant = quant.has_value() ? quant->type : mla::QuantType::None;
             c.preprocess.is_kv_consumer = is_kv_consumer;
             c.preprocess.is_kv_producer = is_kv_producer;
@@ -634,7 +651,8 @@ void bind_sfa(nb::module_& root) {
           "sfa_c8"_a = false, "li_c8"_a = false, "device_kind"_a = "a2", "layer_index"_a = -1, "workspace_group"_a = 0,
           "quant"_a = nb::none(), "is_kv_consumer"_a = false, "is_kv_producer"_a = false, "enable_mlapo"_a = false,
           "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "offload"_a = nb::none(),
-          "dcp_comm"_a = nb::none(), nb::keep_alive<1, 43>())
+          "dcp_comm"_a = nb::none(), "dsa_cp_comm"_a = nb::none(), "dsa_cp_full_o_proj_prefill"_a = true,
+          nb::keep_alive<1, 43>(), nb::keep_alive<1, 44>())
       .def(
           "forward",
           [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
@@ -645,6 +663,8 @@ void bind_sfa(nb::module_& root) {
       .def("release_views", &sfa::Impl::release_views)
       .def_prop_ro("last_topk_source", [](const sfa::Impl& i) { return std::string(sfa::to_string(i.last_topk_source())); })
       .def_prop_ro("last_topk", [](const sfa::Impl& i) { return i.last_topk(); })
+      .def_prop_ro("o_proj_weight", [](const sfa::Impl& i) { return i.o_proj_weight(); })
+      .def_prop_ro("o_proj_full_pool", [](const sfa::Impl& i) { return i.o_proj_full_pool(); })
       .def_prop_ro("w_uk_t", [](const sfa::Impl& i) { return i.w_uk_t(); })
       .def_prop_ro("w_uv", [](const sfa::Impl& i) { return i.w_uv(); })
       .def_prop_ro("scale", [](const sfa::Impl& i) { return i.config().scale; })

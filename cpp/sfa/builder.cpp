@@ -12,6 +12,7 @@
 #include "../common/staging.h"
 #include "../core/staging_layout.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/cp/plan/sparse_cp.h"
 #include "ascend_attn_rt/sfa/plan/sfa_offload_plan.h"
 #include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "ascend_attn_rt/sfa/backend.h"
@@ -25,12 +26,14 @@ class MetadataBuilder::Lane {
   Lane(const BuilderConfig& cfg, const aar::detail::RopeRows& rope, int32_t draft_index, int64_t max_reqs, bool separate,
        int slot_base)
       : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs), offload_(cfg.offload.has_value()),
-        dcp_(cfg.dcp_world_size > 1) {
+        dcp_(cfg.dcp_world_size > 1), dsa_(cfg.dsa_cp_world_size > 1) {
     const int64_t T = cfg.max_num_tokens, MB = cfg.max_blocks_per_req, W = rope.row_words();
+    // DSA-CP: RoPE rows for the step padded to a multiple of the group (T_pad < T + world).
+    const int64_t TR = dsa_ ? T + cfg.dsa_cp_world_size : T;
     // The token region first, sized for max_num_tokens; a step packs its token
     // views at its end (token_region), right before the request part.
     core::StagingLayout layout;
-    const int64_t token_words = core::align_words(2 * T) + 2 * core::align_words(T * W) +
+    const int64_t token_words = core::align_words(2 * T) + 2 * core::align_words(TR * W) +
                                 (offload_ ? core::align_words(T) : 0) +  // offload: the token-to-request map
                                 (dcp_ ? core::align_words(2 * T) : 0);   // DCP: the indexer's slots
     layout.add("token_region", token_words);
@@ -50,12 +53,18 @@ class MetadataBuilder::Lane {
       dcp_block_lens_.assign(R_, 0);
       dseq_list_.assign(R_, 0);
     }
+    if (dsa_) {
+      lcql_ = layout.add("dsa_cp_cum_query_lens", R_);
+      lseq_ = layout.add("dsa_cp_seq_lens", R_);
+      lcql_list_.assign(R_, 0);
+      lseq_list_.assign(R_, 0);
+    }
     bt_ = layout.add("block_table", R_ * MB);
     if (dcp_) rbt_ = layout.add("indexer_block_table", R_ * MB * cfg.dcp_world_size);
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
-    positions_.assign(T, 0);
+    positions_.assign(TR, 0);
     cql_list_.assign(R_, 0);
     seq_list_.assign(R_, 0);
     views_.qsl = core::RegionViews(device_, qsl_, R_ + 1, at::kInt);
@@ -63,6 +72,14 @@ class MetadataBuilder::Lane {
     views_.seq = core::RegionViews(device_, seq_, R_, at::kInt);
     views_.bt = core::RegionViews(device_, bt_, R_, at::kInt, MB);
     for (core::ViewCache* v : {&views_.slots, &views_.cos, &views_.sin}) v->resize(T);
+    if (dsa_) {
+      views_.lcql = core::RegionViews(device_, lcql_, R_, at::kInt);
+      views_.lseq = core::RegionViews(device_, lseq_, R_, at::kInt);
+      views_.lcos.resize(TR);
+      views_.lsin.resize(TR);
+      md_.dsa_cp.world_size = cfg.dsa_cp_world_size;
+      md_.dsa_cp.rank = cfg.dsa_cp_rank;
+    }
     if (dcp_) {
       views_.islots.resize(T);
       views_.dseq = core::RegionViews(device_, dseq_, R_, at::kInt);
@@ -162,6 +179,28 @@ class MetadataBuilder::Lane {
     // Everything that can fail happens in here, before its first write.
     const plan::SfaStepPlan p = plan::plan_sfa_step(pi, pb);
     const int32_t B = p.num_reqs, Bk = p.num_kernel_reqs, t_real = p.num_actual_tokens, t_in = p.num_input_tokens;
+    plan::TokenShard shard;
+    int32_t t_rope = t_in;  // RoPE rows gathered: the step's, or (DSA-CP) its padded count
+    if (dsa_) {
+      // docs/design/sparse_cp.md §4 on the kernel requests (graph padding dummies included).
+      kqsl_.resize(static_cast<size_t>(Bk) + 1);
+      kqsl_[0] = 0;
+      std::copy(pb.cum_query_lens.data(), pb.cum_query_lens.data() + Bk, kqsl_.begin() + 1);
+      plan::TokenShardInputs ti;
+      ti.query_start_loc = plan::CSpan<int32_t>(kqsl_.data(), kqsl_.size());
+      ti.seq_lens = plan::CSpan<int32_t>(pb.seq_lens.data(), Bk);
+      ti.num_input_tokens = kqsl_.back() > t_in ? kqsl_.back() : t_in;
+      ti.world = cfg_.dsa_cp_world_size;
+      ti.rank = cfg_.dsa_cp_rank;
+      plan::TokenShardBuffers tb;
+      tb.local_cum_query_lens = plan::Span<int32_t>(s + lcql_.offset, Bk);
+      tb.local_seq_lens = plan::Span<int32_t>(s + lseq_.offset, Bk);
+      shard = plan::plan_token_shard(ti, tb);
+      std::copy(s + lcql_.offset, s + lcql_.offset + Bk, lcql_list_.begin());
+      std::copy(s + lseq_.offset, s + lseq_.offset + Bk, lseq_list_.begin());
+      t_rope = shard.num_tokens_pad;
+      std::fill(positions_.begin() + t_in, positions_.begin() + t_rope, 0);
+    }
     if (offload_) {
       plan::SfaOffloadBuffers ob;
       ob.req_ids = plan::Span<uint64_t>(reinterpret_cast<uint64_t*>(s + rid_.offset), R_);
@@ -193,6 +232,10 @@ class MetadataBuilder::Lane {
       const size_t pad = static_cast<size_t>(t_real) * rb;
       rope_.gather(positions_.data() + t_real, t_in - t_real, out_cos + pad, out_sin + pad);
     }
+    if (t_rope > t_in) {
+      const size_t off = static_cast<size_t>(t_in) * static_cast<size_t>(rope_.row_bytes());
+      rope_.gather(positions_.data() + t_in, t_rope - t_in, out_cos + off, out_sin + off);
+    }
     // One host-to-device copy (device path): from the step's first slot to its
     // last block-table row. Then the turn passes to the next host buffer.
     const int64_t copy_end = dcp_ ? rbt_.offset + static_cast<int64_t>(Bk) * MB * cfg_.dcp_world_size
@@ -223,6 +266,24 @@ class MetadataBuilder::Lane {
     md_.seq_lens_list = c10::IntArrayRef(seq_list_.data(), Bk);
     md_.cum_query_lens_list = c10::IntArrayRef(cql_list_.data(), Bk);
     if (offload_) fill_offload(s, turn, tr, p);
+    if (dsa_) {
+      DsaCpMetadata& c = md_.dsa_cp;
+      c.num_tokens_pad = shard.num_tokens_pad;
+      c.tokens_per_rank = shard.tokens_per_rank;
+      c.local_start = shard.local_start;
+      c.local_end = shard.local_end;
+      c.cum_query_lens = views_.lcql.first(Bk);
+      c.seq_lens = views_.lseq.first(Bk);
+      const int64_t key = static_cast<int64_t>(t_rope) * (INT32_MAX + int64_t{1}) + shard.local_start;
+      c.cos = views_.lcos.get(shard.tokens_per_rank, key, [&] {
+        return rope_.view(device_, tr.cos, t_rope).narrow(0, shard.local_start, shard.tokens_per_rank);
+      });
+      c.sin = views_.lsin.get(shard.tokens_per_rank, key, [&] {
+        return rope_.view(device_, tr.sin, t_rope).narrow(0, shard.local_start, shard.tokens_per_rank);
+      });
+      c.cum_query_lens_list = c10::IntArrayRef(lcql_list_.data(), Bk);
+      c.seq_lens_list = c10::IntArrayRef(lseq_list_.data(), Bk);
+    }
     if (dcp_) {
       md_.dcp.seq_lens = views_.dseq.first(Bk);
       md_.dcp.indexer_block_table = views_.rbt.first(Bk);
@@ -243,9 +304,12 @@ class MetadataBuilder::Lane {
   const TokenRegion& token_region(int64_t n) {
     if (n != token_region_n_) {
       const int64_t W = rope_.row_words();
+      // DSA-CP: RoPE rows for the step padded to a multiple of the group.
+      const int64_t g = dsa_ ? cfg_.dsa_cp_world_size : 1;
+      const int64_t nr = (n + g - 1) / g * g;
       TokenRegion& r = token_region_;
       core::StagingLayout::pack_before(
-          qsl_.offset, {{&r.slots, 2 * n}, {&r.cos, n * W}, {&r.sin, n * W}, {&r.ttr, offload_ ? n : 0},
+          qsl_.offset, {{&r.slots, 2 * n}, {&r.cos, nr * W}, {&r.sin, nr * W}, {&r.ttr, offload_ ? n : 0},
                         {&r.islots, dcp_ ? 2 * n : 0}});
       token_region_n_ = n;
     }
@@ -295,6 +359,8 @@ class MetadataBuilder::Lane {
     core::ViewCache ttr;                   // offload: by num_input_tokens
     core::RegionViews rid, pcql;           // offload: by num_reqs / num_prefills
     core::ViewCache islots;                // DCP: by num_input_tokens
+    core::RegionViews lcql, lseq;          // DSA-CP: by num_kernel_reqs
+    core::ViewCache lcos, lsin;            // DSA-CP: by tokens per rank, keyed by (T_pad, local_start)
     core::RegionViews dseq, rbt;           // DCP: by num_kernel_reqs
   };
   // Offload: the prefill views of the last (num_decodes, num_prefills).
@@ -319,7 +385,11 @@ class MetadataBuilder::Lane {
   int64_t token_region_n_ = -1;
   core::Region rid_, pcql_;           // offload only
   bool dcp_ = false;
+  bool dsa_ = false;
   core::Region dseq_, rbt_;           // DCP only
+  core::Region lcql_, lseq_;          // DSA-CP only
+  std::vector<int32_t> kqsl_;         // DSA-CP, host: the kernel requests' query starts
+  std::vector<int64_t> lcql_list_, lseq_list_;
   std::vector<int32_t> dcp_block_lens_;  // DCP, host scratch of the plan
   std::vector<int64_t> dseq_list_;
   std::unique_ptr<aar::detail::StagingBuffers> buffers_;
@@ -355,6 +425,14 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg.cp_kv_cache_interleave_size >= 1 && cfg.block_size % cfg.cp_kv_cache_interleave_size == 0,
                 "cp_kv_cache_interleave_size=", cfg.cp_kv_cache_interleave_size,
                 " must be positive and divide block_size=", cfg.block_size);
+  AAR_CHECK_ARG(cfg.dsa_cp_world_size >= 1 && cfg.dsa_cp_rank >= 0 && cfg.dsa_cp_rank < cfg.dsa_cp_world_size,
+                "dsa_cp_rank=", cfg.dsa_cp_rank, " is not a rank of a DSA-CP group of dsa_cp_world_size=",
+                cfg.dsa_cp_world_size);
+  if (cfg.dsa_cp_world_size > 1 && (cfg.dcp_world_size > 1 || cfg.offload.has_value())) {
+    throw_not_supported("dsa_cp_world_size=", cfg.dsa_cp_world_size, " with ",
+                        cfg.offload.has_value() ? "offload" : "dcp_world_size=" + std::to_string(cfg.dcp_world_size),
+                        ": DSA-CP is built alone (docs/design/sparse_cp.md §6)");
+  }
   if (cfg.dcp_world_size > 1 && cfg.offload.has_value()) {
     throw_not_supported("offload with dcp_world_size=", cfg.dcp_world_size,
                         ": the KV-offload builder has no context-parallel variant (upstream's neither)");

@@ -10,6 +10,7 @@
 #include "../latent/dcp_query.h"
 #include "../latent/latent_core.h"
 #include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/sparse/oproj_switch.h"
 #include "ascend_attn_rt/sparse/topk_remap.h"
 #include "indexer_workspace.h"
 #include "offload_layer.h"
@@ -17,6 +18,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/dense.h"
+#include "ascend_attn_rt/ops/fault_injection.h"
 #include "ascend_attn_rt/ops/hadamard.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
 #include "ascend_attn_rt/ops/quant.h"
@@ -171,7 +173,18 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   AAR_CHECK_ARG(pc.dcp_size == 1 || pc.dcp_size == dcp_world, "preprocess.dcp_size=", pc.dcp_size,
                 " but the layer's dcp_comm has ", dcp_world, " rank(s): DCP is the dcp_comm's group");
   pc.dcp_size = dcp_world;
+  const int64_t dsa_world = cfg_.dsa_cp_comm != nullptr ? cfg_.dsa_cp_comm->size() : 1;
+  AAR_CHECK_ARG(!pc.dsa_cp || dsa_world > 1, "preprocess.dsa_cp is set but the layer has no dsa_cp_comm of more "
+                "than one rank: DSA-CP is the dsa_cp_comm's group");
+  pc.dsa_cp = dsa_world > 1;
   const CpMode mode = resolve_cp_mode(pc.dsa_cp, pc.dcp_size);
+  if (mode == CpMode::DsaCp) {
+    const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
+    if (no != nullptr) {
+      throw_not_supported(no, " with DSA-CP (dsa_cp_comm of ", dsa_world, " ranks) is not implemented: the "
+                          "token-sharded layer gathers and writes unquantised rows (docs/design/sparse_cp.md §6)");
+    }
+  }
   if (mode == CpMode::Dcp) {
     if (cfg_.sfa_c8) {
       throw_not_supported("sfa_c8 with DCP (dcp_comm of ", dcp_world, " ranks): the KV-quant sparse attention's "
@@ -197,7 +210,9 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   lc.heads_padded = d.num_heads;  // the SFA kernel takes the real heads
   lc.sfa_c8_rows = cfg_.sfa_c8;
   lc.workspace_group = cfg_.workspace_group;
+  lc.o_proj_shards = dsa_world;
   core_ = std::make_shared<LatentCore>(lc, weights);
+  if (dsa_world > 1) oproj_full_ = std::make_unique<sparse::OProjFullWeight>(core_->o_proj_slot(), *cfg_.dsa_cp_comm);
   const at::Tensor& wref = core_->weights().kv_b_proj;  // never quantised
   if (cfg_.sfa_c8) {
     const auto dt = wref.scalar_type();
@@ -248,6 +263,11 @@ void Impl::reset_resident() {
 }
 
 const at::Tensor& Impl::w_uk_t() const { return core_->w_uk_t(); }
+const at::Tensor& Impl::o_proj_weight() const { return core_->weights().o_proj; }
+const at::Tensor& Impl::o_proj_full_pool() const {
+  AAR_CHECK_ARG(oproj_full_ != nullptr, "the layer has no DSA-CP (dsa_cp_comm): no o_proj full-weight pool");
+  return oproj_full_->pool();
+}
 const at::Tensor& Impl::w_uv() const { return core_->w_uv(); }
 
 void Impl::release_views() {
@@ -291,6 +311,13 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   } else {
     AAR_CHECK_ARG(comm_size == 1, "the layer's dcp_comm has ", comm_size,
                   " ranks but the metadata was built without DCP (dcp_world_size=1)");
+  }
+  const int32_t dsa_size = cfg_.dsa_cp_comm != nullptr ? cfg_.dsa_cp_comm->size() : 1;
+  if (md.dsa_cp.world_size > 1 || dsa_size > 1) {
+    AAR_CHECK_ARG(dsa_size == md.dsa_cp.world_size && cfg_.dsa_cp_comm->rank() == md.dsa_cp.rank,
+                  "metadata was built for DSA-CP rank ", md.dsa_cp.rank, " of ", md.dsa_cp.world_size,
+                  " but the layer's dsa_cp_comm is ", dsa_size > 1 ? "rank " : "absent", 
+                  dsa_size > 1 ? std::to_string(cfg_.dsa_cp_comm->rank()) + " of " + std::to_string(dsa_size) : "");
   }
   // docs/design/sfa.md §2.2: the main part, then the indexer part, per the layer's flags.
   const bool has_idx = cfg_.indexer.has_value();
@@ -409,26 +436,50 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
   const at::Tensor& idx_table = dcp ? md.dcp.indexer_block_table : md.block_table;
   const at::Tensor& slots = LatentCore::view_of(idx_slots, tk, seen_.slots_src, seen_.slots2,
                                                 [&] { return idx_slots.narrow(0, 0, tk).view({tk, 1}); });
-  ops::dense::linear_out(v.k, x, w.wk);
-  ops::dense::layer_norm_out(v.k, v.k, w.k_norm_weight, w.k_norm_bias, ic.k_norm_eps);
-  indexer_rope_(v.k_head, cos, sin);                  // k: (tk, D)
-  ops::dense::linear_out(v.w, x, w.weights_proj);     // (tk, n_head)
-  ops::dense::linear_out(v.q, q_c, w.wq_b);
-  indexer_rope_(v.q_head, cos, sin);                  // q: (tk, n_head, D)
+  if (cfg_.li_c8) {
+    indexer_keys_(v, x, cos, sin);
+    ops::dense::linear_out(v.w, x, w.weights_proj);     // (tk, n_head)
+    ops::dense::linear_out(v.q, q_c, w.wq_b);
+    indexer_rope_(v.q_head, cos, sin);                  // q: (tk, n_head, D)
+    const at::Tensor& rows = LatentCore::view_of(c.index_k, c.index_k.size(0) * c.index_k.size(1), seen_.idx_src,
+                                                 seen_.idx_rows, [&] { return c.index_k.view({-1, D}); });
+    at::Tensor rows_w = rows;
+    return quant_indexer_topk(v.k, v.q3, v.w, c, md, rows_w, slots);
+  }
+  indexer_keys_(v, x, cos, sin);
   // The indexer cache as rows of D (a view of the validated contiguous cache).
   const at::Tensor& rows = LatentCore::view_of(c.index_k, c.index_k.size(0) * c.index_k.size(1), seen_.idx_src, seen_.idx_rows,
                                                [&] { return c.index_k.view({-1, D}); });
   at::Tensor rows_w = rows;
-  if (cfg_.li_c8) return quant_indexer_topk(v.k, v.q3, v.w, c, md, rows_w, slots);
   ops::scatter_nd_update_(rows_w, slots, v.k);
+  return indexer_select_(v, x, q_c, cos, sin, c, md.cum_query_lens, md.seq_lens, idx_table);
+}
+
+void Impl::indexer_keys_(const detail::IndexerViews& v, const at::Tensor& x, const at::Tensor& cos4,
+                         const at::Tensor& sin4) {
+  const IndexerWeights& w = *iw_;
+  ops::dense::linear_out(v.k, x, w.wk);
+  ops::dense::layer_norm_out(v.k, v.k, w.k_norm_weight, w.k_norm_bias, cfg_.indexer->k_norm_eps);
+  indexer_rope_(v.k_head, cos4, sin4);  // k: (tk, D)
+}
+
+at::Tensor Impl::indexer_select_(const detail::IndexerViews& v, const at::Tensor& x, const at::Tensor& q_c,
+                                 const at::Tensor& cos4, const at::Tensor& sin4, const Caches& c,
+                                 const at::Tensor& cum_query_lens, const at::Tensor& seq_lens,
+                                 const at::Tensor& block_table) {
+  const IndexerConfig& ic = *cfg_.indexer;
+  const IndexerWeights& w = *iw_;
+  ops::dense::linear_out(v.w, x, w.weights_proj);     // (tk, n_head)
+  ops::dense::linear_out(v.q, q_c, w.wq_b);
+  indexer_rope_(v.q_head, cos4, sin4);                // q: (tk, n_head, D)
   // The operator's arguments persist between calls: only what changed is assigned.
   ops::LightningIndexerArgs& a = li_args_;
   set(a.query, v.q3);
   set(a.key, c.index_k);
   set(a.weights, v.w);
-  set(a.actual_seq_lengths_query, md.cum_query_lens);
-  set(a.actual_seq_lengths_key, md.seq_lens);
-  set(a.block_table, idx_table);
+  set(a.actual_seq_lengths_query, cum_query_lens);
+  set(a.actual_seq_lengths_key, seq_lens);
+  set(a.block_table, block_table);
   a.layout_query = "TND";
   a.layout_key = "PA_BSND";
   a.sparse_count = ic.topk;
@@ -657,10 +708,116 @@ void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata
   }
 }
 
+void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+                      const at::Tensor& output, int64_t tk) {
+  // docs/design/sparse_cp.md §7. Every rank holds the whole step's hidden states and computes every
+  // head for its token shard [local_start, local_end); the padding rows of its shard (up to
+  // tokens_per_rank) take part in the collectives as zeros. Every collective below is issued by
+  // every rank in the same order, whatever its shard holds.
+  cp::Comm& comm = *cfg_.dsa_cp_comm;
+  const DsaCpMetadata& sh = md.dsa_cp;
+  const mla::Dims& d = cfg_.dims;
+  const int64_t W = comm.size(), tpr = sh.tokens_per_rank, nloc = sh.local_end - sh.local_start;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads, V = d.v_head_dim;
+  const bool has_idx = cfg_.indexer.has_value();
+  const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
+  const auto opts = hidden.options();
+  last_pre_ = Preprocess::Native;  // DSA-CP: the native path (docs/design/sfa.md §4.2's table)
+  // 1. This rank's tokens: the latent query, the latent and rope key rows and the indexer key,
+  //    none written yet.
+  at::Tensor pack = at::zeros({tpr, R + L + Di}, opts);
+  mla::detail::LatentQuery q;
+  const detail::IndexerViews* iv = nullptr;
+  at::Tensor xl, cos4, sin4;
+  if (nloc > 0) {
+    xl = hidden.narrow(0, sh.local_start, nloc);
+    const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
+    mla::detail::LatentStep s;
+    s.x = xl;
+    s.cos = sh.cos.narrow(0, 0, nloc);
+    s.sin = sh.sin.narrow(0, 0, nloc);
+    mla::detail::LatentKv kv;
+    q = core_->preprocess_unwritten(v, s, kv);
+    pack.narrow(1, 0, R).narrow(0, 0, nloc).copy_(kv.k_rope.view({nloc, R}));
+    pack.narrow(1, R, L).narrow(0, 0, nloc).copy_(kv.k_nope);
+    if (has_idx) {
+      iv = &iws_->views(nloc);
+      cos4 = s.cos.view({nloc, 1, 1, R});
+      sin4 = s.sin.view({nloc, 1, 1, R});
+      indexer_keys_(*iv, xl, cos4, sin4);
+      pack.narrow(1, R + L, Di).narrow(0, 0, nloc).copy_(iv->k);
+    }
+  }
+  // 2. Every rank's rows gathered (token order) and written for the whole step: every rank keeps
+  //    complete caches.
+  const at::Tensor all = comm.all_gather(pack, 0);  // (T_pad, R + L + Di)
+  const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
+  const at::Tensor slots = md.slot_mapping.narrow(0, 0, tw).view({tw, 1});
+  const at::Tensor rows = all.narrow(0, 0, tw);
+  at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
+  ops::scatter_nd_update_(rope_rows, slots, rows.narrow(1, 0, R).contiguous());
+  ops::scatter_nd_update_(nope_rows, slots, rows.narrow(1, R, L).contiguous());
+  if (has_idx) {
+    at::Tensor idx_rows = c.index_k.view({-1, Di});
+    ops::scatter_nd_update_(idx_rows, slots, rows.narrow(1, R + L, Di).contiguous());
+  }
+  // 3. Top-k and sparse attention of this rank's tokens with its local lengths.
+  at::Tensor y_local;  // (nloc, N * V)
+  if (nloc > 0) {
+    if (has_idx) {
+      const at::Tensor q_c = q.qc.defined() ? q.qc : xl;
+      last_topk_rows_ = indexer_select_(*iv, xl, q_c, cos4, sin4, c, sh.cum_query_lens, sh.seq_lens, md.block_table);
+      if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
+      last_topk_ = TopkSource::Indexer;
+    } else {
+      last_topk_rows_ = topk->view(nloc);
+      last_topk_ = TopkSource::Reused;
+    }
+    const at::Tensor attn = detail::sparse_attention(
+        sfa_args_, {q.qn, q.qr, last_topk_rows_, c.nope, c.rope, md.block_table, sh.cum_query_lens, sh.seq_lens,
+                    cfg_.scale});  // (nloc, N, L)
+    const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
+    y_local = core_->w_uv_out_token_major(v, attn, nloc);
+  } else {
+    last_topk_rows_ = at::empty({0, 1, has_idx ? cfg_.indexer->topk : topk->index_topk()}, opts.dtype(at::kInt));
+    last_topk_ = has_idx ? TopkSource::Indexer : TopkSource::Reused;
+  }
+  at::Tensor y = at::zeros({tpr, N * V}, opts);
+  if (nloc > 0) y.narrow(0, 0, nloc).copy_(y_local);
+  // 4. Back to the whole step's tokens.
+  const int64_t out_rows = output.size(0), keep = std::min<int64_t>(tk, out_rows);
+  const bool decode_state = md.attn_state == plan::AttentionState::DecodeOnly ||
+                            md.attn_state == plan::AttentionState::SpecDecoding;
+  at::Tensor full;  // (T_pad, hidden)
+  if (!decode_state && cfg_.dsa_cp_full_o_proj_prefill) {
+    // The full o_proj on this rank's tokens (the shards gathered into the static pool and
+    // switched in; the guard restores the shard on every path), then the tokens gathered.
+    oproj_full_->gather();
+    at::Tensor part;
+    {
+      const sparse::OProjFullWeight::Guard guard(*oproj_full_);
+      ops::testing::fault_point();  // a test's fault lands inside the switch (test_sfa_dsa_cp.py)
+      part = ops::dense::linear(y, core_->weights().o_proj);  // (tpr, hidden)
+    }
+    full = comm.all_gather(part, 0);
+  } else {
+    // This rank's heads for every token (an all-to-all of head blocks), the shard's o_proj, and the
+    // partial sums reduced over the group.
+    const int64_t C = N * V / W;
+    const at::Tensor blocks = y.view({tpr, W, C}).transpose(0, 1).contiguous().view({W * tpr, C});
+    const at::Tensor mine = comm.all_to_all_single(blocks);  // (T_pad, C): block i = rank i's tokens
+    full = ops::dense::linear(mine, core_->weights().o_proj).contiguous();
+    comm.all_reduce(full);
+  }
+  ops::dense::copy(output.narrow(0, 0, keep), full.narrow(0, 0, keep));
+  if (out_rows > keep) ops::dense::zero(output.narrow(0, keep, out_rows - keep));
+}
+
 void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                const at::Tensor& output, int64_t tk, bool stable) {
   const int64_t rows = hidden.size(0);
   if (tk == 0) {
+    // (Rank-independent: tk is the step's, so under DSA-CP every rank skips its collectives alike.)
     ops::dense::zero(output);
     last_topk_ = TopkSource::None;
     if (offload_ != nullptr) offload_->stats() = OffloadStepStats{};
@@ -668,6 +825,10 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   }
   if (offload_ != nullptr) {
     run_offload(hidden, c, md, topk, output, tk);
+    return;
+  }
+  if (md.dsa_cp.world_size > 1) {
+    run_dsa_cp(hidden, c, md, topk, output, tk);
     return;
   }
   const at::Tensor x = rows == tk ? hidden : hidden.narrow(0, 0, tk);
@@ -763,10 +924,9 @@ const char* to_string(CpMode m) {
 CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size) {
   AAR_CHECK_ARG(dcp_size >= 1, "dcp_size must be >= 1, got ", dcp_size);
   const CpMode m = dsa_cp ? (dcp_size > 1 ? CpMode::DsaCpDcp : CpMode::DsaCp) : (dcp_size > 1 ? CpMode::Dcp : CpMode::Plain);
-  if (m == CpMode::DsaCp || m == CpMode::DsaCpDcp) {
-    throw_not_supported("dsa_cp=True", dcp_size > 1 ? " with dcp_size=" + std::to_string(dcp_size) : std::string(),
-                        ": SFA's DSA-CP token sharding (docs/design/sparse_cp.md §1, §4) is not implemented yet; "
-                        "the modes built are plain and DCP with the replicated indexer");
+  if (m == CpMode::DsaCpDcp) {
+    throw_not_supported("dsa_cp=True with dcp_size=", dcp_size, ": SFA's DSA-CP x DCP (docs/design/sparse_cp.md §1) "
+                        "is not implemented; the modes built are plain, DSA-CP and DCP with the replicated indexer");
   }
   return m;
 }

@@ -25,8 +25,8 @@ class Work;
 
 namespace aar::cp {
 
-enum class CommOp : int32_t { AllGather = 0, AllToAllSingle = 1, ReduceScatter = 2 };
-constexpr int32_t kNumCommOps = 3;
+enum class CommOp : int32_t { AllGather = 0, AllToAllSingle = 1, ReduceScatter = 2, AllReduce = 3 };
+constexpr int32_t kNumCommOps = 4;
 const char* to_string(CommOp op);
 
 // A collective failed in the backend (peer gone, timeout). Bad arguments raise
@@ -114,6 +114,8 @@ class Comm {
   at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out = std::nullopt);
   CommWork reduce_scatter_async(const at::Tensor& t, int64_t dim,
                                 const std::optional<at::Tensor>& out = std::nullopt);
+  // In place: t (contiguous) becomes the sum over ranks of t. Returns t.
+  at::Tensor all_reduce(const at::Tensor& t);
 
   // Calls issued so far (all ops, or one op); the log when CommOptions::log.
   int64_t calls() const;

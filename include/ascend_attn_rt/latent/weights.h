@@ -35,8 +35,10 @@ struct Weights {
   std::optional<QuantWeights> quant;
 };
 
-// Validates every weight's shape against dims; errors name the weight.
-void validate_weights(const Dims& d, const Weights& w);
+// Validates every weight's shape against dims; errors name the weight. o_proj_shards > 1: o_proj is one
+// rank's row-parallel shard (hidden, H*V / o_proj_shards) of a layer computing all H heads (DSA-CP,
+// docs/design/sparse_cp.md §7).
+void validate_weights(const Dims& d, const Weights& w, int64_t o_proj_shards = 1);
 
 // The quant type of the layer's fused_qkv_a_proj (None for unquantised weights).
 inline QuantType quant_type(const Weights& w) { return w.quant.has_value() ? w.quant->type : QuantType::None; }

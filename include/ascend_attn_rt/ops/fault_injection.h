@@ -33,4 +33,10 @@ void fault_point_slow();
 bool any_fault_armed();
 }  // namespace detail
 
+// The hook itself, for a computation that is not an operator wrapper but must be reachable by a
+// test's fault (the DSA-CP o_proj matmul under the full-weight switch, sfa/impl.h).
+inline void fault_point() {
+  if (__builtin_expect(detail::any_fault_armed(), 0)) detail::fault_point_slow();
+}
+
 }  // namespace aar::ops::testing

@@ -77,6 +77,11 @@ struct BuilderConfig : core::BuilderCore {
   int32_t dcp_world_size = 1;
   int32_t dcp_rank = 0;
   int32_t cp_kv_cache_interleave_size = 1;
+  // DSA-CP token sharding (docs/design/sparse_cp.md §4): this rank's place in the group the
+  // step's tokens are split over (the TP group). Adds Metadata::dsa_cp. Not combinable with DCP
+  // or offload (refused by name).
+  int32_t dsa_cp_world_size = 1;
+  int32_t dsa_cp_rank = 0;
 };
 
 // The step (core::StepInput via mla::BuildInputs). What the SFA builders

@@ -31,6 +31,7 @@ struct LatentQuery;
 }
 namespace aar::sfa::detail {
 class IndexerWorkspace;
+struct IndexerViews;
 class OffloadLayer;
 }
 namespace aar::graph {
@@ -39,6 +40,9 @@ class GraphParams;
 namespace aar::cp {
 class Comm;
 class DcpWorkspace;
+}
+namespace aar::sparse {
+class OProjFullWeight;
 }
 
 namespace aar::sfa {
@@ -94,13 +98,26 @@ struct ImplConfig {
   // matching comm (same size and rank); preprocess.dcp_size follows it. The comm must
   // outlive the layer.
   cp::Comm* dcp_comm = nullptr;
+  // DSA-CP token sharding (docs/design/sparse_cp.md §4, §7): the group the step's tokens are
+  // split over (the TP group; null or one rank: none). The layer then computes ALL heads
+  // (dims.num_heads, with q_proj / kv_b_proj of all heads) for its token shard; weights.o_proj is
+  // this rank's row-parallel shard (hidden, num_heads * v_head_dim / W), columns
+  // [rank * C, (rank + 1) * C) of the full o_proj. The layer's output is the COMPLETE output on
+  // every rank (no all-reduce after it). Needs metadata built with the same dsa_cp_world_size and
+  // rank. NATIVE preprocess only; SFA C8, LI C8, KV offload and DCP are refused with it.
+  cp::Comm* dsa_cp_comm = nullptr;
+  // DSA-CP steps with prefills: the full o_proj (shards all-gathered into a static pool and
+  // switched in, sparse/oproj_switch.h) on this rank's tokens, then the outputs all-gathered along
+  // the tokens (upstream's enable_dsa_cp_with_o_proj_tp). false: every step takes the decode
+  // road (outputs all-to-all'd to head shards, the shard's o_proj, an all-reduce).
+  bool dsa_cp_full_o_proj_prefill = true;
 };
 
 // The context-parallel modes of SFA from its two switches (docs/design/sparse_cp.md §1).
 enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3 };
 const char* to_string(CpMode m);
-// The mode of (dsa_cp, dcp_size); NotSupported names the modes this runtime does not build
-// yet (DSA-CP, alone or with DCP); InvalidArgument for dcp_size < 1.
+// The mode of (dsa_cp, dcp_size); NotSupported names the mode this runtime does not build yet
+// (DSA-CP x DCP); InvalidArgument for dcp_size < 1.
 CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size);
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
@@ -143,6 +160,10 @@ class Impl {
   const ImplConfig& config() const { return cfg_; }
   const at::Tensor& w_uk_t() const;
   const at::Tensor& w_uv() const;
+  // The layer's o_proj as the layer holds it now (DSA-CP: its shard outside a switch) and the DSA-CP
+  // full-weight pool (InvalidArgument without DSA-CP). For tests and tracing.
+  const at::Tensor& o_proj_weight() const;
+  const at::Tensor& o_proj_full_pool() const;
   TopkSource last_topk_source() const { return last_topk_; }
   // The top-k rows (T, 1, K) of the last forward (the indexer's result, or the
   // reused buffer view). For tests and tracing.
@@ -201,6 +222,17 @@ class Impl {
   // DCP (docs/design/sparse_cp.md §5): the query gathered over the group, the top-k remapped
   // to this rank's positions, sparse attention over the local shard with its LSE, the
   // partials exchanged and merged into this rank's heads: (tk, H, L).
+  // DSA-CP (docs/design/sparse_cp.md §7): the whole step of a token-sharded layer.
+  void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+                  const at::Tensor& output, int64_t tk);
+  // The indexer's keys of x into v.k (projection, LayerNorm, RoPE), and its weights, queries and
+  // selection over the cache with the given lengths and table.
+  void indexer_keys_(const detail::IndexerViews& v, const at::Tensor& x, const at::Tensor& cos4,
+                     const at::Tensor& sin4);
+  at::Tensor indexer_select_(const detail::IndexerViews& v, const at::Tensor& x, const at::Tensor& q_c,
+                             const at::Tensor& cos4, const at::Tensor& sin4, const Caches& c,
+                             const at::Tensor& cum_query_lens, const at::Tensor& seq_lens,
+                             const at::Tensor& block_table);
   at::Tensor dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
                                   const Caches& c, const Metadata& md, int64_t tk);
 
@@ -214,6 +246,7 @@ class Impl {
   ops::SparseFlashAttentionArgs sfa_args_;
   ops::SparseFlashAttentionArgs dcp_sfa_args_;
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP intermediates, shared by the layers of one shape
+  std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
   at::Tensor hadamard_;  // LI C8: H_D / sqrt(D) in the weights' dtype
   TopkSource last_topk_ = TopkSource::None;
   PreprocessChoice choice_;

@@ -61,6 +61,23 @@ struct DcpMetadata {
   c10::IntArrayRef seq_lens_list;   // host copy of seq_lens
 };
 
+// DSA-CP token sharding (docs/design/sparse_cp.md §4, §7): world_size 1 (every tensor empty)
+// without it. This rank computes every head for the tokens [local_start, local_start +
+// tokens_per_rank) of the step padded to num_tokens_pad; the Metadata's other fields stay the
+// whole step's (the cache writes of every token, the global lengths).
+struct DsaCpMetadata {
+  int32_t world_size = 1;
+  int32_t rank = 0;
+  int32_t num_tokens_pad = 0;    // T_pad = roundup(num_input_tokens, world_size)
+  int32_t tokens_per_rank = 0;   // tpr = T_pad / world_size
+  int32_t local_start = 0;       // rank * tpr
+  int32_t local_end = 0;         // the end of this rank's real tokens (>= local_start)
+  at::Tensor cum_query_lens;     // device int32 (B_k): this rank's cumulative query ends
+  at::Tensor seq_lens;           // device int32 (B_k): the KV length this rank's last query of each request sees
+  at::Tensor cos, sin;           // device (tpr, R): this rank's tokens' RoPE rows (position 0 in the padding)
+  c10::IntArrayRef cum_query_lens_list, seq_lens_list;
+};
+
 // The step's counts (core::StepCounts: num_reqs the real requests B,
 // num_kernel_reqs B_k = B + graph padding dummies; the split counts are the
 // split rule on the batch as given: informational for plain SFA, the offload
@@ -81,6 +98,7 @@ struct Metadata : core::StepCounts {
   c10::IntArrayRef cum_query_lens_list;
   OffloadMetadata offload;     // BuilderConfig::offload only
   DcpMetadata dcp;             // BuilderConfig::dcp_world_size > 1 only
+  DsaCpMetadata dsa_cp;        // BuilderConfig::dsa_cp_world_size > 1 only
   BuildStamp stamp;
 };
 
