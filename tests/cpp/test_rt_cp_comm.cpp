@@ -18,6 +18,7 @@
 
 #include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/sparse/oproj_switch.h"
 
 namespace {
 
@@ -61,6 +62,12 @@ class MirrorBackend : public c10d::Backend {
     EXPECT_TRUE(out_splits.empty() && in_splits.empty());  // equal splits
     const int64_t b = in.size(0) / size_;
     for (int i = 0; i < size_; ++i) out.narrow(0, i * b, b).copy_(in.narrow(0, rank_ * b, b));
+    return done();
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& o) override {
+    start(o.timeout);
+    EXPECT_EQ(o.reduceOp, c10d::ReduceOp::SUM);
+    for (auto& t : ts) t.mul_(size_);  // every rank mirrors this one
     return done();
   }
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
@@ -217,3 +224,62 @@ TEST(CpComm, FromRegisteredGroupName) {
 }
 
 }  // namespace
+
+TEST(CpComm, AllReduceSumsInPlaceAndIsCounted) {
+  Fake f = make_group(0, 3);
+  Comm c(f.pg, CommOptions{std::chrono::milliseconds(1000), true});
+  at::Tensor t = ramp({2, 3});
+  const at::Tensor r = c.all_reduce(t);
+  EXPECT_TRUE(r.is_same(t));
+  EXPECT_TRUE(at::equal(t, ramp({2, 3}) * 3));
+  EXPECT_EQ(c.calls(CommOp::AllReduce), 1);
+  EXPECT_EQ(c.log().back().op, CommOp::AllReduce);
+  EXPECT_STREQ(aar::cp::to_string(CommOp::AllReduce), "all_reduce");
+  at::Tensor nc = ramp({3, 2}).t();
+  EXPECT_THROW(c.all_reduce(nc), aar::InvalidArgument);  // in place: contiguous only
+  EXPECT_EQ(c.calls(CommOp::AllReduce), 1);
+}
+
+// The DSA-CP o_proj full-weight switch (docs/design/sparse_cp.md §7): the pool is allocated once and
+// gathered in rank order; a Guard switches the layer's handle to it and restores the shard on every
+// path, an exception included; the pool is intact afterwards.
+TEST(OProjFullWeight, GuardRestoresTheShardOnEveryPath) {
+  Fake f = make_group(1, 2);
+  Comm c(f.pg);
+  at::Tensor slot = ramp({4, 3});
+  const at::Tensor shard = slot;
+  aar::sparse::OProjFullWeight w(slot, c);
+  const void* pool_addr = w.pool().data_ptr();
+  ASSERT_EQ(w.pool().sizes(), (c10::IntArrayRef{4, 6}));
+  w.gather();
+  EXPECT_TRUE(at::equal(w.pool(), at::cat({shard, shard}, 1)));  // the mirror: every rank holds this shard
+  EXPECT_EQ(c.calls(CommOp::AllGather), 1);
+  {
+    aar::sparse::OProjFullWeight::Guard g(w);
+    EXPECT_TRUE(slot.is_same(w.pool()));
+    EXPECT_TRUE(w.switched());
+    EXPECT_THROW({ aar::sparse::OProjFullWeight::Guard nested(w); }, aar::InvalidArgument);  // no nesting
+    EXPECT_THROW(w.gather(), aar::InvalidArgument);                               // not during a switch
+  }
+  EXPECT_TRUE(slot.is_same(shard));
+  EXPECT_FALSE(w.switched());
+  const at::Tensor pool_before = w.pool().clone();
+  try {
+    aar::sparse::OProjFullWeight::Guard g(w);
+    EXPECT_TRUE(slot.is_same(w.pool()));
+    throw std::runtime_error("failure mid-switch");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_TRUE(slot.is_same(shard));
+  EXPECT_TRUE(at::equal(shard, ramp({4, 3})));
+  EXPECT_TRUE(at::equal(w.pool(), pool_before));
+  EXPECT_EQ(w.pool().data_ptr(), pool_addr);
+  w.gather();  // the next switch gathers into the same pool
+  EXPECT_EQ(w.pool().data_ptr(), pool_addr);
+  // A handle replaced behind the switch's back is refused by name.
+  slot = ramp({4, 3});
+  EXPECT_THROW(w.gather(), aar::InvalidArgument);
+  slot = shard;
+  at::Tensor nc = ramp({3, 4}).t();
+  EXPECT_THROW({ aar::sparse::OProjFullWeight bad(nc, c); }, aar::InvalidArgument);
+}
