@@ -1,6 +1,6 @@
 """Host time of an SFA (DeepSeek-V3.2 sparse attention) decode step under DCP 2 with the replicated indexer
-(docs/design/sparse_cp.md), beside the single-rank SFA step of the same shapes, operator provider "no_compute"
-(kernels return correctly shaped outputs at once), bf16.
+and under DSA-CP 2 token sharding (docs/design/sparse_cp.md), beside the single-rank SFA step of the same
+shapes, operator provider "no_compute" (kernels return correctly shaped outputs at once), bf16.
 
 Per step: sfa.MetadataBuilder.build once, then sfa.Impl.forward of one layer with a lightning indexer (top-k
 stored in a TopkBuffer, as bench_sfa_host.py's "indexer" layer); the figures are the build, the forward and
@@ -10,7 +10,9 @@ shapes at TP 8 (16 heads, hidden 7168, q-LoRA 1536, L 512, P/V 128, R 64; indexe
 DCP: the builder with dcp_world_size=2, dcp_rank=r, cp_kv_cache_interleave_size=1, the layer with
 dcp_comm=cp.Comm(group), the indexer cache with num_blocks * 2 blocks. The collectives a DCP forward issues
 (query all-gather, partial all-to-all) are counted per layer-step and their wall time (cp.Comm.collective_ns)
-is subtracted. Single rank: the same builder and layer without DCP, in the same process, on the same inputs.
+is subtracted. DSA-CP: the builder with dsa_cp_world_size=2, dsa_cp_rank=r, the layer with dsa_cp_comm and
+its o_proj shard (every head's q/kv_b weights); its decode road issues an all-gather (KV rows), an all-to-all
+(head blocks) and an all-reduce (o_proj partials). Single rank: the same builder and layer without DCP, in the same process, on the same inputs.
 Medians over --iters steps (after 5 warm-up steps), torch.set_num_threads(1), garbage collector off while
 timing, under torch.inference_mode(). The provider is set back to "auto" afterwards.
 
@@ -94,14 +96,14 @@ def _measure(builder, impl, caches, topk, n, iters, comm=None):
     x = torch.zeros(n, HID, dtype=DT)
     out = torch.empty_like(x)
     build_ns, fwd_ns, coll_ns = [], [], []
-    gathers = a2a = calls = 0
+    gathers = a2a = reduces = calls = 0
     gc.collect()
     gc.disable()
     try:
         for it in range(WARMUP + iters):
             if comm is not None:
-                g0, a0, c0, x0 = (comm.calls_of("all_gather"), comm.calls_of("all_to_all_single"), comm.calls,
-                                  comm.collective_ns)
+                g0, a0, r0, c0, x0 = (comm.calls_of("all_gather"), comm.calls_of("all_to_all_single"),
+                                      comm.calls_of("all_reduce"), comm.calls, comm.collective_ns)
             t0 = time.perf_counter_ns()
             md = builder.build(qsl, seq, bt)
             t1 = time.perf_counter_ns()
@@ -116,6 +118,7 @@ def _measure(builder, impl, caches, topk, n, iters, comm=None):
             if comm is not None:
                 gathers += comm.calls_of("all_gather") - g0
                 a2a += comm.calls_of("all_to_all_single") - a0
+                reduces += comm.calls_of("all_reduce") - r0
                 calls += comm.calls - c0
     finally:
         gc.enable()
@@ -125,6 +128,7 @@ def _measure(builder, impl, caches, topk, n, iters, comm=None):
         row["collectives_us_excluded"] = _median_us(coll_ns)
         row["all_gather_per_layer_step"] = gathers / iters
         row["all_to_all_single_per_layer_step"] = a2a / iters
+        row["all_reduce_per_layer_step"] = reduces / iters
         row["collectives_per_layer_step"] = calls / iters
     return row
 
@@ -151,11 +155,18 @@ def _bench(rank, iters):
             builder = sfa.MetadataBuilder(**common)
             layer = sfa.Impl(**args)
             caches = _caches(1)
+            dsa_builder = sfa.MetadataBuilder(**common, dsa_cp_world_size=WORLD, dsa_cp_rank=rank)
+            dsa_args = dict(args, o_proj=torch.zeros(HID, H * V // WORLD, dtype=DT))
+            dsa_layer = sfa.Impl(**dsa_args, dsa_cp_comm=comm)
             for n in SIZES:
                 dcp = _measure(dcp_builder, dcp_layer, dcp_caches, topk, n, iters, comm)
+                dsa = _measure(dsa_builder, dsa_layer, caches, topk, n, iters, comm)
                 single = _measure(builder, layer, caches, topk, n, iters)
-                rows[f"decode_{n}"] = {"dcp2": dcp, "single_rank": single,
-                                       "ratio_dcp_over_single": round(dcp["step_us"] / single["step_us"], 2)}
+                rows[f"decode_{n}"] = {"dcp2": dcp, "dsa_cp2": dsa, "single_rank": single,
+                                       "ratio_dcp_over_single": round(dcp["step_us"] / single["step_us"], 2),
+                                       "ratio_dsa_cp_over_single": round(dsa["step_us"] / single["step_us"], 2),
+                                       "build_ratio_dcp": round(dcp["build_us"] / single["build_us"], 2),
+                                       "build_ratio_dsa_cp": round(dsa["build_us"] / single["build_us"], 2)}
     finally:
         aar.set_provider("auto")
     return rows
@@ -244,7 +255,7 @@ def main():
         "warmup": WARMUP,
         "threads": 1,
         "torch": torch.__version__,
-        "target_ratio_dcp_over_single": 1.5,
+        "target_ratio_over_single": 1.5,
         "ranks": {str(r): got[r] for r in sorted(got)},
     }
     text = json.dumps(report, indent=2)
@@ -255,13 +266,17 @@ def main():
     print(f"SFA decode step host time, {report['group']}, provider no_compute, us (median of {args.iters})")
     for r in sorted(got):
         for key, row in got[r].items():
-            d, s = row["dcp2"], row["single_rank"]
-            print(f"rank {r} {key:10s} DCP2 build {d['build_us']:8.1f} + fwd {d['forward_us']:9.1f} ="
-                  f" {d['step_us']:9.1f}"
-                  f" ({d['all_gather_per_layer_step']:.0f} all_gather + {d['all_to_all_single_per_layer_step']:.0f}"
-                  f" all_to_all_single/layer-step, {d['collectives_us_excluded']:.1f} us excluded) | single build"
-                  f" {s['build_us']:6.1f} + fwd {s['forward_us']:6.1f} = {s['step_us']:6.1f} | ratio"
-                  f" {row['ratio_dcp_over_single']:.2f}x (target <= 1.5x)")
+            s = row["single_rank"]
+            print(f"rank {r} {key:10s} single build {s['build_us']:6.1f} + fwd {s['forward_us']:6.1f} ="
+                  f" {s['step_us']:6.1f}")
+            for mode, name in (("dcp2", "dcp"), ("dsa_cp2", "dsa_cp")):
+                d = row[mode]
+                print(f"    {mode:8s} build {d['build_us']:8.1f} + fwd {d['forward_us']:9.1f} = {d['step_us']:9.1f}"
+                      f" ({d['all_gather_per_layer_step']:.0f} all_gather + {d['all_to_all_single_per_layer_step']:.0f}"
+                      f" all_to_all + {d['all_reduce_per_layer_step']:.0f} all_reduce / layer-step,"
+                      f" {d['collectives_us_excluded']:.1f} us excluded) | ratio step"
+                      f" {row['ratio_' + name + '_over_single']:.2f}x, build {row['build_ratio_' + name]:.2f}x"
+                      f" (target <= 1.5x)")
 
 
 if __name__ == "__main__":

@@ -298,9 +298,8 @@ def test_sfa_dcp_bad_input_is_rejected_by_name_before_any_write():
 def test_resolve_cp_mode_names_the_modes_not_built():
     assert sfa.resolve_cp_mode(False, 1) == sfa.CpMode.plain
     assert sfa.resolve_cp_mode(False, 4) == sfa.CpMode.dcp
-    with pytest.raises(NotImplementedError, match="dsa_cp=True: SFA's DSA-CP"):
-        sfa.resolve_cp_mode(True, 1)
-    with pytest.raises(NotImplementedError, match="dsa_cp=True with dcp_size=2"):
+    assert sfa.resolve_cp_mode(True, 1) == sfa.CpMode.dsa_cp
+    with pytest.raises(NotImplementedError, match="dsa_cp=True with dcp_size=2: SFA's DSA-CP x DCP"):
         sfa.resolve_cp_mode(True, 2)
     with pytest.raises(ValueError, match="dcp_size must be >= 1, got 0"):
         sfa.resolve_cp_mode(False, 0)

@@ -60,7 +60,12 @@ void dcp_replicated_block_table(const DcpReplicatedInputs& in, Span<int32_t> out
     const int64_t cols = (in.seq_lens[b] + bs - 1) / bs;
     const int32_t* row = in.block_table.data() + b * stride;
     int32_t* dst = out.data() + b * os;
-    for (int64_t j = 0; j < cols; ++j) dst[j] = static_cast<int32_t>(row[j / w] * w + j % w);
+    // Column j = c * W + k is local column c's replicated block k (no division per entry).
+    int64_t j = 0;
+    for (int64_t c = 0; j < cols; ++c) {
+      const int32_t base = static_cast<int32_t>(row[c] * w);
+      for (int64_t k = 0; k < w && j < cols; ++k, ++j) dst[j] = base + static_cast<int32_t>(k);
+    }
     std::fill(dst + cols, dst + os, 0);
   }
 }
@@ -96,8 +101,17 @@ void dcp_replicated_slot_mapping(CSpan<int32_t> query_start_loc, CSpan<int32_t> 
   for (std::size_t b = 0; b < n; ++b) {
     const int32_t begin = query_start_loc[b], end = query_start_loc[b + 1];
     const int32_t* row = rep.data() + b * stride;
-    int64_t pos = seq_lens[b] - (end - begin);
-    for (int32_t t = begin; t < end; ++t, ++pos) out[t] = row[pos / bs] * bs + pos % bs;
+    const int32_t pos0 = seq_lens[b] - (end - begin);
+    if ((bs & (bs - 1)) == 0) {
+      const int sh = 63 - __builtin_clzll(static_cast<uint64_t>(bs));
+      uint32_t pos = static_cast<uint32_t>(pos0);
+      for (int32_t t = begin; t < end; ++t, ++pos) {
+        out[t] = (static_cast<int64_t>(row[pos >> sh]) << sh) + (pos & static_cast<uint32_t>(bs - 1));
+      }
+    } else {
+      int64_t pos = pos0;
+      for (int32_t t = begin; t < end; ++t, ++pos) out[t] = row[pos / bs] * bs + pos % bs;
+    }
   }
   std::fill(out.begin() + total, out.end(), int64_t{kPadSlot});
 }

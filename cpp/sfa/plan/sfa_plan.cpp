@@ -25,6 +25,40 @@ void check_optional_room(std::size_t have, std::size_t need, const char* name) {
                 " (or pass an empty span: not written)");
 }
 
+// The DCP placement of docs/design/cp.md §2.1 in 32-bit arithmetic (positions and lengths are
+// int32), with shifts when the interleave, the world and the block size are powers of two (the
+// usual case: a division per token was most of the DCP build's cost).
+struct DcpMath {
+  uint32_t W, I, WI, bs, rank;
+  bool pow2;
+  int sI = 0, sW = 0, sWI = 0, sbs = 0;
+  static bool is_pow2(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+  static int log2u(uint32_t v) { return 31 - __builtin_clz(v); }
+  DcpMath(const DcpShard& d, int32_t block_size)
+      : W(static_cast<uint32_t>(std::max(d.world, 1))), I(static_cast<uint32_t>(std::max(d.interleave, 1))),
+        WI(W * I), bs(static_cast<uint32_t>(std::max(block_size, 1))), rank(static_cast<uint32_t>(std::max(d.rank, 0))),
+        pow2(is_pow2(W) && is_pow2(I) && is_pow2(bs)) {
+    if (pow2) sI = log2u(I), sW = log2u(W), sWI = log2u(WI), sbs = log2u(bs);
+  }
+  // #{x < len : owner(x) == k}
+  int32_t local_len(uint32_t len, uint32_t k) const {
+    const uint32_t base = pow2 ? (len >> sWI) << sI : len / WI * I;
+    const int64_t rem = static_cast<int64_t>(len) - static_cast<int64_t>(base) * W - static_cast<int64_t>(k) * I;
+    return static_cast<int32_t>(base + static_cast<uint32_t>(std::clamp<int64_t>(rem, 0, I)));
+  }
+  // The local slot of position p on this rank, -1 when another rank owns it.
+  int64_t local_slot(uint32_t p, const int32_t* row) const {
+    if (pow2) {
+      if (((p >> sI) & (W - 1)) != rank) return kPadSlot;
+      const uint32_t li = ((p >> sWI) << sI) | (p & (I - 1));
+      return (static_cast<int64_t>(row[li >> sbs]) << sbs) + (li & (bs - 1));
+    }
+    if (p / I % W != rank) return kPadSlot;
+    const uint32_t li = p / WI * I + p % I;
+    return static_cast<int64_t>(row[li / bs]) * bs + li % bs;
+  }
+};
+
 }  // namespace
 
 SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
@@ -48,11 +82,12 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
                 kMaxCpMergePartitions, "])");
   AAR_CHECK_ARG(dcp.interleave >= 1 && in.block_size % dcp.interleave == 0, "dcp: cp_kv_cache_interleave_size=",
                 dcp.interleave, " must be positive and divide block_size=", in.block_size);
+  const DcpMath dm(dcp, in.block_size);
   if (use_dcp) {
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
     for (std::size_t r = 0; r < b; ++r) {
-      buf.dcp_block_lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0))
-                                          : 0;
+      AAR_CHECK_ARG(seqs[r] >= 0, "seq_lens[", r, "]=", seqs[r], " is negative");
+      buf.dcp_block_lens[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), 0);
     }
   } else {
     AAR_CHECK_ARG(buf.dcp_seq_lens.empty() && buf.replicated_block_table.empty() &&
@@ -158,24 +193,18 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   int32_t* pos = buf.positions.data();
   if (use_dcp) {
     // This rank's local slots (docs/design/sparse_cp.md §2): the owner writes, -1 elsewhere.
-    const int64_t W = dcp.world, I = dcp.interleave, bsz = in.block_size;
     for (std::size_t r = 0; r < b; ++r) {
       const int32_t begin = qsl[r], end = qsl[r + 1];
       const int32_t pos0 = seqs[r] - (end - begin);
       const int32_t* row = table + r * in_stride;
       for (int32_t t = begin; t < end; ++t) {
-        const int64_t p = pos0 + (t - begin);
+        const uint32_t p = static_cast<uint32_t>(pos0 + (t - begin));
         pos[t] = static_cast<int32_t>(p);
-        if ((p / I) % W != dcp.rank) {
-          slots[t] = kPadSlot;
-          continue;
-        }
-        const int64_t li = (p / (W * I)) * I + p % I;
-        slots[t] = static_cast<int64_t>(row[li / bsz]) * bsz + li % bsz;
+        slots[t] = dm.local_slot(p, row);
       }
     }
     int32_t* lk = buf.dcp_seq_lens.data();
-    for (std::size_t r = 0; r < b; ++r) lk[r] = static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, dcp.rank));
+    for (std::size_t r = 0; r < b; ++r) lk[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), dm.rank);
     std::fill(lk + b, lk + bk, 0);
     if (!buf.dcp_seq_lens_list.empty()) std::copy(lk, lk + bk, buf.dcp_seq_lens_list.data());
     std::fill(buf.replicated_slot_mapping.data() + t_real, buf.replicated_slot_mapping.data() + t_in, int64_t{kPadSlot});
