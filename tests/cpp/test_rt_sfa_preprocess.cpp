@@ -115,12 +115,13 @@ TEST(SfaPreprocess, ImplResolvesOnceAndRejectsWhatItDoesNotImplement) {
                        std::nullopt);
       },
       "enable_sparse_sfa_c8 is set but sfa_c8 is not");
-  expect_throw_naming<aar::NotSupported>(
+  // Context parallel is the comm's group (docs/design/sparse_cp.md): a switch without its comm names both.
+  expect_throw_naming<aar::InvalidArgument>(
       [&] { aar::sfa::Impl(with([](auto& c) { c.preprocess.dsa_cp = true; }), float_weights(d), std::nullopt); },
-      "dsa_cp");
-  expect_throw_naming<aar::NotSupported>(
+      "preprocess.dsa_cp is set but the layer has no dsa_cp_comm");
+  expect_throw_naming<aar::InvalidArgument>(
       [&] { aar::sfa::Impl(with([](auto& c) { c.preprocess.dcp_size = 2; }), float_weights(d), std::nullopt); },
-      "dcp_size=2");
+      "preprocess.dcp_size=2 but the layer's dcp_comm has 1 rank");
   // The selection's KV-offload input follows ImplConfig::offload; set alone it contradicts the layer.
   expect_throw_naming<aar::InvalidArgument>(
       [&] { aar::sfa::Impl(with([](auto& c) { c.preprocess.kv_offload = true; }), float_weights(d), std::nullopt); },
