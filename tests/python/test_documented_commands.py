@@ -42,11 +42,11 @@ def _make_demo_recipe():
                     reason="the recipe imports the normal build's in-tree package (python/), which `make "
                            "test-sanitize` neither builds nor instruments; `make test` runs it")
 def test_make_demo_commands_start_the_demo():
-    # The lines as typed (their PYTHONPATH and module, the same for all five), stopped at the argument parser by
+    # The lines as typed (their PYTHONPATH and module, the same for all six), stopped at the argument parser by
     # --help: the full runs are test_demo.py's; this checks that what `make demo` and the README run is the demo.
     recipe = _make_demo_recipe()
     starts = {cmd.split(" -m aar_demo")[0] + " -m aar_demo" for cmd in recipe}
-    assert len(recipe) == 5 and all("-m aar_demo" in cmd for cmd in recipe) and len(starts) == 1, recipe
+    assert len(recipe) == 6 and all("-m aar_demo" in cmd for cmd in recipe) and len(starts) == 1, recipe
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     cmd = starts.pop() + " --help"
     proc = subprocess.run(cmd, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -279,7 +279,8 @@ def test_unimplemented_configurations_are_rejected_by_name():
     m = QModel([9, 14], quant="w8a8_dynamic")
     with pytest.raises(TypeError):  # the layer's SFA C8 is sfa_c8 (test_sfa_c8): the selection follows it
         m.impl(is_kv_consumer=True, enable_sparse_sfa_c8=True)
-    with pytest.raises(RuntimeError, match="dsa_cp"):
+    # DSA-CP is the dsa_cp_comm's group (test_sfa_dsa_cp): the switch without one names both
+    with pytest.raises(ValueError, match="preprocess.dsa_cp is set but the layer has no dsa_cp_comm"):
         m.impl(dsa_cp=True)
     # DCP is the dcp_comm's group (test_sfa_dcp): a dcp_size without one names both
     with pytest.raises(ValueError, match="dcp_size=2 but the layer's dcp_comm has 1 rank"):
