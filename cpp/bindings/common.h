@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <ATen/core/Tensor.h>
 #include <nanobind/nanobind.h>
 
@@ -30,6 +31,11 @@ inline void check_host_tensor(const at::Tensor& t, const char* name, at::ScalarT
 
 // A shape as a Python list.
 inline std::vector<int64_t> to_list(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
+
+// A host int32 list (a builder's per-row indices) as a new int32 tensor.
+inline at::Tensor int_tensor(const std::vector<int32_t>& v) {
+  return at::tensor(c10::ArrayRef<int32_t>(v.data(), v.size()), at::TensorOptions().dtype(at::kInt));
+}
 
 inline plan::CSpan<int32_t> i32_span(const at::Tensor& t, const char* name, int64_t dims = 1) {
   check_host_tensor(t, name, at::kInt, dims);

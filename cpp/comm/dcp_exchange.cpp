@@ -190,4 +190,32 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   if (lse_out.has_value()) lse_out->view({T, H}).copy_(merged_lse.view({T, H}));
 }
 
+std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts) {
+  AAR_CHECK_ARG(parts.defined() && parts.dim() == 3 && parts.size(2) >= 2 && parts.scalar_type() == at::kFloat,
+                "merge_wire_partials: parts must be float32 (N, M, Dv+1), got ",
+                parts.defined() ? parts.sizes() : c10::IntArrayRef{});
+  const int64_t n = parts.size(0), d = parts.size(2) - 1;
+  std::vector<at::Tensor> outs, lses;
+  outs.reserve(n);
+  lses.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    outs.push_back(parts[i].narrow(1, 0, d).contiguous());
+    lses.push_back(parts[i].select(1, d).contiguous());
+  }
+  return ops::attention_update(lses, outs, /*update_type=*/1);
+}
+
+std::tuple<at::Tensor, at::Tensor> merge_two_partials(const at::Tensor& out_a, const at::Tensor& lse_a,
+                                                      const at::Tensor& out_b, const at::Tensor& lse_b) {
+  AAR_CHECK_ARG(out_a.defined() && out_a.dim() == 3 && out_b.defined() && out_a.sizes() == out_b.sizes(),
+                "merge_two_partials: the outputs must be two (T, N, Dv) tensors of one shape, got ",
+                out_a.defined() ? out_a.sizes() : c10::IntArrayRef{}, " and ",
+                out_b.defined() ? out_b.sizes() : c10::IntArrayRef{});
+  const int64_t t = out_a.size(0), h = out_a.size(1), d = out_a.size(2);
+  std::vector<at::Tensor> outs{out_a.to(at::kFloat).reshape({t * h, d}), out_b.to(at::kFloat).reshape({t * h, d})};
+  std::vector<at::Tensor> lses{lse_a.reshape({t * h}).contiguous(), lse_b.reshape({t * h}).contiguous()};
+  auto [o, l] = ops::attention_update(lses, outs, /*update_type=*/1);
+  return {o.view({t, h, d}), l.view({t, h, 1})};
+}
+
 }  // namespace aar::cp

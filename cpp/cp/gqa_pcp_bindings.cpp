@@ -46,10 +46,6 @@ cp::PcpBuildInputs pcp_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt
   return in;
 }
 
-at::Tensor int_tensor(const std::vector<int32_t>& v) {
-  return at::tensor(c10::ArrayRef<int32_t>(v.data(), v.size()), at::TensorOptions().dtype(at::kInt));
-}
-
 void bind_gqa_pcp(nb::module_& m) {
   nb::module_ c = nb::borrow<nb::module_>(m.attr("cp"));
 

@@ -2,9 +2,7 @@
 // and replicated (model-runner v2) designs of include/ascend_attn_rt/cp/gqa_pcp.h.
 #include <ATen/ATen.h>
 
-#include <cmath>
 #include <tuple>
-#include <vector>
 
 #include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/comm/dcp_exchange.h"
@@ -13,7 +11,6 @@
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/gqa/kv_write.h"
 #include "ascend_attn_rt/gqa/validate.h"
-#include "ascend_attn_rt/ops/attention_update.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "../common/inference_scope.h"
 
@@ -26,27 +23,10 @@ struct Partial {
   at::Tensor out, lse;
 };
 
-// The partials (N, M, D+1) fp32 (LSE in the last channel, the wire layout of
-// docs/design/cp.md §7.2) merged through npu_attention_update: (M, D) fp32 and the (M) LSE.
-std::tuple<at::Tensor, at::Tensor> merge_wire(const at::Tensor& parts) {
-  const int64_t n = parts.size(0), d = parts.size(2) - 1;
-  std::vector<at::Tensor> outs, lses;
-  outs.reserve(n);
-  lses.reserve(n);
-  for (int64_t i = 0; i < n; ++i) {
-    outs.push_back(parts[i].narrow(1, 0, d).contiguous());
-    lses.push_back(parts[i].select(1, d).contiguous());
-  }
-  return ops::attention_update(lses, outs, /*update_type=*/1);
-}
-
-// Two partials of the same rows merged: (T, N, D) fp32 and (T, N, 1).
+// Two partials of the same rows merged (comm/dcp_exchange.h): (T, N, D) fp32 and (T, N, 1).
 Partial merge_two(const Partial& a, const Partial& b) {
-  const int64_t t = a.out.size(0), h = a.out.size(1), d = a.out.size(2);
-  std::vector<at::Tensor> outs{a.out.to(at::kFloat).reshape({t * h, d}), b.out.to(at::kFloat).reshape({t * h, d})};
-  std::vector<at::Tensor> lses{a.lse.reshape({t * h}).contiguous(), b.lse.reshape({t * h}).contiguous()};
-  auto [o, l] = ops::attention_update(lses, outs, /*update_type=*/1);
-  return {o.view({t, h, d}), l.view({t, h, 1})};
+  auto [o, l] = merge_two_partials(a.out, a.lse, b.out, b.lse);
+  return {o, l};
 }
 
 }  // namespace
@@ -229,7 +209,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   };
   // The Wp partials (Wp, rows, H, D+1) of this rank's rows merged: (rows, H, D) fp32 and (rows, H, 1).
   auto pcp_merge = [&](const at::Tensor& parts, int64_t rows) {
-    auto [o, l] = merge_wire(parts.view({Wp, rows * H, D + 1}));
+    auto [o, l] = merge_wire_partials(parts.view({Wp, rows * H, D + 1}));
     return Partial{o.view({rows, H, D}), l.view({rows, H, 1})};
   };
 

@@ -190,7 +190,25 @@ void bind_mla(nb::module_& root) {
                    [](const mla::Metadata& m) { return to_list(live(m).prefill.chunked.local_seq_tot); })
       .def_prop_ro("context_reorg_index", [](const mla::Metadata& m) { return m.prefill.chunked.reorg_index; })
       .def_prop_ro("context_reorg_offsets",
-                   [](const mla::Metadata& m) { return to_list(live(m).prefill.chunked.reorg_offsets); });
+                   [](const mla::Metadata& m) { return to_list(live(m).prefill.chunked.reorg_offsets); })
+      .def_prop_ro("pcp_world_size", [](const mla::Metadata& m) { return m.pcp.world_size; })
+      .def_prop_ro("pcp_rank", [](const mla::Metadata& m) { return m.pcp.rank; })
+      .def_prop_ro("num_local_tokens", [](const mla::Metadata& m) { return m.pcp.num_local_tokens; })
+      .def_prop_ro("num_local_prefill_tokens", [](const mla::Metadata& m) { return m.pcp.num_local_prefill_tokens; })
+      .def_prop_ro("pcp_padded_slot_mapping", [](const mla::Metadata& m) { return m.pcp.padded_slot_mapping; })
+      .def_prop_ro("pcp_prefill_restore_idx", [](const mla::Metadata& m) { return m.pcp.prefill_restore_idx; })
+      .def_prop_ro("pcp_q_head_idx", [](const mla::Metadata& m) { return m.pcp.q_head_idx; })
+      .def_prop_ro("pcp_q_tail_idx", [](const mla::Metadata& m) { return m.pcp.q_tail_idx; })
+      .def_prop_ro("pcp_kv_head_nomask_idx", [](const mla::Metadata& m) { return m.pcp.kv_head_nomask_idx; })
+      .def_prop_ro("pcp_kv_head_mask_idx", [](const mla::Metadata& m) { return m.pcp.kv_head_mask_idx; })
+      .def_prop_ro("pcp_kv_tail_nomask_idx", [](const mla::Metadata& m) { return m.pcp.kv_tail_nomask_idx; })
+      .def_prop_ro("pcp_kv_tail_mask_idx", [](const mla::Metadata& m) { return m.pcp.kv_tail_mask_idx; })
+      .def_prop_ro("pcp_q_full_idx", [](const mla::Metadata& m) { return m.pcp.q_full_idx; })
+      .def_prop_ro("pcp_mask_seq_ends", [](const mla::Metadata& m) { return to_list(live(m).pcp.mask_seq_ends); })
+      .def_prop_ro("pcp_head_nomask_kv_ends",
+                   [](const mla::Metadata& m) { return to_list(live(m).pcp.head_nomask_kv_ends); })
+      .def_prop_ro("pcp_tail_nomask_kv_ends",
+                   [](const mla::Metadata& m) { return to_list(live(m).pcp.tail_nomask_kv_ends); });
 
   nb::class_<mla::MetadataBuilder>(m, "MetadataBuilder")
       .def(
@@ -201,8 +219,10 @@ void bind_mla(nb::module_& root) {
              int64_t workspace_tokens, const std::string& device, std::optional<bool> separate_device_buffers,
              bool graph_decode_padding, bool disable_padded_drafter_batch, int32_t staging_buffers,
              int32_t dcp_world_size, int32_t dcp_rank, int32_t cp_kv_cache_interleave_size,
-             bool pd_recompute_scheduler) {
+             bool pd_recompute_scheduler, int32_t pcp_world_size, int32_t pcp_rank) {
             mla::BuilderConfig c;
+            c.pcp_world_size = pcp_world_size;
+            c.pcp_rank = pcp_rank;
             c.pd_recompute_scheduler = pd_recompute_scheduler;
             c.dcp_world_size = dcp_world_size;
             c.dcp_rank = dcp_rank;
@@ -230,7 +250,8 @@ void bind_mla(nb::module_& root) {
           "chunked_prefill_enabled"_a = true, "workspace_tokens"_a = 0, "device"_a = "cpu",
           "separate_device_buffers"_a = nb::none(), "graph_decode_padding"_a = false,
           "disable_padded_drafter_batch"_a = false, "staging_buffers"_a = 2, "dcp_world_size"_a = 1,
-          "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1, "pd_recompute_scheduler"_a = false)
+          "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1, "pd_recompute_scheduler"_a = false,
+          "pcp_world_size"_a = 1, "pcp_rank"_a = 0)
       .def(
           "build",
           [](mla::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
@@ -278,7 +299,12 @@ void bind_mla(nb::module_& root) {
       .def_prop_ro("decode_threshold", &mla::MetadataBuilder::decode_threshold)
       .def_prop_ro("block_table_staging", [](const mla::MetadataBuilder& b) { return b.block_table_staging(); })
       .def_prop_ro("workspace_tokens", &mla::MetadataBuilder::workspace_tokens)
-      .def_prop_ro("generation", &mla::MetadataBuilder::generation);
+      .def_prop_ro("generation", &mla::MetadataBuilder::generation)
+      .def_prop_ro(
+          "local_token_index",
+          [](const mla::MetadataBuilder& b) { return int_tensor(b.pcp_local_token_index()); },
+          "PCP: the global token of every local row of the latest build (-1: a padding row), int32; empty without "
+          "PCP.");
 
   // W8A8 weights (latent/quant.h), shared with aar.sfa.
   nb::class_<mla::QuantLinear>(m, "QuantLinear")
@@ -346,9 +372,10 @@ void bind_mla(nb::module_& root) {
              const at::Tensor& kv_a_layernorm, const at::Tensor& kv_b_proj, const at::Tensor& o_proj, double scale,
              double q_norm_eps, double kv_norm_eps, bool enable_prolog, bool enable_kv_nz, int64_t layer_index,
              int64_t workspace_group, std::optional<bool> prefill_in_bf16, std::optional<mla::QuantWeights> quant,
-             bool enable_mlapo, std::optional<double> fa_quant_kv_scale, cp::Comm* dcp_comm) {
+             bool enable_mlapo, std::optional<double> fa_quant_kv_scale, cp::Comm* dcp_comm, cp::Comm* pcp_comm) {
             mla::ImplConfig c;
             c.dcp_comm = dcp_comm;
+            c.pcp_comm = pcp_comm;
             c.enable_mlapo = enable_mlapo;
             c.fa_quant_kv_scale = fa_quant_kv_scale;
             c.prefill_in_bf16 = prefill_in_bf16;
@@ -372,7 +399,7 @@ void bind_mla(nb::module_& root) {
           "kv_norm_eps"_a = 1e-6, "enable_prolog"_a = false, "enable_kv_nz"_a = false, "layer_index"_a = -1,
           "workspace_group"_a = 0, "prefill_in_bf16"_a = nb::none(), "quant"_a = nb::none(),
           "enable_mlapo"_a = false, "fa_quant_kv_scale"_a = nb::none(), "dcp_comm"_a = nb::none(),
-          nb::keep_alive<1, 27>())
+          "pcp_comm"_a = nb::none(), nb::keep_alive<1, 27>(), nb::keep_alive<1, 28>())
       .def(
           "forward",
           [](mla::Impl& impl, const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,

@@ -9,7 +9,9 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/mla/backend.h"
+#include "ascend_attn_rt/cp/plan/cp_groups.h"
 #include "ascend_attn_rt/cp/plan/dcp_step_plan.h"
+#include "ascend_attn_rt/mla/plan/mla_pcp_plan.h"
 #include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "../common/rope_gather.h"
@@ -39,7 +41,9 @@ const BuildInputs& mla_draft_inputs(const BuildInputs& given, std::vector<int32_
 // the first time a size is seen and reused: a steady-state build creates no
 // tensor.
 struct MetadataBuilder::Staging {
-  core::Region qsl, slots, dcos, dsin, bt, cu, starts, clens, plens, pbt, pcos, psin, dtbt;
+  core::Region qsl, slots, dcos, dsin, bt, cu, starts, clens, plens, pbt, pcos, psin, dtbt, pcp;
+  // PCP: this step's lists, packed at the end of the `pcp` region (StagingLayout::pack_before).
+  int64_t o_pslots = 0, o_restore = 0, o_qh = 0, o_qt = 0, o_hn = 0, o_hm = 0, o_tn = 0, o_tm = 0, o_qf = 0;
   core::RegionViews qsl_dev;                // by num_reqs: (n + 1)
   core::RegionViews slots_dev;              // int64, by num_input_tokens
   core::RegionViews decode_bt, prefill_bt;  // by decode kernel requests / num_prefills: (n, max_blocks)
@@ -59,6 +63,26 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   AAR_CHECK_ARG(cfg.cp_kv_cache_interleave_size >= 1 && cfg.block_size % cfg.cp_kv_cache_interleave_size == 0,
                 "cp_kv_cache_interleave_size=", cfg.cp_kv_cache_interleave_size,
                 " must be positive and divide block_size=", cfg.block_size, " (docs/design/cp.md §1.1)");
+  AAR_CHECK_ARG(cfg.pcp_world_size >= 1 && cfg.pcp_rank >= 0 && cfg.pcp_rank < cfg.pcp_world_size, "pcp_rank=",
+                cfg.pcp_rank, " is not a rank of a PCP group of pcp_world_size=", cfg.pcp_world_size);
+  const bool pcp = cfg.pcp_world_size > 1;
+  if (pcp) {
+    // docs/design/cp.md §11: decodes are replicated on every PCP rank (the decode threshold is
+    // 1) and a PCP step is never captured.
+    if (cfg.num_speculative_tokens != 0) {
+      throw_not_supported("num_speculative_tokens=", cfg.num_speculative_tokens, " with pcp_world_size=",
+                          cfg.pcp_world_size, ": speculative decode is not supported with PCP");
+    }
+    if (cfg.graph_decode_padding) {
+      throw_not_supported("graph_decode_padding with pcp_world_size=", cfg.pcp_world_size,
+                          ": graph capture of MLA PCP is not supported");
+    }
+    AAR_CHECK_ARG(int64_t{cfg.pcp_world_size} * cfg.dcp_world_size <= plan::kMaxCpMergePartitions,
+                  "pcp_world_size * dcp_world_size = ", int64_t{cfg.pcp_world_size} * cfg.dcp_world_size,
+                  " exceeds the ", plan::kMaxCpMergePartitions, " partials npu_attention_update merges");
+  }
+  kv_world_ = cfg.pcp_world_size * cfg.dcp_world_size;
+  kv_rank_ = cfg.pcp_rank * cfg.dcp_world_size + cfg.dcp_rank;
   // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
   rope_ = std::make_unique<aar::detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   const int64_t max_model_len =
@@ -72,6 +96,12 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   // sized for that, not for max_num_tokens.
   const int64_t TD = std::min<int64_t>(T, R * decode_threshold());
   const int64_t W = rope_->row_words();  // int32 words per RoPE row
+  // PCP: a rank's rows (its prefills' 2 c_i <= q_i + 1 each) and the lists' bounds
+  // (padded-global rows Wp * TL, chunk tokens sum c_i <= TL / 2).
+  const int64_t TL = pcp ? T + R : T;
+  const int64_t Wp = cfg.pcp_world_size, G = Wp * TL, Cc = TL / 2 + 1;
+  constexpr int64_t kPcpLists = 9;
+  const int64_t pcp_words = pcp ? 3 * G + (6 + 3 * Wp) * Cc + (kPcpLists + 1) * core::kStagingAlignWords : 0;
   // DCP with speculative decode: one decode row per token (plan/mla_plan.h).
   const bool token_rows = cfg.dcp_world_size > 1 && cfg.num_speculative_tokens > 0;
   // The regions a decode-only step uses come first (one copy up to its last
@@ -81,7 +111,7 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   st_ = std::make_unique<Staging>();
   Staging& st = *st_;
   st.qsl = layout.add("query_start_loc", R + 1);
-  st.slots = layout.add("slot_mapping", 2 * T);  // int64
+  st.slots = layout.add("slot_mapping", 2 * TL);  // int64
   st.dcos = layout.add("decode_cos", TD * W);
   st.dsin = layout.add("decode_sin", TD * W);
   st.bt = layout.add("block_table", R * MB);
@@ -90,9 +120,10 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   st.clens = layout.add("chunk_seq_lens", kChunks * R);
   st.plens = layout.add("chunk_padded_seq_lens", kChunks * R);
   st.pbt = layout.add("prefill_block_table", R * MB);
-  st.pcos = layout.add("prefill_cos", T * W);
-  st.psin = layout.add("prefill_sin", T * W);
+  st.pcos = layout.add("prefill_cos", TL * W);
+  st.psin = layout.add("prefill_sin", TL * W);
   st.dtbt = layout.add("dcp_decode_block_table", token_rows ? TD * MB : 0);
+  st.pcp = layout.add("pcp_lists", pcp_words);
 
   buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate_, cfg.staging_buffers,
                                                       cfg.staging_hooks);
@@ -109,19 +140,19 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     buffers_->host(i).narrow(0, st.slots.offset, st.slots.words).view(at::kLong).fill_(-1);
   }
   st.qsl_dev = core::RegionViews(device_, st.qsl, R + 1, at::kInt);
-  st.slots_dev = core::RegionViews(device_, st.slots, T, at::kLong);
+  st.slots_dev = core::RegionViews(device_, st.slots, TL, at::kLong);
   st.decode_bt = core::RegionViews(device_, st.bt, R, at::kInt, MB);
   st.prefill_bt = core::RegionViews(device_, st.pbt, R, at::kInt, MB);
   if (token_rows) st.token_bt = core::RegionViews(device_, st.dtbt, TD, at::kInt, MB);
   for (core::ViewCache* c : {&st.dcos_v, &st.dsin_v}) c->resize(TD);
-  for (core::ViewCache* c : {&st.pcos_v, &st.psin_v}) c->resize(T);
+  for (core::ViewCache* c : {&st.pcos_v, &st.psin_v}) c->resize(TL);
   for (core::ViewCache* c : {&st.cu_v, &st.starts_v, &st.clens_v, &st.plens_v}) c->resize(kChunks * (R + 1) - 1);
 
   // The RoPE rows are gathered on the host, so the tables live there.
   cfg_.cos_table = rope_->cos_table();
   cfg_.sin_table = rope_->sin_table();
   decode_positions_.assign(TD, 0);
-  prefill_positions_.assign(T, 0);
+  prefill_positions_.assign(TL, 0);
 
   q_ends_.assign(R + 1, 0);
   kv_lens_.assign(R + 1, 0);
@@ -129,7 +160,7 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   chunk_kv_ends_.assign(kChunks * R, 0);
   seq_tot_.assign(kChunks, 0);
   max_seq_.assign(kChunks, 0);
-  if (cfg.dcp_world_size > 1) {
+  if (kv_world_ > 1) {
     local_seq_tot_.assign(kChunks, 0);
     reorg_offsets_.assign(kChunks + 1, 0);
     dcp_block_lens_.assign(R, 0);
@@ -147,6 +178,22 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   md_.num_blocks = cfg.num_blocks;
   md_.speculative = cfg.num_speculative_tokens > 0;
   md_.dcp = DcpInfo{cfg.dcp_world_size, cfg.dcp_rank, cfg.cp_kv_cache_interleave_size};
+  md_.pcp.world_size = cfg.pcp_world_size;
+  md_.pcp.rank = cfg.pcp_rank;
+  if (pcp) {
+    pcp_global_slots_.assign(T, 0);
+    pcp_global_positions_.assign(T, 0);
+    pcp_global_q_ends_.assign(R, 0);
+    pcp_query_lens_.assign(R, 0);
+    pcp_local_lens_.assign(R, 0);
+    pcp_positions_.assign(TL, 0);
+    pcp_token_rows_.assign(T + G, 0);
+    pcp_restore_inverse_.assign(G, 0);
+    pcp_token_index_.reserve(TL);
+    pcp_mask_ends_.assign(R, 0);
+    pcp_head_ends_.assign(R, 0);
+    pcp_tail_ends_.assign(R, 0);
+  }
   md_.attn_mask = at::triu(at::ones({kMaskSize, kMaskSize}, at::TensorOptions().device(cfg.device).dtype(at::kChar)), 1);
   md_.prefill.chunked.kv_ends.reserve(kChunks);
 }
@@ -157,7 +204,10 @@ at::Tensor MetadataBuilder::rope_view(int64_t offset, int64_t rows) const { retu
 
 void MetadataBuilder::gather_rope(uint8_t* s, const BuildInputs& in, int32_t num_decodes, int32_t td, int32_t tp) {
   if (td > 0) rope_->gather(decode_positions_.data(), td, s + st_->dcos.offset * 4, s + st_->dsin.offset * 4);
-  if (tp > 0) {
+  if (tp > 0 && cfg_.pcp_world_size > 1) {
+    // PCP: the rank's head and tail chunks (and their pads), two runs per request.
+    rope_->gather(prefill_positions_.data(), tp, s + st_->pcos.offset * 4, s + st_->psin.offset * 4);
+  } else if (tp > 0) {
     // A prefill's tokens have consecutive positions (seq_len - query_len ..
     // seq_len - 1): one copy per request and table.
     const size_t rb = static_cast<size_t>(rope_->row_bytes());
@@ -197,10 +247,19 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   mi.workspace_tokens = workspace_;
   mi.pad_decode_batch = cfg_.graph_decode_padding;
   mi.pad_interpolated = cfg_.disable_padded_drafter_batch;
-  const bool dcp = cfg_.dcp_world_size > 1;
-  mi.dcp = plan::DcpShard{cfg_.dcp_world_size, cfg_.dcp_rank, cfg_.cp_kv_cache_interleave_size};
+  // The KV shard: the DCP group's, or with PCP the Wp * Wd ranks' (docs/design/cp.md §11).
+  const bool sharded = kv_world_ > 1;
+  const bool pcp = cfg_.pcp_world_size > 1;
+  mi.dcp = plan::DcpShard{kv_world_, kv_rank_, cfg_.cp_kv_cache_interleave_size};
+  if (pcp) {
+    // A PCP step is eager: nothing pads it for a graph bucket.
+    const int32_t total = in.query_start_loc.empty() ? 0 : in.query_start_loc.back();
+    AAR_CHECK_ARG(in.num_input_tokens == 0 || in.num_input_tokens == total, "num_input_tokens=",
+                  in.num_input_tokens, ": a PCP build pads no step (no graph capture); give 0 or query_start_loc[-1]=",
+                  total);
+  }
   mi.pd_recompute_scheduler = cfg_.pd_recompute_scheduler || in.draft_step >= 0;  // a draft step: all decodes
-  if (dcp) {
+  if (sharded) {
     AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == num_reqs, "is_prefilling has ",
                   in.is_prefilling.size(), " entries, expected num_reqs=", num_reqs);
     // The reorg rows of the context chunks: at most the total context of the
@@ -225,13 +284,19 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   buf.prefill_positions = plan::Span<int32_t>(prefill_positions_.data(), prefill_positions_.size());
   buf.prefill_block_table = plan::Span<int32_t>(s + st.pbt.offset, R * MB);
   buf.prefill_q_ends = plan::Span<int64_t>(prefill_q_ends_.data(), prefill_q_ends_.size());
+  if (pcp) {
+    // The global step's per-token plan goes to host scratch; plan_pcp_rows writes the rank's rows.
+    buf.slot_mapping = plan::Span<int64_t>(pcp_global_slots_.data(), pcp_global_slots_.size());
+    buf.prefill_positions = plan::Span<int32_t>(pcp_global_positions_.data(), pcp_global_positions_.size());
+    buf.prefill_q_ends = plan::Span<int64_t>(pcp_global_q_ends_.data(), pcp_global_q_ends_.size());
+  }
   buf.chunks.cu_seq_lens = plan::Span<int32_t>(s + st.cu.offset, kChunks * (R + 1));
   buf.chunks.starts = plan::Span<int32_t>(s + st.starts.offset, kChunks * R);
   buf.chunks.chunk_seq_lens = plan::Span<int32_t>(s + st.clens.offset, kChunks * R);
   buf.chunks.kv_ends = plan::Span<int64_t>(chunk_kv_ends_.data(), chunk_kv_ends_.size());
   buf.chunks.seq_tot = plan::Span<int64_t>(seq_tot_.data(), seq_tot_.size());
   buf.chunks.max_seq_lens = plan::Span<int64_t>(max_seq_.data(), max_seq_.size());
-  if (dcp) {
+  if (sharded) {
     buf.chunks.padded_chunk_seq_lens = plan::Span<int32_t>(s + st.plens.offset, kChunks * R);
     buf.chunks.local_seq_tot = plan::Span<int64_t>(local_seq_tot_.data(), local_seq_tot_.size());
     buf.chunks.reorg_index = plan::Span<int64_t>(reorg_index_.data(), reorg_index_.size());
@@ -251,10 +316,19 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   const int32_t td = p.split.num_decode_tokens, tp = p.split.num_prefill_tokens;
   const int32_t T_in = p.num_input_tokens;
   const int64_t C = p.chunks.num_chunks;
+  // PCP: the rank's rows (local slots, prefill positions and query ends, the lists); the
+  // global plan above validated the step, and every capacity holds by the construction bounds.
+  plan::MlaPcpSizes pcp_sizes;
+  int64_t pcp_first = st.pcp.end();
+  if (pcp) {
+    pcp_first = plan_pcp_rows(s, in, nd, p.num_actual_tokens, pcp_sizes);
+  }
+  const int32_t tl = pcp ? pcp_sizes.split.local_tokens : T_in;      // the slot mapping's rows
+  const int32_t tpl = pcp ? pcp_sizes.split.local_prefill_tokens : tp;  // the prefill rows
 
   // The decode kernels' view: with graph decode padding, the padded bucket.
   const int32_t nk = p.decode_kernel_reqs, tk = p.decode_kernel_tokens;
-  gather_rope(reinterpret_cast<uint8_t*>(s), in, nd, tk, tp);
+  gather_rope(reinterpret_cast<uint8_t*>(s), in, nd, tk, tpl);
   // Host-to-device copies of what the step uses (device path): a decode-only
   // step is one copy of the packed prefix up to its last block-table row; a
   // step with prefills copies the prefix up to its last prefill block-table
@@ -263,12 +337,13 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   if (np == 0) {
     buffers_->copy(0, st.bt.offset + static_cast<int64_t>(std::max(B, nk)) * MB);
   } else {
-    const int64_t words = static_cast<int64_t>(tp) * rope_->row_words();
+    const int64_t words = static_cast<int64_t>(tpl) * rope_->row_words();
     buffers_->copy(0, st.pbt.offset + static_cast<int64_t>(np) * MB);
     buffers_->copy(st.pcos.offset, words);
     buffers_->copy(st.psin.offset, words);
   }
   if (p.dcp_token_rows) buffers_->copy(st.dtbt.offset, static_cast<int64_t>(nk) * MB);
+  if (pcp) buffers_->copy(pcp_first, st.pcp.end() - pcp_first);
   buffers_->finish();
   counter_.next(md_.stamp);
 
@@ -285,7 +360,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   md_.max_query_len = p.max_query_len;
   md_.max_seq_len = p.max_seq_len;
   md_.query_start_loc = st.qsl_dev.first(B + 1);
-  md_.slot_mapping = st.slots_dev.first(T_in);
+  md_.slot_mapping = st.slots_dev.first(tl);
   if (nd > 0) {
     DecodeMetadata& d = md_.decode;
     d.num_kernel_reqs = nk;
@@ -310,9 +385,9 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   if (np > 0) {
     pf.block_table = st.prefill_bt.first(np);
     pf.actual_seq_lengths_q = c10::IntArrayRef(prefill_q_ends_.data(), np);
-    pf.cos = st.pcos_v.get(tp, [&] { return rope_view(st.pcos.offset, tp); });
-    pf.sin = st.psin_v.get(tp, [&] { return rope_view(st.psin.offset, tp); });
-    pf.max_query_len = p.prefill_max_query_len;
+    pf.cos = st.pcos_v.get(tpl, [&] { return rope_view(st.pcos.offset, tpl); });
+    pf.sin = st.psin_v.get(tpl, [&] { return rope_view(st.psin.offset, tpl); });
+    pf.max_query_len = pcp ? pcp_sizes.prefill_max_query_len : p.prefill_max_query_len;
     pf.max_seq_len = p.prefill_max_seq_len;
   } else {
     pf.block_table.reset();
@@ -336,7 +411,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
     cc.seq_tot = c10::IntArrayRef(seq_tot_.data(), C);
     cc.max_seq_lens = c10::IntArrayRef(max_seq_.data(), C);
     for (int64_t c = 0; c < C; ++c) cc.kv_ends.emplace_back(chunk_kv_ends_.data() + c * np, np);
-    if (dcp) {
+    if (sharded) {
       cc.local_chunk_size = p.local_chunk_size;
       cc.padded_chunk_seq_lens = st.plens_v.get(key, [&] { return chunk_rows(st.plens, np); });
       cc.local_seq_tot = c10::IntArrayRef(local_seq_tot_.data(), C);
@@ -358,7 +433,8 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
     cc.seq_tot = {};
     cc.max_seq_lens = {};
   }
-  if (!(np > 0 && C > 0 && dcp)) {
+  if (pcp) set_pcp_metadata(pcp_sizes);
+  if (!(np > 0 && C > 0 && sharded)) {
     cc.local_chunk_size = 0;
     cc.padded_chunk_seq_lens.reset();
     cc.local_seq_tot = {};
@@ -371,6 +447,10 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
   static const core::BackendFacts& facts = Backend::facts();
   core::check_capturable(facts, state);
+  if (cfg_.pcp_world_size > 1) {
+    throw_not_supported("build_for_graph_capture with pcp_world_size=", cfg_.pcp_world_size,
+                        ": graph capture of MLA PCP is not supported");
+  }
   build(in);
   md_.attn_state = state;
   return md_;
@@ -382,5 +462,81 @@ const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32
 }
 
 static_assert(core::is_builder_v<MetadataBuilder>, "mla::MetadataBuilder follows the builder contract");
+
+int64_t MetadataBuilder::plan_pcp_rows(int32_t* s, const BuildInputs& in, int32_t nd, int32_t num_tokens,
+                                       plan::MlaPcpSizes& sizes) {
+  Staging& st = *st_;
+  const size_t n = in.seq_lens.size();
+  plan::MlaPcpInputs pi;
+  pi.query_start_loc = in.query_start_loc;
+  pi.seq_lens = in.seq_lens;
+  pi.num_decodes = nd;
+  pi.pcp_size = cfg_.pcp_world_size;
+  pi.pcp_rank = cfg_.pcp_rank;
+  pi.token_slots = plan::CSpan<int64_t>(pcp_global_slots_.data(), static_cast<size_t>(num_tokens));
+  const plan::MlaPcpSizes sz = plan::mla_pcp_sizes(pi, plan::Span<int32_t>(pcp_query_lens_.data(), n));
+  const int64_t G = sz.split.padded_global_tokens, tpl = sz.split.local_prefill_tokens;
+  const int64_t Wp = cfg_.pcp_world_size, Ck = sz.head_tail.chunk_tokens;
+  // The step's lists packed at the end of their region (the padded slots as int64: 2 words).
+  const int64_t first = core::StagingLayout::pack_before(
+      st.pcp.end(), {{&st.o_pslots, 2 * G}, {&st.o_restore, Wp * tpl}, {&st.o_qh, Ck}, {&st.o_qt, Ck},
+                     {&st.o_hn, sz.head_tail.head_nomask_tokens}, {&st.o_hm, Ck},
+                     {&st.o_tn, sz.head_tail.tail_nomask_tokens}, {&st.o_tm, Ck}, {&st.o_qf, 2 * Ck}});
+  // Holds by the bounds the region was sized with (a rank's rows are at most max_num_tokens +
+  // max_num_reqs); checked before anything is written.
+  AAR_CHECK_ARG(first >= st.pcp.offset, "the PCP lists of this step need ", st.pcp.end() - first,
+                " staging words, more than the builder's ", st.pcp.words);
+  plan::MlaPcpBuffers b;
+  b.slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + st.slots.offset), st.slots.words / 2);
+  b.prefill_positions = plan::Span<int32_t>(prefill_positions_.data(), prefill_positions_.size());
+  b.prefill_q_ends = plan::Span<int64_t>(prefill_q_ends_.data(), prefill_q_ends_.size());
+  b.padded_slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + st.o_pslots), G);
+  b.prefill_restore_idx = plan::Span<int32_t>(s + st.o_restore, Wp * tpl);
+  b.head_tail.q_head_idx = plan::Span<int32_t>(s + st.o_qh, Ck);
+  b.head_tail.q_tail_idx = plan::Span<int32_t>(s + st.o_qt, Ck);
+  b.head_tail.kv_head_nomask_idx = plan::Span<int32_t>(s + st.o_hn, sz.head_tail.head_nomask_tokens);
+  b.head_tail.kv_head_mask_idx = plan::Span<int32_t>(s + st.o_hm, Ck);
+  b.head_tail.kv_tail_nomask_idx = plan::Span<int32_t>(s + st.o_tn, sz.head_tail.tail_nomask_tokens);
+  b.head_tail.kv_tail_mask_idx = plan::Span<int32_t>(s + st.o_tm, Ck);
+  b.head_tail.q_full_idx = plan::Span<int32_t>(s + st.o_qf, 2 * Ck);
+  b.head_tail.mask_seq_ends = plan::Span<int64_t>(pcp_mask_ends_.data(), pcp_mask_ends_.size());
+  b.head_tail.head_nomask_kv_ends = plan::Span<int64_t>(pcp_head_ends_.data(), pcp_head_ends_.size());
+  b.head_tail.tail_nomask_kv_ends = plan::Span<int64_t>(pcp_tail_ends_.data(), pcp_tail_ends_.size());
+  pcp_token_index_.resize(static_cast<size_t>(sz.split.local_tokens));
+  b.local_token_index = plan::Span<int32_t>(pcp_token_index_.data(), pcp_token_index_.size());
+  b.query_lens = plan::Span<int32_t>(pcp_query_lens_.data(), pcp_query_lens_.size());
+  b.local_lens = plan::Span<int32_t>(pcp_local_lens_.data(), pcp_local_lens_.size());
+  b.positions = plan::Span<int32_t>(pcp_positions_.data(), pcp_positions_.size());
+  b.token_rows = plan::Span<int32_t>(pcp_token_rows_.data(), pcp_token_rows_.size());
+  b.restore_inverse = plan::Span<int32_t>(pcp_restore_inverse_.data(), pcp_restore_inverse_.size());
+  sizes = plan::plan_mla_pcp_rows(pi, b);
+  return first;
+}
+
+void MetadataBuilder::set_pcp_metadata(const plan::MlaPcpSizes& sz) {
+  const Staging& st = *st_;
+  PcpInfo& pc = md_.pcp;
+  const int64_t Wp = cfg_.pcp_world_size, G = sz.split.padded_global_tokens;
+  const int64_t tpl = sz.split.local_prefill_tokens, Ck = sz.head_tail.chunk_tokens;
+  const int64_t np = sz.head_tail.num_prefills;
+  auto i32 = [&](int64_t o, int64_t len) { return device_.narrow(0, o, len); };
+  pc.num_local_tokens = sz.split.local_tokens;
+  pc.num_local_prefill_tokens = sz.split.local_prefill_tokens;
+  pc.padded_slot_mapping = device_.narrow(0, st.o_pslots, 2 * G).view(at::kLong);
+  pc.prefill_restore_idx = i32(st.o_restore, Wp * tpl);
+  pc.q_head_idx = i32(st.o_qh, Ck);
+  pc.q_tail_idx = i32(st.o_qt, Ck);
+  pc.kv_head_nomask_idx = i32(st.o_hn, sz.head_tail.head_nomask_tokens);
+  pc.kv_head_mask_idx = i32(st.o_hm, Ck);
+  pc.kv_tail_nomask_idx = i32(st.o_tn, sz.head_tail.tail_nomask_tokens);
+  pc.kv_tail_mask_idx = i32(st.o_tm, Ck);
+  pc.q_full_idx = i32(st.o_qf, 2 * Ck);
+  pc.mask_seq_ends = c10::IntArrayRef(pcp_mask_ends_.data(), np);
+  pc.head_nomask_kv_ends = c10::IntArrayRef(pcp_head_ends_.data(), np);
+  pc.tail_nomask_kv_ends = c10::IntArrayRef(pcp_tail_ends_.data(), np);
+  pc.chunk_tokens = sz.head_tail.chunk_tokens;
+  pc.head_nomask_tokens = sz.head_tail.head_nomask_tokens;
+  pc.tail_nomask_tokens = sz.head_tail.tail_nomask_tokens;
+}
 
 }  // namespace aar::mla

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 #include "../common/kv_cache.h"
@@ -17,6 +18,7 @@
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/interleave_rope.h"
+#include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
 #include "ascend_attn_rt/ops/mla_prolog.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
@@ -83,6 +85,16 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
     if (fa_quant()) throw_not_supported("an FA-quant layer (fa_quant_kv_scale) with DCP (docs/design/mla.md §6.2)");
     if (cfg_.enable_kv_nz) throw_not_supported("enable_kv_nz with DCP (docs/design/mla.md §6.2: DCP reads ND caches)");
   }
+  if (cfg_.pcp_comm != nullptr && cfg_.pcp_comm->size() > 1) {
+    if (fa_quant()) throw_not_supported("an FA-quant layer (fa_quant_kv_scale) with PCP (docs/design/cp.md §11)");
+    if (cfg_.enable_kv_nz) throw_not_supported("enable_kv_nz with PCP (docs/design/cp.md §11: PCP reads ND caches)");
+    // The PCP merges (npu_attention_update) take head dims that are multiples of 8 in [8, 512].
+    for (const auto& [v, name] : {std::pair<int64_t, const char*>{d.kv_lora_rank, "kv_lora_rank"},
+                                  {d.v_head_dim, "v_head_dim"}}) {
+      AAR_CHECK_ARG(v % 8 == 0 && v >= 8 && v <= 512, name, "=", v, ": PCP merges partials through "
+                    "npu_attention_update, which takes a multiple of 8 in [8, 512]");
+    }
+  }
   lc.kv_nz = cfg_.enable_kv_nz;
   lc.heads_padded = hp_;  // the decode kernel's head count
   lc.workspace_group = cfg_.workspace_group;
@@ -110,11 +122,17 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
   AAR_CHECK_ARG(hidden.defined() && hidden.dim() == 2 && hidden.size(1) == d.hidden_size,
                 "hidden_states must have shape (T, hidden_size=", d.hidden_size, "), got ",
                 hidden.defined() ? hidden.sizes() : c10::IntArrayRef{});
-  AAR_CHECK_ARG(hidden.size(0) >= md.num_actual_tokens, "hidden_states has ", hidden.size(0),
-                " rows but the metadata schedules ", md.num_actual_tokens, " tokens");
-  AAR_CHECK_ARG(md.num_decodes == 0 || hidden.size(0) >= md.decode.num_kernel_tokens, "hidden_states has ",
-                hidden.size(0), " rows but the padded decode batch has ", md.decode.num_kernel_tokens,
-                " tokens (graph decode padding: pass num_input_tokens rows)");
+  if (md.pcp.world_size > 1) {
+    AAR_CHECK_ARG(hidden.size(0) == md.pcp.num_local_tokens, "hidden_states has ", hidden.size(0),
+                  " rows but the PCP metadata gives this rank ", md.pcp.num_local_tokens,
+                  " (pcp.num_local_tokens: the decodes, then its head and tail chunks of every prefill)");
+  } else {
+    AAR_CHECK_ARG(hidden.size(0) >= md.num_actual_tokens, "hidden_states has ", hidden.size(0),
+                  " rows but the metadata schedules ", md.num_actual_tokens, " tokens");
+    AAR_CHECK_ARG(md.num_decodes == 0 || hidden.size(0) >= md.decode.num_kernel_tokens, "hidden_states has ",
+                  hidden.size(0), " rows but the padded decode batch has ", md.decode.num_kernel_tokens,
+                  " tokens (graph decode padding: pass num_input_tokens rows)");
+  }
   // Checked here, before the decode part of a mixed step writes the caches.
   // FA-quant layers prefill into their NZ caches (see impl.h).
   AAR_CHECK_ARG(md.num_prefills == 0 || !cfg_.enable_kv_nz || fa_quant(), "a step with ", md.num_prefills,
@@ -219,14 +237,22 @@ void Impl::dcp_stage_query(const cp::DcpViews& w, const detail::DecodeViews& v) 
 void Impl::dcp_fia_args(const cp::DcpViews& w, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
                         ops::FiaTensors& t, ops::FiaParams& p) {
   const Dims& d = cfg_.dims;
+  auto [qn, qr] = detail::latent_dcp_split_query(w, d.kv_lora_rank, d.qk_rope_head_dim);
+  shard_fia_args(qn, qr, nope, rope, md, t, p);
+}
+
+void Impl::shard_fia_args(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope, const at::Tensor& rope,
+                          const Metadata& md, ops::FiaTensors& t, ops::FiaParams& p) {
+  const Dims& d = cfg_.dims;
   const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, bs = md.block_size;
-  std::tie(t.query, t.query_rope) = detail::latent_dcp_split_query(w, L, R);
+  t.query = qn;
+  t.query_rope = qr;
   // (nb, bs, 1, D) -> (nb, 1, bs, D): a reinterpretation (Nkv = 1) of the validated contiguous caches.
   t.key = nope.view({nope.size(0), 1, bs, L});
   t.value = t.key;
   t.key_rope = rope.view({rope.size(0), 1, bs, R});
   t.block_table = md.decode.block_table;
-  p.num_heads = w.gathered_query.size(1);
+  p.num_heads = qn.size(1);
   p.num_key_value_heads = 1;
   p.scale = cfg_.scale;
   p.input_layout = "BNSD";
@@ -250,6 +276,10 @@ const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tens
   // tokens (the local slot mapping).
   const detail::DecodeViews& v = core_->views(td, detail::DecodeLayout::BNSD);
   decode_preprocess(v, x, nope, rope, md, path, /*stable=*/true);
+  if (md.pcp.world_size > 1) {
+    pcp_decode_combine(v, nope, rope, md);
+    return core_->w_uv_out(v, td);
+  }
   const cp::DcpViews& w = dcp_views(td, v.qn_heads);
   dcp_stage_query(w, v);
   ops::FiaTensors t;
@@ -263,9 +293,59 @@ const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tens
   return core_->w_uv_out(v, td);
 }
 
+void Impl::pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& nope, const at::Tensor& rope,
+                              const Metadata& md) {
+  // docs/design/cp.md §11 (legacy PCP x DCP decode): this rank's partial over its KV shard in
+  // the wire layout (td, H, L+1) fp32, merged over the DCP group first when there is one.
+  const Dims& d = cfg_.dims;
+  const int64_t td = md.decode.num_kernel_tokens, H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const int64_t Wp = md.pcp.world_size;
+  at::Tensor wire = at::empty({td, H, L + 1}, v.qn_heads.options().dtype(at::kFloat));
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  if (md.dcp.world_size > 1) {
+    const cp::DcpViews& w = dcp_views(td, v.qn_heads);
+    dcp_stage_query(w, v);
+    dcp_fia_args(w, nope, rope, md, t, p);
+    const int64_t N = w.gathered_query.size(1);
+    at::Tensor out = w.partial_out.view({td, N, 1, L});
+    at::Tensor lse = w.partial_lse.view({td, N, 1, 1});
+    ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+    at::Tensor merged = wire.narrow(-1, 0, L);
+    cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, merged, wire.narrow(-1, L, 1), &w);
+  } else {
+    shard_fia_args(v.qn_heads.contiguous().view({td, H, 1, L}), v.qr_heads.contiguous().view({td, H, 1, R}), nope,
+                   rope, md, t, p);
+    auto [out, lse] = ops::fused_infer_attention_score(t, p);
+    wire.narrow(-1, 0, L).copy_(out.view({td, H, L}));
+    wire.narrow(-1, L, 1).copy_(lse.view({td, H, 1}));
+  }
+  // Every PCP rank's shard: the Wp wire blocks of the same rows, merged.
+  const at::Tensor all = cfg_.pcp_comm->all_gather(wire, 0);
+  auto [merged, merged_lse] = cp::merge_wire_partials(all.view({Wp, td * H, L + 1}));
+  v.attn_heads.transpose(0, 1).copy_(merged.view({td, H, L}));
+}
+
+std::pair<at::Tensor, at::Tensor> Impl::pcp_gather_prefill_kv(const at::Tensor& c, const at::Tensor& k_pe,
+                                                              const at::Tensor& nope, const at::Tensor& rope,
+                                                              const Metadata& md) {
+  // docs/design/cp.md §11 / §6.3: the ranks' local prefill rows gathered (rank-major), put in
+  // the padded-global order and written through its slot mapping (this rank's KV rows only;
+  // pads and other ranks' rows are -1).
+  const int64_t L = c.size(1), R = k_pe.size(1), tp = c.size(0);
+  const int64_t Wp = md.pcp.world_size, td = md.num_decode_tokens;
+  const at::Tensor all = cfg_.pcp_comm->all_gather(at::cat({c, k_pe}, -1), 0);  // (Wp tp, L+R)
+  const at::Tensor full = all.index_select(0, md.pcp.prefill_restore_idx);
+  const at::Tensor fc = full.narrow(-1, 0, L), fr = full.narrow(-1, L, R);
+  at::Tensor nc = nope, rc = rope;
+  ops::scatter_pa_kv_cache(fc.unsqueeze(1).contiguous(), fr.unsqueeze(1).contiguous(), nc, rc,
+                           md.pcp.padded_slot_mapping.narrow(0, Wp * td, Wp * tp), "Norm");
+  return {fc, fr};
+}
+
 const at::Tensor& Impl::decode_attention(const at::Tensor& x, const at::Tensor& nope, const at::Tensor& rope,
                                          const Metadata& md, DecodePath path) {
-  if (md.dcp.world_size > 1) return dcp_decode_attention(x, nope, rope, md, path);
+  if (md.dcp.world_size > 1 || md.pcp.world_size > 1) return dcp_decode_attention(x, nope, rope, md, path);
   const detail::DecodeViews& v = decode_views(md);
   const detail::LatentQuery q = decode_preprocess(v, x, nope, rope, md, path, /*stable=*/false);
   // The eager decode's FIA arguments persist between calls: a steady-state step
@@ -301,6 +381,7 @@ at::Tensor Impl::prefill_attention(const at::Tensor& q_nope, const at::Tensor& q
   s.kv_cache_scale = cfg_.fa_quant_kv_scale;
   s.in_bf16 = cfg_.prefill_in_bf16;
   s.dcp_comm = cfg_.dcp_comm;
+  s.pcp_comm = cfg_.pcp_comm;
   return detail::latent_prefill_attention(s, q_nope, q_pe, k_nope, k_pe, value, nope, rope, md);
 }
 
@@ -417,12 +498,26 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     AAR_CHECK_ARG(comm_size == 1, "the layer's dcp_comm has ", comm_size,
                   " ranks but the metadata was built without DCP (dcp_world_size=1)");
   }
+  const int32_t pcp_size = cfg_.pcp_comm != nullptr ? cfg_.pcp_comm->size() : 1;
+  if (md.pcp.world_size > 1) {
+    AAR_CHECK_ARG(cfg_.pcp_comm != nullptr, "metadata was built for PCP (pcp_world_size=", md.pcp.world_size,
+                  ") but the layer has no pcp_comm");
+    AAR_CHECK_ARG(pcp_size == md.pcp.world_size && cfg_.pcp_comm->rank() == md.pcp.rank,
+                  "metadata was built for PCP rank ", md.pcp.rank, " of ", md.pcp.world_size,
+                  " but the layer's pcp_comm is rank ", cfg_.pcp_comm->rank(), " of ", pcp_size);
+    graph::refuse_if_capturing("an MLA PCP forward (graph capture of PCP is not supported)");
+  } else {
+    AAR_CHECK_ARG(pcp_size == 1, "the layer's pcp_comm has ", pcp_size,
+                  " ranks but the metadata was built without PCP (pcp_world_size=1)");
+  }
   const KvHookScope<Metadata> kv_scope(kv_hooks, nope, rope, md.num_decode_tokens + md.num_prefill_tokens > 0, md,
                                        "mla");
   const Dims& d = cfg_.dims;
   const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
                 V = d.v_head_dim;
-  const int64_t td = md.num_decode_tokens, tp = md.num_prefill_tokens;
+  // PCP: this rank's prefill rows (its head and tail chunks).
+  const int64_t td = md.num_decode_tokens,
+                tp = md.pcp.world_size > 1 ? md.pcp.num_local_prefill_tokens : md.num_prefill_tokens;
   // The dense work runs without autograd; serving engines usually run the
   // model under inference mode already (entering it costs two TLS writes).
   const aar::detail::InferenceScope inference;
@@ -484,8 +579,13 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
                           : ops::kv_rmsnorm_rope_cache(kv_raw.view({tp, 1, 1, L + R}), W.kv_a_layernorm, cos, sin,
                                                        md.slot_mapping.narrow(0, td, tp), rope, nope,
                                                        cfg_.kv_norm_eps, "PA", /*is_output_kv=*/true);
-    const at::Tensor k_pe = std::get<2>(kvr).view({tp, 1, R}).expand({tp, H, R});
-    const at::Tensor kv = ops::dense::linear(std::get<3>(kvr).view({tp, L}), W.kv_b_proj).view({tp, H, P + V});
+    // PCP: the slots above are -1 (the local rows are written after the gather); the keys are
+    // then every PCP rank's restored prefill rows.
+    at::Tensor c_kv = std::get<3>(kvr).view({tp, L}), k_rope = std::get<2>(kvr).view({tp, R});
+    if (md.pcp.world_size > 1) std::tie(c_kv, k_rope) = pcp_gather_prefill_kv(c_kv, k_rope, nope, rope, md);
+    const int64_t nk = c_kv.size(0);
+    const at::Tensor k_pe = k_rope.view({nk, 1, R}).expand({nk, H, R});
+    const at::Tensor kv = ops::dense::linear(c_kv, W.kv_b_proj).view({nk, H, P + V});
     const at::Tensor out = prefill_attention(q.narrow(-1, 0, P).contiguous(), q_pe, kv.narrow(-1, 0, P).contiguous(),
                                              k_pe, kv.narrow(-1, P, V).contiguous(), nope, rope, md);
     ops::dense::copy(o_in.narrow(0, td, tp), out);

@@ -122,6 +122,10 @@ void LatentAttention::check_step(const Metadata& md, const at::Tensor& nope, con
     throw_not_supported("mla.LatentAttention.", what, " with metadata built for DCP (dcp_world_size=",
                         md.dcp.world_size, "): use mla::Impl, which does the query gather and the LSE merge");
   }
+  if (md.pcp.world_size > 1) {
+    throw_not_supported("mla.LatentAttention.", what, " with metadata built for PCP (pcp_world_size=",
+                        md.pcp.world_size, "): use mla::Impl, which gathers the prefill keys over PCP");
+  }
   detail::check_latent_cache(nope, /*is_nope=*/true, cfg_.kv_lora_rank, md, /*nz=*/false, dtype, " (the query dtype)");
   detail::check_latent_cache(rope, /*is_nope=*/false, cfg_.qk_rope_head_dim, md, /*nz=*/false, dtype,
                              " (the query dtype)");

@@ -3,10 +3,12 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
 #include <vector>
 
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/comm/dcp_exchange.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/ops/attention_update.h"
@@ -90,18 +92,20 @@ at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_no
       q_nope.scalar_type() != at::kBFloat16 && s.in_bf16.value_or(ops::resolve_provider(q_nope) == ops::Provider::Npu);
   auto cast = [&](const at::Tensor& x) { return to_bf16 ? x.to(at::kBFloat16) : x; };
   const at::Tensor qn = cast(q_nope), qr = cast(q_pe);
-  auto attend = [&](const at::Tensor& kn_in, const at::Tensor& kp_in, const at::Tensor& v_in, bool causal,
+  // Queries qn_in / qr_in (cast) against keys and values (cast here): (O (T, H, V), LSE (T, H, 1)).
+  auto attend = [&](const at::Tensor& qn_in, const at::Tensor& qr_in, const at::Tensor& kn_in,
+                    const at::Tensor& kp_in, const at::Tensor& v_in, bool causal, c10::IntArrayRef q_ends,
                     c10::IntArrayRef kv_ends) {
     const at::Tensor kn = cast(kn_in), kp = cast(kp_in), v = cast(v_in);
     ops::FiaTensors t;
     ops::FiaParams p;
     if (concat) {
-      t.query = at::cat({qn, qr}, -1);
+      t.query = at::cat({qn_in, qr_in}, -1);
       t.key = at::cat({kn, kp}, -1);
     } else {
-      t.query = qn;
+      t.query = qn_in;
       t.key = kn;
-      t.query_rope = qr;
+      t.query_rope = qr_in;
       t.key_rope = kp;
     }
     t.value = v;
@@ -111,12 +115,37 @@ at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_no
     p.num_key_value_heads = H;
     p.scale = s.scale;
     p.input_layout = "TND";
-    p.actual_seq_lengths = pf.actual_seq_lengths_q;
+    p.actual_seq_lengths = q_ends;
     p.actual_seq_lengths_kv = kv_ends;
     p.softmax_lse_flag = true;
     return ops::fused_infer_attention_score(t, p);
   };
-  auto [out0, lse0] = attend(k_nope, k_pe, value, /*causal=*/true, pf.actual_seq_lengths_q);
+  at::Tensor out0, lse0;
+  if (md.pcp.world_size > 1) {
+    // docs/design/cp.md §11 / §6.4: the keys are the restored prefill rows of every PCP rank;
+    // each local chunk (head, tail) attends its own chunk causally and the request's earlier
+    // chunks without a mask, merged by LSE, then back to the local order.
+    const PcpInfo& pc = md.pcp;
+    auto block = [&](const at::Tensor& q_idx, const at::Tensor& nomask_idx, int32_t nomask_tokens,
+                     c10::IntArrayRef nomask_ends, const at::Tensor& mask_idx) {
+      const at::Tensor bn = qn.index_select(0, q_idx), br = qr.index_select(0, q_idx);
+      auto [om, lm] = attend(bn, br, k_nope.index_select(0, mask_idx), k_pe.index_select(0, mask_idx),
+                             value.index_select(0, mask_idx), /*causal=*/true, pc.mask_seq_ends, pc.mask_seq_ends);
+      if (nomask_tokens == 0) return std::make_tuple(om.to(at::kFloat), lm);
+      auto [on, ln] = attend(bn, br, k_nope.index_select(0, nomask_idx), k_pe.index_select(0, nomask_idx),
+                             value.index_select(0, nomask_idx), /*causal=*/false, pc.mask_seq_ends, nomask_ends);
+      return cp::merge_two_partials(on, ln, om, lm);
+    };
+    auto [oh, lh] = block(pc.q_head_idx, pc.kv_head_nomask_idx, pc.head_nomask_tokens, pc.head_nomask_kv_ends,
+                          pc.kv_head_mask_idx);
+    auto [ot, lt] = block(pc.q_tail_idx, pc.kv_tail_nomask_idx, pc.tail_nomask_tokens, pc.tail_nomask_kv_ends,
+                          pc.kv_tail_mask_idx);
+    out0 = at::cat({oh, ot}).index_select(0, pc.q_full_idx);
+    lse0 = at::cat({lh, lt}).index_select(0, pc.q_full_idx);
+  } else {
+    std::tie(out0, lse0) =
+        attend(qn, qr, k_nope, k_pe, value, /*causal=*/true, pf.actual_seq_lengths_q, pf.actual_seq_lengths_q);
+  }
   const ChunkedContext& cc = pf.chunked;
   if (cc.num_chunks == 0) return out0.reshape({tp, H * V});
 
@@ -124,20 +153,29 @@ at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_no
   std::vector<at::Tensor> outs{out0.to(at::kFloat).reshape({tp * H, V})};
   std::vector<at::Tensor> lses{lse0.reshape({tp * H})};
   const auto opts = nope.options();
-  const bool dcp = md.dcp.world_size > 1;
+  // The KV is sharded over the DCP group, or with PCP over the Wp * Wd PCP x DCP ranks.
+  const bool sharded = md.dcp.world_size > 1 || md.pcp.world_size > 1;
   for (int32_t c = 0; c < cc.num_chunks; ++c) {
     const int64_t toks = cc.seq_tot[c];
     at::Tensor kv_c, kpe;
-    if (dcp) {
+    if (sharded) {
       // docs/design/mla.md §6.3: this rank's part of the chunk (the padded local lengths from
-      // the local starts; every rank gathers the same row count), [latent |
-      // k_pe] all-gathered, then the real rows request by request.
-      AAR_CHECK_ARG(s.dcp_comm != nullptr, "metadata built for DCP needs the layer's dcp_comm");
+      // the local starts; every rank gathers the same row count), [latent | k_pe] all-gathered
+      // over the DCP group, then (PCP, docs/design/cp.md §11) over the PCP group: rank-major over
+      // the KV ranks rp * Wd + rd; then the real rows request by request.
       const int64_t lt = cc.local_seq_tot[c];
       at::Tensor lkv = at::empty({lt, 1, L}, opts);
       at::Tensor lpe = at::empty({lt, 1, R}, rope.options());
       ops::gather_pa_kv_cache(nope, rope, pf.block_table, cc.padded_chunk_seq_lens[c], lkv, lpe, cc.starts[c]);
-      const at::Tensor all = s.dcp_comm->all_gather(at::cat({lkv, lpe}, -1), 0);
+      at::Tensor all = at::cat({lkv, lpe}, -1);
+      if (md.dcp.world_size > 1) {
+        AAR_CHECK_ARG(s.dcp_comm != nullptr, "metadata built for DCP needs the layer's dcp_comm");
+        all = s.dcp_comm->all_gather(all, 0);
+      }
+      if (md.pcp.world_size > 1) {
+        AAR_CHECK_ARG(s.pcp_comm != nullptr, "metadata built for PCP needs the layer's pcp_comm");
+        all = s.pcp_comm->all_gather(all, 0);
+      }
       const at::Tensor rows =
           all.index_select(0, cc.reorg_index.narrow(0, cc.reorg_offsets[c], toks));  // (toks, 1, L+R)
       kv_c = rows.narrow(-1, 0, L);
@@ -155,7 +193,7 @@ at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_no
     const at::Tensor kn = kv.narrow(-1, 0, P).contiguous();
     const at::Tensor v = kv.narrow(-1, P, V).contiguous();
     const at::Tensor kp = kpe.expand({toks, H, R});
-    auto [out_c, lse_c] = attend(kn, kp, v, /*causal=*/false, cc.kv_ends[c]);
+    auto [out_c, lse_c] = attend(qn, qr, kn, kp, v, /*causal=*/false, pf.actual_seq_lengths_q, cc.kv_ends[c]);
     outs.push_back(out_c.to(at::kFloat).reshape({tp * H, V}));
     lses.push_back(lse_c.reshape({tp * H}));
   }

@@ -6,7 +6,8 @@
 //    metadata alone (docs/design/mla.md §5.3 rows A, D, E: layout, mask, lengths);
 //  * the un-absorbed prefill attention (docs/design/mla.md §5.5 / §5.6): the new tokens
 //    causally, then each cached context chunk gathered from the caches,
-//    up-projected by kv_b_proj, attended and merged by LSE (DCP: docs/design/mla.md §6.3).
+//    up-projected by kv_b_proj, attended and merged by LSE (DCP: docs/design/mla.md §6.3; PCP:
+//    docs/design/cp.md §11, the new tokens as head and tail chunks over every PCP rank's keys).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -57,11 +58,14 @@ struct PrefillSpec {
   std::optional<double> kv_cache_scale;  // FA-quant: the int8 latent cache's dequant scale
   std::optional<bool> in_bf16;           // see ImplConfig::prefill_in_bf16
   cp::Comm* dcp_comm = nullptr;          // with metadata built for DCP
+  cp::Comm* pcp_comm = nullptr;          // with metadata built for PCP
 };
 
 // The prefill tokens' attention (q_nope (tp, H, P), q_pe (tp, H, R), k_nope
 // (tp, H, P), k_pe (tp, H, R), value (tp, H, V)) over themselves (causal) and
-// their cached context chunks: (tp, H*V), new.
+// their cached context chunks: (tp, H*V), new. With PCP metadata the queries are this
+// rank's local prefill rows and the keys / values the restored prefill rows of every PCP
+// rank (Wp * tp rows, padded-global order; docs/design/cp.md §11).
 at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_nope, const at::Tensor& q_pe,
                                     const at::Tensor& k_nope, const at::Tensor& k_pe, const at::Tensor& value,
                                     const at::Tensor& nope_cache, const at::Tensor& rope_cache, const Metadata& md);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "ascend_attn_rt/comm/comm.h"
@@ -100,5 +101,16 @@ at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::option
 // `ws`: views of a DcpWorkspace for T rows (the wire and the merge inputs).
 void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tensor& partial_lse, at::Tensor& out,
                       const std::optional<at::Tensor>& lse_out = std::nullopt, const DcpViews* ws = nullptr);
+
+// docs/design/cp.md §6.4: N partials of the same rows in the wire layout, `parts` (N, M, Dv+1)
+// fp32 (LSE in the last channel; e.g. a PCP all-gather of (rows, H, Dv+1) viewed (N, rows*H,
+// Dv+1)), merged through npu_attention_update: (M, Dv) fp32 and the merged (M) LSE.
+std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts);
+
+// Two partials of the same rows merged (a causal block and the earlier keys of the same
+// queries, or a context part): outputs (T, N, Dv) in any float dtype with LSEs (T, N, 1)
+// fp32 -> (T, N, Dv) fp32 and (T, N, 1).
+std::tuple<at::Tensor, at::Tensor> merge_two_partials(const at::Tensor& out_a, const at::Tensor& lse_a,
+                                                      const at::Tensor& out_b, const at::Tensor& lse_b);
 
 }  // namespace aar::cp

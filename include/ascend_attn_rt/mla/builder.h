@@ -2,8 +2,8 @@
 // rows on the host, and copies into persistent buffers at stable addresses (one copy
 // for a decode-only step, three with prefills); views cached per size; a rejected
 // build writes nothing; metadata valid until the next build (build_stamp.h). Graph
-// decode padding and DCP builds per BuilderConfig.
-// Design: docs/design/mla.md §3, DCP §6.1, staging docs/design/core.md §4.
+// decode padding, DCP and PCP builds per BuilderConfig.
+// Design: docs/design/mla.md §3, DCP §6.1, PCP docs/design/cp.md §11, staging docs/design/core.md §4.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,6 +18,7 @@
 #include "ascend_attn_rt/core/step.h"
 #include "ascend_attn_rt/latent/build_inputs.h"
 #include "ascend_attn_rt/mla/metadata.h"
+#include "ascend_attn_rt/mla/plan/mla_pcp_plan.h"
 #include "ascend_attn_rt/plan/span.h"
 #include "ascend_attn_rt/staging.h"
 
@@ -62,6 +63,15 @@ struct BuilderConfig : core::BuilderCore {
   int32_t dcp_world_size = 1;
   int32_t dcp_rank = 0;
   int32_t cp_kv_cache_interleave_size = 1;
+  // Prefill context parallel, the sharded design (docs/design/cp.md §11): this rank's place in
+  // the PCP group. With pcp_world_size > 1 a build takes the GLOBAL batch (the same inputs on
+  // every rank) and plans this rank's rows (Metadata::pcp): the decodes (replicated) and the
+  // head and tail chunks of every prefill; the KV is sharded over the pcp_world_size *
+  // dcp_world_size ranks (rank pcp_rank * dcp_world_size + dcp_rank) with the interleave size
+  // above. Refused by name with PCP: speculative decode, graph decode padding, graph capture
+  // and graph padding of num_input_tokens (a PCP step is eager). Wp * Wd <= 16.
+  int32_t pcp_world_size = 1;
+  int32_t pcp_rank = 0;
   // The P/D recompute scheduler (docs/design/cp.md §3.1 / §3.2): under DCP, requests of
   // at most the decode threshold are decodes whatever is_prefilling says (as
   // they are without DCP).
@@ -104,12 +114,21 @@ class MetadataBuilder {
   const at::Tensor& block_table_staging() const { return staging_block_table_; }
   // Generation of the latest build (0 before the first).
   uint64_t generation() const { return counter_.current(); }
+  // PCP (pcp_world_size > 1): host int32, the global token (query_start_loc units) of every
+  // local row of the latest build, -1 for padding rows: how a model runner gathers this rank's
+  // hidden states (and puts its output rows back). Empty without PCP.
+  const std::vector<int32_t>& pcp_local_token_index() const { return pcp_token_index_; }
 
  private:
   struct Staging;  // the staging buffer's named regions and their cached views
 
   void gather_rope(uint8_t* staging, const BuildInputs& in, int32_t num_decodes, int32_t num_decode_tokens,
                    int32_t num_prefill_tokens);
+  // PCP: this rank's rows of the planned global step (plan/mla_pcp_plan.h) into the staging
+  // buffer and the host lists; returns the first staging word of the step's PCP lists.
+  int64_t plan_pcp_rows(int32_t* staging, const BuildInputs& in, int32_t num_decodes, int32_t num_tokens,
+                        plan::MlaPcpSizes& sizes);
+  void set_pcp_metadata(const plan::MlaPcpSizes& sizes);
   at::Tensor rope_view(int64_t offset, int64_t rows) const;
 
   BuilderConfig cfg_;  // cos_table / sin_table: contiguous host copies
@@ -121,7 +140,7 @@ class MetadataBuilder {
   // Packed int32 regions (core::StagingLayout, each on a 64-byte boundary):
   // [qsl | slot64 | decode cos | decode sin | block table (all rows) | chunk
   // cu_seq_lens | chunk starts | chunk lens | padded chunk lens | prefill block
-  // table | prefill cos | prefill sin | DCP per-token decode rows]. A
+  // table | prefill cos | prefill sin | DCP per-token decode rows | PCP lists]. A
   // decode-only build copies up to the last decode row.
   std::unique_ptr<::aar::detail::StagingBuffers> buffers_;
   at::Tensor device_;  // buffers_->device()
@@ -141,6 +160,14 @@ class MetadataBuilder {
   // DCP with speculative decode: the per-token decode rows (their block table
   // is the staging region "dcp_decode_block_table").
   std::vector<int64_t> dcp_q_ends_, dcp_kv_lens_;
+  // The KV shard: Wp * Wd ranks, this one rp * Wd + rd (DCP alone: Wd, rd).
+  int32_t kv_world_ = 1, kv_rank_ = 0;
+  // PCP: the global step's per-token plan (slots, prefill positions and query ends), the
+  // rank's host lists and scratch (sized at construction), the local token index.
+  std::vector<int64_t> pcp_global_slots_, pcp_global_q_ends_;
+  std::vector<int32_t> pcp_global_positions_, pcp_query_lens_, pcp_local_lens_, pcp_positions_, pcp_token_rows_,
+      pcp_restore_inverse_, pcp_token_index_;
+  std::vector<int64_t> pcp_mask_ends_, pcp_head_ends_, pcp_tail_ends_;
   std::unique_ptr<Staging> st_;
 };
 

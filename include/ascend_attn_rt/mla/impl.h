@@ -2,8 +2,9 @@
 // (FIA v2), un-absorbed prefill with cached context in chunks merged by LSE, W_UV and
 // o_proj; W8A8 and FA-quant layers; decode context parallel. forward validates before
 // any write and does no host metadata work; layers of one shape and workspace_group
-// share a decode workspace and run one at a time.
-// Design: docs/design/mla.md §4 (weights), §5 (forward), §6 (DCP).
+// share a decode workspace and run one at a time; prefill context parallel (PCP, with or
+// without DCP).
+// Design: docs/design/mla.md §4 (weights), §5 (forward), §6 (DCP); docs/design/cp.md §11 (PCP).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "ascend_attn_rt/kv_connector.h"
 #include "ascend_attn_rt/detail/tensor_binding.h"
@@ -91,6 +93,20 @@ struct ImplConfig {
   //    recorded prepare calls (captured into the device graph on the NPU).
   // Not with FA-quant layers or NZ caches (docs/design/mla.md §6.2: ND views, no FA-quant).
   cp::Comm* dcp_comm = nullptr;
+  // Prefill context parallel, the sharded design (docs/design/cp.md §11): the PCP group's
+  // collectives (not owned; must outlive the layer). Metadata built with pcp_world_size > 1
+  // needs it, with the same size and rank (and dcp_comm when its dcp_world_size > 1). The
+  // forward then takes this rank's rows (Metadata::pcp.num_local_tokens):
+  //  * decodes (every PCP rank computes them): the latent attention over this rank's KV shard,
+  //    merged over the DCP group as above, then the Wp results all-gathered over PCP and merged;
+  //  * prefill rows (head and tail chunks): [latent | k_pe] all-gathered over PCP, restored to
+  //    the padded-global order and written through pcp.padded_slot_mapping (this rank's KV
+  //    rows only); each chunk attends its own chunk causally and the request's earlier chunks
+  //    without a mask (merged by LSE); each context chunk is gathered from the shard and
+  //    all-gathered over DCP then PCP, then as without PCP.
+  // Eager only (a capture of a PCP forward is refused by name); not with FA-quant layers or NZ
+  // caches.
+  cp::Comm* pcp_comm = nullptr;
 };
 
 enum class DecodePath : int32_t { None = 0, Native = 1, Prolog = 2, Mlapo = 3, FaQuant = 4 };
@@ -162,6 +178,19 @@ class Impl {
   void dcp_stage_query(const cp::DcpViews& w, const detail::DecodeViews& v);
   void dcp_fia_args(const cp::DcpViews& w, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                     const Metadata& md, ops::FiaTensors& t, ops::FiaParams& p);
+  // The latent call over this rank's KV shard (FIA v1 BNSD, LSE returned) for the queries
+  // qn (td, N, 1, L) and qr (td, N, 1, R).
+  void shard_fia_args(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope_cache,
+                      const at::Tensor& rope_cache, const Metadata& md, ops::FiaTensors& t, ops::FiaParams& p);
+  // PCP decode (docs/design/cp.md §11): the shard's partial (merged over DCP) merged over the
+  // PCP group into the W_UV input of v.
+  void pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+                          const Metadata& md);
+  // PCP prefill: the local rows' latent c (tp, L) and k_pe (tp, R) all-gathered over PCP,
+  // restored and written to the caches; returns the restored rows (Wp * tp).
+  std::pair<at::Tensor, at::Tensor> pcp_gather_prefill_kv(const at::Tensor& c, const at::Tensor& k_pe,
+                                                          const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+                                                          const Metadata& md);
   void dcp_combine(const cp::DcpViews& w, const detail::DecodeViews& v);
   void capture_dcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope_cache,
                           const at::Tensor& rope_cache, const Metadata& md, const at::Tensor& output,

@@ -18,7 +18,7 @@
 //    (tp, H*V). The same code as mla::Impl's prefill (cpp/mla/latent_ops.h).
 //
 // The metadata is mla::MetadataBuilder's; its RoPE rows are not read. Not
-// supported (each raises naming it): metadata built for DCP, graph decode
+// supported (each raises naming it): metadata built for DCP or PCP, graph decode
 // padding (decode.num_kernel_tokens != num_decode_tokens), NZ caches, the
 // int8 FA-quant cache, graph capture. Thread safety as mla::Impl.
 #pragma once
