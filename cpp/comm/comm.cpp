@@ -336,4 +336,18 @@ at::Tensor Comm::all_reduce(const at::Tensor& t) {
   return o;
 }
 
+void check_comm_matches(const Comm* comm, int32_t world, int32_t rank, const char* mode, const char* comm_name,
+                        const char* world_field) {
+  if (world > 1) {
+    AAR_CHECK_ARG(comm != nullptr, "metadata was built for ", mode, " rank ", rank, " of ", world,
+                  " but the layer has no ", comm_name);
+    AAR_CHECK_ARG(comm->size() == world && comm->rank() == rank, "metadata was built for ", mode, " rank ", rank,
+                  " of ", world, " but the layer's ", comm_name, " is rank ", comm->rank(), " of ", comm->size());
+  } else {
+    const int32_t size = comm != nullptr ? comm->size() : 1;
+    AAR_CHECK_ARG(size == 1, "the layer's ", comm_name, " has ", size, " ranks but the metadata was built without ",
+                  mode, " (", world_field, "=1)");
+  }
+}
+
 }  // namespace aar::cp

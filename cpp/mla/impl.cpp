@@ -487,29 +487,9 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   const Metadata& md = *md_ptr;
   check_current(md.stamp, "metadata");
   validate(hidden, nope, rope, md, output);
-  const int32_t comm_size = cfg_.dcp_comm != nullptr ? cfg_.dcp_comm->size() : 1;
-  if (md.dcp.world_size > 1) {
-    AAR_CHECK_ARG(cfg_.dcp_comm != nullptr, "metadata was built for DCP (dcp_world_size=", md.dcp.world_size,
-                  ") but the layer has no dcp_comm");
-    AAR_CHECK_ARG(comm_size == md.dcp.world_size && cfg_.dcp_comm->rank() == md.dcp.rank,
-                  "metadata was built for DCP rank ", md.dcp.rank, " of ", md.dcp.world_size,
-                  " but the layer's dcp_comm is rank ", cfg_.dcp_comm->rank(), " of ", comm_size);
-  } else {
-    AAR_CHECK_ARG(comm_size == 1, "the layer's dcp_comm has ", comm_size,
-                  " ranks but the metadata was built without DCP (dcp_world_size=1)");
-  }
-  const int32_t pcp_size = cfg_.pcp_comm != nullptr ? cfg_.pcp_comm->size() : 1;
-  if (md.pcp.world_size > 1) {
-    AAR_CHECK_ARG(cfg_.pcp_comm != nullptr, "metadata was built for PCP (pcp_world_size=", md.pcp.world_size,
-                  ") but the layer has no pcp_comm");
-    AAR_CHECK_ARG(pcp_size == md.pcp.world_size && cfg_.pcp_comm->rank() == md.pcp.rank,
-                  "metadata was built for PCP rank ", md.pcp.rank, " of ", md.pcp.world_size,
-                  " but the layer's pcp_comm is rank ", cfg_.pcp_comm->rank(), " of ", pcp_size);
-    graph::refuse_if_capturing("an MLA PCP forward (graph capture of PCP is not supported)");
-  } else {
-    AAR_CHECK_ARG(pcp_size == 1, "the layer's pcp_comm has ", pcp_size,
-                  " ranks but the metadata was built without PCP (pcp_world_size=1)");
-  }
+  cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
+  cp::check_comm_matches(cfg_.pcp_comm, md.pcp.world_size, md.pcp.rank, "PCP", "pcp_comm", "pcp_world_size");
+  if (md.pcp.world_size > 1) graph::refuse_if_capturing("an MLA PCP forward (graph capture of PCP is not supported)");
   const KvHookScope<Metadata> kv_scope(kv_hooks, nope, rope, md.num_decode_tokens + md.num_prefill_tokens > 0, md,
                                        "mla");
   const Dims& d = cfg_.dims;

@@ -301,24 +301,9 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
-  const int32_t comm_size = cfg_.dcp_comm != nullptr ? cfg_.dcp_comm->size() : 1;
-  if (md.dcp.world_size > 1) {
-    AAR_CHECK_ARG(cfg_.dcp_comm != nullptr, "metadata was built for DCP (dcp_world_size=", md.dcp.world_size,
-                  ") but the layer has no dcp_comm");
-    AAR_CHECK_ARG(comm_size == md.dcp.world_size && cfg_.dcp_comm->rank() == md.dcp.rank,
-                  "metadata was built for DCP rank ", md.dcp.rank, " of ", md.dcp.world_size,
-                  " but the layer's dcp_comm is rank ", cfg_.dcp_comm->rank(), " of ", comm_size);
-  } else {
-    AAR_CHECK_ARG(comm_size == 1, "the layer's dcp_comm has ", comm_size,
-                  " ranks but the metadata was built without DCP (dcp_world_size=1)");
-  }
-  const int32_t dsa_size = cfg_.dsa_cp_comm != nullptr ? cfg_.dsa_cp_comm->size() : 1;
-  if (md.dsa_cp.world_size > 1 || dsa_size > 1) {
-    AAR_CHECK_ARG(dsa_size == md.dsa_cp.world_size && cfg_.dsa_cp_comm->rank() == md.dsa_cp.rank,
-                  "metadata was built for DSA-CP rank ", md.dsa_cp.rank, " of ", md.dsa_cp.world_size,
-                  " but the layer's dsa_cp_comm is ", dsa_size > 1 ? "rank " : "absent", 
-                  dsa_size > 1 ? std::to_string(cfg_.dsa_cp_comm->rank()) + " of " + std::to_string(dsa_size) : "");
-  }
+  cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
+  cp::check_comm_matches(cfg_.dsa_cp_comm, md.dsa_cp.world_size, md.dsa_cp.rank, "DSA-CP", "dsa_cp_comm",
+                         "dsa_cp_world_size");
   // docs/design/sfa.md §2.2: the main part, then the indexer part, per the layer's flags.
   const bool has_idx = cfg_.indexer.has_value();
   const bool sfa_c8 = cfg_.sfa_c8, li_c8 = cfg_.li_c8;

@@ -16,6 +16,7 @@ import tempfile
 import time
 import traceback
 
+import torch
 import torch.multiprocessing as mp
 
 # The group's own timeout: bounds rendezvous and any collective that a case does
@@ -105,3 +106,25 @@ def run_ranks(world, case, *args, deadline_s=90.0, expect_dead=()):
     if errors:
         raise AssertionError("\n".join(errors))
     return [got[r][1] if r in got else None for r in range(world)]
+
+
+# The DCP placement of docs/design/cp.md §2.1 / §2.2, written once for the tests (independent of the
+# runtime's plan code): the owner of global position x, its index in the owner's local sequence, and
+# how many of a sequence's first n positions rank k holds.
+def owner(x, W, I):
+    return (x // I) % W
+
+
+def local_index(x, W, I):
+    return (x // (W * I)) * I + x % I
+
+
+def local_len(n, W, I, k):
+    base = (n // I // W) * I
+    rem = n - base * W
+    return base + min(max(rem - k * I, 0), I)
+
+
+def cp_tol(dtype):
+    """The multi-process tests' tolerance against the float64 references."""
+    return dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)

@@ -21,6 +21,7 @@ import torch
 
 import ascend_attn_rt as aar
 from _cp_harness import run_ranks
+from _cp_harness import local_index as _local_index, local_len as _local_len, owner as _owner
 from _mla_reference import MlaDims, attend_request, half_split, make_weights, project, rope_tables
 
 dist = pytest.importorskip("torch.distributed")
@@ -29,20 +30,6 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 mla = aar.mla
 BS = 16
-
-
-def _owner(x, W, I):
-    return (x // I) % W
-
-
-def _local_index(x, W, I):
-    return (x // (W * I)) * I + x % I
-
-
-def _local_len(n, W, I, k):
-    base = (n // I // W) * I
-    rem = n - base * W
-    return base + min(max(rem - k * I, 0), I)
 
 
 # The steps (decodes first; a 1-token request with history is a decode, a fresh one a prefill). Each

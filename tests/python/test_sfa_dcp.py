@@ -20,6 +20,7 @@ import torch
 
 import ascend_attn_rt as aar
 from _cp_harness import run_ranks
+from _cp_harness import cp_tol as _tol, local_index as _local_index, local_len as _local_len, owner as _owner
 from _mla_reference import MlaDims, half_split, make_weights, project, rope_tables
 from _sfa_reference import IdxDims, indexer_keys, indexer_topk_request, make_indexer_weights, sfa_attend_request
 
@@ -29,24 +30,6 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 sfa = aar.sfa
 F64 = torch.float64
-
-
-def _owner(x, W, I):
-    return (x // I) % W
-
-
-def _local_index(x, W, I):
-    return (x // (W * I)) * I + x % I
-
-
-def _local_len(n, W, I, k):
-    base = (n // I // W) * I
-    rem = n - base * W
-    return base + min(max(rem - k * I, 0), I)
-
-
-def _tol(dtype):
-    return dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
 
 
 def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, seed=0, spec=0, K=8, pad=0):

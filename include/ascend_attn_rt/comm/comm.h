@@ -149,4 +149,12 @@ class Comm {
   at::Tensor gather_staging_;
 };
 
+// A context-parallel layer's check of its comm against the metadata it is given, one wording for
+// every mode (DCP, PCP, DSA-CP): metadata built for `world` > 1 ranks needs a comm of that size in
+// which this process is `rank`; metadata built for one rank refuses a comm of several. `mode` names
+// the mode ("DCP"), `comm_name` the layer's option ("dcp_comm"), `world_field` the builder's
+// ("dcp_world_size"). InvalidArgument otherwise.
+void check_comm_matches(const Comm* comm, int32_t world, int32_t rank, const char* mode, const char* comm_name,
+                        const char* world_field);
+
 }  // namespace aar::cp
