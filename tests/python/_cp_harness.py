@@ -34,6 +34,12 @@ def _entry(rank, world, init_file, results, case, args, deadline_s):
     try:
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+        # init_process_group returns on a rank once its own connections are made,
+        # while a peer may still be completing gloo's full-mesh connect. A case that
+        # issues no collective (the profiling-run cases) would let this rank
+        # os._exit below and fail the peer's connect ("Connection closed by peer").
+        # One barrier here: every rank leaves it with the whole mesh up.
+        dist.barrier()
         value = case(rank, world, *args)
         results.put((rank, True, value))
     except BaseException:  # noqa: BLE001  (report everything, including assertion failures)
