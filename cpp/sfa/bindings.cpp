@@ -247,8 +247,8 @@ void bind_sfa(nb::module_& root) {
       .value("dcp", sfa::CpMode::Dcp)
       .value("dsa_cp_dcp", sfa::CpMode::DsaCpDcp);
   m.def("resolve_cp_mode", &sfa::resolve_cp_mode, "dsa_cp"_a, "dcp_size"_a,
-        "docs/design/sparse_cp.md §1: the SFA context-parallel mode of the two switches (NotImplementedError names "
-        "the modes not built).");
+        "docs/design/sparse_cp.md §1: the SFA context-parallel mode of the two switches (all four are built; "
+        "ValueError for dcp_size < 1).");
   m.def("remap_topk_to_dcp_rank", &sparse::remap_topk_to_dcp_rank, "topk"_a, nb::kw_only(), "world"_a, "rank"_a,
         "interleave"_a = 1,
         "docs/design/sparse_cp.md §3: a replicated-view top-k (..., K) int32 to this DCP rank's local positions, kept "

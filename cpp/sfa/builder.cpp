@@ -428,10 +428,17 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg.dsa_cp_world_size >= 1 && cfg.dsa_cp_rank >= 0 && cfg.dsa_cp_rank < cfg.dsa_cp_world_size,
                 "dsa_cp_rank=", cfg.dsa_cp_rank, " is not a rank of a DSA-CP group of dsa_cp_world_size=",
                 cfg.dsa_cp_world_size);
-  if (cfg.dsa_cp_world_size > 1 && (cfg.dcp_world_size > 1 || cfg.offload.has_value())) {
-    throw_not_supported("dsa_cp_world_size=", cfg.dsa_cp_world_size, " with ",
-                        cfg.offload.has_value() ? "offload" : "dcp_world_size=" + std::to_string(cfg.dcp_world_size),
-                        ": DSA-CP is built alone (docs/design/sparse_cp.md §6)");
+  if (cfg.dsa_cp_world_size > 1 && cfg.offload.has_value()) {
+    throw_not_supported("dsa_cp_world_size=", cfg.dsa_cp_world_size, " with offload: the KV-offload builder has no "
+                        "context-parallel variant (docs/design/sparse_cp.md §6)");
+  }
+  if (cfg.dsa_cp_world_size > 1 && cfg.dcp_world_size > 1 &&
+      (cfg.dsa_cp_world_size != cfg.dcp_world_size || cfg.dsa_cp_rank != cfg.dcp_rank)) {
+    // docs/design/sparse_cp.md §9: DCP rank r holds token slice r.
+    throw_not_supported("dsa_cp_world_size=", cfg.dsa_cp_world_size, ", dsa_cp_rank=", cfg.dsa_cp_rank,
+                        " with dcp_world_size=", cfg.dcp_world_size, ", dcp_rank=", cfg.dcp_rank,
+                        ": DSA-CP x DCP needs the DCP group to be the DSA-CP group in the same order (equal sizes "
+                        "and ranks, docs/design/sparse_cp.md §9)");
   }
   if (cfg.dcp_world_size > 1 && cfg.offload.has_value()) {
     throw_not_supported("offload with dcp_world_size=", cfg.dcp_world_size,

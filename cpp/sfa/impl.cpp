@@ -2,7 +2,9 @@
 #include "ascend_attn_rt/sfa/impl.h"
 
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -178,12 +180,32 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
                 "than one rank: DSA-CP is the dsa_cp_comm's group");
   pc.dsa_cp = dsa_world > 1;
   const CpMode mode = resolve_cp_mode(pc.dsa_cp, pc.dcp_size);
-  if (mode == CpMode::DsaCp) {
+  if (mode == CpMode::DsaCp || mode == CpMode::DsaCpDcp) {
     const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
     if (no != nullptr) {
-      throw_not_supported(no, " with DSA-CP (dsa_cp_comm of ", dsa_world, " ranks) is not implemented: the "
-                          "token-sharded layer gathers and writes unquantised rows (docs/design/sparse_cp.md §6)");
+      throw_not_supported(no, " with DSA-CP", mode == CpMode::DsaCpDcp ? " x DCP" : "", " (dsa_cp_comm of ",
+                          dsa_world, " ranks) is not implemented: the token-sharded layer gathers and writes "
+                          "unquantised rows (docs/design/sparse_cp.md §6)");
     }
+  }
+  if (mode == CpMode::DsaCpDcp) {
+    // docs/design/sparse_cp.md §9: the DCP group is the DSA-CP group, in the same order, so that DCP rank r
+    // holds token slice r. The same cp::Comm may be passed for both.
+    const cp::Comm& a = *cfg_.dsa_cp_comm;
+    const cp::Comm& b = *cfg_.dcp_comm;
+    if (a.size() != b.size() || a.rank() != b.rank()) {
+      throw_not_supported("DSA-CP x DCP with dsa_cp_comm rank ", a.rank(), " of ", a.size(), " and dcp_comm rank ",
+                          b.rank(), " of ", b.size(), ": the DCP group must be the DSA-CP group in the same order "
+                          "(docs/design/sparse_cp.md §9)");
+    }
+    // The merge's limits (npu_attention_update: W partials of kv_lora_rank), checked here rather than
+    // inside a step that has already issued its all-gathers.
+    cp::DcpWorkspaceShape probe;
+    probe.world = a.size();
+    probe.heads = d.num_heads;
+    probe.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;
+    probe.out_dim = d.kv_lora_rank;
+    cp::DcpWorkspace check_merge(probe);
   }
   if (mode == CpMode::Dcp) {
     if (cfg_.sfa_c8) {
@@ -581,17 +603,32 @@ at::Tensor Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr
   // applied causality in global positions.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk, md.dcp.world_size, md.dcp.rank,
                                                                md.dcp.interleave);
+  const at::Tensor o = sparse_attention_lse(qn_all.squeeze(2), qr_all.squeeze(2), local_topk, c, md.block_table,
+                                            md.cum_query_lens, md.dcp.seq_lens, w.partial_lse);
+  w.partial_out.copy_(o);
+  at::Tensor merged = at::empty({tk, d.num_heads, L}, o.options());
+  cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+  return merged;
+}
+
+at::Tensor Impl::sparse_attention_lse(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& local_topk,
+                                      const Caches& c, const at::Tensor& block_table, const at::Tensor& cum_query_lens,
+                                      const at::Tensor& local_seq_lens, const at::Tensor& lse_out) {
+  // docs/design/sparse_cp.md §3, §5: the selection in this rank's local positions, valid entries first
+  // (the kernel's scan stops at the first -1); sparse_mode 0 with the local lengths, since the indexer
+  // already applied causality in global positions.
   ops::SparseFlashAttentionArgs& a = dcp_sfa_args_;
-  a.query = qn_all.squeeze(2);
-  a.query_rope = qr_all.squeeze(2);
-  a.key = c.nope;
-  a.value = c.nope;
-  a.key_rope = c.rope;
-  a.sparse_indices = local_topk;
+  const int64_t T = qn.size(0);
+  set(a.query, qn);
+  set(a.query_rope, qr);
+  set(a.key, c.nope);
+  set(a.value, c.nope);
+  set(a.key_rope, c.rope);
+  set(a.sparse_indices, local_topk);
   a.scale_value = cfg_.scale;
-  a.block_table = md.block_table;  // the main cache's local blocks
-  a.actual_seq_lengths_query = md.cum_query_lens;
-  a.actual_seq_lengths_kv = md.dcp.seq_lens;
+  set(a.block_table, block_table);  // the main cache's local blocks
+  set(a.actual_seq_lengths_query, cum_query_lens);
+  set(a.actual_seq_lengths_kv, local_seq_lens);
   a.sparse_block_size = 1;
   a.layout_query = "TND";
   a.layout_kv = "PA_BSND";
@@ -599,13 +636,10 @@ at::Tensor Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr
   a.attention_mode = 2;
   a.return_softmax_lse = true;
   const auto [o, mx, sm] = ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend);
-  // lse = max + log(sum), (1, tk, W*H) -> (tk, W*H, 1); an empty selection gives -inf.
-  w.partial_out.copy_(o);
-  at::Tensor lse = w.partial_lse;
-  at::add_out(lse, mx.view({tk, -1, 1}), sm.view({tk, -1, 1}).log());
-  at::Tensor merged = at::empty({tk, d.num_heads, L}, o.options());
-  cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
-  return merged;
+  // lse = max + log(sum), (1, T, heads) -> (T, heads, 1) fp32; an empty selection gives -inf.
+  at::Tensor lse = lse_out;
+  at::add_out(lse, mx.view({T, -1, 1}), sm.view({T, -1, 1}).log());
+  return o;
 }
 
 const at::Tensor& Impl::select_topk(const at::Tensor& x, const mla::detail::LatentQuery& q, const Caches& c,
@@ -693,83 +727,58 @@ void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata
   }
 }
 
-void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
-                      const at::Tensor& output, int64_t tk) {
-  // docs/design/sparse_cp.md §7. Every rank holds the whole step's hidden states and computes every
-  // head for its token shard [local_start, local_end); the padding rows of its shard (up to
-  // tokens_per_rank) take part in the collectives as zeros. Every collective below is issued by
-  // every rank in the same order, whatever its shard holds.
-  cp::Comm& comm = *cfg_.dsa_cp_comm;
-  const DsaCpMetadata& sh = md.dsa_cp;
+// The preprocess of a DSA-CP rank's token slice (docs/design/sparse_cp.md §7 step 1, §9 step 1): nothing
+// written; the rows every rank gathers, packed token-major into `pack` (tpr rows, zeros past the slice's
+// real tokens): [k_rope | k_nope | k_indexer] and, under DSA-CP x DCP, the query [ql_nope | q_pe] of every
+// head after them.
+struct Impl::DsaCpSlice {
+  at::Tensor pack;
+  mla::detail::LatentQuery q;
+  const detail::IndexerViews* iv = nullptr;  // layers with an indexer, nloc > 0
+  at::Tensor xl, cos4, sin4;                  // nloc > 0
+  int64_t nloc = 0;
+};
+
+void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool with_query, DsaCpSlice& s) {
   const mla::Dims& d = cfg_.dims;
-  const int64_t W = comm.size(), tpr = sh.tokens_per_rank, nloc = sh.local_end - sh.local_start;
-  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads, V = d.v_head_dim;
+  const int64_t tpr = sh.tokens_per_rank, nloc = sh.local_end - sh.local_start;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads;
   const bool has_idx = cfg_.indexer.has_value();
   const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
-  const auto opts = hidden.options();
-  last_pre_ = Preprocess::Native;  // DSA-CP: the native path (docs/design/sfa.md §4.2's table)
-  // 1. This rank's tokens: the latent query, the latent and rope key rows and the indexer key,
-  //    none written yet.
-  at::Tensor pack = at::zeros({tpr, R + L + Di}, opts);
-  mla::detail::LatentQuery q;
-  const detail::IndexerViews* iv = nullptr;
-  at::Tensor xl, cos4, sin4;
-  if (nloc > 0) {
-    xl = hidden.narrow(0, sh.local_start, nloc);
-    const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
-    mla::detail::LatentStep s;
-    s.x = xl;
-    s.cos = sh.cos.narrow(0, 0, nloc);
-    s.sin = sh.sin.narrow(0, 0, nloc);
-    mla::detail::LatentKv kv;
-    q = core_->preprocess_unwritten(v, s, kv);
-    pack.narrow(1, 0, R).narrow(0, 0, nloc).copy_(kv.k_rope.view({nloc, R}));
-    pack.narrow(1, R, L).narrow(0, 0, nloc).copy_(kv.k_nope);
-    if (has_idx) {
-      iv = &iws_->views(nloc);
-      cos4 = s.cos.view({nloc, 1, 1, R});
-      sin4 = s.sin.view({nloc, 1, 1, R});
-      indexer_keys_(*iv, xl, cos4, sin4);
-      pack.narrow(1, R + L, Di).narrow(0, 0, nloc).copy_(iv->k);
-    }
-  }
-  // 2. Every rank's rows gathered (token order) and written for the whole step: every rank keeps
-  //    complete caches.
-  const at::Tensor all = comm.all_gather(pack, 0);  // (T_pad, R + L + Di)
-  const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
-  const at::Tensor slots = md.slot_mapping.narrow(0, 0, tw).view({tw, 1});
-  const at::Tensor rows = all.narrow(0, 0, tw);
-  at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
-  ops::scatter_nd_update_(rope_rows, slots, rows.narrow(1, 0, R).contiguous());
-  ops::scatter_nd_update_(nope_rows, slots, rows.narrow(1, R, L).contiguous());
+  const int64_t width = R + L + Di + (with_query ? N * (L + R) : 0);
+  s.nloc = nloc;
+  s.pack = at::zeros({tpr, width}, hidden.options());
+  if (nloc == 0) return;
+  s.xl = hidden.narrow(0, sh.local_start, nloc);
+  const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
+  mla::detail::LatentStep st;
+  st.x = s.xl;
+  st.cos = sh.cos.narrow(0, 0, nloc);
+  st.sin = sh.sin.narrow(0, 0, nloc);
+  mla::detail::LatentKv kv;
+  s.q = core_->preprocess_unwritten(v, st, kv);
+  const at::Tensor rows = s.pack.narrow(0, 0, nloc);
+  rows.narrow(1, 0, R).copy_(kv.k_rope.view({nloc, R}));
+  rows.narrow(1, R, L).copy_(kv.k_nope);
   if (has_idx) {
-    at::Tensor idx_rows = c.index_k.view({-1, Di});
-    ops::scatter_nd_update_(idx_rows, slots, rows.narrow(1, R + L, Di).contiguous());
+    s.iv = &iws_->views(nloc);
+    s.cos4 = st.cos.view({nloc, 1, 1, R});
+    s.sin4 = st.sin.view({nloc, 1, 1, R});
+    indexer_keys_(*s.iv, s.xl, s.cos4, s.sin4);
+    rows.narrow(1, R + L, Di).copy_(s.iv->k);
   }
-  // 3. Top-k and sparse attention of this rank's tokens with its local lengths.
-  at::Tensor y_local;  // (nloc, N * V)
-  if (nloc > 0) {
-    if (has_idx) {
-      const at::Tensor q_c = q.qc.defined() ? q.qc : xl;
-      last_topk_rows_ = indexer_select_(*iv, xl, q_c, cos4, sin4, c, sh.cum_query_lens, sh.seq_lens, md.block_table);
-      if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
-      last_topk_ = TopkSource::Indexer;
-    } else {
-      last_topk_rows_ = topk->view(nloc);
-      last_topk_ = TopkSource::Reused;
-    }
-    const at::Tensor attn = detail::sparse_attention(
-        sfa_args_, {q.qn, q.qr, last_topk_rows_, c.nope, c.rope, md.block_table, sh.cum_query_lens, sh.seq_lens,
-                    cfg_.scale});  // (nloc, N, L)
-    const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
-    y_local = core_->w_uv_out_token_major(v, attn, nloc);
-  } else {
-    last_topk_rows_ = at::empty({0, 1, has_idx ? cfg_.indexer->topk : topk->index_topk()}, opts.dtype(at::kInt));
-    last_topk_ = has_idx ? TopkSource::Indexer : TopkSource::Reused;
+  if (with_query) {
+    rows.narrow(1, R + L + Di, N * L).view({nloc, N, L}).copy_(s.q.qn);
+    rows.narrow(1, R + L + Di + N * L, N * R).view({nloc, N, R}).copy_(s.q.qr);
   }
-  at::Tensor y = at::zeros({tpr, N * V}, opts);
-  if (nloc > 0) y.narrow(0, 0, nloc).copy_(y_local);
-  // 4. Back to the whole step's tokens.
+}
+
+void Impl::dsa_cp_output(const at::Tensor& y, const Metadata& md, const at::Tensor& output, int64_t tk) {
+  // docs/design/sparse_cp.md §7 step 4: from this rank's slice `y` (tpr, N V) back to the whole step's
+  // tokens, by one of the two roads; every rank issues the same collectives.
+  cp::Comm& comm = *cfg_.dsa_cp_comm;
+  const mla::Dims& d = cfg_.dims;
+  const int64_t W = comm.size(), tpr = md.dsa_cp.tokens_per_rank, N = d.num_heads, V = d.v_head_dim;
   const int64_t out_rows = output.size(0), keep = std::min<int64_t>(tk, out_rows);
   const bool decode_state = md.attn_state == plan::AttentionState::DecodeOnly ||
                             md.attn_state == plan::AttentionState::SpecDecoding;
@@ -798,6 +807,148 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   if (out_rows > keep) ops::dense::zero(output.narrow(0, keep, out_rows - keep));
 }
 
+void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+                      const at::Tensor& output, int64_t tk) {
+  // docs/design/sparse_cp.md §7. Every rank holds the whole step's hidden states and computes every
+  // head for its token shard [local_start, local_end); the padding rows of its shard (up to
+  // tokens_per_rank) take part in the collectives as zeros. Every collective below is issued by
+  // every rank in the same order, whatever its shard holds.
+  cp::Comm& comm = *cfg_.dsa_cp_comm;
+  const DsaCpMetadata& sh = md.dsa_cp;
+  const mla::Dims& d = cfg_.dims;
+  const int64_t tpr = sh.tokens_per_rank;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads, V = d.v_head_dim;
+  const bool has_idx = cfg_.indexer.has_value();
+  const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
+  const auto opts = hidden.options();
+  last_pre_ = Preprocess::Native;  // DSA-CP: the native path (docs/design/sfa.md §4.2's table)
+  // 1. This rank's tokens: the latent query, the latent and rope key rows and the indexer key,
+  //    none written yet.
+  DsaCpSlice s;
+  dsa_cp_slice(hidden, sh, /*with_query=*/false, s);
+  const int64_t nloc = s.nloc;
+  // 2. Every rank's rows gathered (token order) and written for the whole step: every rank keeps
+  //    complete caches.
+  const at::Tensor all = comm.all_gather(s.pack, 0);  // (T_pad, R + L + Di)
+  const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
+  const at::Tensor slots = md.slot_mapping.narrow(0, 0, tw).view({tw, 1});
+  const at::Tensor rows = all.narrow(0, 0, tw);
+  at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
+  ops::scatter_nd_update_(rope_rows, slots, rows.narrow(1, 0, R).contiguous());
+  ops::scatter_nd_update_(nope_rows, slots, rows.narrow(1, R, L).contiguous());
+  if (has_idx) {
+    at::Tensor idx_rows = c.index_k.view({-1, Di});
+    ops::scatter_nd_update_(idx_rows, slots, rows.narrow(1, R + L, Di).contiguous());
+  }
+  // 3. Top-k and sparse attention of this rank's tokens with its local lengths.
+  at::Tensor y_local;  // (nloc, N * V)
+  if (nloc > 0) {
+    if (has_idx) {
+      const at::Tensor q_c = s.q.qc.defined() ? s.q.qc : s.xl;
+      last_topk_rows_ = indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens, sh.seq_lens,
+                                        md.block_table);
+      if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
+      last_topk_ = TopkSource::Indexer;
+    } else {
+      last_topk_rows_ = topk->view(nloc);
+      last_topk_ = TopkSource::Reused;
+    }
+    const at::Tensor attn = detail::sparse_attention(
+        sfa_args_, {s.q.qn, s.q.qr, last_topk_rows_, c.nope, c.rope, md.block_table, sh.cum_query_lens, sh.seq_lens,
+                    cfg_.scale});  // (nloc, N, L)
+    const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
+    y_local = core_->w_uv_out_token_major(v, attn, nloc);
+  } else {
+    last_topk_rows_ = at::empty({0, 1, has_idx ? cfg_.indexer->topk : topk->index_topk()}, opts.dtype(at::kInt));
+    last_topk_ = has_idx ? TopkSource::Indexer : TopkSource::Reused;
+  }
+  at::Tensor y = at::zeros({tpr, N * V}, opts);
+  if (nloc > 0) y.narrow(0, 0, nloc).copy_(y_local);
+  // 4. Back to the whole step's tokens.
+  dsa_cp_output(y, md, output, tk);
+}
+
+void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+                          const at::Tensor& output, int64_t tk) {
+  // docs/design/sparse_cp.md §9: tokens sharded over the group (DSA-CP) and the main KV cache sharded
+  // over the same group (DCP, the indexer cache replicated). Every collective goes through
+  // dsa_cp_comm (the DCP group is the same group, checked at construction) and is issued by every rank
+  // in the same order, whatever its slice holds.
+  cp::Comm& comm = *cfg_.dsa_cp_comm;
+  const DsaCpMetadata& sh = md.dsa_cp;
+  const DcpMetadata& dm = md.dcp;
+  const mla::Dims& d = cfg_.dims;
+  const int64_t tpr = sh.tokens_per_rank, Tp = sh.num_tokens_pad;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads, V = d.v_head_dim;
+  const bool has_idx = cfg_.indexer.has_value();
+  const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
+  const int64_t K = has_idx ? cfg_.indexer->topk : topk->index_topk();
+  const auto opts = hidden.options();
+  last_pre_ = Preprocess::Native;
+  // 1. The slice's rows and query, nothing written.
+  DsaCpSlice s;
+  dsa_cp_slice(hidden, sh, /*with_query=*/true, s);
+  const int64_t nloc = s.nloc;
+  // 2. One gather of [k_rope | k_nope | k_indexer | ql_nope | q_pe] along the tokens; this rank's latent
+  //    rows at its DCP-local slots (-1 elsewhere), every indexer row at its replicated slot.
+  const at::Tensor all = comm.all_gather(s.pack, 0);  // (T_pad, R + L + Di + N (L + R))
+  const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
+  const at::Tensor rows = all.narrow(0, 0, tw);
+  {
+    const at::Tensor slots = md.slot_mapping.narrow(0, 0, tw).view({tw, 1});
+    at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
+    ops::scatter_nd_update_(rope_rows, slots, rows.narrow(1, 0, R).contiguous());
+    ops::scatter_nd_update_(nope_rows, slots, rows.narrow(1, R, L).contiguous());
+  }
+  if (has_idx) {
+    const at::Tensor islots = dm.indexer_slot_mapping.narrow(0, 0, tw).view({tw, 1});
+    at::Tensor idx_rows = c.index_k.view({-1, Di});
+    ops::scatter_nd_update_(idx_rows, islots, rows.narrow(1, R + L, Di).contiguous());
+  }
+  // 3. The slice's selection on the replicated view (global positions), padded with -1 rows to tpr and
+  //    gathered: every rank holds every token's rows, the single-rank selection.
+  at::Tensor topk_all;  // (tk, 1, K)
+  if (has_idx) {
+    at::Tensor mine = at::full({tpr, 1, K}, -1, opts.dtype(at::kInt));
+    if (nloc > 0) {
+      const at::Tensor q_c = s.q.qc.defined() ? s.q.qc : s.xl;
+      mine.narrow(0, 0, nloc).copy_(indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens,
+                                                    sh.seq_lens, dm.indexer_block_table));
+    }
+    topk_all = comm.all_gather(mine, 0).narrow(0, 0, tk);
+    if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
+    last_topk_ = TopkSource::Indexer;
+  } else {
+    topk_all = topk->view(tk);
+    last_topk_ = TopkSource::Reused;
+  }
+  last_topk_rows_ = topk_all;
+  // 4. Every head of every token of the step over this rank's shard: the selection in local positions,
+  //    sparse_mode 0 with the local lengths (§3), with the LSE.
+  const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
+  const at::Tensor q_all = all.narrow(0, 0, tk).narrow(1, R + L + Di, N * (L + R));
+  const at::Tensor qn = q_all.narrow(1, 0, N * L).contiguous().view({tk, N, L});
+  const at::Tensor qr = q_all.narrow(1, N * L, N * R).contiguous().view({tk, N, R});
+  at::Tensor part_lse = at::full({Tp, N, 1}, -std::numeric_limits<float>::infinity(), opts.dtype(at::kFloat));
+  const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens, dm.seq_lens,
+                                            part_lse.narrow(0, 0, tk));
+  // 5. The partials padded to T_pad (LSE -inf in the padding) and exchanged along the tokens: on the
+  //    (1, T_pad N, L) view the head-block exchange of combine_partials is the token-block exchange
+  //    (block r of the rows is slice r); this rank merges the W partials of its own slice.
+  at::Tensor part = at::zeros({Tp, N, L}, o.options());
+  part.narrow(0, 0, tk).copy_(o);
+  at::Tensor merged = at::empty({1, tpr * N, L}, o.options());
+  cp::combine_partials(comm, part.view({1, Tp * N, L}), part_lse.view({1, Tp * N, 1}), merged);
+  // 6. W_UV of the slice, then back to the whole step's tokens (§7).
+  at::Tensor y = at::zeros({tpr, N * V}, opts);
+  if (nloc > 0) {
+    const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
+    const at::Tensor attn = merged.view({tpr, N, L}).narrow(0, 0, nloc).to(opts.dtype());
+    y.narrow(0, 0, nloc).copy_(core_->w_uv_out_token_major(v, attn, nloc));
+  }
+  dsa_cp_output(y, md, output, tk);
+}
+
 void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                const at::Tensor& output, int64_t tk, bool stable) {
   const int64_t rows = hidden.size(0);
@@ -813,7 +964,12 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
     return;
   }
   if (md.dsa_cp.world_size > 1) {
-    run_dsa_cp(hidden, c, md, topk, output, tk);
+    // (validate checked both comms against the metadata: DCP too only when the layer has both.)
+    if (md.dcp.world_size > 1) {
+      run_dsa_cp_dcp(hidden, c, md, topk, output, tk);
+    } else {
+      run_dsa_cp(hidden, c, md, topk, output, tk);
+    }
     return;
   }
   const at::Tensor x = rows == tk ? hidden : hidden.narrow(0, 0, tk);
@@ -908,12 +1064,7 @@ const char* to_string(CpMode m) {
 
 CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size) {
   AAR_CHECK_ARG(dcp_size >= 1, "dcp_size must be >= 1, got ", dcp_size);
-  const CpMode m = dsa_cp ? (dcp_size > 1 ? CpMode::DsaCpDcp : CpMode::DsaCp) : (dcp_size > 1 ? CpMode::Dcp : CpMode::Plain);
-  if (m == CpMode::DsaCpDcp) {
-    throw_not_supported("dsa_cp=True with dcp_size=", dcp_size, ": SFA's DSA-CP x DCP (docs/design/sparse_cp.md §1) "
-                        "is not implemented; the modes built are plain, DSA-CP and DCP with the replicated indexer");
-  }
-  return m;
+  return dsa_cp ? (dcp_size > 1 ? CpMode::DsaCpDcp : CpMode::DsaCp) : (dcp_size > 1 ? CpMode::Dcp : CpMode::Plain);
 }
 
 }  // namespace aar::sfa

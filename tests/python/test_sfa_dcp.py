@@ -21,102 +21,28 @@ import torch
 import ascend_attn_rt as aar
 from _cp_harness import run_ranks
 from _cp_harness import cp_tol as _tol, local_index as _local_index, local_len as _local_len, owner as _owner
-from _mla_reference import MlaDims, half_split, make_weights, project, rope_tables
-from _sfa_reference import IdxDims, indexer_keys, indexer_topk_request, make_indexer_weights, sfa_attend_request
+from _mla_reference import MlaDims, make_weights
+from _sfa_cp_steps import build_args, caches, hidden as _hidden, make_builder, make_impl, make_step as _make_step
+from _sfa_cp_steps import STEPS, qsl, reference as _reference, replicated_slot as _replicated_slot
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 sfa = aar.sfa
-F64 = torch.float64
-
-
-def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, seed=0, spec=0, K=8, pad=0):
-    d = MlaDims()
-    idx = IdxDims(K=K)
-    g = torch.Generator().manual_seed(seed)
-    ws = make_weights(d, dtype, g)
-    iw = make_indexer_weights(d, idx, dtype, g)
-    B = len(seq_lens)
-    xs = [torch.randn(s, d.hidden, generator=g, dtype=F64).to(dtype) for s in seq_lens]
-    # The group's block table: enough local blocks for rank 0 (the longest local sequence) and for the
-    # replicated columns (ceil(S / bs) replicated blocks use ceil(that / W) local columns).
-    per_req = [max(1, math.ceil(_local_len(s, W, I, 0) / bs), math.ceil(math.ceil(s / bs) / W)) for s in seq_lens]
-    nb = sum(per_req) + 2
-    perm = torch.randperm(nb, generator=g).tolist()
-    table = torch.zeros(B, max(per_req), dtype=torch.int32)
-    k = 0
-    for r, n in enumerate(per_req):
-        table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
-        k += n
-    rows, keys = [], []
-    for r in range(B):
-        pos = torch.arange(seq_lens[r])
-        _, _, c, k_rope = project(d, ws, xs[r], pos)
-        rows.append((c, half_split(k_rope)))
-        keys.append(indexer_keys(d, idx, iw, xs[r], pos))
-    return dict(d=d, idx=idx, ws=ws, iw=iw, B=B, nb=nb, table=table, xs=xs, rows=rows, keys=keys,
-                seq_lens=seq_lens, q_lens=q_lens, I=I, bs=bs, dtype=dtype, spec=spec, pad=pad)
-
-
-def _replicated_slot(table, r, p, W, bs):
-    col = p // bs
-    return (int(table[r, col // W]) * W + col % W) * bs + p % bs
 
 
 def _caches(st, W, rank, upto_context):
-    """This rank's caches: garbage, then its own main rows and every indexer row of positions < context
-    (upto_context) or of every position (the expected state after the step)."""
-    d, idx, bs, dtype, table, I = st["d"], st["idx"], st["bs"], st["dtype"], st["table"], st["I"]
-    cg = torch.Generator().manual_seed(100 + rank)
-    nope = torch.randn(st["nb"], bs, 1, d.L, generator=cg).to(dtype)
-    rope = torch.randn(st["nb"], bs, 1, d.R, generator=cg).to(dtype)
-    idx_k = torch.randn(st["nb"] * W, bs, 1, idx.D, generator=cg).to(dtype)
-    flat_idx = idx_k.view(-1, idx.D)
-    for r in range(st["B"]):
-        end = st["seq_lens"][r] - st["q_lens"][r] if upto_context else st["seq_lens"][r]
-        c, kr = st["rows"][r]
-        for p in range(end):
-            flat_idx[_replicated_slot(table, r, p, W, bs)] = st["keys"][r][p].to(dtype)
-            if _owner(p, W, I) != rank:
-                continue
-            li = _local_index(p, W, I)
-            blk, off = int(table[r, li // bs]), li % bs
-            nope[blk, off, 0] = c[p].to(dtype)
-            rope[blk, off, 0] = kr[p].to(dtype)
-    return nope, rope, idx_k
+    assert st["W"] == W
+    return caches(st, rank, upto_context)
 
 
 def _impl(st, comm):
-    d, idx, iw = st["d"], st["idx"], st["iw"]
-    return sfa.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
-                    qk_rope_head_dim=d.R, v_head_dim=d.V, scale=1.0 / math.sqrt(d.P + d.R),
-                    index_n_head=idx.n_head, index_head_dim=idx.D, index_topk=idx.K, indexer_wq_b=iw["wq_b"],
-                    indexer_wk=iw["wk"], indexer_weights_proj=iw["weights_proj"],
-                    indexer_k_norm_weight=iw["k_norm_weight"], indexer_k_norm_bias=iw["k_norm_bias"],
-                    indexer_k_norm_eps=idx.eps, dcp_comm=comm, **st["ws"])
+    return make_impl(st, dcp_comm=comm)
 
 
 def _builder(st, W, rank, **kw):
-    d, dtype = st["d"], st["dtype"]
-    cos, sin = rope_tables(max(st["seq_lens"]) + 4, d.R)
-    return sfa.MetadataBuilder(max_num_reqs=8, max_num_tokens=256, max_blocks_per_req=st["table"].shape[1],
-                               block_size=st["bs"], num_blocks=st["nb"], cos_table=cos.to(dtype),
-                               sin_table=sin.to(dtype), num_speculative_tokens=st["spec"], dcp_world_size=W,
-                               dcp_rank=rank, cp_kv_cache_interleave_size=st["I"], **kw)
-
-
-def _hidden(st):
-    seq_lens, q_lens, xs = st["seq_lens"], st["q_lens"], st["xs"]
-    h = torch.cat([xs[r][seq_lens[r] - q_lens[r]:] for r in range(st["B"])])
-    if st["pad"]:
-        h = torch.cat([h, torch.zeros(st["pad"], h.shape[1], dtype=h.dtype)])
-    return h
-
-
-def _qsl(q_lens):
-    return torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    return make_builder(st, dcp_world_size=W, dcp_rank=rank, cp_kv_cache_interleave_size=st["I"], **kw)
 
 
 def _run_step(comm, rank, W, graph=False, **spec):
@@ -127,7 +53,7 @@ def _run_step(comm, rank, W, graph=False, **spec):
     n_in = hidden.shape[0]
     builder = _builder(st, W, rank, graph_decode_padding=graph)
     impl = _impl(st, comm)
-    args = (_qsl(st["q_lens"]), torch.tensor(st["seq_lens"], dtype=torch.int32), st["table"])
+    args = build_args(st)
     out = torch.full_like(hidden, 7.0)
     if graph:
         # Captured once on the recording provider (nothing runs), rebuilt and replayed: the collectives
@@ -153,25 +79,6 @@ def _run_step(comm, rank, W, graph=False, **spec):
             idx_k.double().numpy(), facts)
 
 
-_REFERENCES = {}
-
-
-def _reference(st):
-    """(output, top-k rows) of the whole batch in float64, independent of the DCP layout (computed once)."""
-    d, idx, xs = st["d"], st["idx"], st["xs"]
-    key = (tuple(st["seq_lens"]), tuple(st["q_lens"]), st["dtype"], idx.K)
-    if key not in _REFERENCES:
-        scale = 1.0 / math.sqrt(d.P + d.R)
-        outs, tks = [], []
-        for r in range(st["B"]):
-            s, q = st["seq_lens"][r], st["q_lens"][r]
-            tk, _ = indexer_topk_request(d, idx, st["ws"], st["iw"], xs[r][:s], q)
-            outs.append(sfa_attend_request(d, st["ws"], xs[r][:s], q, scale, tk))
-            tks.append(tk)
-        _REFERENCES[key] = (torch.cat(outs), torch.cat(tks))
-    return _REFERENCES[key]
-
-
 def _check(W, results, spec):
     st = _make_step(W, **spec)
     ref, ref_topk = _reference(st)
@@ -195,17 +102,8 @@ def _check(W, results, spec):
     return [r[-1] for r in results]
 
 
-_STEPS = {
-    # requests shorter than the group (ranks without local tokens), contexts past K (a real selection)
-    "decode": dict(seq_lens=[2, 3, 17, 40, 33], q_lens=[1, 1, 1, 1, 1]),
-    "fresh_prefill": dict(seq_lens=[6, 13], q_lens=[6, 13]),
-    "chunked_prefill": dict(seq_lens=[40, 30, 9], q_lens=[5, 4, 9]),
-    "mixed": dict(seq_lens=[12, 20, 37, 9], q_lens=[1, 1, 7, 9]),
-    # speculative decode: 3 tokens per request, causality from the indexer's selection
-    "spec_decode": dict(seq_lens=[4, 5, 18, 41, 34], q_lens=[3, 3, 3, 3, 3], spec=2),
-    # a decode-only step padded to a graph bucket (token count not divisible by the group)
-    "padded_decode": dict(seq_lens=[7, 26, 19], q_lens=[1, 1, 1], pad=2),
-}
+_STEPS = {n: STEPS[n] for n in ("decode", "fresh_prefill", "chunked_prefill", "mixed", "spec_decode",
+                                 "padded_decode")}
 
 
 def _case_steps(rank, world, names, I, dtype, graph):
@@ -240,7 +138,7 @@ def _case_bad_input(rank, world):
     nope, rope, idx_k = _caches(st, world, rank, upto_context=True)
     before = [t.clone() for t in (nope, rope, idx_k)]
     hidden = _hidden(st)
-    args = (_qsl(st["q_lens"]), torch.tensor(st["seq_lens"], dtype=torch.int32), st["table"])
+    args = build_args(st)
     md = _builder(st, world, rank).build(*args)
     impl = _impl(st, comm)
     out = torch.zeros_like(hidden)
@@ -278,12 +176,11 @@ def test_sfa_dcp_bad_input_is_rejected_by_name_before_any_write():
         assert calls == 0, "a rejected forward issued a collective"
 
 
-def test_resolve_cp_mode_names_the_modes_not_built():
+def test_resolve_cp_mode_names_the_four_modes():
     assert sfa.resolve_cp_mode(False, 1) == sfa.CpMode.plain
     assert sfa.resolve_cp_mode(False, 4) == sfa.CpMode.dcp
     assert sfa.resolve_cp_mode(True, 1) == sfa.CpMode.dsa_cp
-    with pytest.raises(NotImplementedError, match="dsa_cp=True with dcp_size=2: SFA's DSA-CP x DCP"):
-        sfa.resolve_cp_mode(True, 2)
+    assert sfa.resolve_cp_mode(True, 2) == sfa.CpMode.dsa_cp_dcp  # docs/design/sparse_cp.md §9
     with pytest.raises(ValueError, match="dcp_size must be >= 1, got 0"):
         sfa.resolve_cp_mode(False, 0)
 
@@ -324,7 +221,7 @@ def test_builder_dcp_views_follow_the_layout(W, I):
     st = _make_step(W, I=I, **_STEPS["mixed"])
     bs, table, seq, q = st["bs"], st["table"], st["seq_lens"], st["q_lens"]
     for rank in range(W):
-        md = _builder(st, W, rank).build(_qsl(q), torch.tensor(seq, dtype=torch.int32), table)
+        md = _builder(st, W, rank).build(qsl(q), torch.tensor(seq, dtype=torch.int32), table)
         assert (md.dcp_world_size, md.dcp_rank, md.dcp_interleave) == (W, rank, I)
         assert md.dcp_seq_lens_list == [_local_len(s, W, I, rank) for s in seq]
         assert md.seq_lens_list == seq  # the indexer's global lengths
@@ -344,7 +241,7 @@ def test_builder_dcp_views_follow_the_layout(W, I):
                 assert int(rep[r, j]) == want, (r, j)
     # graph padding of a decode-only step: dummy rows have local length 0 and zero replicated rows
     b = _builder(st, W, 0, graph_decode_padding=True)
-    md = b.build(_qsl([1, 1]), torch.tensor([9, 30], dtype=torch.int32), table[:2], num_input_tokens=4)
+    md = b.build(qsl([1, 1]), torch.tensor([9, 30], dtype=torch.int32), table[:2], num_input_tokens=4)
     assert md.num_kernel_reqs == 4 and md.dcp_seq_lens_list[2:] == [0, 0]
     assert torch.count_nonzero(md.indexer_block_table[2:]) == 0
     assert md.indexer_slot_mapping.tolist()[2:] == [-1, -1]
@@ -354,10 +251,10 @@ def test_builder_dcp_views_follow_the_layout(W, I):
     with pytest.raises(ValueError, match="cp_kv_cache_interleave_size=3 must be positive and divide block_size=16"):
         _builder(_make_step(2, I=3, **_STEPS["decode"]), 2, 0)
     b = _builder(st, W, 0)
-    good = b.build(_qsl(q), torch.tensor(seq, dtype=torch.int32), table)
+    good = b.build(qsl(q), torch.tensor(seq, dtype=torch.int32), table)
     gen = good.generation
     bad = table.clone()
     bad[0, 0] = st["nb"] + 5
     with pytest.raises(ValueError, match=r"block_table\[0\]\[0\]=%d" % (st["nb"] + 5)):
-        b.build(_qsl(q), torch.tensor(seq, dtype=torch.int32), bad)
+        b.build(qsl(q), torch.tensor(seq, dtype=torch.int32), bad)
     assert b.generation == gen and good.is_current

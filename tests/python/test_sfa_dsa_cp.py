@@ -15,108 +15,38 @@ are among the cases. A fault injected at every operator call of a prefill step (
 layer's o_proj the shard and the full-weight pool intact, and the next step is exact.
 """
 
-import math
-
 import pytest
 import torch
 
 import ascend_attn_rt as aar
 from _cp_harness import cp_tol as _tol, run_ranks
-from _mla_reference import MlaDims, half_split, make_weights, project, rope_tables
-from _sfa_reference import IdxDims, indexer_keys, indexer_topk_request, make_indexer_weights, sfa_attend_request
+from _sfa_cp_steps import build_args, caches, calls as _calls, hidden as _hidden, make_builder, make_impl
+from _sfa_cp_steps import STEPS, make_step as _make_step, reference as _reference, weights
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 sfa = aar.sfa
-F64 = torch.float64
 T_ = aar._C._testing
 
 
-def _make_step(*, seq_lens, q_lens, bs=16, dtype=torch.float32, seed=0, spec=0, K=8, pad=0):
-    d = MlaDims()
-    idx = IdxDims(K=K)
-    g = torch.Generator().manual_seed(seed)
-    ws = make_weights(d, dtype, g)
-    iw = make_indexer_weights(d, idx, dtype, g)
-    B = len(seq_lens)
-    xs = [torch.randn(s, d.hidden, generator=g, dtype=F64).to(dtype) for s in seq_lens]
-    per_req = [max(1, math.ceil(s / bs)) for s in seq_lens]
-    nb = sum(per_req) + 2
-    perm = torch.randperm(nb, generator=g).tolist()
-    table = torch.zeros(B, max(per_req), dtype=torch.int32)
-    k = 0
-    for r, n in enumerate(per_req):
-        table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
-        k += n
-    rows, keys = [], []
-    for r in range(B):
-        pos = torch.arange(seq_lens[r])
-        _, _, c, k_rope = project(d, ws, xs[r], pos)
-        rows.append((c, half_split(k_rope)))
-        keys.append(indexer_keys(d, idx, iw, xs[r], pos))
-    return dict(d=d, idx=idx, ws=ws, iw=iw, B=B, nb=nb, table=table, xs=xs, rows=rows, keys=keys,
-                seq_lens=seq_lens, q_lens=q_lens, bs=bs, dtype=dtype, spec=spec, pad=pad)
-
-
-def _caches(st, upto_context):
-    d, idx, bs, dtype, table = st["d"], st["idx"], st["bs"], st["dtype"], st["table"]
-    cg = torch.Generator().manual_seed(100)
-    nope = torch.randn(st["nb"], bs, 1, d.L, generator=cg).to(dtype)
-    rope = torch.randn(st["nb"], bs, 1, d.R, generator=cg).to(dtype)
-    idx_k = torch.randn(st["nb"], bs, 1, idx.D, generator=cg).to(dtype)
-    for r in range(st["B"]):
-        end = st["seq_lens"][r] - st["q_lens"][r] if upto_context else st["seq_lens"][r]
-        c, kr = st["rows"][r]
-        for p in range(end):
-            blk, off = int(table[r, p // bs]), p % bs
-            nope[blk, off, 0] = c[p].to(dtype)
-            rope[blk, off, 0] = kr[p].to(dtype)
-            idx_k[blk, off, 0] = st["keys"][r][p].to(dtype)
-    return nope, rope, idx_k
+def _caches(st, upto_context, rank=0):
+    # W = 1 in the step: complete caches (DSA-CP keeps them whole on every rank).
+    return caches(st, rank, upto_context)
 
 
 def _shard(st, W, rank):
     """The weights of rank `rank`: everything whole but o_proj's columns of this rank's heads."""
-    ws = dict(st["ws"])
-    C = ws["o_proj"].shape[1] // W
-    ws["o_proj"] = ws["o_proj"][:, rank * C:(rank + 1) * C].contiguous()
-    return ws
+    return weights(st, W, rank)
 
 
 def _impl(st, comm, W, rank, **kw):
-    d, idx, iw = st["d"], st["idx"], st["iw"]
-    return sfa.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
-                    qk_rope_head_dim=d.R, v_head_dim=d.V, scale=1.0 / math.sqrt(d.P + d.R),
-                    index_n_head=idx.n_head, index_head_dim=idx.D, index_topk=idx.K, indexer_wq_b=iw["wq_b"],
-                    indexer_wk=iw["wk"], indexer_weights_proj=iw["weights_proj"],
-                    indexer_k_norm_weight=iw["k_norm_weight"], indexer_k_norm_bias=iw["k_norm_bias"],
-                    indexer_k_norm_eps=idx.eps, dsa_cp_comm=comm, **kw, **_shard(st, W, rank))
+    return make_impl(st, W, rank, dsa_cp_comm=comm, **kw)
 
 
 def _builder(st, W, rank, **kw):
-    d, dtype = st["d"], st["dtype"]
-    cos, sin = rope_tables(max(st["seq_lens"]) + 4, d.R)
-    return sfa.MetadataBuilder(max_num_reqs=8, max_num_tokens=256, max_blocks_per_req=st["table"].shape[1],
-                               block_size=st["bs"], num_blocks=st["nb"], cos_table=cos.to(dtype),
-                               sin_table=sin.to(dtype), num_speculative_tokens=st["spec"], dsa_cp_world_size=W,
-                               dsa_cp_rank=rank, **kw)
-
-
-def _hidden(st):
-    h = torch.cat([st["xs"][r][st["seq_lens"][r] - st["q_lens"][r]:] for r in range(st["B"])])
-    if st["pad"]:
-        h = torch.cat([h, torch.zeros(st["pad"], h.shape[1], dtype=h.dtype)])
-    return h
-
-
-def _qsl(q_lens):
-    return torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
-
-
-def _calls(comm):
-    return tuple(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
+    return make_builder(st, dsa_cp_world_size=W, dsa_cp_rank=rank, **kw)
 
 
 def _run_step(comm, rank, W, graph=False, full_o_proj=True, **spec):
@@ -126,7 +56,7 @@ def _run_step(comm, rank, W, graph=False, full_o_proj=True, **spec):
     n_in = hidden.shape[0]
     builder = _builder(st, W, rank, graph_decode_padding=graph)
     impl = _impl(st, comm, W, rank, dsa_cp_full_o_proj_prefill=full_o_proj)
-    args = (_qsl(st["q_lens"]), torch.tensor(st["seq_lens"], dtype=torch.int32), st["table"])
+    args = build_args(st)
     out = torch.full_like(hidden, 7.0)
     if graph:
         g = aar.GraphParams("recording")
@@ -149,24 +79,6 @@ def _run_step(comm, rank, W, graph=False, full_o_proj=True, **spec):
     topk = impl.last_topk[:, 0].to(torch.int64)
     return (out.double().numpy(), topk.numpy(), nope.double().numpy(), rope.double().numpy(),
             idx_k.double().numpy(), facts)
-
-
-_REFERENCES = {}
-
-
-def _reference(st):
-    d, idx, xs = st["d"], st["idx"], st["xs"]
-    key = (tuple(st["seq_lens"]), tuple(st["q_lens"]), st["dtype"], idx.K)
-    if key not in _REFERENCES:
-        scale = 1.0 / math.sqrt(d.P + d.R)
-        outs, tks = [], []
-        for r in range(st["B"]):
-            s, q = st["seq_lens"][r], st["q_lens"][r]
-            tk, _ = indexer_topk_request(d, idx, st["ws"], st["iw"], xs[r][:s], q)
-            outs.append(sfa_attend_request(d, st["ws"], xs[r][:s], q, scale, tk))
-            tks.append(tk)
-        _REFERENCES[key] = (torch.cat(outs), torch.cat(tks))
-    return _REFERENCES[key]
 
 
 roads = set()
@@ -202,16 +114,7 @@ def _check(W, results, spec, full_o_proj=True):
                                      for i in range(W - 1))
 
 
-_STEPS = {
-    "decode": dict(seq_lens=[2, 3, 17, 40, 33], q_lens=[1, 1, 1, 1, 1]),
-    # one request: every rank but rank 0 has an empty or padding-only shard
-    "single_decode": dict(seq_lens=[21], q_lens=[1]),
-    "fresh_prefill": dict(seq_lens=[6, 13], q_lens=[6, 13]),
-    "chunked_prefill": dict(seq_lens=[40, 30, 9], q_lens=[5, 4, 9]),
-    "mixed": dict(seq_lens=[12, 20, 37, 9], q_lens=[1, 1, 7, 9]),
-    "spec_decode": dict(seq_lens=[4, 5, 18, 41, 34], q_lens=[3, 3, 3, 3, 3], spec=2),
-    "padded_decode": dict(seq_lens=[7, 26, 19], q_lens=[1, 1, 1], pad=2),
-}
+_STEPS = STEPS
 
 
 def _case_steps(rank, world, names, dtype, graph, full_o_proj):
@@ -252,7 +155,7 @@ def _case_faults(rank, world):
     full = st["ws"]["o_proj"]
     builder = _builder(st, world, rank)
     impl = _impl(st, comm, world, rank)
-    args = (_qsl(st["q_lens"]), torch.tensor(st["seq_lens"], dtype=torch.int32), st["table"])
+    args = build_args(st)
     hidden = _hidden(st)
     out = torch.zeros_like(hidden)
     caches = list(_caches(st, upto_context=True))
@@ -291,17 +194,18 @@ def test_sfa_dsa_cp_refusals_by_name():
     st = _make_step(**_STEPS["decode"])
     with pytest.raises(ValueError, match="dsa_cp_rank=2 is not a rank of a DSA-CP group of dsa_cp_world_size=2"):
         _builder(st, 2, 2)
-    with pytest.raises(NotImplementedError, match="dsa_cp_world_size=2 with dcp_world_size=2"):
-        _builder(st, 2, 0, dcp_world_size=2)
-    with pytest.raises(NotImplementedError, match="dsa_cp=True with dcp_size=2"):
-        sfa.resolve_cp_mode(True, 2)
+    # with DCP (docs/design/sparse_cp.md §9): the groups' sizes and ranks must agree (test_sfa_dsa_dcp.py)
+    with pytest.raises(NotImplementedError, match="dsa_cp_world_size=2, dsa_cp_rank=0 with dcp_world_size=4"):
+        _builder(st, 2, 0, dcp_world_size=4)
+    with pytest.raises(NotImplementedError, match="dsa_cp_world_size=2 with offload"):
+        _builder(st, 2, 0, offload=sfa.BuilderOffloadConfig())
     assert sfa.resolve_cp_mode(True, 1) == sfa.CpMode.dsa_cp
     d = st["d"]
     with pytest.raises(ValueError, match="preprocess.dsa_cp is set but the layer has no dsa_cp_comm"):
         sfa.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
                  qk_rope_head_dim=d.R, v_head_dim=d.V, dsa_cp=True, **st["ws"])
     # metadata built for DSA-CP on a layer without it
-    md = _builder(st, 2, 0).build(_qsl(st["q_lens"]), torch.tensor(st["seq_lens"], dtype=torch.int32), st["table"])
+    md = _builder(st, 2, 0).build(*build_args(st))
     layer = sfa.Impl(num_heads=d.H, hidden_size=d.hidden, q_lora_rank=d.Q, kv_lora_rank=d.L, qk_nope_head_dim=d.P,
                      qk_rope_head_dim=d.R, v_head_dim=d.V, **st["ws"])
     nope, rope, _ = _caches(st, upto_context=True)

@@ -78,8 +78,10 @@ struct BuilderConfig : core::BuilderCore {
   int32_t dcp_rank = 0;
   int32_t cp_kv_cache_interleave_size = 1;
   // DSA-CP token sharding (docs/design/sparse_cp.md §4): this rank's place in the group the
-  // step's tokens are split over (the TP group). Adds Metadata::dsa_cp. Not combinable with DCP
-  // or offload (refused by name).
+  // step's tokens are split over (the TP group). Adds Metadata::dsa_cp. Not combinable with offload
+  // (refused by name). With dcp_world_size > 1 (DSA-CP x DCP, docs/design/sparse_cp.md §9) both parts
+  // are built, the shard planned on the global lengths; the DCP group must be this group in the same
+  // order: other sizes or ranks are refused by name.
   int32_t dsa_cp_world_size = 1;
   int32_t dsa_cp_rank = 0;
 };

@@ -104,7 +104,10 @@ struct ImplConfig {
   // this rank's row-parallel shard (hidden, num_heads * v_head_dim / W), columns
   // [rank * C, (rank + 1) * C) of the full o_proj. The layer's output is the COMPLETE output on
   // every rank (no all-reduce after it). Needs metadata built with the same dsa_cp_world_size and
-  // rank. NATIVE preprocess only; SFA C8, LI C8, KV offload and DCP are refused with it.
+  // rank. NATIVE preprocess only; SFA C8, LI C8 and KV offload are refused with it. Combined with
+  // dcp_comm (DSA-CP x DCP, docs/design/sparse_cp.md §9): the DCP group must be this group in the
+  // same order (same size and rank, checked here; the same Comm object may be passed for both), and
+  // the layer issues every collective on dsa_cp_comm.
   cp::Comm* dsa_cp_comm = nullptr;
   // DSA-CP steps with prefills: the full o_proj (shards all-gathered into a static pool and
   // switched in, sparse/oproj_switch.h) on this rank's tokens, then the outputs all-gathered along
@@ -116,8 +119,7 @@ struct ImplConfig {
 // The context-parallel modes of SFA from its two switches (docs/design/sparse_cp.md §1).
 enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3 };
 const char* to_string(CpMode m);
-// The mode of (dsa_cp, dcp_size); NotSupported names the mode this runtime does not build yet
-// (DSA-CP x DCP); InvalidArgument for dcp_size < 1.
+// The mode of (dsa_cp, dcp_size) (every mode is built); InvalidArgument for dcp_size < 1.
 CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size);
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
@@ -219,12 +221,19 @@ class Impl {
                          int64_t tk);
   at::Tensor sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Caches& c,
                               const Metadata& md);
-  // DCP (docs/design/sparse_cp.md §5): the query gathered over the group, the top-k remapped
-  // to this rank's positions, sparse attention over the local shard with its LSE, the
-  // partials exchanged and merged into this rank's heads: (tk, H, L).
   // DSA-CP (docs/design/sparse_cp.md §7): the whole step of a token-sharded layer.
   void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                   const at::Tensor& output, int64_t tk);
+  // DSA-CP x DCP (docs/design/sparse_cp.md §9): the whole step, tokens and main KV cache both sharded
+  // over the one group.
+  void run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+                      const at::Tensor& output, int64_t tk);
+  // The two DSA-CP modes' shared pieces: the preprocess of this rank's token slice, nothing written
+  // (its rows packed for the gather, with the query of every head under DSA-CP x DCP), and the road
+  // back from the slice's (tpr, N V) rows to the step's output (docs/design/sparse_cp.md §7 step 4).
+  struct DsaCpSlice;
+  void dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& shard, bool with_query, DsaCpSlice& out);
+  void dsa_cp_output(const at::Tensor& y, const Metadata& md, const at::Tensor& output, int64_t tk);
   // The indexer's keys of x into v.k (projection, LayerNorm, RoPE), and its weights, queries and
   // selection over the cache with the given lengths and table.
   void indexer_keys_(const detail::IndexerViews& v, const at::Tensor& x, const at::Tensor& cos4,
@@ -233,8 +242,17 @@ class Impl {
                              const at::Tensor& cos4, const at::Tensor& sin4, const Caches& c,
                              const at::Tensor& cum_query_lens, const at::Tensor& seq_lens,
                              const at::Tensor& block_table);
+  // DCP (docs/design/sparse_cp.md §5): the query gathered over the group, the top-k remapped
+  // to this rank's positions, sparse attention over the local shard with its LSE, the
+  // partials exchanged and merged into this rank's heads: (tk, H, L).
   at::Tensor dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
                                   const Caches& c, const Metadata& md, int64_t tk);
+  // Sparse attention of (T, heads) queries over this rank's DCP shard (local_topk already remapped,
+  // sparse_mode 0, docs/design/sparse_cp.md §3): the partial output (T, heads, L); its LSE is written
+  // into lse_out (T, heads, 1) fp32 (-inf for an empty selection).
+  at::Tensor sparse_attention_lse(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& local_topk,
+                                  const Caches& c, const at::Tensor& block_table, const at::Tensor& cum_query_lens,
+                                  const at::Tensor& local_seq_lens, const at::Tensor& lse_out);
 
   ImplConfig cfg_;
   std::shared_ptr<mla::detail::LatentCore> core_;
