@@ -2,9 +2,9 @@
 process groups of 2 and 4 local processes.
 
 Every rank regenerates the same global step from one seed (weights, every request's tokens). Its private main
-cache (latent, rope) holds only the context tokens it owns (placement written here from docs/design/cp.md's
-formulas: owner(x) = (x // I) % W at local index (x // (W I)) I + x % I through the group's block table); its
-indexer cache holds EVERY context token (replicated: num_blocks * W blocks, local block b of rank r is block
+cache (latent, rope) holds only the context tokens it owns (placement written in _sfa_cp_steps / _cp_harness
+from docs/design/cp.md's formulas: owner(x) = (x // I) % W at local index (x // (W I)) I + x % I through the
+group's block table); its indexer cache holds EVERY context token (replicated: num_blocks * W blocks, local block b of rank r is block
 b * W + r). It runs the SFA builder and layer with the DCP group and compares, for the whole batch:
   * the top-k rows with the single-rank float64 selection of _sfa_reference (ties to the lower position),
   * the output with the float64 reference of the whole sequence (sparse attention over that selection),
