@@ -208,4 +208,112 @@ TokenShard plan_token_shard(const TokenShardInputs& in, const TokenShardBuffers&
   return s;
 }
 
+// ---- §11 ----
+
+namespace {
+
+int32_t chunk_of(int32_t q, int32_t wp) { return (q + 2 * wp - 1) / (2 * wp); }
+
+}  // namespace
+
+SparsePcpSizes sparse_pcp_sizes(const SparsePcpInputs& in) {
+  const std::size_t n = in.seq_lens.size();
+  AAR_CHECK_ARG(in.query_start_loc.size() == n + 1, "query_start_loc has ", in.query_start_loc.size(),
+                " entries, expected seq_lens.size()+1 = ", n + 1);
+  validate_start_loc(in.query_start_loc, "query_start_loc");
+  AAR_CHECK_ARG(in.pcp_size >= 1 && in.pcp_size <= kMaxCpMergePartitions, "pcp_size=", in.pcp_size,
+                " must be in [1, ", kMaxCpMergePartitions, "]");
+  AAR_CHECK_ARG(in.pcp_rank >= 0 && in.pcp_rank < in.pcp_size, "pcp_rank=", in.pcp_rank,
+                " is out of range [0, pcp_size=", in.pcp_size, ")");
+  AAR_CHECK_ARG(in.num_decodes >= 0 && static_cast<std::size_t>(in.num_decodes) <= n, "num_decodes=",
+                in.num_decodes, " is out of range [0, num_reqs=", n, "]");
+  SparsePcpSizes s;
+  int64_t rows = 0, reqs = 0;
+  for (std::size_t b = 0; b < n; ++b) {
+    const int32_t q = in.query_start_loc[b + 1] - in.query_start_loc[b];
+    AAR_CHECK_ARG(in.seq_lens[b] >= q, "seq_lens[", b, "]=", in.seq_lens[b], " is smaller than its query length ", q);
+    if (b < static_cast<std::size_t>(in.num_decodes)) {
+      rows += q;
+      reqs += q > 0 ? 1 : 0;
+      continue;
+    }
+    const int32_t c = chunk_of(q, in.pcp_size);
+    rows += 2 * int64_t{c};
+    for (const int32_t k : {in.pcp_rank, 2 * in.pcp_size - 1 - in.pcp_rank}) {
+      const int64_t real = std::clamp<int64_t>(int64_t{q} - int64_t{k} * c, 0, c);
+      reqs += (real > 0 ? 1 : 0) + (c - real > 0 ? 1 : 0);
+    }
+  }
+  AAR_CHECK_ARG(rows * in.pcp_size <= INT32_MAX, "the step's local rows x pcp_size = ", rows * in.pcp_size,
+                " exceed the int32 range");
+  s.num_decode_tokens = in.query_start_loc[static_cast<std::size_t>(in.num_decodes)];
+  s.local_tokens = static_cast<int32_t>(rows);
+  s.indexer_reqs = static_cast<int32_t>(reqs);
+  return s;
+}
+
+SparsePcpSizes plan_sparse_pcp_rows(const SparsePcpInputs& in, const SparsePcpBuffers& out) {
+  const SparsePcpSizes s = sparse_pcp_sizes(in);
+  const std::size_t n = in.seq_lens.size(), nd = static_cast<std::size_t>(in.num_decodes);
+  const int64_t wp = in.pcp_size, tl = s.local_tokens, total = in.query_start_loc[n];
+  auto room = [](std::size_t have, int64_t need, const char* name) {
+    AAR_CHECK_ARG(have >= static_cast<uint64_t>(need), name, " has room for ", have, " entries, needs ", need);
+  };
+  room(out.local_token_index.size(), tl, "local_token_index");
+  room(out.positions.size(), tl, "positions");
+  room(out.gather_index.size(), total, "gather_index");
+  room(out.gathered_cum_query_lens.size(), wp * static_cast<int64_t>(n), "gathered_cum_query_lens");
+  room(out.indexer_cum_query_lens.size(), s.indexer_reqs, "indexer_cum_query_lens");
+  room(out.indexer_seq_lens.size(), s.indexer_reqs, "indexer_seq_lens");
+  room(out.indexer_req.size(), s.indexer_reqs, "indexer_req");
+
+  const int32_t rp = in.pcp_rank, w = in.pcp_size;
+  int32_t row = 0, ir = 0;
+  auto add_req = [&](int32_t q, int32_t kv, std::size_t b) {
+    out.indexer_cum_query_lens[ir] = (ir > 0 ? out.indexer_cum_query_lens[ir - 1] : 0) + q;
+    out.indexer_seq_lens[ir] = kv;
+    out.indexer_req[ir] = static_cast<int32_t>(b);
+    ++ir;
+  };
+  for (std::size_t b = 0; b < n; ++b) {
+    const int32_t start = in.query_start_loc[b], q = in.query_start_loc[b + 1] - start;
+    const int32_t ctx = in.seq_lens[b] - q;
+    if (b < nd) {
+      for (int32_t i = 0; i < q; ++i, ++row) {
+        out.local_token_index[row] = start + i;
+        out.positions[row] = ctx + i;
+        out.gather_index[start + i] = row;  // rank 0's copy
+      }
+      if (q > 0) add_req(q, in.seq_lens[b], b);
+    } else {
+      const int32_t c = chunk_of(q, w);
+      // This rank's rows: the head chunk, then the tail chunk.
+      for (const int32_t k : {rp, 2 * w - 1 - rp}) {
+        const int32_t p0 = k * c, real = std::clamp(q - p0, 0, c);
+        for (int32_t i = 0; i < c; ++i, ++row) {
+          const int32_t p = p0 + i;
+          out.local_token_index[row] = p < q ? start + p : -1;
+          out.positions[row] = ctx + std::min(p, q - 1);
+        }
+        if (real > 0) add_req(real, ctx + p0 + real, b);
+        if (c - real > 0) add_req(c - real, 0, b);
+      }
+    }
+    for (int64_t j = 0; j < wp; ++j) out.gathered_cum_query_lens[j * n + b] = static_cast<int32_t>(j * tl + row);
+  }
+  // Every prefill token's row in the gathered buffer: its chunk k's rank j holds it, in j's head
+  // (k < Wp) or tail part of the request's rows, which start at the same local row on every rank.
+  int32_t base = s.num_decode_tokens;  // the request's first local row
+  for (std::size_t b = nd; b < n; ++b) {
+    const int32_t start = in.query_start_loc[b], q = in.query_start_loc[b + 1] - start, c = chunk_of(q, w);
+    for (int32_t p = 0; p < q; ++p) {
+      const int32_t k = p / c, j = k < w ? k : 2 * w - 1 - k;
+      const int32_t local = base + (k < w ? 0 : c) + (p - k * c);
+      out.gather_index[start + p] = static_cast<int32_t>(j * tl + local);
+    }
+    base += 2 * c;
+  }
+  return s;
+}
+
 }  // namespace aar::plan

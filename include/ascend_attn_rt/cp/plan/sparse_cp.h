@@ -1,7 +1,7 @@
 // Host planning of context parallel for the sparse families (docs/design/sparse_cp.md):
 // the DCP "replicated indexer" views of SFA (§2), the remap of a replicated-view top-k
-// selection to one DCP rank's local positions (§3), and the token shard of DSA-CP, shared
-// by SFA and DSA (§4). Torch-free, caller-owned buffers, no allocation; every function
+// selection to one DCP rank's local positions (§3), the token shard of DSA-CP, shared
+// by SFA and DSA (§4), and the rows of one SFA PCP rank (§11). Torch-free, caller-owned buffers, no allocation; every function
 // validates all of its input before its first write (a rejected call writes nothing) and
 // every check is rank-independent.
 //
@@ -93,5 +93,48 @@ struct TokenShardBuffers {
 };
 // Writes the first B entries of the two length buffers (room checked), and the slots above.
 TokenShard plan_token_shard(const TokenShardInputs& in, const TokenShardBuffers& buf);
+
+// ---- §11: one PCP rank's rows of a global SFA step ----
+// The DualChunkSwap split of docs/design/cp.md §6.1 (cp/plan/pcp_split.h): the first num_decodes
+// requests are computed by every PCP rank; prefill b (q_b new tokens, c_b = ceil(q_b / (2 Wp))) gives
+// rank rp its chunks rp (head) and 2 Wp - 1 - rp (tail), c_b rows each, positions q_b and later being
+// pads. Local rows: the decode tokens, then per prefill its head chunk and its tail chunk. Every rank
+// has the same T_loc rows and the same row count per request.
+struct SparsePcpInputs {
+  CSpan<int32_t> query_start_loc;  // B + 1, cumulative from 0: the global step
+  CSpan<int32_t> seq_lens;         // B: context + new tokens, >= the query length
+  int32_t num_decodes = 0;         // in [0, B]
+  int32_t pcp_size = 1;            // Wp in [1, kMaxCpMergePartitions]
+  int32_t pcp_rank = 0;            // in [0, Wp)
+};
+struct SparsePcpSizes {
+  int32_t num_decode_tokens = 0;  // Td = qsl[num_decodes]
+  int32_t local_tokens = 0;       // T_loc
+  int32_t indexer_reqs = 0;       // entries of the indexer lists of this rank
+};
+// Validates the inputs (the checks of plan_sparse_pcp_rows but the buffers) and returns the sizes.
+SparsePcpSizes sparse_pcp_sizes(const SparsePcpInputs& in);
+struct SparsePcpBuffers {
+  // T_loc each: the global token of every local row (-1 for a pad) and its position in its request
+  // (context + chunk position: the RoPE row; a pad takes its request's last position).
+  Span<int32_t> local_token_index;
+  Span<int32_t> positions;
+  // qsl[B]: the row of every global token in the rank-major all-gather of the ranks' local rows
+  // (Wp * T_loc rows): a decode token its rank-0 copy (row t), a prefill token its chunk's rank's row.
+  Span<int32_t> gather_index;
+  // Wp * B: cumulative row ends of the gathered buffer grouped by (rank j, request b), j-major:
+  // j * T_loc + (rows of requests 0..b in a rank's local order).
+  Span<int32_t> gathered_cum_query_lens;
+  // indexer_reqs each: the lightning indexer's requests over this rank's rows (bottom-right causal,
+  // sparse_mode 3), in local row order. A decode request is (q_b, S_b); a chunk starting at position
+  // p0 with n real rows is (n, S_b - q_b + p0 + n), so that its row i sees the keys up to its own
+  // position; its pads, when any, a request of their own with KV length 0 (nothing selected). Empty
+  // parts are left out. indexer_req: the global request of each (its block-table row).
+  Span<int32_t> indexer_cum_query_lens;
+  Span<int32_t> indexer_seq_lens;
+  Span<int32_t> indexer_req;
+};
+// Validates everything (sparse_pcp_sizes and every capacity) before the first write; returns the sizes.
+SparsePcpSizes plan_sparse_pcp_rows(const SparsePcpInputs& in, const SparsePcpBuffers& out);
 
 }  // namespace aar::plan
