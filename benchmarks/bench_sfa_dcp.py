@@ -1,6 +1,6 @@
-"""Host time of an SFA (DeepSeek-V3.2 sparse attention) decode step under DCP 2 with the replicated indexer
-and under DSA-CP 2 token sharding (docs/design/sparse_cp.md), beside the single-rank SFA step of the same
-shapes, operator provider "no_compute" (kernels return correctly shaped outputs at once), bf16.
+"""Host time of an SFA (DeepSeek-V3.2 sparse attention) decode step under DCP 2 with the replicated indexer,
+under DSA-CP 2 token sharding and under both together (docs/design/sparse_cp.md), beside the single-rank SFA
+step of the same shapes, operator provider "no_compute" (kernels return correctly shaped outputs at once), bf16.
 
 Per step: sfa.MetadataBuilder.build once, then sfa.Impl.forward of one layer with a lightning indexer (top-k
 stored in a TopkBuffer, as bench_sfa_host.py's "indexer" layer); the figures are the build, the forward and
@@ -12,7 +12,10 @@ dcp_comm=cp.Comm(group), the indexer cache with num_blocks * 2 blocks. The colle
 (query all-gather, partial all-to-all) are counted per layer-step and their wall time (cp.Comm.collective_ns)
 is subtracted. DSA-CP: the builder with dsa_cp_world_size=2, dsa_cp_rank=r, the layer with dsa_cp_comm and
 its o_proj shard (every head's q/kv_b weights); its decode road issues an all-gather (KV rows), an all-to-all
-(head blocks) and an all-reduce (o_proj partials). Single rank: the same builder and layer without DCP, in the same process, on the same inputs.
+(head blocks) and an all-reduce (o_proj partials). DSA-CP x DCP (§9): both options on the builder, the layer
+with dsa_cp_comm and dcp_comm (one Comm) and its o_proj shard, the indexer cache with num_blocks * 2 blocks; its
+decode road issues 2 all-gathers (rows with the query, top-k), 2 all-to-alls (partials, head blocks) and an
+all-reduce. Single rank: the same builder and layer without DCP, in the same process, on the same inputs.
 Medians over --iters steps (after 5 warm-up steps), torch.set_num_threads(1), garbage collector off while
 timing, under torch.inference_mode(). The provider is set back to "auto" afterwards.
 
@@ -158,15 +161,22 @@ def _bench(rank, iters):
             dsa_builder = sfa.MetadataBuilder(**common, dsa_cp_world_size=WORLD, dsa_cp_rank=rank)
             dsa_args = dict(args, o_proj=torch.zeros(HID, H * V // WORLD, dtype=DT))
             dsa_layer = sfa.Impl(**dsa_args, dsa_cp_comm=comm)
+            both_builder = sfa.MetadataBuilder(**common, dsa_cp_world_size=WORLD, dsa_cp_rank=rank,
+                                               dcp_world_size=WORLD, dcp_rank=rank,
+                                               cp_kv_cache_interleave_size=INTERLEAVE)
+            both_layer = sfa.Impl(**dsa_args, dsa_cp_comm=comm, dcp_comm=comm)
             for n in SIZES:
                 dcp = _measure(dcp_builder, dcp_layer, dcp_caches, topk, n, iters, comm)
                 dsa = _measure(dsa_builder, dsa_layer, caches, topk, n, iters, comm)
+                both = _measure(both_builder, both_layer, dcp_caches, topk, n, iters, comm)
                 single = _measure(builder, layer, caches, topk, n, iters)
-                rows[f"decode_{n}"] = {"dcp2": dcp, "dsa_cp2": dsa, "single_rank": single,
+                rows[f"decode_{n}"] = {"dcp2": dcp, "dsa_cp2": dsa, "dsa_cp2_dcp2": both, "single_rank": single,
                                        "ratio_dcp_over_single": round(dcp["step_us"] / single["step_us"], 2),
                                        "ratio_dsa_cp_over_single": round(dsa["step_us"] / single["step_us"], 2),
+                                       "ratio_dsa_cp_dcp_over_single": round(both["step_us"] / single["step_us"], 2),
                                        "build_ratio_dcp": round(dcp["build_us"] / single["build_us"], 2),
-                                       "build_ratio_dsa_cp": round(dsa["build_us"] / single["build_us"], 2)}
+                                       "build_ratio_dsa_cp": round(dsa["build_us"] / single["build_us"], 2),
+                                       "build_ratio_dsa_cp_dcp": round(both["build_us"] / single["build_us"], 2)}
     finally:
         aar.set_provider("auto")
     return rows
@@ -269,7 +279,7 @@ def main():
             s = row["single_rank"]
             print(f"rank {r} {key:10s} single build {s['build_us']:6.1f} + fwd {s['forward_us']:6.1f} ="
                   f" {s['step_us']:6.1f}")
-            for mode, name in (("dcp2", "dcp"), ("dsa_cp2", "dsa_cp")):
+            for mode, name in (("dcp2", "dcp"), ("dsa_cp2", "dsa_cp"), ("dsa_cp2_dcp2", "dsa_cp_dcp")):
                 d = row[mode]
                 print(f"    {mode:8s} build {d['build_us']:8.1f} + fwd {d['forward_us']:9.1f} = {d['step_us']:9.1f}"
                       f" ({d['all_gather_per_layer_step']:.0f} all_gather + {d['all_to_all_single_per_layer_step']:.0f}"
