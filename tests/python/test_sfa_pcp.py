@@ -40,6 +40,8 @@ _STEPS = {
     "mixed": STEPS["mixed"],
     "tiny": dict(seq_lens=[1, 3, 2], q_lens=[1, 3, 2]),
 }
+# A second layer without an indexer reads the first one's gathered selection (use_index_cache).
+_REUSE = ("mixed",)
 # Decode after prefill: the prefill writes every cache row the decode then reads (same builder and layer).
 _TWO_PHASE = dict(seq_lens=[7, 14, 3], q_lens=[1, 1, 1])
 
@@ -62,18 +64,18 @@ def _local_hidden(global_hidden, lti):
     return h
 
 
-def _forward(comm, impl, builder, args, global_hidden, kv):
+def _forward(comm, impl, builder, args, global_hidden, kv, tb=None):
     md = builder.build(*args)
     lti = builder.local_token_index
     assert md.pcp_local_token_index_list == lti.tolist()
     h = _local_hidden(global_hidden, lti)
     out = torch.full_like(h, 7.0)
     comm.reset_counters()
-    impl.forward(h, kv, md, out)
+    impl.forward(h, kv, md, out, tb)
     tl = md.num_local_tokens
     rank = md.pcp_rank
     topk = impl.last_topk[rank * tl:(rank + 1) * tl, 0].to(torch.int64)
-    return out, lti, topk, _calls(comm), md
+    return out, lti, topk, _calls(comm), md, h
 
 
 def _run_step(comm, rank, W, I, dtype, name):
@@ -85,15 +87,30 @@ def _run_step(comm, rank, W, I, dtype, name):
         h_prompt = torch.cat([st["xs"][r][:prompt[r]] for r in range(st["B"])])
         args = (qsl(prompt), torch.tensor(prompt, dtype=torch.int32), st["table"])
         _forward(comm, impl, builder, args, h_prompt, [nope, rope, idx_k])
-        out, lti, topk, calls, md = _forward(comm, impl, builder, build_args(st), _hidden(st), [nope, rope, idx_k])
+        out, lti, topk, calls, md, _ = _forward(comm, impl, builder, build_args(st), _hidden(st), [nope, rope, idx_k])
     else:
         st = make_step(W, I=I, dtype=dtype, **_STEPS[name])
         nope, rope, idx_k = caches(st, rank, upto_context=True)
-        builder, impl = _builder(st, W, rank), make_impl(st, pcp_comm=comm)
-        out, lti, topk, calls, md = _forward(comm, impl, builder, build_args(st), _hidden(st), [nope, rope, idx_k])
+        reuse = name in _REUSE
+        builder, impl = _builder(st, W, rank), make_impl(st, pcp_comm=comm, use_index_cache=reuse)
+        tb = sfa.TopkBuffer(256, st["idx"].K) if reuse else None
+        out, lti, topk, calls, md, h = _forward(comm, impl, builder, build_args(st), _hidden(st),
+                                                [nope, rope, idx_k], tb)
+    facts = {}
+    if name in _REUSE:
+        # A layer without an indexer (same weights): every gathered row's selection from the buffer, one
+        # all-gather fewer, the same output.
+        nope2, rope2, _ = caches(st, rank, upto_context=True)
+        reader = make_impl(st, indexer=False, pcp_comm=comm)
+        out2 = torch.full_like(h, 7.0)
+        comm.reset_counters()
+        reader.forward(h, [nope2, rope2], md, out2, tb)
+        facts = dict(reuse_calls=_calls(comm), reuse_source=reader.last_topk_source,
+                     reuse_topk=torch.equal(reader.last_topk, impl.last_topk), reuse_out=torch.equal(out2, out),
+                     reuse_caches=torch.equal(nope2, nope) and torch.equal(rope2, rope))
     return dict(out=out.double().numpy(), lti=lti.numpy(), topk=topk.numpy(), calls=calls,
                 caches=[t.double().numpy() for t in (nope, rope, idx_k)], seq_local=md.dcp_seq_lens_list,
-                world=(md.pcp_world_size, md.pcp_rank, md.dcp_world_size, md.dcp_rank))
+                world=(md.pcp_world_size, md.pcp_rank, md.dcp_world_size, md.dcp_rank), facts=facts)
 
 
 def _spec(name):
@@ -123,6 +140,10 @@ def _check(W, I, dtype, name, results):
         if dtype == torch.float32:
             assert torch.equal(topk[real], one_topk[idx]), (name, rank)
             assert torch.equal(topk[real], ref_topk[idx]), (name, rank)
+        f = r["facts"]
+        if name in _REUSE:
+            assert f["reuse_calls"] == (1, 1, 0) and f["reuse_source"] == "reused", (rank, f)
+            assert f["reuse_topk"] and f["reuse_out"] and f["reuse_caches"], (rank, f)
         want = caches(st, rank, upto_context=False)
         for cname, got, w in zip(("latent", "rope", "indexer"), r["caches"], want):
             torch.testing.assert_close(torch.from_numpy(got), w.double(), **tol,
