@@ -601,8 +601,6 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
     const char* no = cfg.dcp_world_size > 1                ? "dcp_world_size > 1 (SFA PCP x DCP is not implemented)"
                      : cfg.dsa_cp_world_size > 1           ? "dsa_cp_world_size > 1 (SFA PCP x DSA-CP is not implemented)"
                      : cfg.offload.has_value()             ? "offload (the KV-offload builder has no context-parallel variant)"
-                     : cfg.num_speculative_tokens > 0      ? "num_speculative_tokens > 0 (speculative decode is not supported with PCP)"
-                     : cfg.num_drafts.value_or(0) > 0      ? "num_drafts > 0 (draft lanes are not supported with PCP)"
                      : cfg.graph_decode_padding            ? "graph_decode_padding (SFA PCP is eager only)"
                                                            : nullptr;
     if (no != nullptr) {
@@ -666,6 +664,10 @@ MetadataBuilder::Lane& MetadataBuilder::draft_lane(int32_t d) const {
 }
 
 const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32_t d) {
+  if (cfg_.pcp_world_size > 1) {
+    throw_not_supported("build_for_drafting with pcp_world_size=", cfg_.pcp_world_size, ": the draft lanes have "
+                        "no PCP plan (docs/design/sparse_cp.md §11; the main lane's speculative decode is supported)");
+  }
   return draft_lane(d).build(in);
 }
 

@@ -39,6 +39,9 @@ _STEPS = {
     "chunked_prefill": STEPS["chunked_prefill"],
     "mixed": STEPS["mixed"],
     "tiny": dict(seq_lens=[1, 3, 2], q_lens=[1, 3, 2]),
+    "spec_decode": STEPS["spec_decode"],
+    # speculative decodes (3 tokens, replicated) before a prefill (split)
+    "spec_mixed": dict(seq_lens=[9, 30, 17], q_lens=[3, 3, 11], spec=2),
 }
 # A second layer without an indexer reads the first one's gathered selection (use_index_cache).
 _REUSE = ("mixed",)
@@ -201,8 +204,9 @@ def test_builder_pcp_rows_and_refusals():
     for kw, msg in refusals:
         with pytest.raises(NotImplementedError, match=msg):
             _builder(st, 2, 0, **kw)
-    with pytest.raises(NotImplementedError, match="speculative decode is not supported with PCP"):
-        _builder(make_step(2, spec=1, **STEPS["decode"]), 2, 0)
+    sb = _builder(make_step(2, spec=1, **STEPS["decode"]), 2, 0)
+    with pytest.raises(NotImplementedError, match="build_for_drafting with pcp_world_size=2"):
+        sb.build_for_drafting(*build_args(st), draft_index=0)
     with pytest.raises(ValueError, match="pcp_rank=2 is not a rank of a PCP group of pcp_world_size=2"):
         _builder(st, 2, 2)
 

@@ -88,8 +88,9 @@ struct BuilderConfig : core::BuilderCore {
   // then takes the GLOBAL step (the same inputs on every rank) and plans this rank's rows
   // (Metadata::pcp): the main cache is sharded over the PCP ranks like DCP's (rank pcp_rank, interleave
   // cp_kv_cache_interleave_size), the indexer cache replicated (num_blocks * pcp_world_size blocks).
-  // Refused by name with dcp_world_size > 1, dsa_cp_world_size > 1, offload, speculative decode and
-  // graph_decode_padding; build_for_graph_capture is refused (eager only).
+  // Refused by name with dcp_world_size > 1, dsa_cp_world_size > 1, offload and graph_decode_padding;
+  // build_for_graph_capture and build_for_drafting are refused (eager only; the draft lanes have no PCP
+  // plan). Speculative decode on the main lane is supported (multi-token decodes on every PCP rank).
   int32_t pcp_world_size = 1;
   int32_t pcp_rank = 0;
 };
