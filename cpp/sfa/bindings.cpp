@@ -245,10 +245,11 @@ void bind_sfa(nb::module_& root) {
       .value("plain", sfa::CpMode::Plain)
       .value("dsa_cp", sfa::CpMode::DsaCp)
       .value("dcp", sfa::CpMode::Dcp)
-      .value("dsa_cp_dcp", sfa::CpMode::DsaCpDcp);
-  m.def("resolve_cp_mode", &sfa::resolve_cp_mode, "dsa_cp"_a, "dcp_size"_a,
-        "docs/design/sparse_cp.md §1: the SFA context-parallel mode of the two switches (all four are built; "
-        "ValueError for dcp_size < 1).");
+      .value("dsa_cp_dcp", sfa::CpMode::DsaCpDcp)
+      .value("pcp", sfa::CpMode::Pcp);
+  m.def("resolve_cp_mode", &sfa::resolve_cp_mode, "dsa_cp"_a, "dcp_size"_a, "pcp_size"_a = 1,
+        "docs/design/sparse_cp.md §1, §11: the SFA context-parallel mode of the switches (ValueError for a size "
+        "< 1; NotImplementedError for PCP with DSA-CP or DCP, which are not built).");
   m.def("remap_topk_to_dcp_rank", &sparse::remap_topk_to_dcp_rank, "topk"_a, nb::kw_only(), "world"_a, "rank"_a,
         "interleave"_a = 1,
         "docs/design/sparse_cp.md §3: a replicated-view top-k (..., K) int32 to this DCP rank's local positions, kept "
@@ -464,7 +465,18 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("local_cum_query_lens_list",
                    [](const sfa::Metadata& m) { return to_list(live(m).dsa_cp.cum_query_lens_list); })
       .def_prop_ro("local_seq_lens_list", [](const sfa::Metadata& m) { return to_list(live(m).dsa_cp.seq_lens_list); })
-      .def_prop_ro("local_cos", [](const sfa::Metadata& m) { return m.dsa_cp.cos; });
+      .def_prop_ro("local_cos", [](const sfa::Metadata& m) { return m.dsa_cp.cos; })
+      // PCP (docs/design/sparse_cp.md §11; pcp_world_size 1 otherwise).
+      .def_prop_ro("pcp_world_size", [](const sfa::Metadata& m) { return m.pcp.world_size; })
+      .def_prop_ro("pcp_rank", [](const sfa::Metadata& m) { return m.pcp.rank; })
+      .def_prop_ro("num_local_tokens", [](const sfa::Metadata& m) { return m.pcp.num_local_tokens; })
+      .def_prop_ro("pcp_local_token_index_list",
+                   [](const sfa::Metadata& m) { return to_list(live(m).pcp.local_token_index_list); })
+      .def_prop_ro("pcp_indexer_cum_query_lens_list",
+                   [](const sfa::Metadata& m) { return to_list(live(m).pcp.indexer_cum_query_lens_list); })
+      .def_prop_ro("pcp_indexer_seq_lens_list",
+                   [](const sfa::Metadata& m) { return to_list(live(m).pcp.indexer_seq_lens_list); })
+      .def_prop_ro("pcp_cos", [](const sfa::Metadata& m) { return m.pcp.cos; });
 
   nb::class_<sfa::MetadataBuilder>(m, "MetadataBuilder")
       .def(
@@ -474,8 +486,11 @@ void bind_sfa(nb::module_& root) {
              int32_t num_speculative_tokens, bool chunked_prefill_enabled, bool graph_decode_padding,
              std::optional<int32_t> num_drafts, const std::string& device, std::optional<bool> separate_device_buffers,
              int32_t staging_buffers, std::optional<sfa::BuilderOffloadConfig> offload, int32_t dcp_world_size,
-             int32_t dcp_rank, int32_t cp_kv_cache_interleave_size, int32_t dsa_cp_world_size, int32_t dsa_cp_rank) {
+             int32_t dcp_rank, int32_t cp_kv_cache_interleave_size, int32_t dsa_cp_world_size, int32_t dsa_cp_rank,
+             int32_t pcp_world_size, int32_t pcp_rank) {
             sfa::BuilderConfig c;
+            c.pcp_world_size = pcp_world_size;
+            c.pcp_rank = pcp_rank;
             c.dsa_cp_world_size = dsa_cp_world_size;
             c.dsa_cp_rank = dsa_cp_rank;
             c.dcp_world_size = dcp_world_size;
@@ -503,7 +518,7 @@ void bind_sfa(nb::module_& root) {
           "chunked_prefill_enabled"_a = true, "graph_decode_padding"_a = false, "num_drafts"_a = nb::none(),
           "device"_a = "cpu", "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2,
           "offload"_a = nb::none(), "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1,
-          "dsa_cp_world_size"_a = 1, "dsa_cp_rank"_a = 0)
+          "dsa_cp_world_size"_a = 1, "dsa_cp_rank"_a = 0, "pcp_world_size"_a = 1, "pcp_rank"_a = 0)
       .def(
           "build",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
@@ -550,6 +565,8 @@ void bind_sfa(nb::module_& root) {
       .def_prop_ro("metadata", &sfa::MetadataBuilder::metadata, nb::rv_policy::reference_internal)
       .def("draft_metadata", &sfa::MetadataBuilder::draft_metadata, "draft_index"_a, nb::rv_policy::reference_internal)
       .def_prop_ro("block_table_staging", [](const sfa::MetadataBuilder& b) { return b.block_table_staging(); })
+      // PCP (docs/design/sparse_cp.md §11): int32, the global token of every local row of the latest build, -1 for a pad.
+      .def_prop_ro("local_token_index", [](const sfa::MetadataBuilder& b) { return int_tensor(b.pcp_local_token_index()); })
       .def_prop_ro("decode_threshold", &sfa::MetadataBuilder::decode_threshold)
       .def_prop_ro("num_drafts", &sfa::MetadataBuilder::num_drafts)
       .def_prop_ro("generation", &sfa::MetadataBuilder::generation)
@@ -590,8 +607,9 @@ void bind_sfa(nb::module_& root) {
              int64_t workspace_group, std::optional<mla::QuantWeights> quant, bool is_kv_consumer,
              bool is_kv_producer, bool enable_mlapo, bool chunked_q_proj, bool dsa_cp, int64_t dcp_size,
              std::optional<sfa::OffloadConfig> offload, cp::Comm* dcp_comm, cp::Comm* dsa_cp_comm,
-             bool dsa_cp_full_o_proj_prefill) {
+             bool dsa_cp_full_o_proj_prefill, cp::Comm* pcp_comm) {
             sfa::ImplConfig c;
+            c.pcp_comm = pcp_comm;
             c.dcp_comm = dcp_comm;
             c.dsa_cp_comm = dsa_cp_comm;
             c.dsa_cp_full_o_proj_prefill = dsa_cp_full_o_proj_prefill;
@@ -652,7 +670,7 @@ void bind_sfa(nb::module_& root) {
           "quant"_a = nb::none(), "is_kv_consumer"_a = false, "is_kv_producer"_a = false, "enable_mlapo"_a = false,
           "chunked_q_proj"_a = false, "dsa_cp"_a = false, "dcp_size"_a = 1, "offload"_a = nb::none(),
           "dcp_comm"_a = nb::none(), "dsa_cp_comm"_a = nb::none(), "dsa_cp_full_o_proj_prefill"_a = true,
-          nb::keep_alive<1, 43>(), nb::keep_alive<1, 44>())
+          "pcp_comm"_a = nb::none(), nb::keep_alive<1, 43>(), nb::keep_alive<1, 44>(), nb::keep_alive<1, 46>())
       .def(
           "forward",
           [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,

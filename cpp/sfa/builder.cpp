@@ -26,7 +26,9 @@ class MetadataBuilder::Lane {
   Lane(const BuilderConfig& cfg, const aar::detail::RopeRows& rope, int32_t draft_index, int64_t max_reqs, bool separate,
        int slot_base)
       : cfg_(cfg), rope_(rope), draft_index_(draft_index), R_(max_reqs), offload_(cfg.offload.has_value()),
-        dcp_(cfg.dcp_world_size > 1), dsa_(cfg.dsa_cp_world_size > 1) {
+        dcp_(cfg.dcp_world_size * cfg.pcp_world_size > 1), dsa_(cfg.dsa_cp_world_size > 1),
+        pcp_(cfg.pcp_world_size > 1), kvw_(cfg.dcp_world_size * cfg.pcp_world_size),
+        kvr_(cfg.pcp_rank * cfg.dcp_world_size + cfg.dcp_rank), separate_(separate) {
     const int64_t T = cfg.max_num_tokens, MB = cfg.max_blocks_per_req, W = rope.row_words();
     // DSA-CP: RoPE rows for the step padded to a multiple of the group (T_pad < T + world).
     const int64_t TR = dsa_ ? T + cfg.dsa_cp_world_size : T;
@@ -60,7 +62,7 @@ class MetadataBuilder::Lane {
       lseq_list_.assign(R_, 0);
     }
     bt_ = layout.add("block_table", R_ * MB);
-    if (dcp_) rbt_ = layout.add("indexer_block_table", R_ * MB * cfg.dcp_world_size);
+    if (dcp_) rbt_ = layout.add("indexer_block_table", R_ * MB * kvw_);
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
@@ -83,9 +85,10 @@ class MetadataBuilder::Lane {
     if (dcp_) {
       views_.islots.resize(T);
       views_.dseq = core::RegionViews(device_, dseq_, R_, at::kInt);
-      views_.rbt = core::RegionViews(device_, rbt_, R_, at::kInt, MB * cfg.dcp_world_size);
-      md_.dcp.world_size = cfg.dcp_world_size;
-      md_.dcp.rank = cfg.dcp_rank;
+      views_.rbt = core::RegionViews(device_, rbt_, R_, at::kInt, MB * kvw_);
+      // Under PCP the main cache is sharded over the PCP ranks (docs/design/sparse_cp.md §11).
+      md_.dcp.world_size = kvw_;
+      md_.dcp.rank = kvr_;
       md_.dcp.interleave = cfg.cp_kv_cache_interleave_size;
     }
     if (offload_) {
@@ -100,6 +103,7 @@ class MetadataBuilder::Lane {
     md_.offload.enabled = offload_;
     md_.offload.decode_consumer = offload_ && cfg.offload->is_decode_consumer;
     md_.offload.block_table_stride = static_cast<int32_t>(MB);
+    if (pcp_) init_pcp();
   }
 
   // The main lane's staging rows (R x max_blocks_per_req) on the CPU path.
@@ -122,6 +126,12 @@ class MetadataBuilder::Lane {
                     R_);
     }
     core::check_step_fits(in, cfg_, cfg_.max_blocks_per_req, draft_index_ >= 0 ? R_ : -1);
+    if (pcp_ && in.num_input_tokens != 0 && !in.query_start_loc.empty() &&
+        in.num_input_tokens != in.query_start_loc.back()) {
+      throw_not_supported("num_input_tokens=", in.num_input_tokens, " with pcp_world_size=", cfg_.pcp_world_size,
+                          ": a PCP build takes the global batch unpadded (num_input_tokens 0 or query_start_loc[B]=",
+                          in.query_start_loc.back(), ", docs/design/sparse_cp.md §11)");
+    }
     // The offload's checks (plan/sfa_offload_plan.h), before anything is written.
     plan::SfaOffloadInputs oi;
     if (offload_) {
@@ -154,7 +164,7 @@ class MetadataBuilder::Lane {
     pi.rope_positions = rope_.positions();
     pi.pad_decode_batch = cfg_.graph_decode_padding;
     pi.treat_short_extends_as_decodes = !offload_ || cfg_.offload->is_decode_consumer;
-    pi.dcp = plan::DcpShard{cfg_.dcp_world_size, cfg_.dcp_rank, cfg_.cp_kv_cache_interleave_size};
+    pi.dcp = plan::DcpShard{kvw_, kvr_, cfg_.cp_kv_cache_interleave_size};
 
     plan::SfaStepBuffers pb;
     pb.query_start_loc = plan::Span<int32_t>(s + qsl_.offset, R_ + 1);
@@ -167,7 +177,7 @@ class MetadataBuilder::Lane {
     pb.cum_query_lens_list = plan::Span<int64_t>(cql_list_.data(), cql_list_.size());
     pb.seq_lens_list = plan::Span<int64_t>(seq_list_.data(), seq_list_.size());
     if (dcp_) {
-      const int64_t rs = MB * cfg_.dcp_world_size;
+      const int64_t rs = MB * kvw_;
       pb.dcp_block_lens = plan::Span<int32_t>(dcp_block_lens_.data(), dcp_block_lens_.size());
       pb.dcp_seq_lens = plan::Span<int32_t>(s + dseq_.offset, R_);
       pb.dcp_seq_lens_list = plan::Span<int64_t>(dseq_list_.data(), dseq_list_.size());
@@ -211,6 +221,7 @@ class MetadataBuilder::Lane {
       ob.decode_stable_prefix = plan::Span<int32_t>(dec_stable_.data(), dec_stable_.size());
       plan::write_sfa_offload_step(oi, p.split, t_in, ob);
     }
+    if (pcp_) plan_pcp(s, in, p);
 
     // RoPE rows of every token, gathered on the host into the packed buffer.
     auto* bytes = reinterpret_cast<uint8_t*>(s);
@@ -238,7 +249,7 @@ class MetadataBuilder::Lane {
     }
     // One host-to-device copy (device path): from the step's first slot to its
     // last block-table row. Then the turn passes to the next host buffer.
-    const int64_t copy_end = dcp_ ? rbt_.offset + static_cast<int64_t>(Bk) * MB * cfg_.dcp_world_size
+    const int64_t copy_end = dcp_ ? rbt_.offset + static_cast<int64_t>(Bk) * MB * kvw_
                                   : bt_.offset + static_cast<int64_t>(Bk) * MB;
     buffers_->copy(tr.slots, copy_end - tr.slots);
     buffers_->finish();
@@ -284,6 +295,7 @@ class MetadataBuilder::Lane {
       c.cum_query_lens_list = c10::IntArrayRef(lcql_list_.data(), Bk);
       c.seq_lens_list = c10::IntArrayRef(lseq_list_.data(), Bk);
     }
+    if (pcp_) fill_pcp(p);
     if (dcp_) {
       md_.dcp.seq_lens = views_.dseq.first(Bk);
       md_.dcp.indexer_block_table = views_.rbt.first(Bk);
@@ -316,6 +328,136 @@ class MetadataBuilder::Lane {
     return token_region_;
   }
 
+  // PCP (docs/design/sparse_cp.md §11): host lists of the rank's rows; one int32 buffer holding the
+  // device lists at fixed offsets, the gather index and the local RoPE rows (on the CPU path the device
+  // tensors are the host ones; else each build copies the used part).
+  void init_pcp() {
+    const int64_t T = cfg_.max_num_tokens, MB = cfg_.max_blocks_per_req, Wp = cfg_.pcp_world_size;
+    const int64_t TL = T + R_, IR = 4 * R_, G = Wp * R_;
+    pp_.token.assign(TL, 0);
+    pp_.pos.assign(TL, 0);
+    pp_.gather.assign(T, 0);
+    pp_.gcum.assign(G, 0);
+    pp_.icum.assign(IR, 0);
+    pp_.iseq.assign(IR, 0);
+    pp_.ireq.assign(IR, 0);
+    pp_.token_list.assign(TL, 0);
+    pp_.icum_list.assign(IR, 0);
+    pp_.iseq_list.assign(IR, 0);
+    pp_.o_icum = 0;
+    pp_.o_iseq = IR;
+    pp_.o_ibt = 2 * IR;
+    pp_.o_gcum = pp_.o_ibt + IR * MB * kvw_;
+    pp_.o_gseq = pp_.o_gcum + G;
+    pp_.o_gbt = pp_.o_gseq + G;
+    const int64_t words = pp_.o_gbt + G * MB;
+    const auto i32 = at::TensorOptions().dtype(at::kInt);
+    pp_.host = at::zeros({words}, i32);
+    pp_.gidx_host = at::zeros({T}, at::TensorOptions().dtype(at::kLong));
+    pp_.cos_host = at::zeros({TL, rope_.dim()}, at::TensorOptions().dtype(rope_.dtype()));
+    pp_.sin_host = at::zeros_like(pp_.cos_host);
+    if (separate_) {
+      pp_.dev = pp_.host.to(cfg_.device);
+      pp_.gidx = pp_.gidx_host.to(cfg_.device);
+      pp_.cos = pp_.cos_host.to(cfg_.device);
+      pp_.sin = pp_.sin_host.to(cfg_.device);
+    } else {
+      pp_.dev = pp_.host;
+      pp_.gidx = pp_.gidx_host;
+      pp_.cos = pp_.cos_host;
+      pp_.sin = pp_.sin_host;
+    }
+    md_.pcp.world_size = cfg_.pcp_world_size;
+    md_.pcp.rank = cfg_.pcp_rank;
+  }
+
+  // This rank's rows of the planned global step (the plan validated everything they read).
+  void plan_pcp(const int32_t* s, const BuildInputs& in, const plan::SfaStepPlan& p) {
+    const int64_t MB = cfg_.max_blocks_per_req, Wp = cfg_.pcp_world_size, rs = MB * kvw_;
+    const int32_t B = p.num_reqs;
+    plan::SparsePcpInputs si;
+    si.query_start_loc = in.query_start_loc;
+    si.seq_lens = in.seq_lens;
+    si.num_decodes = p.split.num_decodes;
+    si.pcp_size = cfg_.pcp_world_size;
+    si.pcp_rank = cfg_.pcp_rank;
+    plan::SparsePcpBuffers sb;
+    sb.local_token_index = plan::Span<int32_t>(pp_.token.data(), pp_.token.size());
+    sb.positions = plan::Span<int32_t>(pp_.pos.data(), pp_.pos.size());
+    sb.gather_index = plan::Span<int32_t>(pp_.gather.data(), pp_.gather.size());
+    sb.gathered_cum_query_lens = plan::Span<int32_t>(pp_.gcum.data(), pp_.gcum.size());
+    sb.indexer_cum_query_lens = plan::Span<int32_t>(pp_.icum.data(), pp_.icum.size());
+    sb.indexer_seq_lens = plan::Span<int32_t>(pp_.iseq.data(), pp_.iseq.size());
+    sb.indexer_req = plan::Span<int32_t>(pp_.ireq.data(), pp_.ireq.size());
+    pp_.sizes = plan::plan_sparse_pcp_rows(si, sb);
+    const int32_t tl = pp_.sizes.local_tokens, nr = pp_.sizes.indexer_reqs, tr = p.num_actual_tokens;
+    for (int32_t i = 0; i < tl; ++i) pp_.token_list[i] = pp_.token[i];
+    for (int32_t k = 0; k < nr; ++k) {
+      pp_.icum_list[k] = pp_.icum[k];
+      pp_.iseq_list[k] = pp_.iseq[k];
+    }
+    pp_.token_index.assign(pp_.token.begin(), pp_.token.begin() + tl);
+    int32_t* h = pp_.host.data_ptr<int32_t>();
+    std::copy(pp_.icum.begin(), pp_.icum.begin() + nr, h + pp_.o_icum);
+    std::copy(pp_.iseq.begin(), pp_.iseq.begin() + nr, h + pp_.o_iseq);
+    const int32_t* rep = s + rbt_.offset;  // the replicated view of the global requests
+    for (int32_t k = 0; k < nr; ++k) {
+      std::copy(rep + pp_.ireq[k] * rs, rep + (pp_.ireq[k] + 1) * rs, h + pp_.o_ibt + k * rs);
+    }
+    const int32_t* bt = s + bt_.offset;   // the local block table of the global requests
+    const int32_t* dseq = s + dseq_.offset;
+    for (int64_t j = 0; j < Wp; ++j) {
+      for (int32_t b = 0; b < B; ++b) {
+        const int64_t g = j * B + b;
+        h[pp_.o_gcum + g] = pp_.gcum[j * B + b];
+        h[pp_.o_gseq + g] = dseq[b];
+        std::copy(bt + b * MB, bt + (b + 1) * MB, h + pp_.o_gbt + g * MB);
+      }
+    }
+    int64_t* gi = pp_.gidx_host.data_ptr<int64_t>();
+    for (int32_t t = 0; t < tr; ++t) gi[t] = pp_.gather[t];
+    rope_.gather(pp_.pos.data(), tl, static_cast<uint8_t*>(pp_.cos_host.data_ptr()),
+                 static_cast<uint8_t*>(pp_.sin_host.data_ptr()));
+    if (separate_) {
+      auto copy = [](const at::Tensor& dst, const at::Tensor& src, int64_t off, int64_t n) {
+        if (n > 0) dst.narrow(0, off, n).copy_(src.narrow(0, off, n));
+      };
+      copy(pp_.dev, pp_.host, pp_.o_icum, nr);
+      copy(pp_.dev, pp_.host, pp_.o_iseq, nr);
+      copy(pp_.dev, pp_.host, pp_.o_ibt, nr * rs);
+      copy(pp_.dev, pp_.host, pp_.o_gcum, Wp * B);
+      copy(pp_.dev, pp_.host, pp_.o_gseq, Wp * B);
+      copy(pp_.dev, pp_.host, pp_.o_gbt, Wp * B * MB);
+      copy(pp_.gidx, pp_.gidx_host, 0, tr);
+      copy(pp_.cos, pp_.cos_host, 0, tl);
+      copy(pp_.sin, pp_.sin_host, 0, tl);
+    }
+  }
+
+  void fill_pcp(const plan::SfaStepPlan& p) {
+    const int64_t MB = cfg_.max_blocks_per_req, Wp = cfg_.pcp_world_size, rs = MB * kvw_;
+    const int64_t B = p.num_reqs, tl = pp_.sizes.local_tokens, nr = pp_.sizes.indexer_reqs;
+    PcpMetadata& m = md_.pcp;
+    m.num_local_tokens = static_cast<int32_t>(tl);
+    m.num_indexer_reqs = static_cast<int32_t>(nr);
+    m.cos = pp_.cos.narrow(0, 0, tl);
+    m.sin = pp_.sin.narrow(0, 0, tl);
+    m.gather_index = pp_.gidx.narrow(0, 0, p.num_actual_tokens);
+    m.indexer_cum_query_lens = pp_.dev.narrow(0, pp_.o_icum, nr);
+    m.indexer_seq_lens = pp_.dev.narrow(0, pp_.o_iseq, nr);
+    m.indexer_block_table = pp_.dev.narrow(0, pp_.o_ibt, nr * rs).view({nr, rs});
+    m.gathered_cum_query_lens = pp_.dev.narrow(0, pp_.o_gcum, Wp * B);
+    m.gathered_seq_lens = pp_.dev.narrow(0, pp_.o_gseq, Wp * B);
+    m.gathered_block_table = pp_.dev.narrow(0, pp_.o_gbt, Wp * B * MB).view({Wp * B, MB});
+    m.local_token_index_list = c10::IntArrayRef(pp_.token_list.data(), tl);
+    m.indexer_cum_query_lens_list = c10::IntArrayRef(pp_.icum_list.data(), nr);
+    m.indexer_seq_lens_list = c10::IntArrayRef(pp_.iseq_list.data(), nr);
+  }
+
+ public:
+  const std::vector<int32_t>& pcp_token_index() const { return pp_.token_index; }
+
+ private:
   // The metadata's offload part (docs/design/sfa.md §6) of a build planned into host buffer
   // `turn` (data s).
   void fill_offload(const int32_t* s, int turn, const TokenRegion& tr, const plan::SfaStepPlan& p) {
@@ -386,6 +528,16 @@ class MetadataBuilder::Lane {
   core::Region rid_, pcql_;           // offload only
   bool dcp_ = false;
   bool dsa_ = false;
+  bool pcp_ = false;
+  int32_t kvw_ = 1, kvr_ = 0;  // the main cache's shard: DCP's, or (PCP) the PCP group's
+  bool separate_ = false;
+  struct PcpPart {
+    std::vector<int32_t> token, pos, gather, gcum, icum, iseq, ireq, token_index;
+    std::vector<int64_t> token_list, icum_list, iseq_list;
+    at::Tensor host, dev, gidx_host, gidx, cos_host, sin_host, cos, sin;
+    int64_t o_icum = 0, o_iseq = 0, o_ibt = 0, o_gcum = 0, o_gseq = 0, o_gbt = 0;
+    plan::SparsePcpSizes sizes;
+  } pp_;
   core::Region dseq_, rbt_;           // DCP only
   core::Region lcql_, lseq_;          // DSA-CP only
   std::vector<int32_t> kqsl_;         // DSA-CP, host: the kernel requests' query starts
@@ -440,6 +592,21 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
                         ": DSA-CP x DCP needs the DCP group to be the DSA-CP group in the same order (equal sizes "
                         "and ranks, docs/design/sparse_cp.md §9)");
   }
+  AAR_CHECK_ARG(cfg.pcp_world_size >= 1 && cfg.pcp_world_size <= 16 && cfg.pcp_rank >= 0 &&
+                    cfg.pcp_rank < cfg.pcp_world_size,
+                "pcp_rank=", cfg.pcp_rank, " is not a rank of a PCP group of pcp_world_size=", cfg.pcp_world_size,
+                " (pcp_world_size in [1, 16])");
+  if (cfg.pcp_world_size > 1) {
+    // docs/design/sparse_cp.md §11: what SFA PCP does not combine with.
+    const char* no = cfg.dcp_world_size > 1                ? "dcp_world_size > 1 (SFA PCP x DCP is not implemented)"
+                     : cfg.dsa_cp_world_size > 1           ? "dsa_cp_world_size > 1 (SFA PCP x DSA-CP is not implemented)"
+                     : cfg.offload.has_value()             ? "offload (the KV-offload builder has no context-parallel variant)"
+                     : cfg.graph_decode_padding            ? "graph_decode_padding (SFA PCP is eager only)"
+                                                           : nullptr;
+    if (no != nullptr) {
+      throw_not_supported("pcp_world_size=", cfg.pcp_world_size, " with ", no, " (docs/design/sparse_cp.md §11)");
+    }
+  }
   if (cfg.dcp_world_size > 1 && cfg.offload.has_value()) {
     throw_not_supported("offload with dcp_world_size=", cfg.dcp_world_size,
                         ": the KV-offload builder has no context-parallel variant (upstream's neither)");
@@ -477,6 +644,10 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) { return lanes_[0]
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
   static const core::BackendFacts& facts = Backend::facts();
   core::check_capturable(facts, state);  // docs/design/sfa.md §3.2
+  if (cfg_.pcp_world_size > 1) {
+    throw_not_supported("build_for_graph_capture with pcp_world_size=", cfg_.pcp_world_size,
+                        ": SFA PCP is eager only (docs/design/sparse_cp.md §11)");
+  }
   if (cfg_.offload.has_value()) {
     throw_not_supported("build_for_graph_capture: the KV-offload builder is eager only (docs/design/sfa.md §6's resident path "
                         "plans its copies on the host per step; upstream's host-callback capture is not implemented)");
@@ -493,10 +664,15 @@ MetadataBuilder::Lane& MetadataBuilder::draft_lane(int32_t d) const {
 }
 
 const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32_t d) {
+  if (cfg_.pcp_world_size > 1) {
+    throw_not_supported("build_for_drafting with pcp_world_size=", cfg_.pcp_world_size, ": the draft lanes have "
+                        "no PCP plan (docs/design/sparse_cp.md §11; the main lane's speculative decode is supported)");
+  }
   return draft_lane(d).build(in);
 }
 
 const Metadata& MetadataBuilder::metadata() const { return lanes_[0]->metadata(); }
+const std::vector<int32_t>& MetadataBuilder::pcp_local_token_index() const { return lanes_[0]->pcp_token_index(); }
 const Metadata& MetadataBuilder::draft_metadata(int32_t d) const { return draft_lane(d).metadata(); }
 uint64_t MetadataBuilder::generation() const { return lanes_[0]->generation(); }
 uint64_t MetadataBuilder::draft_generation(int32_t d) const { return draft_lane(d).generation(); }

@@ -179,7 +179,23 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   AAR_CHECK_ARG(!pc.dsa_cp || dsa_world > 1, "preprocess.dsa_cp is set but the layer has no dsa_cp_comm of more "
                 "than one rank: DSA-CP is the dsa_cp_comm's group");
   pc.dsa_cp = dsa_world > 1;
-  const CpMode mode = resolve_cp_mode(pc.dsa_cp, pc.dcp_size);
+  const int64_t pcp_world = cfg_.pcp_comm != nullptr ? cfg_.pcp_comm->size() : 1;
+  const CpMode mode = resolve_cp_mode(pc.dsa_cp, pc.dcp_size, pcp_world);
+  if (mode == CpMode::Pcp) {
+    // docs/design/sparse_cp.md §11: the PCP layer gathers and writes unquantised rows.
+    const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
+    if (no != nullptr) {
+      throw_not_supported(no, " with PCP (pcp_comm of ", pcp_world, " ranks) is not implemented "
+                          "(docs/design/sparse_cp.md §11)");
+    }
+    // The merge's limits (W partials of kv_lora_rank), checked before any step.
+    cp::DcpWorkspaceShape probe;
+    probe.world = pcp_world;
+    probe.heads = d.num_heads;
+    probe.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;
+    probe.out_dim = d.kv_lora_rank;
+    cp::DcpWorkspace check_merge(probe);
+  }
   if (mode == CpMode::DsaCp || mode == CpMode::DsaCpDcp) {
     const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
     if (no != nullptr) {
@@ -315,15 +331,27 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   AAR_CHECK_ARG(hidden.device() == dev, "hidden_states is on ", hidden.device(), " but the layer's weights are on ",
                 dev);
   const int64_t tk = md.cum_query_lens_list.empty() ? 0 : md.cum_query_lens_list.back();
-  AAR_CHECK_ARG(hidden.size(0) >= tk, "hidden_states has ", hidden.size(0), " rows but the metadata's kernels read ",
-                tk, " tokens (num_input_tokens=", md.num_input_tokens, ")");
+  cp::check_comm_matches(cfg_.pcp_comm, md.pcp.world_size, md.pcp.rank, "PCP", "pcp_comm", "pcp_world_size");
+  const bool pcp = md.pcp.world_size > 1;
+  if (pcp) {
+    AAR_CHECK_ARG(hidden.size(0) == md.pcp.num_local_tokens, "hidden_states has ", hidden.size(0),
+                  " rows but this PCP rank's rows are num_local_tokens=", md.pcp.num_local_tokens,
+                  " (docs/design/sparse_cp.md §11: the decodes, then every prefill's head and tail chunk)");
+  } else {
+    AAR_CHECK_ARG(hidden.size(0) >= tk, "hidden_states has ", hidden.size(0), " rows but the metadata's kernels read ",
+                  tk, " tokens (num_input_tokens=", md.num_input_tokens, ")");
+  }
   AAR_CHECK_ARG(output.defined() && output.sizes() == hidden.sizes() && output.scalar_type() == dtype &&
                     output.device() == dev,
                 "output must be a ", dtype, " tensor of shape ", hidden.sizes(), " on ", dev, ", got ",
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
-  cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
+  // Under PCP the metadata's DCP part is the main cache's shard over the PCP group (docs/design/sparse_cp.md
+  // §11): the layer has no dcp_comm then (resolve_cp_mode refused it at construction).
+  if (md.pcp.world_size <= 1) {
+    cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
+  }
   cp::check_comm_matches(cfg_.dsa_cp_comm, md.dsa_cp.world_size, md.dsa_cp.rank, "DSA-CP", "dsa_cp_comm",
                          "dsa_cp_world_size");
   // docs/design/sfa.md §2.2: the main part, then the indexer part, per the layer's flags.
@@ -382,8 +410,10 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
     const int64_t K = has_idx ? cfg_.indexer->topk : topk->index_topk();
     AAR_CHECK_ARG(topk->index_topk() == K, "topk buffer holds ", topk->index_topk(),
                   " indices per token but the layer's indexer selects ", K);
-    AAR_CHECK_ARG(topk->max_num_tokens() >= tk, "topk buffer has ", topk->max_num_tokens(),
-                  " rows, fewer than the step's ", tk, " tokens");
+    // Under PCP the buffer holds the gathered rows of every rank (docs/design/sparse_cp.md §11).
+    const int64_t need = pcp ? int64_t{md.pcp.world_size} * md.pcp.num_local_tokens : tk;
+    AAR_CHECK_ARG(topk->max_num_tokens() >= need, "topk buffer has ", topk->max_num_tokens(),
+                  " rows, fewer than the step's ", need, pcp ? " gathered PCP rows" : " tokens");
     AAR_CHECK_ARG(topk->buffer().device() == dev, "topk buffer is on ", topk->buffer().device(),
                   " but the layer's weights are on ", dev);
   }
@@ -949,6 +979,104 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   dsa_cp_output(y, md, output, tk);
 }
 
+void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+                   const at::Tensor& output, int64_t tk) {
+  // docs/design/sparse_cp.md §11. This rank holds its T_loc rows (decodes, then its head and tail chunk
+  // of every prefill); the main cache is sharded over the PCP group as under DCP (md.dcp), the indexer
+  // cache replicated. Every collective is issued by every rank in the same order (every rank has the
+  // same T_loc, and T_loc > 0 whenever the step has a token).
+  cp::Comm& comm = *cfg_.pcp_comm;
+  const PcpMetadata& pm = md.pcp;
+  const DcpMetadata& dm = md.dcp;
+  const mla::Dims& d = cfg_.dims;
+  const int64_t tl = pm.num_local_tokens, G = int64_t{pm.world_size} * tl;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads;
+  const bool has_idx = cfg_.indexer.has_value();
+  const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
+  const int64_t K = has_idx ? cfg_.indexer->topk : topk->index_topk();
+  const auto opts = hidden.options();
+  last_pre_ = Preprocess::Native;  // the rows are written after the gather
+  // 1. The local rows' query of every head, latent/rope key rows and indexer key, nothing written.
+  const int64_t qoff = R + L + Di;
+  at::Tensor pack = at::zeros({tl, qoff + N * (L + R)}, opts);
+  mla::detail::LatentQuery q;
+  const detail::IndexerViews* iv = nullptr;
+  at::Tensor cos4, sin4;
+  if (tl > 0) {
+    const mla::detail::DecodeViews& v = core_->views(tl, mla::detail::DecodeLayout::TND);
+    mla::detail::LatentStep st;
+    st.x = hidden;
+    st.cos = pm.cos;
+    st.sin = pm.sin;
+    mla::detail::LatentKv kv;
+    q = core_->preprocess_unwritten(v, st, kv);
+    pack.narrow(1, 0, R).copy_(kv.k_rope.view({tl, R}));
+    pack.narrow(1, R, L).copy_(kv.k_nope);
+    if (has_idx) {
+      iv = &iws_->views(tl);
+      cos4 = pm.cos.view({tl, 1, 1, R});
+      sin4 = pm.sin.view({tl, 1, 1, R});
+      indexer_keys_(*iv, hidden, cos4, sin4);
+      pack.narrow(1, R + L, Di).copy_(iv->k);
+    }
+    pack.narrow(1, qoff, N * L).view({tl, N, L}).copy_(q.qn);
+    pack.narrow(1, qoff + N * L, N * R).view({tl, N, R}).copy_(q.qr);
+  }
+  // 2. Every rank's rows (rank-major), the step's rows picked in global token order and written: latent
+  //    rows at this rank's local slots (-1 where another rank owns the position), indexer rows at the
+  //    replicated slots.
+  const at::Tensor all = comm.all_gather(pack, 0);  // (Wp T_loc, width)
+  const at::Tensor rows = all.index_select(0, pm.gather_index);  // (tk, width)
+  {
+    const at::Tensor slots = md.slot_mapping.narrow(0, 0, tk).view({tk, 1});
+    at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
+    ops::scatter_nd_update_(rope_rows, slots, rows.narrow(1, 0, R).contiguous());
+    ops::scatter_nd_update_(nope_rows, slots, rows.narrow(1, R, L).contiguous());
+  }
+  if (has_idx) {
+    const at::Tensor islots = dm.indexer_slot_mapping.narrow(0, 0, tk).view({tk, 1});
+    at::Tensor idx_rows = c.index_k.view({-1, Di});
+    ops::scatter_nd_update_(idx_rows, islots, rows.narrow(1, R + L, Di).contiguous());
+  }
+  // 3. The local rows' selection on the replicated view, one causal indexer request per chunk (global
+  //    positions), all-gathered: every rank holds every gathered row's selection.
+  at::Tensor topk_all;  // (Wp T_loc, 1, K)
+  if (has_idx) {
+    at::Tensor mine = at::full({tl, 1, K}, -1, opts.dtype(at::kInt));
+    if (tl > 0) {
+      const at::Tensor q_c = q.qc.defined() ? q.qc : hidden;
+      mine.copy_(indexer_select_(*iv, hidden, q_c, cos4, sin4, c, pm.indexer_cum_query_lens, pm.indexer_seq_lens,
+                                 pm.indexer_block_table));
+    }
+    topk_all = comm.all_gather(mine, 0);
+    if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
+    last_topk_ = TopkSource::Indexer;
+  } else {
+    topk_all = topk->view(G);
+    last_topk_ = TopkSource::Reused;
+  }
+  last_topk_rows_ = topk_all;
+  // 4. Every gathered query over this rank's shard: the selection in local positions, sparse_mode 0 with
+  //    the local lengths of each (rank, request) group, with the LSE.
+  const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
+  const at::Tensor q_all = all.narrow(1, qoff, N * (L + R));
+  const at::Tensor qn = q_all.narrow(1, 0, N * L).contiguous().view({G, N, L});
+  const at::Tensor qr = q_all.narrow(1, N * L, N * R).contiguous().view({G, N, R});
+  at::Tensor part_lse = at::empty({G, N, 1}, opts.dtype(at::kFloat));
+  const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table,
+                                            pm.gathered_cum_query_lens, pm.gathered_seq_lens, part_lse);
+  // 5. Block r of the gathered rows is rank r's: combine_partials' head-block exchange on the
+  //    (1, Wp T_loc N, L) view hands each rank the Wp partials of its own rows and merges them.
+  at::Tensor merged = at::empty({1, tl * N, L}, o.options());
+  cp::combine_partials(comm, o.contiguous().view({1, G * N, L}), part_lse.view({1, G * N, 1}), merged);
+  // 6. W_UV and o_proj on the local rows.
+  if (tl == 0) return;
+  const mla::detail::DecodeViews& v = core_->views(tl, mla::detail::DecodeLayout::TND);
+  const at::Tensor attn = merged.view({tl, N, L}).to(opts.dtype());
+  const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tl);  // (T_loc, N V)
+  ops::dense::linear_out(output, y, core_->weights().o_proj);
+}
+
 void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                const at::Tensor& output, int64_t tk, bool stable) {
   const int64_t rows = hidden.size(0);
@@ -961,6 +1089,10 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   }
   if (offload_ != nullptr) {
     run_offload(hidden, c, md, topk, output, tk);
+    return;
+  }
+  if (md.pcp.world_size > 1) {
+    run_pcp(hidden, c, md, topk, output, tk);
     return;
   }
   if (md.dsa_cp.world_size > 1) {
@@ -1027,6 +1159,10 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   const KvHookScope<Metadata> kv_scope(kv_hooks, kv_cache, tk > 0, md, "sfa");
   const aar::detail::InferenceScope inference;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
+    if (md.pcp.world_size > 1) {
+      throw_not_supported("Eager only: inside a graph capture SFA PCP (pcp_world_size=", md.pcp.world_size,
+                          ") refuses (docs/design/sparse_cp.md §11)");
+    }
     if (offload_ != nullptr) {
       throw_not_supported("Eager only: inside a graph capture the SFA KV-offload path refuses (its resident-slot "
                           "LRU plans each step's copies on the host; upstream's host-callback capture is not "
@@ -1058,12 +1194,24 @@ const char* to_string(CpMode m) {
     case CpMode::DsaCp: return "dsa_cp";
     case CpMode::Dcp: return "dcp";
     case CpMode::DsaCpDcp: return "dsa_cp_dcp";
+    case CpMode::Pcp: return "pcp";
   }
   return "?";
 }
 
-CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size) {
+CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size, int64_t pcp_size) {
   AAR_CHECK_ARG(dcp_size >= 1, "dcp_size must be >= 1, got ", dcp_size);
+  AAR_CHECK_ARG(pcp_size >= 1, "pcp_size must be >= 1, got ", pcp_size);
+  if (pcp_size > 1) {
+    // docs/design/sparse_cp.md §11: PCP alone is built.
+    if (dsa_cp || dcp_size > 1) {
+      throw_not_supported("pcp_size=", pcp_size, " with ", dsa_cp ? "dsa_cp=True" : "",
+                          dsa_cp && dcp_size > 1 ? " and " : "", dcp_size > 1 ? "dcp_size=" : "",
+                          dcp_size > 1 ? std::to_string(dcp_size) : "", ": SFA PCP x ",
+                          dsa_cp ? "DSA-CP" : "DCP", " is not implemented (docs/design/sparse_cp.md §11)");
+    }
+    return CpMode::Pcp;
+  }
   return dsa_cp ? (dcp_size > 1 ? CpMode::DsaCpDcp : CpMode::DsaCp) : (dcp_size > 1 ? CpMode::Dcp : CpMode::Plain);
 }
 

@@ -1,10 +1,11 @@
-"""The SFA context-parallel tests' common step (test_sfa_dcp.py, test_sfa_dsa_cp.py, test_sfa_dsa_dcp.py;
+"""The SFA context-parallel tests' common step (test_sfa_dcp.py, test_sfa_dsa_cp.py, test_sfa_dsa_dcp.py,
+test_sfa_pcp.py;
 docs/design/sparse_cp.md).
 
 Every rank regenerates the same global step from one seed: weights (indexer included), every request's tokens,
 the group's block table. Its caches follow the DCP placement written in _cp_harness (docs/design/cp.md §2.1):
 the main cache (latent, rope) holds the context tokens the rank owns, the indexer cache every context token
-(replicated, num_blocks * W blocks, docs/design/sparse_cp.md §2). With W = 1 that is the complete caches of plain
+(replicated, num_blocks * W blocks, docs/design/sparse_cp.md §2); under PCP (§11) W is the PCP group. With W = 1 that is the complete caches of plain
 SFA and of DSA-CP (every rank keeps whole caches there). The float64 reference of the whole batch
 (_sfa_reference) and the single-rank SFA backend's result (plain builder and layer in this process) are computed
 once per step and shared by the tests.
@@ -72,16 +73,16 @@ def replicated_slot(table, r, p, W, bs):
     return (int(table[r, col // W]) * W + col % W) * bs + p % bs
 
 
-def caches(st, rank, upto_context):
+def caches(st, rank, upto_context, fresh=False):
     """This rank's caches: garbage, then its own main rows and every indexer row of positions < context
-    (upto_context) or of every position (the expected state after the step)."""
+    (upto_context) or of every position (the expected state after the step); `fresh`: the garbage only."""
     d, idx, bs, dtype, table, W, I = st["d"], st["idx"], st["bs"], st["dtype"], st["table"], st["W"], st["I"]
     cg = torch.Generator().manual_seed(100 + rank)
     nope = torch.randn(st["nb"], bs, 1, d.L, generator=cg).to(dtype)
     rope = torch.randn(st["nb"], bs, 1, d.R, generator=cg).to(dtype)
     idx_k = torch.randn(st["nb"] * W, bs, 1, idx.D, generator=cg).to(dtype)
     flat_idx = idx_k.view(-1, idx.D)
-    for r in range(st["B"]):
+    for r in range(0 if fresh else st["B"]):
         end = st["seq_lens"][r] - st["q_lens"][r] if upto_context else st["seq_lens"][r]
         c, kr = st["rows"][r]
         for p in range(end):

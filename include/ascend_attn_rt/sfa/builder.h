@@ -84,6 +84,15 @@ struct BuilderConfig : core::BuilderCore {
   // order: other sizes or ranks are refused by name.
   int32_t dsa_cp_world_size = 1;
   int32_t dsa_cp_rank = 0;
+  // Prefill context parallel (docs/design/sparse_cp.md §11): this rank's place in the PCP group. A build
+  // then takes the GLOBAL step (the same inputs on every rank) and plans this rank's rows
+  // (Metadata::pcp): the main cache is sharded over the PCP ranks like DCP's (rank pcp_rank, interleave
+  // cp_kv_cache_interleave_size), the indexer cache replicated (num_blocks * pcp_world_size blocks).
+  // Refused by name with dcp_world_size > 1, dsa_cp_world_size > 1, offload and graph_decode_padding;
+  // build_for_graph_capture and build_for_drafting are refused (eager only; the draft lanes have no PCP
+  // plan). Speculative decode on the main lane is supported (multi-token decodes on every PCP rank).
+  int32_t pcp_world_size = 1;
+  int32_t pcp_rank = 0;
 };
 
 // The step (core::StepInput via mla::BuildInputs). What the SFA builders
@@ -140,6 +149,9 @@ class MetadataBuilder {
   // String request ids -> BuildInputs::req_ids that never collide (see
   // plan/request_keys.h); one table per builder, kept across steps.
   plan::RequestKeys& request_keys() { return request_keys_; }
+  // PCP (pcp_world_size > 1): the global token (query_start_loc units) of every local row of the main
+  // lane's latest build, -1 for a pad row (docs/design/sparse_cp.md §11). Empty without PCP.
+  const std::vector<int32_t>& pcp_local_token_index() const;
 
  private:
   class Lane;

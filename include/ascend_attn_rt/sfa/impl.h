@@ -114,13 +114,20 @@ struct ImplConfig {
   // the tokens (upstream's enable_dsa_cp_with_o_proj_tp). false: every step takes the decode
   // road (outputs all-to-all'd to head shards, the shard's o_proj, an all-reduce).
   bool dsa_cp_full_o_proj_prefill = true;
+  // Prefill context parallel (docs/design/sparse_cp.md §11): the PCP group (null or one rank: none).
+  // Metadata built with pcp_world_size > 1 needs the matching comm (same size and rank); the forward
+  // then takes this rank's rows (Metadata::pcp.num_local_tokens rows of hidden_states / output). Eager
+  // only; refused by name with dcp_comm, dsa_cp_comm, SFA C8, LI C8 and KV offload. The comm must
+  // outlive the layer.
+  cp::Comm* pcp_comm = nullptr;
 };
 
-// The context-parallel modes of SFA from its two switches (docs/design/sparse_cp.md §1).
-enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3 };
+// The context-parallel modes of SFA from its switches (docs/design/sparse_cp.md §1, §11).
+enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3, Pcp = 4 };
 const char* to_string(CpMode m);
-// The mode of (dsa_cp, dcp_size) (every mode is built); InvalidArgument for dcp_size < 1.
-CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size);
+// The mode of (dsa_cp, dcp_size, pcp_size): InvalidArgument for a size < 1; NotSupported (naming both
+// switches) for PCP combined with DSA-CP or DCP, which are not built.
+CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size, int64_t pcp_size = 1);
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
 const char* to_string(TopkSource s);
@@ -231,6 +238,9 @@ class Impl {
   // The two DSA-CP modes' shared pieces: the preprocess of this rank's token slice, nothing written
   // (its rows packed for the gather, with the query of every head under DSA-CP x DCP), and the road
   // back from the slice's (tpr, N V) rows to the step's output (docs/design/sparse_cp.md §7 step 4).
+  // PCP (docs/design/sparse_cp.md §11): the whole step of this rank's rows.
+  void run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
+               const at::Tensor& output, int64_t tk);
   struct DsaCpSlice;
   void dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& shard, bool with_query, DsaCpSlice& out);
   void dsa_cp_output(const at::Tensor& y, const Metadata& md, const at::Tensor& output, int64_t tk);

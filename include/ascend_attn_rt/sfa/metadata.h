@@ -78,6 +78,28 @@ struct DsaCpMetadata {
   c10::IntArrayRef cum_query_lens_list, seq_lens_list;
 };
 
+// Prefill context parallel (docs/design/sparse_cp.md §11): world_size 1 (every tensor empty) without
+// it. The Metadata's other fields are the GLOBAL step's, planned as under DCP with the main cache
+// sharded over the PCP ranks (dcp.world_size = Wp, dcp.rank = rp: local slots, local lengths, the
+// replicated indexer views); this rank computes its num_local_tokens rows (hidden_states / output).
+struct PcpMetadata {
+  int32_t world_size = 1;
+  int32_t rank = 0;
+  int32_t num_local_tokens = 0;     // T_loc: the decode tokens, then every prefill's head and tail chunk
+  int32_t num_indexer_reqs = 0;
+  at::Tensor cos, sin;              // device (T_loc, R): the local rows' RoPE rows
+  at::Tensor gather_index;          // device int64 (num_actual_tokens): each global token's row in the
+                                    // rank-major all-gather of the ranks' local rows (Wp * T_loc)
+  at::Tensor indexer_cum_query_lens;  // device int32 (num_indexer_reqs): the indexer's requests over the local rows
+  at::Tensor indexer_seq_lens;        // device int32 (num_indexer_reqs)
+  at::Tensor indexer_block_table;     // device int32 (num_indexer_reqs, max_blocks_per_req * Wp): replicated rows
+  at::Tensor gathered_cum_query_lens; // device int32 (Wp * B): the gathered rows grouped by (rank, request)
+  at::Tensor gathered_seq_lens;       // device int32 (Wp * B): this rank's local KV length of each group's request
+  at::Tensor gathered_block_table;    // device int32 (Wp * B, max_blocks_per_req): the request's local row
+  c10::IntArrayRef local_token_index_list;  // host (T_loc): the global token of each row, -1 for a pad
+  c10::IntArrayRef indexer_cum_query_lens_list, indexer_seq_lens_list;
+};
+
 // The step's counts (core::StepCounts: num_reqs the real requests B,
 // num_kernel_reqs B_k = B + graph padding dummies; the split counts are the
 // split rule on the batch as given: informational for plain SFA, the offload
@@ -99,6 +121,7 @@ struct Metadata : core::StepCounts {
   OffloadMetadata offload;     // BuilderConfig::offload only
   DcpMetadata dcp;             // BuilderConfig::dcp_world_size > 1 only
   DsaCpMetadata dsa_cp;        // BuilderConfig::dsa_cp_world_size > 1 only
+  PcpMetadata pcp;             // BuilderConfig::pcp_world_size > 1 only
   BuildStamp stamp;
 };
 

@@ -1,0 +1,287 @@
+"""SFA prefill context parallel (docs/design/sparse_cp.md §11) over real gloo process groups of 2 and 4 local
+processes.
+
+Every rank regenerates the same global step from one seed (_sfa_cp_steps) and builds it; its hidden states are
+its local rows (builder.local_token_index: the decodes, then its head and tail chunk of every prefill; a pad row
+gets garbage). Its main cache (latent, rope) holds the context positions it owns under the DCP placement over the
+PCP group (docs/design/cp.md §2.1), its indexer cache every context position (replicated, num_blocks * Wp blocks).
+For every rank and step it checks:
+  * each real row's output against the float64 reference of the whole batch and the single-rank SFA backend's
+    output of the same token (gathered over the ranks by local_token_index, every token covered); pad rows 0;
+  * the rank's own top-k rows against the single-rank selection (fp32) and the float64 one;
+  * its caches after the step: its latent shard (the step's new rows it owns, nothing else) and the whole
+    replicated indexer cache;
+  * the collectives of a layer's step: two all-gathers (rows, top-k) and one all-to-all (the merge).
+Refusals: builder and layer, by name, before any write and any collective.
+"""
+
+import pytest
+import torch
+
+import ascend_attn_rt as aar
+from _cp_harness import run_ranks
+from _cp_harness import cp_tol as _tol
+from _mla_reference import MlaDims, make_weights
+from _sfa_cp_steps import STEPS, build_args, caches, hidden as _hidden, make_builder, make_impl, make_step, qsl
+from _sfa_cp_steps import reference, single_rank
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+sfa = aar.sfa
+
+# Requests shorter than the group, fresh prefills whose lengths force pads (and chunks made of pads only),
+# chunked prefill over cached context, a decode/prefill mix, a decode-only step.
+_STEPS = {
+    "decode": STEPS["decode"],
+    "fresh_prefill": STEPS["fresh_prefill"],
+    "chunked_prefill": STEPS["chunked_prefill"],
+    "mixed": STEPS["mixed"],
+    "tiny": dict(seq_lens=[1, 3, 2], q_lens=[1, 3, 2]),
+    "spec_decode": STEPS["spec_decode"],
+    # speculative decodes (3 tokens, replicated) before a prefill (split)
+    "spec_mixed": dict(seq_lens=[9, 30, 17], q_lens=[3, 3, 11], spec=2),
+}
+# A second layer without an indexer reads the first one's gathered selection (use_index_cache).
+_REUSE = ("mixed",)
+# Decode after prefill: the prefill writes every cache row the decode then reads (same builder and layer).
+_TWO_PHASE = dict(seq_lens=[7, 14, 3], q_lens=[1, 1, 1])
+
+
+def _builder(st, W, rank, **kw):
+    return make_builder(st, pcp_world_size=W, pcp_rank=rank, cp_kv_cache_interleave_size=st["I"], **kw)
+
+
+def _calls(comm):
+    return (comm.calls_of("all_gather"), comm.calls_of("all_to_all_single"), comm.calls_of("all_reduce"))
+
+
+def _local_hidden(global_hidden, lti):
+    """The rank's rows: its tokens, garbage on pad rows (their output must not depend on it)."""
+    h = global_hidden[lti.clamp(min=0).long()].clone()
+    pads = lti < 0
+    if pads.any():
+        g = torch.Generator().manual_seed(int(pads.sum()))
+        h[pads] = torch.randn(int(pads.sum()), h.shape[1], generator=g).to(h.dtype)
+    return h
+
+
+def _forward(comm, impl, builder, args, global_hidden, kv, tb=None):
+    md = builder.build(*args)
+    lti = builder.local_token_index
+    assert md.pcp_local_token_index_list == lti.tolist()
+    h = _local_hidden(global_hidden, lti)
+    out = torch.full_like(h, 7.0)
+    comm.reset_counters()
+    impl.forward(h, kv, md, out, tb)
+    tl = md.num_local_tokens
+    rank = md.pcp_rank
+    topk = impl.last_topk[rank * tl:(rank + 1) * tl, 0].to(torch.int64)
+    return out, lti, topk, _calls(comm), md, h
+
+
+def _run_step(comm, rank, W, I, dtype, name):
+    if name == "decode_after_prefill":
+        st = make_step(W, I=I, dtype=dtype, **_TWO_PHASE)
+        nope, rope, idx_k = caches(st, rank, upto_context=True, fresh=True)
+        builder, impl = _builder(st, W, rank), make_impl(st, pcp_comm=comm)
+        prompt = [s - q for s, q in zip(st["seq_lens"], st["q_lens"])]
+        h_prompt = torch.cat([st["xs"][r][:prompt[r]] for r in range(st["B"])])
+        args = (qsl(prompt), torch.tensor(prompt, dtype=torch.int32), st["table"])
+        _forward(comm, impl, builder, args, h_prompt, [nope, rope, idx_k])
+        out, lti, topk, calls, md, _ = _forward(comm, impl, builder, build_args(st), _hidden(st), [nope, rope, idx_k])
+    else:
+        st = make_step(W, I=I, dtype=dtype, **_STEPS[name])
+        nope, rope, idx_k = caches(st, rank, upto_context=True)
+        reuse = name in _REUSE
+        builder, impl = _builder(st, W, rank), make_impl(st, pcp_comm=comm, use_index_cache=reuse)
+        tb = sfa.TopkBuffer(256, st["idx"].K) if reuse else None
+        out, lti, topk, calls, md, h = _forward(comm, impl, builder, build_args(st), _hidden(st),
+                                                [nope, rope, idx_k], tb)
+    facts = {}
+    if name in _REUSE:
+        # A layer without an indexer (same weights): every gathered row's selection from the buffer, one
+        # all-gather fewer, the same output.
+        nope2, rope2, _ = caches(st, rank, upto_context=True)
+        reader = make_impl(st, indexer=False, pcp_comm=comm)
+        out2 = torch.full_like(h, 7.0)
+        comm.reset_counters()
+        reader.forward(h, [nope2, rope2], md, out2, tb)
+        facts = dict(reuse_calls=_calls(comm), reuse_source=reader.last_topk_source,
+                     reuse_topk=torch.equal(reader.last_topk, impl.last_topk), reuse_out=torch.equal(out2, out),
+                     reuse_caches=torch.equal(nope2, nope) and torch.equal(rope2, rope))
+    return dict(out=out.double().numpy(), lti=lti.numpy(), topk=topk.numpy(), calls=calls,
+                caches=[t.double().numpy() for t in (nope, rope, idx_k)], seq_local=md.dcp_seq_lens_list,
+                world=(md.pcp_world_size, md.pcp_rank, md.dcp_world_size, md.dcp_rank), facts=facts)
+
+
+def _spec(name):
+    return _TWO_PHASE if name == "decode_after_prefill" else _STEPS[name]
+
+
+def _check(W, I, dtype, name, results):
+    spec = _spec(name)
+    st = make_step(W, I=I, dtype=dtype, **spec)
+    ref, ref_topk = reference(st)
+    one, one_topk = single_rank(dict(I=I, dtype=dtype, **spec))
+    tol = _tol(dtype)
+    n = ref.shape[0]
+    seen = torch.zeros(n, dtype=torch.int64)
+    for rank, r in enumerate(results):
+        assert r["world"] == (W, rank, W, rank)
+        assert r["calls"] == (2, 1, 0), (name, rank, r["calls"])
+        out, lti, topk = torch.from_numpy(r["out"]), torch.from_numpy(r["lti"]).long(), torch.from_numpy(r["topk"])
+        real = lti >= 0
+        idx = lti[real]
+        seen.index_add_(0, idx, torch.ones_like(idx))
+        torch.testing.assert_close(out[real], ref[idx], **tol, msg=lambda m: f"{name} rank {rank} vs float64: {m}")
+        torch.testing.assert_close(out[real], one[idx], **tol,
+                                   msg=lambda m: f"{name} rank {rank} vs single rank: {m}")
+        assert torch.all(out[~real] == 0), f"{name} rank {rank}: pad rows must be o_proj(0) = 0"
+        assert torch.all(topk[~real] == -1), f"{name} rank {rank}: a pad row selects nothing"
+        if dtype == torch.float32:
+            assert torch.equal(topk[real], one_topk[idx]), (name, rank)
+            assert torch.equal(topk[real], ref_topk[idx]), (name, rank)
+        f = r["facts"]
+        if name in _REUSE:
+            assert f["reuse_calls"] == (1, 1, 0) and f["reuse_source"] == "reused", (rank, f)
+            assert f["reuse_topk"] and f["reuse_out"] and f["reuse_caches"], (rank, f)
+        want = caches(st, rank, upto_context=False)
+        for cname, got, w in zip(("latent", "rope", "indexer"), r["caches"], want):
+            torch.testing.assert_close(torch.from_numpy(got), w.double(), **tol,
+                                       msg=lambda m: f"{name} rank {rank} {cname} cache: {m}")
+    # every prefill token on one rank, every decode token on all of them
+    assert torch.all(seen >= 1), (name, seen)
+
+
+def _case(rank, world, I, dtype, names):
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    return {n: _run_step(comm, rank, world, I, dtype, n) for n in names}
+
+
+def _run(world, I, dtype, names):
+    res = run_ranks(world, _case, I, dtype, names)
+    for n in names:
+        _check(world, I, dtype, n, [r[n] for r in res])
+
+
+_ALL = list(_STEPS) + ["decode_after_prefill"]
+
+
+@pytest.mark.parametrize("world,I", [(2, 1), (2, 4)])
+def test_sfa_pcp_steps_fp32(world, I):
+    _run(world, I, torch.float32, _ALL)
+
+
+def test_sfa_pcp_4_ranks_fp32():
+    _run(4, 2, torch.float32, ["mixed", "tiny", "decode_after_prefill"])
+
+
+def test_sfa_pcp_bf16():
+    _run(2, 1, torch.bfloat16, ["mixed", "chunked_prefill"])
+
+
+def test_builder_pcp_rows_and_refusals():
+    """Single process: the rows of §6.1's example, the DCP part planned over the PCP group, refusals by name."""
+    st = make_step(2, seq_lens=[10, 5, 12], q_lens=[1, 5, 8])
+    b = _builder(st, 2, 0)
+    md = b.build(*build_args(st))
+    assert b.local_token_index.tolist() == [0, 1, 2, -1, -1, 6, 7, 12, 13]
+    assert md.num_local_tokens == 9 and (md.pcp_world_size, md.pcp_rank) == (2, 0)
+    assert (md.dcp_world_size, md.dcp_rank) == (2, 0)  # the main cache's shard is over the PCP group
+    assert md.pcp_indexer_cum_query_lens_list == [1, 3, 5, 7, 9]
+    assert md.pcp_indexer_seq_lens_list == [10, 2, 0, 6, 12]
+    assert md.seq_lens_list == [10, 5, 12]  # the global step
+    with pytest.raises(NotImplementedError, match="num_input_tokens=16 with pcp_world_size=2"):
+        b.build(*build_args(st), num_input_tokens=16)
+    assert md.is_current  # the refused build wrote nothing
+    with pytest.raises(NotImplementedError, match="build_for_graph_capture with pcp_world_size=2"):
+        b.build_for_graph_capture(*build_args(st))
+    refusals = [(dict(dcp_world_size=2), "SFA PCP x DCP"), (dict(dsa_cp_world_size=2), "SFA PCP x DSA-CP"),
+                (dict(graph_decode_padding=True), "graph_decode_padding"),
+                (dict(offload=sfa.BuilderOffloadConfig()), "pcp_world_size=2 with offload")]
+    for kw, msg in refusals:
+        with pytest.raises(NotImplementedError, match=msg):
+            _builder(st, 2, 0, **kw)
+    sb = _builder(make_step(2, spec=1, **STEPS["decode"]), 2, 0)
+    with pytest.raises(NotImplementedError, match="build_for_drafting with pcp_world_size=2"):
+        sb.build_for_drafting(*build_args(st), draft_index=0)
+    with pytest.raises(ValueError, match="pcp_rank=2 is not a rank of a PCP group of pcp_world_size=2"):
+        _builder(st, 2, 2)
+
+
+def test_resolve_cp_mode_names_pcp():
+    assert sfa.resolve_cp_mode(False, 1, 2) == sfa.CpMode.pcp
+    assert sfa.resolve_cp_mode(False, 1) == sfa.CpMode.plain  # the two-argument call
+    with pytest.raises(NotImplementedError, match="pcp_size=2 with dcp_size=2: SFA PCP x DCP is not implemented"):
+        sfa.resolve_cp_mode(False, 2, 2)
+    with pytest.raises(NotImplementedError, match="pcp_size=4 with dsa_cp=True: SFA PCP x DSA-CP"):
+        sfa.resolve_cp_mode(True, 1, 4)
+    with pytest.raises(ValueError, match="pcp_size must be >= 1, got 0"):
+        sfa.resolve_cp_mode(False, 1, 0)
+
+
+def _case_bad_input(rank, world):
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    st = make_step(world, **_STEPS["mixed"])
+    nope, rope, idx_k = caches(st, rank, upto_context=True)
+    before = [t.clone() for t in (nope, rope, idx_k)]
+    b = _builder(st, world, rank)
+    md = b.build(*build_args(st))
+    h = _local_hidden(_hidden(st), b.local_token_index)
+    out = torch.zeros_like(h)
+    impl = make_impl(st, pcp_comm=comm)
+    errors = []
+
+    def expect(exc, fn):
+        try:
+            fn()
+            errors.append(None)
+        except exc as e:
+            errors.append(str(e))
+
+    kv = [nope, rope, idx_k]
+    # the global rows instead of this rank's
+    expect(ValueError, lambda: impl.forward(_hidden(st), kv, md, torch.zeros_like(_hidden(st))))
+    # metadata of another rank
+    other = _builder(st, world, (rank + 1) % world).build(*build_args(st))
+    expect(ValueError, lambda: impl.forward(h, kv, other, out))
+    # PCP metadata, a layer without pcp_comm
+    expect(ValueError, lambda: make_impl(st).forward(h, kv, md, out))
+    # the replicated indexer cache too small
+    expect(ValueError, lambda: impl.forward(h, [nope, rope, idx_k[: st["nb"]]], md, out))
+    # inside a graph capture
+    g = aar.GraphParams("recording")
+
+    def capture():
+        with g.capture(h.shape[0]):
+            impl.forward(h, kv, md, out)
+    expect(NotImplementedError, capture)
+    # construction: PCP x DCP, PCP x DSA-CP, LI C8, SFA C8
+    expect(NotImplementedError, lambda: make_impl(st, pcp_comm=comm, dcp_comm=comm))
+    expect(NotImplementedError, lambda: make_impl(st, pcp_comm=comm, dsa_cp_comm=comm))
+    expect(NotImplementedError, lambda: make_impl(st, pcp_comm=comm, li_c8=True))
+    d8 = MlaDims(H=2, L=512, R=64)
+    w8 = make_weights(d8, torch.bfloat16, torch.Generator().manual_seed(3))
+    expect(NotImplementedError, lambda: sfa.Impl(
+        num_heads=d8.H, hidden_size=d8.hidden, q_lora_rank=d8.Q, kv_lora_rank=d8.L, qk_nope_head_dim=d8.P,
+        qk_rope_head_dim=d8.R, v_head_dim=d8.V, sfa_c8=True, pcp_comm=comm, **w8))
+    untouched = all(torch.equal(a, c) for a, c in zip(before, (nope, rope, idx_k)))
+    return errors, untouched, comm.calls
+
+
+def test_sfa_pcp_bad_input_is_refused_by_name_before_any_write():
+    for rank, (errors, untouched, calls) in enumerate(run_ranks(2, _case_bad_input)):
+        assert None not in errors, errors
+        assert "this PCP rank's rows are num_local_tokens=" in errors[0]
+        assert f"metadata was built for PCP rank {(rank + 1) % 2} of 2" in errors[1]
+        assert "but the layer has no pcp_comm" in errors[2]
+        assert "blocks, fewer than the metadata's" in errors[3]
+        assert "SFA PCP" in errors[4] and "Eager only" in errors[4]
+        assert "SFA PCP x DCP" in errors[5]
+        assert "SFA PCP x DSA-CP" in errors[6]
+        assert "li_c8 with PCP" in errors[7]
+        assert "sfa_c8 with PCP" in errors[8]
+        assert untouched, f"rank {rank}: a refused forward wrote a cache"
+        assert calls == 0, "a refused forward issued a collective"
