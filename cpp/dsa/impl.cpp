@@ -165,6 +165,18 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                   c.rope_dim);
   }
 
+  // DSA-CP (docs/design/sparse_cp.md §10): every head's query, the o_proj shard of W ranks.
+  const int64_t W = c.dsa_cp_comm != nullptr ? c.dsa_cp_comm->size() : 1;
+  if (W > 1) {
+    AAR_CHECK_ARG(c.num_heads % W == 0 && c.o_groups % W == 0, "dsa_cp_comm has ", W,
+                  " ranks, which must divide num_heads=", c.num_heads, " and o_groups=", c.o_groups,
+                  " (under DSA-CP they are the model's; each rank's o_proj shard holds whole heads and groups)");
+    if (w.wo_a_scale.defined()) {
+      throw_not_supported("the MX-fp8 o_proj (weight wo_a_scale) under DSA-CP (dsa_cp_comm of ", W, " ranks) is "
+                          "not implemented: its all-to-all road and full-weight switch take the Bmm o_proj "
+                          "(docs/design/sparse_cp.md §10); pass a bf16 wo_a without wo_a_scale");
+    }
+  }
   // Weights.
   AAR_CHECK_ARG(w.wq_a.defined(), "weight wq_a must be given");
   const at::ScalarType dt = w.wq_a.scalar_type();
@@ -191,18 +203,6 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   check(w.wkv, "wkv", {D, H});
   check(w.kv_norm, "kv_norm", {D});
   check(w.attn_sink, "attn_sink", {N}, /*fp32=*/true);
-  // DSA-CP (docs/design/sparse_cp.md §10): every head's query, the o_proj shard of W ranks.
-  const int64_t W = c.dsa_cp_comm != nullptr ? c.dsa_cp_comm->size() : 1;
-  if (W > 1) {
-    AAR_CHECK_ARG(N % W == 0 && G % W == 0, "dsa_cp_comm has ", W, " ranks, which must divide num_heads=", N,
-                  " and o_groups=", G, " (under DSA-CP they are the model's; each rank's o_proj shard holds whole "
-                  "heads and groups)");
-    if (w.wo_a_scale.defined()) {
-      throw_not_supported("the MX-fp8 o_proj (weight wo_a_scale) under DSA-CP (dsa_cp_comm of ", W, " ranks) is "
-                          "not implemented: its all-to-all road and full-weight switch take the Bmm o_proj "
-                          "(docs/design/sparse_cp.md §10); pass a bf16 wo_a without wo_a_scale");
-    }
-  }
   const int64_t Gs = G / W;  // the groups of this rank's o_proj shard (all of them without DSA-CP)
   // o_proj (docs/design/dsa.md §5.2): the plan allows the MX-fp8 path, the checkpoint's wo_a_scale selects it (impl.h).
   if (w.wo_a_scale.defined()) {
