@@ -950,11 +950,6 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const int64_t n = g.capturing_bucket();
-  if (st.dsa_cp.world_size > 1) {
-    throw_not_supported("DSA graph capture under DSA-CP (dsa_cp_world_size=", st.dsa_cp.world_size, ") is not "
-                        "implemented: its decode road's intermediates and collectives are eager "
-                        "(docs/design/sparse_cp.md §10)");
-  }
   // Bucket and state checks, before anything is recorded or written.
   if (st.attn_state != plan::AttentionState::DecodeOnly && st.attn_state != plan::AttentionState::SpecDecoding) {
     throw_not_supported("DSA graph capture takes DecodeOnly and SpecDecoding steps (docs/design/dsa.md §3.1: "
@@ -1013,8 +1008,18 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   // (the builders' buffers, the caches, the workspace, the top-k buffer) and
   // no host list: the device graph captures them as they are and an update
   // has nothing to re-issue; the CPU recording provider replays the closure.
-  auto run_layer = [this, cl, c, topk]() {
-    run(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, /*graph=*/true, *cl->ws);
+  // DSA-CP (docs/design/sparse_cp.md §10): the replay runs the decode road, its collectives
+  // issued inside the replayed step (every rank replays in the same order); its host values
+  // (tpr, the slice) follow from the bucket, its device lengths and RoPE rows are the step
+  // builder's stable views, and its intermediates past the workspace are allocated per call (on
+  // the device, inside a capture, from the graph's private pool, as SFA's DSA-CP decode road).
+  const bool dsa_cp = st.dsa_cp.world_size > 1;
+  auto run_layer = [this, cl, c, topk, dsa_cp]() {
+    if (dsa_cp) {
+      run_dsa_cp(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, *cl->ws);
+    } else {
+      run(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, /*graph=*/true, *cl->ws);
+    }
   };
   // At each update: the step must fit what the layer was captured with.
   auto fits = [cl, layer = cf.layer_index](const graph::StepParams& sp, int64_t bucket) {

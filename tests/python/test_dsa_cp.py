@@ -103,6 +103,23 @@ class Run:
         md = {kd: self.gb[kd].build(st, self.tables[kd][reqs].contiguous()) for kd in self.kinds}
         return st, md, S, qsl
 
+    def build_padded(self, reqs, B, q, capture=False):
+        """A decode bucket of B requests x q tokens: the real requests, then dummies of q tokens (S = q; their
+        zeroed table rows read block 0, their KV slots are skip slots), every bucket row in a request."""
+        n = len(reqs)
+        S = [self.S[b] + q for b in reqs] + [q] * (B - n)
+        qsl = [i * q for i in range(B + 1)]
+        args = (torch.tensor(qsl, dtype=torch.int32), torch.tensor(S, dtype=torch.int32))
+        kw = dict(num_reqs_actual=n, num_input_tokens=B * q)
+        if capture:
+            state = aar.AttentionState.SpecDecoding if q > 1 else aar.AttentionState.DecodeOnly
+            st = self.sb.build_for_graph_capture(*args, state=state, **kw)
+        else:
+            st = self.sb.build(*args, **kw)
+        rows = list(reqs) + [reqs[0]] * (B - n)
+        md = {kd: self.gb[kd].build(st, self.tables[kd][rows].contiguous()) for kd in self.kinds}
+        return st, md, S[:n], qsl[: n + 1]
+
     def hidden(self, reqs, qlens, S, pad):
         return torch.cat([self.x[b][S[i] - qlens[i]: S[i]] for i, b in enumerate(reqs)]
                          + [torch.zeros(pad, self.d.hidden, dtype=self.dtype)])
@@ -270,13 +287,6 @@ def _case_refusals(rank, world):
     catch("plain_md", lambda: cp.impl.forward(hid, cp.kv, st, md["swa"], torch.zeros_like(hid),
                                               **group_kw(4, md, st)))
     untouched = all(torch.equal(a, b) for a, b in zip(snap, cp.caches()))
-    # graph capture under DSA-CP
-    st, md, S, qsl = cp.build([0], [1])
-    g = aar.GraphParams("recording")
-    hid = torch.zeros(1, d.hidden)
-    with g.capture(1):
-        catch("capture", lambda: cp.impl.forward(hid, cp.kv, st, md["swa"], torch.zeros_like(hid),
-                                                 **group_kw(4, md, st)))
     return msgs, untouched
 
 
@@ -291,7 +301,6 @@ def test_dsa_cp_refusals_by_name():
             msgs["full_wo_a"][1]
         assert "the layer's dsa_cp_comm has 2 ranks but the metadata was built without DSA-CP" in \
             msgs["plain_md"][1]
-        assert msgs["capture"][0] == "NotImplementedError" and "graph capture under DSA-CP" in msgs["capture"][1]
 
 
 def test_dsa_cp_builder_metadata_and_refusals():
@@ -337,3 +346,56 @@ def test_dsa_cp_builder_metadata_and_refusals():
     with pytest.raises(ValueError, match="metadata was built for DSA-CP rank 0 of 2 but the layer has no dsa_cp_comm"):
         run.impl.forward(hid, run.kv, st, md["swa"], torch.zeros_like(hid), **group_kw(4, md, st))
     assert all(torch.equal(a, b) for a, b in zip(snap, run.caches()))
+
+
+def _case_graph(rank, world):
+    """Decode buckets captured under DSA-CP (the recording provider: nothing runs, no collective) and replayed
+    with other requests, graph padding included: replay == the single-rank layer run eagerly on the same padded
+    steps, the caches likewise, the decode road's collectives inside each replay."""
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    done = []
+    for ratio, q, B in ((1, 1, 4), (4, 1, 5), (4, 3, 3), (128, 1, 3)):
+        d = dims(ratio)
+        k = q - 1
+        cp = Run(d, torch.float32, 3, world=world, rank=rank, comm=comm, k=k)
+        one = Run(d, torch.float32, 3, k=k)
+        first = [140, 9, 30] if ratio == 128 else [20, 9, 30]
+        for r in (cp, one):
+            r.step([0, 1, 2], first)
+        n = B * q
+        hidden = torch.zeros(n, d.hidden)
+        out = torch.zeros(n, d.hidden)
+        g = aar.GraphParams("recording")
+        st, md, _, _ = cp.build_padded([0, 1, 2], B, q, capture=True)
+        snap = [t.clone() for t in cp.caches()]
+        comm.reset_counters()
+        with g.capture(n):
+            cp.impl.forward(hidden, cp.kv, st, md["swa"], out, **group_kw(ratio, md, st))
+        assert comm.calls == 0 and all(torch.equal(a, b) for a, b in zip(snap, cp.caches()))
+        for reqs in ([0, 1, 2], [2, 0], [1]):
+            st, md, S, qsl = cp.build_padded(reqs, B, q)
+            hidden.zero_()
+            hidden[: len(reqs) * q] = torch.cat([cp.x[b][S[i] - q: S[i]] for i, b in enumerate(reqs)])
+            out.fill_(float("nan"))
+            aar.dsa.graph_update(g, n, st, md["swa"])
+            comm.reset_counters()
+            g.replay(n)
+            assert _calls(comm) == (0, 1, 1), _calls(comm)
+            for i, b in enumerate(reqs):
+                cp.S[b] = S[i]
+            st1, md1, _, _ = one.build_padded(reqs, B, q)
+            want = torch.full_like(out, float("nan"))
+            one.impl.forward(hidden, one.kv, st1, md1["swa"], want, **group_kw(ratio, md1, st1))
+            for i, b in enumerate(reqs):
+                one.S[b] = S[i]
+            m = len(reqs) * q
+            torch.testing.assert_close(out[:m], want[:m], atol=2e-5, rtol=2e-5)
+            for a, b in zip(cp.caches(), one.caches()):
+                assert torch.equal(a, b), (ratio, q, reqs)
+        done.append((ratio, q))
+    return done
+
+
+def test_dsa_cp_decode_graph_replays_like_the_single_rank_layer():
+    for done in run_ranks(2, _case_graph, deadline_s=120.0):
+        assert done == [(1, 1), (4, 1), (4, 3), (128, 1)]
