@@ -660,6 +660,72 @@ at::Tensor Impl::indexer_select(const at::Tensor& x, const Caches& c, const Laye
   return cf.use_index_cache ? topk->store(sel) : sel;
 }
 
+at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& cu_q,
+                        const at::Tensor& seqused, const at::Tensor& sel, const at::Tensor& ori_sparse,
+                        const at::Tensor& out) const {
+  const ImplConfig& cf = cfg_;
+  const GroupMetadata& common = md.common();
+  const GroupMetadata& swa = *md.swa;
+  ops::SparseAttnSharedKvArgs a;
+  a.q = q;
+  a.ori_kv = c.swa_kv;
+  a.ori_block_table = swa.block_table;
+  a.cu_seqlens_q = cu_q;
+  a.seqused_kv = seqused;
+  a.sinks = sinks_f32_;
+  if (common.sas_metadata_filled) a.metadata = common.sas_metadata;
+  a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(cf.head_dim));
+  a.cmp_ratio = std::max<int64_t>(cf.compress_ratio, 1);
+  a.ori_mask_mode = 4;
+  a.ori_win_left = swa.ori_win_left;
+  a.ori_win_right = swa.ori_win_right;
+  a.layout_q = "TND";
+  a.layout_kv = to_string(cf.plan.layout_kv);
+  if (cf.plan.passes_cu_seqlens_kv_extras) {
+    if (common.cu_seqlens_ori_kv.defined()) a.cu_seqlens_ori_kv = common.cu_seqlens_ori_kv;
+    if (cf.compress_ratio > 1 && common.cu_seqlens_cmp_kv.defined()) a.cu_seqlens_cmp_kv = common.cu_seqlens_cmp_kv;
+  }
+  if (cf.compress_ratio <= 1) {
+    if (ori_sparse.defined()) a.ori_sparse_indices = ori_sparse;
+  } else {
+    a.cmp_kv = c.compress_kv;
+    a.cmp_block_table = md.attention->block_table;
+    a.cmp_mask_mode = 3;
+    if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
+  }
+  const bool kv_quant = cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
+  // Made only on that plan (its many optional tensors cost a construction and
+  // a destruction per call otherwise).
+  std::optional<ops::KvQuantSparseAttnSharedKvArgs> qa;
+  if (kv_quant) {
+    qa.emplace();
+    qa->base = a;
+    qa->kv_quant_mode = cf.plan.kv_quant_mode;
+    qa->tile_size = cf.plan.tile_size;
+    qa->rope_head_dim = cf.plan.rope_head_dim;
+  }
+  if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
+    // docs/design/dsa.md §4.2: the sharedkv arguments through the adapter (seqused_kv ->
+    // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
+    // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
+    // Eager only (capture of this plan is refused in validate()).
+    std::optional<ops::FlashMlaCmpLengthTensors> cmp;
+    if (cf.compress_ratio > 1) {
+      cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
+    }
+    return std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
+  }
+  if (out.defined()) {
+    if (kv_quant) {
+      ops::kv_quant_sparse_attn_sharedkv_out(*qa, out);
+    } else {
+      ops::sparse_attn_sharedkv_out(a, out);
+    }
+    return out;
+  }
+  return std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(*qa) : ops::sparse_attn_sharedkv(a));
+}
+
 void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                sfa::TopkBuffer* topk, int64_t n, bool graph, detail::Workspace& ws) {
   const ImplConfig& cf = cfg_;
@@ -710,65 +776,11 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   last_topk_ = sel;
 
   // ---- SAS attention (docs/design/dsa.md §5.1)
-  ops::SparseAttnSharedKvArgs a;
-  a.q = v.q;
-  a.ori_kv = c.swa_kv;
-  a.ori_block_table = swa.block_table;
-  a.cu_seqlens_q = common.query_start_loc;
-  a.seqused_kv = common.seq_lens;
-  a.sinks = sinks_f32_;
-  if (common.sas_metadata_filled) a.metadata = common.sas_metadata;
-  a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
-  a.cmp_ratio = std::max<int64_t>(cf.compress_ratio, 1);
-  a.ori_mask_mode = 4;
-  a.ori_win_left = swa.ori_win_left;
-  a.ori_win_right = swa.ori_win_right;
-  a.layout_q = "TND";
-  a.layout_kv = to_string(cf.plan.layout_kv);
-  if (cf.plan.passes_cu_seqlens_kv_extras) {
-    if (common.cu_seqlens_ori_kv.defined()) a.cu_seqlens_ori_kv = common.cu_seqlens_ori_kv;
-    if (cf.compress_ratio > 1 && common.cu_seqlens_cmp_kv.defined()) a.cu_seqlens_cmp_kv = common.cu_seqlens_cmp_kv;
-  }
-  if (cf.compress_ratio <= 1) {
-    if (swa.dspark_swa_indices.defined()) a.ori_sparse_indices = first_rows(swa.dspark_swa_indices, n);
-  } else {
-    a.cmp_kv = c.compress_kv;
-    a.cmp_block_table = md.attention->block_table;
-    a.cmp_mask_mode = 3;
-    if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
-  }
-  const bool kv_quant = cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
-  // Made only on that plan (its many optional tensors cost a construction and
-  // a destruction per call otherwise).
-  std::optional<ops::KvQuantSparseAttnSharedKvArgs> qa;
-  if (kv_quant) {
-    qa.emplace();
-    qa->base = a;
-    qa->kv_quant_mode = cf.plan.kv_quant_mode;
-    qa->tile_size = cf.plan.tile_size;
-    qa->rope_head_dim = cf.plan.rope_head_dim;
-  }
-  at::Tensor o;
-  if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
-    // docs/design/dsa.md §4.2: the sharedkv arguments through the adapter (seqused_kv ->
-    // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
-    // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
-    // Eager only (capture of this plan is refused in validate()).
-    std::optional<ops::FlashMlaCmpLengthTensors> cmp;
-    if (cf.compress_ratio > 1) {
-      cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
-    }
-    o = std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
-  } else if (graph) {
-    if (kv_quant) {
-      ops::kv_quant_sparse_attn_sharedkv_out(*qa, v.o);
-    } else {
-      ops::sparse_attn_sharedkv_out(a, v.o);
-    }
-    o = v.o;
-  } else {
-    o = std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(*qa) : ops::sparse_attn_sharedkv(a));
-  }
+  at::Tensor o = attend(c, md, v.q, common.query_start_loc, common.seq_lens, sel,
+                        cf.compress_ratio <= 1 && swa.dspark_swa_indices.defined()
+                            ? first_rows(swa.dspark_swa_indices, n)
+                            : at::Tensor(),
+                        graph ? v.o : at::Tensor());
 
   // ---- inverse RoPE and o_proj (docs/design/dsa.md §5.2)
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
@@ -789,7 +801,6 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   const StepMetadata& st = *md.step;
   const DsaCpStepMetadata& sh = st.dsa_cp;
   cp::Comm& comm = *cf.dsa_cp_comm;
-  const GroupMetadata& common = md.common();
   const GroupMetadata& swa = *md.swa;
   const int64_t W = sh.world_size, tpr = sh.tokens_per_rank, nloc = sh.num_local_tokens();
   const int64_t T = hidden.size(0), N = cf.num_heads, D = cf.head_dim, R = cf.rope_dim;
@@ -841,46 +852,8 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
                          : indexer_select(xl, c, md, v, cos3, sin3, sh.q_ends, sh.seq_lens, nloc, /*graph=*/false, topk);
     }
     last_topk_ = sel;
-    ops::SparseAttnSharedKvArgs a;
-    a.q = v.q;
-    a.ori_kv = c.swa_kv;
-    a.ori_block_table = swa.block_table;
-    a.cu_seqlens_q = sh.query_start_loc;
-    a.seqused_kv = sh.seq_lens;
-    a.sinks = sinks_f32_;
-    if (common.sas_metadata_filled) a.metadata = common.sas_metadata;  // the builder's local blob
-    a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
-    a.cmp_ratio = std::max<int64_t>(ratio, 1);
-    a.ori_mask_mode = 4;
-    a.ori_win_left = swa.ori_win_left;
-    a.ori_win_right = swa.ori_win_right;
-    a.layout_q = "TND";
-    a.layout_kv = to_string(cf.plan.layout_kv);
-    if (cf.plan.passes_cu_seqlens_kv_extras) {
-      if (common.cu_seqlens_ori_kv.defined()) a.cu_seqlens_ori_kv = common.cu_seqlens_ori_kv;
-      if (ratio > 1 && common.cu_seqlens_cmp_kv.defined()) a.cu_seqlens_cmp_kv = common.cu_seqlens_cmp_kv;
-    }
-    if (ratio > 1) {
-      a.cmp_kv = c.compress_kv;
-      a.cmp_block_table = md.attention->block_table;
-      a.cmp_mask_mode = 3;
-      if (ratio == 4) a.cmp_sparse_indices = sel;
-    }
-    at::Tensor o;
-    if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
-      std::optional<ops::FlashMlaCmpLengthTensors> cmp;
-      if (ratio > 1) cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
-      o = std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
-    } else if (cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv) {
-      ops::KvQuantSparseAttnSharedKvArgs qa;
-      qa.base = a;
-      qa.kv_quant_mode = cf.plan.kv_quant_mode;
-      qa.tile_size = cf.plan.tile_size;
-      qa.rope_head_dim = cf.plan.rope_head_dim;
-      o = std::get<0>(ops::kv_quant_sparse_attn_sharedkv(qa));
-    } else {
-      o = std::get<0>(ops::sparse_attn_sharedkv(a));
-    }
+    // The builder's local blob and cu_seqlens tensors (docs/design/sparse_cp.md §10.1).
+    at::Tensor o = attend(c, md, v.q, sh.query_start_loc, sh.seq_lens, sel, at::Tensor(), at::Tensor());
     ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
     ops::dense::copy(y.narrow(0, 0, nloc), o.view({nloc, N * D}));
   } else {

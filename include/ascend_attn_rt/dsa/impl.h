@@ -183,6 +183,13 @@ class Impl {
   // operator result lands in the workspace (stable addresses).
   void run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
            sfa::TopkBuffer* topk, int64_t n, bool graph, detail::Workspace& ws);
+  // docs/design/dsa.md §5.1: SAS attention of the query rows q (TND) with cumulative query starts
+  // cu_q (B+1) and KV lengths seqused (the step's, or under DSA-CP the slice's), the C4 selection
+  // sel, DSpark's ori_sparse rows (undefined: none); into out when defined (graph mode), else a
+  // new tensor.
+  at::Tensor attend(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& cu_q,
+                    const at::Tensor& seqused, const at::Tensor& sel, const at::Tensor& ori_sparse,
+                    const at::Tensor& out) const;
   // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens (eager).
   void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                   sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws);
