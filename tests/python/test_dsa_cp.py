@@ -90,10 +90,11 @@ class Run:
                                            indexer_full=self.ifull, **pk)
         weights = shard(self.w, d, world, rank) if comm is not None else self.w
         kw = dict(dsa_cp_comm=comm, dsa_cp_full_o_proj_prefill=full_o_proj) if comm is not None else {}
-        self.impl = aar.dsa.Impl(weights, hidden_size=d.hidden, num_heads=d.N, head_dim=d.D, rope_dim=d.R,
-                                 q_lora_rank=d.q_lora, compress_ratio=d.ratio, index_n_heads=d.n_idx,
-                                 index_head_dim=d.Di, index_topk=d.K, eps=d.eps, o_groups=d.G, o_lora_rank=d.o_lora,
-                                 **pk, **kw)
+        self.make_impl = lambda **extra: aar.dsa.Impl(
+            weights, hidden_size=d.hidden, num_heads=d.N, head_dim=d.D, rope_dim=d.R, q_lora_rank=d.q_lora,
+            compress_ratio=d.ratio, index_n_heads=d.n_idx, index_head_dim=d.Di, index_topk=d.K, eps=d.eps,
+            o_groups=d.G, o_lora_rank=d.o_lora, **pk, **kw, **extra)
+        self.impl = self.make_impl()
         self.S = [0] * nreq
 
     def caches(self):
@@ -415,3 +416,47 @@ def _case_graph(rank, world):
 def test_dsa_cp_decode_graph_replays_like_the_single_rank_layer():
     for done in run_ranks(2, _case_graph, deadline_s=120.0):
         assert done == [(1, 1), (4, 1), (4, 3), (128, 1)]
+
+
+def _case_index_cache(rank, world):
+    """IndexCache under DSA-CP: a use_index_cache C4 layer stores its slice's selection in the TopkBuffer (the
+    slice's rows, as every layer of a step sees the same slice), a skip_topk layer attends over it: both outputs
+    equal the single-rank pair's, the stored rows the single-rank selection's rows of the slice."""
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    d = dims(4)
+    runs = {}
+    for name, kw in (("cp", dict(world=world, rank=rank, comm=comm)), ("one", {})):
+        r = Run(d, torch.float32, 3, **kw)
+        r.step([0, 1, 2], [23, 10, 5])
+        r.topk = aar.sfa.TopkBuffer(64, d.K)
+        r.store, r.skip = r.make_impl(use_index_cache=True), r.make_impl(skip_topk=True)
+        runs[name] = r
+    out = {}
+    for reqs, qlens in (([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [3, 3, 3]), ([0, 1, 2], [1, 1, 9])):
+        for name, r in runs.items():
+            st, md, S, qsl = r.build(reqs, qlens)
+            hid = r.hidden(reqs, qlens, S, 0)
+            snap = [t.clone() for t in r.caches()]
+            a, b = torch.full_like(hid, float("nan")), torch.full_like(hid, float("nan"))
+            kw = group_kw(4, md, st)
+            r.store.forward(hid, r.kv, st, md["swa"], a, topk_buffer=r.topk, **kw)
+            sel = r.store.last_topk.clone()
+            for t, v in zip(r.caches(), snap):  # the skip layer on the same caches as they were
+                t.copy_(v)
+            r.skip.forward(hid, r.kv, st, md["swa"], b, topk_buffer=r.topk, **kw)
+            for i, q in enumerate(reqs):
+                r.S[q] = S[i]
+            out[name] = (a, b, sel, st)
+        a, b, sel, st = out["cp"]
+        a1, b1, sel1, _ = out["one"]
+        n = sum(qlens)
+        torch.testing.assert_close(a[:n], a1[:n], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(b[:n], b1[:n], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(b[:n], a[:n], atol=2e-5, rtol=2e-5)
+        lo, hi = st.local_start, st.local_end
+        assert torch.equal(sel, sel1[lo:hi]) and torch.equal(runs["cp"].topk.buffer[: hi - lo], sel[:, 0])
+    return True
+
+
+def test_dsa_cp_index_cache_layers():
+    assert run_ranks(2, _case_index_cache) == [True, True]
