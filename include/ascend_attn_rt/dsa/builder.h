@@ -3,7 +3,8 @@
 // group (block table, slots, DSpark indices, tiling blobs), each one host-to-device
 // copy into stable per-lane buffers. Batches must be decode-first; a rejected build
 // writes nothing; metadata is valid until its builder's next build (build_stamp.h).
-// Design: docs/design/dsa.md §3 (builders, slots, routing, DSpark, blobs, drafts).
+// Design: docs/design/dsa.md §3 (builders, slots, routing, DSpark, blobs, drafts); the DSA-CP
+// token shard (StepBuilderConfig::dsa_cp_world_size): docs/design/sparse_cp.md §10.1.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -4,7 +4,8 @@
 // AttnKvPlan (dsa/plan/dsa_kv_plan.h); forward validates everything before the first write,
 // does no host metadata work, and inside a graph capture records itself as one call
 // or refuses by name. Design: docs/design/dsa.md §5 (forward, o_proj, workspaces),
-// §6 (graph capture), §4.2 (the three plans).
+// §6 (graph capture), §4.2 (the three plans); DSA-CP token sharding (ImplConfig::dsa_cp_comm):
+// docs/design/sparse_cp.md §10.
 #pragma once
 
 #include <ATen/core/Tensor.h>
