@@ -288,7 +288,8 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("local_end", [](const dsa::StepMetadata& s) { return s.dsa_cp.local_end; })
       .def_prop_ro("local_max_seqlen_q", [](const dsa::StepMetadata& s) { return s.dsa_cp.max_seqlen_q; })
       .def_prop_ro("local_max_seqlen_kv", [](const dsa::StepMetadata& s) { return s.dsa_cp.max_seqlen_kv; })
-      .def_prop_ro("local_query_start_loc", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.query_start_loc); })
+      .def_prop_ro("local_query_start_loc",
+                   [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.query_start_loc); })
       .def_prop_ro("local_seq_lens", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.seq_lens); })
       .def_prop_ro("local_cu_seqlens_kv", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.cu_seqlens_kv); })
       .def_prop_ro("local_cos", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.cos); })

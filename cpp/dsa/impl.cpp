@@ -849,7 +849,8 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
       // A layer without its own selection reads the buffer's rows of the slice (every layer of a
       // step sees the same slice).
       sel = cf.skip_topk ? topk->view(nloc)
-                         : indexer_select(xl, c, md, v, cos3, sin3, sh.q_ends, sh.seq_lens, nloc, /*graph=*/false, topk);
+                         : indexer_select(xl, c, md, v, cos3, sin3, sh.q_ends, sh.seq_lens, nloc, /*graph=*/false,
+                                          topk);
     }
     last_topk_ = sel;
     // The builder's local blob and cu_seqlens tensors (docs/design/sparse_cp.md §10.1).

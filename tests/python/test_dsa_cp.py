@@ -60,7 +60,8 @@ class Run:
     """One DSA layer (DSA-CP when comm is given) with its caches and builders; requests with fixed token streams
     (request b owns blocks [1 + b * max_blocks, ...) of every group)."""
 
-    def __init__(self, d, dtype, nreq, *, world=1, rank=0, comm=None, seed=0, max_blocks=24, full_o_proj=True, k=KSPEC, plan="a2"):
+    def __init__(self, d, dtype, nreq, *, world=1, rank=0, comm=None, seed=0, max_blocks=24, full_o_proj=True,
+                 k=KSPEC, plan="a2"):
         self.d, self.dtype = d, dtype
         device_kind, cache_dtype = PLANS[plan]
         pk = dict(device_kind=device_kind, cache_dtype=cache_dtype, model_dtype="bfloat16")
@@ -84,7 +85,8 @@ class Run:
                                            dtype=torch.int32)
         c = allocate_caches(self.gb, dtype)
         self.swa, self.cmp, self.state, self.istate = c["swa"], c["compress_kv"], c["state"], c["indexer_state"]
-        self.ik, self.isc, self.ifull, self.raw = c["indexer_k"], c["indexer_scale"], c["indexer_full"], c["indexer_raw"]
+        self.ik, self.isc = c["indexer_k"], c["indexer_scale"]
+        self.ifull, self.raw = c["indexer_full"], c["indexer_raw"]
         self.kv = aar.dsa.compose_kv_cache(compress_kv=self.cmp, swa_kv=self.swa, state=self.state,
                                            indexer_state=self.istate, indexer_k=self.ik, indexer_scale=self.isc,
                                            indexer_full=self.ifull, **pk)
