@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/dsa/plan/dsa_backend_facts.h"
 #include "ascend_attn_rt/dsa/builder.h"
 #include "ascend_attn_rt/dsa/graph.h"
@@ -239,6 +240,10 @@ struct RoutedLayer {
 };
 
 void bind_dsa_builders(nb::module_& m) {
+  auto opt_t = [](const at::Tensor& t) -> std::optional<at::Tensor> {
+    if (!t.defined()) return std::nullopt;
+    return t;
+  };
   def_step_counts(nb::class_<dsa::StepMetadata>(m, "StepMetadata", "The per-step shared DSA metadata (dsa/metadata.h)."))
       .def_prop_ro("num_reqs_actual", [](const dsa::StepMetadata& s) { return s.num_reqs; }, "alias of num_reqs")
       .def_ro("num_kernel_tokens", &dsa::StepMetadata::num_kernel_tokens,
@@ -273,7 +278,29 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("query_start_loc_list", [](const dsa::StepMetadata& s) { return span_list(live(s).query_start_loc_host); })
       .def_prop_ro("seq_lens_list", [](const dsa::StepMetadata& s) { return span_list(live(s).seq_lens_host); })
       .def_prop_ro("start_pos_list", [](const dsa::StepMetadata& s) { return span_list(live(s).start_pos_host); })
-      .def_prop_ro("positions_list", [](const dsa::StepMetadata& s) { return span_list(live(s).positions_host); });
+      .def_prop_ro("positions_list", [](const dsa::StepMetadata& s) { return span_list(live(s).positions_host); })
+      // DSA-CP token sharding (docs/design/sparse_cp.md §4, §10; dsa_cp_world_size 1 otherwise).
+      .def_prop_ro("dsa_cp_world_size", [](const dsa::StepMetadata& s) { return s.dsa_cp.world_size; })
+      .def_prop_ro("dsa_cp_rank", [](const dsa::StepMetadata& s) { return s.dsa_cp.rank; })
+      .def_prop_ro("num_tokens_pad", [](const dsa::StepMetadata& s) { return s.dsa_cp.num_tokens_pad; })
+      .def_prop_ro("tokens_per_rank", [](const dsa::StepMetadata& s) { return s.dsa_cp.tokens_per_rank; })
+      .def_prop_ro("local_start", [](const dsa::StepMetadata& s) { return s.dsa_cp.local_start; })
+      .def_prop_ro("local_end", [](const dsa::StepMetadata& s) { return s.dsa_cp.local_end; })
+      .def_prop_ro("local_max_seqlen_q", [](const dsa::StepMetadata& s) { return s.dsa_cp.max_seqlen_q; })
+      .def_prop_ro("local_max_seqlen_kv", [](const dsa::StepMetadata& s) { return s.dsa_cp.max_seqlen_kv; })
+      .def_prop_ro("local_query_start_loc",
+                   [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.query_start_loc); })
+      .def_prop_ro("local_seq_lens", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.seq_lens); })
+      .def_prop_ro("local_cu_seqlens_kv", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.cu_seqlens_kv); })
+      .def_prop_ro("local_cos", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.cos); })
+      .def_prop_ro("local_sin", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.sin); })
+      .def_prop_ro("local_neg_sin", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.neg_sin); })
+      .def_prop_ro("local_compress_cos", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.compress_cos); })
+      .def_prop_ro("local_compress_sin", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.dsa_cp.compress_sin); })
+      .def_prop_ro("local_query_start_loc_list",
+                   [](const dsa::StepMetadata& s) { return span_list(live(s).dsa_cp.query_start_loc_host); })
+      .def_prop_ro("local_seq_lens_list",
+                   [](const dsa::StepMetadata& s) { return span_list(live(s).dsa_cp.seq_lens_host); });
 
   auto opt = [](const at::Tensor& t) -> std::optional<at::Tensor> {
     if (!t.defined()) return std::nullopt;
@@ -351,7 +378,7 @@ void bind_dsa_builders(nb::module_& m) {
              std::optional<int32_t> num_drafts, bool chunked_prefill_enabled, const std::string& device,
              std::optional<bool> separate_device_buffers, int32_t staging_buffers, int32_t head_dim, int32_t window,
              int32_t dspark_num_spec, int32_t dspark_width, int32_t num_heads_q, int32_t index_topk,
-             int32_t index_n_heads, int32_t index_head_dim) {
+             int32_t index_n_heads, int32_t index_head_dim, int32_t dsa_cp_world_size, int32_t dsa_cp_rank) {
             dsa::StepBuilderConfig c;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
@@ -373,6 +400,8 @@ void bind_dsa_builders(nb::module_& m) {
             c.model.index_topk = index_topk;
             c.model.index_n_heads = index_n_heads;
             c.model.index_head_dim = index_head_dim;
+            c.dsa_cp_world_size = dsa_cp_world_size;
+            c.dsa_cp_rank = dsa_cp_rank;
             new (self) dsa::StepBuilder(c);
           },
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "cos_table"_a, "sin_table"_a,
@@ -381,7 +410,7 @@ void bind_dsa_builders(nb::module_& m) {
           "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2, "head_dim"_a = dsa::ModelSettings().head_dim,
           "window"_a = dsa::ModelSettings().window, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, "num_heads_q"_a = 0,
           "index_topk"_a = dsa::ModelSettings().index_topk, "index_n_heads"_a = dsa::ModelSettings().index_n_heads,
-          "index_head_dim"_a = dsa::ModelSettings().index_head_dim)
+          "index_head_dim"_a = dsa::ModelSettings().index_head_dim, "dsa_cp_world_size"_a = 1, "dsa_cp_rank"_a = 0)
       .def(
           "build",
           [](dsa::StepBuilder& b, nb::handle qsl, nb::handle seq_lens, int32_t num_reqs_actual,
@@ -685,7 +714,7 @@ void bind_dsa_impl(nb::module_& m) {
              int64_t index_head_dim, int64_t index_topk, double eps, int64_t o_groups, int64_t o_lora_rank,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
              const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index,
-             int64_t workspace_group) {
+             int64_t workspace_group, cp::Comm* dsa_cp_comm, bool dsa_cp_full_o_proj_prefill) {
             dsa::ImplConfig c;
             c.hidden_size = hidden_size;
             c.num_heads = num_heads;
@@ -705,6 +734,8 @@ void bind_dsa_impl(nb::module_& m) {
             c.skip_topk = skip_topk;
             c.layer_index = layer_index;
             c.workspace_group = workspace_group;
+            c.dsa_cp_comm = dsa_cp_comm;
+            c.dsa_cp_full_o_proj_prefill = dsa_cp_full_o_proj_prefill;
             dsa::Weights w;
             w.wq_a = weight_of(weights, "wq_a");
             w.q_norm = weight_of(weights, "q_norm");
@@ -732,7 +763,8 @@ void bind_dsa_impl(nb::module_& m) {
           "index_n_heads"_a = dsa::kDsaIndexerHeads, "index_head_dim"_a = dsa::kDsaIndexerHeadDim,
           "index_topk"_a = 512, "eps"_a = 1e-6, "o_groups"_a = 1, "o_lora_rank"_a, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
-          "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0)
+          "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0, "dsa_cp_comm"_a = nb::none(),
+          "dsa_cp_full_o_proj_prefill"_a = true, nb::keep_alive<1, 23>())
       .def(
           "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, const RoutedLayer* metadata,
@@ -764,6 +796,12 @@ void bind_dsa_impl(nb::module_& m) {
           "(output zero-filled). Returns output.")
       .def_prop_ro("last_topk", [](const dsa::Impl& i) { return i.last_topk(); })
       .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; })
+      .def_prop_ro("dsa_cp_world_size", &dsa::Impl::dsa_cp_world_size)
+      .def_prop_ro("wo_a", [](const dsa::Impl& i) { return i.wo_a(); },
+                   "wo_a as the layer holds it now (under DSA-CP: its shard outside the full-weight switch)")
+      .def_prop_ro("wo_b", [](const dsa::Impl& i) { return i.wo_b(); })
+      .def("o_proj_full_pool", &dsa::Impl::o_proj_full_pool, "index"_a,
+           "DSA-CP: the full-weight switch's static pool of wo_a (0) or wo_b (1)")
       .def_prop_ro(
           "o_proj", [](const dsa::Impl& i) { return std::string(dsa::to_string(i.o_proj())); },
           "The o_proj the layer runs: 'MxFp8QuantBmm' (A5 plan and weights['wo_a_scale'] given) or 'Bmm'.");

@@ -22,6 +22,7 @@
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 #include "ascend_attn_rt/ops/sparse_flash_mla.h"
 #include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/cp/plan/sparse_cp.h"
 
 namespace aar::dsa {
 
@@ -43,19 +44,28 @@ class StepBuilder::Lane {
  public:
   Lane(const StepBuilderConfig& cfg, const aar::detail::RopeRows& rope, const aar::detail::RopeRows* crope, int32_t draft_index,
        int64_t max_reqs, bool separate, int slot_base)
-      : cfg_(cfg), rope_(rope), crope_(crope), draft_index_(draft_index), R_(max_reqs) {
+      : cfg_(cfg), rope_(rope), crope_(crope), draft_index_(draft_index), R_(max_reqs),
+        cp_(cfg.dsa_cp_world_size > 1 && draft_index < 0) {
     const int64_t T = cfg.max_num_tokens;
+    // DSA-CP: RoPE rows for the step padded to a multiple of the group (T_pad < T + W).
+    const int64_t TR = cp_ ? T + cfg.dsa_cp_world_size : T;
     // Room for the step's packed rows (placed per step right before the
     // request part, packed()): the per-row arrays of the three ratios (at
     // most T rows each), then the RoPE rows of both tables. The request part
     // comes last, so a build copies from its first packed word to cumsum(S)'s end.
     core::StagingLayout layout;
-    layout.add("step rows", 3 * kRowArrays * core::align_words(T) + 2 * core::align_words(T * rope.row_words()) +
-                                (crope ? 2 * core::align_words(T * crope->row_words()) : 0));
+    layout.add("step rows", 3 * kRowArrays * core::align_words(T) + 2 * core::align_words(TR * rope.row_words()) +
+                                (crope ? 2 * core::align_words(TR * crope->row_words()) : 0));
     qsl_ = layout.add("query_start_loc", R_ + 1);
     seq_ = layout.add("seq_lens", R_);
     sp_r_ = layout.add("start_pos", R_);
     cu_ = layout.add("cu_seqlens_kv", R_ + 1);
+    if (cp_) {
+      // docs/design/sparse_cp.md §10: the local lengths, after the request part (one copy).
+      lqsl_ = layout.add("dsa_cp_query_start_loc", R_ + 1);
+      lseq_ = layout.add("dsa_cp_seq_lens", R_);
+      lcu_ = layout.add("dsa_cp_cu_seqlens_kv", R_ + 1);
+    }
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
@@ -63,6 +73,17 @@ class StepBuilder::Lane {
     v_seq_ = core::RegionViews(device_, seq_, R_, at::kInt);
     v_sp_ = core::RegionViews(device_, sp_r_, R_, at::kInt);
     v_cu_ = core::RegionViews(device_, cu_, R_ + 1, at::kInt);
+    if (cp_) {
+      v_lqsl_ = core::RegionViews(device_, lqsl_, R_ + 1, at::kInt);
+      v_lqe_ = core::RegionViews(device_, core::Region{lqsl_.offset + 1, R_}, R_, at::kInt);
+      v_lseq_ = core::RegionViews(device_, lseq_, R_, at::kInt);
+      v_lcu_ = core::RegionViews(device_, lcu_, R_ + 1, at::kInt);
+      for (core::ViewCache* c : {&v_lcos_, &v_lsin_, &v_lccos_, &v_lcsin_, &v_lneg_, &v_lcneg_}) c->resize(T);
+      lcql_scr_.assign(static_cast<size_t>(R_), 0);
+      lseq_scr_.assign(static_cast<size_t>(R_), 0);
+      md_.dsa_cp.world_size = cfg.dsa_cp_world_size;
+      md_.dsa_cp.rank = cfg.dsa_cp_rank;
+    }
     for (core::ViewCache* c : {&v_cos_, &v_sin_, &v_ccos_, &v_csin_, &v_neg_, &v_cneg_}) c->resize(T);
     for (int k = 0; k < 3; ++k) {
       v_ridx_[k].resize(T);
@@ -71,11 +92,15 @@ class StepBuilder::Lane {
     }
     sp_.assign(static_cast<size_t>(R_), 0);
     q_.assign(static_cast<size_t>(R_), 0);
-    positions_.assign(static_cast<size_t>(T), 0);
+    positions_.assign(static_cast<size_t>(TR), 0);
     // The -sin rows (stable buffers; see StepMetadata::neg_sin).
     const auto topt = at::TensorOptions().dtype(rope.dtype()).device(cfg.device);
     neg_ = at::empty({T, rope.dim()}, topt);
     if (crope) cneg_ = at::empty({T, crope->dim()}, topt.dtype(crope->dtype()));
+    if (cp_) {
+      lneg_ = at::empty({T, rope.dim()}, topt);
+      if (crope) lcneg_ = at::empty({T, crope->dim()}, topt.dtype(crope->dtype()));
+    }
     md_.draft_index = draft_index;
     md_.decode_threshold = 1 + cfg.num_speculative_tokens;
   }
@@ -157,10 +182,34 @@ class StepBuilder::Lane {
       state = plan::select_attention_state(si);
     }
 
+    // docs/design/sparse_cp.md §4 on the kernel requests (graph padding included), into private
+    // scratch: it validates before its writes and the staging buffer stays untouched until below.
+    plan::TokenShard shard;
+    int32_t lmax_q = 0, lmax_kv = 0;
+    if (cp_) {
+      plan::TokenShardInputs ti;
+      ti.query_start_loc = plan::CSpan<int32_t>(qsl, static_cast<size_t>(B) + 1);
+      ti.seq_lens = plan::CSpan<int32_t>(seq, static_cast<size_t>(B));
+      ti.num_input_tokens = t_in;
+      ti.world = cfg_.dsa_cp_world_size;
+      ti.rank = cfg_.dsa_cp_rank;
+      plan::TokenShardBuffers tb;
+      tb.local_cum_query_lens = plan::Span<int32_t>(lcql_scr_.data(), static_cast<size_t>(B));
+      tb.local_seq_lens = plan::Span<int32_t>(lseq_scr_.data(), static_cast<size_t>(B));
+      shard = plan::plan_token_shard(ti, tb);
+      for (int32_t b = 0, prev = 0; b < B; ++b) {
+        lmax_q = std::max(lmax_q, lcql_scr_[static_cast<size_t>(b)] - prev);
+        lmax_kv = std::max(lmax_kv, lseq_scr_[static_cast<size_t>(b)]);
+        prev = lcql_scr_[static_cast<size_t>(b)];
+      }
+    }
+    // RoPE rows gathered: the step's, or (DSA-CP) its padded count (position 0 past the step).
+    const int32_t t_rope = cp_ ? shard.num_tokens_pad : t_in;
+
     // ---- writes
     int32_t counts[3];
     for (int k = 0; k < 3; ++k) counts[k] = plan::dsa_num_compressed_tokens(t_in, B, kRatios[k]);
-    const Packed r = packed(t_in, counts);
+    const Packed r = packed(t_rope, counts);
     int32_t* s = buffers_->begin();
     // The rows of each V4 ratio, once for all groups of the ratio, listed
     // straight into the staging buffer with their per-row arrays. Cannot
@@ -193,6 +242,15 @@ class StepBuilder::Lane {
     int32_t* cu = s + cu_.offset;
     cu[0] = 0;
     for (int32_t b = 0; b < B; ++b) cu[b + 1] = cu[b] + seq[b];
+    if (cp_) {
+      int32_t* lq = s + lqsl_.offset;
+      int32_t* lcu = s + lcu_.offset;
+      lq[0] = 0;
+      lcu[0] = 0;
+      std::memcpy(lq + 1, lcql_scr_.data(), static_cast<size_t>(B) * 4);
+      std::memcpy(s + lseq_.offset, lseq_scr_.data(), static_cast<size_t>(B) * 4);
+      for (int32_t b = 0; b < B; ++b) lcu[b + 1] = lcu[b] + lseq_scr_[static_cast<size_t>(b)];
+    }
     int32_t* pos = positions_.data();
     if (t_q == B && p.max_seqlen_q == 1) {
       // Every request one token (a decode step): its position is its start_pos.
@@ -203,14 +261,14 @@ class StepBuilder::Lane {
         for (int32_t i = qsl[b], j = 0; i < qsl[b + 1]; ++i, ++j) pos[i] = base + j;
       }
     }
-    std::fill(pos + t_q, pos + t_in, 0);
+    std::fill(pos + t_q, pos + t_rope, 0);
     auto* bytes = reinterpret_cast<uint8_t*>(s);
     const bool decode_only = p.max_seqlen_q <= thr;
     auto gather = [&](const aar::detail::RopeRows& rr, int64_t oc, int64_t os) {
       uint8_t* out_c = bytes + oc * 4;
       uint8_t* out_s = bytes + os * 4;
       if (decode_only) {
-        rr.gather(pos, t_in, out_c, out_s);
+        rr.gather(pos, t_rope, out_c, out_s);
         return;
       }
       const size_t rb = static_cast<size_t>(rr.row_bytes());
@@ -218,12 +276,12 @@ class StepBuilder::Lane {
         const int32_t q = q_[static_cast<size_t>(b)];
         if (q > 0) rr.copy_run(pos[qsl[b]], q, out_c + static_cast<size_t>(qsl[b]) * rb, out_s + qsl[b] * rb);
       }
-      rr.gather(pos + t_q, t_in - t_q, out_c + t_q * rb, out_s + t_q * rb);
+      rr.gather(pos + t_q, t_rope - t_q, out_c + t_q * rb, out_s + t_q * rb);
     };
     gather(rope_, r.cos, r.sin);
     if (crope_ != nullptr) gather(*crope_, r.ccos, r.csin);
     // One host-to-device copy: from the first row array to cumsum(S)'s end.
-    buffers_->copy(r.first, cu_.offset + B + 1 - r.first);
+    buffers_->copy(r.first, (cp_ ? lcu_.offset : cu_.offset) + B + 1 - r.first);
     buffers_->finish();
     counter_.next(md_.stamp);
 
@@ -277,6 +335,7 @@ class StepBuilder::Lane {
         set(md_.compress_neg_sin, v_cneg_.get(t_in, [&] { return cneg_.narrow(0, 0, t_in); }));
         ops::dense::neg_out(md_.compress_neg_sin, md_.compress_sin);
       }
+      if (cp_) fill_dsa_cp(shard, r, s, B, lmax_q, lmax_kv);
     }
     md_.query_start_loc_host = plan::CSpan<int32_t>(s + qsl_.offset, ub + 1);
     md_.seq_lens_host = plan::CSpan<int32_t>(s + seq_.offset, ub);
@@ -331,12 +390,52 @@ class StepBuilder::Lane {
     return r;
   }
 
+  // docs/design/sparse_cp.md §10: the step's DSA-CP part (views of the local lengths and of
+  // the slice's RoPE rows, the slice's -sin rows), after the copy (the -sin on the device).
+  void fill_dsa_cp(const plan::TokenShard& sh, const Packed& r, const int32_t* s, int32_t B, int32_t lmax_q,
+                   int32_t lmax_kv) {
+    DsaCpStepMetadata& c = md_.dsa_cp;
+    const int64_t tpr = sh.tokens_per_rank, ls = sh.local_start;
+    c.num_tokens_pad = sh.num_tokens_pad;
+    c.tokens_per_rank = sh.tokens_per_rank;
+    c.local_start = sh.local_start;
+    c.local_end = sh.local_end;
+    c.max_seqlen_q = lmax_q;
+    c.max_seqlen_kv = lmax_kv;
+    const size_t ub = static_cast<size_t>(B);
+    set(c.query_start_loc, v_lqsl_.first(B + 1));
+    set(c.q_ends, v_lqe_.first(B));
+    set(c.seq_lens, v_lseq_.first(B));
+    set(c.cu_seqlens_kv, v_lcu_.first(B + 1));
+    c.query_start_loc_host = plan::CSpan<int32_t>(s + lqsl_.offset, ub + 1);
+    c.seq_lens_host = plan::CSpan<int32_t>(s + lseq_.offset, ub);
+    // The slice's rows of the padded step's (their offset moves with the step's other packed
+    // regions: the key; ls is rank * tpr, fixed by tpr).
+    set(c.cos, v_lcos_.get(tpr, r.cos, [&] { return rope_.view(device_, r.cos + ls * rope_.row_words(), tpr); }));
+    set(c.sin, v_lsin_.get(tpr, r.sin, [&] { return rope_.view(device_, r.sin + ls * rope_.row_words(), tpr); }));
+    set(c.neg_sin, v_lneg_.get(tpr, [&] { return lneg_.narrow(0, 0, tpr); }));
+    ops::dense::neg_out(c.neg_sin, c.sin);
+    if (crope_ != nullptr) {
+      const int64_t w = crope_->row_words();
+      set(c.compress_cos, v_lccos_.get(tpr, r.ccos, [&] { return crope_->view(device_, r.ccos + ls * w, tpr); }));
+      set(c.compress_sin, v_lcsin_.get(tpr, r.csin, [&] { return crope_->view(device_, r.csin + ls * w, tpr); }));
+      set(c.compress_neg_sin, v_lcneg_.get(tpr, [&] { return lcneg_.narrow(0, 0, tpr); }));
+      ops::dense::neg_out(c.compress_neg_sin, c.compress_sin);
+    }
+  }
+
   const StepBuilderConfig& cfg_;
   const aar::detail::RopeRows& rope_;
   const aar::detail::RopeRows* crope_;
   int32_t draft_index_;
   int64_t R_;
+  bool cp_ = false;                     // DSA-CP (the main lane of a dsa_cp_world_size > 1 builder)
   core::Region qsl_, seq_, sp_r_, cu_;  // the request part
+  core::Region lqsl_, lseq_, lcu_;      // DSA-CP: the local lengths (after cu_)
+  core::RegionViews v_lqsl_, v_lqe_, v_lseq_, v_lcu_;
+  core::ViewCache v_lcos_, v_lsin_, v_lccos_, v_lcsin_, v_lneg_, v_lcneg_;
+  at::Tensor lneg_, lcneg_;
+  std::vector<int32_t> lcql_scr_, lseq_scr_;
   std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_, neg_, cneg_;
   std::vector<int32_t> sp_, q_, positions_;
@@ -363,6 +462,14 @@ StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(ms.index_n_heads >= 0, "index_n_heads must be >= 0 (0: no QLI blob), got ", ms.index_n_heads);
   AAR_CHECK_ARG(ms.index_head_dim > 0, "index_head_dim must be positive, got ", ms.index_head_dim);
   AAR_CHECK_ARG(ms.index_topk > 0, "index_topk must be positive, got ", ms.index_topk);
+  AAR_CHECK_ARG(cfg.dsa_cp_world_size >= 1 && cfg.dsa_cp_rank >= 0 && cfg.dsa_cp_rank < cfg.dsa_cp_world_size,
+                "dsa_cp_rank=", cfg.dsa_cp_rank, " is not a rank of a DSA-CP group of dsa_cp_world_size=",
+                cfg.dsa_cp_world_size);
+  if (cfg.dsa_cp_world_size > 1 && ms.dspark_num_spec > 0) {
+    throw_not_supported("dsa_cp_world_size=", cfg.dsa_cp_world_size, " with dspark_num_spec=", ms.dspark_num_spec,
+                        ": DSpark's non-causal SWA indices under DSA-CP (local lengths of the whole KV, the "
+                        "indices sliced per rank) are not implemented (docs/design/sparse_cp.md §10)");
+  }
   rope_ = std::make_unique<aar::detail::RopeRows>(cfg.cos_table, cfg.sin_table);
   AAR_CHECK_ARG(rope_->dim() % 2 == 0 && rope_->dim() <= ms.head_dim, "cos_table has ", rope_->dim(),
                 " columns: the rope dim must be even and <= head_dim=", ms.head_dim);
@@ -411,6 +518,10 @@ const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, p
 }
 
 const StepMetadata& StepBuilder::build_for_drafting(const StepInputs& in, int32_t d) {
+  if (cfg_.dsa_cp_world_size > 1) {
+    throw_not_supported("build_for_drafting with dsa_cp_world_size=", cfg_.dsa_cp_world_size, ": draft steps under "
+                        "DSA-CP (per-draft local token metadata) are not implemented (docs/design/sparse_cp.md §10)");
+  }
   return lane(d).build(in, nullptr);
 }
 
@@ -566,10 +677,14 @@ class GroupBuilder::Lane {
     const size_t dsn = dspark ? static_cast<size_t>(T) * dspark_width_ : 0;
     if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
     const size_t ub = static_cast<size_t>(B);
+    // DSA-CP (docs/design/sparse_cp.md §10): the attention's lengths are the rank's local ones.
+    const bool cp = st.dsa_cp.world_size > 1;
     if (cmp_lens_) {
-      // Cannot fail here: seq_lens were validated by the step build and are <= its max_seqlen_kv.
-      flash_mla_cmp_lengths(st.plan.seq_lens, st.max_seqlen_kv, ratio, plan::Span<int32_t>(s + r.cmp, ub),
-                            plan::Span<int32_t>(s + r.cres, ub));
+      // Cannot fail here: seq_lens were validated by the step build and are <= its max_seqlen_kv
+      // (the local ones by plan_token_shard, <= their max).
+      flash_mla_cmp_lengths(cp ? st.dsa_cp.seq_lens_host : st.plan.seq_lens,
+                            cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv, ratio,
+                            plan::Span<int32_t>(s + r.cmp, ub), plan::Span<int32_t>(s + r.cres, ub));
     }
     buffers_->copy(r.slots, bt_.offset + B * stride - r.slots);
     buffers_->finish();
@@ -622,7 +737,7 @@ class GroupBuilder::Lane {
     if (cmp_lens_) {
       set(md_.seqused_cmp_kv, v_scmp_.get(B, r.cmp, [&] { return device_.narrow(0, r.cmp, B); }));
       set(md_.cmp_residual_kv, v_cres_.get(B, r.cres, [&] { return device_.narrow(0, r.cres, B); }));
-      md_.max_seqlen_cmp_kv = st.max_seqlen_kv / ratio;
+      md_.max_seqlen_cmp_kv = (cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv) / ratio;
       md_.seqused_cmp_kv_host = plan::CSpan<int32_t>(s + r.cmp, ub);
       md_.cmp_residual_kv_host = plan::CSpan<int32_t>(s + r.cres, ub);
     }
@@ -699,13 +814,16 @@ class GroupBuilder::Lane {
     a.num_heads_q = ms.num_heads_q;
     a.num_heads_kv = 1;
     a.head_dim = ms.head_dim;
-    a.cu_seqlens_q = st.query_start_loc;
+    // DSA-CP (docs/design/sparse_cp.md §10): the rank's slice, every head (num_heads_q is then
+    // the model's), the local lengths.
+    const bool cp = st.dsa_cp.world_size > 1;
+    a.cu_seqlens_q = cp ? st.dsa_cp.query_start_loc : st.query_start_loc;
     a.cu_seqlens_ori_kv = opt(md_.cu_seqlens_ori_kv);
     a.cu_seqlens_cmp_kv = opt(md_.cu_seqlens_cmp_kv);
-    a.seqused_kv = st.seq_lens;
+    a.seqused_kv = cp ? st.dsa_cp.seq_lens : st.seq_lens;
     a.batch_size = st.num_kernel_reqs;
-    a.max_seqlen_q = st.max_seqlen_q;
-    a.max_seqlen_kv = st.max_seqlen_kv;
+    a.max_seqlen_q = cp ? st.dsa_cp.max_seqlen_q : st.max_seqlen_q;
+    a.max_seqlen_kv = cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv;
     a.cmp_topk = ratio == 4 ? ms.index_topk : 0;
     a.cmp_ratio = ratio <= 1 ? 1 : (ratio == 4 ? 4 : 128);
     a.ori_mask_mode = 4;
@@ -756,11 +874,13 @@ class GroupBuilder::Lane {
       q_ends_ = st.query_start_loc.narrow(0, 1, st.num_kernel_reqs);
       qsl_src_.bind(st.query_start_loc);
     }
-    m.actual_seq_lengths_query = q_ends_;
-    m.actual_seq_lengths_key = st.seq_lens;
+    // DSA-CP (docs/design/sparse_cp.md §10): the selection of the rank's slice, local lengths.
+    const bool cp = st.dsa_cp.world_size > 1;
+    m.actual_seq_lengths_query = cp ? st.dsa_cp.q_ends : q_ends_;
+    m.actual_seq_lengths_key = cp ? st.dsa_cp.seq_lens : st.seq_lens;
     m.batch_size = st.num_kernel_reqs;
-    m.max_seqlen_q = st.max_seqlen_q;
-    m.max_seqlen_k = st.max_seqlen_kv;
+    m.max_seqlen_q = cp ? st.dsa_cp.max_seqlen_q : st.max_seqlen_q;
+    m.max_seqlen_k = cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv;
     m.layout_query = "TND";
     m.layout_key = "PA_BSND";
     m.sparse_count = ms.index_topk;
@@ -770,12 +890,15 @@ class GroupBuilder::Lane {
     ops::vllm_quant_lightning_indexer_metadata_out(m, md_.qli_metadata);
     return true;
   }
+  // DSA-CP: the attention runs on the rank's slice, so its query_start_loc and cumsum(S) are the
+  // local ones (docs/design/sparse_cp.md §10).
   at::Tensor cu_tensor(CuSeqlensKv k, const StepMetadata& st) const {
+    const bool cp = st.dsa_cp.world_size > 1;
     switch (k) {
       case CuSeqlensKv::None: return {};
       case CuSeqlensKv::EmptyTensor: return empty_;
-      case CuSeqlensKv::QueryStartLoc: return st.query_start_loc;
-      case CuSeqlensKv::CumsumSeqLens: return st.cu_seqlens_kv;
+      case CuSeqlensKv::QueryStartLoc: return cp ? st.dsa_cp.query_start_loc : st.query_start_loc;
+      case CuSeqlensKv::CumsumSeqLens: return cp ? st.dsa_cp.cu_seqlens_kv : st.cu_seqlens_kv;
     }
     return {};
   }

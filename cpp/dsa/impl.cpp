@@ -10,10 +10,12 @@
 #include <optional>
 #include <tuple>
 
+#include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/dsa_compressor.h"
+#include "ascend_attn_rt/ops/fault_injection.h"
 #include "ascend_attn_rt/ops/dsa_inplace_ops.h"
 #include "ascend_attn_rt/ops/hadamard.h"
 #include "ascend_attn_rt/ops/lightning_indexer.h"
@@ -24,6 +26,7 @@
 #include "ascend_attn_rt/ops/out_variants.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 #include "ascend_attn_rt/dsa/graph.h"
+#include "ascend_attn_rt/sparse/oproj_switch.h"
 #include "workspace.h"
 #include "../common/impl_checks.h"
 #include "../common/inference_scope.h"
@@ -162,6 +165,18 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                   c.rope_dim);
   }
 
+  // DSA-CP (docs/design/sparse_cp.md §10): every head's query, the o_proj shard of W ranks.
+  const int64_t W = c.dsa_cp_comm != nullptr ? c.dsa_cp_comm->size() : 1;
+  if (W > 1) {
+    AAR_CHECK_ARG(c.num_heads % W == 0 && c.o_groups % W == 0, "dsa_cp_comm has ", W,
+                  " ranks, which must divide num_heads=", c.num_heads, " and o_groups=", c.o_groups,
+                  " (under DSA-CP they are the model's; each rank's o_proj shard holds whole heads and groups)");
+    if (w.wo_a_scale.defined()) {
+      throw_not_supported("the MX-fp8 o_proj (weight wo_a_scale) under DSA-CP (dsa_cp_comm of ", W, " ranks) is "
+                          "not implemented: its all-to-all road and full-weight switch take the Bmm o_proj "
+                          "(docs/design/sparse_cp.md §10); pass a bf16 wo_a without wo_a_scale");
+    }
+  }
   // Weights.
   AAR_CHECK_ARG(w.wq_a.defined(), "weight wq_a must be given");
   const at::ScalarType dt = w.wq_a.scalar_type();
@@ -188,6 +203,7 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   check(w.wkv, "wkv", {D, H});
   check(w.kv_norm, "kv_norm", {D});
   check(w.attn_sink, "attn_sink", {N}, /*fp32=*/true);
+  const int64_t Gs = G / W;  // the groups of this rank's o_proj shard (all of them without DSA-CP)
   // o_proj (docs/design/dsa.md §5.2): the plan allows the MX-fp8 path, the checkpoint's wo_a_scale selects it (impl.h).
   if (w.wo_a_scale.defined()) {
     AAR_CHECK_ARG(c.plan.o_proj == OProjKind::MxFp8QuantBmm, "weight wo_a_scale is given but the plan's o_proj is ",
@@ -212,9 +228,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   } else {
     AAR_CHECK_ARG(!w.wo_a.defined() || w.wo_a.scalar_type() != at::kFloat8_e4m3fn, "weight wo_a is Float8_e4m3fn "
                   "but wo_a_scale is not given: an MX-fp8 wo_a needs its scales (G, k / 64, o_lora, 2)");
-    check(w.wo_a, "wo_a", {G, N * D / G, c.o_lora_rank});
+    check(w.wo_a, "wo_a", {Gs, N * D / G, c.o_lora_rank});
   }
-  check(w.wo_b, "wo_b", {H, G * c.o_lora_rank});
+  check(w.wo_b, "wo_b", {H, Gs * c.o_lora_rank});
   if (c.compress_ratio > 1) {
     const int64_t coff = c4 ? 2 : 1;
     check(w.cmp_wkv, "cmp_wkv", {coff * D, H});
@@ -265,7 +281,23 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   }
   ws_ = detail::Workspace::shared(ws);
   ones_d_ = at::ones({D}, w.wq_a.options());  // the weightless per-head RMS (gamma 1 is exact in any dtype)
+  if (W > 1) {
+    // wo_a gathered along its groups, wo_b along its columns: switched together (one guard).
+    oproj_full_ = std::make_unique<sparse::OProjFullWeight>(
+        std::vector<sparse::OProjFullWeight::Slot>{{&w_.wo_a, 0}, {&w_.wo_b, 1}}, *c.dsa_cp_comm);
+  }
 }
+
+Impl::~Impl() = default;
+
+const at::Tensor& Impl::o_proj_full_pool(int64_t i) const {
+  AAR_CHECK_ARG(oproj_full_ != nullptr, "the layer has no DSA-CP (dsa_cp_comm of more than one rank): no o_proj "
+                "full-weight pool");
+  AAR_CHECK_ARG(i == 0 || i == 1, "o_proj full-weight pool index must be 0 (wo_a) or 1 (wo_b), got ", i);
+  return oproj_full_->pool(static_cast<size_t>(i));
+}
+
+int32_t Impl::dsa_cp_world_size() const { return cfg_.dsa_cp_comm != nullptr ? cfg_.dsa_cp_comm->size() : 1; }
 
 Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const LayerMetadata& md,
                             const at::Tensor& output, sfa::TopkBuffer* topk) const {
@@ -281,6 +313,9 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 " but the layer's is ", c.compress_ratio);
   AAR_CHECK_ARG(md.step != nullptr, "metadata.step is missing");
   check_current(md.step->stamp, "metadata.step");
+  // docs/design/sparse_cp.md §10: the layer's group against the step's token shard.
+  cp::check_comm_matches(c.dsa_cp_comm, md.step->dsa_cp.world_size, md.step->dsa_cp.rank, "DSA-CP", "dsa_cp_comm",
+                         "dsa_cp_world_size");
   check_group(md.swa, "swa");
   // The window is the model's, set once on the StepBuilder; a layer that
   // names one of its own must name the same (it would attend another span
@@ -570,19 +605,19 @@ void Impl::indexer_cache_update(const at::Tensor& x, const Caches& c, const Laye
   ops::scatter_nd_update_v2(sc, islots, scale_rows);
 }
 
-at::Tensor Impl::indexer_topk(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
-                              const detail::TokenViews& v, const detail::RowViews& rv, const StepViews& sv, int64_t n,
-                              int64_t r, bool graph, sfa::TopkBuffer* topk) {
+at::Tensor Impl::indexer_select(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
+                                const detail::TokenViews& v, const at::Tensor& cos3, const at::Tensor& sin3,
+                                const at::Tensor& q_ends, const at::Tensor& k_lens, int64_t n, bool graph,
+                                sfa::TopkBuffer* topk) {
   const ImplConfig& cf = cfg_;
   const int64_t Di = cf.index_head_dim, R = cf.rope_dim;
   const GroupMetadata& ig = *md.indexer_cache;
-  // 1. indexer q: RoPE on the last R dims, then rotate_activation.
+  // 1. indexer q: RoPE on the last R dims, then rotate_activation. (2., the indexer compressor and
+  // cache write, is indexer_cache_update, run before: the whole step's, under DSA-CP too.)
   ops::dense::linear_out(v.qi2, v.qa, w_.idx_wq_b);
   at::Tensor qi = v.qi;
-  ops::inplace_partial_rotary_mul(qi, sv.cos3, sv.sin3, "interleave", {Di - R, Di});
+  ops::inplace_partial_rotary_mul(qi, cos3, sin3, "interleave", {Di - R, Di});
   ops::hadamard_rotate_out(v.qi_rot, v.qi, hadamard_);
-  // 2. the indexer compressor and cache write.
-  indexer_cache_update(x, c, md, rv, r, graph);
   // 3. weights (the scale folded into the projection) in the plan's dtype.
   ops::dense::linear_out(v.wts_raw, x, idx_wproj_scaled_);
   if (!v.wts.is_same(v.wts_raw)) ops::dense::copy(v.wts, v.wts_raw);
@@ -601,8 +636,8 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const Caches& c, const LayerM
   b.query = q_q;
   b.key = c.indexer_k;
   b.weights = v.wts;
-  b.actual_seq_lengths_query = sv.q_ends;
-  b.actual_seq_lengths_key = ig.seq_lens;
+  b.actual_seq_lengths_query = q_ends;
+  b.actual_seq_lengths_key = k_lens;
   b.block_table = ig.block_table;
   b.layout_query = "TND";
   b.layout_key = "PA_BSND";
@@ -623,6 +658,72 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const Caches& c, const LayerM
   }
   const at::Tensor sel = std::get<0>(ops::vllm_quant_lightning_indexer(a));
   return cf.use_index_cache ? topk->store(sel) : sel;
+}
+
+at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& cu_q,
+                        const at::Tensor& seqused, const at::Tensor& sel, const at::Tensor& ori_sparse,
+                        const at::Tensor& out) const {
+  const ImplConfig& cf = cfg_;
+  const GroupMetadata& common = md.common();
+  const GroupMetadata& swa = *md.swa;
+  ops::SparseAttnSharedKvArgs a;
+  a.q = q;
+  a.ori_kv = c.swa_kv;
+  a.ori_block_table = swa.block_table;
+  a.cu_seqlens_q = cu_q;
+  a.seqused_kv = seqused;
+  a.sinks = sinks_f32_;
+  if (common.sas_metadata_filled) a.metadata = common.sas_metadata;
+  a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(cf.head_dim));
+  a.cmp_ratio = std::max<int64_t>(cf.compress_ratio, 1);
+  a.ori_mask_mode = 4;
+  a.ori_win_left = swa.ori_win_left;
+  a.ori_win_right = swa.ori_win_right;
+  a.layout_q = "TND";
+  a.layout_kv = to_string(cf.plan.layout_kv);
+  if (cf.plan.passes_cu_seqlens_kv_extras) {
+    if (common.cu_seqlens_ori_kv.defined()) a.cu_seqlens_ori_kv = common.cu_seqlens_ori_kv;
+    if (cf.compress_ratio > 1 && common.cu_seqlens_cmp_kv.defined()) a.cu_seqlens_cmp_kv = common.cu_seqlens_cmp_kv;
+  }
+  if (cf.compress_ratio <= 1) {
+    if (ori_sparse.defined()) a.ori_sparse_indices = ori_sparse;
+  } else {
+    a.cmp_kv = c.compress_kv;
+    a.cmp_block_table = md.attention->block_table;
+    a.cmp_mask_mode = 3;
+    if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
+  }
+  const bool kv_quant = cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
+  // Made only on that plan (its many optional tensors cost a construction and
+  // a destruction per call otherwise).
+  std::optional<ops::KvQuantSparseAttnSharedKvArgs> qa;
+  if (kv_quant) {
+    qa.emplace();
+    qa->base = a;
+    qa->kv_quant_mode = cf.plan.kv_quant_mode;
+    qa->tile_size = cf.plan.tile_size;
+    qa->rope_head_dim = cf.plan.rope_head_dim;
+  }
+  if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
+    // docs/design/dsa.md §4.2: the sharedkv arguments through the adapter (seqused_kv ->
+    // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
+    // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
+    // Eager only (capture of this plan is refused in validate()).
+    std::optional<ops::FlashMlaCmpLengthTensors> cmp;
+    if (cf.compress_ratio > 1) {
+      cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
+    }
+    return std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
+  }
+  if (out.defined()) {
+    if (kv_quant) {
+      ops::kv_quant_sparse_attn_sharedkv_out(*qa, out);
+    } else {
+      ops::sparse_attn_sharedkv_out(a, out);
+    }
+    return out;
+  }
+  return std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(*qa) : ops::sparse_attn_sharedkv(a));
 }
 
 void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
@@ -660,7 +761,8 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
       indexer_cache_update(x, c, md, rv, r, graph);  // docs/design/sparse.md §6: the compressors still run
       sel = topk->view(n);
     } else {
-      sel = indexer_topk(x, c, md, v, rv, sv, n, r, graph, topk);
+      indexer_cache_update(x, c, md, rv, r, graph);
+      sel = indexer_select(x, c, md, v, sv.cos3, sv.sin3, sv.q_ends, md.indexer_cache->seq_lens, n, graph, topk);
     }
   }
   if (cf.compress_ratio > 1) {
@@ -674,65 +776,11 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   last_topk_ = sel;
 
   // ---- SAS attention (docs/design/dsa.md §5.1)
-  ops::SparseAttnSharedKvArgs a;
-  a.q = v.q;
-  a.ori_kv = c.swa_kv;
-  a.ori_block_table = swa.block_table;
-  a.cu_seqlens_q = common.query_start_loc;
-  a.seqused_kv = common.seq_lens;
-  a.sinks = sinks_f32_;
-  if (common.sas_metadata_filled) a.metadata = common.sas_metadata;
-  a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(D));
-  a.cmp_ratio = std::max<int64_t>(cf.compress_ratio, 1);
-  a.ori_mask_mode = 4;
-  a.ori_win_left = swa.ori_win_left;
-  a.ori_win_right = swa.ori_win_right;
-  a.layout_q = "TND";
-  a.layout_kv = to_string(cf.plan.layout_kv);
-  if (cf.plan.passes_cu_seqlens_kv_extras) {
-    if (common.cu_seqlens_ori_kv.defined()) a.cu_seqlens_ori_kv = common.cu_seqlens_ori_kv;
-    if (cf.compress_ratio > 1 && common.cu_seqlens_cmp_kv.defined()) a.cu_seqlens_cmp_kv = common.cu_seqlens_cmp_kv;
-  }
-  if (cf.compress_ratio <= 1) {
-    if (swa.dspark_swa_indices.defined()) a.ori_sparse_indices = first_rows(swa.dspark_swa_indices, n);
-  } else {
-    a.cmp_kv = c.compress_kv;
-    a.cmp_block_table = md.attention->block_table;
-    a.cmp_mask_mode = 3;
-    if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
-  }
-  const bool kv_quant = cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
-  // Made only on that plan (its many optional tensors cost a construction and
-  // a destruction per call otherwise).
-  std::optional<ops::KvQuantSparseAttnSharedKvArgs> qa;
-  if (kv_quant) {
-    qa.emplace();
-    qa->base = a;
-    qa->kv_quant_mode = cf.plan.kv_quant_mode;
-    qa->tile_size = cf.plan.tile_size;
-    qa->rope_head_dim = cf.plan.rope_head_dim;
-  }
-  at::Tensor o;
-  if (cf.plan.sparse_attn == SparseAttnPath::SparseFlashMla) {
-    // docs/design/dsa.md §4.2: the sharedkv arguments through the adapter (seqused_kv ->
-    // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
-    // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
-    // Eager only (capture of this plan is refused in validate()).
-    std::optional<ops::FlashMlaCmpLengthTensors> cmp;
-    if (cf.compress_ratio > 1) {
-      cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
-    }
-    o = std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
-  } else if (graph) {
-    if (kv_quant) {
-      ops::kv_quant_sparse_attn_sharedkv_out(*qa, v.o);
-    } else {
-      ops::sparse_attn_sharedkv_out(a, v.o);
-    }
-    o = v.o;
-  } else {
-    o = std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(*qa) : ops::sparse_attn_sharedkv(a));
-  }
+  at::Tensor o = attend(c, md, v.q, common.query_start_loc, common.seq_lens, sel,
+                        cf.compress_ratio <= 1 && swa.dspark_swa_indices.defined()
+                            ? first_rows(swa.dspark_swa_indices, n)
+                            : at::Tensor(),
+                        graph ? v.o : at::Tensor());
 
   // ---- inverse RoPE and o_proj (docs/design/dsa.md §5.2)
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
@@ -740,6 +788,117 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   // Graph mode: into the workspace (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
   run_o_proj(o, out_n, graph ? &v : nullptr);
   if (n < T) ops::dense::zero(output.narrow(0, n, T - n));
+}
+
+void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
+                      sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws) {
+  // docs/design/sparse_cp.md §10. Every rank holds the whole step's hidden states, writes every
+  // token's KV / compressor / indexer rows into its complete caches, and computes every head for
+  // its token slice [local_start, local_end) (padding rows up to tokens_per_rank take part in the
+  // collectives as zeros). Every collective below is issued by every rank in the same order,
+  // whatever its slice holds.
+  const ImplConfig& cf = cfg_;
+  const StepMetadata& st = *md.step;
+  const DsaCpStepMetadata& sh = st.dsa_cp;
+  cp::Comm& comm = *cf.dsa_cp_comm;
+  const GroupMetadata& swa = *md.swa;
+  const int64_t W = sh.world_size, tpr = sh.tokens_per_rank, nloc = sh.num_local_tokens();
+  const int64_t T = hidden.size(0), N = cf.num_heads, D = cf.head_dim, R = cf.rope_dim;
+  const int32_t ratio = cf.compress_ratio;
+  const at::Tensor x = tk == T ? hidden : hidden.narrow(0, 0, tk);
+
+  // ---- 1. the whole step: the SWA KV, the compressors and the indexer cache (the step's RoPE
+  // rows, global lengths), as without DSA-CP.
+  const detail::TokenViews& vf = ws.tokens(tk);
+  const int64_t r = ratio > 1 ? std::min<int64_t>(tk, tk / ratio + st.num_kernel_reqs) : 0;
+  const detail::RowViews& rv = ws.rows(r);
+  const StepViews& sv = step_views(md, tk);
+  ops::dense::linear_out(vf.kv, x, w_.wkv);
+  ops::dense::rms_norm_out(vf.kv, vf.kv, w_.kv_norm, cf.eps);
+  at::Tensor kvr = vf.kv;
+  ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
+  write_kv_rows(c.swa_kv, sv.swa_slots, vf.kv, swa.num_valid_rows);
+  if (ratio == 4) indexer_cache_update(x, c, md, rv, r, /*graph=*/false);
+  if (ratio > 1) {
+    const GroupMetadata& ag = *md.attention;
+    const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
+                                           *md.compressor_state, ag, R, ratio, ratio == 4 ? 2 : 1, cf.eps,
+                                           at::Tensor());
+    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
+  }
+
+  // ---- 2. the slice: every head's query, the selection and SAS attention with the local lengths.
+  // The slice's rows (tpr, N D), zeros past its real tokens.
+  const at::Tensor y = at::zeros({tpr, N * D}, hidden.options());
+  if (nloc > 0) {
+    const at::Tensor xl = hidden.narrow(0, sh.local_start, nloc);
+    const detail::TokenViews& v = ws.tokens(nloc);
+    // The query rotates with the rows of the layer's table (compressed layers: compress_rope_theta).
+    const bool ctab = ratio > 1;
+    const at::Tensor cos3 = (ctab ? sh.compress_cos : sh.cos).narrow(0, 0, nloc).view({nloc, 1, R});
+    const at::Tensor sin3 = (ctab ? sh.compress_sin : sh.sin).narrow(0, 0, nloc).view({nloc, 1, R});
+    const at::Tensor neg3 = (ctab ? sh.compress_neg_sin : sh.neg_sin).narrow(0, 0, nloc).view({nloc, 1, R});
+    ops::dense::linear_out(v.qa, xl, w_.wq_a);
+    ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);
+    ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
+    ops::dense::rms_norm_out(v.q, v.q, ones_d_, cf.eps);
+    at::Tensor q = v.q;
+    ops::inplace_partial_rotary_mul(q, cos3, sin3, "interleave", {D - R, D});
+    at::Tensor sel;
+    if (ratio == 4) {
+      // A layer without its own selection reads the buffer's rows of the slice (every layer of a
+      // step sees the same slice).
+      sel = cf.skip_topk ? topk->view(nloc)
+                         : indexer_select(xl, c, md, v, cos3, sin3, sh.q_ends, sh.seq_lens, nloc, /*graph=*/false,
+                                          topk);
+    }
+    last_topk_ = sel;
+    // The builder's local blob and cu_seqlens tensors (docs/design/sparse_cp.md §10.1).
+    at::Tensor o = attend(c, md, v.q, sh.query_start_loc, sh.seq_lens, sel, at::Tensor(), at::Tensor());
+    ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
+    ops::dense::copy(y.narrow(0, 0, nloc), o.view({nloc, N * D}));
+  } else {
+    last_topk_ = ratio == 4 ? at::empty({0, 1, cf.index_topk}, hidden.options().dtype(at::kInt)) : at::Tensor();
+  }
+
+  // ---- 3. back to the whole step's tokens.
+  const bool decode_state =
+      st.attn_state == plan::AttentionState::DecodeOnly || st.attn_state == plan::AttentionState::SpecDecoding;
+  at::Tensor full;  // (T_pad, hidden)
+  if (!decode_state && cf.dsa_cp_full_o_proj_prefill) {
+    // The full o_proj on this rank's tokens (wo_a and wo_b gathered into the static pools and
+    // switched in under one guard, which restores both shards on every path), then the tokens
+    // gathered.
+    oproj_full_->gather();
+    at::Tensor part;
+    {
+      const sparse::OProjFullWeight::Guard guard(*oproj_full_);
+      ops::testing::fault_point();  // a test's fault lands inside the switch (test_dsa_cp.py)
+      part = bmm_o_proj(y, cf.o_groups);  // (tpr, hidden)
+    }
+    full = comm.all_gather(part, 0);
+  } else {
+    // This rank's heads for every token (an all-to-all of head blocks [tpr, W, N/W D] ->
+    // [T_pad, N/W D]), its o_proj shard (groups [r G/W, (r+1) G/W), the same heads), and the
+    // partial sums reduced over the group.
+    const int64_t C = N * D / W;
+    const at::Tensor blocks = y.view({tpr, W, C}).transpose(0, 1).contiguous().view({W * tpr, C});
+    const at::Tensor mine = comm.all_to_all_single(blocks);  // block i: rank i's tokens
+    full = bmm_o_proj(mine, cf.o_groups / W).contiguous();
+    comm.all_reduce(full);
+  }
+  // output[:tk] the step's rows (as without DSA-CP, rows past the requests' tokens are zeros).
+  ops::dense::copy(output.narrow(0, 0, tk), full.narrow(0, 0, tk));
+  if (T > tk) ops::dense::zero(output.narrow(0, tk, T - tk));
+}
+
+at::Tensor Impl::bmm_o_proj(const at::Tensor& o, int64_t groups) const {
+  static constexpr int64_t kPerm102[] = {1, 0, 2};
+  const int64_t n = o.size(0), k = cfg_.num_heads * cfg_.head_dim / cfg_.o_groups;
+  const at::Tensor yg = ops::transpose_batchmatmul(o.view({n, groups, k}), w_.wo_a, c10::IntArrayRef(kPerm102),
+                                                   std::nullopt, c10::IntArrayRef(kPerm102));
+  const std::array<int64_t, 2> y2{n, groups * cfg_.o_lora_rank};
+  return ops::dense::linear(yg.is_contiguous() ? yg.view(y2) : yg.reshape(y2), w_.wo_b);
 }
 
 namespace {
@@ -823,8 +982,18 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   // (the builders' buffers, the caches, the workspace, the top-k buffer) and
   // no host list: the device graph captures them as they are and an update
   // has nothing to re-issue; the CPU recording provider replays the closure.
-  auto run_layer = [this, cl, c, topk]() {
-    run(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, /*graph=*/true, *cl->ws);
+  // DSA-CP (docs/design/sparse_cp.md §10): the replay runs the decode road, its collectives
+  // issued inside the replayed step (every rank replays in the same order); its host values
+  // (tpr, the slice) follow from the bucket, its device lengths and RoPE rows are the step
+  // builder's stable views, and its intermediates past the workspace are allocated per call (on
+  // the device, inside a capture, from the graph's private pool, as SFA's DSA-CP decode road).
+  const bool dsa_cp = st.dsa_cp.world_size > 1;
+  auto run_layer = [this, cl, c, topk, dsa_cp]() {
+    if (dsa_cp) {
+      run_dsa_cp(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, *cl->ws);
+    } else {
+      run(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, /*graph=*/true, *cl->ws);
+    }
   };
   // At each update: the step must fit what the layer was captured with.
   auto fits = [cl, layer = cf.layer_index](const graph::StepParams& sp, int64_t bucket) {
@@ -873,7 +1042,15 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     output.zero_();
     return output;
   }
-  if (st.has_prefill()) {
+  if (st.dsa_cp.world_size > 1) {
+    // tk is the step's (rank-independent): every rank runs the same collectives or none (tk 0).
+    if (st.has_prefill()) {
+      detail::Workspace local(ws_->shape());
+      run_dsa_cp(hidden, c, md, output, topk, tk, local);
+    } else {
+      run_dsa_cp(hidden, c, md, output, topk, tk, *ws_);
+    }
+  } else if (st.has_prefill()) {
     // Prefill batches may be long: their intermediates are allocated for the
     // call, so the shared workspace stays sized for decode batches.
     detail::Workspace local(ws_->shape());

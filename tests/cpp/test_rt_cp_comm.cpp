@@ -283,3 +283,38 @@ TEST(OProjFullWeight, GuardRestoresTheShardOnEveryPath) {
   at::Tensor nc = ramp({3, 4}).t();
   EXPECT_THROW({ aar::sparse::OProjFullWeight bad(nc, c); }, aar::InvalidArgument);
 }
+
+// Several slots under one guard (DSA's wo_a along dim 0 and wo_b along dim 1, docs/design/sparse_cp.md §10):
+// one all-gather per slot, every handle switched and restored together, an exception included.
+TEST(OProjFullWeight, SeveralSlotsSwitchUnderOneGuard) {
+  Fake f = make_group(1, 2);
+  Comm c(f.pg);
+  at::Tensor a = ramp({2, 3, 4}), b = ramp({5, 6});
+  const at::Tensor sa = a, sb = b;
+  aar::sparse::OProjFullWeight w({{&a, 0}, {&b, 1}}, c);
+  ASSERT_EQ(w.num_slots(), 2u);
+  ASSERT_EQ(w.pool(0).sizes(), (c10::IntArrayRef{4, 3, 4}));
+  ASSERT_EQ(w.pool(1).sizes(), (c10::IntArrayRef{5, 12}));
+  w.gather();
+  EXPECT_EQ(c.calls(CommOp::AllGather), 2);
+  EXPECT_TRUE(at::equal(w.pool(0), at::cat({sa, sa}, 0)));
+  EXPECT_TRUE(at::equal(w.pool(1), at::cat({sb, sb}, 1)));
+  try {
+    aar::sparse::OProjFullWeight::Guard g(w);
+    EXPECT_TRUE(a.is_same(w.pool(0)) && b.is_same(w.pool(1)));
+    throw std::runtime_error("failure mid-switch");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_TRUE(a.is_same(sa) && b.is_same(sb));
+  EXPECT_FALSE(w.switched());
+  // A replaced handle is refused before any collective.
+  b = ramp({5, 6});
+  const int64_t before = c.calls();
+  EXPECT_THROW(w.gather(), aar::InvalidArgument);
+  EXPECT_EQ(c.calls(), before);
+  b = sb;
+  EXPECT_THROW(w.pool(2), aar::InvalidArgument);
+  at::Tensor nc = ramp({3, 4}).t();
+  EXPECT_THROW({ aar::sparse::OProjFullWeight bad({{&a, 0}, {&nc, 1}}, c); }, aar::InvalidArgument);
+  EXPECT_THROW({ aar::sparse::OProjFullWeight bad({{&a, 3}}, c); }, aar::InvalidArgument);
+}

@@ -3,7 +3,8 @@
 // group (block table, slots, DSpark indices, tiling blobs), each one host-to-device
 // copy into stable per-lane buffers. Batches must be decode-first; a rejected build
 // writes nothing; metadata is valid until its builder's next build (build_stamp.h).
-// Design: docs/design/dsa.md §3 (builders, slots, routing, DSpark, blobs, drafts).
+// Design: docs/design/dsa.md §3 (builders, slots, routing, DSpark, blobs, drafts); the DSA-CP
+// token shard (StepBuilderConfig::dsa_cp_world_size): docs/design/sparse_cp.md §10.1.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -63,6 +64,12 @@ struct StepBuilderConfig : core::Capacities, core::StagingConfig {
   at::Tensor cos_table, sin_table;
   at::Tensor compress_cos_table, compress_sin_table;
   ModelSettings model;                          // read by every GroupBuilder of this step
+  // DSA-CP (docs/design/sparse_cp.md §4, §10): the size of the group the step's tokens are split
+  // over (the TP group) and this rank's place in it; > 1 adds StepMetadata::dsa_cp, and every
+  // group's SAS / QLI blobs and cu_seqlens tensors take the local lengths. Not combinable with
+  // DSpark (dspark_num_spec) or drafting (build_for_drafting), refused by name.
+  int32_t dsa_cp_world_size = 1;
+  int32_t dsa_cp_rank = 0;
 };
 
 // The step (core::StepInput): query_start_loc (B+1, leading 0), seq_lens (B,

@@ -4,7 +4,8 @@
 // AttnKvPlan (dsa/plan/dsa_kv_plan.h); forward validates everything before the first write,
 // does no host metadata work, and inside a graph capture records itself as one call
 // or refuses by name. Design: docs/design/dsa.md §5 (forward, o_proj, workspaces),
-// §6 (graph capture), §4.2 (the three plans).
+// §6 (graph capture), §4.2 (the three plans); DSA-CP token sharding (ImplConfig::dsa_cp_comm):
+// docs/design/sparse_cp.md §10.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +23,12 @@
 
 namespace aar::graph {
 class GraphParams;
+}
+namespace aar::cp {
+class Comm;
+}
+namespace aar::sparse {
+class OProjFullWeight;
 }
 
 namespace aar::dsa {
@@ -57,6 +64,20 @@ struct ImplConfig {
   // run forward concurrently (two engines on two threads) must use different
   // groups, as MLA / SFA's workspace_group.
   int64_t workspace_group = 0;
+  // DSA-CP (docs/design/sparse_cp.md §10): the group the step's tokens are split over (the TP
+  // group, W ranks; must outlive the layer). With W > 1 the layer computes every head for its
+  // token slice: num_heads and o_groups are the model's (all of them: wq_b, attn_sink and the
+  // query for every head), and it holds its row-parallel o_proj shard, wo_a's groups
+  // [r G/W, (r+1) G/W) as (G/W, N D / G, o_lora) and wo_b's matching columns (hidden, G/W o_lora);
+  // its output is the complete output on every rank. Needs metadata built with the same
+  // dsa_cp_world_size and rank (StepBuilderConfig), W dividing num_heads and o_groups, and the
+  // Bmm o_proj (the MX-fp8 one, wo_a_scale, is refused by name).
+  cp::Comm* dsa_cp_comm = nullptr;
+  // Under DSA-CP, steps with prefills: the full o_proj (wo_a and wo_b gathered into static pools
+  // and switched in under one guard, sparse/oproj_switch.h) on this rank's tokens, then the
+  // outputs all-gathered along the tokens. false: every step takes the decode road (all-to-all,
+  // the shard's o_proj, all-reduce).
+  bool dsa_cp_full_o_proj_prefill = true;
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
@@ -104,6 +125,7 @@ class Impl {
   KvHooks kv_hooks;
 
   Impl(const ImplConfig& cfg, const Weights& weights);
+  ~Impl();
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
@@ -123,6 +145,12 @@ class Impl {
   OProjKind o_proj() const { return o_proj_; }
   // The C4 selection (T, 1, K) int32 of the last forward (undefined otherwise).
   const at::Tensor& last_topk() const { return last_topk_; }
+  // The o_proj weights as the layer holds them now (under DSA-CP: its shards outside a switch),
+  // and (DSA-CP only) the full-weight pools of the switch: 0 wo_a, 1 wo_b.
+  const at::Tensor& wo_a() const { return w_.wo_a; }
+  const at::Tensor& wo_b() const { return w_.wo_b; }
+  const at::Tensor& o_proj_full_pool(int64_t i) const;
+  int32_t dsa_cp_world_size() const;
 
  private:
   struct Caches {
@@ -144,14 +172,31 @@ class Impl {
   void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows);
   void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
                             const detail::RowViews& rv, int64_t r, bool graph);
-  at::Tensor indexer_topk(const at::Tensor& x, const Caches& c, const LayerMetadata& md, const detail::TokenViews& v,
-                          const detail::RowViews& rv, const StepViews& sv, int64_t n, int64_t r, bool graph,
-                          sfa::TopkBuffer* topk);
+  // The C4 selection of the n query rows x (their q-LoRA rows in v.qa): the indexer query with
+  // RoPE rows cos3 / sin3 (n, 1, R), the weights, QLI with the cumulative query ends q_ends and
+  // the KV lengths k_lens (the step's, or under DSA-CP the slice's local ones).
+  at::Tensor indexer_select(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
+                            const detail::TokenViews& v, const at::Tensor& cos3, const at::Tensor& sin3,
+                            const at::Tensor& q_ends, const at::Tensor& k_lens, int64_t n, bool graph,
+                            sfa::TopkBuffer* topk);
   // The layer over the first n rows of hidden (eager: the step's real
   // tokens; graph: the whole bucket), intermediates in `ws`; graph: every
   // operator result lands in the workspace (stable addresses).
   void run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
            sfa::TopkBuffer* topk, int64_t n, bool graph, detail::Workspace& ws);
+  // docs/design/dsa.md §5.1: SAS attention of the query rows q (TND) with cumulative query starts
+  // cu_q (B+1) and KV lengths seqused (the step's, or under DSA-CP the slice's), the C4 selection
+  // sel, DSpark's ori_sparse rows (undefined: none); into out when defined (graph mode), else a
+  // new tensor.
+  at::Tensor attend(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& cu_q,
+                    const at::Tensor& seqused, const at::Tensor& sel, const at::Tensor& ori_sparse,
+                    const at::Tensor& out) const;
+  // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens (eager).
+  void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
+                  sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws);
+  // The Bmm o_proj of o (n, groups * N D / G) with the wo_a / wo_b the layer holds now (groups:
+  // wo_a's leading size), into a new (n, hidden) tensor.
+  at::Tensor bmm_o_proj(const at::Tensor& o, int64_t groups) const;
   void capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const LayerMetadata& md,
                const at::Tensor& output, sfa::TopkBuffer* topk);
   // docs/design/dsa.md §5.2 after the inverse RoPE (eager): o (tk, N, D) -> out (tk, hidden).
@@ -166,6 +211,7 @@ class Impl {
   OProjKind o_proj_ = OProjKind::Bmm;
   std::shared_ptr<detail::Workspace> ws_;
   StepViews step_views_;
+  std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
 };
 
 }  // namespace aar::dsa

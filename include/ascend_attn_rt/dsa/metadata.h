@@ -25,6 +25,32 @@
 
 namespace aar::dsa {
 
+// DSA-CP token sharding of a step (docs/design/sparse_cp.md §4, §10): world_size 1 (every tensor
+// undefined) without it. This rank computes every head for the tokens [local_start,
+// local_start + tokens_per_rank) of the step padded to num_tokens_pad (the kernel requests'
+// tokens, graph padding included); the StepMetadata's other fields stay the whole step's (the
+// KV, compressor and indexer writes of every token, the global lengths).
+struct DsaCpStepMetadata {
+  int32_t world_size = 1;
+  int32_t rank = 0;
+  int32_t num_tokens_pad = 0;   // T_pad = roundup(num_input_tokens, world_size)
+  int32_t tokens_per_rank = 0;  // tpr = T_pad / world_size
+  int32_t local_start = 0;      // rank * tpr
+  int32_t local_end = 0;        // the end of this rank's real tokens (>= local_start)
+  // Maxima of the local query and KV lengths (the local SAS / QLI blobs').
+  int32_t max_seqlen_q = 0, max_seqlen_kv = 0;
+  int32_t num_local_tokens() const { return local_end - local_start; }
+  // Device int32: the local query_start_loc (B+1, cumulative from 0), its ends (B: the QLI's
+  // actual_seq_lengths_query), the KV length each request's last local query sees (B) and
+  // [0, cumsum(those)] (B+1).
+  at::Tensor query_start_loc, q_ends, seq_lens, cu_seqlens_kv;
+  // (tpr, R) RoPE rows of the slice (position 0 in the padding) from the rope_theta table and
+  // their -sin, and the same from the compress_rope_theta table (undefined without it):
+  // compressed layers rotate their query with the latter, as without DSA-CP.
+  at::Tensor cos, sin, neg_sin, compress_cos, compress_sin, compress_neg_sin;
+  plan::CSpan<int32_t> query_start_loc_host, seq_lens_host;  // the build's turn of the staging buffer
+};
+
 // The per-step shared values (upstream's per-step dict, docs/design/dsa.md §3.1
 // ): computed once per step, read by every group of the step.
 //
@@ -87,6 +113,8 @@ struct StepMetadata : core::StepCounts {
     plan::CSpan<int32_t> index_host, position_host, request_host;
   };
   RowArrays row_arrays[3];
+  // StepBuilderConfig::dsa_cp_world_size > 1 only.
+  DsaCpStepMetadata dsa_cp;
   // 0, 1, 2 for ratios <= 1, 4, 128; -1 for any other.
   static int ratio_slot(int32_t ratio) { return ratio <= 1 ? 0 : ratio == 4 ? 1 : ratio == 128 ? 2 : -1; }
   const plan::DsaRows* rows_at(int32_t ratio) const {
