@@ -55,5 +55,10 @@ def test_make_demo_commands_start_the_demo():
     # Every flag a recipe line passes is one the demo's parser knows (the context-parallel runs' flags included).
     for flag in {a for line in recipe for a in line.split() if a.startswith("--")}:
         assert flag in proc.stdout, (flag, proc.stdout)
-    assert "`make demo` runs `PYTHONPATH=python:examples/demo .venv/bin/python -m aar_demo" in \
-        (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "`make demo` runs `PYTHONPATH=python:examples/demo .venv/bin/python -m aar_demo" in readme
+    # The README's demo paragraph names each multi-process run as `aar_demo <its arguments>`.
+    for cmd in recipe:
+        run_args = cmd.split(" -m aar_demo")[1].strip()
+        if "--dcp" in run_args or "--dsa-cp" in run_args:
+            assert f"`aar_demo {run_args}`" in readme, run_args
