@@ -89,6 +89,7 @@ demo: build
 	PYTHONPATH=python:examples/demo $(PY) -m aar_demo --attention dsa
 	PYTHONPATH=python:examples/demo $(PY) -m aar_demo --dcp 2
 	PYTHONPATH=python:examples/demo $(PY) -m aar_demo --attention sfa --dcp 2
+	PYTHONPATH=python:examples/demo $(PY) -m aar_demo --attention dsa --dsa-cp 2
 
 bench: build
 	$(BUILD)/bench_host_cpp --out benchmarks/results/cpp_host.json

@@ -46,6 +46,25 @@ def test_demo_matches_dense(attention, capsys):
             assert kind in out
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--dsa-cp", "2"], "--dsa-cp is implemented for --attention dsa only, got --attention gqa"),
+    (["--attention", "sfa", "--dsa-cp", "2"], "--dsa-cp is implemented for --attention dsa only, got --attention sfa"),
+    (["--attention", "dsa", "--dsa-cp", "2", "--dcp", "2"],
+     "--dcp 2 and --dsa-cp 2: the context-parallel modes are not combined"),
+    (["--attention", "dsa", "--dcp", "2"],
+     "--dcp is implemented for --attention gqa and sfa only, got --attention dsa"),
+    (["--attention", "dsa", "--dsa-cp", "4"], "--dsa-cp 4 must divide the heads (--heads 8) and the o_proj groups (2)"),
+    (["--attention", "dsa", "--dsa-cp", "2", "--heads", "5"],
+     "--dsa-cp 2 must divide the heads (--heads 5) and the o_proj groups (2)"),
+    (["--attention", "dsa", "--dsa-cp", "0"], "--dsa-cp must be >= 1, got 0"),
+])
+def test_demo_context_parallel_flags_refused_by_name(argv, message):
+    # Refused in the driver, before any process is spawned (the full --dsa-cp 2 run is `make demo`'s).
+    with pytest.raises(SystemExit) as e:
+        demo.main(argv + ["--no-progress"])
+    assert message in str(e.value), str(e.value)
+
+
 def _child(*args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PKG_PARENT), str(DEMO_DIR)]))
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, cwd=ROOT,

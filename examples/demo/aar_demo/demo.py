@@ -53,6 +53,20 @@ group (a block id stands for bs tokens on each of the N ranks, a virtual block o
 bs * N). Rank 0 also runs the single-rank engine and reports whether the greedy
 tokens match.
 
+``--attention dsa --dsa-cp N`` serves the DSA stack with DSA-CP over N local
+processes (gloo; docs/design/sparse_cp.md §10): ``aar.dsa.StepBuilder(dsa_cp_world_size=N,
+dsa_cp_rank=r, ...)`` splits every step's tokens into N slices (its local lengths
+and RoPE rows), and ``aar.dsa.Impl(dsa_cp_comm=...)`` holds every head's query
+weights and its row-parallel o_proj shard (wo_a's groups [r G/N, (r+1) G/N) and
+wo_b's matching columns). Every rank writes every token's KV, compressor and
+indexer rows itself, attends for its slice only, and returns the complete output:
+decode steps exchange the heads (all-to-all) and all-reduce the shards' partial
+o_proj sums, steps with prefills gather the full o_proj weights and the slices'
+outputs; the demo tells each layer call's road by its collectives and checks it is
+its step's. Rank 0 checks its slices' indexer selections against the reference,
+runs the single-rank engine and reports whether the greedy tokens match. --dsa-cp
+and --dcp are not combined.
+
 At the end the same stack is run again with plain-torch dense causal attention
 over each request's whole sequence (no cache at all), and the greedy tokens and
 the logits that chose them are compared.
@@ -475,6 +489,7 @@ class EngineStats:
     chunked_prefills: int = 0
     blocks_reused: int = 0
     context_chunks: int = 0  # MLA: context chunks gathered over all steps
+    road_mismatches: int = 0  # DSA-CP: layer calls whose collectives were not their step's output road
     max_running: int = 0
     wall_s: float = 0.0
 
@@ -485,6 +500,8 @@ class Engine:
         self.model, self.args = model, args
         # The DCP group's aar.cp.Comm (--dcp > 1, GQA or SFA), or None.
         self.dcp = getattr(args, "dcp_comm", None) if cfg.attention in ("gqa", "sfa") else None
+        # The DSA-CP group's aar.cp.Comm (--dsa-cp > 1, DSA), or None.
+        self.dsa_cp = getattr(args, "dsa_cp_comm", None) if cfg.attention == "dsa" else None
         W = self.dcp.size if self.dcp is not None else 1
         self.bs = args.block_size
         self.max_blocks_per_req = args.max_blocks_per_req
@@ -595,12 +612,16 @@ class Engine:
         max_len = args.max_prompt + args.max_new_tokens
         cos, sin = model.dsa_rope_tables(max_len + 1)
         max_tokens = max(args.token_budget, args.max_running)
+        # DSA-CP (docs/design/sparse_cp.md §10): the step builder splits each step's tokens over the group and
+        # gives this rank's slice its local lengths and RoPE rows; the groups keep the whole step's slots.
+        comm = self.dsa_cp
+        cp_kw = {} if comm is None else dict(dsa_cp_world_size=comm.size, dsa_cp_rank=comm.rank)
         # The model's settings, once: every group builder reads them from the step builder.
         self.builder = aar.dsa.StepBuilder(max_num_reqs=args.max_running, max_num_tokens=max_tokens, cos_table=cos,
                                            sin_table=sin, compress_cos_table=cos, compress_sin_table=sin,
                                            head_dim=cfg.dsa_head_dim, window=cfg.dsa_window, num_heads_q=cfg.heads,
                                            index_topk=cfg.dsa_index_topk, index_n_heads=cfg.index_heads,
-                                           index_head_dim=cfg.index_dim)
+                                           index_head_dim=cfg.index_dim, **cp_kw)
         self.dsa_kinds, self.dsa_groups, self.dsa_tables, self.dsa_pools, self.dsa_bs = kinds, {}, {}, {}, {}
         self.dsa_row_owner = {}  # batch row -> the request whose block ids it holds
         for kd in kinds:
@@ -621,12 +642,23 @@ class Engine:
         self.impls, self.caches = [], []
         for i, lw in enumerate(model.layers):
             r = ratios[i]
+            ws = {k: lw[k] for k in TinyLlama.DSA_WEIGHTS if k in lw}
+            impl_kw = {}
+            if comm is not None:
+                # Every head's query weights, this rank's row-parallel o_proj shard: wo_a's groups
+                # [rank G/W, (rank+1) G/W) and wo_b's columns of those groups (the full weights are gathered
+                # into the layer's pools for the prefill road's o_proj).
+                g = cfg.dsa_o_groups // comm.size
+                ws["wo_a"] = lw["wo_a"][comm.rank * g:(comm.rank + 1) * g].contiguous()
+                ws["wo_b"] = lw["wo_b"][:, comm.rank * g * cfg.dsa_o_lora:(comm.rank + 1) * g * cfg.dsa_o_lora]
+                ws["wo_b"] = ws["wo_b"].contiguous()
+                impl_kw = dict(dsa_cp_comm=comm, dsa_cp_full_o_proj_prefill=True)
             self.impls.append(aar.dsa.Impl(
-                {k: lw[k] for k in TinyLlama.DSA_WEIGHTS if k in lw}, hidden_size=cfg.hidden, num_heads=cfg.heads,
+                ws, hidden_size=cfg.hidden, num_heads=cfg.heads,
                 head_dim=cfg.dsa_head_dim, rope_dim=cfg.qk_rope, q_lora_rank=cfg.q_lora_rank,
                 compress_ratio=r, index_n_heads=cfg.index_heads, index_head_dim=cfg.index_dim,
                 index_topk=cfg.dsa_index_topk, eps=cfg.eps, o_groups=cfg.dsa_o_groups, o_lora_rank=cfg.dsa_o_lora,
-                layer_index=i))
+                layer_index=i, **impl_kw))
             # float32 KV rows (the model's dtype here; the spec's bf16 is the production one), int8 / fp16 indexer
             z = lambda kd, key="shape", dt=torch.float32: torch.zeros(spec[kd][key], dtype=dt)
             ck = {4: "c4", 128: "c128"}.get(r)
@@ -749,6 +781,8 @@ class Engine:
                 md = self.builder.build(qsl, seq_lens, block_table)
         self.stats.build_ns.append(time.perf_counter_ns() - t0)
         state = str(md.attn_state).rsplit(".", 1)[-1]
+        if self.dsa_cp is not None:
+            state = "DSA-CP " + state
         if self.dcp is not None:
             state = "DCP " + (state if self.sfa else " + ".join(
                 (["decode"] if md.num_decodes else []) +
@@ -821,18 +855,33 @@ class Engine:
             # once per step and ratio; forward takes the routed metadata as it is.
             if r not in dsa_routed:
                 dsa_routed[r] = aar.dsa.route_layer(r, md, dsa_md)
+            comm = self.dsa_cp
+            if comm is not None:
+                comm.reset_counters()
             t1 = time.perf_counter_ns()
             impl.forward(h, self.caches[layer], dsa_routed[r], out)
             self.stats.forward_ns.append(time.perf_counter_ns() - t1)
             key = {1: "SWA", 4: "C4 (indexer top-k)", 128: "C128"}[r]
+            if comm is not None:
+                # The output road this layer call took, told by its collectives (sparse_cp.md §10.2): decode
+                # steps all-to-all the heads and all-reduce the o_proj shards' partial sums, steps with prefills
+                # gather wo_a, wo_b and the slices' outputs.
+                calls = tuple(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
+                road = {(0, 1, 1): "decode road", (3, 0, 0): "prefill road"}.get(calls, f"collectives {calls}")
+                decode = md.attn_state in (aar.AttentionState.DecodeOnly, aar.AttentionState.SpecDecoding)
+                if road != ("decode road" if decode else "prefill road"):
+                    self.stats.road_mismatches += 1
+                key += f" [{road}]"
             self.stats.paths[key] = self.stats.paths.get(key, 0) + 1
             if r == 4:
+                # The selection rows of the tokens this layer attended for: the whole step, or under DSA-CP this
+                # rank's slice [local_start, local_end) of the step's tokens (padding rows past the real ones).
                 rows = impl.last_topk[:, 0]
-                i = 0
-                for rq, ql in sched:
-                    for p in range(rq.num_computed, rq.num_computed + ql):
-                        self.topk_log[(rq.rid, layer, p)] = sorted(e for e in rows[i].tolist() if e >= 0)
-                        i += 1
+                lo = md.local_start if comm is not None else 0
+                keys = [(rq.rid, p) for rq, ql in sched for p in range(rq.num_computed, rq.num_computed + ql)]
+                for i in range(min(rows.shape[0], len(keys) - lo)):
+                    rid, p = keys[lo + i]
+                    self.topk_log[(rid, layer, p)] = sorted(e for e in rows[i].tolist() if e >= 0)
             return out
 
         if self.mla:
@@ -979,15 +1028,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dcp", type=int, default=1,
                    help="GQA or SFA: decode context parallel over this many local processes (gloo); rank 0 also "
                         "runs the single-rank engine and compares the greedy tokens")
+    p.add_argument("--dsa-cp", type=int, default=1,
+                   help="DSA: DSA-CP (the step's tokens split over this many local processes, gloo; every rank holds "
+                        "every head's query weights and its o_proj shard); rank 0 also runs the single-rank engine "
+                        "and compares the greedy tokens")
 
 
-def _dcp_rank(rank: int, world: int, init_file: str, args: argparse.Namespace) -> None:
+# The context-parallel runs: flag -> (the attention backends it serves, the Comm's name in args, the run's name).
+CP_FLAGS = {
+    "dcp": (("gqa", "sfa"), "dcp_comm", "DCP"),
+    "dsa_cp": (("dsa",), "dsa_cp_comm", "DSA-CP"),
+}
+
+
+def _cp_rank(rank: int, world: int, init_file: str, args: argparse.Namespace, flag: str) -> None:
     import os
 
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
-    args.dcp_comm = aar.cp.Comm(dist.group.WORLD, timeout_s=120.0)
+    setattr(args, CP_FLAGS[flag][1], aar.cp.Comm(dist.group.WORLD, timeout_s=120.0))
     if rank != 0:
         sys.stdout = open(os.devnull, "w")  # rank 0 reports
         args.no_progress = True
@@ -996,27 +1056,56 @@ def _dcp_rank(rank: int, world: int, init_file: str, args: argparse.Namespace) -
         sys.exit(code)
 
 
-def _run_dcp(args: argparse.Namespace) -> int:
+def _check_cp_flags(args: argparse.Namespace) -> Optional[str]:
+    """The context-parallel flag this run uses ('dcp', 'dsa_cp' or None); flags that make no sense together
+    raise by name, before any process is spawned."""
+    sizes = {f: getattr(args, f, 1) for f in CP_FLAGS}
+    for f, n in sizes.items():
+        if n < 1:
+            raise SystemExit(f"--{f.replace('_', '-')} must be >= 1, got {n}")
+    on = [f for f, n in sizes.items() if n > 1]
+    if len(on) > 1:
+        raise SystemExit(" and ".join(f"--{f.replace('_', '-')} {sizes[f]}" for f in on) +
+                         ": the context-parallel modes are not combined (DSA-CP is DSA's, DCP is GQA's and SFA's)")
+    if not on:
+        return None
+    flag = on[0]
+    backends = CP_FLAGS[flag][0]
+    if args.attention not in backends:
+        raise SystemExit(f"--{flag.replace('_', '-')} is implemented for --attention {' and '.join(backends)} only, "
+                         f"got --attention {args.attention}")
+    if flag == "dsa_cp":
+        # docs/design/sparse_cp.md §10: a rank's o_proj shard holds whole heads and whole groups.
+        W, groups = sizes[flag], ModelConfig().dsa_o_groups
+        if args.heads % W or groups % W:
+            raise SystemExit(f"--dsa-cp {W} must divide the heads (--heads {args.heads}) and the o_proj groups "
+                             f"({groups})")
+    return flag
+
+
+def _run_cp(args: argparse.Namespace, flag: str) -> int:
+    """Run the demo on getattr(args, flag) local processes (gloo), each with the group's aar.cp.Comm in args."""
     import os
     import tempfile
 
     import torch.multiprocessing as mp
 
-    if args.attention not in ("gqa", "sfa"):
-        raise SystemExit(f"--dcp is implemented for --attention gqa and sfa only, got --attention {args.attention}")
-    world, args.dcp = args.dcp, 1  # the ranks run the ordinary driver with a Comm
-    with tempfile.TemporaryDirectory(prefix="aar_demo_dcp_") as tmp:
+    world = getattr(args, flag)
+    setattr(args, flag, 1)  # the ranks run the ordinary driver with a Comm
+    name = CP_FLAGS[flag][2]
+    with tempfile.TemporaryDirectory(prefix=f"aar_demo_{flag}_") as tmp:
         try:
-            mp.spawn(_dcp_rank, args=(world, os.path.join(tmp, "store"), args), nprocs=world, join=True)
+            mp.spawn(_cp_rank, args=(world, os.path.join(tmp, "store"), args, flag), nprocs=world, join=True)
         except mp.ProcessExitedException as e:  # a rank's run() failed (it printed why)
-            print(f"DCP demo: {e}", file=sys.stderr)
+            print(f"{name} demo: {e}", file=sys.stderr)
             return 1
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "dcp", 1) > 1:
-        return _run_dcp(args)
+    flag = _check_cp_flags(args)
+    if flag is not None:
+        return _run_cp(args, flag)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     cfg = ModelConfig(
@@ -1032,6 +1121,11 @@ def run(args: argparse.Namespace) -> int:
         heads = (f"DSA {cfg.heads} heads x {cfg.dsa_head_dim} (rope {cfg.qk_rope}, window {cfg.dsa_window}; layers "
                  f"{'/'.join(kinds[model.dsa_ratio(i)] for i in range(cfg.layers))}; C4 indexer "
                  f"{cfg.index_heads}x{cfg.index_dim}, top-k {cfg.dsa_index_topk}; o_proj {cfg.dsa_o_groups} groups)")
+        comm = getattr(args, "dsa_cp_comm", None)
+        if comm is not None:
+            g = cfg.dsa_o_groups // comm.size
+            heads += (f", DSA-CP {comm.size} (this rank: every head's query, 1/{comm.size} of every step's tokens, "
+                      f"o_proj groups [{comm.rank * g}, {(comm.rank + 1) * g}) of {cfg.dsa_o_groups})")
     elif cfg.attention == "sfa":
         heads = (f"SFA {cfg.heads} heads (MLA latent {cfg.kv_lora_rank}, nope/rope/v {cfg.qk_nope}/{cfg.qk_rope}/"
                  f"{cfg.v_head}; lightning indexer {cfg.index_heads}x{cfg.index_dim} on even layers, top-k "
@@ -1101,9 +1195,11 @@ def run(args: argparse.Namespace) -> int:
         ref_s = time.perf_counter() - t_ref
 
         single_match = None
-        if engine.dcp is not None and engine.dcp.rank == 0:
-            # The same requests through the single-rank engine (no DCP): greedy tokens must agree.
-            solo_args = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "dcp_comm"})
+        cp_comm, cp_name = (engine.dcp, "DCP") if engine.dcp is not None else (engine.dsa_cp, "DSA-CP")
+        if cp_comm is not None and cp_comm.rank == 0:
+            # The same requests through the single-rank engine (no DCP / DSA-CP): greedy tokens must agree.
+            solo_args = argparse.Namespace(**{k: v for k, v in vars(args).items()
+                                              if k not in ("dcp_comm", "dsa_cp_comm")})
             solo_reqs = make_requests(args, cfg.vocab)
             Engine(model, solo_args).run(solo_reqs, args.steps, Progress(0, enabled=False))
             single_match = [r.generated for r in solo_reqs] == [r.generated for r in requests]
@@ -1121,8 +1217,10 @@ def run(args: argparse.Namespace) -> int:
         ("mixed decode+prefill steps", f"{s.mixed_steps}"),
         ("KV blocks reused after free", f"{s.blocks_reused}"),
     ] + ([("MLA context chunks gathered", f"{s.context_chunks}")] if cfg.attention == "mla" else []) + (
-        [("top-k rows equal to reference", f"{topk_checked - topk_mismatches}/{topk_checked}")]
-        if cfg.attention in ("sfa", "dsa") else []) + [
+        [("top-k rows equal to reference", f"{topk_checked - topk_mismatches}/{topk_checked}"
+          + (" (this rank's token slices)" if engine.dsa_cp is not None else ""))]
+        if cfg.attention in ("sfa", "dsa") else []) + (
+        [("DSA-CP layer calls off their road", f"{s.road_mismatches}")] if engine.dsa_cp is not None else []) + [
         ("forward paths (layer calls)", ", ".join(f"{k} {v}" for k, v in sorted(s.paths.items()))),
         ("build, host time / step", f"mean {b_mean:.1f} us, p50 {b_p50:.1f} us (one cold call per step)"),
         ("attention forward / layer", f"mean {f_mean:.1f} us, p50 {f_p50:.1f} us (incl. CPU-twin compute)"),
@@ -1131,7 +1229,7 @@ def run(args: argparse.Namespace) -> int:
         ("dense reference (no cache)", f"{ref_s:.2f} s"),
         ("max |logits - dense|", f"{max_diff:.3e} (tolerance {LOGIT_TOLERANCE:.0e})"),
         ("greedy tokens match dense", "yes" if not mismatches else f"NO: {len(mismatches)} request(s)"),
-    ] + ([(f"DCP {engine.dcp.size}: tokens match single-rank", "yes" if single_match else "NO")]
+    ] + ([(f"{cp_name} {cp_comm.size}: tokens match single-rank", "yes" if single_match else "NO")]
          if single_match is not None else [])
     width = max(len(k) for k, _ in rows)
     print()
@@ -1140,7 +1238,8 @@ def run(args: argparse.Namespace) -> int:
     for rid, pos, got, want in mismatches:
         print(f"  request {rid}: token {pos} is {got}, dense reference gives {want}", file=sys.stderr)
 
-    ok = not mismatches and max_diff <= LOGIT_TOLERANCE and topk_mismatches == 0 and single_match is not False
+    ok = (not mismatches and max_diff <= LOGIT_TOLERANCE and topk_mismatches == 0 and single_match is not False
+          and s.road_mismatches == 0)
     print("\nOK" if ok else "\nFAILED: the paged runtime disagrees with dense attention")
     return 0 if ok else 1
 
