@@ -181,20 +181,22 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   pc.dsa_cp = dsa_world > 1;
   const int64_t pcp_world = cfg_.pcp_comm != nullptr ? cfg_.pcp_comm->size() : 1;
   const CpMode mode = resolve_cp_mode(pc.dsa_cp, pc.dcp_size, pcp_world);
-  if (mode == CpMode::Pcp) {
+  if (mode == CpMode::Pcp || mode == CpMode::PcpDcp) {
     // docs/design/sparse_cp.md §11: the PCP layer gathers and writes unquantised rows.
     const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
     if (no != nullptr) {
       throw_not_supported(no, " with PCP (pcp_comm of ", pcp_world, " ranks) is not implemented "
                           "(docs/design/sparse_cp.md §11)");
     }
-    // The merge's limits (W partials of kv_lora_rank), checked before any step.
-    cp::DcpWorkspaceShape probe;
-    probe.world = pcp_world;
-    probe.heads = d.num_heads;
-    probe.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;
-    probe.out_dim = d.kv_lora_rank;
-    cp::DcpWorkspace check_merge(probe);
+    // The merges' limits (W partials of kv_lora_rank), checked before any step.
+    for (const int64_t w : {pcp_world, dcp_world}) {
+      cp::DcpWorkspaceShape probe;
+      probe.world = w;
+      probe.heads = d.num_heads;
+      probe.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;
+      probe.out_dim = d.kv_lora_rank;
+      cp::DcpWorkspace check_merge(probe);
+    }
   }
   if (mode == CpMode::DsaCp || mode == CpMode::DsaCpDcp) {
     const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
@@ -351,6 +353,9 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   // §11): the layer has no dcp_comm then (resolve_cp_mode refused it at construction).
   if (md.pcp.world_size <= 1) {
     cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
+  } else {
+    cp::check_comm_matches(cfg_.dcp_comm, md.pcp.dcp_world_size, md.pcp.dcp_rank, "DCP", "dcp_comm",
+                           "dcp_world_size");
   }
   cp::check_comm_matches(cfg_.dsa_cp_comm, md.dsa_cp.world_size, md.dsa_cp.rank, "DSA-CP", "dsa_cp_comm",
                          "dsa_cp_world_size");
@@ -1058,13 +1063,32 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   last_topk_rows_ = topk_all;
   // 4. Every gathered query over this rank's shard: the selection in local positions, sparse_mode 0 with
   //    the local lengths of each (rank, request) group, with the LSE.
+  //    PCP x DCP: the queries gathered along the heads over the DCP group first (every DCP rank holds the
+  //    same rows and its own heads), W_d N heads per row.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
-  const at::Tensor q_all = all.narrow(1, qoff, N * (L + R));
-  const at::Tensor qn = q_all.narrow(1, 0, N * L).contiguous().view({G, N, L});
-  const at::Tensor qr = q_all.narrow(1, N * L, N * R).contiguous().view({G, N, R});
-  at::Tensor part_lse = at::empty({G, N, 1}, opts.dtype(at::kFloat));
-  const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table,
-                                            pm.gathered_cum_query_lens, pm.gathered_seq_lens, part_lse);
+  const int64_t Wd = pm.dcp_world_size, NH = Wd * N;
+  at::Tensor q_all = all.narrow(1, qoff, N * (L + R));
+  if (Wd > 1) {
+    const at::Tensor q3 = at::cat({q_all.narrow(1, 0, N * L).reshape({G, N, L}),
+                                   q_all.narrow(1, N * L, N * R).reshape({G, N, R})}, 2);  // (G, N, L + R)
+    q_all = cp::gather_query_heads(*cfg_.dcp_comm, q3);                                    // (G, Wd N, L + R)
+  } else {
+    q_all = at::cat({q_all.narrow(1, 0, N * L).reshape({G, N, L}), q_all.narrow(1, N * L, N * R).reshape({G, N, R})},
+                    2);
+  }
+  const at::Tensor qn = q_all.narrow(2, 0, L).contiguous();
+  const at::Tensor qr = q_all.narrow(2, L, R).contiguous();
+  at::Tensor part_lse = at::empty({G, NH, 1}, opts.dtype(at::kFloat));
+  at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table, pm.gathered_cum_query_lens,
+                                      pm.gathered_seq_lens, part_lse);
+  if (Wd > 1) {
+    // The DCP partials of this rank's heads merged (with their LSE), then the PCP merge below.
+    at::Tensor od = at::empty({G, N, L}, opts.dtype(at::kFloat));
+    at::Tensor ld = at::empty({G, N, 1}, opts.dtype(at::kFloat));
+    cp::combine_partials(*cfg_.dcp_comm, o, part_lse, od, ld);
+    o = od;
+    part_lse = ld;
+  }
   // 5. Block r of the gathered rows is rank r's: combine_partials' head-block exchange on the
   //    (1, Wp T_loc N, L) view hands each rank the Wp partials of its own rows and merges them.
   at::Tensor merged = at::empty({1, tl * N, L}, o.options());
@@ -1195,6 +1219,7 @@ const char* to_string(CpMode m) {
     case CpMode::Dcp: return "dcp";
     case CpMode::DsaCpDcp: return "dsa_cp_dcp";
     case CpMode::Pcp: return "pcp";
+    case CpMode::PcpDcp: return "pcp_dcp";
   }
   return "?";
 }
@@ -1203,14 +1228,12 @@ CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size, int64_t pcp_size) {
   AAR_CHECK_ARG(dcp_size >= 1, "dcp_size must be >= 1, got ", dcp_size);
   AAR_CHECK_ARG(pcp_size >= 1, "pcp_size must be >= 1, got ", pcp_size);
   if (pcp_size > 1) {
-    // docs/design/sparse_cp.md §11: PCP alone is built.
-    if (dsa_cp || dcp_size > 1) {
-      throw_not_supported("pcp_size=", pcp_size, " with ", dsa_cp ? "dsa_cp=True" : "",
-                          dsa_cp && dcp_size > 1 ? " and " : "", dcp_size > 1 ? "dcp_size=" : "",
-                          dcp_size > 1 ? std::to_string(dcp_size) : "", ": SFA PCP x ",
-                          dsa_cp ? "DSA-CP" : "DCP", " is not implemented (docs/design/sparse_cp.md §11)");
+    // docs/design/sparse_cp.md §11: PCP alone or with DCP.
+    if (dsa_cp) {
+      throw_not_supported("pcp_size=", pcp_size, " with dsa_cp=True: SFA PCP x DSA-CP is not implemented "
+                          "(docs/design/sparse_cp.md §11)");
     }
-    return CpMode::Pcp;
+    return dcp_size > 1 ? CpMode::PcpDcp : CpMode::Pcp;
   }
   return dsa_cp ? (dcp_size > 1 ? CpMode::DsaCpDcp : CpMode::DsaCp) : (dcp_size > 1 ? CpMode::Dcp : CpMode::Plain);
 }

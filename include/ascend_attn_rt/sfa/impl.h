@@ -116,17 +116,18 @@ struct ImplConfig {
   bool dsa_cp_full_o_proj_prefill = true;
   // Prefill context parallel (docs/design/sparse_cp.md §11): the PCP group (null or one rank: none).
   // Metadata built with pcp_world_size > 1 needs the matching comm (same size and rank); the forward
-  // then takes this rank's rows (Metadata::pcp.num_local_tokens rows of hidden_states / output). Eager
-  // only; refused by name with dcp_comm, dsa_cp_comm, SFA C8, LI C8 and KV offload. The comm must
+  // then takes this rank's rows (Metadata::pcp.num_local_tokens rows of hidden_states / output). With
+  // dcp_comm too (PCP x DCP): the DCP group of this PCP rank, whose ranks hold the same rows and their own
+  // heads. Eager only; refused by name with dsa_cp_comm, SFA C8, LI C8 and KV offload. The comm must
   // outlive the layer.
   cp::Comm* pcp_comm = nullptr;
 };
 
 // The context-parallel modes of SFA from its switches (docs/design/sparse_cp.md §1, §11).
-enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3, Pcp = 4 };
+enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3, Pcp = 4, PcpDcp = 5 };
 const char* to_string(CpMode m);
 // The mode of (dsa_cp, dcp_size, pcp_size): InvalidArgument for a size < 1; NotSupported (naming both
-// switches) for PCP combined with DSA-CP or DCP, which are not built.
+// switches) for PCP combined with DSA-CP, which is not built.
 CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size, int64_t pcp_size = 1);
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
