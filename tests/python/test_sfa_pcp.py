@@ -252,6 +252,19 @@ def test_builder_pcp_rows_and_refusals():
         _builder(st, 2, 2)
 
 
+def test_builder_pcp_separate_device_buffers_match():
+    """The device path's copies (separate_device_buffers, here on the CPU) give the metadata of the in-place path."""
+    st = make_step(2, I=2, **STEPS["mixed"])
+    for rank in range(2):
+        a = _builder(st, 2, rank).build(*build_args(st))
+        b = _builder(st, 2, rank, separate_device_buffers=True).build(*build_args(st))
+        assert a.num_local_tokens == b.num_local_tokens
+        assert a.pcp_local_token_index_list == b.pcp_local_token_index_list
+        assert a.pcp_indexer_cum_query_lens_list == b.pcp_indexer_cum_query_lens_list
+        assert torch.equal(a.pcp_cos, b.pcp_cos) and torch.equal(a.slot_mapping, b.slot_mapping)
+        assert torch.equal(a.indexer_slot_mapping, b.indexer_slot_mapping)
+
+
 def test_resolve_cp_mode_names_pcp():
     assert sfa.resolve_cp_mode(False, 1, 2) == sfa.CpMode.pcp
     assert sfa.resolve_cp_mode(False, 1) == sfa.CpMode.plain  # the two-argument call
@@ -309,6 +322,11 @@ def _case_bad_input(rank, world):
         num_heads=d8.H, hidden_size=d8.hidden, q_lora_rank=d8.Q, kv_lora_rank=d8.L, qk_nope_head_dim=d8.P,
         qk_rope_head_dim=d8.R, v_head_dim=d8.V, sfa_c8=True, pcp_comm=comm, **w8))
     untouched = all(torch.equal(a, c) for a, c in zip(before, (nope, rope, idx_k)))
+    # an empty step: no rows, no collective
+    empty = b.build(torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), st["table"][:0])
+    e = torch.zeros(0, h.shape[1], dtype=h.dtype)
+    impl.forward(e, kv, empty, e.clone())
+    errors.append("empty" if empty.num_local_tokens == 0 else None)
     return errors, untouched, comm.calls
 
 
