@@ -349,8 +349,8 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
-  // Under PCP the metadata's DCP part is the main cache's shard over the PCP group (docs/design/sparse_cp.md
-  // §11): the layer has no dcp_comm then (resolve_cp_mode refused it at construction).
+  // Under PCP the metadata's DCP part is the main cache's shard over the Wp * Wd ranks (docs/design/sparse_cp.md
+  // §11); the layer's dcp_comm is checked against the DCP group's part of it (Wd, rd).
   if (md.pcp.world_size <= 1) {
     cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
   } else {
@@ -987,8 +987,8 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
 void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                    const at::Tensor& output, int64_t tk) {
   // docs/design/sparse_cp.md §11. This rank holds its T_loc rows (decodes, then its head and tail chunk
-  // of every prefill); the main cache is sharded over the PCP group as under DCP (md.dcp), the indexer
-  // cache replicated. Every collective is issued by every rank in the same order (every rank has the
+  // of every prefill); the main cache is sharded over the PCP x DCP ranks as under DCP (md.dcp), the
+  // indexer cache replicated. Every collective is issued by every rank in the same order (every rank has the
   // same T_loc, and T_loc > 0 whenever the step has a token).
   cp::Comm& comm = *cfg_.pcp_comm;
   const PcpMetadata& pm = md.pcp;
@@ -1067,17 +1067,14 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   //    same rows and its own heads), W_d N heads per row.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
   const int64_t Wd = pm.dcp_world_size, NH = Wd * N;
-  at::Tensor q_all = all.narrow(1, qoff, N * (L + R));
+  const at::Tensor q_rows = all.narrow(1, qoff, N * (L + R));
+  at::Tensor qn = q_rows.narrow(1, 0, N * L).contiguous().view({G, N, L});
+  at::Tensor qr = q_rows.narrow(1, N * L, N * R).contiguous().view({G, N, R});
   if (Wd > 1) {
-    const at::Tensor q3 = at::cat({q_all.narrow(1, 0, N * L).reshape({G, N, L}),
-                                   q_all.narrow(1, N * L, N * R).reshape({G, N, R})}, 2);  // (G, N, L + R)
-    q_all = cp::gather_query_heads(*cfg_.dcp_comm, q3);                                    // (G, Wd N, L + R)
-  } else {
-    q_all = at::cat({q_all.narrow(1, 0, N * L).reshape({G, N, L}), q_all.narrow(1, N * L, N * R).reshape({G, N, R})},
-                    2);
+    const at::Tensor q_all = cp::gather_query_heads(*cfg_.dcp_comm, at::cat({qn, qr}, 2));  // (G, Wd N, L + R)
+    qn = q_all.narrow(2, 0, L).contiguous();
+    qr = q_all.narrow(2, L, R).contiguous();
   }
-  const at::Tensor qn = q_all.narrow(2, 0, L).contiguous();
-  const at::Tensor qr = q_all.narrow(2, L, R).contiguous();
   at::Tensor part_lse = at::empty({G, NH, 1}, opts.dtype(at::kFloat));
   at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table, pm.gathered_cum_query_lens,
                                       pm.gathered_seq_lens, part_lse);
