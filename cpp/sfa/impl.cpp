@@ -182,8 +182,9 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   const int64_t pcp_world = cfg_.pcp_comm != nullptr ? cfg_.pcp_comm->size() : 1;
   const CpMode mode = resolve_cp_mode(pc.dsa_cp, pc.dcp_size, pcp_world);
   if (mode == CpMode::Pcp || mode == CpMode::PcpDcp) {
-    // docs/design/sparse_cp.md §11: the PCP layer gathers and writes unquantised rows.
-    const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
+    // docs/design/sparse_cp.md §11: the PCP layer gathers unquantised latent rows (LI C8 quantises the
+    // gathered indexer keys on every rank).
+    const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
     if (no != nullptr) {
       throw_not_supported(no, " with PCP (pcp_comm of ", pcp_world, " ranks) is not implemented "
                           "(docs/design/sparse_cp.md §11)");
@@ -514,6 +515,7 @@ at::Tensor Impl::indexer_select_(const detail::IndexerViews& v, const at::Tensor
   ops::dense::linear_out(v.w, x, w.weights_proj);     // (tk, n_head)
   ops::dense::linear_out(v.q, q_c, w.wq_b);
   indexer_rope_(v.q_head, cos4, sin4);                // q: (tk, n_head, D)
+  if (cfg_.li_c8) return quant_indexer_select_(v.q3, v.w, c, cum_query_lens, seq_lens, block_table);  // PCP
   // The operator's arguments persist between calls: only what changed is assigned.
   ops::LightningIndexerArgs& a = li_args_;
   set(a.query, v.q3);
@@ -537,7 +539,13 @@ at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, co
   // docs/design/sparse.md §4 / docs/design/sfa.md §4.3, LI C8: the Hadamard rotation (after RoPE), per-token key
   // and per-(token, head) query quantisation, the key bytes and scales written
   // at the full slot mapping, then the quantised indexer.
-  const IndexerConfig& ic = *cfg_.indexer;
+  quant_indexer_write_(k, c, k_rows, slots);
+  return quant_indexer_select_(q, weights, c, md.cum_query_lens, md.seq_lens,
+                               md.dcp.world_size > 1 ? md.dcp.indexer_block_table : md.block_table);
+}
+
+void Impl::quant_indexer_write_(const at::Tensor& k, const Caches& c, at::Tensor& k_rows, const at::Tensor& slots) {
+  // LI C8 keys (tk, D): rotated, quantised per token, bytes and scales written at `slots` (tk, 1).
   const int64_t tk = k.size(0);
   const bool a5 = cfg_.device_kind == plan::DeviceKind::A5;
   const at::ScalarType scale_dtype = c.index_scale.scalar_type();  // fp16 (A2/A3) / fp32 (A5), validated
@@ -546,22 +554,33 @@ at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, co
   if (a5) qa.dst_type = static_cast<int64_t>(c.index_k.scalar_type());
   qa.input = ops::hadamard_rotate(k, hadamard_);                    // (tk, D)
   const auto [k_q, k_scale] = ops::dynamic_quant(qa);              // (tk, D), (tk) fp32
-  qa.input = ops::hadamard_rotate(q, hadamard_);                    // (tk, n_head, D)
-  const auto [q_q, q_scale] = ops::dynamic_quant(qa);              // (tk, n_head, D), (tk, n_head) fp32
   const at::Tensor& scale_rows =
       LatentCore::view_of(c.index_scale, c.index_scale.size(0) * c.index_scale.size(1), seen_.scale_src, seen_.scale_rows,
                           [&] { return c.index_scale.view({-1, 1}); });
   at::Tensor scale_w = scale_rows;
   ops::scatter_nd_update_(k_rows, slots, k_q);
   ops::scatter_nd_update_(scale_w, slots, ops::dense::cast(k_scale, scale_dtype).view({tk, 1}));
+}
+
+at::Tensor Impl::quant_indexer_select_(const at::Tensor& q, const at::Tensor& weights, const Caches& c,
+                                       const at::Tensor& cum_query_lens, const at::Tensor& seq_lens,
+                                       const at::Tensor& block_table) {
+  // LI C8 queries (tk, n_head, D): rotated, quantised per (token, head), then the quantised indexer.
+  const IndexerConfig& ic = *cfg_.indexer;
+  const bool a5 = cfg_.device_kind == plan::DeviceKind::A5;
+  const at::ScalarType scale_dtype = c.index_scale.scalar_type();
+  ops::DynamicQuantArgs qa;
+  if (a5) qa.dst_type = static_cast<int64_t>(c.index_k.scalar_type());
+  qa.input = ops::hadamard_rotate(q, hadamard_);                    // (tk, n_head, D)
+  const auto [q_q, q_scale] = ops::dynamic_quant(qa);              // (tk, n_head, D), (tk, n_head) fp32
   ops::QuantLightningIndexerArgs a;
   ops::LightningIndexerArgs& b = a.base;
   b.query = q_q;
   b.key = c.index_k;
   b.weights = ops::dense::cast(weights, at::kHalf);  // docs/design/sparse.md §4: fp16 weights in the C8 path
-  b.actual_seq_lengths_query = md.cum_query_lens;
-  b.actual_seq_lengths_key = md.seq_lens;
-  b.block_table = md.dcp.world_size > 1 ? md.dcp.indexer_block_table : md.block_table;
+  b.actual_seq_lengths_query = cum_query_lens;
+  b.actual_seq_lengths_key = seq_lens;
+  b.block_table = block_table;
   b.layout_query = "TND";
   b.layout_key = "PA_BSND";
   b.sparse_count = ic.topk;
@@ -1041,7 +1060,12 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   if (has_idx) {
     const at::Tensor islots = dm.indexer_slot_mapping.narrow(0, 0, tk).view({tk, 1});
     at::Tensor idx_rows = c.index_k.view({-1, Di});
-    ops::scatter_nd_update_(idx_rows, islots, rows.narrow(1, R + L, Di).contiguous());
+    if (cfg_.li_c8) {
+      // Every rank quantises every gathered key (per token: the single-rank bytes) and writes its replica.
+      quant_indexer_write_(rows.narrow(1, R + L, Di).contiguous(), c, idx_rows, islots);
+    } else {
+      ops::scatter_nd_update_(idx_rows, islots, rows.narrow(1, R + L, Di).contiguous());
+    }
   }
   // 3. The local rows' selection on the replicated view, one causal indexer request per chunk (global
   //    positions), all-gathered: every rank holds every gathered row's selection.

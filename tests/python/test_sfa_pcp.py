@@ -23,7 +23,7 @@ from _cp_harness import run_ranks
 from _cp_harness import cp_tol as _tol
 from _mla_reference import MlaDims, make_weights
 from _sfa_cp_steps import STEPS, build_args, caches, hidden as _hidden, make_builder, make_impl, make_step, qsl
-from _sfa_cp_steps import reference, single_rank
+from _sfa_cp_steps import reference, replicated_slot, single_rank
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -221,6 +221,71 @@ def test_sfa_pcp_bf16():
     _run(2, 1, torch.bfloat16, ["mixed", "chunked_prefill"])
 
 
+def _li_c8_caches(st, rank):
+    """Garbage main caches and an LI C8 indexer cache (int8 keys, fp16 scales) with nothing written."""
+    nope, rope, idx_k = caches(st, rank, upto_context=True, fresh=True)
+    g = torch.Generator().manual_seed(200 + rank)
+    iq = torch.randint(-100, 100, idx_k.shape, generator=g, dtype=torch.int8)
+    sc = torch.rand(idx_k.shape[0], idx_k.shape[1], 1, 1, generator=g).to(torch.float16)
+    return [nope, rope, iq, sc]
+
+
+def _li_c8_phases(st, comm, rank, W):
+    """The two phases (prompt prefill, then one decode) with LI C8; W = 1 is the single-rank backend."""
+    kv = _li_c8_caches(st, rank)
+    prompt = [s - q for s, q in zip(st["seq_lens"], st["q_lens"])]
+    h_prompt = torch.cat([st["xs"][r][:prompt[r]] for r in range(st["B"])])
+    phases = [((qsl(prompt), torch.tensor(prompt, dtype=torch.int32), st["table"]), h_prompt),
+              (build_args(st), _hidden(st))]
+    res = []
+    if W == 1:
+        builder, impl = make_builder(st), make_impl(st, li_c8=True)
+        for args, h in phases:
+            md = builder.build(*args)
+            out = torch.zeros_like(h)
+            impl.forward(h, kv, md, out)
+            res.append((out.double(), torch.arange(h.shape[0]), impl.last_topk[:, 0].to(torch.int64)))
+    else:
+        builder, impl = _builder(st, W, rank), make_impl(st, pcp_comm=comm, li_c8=True)
+        for args, h in phases:
+            out, lti, topk, _, _, _ = _forward(comm, impl, builder, args, h, kv)
+            res.append((out.double(), lti.long(), topk))
+    return res, kv
+
+
+def _case_li_c8(rank, world):
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    st = make_step(world, **_TWO_PHASE)
+    res, kv = _li_c8_phases(st, comm, rank, world)
+    return [tuple(t.numpy() for t in r) for r in res], [t.numpy() for t in kv[2:]]
+
+
+def test_sfa_pcp_li_c8_equals_the_single_rank_backend():
+    """LI C8 under PCP: every rank quantises every gathered key (per token: the single-rank bytes) into its
+    replicated indexer cache; prompt prefill then decode, against the single-rank LI C8 layer."""
+    W = 2
+    one, one_kv = _li_c8_phases(make_step(1, **_TWO_PHASE), None, 0, 1)
+    st = make_step(W, **_TWO_PHASE)
+    st1 = make_step(1, **_TWO_PHASE)
+    bs = st["bs"]
+    for rank, (phases, (iq, sc)) in enumerate(run_ranks(W, _case_li_c8)):
+        for k, (out, lti, topk) in enumerate(phases):
+            out, lti, topk = torch.from_numpy(out), torch.from_numpy(lti), torch.from_numpy(topk)
+            ref_out, _, ref_topk = one[k]
+            real = lti >= 0
+            torch.testing.assert_close(out[real], ref_out[lti[real]], **_tol(torch.float32),
+                                       msg=lambda m: f"phase {k} rank {rank}: {m}")
+            assert torch.equal(topk[real], ref_topk[lti[real]]), (k, rank)
+        # the replicated indexer cache holds the single-rank bytes of every position
+        iq, sc = torch.from_numpy(iq).view(-1, iq.shape[-1]), torch.from_numpy(sc).view(-1)
+        iq1, sc1 = one_kv[2].view(-1, iq.shape[-1]), one_kv[3].view(-1)
+        for r, s in enumerate(st["seq_lens"]):
+            for p in range(s):
+                a = replicated_slot(st["table"], r, p, W, bs)
+                b = int(st1["table"][r, p // bs]) * bs + p % bs
+                assert torch.equal(iq[a], iq1[b]) and sc[a] == sc1[b], (rank, r, p)
+
+
 def test_builder_pcp_rows_and_refusals():
     """Single process: the rows of §6.1's example, the DCP part planned over the PCP group, refusals by name."""
     st = make_step(2, seq_lens=[10, 5, 12], q_lens=[1, 5, 8])
@@ -311,11 +376,10 @@ def _case_bad_input(rank, world):
         with g.capture(h.shape[0]):
             impl.forward(h, kv, md, out)
     expect(NotImplementedError, capture)
-    # construction: PCP x DSA-CP, LI C8, SFA C8
+    # construction: PCP x DSA-CP, SFA C8
     # a DCP comm the metadata was not built for
     expect(ValueError, lambda: make_impl(st, pcp_comm=comm, dcp_comm=comm).forward(h, kv, md, out))
     expect(NotImplementedError, lambda: make_impl(st, pcp_comm=comm, dsa_cp_comm=comm))
-    expect(NotImplementedError, lambda: make_impl(st, pcp_comm=comm, li_c8=True))
     d8 = MlaDims(H=2, L=512, R=64)
     w8 = make_weights(d8, torch.bfloat16, torch.Generator().manual_seed(3))
     expect(NotImplementedError, lambda: sfa.Impl(
@@ -340,7 +404,7 @@ def test_sfa_pcp_bad_input_is_refused_by_name_before_any_write():
         assert "SFA PCP" in errors[4] and "Eager only" in errors[4]
         assert "dcp_comm has 2 ranks but the metadata was built without DCP" in errors[5]
         assert "SFA PCP x DSA-CP" in errors[6]
-        assert "li_c8 with PCP" in errors[7]
-        assert "sfa_c8 with PCP" in errors[8]
+        assert "sfa_c8 with PCP" in errors[7]
+        assert errors[8] == "empty"
         assert untouched, f"rank {rank}: a refused forward wrote a cache"
         assert calls == 0, "a refused forward issued a collective"
