@@ -208,8 +208,9 @@ def test_sfa_pcp_steps_fp32(world, I):
     _run(world, I, torch.float32, _ALL)
 
 
-def test_sfa_pcp_4_ranks_fp32():
-    _run(4, 2, torch.float32, ["mixed", "tiny", "decode_after_prefill"])
+@pytest.mark.parametrize("world,I,names", [(3, 1, ["mixed", "tiny"]), (4, 2, ["mixed", "tiny", "decode_after_prefill"])])
+def test_sfa_pcp_3_and_4_ranks_fp32(world, I, names):
+    _run(world, I, torch.float32, names)
 
 
 def test_sfa_pcp2_x_dcp2_fp32():
