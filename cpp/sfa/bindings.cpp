@@ -246,10 +246,11 @@ void bind_sfa(nb::module_& root) {
       .value("dsa_cp", sfa::CpMode::DsaCp)
       .value("dcp", sfa::CpMode::Dcp)
       .value("dsa_cp_dcp", sfa::CpMode::DsaCpDcp)
-      .value("pcp", sfa::CpMode::Pcp);
+      .value("pcp", sfa::CpMode::Pcp)
+      .value("pcp_dcp", sfa::CpMode::PcpDcp);
   m.def("resolve_cp_mode", &sfa::resolve_cp_mode, "dsa_cp"_a, "dcp_size"_a, "pcp_size"_a = 1,
         "docs/design/sparse_cp.md §1, §11: the SFA context-parallel mode of the switches (ValueError for a size "
-        "< 1; NotImplementedError for PCP with DSA-CP or DCP, which are not built).");
+        "< 1; NotImplementedError for PCP with DSA-CP, which is not built).");
   m.def("remap_topk_to_dcp_rank", &sparse::remap_topk_to_dcp_rank, "topk"_a, nb::kw_only(), "world"_a, "rank"_a,
         "interleave"_a = 1,
         "docs/design/sparse_cp.md §3: a replicated-view top-k (..., K) int32 to this DCP rank's local positions, kept "

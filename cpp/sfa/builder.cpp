@@ -369,6 +369,8 @@ class MetadataBuilder::Lane {
     }
     md_.pcp.world_size = cfg_.pcp_world_size;
     md_.pcp.rank = cfg_.pcp_rank;
+    md_.pcp.dcp_world_size = cfg_.dcp_world_size;
+    md_.pcp.dcp_rank = cfg_.dcp_rank;
   }
 
   // This rank's rows of the planned global step (the plan validated everything they read).
@@ -596,10 +598,12 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
                     cfg.pcp_rank < cfg.pcp_world_size,
                 "pcp_rank=", cfg.pcp_rank, " is not a rank of a PCP group of pcp_world_size=", cfg.pcp_world_size,
                 " (pcp_world_size in [1, 16])");
+  AAR_CHECK_ARG(int64_t{cfg.pcp_world_size} * cfg.dcp_world_size <= 16, "pcp_world_size * dcp_world_size = ",
+                int64_t{cfg.pcp_world_size} * cfg.dcp_world_size, " exceeds 16 (the main cache's shard spans at most "
+                "16 ranks, docs/design/sparse_cp.md §11)");
   if (cfg.pcp_world_size > 1) {
     // docs/design/sparse_cp.md §11: what SFA PCP does not combine with.
-    const char* no = cfg.dcp_world_size > 1                ? "dcp_world_size > 1 (SFA PCP x DCP is not implemented)"
-                     : cfg.dsa_cp_world_size > 1           ? "dsa_cp_world_size > 1 (SFA PCP x DSA-CP is not implemented)"
+    const char* no = cfg.dsa_cp_world_size > 1             ? "dsa_cp_world_size > 1 (SFA PCP x DSA-CP is not implemented)"
                      : cfg.offload.has_value()             ? "offload (the KV-offload builder has no context-parallel variant)"
                      : cfg.graph_decode_padding            ? "graph_decode_padding (SFA PCP is eager only)"
                                                            : nullptr;

@@ -181,20 +181,23 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   pc.dsa_cp = dsa_world > 1;
   const int64_t pcp_world = cfg_.pcp_comm != nullptr ? cfg_.pcp_comm->size() : 1;
   const CpMode mode = resolve_cp_mode(pc.dsa_cp, pc.dcp_size, pcp_world);
-  if (mode == CpMode::Pcp) {
-    // docs/design/sparse_cp.md §11: the PCP layer gathers and writes unquantised rows.
-    const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
+  if (mode == CpMode::Pcp || mode == CpMode::PcpDcp) {
+    // docs/design/sparse_cp.md §11: the PCP layer gathers unquantised latent rows (LI C8 quantises the
+    // gathered indexer keys on every rank).
+    const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
     if (no != nullptr) {
       throw_not_supported(no, " with PCP (pcp_comm of ", pcp_world, " ranks) is not implemented "
                           "(docs/design/sparse_cp.md §11)");
     }
-    // The merge's limits (W partials of kv_lora_rank), checked before any step.
-    cp::DcpWorkspaceShape probe;
-    probe.world = pcp_world;
-    probe.heads = d.num_heads;
-    probe.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;
-    probe.out_dim = d.kv_lora_rank;
-    cp::DcpWorkspace check_merge(probe);
+    // The merges' limits (W partials of kv_lora_rank), checked before any step.
+    for (const int64_t w : {pcp_world, dcp_world}) {
+      cp::DcpWorkspaceShape probe;
+      probe.world = w;
+      probe.heads = d.num_heads;
+      probe.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;
+      probe.out_dim = d.kv_lora_rank;
+      cp::DcpWorkspace check_merge(probe);
+    }
   }
   if (mode == CpMode::DsaCp || mode == CpMode::DsaCpDcp) {
     const char* no = cfg_.sfa_c8 ? "sfa_c8" : cfg_.li_c8 ? "li_c8" : cfg_.offload.has_value() ? "offload" : nullptr;
@@ -347,10 +350,13 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
-  // Under PCP the metadata's DCP part is the main cache's shard over the PCP group (docs/design/sparse_cp.md
-  // §11): the layer has no dcp_comm then (resolve_cp_mode refused it at construction).
+  // Under PCP the metadata's DCP part is the main cache's shard over the Wp * Wd ranks (docs/design/sparse_cp.md
+  // §11); the layer's dcp_comm is checked against the DCP group's part of it (Wd, rd).
   if (md.pcp.world_size <= 1) {
     cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
+  } else {
+    cp::check_comm_matches(cfg_.dcp_comm, md.pcp.dcp_world_size, md.pcp.dcp_rank, "DCP", "dcp_comm",
+                           "dcp_world_size");
   }
   cp::check_comm_matches(cfg_.dsa_cp_comm, md.dsa_cp.world_size, md.dsa_cp.rank, "DSA-CP", "dsa_cp_comm",
                          "dsa_cp_world_size");
@@ -509,6 +515,7 @@ at::Tensor Impl::indexer_select_(const detail::IndexerViews& v, const at::Tensor
   ops::dense::linear_out(v.w, x, w.weights_proj);     // (tk, n_head)
   ops::dense::linear_out(v.q, q_c, w.wq_b);
   indexer_rope_(v.q_head, cos4, sin4);                // q: (tk, n_head, D)
+  if (cfg_.li_c8) return quant_indexer_select_(v.q3, v.w, c, cum_query_lens, seq_lens, block_table);  // PCP
   // The operator's arguments persist between calls: only what changed is assigned.
   ops::LightningIndexerArgs& a = li_args_;
   set(a.query, v.q3);
@@ -532,7 +539,13 @@ at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, co
   // docs/design/sparse.md §4 / docs/design/sfa.md §4.3, LI C8: the Hadamard rotation (after RoPE), per-token key
   // and per-(token, head) query quantisation, the key bytes and scales written
   // at the full slot mapping, then the quantised indexer.
-  const IndexerConfig& ic = *cfg_.indexer;
+  quant_indexer_write_(k, c, k_rows, slots);
+  return quant_indexer_select_(q, weights, c, md.cum_query_lens, md.seq_lens,
+                               md.dcp.world_size > 1 ? md.dcp.indexer_block_table : md.block_table);
+}
+
+void Impl::quant_indexer_write_(const at::Tensor& k, const Caches& c, at::Tensor& k_rows, const at::Tensor& slots) {
+  // LI C8 keys (tk, D): rotated, quantised per token, bytes and scales written at `slots` (tk, 1).
   const int64_t tk = k.size(0);
   const bool a5 = cfg_.device_kind == plan::DeviceKind::A5;
   const at::ScalarType scale_dtype = c.index_scale.scalar_type();  // fp16 (A2/A3) / fp32 (A5), validated
@@ -541,22 +554,33 @@ at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, co
   if (a5) qa.dst_type = static_cast<int64_t>(c.index_k.scalar_type());
   qa.input = ops::hadamard_rotate(k, hadamard_);                    // (tk, D)
   const auto [k_q, k_scale] = ops::dynamic_quant(qa);              // (tk, D), (tk) fp32
-  qa.input = ops::hadamard_rotate(q, hadamard_);                    // (tk, n_head, D)
-  const auto [q_q, q_scale] = ops::dynamic_quant(qa);              // (tk, n_head, D), (tk, n_head) fp32
   const at::Tensor& scale_rows =
       LatentCore::view_of(c.index_scale, c.index_scale.size(0) * c.index_scale.size(1), seen_.scale_src, seen_.scale_rows,
                           [&] { return c.index_scale.view({-1, 1}); });
   at::Tensor scale_w = scale_rows;
   ops::scatter_nd_update_(k_rows, slots, k_q);
   ops::scatter_nd_update_(scale_w, slots, ops::dense::cast(k_scale, scale_dtype).view({tk, 1}));
+}
+
+at::Tensor Impl::quant_indexer_select_(const at::Tensor& q, const at::Tensor& weights, const Caches& c,
+                                       const at::Tensor& cum_query_lens, const at::Tensor& seq_lens,
+                                       const at::Tensor& block_table) {
+  // LI C8 queries (tk, n_head, D): rotated, quantised per (token, head), then the quantised indexer.
+  const IndexerConfig& ic = *cfg_.indexer;
+  const bool a5 = cfg_.device_kind == plan::DeviceKind::A5;
+  const at::ScalarType scale_dtype = c.index_scale.scalar_type();
+  ops::DynamicQuantArgs qa;
+  if (a5) qa.dst_type = static_cast<int64_t>(c.index_k.scalar_type());
+  qa.input = ops::hadamard_rotate(q, hadamard_);                    // (tk, n_head, D)
+  const auto [q_q, q_scale] = ops::dynamic_quant(qa);              // (tk, n_head, D), (tk, n_head) fp32
   ops::QuantLightningIndexerArgs a;
   ops::LightningIndexerArgs& b = a.base;
   b.query = q_q;
   b.key = c.index_k;
   b.weights = ops::dense::cast(weights, at::kHalf);  // docs/design/sparse.md §4: fp16 weights in the C8 path
-  b.actual_seq_lengths_query = md.cum_query_lens;
-  b.actual_seq_lengths_key = md.seq_lens;
-  b.block_table = md.dcp.world_size > 1 ? md.dcp.indexer_block_table : md.block_table;
+  b.actual_seq_lengths_query = cum_query_lens;
+  b.actual_seq_lengths_key = seq_lens;
+  b.block_table = block_table;
   b.layout_query = "TND";
   b.layout_key = "PA_BSND";
   b.sparse_count = ic.topk;
@@ -982,8 +1006,8 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
 void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                    const at::Tensor& output, int64_t tk) {
   // docs/design/sparse_cp.md §11. This rank holds its T_loc rows (decodes, then its head and tail chunk
-  // of every prefill); the main cache is sharded over the PCP group as under DCP (md.dcp), the indexer
-  // cache replicated. Every collective is issued by every rank in the same order (every rank has the
+  // of every prefill); the main cache is sharded over the PCP x DCP ranks as under DCP (md.dcp), the
+  // indexer cache replicated. Every collective is issued by every rank in the same order (every rank has the
   // same T_loc, and T_loc > 0 whenever the step has a token).
   cp::Comm& comm = *cfg_.pcp_comm;
   const PcpMetadata& pm = md.pcp;
@@ -1036,7 +1060,12 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   if (has_idx) {
     const at::Tensor islots = dm.indexer_slot_mapping.narrow(0, 0, tk).view({tk, 1});
     at::Tensor idx_rows = c.index_k.view({-1, Di});
-    ops::scatter_nd_update_(idx_rows, islots, rows.narrow(1, R + L, Di).contiguous());
+    if (cfg_.li_c8) {
+      // Every rank quantises every gathered key (per token: the single-rank bytes) and writes its replica.
+      quant_indexer_write_(rows.narrow(1, R + L, Di).contiguous(), c, idx_rows, islots);
+    } else {
+      ops::scatter_nd_update_(idx_rows, islots, rows.narrow(1, R + L, Di).contiguous());
+    }
   }
   // 3. The local rows' selection on the replicated view, one causal indexer request per chunk (global
   //    positions), all-gathered: every rank holds every gathered row's selection.
@@ -1058,13 +1087,29 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   last_topk_rows_ = topk_all;
   // 4. Every gathered query over this rank's shard: the selection in local positions, sparse_mode 0 with
   //    the local lengths of each (rank, request) group, with the LSE.
+  //    PCP x DCP: the queries gathered along the heads over the DCP group first (every DCP rank holds the
+  //    same rows and its own heads), W_d N heads per row.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
-  const at::Tensor q_all = all.narrow(1, qoff, N * (L + R));
-  const at::Tensor qn = q_all.narrow(1, 0, N * L).contiguous().view({G, N, L});
-  const at::Tensor qr = q_all.narrow(1, N * L, N * R).contiguous().view({G, N, R});
-  at::Tensor part_lse = at::empty({G, N, 1}, opts.dtype(at::kFloat));
-  const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table,
-                                            pm.gathered_cum_query_lens, pm.gathered_seq_lens, part_lse);
+  const int64_t Wd = pm.dcp_world_size, NH = Wd * N;
+  const at::Tensor q_rows = all.narrow(1, qoff, N * (L + R));
+  at::Tensor qn = q_rows.narrow(1, 0, N * L).contiguous().view({G, N, L});
+  at::Tensor qr = q_rows.narrow(1, N * L, N * R).contiguous().view({G, N, R});
+  if (Wd > 1) {
+    const at::Tensor q_all = cp::gather_query_heads(*cfg_.dcp_comm, at::cat({qn, qr}, 2));  // (G, Wd N, L + R)
+    qn = q_all.narrow(2, 0, L).contiguous();
+    qr = q_all.narrow(2, L, R).contiguous();
+  }
+  at::Tensor part_lse = at::empty({G, NH, 1}, opts.dtype(at::kFloat));
+  at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table, pm.gathered_cum_query_lens,
+                                      pm.gathered_seq_lens, part_lse);
+  if (Wd > 1) {
+    // The DCP partials of this rank's heads merged (with their LSE), then the PCP merge below.
+    at::Tensor od = at::empty({G, N, L}, opts.dtype(at::kFloat));
+    at::Tensor ld = at::empty({G, N, 1}, opts.dtype(at::kFloat));
+    cp::combine_partials(*cfg_.dcp_comm, o, part_lse, od, ld);
+    o = od;
+    part_lse = ld;
+  }
   // 5. Block r of the gathered rows is rank r's: combine_partials' head-block exchange on the
   //    (1, Wp T_loc N, L) view hands each rank the Wp partials of its own rows and merges them.
   at::Tensor merged = at::empty({1, tl * N, L}, o.options());
@@ -1195,6 +1240,7 @@ const char* to_string(CpMode m) {
     case CpMode::Dcp: return "dcp";
     case CpMode::DsaCpDcp: return "dsa_cp_dcp";
     case CpMode::Pcp: return "pcp";
+    case CpMode::PcpDcp: return "pcp_dcp";
   }
   return "?";
 }
@@ -1203,14 +1249,12 @@ CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size, int64_t pcp_size) {
   AAR_CHECK_ARG(dcp_size >= 1, "dcp_size must be >= 1, got ", dcp_size);
   AAR_CHECK_ARG(pcp_size >= 1, "pcp_size must be >= 1, got ", pcp_size);
   if (pcp_size > 1) {
-    // docs/design/sparse_cp.md §11: PCP alone is built.
-    if (dsa_cp || dcp_size > 1) {
-      throw_not_supported("pcp_size=", pcp_size, " with ", dsa_cp ? "dsa_cp=True" : "",
-                          dsa_cp && dcp_size > 1 ? " and " : "", dcp_size > 1 ? "dcp_size=" : "",
-                          dcp_size > 1 ? std::to_string(dcp_size) : "", ": SFA PCP x ",
-                          dsa_cp ? "DSA-CP" : "DCP", " is not implemented (docs/design/sparse_cp.md §11)");
+    // docs/design/sparse_cp.md §11: PCP alone or with DCP.
+    if (dsa_cp) {
+      throw_not_supported("pcp_size=", pcp_size, " with dsa_cp=True: SFA PCP x DSA-CP is not implemented "
+                          "(docs/design/sparse_cp.md §11)");
     }
-    return CpMode::Pcp;
+    return dcp_size > 1 ? CpMode::PcpDcp : CpMode::Pcp;
   }
   return dsa_cp ? (dcp_size > 1 ? CpMode::DsaCpDcp : CpMode::DsaCp) : (dcp_size > 1 ? CpMode::Dcp : CpMode::Plain);
 }

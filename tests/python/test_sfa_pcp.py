@@ -23,7 +23,7 @@ from _cp_harness import run_ranks
 from _cp_harness import cp_tol as _tol
 from _mla_reference import MlaDims, make_weights
 from _sfa_cp_steps import STEPS, build_args, caches, hidden as _hidden, make_builder, make_impl, make_step, qsl
-from _sfa_cp_steps import reference, single_rank
+from _sfa_cp_steps import reference, replicated_slot, single_rank
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -49,8 +49,26 @@ _REUSE = ("mixed",)
 _TWO_PHASE = dict(seq_lens=[7, 14, 3], q_lens=[1, 1, 1])
 
 
-def _builder(st, W, rank, **kw):
+def _builder(st, W, rank, wd=1, rd=0, **kw):
+    if wd > 1:
+        kw.update(dcp_world_size=wd, dcp_rank=rd)
     return make_builder(st, pcp_world_size=W, pcp_rank=rank, cp_kv_cache_interleave_size=st["I"], **kw)
+
+
+def _groups(rank, wp, wd):
+    """PCP x DCP: every rank creates every group in the same order; KV rank r = rp * wd + rd."""
+    dcp = pcp = None
+    for rp in range(wp):
+        ranks = [rp * wd + rd for rd in range(wd)]
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            dcp = g
+    for rd in range(wd):
+        ranks = [rp * wd + rd for rp in range(wp)]
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            pcp = g
+    return pcp, dcp
 
 
 def _calls(comm):
@@ -67,13 +85,15 @@ def _local_hidden(global_hidden, lti):
     return h
 
 
-def _forward(comm, impl, builder, args, global_hidden, kv, tb=None):
+def _forward(comm, impl, builder, args, global_hidden, kv, tb=None, dcp=None):
     md = builder.build(*args)
     lti = builder.local_token_index
     assert md.pcp_local_token_index_list == lti.tolist()
     h = _local_hidden(global_hidden, lti)
     out = torch.full_like(h, 7.0)
     comm.reset_counters()
+    if dcp is not None:
+        dcp.reset_counters()
     impl.forward(h, kv, md, out, tb)
     tl = md.num_local_tokens
     rank = md.pcp_rank
@@ -81,30 +101,36 @@ def _forward(comm, impl, builder, args, global_hidden, kv, tb=None):
     return out, lti, topk, _calls(comm), md, h
 
 
-def _run_step(comm, rank, W, I, dtype, name):
+def _run_step(comm, rank, W, I, dtype, name, dcp=None):
+    """One step on PCP rank `rank` of W (with dcp: DCP rank dcp.rank of dcp.size, KV rank rank * size + that)."""
+    wd, rd = (dcp.size, dcp.rank) if dcp is not None else (1, 0)
+    kv_rank = rank * wd + rd
+    layer = dict(pcp_comm=comm, dcp_comm=dcp)
     if name == "decode_after_prefill":
-        st = make_step(W, I=I, dtype=dtype, **_TWO_PHASE)
-        nope, rope, idx_k = caches(st, rank, upto_context=True, fresh=True)
-        builder, impl = _builder(st, W, rank), make_impl(st, pcp_comm=comm)
+        st = make_step(W * wd, I=I, dtype=dtype, **_TWO_PHASE)
+        nope, rope, idx_k = caches(st, kv_rank, upto_context=True, fresh=True)
+        builder, impl = _builder(st, W, rank, wd, rd), make_impl(st, **layer)
         prompt = [s - q for s, q in zip(st["seq_lens"], st["q_lens"])]
         h_prompt = torch.cat([st["xs"][r][:prompt[r]] for r in range(st["B"])])
         args = (qsl(prompt), torch.tensor(prompt, dtype=torch.int32), st["table"])
-        _forward(comm, impl, builder, args, h_prompt, [nope, rope, idx_k])
-        out, lti, topk, calls, md, _ = _forward(comm, impl, builder, build_args(st), _hidden(st), [nope, rope, idx_k])
+        _forward(comm, impl, builder, args, h_prompt, [nope, rope, idx_k], dcp=dcp)
+        out, lti, topk, calls, md, _ = _forward(comm, impl, builder, build_args(st), _hidden(st), [nope, rope, idx_k],
+                                                dcp=dcp)
     else:
-        st = make_step(W, I=I, dtype=dtype, **_STEPS[name])
-        nope, rope, idx_k = caches(st, rank, upto_context=True)
+        st = make_step(W * wd, I=I, dtype=dtype, **_STEPS[name])
+        nope, rope, idx_k = caches(st, kv_rank, upto_context=True)
         reuse = name in _REUSE
-        builder, impl = _builder(st, W, rank), make_impl(st, pcp_comm=comm, use_index_cache=reuse)
+        builder, impl = _builder(st, W, rank, wd, rd), make_impl(st, use_index_cache=reuse, **layer)
         tb = sfa.TopkBuffer(256, st["idx"].K) if reuse else None
         out, lti, topk, calls, md, h = _forward(comm, impl, builder, build_args(st), _hidden(st),
-                                                [nope, rope, idx_k], tb)
+                                                [nope, rope, idx_k], tb, dcp=dcp)
     facts = {}
+    dcp_calls = _calls(dcp) if dcp is not None else None
     if name in _REUSE:
         # A layer without an indexer (same weights): every gathered row's selection from the buffer, one
         # all-gather fewer, the same output.
-        nope2, rope2, _ = caches(st, rank, upto_context=True)
-        reader = make_impl(st, indexer=False, pcp_comm=comm)
+        nope2, rope2, _ = caches(st, kv_rank, upto_context=True)
+        reader = make_impl(st, indexer=False, **layer)
         out2 = torch.full_like(h, 7.0)
         comm.reset_counters()
         reader.forward(h, [nope2, rope2], md, out2, tb)
@@ -113,24 +139,28 @@ def _run_step(comm, rank, W, I, dtype, name):
                      reuse_caches=torch.equal(nope2, nope) and torch.equal(rope2, rope))
     return dict(out=out.double().numpy(), lti=lti.numpy(), topk=topk.numpy(), calls=calls,
                 caches=[t.double().numpy() for t in (nope, rope, idx_k)], seq_local=md.dcp_seq_lens_list,
-                world=(md.pcp_world_size, md.pcp_rank, md.dcp_world_size, md.dcp_rank), facts=facts)
+                world=(md.pcp_world_size, md.pcp_rank, md.dcp_world_size, md.dcp_rank), facts=facts,
+                dcp_calls=dcp_calls)
 
 
 def _spec(name):
     return _TWO_PHASE if name == "decode_after_prefill" else _STEPS[name]
 
 
-def _check(W, I, dtype, name, results):
+def _check(W, I, dtype, name, results, wd=1):
     spec = _spec(name)
-    st = make_step(W, I=I, dtype=dtype, **spec)
+    st = make_step(W * wd, I=I, dtype=dtype, **spec)
     ref, ref_topk = reference(st)
     one, one_topk = single_rank(dict(I=I, dtype=dtype, **spec))
     tol = _tol(dtype)
     n = ref.shape[0]
     seen = torch.zeros(n, dtype=torch.int64)
-    for rank, r in enumerate(results):
-        assert r["world"] == (W, rank, W, rank)
+    for kv_rank, r in enumerate(results):
+        rank = kv_rank // wd
+        assert r["world"] == (W, rank, W * wd, kv_rank)
         assert r["calls"] == (2, 1, 0), (name, rank, r["calls"])
+        if wd > 1:
+            assert r["dcp_calls"] == (1, 1, 0), (name, kv_rank, r["dcp_calls"])  # query heads, partials
         out, lti, topk = torch.from_numpy(r["out"]), torch.from_numpy(r["lti"]).long(), torch.from_numpy(r["topk"])
         real = lti >= 0
         idx = lti[real]
@@ -147,7 +177,7 @@ def _check(W, I, dtype, name, results):
         if name in _REUSE:
             assert f["reuse_calls"] == (1, 1, 0) and f["reuse_source"] == "reused", (rank, f)
             assert f["reuse_topk"] and f["reuse_out"] and f["reuse_caches"], (rank, f)
-        want = caches(st, rank, upto_context=False)
+        want = caches(st, kv_rank, upto_context=False)
         for cname, got, w in zip(("latent", "rope", "indexer"), r["caches"], want):
             torch.testing.assert_close(torch.from_numpy(got), w.double(), **tol,
                                        msg=lambda m: f"{name} rank {rank} {cname} cache: {m}")
@@ -155,15 +185,19 @@ def _check(W, I, dtype, name, results):
     assert torch.all(seen >= 1), (name, seen)
 
 
-def _case(rank, world, I, dtype, names):
-    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
-    return {n: _run_step(comm, rank, world, I, dtype, n) for n in names}
+def _case(rank, world, I, dtype, names, wd):
+    if wd == 1:
+        comm, dcp = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0), None
+    else:
+        pg, dg = _groups(rank, world // wd, wd)
+        comm, dcp = aar.cp.Comm(pg, timeout_s=20.0), aar.cp.Comm(dg, timeout_s=20.0)
+    return {n: _run_step(comm, comm.rank, comm.size, I, dtype, n, dcp) for n in names}
 
 
-def _run(world, I, dtype, names):
-    res = run_ranks(world, _case, I, dtype, names)
+def _run(world, I, dtype, names, wd=1):
+    res = run_ranks(world, _case, I, dtype, names, wd)
     for n in names:
-        _check(world, I, dtype, n, [r[n] for r in res])
+        _check(world // wd, I, dtype, n, [r[n] for r in res], wd)
 
 
 _ALL = list(_STEPS) + ["decode_after_prefill"]
@@ -174,12 +208,83 @@ def test_sfa_pcp_steps_fp32(world, I):
     _run(world, I, torch.float32, _ALL)
 
 
-def test_sfa_pcp_4_ranks_fp32():
-    _run(4, 2, torch.float32, ["mixed", "tiny", "decode_after_prefill"])
+@pytest.mark.parametrize("world,I,names", [(3, 1, ["mixed", "tiny"]), (4, 2, ["mixed", "tiny", "decode_after_prefill"])])
+def test_sfa_pcp_3_and_4_ranks_fp32(world, I, names):
+    _run(world, I, torch.float32, names)
+
+
+def test_sfa_pcp2_x_dcp2_fp32():
+    # KV over the 4 ranks (r = rp * 2 + rd), queries gathered over the heads in each DCP pair
+    _run(4, 2, torch.float32, ["mixed", "spec_mixed", "decode_after_prefill"], wd=2)
 
 
 def test_sfa_pcp_bf16():
     _run(2, 1, torch.bfloat16, ["mixed", "chunked_prefill"])
+
+
+def _li_c8_caches(st, rank):
+    """Garbage main caches and an LI C8 indexer cache (int8 keys, fp16 scales) with nothing written."""
+    nope, rope, idx_k = caches(st, rank, upto_context=True, fresh=True)
+    g = torch.Generator().manual_seed(200 + rank)
+    iq = torch.randint(-100, 100, idx_k.shape, generator=g, dtype=torch.int8)
+    sc = torch.rand(idx_k.shape[0], idx_k.shape[1], 1, 1, generator=g).to(torch.float16)
+    return [nope, rope, iq, sc]
+
+
+def _li_c8_phases(st, comm, rank, W):
+    """The two phases (prompt prefill, then one decode) with LI C8; W = 1 is the single-rank backend."""
+    kv = _li_c8_caches(st, rank)
+    prompt = [s - q for s, q in zip(st["seq_lens"], st["q_lens"])]
+    h_prompt = torch.cat([st["xs"][r][:prompt[r]] for r in range(st["B"])])
+    phases = [((qsl(prompt), torch.tensor(prompt, dtype=torch.int32), st["table"]), h_prompt),
+              (build_args(st), _hidden(st))]
+    res = []
+    if W == 1:
+        builder, impl = make_builder(st), make_impl(st, li_c8=True)
+        for args, h in phases:
+            md = builder.build(*args)
+            out = torch.zeros_like(h)
+            impl.forward(h, kv, md, out)
+            res.append((out.double(), torch.arange(h.shape[0]), impl.last_topk[:, 0].to(torch.int64)))
+    else:
+        builder, impl = _builder(st, W, rank), make_impl(st, pcp_comm=comm, li_c8=True)
+        for args, h in phases:
+            out, lti, topk, _, _, _ = _forward(comm, impl, builder, args, h, kv)
+            res.append((out.double(), lti.long(), topk))
+    return res, kv
+
+
+def _case_li_c8(rank, world):
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    st = make_step(world, **_TWO_PHASE)
+    res, kv = _li_c8_phases(st, comm, rank, world)
+    return [tuple(t.numpy() for t in r) for r in res], [t.numpy() for t in kv[2:]]
+
+
+def test_sfa_pcp_li_c8_equals_the_single_rank_backend():
+    """LI C8 under PCP: every rank quantises every gathered key (per token: the single-rank bytes) into its
+    replicated indexer cache; prompt prefill then decode, against the single-rank LI C8 layer."""
+    W = 2
+    one, one_kv = _li_c8_phases(make_step(1, **_TWO_PHASE), None, 0, 1)
+    st = make_step(W, **_TWO_PHASE)
+    st1 = make_step(1, **_TWO_PHASE)
+    bs = st["bs"]
+    for rank, (phases, (iq, sc)) in enumerate(run_ranks(W, _case_li_c8)):
+        for k, (out, lti, topk) in enumerate(phases):
+            out, lti, topk = torch.from_numpy(out), torch.from_numpy(lti), torch.from_numpy(topk)
+            ref_out, _, ref_topk = one[k]
+            real = lti >= 0
+            torch.testing.assert_close(out[real], ref_out[lti[real]], **_tol(torch.float32),
+                                       msg=lambda m: f"phase {k} rank {rank}: {m}")
+            assert torch.equal(topk[real], ref_topk[lti[real]]), (k, rank)
+        # the replicated indexer cache holds the single-rank bytes of every position
+        iq, sc = torch.from_numpy(iq).view(-1, iq.shape[-1]), torch.from_numpy(sc).view(-1)
+        iq1, sc1 = one_kv[2].view(-1, iq.shape[-1]), one_kv[3].view(-1)
+        for r, s in enumerate(st["seq_lens"]):
+            for p in range(s):
+                a = replicated_slot(st["table"], r, p, W, bs)
+                b = int(st1["table"][r, p // bs]) * bs + p % bs
+                assert torch.equal(iq[a], iq1[b]) and sc[a] == sc1[b], (rank, r, p)
 
 
 def test_builder_pcp_rows_and_refusals():
@@ -198,7 +303,9 @@ def test_builder_pcp_rows_and_refusals():
     assert md.is_current  # the refused build wrote nothing
     with pytest.raises(NotImplementedError, match="build_for_graph_capture with pcp_world_size=2"):
         b.build_for_graph_capture(*build_args(st))
-    refusals = [(dict(dcp_world_size=2), "SFA PCP x DCP"), (dict(dsa_cp_world_size=2), "SFA PCP x DSA-CP"),
+    with pytest.raises(ValueError, match="pcp_world_size \\* dcp_world_size = 32 exceeds 16"):
+        _builder(st, 2, 0, dcp_world_size=16)
+    refusals = [(dict(dsa_cp_world_size=2), "SFA PCP x DSA-CP"),
                 (dict(graph_decode_padding=True), "graph_decode_padding"),
                 (dict(offload=sfa.BuilderOffloadConfig()), "pcp_world_size=2 with offload")]
     for kw, msg in refusals:
@@ -211,11 +318,23 @@ def test_builder_pcp_rows_and_refusals():
         _builder(st, 2, 2)
 
 
+def test_builder_pcp_separate_device_buffers_match():
+    """The device path's copies (separate_device_buffers, here on the CPU) give the metadata of the in-place path."""
+    st = make_step(2, I=2, **STEPS["mixed"])
+    for rank in range(2):
+        a = _builder(st, 2, rank).build(*build_args(st))
+        b = _builder(st, 2, rank, separate_device_buffers=True).build(*build_args(st))
+        assert a.num_local_tokens == b.num_local_tokens
+        assert a.pcp_local_token_index_list == b.pcp_local_token_index_list
+        assert a.pcp_indexer_cum_query_lens_list == b.pcp_indexer_cum_query_lens_list
+        assert torch.equal(a.pcp_cos, b.pcp_cos) and torch.equal(a.slot_mapping, b.slot_mapping)
+        assert torch.equal(a.indexer_slot_mapping, b.indexer_slot_mapping)
+
+
 def test_resolve_cp_mode_names_pcp():
     assert sfa.resolve_cp_mode(False, 1, 2) == sfa.CpMode.pcp
     assert sfa.resolve_cp_mode(False, 1) == sfa.CpMode.plain  # the two-argument call
-    with pytest.raises(NotImplementedError, match="pcp_size=2 with dcp_size=2: SFA PCP x DCP is not implemented"):
-        sfa.resolve_cp_mode(False, 2, 2)
+    assert sfa.resolve_cp_mode(False, 2, 2) == sfa.CpMode.pcp_dcp
     with pytest.raises(NotImplementedError, match="pcp_size=4 with dsa_cp=True: SFA PCP x DSA-CP"):
         sfa.resolve_cp_mode(True, 1, 4)
     with pytest.raises(ValueError, match="pcp_size must be >= 1, got 0"):
@@ -258,16 +377,21 @@ def _case_bad_input(rank, world):
         with g.capture(h.shape[0]):
             impl.forward(h, kv, md, out)
     expect(NotImplementedError, capture)
-    # construction: PCP x DCP, PCP x DSA-CP, LI C8, SFA C8
-    expect(NotImplementedError, lambda: make_impl(st, pcp_comm=comm, dcp_comm=comm))
+    # construction: PCP x DSA-CP, SFA C8
+    # a DCP comm the metadata was not built for
+    expect(ValueError, lambda: make_impl(st, pcp_comm=comm, dcp_comm=comm).forward(h, kv, md, out))
     expect(NotImplementedError, lambda: make_impl(st, pcp_comm=comm, dsa_cp_comm=comm))
-    expect(NotImplementedError, lambda: make_impl(st, pcp_comm=comm, li_c8=True))
     d8 = MlaDims(H=2, L=512, R=64)
     w8 = make_weights(d8, torch.bfloat16, torch.Generator().manual_seed(3))
     expect(NotImplementedError, lambda: sfa.Impl(
         num_heads=d8.H, hidden_size=d8.hidden, q_lora_rank=d8.Q, kv_lora_rank=d8.L, qk_nope_head_dim=d8.P,
         qk_rope_head_dim=d8.R, v_head_dim=d8.V, sfa_c8=True, pcp_comm=comm, **w8))
     untouched = all(torch.equal(a, c) for a, c in zip(before, (nope, rope, idx_k)))
+    # an empty step: no rows, no collective
+    empty = b.build(torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), st["table"][:0])
+    e = torch.zeros(0, h.shape[1], dtype=h.dtype)
+    impl.forward(e, kv, empty, e.clone())
+    errors.append("empty" if empty.num_local_tokens == 0 else None)
     return errors, untouched, comm.calls
 
 
@@ -279,9 +403,9 @@ def test_sfa_pcp_bad_input_is_refused_by_name_before_any_write():
         assert "but the layer has no pcp_comm" in errors[2]
         assert "blocks, fewer than the metadata's" in errors[3]
         assert "SFA PCP" in errors[4] and "Eager only" in errors[4]
-        assert "SFA PCP x DCP" in errors[5]
+        assert "dcp_comm has 2 ranks but the metadata was built without DCP" in errors[5]
         assert "SFA PCP x DSA-CP" in errors[6]
-        assert "li_c8 with PCP" in errors[7]
-        assert "sfa_c8 with PCP" in errors[8]
+        assert "sfa_c8 with PCP" in errors[7]
+        assert errors[8] == "empty"
         assert untouched, f"rank {rank}: a refused forward wrote a cache"
         assert calls == 0, "a refused forward issued a collective"

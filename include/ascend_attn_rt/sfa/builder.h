@@ -86,9 +86,10 @@ struct BuilderConfig : core::BuilderCore {
   int32_t dsa_cp_rank = 0;
   // Prefill context parallel (docs/design/sparse_cp.md §11): this rank's place in the PCP group. A build
   // then takes the GLOBAL step (the same inputs on every rank) and plans this rank's rows
-  // (Metadata::pcp): the main cache is sharded over the PCP ranks like DCP's (rank pcp_rank, interleave
-  // cp_kv_cache_interleave_size), the indexer cache replicated (num_blocks * pcp_world_size blocks).
-  // Refused by name with dcp_world_size > 1, dsa_cp_world_size > 1, offload and graph_decode_padding;
+  // (Metadata::pcp): the main cache is sharded over the pcp_world_size * dcp_world_size ranks like DCP's
+  // (rank pcp_rank * dcp_world_size + dcp_rank, interleave cp_kv_cache_interleave_size; at most 16
+  // ranks), the indexer cache replicated (num_blocks * pcp_world_size * dcp_world_size blocks).
+  // Refused by name with dsa_cp_world_size > 1, offload and graph_decode_padding;
   // build_for_graph_capture and build_for_drafting are refused (eager only; the draft lanes have no PCP
   // plan). Speculative decode on the main lane is supported (multi-token decodes on every PCP rank).
   int32_t pcp_world_size = 1;

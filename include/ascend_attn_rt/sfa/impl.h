@@ -116,17 +116,18 @@ struct ImplConfig {
   bool dsa_cp_full_o_proj_prefill = true;
   // Prefill context parallel (docs/design/sparse_cp.md §11): the PCP group (null or one rank: none).
   // Metadata built with pcp_world_size > 1 needs the matching comm (same size and rank); the forward
-  // then takes this rank's rows (Metadata::pcp.num_local_tokens rows of hidden_states / output). Eager
-  // only; refused by name with dcp_comm, dsa_cp_comm, SFA C8, LI C8 and KV offload. The comm must
+  // then takes this rank's rows (Metadata::pcp.num_local_tokens rows of hidden_states / output). With
+  // dcp_comm too (PCP x DCP): the DCP group of this PCP rank, whose ranks hold the same rows and their own
+  // heads. Eager only; refused by name with dsa_cp_comm, SFA C8 and KV offload. The comm must
   // outlive the layer.
   cp::Comm* pcp_comm = nullptr;
 };
 
 // The context-parallel modes of SFA from its switches (docs/design/sparse_cp.md §1, §11).
-enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3, Pcp = 4 };
+enum class CpMode : int32_t { Plain = 0, DsaCp = 1, Dcp = 2, DsaCpDcp = 3, Pcp = 4, PcpDcp = 5 };
 const char* to_string(CpMode m);
 // The mode of (dsa_cp, dcp_size, pcp_size): InvalidArgument for a size < 1; NotSupported (naming both
-// switches) for PCP combined with DSA-CP or DCP, which are not built.
+// switches) for PCP combined with DSA-CP, which is not built.
 CpMode resolve_cp_mode(bool dsa_cp, int64_t dcp_size, int64_t pcp_size = 1);
 
 enum class TopkSource : int32_t { None = 0, Indexer = 1, Reused = 2 };
@@ -223,6 +224,12 @@ class Impl {
   // LI C8: rotation, quantisation, key and scale writes, the quantised indexer.
   at::Tensor quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights, const Caches& c,
                                 const Metadata& md, at::Tensor& k_rows, const at::Tensor& slots);
+  // LI C8's two halves: the keys rotated, quantised and written at `slots`; the queries rotated and
+  // quantised and the quantised indexer with the given lengths and table (also PCP's, §11).
+  void quant_indexer_write_(const at::Tensor& k, const Caches& c, at::Tensor& k_rows, const at::Tensor& slots);
+  at::Tensor quant_indexer_select_(const at::Tensor& q, const at::Tensor& weights, const Caches& c,
+                                   const at::Tensor& cum_query_lens, const at::Tensor& seq_lens,
+                                   const at::Tensor& block_table);
   // SFA C8: packs the latent key into 656-byte rows and scatters them by slot.
   void store_packed_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, const Caches& c, const Metadata& md,
                          int64_t tk);

@@ -80,11 +80,14 @@ struct DsaCpMetadata {
 
 // Prefill context parallel (docs/design/sparse_cp.md §11): world_size 1 (every tensor empty) without
 // it. The Metadata's other fields are the GLOBAL step's, planned as under DCP with the main cache
-// sharded over the PCP ranks (dcp.world_size = Wp, dcp.rank = rp: local slots, local lengths, the
-// replicated indexer views); this rank computes its num_local_tokens rows (hidden_states / output).
+// sharded over the W = Wp * Wd PCP x DCP ranks (dcp.world_size = W, dcp.rank = rp * Wd + rd: local
+// slots, local lengths, the replicated indexer views); this rank computes its num_local_tokens rows
+// (hidden_states / output).
 struct PcpMetadata {
   int32_t world_size = 1;
   int32_t rank = 0;
+  int32_t dcp_world_size = 1;       // Wd: the DCP group's part of the shard (PCP x DCP)
+  int32_t dcp_rank = 0;
   int32_t num_local_tokens = 0;     // T_loc: the decode tokens, then every prefill's head and tail chunk
   int32_t num_indexer_reqs = 0;
   at::Tensor cos, sin;              // device (T_loc, R): the local rows' RoPE rows
