@@ -11,6 +11,8 @@ b * W + r). It runs the SFA builder and layer with the DCP group and compares, f
   * its caches after the step: its own new latent rows at their local slots, every new indexer row at its
     replicated slot, nothing else touched,
   * the collectives of a layer's step: one query all-gather and one all-to-all.
+LI C8 (quantised indexer cache): prompt prefill then the step, against the single-rank LI C8 layer (outputs, top-k
+rows, the replicated int8 keys and fp16 scales byte-equal) and the float64 attention over its selection.
 """
 
 import math
@@ -24,6 +26,7 @@ from _cp_harness import cp_tol as _tol, local_index as _local_index, local_len a
 from _mla_reference import MlaDims, make_weights
 from _sfa_cp_steps import build_args, caches, hidden as _hidden, make_builder, make_impl, make_step as _make_step
 from _sfa_cp_steps import STEPS, qsl, reference as _reference, replicated_slot as _replicated_slot
+from _sfa_reference import sfa_attend_request
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -129,6 +132,110 @@ def test_sfa_dcp_steps_bf16():
 def test_sfa_dcp_decode_graph_replays_like_the_reference(world):
     # A decode bucket (padded, token count not divisible by the group) captured and replayed.
     _run(world, ["decode", "padded_decode"], 2, torch.float32, graph=True)
+
+
+# LI C8 under DCP (docs/design/sfa.md §7, docs/design/sparse_cp.md §5): every rank quantises every step token's
+# indexer key into its replicated indexer cache (int8 bytes, fp16 scales at the replicated slots) and runs the
+# quantised indexer over the replicated view with the global lengths. Each case is the prompt prefill of every
+# request's context (the requests that have one), then the step; (name, I, dtype).
+_LI_C8_CASES = [("decode", 1, torch.float32), ("fresh_prefill", 16, torch.float32),
+                ("chunked_prefill", 2, torch.float32), ("chunked_prefill", 4, torch.bfloat16)]
+
+
+def _li_c8_kv(st, rank):
+    """Garbage main caches and LI C8 indexer caches (int8 keys, fp16 scales; num_blocks * W blocks), nothing
+    written."""
+    nope, rope, idx_k = caches(st, rank, upto_context=True, fresh=True)
+    g = torch.Generator().manual_seed(200 + rank)
+    iq = torch.randint(-100, 100, idx_k.shape, generator=g, dtype=torch.int8)
+    sc = torch.rand(idx_k.shape[0], idx_k.shape[1], 1, 1, generator=g).to(torch.float16)
+    return [nope, rope, iq, sc]
+
+
+def _li_c8_phases(st):
+    """[(builder args, hidden, [(request, context length, tokens)])]: the prompt prefill, then the step."""
+    prompt = [s - q for s, q in zip(st["seq_lens"], st["q_lens"])]
+    keep = [r for r in range(st["B"]) if prompt[r] > 0]
+    phases = []
+    if keep:
+        p = [prompt[r] for r in keep]
+        args = (qsl(p), torch.tensor(p, dtype=torch.int32), st["table"][keep])
+        h = torch.cat([st["xs"][r][:prompt[r]] for r in keep])
+        phases.append((args, h, [(r, prompt[r], prompt[r]) for r in keep]))
+    reqs = [(r, s, q) for r, (s, q) in enumerate(zip(st["seq_lens"], st["q_lens"]))]
+    phases.append((build_args(st), _hidden(st), reqs))
+    return phases
+
+
+def _li_c8_run(st, rank, comm):
+    """Both phases on one rank (comm None: the single-rank LI C8 layer): per phase the output, the top-k rows
+    and the DCP collectives; then the caches."""
+    kv = _li_c8_kv(st, rank)
+    if comm is None:
+        builder, impl = make_builder(st), make_impl(st, li_c8=True)
+    else:
+        builder, impl = _builder(st, st["W"], rank), make_impl(st, dcp_comm=comm, li_c8=True)
+    res = []
+    for args, h, _ in _li_c8_phases(st):
+        md = builder.build(*args, num_input_tokens=h.shape[0])
+        out = torch.full_like(h, 7.0)
+        calls = None
+        if comm is not None:
+            comm.reset_counters()
+        impl.forward(h, kv, md, out)
+        if comm is not None:
+            calls = (comm.calls_of("all_gather"), comm.calls_of("all_to_all_single"))
+        res.append((out.double().numpy(), impl.last_topk[:h.shape[0], 0].to(torch.int64).numpy(), calls))
+    return res, [t.numpy() if t.dtype != torch.bfloat16 else t.double().numpy() for t in kv]
+
+
+def _case_li_c8(rank, world):
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    return [_li_c8_run(_make_step(world, I=I, dtype=dt, **_STEPS[n]), rank, comm) for n, I, dt in _LI_C8_CASES]
+
+
+def test_sfa_dcp_li_c8_equals_the_single_rank_backend():
+    """LI C8 under DCP 2 against the single-rank LI C8 layer (outputs, top-k rows, the indexer's int8 keys and
+    fp16 scales byte-equal at the replicated slots, nothing else written) and against the float64 sparse
+    attention over that selection; the main caches hold the rank's own rows."""
+    W = 2
+    results = run_ranks(W, _case_li_c8)
+    for c, (name, I, dtype) in enumerate(_LI_C8_CASES):
+        spec = dict(I=I, dtype=dtype, **_STEPS[name])
+        st, st1 = _make_step(W, **spec), _make_step(1, **spec)
+        one, one_kv = _li_c8_run(st1, 0, None)
+        phases = _li_c8_phases(st)
+        tol = _tol(dtype)
+        d, scale = st["d"], 1.0 / math.sqrt(st["d"].P + st["d"].R)
+        for rank, (res, kv) in enumerate(r[c] for r in results):
+            for k, ((out, topk, calls), (o1, t1, _), (_, _, reqs)) in enumerate(zip(res, one, phases)):
+                at = f"{name} {dtype} phase {k} rank {rank}"
+                out, topk, o1, t1 = (torch.from_numpy(t) for t in (out, topk, o1, t1))
+                assert calls == (1, 1), (at, calls)
+                assert torch.equal(topk, t1), at
+                torch.testing.assert_close(out, o1, **tol, msg=lambda m: f"{at} vs single rank: {m}")
+                # float64 sparse attention over the LI C8 selection
+                ref, t0 = [], 0
+                for r, s, q in reqs:
+                    ref.append(sfa_attend_request(d, st["ws"], st["xs"][r][:s], q, scale, topk[t0:t0 + q]))
+                    t0 += q
+                torch.testing.assert_close(out, torch.cat(ref), **tol, msg=lambda m: f"{at} vs float64: {m}")
+            nope, rope, iq, sc = (torch.from_numpy(t) for t in kv)
+            want = _li_c8_kv(st, rank)
+            for cname, got, w in zip(("latent", "rope"), (nope, rope), caches(st, rank, upto_context=False)):
+                torch.testing.assert_close(got, w.double() if dtype == torch.bfloat16 else w, **tol,
+                                           msg=lambda m: f"{name} rank {rank} {cname} cache: {m}")
+            # the replicated indexer cache: the single-rank bytes and scales of every position, the rest untouched
+            Di = iq.shape[-1]
+            wq, ws_ = want[2].view(-1, Di), want[3].view(-1)
+            q1, s1 = torch.from_numpy(one_kv[2]).view(-1, Di), torch.from_numpy(one_kv[3]).view(-1)
+            for r, s in enumerate(st["seq_lens"]):
+                for p in range(s):
+                    a = _replicated_slot(st["table"], r, p, W, st["bs"])
+                    b = int(st1["table"][r, p // st["bs"]]) * st["bs"] + p % st["bs"]
+                    wq[a], ws_[a] = q1[b], s1[b]
+            assert torch.equal(iq.view(-1, Di), wq), f"{name} rank {rank}: indexer int8 keys"
+            assert torch.equal(sc.view(-1), ws_), f"{name} rank {rank}: indexer scales"
 
 
 def _case_bad_input(rank, world):
