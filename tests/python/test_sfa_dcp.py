@@ -189,17 +189,51 @@ def _li_c8_run(st, rank, comm):
     return res, [t.numpy() if t.dtype != torch.bfloat16 else t.double().numpy() for t in kv]
 
 
+def _li_c8_graph(rank, comm):
+    """A padded LI C8 decode bucket after its prompt: captured on the recording provider, rebuilt and replayed,
+    against the eager forward of the same step on copies of the caches (output and every cache equal)."""
+    st = _make_step(comm.size, I=2, **_STEPS["padded_decode"])
+    kv = _li_c8_kv(st, rank)
+    builder = _builder(st, comm.size, rank, graph_decode_padding=True)
+    impl = make_impl(st, dcp_comm=comm, li_c8=True)
+    (args, h, _), _ = _li_c8_phases(st)
+    impl.forward(h, kv, builder.build(*args), torch.zeros_like(h))
+    h, args = _hidden(st), build_args(st)
+    n = h.shape[0]
+    kv_eager = [t.clone() for t in kv]
+    eager = torch.full_like(h, 7.0)
+    impl.forward(h, kv_eager, builder.build(*args, num_input_tokens=n), eager)
+    g = aar.GraphParams("recording")
+    buf, out = torch.zeros_like(h), torch.full_like(h, 7.0)
+    md = builder.build_for_graph_capture(*args, num_input_tokens=n)
+    comm.reset_counters()
+    with g.capture(n):
+        impl.forward(buf, kv, md, out)
+    recorded = comm.calls
+    builder.build(*args, num_input_tokens=n)
+    buf.copy_(h)
+    g.replay(n)
+    return (recorded, torch.equal(out, eager), bool(torch.all(out[sum(st["q_lens"]):] == 0)),
+            all(torch.equal(a, b) for a, b in zip(kv, kv_eager)))
+
+
 def _case_li_c8(rank, world):
     comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
-    return [_li_c8_run(_make_step(world, I=I, dtype=dt, **_STEPS[n]), rank, comm) for n, I, dt in _LI_C8_CASES]
+    runs = [_li_c8_run(_make_step(world, I=I, dtype=dt, **_STEPS[n]), rank, comm) for n, I, dt in _LI_C8_CASES]
+    return runs, _li_c8_graph(rank, comm)
 
 
 def test_sfa_dcp_li_c8_equals_the_single_rank_backend():
     """LI C8 under DCP 2 against the single-rank LI C8 layer (outputs, top-k rows, the indexer's int8 keys and
     fp16 scales byte-equal at the replicated slots, nothing else written) and against the float64 sparse
-    attention over that selection; the main caches hold the rank's own rows."""
+    attention over that selection; the main caches hold the rank's own rows. A padded decode bucket captured
+    and replayed equals its eager forward."""
     W = 2
     results = run_ranks(W, _case_li_c8)
+    for rank, (_, (recorded, same_out, pads_zero, same_caches)) in enumerate(results):
+        assert recorded == 0, "the recording capture runs nothing"
+        assert same_out and pads_zero and same_caches, (rank, same_out, pads_zero, same_caches)
+    results = [r[0] for r in results]
     for c, (name, I, dtype) in enumerate(_LI_C8_CASES):
         spec = dict(I=I, dtype=dtype, **_STEPS[name])
         st, st1 = _make_step(W, **spec), _make_step(1, **spec)
@@ -261,6 +295,15 @@ def _case_bad_input(rank, world):
         impl.forward(hidden, [nope, rope, idx_k], other, out)
     except ValueError as e:
         errors.append(str(e))
+    # LI C8: the scale cache is replicated like the keys (num_blocks * W blocks)
+    kv8 = _li_c8_kv(st, rank)
+    before8 = [t.clone() for t in kv8]
+    impl8 = make_impl(st, dcp_comm=comm, li_c8=True)
+    try:
+        impl8.forward(hidden, kv8[:3] + [kv8[3][: st["nb"]]], md, out)
+    except ValueError as e:
+        errors.append(str(e))
+    untouched8 = all(torch.equal(a, b) for a, b in zip(before8, kv8))
     # SFA C8 with DCP is refused at construction
     d8 = MlaDims(H=2, L=512, R=64)  # the packed C8 rows' geometry
     w8 = make_weights(d8, torch.bfloat16, torch.Generator().manual_seed(3))
@@ -269,16 +312,17 @@ def _case_bad_input(rank, world):
                  qk_rope_head_dim=d8.R, v_head_dim=d8.V, sfa_c8=True, dcp_comm=comm, **w8)
     except NotImplementedError as e:
         errors.append(str(e))
-    untouched = all(torch.equal(a, b) for a, b in zip(before, (nope, rope, idx_k)))
+    untouched = untouched8 and all(torch.equal(a, b) for a, b in zip(before, (nope, rope, idx_k)))
     return errors, untouched, comm.calls
 
 
 def test_sfa_dcp_bad_input_is_rejected_by_name_before_any_write():
     for rank, (errors, untouched, calls) in enumerate(run_ranks(2, _case_bad_input)):
-        assert len(errors) == 3, errors
+        assert len(errors) == 4, errors
         assert "blocks, fewer than the metadata's" in errors[0] and "replicated" in errors[0]
         assert f"metadata was built for DCP rank {(rank + 1) % 2} of 2" in errors[1]
-        assert "sfa_c8 with DCP" in errors[2]
+        assert errors[2].startswith("kv_cache[3] (indexer scale) has") and "replicated" in errors[2], errors[2]
+        assert "sfa_c8 with DCP" in errors[3]
         assert untouched, f"rank {rank}: a rejected forward wrote a cache"
         assert calls == 0, "a rejected forward issued a collective"
 
