@@ -312,17 +312,28 @@ def _case_bad_input(rank, world):
                  qk_rope_head_dim=d8.R, v_head_dim=d8.V, sfa_c8=True, dcp_comm=comm, **w8)
     except NotImplementedError as e:
         errors.append(str(e))
+    # KV offload with DCP is refused at construction
+    sb = _make_step(world, I=2, dtype=torch.bfloat16, **_STEPS["decode"])
+    db = sb["d"]
+    pool = sfa.HostKvPool.create(num_layers=1, budget_bytes=4 * sfa.HostKvPool.block_bytes(1, sb["bs"], db.L, db.R),
+                                 block_size=sb["bs"], kv_lora_rank=db.L, qk_rope_head_dim=db.R)
+    cfg = sfa.OffloadConfig(pool, topk_buffer_size=16, is_decode_consumer=True, max_num_reqs=2, max_num_tokens=64)
+    try:
+        make_impl(sb, offload=cfg, dcp_comm=comm)
+    except ValueError as e:
+        errors.append(str(e))
     untouched = untouched8 and all(torch.equal(a, b) for a, b in zip(before, (nope, rope, idx_k)))
     return errors, untouched, comm.calls
 
 
 def test_sfa_dcp_bad_input_is_rejected_by_name_before_any_write():
     for rank, (errors, untouched, calls) in enumerate(run_ranks(2, _case_bad_input)):
-        assert len(errors) == 4, errors
+        assert len(errors) == 5, errors
         assert "blocks, fewer than the metadata's" in errors[0] and "replicated" in errors[0]
         assert f"metadata was built for DCP rank {(rank + 1) % 2} of 2" in errors[1]
         assert errors[2].startswith("kv_cache[3] (indexer scale) has") and "replicated" in errors[2], errors[2]
         assert "sfa_c8 with DCP" in errors[3]
+        assert errors[4].startswith("offload with DCP (dcp_comm of 2 ranks)"), errors[4]
         assert untouched, f"rank {rank}: a rejected forward wrote a cache"
         assert calls == 0, "a rejected forward issued a collective"
 
