@@ -227,6 +227,8 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     cp::DcpWorkspace check_merge(probe);
   }
   if (mode == CpMode::Dcp) {
+    // LI C8 is not refused: its key bytes and scales go to the replicated indexer slots and the
+    // quantised indexer reads the replicated view (docs/design/sparse_cp.md §5).
     if (cfg_.sfa_c8) {
       throw_not_supported("sfa_c8 with DCP (dcp_comm of ", dcp_world, " ranks): the KV-quant sparse attention's "
                           "LSE path under DCP is not implemented (docs/design/sparse_cp.md §6)");
@@ -473,7 +475,8 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
                                               [&] { return md.cos.narrow(0, 0, tk).view({tk, 1, 1, R}); });
   const at::Tensor& sin = LatentCore::view_of(md.sin, tk, seen_.sin_src, seen_.sin4,
                                               [&] { return md.sin.narrow(0, 0, tk).view({tk, 1, 1, R}); });
-  // Under DCP the indexer cache is replicated: its own slots and block table (docs/design/sparse_cp.md §2).
+  // Under DCP the indexer cache (with LI C8: keys and scales) is replicated: its own slots and block table
+  // (docs/design/sparse_cp.md §2, §5).
   const bool dcp = md.dcp.world_size > 1;
   const at::Tensor& idx_slots = dcp ? md.dcp.indexer_slot_mapping : md.slot_mapping;
   const at::Tensor& idx_table = dcp ? md.dcp.indexer_block_table : md.block_table;

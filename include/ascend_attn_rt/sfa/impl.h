@@ -95,8 +95,9 @@ struct ImplConfig {
   std::optional<OffloadConfig> offload;
   // Decode context parallel with the replicated indexer (docs/design/sparse_cp.md §5): the
   // DCP group (null or one rank: no DCP). Metadata built with dcp_world_size > 1 needs the
-  // matching comm (same size and rank); preprocess.dcp_size follows it. The comm must
-  // outlive the layer.
+  // matching comm (same size and rank); preprocess.dcp_size follows it. LI C8 runs under it (its
+  // key bytes and scales at the replicated indexer slots); SFA C8 and KV offload are refused. The
+  // comm must outlive the layer.
   cp::Comm* dcp_comm = nullptr;
   // DSA-CP token sharding (docs/design/sparse_cp.md §4, §7): the group the step's tokens are
   // split over (the TP group; null or one rank: none). The layer then computes ALL heads
