@@ -1,5 +1,5 @@
 """Host time of an SFA (DeepSeek-V3.2 sparse attention) decode step under DCP 2 with the replicated indexer,
-under DSA-CP 2 token sharding and under both together (docs/design/sparse_cp.md), beside the single-rank SFA
+under DSA-CP 2 token sharding, under both together and under PCP 2 (docs/design/sparse_cp.md), beside the single-rank SFA
 step of the same shapes, operator provider "no_compute" (kernels return correctly shaped outputs at once), bf16.
 
 Per step: sfa.MetadataBuilder.build once, then sfa.Impl.forward of one layer with a lightning indexer (top-k
@@ -15,7 +15,11 @@ its o_proj shard (every head's q/kv_b weights); its decode road issues an all-ga
 (head blocks) and an all-reduce (o_proj partials). DSA-CP x DCP (§9): both options on the builder, the layer
 with dsa_cp_comm and dcp_comm (one Comm) and its o_proj shard, the indexer cache with num_blocks * 2 blocks; its
 decode road issues 2 all-gathers (rows with the query, top-k), 2 all-to-alls (partials, head blocks) and an
-all-reduce. Single rank: the same builder and layer without DCP, in the same process, on the same inputs.
+all-reduce. SFA PCP 2 (§11): the builder with pcp_world_size=2, pcp_rank=r, cp_kv_cache_interleave_size=1, the
+layer with pcp_comm, the DCP caches (main cache sharded, indexer cache num_blocks * 2 blocks); under PCP every rank
+computes every decode (its local rows are the whole decode batch), and its forward issues 2 all-gathers (the rows
+with the query, top-k) and an all-to-all (the merge). Single rank: the same builder and layer without CP, in the
+same process, on the same inputs. The timing loop and the gloo / fake-group runs are benchmarks/_cp_bench.py's.
 Medians over --iters steps (after 5 warm-up steps), torch.set_num_threads(1), garbage collector off while
 timing, under torch.inference_mode(). The provider is set back to "auto" afterwards.
 
@@ -33,22 +37,16 @@ Run from the repository root:
 """
 
 import argparse
-import datetime
-import gc
 import json
 import os
-import queue
-import statistics
 import sys
-import tempfile
-import time
-import traceback
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _cp_bench as cpb  # noqa: E402
 
 WORLD = 2
 INTERLEAVE = 1                      # cp_kv_cache_interleave_size (vLLM's default)
@@ -59,16 +57,13 @@ H, HID, Q, L, P, V, R = 16, 7168, 1536, 512, 128, 128, 64  # DeepSeek-V3.2 MLA a
 NI, DI, K = 64, 128, 2048           # lightning indexer heads, head dim, top-k
 WARMUP = 5
 DT = torch.bfloat16
+MODES = (("dcp2", "dcp"), ("dsa_cp2", "dsa_cp"), ("dsa_cp2_dcp2", "dsa_cp_dcp"), ("pcp2", "pcp"))
 
 
 def _rope_tables(n):
     inv = 10000.0 ** (-torch.arange(0, R, 2, dtype=torch.float64) / R)
     a = torch.arange(n, dtype=torch.float64)[:, None] * inv
     return torch.cat([a.cos(), a.cos()], -1).to(DT), torch.cat([a.sin(), a.sin()], -1).to(DT)
-
-
-def _median_us(xs):
-    return round(statistics.median(xs) / 1e3, 2)
 
 
 def _layer_args():
@@ -98,42 +93,8 @@ def _measure(builder, impl, caches, topk, n, iters, comm=None):
     bt = (torch.arange(n * MBR, dtype=torch.int32) % POOL).view(n, MBR)
     x = torch.zeros(n, HID, dtype=DT)
     out = torch.empty_like(x)
-    build_ns, fwd_ns, coll_ns = [], [], []
-    gathers = a2a = reduces = calls = 0
-    gc.collect()
-    gc.disable()
-    try:
-        for it in range(WARMUP + iters):
-            if comm is not None:
-                g0, a0, r0, c0, x0 = (comm.calls_of("all_gather"), comm.calls_of("all_to_all_single"),
-                                      comm.calls_of("all_reduce"), comm.calls, comm.collective_ns)
-            t0 = time.perf_counter_ns()
-            md = builder.build(qsl, seq, bt)
-            t1 = time.perf_counter_ns()
-            impl.forward(x, caches, md, out, topk)
-            t2 = time.perf_counter_ns()
-            if it < WARMUP:
-                continue
-            coll = comm.collective_ns - x0 if comm is not None else 0
-            build_ns.append(t1 - t0)
-            fwd_ns.append(t2 - t1 - coll)
-            coll_ns.append(coll)
-            if comm is not None:
-                gathers += comm.calls_of("all_gather") - g0
-                a2a += comm.calls_of("all_to_all_single") - a0
-                reduces += comm.calls_of("all_reduce") - r0
-                calls += comm.calls - c0
-    finally:
-        gc.enable()
-    row = {"build_us": _median_us(build_ns), "forward_us": _median_us(fwd_ns)}
-    row["step_us"] = round(row["build_us"] + row["forward_us"], 2)
-    if comm is not None:
-        row["collectives_us_excluded"] = _median_us(coll_ns)
-        row["all_gather_per_layer_step"] = gathers / iters
-        row["all_to_all_single_per_layer_step"] = a2a / iters
-        row["all_reduce_per_layer_step"] = reduces / iters
-        row["collectives_per_layer_step"] = calls / iters
-    return row
+    return cpb.measure(lambda: builder.build(qsl, seq, bt), [("layer", lambda md: impl.forward(x, caches, md, out, topk))],
+                       iters, WARMUP, comm)
 
 
 def _bench(rank, iters):
@@ -143,7 +104,7 @@ def _bench(rank, iters):
     torch.set_num_threads(1)
     aar.set_provider("no_compute")
     try:
-        comm = aar.cp.Comm(dist.group.WORLD, timeout_s=30.0)
+        comm = aar.cp.Comm(torch.distributed.group.WORLD, timeout_s=30.0)
         cos, sin = _rope_tables(MBR * BS)
         args = _layer_args()
         topk = sfa.TopkBuffer(4096, K)
@@ -165,71 +126,23 @@ def _bench(rank, iters):
                                                dcp_world_size=WORLD, dcp_rank=rank,
                                                cp_kv_cache_interleave_size=INTERLEAVE)
             both_layer = sfa.Impl(**dsa_args, dsa_cp_comm=comm, dcp_comm=comm)
+            pcp_builder = sfa.MetadataBuilder(**common, pcp_world_size=WORLD, pcp_rank=rank,
+                                              cp_kv_cache_interleave_size=INTERLEAVE)
+            pcp_layer = sfa.Impl(**args, pcp_comm=comm)
             for n in SIZES:
                 dcp = _measure(dcp_builder, dcp_layer, dcp_caches, topk, n, iters, comm)
                 dsa = _measure(dsa_builder, dsa_layer, caches, topk, n, iters, comm)
                 both = _measure(both_builder, both_layer, dcp_caches, topk, n, iters, comm)
+                pcp = _measure(pcp_builder, pcp_layer, dcp_caches, topk, n, iters, comm)
                 single = _measure(builder, layer, caches, topk, n, iters)
-                rows[f"decode_{n}"] = {"dcp2": dcp, "dsa_cp2": dsa, "dsa_cp2_dcp2": both, "single_rank": single,
-                                       "ratio_dcp_over_single": round(dcp["step_us"] / single["step_us"], 2),
-                                       "ratio_dsa_cp_over_single": round(dsa["step_us"] / single["step_us"], 2),
-                                       "ratio_dsa_cp_dcp_over_single": round(both["step_us"] / single["step_us"], 2),
-                                       "build_ratio_dcp": round(dcp["build_us"] / single["build_us"], 2),
-                                       "build_ratio_dsa_cp": round(dsa["build_us"] / single["build_us"], 2),
-                                       "build_ratio_dsa_cp_dcp": round(both["build_us"] / single["build_us"], 2)}
+                row = {"dcp2": dcp, "dsa_cp2": dsa, "dsa_cp2_dcp2": both, "pcp2": pcp, "single_rank": single}
+                for mode, name in MODES:
+                    row[f"ratio_{name}_over_single"] = cpb.ratio(row[mode]["step_us"], single["step_us"])
+                    row[f"build_ratio_{name}"] = cpb.ratio(row[mode]["build_us"], single["build_us"])
+                rows[f"decode_{n}"] = row
     finally:
         aar.set_provider("auto")
     return rows
-
-
-def _worker(rank, init_file, iters, results):
-    try:
-        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=60))
-        results.put((rank, True, _bench(rank, iters)))
-    except BaseException:  # noqa: BLE001  (the parent reports it)
-        results.put((rank, False, traceback.format_exc()))
-    # Flush the queue's feeder thread, then leave without gloo's teardown (which waits for the peer).
-    results.close()
-    results.join_thread()
-    os._exit(0)
-
-
-def _run_gloo(iters, deadline_s=300.0):
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    got = {}
-    with tempfile.TemporaryDirectory(prefix="aar_bench_sfa_dcp_") as tmp:
-        init = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_worker, args=(r, init, iters, results), daemon=True) for r in range(WORLD)]
-        for pr in procs:
-            pr.start()
-        end = time.monotonic() + deadline_s
-        try:
-            while len(got) < WORLD and time.monotonic() < end:
-                try:
-                    rank, ok, value = results.get(timeout=0.5)
-                    got[rank] = (ok, value)
-                except queue.Empty:
-                    if all(not pr.is_alive() for pr in procs) and results.empty():
-                        break
-        finally:
-            for pr in procs:
-                pr.join(timeout=10)
-            for pr in procs:  # every process ends: terminated, then killed, if still alive
-                if pr.is_alive():
-                    pr.terminate()
-                    pr.join(timeout=5)
-                if pr.is_alive():
-                    pr.kill()
-                    pr.join(timeout=5)
-            results.close()
-            results.join_thread()
-    errors = [f"rank {r}:\n{v}" for r, (ok, v) in sorted(got.items()) if not ok]
-    errors += [f"rank {r} did not report within {deadline_s:.0f} s" for r in range(WORLD) if r not in got]
-    if errors:
-        raise SystemExit("\n".join(errors))
-    return {r: got[r][1] for r in range(WORLD)}
 
 
 def main():
@@ -242,12 +155,10 @@ def main():
     if args.iters < 1:
         p.error("--iters must be >= 1")
     if args.fake_group:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+        cpb.init_fake_group(WORLD)
         got = {0: _bench(0, args.iters)}
     else:
-        got = _run_gloo(args.iters)
+        got = cpb.run_gloo(_bench, WORLD, args.iters, prefix="aar_bench_sfa_dcp_")
     report = {
         "benchmark": "sfa_dcp_decode_host",
         "group": "fake (in-process, collectives free)" if args.fake_group else "gloo, 2 local processes",
@@ -279,12 +190,10 @@ def main():
             s = row["single_rank"]
             print(f"rank {r} {key:10s} single build {s['build_us']:6.1f} + fwd {s['forward_us']:6.1f} ="
                   f" {s['step_us']:6.1f}")
-            for mode, name in (("dcp2", "dcp"), ("dsa_cp2", "dsa_cp"), ("dsa_cp2_dcp2", "dsa_cp_dcp")):
+            for mode, name in MODES:
                 d = row[mode]
-                print(f"    {mode:8s} build {d['build_us']:8.1f} + fwd {d['forward_us']:9.1f} = {d['step_us']:9.1f}"
-                      f" ({d['all_gather_per_layer_step']:.0f} all_gather + {d['all_to_all_single_per_layer_step']:.0f}"
-                      f" all_to_all + {d['all_reduce_per_layer_step']:.0f} all_reduce / layer-step,"
-                      f" {d['collectives_us_excluded']:.1f} us excluded) | ratio step"
+                print(f"    {mode:12s} build {d['build_us']:8.1f} + fwd {d['forward_us']:9.1f} = {d['step_us']:9.1f}"
+                      f" ({cpb.collectives_text(d)}) | ratio step"
                       f" {row['ratio_' + name + '_over_single']:.2f}x, build {row['build_ratio_' + name]:.2f}x"
                       f" (target <= 1.5x)")
 
