@@ -828,8 +828,17 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   }
 
   // ---- 2. the slice: every head's query, the selection and SAS attention with the local lengths.
-  // The slice's rows (tpr, N D), zeros past its real tokens.
-  const at::Tensor y = at::zeros({tpr, N * D}, hidden.options());
+  // The slice's rows (tpr, N D), zeros past its real tokens. The decode road keeps them in the
+  // all-to-all's layout, head blocks (W, tpr, N D / W), written through the (tpr, W, N D / W) view:
+  // no reorder copy before the exchange, and only the padding rows are zeroed.
+  const bool decode_state =
+      st.attn_state == plan::AttentionState::DecodeOnly || st.attn_state == plan::AttentionState::SpecDecoding;
+  const bool full_road = !decode_state && cf.dsa_cp_full_o_proj_prefill;
+  const int64_t C = N * D / W;
+  const at::Tensor rows_buf =
+      full_road ? at::empty({tpr, N * D}, hidden.options()) : at::empty({W, tpr, C}, hidden.options());
+  const at::Tensor y = full_road ? rows_buf.view({tpr, W, C}) : rows_buf.transpose(0, 1);  // (tpr, W, C)
+  if (nloc < tpr) ops::dense::zero(y.narrow(0, nloc, tpr - nloc));
   if (nloc > 0) {
     const at::Tensor xl = hidden.narrow(0, sh.local_start, nloc);
     const detail::TokenViews& v = ws.tokens(nloc);
@@ -856,16 +865,14 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
     // The builder's local blob and cu_seqlens tensors (docs/design/sparse_cp.md §10.1).
     at::Tensor o = attend(c, md, v.q, sh.query_start_loc, sh.seq_lens, sel, at::Tensor(), at::Tensor());
     ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
-    ops::dense::copy(y.narrow(0, 0, nloc), o.view({nloc, N * D}));
+    ops::dense::copy(y.narrow(0, 0, nloc), o.view({nloc, W, C}));
   } else {
     last_topk_ = ratio == 4 ? at::empty({0, 1, cf.index_topk}, hidden.options().dtype(at::kInt)) : at::Tensor();
   }
 
   // ---- 3. back to the whole step's tokens.
-  const bool decode_state =
-      st.attn_state == plan::AttentionState::DecodeOnly || st.attn_state == plan::AttentionState::SpecDecoding;
   at::Tensor full;  // (T_pad, hidden)
-  if (!decode_state && cf.dsa_cp_full_o_proj_prefill) {
+  if (full_road) {
     // The full o_proj on this rank's tokens (wo_a and wo_b gathered into the static pools and
     // switched in under one guard, which restores both shards on every path), then the tokens
     // gathered.
@@ -874,16 +881,14 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
     {
       const sparse::OProjFullWeight::Guard guard(*oproj_full_);
       ops::testing::fault_point();  // a test's fault lands inside the switch (test_dsa_cp.py)
-      part = bmm_o_proj(y, cf.o_groups);  // (tpr, hidden)
+      part = bmm_o_proj(rows_buf, cf.o_groups);  // (tpr, hidden)
     }
     full = comm.all_gather(part, 0);
   } else {
     // This rank's heads for every token (an all-to-all of head blocks [tpr, W, N/W D] ->
     // [T_pad, N/W D]), its o_proj shard (groups [r G/W, (r+1) G/W), the same heads), and the
     // partial sums reduced over the group.
-    const int64_t C = N * D / W;
-    const at::Tensor blocks = y.view({tpr, W, C}).transpose(0, 1).contiguous().view({W * tpr, C});
-    const at::Tensor mine = comm.all_to_all_single(blocks);  // block i: rank i's tokens
+    const at::Tensor mine = comm.all_to_all_single(rows_buf.view({W * tpr, C}));  // block i: rank i's tokens
     full = bmm_o_proj(mine, cf.o_groups / W).contiguous();
     comm.all_reduce(full);
   }
