@@ -804,7 +804,8 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
   const int64_t width = R + L + Di + (with_query ? N * (L + R) : 0);
   s.nloc = nloc;
-  s.pack = at::zeros({tpr, width}, hidden.options());
+  s.pack = at::empty({tpr, width}, hidden.options());  // every column of the real rows is written below
+  if (nloc < tpr) ops::dense::zero(s.pack.narrow(0, nloc, tpr - nloc));
   if (nloc == 0) return;
   s.xl = hidden.narrow(0, sh.local_start, nloc);
   const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
@@ -830,17 +831,28 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   }
 }
 
-void Impl::dsa_cp_output(const at::Tensor& y, const Metadata& md, const at::Tensor& output, int64_t tk) {
-  // docs/design/sparse_cp.md §7 step 4: from this rank's slice `y` (tpr, N V) back to the whole step's
-  // tokens, by one of the two roads; every rank issues the same collectives.
+void Impl::dsa_cp_output(const at::Tensor& y_local, int64_t nloc, const Metadata& md, const at::Tensor& output,
+                         int64_t tk) {
+  // docs/design/sparse_cp.md §7 step 4: from this rank's slice `y_local` (nloc, N V) back to the whole
+  // step's tokens, by one of the two roads; every rank issues the same collectives.
   cp::Comm& comm = *cfg_.dsa_cp_comm;
   const mla::Dims& d = cfg_.dims;
   const int64_t W = comm.size(), tpr = md.dsa_cp.tokens_per_rank, N = d.num_heads, V = d.v_head_dim;
   const int64_t out_rows = output.size(0), keep = std::min<int64_t>(tk, out_rows);
   const bool decode_state = md.attn_state == plan::AttentionState::DecodeOnly ||
                             md.attn_state == plan::AttentionState::SpecDecoding;
+  const bool full_road = !decode_state && cfg_.dsa_cp_full_o_proj_prefill;
+  // The slice padded to tpr rows with zeros. The decode road keeps them in the all-to-all's layout,
+  // head blocks (W, tpr, C), written through the (tpr, W, C) view: no reorder copy before the
+  // exchange, and only the padding rows are zeroed.
+  const int64_t C = N * V / W;
+  const auto opts = core_->weights().o_proj.options();
+  const at::Tensor y = full_road ? at::empty({tpr, N * V}, opts) : at::empty({W, tpr, C}, opts);
+  const at::Tensor rows = full_road ? y.view({tpr, W, C}) : y.transpose(0, 1);  // (tpr, W, C)
+  if (nloc > 0) ops::dense::copy(rows.narrow(0, 0, nloc), y_local.reshape({nloc, W, C}));
+  if (nloc < tpr) ops::dense::zero(rows.narrow(0, nloc, tpr - nloc));
   at::Tensor full;  // (T_pad, hidden)
-  if (!decode_state && cfg_.dsa_cp_full_o_proj_prefill) {
+  if (full_road) {
     // The full o_proj on this rank's tokens (the shards gathered into the static pool and
     // switched in; the guard restores the shard on every path), then the tokens gathered.
     oproj_full_->gather();
@@ -854,9 +866,7 @@ void Impl::dsa_cp_output(const at::Tensor& y, const Metadata& md, const at::Tens
   } else {
     // This rank's heads for every token (an all-to-all of head blocks), the shard's o_proj, and the
     // partial sums reduced over the group.
-    const int64_t C = N * V / W;
-    const at::Tensor blocks = y.view({tpr, W, C}).transpose(0, 1).contiguous().view({W * tpr, C});
-    const at::Tensor mine = comm.all_to_all_single(blocks);  // (T_pad, C): block i = rank i's tokens
+    const at::Tensor mine = comm.all_to_all_single(y.view({W * tpr, C}));  // (T_pad, C): block i = rank i's tokens
     full = ops::dense::linear(mine, core_->weights().o_proj).contiguous();
     comm.all_reduce(full);
   }
@@ -873,8 +883,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   cp::Comm& comm = *cfg_.dsa_cp_comm;
   const DsaCpMetadata& sh = md.dsa_cp;
   const mla::Dims& d = cfg_.dims;
-  const int64_t tpr = sh.tokens_per_rank;
-  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads, V = d.v_head_dim;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   const bool has_idx = cfg_.indexer.has_value();
   const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
   const auto opts = hidden.options();
@@ -919,10 +928,8 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
     last_topk_rows_ = at::empty({0, 1, has_idx ? cfg_.indexer->topk : topk->index_topk()}, opts.dtype(at::kInt));
     last_topk_ = has_idx ? TopkSource::Indexer : TopkSource::Reused;
   }
-  at::Tensor y = at::zeros({tpr, N * V}, opts);
-  if (nloc > 0) y.narrow(0, 0, nloc).copy_(y_local);
   // 4. Back to the whole step's tokens.
-  dsa_cp_output(y, md, output, tk);
+  dsa_cp_output(y_local, nloc, md, output, tk);
 }
 
 void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
@@ -936,7 +943,7 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   const DcpMetadata& dm = md.dcp;
   const mla::Dims& d = cfg_.dims;
   const int64_t tpr = sh.tokens_per_rank, Tp = sh.num_tokens_pad;
-  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads, V = d.v_head_dim;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads;
   const bool has_idx = cfg_.indexer.has_value();
   const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
   const int64_t K = has_idx ? cfg_.indexer->topk : topk->index_topk();
@@ -997,13 +1004,13 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   at::Tensor merged = at::empty({1, tpr * N, L}, o.options());
   cp::combine_partials(comm, part.view({1, Tp * N, L}), part_lse.view({1, Tp * N, 1}), merged);
   // 6. W_UV of the slice, then back to the whole step's tokens (§7).
-  at::Tensor y = at::zeros({tpr, N * V}, opts);
+  at::Tensor y_local;
   if (nloc > 0) {
     const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
     const at::Tensor attn = merged.view({tpr, N, L}).narrow(0, 0, nloc).to(opts.dtype());
-    y.narrow(0, 0, nloc).copy_(core_->w_uv_out_token_major(v, attn, nloc));
+    y_local = core_->w_uv_out_token_major(v, attn, nloc);
   }
-  dsa_cp_output(y, md, output, tk);
+  dsa_cp_output(y_local, nloc, md, output, tk);
 }
 
 void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,

@@ -245,13 +245,14 @@ class Impl {
                       const at::Tensor& output, int64_t tk);
   // The two DSA-CP modes' shared pieces: the preprocess of this rank's token slice, nothing written
   // (its rows packed for the gather, with the query of every head under DSA-CP x DCP), and the road
-  // back from the slice's (tpr, N V) rows to the step's output (docs/design/sparse_cp.md §7 step 4).
+  // back from the slice's (nloc, N V) rows, padded to tpr, to the step's output (docs/design/sparse_cp.md §7 step 4).
   // PCP (docs/design/sparse_cp.md §11): the whole step of this rank's rows.
   void run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                const at::Tensor& output, int64_t tk);
   struct DsaCpSlice;
   void dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& shard, bool with_query, DsaCpSlice& out);
-  void dsa_cp_output(const at::Tensor& y, const Metadata& md, const at::Tensor& output, int64_t tk);
+  void dsa_cp_output(const at::Tensor& y_local, int64_t nloc, const Metadata& md, const at::Tensor& output,
+                     int64_t tk);
   // The indexer's keys of x into v.k (projection, LayerNorm, RoPE), and its weights, queries and
   // selection over the cache with the given lengths and table.
   void indexer_keys_(const detail::IndexerViews& v, const at::Tensor& x, const at::Tensor& cos4,
