@@ -134,3 +134,23 @@ def local_len(n, W, I, k):
 def cp_tol(dtype):
     """The multi-process tests' tolerance against the float64 references."""
     return dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+
+
+def pcp_dcp_groups(rank, wp, wd):
+    """The PCP and DCP groups of a PCP x DCP layout (docs/design/cp.md §9): KV rank r = rp * wd + rd;
+    every rank creates every group in the same order (new_group is collective). Returns
+    (pcp_group, dcp_group) of `rank`."""
+    import torch.distributed as dist
+
+    dcp = pcp = None
+    for rp in range(wp):
+        ranks = [rp * wd + rd for rd in range(wd)]
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            dcp = g
+    for rd in range(wd):
+        ranks = [rp * wd + rd for rp in range(wp)]
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            pcp = g
+    return pcp, dcp

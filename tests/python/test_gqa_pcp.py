@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import ascend_attn_rt as aar
-from _cp_harness import run_ranks
+from _cp_harness import pcp_dcp_groups as _groups, run_ranks
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -62,22 +62,6 @@ def _reference(q, k, v, pos, scale):
     allowed = torch.arange(k.shape[0])[None, :] <= pos[:, None]  # (n, L)
     s = s.masked_fill(~allowed[None], float("-inf"))
     return torch.einsum("hnl,lhd->nhd", torch.softmax(s, -1), v)
-
-
-def _groups(rank, wp, wd):
-    """Every rank creates every group in the same order (docs/design/cp.md §9)."""
-    dcp = pcp = None
-    for rp in range(wp):
-        ranks = [rp * wd + rd for rd in range(wd)]
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            dcp = g
-    for rd in range(wd):
-        ranks = [rp * wd + rd for rp in range(wp)]
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            pcp = g
-    return pcp, dcp
 
 
 def _expected_calls(mode, step, wp, wd):

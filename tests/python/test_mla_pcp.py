@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import ascend_attn_rt as aar
-from _cp_harness import run_ranks
+from _cp_harness import pcp_dcp_groups as _groups, run_ranks
 from _cp_harness import local_index as _local_index, local_len as _local_len, owner as _owner
 from _mla_reference import MlaDims, attend_request, half_split, make_weights, project, rope_tables
 
@@ -91,22 +91,6 @@ def _caches(st, W, kv_rank, upto_context):
             nope[blk, off, 0] = c[p].to(dtype)
             rope[blk, off, 0] = kr[p].to(dtype)
     return nope, rope
-
-
-def _groups(rank, wp, wd):
-    """Every rank creates every group in the same order (docs/design/cp.md §1.1)."""
-    dcp = pcp = None
-    for rp in range(wp):
-        ranks = [rp * wd + rd for rd in range(wd)]
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            dcp = g
-    for rd in range(wd):
-        ranks = [rp * wd + rd for rp in range(wp)]
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            pcp = g
-    return pcp, dcp
 
 
 def _builder(st, wp, rp, wd, rd, **kw):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import ascend_attn_rt as aar
-from _cp_harness import run_ranks
+from _cp_harness import pcp_dcp_groups as _groups, run_ranks
 from _cp_harness import cp_tol as _tol
 from _mla_reference import MlaDims, make_weights
 from _sfa_cp_steps import STEPS, build_args, caches, hidden as _hidden, make_builder, make_impl, make_step, qsl
@@ -53,22 +53,6 @@ def _builder(st, W, rank, wd=1, rd=0, **kw):
     if wd > 1:
         kw.update(dcp_world_size=wd, dcp_rank=rd)
     return make_builder(st, pcp_world_size=W, pcp_rank=rank, cp_kv_cache_interleave_size=st["I"], **kw)
-
-
-def _groups(rank, wp, wd):
-    """PCP x DCP: every rank creates every group in the same order; KV rank r = rp * wd + rd."""
-    dcp = pcp = None
-    for rp in range(wp):
-        ranks = [rp * wd + rd for rd in range(wd)]
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            dcp = g
-    for rd in range(wd):
-        ranks = [rp * wd + rd for rp in range(wp)]
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            pcp = g
-    return pcp, dcp
 
 
 def _calls(comm):
