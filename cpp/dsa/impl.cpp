@@ -26,6 +26,7 @@
 #include "ascend_attn_rt/ops/out_variants.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 #include "ascend_attn_rt/dsa/graph.h"
+#include "ascend_attn_rt/sparse/dsa_cp_road.h"
 #include "ascend_attn_rt/sparse/oproj_switch.h"
 #include "workspace.h"
 #include "../common/impl_checks.h"
@@ -835,10 +836,8 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
       st.attn_state == plan::AttentionState::DecodeOnly || st.attn_state == plan::AttentionState::SpecDecoding;
   const bool full_road = !decode_state && cf.dsa_cp_full_o_proj_prefill;
   const int64_t C = N * D / W;
-  const at::Tensor rows_buf =
-      full_road ? at::empty({tpr, N * D}, hidden.options()) : at::empty({W, tpr, C}, hidden.options());
-  const at::Tensor y = full_road ? rows_buf.view({tpr, W, C}) : rows_buf.transpose(0, 1);  // (tpr, W, C)
-  if (nloc < tpr) ops::dense::zero(y.narrow(0, nloc, tpr - nloc));
+  const sparse::DsaCpRows road = sparse::make_dsa_cp_rows(W, tpr, N * D, nloc, full_road, hidden.options());
+  const at::Tensor& y = road.rows;  // (tpr, W, C)
   if (nloc > 0) {
     const at::Tensor xl = hidden.narrow(0, sh.local_start, nloc);
     const detail::TokenViews& v = ws.tokens(nloc);
@@ -871,30 +870,12 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   }
 
   // ---- 3. back to the whole step's tokens.
-  at::Tensor full;  // (T_pad, hidden)
-  if (full_road) {
-    // The full o_proj on this rank's tokens (wo_a and wo_b gathered into the static pools and
-    // switched in under one guard, which restores both shards on every path), then the tokens
-    // gathered.
-    oproj_full_->gather();
-    at::Tensor part;
-    {
-      const sparse::OProjFullWeight::Guard guard(*oproj_full_);
-      ops::testing::fault_point();  // a test's fault lands inside the switch (test_dsa_cp.py)
-      part = bmm_o_proj(rows_buf, cf.o_groups);  // (tpr, hidden)
-    }
-    full = comm.all_gather(part, 0);
-  } else {
-    // This rank's heads for every token (an all-to-all of head blocks [tpr, W, N/W D] ->
-    // [T_pad, N/W D]), its o_proj shard (groups [r G/W, (r+1) G/W), the same heads), and the
-    // partial sums reduced over the group.
-    const at::Tensor mine = comm.all_to_all_single(rows_buf.view({W * tpr, C}));  // block i: rank i's tokens
-    full = bmm_o_proj(mine, cf.o_groups / W).contiguous();
-    comm.all_reduce(full);
-  }
-  // output[:tk] the step's rows (as without DSA-CP, rows past the requests' tokens are zeros).
-  ops::dense::copy(output.narrow(0, 0, tk), full.narrow(0, 0, tk));
-  if (T > tk) ops::dense::zero(output.narrow(0, tk, T - tk));
+  // The full o_proj (wo_a and wo_b switched in under one guard) or this rank's groups [r G/W,
+  // (r+1) G/W) with the partial sums reduced (sparse/dsa_cp_road.h); rows past the requests' tokens
+  // are zeros, as without DSA-CP.
+  sparse::dsa_cp_road_back(
+      comm, road, oproj_full_.get(), [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups); },
+      [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups / W); }, output, tk);
 }
 
 at::Tensor Impl::bmm_o_proj(const at::Tensor& o, int64_t groups) const {

@@ -12,6 +12,7 @@
 #include "../latent/dcp_query.h"
 #include "../latent/latent_core.h"
 #include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/sparse/dsa_cp_road.h"
 #include "ascend_attn_rt/sparse/oproj_switch.h"
 #include "ascend_attn_rt/sparse/topk_remap.h"
 #include "indexer_workspace.h"
@@ -838,40 +839,16 @@ void Impl::dsa_cp_output(const at::Tensor& y_local, int64_t nloc, const Metadata
   cp::Comm& comm = *cfg_.dsa_cp_comm;
   const mla::Dims& d = cfg_.dims;
   const int64_t W = comm.size(), tpr = md.dsa_cp.tokens_per_rank, N = d.num_heads, V = d.v_head_dim;
-  const int64_t out_rows = output.size(0), keep = std::min<int64_t>(tk, out_rows);
   const bool decode_state = md.attn_state == plan::AttentionState::DecodeOnly ||
                             md.attn_state == plan::AttentionState::SpecDecoding;
   const bool full_road = !decode_state && cfg_.dsa_cp_full_o_proj_prefill;
-  // The slice padded to tpr rows with zeros. The decode road keeps them in the all-to-all's layout,
-  // head blocks (W, tpr, C), written through the (tpr, W, C) view: no reorder copy before the
-  // exchange, and only the padding rows are zeroed.
-  const int64_t C = N * V / W;
-  const auto opts = core_->weights().o_proj.options();
-  const at::Tensor y = full_road ? at::empty({tpr, N * V}, opts) : at::empty({W, tpr, C}, opts);
-  const at::Tensor rows = full_road ? y.view({tpr, W, C}) : y.transpose(0, 1);  // (tpr, W, C)
-  if (nloc > 0) ops::dense::copy(rows.narrow(0, 0, nloc), y_local.reshape({nloc, W, C}));
-  if (nloc < tpr) ops::dense::zero(rows.narrow(0, nloc, tpr - nloc));
-  at::Tensor full;  // (T_pad, hidden)
-  if (full_road) {
-    // The full o_proj on this rank's tokens (the shards gathered into the static pool and
-    // switched in; the guard restores the shard on every path), then the tokens gathered.
-    oproj_full_->gather();
-    at::Tensor part;
-    {
-      const sparse::OProjFullWeight::Guard guard(*oproj_full_);
-      ops::testing::fault_point();  // a test's fault lands inside the switch (test_sfa_dsa_cp.py)
-      part = ops::dense::linear(y, core_->weights().o_proj);  // (tpr, hidden)
-    }
-    full = comm.all_gather(part, 0);
-  } else {
-    // This rank's heads for every token (an all-to-all of head blocks), the shard's o_proj, and the
-    // partial sums reduced over the group.
-    const at::Tensor mine = comm.all_to_all_single(y.view({W * tpr, C}));  // (T_pad, C): block i = rank i's tokens
-    full = ops::dense::linear(mine, core_->weights().o_proj).contiguous();
-    comm.all_reduce(full);
-  }
-  ops::dense::copy(output.narrow(0, 0, keep), full.narrow(0, 0, keep));
-  if (out_rows > keep) ops::dense::zero(output.narrow(0, keep, out_rows - keep));
+  // The slice padded to tpr rows, in the layout of its road (sparse/dsa_cp_road.h); the o_proj reads
+  // the layer's handle at call time, the shard or, under the switch, the full weights.
+  const sparse::DsaCpRows r =
+      sparse::make_dsa_cp_rows(W, tpr, N * V, nloc, full_road, core_->weights().o_proj.options());
+  if (nloc > 0) ops::dense::copy(r.rows.narrow(0, 0, nloc), y_local.reshape({nloc, W, N * V / W}));
+  const auto o_proj = [this](const at::Tensor& x) { return ops::dense::linear(x, core_->weights().o_proj); };
+  sparse::dsa_cp_road_back(comm, r, oproj_full_.get(), o_proj, o_proj, output, tk);
 }
 
 void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
