@@ -2,12 +2,13 @@
 
 Each rank is a TP rank of a group that is also its DCP group: it holds its heads [r N/W, (r+1) N/W) (wq_b's rows,
 the sinks) and its row-parallel o_proj shard (wo_a's groups, wo_b's columns), so the layer's output is a partial sum
-that the test all-reduces (what the model's TP reduction does). The caches are filled by the single-rank prefill
+that the parent process sums over the ranks (what the model's TP reduction does; the ranks issue no collective of
+their own besides the layer's). The caches are filled by the single-rank prefill
 (test_dsa_cp.Run without any CP): the replicated ones (compressor states, indexer) copied whole, the sharded ones
 (SWA, compressed KV) holding exactly the single-rank rows the rank owns, placed at their local slots of the
 rank's local block table. Then decode and speculative-decode steps run on both, and per step:
-  * the summed output against the single-rank layer, and (rank 0) against the float64 reference of _dsa_reference
-    through test_dsa.check_step with the single-rank selection;
+  * the summed output against the single-rank layer and against the float64 reference of _dsa_reference (rank 0
+    computes it with the single-rank selection, as test_dsa.check_step does);
   * the C4 top-k rows equal to the single-rank selection (the indexer runs on the replicated cache);
   * every cache: the replicated ones equal to the single-rank caches, the sharded ones equal to the single-rank
     caches' owned rows at the local slots (and nothing else written);
@@ -22,7 +23,8 @@ import torch
 import ascend_attn_rt as aar
 from _cp_harness import run_ranks
 from _dsa_harness import group_kw
-from test_dsa import check_step
+import _dsa_reference as ref
+from test_dsa import tol as ref_tol
 from test_dsa_cp import Run, dims, shard
 
 dist = pytest.importorskip("torch.distributed")
@@ -79,17 +81,19 @@ def replicated(run):
 # ratio: (prefill steps of the single-rank layer, then decode / speculative-decode steps of both)
 STEPS = {
     1: ([([0, 1, 2], [13, 5, 4])], [([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [3, 3, 3]), ([1], [1])]),
-    4: ([([0, 1, 2], [23, 10, 5])], [([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [3, 3, 3]), ([0, 1, 2], [1, 2, 1]),
+    # (a decode step may carry rows past its requests' tokens: num_input_tokens padding, output zeros)
+    4: ([([0, 1, 2], [23, 10, 5])], [([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [3, 3, 3]), ([0, 1, 2], [1, 2, 1], 2),
                                      ([2], [1])]),
     # 255 tokens: the first decode completes compressed row 1 (rows 0 and 1 on different ranks at interleave 1)
     128: ([([0, 1], [255, 9])], [([0, 1], [1, 1]), ([0, 1], [1, 1]), ([0], [1])]),
 }
 
 
-def _dcp_case(rank, world, comm, ratio, dtype, il, k):
+def _setup(rank, world, comm, ratio, dtype, il, k):
+    """The single-rank run after its prefills and the DCP run of this rank with its caches filled from it."""
     d = dims(ratio)
     prefills, decodes = STEPS[ratio]
-    nreq = max(max(r) for r, _, _ in [(r, q, 0) for r, q in prefills + decodes]) + 1
+    nreq = max(max(r[0]) for r in prefills + decodes) + 1
     mb = 40 if ratio == 128 else 24  # the C128 state's small blocks: 255 tokens need 32 columns
     one = Run(d, dtype, nreq, k=k, max_blocks=mb)
     cp = Run(d, dtype, nreq, k=k, max_blocks=mb,
@@ -105,26 +109,33 @@ def _dcp_case(rank, world, comm, ratio, dtype, il, k):
         if kd in cp.kinds:
             getattr(cp, SHARDED[kd]).copy_(expected_shard(one, cp, kd, world, rank, il))
     cp.S = list(one.S)
+    return d, one, cp, decodes
+
+
+def _dcp_case(rank, world, comm, ratio, dtype, il, k):
+    d, one, cp, decodes = _setup(rank, world, comm, ratio, dtype, il, k)
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
     report = []
-    for reqs, qlens in decodes:
+    for reqs, qlens, *pad in decodes:
+        pad = pad[0] if pad else 0
         comm.reset_counters()
-        st, out, qsl, S = cp.step(reqs, qlens)
+        st, out, qsl, S = cp.step(reqs, qlens, pad)
         calls = tuple(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
-        _, want, _, _ = one.step(reqs, qlens)
-        where = f"rank {rank} W {world} I {il} ratio {ratio} {dtype} step {reqs} {qlens}"
+        _, want, _, _ = one.step(reqs, qlens, pad)
+        where = f"rank {rank} W {world} I {il} ratio {ratio} {dtype} step {reqs} {qlens} pad {pad}"
         assert calls == (1, 1, 0), (where, calls)
         assert st.dcp_world_size == world and st.dcp_rank == rank and st.dcp_interleave == il, where
         n = qsl[-1]
-        summed = out.to(torch.float32)
-        dist.all_reduce(summed)  # the model's TP reduction of the row-parallel o_proj
-        scale = max(1.0, want[:n].abs().max().item())
-        torch.testing.assert_close(summed[:n], want[:n].to(torch.float32), atol=tol["atol"] * scale,
-                                   rtol=tol["rtol"], msg=lambda m: f"{where}: output vs the single-rank layer: {m}")
+        assert torch.equal(out[n:], torch.zeros_like(out[n:])), f"{where}: rows past the step's tokens"
+        refs = None
+        if rank == 0 and dtype == torch.float32:
+            # the float64 reference with the single-rank selection (test_dsa.check_step's)
+            tk = one.impl.last_topk if ratio == 4 else None
+            refs = torch.cat([ref.dsa_layer(d, one.w, one.x[b][: S[i]], qlens[i], one.cos, one.sin,
+                                            topk=None if tk is None else tk[qsl[i]: qsl[i + 1], 0].to(torch.int64))
+                              for i, b in enumerate(reqs)])
         if ratio == 4 and dtype == torch.float32:
             assert torch.equal(cp.impl.last_topk, one.impl.last_topk), f"{where}: top-k"
-        if rank == 0 and dtype == torch.float32:
-            check_step(one, reqs, qlens, summed.to(dtype), qsl, S, one.impl.last_topk if ratio == 4 else None)
         for a, b in zip(replicated(cp), replicated(one)):
             assert torch.equal(a, b), f"{where}: a replicated cache differs from the single-rank one"
         for kd in SHARDED:
@@ -132,8 +143,63 @@ def _dcp_case(rank, world, comm, ratio, dtype, il, k):
                 got, exp = getattr(cp, SHARDED[kd]), expected_shard(one, cp, kd, world, rank, il)
                 torch.testing.assert_close(got, exp, atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=0,
                                            msg=lambda m: f"{where}: the {kd} shard: {m}")
-        report.append(str(st.attn_state).rsplit(".", 1)[-1])
+        report.append((where, str(st.attn_state).rsplit(".", 1)[-1], _wire(out[:n]), _wire(want[:n]), _wire(refs)))
     return report
+
+
+def _wire(t):
+    """A tensor as nested lists (tensors returned through the harness's queue would travel as shared-memory handles
+    of a process that has exited)."""
+    return None if t is None else t.to(torch.float64).tolist()
+
+
+def check_sums(results, dtype_of):
+    """The parent's side: per step, the ranks' partial outputs summed against the single-rank output and the
+    float64 reference (rank 0's)."""
+    for c, steps in enumerate(results[0]):
+        at, rt = ref_tol(dtype_of(c))
+        for j, (where, _, _, want, refs) in enumerate(steps):
+            summed = sum(torch.tensor(res[c][j][2], dtype=torch.float64) for res in results)
+            want = torch.tensor(want, dtype=torch.float64)
+            refs = None if refs is None else torch.tensor(refs, dtype=torch.float64)
+            scale = max(1.0, want.abs().max().item())
+            torch.testing.assert_close(summed, want, atol=at * scale, rtol=rt,
+                                       msg=lambda m: f"{where}: summed output vs the single-rank layer: {m}")
+            if refs is not None:
+                torch.testing.assert_close(summed, refs, atol=at * max(1.0, refs.abs().max().item()), rtol=rt,
+                                           msg=lambda m: f"{where}: summed output vs the float64 reference: {m}")
+
+
+def _index_cache(rank, world, comm):
+    """IndexCache under DCP: a use_index_cache C4 layer stores the (global, single-rank) selection in the TopkBuffer,
+    a skip_topk layer attends over it on the same caches: both TP-summed outputs equal the single-rank pair's."""
+    d, one, cp, decodes = _setup(rank, world, comm, 4, torch.float32, 1, 2)
+    steps = []
+    for r in (one, cp):
+        r.topk = aar.sfa.TopkBuffer(64, d.K)
+        r.store, r.skip = r.make_impl(use_index_cache=True), r.make_impl(skip_topk=True)
+    for reqs, qlens, *_ in decodes[:2]:
+        out = {}
+        for name, r in (("cp", cp), ("one", one)):
+            st, md, S, qsl = r.build(reqs, qlens)
+            hid = r.hidden(reqs, qlens, S, 0)
+            snap = [t.clone() for t in r.caches()]
+            a, b = torch.full_like(hid, float("nan")), torch.full_like(hid, float("nan"))
+            kw = group_kw(4, md, st)
+            r.store.forward(hid, r.kv, st, md["swa"], a, topk_buffer=r.topk, **kw)
+            sel = r.store.last_topk.clone()
+            for t, v in zip(r.caches(), snap):  # the skip layer on the same caches as they were
+                t.copy_(v)
+            r.skip.forward(hid, r.kv, st, md["swa"], b, topk_buffer=r.topk, **kw)
+            for i, q in enumerate(reqs):
+                r.S[q] = S[i]
+            out[name] = (a, b, sel)
+        (a, b, sel), (a1, b1, sel1) = out["cp"], out["one"]
+        assert torch.equal(sel, sel1) and torch.equal(cp.topk.buffer[: sel.shape[0]], sel[:, 0])
+        # (the parent sums the partials: the store and skip layers' against the single-rank pair's)
+        steps.append((f"IndexCache rank {rank} step {reqs} {qlens}", "pair", _wire(torch.cat([a, b])),
+                      _wire(torch.cat([a1, b1])), None))
+    return steps
 
 
 def _refusals(rank, world, comm):
@@ -180,14 +246,19 @@ def _case(rank, world, cases, refusals):
     # 60 s: rank 0 alone runs the float64 reference between two collectives (a loaded machine is slow)
     comm = aar.cp.Comm(dist.group.WORLD, timeout_s=60.0)
     reports = [_dcp_case(rank, world, comm, *c) for c in cases]
+    if refusals:
+        reports.append(_index_cache(rank, world, comm))
     return reports, (_refusals(rank, world, comm) if refusals else None)
 
 
 def test_dsa_dcp_two_ranks_decode_every_ratio():
     cases = [(1, torch.float32, 1, 2), (4, torch.float32, 1, 2), (4, torch.float32, 2, 2),
              (128, torch.float32, 1, 0), (128, torch.float32, 2, 0), (4, torch.bfloat16, 1, 2)]
-    for rank, (reports, refusals) in enumerate(run_ranks(2, _case, cases, True, deadline_s=150.0)):
-        states = {s for rep in reports for s in rep}
+    results = run_ranks(2, _case, cases, True, deadline_s=150.0)
+    # the cases, then the IndexCache pair (fp32)
+    check_sums([r for r, _ in results], lambda c: cases[c][1] if c < len(cases) else torch.float32)
+    for rank, (reports, refusals) in enumerate(results):
+        states = {s[1] for rep in reports[:-1] for s in rep}
         assert {"DecodeOnly", "SpecDecoding"} <= states, states
         msgs, calls, untouched = refusals
         assert calls == 0 and untouched, (rank, calls, untouched)
@@ -204,8 +275,9 @@ def test_dsa_dcp_two_ranks_decode_every_ratio():
 
 
 def test_dsa_dcp_four_ranks():
-    for reports, _ in run_ranks(4, _case, [(4, torch.float32, 1, 2)], False, deadline_s=150.0):
-        assert "SpecDecoding" in reports[0]
+    results = run_ranks(4, _case, [(4, torch.float32, 1, 2)], False, deadline_s=150.0)
+    check_sums([r for r, _ in results], lambda c: torch.float32)
+    assert "SpecDecoding" in {s[1] for s in results[0][0][0]}
 
 
 def _sb(**kw):
