@@ -282,6 +282,10 @@ void bind_dsa_builders(nb::module_& m) {
       // DSA-CP token sharding (docs/design/sparse_cp.md §4, §10; dsa_cp_world_size 1 otherwise).
       .def_prop_ro("dsa_cp_world_size", [](const dsa::StepMetadata& s) { return s.dsa_cp.world_size; })
       .def_prop_ro("dsa_cp_rank", [](const dsa::StepMetadata& s) { return s.dsa_cp.rank; })
+      // DSA DCP (docs/design/sparse_cp.md §12; dcp_world_size 1 otherwise).
+      .def_prop_ro("dcp_world_size", [](const dsa::StepMetadata& s) { return s.dcp.world_size; })
+      .def_prop_ro("dcp_rank", [](const dsa::StepMetadata& s) { return s.dcp.rank; })
+      .def_prop_ro("dcp_interleave", [](const dsa::StepMetadata& s) { return s.dcp.interleave; })
       .def_prop_ro("num_tokens_pad", [](const dsa::StepMetadata& s) { return s.dsa_cp.num_tokens_pad; })
       .def_prop_ro("tokens_per_rank", [](const dsa::StepMetadata& s) { return s.dsa_cp.tokens_per_rank; })
       .def_prop_ro("local_start", [](const dsa::StepMetadata& s) { return s.dsa_cp.local_start; })
@@ -378,7 +382,8 @@ void bind_dsa_builders(nb::module_& m) {
              std::optional<int32_t> num_drafts, bool chunked_prefill_enabled, const std::string& device,
              std::optional<bool> separate_device_buffers, int32_t staging_buffers, int32_t head_dim, int32_t window,
              int32_t dspark_num_spec, int32_t dspark_width, int32_t num_heads_q, int32_t index_topk,
-             int32_t index_n_heads, int32_t index_head_dim, int32_t dsa_cp_world_size, int32_t dsa_cp_rank) {
+             int32_t index_n_heads, int32_t index_head_dim, int32_t dsa_cp_world_size, int32_t dsa_cp_rank,
+             int32_t dcp_world_size, int32_t dcp_rank, int32_t dcp_interleave) {
             dsa::StepBuilderConfig c;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
@@ -402,6 +407,9 @@ void bind_dsa_builders(nb::module_& m) {
             c.model.index_head_dim = index_head_dim;
             c.dsa_cp_world_size = dsa_cp_world_size;
             c.dsa_cp_rank = dsa_cp_rank;
+            c.dcp_world_size = dcp_world_size;
+            c.dcp_rank = dcp_rank;
+            c.dcp_interleave = dcp_interleave;
             new (self) dsa::StepBuilder(c);
           },
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "cos_table"_a, "sin_table"_a,
@@ -410,7 +418,8 @@ void bind_dsa_builders(nb::module_& m) {
           "separate_device_buffers"_a = nb::none(), "staging_buffers"_a = 2, "head_dim"_a = dsa::ModelSettings().head_dim,
           "window"_a = dsa::ModelSettings().window, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, "num_heads_q"_a = 0,
           "index_topk"_a = dsa::ModelSettings().index_topk, "index_n_heads"_a = dsa::ModelSettings().index_n_heads,
-          "index_head_dim"_a = dsa::ModelSettings().index_head_dim, "dsa_cp_world_size"_a = 1, "dsa_cp_rank"_a = 0)
+          "index_head_dim"_a = dsa::ModelSettings().index_head_dim, "dsa_cp_world_size"_a = 1, "dsa_cp_rank"_a = 0,
+          "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "dcp_interleave"_a = 1)
       .def(
           "build",
           [](dsa::StepBuilder& b, nb::handle qsl, nb::handle seq_lens, int32_t num_reqs_actual,
@@ -714,7 +723,7 @@ void bind_dsa_impl(nb::module_& m) {
              int64_t index_head_dim, int64_t index_topk, double eps, int64_t o_groups, int64_t o_lora_rank,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
              const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index,
-             int64_t workspace_group, cp::Comm* dsa_cp_comm, bool dsa_cp_full_o_proj_prefill) {
+             int64_t workspace_group, cp::Comm* dsa_cp_comm, bool dsa_cp_full_o_proj_prefill, cp::Comm* dcp_comm) {
             dsa::ImplConfig c;
             c.hidden_size = hidden_size;
             c.num_heads = num_heads;
@@ -736,6 +745,7 @@ void bind_dsa_impl(nb::module_& m) {
             c.workspace_group = workspace_group;
             c.dsa_cp_comm = dsa_cp_comm;
             c.dsa_cp_full_o_proj_prefill = dsa_cp_full_o_proj_prefill;
+            c.dcp_comm = dcp_comm;
             dsa::Weights w;
             w.wq_a = weight_of(weights, "wq_a");
             w.q_norm = weight_of(weights, "q_norm");
@@ -764,7 +774,8 @@ void bind_dsa_impl(nb::module_& m) {
           "index_topk"_a = 512, "eps"_a = 1e-6, "o_groups"_a = 1, "o_lora_rank"_a, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
           "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0, "dsa_cp_comm"_a = nb::none(),
-          "dsa_cp_full_o_proj_prefill"_a = true, nb::keep_alive<1, 23>())
+          "dsa_cp_full_o_proj_prefill"_a = true, "dcp_comm"_a = nb::none(), nb::keep_alive<1, 23>(),
+          nb::keep_alive<1, 25>())
       .def(
           "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, const RoutedLayer* metadata,

@@ -22,6 +22,7 @@
 #include "ascend_attn_rt/ops/sparse_attn_sharedkv.h"
 #include "ascend_attn_rt/ops/sparse_flash_mla.h"
 #include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
+#include "ascend_attn_rt/cp/plan/dcp_layout.h"
 #include "ascend_attn_rt/cp/plan/sparse_cp.h"
 
 namespace aar::dsa {
@@ -34,6 +35,64 @@ constexpr int64_t kBlobWords = 1024;  // docs/design/dsa.md §3.5: (1024,) int32
 // steady state: cached views, the step's tensors).
 inline void set(at::Tensor& dst, const at::Tensor& src) {
   if (!dst.is_same(src)) dst = src;
+}
+
+bool dcp_sharded_kind(DsaCacheKind k) {
+  return k == DsaCacheKind::Swa || k == DsaCacheKind::C4Kv || k == DsaCacheKind::C128Kv;
+}
+
+// docs/design/sparse_cp.md §12: the local block-table columns a sharded group's kernels read and
+// write on this rank (its owned positions of the SWA window up to S, or its owned compressed rows
+// below S / r), inside the table and in [0, num_blocks). Runs before anything is written.
+void check_dcp_local_columns(const StepMetadata& st, const GroupInputs& in, int64_t sbs, int32_t ratio,
+                             int32_t win_left, int32_t num_blocks) {
+  const DcpStepMetadata& d = st.dcp;
+  for (int32_t b = 0; b < st.num_reqs; ++b) {
+    const size_t ub = static_cast<size_t>(b);
+    const int64_t S = st.plan.seq_lens[ub];
+    const int64_t q = st.plan.query_start_loc[ub + 1] - st.plan.query_start_loc[ub];
+    const int64_t lo = ratio <= 1 ? std::max<int64_t>(0, S - q - win_left) : 0;
+    const int64_t hi = ratio <= 1 ? S : S / ratio;
+    const int64_t llo = plan::dcp_local_len(lo, d.world_size, d.interleave, d.rank);
+    const int64_t lhi = plan::dcp_local_len(hi, d.world_size, d.interleave, d.rank);
+    if (lhi <= llo) continue;
+    for (int64_t col = llo / sbs; col <= (lhi - 1) / sbs; ++col) {
+      AAR_CHECK_ARG(col < in.block_table_stride, "block_table: request ", b, " needs local column ", col,
+                    " on DCP rank ", d.rank, " but block_table_stride is ", in.block_table_stride);
+      const int32_t id = in.block_table[static_cast<size_t>(b * int64_t{in.block_table_stride} + col)];
+      AAR_CHECK_ARG(id >= 0 && id < num_blocks, "block_table[", b, "][", col, "]=", id,
+                    " (a local column DCP rank ", d.rank, " reads) is not a block id in [0, num_blocks=",
+                    num_blocks, ")");
+    }
+  }
+}
+
+// docs/design/sparse_cp.md §12: the slots of a sharded group rewritten to this rank's local ones
+// (every row another rank owns gets the skip encoding). `n` rows at `slots` (fw words each); row i
+// is position pos(i) of request req(i), or not a row (req < 0: left as it is).
+template <class RowOf>
+void localize_dcp_slots(const StepMetadata& st, const GroupInputs& in, int64_t sbs, int64_t fw, int64_t n,
+                        int32_t* slots, BlockOffsetSkip skip, RowOf row_of) {
+  const DcpStepMetadata& d = st.dcp;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t b = -1, x = 0;
+    row_of(i, b, x);
+    if (b < 0) continue;
+    int32_t* o = slots + i * fw;
+    if (plan::dcp_owner(x, d.world_size, d.interleave) != d.rank) {
+      o[0] = -1;
+      if (fw == 2) o[1] = skip == BlockOffsetSkip::MinusOne ? -1 : static_cast<int32_t>(sbs - 1);
+      continue;
+    }
+    const int64_t li = plan::dcp_local_index(x, d.world_size, d.interleave);
+    const int64_t blk = in.block_table[static_cast<size_t>(b * int64_t{in.block_table_stride} + li / sbs)];
+    if (fw == 2) {
+      o[0] = static_cast<int32_t>(blk);
+      o[1] = static_cast<int32_t>(li % sbs);
+    } else {
+      o[0] = static_cast<int32_t>(blk * sbs + li % sbs);
+    }
+  }
 }
 
 }  // namespace
@@ -83,6 +142,11 @@ class StepBuilder::Lane {
       lseq_scr_.assign(static_cast<size_t>(R_), 0);
       md_.dsa_cp.world_size = cfg.dsa_cp_world_size;
       md_.dsa_cp.rank = cfg.dsa_cp_rank;
+    }
+    if (cfg.dcp_world_size > 1) {
+      md_.dcp.world_size = cfg.dcp_world_size;
+      md_.dcp.rank = cfg.dcp_rank;
+      md_.dcp.interleave = cfg.dcp_interleave;
     }
     for (core::ViewCache* c : {&v_cos_, &v_sin_, &v_ccos_, &v_csin_, &v_neg_, &v_cneg_}) c->resize(T);
     for (int k = 0; k < 3; ++k) {
@@ -165,6 +229,12 @@ class StepBuilder::Lane {
                   crope_ ? crope_->positions() : 0, " rows)");
     AAR_CHECK_ARG(sum_s <= std::numeric_limits<int32_t>::max(), "seq_lens: their sum ", sum_s,
                   " (cu_seqlens_kv) exceeds int32");
+    // docs/design/sparse_cp.md §12: DSA DCP runs decode and speculative-decode steps only.
+    if (cfg_.dcp_world_size > 1 && p.split.num_prefills > 0) {
+      throw_not_supported("dcp_world_size=", cfg_.dcp_world_size, ": the batch has ", p.split.num_prefills,
+                          " prefill request(s); prefill and mixed steps under DSA DCP are not implemented "
+                          "(docs/design/sparse_cp.md §12)");
+    }
     plan::AttentionState state;
     if (capture != nullptr) {
       AAR_CHECK_ARG(p.split.num_prefills == 0, "build_for_graph_capture: the batch has ", p.split.num_prefills,
@@ -465,6 +535,19 @@ StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg.dsa_cp_world_size >= 1 && cfg.dsa_cp_rank >= 0 && cfg.dsa_cp_rank < cfg.dsa_cp_world_size,
                 "dsa_cp_rank=", cfg.dsa_cp_rank, " is not a rank of a DSA-CP group of dsa_cp_world_size=",
                 cfg.dsa_cp_world_size);
+  AAR_CHECK_ARG(cfg.dcp_world_size >= 1 && cfg.dcp_world_size <= 16 && cfg.dcp_rank >= 0 &&
+                    cfg.dcp_rank < cfg.dcp_world_size,
+                "dcp_rank=", cfg.dcp_rank, " is not a rank of a DCP group of dcp_world_size=", cfg.dcp_world_size,
+                " (dcp_world_size in [1, 16])");
+  AAR_CHECK_ARG(cfg.dcp_interleave >= 1, "dcp_interleave must be >= 1, got ", cfg.dcp_interleave);
+  if (cfg.dcp_world_size > 1 && cfg.dsa_cp_world_size > 1) {
+    throw_not_supported("dcp_world_size=", cfg.dcp_world_size, " with dsa_cp_world_size=", cfg.dsa_cp_world_size,
+                        ": DSA DCP x DSA-CP is not implemented (docs/design/sparse_cp.md §12)");
+  }
+  if (cfg.dcp_world_size > 1 && ms.dspark_num_spec > 0) {
+    throw_not_supported("dcp_world_size=", cfg.dcp_world_size, " with dspark_num_spec=", ms.dspark_num_spec,
+                        ": DSpark under DSA DCP is not implemented (docs/design/sparse_cp.md §12)");
+  }
   if (cfg.dsa_cp_world_size > 1 && ms.dspark_num_spec > 0) {
     throw_not_supported("dsa_cp_world_size=", cfg.dsa_cp_world_size, " with dspark_num_spec=", ms.dspark_num_spec,
                         ": DSpark's non-causal SWA indices under DSA-CP (local lengths of the whole KV, the "
@@ -514,10 +597,18 @@ const StepMetadata& StepBuilder::build(const StepInputs& in) { return lanes_[0]-
 const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, plan::AttentionState state) {
   static const core::BackendFacts& facts = Backend::facts();
   core::check_capturable(facts, state);
+  if (cfg_.dcp_world_size > 1) {
+    throw_not_supported("build_for_graph_capture with dcp_world_size=", cfg_.dcp_world_size,
+                        ": graph capture under DSA DCP is not implemented (eager only, docs/design/sparse_cp.md §12)");
+  }
   return lanes_[0]->build(in, &state);
 }
 
 const StepMetadata& StepBuilder::build_for_drafting(const StepInputs& in, int32_t d) {
+  if (cfg_.dcp_world_size > 1) {
+    throw_not_supported("build_for_drafting with dcp_world_size=", cfg_.dcp_world_size,
+                        ": draft steps under DSA DCP are not implemented (docs/design/sparse_cp.md §12)");
+  }
   if (cfg_.dsa_cp_world_size > 1) {
     throw_not_supported("build_for_drafting with dsa_cp_world_size=", cfg_.dsa_cp_world_size, ": draft steps under "
                         "DSA-CP (per-draft local token metadata) are not implemented (docs/design/sparse_cp.md §10)");
@@ -673,7 +764,25 @@ class GroupBuilder::Lane {
     const plan::DsaRows* rl = st.rows_at(ratio);
     const StepMetadata::RowArrays* ra = st.row_arrays_at(ratio);
     AAR_CHECK_ARG(rl != nullptr && ra != nullptr, "internal: the step lists no rows at ratio ", ratio);
+    // docs/design/sparse_cp.md §12: a sharded group's table is this rank's local one.
+    const bool dcp = st.dcp.world_size > 1 && dcp_sharded_kind(g_.cfg_.kind);
+    const int64_t sbs = g_.spec_.storage_block_size;
+    if (dcp) check_dcp_local_columns(st, in, sbs, ratio, win_left, g_.cfg_.num_blocks);
     const plan::DsaGroupPlan gp = plan::plan_dsa_group(st.plan, gi, gb, *rl);
+    if (dcp && ratio <= 1) {
+      const int32_t* qsl = st.plan.query_start_loc.data();
+      localize_dcp_slots(st, in, sbs, fw_, qsl[st.num_reqs], s + r.slots, gi.block_offset_skip,
+                         [&](int64_t t, int64_t& b, int64_t& x) {
+                           b = std::upper_bound(qsl, qsl + st.num_reqs + 1, static_cast<int32_t>(t)) - qsl - 1;
+                           x = st.plan.start_pos[static_cast<size_t>(b)] + (t - qsl[b]);
+                         });
+    } else if (dcp) {
+      localize_dcp_slots(st, in, sbs, fw_, gp.num_valid_rows, s + r.slots, gi.block_offset_skip,
+                         [&](int64_t i, int64_t& b, int64_t& x) {
+                           b = ra->request_host[static_cast<size_t>(i)];
+                           x = ra->index_host[static_cast<size_t>(i)];
+                         });
+    }
     const size_t dsn = dspark ? static_cast<size_t>(T) * dspark_width_ : 0;
     if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
     const size_t ub = static_cast<size_t>(B);
@@ -792,6 +901,11 @@ class GroupBuilder::Lane {
     a.compress_ratio = g_.spec_.compress_ratio;
     a.num_reqs_actual = st.num_reqs;
     ops::compressor_metadata_out(a, md_.compressed_cos, md_.compressed_sin, md_.compressed_slots);
+    // docs/design/sparse_cp.md §12: a sharded compressed group writes at this rank's local slots (the
+    // operator's are the global table's), which the build staged in slot_mapping.
+    if (st.dcp.world_size > 1 && dcp_sharded_kind(g_.cfg_.kind)) {
+      md_.compressed_slots.copy_(md_.slot_mapping.narrow(0, 0, rows));
+    }
   }
   // docs/design/dsa.md §3.5: the SAS blob of this group's layers, copied into the stable
   // buffer. Returns whether it was generated (see dsa/builder.h).
@@ -923,6 +1037,11 @@ class GroupBuilder::Lane {
 };
 
 GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : step_(step), cfg_(cfg) {
+  if (step.config().dcp_world_size > 1 && cfg.plan.sparse_attn != SparseAttnPath::SharedKv) {
+    throw_not_supported("dcp_world_size=", step.config().dcp_world_size, " with the ", cfg.plan.sparse_attn_op,
+                        " plan (device ", static_cast<int>(cfg.plan.device), "): DSA DCP is built for the A2/A3 "
+                        "npu_sparse_attn_sharedkv plan only (docs/design/sparse_cp.md §12)");
+  }
   // Names cache_block_size, and a model dim the plan cannot hold (the fp8 rows' 512 / 64).
   spec_ = dsa_cache_spec(cfg.kind, cfg.cache_block_size, cfg.plan, step.cache_dims());
   AAR_CHECK_ARG(cfg.plan.sparse_attn == SparseAttnPath::SharedKv ||

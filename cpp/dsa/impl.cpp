@@ -11,6 +11,8 @@
 #include <tuple>
 
 #include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/comm/dcp_exchange.h"
+#include "ascend_attn_rt/sparse/topk_remap.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/dense.h"
@@ -133,6 +135,19 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   ImplConfig& c = cfg_;
   internal::check_norm_eps(c.eps, "eps");
   check_compress_ratio(c.compress_ratio);
+  // DCP (docs/design/sparse_cp.md §12).
+  const int64_t Wd = c.dcp_comm != nullptr ? c.dcp_comm->size() : 1;
+  if (Wd > 1) {
+    const int64_t Wc = c.dsa_cp_comm != nullptr ? c.dsa_cp_comm->size() : 1;
+    if (Wc > 1) {
+      throw_not_supported("dcp_comm of ", Wd, " ranks with dsa_cp_comm of ", Wc, " ranks: DSA DCP x DSA-CP is not "
+                          "implemented (docs/design/sparse_cp.md §12)");
+    }
+    if (c.plan.sparse_attn != SparseAttnPath::SharedKv) {
+      throw_not_supported("dcp_comm of ", Wd, " ranks with the ", c.plan.sparse_attn_op, " plan: DSA DCP is built "
+                          "for the A2/A3 npu_sparse_attn_sharedkv plan only (docs/design/sparse_cp.md §12)");
+    }
+  }
   AAR_CHECK_ARG(c.hidden_size > 0 && c.num_heads > 0 && c.head_dim > 0 && c.q_lora_rank > 0 && c.o_lora_rank > 0,
                 "hidden_size, num_heads, head_dim, q_lora_rank and o_lora_rank must be positive, got ", c.hidden_size,
                 ", ", c.num_heads, ", ", c.head_dim, ", ", c.q_lora_rank, ", ", c.o_lora_rank);
@@ -317,6 +332,20 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   // docs/design/sparse_cp.md §10: the layer's group against the step's token shard.
   cp::check_comm_matches(c.dsa_cp_comm, md.step->dsa_cp.world_size, md.step->dsa_cp.rank, "DSA-CP", "dsa_cp_comm",
                          "dsa_cp_world_size");
+  // docs/design/sparse_cp.md §12: the layer's DCP group against the step's.
+  cp::check_comm_matches(c.dcp_comm, md.step->dcp.world_size, md.step->dcp.rank, "DCP", "dcp_comm",
+                         "dcp_world_size");
+  if (md.step->dcp.world_size > 1) {
+    if (graph::GraphParams::current() != nullptr) {
+      throw_not_supported("DSA graph capture under DCP (dcp_world_size=", md.step->dcp.world_size,
+                          ") is not implemented: eager only (docs/design/sparse_cp.md §12)");
+    }
+    if (md.step->has_prefill()) {
+      throw_not_supported("a step with ", md.step->plan.split.num_prefills, " prefill request(s) under DSA DCP "
+                          "(dcp_world_size=", md.step->dcp.world_size, "): prefill and mixed steps are not "
+                          "implemented (docs/design/sparse_cp.md §12)");
+    }
+  }
   check_group(md.swa, "swa");
   // The window is the model's, set once on the StepBuilder; a layer that
   // names one of its own must name the same (it would attend another span
@@ -663,7 +692,7 @@ at::Tensor Impl::indexer_select(const at::Tensor& x, const Caches& c, const Laye
 
 at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& cu_q,
                         const at::Tensor& seqused, const at::Tensor& sel, const at::Tensor& ori_sparse,
-                        const at::Tensor& out) const {
+                        const at::Tensor& out, bool with_sinks, at::Tensor* lse) const {
   const ImplConfig& cf = cfg_;
   const GroupMetadata& common = md.common();
   const GroupMetadata& swa = *md.swa;
@@ -673,7 +702,8 @@ at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tens
   a.ori_block_table = swa.block_table;
   a.cu_seqlens_q = cu_q;
   a.seqused_kv = seqused;
-  a.sinks = sinks_f32_;
+  if (with_sinks) a.sinks = sinks_f32_;
+  a.return_softmax_lse = lse != nullptr;
   if (common.sas_metadata_filled) a.metadata = common.sas_metadata;
   a.softmax_scale = 1.0 / std::sqrt(static_cast<double>(cf.head_dim));
   a.cmp_ratio = std::max<int64_t>(cf.compress_ratio, 1);
@@ -686,13 +716,14 @@ at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tens
     if (common.cu_seqlens_ori_kv.defined()) a.cu_seqlens_ori_kv = common.cu_seqlens_ori_kv;
     if (cf.compress_ratio > 1 && common.cu_seqlens_cmp_kv.defined()) a.cu_seqlens_cmp_kv = common.cu_seqlens_cmp_kv;
   }
-  if (cf.compress_ratio <= 1) {
-    if (ori_sparse.defined()) a.ori_sparse_indices = ori_sparse;
-  } else {
+  // DSpark's rows, or (DCP, docs/design/sparse_cp.md §12) this rank's window slots.
+  if (ori_sparse.defined()) a.ori_sparse_indices = ori_sparse;
+  if (cf.compress_ratio > 1) {
     a.cmp_kv = c.compress_kv;
     a.cmp_block_table = md.attention->block_table;
     a.cmp_mask_mode = 3;
-    if (cf.compress_ratio == 4) a.cmp_sparse_indices = sel;
+    // The C4 selection; under DCP this rank's local compressed rows (C128 too).
+    if (sel.defined()) a.cmp_sparse_indices = sel;
   }
   const bool kv_quant = cf.plan.sparse_attn == SparseAttnPath::KvQuantSharedKv;
   // Made only on that plan (its many optional tensors cost a construction and
@@ -724,7 +755,68 @@ at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tens
     }
     return out;
   }
+  if (lse != nullptr) {
+    AAR_CHECK_ARG(!kv_quant, "internal: the DCP partials take the npu_sparse_attn_sharedkv plan");
+    auto res = ops::sparse_attn_sharedkv(a);
+    *lse = std::get<1>(res);
+    return std::get<0>(res);
+  }
   return std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(*qa) : ops::sparse_attn_sharedkv(a));
+}
+
+at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
+                            int64_t n) const {
+  // docs/design/sparse_cp.md §12. Every rank issues the same two collectives (the query gather,
+  // the partials' exchange), whatever its shard holds.
+  const ImplConfig& cf = cfg_;
+  const StepMetadata& st = *md.step;
+  const DcpStepMetadata& d = st.dcp;
+  const GroupMetadata& swa = *md.swa;
+  cp::Comm& comm = *cf.dcp_comm;
+  const auto lopt = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const int64_t B = st.num_kernel_reqs;
+  // Each query row's request and global position p.
+  const at::Tensor qsl = st.query_start_loc.to(at::kLong);
+  const at::Tensor t = at::arange(n, lopt);
+  const at::Tensor req = at::searchsorted(qsl.narrow(0, 1, B), t, /*out_int32=*/false, /*right=*/true);
+  const at::Tensor pos = st.start_pos.to(at::kLong).index_select(0, req) + t - qsl.index_select(0, req);
+  // The window [p - win_left, p]: the positions this rank owns, as physical slots of its shard.
+  const int64_t wl = swa.ori_win_left;
+  at::Tensor cand = pos.unsqueeze(1) - wl + at::arange(wl + 1, lopt).unsqueeze(0);
+  cand = cand.masked_fill(cand < 0, -1).to(at::kInt);
+  const at::Tensor li = sparse::remap_topk_to_dcp_rank(cand, d.world_size, d.rank, d.interleave).to(at::kLong);
+  const int64_t sbs = swa.storage_block_size;
+  const at::Tensor valid = li >= 0;
+  const at::Tensor col = at::where(valid, at::floor_divide(li, sbs), at::zeros_like(li));
+  const at::Tensor blk = swa.block_table.to(at::kLong).index_select(0, req).gather(1, col);
+  const at::Tensor ori =
+      at::where(valid, blk * sbs + at::remainder(li, sbs), at::full_like(li, -1)).to(at::kInt).unsqueeze(1);
+  // The compressed rows (C4: the selection; C128: every row) below each row's limit (p + 1) / r,
+  // as this rank's local indices.
+  at::Tensor cmp;
+  if (cf.compress_ratio > 1) {
+    const at::Tensor limit = at::floor_divide(pos + 1, cf.compress_ratio).unsqueeze(1);
+    at::Tensor g;
+    if (cf.compress_ratio == 4) {
+      g = sel.reshape({n, -1}).to(at::kLong);
+    } else {
+      const int64_t L = std::max<int64_t>(st.max_seqlen_kv / cf.compress_ratio, 1);
+      g = at::arange(L, lopt).unsqueeze(0).expand({n, L});
+    }
+    g = at::where(g >= limit, at::full_like(g, -1), g).to(at::kInt).contiguous();
+    cmp = sparse::remap_topk_to_dcp_rank(g, d.world_size, d.rank, d.interleave).unsqueeze(1);
+  }
+  // Every head of the group over this rank's keys, without the sinks, with the LSE.
+  const at::Tensor qg = cp::gather_query_heads(comm, q);
+  at::Tensor plse;
+  const at::Tensor po = attend(c, md, qg, st.query_start_loc, st.seq_lens, cmp, ori, at::Tensor(),
+                               /*with_sinks=*/false, &plse);
+  at::Tensor merged = at::empty_like(q);
+  const at::Tensor mlse = at::empty({n, q.size(1)}, q.options().dtype(at::kFloat));
+  cp::combine_partials(comm, po, plse, merged, mlse);
+  // The sinks once, in the merged softmax: out = merged e^lse / (e^lse + e^sink).
+  const at::Tensor scale = at::sigmoid(mlse - sinks_f32_.unsqueeze(0)).unsqueeze(2);
+  return merged.to(at::kFloat).mul_(scale).to(q.scalar_type());
 }
 
 void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
@@ -777,11 +869,13 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   last_topk_ = sel;
 
   // ---- SAS attention (docs/design/dsa.md §5.1)
-  at::Tensor o = attend(c, md, v.q, common.query_start_loc, common.seq_lens, sel,
-                        cf.compress_ratio <= 1 && swa.dspark_swa_indices.defined()
-                            ? first_rows(swa.dspark_swa_indices, n)
-                            : at::Tensor(),
-                        graph ? v.o : at::Tensor());
+  at::Tensor o = st.dcp.world_size > 1
+                     ? attend_dcp(c, md, v.q, sel, n)  // docs/design/sparse_cp.md §12 (eager)
+                     : attend(c, md, v.q, common.query_start_loc, common.seq_lens, sel,
+                              cf.compress_ratio <= 1 && swa.dspark_swa_indices.defined()
+                                  ? first_rows(swa.dspark_swa_indices, n)
+                                  : at::Tensor(),
+                              graph ? v.o : at::Tensor());
 
   // ---- inverse RoPE and o_proj (docs/design/dsa.md §5.2)
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});

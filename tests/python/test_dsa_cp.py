@@ -61,7 +61,9 @@ class Run:
     (request b owns blocks [1 + b * max_blocks, ...) of every group)."""
 
     def __init__(self, d, dtype, nreq, *, world=1, rank=0, comm=None, seed=0, max_blocks=24, full_o_proj=True,
-                 k=KSPEC, plan="a2"):
+                 k=KSPEC, plan="a2", sb_extra=None, impl_extra=None, weights_of=None):
+        # sb_extra / impl_extra: more StepBuilder / Impl keywords (test_dsa_dcp.py's DCP options, which replace
+        # num_heads / o_groups there); weights_of(w): the layer's weights from the full ones.
         self.d, self.dtype = d, dtype
         device_kind, cache_dtype = PLANS[plan]
         pk = dict(device_kind=device_kind, cache_dtype=cache_dtype, model_dtype="bfloat16")
@@ -74,7 +76,8 @@ class Run:
         self.sb = aar.dsa.StepBuilder(max_num_reqs=8, max_num_tokens=512, cos_table=self.cos, sin_table=self.sin,
                                       compress_cos_table=self.cos, compress_sin_table=self.sin,
                                       num_speculative_tokens=k, head_dim=d.D, window=d.W, num_heads_q=d.N,
-                                      index_topk=d.K, index_n_heads=d.n_idx, index_head_dim=d.Di, **cp)
+                                      index_topk=d.K, index_n_heads=d.n_idx, index_head_dim=d.Di, **cp,
+                                      **(sb_extra or {}))
         self.kinds = aar.dsa.layer_cache_kinds(d.ratio)
         self.nb = nreq * max_blocks + 1
         self.gb, self.tables = {}, {}
@@ -91,11 +94,14 @@ class Run:
                                            indexer_state=self.istate, indexer_k=self.ik, indexer_scale=self.isc,
                                            indexer_full=self.ifull, **pk)
         weights = shard(self.w, d, world, rank) if comm is not None else self.w
+        if weights_of is not None:
+            weights = weights_of(self.w)
         kw = dict(dsa_cp_comm=comm, dsa_cp_full_o_proj_prefill=full_o_proj) if comm is not None else {}
-        self.make_impl = lambda **extra: aar.dsa.Impl(
-            weights, hidden_size=d.hidden, num_heads=d.N, head_dim=d.D, rope_dim=d.R, q_lora_rank=d.q_lora,
-            compress_ratio=d.ratio, index_n_heads=d.n_idx, index_head_dim=d.Di, index_topk=d.K, eps=d.eps,
-            o_groups=d.G, o_lora_rank=d.o_lora, **pk, **kw, **extra)
+        kw = dict(hidden_size=d.hidden, num_heads=d.N, head_dim=d.D, rope_dim=d.R, q_lora_rank=d.q_lora,
+                  compress_ratio=d.ratio, index_n_heads=d.n_idx, index_head_dim=d.Di, index_topk=d.K, eps=d.eps,
+                  o_groups=d.G, o_lora_rank=d.o_lora, **pk, **kw)
+        kw.update(impl_extra or {})
+        self.make_impl = lambda **extra: aar.dsa.Impl(weights, **kw, **extra)
         self.impl = self.make_impl()
         self.S = [0] * nreq
 

@@ -4,7 +4,8 @@
 // copy into stable per-lane buffers. Batches must be decode-first; a rejected build
 // writes nothing; metadata is valid until its builder's next build (build_stamp.h).
 // Design: docs/design/dsa.md §3 (builders, slots, routing, DSpark, blobs, drafts); the DSA-CP
-// token shard (StepBuilderConfig::dsa_cp_world_size): docs/design/sparse_cp.md §10.1.
+// token shard (StepBuilderConfig::dsa_cp_world_size): docs/design/sparse_cp.md §10.1; DCP
+// (StepBuilderConfig::dcp_world_size): docs/design/sparse_cp.md §12.1.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -70,6 +71,16 @@ struct StepBuilderConfig : core::Capacities, core::StagingConfig {
   // DSpark (dspark_num_spec) or drafting (build_for_drafting), refused by name.
   int32_t dsa_cp_world_size = 1;
   int32_t dsa_cp_rank = 0;
+  // DCP (docs/design/sparse_cp.md §12): the SWA and compressed-KV caches sharded over
+  // dcp_world_size ranks (interleave dcp_interleave; this rank dcp_rank); > 1 adds
+  // StepMetadata::dcp and makes the SWA / C4Kv / C128Kv groups' slots this rank's local ones
+  // (their block tables are the rank's local tables); the indexer and compressor-state groups
+  // stay whole (global tables, every row written on every rank). Decode and speculative-decode
+  // steps only (a prefill is refused by name), eager only (build_for_graph_capture refused);
+  // not combinable with DSA-CP, DSpark or drafting (refused by name).
+  int32_t dcp_world_size = 1;
+  int32_t dcp_rank = 0;
+  int32_t dcp_interleave = 1;
 };
 
 // The step (core::StepInput): query_start_loc (B+1, leading 0), seq_lens (B,

@@ -5,7 +5,8 @@
 // does no host metadata work, and inside a graph capture records itself as one call
 // or refuses by name. Design: docs/design/dsa.md §5 (forward, o_proj, workspaces),
 // §6 (graph capture), §4.2 (the three plans); DSA-CP token sharding (ImplConfig::dsa_cp_comm):
-// docs/design/sparse_cp.md §10.
+// docs/design/sparse_cp.md §10; DCP of the SWA and compressed caches (ImplConfig::dcp_comm):
+// docs/design/sparse_cp.md §12.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -78,6 +79,14 @@ struct ImplConfig {
   // outputs all-gathered along the tokens. false: every step takes the decode road (all-to-all,
   // the shard's o_proj, all-reduce).
   bool dsa_cp_full_o_proj_prefill = true;
+  // DCP (docs/design/sparse_cp.md §12): the group the SWA and compressed-KV caches are sharded
+  // over (W ranks inside the TP group; must outlive the layer). Needs metadata built with the same
+  // dcp_world_size and rank (StepBuilderConfig). The layer keeps its own heads: the query is
+  // gathered over the group's heads, every rank attends all W * num_heads heads over the keys it
+  // holds (its window rows and compressed rows, as explicit index lists) without the sinks, the
+  // partials are merged by LSE, and the sinks enter the merged softmax once on the heads' rank.
+  // Decode / speculative-decode steps, eager, the A2/A3 plan; refused by name otherwise.
+  cp::Comm* dcp_comm = nullptr;
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
@@ -188,9 +197,15 @@ class Impl {
   // cu_q (B+1) and KV lengths seqused (the step's, or under DSA-CP the slice's), the C4 selection
   // sel, DSpark's ori_sparse rows (undefined: none); into out when defined (graph mode), else a
   // new tensor.
+  // With lse (the DCP partials): the softmax LSE is returned there and the sinks are left out
+  // when with_sinks is false.
   at::Tensor attend(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& cu_q,
                     const at::Tensor& seqused, const at::Tensor& sel, const at::Tensor& ori_sparse,
-                    const at::Tensor& out) const;
+                    const at::Tensor& out, bool with_sinks = true, at::Tensor* lse = nullptr) const;
+  // docs/design/sparse_cp.md §12: the DCP attention of the n query rows q (n, N, D) with the
+  // step's global C4 selection sel (undefined for other ratios): (n, N, D), sinks applied.
+  at::Tensor attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
+                        int64_t n) const;
   // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens (eager).
   void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                   sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws);

@@ -51,6 +51,14 @@ struct DsaCpStepMetadata {
   plan::CSpan<int32_t> query_start_loc_host, seq_lens_host;  // the build's turn of the staging buffer
 };
 
+// DCP of a step (docs/design/sparse_cp.md §12): world_size 1 without it. Position x of a
+// request's SWA cache, and compressed row c of its compressed cache, live on rank
+// owner(x) = floor(x / interleave) mod world_size at local_index(x) (cp/plan/dcp_layout.h).
+struct DcpStepMetadata {
+  int32_t world_size = 1;
+  int32_t rank = 0;
+  int32_t interleave = 1;
+};
 // The per-step shared values (upstream's per-step dict, docs/design/dsa.md §3.1
 // ): computed once per step, read by every group of the step.
 //
@@ -115,6 +123,8 @@ struct StepMetadata : core::StepCounts {
   RowArrays row_arrays[3];
   // StepBuilderConfig::dsa_cp_world_size > 1 only.
   DsaCpStepMetadata dsa_cp;
+  // StepBuilderConfig::dcp_world_size > 1 only (docs/design/sparse_cp.md §12).
+  DcpStepMetadata dcp;
   // 0, 1, 2 for ratios <= 1, 4, 128; -1 for any other.
   static int ratio_slot(int32_t ratio) { return ratio <= 1 ? 0 : ratio == 4 ? 1 : ratio == 128 ? 2 : -1; }
   const plan::DsaRows* rows_at(int32_t ratio) const {
@@ -149,7 +159,9 @@ struct GroupMetadata {
   // skip encoding up to num_compressed_tokens rows (-1 Flat; BlockOffset
   // (-1, bs-1), or (-1, -1) for the ratio <= 1 groups of a plan with
   // block_offset_skip MinusOne). (rows, 2) for BlockOffset, (rows,) for Flat.
-  // The first num_valid_rows rows are the valid ones, always.
+  // The first num_valid_rows rows are the valid ones, always; under DCP (docs/design/sparse_cp.md
+  // §12.1) the SWA and compressed-KV groups' slots are this rank's local ones, skip rows (another
+  // rank's rows) possibly among them.
   at::Tensor slot_mapping;
   int32_t num_compressed_tokens = 0;  // rows: T for ratio <= 1, min(T, T // r + B) else
   int32_t num_valid_rows = 0;         // rows emitted by real requests

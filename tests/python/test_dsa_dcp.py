@@ -1,0 +1,322 @@
+"""DSA (DeepSeek-V4) DCP (docs/design/sparse_cp.md §12) over real gloo process groups of 2 and 4 local processes.
+
+Each rank is a TP rank of a group that is also its DCP group: it holds its heads [r N/W, (r+1) N/W) (wq_b's rows,
+the sinks) and its row-parallel o_proj shard (wo_a's groups, wo_b's columns), so the layer's output is a partial sum
+that the parent process sums over the ranks (what the model's TP reduction does; the ranks issue no collective of
+their own besides the layer's). The caches are filled by the single-rank prefill
+(test_dsa_cp.Run without any CP): the replicated ones (compressor states, indexer) copied whole, the sharded ones
+(SWA, compressed KV) holding exactly the single-rank rows the rank owns, placed at their local slots of the
+rank's local block table. Then decode and speculative-decode steps run on both, and per step:
+  * the summed output against the single-rank layer and against the float64 reference of _dsa_reference (rank 0
+    computes it with the single-rank selection, as test_dsa.check_step does);
+  * the C4 top-k rows equal to the single-rank selection (the indexer runs on the replicated cache);
+  * every cache: the replicated ones equal to the single-rank caches, the sharded ones equal to the single-rank
+    caches' owned rows at the local slots (and nothing else written);
+  * the collectives: one all-gather (the query heads) and one all-to-all (the partials) per layer step.
+Ratios 1, 4 and 128, interleave 1 and 2, fp32 and bf16, 2 ranks and one 4-rank case. Refusals by name (builder and
+layer) before any write and any collective.
+"""
+
+import pytest
+import torch
+
+import ascend_attn_rt as aar
+from _cp_harness import run_ranks
+from _dsa_harness import group_kw
+import _dsa_reference as ref
+from test_dsa import tol as ref_tol
+from test_dsa_cp import Run, dims, shard
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+SHARDED = {"swa": "swa", "c4_kv": "cmp", "c128_kv": "cmp"}
+
+
+def owner(x, world, il):
+    return (x // il) % world
+
+
+def local_index(x, world, il):
+    return (x // (world * il)) * il + x % il
+
+
+def tp_weights(w, d, world, rank):
+    """Rank `rank`'s TP shard: its heads' wq_b rows and sinks, its o_proj groups / columns (test_dsa_cp.shard)."""
+    ws = shard(w, d, world, rank)
+    h = d.N // world
+    ws["wq_b"] = w["wq_b"][rank * h * d.D:(rank + 1) * h * d.D].contiguous()
+    ws["attn_sink"] = w["attn_sink"][rank * h:(rank + 1) * h].contiguous()
+    return ws
+
+
+def nrows(kd, ratio, S):
+    return S if kd == "swa" else S // ratio
+
+
+def place_shard(one, cp, kd, b, world, rank, il, into):
+    """The single-rank rows of request b in cache kd that `rank` owns, at their local slots of cp's table."""
+    src = getattr(one, SHARDED[kd])
+    rows = src.shape[1]
+    for x in range(nrows(kd, one.d.ratio, one.S[b])):
+        if owner(x, world, il) != rank:
+            continue
+        li = local_index(x, world, il)
+        into[cp.tables[kd][b][li // rows], li % rows] = src[one.tables[kd][b][x // rows], x % rows]
+
+
+def expected_shard(one, cp, kd, world, rank, il):
+    out = torch.zeros_like(getattr(cp, SHARDED[kd]))
+    for b in range(len(one.S)):
+        place_shard(one, cp, kd, b, world, rank, il, out)
+    return out
+
+
+def replicated(run):
+    idx = (run.raw,) if run.raw is not None else (run.ik, run.isc)
+    return [t for t in (run.state, run.istate) + idx if t is not None]
+
+
+# ratio: (prefill steps of the single-rank layer, then decode / speculative-decode steps of both)
+STEPS = {
+    1: ([([0, 1, 2], [13, 5, 4])], [([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [3, 3, 3]), ([1], [1])]),
+    # (a decode step may carry rows past its requests' tokens: num_input_tokens padding, output zeros)
+    4: ([([0, 1, 2], [23, 10, 5])], [([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [3, 3, 3]), ([0, 1, 2], [1, 2, 1], 2),
+                                     ([2], [1])]),
+    # 255 tokens: the first decode completes compressed row 1 (rows 0 and 1 on different ranks at interleave 1)
+    128: ([([0, 1], [255, 9])], [([0, 1], [1, 1]), ([0, 1], [1, 1]), ([0], [1])]),
+}
+
+
+def _setup(rank, world, comm, ratio, dtype, il, k):
+    """The single-rank run after its prefills and the DCP run of this rank with its caches filled from it."""
+    d = dims(ratio)
+    prefills, decodes = STEPS[ratio]
+    nreq = max(max(r[0]) for r in prefills + decodes) + 1
+    mb = 40 if ratio == 128 else 24  # the C128 state's small blocks: 255 tokens need 32 columns
+    one = Run(d, dtype, nreq, k=k, max_blocks=mb)
+    cp = Run(d, dtype, nreq, k=k, max_blocks=mb,
+             sb_extra=dict(dcp_world_size=world, dcp_rank=rank, dcp_interleave=il),
+             impl_extra=dict(dcp_comm=comm, num_heads=d.N // world, o_groups=d.G // world),
+             weights_of=lambda w: tp_weights(w, d, world, rank))
+    for reqs, qlens in prefills:
+        one.step(reqs, qlens)
+    # the caches after the single-rank prefill: replicated ones whole, sharded ones the owned rows
+    for a, b in zip(replicated(cp), replicated(one)):
+        a.copy_(b)
+    for kd in SHARDED:
+        if kd in cp.kinds:
+            getattr(cp, SHARDED[kd]).copy_(expected_shard(one, cp, kd, world, rank, il))
+    cp.S = list(one.S)
+    return d, one, cp, decodes
+
+
+def _dcp_case(rank, world, comm, ratio, dtype, il, k):
+    d, one, cp, decodes = _setup(rank, world, comm, ratio, dtype, il, k)
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    report = []
+    for reqs, qlens, *pad in decodes:
+        pad = pad[0] if pad else 0
+        comm.reset_counters()
+        st, out, qsl, S = cp.step(reqs, qlens, pad)
+        calls = tuple(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
+        _, want, _, _ = one.step(reqs, qlens, pad)
+        where = f"rank {rank} W {world} I {il} ratio {ratio} {dtype} step {reqs} {qlens} pad {pad}"
+        assert calls == (1, 1, 0), (where, calls)
+        assert st.dcp_world_size == world and st.dcp_rank == rank and st.dcp_interleave == il, where
+        n = qsl[-1]
+        assert torch.equal(out[n:], torch.zeros_like(out[n:])), f"{where}: rows past the step's tokens"
+        refs = None
+        if rank == 0 and dtype == torch.float32:
+            # the float64 reference with the single-rank selection (test_dsa.check_step's)
+            tk = one.impl.last_topk if ratio == 4 else None
+            refs = torch.cat([ref.dsa_layer(d, one.w, one.x[b][: S[i]], qlens[i], one.cos, one.sin,
+                                            topk=None if tk is None else tk[qsl[i]: qsl[i + 1], 0].to(torch.int64))
+                              for i, b in enumerate(reqs)])
+        if ratio == 4 and dtype == torch.float32:
+            assert torch.equal(cp.impl.last_topk, one.impl.last_topk), f"{where}: top-k"
+        for a, b in zip(replicated(cp), replicated(one)):
+            assert torch.equal(a, b), f"{where}: a replicated cache differs from the single-rank one"
+        for kd in SHARDED:
+            if kd in cp.kinds:
+                got, exp = getattr(cp, SHARDED[kd]), expected_shard(one, cp, kd, world, rank, il)
+                torch.testing.assert_close(got, exp, atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=0,
+                                           msg=lambda m: f"{where}: the {kd} shard: {m}")
+        report.append((where, str(st.attn_state).rsplit(".", 1)[-1], _wire(out[:n]), _wire(want[:n]), _wire(refs)))
+    return report
+
+
+def _wire(t):
+    """A tensor as nested lists (tensors returned through the harness's queue would travel as shared-memory handles
+    of a process that has exited)."""
+    return None if t is None else t.to(torch.float64).tolist()
+
+
+def check_sums(results, dtype_of):
+    """The parent's side: per step, the ranks' partial outputs summed against the single-rank output and the
+    float64 reference (rank 0's)."""
+    for c, steps in enumerate(results[0]):
+        at, rt = ref_tol(dtype_of(c))
+        for j, (where, _, _, want, refs) in enumerate(steps):
+            summed = sum(torch.tensor(res[c][j][2], dtype=torch.float64) for res in results)
+            want = torch.tensor(want, dtype=torch.float64)
+            refs = None if refs is None else torch.tensor(refs, dtype=torch.float64)
+            scale = max(1.0, want.abs().max().item())
+            torch.testing.assert_close(summed, want, atol=at * scale, rtol=rt,
+                                       msg=lambda m: f"{where}: summed output vs the single-rank layer: {m}")
+            if refs is not None:
+                torch.testing.assert_close(summed, refs, atol=at * max(1.0, refs.abs().max().item()), rtol=rt,
+                                           msg=lambda m: f"{where}: summed output vs the float64 reference: {m}")
+
+
+def _index_cache(rank, world, comm):
+    """IndexCache under DCP: a use_index_cache C4 layer stores the (global, single-rank) selection in the TopkBuffer,
+    a skip_topk layer attends over it on the same caches: both TP-summed outputs equal the single-rank pair's."""
+    d, one, cp, decodes = _setup(rank, world, comm, 4, torch.float32, 1, 2)
+    steps = []
+    for r in (one, cp):
+        r.topk = aar.sfa.TopkBuffer(64, d.K)
+        r.store, r.skip = r.make_impl(use_index_cache=True), r.make_impl(skip_topk=True)
+    for reqs, qlens, *_ in decodes[:2]:
+        out = {}
+        for name, r in (("cp", cp), ("one", one)):
+            st, md, S, qsl = r.build(reqs, qlens)
+            hid = r.hidden(reqs, qlens, S, 0)
+            snap = [t.clone() for t in r.caches()]
+            a, b = torch.full_like(hid, float("nan")), torch.full_like(hid, float("nan"))
+            kw = group_kw(4, md, st)
+            r.store.forward(hid, r.kv, st, md["swa"], a, topk_buffer=r.topk, **kw)
+            sel = r.store.last_topk.clone()
+            for t, v in zip(r.caches(), snap):  # the skip layer on the same caches as they were
+                t.copy_(v)
+            r.skip.forward(hid, r.kv, st, md["swa"], b, topk_buffer=r.topk, **kw)
+            for i, q in enumerate(reqs):
+                r.S[q] = S[i]
+            out[name] = (a, b, sel)
+        (a, b, sel), (a1, b1, sel1) = out["cp"], out["one"]
+        assert torch.equal(sel, sel1) and torch.equal(cp.topk.buffer[: sel.shape[0]], sel[:, 0])
+        # (the parent sums the partials: the store and skip layers' against the single-rank pair's)
+        steps.append((f"IndexCache rank {rank} step {reqs} {qlens}", "pair", _wire(torch.cat([a, b])),
+                      _wire(torch.cat([a1, b1])), None))
+    return steps
+
+
+def _refusals(rank, world, comm):
+    d = dims(4)
+    msgs = {}
+
+    def catch(key, fn):
+        try:
+            fn()
+        except (ValueError, NotImplementedError) as e:
+            msgs[key] = (type(e).__name__, str(e))
+
+    comm.reset_counters()
+    cp = Run(d, torch.float32, 1, sb_extra=dict(dcp_world_size=world, dcp_rank=rank),
+             impl_extra=dict(dcp_comm=comm, num_heads=d.N // world, o_groups=d.G // world),
+             weights_of=lambda w: tp_weights(w, d, world, rank))
+    plain = Run(d, torch.float32, 1)
+    snap = [t.clone() for t in cp.caches()]
+    # a prefill step under DCP (the builder refuses it before anything is built)
+    catch("prefill", lambda: cp.build([0], [5]))
+    # the layer given plain metadata, and a plain layer given DCP metadata
+    plain.S = [0]
+    st, md, S, qsl = plain.build([0], [5])
+    hid = plain.hidden([0], [5], S, 0)
+    catch("comm_vs_plain", lambda: cp.impl.forward(hid, cp.kv, st, md["swa"], torch.zeros_like(hid),
+                                                   **group_kw(4, md, st)))
+    cp.S = [4]
+    st2, md2, S2, qsl2 = cp.build([0], [1])
+    hid2 = cp.hidden([0], [1], S2, 0)
+    catch("plain_vs_dcp", lambda: plain.impl.forward(hid2, plain.kv, st2, md2["swa"], torch.zeros_like(hid2),
+                                                     **group_kw(4, md2, st2)))
+    base = dict(hidden_size=d.hidden, num_heads=d.N // world, head_dim=d.D, rope_dim=d.R, q_lora_rank=d.q_lora,
+                compress_ratio=4, index_n_heads=d.n_idx, index_head_dim=d.Di, index_topk=d.K, eps=d.eps,
+                o_groups=d.G // world, o_lora_rank=d.o_lora)
+    tw = tp_weights(cp.w, d, world, rank)
+    catch("dsa_cp", lambda: aar.dsa.Impl(tw, dcp_comm=comm, dsa_cp_comm=comm, **base))
+    catch("a5", lambda: aar.dsa.Impl(tw, dcp_comm=comm, device_kind="a5", **base))
+    calls = sum(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
+    untouched = all(torch.equal(a, b) for a, b in zip(cp.caches(), snap))
+    return msgs, calls, untouched
+
+
+def _case(rank, world, cases, refusals):
+    # 60 s: rank 0 alone runs the float64 reference between two collectives (a loaded machine is slow)
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=60.0)
+    reports = [_dcp_case(rank, world, comm, *c) for c in cases]
+    if refusals:
+        reports.append(_index_cache(rank, world, comm))
+    return reports, (_refusals(rank, world, comm) if refusals else None)
+
+
+def test_dsa_dcp_two_ranks_decode_every_ratio():
+    cases = [(1, torch.float32, 1, 2), (4, torch.float32, 1, 2), (4, torch.float32, 2, 2),
+             (128, torch.float32, 1, 0), (128, torch.float32, 2, 0), (4, torch.bfloat16, 1, 2)]
+    results = run_ranks(2, _case, cases, True, deadline_s=150.0)
+    # the cases, then the IndexCache pair (fp32)
+    check_sums([r for r, _ in results], lambda c: cases[c][1] if c < len(cases) else torch.float32)
+    for rank, (reports, refusals) in enumerate(results):
+        states = {s[1] for rep in reports[:-1] for s in rep}
+        assert {"DecodeOnly", "SpecDecoding"} <= states, states
+        msgs, calls, untouched = refusals
+        assert calls == 0 and untouched, (rank, calls, untouched)
+        want = {
+            "prefill": ("NotImplementedError", "prefill and mixed steps under DSA DCP"),
+            "comm_vs_plain": ("ValueError", "dcp_world_size=1"),
+            "plain_vs_dcp": ("ValueError", "the layer has no dcp_comm"),
+            "dsa_cp": ("NotImplementedError", "DSA DCP x DSA-CP"),
+            "a5": ("NotImplementedError", "A2/A3 npu_sparse_attn_sharedkv plan only"),
+        }
+        for key, (kind, text) in want.items():
+            assert key in msgs, (rank, key, msgs)
+            assert msgs[key][0] == kind and text in msgs[key][1], (rank, key, msgs[key])
+
+
+def test_dsa_dcp_four_ranks():
+    results = run_ranks(4, _case, [(4, torch.float32, 1, 2)], False, deadline_s=150.0)
+    check_sums([r for r, _ in results], lambda c: torch.float32)
+    assert "SpecDecoding" in {s[1] for s in results[0][0][0]}
+
+
+def _sb(**kw):
+    d = dims(4)
+    cos = torch.zeros(64, d.R)
+    base = dict(max_num_reqs=4, max_num_tokens=64, cos_table=cos, sin_table=cos, compress_cos_table=cos,
+                compress_sin_table=cos, num_speculative_tokens=1, head_dim=d.D, window=d.W)
+    base.update(kw)
+    return aar.dsa.StepBuilder(**base)
+
+
+def test_dsa_dcp_builder_refusals():
+    with pytest.raises(NotImplementedError, match="DSA DCP x DSA-CP"):
+        _sb(dcp_world_size=2, dsa_cp_world_size=2)
+    with pytest.raises(NotImplementedError, match="DSpark under DSA DCP"):
+        _sb(dcp_world_size=2, dspark_num_spec=1)
+    with pytest.raises(ValueError, match="dcp_rank=2"):
+        _sb(dcp_world_size=2, dcp_rank=2)
+    with pytest.raises(ValueError, match="dcp_interleave"):
+        _sb(dcp_world_size=2, dcp_interleave=0)
+    sb = _sb(dcp_world_size=2, dcp_rank=1)
+    qsl, S = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="graph capture under DSA DCP"):
+        sb.build_for_graph_capture(qsl, S, state=aar.AttentionState.DecodeOnly)
+    with pytest.raises(NotImplementedError, match="draft steps under DSA DCP"):
+        sb.build_for_drafting(qsl, S, draft_index=0)
+    with pytest.raises(NotImplementedError, match="prefill and mixed steps under DSA DCP"):
+        sb.build(torch.tensor([0, 5], dtype=torch.int32), S)
+    with pytest.raises(NotImplementedError, match="A2/A3 npu_sparse_attn_sharedkv plan only"):
+        aar.dsa.GroupBuilder(sb, kind="swa", cache_block_size=32, max_blocks_per_req=4, num_blocks=8,
+                             device_kind="a5", cache_dtype=None, model_dtype="bfloat16")
+    st = sb.build(qsl, S)
+    assert (st.dcp_world_size, st.dcp_rank, st.dcp_interleave) == (2, 1, 1)
+    # a local column rank 1 reads (positions 1, 3 of S = 5: local 0, 1, column 0) holding no block id: refused
+    # by name before the group writes anything
+    gb = aar.dsa.GroupBuilder(sb, kind="swa", cache_block_size=32, max_blocks_per_req=4, num_blocks=8,
+                              device_kind="a2", cache_dtype=None, model_dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"block_table\[0\]\[0\]=9 \(a local column DCP rank 1 reads\)"):
+        gb.build(st, torch.tensor([[9, 1, 2, 3]], dtype=torch.int32))
+    md = gb.build(st, torch.tensor([[5, 1, 2, 3]], dtype=torch.int32))
+    # the token at position 4 belongs to rank 0: rank 1 writes nothing (the skip encoding)
+    assert md.slot_mapping[0, 0].item() == -1, md.slot_mapping
