@@ -149,6 +149,24 @@ class Run:
             self.S[b] = S[i]
         return st, out, qsl, S
 
+    def index_cache_pair(self, reqs, qlens):
+        """One step of the IndexCache pair (self.store: use_index_cache, self.skip: skip_topk, C4 layers)
+        on the same caches as they were before the step: (store's output, skip's output, store's
+        selection, step metadata)."""
+        st, md, S, qsl = self.build(reqs, qlens)
+        hid = self.hidden(reqs, qlens, S, 0)
+        snap = [t.clone() for t in self.caches()]
+        a, b = torch.full_like(hid, float("nan")), torch.full_like(hid, float("nan"))
+        kw = group_kw(4, md, st)
+        self.store.forward(hid, self.kv, st, md["swa"], a, topk_buffer=self.topk, **kw)
+        sel = self.store.last_topk.clone()
+        for t, v in zip(self.caches(), snap):
+            t.copy_(v)
+        self.skip.forward(hid, self.kv, st, md["swa"], b, topk_buffer=self.topk, **kw)
+        for i, q in enumerate(reqs):
+            self.S[q] = S[i]
+        return a, b, sel, st
+
 
 def same_bytes(a, b):
     """Bit equality (the fp8 rows' scale and rope bytes read as fp8 may be NaN patterns, which torch.equal
@@ -442,19 +460,7 @@ def _case_index_cache(rank, world):
     out = {}
     for reqs, qlens in (([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [3, 3, 3]), ([0, 1, 2], [1, 1, 9])):
         for name, r in runs.items():
-            st, md, S, qsl = r.build(reqs, qlens)
-            hid = r.hidden(reqs, qlens, S, 0)
-            snap = [t.clone() for t in r.caches()]
-            a, b = torch.full_like(hid, float("nan")), torch.full_like(hid, float("nan"))
-            kw = group_kw(4, md, st)
-            r.store.forward(hid, r.kv, st, md["swa"], a, topk_buffer=r.topk, **kw)
-            sel = r.store.last_topk.clone()
-            for t, v in zip(r.caches(), snap):  # the skip layer on the same caches as they were
-                t.copy_(v)
-            r.skip.forward(hid, r.kv, st, md["swa"], b, topk_buffer=r.topk, **kw)
-            for i, q in enumerate(reqs):
-                r.S[q] = S[i]
-            out[name] = (a, b, sel, st)
+            out[name] = r.index_cache_pair(reqs, qlens)
         a, b, sel, st = out["cp"]
         a1, b1, sel1, _ = out["one"]
         n = sum(qlens)

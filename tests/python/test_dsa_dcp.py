@@ -181,19 +181,7 @@ def _index_cache(rank, world, comm):
     for reqs, qlens, *_ in decodes[:2]:
         out = {}
         for name, r in (("cp", cp), ("one", one)):
-            st, md, S, qsl = r.build(reqs, qlens)
-            hid = r.hidden(reqs, qlens, S, 0)
-            snap = [t.clone() for t in r.caches()]
-            a, b = torch.full_like(hid, float("nan")), torch.full_like(hid, float("nan"))
-            kw = group_kw(4, md, st)
-            r.store.forward(hid, r.kv, st, md["swa"], a, topk_buffer=r.topk, **kw)
-            sel = r.store.last_topk.clone()
-            for t, v in zip(r.caches(), snap):  # the skip layer on the same caches as they were
-                t.copy_(v)
-            r.skip.forward(hid, r.kv, st, md["swa"], b, topk_buffer=r.topk, **kw)
-            for i, q in enumerate(reqs):
-                r.S[q] = S[i]
-            out[name] = (a, b, sel)
+            out[name] = r.index_cache_pair(reqs, qlens)[:3]
         (a, b, sel), (a1, b1, sel1) = out["cp"], out["one"]
         assert torch.equal(sel, sel1) and torch.equal(cp.topk.buffer[: sel.shape[0]], sel[:, 0])
         # (the parent sums the partials: the store and skip layers' against the single-rank pair's)
