@@ -8,7 +8,9 @@ steps; figures are medians in microseconds. A forward's collectives (cp.Comm.col
 inside the Comm's collectives) are subtracted from it and counted per layer-step by kind.
 """
 
+import argparse
 import datetime
+import json
 import gc
 import os
 import queue
@@ -165,3 +167,32 @@ def collectives_text(d):
     return (f"{d['all_gather_per_layer_step']:.0f} all_gather + {d['all_to_all_single_per_layer_step']:.0f}"
             f" all_to_all + {d['all_reduce_per_layer_step']:.0f} all_reduce / layer-step,"
             f" {d['collectives_us_excluded']:.1f} us excluded")
+
+
+def parse_and_run(description, bench, world, prefix):
+    """The command line both CP benchmarks take (--iters, --out, --fake-group) and their run: rank 0 of the fake
+    group in this process, or `world` gloo processes. Returns (args, {rank: bench's result}, the group's text)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--iters", type=int, default=50, help="timed steps per case (medians), after 5 warm-up steps")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--fake-group", action="store_true",
+                   help=f"rank 0 of an in-process fake {world}-rank group (collectives free): the host work alone")
+    args = p.parse_args()
+    if args.iters < 1:
+        p.error("--iters must be >= 1")
+    if args.fake_group:
+        init_fake_group(world)
+        got = {0: bench(0, args.iters)}
+    else:
+        got = run_gloo(bench, world, args.iters, prefix=prefix)
+    group = "fake (in-process, collectives free)" if args.fake_group else f"gloo, {world} local processes"
+    return args, got, group
+
+
+def write_report(path, report):
+    """The report as indented JSON at `path` (its directory made), when a path is given."""
+    if not path:
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(json.dumps(report, indent=2) + "\n")

@@ -28,8 +28,6 @@ Run from the repository root:
   PYTHONPATH=python .venv/bin/python benchmarks/bench_dsa_cp.py [--iters N] [--out FILE] [--fake-group]
 """
 
-import argparse
-import json
 import os
 import sys
 
@@ -172,22 +170,10 @@ def _bench(rank, iters):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iters", type=int, default=50, help="timed steps per case (medians), after 5 warm-up steps")
-    p.add_argument("--out", default=None, help="write the JSON report here")
-    p.add_argument("--fake-group", action="store_true",
-                   help="rank 0 of an in-process fake 2-rank group (collectives free): the host work alone")
-    args = p.parse_args()
-    if args.iters < 1:
-        p.error("--iters must be >= 1")
-    if args.fake_group:
-        cpb.init_fake_group(WORLD)
-        got = {0: _bench(0, args.iters)}
-    else:
-        got = cpb.run_gloo(_bench, WORLD, args.iters, prefix="aar_bench_dsa_cp_")
+    args, got, group = cpb.parse_and_run(__doc__.split("\n\n")[0], _bench, WORLD, "aar_bench_dsa_cp_")
     report = {
         "benchmark": "dsa_cp_decode_host",
-        "group": "fake (in-process, collectives free)" if args.fake_group else "gloo, 2 local processes",
+        "group": group,
         "provider": "no_compute",
         "device": "cpu",
         "dtype": "bfloat16",
@@ -205,11 +191,7 @@ def main():
         "target_ratio_over_single": 1.5,
         "ranks": {str(r): got[r] for r in sorted(got)},
     }
-    text = json.dumps(report, indent=2)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    cpb.write_report(args.out, report)
     print(f"DSA decode step host time, {report['group']}, provider no_compute, us (median of {args.iters})")
     for r in sorted(got):
         for key, row in got[r].items():
