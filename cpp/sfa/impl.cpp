@@ -785,6 +785,29 @@ void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata
   }
 }
 
+void Impl::write_gathered_rows_(const Caches& c, const at::Tensor& rows, const at::Tensor& slots,
+                                const at::Tensor& islots) {
+  // docs/design/sparse_cp.md §7, §9, §11: gathered rows [k_rope | k_nope | k_indexer] (n, R + L + Di[+ ...]);
+  // the latent rows at `slots` (-1: another rank's position under DCP / PCP), the indexer rows at
+  // `islots` (every row: the replicated or the whole cache), LI C8 rows quantised per token first.
+  const mla::Dims& d = cfg_.dims;
+  const int64_t n = rows.size(0), L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
+  const at::Tensor s = slots.narrow(0, 0, n).view({n, 1});
+  ops::scatter_nd_update_(rope_rows, s, rows.narrow(1, 0, R).contiguous());
+  ops::scatter_nd_update_(nope_rows, s, rows.narrow(1, R, L).contiguous());
+  if (!cfg_.indexer.has_value()) return;
+  const int64_t Di = cfg_.indexer->head_dim;
+  const at::Tensor is = islots.narrow(0, 0, n).view({n, 1});
+  at::Tensor idx_rows = c.index_k.view({-1, Di});
+  if (cfg_.li_c8) {
+    // Every rank quantises every gathered key (per token: the single-rank bytes) and writes its replica.
+    quant_indexer_write_(rows.narrow(1, R + L, Di).contiguous(), c, idx_rows, is);
+  } else {
+    ops::scatter_nd_update_(idx_rows, is, rows.narrow(1, R + L, Di).contiguous());
+  }
+}
+
 // The preprocess of a DSA-CP rank's token slice (docs/design/sparse_cp.md §7 step 1, §9 step 1): nothing
 // written; the rows every rank gathers, packed token-major into `pack` (tpr rows, zeros past the slice's
 // real tokens): [k_rope | k_nope | k_indexer] and, under DSA-CP x DCP, the query [ql_nope | q_pe] of every
@@ -859,10 +882,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   // every rank in the same order, whatever its shard holds.
   cp::Comm& comm = *cfg_.dsa_cp_comm;
   const DsaCpMetadata& sh = md.dsa_cp;
-  const mla::Dims& d = cfg_.dims;
-  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   const bool has_idx = cfg_.indexer.has_value();
-  const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
   const auto opts = hidden.options();
   last_pre_ = Preprocess::Native;  // DSA-CP: the native path (docs/design/sfa.md §4.2's table)
   // 1. This rank's tokens: the latent query, the latent and rope key rows and the indexer key,
@@ -874,15 +894,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   //    complete caches.
   const at::Tensor all = comm.all_gather(s.pack, 0);  // (T_pad, R + L + Di)
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
-  const at::Tensor slots = md.slot_mapping.narrow(0, 0, tw).view({tw, 1});
-  const at::Tensor rows = all.narrow(0, 0, tw);
-  at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
-  ops::scatter_nd_update_(rope_rows, slots, rows.narrow(1, 0, R).contiguous());
-  ops::scatter_nd_update_(nope_rows, slots, rows.narrow(1, R, L).contiguous());
-  if (has_idx) {
-    at::Tensor idx_rows = c.index_k.view({-1, Di});
-    ops::scatter_nd_update_(idx_rows, slots, rows.narrow(1, R + L, Di).contiguous());
-  }
+  write_gathered_rows_(c, all.narrow(0, 0, tw), md.slot_mapping, md.slot_mapping);
   // 3. Top-k and sparse attention of this rank's tokens with its local lengths.
   at::Tensor y_local;  // (nloc, N * V)
   if (nloc > 0) {
@@ -934,18 +946,7 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   //    rows at its DCP-local slots (-1 elsewhere), every indexer row at its replicated slot.
   const at::Tensor all = comm.all_gather(s.pack, 0);  // (T_pad, R + L + Di + N (L + R))
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
-  const at::Tensor rows = all.narrow(0, 0, tw);
-  {
-    const at::Tensor slots = md.slot_mapping.narrow(0, 0, tw).view({tw, 1});
-    at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
-    ops::scatter_nd_update_(rope_rows, slots, rows.narrow(1, 0, R).contiguous());
-    ops::scatter_nd_update_(nope_rows, slots, rows.narrow(1, R, L).contiguous());
-  }
-  if (has_idx) {
-    const at::Tensor islots = dm.indexer_slot_mapping.narrow(0, 0, tw).view({tw, 1});
-    at::Tensor idx_rows = c.index_k.view({-1, Di});
-    ops::scatter_nd_update_(idx_rows, islots, rows.narrow(1, R + L, Di).contiguous());
-  }
+  write_gathered_rows_(c, all.narrow(0, 0, tw), md.slot_mapping, dm.indexer_slot_mapping);
   // 3. The slice's selection on the replicated view (global positions), padded with -1 rows to tpr and
   //    gathered: every rank holds every token's rows, the single-rank selection.
   at::Tensor topk_all;  // (tk, 1, K)
@@ -1038,22 +1039,7 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   //    replicated slots.
   const at::Tensor all = comm.all_gather(pack, 0);  // (Wp T_loc, width)
   const at::Tensor rows = all.index_select(0, pm.gather_index);  // (tk, width)
-  {
-    const at::Tensor slots = md.slot_mapping.narrow(0, 0, tk).view({tk, 1});
-    at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
-    ops::scatter_nd_update_(rope_rows, slots, rows.narrow(1, 0, R).contiguous());
-    ops::scatter_nd_update_(nope_rows, slots, rows.narrow(1, R, L).contiguous());
-  }
-  if (has_idx) {
-    const at::Tensor islots = dm.indexer_slot_mapping.narrow(0, 0, tk).view({tk, 1});
-    at::Tensor idx_rows = c.index_k.view({-1, Di});
-    if (cfg_.li_c8) {
-      // Every rank quantises every gathered key (per token: the single-rank bytes) and writes its replica.
-      quant_indexer_write_(rows.narrow(1, R + L, Di).contiguous(), c, idx_rows, islots);
-    } else {
-      ops::scatter_nd_update_(idx_rows, islots, rows.narrow(1, R + L, Di).contiguous());
-    }
-  }
+  write_gathered_rows_(c, rows, md.slot_mapping, dm.indexer_slot_mapping);
   // 3. The local rows' selection on the replicated view, one causal indexer request per chunk (global
   //    positions), all-gathered: every rank holds every gathered row's selection.
   at::Tensor topk_all;  // (Wp T_loc, 1, K)

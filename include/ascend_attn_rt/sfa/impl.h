@@ -228,6 +228,9 @@ class Impl {
   // LI C8's two halves: the keys rotated, quantised and written at `slots`; the queries rotated and
   // quantised and the quantised indexer with the given lengths and table (also PCP's, §11).
   void quant_indexer_write_(const at::Tensor& k, const Caches& c, at::Tensor& k_rows, const at::Tensor& slots);
+  // The CP modes' gathered [k_rope | k_nope | k_indexer] rows written: latent rows at `slots`, indexer rows at
+  // `islots` (docs/design/sparse_cp.md §7, §9, §11).
+  void write_gathered_rows_(const Caches& c, const at::Tensor& rows, const at::Tensor& slots, const at::Tensor& islots);
   at::Tensor quant_indexer_select_(const at::Tensor& q, const at::Tensor& weights, const Caches& c,
                                    const at::Tensor& cum_query_lens, const at::Tensor& seq_lens,
                                    const at::Tensor& block_table);
