@@ -76,6 +76,20 @@ def allocate_caches(groups: dict, kv_dtype) -> dict:
     return out
 
 
+def build_step(run, reqs, qlens, pad=0):
+    """A step of `run` (a harness with a StepBuilder `sb`, GroupBuilders `gb`, per-kind block `tables`, `kinds`
+    and the requests' lengths `S`): requests `reqs` with `qlens` new tokens each, `pad` padding tokens.
+    Returns (step metadata, {kind: group metadata}, the new lengths, query_start_loc)."""
+    S = [run.S[b] + q for b, q in zip(reqs, qlens)]
+    qsl = [0]
+    for q in qlens:
+        qsl.append(qsl[-1] + q)
+    st = run.sb.build(torch.tensor(qsl, dtype=torch.int32), torch.tensor(S, dtype=torch.int32),
+                      num_input_tokens=qsl[-1] + pad)
+    md = {kd: run.gb[kd].build(st, run.tables[kd][reqs].contiguous()) for kd in run.kinds}
+    return st, md, S, qsl
+
+
 class LayerRun:
     """One DSA layer on any of the three plans ("a2", "a5" fp8 rows, "a5_bf16" SparseFlashMla) with its caches and
     builders, and requests with fixed token streams: request b owns blocks [1 + b * max_blocks, ...) of every group,
@@ -137,14 +151,7 @@ class LayerRun:
                                  **kw)
 
     def build(self, reqs, qlens, pad=0):
-        S = [self.S[b] + q for b, q in zip(reqs, qlens)]
-        qsl = [0]
-        for q in qlens:
-            qsl.append(qsl[-1] + q)
-        st = self.sb.build(torch.tensor(qsl, dtype=torch.int32), torch.tensor(S, dtype=torch.int32),
-                           num_input_tokens=qsl[-1] + pad)
-        md = {kd: self.gb[kd].build(st, self.tables[kd][reqs].contiguous()) for kd in self.kinds}
-        return st, md, S, qsl
+        return build_step(self, reqs, qlens, pad)
 
     def step(self, reqs, qlens, pad=0, impl=None):
         st, md, S, qsl = self.build(reqs, qlens, pad)

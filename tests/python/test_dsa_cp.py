@@ -24,7 +24,7 @@ import torch
 import ascend_attn_rt as aar
 import _dsa_reference as ref
 from _cp_harness import run_ranks
-from _dsa_harness import PLANS, allocate_caches, group_kw
+from _dsa_harness import PLANS, allocate_caches, build_step, group_kw
 from test_dsa import check_step
 
 dist = pytest.importorskip("torch.distributed")
@@ -110,14 +110,7 @@ class Run:
         return [t for t in (self.swa, self.cmp, self.state, self.istate) + idx if t is not None]
 
     def build(self, reqs, qlens, pad=0):
-        S = [self.S[b] + q for b, q in zip(reqs, qlens)]
-        qsl = [0]
-        for q in qlens:
-            qsl.append(qsl[-1] + q)
-        st = self.sb.build(torch.tensor(qsl, dtype=torch.int32), torch.tensor(S, dtype=torch.int32),
-                           num_input_tokens=qsl[-1] + pad)
-        md = {kd: self.gb[kd].build(st, self.tables[kd][reqs].contiguous()) for kd in self.kinds}
-        return st, md, S, qsl
+        return build_step(self, reqs, qlens, pad)
 
     def build_padded(self, reqs, B, q, capture=False):
         """A decode bucket of B requests x q tokens: the real requests, then dummies of q tokens (S = q; their
