@@ -154,3 +154,16 @@ def pcp_dcp_groups(rank, wp, wd):
         if rank in ranks:
             pcp = g
     return pcp, dcp
+
+
+def random_block_table(per_req, g):
+    """A block table (len(per_req), max(per_req)) int32 whose request r holds per_req[r] distinct blocks drawn by
+    `g` from a pool of sum(per_req) + 2 blocks (the rest of its row 0). Returns (table, pool size)."""
+    nb = sum(per_req) + 2
+    perm = torch.randperm(nb, generator=g).tolist()
+    table = torch.zeros(len(per_req), max(per_req), dtype=torch.int32)
+    k = 0
+    for r, n in enumerate(per_req):
+        table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
+        k += n
+    return table, nb

@@ -16,7 +16,7 @@ import math
 import torch
 
 import ascend_attn_rt as aar
-from _cp_harness import local_index, local_len, owner
+from _cp_harness import local_index, local_len, owner, random_block_table
 from _mla_reference import MlaDims, half_split, make_weights, project, rope_tables
 from _sfa_reference import IdxDims, indexer_keys, indexer_topk_request, make_indexer_weights, sfa_attend_request
 
@@ -51,13 +51,7 @@ def make_step(W=1, *, seq_lens, q_lens, I=1, bs=16, dtype=torch.float32, seed=0,
     # The group's block table: enough local blocks for rank 0 (the longest local sequence) and for the
     # replicated columns (ceil(S / bs) replicated blocks use ceil(that / W) local columns). W = 1: ceil(S / bs).
     per_req = [max(1, math.ceil(local_len(s, W, I, 0) / bs), math.ceil(math.ceil(s / bs) / W)) for s in seq_lens]
-    nb = sum(per_req) + 2
-    perm = torch.randperm(nb, generator=g).tolist()
-    table = torch.zeros(B, max(per_req), dtype=torch.int32)
-    k = 0
-    for r, n in enumerate(per_req):
-        table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
-        k += n
+    table, nb = random_block_table(per_req, g)
     rows, keys = [], []
     for r in range(B):
         pos = torch.arange(seq_lens[r])

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ascend_attn_rt as aar
-from _cp_harness import run_ranks
+from _cp_harness import random_block_table, run_ranks
 from _cp_harness import cp_tol as _tol, local_index as _local_index, local_len as _local_len, owner as _owner
 from _mla_reference import MlaDims, attend_request, make_weights, project, half_split, rope_tables
 
@@ -40,13 +40,7 @@ def _make_step(W, *, seq_lens, q_lens, I, bs=16, dtype=torch.float32, workspace=
     xs = [torch.randn(s, d.hidden, generator=g, dtype=torch.float64).to(dtype) for s in seq_lens]
     # Block-table columns a request needs under DCP: rank 0 holds the most tokens.
     per_req = [max(1, math.ceil(_local_len(s, W, I, 0) / bs)) for s in seq_lens]
-    nb = sum(per_req) + 2
-    perm = torch.randperm(nb, generator=g).tolist()
-    table = torch.zeros(B, max(per_req), dtype=torch.int32)
-    k = 0
-    for r, n in enumerate(per_req):
-        table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
-        k += n
+    table, nb = random_block_table(per_req, g)
     # Every token's cache row (float64): c_kv and the half-split RoPE'd k_rope.
     rows = []
     for r in range(B):

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import ascend_attn_rt as aar
-from _cp_harness import pcp_dcp_groups as _groups, run_ranks
+from _cp_harness import pcp_dcp_groups as _groups, random_block_table, run_ranks
 from _cp_harness import local_index as _local_index, local_len as _local_len, owner as _owner
 from _mla_reference import MlaDims, attend_request, half_split, make_weights, project, rope_tables
 
@@ -58,13 +58,7 @@ def _make_step(W, I, name, dtype, seed=0):
     xs = [torch.randn(s, d.hidden, generator=g, dtype=torch.float64).to(dtype) for s in seq_lens]
     # Block-table columns under the PCP x DCP sharding: KV rank 0 holds the most tokens.
     per_req = [max(1, math.ceil(_local_len(s, W, I, 0) / BS)) for s in seq_lens]
-    nb = sum(per_req) + 2
-    perm = torch.randperm(nb, generator=g).tolist()
-    table = torch.zeros(B, max(per_req), dtype=torch.int32)
-    k = 0
-    for r, n in enumerate(per_req):
-        table[r, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
-        k += n
+    table, nb = random_block_table(per_req, g)
     rows = []
     for r in range(B):
         _, _, c, k_rope = project(d, ws, xs[r], torch.arange(seq_lens[r]))
