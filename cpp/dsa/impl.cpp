@@ -29,6 +29,7 @@
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
 #include "ascend_attn_rt/dsa/graph.h"
 #include "ascend_attn_rt/sparse/dsa_cp_road.h"
+#include "../sparse/dsa_cp_workspace.h"
 #include "ascend_attn_rt/sparse/oproj_switch.h"
 #include "workspace.h"
 #include "../common/impl_checks.h"
@@ -301,6 +302,13 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
     // wo_a gathered along its groups, wo_b along its columns: switched together (one guard).
     oproj_full_ = std::make_unique<sparse::OProjFullWeight>(
         std::vector<sparse::OProjFullWeight::Slot>{{&w_.wo_a, 0}, {&w_.wo_b, 1}}, *c.dsa_cp_comm);
+    sparse::detail::DsaCpShape cs;  // the road's head blocks (docs/design/sparse_cp.md §7.1)
+    cs.device = w.wq_a.device();
+    cs.dtype = w.wq_a.scalar_type();
+    cs.world = W;
+    cs.road_width = c.num_heads * c.head_dim;
+    cs.group = c.workspace_group;
+    cpws_ = sparse::detail::DsaCpWorkspace::shared(cs);
   }
 }
 
@@ -930,16 +938,16 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
       st.attn_state == plan::AttentionState::DecodeOnly || st.attn_state == plan::AttentionState::SpecDecoding;
   const bool full_road = !decode_state && cf.dsa_cp_full_o_proj_prefill;
   const int64_t C = N * D / W;
-  const sparse::DsaCpRows road = sparse::make_dsa_cp_rows(W, tpr, N * D, nloc, full_road, hidden.options());
-  const at::Tensor& y = road.rows;  // (tpr, W, C)
+  const sparse::DsaCpRows road = cpws_->road_rows(tpr, nloc, full_road);  // (tpr, W, C) rows
   if (nloc > 0) {
-    const at::Tensor xl = hidden.narrow(0, sh.local_start, nloc);
+    const at::Tensor xl = nloc == T ? hidden : hidden.narrow(0, sh.local_start, nloc);
     const detail::TokenViews& v = ws.tokens(nloc);
     // The query rotates with the rows of the layer's table (compressed layers: compress_rope_theta).
     const bool ctab = ratio > 1;
-    const at::Tensor cos3 = (ctab ? sh.compress_cos : sh.cos).narrow(0, 0, nloc).view({nloc, 1, R});
-    const at::Tensor sin3 = (ctab ? sh.compress_sin : sh.sin).narrow(0, 0, nloc).view({nloc, 1, R});
-    const at::Tensor neg3 = (ctab ? sh.compress_neg_sin : sh.neg_sin).narrow(0, 0, nloc).view({nloc, 1, R});
+    const auto slice3 = [&](const at::Tensor& t) { return first_rows(t, nloc).view({nloc, 1, R}); };
+    const at::Tensor cos3 = slice3(ctab ? sh.compress_cos : sh.cos);
+    const at::Tensor sin3 = slice3(ctab ? sh.compress_sin : sh.sin);
+    const at::Tensor neg3 = slice3(ctab ? sh.compress_neg_sin : sh.neg_sin);
     ops::dense::linear_out(v.qa, xl, w_.wq_a);
     ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);
     ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
@@ -958,7 +966,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
     // The builder's local blob and cu_seqlens tensors (docs/design/sparse_cp.md §10.1).
     at::Tensor o = attend(c, md, v.q, sh.query_start_loc, sh.seq_lens, sel, at::Tensor(), at::Tensor());
     ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
-    ops::dense::copy(y.narrow(0, 0, nloc), o.view({nloc, W, C}));
+    ops::dense::copy(road.real, o.view({nloc, W, C}));
   } else {
     last_topk_ = ratio == 4 ? at::empty({0, 1, cf.index_topk}, hidden.options().dtype(at::kInt)) : at::Tensor();
   }

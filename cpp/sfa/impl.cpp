@@ -13,6 +13,7 @@
 #include "../latent/latent_core.h"
 #include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/sparse/dsa_cp_road.h"
+#include "../sparse/dsa_cp_workspace.h"
 #include "ascend_attn_rt/sparse/oproj_switch.h"
 #include "ascend_attn_rt/sparse/topk_remap.h"
 #include "indexer_workspace.h"
@@ -282,6 +283,23 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     shape.rope_dim = d.qk_rope_head_dim;
     shape.group = cfg_.workspace_group;
     iws_ = detail::IndexerWorkspace::shared(shape);
+  }
+  if (dsa_world > 1) {
+    // The slice's rows [k_rope | k_nope | k_indexer] (and under DSA-CP x DCP the query [ql_nope | q_pe]),
+    // the road's head blocks (docs/design/sparse_cp.md §7.1).
+    sparse::detail::DsaCpShape cs;
+    cs.device = wref.device();
+    cs.dtype = wref.scalar_type();
+    cs.world = dsa_world;
+    cs.road_width = d.num_heads * d.v_head_dim;
+    cs.pack_cols = {d.qk_rope_head_dim, d.kv_lora_rank};
+    if (cfg_.indexer.has_value()) cs.pack_cols.push_back(cfg_.indexer->head_dim);
+    if (cfg_.dcp_comm != nullptr) {
+      cs.pack_cols.push_back(d.num_heads * d.kv_lora_rank);
+      cs.pack_cols.push_back(d.num_heads * d.qk_rope_head_dim);
+    }
+    cs.group = cfg_.workspace_group;
+    cpws_ = sparse::detail::DsaCpWorkspace::shared(cs);
   }
 }
 
@@ -788,23 +806,34 @@ void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata
 void Impl::write_gathered_rows_(const Caches& c, const at::Tensor& rows, const at::Tensor& slots,
                                 const at::Tensor& islots) {
   // docs/design/sparse_cp.md §7, §9, §11: gathered rows [k_rope | k_nope | k_indexer] (n, R + L + Di[+ ...]);
-  // the latent rows at `slots` (-1: another rank's position under DCP / PCP), the indexer rows at
-  // `islots` (every row: the replicated or the whole cache), LI C8 rows quantised per token first.
+  // their column blocks made contiguous for the scatters.
   const mla::Dims& d = cfg_.dims;
-  const int64_t n = rows.size(0), L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const bool has_idx = cfg_.indexer.has_value();
+  write_rows_(c, rows.narrow(1, 0, R).contiguous(), rows.narrow(1, R, L).contiguous(),
+              has_idx ? rows.narrow(1, R + L, cfg_.indexer->head_dim).contiguous() : at::Tensor(), slots, islots);
+}
+
+void Impl::write_rows_(const Caches& c, const at::Tensor& k_rope, const at::Tensor& k_nope, const at::Tensor& k_idx,
+                       const at::Tensor& slots, const at::Tensor& islots) {
+  // The latent rows at `slots` (-1: another rank's position under DCP / PCP), the indexer rows at
+  // `islots` (every row: the replicated or the whole cache), LI C8 rows quantised per token first.
+  // Every row given is written: the slot tensors may be longer.
+  const mla::Dims& d = cfg_.dims;
+  const int64_t n = k_rope.size(0), L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
-  const at::Tensor s = slots.narrow(0, 0, n).view({n, 1});
-  ops::scatter_nd_update_(rope_rows, s, rows.narrow(1, 0, R).contiguous());
-  ops::scatter_nd_update_(nope_rows, s, rows.narrow(1, R, L).contiguous());
+  const at::Tensor s = (slots.size(0) == n ? slots : slots.narrow(0, 0, n)).view({n, 1});
+  ops::scatter_nd_update_(rope_rows, s, k_rope);
+  ops::scatter_nd_update_(nope_rows, s, k_nope);
   if (!cfg_.indexer.has_value()) return;
   const int64_t Di = cfg_.indexer->head_dim;
-  const at::Tensor is = islots.narrow(0, 0, n).view({n, 1});
+  const at::Tensor is = islots.is_same(slots) ? s : (islots.size(0) == n ? islots : islots.narrow(0, 0, n)).view({n, 1});
   at::Tensor idx_rows = c.index_k.view({-1, Di});
   if (cfg_.li_c8) {
     // Every rank quantises every gathered key (per token: the single-rank bytes) and writes its replica.
-    quant_indexer_write_(rows.narrow(1, R + L, Di).contiguous(), c, idx_rows, is);
+    quant_indexer_write_(k_idx, c, idx_rows, is);
   } else {
-    ops::scatter_nd_update_(idx_rows, is, rows.narrow(1, R + L, Di).contiguous());
+    ops::scatter_nd_update_(idx_rows, is, k_idx);
   }
 }
 
@@ -813,6 +842,7 @@ void Impl::write_gathered_rows_(const Caches& c, const at::Tensor& rows, const a
 // real tokens): [k_rope | k_nope | k_indexer] and, under DSA-CP x DCP, the query [ql_nope | q_pe] of every
 // head after them.
 struct Impl::DsaCpSlice {
+  const sparse::detail::DsaCpViews* views = nullptr;
   at::Tensor pack;
   mla::detail::LatentQuery q;
   const detail::IndexerViews* iv = nullptr;  // layers with an indexer, nloc > 0
@@ -828,30 +858,35 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
   const int64_t width = R + L + Di + (with_query ? N * (L + R) : 0);
   s.nloc = nloc;
-  s.pack = at::empty({tpr, width}, hidden.options());  // every column of the real rows is written below
-  if (nloc < tpr) ops::dense::zero(s.pack.narrow(0, nloc, tpr - nloc));
+  // The workspace's (tpr, width) rows: every column of the real rows is written below, the padding
+  // rows are zeroed.
+  const sparse::detail::DsaCpViews& pv = cpws_->views(tpr, nloc);
+  AAR_CHECK_ARG(pv.pack.size(1) == width, "DSA-CP slice of ", width, " columns in a workspace of ", pv.pack.size(1));
+  s.views = &pv;
+  s.pack = pv.pack;
+  if (nloc < tpr) ops::dense::zero(pv.pack_pad);
   if (nloc == 0) return;
-  s.xl = hidden.narrow(0, sh.local_start, nloc);
+  s.xl = nloc == hidden.size(0) ? hidden : hidden.narrow(0, sh.local_start, nloc);
   const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
   mla::detail::LatentStep st;
   st.x = s.xl;
-  st.cos = sh.cos.narrow(0, 0, nloc);
-  st.sin = sh.sin.narrow(0, 0, nloc);
+  st.cos = nloc == tpr ? sh.cos : sh.cos.narrow(0, 0, nloc);
+  st.sin = nloc == tpr ? sh.sin : sh.sin.narrow(0, 0, nloc);
   mla::detail::LatentKv kv;
   s.q = core_->preprocess_unwritten(v, st, kv);
-  const at::Tensor rows = s.pack.narrow(0, 0, nloc);
-  rows.narrow(1, 0, R).copy_(kv.k_rope.view({nloc, R}));
-  rows.narrow(1, R, L).copy_(kv.k_nope);
+  pv.pack_cols[0].copy_(kv.k_rope.view({nloc, R}));
+  pv.pack_cols[1].copy_(kv.k_nope);
   if (has_idx) {
     s.iv = &iws_->views(nloc);
     s.cos4 = st.cos.view({nloc, 1, 1, R});
     s.sin4 = st.sin.view({nloc, 1, 1, R});
     indexer_keys_(*s.iv, s.xl, s.cos4, s.sin4);
-    rows.narrow(1, R + L, Di).copy_(s.iv->k);
+    pv.pack_cols[2].copy_(s.iv->k);
   }
   if (with_query) {
-    rows.narrow(1, R + L + Di, N * L).view({nloc, N, L}).copy_(s.q.qn);
-    rows.narrow(1, R + L + Di + N * L, N * R).view({nloc, N, R}).copy_(s.q.qr);
+    const size_t qc = has_idx ? 3 : 2;
+    pv.pack_cols[qc].view({nloc, N, L}).copy_(s.q.qn);
+    pv.pack_cols[qc + 1].view({nloc, N, R}).copy_(s.q.qr);
   }
 }
 
@@ -867,9 +902,8 @@ void Impl::dsa_cp_output(const at::Tensor& y_local, int64_t nloc, const Metadata
   const bool full_road = !decode_state && cfg_.dsa_cp_full_o_proj_prefill;
   // The slice padded to tpr rows, in the layout of its road (sparse/dsa_cp_road.h); the o_proj reads
   // the layer's handle at call time, the shard or, under the switch, the full weights.
-  const sparse::DsaCpRows r =
-      sparse::make_dsa_cp_rows(W, tpr, N * V, nloc, full_road, core_->weights().o_proj.options());
-  if (nloc > 0) ops::dense::copy(r.rows.narrow(0, 0, nloc), y_local.reshape({nloc, W, N * V / W}));
+  const sparse::DsaCpRows r = cpws_->road_rows(tpr, nloc, full_road);
+  if (nloc > 0) ops::dense::copy(r.real, y_local.view({nloc, W, N * V / W}));
   const auto o_proj = [this](const at::Tensor& x) { return ops::dense::linear(x, core_->weights().o_proj); };
   sparse::dsa_cp_road_back(comm, r, oproj_full_.get(), o_proj, o_proj, output, tk);
 }
@@ -892,9 +926,16 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   const int64_t nloc = s.nloc;
   // 2. Every rank's rows gathered (token order) and written for the whole step: every rank keeps
   //    complete caches.
-  const at::Tensor all = comm.all_gather(s.pack, 0);  // (T_pad, R + L + Di)
+  const sparse::detail::DsaCpViews& pv = *s.views;
+  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, R + L + Di)
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
-  write_gathered_rows_(c, all.narrow(0, 0, tw), md.slot_mapping, md.slot_mapping);
+  // The gathered column blocks made contiguous in the workspace, then the rows of the step's tokens
+  // written.
+  const size_t ncols = has_idx ? 3 : 2;
+  for (size_t i = 0; i < ncols; ++i) ops::dense::copy(pv.staged_cols[i], pv.gathered_cols[i]);
+  const auto first = [tw](const at::Tensor& t) { return t.size(0) == tw ? t : t.narrow(0, 0, tw); };
+  write_rows_(c, first(pv.staged_cols[0]), first(pv.staged_cols[1]),
+              has_idx ? first(pv.staged_cols[2]) : at::Tensor(), md.slot_mapping, md.slot_mapping);
   // 3. Top-k and sparse attention of this rank's tokens with its local lengths.
   at::Tensor y_local;  // (nloc, N * V)
   if (nloc > 0) {

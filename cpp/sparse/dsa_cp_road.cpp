@@ -13,22 +13,6 @@
 
 namespace aar::sparse {
 
-DsaCpRows make_dsa_cp_rows(int64_t world, int64_t tpr, int64_t width, int64_t nloc, bool full_road,
-                           const at::TensorOptions& options) {
-  AAR_CHECK_ARG(world >= 1 && width % world == 0 && nloc >= 0 && nloc <= tpr, "DSA-CP rows: width ", width,
-                " over ", world, " ranks, ", nloc, " of ", tpr, " rows");
-  DsaCpRows r;
-  r.full_road = full_road;
-  r.world = world;
-  r.tpr = tpr;
-  r.width = width;
-  const int64_t C = width / world;
-  r.buf = full_road ? at::empty({tpr, width}, options) : at::empty({world, tpr, C}, options);
-  r.rows = full_road ? r.buf.view({tpr, world, C}) : r.buf.transpose(0, 1);
-  if (nloc < tpr) ops::dense::zero(r.rows.narrow(0, nloc, tpr - nloc));
-  return r;
-}
-
 void dsa_cp_road_back(cp::Comm& comm, const DsaCpRows& r, OProjFullWeight* sw,
                       const std::function<at::Tensor(const at::Tensor&)>& o_proj_full,
                       const std::function<at::Tensor(const at::Tensor&)>& o_proj_shard, const at::Tensor& output,
@@ -46,12 +30,14 @@ void dsa_cp_road_back(cp::Comm& comm, const DsaCpRows& r, OProjFullWeight* sw,
     full = comm.all_gather(part, 0);
   } else {
     // Block i of the exchange is rank i's tokens of this rank's heads.
-    const at::Tensor mine = comm.all_to_all_single(r.buf.view({r.world * r.tpr, r.width / r.world}));
-    full = o_proj_shard(mine).contiguous();
+    comm.all_to_all_single(r.send, r.exchange);
+    full = o_proj_shard(r.exchange);
+    if (!full.is_contiguous()) full = full.contiguous();  // reduced in place
     comm.all_reduce(full);
   }
   const int64_t out_rows = output.size(0), keep = std::min<int64_t>(tk, out_rows);
-  ops::dense::copy(output.narrow(0, 0, keep), full.narrow(0, 0, keep));
+  ops::dense::copy(keep == out_rows ? output : output.narrow(0, 0, keep),
+                   keep == full.size(0) ? full : full.narrow(0, 0, keep));
   if (out_rows > keep) ops::dense::zero(output.narrow(0, keep, out_rows - keep));
 }
 

@@ -693,7 +693,9 @@ TEST(PlanSfaStep, DcpPaddingAndRejections) {
   d.add_to(buf);
   const SfaStepPlan p = plan_sfa_step(s.in, buf);
   EXPECT_EQ(p.num_kernel_reqs, 4);
-  EXPECT_EQ(first(d.dseq, 4), (std::vector<int32_t>{dcp_local_len(9, 2, 2, 1), dcp_local_len(17, 2, 2, 1), 0, 0}));
+  const auto local9 = static_cast<int32_t>(dcp_local_len(9, 2, 2, 1));
+  const auto local17 = static_cast<int32_t>(dcp_local_len(17, 2, 2, 1));
+  EXPECT_EQ(first(d.dseq, 4), (std::vector<int32_t>{local9, local17, 0, 0}));
   EXPECT_EQ(d.rslots[2], -1);
   EXPECT_EQ(d.rslots[3], -1);
   for (int32_t c = 0; c < 12; ++c) EXPECT_EQ(d.rep[2 * 12 + c], 0);

@@ -30,6 +30,9 @@ class Comm;
 }
 namespace aar::sparse {
 class OProjFullWeight;
+namespace detail {
+class DsaCpWorkspace;
+}
 }
 
 namespace aar::dsa {
@@ -227,6 +230,7 @@ class Impl {
   std::shared_ptr<detail::Workspace> ws_;
   StepViews step_views_;
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
+  std::shared_ptr<sparse::detail::DsaCpWorkspace> cpws_;  // DSA-CP: the slice's buffers (shared by shape)
 };
 
 }  // namespace aar::dsa

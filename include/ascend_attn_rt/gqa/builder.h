@@ -69,7 +69,7 @@ struct BuildInputs : core::StepInput {
 // accessors, mask_builder()); builders share nothing, so engines on several threads each
 // keep their own. forward and graph update only read the returned Metadata; the builder's
 // next build rewrites it. (tests/cpp/test_concurrency.cpp)
-class MetadataBuilder : private DenseContextSource {
+class MetadataBuilder final : private DenseContextSource {
  public:
   explicit MetadataBuilder(const BuilderConfig& cfg);
   ~MetadataBuilder();

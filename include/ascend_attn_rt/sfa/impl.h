@@ -43,6 +43,9 @@ class DcpWorkspace;
 }
 namespace aar::sparse {
 class OProjFullWeight;
+namespace detail {
+class DsaCpWorkspace;
+}
 }
 
 namespace aar::sfa {
@@ -231,6 +234,8 @@ class Impl {
   // The CP modes' gathered [k_rope | k_nope | k_indexer] rows written: latent rows at `slots`, indexer rows at
   // `islots` (docs/design/sparse_cp.md §7, §9, §11).
   void write_gathered_rows_(const Caches& c, const at::Tensor& rows, const at::Tensor& slots, const at::Tensor& islots);
+  void write_rows_(const Caches& c, const at::Tensor& k_rope, const at::Tensor& k_nope, const at::Tensor& k_idx,
+                   const at::Tensor& slots, const at::Tensor& islots);
   at::Tensor quant_indexer_select_(const at::Tensor& q, const at::Tensor& weights, const Caches& c,
                                    const at::Tensor& cum_query_lens, const at::Tensor& seq_lens,
                                    const at::Tensor& block_table);
@@ -287,6 +292,7 @@ class Impl {
   ops::SparseFlashAttentionArgs dcp_sfa_args_;
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP intermediates, shared by the layers of one shape
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
+  std::shared_ptr<sparse::detail::DsaCpWorkspace> cpws_;  // DSA-CP: the slice's buffers (shared by shape)
   at::Tensor hadamard_;  // LI C8: H_D / sqrt(D) in the weights' dtype
   TopkSource last_topk_ = TopkSource::None;
   PreprocessChoice choice_;

@@ -20,16 +20,18 @@ class OProjFullWeight;
 
 // The slice's rows in the layout of the road that takes them: the prefill road's (tpr, width), or
 // the decode road's head blocks (W, tpr, width / W), so that no reorder copy precedes the
-// exchange. `rows` is the (tpr, W, width / W) view of either to write the slice's nloc rows into;
-// the padding rows [nloc, tpr) are zeroed by make_dsa_cp_rows.
+// exchange. `rows` is the (tpr, W, width / W) view of either, `real` its first nloc rows (the slice's
+// tokens, written by the layer); the padding rows [nloc, tpr) are zeros. The decode road's all-to-all
+// sends `send` (`buf` as (W tpr, width / W)) into `exchange`. The layers take them from their DSA-CP workspace
+// (cpp/sparse/dsa_cp_workspace.h: buffers shared by the layers of one shape, views cached per slice).
 struct DsaCpRows {
   bool full_road = false;
   int64_t world = 1, tpr = 0, width = 0;
   at::Tensor buf;
   at::Tensor rows;
+  at::Tensor real;
+  at::Tensor send, exchange;
 };
-DsaCpRows make_dsa_cp_rows(int64_t world, int64_t tpr, int64_t width, int64_t nloc, bool full_road,
-                           const at::TensorOptions& options);
 
 // o_proj_full(x (tpr, width)) -> (tpr, hidden), run with the full weights switched in (`sw`);
 // o_proj_shard(x (T_pad, width / W)) -> (T_pad, hidden) partial sums of this rank's heads. Writes
