@@ -9,6 +9,7 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/attention_update.h"
+#include "ascend_attn_rt/ops/dense.h"
 #include "../common/shared_by_shape.h"
 #include "../ops/attention_update_check.h"
 #include "../graph/exclusive_scope.h"
@@ -31,7 +32,7 @@ void check_merge_limits(int64_t W, int64_t D, int64_t update_type) {
 bool DcpWorkspaceShape::operator==(const DcpWorkspaceShape& o) const {
   return device == o.device && q_dtype == o.q_dtype && out_dtype == o.out_dtype && world == o.world &&
          heads == o.heads && q_dim == o.q_dim && out_dim == o.out_dim && regroup == o.regroup &&
-         comm == o.comm && workspace_group == o.workspace_group;
+         q_split == o.q_split && comm == o.comm && workspace_group == o.workspace_group;
 }
 
 DcpWorkspace::DcpWorkspace(const DcpWorkspaceShape& shape)
@@ -103,6 +104,27 @@ const DcpViews& DcpWorkspace::views(int64_t T) {
     v.out_list.push_back(v.parts_out.select(0, i));
     v.lse_list.push_back(v.parts_lse.select(0, i));
   }
+  v.send_out = v.send.narrow(3, 0, D);
+  v.send_lse = v.send.select(3, D);
+  v.recv_out = v.recv.narrow(3, 0, D);
+  v.recv_lse = v.recv.select(3, D);
+  v.parts_out4 = v.parts_out.view({W, T, H, D});
+  v.parts_lse3 = v.parts_lse.view({W, T, H});
+  v.partial_out_wire = v.partial_out.view({T, W, H, D}).permute({1, 0, 2, 3});
+  v.partial_lse_wire = v.partial_lse.view({T, W, H}).permute({1, 0, 2});
+  v.lse2 = v.partial_lse.view({T, WH});
+  if (s.q_split > 0 && s.regroup) {
+    const int64_t a = s.q_split, b = Dq - a;
+    v.local_query_a = v.local_query.narrow(-1, 0, a);
+    v.local_query_b = v.local_query.narrow(-1, a, b);
+    v.gathered_query_a = v.gathered_query.narrow(-1, 0, a);
+    v.gathered_query_b = v.gathered_query.narrow(-1, a, b);
+    const at::Tensor flat = v.staged_query.view({-1});
+    v.staged_a4 = flat.narrow(0, 0, T * WH * a).view({T, WH, 1, a});
+    v.staged_b4 = flat.narrow(0, T * WH * a, T * WH * b).view({T, WH, 1, b});
+    v.staged_a = v.staged_a4.squeeze(2);
+    v.staged_b = v.staged_b4.squeeze(2);
+  }
   return v;
 }
 
@@ -143,10 +165,12 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
                       lse_out->size(1) == H,
                   "combine_partials: lse_out must be float32 (", T, ", ", H, ", 1), got ", lse_out->sizes());
   }
-  const at::Tensor lse3 = partial_lse.view({T, WH});
+  // The caller's partials are usually the workspace's own (the views below are then made once per T).
+  const bool own = ws != nullptr && partial_out.is_same(ws->partial_out) && partial_lse.is_same(ws->partial_lse);
+  const at::Tensor lse3 = own ? ws->lse2 : partial_lse.view({T, WH});
   if (W == 1) {
-    out.copy_(partial_out);
-    if (lse_out.has_value()) lse_out->view({T, H}).copy_(lse3);
+    ops::dense::copy(out, partial_out);
+    if (lse_out.has_value()) ops::dense::copy(lse_out->view({T, H}), lse3);
     return;
   }
   if (T == 0) return;  // batch-global: no rank exchanges
@@ -165,15 +189,17 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   // partial for rank j's heads, token-major, so packing and unpacking copy
   // contiguous runs of D.
   at::Tensor send = ws ? ws->send : at::empty({W, T, H, D + 1}, partial_lse.options());
-  send.narrow(3, 0, D).copy_(partial_out.reshape({T, W, H, D}).permute({1, 0, 2, 3}));
-  send.select(3, D).copy_(lse3.view({T, W, H}).permute({1, 0, 2}));
+  ops::dense::copy(ws ? ws->send_out : send.narrow(3, 0, D),
+                   own ? ws->partial_out_wire : partial_out.reshape({T, W, H, D}).permute({1, 0, 2, 3}));
+  ops::dense::copy(ws ? ws->send_lse : send.select(3, D),
+                   own ? ws->partial_lse_wire : lse3.view({T, W, H}).permute({1, 0, 2}));
   at::Tensor recv = ws ? ws->recv : at::empty_like(send);
   comm.all_to_all_single(send, recv);
   // Block i of recv is rank i's partial for this rank's heads.
   at::Tensor po = ws ? ws->parts_out : at::empty({W, T * H, D}, partial_lse.options());
   at::Tensor pl = ws ? ws->parts_lse : at::empty({W, T * H}, partial_lse.options());
-  po.view({W, T, H, D}).copy_(recv.narrow(3, 0, D));
-  pl.view({W, T, H}).copy_(recv.select(3, D));
+  ops::dense::copy(ws ? ws->parts_out4 : po.view({W, T, H, D}), ws ? ws->recv_out : recv.narrow(3, 0, D));
+  ops::dense::copy(ws ? ws->parts_lse3 : pl.view({W, T, H}), ws ? ws->recv_lse : recv.select(3, D));
   std::vector<at::Tensor> lses, outs;
   if (ws == nullptr) {
     lses.reserve(W);
@@ -186,8 +212,8 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   auto [merged, merged_lse] = ops::attention_update(ws ? at::TensorList(ws->lse_list) : at::TensorList(lses),
                                                     ws ? at::TensorList(ws->out_list) : at::TensorList(outs),
                                                     lse_out.has_value() ? 1 : 0);
-  out.copy_(merged.view({T, H, D}));
-  if (lse_out.has_value()) lse_out->view({T, H}).copy_(merged_lse.view({T, H}));
+  ops::dense::copy(out, merged.view({T, H, D}));
+  if (lse_out.has_value()) ops::dense::copy(lse_out->view({T, H}), merged_lse.view({T, H}));
 }
 
 std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts) {

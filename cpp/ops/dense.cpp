@@ -9,8 +9,9 @@
 
 namespace aar::ops::dense {
 
-namespace {
 bool no_compute() { return provider_override() == Provider::NoCompute; }
+
+namespace {
 
 template <size_t N>
 c10::IntArrayRef dims(std::array<int64_t, N>& a, c10::IntArrayRef lead, int64_t last) {

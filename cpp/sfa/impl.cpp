@@ -673,15 +673,14 @@ at::Tensor Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr
   const cp::DcpViews& w =
       mla::detail::latent_dcp_views(comm, {d.num_heads, L, R, cfg_.workspace_group}, qn, tk, dcp_ws_);
   mla::detail::latent_dcp_stage_query(comm, w, qn, qr);  // (tk, W*H, L + R) gathered, then split
-  const auto [qn_all, qr_all] = mla::detail::latent_dcp_split_query(w, L, R);
   // The selection in this rank's local positions, valid entries first (the kernel's scan
   // stops at the first -1); sparse_mode 0 with the local lengths: the indexer already
   // applied causality in global positions.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk, md.dcp.world_size, md.dcp.rank,
                                                                md.dcp.interleave);
-  const at::Tensor o = sparse_attention_lse(qn_all.squeeze(2), qr_all.squeeze(2), local_topk, c, md.block_table,
+  const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
                                             md.cum_query_lens, md.dcp.seq_lens, w.partial_lse);
-  w.partial_out.copy_(o);
+  ops::dense::copy(w.partial_out, o);
   at::Tensor merged = at::empty({tk, d.num_heads, L}, o.options());
   cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
   return merged;
@@ -714,7 +713,7 @@ at::Tensor Impl::sparse_attention_lse(const at::Tensor& qn, const at::Tensor& qr
   const auto [o, mx, sm] = ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend);
   // lse = max + log(sum), (1, T, heads) -> (T, heads, 1) fp32; an empty selection gives -inf.
   at::Tensor lse = lse_out;
-  at::add_out(lse, mx.view({T, -1, 1}), sm.view({T, -1, 1}).log());
+  if (!ops::dense::no_compute()) at::add_out(lse, mx.view({T, -1, 1}), sm.view({T, -1, 1}).log());
   return o;
 }
 

@@ -5,6 +5,7 @@
 
 #include "ascend_attn_rt/cp/plan/cp_groups.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/dense.h"
 
 namespace aar::sparse {
 
@@ -17,6 +18,9 @@ at::Tensor remap_topk_to_dcp_rank(const at::Tensor& topk, int32_t world, int32_t
                 "topk must be an int32 tensor (..., K), got ", topk.defined() ? topk.sizes() : c10::IntArrayRef{},
                 topk.defined() ? " " : "", topk.defined() ? c10::toString(topk.scalar_type()) : "undefined");
   if (world == 1) return topk;
+  // Under the no-compute provider: the shape only (a benchmark measures the host work; on the device
+  // the arithmetic below is launched, not run on the host).
+  if (ops::dense::no_compute()) return ops::dense::zeros(topk.sizes(), topk.options());
   const int64_t K = topk.size(-1), W = world, I = interleave;
   // Integer arithmetic on clamped positions (exact over the whole int32 range; upstream's
   // float32 form is exact below 2^24 only).

@@ -37,6 +37,9 @@ struct DcpWorkspaceShape {
   at::ScalarType out_dtype = at::ScalarType::Undefined;
   int64_t world = 1, heads = 0, q_dim = 0, out_dim = 0;
   bool regroup = false;
+  // > 0: the query is [a | b] with a of q_split columns (the MLA family's [ql_nope | q_pe]); the
+  // views of its halves are cached too.
+  int64_t q_split = 0;
   // Sharing scope. Layers on one process group issue their collectives in order, so one
   // workspace per (comm, workspace_group, shape) is never used by two threads at once;
   // engines driven from different threads have different comms (or MLA workspace_groups).
@@ -58,6 +61,15 @@ struct DcpViews {
   at::Tensor parts_out;        // [W, T*H, out_dim] fp32
   at::Tensor parts_lse;        // [W, T*H] fp32
   std::vector<at::Tensor> out_list, lse_list;  // the W partials of parts_out / parts_lse
+  // The same buffers seen the way the exchange packs and unpacks them (made once per T):
+  at::Tensor send_out, send_lse, recv_out, recv_lse;  // [W, T, H, out_dim] / [W, T, H] of send, recv
+  at::Tensor parts_out4, parts_lse3;                  // parts_out [W, T, H, out_dim], parts_lse [W, T, H]
+  at::Tensor partial_out_wire, partial_lse_wire;      // partial_out / partial_lse as [W, T, H, ...]
+  at::Tensor lse2;                                    // partial_lse [T, W*H]
+  // q_split > 0 and regroup: the halves of local_query and gathered_query ([..., a] / [..., b]), and
+  // staged_query's flat halves as [T, W*H, 1, a] / [T, W*H, 1, b] and squeezed [T, W*H, a] / [T, W*H, b].
+  at::Tensor local_query_a, local_query_b, gathered_query_a, gathered_query_b;
+  at::Tensor staged_a4, staged_b4, staged_a, staged_b;
 };
 
 // Intermediates of one exchange shape, reused across layers and steps: grown

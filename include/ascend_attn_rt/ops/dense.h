@@ -10,6 +10,10 @@
 
 namespace aar::ops::dense {
 
+// Whether the no-compute provider is selected (the glue outside this file that computes with aten
+// checks it the same way).
+bool no_compute();
+
 // x (..., in) @ w.T, w (out, in).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w);
 void linear_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w);
