@@ -24,8 +24,8 @@ import pytest
 import torch
 
 pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
-from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig,  # noqa: E402
-                         VllmConfig, set_current_vllm_config)
+from vllm.config import (CacheConfig, CUDAGraphMode, DeviceConfig, ModelConfig, ParallelConfig,  # noqa: E402
+                         SchedulerConfig, VllmConfig, set_current_vllm_config)
 from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.model_executor.custom_op import op_registry_oot  # noqa: E402
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer  # noqa: E402
@@ -53,7 +53,10 @@ _names = itertools.count()
 
 def _vllm_config(family, dtype):
     path = os.path.join(DATA, MODELS[family])
-    mc = ModelConfig(model=path, tokenizer=path, skip_tokenizer_init=True, dtype=dtype, max_model_len=MAX_LEN)
+    # What `vllm serve DIR --enforce-eager --block-size 16 --max-model-len 512 --max-num-seqs 8` builds (no
+    # tokenizer, CPU device).
+    mc = ModelConfig(model=path, tokenizer=path, skip_tokenizer_init=True, dtype=dtype, max_model_len=MAX_LEN,
+                     enforce_eager=True)
     sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=MAX_LEN, max_model_len=MAX_LEN,
                          is_encoder_decoder=False, enable_chunked_prefill=True)
     return VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=BS), scheduler_config=sc,
@@ -151,12 +154,13 @@ class Layer:
         self.builder = AscendAttnRtSparseMlaBackend.get_builder_cls()(mspec, [self.attn_name], cfg, torch.device("cpu"))
         self.ibuilder = AscendAttnRtIndexerBackend.get_builder_cls()(ispec, [self.k_cache.prefix], cfg,
                                                                       torch.device("cpu"))
-        self.impl = AscendAttnRtSparseMlaBackend.get_impl_cls()(
+        self.impl_kw = dict(
             num_heads=self.N, head_size=self.L + self.R, scale=(self.P + self.R) ** -0.5, num_kv_heads=1,
             alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None,
             attn_type=AttentionType.DECODER, kv_sharing_target_layer_name=None, q_lora_rank=self.Q,
             kv_lora_rank=self.L, qk_nope_head_dim=self.P, qk_rope_head_dim=self.R, qk_head_dim=self.P + self.R,
             v_head_dim=self.V, kv_b_proj=self.kv_b_proj, indexer=self.indexer, topk_indices_buffer=self.buf)
+        self.impl = AscendAttnRtSparseMlaBackend.get_impl_cls()(**self.impl_kw)
         assert self.impl.topk_indices_buffer is self.buf
         self.mla = _mla_layer(self.impl, cfg, self.kv_b_proj)
         self.seen = []
@@ -204,7 +208,17 @@ class Layer:
                 return None, md
             out = torch.full((int(qsl[-1]), self.N * self.V), 7.0, dtype=self.dtype)
             self.mla.forward_impl(torch.cat(qs), kv_c, k_pe, self.kv_cache, md, output=out)
+            self.last = (torch.cat(qs), kv_c, k_pe, md)
         return out, md
+
+    def skip_layer_output(self):
+        """An IndexCache skip layer (no indexer: vLLM passes the shared buffer alone) over the same inputs."""
+        impl = AscendAttnRtSparseMlaBackend.get_impl_cls()(**{**self.impl_kw, "indexer": None})
+        assert impl.topk_indices_buffer is self.buf
+        q, kv_c, k_pe, md = self.last
+        out = torch.full((q.shape[0], self.N * self.V), 7.0, dtype=self.dtype)
+        _mla_layer(impl, self.cfg, self.kv_b_proj).forward_impl(q, kv_c, k_pe, self.kv_cache, md, output=out)
+        return out
 
     def cached_keys(self, bt, r, s):
         p = torch.arange(s)
@@ -259,6 +273,7 @@ def _run_case(cfg, dtype, nb, gen, seq_lens, q_lens, spec):
     out, md = lay.step(list(range(len(seq_lens))), seq_lens, q_lens, bt, xs, qcs, cs, kpes, qs)
     assert md.num_actual_tokens == sum(q_lens) and md.topk_tokens == lay.K
 
+    assert torch.equal(lay.skip_layer_output(), out)
     q8, wts = lay.seen[-1]
     got = lay.buf[: sum(q_lens)].long()
     t0 = 0
@@ -382,6 +397,26 @@ def test_refusals(registered):
         op_cls(k_cache, 128, "ue8m0", 8, 32, MAX_LEN, MAX_LEN, buf)
     with set_current_vllm_config(cfg), pytest.raises(NotImplementedError, match="use_fp4_cache=True"):
         op_cls(k_cache, 128, "ue8m0", 8, 32, MAX_LEN, MAX_LEN, buf, use_fp4_cache=True)
+    # Graphs and torch.compile (the op is Python the compiler would trace).
+    for attr, value, match in (("mode", 3, "compilation_config.mode=3"),
+                               ("cudagraph_mode", "FULL_AND_PIECEWISE", "cudagraph_mode=FULL_AND_PIECEWISE")):
+        g = copy.copy(cfg)
+        g.compilation_config = copy.copy(cfg.compilation_config)
+        setattr(g.compilation_config, attr, getattr(CUDAGraphMode, value) if attr == "cudagraph_mode" else value)
+        with set_current_vllm_config(g), pytest.raises(NotImplementedError, match=match):
+            op_cls(k_cache, 128, "ue8m0", 8, 32, MAX_LEN, MAX_LEN, buf)
+        if attr == "cudagraph_mode":
+            with pytest.raises(NotImplementedError, match=match):
+                AscendAttnRtIndexerBackend.get_builder_cls()(spec, ["a"], g, torch.device("cpu"))
+    # The profiling run (no metadata dict) leaves the buffer alone; metadata of another backend is refused.
+    with set_current_vllm_config(cfg):
+        op = op_cls(types.SimpleNamespace(cache_config=cfg.cache_config, prefix="y"), 128, "ue8m0", 8, 32, MAX_LEN,
+                    MAX_LEN, buf)
+    buf.fill_(5)
+    with set_forward_context(None, cfg):
+        assert op(None, None, None, None) is buf and bool((buf == 5).all())
+    with set_forward_context({"y": object()}, cfg), pytest.raises(ValueError, match="AscendAttnRtIndexerBackend"):
+        op(None, None, None, None)
     # DeepSeek-V4's compressed indexer.
     v4 = copy.copy(cfg)
     v4.model_config = copy.copy(cfg.model_config)

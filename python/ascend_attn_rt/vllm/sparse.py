@@ -17,8 +17,9 @@ Three pieces, each behind the vLLM object that calls it:
   stored; the latent cache is vLLM's ``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)``.
 
 Refused by name when the objects are made: context parallelism (DCP / PCP), quantised KV caches
-(fp8 / fp8_ds_mla), DeepSeek-V4 (compressed indexer), non-causal attention; the op refuses
-graph capture (a FULL cudagraph runtime mode).
+(fp8 / fp8_ds_mla), DeepSeek-V4 (compressed indexer), graph capture (cudagraph_mode), and for the
+op torch.compile (it runs eagerly: enforce_eager=True); per step: non-causal attention, a FULL
+cudagraph runtime mode (docs/design/vllm_sparse.md §4).
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ def _refuse_cp(vllm_config, what: str) -> None:
                                       f"ascend_attn_rt's {what}")
 
 
+def _refuse_graphs(vllm_config, what: str, compiled: bool) -> None:
+    """Graph capture, and (for code vLLM's compiler would trace: the indexer op) torch.compile."""
+    cc = vllm_config.compilation_config
+    mode = getattr(cc.cudagraph_mode, "name", str(cc.cudagraph_mode))
+    if mode != "NONE":
+        raise NotImplementedError(f"compilation_config.cudagraph_mode={mode}: graph capture is not supported by "
+                                  f"ascend_attn_rt's {what} (use enforce_eager=True)")
+    if compiled and int(cc.mode) != 0:
+        raise NotImplementedError(f"compilation_config.mode={int(cc.mode)}: the {what} runs eagerly, outside "
+                                  "torch.compile (use enforce_eager=True)")
+
+
 def _sparse_builder(kv_cache_spec, vllm_config, device):
     mc = vllm_config.model_config
     hf = mc.hf_text_config
@@ -70,6 +83,7 @@ def _sparse_builder(kv_cache_spec, vllm_config, device):
         raise NotImplementedError("compress_ratios (DeepSeek-V4 compressed indexer) is not supported by "
                                   "ascend_attn_rt's sparse MLA adapter")
     _refuse_cp(vllm_config, "sparse MLA adapter")
+    _refuse_graphs(vllm_config, "sparse MLA adapter", compiled=False)
     spec = getattr(vllm_config, "speculative_config", None)
     num_spec = 0 if spec is None else int(spec.num_speculative_tokens or 0)
     # vLLM rotates q, k_pe and the indexer's q/k itself: zero RoPE tables (nothing reads them).
@@ -328,6 +342,7 @@ def _make_indexer_op_cls():
             from vllm.config import get_current_vllm_config
             cfg = get_current_vllm_config()
             _refuse_cp(cfg, "indexer")
+            _refuse_graphs(cfg, "indexer op", compiled=True)
             for name, value in (("skip_k_cache_insert", skip_k_cache_insert), ("use_fp4_cache", use_fp4_cache)):
                 if value:
                     raise NotImplementedError(f"{name}=True is not supported by ascend_attn_rt's indexer")
@@ -356,7 +371,11 @@ def _make_indexer_op_cls():
             if mode is not None and getattr(mode, "name", "") == "FULL":
                 raise NotImplementedError("cudagraph_runtime_mode=FULL: graph capture is not supported by "
                                           "ascend_attn_rt's indexer")
-            return self.run(q_quant, k, weights, self.k_cache.kv_cache, md[self.k_cache.prefix])
+            meta = md.get(self.k_cache.prefix)
+            if not isinstance(meta, AscendAttnRtSparseMlaMetadata):
+                raise ValueError(f"metadata of {self.k_cache.prefix!r} is {type(meta).__name__}: the indexer cache "
+                                 "layer must use AscendAttnRtIndexerBackend")
+            return self.run(q_quant, k, weights, self.k_cache.kv_cache, meta)
 
         forward_cuda = forward_cpu = forward_oot = forward_hip = forward_xpu = forward_native
 
@@ -375,12 +394,11 @@ def _make_indexer_op_cls():
                 raise ValueError(f"k shape {tuple(k.shape)}: (>= {t}, {self.head_dim}) expected")
             if weights.shape[:2] != (q.shape[0], q.shape[1]) and weights.shape[:2] != (t, q.shape[1]):
                 raise ValueError(f"weights shape {tuple(weights.shape)}: (tokens, {q.shape[1]}) expected")
-            slots = md.slot_mapping[:t]
-            flat = kv_cache.view(-1, self.head_dim)
-            if t and int(slots.max()) >= flat.shape[0]:
-                raise ValueError(f"slot {int(slots.max())} out of the indexer cache's {flat.shape[0]} rows")
-            keep = slots >= 0
-            flat[slots[keep]] = k[:t][keep].to(kv_cache.dtype)
+            if kv_cache.shape[0] < md.num_blocks or kv_cache.shape[1] != md.block_size:
+                raise ValueError(f"indexer kv_cache shape {tuple(kv_cache.shape)}: the builder's num_blocks="
+                                 f"{md.num_blocks}, block_size={md.block_size} do not fit it")
+            # The builder's slots of the real tokens are valid (docs/design/sfa.md §3.1): no mask, no host sync.
+            kv_cache.view(-1, self.head_dim).index_copy_(0, md.slot_mapping[:t], k[:t].to(kv_cache.dtype))
             buf = self.topk_indices_buffer
             buf[:q.shape[0]] = -1
             if t == 0:
