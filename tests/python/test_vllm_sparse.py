@@ -2,7 +2,8 @@
 config, metadata and layer code: real VllmConfig objects from the local DeepseekV32ForCausalLM and
 GlmMoeDsaForCausalLM configs in tests/python/data, vLLM's CommonAttentionMetadata, vLLM's DeepseekV32IndexerCache
 and SparseAttnIndexer (replaced through register(family=...)), vLLM's Indexer.forward (its projections, k_norm,
-RoPE and fp8 query quantisation) and MLAAttention.forward_impl (W_UK absorption, the sparse route, W_UV).
+RoPE and fp8 query quantisation) on bare modules, and vLLM's MLAAttention layer itself (made with the sparse backend,
+process_weights_after_loading, forward: the cache update at vLLM's slots, W_UK absorption, the sparse route, W_UV).
 
 Per batch (decode, prefill, chunked prefill, mixed, speculative decode; fp32 and bf16; both architectures, which
 differ in the indexer RoPE pairing): the context is written by an earlier step through the same code, then
@@ -28,6 +29,7 @@ from vllm.config import (CacheConfig, CUDAGraphMode, DeviceConfig, ModelConfig, 
                          SchedulerConfig, VllmConfig, set_current_vllm_config)
 from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.model_executor.custom_op import op_registry_oot  # noqa: E402
+from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer  # noqa: E402
 from vllm.model_executor.models import deepseek_v2  # noqa: E402
 from vllm.model_executor.layers.rotary_embedding import get_rope  # noqa: E402
@@ -36,12 +38,12 @@ from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES, AttentionBacken
 from vllm.v1.kv_cache_interface import MLAAttentionSpec  # noqa: E402
 
 import ascend_attn_rt.vllm as aar_vllm  # noqa: E402
-from ascend_attn_rt.vllm import AscendAttnRtIndexerBackend, AscendAttnRtSparseMlaBackend  # noqa: E402
+from ascend_attn_rt.vllm import (AscendAttnRtIndexerBackend, AscendAttnRtSparseMlaBackend,  # noqa: E402
+                                 AscendAttnRtSparseMlaImpl)
 from ascend_attn_rt.vllm.sparse import indexer_op_cls  # noqa: E402
 from _reference import assert_close, random_block_table  # noqa: E402
 from _mla_reference import latent_attention_reference  # noqa: E402
 from _sfa_reference import indexer_rope, layer_norm, selected_positions, topk_rows  # noqa: E402
-from test_vllm_backend import _mla_layer  # noqa: E402  (vLLM's MLAAttention.forward_impl on a bare layer)
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 BS = 16
@@ -154,19 +156,27 @@ class Layer:
         self.builder = AscendAttnRtSparseMlaBackend.get_builder_cls()(mspec, [self.attn_name], cfg, torch.device("cpu"))
         self.ibuilder = AscendAttnRtIndexerBackend.get_builder_cls()(ispec, [self.k_cache.prefix], cfg,
                                                                       torch.device("cpu"))
-        self.impl_kw = dict(
-            num_heads=self.N, head_size=self.L + self.R, scale=(self.P + self.R) ** -0.5, num_kv_heads=1,
-            alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None,
-            attn_type=AttentionType.DECODER, kv_sharing_target_layer_name=None, q_lora_rank=self.Q,
-            kv_lora_rank=self.L, qk_nope_head_dim=self.P, qk_rope_head_dim=self.R, qk_head_dim=self.P + self.R,
-            v_head_dim=self.V, kv_b_proj=self.kv_b_proj, indexer=self.indexer, topk_indices_buffer=self.buf)
-        self.impl = AscendAttnRtSparseMlaBackend.get_impl_cls()(**self.impl_kw)
-        assert self.impl.topk_indices_buffer is self.buf
-        self.mla = _mla_layer(self.impl, cfg, self.kv_b_proj)
+        self.kv_b_proj.quant_method = None  # what vLLM's unquantised linear layers carry
+        self.mla = self._mla(self.attn_name, self.indexer)
+        self.impl = self.mla.impl
+        assert type(self.impl) is AscendAttnRtSparseMlaImpl and self.impl.topk_indices_buffer is self.buf
+        assert self.mla.prefill_backend is None  # the impl has no dense prefill: every token goes sparse
         self.seen = []
         run = self.op.run
         self.op.run = lambda q, k, wts, cache, md: (self.seen.append((q.clone(), wts.clone())), run(q, k, wts, cache,
                                                                                                     md))[1]
+
+    def _mla(self, name, indexer):
+        """vLLM's sparse MLAAttention layer, as MultiHeadLatentAttentionWrapper makes it (the backend given
+        as the selector returns it, test_selector_resolves_the_sparse_backends), weights processed."""
+        layer = MLAAttention(num_heads=self.N, scale=(self.P + self.R) ** -0.5, qk_nope_head_dim=self.P,
+                             qk_rope_head_dim=self.R, v_head_dim=self.V, q_lora_rank=self.Q, kv_lora_rank=self.L,
+                             kv_b_proj=self.kv_b_proj, cache_config=self.cfg.cache_config, prefix=name,
+                             attn_backend=AscendAttnRtSparseMlaBackend, use_sparse=True, indexer=indexer,
+                             topk_indices_buffer=self.buf)
+        layer.process_weights_after_loading(self.dtype)
+        layer.kv_cache = self.kv_cache
+        return layer
 
     def _rnd(self, *shape):
         return torch.randn(*shape, generator=self.gen, dtype=F64).to(self.dtype)
@@ -200,24 +210,25 @@ class Layer:
         cam = _common_metadata(qsl, sl, rows, slots)
         md, imd = self.builder.build(0, cam), self.ibuilder.build(0, cam)
         new = lambda xs: torch.cat([xs[r][s - q:s] for r, s, q in zip(reqs, seq_lens, q_lens)])  # noqa: E731
-        with set_forward_context({self.k_cache.prefix: imd, self.attn_name: md}, self.cfg):
+        kv_c, k_pe = new(cs), new(kpes).unsqueeze(1)
+        with set_forward_context({self.k_cache.prefix: imd, self.attn_name: md}, self.cfg,
+                                 slot_mapping={self.attn_name: slots}):
             self.indexer.forward(new(xs), new(qcs), pos, self.rotary)
-            kv_c, k_pe = new(cs), new(kpes).unsqueeze(1)
-            self.impl.do_kv_cache_update(kv_c, k_pe, self.kv_cache, slots, "auto", torch.ones(()))
-            if qs is None:
+            if qs is None:  # an earlier step: only the cache writes matter here
+                self.impl.do_kv_cache_update(kv_c, k_pe, self.kv_cache, slots, "auto", torch.ones(()))
                 return None, md
-            out = torch.full((int(qsl[-1]), self.N * self.V), 7.0, dtype=self.dtype)
-            self.mla.forward_impl(torch.cat(qs), kv_c, k_pe, self.kv_cache, md, output=out)
+            # MLAAttention.forward: do_kv_cache_update at vLLM's slots, then forward_impl.
+            out = self.mla(torch.cat(qs), kv_c, k_pe, output_shape=(int(qsl[-1]), self.N * self.V))
             self.last = (torch.cat(qs), kv_c, k_pe, md)
         return out, md
 
     def skip_layer_output(self):
         """An IndexCache skip layer (no indexer: vLLM passes the shared buffer alone) over the same inputs."""
-        impl = AscendAttnRtSparseMlaBackend.get_impl_cls()(**{**self.impl_kw, "indexer": None})
-        assert impl.topk_indices_buffer is self.buf
+        layer = self._mla(f"{self.attn_name}.skip", None)
+        assert layer.impl.topk_indices_buffer is self.buf
         q, kv_c, k_pe, md = self.last
         out = torch.full((q.shape[0], self.N * self.V), 7.0, dtype=self.dtype)
-        _mla_layer(impl, self.cfg, self.kv_b_proj).forward_impl(q, kv_c, k_pe, self.kv_cache, md, output=out)
+        layer.forward_impl(q, kv_c, k_pe, self.kv_cache, md, output=out)
         return out
 
     def cached_keys(self, bt, r, s):
