@@ -338,12 +338,15 @@ def test_selector_resolves_the_sparse_backends(registered, monkeypatch, family):
     cfg.cache_config = CacheConfig(block_size=128)  # the kernel block an engine allocates (sfa.md §2.1)
     aar_vllm.register(family=family)
     monkeypatch.setattr(platforms, "_current_platform", CudaPlatform())
-    monkeypatch.setattr(CudaPlatform, "get_device_capability", classmethod(lambda cls, device_id=0: DeviceCapability(9, 0)))
+    monkeypatch.setattr(CudaPlatform, "get_device_capability",
+                        classmethod(lambda cls, device_id=0: DeviceCapability(9, 0)))
     selector._cached_get_attn_backend.cache_clear()
     try:
         with set_current_vllm_config(cfg):
-            cls = selector.get_attn_backend(mc.get_head_size(), mc.dtype, cfg.cache_config.cache_dtype, use_mla=mc.use_mla,
-                                            use_sparse=hasattr(mc.hf_config, "index_topk"), num_heads=4)
+            # What MLAAttention asks for this architecture (deepseek_v2: use_sparse = hasattr(config, "index_topk")).
+            cls = selector.get_attn_backend(mc.get_head_size(), mc.dtype, cfg.cache_config.cache_dtype,
+                                            use_mla=mc.use_mla, use_sparse=hasattr(mc.hf_config, "index_topk"),
+                                            num_heads=4)
             assert cls is AscendAttnRtSparseMlaBackend and cls.is_sparse() and cls.is_mla()
             # Without use_sparse (a dense MLA layer) the selector refuses the sparse backend by reason.
             with pytest.raises(ValueError, match="non-sparse not supported"):
