@@ -117,15 +117,19 @@ def _build_inputs(common_prefix_len: int, m: CommonAttentionMetadata):
     return qsl, seq_lens, bt, causal
 
 
+def _refuse_cp(vllm_config, what: str = "vLLM adapter") -> None:
+    pc = vllm_config.parallel_config
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        if getattr(pc, name, 1) > 1:
+            raise NotImplementedError(f"{name}={getattr(pc, name)}: context parallel through ascend_attn_rt's "
+                                      f"{what} is not supported")
+
+
 def _builder_sizes(kv_cache_spec, vllm_config) -> dict:
     sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
     if cc.num_gpu_blocks is None:
         raise ValueError("cache_config.num_gpu_blocks=None: the ascend_attn_rt builder needs the block count")
-    pc = vllm_config.parallel_config
-    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
-        if getattr(pc, name, 1) > 1:
-            raise NotImplementedError(f"{name}={getattr(pc, name)}: context parallel through the vLLM adapter is "
-                                      "not supported by ascend_attn_rt")
+    _refuse_cp(vllm_config)
     bs = kv_cache_spec.block_size
     return dict(max_num_reqs=sc.max_num_seqs, max_num_tokens=sc.max_num_batched_tokens,
                 max_blocks_per_req=_cdiv(mc.max_model_len, bs), block_size=bs, num_blocks=cc.num_gpu_blocks,

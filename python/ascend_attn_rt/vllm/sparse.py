@@ -38,7 +38,7 @@ from vllm.v1.attention.backend import (
 )
 
 from .. import _C as aar
-from . import _build_inputs, _builder_sizes
+from . import _build_inputs, _builder_sizes, _refuse_cp
 
 _KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]
 
@@ -52,14 +52,6 @@ def _ops(device: torch.device):
     if p == "cpu" or (p == "auto" and device.type == "cpu"):
         return torch.ops.ascend_cpu_va
     return torch.ops._C_ascend
-
-
-def _refuse_cp(vllm_config, what: str) -> None:
-    pc = vllm_config.parallel_config
-    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
-        if getattr(pc, name, 1) > 1:
-            raise NotImplementedError(f"{name}={getattr(pc, name)}: context parallelism is not supported by "
-                                      f"ascend_attn_rt's {what}")
 
 
 def _refuse_graphs(vllm_config, what: str, compiled: bool) -> None:
@@ -82,7 +74,6 @@ def _sparse_builder(kv_cache_spec, vllm_config, device):
     if getattr(hf, "compress_ratios", None):
         raise NotImplementedError("compress_ratios (DeepSeek-V4 compressed indexer) is not supported by "
                                   "ascend_attn_rt's sparse MLA adapter")
-    _refuse_cp(vllm_config, "sparse MLA adapter")
     _refuse_graphs(vllm_config, "sparse MLA adapter", compiled=False)
     spec = getattr(vllm_config, "speculative_config", None)
     num_spec = 0 if spec is None else int(spec.num_speculative_tokens or 0)
@@ -341,7 +332,7 @@ def _make_indexer_op_cls():
             torch.nn.Module.__init__(self)
             from vllm.config import get_current_vllm_config
             cfg = get_current_vllm_config()
-            _refuse_cp(cfg, "indexer")
+            _refuse_cp(cfg, "indexer op")
             _refuse_graphs(cfg, "indexer op", compiled=True)
             for name, value in (("skip_k_cache_insert", skip_k_cache_insert), ("use_fp4_cache", use_fp4_cache)):
                 if value:
