@@ -1,7 +1,9 @@
-"""vLLM v1 attention-backend adapter (issue 14 part 3): GQA and MLA (backend, builder, impl).
+"""vLLM v1 attention-backend adapter (issue 14 part 3): GQA and MLA (backend, builder, impl);
+sparse MLA (DeepSeek-V3.2 / GLM-DSA) with its indexer in ``ascend_attn_rt.vllm.sparse``
+(docs/design/vllm_sparse.md), re-exported here.
 
-Select it in vLLM with ``--attention-backend CUSTOM`` after registering
-``AscendAttnRtBackend`` (see ``register()``), or use the classes directly.
+Select it in vLLM with ``--attention-backend CUSTOM`` after ``register(family=...)`` (one call
+per model family), or use the classes directly.
 
 The per-step work (vLLM's ``CommonAttentionMetadata`` -> runtime metadata) runs once
 in ``AscendAttnRtMetadataBuilder.build``; ``AscendAttnRtImpl.forward`` only splits the
@@ -49,7 +51,7 @@ from vllm.v1.attention.backend import (
     MLAAttentionImpl,
 )
 
-from . import _C as aar
+from .. import _C as aar
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -115,15 +117,19 @@ def _build_inputs(common_prefix_len: int, m: CommonAttentionMetadata):
     return qsl, seq_lens, bt, causal
 
 
+def _refuse_cp(vllm_config, what: str = "vLLM adapter") -> None:
+    pc = vllm_config.parallel_config
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        if getattr(pc, name, 1) > 1:
+            raise NotImplementedError(f"{name}={getattr(pc, name)}: context parallel through ascend_attn_rt's "
+                                      f"{what} is not supported")
+
+
 def _builder_sizes(kv_cache_spec, vllm_config) -> dict:
     sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
     if cc.num_gpu_blocks is None:
         raise ValueError("cache_config.num_gpu_blocks=None: the ascend_attn_rt builder needs the block count")
-    pc = vllm_config.parallel_config
-    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
-        if getattr(pc, name, 1) > 1:
-            raise NotImplementedError(f"{name}={getattr(pc, name)}: context parallel through the vLLM adapter is "
-                                      "not supported by ascend_attn_rt")
+    _refuse_cp(vllm_config)
     bs = kv_cache_spec.block_size
     return dict(max_num_reqs=sc.max_num_seqs, max_num_tokens=sc.max_num_batched_tokens,
                 max_blocks_per_req=_cdiv(mc.max_model_len, bs), block_size=bs, num_blocks=cc.num_gpu_blocks,
@@ -347,11 +353,54 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
                                    output)
 
 
-def register(mla: bool = False) -> None:
-    """Registers the runtime as vLLM's CUSTOM attention backend: AscendAttnRtBackend, or with
-    ``mla=True`` (MLA models: DeepSeek V2/V3) AscendAttnRtMlaBackend. vLLM has one CUSTOM
-    slot, so one process serves one of the two."""
+_FAMILIES = {
+    "gqa": "AscendAttnRtBackend",
+    "mla": "AscendAttnRtMlaBackend",
+    # Both architectures run vLLM's deepseek_v2 model code: one sparse MLA backend and one indexer op.
+    "deepseek_v32": "AscendAttnRtSparseMlaBackend",
+    "glm_moe_dsa": "AscendAttnRtSparseMlaBackend",
+}
+
+
+def register(mla: bool = False, family: Optional[str] = None) -> None:
+    """Registers the runtime as vLLM's CUSTOM attention backend for one model family (one call per
+    process; vLLM has one CUSTOM slot):
+
+    * ``"gqa"`` (the default): AscendAttnRtBackend;
+    * ``"mla"`` (or ``mla=True``; DeepSeek V2/V3): AscendAttnRtMlaBackend;
+    * ``"deepseek_v32"`` (DeepseekV32ForCausalLM) or ``"glm_moe_dsa"`` (GlmMoeDsaForCausalLM):
+      AscendAttnRtSparseMlaBackend, and vLLM's SparseAttnIndexer op replaced (``CustomOp.register_oot``)
+      by the runtime's, whose indexer-cache layers use AscendAttnRtIndexerBackend
+      (docs/design/vllm_sparse.md).
+
+    Then start vLLM with ``--attention-backend CUSTOM``."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    cls = "AscendAttnRtMlaBackend" if mla else "AscendAttnRtBackend"
-    register_backend(AttentionBackendEnum.CUSTOM, f"ascend_attn_rt.vllm.{cls}")
+    if family is None:
+        family = "mla" if mla else "gqa"
+    elif mla and family != "mla":
+        raise ValueError(f"mla=True with family={family!r}: give one of them")
+    if family not in _FAMILIES:
+        raise ValueError(f"family={family!r} is not one of {sorted(_FAMILIES)}")
+    if _FAMILIES[family] == "AscendAttnRtSparseMlaBackend":
+        from vllm.model_executor.custom_op import CustomOp, op_registry_oot
+
+        from .sparse import indexer_op_cls
+
+        op = indexer_op_cls()
+        current = op_registry_oot.get("SparseAttnIndexer")
+        if current is None:
+            CustomOp.register_oot(op, name="SparseAttnIndexer")
+        elif current is not op:
+            raise ValueError(f"SparseAttnIndexer is already replaced by {current.__module__}.{current.__name__}")
+    register_backend(AttentionBackendEnum.CUSTOM, f"ascend_attn_rt.vllm.{_FAMILIES[family]}")
+
+
+from .sparse import (  # noqa: E402  (the sparse module imports this one's helpers)
+    AscendAttnRtIndexerBackend,
+    AscendAttnRtIndexerMetadataBuilder,
+    AscendAttnRtSparseMlaBackend,
+    AscendAttnRtSparseMlaImpl,
+    AscendAttnRtSparseMlaMetadata,
+    AscendAttnRtSparseMlaMetadataBuilder,
+)
