@@ -39,9 +39,9 @@ DcpWorkspace::DcpWorkspace(const DcpWorkspaceShape& shape)
     : shape_(shape),
       exclusive_(std::make_shared<::aar::detail::ExclusiveUse>(
           "the DCP exchange workspace of workspace_group " + std::to_string(shape.workspace_group))) {
-  AAR_CHECK_ARG(shape.world > 0 && shape.heads > 0 && shape.q_dim > 0 && shape.out_dim > 0,
-                "DcpWorkspace: world, heads, q_dim and out_dim must be positive, got ", shape.world, ", ",
-                shape.heads, ", ", shape.q_dim, ", ", shape.out_dim);
+  AAR_CHECK_ARG(shape.world > 0 && shape.heads > 0 && shape.q_dim >= 0 && shape.out_dim > 0,
+                "DcpWorkspace: world, heads and out_dim must be positive and q_dim non-negative, got ", shape.world,
+                ", ", shape.heads, ", ", shape.q_dim, ", ", shape.out_dim);
   if (shape.world > 1) check_merge_limits(shape.world, shape.out_dim, 1);
 }
 

@@ -89,6 +89,28 @@ at::Tensor zeros(c10::IntArrayRef shape, const at::TensorOptions& options) {
   return at::zeros(shape, options);
 }
 
+at::Tensor full(c10::IntArrayRef shape, double value, const at::TensorOptions& options) {
+  if (no_compute()) return noop::cached(shape, c10::typeMetaToScalarType(options.dtype()), options.device());
+  return at::full(shape, value, options);
+}
+
+at::Tensor contiguous(const at::Tensor& x) {
+  if (x.is_contiguous()) return x;
+  if (no_compute()) return noop::cached(x.sizes(), x.scalar_type(), x.device());
+  return x.contiguous();
+}
+
+at::Tensor index_select(const at::Tensor& x, int64_t dim, const at::Tensor& index) {
+  if (no_compute()) {
+    std::array<int64_t, 8> a{};
+    const int64_t nd = x.dim(), k = dim < 0 ? dim + nd : dim;
+    std::copy(x.sizes().begin(), x.sizes().end(), a.begin());
+    a[k] = index.numel();
+    return noop::cached(c10::IntArrayRef(a.data(), nd), x.scalar_type(), x.device());
+  }
+  return x.index_select(dim, index);
+}
+
 void copy(const at::Tensor& dst, const at::Tensor& src) {
   if (no_compute()) return;
   at::Tensor d = dst;
@@ -113,6 +135,12 @@ at::Tensor cat_last(const at::Tensor& a, const at::Tensor& b) {
                         a.scalar_type(), a.device());
   }
   return at::cat({a, b}, -1);
+}
+
+void fill(const at::Tensor& dst, double value) {
+  if (no_compute() || dst.numel() == 0) return;
+  at::Tensor d = dst;
+  d.fill_(value);
 }
 
 void zero(const at::Tensor& dst) {

@@ -809,8 +809,9 @@ void Impl::write_gathered_rows_(const Caches& c, const at::Tensor& rows, const a
   const mla::Dims& d = cfg_.dims;
   const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   const bool has_idx = cfg_.indexer.has_value();
-  write_rows_(c, rows.narrow(1, 0, R).contiguous(), rows.narrow(1, R, L).contiguous(),
-              has_idx ? rows.narrow(1, R + L, cfg_.indexer->head_dim).contiguous() : at::Tensor(), slots, islots);
+  write_rows_(c, ops::dense::contiguous(rows.narrow(1, 0, R)), ops::dense::contiguous(rows.narrow(1, R, L)),
+              has_idx ? ops::dense::contiguous(rows.narrow(1, R + L, cfg_.indexer->head_dim)) : at::Tensor(), slots,
+              islots);
 }
 
 void Impl::write_rows_(const Caches& c, const at::Tensor& k_rope, const at::Tensor& k_nope, const at::Tensor& k_idx,
@@ -961,6 +962,21 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   dsa_cp_output(y_local, nloc, md, output, tk);
 }
 
+const cp::DcpViews& Impl::merge_views_(std::shared_ptr<cp::DcpWorkspace>& slot, cp::Comm& comm, int64_t heads,
+                                      int64_t rows, at::ScalarType dtype) {
+  cp::DcpWorkspaceShape sh;
+  sh.device = core_->weights().kv_b_proj.device();
+  sh.q_dtype = sh.out_dtype = dtype;
+  sh.world = comm.size();
+  sh.heads = heads;
+  sh.q_dim = 0;  // merge only
+  sh.out_dim = cfg_.dims.kv_lora_rank;
+  sh.comm = &comm;
+  sh.workspace_group = cfg_.workspace_group;
+  if (!slot || !(slot->shape() == sh)) slot = cp::DcpWorkspace::shared(sh);
+  return slot->views(rows);
+}
+
 void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                           const at::Tensor& output, int64_t tk) {
   // docs/design/sparse_cp.md §9: tokens sharded over the group (DSA-CP) and the main KV cache sharded
@@ -974,7 +990,6 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   const int64_t tpr = sh.tokens_per_rank, Tp = sh.num_tokens_pad;
   const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads;
   const bool has_idx = cfg_.indexer.has_value();
-  const int64_t Di = has_idx ? cfg_.indexer->head_dim : 0;
   const int64_t K = has_idx ? cfg_.indexer->topk : topk->index_topk();
   const auto opts = hidden.options();
   last_pre_ = Preprocess::Native;
@@ -984,18 +999,27 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   const int64_t nloc = s.nloc;
   // 2. One gather of [k_rope | k_nope | k_indexer | ql_nope | q_pe] along the tokens; this rank's latent
   //    rows at its DCP-local slots (-1 elsewhere), every indexer row at its replicated slot.
-  const at::Tensor all = comm.all_gather(s.pack, 0);  // (T_pad, R + L + Di + N (L + R))
+  const sparse::detail::DsaCpViews& pv = *s.views;
+  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, R + L + Di + N (L + R))
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
-  write_gathered_rows_(c, all.narrow(0, 0, tw), md.slot_mapping, dm.indexer_slot_mapping);
+  // Every column block made contiguous in the workspace (the scatters' rows, the query halves).
+  for (const at::Tensor* v = pv.staged_cols.data(), *g = pv.gathered_cols.data();
+       v != pv.staged_cols.data() + pv.staged_cols.size(); ++v, ++g) {
+    ops::dense::copy(*v, *g);
+  }
+  const auto first = [](const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); };
+  const size_t qc = has_idx ? 3 : 2;  // the query's first column block
+  write_rows_(c, first(pv.staged_cols[0], tw), first(pv.staged_cols[1], tw),
+              has_idx ? first(pv.staged_cols[2], tw) : at::Tensor(), md.slot_mapping, dm.indexer_slot_mapping);
   // 3. The slice's selection on the replicated view (global positions), padded with -1 rows to tpr and
   //    gathered: every rank holds every token's rows, the single-rank selection.
   at::Tensor topk_all;  // (tk, 1, K)
   if (has_idx) {
-    at::Tensor mine = at::full({tpr, 1, K}, -1, opts.dtype(at::kInt));
+    at::Tensor mine = ops::dense::full({tpr, 1, K}, -1, opts.dtype(at::kInt));
     if (nloc > 0) {
       const at::Tensor q_c = s.q.qc.defined() ? s.q.qc : s.xl;
-      mine.narrow(0, 0, nloc).copy_(indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens,
-                                                    sh.seq_lens, dm.indexer_block_table));
+      ops::dense::copy(first(mine, nloc), indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens,
+                                                          sh.seq_lens, dm.indexer_block_table));
     }
     topk_all = comm.all_gather(mine, 0).narrow(0, 0, tk);
     if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
@@ -1008,24 +1032,27 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   // 4. Every head of every token of the step over this rank's shard: the selection in local positions,
   //    sparse_mode 0 with the local lengths (§3), with the LSE.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
-  const at::Tensor q_all = all.narrow(0, 0, tk).narrow(1, R + L + Di, N * (L + R));
-  const at::Tensor qn = q_all.narrow(1, 0, N * L).contiguous().view({tk, N, L});
-  const at::Tensor qr = q_all.narrow(1, N * L, N * R).contiguous().view({tk, N, R});
-  at::Tensor part_lse = at::full({Tp, N, 1}, -std::numeric_limits<float>::infinity(), opts.dtype(at::kFloat));
-  const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens, dm.seq_lens,
-                                            part_lse.narrow(0, 0, tk));
-  // 5. The partials padded to T_pad (LSE -inf in the padding) and exchanged along the tokens: on the
-  //    (1, T_pad N, L) view the head-block exchange of combine_partials is the token-block exchange
+  const at::Tensor qn = first(pv.staged_cols[qc], tk).view({tk, N, L});
+  const at::Tensor qr = first(pv.staged_cols[qc + 1], tk).view({tk, N, R});
+  // 5. The partials padded to T_pad (zeros, LSE -inf in the padding) and exchanged along the tokens: on
+  //    the (1, T_pad N, L) view the head-block exchange of combine_partials is the token-block exchange
   //    (block r of the rows is slice r); this rank merges the W partials of its own slice.
-  at::Tensor part = at::zeros({Tp, N, L}, o.options());
-  part.narrow(0, 0, tk).copy_(o);
+  const cp::DcpViews& mw = merge_views_(merge_ws_, comm, tpr * N, 1, hidden.scalar_type());
+  const at::Tensor part = mw.partial_out.view({Tp, N, L}), part_lse = mw.partial_lse.view({Tp, N, 1});
+  const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens, dm.seq_lens,
+                                            first(part_lse, tk));
+  ops::dense::copy(first(part, tk), o);
+  if (tk < Tp) {
+    ops::dense::zero(part.narrow(0, tk, Tp - tk));
+    ops::dense::fill(part_lse.narrow(0, tk, Tp - tk), -std::numeric_limits<double>::infinity());
+  }
   at::Tensor merged = at::empty({1, tpr * N, L}, o.options());
-  cp::combine_partials(comm, part.view({1, Tp * N, L}), part_lse.view({1, Tp * N, 1}), merged);
+  cp::combine_partials(comm, mw.partial_out, mw.partial_lse, merged, std::nullopt, &mw);
   // 6. W_UV of the slice, then back to the whole step's tokens (§7).
   at::Tensor y_local;
   if (nloc > 0) {
     const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
-    const at::Tensor attn = merged.view({tpr, N, L}).narrow(0, 0, nloc).to(opts.dtype());
+    const at::Tensor attn = ops::dense::cast(first(merged.view({tpr, N, L}), nloc), hidden.scalar_type());
     y_local = core_->w_uv_out_token_major(v, attn, nloc);
   }
   dsa_cp_output(y_local, nloc, md, output, tk);
@@ -1050,7 +1077,7 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   last_pre_ = Preprocess::Native;  // the rows are written after the gather
   // 1. The local rows' query of every head, latent/rope key rows and indexer key, nothing written.
   const int64_t qoff = R + L + Di;
-  at::Tensor pack = at::zeros({tl, qoff + N * (L + R)}, opts);
+  at::Tensor pack = ops::dense::zeros({tl, qoff + N * (L + R)}, opts);
   mla::detail::LatentQuery q;
   const detail::IndexerViews* iv = nullptr;
   at::Tensor cos4, sin4;
@@ -1062,33 +1089,33 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
     st.sin = pm.sin;
     mla::detail::LatentKv kv;
     q = core_->preprocess_unwritten(v, st, kv);
-    pack.narrow(1, 0, R).copy_(kv.k_rope.view({tl, R}));
-    pack.narrow(1, R, L).copy_(kv.k_nope);
+    ops::dense::copy(pack.narrow(1, 0, R), kv.k_rope.view({tl, R}));
+    ops::dense::copy(pack.narrow(1, R, L), kv.k_nope);
     if (has_idx) {
       iv = &iws_->views(tl);
       cos4 = pm.cos.view({tl, 1, 1, R});
       sin4 = pm.sin.view({tl, 1, 1, R});
       indexer_keys_(*iv, hidden, cos4, sin4);
-      pack.narrow(1, R + L, Di).copy_(iv->k);
+      ops::dense::copy(pack.narrow(1, R + L, Di), iv->k);
     }
-    pack.narrow(1, qoff, N * L).view({tl, N, L}).copy_(q.qn);
-    pack.narrow(1, qoff + N * L, N * R).view({tl, N, R}).copy_(q.qr);
+    ops::dense::copy(pack.narrow(1, qoff, N * L).view({tl, N, L}), q.qn);
+    ops::dense::copy(pack.narrow(1, qoff + N * L, N * R).view({tl, N, R}), q.qr);
   }
   // 2. Every rank's rows (rank-major), the step's rows picked in global token order and written: latent
   //    rows at this rank's local slots (-1 where another rank owns the position), indexer rows at the
   //    replicated slots.
   const at::Tensor all = comm.all_gather(pack, 0);  // (Wp T_loc, width)
-  const at::Tensor rows = all.index_select(0, pm.gather_index);  // (tk, width)
+  const at::Tensor rows = ops::dense::index_select(all, 0, pm.gather_index);  // (tk, width)
   write_gathered_rows_(c, rows, md.slot_mapping, dm.indexer_slot_mapping);
   // 3. The local rows' selection on the replicated view, one causal indexer request per chunk (global
   //    positions), all-gathered: every rank holds every gathered row's selection.
   at::Tensor topk_all;  // (Wp T_loc, 1, K)
   if (has_idx) {
-    at::Tensor mine = at::full({tl, 1, K}, -1, opts.dtype(at::kInt));
+    at::Tensor mine = ops::dense::full({tl, 1, K}, -1, opts.dtype(at::kInt));
     if (tl > 0) {
       const at::Tensor q_c = q.qc.defined() ? q.qc : hidden;
-      mine.copy_(indexer_select_(*iv, hidden, q_c, cos4, sin4, c, pm.indexer_cum_query_lens, pm.indexer_seq_lens,
-                                 pm.indexer_block_table));
+      ops::dense::copy(mine, indexer_select_(*iv, hidden, q_c, cos4, sin4, c, pm.indexer_cum_query_lens,
+                                             pm.indexer_seq_lens, pm.indexer_block_table));
     }
     topk_all = comm.all_gather(mine, 0);
     if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
@@ -1103,34 +1130,40 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   //    PCP x DCP: the queries gathered along the heads over the DCP group first (every DCP rank holds the
   //    same rows and its own heads), W_d N heads per row.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
-  const int64_t Wd = pm.dcp_world_size, NH = Wd * N;
+  const int64_t Wd = pm.dcp_world_size;
   const at::Tensor q_rows = all.narrow(1, qoff, N * (L + R));
-  at::Tensor qn = q_rows.narrow(1, 0, N * L).contiguous().view({G, N, L});
-  at::Tensor qr = q_rows.narrow(1, N * L, N * R).contiguous().view({G, N, R});
+  at::Tensor qn = ops::dense::contiguous(q_rows.narrow(1, 0, N * L)).view({G, N, L});
+  at::Tensor qr = ops::dense::contiguous(q_rows.narrow(1, N * L, N * R)).view({G, N, R});
   if (Wd > 1) {
-    const at::Tensor q_all = cp::gather_query_heads(*cfg_.dcp_comm, at::cat({qn, qr}, 2));  // (G, Wd N, L + R)
-    qn = q_all.narrow(2, 0, L).contiguous();
-    qr = q_all.narrow(2, L, R).contiguous();
+    const at::Tensor q_all = cp::gather_query_heads(*cfg_.dcp_comm, ops::dense::cat_last(qn, qr));  // (G, Wd N, L + R)
+    qn = ops::dense::contiguous(q_all.narrow(2, 0, L));
+    qr = ops::dense::contiguous(q_all.narrow(2, L, R));
   }
-  at::Tensor part_lse = at::empty({G, NH, 1}, opts.dtype(at::kFloat));
-  at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table, pm.gathered_cum_query_lens,
-                                      pm.gathered_seq_lens, part_lse);
+  // The partials go straight into the merges' workspaces: the PCP merge's (Wp T_loc rows of N heads; fp32
+  // after a DCP merge), and under PCP x DCP first the DCP merge's (W_d N heads per row).
+  const cp::DcpViews& pw = merge_views_(merge_ws_, comm, tl * N, 1, Wd > 1 ? at::kFloat : hidden.scalar_type());
+  const at::Tensor p_out = pw.partial_out.view({G, N, L}), p_lse = pw.partial_lse.view({G, N, 1});
   if (Wd > 1) {
     // The DCP partials of this rank's heads merged (with their LSE), then the PCP merge below.
-    at::Tensor od = at::empty({G, N, L}, opts.dtype(at::kFloat));
-    at::Tensor ld = at::empty({G, N, 1}, opts.dtype(at::kFloat));
-    cp::combine_partials(*cfg_.dcp_comm, o, part_lse, od, ld);
-    o = od;
-    part_lse = ld;
+    const cp::DcpViews& dw = merge_views_(merge_ws2_, *cfg_.dcp_comm, N, G, hidden.scalar_type());
+    const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table,
+                                              pm.gathered_cum_query_lens, pm.gathered_seq_lens, dw.partial_lse);
+    ops::dense::copy(dw.partial_out, o);
+    at::Tensor out = p_out;
+    cp::combine_partials(*cfg_.dcp_comm, dw.partial_out, dw.partial_lse, out, p_lse, &dw);
+  } else {
+    const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, pm.gathered_block_table,
+                                              pm.gathered_cum_query_lens, pm.gathered_seq_lens, p_lse);
+    ops::dense::copy(p_out, o);
   }
   // 5. Block r of the gathered rows is rank r's: combine_partials' head-block exchange on the
   //    (1, Wp T_loc N, L) view hands each rank the Wp partials of its own rows and merges them.
-  at::Tensor merged = at::empty({1, tl * N, L}, o.options());
-  cp::combine_partials(comm, o.contiguous().view({1, G * N, L}), part_lse.view({1, G * N, 1}), merged);
+  at::Tensor merged = at::empty({1, tl * N, L}, p_out.options());
+  cp::combine_partials(comm, pw.partial_out, pw.partial_lse, merged, std::nullopt, &pw);
   // 6. W_UV and o_proj on the local rows.
   if (tl == 0) return;
   const mla::detail::DecodeViews& v = core_->views(tl, mla::detail::DecodeLayout::TND);
-  const at::Tensor attn = merged.view({tl, N, L}).to(opts.dtype());
+  const at::Tensor attn = ops::dense::cast(merged.view({tl, N, L}), hidden.scalar_type());
   const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tl);  // (T_loc, N V)
   ops::dense::linear_out(output, y, core_->weights().o_proj);
 }

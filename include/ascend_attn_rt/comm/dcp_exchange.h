@@ -35,7 +35,7 @@ struct DcpWorkspaceShape {
   c10::Device device = c10::Device(c10::kCPU);
   at::ScalarType q_dtype = at::ScalarType::Undefined;
   at::ScalarType out_dtype = at::ScalarType::Undefined;
-  int64_t world = 1, heads = 0, q_dim = 0, out_dim = 0;
+  int64_t world = 1, heads = 0, q_dim = 0, out_dim = 0;  // q_dim 0: a merge-only workspace (no query)
   bool regroup = false;
   // > 0: the query is [a | b] with a of q_split columns (the MLA family's [ql_nope | q_pe]); the
   // views of its halves are cached too.

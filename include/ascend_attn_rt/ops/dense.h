@@ -33,7 +33,12 @@ void rms_norm_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& 
 // (T, H, D) -> (T, Hp, D) with zero heads appended (x itself when Hp == H).
 at::Tensor pad_dim1(const at::Tensor& x, int64_t size);
 at::Tensor zeros(c10::IntArrayRef shape, const at::TensorOptions& options);
+at::Tensor full(c10::IntArrayRef shape, double value, const at::TensorOptions& options);
 void copy(const at::Tensor& dst, const at::Tensor& src);
+// x itself when contiguous, else a contiguous copy.
+at::Tensor contiguous(const at::Tensor& x);
+// x's slices along dim at index (1-D int64 / int32), as Tensor::index_select (x of at most 8 dims).
+at::Tensor index_select(const at::Tensor& x, int64_t dim, const at::Tensor& index);
 // x converted to dtype (x itself when it already has it).
 at::Tensor cast(const at::Tensor& x, at::ScalarType dtype);
 // x_q * scale in dtype: int8 rows (T, C) with their dequant scales (T, 1).
@@ -41,6 +46,7 @@ at::Tensor dequant_rows(const at::Tensor& x_q, const at::Tensor& scale, at::Scal
 // [a | b] along the last dimension (the leading dimensions equal).
 at::Tensor cat_last(const at::Tensor& a, const at::Tensor& b);
 void zero(const at::Tensor& dst);
+void fill(const at::Tensor& dst, double value);
 // out = -x (out may be a view of a stable buffer: the inverse RoPE's -sin rows).
 void neg_out(const at::Tensor& out, const at::Tensor& x);
 

@@ -40,6 +40,7 @@ class GraphParams;
 namespace aar::cp {
 class Comm;
 class DcpWorkspace;
+struct DcpViews;
 }
 namespace aar::sparse {
 class OProjFullWeight;
@@ -291,6 +292,11 @@ class Impl {
   ops::SparseFlashAttentionArgs sfa_args_;
   ops::SparseFlashAttentionArgs dcp_sfa_args_;
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP intermediates, shared by the layers of one shape
+  // The token-block merges of DSA-CP x DCP and PCP (and PCP x DCP's head merge): merge-only DCP
+  // workspaces, shared by the layers of one shape (docs/design/sparse_cp.md §9, §11).
+  std::shared_ptr<cp::DcpWorkspace> merge_ws_, merge_ws2_;
+  const cp::DcpViews& merge_views_(std::shared_ptr<cp::DcpWorkspace>& slot, cp::Comm& comm, int64_t heads,
+                                   int64_t rows, at::ScalarType dtype);
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
   std::shared_ptr<sparse::detail::DsaCpWorkspace> cpws_;  // DSA-CP: the slice's buffers (shared by shape)
   at::Tensor hadamard_;  // LI C8: H_D / sqrt(D) in the weights' dtype
