@@ -35,6 +35,10 @@ const char* kind_name(uint32_t kind) noexcept {
     case Kind::MlaImpl: return "aar_mla_impl_t";
     case Kind::MlaMetadata: return "aar_mla_metadata_t";
     case Kind::GraphParams: return "aar_graph_params_t";
+    case Kind::SfaBuilder: return "aar_sfa_builder_t";
+    case Kind::SfaImpl: return "aar_sfa_impl_t";
+    case Kind::SfaMetadata: return "aar_sfa_metadata_t";
+    case Kind::SfaTopkBuffer: return "aar_sfa_topk_buffer_t";
   }
   return nullptr;
 }

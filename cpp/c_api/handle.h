@@ -34,6 +34,10 @@ enum class Kind : uint32_t {
   MlaImpl = 5,
   MlaMetadata = 6,
   GraphParams = 7,
+  SfaBuilder = 8,
+  SfaImpl = 9,
+  SfaMetadata = 10,
+  SfaTopkBuffer = 11,
 };
 
 // The C type name of a kind ("aar_gqa_builder_t"); nullptr for a value that is no Kind.

@@ -351,6 +351,140 @@ AAR_C_API aar_status_t aar_mla_impl_forward(aar_mla_impl_t* impl, const DLManage
                                             const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache,
                                             const aar_mla_metadata_t* metadata, const DLManagedTensor* output);
 
+/* ---------------------------------------------------------------- SFA
+ * DeepSeek-V3.2 sparse attention (docs/design/sfa.md): the MLA family's latent
+ * caches plus the lightning indexer's cache, and the model's top-k buffer.
+ * Single rank, unquantised weights, no KV offload: the context-parallel
+ * modes, W8A8 weights and the offload variant are not in the C ABI. The
+ * indexer cache group has no builder here: its layers read the main
+ * metadata (docs/design/sfa.md §2.3). */
+
+typedef struct aar_sfa_builder aar_sfa_builder_t;
+typedef struct aar_sfa_impl aar_sfa_impl_t;
+typedef struct aar_sfa_metadata aar_sfa_metadata_t;
+typedef struct aar_sfa_topk_buffer aar_sfa_topk_buffer_t;
+
+typedef struct aar_sfa_builder_config {
+  size_t struct_size;
+  int32_t max_num_reqs, max_num_tokens, max_blocks_per_req, block_size; /* 256, 8192, 64, 128 */
+  int32_t num_blocks;             /* required */
+  int32_t num_speculative_tokens; /* 0 */
+  int32_t num_drafts;             /* -1: num_speculative_tokens (draft lanes of build_for_drafting) */
+  int32_t chunked_prefill_enabled; /* 1 */
+  int32_t graph_decode_padding;   /* 0 */
+  /* RoPE tables (max_position, R), both halves equal; required, borrowed during create only. */
+  const DLManagedTensor* cos_table;
+  const DLManagedTensor* sin_table;
+  DLDevice device; /* {kDLCPU, 0} */
+  aar_tristate_t separate_device_buffers;
+  int32_t staging_buffers; /* 2 */
+} aar_sfa_builder_config_t;
+AAR_C_API void aar_sfa_builder_config_init(aar_sfa_builder_config_t* config);
+
+typedef struct aar_sfa_build_inputs {
+  size_t struct_size;
+  const int32_t* query_start_loc;
+  size_t query_start_loc_len;
+  const int32_t* seq_lens;
+  size_t seq_lens_len;
+  const int32_t* block_table;
+  size_t block_table_len;
+  int32_t block_table_stride;
+  int32_t num_input_tokens;    /* 0: query_start_loc[B] */
+  aar_attn_state_t attn_state; /* AAR_STATE_AUTO */
+  const int32_t* num_spec_tokens; /* optional */
+  size_t num_spec_tokens_len;
+} aar_sfa_build_inputs_t;
+AAR_C_API void aar_sfa_build_inputs_init(aar_sfa_build_inputs_t* inputs);
+
+typedef struct aar_sfa_metadata_info {
+  size_t struct_size;
+  aar_attn_state_t attn_state;
+  int32_t num_reqs, num_kernel_reqs; /* scheduled; incl. graph decode padding's dummies */
+  int32_t num_actual_tokens, num_input_tokens;
+  int32_t num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens;
+  int32_t max_query_len, max_seq_len;
+  int32_t draft_index; /* -1: a main build */
+  uint64_t generation;
+} aar_sfa_metadata_info_t;
+
+AAR_C_API aar_status_t aar_sfa_builder_create(const aar_sfa_builder_config_t* config, aar_sfa_builder_t** out);
+AAR_C_API void aar_sfa_builder_destroy(aar_sfa_builder_t* builder);
+/* *out: the main lane's metadata (see METADATA). */
+AAR_C_API aar_status_t aar_sfa_builder_build(aar_sfa_builder_t* builder, const aar_sfa_build_inputs_t* inputs,
+                                             const aar_sfa_metadata_t** out);
+/* state AAR_STATE_DECODE_ONLY or AAR_STATE_SPEC_DECODING (others: AAR_ERR_NOT_SUPPORTED). */
+AAR_C_API aar_status_t aar_sfa_builder_build_for_graph_capture(aar_sfa_builder_t* builder,
+                                                               const aar_sfa_build_inputs_t* inputs,
+                                                               aar_attn_state_t state,
+                                                               const aar_sfa_metadata_t** out);
+/* A draft step in lane draft_index ([0, num_drafts)); *out: that lane's metadata, one per lane,
+ * owned by the builder like the main one (a draft build leaves the main metadata as it was). */
+AAR_C_API aar_status_t aar_sfa_builder_build_for_drafting(aar_sfa_builder_t* builder,
+                                                          const aar_sfa_build_inputs_t* inputs, int32_t draft_index,
+                                                          const aar_sfa_metadata_t** out);
+AAR_C_API aar_status_t aar_sfa_builder_block_table(aar_sfa_builder_t* builder, DLManagedTensor** out);
+AAR_C_API aar_status_t aar_sfa_metadata_get_info(const aar_sfa_metadata_t* metadata, aar_sfa_metadata_info_t* info);
+
+/* The model's top-k buffer (docs/design/sparse.md §6): (max_num_tokens, index_topk) int32 on
+ * `device`, filled with -1. One per engine, shared by its SFA layers in order: a layer with
+ * an indexer and use_index_cache writes its selection, a layer without an indexer reads it. */
+AAR_C_API aar_status_t aar_sfa_topk_buffer_create(int64_t max_num_tokens, int64_t index_topk, DLDevice device,
+                                                  aar_sfa_topk_buffer_t** out);
+AAR_C_API void aar_sfa_topk_buffer_destroy(aar_sfa_topk_buffer_t* buffer);
+/* The whole buffer, lent (a new DLManagedTensor the caller frees, see TENSORS). */
+AAR_C_API aar_status_t aar_sfa_topk_buffer_tensor(aar_sfa_topk_buffer_t* buffer, DLManagedTensor** out);
+
+typedef struct aar_sfa_impl_config {
+  size_t struct_size;
+  int64_t num_heads, hidden_size;
+  int64_t q_lora_rank;      /* 0: no q-LoRA */
+  int64_t kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; /* 512, 128, 64, 128 */
+  double scale;             /* 0: 1/sqrt(P+R) */
+  double q_norm_eps, kv_norm_eps; /* 1e-6 */
+  int32_t has_indexer;      /* 1; 0: the layer reuses the top-k buffer's selection */
+  int64_t index_n_heads, index_head_dim, index_topk; /* 64, 128, 2048 (with an indexer) */
+  double index_k_norm_eps;  /* 1e-6 */
+  int32_t glm_moe_dsa;      /* 0: 1 rotates the indexer's interleaved pairs (GLM-MoE-DSA) */
+  int32_t use_index_cache;  /* 0: 1 writes the indexer's top-k into the top-k buffer */
+  int32_t sfa_c8, li_c8;    /* 0: the quantised main / indexer cache (docs/design/sfa.md §5) */
+  int32_t device_kind;      /* 0 A2, 1 A3, 2 A5, 3 310P (decides the C8 dtypes) */
+  int64_t layer_index;      /* -1 */
+  int64_t workspace_group;  /* 0 */
+  int32_t is_kv_consumer, is_kv_producer, chunked_q_proj; /* 0: the preprocess selection's inputs (§4.2) */
+} aar_sfa_impl_config_t;
+AAR_C_API void aar_sfa_impl_config_init(aar_sfa_impl_config_t* config);
+
+/* The lightning indexer's weights, torch layout, borrowed until the impl is destroyed. */
+typedef struct aar_sfa_indexer_weights {
+  size_t struct_size;
+  const DLManagedTensor* wq_b;          /* (n_heads * head_dim, Q or hidden) */
+  const DLManagedTensor* wk;            /* (head_dim, hidden) */
+  const DLManagedTensor* weights_proj;  /* (n_heads, hidden) */
+  const DLManagedTensor* k_norm_weight; /* (head_dim) */
+  const DLManagedTensor* k_norm_bias;   /* (head_dim) */
+} aar_sfa_indexer_weights_t;
+AAR_C_API void aar_sfa_indexer_weights_init(aar_sfa_indexer_weights_t* weights);
+
+/* weights: the MLA layer's (aar_mla_weights_t); indexer_weights: given exactly when has_indexer. */
+AAR_C_API aar_status_t aar_sfa_impl_create(const aar_sfa_impl_config_t* config, const aar_mla_weights_t* weights,
+                                           const aar_sfa_indexer_weights_t* indexer_weights, aar_sfa_impl_t** out);
+AAR_C_API void aar_sfa_impl_destroy(aar_sfa_impl_t* impl);
+/* hidden (T, hidden_size); output (T, hidden_size). kv_cache: the layer's cache tuple
+ * (num_kv_cache tensors, contiguous), main part then indexer part (docs/design/sfa.md §2.2):
+ *   sfa_c8 li_c8  tuple
+ *   0      0      nope (nb, bs, 1, L), rope (nb, bs, 1, R), index_k (nb', bs, 1, D_i)
+ *   1      0      packed (nb, bs, 1, 656) int8/fp8, index_k
+ *   0      1      nope, rope, index_k int8/fp8, index_scale (nb', bs, 1, 1)
+ *   1      1      packed, index_k, index_scale
+ * without an indexer the indexer part is absent. topk: the model's buffer, required by
+ * layers without an indexer or with use_index_cache, else may be NULL. metadata NULL
+ * zero-fills the output. Inside an open capture the layer is recorded. */
+AAR_C_API aar_status_t aar_sfa_impl_forward(aar_sfa_impl_t* impl, const DLManagedTensor* hidden,
+                                            const DLManagedTensor* const* kv_cache, size_t num_kv_cache,
+                                            const aar_sfa_metadata_t* metadata, const DLManagedTensor* output,
+                                            aar_sfa_topk_buffer_t* topk);
+
 /* ---------------------------------------------------------------- graph mode */
 
 typedef struct aar_graph_params aar_graph_params_t;
