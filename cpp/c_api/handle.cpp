@@ -39,6 +39,11 @@ const char* kind_name(uint32_t kind) noexcept {
     case Kind::SfaImpl: return "aar_sfa_impl_t";
     case Kind::SfaMetadata: return "aar_sfa_metadata_t";
     case Kind::SfaTopkBuffer: return "aar_sfa_topk_buffer_t";
+    case Kind::DsaStepBuilder: return "aar_dsa_step_builder_t";
+    case Kind::DsaGroupBuilder: return "aar_dsa_group_builder_t";
+    case Kind::DsaImpl: return "aar_dsa_impl_t";
+    case Kind::DsaStepMetadata: return "aar_dsa_step_metadata_t";
+    case Kind::DsaGroupMetadata: return "aar_dsa_group_metadata_t";
   }
   return nullptr;
 }

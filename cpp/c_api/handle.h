@@ -38,6 +38,11 @@ enum class Kind : uint32_t {
   SfaImpl = 9,
   SfaMetadata = 10,
   SfaTopkBuffer = 11,
+  DsaStepBuilder = 12,
+  DsaGroupBuilder = 13,
+  DsaImpl = 14,
+  DsaStepMetadata = 15,
+  DsaGroupMetadata = 16,
 };
 
 // The C type name of a kind ("aar_gqa_builder_t"); nullptr for a value that is no Kind.

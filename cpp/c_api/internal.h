@@ -26,6 +26,9 @@ struct Metadata;
 namespace aar::mla {
 struct Metadata;
 }
+namespace aar::sfa {
+class TopkBuffer;
+}
 
 // The metadata handle a build returns: a shell inside the builder's own shell
 // that views the builder's metadata, so a build allocates nothing for it.
@@ -38,6 +41,13 @@ struct aar_mla_metadata {
   static constexpr aar::capi::Kind kKind = aar::capi::Kind::MlaMetadata;
   aar::capi::Tag tag;
   const aar::mla::Metadata* md;
+};
+
+// The model's top-k buffer (sfa/ and dsa/ layers share the type).
+struct aar_sfa_topk_buffer {
+  static constexpr aar::capi::Kind kKind = aar::capi::Kind::SfaTopkBuffer;
+  aar::capi::Tag tag;
+  aar::sfa::TopkBuffer* buffer;  // owned
 };
 
 namespace aar::capi {

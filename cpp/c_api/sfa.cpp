@@ -29,12 +29,6 @@ struct aar_sfa_builder {
   int32_t num_drafts;
 };
 
-struct aar_sfa_topk_buffer {
-  static constexpr capi::Kind kKind = capi::Kind::SfaTopkBuffer;
-  capi::Tag tag;
-  sfa::TopkBuffer* buffer;  // owned
-};
-
 namespace aar::capi {
 // The cache tuple's tensors, one borrow cache per position (the composed tuple has at most 4).
 constexpr size_t kSfaMaxKv = 4;

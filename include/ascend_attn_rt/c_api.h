@@ -485,6 +485,192 @@ AAR_C_API aar_status_t aar_sfa_impl_forward(aar_sfa_impl_t* impl, const DLManage
                                             const aar_sfa_metadata_t* metadata, const DLManagedTensor* output,
                                             aar_sfa_topk_buffer_t* topk);
 
+/* ---------------------------------------------------------------- DSA
+ * DeepSeek-V4 attention (docs/design/dsa.md): a step builder per step, a group
+ * builder per KV-cache group (SWA, compressed KV, compressor states, indexer),
+ * and the layer, which picks the groups its compress ratio reads from all of the
+ * step's group metadata (route_layer). Single rank: the DSA-CP and DCP modes
+ * are not in the C ABI. Layers with an indexer cache share the model's top-k
+ * buffer, an aar_sfa_topk_buffer_t (the same buffer type). */
+
+typedef struct aar_dsa_step_builder aar_dsa_step_builder_t;
+typedef struct aar_dsa_group_builder aar_dsa_group_builder_t;
+typedef struct aar_dsa_impl aar_dsa_impl_t;
+typedef struct aar_dsa_step_metadata aar_dsa_step_metadata_t;
+typedef struct aar_dsa_group_metadata aar_dsa_group_metadata_t;
+
+/* The cache kinds (docs/design/dsa.md §2.2). */
+typedef enum aar_dsa_cache_kind {
+  AAR_DSA_SWA = 0,
+  AAR_DSA_C4_KV = 1,
+  AAR_DSA_C128_KV = 2,
+  AAR_DSA_C4_INDEXER_K = 3,
+  AAR_DSA_C4_ATTN_STATE = 4,
+  AAR_DSA_C4_INDEXER_STATE = 5,
+  AAR_DSA_C128_STATE = 6
+} aar_dsa_cache_kind_t;
+
+/* What the KV plan is made from (docs/design/dsa.md §4.2); groups and layers of one model give the same. */
+typedef struct aar_dsa_plan_config {
+  int32_t device_kind;     /* 0 A2, 1 A3, 2 A5 */
+  const char* cache_dtype; /* NULL: not set; else the engine's cache dtype ("auto", "fp8", ...) */
+  int32_t model_dtype;     /* the attention KV dtype off A5: 0 bfloat16 (default), 1 float16 */
+} aar_dsa_plan_config_t;
+
+typedef struct aar_dsa_step_builder_config {
+  size_t struct_size;
+  int32_t max_num_reqs, max_num_tokens; /* 256, 8192 */
+  int32_t num_speculative_tokens;       /* 0 */
+  int32_t num_drafts;                   /* -1: num_speculative_tokens */
+  int32_t chunked_prefill_enabled;      /* 1 */
+  /* RoPE tables (max_position, R), required; the compressor's pair optional (both or neither).
+   * Borrowed during create only. */
+  const DLManagedTensor* cos_table;
+  const DLManagedTensor* sin_table;
+  const DLManagedTensor* compress_cos_table;
+  const DLManagedTensor* compress_sin_table;
+  /* The model (read by every group builder of the step): D, W, heads, the indexer's. */
+  int32_t head_dim, window;             /* 512, 128 */
+  int32_t dspark_num_spec, dspark_width; /* 0, 0 */
+  int32_t num_heads_q;                  /* required */
+  int32_t index_topk, index_n_heads, index_head_dim; /* 512, 64, 128 */
+  DLDevice device; /* {kDLCPU, 0} */
+  aar_tristate_t separate_device_buffers;
+  int32_t staging_buffers; /* 2 */
+} aar_dsa_step_builder_config_t;
+AAR_C_API void aar_dsa_step_builder_config_init(aar_dsa_step_builder_config_t* config);
+
+typedef struct aar_dsa_step_inputs {
+  size_t struct_size;
+  const int32_t* query_start_loc;
+  size_t query_start_loc_len;
+  const int32_t* seq_lens;
+  size_t seq_lens_len;
+  int32_t num_input_tokens;    /* 0: query_start_loc[B] */
+  aar_attn_state_t attn_state; /* AAR_STATE_AUTO */
+  const int32_t* num_spec_tokens; /* optional */
+  size_t num_spec_tokens_len;
+  int32_t num_reqs_actual;     /* -1: B (no graph padding) */
+} aar_dsa_step_inputs_t;
+AAR_C_API void aar_dsa_step_inputs_init(aar_dsa_step_inputs_t* inputs);
+
+typedef struct aar_dsa_step_metadata_info {
+  size_t struct_size;
+  aar_attn_state_t attn_state;
+  int32_t num_reqs, num_kernel_reqs, num_actual_tokens, num_input_tokens;
+  int32_t num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens;
+  int32_t max_query_len, max_seq_len;
+  int32_t draft_index; /* -1: a main build */
+  uint64_t generation;
+} aar_dsa_step_metadata_info_t;
+
+AAR_C_API aar_status_t aar_dsa_step_builder_create(const aar_dsa_step_builder_config_t* config,
+                                                   aar_dsa_step_builder_t** out);
+/* Destroy its group builders first (their builds read the step builder). */
+AAR_C_API void aar_dsa_step_builder_destroy(aar_dsa_step_builder_t* builder);
+AAR_C_API aar_status_t aar_dsa_step_builder_build(aar_dsa_step_builder_t* builder, const aar_dsa_step_inputs_t* inputs,
+                                                  const aar_dsa_step_metadata_t** out);
+AAR_C_API aar_status_t aar_dsa_step_builder_build_for_graph_capture(aar_dsa_step_builder_t* builder,
+                                                                    const aar_dsa_step_inputs_t* inputs,
+                                                                    aar_attn_state_t state,
+                                                                    const aar_dsa_step_metadata_t** out);
+/* A draft step in lane draft_index; *out: that lane's metadata (one per lane, owned by the builder). */
+AAR_C_API aar_status_t aar_dsa_step_builder_build_for_drafting(aar_dsa_step_builder_t* builder,
+                                                               const aar_dsa_step_inputs_t* inputs,
+                                                               int32_t draft_index,
+                                                               const aar_dsa_step_metadata_t** out);
+AAR_C_API aar_status_t aar_dsa_step_metadata_get_info(const aar_dsa_step_metadata_t* metadata,
+                                                      aar_dsa_step_metadata_info_t* info);
+
+typedef struct aar_dsa_group_config {
+  size_t struct_size;
+  aar_dsa_cache_kind_t kind;  /* AAR_DSA_SWA */
+  int32_t cache_block_size;   /* 128 (32, 64, 128: gives the group's block sizes and ratio) */
+  int32_t max_blocks_per_req; /* 64 */
+  int32_t num_blocks;         /* required */
+  aar_dsa_plan_config_t plan;
+} aar_dsa_group_config_t;
+AAR_C_API void aar_dsa_group_config_init(aar_dsa_group_config_t* config);
+
+/* A group's cache for num_blocks blocks: the tensor a layer takes for it (and, for
+ * AAR_DSA_C4_INDEXER_K, the scale tensor); shapes in elements, ndim 0 when absent. */
+typedef struct aar_dsa_group_cache_info {
+  size_t struct_size;
+  aar_dsa_cache_kind_t kind;
+  int32_t compress_ratio;     /* 1, 4, 128 */
+  int64_t block_size;         /* the scheduler's block (raw tokens) */
+  int64_t storage_block_size; /* rows per page */
+  int32_t kv_ndim;
+  int64_t kv_shape[4];
+  DLDataType kv_dtype;        /* the plan's (a CPU model in float32 keeps float32 caches) */
+  int32_t scale_ndim;
+  int64_t scale_shape[4];
+  DLDataType scale_dtype;
+} aar_dsa_group_cache_info_t;
+
+/* step_builder must outlive the group builder. */
+AAR_C_API aar_status_t aar_dsa_group_builder_create(const aar_dsa_step_builder_t* step_builder,
+                                                    const aar_dsa_group_config_t* config,
+                                                    aar_dsa_group_builder_t** out);
+AAR_C_API void aar_dsa_group_builder_destroy(aar_dsa_group_builder_t* builder);
+AAR_C_API aar_status_t aar_dsa_group_builder_cache_info(const aar_dsa_group_builder_t* builder, int64_t num_blocks,
+                                                        aar_dsa_group_cache_info_t* info);
+/* The group's part of step `step` (a main build of the group's step builder): its block
+ * table (B x block_table_stride, host, the scheduler's). *out: the group's metadata. */
+AAR_C_API aar_status_t aar_dsa_group_builder_build(aar_dsa_group_builder_t* builder,
+                                                   const aar_dsa_step_metadata_t* step, const int32_t* block_table,
+                                                   size_t block_table_len, int32_t block_table_stride,
+                                                   const aar_dsa_group_metadata_t** out);
+/* A draft step's group part (SWA groups only; compressed groups: AAR_ERR_NOT_SUPPORTED). */
+AAR_C_API aar_status_t aar_dsa_group_builder_build_for_drafting(aar_dsa_group_builder_t* builder,
+                                                                const aar_dsa_step_metadata_t* step,
+                                                                const int32_t* block_table, size_t block_table_len,
+                                                                int32_t block_table_stride, int32_t draft_index,
+                                                                const aar_dsa_group_metadata_t** out);
+
+typedef struct aar_dsa_impl_config {
+  size_t struct_size;
+  int64_t hidden_size, num_heads;  /* required */
+  int64_t head_dim, rope_dim;      /* 512, 64 */
+  int64_t q_lora_rank;             /* required */
+  int64_t window;                  /* 0: the step's */
+  int32_t compress_ratio;          /* 1 (SWA only), 4, 128 */
+  int64_t index_n_heads, index_head_dim, index_topk; /* 64, 128, 512 (ratio 4) */
+  double eps;                      /* 1e-6 */
+  int64_t o_groups, o_lora_rank;   /* 1, required */
+  aar_dsa_plan_config_t plan;
+  int32_t use_index_cache, skip_topk; /* 0, 0 (ratio 4: write / read the top-k buffer) */
+  int64_t layer_index, workspace_group; /* -1, 0 */
+} aar_dsa_impl_config_t;
+AAR_C_API void aar_dsa_impl_config_init(aar_dsa_impl_config_t* config);
+
+/* Torch layout (out, in), borrowed until the impl is destroyed; NULL where the layer has none
+ * (the compressor's for ratio 1, the indexer's off ratio 4, wo_a_scale for unquantised wo_a). */
+typedef struct aar_dsa_weights {
+  size_t struct_size;
+  const DLManagedTensor *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *attn_sink, *wo_a, *wo_b, *wo_a_scale;
+  const DLManagedTensor *cmp_wkv, *cmp_wgate, *cmp_ape, *cmp_norm;
+  const DLManagedTensor *idx_wq_b, *idx_weights_proj;
+  const DLManagedTensor *idx_cmp_wkv, *idx_cmp_wgate, *idx_cmp_ape, *idx_cmp_norm;
+} aar_dsa_weights_t;
+AAR_C_API void aar_dsa_weights_init(aar_dsa_weights_t* weights);
+
+AAR_C_API aar_status_t aar_dsa_impl_create(const aar_dsa_impl_config_t* config, const aar_dsa_weights_t* weights,
+                                           aar_dsa_impl_t** out);
+AAR_C_API void aar_dsa_impl_destroy(aar_dsa_impl_t* impl);
+/* hidden (T, hidden_size); output (T, hidden_size). kv_cache: the layer's tuple
+ * (compress_kv, swa_kv, state, indexer_state, indexer_k, indexer_scale[, indexer_full on A5]),
+ * num_kv_cache 6 or 7, NULL for what the layer's ratio has none of (docs/design/dsa.md §2.3).
+ * step and groups: the step's metadata and the step's group metadata (any order, every
+ * group of the step may be given: the layer picks those of its ratio), or step NULL
+ * (profiling run: zero-filled output; groups ignored). topk: needed by use_index_cache /
+ * skip_topk layers. Inside an open capture the layer is recorded. */
+AAR_C_API aar_status_t aar_dsa_impl_forward(aar_dsa_impl_t* impl, const DLManagedTensor* hidden,
+                                            const DLManagedTensor* const* kv_cache, size_t num_kv_cache,
+                                            const aar_dsa_step_metadata_t* step,
+                                            const aar_dsa_group_metadata_t* const* groups, size_t num_groups,
+                                            const DLManagedTensor* output, aar_sfa_topk_buffer_t* topk);
+
 /* ---------------------------------------------------------------- graph mode */
 
 typedef struct aar_graph_params aar_graph_params_t;
