@@ -97,9 +97,7 @@ const dsa::StepBuilder& live_step(const aar_dsa_group_builder* g) {
 
 dsa::AttnKvPlan make_plan(const aar_dsa_plan_config_t& p, const char* name) {
   dsa::DsaConfig c;
-  AAR_CHECK_ARG(p.device_kind >= 0 && p.device_kind <= 3, name, ".device_kind must be 0 (A2), 1 (A3) or 2 (A5), got ",
-                p.device_kind);
-  c.device = static_cast<aar::plan::DeviceKind>(p.device_kind);
+  c.device = capi::device_kind(p.device_kind, (std::string(name) + ".device_kind").c_str());  // 310P: NotSupported
   if (p.cache_dtype != nullptr) c.cache_dtype = std::string(p.cache_dtype);
   AAR_CHECK_ARG(p.model_dtype == 0 || p.model_dtype == 1, name, ".model_dtype must be 0 (bfloat16) or 1 (float16), got ",
                 p.model_dtype);

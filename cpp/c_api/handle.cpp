@@ -44,6 +44,8 @@ const char* kind_name(uint32_t kind) noexcept {
     case Kind::DsaImpl: return "aar_dsa_impl_t";
     case Kind::DsaStepMetadata: return "aar_dsa_step_metadata_t";
     case Kind::DsaGroupMetadata: return "aar_dsa_group_metadata_t";
+    case Kind::C8Impl: return "aar_c8_impl_t";
+    case Kind::Fa3Impl: return "aar_fa3_impl_t";
   }
   return nullptr;
 }

@@ -43,6 +43,8 @@ enum class Kind : uint32_t {
   DsaImpl = 14,
   DsaStepMetadata = 15,
   DsaGroupMetadata = 16,
+  C8Impl = 17,
+  Fa3Impl = 18,
 };
 
 // The C type name of a kind ("aar_gqa_builder_t"); nullptr for a value that is no Kind.

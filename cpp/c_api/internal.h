@@ -22,6 +22,10 @@
 
 namespace aar::gqa {
 struct Metadata;
+enum class AttnType : int32_t;
+}
+namespace aar::plan {
+enum class DeviceKind : int32_t;
 }
 namespace aar::mla {
 struct Metadata;
@@ -120,6 +124,10 @@ int32_t enum_int(const E& e) {
 }
 std::optional<bool> tristate(const aar_tristate_t& v, const char* name);
 std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& s, const char* name);
+// The GQA family's attn_type field (0 decoder .. 3 encoder-decoder) and a device_kind field
+// (0 A2, 1 A3, 2 A5, 3 310P), checked by name.
+gqa::AttnType attn_type(int32_t v, const char* name);
+plan::DeviceKind device_kind(int32_t v, const char* name);
 // A device the runtime can reach in this process: the host, or an NPU when
 // torch_npu is loaded (else rejected naming `name` + `suffix` and torch_npu).
 c10::Device device_of(const DLDevice& d, const char* name, const char* suffix = "");
@@ -155,6 +163,29 @@ class BorrowCache {
   at::Tensor tensor_;
   std::vector<int64_t> key_, scratch_;
 };
+
+// The GQA family's forward (aar_{gqa,c8,fa3}_impl_forward): query, key/value (both or
+// neither), the two caches (both or neither, borrowed through the layer's caches), metadata, output.
+struct GqaCaches {
+  BorrowCache key_cache, value_cache;
+};
+template <typename Impl, typename Md>
+void gqa_forward(Impl& impl, GqaCaches& caches, const DLManagedTensor* query, const DLManagedTensor* key,
+                 const DLManagedTensor* value, const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                 const Md* md, const DLManagedTensor* output) {
+  AAR_CHECK_ARG((key == nullptr) == (value == nullptr), "key and value must both be given or both be NULL, got key ",
+                key == nullptr ? "NULL" : "given", " and value ", value == nullptr ? "NULL" : "given");
+  AAR_CHECK_ARG((key_cache == nullptr) == (value_cache == nullptr),
+                "key_cache and value_cache must both be given or both be NULL, got key_cache ",
+                key_cache == nullptr ? "NULL" : "given", " and value_cache ", value_cache == nullptr ? "NULL" : "given");
+  const at::Tensor q = borrow(query, "query");
+  const auto k = borrow_optional(key, "key");
+  const auto v = borrow_optional(value, "value");
+  const at::Tensor kc = key_cache ? caches.key_cache.get(key_cache, "key_cache") : at::Tensor();
+  const at::Tensor vc = value_cache ? caches.value_cache.get(value_cache, "value_cache") : at::Tensor();
+  const at::Tensor out = borrow(output, "output");
+  impl.forward(q, k, v, kc, vc, md, out);
+}
 
 // A tensor the caller owns: a DLManagedTensor that keeps `t` alive until its deleter runs.
 DLManagedTensor* lend(const at::Tensor& t);

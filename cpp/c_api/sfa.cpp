@@ -286,9 +286,7 @@ aar_status_t aar_sfa_impl_create(const aar_sfa_impl_config_t* c, const aar_mla_w
     ic.use_index_cache = capi::flag(c->use_index_cache, "config->use_index_cache");
     ic.sfa_c8 = capi::flag(c->sfa_c8, "config->sfa_c8");
     ic.li_c8 = capi::flag(c->li_c8, "config->li_c8");
-    AAR_CHECK_ARG(c->device_kind >= 0 && c->device_kind <= 3,
-                  "config->device_kind must be 0 (A2), 1 (A3), 2 (A5) or 3 (310P), got ", c->device_kind);
-    ic.device_kind = static_cast<aar::plan::DeviceKind>(c->device_kind);
+    ic.device_kind = capi::device_kind(c->device_kind, "config->device_kind");
     ic.layer_index = c->layer_index;
     ic.workspace_group = c->workspace_group;
     ic.preprocess.is_kv_consumer = capi::flag(c->is_kv_consumer, "config->is_kv_consumer");

@@ -248,6 +248,66 @@ AAR_C_API aar_status_t aar_gqa_impl_forward(aar_gqa_impl_t* impl, const DLManage
  * "" when impl is NULL or not a live aar_gqa_impl_t (aar_last_error() says which). */
 AAR_C_API const char* aar_gqa_impl_last_path(const aar_gqa_impl_t* impl);
 
+/* ---------------------------------------------------------------- C8 and FA3
+ * GQA variants over the GQA builder's metadata (aar_gqa_metadata_t), each a layer
+ * type of its own with the GQA forward's arguments. C8 (docs/design/gqa.md §5):
+ * the static INT8 KV cache, int8 NZ (num_blocks, Nkv, D/32, block_size, 32) or
+ * the ND shape (num_blocks, block_size, Nkv, D) holding NZ bytes; block_size 32,
+ * 64 or 128, head_size a multiple of 32. FA3 (docs/design/gqa.md §6): K/V read
+ * from the paged cache (block_size 128) in up to two kernel calls. Neither has
+ * sliding windows, sinks, ALiBi or a logits soft cap (GQA's fields, absent here). */
+
+typedef struct aar_c8_impl aar_c8_impl_t;
+typedef struct aar_fa3_impl aar_fa3_impl_t;
+
+typedef struct aar_c8_impl_config {
+  size_t struct_size;
+  int64_t num_heads, head_size;
+  double scale;           /* 0: 1/sqrt(head_size) */
+  int64_t num_kv_heads;   /* 0: num_heads */
+  int32_t attn_type;      /* as aar_gqa_impl_config_t */
+  int32_t kv_sharing;     /* 0 */
+  int32_t kv_transfer;    /* 0 none, 1 producer (float caches, the GQA path), 2 consumer */
+  int32_t device_kind;    /* 0 A2, 1 A3, 2 A5, 3 310P */
+  int64_t tp_rank, tp_size; /* 0, 1: the shard of all-head scales */
+  /* The checkpoint's k_cache_scale, k_cache_offset, v_cache_scale, v_cache_offset (any shape:
+   * 1 element, Nkv*D, or every head's), borrowed until destroy. */
+  const DLManagedTensor *k_scale, *k_offset, *v_scale, *v_offset;
+  int64_t layer_index;    /* -1 */
+  int32_t kv_cache_group;
+} aar_c8_impl_config_t;
+AAR_C_API void aar_c8_impl_config_init(aar_c8_impl_config_t* config);
+AAR_C_API aar_status_t aar_c8_impl_create(const aar_c8_impl_config_t* config, aar_c8_impl_t** out);
+AAR_C_API void aar_c8_impl_destroy(aar_c8_impl_t* impl);
+/* As aar_gqa_impl_forward (query/key/value float, the caches C8's); rows [0, num_actual_tokens) written. */
+AAR_C_API aar_status_t aar_c8_impl_forward(aar_c8_impl_t* impl, const DLManagedTensor* query,
+                                           const DLManagedTensor* key, const DLManagedTensor* value,
+                                           const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                                           const aar_gqa_metadata_t* metadata, const DLManagedTensor* output);
+/* The last forward's path ("c8_decode", "c8_dequant", ...); "" as aar_gqa_impl_last_path. */
+AAR_C_API const char* aar_c8_impl_last_path(const aar_c8_impl_t* impl);
+
+typedef struct aar_fa3_impl_config {
+  size_t struct_size;
+  int64_t num_heads, head_size;
+  double scale;           /* 0: 1/sqrt(head_size) */
+  int64_t num_kv_heads;   /* 0: num_heads */
+  int32_t attn_type;      /* as aar_gqa_impl_config_t */
+  int32_t kv_sharing;     /* 0 */
+  int32_t enforce_eager;  /* 1 */
+  int32_t full_decode_only_graph; /* 0 */
+} aar_fa3_impl_config_t;
+AAR_C_API void aar_fa3_impl_config_init(aar_fa3_impl_config_t* config);
+AAR_C_API aar_status_t aar_fa3_impl_create(const aar_fa3_impl_config_t* config, aar_fa3_impl_t** out);
+AAR_C_API void aar_fa3_impl_destroy(aar_fa3_impl_t* impl);
+/* As aar_gqa_impl_forward; caches (num_blocks, 128, Nkv, D). */
+AAR_C_API aar_status_t aar_fa3_impl_forward(aar_fa3_impl_t* impl, const DLManagedTensor* query,
+                                            const DLManagedTensor* key, const DLManagedTensor* value,
+                                            const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                                            const aar_gqa_metadata_t* metadata, const DLManagedTensor* output);
+/* "fa3_paged" or "encoder"; "" as aar_gqa_impl_last_path. */
+AAR_C_API const char* aar_fa3_impl_last_path(const aar_fa3_impl_t* impl);
+
 /* ---------------------------------------------------------------- MLA */
 
 typedef struct aar_mla_builder aar_mla_builder_t;

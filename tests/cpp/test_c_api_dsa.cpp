@@ -402,7 +402,7 @@ TEST(CApiDsa, BadArgumentsAreNamedAndWriteNothing) {
   aar_dsa_impl_config_t ic = c.ic;
   ic.plan.device_kind = 7;
   EXPECT_REJECTED(aar_dsa_impl_create(&ic, &c.cw, &l2), AAR_ERR_INVALID_ARGUMENT,
-                  "config->plan.device_kind must be 0 (A2), 1 (A3) or 2 (A5), got 7");
+                  "config->plan.device_kind must be 0 (A2), 1 (A3), 2 (A5) or 3 (310P), got 7");
   ic = c.ic;
   ic.plan.cache_dtype = "int4";
   EXPECT_REJECTED(aar_dsa_impl_create(&ic, &c.cw, &l2), AAR_ERR_INVALID_ARGUMENT, "cache_dtype 'int4'");
