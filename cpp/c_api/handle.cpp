@@ -46,6 +46,7 @@ const char* kind_name(uint32_t kind) noexcept {
     case Kind::DsaGroupMetadata: return "aar_dsa_group_metadata_t";
     case Kind::C8Impl: return "aar_c8_impl_t";
     case Kind::Fa3Impl: return "aar_fa3_impl_t";
+    case Kind::MlaLatent: return "aar_mla_latent_t";
   }
   return nullptr;
 }

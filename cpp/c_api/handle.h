@@ -45,6 +45,7 @@ enum class Kind : uint32_t {
   DsaGroupMetadata = 16,
   C8Impl = 17,
   Fa3Impl = 18,
+  MlaLatent = 19,
 };
 
 // The C type name of a kind ("aar_gqa_builder_t"); nullptr for a value that is no Kind.

@@ -411,6 +411,49 @@ AAR_C_API aar_status_t aar_mla_impl_forward(aar_mla_impl_t* impl, const DLManage
                                             const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache,
                                             const aar_mla_metadata_t* metadata, const DLManagedTensor* output);
 
+/* ---------------------------------------------------------------- MLA LatentAttention
+ * MLA attention without the projections (docs/design/mla.md §5.3, §5.5, §5.6), for
+ * engines whose model code projects itself: the cache write, the absorbed decode,
+ * the un-absorbed prefill, over aar_mla_builder_t's metadata. Not supported (each
+ * refused by name): graph decode padding, NZ / FA-quant caches, graph capture.
+ * Caches: nope (nb, bs, 1, L) and rope (nb, bs, 1, R); one engine buffer
+ * (nb, bs, L + R) holds both as its first nb*bs*L elements and the rest. */
+
+typedef struct aar_mla_latent aar_mla_latent_t;
+
+typedef struct aar_mla_latent_config {
+  size_t struct_size;
+  int64_t num_heads;        /* required */
+  int64_t kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; /* 512, 128, 64, 128 */
+  double scale;             /* 0: 1/sqrt(P+R) */
+  aar_tristate_t prefill_in_bf16; /* AAR_DEFAULT: when the operators run on the NPU */
+  int64_t workspace_group;  /* 0 (as aar_mla_impl_config_t) */
+} aar_mla_latent_config_t;
+AAR_C_API void aar_mla_latent_config_init(aar_mla_latent_config_t* config);
+AAR_C_API aar_status_t aar_mla_latent_create(const aar_mla_latent_config_t* config, aar_mla_latent_t** out);
+AAR_C_API void aar_mla_latent_destroy(aar_mla_latent_t* latent);
+/* kv_c (T, L) and k_pe (T, R) or (T, 1, R), rows r < len(slot_mapping) written at
+ * slot_mapping[r] (int64 or int32; negative: skipped). Everything checked before the first write. */
+AAR_C_API aar_status_t aar_mla_latent_write_kv(aar_mla_latent_t* latent, const DLManagedTensor* kv_c,
+                                               const DLManagedTensor* k_pe, const DLManagedTensor* slot_mapping,
+                                               const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache);
+/* The step's decode tokens: ql_nope (B, H, L) (q_nope with W_UK absorbed) and q_pe (B, H, R);
+ * out (B, H, L) contiguous gets the latent output (the engine applies W_UV). metadata NULL
+ * zero-fills out. */
+AAR_C_API aar_status_t aar_mla_latent_forward_decode(aar_mla_latent_t* latent, const DLManagedTensor* ql_nope,
+                                                     const DLManagedTensor* q_pe, const DLManagedTensor* nope_cache,
+                                                     const DLManagedTensor* rope_cache,
+                                                     const aar_mla_metadata_t* metadata, const DLManagedTensor* out);
+/* The step's prefill tokens (after the decodes): q (tp, H, P+R), kv_c (tp, L), k_pe (tp, R) or
+ * (tp, 1, R); out (tp, H*V) gets the attention output; kv_b_proj (H*(P+V), L) in the
+ * activations' dtype. metadata NULL zero-fills out. */
+AAR_C_API aar_status_t aar_mla_latent_forward_prefill(aar_mla_latent_t* latent, const DLManagedTensor* q,
+                                                      const DLManagedTensor* kv_c, const DLManagedTensor* k_pe,
+                                                      const DLManagedTensor* nope_cache,
+                                                      const DLManagedTensor* rope_cache,
+                                                      const aar_mla_metadata_t* metadata, const DLManagedTensor* out,
+                                                      const DLManagedTensor* kv_b_proj);
+
 /* ---------------------------------------------------------------- SFA
  * DeepSeek-V3.2 sparse attention (docs/design/sfa.md): the MLA family's latent
  * caches plus the lightning indexer's cache, and the model's top-k buffer.

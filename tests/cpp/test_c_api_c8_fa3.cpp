@@ -167,6 +167,7 @@ void compare(CppImpl& cpp, std::pair<at::Tensor, at::Tensor> caches, CForward c_
     EXPECT_TRUE(at::equal(out_a, out_b)) << "step " << s << ": max diff " << (out_a - out_b).abs().max().item<float>();
     EXPECT_TRUE(at::equal(ka, kb)) << "step " << s;
     EXPECT_TRUE(at::equal(va, vb)) << "step " << s;
+    EXPECT_GT(out_a.abs().sum().item<double>(), 0.0) << "step " << s;
   }
   EXPECT_GT(kb.abs().sum().item<double>(), 0.0);
 }

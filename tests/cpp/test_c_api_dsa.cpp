@@ -315,6 +315,7 @@ TEST(CApiDsa, MatchesTheCppLayerExactly) {
         << last();
     EXPECT_TRUE(at::equal(out_a, out_b)) << "step " << s << ": max diff " << (out_a - out_b).abs().max().item<float>();
     EXPECT_TRUE(all_equal(kv_a, kv_b)) << "step " << s;
+    EXPECT_GT(out_a.abs().sum().item<double>(), 0.0) << "step " << s;
   }
 
   // A draft step: the SWA group drafts in its own lane, a compressed group refuses by name.

@@ -283,6 +283,7 @@ TEST(CApiSfa, MatchesTheCppLayersExactly) {
     EXPECT_TRUE(at::equal(out_a, out_b)) << "step " << s << ": max diff " << (out_a - out_b).abs().max().item<float>();
     EXPECT_TRUE(all_equal(kv0_a, kv0_b)) << "step " << s;
     EXPECT_TRUE(all_equal(kv1_a, kv1_b)) << "step " << s;
+    EXPECT_GT(out_a.abs().sum().item<double>(), 0.0) << "step " << s;
     EXPECT_TRUE(at::equal(cpp_topk.buffer(), c_topk)) << "step " << s;
   }
 
