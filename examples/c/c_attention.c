@@ -19,30 +19,14 @@ static int seen[REQS];
 /* Causal attention of the step's tokens over each request's history, in double;
  * returns max |out - ref|. q/out rows: request after request. */
 static double check(const float* q, const float* out, const int* q_len) {
-  const double scale = 1.0 / sqrt((double)D);
-  double worst = 0.0, scores[MAXTOK];
+  double worst = 0.0;
   int row = 0;
   for (int r = 0; r < REQS; ++r) {
     for (int i = 0; i < q_len[r]; ++i, ++row) {
       const int pos = seen[r] - q_len[r] + i;
-      for (int h = 0; h < H; ++h) {
-        const int g = h / (H / HKV);
-        const float* qv = q + ((size_t)row * H + h) * D;
-        double mx = -INFINITY, sum = 0.0;
-        for (int j = 0; j <= pos; ++j) {
-          double s = 0.0;
-          for (int d = 0; d < D; ++d) s += (double)qv[d] * k_hist[r][j][g][d];
-          scores[j] = s * scale;
-          if (scores[j] > mx) mx = scores[j];
-        }
-        for (int j = 0; j <= pos; ++j) sum += (scores[j] = exp(scores[j] - mx));
-        for (int d = 0; d < D; ++d) {
-          double ref = 0.0;
-          for (int j = 0; j <= pos; ++j) ref += scores[j] / sum * v_hist[r][j][g][d];
-          const double diff = fabs(ref - out[((size_t)row * H + h) * D + d]);
-          if (diff > worst) worst = diff;
-        }
-      }
+      const double diff = gqa_row_diff(q + (size_t)row * H * D, &k_hist[r][0][0][0], &v_hist[r][0][0][0], pos + 1, H,
+                                       HKV, D, out + (size_t)row * H * D);
+      if (diff > worst) worst = diff;
     }
   }
   return worst;

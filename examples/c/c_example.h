@@ -1,7 +1,7 @@
 /* Shared by the C examples (c_attention.c, c_sfa.c, ...): the status check, borrowed
  * DLPack views of host float32 arrays, a deterministic generator, the check of a
- * rejected call, and the float64 reference of one latent-attention (MLA-style)
- * layer without q-LoRA. Pure C11, header only (each example is one program). */
+ * rejected call, and the float64 references of a GQA query row and of one
+ * latent-attention (MLA-style) layer without q-LoRA. Pure C11, header only (each example is one program). */
 #ifndef AAR_C_EXAMPLE_H_
 #define AAR_C_EXAMPLE_H_
 
@@ -64,6 +64,36 @@ static inline int expect_rejected(aar_status_t st, const char* needle, const cha
   const int ok = st == AAR_ERR_INVALID_ARGUMENT && strstr(aar_last_error(), needle) != NULL;
   printf("bad %-28s -> %s: %s%s\n", what, aar_status_name(st), aar_last_error(), ok ? "" : "  (UNEXPECTED)");
   return ok;
+}
+
+/* ------------------------------------------------------------------ GQA reference
+ * Attention of one query row q (H, D) over the first n rows of a request's keys and
+ * values (each (n, HKV, D), row-major; head h reads KV head h / (H / HKV)), in
+ * float64; returns max |ref - out| over out (H, D). */
+static inline double gqa_row_diff(const float* q, const float* k, const float* v, int n, int H, int HKV, int D,
+                                  const float* out) {
+  const double scale = 1.0 / sqrt((double)D);
+  double worst = 0.0;
+  double* p = malloc(sizeof(double) * (n > 0 ? n : 1));
+  for (int h = 0; h < H; ++h) {
+    const int g = h / (H / HKV);
+    double mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (int d = 0; d < D; ++d) s += (double)q[h * D + d] * k[((size_t)j * HKV + g) * D + d];
+      p[j] = s * scale;
+      if (p[j] > mx) mx = p[j];
+    }
+    for (int j = 0; j < n; ++j) sum += (p[j] = exp(p[j] - mx));
+    for (int d = 0; d < D; ++d) {
+      double ref = 0.0;
+      for (int j = 0; j < n; ++j) ref += p[j] / sum * v[((size_t)j * HKV + g) * D + d];
+      const double diff = fabs(ref - out[h * D + d]);
+      if (diff > worst) worst = diff;
+    }
+  }
+  free(p);
+  return worst;
 }
 
 /* ------------------------------------------------------------------ latent attention reference
