@@ -1,6 +1,8 @@
-/* The C ABI of ascend_attn_rt: the GQA and MLA backends (metadata builders and
- * per-layer attention) and graph mode, for engines that are not written in C++
- * (C, Rust, Go, Zig, ... through their C FFI). Pure C11; also compiles as C++.
+/* The C ABI of ascend_attn_rt: the GQA (with its C8 and FA3 variants), MLA (with
+ * LatentAttention), SFA and DSA backends (metadata builders and per-layer
+ * attention) and graph mode, for engines that are not written in C++ (C, Rust,
+ * Go, Zig, ... through their C FFI). Single rank: the context-parallel modes are
+ * not in it (docs/c_api.md). Pure C11; also compiles as C++.
  *
  * Library: libascend_attn_rt_c.so (CMake: find_package(ascend_attn_rt
  * COMPONENTS c_api), target ascend_attn_rt::c_api; no Torch needed to compile or
@@ -21,8 +23,9 @@
  * HANDLES. Opaque pointers made by *_create and freed by the matching
  * *_destroy (NULL is accepted and ignored). A handle is used by one thread at a
  * time (no internal locking); different handles may be used concurrently, but
- * MLA impls that run concurrently need different workspace groups
- * (aar_mla_impl_config_t.workspace_group).
+ * MLA, LatentAttention, SFA and DSA layers that run concurrently need different
+ * workspace groups (their configs' workspace_group), and a top-k buffer is used
+ * by one thread at a time.
  * Handles are typed: each carries a tag that every function checks before it
  * uses the handle. NULL where a handle is required, a handle of another type
  * (an MLA metadata given to a GQA function, an impl given as a builder, any
@@ -44,9 +47,10 @@
  *   - for every tensor of a forward recorded into a graph capture (caches,
  *     query, output, ...): as long as that bucket exists (aar_graph_release /
  *     aar_graph_params_destroy), since replays read them at their addresses;
- *   - for construction tensors (GQA sinks, MLA weights, RoPE tables): until the
- *     handle is destroyed (the MLA impl aliases its weights; the MLA builder
- *     keeps a host copy of the tables, so those may go after create returns).
+ *   - for construction tensors (GQA sinks, C8 scales, MLA / SFA / DSA weights,
+ *     RoPE tables): until the handle is destroyed (the layers alias their
+ *     weights; the MLA, SFA and DSA builders keep host copies of the tables, so
+ *     those may go after create returns).
  * The DLManagedTensor structs themselves need only live during the call.
  * Tensors on an Ascend NPU are DLPack device kDLExtDev (torch's PrivateUse1,
  * which torch_npu registers); host tensors kDLCPU (or kDLCUDAHost, pinned host
@@ -58,7 +62,7 @@
  * element size (bits / 8) when the tensor has elements. dtype: lanes 1, bits a
  * positive multiple of 8, a (code, bits) pair torch represents. Anything else
  * is rejected by name with its value.
- * Tensors the runtime RETURNS (aar_*_builder_block_table) are new
+ * Tensors the runtime RETURNS (aar_*_builder_block_table, aar_sfa_topk_buffer_tensor) are new
  * DLManagedTensors owned by the caller, who calls their deleter once; their
  * memory aliases the runtime's buffer, which the deleter keeps alive.
  *
@@ -66,8 +70,9 @@
  * are read during the call only.
  *
  * METADATA. aar_*_builder_build returns a handle to the builder's metadata:
- * owned by the builder (one per builder: a build allocates none), valid until
- * the builder is destroyed, and describing the latest build (the next build
+ * owned by the builder (one per builder, and one per draft lane for builders
+ * with build_for_drafting: a build allocates none), valid until the builder is
+ * destroyed, and describing the latest build of its lane (the next build
  * rewrites it in place, as the C++ API's `const Metadata&` does). */
 #ifndef ASCEND_ATTN_RT_C_API_H_
 #define ASCEND_ATTN_RT_C_API_H_
@@ -88,8 +93,9 @@ extern "C" {
 
 /* Bumped when a struct, a signature or the handles' layout changes.
  * 2: typed handles (a metadata handle is no longer the builder's C++ metadata
- * object); byte_offset alignment and NPU availability checked. */
-#define AAR_C_API_VERSION 2
+ * object); byte_offset alignment and NPU availability checked.
+ * 3: the C8, FA3, MLA LatentAttention, SFA and DSA families. */
+#define AAR_C_API_VERSION 3
 
 typedef enum aar_status {
   AAR_OK = 0,
