@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "ascend_attn_rt/dsa/builder.h"
+#include "ascend_attn_rt/dsa/graph.h"
+#include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/dsa/impl.h"
 #include "ascend_attn_rt/sparse/topk_buffer.h"
 #include "internal.h"
@@ -494,6 +496,19 @@ aar_status_t aar_dsa_impl_forward(aar_dsa_impl_t* impl, const DLManagedTensor* h
     }
     const at::Tensor out = capi::borrow(output, "output");
     st.impl.forward(h, st.tuple, md ? &*md : nullptr, out, tb);
+  });
+}
+
+aar_status_t aar_graph_update_dsa(aar_graph_params_t* g, int64_t num_tokens, const aar_dsa_step_metadata_t* step,
+                                  const aar_dsa_group_metadata_t* swa) {
+  return guarded("aar_graph_update_dsa", [&] {
+    aar::graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    dsa::LayerMetadata l;
+    l.step = capi::checked(step, "step")->md;
+    l.swa = capi::checked(swa, "swa")->md;
+    AAR_CHECK_ARG(l.swa->kind == dsa::DsaCacheKind::Swa, "swa is the metadata of a ", dsa::to_string(l.swa->kind),
+                  " group, expected the SWA group's");
+    params.update(num_tokens, std::vector<aar::graph::StepParams>{dsa::graph_step_params(l)});
   });
 }
 

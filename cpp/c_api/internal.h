@@ -47,6 +47,16 @@ struct aar_mla_metadata {
   const aar::mla::Metadata* md;
 };
 
+// The graph params handle (graph.cpp makes it; dsa.cpp updates it for DSA layers).
+namespace aar::graph {
+class GraphParams;
+}
+struct aar_graph_params {
+  static constexpr aar::capi::Kind kKind = aar::capi::Kind::GraphParams;
+  aar::capi::Tag tag;
+  aar::graph::GraphParams* g;  // owned
+};
+
 // The model's top-k buffer (sfa/ and dsa/ layers share the type).
 struct aar_sfa_topk_buffer {
   static constexpr aar::capi::Kind kKind = aar::capi::Kind::SfaTopkBuffer;

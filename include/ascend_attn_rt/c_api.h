@@ -588,7 +588,8 @@ AAR_C_API void aar_sfa_impl_destroy(aar_sfa_impl_t* impl);
  *   1      1      packed, index_k, index_scale
  * without an indexer the indexer part is absent. topk: the model's buffer, required by
  * layers without an indexer or with use_index_cache, else may be NULL. metadata NULL
- * zero-fills the output. Inside an open capture the layer is recorded. */
+ * zero-fills the output. Inside an open capture the layer is recorded (decode buckets,
+ * built with aar_sfa_builder_build_for_graph_capture; replays need no update). */
 AAR_C_API aar_status_t aar_sfa_impl_forward(aar_sfa_impl_t* impl, const DLManagedTensor* hidden,
                                             const DLManagedTensor* const* kv_cache, size_t num_kv_cache,
                                             const aar_sfa_metadata_t* metadata, const DLManagedTensor* output,
@@ -773,7 +774,8 @@ AAR_C_API void aar_dsa_impl_destroy(aar_dsa_impl_t* impl);
  * step and groups: the step's metadata and the step's group metadata (any order, every
  * group of the step may be given: the layer picks those of its ratio), or step NULL
  * (profiling run: zero-filled output; groups ignored). topk: needed by use_index_cache /
- * skip_topk layers. Inside an open capture the layer is recorded. */
+ * skip_topk layers. Inside an open capture the layer is recorded (decode buckets; per step
+ * aar_graph_update_dsa, then aar_graph_replay). */
 AAR_C_API aar_status_t aar_dsa_impl_forward(aar_dsa_impl_t* impl, const DLManagedTensor* hidden,
                                             const DLManagedTensor* const* kv_cache, size_t num_kv_cache,
                                             const aar_dsa_step_metadata_t* step,
@@ -821,6 +823,11 @@ AAR_C_API aar_status_t aar_graph_update_draft_gqa(aar_graph_params_t* graph, int
                                                   const aar_gqa_metadata_t* const* per_call, size_t num_calls);
 AAR_C_API aar_status_t aar_graph_update_mla(aar_graph_params_t* graph, int64_t num_tokens,
                                             const aar_mla_metadata_t* metadata);
+/* DSA layers (docs/design/dsa.md §6): a captured DSA layer reads every per-step value from the
+ * builders' stable buffers; the update checks the step (its metadata and its SWA group's
+ * latest build) fits the bucket. SFA layers need no update (the same holds for them). */
+AAR_C_API aar_status_t aar_graph_update_dsa(aar_graph_params_t* graph, int64_t num_tokens,
+                                            const aar_dsa_step_metadata_t* step, const aar_dsa_group_metadata_t* swa);
 /* "recording" provider: runs the bucket's recorded calls (each updated since the last replay). */
 AAR_C_API aar_status_t aar_graph_replay(aar_graph_params_t* graph, int64_t num_tokens);
 /* *out: 1 when bucket num_tokens is captured, else 0. */

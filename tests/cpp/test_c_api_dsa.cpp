@@ -490,4 +490,87 @@ TEST(CApiDsa, HandlesOfAnotherTypeAreRejectedByName) {
                   "metadata is an aar_dsa_step_metadata_t that has been destroyed");
 }
 
+// Graph mode: a decode bucket of a C4 layer captured through the C ABI, then per step the step and
+// group builds, aar_graph_update_dsa and a replay compute what the C++ layer computes eagerly.
+TEST(CApiDsa, CapturedDecodeBucketReplaysLikeTheCppLayer) {
+  const Model m;
+  const aar::dsa::AttnKvPlan plan = aar::dsa::make_attn_kv_plan(aar::dsa::DsaConfig{});
+  aar::dsa::StepBuilder cpp_step(cpp_step_config(m));
+  std::vector<std::unique_ptr<aar::dsa::GroupBuilder>> cpp_groups;
+  for (DsaCacheKind k : kKinds) {
+    aar::dsa::GroupConfig gc;
+    gc.kind = k;
+    gc.cache_block_size = kCbs;
+    gc.plan = plan;
+    gc.max_blocks_per_req = kMbr;
+    gc.num_blocks = kNumBlocks;
+    cpp_groups.push_back(std::make_unique<aar::dsa::GroupBuilder>(cpp_step, gc));
+  }
+  aar::dsa::Impl cpp_layer(cpp_impl_config(plan), m.w);
+  CModel c(m);
+  ASSERT_TRUE(c.step && c.layer && c.groups.size() == 5);
+  aar_graph_params_t* g = nullptr;
+  ASSERT_EQ(aar_graph_params_create("recording", nullptr, 0, &g), AAR_OK) << last();
+  Owned<aar_graph_params_t> graph(g, aar_graph_params_destroy);
+
+  at::manual_seed(7);
+  const std::vector<at::Tensor> kv_a = make_caches(plan, cpp_step);
+  const std::vector<at::Tensor> kv_b = clones(kv_a);
+  const CTuple ckv(kv_b);
+  constexpr int64_t kBucket = 3;
+  const std::vector<int32_t> table = table_for(3);
+  const at::Tensor hidden = at::zeros({kBucket, kHidden}), out = at::zeros({kBucket, kHidden});
+  Dl dh(hidden), dout(out);
+  auto c_build = [&](const Step& s, bool capture, std::vector<const aar_dsa_group_metadata_t*>& gm) {
+    const aar_dsa_step_inputs_t in = c_inputs(s);
+    const aar_dsa_step_metadata_t* st = nullptr;
+    EXPECT_EQ(capture ? aar_dsa_step_builder_build_for_graph_capture(c.step.get(), &in, AAR_STATE_DECODE_ONLY, &st)
+                      : aar_dsa_step_builder_build(c.step.get(), &in, &st),
+              AAR_OK)
+        << last();
+    gm.assign(5, nullptr);
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(aar_dsa_group_builder_build(c.groups[i].get(), st, table.data(), table.size(), kMbr, &gm[i]), AAR_OK)
+          << last();
+    }
+    return st;
+  };
+  std::vector<const aar_dsa_group_metadata_t*> gm;
+  Step step{{0, 1, 2, 3}, {9, 41, 20}};
+  const aar_dsa_step_metadata_t* st = c_build(step, true, gm);
+  ASSERT_EQ(aar_graph_begin_capture(graph.get(), kBucket), AAR_OK) << last();
+  ASSERT_EQ(aar_dsa_impl_forward(c.layer.get(), dh.get(), ckv.ptrs.data(), ckv.ptrs.size(), st, gm.data(), gm.size(),
+                                 dout.get(), nullptr),
+            AAR_OK)
+      << last();
+  ASSERT_EQ(aar_graph_end_capture(graph.get()), AAR_OK) << last();
+  EXPECT_TRUE(all_equal(kv_a, kv_b)) << "the capture ran the layer";
+  // The update is refused for a group other than the SWA one.
+  EXPECT_REJECTED(aar_graph_update_dsa(graph.get(), kBucket, st, gm[1]), AAR_ERR_INVALID_ARGUMENT,
+                  "swa is the metadata of a C4");
+
+  for (int it = 0; it < 2; ++it) {
+    for (auto& s : step.seq) ++s;
+    st = c_build(step, false, gm);
+    aar::dsa::StepInputs in;
+    in.query_start_loc = {step.qsl.data(), step.qsl.size()};
+    in.seq_lens = {step.seq.data(), step.seq.size()};
+    const aar::dsa::StepMetadata& sm = cpp_step.build(in);
+    aar::dsa::GroupInputs gi;
+    gi.block_table = {table.data(), table.size()};
+    gi.block_table_stride = kMbr;
+    std::vector<const aar::dsa::GroupMetadata*> gms;
+    for (auto& grp : cpp_groups) gms.push_back(&grp->build(sm, gi));
+    const aar::dsa::LayerMetadata lm = aar::dsa::route_layer(4, sm, {gms.data(), gms.size()});
+    hidden.normal_();
+    at::Tensor out_a = at::zeros({kBucket, kHidden});
+    cpp_layer.forward(hidden, kv_a, &lm, out_a);
+    ASSERT_EQ(aar_graph_update_dsa(graph.get(), kBucket, st, gm[0]), AAR_OK) << last();
+    ASSERT_EQ(aar_graph_replay(graph.get(), kBucket), AAR_OK) << last();
+    EXPECT_TRUE(at::equal(out_a, out)) << "step " << it << ": max diff " << (out_a - out).abs().max().item<float>();
+    EXPECT_GT(out.abs().sum().item<double>(), 0.0);
+    EXPECT_TRUE(all_equal(kv_a, kv_b)) << "step " << it;
+  }
+}
+
 }  // namespace

@@ -495,4 +495,94 @@ TEST(CApiSfa, HandlesOfAnotherTypeAreRejectedByName) {
                   "metadata is an aar_sfa_metadata_t that has been destroyed");
 }
 
+// Graph mode: a padded decode bucket captured through the C ABI and replayed per step (the SFA
+// layer reads its lengths from the builder's stable buffers: no update) computes what the C++
+// layer computes eagerly on the same steps, bitwise.
+TEST(CApiSfa, CapturedDecodeBucketReplaysLikeTheCppLayer) {
+  const Model m;
+  constexpr int64_t kBucket = 4;
+  aar::sfa::BuilderConfig cbc = cpp_builder_config(m);
+  cbc.graph_decode_padding = true;
+  aar::sfa::MetadataBuilder cpp_builder(cbc);
+  aar::sfa::Impl cpp0(cpp_config(true), m.layers[0].cpp(), m.iw);
+  aar::sfa::TopkBuffer cpp_topk(kMaxTokens, kIdxK);
+  CModel c(m);
+  ASSERT_TRUE(c.indexer_layer && c.topk);
+  Dl dcos(m.cos), dsin(m.sin);
+  aar_sfa_builder_config_t bc;
+  aar_sfa_builder_config_init(&bc);
+  bc.max_num_reqs = 4;
+  bc.max_num_tokens = kMaxTokens;
+  bc.max_blocks_per_req = kMbr;
+  bc.block_size = kBlock;
+  bc.num_blocks = kNb;
+  bc.graph_decode_padding = 1;
+  bc.cos_table = dcos.get();
+  bc.sin_table = dsin.get();
+  aar_sfa_builder_t* b = nullptr;
+  ASSERT_EQ(aar_sfa_builder_create(&bc, &b), AAR_OK) << last();
+  Owned<aar_sfa_builder_t> builder(b, aar_sfa_builder_destroy);
+  aar_graph_params_t* g = nullptr;
+  ASSERT_EQ(aar_graph_params_create("recording", nullptr, 0, &g), AAR_OK) << last();
+  Owned<aar_graph_params_t> graph(g, aar_graph_params_destroy);
+
+  const std::vector<int32_t> table = {0, 1, 0, 0, 2, 3, 0, 0, 4, 5, 0, 0, 6, 7, 0, 0};
+  auto inputs = [&](const std::vector<int32_t>& qsl, const std::vector<int32_t>& seq) {
+    aar_sfa_build_inputs_t in;
+    aar_sfa_build_inputs_init(&in);
+    in.query_start_loc = qsl.data();
+    in.query_start_loc_len = qsl.size();
+    in.seq_lens = seq.data();
+    in.seq_lens_len = seq.size();
+    in.block_table = table.data();
+    in.block_table_len = seq.size() * kMbr;
+    in.block_table_stride = kMbr;
+    in.num_input_tokens = kBucket;
+    return in;
+  };
+  const std::vector<at::Tensor> kv_a = caches(true), kv_b = caches(true);
+  std::vector<std::unique_ptr<Dl>> owners;
+  std::vector<const DLManagedTensor*> ckv;
+  for (const auto& t : kv_b) ckv.push_back(owners.emplace_back(std::make_unique<Dl>(t))->get());
+  const at::Tensor hidden = at::zeros({kBucket, kHidden});
+  const at::Tensor out = at::zeros({kBucket, kHidden});
+  Dl dh(hidden), dout(out);
+
+  const std::vector<int32_t> qsl4 = {0, 1, 2, 3, 4}, seq4 = {9, 14, 20, 11};
+  const aar_sfa_build_inputs_t cap_in = inputs(qsl4, seq4);
+  const aar_sfa_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_sfa_builder_build_for_graph_capture(builder.get(), &cap_in, AAR_STATE_DECODE_ONLY, &md), AAR_OK)
+      << last();
+  ASSERT_EQ(aar_graph_begin_capture(graph.get(), kBucket), AAR_OK) << last();
+  ASSERT_EQ(aar_sfa_impl_forward(c.indexer_layer.get(), dh.get(), ckv.data(), ckv.size(), md, dout.get(), c.topk.get()),
+            AAR_OK)
+      << last();
+  ASSERT_EQ(aar_graph_end_capture(graph.get()), AAR_OK) << last();
+  EXPECT_TRUE(all_equal(kv_a, kv_b)) << "the capture ran the layer";
+
+  std::vector<int32_t> seq = seq4;
+  for (int32_t B : {4, 2, 3}) {
+    for (auto& s : seq) ++s;
+    const std::vector<int32_t> qsl(qsl4.begin(), qsl4.begin() + B + 1), sb(seq.begin(), seq.begin() + B);
+    const aar_sfa_build_inputs_t in = inputs(qsl, sb);
+    ASSERT_EQ(aar_sfa_builder_build(builder.get(), &in, &md), AAR_OK) << last();
+    aar::sfa::BuildInputs cin;
+    cin.query_start_loc = {qsl.data(), qsl.size()};
+    cin.seq_lens = {sb.data(), sb.size()};
+    cin.block_table = {table.data(), sb.size() * kMbr};
+    cin.block_table_stride = kMbr;
+    cin.num_input_tokens = kBucket;
+    const aar::sfa::Metadata& cmd = cpp_builder.build(cin);
+    hidden.normal_();
+    hidden.narrow(0, B, kBucket - B).zero_();
+    at::Tensor out_a = at::zeros({kBucket, kHidden});
+    cpp0.forward(hidden, kv_a, &cmd, out_a, &cpp_topk);
+    ASSERT_EQ(aar_graph_replay(graph.get(), kBucket), AAR_OK) << last();
+    EXPECT_TRUE(at::equal(out_a, out)) << "B=" << B << ": max diff "
+                                                      << (out_a - out).abs().max().item<float>();
+    EXPECT_GT(out.narrow(0, 0, B).abs().sum().item<double>(), 0.0);
+    EXPECT_TRUE(all_equal(kv_a, kv_b)) << "B=" << B;
+  }
+}
+
 }  // namespace
