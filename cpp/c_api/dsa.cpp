@@ -27,31 +27,6 @@ struct aar_dsa_group_metadata {
   const dsa::GroupMetadata* md;
 };
 
-namespace aar::capi {
-// One metadata shell per lane of a builder: [0] the main lane, [1 + d] draft lane d; each
-// made and retired like a handle, so a metadata of a destroyed builder is named as such.
-template <typename Shell>
-struct LaneShells {
-  Shell** shells = nullptr;
-  int32_t count = 0;
-  void make(int32_t lanes) {
-    std::unique_ptr<Shell*[]> s(new Shell*[lanes]());
-    for (int32_t i = 0; i < lanes; ++i) s[i] = capi::make<Shell>();
-    shells = s.release();
-    count = lanes;
-  }
-  void retire_all() noexcept {
-    for (int32_t i = 0; i < count; ++i) capi::retire(shells[i]);
-    delete[] shells;
-  }
-  template <typename Md>
-  const Shell* wrap(int32_t lane, const Md& md) const {
-    shells[lane]->md = &md;
-    return shells[lane];
-  }
-};
-}  // namespace aar::capi
-
 struct aar_dsa_step_builder {
   static constexpr capi::Kind kKind = capi::Kind::DsaStepBuilder;
   capi::Tag tag;
@@ -250,7 +225,7 @@ aar_status_t aar_dsa_step_builder_create(const aar_dsa_step_builder_config_t* c,
     b.staging_buffers = c->staging_buffers;
     auto builder = std::make_unique<dsa::StepBuilder>(b);
     capi::LaneShells<aar_dsa_step_metadata> shells;
-    shells.make(1 + builder->num_drafts());
+    shells.allocate(1 + builder->num_drafts());
     aar_dsa_step_builder* h = capi::make<aar_dsa_step_builder>();
     h->builder = builder.release();
     h->metadata = shells;
@@ -337,7 +312,7 @@ aar_status_t aar_dsa_group_builder_create(const aar_dsa_step_builder_t* step, co
     g.plan = make_plan(c->plan, "config->plan");
     auto builder = std::make_unique<dsa::GroupBuilder>(*step->builder, g);
     capi::LaneShells<aar_dsa_group_metadata> shells;
-    shells.make(1 + builder->num_drafts());
+    shells.allocate(1 + builder->num_drafts());
     aar_dsa_group_builder* h = capi::make<aar_dsa_group_builder>();
     h->builder = builder.release();
     h->step = step;

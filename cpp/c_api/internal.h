@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -202,7 +203,30 @@ DLManagedTensor* lend(const at::Tensor& t);
 
 aar_attn_state_t to_c(plan::AttentionState s);
 
-// aar_{gqa,mla}_builder_block_table: the builder's staging block table, lent.
+// One metadata shell per lane of a builder: [0] the main lane, [1 + d] draft lane d; each
+// made and retired like a handle, so a metadata of a destroyed builder is named as such.
+template <typename Shell>
+struct LaneShells {
+  Shell** shells = nullptr;
+  int32_t count = 0;
+  void allocate(int32_t lanes) {
+    std::unique_ptr<Shell*[]> s(new Shell*[lanes]());
+    for (int32_t i = 0; i < lanes; ++i) s[i] = ::aar::capi::make<Shell>();
+    shells = s.release();
+    count = lanes;
+  }
+  void retire_all() noexcept {
+    for (int32_t i = 0; i < count; ++i) retire(shells[i]);
+    delete[] shells;
+  }
+  template <typename Md>
+  const Shell* wrap(int32_t lane, const Md& md) const {
+    shells[lane]->md = &md;
+    return shells[lane];
+  }
+};
+
+// aar_{gqa,mla,sfa}_builder_block_table: the builder's staging block table, lent.
 template <typename Handle>
 aar_status_t lend_block_table(const char* fn, Handle* h, DLManagedTensor** out) noexcept {
   return guarded(fn, [&] {

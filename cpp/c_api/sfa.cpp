@@ -23,10 +23,8 @@ struct aar_sfa_metadata {
 struct aar_sfa_builder {
   static constexpr capi::Kind kKind = capi::Kind::SfaBuilder;
   capi::Tag tag;
-  sfa::MetadataBuilder* builder;  // owned
-  aar_sfa_metadata metadata;      // the main lane's, what build returns
-  aar_sfa_metadata** drafts;      // owned: one shell per draft lane (made / retired like handles)
-  int32_t num_drafts;
+  sfa::MetadataBuilder* builder;                     // owned
+  capi::LaneShells<aar_sfa_metadata> metadata;       // owned: [0] main, [1 + d] draft lane d
 };
 
 namespace aar::capi {
@@ -60,11 +58,6 @@ sfa::BuildInputs build_inputs(const aar_sfa_build_inputs_t* in) {
   bi.attn_state = capi::attn_state(in->attn_state, "inputs->attn_state");
   bi.num_spec_tokens = capi::host_array(in->num_spec_tokens, in->num_spec_tokens_len, "inputs->num_spec_tokens");
   return bi;
-}
-
-const aar_sfa_metadata_t* wrap(aar_sfa_metadata* shell, const sfa::Metadata& md) {
-  shell->md = &md;
-  return shell;
 }
 
 const char* const kKvNames[capi::kSfaMaxKv] = {"kv_cache[0]", "kv_cache[1]", "kv_cache[2]", "kv_cache[3]"};
@@ -150,18 +143,11 @@ aar_status_t aar_sfa_builder_create(const aar_sfa_builder_config_t* c, aar_sfa_b
     b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
     b.staging_buffers = c->staging_buffers;
     auto builder = std::make_unique<sfa::MetadataBuilder>(b);
-    const int32_t nd = builder->num_drafts();
-    std::unique_ptr<aar_sfa_metadata*[]> drafts(new aar_sfa_metadata*[nd > 0 ? nd : 1]());
-    for (int32_t d = 0; d < nd; ++d) {
-      drafts[d] = capi::make<aar_sfa_metadata>();
-      drafts[d]->md = &builder->draft_metadata(d);
-    }
+    capi::LaneShells<aar_sfa_metadata> shells;
+    shells.allocate(1 + builder->num_drafts());
     aar_sfa_builder* h = capi::make<aar_sfa_builder>();
     h->builder = builder.release();
-    capi::mark_live(h->metadata.tag, capi::Kind::SfaMetadata);
-    h->metadata.md = &h->builder->metadata();
-    h->drafts = drafts.release();
-    h->num_drafts = nd;
+    h->metadata = shells;
     *out = h;
   });
 }
@@ -169,9 +155,7 @@ aar_status_t aar_sfa_builder_create(const aar_sfa_builder_config_t* c, aar_sfa_b
 void aar_sfa_builder_destroy(aar_sfa_builder_t* b) {
   capi::destroy("aar_sfa_builder_destroy", b, "builder", [](aar_sfa_builder* h) {
     delete h->builder;
-    capi::mark_dead(h->metadata.tag);
-    for (int32_t d = 0; d < h->num_drafts; ++d) capi::retire(h->drafts[d]);
-    delete[] h->drafts;
+    h->metadata.retire_all();
   });
 }
 
@@ -181,7 +165,7 @@ aar_status_t aar_sfa_builder_build(aar_sfa_builder_t* b, const aar_sfa_build_inp
     capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const sfa::BuildInputs bi = build_inputs(in);
-    *out = wrap(&b->metadata, b->builder->build(bi));
+    *out = b->metadata.wrap(0, b->builder->build(bi));
   });
 }
 
@@ -193,7 +177,7 @@ aar_status_t aar_sfa_builder_build_for_graph_capture(aar_sfa_builder_t* b, const
     const sfa::BuildInputs bi = build_inputs(in);
     const auto s = capi::attn_state(state, "state");
     AAR_CHECK_ARG(s.has_value(), "state must be an attention state, got AAR_STATE_AUTO");
-    *out = wrap(&b->metadata, b->builder->build_for_graph_capture(bi, *s));
+    *out = b->metadata.wrap(0, b->builder->build_for_graph_capture(bi, *s));
   });
 }
 
@@ -203,9 +187,10 @@ aar_status_t aar_sfa_builder_build_for_drafting(aar_sfa_builder_t* b, const aar_
     capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const sfa::BuildInputs bi = build_inputs(in);
-    AAR_CHECK_ARG(draft_index >= 0 && draft_index < b->num_drafts, "draft_index=", draft_index,
-                  " is out of range [0, num_drafts=", b->num_drafts, ")");
-    *out = wrap(b->drafts[draft_index], b->builder->build_for_drafting(bi, draft_index));
+    const int32_t nd = b->metadata.count - 1;
+    AAR_CHECK_ARG(draft_index >= 0 && draft_index < nd, "draft_index=", draft_index, " is out of range [0, num_drafts=",
+                  nd, ")");
+    *out = b->metadata.wrap(1 + draft_index, b->builder->build_for_drafting(bi, draft_index));
   });
 }
 
