@@ -97,6 +97,17 @@ std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& field, co
   return static_cast<plan::AttentionState>(s);
 }
 
+gqa::AttnType attn_type(int32_t v, const char* name) {
+  AAR_CHECK_ARG(v >= 0 && v <= 3, name, " must be 0 (decoder), 1 (encoder-only), 2 (encoder) or 3 (encoder-decoder), got ",
+                v);
+  return static_cast<gqa::AttnType>(v);
+}
+
+plan::DeviceKind device_kind(int32_t v, const char* name) {
+  AAR_CHECK_ARG(v >= 0 && v <= 3, name, " must be 0 (A2), 1 (A3), 2 (A5) or 3 (310P), got ", v);
+  return static_cast<plan::DeviceKind>(v);
+}
+
 aar_attn_state_t to_c(plan::AttentionState s) { return static_cast<aar_attn_state_t>(s); }
 
 namespace {

@@ -22,7 +22,7 @@ namespace aar::capi {
 struct GqaImplState {
   explicit GqaImplState(const gqa::ImplConfig& c) : impl(c) {}
   gqa::AttentionImpl impl;
-  BorrowCache key_cache, value_cache;
+  GqaCaches caches;
 };
 }  // namespace aar::capi
 
@@ -196,14 +196,9 @@ aar_status_t aar_gqa_impl_create(const aar_gqa_impl_config_t* c, aar_gqa_impl_t*
                   c->logits_soft_cap);
     if (c->logits_soft_cap > 0.0) ic.logits_soft_cap = c->logits_soft_cap;
     if (c->kv_cache_dtype != nullptr) ic.kv_cache_dtype = c->kv_cache_dtype;
-    AAR_CHECK_ARG(c->attn_type >= 0 && c->attn_type <= 3,
-                  "config->attn_type must be 0 (decoder), 1 (encoder-only), 2 (encoder) or 3 (encoder-decoder), got ",
-                  c->attn_type);
-    ic.attn_type = static_cast<gqa::AttnType>(c->attn_type);
+    ic.attn_type = capi::attn_type(c->attn_type, "config->attn_type");
     ic.kv_sharing = capi::flag(c->kv_sharing, "config->kv_sharing");
-    AAR_CHECK_ARG(c->device_kind >= 0 && c->device_kind <= 3,
-                  "config->device_kind must be 0 (A2), 1 (A3), 2 (A5) or 3 (310P), got ", c->device_kind);
-    ic.device_kind = static_cast<aar::plan::DeviceKind>(c->device_kind);
+    ic.device_kind = capi::device_kind(c->device_kind, "config->device_kind");
     ic.has_speculative_config = capi::flag(c->has_speculative_config, "config->has_speculative_config");
     ic.full_decode_only_graph = capi::flag(c->full_decode_only_graph, "config->full_decode_only_graph");
     const auto pa = capi::host_array(c->pa_shape_list, c->pa_shape_list_len, "config->pa_shape_list");
@@ -228,18 +223,7 @@ aar_status_t aar_gqa_impl_forward(aar_gqa_impl_t* impl, const DLManagedTensor* q
   return guarded("aar_gqa_impl_forward", [&] {
     capi::GqaImplState& st = *capi::checked(impl, "impl")->state;
     const gqa::Metadata* md = metadata ? capi::unwrap(metadata, "metadata") : nullptr;
-    AAR_CHECK_ARG((key == nullptr) == (value == nullptr), "key and value must both be given or both be NULL, got key ",
-                  key == nullptr ? "NULL" : "given", " and value ", value == nullptr ? "NULL" : "given");
-    AAR_CHECK_ARG((key_cache == nullptr) == (value_cache == nullptr),
-                  "key_cache and value_cache must both be given or both be NULL, got key_cache ",
-                  key_cache == nullptr ? "NULL" : "given", " and value_cache ", value_cache == nullptr ? "NULL" : "given");
-    const at::Tensor q = capi::borrow(query, "query");
-    const auto k = capi::borrow_optional(key, "key");
-    const auto v = capi::borrow_optional(value, "value");
-    const at::Tensor kc = key_cache ? st.key_cache.get(key_cache, "key_cache") : at::Tensor();
-    const at::Tensor vc = value_cache ? st.value_cache.get(value_cache, "value_cache") : at::Tensor();
-    const at::Tensor out = capi::borrow(output, "output");
-    st.impl.forward(q, k, v, kc, vc, md, out);
+    capi::gqa_forward(st.impl, st.caches, query, key, value, key_cache, value_cache, md, output);
   });
 }
 

@@ -13,12 +13,6 @@ using aar::capi::guarded;
 namespace capi = aar::capi;
 namespace graph = aar::graph;
 
-struct aar_graph_params {
-  static constexpr capi::Kind kKind = capi::Kind::GraphParams;
-  capi::Tag tag;
-  graph::GraphParams* g;  // owned
-};
-
 namespace {
 
 graph::GraphHooks c_hooks(const aar_graph_hooks_t& h) {

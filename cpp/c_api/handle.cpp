@@ -35,6 +35,18 @@ const char* kind_name(uint32_t kind) noexcept {
     case Kind::MlaImpl: return "aar_mla_impl_t";
     case Kind::MlaMetadata: return "aar_mla_metadata_t";
     case Kind::GraphParams: return "aar_graph_params_t";
+    case Kind::SfaBuilder: return "aar_sfa_builder_t";
+    case Kind::SfaImpl: return "aar_sfa_impl_t";
+    case Kind::SfaMetadata: return "aar_sfa_metadata_t";
+    case Kind::SfaTopkBuffer: return "aar_sfa_topk_buffer_t";
+    case Kind::DsaStepBuilder: return "aar_dsa_step_builder_t";
+    case Kind::DsaGroupBuilder: return "aar_dsa_group_builder_t";
+    case Kind::DsaImpl: return "aar_dsa_impl_t";
+    case Kind::DsaStepMetadata: return "aar_dsa_step_metadata_t";
+    case Kind::DsaGroupMetadata: return "aar_dsa_group_metadata_t";
+    case Kind::C8Impl: return "aar_c8_impl_t";
+    case Kind::Fa3Impl: return "aar_fa3_impl_t";
+    case Kind::MlaLatent: return "aar_mla_latent_t";
   }
   return nullptr;
 }

@@ -34,6 +34,18 @@ enum class Kind : uint32_t {
   MlaImpl = 5,
   MlaMetadata = 6,
   GraphParams = 7,
+  SfaBuilder = 8,
+  SfaImpl = 9,
+  SfaMetadata = 10,
+  SfaTopkBuffer = 11,
+  DsaStepBuilder = 12,
+  DsaGroupBuilder = 13,
+  DsaImpl = 14,
+  DsaStepMetadata = 15,
+  DsaGroupMetadata = 16,
+  C8Impl = 17,
+  Fa3Impl = 18,
+  MlaLatent = 19,
 };
 
 // The C type name of a kind ("aar_gqa_builder_t"); nullptr for a value that is no Kind.

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -22,9 +23,16 @@
 
 namespace aar::gqa {
 struct Metadata;
+enum class AttnType : int32_t;
+}
+namespace aar::plan {
+enum class DeviceKind : int32_t;
 }
 namespace aar::mla {
 struct Metadata;
+}
+namespace aar::sfa {
+class TopkBuffer;
 }
 
 // The metadata handle a build returns: a shell inside the builder's own shell
@@ -38,6 +46,23 @@ struct aar_mla_metadata {
   static constexpr aar::capi::Kind kKind = aar::capi::Kind::MlaMetadata;
   aar::capi::Tag tag;
   const aar::mla::Metadata* md;
+};
+
+// The graph params handle (graph.cpp makes it; dsa.cpp updates it for DSA layers).
+namespace aar::graph {
+class GraphParams;
+}
+struct aar_graph_params {
+  static constexpr aar::capi::Kind kKind = aar::capi::Kind::GraphParams;
+  aar::capi::Tag tag;
+  aar::graph::GraphParams* g;  // owned
+};
+
+// The model's top-k buffer (sfa/ and dsa/ layers share the type).
+struct aar_sfa_topk_buffer {
+  static constexpr aar::capi::Kind kKind = aar::capi::Kind::SfaTopkBuffer;
+  aar::capi::Tag tag;
+  aar::sfa::TopkBuffer* buffer;  // owned
 };
 
 namespace aar::capi {
@@ -110,6 +135,10 @@ int32_t enum_int(const E& e) {
 }
 std::optional<bool> tristate(const aar_tristate_t& v, const char* name);
 std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& s, const char* name);
+// The GQA family's attn_type field (0 decoder .. 3 encoder-decoder) and a device_kind field
+// (0 A2, 1 A3, 2 A5, 3 310P), checked by name.
+gqa::AttnType attn_type(int32_t v, const char* name);
+plan::DeviceKind device_kind(int32_t v, const char* name);
 // A device the runtime can reach in this process: the host, or an NPU when
 // torch_npu is loaded (else rejected naming `name` + `suffix` and torch_npu).
 c10::Device device_of(const DLDevice& d, const char* name, const char* suffix = "");
@@ -146,12 +175,58 @@ class BorrowCache {
   std::vector<int64_t> key_, scratch_;
 };
 
+// The GQA family's forward (aar_{gqa,c8,fa3}_impl_forward): query, key/value (both or
+// neither), the two caches (both or neither, borrowed through the layer's caches), metadata, output.
+struct GqaCaches {
+  BorrowCache key_cache, value_cache;
+};
+template <typename Impl, typename Md>
+void gqa_forward(Impl& impl, GqaCaches& caches, const DLManagedTensor* query, const DLManagedTensor* key,
+                 const DLManagedTensor* value, const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                 const Md* md, const DLManagedTensor* output) {
+  AAR_CHECK_ARG((key == nullptr) == (value == nullptr), "key and value must both be given or both be NULL, got key ",
+                key == nullptr ? "NULL" : "given", " and value ", value == nullptr ? "NULL" : "given");
+  AAR_CHECK_ARG((key_cache == nullptr) == (value_cache == nullptr),
+                "key_cache and value_cache must both be given or both be NULL, got key_cache ",
+                key_cache == nullptr ? "NULL" : "given", " and value_cache ", value_cache == nullptr ? "NULL" : "given");
+  const at::Tensor q = borrow(query, "query");
+  const auto k = borrow_optional(key, "key");
+  const auto v = borrow_optional(value, "value");
+  const at::Tensor kc = key_cache ? caches.key_cache.get(key_cache, "key_cache") : at::Tensor();
+  const at::Tensor vc = value_cache ? caches.value_cache.get(value_cache, "value_cache") : at::Tensor();
+  const at::Tensor out = borrow(output, "output");
+  impl.forward(q, k, v, kc, vc, md, out);
+}
+
 // A tensor the caller owns: a DLManagedTensor that keeps `t` alive until its deleter runs.
 DLManagedTensor* lend(const at::Tensor& t);
 
 aar_attn_state_t to_c(plan::AttentionState s);
 
-// aar_{gqa,mla}_builder_block_table: the builder's staging block table, lent.
+// One metadata shell per lane of a builder: [0] the main lane, [1 + d] draft lane d; each
+// made and retired like a handle, so a metadata of a destroyed builder is named as such.
+template <typename Shell>
+struct LaneShells {
+  Shell** shells = nullptr;
+  int32_t count = 0;
+  void allocate(int32_t lanes) {
+    std::unique_ptr<Shell*[]> s(new Shell*[lanes]());
+    for (int32_t i = 0; i < lanes; ++i) s[i] = ::aar::capi::make<Shell>();
+    shells = s.release();
+    count = lanes;
+  }
+  void retire_all() noexcept {
+    for (int32_t i = 0; i < count; ++i) retire(shells[i]);
+    delete[] shells;
+  }
+  template <typename Md>
+  const Shell* wrap(int32_t lane, const Md& md) const {
+    shells[lane]->md = &md;
+    return shells[lane];
+  }
+};
+
+// aar_{gqa,mla,sfa}_builder_block_table: the builder's staging block table, lent.
 template <typename Handle>
 aar_status_t lend_block_table(const char* fn, Handle* h, DLManagedTensor** out) noexcept {
   return guarded(fn, [&] {

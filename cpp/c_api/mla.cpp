@@ -1,8 +1,10 @@
-// C ABI of the MLA backend: builder, metadata facts, layer (unquantised weights).
+// C ABI of the MLA backend: builder, metadata facts, layer (unquantised weights), and
+// LatentAttention (the attention without the projections).
 #include <memory>
 
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/impl.h"
+#include "ascend_attn_rt/mla/latent_attention.h"
 #include "internal.h"
 
 using aar::capi::guarded;
@@ -226,6 +228,112 @@ aar_status_t aar_mla_impl_forward(aar_mla_impl_t* impl, const DLManagedTensor* h
     const at::Tensor rc = st.rope_cache.get(rope_cache, "rope_cache");
     const at::Tensor out = capi::borrow(output, "output");
     st.impl.forward(h, nc, rc, md, out);
+  });
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------- LatentAttention
+namespace aar::capi {
+struct MlaLatentState {
+  explicit MlaLatentState(const mla::LatentAttentionConfig& c) : attn(c) {}
+  mla::LatentAttention attn;
+  BorrowCache nope_cache, rope_cache;
+};
+}  // namespace aar::capi
+
+struct aar_mla_latent {
+  static constexpr capi::Kind kKind = capi::Kind::MlaLatent;
+  capi::Tag tag;
+  capi::MlaLatentState* state;  // owned
+};
+
+extern "C" {
+
+void aar_mla_latent_config_init(aar_mla_latent_config_t* c) {
+  if (c == nullptr) return;
+  const mla::LatentAttentionConfig d;
+  *c = aar_mla_latent_config_t{};
+  c->struct_size = sizeof(*c);
+  c->kv_lora_rank = d.kv_lora_rank;
+  c->qk_nope_head_dim = d.qk_nope_head_dim;
+  c->qk_rope_head_dim = d.qk_rope_head_dim;
+  c->v_head_dim = d.v_head_dim;
+  c->scale = d.scale;
+  c->prefill_in_bf16 = AAR_DEFAULT;
+  c->workspace_group = d.workspace_group;
+}
+
+aar_status_t aar_mla_latent_create(const aar_mla_latent_config_t* c, aar_mla_latent_t** out) {
+  return guarded("aar_mla_latent_create", [&] {
+    capi::check_struct(c, "config", "aar_mla_latent_config_init");
+    capi::check_not_null(out, "out");
+    mla::LatentAttentionConfig lc;
+    lc.num_heads = c->num_heads;
+    lc.kv_lora_rank = c->kv_lora_rank;
+    lc.qk_nope_head_dim = c->qk_nope_head_dim;
+    lc.qk_rope_head_dim = c->qk_rope_head_dim;
+    lc.v_head_dim = c->v_head_dim;
+    lc.scale = c->scale;
+    lc.prefill_in_bf16 = capi::tristate(c->prefill_in_bf16, "config->prefill_in_bf16");
+    lc.workspace_group = c->workspace_group;
+    auto state = std::make_unique<capi::MlaLatentState>(lc);
+    aar_mla_latent* h = capi::make<aar_mla_latent>();
+    h->state = state.release();
+    *out = h;
+  });
+}
+
+void aar_mla_latent_destroy(aar_mla_latent_t* latent) {
+  capi::destroy("aar_mla_latent_destroy", latent, "latent", [](aar_mla_latent* h) { delete h->state; });
+}
+
+aar_status_t aar_mla_latent_write_kv(aar_mla_latent_t* latent, const DLManagedTensor* kv_c, const DLManagedTensor* k_pe,
+                                     const DLManagedTensor* slot_mapping, const DLManagedTensor* nope_cache,
+                                     const DLManagedTensor* rope_cache) {
+  return guarded("aar_mla_latent_write_kv", [&] {
+    capi::MlaLatentState& st = *capi::checked(latent, "latent")->state;
+    const at::Tensor c = capi::borrow(kv_c, "kv_c");
+    const at::Tensor pe = capi::borrow(k_pe, "k_pe");
+    const at::Tensor slots = capi::borrow(slot_mapping, "slot_mapping");
+    const at::Tensor nc = st.nope_cache.get(nope_cache, "nope_cache");
+    const at::Tensor rc = st.rope_cache.get(rope_cache, "rope_cache");
+    st.attn.write_kv(c, pe, slots, nc, rc);
+  });
+}
+
+aar_status_t aar_mla_latent_forward_decode(aar_mla_latent_t* latent, const DLManagedTensor* ql_nope,
+                                           const DLManagedTensor* q_pe, const DLManagedTensor* nope_cache,
+                                           const DLManagedTensor* rope_cache, const aar_mla_metadata_t* metadata,
+                                           const DLManagedTensor* out) {
+  return guarded("aar_mla_latent_forward_decode", [&] {
+    capi::MlaLatentState& st = *capi::checked(latent, "latent")->state;
+    const mla::Metadata* md = metadata ? capi::unwrap(metadata, "metadata") : nullptr;
+    const at::Tensor ql = capi::borrow(ql_nope, "ql_nope");
+    const at::Tensor qp = capi::borrow(q_pe, "q_pe");
+    const at::Tensor nc = st.nope_cache.get(nope_cache, "nope_cache");
+    const at::Tensor rc = st.rope_cache.get(rope_cache, "rope_cache");
+    const at::Tensor o = capi::borrow(out, "out");
+    st.attn.forward_decode(ql, qp, nc, rc, md, o);
+  });
+}
+
+aar_status_t aar_mla_latent_forward_prefill(aar_mla_latent_t* latent, const DLManagedTensor* q,
+                                            const DLManagedTensor* kv_c, const DLManagedTensor* k_pe,
+                                            const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache,
+                                            const aar_mla_metadata_t* metadata, const DLManagedTensor* out,
+                                            const DLManagedTensor* kv_b_proj) {
+  return guarded("aar_mla_latent_forward_prefill", [&] {
+    capi::MlaLatentState& st = *capi::checked(latent, "latent")->state;
+    const mla::Metadata* md = metadata ? capi::unwrap(metadata, "metadata") : nullptr;
+    const at::Tensor qq = capi::borrow(q, "q");
+    const at::Tensor c = capi::borrow(kv_c, "kv_c");
+    const at::Tensor pe = capi::borrow(k_pe, "k_pe");
+    const at::Tensor nc = st.nope_cache.get(nope_cache, "nope_cache");
+    const at::Tensor rc = st.rope_cache.get(rope_cache, "rope_cache");
+    const at::Tensor o = capi::borrow(out, "out");
+    const at::Tensor w = capi::borrow(kv_b_proj, "kv_b_proj");
+    st.attn.forward_prefill(qq, c, pe, nc, rc, md, o, w);
   });
 }
 

@@ -8,53 +8,9 @@
  *
  * Build: examples/c/CMakeLists.txt (find_package(ascend_attn_rt COMPONENTS
  * c_api)); ctest `example_c_attention` runs it. */
-#include <ascend_attn_rt/c_api.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "c_example.h"
 
 enum { H = 4, HKV = 2, D = 32, BS = 16, NB = 16, REQS = 2, MAXTOK = 64, WIDTH = 4 };
-
-#define CHECK(call)                                                                         \
-  do {                                                                                      \
-    aar_status_t st_ = (call);                                                              \
-    if (st_ != AAR_OK) {                                                                    \
-      fprintf(stderr, "%s:%d %s -> %s: %s\n", __FILE__, __LINE__, #call, aar_status_name(st_), \
-              aar_last_error());                                                            \
-      exit(1);                                                                              \
-    }                                                                                       \
-  } while (0)
-
-/* A borrowed view of a float32 host array as a DLPack tensor (compact, row-major). */
-typedef struct {
-  DLManagedTensor m;
-  int64_t shape[4];
-} tensor_t;
-
-static DLManagedTensor* view(tensor_t* t, float* data, int ndim, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
-  const int64_t dims[4] = {d0, d1, d2, d3};
-  memset(t, 0, sizeof(*t));
-  memcpy(t->shape, dims, sizeof(dims));
-  t->m.dl_tensor.data = data;
-  t->m.dl_tensor.device.device_type = kDLCPU;
-  t->m.dl_tensor.ndim = ndim;
-  t->m.dl_tensor.dtype.code = kDLFloat;
-  t->m.dl_tensor.dtype.bits = 32;
-  t->m.dl_tensor.dtype.lanes = 1;
-  t->m.dl_tensor.shape = t->shape;
-  t->m.dl_tensor.strides = NULL;
-  return &t->m;
-}
-
-static unsigned long long rng = 12345;
-static float uniform(void) { /* in [-1, 1) */
-  rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-  return (float)((rng >> 40) / (double)(1ULL << 24)) * 2.0f - 1.0f;
-}
-static void fill(float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i] = uniform();
-}
 
 /* Every K/V row each request has seen, in order (the float64 reference reads these). */
 static float k_hist[REQS][MAXTOK][HKV][D], v_hist[REQS][MAXTOK][HKV][D];
@@ -63,30 +19,14 @@ static int seen[REQS];
 /* Causal attention of the step's tokens over each request's history, in double;
  * returns max |out - ref|. q/out rows: request after request. */
 static double check(const float* q, const float* out, const int* q_len) {
-  const double scale = 1.0 / sqrt((double)D);
-  double worst = 0.0, scores[MAXTOK];
+  double worst = 0.0;
   int row = 0;
   for (int r = 0; r < REQS; ++r) {
     for (int i = 0; i < q_len[r]; ++i, ++row) {
       const int pos = seen[r] - q_len[r] + i;
-      for (int h = 0; h < H; ++h) {
-        const int g = h / (H / HKV);
-        const float* qv = q + ((size_t)row * H + h) * D;
-        double mx = -INFINITY, sum = 0.0;
-        for (int j = 0; j <= pos; ++j) {
-          double s = 0.0;
-          for (int d = 0; d < D; ++d) s += (double)qv[d] * k_hist[r][j][g][d];
-          scores[j] = s * scale;
-          if (scores[j] > mx) mx = scores[j];
-        }
-        for (int j = 0; j <= pos; ++j) sum += (scores[j] = exp(scores[j] - mx));
-        for (int d = 0; d < D; ++d) {
-          double ref = 0.0;
-          for (int j = 0; j <= pos; ++j) ref += scores[j] / sum * v_hist[r][j][g][d];
-          const double diff = fabs(ref - out[((size_t)row * H + h) * D + d]);
-          if (diff > worst) worst = diff;
-        }
-      }
+      const double diff = gqa_row_diff(q + (size_t)row * H * D, &k_hist[r][0][0][0], &v_hist[r][0][0][0], pos + 1, H,
+                                       HKV, D, out + (size_t)row * H * D);
+      if (diff > worst) worst = diff;
     }
   }
   return worst;
@@ -104,12 +44,6 @@ static void remember(const float* k, const float* v, const int* q_len) {
   }
 }
 
-static int expect_rejected(aar_status_t st, const char* needle, const char* what) {
-  const int ok = st == AAR_ERR_INVALID_ARGUMENT && strstr(aar_last_error(), needle) != NULL;
-  printf("bad %-28s -> %s: %s%s\n", what, aar_status_name(st), aar_last_error(), ok ? "" : "  (UNEXPECTED)");
-  return ok;
-}
-
 static float k_cache[NB][BS][HKV][D], v_cache[NB][BS][HKV][D];
 
 /* ------------------------------------------------------------------ MLA
@@ -124,61 +58,11 @@ static float w_q[MH * (MP + MR)][MHID], w_kva[ML + MR][MHID], g_kv[ML], w_kvb[MH
 static float x_hist[REQS][MTOK][MHID]; /* hidden states each request has seen */
 static double inv_freq[MR / 2];
 
-static void rope(double* y, const double* x, int pos) {
-  for (int i = 0; i < MR / 2; ++i) {
-    const double c = cos(pos * inv_freq[i]), s = sin(pos * inv_freq[i]);
-    y[2 * i] = x[2 * i] * c - x[2 * i + 1] * s;
-    y[2 * i + 1] = x[2 * i + 1] * c + x[2 * i] * s;
-  }
-}
-
-static void matvec(double* y, const float* w, const float* xf, const double* xd, int rows, int cols) {
-  for (int o = 0; o < rows; ++o) {
-    double acc = 0.0;
-    for (int i = 0; i < cols; ++i) acc += (double)w[(size_t)o * cols + i] * (xf ? (double)xf[i] : xd[i]);
-    y[o] = acc;
-  }
-}
-
 /* Output row (MHID) of the token at position `pos` of request r, attending positions [0, pos]. */
 static void mla_reference(double* out, int r, int pos) {
-  static double k_nope[MTOK][MH][MP], v[MTOK][MH][MV], k_rope[MTOK][MR];
-  const double scale = 1.0 / sqrt((double)(MP + MR));
-  for (int j = 0; j <= pos; ++j) {
-    double kv[ML + MR], c[ML], kvb[MH * (MP + MV)], ms = 0.0;
-    matvec(kv, &w_kva[0][0], x_hist[r][j], NULL, ML + MR, MHID);
-    for (int i = 0; i < ML; ++i) ms += kv[i] * kv[i] / ML;
-    for (int i = 0; i < ML; ++i) c[i] = kv[i] / sqrt(ms + 1e-6) * g_kv[i];
-    rope(k_rope[j], kv + ML, j);
-    matvec(kvb, &w_kvb[0][0], NULL, c, MH * (MP + MV), ML);
-    for (int h = 0; h < MH; ++h) {
-      for (int i = 0; i < MP; ++i) k_nope[j][h][i] = kvb[h * (MP + MV) + i];
-      for (int i = 0; i < MV; ++i) v[j][h][i] = kvb[h * (MP + MV) + MP + i];
-    }
-  }
-  double q[MH * (MP + MR)], o[MH * MV];
-  matvec(q, &w_q[0][0], x_hist[r][pos], NULL, MH * (MP + MR), MHID);
-  for (int h = 0; h < MH; ++h) {
-    double q_rope[MR], p[MTOK], mx = -INFINITY, sum = 0.0;
-    rope(q_rope, q + h * (MP + MR) + MP, pos);
-    for (int j = 0; j <= pos; ++j) {
-      double sc = 0.0;
-      for (int i = 0; i < MP; ++i) sc += q[h * (MP + MR) + i] * k_nope[j][h][i];
-      for (int i = 0; i < MR; ++i) sc += q_rope[i] * k_rope[j][i];
-      p[j] = sc * scale;
-      if (p[j] > mx) mx = p[j];
-    }
-    for (int j = 0; j <= pos; ++j) sum += (p[j] = exp(p[j] - mx));
-    for (int i = 0; i < MV; ++i) {
-      o[h * MV + i] = 0.0;
-      for (int j = 0; j <= pos; ++j) o[h * MV + i] += p[j] / sum * v[j][h][i];
-    }
-  }
-  matvec(out, &w_o[0][0], NULL, o, MHID, MH * MV);
-}
-
-static DLManagedTensor* view2(tensor_t* t, float* data, int64_t d0, int64_t d1) {
-  return view(t, data, 2, d0, d1, 0, 0);
+  const latent_layer_t m = {MH, MHID, ML, MP, MR, MV, &w_q[0][0], &w_kva[0][0], g_kv, &w_kvb[0][0], &w_o[0][0],
+                            inv_freq};
+  latent_reference(&m, out, &x_hist[r][0][0], pos);
 }
 
 static float nope_cache[MNB][MBS][1][ML], rope_cache[MNB][MBS][1][MR];

@@ -1,6 +1,8 @@
-/* The C ABI of ascend_attn_rt: the GQA and MLA backends (metadata builders and
- * per-layer attention) and graph mode, for engines that are not written in C++
- * (C, Rust, Go, Zig, ... through their C FFI). Pure C11; also compiles as C++.
+/* The C ABI of ascend_attn_rt: the GQA (with its C8 and FA3 variants), MLA (with
+ * LatentAttention), SFA and DSA backends (metadata builders and per-layer
+ * attention) and graph mode, for engines that are not written in C++ (C, Rust,
+ * Go, Zig, ... through their C FFI). Single rank: the context-parallel modes are
+ * not in it (docs/c_api.md). Pure C11; also compiles as C++.
  *
  * Library: libascend_attn_rt_c.so (CMake: find_package(ascend_attn_rt
  * COMPONENTS c_api), target ascend_attn_rt::c_api; no Torch needed to compile or
@@ -21,8 +23,9 @@
  * HANDLES. Opaque pointers made by *_create and freed by the matching
  * *_destroy (NULL is accepted and ignored). A handle is used by one thread at a
  * time (no internal locking); different handles may be used concurrently, but
- * MLA impls that run concurrently need different workspace groups
- * (aar_mla_impl_config_t.workspace_group).
+ * MLA, LatentAttention, SFA and DSA layers that run concurrently need different
+ * workspace groups (their configs' workspace_group), and a top-k buffer is used
+ * by one thread at a time.
  * Handles are typed: each carries a tag that every function checks before it
  * uses the handle. NULL where a handle is required, a handle of another type
  * (an MLA metadata given to a GQA function, an impl given as a builder, any
@@ -44,9 +47,10 @@
  *   - for every tensor of a forward recorded into a graph capture (caches,
  *     query, output, ...): as long as that bucket exists (aar_graph_release /
  *     aar_graph_params_destroy), since replays read them at their addresses;
- *   - for construction tensors (GQA sinks, MLA weights, RoPE tables): until the
- *     handle is destroyed (the MLA impl aliases its weights; the MLA builder
- *     keeps a host copy of the tables, so those may go after create returns).
+ *   - for construction tensors (GQA sinks, C8 scales, MLA / SFA / DSA weights,
+ *     RoPE tables): until the handle is destroyed (the layers alias their
+ *     weights; the MLA, SFA and DSA builders keep host copies of the tables, so
+ *     those may go after create returns).
  * The DLManagedTensor structs themselves need only live during the call.
  * Tensors on an Ascend NPU are DLPack device kDLExtDev (torch's PrivateUse1,
  * which torch_npu registers); host tensors kDLCPU (or kDLCUDAHost, pinned host
@@ -58,7 +62,7 @@
  * element size (bits / 8) when the tensor has elements. dtype: lanes 1, bits a
  * positive multiple of 8, a (code, bits) pair torch represents. Anything else
  * is rejected by name with its value.
- * Tensors the runtime RETURNS (aar_*_builder_block_table) are new
+ * Tensors the runtime RETURNS (aar_*_builder_block_table, aar_sfa_topk_buffer_tensor) are new
  * DLManagedTensors owned by the caller, who calls their deleter once; their
  * memory aliases the runtime's buffer, which the deleter keeps alive.
  *
@@ -66,8 +70,9 @@
  * are read during the call only.
  *
  * METADATA. aar_*_builder_build returns a handle to the builder's metadata:
- * owned by the builder (one per builder: a build allocates none), valid until
- * the builder is destroyed, and describing the latest build (the next build
+ * owned by the builder (one per builder, and one per draft lane for builders
+ * with build_for_drafting: a build allocates none), valid until the builder is
+ * destroyed, and describing the latest build of its lane (the next build
  * rewrites it in place, as the C++ API's `const Metadata&` does). */
 #ifndef ASCEND_ATTN_RT_C_API_H_
 #define ASCEND_ATTN_RT_C_API_H_
@@ -88,8 +93,9 @@ extern "C" {
 
 /* Bumped when a struct, a signature or the handles' layout changes.
  * 2: typed handles (a metadata handle is no longer the builder's C++ metadata
- * object); byte_offset alignment and NPU availability checked. */
-#define AAR_C_API_VERSION 2
+ * object); byte_offset alignment and NPU availability checked.
+ * 3: the C8, FA3, MLA LatentAttention, SFA and DSA families. */
+#define AAR_C_API_VERSION 3
 
 typedef enum aar_status {
   AAR_OK = 0,
@@ -248,6 +254,66 @@ AAR_C_API aar_status_t aar_gqa_impl_forward(aar_gqa_impl_t* impl, const DLManage
  * "" when impl is NULL or not a live aar_gqa_impl_t (aar_last_error() says which). */
 AAR_C_API const char* aar_gqa_impl_last_path(const aar_gqa_impl_t* impl);
 
+/* ---------------------------------------------------------------- C8 and FA3
+ * GQA variants over the GQA builder's metadata (aar_gqa_metadata_t), each a layer
+ * type of its own with the GQA forward's arguments. C8 (docs/design/gqa.md §5):
+ * the static INT8 KV cache, int8 NZ (num_blocks, Nkv, D/32, block_size, 32) or
+ * the ND shape (num_blocks, block_size, Nkv, D) holding NZ bytes; block_size 32,
+ * 64 or 128, head_size a multiple of 32. FA3 (docs/design/gqa.md §6): K/V read
+ * from the paged cache (block_size 128) in up to two kernel calls. Neither has
+ * sliding windows, sinks, ALiBi or a logits soft cap (GQA's fields, absent here). */
+
+typedef struct aar_c8_impl aar_c8_impl_t;
+typedef struct aar_fa3_impl aar_fa3_impl_t;
+
+typedef struct aar_c8_impl_config {
+  size_t struct_size;
+  int64_t num_heads, head_size;
+  double scale;           /* 0: 1/sqrt(head_size) */
+  int64_t num_kv_heads;   /* 0: num_heads */
+  int32_t attn_type;      /* as aar_gqa_impl_config_t */
+  int32_t kv_sharing;     /* 0 */
+  int32_t kv_transfer;    /* 0 none, 1 producer (float caches, the GQA path), 2 consumer */
+  int32_t device_kind;    /* 0 A2, 1 A3, 2 A5, 3 310P */
+  int64_t tp_rank, tp_size; /* 0, 1: the shard of all-head scales */
+  /* The checkpoint's k_cache_scale, k_cache_offset, v_cache_scale, v_cache_offset (any shape:
+   * 1 element, Nkv*D, or every head's), borrowed until destroy. */
+  const DLManagedTensor *k_scale, *k_offset, *v_scale, *v_offset;
+  int64_t layer_index;    /* -1 */
+  int32_t kv_cache_group;
+} aar_c8_impl_config_t;
+AAR_C_API void aar_c8_impl_config_init(aar_c8_impl_config_t* config);
+AAR_C_API aar_status_t aar_c8_impl_create(const aar_c8_impl_config_t* config, aar_c8_impl_t** out);
+AAR_C_API void aar_c8_impl_destroy(aar_c8_impl_t* impl);
+/* As aar_gqa_impl_forward (query/key/value float, the caches C8's); rows [0, num_actual_tokens) written. */
+AAR_C_API aar_status_t aar_c8_impl_forward(aar_c8_impl_t* impl, const DLManagedTensor* query,
+                                           const DLManagedTensor* key, const DLManagedTensor* value,
+                                           const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                                           const aar_gqa_metadata_t* metadata, const DLManagedTensor* output);
+/* The last forward's path ("c8_decode", "c8_dequant", ...); "" as aar_gqa_impl_last_path. */
+AAR_C_API const char* aar_c8_impl_last_path(const aar_c8_impl_t* impl);
+
+typedef struct aar_fa3_impl_config {
+  size_t struct_size;
+  int64_t num_heads, head_size;
+  double scale;           /* 0: 1/sqrt(head_size) */
+  int64_t num_kv_heads;   /* 0: num_heads */
+  int32_t attn_type;      /* as aar_gqa_impl_config_t */
+  int32_t kv_sharing;     /* 0 */
+  int32_t enforce_eager;  /* 1 */
+  int32_t full_decode_only_graph; /* 0 */
+} aar_fa3_impl_config_t;
+AAR_C_API void aar_fa3_impl_config_init(aar_fa3_impl_config_t* config);
+AAR_C_API aar_status_t aar_fa3_impl_create(const aar_fa3_impl_config_t* config, aar_fa3_impl_t** out);
+AAR_C_API void aar_fa3_impl_destroy(aar_fa3_impl_t* impl);
+/* As aar_gqa_impl_forward; caches (num_blocks, 128, Nkv, D). */
+AAR_C_API aar_status_t aar_fa3_impl_forward(aar_fa3_impl_t* impl, const DLManagedTensor* query,
+                                            const DLManagedTensor* key, const DLManagedTensor* value,
+                                            const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                                            const aar_gqa_metadata_t* metadata, const DLManagedTensor* output);
+/* "fa3_paged" or "encoder"; "" as aar_gqa_impl_last_path. */
+AAR_C_API const char* aar_fa3_impl_last_path(const aar_fa3_impl_t* impl);
+
 /* ---------------------------------------------------------------- MLA */
 
 typedef struct aar_mla_builder aar_mla_builder_t;
@@ -351,6 +417,371 @@ AAR_C_API aar_status_t aar_mla_impl_forward(aar_mla_impl_t* impl, const DLManage
                                             const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache,
                                             const aar_mla_metadata_t* metadata, const DLManagedTensor* output);
 
+/* ---------------------------------------------------------------- MLA LatentAttention
+ * MLA attention without the projections (docs/design/mla.md §5.3, §5.5, §5.6), for
+ * engines whose model code projects itself: the cache write, the absorbed decode,
+ * the un-absorbed prefill, over aar_mla_builder_t's metadata. Not supported (each
+ * refused by name): graph decode padding, NZ / FA-quant caches, graph capture.
+ * Caches: nope (nb, bs, 1, L) and rope (nb, bs, 1, R); one engine buffer
+ * (nb, bs, L + R) holds both as its first nb*bs*L elements and the rest. */
+
+typedef struct aar_mla_latent aar_mla_latent_t;
+
+typedef struct aar_mla_latent_config {
+  size_t struct_size;
+  int64_t num_heads;        /* required */
+  int64_t kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; /* 512, 128, 64, 128 */
+  double scale;             /* 0: 1/sqrt(P+R) */
+  aar_tristate_t prefill_in_bf16; /* AAR_DEFAULT: when the operators run on the NPU */
+  int64_t workspace_group;  /* 0 (as aar_mla_impl_config_t) */
+} aar_mla_latent_config_t;
+AAR_C_API void aar_mla_latent_config_init(aar_mla_latent_config_t* config);
+AAR_C_API aar_status_t aar_mla_latent_create(const aar_mla_latent_config_t* config, aar_mla_latent_t** out);
+AAR_C_API void aar_mla_latent_destroy(aar_mla_latent_t* latent);
+/* kv_c (T, L) and k_pe (T, R) or (T, 1, R), rows r < len(slot_mapping) written at
+ * slot_mapping[r] (int64 or int32; negative: skipped). Everything checked before the first write. */
+AAR_C_API aar_status_t aar_mla_latent_write_kv(aar_mla_latent_t* latent, const DLManagedTensor* kv_c,
+                                               const DLManagedTensor* k_pe, const DLManagedTensor* slot_mapping,
+                                               const DLManagedTensor* nope_cache, const DLManagedTensor* rope_cache);
+/* The step's decode tokens: ql_nope (B, H, L) (q_nope with W_UK absorbed) and q_pe (B, H, R);
+ * out (B, H, L) contiguous gets the latent output (the engine applies W_UV). metadata NULL
+ * zero-fills out. */
+AAR_C_API aar_status_t aar_mla_latent_forward_decode(aar_mla_latent_t* latent, const DLManagedTensor* ql_nope,
+                                                     const DLManagedTensor* q_pe, const DLManagedTensor* nope_cache,
+                                                     const DLManagedTensor* rope_cache,
+                                                     const aar_mla_metadata_t* metadata, const DLManagedTensor* out);
+/* The step's prefill tokens (after the decodes): q (tp, H, P+R), kv_c (tp, L), k_pe (tp, R) or
+ * (tp, 1, R); out (tp, H*V) gets the attention output; kv_b_proj (H*(P+V), L) in the
+ * activations' dtype. metadata NULL zero-fills out. */
+AAR_C_API aar_status_t aar_mla_latent_forward_prefill(aar_mla_latent_t* latent, const DLManagedTensor* q,
+                                                      const DLManagedTensor* kv_c, const DLManagedTensor* k_pe,
+                                                      const DLManagedTensor* nope_cache,
+                                                      const DLManagedTensor* rope_cache,
+                                                      const aar_mla_metadata_t* metadata, const DLManagedTensor* out,
+                                                      const DLManagedTensor* kv_b_proj);
+
+/* ---------------------------------------------------------------- SFA
+ * DeepSeek-V3.2 sparse attention (docs/design/sfa.md): the MLA family's latent
+ * caches plus the lightning indexer's cache, and the model's top-k buffer.
+ * Single rank, unquantised weights, no KV offload: the context-parallel
+ * modes, W8A8 weights and the offload variant are not in the C ABI. The
+ * indexer cache group has no builder here: its layers read the main
+ * metadata (docs/design/sfa.md §2.3). */
+
+typedef struct aar_sfa_builder aar_sfa_builder_t;
+typedef struct aar_sfa_impl aar_sfa_impl_t;
+typedef struct aar_sfa_metadata aar_sfa_metadata_t;
+typedef struct aar_sfa_topk_buffer aar_sfa_topk_buffer_t;
+
+typedef struct aar_sfa_builder_config {
+  size_t struct_size;
+  int32_t max_num_reqs, max_num_tokens, max_blocks_per_req, block_size; /* 256, 8192, 64, 128 */
+  int32_t num_blocks;             /* required */
+  int32_t num_speculative_tokens; /* 0 */
+  int32_t num_drafts;             /* -1: num_speculative_tokens (draft lanes of build_for_drafting) */
+  int32_t chunked_prefill_enabled; /* 1 */
+  int32_t graph_decode_padding;   /* 0 */
+  /* RoPE tables (max_position, R), both halves equal; required, borrowed during create only. */
+  const DLManagedTensor* cos_table;
+  const DLManagedTensor* sin_table;
+  DLDevice device; /* {kDLCPU, 0} */
+  aar_tristate_t separate_device_buffers;
+  int32_t staging_buffers; /* 2 */
+} aar_sfa_builder_config_t;
+AAR_C_API void aar_sfa_builder_config_init(aar_sfa_builder_config_t* config);
+
+typedef struct aar_sfa_build_inputs {
+  size_t struct_size;
+  const int32_t* query_start_loc;
+  size_t query_start_loc_len;
+  const int32_t* seq_lens;
+  size_t seq_lens_len;
+  const int32_t* block_table;
+  size_t block_table_len;
+  int32_t block_table_stride;
+  int32_t num_input_tokens;    /* 0: query_start_loc[B] */
+  aar_attn_state_t attn_state; /* AAR_STATE_AUTO */
+  const int32_t* num_spec_tokens; /* optional */
+  size_t num_spec_tokens_len;
+} aar_sfa_build_inputs_t;
+AAR_C_API void aar_sfa_build_inputs_init(aar_sfa_build_inputs_t* inputs);
+
+typedef struct aar_sfa_metadata_info {
+  size_t struct_size;
+  aar_attn_state_t attn_state;
+  int32_t num_reqs, num_kernel_reqs; /* scheduled; incl. graph decode padding's dummies */
+  int32_t num_actual_tokens, num_input_tokens;
+  int32_t num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens;
+  int32_t max_query_len, max_seq_len;
+  int32_t draft_index; /* -1: a main build */
+  uint64_t generation;
+} aar_sfa_metadata_info_t;
+
+AAR_C_API aar_status_t aar_sfa_builder_create(const aar_sfa_builder_config_t* config, aar_sfa_builder_t** out);
+AAR_C_API void aar_sfa_builder_destroy(aar_sfa_builder_t* builder);
+/* *out: the main lane's metadata (see METADATA). */
+AAR_C_API aar_status_t aar_sfa_builder_build(aar_sfa_builder_t* builder, const aar_sfa_build_inputs_t* inputs,
+                                             const aar_sfa_metadata_t** out);
+/* state AAR_STATE_DECODE_ONLY or AAR_STATE_SPEC_DECODING (others: AAR_ERR_NOT_SUPPORTED). */
+AAR_C_API aar_status_t aar_sfa_builder_build_for_graph_capture(aar_sfa_builder_t* builder,
+                                                               const aar_sfa_build_inputs_t* inputs,
+                                                               aar_attn_state_t state,
+                                                               const aar_sfa_metadata_t** out);
+/* A draft step in lane draft_index ([0, num_drafts)); *out: that lane's metadata, one per lane,
+ * owned by the builder like the main one (a draft build leaves the main metadata as it was). */
+AAR_C_API aar_status_t aar_sfa_builder_build_for_drafting(aar_sfa_builder_t* builder,
+                                                          const aar_sfa_build_inputs_t* inputs, int32_t draft_index,
+                                                          const aar_sfa_metadata_t** out);
+AAR_C_API aar_status_t aar_sfa_builder_block_table(aar_sfa_builder_t* builder, DLManagedTensor** out);
+AAR_C_API aar_status_t aar_sfa_metadata_get_info(const aar_sfa_metadata_t* metadata, aar_sfa_metadata_info_t* info);
+
+/* The model's top-k buffer (docs/design/sparse.md §6): (max_num_tokens, index_topk) int32 on
+ * `device`, filled with -1. One per engine, shared by its SFA layers in order: a layer with
+ * an indexer and use_index_cache writes its selection, a layer without an indexer reads it. */
+AAR_C_API aar_status_t aar_sfa_topk_buffer_create(int64_t max_num_tokens, int64_t index_topk, DLDevice device,
+                                                  aar_sfa_topk_buffer_t** out);
+AAR_C_API void aar_sfa_topk_buffer_destroy(aar_sfa_topk_buffer_t* buffer);
+/* The whole buffer, lent (a new DLManagedTensor the caller frees, see TENSORS). */
+AAR_C_API aar_status_t aar_sfa_topk_buffer_tensor(aar_sfa_topk_buffer_t* buffer, DLManagedTensor** out);
+
+typedef struct aar_sfa_impl_config {
+  size_t struct_size;
+  int64_t num_heads, hidden_size;
+  int64_t q_lora_rank;      /* 0: no q-LoRA */
+  int64_t kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; /* 512, 128, 64, 128 */
+  double scale;             /* 0: 1/sqrt(P+R) */
+  double q_norm_eps, kv_norm_eps; /* 1e-6 */
+  int32_t has_indexer;      /* 1; 0: the layer reuses the top-k buffer's selection */
+  int64_t index_n_heads, index_head_dim, index_topk; /* 64, 128, 2048 (with an indexer) */
+  double index_k_norm_eps;  /* 1e-6 */
+  int32_t glm_moe_dsa;      /* 0: 1 rotates the indexer's interleaved pairs (GLM-MoE-DSA) */
+  int32_t use_index_cache;  /* 0: 1 writes the indexer's top-k into the top-k buffer */
+  int32_t sfa_c8, li_c8;    /* 0: the quantised main / indexer cache (docs/design/sfa.md §5) */
+  int32_t device_kind;      /* 0 A2, 1 A3, 2 A5, 3 310P (decides the C8 dtypes) */
+  int64_t layer_index;      /* -1 */
+  int64_t workspace_group;  /* 0 */
+  int32_t is_kv_consumer, is_kv_producer, chunked_q_proj; /* 0: the preprocess selection's inputs (§4.2) */
+} aar_sfa_impl_config_t;
+AAR_C_API void aar_sfa_impl_config_init(aar_sfa_impl_config_t* config);
+
+/* The lightning indexer's weights, torch layout, borrowed until the impl is destroyed. */
+typedef struct aar_sfa_indexer_weights {
+  size_t struct_size;
+  const DLManagedTensor* wq_b;          /* (n_heads * head_dim, Q or hidden) */
+  const DLManagedTensor* wk;            /* (head_dim, hidden) */
+  const DLManagedTensor* weights_proj;  /* (n_heads, hidden) */
+  const DLManagedTensor* k_norm_weight; /* (head_dim) */
+  const DLManagedTensor* k_norm_bias;   /* (head_dim) */
+} aar_sfa_indexer_weights_t;
+AAR_C_API void aar_sfa_indexer_weights_init(aar_sfa_indexer_weights_t* weights);
+
+/* weights: the MLA layer's (aar_mla_weights_t); indexer_weights: given exactly when has_indexer. */
+AAR_C_API aar_status_t aar_sfa_impl_create(const aar_sfa_impl_config_t* config, const aar_mla_weights_t* weights,
+                                           const aar_sfa_indexer_weights_t* indexer_weights, aar_sfa_impl_t** out);
+AAR_C_API void aar_sfa_impl_destroy(aar_sfa_impl_t* impl);
+/* hidden (T, hidden_size); output (T, hidden_size). kv_cache: the layer's cache tuple
+ * (num_kv_cache tensors, contiguous), main part then indexer part (docs/design/sfa.md §2.2):
+ *   sfa_c8 li_c8  tuple
+ *   0      0      nope (nb, bs, 1, L), rope (nb, bs, 1, R), index_k (nb', bs, 1, D_i)
+ *   1      0      packed (nb, bs, 1, 656) int8/fp8, index_k
+ *   0      1      nope, rope, index_k int8/fp8, index_scale (nb', bs, 1, 1)
+ *   1      1      packed, index_k, index_scale
+ * without an indexer the indexer part is absent. topk: the model's buffer, required by
+ * layers without an indexer or with use_index_cache, else may be NULL. metadata NULL
+ * zero-fills the output. Inside an open capture the layer is recorded (decode buckets,
+ * built with aar_sfa_builder_build_for_graph_capture; replays need no update). */
+AAR_C_API aar_status_t aar_sfa_impl_forward(aar_sfa_impl_t* impl, const DLManagedTensor* hidden,
+                                            const DLManagedTensor* const* kv_cache, size_t num_kv_cache,
+                                            const aar_sfa_metadata_t* metadata, const DLManagedTensor* output,
+                                            aar_sfa_topk_buffer_t* topk);
+
+/* ---------------------------------------------------------------- DSA
+ * DeepSeek-V4 attention (docs/design/dsa.md): a step builder per step, a group
+ * builder per KV-cache group (SWA, compressed KV, compressor states, indexer),
+ * and the layer, which picks the groups its compress ratio reads from all of the
+ * step's group metadata (route_layer). Single rank: the DSA-CP and DCP modes
+ * are not in the C ABI. Layers with an indexer cache share the model's top-k
+ * buffer, an aar_sfa_topk_buffer_t (the same buffer type). */
+
+typedef struct aar_dsa_step_builder aar_dsa_step_builder_t;
+typedef struct aar_dsa_group_builder aar_dsa_group_builder_t;
+typedef struct aar_dsa_impl aar_dsa_impl_t;
+typedef struct aar_dsa_step_metadata aar_dsa_step_metadata_t;
+typedef struct aar_dsa_group_metadata aar_dsa_group_metadata_t;
+
+/* The cache kinds (docs/design/dsa.md §2.2). */
+typedef enum aar_dsa_cache_kind {
+  AAR_DSA_SWA = 0,
+  AAR_DSA_C4_KV = 1,
+  AAR_DSA_C128_KV = 2,
+  AAR_DSA_C4_INDEXER_K = 3,
+  AAR_DSA_C4_ATTN_STATE = 4,
+  AAR_DSA_C4_INDEXER_STATE = 5,
+  AAR_DSA_C128_STATE = 6
+} aar_dsa_cache_kind_t;
+
+/* What the KV plan is made from (docs/design/dsa.md §4.2); groups and layers of one model give the same. */
+typedef struct aar_dsa_plan_config {
+  int32_t device_kind;     /* 0 A2, 1 A3, 2 A5 */
+  const char* cache_dtype; /* NULL: not set; else the engine's cache dtype ("auto", "fp8", ...) */
+  int32_t model_dtype;     /* the attention KV dtype off A5: 0 bfloat16 (default), 1 float16 */
+} aar_dsa_plan_config_t;
+
+typedef struct aar_dsa_step_builder_config {
+  size_t struct_size;
+  int32_t max_num_reqs, max_num_tokens; /* 256, 8192 */
+  int32_t num_speculative_tokens;       /* 0 */
+  int32_t num_drafts;                   /* -1: num_speculative_tokens */
+  int32_t chunked_prefill_enabled;      /* 1 */
+  /* RoPE tables (max_position, R), required; the compressor's pair optional (both or neither).
+   * Borrowed during create only. */
+  const DLManagedTensor* cos_table;
+  const DLManagedTensor* sin_table;
+  const DLManagedTensor* compress_cos_table;
+  const DLManagedTensor* compress_sin_table;
+  /* The model (read by every group builder of the step): D, W, heads, the indexer's. */
+  int32_t head_dim, window;             /* 512, 128 */
+  int32_t dspark_num_spec, dspark_width; /* 0, 0 */
+  int32_t num_heads_q;                  /* required */
+  int32_t index_topk, index_n_heads, index_head_dim; /* 512, 64, 128 */
+  DLDevice device; /* {kDLCPU, 0} */
+  aar_tristate_t separate_device_buffers;
+  int32_t staging_buffers; /* 2 */
+} aar_dsa_step_builder_config_t;
+AAR_C_API void aar_dsa_step_builder_config_init(aar_dsa_step_builder_config_t* config);
+
+typedef struct aar_dsa_step_inputs {
+  size_t struct_size;
+  const int32_t* query_start_loc;
+  size_t query_start_loc_len;
+  const int32_t* seq_lens;
+  size_t seq_lens_len;
+  int32_t num_input_tokens;    /* 0: query_start_loc[B] */
+  aar_attn_state_t attn_state; /* AAR_STATE_AUTO */
+  const int32_t* num_spec_tokens; /* optional */
+  size_t num_spec_tokens_len;
+  int32_t num_reqs_actual;     /* -1: B (no graph padding) */
+} aar_dsa_step_inputs_t;
+AAR_C_API void aar_dsa_step_inputs_init(aar_dsa_step_inputs_t* inputs);
+
+typedef struct aar_dsa_step_metadata_info {
+  size_t struct_size;
+  aar_attn_state_t attn_state;
+  int32_t num_reqs, num_kernel_reqs, num_actual_tokens, num_input_tokens;
+  int32_t num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens;
+  int32_t max_query_len, max_seq_len;
+  int32_t draft_index; /* -1: a main build */
+  uint64_t generation;
+} aar_dsa_step_metadata_info_t;
+
+AAR_C_API aar_status_t aar_dsa_step_builder_create(const aar_dsa_step_builder_config_t* config,
+                                                   aar_dsa_step_builder_t** out);
+/* Destroy its group builders first (their builds read the step builder). */
+AAR_C_API void aar_dsa_step_builder_destroy(aar_dsa_step_builder_t* builder);
+AAR_C_API aar_status_t aar_dsa_step_builder_build(aar_dsa_step_builder_t* builder, const aar_dsa_step_inputs_t* inputs,
+                                                  const aar_dsa_step_metadata_t** out);
+AAR_C_API aar_status_t aar_dsa_step_builder_build_for_graph_capture(aar_dsa_step_builder_t* builder,
+                                                                    const aar_dsa_step_inputs_t* inputs,
+                                                                    aar_attn_state_t state,
+                                                                    const aar_dsa_step_metadata_t** out);
+/* A draft step in lane draft_index; *out: that lane's metadata (one per lane, owned by the builder). */
+AAR_C_API aar_status_t aar_dsa_step_builder_build_for_drafting(aar_dsa_step_builder_t* builder,
+                                                               const aar_dsa_step_inputs_t* inputs,
+                                                               int32_t draft_index,
+                                                               const aar_dsa_step_metadata_t** out);
+AAR_C_API aar_status_t aar_dsa_step_metadata_get_info(const aar_dsa_step_metadata_t* metadata,
+                                                      aar_dsa_step_metadata_info_t* info);
+
+typedef struct aar_dsa_group_config {
+  size_t struct_size;
+  aar_dsa_cache_kind_t kind;  /* AAR_DSA_SWA */
+  int32_t cache_block_size;   /* 128 (32, 64, 128: gives the group's block sizes and ratio) */
+  int32_t max_blocks_per_req; /* 64 */
+  int32_t num_blocks;         /* required */
+  aar_dsa_plan_config_t plan;
+} aar_dsa_group_config_t;
+AAR_C_API void aar_dsa_group_config_init(aar_dsa_group_config_t* config);
+
+/* A group's cache for num_blocks blocks: the tensor a layer takes for it (and, for
+ * AAR_DSA_C4_INDEXER_K, the scale tensor); shapes in elements, ndim 0 when absent. */
+typedef struct aar_dsa_group_cache_info {
+  size_t struct_size;
+  aar_dsa_cache_kind_t kind;
+  int32_t compress_ratio;     /* 1, 4, 128 */
+  int64_t block_size;         /* the scheduler's block (raw tokens) */
+  int64_t storage_block_size; /* rows per page */
+  int32_t kv_ndim;
+  int64_t kv_shape[4];
+  DLDataType kv_dtype;        /* the plan's (a CPU model in float32 keeps float32 caches) */
+  int32_t scale_ndim;
+  int64_t scale_shape[4];
+  DLDataType scale_dtype;
+} aar_dsa_group_cache_info_t;
+
+/* step_builder must outlive the group builder. */
+AAR_C_API aar_status_t aar_dsa_group_builder_create(const aar_dsa_step_builder_t* step_builder,
+                                                    const aar_dsa_group_config_t* config,
+                                                    aar_dsa_group_builder_t** out);
+AAR_C_API void aar_dsa_group_builder_destroy(aar_dsa_group_builder_t* builder);
+AAR_C_API aar_status_t aar_dsa_group_builder_cache_info(const aar_dsa_group_builder_t* builder, int64_t num_blocks,
+                                                        aar_dsa_group_cache_info_t* info);
+/* The group's part of step `step` (a main build of the group's step builder): its block
+ * table (B x block_table_stride, host, the scheduler's). *out: the group's metadata. */
+AAR_C_API aar_status_t aar_dsa_group_builder_build(aar_dsa_group_builder_t* builder,
+                                                   const aar_dsa_step_metadata_t* step, const int32_t* block_table,
+                                                   size_t block_table_len, int32_t block_table_stride,
+                                                   const aar_dsa_group_metadata_t** out);
+/* A draft step's group part (SWA groups only; compressed groups: AAR_ERR_NOT_SUPPORTED). */
+AAR_C_API aar_status_t aar_dsa_group_builder_build_for_drafting(aar_dsa_group_builder_t* builder,
+                                                                const aar_dsa_step_metadata_t* step,
+                                                                const int32_t* block_table, size_t block_table_len,
+                                                                int32_t block_table_stride, int32_t draft_index,
+                                                                const aar_dsa_group_metadata_t** out);
+
+typedef struct aar_dsa_impl_config {
+  size_t struct_size;
+  int64_t hidden_size, num_heads;  /* required */
+  int64_t head_dim, rope_dim;      /* 512, 64 */
+  int64_t q_lora_rank;             /* required */
+  int64_t window;                  /* 0: the step's */
+  int32_t compress_ratio;          /* 1 (SWA only), 4, 128 */
+  int64_t index_n_heads, index_head_dim, index_topk; /* 64, 128, 512 (ratio 4) */
+  double eps;                      /* 1e-6 */
+  int64_t o_groups, o_lora_rank;   /* 1, required */
+  aar_dsa_plan_config_t plan;
+  int32_t use_index_cache, skip_topk; /* 0, 0 (ratio 4: write / read the top-k buffer) */
+  int64_t layer_index, workspace_group; /* -1, 0 */
+} aar_dsa_impl_config_t;
+AAR_C_API void aar_dsa_impl_config_init(aar_dsa_impl_config_t* config);
+
+/* Torch layout (out, in), borrowed until the impl is destroyed; NULL where the layer has none
+ * (the compressor's for ratio 1, the indexer's off ratio 4, wo_a_scale for unquantised wo_a). */
+typedef struct aar_dsa_weights {
+  size_t struct_size;
+  const DLManagedTensor *wq_a, *q_norm, *wq_b, *wkv, *kv_norm, *attn_sink, *wo_a, *wo_b, *wo_a_scale;
+  const DLManagedTensor *cmp_wkv, *cmp_wgate, *cmp_ape, *cmp_norm;
+  const DLManagedTensor *idx_wq_b, *idx_weights_proj;
+  const DLManagedTensor *idx_cmp_wkv, *idx_cmp_wgate, *idx_cmp_ape, *idx_cmp_norm;
+} aar_dsa_weights_t;
+AAR_C_API void aar_dsa_weights_init(aar_dsa_weights_t* weights);
+
+AAR_C_API aar_status_t aar_dsa_impl_create(const aar_dsa_impl_config_t* config, const aar_dsa_weights_t* weights,
+                                           aar_dsa_impl_t** out);
+AAR_C_API void aar_dsa_impl_destroy(aar_dsa_impl_t* impl);
+/* hidden (T, hidden_size); output (T, hidden_size). kv_cache: the layer's tuple
+ * (compress_kv, swa_kv, state, indexer_state, indexer_k, indexer_scale[, indexer_full on A5]),
+ * num_kv_cache 6 or 7, NULL for what the layer's ratio has none of (docs/design/dsa.md §2.3).
+ * step and groups: the step's metadata and the step's group metadata (any order, every
+ * group of the step may be given: the layer picks those of its ratio), or step NULL
+ * (profiling run: zero-filled output; groups ignored). topk: needed by use_index_cache /
+ * skip_topk layers. Inside an open capture the layer is recorded (decode buckets; per step
+ * aar_graph_update_dsa, then aar_graph_replay). */
+AAR_C_API aar_status_t aar_dsa_impl_forward(aar_dsa_impl_t* impl, const DLManagedTensor* hidden,
+                                            const DLManagedTensor* const* kv_cache, size_t num_kv_cache,
+                                            const aar_dsa_step_metadata_t* step,
+                                            const aar_dsa_group_metadata_t* const* groups, size_t num_groups,
+                                            const DLManagedTensor* output, aar_sfa_topk_buffer_t* topk);
+
 /* ---------------------------------------------------------------- graph mode */
 
 typedef struct aar_graph_params aar_graph_params_t;
@@ -392,6 +823,11 @@ AAR_C_API aar_status_t aar_graph_update_draft_gqa(aar_graph_params_t* graph, int
                                                   const aar_gqa_metadata_t* const* per_call, size_t num_calls);
 AAR_C_API aar_status_t aar_graph_update_mla(aar_graph_params_t* graph, int64_t num_tokens,
                                             const aar_mla_metadata_t* metadata);
+/* DSA layers (docs/design/dsa.md §6): a captured DSA layer reads every per-step value from the
+ * builders' stable buffers; the update checks the step (its metadata and its SWA group's
+ * latest build) fits the bucket. SFA layers need no update (the same holds for them). */
+AAR_C_API aar_status_t aar_graph_update_dsa(aar_graph_params_t* graph, int64_t num_tokens,
+                                            const aar_dsa_step_metadata_t* step, const aar_dsa_group_metadata_t* swa);
 /* "recording" provider: runs the bucket's recorded calls (each updated since the last replay). */
 AAR_C_API aar_status_t aar_graph_replay(aar_graph_params_t* graph, int64_t num_tokens);
 /* *out: 1 when bucket num_tokens is captured, else 0. */

@@ -20,26 +20,12 @@
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/impl.h"
+#include "c_api_test_util.h"
 
 namespace {
 
-// A DLManagedTensor lent by torch (the test owns it and calls its deleter).
-struct Dl {
-  explicit Dl(const at::Tensor& t) : m(at::toDLPack(t)) {}
-  ~Dl() { m->deleter(m); }
-  Dl(const Dl&) = delete;
-  Dl& operator=(const Dl&) = delete;
-  DLManagedTensor* get() const { return m; }
-  DLManagedTensor* m;
-};
-
-std::string last() { return aar_last_error(); }
-
-#define EXPECT_REJECTED(call, status, needle)                                      \
-  do {                                                                             \
-    EXPECT_EQ((call), status) << last();                                           \
-    EXPECT_NE(last().find(needle), std::string::npos) << "message: " << last(); \
-  } while (0)
+using aar_c_api_test::Dl;
+using aar_c_api_test::last;
 
 constexpr int H = 4, HKV = 2, D = 16, BS = 16, NB = 8, W = 4;
 
