@@ -56,7 +56,7 @@ void fill_minus_one(const at::Tensor& t) {
 
 }  // namespace detail::pieces
 
-namespace pieces_d = detail::pieces;
+namespace pd = detail::pieces;
 
 IndexerStep::IndexerStep(const IndexerStepConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg_.topk > 0, "topk must be positive, got ", cfg_.topk);
@@ -75,12 +75,12 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
   // --- every check before any write
   AAR_CHECK_ARG(cache.defined() && (cache.dim() == 3 || (cache.dim() == 4 && cache.size(2) == 1)),
                 "index_cache must have shape (num_blocks, block_size, head_dim) or (num_blocks, block_size, 1, "
-                "head_dim), got ", pieces_d::sizes_of(cache));
+                "head_dim), got ", pd::sizes_of(cache));
   const at::ScalarType dt = cache.scalar_type();
-  AAR_CHECK_ARG(pieces_d::is_model_dtype(dt), "index_cache dtype ", dt, " is not float16, bfloat16 or float32 (a quantised "
+  AAR_CHECK_ARG(pd::is_model_dtype(dt), "index_cache dtype ", dt, " is not float16, bfloat16 or float32 (a quantised "
                 "LI C8 indexer cache is not supported by sfa.IndexerStep; sfa.Impl runs LI C8)");
   const c10::Device dev = cache.device();
-  pieces_d::check_metadata(md, "sfa.IndexerStep.run", dev, "index_cache");
+  pd::check_metadata(md, "sfa.IndexerStep.run", dev, "index_cache");
   const int64_t D = cache.size(-1);
   if (!cache_src_.same(cache) || !cache4_.defined()) {
     cache4_ = cache.dim() == 3 ? cache.unsqueeze(2) : cache;
@@ -88,24 +88,24 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
     cache_src_.bind(cache);
   }
   detail::check_cache(cache4_, "index_cache", D, md, dt, "its own dtype", dev, 1, "the caches");
-  const int64_t tk = pieces_d::kernel_tokens(md);
+  const int64_t tk = pd::kernel_tokens(md);
   AAR_CHECK_ARG(k.defined() && k.dim() == 2 && k.size(1) == D && k.size(0) >= tk,
-                "k must have shape (T >= ", tk, " kernel tokens, head_dim=", D, "), got ", pieces_d::sizes_of(k));
+                "k must have shape (T >= ", tk, " kernel tokens, head_dim=", D, "), got ", pd::sizes_of(k));
   AAR_CHECK_ARG(k.scalar_type() == dt, "k dtype ", k.scalar_type(), " is not index_cache's ", dt,
                 " (the key rows are written as given)");
   AAR_CHECK_ARG(q.defined() && q.dim() == 3 && q.size(1) > 0 && q.size(2) == D && q.size(0) >= tk,
-                "q must have shape (T >= ", tk, " kernel tokens, n_head, head_dim=", D, "), got ", pieces_d::sizes_of(q));
+                "q must have shape (T >= ", tk, " kernel tokens, n_head, head_dim=", D, "), got ", pd::sizes_of(q));
   AAR_CHECK_ARG(q.scalar_type() == dt || q.scalar_type() == at::kFloat8_e4m3fn, "q dtype ", q.scalar_type(),
                 " is neither index_cache's ", dt, " nor float8_e4m3fn");
   const int64_t n_head = q.size(1), T = q.size(0);
   AAR_CHECK_ARG(weights.defined() && weights.dim() == 2 && weights.size(1) == n_head && weights.size(0) >= tk,
                 "weights must have shape (T >= ", tk, " kernel tokens, n_head=", n_head, "), got ",
-                pieces_d::sizes_of(weights));
-  AAR_CHECK_ARG(pieces_d::is_model_dtype(weights.scalar_type()), "weights dtype ", weights.scalar_type(),
+                pd::sizes_of(weights));
+  AAR_CHECK_ARG(pd::is_model_dtype(weights.scalar_type()), "weights dtype ", weights.scalar_type(),
                 " is not float16, bfloat16 or float32");
   AAR_CHECK_ARG(dst.defined() && dst.dim() == 2 && dst.size(0) >= T && dst.size(1) >= cfg_.topk,
                 "topk_out must have shape (rows >= ", T, " (q's tokens), columns >= topk=", cfg_.topk, "), got ",
-                pieces_d::sizes_of(dst));
+                pd::sizes_of(dst));
   AAR_CHECK_ARG(dst.scalar_type() == at::kInt, "topk_out dtype ", dst.scalar_type(), " is not int32");
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&k, "k"}, {&q, "q"}, {&weights, "weights"},
                                 {&dst, "topk_out"}}) {
@@ -119,16 +119,16 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
       slots2_ = md.slot_mapping.narrow(0, 0, tk).view({tk, 1});
       slots_src_.bind(md.slot_mapping);
     }
-    detail::write_indexer_keys(rows_, slots2_, pieces_d::contiguous(k.narrow(0, 0, tk)));
-    const at::Tensor qc = pieces_d::contiguous(ops::dense::cast(q.narrow(0, 0, tk), dt));
-    const at::Tensor wc = pieces_d::contiguous(ops::dense::cast(weights.narrow(0, 0, tk), dt));
+    detail::write_indexer_keys(rows_, slots2_, pd::contiguous(k.narrow(0, 0, tk)));
+    const at::Tensor qc = pd::contiguous(ops::dense::cast(q.narrow(0, 0, tk), dt));
+    const at::Tensor wc = pd::contiguous(ops::dense::cast(weights.narrow(0, 0, tk), dt));
     const at::Tensor idx = detail::lightning_indexer(
         args_, {qc, cache4_, wc, md.cum_query_lens, md.seq_lens, md.block_table, K,
                 detail::indexer_library(cfg_.glm_moe_dsa, cfg_.device_kind)});  // (tk, 1, K)
     ops::dense::copy(dst.narrow(0, 0, tk).narrow(1, 0, K), idx.view({tk, K}));
-    if (dst.size(1) > K) pieces_d::fill_minus_one(dst.narrow(0, 0, tk).narrow(1, K, dst.size(1) - K));
+    if (dst.size(1) > K) pd::fill_minus_one(dst.narrow(0, 0, tk).narrow(1, K, dst.size(1) - K));
   }
-  if (T > tk) pieces_d::fill_minus_one(dst.narrow(0, tk, T - tk));
+  if (T > tk) pd::fill_minus_one(dst.narrow(0, tk, T - tk));
   return dst.narrow(0, 0, tk).narrow(1, 0, K).unsqueeze(1);
 }
 
@@ -143,33 +143,33 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
   // --- every check before any write
   AAR_CHECK_ARG(nope.defined() && nope.dim() == 4 && rope.defined() && rope.dim() == 4,
                 "nope_cache and rope_cache must be (num_blocks, block_size, 1, width) (the views "
-                "mla.LatentAttention.split_kv_cache gives), got ", pieces_d::sizes_of(nope), " and ", pieces_d::sizes_of(rope));
+                "mla.LatentAttention.split_kv_cache gives), got ", pd::sizes_of(nope), " and ", pd::sizes_of(rope));
   const at::ScalarType dt = nope.scalar_type();
-  AAR_CHECK_ARG(pieces_d::is_model_dtype(dt), "nope_cache dtype ", dt, " is not float16, bfloat16 or float32 (a quantised "
+  AAR_CHECK_ARG(pd::is_model_dtype(dt), "nope_cache dtype ", dt, " is not float16, bfloat16 or float32 (a quantised "
                 "SFA C8 cache is not supported by sfa.SparseAttention; sfa.Impl runs SFA C8)");
   const c10::Device dev = nope.device();
-  pieces_d::check_metadata(md, "sfa.SparseAttention.run", dev, "nope_cache");
+  pd::check_metadata(md, "sfa.SparseAttention.run", dev, "nope_cache");
   const int64_t L = nope.size(3), R = rope.size(3);
   detail::check_cache(nope, "nope_cache", L, md, dt, "its own dtype", dev, 1, "the caches");
   detail::check_cache(rope, "rope_cache", R, md, dt, "nope_cache's dtype", dev, 1, "the caches");
-  const int64_t tk = pieces_d::kernel_tokens(md);
+  const int64_t tk = pd::kernel_tokens(md);
   AAR_CHECK_ARG(qn.defined() && qn.dim() == 3 && qn.size(1) > 0 && qn.size(2) == L && qn.size(0) >= tk,
                 "ql_nope must have shape (T >= ", tk, " kernel tokens, num_heads, kv_lora_rank=", L, "), got ",
-                pieces_d::sizes_of(qn));
+                pd::sizes_of(qn));
   const int64_t T = qn.size(0), N = qn.size(1);
   AAR_CHECK_ARG(qr.defined() && qr.dim() == 3 && qr.size(0) == T && qr.size(1) == N && qr.size(2) == R,
                 "q_pe must have shape (", T, ", ", N, ", qk_rope_head_dim=", R, ") like ql_nope, got ",
-                pieces_d::sizes_of(qr));
+                pd::sizes_of(qr));
   AAR_CHECK_ARG(qn.scalar_type() == dt && qr.scalar_type() == dt, "ql_nope / q_pe dtypes ", qn.scalar_type(), " / ",
                 qr.scalar_type(), " are not the caches' ", dt);
   AAR_CHECK_ARG(topk.defined() && (topk.dim() == 2 || (topk.dim() == 3 && topk.size(1) == 1)) &&
                     topk.size(0) >= tk && topk.size(-1) > 0,
-                "topk must have shape (rows >= ", tk, " kernel tokens, K) or (rows, 1, K), got ", pieces_d::sizes_of(topk));
+                "topk must have shape (rows >= ", tk, " kernel tokens, K) or (rows, 1, K), got ", pd::sizes_of(topk));
   AAR_CHECK_ARG(topk.scalar_type() == at::kInt, "topk dtype ", topk.scalar_type(), " is not int32");
   if (out.has_value()) {
     const at::Tensor& o = *out;
     AAR_CHECK_ARG(o.defined() && o.dim() == 3 && o.size(0) == T && o.size(1) == N && o.size(2) == L,
-                  "out must have shape (", T, ", ", N, ", ", L, ") like ql_nope, got ", pieces_d::sizes_of(o));
+                  "out must have shape (", T, ", ", N, ", ", L, ") like ql_nope, got ", pd::sizes_of(o));
     AAR_CHECK_ARG(o.scalar_type() == dt, "out dtype ", o.scalar_type(), " is not the caches' ", dt);
     AAR_CHECK_ARG(o.is_contiguous(), "out must be contiguous, got strides ", o.strides());
     AAR_CHECK_ARG(o.device() == dev, "out is on ", o.device(), " but nope_cache is on ", dev);
@@ -185,9 +185,9 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
     ops::dense::zero(res);
     return res;
   }
-  const at::Tensor q_nope = pieces_d::contiguous(qn.narrow(0, 0, tk));
-  const at::Tensor q_rope = pieces_d::contiguous(qr.narrow(0, 0, tk));
-  const at::Tensor rows = pieces_d::contiguous(topk.dim() == 2 ? topk.narrow(0, 0, tk).unsqueeze(1) : topk.narrow(0, 0, tk));
+  const at::Tensor q_nope = pd::contiguous(qn.narrow(0, 0, tk));
+  const at::Tensor q_rope = pd::contiguous(qr.narrow(0, 0, tk));
+  const at::Tensor rows = pd::contiguous(topk.dim() == 2 ? topk.narrow(0, 0, tk).unsqueeze(1) : topk.narrow(0, 0, tk));
   const at::Tensor o = detail::sparse_attention(
       args_, {q_nope, q_rope, rows, nope, rope, md.block_table, md.cum_query_lens, md.seq_lens, scale_});  // (tk, N, L)
   if (!out.has_value() && T == tk) return o;
