@@ -248,3 +248,24 @@ def test_bad_input_refused_by_name_before_any_write():
         sa.run(qn, qr, buf, m.nope, m.rope, dmd)
     for a, b in zip(snap, (m.nope, m.rope, m.idx_k, buf)):
         assert torch.equal(a, b)
+
+
+def test_pieces_run_on_the_no_compute_provider():
+    """The host path of both steps (what a host-time benchmark of the vLLM adapter measures) under the
+    no-compute provider: it runs, with the decode step's shapes, and writes nothing."""
+    seq, ql = [5, 20, 33, 9], [1, 1, 1, 1]
+    m = Model(seq)
+    md = m.builder().build(_qsl(ql), torch.tensor(seq, dtype=torch.int32), m.table)
+    k, q, w, qn, qr = _engine_inputs(m, seq, ql, 0)
+    buf = torch.full((8, m.idx.K), 5, dtype=torch.int32)
+    ic = m.idx_k.clone()
+    step, sa = sfa.IndexerStep(topk=m.idx.K), sfa.SparseAttention(scale=m.scale)
+    aar.set_provider("no_compute")
+    try:
+        rows = step.run(k, q.to(torch.float8_e4m3fn), w, ic, md, buf)
+        out = torch.full((4, m.d.H, m.d.L), 3.0)
+        res = sa.run(qn.transpose(0, 1).contiguous().transpose(0, 1), qr, rows, m.nope, m.rope, md, out=out)
+    finally:
+        aar.set_provider("auto")
+    assert rows.shape == (4, 1, m.idx.K) and res.data_ptr() == out.data_ptr()
+    assert torch.equal(ic, m.idx_k) and bool((buf == 5).all()) and bool((out == 3.0).all())
