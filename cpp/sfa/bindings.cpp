@@ -20,6 +20,7 @@
 #include "ascend_attn_rt/sfa/host_pool.h"
 #include "ascend_attn_rt/sfa/impl.h"
 #include "ascend_attn_rt/sfa/offload.h"
+#include "ascend_attn_rt/sfa/pieces.h"
 #include "ascend_attn_rt/sfa/preprocess.h"
 #include "ascend_attn_rt/latent/quant.h"
 #include "ascend_attn_rt/sparse/topk_buffer.h"
@@ -302,6 +303,50 @@ void bind_sfa(nb::module_& root) {
       .def(
           "store", [](sfa::TopkBuffer& b, const at::Tensor& t) { return b.store(t); }, "topk"_a,
           "Copy a (T, 1, K) or (T, K) int32 selection into the first T rows; returns view(T).");
+
+  // The layer's two operator steps for engines that project themselves (docs/design/sfa.md §4.5).
+  nb::class_<sfa::IndexerStep>(m, "IndexerStep",
+                               "An indexer layer's step for engines that compute the indexer's projections: the "
+                               "key write, the lightning indexer, the top-k rows (docs/design/sfa.md §4.5).")
+      .def(
+          "__init__",
+          [](sfa::IndexerStep* self, int64_t topk, bool glm_moe_dsa, const std::string& device_kind) {
+            new (self) sfa::IndexerStep(sfa::IndexerStepConfig{topk, glm_moe_dsa, parse_device_kind(device_kind)});
+          },
+          nb::kw_only(), "topk"_a, "glm_moe_dsa"_a = false, "device_kind"_a = "a2")
+      .def_prop_ro("topk", [](const sfa::IndexerStep& s) { return s.config().topk; })
+      .def(
+          "run",
+          [](sfa::IndexerStep& s, const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights,
+             const at::Tensor& index_cache, const sfa::Metadata& md, const at::Tensor& topk_out) {
+            return s.run(k, q, weights, index_cache, md, topk_out);
+          },
+          "k"_a, "q"_a, "weights"_a, "index_cache"_a, "metadata"_a, "topk_out"_a,
+          "Writes k[:tk] at the metadata's slots, the lightning indexer's rows into topk_out[:tk, :topk] (-1 "
+          "padded; rows tk..T get -1); returns topk_out[:tk, :topk] as (tk, 1, topk). include/ascend_attn_rt/sfa/"
+          "pieces.h has the shapes and dtypes.")
+      .def(
+          "run",
+          [](sfa::IndexerStep& s, const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights,
+             const at::Tensor& index_cache, const sfa::Metadata& md, sfa::TopkBuffer& topk_out) {
+            return s.run(k, q, weights, index_cache, md, topk_out);
+          },
+          "k"_a, "q"_a, "weights"_a, "index_cache"_a, "metadata"_a, "topk_out"_a);
+
+  nb::class_<sfa::SparseAttention>(m, "SparseAttention",
+                                   "A sparse MLA layer's sparse flash attention over given top-k rows, for engines "
+                                   "that compute the absorbed query (docs/design/sfa.md §4.5).")
+      .def(nb::init<double>(), nb::kw_only(), "scale"_a)
+      .def_prop_ro("scale", &sfa::SparseAttention::scale)
+      .def(
+          "run",
+          [](sfa::SparseAttention& s, const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& topk,
+             const at::Tensor& nope_cache, const at::Tensor& rope_cache, const sfa::Metadata& md,
+             std::optional<at::Tensor> out) { return s.run(ql_nope, q_pe, topk, nope_cache, rope_cache, md, out); },
+          "ql_nope"_a, "q_pe"_a, "topk"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a, nb::kw_only(),
+          "out"_a = nb::none(),
+          "(T, N, L) sparse attention of the metadata's tk tokens over the top-k rows (rows past tk zero), into "
+          "out when given. include/ascend_attn_rt/sfa/pieces.h has the shapes and dtypes.");
 
   nb::class_<sfa::HostKvPool>(m, "HostKvPool",
                               "The KV-offload host pool (docs/design/sfa.md §6) in POSIX shared memory: per layer k (nb, bs, 1, "

@@ -16,6 +16,8 @@
 #include "../sparse/dsa_cp_workspace.h"
 #include "ascend_attn_rt/sparse/oproj_switch.h"
 #include "ascend_attn_rt/sparse/topk_remap.h"
+#include "cache_checks.h"
+#include "indexer_call.h"
 #include "indexer_workspace.h"
 #include "offload_layer.h"
 #include "sparse_attention.h"
@@ -51,9 +53,8 @@ namespace {
 using mla::detail::LatentCore;
 
 using detail::set;
-
-// The layout every SFA cache is read in (contiguous, docs/design/sfa.md §2.2).
-constexpr const char* kCacheLayout = "(num_blocks, block_size, 1, head_dim)";
+using detail::check_cache;
+using detail::is_one_byte_cache_dtype;
 
 // What a C8 cache's dtype must be, per device kind (docs/design/sfa.md §2.2), for messages.
 const char* c8_dtype_rule(plan::DeviceKind k) {
@@ -63,30 +64,6 @@ const char* c8_dtype_rule(plan::DeviceKind k) {
 const char* c8_scale_rule(plan::DeviceKind k) {
   return k == plan::DeviceKind::A5 ? "the LI C8 scale dtype of device_kind a5; docs/design/sfa.md §2.2: fp16 on A2/A3, fp32 on A5"
                                    : "the LI C8 scale dtype of device_kind a2/a3; docs/design/sfa.md §2.2: fp16 on A2/A3, fp32 on A5";
-}
-
-bool is_one_byte_cache_dtype(at::ScalarType t) {
-  return t == at::kChar || t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
-}
-
-// One cache of the composed tuple: (num_blocks >= the metadata's, block_size,
-// 1, width) in `dtype` (what `dtype_is` says it must be), contiguous.
-void check_cache(const at::Tensor& c, const char* name, int64_t width, const Metadata& md, at::ScalarType dtype,
-                 const char* dtype_is, c10::Device device, int64_t replicas = 1) {
-  AAR_CHECK_ARG(c.defined() && c.dim() == 4 && c.size(1) == md.block_size && c.size(2) == 1 && c.size(3) == width,
-                name, " must have shape (num_blocks, block_size=", md.block_size, ", 1, ", width, "), got ",
-                c.defined() ? c.sizes() : c10::IntArrayRef{});
-  AAR_CHECK_ARG(c.size(0) >= md.num_blocks * replicas, name, " has ", c.size(0), " blocks, fewer than the metadata's ",
-                md.num_blocks, replicas > 1 ? " x dcp_world_size=" : "", replicas > 1 ? std::to_string(replicas) : "",
-                replicas > 1 ? " (the indexer cache is replicated over the DCP group, docs/design/sparse_cp.md §2)" : "");
-  AAR_CHECK_ARG(c.scalar_type() == dtype, name, " dtype ", c.scalar_type(), " is not ", dtype, " (", dtype_is, ")",
-                is_one_byte_cache_dtype(c.scalar_type()) != is_one_byte_cache_dtype(dtype)
-                    ? (is_one_byte_cache_dtype(c.scalar_type()) ? "; a quantised cache: the layer's C8 flag for it is off"
-                                                         : "; the layer's C8 flag for it is on: it takes the quantised "
-                                                           "cache")
-                    : "");
-  AAR_CHECK_ARG(c.device() == device, name, " is on ", c.device(), " but the layer's weights are on ", device);
-  ::aar::detail::check_kv_cache_layout(c, name, kCacheLayout);
 }
 
 }  // namespace
@@ -516,7 +493,7 @@ at::Tensor Impl::indexer_topk(const at::Tensor& x, const at::Tensor& q_c, const 
   const at::Tensor& rows = LatentCore::view_of(c.index_k, c.index_k.size(0) * c.index_k.size(1), seen_.idx_src, seen_.idx_rows,
                                                [&] { return c.index_k.view({-1, D}); });
   at::Tensor rows_w = rows;
-  ops::scatter_nd_update_(rows_w, slots, v.k);
+  detail::write_indexer_keys(rows_w, slots, v.k);
   return indexer_select_(v, x, q_c, cos, sin, c, md.cum_query_lens, md.seq_lens, idx_table);
 }
 
@@ -539,21 +516,8 @@ at::Tensor Impl::indexer_select_(const detail::IndexerViews& v, const at::Tensor
   indexer_rope_(v.q_head, cos4, sin4);                // q: (tk, n_head, D)
   if (cfg_.li_c8) return quant_indexer_select_(v.q3, v.w, c, cum_query_lens, seq_lens, block_table);  // PCP
   // The operator's arguments persist between calls: only what changed is assigned.
-  ops::LightningIndexerArgs& a = li_args_;
-  set(a.query, v.q3);
-  set(a.key, c.index_k);
-  set(a.weights, v.w);
-  set(a.actual_seq_lengths_query, cum_query_lens);
-  set(a.actual_seq_lengths_key, seq_lens);
-  set(a.block_table, block_table);
-  a.layout_query = "TND";
-  a.layout_key = "PA_BSND";
-  a.sparse_count = ic.topk;
-  a.sparse_mode = 3;
-  // docs/design/sfa.md §4.3's dispatch: glm_moe_dsa and A5 take torch_npu's indexer, the rest vllm-ascend's.
-  const ops::OpLibrary lib = ic.glm_moe_dsa || cfg_.device_kind == plan::DeviceKind::A5 ? ops::OpLibrary::TorchNpu
-                                                                                         : ops::OpLibrary::VllmAscend;
-  return std::get<0>(ops::lightning_indexer(a, lib));
+  return detail::lightning_indexer(li_args_, {v.q3, c.index_k, v.w, cum_query_lens, seq_lens, block_table, ic.topk,
+                                              detail::indexer_library(ic.glm_moe_dsa, cfg_.device_kind)});
 }
 
 at::Tensor Impl::quant_indexer_topk(const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights,

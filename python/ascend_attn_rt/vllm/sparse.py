@@ -4,8 +4,8 @@ Three pieces, each behind the vLLM object that calls it:
 
 * ``AscendAttnRtSparseAttnIndexer`` replaces vLLM's ``SparseAttnIndexer`` custom op (through
   ``CustomOp.register_oot``): vLLM's ``Indexer`` module computes the indexer query, key and head
-  weights and calls it; it writes the key rows into the indexer cache at the step's slots and
-  runs the runtime's lightning indexer (``npu_lightning_indexer``), storing the per-token top-k
+  weights and calls it; one C++ call (``sfa.IndexerStep.run``) writes the key rows into the indexer
+  cache at the step's slots and runs the runtime's lightning indexer, storing the per-token top-k
   (request-local positions, ``-1`` padded) into the model's shared ``topk_indices_buffer``.
 * ``AscendAttnRtIndexerBackend`` (+ ``AscendAttnRtIndexerMetadataBuilder``) is the backend of the
   indexer-cache layers: the cache is unquantised keys ``(num_blocks, block_size, index_head_dim)``
@@ -13,8 +13,10 @@ Three pieces, each behind the vLLM object that calls it:
   made), the metadata the runtime's ``sfa.Metadata`` of the step.
 * ``AscendAttnRtSparseMlaBackend`` (+ builder, ``AscendAttnRtSparseMlaImpl``) is the sparse MLA
   attention: vLLM's ``MLAAttention.forward_impl`` sends every token to ``forward_mqa`` (absorbed
-  query), which runs the runtime's sparse flash attention over the top-k rows the indexer
-  stored; the latent cache is vLLM's ``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)``.
+  query), one C++ call (``sfa.SparseAttention.run``): the runtime's sparse flash attention over the
+  top-k rows the indexer stored; the latent cache is vLLM's ``(num_blocks, block_size, kv_lora_rank +
+  qk_rope_head_dim)``. The per-layer host work (argument checks, the cache write, the operator calls
+  through the runtime's provider) is C++ (docs/design/sfa.md §4.5).
 
 Refused by name when the objects are made: context parallelism (DCP / PCP), quantised KV caches
 (fp8 / fp8_ds_mla), DeepSeek-V4 (compressed indexer), graph capture (cudagraph_mode), and for the
@@ -41,17 +43,6 @@ from .. import _C as aar
 from . import _build_inputs, _builder_sizes, _refuse_cp
 
 _KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]
-
-
-def _ops(device: torch.device):
-    """The operator namespace the runtime uses for vllm-ascend's operators on this device
-    (docs/design/vllm_sparse.md §3): the CPU twins, the NPU library, or the no-compute one."""
-    p = aar.get_provider()
-    if p == "no_compute":
-        return torch.ops.ascend_noop_va
-    if p == "cpu" or (p == "auto" and device.type == "cpu"):
-        return torch.ops.ascend_cpu_va
-    return torch.ops._C_ascend
 
 
 def _refuse_graphs(vllm_config, what: str, compiled: bool) -> None:
@@ -273,6 +264,7 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim = kv_lora_rank, qk_rope_head_dim, v_head_dim
         self.kv_b_proj = kv_b_proj
+        self._sparse = aar.sfa.SparseAttention(scale=self.scale)
         self._attn = aar.mla.LatentAttention(
             num_heads=num_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
             qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, scale=self.scale)
@@ -302,20 +294,8 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
             ql_nope, q_pe = q
         else:
             ql_nope, q_pe = q.split([self.kv_lora_rank, q.shape[-1] - self.kv_lora_rank], dim=-1)
-        md = attn_metadata.sfa
-        t = ql_nope.shape[0]
-        if t != attn_metadata.num_actual_tokens:
-            raise ValueError(f"q has {t} tokens, the metadata {attn_metadata.num_actual_tokens}")
         nope, rope = self._caches(kv_c_and_k_pe_cache)
-        idx = self.topk_indices_buffer[:t].unsqueeze(1)
-        if idx.dtype != torch.int32:
-            raise ValueError(f"topk_indices_buffer dtype {idx.dtype}: int32 expected")
-        out, _, _ = _ops(ql_nope.device).npu_sparse_flash_attention(
-            ql_nope.contiguous(), nope, nope, idx.contiguous(), self.scale, block_table=md.block_table,
-            actual_seq_lengths_query=md.cum_query_lens, actual_seq_lengths_kv=md.seq_lens,
-            query_rope=q_pe.contiguous(), key_rope=rope, sparse_block_size=1, layout_query="TND",
-            layout_kv="PA_BSND", sparse_mode=3, attention_mode=2)
-        return out, None
+        return self._sparse.run(ql_nope, q_pe, self.topk_indices_buffer, nope, rope, attn_metadata.sfa), None
 
 
 def _make_indexer_op_cls():
@@ -342,6 +322,9 @@ def _make_indexer_op_cls():
             self.k_cache, self.topk_tokens, self.head_dim = k_cache, int(topk_tokens), int(head_dim)
             self.topk_indices_buffer = topk_indices_buffer
             self.dense_mha_metadata_layer_name = ""
+            # GLM-MoE-DSA takes torch_npu's indexer (docs/design/sfa.md §4.3); vLLM applies its RoPE pairing.
+            glm = getattr(cfg.model_config.hf_text_config, "model_type", "") == "glm_moe_dsa"
+            self._step = aar.sfa.IndexerStep(topk=self.topk_tokens, glm_moe_dsa=glm)
             self._forward_method = self.forward_native
             # The indexer cache layer (vLLM's DeepseekV32IndexerCache) has no pluggable hook of its own:
             # re-point this layer's KV-cache spec and backend to the runtime's unquantised key cache.
@@ -374,34 +357,9 @@ def _make_indexer_op_cls():
             """Writes k at the step's slots, then the lightning indexer's top-k into topk_indices_buffer."""
             if isinstance(q, tuple):
                 raise NotImplementedError("an FP4 (values, scales) indexer query is not supported by ascend_attn_rt")
-            md = metadata.sfa
-            t = metadata.num_actual_tokens
-            if kv_cache.dim() != 3 or kv_cache.shape[-1] != self.head_dim:
-                raise ValueError(f"indexer kv_cache shape {tuple(kv_cache.shape)}: (num_blocks, block_size, "
-                                 f"{self.head_dim}) expected")
-            if q.dim() != 3 or q.shape[0] < t or q.shape[-1] != self.head_dim:
-                raise ValueError(f"q shape {tuple(q.shape)}: (>= {t}, n_head, {self.head_dim}) expected")
-            if k.dim() != 2 or k.shape[0] < t or k.shape[1] != self.head_dim:
-                raise ValueError(f"k shape {tuple(k.shape)}: (>= {t}, {self.head_dim}) expected")
-            if weights.shape[:2] != (q.shape[0], q.shape[1]) and weights.shape[:2] != (t, q.shape[1]):
-                raise ValueError(f"weights shape {tuple(weights.shape)}: (tokens, {q.shape[1]}) expected")
-            if kv_cache.shape[0] < md.num_blocks or kv_cache.shape[1] != md.block_size:
-                raise ValueError(f"indexer kv_cache shape {tuple(kv_cache.shape)}: the builder's num_blocks="
-                                 f"{md.num_blocks}, block_size={md.block_size} do not fit it")
-            # The builder's slots of the real tokens are valid (docs/design/sfa.md §3.1): no mask, no host sync.
-            kv_cache.view(-1, self.head_dim).index_copy_(0, md.slot_mapping[:t], k[:t].to(kv_cache.dtype))
-            buf = self.topk_indices_buffer
-            buf[:q.shape[0]] = -1
-            if t == 0:
-                return buf
-            key = kv_cache.unsqueeze(2)  # (num_blocks, block_size, 1, head_dim): PA_BSND
-            idx, _ = _ops(q.device).npu_lightning_indexer(
-                q[:t].to(kv_cache.dtype), key, weights[:t].to(kv_cache.dtype),
-                actual_seq_lengths_query=md.cum_query_lens, actual_seq_lengths_key=md.seq_lens,
-                block_table=md.block_table, layout_query="TND", layout_key="PA_BSND",
-                sparse_count=self.topk_tokens, sparse_mode=3)
-            buf[:t, : idx.shape[-1]] = idx[:, 0]
-            return buf
+            # One C++ call: checks, the key write at the step's slots, the indexer, the top-k rows.
+            self._step.run(k, q, weights, kv_cache, metadata.sfa, self.topk_indices_buffer)
+            return self.topk_indices_buffer
 
     return AscendAttnRtSparseAttnIndexer
 
