@@ -164,8 +164,11 @@ def _dcp_case(rank, world, comm, ratio, dtype, il, k, seq=False):
                 torch.testing.assert_close(got, exp, atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=0,
                                            msg=lambda m: f"{where}: the {kd} shard: {m}")
         kind = "mixed" if st.num_prefills and st.num_decodes else "prefill" if st.num_prefills else "decode"
+        # seq: the TP reduction inside the ranks too, cp.Comm.all_reduce from Python between the layer calls (which
+        # hung now and then while the layer's forward held the GIL during its collectives)
+        tp = comm.all_reduce(out[:n].clone()) if seq else None
         report.append((where, str(st.attn_state).rsplit(".", 1)[-1], _wire(out[:n]), _wire(want[:n]), _wire(refs),
-                       kind))
+                       kind, _wire(tp)))
     return report
 
 
@@ -180,8 +183,13 @@ def check_sums(results, dtype_of):
     float64 reference (rank 0's)."""
     for c, steps in enumerate(results[0]):
         at, rt = ref_tol(dtype_of(c))
-        for j, (where, _, _, want, refs, *_) in enumerate(steps):
+        for j, (where, _, _, want, refs, *more) in enumerate(steps):
             summed = sum(torch.tensor(res[c][j][2], dtype=torch.float64) for res in results)
+            if len(more) > 1 and more[1] is not None:
+                for res in results:  # the ranks' own all_reduce of the partials
+                    torch.testing.assert_close(torch.tensor(res[c][j][6], dtype=torch.float64), summed, atol=1e-5,
+                                               rtol=1e-5 if dtype_of(c) == torch.float32 else 1e-2,
+                                               msg=lambda m: f"{where}: the ranks' all_reduce: {m}")
             want = torch.tensor(want, dtype=torch.float64)
             refs = None if refs is None else torch.tensor(refs, dtype=torch.float64)
             scale = max(1.0, want.abs().max().item())
