@@ -190,7 +190,14 @@ void bind_cp(nb::module_& m) {
           },
           "t"_a, "dim"_a = 0, "out"_a = nb::none(), "async_op"_a = false,
           "Block `rank` (along dim) of the sum over ranks of t.")
-      .def("all_reduce", &cp::Comm::all_reduce, "t"_a, "In place: t (contiguous) becomes the sum over ranks; returns t.")
+      .def(
+          "all_reduce",
+          [](cp::Comm& c, const at::Tensor& t) {
+            // Without the GIL, as every collective here (the PyCommWork note above).
+            nb::gil_scoped_release nogil;
+            return c.all_reduce(t);
+          },
+          "t"_a, "In place: t (contiguous) becomes the sum over ranks; returns t.")
       .def_prop_ro("calls", [](const cp::Comm& c) { return c.calls(); })
       .def_prop_ro("collective_ns", &cp::Comm::collective_ns,
                    "Wall time inside the synchronous collectives so far (reset by reset_counters)")

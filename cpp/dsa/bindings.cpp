@@ -780,8 +780,10 @@ void bind_dsa_impl(nb::module_& m) {
           "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, const RoutedLayer* metadata,
              const at::Tensor& output, sfa::TopkBuffer* topk_buffer) -> at::Tensor {
-            return self.forward(hidden, kv_list(kv_cache), metadata != nullptr ? &metadata->md : nullptr, output,
-                                topk_buffer);
+            const std::vector<at::Tensor> kv = kv_list(kv_cache);
+            // DSA-CP and DCP run collectives inside: never with the GIL held (comm/bindings.cpp's PyCommWork note).
+            nb::gil_scoped_release nogil;
+            return self.forward(hidden, kv, metadata != nullptr ? &metadata->md : nullptr, output, topk_buffer);
           },
           "hidden"_a, "kv_cache"_a, "metadata"_a.none(), "output"_a, nb::kw_only(), "topk_buffer"_a.none() = nb::none(),
           "docs/design/dsa.md §5.1 with route_layer's result as it is (the routing it checked is used, not made again); "
@@ -798,6 +800,8 @@ void bind_dsa_impl(nb::module_& m) {
                 self.config().compress_ratio, step_arg(step, "step"), group_arg(swa, "swa"),
                 group_arg(attention, "attention"), group_arg(compressor_state, "compressor_state"),
                 group_arg(indexer_cache, "indexer_cache"), group_arg(indexer_state, "indexer_state"));
+            // As above: the collectives of DSA-CP and DCP run without the GIL.
+            nb::gil_scoped_release nogil;
             return self.forward(hidden, kv, &md, output, topk_buffer);
           },
           "hidden"_a, "kv_cache"_a, "step"_a.none(), "swa"_a.none(), "output"_a, nb::kw_only(),

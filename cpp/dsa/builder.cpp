@@ -229,12 +229,6 @@ class StepBuilder::Lane {
                   crope_ ? crope_->positions() : 0, " rows)");
     AAR_CHECK_ARG(sum_s <= std::numeric_limits<int32_t>::max(), "seq_lens: their sum ", sum_s,
                   " (cu_seqlens_kv) exceeds int32");
-    // docs/design/sparse_cp.md §12: DSA DCP runs decode and speculative-decode steps only.
-    if (cfg_.dcp_world_size > 1 && p.split.num_prefills > 0) {
-      throw_not_supported("dcp_world_size=", cfg_.dcp_world_size, ": the batch has ", p.split.num_prefills,
-                          " prefill request(s); prefill and mixed steps under DSA DCP are not implemented "
-                          "(docs/design/sparse_cp.md §12)");
-    }
     plan::AttentionState state;
     if (capture != nullptr) {
       AAR_CHECK_ARG(p.split.num_prefills == 0, "build_for_graph_capture: the batch has ", p.split.num_prefills,

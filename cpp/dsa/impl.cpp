@@ -348,11 +348,6 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
       throw_not_supported("DSA graph capture under DCP (dcp_world_size=", md.step->dcp.world_size,
                           ") is not implemented: eager only (docs/design/sparse_cp.md §12)");
     }
-    if (md.step->has_prefill()) {
-      throw_not_supported("a step with ", md.step->plan.split.num_prefills, " prefill request(s) under DSA DCP "
-                          "(dcp_world_size=", md.step->dcp.world_size, "): prefill and mixed steps are not "
-                          "implemented (docs/design/sparse_cp.md §12)");
-    }
   }
   check_group(md.swa, "swa");
   // The window is the model's, set once on the StepBuilder; a layer that

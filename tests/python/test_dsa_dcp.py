@@ -3,10 +3,13 @@
 Each rank is a TP rank of a group that is also its DCP group: it holds its heads [r N/W, (r+1) N/W) (wq_b's rows,
 the sinks) and its row-parallel o_proj shard (wo_a's groups, wo_b's columns), so the layer's output is a partial sum
 that the parent process sums over the ranks (what the model's TP reduction does; the ranks issue no collective of
-their own besides the layer's). The caches are filled by the single-rank prefill
-(test_dsa_cp.Run without any CP): the replicated ones (compressor states, indexer) copied whole, the sharded ones
-(SWA, compressed KV) holding exactly the single-rank rows the rank owns, placed at their local slots of the
-rank's local block table. Then decode and speculative-decode steps run on both, and per step:
+their own besides the layer's). Two kinds of runs, against the single-rank layer (test_dsa_cp.Run without any CP):
+  * decode on filled caches: the caches filled by the single-rank prefill, the replicated ones (compressor states,
+    indexer) copied whole, the sharded ones (SWA, compressed KV) holding exactly the single-rank rows the rank owns,
+    placed at their local slots of the rank's local block table; then decode and speculative-decode steps;
+  * whole sequences (SEQ) from empty caches, the shards written by the DCP layer alone: fresh prefills, chunked
+    prefills, mixed steps, decodes and speculative decodes (docs/design/sparse_cp.md §12.4).
+Per step:
   * the summed output against the single-rank layer and against the float64 reference of _dsa_reference (rank 0
     computes it with the single-rank selection, as test_dsa.check_step does);
   * the C4 top-k rows equal to the single-rank selection (the indexer runs on the replicated cache);
@@ -89,10 +92,25 @@ STEPS = {
 }
 
 
-def _setup(rank, world, comm, ratio, dtype, il, k):
-    """The single-rank run after its prefills and the DCP run of this rank with its caches filled from it."""
+# ratio: a whole sequence run by both layers from empty caches (the DCP run's shards are never filled from the
+# single rank): fresh prefills (request 2 shorter than the window), a mixed step (decodes with a chunked prefill:
+# request 2 with context), C4 a chunked-prefill step without decodes, decodes (with num_input_tokens padding) and a speculative decode. Every prefill's first
+# row (position 0, its only key on rank 0) has no key on the other ranks: their LSE -inf partials merge to nothing.
+SEQ = {
+    1: [([0, 1, 2], [13, 5, 4]), ([0, 1, 2], [1, 1, 6]), ([0, 1, 2], [1, 1, 1], 2), ([0, 1, 2], [3, 3, 3])],
+    4: [([0, 1, 2], [23, 10, 5]), ([0, 1, 2], [1, 1, 14]), ([1, 2], [9, 4]), ([0, 1, 2], [1, 2, 1], 2),
+        ([0, 1, 2], [3, 3, 3])],
+    # request 1's chunk completes compressed rows 0 and 1 (rank 1's first row at interleave 1), request 0's decode
+    # after 255 prefilled tokens row 1
+    128: [([0, 1], [255, 9]), ([0, 1], [1, 250]), ([0, 1], [1, 1])],
+}
+
+
+def _setup(rank, world, comm, ratio, dtype, il, k, seq=False):
+    """The single-rank run and the DCP run of this rank. seq: both from empty caches, the steps SEQ[ratio]; else the
+    single rank after its prefills, the DCP run's caches filled from it, the steps the decodes of STEPS[ratio]."""
     d = dims(ratio)
-    prefills, decodes = STEPS[ratio]
+    prefills, decodes = ([], SEQ[ratio]) if seq else STEPS[ratio]
     nreq = max(max(r[0]) for r in prefills + decodes) + 1
     mb = 40 if ratio == 128 else 24  # the C128 state's small blocks: 255 tokens need 32 columns
     one = Run(d, dtype, nreq, k=k, max_blocks=mb)
@@ -100,6 +118,8 @@ def _setup(rank, world, comm, ratio, dtype, il, k):
              sb_extra=dict(dcp_world_size=world, dcp_rank=rank, dcp_interleave=il),
              impl_extra=dict(dcp_comm=comm, num_heads=d.N // world, o_groups=d.G // world),
              weights_of=lambda w: tp_weights(w, d, world, rank))
+    if seq:
+        return d, one, cp, decodes
     for reqs, qlens in prefills:
         one.step(reqs, qlens)
     # the caches after the single-rank prefill: replicated ones whole, sharded ones the owned rows
@@ -112,8 +132,8 @@ def _setup(rank, world, comm, ratio, dtype, il, k):
     return d, one, cp, decodes
 
 
-def _dcp_case(rank, world, comm, ratio, dtype, il, k):
-    d, one, cp, decodes = _setup(rank, world, comm, ratio, dtype, il, k)
+def _dcp_case(rank, world, comm, ratio, dtype, il, k, seq=False):
+    d, one, cp, decodes = _setup(rank, world, comm, ratio, dtype, il, k, seq)
     tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
     report = []
     for reqs, qlens, *pad in decodes:
@@ -122,7 +142,7 @@ def _dcp_case(rank, world, comm, ratio, dtype, il, k):
         st, out, qsl, S = cp.step(reqs, qlens, pad)
         calls = tuple(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
         _, want, _, _ = one.step(reqs, qlens, pad)
-        where = f"rank {rank} W {world} I {il} ratio {ratio} {dtype} step {reqs} {qlens} pad {pad}"
+        where = f"rank {rank} W {world} I {il} ratio {ratio} {dtype} {'seq ' if seq else ''}step {reqs} {qlens} pad {pad}"
         assert calls == (1, 1, 0), (where, calls)
         assert st.dcp_world_size == world and st.dcp_rank == rank and st.dcp_interleave == il, where
         n = qsl[-1]
@@ -143,7 +163,12 @@ def _dcp_case(rank, world, comm, ratio, dtype, il, k):
                 got, exp = getattr(cp, SHARDED[kd]), expected_shard(one, cp, kd, world, rank, il)
                 torch.testing.assert_close(got, exp, atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=0,
                                            msg=lambda m: f"{where}: the {kd} shard: {m}")
-        report.append((where, str(st.attn_state).rsplit(".", 1)[-1], _wire(out[:n]), _wire(want[:n]), _wire(refs)))
+        kind = "mixed" if st.num_prefills and st.num_decodes else "prefill" if st.num_prefills else "decode"
+        # seq: the TP reduction inside the ranks too, cp.Comm.all_reduce from Python between the layer calls (which
+        # hung now and then while the layer's forward held the GIL during its collectives)
+        tp = comm.all_reduce(out[:n].clone()) if seq else None
+        report.append((where, str(st.attn_state).rsplit(".", 1)[-1], _wire(out[:n]), _wire(want[:n]), _wire(refs),
+                       kind, _wire(tp)))
     return report
 
 
@@ -158,8 +183,13 @@ def check_sums(results, dtype_of):
     float64 reference (rank 0's)."""
     for c, steps in enumerate(results[0]):
         at, rt = ref_tol(dtype_of(c))
-        for j, (where, _, _, want, refs) in enumerate(steps):
+        for j, (where, _, _, want, refs, *more) in enumerate(steps):
             summed = sum(torch.tensor(res[c][j][2], dtype=torch.float64) for res in results)
+            if len(more) > 1 and more[1] is not None:
+                for res in results:  # the ranks' own all_reduce of the partials
+                    torch.testing.assert_close(torch.tensor(res[c][j][6], dtype=torch.float64), summed, atol=1e-5,
+                                               rtol=1e-5 if dtype_of(c) == torch.float32 else 1e-2,
+                                               msg=lambda m: f"{where}: the ranks' all_reduce: {m}")
             want = torch.tensor(want, dtype=torch.float64)
             refs = None if refs is None else torch.tensor(refs, dtype=torch.float64)
             scale = max(1.0, want.abs().max().item())
@@ -206,8 +236,6 @@ def _refusals(rank, world, comm):
              weights_of=lambda w: tp_weights(w, d, world, rank))
     plain = Run(d, torch.float32, 1)
     snap = [t.clone() for t in cp.caches()]
-    # a prefill step under DCP (the builder refuses it before anything is built)
-    catch("prefill", lambda: cp.build([0], [5]))
     # the layer given plain metadata, and a plain layer given DCP metadata
     plain.S = [0]
     st, md, S, qsl = plain.build([0], [5])
@@ -251,7 +279,6 @@ def test_dsa_dcp_two_ranks_decode_every_ratio():
         msgs, calls, untouched = refusals
         assert calls == 0 and untouched, (rank, calls, untouched)
         want = {
-            "prefill": ("NotImplementedError", "prefill and mixed steps under DSA DCP"),
             "comm_vs_plain": ("ValueError", "dcp_world_size=1"),
             "plain_vs_dcp": ("ValueError", "the layer has no dcp_comm"),
             "dsa_cp": ("NotImplementedError", "DSA DCP x DSA-CP"),
@@ -262,10 +289,28 @@ def test_dsa_dcp_two_ranks_decode_every_ratio():
             assert msgs[key][0] == kind and text in msgs[key][1], (rank, key, msgs[key])
 
 
+def test_dsa_dcp_two_ranks_prefill_sequence():
+    """docs/design/sparse_cp.md §12.3: whole sequences under DCP from empty caches (prefill, chunked prefill, mixed,
+    decode, speculative decode), every ratio, interleave 1 and 2, fp32 and bf16."""
+    cases = [(1, torch.float32, 1, 2, True), (1, torch.bfloat16, 2, 2, True), (4, torch.float32, 1, 2, True),
+             (4, torch.float32, 2, 2, True), (4, torch.bfloat16, 2, 2, True), (128, torch.float32, 1, 0, True),
+             (128, torch.bfloat16, 2, 0, True)]
+    results = run_ranks(2, _case, cases, False, deadline_s=150.0)
+    check_sums([r for r, _ in results], lambda c: cases[c][1])
+    for reports, _ in results:
+        assert len(reports) == len(cases)
+        for rep in reports:
+            assert [s[5] for s in rep[:2]] == ["prefill", "mixed"] and rep[-1][5] == "decode", [s[5] for s in rep]
+
+
 def test_dsa_dcp_four_ranks():
-    results = run_ranks(4, _case, [(4, torch.float32, 1, 2)], False, deadline_s=150.0)
+    # decode steps on caches filled from the single rank; a sequence from empty caches at interleave 2, where the
+    # 5-token request 2 has no key on rank 3 in its prefill
+    cases = [(4, torch.float32, 1, 2), (4, torch.float32, 2, 2, True)]
+    results = run_ranks(4, _case, cases, False, deadline_s=150.0)
     check_sums([r for r, _ in results], lambda c: torch.float32)
     assert "SpecDecoding" in {s[1] for s in results[0][0][0]}
+    assert [s[5] for s in results[0][0][1][:2]] == ["prefill", "mixed"]
 
 
 def _sb(**kw):
@@ -292,8 +337,8 @@ def test_dsa_dcp_builder_refusals():
         sb.build_for_graph_capture(qsl, S, state=aar.AttentionState.DecodeOnly)
     with pytest.raises(NotImplementedError, match="draft steps under DSA DCP"):
         sb.build_for_drafting(qsl, S, draft_index=0)
-    with pytest.raises(NotImplementedError, match="prefill and mixed steps under DSA DCP"):
-        sb.build(torch.tensor([0, 5], dtype=torch.int32), S)
+    # a prefill step builds under DCP (docs/design/sparse_cp.md §12)
+    assert sb.build(torch.tensor([0, 5], dtype=torch.int32), S).num_prefills == 1
     with pytest.raises(NotImplementedError, match="A2/A3 npu_sparse_attn_sharedkv plan only"):
         aar.dsa.GroupBuilder(sb, kind="swa", cache_block_size=32, max_blocks_per_req=4, num_blocks=8,
                              device_kind="a5", cache_dtype=None, model_dtype="bfloat16")

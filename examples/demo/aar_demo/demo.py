@@ -67,6 +67,17 @@ its step's. Rank 0 checks its slices' indexer selections against the reference,
 runs the single-rank engine and reports whether the greedy tokens match. --dsa-cp
 and --dcp are not combined.
 
+``--attention dsa --dcp N`` serves the DSA stack with DCP over N local processes
+(gloo; docs/design/sparse_cp.md §12): the DCP group is the TP group, so each rank holds
+its heads [r H/N, (r+1) H/N) (wq_b's rows, the sinks) and its row-parallel o_proj
+shard, and the demo sums the ranks' partial outputs (the model's TP reduction,
+one all-reduce per layer). ``aar.dsa.StepBuilder(dcp_world_size=N, dcp_rank=r, ...)``
+gives the SWA and compressed-KV groups this rank's local slots (position x on rank
+x mod N, interleave 1), the indexer and compressor-state groups stay replicated;
+``aar.dsa.Impl(dcp_comm=...)`` gathers the query heads, attends over the rank's keys
+and merges the partials by LSE, for every step (prefill, chunked prefill, mixed,
+decode). The demo checks each layer call issued one all-gather and one all-to-all.
+
 At the end the same stack is run again with plain-torch dense causal attention
 over each request's whole sequence (no cache at all), and the greedy tokens and
 the logits that chose them are compared.
@@ -502,6 +513,8 @@ class Engine:
         self.dcp = getattr(args, "dcp_comm", None) if cfg.attention in ("gqa", "sfa") else None
         # The DSA-CP group's aar.cp.Comm (--dsa-cp > 1, DSA), or None.
         self.dsa_cp = getattr(args, "dsa_cp_comm", None) if cfg.attention == "dsa" else None
+        # The DSA DCP group's aar.cp.Comm (--dcp > 1, DSA; also its TP group), or None.
+        self.dsa_dcp = getattr(args, "dcp_comm", None) if cfg.attention == "dsa" else None
         W = self.dcp.size if self.dcp is not None else 1
         self.bs = args.block_size
         self.max_blocks_per_req = args.max_blocks_per_req
@@ -616,6 +629,11 @@ class Engine:
         # gives this rank's slice its local lengths and RoPE rows; the groups keep the whole step's slots.
         comm = self.dsa_cp
         cp_kw = {} if comm is None else dict(dsa_cp_world_size=comm.size, dsa_cp_rank=comm.rank)
+        # DCP (docs/design/sparse_cp.md §12): the SWA and compressed-KV groups get this rank's local slots (its
+        # local block table is a prefix of the request's blocks), the indexer and state groups stay whole.
+        dcp = self.dsa_dcp
+        if dcp is not None:
+            cp_kw = dict(dcp_world_size=dcp.size, dcp_rank=dcp.rank, dcp_interleave=1)
         # The model's settings, once: every group builder reads them from the step builder.
         self.builder = aar.dsa.StepBuilder(max_num_reqs=args.max_running, max_num_tokens=max_tokens, cos_table=cos,
                                            sin_table=sin, compress_cos_table=cos, compress_sin_table=sin,
@@ -653,11 +671,22 @@ class Engine:
                 ws["wo_b"] = lw["wo_b"][:, comm.rank * g * cfg.dsa_o_lora:(comm.rank + 1) * g * cfg.dsa_o_lora]
                 ws["wo_b"] = ws["wo_b"].contiguous()
                 impl_kw = dict(dsa_cp_comm=comm, dsa_cp_full_o_proj_prefill=True)
+            heads, groups = cfg.heads, cfg.dsa_o_groups
+            if dcp is not None:
+                # The TP shard of this rank: its heads' wq_b rows and sinks, its o_proj groups / columns; the
+                # layer returns a partial sum (attend_dsa all-reduces it).
+                heads, groups = cfg.heads // dcp.size, cfg.dsa_o_groups // dcp.size
+                h, D, g, ol = heads, cfg.dsa_head_dim, groups, cfg.dsa_o_lora
+                ws["wq_b"] = lw["wq_b"][dcp.rank * h * D:(dcp.rank + 1) * h * D].contiguous()
+                ws["attn_sink"] = lw["attn_sink"][dcp.rank * h:(dcp.rank + 1) * h].contiguous()
+                ws["wo_a"] = lw["wo_a"][dcp.rank * g:(dcp.rank + 1) * g].contiguous()
+                ws["wo_b"] = lw["wo_b"][:, dcp.rank * g * ol:(dcp.rank + 1) * g * ol].contiguous()
+                impl_kw = dict(dcp_comm=dcp)
             self.impls.append(aar.dsa.Impl(
-                ws, hidden_size=cfg.hidden, num_heads=cfg.heads,
+                ws, hidden_size=cfg.hidden, num_heads=heads,
                 head_dim=cfg.dsa_head_dim, rope_dim=cfg.qk_rope, q_lora_rank=cfg.q_lora_rank,
                 compress_ratio=r, index_n_heads=cfg.index_heads, index_head_dim=cfg.index_dim,
-                index_topk=cfg.dsa_index_topk, eps=cfg.eps, o_groups=cfg.dsa_o_groups, o_lora_rank=cfg.dsa_o_lora,
+                index_topk=cfg.dsa_index_topk, eps=cfg.eps, o_groups=groups, o_lora_rank=cfg.dsa_o_lora,
                 layer_index=i, **impl_kw))
             # float32 KV rows (the model's dtype here; the spec's bf16 is the production one), int8 / fp16 indexer
             z = lambda kd, key="shape", dt=torch.float32: torch.zeros(spec[kd][key], dtype=dt)
@@ -783,6 +812,8 @@ class Engine:
         state = str(md.attn_state).rsplit(".", 1)[-1]
         if self.dsa_cp is not None:
             state = "DSA-CP " + state
+        if self.dsa_dcp is not None:
+            state = "DCP " + state
         if self.dcp is not None:
             state = "DCP " + (state if self.sfa else " + ".join(
                 (["decode"] if md.num_decodes else []) +
@@ -856,12 +887,22 @@ class Engine:
             if r not in dsa_routed:
                 dsa_routed[r] = aar.dsa.route_layer(r, md, dsa_md)
             comm = self.dsa_cp
-            if comm is not None:
-                comm.reset_counters()
+            dcp = self.dsa_dcp
+            for c in (comm, dcp):
+                if c is not None:
+                    c.reset_counters()
             t1 = time.perf_counter_ns()
             impl.forward(h, self.caches[layer], dsa_routed[r], out)
             self.stats.forward_ns.append(time.perf_counter_ns() - t1)
             key = {1: "SWA", 4: "C4 (indexer top-k)", 128: "C128"}[r]
+            if dcp is not None:
+                # docs/design/sparse_cp.md §12.2: the query heads' all-gather and the partials' all-to-all, in every
+                # step; then the TP reduction of this rank's o_proj partial sum (the model's, not the layer's).
+                calls = tuple(dcp.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
+                if calls != (1, 1, 0):
+                    self.stats.road_mismatches += 1
+                    key += f" [collectives {calls}]"
+                dcp.all_reduce(out)
             if comm is not None:
                 # The output road this layer call took, told by its collectives (sparse_cp.md §10.2): decode
                 # steps all-to-all the heads and all-reduce the o_proj shards' partial sums, steps with prefills
@@ -1026,8 +1067,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; 0: torch default)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dcp", type=int, default=1,
-                   help="GQA or SFA: decode context parallel over this many local processes (gloo); rank 0 also "
-                        "runs the single-rank engine and compares the greedy tokens")
+                   help="GQA, SFA or DSA: decode context parallel over this many local processes (gloo; DSA: also "
+                        "the TP group, each rank its heads); rank 0 also runs the single-rank engine and compares "
+                        "the greedy tokens")
     p.add_argument("--dsa-cp", type=int, default=1,
                    help="DSA: DSA-CP (the step's tokens split over this many local processes, gloo; every rank holds "
                         "every head's query weights and its o_proj shard); rank 0 also runs the single-rank engine "
@@ -1036,7 +1078,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # The context-parallel runs: flag -> (the attention backends it serves, the Comm's name in args, the run's name).
 CP_FLAGS = {
-    "dcp": (("gqa", "sfa"), "dcp_comm", "DCP"),
+    "dcp": (("gqa", "sfa", "dsa"), "dcp_comm", "DCP"),
     "dsa_cp": (("dsa",), "dsa_cp_comm", "DSA-CP"),
 }
 
@@ -1066,19 +1108,20 @@ def _check_cp_flags(args: argparse.Namespace) -> Optional[str]:
     on = [f for f, n in sizes.items() if n > 1]
     if len(on) > 1:
         raise SystemExit(" and ".join(f"--{f.replace('_', '-')} {sizes[f]}" for f in on) +
-                         ": the context-parallel modes are not combined (DSA-CP is DSA's, DCP is GQA's and SFA's)")
+                         ": the context-parallel modes are not combined")
     if not on:
         return None
     flag = on[0]
     backends = CP_FLAGS[flag][0]
     if args.attention not in backends:
-        raise SystemExit(f"--{flag.replace('_', '-')} is implemented for --attention {' and '.join(backends)} only, "
+        raise SystemExit(f"--{flag.replace('_', '-')} is implemented for --attention {', '.join(backends)} only, "
                          f"got --attention {args.attention}")
-    if flag == "dsa_cp":
-        # docs/design/sparse_cp.md §10: a rank's o_proj shard holds whole heads and whole groups.
-        W, groups = sizes[flag], ModelConfig().dsa_o_groups
+    if args.attention == "dsa":
+        # docs/design/sparse_cp.md §10 and §12: a rank's o_proj shard (and under DCP its heads) holds whole heads
+        # and whole groups.
+        W, groups, name = sizes[flag], ModelConfig().dsa_o_groups, flag.replace("_", "-")
         if args.heads % W or groups % W:
-            raise SystemExit(f"--dsa-cp {W} must divide the heads (--heads {args.heads}) and the o_proj groups "
+            raise SystemExit(f"--{name} {W} must divide the heads (--heads {args.heads}) and the o_proj groups "
                              f"({groups})")
     return flag
 
@@ -1126,6 +1169,12 @@ def run(args: argparse.Namespace) -> int:
             g = cfg.dsa_o_groups // comm.size
             heads += (f", DSA-CP {comm.size} (this rank: every head's query, 1/{comm.size} of every step's tokens, "
                       f"o_proj groups [{comm.rank * g}, {(comm.rank + 1) * g}) of {cfg.dsa_o_groups})")
+        comm = getattr(args, "dcp_comm", None)
+        if comm is not None:
+            h = cfg.heads // comm.size
+            heads += (f", DCP {comm.size} (this rank: heads [{comm.rank * h}, {(comm.rank + 1) * h}) and their o_proj "
+                      f"shard, 1/{comm.size} of every sequence's SWA and compressed KV, the indexer keys and "
+                      f"compressor states replicated)")
     elif cfg.attention == "sfa":
         heads = (f"SFA {cfg.heads} heads (MLA latent {cfg.kv_lora_rank}, nope/rope/v {cfg.qk_nope}/{cfg.qk_rope}/"
                  f"{cfg.v_head}; lightning indexer {cfg.index_heads}x{cfg.index_dim} on even layers, top-k "
@@ -1195,7 +1244,8 @@ def run(args: argparse.Namespace) -> int:
         ref_s = time.perf_counter() - t_ref
 
         single_match = None
-        cp_comm, cp_name = (engine.dcp, "DCP") if engine.dcp is not None else (engine.dsa_cp, "DSA-CP")
+        cp_comm, cp_name = ((engine.dcp, "DCP") if engine.dcp is not None else
+                            (engine.dsa_dcp, "DCP") if engine.dsa_dcp is not None else (engine.dsa_cp, "DSA-CP"))
         if cp_comm is not None and cp_comm.rank == 0:
             # The same requests through the single-rank engine (no DCP / DSA-CP): greedy tokens must agree.
             solo_args = argparse.Namespace(**{k: v for k, v in vars(args).items()
@@ -1220,7 +1270,8 @@ def run(args: argparse.Namespace) -> int:
         [("top-k rows equal to reference", f"{topk_checked - topk_mismatches}/{topk_checked}"
           + (" (this rank's token slices)" if engine.dsa_cp is not None else ""))]
         if cfg.attention in ("sfa", "dsa") else []) + (
-        [("DSA-CP layer calls off their road", f"{s.road_mismatches}")] if engine.dsa_cp is not None else []) + [
+        [("DSA-CP layer calls off their road", f"{s.road_mismatches}")] if engine.dsa_cp is not None else []) + (
+        [("DCP layer calls with other collectives", f"{s.road_mismatches}")] if engine.dsa_dcp is not None else []) + [
         ("forward paths (layer calls)", ", ".join(f"{k} {v}" for k, v in sorted(s.paths.items()))),
         ("build, host time / step", f"mean {b_mean:.1f} us, p50 {b_p50:.1f} us (one cold call per step)"),
         ("attention forward / layer", f"mean {f_mean:.1f} us, p50 {f_p50:.1f} us (incl. CPU-twin compute)"),

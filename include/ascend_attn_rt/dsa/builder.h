@@ -75,8 +75,8 @@ struct StepBuilderConfig : core::Capacities, core::StagingConfig {
   // dcp_world_size ranks (interleave dcp_interleave; this rank dcp_rank); > 1 adds
   // StepMetadata::dcp and makes the SWA / C4Kv / C128Kv groups' slots this rank's local ones
   // (their block tables are the rank's local tables); the indexer and compressor-state groups
-  // stay whole (global tables, every row written on every rank). Decode and speculative-decode
-  // steps only (a prefill is refused by name), eager only (build_for_graph_capture refused);
+  // stay whole (global tables, every row written on every rank). Every step kind (decode,
+  // speculative decode, prefill, mixed), eager only (build_for_graph_capture refused);
   // not combinable with DSA-CP, DSpark or drafting (refused by name).
   int32_t dcp_world_size = 1;
   int32_t dcp_rank = 0;
