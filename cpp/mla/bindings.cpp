@@ -1,5 +1,6 @@
 // Python facade of the MLA backend (submodule `mla`): backend facts, weight
 // utilities, plan functions, builder, impl. No logic beyond argument conversion.
+#include <optional>
 #include <ATen/ATen.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -404,6 +405,11 @@ void bind_mla(nb::module_& root) {
           "forward",
           [](mla::Impl& impl, const at::Tensor& hidden, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
              const mla::Metadata* md, const at::Tensor& output) -> at::Tensor {
+            // A layer with a CP group runs collectives inside: never with the GIL held (comm/bindings.cpp's
+            // PyCommWork note).
+            const mla::ImplConfig& cf = impl.config();
+            std::optional<nb::gil_scoped_release> nogil;
+            if (cf.dcp_comm != nullptr || cf.pcp_comm != nullptr) nogil.emplace();
             return impl.forward(hidden, nope_cache, rope_cache, md, output);
           },
           "hidden_states"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a.none(), "output"_a)

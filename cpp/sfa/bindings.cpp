@@ -2,6 +2,7 @@
 // tuple composition, the shared top-k buffer, the metadata builders, and the
 // plan layer's build_valid_topk_mask (in `plan`). No logic beyond argument
 // conversion.
+#include <optional>
 #include <ATen/ATen.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
@@ -721,6 +722,11 @@ void bind_sfa(nb::module_& root) {
           "forward",
           [](sfa::Impl& impl, const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache,
              const sfa::Metadata* md, const at::Tensor& output, sfa::TopkBuffer* topk) -> at::Tensor {
+            // A layer with a CP group runs collectives inside: never with the GIL held (a gloo worker that
+            // frees a Python-owned tensor needs it; comm/bindings.cpp's PyCommWork note).
+            const sfa::ImplConfig& cf = impl.config();
+            std::optional<nb::gil_scoped_release> nogil;
+            if (cf.dcp_comm != nullptr || cf.dsa_cp_comm != nullptr || cf.pcp_comm != nullptr) nogil.emplace();
             return impl.forward(hidden, kv_cache, md, output, topk);
           },
           "hidden_states"_a, "kv_cache"_a, "metadata"_a.none(), "output"_a, "topk_buffer"_a.none() = nb::none())
