@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/dense.h"
 
 namespace aar::cp {
 
@@ -184,6 +185,13 @@ CommWork Comm::launch(CommOp op, const std::function<c10::intrusive_ptr<c10d::Wo
                       std::vector<at::Tensor> keep, std::function<void()> finish) {
   CommWork w;
   w.what_ = describe(op);
+  if (ops::dense::no_compute()) {
+    // The no-compute provider: noted and counted, nothing moves (a collective is a device kernel like
+    // any other; every rank skips it alike, so no rank waits on a peer).
+    w.out_ = std::move(out);
+    w.done_ = true;
+    return w;
+  }
   try {
     w.work_ = start();
   } catch (const std::exception& e) {

@@ -838,19 +838,19 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   st.sin = nloc == tpr ? sh.sin : sh.sin.narrow(0, 0, nloc);
   mla::detail::LatentKv kv;
   s.q = core_->preprocess_unwritten(v, st, kv);
-  pv.pack_cols[0].copy_(kv.k_rope.view({nloc, R}));
-  pv.pack_cols[1].copy_(kv.k_nope);
+  ops::dense::copy(pv.pack_cols[0], kv.k_rope.view({nloc, R}));
+  ops::dense::copy(pv.pack_cols[1], kv.k_nope);
   if (has_idx) {
     s.iv = &iws_->views(nloc);
     s.cos4 = st.cos.view({nloc, 1, 1, R});
     s.sin4 = st.sin.view({nloc, 1, 1, R});
     indexer_keys_(*s.iv, s.xl, s.cos4, s.sin4);
-    pv.pack_cols[2].copy_(s.iv->k);
+    ops::dense::copy(pv.pack_cols[2], s.iv->k);
   }
   if (with_query) {
     const size_t qc = has_idx ? 3 : 2;
-    pv.pack_cols[qc].view({nloc, N, L}).copy_(s.q.qn);
-    pv.pack_cols[qc + 1].view({nloc, N, R}).copy_(s.q.qr);
+    ops::dense::copy(pv.pack_cols[qc].view({nloc, N, L}), s.q.qn);
+    ops::dense::copy(pv.pack_cols[qc + 1].view({nloc, N, R}), s.q.qr);
   }
 }
 
@@ -985,7 +985,9 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
       ops::dense::copy(first(mine, nloc), indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens,
                                                           sh.seq_lens, dm.indexer_block_table));
     }
-    topk_all = comm.all_gather(mine, 0).narrow(0, 0, tk);
+    // Gathered straight into the shared buffer when it is kept (its first T_pad rows: no copy after).
+    const bool keep = cfg_.use_index_cache && Tp <= topk->max_num_tokens();
+    topk_all = (keep ? comm.all_gather(mine, 0, topk->view(Tp)) : comm.all_gather(mine, 0)).narrow(0, 0, tk);
     if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
     last_topk_ = TopkSource::Indexer;
   } else {
@@ -1081,7 +1083,9 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
       ops::dense::copy(mine, indexer_select_(*iv, hidden, q_c, cos4, sin4, c, pm.indexer_cum_query_lens,
                                              pm.indexer_seq_lens, pm.indexer_block_table));
     }
-    topk_all = comm.all_gather(mine, 0);
+    // Gathered straight into the shared buffer when it is kept (no copy after).
+    const bool keep = cfg_.use_index_cache && G <= topk->max_num_tokens();
+    topk_all = keep ? comm.all_gather(mine, 0, topk->view(G)) : comm.all_gather(mine, 0);
     if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
     last_topk_ = TopkSource::Indexer;
   } else {

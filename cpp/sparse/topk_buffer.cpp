@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/ops/dense.h"
 
 namespace aar::sfa {
 
@@ -53,7 +54,10 @@ const at::Tensor& TopkBuffer::store(const at::Tensor& topk) {
   const int64_t n = topk.size(0);
   AAR_CHECK_ARG(n <= max_num_tokens(), "topk has ", n, " rows, more than max_num_tokens=", max_num_tokens());
   const at::Tensor& v = view(n);
-  v.copy_(topk.dim() == 3 ? topk : topk.unsqueeze(1));
+  // Rows already written in place (a collective's output placed in view(n)) are not copied again.
+  const bool in_place = topk.dim() == 3 && topk.data_ptr() == v.data_ptr() && topk.sizes() == v.sizes() &&
+                        topk.strides() == v.strides();
+  if (!in_place) ops::dense::copy(v, topk.dim() == 3 ? topk : topk.unsqueeze(1));
   return v;
 }
 

@@ -3,6 +3,8 @@
 // reduce-scatter (sum) along a dim, sync and async. Bad arguments are InvalidArgument
 // before anything is sent; a failed or silent peer is a CommError within the Comm's
 // timeout, never a hang. Every rank must issue the same sequence. One thread at a time.
+// Under the no-compute operator provider (host-time benchmarks) a collective is checked, noted and
+// counted but not run: nothing moves, as with every other device kernel under that provider.
 // Design: docs/design/cp.md §1.2.
 #pragma once
 

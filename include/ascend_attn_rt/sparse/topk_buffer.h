@@ -35,7 +35,8 @@ class TopkBuffer {
   const at::Tensor& view(int64_t num_tokens) const;
   // Copies a selection, (T, 1, K) or (T, K) int32 on the buffer's device with
   // K == index_topk and T <= max_num_tokens, into the first T rows (a device
-  // copy; validated before it). Returns view(T).
+  // copy; validated before it; none when topk already is view(T), e.g. a collective's output placed
+  // there). Returns view(T).
   const at::Tensor& store(const at::Tensor& topk);
 
  private:
