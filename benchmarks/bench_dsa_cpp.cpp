@@ -57,9 +57,9 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   aar_bench::JsonReport report("bench_dsa_cpp");
   report.hardware_threads();
-  std::printf("%-40s %-36s %6s %10s\n", "variant", "case", "batch", "us/call");
+  std::printf("%-40s %-46s %6s %10s\n", "variant", "case", "batch", "us/call");
   auto record = [&](const char* variant, const char* name, int batch, double us) {
-    std::printf("%-40s %-36s %6d %10.3f\n", variant, name, batch, us);
+    std::printf("%-40s %-46s %6d %10.3f\n", variant, name, batch, us);
     report.add("results", {{"group", variant}, {"case", name}, {"batch", batch}, {"us_per_call", us}});
   };
 

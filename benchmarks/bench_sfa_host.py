@@ -4,8 +4,8 @@ build: sfa.MetadataBuilder.build for decode batches of 1/32/256/1024 at 1000-tok
 64-column block table, R = 64 bf16 RoPE tables), the block table passed in or kept in the builder's staging rows (zero
 copy), a mixed batch and a prefill (8 x 2048 new tokens, no cache). forward: Impl.forward per layer for decode batches
 1/32/256 at DeepSeek-V3.2 shapes with TP 8 (16 heads, hidden 7168, q-LoRA 1536, L 512, P/V 128, R 64; lightning
-indexer 64 x 128, top-k 2048), a layer with an indexer and one reusing the top-k buffer, every tensor on the meta device (shapes only: host work alone), under
-torch.inference_mode() as serving engines run. Figures: the median of 25 short repeats (the best repeat beside it in
+indexer 64 x 128, top-k 2048), a layer with an indexer and one reusing the top-k buffer, every tensor on the meta
+device (shapes only: host work alone), under torch.inference_mode() as serving engines run. Figures: the median of 25 short repeats (the best repeat beside it in
 the JSON's *_best_us), torch.set_num_threads(1).
 
 Run: PYTHONPATH=python .venv/bin/python benchmarks/bench_sfa_host.py [--out benchmarks/results/sfa_host.json]
