@@ -103,6 +103,7 @@ bench: build
 	PYTHONPATH=python $(PY) benchmarks/bench_host.py --out benchmarks/results/python_host.json
 	PYTHONPATH=python $(PY) benchmarks/bench_mla_host.py --out benchmarks/results/mla_host.json
 	PYTHONPATH=python $(PY) benchmarks/bench_sfa_host.py --out benchmarks/results/sfa_host.json
+	PYTHONPATH=python $(PY) benchmarks/bench_step.py --out benchmarks/results/step.json
 	PYTHONPATH=python $(PY) benchmarks/bench_cp_comm.py --out benchmarks/results/cp_comm.json
 	PYTHONPATH=python $(PY) benchmarks/bench_gqa_dcp.py --out benchmarks/results/gqa_dcp.json
 	PYTHONPATH=python $(PY) benchmarks/bench_sfa_dcp.py --out benchmarks/results/sfa_dcp.json

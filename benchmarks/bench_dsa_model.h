@@ -37,21 +37,23 @@ struct DsaModelOptions {
   int32_t index_n_heads = aar::dsa::kDsaIndexerHeads;
   int32_t index_head_dim = aar::dsa::kDsaIndexerHeadDim;
   bool wrap_table_ids = true;  // table ids i % num_blocks (else i: every id < num_blocks as well)
+  int32_t max_reqs = kDsaMaxReqs;
+  int32_t max_num_tokens = 4096;
 };
 
 struct DsaModel {
   aar::dsa::AttnKvPlan plan;
   std::unique_ptr<aar::dsa::StepBuilder> step;
   std::vector<std::unique_ptr<aar::dsa::GroupBuilder>> groups;
-  std::vector<std::vector<int32_t>> tables;  // per group: kDsaMaxReqs rows x strides[g]
+  std::vector<std::vector<int32_t>> tables;  // per group: max_reqs rows x strides[g]
   std::vector<int32_t> strides;
   std::vector<int64_t> storage_block_sizes, num_blocks;
 };
 
 inline DsaModel make_dsa_model(const DsaModelOptions& o) {
   aar::dsa::StepBuilderConfig sc;
-  sc.max_num_reqs = kDsaMaxReqs;
-  sc.max_num_tokens = 4096;
+  sc.max_num_reqs = o.max_reqs;
+  sc.max_num_tokens = o.max_num_tokens;
   sc.cos_table = at::randn({kDsaMaxModelLen, 64}).to(at::kBFloat16);
   sc.sin_table = at::randn({kDsaMaxModelLen, 64}).to(at::kBFloat16);
   sc.compress_cos_table = at::randn({kDsaMaxModelLen, 64}).to(at::kBFloat16);
@@ -76,9 +78,9 @@ inline DsaModel make_dsa_model(const DsaModelOptions& o) {
     gc.cache_block_size = kDsaCbs;
     gc.plan = m.plan;
     gc.max_blocks_per_req = cols;
-    gc.num_blocks = kDsaMaxReqs * cols;
+    gc.num_blocks = o.max_reqs * cols;
     m.groups.push_back(std::make_unique<aar::dsa::GroupBuilder>(*m.step, gc));
-    std::vector<int32_t> t(static_cast<size_t>(kDsaMaxReqs) * cols);
+    std::vector<int32_t> t(static_cast<size_t>(o.max_reqs) * cols);
     for (size_t i = 0; i < t.size(); ++i) {
       t[i] = static_cast<int32_t>(o.wrap_table_ids ? i % static_cast<size_t>(gc.num_blocks) : i);
     }
@@ -90,12 +92,19 @@ inline DsaModel make_dsa_model(const DsaModelOptions& o) {
   return m;
 }
 
-// B one-token decode requests at context ctx (seq_lens = ctx each).
+// B one-token decode requests at context ctx (seq_lens = ctx each), then
+// `prefills` requests of prefill_new new tokens on prefill_ctx cached ones.
 struct DecodeBatch {
   std::vector<int32_t> qsl, seq;
-  DecodeBatch(int B, int ctx) : qsl(static_cast<size_t>(B) + 1), seq(static_cast<size_t>(B), ctx) {
+  DecodeBatch(int B, int ctx, int prefills = 0, int prefill_new = 0, int prefill_ctx = 0)
+      : qsl(static_cast<size_t>(B) + 1), seq(static_cast<size_t>(B), ctx) {
     for (int b = 0; b <= B; ++b) qsl[static_cast<size_t>(b)] = b;
+    for (int p = 0; p < prefills; ++p) {
+      qsl.push_back(qsl.back() + prefill_new);
+      seq.push_back(prefill_ctx + prefill_new);
+    }
   }
+  int num_reqs() const { return static_cast<int>(seq.size()); }
   aar::dsa::StepInputs inputs() const {
     aar::dsa::StepInputs in;
     in.query_start_loc = aar::plan::CSpan<int32_t>(qsl.data(), qsl.size());

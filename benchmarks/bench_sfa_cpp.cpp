@@ -1,7 +1,9 @@
 // Host-time benchmark of the SFA backend (DeepSeek-V3.2 sparse attention) from
 // C++, with the no-compute operator provider. `build`: decode batches of
-// 1/32/256 requests at 1000-token contexts (block size 128, a 64-column block
-// table, R = 64 bf16 RoPE tables) and a mixed batch, on the CPU (the host
+// 1/32/256/1024 requests at 1000-token contexts (block size 128, a 64-column
+// block table, R = 64 bf16 RoPE tables), a mixed batch (32 decodes + 4 x 256
+// new tokens on 3000 cached) and a prefill (8 x 2048 new tokens, no cache;
+// upstream's build cases: 1024 decodes, mixed, prefill), on the CPU (the host
 // buffer is the device buffer) with the block table staged in the builder
 // (zero copy) or in a separate host table, and with separate device buffers
 // (the device path on the CPU: one copy per step). `forward`: Impl::forward per
@@ -11,9 +13,13 @@
 // queries, the indexer cache write, the indexer, sparse attention) and one that
 // reuses the top-k buffer, every tensor on the meta device (shapes only: the
 // layer's operators and tensor ops cost their host work alone, as on an NPU).
+// Torch runs one intra-op thread (AAR_BENCH_THREADS=N to change it): the host
+// path is single-threaded, and the separate-buffer copies would otherwise spin
+// OpenMP workers on the second core.
 //
 //   build/bench_sfa_cpp [--out benchmarks/results/cpp_sfa.json] [--quick] [--only build|forward]
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <cmath>
@@ -39,7 +45,7 @@ struct Result {
 using aar_bench::Batch;
 using aar_bench::time_us;
 
-constexpr int kMaxReqs = 256, kMbr = 64, kBs = 128, kR = 64;
+constexpr int kMaxReqs = 1024, kMbr = 64, kBs = 128, kR = 64;
 
 Batch make_batch(int decodes, int decode_seq, int prefills, int prefill_new, int prefill_ctx) {
   return aar_bench::make_batch(decodes, decode_seq, prefills, prefill_new, prefill_ctx, kMbr, kMaxReqs * kMbr);
@@ -50,7 +56,7 @@ aar::sfa::BuildInputs inputs_of(const Batch& b) { return aar_bench::inputs_of<aa
 aar::sfa::BuilderConfig builder_config(c10::Device device, bool separate) {
   aar::sfa::BuilderConfig c;
   c.max_num_reqs = kMaxReqs;
-  c.max_num_tokens = 4096;
+  c.max_num_tokens = 16384;
   c.max_blocks_per_req = kMbr;
   c.block_size = kBs;
   c.num_blocks = kMaxReqs * kMbr;
@@ -69,6 +75,9 @@ int main(int argc, char** argv) {
   const int scale = args.quick ? 10 : 1;
   aar::ops::ProviderOverride noop(aar::ops::Provider::NoCompute);
   c10::InferenceMode inference;  // as serving engines run the model
+  const char* threads_env = std::getenv("AAR_BENCH_THREADS");
+  const int threads = threads_env != nullptr ? std::atoi(threads_env) : 1;
+  at::set_num_threads(threads);
   std::vector<Result> results;
 
   // ---------------------------------------------------------------- build
@@ -76,7 +85,7 @@ int main(int argc, char** argv) {
     if (only == "forward" || (separate && std::getenv("AAR_BENCH_BATCH"))) break;
     aar::sfa::MetadataBuilder builder(builder_config(c10::Device(c10::kCPU), separate));
     const std::string path = separate ? "build, separate buffers" : "build, cpu (aliased)";
-    for (int B : {1, 32, 256}) {
+    for (int B : {1, 32, 256, 1024}) {
       if (const char* only_b = std::getenv("AAR_BENCH_BATCH"); only_b && std::atoi(only_b) != B) continue;
       Batch b = make_batch(B, 1000, 0, 0, 0);
       auto in = inputs_of(b);
@@ -88,6 +97,9 @@ int main(int argc, char** argv) {
     Batch b = make_batch(32, 1000, 4, 256, 3000);
     auto in = inputs_of(b);
     results.push_back({path, "mixed 32 dec + 4x256 prefill", 36, time_us([&] { builder.build(in); }, 5000 / scale)});
+    Batch p = make_batch(0, 0, 8, 2048, 0);
+    auto pin = inputs_of(p);
+    results.push_back({path, "prefill 8x2048", 8, time_us([&] { builder.build(pin); }, 2000 / scale)});
   }
 
   // ---------------------------------------------------------------- forward
@@ -149,6 +161,7 @@ int main(int argc, char** argv) {
   }
   aar_bench::JsonReport report("bench_sfa_cpp");
   report.hardware_threads();
+  report.field("torch_threads", threads);
   for (const auto& r : results) {
     report.add("results", {{"group", r.group}, {"case", r.name}, {"batch", r.batch}, {"us_per_call", r.us}});
   }

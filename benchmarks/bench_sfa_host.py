@@ -1,11 +1,12 @@
 """Host time of the SFA backend (DeepSeek-V3.2 sparse attention) through the Python facade, no-compute provider.
 
-build: sfa.MetadataBuilder.build for decode batches of 1/32/256 at 1000-token contexts (block size 128, a 64-column
-block table, R = 64 bf16 RoPE tables), the block table passed in or kept in the builder's staging rows (zero copy),
-and a mixed batch. forward: Impl.forward per layer for decode batches 1/32/256 at DeepSeek-V3.2 shapes with TP 8
-(16 heads, hidden 7168, q-LoRA 1536, L 512, P/V 128, R 64; lightning indexer 64 x 128, top-k 2048), a layer with an
-indexer and one reusing the top-k buffer, every tensor on the meta device (shapes only: host work alone), under
-torch.inference_mode() as serving engines run.
+build: sfa.MetadataBuilder.build for decode batches of 1/32/256/1024 at 1000-token contexts (block size 128, a
+64-column block table, R = 64 bf16 RoPE tables), the block table passed in or kept in the builder's staging rows (zero
+copy), a mixed batch and a prefill (8 x 2048 new tokens, no cache). forward: Impl.forward per layer for decode batches
+1/32/256 at DeepSeek-V3.2 shapes with TP 8 (16 heads, hidden 7168, q-LoRA 1536, L 512, P/V 128, R 64; lightning
+indexer 64 x 128, top-k 2048), a layer with an indexer and one reusing the top-k buffer, every tensor on the meta
+device (shapes only: host work alone), under torch.inference_mode() as serving engines run. Figures: the median of 25 short repeats (the best repeat beside it in
+the JSON's *_best_us), torch.set_num_threads(1).
 
 Run: PYTHONPATH=python .venv/bin/python benchmarks/bench_sfa_host.py [--out benchmarks/results/sfa_host.json]
 """
@@ -13,6 +14,7 @@ Run: PYTHONPATH=python .venv/bin/python benchmarks/bench_sfa_host.py [--out benc
 import argparse
 import json
 import pathlib
+import statistics
 import time
 
 import torch
@@ -23,16 +25,25 @@ sfa = aar.sfa
 
 
 def timeit(fn, iters, warmup=20, repeats=25):
-    # Best of many short repeats: the machine is shared, the best repeat is the one nobody interrupted.
+    """(median, best) over `repeats` short repeats of the mean time per call, in microseconds, after a warm-up.
+
+    The median is the reported figure (like the other benchmarks); the best repeat (the one nobody interrupted on
+    this shared machine) is kept beside it in the JSON's *_best_us fields."""
     for _ in range(warmup):
         fn()
-    best = float("inf")
+    samples = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
-        best = min(best, (time.perf_counter() - t0) / iters)
-    return best * 1e6
+        samples.append((time.perf_counter() - t0) / iters * 1e6)
+    return statistics.median(samples), min(samples)
+
+
+def record(results, group, key, fn, iters):
+    med, best = timeit(fn, iters)
+    results[group][key] = med
+    results.setdefault(group.replace("_us", "_best_us"), {})[key] = best
 
 
 def rope_tables(n, R, device="cpu"):
@@ -50,26 +61,33 @@ def main():
     torch.set_num_threads(1)
     aar.set_provider("no_compute")
     bs, mbr, R, B_max = 128, 64, 64, 256
+    B_build = 1024  # the builds also cover 1024 decodes and a prefill (upstream's build cases)
     cos, sin = rope_tables(mbr * bs, R)
-    results = {"provider": "no_compute", "build_us": {}, "forward_us": {}}
-    table = torch.arange(B_max * mbr, dtype=torch.int32).view(B_max, mbr)
+    results = {"provider": "no_compute", "figures": "median of 25 repeats (best in *_best_us)", "build_us": {},
+               "forward_us": {}}
+    table = torch.arange(B_build * mbr, dtype=torch.int32).view(B_build, mbr)
     with torch.inference_mode():
-        builder = sfa.MetadataBuilder(max_num_reqs=B_max, max_num_tokens=4096, max_blocks_per_req=mbr, block_size=bs,
-                                      num_blocks=B_max * mbr, cos_table=cos, sin_table=sin)
-        for B in (1, 32, 256):
+        builder = sfa.MetadataBuilder(max_num_reqs=B_build, max_num_tokens=16384, max_blocks_per_req=mbr,
+                                      block_size=bs, num_blocks=B_build * mbr, cos_table=cos, sin_table=sin)
+        for B in (1, 32, 256, 1024):
             qsl = torch.arange(B + 1, dtype=torch.int32)
             seq = torch.full((B,), 1000, dtype=torch.int32)
             bt = table[:B].contiguous()
-            results["build_us"][f"decode_{B}"] = timeit(lambda: builder.build(qsl, seq, bt), 200)
+            record(results, "build_us", f"decode_{B}", lambda: builder.build(qsl, seq, bt), 200)
             staged = builder.block_table_staging[:B]
             staged.copy_(bt)
-            results["build_us"][f"decode_{B}_staged_block_table"] = timeit(lambda: builder.build(qsl, seq, staged),
-                                                                            200)
+            record(results, "build_us", f"decode_{B}_staged_block_table",
+                   lambda: builder.build(qsl, seq, staged), 200)
         q_lens = [1] * 32 + [256] * 4
         qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
         seq = torch.tensor([1000] * 32 + [3256] * 4, dtype=torch.int32)
         bt = table[:36].contiguous()
-        results["build_us"]["mixed_32d_4p_ctx"] = timeit(lambda: builder.build(qsl, seq, bt), 200)
+        record(results, "build_us", "mixed_32d_4p_ctx", lambda: builder.build(qsl, seq, bt), 200)
+        # Prefill: 8 requests of 2048 new tokens, no cache.
+        qsl = torch.arange(0, 8 * 2048 + 1, 2048, dtype=torch.int32)
+        seq = torch.full((8,), 2048, dtype=torch.int32)
+        bt = table[:8].contiguous()
+        record(results, "build_us", "prefill_8x2048", lambda: builder.build(qsl, seq, bt), 50)
 
         # forward, on meta tensors
         m = "meta"
@@ -102,8 +120,8 @@ def main():
                                     table[:B].contiguous())
                 x = torch.empty(B, hid, dtype=torch.bfloat16, device=m)
                 out = torch.empty_like(x)
-                results["forward_us"][f"{name}_decode_{B}"] = timeit(lambda: impl.forward(x, kv, md, out, topk),
-                                                                     2000)
+                record(results, "forward_us", f"{name}_decode_{B}", lambda: impl.forward(x, kv, md, out, topk),
+                       2000)
     aar.set_provider("auto")
     out_path = pathlib.Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
