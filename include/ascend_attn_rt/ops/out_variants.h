@@ -51,7 +51,8 @@ void kv_quant_sparse_attn_sharedkv_out(const KvQuantSparseAttnSharedKvArgs& a, c
                                        Provider pv = Provider::Auto);
 
 // The DSA metadata blobs (docs/design/dsa.md §3.5) into a builder's address-stable (1024,)
-// int32 buffer: the SAS blob of each sparse-attention path and the QLI blob.
+// int32 buffer: the SAS blob of each sparse-attention path and the QLI blob. The copy into `out`
+// runs under every provider, the no-compute one included (as the device path's copy launch).
 void sparse_attn_sharedkv_metadata_out(const SparseAttnSharedKvMetadataArgs& a, const at::Tensor& out,
                                        Provider pv = Provider::Auto);
 void kv_quant_sparse_attn_sharedkv_metadata_out(const KvQuantSparseAttnSharedKvMetadataArgs& a,
