@@ -5,7 +5,7 @@
 // (and in set_threads); validates before changing any state. Large steps run
 // their rows on helper threads (started per step; the results do not depend on
 // the thread count). Not thread-safe (one per layer).
-// Rules (a)-(g) and where they differ from upstream: docs/design/sfa.md §6.3.
+// Rules (a)-(g), where they differ from upstream, the cost: docs/design/sfa.md §6.3.
 #pragma once
 
 #include <cstdint>
