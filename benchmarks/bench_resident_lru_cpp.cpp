@@ -8,7 +8,11 @@
 // every repeat starts from an empty LRU, runs `warm` steps untimed (the rows
 // fill up and reach the steady state), then times the following steps one
 // after the other. Reported: the median over repeats of the mean time per
-// step, with the hits and misses (copies) per step.
+// step (wall; and the process CPU time per step, all threads: on a shared
+// machine the steadier figure), with the hits and misses (copies) per step, on one thread and on the
+// machine's hardware threads (ResidentLru's default: rows split over threads
+// when each gets >= kMinRowsPerThread rows), beside the recorded figure of the
+// step before issue 30's rework (one thread; `baseline_us_per_step`).
 //
 // Also reported, as a floor for the same data volume: one memcpy of the step's
 // top-k into current_slots (rows x K int32 read and written once).
@@ -16,6 +20,7 @@
 //   build/bench_resident_lru_cpp [--out benchmarks/results/cpp_resident_lru.json] [--quick] [--only SUBSTRING]
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -43,8 +48,35 @@ struct Case {
 
 struct Result {
   Case c;
-  double us, us_min, hits, misses, invalidated;
+  int32_t threads;
+  double us, us_min, cpu_us, hits, misses, invalidated;
 };
+
+// The step before issue 30's rework (commit 6d9844b, one thread, no thread
+// option): its median us per step from benchmarks/results/cpp_resident_lru.json
+// as that commit recorded it, on this 2-core machine (shared, so figures move
+// by tens of percent between runs).
+struct Baseline {
+  const char* name;
+  int32_t rows;
+  double us;
+};
+constexpr Baseline kBaseline[] = {
+    {"0% hits (all new)", 256, 15113},    {"50% hits", 256, 13479.1},
+    {"90% hits (steady decode)", 256, 5179.41}, {"100% hits (same set)", 256, 2787.88},
+    {"90% hits, MTP: 2 past stable prefix", 256, 5350.31}, {"90% hits", 32, 563.865},
+    {"0% hits", 32, 1377.3},              {"90% hits", 1, 16.989},
+    {"0% hits", 1, 41.8148},
+};
+// Issue 30's target for the 256-row, 90%-hit step.
+constexpr double kTargetUs = 500;
+
+double baseline_us(const Case& c) {
+  for (const Baseline& b : kBaseline) {
+    if (c.name == b.name && c.rows == b.rows) return b.us;
+  }
+  return 0;
+}
 
 // steps x (rows x K) top-k arrays and the stable prefixes of each step.
 struct Sequence {
@@ -82,17 +114,17 @@ Sequence make_sequence(const Case& c, int steps, uint32_t seed) {
   return seq;
 }
 
-Result run_case(const Case& c, int steps, int warm, int repeats) {
-  const Sequence seq = make_sequence(c, steps, 1234u + static_cast<uint32_t>(c.rows));
-  ResidentLru lru(c.rows, kCapacity);
+Result run_case(const Case& c, const Sequence& seq, int32_t threads, int steps, int warm, int repeats) {
+  ResidentLru lru(c.rows, kCapacity, threads);
   const std::size_t n = static_cast<std::size_t>(c.rows) * kK;
   std::vector<int32_t> current(n);
   std::vector<ResidentMiss> misses(n);
   std::vector<uint64_t> req(c.rows);
   std::iota(req.begin(), req.end(), 1u);
-  std::vector<double> samples;
+  std::vector<double> samples, cpu_samples;
   double hits = 0, miss = 0, inval = 0;
   for (int rep = 0; rep < repeats; ++rep) {
+    double cpu_us = 0;
     lru.reset();
     hits = miss = inval = 0;
     aar::plan::ResidentStepInputs in;
@@ -103,21 +135,26 @@ Result run_case(const Case& c, int steps, int warm, int repeats) {
     for (int s = 0; s < steps; ++s) {
       in.topk = seq.topk[s];
       in.stable_prefix = seq.stable[s];
+      const std::clock_t c0 = std::clock();
       const auto t0 = Clock::now();
       const auto st = lru.step(in, out);
       const auto t1 = Clock::now();
+      const std::clock_t c1 = std::clock();
       if (s >= warm) {
         us += std::chrono::duration<double, std::micro>(t1 - t0).count();
+        cpu_us += 1e6 * static_cast<double>(c1 - c0) / CLOCKS_PER_SEC;
         hits += static_cast<double>(st.hits);
         miss += static_cast<double>(st.misses);
         inval += static_cast<double>(st.invalidated);
       }
     }
     samples.push_back(us / (steps - warm));
+    cpu_samples.push_back(cpu_us / (steps - warm));
   }
   std::sort(samples.begin(), samples.end());
+  std::sort(cpu_samples.begin(), cpu_samples.end());
   const double timed = steps - warm;
-  return Result{c, samples[samples.size() / 2], samples.front(), hits / timed, miss / timed, inval / timed};
+  return Result{c, threads, samples[samples.size() / 2], samples.front(), cpu_samples[cpu_samples.size() / 2], hits / timed, miss / timed, inval / timed};
 }
 
 double memcpy_floor_us(int32_t rows, int repeats) {
@@ -155,25 +192,39 @@ int main(int argc, char** argv) {
       {"90% hits", 1, 0.9},
       {"0% hits", 1, 0.0},
   };
+  // One thread, then the default (the hardware threads) where the rows are
+  // enough to split.
+  const int32_t hw = ResidentLru(1, 1).threads();
   std::vector<Result> results;
   for (const Case& c : cases) {
     if (!only.empty() && (std::to_string(c.rows) + " rows, " + c.name).find(only) == std::string::npos) continue;
     // Fewer rows: more steps, so each repeat is long enough to time.
     const int timed = quick ? 6 : (c.rows >= 256 ? 16 : (c.rows >= 32 ? 64 : 512));
     const int warm = 6;
-    results.push_back(run_case(c, warm + timed, warm, repeats));
+    const Sequence seq = make_sequence(c, warm + timed, 1234u + static_cast<uint32_t>(c.rows));
+    results.push_back(run_case(c, seq, 1, warm + timed, warm, repeats));
+    if (hw > 1 && c.rows >= 2 * ResidentLru::kMinRowsPerThread) {
+      results.push_back(run_case(c, seq, hw, warm + timed, warm, repeats));
+    }
   }
   std::vector<std::pair<int32_t, double>> floors;
   if (only.empty()) {
     for (int32_t rows : {1, 32, 256}) floors.emplace_back(rows, memcpy_floor_us(rows, repeats));
   }
 
-  std::printf("K=%d, capacity=%d, one layer's step\n", kK, kCapacity);
-  std::printf("%-40s %5s %10s %10s %10s %10s %12s\n", "case", "rows", "us/step", "min us", "hits", "misses",
-              "ns/entry");
+  std::printf("K=%d, capacity=%d, one layer's step; hardware threads %d\n", kK, kCapacity, hw);
+  std::printf("%-40s %5s %7s %10s %10s %10s %10s %10s %10s %12s\n", "case", "rows", "threads", "us/step", "min us",
+              "cpu us", "before us", "hits", "misses", "ns/entry");
   for (const auto& r : results) {
-    std::printf("%-40s %5d %10.1f %10.1f %10.0f %10.0f %12.2f\n", r.c.name.c_str(), r.c.rows, r.us, r.us_min, r.hits,
-                r.misses, 1000.0 * r.us / (static_cast<double>(r.c.rows) * kK));
+    std::printf("%-40s %5d %7d %10.1f %10.1f %10.1f %10.1f %10.0f %10.0f %12.2f\n", r.c.name.c_str(), r.c.rows,
+                r.threads, r.us, r.us_min, r.cpu_us, baseline_us(r.c), r.hits, r.misses,
+                1000.0 * r.us / (static_cast<double>(r.c.rows) * kK));
+  }
+  for (const auto& r : results) {
+    if (r.c.rows == 256 && r.c.name == "90% hits (steady decode)") {
+      std::printf("target %.0f us at 256 rows, 90%% hits, %d thread(s): %s (%.1f us)\n", kTargetUs, r.threads,
+                  r.us <= kTargetUs ? "met" : "NOT met", r.us);
+    }
   }
   for (const auto& f : floors) {
     std::printf("%-40s %5d %10.1f\n", "floor: memcpy top-k -> current_slots", f.first, f.second);
@@ -182,8 +233,12 @@ int main(int argc, char** argv) {
   report.field("K", kK);
   report.field("capacity", kCapacity);
   report.hardware_threads();
+  report.field("target_us_256_rows_90_hits", kTargetUs);
+  report.field("baseline", "the step before issue 30's rework (commit 6d9844b), one thread, as recorded then");
   for (const auto& r : results) {
-    report.add("results", {{"case", r.c.name}, {"rows", r.c.rows}, {"us_per_step", r.us}, {"us_per_step_min", r.us_min},
+    report.add("results", {{"case", r.c.name}, {"rows", r.c.rows}, {"threads", r.threads}, {"us_per_step", r.us},
+                           {"us_per_step_min", r.us_min}, {"cpu_us_per_step", r.cpu_us},
+                           {"baseline_us_per_step", baseline_us(r.c)},
                            {"hits_per_step", r.hits}, {"misses_per_step", r.misses},
                            {"invalidated_per_step", r.invalidated},
                            {"ns_per_topk_entry", 1000.0 * r.us / (static_cast<double>(r.c.rows) * kK)}});

@@ -3,7 +3,8 @@
 // misses, eviction order, resets, invalidation, invalid entries, a full
 // buffer, repeated tokens, rows that come and go), every bad call rejected by
 // name with nothing changed, and random runs against a std::map / std::list
-// model of the same rules.
+// model of the same rules, on one thread and on several (rows split into
+// chunks), which must give the same outputs as one.
 #include <algorithm>
 #include <cstdint>
 #include <deque>
@@ -467,6 +468,14 @@ TEST(ResidentLru, ConstructorAndTokenAtCheckTheirArguments) {
   EXPECT_INVALID(lru.token_at(2, 0), "token_at: row=2");
   EXPECT_INVALID(lru.token_at(0, 4), "token_at: slot=4");
   EXPECT_EQ(lru.token_at(1, 3), -1);
+  EXPECT_GE(lru.threads(), 1);  // 0: the hardware threads
+  EXPECT_INVALID(ResidentLru(1, 4, -1), "threads must be in [0, 64]");
+  EXPECT_INVALID(ResidentLru(1, 4, ResidentLru::kMaxThreads + 1), "(0: the hardware threads), got 65");
+  EXPECT_INVALID(lru.set_threads(-2), "got -2");
+  EXPECT_GE(lru.threads(), 1);  // unchanged
+  lru.set_threads(3);
+  EXPECT_EQ(lru.threads(), 3);
+  EXPECT_EQ(ResidentLru(1, 4, 5).threads(), 5);
 }
 
 // ---------------------------------------------------------------- against the model
@@ -478,6 +487,7 @@ struct RandomRun {
   int steps;
   uint32_t seed;
   int32_t context = 64;  // initial context beyond K: larger means fewer tokens come back
+  int32_t threads = 1;   // the LRU's thread limit
 };
 
 // Random steps: each row's top-k mixes tokens of its previous top-k (hits),
@@ -487,7 +497,7 @@ struct RandomRun {
 ResidentStepStats run_against_model(const RandomRun& cfg) {
   ResidentStepStats total;
   std::mt19937 rng(cfg.seed);
-  ResidentLru lru(cfg.max_rows, cfg.capacity);
+  ResidentLru lru(cfg.max_rows, cfg.capacity, cfg.threads);
   RefLru ref(cfg.max_rows, cfg.capacity);
   const int32_t K = cfg.K;
   std::vector<uint64_t> req(cfg.max_rows);
@@ -606,4 +616,69 @@ TEST(ResidentLru, RandomStepsMatchTheModelMedium) {
 TEST(ResidentLru, RandomStepsMatchTheModelWideIndices) {
   // Capacity above the 16-bit index limit: the 32-bit layout, with evictions.
   expect_covered(run_against_model(RandomRun{2, 16384, 4000, 14, 11, 60000}));
+}
+
+TEST(ResidentLru, RandomStepsMatchTheModelOnSeveralThreads) {
+  // 64 rows: up to 8 threads of >= kMinRowsPerThread rows, 32 chunks; the steps
+  // with fewer rows run on fewer threads or one. Every thread count gives the
+  // model's outputs, misses in row-major top-k order included.
+  static_assert(ResidentLru::kMinRowsPerThread <= 8, "64 rows must reach 8 threads");
+  for (int32_t threads : {2, 3, 8}) {
+    expect_covered(run_against_model(RandomRun{64, 32, 24, 60, 40u + static_cast<uint32_t>(threads), 48, threads}));
+    if (HasFailure()) return;
+  }
+}
+
+TEST(ResidentLru, OneAndSeveralThreadsGiveIdenticalOutputs) {
+  // The benchmark's shape scaled down (K 256 into 512 slots, 96 rows, mostly
+  // hits, a few positions past the stable prefix): the same steps through an
+  // LRU on one thread and one on four, compared output for output and slot
+  // for slot; a reset_rows in the middle of a chunk and a step over fewer rows.
+  constexpr int32_t rows = 96, K = 256, cap = 512;
+  ResidentLru one(rows, cap, 1), four(rows, cap, 4);
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prev(rows);
+  std::vector<int32_t> fresh(rows, 0);
+  std::vector<uint64_t> req(rows);
+  for (int32_t r = 0; r < rows; ++r) req[r] = 1000 + r;
+  int64_t misses = 0, hits = 0, invalidated = 0;
+  for (int step = 0; step < 12; ++step) {
+    const int32_t n = step == 7 ? 41 : rows;
+    std::vector<int32_t> topk(static_cast<std::size_t>(n) * K), sp(n);
+    for (int32_t r = 0; r < n; ++r) {
+      // Every third row: its last 2 positions so far lie past the stable prefix.
+      sp[r] = r % 3 == 0 ? std::max(0, fresh[r] - 2) : fresh[r];
+      std::vector<int32_t> row = prev[r];
+      std::shuffle(row.begin(), row.end(), rng);
+      row.resize(std::min<std::size_t>(row.size(), K * 9 / 10));
+      while (static_cast<int32_t>(row.size()) < K) row.push_back(fresh[r]++);
+      std::shuffle(row.begin(), row.end(), rng);
+      if (r % 5 == 0) row[static_cast<std::size_t>(r) % K] = -1;
+      prev[r] = row;
+      std::copy(row.begin(), row.end(), topk.begin() + static_cast<std::size_t>(r) * K);
+    }
+    std::vector<uint64_t> ids(req.begin(), req.begin() + n);
+    Step a(K, topk, ids, sp), b(K, topk, ids, sp);
+    const ResidentStepStats sa = a.run(one), sb = b.run(four);
+    ASSERT_EQ(a.current, b.current) << "step " << step;
+    ASSERT_EQ(a.misses, b.misses) << "step " << step;
+    EXPECT_EQ(sa.hits, sb.hits);
+    EXPECT_EQ(sa.misses, sb.misses);
+    EXPECT_EQ(sa.resets, sb.resets);
+    EXPECT_EQ(sa.invalidated, sb.invalidated);
+    EXPECT_EQ(sa.duplicates, sb.duplicates);
+    for (int32_t r = 0; r < rows; ++r) ASSERT_EQ(tokens_of(one, r), tokens_of(four, r)) << "step " << step;
+    if (step > 0) {  // the first step fills the rows
+      misses += sa.misses;
+      hits += sa.hits;
+      invalidated += sa.invalidated;
+    }
+    if (step == 5) {
+      one.reset_rows(30, 50);
+      four.reset_rows(30, 50);
+    }
+  }
+  EXPECT_GT(hits, 5 * misses);  // mostly hits, as in steady decode
+  EXPECT_GT(misses, 0);
+  EXPECT_GT(invalidated, 0);
 }

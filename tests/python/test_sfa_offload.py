@@ -276,6 +276,17 @@ def test_decode_consumer_continuous_batching_matches_device_cache(spec):
         assert sum(st["invalidated"] for st in s.stats) > 0
 
 
+def test_decode_rows_split_over_threads_match_device_cache():
+    # 10 requests with one draft each: 20 decode rows a step, enough for the layer's resident LRU to run its rows
+    # in chunks on several threads (plan::ResidentLru: >= 8 rows per thread) where the machine has 2+ hardware
+    # threads; each step checked as above against the device-cache layer and the float64 reference.
+    s = Serve(consumer=True, spec=1, nb=80, max_reqs=10, reject_every=3)
+    serve(s, {0: [(40 + 6 * i, 5) for i in range(10)]}, 6)
+    assert s.arrived == 10
+    assert max(st["decode_rows"] for st in s.stats) == 20
+    assert sum(st["hits"] for st in s.stats) > 0 and sum(st["misses"] for st in s.stats) > 0
+
+
 def test_keep_device_kv_cache_mixed_prefill_and_decode_steps():
     s = Serve(consumer=False)
     serve(s, SCHEDULE, 26)

@@ -2,7 +2,10 @@
 // (a)-(g)); the decisions where upstream is silent are in the header.
 //
 // Per row, besides slot_to_token (capacity int32):
-//   qpos  [capacity]  index of the slot's live entry in the recency queue, kNone if empty
+//   qpos  [capacity]  index of the slot's live entry in the recency queue, kNone if empty;
+//                     kHit while a step has found the slot as a hit (until the
+//                     step pushes it again), so its old entry is stale at once:
+//                     eviction skips it and a second find of it is a repeat
 //   free  [capacity]  ring of the empty slots, in the order they are used
 //   queue [queue_size_] recency queue of slot ids, least recent at `head`; an
 //                     entry is live iff qpos[slot] == its index. Moving a slot
@@ -15,11 +18,20 @@
 //                     tombstones), so probes stay short at load <= 1/2.
 // Every resident slot has exactly one live queue entry in [head, tail) and one
 // table entry; every empty slot is in the free ring.
+//
+// Rows share nothing but the outputs, each row writing its own part, so a step
+// splits its rows into contiguous chunks run by up to threads_ threads; each
+// chunk writes its misses at misses[begin_row x K ..) and they are moved
+// together in chunk order afterwards: the outputs are those of one thread.
 #include "ascend_attn_rt/sfa/plan/resident_lru.h"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <limits>
+#include <system_error>
+#include <thread>
 
 #include "ascend_attn_rt/errors.h"
 
@@ -28,7 +40,8 @@ namespace aar::plan {
 namespace {
 
 constexpr int32_t kMaxCapacity = 1 << 24;
-// Capacities up to this use 16-bit index arrays: queue positions < 4 * capacity < 0xFFFF.
+// Capacities up to this use 16-bit index arrays: queue positions < 4 * capacity < 0xFFFE
+// (kHit; 0xFFFF is kNone).
 constexpr int32_t kMaxNarrowCapacity = 16383;
 constexpr uint32_t kHashMul = 0x9E3779B1u;   // Fibonacci hashing: consecutive positions spread out
 constexpr uint32_t kBloomMul = 0x85EBCA6Bu;  // an independent 12-bit hash for the duplicate filter
@@ -46,9 +59,17 @@ int log2_of(int32_t pow2) {
   return b;
 }
 
+int32_t threads_for(int32_t threads) {
+  AAR_CHECK_ARG(threads >= 0 && threads <= ResidentLru::kMaxThreads, "ResidentLru: threads must be in [0, ",
+                ResidentLru::kMaxThreads, "] (0: the hardware threads), got ", threads);
+  if (threads > 0) return threads;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return std::max(1, std::min(static_cast<int32_t>(hw), ResidentLru::kMaxThreads));
+}
+
 }  // namespace
 
-ResidentLru::ResidentLru(int32_t max_rows, int32_t capacity) {
+ResidentLru::ResidentLru(int32_t max_rows, int32_t capacity, int32_t threads) {
   AAR_CHECK_ARG(max_rows >= 1, "ResidentLru: max_rows must be >= 1, got ", max_rows);
   AAR_CHECK_ARG(capacity >= 1 && capacity <= kMaxCapacity, "ResidentLru: capacity must be in [1, ", kMaxCapacity,
                 "], got ", capacity);
@@ -66,15 +87,26 @@ ResidentLru::ResidentLru(int32_t max_rows, int32_t capacity) {
   } else {
     index32_.assign(rows * stride, 0);
   }
-  hit_stamp_.assign(cap, 0);
-  miss_pos_.assign(cap, 0);
-  miss_token_.assign(cap, 0);
-  hit_slots_.assign(cap, 0);
-  maybe_dup_.assign(cap, 0);
+  set_threads(threads);
 }
 
 int32_t ResidentLru::max_rows() const { return max_rows_; }
 int32_t ResidentLru::capacity() const { return capacity_; }
+int32_t ResidentLru::threads() const { return threads_; }
+
+void ResidentLru::set_threads(int32_t threads) {
+  const int32_t n = threads_for(threads);
+  const std::size_t cap = static_cast<std::size_t>(capacity_);
+  std::vector<Scratch> fresh(static_cast<std::size_t>(n));
+  for (Scratch& s : fresh) {
+    s.miss_pos.assign(cap, 0);
+    s.miss_token.assign(cap, 0);
+    s.hit_slots.assign(cap, 0);
+    s.maybe_dup.assign(cap, 0);
+  }
+  scratch_ = std::move(fresh);
+  threads_ = n;
+}
 
 void ResidentLru::reset() {
   // Lazy: a row whose request is unknown is rebuilt at its next step.
@@ -96,9 +128,11 @@ int32_t ResidentLru::token_at(int32_t row, int32_t slot) const {
 }
 
 template <class Idx>
-ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentStepOutputs& out, Idx* index) {
+ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const ResidentStepOutputs& out, Idx* index,
+                                        int32_t begin, int32_t end, ResidentMiss* misses, Scratch& scratch) {
   constexpr Idx kNone = std::numeric_limits<Idx>::max();
-  const std::size_t rows = in.req_ids.size();
+  constexpr Idx kHit = kNone - 1;  // above every queue position (< 4 x capacity)
+  const std::size_t rows = static_cast<std::size_t>(end);
   const int32_t K = in.K;
   const int32_t cap = capacity_;
   const std::size_t ucap = static_cast<std::size_t>(cap);
@@ -108,18 +142,16 @@ ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentS
   const std::size_t stride = 2 * ucap + static_cast<std::size_t>(queue_size_) + static_cast<std::size_t>(table_size_);
   const auto home = [shift](int32_t t) { return (static_cast<uint32_t>(t) * kHashMul) >> shift; };
 
-  uint32_t* hit_stamp = hit_stamp_.data();
-  int32_t* miss_pos = miss_pos_.data();
-  int32_t* miss_token = miss_token_.data();
-  int32_t* hit_slots = hit_slots_.data();
-  uint8_t* maybe_dup = maybe_dup_.data();
+  int32_t* miss_pos = scratch.miss_pos.data();
+  int32_t* miss_token = scratch.miss_token.data();
+  int32_t* hit_slots = scratch.hit_slots.data();
+  uint8_t* maybe_dup = scratch.maybe_dup.data();
   uint64_t bloom[(1 << kBloomBits) / 64];
   std::memset(bloom, 0, sizeof(bloom));
-  ResidentMiss* misses = out.misses.data();
   std::size_t n_out = 0;
   ResidentStepStats st;
 
-  for (std::size_t r = 0; r < rows; ++r) {
+  for (std::size_t r = static_cast<std::size_t>(begin); r < rows; ++r) {
     RowHead& rh = heads_[r];
     int32_t* s2t = slot_to_token_.data() + r * ucap;
     Idx* qpos = index + r * stride;
@@ -197,12 +229,6 @@ ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentS
       rh.max_token = new_max;
     }
 
-    if (++stamp_ == 0) {  // wrapped: old stamps could match again
-      std::fill(hit_stamp_.begin(), hit_stamp_.end(), 0u);
-      stamp_ = 1;
-    }
-    const uint32_t stamp = stamp_;
-
     // (c), (g): one pass over the top-k. Hits get their slot; first-seen
     // misses are listed in top-k order, flagged when the filter has seen
     // their hash among this row's misses (a possible repeat, checked in (e)).
@@ -218,8 +244,8 @@ ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentS
       while ((e = table[h]) != kNone && s2t[e] != t) h = (h + 1) & mask;
       if (e != kNone) {
         cur[pos] = static_cast<int32_t>(e);
-        if (hit_stamp[e] != stamp) {
-          hit_stamp[e] = stamp;
+        if (qpos[e] != kHit) {
+          qpos[e] = kHit;
           hit_slots[nh++] = static_cast<int32_t>(e);
         } else {
           ++st.duplicates;
@@ -263,8 +289,8 @@ ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentS
           const Idx s = queue[rh.head];
           const bool live = qpos[s] == static_cast<Idx>(rh.head);
           ++rh.head;
-          // A hit's entry is dropped too: the hit is pushed again below.
-          if (live && hit_stamp[s] != stamp) {
+          // A hit's entry is stale (kHit) and dropped too: the hit is pushed again below.
+          if (live) {
             v = s;
             break;
           }
@@ -288,14 +314,18 @@ ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentS
     // would not fit (live entries <= capacity, pushes <= K <= capacity).
     const int32_t pushes = static_cast<int32_t>(n_out - first_miss) + nh;
     if (rh.tail + pushes > queue_size_) {
+      // Without branches (live and stale entries interleave unpredictably):
+      // every entry is written at j, which only a live one advances; a
+      // stale entry precedes its slot's live one, so writing its qpos back
+      // unchanged loses nothing.
       int32_t j = 0;
       for (int32_t i = rh.head; i < rh.tail; ++i) {
         const Idx s = queue[i];
-        if (qpos[s] == static_cast<Idx>(i)) {
-          queue[j] = s;
-          qpos[s] = static_cast<Idx>(j);
-          ++j;
-        }
+        const Idx q = qpos[s];
+        const bool live = q == static_cast<Idx>(i);
+        queue[j] = s;
+        qpos[s] = live ? static_cast<Idx>(j) : q;
+        j += static_cast<int32_t>(live);
       }
       rh.head = 0;
       rh.tail = j;
@@ -316,6 +346,62 @@ ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentS
     rh.tail = tail;
   }
   st.misses = static_cast<int64_t>(n_out);
+  return st;
+}
+
+template <class Idx>
+ResidentStepStats ResidentLru::run(const ResidentStepInputs& in, const ResidentStepOutputs& out, Idx* index) {
+  const int32_t rows = static_cast<int32_t>(in.req_ids.size());
+  const int32_t threads = std::max(1, std::min(threads_, rows / kMinRowsPerThread));
+  if (threads == 1) return run_rows(in, out, index, 0, rows, out.misses.data(), scratch_[0]);
+
+  // Contiguous chunks of rows, a few per thread (the machine may be shared:
+  // a thread that finishes early takes the next one).
+  constexpr int32_t kChunksPerThread = 4;
+  const int32_t chunks = std::min(rows, kChunksPerThread * threads);
+  std::array<ResidentStepStats, kChunksPerThread * kMaxThreads> chunk_stats{};
+  const std::size_t uk = static_cast<std::size_t>(in.K);
+  const auto chunk_begin = [rows, chunks](int32_t c) {
+    return static_cast<int32_t>(static_cast<int64_t>(rows) * c / chunks);
+  };
+  std::atomic<int32_t> next{0};
+  const auto work = [&](Scratch& scratch) {
+    for (int32_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int32_t b = chunk_begin(c), e = chunk_begin(c + 1);
+      chunk_stats[static_cast<std::size_t>(c)] =
+          run_rows(in, out, index, b, e, out.misses.data() + static_cast<std::size_t>(b) * uk, scratch);
+    }
+  };
+  std::array<std::thread, kMaxThreads> helpers;
+  for (int32_t t = 1; t < threads; ++t) {
+    try {
+      helpers[static_cast<std::size_t>(t)] = std::thread(work, std::ref(scratch_[static_cast<std::size_t>(t)]));
+    } catch (const std::system_error&) {
+      break;  // no more threads: the ones started and this one take every chunk
+    }
+  }
+  work(scratch_[0]);
+  for (std::thread& h : helpers) {
+    if (h.joinable()) h.join();
+  }
+
+  // Each chunk's misses to their place after the previous chunks'.
+  ResidentStepStats st;
+  std::size_t n_out = 0;
+  ResidentMiss* misses = out.misses.data();
+  for (int32_t c = 0; c < chunks; ++c) {
+    const ResidentStepStats& cs = chunk_stats[static_cast<std::size_t>(c)];
+    const std::size_t from = static_cast<std::size_t>(chunk_begin(c)) * uk;
+    const std::size_t n = static_cast<std::size_t>(cs.misses);
+    if (from != n_out && n > 0) std::memmove(misses + n_out, misses + from, n * sizeof(ResidentMiss));
+    n_out += n;
+    st.hits += cs.hits;
+    st.misses += cs.misses;
+    st.resets += cs.resets;
+    st.invalidated += cs.invalidated;
+    st.duplicates += cs.duplicates;
+  }
   return st;
 }
 

@@ -1,9 +1,11 @@
 // The resident-slot LRU of the SFA KV-offload decode path: per layer and decode row,
 // maps the row's top-k token positions to `capacity` device slots, reusing resident
 // tokens and assigning misses to the least recently used evictable slots; the caller
-// copies the misses host -> device. Torch-free; allocates only at construction;
-// validates before changing any state. Not thread-safe (one per layer).
-// Rules (a)-(g) and where they differ from upstream: docs/design/sfa.md §6.3.
+// copies the misses host -> device. Torch-free; allocates only at construction
+// (and in set_threads); validates before changing any state. Large steps run
+// their rows on helper threads (started per step; the results do not depend on
+// the thread count). Not thread-safe (one per layer).
+// Rules (a)-(g), where they differ from upstream, the cost: docs/design/sfa.md §6.3.
 #pragma once
 
 #include <cstdint>
@@ -45,10 +47,20 @@ struct ResidentStepStats {
 class ResidentLru {
  public:
   // max_rows decode rows of `capacity` slots each (capacity >= K of every step).
-  ResidentLru(int32_t max_rows, int32_t capacity);
+  // threads: the most threads a step uses (the caller's included); 0 = the
+  // machine's hardware threads (at most kMaxThreads).
+  ResidentLru(int32_t max_rows, int32_t capacity, int32_t threads = 0);
+
+  static constexpr int32_t kMaxThreads = 64;
+  // A step runs on more than one thread only when every thread gets at least
+  // this many rows (fewer rows cost less than starting a thread).
+  static constexpr int32_t kMinRowsPerThread = 8;
 
   int32_t max_rows() const;
   int32_t capacity() const;
+  int32_t threads() const;
+  // Changes the thread limit (as the constructor's `threads`, in [0, kMaxThreads]).
+  void set_threads(int32_t threads);
 
   // One step for rows = req_ids.size() rows (<= max_rows), steps (a)-(g) of
   // docs/design/sfa.md §6 per row. Validates everything before changing any state (sizes,
@@ -79,10 +91,19 @@ class ResidentLru {
     int32_t free_head = 0;   // ring of empty slots: free_count entries from free_head
     int32_t free_count = 0;
   };
+  // Scratch of one thread's rows (no allocation per step).
+  struct Scratch {
+    std::vector<int32_t> miss_pos, miss_token, hit_slots;  // capacity each
+    std::vector<uint8_t> maybe_dup;                         // capacity
+  };
+  // Rows [begin, end); their misses go to misses[0 ..), counted in the stats.
+  template <class Idx>
+  ResidentStepStats run_rows(const ResidentStepInputs& in, const ResidentStepOutputs& out, Idx* index,
+                             int32_t begin, int32_t end, ResidentMiss* misses, Scratch& scratch);
   template <class Idx>
   ResidentStepStats run(const ResidentStepInputs& in, const ResidentStepOutputs& out, Idx* index);
 
-  int32_t max_rows_ = 0, capacity_ = 0;
+  int32_t max_rows_ = 0, capacity_ = 0, threads_ = 1;
   int32_t table_size_ = 0;  // hash slots per row (power of two >= 2 x capacity)
   int32_t queue_size_ = 0;  // recency queue entries per row
   std::vector<RowHead> heads_;
@@ -91,11 +112,7 @@ class ResidentLru {
   // allows it (half the memory traffic), else 32-bit; one vector is empty.
   std::vector<uint16_t> index16_;
   std::vector<uint32_t> index32_;
-  // Scratch of one row's step (no allocation per step).
-  std::vector<uint32_t> hit_stamp_;  // capacity: == stamp_ when the slot is a hit of the current row
-  uint32_t stamp_ = 0;
-  std::vector<int32_t> miss_pos_, miss_token_, hit_slots_;  // capacity each
-  std::vector<uint8_t> maybe_dup_;                           // capacity
+  std::vector<Scratch> scratch_;  // one per thread
 };
 
 }  // namespace aar::plan
