@@ -276,10 +276,10 @@ def test_decode_consumer_continuous_batching_matches_device_cache(spec):
         assert sum(st["invalidated"] for st in s.stats) > 0
 
 
-def test_decode_rows_split_over_threads_match_device_cache():
-    # 10 requests with one draft each: 20 decode rows a step, enough for the layer's resident LRU to run its rows
-    # in chunks on several threads (plan::ResidentLru: >= 8 rows per thread) where the machine has 2+ hardware
-    # threads; each step checked as above against the device-cache layer and the float64 reference.
+def test_twenty_decode_rows_a_step_match_device_cache():
+    # 10 requests with one draft each: 20 decode rows a step (the layer's resident LRU runs them on the caller's
+    # thread, its default; the threaded split is checked in tests/cpp/test_plan_resident_lru.cpp); each step
+    # checked as above against the device-cache layer and the float64 reference.
     s = Serve(consumer=True, spec=1, nb=80, max_reqs=10, reject_every=3)
     serve(s, {0: [(40 + 6 * i, 5) for i in range(10)]}, 6)
     assert s.arrived == 10

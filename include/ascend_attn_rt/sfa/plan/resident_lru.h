@@ -48,8 +48,10 @@ class ResidentLru {
  public:
   // max_rows decode rows of `capacity` slots each (capacity >= K of every step).
   // threads: the most threads a step uses (the caller's included); 0 = the
-  // machine's hardware threads (at most kMaxThreads).
-  ResidentLru(int32_t max_rows, int32_t capacity, int32_t threads = 0);
+  // machine's hardware threads (at most kMaxThreads). 1 by default: no gain
+  // was measured on the 2-core test machine, where starting a thread per step
+  // costs about as much as it saves (docs/design/sfa.md §6.3).
+  ResidentLru(int32_t max_rows, int32_t capacity, int32_t threads = 1);
 
   static constexpr int32_t kMaxThreads = 64;
   // A step runs on more than one thread only when every thread gets at least
