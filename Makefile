@@ -135,7 +135,7 @@ $(ASAN_BUILD)/build.ninja: CMakeLists.txt $(VENV)/.installed
 build-asan: setup $(ASAN_BUILD)/build.ninja
 	mkdir -p $(ASAN_BUILD)/python/ascend_attn_rt   # _C's post-build copy goes there
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	cp python/ascend_attn_rt/*.py $(ASAN_BUILD)/python/ascend_attn_rt/
+	cd python && find ascend_attn_rt -name '*.py' -exec cp --parents {} $(abspath $(ASAN_BUILD))/python/ \;  # subpackages too
 
 test-sanitize: build-asan vllm
 	$(ASAN_ENV_CPP) ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
