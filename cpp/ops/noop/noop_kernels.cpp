@@ -25,13 +25,18 @@ struct Entry {
   at::Tensor t;
 };
 
-// The per-thread cache: 64 entries addressed by a hash of the key, probed
-// over 8 slots; on a miss the first free slot of the probe takes the new
-// entry, or the home slot is replaced. (A linear scan of 32 entries, with
+// The per-thread cache: 256 entries addressed by a hash of the key, probed
+// over 16 slots; on a miss the first free slot of the probe takes the new
+// entry, or the home slot is replaced. (64 entries probed over 8 thrashed once
+// the context-parallel layers' glue had its own outputs: a replaced entry is a
+// fresh zero-filled tensor, 4 MiB for a PCP step's gathered top-k, every call.) (A linear scan of 32 entries, with
 // the thread_local re-resolved in every iteration, was a fifth of a DSA C4
 // forward's measured host instructions.)
+constexpr int kCacheBits = 8;
+constexpr size_t kProbe = 16;
+
 struct OutputCache {
-  std::array<Entry, 64> entries;
+  std::array<Entry, size_t{1} << kCacheBits> entries;
 };
 
 bool same_key(const Entry& e, c10::IntArrayRef shape, at::ScalarType dtype, c10::Device device) {
@@ -58,9 +63,9 @@ at::Tensor cached(c10::IntArrayRef shape, at::ScalarType dtype, c10::Device devi
                (static_cast<uint64_t>(device.type()) << 16) ^ shape.size();
   const int64_t* dims = shape.data();
   for (size_t d = 0; d < shape.size(); ++d) h = (h ^ static_cast<uint64_t>(dims[d])) * 0x9E3779B97F4A7C15ull;
-  const size_t n = c.entries.size(), home = static_cast<size_t>(h >> 58) & (n - 1);
+  const size_t n = c.entries.size(), home = static_cast<size_t>(h >> (64 - kCacheBits)) & (n - 1);
   Entry* slot = &c.entries[home];
-  for (size_t k = 0; k < 8; ++k) {
+  for (size_t k = 0; k < kProbe; ++k) {
     Entry& e = c.entries[(home + k) & (n - 1)];
     if (same_key(e, shape, dtype, device)) return e.t;
     if (e.rank < 0) {
