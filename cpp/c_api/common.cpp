@@ -97,6 +97,12 @@ std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& field, co
   return static_cast<plan::AttentionState>(s);
 }
 
+plan::AttentionState capture_state(const aar_attn_state_t& s) {
+  const auto st = attn_state(s, "state");
+  AAR_CHECK_ARG(st.has_value(), "state must be an attention state, got AAR_STATE_AUTO");
+  return *st;
+}
+
 gqa::AttnType attn_type(int32_t v, const char* name) {
   AAR_CHECK_ARG(v >= 0 && v <= 3, name, " must be 0 (decoder), 1 (encoder-only), 2 (encoder) or 3 (encoder-decoder), got ",
                 v);

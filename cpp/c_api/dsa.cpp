@@ -256,9 +256,8 @@ aar_status_t aar_dsa_step_builder_build_for_graph_capture(aar_dsa_step_builder_t
     capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const dsa::StepInputs si = step_inputs(in);
-    const auto s = capi::attn_state(state, "state");
-    AAR_CHECK_ARG(s.has_value(), "state must be an attention state, got AAR_STATE_AUTO");
-    *out = b->metadata.wrap(0, b->builder->build_for_graph_capture(si, *s));
+    const auto s = capi::capture_state(state);
+    *out = b->metadata.wrap(0, b->builder->build_for_graph_capture(si, s));
   });
 }
 
@@ -268,10 +267,8 @@ aar_status_t aar_dsa_step_builder_build_for_drafting(aar_dsa_step_builder_t* b, 
     capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const dsa::StepInputs si = step_inputs(in);
-    const int32_t nd = b->metadata.count - 1;
-    AAR_CHECK_ARG(draft_index >= 0 && draft_index < nd, "draft_index=", draft_index, " is out of range [0, num_drafts=",
-                  nd, ")");
-    *out = b->metadata.wrap(1 + draft_index, b->builder->build_for_drafting(si, draft_index));
+    const int32_t lane = b->metadata.draft_lane(draft_index);
+    *out = b->metadata.wrap(lane, b->builder->build_for_drafting(si, draft_index));
   });
 }
 

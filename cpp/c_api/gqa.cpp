@@ -149,9 +149,8 @@ aar_status_t aar_gqa_builder_build_for_graph_capture(aar_gqa_builder_t* b, const
     capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const gqa::BuildInputs bi = build_inputs(in);
-    const auto s = capi::attn_state(state, "state");
-    AAR_CHECK_ARG(s.has_value(), "state must be an attention state, got AAR_STATE_AUTO");
-    *out = wrap(b, b->builder->build_for_graph_capture(bi, *s));
+    const auto s = capi::capture_state(state);
+    *out = wrap(b, b->builder->build_for_graph_capture(bi, s));
   });
 }
 

@@ -135,6 +135,8 @@ int32_t enum_int(const E& e) {
 }
 std::optional<bool> tristate(const aar_tristate_t& v, const char* name);
 std::optional<plan::AttentionState> attn_state(const aar_attn_state_t& s, const char* name);
+// A graph capture's `state` argument: an attention state, AAR_STATE_AUTO refused.
+plan::AttentionState capture_state(const aar_attn_state_t& s);
 // The GQA family's attn_type field (0 decoder .. 3 encoder-decoder) and a device_kind field
 // (0 A2, 1 A3, 2 A5, 3 310P), checked by name.
 gqa::AttnType attn_type(int32_t v, const char* name);
@@ -223,6 +225,13 @@ struct LaneShells {
   const Shell* wrap(int32_t lane, const Md& md) const {
     shells[lane]->md = &md;
     return shells[lane];
+  }
+  // Lane 1 + draft_index of a draft build, draft_index checked in [0, count - 1).
+  int32_t draft_lane(int32_t draft_index) const {
+    const int32_t nd = count - 1;
+    AAR_CHECK_ARG(draft_index >= 0 && draft_index < nd, "draft_index=", draft_index,
+                  " is out of range [0, num_drafts=", nd, ")");
+    return 1 + draft_index;
   }
 };
 

@@ -175,9 +175,8 @@ aar_status_t aar_sfa_builder_build_for_graph_capture(aar_sfa_builder_t* b, const
     capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const sfa::BuildInputs bi = build_inputs(in);
-    const auto s = capi::attn_state(state, "state");
-    AAR_CHECK_ARG(s.has_value(), "state must be an attention state, got AAR_STATE_AUTO");
-    *out = b->metadata.wrap(0, b->builder->build_for_graph_capture(bi, *s));
+    const auto s = capi::capture_state(state);
+    *out = b->metadata.wrap(0, b->builder->build_for_graph_capture(bi, s));
   });
 }
 
@@ -187,10 +186,8 @@ aar_status_t aar_sfa_builder_build_for_drafting(aar_sfa_builder_t* b, const aar_
     capi::checked(b, "builder");
     capi::check_not_null(out, "out");
     const sfa::BuildInputs bi = build_inputs(in);
-    const int32_t nd = b->metadata.count - 1;
-    AAR_CHECK_ARG(draft_index >= 0 && draft_index < nd, "draft_index=", draft_index, " is out of range [0, num_drafts=",
-                  nd, ")");
-    *out = b->metadata.wrap(1 + draft_index, b->builder->build_for_drafting(bi, draft_index));
+    const int32_t lane = b->metadata.draft_lane(draft_index);
+    *out = b->metadata.wrap(lane, b->builder->build_for_drafting(bi, draft_index));
   });
 }
 
