@@ -88,8 +88,9 @@ struct ImplConfig {
   // gathered over the group's heads, every rank attends all W * num_heads heads over the keys it
   // holds (its window rows and compressed rows, as explicit index lists) without the sinks, the
   // partials are merged by LSE, and the sinks enter the merged softmax once on the heads' rank.
-  // Every step kind (decode, speculative decode, prefill, mixed), eager, the A2/A3 plan; refused
-  // by name otherwise.
+  // Every step kind (decode, speculative decode, prefill, mixed) eagerly, decode buckets also in
+  // a graph capture (the collectives inside each replay, §12.5), the A2/A3 plan; refused by name
+  // otherwise.
   cp::Comm* dcp_comm = nullptr;
 };
 
