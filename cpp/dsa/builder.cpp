@@ -43,14 +43,17 @@ bool dcp_sharded_kind(DsaCacheKind k) {
 
 // docs/design/sparse_cp.md §12: the local block-table columns a sharded group's kernels read and
 // write on this rank (its owned positions of the SWA window up to S, or its owned compressed rows
-// below S / r), inside the table and in [0, num_blocks). Runs before anything is written.
+// below S / r), inside the table and in [0, num_blocks). Runs before anything is written. A
+// graph-padding request (b >= num_reqs, §12.5) has start_pos 0: the layer's lists read its
+// positions below q_b only, so its columns are checked up to q_b, against the stride only (the
+// staged table's padding rows are zeroed: block 0).
 void check_dcp_local_columns(const StepMetadata& st, const GroupInputs& in, int64_t sbs, int32_t ratio,
                              int32_t win_left, int32_t num_blocks) {
   const DcpStepMetadata& d = st.dcp;
-  for (int32_t b = 0; b < st.num_reqs; ++b) {
+  for (int32_t b = 0; b < st.num_kernel_reqs; ++b) {
     const size_t ub = static_cast<size_t>(b);
-    const int64_t S = st.plan.seq_lens[ub];
     const int64_t q = st.plan.query_start_loc[ub + 1] - st.plan.query_start_loc[ub];
+    const int64_t S = b < st.num_reqs ? st.plan.seq_lens[ub] : q;
     const int64_t lo = ratio <= 1 ? std::max<int64_t>(0, S - q - win_left) : 0;
     const int64_t hi = ratio <= 1 ? S : S / ratio;
     const int64_t llo = plan::dcp_local_len(lo, d.world_size, d.interleave, d.rank);
@@ -59,6 +62,7 @@ void check_dcp_local_columns(const StepMetadata& st, const GroupInputs& in, int6
     for (int64_t col = llo / sbs; col <= (lhi - 1) / sbs; ++col) {
       AAR_CHECK_ARG(col < in.block_table_stride, "block_table: request ", b, " needs local column ", col,
                     " on DCP rank ", d.rank, " but block_table_stride is ", in.block_table_stride);
+      if (b >= st.num_reqs) continue;
       const int32_t id = in.block_table[static_cast<size_t>(b * int64_t{in.block_table_stride} + col)];
       AAR_CHECK_ARG(id >= 0 && id < num_blocks, "block_table[", b, "][", col, "]=", id,
                     " (a local column DCP rank ", d.rank, " reads) is not a block id in [0, num_blocks=",
@@ -591,18 +595,14 @@ const StepMetadata& StepBuilder::build(const StepInputs& in) { return lanes_[0]-
 const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, plan::AttentionState state) {
   static const core::BackendFacts& facts = Backend::facts();
   core::check_capturable(facts, state);
-  if (cfg_.dcp_world_size > 1) {
-    throw_not_supported("build_for_graph_capture with dcp_world_size=", cfg_.dcp_world_size,
-                        ": graph capture under DSA DCP is not implemented (eager only, docs/design/sparse_cp.md §12)");
-  }
+  // DSA DCP (docs/design/sparse_cp.md §12.5): the decode bucket builds as without DCP (the lane's
+  // dcp block is set at construction; DSpark and DSA-CP under DCP were refused there).
   return lanes_[0]->build(in, &state);
 }
 
 const StepMetadata& StepBuilder::build_for_drafting(const StepInputs& in, int32_t d) {
-  if (cfg_.dcp_world_size > 1) {
-    throw_not_supported("build_for_drafting with dcp_world_size=", cfg_.dcp_world_size,
-                        ": draft steps under DSA DCP are not implemented (docs/design/sparse_cp.md §12)");
-  }
+  // Under DCP a draft lane carries the step's dcp block like the main lane (docs/design/sparse_cp.md
+  // §12.6): its SWA groups localize their slots the same way.
   if (cfg_.dsa_cp_world_size > 1) {
     throw_not_supported("build_for_drafting with dsa_cp_world_size=", cfg_.dsa_cp_world_size, ": draft steps under "
                         "DSA-CP (per-draft local token metadata) are not implemented (docs/design/sparse_cp.md §10)");

@@ -12,6 +12,7 @@
 
 #include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/comm/dcp_exchange.h"
+#include "ascend_attn_rt/cp/plan/sparse_cp.h"
 #include "ascend_attn_rt/sparse/topk_remap.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -343,12 +344,6 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   // docs/design/sparse_cp.md §12: the layer's DCP group against the step's.
   cp::check_comm_matches(c.dcp_comm, md.step->dcp.world_size, md.step->dcp.rank, "DCP", "dcp_comm",
                          "dcp_world_size");
-  if (md.step->dcp.world_size > 1) {
-    if (graph::GraphParams::current() != nullptr) {
-      throw_not_supported("DSA graph capture under DCP (dcp_world_size=", md.step->dcp.world_size,
-                          ") is not implemented: eager only (docs/design/sparse_cp.md §12)");
-    }
-  }
   check_group(md.swa, "swa");
   // The window is the model's, set once on the StepBuilder; a layer that
   // names one of its own must name the same (it would attend another span
@@ -768,7 +763,7 @@ at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tens
 }
 
 at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
-                            int64_t n) const {
+                            int64_t n, bool graph) const {
   // docs/design/sparse_cp.md §12. Every rank issues the same two collectives (the query gather,
   // the partials' exchange), whatever its shard holds.
   const ImplConfig& cf = cfg_;
@@ -803,7 +798,11 @@ at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::
     if (cf.compress_ratio == 4) {
       g = sel.reshape({n, -1}).to(at::kLong);
     } else {
-      const int64_t L = std::max<int64_t>(st.max_seqlen_kv / cf.compress_ratio, 1);
+      // Eager: the step's longest request bounds every limit. A replay reads no host value of the
+      // step (the captured one's max_seqlen_kv is stale): the width every position below the
+      // RoPE table's rows fits (§12.5).
+      const int64_t L = graph ? plan::dsa_dcp_captured_cmp_width(st.rope_cos_table.size(0), cf.compress_ratio)
+                              : std::max<int64_t>(st.max_seqlen_kv / cf.compress_ratio, 1);
       g = at::arange(L, lopt).unsqueeze(0).expand({n, L});
     }
     g = at::where(g >= limit, at::full_like(g, -1), g).to(at::kInt).contiguous();
@@ -873,12 +872,19 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
 
   // ---- SAS attention (docs/design/dsa.md §5.1)
   at::Tensor o = st.dcp.world_size > 1
-                     ? attend_dcp(c, md, v.q, sel, n)  // docs/design/sparse_cp.md §12 (eager)
+                     ? attend_dcp(c, md, v.q, sel, n, graph)  // docs/design/sparse_cp.md §12
                      : attend(c, md, v.q, common.query_start_loc, common.seq_lens, sel,
                               cf.compress_ratio <= 1 && swa.dspark_swa_indices.defined()
                                   ? first_rows(swa.dspark_swa_indices, n)
                                   : at::Tensor(),
                               graph ? v.o : at::Tensor());
+
+  // Graph mode reads the o_proj's input from the workspace (run_o_proj): the DCP merge's result
+  // (allocated per call, docs/design/sparse_cp.md §12.5) goes there.
+  if (graph && !o.is_same(v.o)) {
+    ops::dense::copy(v.o, o);
+    o = v.o;
+  }
 
   // ---- inverse RoPE and o_proj (docs/design/dsa.md §5.2)
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
@@ -1039,6 +1045,27 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
     AAR_CHECK_ARG(topk->max_num_tokens() >= n, "topk_buffer has ", topk->max_num_tokens(),
                   " rows; the captured bucket ", n, " needs as many");
   }
+  if (st.dcp.world_size > 1) {
+    // DSA DCP (docs/design/sparse_cp.md §12.5). The builders and the constructor refuse these
+    // already; a capture names them again before anything is recorded, as it fixes what a replay runs.
+    if (st.dsa_cp.world_size > 1) {
+      throw_not_supported("DSA graph capture under DCP (dcp_world_size=", st.dcp.world_size, ") with DSA-CP "
+                          "(dsa_cp_world_size=", st.dsa_cp.world_size, "): DSA DCP x DSA-CP is not implemented "
+                          "(docs/design/sparse_cp.md §12.3)");
+    }
+    if (md.swa->dspark_width > 0) {
+      throw_not_supported("DSA graph capture under DCP (dcp_world_size=", st.dcp.world_size, ") of a DSpark SWA "
+                          "group (dspark_width=", md.swa->dspark_width, "): DSpark under DSA DCP is not "
+                          "implemented (docs/design/sparse_cp.md §12.3)");
+    }
+    if (cf.plan.sparse_attn != SparseAttnPath::SharedKv) {
+      throw_not_supported("DSA graph capture under DCP (dcp_world_size=", st.dcp.world_size, ") on the ",
+                          cf.plan.sparse_attn_op, " plan: DSA DCP is built for the A2/A3 npu_sparse_attn_sharedkv "
+                          "plan only, the A5 plans are not (docs/design/sparse_cp.md §12.3)");
+    }
+    AAR_CHECK_ARG(st.rope_cos_table.defined() && st.rope_cos_table.size(0) >= 1, "DSA graph capture under DCP "
+                  "needs the step's RoPE table (its rows bound the C128 list width, docs/design/sparse_cp.md §12.5)");
+  }
   auto cl = std::make_shared<CapturedLayer>();
   cl->step = st;
   cl->md = md;
@@ -1070,6 +1097,10 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   // (tpr, the slice) follow from the bucket, its device lengths and RoPE rows are the step
   // builder's stable views, and its intermediates past the workspace are allocated per call (on
   // the device, inside a capture, from the graph's private pool, as SFA's DSA-CP decode road).
+  // DCP (docs/design/sparse_cp.md §12.5) likewise: the replay runs the layer's DCP attention, its
+  // query gather and partials' all-to-all inside the replayed step; its index lists and the
+  // merge's tensors are made per replay from the step builder's stable views (no host value of
+  // the step: C128's list width comes from the RoPE table), the result copied into the workspace.
   const bool dsa_cp = st.dsa_cp.world_size > 1;
   auto run_layer = [this, cl, c, topk, dsa_cp]() {
     if (dsa_cp) {

@@ -713,3 +713,19 @@ TEST(PlanSparseCp, ChecksAreRankIndependent) {
     EXPECT_INVALID(plan_token_shard(c.in(), TokenShardBuffers{cum, seq, short_slots, local}), "slot_mapping has 4");
   }
 }
+
+TEST(PlanSparseCp, DsaDcpCapturedCmpWidthHoldsEveryLimit) {
+  // docs/design/sparse_cp.md §12.5: against the definition, every position p < P a step builder
+  // accepts has its limit floor((p + 1) / r) within the width, and the width is the largest such
+  // limit (at least 1).
+  for (int32_t r : {2, 4, 128}) {
+    for (int64_t P = 1; P <= 600; ++P) {
+      int64_t most = 0;
+      for (int64_t p = 0; p < P; ++p) most = std::max(most, (p + 1) / r);
+      EXPECT_EQ(dsa_dcp_captured_cmp_width(P, r), std::max<int64_t>(most, 1)) << "P " << P << " r " << r;
+    }
+  }
+  EXPECT_EQ(dsa_dcp_captured_cmp_width(int64_t{1} << 20, 128), 8192);
+  EXPECT_INVALID(dsa_dcp_captured_cmp_width(0, 128), "rope_positions=0");
+  EXPECT_INVALID(dsa_dcp_captured_cmp_width(64, 1), "ratio=1");
+}

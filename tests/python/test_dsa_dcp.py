@@ -333,10 +333,11 @@ def test_dsa_dcp_builder_refusals():
         _sb(dcp_world_size=2, dcp_interleave=0)
     sb = _sb(dcp_world_size=2, dcp_rank=1)
     qsl, S = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="graph capture under DSA DCP"):
-        sb.build_for_graph_capture(qsl, S, state=aar.AttentionState.DecodeOnly)
-    with pytest.raises(NotImplementedError, match="draft steps under DSA DCP"):
-        sb.build_for_drafting(qsl, S, draft_index=0)
+    # a decode bucket and a draft step build under DCP (docs/design/sparse_cp.md §12.5, §12.6)
+    cap = sb.build_for_graph_capture(qsl, S, state=aar.AttentionState.DecodeOnly)
+    assert (cap.dcp_world_size, cap.dcp_rank) == (2, 1)
+    dr = sb.build_for_drafting(qsl, S, draft_index=0)
+    assert (dr.dcp_world_size, dr.dcp_rank, dr.dcp_interleave) == (2, 1, 1)
     # a prefill step builds under DCP (docs/design/sparse_cp.md §12)
     assert sb.build(torch.tensor([0, 5], dtype=torch.int32), S).num_prefills == 1
     with pytest.raises(NotImplementedError, match="A2/A3 npu_sparse_attn_sharedkv plan only"):
@@ -353,3 +354,120 @@ def test_dsa_dcp_builder_refusals():
     md = gb.build(st, torch.tensor([[5, 1, 2, 3]], dtype=torch.int32))
     # the token at position 4 belongs to rank 0: rank 1 writes nothing (the skip encoding)
     assert md.slot_mapping[0, 0].item() == -1, md.slot_mapping
+
+
+def _draft_step(run, reqs, qlens, draft):
+    """A draft step of an SWA-only layer on draft lane `draft` (docs/design/dsa.md §3.1 draft mode)."""
+    S = [run.S[b] + q for b, q in zip(reqs, qlens)]
+    qsl = [0]
+    for q in qlens:
+        qsl.append(qsl[-1] + q)
+    st = run.sb.build_for_drafting(torch.tensor(qsl, dtype=torch.int32), torch.tensor(S, dtype=torch.int32), draft)
+    md = {kd: run.gb[kd].build_for_drafting(st, run.tables[kd][reqs].contiguous(), draft) for kd in run.kinds}
+    assert md["swa"].draft_index == draft
+    hid = run.hidden(reqs, qlens, S, 0)
+    out = torch.full_like(hid, float("nan"))
+    run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(run.d.ratio, md, st))
+    for i, b in enumerate(reqs):
+        run.S[b] = S[i]
+    return st, out, qsl, S
+
+
+def _check_caches(one, cp, world, rank, il, where):
+    for a, b in zip(replicated(cp), replicated(one)):
+        assert torch.equal(a, b), f"{where}: a replicated cache differs from the single-rank one"
+    for kd in SHARDED:
+        if kd in cp.kinds:
+            got, exp = getattr(cp, SHARDED[kd]), expected_shard(one, cp, kd, world, rank, il)
+            torch.testing.assert_close(got, exp, atol=1e-6, rtol=0, msg=lambda m: f"{where}: the {kd} shard: {m}")
+
+
+def _reference(one, d, reqs, qlens, S, qsl):
+    tk = one.impl.last_topk if d.ratio == 4 else None
+    return torch.cat([ref.dsa_layer(d, one.w, one.x[b][: S[i]], qlens[i], one.cos, one.sin,
+                                    topk=None if tk is None else tk[qsl[i]: qsl[i + 1], 0].to(torch.int64))
+                      for i, b in enumerate(reqs)])
+
+
+def _case_graph(rank, world):
+    """docs/design/sparse_cp.md §12.5 / §12.6: decode buckets captured under DCP (the recording provider: nothing
+    runs, no collective) and replayed with graph padding (fewer real requests than the bucket): per replay the
+    output equals the DCP layer run eagerly on the same step (caches restored in between), the TP-summed output the
+    single-rank layer's on the same padded step and the float64 reference, the caches the single-rank caches' (the
+    padding rows write nothing), the query gather and the partials' all-to-all issued inside the replay. Ratio 1
+    also runs draft steps on the draft lanes (eager)."""
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=60.0)
+    reports = []
+    # (ratio, q per request, bucket B, interleave); 128: request 0 of 140 tokens has complete compressed rows
+    for ratio, q, B, il in ((1, 1, 4, 1), (4, 3, 3, 2), (128, 1, 3, 1)):
+        d = dims(ratio)
+        k = 2
+        one = Run(d, torch.float32, 3, k=k)
+        cp = Run(d, torch.float32, 3, k=k, sb_extra=dict(dcp_world_size=world, dcp_rank=rank, dcp_interleave=il),
+                 impl_extra=dict(dcp_comm=comm, num_heads=d.N // world, o_groups=d.G // world),
+                 weights_of=lambda w: tp_weights(w, d, world, rank))
+        first = [140, 9, 30] if ratio == 128 else [20, 9, 30]
+        for r in (cp, one):  # the prefill, eager (the DCP run's shards written by the DCP layer)
+            r.step([0, 1, 2], first)
+        n = B * q
+        hidden, out = torch.zeros(n, d.hidden), torch.zeros(n, d.hidden)
+        g = aar.GraphParams("recording")
+        st, md, _, _ = cp.build_padded([0, 1, 2], B, q, capture=True)
+        assert st.dcp_world_size == world
+        snap = [t.clone() for t in cp.caches()]
+        comm.reset_counters()
+        with g.capture(n):
+            cp.impl.forward(hidden, cp.kv, st, md["swa"], out, **group_kw(ratio, md, st))
+        assert comm.calls == 0 and all(torch.equal(a, b) for a, b in zip(snap, cp.caches()))
+        steps = []
+        for reqs in ([0, 1, 2], [2, 0], [1]):
+            where = f"rank {rank} ratio {ratio} q {q} B {B} I {il} replay {reqs}"
+            st, md, S, qsl = cp.build_padded(reqs, B, q)
+            hidden.zero_()
+            hidden[: len(reqs) * q] = torch.cat([cp.x[b][S[i] - q: S[i]] for i, b in enumerate(reqs)])
+            # the DCP layer eagerly on the same step, then the caches restored for the replay
+            snap = [t.clone() for t in cp.caches()]
+            eager = torch.full_like(out, float("nan"))
+            cp.impl.forward(hidden, cp.kv, st, md["swa"], eager, **group_kw(ratio, md, st))
+            after = [t.clone() for t in cp.caches()]
+            for t, v in zip(cp.caches(), snap):
+                t.copy_(v)
+            out.fill_(float("nan"))
+            aar.dsa.graph_update(g, n, st, md["swa"])
+            comm.reset_counters()
+            g.replay(n)
+            calls = tuple(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
+            assert calls == (1, 1, 0), (where, calls)
+            m = len(reqs) * q
+            torch.testing.assert_close(out[:m], eager[:m], atol=1e-6, rtol=1e-6, msg=lambda e: f"{where}: {e}")
+            assert all(torch.equal(a, b) for a, b in zip(cp.caches(), after)), f"{where}: replay vs eager caches"
+            for i, b in enumerate(reqs):
+                cp.S[b] = S[i]
+            st1, md1, _, _ = one.build_padded(reqs, B, q)
+            want = torch.full_like(out, float("nan"))
+            one.impl.forward(hidden, one.kv, st1, md1["swa"], want, **group_kw(ratio, md1, st1))
+            for i, b in enumerate(reqs):
+                one.S[b] = S[i]
+            _check_caches(one, cp, world, rank, il, where)
+            refs = _reference(one, d, reqs, [q] * len(reqs), S, qsl) if rank == 0 else None
+            steps.append((where, "replay", _wire(out[:m]), _wire(want[:m]), _wire(refs)))
+        if ratio == 1:
+            # draft steps under DCP (eager): draft lanes 0 and 1, one request shorter than its draft block
+            for draft, reqs, qlens in ((0, [0, 1, 2], [3, 3, 3]), (1, [2, 0], [2, 1])):
+                where = f"rank {rank} ratio 1 I {il} draft {draft} {reqs} {qlens}"
+                comm.reset_counters()
+                dst, got, qsl, S = _draft_step(cp, reqs, qlens, draft)
+                assert (dst.dcp_world_size, dst.dcp_rank) == (world, rank), where
+                assert tuple(comm.calls_of(op) for op in ("all_gather", "all_to_all_single")) == (1, 1), where
+                _, want, _, _ = _draft_step(one, reqs, qlens, draft)
+                _check_caches(one, cp, world, rank, il, where)
+                refs = _reference(one, d, reqs, qlens, S, qsl) if rank == 0 else None
+                steps.append((where, "draft", _wire(got[: qsl[-1]]), _wire(want[: qsl[-1]]), _wire(refs)))
+        reports.append(steps)
+    return reports
+
+
+def test_dsa_dcp_two_ranks_decode_graph_and_drafts():
+    results = run_ranks(2, _case_graph, deadline_s=120.0)
+    check_sums(results, lambda c: torch.float32)
+    assert [len(r) for r in results[0]] == [5, 3, 3], [len(r) for r in results[0]]

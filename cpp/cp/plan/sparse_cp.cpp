@@ -316,4 +316,11 @@ SparsePcpSizes plan_sparse_pcp_rows(const SparsePcpInputs& in, const SparsePcpBu
   return s;
 }
 
+int64_t dsa_dcp_captured_cmp_width(int64_t rope_positions, int32_t ratio) {
+  AAR_CHECK_ARG(rope_positions >= 1, "rope_positions=", rope_positions, " must be >= 1 (the RoPE table's rows)");
+  AAR_CHECK_ARG(ratio >= 2, "ratio=", ratio, " must be >= 2 (a compressed layer's compress_ratio)");
+  // p < P gives floor((p + 1) / r) <= floor(P / r).
+  return std::max<int64_t>(rope_positions / ratio, 1);
+}
+
 }  // namespace aar::plan

@@ -76,8 +76,8 @@ struct StepBuilderConfig : core::Capacities, core::StagingConfig {
   // StepMetadata::dcp and makes the SWA / C4Kv / C128Kv groups' slots this rank's local ones
   // (their block tables are the rank's local tables); the indexer and compressor-state groups
   // stay whole (global tables, every row written on every rank). Every step kind (decode,
-  // speculative decode, prefill, mixed), eager only (build_for_graph_capture refused);
-  // not combinable with DSA-CP, DSpark or drafting (refused by name).
+  // speculative decode, prefill, mixed), decode buckets for graph capture (§12.5) and draft
+  // lanes (§12.6) included; not combinable with DSA-CP or DSpark (refused by name).
   int32_t dcp_world_size = 1;
   int32_t dcp_rank = 0;
   int32_t dcp_interleave = 1;

@@ -88,8 +88,9 @@ struct ImplConfig {
   // gathered over the group's heads, every rank attends all W * num_heads heads over the keys it
   // holds (its window rows and compressed rows, as explicit index lists) without the sinks, the
   // partials are merged by LSE, and the sinks enter the merged softmax once on the heads' rank.
-  // Every step kind (decode, speculative decode, prefill, mixed), eager, the A2/A3 plan; refused
-  // by name otherwise.
+  // Every step kind (decode, speculative decode, prefill, mixed) eagerly, decode buckets also in
+  // a graph capture (the collectives inside each replay, §12.5), the A2/A3 plan; refused by name
+  // otherwise.
   cp::Comm* dcp_comm = nullptr;
 };
 
@@ -208,8 +209,10 @@ class Impl {
                     const at::Tensor& out, bool with_sinks = true, at::Tensor* lse = nullptr) const;
   // docs/design/sparse_cp.md §12: the DCP attention of the n query rows q (n, N, D) with the
   // step's global C4 selection sel (undefined for other ratios): (n, N, D), sinks applied.
+  // graph (a captured bucket's replay, §12.5): no host value of the step is read (C128's list
+  // width from the RoPE table's rows instead of max_seqlen_kv).
   at::Tensor attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
-                        int64_t n) const;
+                        int64_t n, bool graph) const;
   // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens (eager).
   void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                   sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws);

@@ -137,4 +137,12 @@ struct SparsePcpBuffers {
 // Validates everything (sparse_pcp_sizes and every capacity) before the first write; returns the sizes.
 SparsePcpSizes plan_sparse_pcp_rows(const SparsePcpInputs& in, const SparsePcpBuffers& out);
 
+// ---- §12.5: the compressed-row list of a captured DSA DCP step ----
+// A DSA DCP layer of compress ratio r > 4 (C128) lists every compressed row below a query row's
+// limit floor((p + 1) / r). A captured decode bucket fixes the list's width once, whatever the
+// replayed steps' lengths: every position a step builder accepts is below its RoPE table's
+// `rope_positions` rows P, so floor(P / r) entries hold every limit; at least one (an all -1 row
+// when no row is complete). Checks P >= 1 and r >= 2.
+int64_t dsa_dcp_captured_cmp_width(int64_t rope_positions, int32_t ratio);
+
 }  // namespace aar::plan
