@@ -756,6 +756,9 @@ void bind_dsa_impl(nb::module_& m) {
             w.wo_a = weight_of(weights, "wo_a");
             w.wo_b = weight_of(weights, "wo_b");
             w.wo_a_scale = weight_of(weights, "wo_a_scale");
+            w.wq_a_scale = weight_of(weights, "wq_a_scale");
+            w.wq_b_scale = weight_of(weights, "wq_b_scale");
+            w.wkv_scale = weight_of(weights, "wkv_scale");
             w.cmp_wkv = weight_of(weights, "cmp_wkv");
             w.cmp_wgate = weight_of(weights, "cmp_wgate");
             w.cmp_ape = weight_of(weights, "cmp_ape");
@@ -810,6 +813,8 @@ void bind_dsa_impl(nb::module_& m) {
           "docs/design/dsa.md §5.1 with the step and group metadata (routed here, as route_layer). step=None: profiling run "
           "(output zero-filled). Returns output.")
       .def_prop_ro("last_topk", [](const dsa::Impl& i) { return i.last_topk(); })
+      .def_prop_ro("w8a8_prolog", &dsa::Impl::w8a8_prolog,
+                   "True when wq_a / wq_b / wkv are W8A8-dynamic (weights wq_a_scale, wq_b_scale, wkv_scale given)")
       .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; })
       .def_prop_ro("dsa_cp_world_size", &dsa::Impl::dsa_cp_world_size)
       .def_prop_ro("wo_a", [](const dsa::Impl& i) { return i.wo_a(); },
