@@ -31,6 +31,7 @@
 #include "ascend_attn_rt/sparse/dsa_cp_road.h"
 #include "../sparse/dsa_cp_workspace.h"
 #include "ascend_attn_rt/sparse/oproj_switch.h"
+#include "streams.h"
 #include "workspace.h"
 #include "../common/impl_checks.h"
 #include "../common/inference_scope.h"
@@ -193,6 +194,11 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                           "not implemented: its all-to-all road and full-weight switch take the Bmm o_proj "
                           "(docs/design/sparse_cp.md §10); pass a bf16 wo_a without wo_a_scale");
     }
+  }
+  if (c.multistream && (W > 1 || Wd > 1)) {
+    throw_not_supported("multistream under ", W > 1 ? "DSA-CP (dsa_cp_comm" : "DCP (dcp_comm", " of more than one rank) "
+                        "is not implemented: the multistream prolog is built for the single-rank road "
+                        "(docs/design/dsa.md §5.5)");
   }
   // Weights.
   AAR_CHECK_ARG(w.wq_a.defined(), "weight wq_a must be given");
@@ -370,6 +376,10 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   const ImplConfig& c = cfg_;
   const at::ScalarType dt = act_dtype_;
   const c10::Device dev = w_.wq_a.device();
+  if (c.multistream && graph::GraphParams::current() != nullptr) {
+    throw_not_supported("DSA graph capture with multistream=True is not implemented: the side stream's work and "
+                        "its events are issued eagerly (docs/design/dsa.md §5.5)");
+  }
   if (w8a8_ && graph::GraphParams::current() != nullptr) {
     throw_not_supported("DSA graph capture with the W8A8-dynamic prolog (wq_a_scale given) is not implemented: "
                         "npu_quant_matmul has no out-variant here, so its results would sit at fresh addresses "
@@ -883,7 +893,28 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   const StepViews& sv = step_views(md, n);
   const at::Tensor x = n == T ? hidden : hidden.narrow(0, 0, n);
 
+  // docs/design/dsa.md §5.5: the compressed caches' writers, on the side stream with multistream
+  // (issued first, so they overlap the prolog), else in the serial order below.
+  if (cf.multistream && cf.compress_ratio > 1 && !side_) side_ = std::make_unique<detail::SideStream>(x.device());
+  detail::StreamPlan sp(cf.multistream && cf.compress_ratio > 1 ? side_.get() : nullptr, x.device(),
+                        cf.log_streams ? &stream_log_ : nullptr);
+  auto indexer_cache = [&] { indexer_cache_update(x, c, md, rv, r, graph); };
+  auto compress = [&] {
+    const GroupMetadata& ag = *md.attention;
+    const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
+                                           *md.compressor_state, ag, R, cf.compress_ratio,
+                                           cf.compress_ratio == 4 ? 2 : 1, cf.eps, graph ? rv.cmp : at::Tensor());
+    // As the indexer's: the slots past the compressor's rows (num_input_tokens > n) are skip rows.
+    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
+  };
+  if (sp.multistream()) {
+    sp.fork();
+    if (cf.compress_ratio == 4) sp.on_side("indexer_cache", detail::StreamPlan::kIndexerCache, indexer_cache);
+    sp.on_side("compressor", detail::StreamPlan::kCompressedKv, compress);
+  }
+
   // ---- prolog (docs/design/dsa.md §1.1; §5.4 the W8A8-dynamic projections)
+  sp.on_main("prolog");
   if (w8a8_) {
     w8a8_prolog_linears(x, v);
   } else {
@@ -899,30 +930,37 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   ops::dense::rms_norm_out(v.kv, v.kv, w_.kv_norm, cf.eps);
   ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
   const GroupMetadata& swa = *md.swa;
+  sp.on_main("swa_write");
   write_kv_rows(c.swa_kv, sv.swa_slots, v.kv, swa.num_valid_rows);
 
   // ---- compressed caches and the C4 selection (docs/design/dsa.md §5.1)
   at::Tensor sel;
   if (cf.compress_ratio == 4) {
+    // docs/design/sparse.md §6: skip_topk layers still run both compressors.
+    if (sp.multistream()) {
+      sp.wait(detail::StreamPlan::kIndexerCache, "wait_indexer_cache");
+    } else {
+      sp.on_side("indexer_cache", detail::StreamPlan::kIndexerCache, indexer_cache);
+    }
     if (cf.skip_topk) {
-      indexer_cache_update(x, c, md, rv, r, graph);  // docs/design/sparse.md §6: the compressors still run
+      sp.on_main("topk_reuse");
       sel = topk->view(n);
     } else {
-      indexer_cache_update(x, c, md, rv, r, graph);
+      sp.on_main("indexer_select");
       sel = indexer_select(x, c, md, v, sv.cos3, sv.sin3, sv.q_ends, md.indexer_cache->seq_lens, n, graph, topk);
     }
   }
   if (cf.compress_ratio > 1) {
-    const GroupMetadata& ag = *md.attention;
-    const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
-                                           *md.compressor_state, ag, R, cf.compress_ratio,
-                                           cf.compress_ratio == 4 ? 2 : 1, cf.eps, graph ? rv.cmp : at::Tensor());
-    // As the indexer's: the slots past the compressor's rows (num_input_tokens > n) are skip rows.
-    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
+    if (sp.multistream()) {
+      sp.wait(detail::StreamPlan::kCompressedKv, "wait_compressed_kv");
+    } else {
+      sp.on_side("compressor", detail::StreamPlan::kCompressedKv, compress);
+    }
   }
   last_topk_ = sel;
 
   // ---- SAS attention (docs/design/dsa.md §5.1)
+  sp.on_main("attention");
   at::Tensor o = st.dcp.world_size > 1
                      ? attend_dcp(c, md, v.q, sel, n)  // docs/design/sparse_cp.md §12 (eager)
                      : attend(c, md, v.q, common.query_start_loc, common.seq_lens, sel,
@@ -935,6 +973,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
   const at::Tensor out_n = n == T ? output : output.narrow(0, 0, n);
   // Graph mode: into the workspace (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
+  sp.on_main("o_proj");
   run_o_proj(o, out_n, graph ? &v : nullptr);
   if (n < T) ops::dense::zero(output.narrow(0, n, T - n));
 }

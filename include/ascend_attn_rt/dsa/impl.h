@@ -3,7 +3,8 @@
 // RoPE and the grouped o_proj. Every device-dependent choice comes from the layer's
 // AttnKvPlan (dsa/plan/dsa_kv_plan.h); forward validates everything before the first write,
 // does no host metadata work, and inside a graph capture records itself as one call
-// or refuses by name. Design: docs/design/dsa.md §5 (forward, o_proj, workspaces),
+// or refuses by name. Design: docs/design/dsa.md §5 (forward, o_proj, workspaces, §5.4 the
+// W8A8-dynamic prolog, §5.5 multistream),
 // §6 (graph capture), §4.2 (the three plans); DSA-CP token sharding (ImplConfig::dsa_cp_comm):
 // docs/design/sparse_cp.md §10; DCP of the SWA and compressed caches (ImplConfig::dcp_comm):
 // docs/design/sparse_cp.md §12.
@@ -39,9 +40,18 @@ namespace aar::dsa {
 
 namespace detail {
 class Workspace;
+class SideStream;
 struct TokenViews;
 struct RowViews;
 }  // namespace detail
+
+// docs/design/dsa.md §5.5: which stream a part of the layer ran on (Impl::stream_log).
+enum class StreamRole : int32_t { Main = 0, Side = 1 };
+struct StreamLogEntry {
+  const char* part;   // "fork", "indexer_cache", "compressor", "prolog", "swa_write", "wait_indexer_cache", ...
+  StreamRole role;
+  int64_t stream_id;  // the c10 stream's id (on CPU both roles are the default stream)
+};
 
 struct ImplConfig {
   int64_t hidden_size = 0;
@@ -91,6 +101,13 @@ struct ImplConfig {
   // Every step kind (decode, speculative decode, prefill, mixed), eager, the A2/A3 plan; refused
   // by name otherwise.
   cp::Comm* dcp_comm = nullptr;
+  // docs/design/dsa.md §5.5: compressed layers run their compressor(s) and the indexer's cache write
+  // on a second stream (the device's stream pool; on CPU the default stream), overlapping the prolog;
+  // events order the side stream after the layer's inputs and the main stream after the KV writes
+  // before it reads them. Eager; refused by name under graph capture, DSA-CP and DCP.
+  bool multistream = false;
+  // Record, per forward, which stream each part ran on (Impl::stream_log); off costs nothing.
+  bool log_streams = false;
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
@@ -163,6 +180,8 @@ class Impl {
   OProjKind o_proj() const { return o_proj_; }
   // Whether the prolog's projections are W8A8-dynamic (Weights::wq_a_scale given).
   bool w8a8_prolog() const { return w8a8_; }
+  // The last forward's parts and their streams, in issue order (ImplConfig::log_streams; empty otherwise).
+  const std::vector<StreamLogEntry>& stream_log() const { return stream_log_; }
   // The C4 selection (T, 1, K) int32 of the last forward (undefined otherwise).
   const at::Tensor& last_topk() const { return last_topk_; }
   // The o_proj weights as the layer holds them now (under DSA-CP: its shards outside a switch),
@@ -239,6 +258,8 @@ class Impl {
   at::Tensor last_topk_;
   OProjKind o_proj_ = OProjKind::Bmm;
   bool w8a8_ = false;
+  std::unique_ptr<detail::SideStream> side_;  // multistream: made on the first forward
+  std::vector<StreamLogEntry> stream_log_;
   at::ScalarType act_dtype_ = at::kBFloat16;  // the activations' (wq_a's, or wo_b's for a W8A8 prolog)
   at::Tensor wq_a_t_, wq_b_t_, wkv_t_;      // W8A8 prolog: the int8 weights as npu_quant_matmul's x2 (in, out)
   std::shared_ptr<detail::Workspace> ws_;
