@@ -7,6 +7,9 @@ activations of any float dtype are promoted).
     qr = RMSNorm(x W_q_a^T) * q_norm;  q = qr W_q_b^T viewed (N, D);  q <- q / sqrt(mean(q^2) + eps) per head
     kv = RMSNorm(x W_kv^T) * kv_norm   (D, one shared head; it is the SWA cache row)
     interleave RoPE (pairs (2i, 2i+1), tables read at the same index as x) on q[..., D-R:] and kv[D-R:] at p
+    W8A8-dynamic prolog (docs/design/dsa.md §5.4; weights with wq_a_scale / wq_b_scale / wkv_scale): every product
+    x W^T of wq_a, wq_b, wkv becomes (round(x / s_x) W_codes^T) s_x[t] scale[o], s_x = amax|x_t| / 127, with x the
+    tokens for wq_a / wkv and qr for wq_b
   compressor (docs/design/dsa.md §1.2), ratio r, coff in {1, 2}: kv_t = x_t W_kv^T, g_t = x_t W_gate^T + ape[p_t mod r]
     (width coff*D); row c covers [c r, (c+1) r) and exists once position (c+1) r - 1 exists.
     coff=1: y[d] = sum_k softmax_k(g[k, d]) kv[k, d] over the r tokens of group c.
