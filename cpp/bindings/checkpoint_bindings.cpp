@@ -59,6 +59,9 @@ void bind_checkpoint(nb::module_& root) {
         put(d, "wq_a", w.wq_a);
         put(d, "q_norm", w.q_norm);
         put(d, "wq_b", w.wq_b);
+        put(d, "wq_a_scale", w.wq_a_scale);
+        put(d, "wq_b_scale", w.wq_b_scale);
+        put(d, "wkv_scale", w.wkv_scale);
         put(d, "wkv", w.wkv);
         put(d, "kv_norm", w.kv_norm);
         put(d, "attn_sink", w.attn_sink);

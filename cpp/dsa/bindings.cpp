@@ -723,7 +723,8 @@ void bind_dsa_impl(nb::module_& m) {
              int64_t index_head_dim, int64_t index_topk, double eps, int64_t o_groups, int64_t o_lora_rank,
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
              const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index,
-             int64_t workspace_group, cp::Comm* dsa_cp_comm, bool dsa_cp_full_o_proj_prefill, cp::Comm* dcp_comm) {
+             int64_t workspace_group, cp::Comm* dsa_cp_comm, bool dsa_cp_full_o_proj_prefill, cp::Comm* dcp_comm,
+             bool multistream, bool log_streams) {
             dsa::ImplConfig c;
             c.hidden_size = hidden_size;
             c.num_heads = num_heads;
@@ -746,6 +747,8 @@ void bind_dsa_impl(nb::module_& m) {
             c.dsa_cp_comm = dsa_cp_comm;
             c.dsa_cp_full_o_proj_prefill = dsa_cp_full_o_proj_prefill;
             c.dcp_comm = dcp_comm;
+            c.multistream = multistream;
+            c.log_streams = log_streams;
             dsa::Weights w;
             w.wq_a = weight_of(weights, "wq_a");
             w.q_norm = weight_of(weights, "q_norm");
@@ -756,6 +759,9 @@ void bind_dsa_impl(nb::module_& m) {
             w.wo_a = weight_of(weights, "wo_a");
             w.wo_b = weight_of(weights, "wo_b");
             w.wo_a_scale = weight_of(weights, "wo_a_scale");
+            w.wq_a_scale = weight_of(weights, "wq_a_scale");
+            w.wq_b_scale = weight_of(weights, "wq_b_scale");
+            w.wkv_scale = weight_of(weights, "wkv_scale");
             w.cmp_wkv = weight_of(weights, "cmp_wkv");
             w.cmp_wgate = weight_of(weights, "cmp_wgate");
             w.cmp_ape = weight_of(weights, "cmp_ape");
@@ -774,7 +780,8 @@ void bind_dsa_impl(nb::module_& m) {
           "index_topk"_a = 512, "eps"_a = 1e-6, "o_groups"_a = 1, "o_lora_rank"_a, "device_kind"_a = "a2",
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
           "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0, "dsa_cp_comm"_a = nb::none(),
-          "dsa_cp_full_o_proj_prefill"_a = true, "dcp_comm"_a = nb::none(), nb::keep_alive<1, 23>(),
+          "dsa_cp_full_o_proj_prefill"_a = true, "dcp_comm"_a = nb::none(), "multistream"_a = false,
+          "log_streams"_a = false, nb::keep_alive<1, 23>(),
           nb::keep_alive<1, 25>())
       .def(
           "forward",
@@ -810,6 +817,20 @@ void bind_dsa_impl(nb::module_& m) {
           "docs/design/dsa.md §5.1 with the step and group metadata (routed here, as route_layer). step=None: profiling run "
           "(output zero-filled). Returns output.")
       .def_prop_ro("last_topk", [](const dsa::Impl& i) { return i.last_topk(); })
+      .def_prop_ro(
+          "stream_log",
+          [](const dsa::Impl& i) {
+            nb::list out;
+            for (const dsa::StreamLogEntry& e : i.stream_log()) {
+              out.append(nb::make_tuple(std::string(e.part), e.role == dsa::StreamRole::Side ? "side" : "main",
+                                        e.stream_id));
+            }
+            return out;
+          },
+          "docs/design/dsa.md §5.5: the last forward's parts in issue order as (part, 'main' | 'side', c10 stream id) "
+          "(log_streams=True; empty otherwise)")
+      .def_prop_ro("w8a8_prolog", &dsa::Impl::w8a8_prolog,
+                   "True when wq_a / wq_b / wkv are W8A8-dynamic (weights wq_a_scale, wq_b_scale, wkv_scale given)")
       .def_prop_ro("compress_ratio", [](const dsa::Impl& i) { return i.config().compress_ratio; })
       .def_prop_ro("dsa_cp_world_size", &dsa::Impl::dsa_cp_world_size)
       .def_prop_ro("wo_a", [](const dsa::Impl& i) { return i.wo_a(); },

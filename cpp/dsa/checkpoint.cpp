@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -93,10 +94,57 @@ Weights weights_from_checkpoint(const std::map<std::string, at::Tensor>& state, 
     w.idx_cmp_ape = r.take(name(kIdxApe), {4, 2 * Di});
     w.idx_cmp_norm = r.take(name(kIdxNorm), {Di});
   }
+  // docs/design/dsa.md §7: a W8A8-dynamic prolog (ModelSlim's names): wq_a, wq_b and wkv int8, each with
+  // its weight_scale ((out, 1) or (out)) and optionally a weight_offset that must be zero (symmetric).
+  auto companion = [&](const Names& n, const char* suffix) {
+    const std::string base = name(n);  // "<linear>.weight"
+    return base.substr(0, base.size() - 6) + suffix;
+  };
+  struct Prolog {
+    const Names* names;
+    at::Tensor* scale;
+    int64_t out;
+  };
+  const Prolog prolog[] = {{&kWqA, &w.wq_a_scale, Q}, {&kWqB, &w.wq_b_scale, N * D}, {&kWkv, &w.wkv_scale, D}};
+  bool w8a8 = false;
+  for (const Prolog& p : prolog) w8a8 = w8a8 || r.has(companion(*p.names, "weight_scale"));
+  // A per-channel tensor stored (out, 1) or (out): read as (out).
+  auto per_channel = [&](const std::string& nm, int64_t out) {
+    const auto it = state.find(r.key(nm));
+    const bool col = it != state.end() && it->second.defined() && it->second.dim() == 2;
+    const at::Tensor t = r.take(nm, col ? std::vector<int64_t>{out, 1} : std::vector<int64_t>{out});
+    return t.defined() ? t.reshape({out}) : t;
+  };
+  std::vector<std::pair<std::string, at::Tensor>> offsets;
+  if (w8a8) {
+    for (const Prolog& p : prolog) {
+      *p.scale = per_channel(companion(*p.names, "weight_scale"), p.out);
+      const std::string off = companion(*p.names, "weight_offset");
+      if (r.has(off)) offsets.emplace_back(r.key(off), per_channel(off, p.out));
+    }
+  }
   r.finish();
 
-  const at::ScalarType dt = w.wq_a.scalar_type();
-  for (const Linear& l : linears) ck::check_linear_dtype(*l.dst, r.key(name(l.names)), dt);
+  // The activation dtype: wq_a's, or (W8A8 prolog) wo_b's, which is never quantised here.
+  const at::ScalarType dt = w8a8 ? w.wo_b.scalar_type() : w.wq_a.scalar_type();
+  for (const Linear& l : linears) {
+    const bool quantised = w8a8 && (l.dst == &w.wq_a || l.dst == &w.wq_b || l.dst == &w.wkv);
+    if (!quantised) {
+      ck::check_linear_dtype(*l.dst, r.key(name(l.names)), dt);
+      continue;
+    }
+    AAR_CHECK_ARG(l.dst->scalar_type() == at::kChar, "'", r.key(name(l.names)), "' is ", l.dst->scalar_type(),
+                  " but the layer's prolog has weight_scale companions (W8A8-dynamic): expected int8");
+  }
+  for (const Prolog& p : prolog) {
+    if (p.scale->defined()) *p.scale = ck::as_dtype(*p.scale, r.key(companion(*p.names, "weight_scale")), at::kFloat);
+  }
+  for (const auto& [key, t] : offsets) {
+    if (t.count_nonzero().item<int64_t>() != 0) {
+      throw_not_supported("'", key, "' holds non-zero zero points: the W8A8-dynamic prolog takes symmetric int8 "
+                          "weights (weight_offset all zero), asymmetric ones are not implemented");
+    }
+  }
   if (w.cmp_ape.defined()) ck::check_float(w.cmp_ape, r.key(name(kCmpApe)));
   if (w.idx_cmp_ape.defined()) ck::check_float(w.idx_cmp_ape, r.key(name(kIdxApe)));
   w.q_norm = ck::as_dtype(w.q_norm, r.key(name(kQNorm)), dt);

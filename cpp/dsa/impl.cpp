@@ -32,6 +32,7 @@
 #include "ascend_attn_rt/sparse/dsa_cp_road.h"
 #include "../sparse/dsa_cp_workspace.h"
 #include "ascend_attn_rt/sparse/oproj_switch.h"
+#include "streams.h"
 #include "workspace.h"
 #include "../common/impl_checks.h"
 #include "../common/inference_scope.h"
@@ -195,9 +196,34 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                           "(docs/design/sparse_cp.md §10); pass a bf16 wo_a without wo_a_scale");
     }
   }
+  if (c.multistream && (W > 1 || Wd > 1)) {
+    throw_not_supported("multistream under ", W > 1 ? "DSA-CP (dsa_cp_comm" : "DCP (dcp_comm", " of more than one rank) "
+                        "is not implemented: the multistream prolog is built for the single-rank road "
+                        "(docs/design/dsa.md §5.5)");
+  }
   // Weights.
   AAR_CHECK_ARG(w.wq_a.defined(), "weight wq_a must be given");
-  const at::ScalarType dt = w.wq_a.scalar_type();
+  // docs/design/dsa.md §5.4: the W8A8-dynamic prolog, selected by its scales (all three or none).
+  const int n_scales = int(w.wq_a_scale.defined()) + int(w.wq_b_scale.defined()) + int(w.wkv_scale.defined());
+  AAR_CHECK_ARG(n_scales == 0 || n_scales == 3, "the W8A8-dynamic prolog needs wq_a_scale, wq_b_scale and "
+                "wkv_scale together, got ", w.wq_a_scale.defined() ? "wq_a_scale " : "",
+                w.wq_b_scale.defined() ? "wq_b_scale " : "", w.wkv_scale.defined() ? "wkv_scale " : "",
+                "only");
+  w8a8_ = n_scales == 3;
+  if (w8a8_) {
+    AAR_CHECK_ARG(w.wo_b.defined(), "weight wo_b must be given (a W8A8-dynamic layer's activation dtype is wo_b's)");
+    const char* why = nullptr;
+    if (W > 1) why = "DSA-CP (dsa_cp_comm of more than one rank)";
+    if (Wd > 1) why = "DCP (dcp_comm of more than one rank)";
+    if (c.plan.fp8_kv_rows) why = "the A5 fp8-row plan (kv_compress_epilog)";
+    if (why != nullptr) {
+      throw_not_supported("the W8A8-dynamic prolog (weights wq_a_scale / wq_b_scale / wkv_scale) under ", why,
+                          " is not implemented: it runs eager on the plain-row plans (docs/design/dsa.md §5.4); "
+                          "dequantise wq_a, wq_b and wkv to the activation dtype");
+    }
+  }
+  const at::ScalarType dt = w8a8_ ? w.wo_b.scalar_type() : w.wq_a.scalar_type();
+  act_dtype_ = dt;
   const c10::Device dev = w.wq_a.device();
   AAR_CHECK_ARG(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat,
                 "the weights' dtype must be bfloat16, float16 or float32, got ", dt);
@@ -215,10 +241,32 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
     AAR_CHECK_ARG(t.device() == dev, "weight ", name, " is on ", t.device(), ", wq_a on ", dev);
   };
   const int64_t H = c.hidden_size, N = c.num_heads, D = c.head_dim, G = c.o_groups;
-  check(w.wq_a, "wq_a", {c.q_lora_rank, H});
+  if (w8a8_) {
+    // int8 (out, in) and its float32 (out) scale, held transposed (in, out) as npu_quant_matmul's x2.
+    auto check_q = [&](const at::Tensor& t, const at::Tensor& s, const char* name, int64_t out, int64_t in) {
+      AAR_CHECK_ARG(t.defined() && t.sizes() == c10::IntArrayRef({out, in}), "weight ", name, " must have shape ",
+                    c10::IntArrayRef({out, in}), ", got ", sizes_of(t));
+      AAR_CHECK_ARG(t.scalar_type() == at::kChar, "weight ", name, " is ", t.scalar_type(), ", expected Char (int8): "
+                    "its ", name, "_scale makes it a W8A8-dynamic projection");
+      AAR_CHECK_ARG(t.device() == dev, "weight ", name, " is on ", t.device(), ", wq_a on ", dev);
+      AAR_CHECK_ARG(s.sizes() == c10::IntArrayRef({out}), "weight ", name, "_scale must have shape (", out,
+                    "), one per output channel, got ", s.sizes());
+      AAR_CHECK_ARG(s.scalar_type() == at::kFloat, "weight ", name, "_scale is ", s.scalar_type(), ", expected Float");
+      AAR_CHECK_ARG(s.device() == dev, "weight ", name, "_scale is on ", s.device(), ", wq_a on ", dev);
+      return t.t().contiguous();
+    };
+    wq_a_t_ = check_q(w.wq_a, w.wq_a_scale, "wq_a", c.q_lora_rank, H);
+    wq_b_t_ = check_q(w.wq_b, w.wq_b_scale, "wq_b", N * D, c.q_lora_rank);
+    wkv_t_ = check_q(w.wkv, w.wkv_scale, "wkv", D, H);
+    w_.wq_a_scale = w.wq_a_scale.contiguous();
+    w_.wq_b_scale = w.wq_b_scale.contiguous();
+    w_.wkv_scale = w.wkv_scale.contiguous();
+  } else {
+    check(w.wq_a, "wq_a", {c.q_lora_rank, H});
+    check(w.wq_b, "wq_b", {N * D, c.q_lora_rank});
+    check(w.wkv, "wkv", {D, H});
+  }
   check(w.q_norm, "q_norm", {c.q_lora_rank});
-  check(w.wq_b, "wq_b", {N * D, c.q_lora_rank});
-  check(w.wkv, "wkv", {D, H});
   check(w.kv_norm, "kv_norm", {D});
   check(w.attn_sink, "attn_sink", {N}, /*fp32=*/true);
   const int64_t Gs = G / W;  // the groups of this rank's o_proj shard (all of them without DSA-CP)
@@ -298,14 +346,14 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
     ws.idx_k_scale = scalar_of(c.plan.indexer_k_scale_dtype);
   }
   ws_ = detail::Workspace::shared(ws);
-  ones_d_ = at::ones({D}, w.wq_a.options());  // the weightless per-head RMS (gamma 1 is exact in any dtype)
+  ones_d_ = at::ones({D}, w.wq_a.options().dtype(dt));  // the weightless per-head RMS (gamma 1 is exact in any dtype)
   if (W > 1) {
     // wo_a gathered along its groups, wo_b along its columns: switched together (one guard).
     oproj_full_ = std::make_unique<sparse::OProjFullWeight>(
         std::vector<sparse::OProjFullWeight::Slot>{{&w_.wo_a, 0}, {&w_.wo_b, 1}}, *c.dsa_cp_comm);
     sparse::detail::DsaCpShape cs;  // the road's head blocks (docs/design/sparse_cp.md §7.1)
     cs.device = w.wq_a.device();
-    cs.dtype = w.wq_a.scalar_type();
+    cs.dtype = dt;
     cs.world = W;
     cs.road_width = c.num_heads * c.head_dim;
     cs.group = c.workspace_group;
@@ -327,8 +375,17 @@ int32_t Impl::dsa_cp_world_size() const { return cfg_.dsa_cp_comm != nullptr ? c
 Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tensor>& kv, const LayerMetadata& md,
                             const at::Tensor& output, sfa::TopkBuffer* topk) const {
   const ImplConfig& c = cfg_;
-  const at::ScalarType dt = w_.wq_a.scalar_type();
+  const at::ScalarType dt = act_dtype_;
   const c10::Device dev = w_.wq_a.device();
+  if (c.multistream && graph::GraphParams::current() != nullptr) {
+    throw_not_supported("DSA graph capture with multistream=True is not implemented: the side stream's work and "
+                        "its events are issued eagerly (docs/design/dsa.md §5.5)");
+  }
+  if (w8a8_ && graph::GraphParams::current() != nullptr) {
+    throw_not_supported("DSA graph capture with the W8A8-dynamic prolog (wq_a_scale given) is not implemented: "
+                        "npu_quant_matmul has no out-variant here, so its results would sit at fresh addresses "
+                        "(docs/design/dsa.md §5.4); eager only");
+  }
   if (c.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace && graph::GraphParams::current() != nullptr) {
     throw_not_supported("DSA graph capture on plan kv_scatter=npu_scatter_nd_update_ (A5 + bfloat16 cache): its KV "
                         "writes are sized by the step's valid rows (a per-step host value), which a replay cannot "
@@ -835,42 +892,74 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   const StepViews& sv = step_views(md, n);
   const at::Tensor x = n == T ? hidden : hidden.narrow(0, 0, n);
 
-  // ---- prolog (docs/design/dsa.md §1.1)
-  ops::dense::linear_out(v.qa, x, w_.wq_a);
-  ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);  // qr
-  // per-head RMS without weight, fp32 maths (plan q_norm: RmsFp32 / QNormWithoutWeight, the same maths)
-  ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
-  ops::dense::rms_norm_out(v.q, v.q, ones_d_, cf.eps);
-  at::Tensor q = v.q, kvr = v.kv;
-  ops::inplace_partial_rotary_mul(q, sv.cos3, sv.sin3, "interleave", {D - R, D});
-  ops::dense::linear_out(v.kv, x, w_.wkv);
-  ops::dense::rms_norm_out(v.kv, v.kv, w_.kv_norm, cf.eps);
-  ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
-  const GroupMetadata& swa = *md.swa;
-  write_kv_rows(c.swa_kv, sv.swa_slots, v.kv, swa.num_valid_rows);
-
-  // ---- compressed caches and the C4 selection (docs/design/dsa.md §5.1)
-  at::Tensor sel;
-  if (cf.compress_ratio == 4) {
-    if (cf.skip_topk) {
-      indexer_cache_update(x, c, md, rv, r, graph);  // docs/design/sparse.md §6: the compressors still run
-      sel = topk->view(n);
-    } else {
-      indexer_cache_update(x, c, md, rv, r, graph);
-      sel = indexer_select(x, c, md, v, sv.cos3, sv.sin3, sv.q_ends, md.indexer_cache->seq_lens, n, graph, topk);
-    }
-  }
-  if (cf.compress_ratio > 1) {
+  // docs/design/dsa.md §5.5: the compressed caches' writers, on the side stream with multistream
+  // (issued first, so they overlap the prolog), else in the serial order below.
+  if (cf.multistream && cf.compress_ratio > 1 && !side_) side_ = std::make_unique<detail::SideStream>(x.device());
+  detail::StreamPlan sp(cf.multistream && cf.compress_ratio > 1 ? side_.get() : nullptr, x.device(),
+                        cf.log_streams ? &stream_log_ : nullptr);
+  auto indexer_cache = [&] { indexer_cache_update(x, c, md, rv, r, graph); };
+  auto compress = [&] {
     const GroupMetadata& ag = *md.attention;
     const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
                                            *md.compressor_state, ag, R, cf.compress_ratio,
                                            cf.compress_ratio == 4 ? 2 : 1, cf.eps, graph ? rv.cmp : at::Tensor());
     // As the indexer's: the slots past the compressor's rows (num_input_tokens > n) are skip rows.
     if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
+  };
+  if (sp.multistream()) {
+    sp.fork();
+    if (cf.compress_ratio == 4) sp.on_side("indexer_cache", detail::StreamPlan::kIndexerCache, indexer_cache);
+    sp.on_side("compressor", detail::StreamPlan::kCompressedKv, compress);
+  }
+
+  // ---- prolog (docs/design/dsa.md §1.1; §5.4 the W8A8-dynamic projections)
+  sp.on_main("prolog");
+  if (w8a8_) {
+    w8a8_prolog_linears(x, v);
+  } else {
+    ops::dense::linear_out(v.qa, x, w_.wq_a);
+    ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);  // qr
+    ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
+  }
+  // per-head RMS without weight, fp32 maths (plan q_norm: RmsFp32 / QNormWithoutWeight, the same maths)
+  ops::dense::rms_norm_out(v.q, v.q, ones_d_, cf.eps);
+  at::Tensor q = v.q, kvr = v.kv;
+  ops::inplace_partial_rotary_mul(q, sv.cos3, sv.sin3, "interleave", {D - R, D});
+  if (!w8a8_) ops::dense::linear_out(v.kv, x, w_.wkv);
+  ops::dense::rms_norm_out(v.kv, v.kv, w_.kv_norm, cf.eps);
+  ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
+  const GroupMetadata& swa = *md.swa;
+  sp.on_main("swa_write");
+  write_kv_rows(c.swa_kv, sv.swa_slots, v.kv, swa.num_valid_rows);
+
+  // ---- compressed caches and the C4 selection (docs/design/dsa.md §5.1)
+  at::Tensor sel;
+  if (cf.compress_ratio == 4) {
+    // docs/design/sparse.md §6: skip_topk layers still run both compressors.
+    if (sp.multistream()) {
+      sp.wait(detail::StreamPlan::kIndexerCache, "wait_indexer_cache");
+    } else {
+      sp.on_side("indexer_cache", detail::StreamPlan::kIndexerCache, indexer_cache);
+    }
+    if (cf.skip_topk) {
+      sp.on_main("topk_reuse");
+      sel = topk->view(n);
+    } else {
+      sp.on_main("indexer_select");
+      sel = indexer_select(x, c, md, v, sv.cos3, sv.sin3, sv.q_ends, md.indexer_cache->seq_lens, n, graph, topk);
+    }
+  }
+  if (cf.compress_ratio > 1) {
+    if (sp.multistream()) {
+      sp.wait(detail::StreamPlan::kCompressedKv, "wait_compressed_kv");
+    } else {
+      sp.on_side("compressor", detail::StreamPlan::kCompressedKv, compress);
+    }
   }
   last_topk_ = sel;
 
   // ---- SAS attention (docs/design/dsa.md §5.1)
+  sp.on_main("attention");
   at::Tensor o = st.dcp.world_size > 1
                      ? attend_dcp(c, md, v.q, sel, n, graph)  // docs/design/sparse_cp.md §12
                      : attend(c, md, v.q, common.query_start_loc, common.seq_lens, sel,
@@ -890,6 +979,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
   const at::Tensor out_n = n == T ? output : output.narrow(0, 0, n);
   // Graph mode: into the workspace (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
+  sp.on_main("o_proj");
   run_o_proj(o, out_n, graph ? &v : nullptr);
   if (n < T) ops::dense::zero(output.narrow(0, n, T - n));
 }
@@ -981,6 +1071,17 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
       [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups / W); }, output, tk);
 }
 
+void Impl::w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v) const {
+  // docs/design/dsa.md §5.4: x quantised once per token serves wq_a and wkv; qr after its RMSNorm
+  // quantised per token for wq_b (upstream's npu_rms_norm_dynamic_quant: the norm, then the same
+  // per-row rule). The float qr stays in v.qa for the indexer.
+  const ops::W8A8DynamicInput xq = ops::quantize_per_token(x);
+  ops::dense::copy(v.qa, ops::w8a8_dynamic_matmul(xq, wq_a_t_, w_.wq_a_scale, act_dtype_));
+  ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cfg_.eps);  // qr
+  ops::dense::copy(v.q2, ops::w8a8_dynamic_matmul(ops::quantize_per_token(v.qa), wq_b_t_, w_.wq_b_scale, act_dtype_));
+  ops::dense::copy(v.kv, ops::w8a8_dynamic_matmul(xq, wkv_t_, w_.wkv_scale, act_dtype_));
+}
+
 at::Tensor Impl::bmm_o_proj(const at::Tensor& o, int64_t groups) const {
   static constexpr int64_t kPerm102[] = {1, 0, 2};
   const int64_t n = o.size(0), k = cfg_.num_heads * cfg_.head_dim / cfg_.o_groups;
@@ -1028,9 +1129,9 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
                 " tokens in requests (num_input_tokens = query_start_loc[B] = ", n, "; got hidden ", hidden.size(0),
                 " rows, num_input_tokens=", st.num_input_tokens, ", query_start_loc[B]=", st.num_kernel_tokens,
                 "): pad the batch to the bucket with dummy requests of decode length (seq_len >= their tokens)");
-  if (cf.plan.kv_scatter == KvScatterKind::KvCompressEpilog && w_.wq_a.scalar_type() != at::kBFloat16) {
+  if (cf.plan.kv_scatter == KvScatterKind::KvCompressEpilog && act_dtype_ != at::kBFloat16) {
     throw_not_supported("DSA graph capture of the kv_compress_epilog plan needs bfloat16 weights (the epilog takes "
-                        "bf16 rows; a ", w_.wq_a.scalar_type(), " layer would cast them at a fresh address)");
+                        "bf16 rows; a ", act_dtype_, " layer would cast them at a fresh address)");
   }
   if (o_proj_ == OProjKind::MxFp8QuantBmm) {
     throw_not_supported("DSA graph capture with the MX-fp8 o_proj (wo_a_scale given): npu_dynamic_mx_quant and "

@@ -1,6 +1,9 @@
 // Typed wrappers for torch_npu's npu_scatter_nd_update_, npu_dynamic_quant,
 // npu_dynamic_block_quant, npu_quantize and npu_quant_matmul.
 #include "ascend_attn_rt/ops/quant.h"
+
+#include <utility>
+
 #include "op_handle.h"
 #include "op_signatures.h"
 
@@ -54,6 +57,24 @@ at::Tensor quant_matmul(const QuantMatmulArgs& a, Provider pv) {
   detail::DispatchGuard guard(p);
   return op.call(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype, std::nullopt, std::nullopt,
                  std::nullopt, std::nullopt, std::nullopt, none);
+}
+
+W8A8DynamicInput quantize_per_token(const at::Tensor& x, Provider pv) {
+  DynamicQuantArgs q;
+  q.input = x;
+  auto [xq, s] = dynamic_quant(q, pv);
+  return {std::move(xq), std::move(s)};
+}
+
+at::Tensor w8a8_dynamic_matmul(const W8A8DynamicInput& x, const at::Tensor& weight_t, const at::Tensor& scale,
+                               at::ScalarType out_dtype, Provider pv) {
+  QuantMatmulArgs a;
+  a.x1 = x.q;
+  a.x2 = weight_t;
+  a.scale = scale;
+  a.pertoken_scale = x.scale;
+  a.output_dtype = static_cast<int64_t>(out_dtype);
+  return quant_matmul(a, pv);
 }
 
 }  // namespace aar::ops

@@ -7,6 +7,9 @@ activations of any float dtype are promoted).
     qr = RMSNorm(x W_q_a^T) * q_norm;  q = qr W_q_b^T viewed (N, D);  q <- q / sqrt(mean(q^2) + eps) per head
     kv = RMSNorm(x W_kv^T) * kv_norm   (D, one shared head; it is the SWA cache row)
     interleave RoPE (pairs (2i, 2i+1), tables read at the same index as x) on q[..., D-R:] and kv[D-R:] at p
+    W8A8-dynamic prolog (docs/design/dsa.md §5.4; weights with wq_a_scale / wq_b_scale / wkv_scale): every product
+    x W^T of wq_a, wq_b, wkv becomes (round(x / s_x) W_codes^T) s_x[t] scale[o], s_x = amax|x_t| / 127, with x the
+    tokens for wq_a / wkv and qr for wq_b
   compressor (docs/design/dsa.md §1.2), ratio r, coff in {1, 2}: kv_t = x_t W_kv^T, g_t = x_t W_gate^T + ape[p_t mod r]
     (width coff*D); row c covers [c r, (c+1) r) and exists once position (c+1) r - 1 exists.
     coff=1: y[d] = sum_k softmax_k(g[k, d]) kv[k, d] over the r tokens of group c.
@@ -179,19 +182,64 @@ def _w(w, k):
     return w[k].to(F64)
 
 
+def quant_per_token(x):
+    """Per-row symmetric int8 in float64 (docs/design/dsa.md §5.4): s = amax|x| / 127, codes = round-half-even(x / s),
+    a zero row codes 0. Returns (codes (float64 integers), s (T, 1))."""
+    x = x.to(F64)
+    s = x.abs().amax(-1, keepdim=True) / 127
+    return torch.round(x / torch.where(s == 0, torch.ones_like(s), s)).clamp(-127, 127), s
+
+
+def tie_margin(x) -> float:
+    """How far, in code units, the per-row quantisation of x is from a rounding tie (min over elements of
+    |frac(|x| / s) - 1/2|): an implementation whose pre-quantisation values drift by less than this makes the
+    same codes."""
+    x = x.to(F64)
+    s = x.abs().amax(-1, keepdim=True) / 127
+    v = (x / torch.where(s == 0, torch.ones_like(s), s)).abs()
+    return ((v - v.floor()) - 0.5).abs().min().item() if v.numel() else 0.5
+
+
+def _linear(w, k, x):
+    """x W_k^T, or with a W8A8-dynamic checkpoint (w[k + "_scale"] given: W_k int8 codes (out, in), float32 scales
+    (out)) the quantised product (quant(x) W_k^T) * s_x[t] * scale[o] of docs/design/dsa.md §5.4."""
+    sk = k + "_scale"
+    if sk in w:
+        c, s = quant_per_token(x)
+        return (c @ _w(w, k).T) * s * w[sk].to(F64)
+    return x.to(F64) @ _w(w, k).T
+
+
 def q_lora(d: DsaDims, w, x):
     """qr = RMSNorm(x W_q_a^T) * q_norm (docs/design/dsa.md §1.1), (T, q_lora)."""
-    return rms(x.to(F64) @ _w(w, "wq_a").T, w["q_norm"], d.eps)
+    return rms(_linear(w, "wq_a", x), w["q_norm"], d.eps)
+
+
+def prolog_tie_margins(d: DsaDims, w, x) -> Tuple[float, float]:
+    """The tie margins (tie_margin) of a W8A8-dynamic prolog's two quantisations over tokens x: x's and qr's."""
+    return tie_margin(x), tie_margin(q_lora(d, w, x))
+
+
+def quantise_prolog(w, keys=("wq_a", "wq_b", "wkv")) -> Dict[str, torch.Tensor]:
+    """The weights with `keys` replaced by their per-output-channel symmetric int8 codes and float32 scales
+    (k + "_scale", amax|row| / 127), as a W8A8-dynamic checkpoint stores them."""
+    out = dict(w)
+    for k in keys:
+        c, s = quant_per_token(w[k])
+        out[k] = c.to(torch.int8)
+        out[k + "_scale"] = s.squeeze(-1).to(torch.float32)
+    return out
 
 
 def prolog(d: DsaDims, w, x, pos, cos, sin):
     """docs/design/dsa.md §1.1 for tokens x (T, hidden) at absolute positions pos (T,): (q (T, N, D), kv (T, D)), both
-    RoPE'd on their last R dims with the table rows cos[pos], sin[pos]."""
+    RoPE'd on their last R dims with the table rows cos[pos], sin[pos]. A W8A8-dynamic checkpoint (wq_a_scale, ...)
+    quantises x and qr per token (§5.4)."""
     pos = torch.as_tensor(pos, dtype=torch.long)
     cr, sr = cos[pos], sin[pos]
-    q = (q_lora(d, w, x) @ _w(w, "wq_b").T).view(-1, d.N, d.D)
+    q = _linear(w, "wq_b", q_lora(d, w, x)).view(-1, d.N, d.D)
     q = rope_last(rms(q, None, d.eps), cr, sr, d.R)
-    kv = rope_last(rms(x.to(F64) @ _w(w, "wkv").T, w["kv_norm"], d.eps), cr, sr, d.R)
+    kv = rope_last(rms(_linear(w, "wkv", x), w["kv_norm"], d.eps), cr, sr, d.R)
     return q, kv
 
 

@@ -2,7 +2,9 @@
 // names or transformers'), for one layer under `prefix`. Tensors are the
 // checkpoint's own except wo_a (per-group transpose), mixed-dtype norms (cast) and
 // the sinks (fp32). Missing / misshapen / unexpected keys: InvalidArgument listing
-// them by full name; quantised projections and biases: NotSupported by key.
+// them by full name; quantised projections and biases: NotSupported by key, except
+// the W8A8-dynamic prolog (wq_a / wq_b / wkv int8 with weight_scale, zero weight_offset:
+// Weights::wq_a_scale ...; docs/design/dsa.md §5.4).
 // Name table and rules: docs/design/dsa.md §7.
 #pragma once
 

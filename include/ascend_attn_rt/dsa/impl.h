@@ -3,7 +3,8 @@
 // RoPE and the grouped o_proj. Every device-dependent choice comes from the layer's
 // AttnKvPlan (dsa/plan/dsa_kv_plan.h); forward validates everything before the first write,
 // does no host metadata work, and inside a graph capture records itself as one call
-// or refuses by name. Design: docs/design/dsa.md §5 (forward, o_proj, workspaces),
+// or refuses by name. Design: docs/design/dsa.md §5 (forward, o_proj, workspaces, §5.4 the
+// W8A8-dynamic prolog, §5.5 multistream),
 // §6 (graph capture), §4.2 (the three plans); DSA-CP token sharding (ImplConfig::dsa_cp_comm):
 // docs/design/sparse_cp.md §10; DCP of the SWA and compressed caches (ImplConfig::dcp_comm):
 // docs/design/sparse_cp.md §12.
@@ -39,9 +40,18 @@ namespace aar::dsa {
 
 namespace detail {
 class Workspace;
+class SideStream;
 struct TokenViews;
 struct RowViews;
 }  // namespace detail
+
+// docs/design/dsa.md §5.5: which stream a part of the layer ran on (Impl::stream_log).
+enum class StreamRole : int32_t { Main = 0, Side = 1 };
+struct StreamLogEntry {
+  const char* part;   // "fork", "indexer_cache", "compressor", "prolog", "swa_write", "wait_indexer_cache", ...
+  StreamRole role;
+  int64_t stream_id;  // the c10 stream's id (on CPU both roles are the default stream)
+};
 
 struct ImplConfig {
   int64_t hidden_size = 0;
@@ -92,6 +102,13 @@ struct ImplConfig {
   // a graph capture (the collectives inside each replay, §12.5), the A2/A3 plan; refused by name
   // otherwise.
   cp::Comm* dcp_comm = nullptr;
+  // docs/design/dsa.md §5.5: compressed layers run their compressor(s) and the indexer's cache write
+  // on a second stream (the device's stream pool; on CPU the default stream), overlapping the prolog;
+  // events order the side stream after the layer's inputs and the main stream after the KV writes
+  // before it reads them. Eager; refused by name under graph capture, DSA-CP and DCP.
+  bool multistream = false;
+  // Record, per forward, which stream each part ran on (Impl::stream_log); off costs nothing.
+  bool log_streams = false;
 };
 
 // The layer's weights, torch layout (out, in), names as tests/python/_dsa_reference.py.
@@ -104,6 +121,11 @@ struct Weights {
   // (G, k / 64, o_lora, 2): the scale of wo_a[g, 32 j : 32 j + 32, c] at
   // [g, j / 2, c, j % 2].
   at::Tensor wo_a_scale;
+  // The W8A8-dynamic prolog (docs/design/dsa.md §5.4), all three or none: given, wq_a, wq_b and wkv
+  // are int8 (out, in) and these their float32 per-output-channel dequant scales (out); the
+  // activations are quantised per token (npu_dynamic_quant; qr after its RMSNorm) and the three
+  // projections run as npu_quant_matmul. The layer's activation dtype is then wo_b's.
+  at::Tensor wq_a_scale, wq_b_scale, wkv_scale;
   at::Tensor cmp_wkv, cmp_wgate, cmp_ape, cmp_norm;                  // ratio > 1
   at::Tensor idx_wq_b, idx_weights_proj;                             // ratio 4
   at::Tensor idx_cmp_wkv, idx_cmp_wgate, idx_cmp_ape, idx_cmp_norm;  // ratio 4
@@ -157,6 +179,10 @@ class Impl {
   const ImplConfig& config() const { return cfg_; }
   // The o_proj this layer runs (the plan's and the weights' rule above).
   OProjKind o_proj() const { return o_proj_; }
+  // Whether the prolog's projections are W8A8-dynamic (Weights::wq_a_scale given).
+  bool w8a8_prolog() const { return w8a8_; }
+  // The last forward's parts and their streams, in issue order (ImplConfig::log_streams; empty otherwise).
+  const std::vector<StreamLogEntry>& stream_log() const { return stream_log_; }
   // The C4 selection (T, 1, K) int32 of the last forward (undefined otherwise).
   const at::Tensor& last_topk() const { return last_topk_; }
   // The o_proj weights as the layer holds them now (under DSA-CP: its shards outside a switch),
@@ -225,12 +251,20 @@ class Impl {
   // o_proj of o (n, N*D) into out (n, hidden); ws: the workspace's views (graph
   // mode: the Bmm o_proj's result lands in its stable rows), nullptr eager.
   void run_o_proj(const at::Tensor& o, const at::Tensor& out, const detail::TokenViews* ws = nullptr);
+  // docs/design/dsa.md §5.4, eager: the W8A8-dynamic prolog's projections of x into v.qa (qr, normed),
+  // v.q2 (qr W_q_b^T) and v.kv (x W_kv^T, before its norm).
+  void w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v) const;
 
   ImplConfig cfg_;
   Weights w_;
   at::Tensor cmp_ape_f32_, idx_ape_f32_, hadamard_, sinks_f32_, ones_d_, idx_wproj_scaled_;
   at::Tensor last_topk_;
   OProjKind o_proj_ = OProjKind::Bmm;
+  bool w8a8_ = false;
+  std::unique_ptr<detail::SideStream> side_;  // multistream: made on the first forward
+  std::vector<StreamLogEntry> stream_log_;
+  at::ScalarType act_dtype_ = at::kBFloat16;  // the activations' (wq_a's, or wo_b's for a W8A8 prolog)
+  at::Tensor wq_a_t_, wq_b_t_, wkv_t_;      // W8A8 prolog: the int8 weights as npu_quant_matmul's x2 (in, out)
   std::shared_ptr<detail::Workspace> ws_;
   StepViews step_views_;
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch

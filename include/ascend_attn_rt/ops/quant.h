@@ -67,4 +67,16 @@ struct QuantMatmulArgs {
 };
 at::Tensor quant_matmul(const QuantMatmulArgs& a, Provider pv = Provider::Auto);
 
+// A W8A8-dynamic linear in two calls: the input quantised per token once (npu_dynamic_quant,
+// int8), then npu_quant_matmul with a weight's int8 (in, out) and its float32 per-output-channel
+// scale: y = (x_q @ weight_t) * scale[o] * x_scale[t], in out_dtype. One quantised input may feed
+// several weights (the DSA prolog's wq_a and wkv).
+struct W8A8DynamicInput {
+  at::Tensor q;      // (m, k) int8
+  at::Tensor scale;  // (m) float32: the dequant scale per token
+};
+W8A8DynamicInput quantize_per_token(const at::Tensor& x, Provider pv = Provider::Auto);
+at::Tensor w8a8_dynamic_matmul(const W8A8DynamicInput& x, const at::Tensor& weight_t, const at::Tensor& scale,
+                               at::ScalarType out_dtype, Provider pv = Provider::Auto);
+
 }  // namespace aar::ops
