@@ -276,7 +276,7 @@ def _graph_case(rank, world, wp, wd, I, dtype_name, spec):
               num_speculative_tokens=spec)
     b_graph = mla.MetadataBuilder(graph_decode_padding=True, **mk)
     b_eager = mla.MetadataBuilder(**mk)
-    layer_graph, layer_eager = _impl(st0, pcp, dcp), _impl(st0, pcp, dcp)
+    layer_graph, layer_eager, layer_pad = _impl(st0, pcp, dcp), _impl(st0, pcp, dcp), _impl(st0, pcp, dcp)
     nope_g, rope_g = torch.zeros(NB, BS, 1, d.L, dtype=dtype), torch.zeros(NB, BS, 1, d.R, dtype=dtype)
     hidden_s, out_s = torch.zeros(NT, d.hidden, dtype=dtype), torch.zeros(NT, d.hidden, dtype=dtype)
 
@@ -336,6 +336,15 @@ def _graph_case(rank, world, wp, wd, I, dtype_name, spec):
         assert float(nope_g[st["nb"]:].abs().sum()) == 0.0
         torch.testing.assert_close(nope_e[:st["nb"]].double(), want_nope.double(), **ctol)
         assert g.call_addresses(NT) == addrs
+        # The padded metadata run eagerly (no capture) gives the replay's rows.
+        nope_p, rope_p = _caches(st, W, r_kv, upto_context=True)
+        nope_pad = torch.zeros_like(nope_g)
+        rope_pad = torch.zeros_like(rope_g)
+        nope_pad[:st["nb"]], rope_pad[:st["nb"]] = nope_p, rope_p
+        out_p = torch.full_like(out_s, 7.0)
+        layer_pad.forward(hidden_s, nope_pad, rope_pad, md_g, out_p)
+        torch.testing.assert_close(out_p, out_s, **ctol)
+        torch.testing.assert_close(nope_pad.double(), nope_g.double(), **ctol)
     # A step with prefills is eager only: inside a capture it is refused by name.
     st = _make_step(W, I, "mixed", dtype)
     qsl = torch.tensor([0] + list(torch.tensor(st["q_lens"]).cumsum(0)), dtype=torch.int32)
