@@ -67,15 +67,12 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
                 cfg.pcp_rank, " is not a rank of a PCP group of pcp_world_size=", cfg.pcp_world_size);
   const bool pcp = cfg.pcp_world_size > 1;
   if (pcp) {
-    // docs/design/cp.md §11: decodes are replicated on every PCP rank (the decode threshold is
-    // 1) and a PCP step is never captured.
-    if (cfg.num_speculative_tokens != 0) {
-      throw_not_supported("num_speculative_tokens=", cfg.num_speculative_tokens, " with pcp_world_size=",
-                          cfg.pcp_world_size, ": speculative decode is not supported with PCP");
-    }
-    if (cfg.graph_decode_padding) {
-      throw_not_supported("graph_decode_padding with pcp_world_size=", cfg.pcp_world_size,
-                          ": graph capture of MLA PCP is not supported");
+    // docs/design/cp.md §11: decodes (speculative ones too, one decode row per token) are
+    // replicated on every PCP rank; only a decode-only step is padded and captured.
+    if (cfg.disable_padded_drafter_batch) {
+      throw_not_supported("disable_padded_drafter_batch with pcp_world_size=", cfg.pcp_world_size,
+                          ": the interpolated (unpadded) drafter batch is not planned under PCP, whose decode "
+                          "rows are replicated per rank and strided by pcp_size (docs/design/cp.md §11)");
     }
     AAR_CHECK_ARG(int64_t{cfg.pcp_world_size} * cfg.dcp_world_size <= plan::kMaxCpMergePartitions,
                   "pcp_world_size * dcp_world_size = ", int64_t{cfg.pcp_world_size} * cfg.dcp_world_size,
@@ -102,8 +99,9 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   const int64_t Wp = cfg.pcp_world_size, G = Wp * TL, Cc = TL / 2 + 1;
   constexpr int64_t kPcpLists = 9;
   const int64_t pcp_words = pcp ? 3 * G + (6 + 3 * Wp) * Cc + (kPcpLists + 1) * core::kStagingAlignWords : 0;
-  // DCP with speculative decode: one decode row per token (plan/mla_plan.h).
-  const bool token_rows = cfg.dcp_world_size > 1 && cfg.num_speculative_tokens > 0;
+  // A sharded KV (DCP, PCP or both) with speculative decode: one decode row per token
+  // (plan/mla_plan.h).
+  const bool token_rows = kv_world_ > 1 && cfg.num_speculative_tokens > 0;
   // The regions a decode-only step uses come first (one copy up to its last
   // block-table row); a step with prefills copies up to its last prefill
   // block-table row, then its prefill RoPE rows.
@@ -167,11 +165,9 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
     dcp_is_prefilling_.assign(R, 0);
   }
   draft_seq_.assign(R, 0);
-  if (cfg.dcp_world_size > 1) {
-    if (token_rows) {
-      dcp_q_ends_.assign(TD, 0);
-      dcp_kv_lens_.assign(TD, 0);
-    }
+  if (token_rows) {
+    dcp_q_ends_.assign(TD, 0);
+    dcp_kv_lens_.assign(TD, 0);
   }
 
   md_.block_size = cfg.block_size;
@@ -252,11 +248,13 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   const bool pcp = cfg_.pcp_world_size > 1;
   mi.dcp = plan::DcpShard{kv_world_, kv_rank_, cfg_.cp_kv_cache_interleave_size};
   if (pcp) {
-    // A PCP step is eager: nothing pads it for a graph bucket.
+    // Only a decode-only step is padded to a graph bucket (graph_decode_padding); a step with
+    // prefills is eager (docs/design/cp.md §11.4).
     const int32_t total = in.query_start_loc.empty() ? 0 : in.query_start_loc.back();
-    AAR_CHECK_ARG(in.num_input_tokens == 0 || in.num_input_tokens == total, "num_input_tokens=",
-                  in.num_input_tokens, ": a PCP build pads no step (no graph capture); give 0 or query_start_loc[-1]=",
-                  total);
+    AAR_CHECK_ARG(cfg_.graph_decode_padding || in.num_input_tokens == 0 || in.num_input_tokens == total,
+                  "num_input_tokens=", in.num_input_tokens,
+                  ": a PCP build without graph_decode_padding pads no step; give 0 or query_start_loc[-1]=", total);
+    mi.pad_only_decode_buckets = true;
   }
   mi.pd_recompute_scheduler = cfg_.pd_recompute_scheduler || in.draft_step >= 0;  // a draft step: all decodes
   if (sharded) {
@@ -322,6 +320,15 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   int64_t pcp_first = st.pcp.end();
   if (pcp) {
     pcp_first = plan_pcp_rows(s, in, nd, p.num_actual_tokens, pcp_sizes);
+    // A decode-only step padded to a graph bucket: the dummy decode rows follow the real ones
+    // (slot -1, no global token), replicated like them.
+    const int32_t tk_pad = p.decode_kernel_tokens;
+    if (np == 0 && nd > 0 && tk_pad > pcp_sizes.split.local_tokens) {
+      auto* slots = reinterpret_cast<int64_t*>(s + st.slots.offset);
+      std::fill(slots + pcp_sizes.split.local_tokens, slots + tk_pad, int64_t{-1});
+      pcp_token_index_.resize(static_cast<size_t>(tk_pad), -1);
+      pcp_sizes.split.local_tokens = tk_pad;
+    }
   }
   const int32_t tl = pcp ? pcp_sizes.split.local_tokens : T_in;      // the slot mapping's rows
   const int32_t tpl = pcp ? pcp_sizes.split.local_prefill_tokens : tp;  // the prefill rows
@@ -447,9 +454,10 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
   static const core::BackendFacts& facts = Backend::facts();
   core::check_capturable(facts, state);
-  if (cfg_.pcp_world_size > 1) {
+  if (cfg_.pcp_world_size > 1 && !cfg_.graph_decode_padding) {
     throw_not_supported("build_for_graph_capture with pcp_world_size=", cfg_.pcp_world_size,
-                        ": graph capture of MLA PCP is not supported");
+                        " without graph_decode_padding: MLA PCP captures decode-only buckets only "
+                        "(docs/design/cp.md §11.4)");
   }
   build(in);
   md_.attn_state = state;

@@ -320,10 +320,70 @@ void Impl::pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& no
     wire.narrow(-1, 0, L).copy_(out.view({td, H, L}));
     wire.narrow(-1, L, 1).copy_(lse.view({td, H, 1}));
   }
+  pcp_merge_wire(wire, v, Wp);
+}
+
+void Impl::pcp_merge_wire(const at::Tensor& wire, const detail::DecodeViews& v, int64_t Wp) {
   // Every PCP rank's shard: the Wp wire blocks of the same rows, merged.
+  const int64_t td = wire.size(0), H = wire.size(1), L = wire.size(2) - 1;
   const at::Tensor all = cfg_.pcp_comm->all_gather(wire, 0);
   auto [merged, merged_lse] = cp::merge_wire_partials(all.view({Wp, td * H, L + 1}));
   v.attn_heads.transpose(0, 1).copy_(merged.view({td, H, L}));
+}
+
+void Impl::capture_pcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
+                              const at::Tensor& rope, const Metadata& md, const at::Tensor& output, DecodePath path) {
+  // docs/design/cp.md §11.4: the eager PCP decode (pcp_decode_combine) in three recorded calls,
+  // the collectives inside them (on the NPU captured into the device graph); every
+  // intermediate is the decode workspace's, the DcpWorkspace's or a buffer made here and held
+  // by the closures, at stable addresses.
+  const Dims& d = cfg_.dims;
+  const int64_t n = g.capturing_bucket(), H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const int64_t Wp = md.pcp.world_size;
+  const detail::DecodeViews v = core_->views(n, detail::DecodeLayout::BNSD);
+  const at::Tensor wire = at::empty({n, H, L + 1}, v.qn_heads.options().dtype(at::kFloat));
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  if (md.dcp.world_size > 1) {
+    const cp::DcpViews w = dcp_views(n, v.qn_heads);
+    g.capture_call(std::make_unique<graph::ClosureCall>(
+        cfg_.layer_index, 0, [this, v, w, hidden, nope, rope, md_at_capture = md, path]() {
+          decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
+          dcp_stage_query(w, v);
+        }));
+    dcp_fia_args(w, nope, rope, md, t, p);
+    const int64_t N = w.gathered_query.size(1);
+    graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {/*paged=*/true, /*q_lens=*/false}, std::move(t), p,
+                             w.partial_out.view({n, N, 1, L}), w.partial_lse.view({n, N, 1, 1}));
+    g.capture_call(std::make_unique<graph::ClosureCall>(
+        cfg_.layer_index, 0, [this, v, w, wire, Wp, L, out = at::Tensor(output)]() {
+          at::Tensor merged = wire.narrow(-1, 0, L);
+          cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, merged, wire.narrow(-1, L, 1), &w);
+          pcp_merge_wire(wire, v, Wp);
+          decode_post(v, out);
+        }));
+    return;
+  }
+  // PCP alone: the queries copied into buffers of the FIA's (n, H, 1, D) layout.
+  const at::Tensor qn = at::empty({n, H, 1, L}, v.qn_heads.options());
+  const at::Tensor qr = at::empty({n, H, 1, R}, v.qr_heads.options());
+  const at::Tensor part = at::empty({n, H, 1, L}, v.qn_heads.options());
+  const at::Tensor lse = at::empty({n, H, 1, 1}, v.qn_heads.options().dtype(at::kFloat));
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      cfg_.layer_index, 0, [this, v, qn, qr, hidden, nope, rope, md_at_capture = md, path, n, H, L, R]() {
+        decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
+        qn.view({n, H, L}).copy_(v.qn_heads);
+        qr.view({n, H, R}).copy_(v.qr_heads);
+      }));
+  shard_fia_args(qn, qr, nope, rope, md, t, p);
+  graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {/*paged=*/true, /*q_lens=*/false}, std::move(t), p, part, lse);
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      cfg_.layer_index, 0, [this, v, part, lse, wire, Wp, n, H, L, out = at::Tensor(output)]() {
+        wire.narrow(-1, 0, L).copy_(part.view({n, H, L}));
+        wire.narrow(-1, L, 1).copy_(lse.view({n, H, 1}));
+        pcp_merge_wire(wire, v, Wp);
+        decode_post(v, out);
+      }));
 }
 
 std::pair<at::Tensor, at::Tensor> Impl::pcp_gather_prefill_kv(const at::Tensor& c, const at::Tensor& k_pe,
@@ -413,6 +473,10 @@ void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const
                         md.num_prefills, " prefills, num_input_tokens=", md.num_input_tokens,
                         "; pad smaller decode batches with MetadataBuilder graph_decode_padding)");
   }
+  if (md.pcp.world_size > 1) {
+    capture_pcp_decode(g, hidden, nope, rope, md, output, path);
+    return;
+  }
   if (md.dcp.world_size > 1) {
     capture_dcp_decode(g, hidden, nope, rope, md, output, path);
     return;
@@ -489,7 +553,12 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   validate(hidden, nope, rope, md, output);
   cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
   cp::check_comm_matches(cfg_.pcp_comm, md.pcp.world_size, md.pcp.rank, "PCP", "pcp_comm", "pcp_world_size");
-  if (md.pcp.world_size > 1) graph::refuse_if_capturing("an MLA PCP forward (graph capture of PCP is not supported)");
+  if (md.pcp.world_size > 1 && md.num_prefills > 0) {
+    // docs/design/cp.md §11.4: a step with prefills (their head/tail split, the PCP gathers of
+    // the prefill keys and context chunks) is eager only.
+    graph::refuse_if_capturing("an MLA PCP forward of a step with prefills (PCP capture of prefill steps is not "
+                               "supported; only decode-only buckets are captured)");
+  }
   const KvHookScope<Metadata> kv_scope(kv_hooks, nope, rope, md.num_decode_tokens + md.num_prefill_tokens > 0, md,
                                        "mla");
   const Dims& d = cfg_.dims;

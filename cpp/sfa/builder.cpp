@@ -668,10 +668,8 @@ MetadataBuilder::Lane& MetadataBuilder::draft_lane(int32_t d) const {
 }
 
 const Metadata& MetadataBuilder::build_for_drafting(const BuildInputs& in, int32_t d) {
-  if (cfg_.pcp_world_size > 1) {
-    throw_not_supported("build_for_drafting with pcp_world_size=", cfg_.pcp_world_size, ": the draft lanes have "
-                        "no PCP plan (docs/design/sparse_cp.md §11; the main lane's speculative decode is supported)");
-  }
+  // Under PCP a draft lane plans its batch like the main lane (docs/design/sparse_cp.md §11): a draft
+  // step's decodes are replicated on every PCP rank, a prefill (if any) split into head/tail chunks.
   return draft_lane(d).build(in);
 }
 

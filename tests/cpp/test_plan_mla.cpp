@@ -551,6 +551,25 @@ TEST(PlanMlaStep, GraphDecodePaddingRejectsWithoutWriting) {
   EXPECT_EQ(t.snapshot(), t_before);
 }
 
+TEST(PlanMlaStep, PadOnlyDecodeBucketsRefusesAPaddedStepWithPrefillsWithoutWriting) {
+  // MLA PCP (docs/design/cp.md §11.4): a step with prefills keeps its real token count.
+  MlaStep mixed({0, 1, 4}, {6, 13});
+  mixed.in.pad_decode_batch = true;
+  mixed.in.pad_only_decode_buckets = true;
+  const auto before = mixed.snapshot();
+  EXPECT_INVALID(mixed.run(7), "num_input_tokens=7: only a decode-only step is padded to a graph bucket here (this "
+                               "one has 1 prefills");
+  EXPECT_EQ(mixed.snapshot(), before);
+  const MlaStepPlan exact = mixed.run(4);  // unpadded: planned as usual
+  EXPECT_EQ(exact.split.num_prefills, 1);
+  MlaStep dec({0, 1, 2}, {5, 9});  // a decode-only step is padded as without the flag
+  dec.in.pad_decode_batch = true;
+  dec.in.pad_only_decode_buckets = true;
+  const MlaStepPlan p = dec.run(4);
+  EXPECT_EQ(p.decode_kernel_reqs, 4);
+  EXPECT_EQ(p.decode_kernel_tokens, 4);
+}
+
 // docs/design/mla.md §3.5 / §7 "disable-pad" vector: graph_pad_size 8, 4 requests, qsl [0,1,2,4,5], 1 spec token.
 TEST(PlanMlaStep, GraphDecodePaddingDisablePadModeInterpolatesQueryEnds) {
   MlaStep s({0, 1, 2, 4, 5}, {3, 5, 7, 2});

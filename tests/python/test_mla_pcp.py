@@ -45,13 +45,18 @@ _STEPS = {
     "mixed": dict(seq_lens=[12, 3, 40, 9], q_lens=[1, 1, 7, 9]),
     # decode-only, requests shorter than the group and around multiples of W I
     "decode": dict(seq_lens=[2, 3, 17, 40, 33], q_lens=[1, 1, 1, 1, 1]),
+    # speculative decode (num_speculative_tokens=1: decodes of 1 or 2 tokens, one decode row per
+    # token, a 2-token decode over a 1-token context) beside a fresh prefill
+    "spec_decode": dict(seq_lens=[12, 3, 40, 33, 9], q_lens=[2, 2, 1, 2, 9], builder=dict(num_speculative_tokens=1)),
+    # decode-only speculative step
+    "spec_decode_only": dict(seq_lens=[5, 17, 2], q_lens=[2, 2, 2], builder=dict(num_speculative_tokens=1)),
 }
 
 
-def _make_step(W, I, name, dtype, seed=0):
+def _make_step(W, I, name, dtype, seed=0, seq_lens=None, q_lens=None):
     d = MlaDims()
-    spec = _STEPS[name]
-    seq_lens, q_lens = spec["seq_lens"], spec["q_lens"]
+    if name is not None:
+        seq_lens, q_lens = _STEPS[name]["seq_lens"], _STEPS[name]["q_lens"]
     g = torch.Generator().manual_seed(seed)
     ws = make_weights(d, dtype, g)
     B = len(seq_lens)
@@ -111,7 +116,7 @@ def _run_step(pcp, dcp, rank, wp, wd, name, I, dtype):
     d, xs, seq_lens, q_lens = st["d"], st["xs"], st["seq_lens"], st["q_lens"]
     nope, rope = _caches(st, W, r_kv, upto_context=True)
     qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
-    builder = _builder(st, wp, rp, wd, rd)
+    builder = _builder(st, wp, rp, wd, rd, **_STEPS[name].get("builder", {}))
     md = builder.build(qsl, torch.tensor(seq_lens, dtype=torch.int32), st["table"])
     idx = builder.local_token_index.long()
     n = md.num_local_tokens
@@ -211,7 +216,11 @@ def _run(wp, wd, configs):
                 assert facts["strided"] and facts["prefill_rows_unwritten"], (key, rank)
                 if facts["num_decodes"]:
                     # The decodes' local KV lengths on the PCP x DCP shard (their new token included).
-                    want = [_local_len(s, W, I, rp * wd + rd) for s in st["seq_lens"][:facts["num_decodes"]]]
+                    # With speculative decode one row per token: token j of a q-token decode sees s - q + j + 1.
+                    sq = zip(st["seq_lens"][:facts["num_decodes"]], st["q_lens"][:facts["num_decodes"]])
+                    spec = "builder" in _STEPS[name]
+                    want = [_local_len(s - q + j + 1, W, I, rp * wd + rd) for s, q in sq
+                            for j in (range(q) if spec else [q - 1])]
                     assert facts["local"] == want, (key, rank)
                 # Every rank of a PCP group issued the same PCP collectives (shapes included).
                 assert log == res[rd][key][4], (key, rank)
@@ -233,6 +242,147 @@ def test_pcp2_dcp2():
     res = _run(2, 2, [(1, torch.float32, _ALL), (2, torch.float32, ["chunked_prefill", "decode"]),
                       (BS, torch.float32, ["mixed"]), (2, torch.bfloat16, ["chunked_prefill"])])
     assert res[0][(1, str(torch.float32), "mixed")][3]["num_decodes"] == 2
+
+
+# ----------------------------------------------------------------------------- graph capture (decode buckets)
+
+# Decode-only batches replayed in one captured bucket of BUCKET requests (smaller ones padded with dummies;
+# [2]: a request shorter than the group).
+_GRAPH_STEPS = [[2, 17, 40, 33], [3, 18], [41, 34, 5], [2]]
+BUCKET = 4
+
+
+def _graph_case(rank, world, wp, wd, I, dtype_name, spec):
+    """docs/design/cp.md §11.4: a decode bucket captured once (preprocess and cache write, the shard's latent call,
+    DCP merge + PCP gather + merge + W_UV + o_proj), then every step built padded to the bucket, updated and
+    replayed; each replay equals an eager PCP forward of the same step (unpadded, on a twin cache) and the float64
+    reference; the dummies' rows are zero and the captured addresses never move."""
+    torch.set_num_threads(1)
+    rp, rd = rank // wd, rank % wd
+    W, r_kv = wp * wd, rp * wd + rd
+    pcp_group, dcp_group = _groups(rank, wp, wd)
+    pcp = aar.cp.Comm(pcp_group, timeout_s=20.0)
+    dcp = aar.cp.Comm(dcp_group, timeout_s=20.0) if wd > 1 else None
+    dtype = getattr(torch, dtype_name)
+    qn = 1 + spec  # tokens per decode request
+    NT, MB, NB = BUCKET * qn, 8, 40
+    steps = [[n + spec for n in seq] for seq in _GRAPH_STEPS]  # a history of at least one token: decodes
+    st0 = _make_step(W, I, None, dtype, seq_lens=steps[0], q_lens=[qn] * len(steps[0]))
+    d = st0["d"]
+    cos, sin = rope_tables(64, d.R)
+    mk = dict(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=MB, block_size=BS, num_blocks=NB,
+              cos_table=cos.to(dtype), sin_table=sin.to(dtype), workspace_tokens=64 * W, dcp_world_size=wd,
+              dcp_rank=rd, pcp_world_size=wp, pcp_rank=rp, cp_kv_cache_interleave_size=I,
+              num_speculative_tokens=spec)
+    b_graph = mla.MetadataBuilder(graph_decode_padding=True, **mk)
+    b_eager = mla.MetadataBuilder(**mk)
+    layer_graph, layer_eager, layer_pad = _impl(st0, pcp, dcp), _impl(st0, pcp, dcp), _impl(st0, pcp, dcp)
+    nope_g, rope_g = torch.zeros(NB, BS, 1, d.L, dtype=dtype), torch.zeros(NB, BS, 1, d.R, dtype=dtype)
+    hidden_s, out_s = torch.zeros(NT, d.hidden, dtype=dtype), torch.zeros(NT, d.hidden, dtype=dtype)
+
+    def table_of(st):
+        t = torch.zeros(st["B"], MB, dtype=torch.int32)
+        t[:, :st["table"].shape[1]] = st["table"]
+        return t
+
+    md = b_graph.build_for_graph_capture(_i32([0, qn]), _i32([9]), table_of(st0)[:1].contiguous(),
+                                         num_input_tokens=NT)
+    assert md.num_local_tokens == NT and md.num_decodes == 1
+    g = aar.GraphParams("recording")
+    with g.capture(NT):
+        layer_graph.forward(hidden_s, nope_g, rope_g, md, out_s)
+    kinds = [c[0] for c in g.calls(NT)]
+    assert kinds == ["prepare", "fia", "prepare"], kinds
+    addrs = g.call_addresses(NT)
+    tol = dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    ctol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    for seq in steps:
+        B = len(seq)
+        st = _make_step(W, I, None, dtype, seq_lens=seq, q_lens=[qn] * B)
+        assert st["nb"] <= NB and st["table"].shape[1] <= MB
+        ctx_nope, ctx_rope = _caches(st, W, r_kv, upto_context=True)
+        want_nope, want_rope = _caches(st, W, r_kv, upto_context=False)
+        nope_g.zero_()
+        rope_g.zero_()
+        nope_g[:st["nb"]] = ctx_nope
+        rope_g[:st["nb"]] = ctx_rope
+        nope_e, rope_e = nope_g.clone(), rope_g.clone()
+        hidden = torch.cat([st["xs"][r][seq[r] - qn:] for r in range(B)])
+        qsl = torch.arange(B + 1, dtype=torch.int32) * qn
+        tab = table_of(st)
+        md_g = b_graph.build(qsl, _i32(seq), tab, num_input_tokens=NT)
+        md_e = b_eager.build(qsl, _i32(seq), tab)
+        assert md_g.num_local_tokens == NT and md_e.num_local_tokens == B * qn
+        hidden_s.zero_()
+        hidden_s[:B * qn] = hidden
+        out_s.fill_(float("nan"))
+        g.update(NT, md_g)
+        pcp.reset_counters()
+        if dcp is not None:
+            dcp.reset_counters()
+        g.replay(NT)
+        calls = (pcp.calls_of("all_gather"), pcp.calls_of("all_to_all_single"),
+                 dcp.calls_of("all_gather") if dcp else 0, dcp.calls_of("all_to_all_single") if dcp else 0)
+        assert calls == _expected_calls("decode", dict(num_decodes=B, num_prefills=0, chunks=0), wp, wd), calls
+        out_e = torch.full_like(hidden, 7.0)
+        layer_eager.forward(hidden, nope_e, rope_e, md_e, out_e)
+        T = B * qn
+        torch.testing.assert_close(out_s[:T].double(), out_e.double(), **ctol)
+        assert not torch.isnan(out_s).any() and float(out_s[T:].abs().sum()) == 0.0  # dummies attend nothing
+        torch.testing.assert_close(out_s[:T].double(), _reference(st), **tol)
+        # The step's rows at their owner's slots, nothing else (the dummies write nothing).
+        torch.testing.assert_close(nope_g[:st["nb"]].double(), want_nope.double(), **ctol)
+        torch.testing.assert_close(rope_g[:st["nb"]].double(), want_rope.double(), **ctol)
+        assert float(nope_g[st["nb"]:].abs().sum()) == 0.0
+        torch.testing.assert_close(nope_e[:st["nb"]].double(), want_nope.double(), **ctol)
+        assert g.call_addresses(NT) == addrs
+        # The padded metadata run eagerly (no capture) gives the replay's rows.
+        nope_p, rope_p = _caches(st, W, r_kv, upto_context=True)
+        nope_pad = torch.zeros_like(nope_g)
+        rope_pad = torch.zeros_like(rope_g)
+        nope_pad[:st["nb"]], rope_pad[:st["nb"]] = nope_p, rope_p
+        out_p = torch.full_like(out_s, 7.0)
+        layer_pad.forward(hidden_s, nope_pad, rope_pad, md_g, out_p)
+        torch.testing.assert_close(out_p, out_s, **ctol)
+        torch.testing.assert_close(nope_pad.double(), nope_g.double(), **ctol)
+    # A step with prefills is eager only: inside a capture it is refused by name.
+    st = _make_step(W, I, "mixed", dtype)
+    qsl = torch.tensor([0] + list(torch.tensor(st["q_lens"]).cumsum(0)), dtype=torch.int32)
+    md_p = b_graph.build(qsl, _i32(st["seq_lens"]), table_of(st))
+    refused = ""
+    try:
+        with g.capture(2 * NT):
+            x = torch.zeros(md_p.num_local_tokens, d.hidden, dtype=dtype)
+            layer_graph.forward(x, nope_g, rope_g, md_p, torch.zeros_like(x))
+    except NotImplementedError as e:
+        refused = str(e)
+    return len(steps), refused
+
+
+@pytest.mark.parametrize("wp,wd,I,dtype,spec", [(2, 1, 1, "float32", 0), (2, 1, BS, "bfloat16", 0),
+                                                (2, 1, 1, "float32", 1), (2, 2, 2, "float32", 1)])
+def test_pcp_decode_graph_replays_like_eager(wp, wd, I, dtype, spec):
+    # spec > 0: speculative decode inside the capture (one decode row per token).
+    res = run_ranks(wp * wd, _graph_case, wp, wd, I, dtype, spec, deadline_s=120.0)
+    for n, refused in res:
+        assert n == len(_GRAPH_STEPS)
+        assert "PCP capture of prefill steps is not supported" in refused, refused
+
+
+def test_pcp_padding_refuses_steps_with_prefills():
+    st = _make_step(2, 1, "mixed", torch.float32)
+    b = _builder(st, 2, 0, 1, 0, graph_decode_padding=True)
+    qsl = torch.tensor([0] + list(torch.tensor(st["q_lens"]).cumsum(0)), dtype=torch.int32)
+    md = b.build(qsl, _i32(st["seq_lens"]), st["table"])
+    before = md.slot_mapping.clone()
+    with pytest.raises(ValueError, match="only a decode-only step is padded to a graph bucket"):
+        b.build(qsl, _i32(st["seq_lens"]), st["table"], num_input_tokens=int(qsl[-1]) + 4)
+    assert md.is_current and torch.equal(md.slot_mapping, before)
+    b_eager = _builder(st, 2, 0, 1, 0)
+    with pytest.raises(ValueError, match="without graph_decode_padding pads no step"):
+        b_eager.build(qsl, _i32(st["seq_lens"]), st["table"], num_input_tokens=int(qsl[-1]) + 4)
+    with pytest.raises(NotImplementedError, match="without graph_decode_padding"):
+        b_eager.build_for_graph_capture(_i32([0, 1]), _i32([5]), st["table"][:1])
 
 
 # ----------------------------------------------------------------------------- metadata (one process)
@@ -271,10 +421,8 @@ def test_pcp_builder_config_and_build_errors():
     st = _make_step(2, 1, "decode", torch.float32)
     with pytest.raises(ValueError, match="pcp_rank=2"):
         _builder(st, 2, 2, 1, 0)
-    with pytest.raises(NotImplementedError, match="speculative decode is not supported with PCP"):
-        _builder(st, 2, 0, 1, 0, num_speculative_tokens=1)
-    with pytest.raises(NotImplementedError, match="graph_decode_padding"):
-        _builder(st, 2, 0, 1, 0, graph_decode_padding=True)
+    with pytest.raises(NotImplementedError, match="disable_padded_drafter_batch with pcp_world_size=2"):
+        _builder(st, 2, 0, 1, 0, num_speculative_tokens=1, disable_padded_drafter_batch=True)
     with pytest.raises(ValueError, match="exceeds the 16 partials"):
         _builder(st, 16, 0, 2, 0)
     b = _builder(st, 2, 1, 1, 0)
@@ -285,8 +433,6 @@ def test_pcp_builder_config_and_build_errors():
         b.build(qsl, seq, bt, num_input_tokens=16)
     with pytest.raises(ValueError, match="smaller than"):
         b.build(qsl, _i32([5, 7]), bt)
-    with pytest.raises(NotImplementedError, match="graph capture of MLA PCP"):
-        b.build_for_graph_capture(_i32([0, 1]), _i32([5]), bt[:1])
     assert md.is_current
     assert torch.equal(md.pcp_padded_slot_mapping, before[0]) and torch.equal(md.slot_mapping, before[1])
 

@@ -42,7 +42,12 @@ _STEPS = {
     "spec_decode": STEPS["spec_decode"],
     # speculative decodes (3 tokens, replicated) before a prefill (split)
     "spec_mixed": dict(seq_lens=[9, 30, 17], q_lens=[3, 3, 11], spec=2),
+    # a draft build (build_for_drafting, draft lane 1 of 2): one-token decodes of the drafter's batch,
+    # one shorter than the group
+    "draft_decode": dict(seq_lens=[10, 31, 18, 1], q_lens=[1, 1, 1, 1], spec=2),
 }
+# The steps built by a draft lane (name -> draft index).
+_DRAFT = {"draft_decode": 1}
 # A second layer without an indexer reads the first one's gathered selection (use_index_cache).
 _REUSE = ("mixed",)
 # Decode after prefill: the prefill writes every cache row the decode then reads (same builder and layer).
@@ -69,10 +74,15 @@ def _local_hidden(global_hidden, lti):
     return h
 
 
-def _forward(comm, impl, builder, args, global_hidden, kv, tb=None, dcp=None):
-    md = builder.build(*args)
-    lti = builder.local_token_index
-    assert md.pcp_local_token_index_list == lti.tolist()
+def _forward(comm, impl, builder, args, global_hidden, kv, tb=None, dcp=None, draft=None):
+    if draft is None:
+        md = builder.build(*args)
+        lti = builder.local_token_index
+        assert md.pcp_local_token_index_list == lti.tolist()
+    else:
+        md = builder.build_for_drafting(*args, draft_index=draft)
+        assert md.draft_index == draft
+        lti = torch.tensor(md.pcp_local_token_index_list, dtype=torch.int32)
     h = _local_hidden(global_hidden, lti)
     out = torch.full_like(h, 7.0)
     comm.reset_counters()
@@ -107,7 +117,7 @@ def _run_step(comm, rank, W, I, dtype, name, dcp=None):
         builder, impl = _builder(st, W, rank, wd, rd), make_impl(st, use_index_cache=reuse, **layer)
         tb = sfa.TopkBuffer(256, st["idx"].K) if reuse else None
         out, lti, topk, calls, md, h = _forward(comm, impl, builder, build_args(st), _hidden(st),
-                                                [nope, rope, idx_k], tb, dcp=dcp)
+                                                [nope, rope, idx_k], tb, dcp=dcp, draft=_DRAFT.get(name))
     facts = {}
     dcp_calls = _calls(dcp) if dcp is not None else None
     if name in _REUSE:
@@ -295,9 +305,6 @@ def test_builder_pcp_rows_and_refusals():
     for kw, msg in refusals:
         with pytest.raises(NotImplementedError, match=msg):
             _builder(st, 2, 0, **kw)
-    sb = _builder(make_step(2, spec=1, **STEPS["decode"]), 2, 0)
-    with pytest.raises(NotImplementedError, match="build_for_drafting with pcp_world_size=2"):
-        sb.build_for_drafting(*build_args(st), draft_index=0)
     with pytest.raises(ValueError, match="pcp_rank=2 is not a rank of a PCP group of pcp_world_size=2"):
         _builder(st, 2, 2)
 

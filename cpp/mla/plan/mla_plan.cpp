@@ -318,6 +318,9 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   // Enable-pad pads tokens (t_in > tokens); disable-pad pads rows (t_in > requests),
   // as upstream pads whenever graph_pad_size > num_reqs.
   const bool decode_only = np == 0 && nd > 0;
+  AAR_CHECK_ARG(!in.pad_only_decode_buckets || decode_only || t_in == t_real, "num_input_tokens=", t_in,
+                ": only a decode-only step is padded to a graph bucket here (this one has ", np,
+                " prefills; give 0 or query_start_loc[-1]=", t_real, ")");
   const bool interp = in.pad_decode_batch && in.pad_interpolated && decode_only && static_cast<std::size_t>(t_in) > nd;
   const bool pad = interp || (in.pad_decode_batch && !in.pad_interpolated && decode_only && t_in > t_real);
   const int32_t dlen = in.decode_threshold;

@@ -186,6 +186,14 @@ class Impl {
   // PCP group into the W_UV input of v.
   void pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                           const Metadata& md);
+  // The PCP all-gather of this rank's wire partial (td, H, L + 1) fp32 and the merge of the Wp
+  // partials into the W_UV input of v.
+  void pcp_merge_wire(const at::Tensor& wire, const detail::DecodeViews& v, int64_t pcp_world);
+  // A decode-only PCP bucket (docs/design/cp.md §11.4): preprocess (+ DCP query gather), the
+  // shard's latent call (refreshed per step), then the DCP merge, PCP gather + merge, W_UV, o_proj.
+  void capture_pcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope_cache,
+                          const at::Tensor& rope_cache, const Metadata& md, const at::Tensor& output,
+                          DecodePath path);
   // PCP prefill: the local rows' latent c (tp, L) and k_pe (tp, R) all-gathered over PCP,
   // restored and written to the caches; returns the restored rows (Wp * tp).
   std::pair<at::Tensor, at::Tensor> pcp_gather_prefill_kv(const at::Tensor& c, const at::Tensor& k_pe,

@@ -135,6 +135,9 @@ struct MlaStepInputs : StepInput {
   //    num_input_tokens; a dummy may get 0 tokens).
   bool pad_decode_batch = false;
   bool pad_interpolated = false;
+  // Refuse num_input_tokens > qsl[B] on a step with prefills (MLA PCP: only a decode-only step is
+  // padded to a graph bucket; a step with prefills is eager and its rows are the PCP split's).
+  bool pad_only_decode_buckets = false;
   // Decode context parallel (docs/design/mla.md §6, docs/design/cp.md §2.1): with dcp.world > 1 the
   // KV cache is sharded along the sequence over the group, and this is rank
   // dcp.rank's step:
