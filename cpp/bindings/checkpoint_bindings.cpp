@@ -110,6 +110,7 @@ void bind_checkpoint(nb::module_& root) {
         put(d, "kv_a_layernorm", w.kv_a_layernorm);
         put(d, "kv_b_proj", w.kv_b_proj);
         put(d, "o_proj", w.o_proj);
+        if (w.quant.has_value()) d["quant"] = nb::cast(*w.quant);  // an MXFP8 checkpoint's projections
         if (cw.indexer.has_value()) {
           put(d, "indexer_wq_b", cw.indexer->wq_b);
           put(d, "indexer_wk", cw.indexer->wk);
@@ -123,7 +124,8 @@ void bind_checkpoint(nb::module_& root) {
       "kv_lora_rank"_a, "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a, "index_n_head"_a = nb::none(),
       "index_head_dim"_a = 128,
       "One DeepSeek-V3.2 attention layer's weights from a checkpoint's names (sfa/checkpoint.h), as the keyword "
-      "arguments Impl(**weights, ...) takes (indexer_* only with index_n_head). prefix selects the layer (e.g. "
+      "arguments Impl(**weights, ...) takes (indexer_* only with index_n_head; an MXFP8 checkpoint's q_a_proj, "
+      "kv_a_proj_with_mqa and q_b_proj as quant=QuantWeights(\"mxfp8\", ...)). prefix selects the layer (e.g. "
       "'model.layers.3.self_attn.'); the dims are Impl's. ValueError lists missing / unexpected / misshapen keys.");
 }
 

@@ -7,6 +7,7 @@
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/interleave_rope.h"
 #include "ascend_attn_rt/ops/kv_rmsnorm_rope_cache.h"
+#include "ascend_attn_rt/ops/mx_quant.h"
 #include "ascend_attn_rt/ops/batch_matmul_transpose.h"
 #include "ascend_attn_rt/ops/quant.h"
 #include "ascend_attn_rt/ops/transpose_batchmatmul.h"
@@ -48,6 +49,17 @@ void LatentCore::QLinear::prepare(const QuantLinear& l, QuantType t, at::ScalarT
   type = t;
   act = act_dtype;
   assign(weight_t, l.weight.t().contiguous(), in_place);
+  if (t == QuantType::MxFp8) {
+    // npu_quant_matmul's MX mode takes x2 and its scales transposed: x2 (in, out) is the transposed view
+    // of the (out, in) weight; the scale bytes (out, in / 32) pair consecutive blocks, (out, in / 64, 2)
+    // (an odd block count padded with a 0 byte, which scales no element), viewed (in / 64, out, 2).
+    const int64_t out = l.weight.size(0), nb = l.weight_scale.size(1), pairs = (nb + 1) / 2;
+    at::Tensor sb = l.weight_scale.view(at::kByte);
+    if (nb % 2 != 0) sb = at::constant_pad_nd(sb, {0, 1}, 0);
+    assign(weight_t, l.weight.contiguous().t(), in_place);
+    assign(deq_scale, sb.contiguous().view({out, pairs, 2}).view(at::kFloat8_e8m0fnu).transpose(0, 1), in_place);
+    return;
+  }
   if (t == QuantType::W8A8Static) {
     // y = (x_q W^T + quant_bias) * input_scale * weight_scale; x_q = rint(x * (1 / input_scale) + input_offset),
     // the reciprocal and the zero point expanded per input channel in the activation dtype (upstream's form).
@@ -66,6 +78,22 @@ at::Tensor LatentCore::QLinear::run(const at::Tensor& x) const {
   a.x2 = weight_t;
   a.scale = deq_scale;
   a.output_dtype = static_cast<int64_t>(act);
+  if (type == QuantType::MxFp8) {
+    // x per block of 32 values (OCP rule, e4m3 elements, e8m0 scales), then the MX matmul.
+    static const int64_t kGroups[3] = {1, 1, kMxBlock};
+    ops::DynamicMxQuantArgs q;
+    q.input = x;
+    q.dst_type = static_cast<int64_t>(at::kFloat8_e4m3fn);
+    q.block_size = kMxBlock;
+    q.scale_alg = 0;
+    auto [xq, s] = ops::dynamic_mx_quant(q);
+    a.x1 = xq;
+    a.pertoken_scale = s.view(at::kFloat8_e8m0fnu);  // the operator returns the e8m0 bytes as uint8
+    a.pertoken_scale_dtype = static_cast<int64_t>(at::kFloat8_e8m0fnu);
+    a.scale_dtype = static_cast<int64_t>(at::kFloat8_e8m0fnu);
+    a.group_sizes = c10::IntArrayRef(kGroups, 3);
+    return ops::quant_matmul(a);
+  }
   if (type == QuantType::W8A8Static) {
     a.x1 = ops::quantize(x, inv_scale, offset, static_cast<int64_t>(at::kQInt8), -1, /*div_mode=*/false);
     a.bias = bias;
@@ -90,10 +118,6 @@ LatentCore::LatentCore(const LatentConfig& cfg, const Weights& weights) : cfg_(c
   w_uk_t_ = a.w_uk_t;
   w_uv_ = a.w_uv;
   if (w_.quant.has_value()) {
-    if (w_.quant->type == QuantType::W8A8Static && dtype() == at::kHalf) {
-      throw_not_supported("W8A8-static layers with float16 activations: npu_quant_matmul / mla_preprocess then take "
-                          "int64-packed dequant scales (npu_trans_quant_param), not implemented; use bfloat16");
-    }
     qkv_a_.prepare(w_.quant->fused_qkv_a_proj, w_.quant->type, dtype(), false);
     q_b_.prepare(w_.quant->q_proj, w_.quant->type, dtype(), false);
   }
@@ -105,6 +129,23 @@ void LatentCore::prepare_fused(bool in_place) {
   const Dims& d = cfg_.dims;
   const QuantType qt = quant();
   const char* name = to_string(cfg_.fused);
+  if (qt == QuantType::MxFp8 && cfg_.fused != Fused::None) {
+    // docs/design/mla.md §5.4: upstream's A5 fused preprocess (MLAPO and FA-quant alike) is npu_mla_prolog_v3 with
+    // weight_quant_mode 3; torch_npu 2.14.0 documents weight_quant_mode 0, 1 and 2 only.
+    throw_not_supported("the fused preprocess ", name, " with MXFP8 weights (A5 ",
+                        cfg_.fused == Fused::Mlapo ? "MLAPO" : cfg_.fused == Fused::PrologV2 ? "FA-quant" : "PROLOG_V3",
+                        "): upstream runs npu_mla_prolog_v3 with weight_quant_mode 3 there, which torch_npu 2.14.0's "
+                        "documentation of the operator does not describe (it lists weight_quant_mode 0, 1 and 2), so "
+                        "there are no documented semantics to build and check it against; the native preprocess takes "
+                        "MXFP8 weights");
+  }
+  if (cfg_.fused == Fused::Mlapo && dtype() == at::kHalf) {
+    throw_not_supported("mla_preprocess (MLAPO) with float16 activations: the float16 kernel takes its dequant scales "
+                        "(descale0 / descale1) as npu_trans_quant_param's int64 words, whose bit layout torch_npu 2.14.0 "
+                        "does not document (only \"fp32 filled to FP19\"), so the call cannot be checked against a "
+                        "twin; the native preprocess takes float16 W8A8-static weights (npu_quant_matmul's float16 "
+                        "output with float32 scales)");
+  }
   switch (cfg_.fused) {
     case Fused::None:
       return;

@@ -174,7 +174,9 @@ class LatentCore {
  private:
   // A W8A8 linear ready for npu_quant_matmul: weight (in, out), dequant scale
   // per output channel (input_scale * weight_scale for static), static's int32
-  // bias and its per-channel activation quantisation parameters.
+  // bias and its per-channel activation quantisation parameters. MXFP8: weight_t
+  // the transposed view of the fp8 (out, in) weight, deq_scale the e8m0 pairs
+  // (in / 64, out, 2) viewed from (out, in / 64, 2).
   struct QLinear {
     QuantType type = QuantType::None;
     at::Tensor weight_t, deq_scale, bias, inv_scale, offset;

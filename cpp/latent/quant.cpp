@@ -51,19 +51,45 @@ void check_linear(const QuantLinear& l, const char* name, int64_t out, int64_t i
   }
 }
 
+// An MXFP8 linear: fp8 e4m3 weight (out, in), one e8m0 scale byte per 32 inputs (out, in / 32).
+void check_mx_linear(const QuantLinear& l, const char* name, int64_t out, int64_t in, c10::Device dev) {
+  AAR_CHECK_ARG(in % kMxBlock == 0, name, ": an MXFP8 linear's input size must be a multiple of ", kMxBlock,
+                " (one e8m0 scale per ", kMxBlock, " inputs), got ", in);
+  auto tensor = [&](const at::Tensor& t, const char* what, std::initializer_list<int64_t> shape) {
+    AAR_CHECK_ARG(t.defined(), name, ".", what, " is missing");
+    AAR_CHECK_ARG(t.sizes() == c10::IntArrayRef(shape), name, ".", what, " must have shape ", c10::IntArrayRef(shape),
+                  ", got ", t.sizes());
+    AAR_CHECK_ARG(t.device() == dev, name, ".", what, " is on ", t.device(), " but the layer's weights are on ", dev);
+  };
+  tensor(l.weight, "weight", {out, in});
+  AAR_CHECK_ARG(l.weight.scalar_type() == at::kFloat8_e4m3fn, name, ".weight must be float8_e4m3fn (MXFP8), got ",
+                l.weight.scalar_type());
+  tensor(l.weight_scale, "weight_scale", {out, in / kMxBlock});
+  const auto st = l.weight_scale.scalar_type();
+  AAR_CHECK_ARG(st == at::kByte || st == at::kFloat8_e8m0fnu, name, ".weight_scale must be the e8m0 scale bytes, uint8 "
+                "or float8_e8m0fnu, got ", st);
+  AAR_CHECK_ARG(!l.input_scale.has_value() && !l.input_offset.has_value() && !l.quant_bias.has_value(), name,
+                ": input_scale / input_offset / quant_bias belong to W8A8-static linears; an MXFP8 one quantises its "
+                "input per block of ", kMxBlock, " (npu_dynamic_mx_quant)");
+}
+
 }  // namespace
 
 void validate_quant_weights(const Dims& d, const QuantWeights& q, at::ScalarType act, c10::Device dev) {
-  if (q.type == QuantType::MxFp8) {
-    throw_not_supported("quant_type \"mxfp8\" (W8A8-MXFP8 dynamic fused_qkv_a_proj, A5) is not implemented");
-  }
-  AAR_CHECK_ARG(q.type == QuantType::W8A8Dynamic || q.type == QuantType::W8A8Static,
-                "quantised weights need quant_type \"w8a8_dynamic\" or \"w8a8_static\", got \"", to_string(q.type),
-                "\"");
+  AAR_CHECK_ARG(q.type == QuantType::W8A8Dynamic || q.type == QuantType::W8A8Static || q.type == QuantType::MxFp8,
+                "quantised weights need quant_type \"w8a8_dynamic\", \"w8a8_static\" or \"mxfp8\", got \"",
+                to_string(q.type), "\"");
   AAR_CHECK_ARG(d.q_lora_rank.has_value(), "quantised weights (", to_string(q.type), ") need q-LoRA (q_lora_rank): "
                 "fused_qkv_a_proj is the q-LoRA down projection stacked with kv_a_proj_with_mqa");
   const bool st = q.type == QuantType::W8A8Static;
   const int64_t Q = *d.q_lora_rank, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  if (q.type == QuantType::MxFp8) {
+    AAR_CHECK_ARG(act == at::kBFloat16 || act == at::kHalf, "MXFP8 weights need bfloat16 or float16 activations "
+                  "(npu_dynamic_mx_quant's input, npu_quant_matmul's MX output), the layer's are ", act);
+    check_mx_linear(q.fused_qkv_a_proj, "fused_qkv_a_proj", Q + L + R, d.hidden_size, dev);
+    check_mx_linear(q.q_proj, "q_proj", d.num_heads * (d.qk_nope_head_dim + R), Q, dev);
+    return;
+  }
   check_linear(q.fused_qkv_a_proj, "fused_qkv_a_proj", Q + L + R, d.hidden_size, st, act, dev);
   check_linear(q.q_proj, "q_proj", d.num_heads * (d.qk_nope_head_dim + R), Q, st, act, dev);
 }

@@ -319,7 +319,8 @@ void bind_mla(nb::module_& root) {
           "weight"_a, "weight_scale"_a, nb::kw_only(), "input_scale"_a = nb::none(), "input_offset"_a = nb::none(),
           "quant_bias"_a = nb::none(),
           "One W8A8 linear: int8 weight (out, in), float32 weight_scale (out); W8A8 static adds input_scale (1), "
-          "input_offset (1) int8 and the int32 quant_bias (out).")
+          "input_offset (1) int8 and the int32 quant_bias (out). MXFP8: float8_e4m3fn weight (out, in), "
+          "weight_scale the e8m0 bytes (out, in / 32), uint8 or float8_e8m0fnu.")
       .def_ro("weight", &mla::QuantLinear::weight)
       .def_ro("weight_scale", &mla::QuantLinear::weight_scale)
       .def_ro("input_scale", &mla::QuantLinear::input_scale)
@@ -333,8 +334,8 @@ void bind_mla(nb::module_& root) {
             new (self) mla::QuantWeights{mla::parse_quant_type(quant_type), fused_qkv_a_proj, q_proj};
           },
           "quant_type"_a, "fused_qkv_a_proj"_a, "q_proj"_a,
-          "The quantised projections of an MLA-family layer: quant_type \"w8a8_dynamic\" or \"w8a8_static\" "
-          "(\"mxfp8\" is recognised and rejected), fused_qkv_a_proj (Q+L+R, hidden) = q_a_proj | "
+          "The quantised projections of an MLA-family layer: quant_type \"w8a8_dynamic\", \"w8a8_static\" or "
+          "\"mxfp8\" (A5; native preprocess only), fused_qkv_a_proj (Q+L+R, hidden) = q_a_proj | "
           "kv_a_proj_with_mqa, q_proj (H*(P+R), Q).")
       .def_prop_ro("quant_type", [](const mla::QuantWeights& q) { return std::string(mla::to_string(q.type)); })
       .def_ro("fused_qkv_a_proj", &mla::QuantWeights::fused_qkv_a_proj)

@@ -60,6 +60,16 @@ Impl::Impl(const ImplConfig& cfg, const Weights& weights) : cfg_(cfg) {
              : fa_quant()        ? detail::Fused::PrologV2
                                  : detail::Fused::None;
   const QuantType qt = quant_type(weights);
+  if (qt == QuantType::MxFp8 && n_fused > 0) {
+    // docs/design/mla.md §5.4: A5's MLAPO and FA-quant are npu_mla_prolog_v3 with weight_quant_mode 3.
+    throw_not_supported(cfg_.enable_mlapo ? "enable_mlapo" : fa_quant() ? "an FA-quant layer (fa_quant_kv_scale)"
+                                                                        : "enable_prolog",
+                        " with MXFP8 weights (A5 ", cfg_.enable_mlapo ? "MLAPO" : fa_quant() ? "FA-quant" : "PROLOG_V3",
+                        "): upstream runs npu_mla_prolog_v3 with weight_quant_mode 3 there, which torch_npu 2.14.0's "
+                        "documentation of the operator does not describe (it lists weight_quant_mode 0, 1 and 2), so "
+                        "there are no documented semantics to build and check it against; the native preprocess takes "
+                        "MXFP8 weights");
+  }
   if (cfg_.enable_mlapo) {
     AAR_CHECK_ARG(qt == QuantType::W8A8Static, "enable_mlapo needs W8A8-static weights (mla_preprocess is the "
                   "W8A8-static kernel; docs/design/mla.md §4.1 disables MLAPO for other layers), got quant type ", to_string(qt));

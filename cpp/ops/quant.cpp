@@ -56,7 +56,7 @@ at::Tensor quant_matmul(const QuantMatmulArgs& a, Provider pv) {
   const auto& none = detail::none_tensor();
   detail::DispatchGuard guard(p);
   return op.call(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype, std::nullopt, std::nullopt,
-                 std::nullopt, std::nullopt, std::nullopt, none);
+                 a.pertoken_scale_dtype, a.scale_dtype, a.group_sizes, none);
 }
 
 W8A8DynamicInput quantize_per_token(const at::Tensor& x, Provider pv) {

@@ -59,11 +59,14 @@ SfaC8Unpacked unpack_sfa_c8_rows(const at::Tensor& rows, at::ScalarType rope_dty
   constexpr const char* kWhat = "unpack_sfa_c8_rows";
   AAR_CHECK_ARG(rows.defined() && rows.dim() >= 1 && rows.size(-1) == kSfaC8RowBytes, kWhat,
                 ": rows must be (..., ", kSfaC8RowBytes, "), got ", rows.defined() ? rows.sizes() : c10::IntArrayRef{});
-  AAR_CHECK_ARG(rows.scalar_type() == at::kChar, kWhat, ": rows must be int8, got ", rows.scalar_type());
+  const at::ScalarType row_dtype = rows.scalar_type();
+  AAR_CHECK_ARG(row_dtype == at::kChar || row_dtype == at::kFloat8_e4m3fn, kWhat,
+                ": rows must be int8 or float8_e4m3fn, got ", row_dtype);
   AAR_CHECK_ARG(is_rope_dtype(rope_dtype), kWhat, ": rope_dtype must be float16 or bfloat16, got ", rope_dtype);
-  const at::Tensor r = rows.reshape({-1, kSfaC8RowBytes});
+  // The rope and scale bytes are read through an int8 view (the same bytes either way).
+  const at::Tensor r = rows.reshape({-1, kSfaC8RowBytes}).view(at::kChar);
   SfaC8Unpacked u;
-  u.k_nope_q = r.narrow(1, 0, kSfaC8NopeDim).contiguous();
+  u.k_nope_q = r.narrow(1, 0, kSfaC8NopeDim).contiguous().view(row_dtype);
   u.k_rope = r.narrow(1, kSfaC8NopeDim, 2 * kSfaC8RopeDim).contiguous().view(rope_dtype);
   u.scale = r.narrow(1, kSfaC8NopeDim + 2 * kSfaC8RopeDim, 4 * kSfaC8Scales).contiguous().view(at::kFloat);
   u.k_nope = (u.k_nope_q.to(at::kFloat).view({-1, kSfaC8Scales, kSfaC8Tile}) * u.scale.unsqueeze(-1))

@@ -37,14 +37,31 @@ CheckpointWeights weights_from_checkpoint(const std::map<std::string, at::Tensor
   mla::Weights& w = out.weights;
   at::Tensor q_a_proj, q_a_layernorm;
   const int64_t q_in = d.q_lora_rank.value_or(hid);
-  if (d.q_lora_rank.has_value()) {
+  // docs/design/sfa.md §9: an MXFP8 checkpoint (ModelSlim's W8A8-MXFP8) stores q_a_proj, kv_a_proj_with_mqa and
+  // q_b_proj as float8_e4m3fn weights with e8m0 weight_scale bytes (out, in / 32); recognised by q_a_proj's dtype.
+  const bool mx = d.q_lora_rank.has_value() && r.has("q_a_proj.weight") &&
+                  state.at(r.key("q_a_proj.weight")).defined() &&
+                  state.at(r.key("q_a_proj.weight")).scalar_type() == at::kFloat8_e4m3fn;
+  mla::QuantLinear mx_q_a, mx_kv_a, mx_q_b;
+  auto mx_linear = [&](mla::QuantLinear& dst, const std::string& name, int64_t o, int64_t in) {
+    dst.weight = r.take(name + ".weight", {o, in});
+    AAR_CHECK_ARG(in % mla::kMxBlock == 0, "'", r.key(name + ".weight"), "': an MXFP8 weight's input size must be a "
+                  "multiple of ", mla::kMxBlock, ", got ", in);
+    dst.weight_scale = r.take(name + ".weight_scale", {o, in / mla::kMxBlock});
+  };
+  if (mx) {
+    mx_linear(mx_q_a, "q_a_proj", *d.q_lora_rank, hid);
+    q_a_layernorm = r.take("q_a_layernorm.weight", {*d.q_lora_rank});
+    mx_linear(mx_q_b, "q_b_proj", Hn * (P + R), q_in);
+    mx_linear(mx_kv_a, "kv_a_proj_with_mqa", L + R, hid);
+  } else if (d.q_lora_rank.has_value()) {
     linear(q_a_proj, "q_a_proj.weight", *d.q_lora_rank, hid);
     q_a_layernorm = r.take("q_a_layernorm.weight", {*d.q_lora_rank});
     linear(w.q_proj, "q_b_proj.weight", Hn * (P + R), q_in);
   } else {
     linear(w.q_proj, "q_proj.weight", Hn * (P + R), q_in);
   }
-  linear(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa.weight", L + R, hid);
+  if (!mx) linear(w.kv_a_proj_with_mqa, "kv_a_proj_with_mqa.weight", L + R, hid);
   w.kv_a_layernorm = r.take("kv_a_layernorm.weight", {L});
   linear(w.kv_b_proj, "kv_b_proj.weight", Hn * (P + V), L);
   linear(w.o_proj, "o_proj.weight", hid, Hn * V);
@@ -63,7 +80,27 @@ CheckpointWeights weights_from_checkpoint(const std::map<std::string, at::Tensor
   const at::ScalarType dt = w.kv_b_proj.scalar_type();
   for (const auto& [t, name] : linears) ck::check_linear_dtype(*t, r.key(name), dt);
   w.kv_a_layernorm = ck::as_dtype(w.kv_a_layernorm, r.key("kv_a_layernorm.weight"), dt);
-  if (d.q_lora_rank.has_value()) {
+  if (mx) {
+    for (const auto& [l, name] : {std::pair<const mla::QuantLinear*, const char*>{&mx_q_a, "q_a_proj"},
+                                  {&mx_kv_a, "kv_a_proj_with_mqa"},
+                                  {&mx_q_b, "q_b_proj"}}) {
+      AAR_CHECK_ARG(l->weight.scalar_type() == at::kFloat8_e4m3fn, "'", r.key(std::string(name) + ".weight"), "' is ",
+                    l->weight.scalar_type(), " but q_a_proj.weight is float8_e4m3fn: an MXFP8 checkpoint quantises "
+                    "q_a_proj, kv_a_proj_with_mqa and q_b_proj together (the runtime fuses the first two)");
+      const auto st = l->weight_scale.scalar_type();
+      AAR_CHECK_ARG(st == at::kByte || st == at::kFloat8_e8m0fnu, "'", r.key(std::string(name) + ".weight_scale"),
+                    "' is ", st, ", expected the e8m0 scale bytes (uint8 or float8_e8m0fnu)");
+    }
+    mla::QuantWeights q;
+    q.type = mla::QuantType::MxFp8;
+    // fused_qkv_a_proj = q_a_proj | kv_a_proj_with_mqa (rows), weights and scales alike: one copy at load.
+    q.fused_qkv_a_proj.weight = at::cat({mx_q_a.weight, mx_kv_a.weight}, 0);
+    q.fused_qkv_a_proj.weight_scale =
+        at::cat({mx_q_a.weight_scale.view(at::kByte), mx_kv_a.weight_scale.view(at::kByte)}, 0);
+    q.q_proj = mx_q_b;
+    w.quant = std::move(q);
+    w.q_a_layernorm = ck::as_dtype(q_a_layernorm, r.key("q_a_layernorm.weight"), dt);
+  } else if (d.q_lora_rank.has_value()) {
     w.q_a_proj = q_a_proj;
     w.q_a_layernorm = ck::as_dtype(q_a_layernorm, r.key("q_a_layernorm.weight"), dt);
   }

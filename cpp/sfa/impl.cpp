@@ -142,9 +142,6 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   pc.has_q_lora = d.q_lora_rank.has_value();
   AAR_CHECK_ARG(pc.quant == mla::quant_type(weights), "preprocess quant type \"", mla::to_string(pc.quant),
                 "\" differs from the weights' \"", mla::to_string(mla::quant_type(weights)), "\"");
-  if (pc.quant == mla::QuantType::MxFp8) {
-    throw_not_supported("quant type \"mxfp8\" (W8A8-MXFP8 dynamic fused_qkv_a_proj, A5) is not implemented");
-  }
   // The selection's SFA C8 input is the layer's sfa_c8 (one flag, not two that could disagree).
   AAR_CHECK_ARG(!pc.enable_sparse_sfa_c8 || cfg_.sfa_c8, "preprocess.enable_sparse_sfa_c8 is set but sfa_c8 is "
                 "not: the layer's SFA C8 is ImplConfig::sfa_c8 (the selection follows it)");

@@ -32,6 +32,11 @@ PreprocessChoice resolve_preprocess(const PreprocessConfig& c) {
     if (!c.has_q_lora) no = "no q_a_layernorm / fused_qkv_a_proj (no q-LoRA)";
     else if (c.is_kv_producer) no = "the worker is a KV producer";
     else if (c.quant == QuantType::None && c.enable_sparse_sfa_c8) no = "an unquantised fused_qkv_a_proj with SFA C8";
+    else if (c.quant == QuantType::MxFp8) {
+      // docs/design/sfa.md §4.2: upstream's MXFP8 PROLOG_V3 is weight_quant_mode 3, which torch_npu 2.14.0 does
+      // not document; the native preprocess runs the MXFP8 projections.
+      no = "MXFP8 weights (npu_mla_prolog_v3's weight_quant_mode 3 is not documented in torch_npu 2.14.0)";
+    }
     else if (c.chunked_q_proj) no = "q_proj is chunked";
     else if (c.dsa_cp) no = "DSA-CP";
     if (no.empty()) {

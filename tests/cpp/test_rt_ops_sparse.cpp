@@ -649,11 +649,18 @@ TEST(RtOpsSparse, C8RowPackUnpackRoundTrip) {
   expect_throw_with<aar::InvalidArgument>(
       [] { ops::unpack_sfa_c8_rows(at::zeros({2, 656}, at::kByte), at::kBFloat16); }, "int8");
   // The row dtype: int8 is the default; A5's float8_e4m3fn rows ask npu_dynamic_block_quant for the fp8
-  // dst_type (its ScalarType value), which the int8-only twin refuses by name; other dtypes are invalid.
+  // dst_type (its ScalarType value): scale amax / 448, the nearest e4m3 value; they unpack to within half an
+  // e4m3 step (2^-4 relative) of the input. Other dtypes are invalid.
   const at::Tensor n2 = at::randn({2, 512}), r2 = at::randn({2, 64}).to(at::kBFloat16);
   EXPECT_TRUE(at::equal(ops::pack_sfa_c8_rows(n2, r2, at::kChar), ops::pack_sfa_c8_rows(n2, r2)));
-  expect_throw_with<aar::NotSupported>([&] { ops::pack_sfa_c8_rows(n2, r2, at::kFloat8_e4m3fn); },
-                                       "dst_type=" + std::to_string(static_cast<int>(at::kFloat8_e4m3fn)));
+  const at::Tensor f8 = ops::pack_sfa_c8_rows(n2, r2, at::kFloat8_e4m3fn);
+  EXPECT_EQ(f8.scalar_type(), at::kFloat8_e4m3fn);
+  const ops::SfaC8Unpacked u8 = ops::unpack_sfa_c8_rows(f8, at::kBFloat16);
+  EXPECT_EQ(u8.k_nope_q.scalar_type(), at::kFloat8_e4m3fn);
+  EXPECT_DOUBLE_EQ(u8.k_nope_q.to(at::kFloat).abs().max().item<double>(), 448.0);
+  EXPECT_TRUE(at::equal(u8.k_rope, r2));
+  const at::Tensor tol8 = n2.abs() * (1.0 / 16) + u8.scale.repeat_interleave(128, -1) * (1.0 / 1024) + 1e-7;
+  EXPECT_TRUE(at::all((u8.k_nope - n2).abs() <= tol8).item<bool>());
   expect_throw_with<aar::InvalidArgument>([&] { ops::pack_sfa_c8_rows(n2, r2, at::kByte); }, "row_dtype");
 }
 

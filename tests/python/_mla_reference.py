@@ -79,23 +79,27 @@ def make_weights(d: MlaDims, dtype, gen):
     return ws
 
 
-def project(d: MlaDims, ws, x, pos, eps=1e-6):
-    """Per-token projections of all tokens of one request (float64)."""
+def project(d: MlaDims, ws, x, pos, eps=1e-6, act=None):
+    """Per-token projections of all tokens of one request (float64). act (optional): what a quantised layer
+    feeds its quantised projections instead of their inputs (x for q_a_proj / kv_a_proj_with_mqa, c_q for
+    q_proj), e.g. the float64 value of the MX-fp8 quantised activations (_quant_reference.mx_activations)."""
     W = {k: v.to(F64) for k, v in ws.items()}
     x = x.to(F64)
-    cq = rms(x @ W["q_a_proj"].T, W["q_a_layernorm"], eps) if d.Q is not None else x
-    q = (cq @ W["q_proj"].T).view(-1, d.H, d.P + d.R)
-    kv = x @ W["kv_a_proj_with_mqa"].T
+    a = act or (lambda v: v)
+    xa = a(x)
+    cq = rms(xa @ W["q_a_proj"].T, W["q_a_layernorm"], eps) if d.Q is not None else x
+    q = (a(cq) @ W["q_proj"].T).view(-1, d.H, d.P + d.R)
+    kv = xa @ W["kv_a_proj_with_mqa"].T
     c = rms(kv[:, : d.L], W["kv_a_layernorm"], eps)
     k_rope = gptj_rope(kv[:, d.L:], pos)
     return q[..., : d.P], gptj_rope(q[..., d.P:], pos), c, k_rope
 
 
-def attend_request(d: MlaDims, ws, x_all, q_len, scale):
-    """Output (q_len, hidden) of the last q_len tokens of a request whose tokens are x_all."""
+def attend_request(d: MlaDims, ws, x_all, q_len, scale, act=None):
+    """Output (q_len, hidden) of the last q_len tokens of a request whose tokens are x_all (act: project's)."""
     s = x_all.shape[0]
     pos = torch.arange(s)
-    q_nope, q_rope, c, k_rope = project(d, ws, x_all, pos)
+    q_nope, q_rope, c, k_rope = project(d, ws, x_all, pos, act=act)
     kvb = (c @ ws["kv_b_proj"].to(F64).T).view(s, d.H, d.P + d.V)
     k_nope, v = kvb[..., : d.P], kvb[..., d.P:]
     qi = torch.arange(s - q_len, s)
@@ -106,12 +110,12 @@ def attend_request(d: MlaDims, ws, x_all, q_len, scale):
     return o @ ws["o_proj"].to(F64).T
 
 
-def fill_context(d: MlaDims, ws, x_ctx, nope_cache, rope_cache, blocks: List[int], bs: int):
-    """Writes the context tokens' cache rows: c_kv and the half-split RoPE'd k_rope."""
+def fill_context(d: MlaDims, ws, x_ctx, nope_cache, rope_cache, blocks: List[int], bs: int, act=None):
+    """Writes the context tokens' cache rows: c_kv and the half-split RoPE'd k_rope (act: project's)."""
     n = x_ctx.shape[0]
     if n == 0:
         return
-    _, _, c, k_rope = project(d, ws, x_ctx, torch.arange(n))
+    _, _, c, k_rope = project(d, ws, x_ctx, torch.arange(n), act=act)
     kr = half_split(k_rope)
     for p in range(n):
         blk, off = blocks[p // bs], p % bs

@@ -8,6 +8,12 @@ ascend_attn_rt/latent/quant.h, not from the runtime:
   (x_q @ weight^T + quant_bias) * input_scale * weight_scale ~ x @ dequantised^T.
 
 fused_qkv_a_proj stacks q_a_proj over kv_a_proj_with_mqa (rows q | kv).
+
+MXFP8 (A5; latent/quant.h): per output row and block of 32 inputs, the OCP MX rule of _mx_reference (shared
+exponent e = floor(log2(amax)) - 8, elements on the e4m3 grid, saturated to +-448); weight = those elements as
+float8_e4m3fn, weight_scale = the bytes e + 127 (out, in / 32) uint8; dequantised weight = element * 2^e (exact
+in bfloat16 / float16: 3 mantissa bits). The activations are quantised the same way per 32 values of a row
+(mx_activations: the float64 value a layer's quantised projection multiplies).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import torch
 
 import ascend_attn_rt as aar
+import _mx_reference as mx
 
 F64 = torch.float64
 
@@ -74,3 +81,31 @@ def from_nz(nz: torch.Tensor) -> torch.Tensor:
 def quantize_latent(c: torch.Tensor, kv_scale: float) -> torch.Tensor:
     """The FA-quant latent cache row: saturate_int8(rint(c / kv_scale))."""
     return torch.round(c.to(F64) / kv_scale).clamp(-128, 127).to(torch.int8)
+
+
+def mx_linear(w: torch.Tensor):
+    """(out, in) float weight -> (aar.mla.QuantLinear MXFP8, float64 dequantised weight)."""
+    q, e = mx.quantize(w.to(F64))
+    lin = aar.mla.QuantLinear(q.to(torch.float8_e4m3fn), (e + 127).to(torch.uint8))
+    return lin, mx.decode(q, e)
+
+
+def quantize_mla_weights_mx(ws, dtype):
+    """As quantize_mla_weights for quant type "mxfp8" (the dequantised weights are exact in dtype)."""
+    f_lin, f_deq = mx_linear(torch.cat([ws["q_a_proj"], ws["kv_a_proj_with_mqa"]]))
+    q_lin, q_deq = mx_linear(ws["q_proj"])
+    Q = ws["q_a_proj"].shape[0]
+    deq = dict(ws)
+    deq["q_a_proj"] = f_deq[:Q].to(dtype)
+    deq["kv_a_proj_with_mqa"] = f_deq[Q:].to(dtype)
+    deq["q_proj"] = q_deq.to(dtype)
+    assert torch.equal(deq["q_proj"].to(F64), q_deq) and torch.equal(deq["q_a_proj"].to(F64), f_deq[:Q])
+    kw = {k: v for k, v in ws.items() if k not in ("q_a_proj", "q_proj", "kv_a_proj_with_mqa")}
+    kw["quant"] = aar.mla.QuantWeights("mxfp8", f_lin, q_lin)
+    return kw, deq
+
+
+def mx_activations(dtype):
+    """project()'s act for an MXFP8 layer of activation dtype `dtype`: the input rounded to dtype (what the layer
+    holds), then its MX-fp8 value (OCP rule, blocks of 32 along the row)."""
+    return lambda v: mx.round_trip(v.to(dtype).to(F64))

@@ -125,12 +125,12 @@ def selected_positions(row: torch.Tensor, threshold: int) -> List[int]:
     return out
 
 
-def sfa_attend_request(d: MlaDims, ws, x_all, q_len: int, scale: float, topk: torch.Tensor):
+def sfa_attend_request(d: MlaDims, ws, x_all, q_len: int, scale: float, topk: torch.Tensor, act=None):
     """Output (q_len, hidden) of the last q_len tokens of a request (tokens x_all), attending only the positions
-    the top-k rows select (scan rule, causal threshold)."""
+    the top-k rows select (scan rule, causal threshold); act: _mla_reference.project's."""
     s = x_all.shape[0]
     pos = torch.arange(s)
-    q_nope, q_rope, c, k_rope = project(d, ws, x_all, pos)
+    q_nope, q_rope, c, k_rope = project(d, ws, x_all, pos, act=act)
     kvb = (c @ ws["kv_b_proj"].to(F64).T).view(s, d.H, d.P + d.V)
     k_nope, v = kvb[..., : d.P], kvb[..., d.P:]
     out = torch.zeros(q_len, d.H, d.V, dtype=F64)

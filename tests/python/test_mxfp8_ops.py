@@ -295,3 +295,53 @@ def test_noop_shapes(device):
     out = NOOP.npu_transpose_quant_batchmatmul(x1, x2.transpose(1, 2), FP16, perm_x1=[1, 0, 2], perm_x2=[0, 2, 1],
                                                perm_y=[1, 0, 2])
     assert out.shape == (6, 4, 16) and out.dtype == torch.float16
+
+
+# ------------------------------------------------------------------- npu_quant_matmul, MX mode (A5 MXFP8 linears)
+
+
+@pytest.mark.parametrize("k", [128, 96])  # 96: an odd block count, the last scale pair padded
+@pytest.mark.parametrize("out", [BF16, FP16])
+def test_quant_matmul_mx_mode(k, out):
+    # x1 (m, k) fp8 with (m, ceil(k/64), 2) e8m0 scales from npu_dynamic_mx_quant, x2 (k, n) the transposed view
+    # of an (n, k) MX weight with (ceil(k/64), n, 2) scales: y = sum_k decoded(x1) decoded(x2) (the float64 model),
+    # within float32 summation plus one rounding of the output dtype.
+    g = torch.Generator().manual_seed(k + out)
+    m, n = 7, 40
+    x = varied((m, k), g, torch.bfloat16)
+    xq, xs = CPU.npu_dynamic_mx_quant(x, dst_type=E4M3)
+    w = torch.randn(n, k, generator=g, dtype=F64)
+    wq, we = mx.quantize(w)
+    w8 = wq.to(FP8)
+    sb = mx.scale_bytes(we)  # (n, ceil(k/64), 2)
+    y = CPU.npu_quant_matmul(xq, w8.t(), sb.view(E8M0).transpose(0, 1), pertoken_scale=xs.view(E8M0),
+                             scale_dtype=44, pertoken_scale_dtype=44, output_dtype=out, group_sizes=[1, 1, 32])
+    assert y.dtype == (torch.bfloat16 if out == BF16 else torch.float16) and y.shape == (m, n)
+    q, e = mx.quantize(x.to(F64))
+    a, b = mx.decode(q, e), mx.decode(wq, we)
+    want = a @ b.T
+    ulp = 2.0 ** (-8 if out == BF16 else -11)
+    bound = ulp * want.abs() + k * 2.0 ** -24 * (a.abs() @ b.abs().T) + 1e-30
+    assert ((y.to(F64) - want).abs() <= bound).all()
+
+
+def test_quant_matmul_mx_mode_refusals():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    xq, xs = CPU.npu_dynamic_mx_quant(x, dst_type=E4M3)
+    w8 = torch.randn(64, 8).to(FP8)
+    s2 = torch.full((1, 8, 2), 127, dtype=torch.uint8).view(E8M0)
+    args = dict(pertoken_scale=xs.view(E8M0), scale_dtype=44, pertoken_scale_dtype=44, output_dtype=BF16,
+                group_sizes=[1, 1, 32])
+    CPU.npu_quant_matmul(xq, w8, s2, **args)
+    with pytest.raises(ValueError, match="float8_e8m0fnu"):
+        CPU.npu_quant_matmul(xq, w8, s2, **{**args, "pertoken_scale": xs})
+    with pytest.raises(ValueError, match=r"scale \(x2's\) must be"):
+        CPU.npu_quant_matmul(xq, w8, s2[:, :4], **args)
+    with pytest.raises(ValueError, match="group_sizes"):
+        CPU.npu_quant_matmul(xq, w8, s2, **{**args, "group_sizes": [1, 1, 64]})
+    with pytest.raises(RuntimeError, match="not supported by the CPU twin: scale_dtype=23"):
+        CPU.npu_quant_matmul(xq, w8, s2, **{**args, "scale_dtype": 23})
+    with pytest.raises(RuntimeError, match="bias"):
+        CPU.npu_quant_matmul(xq, w8, s2, bias=torch.zeros(8), **args)
+    with pytest.raises(ValueError, match="output_dtype"):
+        CPU.npu_quant_matmul(xq, w8, s2, **{**args, "output_dtype": 6})

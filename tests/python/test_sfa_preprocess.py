@@ -62,7 +62,8 @@ ROWS = [
     # (config, expected, substring of the reason)
     (dict(is_kv_consumer=True), "prolog_v3", "PROLOG_V3: KV consumer with a none"),
     (dict(is_kv_consumer=True, quant_type="w8a8_dynamic", enable_sparse_sfa_c8=True), "prolog_v3", "SFA C8"),
-    (dict(is_kv_consumer=True, quant_type="mxfp8"), "prolog_v3", "mxfp8"),
+    # MXFP8: PROLOG_V3 would be upstream's (weight_quant_mode 3, undocumented in torch_npu 2.14.0): native here
+    (dict(is_kv_consumer=True, quant_type="mxfp8"), "native", "PROLOG_V3 rejected: MXFP8 weights"),
     (dict(is_kv_consumer=True, quant_type="w8a8_dynamic"), "native", "NATIVE"),  # not a candidate without C8
     (dict(is_kv_consumer=True, enable_sparse_sfa_c8=True), "native", "unquantised fused_qkv_a_proj with SFA C8"),
     (dict(is_kv_consumer=True, is_kv_producer=True), "native", "KV producer"),
@@ -289,13 +290,14 @@ def test_unimplemented_configurations_are_rejected_by_name():
         m.impl(kv_offload=True)
     q = m.qkw["quant"]
     m.qkw["quant"] = aar.mla.QuantWeights("mxfp8", q.fused_qkv_a_proj, q.q_proj)
-    with pytest.raises(RuntimeError, match="mxfp8"):
-        m.impl(is_kv_consumer=True)
+    with pytest.raises(ValueError, match="MXFP8 weights need bfloat16 or float16 activations"):
+        m.impl(is_kv_consumer=True)  # int8 weights of an fp32 model under quant type mxfp8 (test_sfa_mxfp8 runs MXFP8)
     ms = QModel([9, 14], quant="w8a8_static")
     with pytest.raises(RuntimeError, match="mla_preprocess takes no epsilon"):
         ms.impl(enable_mlapo=True, kv_norm_eps=1e-5)
-    with pytest.raises(RuntimeError, match="float16 activations"):
-        QModel([9, 14], quant="w8a8_static", dtype=torch.float16).impl()
+    with pytest.raises(NotImplementedError, match="MLAPO.*float16 activations"):
+        QModel([9, 14], quant="w8a8_static", dtype=torch.float16).impl(enable_mlapo=True)
+    QModel([9, 14], quant="w8a8_static", dtype=torch.float16).impl()  # native fp16 W8A8-static: built
     # No q-LoRA: the fused paths are rejected by the table (NATIVE), the layer runs natively.
     mn = QModel([9, 14], dims=MlaDims(Q=None))
     impl = mn.impl(is_kv_consumer=True)

@@ -2,8 +2,9 @@
 // torch_npu's (ascend_cpu; returns the output only) and vllm-ascend's
 // _C_ascend one (ascend_cpu_va; (out, softmax_max, softmax_sum)). query
 // (T, N, 576) = [q_nope 512 | q_rope 64] in fp16/bf16; key / value are packed
-// int8 rows (nb, bs, 1, 656) = [k_nope int8 x512 | k_rope x64 in the query's
-// dtype (128 B) | 4 fp32 scales (16 B)], k_nope[d] = q[d] * scale[d / 128]
+// int8 (A2/A3) or float8_e4m3fn (A5) rows (nb, bs, 1, 656) = [k_nope x512 in
+// the rows' dtype | k_rope x64 in the query's dtype (128 B) | 4 fp32 scales
+// (16 B)], k_nope[d] = q[d] * scale[d / 128]
 // (sfa_c8_rows.h). V is the dequantised 512-wide nope part of value's rows.
 // Otherwise exactly npu_sparse_flash_attention (sparse_flash_attention_cpu.cpp).
 // Implemented: key/value_quant_mode 2 (per tile), quant_scale_repo_mode 1
@@ -36,9 +37,10 @@ sig::SfaResult kv_quant_sfa(const char* op, bool want_lse, AAR_KVQ_SFA_COMMON_PA
   const auto dt = query.scalar_type();
   AAR_CHECK_ARG(dt == at::kHalf || dt == at::kBFloat16, op,
                 ": query must be float16 or bfloat16 (the packed rows hold k_rope in the query's dtype), got ", dt);
-  AAR_CHECK_ARG(key.scalar_type() == at::kChar && value.scalar_type() == at::kChar, op,
-                ": key and value must be the packed int8 rows, got ", key.scalar_type(), " and ",
-                value.scalar_type());
+  const auto kt = key.scalar_type();
+  AAR_CHECK_ARG((kt == at::kChar || kt == at::kFloat8_e4m3fn) && value.scalar_type() == kt, op,
+                ": key and value must be the packed rows, both int8 (A2/A3) or both float8_e4m3fn (A5), got ", kt,
+                " and ", value.scalar_type());
   AAR_CHECK_ARG(key.dim() == 4 && key.size(3) == kSfaC8RowBytes, op, ": key must be (num_blocks, block_size, 1, ",
                 kSfaC8RowBytes, ") packed rows, got ", key.sizes());
   AAR_CHECK_ARG(value.sizes() == key.sizes(), op, ": value must have key's shape ", key.sizes(), ", got ",

@@ -145,8 +145,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> run(const
       AAR_CHECK_ARG(Hckv == kSfaC8NopeDim && Dr == kSfaC8RopeDim, op, ": the packed per-tile kv_cache row is laid "
                     "out for Hckv=", kSfaC8NopeDim, ", Dr=", kSfaC8RopeDim, ", got Hckv=", Hckv, ", Dr=", Dr);
       AAR_CHECK_ARG(kv_cache.dim() == 4 && kv_cache.size(2) == 1 && kv_cache.size(3) == kSfaC8RowBytes &&
-                        kv_cache.scalar_type() == at::kChar,
-                    op, ": kv_cache must be the packed int8 cache (num_blocks, block_size, 1, ", kSfaC8RowBytes,
+                        (kv_cache.scalar_type() == at::kChar || kv_cache.scalar_type() == at::kFloat8_e4m3fn),
+                    op, ": kv_cache must be the packed int8 (A2/A3) or float8_e4m3fn (A5) cache (num_blocks, block_size, 1, ", kSfaC8RowBytes,
                     "), got ", kv_cache.scalar_type(), " ", kv_cache.sizes());
       AAR_CHECK_ARG(dt == at::kHalf || dt == at::kBFloat16, op, ": the packed row stores the rope bytes of a "
                     "float16/bfloat16 activation, got ", dt);
@@ -223,7 +223,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> run(const
         break;
       }
       case KvQuant::Tile: {
-        const at::Tensor rows = pack_sfa_c8_rows(c, kr);  // (T, 656) int8
+        // (T, 656) in the cache's dtype: int8 (A2/A3) or float8_e4m3fn (A5), refused otherwise by name.
+        const at::Tensor rows = pack_sfa_c8_rows(c, kr, kv_cache.scalar_type());
         const at::Tensor flat = kv_cache.view({-1, kSfaC8RowBytes});
         for (int64_t t = 0; t < T; ++t) {
           if (ip[t] < 0) continue;

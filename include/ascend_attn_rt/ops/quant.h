@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/OptionalArrayRef.h>
 #include <c10/util/string_view.h>
 
 #include <cstdint>
@@ -35,11 +36,14 @@ struct DynamicQuantArgs {
 // (input.shape[:-1]): the dequant scale). An all-zero row gives scale 0, q 0.
 std::tuple<at::Tensor, at::Tensor> dynamic_quant(const DynamicQuantArgs& a, Provider pv = Provider::Auto);
 
-// Per (row_block_size x col_block_size) tile: scale = amax(|x|) / 127,
-// y = rint(x / scale); returns (y int8 (x's shape), scale fp32
-// (x.shape[:-1] + (ceil(cols / col_block_size),))). x 2-D or 3-D; the CPU twin
-// implements row_block_size 1, col_block_size 128, dst_type 1 (int8),
-// min_scale 0, round_mode "rint", dst_type_max 0 (others: NotSupported by name).
+// Per (row_block_size x col_block_size) tile: scale = amax(|x|) / QMAX,
+// y = x / scale in the destination type; returns (y (x's shape), scale fp32
+// (x.shape[:-1] + (ceil(cols / col_block_size),))). dst_type 1: int8, QMAX 127,
+// y = rint(x / scale); float8_e4m3fn (its ScalarType value, or torch_npu's 292;
+// A5's SFA C8 rows): QMAX 448, y the nearest e4m3 value (ties to even). x 2-D
+// or 3-D; the CPU twin implements row_block_size 1, col_block_size 128, those
+// two dst_types, min_scale 0, round_mode "rint", dst_type_max 0 or QMAX
+// (others: NotSupported by name).
 std::tuple<at::Tensor, at::Tensor> dynamic_block_quant(const at::Tensor& x, int64_t row_block_size,
                                                        int64_t col_block_size, int64_t dst_type = 1,
                                                        double min_scale = 0.0, c10::string_view round_mode = "rint",
@@ -59,11 +63,18 @@ at::Tensor quantize(const at::Tensor& x, const at::Tensor& scales, const std::op
 // (* pertoken_scale per row), in output_dtype (an at::ScalarType value).
 // x1 (m, k) int8, x2 (k, n) int8 (the weight transposed to (in, out), as the
 // W8A8 linears hold it), scale fp32 (n) or (1), pertoken_scale fp32 (m).
+// MX fp8 mode (A5, W8A8-MXFP8 linears; docs/design/ops.md): x1 (m, k) and x2
+// (k, n) float8_e4m3fn (x2 the transposed view of the (n, k) weight),
+// pertoken_scale (m, ceil(k / 64), 2) and scale (ceil(k / 64), n, 2)
+// float8_e8m0fnu, scale_dtype = pertoken_scale_dtype = float8_e8m0fnu,
+// group_sizes {1, 1, 32}: y[m, n] = sum_k x1 s1[m, k / 32] x2 s2[k / 32, n].
 struct QuantMatmulArgs {
   at::Tensor x1, x2, scale;
   std::optional<at::Tensor> offset;  // int8 output only: not used by the runtime
   std::optional<at::Tensor> pertoken_scale, bias;
   std::optional<int64_t> output_dtype;
+  std::optional<int64_t> pertoken_scale_dtype, scale_dtype;  // MX mode: float8_e8m0fnu's ScalarType value
+  at::OptionalIntArrayRef group_sizes;  // MX mode; a view: the caller's storage outlives the call
 };
 at::Tensor quant_matmul(const QuantMatmulArgs& a, Provider pv = Provider::Auto);
 

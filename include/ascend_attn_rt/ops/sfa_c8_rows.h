@@ -28,19 +28,19 @@ at::Tensor pack_sfa_c8_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, 
 // As above, rows in `row_dtype`: int8 (A2/A3) or float8_e4m3fn (A5, docs/design/sfa.md §5:
 // the same byte order reinterpreted as fp8; the nope part quantised by
 // npu_dynamic_block_quant with dst_type = float8_e4m3fn's ScalarType value).
-// [verify] torch_npu documents dst_type 1 (int8) only, on A2/A3; the CPU twin
-// implements int8 and rejects any other dst_type by name (NotSupported).
+// torch_npu 2.14 documents dst_type 1 (int8) only, on A2/A3; the CPU twin
+// implements both (fp8: scale = amax / 448, the nearest e4m3 value, ties to even).
 at::Tensor pack_sfa_c8_rows(const at::Tensor& k_nope, const at::Tensor& k_rope, at::ScalarType row_dtype,
                             Provider pv = Provider::Auto);
 
 struct SfaC8Unpacked {
-  at::Tensor k_nope_q;  // (..., 512) int8
+  at::Tensor k_nope_q;  // (..., 512) the rows' dtype: int8 or float8_e4m3fn
   at::Tensor k_rope;    // (..., 64) rope_dtype
   at::Tensor scale;     // (..., 4) fp32
   at::Tensor k_nope;    // (..., 512) fp32, dequantised: k_nope_q * scale[d / 128]
 };
 
-// Splits and dequantises packed rows (..., 656) int8; rope_dtype is the dtype
+// Splits and dequantises packed rows (..., 656) int8 or float8_e4m3fn; rope_dtype is the dtype
 // the rope bytes hold (the query's: kHalf or kBFloat16). Results are new
 // tensors (no aliasing of `rows`).
 SfaC8Unpacked unpack_sfa_c8_rows(const at::Tensor& rows, at::ScalarType rope_dtype);

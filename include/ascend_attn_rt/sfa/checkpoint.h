@@ -1,7 +1,10 @@
 // DeepSeek-V3.2 (SFA) layer weights from a checkpoint's names (MLA names plus the
 // indexer's) for one layer under `prefix`; the checkpoint's own tensors, mixed-dtype
 // norms cast, weights_proj unscaled. Missing / misshapen / unexpected keys:
-// InvalidArgument listing them by full name; quantised projections and biases:
+// InvalidArgument listing them by full name; biases and quantised projections
+// other than an MXFP8 checkpoint's q_a_proj / kv_a_proj_with_mqa / q_b_proj
+// (float8_e4m3fn weights with e8m0 weight_scale (out, in / 32), returned as
+// weights.quant, quant type mxfp8, fused_qkv_a_proj = q_a_proj | kv_a_proj_with_mqa):
 // NotSupported by key. Names and rules: docs/design/sfa.md §9.
 #pragma once
 
