@@ -117,7 +117,7 @@ void LatentAttention::write_kv(const at::Tensor& kv_c, const at::Tensor& k_pe, c
                              slots.scalar_type() == at::kLong ? slots : slots.to(at::kLong), "Norm");
   };
   if (graph::GraphParams* g = graph::GraphParams::current()) {
-    // Inside a capture (vLLM's graph capture through the adapter, docs/design/vllm_sparse.md §5): the
+    // Inside a capture (vLLM's graph capture through the adapter, docs/design/vllm_sparse.md §6): the
     // write is a prepare call over the caller's tensors, which a captured graph keeps at stable
     // addresses (vLLM's persistent slot mapping, its static activations); the checks above ran now.
     g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, std::move(write)));

@@ -147,7 +147,7 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
     if (T > tk) pd::fill_minus_one(dst.narrow(0, tk, T - tk));
   };
   if (graph::GraphParams* g = graph::GraphParams::current()) {
-    // Inside a capture (vLLM's graph capture through the adapter, docs/design/vllm_sparse.md §5): one
+    // Inside a capture (vLLM's graph capture through the adapter, docs/design/vllm_sparse.md §6): one
     // prepare call, as sfa::Impl records its layer (docs/design/graph.md §4.3).
     pd::check_capture(md, *g, "sfa.IndexerStep.run");
     g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, std::move(step)));

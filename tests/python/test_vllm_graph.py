@@ -302,3 +302,8 @@ def _sparse_case(lay, gen, nb):
         assert torch.equal(lay.buf[:B], topk_eager)
         assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # A padded step (three real decodes in the bucket of four) is refused before a replay.
+    cam = _cam([9, 9, 9], bt, pad_to=B)
+    md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
+    with pytest.raises(ValueError, match="padded step"):
+        vgraph.update(B, {"a": md, "b": imd})

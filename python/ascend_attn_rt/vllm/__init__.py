@@ -113,7 +113,7 @@ def _build_inputs(common_prefix_len: int, m: CommonAttentionMetadata):
     # vLLM's upper bound is exact outside async spec decode, which the runtime refuses anyway.
     seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
     # vLLM pads a full-graph batch with empty requests (no tokens, KV length 0) after the real ones;
-    # the runtime pads to num_input_tokens its own way (docs/design/vllm_sparse.md §5).
+    # the runtime pads to num_input_tokens its own way (docs/design/vllm_sparse.md §6).
     while n > 0 and int(qsl[n]) == int(qsl[n - 1]) and int(seq_lens[n - 1]) == 0:
         n -= 1
     qsl, seq_lens = qsl[: n + 1], seq_lens[:n]

@@ -1,4 +1,4 @@
-"""Graph mode for the vLLM adapter (docs/design/vllm_sparse.md §5): what the adapter declares to vLLM
+"""Graph mode for the vLLM adapter (docs/design/vllm_sparse.md §6): what the adapter declares to vLLM
 and how vLLM's full-graph capture of decode runs through the runtime's capture, update and replay.
 
 * Every adapter builder (GQA, MLA, sparse MLA and its indexer group) declares
@@ -112,11 +112,19 @@ def update(num_tokens: int, attn_metadata) -> None:
     dict (layer name -> metadata, as the forward context carries it) or one metadata. The adapter's
     impls record their calls in KV-cache group 0, so the distinct metadata with parameters must be one
     (the builders of one group give all its layers the same object). Sparse MLA buckets have no
-    per-step parameters: nothing is refreshed, the bucket is ready after each replay."""
+    per-step parameters: nothing is refreshed, but each step is checked to fill the bucket with decodes
+    (call update before every replay)."""
+    from .sparse import AscendAttnRtSparseMlaMetadata
+
     g = _require_store()
     items = attn_metadata.values() if isinstance(attn_metadata, dict) else [attn_metadata]
     distinct = []
     for md in items:
+        if isinstance(md, AscendAttnRtSparseMlaMetadata) and (md.num_prefills or md.num_decode_tokens != num_tokens):
+            # The sparse calls read the capture's token count: a step must fill the bucket with decodes.
+            raise ValueError(f"sparse MLA bucket {num_tokens} takes steps of {num_tokens} decode tokens, got "
+                             f"{md.num_decode_tokens} decode tokens and {md.num_prefills} prefills (a padded step "
+                             "is not supported through the adapter)")
         step = _step_metadata(md)
         if step is not None and not any(step is d for d in distinct):
             distinct.append(step)

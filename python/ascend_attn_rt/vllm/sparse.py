@@ -21,7 +21,7 @@ Three pieces, each behind the vLLM object that calls it:
 Refused by name when the objects are made: context parallelism (DCP / PCP), quantised KV caches
 (fp8 / fp8_ds_mla), DeepSeek-V4 (compressed indexer), graph modes other than FULL_DECODE_ONLY
 (cudagraph_mode), and for the op torch.compile (it runs eagerly); per step: non-causal attention, a
-FULL cudagraph runtime mode without a graph provider (docs/design/vllm_sparse.md §4, §5 for graphs).
+FULL cudagraph runtime mode without a graph provider (docs/design/vllm_sparse.md §4, §6 for graphs).
 """
 
 from __future__ import annotations
