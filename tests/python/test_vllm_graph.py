@@ -307,3 +307,26 @@ def _sparse_case(lay, gen, nb):
     md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
     with pytest.raises(ValueError, match="padded step"):
         vgraph.update(B, {"a": md, "b": imd})
+
+
+def test_sparse_builder_takes_vllms_is_prefilling():
+    # vLLM's model runner always sets is_prefilling; the SFA builder without KV offload splits by query length
+    # only, so the flags are dropped when they do not change the split and refused by name when they would.
+    import test_vllm_sparse as ts
+
+    cfg = ts._config("deepseek_v32", torch.float32)
+    hf = cfg.model_config.hf_text_config
+    nb = 24
+    cfg.cache_config.num_gpu_blocks = nb
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=hf.kv_lora_rank + hf.qk_rope_head_dim,
+                            dtype=torch.float32, cache_dtype_str="auto")
+    builder = AscendAttnRtSparseMlaBackend.get_builder_cls()(spec, ["a"], cfg, CPU)
+    bt = random_block_table([40] * 3, BS, nb, torch.Generator().manual_seed(4), width=WIDTH)
+    qsl, sl = torch.tensor([0, 1, 2, 10], dtype=torch.int32), torch.tensor([20, 30, 40], dtype=torch.int32)
+    cam = _common_metadata(qsl, sl, bt, torch.arange(10))
+    cam.is_prefilling = torch.tensor([False, False, True])  # the prefill has a prefill-sized query
+    md = builder.build(0, cam)
+    assert (md.num_decodes, md.num_prefills, md.num_prefill_tokens) == (2, 1, 8)
+    cam.is_prefilling = torch.tensor([False, True, True])  # a one-token extend flagged as a prefill
+    with pytest.raises(NotImplementedError, match=r"is_prefilling marks requests \[1\]"):
+        builder.build(0, cam)
