@@ -8,6 +8,7 @@
 #include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
 #include "ascend_attn_rt/mla/backend.h"
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
@@ -79,7 +80,6 @@ std::pair<at::Tensor, at::Tensor> LatentAttention::split_kv_cache(const at::Tens
 
 void LatentAttention::write_kv(const at::Tensor& kv_c, const at::Tensor& k_pe, const at::Tensor& slots,
                                const at::Tensor& nope, const at::Tensor& rope) const {
-  graph::refuse_if_capturing("mla.LatentAttention.write_kv");
   const int64_t L = cfg_.kv_lora_rank, R = cfg_.qk_rope_head_dim;
   for (const auto& [c, name, w] : {std::tuple<const at::Tensor*, const char*, int64_t>{&nope, "nope_cache", L},
                                    {&rope, "rope_cache", R}}) {
@@ -109,10 +109,21 @@ void LatentAttention::write_kv(const at::Tensor& kv_c, const at::Tensor& k_pe, c
                 nope.device());
   const int64_t n = slots.size(0);
   if (n == 0) return;
-  at::Tensor nc = nope, rc = rope;
   // The operator validates every slot before its first write (a rejected call writes nothing).
-  ops::scatter_pa_kv_cache(kv_c.narrow(0, 0, n).unsqueeze(1).contiguous(), pe.narrow(0, 0, n).unsqueeze(1).contiguous(),
-                           nc, rc, slots.scalar_type() == at::kLong ? slots : slots.to(at::kLong), "Norm");
+  auto write = [kv_c, pe, slots, nc = nope, rc = rope, n]() {
+    at::Tensor nope_cache = nc, rope_cache = rc;
+    ops::scatter_pa_kv_cache(kv_c.narrow(0, 0, n).unsqueeze(1).contiguous(),
+                             pe.narrow(0, 0, n).unsqueeze(1).contiguous(), nope_cache, rope_cache,
+                             slots.scalar_type() == at::kLong ? slots : slots.to(at::kLong), "Norm");
+  };
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    // Inside a capture (vLLM's graph capture through the adapter, docs/design/vllm_sparse.md §6): the
+    // write is a prepare call over the caller's tensors, which a captured graph keeps at stable
+    // addresses (vLLM's persistent slot mapping, its static activations); the checks above ran now.
+    g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, std::move(write)));
+    return;
+  }
+  write();
 }
 
 void LatentAttention::check_step(const Metadata& md, const at::Tensor& nope, const at::Tensor& rope,
@@ -135,8 +146,8 @@ void LatentAttention::check_step(const Metadata& md, const at::Tensor& nope, con
 
 void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
                                      const at::Tensor& rope, const Metadata* md_ptr, const at::Tensor& out) {
-  graph::refuse_if_capturing("mla.LatentAttention.forward_decode");
   if (md_ptr == nullptr) {
+    graph::refuse_if_capturing("mla.LatentAttention.forward_decode without metadata (profiling run)");
     zero_for_profiling(out);
     return;
   }
@@ -167,9 +178,7 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
   if (!ws_ || !(ws_->shape() == sh)) ws_ = detail::DecodeWorkspace::shared(sh);
   const detail::DecodeLayout layout = detail::decode_layout_of(md, /*kv_nz=*/false);
   const detail::DecodeViews& v = ws_->views(td, layout);
-  // The real heads of the zero-padded queries.
-  ops::dense::copy(v.qn_heads, ql_nope);
-  ops::dense::copy(v.qr_heads, q_pe);
+  if (!lse_.defined() || lse_.device() != dev) lse_ = at::zeros({1}, ql_nope.options().dtype(at::kFloat));
   ops::FiaV2Tensors t;
   ops::FiaV2Params p;
   const int64_t bs = md.block_size;
@@ -181,7 +190,31 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
   t.query_rope = v.fia_qr;
   detail::set_latent_decode_params(md, layout, hp_, cfg_.scale, t, p);
   at::Tensor attn = v.attn;
-  if (!lse_.defined() || lse_.device() != dev) lse_ = at::zeros({1}, ql_nope.options().dtype(at::kFloat));
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    // Inside a capture: the MLA decode's three calls (docs/design/graph.md §4.2) without the
+    // projections: the queries into the workspace (prepare), the latent attention (a fused call
+    // refreshed per step: block table, KV lengths, the query ends in the speculative TND layout),
+    // the output out of it (prepare). The workspace views and the caller's tensors are held by the
+    // closures; the capture-time metadata's lists are what an update replaces.
+    const int64_t n = g->capturing_bucket();
+    if (md.num_prefills != 0 || td != n) {
+      throw_not_supported("mla.LatentAttention.forward_decode graph capture of bucket ", n,
+                          " takes decode-only batches of ", n, " decode tokens (got ", td, " decode tokens, ",
+                          md.num_prefills, " prefills)");
+    }
+    g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, [v, ql_nope, q_pe]() {
+      ops::dense::copy(v.qn_heads, ql_nope);
+      ops::dense::copy(v.qr_heads, q_pe);
+    }));
+    graph_calls::capture_fia_v2(*g, {-1, 0}, {/*paged=*/true, /*q_lens=*/md.speculative}, std::move(t), p, attn,
+                                lse_);
+    g->capture_call(std::make_unique<graph::ClosureCall>(
+        -1, 0, [v, o = at::Tensor(out)]() { ops::dense::copy(o, v.attn_heads.transpose(0, 1)); }));
+    return;
+  }
+  // The real heads of the zero-padded queries.
+  ops::dense::copy(v.qn_heads, ql_nope);
+  ops::dense::copy(v.qr_heads, q_pe);
   ops::fused_infer_attention_score_v2_out(t, p, std::nullopt, attn, lse_);
   ops::dense::copy(out, v.attn_heads.transpose(0, 1));
 }

@@ -50,6 +50,17 @@ at::Tensor contiguous(const at::Tensor& t) {
   return c;
 }
 
+// Inside a capture: the step must be a decode-only (or speculative decode) batch of the bucket's
+// kernel tokens, as sfa::Impl's capture takes (docs/design/graph.md §4.3).
+void check_capture(const Metadata& md, const graph::GraphParams& g, const char* what) {
+  const int64_t n = g.capturing_bucket();
+  if ((md.attn_state != plan::AttentionState::DecodeOnly && md.attn_state != plan::AttentionState::SpecDecoding) ||
+      kernel_tokens(md) != n) {
+    throw_not_supported(what, " graph capture of bucket ", n, " takes DecodeOnly and SpecDecoding batches of ", n,
+                        " kernel tokens, got ", plan::to_string(md.attn_state), " with ", kernel_tokens(md));
+  }
+}
+
 void fill_minus_one(const at::Tensor& t) {
   if (t.numel() > 0 && !ops::dense::no_compute()) t.fill_(-1);
 }
@@ -71,7 +82,6 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
 
 at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights,
                             const at::Tensor& cache, const Metadata& md, const at::Tensor& dst) {
-  graph::refuse_if_capturing("sfa.IndexerStep.run");
   // --- every check before any write
   AAR_CHECK_ARG(cache.defined() && (cache.dim() == 3 || (cache.dim() == 4 && cache.size(2) == 1)),
                 "index_cache must have shape (num_blocks, block_size, head_dim) or (num_blocks, block_size, 1, "
@@ -114,21 +124,36 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
   // --- the step
   const aar::detail::InferenceScope inference;
   const int64_t K = cfg_.topk;
-  if (tk > 0) {
-    if (!slots_src_.same(md.slot_mapping) || !slots2_.defined() || slots2_.size(0) != tk) {
-      slots2_ = md.slot_mapping.narrow(0, 0, tk).view({tk, 1});
-      slots_src_.bind(md.slot_mapping);
-    }
-    detail::write_indexer_keys(rows_, slots2_, pd::contiguous(k.narrow(0, 0, tk)));
-    const at::Tensor qc = pd::contiguous(ops::dense::cast(q.narrow(0, 0, tk), dt));
-    const at::Tensor wc = pd::contiguous(ops::dense::cast(weights.narrow(0, 0, tk), dt));
-    const at::Tensor idx = detail::lightning_indexer(
-        args_, {qc, cache4_, wc, md.cum_query_lens, md.seq_lens, md.block_table, K,
-                detail::indexer_library(cfg_.glm_moe_dsa, cfg_.device_kind)});  // (tk, 1, K)
-    ops::dense::copy(dst.narrow(0, 0, tk).narrow(1, 0, K), idx.view({tk, K}));
-    if (dst.size(1) > K) pd::fill_minus_one(dst.narrow(0, 0, tk).narrow(1, K, dst.size(1) - K));
+  if (tk > 0 && (!slots_src_.same(md.slot_mapping) || !slots2_.defined() || slots2_.size(0) != tk)) {
+    slots2_ = md.slot_mapping.narrow(0, 0, tk).view({tk, 1});
+    slots_src_.bind(md.slot_mapping);
   }
-  if (T > tk) pd::fill_minus_one(dst.narrow(0, tk, T - tk));
+  // Everything the step reads is held by value: inside a capture it is recorded, and the metadata's
+  // tensors are views of the builder's buffers, which every later build refills in place.
+  auto step = [this, k, q, weights, dst, dt, tk, T, K, rows = rows_, cache4 = cache4_, slots2 = slots2_,
+               cql = md.cum_query_lens, seq = md.seq_lens, bt = md.block_table]() {
+    const aar::detail::InferenceScope inference;
+    if (tk > 0) {
+      at::Tensor cache_rows = rows;
+      detail::write_indexer_keys(cache_rows, slots2, pd::contiguous(k.narrow(0, 0, tk)));
+      const at::Tensor qc = pd::contiguous(ops::dense::cast(q.narrow(0, 0, tk), dt));
+      const at::Tensor wc = pd::contiguous(ops::dense::cast(weights.narrow(0, 0, tk), dt));
+      const at::Tensor idx = detail::lightning_indexer(
+          args_, {qc, cache4, wc, cql, seq, bt, K,
+                  detail::indexer_library(cfg_.glm_moe_dsa, cfg_.device_kind)});  // (tk, 1, K)
+      ops::dense::copy(dst.narrow(0, 0, tk).narrow(1, 0, K), idx.view({tk, K}));
+      if (dst.size(1) > K) pd::fill_minus_one(dst.narrow(0, 0, tk).narrow(1, K, dst.size(1) - K));
+    }
+    if (T > tk) pd::fill_minus_one(dst.narrow(0, tk, T - tk));
+  };
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    // Inside a capture (vLLM's graph capture through the adapter, docs/design/vllm_sparse.md §6): one
+    // prepare call, as sfa::Impl records its layer (docs/design/graph.md §4.3).
+    pd::check_capture(md, *g, "sfa.IndexerStep.run");
+    g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, std::move(step)));
+  } else {
+    step();
+  }
   return dst.narrow(0, 0, tk).narrow(1, 0, K).unsqueeze(1);
 }
 
@@ -139,7 +164,6 @@ SparseAttention::SparseAttention(double scale) : scale_(scale) {
 at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
                                 const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
                                 const std::optional<at::Tensor>& out) {
-  graph::refuse_if_capturing("sfa.SparseAttention.run");
   // --- every check before any write
   AAR_CHECK_ARG(nope.defined() && nope.dim() == 4 && rope.defined() && rope.dim() == 4,
                 "nope_cache and rope_cache must be (num_blocks, block_size, 1, width) (the views "
@@ -180,20 +204,41 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
   }
   // --- the step
   const aar::detail::InferenceScope inference;
+  graph::GraphParams* g = graph::GraphParams::current();
+  if (g != nullptr) pd::check_capture(md, *g, "sfa.SparseAttention.run");
   if (tk == 0) {
     const at::Tensor res = out.has_value() ? *out : at::empty({T, N, L}, qn.options());
-    ops::dense::zero(res);
+    if (g != nullptr) {
+      g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, [res]() { ops::dense::zero(res); }));
+    } else {
+      ops::dense::zero(res);
+    }
     return res;
   }
-  const at::Tensor q_nope = pd::contiguous(qn.narrow(0, 0, tk));
-  const at::Tensor q_rope = pd::contiguous(qr.narrow(0, 0, tk));
-  const at::Tensor rows = pd::contiguous(topk.dim() == 2 ? topk.narrow(0, 0, tk).unsqueeze(1) : topk.narrow(0, 0, tk));
-  const at::Tensor o = detail::sparse_attention(
-      args_, {q_nope, q_rope, rows, nope, rope, md.block_table, md.cum_query_lens, md.seq_lens, scale_});  // (tk, N, L)
-  if (!out.has_value() && T == tk) return o;
+  // Everything the operator reads is held by value: inside a capture the call is recorded, and the
+  // metadata's tensors are views of the builder's buffers, which every later build refills in place.
+  auto compute = [this, qn, qr, topk, nope, rope, tk, bt = md.block_table, cql = md.cum_query_lens,
+                  seq = md.seq_lens]() {
+    const aar::detail::InferenceScope inference;
+    const at::Tensor q_nope = pd::contiguous(qn.narrow(0, 0, tk));
+    const at::Tensor q_rope = pd::contiguous(qr.narrow(0, 0, tk));
+    const at::Tensor rows =
+        pd::contiguous(topk.dim() == 2 ? topk.narrow(0, 0, tk).unsqueeze(1) : topk.narrow(0, 0, tk));
+    return detail::sparse_attention(args_, {q_nope, q_rope, rows, nope, rope, bt, cql, seq, scale_});  // (tk, N, L)
+  };
+  if (g == nullptr && !out.has_value() && T == tk) return compute();
+  // Inside a capture the result lands in a tensor made now (or the given out), which the recorded
+  // call writes at every replay (one prepare call, docs/design/graph.md §4.3).
   const at::Tensor res = out.has_value() ? *out : at::empty({T, N, L}, qn.options());
-  ops::dense::copy(res.narrow(0, 0, tk), o);
-  if (T > tk) ops::dense::zero(res.narrow(0, tk, T - tk));
+  auto finish = [compute, res, tk, T]() {
+    ops::dense::copy(res.narrow(0, 0, tk), compute());
+    if (T > tk) ops::dense::zero(res.narrow(0, tk, T - tk));
+  };
+  if (g != nullptr) {
+    g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, std::move(finish)));
+  } else {
+    finish();
+  }
   return res;
 }
 

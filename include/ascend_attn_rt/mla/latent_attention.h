@@ -20,7 +20,11 @@
 // The metadata is mla::MetadataBuilder's; its RoPE rows are not read. Not
 // supported (each raises naming it): metadata built for DCP or PCP, graph decode
 // padding (decode.num_kernel_tokens != num_decode_tokens), NZ caches, the
-// int8 FA-quant cache, graph capture. Thread safety as mla::Impl.
+// int8 FA-quant cache, graph capture of the prefill and of a profiling run.
+// Inside a graph capture write_kv records one prepare call over its tensors and
+// forward_decode (a decode-only batch of the bucket's tokens) a prepare call, the
+// latent attention as a fused call refreshed per update, and a prepare call
+// (docs/design/mla.md §5.8). Thread safety as mla::Impl.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -72,7 +76,7 @@ class LatentAttention {
   // Both forwards take their arguments in the backend contract's order
   // (core/backend.h: activations, caches, metadata, output, extras); md ==
   // nullptr is a profiling run: out is zero-filled (refused inside a graph
-  // capture, as every call of this class is).
+  // capture, as forward_prefill always is).
 
   // The decode tokens (the first md->num_decode_tokens of the step): ql_nope
   // (B, H, L) and q_pe (B, H, R), any strides; out (B, H, L), contiguous,

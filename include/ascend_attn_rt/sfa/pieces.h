@@ -4,7 +4,8 @@
 // rows, on the sfa::Metadata of the runtime's builder. The operators are the ones sfa::Impl calls
 // (through the same shared calls), picked by the provider (npu / CPU twin / no-compute).
 // Every argument is checked (shapes, dtypes, devices, the metadata against the caches) before
-// anything is written.
+// anything is written. Inside a graph capture each run takes a DecodeOnly / SpecDecoding batch of
+// the bucket's kernel tokens and is recorded as one prepare call (docs/design/sfa.md §4.5).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -52,6 +52,7 @@ from vllm.v1.attention.backend import (
 )
 
 from .. import _C as aar
+from .graph import GraphBuilderMixin, refuse_if_capturing
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -111,6 +112,11 @@ def _build_inputs(common_prefix_len: int, m: CommonAttentionMetadata):
     qsl = m.query_start_loc_cpu[: n + 1].to(torch.int32)
     # vLLM's upper bound is exact outside async spec decode, which the runtime refuses anyway.
     seq_lens = m.seq_lens[:n].to("cpu", torch.int32)
+    # vLLM pads a full-graph batch with empty requests (no tokens, KV length 0) after the real ones;
+    # the runtime pads to num_input_tokens its own way (docs/design/vllm_sparse.md §6).
+    while n > 0 and int(qsl[n]) == int(qsl[n - 1]) and int(seq_lens[n - 1]) == 0:
+        n -= 1
+    qsl, seq_lens = qsl[: n + 1], seq_lens[:n]
     bt = m.block_table_tensor[:n]
     if bt.dtype != torch.int32:
         bt = bt.to(torch.int32)
@@ -136,7 +142,7 @@ def _builder_sizes(kv_cache_spec, vllm_config) -> dict:
                 chunked_prefill_enabled=bool(sc.enable_chunked_prefill))
 
 
-class AscendAttnRtMetadataBuilder(AttentionMetadataBuilder):
+class AscendAttnRtMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
     reorder_batch_threshold: int | None = 1
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
@@ -150,6 +156,11 @@ class AscendAttnRtMetadataBuilder(AttentionMetadataBuilder):
         qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
         return self._builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
                                    is_prefilling=m.is_prefilling, causal=causal)
+
+    def _graph_build(self, m: CommonAttentionMetadata):
+        qsl, seq_lens, bt, causal = _build_inputs(0, m)
+        return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
+                                                     state=aar.AttentionState.DecodeOnly, causal=causal)
 
 
 class AscendAttnRtImpl(AttentionImpl):
@@ -176,6 +187,7 @@ class AscendAttnRtImpl(AttentionImpl):
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("output_scale / output_block_scale (fused output quant) are not supported")
         if attn_metadata is None:  # vLLM's profiling run
+            refuse_if_capturing("a forward without metadata (vLLM's profiling run)")
             return output.fill_(0)
         out = output.view(-1, self.num_heads, self.head_size)
         self._impl.forward(query.view(-1, self.num_heads, self.head_size),
@@ -235,7 +247,7 @@ class AscendAttnRtMlaBackend(AttentionBackend):
         return True
 
 
-class AscendAttnRtMlaMetadataBuilder(AttentionMetadataBuilder):
+class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
     """vLLM's CommonAttentionMetadata -> the runtime's mla.Metadata (one C++ build per step)."""
 
     reorder_batch_threshold: int | None = 1
@@ -264,6 +276,11 @@ class AscendAttnRtMlaMetadataBuilder(AttentionMetadataBuilder):
             raise NotImplementedError("non-causal MLA attention is not supported by ascend_attn_rt")
         return self._builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
                                    is_prefilling=m.is_prefilling)
+
+    def _graph_build(self, m: CommonAttentionMetadata):
+        qsl, seq_lens, bt, causal = _build_inputs(0, m)
+        return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
+                                                     state=aar.AttentionState.DecodeOnly)
 
 
 class AscendAttnRtMlaImpl(MLAAttentionImpl):

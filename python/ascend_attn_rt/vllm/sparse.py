@@ -19,9 +19,9 @@ Three pieces, each behind the vLLM object that calls it:
   through the runtime's provider) is C++ (docs/design/sfa.md §4.5).
 
 Refused by name when the objects are made: context parallelism (DCP / PCP), quantised KV caches
-(fp8 / fp8_ds_mla), DeepSeek-V4 (compressed indexer), graph capture (cudagraph_mode), and for the
-op torch.compile (it runs eagerly: enforce_eager=True); per step: non-causal attention, a FULL
-cudagraph runtime mode (docs/design/vllm_sparse.md §4).
+(fp8 / fp8_ds_mla), DeepSeek-V4 (compressed indexer), graph modes other than FULL_DECODE_ONLY
+(cudagraph_mode), and for the op torch.compile (it runs eagerly); per step: non-causal attention, a
+FULL cudagraph runtime mode without a graph provider (docs/design/vllm_sparse.md §4, §6 for graphs).
 """
 
 from __future__ import annotations
@@ -41,17 +41,20 @@ from vllm.v1.attention.backend import (
 
 from .. import _C as aar
 from . import _build_inputs, _builder_sizes, _refuse_cp
+from .graph import GraphBuilderMixin, graph_params
 
 _KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]
 
 
 def _refuse_graphs(vllm_config, what: str, compiled: bool) -> None:
-    """Graph capture, and (for code vLLM's compiler would trace: the indexer op) torch.compile."""
+    """Graph modes other than full graphs of decodes (piecewise graphs need torch.compile of the
+    model, which the indexer op refuses), and (for code vLLM's compiler would trace: the indexer op)
+    torch.compile."""
     cc = vllm_config.compilation_config
     mode = getattr(cc.cudagraph_mode, "name", str(cc.cudagraph_mode))
-    if mode != "NONE":
+    if mode not in ("NONE", "FULL_DECODE_ONLY"):
         raise NotImplementedError(f"compilation_config.cudagraph_mode={mode}: graph capture is not supported by "
-                                  f"ascend_attn_rt's {what} (use enforce_eager=True)")
+                                  f"ascend_attn_rt's {what} (use FULL_DECODE_ONLY, or enforce_eager=True)")
     if compiled and int(cc.mode) != 0:
         raise NotImplementedError(f"compilation_config.mode={int(cc.mode)}: the {what} runs eagerly, outside "
                                   "torch.compile (use enforce_eager=True)")
@@ -89,11 +92,35 @@ class AscendAttnRtSparseMlaMetadata:
     topk_tokens: int
 
 
-def _build(builder, topk: int, common_prefix_len: int, m: CommonAttentionMetadata) -> AscendAttnRtSparseMlaMetadata:
+def _is_prefilling(m: CommonAttentionMetadata, qsl, threshold: int):
+    """vLLM's is_prefilling (always given by its model runner) as the SFA builder takes it. The
+    builder without KV offload splits by query length only and refuses the flags: they are dropped
+    when the split is the same (no request flagged prefilling has a decode-sized query), refused by
+    name otherwise."""
+    flags = m.is_prefilling
+    if flags is None:
+        return None
+    n = qsl.numel() - 1
+    q_lens = (qsl[1:] - qsl[:-1]).tolist()
+    short = [i for i, f in enumerate(flags[:n].tolist()) if f and q_lens[i] <= threshold]
+    if short:
+        raise NotImplementedError(f"is_prefilling marks requests {short} with decode-sized queries (short extends) as "
+                                  "prefills: ascend_attn_rt's SFA builder without KV offload splits by query length "
+                                  "only")
+    return None
+
+
+def _build(builder, topk: int, common_prefix_len: int, m: CommonAttentionMetadata,
+           graph_capture: bool = False) -> AscendAttnRtSparseMlaMetadata:
     qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
     if not causal:
         raise NotImplementedError("causal=False: non-causal sparse MLA is not supported by ascend_attn_rt")
-    md = builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens, is_prefilling=m.is_prefilling)
+    if graph_capture:
+        md = builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
+                                             state=aar.AttentionState.DecodeOnly)
+    else:
+        md = builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
+                           is_prefilling=_is_prefilling(m, qsl, builder.decode_threshold))
     nd = md.num_decodes
     return AscendAttnRtSparseMlaMetadata(
         sfa=md, num_actual_tokens=m.num_actual_tokens, num_reqs=m.num_reqs, num_decodes=nd,
@@ -101,7 +128,7 @@ def _build(builder, topk: int, common_prefix_len: int, m: CommonAttentionMetadat
         prefill_max_seq_len=int(seq_lens[nd:].max()) if md.num_prefills else 0, topk_tokens=topk)
 
 
-class _SparseBuilderBase(AttentionMetadataBuilder):
+class _SparseBuilderBase(GraphBuilderMixin, AttentionMetadataBuilder):
     reorder_batch_threshold: int | None = 1
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
@@ -113,6 +140,9 @@ class _SparseBuilderBase(AttentionMetadataBuilder):
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendAttnRtSparseMlaMetadata:
         return _build(self._builder, self._topk, common_prefix_len, common_attn_metadata)
+
+    def _graph_build(self, m: CommonAttentionMetadata) -> AscendAttnRtSparseMlaMetadata:
+        return _build(self._builder, self._topk, 0, m, graph_capture=True)
 
 
 class AscendAttnRtSparseMlaMetadataBuilder(_SparseBuilderBase):
@@ -342,9 +372,9 @@ def _make_indexer_op_cls():
             if not isinstance(md, dict):  # vLLM's profiling run
                 return self.topk_indices_buffer
             mode = getattr(ctx, "cudagraph_runtime_mode", None)
-            if mode is not None and getattr(mode, "name", "") == "FULL":
-                raise NotImplementedError("cudagraph_runtime_mode=FULL: graph capture is not supported by "
-                                          "ascend_attn_rt's indexer")
+            if mode is not None and getattr(mode, "name", "") == "FULL" and graph_params() is None:
+                raise NotImplementedError("cudagraph_runtime_mode=FULL without a graph provider: call "
+                                          "ascend_attn_rt.vllm.graph.set_graph_provider first")
             meta = md.get(self.k_cache.prefix)
             if not isinstance(meta, AscendAttnRtSparseMlaMetadata):
                 raise ValueError(f"metadata of {self.k_cache.prefix!r} is {type(meta).__name__}: the indexer cache "

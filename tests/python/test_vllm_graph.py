@@ -1,0 +1,332 @@
+"""Graph mode through the vLLM adapter (ascend_attn_rt.vllm.graph, docs/design/vllm_sparse.md §5) on vLLM
+0.27.1's config, metadata and builder API: the cudagraph support each builder declares (read through vLLM's
+get_cudagraph_support), build_for_cudagraph_capture, and a decode bucket captured through the adapter's entry
+points vLLM's layers call (GQA impl.forward; MLA do_kv_cache_update + forward_mqa; the sparse indexer op's run,
+do_kv_cache_update + forward_mqa), then per step: vLLM's build, the adapter's update and the recording
+provider's replay, equal to an eager run of the same step on copies of the caches (GQA also against a float64
+reference with an explicit mask). The recording provider replays only the runtime's recorded calls, so the
+activations vLLM's layer code would compute around them live in static buffers the test fills."""
+
+import copy
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
+from vllm.config import CUDAGraphMode, set_current_vllm_config  # noqa: E402
+from vllm.v1.attention.backend import AttentionCGSupport  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # noqa: E402
+
+import ascend_attn_rt.vllm as aar_vllm  # noqa: E402
+from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
+from ascend_attn_rt.vllm import (AscendAttnRtBackend, AscendAttnRtIndexerBackend, AscendAttnRtMlaBackend,  # noqa: E402
+                                 AscendAttnRtSparseMlaBackend)
+from _reference import random_block_table  # noqa: E402
+from test_vllm_backend import BS, MAX_LEN, _common_metadata, _mla_dims, _mla_impl, _vllm_config  # noqa: E402
+
+B = 4  # the bucket: four one-token decodes
+WIDTH = MAX_LEN // BS
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def store():
+    g = vgraph.set_graph_provider("recording")
+    try:
+        yield g
+    finally:
+        vgraph.clear_graph_provider()
+
+
+def _cam(seq_lens, bt, pad_to=None):
+    """vLLM's CommonAttentionMetadata of one-token decodes; with pad_to, padded as vLLM's runner pads a
+    full-graph batch: empty requests (no tokens, KV length 0, block-table row 0), num_actual_tokens the
+    padded count, slot -1."""
+    n = len(seq_lens)
+    total = pad_to or n
+    qsl = torch.tensor(list(range(n + 1)) + [n] * (total - n), dtype=torch.int32)
+    sl = torch.tensor(list(seq_lens) + [0] * (total - n), dtype=torch.int32)
+    rows = torch.zeros(total, bt.shape[1], dtype=torch.int32)
+    rows[:n] = bt[:n]
+    slots = [int(bt[i, (s - 1) // BS]) * BS + (s - 1) % BS for i, s in enumerate(seq_lens)] + [-1] * (total - n)
+    cam = _common_metadata(qsl, sl, rows, torch.tensor(slots, dtype=torch.int64))
+    if pad_to:
+        cam.num_actual_tokens = total
+        cam.max_query_len = 1
+    return cam
+
+
+STEPS = [[5, 17, 33, 9], [40, 2, 11, 23], [64, 63, 2, 30]]
+
+
+# --- what the builders declare, and the refusals
+
+@pytest.mark.parametrize("backend,spec_kind", [(AscendAttnRtBackend, "gqa"), (AscendAttnRtMlaBackend, "mla"),
+                                               (AscendAttnRtSparseMlaBackend, "mla"),
+                                               (AscendAttnRtIndexerBackend, "mla")])
+def test_cudagraph_support_read_through_vllm(backend, spec_kind):
+    cfg = _vllm_config("vllm_tiny_gqa" if spec_kind == "gqa" else "vllm_tiny_mla")
+    spec = (FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=32, dtype=torch.float16)
+            if spec_kind == "gqa" else MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=80,
+                                                        dtype=torch.float16))
+    builder_cls = backend.get_builder_cls()
+    assert builder_cls.get_cudagraph_support(cfg, spec) is AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert builder_cls.build_for_cudagraph_capture is vgraph.GraphBuilderMixin.build_for_cudagraph_capture
+
+
+def test_graph_provider_and_capture_build_refusals():
+    with pytest.raises(NotImplementedError, match="graph provider 'torch_npu'"):
+        vgraph.set_graph_provider("torch_npu")
+    with pytest.raises(NotImplementedError, match="graph provider 'hooks'"):
+        vgraph.set_graph_provider("hooks")
+    with pytest.raises(ValueError, match="provider='noop'"):
+        vgraph.set_graph_provider("noop")
+    cfg = _vllm_config("vllm_tiny_gqa")
+    cfg.cache_config.num_gpu_blocks = 64
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=32, dtype=torch.float16)
+    builder = AscendAttnRtBackend.get_builder_cls()(spec, ["l0"], cfg, CPU)
+    bt = random_block_table([9] * B, BS, 64, torch.Generator().manual_seed(1), width=WIDTH)
+    vgraph.clear_graph_provider()
+    with pytest.raises(RuntimeError, match="no graph provider is set"):
+        builder.build_for_cudagraph_capture(_cam([9] * B, bt))
+    vgraph.set_graph_provider("recording")
+    try:
+        mixed = _common_metadata(torch.tensor([0, 1, 4], dtype=torch.int32), torch.tensor([9, 9], dtype=torch.int32),
+                                 bt[:2].contiguous(), torch.arange(4))
+        with pytest.raises(NotImplementedError, match="uniform single-token decode"):
+            builder.build_for_cudagraph_capture(mixed)
+        impl = AscendAttnRtBackend.get_impl_cls()(8, 32, 0.2, 2)
+        with pytest.raises(NotImplementedError, match="profiling run"), vgraph.capture(B):
+            impl.forward(None, None, None, None, None, None, torch.zeros(B, 8 * 32))
+        assert not vgraph.graph_params().has(B)  # the failed capture dropped its bucket
+    finally:
+        vgraph.clear_graph_provider()
+
+
+# --- GQA
+
+def _gqa_reference(q, kc, vc, bt, seq_lens, scale):
+    """float64 decode attention: each request's one query over its seq_len cached rows (explicit mask:
+    positions < seq_len), GQA head grouping."""
+    N, NKV = q.shape[1], kc.shape[2]
+    outs = []
+    for r, s in enumerate(seq_lens):
+        p = torch.arange(s)
+        k = kc[bt[r, p // BS].long(), p % BS].double().repeat_interleave(N // NKV, dim=1)  # (s, N, D)
+        v = vc[bt[r, p // BS].long(), p % BS].double().repeat_interleave(N // NKV, dim=1)
+        w = torch.softmax(torch.einsum("hd,shd->hs", q[r].double(), k) * scale, dim=-1)
+        outs.append(torch.einsum("hs,shd->hd", w, v))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_gqa_decode_bucket_replays_like_eager(store, dtype):
+    cfg = _vllm_config("vllm_tiny_gqa")
+    mc = cfg.model_config
+    N, NKV, D = mc.get_num_attention_heads(cfg.parallel_config), mc.get_num_kv_heads(cfg.parallel_config), \
+        mc.get_head_size()
+    nb = 2 + B * 5
+    cfg.cache_config.num_gpu_blocks = nb
+    gen = torch.Generator().manual_seed(3)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=NKV, head_size=D, dtype=dtype)
+    names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+    builder = AscendAttnRtBackend.get_builder_cls()(spec, names, cfg, CPU)
+    impls = [AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV) for _ in names]
+    caches = [torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype) for _ in names]
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    # Static activations (vLLM's persistent input buffers) and outputs.
+    q_s = [torch.zeros(B, N * D, dtype=dtype) for _ in names]
+    k_s = [torch.zeros(B, NKV * D, dtype=dtype) for _ in names]
+    v_s = [torch.zeros(B, NKV * D, dtype=dtype) for _ in names]
+    out_s = [torch.zeros(B, N * D, dtype=dtype) for _ in names]
+
+    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
+    with vgraph.capture(B):
+        for i, impl in enumerate(impls):
+            impl.forward(None, q_s[i], k_s[i], v_s[i], caches[i], md, out_s[i])
+    assert all(float(o.abs().sum()) == 0 for o in out_s)  # recorded, not run
+
+    for seq in STEPS + [[30, 12, 7]]:
+        nreal = len(seq)
+        cam = _cam(seq, bt, pad_to=B if nreal < B else None)
+        md = builder.build(0, cam)
+        qs = [torch.randn(B, N * D, generator=gen).to(dtype) for _ in names]
+        ks = [torch.randn(B, NKV * D, generator=gen).to(dtype) for _ in names]
+        vs = [torch.randn(B, NKV * D, generator=gen).to(dtype) for _ in names]
+        expected, eager_caches = [], []
+        for i, impl in enumerate(impls):
+            kv = caches[i].clone()
+            out = torch.full((B, N * D), 7.0, dtype=dtype)
+            impl.forward(None, qs[i], ks[i], vs[i], kv, md, out)
+            expected.append(out)
+            eager_caches.append(kv)
+        for i in range(len(names)):
+            q_s[i].copy_(qs[i]), k_s[i].copy_(ks[i]), v_s[i].copy_(vs[i])
+        vgraph.update(B, {n: md for n in names})
+        vgraph.replay(B)
+        for i in range(len(names)):
+            torch.testing.assert_close(out_s[i][:nreal], expected[i][:nreal], atol=1e-5, rtol=1e-5)
+            assert torch.equal(caches[i], eager_caches[i])
+            ref = _gqa_reference(qs[i].view(B, N, D)[:nreal], caches[i][0], caches[i][1], bt, seq, D ** -0.5)
+            tol = 1e-5 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(out_s[i].view(B, N, D)[:nreal].double(), ref, atol=tol, rtol=tol)
+
+
+# --- MLA
+
+def test_mla_decode_bucket_replays_like_eager(store):
+    dtype = torch.float32
+    cfg = copy.copy(_vllm_config("vllm_tiny_mla"))
+    N, L, P, R, V, _ = _mla_dims(cfg)
+    nb = 2 + B * 5
+    cfg.cache_config.num_gpu_blocks = nb
+    gen = torch.Generator().manual_seed(5)
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=dtype, cache_dtype_str="auto")
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], cfg, CPU)
+    impls = [_mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False)) for _ in range(2)]
+    caches = [torch.randn(nb, BS, L + R, generator=gen) for _ in impls]
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    qn_s, qr_s = torch.zeros(B, N, L), torch.zeros(B, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
+
+    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
+    outs = []
+    with vgraph.capture(B):
+        for impl, kv in zip(impls, caches):
+            impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
+            outs.append(impl.forward_mqa((qn_s, qr_s), kv, md, None)[0])
+    calls = [c[0] for c in vgraph.graph_params().calls(B)]
+    assert calls == ["prepare", "prepare", "fia_v2", "prepare"] * 2
+
+    for seq in STEPS:
+        cam = _cam(seq, bt)
+        md = builder.build(0, cam)
+        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
+                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
+        expected, eager_caches = [], []
+        for impl, kv in zip(impls, caches):
+            kv2 = kv.clone()
+            impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
+            expected.append(impl.forward_mqa((qn, qr), kv2, md, None)[0].clone())
+            eager_caches.append(kv2)
+        for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe), (slots_s, cam.slot_mapping)):
+            buf.copy_(src)
+        vgraph.update(B, md)
+        vgraph.replay(B)
+        for i in range(len(impls)):
+            torch.testing.assert_close(outs[i], expected[i], atol=1e-5, rtol=1e-5)
+            assert torch.equal(caches[i], eager_caches[i])
+
+
+def test_mla_graph_update_refuses_a_padded_step(store):
+    cfg = copy.copy(_vllm_config("vllm_tiny_mla"))
+    N, L, P, R, V, _ = _mla_dims(cfg)
+    nb = 2 + B * 5
+    cfg.cache_config.num_gpu_blocks = nb
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
+                            cache_dtype_str="auto")
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, CPU)
+    impl = _mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False))
+    bt = random_block_table([64] * B, BS, nb, torch.Generator().manual_seed(2), width=WIDTH)
+    kv = torch.zeros(nb, BS, L + R)
+    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
+    with vgraph.capture(B):
+        impl.forward_mqa((torch.zeros(B, N, L), torch.zeros(B, N, R)), kv, md, None)
+    md3 = builder.build(0, _cam([9, 9, 9], bt, pad_to=B))
+    with pytest.raises(ValueError):
+        vgraph.update(B, md3)
+    with pytest.raises(ValueError, match="before update"):
+        vgraph.replay(B)
+
+
+# --- sparse MLA + indexer
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
+def test_sparse_mla_decode_bucket_replays_like_eager(store, monkeypatch, family):
+    import test_vllm_sparse as ts
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
+
+    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
+    try:
+        aar_vllm.register(family=family)
+        cfg = ts._config(family, torch.float32)
+        cfg.compilation_config = copy.copy(cfg.compilation_config)
+        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        nb = 2 + B * 5
+        cfg.cache_config.num_gpu_blocks = nb
+        gen = torch.Generator().manual_seed(9)
+        with set_current_vllm_config(cfg):
+            _sparse_case(ts.Layer(cfg, torch.float32, nb, gen), gen, nb)
+    finally:
+        _ATTN_OVERRIDES.clear()
+        _ATTN_OVERRIDES.update(saved)
+        op_registry_oot.pop("SparseAttnIndexer", None)
+        if had is not None:
+            op_registry_oot["SparseAttnIndexer"] = had
+
+
+def _sparse_case(lay, gen, nb):
+    N, L, R, n, D = lay.N, lay.L, lay.R, lay.n, lay.D
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    iq_s, ik_s, w_s = torch.zeros(B, n, D), torch.zeros(B, D), torch.zeros(B, n)
+    qn_s, qr_s = torch.zeros(B, N, L), torch.zeros(B, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
+    cam = _cam([9] * B, bt)
+    md, imd = lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam)
+    with vgraph.capture(B):
+        lay.op.run(iq_s, ik_s, w_s, lay.idx_cache, imd)
+        lay.impl.do_kv_cache_update(c_s, kpe_s, lay.kv_cache, slots_s, "auto", torch.ones(()))
+        out = lay.impl.forward_mqa((qn_s, qr_s), lay.kv_cache, md, None)[0]
+    assert [c[0] for c in vgraph.graph_params().calls(B)] == ["prepare"] * 3
+
+    for seq in STEPS:
+        cam = _cam(seq, bt)
+        md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
+        iq, ik, w = torch.randn(B, n, D, generator=gen), torch.randn(B, D, generator=gen), torch.rand(B, n,
+                                                                                                      generator=gen)
+        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
+                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
+        idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
+        lay.op.run(iq, ik, w, idx2, imd)
+        topk_eager = lay.buf[:B].clone()
+        lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
+        expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
+        lay.buf.fill_(-7)
+        for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
+                         (slots_s, cam.slot_mapping)):
+            buf.copy_(src)
+        vgraph.update(B, {"a": md, "b": imd})  # nothing to refresh: prepare calls only
+        vgraph.replay(B)
+        assert torch.equal(lay.buf[:B], topk_eager)
+        assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    # A padded step (three real decodes in the bucket of four) is refused before a replay.
+    cam = _cam([9, 9, 9], bt, pad_to=B)
+    md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
+    with pytest.raises(ValueError, match="padded step"):
+        vgraph.update(B, {"a": md, "b": imd})
+
+
+def test_sparse_builder_takes_vllms_is_prefilling():
+    # vLLM's model runner always sets is_prefilling; the SFA builder without KV offload splits by query length
+    # only, so the flags are dropped when they do not change the split and refused by name when they would.
+    import test_vllm_sparse as ts
+
+    cfg = ts._config("deepseek_v32", torch.float32)
+    hf = cfg.model_config.hf_text_config
+    nb = 24
+    cfg.cache_config.num_gpu_blocks = nb
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=hf.kv_lora_rank + hf.qk_rope_head_dim,
+                            dtype=torch.float32, cache_dtype_str="auto")
+    builder = AscendAttnRtSparseMlaBackend.get_builder_cls()(spec, ["a"], cfg, CPU)
+    bt = random_block_table([40] * 3, BS, nb, torch.Generator().manual_seed(4), width=WIDTH)
+    qsl, sl = torch.tensor([0, 1, 2, 10], dtype=torch.int32), torch.tensor([20, 30, 40], dtype=torch.int32)
+    cam = _common_metadata(qsl, sl, bt, torch.arange(10))
+    cam.is_prefilling = torch.tensor([False, False, True])  # the prefill has a prefill-sized query
+    md = builder.build(0, cam)
+    assert (md.num_decodes, md.num_prefills, md.num_prefill_tokens) == (2, 1, 8)
+    cam.is_prefilling = torch.tensor([False, True, True])  # a one-token extend flagged as a prefill
+    with pytest.raises(NotImplementedError, match=r"is_prefilling marks requests \[1\]"):
+        builder.build(0, cam)
