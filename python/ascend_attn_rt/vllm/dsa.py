@@ -35,13 +35,15 @@ _KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 
 # Why the compressed layers are not served through vLLM (docs/design/vllm_dsa.md §3).
 _COMPRESSED_REASONS = {
-    4: ("C4 layers are not supported by ascend_attn_rt's vLLM adapter: vLLM's C4 KV-cache block is 256 raw "
-        "tokens (64 rows) and its compressor state caches and indexer cache are laid out for vLLM's kernels "
-        "(fp8 indexer keys with fp32 scales in one 132-byte row), while the runtime's C4 groups take 128-token "
-        "blocks, their own paged fp32 state caches and an int8 indexer cache with fp16 scales on A2/A3"),
-    128: ("C128 layers are not supported by ascend_attn_rt's vLLM adapter: vLLM's C128 KV-cache block size "
-          "differs from the runtime's (4096 / 8192 / 16384 raw tokens per block) and its compressor state cache "
-          "is laid out for vLLM's kernels, not the runtime's paged fp32 state cache"),
+    4: ("C4 layers are not supported by ascend_attn_rt's vLLM adapter: vLLM keeps the C4 indexer keys as fp8 "
+        "rows with an fp32 scale (132 bytes; the runtime's A2/A3 indexer cache is int8 with fp16 scales) and the "
+        "compressor states in fp32 sliding-window caches whose pages are sized to share vLLM's KV page (the runtime "
+        "pads its pages to its own two tiers), and runs the compressor and indexer as modules with metadata builders "
+        "of their own; mapping those groups onto the runtime's C4 group builders is not built"),
+    128: ("C128 layers are not supported by ascend_attn_rt's vLLM adapter: vLLM's C128 KV cache has "
+          "cache_config.block_size raw tokens per block (256 by default: 2 compressed rows per page) while the "
+          "runtime's C128 group takes 4096 / 8192 / 16384-token blocks, and its fp32 compressor state cache is "
+          "laid out for vLLM's kernels and page sharing, not the runtime's state group"),
 }
 
 
