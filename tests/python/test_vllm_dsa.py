@@ -5,7 +5,7 @@ DeepseekV4Attention subclass made by vLLM's constructor (its parameters, its Dee
 CommonAttentionMetadata into the adapter's builder, and the layer's forward(positions, hidden_states) in a forward
 context.
 
-Per batch (decode, prefill, chunked prefill, mixed; fp32 and bf16) the context is written by an earlier step through
+Per batch (decode, prefill, chunked prefill, mixed, speculative; fp32 and bf16) the context is written by an earlier step through
 the same layer, then the step's output is checked against the float64 reference of _dsa_reference (dsa_layer:
 prolog, window attention with sinks, inverse RoPE, grouped o_proj), with the reference's own RoPE tables at vLLM's
 rope_theta (independent of how the adapter reads vLLM's cos_sin_cache).
@@ -19,6 +19,7 @@ import itertools
 import os
 import socket
 import sys
+import types
 
 import pytest
 import torch
@@ -190,25 +191,31 @@ class Run:
 
 
 BATCHES = [
-    pytest.param([17, 40, 5], [1, 1, 1], id="decode"),
-    pytest.param([9, 30], [9, 30], id="prefill"),
-    pytest.param([40, 70], [8, 20], id="chunked_prefill"),
-    pytest.param([33, 12, 150], [1, 1, 14], id="mixed"),
+    pytest.param([17, 40, 5], [1, 1, 1], 0, id="decode"),
+    pytest.param([9, 30], [9, 30], 0, id="prefill"),
+    pytest.param([40, 70], [8, 20], 0, id="chunked_prefill"),
+    pytest.param([33, 12, 150], [1, 1, 14], 0, id="mixed"),
+    # 2 speculative tokens: extends of up to 3 tokens are decodes (the runtime's threshold 1 + k).
+    pytest.param([20, 31, 9], [3, 2, 1], 2, id="spec_decode"),
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("seq_lens,q_lens", BATCHES)
-def test_dsa_layer_in_vllm_forward(vllm_dist, registered, monkeypatch, dtype, seq_lens, q_lens):
+@pytest.mark.parametrize("seq_lens,q_lens,spec", BATCHES)
+def test_dsa_layer_in_vllm_forward(vllm_dist, registered, monkeypatch, dtype, seq_lens, q_lens, spec):
     aar_vllm.register(family="deepseek_v4")
-    run = Run(_config(dtype), monkeypatch, len(seq_lens), torch.Generator().manual_seed(29))
+    cfg = _config(dtype)
+    if spec:  # what the builder reads of vLLM's SpeculativeConfig (a real one needs a draft model)
+        cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=spec)
+    run = Run(cfg, monkeypatch, len(seq_lens), torch.Generator().manual_seed(29))
+    assert run.builder.reorder_batch_threshold == 1 + spec
     reqs = list(range(len(seq_lens)))
     ctx = [(r, s - q) for r, s, q in zip(reqs, seq_lens, q_lens) if s > q]
     if ctx:  # the context, written by an earlier (prefill) step through the same layer
         run.step([r for r, _ in ctx], [c for _, c in ctx], [c for _, c in ctx])
     out, md = run.step(reqs, seq_lens, q_lens)
     assert out.shape == (sum(q_lens), run.d.hidden) and out.dtype == dtype
-    assert md.num_decodes == sum(1 for q in q_lens if q == 1)
+    assert md.num_decodes == sum(1 for q in q_lens if q <= 1 + spec)
     t = 0
     for r, s, q in zip(reqs, seq_lens, q_lens):
         assert_close(out[t: t + q], run.reference(r, s, q), dtype, what=f"output of request {r}")
