@@ -302,3 +302,35 @@ def test_refusals(vllm_dist, registered, monkeypatch):
     with set_forward_context({layer.swa_cache_layer.prefix: object()}, cfg), \
             pytest.raises(ValueError, match="AscendAttnRtDsaSwaBackend"):
         layer(torch.arange(2), x)
+
+
+def test_weights_reloaded_in_place(vllm_dist, registered, monkeypatch):
+    """vLLM's process_weights_after_loading remakes the runtime's layer: new weights copied into the same
+    parameters (through .data, as vLLM's loaders write them) are what the next step computes with, the
+    re-laid-out wo_a included; a weight written through an autograd-visible in-place op is seen without the hook."""
+    aar_vllm.register(family="deepseek_v4")
+    gen = torch.Generator().manual_seed(7)
+    run = Run(_config(torch.float32), monkeypatch, 1, gen)
+    run.layer.process_weights_after_loading(torch.float32)
+    run.step([0], [20], [20])
+    w2 = ref.make_dsa_weights(run.d, torch.float32, gen)
+    run.w = w2
+    with torch.no_grad():  # vLLM's loaders write param.data (no version bump)
+        run.layer.fused_wqa_wkv.weight.data.copy_(torch.cat([w2["wq_a"], w2["wkv"]]))
+        run.layer.q_norm.weight.data.copy_(w2["q_norm"])
+        run.layer.wq_b.weight.data.copy_(w2["wq_b"])
+        run.layer.kv_norm.weight.data.copy_(w2["kv_norm"])
+        run.layer.attn_sink.data.copy_(w2["attn_sink"])
+        run.layer.wo_a.weight.data.copy_(
+            w2["wo_a"].permute(0, 2, 1).reshape(run.d.G * run.d.o_lora, run.d.N * run.d.D // run.d.G))
+        run.layer.wo_b.weight.data.copy_(w2["wo_b"])
+    run.layer.process_weights_after_loading(torch.float32)
+    # The whole context again under the new weights (the cached rows of the old ones are rewritten).
+    out, _ = run.step([0], [21], [21])
+    assert_close(out, run.reference(0, 21, 21), torch.float32, what="output after the reload")
+    # An in-place write that bumps the version counter is seen at the next forward without the hook.
+    with torch.no_grad():
+        run.layer.wo_b.weight.mul_(2)
+    run.w = dict(w2, wo_b=w2["wo_b"] * 2)
+    out, _ = run.step([0], [22], [22])
+    assert_close(out, run.reference(0, 22, 22), torch.float32, what="output after an in-place wo_b update")

@@ -71,14 +71,19 @@ def _refuse_unsupported(vllm_config, what: str) -> None:
 
 def _rope_tables(vllm_config):
     """The SWA layers' RoPE tables as the runtime takes them, (max_model_len, R) each with every angle repeated
-    twice (interleaved pairs), from vLLM's own rotary embedding for ratio 1 (get_rope caches the object, so this
-    is the module the layers hold). vLLM's cos_sin_cache is [cos | sin], R / 2 each."""
+    twice (interleaved pairs), from vLLM's own DeepSeek-V4 rotary embedding for ratio 1 (the layers' parameters:
+    rope_theta, scaling type). vLLM's cos_sin_cache is [cos | sin], R / 2 each."""
     from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
 
+    from vllm.config import set_current_vllm_config
+
     hf = vllm_config.model_config.hf_config
-    rope = build_deepseek_v4_rope(hf, head_dim=hf.head_dim, rope_head_dim=hf.qk_rope_head_dim,
-                                  max_position_embeddings=hf.max_position_embeddings, compress_ratio=1)
-    cache = rope.cos_sin_cache[: vllm_config.model_config.max_model_len].float()
+    with set_current_vllm_config(vllm_config):  # the rotary embedding is a CustomOp, made under a config
+        rope = build_deepseek_v4_rope(hf, head_dim=hf.head_dim, rope_head_dim=hf.qk_rope_head_dim,
+                                      max_position_embeddings=hf.max_position_embeddings, compress_ratio=1)
+    # The module's cos_sin_cache is in the default dtype it was made under (bf16 for a bf16 model's default
+    # RoPE): the table is recomputed in fp32 by the module's own method, the values vLLM's fp32 caches hold.
+    cache = rope._compute_cos_sin_cache()[: vllm_config.model_config.max_model_len].float()
     half = cache.shape[-1] // 2
     return (cache[:, :half].repeat_interleave(2, -1).contiguous(),
             cache[:, half:].repeat_interleave(2, -1).contiguous())
@@ -251,9 +256,15 @@ def _make_attention_cls():
             self._impl_key = None
             self._kv_src = self._kv = None
 
+        def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+            """vLLM's hook after (re)loading weights: the runtime's layer is remade from the loaded parameters
+            (the per-group wo_a re-layout is a copy, so an in-place reload must reach it)."""
+            self._impl = None
+            self._layer_impl()
+
         def _layer_impl(self):
-            # Made at the first forward (vLLM loads the weights after construction) and remade when a weight
-            # tensor is replaced or written in place (its version counter moves).
+            # Made by process_weights_after_loading or at the first forward, and remade when a weight tensor is
+            # replaced or written in place through autograd-visible ops (its version counter moves).
             params = (self.fused_wqa_wkv.weight, self.q_norm.weight, self.wq_b.weight, self.kv_norm.weight,
                       self.attn_sink, self.wo_a.weight, self.wo_b.weight)
             key = tuple((p.data_ptr(), p._version) for p in params)
