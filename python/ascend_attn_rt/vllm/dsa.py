@@ -73,9 +73,8 @@ def _rope_tables(vllm_config):
     """The SWA layers' RoPE tables as the runtime takes them, (max_model_len, R) each with every angle repeated
     twice (interleaved pairs), from vLLM's own DeepSeek-V4 rotary embedding for ratio 1 (the layers' parameters:
     rope_theta, scaling type). vLLM's cos_sin_cache is [cos | sin], R / 2 each."""
-    from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
-
     from vllm.config import set_current_vllm_config
+    from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
 
     hf = vllm_config.model_config.hf_config
     with set_current_vllm_config(vllm_config):  # the rotary embedding is a CustomOp, made under a config
