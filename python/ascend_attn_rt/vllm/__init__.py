@@ -376,6 +376,8 @@ _FAMILIES = {
     # Both architectures run vLLM's deepseek_v2 model code: one sparse MLA backend and one indexer op.
     "deepseek_v32": "AscendAttnRtSparseMlaBackend",
     "glm_moe_dsa": "AscendAttnRtSparseMlaBackend",
+    # DeepseekV4ForCausalLM: vLLM's DSV4 attention-class selection wrapped (docs/design/vllm_dsa.md).
+    "deepseek_v4": "AscendAttnRtDsaSwaBackend",
 }
 
 
@@ -388,7 +390,10 @@ def register(mla: bool = False, family: Optional[str] = None) -> None:
     * ``"deepseek_v32"`` (DeepseekV32ForCausalLM) or ``"glm_moe_dsa"`` (GlmMoeDsaForCausalLM):
       AscendAttnRtSparseMlaBackend, and vLLM's SparseAttnIndexer op replaced (``CustomOp.register_oot``)
       by the runtime's, whose indexer-cache layers use AscendAttnRtIndexerBackend
-      (docs/design/vllm_sparse.md).
+      (docs/design/vllm_sparse.md);
+    * ``"deepseek_v4"`` (DeepseekV4ForCausalLM): vLLM's ``_select_dsv4_attn_cls`` wrapped to return
+      AscendAttnRtDsaAttention (one dsa.Impl.forward per layer; SWA-only layers, docs/design/vllm_dsa.md),
+      whose SWA cache layers use AscendAttnRtDsaSwaBackend.
 
     Then start vLLM with ``--attention-backend CUSTOM``."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
@@ -410,6 +415,10 @@ def register(mla: bool = False, family: Optional[str] = None) -> None:
             CustomOp.register_oot(op, name="SparseAttnIndexer")
         elif current is not op:
             raise ValueError(f"SparseAttnIndexer is already replaced by {current.__module__}.{current.__name__}")
+    if family == "deepseek_v4":
+        from .dsa import install_attention_selection
+
+        install_attention_selection()
     register_backend(AttentionBackendEnum.CUSTOM, f"ascend_attn_rt.vllm.{_FAMILIES[family]}")
 
 
@@ -421,3 +430,4 @@ from .sparse import (  # noqa: E402  (the sparse module imports this one's helpe
     AscendAttnRtSparseMlaMetadata,
     AscendAttnRtSparseMlaMetadataBuilder,
 )
+from .dsa import AscendAttnRtDsaMetadata, AscendAttnRtDsaSwaBackend, AscendAttnRtDsaSwaMetadataBuilder  # noqa: E402,F401
