@@ -55,3 +55,15 @@ def batch_factory(gen):
 def pytest_configure(config):
     # Keep runs reproducible and bounded on small CI machines.
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _default_dtype_unchanged(request):
+    """A test that changes torch's default dtype and leaves it changed breaks later tests far from the cause
+    (vLLM's set_default_torch_dtype does not restore it when its body raises); name the test instead."""
+    before = torch.get_default_dtype()
+    yield
+    after = torch.get_default_dtype()
+    if after != before:
+        torch.set_default_dtype(before)
+        pytest.fail(f"{request.node.nodeid} left torch's default dtype {after} (was {before})")

@@ -117,9 +117,15 @@ def _make_layer(cfg, monkeypatch, prefix=None):
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     prefix = prefix or f"model.layers.0.attn{next(_names)}"
-    with set_current_vllm_config(cfg), set_default_torch_dtype(cfg.model_config.dtype):
-        cls = _v4_module()._select_dsv4_attn_cls(cfg)
-        return cls(cfg, prefix=prefix, topk_indices_buffer=torch.empty(MAX_LEN, 8, dtype=torch.int32))
+    # vLLM's set_default_torch_dtype restores the old default only when its body returns: a refused layer
+    # (the refusal tests) would leave the model dtype as torch's default for every later test.
+    saved = torch.get_default_dtype()
+    try:
+        with set_current_vllm_config(cfg), set_default_torch_dtype(cfg.model_config.dtype):
+            cls = _v4_module()._select_dsv4_attn_cls(cfg)
+            return cls(cfg, prefix=prefix, topk_indices_buffer=torch.empty(MAX_LEN, 8, dtype=torch.int32))
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def _dims(cfg) -> ref.DsaDims:
