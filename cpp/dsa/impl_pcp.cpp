@@ -12,7 +12,8 @@ namespace aar::dsa {
 
 void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                    sfa::TopkBuffer* topk, detail::Workspace& ws) {
-  // Every rank issues the one all-gather of the step, whatever its rows hold (a rank of pads only too).
+  // Every rank issues the one all-gather of a step with prefills, whatever its rows hold (a rank of pads only
+  // too), and none in a decode-only step.
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const PcpStepMetadata& pc = st.pcp;
@@ -21,9 +22,14 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadat
   const int32_t ratio = cf.compress_ratio;
 
   // ---- 1. the global step's hidden rows: the ranks' local rows gathered rank-major, each token picked
-  // from the rank that computes it (a decode from rank 0's copy).
-  const at::Tensor gathered = cf.pcp_comm->all_gather(hidden, 0);
-  const at::Tensor x = ops::dense::index_select(gathered, 0, pc.gather_index);
+  // from the rank that computes it (a decode from rank 0's copy). A step without prefill is replicated:
+  // every rank's rows are the step's tokens in order (no gather; the step, hence the choice, is the same
+  // on every rank).
+  at::Tensor x = hidden;
+  if (st.has_prefill()) {
+    const at::Tensor gathered = cf.pcp_comm->all_gather(hidden, 0);
+    x = ops::dense::index_select(gathered, 0, pc.gather_index);
+  }
 
   // ---- 2. every token's rows into this rank's complete caches, at the global step's slots.
   write_step_caches(x, c, md, tk, ws);

@@ -9,10 +9,11 @@ its own caches, the same weights and the same steps, from empty caches, and chec
   * the C4 top-k rows of its real rows equal to the single-rank selection of the same tokens;
   * every cache (SWA, compressed KV, compressor states, indexer K and scales) equal to the single-rank caches:
     every rank writes every token's rows (the hidden rows all-gathered and restored to the step's order);
-  * the collectives: one all-gather per layer step, nothing else.
+  * the collectives: one all-gather per layer step with prefills, none in a decode-only step (replicated rows).
 Sequences: fresh prefills with token counts not divisible by 2 and a 2-token request (fewer tokens than the
 2 Wp chunks: every rank holds a pad chunk of it), a mixed step (decodes and a chunked prefill), a chunked
-prefill without decodes, a decode step; ratios 1, 4 and 128 (fp32), ratio 4 in bf16; an IndexCache pair.
+prefill without decodes, a decode step; ratios 1, 4 and 128 (fp32), ratio 4 in bf16; speculative decodes (ratio 4,
+decode_threshold 3); an IndexCache pair.
 Refusals by name, the layer's with caches untouched and no collective issued.
 """
 
@@ -64,16 +65,22 @@ def _caches_equal(a, b, dtype):
     return True
 
 
-def _pcp_case(rank, comm, ratio, dtype):
+# k = 2 (decode_threshold 3): prefills, then speculative decodes of 3 and 2 tokens (replicated on every rank, one
+# segment each, bottom-right causal) beside a one-token decode.
+SPEC = [([0, 1, 2], [9, 5, 4]), ([0, 1, 2], [3, 2, 1]), ([0, 1, 2], [3, 3, 3])]
+
+
+def _pcp_case(rank, comm, ratio, dtype, k=0):
     d = dims(ratio)
-    nreq = max(max(r[0]) for r in SEQ[ratio]) + 1
+    seq = SPEC if k else SEQ[ratio]
+    nreq = max(max(r[0]) for r in seq) + 1
     mb = 40 if ratio == 128 else 24
-    one = Run(d, dtype, nreq, k=0, max_blocks=mb)
-    pcp = Run(d, dtype, nreq, k=0, max_blocks=mb, sb_extra=dict(pcp_world_size=WORLD, pcp_rank=rank),
+    one = Run(d, dtype, nreq, k=k, max_blocks=mb)
+    pcp = Run(d, dtype, nreq, k=k, max_blocks=mb, sb_extra=dict(pcp_world_size=WORLD, pcp_rank=rank),
               impl_extra=dict(pcp_comm=comm))
     at, rt = ref_tol(dtype)
     report = []
-    for reqs, qlens in SEQ[ratio]:
+    for reqs, qlens in seq:
         where = f"rank {rank} ratio {ratio} {dtype} step {reqs} {qlens}"
         st, md, S, qsl = pcp.build(reqs, qlens)
         assert (st.pcp_world_size, st.pcp_rank) == (WORLD, rank), where
@@ -84,7 +91,8 @@ def _pcp_case(rank, comm, ratio, dtype):
         comm.reset_counters()
         pcp.impl.forward(hid, pcp.kv, st, md["swa"], out, **group_kw(ratio, md, st))
         calls = tuple(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
-        assert calls == (1, 0, 0), (where, calls)
+        # one all-gather of the hidden rows per layer step with prefills, none in a decode-only step
+        assert calls == ((1 if st.num_prefills else 0), 0, 0), (where, calls)
         for i, b in enumerate(reqs):
             pcp.S[b] = S[i]
         _, want, _, _ = one.step(reqs, qlens)
@@ -107,7 +115,7 @@ def _pcp_case(rank, comm, ratio, dtype):
             torch.testing.assert_close(got, r, atol=at * max(1.0, r.abs().max().item()), rtol=rt,
                                        msg=lambda m: f"{where}: vs the float64 reference: {m}")
         kind = "mixed" if st.num_prefills and st.num_decodes else "prefill" if st.num_prefills else "decode"
-        report.append((where, kind, int(real.sum()), int((~real).sum())))
+        report.append((where, kind, int(real.sum()), int((~real).sum()), str(st.attn_state).rsplit(".", 1)[-1]))
     return report
 
 
@@ -188,15 +196,17 @@ def _case(rank, world, cases):
 
 
 def test_dsa_pcp_two_ranks():
-    cases = [(1, torch.float32), (4, torch.float32), (128, torch.float32), (4, torch.bfloat16)]
+    cases = [(1, torch.float32), (4, torch.float32), (128, torch.float32), (4, torch.bfloat16), (4, torch.float32, 2)]
     results = run_ranks(WORLD, _case, cases, deadline_s=120.0)
     for c in range(len(cases)):
         assert any(s[3] > 0 for res in results for s in res[0][c]), ("a step with pad rows", cases[c])
     for rank, (reports, index_cache, refusals) in enumerate(results):
         assert index_cache
-        for rep in reports:
+        for rep in reports[:-1]:
             kinds = [s[1] for s in rep]
             assert kinds[0] == "prefill" and kinds[1] == "mixed" and kinds[-1] == "decode", kinds
+        # multi-token decodes: every request a decode (replicated rows, no pad)
+        assert [(s[1], s[3]) for s in reports[-1][1:]] == [("decode", 0), ("decode", 0)], reports[-1]
         msgs, calls, untouched = refusals
         assert calls == 0 and untouched, (rank, calls, untouched)
         want = {

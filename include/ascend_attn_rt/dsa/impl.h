@@ -108,8 +108,8 @@ struct ImplConfig {
   // num_local_tokens of them: the decodes, its head and tail chunk of every prefill, pad rows output 0).
   // Every rank all-gathers the local hidden rows, writes every token's SWA, compressor-state, compressed and
   // indexer rows into its complete caches (the global step's slots), then attends its own rows only; one
-  // collective per layer and step. Eager, the A2/A3 plan; DSA-CP, DCP, multistream and the W8A8 prolog with
-  // it refused by name.
+  // collective per layer and step with prefills (none in a decode-only step: its rows are replicated).
+  // Eager, the A2/A3 plan; DSA-CP, DCP, multistream and the W8A8 prolog with it refused by name.
   cp::Comm* pcp_comm = nullptr;
   // docs/design/dsa.md §5.5: compressed layers run their compressor(s) and the indexer's cache write
   // on a second stream (the device's stream pool; on CPU the default stream), overlapping the prolog;
