@@ -73,8 +73,8 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadat
   at::Tensor o = attend(c, ml, v.q, pc.query_start_loc, pc.seq_lens, sel, at::Tensor(), at::Tensor());
   ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
   run_o_proj(o, output);
-  // Pad rows (past their request's tokens) are zeros.
-  output.masked_fill_(pc.local_token_index.lt(0).unsqueeze(1), 0);
+  // Pad rows (past their request's tokens) are zeros; a decode-only step has none.
+  if (st.has_prefill()) output.masked_fill_(pc.local_token_index.lt(0).unsqueeze(1), 0);
 }
 
 }  // namespace aar::dsa
