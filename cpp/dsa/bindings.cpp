@@ -286,6 +286,21 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("dcp_world_size", [](const dsa::StepMetadata& s) { return s.dcp.world_size; })
       .def_prop_ro("dcp_rank", [](const dsa::StepMetadata& s) { return s.dcp.rank; })
       .def_prop_ro("dcp_interleave", [](const dsa::StepMetadata& s) { return s.dcp.interleave; })
+      // DSA PCP (docs/design/sparse_cp.md §13; pcp_world_size 1 otherwise): this rank's rows and segments.
+      .def_prop_ro("pcp_world_size", [](const dsa::StepMetadata& s) { return s.pcp.world_size; })
+      .def_prop_ro("pcp_rank", [](const dsa::StepMetadata& s) { return s.pcp.rank; })
+      .def_prop_ro("num_local_tokens", [](const dsa::StepMetadata& s) { return s.pcp.num_local_tokens; })
+      .def_prop_ro("num_pcp_segments", [](const dsa::StepMetadata& s) { return s.pcp.num_segments; })
+      .def_prop_ro("local_token_index", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.pcp.local_token_index); })
+      .def_prop_ro("local_token_index_list",
+                   [](const dsa::StepMetadata& s) { return span_list(live(s).pcp.local_token_index_host); })
+      .def_prop_ro("pcp_gather_index", [opt_t](const dsa::StepMetadata& s) { return opt_t(s.pcp.gather_index); })
+      .def_prop_ro("pcp_query_start_loc_list",
+                   [](const dsa::StepMetadata& s) { return span_list(live(s).pcp.query_start_loc_host); })
+      .def_prop_ro("pcp_seq_lens_list", [](const dsa::StepMetadata& s) { return span_list(live(s).pcp.seq_lens_host); })
+      .def_prop_ro("pcp_req_list", [](const dsa::StepMetadata& s) { return span_list(live(s).pcp.req_host); })
+      .def_prop_ro("pcp_indexer_seq_lens",
+                   [opt_t](const dsa::StepMetadata& s) { return opt_t(s.pcp.indexer_seq_lens); })
       .def_prop_ro("num_tokens_pad", [](const dsa::StepMetadata& s) { return s.dsa_cp.num_tokens_pad; })
       .def_prop_ro("tokens_per_rank", [](const dsa::StepMetadata& s) { return s.dsa_cp.tokens_per_rank; })
       .def_prop_ro("local_start", [](const dsa::StepMetadata& s) { return s.dsa_cp.local_start; })
@@ -341,6 +356,10 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("generation", [](const dsa::GroupMetadata& g) { return g.stamp.generation; })
       .def_prop_ro("is_current", &dsa::GroupMetadata::current)
       .def_prop_ro("block_table", [](const dsa::GroupMetadata& g) { return g.block_table; })
+      .def_prop_ro("pcp_block_table", [](const dsa::GroupMetadata& g) -> std::optional<at::Tensor> {
+        if (!g.pcp_block_table.defined()) return std::nullopt;
+        return g.pcp_block_table;
+      })
       .def_prop_ro("seq_lens", [](const dsa::GroupMetadata& g) { return g.seq_lens; })
       .def_prop_ro("query_start_loc", [](const dsa::GroupMetadata& g) { return g.query_start_loc; })
       .def_prop_ro("start_pos", [](const dsa::GroupMetadata& g) { return g.start_pos; })
@@ -383,7 +402,8 @@ void bind_dsa_builders(nb::module_& m) {
              std::optional<bool> separate_device_buffers, int32_t staging_buffers, int32_t head_dim, int32_t window,
              int32_t dspark_num_spec, int32_t dspark_width, int32_t num_heads_q, int32_t index_topk,
              int32_t index_n_heads, int32_t index_head_dim, int32_t dsa_cp_world_size, int32_t dsa_cp_rank,
-             int32_t dcp_world_size, int32_t dcp_rank, int32_t dcp_interleave) {
+             int32_t dcp_world_size, int32_t dcp_rank, int32_t dcp_interleave, int32_t pcp_world_size,
+             int32_t pcp_rank) {
             dsa::StepBuilderConfig c;
             c.max_num_reqs = max_num_reqs;
             c.max_num_tokens = max_num_tokens;
@@ -410,6 +430,8 @@ void bind_dsa_builders(nb::module_& m) {
             c.dcp_world_size = dcp_world_size;
             c.dcp_rank = dcp_rank;
             c.dcp_interleave = dcp_interleave;
+            c.pcp_world_size = pcp_world_size;
+            c.pcp_rank = pcp_rank;
             new (self) dsa::StepBuilder(c);
           },
           nb::kw_only(), "max_num_reqs"_a, "max_num_tokens"_a, "cos_table"_a, "sin_table"_a,
@@ -419,7 +441,7 @@ void bind_dsa_builders(nb::module_& m) {
           "window"_a = dsa::ModelSettings().window, "dspark_num_spec"_a = 0, "dspark_width"_a = 0, "num_heads_q"_a = 0,
           "index_topk"_a = dsa::ModelSettings().index_topk, "index_n_heads"_a = dsa::ModelSettings().index_n_heads,
           "index_head_dim"_a = dsa::ModelSettings().index_head_dim, "dsa_cp_world_size"_a = 1, "dsa_cp_rank"_a = 0,
-          "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "dcp_interleave"_a = 1)
+          "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "dcp_interleave"_a = 1, "pcp_world_size"_a = 1, "pcp_rank"_a = 0)
       .def(
           "build",
           [](dsa::StepBuilder& b, nb::handle qsl, nb::handle seq_lens, int32_t num_reqs_actual,
@@ -724,7 +746,7 @@ void bind_dsa_impl(nb::module_& m) {
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
              const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index,
              int64_t workspace_group, cp::Comm* dsa_cp_comm, bool dsa_cp_full_o_proj_prefill, cp::Comm* dcp_comm,
-             bool multistream, bool log_streams) {
+             bool multistream, bool log_streams, cp::Comm* pcp_comm) {
             dsa::ImplConfig c;
             c.hidden_size = hidden_size;
             c.num_heads = num_heads;
@@ -747,6 +769,7 @@ void bind_dsa_impl(nb::module_& m) {
             c.dsa_cp_comm = dsa_cp_comm;
             c.dsa_cp_full_o_proj_prefill = dsa_cp_full_o_proj_prefill;
             c.dcp_comm = dcp_comm;
+            c.pcp_comm = pcp_comm;
             c.multistream = multistream;
             c.log_streams = log_streams;
             dsa::Weights w;
@@ -781,8 +804,8 @@ void bind_dsa_impl(nb::module_& m) {
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
           "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0, "dsa_cp_comm"_a = nb::none(),
           "dsa_cp_full_o_proj_prefill"_a = true, "dcp_comm"_a = nb::none(), "multistream"_a = false,
-          "log_streams"_a = false, nb::keep_alive<1, 23>(),
-          nb::keep_alive<1, 25>())
+          "log_streams"_a = false, "pcp_comm"_a = nb::none(), nb::keep_alive<1, 23>(),
+          nb::keep_alive<1, 25>(), nb::keep_alive<1, 28>())
       .def(
           "forward",
           [](dsa::Impl& self, const at::Tensor& hidden, const nb::sequence& kv_cache, const RoutedLayer* metadata,

@@ -108,7 +108,7 @@ class StepBuilder::Lane {
   Lane(const StepBuilderConfig& cfg, const aar::detail::RopeRows& rope, const aar::detail::RopeRows* crope, int32_t draft_index,
        int64_t max_reqs, bool separate, int slot_base)
       : cfg_(cfg), rope_(rope), crope_(crope), draft_index_(draft_index), R_(max_reqs),
-        cp_(cfg.dsa_cp_world_size > 1 && draft_index < 0) {
+        cp_(cfg.dsa_cp_world_size > 1 && draft_index < 0), pcp_(cfg.pcp_world_size > 1 && draft_index < 0) {
     const int64_t T = cfg.max_num_tokens;
     // DSA-CP: RoPE rows for the step padded to a multiple of the group (T_pad < T + W).
     const int64_t TR = cp_ ? T + cfg.dsa_cp_world_size : T;
@@ -129,6 +129,20 @@ class StepBuilder::Lane {
       lseq_ = layout.add("dsa_cp_seq_lens", R_);
       lcu_ = layout.add("dsa_cp_cu_seqlens_kv", R_ + 1);
     }
+    if (pcp_) {
+      // docs/design/sparse_cp.md §13: this rank's rows and segments, after the request part (one copy).
+      // T_loc <= T + B (a chunk pair of a q-token prefill has at most q + 1 rows); at most 4 segments
+      // per request (a decode 1; a prefill a real and a pad part of each of its two chunks).
+      const int64_t S4 = 4 * R_, TL = T + R_;
+      pqsl_ = layout.add("pcp_query_start_loc", S4 + 1);
+      pseq_ = layout.add("pcp_seq_lens", S4);
+      piseq_ = layout.add("pcp_indexer_seq_lens", S4);
+      pcu_ = layout.add("pcp_cu_seqlens_kv", S4 + 1);
+      preq_ = layout.add("pcp_req", S4);
+      pltok_ = layout.add("pcp_local_token_index", TL);
+      ppos_ = layout.add("pcp_positions", TL);
+      pgat_ = layout.add("pcp_gather_index", T);
+    }
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
     device_ = buffers_->device();
@@ -146,6 +160,37 @@ class StepBuilder::Lane {
       lseq_scr_.assign(static_cast<size_t>(R_), 0);
       md_.dsa_cp.world_size = cfg.dsa_cp_world_size;
       md_.dsa_cp.rank = cfg.dsa_cp_rank;
+    }
+    if (pcp_) {
+      const int64_t S4 = 4 * R_, TL = T + R_;
+      v_pqsl_ = core::RegionViews(device_, pqsl_, S4 + 1, at::kInt);
+      v_pqe_ = core::RegionViews(device_, core::Region{pqsl_.offset + 1, S4}, S4, at::kInt);
+      v_pseq_ = core::RegionViews(device_, pseq_, S4, at::kInt);
+      v_piseq_ = core::RegionViews(device_, piseq_, S4, at::kInt);
+      v_pcu_ = core::RegionViews(device_, pcu_, S4 + 1, at::kInt);
+      v_preq_ = core::RegionViews(device_, preq_, S4, at::kInt);
+      v_pltok_ = core::RegionViews(device_, pltok_, TL, at::kInt);
+      v_ppos_ = core::RegionViews(device_, ppos_, TL, at::kInt);
+      v_pgat_ = core::RegionViews(device_, pgat_, T, at::kInt);
+      for (core::ViewCache* c : {&v_pcos_, &v_psin_, &v_pneg_, &v_pccos_, &v_pcsin_, &v_pcneg_}) c->resize(TL);
+      ptok_scr_.assign(static_cast<size_t>(TL), 0);
+      ppos_scr_.assign(static_cast<size_t>(TL), 0);
+      pgat_scr_.assign(static_cast<size_t>(T), 0);
+      pgcum_scr_.assign(static_cast<size_t>(R_ * cfg.pcp_world_size), 0);
+      for (auto* v : {&pqe_scr_, &pseq_scr_, &piseq_scr_, &preq_scr_}) v->assign(static_cast<size_t>(S4), 0);
+      pcu_scr_.assign(static_cast<size_t>(S4 + 1), 0);
+      const auto ropt = at::TensorOptions().dtype(rope.dtype()).device(cfg.device);
+      pcos_ = at::empty({TL, rope.dim()}, ropt);
+      psin_ = at::empty({TL, rope.dim()}, ropt);
+      pneg_ = at::empty({TL, rope.dim()}, ropt);
+      if (crope) {
+        const auto copt = at::TensorOptions().dtype(crope->dtype()).device(cfg.device);
+        pccos_ = at::empty({TL, crope->dim()}, copt);
+        pcsin_ = at::empty({TL, crope->dim()}, copt);
+        pcneg_ = at::empty({TL, crope->dim()}, copt);
+      }
+      md_.pcp.world_size = cfg.pcp_world_size;
+      md_.pcp.rank = cfg.pcp_rank;
     }
     if (cfg.dcp_world_size > 1) {
       md_.dcp.world_size = cfg.dcp_world_size;
@@ -250,6 +295,31 @@ class StepBuilder::Lane {
       state = plan::select_attention_state(si);
     }
 
+    // docs/design/sparse_cp.md §13: this rank's rows of the global step, into private scratch.
+    plan::DsaPcpPlan pplan;
+    if (pcp_) {
+      AAR_CHECK_ARG(p.num_reqs_actual == B && t_in == t_q, "num_reqs_actual=", p.num_reqs_actual,
+                    " / num_input_tokens=", t_in, " with pcp_world_size=", cfg_.pcp_world_size,
+                    ": the PCP step is the global batch without graph padding (", B, " requests, ", t_q,
+                    " tokens; docs/design/sparse_cp.md §13)");
+      plan::SparsePcpInputs pi;
+      pi.query_start_loc = plan::CSpan<int32_t>(qsl, static_cast<size_t>(B) + 1);
+      pi.seq_lens = plan::CSpan<int32_t>(seq, static_cast<size_t>(B));
+      pi.num_decodes = p.split.num_decodes;
+      pi.pcp_size = cfg_.pcp_world_size;
+      pi.pcp_rank = cfg_.pcp_rank;
+      plan::DsaPcpBuffers pb;
+      pb.rows.local_token_index = plan::Span<int32_t>(ptok_scr_.data(), ptok_scr_.size());
+      pb.rows.positions = plan::Span<int32_t>(ppos_scr_.data(), ppos_scr_.size());
+      pb.rows.gather_index = plan::Span<int32_t>(pgat_scr_.data(), pgat_scr_.size());
+      pb.rows.gathered_cum_query_lens = plan::Span<int32_t>(pgcum_scr_.data(), pgcum_scr_.size());
+      pb.rows.indexer_cum_query_lens = plan::Span<int32_t>(pqe_scr_.data(), pqe_scr_.size());
+      pb.rows.indexer_seq_lens = plan::Span<int32_t>(piseq_scr_.data(), piseq_scr_.size());
+      pb.rows.indexer_req = plan::Span<int32_t>(preq_scr_.data(), preq_scr_.size());
+      pb.sas_seq_lens = plan::Span<int32_t>(pseq_scr_.data(), pseq_scr_.size());
+      pb.sas_cu_seqlens_kv = plan::Span<int32_t>(pcu_scr_.data(), pcu_scr_.size());
+      pplan = plan::plan_dsa_pcp_step(pi, pb);
+    }
     // docs/design/sparse_cp.md §4 on the kernel requests (graph padding included), into private
     // scratch: it validates before its writes and the staging buffer stays untouched until below.
     plan::TokenShard shard;
@@ -319,6 +389,19 @@ class StepBuilder::Lane {
       std::memcpy(s + lseq_.offset, lseq_scr_.data(), static_cast<size_t>(B) * 4);
       for (int32_t b = 0; b < B; ++b) lcu[b + 1] = lcu[b] + lseq_scr_[static_cast<size_t>(b)];
     }
+    if (pcp_) {
+      const auto ns = static_cast<size_t>(pplan.sizes.indexer_reqs);
+      const auto tl = static_cast<size_t>(pplan.sizes.local_tokens);
+      s[pqsl_.offset] = 0;
+      std::memcpy(s + pqsl_.offset + 1, pqe_scr_.data(), ns * 4);
+      std::memcpy(s + pseq_.offset, pseq_scr_.data(), ns * 4);
+      std::memcpy(s + piseq_.offset, piseq_scr_.data(), ns * 4);
+      std::memcpy(s + pcu_.offset, pcu_scr_.data(), (ns + 1) * 4);
+      std::memcpy(s + preq_.offset, preq_scr_.data(), ns * 4);
+      std::memcpy(s + pltok_.offset, ptok_scr_.data(), tl * 4);
+      std::memcpy(s + ppos_.offset, ppos_scr_.data(), tl * 4);
+      std::memcpy(s + pgat_.offset, pgat_scr_.data(), static_cast<size_t>(t_q) * 4);
+    }
     int32_t* pos = positions_.data();
     if (t_q == B && p.max_seqlen_q == 1) {
       // Every request one token (a decode step): its position is its start_pos.
@@ -349,7 +432,7 @@ class StepBuilder::Lane {
     gather(rope_, r.cos, r.sin);
     if (crope_ != nullptr) gather(*crope_, r.ccos, r.csin);
     // One host-to-device copy: from the first row array to cumsum(S)'s end.
-    buffers_->copy(r.first, (cp_ ? lcu_.offset : cu_.offset) + B + 1 - r.first);
+    buffers_->copy(r.first, (pcp_ ? pgat_.offset + t_q : cp_ ? lcu_.offset + B + 1 : cu_.offset + B + 1) - r.first);
     buffers_->finish();
     counter_.next(md_.stamp);
 
@@ -404,6 +487,7 @@ class StepBuilder::Lane {
         ops::dense::neg_out(md_.compress_neg_sin, md_.compress_sin);
       }
       if (cp_) fill_dsa_cp(shard, r, s, B, lmax_q, lmax_kv);
+      if (pcp_) fill_pcp(pplan, s, t_q);
     }
     md_.query_start_loc_host = plan::CSpan<int32_t>(s + qsl_.offset, ub + 1);
     md_.seq_lens_host = plan::CSpan<int32_t>(s + seq_.offset, ub);
@@ -492,12 +576,59 @@ class StepBuilder::Lane {
     }
   }
 
+  // docs/design/sparse_cp.md §13: the step's PCP part (views of the staged rows and segments), and the local
+  // rows' RoPE rows gathered on the device from the full tables by their positions, with their -sin.
+  void fill_pcp(const plan::DsaPcpPlan& pp, const int32_t* s, int32_t t_q) {
+    PcpStepMetadata& c = md_.pcp;
+    const int64_t tl = pp.sizes.local_tokens, ns = pp.sizes.indexer_reqs;
+    c.num_local_tokens = static_cast<int32_t>(tl);
+    c.num_segments = static_cast<int32_t>(ns);
+    c.max_seqlen_q = pp.max_seqlen_q;
+    c.max_seqlen_kv = pp.max_seqlen_kv;
+    c.max_indexer_seqlen_kv = pp.max_indexer_seqlen_kv;
+    set(c.local_token_index, v_pltok_.first(tl));
+    set(c.gather_index, v_pgat_.first(t_q));
+    set(c.query_start_loc, v_pqsl_.first(ns + 1));
+    set(c.q_ends, v_pqe_.first(ns));
+    set(c.seq_lens, v_pseq_.first(ns));
+    set(c.indexer_seq_lens, v_piseq_.first(ns));
+    set(c.cu_seqlens_kv, v_pcu_.first(ns + 1));
+    set(c.req, v_preq_.first(ns));
+    const at::Tensor& pos = v_ppos_.first(tl);
+    auto rows = [&](core::ViewCache& vc, const at::Tensor& buf, at::Tensor& dst, const at::Tensor& table) {
+      set(dst, vc.get(tl, [&] { return buf.narrow(0, 0, tl); }));
+      at::index_select_out(dst, table, 0, pos);
+    };
+    rows(v_pcos_, pcos_, c.cos, md_.rope_cos_table);
+    rows(v_psin_, psin_, c.sin, md_.rope_sin_table);
+    set(c.neg_sin, v_pneg_.get(tl, [&] { return pneg_.narrow(0, 0, tl); }));
+    ops::dense::neg_out(c.neg_sin, c.sin);
+    if (crope_ != nullptr) {
+      rows(v_pccos_, pccos_, c.compress_cos, md_.compress_cos_table);
+      rows(v_pcsin_, pcsin_, c.compress_sin, md_.compress_sin_table);
+      set(c.compress_neg_sin, v_pcneg_.get(tl, [&] { return pcneg_.narrow(0, 0, tl); }));
+      ops::dense::neg_out(c.compress_neg_sin, c.compress_sin);
+    }
+    const auto ul = static_cast<size_t>(tl), us = static_cast<size_t>(ns);
+    c.local_token_index_host = plan::CSpan<int32_t>(s + pltok_.offset, ul);
+    c.query_start_loc_host = plan::CSpan<int32_t>(s + pqsl_.offset, us + 1);
+    c.seq_lens_host = plan::CSpan<int32_t>(s + pseq_.offset, us);
+    c.req_host = plan::CSpan<int32_t>(s + preq_.offset, us);
+  }
+
   const StepBuilderConfig& cfg_;
   const aar::detail::RopeRows& rope_;
   const aar::detail::RopeRows* crope_;
   int32_t draft_index_;
   int64_t R_;
   bool cp_ = false;                     // DSA-CP (the main lane of a dsa_cp_world_size > 1 builder)
+  bool pcp_ = false;                    // PCP (the main lane of a pcp_world_size > 1 builder)
+  core::Region pqsl_, pseq_, piseq_, pcu_, preq_, pltok_, ppos_, pgat_;  // PCP: after cu_
+  core::RegionViews v_pqsl_, v_pqe_, v_pseq_, v_piseq_, v_pcu_, v_preq_, v_pltok_, v_ppos_, v_pgat_;
+  core::ViewCache v_pcos_, v_psin_, v_pneg_, v_pccos_, v_pcsin_, v_pcneg_;
+  at::Tensor pcos_, psin_, pneg_, pccos_, pcsin_, pcneg_;
+  std::vector<int32_t> ptok_scr_, ppos_scr_, pgat_scr_, pgcum_scr_, pqe_scr_, pseq_scr_, piseq_scr_, preq_scr_,
+      pcu_scr_;
   core::Region qsl_, seq_, sp_r_, cu_;  // the request part
   core::Region lqsl_, lseq_, lcu_;      // DSA-CP: the local lengths (after cu_)
   core::RegionViews v_lqsl_, v_lqe_, v_lseq_, v_lcu_;
@@ -541,6 +672,28 @@ StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
   if (cfg.dcp_world_size > 1 && cfg.dsa_cp_world_size > 1) {
     throw_not_supported("dcp_world_size=", cfg.dcp_world_size, " with dsa_cp_world_size=", cfg.dsa_cp_world_size,
                         ": DSA DCP x DSA-CP is not implemented (docs/design/sparse_cp.md §12)");
+  }
+  AAR_CHECK_ARG(cfg.pcp_world_size >= 1 && cfg.pcp_world_size <= 16 && cfg.pcp_rank >= 0 &&
+                    cfg.pcp_rank < cfg.pcp_world_size,
+                "pcp_rank=", cfg.pcp_rank, " is not a rank of a PCP group of pcp_world_size=", cfg.pcp_world_size,
+                " (pcp_world_size in [1, 16])");
+  if (cfg.pcp_world_size > 1) {
+    // docs/design/sparse_cp.md §13.
+    if (cfg.dsa_cp_world_size > 1) {
+      throw_not_supported("pcp_world_size=", cfg.pcp_world_size, " with dsa_cp_world_size=", cfg.dsa_cp_world_size,
+                          ": DSA-CP x PCP is not implemented (both split the step's tokens; docs/design/sparse_cp.md "
+                          "§13)");
+    }
+    if (cfg.dcp_world_size > 1) {
+      throw_not_supported("pcp_world_size=", cfg.pcp_world_size, " with dcp_world_size=", cfg.dcp_world_size,
+                          ": DSA PCP x DCP is not implemented (the PCP rows over sharded caches would need DCP's "
+                          "query gather and LSE merge per segment; docs/design/sparse_cp.md §13)");
+    }
+    if (ms.dspark_num_spec > 0) {
+      throw_not_supported("pcp_world_size=", cfg.pcp_world_size, " with dspark_num_spec=", ms.dspark_num_spec,
+                          ": DSpark under DSA PCP is not implemented (its SWA indices are per global token; "
+                          "docs/design/sparse_cp.md §13)");
+    }
   }
   if (cfg.dcp_world_size > 1 && ms.dspark_num_spec > 0) {
     throw_not_supported("dcp_world_size=", cfg.dcp_world_size, " with dspark_num_spec=", ms.dspark_num_spec,
@@ -595,6 +748,11 @@ const StepMetadata& StepBuilder::build(const StepInputs& in) { return lanes_[0]-
 const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, plan::AttentionState state) {
   static const core::BackendFacts& facts = Backend::facts();
   core::check_capturable(facts, state);
+  if (cfg_.pcp_world_size > 1) {
+    throw_not_supported("build_for_graph_capture with pcp_world_size=", cfg_.pcp_world_size, ": DSA PCP runs "
+                        "eagerly (its hidden-state gather and per-call segment views are not captured; "
+                        "docs/design/sparse_cp.md §13)");
+  }
   // DSA DCP (docs/design/sparse_cp.md §12.5): the decode bucket builds as without DCP (the lane's
   // dcp block is set at construction; DSpark and DSA-CP under DCP were refused there).
   return lanes_[0]->build(in, &state);
@@ -603,6 +761,10 @@ const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, p
 const StepMetadata& StepBuilder::build_for_drafting(const StepInputs& in, int32_t d) {
   // Under DCP a draft lane carries the step's dcp block like the main lane (docs/design/sparse_cp.md
   // §12.6): its SWA groups localize their slots the same way.
+  if (cfg_.pcp_world_size > 1) {
+    throw_not_supported("build_for_drafting with pcp_world_size=", cfg_.pcp_world_size, ": draft steps under DSA "
+                        "PCP (per-draft PCP rows) are not implemented (docs/design/sparse_cp.md §13)");
+  }
   if (cfg_.dsa_cp_world_size > 1) {
     throw_not_supported("build_for_drafting with dsa_cp_world_size=", cfg_.dsa_cp_world_size, ": draft steps under "
                         "DSA-CP (per-draft local token metadata) are not implemented (docs/design/sparse_cp.md §10)");
@@ -670,6 +832,12 @@ class GroupBuilder::Lane {
       cslots_ = at::empty({T * fw_}, i32);
     }
     empty_ = at::empty({0}, i32);
+    // PCP: the groups whose table the attention or the indexer reads get their segments' rows.
+    if (scfg.pcp_world_size > 1 && draft_index < 0 && kind != DsaCacheKind::C4AttnState &&
+        kind != DsaCacheKind::C4IndexerState && kind != DsaCacheKind::C128State) {
+      pbt_ = at::zeros({4 * R_ * MB}, i32);
+      v_pbt_.resize(4 * R_);
+    }
     md_.kind = g.cfg_.kind;
     md_.num_blocks = g.cfg_.num_blocks;
     md_.window = ms.window;
@@ -844,6 +1012,13 @@ class GroupBuilder::Lane {
       md_.seqused_cmp_kv_host = plan::CSpan<int32_t>(s + r.cmp, ub);
       md_.cmp_residual_kv_host = plan::CSpan<int32_t>(s + r.cres, ub);
     }
+    if (pbt_.defined()) {
+      // docs/design/sparse_cp.md §13: the segments' rows of the staged table (after the copy, same stream).
+      const int64_t ns = st.pcp.num_segments;
+      set(md_.pcp_block_table, v_pbt_.get(ns, stride, [&] { return pbt_.narrow(0, 0, ns * stride).view({ns, stride}); }));
+      detail::InferenceScope guard;
+      at::index_select_out(md_.pcp_block_table, md_.block_table, 0, st.pcp.req);
+    }
     md_.sas_metadata_filled = fill_sas(st, ratio);
     md_.qli_metadata_filled = fill_qli(st);
     md_.qli_num_heads = md_.qli_metadata_filled ? ms.index_n_heads : 0;
@@ -932,6 +1107,14 @@ class GroupBuilder::Lane {
     a.batch_size = st.num_kernel_reqs;
     a.max_seqlen_q = cp ? st.dsa_cp.max_seqlen_q : st.max_seqlen_q;
     a.max_seqlen_kv = cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv;
+    if (st.pcp.world_size > 1) {
+      // docs/design/sparse_cp.md §13: this rank's segments.
+      a.cu_seqlens_q = st.pcp.query_start_loc;
+      a.seqused_kv = st.pcp.seq_lens;
+      a.batch_size = st.pcp.num_segments;
+      a.max_seqlen_q = st.pcp.max_seqlen_q;
+      a.max_seqlen_kv = st.pcp.max_seqlen_kv;
+    }
     a.cmp_topk = ratio == 4 ? ms.index_topk : 0;
     a.cmp_ratio = ratio <= 1 ? 1 : (ratio == 4 ? 4 : 128);
     a.ori_mask_mode = 4;
@@ -989,6 +1172,14 @@ class GroupBuilder::Lane {
     m.batch_size = st.num_kernel_reqs;
     m.max_seqlen_q = cp ? st.dsa_cp.max_seqlen_q : st.max_seqlen_q;
     m.max_seqlen_k = cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv;
+    if (st.pcp.world_size > 1) {
+      // docs/design/sparse_cp.md §13: this rank's segments (pads select nothing: KV length 0).
+      m.actual_seq_lengths_query = st.pcp.q_ends;
+      m.actual_seq_lengths_key = st.pcp.indexer_seq_lens;
+      m.batch_size = st.pcp.num_segments;
+      m.max_seqlen_q = st.pcp.max_seqlen_q;
+      m.max_seqlen_k = st.pcp.max_indexer_seqlen_kv;
+    }
     m.layout_query = "TND";
     m.layout_key = "PA_BSND";
     m.sparse_count = ms.index_topk;
@@ -1005,8 +1196,10 @@ class GroupBuilder::Lane {
     switch (k) {
       case CuSeqlensKv::None: return {};
       case CuSeqlensKv::EmptyTensor: return empty_;
-      case CuSeqlensKv::QueryStartLoc: return cp ? st.dsa_cp.query_start_loc : st.query_start_loc;
-      case CuSeqlensKv::CumsumSeqLens: return cp ? st.dsa_cp.cu_seqlens_kv : st.cu_seqlens_kv;
+      case CuSeqlensKv::QueryStartLoc:
+        return st.pcp.world_size > 1 ? st.pcp.query_start_loc : cp ? st.dsa_cp.query_start_loc : st.query_start_loc;
+      case CuSeqlensKv::CumsumSeqLens:
+        return st.pcp.world_size > 1 ? st.pcp.cu_seqlens_kv : cp ? st.dsa_cp.cu_seqlens_kv : st.cu_seqlens_kv;
     }
     return {};
   }
@@ -1020,6 +1213,8 @@ class GroupBuilder::Lane {
   core::Region bt_;  // the staged block table (R_ rows of max_blocks_per_req)
   std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_, empty_, ccos_, csin_, cslots_;
+  at::Tensor pbt_;  // PCP (docs/design/sparse_cp.md §13): the segments' block-table rows, 4 R_ x max_blocks_per_req
+  core::ViewCache v_pbt_;
   std::vector<int32_t> dspark_scratch_, block_scratch_;
   detail::TensorBinding qsl_src_;  // the step view q_ends_ was made from
   at::Tensor q_ends_;
@@ -1031,6 +1226,11 @@ class GroupBuilder::Lane {
 };
 
 GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : step_(step), cfg_(cfg) {
+  if (step.config().pcp_world_size > 1 && cfg.plan.sparse_attn != SparseAttnPath::SharedKv) {
+    throw_not_supported("pcp_world_size=", step.config().pcp_world_size, " with the ", cfg.plan.sparse_attn_op,
+                        " plan (device ", static_cast<int>(cfg.plan.device), "): DSA PCP is built for the A2/A3 "
+                        "npu_sparse_attn_sharedkv plan only (docs/design/sparse_cp.md §13)");
+  }
   if (step.config().dcp_world_size > 1 && cfg.plan.sparse_attn != SparseAttnPath::SharedKv) {
     throw_not_supported("dcp_world_size=", step.config().dcp_world_size, " with the ", cfg.plan.sparse_attn_op,
                         " plan (device ", static_cast<int>(cfg.plan.device), "): DSA DCP is built for the A2/A3 "

@@ -151,6 +151,32 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                           "for the A2/A3 npu_sparse_attn_sharedkv plan only (docs/design/sparse_cp.md §12)");
     }
   }
+  // PCP (docs/design/sparse_cp.md §13).
+  const int64_t Wp = c.pcp_comm != nullptr ? c.pcp_comm->size() : 1;
+  if (Wp > 1) {
+    const int64_t Wc = c.dsa_cp_comm != nullptr ? c.dsa_cp_comm->size() : 1;
+    if (Wc > 1) {
+      throw_not_supported("pcp_comm of ", Wp, " ranks with dsa_cp_comm of ", Wc, " ranks: DSA-CP x PCP is not "
+                          "implemented (both split the step's tokens; docs/design/sparse_cp.md §13)");
+    }
+    if (Wd > 1) {
+      throw_not_supported("pcp_comm of ", Wp, " ranks with dcp_comm of ", Wd, " ranks: DSA PCP x DCP is not "
+                          "implemented (docs/design/sparse_cp.md §13)");
+    }
+    if (c.plan.sparse_attn != SparseAttnPath::SharedKv) {
+      throw_not_supported("pcp_comm of ", Wp, " ranks with the ", c.plan.sparse_attn_op, " plan: DSA PCP is built "
+                          "for the A2/A3 npu_sparse_attn_sharedkv plan only (docs/design/sparse_cp.md §13)");
+    }
+    if (c.multistream) {
+      throw_not_supported("multistream under DSA PCP (pcp_comm of ", Wp, " ranks) is not implemented: the "
+                          "multistream prolog is built for the single-rank road (docs/design/dsa.md §5.5)");
+    }
+    if (w.wq_a_scale.defined() || w.wq_b_scale.defined() || w.wkv_scale.defined()) {
+      throw_not_supported("the W8A8-dynamic prolog (weights wq_a_scale / wq_b_scale / wkv_scale) under DSA PCP "
+                          "(pcp_comm of ", Wp, " ranks) is not implemented: the PCP road computes the prolog's "
+                          "projections unquantised (docs/design/sparse_cp.md §13)");
+    }
+  }
   AAR_CHECK_ARG(c.hidden_size > 0 && c.num_heads > 0 && c.head_dim > 0 && c.q_lora_rank > 0 && c.o_lora_rank > 0,
                 "hidden_size, num_heads, head_dim, q_lora_rank and o_lora_rank must be positive, got ", c.hidden_size,
                 ", ", c.num_heads, ", ", c.head_dim, ", ", c.q_lora_rank, ", ", c.o_lora_rank);
@@ -401,6 +427,9 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   // docs/design/sparse_cp.md §12: the layer's DCP group against the step's.
   cp::check_comm_matches(c.dcp_comm, md.step->dcp.world_size, md.step->dcp.rank, "DCP", "dcp_comm",
                          "dcp_world_size");
+  // docs/design/sparse_cp.md §13: the layer's PCP group against the step's.
+  cp::check_comm_matches(c.pcp_comm, md.step->pcp.world_size, md.step->pcp.rank, "PCP", "pcp_comm",
+                         "pcp_world_size");
   check_group(md.swa, "swa");
   // The window is the model's, set once on the StepBuilder; a layer that
   // names one of its own must name the same (it would attend another span
@@ -473,8 +502,20 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 c.hidden_size, "), got ", sizes_of(hidden));
   AAR_CHECK_ARG(hidden.scalar_type() == dt && hidden.device() == dev, "hidden is ", hidden.scalar_type(), " on ",
                 hidden.device(), "; the layer's weights are ", dt, " on ", dev);
-  AAR_CHECK_ARG(hidden.size(0) >= st.num_kernel_tokens, "hidden has ", hidden.size(0),
-                " rows, fewer than the step's tokens in requests (num_kernel_tokens=", st.num_kernel_tokens, ")");
+  // PCP (docs/design/sparse_cp.md §13): hidden holds exactly this rank's local rows.
+  const bool pcp = st.pcp.world_size > 1;
+  if (pcp) {
+    AAR_CHECK_ARG(hidden.size(0) == st.pcp.num_local_tokens, "hidden has ", hidden.size(0), " rows; under PCP (",
+                  "pcp_world_size=", st.pcp.world_size, ") it holds this rank's local rows, num_local_tokens=",
+                  st.pcp.num_local_tokens, " (metadata.local_token_index)");
+    for (const GroupMetadata* g : {md.swa, md.attention, md.indexer_cache}) {
+      AAR_CHECK_ARG(g == nullptr || g->pcp_block_table.defined(), "metadata group ", to_string(g->kind),
+                    " has no pcp_block_table: its GroupBuilder must build from the PCP step");
+    }
+  } else {
+    AAR_CHECK_ARG(hidden.size(0) >= st.num_kernel_tokens, "hidden has ", hidden.size(0),
+                  " rows, fewer than the step's tokens in requests (num_kernel_tokens=", st.num_kernel_tokens, ")");
+  }
   AAR_CHECK_ARG(output.defined() && output.sizes() == hidden.sizes() && output.scalar_type() == dt &&
                     output.device() == dev && output.is_contiguous(),
                 "output must be a contiguous ", hidden.sizes(), " ", dt, " tensor on ", dev, ", got ",
@@ -482,9 +523,10 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   AAR_CHECK_ARG(!output.is_same(hidden), "output must not alias hidden");
   if (c.skip_topk || c.use_index_cache) {
     AAR_CHECK_ARG(topk != nullptr, "topk_buffer must be given (skip_topk / use_index_cache)");
-    AAR_CHECK_ARG(topk->index_topk() == c.index_topk && topk->max_num_tokens() >= st.num_kernel_tokens,
+    const int64_t trows = pcp ? st.pcp.num_local_tokens : st.num_kernel_tokens;
+    AAR_CHECK_ARG(topk->index_topk() == c.index_topk && topk->max_num_tokens() >= trows,
                   "topk_buffer is (", topk->max_num_tokens(), ", ", topk->index_topk(), "); the layer needs index_topk=",
-                  c.index_topk, " and >= ", st.num_kernel_tokens, " rows");
+                  c.index_topk, " and >= ", trows, " rows");
   }
 
   const ForwardKv f = unpack_forward_kv_cache(kv, c.compress_ratio);
@@ -984,6 +1026,31 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   if (n < T) ops::dense::zero(output.narrow(0, n, T - n));
 }
 
+void Impl::write_step_caches(const at::Tensor& x, const Caches& c, const LayerMetadata& md, int64_t tk,
+                             detail::Workspace& ws) {
+  const ImplConfig& cf = cfg_;
+  const StepMetadata& st = *md.step;
+  const int64_t D = cf.head_dim, R = cf.rope_dim;
+  const int32_t ratio = cf.compress_ratio;
+  const detail::TokenViews& vf = ws.tokens(tk);
+  const int64_t r = ratio > 1 ? std::min<int64_t>(tk, tk / ratio + st.num_kernel_reqs) : 0;
+  const detail::RowViews& rv = ws.rows(r);
+  const StepViews& sv = step_views(md, tk);
+  ops::dense::linear_out(vf.kv, x, w_.wkv);
+  ops::dense::rms_norm_out(vf.kv, vf.kv, w_.kv_norm, cf.eps);
+  at::Tensor kvr = vf.kv;
+  ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
+  write_kv_rows(c.swa_kv, sv.swa_slots, vf.kv, md.swa->num_valid_rows);
+  if (ratio == 4) indexer_cache_update(x, c, md, rv, r, /*graph=*/false);
+  if (ratio > 1) {
+    const GroupMetadata& ag = *md.attention;
+    const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
+                                           *md.compressor_state, ag, R, ratio, ratio == 4 ? 2 : 1, cf.eps,
+                                           at::Tensor());
+    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
+  }
+}
+
 void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                       sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws) {
   // docs/design/sparse_cp.md §10. Every rank holds the whole step's hidden states, writes every
@@ -995,7 +1062,6 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   const StepMetadata& st = *md.step;
   const DsaCpStepMetadata& sh = st.dsa_cp;
   cp::Comm& comm = *cf.dsa_cp_comm;
-  const GroupMetadata& swa = *md.swa;
   const int64_t W = sh.world_size, tpr = sh.tokens_per_rank, nloc = sh.num_local_tokens();
   const int64_t T = hidden.size(0), N = cf.num_heads, D = cf.head_dim, R = cf.rope_dim;
   const int32_t ratio = cf.compress_ratio;
@@ -1003,23 +1069,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
 
   // ---- 1. the whole step: the SWA KV, the compressors and the indexer cache (the step's RoPE
   // rows, global lengths), as without DSA-CP.
-  const detail::TokenViews& vf = ws.tokens(tk);
-  const int64_t r = ratio > 1 ? std::min<int64_t>(tk, tk / ratio + st.num_kernel_reqs) : 0;
-  const detail::RowViews& rv = ws.rows(r);
-  const StepViews& sv = step_views(md, tk);
-  ops::dense::linear_out(vf.kv, x, w_.wkv);
-  ops::dense::rms_norm_out(vf.kv, vf.kv, w_.kv_norm, cf.eps);
-  at::Tensor kvr = vf.kv;
-  ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
-  write_kv_rows(c.swa_kv, sv.swa_slots, vf.kv, swa.num_valid_rows);
-  if (ratio == 4) indexer_cache_update(x, c, md, rv, r, /*graph=*/false);
-  if (ratio > 1) {
-    const GroupMetadata& ag = *md.attention;
-    const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
-                                           *md.compressor_state, ag, R, ratio, ratio == 4 ? 2 : 1, cf.eps,
-                                           at::Tensor());
-    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
-  }
+  write_step_caches(x, c, md, tk, ws);
 
   // ---- 2. the slice: every head's query, the selection and SAS attention with the local lengths.
   // The slice's rows (tpr, N D), zeros past its real tokens. The decode road keeps them in the
@@ -1114,6 +1164,10 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const int64_t n = g.capturing_bucket();
+  if (st.pcp.world_size > 1) {
+    throw_not_supported("DSA graph capture under PCP (pcp_world_size=", st.pcp.world_size, "): DSA PCP runs "
+                        "eagerly (docs/design/sparse_cp.md §13)");
+  }
   // Bucket and state checks, before anything is recorded or written.
   if (st.attn_state != plan::AttentionState::DecodeOnly && st.attn_state != plan::AttentionState::SpecDecoding) {
     throw_not_supported("DSA graph capture takes DecodeOnly and SpecDecoding steps (docs/design/dsa.md §3.1: "
@@ -1257,7 +1311,11 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     output.zero_();
     return output;
   }
-  if (st.dsa_cp.world_size > 1) {
+  if (st.pcp.world_size > 1) {
+    // docs/design/sparse_cp.md §13 (tk is the global step's: every rank gathers, or none does).
+    detail::Workspace local(ws_->shape());
+    run_pcp(hidden, c, md, output, topk, st.has_prefill() ? local : *ws_);
+  } else if (st.dsa_cp.world_size > 1) {
     // tk is the step's (rank-independent): every rank runs the same collectives or none (tk 0).
     if (st.has_prefill()) {
       detail::Workspace local(ws_->shape());

@@ -316,6 +316,42 @@ SparsePcpSizes plan_sparse_pcp_rows(const SparsePcpInputs& in, const SparsePcpBu
   return s;
 }
 
+DsaPcpPlan plan_dsa_pcp_step(const SparsePcpInputs& in, const DsaPcpBuffers& out) {
+  const SparsePcpSizes s = sparse_pcp_sizes(in);
+  const std::size_t ns = static_cast<std::size_t>(s.indexer_reqs);
+  AAR_CHECK_ARG(out.sas_seq_lens.size() >= ns, "sas_seq_lens has room for ", out.sas_seq_lens.size(),
+                " entries, needs ", ns);
+  AAR_CHECK_ARG(out.sas_cu_seqlens_kv.size() >= ns + 1, "sas_cu_seqlens_kv has room for ",
+                out.sas_cu_seqlens_kv.size(), " entries, needs ", ns + 1);
+  // The segments' SAS lengths of a request sum to at most S_b (a decode) or 2 S_b + q_b (two real
+  // chunks and their pads): bounded before anything is written.
+  int64_t bound = 0;
+  for (std::size_t b = 0; b < in.seq_lens.size(); ++b) {
+    const int64_t q = in.query_start_loc[b + 1] - in.query_start_loc[b];
+    bound += b < static_cast<std::size_t>(in.num_decodes) ? in.seq_lens[b] : 2 * int64_t{in.seq_lens[b]} + q;
+  }
+  AAR_CHECK_ARG(bound <= INT32_MAX, "seq_lens: the segments' KV lengths may sum to ", bound,
+                ", past the int32 range of sas_cu_seqlens_kv");
+  // Checks every other capacity before its first write.
+  DsaPcpPlan p;
+  p.sizes = plan_sparse_pcp_rows(in, out.rows);
+  int64_t cu = 0;
+  out.sas_cu_seqlens_kv[0] = 0;
+  for (std::size_t i = 0; i < ns; ++i) {
+    const int32_t n = out.rows.indexer_cum_query_lens[i] - (i > 0 ? out.rows.indexer_cum_query_lens[i - 1] : 0);
+    const int32_t ikv = out.rows.indexer_seq_lens[i];
+    // A pad segment (KV 0 for the indexer) reads its request's first n positions (n <= S_b).
+    const int32_t kv = ikv > 0 ? ikv : n;
+    out.sas_seq_lens[i] = kv;
+    cu += kv;
+    out.sas_cu_seqlens_kv[i + 1] = static_cast<int32_t>(cu);
+    p.max_seqlen_q = std::max(p.max_seqlen_q, n);
+    p.max_seqlen_kv = std::max(p.max_seqlen_kv, kv);
+    p.max_indexer_seqlen_kv = std::max(p.max_indexer_seqlen_kv, ikv);
+  }
+  return p;
+}
+
 int64_t dsa_dcp_captured_cmp_width(int64_t rope_positions, int32_t ratio) {
   AAR_CHECK_ARG(rope_positions >= 1, "rope_positions=", rope_positions, " must be >= 1 (the RoPE table's rows)");
   AAR_CHECK_ARG(ratio >= 2, "ratio=", ratio, " must be >= 2 (a compressed layer's compress_ratio)");

@@ -5,7 +5,8 @@
 // writes nothing; metadata is valid until its builder's next build (build_stamp.h).
 // Design: docs/design/dsa.md §3 (builders, slots, routing, DSpark, blobs, drafts); the DSA-CP
 // token shard (StepBuilderConfig::dsa_cp_world_size): docs/design/sparse_cp.md §10.1; DCP
-// (StepBuilderConfig::dcp_world_size): docs/design/sparse_cp.md §12.1.
+// (StepBuilderConfig::dcp_world_size): docs/design/sparse_cp.md §12.1; PCP (pcp_world_size):
+// docs/design/sparse_cp.md §13.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -81,6 +82,13 @@ struct StepBuilderConfig : core::Capacities, core::StagingConfig {
   int32_t dcp_world_size = 1;
   int32_t dcp_rank = 0;
   int32_t dcp_interleave = 1;
+  // PCP (docs/design/sparse_cp.md §13): the step given to build() is the GLOBAL step (the same on every
+  // PCP rank); > 1 adds StepMetadata::pcp, this rank's rows (the decodes, its head and tail chunk of every
+  // prefill) and their segments, and the attention-side groups' segment block tables
+  // (GroupMetadata::pcp_block_table); the caches stay whole on every rank. Eager steps of the main lane
+  // without graph padding; graph capture, drafting, DSpark, DSA-CP and DCP with it are refused by name.
+  int32_t pcp_world_size = 1;
+  int32_t pcp_rank = 0;
 };
 
 // The step (core::StepInput): query_start_loc (B+1, leading 0), seq_lens (B,

@@ -7,7 +7,7 @@
 // W8A8-dynamic prolog, §5.5 multistream),
 // §6 (graph capture), §4.2 (the three plans); DSA-CP token sharding (ImplConfig::dsa_cp_comm):
 // docs/design/sparse_cp.md §10; DCP of the SWA and compressed caches (ImplConfig::dcp_comm):
-// docs/design/sparse_cp.md §12.
+// docs/design/sparse_cp.md §12; PCP (ImplConfig::pcp_comm): docs/design/sparse_cp.md §13.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -102,6 +102,15 @@ struct ImplConfig {
   // a graph capture (the collectives inside each replay, §12.5), the A2/A3 plan; refused by name
   // otherwise.
   cp::Comm* dcp_comm = nullptr;
+  // PCP (docs/design/sparse_cp.md §13): the group the step's prefill tokens are split over (Wp ranks;
+  // must outlive the layer). Needs metadata built with the same pcp_world_size and rank
+  // (StepBuilderConfig); hidden and output are then this rank's local rows (StepMetadata::pcp,
+  // num_local_tokens of them: the decodes, its head and tail chunk of every prefill, pad rows output 0).
+  // Every rank all-gathers the local hidden rows, writes every token's SWA, compressor-state, compressed and
+  // indexer rows into its complete caches (the global step's slots), then attends its own rows only; one
+  // collective per layer and step with prefills (none in a decode-only step: its rows are replicated).
+  // Eager, the A2/A3 plan; DSA-CP, DCP, multistream and the W8A8 prolog with it refused by name.
+  cp::Comm* pcp_comm = nullptr;
   // docs/design/dsa.md §5.5: compressed layers run their compressor(s) and the indexer's cache write
   // on a second stream (the device's stream pool; on CPU the default stream), overlapping the prolog;
   // events order the side stream after the layer's inputs and the main stream after the KV writes
@@ -239,6 +248,13 @@ class Impl {
   // width from the RoPE table's rows instead of max_seqlen_kv).
   at::Tensor attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
                         int64_t n, bool graph) const;
+  // The whole step's cache writes from its tk hidden rows x (the step's RoPE rows and slots): the SWA KV,
+  // C4's indexer compressor and cache, the compressors and their compressed rows (DSA-CP and PCP, eager).
+  void write_step_caches(const at::Tensor& x, const Caches& c, const LayerMetadata& md, int64_t tk,
+                         detail::Workspace& ws);
+  // docs/design/sparse_cp.md §13: the PCP forward (eager; impl_pcp.cpp): hidden / output the rank's local rows.
+  void run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
+               sfa::TopkBuffer* topk, detail::Workspace& ws);
   // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens (eager).
   void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                   sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws);

@@ -59,6 +59,31 @@ struct DcpStepMetadata {
   int32_t rank = 0;
   int32_t interleave = 1;
 };
+// PCP of a step (docs/design/sparse_cp.md §13): world_size 1 (every tensor undefined) without it. The step
+// the builders describe is the GLOBAL one (every PCP rank builds it: the cache writes of every token); this
+// rank's layer input and output are its local rows (plan_dsa_pcp_step, cp/plan/sparse_cp.h): the decode tokens,
+// then per prefill its head and tail chunks (pads past the request's tokens), attended as `num_segments`
+// requests of their own (a decode, a chunk's real rows, or its pads).
+struct PcpStepMetadata {
+  int32_t world_size = 1;
+  int32_t rank = 0;
+  int32_t num_local_tokens = 0;  // T_loc: the rows of this rank's hidden states and output
+  int32_t num_segments = 0;
+  // Maxima of the segments' rows and SAS / indexer KV lengths (the SAS / QLI blobs').
+  int32_t max_seqlen_q = 0, max_seqlen_kv = 0, max_indexer_seqlen_kv = 0;
+  // Device int32: local_token_index (T_loc: the global token of each local row, -1 for a pad),
+  // gather_index (the step's tokens: the row of each in the rank-major all-gather of the ranks' local
+  // rows, Wp * T_loc rows), and per segment: query_start_loc (S+1, cumulative from 0), q_ends (S),
+  // seq_lens (S: the SAS KV lengths), indexer_seq_lens (S: the QLI's, 0 for pads), cu_seqlens_kv (S+1:
+  // [0, cumsum(seq_lens)]) and req (S: the segment's request, its block-table row).
+  at::Tensor local_token_index, gather_index, query_start_loc, q_ends, seq_lens, indexer_seq_lens, cu_seqlens_kv,
+      req;
+  // (T_loc, R) RoPE rows of the local rows' positions (a pad at its request's last position) from both tables,
+  // and their -sin (compress_* undefined without the compress tables).
+  at::Tensor cos, sin, neg_sin, compress_cos, compress_sin, compress_neg_sin;
+  plan::CSpan<int32_t> local_token_index_host, query_start_loc_host, seq_lens_host, req_host;
+};
+
 // The per-step shared values (upstream's per-step dict, docs/design/dsa.md §3.1
 // ): computed once per step, read by every group of the step.
 //
@@ -125,6 +150,8 @@ struct StepMetadata : core::StepCounts {
   DsaCpStepMetadata dsa_cp;
   // StepBuilderConfig::dcp_world_size > 1 only (docs/design/sparse_cp.md §12).
   DcpStepMetadata dcp;
+  // StepBuilderConfig::pcp_world_size > 1 only (docs/design/sparse_cp.md §13).
+  PcpStepMetadata pcp;
   // 0, 1, 2 for ratios <= 1, 4, 128; -1 for any other.
   static int ratio_slot(int32_t ratio) { return ratio <= 1 ? 0 : ratio == 4 ? 1 : ratio == 128 ? 2 : -1; }
   const plan::DsaRows* rows_at(int32_t ratio) const {
@@ -152,6 +179,10 @@ struct GroupMetadata {
   int32_t window = 0;      // the step's ModelSettings::window (W); ori_win_left derives from it
 
   at::Tensor block_table;  // (B, max_blocks_per_req) int32, graph-padding rows zeroed
+  // PCP (docs/design/sparse_cp.md §13), the groups whose table the attention or the indexer reads (Swa,
+  // C4Kv, C128Kv, C4IndexerK): the block-table row of each of the step's PCP segments
+  // (StepMetadata::pcp.req), gathered on the device; undefined otherwise.
+  at::Tensor pcp_block_table;
   at::Tensor seq_lens, query_start_loc, start_pos;  // the step's
   // ratio <= 1: the formatted slots of the step's T tokens; compressed
   // groups: the slots of the compressed rows the step emits (what the device

@@ -137,6 +137,30 @@ struct SparsePcpBuffers {
 // Validates everything (sparse_pcp_sizes and every capacity) before the first write; returns the sizes.
 SparsePcpSizes plan_sparse_pcp_rows(const SparsePcpInputs& in, const SparsePcpBuffers& out);
 
+// ---- §13: one DSA PCP rank's step (DeepSeek-V4) ----
+// The rows and segments of plan_sparse_pcp_rows (§11), with the SAS attention's lengths beside the
+// indexer's. Every PCP rank keeps complete caches (every rank writes every token's SWA, compressor-state
+// and indexer rows from the gathered hidden states, at the global step's slots); a rank attends its local
+// rows only, each segment (a decode request, or a head / tail chunk's real rows, or its pads) a request
+// of the sparse attention with bottom-right causality:
+//   indexer (QLI) KV length: rows.indexer_seq_lens (a chunk: ctx + p0 + n; pads 0: nothing selected)
+//   SAS KV length: the same for real segments; n for a pad segment of n rows (the request's first n
+//     positions, which exist since n <= c <= q <= S_b: the SAS kernel needs KV >= query rows; the pads'
+//     outputs are discarded).
+struct DsaPcpBuffers {
+  SparsePcpBuffers rows;           // plan_sparse_pcp_rows' lists (indexer_* are the segments)
+  Span<int32_t> sas_seq_lens;      // segments: the SAS KV length of each
+  Span<int32_t> sas_cu_seqlens_kv; // segments + 1: [0, cumsum(sas_seq_lens)]
+};
+struct DsaPcpPlan {
+  SparsePcpSizes sizes;
+  int32_t max_seqlen_q = 0;           // the longest segment (rows)
+  int32_t max_seqlen_kv = 0;          // max of sas_seq_lens
+  int32_t max_indexer_seqlen_kv = 0;  // max of rows.indexer_seq_lens
+};
+// Validates everything (sparse_pcp_sizes and every capacity) before the first write.
+DsaPcpPlan plan_dsa_pcp_step(const SparsePcpInputs& in, const DsaPcpBuffers& out);
+
 // ---- §12.5: the compressed-row list of a captured DSA DCP step ----
 // A DSA DCP layer of compress ratio r > 4 (C128) lists every compressed row below a query row's
 // limit floor((p + 1) / r). A captured decode bucket fixes the list's width once, whatever the

@@ -1,0 +1,80 @@
+// DSA (DeepSeek-V4) PCP forward (docs/design/sparse_cp.md §13): Impl::run_pcp. Kept apart from impl.cpp, whose
+// single-rank road it reuses (write_step_caches, indexer_select, attend, run_o_proj).
+#include <ATen/ATen.h>
+
+#include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/dsa/impl.h"
+#include "ascend_attn_rt/ops/dense.h"
+#include "ascend_attn_rt/ops/dsa_inplace_ops.h"
+#include "workspace.h"
+
+namespace aar::dsa {
+
+void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
+                   sfa::TopkBuffer* topk, detail::Workspace& ws) {
+  // Every rank issues the one all-gather of a step with prefills, whatever its rows hold (a rank of pads only
+  // too), and none in a decode-only step.
+  const ImplConfig& cf = cfg_;
+  const StepMetadata& st = *md.step;
+  const PcpStepMetadata& pc = st.pcp;
+  const int64_t tl = pc.num_local_tokens, tk = st.num_kernel_tokens;
+  const int64_t D = cf.head_dim, R = cf.rope_dim;
+  const int32_t ratio = cf.compress_ratio;
+
+  // ---- 1. the global step's hidden rows: the ranks' local rows gathered rank-major, each token picked
+  // from the rank that computes it (a decode from rank 0's copy). A step without prefill is replicated:
+  // every rank's rows are the step's tokens in order (no gather; the step, hence the choice, is the same
+  // on every rank).
+  at::Tensor x = hidden;
+  if (st.has_prefill()) {
+    const at::Tensor gathered = cf.pcp_comm->all_gather(hidden, 0);
+    x = ops::dense::index_select(gathered, 0, pc.gather_index);
+  }
+
+  // ---- 2. every token's rows into this rank's complete caches, at the global step's slots.
+  write_step_caches(x, c, md, tk, ws);
+
+  // ---- 3. this rank's rows: the query, the C4 selection and SAS attention per segment (each segment a request
+  // of its own, bottom-right causal over the segment's lengths; the segments' block-table rows).
+  GroupMetadata swa = *md.swa, att, idx;
+  swa.block_table = md.swa->pcp_block_table;
+  LayerMetadata ml = md;
+  ml.swa = &swa;
+  if (md.attention != nullptr) {
+    att = *md.attention;
+    att.block_table = md.attention->pcp_block_table;
+    ml.attention = &att;
+  }
+  if (md.indexer_cache != nullptr) {
+    idx = *md.indexer_cache;
+    idx.block_table = md.indexer_cache->pcp_block_table;
+    ml.indexer_cache = &idx;
+  }
+  const detail::TokenViews& v = ws.tokens(tl);
+  // The query rotates with the rows of the layer's table (compressed layers: compress_rope_theta).
+  const bool ctab = ratio > 1;
+  const at::Tensor cos3 = (ctab ? pc.compress_cos : pc.cos).view({tl, 1, R});
+  const at::Tensor sin3 = (ctab ? pc.compress_sin : pc.sin).view({tl, 1, R});
+  const at::Tensor neg3 = (ctab ? pc.compress_neg_sin : pc.neg_sin).view({tl, 1, R});
+  ops::dense::linear_out(v.qa, hidden, w_.wq_a);
+  ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);
+  ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
+  ops::dense::rms_norm_out(v.q, v.q, ones_d_, cf.eps);
+  at::Tensor q = v.q;
+  ops::inplace_partial_rotary_mul(q, cos3, sin3, "interleave", {D - R, D});
+  at::Tensor sel;
+  if (ratio == 4) {
+    // A layer without its own selection reads the buffer's rows (every layer of a step has the same rows).
+    sel = cf.skip_topk ? topk->view(tl)
+                       : indexer_select(hidden, c, ml, v, cos3, sin3, pc.q_ends, pc.indexer_seq_lens, tl,
+                                        /*graph=*/false, topk);
+  }
+  last_topk_ = sel;
+  at::Tensor o = attend(c, ml, v.q, pc.query_start_loc, pc.seq_lens, sel, at::Tensor(), at::Tensor());
+  ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
+  run_o_proj(o, output);
+  // Pad rows (past their request's tokens) are zeros; a decode-only step has none.
+  if (st.has_prefill()) output.masked_fill_(pc.local_token_index.lt(0).unsqueeze(1), 0);
+}
+
+}  // namespace aar::dsa
