@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/cp/gqa_dcp.h"
+#include "ascend_attn_rt/cp/gqa_dcp_graph.h"
 #include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/gqa/impl.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -133,11 +134,6 @@ cp::PcpBuildInputs pcp_inputs(const aar_gqa_pcp_build_inputs_t* in) {
 
 std::shared_ptr<cp::Comm> comm_of(aar_cp_comm_t* c, const char* name) { return *capi::checked(c, name)->comm; }
 
-// The C ABI has no graph update for the CP layers (docs/design/c_api.md §6): a forward inside
-// an open capture is refused before anything runs.
-void refuse_capture(const char* fn) {
-  aar::graph::refuse_if_capturing((std::string(fn) + " (the C ABI has no graph mode for context parallelism)").c_str());
-}
 
 }  // namespace
 
@@ -215,6 +211,27 @@ aar_status_t aar_gqa_dcp_builder_build_for_drafting(aar_gqa_dcp_builder_t* b, co
   });
 }
 
+aar_status_t aar_gqa_dcp_builder_build_for_graph_capture(aar_gqa_dcp_builder_t* b,
+                                                         const aar_gqa_dcp_build_inputs_t* in, aar_attn_state_t state,
+                                                         const aar_gqa_dcp_metadata_t** out) {
+  return guarded("aar_gqa_dcp_builder_build_for_graph_capture", [&] {
+    capi::checked(b, "builder");
+    capi::check_not_null(out, "out");
+    const gqa::DcpBuildInputs bi = dcp_inputs(in);
+    const auto s = capi::capture_state(state);
+    b->metadata.md = &b->builder->build_for_graph_capture(bi, s);
+    *out = &b->metadata;
+  });
+}
+
+aar_status_t aar_graph_update_gqa_dcp(aar_graph_params_t* g, int64_t num_tokens, const aar_gqa_dcp_metadata_t* m) {
+  return guarded("aar_graph_update_gqa_dcp", [&] {
+    aar::graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    const gqa::DcpMetadata& md = *unwrap(m, "metadata");
+    params.update(num_tokens, std::vector<aar::graph::StepParams>{gqa::dcp_graph_step_params(md)});
+  });
+}
+
 aar_status_t aar_gqa_dcp_metadata_get_info(const aar_gqa_dcp_metadata_t* m, aar_gqa_dcp_metadata_info_t* info) {
   return guarded("aar_gqa_dcp_metadata_get_info", [&] {
     const gqa::DcpMetadata& md = *unwrap(m, "metadata");
@@ -258,7 +275,6 @@ aar_status_t aar_gqa_dcp_impl_forward(aar_gqa_dcp_impl_t* impl, const DLManagedT
   return guarded("aar_gqa_dcp_impl_forward", [&] {
     capi::GqaDcpState& st = *capi::checked(impl, "impl")->state;
     const gqa::DcpMetadata* md = metadata ? unwrap(metadata, "metadata") : nullptr;
-    refuse_capture("aar_gqa_dcp_impl_forward");
     capi::gqa_forward(st.impl, st.caches, query, key, value, key_cache, value_cache, md, output);
   });
 }
@@ -403,7 +419,7 @@ aar_status_t aar_gqa_pcp_impl_forward(aar_gqa_pcp_impl_t* impl, const DLManagedT
   return guarded("aar_gqa_pcp_impl_forward", [&] {
     capi::GqaPcpState& st = *capi::checked(impl, "impl")->state;
     const cp::PcpMetadata* md = metadata ? unwrap(metadata, "metadata") : nullptr;
-    refuse_capture("aar_gqa_pcp_impl_forward");
+    aar::graph::refuse_if_capturing("aar_gqa_pcp_impl_forward (PCP has no graph mode)");
     capi::check_not_null(key, "key");
     capi::check_not_null(value, "value");
     capi::check_not_null(key_cache, "key_cache");

@@ -1,8 +1,9 @@
 /* GQA context parallelism through the C ABI: two processes (this program forks them) join a
  * gloo group over a TCP rendezvous on 127.0.0.1 (aar_cp_comm_create_tcp), then
  *   - DCP (decode context parallel): each rank holds half of the query heads and every other
- *     token's KV; a prefill of two requests, a decode step (the first collectives), and a
- *     mixed step (a decode and a chunked prefill over cached context);
+ *     token's KV; a prefill of two requests, a decode step (the first collectives), a mixed
+ *     step (a decode and a chunked prefill over cached context), then graph mode: a decode
+ *     bucket captured once and replayed for two steps (the collectives inside the replay);
  *   - PCP (prefill context parallel, sharded KV): every rank builds the global step and runs
  *     its local rows (aar_gqa_pcp_builder_local_rows); a prefill of two requests, then a
  *     decode with a chunked prefill over cached context.
@@ -92,6 +93,84 @@ static void reset_model(void) {
 
 /* ------------------------------------------------------------------ DCP */
 
+static aar_gqa_dcp_build_inputs_t dcp_inputs(const step_t* s, const batch_t* b, int num_input_tokens) {
+  aar_gqa_dcp_build_inputs_t in;
+  aar_gqa_dcp_build_inputs_init(&in);
+  in.query_start_loc = b->qsl;
+  in.query_start_loc_len = s->n + 1;
+  in.seq_lens = b->seq;
+  in.seq_lens_len = s->n;
+  in.block_table = b->rows;
+  in.block_table_len = s->n * MAXB;
+  in.block_table_stride = MAXB;
+  in.is_prefilling = b->pref;
+  in.is_prefilling_len = s->n;
+  in.num_input_tokens = num_input_tokens;
+  return in;
+}
+
+/* Graph mode: a decode bucket captured once on static buffers, then decode steps of both
+ * requests padded to it (build, update, replay: the collectives run inside the replay), each
+ * checked against the float64 reference. */
+static int run_dcp_graph(int rank, aar_cp_comm_t* comm, aar_gqa_dcp_builder_t* builder, aar_gqa_dcp_impl_t* layer,
+                         DLManagedTensor* kc, DLManagedTensor* vc) {
+  enum { BUCKET = 4 };
+  static float q[MAXTOK * W * H * D], k[MAXTOK * HKV * D], v[MAXTOK * HKV * D];
+  static float qs[BUCKET * H * D], ks[BUCKET * HKV * D], vs[BUCKET * HKV * D], outs[BUCKET * H * D];
+  tensor_t tqs, tks, tvs, tos;
+  DLManagedTensor* dqs = view(&tqs, qs, 3, BUCKET, H, D, 0);
+  DLManagedTensor* dks = view(&tks, ks, 3, BUCKET, HKV, D, 0);
+  DLManagedTensor* dvs = view(&tvs, vs, 3, BUCKET, HKV, D, 0);
+  DLManagedTensor* dos = view(&tos, outs, 3, BUCKET, H, D, 0);
+  const step_t dec = {2, {0, 1}, {1, 1}, "decode, graph replay"};
+  int ok = 1;
+  aar_graph_params_t* g = NULL;
+  CHECK(aar_graph_params_create("recording", NULL, 0, &g));
+  { /* The capture's build: the next step's shape; nothing runs, nothing is appended. */
+    batch_t b = {2, {0, 1, 2}, {seen[0] + 1, seen[1] + 1}, {0}, {0, 0}};
+    memcpy(b.rows, table[0], sizeof(table[0]));
+    memcpy(b.rows + MAXB, table[1], sizeof(table[1]));
+    const aar_gqa_dcp_build_inputs_t in = dcp_inputs(&dec, &b, BUCKET);
+    const aar_gqa_dcp_metadata_t* md = NULL;
+    CHECK(aar_gqa_dcp_builder_build_for_graph_capture(builder, &in, AAR_STATE_DECODE_ONLY, &md));
+    CHECK(aar_graph_begin_capture(g, BUCKET));
+    CHECK(aar_gqa_dcp_impl_forward(layer, dqs, dks, dvs, kc, vc, md, dos));
+    CHECK(aar_graph_end_capture(g));
+  }
+  for (int rep = 0; rep < 2; ++rep) {
+    batch_t b;
+    make_batch(&dec, &b, q, W * H, k, v);
+    memset(qs, 0, sizeof(qs));
+    memset(ks, 0, sizeof(ks));
+    memset(vs, 0, sizeof(vs));
+    for (int t = 0; t < b.T; ++t) {
+      memcpy(qs + (size_t)t * H * D, q + ((size_t)t * W * H + (size_t)rank * H) * D, sizeof(float) * H * D);
+      memcpy(ks + (size_t)t * HKV * D, k + (size_t)t * HKV * D, sizeof(float) * HKV * D);
+      memcpy(vs + (size_t)t * HKV * D, v + (size_t)t * HKV * D, sizeof(float) * HKV * D);
+    }
+    for (int i = 0; i < BUCKET * H * D; ++i) outs[i] = NAN;
+    const aar_gqa_dcp_build_inputs_t in = dcp_inputs(&dec, &b, BUCKET);
+    const aar_gqa_dcp_metadata_t* md = NULL;
+    CHECK(aar_gqa_dcp_builder_build(builder, &in, &md));
+    CHECK(aar_graph_update_gqa_dcp(g, BUCKET, md));
+    aar_cp_comm_info_t before, after;
+    before.struct_size = after.struct_size = sizeof(before);
+    CHECK(aar_cp_comm_get_info(comm, &before));
+    CHECK(aar_graph_replay(g, BUCKET));
+    CHECK(aar_cp_comm_get_info(comm, &after));
+    double worst = 0.0;
+    for (int t = 0; t < b.T; ++t) {
+      const double d = row_diff(&dec, &b, q, W * H, rank * H, t, outs + (size_t)t * H * D);
+      if (!(d <= worst)) worst = d;
+    }
+    printf("rank %d dcp %-26s %2d tokens in a bucket of %d, %lld collectives, max |out - ref| = %.2e\n", rank,
+           dec.what, b.T, BUCKET, (long long)(after.calls - before.calls), worst);
+    ok = ok && worst < 1e-5 && after.calls > before.calls;
+  }
+  aar_graph_params_destroy(g);
+  return ok;
+}
+
 static int run_dcp(int rank, aar_cp_comm_t* comm) {
   static float q[MAXTOK * W * H * D], k[MAXTOK * HKV * D], v[MAXTOK * HKV * D], ql[MAXTOK * H * D], out[MAXTOK * H * D];
   tensor_t tq, tk, tv, tkc, tvc, to;
@@ -130,17 +209,7 @@ static int run_dcp(int rank, aar_cp_comm_t* comm) {
     for (int t = 0; t < b.T; ++t) { /* this rank's heads of the global query */
       memcpy(ql + (size_t)t * H * D, q + ((size_t)t * W * H + (size_t)rank * H) * D, sizeof(float) * H * D);
     }
-    aar_gqa_dcp_build_inputs_t in;
-    aar_gqa_dcp_build_inputs_init(&in);
-    in.query_start_loc = b.qsl;
-    in.query_start_loc_len = s->n + 1;
-    in.seq_lens = b.seq;
-    in.seq_lens_len = s->n;
-    in.block_table = b.rows;
-    in.block_table_len = s->n * MAXB;
-    in.block_table_stride = MAXB;
-    in.is_prefilling = b.pref;
-    in.is_prefilling_len = s->n;
+    const aar_gqa_dcp_build_inputs_t in = dcp_inputs(s, &b, 0);
     const aar_gqa_dcp_metadata_t* md = NULL;
     CHECK(aar_gqa_dcp_builder_build(builder, &in, &md));
     aar_gqa_dcp_metadata_info_t info;
@@ -166,6 +235,7 @@ static int run_dcp(int rank, aar_cp_comm_t* comm) {
     /* A fresh prefill attends only its own chunk: no collective; decodes and context: some. */
     ok = ok && ((si == 0) == (after.calls == before.calls));
   }
+  ok = run_dcp_graph(rank, comm, builder, layer, kc, vc) && ok;
 
   /* Metadata built for another rank of the group is refused before any collective (every
    * rank of the group makes the same mistake here, so none is left waiting). */

@@ -842,7 +842,9 @@ AAR_C_API aar_status_t aar_cp_comm_get_info(const aar_cp_comm_t* comm, aar_cp_co
  * builds the same global step (the scheduler's lengths and one block table of local blocks)
  * and gives its layers the step's full query rows (its heads) and K/V rows: a layer writes
  * the rank's own tokens. Refused by name: windows, sinks, ALiBi, soft cap, non-decoder
- * layers, quantised caches, graph capture through the C ABI. */
+ * layers, quantised caches. Graph mode (docs/design/graph.md §4.4): decode-only steps padded
+ * to a bucket (inputs.num_input_tokens = the bucket) are captured; per step
+ * aar_graph_update_gqa_dcp, then aar_graph_replay (the collectives run inside the replay). */
 
 typedef struct aar_gqa_dcp_builder aar_gqa_dcp_builder_t;
 typedef struct aar_gqa_dcp_impl aar_gqa_dcp_impl_t;
@@ -904,6 +906,12 @@ AAR_C_API aar_status_t aar_gqa_dcp_builder_build_for_drafting(aar_gqa_dcp_builde
                                                               const aar_gqa_dcp_build_inputs_t* inputs,
                                                               int32_t draft_index,
                                                               const aar_gqa_dcp_metadata_t** out);
+/* build() for the capture of a bucket: state AAR_STATE_DECODE_ONLY or AAR_STATE_SPEC_DECODING
+ * (others: AAR_ERR_NOT_SUPPORTED, nothing built); the metadata's state is `state`. */
+AAR_C_API aar_status_t aar_gqa_dcp_builder_build_for_graph_capture(aar_gqa_dcp_builder_t* builder,
+                                                                   const aar_gqa_dcp_build_inputs_t* inputs,
+                                                                   aar_attn_state_t state,
+                                                                   const aar_gqa_dcp_metadata_t** out);
 AAR_C_API aar_status_t aar_gqa_dcp_metadata_get_info(const aar_gqa_dcp_metadata_t* metadata,
                                                      aar_gqa_dcp_metadata_info_t* info);
 
@@ -916,7 +924,10 @@ AAR_C_API void aar_gqa_dcp_impl_destroy(aar_gqa_dcp_impl_t* impl);
  * or a decode-only step of a layer that writes nothing); key_cache/value_cache (num_blocks,
  * block_size, Nkv, D) contiguous, required; output (T, N, D), rows [0, num_actual_tokens)
  * written. metadata NULL (profiling run): zero-filled output, no collective (every rank runs
- * it alike). Issues collectives: every rank of the group calls it. */
+ * it alike). Issues collectives: every rank of the group calls it. Inside an open capture
+ * (aar_graph_begin_capture, same thread) a decode-only step padded to the bucket is recorded
+ * (no collective then; key/value of bucket rows, contiguous, at stable addresses, as query and
+ * output); anything else is refused. */
 AAR_C_API aar_status_t aar_gqa_dcp_impl_forward(aar_gqa_dcp_impl_t* impl, const DLManagedTensor* query,
                                                 const DLManagedTensor* key, const DLManagedTensor* value,
                                                 const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
@@ -1059,6 +1070,10 @@ AAR_C_API aar_status_t aar_graph_update_mla(aar_graph_params_t* graph, int64_t n
  * latest build) fits the bucket. SFA layers need no update (the same holds for them). */
 AAR_C_API aar_status_t aar_graph_update_dsa(aar_graph_params_t* graph, int64_t num_tokens,
                                             const aar_dsa_step_metadata_t* step, const aar_dsa_group_metadata_t* swa);
+/* GQA DCP layers (docs/design/graph.md §4.4): metadata is the step's DCP build, a decode-only
+ * step built with inputs.num_input_tokens = num_tokens. */
+AAR_C_API aar_status_t aar_graph_update_gqa_dcp(aar_graph_params_t* graph, int64_t num_tokens,
+                                                const aar_gqa_dcp_metadata_t* metadata);
 /* "recording" provider: runs the bucket's recorded calls (each updated since the last replay). */
 AAR_C_API aar_status_t aar_graph_replay(aar_graph_params_t* graph, int64_t num_tokens);
 /* *out: 1 when bucket num_tokens is captured, else 0. */

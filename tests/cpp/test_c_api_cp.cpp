@@ -3,8 +3,8 @@
 // timeout, a group name not registered, a pointer that is not the registered group), a
 // one-rank gloo group made over TCP, NULL / foreign / destroyed handles, a communicator whose
 // group does not match the metadata's (refused before any collective, caches and output
-// untouched), a forward inside a graph capture, and one-rank DCP and PCP layers against a
-// float64 attention. The two-rank runs are examples/c/c_gqa_cp.c (ctest example_c_gqa_cp).
+// untouched), a DCP decode bucket captured, updated and replayed (and what a capture refuses),
+// and one-rank DCP and PCP layers against a float64 attention. The two-rank runs are examples/c/c_gqa_cp.c (ctest example_c_gqa_cp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -388,27 +388,104 @@ TEST(CApiCp, CommWorldMismatchingTheBuildersIsRefused) {
   c10d::unregister_process_group("aar_c_api_cp_mismatch");
 }
 
-TEST(CApiCp, ForwardInsideAGraphCaptureIsRefused) {
+// float64 attention of one query row (H, D) over n keys / values (n, Hkv, D), all visible.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const at::Tensor kk = k.to(at::kDouble).repeat_interleave(kH / kHkv, 1);
+  const at::Tensor vv = v.to(at::kDouble).repeat_interleave(kH / kHkv, 1);
+  const at::Tensor sc = at::einsum("hd,lhd->hl", {q.to(at::kDouble), kk}) / std::sqrt(static_cast<double>(kD));
+  return at::einsum("hl,lhd->hd", {at::softmax(sc, -1), vv});
+}
+
+// A DCP decode bucket captured through the C ABI (one rank: the recorded calls without a peer),
+// updated and replayed over two steps, against float64; a prefill inside the capture, a PCP
+// forward inside it and non-capturable states are refused by name.
+TEST(CApiCp, DcpDecodeGraphReplaysAndRefusals) {
+  constexpr int64_t kBucket = 4;
   aar_cp_comm_t* comm = tcp_world1();
   const aar_gqa_impl_config_t ic = impl_config();
   aar_gqa_dcp_impl_t* layer = nullptr;
+  aar_gqa_pcp_impl_t* pcp = nullptr;
   ASSERT_EQ(aar_gqa_dcp_impl_create(&ic, comm, &layer), AAR_OK) << last();
+  ASSERT_EQ(aar_gqa_pcp_impl_create(&ic, comm, nullptr, &pcp), AAR_OK) << last();
   aar_gqa_dcp_builder_t* b = dcp_builder(1, 0);
-  const aar_gqa_dcp_build_inputs_t in = dcp_inputs();
-  const aar_gqa_dcp_metadata_t* md = nullptr;
-  ASSERT_EQ(aar_gqa_dcp_builder_build(b, &in, &md), AAR_OK) << last();
-  aar_graph_params_t* g = nullptr;
-  ASSERT_EQ(aar_graph_params_create("recording", nullptr, 0, &g), AAR_OK) << last();
-  ASSERT_EQ(aar_graph_begin_capture(g, 8), AAR_OK) << last();
   Tensors t;
   Dl q(t.q), k(t.k), v(t.v), kc(t.kc), vc(t.vc), o(t.out);
-  EXPECT_REJECTED(aar_gqa_dcp_impl_forward(layer, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()),
-                  AAR_ERR_NOT_SUPPORTED, "the C ABI has no graph mode for context parallelism");
-  EXPECT_EQ(aar_graph_abort_capture(g), AAR_OK) << last();
-  EXPECT_FALSE(t.kc.any().item<bool>());
+  // The history: the two prefills, eager.
+  const aar_gqa_dcp_build_inputs_t pin = dcp_inputs();
+  const aar_gqa_dcp_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_gqa_dcp_builder_build(b, &pin, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_gqa_dcp_impl_forward(layer, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()), AAR_OK)
+      << last();
+  std::vector<at::Tensor> hk = {t.k.narrow(0, 0, 5), t.k.narrow(0, 5, 3)};
+  std::vector<at::Tensor> hv = {t.v.narrow(0, 0, 5), t.v.narrow(0, 5, 3)};
+
+  const std::vector<int32_t> dqsl = {0, 1, 2};
+  auto decode_inputs = [&](const std::vector<int32_t>& seq) {
+    aar_gqa_dcp_build_inputs_t in = dcp_inputs();
+    in.query_start_loc = dqsl.data();
+    in.query_start_loc_len = dqsl.size();
+    in.seq_lens = seq.data();
+    in.seq_lens_len = seq.size();
+    in.is_prefilling = nullptr;
+    in.is_prefilling_len = 0;
+    in.num_input_tokens = kBucket;
+    return in;
+  };
+  // Not capturable states, before anything is built.
+  std::vector<int32_t> seq = {6, 4};
+  aar_gqa_dcp_build_inputs_t din = decode_inputs(seq);
+  EXPECT_REJECTED(aar_gqa_dcp_builder_build_for_graph_capture(b, &din, AAR_STATE_PREFILL_NO_CACHE, &md),
+                  AAR_ERR_NOT_SUPPORTED, "cannot be captured by the gqa_dcp backend");
+  EXPECT_REJECTED(aar_gqa_dcp_builder_build_for_graph_capture(b, &din, AAR_STATE_AUTO, &md), AAR_ERR_INVALID_ARGUMENT,
+                  "state");
+
+  aar_graph_params_t* g = nullptr;
+  ASSERT_EQ(aar_graph_params_create("recording", nullptr, 0, &g), AAR_OK) << last();
+  at::Tensor qs = at::zeros({kBucket, kH, kD}), ks = at::zeros({kBucket, kHkv, kD}), vs = at::zeros_like(ks);
+  at::Tensor outs = at::zeros({kBucket, kH, kD});
+  Dl dqs(qs), dks(ks), dvs(vs), douts(outs);
+  {  // A prefill, and a PCP layer, inside an open capture.
+    ASSERT_EQ(aar_graph_begin_capture(g, 8), AAR_OK) << last();
+    ASSERT_EQ(aar_gqa_dcp_builder_build(b, &pin, &md), AAR_OK) << last();
+    EXPECT_REJECTED(aar_gqa_dcp_impl_forward(layer, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()),
+                    AAR_ERR_NOT_SUPPORTED, "decode-only");
+    EXPECT_REJECTED(aar_gqa_pcp_impl_forward(pcp, q.get(), k.get(), v.get(), kc.get(), vc.get(), nullptr, o.get()),
+                    AAR_ERR_NOT_SUPPORTED, "PCP has no graph mode");
+    ASSERT_EQ(aar_graph_abort_capture(g), AAR_OK) << last();
+  }
+  ASSERT_EQ(aar_gqa_dcp_builder_build_for_graph_capture(b, &din, AAR_STATE_DECODE_ONLY, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_graph_begin_capture(g, kBucket), AAR_OK) << last();
+  ASSERT_EQ(aar_gqa_dcp_impl_forward(layer, dqs.get(), dks.get(), dvs.get(), kc.get(), vc.get(), md, douts.get()),
+            AAR_OK)
+      << last();
+  ASSERT_EQ(aar_graph_end_capture(g), AAR_OK) << last();
+  int32_t has = 0;
+  ASSERT_EQ(aar_graph_has(g, kBucket, &has), AAR_OK) << last();
+  EXPECT_EQ(has, 1);
+  for (int step = 0; step < 2; ++step) {
+    seq = {6 + step, 4 + step};
+    din = decode_inputs(seq);
+    ASSERT_EQ(aar_gqa_dcp_builder_build(b, &din, &md), AAR_OK) << last();
+    const at::Tensor nq = at::randn({2, kH, kD}), nk = at::randn({2, kHkv, kD}), nv = at::randn({2, kHkv, kD});
+    qs.zero_(), ks.zero_(), vs.zero_();
+    qs.narrow(0, 0, 2).copy_(nq), ks.narrow(0, 0, 2).copy_(nk), vs.narrow(0, 0, 2).copy_(nv);
+    outs.fill_(NAN);
+    ASSERT_EQ(aar_graph_update_gqa_dcp(g, kBucket, md), AAR_OK) << last();
+    ASSERT_EQ(aar_graph_replay(g, kBucket), AAR_OK) << last();
+    for (int r = 0; r < 2; ++r) {
+      hk[r] = at::cat({hk[r], nk.narrow(0, r, 1)});
+      hv[r] = at::cat({hv[r], nv.narrow(0, r, 1)});
+      const at::Tensor ref = attend(nq[r], hk[r], hv[r]);
+      EXPECT_LT((outs[r].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5) << "step " << step << " request " << r;
+    }
+  }
+  // The update takes DCP metadata only.
+  EXPECT_REJECTED(aar_graph_update_gqa_dcp(g, kBucket, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                  "metadata is NULL, expected an aar_gqa_dcp_metadata_t");
   aar_graph_params_destroy(g);
   aar_gqa_dcp_builder_destroy(b);
   aar_gqa_dcp_impl_destroy(layer);
+  aar_gqa_pcp_impl_destroy(pcp);
   aar_cp_comm_destroy(comm);
 }
 
