@@ -76,7 +76,6 @@ aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* c, aar_cp_co
     AAR_CHECK_ARG(s.interface.empty() || s.device_host.empty(),
                   "config->device_interface and config->device_host are both set ('", s.interface, "', '",
                   s.device_host, "'): give one, or neither for gloo's default device");
-    const bool log = capi::flag(c->log, "config->log");
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
     try {
       pg = capi::make_gloo_group(s);
@@ -90,7 +89,6 @@ aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* c, aar_cp_co
     }
     cp::CommOptions o;
     o.timeout = s.timeout;
-    o.log = log;
     *out = wrap(std::make_shared<cp::Comm>(pg, o));
   });
 }

@@ -810,14 +810,14 @@ typedef struct aar_cp_comm_tcp_config {
    * ("eth0") or an address / host name ("127.0.0.1"). */
   const char* device_interface;
   const char* device_host;
-  int32_t log;            /* 0; 1: the communicator keeps a log of its collectives */
 } aar_cp_comm_tcp_config_t;
 AAR_C_API void aar_cp_comm_tcp_config_init(aar_cp_comm_tcp_config_t* config);
 AAR_C_API aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* config, aar_cp_comm_t** out);
 
 /* A group the process already has: the c10d::ProcessGroup registered under group_name in
  * torch's process-group registry (c10d::register_process_group; torch.distributed registers
- * every group it makes under its ProcessGroup.group_name, HCCL groups of torch_npu included).
+ * every group it makes, whatever its backend, under its ProcessGroup.group_name: on the NPU the
+ * HCCL groups torch_npu provides, unverified here without an NPU).
  * process_group: NULL, or the c10d::ProcessGroup* the engine holds (an intrusive_ptr's get()):
  * then it must be the very object registered under that name, else AAR_ERR_INVALID_ARGUMENT
  * (the pointer is compared, never dereferenced). The communicator holds a reference to the

@@ -176,7 +176,6 @@ TEST(CApiCp, TcpConfigRejectedByName) {
   bad([](auto& c) { c.port = 0; }, "config->port=0 (any free port) needs world_size 1");
   bad([](auto& c) { c.host = nullptr; }, "config->host must name rank 0's address, got NULL");
   bad([](auto& c) { c.timeout_ms = 0; }, "config->timeout_ms must be a positive number of milliseconds, got 0");
-  bad([](auto& c) { c.log = 2; }, "config->log");
   bad([](auto& c) { c.group_name = ""; }, "config->group_name is the empty string");
   bad([](auto& c) {
         c.device_interface = "lo";
