@@ -4,9 +4,10 @@
  *     token's KV; a prefill of two requests, a decode step (the first collectives), a mixed
  *     step (a decode and a chunked prefill over cached context), then graph mode: a decode
  *     bucket captured once and replayed for two steps (the collectives inside the replay);
- *   - PCP (prefill context parallel, sharded KV): every rank builds the global step and runs
- *     its local rows (aar_gqa_pcp_builder_local_rows); a prefill of two requests, then a
- *     decode with a chunked prefill over cached context.
+ *   - PCP (prefill context parallel), with the KV sharded over the ranks and replicated on
+ *     each: every rank builds the global step and runs its local rows
+ *     (aar_gqa_pcp_builder_local_rows); a prefill of two requests, then a decode with a
+ *     chunked prefill over cached context.
  * Every output row of every step is checked against a float64 attention over the request's
  * whole history, computed here with plain loops from the global inputs (which both ranks
  * generate alike from one seed). A few bad calls are rejected by name.
@@ -270,7 +271,7 @@ static int run_dcp(int rank, aar_cp_comm_t* comm) {
 
 /* ------------------------------------------------------------------ PCP */
 
-static int run_pcp(int rank, aar_cp_comm_t* comm) {
+static int run_pcp(int rank, aar_cp_comm_t* comm, aar_pcp_kv_mode_t mode) {
   static float q[MAXTOK * H * D], k[MAXTOK * HKV * D], v[MAXTOK * HKV * D];
   static float lq[MAXTOK * H * D], lk[MAXTOK * HKV * D], lv[MAXTOK * HKV * D], out[MAXTOK * H * D];
   static int32_t token_index[MAXTOK];
@@ -287,7 +288,7 @@ static int run_pcp(int rank, aar_cp_comm_t* comm) {
   bc.num_blocks = NB;
   bc.pcp_size = W;
   bc.pcp_rank = rank;
-  bc.kv_mode = AAR_PCP_SHARDED;
+  bc.kv_mode = mode;
   aar_gqa_pcp_builder_t* builder = NULL;
   CHECK(aar_gqa_pcp_builder_create(&bc, &builder));
 
@@ -346,8 +347,9 @@ static int run_pcp(int rank, aar_cp_comm_t* comm) {
       const double d = row_diff(s, &b, q, H, 0, token_index[i], out + i * H * D);
       if (!(d <= worst)) worst = d;
     }
-    printf("rank %d pcp %-26s %2d tokens, %zu local rows (%d real), context %s, max |out - ref| = %.2e\n", rank,
-           s->what, b.T, n, real, info.has_context ? "yes" : "no", worst);
+    printf("rank %d pcp %-10s %-26s %2d tokens, %zu local rows (%d real), context %s, max |out - ref| = %.2e\n",
+           rank, mode == AAR_PCP_SHARDED ? "sharded" : "replicated", s->what, b.T, n, real,
+           info.has_context ? "yes" : "no", worst);
     ok = ok && worst < 1e-5 && (size_t)info.num_local_tokens == n && real > 0;
   }
   /* A capacity below the local row count is refused, nothing written. */
@@ -387,7 +389,8 @@ static int run_rank(int rank, int port) {
   CHECK(aar_cp_comm_get_info(comm, &info));
   ok = ok && info.rank == rank && info.world_size == W;
   ok = run_dcp(rank, comm) && ok;
-  ok = run_pcp(rank, comm) && ok;
+  ok = run_pcp(rank, comm, AAR_PCP_SHARDED) && ok;
+  ok = run_pcp(rank, comm, AAR_PCP_REPLICATED) && ok;
   aar_cp_comm_destroy(comm);
   printf("rank %d: %s\n", rank, ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
