@@ -49,6 +49,7 @@ void aar_cp_comm_tcp_config_init(aar_cp_comm_tcp_config_t* c) {
   c->rank = -1;        // required: an unset field is refused by name
   c->world_size = 0;
   c->timeout_ms = cp::CommOptions{}.timeout.count();
+  c->listen_fd = -1;
 }
 
 aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* c, aar_cp_comm_t** out) {
@@ -63,11 +64,17 @@ aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* c, aar_cp_co
     AAR_CHECK_ARG(c->port >= 0 && c->port <= 65535, "config->port must be in [1, 65535], got ", c->port);
     AAR_CHECK_ARG(c->port != 0 || c->world_size == 1, "config->port=0 (any free port) needs world_size 1: the other ",
                   c->world_size - 1, " rank(s) could not find it");
+    AAR_CHECK_ARG(c->listen_fd >= -1, "config->listen_fd must be -1 or a socket, got ", c->listen_fd);
+    AAR_CHECK_ARG(c->listen_fd == -1 || c->rank == 0, "config->listen_fd=", c->listen_fd,
+                  " is for rank 0 (the store's server), given on rank ", c->rank);
+    AAR_CHECK_ARG(c->listen_fd == -1 || c->port != 0, "config->listen_fd=", c->listen_fd,
+                  " needs config->port: the port that socket is bound to");
     capi::GlooGroupSpec s;
     s.host = c->host;
     s.port = static_cast<uint16_t>(c->port);
     s.rank = c->rank;
     s.world = c->world_size;
+    s.listen_fd = c->listen_fd;
     s.timeout = timeout_of(c->timeout_ms, "config->timeout_ms");
     s.group_name = optional_string(c->group_name, "config->group_name");
     if (s.group_name.empty()) s.group_name = "aar_tcp:" + s.host + ":" + std::to_string(c->port);

@@ -19,6 +19,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const GlooGroupSpec& s) {
   so.numWorkers = static_cast<size_t>(s.world);
   so.waitWorkers = true;  // rank 0 returns once every rank has connected (or the timeout passed)
   so.timeout = s.timeout;
+  if (s.listen_fd >= 0) so.masterListenFd = s.listen_fd;
   auto store = c10::make_intrusive<c10d::TCPStore>(s.host, so);
 
   auto opts = c10d::ProcessGroupGloo::Options::create(s.timeout);

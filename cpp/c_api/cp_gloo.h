@@ -22,6 +22,7 @@ struct GlooGroupSpec {
   std::string group_name;
   std::string interface;    // gloo's device: a network interface name, or
   std::string device_host;  // an address to bind, or neither: gloo's default device
+  int listen_fd = -1;       // rank 0: a bound, listening socket for the store (-1: bind port)
 };
 
 // Blocks until every rank has joined (at most spec.timeout); throws on failure.

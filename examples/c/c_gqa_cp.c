@@ -12,7 +12,8 @@
  * whole history, computed here with plain loops from the global inputs (which both ranks
  * generate alike from one seed). A few bad calls are rejected by name.
  *
- *   c_gqa_cp                       forks ranks 0 and 1 on a free port, waits at most 120 s
+ *   c_gqa_cp                       forks ranks 0 and 1 (rank 0's store takes over a socket the
+ *                                  parent bound to a free port), waits at most 120 s
  *   c_gqa_cp <rank> <port>         one rank, for running the two by hand
  *
  * Every process ends with the program: a rank that fails exits at once, its peer's next
@@ -363,7 +364,7 @@ static int run_pcp(int rank, aar_cp_comm_t* comm, aar_pcp_kv_mode_t mode) {
 
 /* ------------------------------------------------------------------ processes */
 
-static int run_rank(int rank, int port) {
+static int run_rank(int rank, int port, int listen_fd) {
   if (aar_c_api_version() != AAR_C_API_VERSION) {
     fprintf(stderr, "c_api.h is version %d, libascend_attn_rt_c %d\n", AAR_C_API_VERSION, aar_c_api_version());
     return 1;
@@ -376,11 +377,13 @@ static int run_rank(int rank, int port) {
   cc.rank = rank;
   cc.world_size = W;
   cc.timeout_ms = COMM_TIMEOUT_MS;
+  cc.listen_fd = rank == 0 ? listen_fd : -1;
   aar_cp_comm_t* comm = NULL;
   int ok = 1;
   {
     aar_cp_comm_tcp_config_t bad = cc;
     bad.rank = W;
+    bad.listen_fd = -1;
     ok &= expect_rejected(aar_cp_comm_create_tcp(&bad, &comm), "config->rank=2 is out of range", "rank 2 of 2");
   }
   CHECK(aar_cp_comm_create_tcp(&cc, &comm));
@@ -396,8 +399,9 @@ static int run_rank(int rank, int port) {
   return ok ? 0 : 1;
 }
 
-/* A free TCP port on the loopback (the kernel's pick; released for rank 0's store to take). */
-static int free_port(void) {
+/* A listening socket on a free loopback port (the kernel's pick): rank 0's store takes it over
+ * (config.listen_fd), so no other process can take the port in between. */
+static int listen_socket(int* port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a;
   socklen_t len = sizeof(a);
@@ -405,22 +409,24 @@ static int free_port(void) {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = 0;
-  if (fd < 0 || bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 || getsockname(fd, (struct sockaddr*)&a, &len) != 0) {
-    perror("free_port");
+  if (fd < 0 || bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 || listen(fd, 16) != 0 ||
+      getsockname(fd, (struct sockaddr*)&a, &len) != 0) {
+    perror("listen_socket");
     exit(1);
   }
-  close(fd);
-  return ntohs(a.sin_port);
+  *port = ntohs(a.sin_port);
+  return fd;
 }
 
 int main(int argc, char** argv) {
-  if (argc == 3) return run_rank(atoi(argv[1]), atoi(argv[2]));
+  if (argc == 3) return run_rank(atoi(argv[1]), atoi(argv[2]), -1);
   if (argc != 1) {
     fprintf(stderr, "usage: %s [rank port]\n", argv[0]);
     return 2;
   }
   /* Fork before the runtime is used: a child starts with no runtime threads. */
-  const int port = free_port();
+  int port = 0;
+  const int fd = listen_socket(&port);
   pid_t pids[W];
   fflush(stdout);
   for (int r = 0; r < W; ++r) {
@@ -431,11 +437,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (pids[r] == 0) {
-      const int rc = run_rank(r, port);
+      if (r != 0) close(fd); /* the socket is rank 0's */
+      const int rc = run_rank(r, port, r == 0 ? fd : -1);
       fflush(stdout);
       _exit(rc);
     }
   }
+  close(fd); /* rank 0 holds it now */
   int failed = 0, left = W;
   const time_t deadline = time(NULL) + DEADLINE_S;
   while (left > 0) {

@@ -810,6 +810,10 @@ typedef struct aar_cp_comm_tcp_config {
    * ("eth0") or an address / host name ("127.0.0.1"). */
   const char* device_interface;
   const char* device_host;
+  /* -1: rank 0 binds host:port itself. Else (rank 0 only) a socket already bound to port, and
+   * listening, that rank 0's store takes over (it belongs to the store from then on): a
+   * launcher that picks a free port keeps it, with no window for another process to take it. */
+  int32_t listen_fd;
 } aar_cp_comm_tcp_config_t;
 AAR_C_API void aar_cp_comm_tcp_config_init(aar_cp_comm_tcp_config_t* config);
 AAR_C_API aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* config, aar_cp_comm_t** out);

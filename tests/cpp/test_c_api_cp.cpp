@@ -183,6 +183,12 @@ TEST(CApiCp, TcpConfigRejectedByName) {
       },
       "config->device_interface and config->device_host are both set");
   bad([](auto& c) { c.struct_size = 8; }, "config->struct_size is 8");
+  bad([](auto& c) {
+        c.rank = 1;
+        c.listen_fd = 3;
+      },
+      "config->listen_fd=3 is for rank 0 (the store's server), given on rank 1");
+  bad([](auto& c) { c.listen_fd = -2; }, "config->listen_fd must be -1 or a socket, got -2");
   EXPECT_REJECTED(aar_cp_comm_create_tcp(nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
   EXPECT_REJECTED(aar_cp_comm_create_tcp(&cc, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
   // The unset required fields of an initialised struct are refused, not defaulted.
