@@ -796,7 +796,8 @@ typedef struct aar_cp_comm aar_cp_comm_t;
 
 /* A gloo group over a TCP rendezvous, made inside the library (the caller needs no torch):
  * rank 0's store listens on host:port, every rank connects to it; the call returns once the
- * whole group has joined, or fails after timeout_ms. Host tensors only (gloo). */
+ * whole group has joined, or fails once timeout_ms has passed (the store's connect retries may
+ * add a few seconds: 32 s for 20000 ms here). Host tensors only (gloo). */
 typedef struct aar_cp_comm_tcp_config {
   size_t struct_size;
   const char* host;       /* required: rank 0's address ("127.0.0.1", a host name) */
