@@ -134,6 +134,24 @@ cp::PcpBuildInputs pcp_inputs(const aar_gqa_pcp_build_inputs_t* in) {
 
 std::shared_ptr<cp::Comm> comm_of(aar_cp_comm_t* c, const char* name) { return *capi::checked(c, name)->comm; }
 
+// The GQA config's fields that steer the plain GQA layer's decode path and graph keys
+// (gqa/impl.h's path rule): the DCP layer has one decode path and keys its captured calls by
+// layer only, so it reads none of them, and a value other than the default is refused by name
+// rather than ignored. (The PCP layer reads them: its replicated mode runs the GQA layer.)
+void refuse_gqa_only_fields(const aar_gqa_impl_config_t& c) {
+  const char* what = " with a DCP layer (it has one decode path; the field steers the GQA layer's)";
+  if (c.pa_shape_list_len != 0) aar::throw_not_supported("config->pa_shape_list", what);
+  if (c.full_decode_only_graph != 0) aar::throw_not_supported("config->full_decode_only_graph", what);
+  if (c.has_speculative_config != 0) {
+    aar::throw_not_supported("config->has_speculative_config", what,
+                             "; speculative decode is the builder's num_speculative_tokens");
+  }
+  if (c.kv_cache_group != 0) {
+    aar::throw_not_supported("config->kv_cache_group=", c.kv_cache_group,
+                             " with a DCP layer (its captured calls are keyed by layer_index only)");
+  }
+}
+
 
 }  // namespace
 
@@ -255,6 +273,7 @@ aar_status_t aar_gqa_dcp_metadata_get_info(const aar_gqa_dcp_metadata_t* m, aar_
 aar_status_t aar_gqa_dcp_impl_create(const aar_gqa_impl_config_t* c, aar_cp_comm_t* comm, aar_gqa_dcp_impl_t** out) {
   return guarded("aar_gqa_dcp_impl_create", [&] {
     capi::check_struct(c, "config", "aar_gqa_impl_config_init");
+    refuse_gqa_only_fields(*c);
     std::shared_ptr<cp::Comm> cm = comm_of(comm, "comm");
     capi::check_not_null(out, "out");
     auto state = std::make_unique<capi::GqaDcpState>(capi::gqa_impl_config(*c), std::move(cm));

@@ -920,8 +920,10 @@ AAR_C_API aar_status_t aar_gqa_dcp_builder_build_for_graph_capture(aar_gqa_dcp_b
 AAR_C_API aar_status_t aar_gqa_dcp_metadata_get_info(const aar_gqa_dcp_metadata_t* metadata,
                                                      aar_gqa_dcp_metadata_info_t* info);
 
-/* config: the GQA layer's (num_heads: this rank's query heads); comm: the DCP group, of the
- * builder's dcp_world_size with this process at dcp_rank (checked at each forward). */
+/* config: the GQA layer's (num_heads: this rank's query heads); its decode-path fields
+ * (pa_shape_list, full_decode_only_graph, has_speculative_config, kv_cache_group) must keep
+ * their defaults: the DCP layer reads none of them. comm: the DCP group, of the builder's
+ * dcp_world_size with this process at dcp_rank (checked at each forward). */
 AAR_C_API aar_status_t aar_gqa_dcp_impl_create(const aar_gqa_impl_config_t* config, aar_cp_comm_t* comm,
                                                aar_gqa_dcp_impl_t** out);
 AAR_C_API void aar_gqa_dcp_impl_destroy(aar_gqa_dcp_impl_t* impl);

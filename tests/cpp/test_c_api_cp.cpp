@@ -265,6 +265,20 @@ TEST(CApiCp, HandlesAreChecked) {
   aar_gqa_impl_config_t win = ic;
   win.sliding_window = 8;
   EXPECT_REJECTED(aar_gqa_dcp_impl_create(&win, comm, &dcp), AAR_ERR_NOT_SUPPORTED, "sliding_window");
+  // The GQA layer's path options, which the DCP layer would not read.
+  aar_gqa_impl_config_t path = ic;
+  path.full_decode_only_graph = 1;
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&path, comm, &dcp), AAR_ERR_NOT_SUPPORTED,
+                  "config->full_decode_only_graph with a DCP layer");
+  const int32_t shapes[2] = {1, 2};
+  path = ic;
+  path.pa_shape_list = shapes;
+  path.pa_shape_list_len = 2;
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&path, comm, &dcp), AAR_ERR_NOT_SUPPORTED, "config->pa_shape_list");
+  path = ic;
+  path.kv_cache_group = 1;
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&path, comm, &dcp), AAR_ERR_NOT_SUPPORTED, "config->kv_cache_group=1");
+  EXPECT_EQ(dcp, nullptr);
   // A DCP metadata given to the PCP layer, and a NULL layer.
   ASSERT_EQ(aar_gqa_dcp_impl_create(&ic, comm, &dcp), AAR_OK) << last();
   ASSERT_EQ(aar_gqa_pcp_impl_create(&ic, comm, nullptr, &pcp), AAR_OK) << last();
