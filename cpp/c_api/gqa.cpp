@@ -32,6 +32,38 @@ struct aar_gqa_impl {
   capi::GqaImplState* state;  // owned
 };
 
+namespace aar::capi {
+
+gqa::ImplConfig gqa_impl_config(const aar_gqa_impl_config_t& cfg) {
+  const aar_gqa_impl_config_t* c = &cfg;
+  gqa::ImplConfig ic;
+  ic.num_heads = c->num_heads;
+  ic.head_size = c->head_size;
+  ic.scale = c->scale;
+  ic.num_kv_heads = c->num_kv_heads;
+  AAR_CHECK_ARG(c->sliding_window >= 0, "config->sliding_window must be 0 (none) or positive, got ",
+                c->sliding_window);
+  if (c->sliding_window > 0) ic.sliding_window = c->sliding_window;
+  ic.sinks = borrow_optional(c->sinks, "config->sinks");
+  ic.has_alibi_slopes = flag(c->has_alibi_slopes, "config->has_alibi_slopes");
+  AAR_CHECK_ARG(c->logits_soft_cap >= 0.0, "config->logits_soft_cap must be 0 (none) or positive, got ",
+                c->logits_soft_cap);
+  if (c->logits_soft_cap > 0.0) ic.logits_soft_cap = c->logits_soft_cap;
+  if (c->kv_cache_dtype != nullptr) ic.kv_cache_dtype = c->kv_cache_dtype;
+  ic.attn_type = attn_type(c->attn_type, "config->attn_type");
+  ic.kv_sharing = flag(c->kv_sharing, "config->kv_sharing");
+  ic.device_kind = device_kind(c->device_kind, "config->device_kind");
+  ic.has_speculative_config = flag(c->has_speculative_config, "config->has_speculative_config");
+  ic.full_decode_only_graph = flag(c->full_decode_only_graph, "config->full_decode_only_graph");
+  const auto pa = host_array(c->pa_shape_list, c->pa_shape_list_len, "config->pa_shape_list");
+  ic.pa_shape_list.assign(pa.begin(), pa.end());
+  ic.layer_index = c->layer_index;
+  ic.kv_cache_group = c->kv_cache_group;
+  return ic;
+}
+
+}  // namespace aar::capi
+
 namespace {
 
 const aar_gqa_metadata_t* wrap(aar_gqa_builder* b, const gqa::Metadata& md) {
@@ -181,30 +213,7 @@ aar_status_t aar_gqa_impl_create(const aar_gqa_impl_config_t* c, aar_gqa_impl_t*
   return guarded("aar_gqa_impl_create", [&] {
     capi::check_struct(c, "config", "aar_gqa_impl_config_init");
     capi::check_not_null(out, "out");
-    gqa::ImplConfig ic;
-    ic.num_heads = c->num_heads;
-    ic.head_size = c->head_size;
-    ic.scale = c->scale;
-    ic.num_kv_heads = c->num_kv_heads;
-    AAR_CHECK_ARG(c->sliding_window >= 0, "config->sliding_window must be 0 (none) or positive, got ",
-                  c->sliding_window);
-    if (c->sliding_window > 0) ic.sliding_window = c->sliding_window;
-    ic.sinks = capi::borrow_optional(c->sinks, "config->sinks");
-    ic.has_alibi_slopes = capi::flag(c->has_alibi_slopes, "config->has_alibi_slopes");
-    AAR_CHECK_ARG(c->logits_soft_cap >= 0.0, "config->logits_soft_cap must be 0 (none) or positive, got ",
-                  c->logits_soft_cap);
-    if (c->logits_soft_cap > 0.0) ic.logits_soft_cap = c->logits_soft_cap;
-    if (c->kv_cache_dtype != nullptr) ic.kv_cache_dtype = c->kv_cache_dtype;
-    ic.attn_type = capi::attn_type(c->attn_type, "config->attn_type");
-    ic.kv_sharing = capi::flag(c->kv_sharing, "config->kv_sharing");
-    ic.device_kind = capi::device_kind(c->device_kind, "config->device_kind");
-    ic.has_speculative_config = capi::flag(c->has_speculative_config, "config->has_speculative_config");
-    ic.full_decode_only_graph = capi::flag(c->full_decode_only_graph, "config->full_decode_only_graph");
-    const auto pa = capi::host_array(c->pa_shape_list, c->pa_shape_list_len, "config->pa_shape_list");
-    ic.pa_shape_list.assign(pa.begin(), pa.end());
-    ic.layer_index = c->layer_index;
-    ic.kv_cache_group = c->kv_cache_group;
-    auto state = std::make_unique<capi::GqaImplState>(ic);
+    auto state = std::make_unique<capi::GqaImplState>(capi::gqa_impl_config(*c));
     aar_gqa_impl* h = capi::make<aar_gqa_impl>();
     h->state = state.release();
     *out = h;

@@ -47,6 +47,13 @@ const char* kind_name(uint32_t kind) noexcept {
     case Kind::C8Impl: return "aar_c8_impl_t";
     case Kind::Fa3Impl: return "aar_fa3_impl_t";
     case Kind::MlaLatent: return "aar_mla_latent_t";
+    case Kind::CpComm: return "aar_cp_comm_t";
+    case Kind::GqaDcpBuilder: return "aar_gqa_dcp_builder_t";
+    case Kind::GqaDcpImpl: return "aar_gqa_dcp_impl_t";
+    case Kind::GqaDcpMetadata: return "aar_gqa_dcp_metadata_t";
+    case Kind::GqaPcpBuilder: return "aar_gqa_pcp_builder_t";
+    case Kind::GqaPcpImpl: return "aar_gqa_pcp_impl_t";
+    case Kind::GqaPcpMetadata: return "aar_gqa_pcp_metadata_t";
   }
   return nullptr;
 }

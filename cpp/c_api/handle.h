@@ -46,6 +46,13 @@ enum class Kind : uint32_t {
   C8Impl = 17,
   Fa3Impl = 18,
   MlaLatent = 19,
+  CpComm = 20,
+  GqaDcpBuilder = 21,
+  GqaDcpImpl = 22,
+  GqaDcpMetadata = 23,
+  GqaPcpBuilder = 24,
+  GqaPcpImpl = 25,
+  GqaPcpMetadata = 26,
 };
 
 // The C type name of a kind ("aar_gqa_builder_t"); nullptr for a value that is no Kind.

@@ -23,6 +23,7 @@
 
 namespace aar::gqa {
 struct Metadata;
+struct ImplConfig;
 enum class AttnType : int32_t;
 }
 namespace aar::plan {
@@ -141,6 +142,9 @@ plan::AttentionState capture_state(const aar_attn_state_t& s);
 // (0 A2, 1 A3, 2 A5, 3 310P), checked by name.
 gqa::AttnType attn_type(int32_t v, const char* name);
 plan::DeviceKind device_kind(int32_t v, const char* name);
+// The GQA layer's C config as the C++ one (aar_gqa_impl_create; the DCP and PCP layers take it
+// too), every field checked by its C name.
+gqa::ImplConfig gqa_impl_config(const aar_gqa_impl_config_t& config);
 // A device the runtime can reach in this process: the host, or an NPU when
 // torch_npu is loaded (else rejected naming `name` + `suffix` and torch_npu).
 c10::Device device_of(const DLDevice& d, const char* name, const char* suffix = "");

@@ -1,8 +1,9 @@
 /* The C ABI of ascend_attn_rt: the GQA (with its C8 and FA3 variants), MLA (with
  * LatentAttention), SFA and DSA backends (metadata builders and per-layer
  * attention) and graph mode, for engines that are not written in C++ (C, Rust,
- * Go, Zig, ... through their C FFI). Single rank: the context-parallel modes are
- * not in it (docs/c_api.md). Pure C11; also compiles as C++.
+ * Go, Zig, ... through their C FFI). Context parallelism: GQA DCP and PCP over a
+ * communicator handle (aar_cp_comm_t); the other families are single rank here
+ * (docs/c_api.md). Pure C11; also compiles as C++.
  *
  * Library: libascend_attn_rt_c.so (CMake: find_package(ascend_attn_rt
  * COMPONENTS c_api), target ascend_attn_rt::c_api; no Torch needed to compile or
@@ -94,8 +95,9 @@ extern "C" {
 /* Bumped when a struct, a signature or the handles' layout changes.
  * 2: typed handles (a metadata handle is no longer the builder's C++ metadata
  * object); byte_offset alignment and NPU availability checked.
- * 3: the C8, FA3, MLA LatentAttention, SFA and DSA families. */
-#define AAR_C_API_VERSION 3
+ * 3: the C8, FA3, MLA LatentAttention, SFA and DSA families.
+ * 4: the CP communicator and GQA DCP / PCP (new functions and structs only). */
+#define AAR_C_API_VERSION 4
 
 typedef enum aar_status {
   AAR_OK = 0,
@@ -782,6 +784,253 @@ AAR_C_API aar_status_t aar_dsa_impl_forward(aar_dsa_impl_t* impl, const DLManage
                                             const aar_dsa_group_metadata_t* const* groups, size_t num_groups,
                                             const DLManagedTensor* output, aar_sfa_topk_buffer_t* topk);
 
+/* ---------------------------------------------------------------- context parallel: the communicator
+ * The collectives of the context-parallel layers (cp::Comm, docs/design/cp.md §1.2) over a
+ * c10d process group: all-gather, all-to-all, reduce-scatter. Every rank of a group must
+ * create its communicator and then run the same layers in the same order (a layer's forward
+ * issues collectives); a silent or failed peer is AAR_ERR_RUNTIME within the timeout, never
+ * a hang. A communicator is used by one thread at a time; layers created with it keep it
+ * alive, so it may be destroyed before them (docs/design/c_api.md §6). */
+
+typedef struct aar_cp_comm aar_cp_comm_t;
+
+/* A gloo group over a TCP rendezvous, made inside the library (the caller needs no torch):
+ * rank 0's store listens on host:port, every rank connects to it; the call returns once the
+ * whole group has joined, or fails once timeout_ms has passed (the store's connect retries may
+ * add a few seconds: 32 s for 20000 ms here). Host tensors only (gloo). */
+typedef struct aar_cp_comm_tcp_config {
+  size_t struct_size;
+  const char* host;       /* required: rank 0's address ("127.0.0.1", a host name) */
+  int32_t port;           /* required: 1..65535; 0 (any free port) only with world_size 1 */
+  int32_t rank;           /* required: 0 <= rank < world_size */
+  int32_t world_size;     /* required: >= 1 */
+  int64_t timeout_ms;     /* 60000: the rendezvous and each collective */
+  const char* group_name; /* NULL: "aar_tcp:<host>:<port>" (the name the runtime's messages use) */
+  /* The address this rank's gloo device binds to: NULL for both picks gloo's default (this
+   * machine's host name, else the loopback); else one of them, a network interface name
+   * ("eth0") or an address / host name ("127.0.0.1"). */
+  const char* device_interface;
+  const char* device_host;
+  /* -1: rank 0 binds host:port itself. Else (rank 0 only) a socket already bound to port, and
+   * listening, that rank 0's store takes over (it belongs to the store from then on): a
+   * launcher that picks a free port keeps it, with no window for another process to take it. */
+  int32_t listen_fd;
+} aar_cp_comm_tcp_config_t;
+AAR_C_API void aar_cp_comm_tcp_config_init(aar_cp_comm_tcp_config_t* config);
+AAR_C_API aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* config, aar_cp_comm_t** out);
+
+/* A group the process already has: the c10d::ProcessGroup registered under group_name in
+ * torch's process-group registry (c10d::register_process_group; torch.distributed registers
+ * every group it makes, whatever its backend, under its ProcessGroup.group_name: on the NPU the
+ * HCCL groups torch_npu provides, unverified here without an NPU).
+ * process_group: NULL, or the c10d::ProcessGroup* the engine holds (an intrusive_ptr's get()):
+ * then it must be the very object registered under that name, else AAR_ERR_INVALID_ARGUMENT
+ * (the pointer is compared, never dereferenced). The communicator holds a reference to the
+ * group (it stays alive while the communicator or a layer using it does). */
+AAR_C_API aar_status_t aar_cp_comm_create_from_group(const char* group_name, const void* process_group,
+                                                     int64_t timeout_ms, aar_cp_comm_t** out);
+AAR_C_API void aar_cp_comm_destroy(aar_cp_comm_t* comm);
+
+typedef struct aar_cp_comm_info {
+  size_t struct_size;
+  int32_t rank, world_size;
+  int64_t calls; /* collectives issued so far */
+} aar_cp_comm_info_t;
+/* info->struct_size must be set (sizeof(aar_cp_comm_info_t)). */
+AAR_C_API aar_status_t aar_cp_comm_get_info(const aar_cp_comm_t* comm, aar_cp_comm_info_t* info);
+
+/* ---------------------------------------------------------------- GQA DCP
+ * Decode context parallelism (docs/design/cp.md §3-§5): the KV cache is sharded along the
+ * sequence over the DCP group (token x on rank (x / interleave) % world); each rank holds
+ * its own query heads (the tensor-parallel split); decodes and cached context are attended on
+ * the local shard and merged over the group, the current prefill chunk locally. Every rank
+ * builds the same global step (the scheduler's lengths and one block table of local blocks)
+ * and gives its layers the step's full query rows (its heads) and K/V rows: a layer writes
+ * the rank's own tokens. Refused by name: windows, sinks, ALiBi, soft cap, non-decoder
+ * layers, quantised caches. Graph mode (docs/design/graph.md §4.4): decode-only steps padded
+ * to a bucket (inputs.num_input_tokens = the bucket) are captured; per step
+ * aar_graph_update_gqa_dcp, then aar_graph_replay (the collectives run inside the replay). */
+
+typedef struct aar_gqa_dcp_builder aar_gqa_dcp_builder_t;
+typedef struct aar_gqa_dcp_impl aar_gqa_dcp_impl_t;
+typedef struct aar_gqa_dcp_metadata aar_gqa_dcp_metadata_t;
+
+typedef struct aar_gqa_dcp_builder_config {
+  size_t struct_size;
+  int32_t max_num_reqs;           /* 256 */
+  int32_t max_num_tokens;         /* 8192 */
+  int32_t max_blocks_per_req;     /* 64 */
+  int32_t block_size;             /* 128 */
+  int32_t num_blocks;             /* required: this rank's cache */
+  int32_t num_speculative_tokens; /* 0 */
+  int32_t dcp_world_size;         /* 1: the DCP group's size (its communicator's) */
+  int32_t dcp_rank;               /* 0: this rank in it */
+  int32_t interleave;             /* 1: tokens per shard run (block_size % interleave == 0) */
+  int32_t pd_recompute_scheduler; /* 0 (docs/design/cp.md §3.1) */
+  DLDevice device;                /* {kDLCPU, 0} */
+  aar_tristate_t separate_device_buffers;
+  int32_t staging_buffers;        /* 2 */
+} aar_gqa_dcp_builder_config_t;
+AAR_C_API void aar_gqa_dcp_builder_config_init(aar_gqa_dcp_builder_config_t* config);
+
+typedef struct aar_gqa_dcp_build_inputs {
+  size_t struct_size;
+  const int32_t* query_start_loc; /* B+1, decodes first */
+  size_t query_start_loc_len;
+  const int32_t* seq_lens;        /* B: global lengths (context + new tokens) */
+  size_t seq_lens_len;
+  const int32_t* block_table;     /* B x block_table_stride: local block ids */
+  size_t block_table_len;
+  int32_t block_table_stride;
+  int32_t num_input_tokens;       /* 0: query_start_loc[B] */
+  const uint8_t* is_prefilling;   /* optional (NULL, 0) */
+  size_t is_prefilling_len;
+  int32_t draft_step;             /* -1; d >= 0: a draft model's step d over base lengths */
+} aar_gqa_dcp_build_inputs_t;
+AAR_C_API void aar_gqa_dcp_build_inputs_init(aar_gqa_dcp_build_inputs_t* inputs);
+
+typedef struct aar_gqa_dcp_metadata_info {
+  size_t struct_size;
+  int32_t num_reqs, num_kernel_reqs, num_actual_tokens, num_input_tokens;
+  int32_t num_decodes, num_prefills, num_decode_tokens;
+  int32_t dcp_world_size, dcp_rank, interleave;
+  int32_t num_local_writes; /* tokens of this step whose KV this rank writes */
+  int32_t draft_step;       /* -1: not a draft step */
+  uint64_t generation;
+} aar_gqa_dcp_metadata_info_t;
+
+AAR_C_API aar_status_t aar_gqa_dcp_builder_create(const aar_gqa_dcp_builder_config_t* config,
+                                                  aar_gqa_dcp_builder_t** out);
+AAR_C_API void aar_gqa_dcp_builder_destroy(aar_gqa_dcp_builder_t* builder);
+AAR_C_API aar_status_t aar_gqa_dcp_builder_build(aar_gqa_dcp_builder_t* builder,
+                                                 const aar_gqa_dcp_build_inputs_t* inputs,
+                                                 const aar_gqa_dcp_metadata_t** out);
+/* A draft model's step (seq_lens: the draft step's own lengths; inputs->draft_step -1 or
+ * draft_index). Builds into the builder's one metadata, as build does. */
+AAR_C_API aar_status_t aar_gqa_dcp_builder_build_for_drafting(aar_gqa_dcp_builder_t* builder,
+                                                              const aar_gqa_dcp_build_inputs_t* inputs,
+                                                              int32_t draft_index,
+                                                              const aar_gqa_dcp_metadata_t** out);
+/* build() for the capture of a bucket: state AAR_STATE_DECODE_ONLY or AAR_STATE_SPEC_DECODING
+ * (others: AAR_ERR_NOT_SUPPORTED, nothing built); the metadata's state is `state`. */
+AAR_C_API aar_status_t aar_gqa_dcp_builder_build_for_graph_capture(aar_gqa_dcp_builder_t* builder,
+                                                                   const aar_gqa_dcp_build_inputs_t* inputs,
+                                                                   aar_attn_state_t state,
+                                                                   const aar_gqa_dcp_metadata_t** out);
+AAR_C_API aar_status_t aar_gqa_dcp_metadata_get_info(const aar_gqa_dcp_metadata_t* metadata,
+                                                     aar_gqa_dcp_metadata_info_t* info);
+
+/* config: the GQA layer's (num_heads: this rank's query heads); its decode-path fields
+ * (pa_shape_list, full_decode_only_graph, has_speculative_config, kv_cache_group) must keep
+ * their defaults: the DCP layer reads none of them. comm: the DCP group, of the builder's
+ * dcp_world_size with this process at dcp_rank (checked at each forward). */
+AAR_C_API aar_status_t aar_gqa_dcp_impl_create(const aar_gqa_impl_config_t* config, aar_cp_comm_t* comm,
+                                               aar_gqa_dcp_impl_t** out);
+AAR_C_API void aar_gqa_dcp_impl_destroy(aar_gqa_dcp_impl_t* impl);
+/* query (T, N, D) this rank's heads; key/value (T, Nkv, D) or both NULL (a KV-sharing layer
+ * or a decode-only step of a layer that writes nothing); key_cache/value_cache (num_blocks,
+ * block_size, Nkv, D) contiguous, required; output (T, N, D), rows [0, num_actual_tokens)
+ * written. metadata NULL (profiling run): zero-filled output, no collective (every rank runs
+ * it alike). Issues collectives: every rank of the group calls it. Inside an open capture
+ * (aar_graph_begin_capture, same thread) a decode-only step padded to the bucket is recorded
+ * (no collective then; key/value of bucket rows, contiguous, at stable addresses, as query and
+ * output); anything else is refused. */
+AAR_C_API aar_status_t aar_gqa_dcp_impl_forward(aar_gqa_dcp_impl_t* impl, const DLManagedTensor* query,
+                                                const DLManagedTensor* key, const DLManagedTensor* value,
+                                                const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                                                const aar_gqa_dcp_metadata_t* metadata,
+                                                const DLManagedTensor* output);
+
+/* ---------------------------------------------------------------- GQA PCP
+ * Prefill context parallelism (docs/design/cp.md §6) over a PCP group, optionally with DCP:
+ * every rank builds the global step; the builder gives the rank's local rows
+ * (aar_gqa_pcp_builder_local_rows: which global token each local row is), and the layer takes
+ * and returns those rows only. Sharded mode: the KV cache sharded over all pcp_size *
+ * dcp_size ranks; replicated mode: every rank holds the whole KV. No speculative decode, no
+ * graph capture. */
+
+typedef struct aar_gqa_pcp_builder aar_gqa_pcp_builder_t;
+typedef struct aar_gqa_pcp_impl aar_gqa_pcp_impl_t;
+typedef struct aar_gqa_pcp_metadata aar_gqa_pcp_metadata_t;
+
+typedef enum aar_pcp_kv_mode { AAR_PCP_SHARDED = 0, AAR_PCP_REPLICATED = 1 } aar_pcp_kv_mode_t;
+
+typedef struct aar_gqa_pcp_builder_config {
+  size_t struct_size;
+  int32_t max_num_reqs;       /* 256: of the global batch */
+  int32_t max_num_tokens;     /* 8192: scheduled tokens of the global batch */
+  int32_t max_blocks_per_req; /* 64 */
+  int32_t block_size;         /* 128 */
+  int32_t num_blocks;         /* required: this rank's cache */
+  int32_t pcp_size, pcp_rank; /* 1, 0 */
+  int32_t dcp_size, dcp_rank; /* 1, 0 (sharded mode only) */
+  int32_t interleave_size;    /* 1 (sharded mode) */
+  aar_pcp_kv_mode_t kv_mode;  /* AAR_PCP_SHARDED */
+  DLDevice device;            /* {kDLCPU, 0} */
+  aar_tristate_t separate_device_buffers;
+  int32_t staging_buffers;    /* 2 */
+} aar_gqa_pcp_builder_config_t;
+AAR_C_API void aar_gqa_pcp_builder_config_init(aar_gqa_pcp_builder_config_t* config);
+
+typedef struct aar_gqa_pcp_build_inputs {
+  size_t struct_size;
+  const int32_t* query_start_loc; /* N+1, the global batch, decodes first */
+  size_t query_start_loc_len;
+  const int32_t* seq_lens;        /* N: context + new tokens */
+  size_t seq_lens_len;
+  const int32_t* block_table;     /* N x block_table_stride: local block ids */
+  size_t block_table_len;
+  int32_t block_table_stride;
+  int32_t num_input_tokens;       /* 0, or query_start_loc[N] (PCP pads nothing) */
+  const uint8_t* is_prefilling;   /* optional (NULL, 0) */
+  size_t is_prefilling_len;
+} aar_gqa_pcp_build_inputs_t;
+AAR_C_API void aar_gqa_pcp_build_inputs_init(aar_gqa_pcp_build_inputs_t* inputs);
+
+typedef struct aar_gqa_pcp_metadata_info {
+  size_t struct_size;
+  aar_attn_state_t attn_state; /* the global step's */
+  int32_t num_reqs, num_actual_tokens;
+  int32_t num_decodes, num_prefills, num_decode_tokens;
+  aar_pcp_kv_mode_t kv_mode;
+  int32_t pcp_size, pcp_rank, dcp_size, dcp_rank;
+  int32_t num_local_tokens; /* rows of this rank's query / key / value / output */
+  int32_t has_context;      /* a prefill with cached context (batch-global) */
+  uint64_t generation;
+} aar_gqa_pcp_metadata_info_t;
+
+AAR_C_API aar_status_t aar_gqa_pcp_builder_create(const aar_gqa_pcp_builder_config_t* config,
+                                                  aar_gqa_pcp_builder_t** out);
+AAR_C_API void aar_gqa_pcp_builder_destroy(aar_gqa_pcp_builder_t* builder);
+AAR_C_API aar_status_t aar_gqa_pcp_builder_build(aar_gqa_pcp_builder_t* builder,
+                                                 const aar_gqa_pcp_build_inputs_t* inputs,
+                                                 const aar_gqa_pcp_metadata_t** out);
+/* This rank's rows after the latest build: *count = num_local_tokens; token_index[i] the
+ * global token (query_start_loc units) of local row i, -1 for a padding row; positions[i] its
+ * position within its request's scheduled tokens (sharded: >= the request's length for a
+ * padding row; replicated: -1). Either array may be NULL; a given one needs capacity >=
+ * num_local_tokens (else AAR_ERR_INVALID_ARGUMENT, nothing written). */
+AAR_C_API aar_status_t aar_gqa_pcp_builder_local_rows(const aar_gqa_pcp_builder_t* builder, int32_t* token_index,
+                                                      int32_t* positions, size_t capacity, size_t* count);
+AAR_C_API aar_status_t aar_gqa_pcp_metadata_get_info(const aar_gqa_pcp_metadata_t* metadata,
+                                                     aar_gqa_pcp_metadata_info_t* info);
+
+/* config: the GQA layer's (num_heads: this rank's heads); pcp: the PCP group (size
+ * pcp_size); dcp: the DCP group, NULL when dcp_size is 1. Checked against the metadata at
+ * each forward. */
+AAR_C_API aar_status_t aar_gqa_pcp_impl_create(const aar_gqa_impl_config_t* config, aar_cp_comm_t* pcp,
+                                               aar_cp_comm_t* dcp, aar_gqa_pcp_impl_t** out);
+AAR_C_API void aar_gqa_pcp_impl_destroy(aar_gqa_pcp_impl_t* impl);
+/* query (T_loc, N, D), key/value (T_loc, Nkv, D) required (T_loc = num_local_tokens, rows as
+ * aar_gqa_pcp_builder_local_rows gives them; padding rows any finite values); caches as for
+ * aar_gqa_dcp_impl_forward; output (T_loc, N, D) written in full. metadata NULL: profiling run
+ * (zero-filled output, no collective). Issues collectives: every rank of the groups calls it. */
+AAR_C_API aar_status_t aar_gqa_pcp_impl_forward(aar_gqa_pcp_impl_t* impl, const DLManagedTensor* query,
+                                                const DLManagedTensor* key, const DLManagedTensor* value,
+                                                const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
+                                                const aar_gqa_pcp_metadata_t* metadata,
+                                                const DLManagedTensor* output);
+
 /* ---------------------------------------------------------------- graph mode */
 
 typedef struct aar_graph_params aar_graph_params_t;
@@ -828,6 +1077,10 @@ AAR_C_API aar_status_t aar_graph_update_mla(aar_graph_params_t* graph, int64_t n
  * latest build) fits the bucket. SFA layers need no update (the same holds for them). */
 AAR_C_API aar_status_t aar_graph_update_dsa(aar_graph_params_t* graph, int64_t num_tokens,
                                             const aar_dsa_step_metadata_t* step, const aar_dsa_group_metadata_t* swa);
+/* GQA DCP layers (docs/design/graph.md §4.4): metadata is the step's DCP build, a decode-only
+ * step built with inputs.num_input_tokens = num_tokens. */
+AAR_C_API aar_status_t aar_graph_update_gqa_dcp(aar_graph_params_t* graph, int64_t num_tokens,
+                                                const aar_gqa_dcp_metadata_t* metadata);
 /* "recording" provider: runs the bucket's recorded calls (each updated since the last replay). */
 AAR_C_API aar_status_t aar_graph_replay(aar_graph_params_t* graph, int64_t num_tokens);
 /* *out: 1 when bucket num_tokens is captured, else 0. */

@@ -1,0 +1,3 @@
+// See gloo/decls.h: cpp/c_api/cp_gloo.cpp only.
+#pragma once
+#include "../decls.h"

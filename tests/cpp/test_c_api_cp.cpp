@@ -1,0 +1,579 @@
+// The C ABI of context parallelism (include/ascend_attn_rt/c_api.h: aar_cp_comm_*, aar_gqa_dcp_*,
+// aar_gqa_pcp_*) in one process: the communicator's argument checks (bad rank / world / port /
+// timeout, a group name not registered, a pointer that is not the registered group), a
+// one-rank gloo group made over TCP, NULL / foreign / destroyed handles, a communicator whose
+// group does not match the metadata's (refused before any collective, caches and output
+// untouched), a DCP decode bucket captured, updated and replayed (and what a capture refuses),
+// and one-rank DCP and PCP layers against a float64 attention. The two-rank runs are examples/c/c_gqa_cp.c (ctest example_c_gqa_cp).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ascend_attn_rt/c_api.h"
+#include "c_api_test_util.h"
+
+namespace {
+
+using aar_c_api_test::Dl;
+using aar_c_api_test::last;
+
+constexpr int64_t kH = 4, kHkv = 2, kD = 16;
+constexpr int32_t kBs = 16, kNb = 4, kMbr = 2;
+
+// A backend that implements no collective (c10d::Backend's defaults throw): for the tests that
+// must be refused before any collective is issued.
+class IdleBackend : public c10d::Backend {
+ public:
+  IdleBackend(int rank, int size) : Backend(rank, size) {}
+  const std::string getBackendName() const override { return "idle"; }
+};
+
+// A process group of `size` ranks in which this process is `rank`, registered under `name`.
+c10::intrusive_ptr<c10d::ProcessGroup> register_group(const std::string& name, int rank, int size) {
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(rank, size);
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM,
+                 c10::make_intrusive<IdleBackend>(rank, size));
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
+  pg->setGroupName(name);
+  c10d::register_process_group(name, pg);
+  return pg;
+}
+
+aar_cp_comm_t* comm_from(const std::string& name) {
+  aar_cp_comm_t* c = nullptr;
+  EXPECT_EQ(aar_cp_comm_create_from_group(name.c_str(), nullptr, 5000, &c), AAR_OK) << last();
+  return c;
+}
+
+aar_cp_comm_t* tcp_world1() {
+  aar_cp_comm_tcp_config_t cc;
+  aar_cp_comm_tcp_config_init(&cc);
+  cc.host = "127.0.0.1";
+  cc.device_host = "127.0.0.1";
+  cc.port = 0;
+  cc.rank = 0;
+  cc.world_size = 1;
+  cc.timeout_ms = 20000;
+  aar_cp_comm_t* c = nullptr;
+  EXPECT_EQ(aar_cp_comm_create_tcp(&cc, &c), AAR_OK) << last();
+  return c;
+}
+
+aar_gqa_impl_config_t impl_config() {
+  aar_gqa_impl_config_t ic;
+  aar_gqa_impl_config_init(&ic);
+  ic.num_heads = kH;
+  ic.num_kv_heads = kHkv;
+  ic.head_size = kD;
+  return ic;
+}
+
+aar_gqa_dcp_builder_t* dcp_builder(int32_t world, int32_t rank) {
+  aar_gqa_dcp_builder_config_t bc;
+  aar_gqa_dcp_builder_config_init(&bc);
+  bc.max_num_reqs = 4;
+  bc.max_num_tokens = 32;
+  bc.max_blocks_per_req = kMbr;
+  bc.block_size = kBs;
+  bc.num_blocks = kNb;
+  bc.dcp_world_size = world;
+  bc.dcp_rank = rank;
+  aar_gqa_dcp_builder_t* b = nullptr;
+  EXPECT_EQ(aar_gqa_dcp_builder_create(&bc, &b), AAR_OK) << last();
+  return b;
+}
+
+aar_gqa_pcp_builder_t* pcp_builder(int32_t pcp, int32_t rank) {
+  aar_gqa_pcp_builder_config_t bc;
+  aar_gqa_pcp_builder_config_init(&bc);
+  bc.max_num_reqs = 4;
+  bc.max_num_tokens = 32;
+  bc.max_blocks_per_req = kMbr;
+  bc.block_size = kBs;
+  bc.num_blocks = kNb;
+  bc.pcp_size = pcp;
+  bc.pcp_rank = rank;
+  aar_gqa_pcp_builder_t* b = nullptr;
+  EXPECT_EQ(aar_gqa_pcp_builder_create(&bc, &b), AAR_OK) << last();
+  return b;
+}
+
+// One step of two requests: a prefill of 5 tokens (request 0) and one of 3 (request 1).
+const std::vector<int32_t> kQsl = {0, 5, 8}, kSeq = {5, 3}, kTable = {0, 1, 2, 3};
+const std::vector<uint8_t> kPref = {1, 1};
+
+template <typename In>
+In inputs() {
+  In in{};
+  in.struct_size = sizeof(In);
+  in.query_start_loc = kQsl.data();
+  in.query_start_loc_len = kQsl.size();
+  in.seq_lens = kSeq.data();
+  in.seq_lens_len = kSeq.size();
+  in.block_table = kTable.data();
+  in.block_table_len = kTable.size();
+  in.block_table_stride = kMbr;
+  in.is_prefilling = kPref.data();
+  in.is_prefilling_len = kPref.size();
+  return in;
+}
+
+aar_gqa_dcp_build_inputs_t dcp_inputs() {
+  auto in = inputs<aar_gqa_dcp_build_inputs_t>();
+  in.draft_step = -1;
+  return in;
+}
+
+// float64 causal attention of the two prefills (q (8, H, D), k / v (8, Hkv, D)).
+at::Tensor reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  std::vector<at::Tensor> rows;
+  for (size_t r = 0; r + 1 < kQsl.size(); ++r) {
+    const int64_t s = kQsl[r], n = kQsl[r + 1] - kQsl[r];
+    const at::Tensor qq = q.narrow(0, s, n).to(at::kDouble);
+    const at::Tensor kk = k.narrow(0, s, n).to(at::kDouble).repeat_interleave(kH / kHkv, 1);
+    const at::Tensor vv = v.narrow(0, s, n).to(at::kDouble).repeat_interleave(kH / kHkv, 1);
+    at::Tensor sc = at::einsum("nhd,lhd->hnl", {qq, kk}) / std::sqrt(static_cast<double>(kD));
+    const at::Tensor mask = at::ones({n, n}, at::kBool).triu(1);
+    sc = sc.masked_fill(mask.unsqueeze(0), -INFINITY);
+    rows.push_back(at::einsum("hnl,lhd->nhd", {at::softmax(sc, -1), vv}));
+  }
+  return at::cat(rows);
+}
+
+struct Tensors {
+  at::Tensor q = at::randn({8, kH, kD}), k = at::randn({8, kHkv, kD}), v = at::randn({8, kHkv, kD});
+  at::Tensor kc = at::zeros({kNb, kBs, kHkv, kD}), vc = at::zeros({kNb, kBs, kHkv, kD});
+  at::Tensor out = at::full({8, kH, kD}, 7.0f);
+};
+
+TEST(CApiCp, TcpConfigRejectedByName) {
+  aar_cp_comm_tcp_config_t cc;
+  aar_cp_comm_tcp_config_init(&cc);
+  cc.host = "127.0.0.1";
+  cc.port = 29999;
+  cc.rank = 0;
+  cc.world_size = 2;
+  aar_cp_comm_t* sentinel = reinterpret_cast<aar_cp_comm_t*>(0x1);
+  aar_cp_comm_t* out = sentinel;
+  auto bad = [&](auto edit, const char* needle) {
+    aar_cp_comm_tcp_config_t c = cc;
+    edit(c);
+    EXPECT_REJECTED(aar_cp_comm_create_tcp(&c, &out), AAR_ERR_INVALID_ARGUMENT, needle);
+    EXPECT_EQ(out, sentinel);  // nothing written on error
+  };
+  bad([](auto& c) { c.rank = 2; }, "config->rank=2 is out of range [0, world_size=2)");
+  bad([](auto& c) { c.rank = -1; }, "config->rank=-1 is out of range");
+  bad([](auto& c) { c.world_size = 0; }, "config->world_size must be >= 1, got 0");
+  bad([](auto& c) { c.port = 70000; }, "config->port must be in [1, 65535], got 70000");
+  bad([](auto& c) { c.port = 0; }, "config->port=0 (any free port) needs world_size 1");
+  bad([](auto& c) { c.host = nullptr; }, "config->host must name rank 0's address, got NULL");
+  bad([](auto& c) { c.timeout_ms = 0; }, "config->timeout_ms must be a positive number of milliseconds, got 0");
+  bad([](auto& c) { c.group_name = ""; }, "config->group_name is the empty string");
+  bad([](auto& c) {
+        c.device_interface = "lo";
+        c.device_host = "127.0.0.1";
+      },
+      "config->device_interface and config->device_host are both set");
+  bad([](auto& c) { c.struct_size = 8; }, "config->struct_size is 8");
+  bad([](auto& c) {
+        c.rank = 1;
+        c.listen_fd = 3;
+      },
+      "config->listen_fd=3 is for rank 0 (the store's server), given on rank 1");
+  bad([](auto& c) { c.listen_fd = -2; }, "config->listen_fd must be -1 or a socket, got -2");
+  EXPECT_REJECTED(aar_cp_comm_create_tcp(nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
+  EXPECT_REJECTED(aar_cp_comm_create_tcp(&cc, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  // The unset required fields of an initialised struct are refused, not defaulted.
+  aar_cp_comm_tcp_config_t fresh;
+  aar_cp_comm_tcp_config_init(&fresh);
+  fresh.host = "127.0.0.1";
+  EXPECT_REJECTED(aar_cp_comm_create_tcp(&fresh, &out), AAR_ERR_INVALID_ARGUMENT, "config->world_size");
+  EXPECT_EQ(out, sentinel);
+}
+
+TEST(CApiCp, TcpRendezvousWithoutPeersFailsWithinTheTimeout) {
+  // Rank 1 of 2 whose rank 0 never comes: a runtime error after the timeout, not a hang.
+  aar_cp_comm_tcp_config_t cc;
+  aar_cp_comm_tcp_config_init(&cc);
+  cc.host = "127.0.0.1";
+  cc.port = 1;  // nothing listens there (a privileged port)
+  cc.rank = 1;
+  cc.world_size = 2;
+  cc.timeout_ms = 300;
+  aar_cp_comm_t* out = nullptr;
+  EXPECT_REJECTED(aar_cp_comm_create_tcp(&cc, &out), AAR_ERR_RUNTIME,
+                  "rank 1 of 2 could not join the gloo group at 127.0.0.1:1 within 300 ms");
+  EXPECT_EQ(out, nullptr);
+  EXPECT_EQ(last().find("frame #"), std::string::npos) << last();  // torch's message, not its backtrace
+}
+
+TEST(CApiCp, FromGroupChecksTheRegistryAndThePointer) {
+  auto pg = register_group("aar_c_api_cp_from_group", 1, 2);
+  aar_cp_comm_t* out = nullptr;
+  EXPECT_REJECTED(aar_cp_comm_create_from_group("aar_no_such_group", nullptr, 1000, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "group_name 'aar_no_such_group' is not in torch's process-group registry");
+  EXPECT_REJECTED(aar_cp_comm_create_from_group(nullptr, nullptr, 1000, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "group_name must name a registered process group, got NULL");
+  EXPECT_REJECTED(aar_cp_comm_create_from_group("aar_c_api_cp_from_group", nullptr, 0, &out),
+                  AAR_ERR_INVALID_ARGUMENT, "timeout_ms must be a positive number of milliseconds, got 0");
+  int not_a_group = 0;
+  EXPECT_REJECTED(aar_cp_comm_create_from_group("aar_c_api_cp_from_group", &not_a_group, 1000, &out),
+                  AAR_ERR_INVALID_ARGUMENT, "is not the c10d::ProcessGroup registered under 'aar_c_api_cp_from_group'");
+  EXPECT_EQ(out, nullptr);
+  ASSERT_EQ(aar_cp_comm_create_from_group("aar_c_api_cp_from_group", pg.get(), 1000, &out), AAR_OK) << last();
+  aar_cp_comm_info_t info;
+  info.struct_size = sizeof(info);
+  ASSERT_EQ(aar_cp_comm_get_info(out, &info), AAR_OK) << last();
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.world_size, 2);
+  EXPECT_EQ(info.calls, 0);
+  aar_cp_comm_destroy(out);
+  // A destroyed communicator is named as such, and a second destroy frees nothing.
+  EXPECT_REJECTED(aar_cp_comm_get_info(out, &info), AAR_ERR_INVALID_ARGUMENT, "comm is an aar_cp_comm_t that has been destroyed");
+  aar_cp_comm_destroy(out);
+  EXPECT_NE(last().find("destroyed"), std::string::npos) << last();
+  c10d::unregister_process_group("aar_c_api_cp_from_group");
+}
+
+TEST(CApiCp, HandlesAreChecked) {
+  aar_cp_comm_t* comm = tcp_world1();
+  ASSERT_NE(comm, nullptr);
+  const aar_gqa_impl_config_t ic = impl_config();
+  aar_gqa_dcp_impl_t* dcp = nullptr;
+  aar_gqa_pcp_impl_t* pcp = nullptr;
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&ic, nullptr, &dcp), AAR_ERR_INVALID_ARGUMENT,
+                  "comm is NULL, expected an aar_cp_comm_t");
+  EXPECT_REJECTED(aar_gqa_pcp_impl_create(&ic, nullptr, nullptr, &pcp), AAR_ERR_INVALID_ARGUMENT,
+                  "pcp is NULL, expected an aar_cp_comm_t");
+  // A builder passed as a communicator.
+  aar_gqa_dcp_builder_t* b = dcp_builder(1, 0);
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&ic, reinterpret_cast<aar_cp_comm_t*>(b), &dcp), AAR_ERR_INVALID_ARGUMENT,
+                  "comm is an aar_gqa_dcp_builder_t, expected an aar_cp_comm_t");
+  EXPECT_REJECTED(aar_gqa_pcp_impl_create(&ic, comm, reinterpret_cast<aar_cp_comm_t*>(b), &pcp),
+                  AAR_ERR_INVALID_ARGUMENT, "dcp is an aar_gqa_dcp_builder_t, expected an aar_cp_comm_t");
+  EXPECT_EQ(dcp, nullptr);
+  EXPECT_EQ(pcp, nullptr);
+  // Unsupported layer options are refused by name (the GQA config's fields).
+  aar_gqa_impl_config_t win = ic;
+  win.sliding_window = 8;
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&win, comm, &dcp), AAR_ERR_NOT_SUPPORTED, "sliding_window");
+  // The GQA layer's path options, which the DCP layer would not read.
+  aar_gqa_impl_config_t path = ic;
+  path.full_decode_only_graph = 1;
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&path, comm, &dcp), AAR_ERR_NOT_SUPPORTED,
+                  "config->full_decode_only_graph with a DCP layer");
+  const int32_t shapes[2] = {1, 2};
+  path = ic;
+  path.pa_shape_list = shapes;
+  path.pa_shape_list_len = 2;
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&path, comm, &dcp), AAR_ERR_NOT_SUPPORTED, "config->pa_shape_list");
+  path = ic;
+  path.kv_cache_group = 1;
+  EXPECT_REJECTED(aar_gqa_dcp_impl_create(&path, comm, &dcp), AAR_ERR_NOT_SUPPORTED, "config->kv_cache_group=1");
+  EXPECT_EQ(dcp, nullptr);
+  // A DCP metadata given to the PCP layer, and a NULL layer.
+  ASSERT_EQ(aar_gqa_dcp_impl_create(&ic, comm, &dcp), AAR_OK) << last();
+  ASSERT_EQ(aar_gqa_pcp_impl_create(&ic, comm, nullptr, &pcp), AAR_OK) << last();
+  const aar_gqa_dcp_build_inputs_t in = dcp_inputs();
+  const aar_gqa_dcp_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_gqa_dcp_builder_build(b, &in, &md), AAR_OK) << last();
+  Tensors t;
+  Dl q(t.q), k(t.k), v(t.v), kc(t.kc), vc(t.vc), o(t.out);
+  EXPECT_REJECTED(aar_gqa_pcp_impl_forward(pcp, q.get(), k.get(), v.get(), kc.get(), vc.get(),
+                                           reinterpret_cast<const aar_gqa_pcp_metadata_t*>(md), o.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "metadata is an aar_gqa_dcp_metadata_t, expected an aar_gqa_pcp_metadata_t");
+  EXPECT_REJECTED(aar_gqa_dcp_impl_forward(nullptr, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "impl is NULL, expected an aar_gqa_dcp_impl_t");
+  EXPECT_REJECTED(aar_gqa_pcp_impl_forward(pcp, q.get(), nullptr, v.get(), kc.get(), vc.get(), nullptr, o.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "key is NULL");
+  EXPECT_TRUE(at::equal(t.out, at::full_like(t.out, 7.0f)));
+  EXPECT_FALSE(t.kc.any().item<bool>());
+  // The metadata of a destroyed builder.
+  aar_gqa_dcp_builder_destroy(b);
+  EXPECT_REJECTED(aar_gqa_dcp_impl_forward(dcp, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "metadata is an aar_gqa_dcp_metadata_t that has been destroyed");
+  aar_gqa_dcp_impl_destroy(dcp);
+  aar_gqa_pcp_impl_destroy(pcp);
+  aar_cp_comm_destroy(comm);
+}
+
+TEST(CApiCp, BuilderConfigRejectedByName) {
+  aar_gqa_dcp_builder_config_t dc;
+  aar_gqa_dcp_builder_config_init(&dc);
+  dc.num_blocks = kNb;
+  aar_gqa_dcp_builder_t* d = nullptr;
+  dc.dcp_world_size = 2;
+  dc.dcp_rank = 2;
+  EXPECT_REJECTED(aar_gqa_dcp_builder_create(&dc, &d), AAR_ERR_INVALID_ARGUMENT,
+                  "config->dcp_rank=2 is out of range [0, dcp_world_size=2)");
+  dc.dcp_world_size = 0;
+  dc.dcp_rank = 0;
+  EXPECT_REJECTED(aar_gqa_dcp_builder_create(&dc, &d), AAR_ERR_INVALID_ARGUMENT,
+                  "config->dcp_world_size must be >= 1, got 0");
+  EXPECT_EQ(d, nullptr);
+  aar_gqa_pcp_builder_config_t pc;
+  aar_gqa_pcp_builder_config_init(&pc);
+  pc.num_blocks = kNb;
+  aar_gqa_pcp_builder_t* p = nullptr;
+  pc.pcp_size = 2;
+  pc.pcp_rank = -1;
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create(&pc, &p), AAR_ERR_INVALID_ARGUMENT,
+                  "config->pcp_rank=-1 is out of range [0, pcp_size=2)");
+  pc.pcp_rank = 0;
+  pc.dcp_size = 2;
+  pc.dcp_rank = 5;
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create(&pc, &p), AAR_ERR_INVALID_ARGUMENT,
+                  "config->dcp_rank=5 is out of range [0, dcp_size=2)");
+  pc.dcp_size = 1;
+  pc.dcp_rank = 0;
+  int32_t seven = 7;
+  std::memcpy(&pc.kv_mode, &seven, sizeof seven);
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create(&pc, &p), AAR_ERR_INVALID_ARGUMENT, "config->kv_mode must be");
+  EXPECT_EQ(p, nullptr);
+  // Build inputs of another size.
+  aar_gqa_dcp_builder_t* b = dcp_builder(1, 0);
+  aar_gqa_dcp_build_inputs_t in = dcp_inputs();
+  in.struct_size = 4;
+  const aar_gqa_dcp_metadata_t* md = nullptr;
+  EXPECT_REJECTED(aar_gqa_dcp_builder_build(b, &in, &md), AAR_ERR_INVALID_ARGUMENT, "inputs->struct_size is 4");
+  EXPECT_EQ(md, nullptr);
+  aar_gqa_dcp_builder_destroy(b);
+}
+
+// The communicator's group and the metadata's CP world / rank must agree: refused before any
+// collective, caches and output untouched.
+TEST(CApiCp, CommWorldMismatchingTheBuildersIsRefused) {
+  auto pg = register_group("aar_c_api_cp_mismatch", 1, 2);  // the registry may hold it weakly
+  aar_cp_comm_t* two = comm_from("aar_c_api_cp_mismatch");
+  aar_cp_comm_t* one = tcp_world1();
+  ASSERT_NE(two, nullptr);
+  ASSERT_NE(one, nullptr);
+  const aar_gqa_impl_config_t ic = impl_config();
+  Tensors t;
+  Dl q(t.q), k(t.k), v(t.v), kc(t.kc), vc(t.vc), o(t.out);
+  auto untouched = [&] {
+    EXPECT_TRUE(at::equal(t.out, at::full_like(t.out, 7.0f)));
+    EXPECT_FALSE(t.kc.any().item<bool>());
+    EXPECT_FALSE(t.vc.any().item<bool>());
+  };
+  {  // DCP: metadata of rank 0 of 2 on the group's rank 1; metadata of one rank on a 2-rank group.
+    aar_gqa_dcp_impl_t* layer = nullptr;
+    ASSERT_EQ(aar_gqa_dcp_impl_create(&ic, two, &layer), AAR_OK) << last();
+    aar_gqa_dcp_builder_t* b0 = dcp_builder(2, 0);
+    aar_gqa_dcp_builder_t* b1 = dcp_builder(1, 0);
+    const aar_gqa_dcp_build_inputs_t in = dcp_inputs();
+    const aar_gqa_dcp_metadata_t* md = nullptr;
+    ASSERT_EQ(aar_gqa_dcp_builder_build(b0, &in, &md), AAR_OK) << last();
+    EXPECT_REJECTED(aar_gqa_dcp_impl_forward(layer, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()),
+                    AAR_ERR_INVALID_ARGUMENT, "built for DCP rank 0 of 2 but the layer's group is rank 1 of 2");
+    ASSERT_EQ(aar_gqa_dcp_builder_build(b1, &in, &md), AAR_OK) << last();
+    EXPECT_REJECTED(aar_gqa_dcp_impl_forward(layer, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()),
+                    AAR_ERR_INVALID_ARGUMENT, "built for DCP rank 0 of 1 but the layer's group is rank 1 of 2");
+    untouched();
+    aar_gqa_dcp_builder_destroy(b0);
+    aar_gqa_dcp_builder_destroy(b1);
+    aar_gqa_dcp_impl_destroy(layer);
+  }
+  {  // PCP: a 2-rank builder with a 1-rank group.
+    aar_gqa_pcp_impl_t* layer = nullptr;
+    ASSERT_EQ(aar_gqa_pcp_impl_create(&ic, one, nullptr, &layer), AAR_OK) << last();
+    aar_gqa_pcp_builder_t* b = pcp_builder(2, 1);
+    const auto in = inputs<aar_gqa_pcp_build_inputs_t>();
+    const aar_gqa_pcp_metadata_t* md = nullptr;
+    ASSERT_EQ(aar_gqa_pcp_builder_build(b, &in, &md), AAR_OK) << last();
+    aar_gqa_pcp_metadata_info_t info;
+    info.struct_size = sizeof(info);
+    ASSERT_EQ(aar_gqa_pcp_metadata_get_info(md, &info), AAR_OK) << last();
+    const int64_t n = info.num_local_tokens;
+    at::Tensor lq = at::zeros({n, kH, kD}), lk = at::zeros({n, kHkv, kD}), lout = at::full({n, kH, kD}, 7.0f);
+    Dl dq(lq), dk(lk), dv(lk), dout(lout);
+    EXPECT_REJECTED(aar_gqa_pcp_impl_forward(layer, dq.get(), dk.get(), dv.get(), kc.get(), vc.get(), md, dout.get()),
+                    AAR_ERR_INVALID_ARGUMENT, "pcp group: rank 0 of 1 but the metadata was built for PCP rank 1 of 2");
+    EXPECT_TRUE(at::equal(lout, at::full_like(lout, 7.0f)));
+    untouched();
+    aar_gqa_pcp_builder_destroy(b);
+    aar_gqa_pcp_impl_destroy(layer);
+  }
+  aar_cp_comm_destroy(two);
+  aar_cp_comm_destroy(one);
+  c10d::unregister_process_group("aar_c_api_cp_mismatch");
+}
+
+// float64 attention of one query row (H, D) over n keys / values (n, Hkv, D), all visible.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const at::Tensor kk = k.to(at::kDouble).repeat_interleave(kH / kHkv, 1);
+  const at::Tensor vv = v.to(at::kDouble).repeat_interleave(kH / kHkv, 1);
+  const at::Tensor sc = at::einsum("hd,lhd->hl", {q.to(at::kDouble), kk}) / std::sqrt(static_cast<double>(kD));
+  return at::einsum("hl,lhd->hd", {at::softmax(sc, -1), vv});
+}
+
+// A DCP decode bucket captured through the C ABI (one rank: the recorded calls without a peer),
+// updated and replayed over two steps, against float64; a prefill inside the capture, a PCP
+// forward inside it and non-capturable states are refused by name.
+TEST(CApiCp, DcpDecodeGraphReplaysAndRefusals) {
+  constexpr int64_t kBucket = 4;
+  aar_cp_comm_t* comm = tcp_world1();
+  const aar_gqa_impl_config_t ic = impl_config();
+  aar_gqa_dcp_impl_t* layer = nullptr;
+  aar_gqa_pcp_impl_t* pcp = nullptr;
+  ASSERT_EQ(aar_gqa_dcp_impl_create(&ic, comm, &layer), AAR_OK) << last();
+  ASSERT_EQ(aar_gqa_pcp_impl_create(&ic, comm, nullptr, &pcp), AAR_OK) << last();
+  aar_gqa_dcp_builder_t* b = dcp_builder(1, 0);
+  Tensors t;
+  Dl q(t.q), k(t.k), v(t.v), kc(t.kc), vc(t.vc), o(t.out);
+  // The history: the two prefills, eager.
+  const aar_gqa_dcp_build_inputs_t pin = dcp_inputs();
+  const aar_gqa_dcp_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_gqa_dcp_builder_build(b, &pin, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_gqa_dcp_impl_forward(layer, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()), AAR_OK)
+      << last();
+  std::vector<at::Tensor> hk = {t.k.narrow(0, 0, 5), t.k.narrow(0, 5, 3)};
+  std::vector<at::Tensor> hv = {t.v.narrow(0, 0, 5), t.v.narrow(0, 5, 3)};
+
+  const std::vector<int32_t> dqsl = {0, 1, 2};
+  auto decode_inputs = [&](const std::vector<int32_t>& seq) {
+    aar_gqa_dcp_build_inputs_t in = dcp_inputs();
+    in.query_start_loc = dqsl.data();
+    in.query_start_loc_len = dqsl.size();
+    in.seq_lens = seq.data();
+    in.seq_lens_len = seq.size();
+    in.is_prefilling = nullptr;
+    in.is_prefilling_len = 0;
+    in.num_input_tokens = kBucket;
+    return in;
+  };
+  // Not capturable states, before anything is built.
+  std::vector<int32_t> seq = {6, 4};
+  aar_gqa_dcp_build_inputs_t din = decode_inputs(seq);
+  EXPECT_REJECTED(aar_gqa_dcp_builder_build_for_graph_capture(b, &din, AAR_STATE_PREFILL_NO_CACHE, &md),
+                  AAR_ERR_NOT_SUPPORTED, "cannot be captured by the gqa_dcp backend");
+  EXPECT_REJECTED(aar_gqa_dcp_builder_build_for_graph_capture(b, &din, AAR_STATE_AUTO, &md), AAR_ERR_INVALID_ARGUMENT,
+                  "state");
+
+  aar_graph_params_t* g = nullptr;
+  ASSERT_EQ(aar_graph_params_create("recording", nullptr, 0, &g), AAR_OK) << last();
+  at::Tensor qs = at::zeros({kBucket, kH, kD}), ks = at::zeros({kBucket, kHkv, kD}), vs = at::zeros_like(ks);
+  at::Tensor outs = at::zeros({kBucket, kH, kD});
+  Dl dqs(qs), dks(ks), dvs(vs), douts(outs);
+  {  // A prefill, and a PCP layer, inside an open capture.
+    ASSERT_EQ(aar_graph_begin_capture(g, 8), AAR_OK) << last();
+    ASSERT_EQ(aar_gqa_dcp_builder_build(b, &pin, &md), AAR_OK) << last();
+    EXPECT_REJECTED(aar_gqa_dcp_impl_forward(layer, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()),
+                    AAR_ERR_NOT_SUPPORTED, "decode-only");
+    EXPECT_REJECTED(aar_gqa_pcp_impl_forward(pcp, q.get(), k.get(), v.get(), kc.get(), vc.get(), nullptr, o.get()),
+                    AAR_ERR_NOT_SUPPORTED, "PCP has no graph mode");
+    ASSERT_EQ(aar_graph_abort_capture(g), AAR_OK) << last();
+  }
+  ASSERT_EQ(aar_gqa_dcp_builder_build_for_graph_capture(b, &din, AAR_STATE_DECODE_ONLY, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_graph_begin_capture(g, kBucket), AAR_OK) << last();
+  ASSERT_EQ(aar_gqa_dcp_impl_forward(layer, dqs.get(), dks.get(), dvs.get(), kc.get(), vc.get(), md, douts.get()),
+            AAR_OK)
+      << last();
+  ASSERT_EQ(aar_graph_end_capture(g), AAR_OK) << last();
+  int32_t has = 0;
+  ASSERT_EQ(aar_graph_has(g, kBucket, &has), AAR_OK) << last();
+  EXPECT_EQ(has, 1);
+  for (int step = 0; step < 2; ++step) {
+    seq = {6 + step, 4 + step};
+    din = decode_inputs(seq);
+    ASSERT_EQ(aar_gqa_dcp_builder_build(b, &din, &md), AAR_OK) << last();
+    const at::Tensor nq = at::randn({2, kH, kD}), nk = at::randn({2, kHkv, kD}), nv = at::randn({2, kHkv, kD});
+    qs.zero_(), ks.zero_(), vs.zero_();
+    qs.narrow(0, 0, 2).copy_(nq), ks.narrow(0, 0, 2).copy_(nk), vs.narrow(0, 0, 2).copy_(nv);
+    outs.fill_(NAN);
+    ASSERT_EQ(aar_graph_update_gqa_dcp(g, kBucket, md), AAR_OK) << last();
+    ASSERT_EQ(aar_graph_replay(g, kBucket), AAR_OK) << last();
+    for (int r = 0; r < 2; ++r) {
+      hk[r] = at::cat({hk[r], nk.narrow(0, r, 1)});
+      hv[r] = at::cat({hv[r], nv.narrow(0, r, 1)});
+      const at::Tensor ref = attend(nq[r], hk[r], hv[r]);
+      EXPECT_LT((outs[r].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5) << "step " << step << " request " << r;
+    }
+  }
+  // The update takes DCP metadata only.
+  EXPECT_REJECTED(aar_graph_update_gqa_dcp(g, kBucket, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                  "metadata is NULL, expected an aar_gqa_dcp_metadata_t");
+  aar_graph_params_destroy(g);
+  aar_gqa_dcp_builder_destroy(b);
+  aar_gqa_dcp_impl_destroy(layer);
+  aar_gqa_pcp_impl_destroy(pcp);
+  aar_cp_comm_destroy(comm);
+}
+
+// One-rank groups: DCP and PCP layers compute the plain attention (float64 reference), and a
+// layer keeps its communicator alive after the handle is destroyed.
+TEST(CApiCp, OneRankLayersMatchTheReference) {
+  aar_cp_comm_t* comm = tcp_world1();
+  ASSERT_NE(comm, nullptr);
+  const aar_gqa_impl_config_t ic = impl_config();
+  aar_gqa_dcp_impl_t* dcp = nullptr;
+  aar_gqa_pcp_impl_t* pcp = nullptr;
+  ASSERT_EQ(aar_gqa_dcp_impl_create(&ic, comm, &dcp), AAR_OK) << last();
+  ASSERT_EQ(aar_gqa_pcp_impl_create(&ic, comm, nullptr, &pcp), AAR_OK) << last();
+  aar_cp_comm_destroy(comm);  // the layers hold the group
+  Tensors t;
+  const at::Tensor ref = reference(t.q, t.k, t.v);
+  {
+    aar_gqa_dcp_builder_t* b = dcp_builder(1, 0);
+    const aar_gqa_dcp_build_inputs_t in = dcp_inputs();
+    const aar_gqa_dcp_metadata_t* md = nullptr;
+    ASSERT_EQ(aar_gqa_dcp_builder_build(b, &in, &md), AAR_OK) << last();
+    aar_gqa_dcp_metadata_info_t info;
+    info.struct_size = sizeof(info);
+    ASSERT_EQ(aar_gqa_dcp_metadata_get_info(md, &info), AAR_OK) << last();
+    EXPECT_EQ(info.num_prefills, 2);
+    EXPECT_EQ(info.num_local_writes, 8);
+    EXPECT_EQ(info.dcp_world_size, 1);
+    Dl q(t.q), k(t.k), v(t.v), kc(t.kc), vc(t.vc), o(t.out);
+    ASSERT_EQ(aar_gqa_dcp_impl_forward(dcp, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()), AAR_OK)
+        << last();
+    EXPECT_LT((t.out.to(at::kDouble) - ref).abs().max().item<double>(), 1e-5);
+    aar_gqa_dcp_builder_destroy(b);
+  }
+  {
+    aar_gqa_pcp_builder_t* b = pcp_builder(1, 0);
+    const auto in = inputs<aar_gqa_pcp_build_inputs_t>();
+    const aar_gqa_pcp_metadata_t* md = nullptr;
+    ASSERT_EQ(aar_gqa_pcp_builder_build(b, &in, &md), AAR_OK) << last();
+    size_t n = 0;
+    ASSERT_EQ(aar_gqa_pcp_builder_local_rows(b, nullptr, nullptr, 0, &n), AAR_OK) << last();
+    std::vector<int32_t> idx(n, -7), pos(n, -7);
+    int32_t small[1] = {-7};
+    size_t m = 0;
+    EXPECT_REJECTED(aar_gqa_pcp_builder_local_rows(b, small, nullptr, 1, &m), AAR_ERR_INVALID_ARGUMENT,
+                    "capacity=1 is less than the");
+    EXPECT_EQ(small[0], -7);
+    EXPECT_EQ(m, 0u);
+    ASSERT_EQ(aar_gqa_pcp_builder_local_rows(b, idx.data(), pos.data(), n, &m), AAR_OK) << last();
+    ASSERT_EQ(m, n);
+    const at::Tensor ti = at::from_blob(idx.data(), {static_cast<int64_t>(n)}, at::kInt).to(at::kLong);
+    const at::Tensor real = ti.ge(0);
+    const at::Tensor rows = ti.masked_select(real);
+    EXPECT_EQ(rows.numel(), 8);
+    at::Tensor lq = at::zeros({static_cast<int64_t>(n), kH, kD}), lk = at::zeros({static_cast<int64_t>(n), kHkv, kD});
+    at::Tensor lv = at::zeros_like(lk), lout = at::full({static_cast<int64_t>(n), kH, kD}, NAN);
+    const at::Tensor where = real.nonzero().flatten();
+    lq.index_copy_(0, where, t.q.index_select(0, rows));
+    lk.index_copy_(0, where, t.k.index_select(0, rows));
+    lv.index_copy_(0, where, t.v.index_select(0, rows));
+    at::Tensor kc = at::zeros_like(t.kc), vc = at::zeros_like(t.vc);
+    Dl q(lq), k(lk), v(lv), dkc(kc), dvc(vc), o(lout);
+    ASSERT_EQ(aar_gqa_pcp_impl_forward(pcp, q.get(), k.get(), v.get(), dkc.get(), dvc.get(), md, o.get()), AAR_OK)
+        << last();
+    const at::Tensor got = lout.index_select(0, where).to(at::kDouble);
+    EXPECT_LT((got - ref.index_select(0, rows)).abs().max().item<double>(), 1e-5);
+    aar_gqa_pcp_builder_destroy(b);
+  }
+  aar_gqa_dcp_impl_destroy(dcp);
+  aar_gqa_pcp_impl_destroy(pcp);
+}
+
+}  // namespace
