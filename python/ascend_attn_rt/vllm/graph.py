@@ -158,7 +158,12 @@ class GraphBuilderMixin:
     docstring). The builder defines ``_graph_build(common_attn_metadata)``."""
 
     _cudagraph_support = CUDAGRAPH_SUPPORT
+    #: Set by a builder whose configuration cannot be captured (DCP, docs/design/vllm_sparse.md §7): the
+    #: NotImplementedError message build_for_cudagraph_capture raises before anything is built.
+    _capture_refusal: Optional[str] = None
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
+        if self._capture_refusal is not None:
+            raise NotImplementedError(self._capture_refusal)
         check_uniform_decode(common_attn_metadata, type(self).__name__)
         return self._graph_build(common_attn_metadata)
