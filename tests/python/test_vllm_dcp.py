@@ -16,7 +16,8 @@ per-step slot mapping and ``dcp_local_seq_lens`` are computed here the way vLLM'
 (the slot formula of vLLM's Triton kernel written out: no Triton on CPU; ``get_dcp_local_seq_lens``
 called). Outputs are compared with float64 attention over the whole, unsplit sequence, this rank's
 heads, explicit causal masks. Steps: fresh prefills, a mixed batch (decodes, a chunked prefill over
-cached context, a fresh prefill), a decode of every request. Configurations: GQA (4 query heads per
+cached context, a fresh prefill), a decode of every request, 3-token steps (speculative decodes with
+2 speculative tokens, short extends without). Configurations: GQA (4 query heads per
 KV head on each rank) and MHA per rank (one query head, one KV head), MLA; fp32 and bf16;
 interleave 1 and > 1.
 """
@@ -50,6 +51,9 @@ STEPS = [
     ([0, 1, 2, 3], [5, 21, 37, 2], [True, True, True, True]),                    # fresh prefills
     ([0, 1, 2, 4], [1, 1, 9, 11], [False, False, True, True]),                   # mixed: decodes, chunk, fresh
     ([0, 1, 2, 3, 4], [1, 1, 1, 1, 1], [False, False, False, False, False]),     # decode
+    # 3 tokens each: with 2 speculative tokens a speculative decode (one row per token, the
+    # interleave-aware causal mask, docs/design/cp.md §3.3), without a short extend (a prefill over context)
+    ([0, 1, 3], [3, 3, 3], [False, False, False]),
 ]
 
 
@@ -60,7 +64,7 @@ def _close(got, ref, dtype, what):
     assert err <= tol, f"{what}: max excess error {err} (tol {tol})"
 
 
-def _vllm_config(model_dir, interleave, overrides=None):
+def _vllm_config(model_dir, interleave, overrides=None, spec=0):
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     path = os.path.join(DATA, model_dir)
@@ -73,6 +77,9 @@ def _vllm_config(model_dir, interleave, overrides=None):
     cfg = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=BS), scheduler_config=sc,
                      parallel_config=pc, device_config=DeviceConfig(device="cpu"))
     cfg.cache_config.num_gpu_blocks = NB  # set by vLLM after profiling
+    if spec:
+        # What vLLM's speculative config tells the builders (the draft model itself is not needed here).
+        cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=spec)
     return cfg
 
 
@@ -121,6 +128,11 @@ def _common_metadata(reqs, seq_lens, q_lens, prefilling, bt, rank, interleave):
         _seq_lens_cpu=sl, is_prefilling=torch.tensor(prefilling), dcp_local_seq_lens=local,
         dcp_local_seq_lens_cpu=local)
     return cam, slots
+
+
+def _num_decodes(q_lens, prefilling, threshold):
+    # The split under DCP (docs/design/cp.md §3.2): a decode is short and no longer prefilling its prompt.
+    return sum(1 for n, p in zip(q_lens, prefilling) if n <= threshold and not p)
 
 
 def _block_table(gen):
@@ -179,7 +191,8 @@ def _gqa_case(rank, cfg, dtype, interleave, seed):
         seq = [hist[r][0].shape[0] + n for r, n in zip(reqs, q_lens)]
         cam, slots = _common_metadata(reqs, seq, q_lens, prefilling, bt, rank, interleave)
         md = builder.build(0, cam)
-        assert md.slot_mapping[:T].tolist() == slots.tolist()  # the runtime's local slots are vLLM's
+        assert md.slot_mapping[:T].tolist() == slots.tolist()
+        assert md.num_decodes == _num_decodes(q_lens, prefilling, builder.reorder_batch_threshold)  # the runtime's local slots are vLLM's
         out = torch.full((T, H * D), float("nan"), dtype=dtype)
         impl.forward(None, q.view(T, H * D), k.view(T, D), v.view(T, D), kv, md, out)
         qsl = cam.query_start_loc_cpu.tolist()
@@ -267,6 +280,7 @@ def _mla_case(rank, cfg, dtype, interleave, seed):
         cam, slots = _common_metadata(reqs, seq, q_lens, prefilling, bt, rank, interleave)
         md = builder.build(0, cam)
         assert md.slot_mapping[:T].tolist() == slots.tolist()
+        assert md.num_decodes == _num_decodes(q_lens, prefilling, builder.reorder_batch_threshold)
         # MLAAttention.forward: the cache update at vLLM's (local) slots, then forward_impl on the step.
         impl.do_kv_cache_update(c, pe.unsqueeze(1), kv_cache, slots, "auto", torch.ones(()))
         out = torch.full((T, H * V), 7.0, dtype=dtype)
@@ -333,10 +347,10 @@ def _refusals(rank, gqa_cfg, mla_cfg):
 
 def _case(rank, world):
     torch.set_num_threads(1)  # the ranks share two cores
-    gqa = _vllm_config("vllm_tiny_gqa", 1, {"num_key_value_heads": 1})            # 4 query heads per KV head per rank
-    mha = _vllm_config("vllm_tiny_gqa", 4, {"num_attention_heads": 2, "num_key_value_heads": 1})  # MHA per rank
+    gqa = _vllm_config("vllm_tiny_gqa", 1, {"num_key_value_heads": 1})  # 4 query heads per KV head per rank
+    mha = _vllm_config("vllm_tiny_gqa", 4, {"num_attention_heads": 2, "num_key_value_heads": 1}, spec=2)  # MHA per rank
     mla = _vllm_config("vllm_tiny_mla", 1)
-    mla_i = _vllm_config("vllm_tiny_mla", 8)
+    mla_i = _vllm_config("vllm_tiny_mla", 8, spec=2)
     _init_vllm_groups(rank, gqa)
     n = 0
     n += _gqa_case(rank, gqa, torch.float32, 1, seed=1)
