@@ -235,13 +235,16 @@ void LatentAttention::forward_decode_dcp(const at::Tensor& ql_nope, const at::Te
   // docs/design/mla.md §6.2 without the projections: [ql_nope | q_pe] gathered along the heads over
   // the group, the latent call over this rank's shard (one row per decode token, its local KV
   // length), the partials exchanged and merged by LSE into this rank's heads, straight into out.
-  graph::refuse_if_capturing("mla.LatentAttention.forward_decode with DCP metadata (a DCP decode capture through "
-                             "LatentAttention is not built; mla.Impl captures its DCP decode)");
   const int64_t td = md.num_decode_tokens, L = cfg_.kv_lora_rank, R = cfg_.qk_rope_head_dim;
-  cp::Comm& comm = *cfg_.dcp_comm;
+  cp::Comm* comm = cfg_.dcp_comm;
+  graph::GraphParams* g = graph::GraphParams::current();
+  if (g != nullptr && (md.num_prefills != 0 || td != g->capturing_bucket())) {
+    throw_not_supported("mla.LatentAttention.forward_decode DCP graph capture of bucket ", g->capturing_bucket(),
+                        " takes decode-only batches of ", g->capturing_bucket(), " decode tokens (got ", td,
+                        " decode tokens, ", md.num_prefills, " prefills)");
+  }
   const cp::DcpViews& w =
-      detail::latent_dcp_views(comm, {cfg_.num_heads, L, R, cfg_.workspace_group}, ql_nope, td, dcp_ws_);
-  detail::latent_dcp_stage_query(comm, w, ql_nope, q_pe);
+      detail::latent_dcp_views(*comm, {cfg_.num_heads, L, R, cfg_.workspace_group}, ql_nope, td, dcp_ws_);
   auto [qn, qr] = detail::latent_dcp_split_query(w, L, R);
   ops::FiaTensors t;
   ops::FiaParams p;
@@ -249,9 +252,25 @@ void LatentAttention::forward_decode_dcp(const at::Tensor& ql_nope, const at::Te
   const int64_t N = w.gathered_query.size(1);
   at::Tensor part = w.partial_out.view({td, N, 1, L});
   at::Tensor lse = w.partial_lse.view({td, N, 1, 1});
+  if (g != nullptr) {
+    // Inside a capture (vLLM's graph mode through the adapter, docs/design/vllm_sparse.md §7): the three
+    // calls of mla::Impl's DCP capture (docs/design/graph.md §4.2) without the projections: the query
+    // gather (prepare; the collective runs inside each replay), the shard's latent call (refreshed per
+    // update: block table, local KV lengths), the exchange and merge into out (prepare). The closures
+    // hold copies of the views (the shared DcpWorkspace's buffers) and the caller's tensors.
+    g->capture_call(std::make_unique<graph::ClosureCall>(
+        -1, 0, [comm, w, ql_nope, q_pe]() { detail::latent_dcp_stage_query(*comm, w, ql_nope, q_pe); }));
+    graph_calls::capture_fia(*g, {-1, 0}, {/*paged=*/true, /*q_lens=*/false}, std::move(t), p, part, lse);
+    g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, [comm, w, o = at::Tensor(out)]() {
+      at::Tensor merged = o;
+      cp::combine_partials(*comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+    }));
+    return;
+  }
+  detail::latent_dcp_stage_query(*comm, w, ql_nope, q_pe);
   ops::fused_infer_attention_score_out(t, p, std::nullopt, part, lse);
   at::Tensor merged = out;
-  cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+  cp::combine_partials(*comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
 }
 
 void LatentAttention::forward_prefill(const at::Tensor& q, const at::Tensor& kv_c, const at::Tensor& k_pe,

@@ -17,7 +17,8 @@ per-step slot mapping and ``dcp_local_seq_lens`` are computed here the way vLLM'
 called). Outputs are compared with float64 attention over the whole, unsplit sequence, this rank's
 heads, explicit causal masks. Steps: fresh prefills, a mixed batch (decodes, a chunked prefill over
 cached context, a fresh prefill), a decode of every request, 3-token steps (speculative decodes with
-2 speculative tokens, short extends without). Configurations: GQA (4 query heads per
+2 speculative tokens, short extends without). Graph mode: a decode bucket captured through the adapter
+(GQA, MLA) and replayed over two steps, equal to eager runs of the same steps. Configurations: GQA (4 query heads per
 KV head on each rank) and MHA per rank (one query head, one KV head), MLA; fp32 and bf16;
 interleave 1 and > 1.
 """
@@ -297,12 +298,115 @@ def _mla_case(rank, cfg, dtype, interleave, seed):
     return len(STEPS)
 
 
+# ----------------------------------------------------------------------------------------------- graph mode
+
+
+def _decode_cam(seq, bt, rank, interleave):
+    n = len(seq)
+    return _common_metadata(list(range(n)), seq, [1] * n, [False] * n, bt, rank, interleave)
+
+
+def _gqa_graph_case(rank, cfg, interleave, seed):
+    """A decode bucket captured through the adapter under DCP, replayed over two steps: equal to eager runs of
+    the same steps on copies of the cache (eager itself is checked against float64 above)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from ascend_attn_rt.vllm import AscendAttnRtBackend
+    from ascend_attn_rt.vllm import graph as vgraph
+
+    mc = cfg.model_config
+    H, D, B = mc.get_num_attention_heads(cfg.parallel_config), mc.get_head_size(), 4
+    gen = torch.Generator().manual_seed(seed)
+    bt = _block_table(gen)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=D, dtype=torch.float32)
+    builder = AscendAttnRtBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
+    impl = AscendAttnRtBackend.get_impl_cls()(H, D, D ** -0.5, 1)
+    kv = torch.zeros(*AscendAttnRtBackend.get_kv_cache_shape(NB, BS, 1, D))
+    seq = [17, 5, 30, 9]
+    cam, _ = _common_metadata(list(range(B)), seq, seq, [True] * B, bt, rank, interleave)
+    T = sum(seq)
+    impl.forward(None, torch.randn(T, H * D, generator=gen), torch.randn(T, D, generator=gen),
+                 torch.randn(T, D, generator=gen), kv, builder.build(0, cam), torch.empty(T, H * D))
+    q_s, k_s, v_s, out_s = torch.zeros(B, H * D), torch.zeros(B, D), torch.zeros(B, D), torch.zeros(B, H * D)
+    vgraph.set_graph_provider("recording")
+    try:
+        seq = [s + 1 for s in seq]
+        md = builder.build_for_cudagraph_capture(_decode_cam(seq, bt, rank, interleave)[0])
+        with vgraph.capture(B):
+            impl.forward(None, q_s, k_s, v_s, kv, md, out_s)
+        for _ in range(2):
+            md = builder.build(0, _decode_cam(seq, bt, rank, interleave)[0])
+            q, k, v = torch.randn(B, H * D, generator=gen), torch.randn(B, D, generator=gen), torch.randn(B, D, generator=gen)
+            kv2 = kv.clone()
+            expected = impl.forward(None, q, k, v, kv2, md, torch.empty(B, H * D)).clone()
+            for buf, src in ((q_s, q), (k_s, k), (v_s, v)):
+                buf.copy_(src)
+            vgraph.update(B, {"l0": md})
+            vgraph.replay(B)
+            assert torch.allclose(out_s, expected, atol=1e-6, rtol=1e-6) and torch.equal(kv, kv2)
+            seq = [s + 1 for s in seq]
+    finally:
+        vgraph.clear_graph_provider()
+    return 1
+
+
+def _mla_graph_case(rank, cfg, interleave, seed):
+    """As _gqa_graph_case for MLA: the adapter's entry points vLLM's layer calls (do_kv_cache_update,
+    forward_mqa) captured over static buffers (the recording provider replays the runtime's calls only)."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from ascend_attn_rt.vllm import AscendAttnRtMlaBackend
+    from ascend_attn_rt.vllm import graph as vgraph
+
+    hf = cfg.model_config.hf_text_config
+    H, B = cfg.model_config.get_num_attention_heads(cfg.parallel_config), 4
+    L, P, R, V = hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim
+    gen = torch.Generator().manual_seed(seed)
+    bt = _block_table(gen)
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32, cache_dtype_str="auto")
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
+    impl = _mla_impl(cfg, torch.nn.Linear(L, H * (P + V), bias=False))
+    kv = torch.zeros(*AscendAttnRtMlaBackend.get_kv_cache_shape(NB, BS, 1, L + R))
+    seq = [17, 5, 30, 9]
+    cam, slots = _common_metadata(list(range(B)), seq, seq, [True] * B, bt, rank, interleave)
+    impl.do_kv_cache_update(torch.randn(sum(seq), L, generator=gen), torch.randn(sum(seq), 1, R, generator=gen), kv,
+                            slots, "auto", torch.ones(()))
+    qn_s, qr_s = torch.zeros(B, H, L), torch.zeros(B, H, R)
+    c_s, pe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
+    vgraph.set_graph_provider("recording")
+    try:
+        seq = [s + 1 for s in seq]
+        md = builder.build_for_cudagraph_capture(_decode_cam(seq, bt, rank, interleave)[0])
+        with vgraph.capture(B):
+            impl.do_kv_cache_update(c_s, pe_s, kv, slots_s, "auto", torch.ones(()))
+            out_s = impl.forward_mqa((qn_s, qr_s), kv, md, None)[0]
+        calls = [c[0] for c in vgraph.graph_params().calls(B)]
+        assert calls == ["prepare", "prepare", "fia", "prepare"], calls
+        for _ in range(2):
+            cam, slots = _decode_cam(seq, bt, rank, interleave)
+            md = builder.build(0, cam)
+            qn, qr = torch.randn(B, H, L, generator=gen), torch.randn(B, H, R, generator=gen)
+            c, pe = torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen)
+            kv2 = kv.clone()
+            impl.do_kv_cache_update(c, pe, kv2, slots, "auto", torch.ones(()))
+            expected = impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
+            for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (pe_s, pe), (slots_s, slots)):
+                buf.copy_(src)
+            vgraph.update(B, md)
+            vgraph.replay(B)
+            assert torch.allclose(out_s, expected, atol=1e-6, rtol=1e-6) and torch.equal(kv, kv2)
+            seq = [s + 1 for s in seq]
+    finally:
+        vgraph.clear_graph_provider()
+    return 1
+
+
 # ----------------------------------------------------------------------------------------------- refusals
 
 
 def _refusals(rank, gqa_cfg, mla_cfg):
-    """Rank-local refusals (no collective is issued): PCP, graph capture under DCP, what the DCP layers do not
-    take, vLLM's replicated DCP query."""
+    """Rank-local refusals (no collective is issued): PCP, what the DCP layers do not take, vLLM's replicated
+    DCP query; the graph support declared under DCP."""
     import copy
 
     from vllm.v1.attention.backend import AttentionCGSupport
@@ -312,11 +416,7 @@ def _refusals(rank, gqa_cfg, mla_cfg):
 
     gspec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32)
     gb = AscendAttnRtBackend.get_builder_cls()
-    assert gb.get_cudagraph_support(gqa_cfg, gspec) == AttentionCGSupport.NEVER
-    b = gb(gspec, ["l"], gqa_cfg, torch.device("cpu"))
-    cam, _ = _common_metadata([0], [5], [1], [False], _block_table(torch.Generator().manual_seed(1)), rank, 1)
-    with pytest.raises(NotImplementedError, match="graph capture under decode context parallel"):
-        b.build_for_cudagraph_capture(cam)
+    assert gb.get_cudagraph_support(gqa_cfg, gspec) == AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     pcp = copy.copy(gqa_cfg)
     pcp.parallel_config = copy.copy(gqa_cfg.parallel_config)
     pcp.parallel_config.prefill_context_parallel_size = 2
@@ -329,10 +429,8 @@ def _refusals(rank, gqa_cfg, mla_cfg):
     hf = mla_cfg.model_config.hf_text_config
     mspec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=hf.kv_lora_rank + hf.qk_rope_head_dim,
                              dtype=torch.float32, cache_dtype_str="auto")
-    mb = AscendAttnRtMlaBackend.get_builder_cls()
-    assert mb.get_cudagraph_support(mla_cfg, mspec) == AttentionCGSupport.NEVER
-    with pytest.raises(NotImplementedError, match="graph capture under decode context parallel"):
-        mb(mspec, ["l"], mla_cfg, torch.device("cpu")).build_for_cudagraph_capture(cam)
+    assert AscendAttnRtMlaBackend.get_builder_cls().get_cudagraph_support(mla_cfg, mspec) == \
+        AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     N = mla_cfg.model_config.get_num_attention_heads(mla_cfg.parallel_config)
     lin = torch.nn.Linear(hf.kv_lora_rank, N * (hf.qk_nope_head_dim + hf.v_head_dim), bias=False)
     impl = _mla_impl(mla_cfg, lin)
@@ -357,9 +455,11 @@ def _case(rank, world):
     n += _gqa_case(rank, mha, torch.bfloat16, 4, seed=2)
     n += _mla_case(rank, mla, torch.float32, 1, seed=3)
     n += _mla_case(rank, mla_i, torch.bfloat16, 8, seed=4)
+    n += _gqa_graph_case(rank, mha, 4, seed=5)
+    n += _mla_graph_case(rank, mla_i, 8, seed=6)
     n += _refusals(rank, gqa, mla)
     return n
 
 
 def test_vllm_dcp_gqa_and_mla_match_float64_over_the_whole_sequence():
-    assert run_ranks(W, _case, deadline_s=120.0, preload=VLLM_MODULES) == [4 * len(STEPS) + 1] * W
+    assert run_ranks(W, _case, deadline_s=120.0, preload=VLLM_MODULES) == [4 * len(STEPS) + 3] * W

@@ -25,11 +25,12 @@
 // prefill gathers its cached context over the group. Not supported (each raises
 // naming it): metadata built for PCP, graph decode padding
 // (decode.num_kernel_tokens != num_decode_tokens), NZ caches, the int8 FA-quant
-// cache, graph capture of the prefill, of a profiling run and of a DCP decode.
+// cache, graph capture of the prefill and of a profiling run.
 // Inside a graph capture write_kv records one prepare call over its tensors and
 // forward_decode (a decode-only batch of the bucket's tokens) a prepare call, the
 // latent attention as a fused call refreshed per update, and a prepare call
-// (docs/design/mla.md §5.8). Thread safety as mla::Impl.
+// (docs/design/mla.md §5.8; under DCP: the query gather, the shard's call, the
+// exchange and merge). Thread safety as mla::Impl.
 #pragma once
 
 #include <ATen/core/Tensor.h>

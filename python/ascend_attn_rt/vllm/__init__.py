@@ -40,7 +40,8 @@ Decode context parallel (GQA and MLA; ``ascend_attn_rt.vllm.dcp``, docs/design/v
 ``cp_kv_cache_interleave_size`` and build this rank's metadata (``aar.DcpMetadataBuilder``, the MLA
 builder's DCP mode); the impls hold an ``aar.cp.Comm`` over the group's ``device_group`` and do the
 query gather and the LSE merge inside (``aar.DcpAttentionImpl``, ``mla.LatentAttention(dcp_comm=...)``).
-Prefill context parallel and graph capture under DCP are refused by name.
+Graph mode under DCP as without it (decode buckets: the collectives run inside each replay); prefill
+context parallel is refused by name.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from vllm.v1.attention.backend import (
 )
 
 from .. import _C as aar
-from .dcp import capture_refusal, dcp_comm, dcp_setup, num_speculative_tokens, refuse_pcp
+from .dcp import dcp_comm, dcp_setup, num_speculative_tokens, refuse_pcp
 from .graph import GraphBuilderMixin, refuse_if_capturing
 
 
@@ -146,13 +147,6 @@ def _is_prefilling(m: CommonAttentionMetadata, n: int):
     return None if flags is None else flags[:n].to("cpu", torch.bool)
 
 
-def _cg_support(builder_cls, vllm_config):
-    """The cudagraph support a builder declares: none under DCP (its capture is refused by name)."""
-    if int(getattr(vllm_config.parallel_config, "decode_context_parallel_size", 1) or 1) > 1:
-        return AttentionCGSupport.NEVER
-    return builder_cls._cudagraph_support
-
-
 def _builder_sizes(kv_cache_spec, vllm_config, dcp_ok: bool = False) -> dict:
     """The builder capacities from vLLM's config; context parallel refused unless ``dcp_ok`` (then PCP only)."""
     sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
@@ -171,16 +165,10 @@ def _builder_sizes(kv_cache_spec, vllm_config, dcp_ok: bool = False) -> dict:
 class AscendAttnRtMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
     reorder_batch_threshold: int | None = 1
 
-    @classmethod
-    def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
-        return _cg_support(cls, vllm_config)
-
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         sizes = _builder_sizes(kv_cache_spec, vllm_config, dcp_ok=True)
         self._dcp = dcp_setup(vllm_config, "GQA builder")
-        if self._dcp is not None:
-            self._capture_refusal = capture_refusal(type(self).__name__)
         if self._dcp is None:
             self._builder = aar.MetadataBuilder(**sizes, device=str(device))
             self.reorder_batch_threshold = self._builder.reorder_batch_threshold
@@ -208,6 +196,14 @@ class AscendAttnRtMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
 
     def _graph_build(self, m: CommonAttentionMetadata):
         qsl, seq_lens, bt, causal = _build_inputs(0, m)
+        if self._dcp is not None:
+            # The runtime's GQA DCP decode capture (docs/design/cp.md §4): KV write, query gather, the
+            # shard's call refreshed per update, exchange + merge; padding rows get KV length 0.
+            if not causal:
+                raise NotImplementedError("non-causal attention under decode context parallel is not supported by "
+                                          "ascend_attn_rt")
+            return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
+                                                         state=aar.AttentionState.DecodeOnly)
         return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
                                                      state=aar.AttentionState.DecodeOnly, causal=causal)
 
@@ -332,10 +328,6 @@ class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder
 
     reorder_batch_threshold: int | None = 1
 
-    @classmethod
-    def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
-        return _cg_support(cls, vllm_config)
-
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         mc = vllm_config.model_config
@@ -346,8 +338,6 @@ class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder
         sizes = _builder_sizes(kv_cache_spec, vllm_config, dcp_ok=True)
         # DCP (docs/design/vllm_sparse.md §7): this rank's build of the global batch.
         self._dcp = dcp_setup(vllm_config, "MLA builder")
-        if self._dcp is not None:
-            self._capture_refusal = capture_refusal(type(self).__name__)
         dcp = {} if self._dcp is None else dict(dcp_world_size=self._dcp.world_size, dcp_rank=self._dcp.rank,
                                                  cp_kv_cache_interleave_size=self._dcp.interleave)
         # vLLM rotates q and k_pe itself: zero tables (see the module docstring).

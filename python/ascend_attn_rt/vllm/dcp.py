@@ -13,10 +13,12 @@ The runtime's DCP impls merge the partials themselves (query-head gather, local 
 rank's shard, LSE exchange and merge inside ``forward``): vLLM must not gather or merge again. GQA's
 ``Attention`` layer leaves DCP to the impl anyway; MLA's ``MLAAttention.forward_impl`` gathers the
 decode query and merges the returned LSE when ``impl.dcp_world_size > 1``, so the MLA impl shows the
-layer ``dcp_world_size = 1`` (its real group size stays in ``runtime_dcp_world_size``). Refused by
-name: prefill context parallel (``prefill_context_parallel_size > 1``), the DCP-replicated MLA query
-(``dcp_q_replicate``), graph capture under DCP, and the impl options the runtime's DCP layers do not
-take (sliding windows, sinks, ALiBi, soft-cap, encoder layers, quantised caches).
+layer ``dcp_world_size = 1`` (its real group size stays in ``runtime_dcp_world_size``). Graph mode
+(decode buckets, ``ascend_attn_rt.vllm.graph``) works under DCP as without it: the runtime's DCP decode
+records the query gather, the shard's call and the exchange + merge, whose collectives run inside each
+replay. Refused by name: prefill context parallel (``prefill_context_parallel_size > 1``), the
+DCP-replicated MLA query (``dcp_q_replicate``), and the impl options the runtime's DCP layers do not take
+(sliding windows, sinks, ALiBi, soft-cap, encoder layers, quantised caches).
 """
 
 from __future__ import annotations
@@ -91,9 +93,3 @@ def dcp_comm(world_size: int):
 def num_speculative_tokens(vllm_config) -> int:
     spec = getattr(vllm_config, "speculative_config", None)
     return 0 if spec is None else int(spec.num_speculative_tokens or 0)
-
-
-def capture_refusal(builder: str) -> str:
-    """The message of a builder's build_for_cudagraph_capture under DCP (GraphBuilderMixin raises it)."""
-    return (f"{builder}.build_for_cudagraph_capture: graph capture under decode context parallel through "
-            "ascend_attn_rt's vLLM adapter is not supported (the builder declares AttentionCGSupport.NEVER under DCP)")

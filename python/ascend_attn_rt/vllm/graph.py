@@ -102,7 +102,7 @@ def _step_metadata(md):
 
     if isinstance(md, AscendAttnRtSparseMlaMetadata):
         return None
-    if isinstance(md, (aar.Metadata, aar.mla.Metadata)):
+    if isinstance(md, (aar.Metadata, aar.DcpMetadata, aar.mla.Metadata)):  # DcpMetadata: GQA under DCP
         return md
     raise TypeError(f"attn_metadata of type {type(md).__name__} is not an ascend_attn_rt adapter's metadata")
 
@@ -158,12 +158,7 @@ class GraphBuilderMixin:
     docstring). The builder defines ``_graph_build(common_attn_metadata)``."""
 
     _cudagraph_support = CUDAGRAPH_SUPPORT
-    #: Set by a builder whose configuration cannot be captured (DCP, docs/design/vllm_sparse.md §7): the
-    #: NotImplementedError message build_for_cudagraph_capture raises before anything is built.
-    _capture_refusal: Optional[str] = None
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
-        if self._capture_refusal is not None:
-            raise NotImplementedError(self._capture_refusal)
         check_uniform_decode(common_attn_metadata, type(self).__name__)
         return self._graph_build(common_attn_metadata)
