@@ -171,7 +171,8 @@ def _gqa_case(rank, cfg, dtype, interleave, seed):
     from ascend_attn_rt.vllm import AscendAttnRtBackend
 
     mc = cfg.model_config
-    H, Hkv, D = mc.get_num_attention_heads(cfg.parallel_config), mc.get_num_kv_heads(cfg.parallel_config), mc.get_head_size()
+    pc = cfg.parallel_config
+    H, Hkv, D = mc.get_num_attention_heads(pc), mc.get_num_kv_heads(pc), mc.get_head_size()
     Ht = H * W
     assert Hkv == 1  # vLLM's GQA DCP rule: TP > total KV heads, so one KV head per rank
     gen = torch.Generator().manual_seed(seed)
@@ -192,8 +193,8 @@ def _gqa_case(rank, cfg, dtype, interleave, seed):
         seq = [hist[r][0].shape[0] + n for r, n in zip(reqs, q_lens)]
         cam, slots = _common_metadata(reqs, seq, q_lens, prefilling, bt, rank, interleave)
         md = builder.build(0, cam)
-        assert md.slot_mapping[:T].tolist() == slots.tolist()
-        assert md.num_decodes == _num_decodes(q_lens, prefilling, builder.reorder_batch_threshold)  # the runtime's local slots are vLLM's
+        assert md.slot_mapping[:T].tolist() == slots.tolist()  # the runtime's local slots are vLLM's
+        assert md.num_decodes == _num_decodes(q_lens, prefilling, builder.reorder_batch_threshold)
         out = torch.full((T, H * D), float("nan"), dtype=dtype)
         impl.forward(None, q.view(T, H * D), k.view(T, D), v.view(T, D), kv, md, out)
         qsl = cam.query_start_loc_cpu.tolist()
@@ -336,7 +337,8 @@ def _gqa_graph_case(rank, cfg, interleave, seed):
             impl.forward(None, q_s, k_s, v_s, kv, md, out_s)
         for _ in range(2):
             md = builder.build(0, _decode_cam(seq, bt, rank, interleave)[0])
-            q, k, v = torch.randn(B, H * D, generator=gen), torch.randn(B, D, generator=gen), torch.randn(B, D, generator=gen)
+            q = torch.randn(B, H * D, generator=gen)
+            k, v = torch.randn(B, D, generator=gen), torch.randn(B, D, generator=gen)
             kv2 = kv.clone()
             expected = impl.forward(None, q, k, v, kv2, md, torch.empty(B, H * D)).clone()
             for buf, src in ((q_s, q), (k_s, k), (v_s, v)):

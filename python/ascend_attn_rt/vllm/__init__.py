@@ -32,8 +32,9 @@ MLA (``AscendAttnRtMlaBackend``, ``AscendAttnRtMlaMetadataBuilder``, ``AscendAtt
   projections, the W_UK absorption of the decode query and W_UV on the decode output;
   ``do_kv_cache_update`` writes at vLLM's slot mapping (negative slots skipped);
   ``forward_mqa`` runs the latent decode and returns no LSE (under DCP the runtime has merged
-  the partials already, see below; PCP is refused when the impl is made); ``forward_mha`` runs the prefill with its cached context chunks, reading
-  ``kv_b_proj.weight`` at each call (a quantised kv_b_proj is refused).
+  the partials already, see below; PCP is refused when the impl is made); ``forward_mha`` runs
+  the prefill with its cached context chunks, reading ``kv_b_proj.weight`` at each call (a
+  quantised kv_b_proj is refused).
 
 Decode context parallel (GQA and MLA; ``ascend_attn_rt.vllm.dcp``, docs/design/vllm_sparse.md §7): with
 ``decode_context_parallel_size > 1`` the builders read vLLM's DCP group and
@@ -52,7 +53,6 @@ import torch
 
 from vllm.v1.attention.backend import (
     AttentionBackend,
-    AttentionCGSupport,
     AttentionImpl,
     AttentionMetadataBuilder,
     AttentionType,
@@ -217,6 +217,7 @@ class AscendAttnRtImpl(AttentionImpl):
     supports_pcp: bool = False
     # Speculative decodes under DCP with any interleave: one decode row per token (docs/design/cp.md §3.3).
     supports_mtp_with_cp_non_trivial_interleave_size: bool = True
+    _UNQUANTISED = ("auto", "float16", "bfloat16")  # the cache dtypes the DCP layer takes
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: Optional[int] = None,
                  alibi_slopes=None, sliding_window: Optional[int] = None, kv_cache_dtype: str = "auto",
@@ -255,8 +256,6 @@ class AscendAttnRtImpl(AttentionImpl):
             alibi_slopes=None if alibi_slopes is None else torch.as_tensor(alibi_slopes),
             logits_soft_cap=logits_soft_cap, kv_cache_dtype=kv_cache_dtype, attn_type=at,
             kv_sharing=kv_sharing_target_layer_name is not None)
-
-    _UNQUANTISED = ("auto", "float16", "bfloat16")
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                 output_block_scale=None):

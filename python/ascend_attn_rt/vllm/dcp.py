@@ -57,7 +57,8 @@ def _dcp_group(world_size: int):
         g = get_dcp_group()
     except AssertionError as e:
         raise RuntimeError(f"decode_context_parallel_size={world_size} but vLLM's DCP group is not initialised "
-                           "(vllm.distributed.initialize_model_parallel(decode_context_model_parallel_size=...))") from e
+                           "(vllm.distributed.initialize_model_parallel(decode_context_model_parallel_size=...))"
+                           ) from e
     if g.world_size != world_size:
         raise ValueError(f"vLLM's DCP group has {g.world_size} ranks but decode_context_parallel_size={world_size}")
     return g
