@@ -408,12 +408,14 @@ def _mla_graph_case(rank, cfg, interleave, seed):
 
 def _refusals(rank, gqa_cfg, mla_cfg):
     """Rank-local refusals (no collective is issued): PCP, what the DCP layers do not take, vLLM's replicated
-    DCP query; the graph support declared under DCP."""
+    DCP query, a DCP size that is not the group's, metadata of another DCP rank; the graph support declared
+    under DCP."""
     import copy
 
     from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
+    import ascend_attn_rt as aar
     from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend
 
     gspec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=32, dtype=torch.float32)
@@ -439,6 +441,24 @@ def _refusals(rank, gqa_cfg, mla_cfg):
     layer = types.SimpleNamespace(dcp_q_replicate=True)
     with pytest.raises(NotImplementedError, match="dcp_q_replicate"):
         impl.forward_mqa((None, None), None, None, layer)
+    # A config whose DCP size is not the group's.
+    w4 = copy.copy(mla_cfg)
+    w4.parallel_config = copy.copy(mla_cfg.parallel_config)
+    w4.parallel_config.decode_context_parallel_size = 4
+    with pytest.raises(ValueError, match="DCP group has 2 ranks but decode_context_parallel_size=4"):
+        AscendAttnRtMlaBackend.get_builder_cls()(mspec, ["l"], w4, torch.device("cpu"))
+    # Metadata of the other DCP rank: refused by the layer's comm check before anything is gathered or written.
+    L, R = hf.kv_lora_rank, hf.qk_rope_head_dim
+    zeros = torch.zeros(MAX_LEN, R)
+    other = aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=WIDTH, block_size=BS,
+                                    num_blocks=NB, cos_table=zeros, sin_table=zeros, dcp_world_size=W,
+                                    dcp_rank=1 - rank)
+    bt = _block_table(torch.Generator().manual_seed(1))[:1].contiguous()
+    md = other.build(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([20], dtype=torch.int32), bt)
+    kv = torch.zeros(NB, BS, L + R)
+    with pytest.raises(ValueError, match=f"built for DCP rank {1 - rank} of 2 but the layer's dcp_comm is rank {rank}"):
+        impl.forward_mqa((torch.zeros(1, N, L), torch.zeros(1, N, R)), kv, md, None)
+    assert not kv.any()
     return 1
 
 
