@@ -307,9 +307,30 @@ def _decode_cam(seq, bt, rank, interleave):
     return _common_metadata(list(range(n)), seq, [1] * n, [False] * n, bt, rank, interleave)
 
 
+def _padded(cam, total):
+    """vLLM's padding of a full-graph batch: empty requests (no tokens, KV length 0, block-table row 0, slot
+    -1) up to `total`, num_actual_tokens the padded count."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    n = cam.num_reqs
+    if n == total:
+        return cam
+    qsl = torch.cat([cam.query_start_loc_cpu, cam.query_start_loc_cpu[-1:].repeat(total - n)])
+    sl = torch.cat([cam.seq_lens, torch.zeros(total - n, dtype=torch.int32)])
+    rows = torch.zeros(total, cam.block_table_tensor.shape[1], dtype=torch.int32)
+    rows[:n] = cam.block_table_tensor
+    pad = torch.full((total - int(cam.query_start_loc_cpu[-1]),), -1, dtype=torch.int64)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=sl, num_reqs=total, num_actual_tokens=total,
+        max_query_len=1, max_seq_len=cam.max_seq_len, block_table_tensor=rows,
+        slot_mapping=torch.cat([cam.slot_mapping, pad]), _seq_lens_cpu=sl,
+        is_prefilling=torch.cat([cam.is_prefilling, torch.zeros(total - n, dtype=torch.bool)]))
+
+
 def _gqa_graph_case(rank, cfg, interleave, seed):
-    """A decode bucket captured through the adapter under DCP, replayed over two steps: equal to eager runs of
-    the same steps on copies of the cache (eager itself is checked against float64 above)."""
+    """A decode bucket captured through the adapter under DCP, replayed over three steps (the last one padded
+    by vLLM's rule): equal to eager runs of the same steps on copies of the cache (eager itself is checked
+    against float64 above)."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from ascend_attn_rt.vllm import AscendAttnRtBackend
@@ -335,8 +356,8 @@ def _gqa_graph_case(rank, cfg, interleave, seed):
         md = builder.build_for_cudagraph_capture(_decode_cam(seq, bt, rank, interleave)[0])
         with vgraph.capture(B):
             impl.forward(None, q_s, k_s, v_s, kv, md, out_s)
-        for _ in range(2):
-            md = builder.build(0, _decode_cam(seq, bt, rank, interleave)[0])
+        for nreal in (B, B, B - 1):  # the last step: 3 requests padded to the bucket as vLLM pads
+            md = builder.build(0, _padded(_decode_cam(seq[:nreal], bt, rank, interleave)[0], B))
             q = torch.randn(B, H * D, generator=gen)
             k, v = torch.randn(B, D, generator=gen), torch.randn(B, D, generator=gen)
             kv2 = kv.clone()
@@ -345,7 +366,7 @@ def _gqa_graph_case(rank, cfg, interleave, seed):
                 buf.copy_(src)
             vgraph.update(B, {"l0": md})
             vgraph.replay(B)
-            assert torch.allclose(out_s, expected, atol=1e-6, rtol=1e-6) and torch.equal(kv, kv2)
+            assert torch.allclose(out_s[:nreal], expected[:nreal], atol=1e-6, rtol=1e-6) and torch.equal(kv, kv2)
             seq = [s + 1 for s in seq]
     finally:
         vgraph.clear_graph_provider()
