@@ -454,7 +454,7 @@ void bind_mla(nb::module_& root) {
           "__init__",
           [](mla::LatentAttention* self, int64_t num_heads, int64_t kv_lora_rank, int64_t qk_nope_head_dim,
              int64_t qk_rope_head_dim, int64_t v_head_dim, double scale, std::optional<bool> prefill_in_bf16,
-             int64_t workspace_group) {
+             int64_t workspace_group, cp::Comm* dcp_comm) {
             mla::LatentAttentionConfig c;
             c.num_heads = num_heads;
             c.kv_lora_rank = kv_lora_rank;
@@ -464,10 +464,14 @@ void bind_mla(nb::module_& root) {
             c.scale = scale;
             c.prefill_in_bf16 = prefill_in_bf16;
             c.workspace_group = workspace_group;
+            c.dcp_comm = dcp_comm;
             new (self) mla::LatentAttention(c);
           },
           nb::kw_only(), "num_heads"_a, "kv_lora_rank"_a, "qk_nope_head_dim"_a, "qk_rope_head_dim"_a, "v_head_dim"_a,
-          "scale"_a = 0.0, "prefill_in_bf16"_a = nb::none(), "workspace_group"_a = 0)
+          "scale"_a = 0.0, "prefill_in_bf16"_a = nb::none(), "workspace_group"_a = 0, "dcp_comm"_a = nb::none(),
+          nb::keep_alive<1, 10>(),
+          "dcp_comm: the DCP group's aar.cp.Comm (kept alive by the layer) for metadata built with "
+          "dcp_world_size > 1.")
       .def_static(
           "split_kv_cache",
           [](const at::Tensor& kv_cache, int64_t kv_lora_rank) {
@@ -482,6 +486,9 @@ void bind_mla(nb::module_& root) {
           "forward_decode",
           [](mla::LatentAttention& a, const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope_cache,
              const at::Tensor& rope_cache, const mla::Metadata* md, const at::Tensor& out) {
+            // Collectives run inside under DCP: never with the GIL held (cp_bindings.cpp).
+            std::optional<nb::gil_scoped_release> nogil;
+            if (a.config().dcp_comm != nullptr) nogil.emplace();
             a.forward_decode(ql_nope, q_pe, nope_cache, rope_cache, md, out);
           },
           "ql_nope"_a, "q_pe"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a.none(), "out"_a,
@@ -491,12 +498,17 @@ void bind_mla(nb::module_& root) {
           [](const mla::LatentAttention& a, const at::Tensor& q, const at::Tensor& kv_c, const at::Tensor& k_pe,
              const at::Tensor& kv_b_proj, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
              const mla::Metadata* md, const at::Tensor& out) {
+            std::optional<nb::gil_scoped_release> nogil;
+            if (a.config().dcp_comm != nullptr) nogil.emplace();
             a.forward_prefill(q, kv_c, k_pe, nope_cache, rope_cache, md, out, kv_b_proj);
           },
           "q"_a, "kv_c"_a, "k_pe"_a, "kv_b_proj"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a.none(), "out"_a,
           "metadata None: a profiling run (out zero-filled).")
       .def_prop_ro("num_heads_padded", &mla::LatentAttention::num_heads_padded)
-      .def_prop_ro("scale", [](const mla::LatentAttention& a) { return a.config().scale; });
+      .def_prop_ro("scale", [](const mla::LatentAttention& a) { return a.config().scale; })
+      .def_prop_ro("dcp_world_size", [](const mla::LatentAttention& a) {
+        return a.config().dcp_comm != nullptr ? a.config().dcp_comm->size() : 1;
+      });
 }
 
 const BindingRegistrar kRegisterMla(/*order=*/30, &bind_mla);

@@ -253,24 +253,7 @@ void Impl::dcp_fia_args(const cp::DcpViews& w, const at::Tensor& nope, const at:
 
 void Impl::shard_fia_args(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope, const at::Tensor& rope,
                           const Metadata& md, ops::FiaTensors& t, ops::FiaParams& p) {
-  const Dims& d = cfg_.dims;
-  const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, bs = md.block_size;
-  t.query = qn;
-  t.query_rope = qr;
-  // (nb, bs, 1, D) -> (nb, 1, bs, D): a reinterpretation (Nkv = 1) of the validated contiguous caches.
-  t.key = nope.view({nope.size(0), 1, bs, L});
-  t.value = t.key;
-  t.key_rope = rope.view({rope.size(0), 1, bs, R});
-  t.block_table = md.decode.block_table;
-  p.num_heads = qn.size(1);
-  p.num_key_value_heads = 1;
-  p.scale = cfg_.scale;
-  p.input_layout = "BNSD";
-  p.sparse_mode = 0;
-  p.block_size = bs;
-  p.has_actual_seq_lengths = false;
-  p.actual_seq_lengths_kv = md.decode.seq_lens_list;  // this rank's local lengths
-  p.softmax_lse_flag = true;
+  detail::set_latent_shard_params(qn, qr, nope, rope, md, cfg_.scale, t, p);
 }
 
 void Impl::dcp_combine(const cp::DcpViews& w, const detail::DecodeViews& v) {

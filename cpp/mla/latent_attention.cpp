@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/comm/dcp_exchange.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
@@ -13,6 +15,7 @@
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
+#include "../latent/dcp_query.h"
 #include "../latent/decode_workspace.h"
 #include "latent_ops.h"
 #include "../common/impl_checks.h"
@@ -63,6 +66,12 @@ LatentAttention::LatentAttention(const LatentAttentionConfig& cfg) : cfg_(cfg) {
   internal::check_softmax_scale(cfg.scale);
   if (cfg_.scale == 0.0) cfg_.scale = 1.0 / std::sqrt(static_cast<double>(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim));
   hp_ = Backend::num_heads_padded(cfg.num_heads);
+  if (cfg.dcp_comm != nullptr && cfg.dcp_comm->size() > 1) {
+    // The DCP merge (npu_attention_update) takes a head dim that is a multiple of 8 in [8, 512].
+    AAR_CHECK_ARG(cfg.kv_lora_rank % 8 == 0 && cfg.kv_lora_rank <= 512, "kv_lora_rank=", cfg.kv_lora_rank,
+                  ": DCP merges the latent partials through npu_attention_update, which takes a multiple of 8 in "
+                  "[8, 512]");
+  }
 }
 
 LatentAttention::~LatentAttention() = default;
@@ -129,10 +138,8 @@ void LatentAttention::write_kv(const at::Tensor& kv_c, const at::Tensor& k_pe, c
 void LatentAttention::check_step(const Metadata& md, const at::Tensor& nope, const at::Tensor& rope,
                                  at::ScalarType dtype, c10::Device device, const char* what) const {
   check_current(md.stamp, "metadata");
-  if (md.dcp.world_size > 1) {
-    throw_not_supported("mla.LatentAttention.", what, " with metadata built for DCP (dcp_world_size=",
-                        md.dcp.world_size, "): use mla::Impl, which does the query gather and the LSE merge");
-  }
+  // DCP (docs/design/mla.md §5.8): the layer's comm must be the metadata's group and rank.
+  cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
   if (md.pcp.world_size > 1) {
     throw_not_supported("mla.LatentAttention.", what, " with metadata built for PCP (pcp_world_size=",
                         md.pcp.world_size, "): use mla::Impl, which gathers the prefill keys over PCP");
@@ -172,6 +179,10 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
   AAR_CHECK_ARG(out.is_contiguous(), "out must be contiguous, got strides ", out.strides());
   check_step(md, nope, rope, dt, dev, "forward_decode");
   const aar::detail::InferenceScope inference;
+  if (md.dcp.world_size > 1) {
+    forward_decode_dcp(ql_nope, q_pe, nope, rope, md, out);
+    return;
+  }
 
   const Dims d{H, 0, std::nullopt, L, cfg_.qk_nope_head_dim, R, cfg_.v_head_dim};
   const detail::DecodeShape sh = detail::decode_shape_of(d, hp_, cfg_.workspace_group, dev, dt);
@@ -219,6 +230,49 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
   ops::dense::copy(out, v.attn_heads.transpose(0, 1));
 }
 
+void LatentAttention::forward_decode_dcp(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
+                                         const at::Tensor& rope, const Metadata& md, const at::Tensor& out) {
+  // docs/design/mla.md §6.2 without the projections: [ql_nope | q_pe] gathered along the heads over
+  // the group, the latent call over this rank's shard (one row per decode token, its local KV
+  // length), the partials exchanged and merged by LSE into this rank's heads, straight into out.
+  const int64_t td = md.num_decode_tokens, L = cfg_.kv_lora_rank, R = cfg_.qk_rope_head_dim;
+  cp::Comm* comm = cfg_.dcp_comm;
+  graph::GraphParams* g = graph::GraphParams::current();
+  if (g != nullptr && (md.num_prefills != 0 || td != g->capturing_bucket())) {
+    throw_not_supported("mla.LatentAttention.forward_decode DCP graph capture of bucket ", g->capturing_bucket(),
+                        " takes decode-only batches of ", g->capturing_bucket(), " decode tokens (got ", td,
+                        " decode tokens, ", md.num_prefills, " prefills)");
+  }
+  const cp::DcpViews& w =
+      detail::latent_dcp_views(*comm, {cfg_.num_heads, L, R, cfg_.workspace_group}, ql_nope, td, dcp_ws_);
+  auto [qn, qr] = detail::latent_dcp_split_query(w, L, R);
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  detail::set_latent_shard_params(qn, qr, nope, rope, md, cfg_.scale, t, p);
+  const int64_t N = w.gathered_query.size(1);
+  at::Tensor part = w.partial_out.view({td, N, 1, L});
+  at::Tensor lse = w.partial_lse.view({td, N, 1, 1});
+  if (g != nullptr) {
+    // Inside a capture (vLLM's graph mode through the adapter, docs/design/vllm_sparse.md §7): the three
+    // calls of mla::Impl's DCP capture (docs/design/graph.md §4.2) without the projections: the query
+    // gather (prepare; the collective runs inside each replay), the shard's latent call (refreshed per
+    // update: block table, local KV lengths), the exchange and merge into out (prepare). The closures
+    // hold copies of the views (the shared DcpWorkspace's buffers) and the caller's tensors.
+    g->capture_call(std::make_unique<graph::ClosureCall>(
+        -1, 0, [comm, w, ql_nope, q_pe]() { detail::latent_dcp_stage_query(*comm, w, ql_nope, q_pe); }));
+    graph_calls::capture_fia(*g, {-1, 0}, {/*paged=*/true, /*q_lens=*/false}, std::move(t), p, part, lse);
+    g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, [comm, w, o = at::Tensor(out)]() {
+      at::Tensor merged = o;
+      cp::combine_partials(*comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+    }));
+    return;
+  }
+  detail::latent_dcp_stage_query(*comm, w, ql_nope, q_pe);
+  ops::fused_infer_attention_score_out(t, p, std::nullopt, part, lse);
+  at::Tensor merged = out;
+  cp::combine_partials(*comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+}
+
 void LatentAttention::forward_prefill(const at::Tensor& q, const at::Tensor& kv_c, const at::Tensor& k_pe,
                                       const at::Tensor& nope, const at::Tensor& rope, const Metadata* md_ptr,
                                       const at::Tensor& out, const at::Tensor& kv_b_proj) const {
@@ -261,6 +315,7 @@ void LatentAttention::forward_prefill(const at::Tensor& q, const at::Tensor& kv_
   s.scale = cfg_.scale;
   s.kv_b_proj = kv_b_proj;
   s.in_bf16 = cfg_.prefill_in_bf16;
+  s.dcp_comm = cfg_.dcp_comm;  // the context chunks' gather (docs/design/mla.md §6.3)
   const at::Tensor res = detail::latent_prefill_attention(
       s, q.narrow(-1, 0, P).contiguous(), q.narrow(-1, P, R).contiguous(), kv.narrow(-1, 0, P).contiguous(),
       pe.unsqueeze(1).expand({tp, H, R}), kv.narrow(-1, P, V).contiguous(), nope, rope, md);

@@ -78,6 +78,28 @@ void set_latent_decode_params(const Metadata& md, DecodeLayout layout, int64_t h
   }
 }
 
+void set_latent_shard_params(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope,
+                             const at::Tensor& rope, const Metadata& md, double scale, ops::FiaTensors& t,
+                             ops::FiaParams& p) {
+  const int64_t L = nope.size(-1), R = rope.size(-1), bs = md.block_size;
+  t.query = qn;
+  t.query_rope = qr;
+  // (nb, bs, 1, D) -> (nb, 1, bs, D): a reinterpretation (Nkv = 1) of the validated contiguous caches.
+  t.key = nope.view({nope.size(0), 1, bs, L});
+  t.value = t.key;
+  t.key_rope = rope.view({rope.size(0), 1, bs, R});
+  t.block_table = md.decode.block_table;
+  p.num_heads = qn.size(1);
+  p.num_key_value_heads = 1;
+  p.scale = scale;
+  p.input_layout = "BNSD";
+  p.sparse_mode = 0;
+  p.block_size = bs;
+  p.has_actual_seq_lengths = false;
+  p.actual_seq_lengths_kv = md.decode.seq_lens_list;  // this rank's local lengths
+  p.softmax_lse_flag = true;
+}
+
 at::Tensor latent_prefill_attention(const PrefillSpec& s, const at::Tensor& q_nope, const at::Tensor& q_pe,
                                     const at::Tensor& k_nope, const at::Tensor& k_pe, const at::Tensor& value,
                                     const at::Tensor& nope, const at::Tensor& rope, const Metadata& md) {

@@ -49,6 +49,14 @@ void check_latent_cache(const at::Tensor& c, bool is_nope, int64_t width, const 
 void set_latent_decode_params(const Metadata& md, DecodeLayout layout, int64_t heads_padded, double scale,
                               ops::FiaV2Tensors& t, ops::FiaV2Params& p);
 
+// The latent call over this rank's KV shard under DCP / PCP (docs/design/mla.md §6.2): FIA v1
+// BNSD over the queries qn (td, N, 1, L) / qr (td, N, 1, R) (N: the gathered heads), one KV
+// head, the decode rows' block table and this rank's local KV lengths (one row per decode
+// token), LSE returned. Shared by mla::Impl and mla::LatentAttention.
+void set_latent_shard_params(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& nope_cache,
+                             const at::Tensor& rope_cache, const Metadata& md, double scale, ops::FiaTensors& t,
+                             ops::FiaParams& p);
+
 // The prefill attention's fixed inputs.
 struct PrefillSpec {
   int64_t heads = 0, heads_padded = 0;  // concatenated q/k when they differ (docs/design/mla.md §5.5)

@@ -52,7 +52,7 @@ def _entry(rank, world, init_file, results, case, args, deadline_s):
     os._exit(0)
 
 
-def _context():
+def _context(preload=()):
     # forkserver: a clean single-threaded server process (no OpenMP pool, no
     # gloo state: what makes plain fork unsafe after torch has run) that has
     # imported torch and the runtime once; each rank forks from it, so a test
@@ -65,14 +65,18 @@ def _context():
         ctx = mp.get_context("forkserver")
     except ValueError:
         return mp.get_context("spawn")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "ascend_attn_rt", "pytest"])
+    # `preload`: more modules for the server to import once (the vLLM adapter tests: vLLM's own
+    # modules, ~8 s of CPU per import). Only the call that starts the server sets the list; a
+    # server already running keeps its own, and the ranks then import what they miss themselves.
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "ascend_attn_rt", "pytest", *preload])
     return ctx
 
 
-def run_ranks(world, case, *args, deadline_s=90.0, expect_dead=()):
+def run_ranks(world, case, *args, deadline_s=90.0, expect_dead=(), preload=()):
     """Runs case on `world` ranks; returns [value of rank 0, ...]. Ranks listed in
-    `expect_dead` may end without reporting (a case that kills a rank on purpose)."""
-    ctx = _context()
+    `expect_dead` may end without reporting (a case that kills a rank on purpose); `preload`
+    names modules the forkserver imports when this call starts it (see _context)."""
+    ctx = _context(preload)
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="aar_cp_") as tmp:
         init_file = os.path.join(tmp, "store")

@@ -186,14 +186,15 @@ def test_refusals_name_what_is_not_supported():
     t = _case([9, 30], [9, 30])
     with pytest.raises(ValueError, match="no decode tokens"):
         t.attn.forward_decode(torch.zeros(0, 8, L), torch.zeros(0, 8, R), t.nope, t.rope, t.md, torch.zeros(0, 8, L))
-    # Metadata built for DCP and graph decode padding are mla::Impl's.
+    # Metadata built for DCP needs the layer's dcp_comm (DCP itself: test_vllm_dcp.py); graph decode padding
+    # is mla::Impl's.
     zeros = torch.zeros(64, R)
     nb = t.nope.shape[0]
     dcp = mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=64, max_blocks_per_req=4, block_size=BS, num_blocks=nb,
                               cos_table=zeros, sin_table=zeros, dcp_world_size=2, dcp_rank=0)
     md = dcp.build(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([20], dtype=torch.int32),
                    torch.tensor([[0, 1, 2, 3]], dtype=torch.int32))
-    with pytest.raises(NotImplementedError, match="DCP"):
+    with pytest.raises(ValueError, match="metadata was built for DCP rank 0 of 2 but the layer has no dcp_comm"):
         t.attn.forward_decode(torch.zeros(1, 8, L), torch.zeros(1, 8, R), t.nope, t.rope, md, torch.zeros(1, 8, L))
     pad = mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=64, max_blocks_per_req=4, block_size=BS, num_blocks=nb,
                               cos_table=zeros, sin_table=zeros, graph_decode_padding=True)

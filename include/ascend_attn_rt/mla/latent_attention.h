@@ -17,14 +17,20 @@
 //    cached context, chunk by chunk (gathered, up-projected, merged by LSE):
 //    (tp, H*V). The same code as mla::Impl's prefill (cpp/mla/latent_ops.h).
 //
-// The metadata is mla::MetadataBuilder's; its RoPE rows are not read. Not
-// supported (each raises naming it): metadata built for DCP or PCP, graph decode
-// padding (decode.num_kernel_tokens != num_decode_tokens), NZ caches, the
-// int8 FA-quant cache, graph capture of the prefill and of a profiling run.
+// The metadata is mla::MetadataBuilder's; its RoPE rows are not read. DCP
+// (docs/design/mla.md §5.8, §6): with a dcp_comm over the DCP group and metadata
+// built for the same DCP rank and size, the caches are this rank's shard, the
+// decode gathers [ql_nope | q_pe] over the group, attends the shard and merges
+// the partials by LSE into this rank's heads (the caller merges nothing), the
+// prefill gathers its cached context over the group. Not supported (each raises
+// naming it): metadata built for PCP, graph decode padding
+// (decode.num_kernel_tokens != num_decode_tokens), NZ caches, the int8 FA-quant
+// cache, graph capture of the prefill and of a profiling run.
 // Inside a graph capture write_kv records one prepare call over its tensors and
 // forward_decode (a decode-only batch of the bucket's tokens) a prepare call, the
 // latent attention as a fused call refreshed per update, and a prepare call
-// (docs/design/mla.md §5.8). Thread safety as mla::Impl.
+// (docs/design/mla.md §5.8; under DCP: the query gather, the shard's call, the
+// exchange and merge). Thread safety as mla::Impl.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -39,6 +45,10 @@
 namespace aar::mla::detail {
 class DecodeWorkspace;
 }
+namespace aar::cp {
+class Comm;
+class DcpWorkspace;
+}
 
 namespace aar::mla {
 
@@ -51,6 +61,8 @@ struct LatentAttentionConfig {
   double scale = 0.0;             // 0 = 1/sqrt(P+R)
   std::optional<bool> prefill_in_bf16;  // see ImplConfig::prefill_in_bf16
   int64_t workspace_group = 0;          // see ImplConfig::workspace_group
+  // The DCP group (not owned; outlives the layer), for metadata built with dcp_world_size > 1.
+  cp::Comm* dcp_comm = nullptr;
 };
 
 class LatentAttention {
@@ -98,7 +110,11 @@ class LatentAttention {
 
   LatentAttentionConfig cfg_;
   int64_t hp_ = 0;
+  void forward_decode_dcp(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
+                          const at::Tensor& rope, const Metadata& md, const at::Tensor& out);
+
   std::shared_ptr<detail::DecodeWorkspace> ws_;
+  std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // the DCP decode's intermediates, shared by layers of one shape
   at::Tensor lse_;  // FIA's LSE output, not requested (one element)
 };
 

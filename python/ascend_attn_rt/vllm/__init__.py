@@ -31,9 +31,18 @@ MLA (``AscendAttnRtMlaBackend``, ``AscendAttnRtMlaMetadataBuilder``, ``AscendAtt
 * the impl is the runtime's attention-only ``mla.LatentAttention``: vLLM's layer does the
   projections, the W_UK absorption of the decode query and W_UV on the decode output;
   ``do_kv_cache_update`` writes at vLLM's slot mapping (negative slots skipped);
-  ``forward_mqa`` runs the latent decode and returns no LSE (DCP and PCP are refused when
-  the impl is made); ``forward_mha`` runs the prefill with its cached context chunks, reading
-  ``kv_b_proj.weight`` at each call (a quantised kv_b_proj is refused).
+  ``forward_mqa`` runs the latent decode and returns no LSE (under DCP the runtime has merged
+  the partials already, see below; PCP is refused when the impl is made); ``forward_mha`` runs
+  the prefill with its cached context chunks, reading ``kv_b_proj.weight`` at each call (a
+  quantised kv_b_proj is refused).
+
+Decode context parallel (GQA and MLA; ``ascend_attn_rt.vllm.dcp``, docs/design/vllm_sparse.md §7): with
+``decode_context_parallel_size > 1`` the builders read vLLM's DCP group and
+``cp_kv_cache_interleave_size`` and build this rank's metadata (``aar.DcpMetadataBuilder``, the MLA
+builder's DCP mode); the impls hold an ``aar.cp.Comm`` over the group's ``device_group`` and do the
+query gather and the LSE merge inside (``aar.DcpAttentionImpl``, ``mla.LatentAttention(dcp_comm=...)``).
+Graph mode under DCP as without it (decode buckets: the collectives run inside each replay); prefill
+context parallel is refused by name.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from vllm.v1.attention.backend import (
 )
 
 from .. import _C as aar
+from .dcp import dcp_comm, dcp_setup, num_speculative_tokens, refuse_pcp
 from .graph import GraphBuilderMixin, refuse_if_capturing
 
 
@@ -131,11 +141,21 @@ def _refuse_cp(vllm_config, what: str = "vLLM adapter") -> None:
                                       f"{what} is not supported")
 
 
-def _builder_sizes(kv_cache_spec, vllm_config) -> dict:
+def _is_prefilling(m: CommonAttentionMetadata, n: int):
+    """vLLM's per-request prefilling flags for the runtime's DCP builders (the real requests' only)."""
+    flags = m.is_prefilling
+    return None if flags is None else flags[:n].to("cpu", torch.bool)
+
+
+def _builder_sizes(kv_cache_spec, vllm_config, dcp_ok: bool = False) -> dict:
+    """The builder capacities from vLLM's config; context parallel refused unless ``dcp_ok`` (then PCP only)."""
     sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
     if cc.num_gpu_blocks is None:
         raise ValueError("cache_config.num_gpu_blocks=None: the ascend_attn_rt builder needs the block count")
-    _refuse_cp(vllm_config)
+    if dcp_ok:
+        refuse_pcp(vllm_config, "vLLM adapter")
+    else:
+        _refuse_cp(vllm_config)
     bs = kv_cache_spec.block_size
     return dict(max_num_reqs=sc.max_num_seqs, max_num_tokens=sc.max_num_batched_tokens,
                 max_blocks_per_req=_cdiv(mc.max_model_len, bs), block_size=bs, num_blocks=cc.num_gpu_blocks,
@@ -147,23 +167,58 @@ class AscendAttnRtMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self._builder = aar.MetadataBuilder(**_builder_sizes(kv_cache_spec, vllm_config), device=str(device))
-        self.reorder_batch_threshold = self._builder.reorder_batch_threshold
+        sizes = _builder_sizes(kv_cache_spec, vllm_config, dcp_ok=True)
+        self._dcp = dcp_setup(vllm_config, "GQA builder")
+        if self._dcp is None:
+            self._builder = aar.MetadataBuilder(**sizes, device=str(device))
+            self.reorder_batch_threshold = self._builder.reorder_batch_threshold
+        else:
+            # DCP (docs/design/vllm_sparse.md §7): this rank's build (local slots and KV lengths, one decode row
+            # per token) from the global batch vLLM gives every rank.
+            del sizes["chunked_prefill_enabled"]  # the DCP builder reads every prefill's cached context
+            self._builder = aar.DcpMetadataBuilder(
+                **sizes, dcp_world=self._dcp.world_size, dcp_rank=self._dcp.rank, interleave=self._dcp.interleave,
+                num_speculative_tokens=num_speculative_tokens(vllm_config), device=str(device))
+            self.reorder_batch_threshold = self._builder.decode_threshold
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False):
         m = common_attn_metadata
         qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
+        if self._dcp is not None:
+            if not causal:
+                raise NotImplementedError("non-causal attention under decode context parallel is not supported by "
+                                          "ascend_attn_rt")
+            return self._builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
+                                       is_prefilling=_is_prefilling(m, len(seq_lens)))
         return self._builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
                                    is_prefilling=m.is_prefilling, causal=causal)
 
     def _graph_build(self, m: CommonAttentionMetadata):
         qsl, seq_lens, bt, causal = _build_inputs(0, m)
+        if self._dcp is not None:
+            # The runtime's GQA DCP decode capture (docs/design/cp.md §4): KV write, query gather, the
+            # shard's call refreshed per update, exchange + merge; padding rows get KV length 0.
+            if not causal:
+                raise NotImplementedError("non-causal attention under decode context parallel is not supported by "
+                                          "ascend_attn_rt")
+            return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
+                                                         state=aar.AttentionState.DecodeOnly)
         return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
                                                      state=aar.AttentionState.DecodeOnly, causal=causal)
 
 
 class AscendAttnRtImpl(AttentionImpl):
+    # Under DCP the runtime's DcpAttentionImpl gathers the query heads, attends the rank's shard and merges
+    # the partials by LSE inside forward (docs/design/vllm_sparse.md §7): vLLM's check that a DCP impl
+    # combines LSE partials (need_to_return_lse_for_decode, set in __init__) holds, and vLLM's Attention
+    # layer merges nothing itself.
+    supports_dcp: bool = True
+    supports_pcp: bool = False
+    # Speculative decodes under DCP with any interleave: one decode row per token (docs/design/cp.md §3.3).
+    supports_mtp_with_cp_non_trivial_interleave_size: bool = True
+    _UNQUANTISED = ("auto", "float16", "bfloat16")  # the cache dtypes the DCP layer takes
+
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: Optional[int] = None,
                  alibi_slopes=None, sliding_window: Optional[int] = None, kv_cache_dtype: str = "auto",
                  logits_soft_cap: Optional[float] = None, attn_type: str = AttentionType.DECODER,
@@ -175,6 +230,26 @@ class AscendAttnRtImpl(AttentionImpl):
         self.num_kv_heads = num_kv_heads or num_heads
         self.kv_cache_dtype = kv_cache_dtype
         at = attn_type.value if isinstance(attn_type, AttentionType) else str(attn_type)
+        if self.pcp_world_size > 1:
+            raise NotImplementedError(f"prefill context parallel through the vLLM adapter (pcp_world_size="
+                                      f"{self.pcp_world_size}) is not supported by ascend_attn_rt")
+        if self.dcp_world_size > 1:
+            # The runtime's GQA DCP layer (docs/design/cp.md §4): plain causal decoder attention over an
+            # unquantised cache; everything else is refused by name.
+            refused = {name: value for name, value, plain in (
+                ("alibi_slopes", alibi_slopes, alibi_slopes is None), ("sliding_window", sliding_window,
+                                                                       sliding_window is None),
+                ("logits_soft_cap", logits_soft_cap, not logits_soft_cap), ("sinks", sinks, sinks is None),
+                ("attn_type", at, at == AttentionType.DECODER.value),
+                ("kv_cache_dtype", kv_cache_dtype, kv_cache_dtype in self._UNQUANTISED)) if not plain}
+            if refused:
+                raise NotImplementedError(f"arguments not supported by ascend_attn_rt under decode context parallel "
+                                          f"(dcp_world_size={self.dcp_world_size}): {refused}")
+            self.need_to_return_lse_for_decode = True
+            self._impl = aar.DcpAttentionImpl(dcp_comm(self.dcp_world_size), num_heads, head_size, scale=self.scale,
+                                              num_kv_heads=self.num_kv_heads,
+                                              kv_sharing=kv_sharing_target_layer_name is not None)
+            return
         self._impl = aar.AttentionImpl(
             num_heads, head_size, scale=self.scale, num_kv_heads=self.num_kv_heads,
             sliding_window=sliding_window, sinks=sinks,
@@ -259,13 +334,16 @@ class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder
         if not mc.use_mla or rope_dim is None:
             raise ValueError(f"model {mc.model!r} is not an MLA model (use_mla={mc.use_mla}, "
                              f"qk_rope_head_dim={rope_dim})")
-        spec = getattr(vllm_config, "speculative_config", None)
-        num_spec = 0 if spec is None else int(spec.num_speculative_tokens or 0)
+        sizes = _builder_sizes(kv_cache_spec, vllm_config, dcp_ok=True)
+        # DCP (docs/design/vllm_sparse.md §7): this rank's build of the global batch.
+        self._dcp = dcp_setup(vllm_config, "MLA builder")
+        dcp = {} if self._dcp is None else dict(dcp_world_size=self._dcp.world_size, dcp_rank=self._dcp.rank,
+                                                 cp_kv_cache_interleave_size=self._dcp.interleave)
         # vLLM rotates q and k_pe itself: zero tables (see the module docstring).
         table = torch.zeros(mc.max_model_len, rope_dim, dtype=kv_cache_spec.dtype)
         self._builder = aar.mla.MetadataBuilder(
-            **_builder_sizes(kv_cache_spec, vllm_config), cos_table=table, sin_table=table,
-            max_model_len=mc.max_model_len, num_speculative_tokens=num_spec, device=str(device))
+            **sizes, cos_table=table, sin_table=table, max_model_len=mc.max_model_len,
+            num_speculative_tokens=num_speculative_tokens(vllm_config), device=str(device), **dcp)
         self.reorder_batch_threshold = self._builder.decode_threshold
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
@@ -274,8 +352,9 @@ class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder
         qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
         if not causal:
             raise NotImplementedError("non-causal MLA attention is not supported by ascend_attn_rt")
+        is_prefilling = m.is_prefilling if self._dcp is None else _is_prefilling(m, len(seq_lens))
         return self._builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
-                                   is_prefilling=m.is_prefilling)
+                                   is_prefilling=is_prefilling)
 
     def _graph_build(self, m: CommonAttentionMetadata):
         qsl, seq_lens, bt, causal = _build_inputs(0, m)
@@ -286,9 +365,13 @@ class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder
 class AscendAttnRtMlaImpl(MLAAttentionImpl):
     """vLLM's MLA impl interface over the runtime's attention-only mla.LatentAttention."""
 
-    supports_dcp: bool = False
+    # DCP (docs/design/vllm_sparse.md §7): the runtime gathers the decode query over the DCP group and merges
+    # the partials by LSE inside forward_mqa, so vLLM's MLAAttention.forward_impl, which does both when
+    # impl.dcp_world_size > 1, is shown dcp_world_size = 1 (the group's size is runtime_dcp_world_size).
+    supports_dcp: bool = True
     supports_pcp: bool = False
     can_return_lse_for_decode: bool = False
+    supports_mtp_with_cp_non_trivial_interleave_size: bool = True
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, alibi_slopes,
                  sliding_window: Optional[int], kv_cache_dtype: str, logits_soft_cap: Optional[float],
@@ -310,10 +393,9 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
             raise NotImplementedError(f"arguments not supported by ascend_attn_rt's MLA impl: {refused}")
         if kv_cache_dtype not in AscendAttnRtMlaBackend.supported_kv_cache_dtypes:
             raise NotImplementedError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported by ascend_attn_rt's MLA impl")
-        if self.dcp_world_size > 1 or self.pcp_world_size > 1:
-            raise NotImplementedError(
-                f"context parallel through the vLLM adapter (dcp_world_size={self.dcp_world_size}, "
-                f"pcp_world_size={self.pcp_world_size}) is not supported by ascend_attn_rt")
+        if self.pcp_world_size > 1:
+            raise NotImplementedError(f"prefill context parallel through the vLLM adapter (pcp_world_size="
+                                      f"{self.pcp_world_size}) is not supported by ascend_attn_rt's MLA impl")
         if qk_head_dim != qk_nope_head_dim + qk_rope_head_dim or head_size != kv_lora_rank + qk_rope_head_dim:
             raise ValueError(f"qk_head_dim={qk_head_dim} / head_size={head_size} do not match qk_nope_head_dim="
                              f"{qk_nope_head_dim}, qk_rope_head_dim={qk_rope_head_dim}, kv_lora_rank={kv_lora_rank}")
@@ -321,9 +403,16 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_lora_rank, self.v_head_dim = kv_lora_rank, v_head_dim
         self.kv_b_proj = kv_b_proj
+        self.runtime_dcp_world_size = self.dcp_world_size
+        comm = None
+        if self.dcp_world_size > 1:
+            comm = dcp_comm(self.dcp_world_size)
+            # vLLM's check that a DCP impl combines LSE partials holds: the runtime does it (see above).
+            self.need_to_return_lse_for_decode = True
+            self.dcp_world_size = 1
         self._attn = aar.mla.LatentAttention(
             num_heads=num_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
-            qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, scale=self.scale)
+            qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, scale=self.scale, dcp_comm=comm)
         self._split_src = self._split_key = self._split = None
 
     def _caches(self, kv_cache: torch.Tensor):
@@ -352,6 +441,9 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
         self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
+        if self.runtime_dcp_world_size > 1 and getattr(layer, "dcp_q_replicate", False):
+            raise NotImplementedError("dcp_q_replicate (a query projection replicated over the DCP group) is not "
+                                      "supported by ascend_attn_rt's MLA impl: its DCP decode gathers the heads itself")
         if isinstance(q, tuple):
             ql_nope, q_pe = q
         else:

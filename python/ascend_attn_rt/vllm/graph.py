@@ -102,7 +102,7 @@ def _step_metadata(md):
 
     if isinstance(md, AscendAttnRtSparseMlaMetadata):
         return None
-    if isinstance(md, (aar.Metadata, aar.mla.Metadata)):
+    if isinstance(md, (aar.Metadata, aar.DcpMetadata, aar.mla.Metadata)):  # DcpMetadata: GQA under DCP
         return md
     raise TypeError(f"attn_metadata of type {type(md).__name__} is not an ascend_attn_rt adapter's metadata")
 
