@@ -42,6 +42,7 @@ namespace detail {
 class Workspace;
 class SideStream;
 struct TokenViews;
+struct WriteViews;
 struct RowViews;
 }  // namespace detail
 
@@ -209,7 +210,9 @@ class Impl {
   const StepViews& step_views(const LayerMetadata& md, int64_t n);
   // valid_rows: the leading rows whose slots are valid (the group's
   // num_valid_rows); only the in-place scatter of the A5 + BF16 plan reads it.
-  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows);
+  // gw, fill: graph mode on the in-place scatter plan (every row, skip rows to the fill slot).
+  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows,
+                     const detail::WriteViews* gw = nullptr, const at::Tensor& fill = at::Tensor());
   void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
                             const detail::RowViews& rv, int64_t r, bool graph);
   // The C4 selection of the n query rows x (their q-LoRA rows in v.qa): the indexer query with
@@ -239,9 +242,10 @@ class Impl {
   // width from the RoPE table's rows instead of max_seqlen_kv).
   at::Tensor attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
                         int64_t n, bool graph) const;
-  // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens (eager).
+  // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens; graph: a captured
+  // bucket's replay (the A5 + BF16 plan's KV writes then take every row, docs/design/dsa.md §6).
   void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
-                  sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws);
+                  sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws, bool graph = false);
   // The Bmm o_proj of o (n, groups * N D / G) with the wo_a / wo_b the layer holds now (groups:
   // wo_a's leading size), into a new (n, hidden) tensor.
   at::Tensor bmm_o_proj(const at::Tensor& o, int64_t groups) const;
@@ -253,7 +257,7 @@ class Impl {
   void run_o_proj(const at::Tensor& o, const at::Tensor& out, const detail::TokenViews* ws = nullptr);
   // docs/design/dsa.md §5.4, eager: the W8A8-dynamic prolog's projections of x into v.qa (qr, normed),
   // v.q2 (qr W_q_b^T) and v.kv (x W_kv^T, before its norm).
-  void w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v) const;
+  void w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v, bool graph) const;
 
   ImplConfig cfg_;
   Weights w_;
