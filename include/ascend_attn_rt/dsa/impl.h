@@ -86,7 +86,8 @@ struct ImplConfig {
   // [r G/W, (r+1) G/W) as (G/W, N D / G, o_lora) and wo_b's matching columns (hidden, G/W o_lora);
   // its output is the complete output on every rank. Needs metadata built with the same
   // dsa_cp_world_size and rank (StepBuilderConfig), W dividing num_heads and o_groups, and the
-  // Bmm o_proj (the MX-fp8 one, wo_a_scale, is refused by name).
+  // Bmm o_proj (the MX-fp8 one, wo_a_scale, is refused by name). Decode buckets are captured on
+  // every plan (the A5 + BF16 plan's full-width KV write included, docs/design/dsa.md §6).
   cp::Comm* dsa_cp_comm = nullptr;
   // Under DSA-CP, steps with prefills: the full o_proj (wo_a and wo_b gathered into static pools
   // and switched in under one guard, sparse/oproj_switch.h) on this rank's tokens, then the
@@ -106,7 +107,8 @@ struct ImplConfig {
   // docs/design/dsa.md §5.5: compressed layers run their compressor(s) and the indexer's cache write
   // on a second stream (the device's stream pool; on CPU the default stream), overlapping the prolog;
   // events order the side stream after the layer's inputs and the main stream after the KV writes
-  // before it reads them. Eager; refused by name under graph capture, DSA-CP and DCP.
+  // before it reads them. Captured with the layer (docs/design/dsa.md §6); refused by name under
+  // DSA-CP and DCP.
   bool multistream = false;
   // Record, per forward, which stream each part ran on (Impl::stream_log); off costs nothing.
   bool log_streams = false;
