@@ -185,3 +185,21 @@ def test_multistream_decode_bucket(ratio):
         sft.check_step(run, reqs, qlens, out, qsl, S)
 
     run_bucket(run, twin, ratio, check_ms, steps=STEPS[:4])
+
+
+def test_mx_o_proj_capture_refused_with_float32_weights():
+    # The MX o_proj's quantised bmm returns bf16 rows; a float32 layer (a CPU reference run on the A5 + BF16
+    # plan) would cast them at a fresh address: refused by name at capture, nothing recorded or written.
+    d = dims(1)
+    w = ref.make_dsa_weights(d, torch.float32, torch.Generator().manual_seed(2))
+    w_mx, _ = a5t.mx_weights(w)
+    run = LayerRun(d, "a5_bf16", torch.float32, 3, w=w_mx)
+    assert run.impl.o_proj == "MxFp8QuantBmm"
+    run.step([0, 1, 2], [5, 6, 7])
+    bk = Bucket(run, B=4, q=1)
+    st, md, _, _ = bk.build([0, 1, 2], capture=True)
+    snap = [t.clone() for t in caches(run)]
+    with bk.g.capture(bk.n):
+        with pytest.raises(NotImplementedError, match="MX-fp8 o_proj needs bfloat16 weights"):
+            run.impl.forward(bk.hidden, run.kv, st, md["swa"], bk.outs[0])
+    assert all(same(a, b) for a, b in zip(snap, caches(run)))
