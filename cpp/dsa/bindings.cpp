@@ -381,6 +381,7 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("cu_seqlens_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_cmp_kv); })
       .def_prop_ro("dspark_swa_indices", [opt](const dsa::GroupMetadata& g) { return opt(g.dspark_swa_indices); })
       .def_prop_ro("seqused_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.seqused_cmp_kv); })
+      .def_prop_ro("graph_fill_slot", [opt](const dsa::GroupMetadata& g) { return opt(g.graph_fill_slot); })
       .def_prop_ro("cmp_residual_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cmp_residual_kv); })
       .def_ro("max_seqlen_cmp_kv", &dsa::GroupMetadata::max_seqlen_cmp_kv)
       .def_prop_ro("block_table_list", [](const dsa::GroupMetadata& g) { return span_list(live(g).block_table_host); })

@@ -806,18 +806,27 @@ class GroupBuilder::Lane {
     const DsaCacheKind kind = g.cfg_.kind;
     cmp_lens_ = g.cfg_.plan.renames_seqused_for_flash_mla &&
                 (kind == DsaCacheKind::C4Kv || kind == DsaCacheKind::C128Kv);
+    // The in-place scatter plan's attention-KV groups stage the graph write's fill slot
+    // (GroupMetadata::graph_fill_slot, docs/design/dsa.md §6).
+    fill_ = g.cfg_.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace &&
+            (kind == DsaCacheKind::Swa || kind == DsaCacheKind::C4Kv || kind == DsaCacheKind::C128Kv);
+    if (fill_) {
+      AAR_CHECK_ARG(fw_ == 2, "internal: the in-place scatter plan's ", to_string(kind), " group has flat slots");
+      fill_mark_.assign(static_cast<size_t>(T) + 1, 0);
+    }
     // Room for a build's packed rows (packed(): slots, DSpark rows, the
     // SparseFlashMla lengths), then the block table: a build copies from its
     // first packed word to its last table row.
     core::StagingLayout layout;
     layout.add("group rows", core::align_words(T * fw_) + core::align_words(T * dspark_width_) +
-                                 (cmp_lens_ ? 2 * core::align_words(R_) : 0));
+                                 (cmp_lens_ ? 2 * core::align_words(R_) : 0) + (fill_ ? core::align_words(2) : 0));
     bt_ = layout.add("block_table", R_ * MB);
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), scfg.device, separate,
                                                         scfg.staging_buffers, scfg.staging_hooks, slot_base);
     device_ = buffers_->device();
     for (core::ViewCache* c : {&v_slots_, &v_ds_, &v_ccos_, &v_csin_, &v_cslots_}) c->resize(T);
     for (core::ViewCache* c : {&v_bt_, &v_scmp_, &v_cres_}) c->resize(R_);
+    v_fill_.resize(0);
     block_scratch_.assign(static_cast<size_t>(T), 0);
     if (dspark_width_ > 0) dspark_scratch_.assign(static_cast<size_t>(T * dspark_width_), -1);
     const auto i32 = at::TensorOptions().dtype(at::kInt).device(scfg.device);
@@ -957,6 +966,7 @@ class GroupBuilder::Lane {
                             cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv, ratio,
                             plan::Span<int32_t>(s + r.cmp, ub), plan::Span<int32_t>(s + r.cres, ub));
     }
+    if (fill_) pick_fill_slot(s + r.slots, gp.num_valid_rows, sbs, s + r.fill);
     buffers_->copy(r.slots, bt_.offset + B * stride - r.slots);
     buffers_->finish();
     counter_.next(md_.stamp);
@@ -1019,6 +1029,7 @@ class GroupBuilder::Lane {
       detail::InferenceScope guard;
       at::index_select_out(md_.pcp_block_table, md_.block_table, 0, st.pcp.req);
     }
+    if (fill_) set(md_.graph_fill_slot, v_fill_.get(0, r.fill, [&] { return device_.narrow(0, r.fill, 2).view({1, 2}); }));
     md_.sas_metadata_filled = fill_sas(st, ratio);
     md_.qli_metadata_filled = fill_qli(st);
     md_.qli_num_heads = md_.qli_metadata_filled ? ms.index_n_heads : 0;
@@ -1035,7 +1046,7 @@ class GroupBuilder::Lane {
 
  private:
   struct Packed {
-    int64_t slots, dspark, cmp, cres;
+    int64_t slots, dspark, cmp, cres, fill;
   };
   // Word offsets of a build of `rows` compressed rows, `ds_tokens` DSpark
   // rows and `reqs` requests (seqused_cmp_kv and cmp_residual_kv when
@@ -1044,8 +1055,27 @@ class GroupBuilder::Lane {
     const int64_t c = cmp_lens_ ? reqs : 0;
     Packed r;
     core::StagingLayout::pack_before(
-        bt_.offset, {{&r.slots, rows * fw_}, {&r.dspark, ds_tokens * dspark_width_}, {&r.cmp, c}, {&r.cres, c}});
+        bt_.offset,
+        {{&r.slots, rows * fw_}, {&r.dspark, ds_tokens * dspark_width_}, {&r.cmp, c}, {&r.cres, c},
+         {&r.fill, fill_ ? 2 : 0}});
     return r;
+  }
+  // docs/design/dsa.md §6: the first slot of 0..V (block / offset pairs of `sbs` rows) that none
+  // of the build's V valid rows writes (V + 1 candidates, V taken at most). A graph replay's
+  // in-place write sends its skip rows there with the slot's own current row, so the write is
+  // full width (a replay cannot change a host row count) and changes nothing but the valid rows.
+  void pick_fill_slot(const int32_t* slots, int32_t valid, int64_t sbs, int32_t* out) {
+    std::fill(fill_mark_.begin(), fill_mark_.begin() + valid + 1, 0);
+    for (int32_t i = 0; i < valid; ++i) {
+      const int64_t l = int64_t{slots[2 * i]} * sbs + slots[2 * i + 1];
+      if (l >= 0 && l <= valid) fill_mark_[static_cast<size_t>(l)] = 1;
+    }
+    int64_t l = 0;
+    while (fill_mark_[static_cast<size_t>(l)] != 0) ++l;
+    AAR_CHECK_ARG(l < int64_t{g_.cfg_.num_blocks} * sbs, "internal: no free fill slot among the ", valid + 1,
+                  " first of a cache of ", g_.cfg_.num_blocks, " blocks");
+    out[0] = static_cast<int32_t>(l / sbs);
+    out[1] = static_cast<int32_t>(l % sbs);
   }
   // docs/design/dsa.md §3.1 / docs/design/ops.md §4.6: compressor_metadata over the staged table into the lane's
   // stable buffers (views per row count), read by the step's layers.
@@ -1209,7 +1239,8 @@ class GroupBuilder::Lane {
   int64_t R_;
   int64_t fw_ = 2;
   int32_t dspark_width_ = 0;
-  bool cmp_lens_ = false;
+  bool cmp_lens_ = false, fill_ = false;
+  std::vector<uint8_t> fill_mark_;  // pick_fill_slot's scratch (T + 1)
   core::Region bt_;  // the staged block table (R_ rows of max_blocks_per_req)
   std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_, empty_, ccos_, csin_, cslots_;
@@ -1220,7 +1251,7 @@ class GroupBuilder::Lane {
   at::Tensor q_ends_;
   // Views by count; the block table's also by its width, the packed rows'
   // also by their offset.
-  core::ViewCache v_bt_, v_slots_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_, v_cslots_;
+  core::ViewCache v_bt_, v_slots_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_, v_cslots_, v_fill_;
   GroupMetadata md_;
   detail::BuildCounter counter_;
 };

@@ -361,6 +361,11 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   ws.o_lora_rank = c.o_lora_rank;
   ws.compress_ratio = c.compress_ratio;
   ws.group = c.workspace_group;
+  // docs/design/dsa.md §6: the graph-mode buffers of the optional paths.
+  ws.mx_o_proj = o_proj_ == OProjKind::MxFp8QuantBmm;
+  ws.w8a8 = w8a8_;
+  ws.hidden_size = w8a8_ ? c.hidden_size : 0;
+  ws.inplace_write = c.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace;
   if (c4) {
     ws.index_n_heads = c.index_n_heads;
     ws.index_head_dim = c.index_head_dim;
@@ -403,20 +408,6 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   const ImplConfig& c = cfg_;
   const at::ScalarType dt = act_dtype_;
   const c10::Device dev = w_.wq_a.device();
-  if (c.multistream && graph::GraphParams::current() != nullptr) {
-    throw_not_supported("DSA graph capture with multistream=True is not implemented: the side stream's work and "
-                        "its events are issued eagerly (docs/design/dsa.md §5.5)");
-  }
-  if (w8a8_ && graph::GraphParams::current() != nullptr) {
-    throw_not_supported("DSA graph capture with the W8A8-dynamic prolog (wq_a_scale given) is not implemented: "
-                        "npu_quant_matmul has no out-variant here, so its results would sit at fresh addresses "
-                        "(docs/design/dsa.md §5.4); eager only");
-  }
-  if (c.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace && graph::GraphParams::current() != nullptr) {
-    throw_not_supported("DSA graph capture on plan kv_scatter=npu_scatter_nd_update_ (A5 + bfloat16 cache): its KV "
-                        "writes are sized by the step's valid rows (a per-step host value), which a replay cannot "
-                        "change");
-  }
   AAR_CHECK_ARG(md.compress_ratio == c.compress_ratio, "metadata was routed for compress_ratio ", md.compress_ratio,
                 " but the layer's is ", c.compress_ratio);
   AAR_CHECK_ARG(md.step != nullptr, "metadata.step is missing");
@@ -593,7 +584,7 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
 }
 
 void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows,
-                         int64_t valid_rows) {
+                         int64_t valid_rows, const detail::WriteViews* gw, const at::Tensor& fill) {
   // docs/design/dsa.md §4.1 / §4.2: the plan's scatter kind and slot format. The v2 scatter
   // and kv_compress_epilog skip the rows of block / slot -1 themselves.
   at::Tensor var = cache;
@@ -614,6 +605,23 @@ void Impl::write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const
       return;
     }
     case KvScatterKind::ScatterNdUpdateInplace: {
+      if (gw != nullptr) {
+        // Graph mode (docs/design/dsa.md §6): every row, through the workspace's stable buffers,
+        // since a replay cannot change a host row count. A skip row (block < 0) goes to the
+        // group's fill slot, which no valid row of the step writes, carrying that slot's current
+        // row: the cache changes exactly as under the eager prefix write.
+        const int64_t m = rows.size(0);
+        AAR_CHECK_ARG(fill.defined() && gw->mask.defined() && gw->mask.size(0) == m && slots.dim() == 2 &&
+                          slots.size(0) == m,
+                      "internal: the graph KV write of ", m, " rows needs the group's fill slot and as many "
+                      "(block, offset) slots, got ", slots.sizes());
+        ops::dense::nonneg_out(gw->mask, slots.select(1, 0));
+        ops::dense::where_out(gw->idx, gw->mask.unsqueeze(1), slots, fill);
+        ops::dense::index2_out(gw->cur, cache, fill.select(1, 0), fill.select(1, 1));
+        ops::dense::where_out(gw->upd, gw->mask.view({m, 1, 1}), rows.view({m, 1, rows.size(1)}), gw->cur);
+        ops::scatter_nd_update_(var, gw->idx, gw->upd);
+        return;
+      }
       // npu_scatter_nd_update_ does not support out-of-range indices (torch_npu
       // docs), so no skip row reaches it: the builders put the valid rows first
       // (num_valid_rows, a host value: no sync), and only that prefix is
@@ -837,10 +845,14 @@ at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tens
     // docs/design/dsa.md §4.2: the sharedkv arguments through the adapter (seqused_kv ->
     // seqused_ori_kv, layout PA_BBND; compressed layers add the builder's
     // staged S / r and S % r). The blob is the group's sparse_flash_mla_metadata.
-    // Eager only (capture of this plan is refused in validate()).
+    // Graph mode: into `out` (docs/design/dsa.md §6).
     std::optional<ops::FlashMlaCmpLengthTensors> cmp;
     if (cf.compress_ratio > 1) {
       cmp = ops::FlashMlaCmpLengthTensors{md.attention->seqused_cmp_kv, md.attention->cmp_residual_kv};
+    }
+    if (out.defined()) {
+      ops::sparse_flash_mla_out(ops::to_sparse_flash_mla_args(a, cmp), out);
+      return out;
     }
     return std::get<0>(ops::sparse_flash_mla(ops::to_sparse_flash_mla_args(a, cmp)));
   }
@@ -946,7 +958,10 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
                                            *md.compressor_state, ag, R, cf.compress_ratio,
                                            cf.compress_ratio == 4 ? 2 : 1, cf.eps, graph ? rv.cmp : at::Tensor());
     // As the indexer's: the slots past the compressor's rows (num_input_tokens > n) are skip rows.
-    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
+    if (r > 0) {
+      write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows,
+                    graph ? &rv.cmp_write : nullptr, ag.graph_fill_slot);
+    }
   };
   if (sp.multistream()) {
     sp.fork();
@@ -957,7 +972,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   // ---- prolog (docs/design/dsa.md §1.1; §5.4 the W8A8-dynamic projections)
   sp.on_main("prolog");
   if (w8a8_) {
-    w8a8_prolog_linears(x, v);
+    w8a8_prolog_linears(x, v, graph);
   } else {
     ops::dense::linear_out(v.qa, x, w_.wq_a);
     ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);  // qr
@@ -972,7 +987,8 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
   const GroupMetadata& swa = *md.swa;
   sp.on_main("swa_write");
-  write_kv_rows(c.swa_kv, sv.swa_slots, v.kv, swa.num_valid_rows);
+  write_kv_rows(c.swa_kv, sv.swa_slots, v.kv, swa.num_valid_rows, graph ? &v.swa_write : nullptr,
+                swa.graph_fill_slot);
 
   // ---- compressed caches and the C4 selection (docs/design/dsa.md §5.1)
   at::Tensor sel;
@@ -1020,14 +1036,14 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   // ---- inverse RoPE and o_proj (docs/design/dsa.md §5.2)
   ops::inplace_partial_rotary_mul(o, sv.cos3, sv.neg_sin3, "interleave", {D - R, D});
   const at::Tensor out_n = n == T ? output : output.narrow(0, 0, n);
-  // Graph mode: into the workspace (the Bmm o_proj: capture of the MX-fp8 one is refused in capture()).
+  // Graph mode: into the workspace (both o_proj kinds).
   sp.on_main("o_proj");
   run_o_proj(o, out_n, graph ? &v : nullptr);
   if (n < T) ops::dense::zero(output.narrow(0, n, T - n));
 }
 
 void Impl::write_step_caches(const at::Tensor& x, const Caches& c, const LayerMetadata& md, int64_t tk,
-                             detail::Workspace& ws) {
+                             detail::Workspace& ws, bool graph) {
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const int64_t D = cf.head_dim, R = cf.rope_dim;
@@ -1040,19 +1056,23 @@ void Impl::write_step_caches(const at::Tensor& x, const Caches& c, const LayerMe
   ops::dense::rms_norm_out(vf.kv, vf.kv, w_.kv_norm, cf.eps);
   at::Tensor kvr = vf.kv;
   ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
-  write_kv_rows(c.swa_kv, sv.swa_slots, vf.kv, md.swa->num_valid_rows);
+  write_kv_rows(c.swa_kv, sv.swa_slots, vf.kv, md.swa->num_valid_rows, graph ? &vf.swa_write : nullptr,
+                md.swa->graph_fill_slot);
   if (ratio == 4) indexer_cache_update(x, c, md, rv, r, /*graph=*/false);
   if (ratio > 1) {
     const GroupMetadata& ag = *md.attention;
     const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
                                            *md.compressor_state, ag, R, ratio, ratio == 4 ? 2 : 1, cf.eps,
                                            at::Tensor());
-    if (r > 0) write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows);
+    if (r > 0) {
+      write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows,
+                    graph ? &rv.cmp_write : nullptr, ag.graph_fill_slot);
+    }
   }
 }
 
 void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
-                      sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws) {
+                      sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws, bool graph) {
   // docs/design/sparse_cp.md §10. Every rank holds the whole step's hidden states, writes every
   // token's KV / compressor / indexer rows into its complete caches, and computes every head for
   // its token slice [local_start, local_end) (padding rows up to tokens_per_rank take part in the
@@ -1069,7 +1089,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
 
   // ---- 1. the whole step: the SWA KV, the compressors and the indexer cache (the step's RoPE
   // rows, global lengths), as without DSA-CP.
-  write_step_caches(x, c, md, tk, ws);
+  write_step_caches(x, c, md, tk, ws, graph);
 
   // ---- 2. the slice: every head's query, the selection and SAS attention with the local lengths.
   // The slice's rows (tpr, N D), zeros past its real tokens. The decode road keeps them in the
@@ -1121,10 +1141,20 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
       [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups / W); }, output, tk);
 }
 
-void Impl::w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v) const {
+void Impl::w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v, bool graph) const {
   // docs/design/dsa.md §5.4: x quantised once per token serves wq_a and wkv; qr after its RMSNorm
   // quantised per token for wq_b (upstream's npu_rms_norm_dynamic_quant: the norm, then the same
   // per-row rule). The float qr stays in v.qa for the indexer.
+  if (graph) {
+    // docs/design/dsa.md §6: the quantised activations and the products in the workspace.
+    const ops::W8A8DynamicInput xq = ops::quantize_per_token_out(x, v.x_q, v.x_scale);
+    ops::w8a8_dynamic_matmul_out(xq, wq_a_t_, w_.wq_a_scale, v.qa);
+    ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cfg_.eps);  // qr
+    ops::w8a8_dynamic_matmul_out(ops::quantize_per_token_out(v.qa, v.qr_q, v.qr_scale), wq_b_t_, w_.wq_b_scale,
+                                 v.q2);
+    ops::w8a8_dynamic_matmul_out(xq, wkv_t_, w_.wkv_scale, v.kv);
+    return;
+  }
   const ops::W8A8DynamicInput xq = ops::quantize_per_token(x);
   ops::dense::copy(v.qa, ops::w8a8_dynamic_matmul(xq, wq_a_t_, w_.wq_a_scale, act_dtype_));
   ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cfg_.eps);  // qr
@@ -1187,10 +1217,18 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
     throw_not_supported("DSA graph capture of the kv_compress_epilog plan needs bfloat16 weights (the epilog takes "
                         "bf16 rows; a ", act_dtype_, " layer would cast them at a fresh address)");
   }
-  if (o_proj_ == OProjKind::MxFp8QuantBmm) {
-    throw_not_supported("DSA graph capture with the MX-fp8 o_proj (wo_a_scale given): npu_dynamic_mx_quant and "
-                        "npu_transpose_quant_batchmatmul have no out-variants here (their results would sit at "
-                        "fresh addresses)");
+  if (o_proj_ == OProjKind::MxFp8QuantBmm && act_dtype_ != at::kBFloat16) {
+    throw_not_supported("DSA graph capture with the MX-fp8 o_proj needs bfloat16 weights (the quantised bmm returns "
+                        "bf16 rows; a ", act_dtype_, " layer would cast them at a fresh address)");
+  }
+  if (cf.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace) {
+    // docs/design/dsa.md §6: the full-width in-place write sends skip rows to the group's fill slot.
+    const auto need_fill = [](const GroupMetadata* g, const char* name) {
+      AAR_CHECK_ARG(g == nullptr || g->graph_fill_slot.defined(), "metadata.", name, " has no graph_fill_slot: "
+                    "graph capture on the A5 + bfloat16 plan needs its GroupBuilder built with the same plan");
+    };
+    need_fill(md.swa, "swa");
+    need_fill(md.attention, "attention");
   }
   if (cf.compress_ratio == 4 && scalar_of(cf.plan.li_k_scale_dtype) != scalar_of(cf.plan.indexer_k_scale_dtype)) {
     throw_not_supported("DSA graph capture: plan li_k_scale_dtype differs from indexer_k_scale_dtype (the "
@@ -1221,6 +1259,9 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
     AAR_CHECK_ARG(st.rope_cos_table.defined() && st.rope_cos_table.size(0) >= 1, "DSA graph capture under DCP "
                   "needs the step's RoPE table (its rows bound the C128 list width, docs/design/sparse_cp.md §12.5)");
   }
+  // docs/design/dsa.md §6: with multistream the side stream and its events are the layer's from here on; the
+  // captured fork / join (events recorded and waited inside the device graph) replays with the kernels.
+  if (cf.multistream && cf.compress_ratio > 1 && !side_) side_ = std::make_unique<detail::SideStream>(hidden.device());
   auto cl = std::make_shared<CapturedLayer>();
   cl->step = st;
   cl->md = md;
@@ -1259,7 +1300,7 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   const bool dsa_cp = st.dsa_cp.world_size > 1;
   auto run_layer = [this, cl, c, topk, dsa_cp]() {
     if (dsa_cp) {
-      run_dsa_cp(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, *cl->ws);
+      run_dsa_cp(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, *cl->ws, /*graph=*/true);
     } else {
       run(cl->hidden, c, cl->md, cl->output, topk, cl->bucket, /*graph=*/true, *cl->ws);
     }
@@ -1347,17 +1388,27 @@ void Impl::run_o_proj(const at::Tensor& o, const at::Tensor& out, const detail::
     ops::DynamicMxQuantArgs q;
     q.input = o.view({tk, G, k});
     q.dst_type = static_cast<int64_t>(at::kFloat8_e4m3fn);
-    const auto [o8, o_scale] = ops::dynamic_mx_quant(q);
     ops::TransposeQuantBatchMatmulArgs b;
-    b.x1 = o8;
     b.x2 = w_.wo_a;
     b.dtype = static_cast<int64_t>(at::kBFloat16);
-    b.x1_scale = o_scale.view(at::kFloat8_e8m0fnu);
     b.x2_scale = w_.wo_a_scale;
     b.group_sizes = c10::IntArrayRef(kGroups);
     b.perm_x1 = c10::IntArrayRef(kPerm102);
     b.perm_x2 = c10::IntArrayRef(kPerm012);
     b.perm_y = c10::IntArrayRef(kPerm102);
+    if (ws != nullptr) {
+      // Graph mode (docs/design/dsa.md §6): the quantised input and its scales, then the product,
+      // in the workspace's stable rows (the bf16 result is the layer's dtype: capture() checks).
+      ops::dynamic_mx_quant_out(q, ws->o8, ws->o_mxs);
+      b.x1 = ws->o8;
+      b.x1_scale = ws->o_mxs_e8m0;
+      ops::transpose_quant_batchmatmul_out(b, ws->y);
+      ops::dense::linear_out(out, ws->y2, w_.wo_b);
+      return;
+    }
+    const auto [o8, o_scale] = ops::dynamic_mx_quant(q);
+    b.x1 = o8;
+    b.x1_scale = o_scale.view(at::kFloat8_e8m0fnu);
     y = ops::dense::cast(ops::transpose_quant_batchmatmul(b), w_.wo_b.scalar_type());
   } else if (ws != nullptr) {
     // grouped o_proj into the workspace's stable rows (graph mode), views made once per size

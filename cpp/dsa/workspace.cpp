@@ -10,13 +10,29 @@
 
 namespace aar::dsa::detail {
 
+namespace {
+
+WriteViews write_views(const at::Tensor& mask, const at::Tensor& idx, const at::Tensor& upd,
+                                   const at::Tensor& cur, int64_t m, int64_t D) {
+  WriteViews w;
+  if (!mask.defined()) return w;
+  w.mask = mask.narrow(0, 0, m);
+  w.idx = idx.narrow(0, 0, m * 2).view({m, 2});
+  w.upd = upd.narrow(0, 0, m * D).view({m, 1, D});
+  w.cur = cur;
+  return w;
+}
+
+}  // namespace
+
 bool WorkspaceShape::operator==(const WorkspaceShape& o) const {
   return device == o.device && dtype == o.dtype && num_heads == o.num_heads && head_dim == o.head_dim &&
          q_lora_rank == o.q_lora_rank && o_groups == o.o_groups && o_lora_rank == o.o_lora_rank &&
          compress_ratio == o.compress_ratio && group == o.group && index_n_heads == o.index_n_heads &&
          index_head_dim == o.index_head_dim && index_topk == o.index_topk && idx_q == o.idx_q &&
          idx_q_scale == o.idx_q_scale && li_weights == o.li_weights && idx_k == o.idx_k &&
-         idx_k_scale == o.idx_k_scale;
+         idx_k_scale == o.idx_k_scale && mx_o_proj == o.mx_o_proj && w8a8 == o.w8a8 &&
+         inplace_write == o.inplace_write && hidden_size == o.hidden_size;
 }
 
 std::shared_ptr<Workspace> Workspace::shared(const WorkspaceShape& shape) {
@@ -49,6 +65,22 @@ void Workspace::grow(int64_t n) {
     ik_q_ = at::empty({cap * Di}, opts.dtype(s.idx_k));
     ik_scale_ = at::empty({cap}, opts.dtype(at::kFloat));
     ik_scale_c_ = s.idx_k_scale == at::kFloat ? ik_scale_ : at::empty({cap}, opts.dtype(s.idx_k_scale));
+  }
+  if (s.mx_o_proj) {
+    o8_ = at::empty({cap * N * D}, opts.dtype(at::kFloat8_e4m3fn));
+    o_mxs_ = at::empty({cap * N * D / 32}, opts.dtype(at::kByte));  // one byte per 32 values (k % 64 == 0)
+  }
+  if (s.w8a8) {
+    x_q_ = at::empty({cap * s.hidden_size}, opts.dtype(at::kChar));
+    x_scale_ = at::empty({cap}, opts.dtype(at::kFloat));
+    qr_q_ = at::empty({cap * s.q_lora_rank}, opts.dtype(at::kChar));
+    qr_scale_ = at::empty({cap}, opts.dtype(at::kFloat));
+  }
+  if (s.inplace_write) {
+    for (auto* w : {&sw_mask_, &cw_mask_}) *w = at::empty({cap}, opts.dtype(at::kBool));
+    for (auto* w : {&sw_idx_, &cw_idx_}) *w = at::empty({cap * 2}, opts.dtype(at::kInt));
+    for (auto* w : {&sw_upd_, &cw_upd_}) *w = at::empty({cap * D}, opts);
+    for (auto* w : {&sw_cur_, &cw_cur_}) *w = at::empty({1, 1, D}, opts);
   }
   capacity_ = cap;
   ++generation_;
@@ -90,6 +122,19 @@ const TokenViews& Workspace::tokens(int64_t n) {
     v.q_scale_c = take(q_scale_c_, nh).view({n, nh});
     v.sel = take(sel_, s.index_topk).view({n, 1, s.index_topk});
   }
+  if (s.mx_o_proj) {
+    const int64_t k = N * D / G;
+    v.o8 = take(o8_, N * D).view({n, G, k});
+    v.o_mxs = take(o_mxs_, N * D / 32).view({n, G, k / 64, 2});
+    v.o_mxs_e8m0 = v.o_mxs.view(at::kFloat8_e8m0fnu);
+  }
+  if (s.w8a8) {
+    v.x_q = take(x_q_, s.hidden_size).view({n, s.hidden_size});
+    v.x_scale = take(x_scale_, 1);
+    v.qr_q = take(qr_q_, s.q_lora_rank).view({n, s.q_lora_rank});
+    v.qr_scale = take(qr_scale_, 1);
+  }
+  v.swa_write = write_views(sw_mask_, sw_idx_, sw_upd_, sw_cur_, n, D);
   return v;
 }
 
@@ -112,6 +157,7 @@ const RowViews& Workspace::rows(int64_t r) {
     v.ik_scale_c1 = ik_scale_c_.narrow(0, 0, r);
     v.ik_scale_c = v.ik_scale_c1.view({r, 1});
   }
+  if (s.compress_ratio > 1) v.cmp_write = write_views(cw_mask_, cw_idx_, cw_upd_, cw_cur_, r, s.head_dim);
   return v;
 }
 

@@ -40,7 +40,20 @@ struct WorkspaceShape {
   c10::ScalarType idx_q = c10::ScalarType::Undefined, idx_q_scale = c10::ScalarType::Undefined,
                   li_weights = c10::ScalarType::Undefined, idx_k = c10::ScalarType::Undefined,
                   idx_k_scale = c10::ScalarType::Undefined;
+  // Graph-mode buffers of the optional paths (docs/design/dsa.md §6): the MX-fp8 o_proj's
+  // quantised input, the W8A8-dynamic prolog's quantised activations (hidden_size set only
+  // then), the A5 + BF16 plan's full-width KV write.
+  bool mx_o_proj = false, w8a8 = false, inplace_write = false;
+  int64_t hidden_size = 0;
   bool operator==(const WorkspaceShape& o) const;
+};
+
+// The A5 + BF16 plan's graph-mode KV write over all m rows of a group (docs/design/dsa.md §6).
+struct WriteViews {
+  at::Tensor mask;  // (m) bool: the row's block >= 0
+  at::Tensor idx;   // (m, 2) int32: its slot, or the group's fill slot
+  at::Tensor upd;   // (m, 1, D): its row, or the fill slot's current row
+  at::Tensor cur;   // (1, 1, D): the fill slot's current row
 };
 
 // Views for one token count n.
@@ -59,6 +72,13 @@ struct TokenViews {
   at::Tensor q_q, q_scale;  // (n, nh, Di) quantised query (graph mode), (n, nh) fp32 scale (graph mode)
   at::Tensor q_scale_c;     // (n, nh) in the QLI's query scale dtype (q_scale when fp32)
   at::Tensor sel;           // (n, 1, K) int32 top-k (graph mode)
+  // mx_o_proj (graph mode): the o_proj input quantised per 32 values
+  at::Tensor o8;            // (n, G, N*D/G) float8_e4m3fn
+  at::Tensor o_mxs, o_mxs_e8m0;  // (n, G, N*D/G / 64, 2) uint8 scale bytes, the same memory as e8m0
+  // w8a8 (graph mode): x and qr quantised per token
+  at::Tensor x_q, x_scale;  // (n, hidden) int8, (n) fp32
+  at::Tensor qr_q, qr_scale;  // (n, Q) int8, (n) fp32
+  WriteViews swa_write;     // inplace_write (graph mode): the SWA write over all n rows
 };
 
 // Views for r compressed rows.
@@ -70,6 +90,7 @@ struct RowViews {
   at::Tensor ik_q, ik_scale;  // (r, Di) quantised (graph mode), (r) fp32 scale (graph mode)
   at::Tensor ik_scale_c;    // (r, 1) in the indexer cache's scale dtype
   at::Tensor ik_scale_c1;   // (r) the same memory (the scale's copy target; no view per forward)
+  WriteViews cmp_write;  // inplace_write (graph mode): the compressed-KV write over all r rows
 };
 
 class Workspace {
@@ -90,6 +111,9 @@ class Workspace {
   int64_t capacity_ = 0, generation_ = 0;
   at::Tensor qa_, q_, kv_, o_, y_, qi_, qi_rot_, wts_raw_, wts_, q_q_, q_scale_, q_scale_c_, sel_;
   at::Tensor cmp_, ik_, ik_rot_, ik_q_, ik_scale_, ik_scale_c_;
+  at::Tensor o8_, o_mxs_, x_q_, x_scale_, qr_q_, qr_scale_;
+  // the full-width writes' buffers: SWA (n rows), compressed KV (r rows)
+  at::Tensor sw_mask_, sw_idx_, sw_upd_, sw_cur_, cw_mask_, cw_idx_, cw_upd_, cw_cur_;
   std::vector<TokenViews> tokens_;
   std::vector<RowViews> rows_;
 };

@@ -155,4 +155,25 @@ void neg_out(const at::Tensor& out, const at::Tensor& x) {
   at::neg_out(o, x);
 }
 
+void nonneg_out(const at::Tensor& out, const at::Tensor& x) {
+  if (no_compute()) return;
+  at::Tensor o = out;
+  at::ge_out(o, x, 0);
+}
+
+void where_out(const at::Tensor& out, const at::Tensor& cond, const at::Tensor& a, const at::Tensor& b) {
+  if (no_compute()) return;
+  at::Tensor o = out;
+  at::where_out(o, cond, a, b);
+}
+
+void index2_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& i0, const at::Tensor& i1) {
+  if (no_compute()) return;
+  at::Tensor o = out;
+  c10::List<std::optional<at::Tensor>> idx;
+  idx.push_back(i0);
+  idx.push_back(i1);
+  at::index_out(o, x, idx);
+}
+
 }  // namespace aar::ops::dense

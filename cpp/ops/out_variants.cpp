@@ -117,6 +117,51 @@ void transpose_batchmatmul_out(const at::Tensor& input, const at::Tensor& weight
   land("transpose_batchmatmul_out", "out", out, y);
 }
 
+void sparse_flash_mla_out(const SparseFlashMlaArgs& a, const at::Tensor& out, Provider pv) {
+  AAR_CHECK_ARG(!a.return_softmax_lse, "sparse_flash_mla_out: return_softmax_lse=True is not supported (the out "
+                "form keeps the attention output only)");
+  const at::Tensor o = std::get<0>(sparse_flash_mla(a, pv));
+  land("sparse_flash_mla_out", "out", out, o);
+}
+
+void dynamic_mx_quant_out(const DynamicMxQuantArgs& a, const at::Tensor& y_out, const at::Tensor& scale_out,
+                          Provider pv) {
+  const auto [y, s] = dynamic_mx_quant(a, pv);
+  check_like("dynamic_mx_quant_out", "y_out", y_out, y);
+  check_like("dynamic_mx_quant_out", "scale_out", scale_out, s);
+  dense::copy(y_out, y);
+  dense::copy(scale_out, s);
+}
+
+void transpose_quant_batchmatmul_out(const TransposeQuantBatchMatmulArgs& a, const at::Tensor& out, Provider pv) {
+  const at::Tensor y = transpose_quant_batchmatmul(a, pv);
+  land("transpose_quant_batchmatmul_out", "out", out, y);
+}
+
+void quant_matmul_out(const QuantMatmulArgs& a, const at::Tensor& out, Provider pv) {
+  const at::Tensor y = quant_matmul(a, pv);
+  land("quant_matmul_out", "out", out, y);
+}
+
+W8A8DynamicInput quantize_per_token_out(const at::Tensor& x, const at::Tensor& q_out, const at::Tensor& scale_out,
+                                        Provider pv) {
+  DynamicQuantArgs q;
+  q.input = x;
+  dynamic_quant_out(q, q_out, scale_out, pv);
+  return {q_out, scale_out};
+}
+
+void w8a8_dynamic_matmul_out(const W8A8DynamicInput& x, const at::Tensor& weight_t, const at::Tensor& scale,
+                             const at::Tensor& out, Provider pv) {
+  QuantMatmulArgs a;
+  a.x1 = x.q;
+  a.x2 = weight_t;
+  a.scale = scale;
+  a.pertoken_scale = x.scale;
+  a.output_dtype = static_cast<int64_t>(out.scalar_type());
+  quant_matmul_out(a, out, pv);
+}
+
 void hadamard_rotate_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& h) {
   AAR_CHECK_ARG(h.dim() == 2 && h.size(0) == h.size(1), "hadamard_rotate_out: h must be a square matrix, got ",
                 h.sizes());

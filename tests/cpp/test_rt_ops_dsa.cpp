@@ -201,3 +201,84 @@ TEST(RtOpsDsa, ScatterV2AndPartialRopeThroughTheWrappers) {
 }
 
 }  // namespace
+
+// The out-forms a captured DSA layer's quantised paths use (docs/design/dsa.md §6): the MX-fp8 o_proj's
+// quantise + quantised bmm, the W8A8-dynamic prolog's per-token quantise + npu_quant_matmul. Each lands
+// the operator's own result in the caller's tensor at its address; a destination of another shape or
+// dtype is refused by name with nothing written.
+TEST(RtOpsDsa, QuantisedOutFormsLandTheOperatorsResult) {
+  at::manual_seed(3);
+  // MX: o (m, b, k) bf16 -> fp8 rows + e8m0 scale bytes, then (m, b, n) bf16 with an fp8 weight (b, k, n).
+  const int64_t m = 3, b = 2, k = 64, n = 8;
+  ops::DynamicMxQuantArgs q;
+  q.input = at::randn({m, b, k}).to(at::kBFloat16);
+  q.dst_type = static_cast<int64_t>(at::kFloat8_e4m3fn);
+  const auto [y8, ys] = ops::dynamic_mx_quant(q);
+  at::Tensor y_out = at::empty_like(y8), s_out = at::full_like(ys, 7);
+  const void* addr = y_out.data_ptr();
+  ops::dynamic_mx_quant_out(q, y_out, s_out);
+  EXPECT_EQ(y_out.data_ptr(), addr);
+  EXPECT_TRUE(at::equal(y_out.view(at::kByte), y8.view(at::kByte)));
+  EXPECT_TRUE(at::equal(s_out, ys));
+  at::Tensor bad_s = at::full({m, b, 2, 2}, 7, ys.options());  // the right shape is (m, b, k / 64, 2) = (m, b, 1, 2)
+  EXPECT_THROW(ops::dynamic_mx_quant_out(q, y_out, bad_s), aar::InvalidArgument);
+  EXPECT_TRUE(bad_s.eq(7).all().item<bool>());
+
+  static constexpr int64_t kPerm102[] = {1, 0, 2};
+  static constexpr int64_t kPerm012[] = {0, 1, 2};
+  static constexpr int64_t kGroups[] = {0, 0, 32};
+  ops::DynamicMxQuantArgs wq;
+  wq.input = at::randn({b, n, k}).to(at::kBFloat16);
+  wq.dst_type = static_cast<int64_t>(at::kFloat8_e4m3fn);
+  const auto [w8_nk, ws_nk] = ops::dynamic_mx_quant(wq);  // quantised along k, then laid out as (b, k, n)
+  ops::TransposeQuantBatchMatmulArgs t;
+  t.x1 = y8;
+  t.x1_scale = ys.view(at::kFloat8_e8m0fnu);
+  t.x2 = w8_nk.transpose(1, 2).contiguous();
+  t.x2_scale = ws_nk.permute({0, 2, 1, 3}).contiguous().view(at::kFloat8_e8m0fnu);
+  t.dtype = static_cast<int64_t>(at::kBFloat16);
+  t.group_sizes = c10::IntArrayRef(kGroups);
+  t.perm_x1 = c10::IntArrayRef(kPerm102);
+  t.perm_x2 = c10::IntArrayRef(kPerm012);
+  t.perm_y = c10::IntArrayRef(kPerm102);
+  const at::Tensor want = ops::transpose_quant_batchmatmul(t);
+  ASSERT_EQ(want.sizes(), at::IntArrayRef({m, b, n}));
+  at::Tensor prod = at::full({m, b, n}, 5.0, at::kBFloat16);
+  addr = prod.data_ptr();
+  ops::transpose_quant_batchmatmul_out(t, prod);
+  EXPECT_EQ(prod.data_ptr(), addr);
+  EXPECT_TRUE(at::equal(prod, want));
+  at::Tensor bad_p = at::full({m, b, n}, 5.0, at::kFloat);
+  try {
+    ops::transpose_quant_batchmatmul_out(t, bad_p);
+    ADD_FAILURE() << "accepted a float32 destination";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("transpose_quant_batchmatmul_out: out must be"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(bad_p.eq(5).all().item<bool>());
+
+  // W8A8-dynamic: x (t, in) quantised per token, then the int8 product with a (in, out) int8 weight.
+  const int64_t rows = 4, in = 16, out = 6;
+  const at::Tensor x = at::randn({rows, in});
+  const ops::W8A8DynamicInput fresh = ops::quantize_per_token(x);
+  at::Tensor xq = at::empty({rows, in}, at::kChar), xs = at::empty({rows}, at::kFloat);
+  const ops::W8A8DynamicInput landed = ops::quantize_per_token_out(x, xq, xs);
+  EXPECT_TRUE(landed.q.is_same(xq) && landed.scale.is_same(xs));
+  EXPECT_TRUE(at::equal(xq, fresh.q) && at::equal(xs, fresh.scale));
+  const at::Tensor wt = at::randint(-127, 128, {in, out}, at::kChar);
+  const at::Tensor sc = at::rand({out}) + 0.5;
+  const at::Tensor y = ops::w8a8_dynamic_matmul(fresh, wt, sc, at::kFloat);
+  at::Tensor y_dst = at::full({rows, out}, 3.0);
+  addr = y_dst.data_ptr();
+  ops::w8a8_dynamic_matmul_out(landed, wt, sc, y_dst);
+  EXPECT_EQ(y_dst.data_ptr(), addr);
+  EXPECT_TRUE(at::equal(y_dst, y));
+  at::Tensor bad_y = at::full({rows, out + 1}, 3.0);
+  try {
+    ops::w8a8_dynamic_matmul_out(landed, wt, sc, bad_y);
+    ADD_FAILURE() << "accepted a destination of the wrong width";
+  } catch (const aar::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("quant_matmul_out: out must be"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(bad_y.eq(3).all().item<bool>());
+}

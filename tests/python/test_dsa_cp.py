@@ -387,14 +387,16 @@ def test_dsa_cp_builder_metadata_and_refusals():
 def _case_graph(rank, world):
     """Decode buckets captured under DSA-CP (the recording provider: nothing runs, no collective) and replayed
     with other requests, graph padding included: replay == the single-rank layer run eagerly on the same padded
-    steps, the caches likewise, the decode road's collectives inside each replay."""
+    steps, the caches likewise, the decode road's collectives inside each replay. The A5 + BF16 plan's replayed KV
+    writes take every row of the bucket (docs/design/dsa.md §6)."""
     comm = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
     done = []
-    for ratio, q, B in ((1, 1, 4), (4, 1, 5), (4, 3, 3), (128, 1, 3)):
+    for ratio, q, B, plan in ((1, 1, 4, "a2"), (4, 1, 5, "a2"), (4, 3, 3, "a2"), (128, 1, 3, "a2"),
+                              (4, 1, 5, "a5_bf16")):
         d = dims(ratio)
         k = q - 1
-        cp = Run(d, torch.float32, 3, world=world, rank=rank, comm=comm, k=k)
-        one = Run(d, torch.float32, 3, k=k)
+        cp = Run(d, torch.float32, 3, world=world, rank=rank, comm=comm, k=k, plan=plan)
+        one = Run(d, torch.float32, 3, k=k, plan=plan)
         first = [140, 9, 30] if ratio == 128 else [20, 9, 30]
         for r in (cp, one):
             r.step([0, 1, 2], first)
@@ -427,14 +429,14 @@ def _case_graph(rank, world):
             m = len(reqs) * q
             torch.testing.assert_close(out[:m], want[:m], atol=2e-5, rtol=2e-5)
             for a, b in zip(cp.caches(), one.caches()):
-                assert same_bytes(a, b), (ratio, q, reqs)
-        done.append((ratio, q))
+                assert same_bytes(a, b), (ratio, q, reqs, plan)
+        done.append((ratio, q, plan))
     return done
 
 
 def test_dsa_cp_decode_graph_replays_like_the_single_rank_layer():
     for done in run_ranks(2, _case_graph, deadline_s=120.0):
-        assert done == [(1, 1), (4, 1), (4, 3), (128, 1)]
+        assert done == [(1, 1, "a2"), (4, 1, "a2"), (4, 3, "a2"), (128, 1, "a2"), (4, 1, "a5_bf16")]
 
 
 def _case_index_cache(rank, world):

@@ -76,18 +76,19 @@ def test_skip_topk_and_swa_layers():
     assert [p for p, _, _ in run.impl.stream_log] == ["prolog", "swa_write", "attention", "o_proj"]
 
 
-def test_refused_under_graph_capture_before_writing():
+def test_graph_capture_records_without_writing():
+    # Inside a capture the layer is recorded (its two-stream order replays with it: test_dsa_graph_plans.py);
+    # the recording provider runs nothing.
     d = dims(4)
-    run = LayerRun(d, "a2", torch.float32, 1)
-    run.impl = run.make_impl(multistream=True)
-    run.step([0], [8])
-    st, md, S, qsl = run.build([0], [1])
-    hid = run.x[0][8:9].clone()
+    run = LayerRun(d, "a2", torch.float32, 2)
+    run.impl = run.make_impl(multistream=True, log_streams=True)
+    run.step([0, 1], [8, 5])
+    st, md, S, qsl = run.build([0, 1], [1, 1])
+    hid = torch.stack([run.x[0][8], run.x[1][5]])
     out = torch.zeros_like(hid)
     before = [t.clone() for t in run.caches()]
     g = aar.GraphParams("recording")
-    with g.capture(1):
-        with pytest.raises(NotImplementedError, match="graph capture with multistream=True"):
-            run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(4, md, st))
+    with g.capture(2):
+        run.impl.forward(hid, run.kv, st, md["swa"], out, **group_kw(4, md, st))
     assert all(torch.equal(a, b) for a, b in zip(before, run.caches()))
     assert torch.equal(out, torch.zeros_like(out))

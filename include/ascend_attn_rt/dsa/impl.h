@@ -42,6 +42,7 @@ namespace detail {
 class Workspace;
 class SideStream;
 struct TokenViews;
+struct WriteViews;
 struct RowViews;
 }  // namespace detail
 
@@ -85,7 +86,8 @@ struct ImplConfig {
   // [r G/W, (r+1) G/W) as (G/W, N D / G, o_lora) and wo_b's matching columns (hidden, G/W o_lora);
   // its output is the complete output on every rank. Needs metadata built with the same
   // dsa_cp_world_size and rank (StepBuilderConfig), W dividing num_heads and o_groups, and the
-  // Bmm o_proj (the MX-fp8 one, wo_a_scale, is refused by name).
+  // Bmm o_proj (the MX-fp8 one, wo_a_scale, is refused by name). Decode buckets are captured on
+  // every plan (the A5 + BF16 plan's full-width KV write included, docs/design/dsa.md §6).
   cp::Comm* dsa_cp_comm = nullptr;
   // Under DSA-CP, steps with prefills: the full o_proj (wo_a and wo_b gathered into static pools
   // and switched in under one guard, sparse/oproj_switch.h) on this rank's tokens, then the
@@ -114,7 +116,8 @@ struct ImplConfig {
   // docs/design/dsa.md §5.5: compressed layers run their compressor(s) and the indexer's cache write
   // on a second stream (the device's stream pool; on CPU the default stream), overlapping the prolog;
   // events order the side stream after the layer's inputs and the main stream after the KV writes
-  // before it reads them. Eager; refused by name under graph capture, DSA-CP and DCP.
+  // before it reads them. Captured with the layer (docs/design/dsa.md §6); refused by name under
+  // DSA-CP and DCP.
   bool multistream = false;
   // Record, per forward, which stream each part ran on (Impl::stream_log); off costs nothing.
   bool log_streams = false;
@@ -218,7 +221,9 @@ class Impl {
   const StepViews& step_views(const LayerMetadata& md, int64_t n);
   // valid_rows: the leading rows whose slots are valid (the group's
   // num_valid_rows); only the in-place scatter of the A5 + BF16 plan reads it.
-  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows);
+  // gw, fill: graph mode on the in-place scatter plan (every row, skip rows to the fill slot).
+  void write_kv_rows(const at::Tensor& cache, const at::Tensor& slots, const at::Tensor& rows, int64_t valid_rows,
+                     const detail::WriteViews* gw = nullptr, const at::Tensor& fill = at::Tensor());
   void indexer_cache_update(const at::Tensor& x, const Caches& c, const LayerMetadata& md,
                             const detail::RowViews& rv, int64_t r, bool graph);
   // The C4 selection of the n query rows x (their q-LoRA rows in v.qa): the indexer query with
@@ -249,15 +254,17 @@ class Impl {
   at::Tensor attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
                         int64_t n, bool graph) const;
   // The whole step's cache writes from its tk hidden rows x (the step's RoPE rows and slots): the SWA KV,
-  // C4's indexer compressor and cache, the compressors and their compressed rows (DSA-CP and PCP, eager).
+  // C4's indexer compressor and cache, the compressors and their compressed rows (DSA-CP and PCP;
+  // graph: a captured DSA-CP replay, whose A5 + BF16 writes take every row).
   void write_step_caches(const at::Tensor& x, const Caches& c, const LayerMetadata& md, int64_t tk,
-                         detail::Workspace& ws);
+                         detail::Workspace& ws, bool graph = false);
   // docs/design/sparse_cp.md §13: the PCP forward (eager; impl_pcp.cpp): hidden / output the rank's local rows.
   void run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                sfa::TopkBuffer* topk, detail::Workspace& ws);
-  // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens (eager).
+  // docs/design/sparse_cp.md §10: the DSA-CP forward over the step's tk tokens; graph: a captured
+  // bucket's replay (the A5 + BF16 plan's KV writes then take every row, docs/design/dsa.md §6).
   void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
-                  sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws);
+                  sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws, bool graph = false);
   // The Bmm o_proj of o (n, groups * N D / G) with the wo_a / wo_b the layer holds now (groups:
   // wo_a's leading size), into a new (n, hidden) tensor.
   at::Tensor bmm_o_proj(const at::Tensor& o, int64_t groups) const;
@@ -269,7 +276,7 @@ class Impl {
   void run_o_proj(const at::Tensor& o, const at::Tensor& out, const detail::TokenViews* ws = nullptr);
   // docs/design/dsa.md §5.4, eager: the W8A8-dynamic prolog's projections of x into v.qa (qr, normed),
   // v.q2 (qr W_q_b^T) and v.kv (x W_kv^T, before its norm).
-  void w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v) const;
+  void w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v, bool graph) const;
 
   ImplConfig cfg_;
   Weights w_;

@@ -234,6 +234,11 @@ struct GroupMetadata {
   // max_seqlen_cmp_kv = max_seqlen_kv / r (0 elsewhere).
   at::Tensor seqused_cmp_kv, cmp_residual_kv;
   int32_t max_seqlen_cmp_kv = 0;
+  // The in-place scatter plan (A5 + BF16) on its SWA and compressed KV groups: (1, 2) int32, a
+  // (block, offset) no valid row of this build writes. A graph replay writes all of a group's rows
+  // (docs/design/dsa.md §6): the skip rows go there, carrying that slot's current row. Undefined
+  // on the other plans and groups.
+  at::Tensor graph_fill_slot;
   // DSpark (docs/design/dsa.md §3.4): (T, 1, width) physical slots, defined on SWA groups
   // configured non-causal (dspark_num_spec > 0) in steps without prefill.
   at::Tensor dspark_swa_indices;

@@ -49,5 +49,11 @@ void zero(const at::Tensor& dst);
 void fill(const at::Tensor& dst, double value);
 // out = -x (out may be a view of a stable buffer: the inverse RoPE's -sin rows).
 void neg_out(const at::Tensor& out, const at::Tensor& x);
+// out = (x >= 0), bool of x's shape.
+void nonneg_out(const at::Tensor& out, const at::Tensor& x);
+// out = where(cond, a, b), broadcasting.
+void where_out(const at::Tensor& out, const at::Tensor& cond, const at::Tensor& a, const at::Tensor& b);
+// out = x[i0, i1]: the rows at index pairs over x's first two dims (i0, i1 1-D int32 / int64 of equal length).
+void index2_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& i0, const at::Tensor& i1);
 
 }  // namespace aar::ops::dense
