@@ -1,7 +1,8 @@
 // The SFA KV-offload variant's layer configuration (ImplConfig::offload) and the copy
 // hooks: the main cache lives in a host pool (sfa/host_pool.h); decode steps attend
 // over per-layer resident buffers holding each decode row's top-k tokens, steps with
-// prefills need keep_device_kv_cache. Eager only.
+// prefills need keep_device_kv_cache (eager only); decode-only buckets can be
+// graph-captured (docs/design/sfa.md §6.6).
 // Routing, resident path and checks: docs/design/sfa.md §6.
 #pragma once
 
