@@ -852,23 +852,26 @@ def test_pool_names_with_a_nul_byte_and_negative_pool_layers_are_refused():
 # ---------------------------------------------------------------- graph capture (docs/design/sfa.md §6.6)
 
 class GraphServe(Serve):
-    """Serve (a decode consumer), plus a third layer: the offloaded layer captured once for a decode bucket of
-    every batch slot (graph_decode_padding), updated and replayed every step beside the eager one. Its own
-    pool, resident buffers and indexer cache; the same weights and tokens."""
+    """Serve, plus a third layer: the offloaded layer captured once for a decode bucket of every batch slot
+    (graph_decode_padding), updated and replayed every decode-only step beside the eager one; with
+    keep_device_kv_cache (consumer=False) the same layer runs the steps with prefills eagerly, as an engine
+    does. Its own pool, resident buffers and caches; the same weights and tokens."""
 
-    def __init__(self, *, spec=0, **kw):
-        super().__init__(consumer=True, spec=spec, **kw)
+    def __init__(self, *, spec=0, consumer=True, **kw):
+        super().__init__(consumer=consumer, spec=spec, **kw)
         self.bucket = self.max_reqs * (1 + spec)
         self.pool_g = make_pool(self.nb)
         self.pool_g.k(0).copy_(self.pool.k(0))
         self.pool_g.v(0).copy_(self.pool.v(0))
         self.gph_idx = self.off_idx.clone()
-        cfg = sfa.OffloadConfig(self.pool_g, pool_layer=0, topk_buffer_size=self.off_tbs, is_decode_consumer=True,
+        self.gph_main = [t.clone() for t in self.off_main]  # keep_device_kv_cache only
+        cfg = sfa.OffloadConfig(self.pool_g, pool_layer=0, topk_buffer_size=self.off_tbs,
+                                is_decode_consumer=consumer, keep_device_kv_cache=not consumer,
                                 max_num_reqs=self.max_reqs, max_num_tokens=128, num_speculative_tokens=spec)
         self.gph = self.layer.impl(offload=cfg, layer_index=0)
         self.gph_b = self.layer.builder(self.nb, self.mbr, spec=spec, max_num_reqs=self.max_reqs,
                                         graph_decode_padding=True,
-                                        offload=sfa.BuilderOffloadConfig(is_decode_consumer=True))
+                                        offload=sfa.BuilderOffloadConfig(is_decode_consumer=consumer))
         self.hidden_g = torch.zeros(self.bucket, D.hidden, dtype=BF16)
         self.out_g = torch.zeros(self.bucket, D.hidden, dtype=BF16)
         self.graph = aar.GraphParams("recording")
@@ -878,14 +881,15 @@ class GraphServe(Serve):
         md = self.gph_b.build_for_graph_capture(
             torch.arange(0, n * q + 1, q, dtype=torch.int32), torch.full((n,), q, dtype=torch.int32),
             torch.zeros(n, self.mbr, dtype=torch.int32), req_ids=torch.arange(1000, 1000 + n),
-            num_input_tokens=self.bucket, state=state)
+            num_input_tokens=self.bucket, state=state,
+            **({} if consumer else dict(is_prefilling=torch.zeros(n, dtype=torch.bool))))
         pool_k, idx = self.pool_g.k(0).clone(), self.gph_idx.clone()
         with self.graph.capture(self.bucket):
-            self.gph.forward(self.hidden_g, [self.gph_idx], md, self.out_g)
+            self.gph.forward(self.hidden_g, self.gph_main + [self.gph_idx], md, self.out_g)
         # Nothing ran at capture on the recording provider.
         assert torch.equal(self.pool_g.k(0), pool_k) and torch.equal(self.gph_idx, idx)
         assert self.graph.calls(self.bucket) == [("prepare", 0, 0), ("host_callback", 0, 0), ("prepare", 0, 0)]
-        self.replays = 0
+        self.replays = self.eager_steps = 0
 
     def write_rows(self, r, start, end):
         super().write_rows(r, start, end)
@@ -896,27 +900,37 @@ class GraphServe(Serve):
 
     def also(self, reqs, qsl, seq_t, table, hidden, ids, kw, out, st):
         n = hidden.shape[0]
-        assert n <= self.bucket
-        md = self.gph_b.build(qsl, seq_t, table, req_ids=ids, num_input_tokens=self.bucket, **kw)
-        assert md.num_kernel_reqs == self.max_reqs  # padded to the bucket
-        self.hidden_g.zero_()
-        self.hidden_g[:n] = hidden
-        self.out_g.fill_(5.0)
-        self.graph.update(self.bucket, md)
-        self.graph.replay(self.bucket)
-        self.replays += 1
+        if st["route"] == "with_prefills":
+            # Steps with prefills run eagerly on the same layer (and its LRU), outside the graph.
+            md = self.gph_b.build(qsl, seq_t, table, req_ids=ids, **kw)
+            res = torch.full_like(hidden, 3.0)
+            self.gph.forward(hidden, self.gph_main + [self.gph_idx], md, res)
+            self.eager_steps += 1
+        else:
+            assert n <= self.bucket
+            md = self.gph_b.build(qsl, seq_t, table, req_ids=ids, num_input_tokens=self.bucket, **kw)
+            assert md.num_kernel_reqs == self.max_reqs  # padded to the bucket
+            self.hidden_g.zero_()
+            self.hidden_g[:n] = hidden
+            self.out_g.fill_(5.0)
+            self.graph.update(self.bucket, md)
+            self.graph.replay(self.bucket)
+            self.replays += 1
+            res = self.out_g[:n]
+            assert torch.count_nonzero(self.out_g[n:]) == 0  # the padding rows
         # The replay did what the eager offloaded layer did: same selection, LRU decisions, copies, outputs,
-        # resident buffers and pool rows; the padding rows are zero.
+        # resident buffers, pool rows and device caches.
         assert torch.equal(self.gph.last_topk[:n], self.off.last_topk)
         assert self.gph.last_offload_stats == st
-        torch.testing.assert_close(self.out_g[:n], out, atol=1e-2, rtol=1e-2)
-        assert torch.count_nonzero(self.out_g[n:]) == 0
+        torch.testing.assert_close(res, out, atol=1e-2, rtol=1e-2)
+        for a, b in zip(self.gph_main, self.off_main):
+            assert torch.equal(a, b)
         assert torch.equal(self.gph.resident_tokens(), self.off.resident_tokens())
         assert torch.equal(self.gph.resident_k, self.off.resident_k)
         assert torch.equal(self.gph.resident_v, self.off.resident_v)
         assert torch.equal(self.pool_g.k(0), self.pool.k(0)) and torch.equal(self.pool_g.v(0), self.pool.v(0))
         assert torch.equal(self.gph_idx, self.off_idx)
-        return [self.out_g[:n]]
+        return [res]
 
 
 @pytest.mark.parametrize("spec,rotate", [(0, False), (0, True), (1, False)])
@@ -931,6 +945,14 @@ def test_graph_replay_matches_eager_offload(spec, rotate):
         assert sum(st["invalidated"] for st in s.stats) > 0
     # The replays left the rows of a batch slot with fewer requests than the bucket (padding rows) empty.
     assert any(st["decode_rows"] < s.bucket for st in s.stats)
+
+
+def test_graph_replays_decode_steps_and_the_layer_runs_prefill_steps_eagerly():
+    # keep_device_kv_cache: mixed steps run eagerly on the captured layer, decode-only steps replay its bucket.
+    s = GraphServe(consumer=False)
+    serve(s, SCHEDULE, 20)
+    assert s.replays >= 3 and s.eager_steps >= 3 and s.replays + s.eager_steps == len(s.stats)
+    assert sum(st["misses"] for st in s.stats) > 0 and sum(st["hits"] for st in s.stats) > 0
 
 
 def test_graph_refusals_name_the_reason():
