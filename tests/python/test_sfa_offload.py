@@ -852,28 +852,31 @@ def test_pool_names_with_a_nul_byte_and_negative_pool_layers_are_refused():
 # ---------------------------------------------------------------- graph capture (docs/design/sfa.md §6.6)
 
 class GraphServe(Serve):
-    """Serve, plus a third layer: the offloaded layer captured once for a decode bucket of every batch slot
-    (graph_decode_padding), updated and replayed every decode-only step beside the eager one; with
-    keep_device_kv_cache (consumer=False) the same layer runs the steps with prefills eagerly, as an engine
-    does. Its own pool, resident buffers and caches; the same weights and tokens."""
+    """Serve, plus `layers` more offloaded layers (pool layers 0, 1, ... of a pool of their own) captured
+    together once for a decode bucket of every batch slot (graph_decode_padding), updated and replayed every
+    decode-only step beside the eager layer; with keep_device_kv_cache (consumer=False) the same layers run the
+    steps with prefills eagerly, as an engine does. Each has its own resident buffers and caches; the same
+    weights and tokens, so each must do exactly what the eager offloaded layer does."""
 
-    def __init__(self, *, spec=0, consumer=True, **kw):
+    def __init__(self, *, spec=0, consumer=True, layers=1, **kw):
         super().__init__(consumer=consumer, spec=spec, **kw)
         self.bucket = self.max_reqs * (1 + spec)
-        self.pool_g = make_pool(self.nb)
-        self.pool_g.k(0).copy_(self.pool.k(0))
-        self.pool_g.v(0).copy_(self.pool.v(0))
-        self.gph_idx = self.off_idx.clone()
-        self.gph_main = [t.clone() for t in self.off_main]  # keep_device_kv_cache only
-        cfg = sfa.OffloadConfig(self.pool_g, pool_layer=0, topk_buffer_size=self.off_tbs,
-                                is_decode_consumer=consumer, keep_device_kv_cache=not consumer,
-                                max_num_reqs=self.max_reqs, max_num_tokens=128, num_speculative_tokens=spec)
-        self.gph = self.layer.impl(offload=cfg, layer_index=0)
+        self.pool_g = make_pool(self.nb, num_layers=layers)
+        for i in range(layers):
+            self.pool_g.k(i).copy_(self.pool.k(0))
+            self.pool_g.v(i).copy_(self.pool.v(0))
+        self.idx_g = [self.off_idx.clone() for _ in range(layers)]
+        self.main_g = [[t.clone() for t in self.off_main] for _ in range(layers)]  # keep_device_kv_cache only
+        self.gphs = [self.layer.impl(offload=sfa.OffloadConfig(
+            self.pool_g, pool_layer=i, topk_buffer_size=self.off_tbs, is_decode_consumer=consumer,
+            keep_device_kv_cache=not consumer, max_num_reqs=self.max_reqs, max_num_tokens=128,
+            num_speculative_tokens=spec), layer_index=i) for i in range(layers)]
+        self.gph, self.gph_idx = self.gphs[0], self.idx_g[0]
         self.gph_b = self.layer.builder(self.nb, self.mbr, spec=spec, max_num_reqs=self.max_reqs,
                                         graph_decode_padding=True,
                                         offload=sfa.BuilderOffloadConfig(is_decode_consumer=consumer))
         self.hidden_g = torch.zeros(self.bucket, D.hidden, dtype=BF16)
-        self.out_g = torch.zeros(self.bucket, D.hidden, dtype=BF16)
+        self.outs_g = [torch.zeros(self.bucket, D.hidden, dtype=BF16) for _ in range(layers)]
         self.graph = aar.GraphParams("recording")
         q = 1 + spec
         n = self.max_reqs
@@ -885,26 +888,30 @@ class GraphServe(Serve):
             **({} if consumer else dict(is_prefilling=torch.zeros(n, dtype=torch.bool))))
         pool_k, idx = self.pool_g.k(0).clone(), self.gph_idx.clone()
         with self.graph.capture(self.bucket):
-            self.gph.forward(self.hidden_g, self.gph_main + [self.gph_idx], md, self.out_g)
+            for i in range(layers):
+                self.gphs[i].forward(self.hidden_g, self.main_g[i] + [self.idx_g[i]], md, self.outs_g[i])
         # Nothing ran at capture on the recording provider.
         assert torch.equal(self.pool_g.k(0), pool_k) and torch.equal(self.gph_idx, idx)
-        assert self.graph.calls(self.bucket) == [("prepare", 0, 0), ("host_callback", 0, 0), ("prepare", 0, 0)]
+        assert self.graph.calls(self.bucket) == [(k, i, 0) for i in range(layers)
+                                                 for k in ("prepare", "host_callback", "prepare")]
         self.replays = self.eager_steps = 0
 
     def write_rows(self, r, start, end):
         super().write_rows(r, start, end)
-        fill_context(D, self.layer.ws, r.x[:end], self.pool_g.k(0), self.pool_g.v(0), r.blocks, BS)
         k = indexer_keys(D, IDX, self.layer.iw, r.x[:end], torch.arange(end))
-        for p in range(start, end):
-            self.gph_idx[r.blocks[p // BS], p % BS, 0] = k[p].to(BF16)
+        for i, cache in enumerate(self.idx_g):
+            fill_context(D, self.layer.ws, r.x[:end], self.pool_g.k(i), self.pool_g.v(i), r.blocks, BS)
+            for p in range(start, end):
+                cache[r.blocks[p // BS], p % BS, 0] = k[p].to(BF16)
 
     def also(self, reqs, qsl, seq_t, table, hidden, ids, kw, out, st):
         n = hidden.shape[0]
         if st["route"] == "with_prefills":
-            # Steps with prefills run eagerly on the same layer (and its LRU), outside the graph.
+            # Steps with prefills run eagerly on the same layers (and their LRUs), outside the graph.
             md = self.gph_b.build(qsl, seq_t, table, req_ids=ids, **kw)
-            res = torch.full_like(hidden, 3.0)
-            self.gph.forward(hidden, self.gph_main + [self.gph_idx], md, res)
+            res = [torch.full_like(hidden, 3.0) for _ in self.gphs]
+            for i, layer in enumerate(self.gphs):
+                layer.forward(hidden, self.main_g[i] + [self.idx_g[i]], md, res[i])
             self.eager_steps += 1
         else:
             assert n <= self.bucket
@@ -912,30 +919,33 @@ class GraphServe(Serve):
             assert md.num_kernel_reqs == self.max_reqs  # padded to the bucket
             self.hidden_g.zero_()
             self.hidden_g[:n] = hidden
-            self.out_g.fill_(5.0)
+            for o in self.outs_g:
+                o.fill_(5.0)
             self.graph.update(self.bucket, md)
             self.graph.replay(self.bucket)
             self.replays += 1
-            res = self.out_g[:n]
-            assert torch.count_nonzero(self.out_g[n:]) == 0  # the padding rows
-        # The replay did what the eager offloaded layer did: same selection, LRU decisions, copies, outputs,
-        # resident buffers, pool rows and device caches.
-        assert torch.equal(self.gph.last_topk[:n], self.off.last_topk)
-        assert self.gph.last_offload_stats == st
-        torch.testing.assert_close(res, out, atol=1e-2, rtol=1e-2)
-        for a, b in zip(self.gph_main, self.off_main):
-            assert torch.equal(a, b)
-        assert torch.equal(self.gph.resident_tokens(), self.off.resident_tokens())
-        assert torch.equal(self.gph.resident_k, self.off.resident_k)
-        assert torch.equal(self.gph.resident_v, self.off.resident_v)
-        assert torch.equal(self.pool_g.k(0), self.pool.k(0)) and torch.equal(self.pool_g.v(0), self.pool.v(0))
-        assert torch.equal(self.gph_idx, self.off_idx)
-        return [res]
+            res = [o[:n] for o in self.outs_g]
+            assert all(torch.count_nonzero(o[n:]) == 0 for o in self.outs_g)  # the padding rows
+        # Each did what the eager offloaded layer did: same selection, LRU decisions, copies, outputs, resident
+        # buffers, pool rows and device caches.
+        for i, layer in enumerate(self.gphs):
+            assert torch.equal(layer.last_topk[:n], self.off.last_topk)
+            assert layer.last_offload_stats == st
+            torch.testing.assert_close(res[i], out, atol=1e-2, rtol=1e-2)
+            for a, b in zip(self.main_g[i], self.off_main):
+                assert torch.equal(a, b)
+            assert torch.equal(layer.resident_tokens(), self.off.resident_tokens())
+            assert torch.equal(layer.resident_k, self.off.resident_k)
+            assert torch.equal(layer.resident_v, self.off.resident_v)
+            assert torch.equal(self.pool_g.k(i), self.pool.k(0)) and torch.equal(self.pool_g.v(i), self.pool.v(0))
+            assert torch.equal(self.idx_g[i], self.off_idx)
+        return res
 
 
-@pytest.mark.parametrize("spec,rotate", [(0, False), (0, True), (1, False)])
-def test_graph_replay_matches_eager_offload(spec, rotate):
-    s = GraphServe(spec=spec, rotate=rotate, reject_every=3 if spec else 0)
+@pytest.mark.parametrize("spec,rotate,layers", [(0, False, 2), (0, True, 1), (1, False, 1)])
+def test_graph_replay_matches_eager_offload(spec, rotate, layers):
+    # layers=2: two offloaded layers in one bucket share the offload workspace, replayed in layer order.
+    s = GraphServe(spec=spec, rotate=rotate, layers=layers, reject_every=3 if spec else 0)
     serve(s, SCHEDULE, 16)
     assert s.replays == len(s.stats) >= 14
     total = {k: sum(st[k] for st in s.stats) for k in ("hits", "misses", "resets")}
