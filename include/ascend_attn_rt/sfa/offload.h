@@ -17,7 +17,10 @@ class HostKvPool;
 
 // How the offload path moves rows between the host pool and the device. The
 // default makes tensor copies; an engine may batch differently (pinned staging,
-// its own streams); a test counts bytes. Called on the forward's thread.
+// its own streams); a test counts bytes. Called on the forward's thread; in a
+// captured bucket on a device, from the host callback at replay (torch_npu's
+// report thread): the copies must be complete when a call returns, and must not
+// go to the captured stream (docs/design/sfa.md §6.6).
 class OffloadCopyHooks {
  public:
   virtual ~OffloadCopyHooks() = default;
