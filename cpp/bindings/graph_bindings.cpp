@@ -15,6 +15,8 @@
 #include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
 #include "ascend_attn_rt/mla/graph.h"
 #include "ascend_attn_rt/mla/metadata.h"
+#include "ascend_attn_rt/sfa/graph.h"
+#include "ascend_attn_rt/sfa/metadata.h"
 #include "common.h"
 #include "tensor_caster.h"
 
@@ -36,7 +38,7 @@ nb::object as_object(Handle h) { return h ? nb::borrow<nb::object>(nb::handle(st
 // the store until the bucket is released.
 GraphHooks python_hooks(nb::object create_event, nb::object event_wait_and_reset, nb::object task_group_begin,
                         nb::object task_group_end, nb::object task_update_begin, nb::object task_update_end,
-                        nb::object event_record) {
+                        nb::object event_record, nb::object launch_host_func) {
   GraphHooks h;
   if (!create_event.is_none())
     h.create_event = [f = create_event]() -> Handle { return f().release().ptr(); };
@@ -49,6 +51,17 @@ GraphHooks python_hooks(nb::object create_event, nb::object event_wait_and_reset
     h.task_update_begin = [f = task_update_begin](Handle t) { f(as_object(t)); };
   if (!task_update_end.is_none()) h.task_update_end = [f = task_update_end]() { f(); };
   if (!event_record.is_none()) h.event_record = [f = event_record](Handle e) { f(as_object(e)); };
+  if (!launch_host_func.is_none()) {
+    // f(run): launch `run` (a callable of no argument) as a host function on the captured stream. `run`
+    // calls back into C++ without the GIL (the callback's work is the runtime's).
+    h.launch_host_func = [f = launch_host_func](void (*fn)(void*), void* arg) {
+      nb::gil_scoped_acquire gil;
+      f(nb::cpp_function([fn, arg]() {
+        nb::gil_scoped_release nogil;
+        fn(arg);
+      }));
+    };
+  }
   h.release = [](Handle e, Handle t) {
     nb::gil_scoped_acquire gil;
     Py_XDECREF(static_cast<PyObject*>(e));
@@ -64,18 +77,21 @@ graph::StepParams step_params_of(nb::handle item) {
   if (nb::isinstance<gqa::DcpMetadata>(item)) {
     return gqa::dcp_graph_step_params(*nb::cast<const gqa::DcpMetadata*>(item));
   }
-  throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, or a sequence of them");
+  if (nb::isinstance<sfa::Metadata>(item)) return sfa::graph_step_params(*nb::cast<const sfa::Metadata*>(item));
+  throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, an sfa Metadata, or a "
+                "sequence of them");
 }
 
 std::vector<graph::StepParams> metadata_list(nb::handle md) {
   std::vector<graph::StepParams> out;
-  if (nb::isinstance<gqa::Metadata>(md) || nb::isinstance<mla::Metadata>(md) || nb::isinstance<gqa::DcpMetadata>(md)) {
+  if (nb::isinstance<gqa::Metadata>(md) || nb::isinstance<mla::Metadata>(md) || nb::isinstance<gqa::DcpMetadata>(md) ||
+      nb::isinstance<sfa::Metadata>(md)) {
     out.push_back(step_params_of(md));
     return out;
   }
   if (!nb::isinstance<nb::list>(md) && !nb::isinstance<nb::tuple>(md)) {
-    throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, or a list/tuple of "
-                  "them, got ",
+    throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, an sfa Metadata, or a "
+                  "list/tuple of them, got ",
                   nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(md.ptr())))).c_str());
   }
   for (nb::handle item : md) out.push_back(step_params_of(item));
@@ -110,7 +126,8 @@ void bind_graph(nb::module_& m) {
           "__init__",
           [](GraphParams* self, const std::string& provider, bool use_max_workspace, nb::object create_event,
              nb::object event_wait_and_reset, nb::object task_group_begin, nb::object task_group_end,
-             nb::object task_update_begin, nb::object task_update_end, nb::object event_record) {
+             nb::object task_update_begin, nb::object task_update_end, nb::object event_record,
+             nb::object launch_host_func) {
             std::shared_ptr<graph::GraphProvider> p;
             if (provider == "recording") {
               p = std::make_shared<graph::RecordingGraphProvider>();
@@ -119,7 +136,7 @@ void bind_graph(nb::module_& m) {
             } else if (provider == "hooks") {
               p = std::make_shared<graph::HookGraphProvider>(
                   python_hooks(create_event, event_wait_and_reset, task_group_begin, task_group_end,
-                               task_update_begin, task_update_end, event_record));
+                               task_update_begin, task_update_end, event_record, launch_host_func));
             } else {
               throw_invalid("provider must be 'recording' (CPU), 'hooks' (NPU: torch_npu graph-task API) or "
                             "'noop', got '", provider, "'");
@@ -129,7 +146,8 @@ void bind_graph(nb::module_& m) {
           },
           "provider"_a = "recording", nb::kw_only(), "use_max_workspace"_a = false, "create_event"_a = nb::none(),
           "event_wait_and_reset"_a = nb::none(), "task_group_begin"_a = nb::none(), "task_group_end"_a = nb::none(),
-          "task_update_begin"_a = nb::none(), "task_update_end"_a = nb::none(), "event_record"_a = nb::none())
+          "task_update_begin"_a = nb::none(), "task_update_end"_a = nb::none(), "event_record"_a = nb::none(),
+          "launch_host_func"_a = nb::none())
       .def("capture", [](GraphParams& g, int64_t n) { return CaptureCtx{&g, n}; }, "num_tokens"_a,
            nb::keep_alive<0, 1>())
       .def("begin_capture", &GraphParams::begin_capture, "num_tokens"_a)

@@ -28,8 +28,10 @@ int64_t nbytes(const std::optional<at::Tensor>& t) {
 // buffers) is ready to replay once captured and stays ready after a replay that completes. A
 // replay that fails part way still consumes it, so the engine's next update (which re-checks
 // the step) must come first.
+// A host callback that reads per-step host inputs (needs_step) makes its bucket need an update before
+// every replay too.
 bool has_params(const Bucket& b) {
-  return std::any_of(b.calls.begin(), b.calls.end(), [](const RecordedCall& r) { return r.call->has_params(); });
+  return std::any_of(b.calls.begin(), b.calls.end(), [](const RecordedCall& r) { return r.call->needs_step(); });
 }
 }  // namespace
 
@@ -147,6 +149,15 @@ void GraphParams::capture_call(std::unique_ptr<CapturedCall> call) {
   Bucket& b = open_bucket();
   const bool run_now = !provider_->replays_recorded_calls();
   RecordedCall r{std::move(call)};
+  if (r.call->runs_on_host()) {
+    // Device graphs: a host function on the captured stream, run by every replay (the call lives, at a
+    // stable address, until the bucket is released). The CPU provider runs it in order at replay.
+    auto* host = dynamic_cast<HostCallbackCall*>(r.call.get());
+    AAR_CHECK_ARG(host != nullptr, "capture_call: a call that runs on the host must be a HostCallbackCall");
+    if (run_now) provider_->launch_host_func(&HostCallbackCall::run_host, host);
+    b.calls.push_back(std::move(r));
+    return;
+  }
   if (!r.call->has_params()) {
     // The device graph captures it as it is; the CPU provider keeps it to replay it.
     if (run_now) r.call->launch();
@@ -218,7 +229,11 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
   // previous step's parameters (see the header).
   b.updated = false;
   for (RecordedCall& r : b.calls) {
-    if (r.call->has_params()) refresh_one(r, groups[r.call->group()], pass, relaunch);
+    if (r.call->has_params()) {
+      refresh_one(r, groups[r.call->group()], pass, relaunch);
+    } else if (r.call->needs_step()) {
+      r.call->refresh(groups[r.call->group()], pass);  // a host callback's inputs: no device task to update
+    }
   }
   b.updated = true;
 }
@@ -230,6 +245,13 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
   // Validate everything before the first hook (as update does).
   for (size_t k = 0; k < per_call.size(); ++k) {
     if (!per_call[k].stamp.current()) check_current(per_call[k].stamp, ("metadata[" + std::to_string(k) + "]").c_str());
+  }
+  for (const RecordedCall& r : b.calls) {
+    if (r.call->needs_step() && !r.call->has_params()) {
+      throw_not_supported("update_draft of bucket ", n, ": layer ", r.call->layer_index(), " recorded a ",
+                          r.call->kind(), " that takes the step's host inputs, which the per-call draft lists do "
+                          "not carry (a draft model with SFA KV offload is not supported); use update");
+    }
   }
   size_t i = 0;
   for (const RecordedCall& r : b.calls) {

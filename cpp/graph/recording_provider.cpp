@@ -3,6 +3,21 @@
 
 namespace aar::graph {
 
+void GraphProvider::launch_host_func(void (*)(void*), void*) {
+  throw_not_supported("the '", name(), "' graph provider cannot launch host functions: a captured host callback "
+                      "(the SFA KV offload's resident-slot step, docs/design/graph.md §1.5) needs a device graph "
+                      "provider with launch_host_func");
+}
+
+void HookGraphProvider::launch_host_func(void (*fn)(void*), void* arg) {
+  if (!h_.launch_host_func) {
+    throw_not_supported("the graph hooks have no launch_host_func: a captured host callback (the SFA KV offload's "
+                        "resident-slot step, docs/design/graph.md §1.5) runs at every replay only through it "
+                        "(torch_npu: npu._launch_host_func on the captured stream); an unset hook would skip it");
+  }
+  h_.launch_host_func(fn, arg);
+}
+
 namespace {
 intptr_t id_of(Handle h) { return reinterpret_cast<intptr_t>(h); }
 }  // namespace

@@ -586,12 +586,21 @@ void bind_sfa(nb::module_& root) {
       .def(
           "build_for_graph_capture",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t num_input_tokens,
-             plan::AttentionState state) -> sfa::Metadata {
-            return b.build_for_graph_capture(
-                latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, std::nullopt, std::nullopt), state);
+             plan::AttentionState state, nb::handle req_ids, const std::optional<at::Tensor>& is_prefilling)
+              -> sfa::Metadata {
+            if (req_ids.is_none() && !is_prefilling.has_value()) {
+              return b.build_for_graph_capture(
+                  latent_build_inputs(qsl, seq_lens, bt, num_input_tokens, std::nullopt, std::nullopt), state);
+            }
+            // The KV-offload builder's capture build (docs/design/sfa.md §6.6) takes its ids like build.
+            std::vector<uint64_t> keep;
+            return b.build_for_graph_capture(sfa_build_inputs(b, qsl, seq_lens, bt, num_input_tokens, std::nullopt,
+                                                              std::nullopt, req_ids, is_prefilling, keep),
+                                             state);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "num_input_tokens"_a = 0,
-          "state"_a = plan::AttentionState::DecodeOnly, nb::rv_policy::move, nb::keep_alive<0, 1>())
+          "state"_a = plan::AttentionState::DecodeOnly, "req_ids"_a = nb::none(), "is_prefilling"_a = nb::none(),
+          nb::rv_policy::move, nb::keep_alive<0, 1>())
       .def(
           "build_for_drafting",
           [](sfa::MetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,

@@ -571,9 +571,6 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
                 "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, docs/design/sfa.md §3.2), got ",
                 cfg.num_speculative_tokens);
-  AAR_CHECK_ARG(!(cfg.offload.has_value() && cfg.graph_decode_padding), "graph_decode_padding pads graph "
-                "buckets, but the KV-offload path is eager only (docs/design/sfa.md §6: upstream runs its LRU as a host callback "
-                "inside the graph; not implemented): drop one of offload / graph_decode_padding");
   AAR_CHECK_ARG(cfg.dcp_world_size >= 1 && cfg.dcp_rank >= 0 && cfg.dcp_rank < cfg.dcp_world_size, "dcp_rank=",
                 cfg.dcp_rank, " is not a rank of a DCP group of dcp_world_size=", cfg.dcp_world_size);
   AAR_CHECK_ARG(cfg.cp_kv_cache_interleave_size >= 1 && cfg.block_size % cfg.cp_kv_cache_interleave_size == 0,
@@ -653,8 +650,20 @@ const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, 
                         ": SFA PCP is eager only (docs/design/sparse_cp.md §11)");
   }
   if (cfg_.offload.has_value()) {
-    throw_not_supported("build_for_graph_capture: the KV-offload builder is eager only (docs/design/sfa.md §6's resident path "
-                        "plans its copies on the host per step; upstream's host-callback capture is not implemented)");
+    // docs/design/sfa.md §6.6: only decode-only buckets are captured (a step with prefills reads the device
+    // cache and runs eagerly). Checked on the request lengths before anything is written.
+    const int32_t thr = decode_threshold();
+    const size_t B = in.query_start_loc.empty() ? 0 : in.query_start_loc.size() - 1;
+    for (size_t r = 0; r < B; ++r) {
+      const int32_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
+      const bool prefilling = r < in.is_prefilling.size() && in.is_prefilling[r] != 0;
+      if (q > thr || prefilling) {
+        throw_not_supported("build_for_graph_capture: request ", r, " (query length ", q,
+                            prefilling ? ", still prefilling" : "", ") is a prefill, and the KV-offload builder "
+                            "captures decode-only buckets only (docs/design/sfa.md §6.6: a step with prefills "
+                            "reads the device cache and runs eagerly)");
+      }
+    }
   }
   Metadata& md = lanes_[0]->build(in);
   md.attn_state = state;

@@ -23,6 +23,7 @@
 #include "sparse_attention.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
+#include "ascend_attn_rt/sfa/graph.h"
 #include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/fault_injection.h"
 #include "ascend_attn_rt/ops/hadamard.h"
@@ -763,6 +764,91 @@ void Impl::run_offload(const at::Tensor& hidden, const Caches& c, const Metadata
   }
 }
 
+void Impl::capture_offload(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const Metadata& md,
+                           TopkBuffer* topk, const at::Tensor& output, int64_t tk) {
+  // docs/design/sfa.md §6.6: (1) the device work up to the top-k, staged for the host; (2) a host callback
+  // (commit, mask, LRU, the misses' copies, the slots); (3) the resident attention, W_UV and o_proj.
+  const int64_t bucket = g.capturing_bucket();
+  if (!g.provider().supports_host_callbacks()) {
+    throw_not_supported("SFA KV-offload graph capture records a host callback (docs/design/sfa.md §6.6), which the '",
+                        g.provider().name(), "' graph provider cannot launch: give it launch_host_func (torch_npu: "
+                        "npu._launch_host_func), or use the recording provider on the CPU");
+  }
+  const bool decode_only = (md.attn_state == plan::AttentionState::DecodeOnly ||
+                            md.attn_state == plan::AttentionState::SpecDecoding) &&
+                           md.num_prefills == 0 && md.num_decodes > 0;
+  if (!decode_only) {
+    throw_not_supported("SFA KV-offload graph capture takes decode-only steps (docs/design/sfa.md §6.6: a step "
+                        "with prefills reads the device cache and runs eagerly), got num_prefills=", md.num_prefills,
+                        ", num_decodes=", md.num_decodes, ", attn_state=", plan::to_string(md.attn_state));
+  }
+  AAR_CHECK_ARG(hidden.size(0) == bucket && tk == bucket, "SFA KV-offload graph capture of bucket ", bucket,
+                " needs hidden_states of that many rows, all kernel tokens (graph_decode_padding), got ",
+                hidden.size(0), " rows and ", tk, " kernel tokens");
+  const int64_t K = cfg_.indexer.has_value() ? cfg_.indexer->topk : topk->index_topk();
+  const int64_t R = cfg_.dims.qk_rope_head_dim;
+  std::shared_ptr<detail::OffloadGraphStep> gs = offload_->capture_state(md, tk, K);
+  const int64_t layer = cfg_.layer_index;
+  // (1) Every tensor it reads is at a stable address (the builder's buffers, the caches, the workspaces);
+  // `md_at_capture`'s views are the builder's, refilled in place by each build.
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      layer, 0, [this, gs, hidden, c, md_at_capture = md, topk, tk, R]() {
+        // A build after the update would leave the callback with stale lists: refused before anything runs
+        // (on a CPU replay; on the NPU the engine must not build between update and replay).
+        // (Not at capture: a device provider runs this once then, to record the kernels.)
+        if (gs->has_step) {
+          check_current(gs->stamp, "the SFA metadata of the bucket's last update (rebuilt since: update with the new "
+                        "build before the replay)");
+        }
+        const mla::detail::DecodeViews& v = core_->views(tk, mla::detail::DecodeLayout::TND);
+        mla::detail::LatentStep s;
+        s.x = hidden;
+        s.cos = md_at_capture.cos;
+        s.sin = md_at_capture.sin;
+        s.slots = md_at_capture.slot_mapping;
+        last_pre_ = Preprocess::Native;  // forced (docs/design/sfa.md §6)
+        mla::detail::LatentKv kv;
+        const mla::detail::LatentQuery q = core_->preprocess_unwritten(v, s, kv);
+        const at::Tensor& rows = select_topk(hidden, q, c, md_at_capture, topk, tk);
+        gs->qn = q.qn;
+        gs->qr = q.qr;
+        offload_->stage(*gs, kv.k_nope, kv.k_rope.view({tk, R}), rows);
+      }));
+  // (2) The step's host inputs come with each update (sfa::graph_step_params).
+  g.capture_call(std::make_unique<graph::HostCallbackCall>(
+      layer, 0, [this, gs]() { offload_->host_step(*gs); },
+      [this, gs](const graph::StepParams& step, int64_t b) {
+        const Metadata* m = step.backend_metadata_as<Metadata>();
+        AAR_CHECK_ARG(m != nullptr, "the update of bucket ", b, " needs the step's sfa Metadata (sfa::graph_step_params): "
+                      "layer ", cfg_.layer_index, " is a captured SFA KV-offload layer whose host callback reads it");
+        offload_->check_step(*gs, *m, b);
+      },
+      [gs](const graph::StepParams& step) {
+        detail::OffloadLayer::take_step(*gs, *step.backend_metadata_as<Metadata>());
+      }));
+  // (3) Over the bucket's rows: the padding rows' slots are all -1, their attention rows zero.
+  g.capture_call(std::make_unique<graph::ClosureCall>(layer, 0, [this, gs, output, tk]() {
+    const mla::detail::DecodeViews& v = core_->views(tk, mla::detail::DecodeLayout::TND);
+    const at::Tensor attn = offload_->attend_resident(*gs, cfg_.scale);
+    const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tk);  // (tk, H*V)
+    ops::dense::linear_out(output, y, core_->weights().o_proj);
+  }));
+}
+
+graph::StepParams graph_step_params(const Metadata& md) {
+  graph::StepParams sp;
+  sp.block_tables = md.block_table;
+  sp.q_ends = md.cum_query_lens_list;
+  sp.kv_lens = md.seq_lens_list;
+  sp.num_reqs = md.num_kernel_reqs;
+  sp.num_real_reqs = md.num_reqs;
+  sp.num_kernel_tokens = md.cum_query_lens_list.empty() ? 0 : md.cum_query_lens_list.back();
+  sp.num_input_tokens = md.num_input_tokens;
+  sp.stamp = md.stamp;
+  sp.set_backend_metadata(md);
+  return sp;
+}
+
 void Impl::write_gathered_rows_(const Caches& c, const at::Tensor& rows, const at::Tensor& slots,
                                 const at::Tensor& islots) {
   // docs/design/sparse_cp.md §7, §9, §11: gathered rows [k_rope | k_nope | k_indexer] (n, R + L + Di[+ ...]);
@@ -1220,9 +1306,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
                           ") refuses (docs/design/sparse_cp.md §11)");
     }
     if (offload_ != nullptr) {
-      throw_not_supported("Eager only: inside a graph capture the SFA KV-offload path refuses (its resident-slot "
-                          "LRU plans each step's copies on the host; upstream's host-callback capture is not "
-                          "implemented)");
+      capture_offload(*g, hidden, c, md, topk, output, tk);
+      return output;
     }
     // Every operator of the layer reads only tensors at stable addresses (the
     // builder's buffers, the caches, the workspace, the top-k buffer): the

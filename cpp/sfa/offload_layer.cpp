@@ -68,8 +68,9 @@ OffloadWorkspace::OffloadWorkspace(const OffloadShape& s)
   if (s.device.is_cpu()) {
     slots_host = slots_device.view({n});  // the LRU writes the kernel's indices in place
   } else {
-    topk_host = at::empty({n}, host_i32);
-    slots_host = at::empty({n}, host_i32);
+    // Page-locked: a captured replay copies the slots host -> device (docs/design/sfa.md §6.6).
+    topk_host = at::empty({n}, host_i32.pinned_memory(true));
+    slots_host = at::empty({n}, host_i32.pinned_memory(true));
   }
   block_table = (at::arange(s.rows * ppr, host_i32).view({s.rows, ppr})).to(s.device);
   cum_query_lens = at::arange(1, s.rows + 1, host_i32).to(s.device);
@@ -167,21 +168,22 @@ void OffloadLayer::check(const Metadata& md, int64_t K) const {
 }
 
 void OffloadLayer::commit(const at::Tensor& k, const at::Tensor& v, const Metadata& md) {
-  const int64_t n = md.num_actual_tokens;
+  commit_rows(k, v, md.offload.slot_mapping_host, md.num_actual_tokens);
+}
+
+void OffloadLayer::commit_rows(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slots, int64_t n) {
   stats_.commit_bytes = 0;
   if (!cfg_.pool->is_owner() || n == 0) return;  // one writer (upstream: TP rank 0)
-  const at::Tensor& slots = md.offload.slot_mapping_host;
   hooks_->commit(cfg_.pool->k_rows(pool_layer_), slots, k.narrow(0, 0, n));
   hooks_->commit(cfg_.pool->v_rows(pool_layer_), slots, v.narrow(0, 0, n));
   stats_.commit_bytes = n * (L_ + R_) * 2;
 }
 
-void OffloadLayer::onload(const Metadata& md, int64_t rows, int64_t n) {
+void OffloadLayer::onload(const OffloadMetadata& o, int64_t block_size, int64_t n) {
   // docs/design/sfa.md §6.3's addresses: token p of row t (request b) sits in pool row
   // block_table[b][p / bs] * bs + p % bs and goes to resident row t *
   // capacity + slot.
-  const OffloadMetadata& o = md.offload;
-  const int64_t bs = md.block_size, cap = cfg_.topk_buffer_size, stride = o.block_table_stride;
+  const int64_t bs = block_size, cap = cfg_.topk_buffer_size, stride = o.block_table_stride;
   int64_t* src = ws_->src_index.data_ptr<int64_t>();
   int64_t* dst = ws_->dst_index.data_ptr<int64_t>();
   const int32_t* ttr = o.token_to_req_host.data();
@@ -197,38 +199,20 @@ void OffloadLayer::onload(const Metadata& md, int64_t rows, int64_t n) {
   const at::Tensor s = ws_->src_index.narrow(0, 0, n), d = ws_->dst_index.narrow(0, 0, n);
   hooks_->onload(rows_k_, d, cfg_.pool->k_rows(pool_layer_), s);
   hooks_->onload(rows_v_, d, cfg_.pool->v_rows(pool_layer_), s);
-  (void)rows;
 }
 
-at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Metadata& md,
-                                double scale) {
-  const int64_t rows = qn.size(0), K = topk.size(2);
-  const OffloadShape shape{rows_, K, cfg_.topk_buffer_size, md.block_size, device_};
-  if (ws_ == nullptr || !(ws_->shape() == shape)) ws_ = OffloadWorkspace::shared(shape);
-  OffloadWorkspace& w = *ws_;
-  w.use();
+void OffloadLayer::resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t rows, int64_t K,
+                                 const OffloadMetadata& o, int64_t block_size) {
   const size_t n = static_cast<size_t>(rows * K);
-  // Step 2: the top-k on the host (on a device: the path's one synchronising
-  // copy), entries outside [0, seq_len) of the token's request -> -1.
-  at::Tensor t = topk.narrow(0, 0, rows);
-  const int32_t* tp = nullptr;
-  at::Tensor keep;
-  if (t.device().is_cpu()) {
-    keep = t.is_contiguous() ? t : t.contiguous();
-    tp = keep.const_data_ptr<int32_t>();
-  } else {
-    at::Tensor h = w.topk_host.narrow(0, 0, static_cast<int64_t>(n));
-    h.copy_(t.reshape({-1}));
-    tp = h.const_data_ptr<int32_t>();
-  }
-  plan::mask_invalid_topk({tp, n}, static_cast<int32_t>(K), md.offload.decode_seq_lens,
+  // Entries outside [0, seq_len) of the token's request -> -1.
+  plan::mask_invalid_topk({tp, n}, static_cast<int32_t>(K), o.decode_seq_lens.first(static_cast<size_t>(rows)),
                           {w.masked.data(), n});
-  // Step 3: the layer's LRU maps the entries to resident slots.
+  // The layer's LRU maps the entries to resident slots.
   plan::ResidentStepInputs li;
   li.topk = plan::CSpan<int32_t>(w.masked.data(), n);
   li.K = static_cast<int32_t>(K);
-  li.req_ids = md.offload.decode_req_ids;
-  li.stable_prefix = md.offload.decode_stable_prefix;
+  li.req_ids = o.decode_req_ids.first(static_cast<size_t>(rows));
+  li.stable_prefix = o.decode_stable_prefix.first(static_cast<size_t>(rows));
   plan::ResidentStepOutputs lo;
   lo.current_slots = plan::Span<int32_t>(w.slots_host.data_ptr<int32_t>(), n);
   lo.misses = plan::Span<plan::ResidentMiss>(w.misses.data(), n);
@@ -246,7 +230,36 @@ at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, cons
     stats_.invalidated = st.invalidated;
     stats_.duplicates = st.duplicates;
     stats_.onload_bytes = st.misses * (L_ + R_) * 2;
-    onload(md, rows, st.misses);
+    onload(o, block_size, st.misses);
+  } catch (...) {
+    lru_.reset();  // its slots would no longer describe the buffers
+    throw;
+  }
+}
+
+at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Metadata& md,
+                                double scale) {
+  const int64_t rows = qn.size(0), K = topk.size(2);
+  const OffloadShape shape{rows_, K, cfg_.topk_buffer_size, md.block_size, device_};
+  if (ws_ == nullptr || !(ws_->shape() == shape)) ws_ = OffloadWorkspace::shared(shape);
+  OffloadWorkspace& w = *ws_;
+  w.use();
+  const size_t n = static_cast<size_t>(rows * K);
+  // Step 2: the top-k on the host (on a device: the path's one synchronising
+  // copy).
+  at::Tensor t = topk.narrow(0, 0, rows);
+  const int32_t* tp = nullptr;
+  at::Tensor keep;
+  if (t.device().is_cpu()) {
+    keep = t.is_contiguous() ? t : t.contiguous();
+    tp = keep.const_data_ptr<int32_t>();
+  } else {
+    at::Tensor h = w.topk_host.narrow(0, 0, static_cast<int64_t>(n));
+    h.copy_(t.reshape({-1}));
+    tp = h.const_data_ptr<int32_t>();
+  }
+  resident_step(w, tp, rows, K, md.offload, md.block_size);
+  try {
     const OffloadWorkspace::RowViews& v = w.rows(rows);
     if (!device_.is_cpu()) v.slots.view({-1}).copy_(w.slots_host.narrow(0, 0, static_cast<int64_t>(n)));
     // Step 4-5: each row its own one-query request over its resident pages.
@@ -256,6 +269,109 @@ at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, cons
     lru_.reset();
     throw;
   }
+}
+
+// ---------------------------------------------------------------- graph capture (docs/design/sfa.md §6.6)
+
+std::shared_ptr<OffloadGraphStep> OffloadLayer::capture_state(const Metadata& md, int64_t rows, int64_t K) {
+  AAR_CHECK_ARG(rows <= rows_, "SFA KV-offload graph capture: the bucket's ", rows, " kernel tokens exceed the "
+                "layer's ", rows_, " resident rows (offload max_num_tokens=", cfg_.max_num_tokens, ", max_num_reqs=",
+                cfg_.max_num_reqs, ", num_speculative_tokens=", cfg_.num_speculative_tokens, ")");
+  auto gs = std::make_shared<OffloadGraphStep>();
+  gs->rows = rows;
+  gs->K = K;
+  gs->num_kernel_reqs = md.num_kernel_reqs;
+  gs->draft_index = md.draft_index;
+  gs->block_table = md.block_table.const_data_ptr();
+  gs->slot_mapping = md.slot_mapping.const_data_ptr();
+  const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(device_);
+  gs->k_stage = at::zeros({rows, L_}, opts);
+  gs->v_stage = at::zeros({rows, R_}, opts);
+  gs->topk_stage = at::full({rows, K}, -1, opts.dtype(at::kInt));
+  if (device_.is_cpu()) {
+    gs->k_stage_host = gs->k_stage;
+    gs->v_stage_host = gs->v_stage;
+    gs->topk_stage_host = gs->topk_stage;
+  } else {
+    // Page-locked, so that the captured device -> host copies are plain DMA the graph replays.
+    const auto host = at::TensorOptions().pinned_memory(true);
+    gs->k_stage_host = at::zeros({rows, L_}, host.dtype(at::kBFloat16));
+    gs->v_stage_host = at::zeros({rows, R_}, host.dtype(at::kBFloat16));
+    gs->topk_stage_host = at::full({rows, K}, -1, host.dtype(at::kInt));
+  }
+  const OffloadShape shape{rows_, K, cfg_.topk_buffer_size, md.block_size, device_};
+  if (ws_ == nullptr || !(ws_->shape() == shape)) ws_ = OffloadWorkspace::shared(shape);
+  gs->ws = ws_;
+  gs->ws->use();  // the bucket's replays enter it (graph/exclusive_scope.h)
+  return gs;
+}
+
+void OffloadLayer::stage(OffloadGraphStep& gs, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& topk) const {
+  const int64_t rows = gs.rows;
+  gs.k_stage.copy_(k.narrow(0, 0, rows));
+  gs.v_stage.copy_(v.narrow(0, 0, rows));
+  gs.topk_stage.copy_(topk.narrow(0, 0, rows).view({rows, gs.K}));
+  if (!device_.is_cpu()) {
+    // Captured device -> host copies into the page-locked twins (the stream reaches the callback after them).
+    gs.k_stage_host.copy_(gs.k_stage, /*non_blocking=*/true);
+    gs.v_stage_host.copy_(gs.v_stage, /*non_blocking=*/true);
+    gs.topk_stage_host.copy_(gs.topk_stage, /*non_blocking=*/true);
+  }
+}
+
+void OffloadLayer::check_step(const OffloadGraphStep& gs, const Metadata& md, int64_t bucket) const {
+  check(md, gs.K);
+  const bool decode_only = (md.attn_state == plan::AttentionState::DecodeOnly ||
+                            md.attn_state == plan::AttentionState::SpecDecoding) &&
+                           md.num_prefills == 0 && md.num_decodes > 0;
+  if (!decode_only) {
+    throw_not_supported("a captured SFA KV-offload layer replays decode-only steps; this step has num_prefills=",
+                        md.num_prefills, ", num_decodes=", md.num_decodes, ", attn_state=",
+                        plan::to_string(md.attn_state), " (run it eagerly: docs/design/sfa.md §6.6)");
+  }
+  const int64_t tk = md.cum_query_lens_list.empty() ? 0 : md.cum_query_lens_list.back();
+  AAR_CHECK_ARG(md.num_input_tokens == bucket && tk == gs.rows && md.num_kernel_reqs == gs.num_kernel_reqs,
+                "the step does not fit SFA KV-offload bucket ", bucket, ": num_input_tokens=", md.num_input_tokens,
+                ", kernel tokens ", tk, ", kernel requests ", md.num_kernel_reqs, " (captured: ", gs.rows, " tokens in ",
+                gs.num_kernel_reqs, " requests); build it with graph_decode_padding and num_input_tokens=", bucket);
+  AAR_CHECK_ARG(md.draft_index == gs.draft_index && md.block_table.const_data_ptr() == gs.block_table &&
+                    md.slot_mapping.const_data_ptr() == gs.slot_mapping,
+                "the step's metadata is not at the captured addresses (another builder or lane than the capture's; "
+                "draft_index=", md.draft_index, ", captured ", gs.draft_index, ")");
+}
+
+void OffloadLayer::take_step(OffloadGraphStep& gs, const Metadata& md) {
+  gs.offload = md.offload;
+  gs.num_decode_tokens = md.num_decode_tokens;
+  gs.num_actual_tokens = md.num_actual_tokens;
+  gs.stamp = md.stamp;
+  gs.has_step = true;
+}
+
+void OffloadLayer::host_step(OffloadGraphStep& gs) {
+  AAR_CHECK_ARG(gs.has_step, "SFA KV-offload host callback without a step: update the bucket first");
+  // The host views point into the builder's storage of that build.
+  check_current(gs.stamp, "the SFA metadata of the bucket's last update (rebuilt since: update with the new build "
+                "before the replay)");
+  OffloadWorkspace& w = *gs.ws;
+  stats_ = OffloadStepStats{};
+  stats_.route = OffloadStepStats::Route::DecodeOnly;
+  commit_rows(gs.k_stage_host, gs.v_stage_host, gs.offload.slot_mapping_host, gs.num_actual_tokens);
+  const int64_t rows = gs.num_decode_tokens, K = gs.K;
+  resident_step(w, gs.topk_stage_host.const_data_ptr<int32_t>(), rows, K, gs.offload, cfg_.pool->block_size());
+  // The bucket's padding rows select nothing.
+  int32_t* slots = w.slots_host.data_ptr<int32_t>();
+  std::fill(slots + rows * K, slots + gs.rows * K, -1);
+}
+
+at::Tensor OffloadLayer::attend_resident(OffloadGraphStep& gs, double scale) {
+  OffloadWorkspace& w = *gs.ws;
+  const OffloadWorkspace::RowViews& v = w.rows(gs.rows);
+  // On a device: a captured host -> device copy of the callback's slots (page-locked).
+  if (!device_.is_cpu()) v.slots.view({-1}).copy_(w.slots_host.narrow(0, 0, gs.rows * gs.K), /*non_blocking=*/true);
+  return sparse_attention(args_, {gs.qn, gs.qr, v.slots, pages_k_, pages_v_, v.block_table, v.cum_query_lens,
+                                  v.seq_lens, scale});
 }
 
 }  // namespace detail

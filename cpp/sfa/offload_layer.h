@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "ascend_attn_rt/build_stamp.h"
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
 #include "ascend_attn_rt/sfa/plan/resident_lru.h"
 #include "ascend_attn_rt/sfa/host_pool.h"
@@ -63,6 +64,32 @@ class OffloadWorkspace {
   std::vector<RowViews> row_views_;
 };
 
+// One captured bucket of an offloaded layer (docs/design/sfa.md §6.6): what the
+// recorded calls share. Made at capture; every tensor the host callback reads or
+// writes is allocated here, at an address stable for the bucket's life.
+struct OffloadGraphStep {
+  int64_t rows = 0;             // the bucket's kernel tokens: resident rows [0, rows), dummies get slot -1
+  int64_t K = 0;
+  int64_t num_kernel_reqs = 0;  // the captured step's (graph padding included)
+  int32_t draft_index = -1;
+  const void* block_table = nullptr;  // the captured metadata's buffers (an update must bring the same lane's)
+  const void* slot_mapping = nullptr;
+  // Device -> host staging the recorded kernels fill before the callback: the step's new latent and rope
+  // rows and the top-k. On the CPU the host tensors are the device ones; on a device they are page-locked
+  // twins the captured copies write.
+  at::Tensor k_stage, v_stage, topk_stage;                   // (rows, L), (rows, R), (rows, K) int32
+  at::Tensor k_stage_host, v_stage_host, topk_stage_host;
+  std::shared_ptr<OffloadWorkspace> ws;
+  // The queries between the first recorded call and the last (the latent core's workspace views).
+  at::Tensor qn, qr;
+  // The last update's step: counts and the host views of its offload part (builder storage, valid while
+  // `stamp` is current).
+  bool has_step = false;
+  int64_t num_decode_tokens = 0, num_actual_tokens = 0;
+  OffloadMetadata offload;
+  BuildStamp stamp;
+};
+
 class OffloadLayer {
  public:
   // layer_index: the layer's ImplConfig::layer_index (pool_layer's default).
@@ -96,8 +123,26 @@ class OffloadLayer {
   at::Tensor attend(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Metadata& md,
                     double scale);
 
+  // Graph capture (docs/design/sfa.md §6.6). capture_state: checks the captured step (decode-only, its
+  // kernel tokens fit the resident rows) and makes the bucket's state. stage: the recorded device work
+  // before the callback (k (rows, L), v (rows, R), topk (>= rows, 1, K) into the staging).
+  // check_step / take_step: an update's checks and refresh. host_step: the callback (commit, mask, LRU,
+  // misses' copies, the slots). attend_resident: the recorded attention after it.
+  std::shared_ptr<OffloadGraphStep> capture_state(const Metadata& md, int64_t rows, int64_t K);
+  void stage(OffloadGraphStep& gs, const at::Tensor& k, const at::Tensor& v, const at::Tensor& topk) const;
+  void check_step(const OffloadGraphStep& gs, const Metadata& md, int64_t bucket) const;
+  static void take_step(OffloadGraphStep& gs, const Metadata& md);
+  void host_step(OffloadGraphStep& gs);
+  at::Tensor attend_resident(OffloadGraphStep& gs, double scale);
+
  private:
-  void onload(const Metadata& md, int64_t rows, int64_t n);
+  // pool[slots[i]] = rows[i], i < n (k, v host or device rows; slots host int64).
+  void commit_rows(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slots, int64_t n);
+  // Steps 2-3 of docs/design/sfa.md §6.3 and the misses' copies for the first `rows` rows of the host
+  // top-k `tp` (rows x K): the slots into w.slots_host, the stats. Resets the LRU if a copy fails.
+  void resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t rows, int64_t K, const OffloadMetadata& o,
+                     int64_t block_size);
+  void onload(const OffloadMetadata& o, int64_t block_size, int64_t n);
 
   OffloadConfig cfg_;
   std::shared_ptr<OffloadCopyHooks> hooks_;

@@ -7,6 +7,10 @@ every per-step update (docs/design/graph.md §1.2):
   ``torch.npu.graph_task_group_begin(stream)``; launch; ``handle = torch.npu.graph_task_group_end(stream)``
 * update:  ``torch.npu.graph_task_update_begin(update_stream, handle)``; re-issue;
   ``torch.npu.graph_task_update_end(update_stream)``; ``event.record(update_stream)``
+* a captured host callback (the SFA KV offload's resident-slot step, docs/design/graph.md §1.5):
+  ``torch_npu.npu._launch_host_func(stream, fn, None)`` at capture; the graph runs it at every replay.
+  torch_npu runs launched host functions on a thread subscribed to the stream: call
+  ``torch_npu.npu._subscribe_report(stream)`` before the capture (not done here: once per stream).
 
 Usage on an NPU (not exercised on hardware in this repository)::
 
@@ -23,7 +27,7 @@ from typing import Any, Callable, Dict, Optional
 
 
 def torch_npu_hooks(stream: Any, update_stream: Any, npu: Optional[Any] = None) -> Dict[str, Callable]:
-    """The seven hook callables for ``aar.GraphParams("hooks", ...)``.
+    """The eight hook callables for ``aar.GraphParams("hooks", ...)``.
 
     ``stream``: the stream being captured; ``update_stream``: the stream the per-step updates
     run on. ``npu`` defaults to ``torch.npu`` (torch_npu must be imported); tests pass a double.
@@ -47,4 +51,6 @@ def torch_npu_hooks(stream: Any, update_stream: Any, npu: Optional[Any] = None) 
         task_update_begin=lambda handle: npu.graph_task_update_begin(update_stream, handle),
         task_update_end=lambda: npu.graph_task_update_end(update_stream),
         event_record=lambda event: event.record(update_stream),
+        # torch_npu calls fn(args); the runtime's callback takes none.
+        launch_host_func=lambda run: npu._launch_host_func(stream, lambda _args: run(), None),
     )

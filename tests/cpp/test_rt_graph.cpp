@@ -166,3 +166,77 @@ TEST(Graph, SharedWorkspacesFollowTheStorePolicy) {
 }
 
 }  // namespace
+
+// docs/design/graph.md §1.5: a host callback between device work.
+TEST(Graph, AHostCallbackRunsInOrderAndTakesEachStepFromTheUpdate) {
+  GraphParams g(std::make_shared<RecordingGraphProvider>());
+  std::vector<std::string> log;
+  int64_t taken = -1;
+  {
+    CaptureScope scope(g, kBucket);
+    g.capture_call(std::make_unique<ClosureCall>(0, 0, [&] { log.push_back("before"); }));
+    g.capture_call(std::make_unique<aar::graph::HostCallbackCall>(
+        0, 0, [&] { log.push_back("host " + std::to_string(taken)); },
+        [](const StepParams& sp, int64_t bucket) {
+          AAR_CHECK_ARG(sp.num_reqs <= bucket, "host callback: ", sp.num_reqs, " requests");
+        },
+        [&](const StepParams& sp) { taken = sp.num_reqs; }));
+    g.capture_call(std::make_unique<ClosureCall>(0, 0, [&] { log.push_back("after"); }));
+  }
+  EXPECT_TRUE(log.empty());  // nothing ran at capture
+  EXPECT_FALSE(g.bucket(kBucket).updated);  // the callback takes its step from an update
+  EXPECT_THROW(g.replay(kBucket), std::invalid_argument);
+  EXPECT_THROW(g.update(kBucket, {step(kBucket + 1)}), std::invalid_argument);  // checked, nothing taken
+  EXPECT_EQ(taken, -1);
+  g.update(kBucket, {step(3)});
+  g.replay(kBucket);
+  EXPECT_EQ(log, (std::vector<std::string>{"before", "host 3", "after"}));
+  EXPECT_THROW(g.replay(kBucket), std::invalid_argument);  // a replay consumes the update
+  EXPECT_THROW(g.update_draft(kBucket, {step(2)}), aar::NotSupported);
+  g.update(kBucket, {step(2)});
+  g.replay(kBucket);
+  EXPECT_EQ(log.back(), "after");
+  EXPECT_EQ(log[log.size() - 2], "host 2");
+}
+
+TEST(Graph, ADeviceProviderLaunchesTheHostCallbackAndKeepsItsError) {
+  // Without the hook the capture is refused (the work would silently not run) and the bucket dropped.
+  {
+    GraphParams g(std::make_shared<HookGraphProvider>(GraphHooks{}));
+    EXPECT_THROW(
+        {
+          CaptureScope scope(g, kBucket);
+          g.capture_call(std::make_unique<aar::graph::HostCallbackCall>(0, 0, [] {}));
+        },
+        aar::NotSupported);
+    EXPECT_FALSE(g.has(kBucket));
+  }
+  std::vector<std::pair<void (*)(void*), void*>> launched;
+  GraphHooks h;
+  h.launch_host_func = [&](void (*fn)(void*), void* arg) { launched.emplace_back(fn, arg); };
+  GraphParams g(std::make_shared<HookGraphProvider>(h));
+  bool fail = false;
+  int runs = 0;
+  {
+    CaptureScope scope(g, kBucket);
+    g.capture_call(std::make_unique<aar::graph::HostCallbackCall>(
+        0, 0,
+        [&] {
+          if (fail) throw std::runtime_error("callback failed");
+          ++runs;
+        },
+        aar::graph::HostCallbackCall::Check{}, [](const StepParams&) {}));
+  }
+  ASSERT_EQ(launched.size(), 1u);
+  EXPECT_EQ(runs, 0);  // launched into the device graph, not run
+  g.update(kBucket, {step(1)});
+  launched[0].first(launched[0].second);  // what a device replay does
+  EXPECT_EQ(runs, 1);
+  fail = true;
+  launched[0].first(launched[0].second);  // the error cannot cross the stream: kept...
+  EXPECT_THROW(g.update(kBucket, {step(1)}), std::runtime_error);  // ...and raised by the next update
+  fail = false;
+  g.update(kBucket, {step(1)});  // once
+  launched[0].first(launched[0].second);
+  EXPECT_EQ(runs, 2);
+}

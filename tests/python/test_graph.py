@@ -496,6 +496,34 @@ def test_torch_npu_hooks_follow_the_capture_and_update_protocol(gen):
                    ("record", "update_stream")]
 
 
+def test_torch_npu_hooks_launch_host_functions_on_the_captured_stream():
+    """A captured host callback (docs/design/graph.md §1.5) goes to torch_npu's _launch_host_func on the capture
+    stream; torch_npu calls fn(args), the runtime's callback takes no argument."""
+    from ascend_attn_rt.npu_graph import torch_npu_hooks
+
+    launched = []
+
+    class FakeNpu:
+        ExternalEvent = object
+
+        @staticmethod
+        def graph_task_group_begin(s):
+            pass
+
+        graph_task_group_end = graph_task_update_begin = graph_task_update_end = graph_task_group_begin
+
+        @staticmethod
+        def _launch_host_func(stream, fn, args):
+            launched.append((stream, fn, args))
+
+    hooks = torch_npu_hooks("capture_stream", "update_stream", npu=FakeNpu)
+    ran = []
+    hooks["launch_host_func"](lambda: ran.append(1))
+    assert [(s, a) for s, _, a in launched] == [("capture_stream", None)]
+    launched[0][1](launched[0][2])  # what torch_npu does at each replay
+    assert ran == [1]
+
+
 def test_torch_npu_hooks_need_torch_npu():
     from ascend_attn_rt.npu_graph import torch_npu_hooks
 

@@ -9,8 +9,12 @@ The total KV served exceeds the offloaded layer's device-side bytes (its residen
 
 Also: the copy accounting through the OffloadCopyHooks (bytes = misses x row size; an identical step moves
 nothing), the pool shared by a second process (a reader that attends over the owner's rows), and bad input
-(budget too small, a non-bf16 cache, a prefill without the device cache, a graph capture): errors that name the
-argument, with the pool and the resident state unchanged."""
+(budget too small, a non-bf16 cache, a prefill without the device cache, a graph capture without a host-function
+launcher): errors that name the argument, with the pool and the resident state unchanged.
+
+Graph mode (docs/design/sfa.md §6.6): a decode bucket captured once (device work, a host callback, the resident
+attention) and replayed every step of a continuous batch beside the eager offloaded layer, with the same top-k,
+LRU decisions, copies, outputs, resident buffers and pool rows; the refusals that remain name their reason."""
 
 from __future__ import annotations
 
@@ -63,10 +67,10 @@ class Layer:
                         qk_nope_head_dim=D.P, qk_rope_head_dim=D.R, v_head_dim=D.V, scale=self.scale,
                         offload=offload, **extra, **self.ws)
 
-    def builder(self, nb, mbr, *, spec=0, offload=None, max_num_reqs=4):
+    def builder(self, nb, mbr, *, spec=0, offload=None, max_num_reqs=4, **kw):
         return sfa.MetadataBuilder(max_num_reqs=max_num_reqs, max_num_tokens=128, max_blocks_per_req=mbr,
                                    block_size=BS, num_blocks=nb, cos_table=self.cos.to(BF16),
-                                   sin_table=self.sin.to(BF16), num_speculative_tokens=spec, offload=offload)
+                                   sin_table=self.sin.to(BF16), num_speculative_tokens=spec, offload=offload, **kw)
 
 
 def make_pool(nb, num_layers=1, **kw):
@@ -106,6 +110,7 @@ class Serve:
         self.reject_every = reject_every
         self.mbr = 8
         self.pool = make_pool(nb)
+        self.off_tbs = tbs
         cfg = sfa.OffloadConfig(self.pool, pool_layer=0, topk_buffer_size=tbs, is_decode_consumer=consumer,
                                 keep_device_kv_cache=not consumer, max_num_reqs=max_reqs, max_num_tokens=128,
                                 num_speculative_tokens=spec, copy_hooks=hooks)
@@ -195,7 +200,9 @@ class Serve:
         # The offloaded layer selects what the device layer selects and attends like it.
         assert torch.equal(self.off.last_topk, self.ref.last_topk)
         torch.testing.assert_close(out, out_ref, **TOL)
-        # ... and both match the float64 reference over that selection.
+        # Other runs of the same step (a graph replay of it: GraphServe).
+        outs = [out] + self.also(reqs, qsl, seq_t, table, hidden, ids, kw, out, st)
+        # ... and all match the float64 reference over that selection.
         t0 = 0
         for r, s, ql in zip(reqs, seq, q):
             rows = self.off.last_topk[t0:t0 + ql, 0].to(torch.int64)
@@ -204,7 +211,8 @@ class Serve:
             agree = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(rows, ref_topk))
             assert agree >= 0.75 * rows.numel(), (r.name, rows, ref_topk)
             ref = sfa_attend_request(D, self.layer.ws, r.x[:s], ql, self.layer.scale, rows)
-            torch.testing.assert_close(out[t0:t0 + ql].to(F64), ref, **TOL)
+            for o in outs:
+                torch.testing.assert_close(o[t0:t0 + ql].to(F64), ref, **TOL)
             t0 += ql
         ndt = sum(q[:len(dec)])
         # Every valid entry of a decode row's top-k (a position < S of its request) is a hit or a miss.
@@ -226,6 +234,10 @@ class Serve:
         for r in [r for r in self.active if r.n + 1 + self.spec > r.total]:
             self.finish(r)
         return st
+
+    def also(self, reqs, qsl, seq_t, table, hidden, ids, kw, out, st):
+        """Other runs of the step (before the requests advance); returns their outputs of its tokens."""
+        return []
 
     def check_pool_holds_device_rows(self):
         """Every row the run wrote (the active requests' positions < n) is in the pool as in the device cache."""
@@ -559,9 +571,9 @@ def test_bad_steps_are_refused_with_nothing_lost():
     with pytest.raises(ValueError, match="indexer part only"):
         s.off.forward(hidden, s.ref_kv, md, torch.zeros_like(hidden))
     unchanged()
-    # A graph capture: refused before anything runs.
-    g = aar.GraphParams("recording")
-    with pytest.raises(NotImplementedError, match="Eager only"):
+    # A graph capture on a provider that cannot launch the host callback: refused before anything runs.
+    g = aar.GraphParams("noop")
+    with pytest.raises(NotImplementedError, match="launch_host_func"):
         with g.capture(len(reqs)):
             s.off.forward(hidden, [s.off_idx], md, torch.zeros_like(hidden))
     unchanged()
@@ -835,3 +847,188 @@ def test_pool_names_with_a_nul_byte_and_negative_pool_layers_are_refused():
                    layer_index=0)
     layer.impl(offload=sfa.OffloadConfig(pool, pool_layer=-1, topk_buffer_size=16, is_decode_consumer=True),
                layer_index=0)  # -1: the layer's layer_index
+
+
+# ---------------------------------------------------------------- graph capture (docs/design/sfa.md §6.6)
+
+class GraphServe(Serve):
+    """Serve, plus `layers` more offloaded layers (pool layers 0, 1, ... of a pool of their own) captured
+    together once for a decode bucket of every batch slot (graph_decode_padding), updated and replayed every
+    decode-only step beside the eager layer; with keep_device_kv_cache (consumer=False) the same layers run the
+    steps with prefills eagerly, as an engine does. Each has its own resident buffers and caches; the same
+    weights and tokens, so each must do exactly what the eager offloaded layer does."""
+
+    def __init__(self, *, spec=0, consumer=True, layers=1, **kw):
+        super().__init__(consumer=consumer, spec=spec, **kw)
+        self.bucket = self.max_reqs * (1 + spec)
+        self.pool_g = make_pool(self.nb, num_layers=layers)
+        for i in range(layers):
+            self.pool_g.k(i).copy_(self.pool.k(0))
+            self.pool_g.v(i).copy_(self.pool.v(0))
+        self.idx_g = [self.off_idx.clone() for _ in range(layers)]
+        self.main_g = [[t.clone() for t in self.off_main] for _ in range(layers)]  # keep_device_kv_cache only
+        self.gphs = [self.layer.impl(offload=sfa.OffloadConfig(
+            self.pool_g, pool_layer=i, topk_buffer_size=self.off_tbs, is_decode_consumer=consumer,
+            keep_device_kv_cache=not consumer, max_num_reqs=self.max_reqs, max_num_tokens=128,
+            num_speculative_tokens=spec), layer_index=i) for i in range(layers)]
+        self.gph, self.gph_idx = self.gphs[0], self.idx_g[0]
+        self.gph_b = self.layer.builder(self.nb, self.mbr, spec=spec, max_num_reqs=self.max_reqs,
+                                        graph_decode_padding=True,
+                                        offload=sfa.BuilderOffloadConfig(is_decode_consumer=consumer))
+        self.hidden_g = torch.zeros(self.bucket, D.hidden, dtype=BF16)
+        self.outs_g = [torch.zeros(self.bucket, D.hidden, dtype=BF16) for _ in range(layers)]
+        self.graph = aar.GraphParams("recording")
+        q = 1 + spec
+        n = self.max_reqs
+        state = aar.AttentionState.SpecDecoding if spec else aar.AttentionState.DecodeOnly
+        md = self.gph_b.build_for_graph_capture(
+            torch.arange(0, n * q + 1, q, dtype=torch.int32), torch.full((n,), q, dtype=torch.int32),
+            torch.zeros(n, self.mbr, dtype=torch.int32), req_ids=torch.arange(1000, 1000 + n),
+            num_input_tokens=self.bucket, state=state,
+            **({} if consumer else dict(is_prefilling=torch.zeros(n, dtype=torch.bool))))
+        pool_k, idx = self.pool_g.k(0).clone(), self.gph_idx.clone()
+        with self.graph.capture(self.bucket):
+            for i in range(layers):
+                self.gphs[i].forward(self.hidden_g, self.main_g[i] + [self.idx_g[i]], md, self.outs_g[i])
+        # Nothing ran at capture on the recording provider.
+        assert torch.equal(self.pool_g.k(0), pool_k) and torch.equal(self.gph_idx, idx)
+        assert self.graph.calls(self.bucket) == [(k, i, 0) for i in range(layers)
+                                                 for k in ("prepare", "host_callback", "prepare")]
+        self.replays = self.eager_steps = 0
+
+    def write_rows(self, r, start, end):
+        super().write_rows(r, start, end)
+        k = indexer_keys(D, IDX, self.layer.iw, r.x[:end], torch.arange(end))
+        for i, cache in enumerate(self.idx_g):
+            fill_context(D, self.layer.ws, r.x[:end], self.pool_g.k(i), self.pool_g.v(i), r.blocks, BS)
+            for p in range(start, end):
+                cache[r.blocks[p // BS], p % BS, 0] = k[p].to(BF16)
+
+    def also(self, reqs, qsl, seq_t, table, hidden, ids, kw, out, st):
+        n = hidden.shape[0]
+        if st["route"] == "with_prefills":
+            # Steps with prefills run eagerly on the same layers (and their LRUs), outside the graph.
+            md = self.gph_b.build(qsl, seq_t, table, req_ids=ids, **kw)
+            res = [torch.full_like(hidden, 3.0) for _ in self.gphs]
+            for i, layer in enumerate(self.gphs):
+                layer.forward(hidden, self.main_g[i] + [self.idx_g[i]], md, res[i])
+            self.eager_steps += 1
+        else:
+            assert n <= self.bucket
+            md = self.gph_b.build(qsl, seq_t, table, req_ids=ids, num_input_tokens=self.bucket, **kw)
+            assert md.num_kernel_reqs == self.max_reqs  # padded to the bucket
+            self.hidden_g.zero_()
+            self.hidden_g[:n] = hidden
+            for o in self.outs_g:
+                o.fill_(5.0)
+            self.graph.update(self.bucket, md)
+            self.graph.replay(self.bucket)
+            self.replays += 1
+            res = [o[:n] for o in self.outs_g]
+            assert all(torch.count_nonzero(o[n:]) == 0 for o in self.outs_g)  # the padding rows
+        # Each did what the eager offloaded layer did: same selection, LRU decisions, copies, outputs, resident
+        # buffers, pool rows and device caches.
+        for i, layer in enumerate(self.gphs):
+            assert torch.equal(layer.last_topk[:n], self.off.last_topk)
+            assert layer.last_offload_stats == st
+            torch.testing.assert_close(res[i], out, atol=1e-2, rtol=1e-2)
+            for a, b in zip(self.main_g[i], self.off_main):
+                assert torch.equal(a, b)
+            assert torch.equal(layer.resident_tokens(), self.off.resident_tokens())
+            assert torch.equal(layer.resident_k, self.off.resident_k)
+            assert torch.equal(layer.resident_v, self.off.resident_v)
+            assert torch.equal(self.pool_g.k(i), self.pool.k(0)) and torch.equal(self.pool_g.v(i), self.pool.v(0))
+            assert torch.equal(self.idx_g[i], self.off_idx)
+        return res
+
+
+@pytest.mark.parametrize("spec,rotate,layers", [(0, False, 2), (0, True, 1), (1, False, 1)])
+def test_graph_replay_matches_eager_offload(spec, rotate, layers):
+    # layers=2: two offloaded layers in one bucket share the offload workspace, replayed in layer order.
+    s = GraphServe(spec=spec, rotate=rotate, layers=layers, reject_every=3 if spec else 0)
+    serve(s, SCHEDULE, 16)
+    assert s.replays == len(s.stats) >= 14
+    total = {k: sum(st[k] for st in s.stats) for k in ("hits", "misses", "resets")}
+    # New requests reset their rows, selections change between steps: hits and misses both.
+    assert total["hits"] > 0 and total["misses"] > 0 and total["resets"] >= 5
+    if spec:
+        assert sum(st["invalidated"] for st in s.stats) > 0
+    # The replays left the rows of a batch slot with fewer requests than the bucket (padding rows) empty.
+    assert any(st["decode_rows"] < s.bucket for st in s.stats)
+
+
+def test_graph_replays_decode_steps_and_the_layer_runs_prefill_steps_eagerly():
+    # keep_device_kv_cache: mixed steps run eagerly on the captured layer, decode-only steps replay its bucket.
+    s = GraphServe(consumer=False)
+    serve(s, SCHEDULE, 20)
+    assert s.replays >= 3 and s.eager_steps >= 3 and s.replays + s.eager_steps == len(s.stats)
+    assert sum(st["misses"] for st in s.stats) > 0 and sum(st["hits"] for st in s.stats) > 0
+
+
+def test_graph_refusals_name_the_reason():
+    s = GraphServe()
+    for prompt, n in SCHEDULE[0]:
+        s.arrive(prompt, n)
+    s.step()
+    b = s.bucket
+    reqs = s.active
+    q = [1] * len(reqs)
+    seq = torch.tensor([r.n + 1 for r in reqs], dtype=torch.int32)
+    qsl = torch.tensor([0] + torch.tensor(q).cumsum(0).tolist(), dtype=torch.int32)
+    ids = torch.tensor([r.id for r in reqs])
+    tokens = s.gph.resident_tokens()
+    pool_k = s.pool_g.k(0).clone()
+
+    def unchanged():
+        assert torch.equal(s.gph.resident_tokens(), tokens) and torch.equal(s.pool_g.k(0), pool_k)
+
+    # A replay consumes its update: the next replay needs the next step's.
+    with pytest.raises(ValueError, match="before update"):
+        s.graph.replay(b)
+    # The update needs the SFA metadata of the captured builder lane, padded to the bucket.
+    md_plain = s.off_b.build(qsl, seq, s.table(reqs), req_ids=ids)
+    with pytest.raises(ValueError, match="does not fit SFA KV-offload bucket"):
+        s.graph.update(b, md_plain)
+    md_other = s.off_b.build(qsl, seq, s.table(reqs), req_ids=ids, num_input_tokens=b)
+    with pytest.raises(ValueError, match="does not fit|captured addresses"):
+        s.graph.update(b, md_other)
+    # A step with prefills runs eagerly (it reads the device cache).
+    md_pre = s.gph_b.build(torch.tensor([0, 1, 4], dtype=torch.int32), torch.tensor([seq[0], 3], dtype=torch.int32),
+                           s.table(reqs[:2]), req_ids=ids[:2], num_input_tokens=b)
+    assert md_pre.num_prefills == 1
+    with pytest.raises(NotImplementedError, match="decode-only"):
+        s.graph.update(b, md_pre)
+    with pytest.raises(ValueError, match="before update"):
+        s.graph.replay(b)
+    unchanged()
+    # A build after the update leaves stale lists: the replay refuses before anything runs.
+    md = s.gph_b.build(qsl, seq, s.table(reqs), req_ids=ids, num_input_tokens=b)
+    s.graph.update(b, md)
+    s.gph_b.build(qsl, seq, s.table(reqs), req_ids=ids, num_input_tokens=b)
+    with pytest.raises(ValueError, match="stale"):
+        s.graph.replay(b)
+    unchanged()
+    # Draft-model updates carry no host inputs for the callback.
+    with pytest.raises(NotImplementedError, match="draft"):
+        s.graph.update_draft(b, [s.gph_b.build(qsl, seq, s.table(reqs), req_ids=ids, num_input_tokens=b)])
+    # Capture refusals: a prefill batch in the capture build; a provider that cannot launch host functions.
+    with pytest.raises(NotImplementedError, match="decode-only buckets only"):
+        s.gph_b.build_for_graph_capture(torch.tensor([0, 5], dtype=torch.int32), torch.tensor([5], dtype=torch.int32),
+                                        s.table(reqs[:1]), req_ids=ids[:1], num_input_tokens=8)
+    layer2 = s.layer.impl(offload=sfa.OffloadConfig(s.pool_g, pool_layer=0, topk_buffer_size=16,
+                                                    is_decode_consumer=True, max_num_reqs=4, max_num_tokens=128),
+                          layer_index=0)
+    md = s.gph_b.build(qsl, seq, s.table(reqs), req_ids=ids, num_input_tokens=b)
+    for g, match in ((aar.GraphParams("noop"), "launch_host_func"), (aar.GraphParams("hooks"), "launch_host_func")):
+        with pytest.raises(NotImplementedError, match=match):
+            with g.capture(b):
+                layer2.forward(s.hidden_g, [s.gph_idx], md, torch.zeros_like(s.hidden_g))
+        assert not g.has(b)
+    # A device provider launches the callback once per layer at capture (the device graph replays it).
+    launched = []
+    g = aar.GraphParams("hooks", launch_host_func=launched.append)
+    with g.capture(b):
+        layer2.forward(s.hidden_g, [s.gph_idx], md, torch.zeros_like(s.hidden_g))
+    assert len(launched) == 1 and callable(launched[0])
+    assert [k for k, _, _ in g.calls(b)] == ["prepare", "host_callback", "prepare"]
+    unchanged()

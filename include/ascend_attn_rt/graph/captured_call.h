@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <vector>
 
@@ -51,6 +52,14 @@ class CapturedCall {
   // update and, on the NPU, re-issues it into its task. False for work that reads
   // only stable addresses (the device graph replays it as captured).
   bool has_params() const { return has_params_; }
+  // True for a host callback (HostCallbackCall): host work between the device
+  // kernels, launched on the captured stream as a host function on the NPU
+  // (GraphProvider::launch_host_func) and run in order by a CPU replay.
+  virtual bool runs_on_host() const { return false; }
+  // True when the call must be refreshed from the step before every replay:
+  // the calls with host parameters, and host callbacks that read per-step host
+  // inputs. A bucket holding one needs an update before each replay.
+  virtual bool needs_step() const { return has_params_; }
 
   // Throws (InvalidArgument naming the mismatch) when `step` does not fit what
   // the call was captured for in bucket `bucket`. Changes nothing. Every call's
@@ -99,6 +108,59 @@ class ClosureCall final : public CapturedCall {
  private:
   Run run_;
   Check check_;
+};
+
+// Host work recorded between device kernels (docs/design/graph.md §1.5): on the
+// NPU a host function launched on the captured stream (the stream waits for it
+// at every replay; it must not enqueue work on the captured stream itself); on
+// the CPU provider it runs in order at replay. `refresh`, when given, takes the
+// step's host inputs at each update (no device task is touched: nothing is
+// baked into the graph) and makes the bucket need an update before every replay;
+// `check` runs at each update before anything is refreshed.
+//
+// An exception thrown by `run` propagates from a CPU replay; on the NPU (a host
+// function cannot throw into the stream) it is kept and rethrown by the next
+// update's check (once), so the engine learns of it before the next replay.
+class HostCallbackCall final : public CapturedCall {
+ public:
+  using Run = std::function<void()>;
+  using Check = std::function<void(const StepParams& step, int64_t bucket)>;
+  using Refresh = std::function<void(const StepParams& step)>;
+  HostCallbackCall(int64_t layer_index, int32_t group, Run run, Check check = {}, Refresh refresh = {})
+      : CapturedCall("host_callback", layer_index, group, /*has_params=*/false),
+        run_(std::move(run)),
+        check_(std::move(check)),
+        refresh_(std::move(refresh)) {}
+  bool runs_on_host() const override { return true; }
+  bool needs_step() const override { return static_cast<bool>(refresh_); }
+  void check(const StepParams& step, int64_t bucket) const override {
+    if (error_) {
+      const std::exception_ptr e = error_;
+      error_ = nullptr;  // raised once; the update after it proceeds
+      std::rethrow_exception(e);
+    }
+    if (check_) check_(step, bucket);
+  }
+  void refresh(const StepParams& step, const UpdatePass& pass) override {
+    (void)pass;
+    if (refresh_) refresh_(step);
+  }
+  void launch() override { run_(); }
+  // The NPU trampoline: runs the callback and keeps its error (see above).
+  static void run_host(void* self) noexcept {
+    auto* c = static_cast<HostCallbackCall*>(self);
+    try {
+      c->run_();
+    } catch (...) {
+      c->error_ = std::current_exception();
+    }
+  }
+
+ private:
+  Run run_;
+  Check check_;
+  Refresh refresh_;
+  mutable std::exception_ptr error_;
 };
 
 }  // namespace aar::graph

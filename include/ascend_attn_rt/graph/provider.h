@@ -12,6 +12,9 @@
 //                            torch_npu to build.
 //   RecordingGraphProvider : CPU. Capture records the calls without running them;
 //                            replay() re-issues the recorded calls in order.
+// A captured host callback (graph/captured_call.h HostCallbackCall) is launched
+// on the NPU through launch_host_func (torch_npu: npu._launch_host_func) and run
+// in order by the CPU replay (docs/design/graph.md §1.5).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +45,14 @@ class GraphProvider {
   // True when the runtime must run the recorded calls itself at replay (CPU);
   // false when the device graph replays them (NPU).
   virtual bool replays_recorded_calls() const = 0;
+  // Capture (device graphs only): launches fn(arg) as a host function on the
+  // stream being captured, so that every replay of the graph runs it in stream
+  // order. `arg` lives until the bucket is released. The default refuses
+  // (NotSupported naming the provider).
+  virtual void launch_host_func(void (*fn)(void*), void* arg);
+  // Whether a capture may record a host callback (CPU: run at replay; device:
+  // launch_host_func works). Backends ask before recording anything.
+  virtual bool supports_host_callbacks() const { return replays_recorded_calls(); }
 };
 
 // Hooks as plain callables: a C++ engine binds them to torch_npu's C++ API
@@ -57,6 +68,9 @@ struct GraphHooks {
   std::function<void()> task_update_end;
   std::function<void(Handle)> event_record;
   std::function<void(Handle, Handle)> release;
+  // Unlike the others, an unset launch_host_func is not a no-op: a capture that
+  // records a host callback is refused (its work would silently not run).
+  std::function<void(void (*)(void*), void*)> launch_host_func;
 };
 
 class HookGraphProvider final : public GraphProvider {
@@ -84,6 +98,8 @@ class HookGraphProvider final : public GraphProvider {
     if (h_.release) h_.release(e, t);
   }
   bool replays_recorded_calls() const override { return false; }
+  void launch_host_func(void (*fn)(void*), void* arg) override;
+  bool supports_host_callbacks() const override { return static_cast<bool>(h_.launch_host_func); }
 
  private:
   GraphHooks h_;

@@ -66,8 +66,9 @@ struct BuilderConfig : core::BuilderCore {
   // is_prefilling unless a decode consumer), splits the batch with the
   // offload's rule, needs it decode-first (a decode after the first prefill
   // is rejected by name: plan/sfa_offload_plan.h) and fills
-  // Metadata::offload. The offload path is eager only: graph_decode_padding
-  // and build_for_graph_capture are refused with it.
+  // Metadata::offload. Graph mode (docs/design/sfa.md §6.6): graph_decode_padding
+  // pads decode-only steps as without offload; build_for_graph_capture takes
+  // decode-only batches only (a prefill is refused by name).
   std::optional<BuilderOffloadConfig> offload;
   // Decode context parallel with the replicated indexer (docs/design/sparse_cp.md §2):
   // this rank's place in the DCP group and the interleave size I (block_size % I == 0).

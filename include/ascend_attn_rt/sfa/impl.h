@@ -168,7 +168,10 @@ class Impl {
   // (core/backend.h): metadata == nullptr (profiling run) zero-fills output
   // and is refused inside a graph capture. While a graph capture is open the
   // layer is captured (every length it reads lives in the builder's stable
-  // buffers, so an update re-issues nothing for it).
+  // buffers, so an update re-issues nothing for it). A KV-offloaded layer
+  // captures decode-only buckets as three calls, the middle one a host
+  // callback whose per-step inputs GraphParams::update brings
+  // (sfa/graph.h; docs/design/sfa.md §6.6).
   const at::Tensor& forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv_cache, const Metadata* metadata,
                             const at::Tensor& output, TopkBuffer* topk = nullptr);
 
@@ -214,6 +217,9 @@ class Impl {
   // The offload's routing (docs/design/sfa.md §6's table) of a validated step of tk tokens.
   void run_offload(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                    const at::Tensor& output, int64_t tk);
+  // Records the offloaded layer's decode step into the open capture (docs/design/sfa.md §6.6).
+  void capture_offload(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const Metadata& md,
+                       TopkBuffer* topk, const at::Tensor& output, int64_t tk);
   // The top-k of the step's tk tokens: this layer's indexer, or the buffer's.
   const at::Tensor& select_topk(const at::Tensor& x, const mla::detail::LatentQuery& q, const Caches& c,
                                 const Metadata& md, TopkBuffer* topk, int64_t tk);

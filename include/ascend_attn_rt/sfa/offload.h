@@ -1,7 +1,8 @@
 // The SFA KV-offload variant's layer configuration (ImplConfig::offload) and the copy
 // hooks: the main cache lives in a host pool (sfa/host_pool.h); decode steps attend
 // over per-layer resident buffers holding each decode row's top-k tokens, steps with
-// prefills need keep_device_kv_cache. Eager only.
+// prefills need keep_device_kv_cache (eager only); decode-only buckets can be
+// graph-captured (docs/design/sfa.md §6.6).
 // Routing, resident path and checks: docs/design/sfa.md §6.
 #pragma once
 
@@ -16,7 +17,10 @@ class HostKvPool;
 
 // How the offload path moves rows between the host pool and the device. The
 // default makes tensor copies; an engine may batch differently (pinned staging,
-// its own streams); a test counts bytes. Called on the forward's thread.
+// its own streams); a test counts bytes. Called on the forward's thread; in a
+// captured bucket on a device, from the host callback at replay (torch_npu's
+// report thread): the copies must be complete when a call returns, and must not
+// go to the captured stream (docs/design/sfa.md §6.6).
 class OffloadCopyHooks {
  public:
   virtual ~OffloadCopyHooks() = default;
