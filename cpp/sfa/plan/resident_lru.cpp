@@ -235,6 +235,7 @@ void ResidentLru::set_threads(int32_t threads) {
     s.miss_token.assign(cap, 0);
     s.found.assign(cap, 0);
     s.victim_pos.assign(cap, 0);
+    s.squeeze.assign(static_cast<std::size_t>(queue_size_), 0);
     s.maybe_dup.assign(cap, 0);
   }
   scratch_ = std::move(fresh);
@@ -281,6 +282,7 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
   uint8_t* maybe_dup = scratch.maybe_dup.data();
   int32_t* victim = scratch.found.data();  // (d)'s victims; found is only used before
   uint32_t* victim_pos = scratch.victim_pos.data();
+  uint32_t* squeeze = scratch.squeeze.data();
   const uint32_t qmask = static_cast<uint32_t>(queue_size_) - 1;
   uint64_t bloom[(1 << kBloomBits) / 64];
   std::memset(bloom, 0, sizeof(bloom));
@@ -355,8 +357,14 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
     // the same slots, no change of state (the block's hits are K - 1 - pos).
     const int32_t sp = in.stable_prefix[r];
     if (rh.clean && rh.clean_k == K && rh.max_token < sp && std::memcmp(tk, prev, uk * sizeof(int32_t)) == 0) {
-      for (int32_t pos = 0; pos < K; ++pos) {
-        cur[pos] = static_cast<int32_t>(queue[(rh.tail - 1 - static_cast<uint32_t>(pos)) & qmask]);
+      const uint32_t first = (rh.tail - static_cast<uint32_t>(K)) & qmask;
+      if (first + uk <= static_cast<std::size_t>(queue_size_)) {  // the block does not wrap
+        const Idx* last = queue + first + uk - 1;
+        for (int32_t pos = 0; pos < K; ++pos) cur[pos] = static_cast<int32_t>(last[-pos]);
+      } else {
+        for (int32_t pos = 0; pos < K; ++pos) {
+          cur[pos] = static_cast<int32_t>(queue[(rh.tail - 1 - static_cast<uint32_t>(pos)) & qmask]);
+        }
       }
       st.hits += K;
       continue;
@@ -396,24 +404,30 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
 
     // Room for this step's block of K entries in the ring: squeeze the stale
     // entries out (live entries <= capacity, so K <= capacity always fits).
-    // Without branches (live and stale entries interleave unpredictably):
-    // every entry is written at j, which only a live one advances, and the
-    // new position is written to the live entry's slot or, for a stale one,
-    // to the sentinel (whose stamp stays below the entries still to read:
-    // j <= i). Positions never decrease below head, so every resident's
-    // stamp stays below the new block.
+    // The live ones are listed without a branch per entry (live and stale
+    // entries interleave unpredictably), reading the ring in its one or two
+    // contiguous pieces, then written back from ring position 0 on.
     if (rh.tail - rh.head + static_cast<uint32_t>(K) > static_cast<uint32_t>(queue_size_)) {
-      uint32_t j = rh.head;
-      for (uint32_t i = rh.head; i != rh.tail; ++i) {
-        const Idx s = queue[i & qmask];
-        const bool live = slots[s].stamp == i;
-        const uint32_t stale = static_cast<uint32_t>(live) - 1;  // 0 or all ones
-        queue[j & qmask] = s;
-        slots[s ^ ((s ^ static_cast<uint32_t>(kEmpty)) & stale)].stamp = j;
-        j += static_cast<uint32_t>(live);
+      uint32_t n = 0;
+      uint32_t i = rh.head;
+      while (i != rh.tail) {
+        const uint32_t from = i & qmask;
+        const uint32_t len = std::min(rh.tail - i, static_cast<uint32_t>(queue_size_) - from);
+        const Idx* piece = queue + from;
+        for (uint32_t k = 0; k < len; ++k) {
+          const Idx e = piece[k];
+          squeeze[n] = e;
+          n += static_cast<uint32_t>(slots[e].stamp == i + k);
+        }
+        i += len;
       }
-      slots[cap].stamp = kNever;
-      rh.tail = j;
+      for (uint32_t k = 0; k < n; ++k) {
+        const Idx e = static_cast<Idx>(squeeze[k]);
+        queue[k] = e;
+        slots[e].stamp = k;
+      }
+      rh.head = 0;
+      rh.tail = n;
     }
     // Virtual positions about to grow past kRenumberAt (once in about 2^31 / K
     // steps of a row): shift every position down by whole rings.

@@ -104,6 +104,7 @@ class ResidentLru {
   struct Scratch {
     std::vector<int32_t> miss_pos, miss_token, found;  // capacity each
     std::vector<uint32_t> victim_pos;                  // capacity
+    std::vector<uint32_t> squeeze;                     // queue_size_
     std::vector<uint8_t> maybe_dup;                    // capacity
   };
   // Rows [begin, end); their misses go to misses[0 ..), counted in the stats.
