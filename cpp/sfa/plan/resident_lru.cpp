@@ -7,7 +7,8 @@
 //                     Slot `capacity` is a sentinel (token -1, stamp kNever):
 //                     the hash table's empty mark and the queue's padding.
 //   free  [capacity]  ring of the empty slots, in the order they are used
-//   queue [queue_size_] recency queue of slot ids, a ring: positions only grow
+//   queue [queue_size_] recency queue of slot ids, a ring: positions grow (a
+//                     squeeze restarts them at 0)
 //                     (entry q is at q mod queue_size_), least recent at
 //                     `head`; the entry at position q is live iff
 //                     slots[its slot].stamp == q.
@@ -22,10 +23,11 @@
 //                     on): eviction skips them, and a hit whose stamp is
 //                     already in the current block is a repeat. Eviction
 //                     advances `head`; when the ring has no room for a block,
-//                     the stale entries are squeezed out. The ring is 6-12 x
-//                     capacity, so a steady decode that evicts about as many
-//                     entries as it appends never squeezes (at 90% hits the
-//                     live entries span about 10 blocks of K).
+//                     the stale entries are squeezed out. The ring is 3-6 x
+//                     capacity (the previous queue's size: a ring of 6-12 x
+//                     capacity squeezed less often at 90% hits but was slower
+//                     where nothing is evicted, its blocks landing on cold
+//                     cache lines).
 //   table [table_size_] open-addressing hash (linear probing) token -> slot: an
 //                     entry holds a slot id and the key is slots[id].token, in
 //                     the same cache line as the stamp a hit writes next; load
@@ -92,7 +94,7 @@ constexpr uint32_t kRenumberAt = AAR_LRU_RENUMBER_AT;
 
 int32_t queue_size_for(int32_t capacity) {
   int64_t q = 2;
-  while (q < 6 * static_cast<int64_t>(capacity)) q *= 2;
+  while (q < 3 * static_cast<int64_t>(capacity)) q *= 2;
   return static_cast<int32_t>(q);
 }
 

@@ -116,7 +116,7 @@ class ResidentLru {
 
   int32_t max_rows_ = 0, capacity_ = 0, threads_ = 1;
   int32_t table_size_ = 0;  // hash slots per row (power of two >= 2 x capacity)
-  int32_t queue_size_ = 0;  // recency queue entries per row (a ring; power of two >= 6 x capacity)
+  int32_t queue_size_ = 0;  // recency queue entries per row (a ring; power of two >= 3 x capacity)
   std::vector<RowHead> heads_;
   std::vector<SlotInfo> slots_;      // max_rows x (capacity + 1): slot `capacity` is a sentinel
   std::vector<int32_t> prev_topk_;   // max_rows x capacity: a clean row's last top-k
