@@ -885,3 +885,25 @@ TEST(ResidentLru, ConcurrentStepsOnTwoLrusShareTheHelperPool) {
   EXPECT_EQ(ma, mr);
   EXPECT_EQ(mb, mr);
 }
+
+TEST(ResidentLru, LongRunsWrapTheQueuePositionsAndStamps) {
+  // Mostly misses, so eviction keeps up with the appended blocks and the ring
+  // is never squeezed: queue positions pass 2^16 several times (16-bit stamps
+  // are compared modulo 2^16), with hits, repeats, invalid entries and tokens
+  // dropped past the stable prefix on the way.
+  constexpr int32_t K = 4, cap = 8;
+  Twin tw(1, cap);
+  std::mt19937 rng(3);
+  int32_t next = 0;
+  std::vector<int32_t> prev;
+  for (int step = 0; step < 50000 && !HasFailure(); ++step) {
+    std::vector<int32_t> row;
+    if (!prev.empty() && rng() % 4 == 0) row.push_back(prev[rng() % prev.size()]);
+    while (static_cast<int32_t>(row.size()) < K) row.push_back(next++);
+    if (rng() % 16 == 0) row[rng() % K] = -1;
+    if (rng() % 32 == 0) row[1] = row[0];
+    const int32_t sp = rng() % 8 == 0 ? std::max(0, next - 2) : next;
+    tw.one(K, row, "long run", 1, sp);
+    prev = row;
+  }
+}

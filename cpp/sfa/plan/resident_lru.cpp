@@ -2,16 +2,21 @@
 // (a)-(g)); the decisions where upstream is silent are in the header.
 //
 // Per row:
-//   slots [capacity + 1] SlotInfo {token, stamp}: the slot's token (-1 empty) and
-//                     the queue position of its live entry (kNever when empty).
-//                     Slot `capacity` is a sentinel (token -1, stamp kNever):
-//                     the hash table's empty mark and the queue's padding.
+//   tokens [capacity + 1] the slot's token (-1 empty); slot `capacity` is a
+//                     sentinel (token -1): the hash table's empty mark and the
+//                     queue's padding.
+//   stamps [capacity + 1] the queue position of the slot's live entry, modulo
+//                     2^bits of the index type (positions are uint32 and wrap).
+//                     The ring is at most 2^(bits - 2) entries, so positions
+//                     in the ring's window are distinct modulo 2^bits and a
+//                     stamp placed half the range away from the window (an
+//                     emptied slot's, the sentinel's) matches no entry in it.
 //   free  [capacity]  ring of the empty slots, in the order they are used
 //   queue [queue_size_] recency queue of slot ids, a ring: positions grow (a
 //                     squeeze restarts them at 0)
 //                     (entry q is at q mod queue_size_), least recent at
 //                     `head`; the entry at position q is live iff
-//                     slots[its slot].stamp == q.
+//                     stamps[its slot] == q.
 //                     Each step appends one block of exactly K entries: the
 //                     padding (sentinels, one per invalid or repeated entry),
 //                     then the assigned slots in reverse top-k order, then the
@@ -29,8 +34,7 @@
 //                     where nothing is evicted, its blocks landing on cold
 //                     cache lines).
 //   table [table_size_] open-addressing hash (linear probing) token -> slot: an
-//                     entry holds a slot id and the key is slots[id].token, in
-//                     the same cache line as the stamp a hit writes next; load
+//                     entry holds a slot id and the key is tokens[id]; load
 //                     <= 1/2. Deletion shifts back (no tombstones).
 // Every resident slot has exactly one live queue entry and one table entry;
 // every empty slot is in the free ring.
@@ -68,16 +72,14 @@ namespace aar::plan {
 namespace {
 
 constexpr int32_t kMaxCapacity = 1 << 24;
-// Capacities up to this use 16-bit index arrays (slot ids <= capacity, the sentinel included).
-constexpr int32_t kMaxNarrowCapacity = 16383;
-constexpr uint32_t kNever = 0xFFFFFFFFu;     // the stamp of an empty slot: above every queue position
+// Capacities up to this use 16-bit index arrays (slot ids <= capacity, the
+// sentinel included; stamps modulo 2^16, so the ring, a power of two >= 3 x
+// capacity, must stay <= 2^14 entries).
+constexpr int32_t kMaxNarrowCapacity = 5461;
 constexpr uint32_t kHashMul = 0x9E3779B1u;   // Fibonacci hashing: consecutive positions spread out
 constexpr uint32_t kBloomMul = 0x85EBCA6Bu;  // an independent 12-bit hash for the duplicate filter
 constexpr int kBloomBits = 12;
 constexpr int32_t kTableLoad = 2;  // table slots per capacity slot (load <= 1/2; 1/4 measured slower)
-#ifndef AAR_LRU_QUEUE
-#define AAR_LRU_QUEUE 4
-#endif  // table slots per capacity slot
 
 int32_t table_size_for(int32_t capacity) {
   int32_t t = 2;
@@ -85,13 +87,8 @@ int32_t table_size_for(int32_t capacity) {
   return t;
 }
 
-// Queue positions are virtual (they only grow; entry q is at q mod the ring
-// size); a row whose positions pass this is renumbered.
-#ifndef AAR_LRU_RENUMBER_AT  // lowered in a test build to exercise the renumbering
-#define AAR_LRU_RENUMBER_AT 0x80000000u
-#endif
-constexpr uint32_t kRenumberAt = AAR_LRU_RENUMBER_AT;
-
+// The ring: a power of two >= 3 x capacity (queue positions are uint32 that
+// wrap; entry q is at q mod the ring size).
 int32_t queue_size_for(int32_t capacity) {
   int64_t q = 2;
   while (q < 3 * static_cast<int64_t>(capacity)) q *= 2;
@@ -212,9 +209,10 @@ ResidentLru::ResidentLru(int32_t max_rows, int32_t capacity, int32_t threads) {
   queue_size_ = queue_size_for(capacity);
   const std::size_t rows = static_cast<std::size_t>(max_rows);
   const std::size_t cap = static_cast<std::size_t>(capacity);
-  const std::size_t stride = cap + static_cast<std::size_t>(queue_size_) + static_cast<std::size_t>(table_size_);
+  const std::size_t stride =
+      2 * cap + 1 + static_cast<std::size_t>(queue_size_) + static_cast<std::size_t>(table_size_);
   heads_.assign(rows, RowHead{});
-  slots_.assign(rows * (cap + 1), SlotInfo{-1, kNever});
+  tokens_.assign(rows * (cap + 1), -1);
   prev_topk_.assign(rows * cap, 0);
   if (capacity <= kMaxNarrowCapacity) {
     index16_.assign(rows * stride, 0);
@@ -259,9 +257,8 @@ int32_t ResidentLru::token_at(int32_t row, int32_t slot) const {
   AAR_CHECK_ARG(row >= 0 && row < max_rows_, "token_at: row=", row, " is out of range [0, ", max_rows_, ")");
   AAR_CHECK_ARG(slot >= 0 && slot < capacity_, "token_at: slot=", slot, " is out of range [0, ", capacity_, ")");
   if (!heads_[static_cast<std::size_t>(row)].has_req) return -1;
-  return slots_[static_cast<std::size_t>(row) * (static_cast<std::size_t>(capacity_) + 1) +
-                static_cast<std::size_t>(slot)]
-      .token;
+  return tokens_[static_cast<std::size_t>(row) * (static_cast<std::size_t>(capacity_) + 1) +
+                 static_cast<std::size_t>(slot)];
 }
 
 template <class Idx>
@@ -275,7 +272,10 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
   const std::size_t uk = static_cast<std::size_t>(K);
   const uint32_t mask = static_cast<uint32_t>(table_size_) - 1;
   const int shift = 32 - log2_of(table_size_);
-  const std::size_t stride = ucap + static_cast<std::size_t>(queue_size_) + static_cast<std::size_t>(table_size_);
+  const std::size_t stride =
+      2 * ucap + 1 + static_cast<std::size_t>(queue_size_) + static_cast<std::size_t>(table_size_);
+  // Half the stamp range: a stamp this far from every position of the ring's window matches none.
+  constexpr Idx kHalf = static_cast<Idx>(Idx{1} << (8 * sizeof(Idx) - 1));
   const auto home = [shift](int32_t t) { return (static_cast<uint32_t>(t) * kHashMul) >> shift; };
 
   int32_t* miss_pos = scratch.miss_pos.data();
@@ -293,8 +293,9 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
 
   for (std::size_t r = static_cast<std::size_t>(begin); r < rows; ++r) {
     RowHead& rh = heads_[r];
-    SlotInfo* slots = slots_.data() + r * (ucap + 1);
-    Idx* free_ring = index + r * stride;
+    int32_t* tok = tokens_.data() + r * (ucap + 1);
+    Idx* stamp = index + r * stride;
+    Idx* free_ring = stamp + ucap + 1;
     Idx* queue = free_ring + ucap;
     Idx* table = queue + queue_size_;
     int32_t* prev = prev_topk_.data() + r * ucap;
@@ -306,7 +307,7 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
     const auto find = [&](int32_t t) {
       uint32_t h = home(t);
       Idx e;
-      while ((e = table[h]) != kEmpty && slots[e].token != t) h = (h + 1) & mask;
+      while ((e = table[h]) != kEmpty && tok[e] != t) h = (h + 1) & mask;
       return e;
     };
     // Removes the table entry at position i, shifting later entries of the
@@ -317,7 +318,7 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
         j = (j + 1) & mask;
         const Idx e = table[j];
         if (e == kEmpty) break;
-        const uint32_t k = home(slots[e].token);
+        const uint32_t k = home(tok[e]);
         if (((j - k) & mask) >= ((j - i) & mask)) {
           table[i] = e;
           i = j;
@@ -333,11 +334,12 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
     };
 
     if (r + 1 < rows) {  // pull the next row's table and slots towards L2
-      const char* lines[2] = {reinterpret_cast<const char*>(table + stride),
-                              reinterpret_cast<const char*>(slots + ucap + 1)};
-      const std::size_t bytes[2] = {sizeof(Idx) * static_cast<std::size_t>(table_size_),
-                                    sizeof(SlotInfo) * ucap};
-      for (int a = 0; a < 2; ++a) {
+      const char* lines[3] = {reinterpret_cast<const char*>(table + stride),
+                              reinterpret_cast<const char*>(tok + ucap + 1),
+                              reinterpret_cast<const char*>(stamp + stride)};
+      const std::size_t bytes[3] = {sizeof(Idx) * static_cast<std::size_t>(table_size_), sizeof(int32_t) * ucap,
+                                    sizeof(Idx) * ucap};
+      for (int a = 0; a < 3; ++a) {
         for (std::size_t o = 0; o < bytes[a]; o += 64) __builtin_prefetch(lines[a] + o, 0, 2);
       }
     }
@@ -345,7 +347,7 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
     // (a) a new request: every slot empty, used in the order 0, 1, ...
     const uint64_t req = in.req_ids[r];
     if (!rh.has_req || rh.req != req) {
-      std::fill(slots, slots + ucap + 1, SlotInfo{-1, kNever});
+      std::fill(tok, tok + ucap + 1, -1);  // no queue entries: the stamps do not matter
       for (int32_t s = 0; s < cap; ++s) free_ring[s] = static_cast<Idx>(s);
       std::fill(table, table + table_size_, kEmpty);
       rh = RowHead{};
@@ -388,13 +390,14 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
       } else {
         for (int32_t s = 0; s < cap; ++s) {
           found[n_found] = s;
-          n_found += slots[s].token >= sp;  // sp >= 0, so an empty slot (-1) never counts
+          n_found += tok[s] >= sp;  // sp >= 0, so an empty slot (-1) never counts
         }
       }
       for (int32_t i = 0; i < n_found; ++i) {
         const Idx s = static_cast<Idx>(found[i]);
-        erase_slot(slots[s].token, s);
-        slots[s] = SlotInfo{-1, kNever};  // its queue entry turns stale
+        erase_slot(tok[s], s);
+        tok[s] = -1;
+        stamp[s] = static_cast<Idx>(rh.tail + kHalf);  // its queue entry turns stale
         int32_t at = rh.free_head + rh.free_count;
         if (at >= cap) at -= cap;
         free_ring[at] = s;
@@ -419,28 +422,20 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
         for (uint32_t k = 0; k < len; ++k) {
           const Idx e = piece[k];
           squeeze[n] = e;
-          n += static_cast<uint32_t>(slots[e].stamp == i + k);
+          n += static_cast<uint32_t>(stamp[e] == static_cast<Idx>(i + k));
         }
         i += len;
       }
       for (uint32_t k = 0; k < n; ++k) {
         const Idx e = static_cast<Idx>(squeeze[k]);
         queue[k] = e;
-        slots[e].stamp = k;
+        stamp[e] = static_cast<Idx>(k);
       }
       rh.head = 0;
       rh.tail = n;
     }
-    // Virtual positions about to grow past kRenumberAt (once in about 2^31 / K
-    // steps of a row): shift every position down by whole rings.
-    if (rh.tail >= kRenumberAt) {
-      const uint32_t shift_by = rh.head & ~qmask;
-      for (int32_t s = 0; s < cap; ++s) {
-        if (slots[s].stamp != kNever) slots[s].stamp -= shift_by;
-      }
-      rh.head -= shift_by;
-      rh.tail -= shift_by;
-    }
+    // The sentinel (padding) matches no position of this step's window.
+    stamp[cap] = static_cast<Idx>(rh.tail + kHalf);
     const uint32_t block = rh.tail;
     const uint32_t top = block + static_cast<uint32_t>(K) - 1;  // the block's last (most recent) position
 
@@ -459,16 +454,15 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
         continue;
       }
       // find(t) with the sentinel holding t: the probe ends at t or at an empty entry.
-      slots[cap].token = t;
+      tok[cap] = t;
       uint32_t h = home(t);
       Idx e;
-      while (slots[e = table[h]].token != t) h = (h + 1) & mask;
+      while (tok[e = table[h]] != t) h = (h + 1) & mask;
       if (e != kEmpty) {
         cur[pos] = static_cast<int32_t>(e);
-        SlotInfo& si = slots[e];
-        if (si.stamp < block) {
+        if (static_cast<Idx>(stamp[e] - static_cast<Idx>(block)) >= static_cast<Idx>(K)) {  // not yet in the block
           const uint32_t q = top - nh;
-          si.stamp = q;
+          stamp[e] = static_cast<Idx>(q);
           queue[q & qmask] = e;
           ++nh;
         } else {
@@ -484,7 +478,7 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
         ++nm;
       }
     }
-    slots[cap].token = -1;
+    tok[cap] = -1;
     st.hits += nh;
 
     // (d), (e): the misses take the empty slots, then the least recent
@@ -501,7 +495,7 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
         const Idx s = queue[i & qmask];
         victim[n] = static_cast<int32_t>(s);
         victim_pos[n] = i;
-        n += static_cast<int32_t>(slots[s].stamp == i);
+        n += static_cast<int32_t>(stamp[s] == static_cast<Idx>(i));
       }
     }
     int32_t n_victims = 0;
@@ -528,9 +522,10 @@ ResidentStepStats ResidentLru::run_rows(const ResidentStepInputs& in, const Resi
         v = static_cast<Idx>(victim[n_victims]);
         rh.head = victim_pos[n_victims] + 1;
         ++n_victims;
-        erase_slot(slots[v].token, v);
+        erase_slot(tok[v], v);
       }
-      slots[v] = SlotInfo{t, q};
+      tok[v] = t;
+      stamp[v] = static_cast<Idx>(q);
       queue[q & qmask] = v;
       --q;
       uint32_t h = home(t);

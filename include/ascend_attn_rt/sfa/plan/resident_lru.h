@@ -95,11 +95,6 @@ class ResidentLru {
     int32_t free_head = 0;   // ring of empty slots: free_count entries from free_head
     int32_t free_count = 0;
   };
-  // A slot: its token (-1: empty) and the queue position of its live entry.
-  struct SlotInfo {
-    int32_t token;
-    uint32_t stamp;
-  };
   // Scratch of one thread's rows (no allocation per step).
   struct Scratch {
     std::vector<int32_t> miss_pos, miss_token, found;  // capacity each
@@ -118,9 +113,9 @@ class ResidentLru {
   int32_t table_size_ = 0;  // hash slots per row (power of two >= 2 x capacity)
   int32_t queue_size_ = 0;  // recency queue entries per row (a ring; power of two >= 3 x capacity)
   std::vector<RowHead> heads_;
-  std::vector<SlotInfo> slots_;      // max_rows x (capacity + 1): slot `capacity` is a sentinel
+  std::vector<int32_t> tokens_;      // max_rows x (capacity + 1): slot `capacity` is a sentinel
   std::vector<int32_t> prev_topk_;   // max_rows x capacity: a clean row's last top-k
-  // Per-row index arrays (free ring, queue, hash table; slot ids): 16-bit when
+  // Per-row index arrays (stamps, free ring, queue, hash table): 16-bit when
   // capacity allows it (less memory traffic), else 32-bit; one vector is empty.
   std::vector<uint16_t> index16_;
   std::vector<uint32_t> index32_;
