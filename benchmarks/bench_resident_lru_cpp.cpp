@@ -4,21 +4,28 @@
 // and decode step. Steady decode: each row's top-k at step n+1 keeps a share
 // `hit` of step n's tokens (a random subset) and takes the rest from positions
 // never selected before (so they are misses), in a random order (the indexer
-// sorts by score, not position). The sequence of steps is generated up front;
-// every repeat starts from an empty LRU, runs `warm` steps untimed (the rows
-// fill up and reach the steady state), then times the following steps one
-// after the other. Reported: the median over repeats of the mean time per
-// step (wall; and the process CPU time per step, all threads: on a shared
-// machine the steadier figure), with the hits and misses (copies) per step, on one thread and on the
-// machine's hardware threads (ResidentLru's default: rows split over threads
-// when each gets >= kMinRowsPerThread rows), beside the recorded figure of the
-// step before issue 30's rework (one thread; `baseline_us_per_step`).
+// sorts by score, not position); the "unchanged" case repeats each row's
+// top-k exactly. The sequence of steps is generated up front; every repeat
+// starts from an empty LRU, runs 16 steps untimed (the rows fill up and
+// reach the steady state: at 90% hits the empty slots last about ten steps,
+// and an earlier version of this benchmark, warming 6, timed steps that
+// evicted nothing yet), then times the following steps one after the other. Reported: the median over repeats of the mean time per step (wall;
+// and the process CPU time per step, all threads: on a shared machine the
+// steadier figure), with the hits and misses (copies) per step, for
+//   - "before": the step as it was before issue 30's rework (the previous
+//     implementation, kept in benchmarks/legacy_resident_lru.h), one thread;
+//   - the current step on one thread (ResidentLru's default) and on the
+//     machine's hardware threads (rows split over the helper pool when each
+//     thread gets >= kMinRowsPerThread rows).
+// The variants run interleaved (one repeat of each in turn), so a change of
+// machine load shows in all of them alike.
 //
 // Also reported, as a floor for the same data volume: one memcpy of the step's
 // top-k into current_slots (rows x K int32 read and written once).
 //
 //   build/bench_resident_lru_cpp [--out benchmarks/results/cpp_resident_lru.json] [--quick] [--only SUBSTRING]
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -30,6 +37,7 @@
 
 #include "ascend_attn_rt/sfa/plan/resident_lru.h"
 #include "bench_timing.h"
+#include "legacy_resident_lru.h"
 
 namespace {
 
@@ -44,39 +52,18 @@ struct Case {
   int32_t rows;
   double hit;       // share of step n's tokens kept at step n+1
   int32_t spec = 0;  // > 0: the last `spec` positions selected so far lie past the stable prefix
+  bool same = false;  // every step repeats the previous top-k exactly (the same order)
 };
 
 struct Result {
   Case c;
+  std::string impl;  // "before" or "current"
   int32_t threads;
   double us, us_min, cpu_us, hits, misses, invalidated;
 };
 
-// The step before issue 30's rework (commit 6d9844b, one thread, no thread
-// option): its median us per step from benchmarks/results/cpp_resident_lru.json
-// as that commit recorded it, on this 2-core machine (shared, so figures move
-// by tens of percent between runs).
-struct Baseline {
-  const char* name;
-  int32_t rows;
-  double us;
-};
-constexpr Baseline kBaseline[] = {
-    {"0% hits (all new)", 256, 15113},    {"50% hits", 256, 13479.1},
-    {"90% hits (steady decode)", 256, 5179.41}, {"100% hits (same set)", 256, 2787.88},
-    {"90% hits, MTP: 2 past stable prefix", 256, 5350.31}, {"90% hits", 32, 563.865},
-    {"0% hits", 32, 1377.3},              {"90% hits", 1, 16.989},
-    {"0% hits", 1, 41.8148},
-};
 // Issue 30's target for the 256-row, 90%-hit step.
 constexpr double kTargetUs = 500;
-
-double baseline_us(const Case& c) {
-  for (const Baseline& b : kBaseline) {
-    if (c.name == b.name && c.rows == b.rows) return b.us;
-  }
-  return 0;
-}
 
 // steps x (rows x K) top-k arrays and the stable prefixes of each step.
 struct Sequence {
@@ -94,7 +81,9 @@ Sequence make_sequence(const Case& c, int steps, uint32_t seed) {
     for (int32_t r = 0; r < c.rows; ++r) {
       std::vector<int32_t> row;
       row.reserve(k);
-      if (!prev[r].empty()) {
+      if (c.same && !prev[r].empty()) {
+        row = prev[r];
+      } else if (!prev[r].empty()) {
         std::vector<int32_t> keep = prev[r];
         std::shuffle(keep.begin(), keep.end(), rng);
         keep.resize(static_cast<std::size_t>(c.hit * kK + 0.5));
@@ -104,7 +93,7 @@ Sequence make_sequence(const Case& c, int steps, uint32_t seed) {
       // steps lie past the stable prefix (rewritten), so they are dropped.
       stable[r] = c.spec > 0 ? std::max(0, next_fresh[r] - c.spec) : (1 << 30);
       while (row.size() < k) row.push_back(next_fresh[r]++);
-      std::shuffle(row.begin(), row.end(), rng);
+      if (!(c.same && !prev[r].empty())) std::shuffle(row.begin(), row.end(), rng);
       std::copy(row.begin(), row.end(), topk.begin() + static_cast<std::size_t>(r) * k);
       prev[r] = row;
     }
@@ -114,47 +103,72 @@ Sequence make_sequence(const Case& c, int steps, uint32_t seed) {
   return seq;
 }
 
-Result run_case(const Case& c, const Sequence& seq, int32_t threads, int steps, int warm, int repeats) {
-  ResidentLru lru(c.rows, kCapacity, threads);
+// One repeat: a fresh LRU, `warm` untimed steps, the rest timed. Returns
+// {wall us per step, cpu us per step, hits, misses, invalidated per step}.
+template <class Lru>
+std::array<double, 5> run_once(Lru& lru, const Case& c, const Sequence& seq, int steps, int warm) {
   const std::size_t n = static_cast<std::size_t>(c.rows) * kK;
   std::vector<int32_t> current(n);
   std::vector<ResidentMiss> misses(n);
   std::vector<uint64_t> req(c.rows);
   std::iota(req.begin(), req.end(), 1u);
-  std::vector<double> samples, cpu_samples;
-  double hits = 0, miss = 0, inval = 0;
-  for (int rep = 0; rep < repeats; ++rep) {
-    double cpu_us = 0;
-    lru.reset();
-    hits = miss = inval = 0;
-    aar::plan::ResidentStepInputs in;
-    in.K = kK;
-    in.req_ids = req;
-    const aar::plan::ResidentStepOutputs out{current, misses};
-    double us = 0;
-    for (int s = 0; s < steps; ++s) {
-      in.topk = seq.topk[s];
-      in.stable_prefix = seq.stable[s];
-      const std::clock_t c0 = std::clock();
-      const auto t0 = Clock::now();
-      const auto st = lru.step(in, out);
-      const auto t1 = Clock::now();
-      const std::clock_t c1 = std::clock();
-      if (s >= warm) {
-        us += std::chrono::duration<double, std::micro>(t1 - t0).count();
-        cpu_us += 1e6 * static_cast<double>(c1 - c0) / CLOCKS_PER_SEC;
-        hits += static_cast<double>(st.hits);
-        miss += static_cast<double>(st.misses);
-        inval += static_cast<double>(st.invalidated);
-      }
+  lru.reset();
+  aar::plan::ResidentStepInputs in;
+  in.K = kK;
+  in.req_ids = req;
+  const aar::plan::ResidentStepOutputs out{current, misses};
+  double us = 0, cpu_us = 0, hits = 0, miss = 0, inval = 0;
+  for (int s = 0; s < steps; ++s) {
+    in.topk = seq.topk[s];
+    in.stable_prefix = seq.stable[s];
+    const std::clock_t c0 = std::clock();
+    const auto t0 = Clock::now();
+    const auto st = lru.step(in, out);
+    const auto t1 = Clock::now();
+    const std::clock_t c1 = std::clock();
+    if (s >= warm) {
+      us += std::chrono::duration<double, std::micro>(t1 - t0).count();
+      cpu_us += 1e6 * static_cast<double>(c1 - c0) / CLOCKS_PER_SEC;
+      hits += static_cast<double>(st.hits);
+      miss += static_cast<double>(st.misses);
+      inval += static_cast<double>(st.invalidated);
     }
-    samples.push_back(us / (steps - warm));
-    cpu_samples.push_back(cpu_us / (steps - warm));
   }
-  std::sort(samples.begin(), samples.end());
-  std::sort(cpu_samples.begin(), cpu_samples.end());
   const double timed = steps - warm;
-  return Result{c, threads, samples[samples.size() / 2], samples.front(), cpu_samples[cpu_samples.size() / 2], hits / timed, miss / timed, inval / timed};
+  return {us / timed, cpu_us / timed, hits / timed, miss / timed, inval / timed};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The variants of one case, interleaved repeat by repeat.
+std::vector<Result> run_case(const Case& c, const Sequence& seq, int32_t hw, int steps, int warm, int repeats) {
+  struct Variant {
+    std::string impl;
+    int32_t threads;
+    std::vector<double> us, cpu;
+    std::array<double, 5> last{};
+  };
+  std::vector<Variant> variants = {{"before", 1, {}, {}, {}}, {"current", 1, {}, {}, {}}};
+  if (hw > 1 && c.rows >= 2 * ResidentLru::kMinRowsPerThread) variants.push_back({"current", hw, {}, {}, {}});
+  aar_bench::legacy::LegacyResidentLru before(c.rows, kCapacity, 1);
+  ResidentLru one(c.rows, kCapacity, 1), many(c.rows, kCapacity, hw);
+  for (int rep = 0; rep < repeats; ++rep) {
+    for (Variant& v : variants) {
+      v.last = v.impl == "before" ? run_once(before, c, seq, steps, warm)
+                                  : run_once(v.threads == 1 ? one : many, c, seq, steps, warm);
+      v.us.push_back(v.last[0]);
+      v.cpu.push_back(v.last[1]);
+    }
+  }
+  std::vector<Result> results;
+  for (const Variant& v : variants) {
+    results.push_back(Result{c, v.impl, v.threads, median(v.us), *std::min_element(v.us.begin(), v.us.end()),
+                             median(v.cpu), v.last[2], v.last[3], v.last[4]});
+  }
+  return results;
 }
 
 double memcpy_floor_us(int32_t rows, int repeats) {
@@ -186,26 +200,24 @@ int main(int argc, char** argv) {
       {"50% hits", 256, 0.5},
       {"90% hits (steady decode)", 256, 0.9},
       {"100% hits (same set)", 256, 1.0},
+      {"100% hits, unchanged selection", 256, 1.0, 0, true},
       {"90% hits, MTP: 2 past stable prefix", 256, 0.9, 2},
       {"90% hits", 32, 0.9},
       {"0% hits", 32, 0.0},
       {"90% hits", 1, 0.9},
       {"0% hits", 1, 0.0},
   };
-  // One thread, then the default (the hardware threads) where the rows are
-  // enough to split.
-  const int32_t hw = ResidentLru(1, 1).threads();
+  const int32_t hw = ResidentLru(1, 1, 0).threads();
   std::vector<Result> results;
   for (const Case& c : cases) {
     if (!only.empty() && (std::to_string(c.rows) + " rows, " + c.name).find(only) == std::string::npos) continue;
     // Fewer rows: more steps, so each repeat is long enough to time.
     const int timed = quick ? 6 : (c.rows >= 256 ? 16 : (c.rows >= 32 ? 64 : 512));
-    const int warm = 6;
+    // Warm-up: at 90% hits the 2048 empty slots left after the first step last
+    // about ten steps; the timed steps start once rows evict (the steady state).
+    const int warm = 16;
     const Sequence seq = make_sequence(c, warm + timed, 1234u + static_cast<uint32_t>(c.rows));
-    results.push_back(run_case(c, seq, 1, warm + timed, warm, repeats));
-    if (hw > 1 && c.rows >= 2 * ResidentLru::kMinRowsPerThread) {
-      results.push_back(run_case(c, seq, hw, warm + timed, warm, repeats));
-    }
+    for (Result& r : run_case(c, seq, hw, warm + timed, warm, repeats)) results.push_back(std::move(r));
   }
   std::vector<std::pair<int32_t, double>> floors;
   if (only.empty()) {
@@ -213,15 +225,15 @@ int main(int argc, char** argv) {
   }
 
   std::printf("K=%d, capacity=%d, one layer's step; hardware threads %d\n", kK, kCapacity, hw);
-  std::printf("%-40s %5s %7s %10s %10s %10s %10s %10s %10s %12s\n", "case", "rows", "threads", "us/step", "min us",
-              "cpu us", "before us", "hits", "misses", "ns/entry");
+  std::printf("%-40s %5s %-8s %7s %10s %10s %10s %10s %10s %12s\n", "case", "rows", "impl", "threads", "us/step",
+              "min us", "cpu us", "hits", "misses", "ns/entry");
   for (const auto& r : results) {
-    std::printf("%-40s %5d %7d %10.1f %10.1f %10.1f %10.1f %10.0f %10.0f %12.2f\n", r.c.name.c_str(), r.c.rows,
-                r.threads, r.us, r.us_min, r.cpu_us, baseline_us(r.c), r.hits, r.misses,
+    std::printf("%-40s %5d %-8s %7d %10.1f %10.1f %10.1f %10.0f %10.0f %12.2f\n", r.c.name.c_str(), r.c.rows,
+                r.impl.c_str(), r.threads, r.us, r.us_min, r.cpu_us, r.hits, r.misses,
                 1000.0 * r.us / (static_cast<double>(r.c.rows) * kK));
   }
   for (const auto& r : results) {
-    if (r.c.rows == 256 && r.c.name == "90% hits (steady decode)") {
+    if (r.c.rows == 256 && r.c.name == "90% hits (steady decode)" && r.impl == "current") {
       std::printf("target %.0f us at 256 rows, 90%% hits, %d thread(s): %s (%.1f us)\n", kTargetUs, r.threads,
                   r.us <= kTargetUs ? "met" : "NOT met", r.us);
     }
@@ -234,11 +246,11 @@ int main(int argc, char** argv) {
   report.field("capacity", kCapacity);
   report.hardware_threads();
   report.field("target_us_256_rows_90_hits", kTargetUs);
-  report.field("baseline", "the step before issue 30's rework (commit 6d9844b), one thread, as recorded then");
+  report.field("before", "the step before issue 30's rework (benchmarks/legacy_resident_lru.h), one thread, "
+                         "measured in the same run, interleaved with the current one");
   for (const auto& r : results) {
-    report.add("results", {{"case", r.c.name}, {"rows", r.c.rows}, {"threads", r.threads}, {"us_per_step", r.us},
-                           {"us_per_step_min", r.us_min}, {"cpu_us_per_step", r.cpu_us},
-                           {"baseline_us_per_step", baseline_us(r.c)},
+    report.add("results", {{"case", r.c.name}, {"rows", r.c.rows}, {"impl", r.impl}, {"threads", r.threads},
+                           {"us_per_step", r.us}, {"us_per_step_min", r.us_min}, {"cpu_us_per_step", r.cpu_us},
                            {"hits_per_step", r.hits}, {"misses_per_step", r.misses},
                            {"invalidated_per_step", r.invalidated},
                            {"ns_per_topk_entry", 1000.0 * r.us / (static_cast<double>(r.c.rows) * kK)}});

@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ascend_attn_rt/sfa/plan/resident_lru.h"
@@ -681,4 +682,228 @@ TEST(ResidentLru, OneAndSeveralThreadsGiveIdenticalOutputs) {
   EXPECT_GT(hits, 5 * misses);  // mostly hits, as in steady decode
   EXPECT_GT(misses, 0);
   EXPECT_GT(invalidated, 0);
+}
+
+// ---------------------------------------------------------------- unchanged selections
+// A row whose last step had K distinct valid hits and no miss skips the
+// per-entry work when its next top-k is the same (docs/design/sfa.md §6.3):
+// these steps must give exactly what the model gives, and every way the
+// shortcut could be wrong (a new request, a reset, an invalidation, another
+// K, repeats or invalid entries, misses in the last step) must not take it.
+
+namespace {
+
+// Runs the same steps through the LRU and the model and compares everything.
+struct Twin {
+  ResidentLru lru;
+  RefLru ref;
+  int32_t rows, cap;
+  Twin(int32_t max_rows, int32_t capacity, int32_t threads = 1)
+      : lru(max_rows, capacity, threads), ref(max_rows, capacity), rows(max_rows), cap(capacity) {}
+
+  ResidentStepStats step(int32_t K, const std::vector<int32_t>& topk, const std::vector<uint64_t>& req,
+                         const std::vector<int32_t>& sp, const char* what) {
+    Step got(K, topk, req, sp);
+    const ResidentStepStats st = got.run(lru);
+    std::vector<int32_t> ref_cur;
+    std::vector<ResidentMiss> ref_misses;
+    const ResidentStepStats rs = ref.step(topk, K, req, sp, ref_cur, ref_misses);
+    EXPECT_EQ(got.current, ref_cur) << what;
+    EXPECT_EQ(got.misses, ref_misses) << what << "\n got " << to_string(got.misses) << "\nwant " << to_string(ref_misses);
+    EXPECT_EQ(st.hits, rs.hits) << what;
+    EXPECT_EQ(st.misses, rs.misses) << what;
+    EXPECT_EQ(st.resets, rs.resets) << what;
+    EXPECT_EQ(st.invalidated, rs.invalidated) << what;
+    EXPECT_EQ(st.duplicates, rs.duplicates) << what;
+    for (int32_t r = 0; r < rows; ++r) {
+      for (int32_t s = 0; s < cap; ++s) EXPECT_EQ(lru.token_at(r, s), ref.token_at(r, s)) << what << " row " << r;
+    }
+    return st;
+  }
+  ResidentStepStats one(int32_t K, const std::vector<int32_t>& topk, const char* what, uint64_t req = 1,
+                        int32_t sp = 1 << 30) {
+    return step(K, topk, {req}, {sp}, what);
+  }
+};
+
+}  // namespace
+
+TEST(ResidentLru, UnchangedSelectionKeepsSlotsAndRecencyOrder) {
+  Twin tw(1, 8);
+  tw.one(4, {5, 3, 9, 1}, "fill");
+  tw.one(4, {5, 3, 9, 1}, "first repeat (the last step had misses)");
+  const auto st = tw.one(4, {5, 3, 9, 1}, "second repeat (clean)");
+  expect_stats(st, 4, 0, 0, 0);
+  tw.one(4, {5, 3, 9, 1}, "third repeat");
+  // The recency order is the one the repeats left: new tokens fill the empty
+  // slots, then evict from the last top-k position up.
+  tw.one(4, {20, 21, 22, 23}, "four new (empty slots)");
+  tw.one(4, {30, 31, 5, 32}, "three new: evict 1, 9, 3 in that order");
+  tw.one(4, {30, 31, 5, 32}, "repeat after misses");
+  tw.one(4, {30, 31, 5, 32}, "clean repeat");
+  tw.one(4, {31, 30, 5, 32}, "same set, another order: not a repeat");
+  tw.one(4, {40, 41, 42, 43}, "all new");
+}
+
+TEST(ResidentLru, UnchangedSelectionAfterANewRequestOrResetStartsOver) {
+  Twin tw(2, 8);
+  const std::vector<int32_t> topk = {1, 2, 3, 4, 5, 6};
+  tw.step(3, topk, {7, 8}, {99, 99}, "fill");
+  tw.step(3, topk, {7, 8}, {99, 99}, "repeat");
+  tw.step(3, topk, {7, 8}, {99, 99}, "clean repeat");
+  const auto st = tw.step(3, topk, {7, 9}, {99, 99}, "row 1: a new request, same top-k");
+  expect_stats(st, 3, 3, 1, 0);
+  tw.step(3, topk, {7, 9}, {99, 99}, "repeat");
+  tw.step(3, topk, {7, 9}, {99, 99}, "clean repeat");
+  // Row 0 reset (the model has no reset_rows; checked by hand): its same
+  // top-k copies everything again, row 1 still takes the shortcut.
+  tw.lru.reset_rows(0, 1);
+  Step a(3, topk, {7, 9}, {99, 99});
+  const auto sa = a.run(tw.lru);
+  EXPECT_EQ(sa.resets, 1);
+  EXPECT_EQ(sa.misses, 3);
+  EXPECT_EQ(sa.hits, 3);
+  EXPECT_EQ(a.misses, (std::vector<ResidentMiss>{{0, 1, 0}, {0, 2, 1}, {0, 3, 2}}));
+  EXPECT_EQ(std::vector<int32_t>(a.current.begin() + 3, a.current.end()), (std::vector<int32_t>{0, 1, 2}));
+  tw.lru.reset();
+  Step b(3, topk, {7, 9}, {99, 99});
+  const auto sb = b.run(tw.lru);
+  expect_stats(sb, 0, 6, 2, 0);
+}
+
+TEST(ResidentLru, UnchangedSelectionWithTokensPastTheStablePrefixIsRecopied) {
+  // MTP rows: the stable prefix cuts into the resident tokens, so an
+  // unchanged selection still drops and copies them again.
+  Twin tw(1, 8);
+  tw.one(4, {0, 1, 2, 3}, "fill", 1, 4);
+  tw.one(4, {0, 1, 2, 3}, "repeat", 1, 4);
+  tw.one(4, {0, 1, 2, 3}, "clean repeat", 1, 4);
+  const auto st = tw.one(4, {0, 1, 2, 3}, "the same top-k, stable prefix 2", 1, 2);
+  expect_stats(st, 2, 2, 0, 2);
+  tw.one(4, {0, 1, 2, 3}, "again, stable prefix 3", 1, 3);
+  tw.one(4, {0, 1, 2, 3}, "again, stable prefix 4", 1, 4);
+  tw.one(4, {0, 1, 2, 3}, "clean repeat", 1, 4);
+  tw.one(4, {0, 1, 2, 3}, "clean repeat, stable prefix past everything", 1, 100);
+}
+
+TEST(ResidentLru, UnchangedSelectionWithRepeatsInvalidEntriesOrAnotherK) {
+  Twin tw(1, 8);
+  tw.one(4, {5, 5, 7, -1}, "repeat and invalid entry");
+  tw.one(4, {5, 5, 7, -1}, "again");
+  const auto st = tw.one(4, {5, 5, 7, -1}, "again (never clean)");
+  expect_stats(st, 2, 0, 0, 0, 1);
+  tw.one(4, {5, 6, 7, 8}, "four distinct");
+  tw.one(4, {5, 6, 7, 8}, "clean");
+  tw.one(3, {5, 6, 7}, "K 3: the prefix of the clean top-k");
+  tw.one(3, {5, 6, 7}, "K 3 again");
+  tw.one(3, {5, 6, 7}, "K 3 clean repeat");
+  tw.one(4, {5, 6, 7, 9}, "K 4 again, one new");
+}
+
+TEST(ResidentLru, RandomStepsWithRepeatedSelectionsMatchTheModel) {
+  // Rows that often repeat their last top-k exactly, sometimes with a stable
+  // prefix that cuts into their tokens (MTP), a new request or a reset; on
+  // one thread and on several (the helper pool).
+  for (int32_t threads : {1, 3}) {
+    constexpr int32_t rows = 24, cap = 16, K = 12;
+    Twin tw(rows, cap, threads);
+    std::mt19937 rng(77u + static_cast<uint32_t>(threads));
+    const auto pick = [&](uint32_t n) { return static_cast<int32_t>(rng() % n); };
+    std::vector<std::vector<int32_t>> prev(rows);
+    std::vector<uint64_t> req(rows);
+    std::vector<int32_t> ctx(rows, 2 * K);
+    for (int32_t r = 0; r < rows; ++r) req[r] = 100 + r;
+    int64_t repeated = 0;
+    for (int step = 0; step < 300 && !HasFailure(); ++step) {
+      std::vector<int32_t> topk(static_cast<std::size_t>(rows) * K), sp(rows);
+      for (int32_t r = 0; r < rows; ++r) {
+        const int32_t u = pick(20);
+        if (u == 0) {
+          req[r] = 1000 + static_cast<uint64_t>(step) * rows + r;
+          prev[r].clear();
+        }
+        std::vector<int32_t> row;
+        if (!prev[r].empty() && u < 14) {
+          row = prev[r];  // the same selection
+          ++repeated;
+        } else {
+          ctx[r] += pick(3);
+          std::set<int32_t> used;
+          for (int32_t p = 0; p < K; ++p) {
+            int32_t t = pick(static_cast<uint32_t>(ctx[r]));
+            while (!used.insert(t).second) t = pick(static_cast<uint32_t>(ctx[r]));
+            row.push_back(t);
+          }
+          if (pick(10) == 0) row[static_cast<std::size_t>(pick(K))] = -1;
+        }
+        prev[r] = row;
+        std::copy(row.begin(), row.end(), topk.begin() + static_cast<std::size_t>(r) * K);
+        sp[r] = pick(6) == 0 ? std::max(0, ctx[r] - 1 - pick(4)) : ctx[r];  // MTP: the last positions past it
+      }
+      tw.step(K, topk, req, sp, "random step");
+      if (step % 97 == 50) {
+        tw.lru.reset();
+        tw.ref = RefLru(rows, cap);
+      }
+    }
+    EXPECT_GT(repeated, 1000);
+  }
+}
+
+TEST(ResidentLru, ConcurrentStepsOnTwoLrusShareTheHelperPool) {
+  // Two LRUs stepping at once from two threads, each asking for helpers: the
+  // pool serves one step, the other runs on its caller; both must give the
+  // outputs of a one-thread LRU.
+  constexpr int32_t rows = 48, cap = 64, K = 32;
+  std::vector<std::vector<int32_t>> seqs;
+  std::mt19937 rng(9);
+  for (int s = 0; s < 20; ++s) {
+    std::vector<int32_t> topk(static_cast<std::size_t>(rows) * K);
+    for (auto& t : topk) t = static_cast<int32_t>(rng() % 200);
+    seqs.push_back(std::move(topk));
+  }
+  std::vector<uint64_t> req(rows, 5);
+  std::vector<int32_t> sp(rows, 1 << 30);
+  const auto run = [&](ResidentLru& lru, std::vector<std::vector<int32_t>>& cur, std::vector<std::vector<ResidentMiss>>& mis) {
+    for (const auto& topk : seqs) {
+      Step s(K, topk, req, sp);
+      s.run(lru);
+      cur.push_back(s.current);
+      mis.push_back(s.misses);
+    }
+  };
+  ResidentLru ref(rows, cap, 1), a(rows, cap, 2), b(rows, cap, 4);
+  std::vector<std::vector<int32_t>> cr, ca, cb;
+  std::vector<std::vector<ResidentMiss>> mr, ma, mb;
+  run(ref, cr, mr);
+  std::thread ta([&] { run(a, ca, ma); });
+  std::thread tb([&] { run(b, cb, mb); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(ca, cr);
+  EXPECT_EQ(cb, cr);
+  EXPECT_EQ(ma, mr);
+  EXPECT_EQ(mb, mr);
+}
+
+TEST(ResidentLru, LongRunsWrapTheQueuePositionsAndStamps) {
+  // Mostly misses, so eviction keeps up with the appended blocks and the ring
+  // is never squeezed: queue positions pass 2^16 several times (16-bit stamps
+  // are compared modulo 2^16), with hits, repeats, invalid entries and tokens
+  // dropped past the stable prefix on the way.
+  constexpr int32_t K = 4, cap = 8;
+  Twin tw(1, cap);
+  std::mt19937 rng(3);
+  int32_t next = 0;
+  std::vector<int32_t> prev;
+  for (int step = 0; step < 50000 && !HasFailure(); ++step) {
+    std::vector<int32_t> row;
+    if (!prev.empty() && rng() % 4 == 0) row.push_back(prev[rng() % prev.size()]);
+    while (static_cast<int32_t>(row.size()) < K) row.push_back(next++);
+    if (rng() % 16 == 0) row[rng() % K] = -1;
+    if (rng() % 32 == 0) row[1] = row[0];
+    const int32_t sp = rng() % 8 == 0 ? std::max(0, next - 2) : next;
+    tw.one(K, row, "long run", 1, sp);
+    prev = row;
+  }
 }

@@ -2,9 +2,10 @@
 // maps the row's top-k token positions to `capacity` device slots, reusing resident
 // tokens and assigning misses to the least recently used evictable slots; the caller
 // copies the misses host -> device. Torch-free; allocates only at construction
-// (and in set_threads); validates before changing any state. Large steps run
-// their rows on helper threads (started per step; the results do not depend on
-// the thread count). Not thread-safe (one per layer).
+// (and in set_threads; helper threads are started once per process and kept);
+// validates before changing any state. Large steps run their rows on a shared
+// pool of helper threads (the results do not depend on the thread count). Not
+// thread-safe (one per layer).
 // Rules (a)-(g), where they differ from upstream, the cost: docs/design/sfa.md §6.3.
 #pragma once
 
@@ -48,14 +49,13 @@ class ResidentLru {
  public:
   // max_rows decode rows of `capacity` slots each (capacity >= K of every step).
   // threads: the most threads a step uses (the caller's included); 0 = the
-  // machine's hardware threads (at most kMaxThreads). 1 by default: no gain
-  // was measured on the 2-core test machine, where starting a thread per step
-  // costs about as much as it saves (docs/design/sfa.md §6.3).
+  // machine's hardware threads (at most kMaxThreads). 1 by default (the
+  // caller's thread only; measurements in docs/design/sfa.md §6.3).
   ResidentLru(int32_t max_rows, int32_t capacity, int32_t threads = 1);
 
   static constexpr int32_t kMaxThreads = 64;
   // A step runs on more than one thread only when every thread gets at least
-  // this many rows (fewer rows cost less than starting a thread).
+  // this many rows (fewer rows cost less than waking a helper).
   static constexpr int32_t kMinRowsPerThread = 8;
 
   int32_t max_rows() const;
@@ -87,16 +87,20 @@ class ResidentLru {
   struct RowHead {
     uint64_t req = 0;        // request id last served (when has_req)
     bool has_req = false;    // false: none (reset pending)
+    bool clean = false;      // the last step had K distinct valid hits and no miss; its top-k is in prev_topk_
+    int32_t clean_k = 0;     // that step's K
     int32_t max_token = -1;  // upper bound of the row's resident tokens (-1: none)
-    int32_t head = 0;        // recency queue: live range [head, tail)
-    int32_t tail = 0;
+    uint32_t head = 0;       // recency queue: positions [head, tail), least recent first
+    uint32_t tail = 0;
     int32_t free_head = 0;   // ring of empty slots: free_count entries from free_head
     int32_t free_count = 0;
   };
   // Scratch of one thread's rows (no allocation per step).
   struct Scratch {
-    std::vector<int32_t> miss_pos, miss_token, hit_slots;  // capacity each
-    std::vector<uint8_t> maybe_dup;                         // capacity
+    std::vector<int32_t> miss_pos, miss_token, found;  // capacity each
+    std::vector<uint32_t> victim_pos;                  // capacity
+    std::vector<uint32_t> squeeze;                     // queue_size_
+    std::vector<uint8_t> maybe_dup;                    // capacity
   };
   // Rows [begin, end); their misses go to misses[0 ..), counted in the stats.
   template <class Idx>
@@ -107,11 +111,12 @@ class ResidentLru {
 
   int32_t max_rows_ = 0, capacity_ = 0, threads_ = 1;
   int32_t table_size_ = 0;  // hash slots per row (power of two >= 2 x capacity)
-  int32_t queue_size_ = 0;  // recency queue entries per row
+  int32_t queue_size_ = 0;  // recency queue entries per row (a ring; power of two >= 3 x capacity)
   std::vector<RowHead> heads_;
-  std::vector<int32_t> slot_to_token_;  // max_rows x capacity
-  // Per-row index arrays (slot ids, queue positions): 16-bit when capacity
-  // allows it (half the memory traffic), else 32-bit; one vector is empty.
+  std::vector<int32_t> tokens_;      // max_rows x (capacity + 1): slot `capacity` is a sentinel
+  std::vector<int32_t> prev_topk_;   // max_rows x capacity: a clean row's last top-k
+  // Per-row index arrays (stamps, free ring, queue, hash table): 16-bit when
+  // capacity allows it (less memory traffic), else 32-bit; one vector is empty.
   std::vector<uint16_t> index16_;
   std::vector<uint32_t> index32_;
   std::vector<Scratch> scratch_;  // one per thread
