@@ -14,6 +14,7 @@ vLLM's DeepseekV4Attention constructor needs vLLM's distributed state (its paral
 torch.cuda.Event objects (not constructible on a CPU-only torch): the test starts a one-rank gloo group on
 127.0.0.1 and stands in a no-op event class while the layer is made."""
 
+import contextlib
 import copy
 import itertools
 import os
@@ -84,7 +85,9 @@ def vllm_dist():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
-        with set_current_vllm_config(_config(torch.float32)):
+        # vLLM's group set-up silences C-level stdout through sys.stdout.fileno(), which pytest's
+        # --capture=sys (the sanitizer run) replaces by a stream without one: hand it the real stdout.
+        with set_current_vllm_config(_config(torch.float32)), contextlib.redirect_stdout(sys.__stdout__):
             ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                             distributed_init_method=f"tcp://127.0.0.1:{port}")
             ps.initialize_model_parallel(1, 1)
