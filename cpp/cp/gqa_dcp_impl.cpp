@@ -35,6 +35,20 @@ DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_
     throw_not_supported("attn_type '", to_string(cfg_.attn_type), "' with ", what, " (decoder layers only)");
   }
   if (cfg_.device_kind == plan::DeviceKind::Ascend310P) throw_not_supported("device_kind 310p with ", what);
+  // The GQA layer's decode-path and graph-key settings: the DCP layer has one decode path
+  // and keys its captured calls by layer only, so a value other than the default would be
+  // ignored; it is refused by name instead.
+  const char* one_path = " with DCP attention (it has one decode path; the setting steers the GQA layer's)";
+  if (!cfg_.pa_shape_list.empty()) throw_not_supported("pa_shape_list", one_path);
+  if (cfg_.full_decode_only_graph) throw_not_supported("full_decode_only_graph", one_path);
+  if (cfg_.has_speculative_config) {
+    throw_not_supported("has_speculative_config", one_path,
+                        "; speculative decode is the DCP builder's num_speculative_tokens");
+  }
+  if (cfg_.kv_cache_group != 0) {
+    throw_not_supported("kv_cache_group=", cfg_.kv_cache_group,
+                        " with DCP attention (its captured calls are keyed by layer_index only)");
+  }
   AAR_CHECK_ARG(comm_.size() <= 16, "DCP group size ", comm_.size(), " exceeds 16 (npu_attention_update's limit)");
 }
 

@@ -94,16 +94,12 @@ at::Tensor LatentCore::QLinear::run(const at::Tensor& x) const {
     a.group_sizes = c10::IntArrayRef(kGroups, 3);
     return ops::quant_matmul(a);
   }
-  if (type == QuantType::W8A8Static) {
-    a.x1 = ops::quantize(x, inv_scale, offset, static_cast<int64_t>(at::kQInt8), -1, /*div_mode=*/false);
-    a.bias = bias;
-  } else {
-    ops::DynamicQuantArgs q;
-    q.input = x;
-    auto [xq, s] = ops::dynamic_quant(q);
-    a.x1 = xq;
-    a.pertoken_scale = s;
+  if (type != QuantType::W8A8Static) {
+    // W8A8-dynamic: the shared per-token linear (ops/quant.h), as the DSA prolog runs it.
+    return ops::w8a8_dynamic_matmul(ops::quantize_per_token(x), weight_t, deq_scale, act);
   }
+  a.x1 = ops::quantize(x, inv_scale, offset, static_cast<int64_t>(at::kQInt8), -1, /*div_mode=*/false);
+  a.bias = bias;
   return ops::quant_matmul(a);
 }
 

@@ -452,7 +452,7 @@ detail::LatentQuery Impl::decode_preprocess(const detail::DecodeViews& v, const 
 
 void Impl::capture_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
                           const at::Tensor& rope, const Metadata& md, const at::Tensor& output, DecodePath path) {
-  // docs/design/mla.md §6 for MLA decode: the projections, RoPE and cache write (prepare), the
+  // docs/design/graph.md §4.2 (MLA decode): the projections, RoPE and cache write (prepare), the
   // absorbed latent attention (a fused call refreshed per step: block table, KV
   // lengths, and the query ends in the speculative TND layout), then W_UV and
   // o_proj (prepare). The device graph captures the prepare work as plain

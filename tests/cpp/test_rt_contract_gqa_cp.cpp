@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ascend_attn_rt/comm/comm.h"
@@ -147,6 +148,40 @@ const AdapterRegistrar kGqaPcp("gqa_pcp", [](const BackendFacts& f) {
         md, md, q, /*bucket=*/3);
   }
 });
+
+// The GQA layer's decode-path and graph-key settings have no meaning for the DCP
+// layer: each is refused by name rather than ignored.
+TEST(GqaDcpImpl, RefusesTheGqaLayersPathSettingsByName) {
+  auto comm = group_of_one("gqa_dcp_settings");
+  const auto base = [] {
+    aar::gqa::ImplConfig c;
+    c.num_heads = kHeads;
+    c.num_kv_heads = 1;
+    c.head_size = kHead;
+    return c;
+  };
+  const auto refused = [&](aar::gqa::ImplConfig c, const std::string& name) {
+    try {
+      aar::gqa::DcpAttentionImpl layer(c, *comm);
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  };
+  aar::gqa::ImplConfig c = base();
+  c.pa_shape_list = {1, 2};
+  refused(c, "pa_shape_list");
+  c = base();
+  c.full_decode_only_graph = true;
+  refused(c, "full_decode_only_graph");
+  c = base();
+  c.has_speculative_config = true;
+  refused(c, "has_speculative_config");
+  c = base();
+  c.kv_cache_group = 1;
+  refused(c, "kv_cache_group=1");
+  EXPECT_NO_THROW(aar::gqa::DcpAttentionImpl(base(), *comm));
+}
 
 }  // namespace
 }  // namespace aar_contract
