@@ -16,7 +16,7 @@ const DcpViews& GqaShardExchange::views(int64_t T, const at::Tensor& query) {
   sh.heads = heads_;
   sh.q_dim = sh.out_dim = head_size_;
   sh.regroup = kv_heads_ > 1 && W > 1;
-  sh.comm = comm_;
+  sh.comm = comm_ != nullptr ? static_cast<const void*>(comm_) : share_scope_;
   if (!ws_ || !(ws_->shape() == sh)) ws_ = DcpWorkspace::shared(sh);
   return ws_->views(T);
 }

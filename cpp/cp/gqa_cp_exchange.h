@@ -22,9 +22,13 @@ namespace aar::cp {
 // Thread safety: one thread at a time (the layer's; the workspace is held per forward).
 class GqaShardExchange {
  public:
-  // heads / kv_heads / head_size: this rank's layer; comm: the DCP group (null: one rank).
-  GqaShardExchange(int64_t heads, int64_t kv_heads, int64_t head_size, double scale, Comm* comm)
-      : heads_(heads), kv_heads_(kv_heads), head_size_(head_size), scale_(scale), comm_(comm) {}
+  // heads / kv_heads / head_size: this rank's layer; comm: the DCP group (null: one rank);
+  // share_scope: what scopes the workspace's sharing when comm is null (the layer's
+  // other group: layers of one engine share it, engines on other threads do not).
+  GqaShardExchange(int64_t heads, int64_t kv_heads, int64_t head_size, double scale, Comm* comm,
+                   const void* share_scope = nullptr)
+      : heads_(heads), kv_heads_(kv_heads), head_size_(head_size), scale_(scale), comm_(comm),
+        share_scope_(share_scope) {}
 
   int64_t world() const { return comm_ == nullptr ? 1 : comm_->size(); }
   // The workspace of the query's shape (shared by the layers of one shape), or null before the first use.
@@ -48,6 +52,7 @@ class GqaShardExchange {
   int64_t heads_, kv_heads_, head_size_;
   double scale_;
   Comm* comm_;
+  const void* share_scope_;
   std::shared_ptr<DcpWorkspace> ws_;
 };
 

@@ -51,7 +51,7 @@ PcpAttentionImpl::PcpAttentionImpl(const gqa::ImplConfig& cfg, Comm* pcp, Comm* 
   AAR_CHECK_ARG(!cfg_.kv_sharing, "kv_sharing: a PCP layer writes the KV it gathers; a layer sharing another "
                 "layer's cache is not supported with PCP");
   ex_ = std::make_unique<GqaShardExchange>(cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size, cfg_.scale,
-                                           dcp != nullptr && dcp->size() > 1 ? dcp : nullptr);
+                                           dcp != nullptr && dcp->size() > 1 ? dcp : nullptr, pcp);
 }
 
 PcpAttentionImpl::~PcpAttentionImpl() = default;
@@ -345,6 +345,11 @@ void PcpAttentionImpl::capture_sharded_decode(graph::GraphParams& g, const PcpMe
 }
 
 graph::StepParams graph_step_params(const PcpMetadata& md) {
+  // A captured bucket holds the decode-only path: a step with prefills would
+  // replay its decode rows only (docs/design/cp.md §6.6).
+  AAR_CHECK_ARG(md.num_prefills == 0 && md.num_decodes > 0, "a GQA PCP step with ", md.num_prefills,
+                " prefills and ", md.num_decodes, " decodes cannot update a captured bucket (only decode-only "
+                "steps are captured; run a step with prefills eagerly)");
   if (md.kv_mode == plan::PcpKvMode::Replicated) {
     AAR_CHECK_ARG(md.local != nullptr, "metadata: the replicated build has no local metadata");
     return gqa::graph_step_params(*md.local);

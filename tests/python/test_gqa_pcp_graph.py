@@ -111,6 +111,9 @@ def _case(rank, world, configs):
             with g2.capture(lq.shape[0]):
                 layer_eager.forward(lq, lk, lv, *caches["eager"], mixed, torch.empty_like(lq))
         assert torch.equal(caches["eager"][0], snapshot[0]) and pcp.calls == snapshot[1]
+        # ... and cannot update a captured bucket (it would replay its decode rows only).
+        with pytest.raises(ValueError, match="cannot update a captured bucket"):
+            g.update(BUCKET, mixed)
         # ... and never padded (refused by name before anything is built).
         with pytest.raises(NotImplementedError, match="pads a step with 1 prefills"):
             build(b_eager, [0, 5], [1, 4], [False, True], num_input_tokens=BUCKET)
