@@ -1,5 +1,5 @@
 """Graph capture of GQA PCP decode (aar.cp.PcpMetadataBuilder / PcpAttentionImpl, docs/design/cp.md §6.6)
-over real gloo groups of 2 ranks (PCP 2; sharded KV, and the replicated kv_mode).
+over real gloo groups (PCP 2 on 2 ranks, sharded KV and the replicated kv_mode; PCP 2 x DCP 2 on 4 ranks).
 
 A decode bucket is captured once; each step then builds its metadata padded to the bucket
 (padding decode rows of KV length 0), updates the graph and replays it, the PCP all-gather of
@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from _cp_harness import run_ranks
+from _cp_harness import pcp_dcp_groups, run_ranks
 from test_gqa_pcp import D, _reference
 
 dist = pytest.importorskip("torch.distributed")
@@ -26,11 +26,14 @@ BUCKET = 8
 BS, MB = 16, 4
 
 
-def _case(rank, world, configs):
+def _case(rank, world, wp, wd, configs):
     import ascend_attn_rt as aar
 
     torch.set_num_threads(1)
-    pcp = aar.cp.Comm(dist.group.WORLD, timeout_s=20.0)
+    pcp_group, dcp_group = pcp_dcp_groups(rank, wp, wd)
+    rp, rd = rank // wd, rank % wd
+    pcp = aar.cp.Comm(pcp_group, timeout_s=20.0)
+    dcp = aar.cp.Comm(dcp_group, timeout_s=20.0) if wd > 1 else None
     results = []
     for (mode, dtype_name, H, Hkv, I, spec) in configs:
         dtype = getattr(torch, dtype_name)
@@ -41,16 +44,17 @@ def _case(rank, world, configs):
         num_blocks = nreq * MB + 1
         bt = (torch.randperm(num_blocks - 1, generator=gen)[: nreq * MB] + 1).view(nreq, MB).to(torch.int32)
         # The model input of every position (the same on every rank: one seed).
-        qa = torch.randn(nreq, lmax, H, D, generator=gen).to(dtype)
+        qa = torch.randn(nreq, lmax, wd * H, D, generator=gen)[:, :, rd * H:(rd + 1) * H].to(dtype)
         ka = torch.randn(nreq, lmax, Hkv, D, generator=gen).to(dtype)
         va = torch.randn(nreq, lmax, Hkv, D, generator=gen).to(dtype)
         caches = {m: (torch.zeros(num_blocks, BS, Hkv, D, dtype=dtype), torch.zeros(num_blocks, BS, Hkv, D, dtype=dtype))
                   for m in ("graph", "eager")}
         mk = dict(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=MB, block_size=BS, num_blocks=num_blocks,
-                  pcp_size=world, pcp_rank=rank, interleave_size=I, kv_mode=mode, num_speculative_tokens=spec)
+                  pcp_size=wp, pcp_rank=rp, dcp_size=wd, dcp_rank=rd, interleave_size=I, kv_mode=mode,
+                  num_speculative_tokens=spec)
         b_graph, b_eager = aar.cp.PcpMetadataBuilder(**mk), aar.cp.PcpMetadataBuilder(**mk)
-        layer_graph = aar.cp.PcpAttentionImpl(H, D, pcp=pcp, num_kv_heads=Hkv)
-        layer_eager = aar.cp.PcpAttentionImpl(H, D, pcp=pcp, num_kv_heads=Hkv)
+        layer_graph = aar.cp.PcpAttentionImpl(H, D, pcp=pcp, dcp=dcp, num_kv_heads=Hkv)
+        layer_eager = aar.cp.PcpAttentionImpl(H, D, pcp=pcp, dcp=dcp, num_kv_heads=Hkv)
         hist = [0] * nreq
 
         def step_inputs(builder, reqs, qlens, prefilling):
@@ -93,10 +97,10 @@ def _case(rank, world, configs):
         assert md.attn_state == state and md.num_local_tokens == BUCKET and md.num_input_tokens == BUCKET
         if mode == "sharded":
             assert md.decode_kernel_rows == BUCKET and md.decode_kv_lens[ncap * dlen:] == [0] * (BUCKET - ncap * dlen)
-        calls_before = pcp.calls
+        calls_before = (pcp.calls, dcp.calls if dcp else 0)
         with g.capture(BUCKET):
             layer_graph.forward(qs, ks, vs, *caches["graph"], md, out_s)
-        assert pcp.calls == calls_before  # the recording capture runs nothing
+        assert (pcp.calls, dcp.calls if dcp else 0) == calls_before  # the recording capture runs nothing
         kinds = [c[0] for c in g.calls(BUCKET)]
         if mode == "sharded":
             assert kinds == ["kv_write", "prepare", "fia", "prepare"], kinds
@@ -137,10 +141,12 @@ def _case(rank, world, configs):
             qs.copy_(lq_g), ks.copy_(lk_g), vs.copy_(lv_g)
             out_s.fill_(float("nan"))
             g.update(BUCKET, md_g)
-            before = pcp.calls
+            before = (pcp.calls, dcp.calls if dcp else 0)
             g.replay(BUCKET)
-            # Sharded: the PCP all-gather of the wire partials; replicated: no collective.
-            assert pcp.calls - before == (1 if mode == "sharded" else 0)
+            # Sharded: the PCP all-gather of the wire partials (and with DCP the query gather and the
+            # partials' all-to-all); replicated: no collective.
+            after = (pcp.calls, dcp.calls if dcp else 0)
+            assert (after[0] - before[0], after[1] - before[1]) == ((1, 2 if dcp else 0) if mode == "sharded" else (0, 0))
             out_e = torch.full_like(lq, float("nan"))
             layer_eager.forward(lq, lk, lv, *caches["eager"], md_e, out_e)
             # Replay == eager (the same kernels on the same rows; padding rows change nothing).
@@ -154,6 +160,12 @@ def _case(rank, world, configs):
                 err = (out_s[i].double() - ref).abs().max().item()
                 worst = max(worst, err)
                 assert torch.allclose(out_s[i].double(), ref, rtol=tol, atol=tol), (mode, r, p, err)
+            # The padded metadata run eagerly (rewrites the same rows into the graph cache): the real rows as
+            # the replay, the padding rows zero.
+            out_p = torch.full_like(out_s, float("nan"))
+            layer_graph.forward(qs, ks, vs, *caches["graph"], md_g, out_p)
+            assert torch.allclose(out_p[:T].double(), out_e.double(), rtol=close, atol=close), "padded eager"
+            assert float(out_p[T:].abs().sum()) == 0.0
             for r, n in zip(reqs, qlens):
                 hist[r] += n
             assert g.call_addresses(BUCKET) == addrs
@@ -174,5 +186,14 @@ CONFIGS = [
 
 
 def test_gqa_pcp_decode_graph_replays_like_eager():
-    res = run_ranks(2, _case, CONFIGS, deadline_s=120.0)
+    res = run_ranks(2, _case, 2, 1, CONFIGS, deadline_s=120.0)
     assert [[(m, n) for (m, n, _) in r] for r in res] == [[(c[0], 5) for c in CONFIGS]] * 2
+
+
+DCP_CONFIGS = [("sharded", "float32", 2, 1, 1, 0), ("sharded", "bfloat16", 2, 1, 2, 1)]
+
+
+def test_gqa_pcp2_dcp2_decode_graph_replays_like_eager():
+    # The DCP leg inside the recorded calls too: query gather, partials' all-to-all, then the PCP all-gather.
+    res = run_ranks(4, _case, 2, 2, DCP_CONFIGS, deadline_s=120.0)
+    assert [[(m, n) for (m, n, _) in r] for r in res] == [[(c[0], 5) for c in DCP_CONFIGS]] * 4
