@@ -145,7 +145,8 @@ class PcpMetadataBuilder {
 
   // Host int32 positions (within each request's scheduled tokens) of this
   // rank's local rows after the latest build: sharded, pcp_local_tokens (>= q
-  // for pads); replicated, per row (-1 for padding rows).
+  // for pads; -1 for the padding decode rows of a padded decode-only step);
+  // replicated, per row (-1 for padding rows).
   const std::vector<int32_t>& local_positions() const { return positions_; }
   // Host int32, the global token (query_start_loc units) of every local row,
   // -1 for padding: how a model runner gathers this rank's hidden states.
