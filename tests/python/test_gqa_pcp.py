@@ -240,7 +240,7 @@ def test_replicated_pcp3():
 SPEC = 2
 SPEC_STEPS = [
     [(0, 0, 6, True), (1, 0, 13, True), (2, 0, 2, True), (3, 0, 1, True)],
-    # 3- and 2-token decodes (request 3 has a one-token history: with I = 1 its first query has no key on
+    # 3- and 2-token decodes (request 3 has a one-token history: with I = 2 its first query has no key on
     # rank 1), a chunked prefill over context, a fresh prompt and a short prompt (a prefill by is_prefilling).
     [(0, 6, 3, False), (3, 1, 2, False), (2, 2, 3, False), (1, 13, 5, True), (4, 0, 4, True), (5, 0, 2, True)],
     # Decode-only speculative step, then one-token and two-token decodes side by side.
