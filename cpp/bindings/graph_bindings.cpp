@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "ascend_attn_rt/cp/gqa_dcp_graph.h"
+#include "ascend_attn_rt/cp/gqa_pcp.h"
 #include "ascend_attn_rt/gqa/graph.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/graph_calls/fused_attention_calls.h"
@@ -78,20 +79,21 @@ graph::StepParams step_params_of(nb::handle item) {
     return gqa::dcp_graph_step_params(*nb::cast<const gqa::DcpMetadata*>(item));
   }
   if (nb::isinstance<sfa::Metadata>(item)) return sfa::graph_step_params(*nb::cast<const sfa::Metadata*>(item));
-  throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, an sfa Metadata, or a "
-                "sequence of them");
+  if (nb::isinstance<cp::PcpMetadata>(item)) return cp::graph_step_params(*nb::cast<const cp::PcpMetadata*>(item));
+  throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, an sfa Metadata, a "
+                "PcpMetadata, or a sequence of them");
 }
 
 std::vector<graph::StepParams> metadata_list(nb::handle md) {
   std::vector<graph::StepParams> out;
   if (nb::isinstance<gqa::Metadata>(md) || nb::isinstance<mla::Metadata>(md) || nb::isinstance<gqa::DcpMetadata>(md) ||
-      nb::isinstance<sfa::Metadata>(md)) {
+      nb::isinstance<sfa::Metadata>(md) || nb::isinstance<cp::PcpMetadata>(md)) {
     out.push_back(step_params_of(md));
     return out;
   }
   if (!nb::isinstance<nb::list>(md) && !nb::isinstance<nb::tuple>(md)) {
-    throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, an sfa Metadata, or a "
-                  "list/tuple of them, got ",
+    throw_invalid("metadata must be a Metadata (GQA/C8/FA3), an mla Metadata, a DcpMetadata, an sfa Metadata, a "
+                  "PcpMetadata, or a list/tuple of them, got ",
                   nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(md.ptr())))).c_str());
   }
   for (nb::handle item : md) out.push_back(step_params_of(item));

@@ -15,6 +15,7 @@
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "../common/impl_checks.h"
+#include "gqa_cp_exchange.h"
 #include "../graph/exclusive_scope.h"
 #include "../gqa/graph_calls.h"
 #include "../common/inference_scope.h"
@@ -50,97 +51,26 @@ DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_
                         " with DCP attention (its captured calls are keyed by layer_index only)");
   }
   AAR_CHECK_ARG(comm_.size() <= 16, "DCP group size ", comm_.size(), " exceeds 16 (npu_attention_update's limit)");
+  ex_ = std::make_unique<cp::GqaShardExchange>(cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size, cfg_.scale, &comm_);
 }
 
-namespace {
-
-// FIA TND over the paged cache with an LSE: non-causal (every key the lengths
-// admit is visible), the call of the decode and context passes.
-void fill_paged_partial(const at::Tensor& q, const at::Tensor& key_cache_3d, const at::Tensor& value_cache_3d,
-                        const at::Tensor& block_table, c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens,
-                        int64_t heads, int64_t kv_heads, double scale, int64_t block_size, ops::FiaTensors& t,
-                        ops::FiaParams& p) {
-  t.query = q;
-  t.key = key_cache_3d;
-  t.value = value_cache_3d;
-  t.block_table = block_table;
-  p.actual_seq_lengths = q_ends;
-  p.actual_seq_lengths_kv = kv_lens;  // per request with a block table
-  p.num_heads = heads;
-  p.num_key_value_heads = kv_heads;
-  p.scale = scale;
-  p.input_layout = "TND";
-  p.block_size = block_size;
-  p.sparse_mode = 0;
-  p.softmax_lse_flag = true;
-}
-
-}  // namespace
-
-const cp::DcpViews& DcpAttentionImpl::decode_views(int64_t T, const at::Tensor& query) {
-  const int64_t W = comm_.size();
-  cp::DcpWorkspaceShape sh;
-  sh.device = query.device();
-  sh.q_dtype = sh.out_dtype = query.scalar_type();
-  sh.world = W;
-  sh.heads = cfg_.num_heads;
-  sh.q_dim = sh.out_dim = cfg_.head_size;
-  sh.regroup = cfg_.num_kv_heads > 1 && W > 1;
-  sh.comm = &comm_;
-  if (!ws_ || !(ws_->shape() == sh)) ws_ = cp::DcpWorkspace::shared(sh);
-  return ws_->views(T);
-}
-
-void DcpAttentionImpl::stage_query(const cp::DcpViews& v, const at::Tensor& q_rows) {
-  at::Tensor qg = v.gathered_query;
-  cp::gather_query_heads(comm_, q_rows, qg);
-  if (!v.staged_query.defined()) return;
-  // Gathered heads (rank-major) -> KV-head-major for FIA.
-  const int64_t T = qg.size(0), W = comm_.size(), kv = cfg_.num_kv_heads, G = cfg_.num_heads / kv;
-  const int64_t D = qg.size(2);
-  v.staged_query.view({T, kv, W, G, D}).copy_(qg.view({T, W, kv, G, D}).permute({0, 2, 1, 3, 4}));
-}
-
-void DcpAttentionImpl::fill_partial_call(const cp::DcpViews& v, const at::Tensor& block_table,
-                                         c10::IntArrayRef q_ends, c10::IntArrayRef kv_lens, int64_t block_size,
-                                         ops::FiaTensors& t, ops::FiaParams& p, at::Tensor& out,
-                                         at::Tensor& lse) const {
-  const bool regroup = v.staged_query.defined();
-  fill_paged_partial(regroup ? v.staged_query : v.gathered_query, caches_.key_3d, caches_.value_3d, block_table,
-                     q_ends, kv_lens, comm_.size() * cfg_.num_heads, cfg_.num_kv_heads, cfg_.scale, block_size, t,
-                     p);
-  out = regroup ? v.staged_out : v.partial_out;
-  lse = regroup ? v.staged_lse : v.partial_lse;
-}
-
-void DcpAttentionImpl::combine(const cp::DcpViews& v, const at::Tensor& out_rows,
-                               const std::optional<at::Tensor>& lse_rows) {
-  if (v.staged_out.defined()) {
-    // KV-head-major partials back to the gathered (rank-major) head order.
-    const int64_t T = v.partial_out.size(0), W = comm_.size(), kv = cfg_.num_kv_heads, G = cfg_.num_heads / kv;
-    const int64_t D = v.partial_out.size(2);
-    v.partial_out.view({T, W, kv, G, D}).copy_(v.staged_out.view({T, kv, W, G, D}).permute({0, 2, 1, 3, 4}));
-    v.partial_lse.view({T, W, kv, G}).copy_(v.staged_lse.view({T, kv, W, G}).permute({0, 2, 1, 3}));
-  }
-  at::Tensor out = out_rows;
-  cp::combine_partials(comm_, v.partial_out, v.partial_lse, out, lse_rows, &v);
-}
+DcpAttentionImpl::~DcpAttentionImpl() = default;
 
 void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output) {
   // The step's decode tokens only (eager: no padding rows).
   const int64_t td = md.num_decode_tokens;
-  const cp::DcpViews& v = decode_views(td, query);
-  stage_query(v, query.narrow(0, 0, td));
+  const cp::DcpViews& v = ex_->views(td, query);
+  ex_->stage_query(v, query.narrow(0, 0, td));
   ops::FiaTensors t;
   ops::FiaParams p;
   at::Tensor out, lse;
-  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.block_size, t, p, out,
-                    lse);
+  ex_->fill_partial_call(v, caches_.key_3d, caches_.value_3d, md.decode_block_tables, md.decode_q_ends,
+                         md.decode_kv_lens, md.block_size, t, p, out, lse);
   p.actual_seq_lengths = md.decode_q_ends.slice(0, td);
   p.actual_seq_lengths_kv = md.decode_kv_lens.slice(0, td);
   t.block_table = md.decode_kernel_rows == td ? md.decode_block_tables : md.decode_block_tables.narrow(0, 0, td);
   ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
-  combine(v, output.narrow(0, 0, td));
+  ex_->combine(v, output.narrow(0, 0, td));
 }
 
 void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& md, const at::Tensor& query,
@@ -164,17 +94,17 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
                      /*reshape_and_cache=*/false);
   }
   // The closures hold copies of the views (and so the buffers) they use.
-  const cp::DcpViews v = decode_views(n, query);
-  g.capture_call(std::make_unique<graph::ClosureCall>(cfg_.layer_index, 0,
-                                                      [this, v, q = at::Tensor(query)]() { stage_query(v, q); }));
+  const cp::DcpViews v = ex_->views(n, query);
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      cfg_.layer_index, 0, [ex = ex_.get(), v, q = at::Tensor(query)]() { ex->stage_query(v, q); }));
   ops::FiaTensors t;
   ops::FiaParams p;
   at::Tensor out, lse;
-  fill_partial_call(v, md.decode_block_tables, md.decode_q_ends, md.decode_kv_lens, md.block_size, t, p, out,
-                    lse);
+  ex_->fill_partial_call(v, caches_.key_3d, caches_.value_3d, md.decode_block_tables, md.decode_q_ends,
+                         md.decode_kv_lens, md.block_size, t, p, out, lse);
   graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {}, std::move(t), p, std::move(out), std::move(lse));
-  g.capture_call(std::make_unique<graph::ClosureCall>(cfg_.layer_index, 0,
-                                                      [this, v, out = at::Tensor(output)]() { combine(v, out); }));
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      cfg_.layer_index, 0, [ex = ex_.get(), v, out = at::Tensor(output)]() { ex->combine(v, out); }));
 }
 
 void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& key,
@@ -187,8 +117,8 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
   // with it; its views of tp rows alias the same storage).
   const cp::DcpViews* v = nullptr;
   if (md.has_context) {
-    v = &decode_views(tp, query);
-    stage_query(*v, qp);
+    v = &ex_->views(tp, query);
+    ex_->stage_query(*v, qp);
   }
   // The current pass's LSE and the context pass's merged output and LSE: a
   // grow-only fp32 scratch of the layer (3 views, no allocation once grown).
@@ -235,8 +165,8 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
   ops::FiaTensors t;
   ops::FiaParams p;
   at::Tensor po, pl;
-  fill_partial_call(*v, md.prefill_block_tables, md.prefill_q_ends, md.prefill_context_lens, md.block_size, t,
-                    p, po, pl);
+  ex_->fill_partial_call(*v, caches_.key_3d, caches_.value_3d, md.prefill_block_tables, md.prefill_q_ends,
+                         md.prefill_context_lens, md.block_size, t, p, po, pl);
   if (md.local_context_tokens > 0) {
     ops::fused_infer_attention_score_out(t, p, std::nullopt, po, pl);
   } else {
@@ -244,7 +174,7 @@ void DcpAttentionImpl::prefill(const DcpMetadata& md, const at::Tensor& query, c
     po.zero_();
     pl.fill_(-std::numeric_limits<float>::infinity());
   }
-  combine(*v, octx, lctx);
+  ex_->combine(*v, octx, lctx);
 
   // Chunk merge on the rows of requests with context (docs/design/cp.md §5). The
   // other rows keep Oc: their context partial is empty on every rank, which
@@ -276,7 +206,7 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
   // The shared exchange workspace is held for this forward (one thread at a
   // time), from the start when the layer has one already: before any write.
   graph::ForwardScope exclusive_scope;
-  if (ws_) exclusive_scope.hold(ws_->exclusive());
+  if (ex_->workspace()) exclusive_scope.hold(ex_->workspace()->exclusive());
   check_current(md.stamp, "metadata");
   AAR_CHECK_ARG(md.shard.world == comm_.size() && md.shard.rank == comm_.rank(), "the metadata was built for DCP rank ",
                 md.shard.rank, " of ", md.shard.world, " but the layer's group is rank ", comm_.rank(), " of ",

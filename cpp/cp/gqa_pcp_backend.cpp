@@ -13,7 +13,10 @@ core::BackendFacts PcpBackend::facts() {
   f.block_sizes = gqa::Backend::supported_block_sizes();
   f.dtypes = {c10::kHalf, c10::kBFloat16, c10::kFloat};
   f.kv_caches = {"key_cache", "value_cache"};
-  f.capturable = 0;  // a PCP forward is refused inside a graph capture
+  // A layer captures decode-only steps padded to the bucket (one decode row per
+  // token, speculative ones included); steps with prefills run eagerly only.
+  f.capturable = core::state_bit(plan::AttentionState::DecodeOnly) |
+                 core::state_bit(plan::AttentionState::SpecDecoding);
   f.context_parallel = true;
   return f;
 }

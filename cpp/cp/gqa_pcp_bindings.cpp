@@ -33,7 +33,7 @@ const cp::PcpMetadata& live(const cp::PcpMetadata& m) {
 }
 
 cp::PcpBuildInputs pcp_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt,
-                               const std::optional<at::Tensor>& is_prefilling) {
+                               const std::optional<at::Tensor>& is_prefilling, int32_t num_input_tokens = 0) {
   const at::Tensor& q = borrow_tensor(qsl, "query_start_loc", false);
   const at::Tensor& s = borrow_tensor(seq_lens, "seq_lens", false);
   const at::Tensor& t = borrow_tensor(bt, "block_table", false);
@@ -43,6 +43,7 @@ cp::PcpBuildInputs pcp_inputs(nb::handle qsl, nb::handle seq_lens, nb::handle bt
   in.block_table = i32_span(t, "block_table", 2);
   in.block_table_stride = static_cast<int32_t>(t.size(1));
   in.is_prefilling = bool_span(is_prefilling, "is_prefilling");
+  in.num_input_tokens = num_input_tokens;
   return in;
 }
 
@@ -59,6 +60,11 @@ void bind_gqa_pcp(nb::module_& m) {
       .def_ro("dcp_size", &cp::PcpMetadata::dcp_size)
       .def_ro("dcp_rank", &cp::PcpMetadata::dcp_rank)
       .def_ro("num_local_tokens", &cp::PcpMetadata::num_local_tokens)
+      .def_ro("decode_kernel_rows", &cp::PcpMetadata::decode_kernel_rows,
+              "decode rows: one per decode token, plus the padding rows of a padded decode-only step")
+      .def_prop_ro("decode_slots", [](const cp::PcpMetadata& d) { return live(d).decode_slots; })
+      .def_prop_ro("decode_block_tables", [](const cp::PcpMetadata& d) { return live(d).decode_block_tables; })
+      .def_prop_ro("decode_q_ends", [](const cp::PcpMetadata& d) { return to_list(live(d).decode_q_ends); })
       .def_ro("has_context", &cp::PcpMetadata::has_context)
       .def_prop_ro("is_current", [](const cp::PcpMetadata& d) { return d.stamp.current(); })
       .def_prop_ro("padded_slot_mapping", [](const cp::PcpMetadata& d) { return live(d).padded_slot_mapping; })
@@ -102,22 +108,26 @@ void bind_gqa_pcp(nb::module_& m) {
       .def(
           "build",
           [](cp::PcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt,
-             const std::optional<at::Tensor>& is_prefilling) -> cp::PcpMetadata {
-            return b.build(pcp_inputs(qsl, seq_lens, bt, is_prefilling));
+             const std::optional<at::Tensor>& is_prefilling, int32_t num_input_tokens) -> cp::PcpMetadata {
+            return b.build(pcp_inputs(qsl, seq_lens, bt, is_prefilling, num_input_tokens));
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(), "is_prefilling"_a = nb::none(),
+          "num_input_tokens"_a = 0,
           nb::rv_policy::move, nb::keep_alive<0, 1>(),
           "The global batch (the same on every rank, decodes first) -> this rank's metadata (stale after the "
           "next build).")
       .def(
           "build_for_graph_capture",
           [](cp::PcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt,
-             plan::AttentionState state, const std::optional<at::Tensor>& is_prefilling) -> cp::PcpMetadata {
-            return b.build_for_graph_capture(pcp_inputs(qsl, seq_lens, bt, is_prefilling), state);
+             plan::AttentionState state, const std::optional<at::Tensor>& is_prefilling,
+             int32_t num_input_tokens) -> cp::PcpMetadata {
+            return b.build_for_graph_capture(pcp_inputs(qsl, seq_lens, bt, is_prefilling, num_input_tokens), state);
           },
           "query_start_loc"_a, "seq_lens"_a, "block_table"_a, nb::kw_only(),
-          "state"_a = plan::AttentionState::DecodeOnly, "is_prefilling"_a = nb::none(), nb::rv_policy::move,
-          nb::keep_alive<0, 1>(), "Always NotImplementedError: PCP is not captured.")
+          "state"_a = plan::AttentionState::DecodeOnly, "is_prefilling"_a = nb::none(), "num_input_tokens"_a = 0,
+          nb::rv_policy::move, nb::keep_alive<0, 1>(),
+          "A decode-only step (DecodeOnly or SpecDecoding, padded to num_input_tokens) for a graph capture; "
+          "other states and steps with prefills raise NotImplementedError before anything is built.")
       .def(
           "build_for_drafting",
           [](cp::PcpMetadataBuilder& b, nb::handle qsl, nb::handle seq_lens, nb::handle bt, int32_t draft_index,

@@ -12,6 +12,7 @@
 #include "ascend_attn_rt/cp/plan/pcp_split.h"
 #include "ascend_attn_rt/cp/plan/pcp_step_plan.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
+#include "ascend_attn_rt/plan/split.h"
 #include "../common/staging.h"
 #include "../core/staging_layout.h"
 
@@ -33,26 +34,26 @@ plan::SlotMappingInputs slot_inputs(const PcpBuildInputs& in, const PcpConfig& c
   return si;
 }
 
-// The sharded path's lists, one region per list, are sized by the step (the
-// batch's decode tokens, chunks and head/tail KV counts): they are packed per
-// build at the end of one region (StagingLayout::pack_before), so one copy of
-// the used tail moves them all.
-constexpr int kShardedLists = 13;
+// The sharded path's prefill lists, one region per list, are sized by the step
+// (the batch's chunks and head/tail KV counts): they are packed per build at the
+// end of one region (StagingLayout::pack_before), so one copy of the used tail
+// moves them all. The decode rows (slots, block table) have fixed regions of
+// their own: a captured bucket reads them at the same address every step.
+constexpr int kShardedLists = 11;
 
 }  // namespace
 
 struct PcpMetadataBuilder::Staging {
   core::Region lists;        // sharded: the per-step packed lists
+  core::Region decode_slots, decode_bt;  // sharded: the decode rows (max_num_tokens rows)
+  core::RegionViews decode_slots_dev, decode_bt_dev;
   core::Region write_slots;  // replicated
   core::RegionViews write_slots_dev;
 };
 
 PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
   internal::check_builder_sizes<gqa::Backend>(cfg);
-  if (cfg.num_speculative_tokens != 0) {
-    throw_not_supported("num_speculative_tokens=", cfg.num_speculative_tokens,
-                        ": speculative decode is not supported with PCP (the decode threshold is 1)");
-  }
+  internal::check_num_speculative_tokens(cfg);
   AAR_CHECK_ARG(cfg.pcp_size >= 1, "pcp_size must be >= 1, got ", cfg.pcp_size);
   AAR_CHECK_ARG(cfg.pcp_rank >= 0 && cfg.pcp_rank < cfg.pcp_size, "pcp_rank=", cfg.pcp_rank,
                 " is out of range [0, pcp_size=", cfg.pcp_size, ")");
@@ -84,8 +85,11 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
   int slot_base = 0;
   if (cfg.kv_mode == plan::PcpKvMode::Sharded) {
     // Every list at its bound, plus each one's alignment padding.
-    const int64_t words = 3 * G + Tm + (6 + 3 * Wp) * C + (Nm + Wp * Nm) * mb;
+    const int64_t words = 3 * G + (6 + 3 * Wp) * C + Wp * Nm * mb;
     st_->lists = layout.add("sharded_lists", words + (kShardedLists + 1) * core::kStagingAlignWords);
+    // Decode rows: at most max_num_tokens (the bucket of a padded step included).
+    st_->decode_slots = layout.add("decode_slots", Tm);
+    st_->decode_bt = layout.add("decode_block_table", Tm * mb);
   } else {
     // Td + Wp (P - Td) <= Wp P slots, and P <= Tm (a rank's rows are at most the batch's).
     st_->write_slots = layout.add("write_slots", Wp * Tm);
@@ -96,6 +100,9 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
                                                       cfg.staging_buffers, cfg.staging_hooks, slot_base);
   if (cfg.kv_mode == plan::PcpKvMode::Replicated) {
     st_->write_slots_dev = core::RegionViews(buffers_->device(), st_->write_slots, Wp * Tm, at::kInt);
+  } else {
+    st_->decode_slots_dev = core::RegionViews(buffers_->device(), st_->decode_slots, Tm, at::kInt);
+    st_->decode_bt_dev = core::RegionViews(buffers_->device(), st_->decode_bt, Tm, at::kInt, mb);
   }
 
   flags_.assign(Nm, 0);
@@ -105,8 +112,8 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
   local_lens_.assign(Nm, 0);
   positions_.reserve(G);
   token_index_.reserve(G);
-  decode_q_ends_.assign(Nm, 0);
-  decode_kv_lens_.assign(Nm, 0);
+  decode_q_ends_.assign(Tm, 0);
+  decode_kv_lens_.assign(Tm, 0);
   mask_ends_.assign(Nm, 0);
   head_ends_.assign(Nm, 0);
   tail_ends_.assign(Nm, 0);
@@ -140,23 +147,24 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
 
 PcpMetadataBuilder::~PcpMetadataBuilder() = default;
 
-const PcpMetadata& PcpMetadataBuilder::build(const PcpBuildInputs& in) {
+const PcpMetadata& PcpMetadataBuilder::build(const PcpBuildInputs& in) { return build_step(in, false); }
+
+const PcpMetadata& PcpMetadataBuilder::build_step(const PcpBuildInputs& in, bool for_capture) {
   const size_t n = in.seq_lens.size();
   core::check_step_fits(in, cfg_, cfg_.max_blocks_per_req);
   core::refuse_unread(in, core::kAttnState | core::kNumSpecTokens | core::kReqIds,
-                      "the GQA PCP builder (no forced state, no speculative decode, no per-request state)");
+                      "the GQA PCP builder (no forced state, no per-request speculative counts, no per-request "
+                      "state)");
   AAR_CHECK_ARG(in.query_start_loc.size() == n + 1, "query_start_loc has ", in.query_start_loc.size(),
                 " entries, expected num_reqs + 1 = ", n + 1);
   AAR_CHECK_ARG(in.block_table_stride >= 0, "block_table_stride must be >= 0, got ", in.block_table_stride);
   AAR_CHECK_ARG(in.block_table.size() == n * static_cast<size_t>(in.block_table_stride), "block_table has ",
                 in.block_table.size(), " entries, expected num_reqs * block_table_stride = ",
                 n * static_cast<size_t>(in.block_table_stride));
-  const int32_t num_decodes = plan::pcp_split_flags(in.query_start_loc, in.is_prefilling,
-                                                    plan::Span<uint8_t>(flags_.data(), n));
+  // Validates query_start_loc and is_prefilling (the threshold-1 flags are then replaced below).
+  int32_t num_decodes = plan::pcp_split_flags(in.query_start_loc, in.is_prefilling,
+                                              plan::Span<uint8_t>(flags_.data(), n));
   const int32_t total = in.query_start_loc[n];  // <= max_num_tokens (check_step_fits)
-  // Graph padding is not PCP's (no capture): only the unpadded count.
-  AAR_CHECK_ARG(in.num_input_tokens == 0 || in.num_input_tokens == total, "num_input_tokens=", in.num_input_tokens,
-                ": the GQA PCP builder pads no step (no graph capture); give 0 or query_start_loc[-1]=", total);
   int32_t max_q = 0, max_s = 0;
   for (size_t i = 0; i < n; ++i) {
     qlens_[i] = in.query_start_loc[i + 1] - in.query_start_loc[i];
@@ -166,20 +174,58 @@ const PcpMetadata& PcpMetadataBuilder::build(const PcpBuildInputs& in) {
     max_q = std::max(max_q, qlens_[i]);
     max_s = std::max(max_s, in.seq_lens[i]);
   }
+  if (decode_threshold() > 1 && n > 0) {
+    // Speculative decode: docs/design/cp.md §3.2's split with the decode threshold
+    // 1 + num_speculative_tokens (short extends are prefills by is_prefilling;
+    // without it every short request is a decode), the first prefill splitting
+    // the batch as above.
+    plan::SplitInputs sp;
+    sp.query_start_loc = in.query_start_loc;
+    sp.num_actual_tokens = total;
+    sp.max_query_len = max_q;
+    sp.decode_threshold = decode_threshold();
+    sp.treat_short_extends_as_decodes = in.is_prefilling.empty();
+    if (!sp.treat_short_extends_as_decodes) sp.is_prefilling = in.is_prefilling;
+    num_decodes = plan::split_decodes_and_prefills(sp).num_decodes;
+    for (size_t i = 0; i < n; ++i) flags_[i] = static_cast<int32_t>(i) >= num_decodes ? 1 : 0;
+  }
+  const int32_t num_prefills = static_cast<int32_t>(n) - num_decodes;
+  // Graph buckets: a decode-only step may be padded to num_input_tokens (decode
+  // rows of KV length 0); a step with prefills keeps its split and is never padded.
+  const int32_t t_in = in.num_input_tokens == 0 ? total : in.num_input_tokens;
+  AAR_CHECK_ARG(t_in >= total, "num_input_tokens=", in.num_input_tokens, " is smaller than query_start_loc[-1]=",
+                total);
+  if (for_capture && (num_prefills > 0 || num_decodes == 0)) {
+    throw_not_supported("build_for_graph_capture: GQA PCP captures decode-only steps (got ", num_decodes,
+                        " decodes and ", num_prefills, " prefills): the prefill head/tail split and its gathers "
+                        "run eagerly only");
+  }
+  if (t_in > total && (num_prefills > 0 || num_decodes == 0)) {
+    throw_not_supported("num_input_tokens=", t_in, " pads a step with ", num_prefills, " prefills and ", num_decodes,
+                        " decodes: GQA PCP pads decode-only steps only (graph buckets); a step with prefills keeps "
+                        "its head/tail split and runs eagerly (give 0 or query_start_loc[-1]=", total, ")");
+  }
   plan::StateInputs state_in;
   state_in.num_computed_tokens = plan::CSpan<int32_t>(num_computed_.data(), n);
   state_in.num_scheduled_tokens = plan::CSpan<int32_t>(qlens_.data(), n);
-  const plan::AttentionState state = plan::select_attention_state(state_in);
+  plan::AttentionState state = plan::select_attention_state(state_in);
+  // A decode-only step of several tokens per request is a speculative one.
+  const bool spec_decode = num_prefills == 0 && num_decodes > 0 && max_q > 1;
+  if (num_prefills == 0 && num_decodes > 0) {
+    state = spec_decode ? plan::AttentionState::SpecDecoding : plan::AttentionState::DecodeOnly;
+  }
   if (cfg_.kv_mode == plan::PcpKvMode::Sharded) {
-    build_sharded(in, num_decodes);
+    build_sharded(in, num_decodes, t_in);
   } else {
-    build_replicated(in);
+    build_replicated(in, t_in, spec_decode);
   }
   md_.attn_state = state;
-  md_.num_reqs = md_.num_kernel_reqs = static_cast<int32_t>(n);
+  md_.num_reqs = static_cast<int32_t>(n);
+  md_.num_kernel_reqs = static_cast<int32_t>(n) + (t_in - total);  // the padding decode rows are the dummies
   md_.num_decodes = num_decodes;
-  md_.num_prefills = static_cast<int32_t>(n) - num_decodes;
-  md_.num_actual_tokens = md_.num_input_tokens = total;
+  md_.num_prefills = num_prefills;
+  md_.num_actual_tokens = total;
+  md_.num_input_tokens = t_in;
   md_.num_prefill_tokens = total - md_.num_decode_tokens;
   md_.max_query_len = max_q;
   md_.max_seq_len = max_s;
@@ -190,11 +236,13 @@ const PcpMetadata& PcpMetadataBuilder::build(const PcpBuildInputs& in) {
   return md_;
 }
 
-const PcpMetadata& PcpMetadataBuilder::build_for_graph_capture(const PcpBuildInputs&, plan::AttentionState state) {
-  // PcpBackend::facts() declares no capturable state: a PCP forward is never captured.
+const PcpMetadata& PcpMetadataBuilder::build_for_graph_capture(const PcpBuildInputs& in,
+                                                               plan::AttentionState state) {
   static const core::BackendFacts& facts = PcpBackend::facts();
   core::check_capturable(facts, state);
-  throw_not_supported("build_for_graph_capture: graph capture of GQA PCP is not supported");
+  build_step(in, true);
+  md_.attn_state = state;
+  return md_;
 }
 
 const PcpMetadata& PcpMetadataBuilder::build_for_drafting(const PcpBuildInputs& in, int32_t draft_index) {
@@ -204,7 +252,7 @@ const PcpMetadata& PcpMetadataBuilder::build_for_drafting(const PcpBuildInputs& 
 
 static_assert(core::is_builder_v<PcpMetadataBuilder>, "cp::PcpMetadataBuilder follows the builder contract");
 
-void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
+void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd, int32_t t_in) {
   const size_t n = in.seq_lens.size();
   const int32_t Wp = cfg_.pcp_size, rp = cfg_.pcp_rank, W = kv_world(cfg_), r = kv_rank(cfg_);
   const int32_t I = cfg_.interleave_size;
@@ -230,20 +278,44 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
 
   // --- host lists and the staging buffer ---
   int32_t* s = buffers_->begin();
-  int64_t o_slots, o_restore, o_dslots, o_qh, o_qt, o_hn, o_hm, o_tn, o_tm, o_qf, o_dbt, o_cbt, o_crow;
+  int64_t o_slots, o_restore, o_qh, o_qt, o_hn, o_hm, o_tn, o_tm, o_qf, o_cbt, o_crow;
   const core::Region& lists = st_->lists;
   const int64_t first = core::StagingLayout::pack_before(
-      lists.end(), {{&o_slots, G}, {&o_restore, G}, {&o_dslots, Td}, {&o_qh, C}, {&o_qt, C},
+      lists.end(), {{&o_slots, G}, {&o_restore, G}, {&o_qh, C}, {&o_qt, C},
                     {&o_hn, ht.head_nomask_tokens}, {&o_hm, C}, {&o_tn, ht.tail_nomask_tokens}, {&o_tm, C},
-                    {&o_qf, 2 * C}, {&o_dbt, nd * stride}, {&o_cbt, Wp * np * stride},
-                    {&o_crow, sz.local_prefill_tokens}});
+                    {&o_qf, 2 * C}, {&o_cbt, Wp * np * stride}, {&o_crow, sz.local_prefill_tokens}});
   // Holds by the bounds the region was sized with (G <= cap_ above).
   AAR_CHECK_ARG(first >= lists.offset, "the sharded PCP lists of this step need ", lists.end() - first,
                 " staging words, more than the builder's ", lists.words);
   plan::pcp_padded_slot_mapping(sp, plan::CSpan<int32_t>(token_slots_.data(), total),
                                 plan::Span<int32_t>(s + o_slots, G));
   plan::pcp_restore_index(sp, plan::Span<int32_t>(s + o_restore, G));
-  std::copy_n(token_slots_.data(), Td, s + o_dslots);
+  // Decode rows (docs/design/cp.md §3.3, §6.6): one per decode token, then the
+  // padding rows of a padded decode-only step (t_in > total only then).
+  const int64_t dk = nd > 0 && np == 0 ? t_in : Td, mb = cfg_.max_blocks_per_req;
+  {
+    int32_t* dslots = s + st_->decode_slots.offset;
+    int32_t* dbt = s + st_->decode_bt.offset;
+    std::copy_n(token_slots_.data(), Td, dslots);
+    std::fill(dslots + Td, dslots + dk, plan::kPadSlot);
+    int64_t row = 0;
+    for (int32_t i = 0; i < nd; ++i) {
+      const int32_t base = in.seq_lens[i] - qlens_[i];  // the request's history
+      for (int32_t j = 0; j < qlens_[i]; ++j, ++row) {
+        int32_t* dst = dbt + row * mb;
+        std::copy_n(in.block_table.data() + static_cast<int64_t>(i) * stride, stride, dst);
+        std::fill(dst + stride, dst + mb, 0);
+        decode_q_ends_[row] = row + 1;
+        // Token j at position base + j sees this rank's local keys at or before it.
+        decode_kv_lens_[row] = plan::dcp_local_len(base + j + 1, W, I, r);
+      }
+    }
+    for (; row < dk; ++row) {
+      std::fill(dbt + row * mb, dbt + (row + 1) * mb, 0);
+      decode_q_ends_[row] = row + 1;
+      decode_kv_lens_[row] = 0;
+    }
+  }
   plan::PcpHeadTailBuffers hb;
   hb.q_head_idx = plan::Span<int32_t>(s + o_qh, C);
   hb.q_tail_idx = plan::Span<int32_t>(s + o_qt, C);
@@ -256,7 +328,6 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
   hb.head_nomask_kv_ends = plan::Span<int64_t>(head_ends_.data(), np);
   hb.tail_nomask_kv_ends = plan::Span<int64_t>(tail_ends_.data(), np);
   plan::pcp_head_tail_indices(sp, rp, hb);
-  std::copy_n(in.block_table.data(), nd * stride, s + o_dbt);
   // Context entries of the PCP-gathered query, rank-major: (rank j, request i).
   positions_.assign(sz.local_tokens, 0);
   plan::pcp_local_tokens(sp, rp, plan::Span<int32_t>(local_lens_.data(), n),
@@ -276,13 +347,11 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
       crow = std::fill_n(crow, local_lens_[nd + i], num_computed_[nd + i] > 0 ? 1 : 0);
     }
   }
-  int64_t de = 0;
-  for (int32_t i = 0; i < nd; ++i) {
-    decode_q_ends_[i] = (de += qlens_[i]);
-    decode_kv_lens_[i] = plan::dcp_local_len(in.seq_lens[i], W, I, r);
-  }
-  // Where each local row comes from in the global batch (-1: a pad).
-  token_index_.assign(sz.local_tokens, -1);
+  // Where each local row comes from in the global batch (-1: a pad, and the
+  // padding decode rows of a padded step, which have no position either).
+  const int64_t rows_local = sz.local_tokens + (dk - Td);
+  positions_.resize(rows_local, -1);
+  token_index_.assign(rows_local, -1);
   {
     int64_t row = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -293,13 +362,17 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
     }
   }
   buffers_->copy(first, lists.end() - first);
+  buffers_->copy(st_->decode_slots.offset, dk);
+  buffers_->copy(st_->decode_bt.offset, dk * mb);
   buffers_->finish();
 
   const at::Tensor& dev = buffers_->device();
   auto view = [&](int64_t o, int64_t len) { return dev.narrow(0, o, len); };
   md_.padded_slot_mapping = view(o_slots, G);
   md_.restore_idx = view(o_restore, G);
-  md_.decode_slots = view(o_dslots, Td);
+  md_.decode_kernel_rows = static_cast<int32_t>(dk);
+  md_.decode_slots = st_->decode_slots_dev.first(dk);
+  md_.decode_block_tables = st_->decode_bt_dev.first(dk);
   md_.q_head_idx = view(o_qh, C);
   md_.q_tail_idx = view(o_qt, C);
   md_.kv_head_nomask_idx = view(o_hn, ht.head_nomask_tokens);
@@ -307,12 +380,11 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
   md_.kv_tail_nomask_idx = view(o_tn, ht.tail_nomask_tokens);
   md_.kv_tail_mask_idx = view(o_tm, C);
   md_.q_full_idx = view(o_qf, 2 * C);
-  md_.decode_block_tables = view(o_dbt, nd * stride).view({nd, stride});
   md_.ctx_block_tables = view(o_cbt, Wp * np * stride).view({Wp * np, stride});
   md_.context_rows = view(o_crow, sz.local_prefill_tokens);
   md_.attn_mask = causal_mask_;
-  md_.decode_q_ends = c10::IntArrayRef(decode_q_ends_.data(), nd);
-  md_.decode_kv_lens = c10::IntArrayRef(decode_kv_lens_.data(), nd);
+  md_.decode_q_ends = c10::IntArrayRef(decode_q_ends_.data(), dk);
+  md_.decode_kv_lens = c10::IntArrayRef(decode_kv_lens_.data(), dk);
   md_.mask_seq_ends = c10::IntArrayRef(mask_ends_.data(), np);
   md_.head_nomask_kv_ends = c10::IntArrayRef(head_ends_.data(), np);
   md_.tail_nomask_kv_ends = c10::IntArrayRef(tail_ends_.data(), np);
@@ -322,15 +394,16 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd) {
   md_.head_nomask_tokens = ht.head_nomask_tokens;
   md_.tail_nomask_tokens = ht.tail_nomask_tokens;
   md_.num_decode_tokens = sz.num_decode_tokens;
-  md_.num_local_tokens = sz.local_tokens;
+  md_.num_local_tokens = static_cast<int32_t>(rows_local);
   md_.shape.block_size = cfg_.block_size;
   md_.shape.num_blocks = cfg_.num_blocks;
-  md_.shape.num_input_tokens = md_.shape.num_actual_tokens = md_.shape.num_kernel_tokens = sz.local_tokens;
+  md_.shape.num_input_tokens = md_.shape.num_actual_tokens = md_.shape.num_kernel_tokens =
+      static_cast<int32_t>(rows_local);
   md_.local = nullptr;
   md_.write_slots = at::Tensor();
 }
 
-void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
+void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in, int32_t t_in, bool spec_decode) {
   const size_t n = in.seq_lens.size();
   const int32_t Wp = cfg_.pcp_size, rp = cfg_.pcp_rank;
   const int32_t total = in.query_start_loc[n];
@@ -370,8 +443,14 @@ void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
   bi.seq_lens = plan::CSpan<int32_t>(local_seq_.data(), rows);
   bi.block_table = plan::CSpan<int32_t>(local_bt_.data(), rows * stride);
   bi.block_table_stride = in.block_table_stride;
-  bi.num_input_tokens = P;
+  // A padded decode-only step (t_in > total only then, and then P = total): the
+  // inner build pads to the bucket with its own dummies.
+  const int32_t rows_local = std::max(P, t_in > total ? t_in : 0);
+  bi.num_input_tokens = rows_local;
   if (any_split) bi.attn_state = plan::AttentionState::ChunkedPrefill;
+  // Decode-only with several tokens per request: the speculative state, whose
+  // causal order the GQA layer keeps (and captures).
+  if (spec_decode) bi.attn_state = plan::AttentionState::SpecDecoding;
   bi.is_prefilling = plan::CSpan<uint8_t>(local_pref_.data(), rows);
   const gqa::Metadata& local = inner_->build(bi);
 
@@ -390,10 +469,11 @@ void PcpMetadataBuilder::build_replicated(const PcpBuildInputs& in) {
   md_.write_slots = st_->write_slots_dev.first(nw);
   md_.local = &local;
   md_.num_decode_tokens = td;
-  md_.num_local_tokens = P;
+  md_.num_local_tokens = rows_local;
+  md_.decode_kernel_rows = td;
 
-  positions_.assign(P, -1);
-  token_index_.assign(P, -1);
+  positions_.assign(rows_local, -1);
+  token_index_.assign(rows_local, -1);
   for (int32_t k = 0; k < rows; ++k) {
     const plan::PcpSegment& g = segments_[k];
     for (int32_t t = 0; t < g.num_tokens; ++t) {

@@ -13,6 +13,9 @@
 #include "ascend_attn_rt/gqa/validate.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 #include "../common/inference_scope.h"
+#include "../graph/exclusive_scope.h"
+#include "../gqa/graph_calls.h"
+#include "gqa_cp_exchange.h"
 
 namespace aar::cp {
 
@@ -47,7 +50,11 @@ PcpAttentionImpl::PcpAttentionImpl(const gqa::ImplConfig& cfg, Comm* pcp, Comm* 
                 " ranks: DCP needs one KV head per rank (TP > total KV heads), whose KV it shards");
   AAR_CHECK_ARG(!cfg_.kv_sharing, "kv_sharing: a PCP layer writes the KV it gathers; a layer sharing another "
                 "layer's cache is not supported with PCP");
+  ex_ = std::make_unique<GqaShardExchange>(cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size, cfg_.scale,
+                                           dcp != nullptr && dcp->size() > 1 ? dcp : nullptr, pcp);
 }
+
+PcpAttentionImpl::~PcpAttentionImpl() = default;
 
 void PcpAttentionImpl::check_groups(const PcpMetadata& md) const {
   AAR_CHECK_ARG(pcp_->size() == md.pcp_size && pcp_->rank() == md.pcp_rank, "pcp group: rank ", pcp_->rank(),
@@ -66,8 +73,9 @@ void PcpAttentionImpl::check_groups(const PcpMetadata& md) const {
 const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                             const at::Tensor& key_cache, const at::Tensor& value_cache,
                                             const PcpMetadata* metadata, const at::Tensor& output) {
-  graph::refuse_if_capturing("a PCP forward (graph capture of PCP is not supported)");
+  graph::GraphParams* capture = graph::GraphParams::current();
   if (metadata == nullptr) {
+    graph::refuse_if_capturing("a GQA PCP forward without metadata (profiling run)");
     // Profiling / dummy run: nothing to attend, no collective (every rank runs it alike).
     AAR_CHECK_ARG(output.defined(), "output must be a tensor");
     output.zero_();
@@ -106,10 +114,23 @@ const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::T
   } else {
     gqa::check_attn_type(cfg_.attn_type, *g, true);
   }
+  if (capture != nullptr && (md.num_prefills > 0 || md.num_decodes == 0)) {
+    // docs/design/cp.md §6.6: before any write or collective.
+    throw_not_supported("a GQA PCP forward of a step with ", md.num_prefills, " prefills and ", md.num_decodes,
+                        " decodes inside a graph capture (GQA PCP captures decode-only steps: the prefill "
+                        "head/tail split and its gathers run eagerly only)");
+  }
+  // The shared exchange workspace is held for this forward (one thread at a time).
+  graph::ForwardScope exclusive_scope;
+  if (ex_->workspace()) exclusive_scope.hold(ex_->workspace()->exclusive());
   const KvHookScope<PcpMetadata> kv_scope(kv_hooks, key_cache, value_cache, /*wrote=*/true, md, "gqa_pcp");
 
   const aar::detail::InferenceScope inference;
   caches_.bind(key_cache, value_cache, cfg_.num_kv_heads * cfg_.head_size);
+  if (capture != nullptr && sharded) {
+    capture_sharded_decode(*capture, md, query, key, value, output);
+    return output;
+  }
   if (sharded) {
     forward_sharded(query, key, value, md, output);
   } else {
@@ -122,11 +143,15 @@ void PcpAttentionImpl::forward_replicated(const at::Tensor& q, const at::Tensor&
                                           const at::Tensor& key_cache, const at::Tensor& value_cache,
                                           const PcpMetadata& md, const at::Tensor& out) {
   const int64_t td = md.num_decode_tokens, p = md.num_local_tokens;
-  if (td == p) {
-    // Nothing split anywhere (a batch-global fact): every rank writes its own
-    // replicated copy of the decodes, no collective.
-    gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), caches_.key, caches_.value,
-                        md.write_slots);
+  if (md.num_prefills == 0) {
+    // Nothing split anywhere (a batch-global fact): the ordinary GQA layer writes
+    // every rank's own replicated copy of the decodes through the local build's
+    // slots and attends them; no collective. Inside a graph capture it records
+    // both (docs/design/cp.md §6.6), padding rows included.
+    inner_->forward(q, k, v, key_cache, value_cache, md.local, out);
+    const int64_t nt = md.local->num_kernel_tokens;
+    if (graph::GraphParams::current() == nullptr && nt < p) out.narrow(0, nt, p - nt).zero_();
+    return;
   } else {
     // docs/design/cp.md §6.5: K and V gathered separately, so each stays contiguous.
     const at::Tensor gk = pcp_->all_gather(k.narrow(0, td, p - td), 0);
@@ -154,7 +179,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   if (!has_prefill) {
     if (td > 0) {
       gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), caches_.key, caches_.value,
-                          md.decode_slots);
+                          md.decode_slots.narrow(0, 0, td));
     }
   } else {
     const at::Tensor kv = at::cat({k, v}, -1);  // (T_loc, Hkv, 2D)
@@ -213,15 +238,14 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
     return Partial{o.view({rows, H, D}), l.view({rows, H, 1})};
   };
 
-  // --- decodes (docs/design/cp.md §4, legacy PCP x DCP) ---
+  // --- decodes (docs/design/cp.md §4, legacy PCP x DCP; one row per decode token, §6.6) ---
   if (has_decode) {
-    const at::Tensor qd = q.narrow(0, 0, td);
-    const Partial part = fia(Wd > 1 ? gather_query_heads(*dcp_, qd) : qd, caches_.key_3d, caches_.value_3d, Hq,
-                             md.decode_q_ends, md.decode_kv_lens, md.decode_block_tables, false);
-    at::Tensor w = dcp_merge(part);          // (td, H, D+1)
-    if (Wp > 1) w = pcp_->all_gather(w, 0);  // (Wp*td, H, D+1): every PCP rank's shard
-    out.narrow(0, 0, td).copy_(pcp_merge(w, td).out);
+    const at::Tensor wire = at::empty({td, H, D + 1}, q.options().dtype(at::kFloat));
+    decode_partial(md, q.narrow(0, 0, td), td, wire);
+    pcp_merge_into(wire, out.narrow(0, 0, td));
   }
+  // Padding decode rows of a padded decode-only step run eagerly: defined zeros.
+  if (tloc > td && !has_prefill) out.narrow(0, td, tloc - td).zero_();
   if (!has_prefill) return;
 
   // --- current chunk: head and tail blocks (docs/design/cp.md §6.4) ---
@@ -259,6 +283,87 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
     cur.out = at::where(md.context_rows.ne(0).view({tp, 1, 1}), merged.out, cur.out);
   }
   out.narrow(0, td, tp).copy_(cur.out);
+}
+
+void PcpAttentionImpl::decode_partial(const PcpMetadata& md, const at::Tensor& q_rows, int64_t rows,
+                                      const at::Tensor& wire) {
+  const int64_t D = cfg_.head_size;
+  const DcpViews& v = ex_->views(rows, q_rows);
+  ex_->stage_query(v, q_rows);
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  at::Tensor o, l;
+  const bool all = rows == md.decode_kernel_rows;
+  ex_->fill_partial_call(v, caches_.key_3d, caches_.value_3d,
+                         all ? md.decode_block_tables : md.decode_block_tables.narrow(0, 0, rows),
+                         md.decode_q_ends.slice(0, rows), md.decode_kv_lens.slice(0, rows), md.shape.block_size, t,
+                         p, o, l);
+  ops::fused_infer_attention_score_out(t, p, std::nullopt, o, l);
+  ex_->combine(v, wire.narrow(-1, 0, D), wire.narrow(-1, D, 1));
+}
+
+void PcpAttentionImpl::pcp_merge_into(const at::Tensor& wire, const at::Tensor& out_rows) {
+  // Every PCP rank's shard: the Wp wire blocks of the same rows, merged (associative
+  // with the DCP merge before it, docs/design/cp.md §6.4).
+  const int64_t rows = wire.size(0), H = wire.size(1), D = wire.size(2) - 1, Wp = pcp_->size();
+  const at::Tensor all = Wp > 1 ? pcp_->all_gather(wire, 0) : wire;
+  auto [o, l] = merge_wire_partials(all.view({Wp, rows * H, D + 1}));
+  out_rows.copy_(o.view({rows, H, D}));
+}
+
+void PcpAttentionImpl::capture_sharded_decode(graph::GraphParams& g, const PcpMetadata& md,
+                                              const at::Tensor& query, const at::Tensor& key,
+                                              const at::Tensor& value, const at::Tensor& output) {
+  // docs/design/cp.md §6.6: the eager decode in four recorded calls over stable
+  // buffers (the builder's decode rows, the shared DcpWorkspace, a wire made here
+  // and held by the last call), the collectives inside the calls.
+  const int64_t n = g.capturing_bucket(), H = cfg_.num_heads, D = cfg_.head_size;
+  if (md.decode_kernel_rows != n || md.num_input_tokens != n || md.num_local_tokens != n || query.size(0) != n) {
+    throw_not_supported("GQA PCP graph capture of bucket ", n, " takes decode-only steps padded to ", n,
+                        " tokens (got ", md.decode_kernel_rows, " decode rows, num_input_tokens=",
+                        md.num_input_tokens, ", query rows=", query.size(0), ")");
+  }
+  // Replays read the captured key/value buffers in place: no hidden copies.
+  AAR_CHECK_ARG(key.is_contiguous() && value.is_contiguous(), "graph capture needs contiguous key and value");
+  gqa::capture_kv_write(g, {cfg_.layer_index, 0}, key, value, caches_.key, caches_.value, md.decode_slots,
+                        /*reshape_and_cache=*/false);
+  const DcpViews v = ex_->views(n, query);
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      cfg_.layer_index, 0, [ex = ex_.get(), v, q = at::Tensor(query)]() { ex->stage_query(v, q); }));
+  ops::FiaTensors t;
+  ops::FiaParams p;
+  at::Tensor o, l;
+  ex_->fill_partial_call(v, caches_.key_3d, caches_.value_3d, md.decode_block_tables, md.decode_q_ends,
+                         md.decode_kv_lens, md.shape.block_size, t, p, o, l);
+  graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {}, std::move(t), p, std::move(o), std::move(l));
+  const at::Tensor wire = at::empty({n, H, D + 1}, query.options().dtype(at::kFloat));
+  g.capture_call(std::make_unique<graph::ClosureCall>(
+      cfg_.layer_index, 0, [this, v, wire, D, out = at::Tensor(output)]() {
+        ex_->combine(v, wire.narrow(-1, 0, D), wire.narrow(-1, D, 1));
+        pcp_merge_into(wire, out);
+      }));
+}
+
+graph::StepParams graph_step_params(const PcpMetadata& md) {
+  // A captured bucket holds the decode-only path: a step with prefills would
+  // replay its decode rows only (docs/design/cp.md §6.6).
+  AAR_CHECK_ARG(md.num_prefills == 0 && md.num_decodes > 0, "a GQA PCP step with ", md.num_prefills,
+                " prefills and ", md.num_decodes, " decodes cannot update a captured bucket (only decode-only "
+                "steps are captured; run a step with prefills eagerly)");
+  if (md.kv_mode == plan::PcpKvMode::Replicated) {
+    AAR_CHECK_ARG(md.local != nullptr, "metadata: the replicated build has no local metadata");
+    return gqa::graph_step_params(*md.local);
+  }
+  graph::StepParams sp;
+  sp.block_tables = md.decode_block_tables;
+  sp.q_ends = md.decode_q_ends;
+  sp.kv_lens = md.decode_kv_lens;
+  sp.num_reqs = md.decode_kernel_rows;  // one kernel "request" per decode row
+  sp.num_real_reqs = md.num_decodes;
+  sp.num_kernel_tokens = md.decode_kernel_rows;
+  sp.num_input_tokens = md.num_input_tokens;
+  sp.stamp = md.stamp;
+  return sp;
 }
 
 }  // namespace aar::cp

@@ -981,7 +981,8 @@ typedef struct aar_gqa_pcp_build_inputs {
   const int32_t* block_table;     /* N x block_table_stride: local block ids */
   size_t block_table_len;
   int32_t block_table_stride;
-  int32_t num_input_tokens;       /* 0, or query_start_loc[N] (PCP pads nothing) */
+  int32_t num_input_tokens;       /* 0, query_start_loc[N], or more on a decode-only step (padding
+                                   * decode rows; PCP graph capture is C++/Python only) */
   const uint8_t* is_prefilling;   /* optional (NULL, 0) */
   size_t is_prefilling_len;
 } aar_gqa_pcp_build_inputs_t;
@@ -1008,7 +1009,7 @@ AAR_C_API aar_status_t aar_gqa_pcp_builder_build(aar_gqa_pcp_builder_t* builder,
 /* This rank's rows after the latest build: *count = num_local_tokens; token_index[i] the
  * global token (query_start_loc units) of local row i, -1 for a padding row; positions[i] its
  * position within its request's scheduled tokens (sharded: >= the request's length for a
- * padding row; replicated: -1). Either array may be NULL; a given one needs capacity >=
+ * padding row of a prefill, -1 for a padding decode row; replicated: -1). Either array may be NULL; a given one needs capacity >=
  * num_local_tokens (else AAR_ERR_INVALID_ARGUMENT, nothing written). */
 AAR_C_API aar_status_t aar_gqa_pcp_builder_local_rows(const aar_gqa_pcp_builder_t* builder, int32_t* token_index,
                                                       int32_t* positions, size_t capacity, size_t* count);

@@ -130,8 +130,9 @@ const AdapterRegistrar kGqaPcp("gqa_pcp", [](const BackendFacts& f) {
     using In = aar::cp::PcpBuildInputs;
     aar::cp::PcpMetadataBuilder b(config());
     check_builder(b, step.inputs<In>(), f, /*decode_threshold=*/1);
-    aar::cp::PcpMetadataBuilder eager_b(config());
+    aar::cp::PcpMetadataBuilder eager_b(config()), capture_b(config());
     const aar::cp::PcpMetadata& md = eager_b.build(step.inputs<In>());
+    const aar::cp::PcpMetadata& cmd = capture_b.build_for_graph_capture(step.inputs<In>(), AttentionState::DecodeOnly);
     aar::gqa::ImplConfig c;
     c.num_heads = kHeads;
     c.num_kv_heads = 2;
@@ -139,13 +140,13 @@ const AdapterRegistrar kGqaPcp("gqa_pcp", [](const BackendFacts& f) {
     aar::cp::PcpAttentionImpl layer(c, comm.get());
     const at::Tensor kc = at::randn({kBlocks, kBlock, 2, kHead}), vc = at::randn_like(kc);
     const at::Tensor q = at::randn({3, kHeads, kHead}), k = at::randn({3, 2, kHead}), v = at::randn_like(k);
-    // Nothing is capturable: the capture check takes the eager metadata (and refuses it).
+    // A decode-only bucket is captured (docs/design/cp.md §6.6).
     check_impl<aar::cp::PcpMetadata>(
         f,
         [&](const aar::cp::PcpMetadata* m, const at::Tensor& out) -> const at::Tensor& {
           return layer.forward(q, k, v, kc, vc, m, out);
         },
-        md, md, q, /*bucket=*/3);
+        md, cmd, q, /*bucket=*/3);
   }
 });
 

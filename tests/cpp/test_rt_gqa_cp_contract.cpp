@@ -105,11 +105,28 @@ TEST(GqaCpContract, PcpRefusesStepFieldsItDoesNotReadAndGraphPadding) {
     expect_unread_fields_refused<cp::PcpMetadataBuilder, cp::PcpBuildInputs>(b, batch, "gqa_pcp");
     const cp::PcpMetadata& md = b.metadata();
     cp::PcpBuildInputs in = batch.inputs<cp::PcpBuildInputs>();
-    in.num_input_tokens = 8;  // a graph bucket: PCP pads nothing
-    EXPECT_TRUE(mentions(invalid([&] { b.build(in); }), "num_input_tokens=8"));
+    in.num_input_tokens = 8;  // a graph bucket over a step with a prefill: refused by name
+    std::string msg;
+    try {
+      b.build(in);
+    } catch (const NotSupported& e) {
+      msg = e.what();
+    }
+    EXPECT_TRUE(mentions(msg, "num_input_tokens=8 pads a step with 1 prefills")) << msg;
     EXPECT_TRUE(md.stamp.current());
     in.num_input_tokens = 6;  // the unpadded count is the step itself
     EXPECT_EQ(b.build(in).num_input_tokens, 6);
+    // A decode-only step padded to a bucket: padding decode rows (docs/design/cp.md §6.6).
+    cp::PcpBuildInputs dec = batch.inputs<cp::PcpBuildInputs>();
+    const std::vector<int32_t> qsl{0, 1}, seq{9}, bt{1, 2};
+    dec.query_start_loc = plan::CSpan<int32_t>(qsl.data(), qsl.size());
+    dec.seq_lens = plan::CSpan<int32_t>(seq.data(), seq.size());
+    dec.block_table = plan::CSpan<int32_t>(bt.data(), bt.size());
+    dec.num_input_tokens = 4;
+    const cp::PcpMetadata& padded = b.build(dec);
+    EXPECT_EQ(padded.num_input_tokens, 4);
+    EXPECT_EQ(padded.num_local_tokens, 4);
+    EXPECT_EQ(padded.num_kernel_reqs, 4);
   }
 }
 

@@ -43,13 +43,31 @@ STEPS = [
 
 # ----------------------------------------------------------------------------- model data and reference
 
-def _data(hq_total, hkv, dtype, seed):
+def _final_lens(steps):
+    """Each request's sequence length after the last step that schedules it."""
+    out = {}
+    for step in steps:
+        for (r, c, q, _) in step:
+            out[r] = max(out.get(r, 0), c + q)
+    return [out[r] for r in range(len(out))]
+
+
+def _data(hq_total, hkv, dtype, seed, steps=STEPS):
     g = torch.Generator().manual_seed(seed)
-    lmax = max(PROMPTS) + 2
-    q = [torch.randn(lmax, hq_total, D, generator=g).to(dtype) for _ in PROMPTS]
-    k = [torch.randn(lmax, hkv, D, generator=g).to(dtype) for _ in PROMPTS]
-    v = [torch.randn(lmax, hkv, D, generator=g).to(dtype) for _ in PROMPTS]
+    lens = _final_lens(steps)
+    lmax = max(lens) + 2
+    q = [torch.randn(lmax, hq_total, D, generator=g).to(dtype) for _ in lens]
+    k = [torch.randn(lmax, hkv, D, generator=g).to(dtype) for _ in lens]
+    v = [torch.randn(lmax, hkv, D, generator=g).to(dtype) for _ in lens]
     return q, k, v
+
+
+def _num_decodes(step, spec=0):
+    """The leading decodes (docs/design/cp.md §3.2: q <= 1 + spec and not prefilling; the first other splits)."""
+    for i, (_, _, q, pf) in enumerate(step):
+        if q > 1 + spec or pf:
+            return i
+    return len(step)
 
 
 def _reference(q, k, v, pos, scale):
@@ -64,9 +82,9 @@ def _reference(q, k, v, pos, scale):
     return torch.einsum("hnl,lhd->nhd", torch.softmax(s, -1), v)
 
 
-def _expected_calls(mode, step, wp, wd):
+def _expected_calls(mode, step, wp, wd, spec=0):
     """(pcp all_gather, pcp all_to_all, dcp all_gather, dcp all_to_all) of one layer (docs/design/cp.md §8)."""
-    nd = sum(1 for (_, _, q, pf) in step if q <= 1 and not pf)
+    nd = _num_decodes(step, spec)
     np_ = len(step) - nd
     ctx = any(c > 0 for (_, c, q, pf) in step[nd:])
     if mode == "replicated":
@@ -79,7 +97,7 @@ def _expected_calls(mode, step, wp, wd):
 
 # ----------------------------------------------------------------------------- the case (runs in each rank)
 
-def _case(rank, world, wp, wd, configs):
+def _case(rank, world, wp, wd, configs, steps=STEPS, spec=0):
     pcp_group, dcp_group = _groups(rank, wp, wd)
     rp, rd = rank // wd, rank % wd
     pcp = aar.cp.Comm(pcp_group, timeout_s=20.0, log=True)
@@ -88,18 +106,19 @@ def _case(rank, world, wp, wd, configs):
     for (mode, dtype, h, hkv, interleave) in configs:
         hq_total = wd * h
         scale = 1.0 / math.sqrt(D)
-        qa, ka, va = _data(hq_total, hkv, dtype, seed=11)
-        nreq = len(PROMPTS)
+        qa, ka, va = _data(hq_total, hkv, dtype, seed=11, steps=steps)
+        nreq = len(_final_lens(steps))
         num_blocks = nreq * MB
         block_table_all = torch.arange(num_blocks, dtype=torch.int32).view(nreq, MB)
         builder = aar.cp.PcpMetadataBuilder(max_num_reqs=8, max_num_tokens=64, max_blocks_per_req=MB, block_size=BS,
                                             num_blocks=num_blocks, pcp_size=wp, pcp_rank=rp, dcp_size=wd,
-                                            dcp_rank=rd, interleave_size=interleave, kv_mode=mode)
+                                            dcp_rank=rd, interleave_size=interleave, kv_mode=mode,
+                                            num_speculative_tokens=spec)
         layer = aar.cp.PcpAttentionImpl(h, D, pcp=pcp, dcp=dcp, num_kv_heads=hkv)
         kc = torch.zeros(num_blocks, BS, hkv, D, dtype=dtype)
         vc = torch.zeros_like(kc)
         tol = 1e-5 if dtype == torch.float32 else 1e-2
-        for si, step in enumerate(STEPS):
+        for si, step in enumerate(steps):
             reqs = [r for (r, _, _, _) in step]
             qlens = [q for (_, _, q, _) in step]
             qsl = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0)), dtype=torch.int32)
@@ -128,7 +147,8 @@ def _case(rank, world, wp, wd, configs):
             layer.forward(lq, lk, lv, kc, vc, md, out)
             calls = (pcp.calls_of("all_gather"), pcp.calls_of("all_to_all_single"),
                      dcp.calls_of("all_gather") if dcp else 0, dcp.calls_of("all_to_all_single") if dcp else 0)
-            assert calls == _expected_calls(mode, step, wp, wd), (mode, si, calls)
+            assert calls == _expected_calls(mode, step, wp, wd, spec), (mode, si, calls)
+            assert md.num_decodes == _num_decodes(step, spec), (mode, si)
             logs += [(op, tuple(shape), dt, dim) for (_, op, shape, dt, dim, _) in pcp.log]
             dlogs += [(op, tuple(shape), dt, dim) for (_, op, shape, dt, dim, _) in dcp.log] if dcp else []
             # Reference for every real local row.
@@ -151,7 +171,7 @@ def _case(rank, world, wp, wd, configs):
         # The KV cache: sharded, this rank holds exactly the tokens it owns, at their local index;
         # replicated, every PCP rank holds every token.
         w, r_kv = (wp * wd, rp * wd + rd) if mode == "sharded" else (1, 0)
-        for ri, lmax in enumerate([8 + 1, 17 + 1, 16 + 1, 2 + 1, 5 + 1, 1]):
+        for ri, lmax in enumerate(_final_lens(steps)):
             for x in range(lmax):
                 if (x // interleave) % w != r_kv:
                     continue
@@ -162,8 +182,8 @@ def _case(rank, world, wp, wd, configs):
     return report, logs, dlogs
 
 
-def _run(wp, wd, configs):
-    res = run_ranks(wp * wd, _case, wp, wd, configs, deadline_s=120.0)
+def _run(wp, wd, configs, steps=STEPS, spec=0):
+    res = run_ranks(wp * wd, _case, wp, wd, configs, steps, spec, deadline_s=120.0)
     # Every rank of a DCP group issued the same collectives, and so did every PCP rank (docs/design/cp.md §8).
     assert all(r[1] == res[0][1] for r in res)
     assert all(r[2] == res[0][2] for r in res)
@@ -175,10 +195,11 @@ def _run(wp, wd, configs):
             mode = res[0][0][k][0]
             tokens = sorted(t for r in ranks for t in res[r][0][k][3])
             si = res[0][0][k][2]
-            nd = sum(1 for (_, _, q, pf) in STEPS[si] if q <= 1 and not pf)
-            total = sum(q for (_, _, q, _) in STEPS[si])
+            nd = _num_decodes(steps[si], spec)
+            td = sum(q for (_, _, q, _) in steps[si][:nd])
+            total = sum(q for (_, _, q, _) in steps[si])
             # Decodes are computed by every PCP rank; split tokens by one.
-            expect = sorted(list(range(nd)) * wp + list(range(nd, total)))
+            expect = sorted(list(range(td)) * wp + list(range(td, total)))
             assert tokens == expect, (mode, si)
     return res
 
@@ -214,14 +235,38 @@ def test_replicated_pcp3():
     _run(3, 1, REPLICATED)
 
 
+# Speculative decode (num_speculative_tokens = 2, decode threshold 3; docs/design/cp.md §6.6): decodes of 2
+# and 3 tokens replicated on every PCP rank, one decode row per token with its own local KV length.
+SPEC = 2
+SPEC_STEPS = [
+    [(0, 0, 6, True), (1, 0, 13, True), (2, 0, 2, True), (3, 0, 1, True)],
+    # 3- and 2-token decodes (request 3 has a one-token history: with I = 2 its first query has no key on
+    # rank 1), a chunked prefill over context, a fresh prompt and a short prompt (a prefill by is_prefilling).
+    [(0, 6, 3, False), (3, 1, 2, False), (2, 2, 3, False), (1, 13, 5, True), (4, 0, 4, True), (5, 0, 2, True)],
+    # Decode-only speculative step, then one-token and two-token decodes side by side.
+    [(0, 9, 3, False), (3, 3, 2, False), (2, 5, 2, False), (1, 18, 3, False), (4, 4, 3, False)],
+    [(0, 12, 1, False), (1, 21, 2, False), (5, 2, 3, False)],
+]
+
+
+def test_spec_decode_pcp2():
+    _run(2, 1, [("sharded", torch.float32, 4, 2, 1), ("sharded", torch.bfloat16, 4, 4, 2),
+                ("replicated", torch.float32, 4, 2, 1), ("replicated", torch.bfloat16, 4, 4, 1)],
+         steps=SPEC_STEPS, spec=SPEC)
+
+
+def test_spec_decode_pcp2_dcp2():
+    _run(2, 2, [("sharded", torch.float32, 4, 1, 1)], steps=SPEC_STEPS, spec=SPEC)
+
+
 # ----------------------------------------------------------------------------- single-process checks
 
 def test_config_errors():
     kw = dict(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16, num_blocks=16)
     with pytest.raises(RuntimeError, match="replicated"):
         aar.cp.PcpMetadataBuilder(**kw, pcp_size=2, pcp_rank=0, dcp_size=2, dcp_rank=0, kv_mode="replicated")
-    with pytest.raises(RuntimeError, match="speculative"):
-        aar.cp.PcpMetadataBuilder(**kw, pcp_size=2, pcp_rank=0, num_speculative_tokens=1)
+    with pytest.raises(ValueError, match=r"num_speculative_tokens must be in \[0, 15\]"):
+        aar.cp.PcpMetadataBuilder(**kw, pcp_size=2, pcp_rank=0, num_speculative_tokens=16)
     with pytest.raises(ValueError, match="pcp_rank"):
         aar.cp.PcpMetadataBuilder(**kw, pcp_size=2, pcp_rank=2)
     with pytest.raises(ValueError, match="interleave_size"):
@@ -325,13 +370,16 @@ def test_pcp_metadata_counts_are_the_global_steps(mode):
 def test_pcp_backend_contract():
     S = aar.AttentionState
     f = aar.backend_facts("gqa_pcp")
-    assert f["capturable"] == [] and f["context_parallel"] and f["kv_caches"] == ["key_cache", "value_cache"]
+    assert f["capturable"] == ["DecodeOnly", "SpecDecoding"], f["capturable"]
+    assert f["context_parallel"] and f["kv_caches"] == ["key_cache", "value_cache"]
     b = aar.cp.PcpMetadataBuilder(**_KW, pcp_size=2, pcp_rank=0)
     qsl, seq, bt = _i32([0, 1, 6]), _i32([9, 5]), _i32([[0, 1], [2, 3]])
     md = b.build(qsl, seq, bt)
-    for state in (S.DecodeOnly, S.ChunkedPrefill, S.SpecDecoding):
-        with pytest.raises(NotImplementedError, match=f"attention state {state.name} cannot be captured"):
-            b.build_for_graph_capture(qsl, seq, bt, state=state)
+    with pytest.raises(NotImplementedError, match="attention state ChunkedPrefill cannot be captured"):
+        b.build_for_graph_capture(qsl, seq, bt, state=S.ChunkedPrefill)
+    for state in (S.DecodeOnly, S.SpecDecoding):  # a step with a prefill is never captured
+        with pytest.raises(NotImplementedError, match="captures decode-only steps"):
+            b.build_for_graph_capture(qsl, seq, bt, state=state, num_input_tokens=8)
     assert md.is_current  # refused before anything was built
     want = (md.num_local_tokens, md.decode_kv_lens, md.padded_slot_mapping.clone())
     d = b.build_for_drafting(qsl, seq, bt, 0)
@@ -370,7 +418,7 @@ def _case_profiling_run(rank, world):
     assert layer.forward(q, k, k, kc, kc, None, out) is out
     assert pcp.calls == 0 and bool((out == 0).all()) and not bool(kc.any())
     g = aar.GraphParams("recording")
-    with pytest.raises(NotImplementedError, match="a PCP forward"):
+    with pytest.raises(NotImplementedError, match="PCP forward without metadata"):
         with g.capture(5):
             layer.forward(q, k, k, kc, kc, None, out)
     return pcp.calls

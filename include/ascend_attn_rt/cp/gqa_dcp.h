@@ -37,6 +37,10 @@ namespace aar::graph {
 class GraphParams;
 }
 
+namespace aar::cp {
+class GqaShardExchange;  // cpp/cp/gqa_cp_exchange.h
+}
+
 namespace aar::gqa {
 
 // The backend's declared facts (core/backend.h), registered as "gqa_dcp".
@@ -153,6 +157,7 @@ class DcpAttentionImpl {
   // `comm` is the DCP group (its size and rank must match the metadata's
   // shard); it must outlive the layer.
   DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm);
+  ~DcpAttentionImpl();
 
   // query (T, H, D); key/value (T, Hkv, D); caches (num_blocks, B, Hkv, D)
   // contiguous; output (T, H, D), rows [0, num_actual_tokens) written.
@@ -168,19 +173,6 @@ class DcpAttentionImpl {
 
  private:
   void decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output);
-  // The decode's three stages over workspace views of T rows: the gathered
-  // query (regrouped KV-head-major when needed) and the fused call's
-  // arguments; then the exchange and merge into out_rows (and the merged LSE
-  // into lse_rows when given). The prefill's context pass uses them too.
-  const cp::DcpViews& decode_views(int64_t T, const at::Tensor& query);
-  void stage_query(const cp::DcpViews& v, const at::Tensor& q_rows);
-  // The local paged call of T gathered rows (the decode rows, or the prefill's
-  // context pass) over the workspace's views: its arguments, out and lse.
-  void fill_partial_call(const cp::DcpViews& v, const at::Tensor& block_table, c10::IntArrayRef q_ends,
-                         c10::IntArrayRef kv_lens, int64_t block_size, ops::FiaTensors& t, ops::FiaParams& p,
-                         at::Tensor& out, at::Tensor& lse) const;
-  void combine(const cp::DcpViews& v, const at::Tensor& out_rows,
-               const std::optional<at::Tensor>& lse_rows = std::nullopt);
   void capture_decode(graph::GraphParams& g, const DcpMetadata& md, const at::Tensor& query,
                       const std::optional<at::Tensor>& key, const std::optional<at::Tensor>& value,
                       const at::Tensor& output);
@@ -190,7 +182,10 @@ class DcpAttentionImpl {
   ImplConfig cfg_;
   cp::Comm& comm_;
   detail::BoundNdCaches caches_;
-  std::shared_ptr<cp::DcpWorkspace> ws_;  // shared by the layers of one shape
+  // The decode exchange (query gather, the local call's arguments, exchange and
+  // merge over a DcpWorkspace shared by the layers of one shape), shared with
+  // sharded GQA PCP (cpp/cp/gqa_cp_exchange.h).
+  std::unique_ptr<cp::GqaShardExchange> ex_;
   at::Tensor prefill_scratch_;             // fp32, grow-only: the prefill's LSEs and merged context output
 };
 
