@@ -168,6 +168,11 @@ static_assert(core::is_builder_v<DcpMetadataBuilder>, "gqa::DcpMetadataBuilder f
 namespace aar::gqa {
 
 graph::StepParams dcp_graph_step_params(const DcpMetadata& md) {
+  // A captured bucket holds the decode-only path: a step with prefills would
+  // replay its decode rows only and skip the prefills (docs/design/cp.md §6.6).
+  AAR_CHECK_ARG(md.num_prefills == 0 && md.num_decodes > 0, "a GQA DCP step with ", md.num_prefills,
+                " prefills and ", md.num_decodes, " decodes cannot update a captured bucket (only decode-only "
+                "steps are captured; run a step with prefills eagerly)");
   graph::StepParams sp;
   sp.block_tables = md.decode_block_tables;
   sp.q_ends = md.decode_q_ends;

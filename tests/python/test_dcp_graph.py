@@ -124,6 +124,15 @@ def _gqa_case(rank, W, configs):
             assert not torch.isnan(out_s).any()  # padding rows merge to 0, never NaN
             record(reqs, qlens, q, k, v, out_s[:T])
             assert g.call_addresses(BUCKET) == addrs
+        # A step with a prefill cannot update the bucket, even when its decode rows fill it:
+        # the replay would run the decode rows only and skip the prefill.
+        r0, r1 = 0, min(1, nreq - 1)
+        mixed = b_graph.build(torch.tensor([0, dlen, dlen + 3], dtype=torch.int32),
+                              torch.tensor([hist[r0][0].shape[0] + dlen, hist[r1][0].shape[0] + 3], dtype=torch.int32),
+                              bt[[r0, r1]].contiguous(), is_prefilling=torch.tensor([False, True]))
+        assert mixed.num_prefills == 1
+        with pytest.raises(ValueError, match="cannot update a captured bucket"):
+            g.update(BUCKET, mixed)
         assert torch.equal(caches["graph"][0], caches["eager"][0])
         assert torch.equal(caches["graph"][1], caches["eager"][1])
         results.append(len(steps))
