@@ -22,7 +22,8 @@ and 3-token steps (speculative decodes with 2 draft tokens, short extends withou
     of the whole, unsplit sequence (the kernel's scan rule, _sfa_reference.selected_positions);
   * the latent cache holds exactly this rank's positions; the replicated indexer cache every position.
 vLLM's slot mapping (a Triton kernel) is computed with its formula written out (test_vllm_dcp._vllm_slots) and
-checked equal to the runtime builder's local slots. fp32 and bf16, interleave 1 and 4. Then a decode bucket
+checked equal to the runtime builder's local slots; an IndexCache skip layer gives the same output.
+DeepSeek-V3.2 in fp32 with interleave 1, GLM-DSA in bf16 with interleave 4 and 2 draft tokens. Then a decode bucket
 captured through the adapter (the indexer op's run and forward_mqa over static buffers) and replayed over two
 steps equals eager runs of the same steps, and the refusals (rank-local, no collective).
 """
@@ -110,7 +111,6 @@ class Layer:
 
     def __init__(self, rank, cfg, cfg1, dtype, gen):
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
         from vllm.model_executor.layers.rotary_embedding import get_rope
         from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
         from vllm.model_executor.models import deepseek_v2
@@ -173,14 +173,7 @@ class Layer:
         self.indexer = self._indexer()
         self.rope = get_rope(self.R, max_position=MAX_LEN, is_neox_style=self.neox,
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, dtype=dtype)
-        with set_current_vllm_config(cfg):
-            self.mla = MLAAttention(num_heads=self.N, scale=(self.P + self.R) ** -0.5, qk_nope_head_dim=self.P,
-                                    qk_rope_head_dim=self.R, v_head_dim=self.V, q_lora_rank=self.Q,
-                                    kv_lora_rank=self.L, kv_b_proj=self.kv_b_proj, cache_config=cfg.cache_config,
-                                    prefix=self.attn_name, attn_backend=AscendAttnRtSparseMlaBackend,
-                                    use_sparse=True, indexer=self.indexer, topk_indices_buffer=self.buf)
-        self.mla.process_weights_after_loading(dtype)
-        self.mla.kv_cache = self.kv_cache
+        self.mla = self._mla(self.attn_name, self.indexer)
         self.impl = self.mla.impl
         # vLLM's layer is shown one rank: the runtime gathers and merges inside forward_mqa (§8).
         assert self.impl.runtime_dcp_world_size == W and self.impl.dcp_world_size == 1
@@ -189,6 +182,29 @@ class Layer:
         run = self.op.run
         self.op.run = lambda q, k, wts, cache, md: (self.seen.append((q.clone(), k.clone(), wts.clone())),
                                                     run(q, k, wts, cache, md))[1]
+
+    def _mla(self, name, indexer):
+        """vLLM's sparse MLAAttention layer (as test_vllm_sparse makes it), weights processed."""
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+        from ascend_attn_rt.vllm import AscendAttnRtSparseMlaBackend
+
+        layer = MLAAttention(num_heads=self.N, scale=(self.P + self.R) ** -0.5, qk_nope_head_dim=self.P,
+                             qk_rope_head_dim=self.R, v_head_dim=self.V, q_lora_rank=self.Q, kv_lora_rank=self.L,
+                             kv_b_proj=self.kv_b_proj, cache_config=self.cfg.cache_config, prefix=name,
+                             attn_backend=AscendAttnRtSparseMlaBackend, use_sparse=True, indexer=indexer,
+                             topk_indices_buffer=self.buf)
+        layer.process_weights_after_loading(self.dtype)
+        layer.kv_cache = self.kv_cache
+        return layer
+
+    def skip_layer_output(self, q, c, kpe, md):
+        """An IndexCache skip layer (no indexer: vLLM hands it the shared buffer alone) over the same inputs."""
+        layer = self._mla(f"{self.attn_name}.skip", None)
+        assert layer.impl.topk_indices_buffer is self.buf and layer.impl.runtime_dcp_world_size == W
+        out = torch.full((q.shape[0], self.N * self.V), 7.0, dtype=self.dtype)
+        layer.forward_impl(q, c, kpe.unsqueeze(1), self.kv_cache, md, output=out)
+        return out
 
     def _indexer(self):
         """vLLM's Indexer.forward on the modules it reads (test_vllm_sparse's stand-in for its linear layers)."""
@@ -302,6 +318,8 @@ def _sparse_steps(rank, family, dtype, interleave, spec, seed, cfg, cfg1):
                                                   lay.kv_b_proj.weight, 1, lay.impl.scale, lay.N, lay.P, lay.V)
                 assert_close(out[t].view(1, lay.N, lay.V), want, dtype,
                              what=f"{family} {dtype} I={interleave} request {r} token {j} (seq {s})")
+    # An IndexCache skip layer reads the rows the op stored (global positions): the same output, exactly.
+    assert torch.equal(lay.skip_layer_output(q, new["c"], new["pe"], md), out)
     # The latent cache holds exactly this rank's positions (the DCP shard), at their local indices.
     nope, _ = lay.impl._caches(lay.kv_cache)
     for r in range(5):
@@ -450,7 +468,11 @@ def _case(rank, world):
     torch.set_num_threads(1)  # the ranks share two cores
     _init(rank, "deepseek_v32")
     n = _sparse_case(rank, "deepseek_v32", torch.float32, 1, 0, seed=1)
-    n += _sparse_case(rank, "deepseek_v32", torch.bfloat16, 4, 2, seed=2)
+    # GLM-MoE-DSA (its indexer RoPE pairing, torch_npu's indexer library): the same backend and op.
+    import ascend_attn_rt.vllm as aar_vllm
+
+    aar_vllm.register(family="glm_moe_dsa")
+    n += _sparse_case(rank, "glm_moe_dsa", torch.bfloat16, 4, 2, seed=2)
     n += _graph_case(rank, "deepseek_v32", 4, seed=3)
     n += _refusals(rank, "deepseek_v32")
     return n
