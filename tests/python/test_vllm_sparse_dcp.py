@@ -167,6 +167,7 @@ class Layer:
         mspec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=self.L + self.R, dtype=dtype,
                                  cache_dtype_str="auto")
         dev = torch.device("cpu")
+        self.mspec, self.ispec = mspec, ispec
         self.builder = AscendAttnRtSparseMlaBackend.get_builder_cls()(mspec, [self.attn_name], cfg, dev)
         self.ibuilder = AscendAttnRtIndexerBackend.get_builder_cls()(ispec, [self.k_cache.prefix], cfg, dev)
         self.ibuilder1 = AscendAttnRtIndexerBackend.get_builder_cls()(ispec1, [self.k_cache1.prefix], cfg1, dev)
@@ -262,6 +263,28 @@ def _sparse_case(rank, family, dtype, interleave, spec, seed):
     return 1
 
 
+def _check_allocation(cfg, lay):
+    """What vLLM allocates for the indexer spec: a tensor of num_blocks pages per layer (its KV-cache config for
+    one group of full-attention specs of different page sizes), the indexer's page W times the single-rank one,
+    which the op views as the runtime's replicated (num_blocks * W, block_size, D). vLLM's grouping itself
+    (vllm.v1.core.kv_cache_utils) does not import here (its structured-output imports need llguidance): the two
+    specs are checked to be what its one-group rule takes (full attention, one block size)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from ascend_attn_rt.vllm import AscendAttnRtIndexerBackend
+
+    assert all(isinstance(sp, FullAttentionSpec) and sp.block_size == BS and sp.sliding_window is None
+               for sp in (lay.mspec, lay.ispec))
+    item = torch.empty((), dtype=lay.dtype).element_size()
+    assert lay.ispec.page_size_bytes == BS * W * lay.D * item
+    assert lay.mspec.page_size_bytes == BS * (lay.L + lay.R) * item
+    # vLLM's view of the layer's raw bytes (its model runner: the backend's shape), then the op's replicated view.
+    raw = torch.zeros(NB * lay.ispec.page_size_bytes, dtype=torch.int8).view(lay.dtype)
+    cache = raw.view(AscendAttnRtIndexerBackend.get_kv_cache_shape(NB, BS, 1, lay.ispec.head_size))
+    rep = lay.op._replicated(cache)
+    assert rep.shape == (NB * W, BS, lay.D) and rep.data_ptr() == raw.data_ptr()
+
+
 def _sparse_steps(rank, family, dtype, interleave, spec, seed, cfg, cfg1):
     from _mla_reference import latent_attention_reference
     from _reference import assert_close
@@ -270,6 +293,7 @@ def _sparse_steps(rank, family, dtype, interleave, spec, seed, cfg, cfg1):
     gen = torch.Generator().manual_seed(seed)
     lay = Layer(rank, cfg, cfg1, dtype, gen)
     assert lay.builder.reorder_batch_threshold == 1 + spec
+    _check_allocation(cfg, lay)
     bt = _block_table(gen)                                                    # the DCP group's local blocks
     bt1 = (torch.randperm(NB1 - 1, generator=gen)[:5 * 8] + 1).view(5, 8).to(torch.int32)  # single rank's
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=F64).to(dtype)  # noqa: E731
@@ -320,6 +344,12 @@ def _sparse_steps(rank, family, dtype, interleave, spec, seed, cfg, cfg1):
                              what=f"{family} {dtype} I={interleave} request {r} token {j} (seq {s})")
     # An IndexCache skip layer reads the rows the op stored (global positions): the same output, exactly.
     assert torch.equal(lay.skip_layer_output(q, new["c"], new["pe"], md), out)
+    # vLLM's model-runner check of every attention layer under DCP (LSE merged; MTP with an interleave > 1).
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.worker import cp_utils
+
+    assert lay.attn_name in cp_utils.get_layers_from_vllm_config(cfg, AttentionLayerBase)
+    cp_utils.check_attention_cp_compatibility(cfg)
     # The latent cache holds exactly this rank's positions (the DCP shard), at their local indices.
     nope, _ = lay.impl._caches(lay.kv_cache)
     for r in range(5):
