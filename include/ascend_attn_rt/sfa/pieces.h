@@ -96,9 +96,10 @@ class SparseAttention {
   // rank): topk holds global positions (IndexerStep's rows); [ql_nope | q_pe] is gathered along the
   // heads over the group, the rows remapped to this rank's local positions, the W * N heads attend
   // the rank's shard (local blocks and lengths) with their LSE, and the partials are exchanged and
-  // merged into this rank's N heads (two collectives, every rank in the same order, also for tk = 0).
-  // kv_lora_rank must be a multiple of 8 in [8, 512] (the merge operator). PCP / DSA-CP metadata is
-  // refused by name.
+  // merged into this rank's N heads (two collectives, every rank in the same order; none when tk = 0,
+  // which every rank of the step sees alike). Inside a capture one recorded call whose replay issues
+  // them. kv_lora_rank must be a multiple of 8 in [8, 512] (the merge operator). PCP / DSA-CP metadata
+  // is refused by name.
   at::Tensor run(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& topk,
                  const at::Tensor& nope_cache, const at::Tensor& rope_cache, const Metadata& md,
                  const std::optional<at::Tensor>& out = std::nullopt);
