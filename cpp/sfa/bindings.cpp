@@ -337,13 +337,28 @@ void bind_sfa(nb::module_& root) {
   nb::class_<sfa::SparseAttention>(m, "SparseAttention",
                                    "A sparse MLA layer's sparse flash attention over given top-k rows, for engines "
                                    "that compute the absorbed query (docs/design/sfa.md §4.5).")
-      .def(nb::init<double>(), nb::kw_only(), "scale"_a)
+      .def(
+          "__init__",
+          [](sfa::SparseAttention* self, double scale, cp::Comm* dcp_comm, int64_t workspace_group) {
+            new (self) sfa::SparseAttention(sfa::SparseAttentionConfig{scale, dcp_comm, workspace_group});
+          },
+          nb::kw_only(), "scale"_a, "dcp_comm"_a = nb::none(), "workspace_group"_a = 0, nb::keep_alive<1, 3>(),
+          "dcp_comm: the DCP group's aar.cp.Comm (kept alive by the layer) for metadata built with "
+          "dcp_world_size > 1 (docs/design/sparse_cp.md §5).")
       .def_prop_ro("scale", &sfa::SparseAttention::scale)
+      .def_prop_ro("dcp_world_size", [](const sfa::SparseAttention& s) {
+        return s.config().dcp_comm != nullptr ? s.config().dcp_comm->size() : 1;
+      })
       .def(
           "run",
           [](sfa::SparseAttention& s, const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& topk,
              const at::Tensor& nope_cache, const at::Tensor& rope_cache, const sfa::Metadata& md,
-             std::optional<at::Tensor> out) { return s.run(ql_nope, q_pe, topk, nope_cache, rope_cache, md, out); },
+             std::optional<at::Tensor> out) {
+            // Collectives run inside under DCP: never with the GIL held (comm/bindings.cpp's PyCommWork note).
+            std::optional<nb::gil_scoped_release> nogil;
+            if (s.config().dcp_comm != nullptr) nogil.emplace();
+            return s.run(ql_nope, q_pe, topk, nope_cache, rope_cache, md, out);
+          },
           "ql_nope"_a, "q_pe"_a, "topk"_a, "nope_cache"_a, "rope_cache"_a, "metadata"_a, nb::kw_only(),
           "out"_a = nb::none(),
           "(T, N, L) sparse attention of the metadata's tk tokens over the top-k rows (rows past tk zero), into "

@@ -7,10 +7,14 @@
 #include <cmath>
 
 #include "../common/inference_scope.h"
+#include "../latent/dcp_query.h"
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/comm/comm.h"
+#include "ascend_attn_rt/comm/dcp_exchange.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/dense.h"
+#include "ascend_attn_rt/sparse/topk_remap.h"
 #include "cache_checks.h"
 #include "indexer_call.h"
 #include "sparse_attention.h"
@@ -30,13 +34,15 @@ int64_t kernel_tokens(const Metadata& md) {
   return md.cum_query_lens_list.empty() ? 0 : md.cum_query_lens_list.back();
 }
 
-// The metadata of the step: current, not context-parallel, on the caches' device.
+// The metadata of the step: current, at most DCP (PCP and DSA-CP split the step's tokens, which the
+// engine's own projections do not), on the caches' device.
 void check_metadata(const Metadata& md, const char* what, c10::Device device, const char* device_is) {
   check_current(md.stamp, "metadata");
-  if (md.dcp.world_size > 1 || md.pcp.world_size > 1 || md.dsa_cp.world_size > 1) {
-    throw_not_supported(what, " with metadata built for context parallelism (dcp_world_size=", md.dcp.world_size,
-                        ", pcp_world_size=", md.pcp.world_size, ", dsa_cp_world_size=", md.dsa_cp.world_size,
-                        "): use sfa.Impl, which runs the collectives (docs/design/sparse_cp.md)");
+  if (md.pcp.world_size > 1 || md.dsa_cp.world_size > 1) {
+    throw_not_supported(what, " with metadata built for prefill context parallel or DSA-CP (pcp_world_size=",
+                        md.pcp.world_size, ", dsa_cp_world_size=", md.dsa_cp.world_size,
+                        "): use sfa.Impl, which runs those collectives (docs/design/sparse_cp.md); the pieces take "
+                        "DCP metadata");
   }
   AAR_CHECK_ARG(md.block_table.device() == device, "metadata is on ", md.block_table.device(), " but ", device_is,
                 " is on ", device);
@@ -97,7 +103,11 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
     rows_ = cache.is_contiguous() ? cache4_.view({-1, D}) : at::Tensor();
     cache_src_.bind(cache);
   }
-  detail::check_cache(cache4_, "index_cache", D, md, dt, "its own dtype", dev, 1, "the caches");
+  // Under DCP the indexer cache is replicated (docs/design/sparse_cp.md §2): num_blocks * W blocks, its own
+  // slots and block table; the indexer reads the global lengths (md.seq_lens).
+  const bool dcp = md.dcp.world_size > 1;
+  detail::check_cache(cache4_, "index_cache", D, md, dt, "its own dtype", dev, dcp ? md.dcp.world_size : 1,
+                      "the caches");
   const int64_t tk = pd::kernel_tokens(md);
   AAR_CHECK_ARG(k.defined() && k.dim() == 2 && k.size(1) == D && k.size(0) >= tk,
                 "k must have shape (T >= ", tk, " kernel tokens, head_dim=", D, "), got ", pd::sizes_of(k));
@@ -124,14 +134,15 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
   // --- the step
   const aar::detail::InferenceScope inference;
   const int64_t K = cfg_.topk;
-  if (tk > 0 && (!slots_src_.same(md.slot_mapping) || !slots2_.defined() || slots2_.size(0) != tk)) {
-    slots2_ = md.slot_mapping.narrow(0, 0, tk).view({tk, 1});
-    slots_src_.bind(md.slot_mapping);
+  const at::Tensor& slot_src = dcp ? md.dcp.indexer_slot_mapping : md.slot_mapping;
+  if (tk > 0 && (!slots_src_.same(slot_src) || !slots2_.defined() || slots2_.size(0) != tk)) {
+    slots2_ = slot_src.narrow(0, 0, tk).view({tk, 1});
+    slots_src_.bind(slot_src);
   }
   // Everything the step reads is held by value: inside a capture it is recorded, and the metadata's
   // tensors are views of the builder's buffers, which every later build refills in place.
   auto step = [this, k, q, weights, dst, dt, tk, T, K, rows = rows_, cache4 = cache4_, slots2 = slots2_,
-               cql = md.cum_query_lens, seq = md.seq_lens, bt = md.block_table]() {
+               cql = md.cum_query_lens, seq = md.seq_lens, bt = dcp ? md.dcp.indexer_block_table : md.block_table]() {
     const aar::detail::InferenceScope inference;
     if (tk > 0) {
       at::Tensor cache_rows = rows;
@@ -157,9 +168,13 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
   return dst.narrow(0, 0, tk).narrow(1, 0, K).unsqueeze(1);
 }
 
-SparseAttention::SparseAttention(double scale) : scale_(scale) {
-  AAR_CHECK_ARG(std::isfinite(scale) && scale > 0.0, "scale must be finite and > 0, got ", scale);
+SparseAttention::SparseAttention(double scale) : SparseAttention(SparseAttentionConfig{scale}) {}
+
+SparseAttention::SparseAttention(const SparseAttentionConfig& cfg) : cfg_(cfg) {
+  AAR_CHECK_ARG(std::isfinite(cfg.scale) && cfg.scale > 0.0, "scale must be finite and > 0, got ", cfg.scale);
 }
+
+SparseAttention::~SparseAttention() = default;
 
 at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
                                 const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
@@ -173,7 +188,14 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
                 "SFA C8 cache is not supported by sfa.SparseAttention; sfa.Impl runs SFA C8)");
   const c10::Device dev = nope.device();
   pd::check_metadata(md, "sfa.SparseAttention.run", dev, "nope_cache");
+  // The layer's DCP group must be the metadata's (a comm of several ranks with single-rank metadata too).
+  cp::check_comm_matches(cfg_.dcp_comm, md.dcp.world_size, md.dcp.rank, "DCP", "dcp_comm", "dcp_world_size");
+  const bool dcp = md.dcp.world_size > 1;
   const int64_t L = nope.size(3), R = rope.size(3);
+  if (dcp) {
+    AAR_CHECK_ARG(L % 8 == 0 && L >= 8 && L <= 512, "nope_cache width (kv_lora_rank) ", L, ": DCP merges the "
+                  "latent partials through npu_attention_update, which takes a multiple of 8 in [8, 512]");
+  }
   detail::check_cache(nope, "nope_cache", L, md, dt, "its own dtype", dev, 1, "the caches");
   detail::check_cache(rope, "rope_cache", R, md, dt, "nope_cache's dtype", dev, 1, "the caches");
   const int64_t tk = pd::kernel_tokens(md);
@@ -217,6 +239,10 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
   }
   // Everything the operator reads is held by value: inside a capture the call is recorded, and the
   // metadata's tensors are views of the builder's buffers, which every later build refills in place.
+  if (dcp) {
+    const at::Tensor res = out.has_value() ? *out : at::empty({T, N, L}, qn.options());
+    return run_dcp(qn, qr, topk, nope, rope, md, res, tk);
+  }
   auto compute = [this, qn, qr, topk, nope, rope, tk, bt = md.block_table, cql = md.cum_query_lens,
                   seq = md.seq_lens]() {
     const aar::detail::InferenceScope inference;
@@ -224,7 +250,7 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
     const at::Tensor q_rope = pd::contiguous(qr.narrow(0, 0, tk));
     const at::Tensor rows =
         pd::contiguous(topk.dim() == 2 ? topk.narrow(0, 0, tk).unsqueeze(1) : topk.narrow(0, 0, tk));
-    return detail::sparse_attention(args_, {q_nope, q_rope, rows, nope, rope, bt, cql, seq, scale_});  // (tk, N, L)
+    return detail::sparse_attention(args_, {q_nope, q_rope, rows, nope, rope, bt, cql, seq, cfg_.scale});  // (tk, N, L)
   };
   if (g == nullptr && !out.has_value() && T == tk) return compute();
   // Inside a capture the result lands in a tensor made now (or the given out), which the recorded
@@ -238,6 +264,43 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
     g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, std::move(finish)));
   } else {
     finish();
+  }
+  return res;
+}
+
+at::Tensor SparseAttention::run_dcp(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                    const at::Tensor& nope, const at::Tensor& rope, const Metadata& md,
+                                    const at::Tensor& res, int64_t tk) {
+  // docs/design/sparse_cp.md §5, steps 3-6, without the projections: the query of this rank's heads
+  // gathered along the heads over the group, the global top-k rows remapped to this rank's local
+  // positions (valid entries first), the W * N heads' sparse attention over the rank's shard with their
+  // LSE, the partials exchanged and merged by LSE into this rank's heads, straight into res[:tk].
+  cp::Comm* comm = cfg_.dcp_comm;
+  const int64_t T = qn.size(0), N = qn.size(1), L = qn.size(2), R = qr.size(2);
+  const cp::DcpViews& w = mla::detail::latent_dcp_views(*comm, {N, L, R, cfg_.workspace_group}, qn, tk, dcp_ws_);
+  const int32_t world = md.dcp.world_size, rank = md.dcp.rank, interleave = md.dcp.interleave;
+  // Held by value (a capture records the closure; the metadata's tensors are the builder's buffers,
+  // refilled in place by every later build; the views are the shared DcpWorkspace's).
+  auto step = [this, comm, w, qn, qr, topk, nope, rope, res, tk, T, world, rank, interleave,
+               bt = md.block_table, cql = md.cum_query_lens, local_seq = md.dcp.seq_lens]() {
+    const aar::detail::InferenceScope inference;
+    if (tk > 0) {  // every rank holds the same step: tk is the same on every rank (no collective at 0)
+      mla::detail::latent_dcp_stage_query(*comm, w, qn.narrow(0, 0, tk), qr.narrow(0, 0, tk));
+      const at::Tensor rows = topk.dim() == 2 ? topk.narrow(0, 0, tk).unsqueeze(1) : topk.narrow(0, 0, tk);
+      const at::Tensor local = pd::contiguous(sparse::remap_topk_to_dcp_rank(rows, world, rank, interleave));
+      const at::Tensor o = detail::sparse_attention_lse(
+          dcp_args_, {w.staged_a, w.staged_b, local, nope, rope, bt, cql, local_seq, cfg_.scale}, w.partial_lse);
+      ops::dense::copy(w.partial_out, o);
+      at::Tensor merged = res.narrow(0, 0, tk);
+      cp::combine_partials(*comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+    }
+    if (T > tk) ops::dense::zero(res.narrow(0, tk, T - tk));
+  };
+  if (graph::GraphParams* g = graph::GraphParams::current()) {
+    // One prepare call whose replay issues the two collectives (every rank replays in the same order).
+    g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, std::move(step)));
+  } else {
+    step();
   }
   return res;
 }

@@ -1,13 +1,15 @@
 // Internal: the SFA layer's sparse flash attention call (docs/design/sparse.md §5,
 // docs/design/sfa.md §4.1, unquantised latent caches), shared by the device-cache path
 // (sfa::Impl) and the KV-offload paths (the prefill part on the device cache,
-// the resident decode path on the resident buffers, cpp/sfa/offload_layer.h).
+// the resident decode path on the resident buffers, cpp/sfa/offload_layer.h), and the DCP shard's
+// call with its LSE (sfa::SparseAttention under DCP, docs/design/sparse_cp.md §5).
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <ATen/ATen.h>
 
 #include <optional>
 
+#include "ascend_attn_rt/ops/dense.h"
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
 
 namespace aar::sfa::detail {
@@ -35,7 +37,7 @@ struct SparseAttentionInputs {
 // npu_sparse_flash_attention (vllm-ascend's) with docs/design/sfa.md §4.1's fixed arguments:
 // sparse_block_size 1, TND / PA_BSND, sparse_mode 3, attention_mode 2.
 // `args` persists between calls (a steady-state call assigns nothing new).
-inline at::Tensor sparse_attention(ops::SparseFlashAttentionArgs& a, const SparseAttentionInputs& in) {
+inline void sparse_attention_args(ops::SparseFlashAttentionArgs& a, const SparseAttentionInputs& in) {
   set(a.query, in.qn);
   set(a.key, in.key);
   set(a.value, in.key);  // the latent is both key (with the rope part) and value
@@ -51,7 +53,29 @@ inline at::Tensor sparse_attention(ops::SparseFlashAttentionArgs& a, const Spars
   a.layout_kv = "PA_BSND";
   a.sparse_mode = 3;
   a.attention_mode = 2;
+  a.return_softmax_lse = false;
+}
+
+inline at::Tensor sparse_attention(ops::SparseFlashAttentionArgs& a, const SparseAttentionInputs& in) {
+  sparse_attention_args(a, in);
   return std::get<0>(ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend));
+}
+
+// The DCP shard's call (docs/design/sparse_cp.md §3, §5): the same operator over this rank's shard
+// with its LSE. `topk` holds local indices (remapped, valid entries first), `seq_lens` the local
+// KV lengths and `block_table` the local blocks; sparse_mode 0, since the indexer already applied
+// causality in global positions. Returns the (T, H, L) partial; lse_out (T, H, 1) fp32 receives
+// max + log(sum) (-inf for an empty selection).
+inline at::Tensor sparse_attention_lse(ops::SparseFlashAttentionArgs& a, const SparseAttentionInputs& in,
+                                       const at::Tensor& lse_out) {
+  sparse_attention_args(a, in);
+  a.sparse_mode = 0;
+  a.return_softmax_lse = true;
+  const auto [o, mx, sm] = ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend);
+  const int64_t T = in.qn.size(0);
+  at::Tensor lse = lse_out;
+  if (!ops::dense::no_compute()) at::add_out(lse, mx.view({T, -1, 1}), sm.view({T, -1, 1}).log());
+  return o;
 }
 
 }  // namespace aar::sfa::detail

@@ -240,11 +240,12 @@ def test_bad_input_refused_by_name_before_any_write():
     with pytest.raises(ValueError, match="scale must be finite and > 0"):
         sfa.SparseAttention(scale=0.0)
 
-    # Metadata of a decode-context-parallel builder is the layer's (sfa.Impl runs the collectives).
+    # Metadata of a decode-context-parallel builder (the pieces run DCP, tests/python/test_vllm_sparse_dcp.py):
+    # the indexer needs the replicated cache (num_blocks * W blocks), the attention the layer's DCP comm.
     dmd = m.builder(dcp_world_size=2, dcp_rank=0).build(_qsl(ql), torch.tensor(seq, dtype=torch.int32), m.table)
-    with pytest.raises(NotImplementedError, match="dcp_world_size=2"):
+    with pytest.raises(ValueError, match="x dcp_world_size=2"):
         step.run(k, q, w, ic, dmd, buf)
-    with pytest.raises(NotImplementedError, match="dcp_world_size=2"):
+    with pytest.raises(ValueError, match="built for DCP rank 0 of 2 but the layer has no dcp_comm"):
         sa.run(qn, qr, buf, m.nope, m.rope, dmd)
     for a, b in zip(snap, (m.nope, m.rope, m.idx_k, buf)):
         assert torch.equal(a, b)

@@ -401,15 +401,20 @@ def test_refusals(registered):
         AscendAttnRtSparseMlaBackend.get_kv_cache_shape(8, 24, 1, 80)
     with pytest.raises(ValueError, match="block_size=24"):
         AscendAttnRtIndexerBackend.get_kv_cache_shape(8, 24, 1, 32)
-    # Context parallelism, at the builder and at the indexer op.
+    # Prefill context parallelism, at the builder and at the indexer op (DCP: tests/python/test_vllm_sparse_dcp.py);
+    # DCP without vLLM's DCP group initialised.
     cp = copy.copy(cfg)
-    cp.parallel_config = ParallelConfig(decode_context_parallel_size=2, tensor_parallel_size=2)
-    with pytest.raises(NotImplementedError, match="decode_context_parallel_size=2"):
+    cp.parallel_config = ParallelConfig(prefill_context_parallel_size=2, tensor_parallel_size=2)
+    with pytest.raises(NotImplementedError, match="prefill_context_parallel_size=2"):
         AscendAttnRtSparseMlaBackend.get_builder_cls()(spec, ["a"], cp, torch.device("cpu"))
     op_cls = indexer_op_cls()
     k_cache = types.SimpleNamespace(cache_config=cfg.cache_config, prefix="x")
-    with set_current_vllm_config(cp), pytest.raises(NotImplementedError, match="decode_context_parallel_size=2"):
+    with set_current_vllm_config(cp), pytest.raises(NotImplementedError, match="prefill_context_parallel_size=2"):
         op_cls(k_cache, 128, "ue8m0", 8, 32, MAX_LEN, MAX_LEN, buf)
+    dcp = copy.copy(cfg)
+    dcp.parallel_config = ParallelConfig(decode_context_parallel_size=2, tensor_parallel_size=2)
+    with pytest.raises(RuntimeError, match="vLLM's DCP group is not initialised"):
+        AscendAttnRtSparseMlaBackend.get_builder_cls()(spec, ["a"], dcp, torch.device("cpu"))
     with set_current_vllm_config(cfg), pytest.raises(NotImplementedError, match="use_fp4_cache=True"):
         op_cls(k_cache, 128, "ue8m0", 8, 32, MAX_LEN, MAX_LEN, buf, use_fp4_cache=True)
     # Graphs and torch.compile (the op is Python the compiler would trace).

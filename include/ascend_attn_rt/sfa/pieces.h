@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include "ascend_attn_rt/detail/tensor_binding.h"
@@ -19,6 +20,11 @@
 #include "ascend_attn_rt/plan/workspace.h"
 #include "ascend_attn_rt/sfa/metadata.h"
 #include "ascend_attn_rt/sparse/topk_buffer.h"
+
+namespace aar::cp {
+class Comm;
+class DcpWorkspace;
+}  // namespace aar::cp
 
 namespace aar::sfa {
 
@@ -46,7 +52,10 @@ class IndexerStep {
   // the metadata's lengths and block table) and writes its rows into topk_out[:tk, :topk]
   // (request-local positions by descending score, then -1); topk_out[:tk, topk:] and
   // topk_out[tk:T] get -1. Returns topk_out[:tk, :topk] as (tk, 1, topk).
-  // Metadata of a context-parallel builder (DCP / PCP / DSA-CP) is refused by name.
+  // DCP metadata (docs/design/sparse_cp.md §2, §5): the indexer cache is replicated on every rank
+  // (num_blocks * dcp_world_size blocks); k[:tk] is written at the replicated slots and the indexer
+  // reads the replicated block table with the global lengths, so topk_out holds the single-rank rows
+  // (request-local global positions). No collective. PCP / DSA-CP metadata is refused by name.
   at::Tensor run(const at::Tensor& k, const at::Tensor& q, const at::Tensor& weights, const at::Tensor& index_cache,
                  const Metadata& md, const at::Tensor& topk_out);
   // The same into the model's TopkBuffer (index_topk == topk, max_num_tokens >= T).
@@ -60,13 +69,21 @@ class IndexerStep {
   at::Tensor cache4_, rows_, slots2_;
 };
 
+struct SparseAttentionConfig {
+  double scale = 0.0;             // the softmax scale (> 0, finite; the model's, e.g. DeepSeek-V3.2's YaRN-scaled one)
+  cp::Comm* dcp_comm = nullptr;   // the DCP group, for metadata built with dcp_world_size > 1 (not owned)
+  int64_t workspace_group = 0;    // the shared DCP workspace's group (layers of one group run in turn)
+};
+
 // One per sparse MLA layer (it keeps the operator's arguments between steps). Thread safety: one
 // thread at a time.
 class SparseAttention {
  public:
-  // scale: the softmax scale (> 0, finite; the model's, e.g. DeepSeek-V3.2's YaRN-scaled one).
   explicit SparseAttention(double scale);
-  double scale() const { return scale_; }
+  explicit SparseAttention(const SparseAttentionConfig& cfg);
+  ~SparseAttention();
+  double scale() const { return cfg_.scale; }
+  const SparseAttentionConfig& config() const { return cfg_; }
 
   // Over the metadata's tk kernel tokens:
   //   ql_nope  (T, N, L) absorbed query, q_pe (T, N, R), T >= tk, any strides, in the caches' dtype;
@@ -75,14 +92,24 @@ class SparseAttention {
   //            vLLM's cache mla::LatentAttention::split_kv_cache gives), float16 / bfloat16 / float32.
   // Sparse flash attention (docs/design/sfa.md §4.1's fixed arguments). Returns out (T, N, L): the
   // given `out` (contiguous, the query's dtype) or a new tensor; rows past tk are zero.
-  // Metadata of a context-parallel builder (DCP / PCP / DSA-CP) is refused by name.
+  // DCP metadata (docs/design/sparse_cp.md §5; the layer's dcp_comm must be the metadata's group and
+  // rank): topk holds global positions (IndexerStep's rows); [ql_nope | q_pe] is gathered along the
+  // heads over the group, the rows remapped to this rank's local positions, the W * N heads attend
+  // the rank's shard (local blocks and lengths) with their LSE, and the partials are exchanged and
+  // merged into this rank's N heads (two collectives, every rank in the same order; none when tk = 0,
+  // which every rank of the step sees alike). Inside a capture one recorded call whose replay issues
+  // them. kv_lora_rank must be a multiple of 8 in [8, 512] (the merge operator). PCP / DSA-CP metadata
+  // is refused by name.
   at::Tensor run(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& topk,
                  const at::Tensor& nope_cache, const at::Tensor& rope_cache, const Metadata& md,
                  const std::optional<at::Tensor>& out = std::nullopt);
 
  private:
-  double scale_;
-  ops::SparseFlashAttentionArgs args_;
+  at::Tensor run_dcp(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const at::Tensor& nope,
+                     const at::Tensor& rope, const Metadata& md, const at::Tensor& res, int64_t tk);
+  SparseAttentionConfig cfg_;
+  ops::SparseFlashAttentionArgs args_, dcp_args_;
+  std::shared_ptr<cp::DcpWorkspace> dcp_ws_;
 };
 
 }  // namespace aar::sfa

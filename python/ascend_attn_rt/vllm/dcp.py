@@ -1,4 +1,5 @@
-"""Decode context parallel (DCP) through the vLLM adapter, GQA and MLA (docs/design/vllm_sparse.md §7).
+"""Decode context parallel (DCP) through the vLLM adapter, GQA and MLA (docs/design/vllm_sparse.md §7) and the
+sparse MLA backend with its indexer (§8, ``ascend_attn_rt.vllm.sparse``: the same set-up and Comm).
 
 What the adapter reads from vLLM:
 

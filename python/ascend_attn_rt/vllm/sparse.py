@@ -18,7 +18,14 @@ Three pieces, each behind the vLLM object that calls it:
   qk_rope_head_dim)``. The per-layer host work (argument checks, the cache write, the operator calls
   through the runtime's provider) is C++ (docs/design/sfa.md §4.5).
 
-Refused by name when the objects are made: context parallelism (DCP / PCP), quantised KV caches
+Decode context parallel (docs/design/vllm_sparse.md §8): under ``decode_context_parallel_size > 1`` both
+builders build the runtime's SFA DCP metadata from vLLM's DCP group (local slots and lengths, the replicated
+indexer views); the indexer cache is replicated (its spec's page is ``W`` pages of keys, viewed as the
+runtime's ``num_blocks * W`` blocks) and the op needs no collective; the impl's ``sfa.SparseAttention`` holds
+an ``aar.cp.Comm`` over the group and gathers the query, remaps the top-k, attends the shard and merges by LSE
+inside ``forward_mqa`` (vLLM's layer is shown ``dcp_world_size = 1``, as the MLA impl does).
+
+Refused by name when the objects are made: prefill context parallelism (PCP), quantised KV caches
 (fp8 / fp8_ds_mla), DeepSeek-V4 (compressed indexer), graph modes other than FULL_DECODE_ONLY
 (cudagraph_mode), and for the op torch.compile (it runs eagerly); per step: non-causal attention, a
 FULL cudagraph runtime mode without a graph provider (docs/design/vllm_sparse.md §4, §6 for graphs).
@@ -40,7 +47,8 @@ from vllm.v1.attention.backend import (
 )
 
 from .. import _C as aar
-from . import _build_inputs, _builder_sizes, _refuse_cp
+from . import _build_inputs, _builder_sizes
+from .dcp import dcp_comm, dcp_setup
 from .graph import GraphBuilderMixin, graph_params
 
 _KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]
@@ -71,10 +79,16 @@ def _sparse_builder(kv_cache_spec, vllm_config, device):
     _refuse_graphs(vllm_config, "sparse MLA adapter", compiled=False)
     spec = getattr(vllm_config, "speculative_config", None)
     num_spec = 0 if spec is None else int(spec.num_speculative_tokens or 0)
+    sizes = _builder_sizes(kv_cache_spec, vllm_config, dcp_ok=True)  # PCP refused by name
+    # DCP (docs/design/vllm_sparse.md §8): this rank's build of the global batch (local slots and KV lengths
+    # for the latent cache, the replicated indexer views, the global lengths for the indexer).
+    dcp = dcp_setup(vllm_config, "sparse MLA builder")
+    cp = {} if dcp is None else dict(dcp_world_size=dcp.world_size, dcp_rank=dcp.rank,
+                                     cp_kv_cache_interleave_size=dcp.interleave)
     # vLLM rotates q, k_pe and the indexer's q/k itself: zero RoPE tables (nothing reads them).
     table = torch.zeros(mc.max_model_len, int(hf.qk_rope_head_dim), dtype=mc.dtype)
-    return aar.sfa.MetadataBuilder(**_builder_sizes(kv_cache_spec, vllm_config), cos_table=table, sin_table=table,
-                                   num_speculative_tokens=num_spec, device=str(device))
+    return aar.sfa.MetadataBuilder(**sizes, cos_table=table, sin_table=table, num_speculative_tokens=num_spec,
+                                   device=str(device), **cp)
 
 
 @dataclass
@@ -92,13 +106,15 @@ class AscendAttnRtSparseMlaMetadata:
     topk_tokens: int
 
 
-def _is_prefilling(m: CommonAttentionMetadata, qsl, threshold: int):
+def _is_prefilling(m: CommonAttentionMetadata, qsl, threshold: int, dcp: bool = False):
     """vLLM's is_prefilling (always given by its model runner) as the SFA builder takes it. The
     builder without KV offload splits by query length only and refuses the flags: they are dropped
     when the split is the same (no request flagged prefilling has a decode-sized query), refused by
-    name otherwise."""
+    name otherwise. Under DCP they are dropped: every token, decode or prefill, takes the same road
+    (query gather, remap, shard attention, merge; docs/design/vllm_sparse.md §8), so the split is
+    informational there (vLLM's forward_impl sends every token of the sparse impl to forward_mqa)."""
     flags = m.is_prefilling
-    if flags is None:
+    if flags is None or dcp:
         return None
     n = qsl.numel() - 1
     q_lens = (qsl[1:] - qsl[:-1]).tolist()
@@ -111,7 +127,7 @@ def _is_prefilling(m: CommonAttentionMetadata, qsl, threshold: int):
 
 
 def _build(builder, topk: int, common_prefix_len: int, m: CommonAttentionMetadata,
-           graph_capture: bool = False) -> AscendAttnRtSparseMlaMetadata:
+           graph_capture: bool = False, dcp: bool = False) -> AscendAttnRtSparseMlaMetadata:
     qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
     if not causal:
         raise NotImplementedError("causal=False: non-causal sparse MLA is not supported by ascend_attn_rt")
@@ -120,7 +136,7 @@ def _build(builder, topk: int, common_prefix_len: int, m: CommonAttentionMetadat
                                              state=aar.AttentionState.DecodeOnly)
     else:
         md = builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
-                           is_prefilling=_is_prefilling(m, qsl, builder.decode_threshold))
+                           is_prefilling=_is_prefilling(m, qsl, builder.decode_threshold, dcp))
     nd = md.num_decodes
     return AscendAttnRtSparseMlaMetadata(
         sfa=md, num_actual_tokens=m.num_actual_tokens, num_reqs=m.num_reqs, num_decodes=nd,
@@ -134,12 +150,13 @@ class _SparseBuilderBase(GraphBuilderMixin, AttentionMetadataBuilder):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._builder = _sparse_builder(kv_cache_spec, vllm_config, device)
+        self._dcp = dcp_setup(vllm_config, "sparse MLA builder") is not None
         self._topk = int(vllm_config.model_config.hf_text_config.index_topk)
         self.reorder_batch_threshold = self._builder.decode_threshold
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendAttnRtSparseMlaMetadata:
-        return _build(self._builder, self._topk, common_prefix_len, common_attn_metadata)
+        return _build(self._builder, self._topk, common_prefix_len, common_attn_metadata, dcp=self._dcp)
 
     def _graph_build(self, m: CommonAttentionMetadata) -> AscendAttnRtSparseMlaMetadata:
         return _build(self._builder, self._topk, 0, m, graph_capture=True)
@@ -253,9 +270,14 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
     supports_dense_mha_prefill: bool = False  # vLLM's forward_impl then sends every token to forward_mqa
     masked_mha_available: bool = False
     supports_quant_query_input: bool = False
-    supports_dcp: bool = False
+    # DCP (docs/design/vllm_sparse.md §8): the runtime gathers the query over the DCP group and merges the
+    # partials by LSE inside forward_mqa, so vLLM's MLAAttention.forward_impl is shown dcp_world_size = 1
+    # (the group's size is runtime_dcp_world_size), as the MLA impl does.
+    supports_dcp: bool = True
     supports_pcp: bool = False
     can_return_lse_for_decode: bool = False
+    # Every token takes the same road (one top-k row per token, the remap, the merge): any interleave.
+    supports_mtp_with_cp_non_trivial_interleave_size: bool = True
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, alibi_slopes,
                  sliding_window: Optional[int], kv_cache_dtype: str, logits_soft_cap: Optional[float],
@@ -279,10 +301,9 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
         if kv_cache_dtype not in _KV_CACHE_DTYPES:
             raise NotImplementedError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported by ascend_attn_rt's "
                                       "sparse MLA impl")
-        if self.dcp_world_size > 1 or self.pcp_world_size > 1:
-            raise NotImplementedError(
-                f"context parallel through the vLLM adapter (dcp_world_size={self.dcp_world_size}, "
-                f"pcp_world_size={self.pcp_world_size}) is not supported by ascend_attn_rt's sparse MLA impl")
+        if self.pcp_world_size > 1:
+            raise NotImplementedError(f"prefill context parallel through the vLLM adapter (pcp_world_size="
+                                      f"{self.pcp_world_size}) is not supported by ascend_attn_rt's sparse MLA impl")
         if head_size != kv_lora_rank + qk_rope_head_dim:
             raise ValueError(f"head_size={head_size} != kv_lora_rank={kv_lora_rank} + qk_rope_head_dim="
                              f"{qk_rope_head_dim}")
@@ -294,7 +315,14 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim = kv_lora_rank, qk_rope_head_dim, v_head_dim
         self.kv_b_proj = kv_b_proj
-        self._sparse = aar.sfa.SparseAttention(scale=self.scale)
+        self.runtime_dcp_world_size = self.dcp_world_size
+        comm = None
+        if self.dcp_world_size > 1:
+            comm = dcp_comm(self.dcp_world_size)
+            # vLLM's check that a DCP impl combines LSE partials holds: the runtime does it (see above).
+            self.need_to_return_lse_for_decode = True
+            self.dcp_world_size = 1
+        self._sparse = aar.sfa.SparseAttention(scale=self.scale, dcp_comm=comm)
         self._attn = aar.mla.LatentAttention(
             num_heads=num_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
             qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, scale=self.scale)
@@ -320,6 +348,10 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
                                   "(supports_dense_mha_prefill=False sends every token to forward_mqa)")
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata: AscendAttnRtSparseMlaMetadata, layer):
+        if self.runtime_dcp_world_size > 1 and getattr(layer, "dcp_q_replicate", False):
+            raise NotImplementedError("dcp_q_replicate (a query projection replicated over the DCP group) is not "
+                                      "supported by ascend_attn_rt's sparse MLA impl: its DCP path gathers the heads "
+                                      "itself")
         if isinstance(q, tuple):
             ql_nope, q_pe = q
         else:
@@ -342,7 +374,10 @@ def _make_indexer_op_cls():
             torch.nn.Module.__init__(self)
             from vllm.config import get_current_vllm_config
             cfg = get_current_vllm_config()
-            _refuse_cp(cfg, "indexer op")
+            # DCP (docs/design/vllm_sparse.md §8): the indexer cache is replicated (every rank writes every key
+            # and scores every position), so the op needs no collective; PCP is refused by name.
+            dcp = dcp_setup(cfg, "indexer op")
+            self.dcp_world_size = 1 if dcp is None else dcp.world_size
             _refuse_graphs(cfg, "indexer op", compiled=True)
             for name, value in (("skip_k_cache_insert", skip_k_cache_insert), ("use_fp4_cache", use_fp4_cache)):
                 if value:
@@ -356,12 +391,18 @@ def _make_indexer_op_cls():
             glm = getattr(cfg.model_config.hf_text_config, "model_type", "") == "glm_moe_dsa"
             self._step = aar.sfa.IndexerStep(topk=self.topk_tokens, glm_moe_dsa=glm)
             self._forward_method = self.forward_native
+            self._view_src = self._view_key = self._view = None
             # The indexer cache layer (vLLM's DeepseekV32IndexerCache) has no pluggable hook of its own:
-            # re-point this layer's KV-cache spec and backend to the runtime's unquantised key cache.
+            # re-point this layer's KV-cache spec and backend to the runtime's unquantised key cache. Under DCP
+            # the cache is replicated: vLLM's block of a DCP rank holds its share of a virtual block of
+            # block_size * W positions, the indexer needs all of them, so its page is W pages of keys
+            # (head_size W * index_head_dim): vLLM's (num_blocks, block_size, W * D) is the runtime's
+            # (num_blocks * W, block_size, D), local block b the replicated blocks b * W .. b * W + W - 1.
             dtype = cfg.model_config.dtype
             block_size = k_cache.cache_config.block_size
+            width = self.head_dim * self.dcp_world_size
             k_cache.get_kv_cache_spec = lambda vllm_config: MLAAttentionSpec(
-                block_size=block_size, num_kv_heads=1, head_size=self.head_dim, dtype=dtype)
+                block_size=block_size, num_kv_heads=1, head_size=width, dtype=dtype)
             k_cache.get_attn_backend = lambda: AscendAttnRtIndexerBackend
 
         def forward_native(self, hidden_states, q_quant, k, weights):
@@ -388,8 +429,25 @@ def _make_indexer_op_cls():
             if isinstance(q, tuple):
                 raise NotImplementedError("an FP4 (values, scales) indexer query is not supported by ascend_attn_rt")
             # One C++ call: checks, the key write at the step's slots, the indexer, the top-k rows.
-            self._step.run(k, q, weights, kv_cache, metadata.sfa, self.topk_indices_buffer)
+            self._step.run(k, q, weights, self._replicated(kv_cache), metadata.sfa, self.topk_indices_buffer)
             return self.topk_indices_buffer
+
+        def _replicated(self, kv_cache: torch.Tensor) -> torch.Tensor:
+            """vLLM's (num_blocks, block_size, W * D) indexer cache as the runtime's replicated
+            (num_blocks * W, block_size, D) (a view, made once per buffer); itself without DCP."""
+            w = self.dcp_world_size
+            if w == 1:
+                return kv_cache
+            key = (kv_cache.data_ptr(), kv_cache.shape)
+            if self._view_src is not kv_cache or self._view_key != key:
+                d = self.head_dim
+                if kv_cache.dim() != 3 or kv_cache.shape[-1] != w * d or not kv_cache.is_contiguous():
+                    raise ValueError(f"indexer cache {tuple(kv_cache.shape)} (strides {kv_cache.stride()}): under DCP "
+                                     f"(dcp_world_size={w}) ascend_attn_rt's indexer takes vLLM's contiguous "
+                                     f"(num_blocks, block_size, {w} * index_head_dim={w * d})")
+                self._view = kv_cache.view(kv_cache.shape[0] * w, kv_cache.shape[1], d)
+                self._view_src, self._view_key = kv_cache, key
+            return self._view
 
     return AscendAttnRtSparseAttnIndexer
 
