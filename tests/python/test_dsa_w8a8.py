@@ -147,13 +147,32 @@ def test_w8a8_prolog_bad_weights_named():
     assert aar.dsa.Impl(w, **kw).w8a8_prolog
 
 
-def test_w8a8_prolog_refused_where_not_built():
-    # The A5 fp8-row plan (its rows need D 512 / R 64, checked first: the refusal comes before). Graph capture of
-    # the prolog is built (test_dsa_graph_plans.py).
-    d, kw = small_kw(D=512, R=64, Di=64)
-    w = ref.quantise_prolog(ref.make_dsa_weights(d, torch.bfloat16, torch.Generator().manual_seed(1)))
-    with pytest.raises(NotImplementedError, match=r"W8A8-dynamic prolog .* under the A5 fp8-row plan"):
-        aar.dsa.Impl(w, **kw, device_kind="a5")
+@pytest.mark.parametrize("ratio", [1, 4], ids=["swa", "c4"])
+def test_w8a8_prolog_on_the_a5_fp8_row_plan(ratio):
+    # The A5 fp8-row plan (docs/design/dsa.md §5.4): the prolog's int8 matmuls give the bf16 kv rows that
+    # kv_compress_epilog quantises to the 640-byte fp8 rows, as a float layer's. Checked with test_dsa_a5.py's
+    # machinery, whose references take the W8A8 weights (the float64 reference quantises x and qr as §5.4): the
+    # output against the float64 layer over the decoded fp8 rows (the bf16 arithmetic tolerance of that file) and
+    # against the unquantised-cache reference within the measured fp8 effect; the rows bit-exact against the MXFP8
+    # model of the A2 plan's bf16 rows of the same W8A8 layer (the same prolog code); the C4 selection against the
+    # fp8 indexer scores.
+    import test_dsa_a5 as a5t
+    d = a5t.dims(ratio)
+    g = torch.Generator().manual_seed(11)
+    w = ref.quantise_prolog(ref.make_dsa_weights(d, torch.bfloat16, g))
+    x = [torch.randn(400, d.hidden, generator=g, dtype=F64).to(torch.bfloat16) for _ in range(3)]
+    a5 = a5t.Run(d, "a5", 3, w=w, x=x)
+    a2 = a5t.Run(d, "a2", 3, w=w, x=x)
+    assert a5.impl.w8a8_prolog and a2.impl.w8a8_prolog
+    for reqs, qlens in a5t.PLANS[ratio][:4]:
+        out5, qsl, S = a5.step(reqs, qlens)
+        out2, _, _ = a2.step(reqs, qlens)
+        assert torch.isfinite(out5).all()
+        if ratio == 4:
+            a5t.check_topk(a5, reqs, qlens, qsl, S)
+        a5t.check_step(a5, a2, reqs, qlens, out5, out2, qsl, S)
+        for b in reqs:
+            a5t.check_caches(a5, a2, b)
 
 
 # ----------------------------------------------------------------------------------------------------------------
