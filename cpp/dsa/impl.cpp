@@ -1167,10 +1167,28 @@ void Impl::project_q(const at::Tensor& x, const ops::W8A8DynamicInput* xq, const
     return;
   }
   // docs/design/dsa.md §5.4: x quantised per token (xq, shared with wkv) for wq_a; qr after its RMSNorm
-  // quantised per token for wq_b (upstream's npu_rms_norm_dynamic_quant: the norm, then the same per-row
-  // rule). The float qr stays in v.qa for the indexer.
+  // quantised per token for wq_b. A layer whose indexer reads the float qr (C4 with its own selection)
+  // runs the norm, then npu_dynamic_quant, and keeps qr in v.qa; every other layer needs only qr's codes:
+  // upstream's fused npu_rms_norm_dynamic_quant (the normed row quantised before any rounding to the
+  // activation dtype).
   AAR_CHECK_ARG(xq != nullptr && xq->q.size(0) == x.size(0), "internal: the W8A8 query projection needs x's ",
                 x.size(0), " rows quantised");
+  if (!(cfg_.compress_ratio == 4 && !cfg_.skip_topk)) {
+    ops::RmsNormDynamicQuantArgs n;
+    n.gamma = w_.q_norm;
+    n.epsilon = cfg_.eps;
+    if (graph) {
+      ops::w8a8_dynamic_matmul_out(*xq, wq_a_t_, w_.wq_a_scale, v.qa);
+      n.x = v.qa;
+      ops::w8a8_dynamic_matmul_out(ops::rms_norm_dynamic_quant_out(n, v.qr_q, v.qr_scale), wq_b_t_, w_.wq_b_scale,
+                                   v.q2);
+      return;
+    }
+    n.x = ops::w8a8_dynamic_matmul(*xq, wq_a_t_, w_.wq_a_scale, act_dtype_);
+    ops::dense::copy(v.q2, ops::w8a8_dynamic_matmul(ops::rms_norm_dynamic_quant(n), wq_b_t_, w_.wq_b_scale,
+                                                    act_dtype_));
+    return;
+  }
   if (graph) {
     // docs/design/dsa.md §6: the quantised activations and the products in the workspace.
     ops::w8a8_dynamic_matmul_out(*xq, wq_a_t_, w_.wq_a_scale, v.qa);
