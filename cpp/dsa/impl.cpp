@@ -167,15 +167,6 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
       throw_not_supported("pcp_comm of ", Wp, " ranks with the ", c.plan.sparse_attn_op, " plan: DSA PCP is built "
                           "for the A2/A3 npu_sparse_attn_sharedkv plan only (docs/design/sparse_cp.md §13)");
     }
-    if (c.multistream) {
-      throw_not_supported("multistream under DSA PCP (pcp_comm of ", Wp, " ranks) is not implemented: the "
-                          "multistream prolog is built for the single-rank road (docs/design/dsa.md §5.5)");
-    }
-    if (w.wq_a_scale.defined() || w.wq_b_scale.defined() || w.wkv_scale.defined()) {
-      throw_not_supported("the W8A8-dynamic prolog (weights wq_a_scale / wq_b_scale / wkv_scale) under DSA PCP "
-                          "(pcp_comm of ", Wp, " ranks) is not implemented: the PCP road computes the prolog's "
-                          "projections unquantised (docs/design/sparse_cp.md §13)");
-    }
   }
   AAR_CHECK_ARG(c.hidden_size > 0 && c.num_heads > 0 && c.head_dim > 0 && c.q_lora_rank > 0 && c.o_lora_rank > 0,
                 "hidden_size, num_heads, head_dim, q_lora_rank and o_lora_rank must be positive, got ", c.hidden_size,
@@ -222,11 +213,6 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                           "(docs/design/sparse_cp.md §10); pass a bf16 wo_a without wo_a_scale");
     }
   }
-  if (c.multistream && (W > 1 || Wd > 1)) {
-    throw_not_supported("multistream under ", W > 1 ? "DSA-CP (dsa_cp_comm" : "DCP (dcp_comm", " of more than one rank) "
-                        "is not implemented: the multistream prolog is built for the single-rank road "
-                        "(docs/design/dsa.md §5.5)");
-  }
   // Weights.
   AAR_CHECK_ARG(w.wq_a.defined(), "weight wq_a must be given");
   // docs/design/dsa.md §5.4: the W8A8-dynamic prolog, selected by its scales (all three or none).
@@ -236,17 +222,10 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                 w.wq_b_scale.defined() ? "wq_b_scale " : "", w.wkv_scale.defined() ? "wkv_scale " : "",
                 "only");
   w8a8_ = n_scales == 3;
+  // Every plan and mode: the int8 projections run on whatever rows the mode computes, and their float
+  // results feed the same code as a float layer's (the fp8-row plan's epilog takes the bf16 kv rows).
   if (w8a8_) {
     AAR_CHECK_ARG(w.wo_b.defined(), "weight wo_b must be given (a W8A8-dynamic layer's activation dtype is wo_b's)");
-    const char* why = nullptr;
-    if (W > 1) why = "DSA-CP (dsa_cp_comm of more than one rank)";
-    if (Wd > 1) why = "DCP (dcp_comm of more than one rank)";
-    if (c.plan.fp8_kv_rows) why = "the A5 fp8-row plan (kv_compress_epilog)";
-    if (why != nullptr) {
-      throw_not_supported("the W8A8-dynamic prolog (weights wq_a_scale / wq_b_scale / wkv_scale) under ", why,
-                          " is not implemented: it runs eager on the plain-row plans (docs/design/dsa.md §5.4); "
-                          "dequantise wq_a, wq_b and wkv to the activation dtype");
-    }
   }
   const at::ScalarType dt = w8a8_ ? w.wo_b.scalar_type() : w.wq_a.scalar_type();
   act_dtype_ = dt;
@@ -948,9 +927,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
 
   // docs/design/dsa.md §5.5: the compressed caches' writers, on the side stream with multistream
   // (issued first, so they overlap the prolog), else in the serial order below.
-  if (cf.multistream && cf.compress_ratio > 1 && !side_) side_ = std::make_unique<detail::SideStream>(x.device());
-  detail::StreamPlan sp(cf.multistream && cf.compress_ratio > 1 ? side_.get() : nullptr, x.device(),
-                        cf.log_streams ? &stream_log_ : nullptr);
+  detail::StreamPlan sp = stream_plan(x.device());
   auto indexer_cache = [&] { indexer_cache_update(x, c, md, rv, r, graph); };
   auto compress = [&] {
     const GroupMetadata& ag = *md.attention;
@@ -971,18 +948,14 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
 
   // ---- prolog (docs/design/dsa.md §1.1; §5.4 the W8A8-dynamic projections)
   sp.on_main("prolog");
-  if (w8a8_) {
-    w8a8_prolog_linears(x, v, graph);
-  } else {
-    ops::dense::linear_out(v.qa, x, w_.wq_a);
-    ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);  // qr
-    ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
-  }
+  std::optional<ops::W8A8DynamicInput> xq;
+  if (w8a8_) xq = quantize_x(x, v, graph);  // one quantisation of x for wq_a and wkv
+  project_q(x, xq ? &*xq : nullptr, v, graph);
   // per-head RMS without weight, fp32 maths (plan q_norm: RmsFp32 / QNormWithoutWeight, the same maths)
   ops::dense::rms_norm_out(v.q, v.q, ones_d_, cf.eps);
   at::Tensor q = v.q, kvr = v.kv;
   ops::inplace_partial_rotary_mul(q, sv.cos3, sv.sin3, "interleave", {D - R, D});
-  if (!w8a8_) ops::dense::linear_out(v.kv, x, w_.wkv);
+  project_kv(x, xq ? &*xq : nullptr, v.kv, graph);
   ops::dense::rms_norm_out(v.kv, v.kv, w_.kv_norm, cf.eps);
   ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
   const GroupMetadata& swa = *md.swa;
@@ -1043,7 +1016,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
 }
 
 void Impl::write_step_caches(const at::Tensor& x, const Caches& c, const LayerMetadata& md, int64_t tk,
-                             detail::Workspace& ws, bool graph) {
+                             detail::Workspace& ws, detail::StreamPlan& sp, bool graph, ops::W8A8DynamicInput* xq) {
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const int64_t D = cf.head_dim, R = cf.rope_dim;
@@ -1052,14 +1025,8 @@ void Impl::write_step_caches(const at::Tensor& x, const Caches& c, const LayerMe
   const int64_t r = ratio > 1 ? std::min<int64_t>(tk, tk / ratio + st.num_kernel_reqs) : 0;
   const detail::RowViews& rv = ws.rows(r);
   const StepViews& sv = step_views(md, tk);
-  ops::dense::linear_out(vf.kv, x, w_.wkv);
-  ops::dense::rms_norm_out(vf.kv, vf.kv, w_.kv_norm, cf.eps);
-  at::Tensor kvr = vf.kv;
-  ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
-  write_kv_rows(c.swa_kv, sv.swa_slots, vf.kv, md.swa->num_valid_rows, graph ? &vf.swa_write : nullptr,
-                md.swa->graph_fill_slot);
-  if (ratio == 4) indexer_cache_update(x, c, md, rv, r, /*graph=*/false);
-  if (ratio > 1) {
+  auto indexer_cache = [&] { indexer_cache_update(x, c, md, rv, r, /*graph=*/false); };
+  auto compress = [&] {
     const GroupMetadata& ag = *md.attention;
     const at::Tensor rows = run_compressor(x, w_.cmp_wkv, w_.cmp_wgate, cmp_ape_f32_, w_.cmp_norm, c.state,
                                            *md.compressor_state, ag, R, ratio, ratio == 4 ? 2 : 1, cf.eps,
@@ -1068,7 +1035,37 @@ void Impl::write_step_caches(const at::Tensor& x, const Caches& c, const LayerMe
       write_kv_rows(c.compress_kv, first_rows(ag.compressed_slots, r), rows, ag.num_valid_rows,
                     graph ? &rv.cmp_write : nullptr, ag.graph_fill_slot);
     }
+  };
+  // docs/design/dsa.md §5.5: with multistream the compressed caches' writers go first, to the side
+  // stream (the caller joins them before its selection and attention); else the serial order below.
+  if (sp.multistream()) {
+    sp.fork();
+    if (ratio == 4) sp.on_side("indexer_cache", detail::StreamPlan::kIndexerCache, indexer_cache);
+    sp.on_side("compressor", detail::StreamPlan::kCompressedKv, compress);
   }
+  sp.on_main("swa_write");
+  if (w8a8_) {
+    const ops::W8A8DynamicInput q = quantize_x(x, vf, graph);
+    project_kv(x, &q, vf.kv, graph);
+    if (xq != nullptr) *xq = q;
+  } else {
+    project_kv(x, nullptr, vf.kv, graph);
+  }
+  ops::dense::rms_norm_out(vf.kv, vf.kv, w_.kv_norm, cf.eps);
+  at::Tensor kvr = vf.kv;
+  ops::inplace_partial_rotary_mul(kvr, sv.cos, sv.sin, "interleave", {D - R, D});
+  write_kv_rows(c.swa_kv, sv.swa_slots, vf.kv, md.swa->num_valid_rows, graph ? &vf.swa_write : nullptr,
+                md.swa->graph_fill_slot);
+  if (!sp.multistream()) {
+    if (ratio == 4) sp.on_side("indexer_cache", detail::StreamPlan::kIndexerCache, indexer_cache);
+    if (ratio > 1) sp.on_side("compressor", detail::StreamPlan::kCompressedKv, compress);
+  }
+}
+
+detail::StreamPlan Impl::stream_plan(c10::Device device) {
+  const bool multi = cfg_.multistream && cfg_.compress_ratio > 1;
+  if (multi && !side_) side_ = std::make_unique<detail::SideStream>(device);
+  return detail::StreamPlan(multi ? side_.get() : nullptr, device, cfg_.log_streams ? &stream_log_ : nullptr);
 }
 
 void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
@@ -1088,8 +1085,13 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   const at::Tensor x = tk == T ? hidden : hidden.narrow(0, 0, tk);
 
   // ---- 1. the whole step: the SWA KV, the compressors and the indexer cache (the step's RoPE
-  // rows, global lengths), as without DSA-CP.
-  write_step_caches(x, c, md, tk, ws, graph);
+  // rows, global lengths), as without DSA-CP; with multistream the compressed caches' writers on the
+  // side stream (docs/design/dsa.md §5.5), joined below before the selection and the attention read
+  // them, so the collectives of step 3 (main stream) come after them too. A W8A8 layer keeps x's
+  // per-token quantisation: the slice's query projection reads its rows.
+  detail::StreamPlan sp = stream_plan(hidden.device());
+  ops::W8A8DynamicInput xq;
+  write_step_caches(x, c, md, tk, ws, sp, graph, w8a8_ ? &xq : nullptr);
 
   // ---- 2. the slice: every head's query, the selection and SAS attention with the local lengths.
   // The slice's rows (tpr, N D), zeros past its real tokens. The decode road keeps them in the
@@ -1109,26 +1111,35 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
     const at::Tensor cos3 = slice3(ctab ? sh.compress_cos : sh.cos);
     const at::Tensor sin3 = slice3(ctab ? sh.compress_sin : sh.sin);
     const at::Tensor neg3 = slice3(ctab ? sh.compress_neg_sin : sh.neg_sin);
-    ops::dense::linear_out(v.qa, xl, w_.wq_a);
-    ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cf.eps);
-    ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
+    sp.on_main("prolog");
+    // W8A8: the slice's rows of the step's quantised x (per token: the codes of a row are the row's own).
+    const ops::W8A8DynamicInput xql{w8a8_ ? xq.q.narrow(0, sh.local_start, nloc) : at::Tensor(),
+                                    w8a8_ ? xq.scale.narrow(0, sh.local_start, nloc) : at::Tensor()};
+    project_q(xl, w8a8_ ? &xql : nullptr, v, /*graph=*/false);
     ops::dense::rms_norm_out(v.q, v.q, ones_d_, cf.eps);
     at::Tensor q = v.q;
     ops::inplace_partial_rotary_mul(q, cos3, sin3, "interleave", {D - R, D});
     at::Tensor sel;
     if (ratio == 4) {
+      sp.wait(detail::StreamPlan::kIndexerCache, "wait_indexer_cache");
       // A layer without its own selection reads the buffer's rows of the slice (every layer of a
       // step sees the same slice).
+      sp.on_main(cf.skip_topk ? "topk_reuse" : "indexer_select");
       sel = cf.skip_topk ? topk->view(nloc)
                          : indexer_select(xl, c, md, v, cos3, sin3, sh.q_ends, sh.seq_lens, nloc, /*graph=*/false,
                                           topk);
     }
     last_topk_ = sel;
+    if (ratio > 1) sp.wait(detail::StreamPlan::kCompressedKv, "wait_compressed_kv");
     // The builder's local blob and cu_seqlens tensors (docs/design/sparse_cp.md §10.1).
+    sp.on_main("attention");
     at::Tensor o = attend(c, md, v.q, sh.query_start_loc, sh.seq_lens, sel, at::Tensor(), at::Tensor());
     ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
     ops::dense::copy(road.real, o.view({nloc, W, C}));
   } else {
+    // An empty slice reads no cache, but the road's collectives still follow the side stream's writes.
+    if (ratio == 4) sp.wait(detail::StreamPlan::kIndexerCache, "wait_indexer_cache");
+    if (ratio > 1) sp.wait(detail::StreamPlan::kCompressedKv, "wait_compressed_kv");
     last_topk_ = ratio == 4 ? at::empty({0, 1, cf.index_topk}, hidden.options().dtype(at::kInt)) : at::Tensor();
   }
 
@@ -1136,30 +1147,73 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   // The full o_proj (wo_a and wo_b switched in under one guard) or this rank's groups [r G/W,
   // (r+1) G/W) with the partial sums reduced (sparse/dsa_cp_road.h); rows past the requests' tokens
   // are zeros, as without DSA-CP.
+  sp.on_main("o_proj_road");
   sparse::dsa_cp_road_back(
       comm, road, oproj_full_.get(), [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups); },
       [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups / W); }, output, tk);
 }
 
-void Impl::w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v, bool graph) const {
-  // docs/design/dsa.md §5.4: x quantised once per token serves wq_a and wkv; qr after its RMSNorm
-  // quantised per token for wq_b (upstream's npu_rms_norm_dynamic_quant: the norm, then the same
-  // per-row rule). The float qr stays in v.qa for the indexer.
+ops::W8A8DynamicInput Impl::quantize_x(const at::Tensor& x, const detail::TokenViews& v, bool graph) const {
+  // docs/design/dsa.md §6: graph mode quantises into the workspace's stable rows.
+  return graph ? ops::quantize_per_token_out(x, v.x_q, v.x_scale) : ops::quantize_per_token(x);
+}
+
+void Impl::project_q(const at::Tensor& x, const ops::W8A8DynamicInput* xq, const detail::TokenViews& v,
+                     bool graph) const {
+  if (!w8a8_) {
+    ops::dense::linear_out(v.qa, x, w_.wq_a);
+    ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cfg_.eps);  // qr
+    ops::dense::linear_out(v.q2, v.qa, w_.wq_b);
+    return;
+  }
+  // docs/design/dsa.md §5.4: x quantised per token (xq, shared with wkv) for wq_a; qr after its RMSNorm
+  // quantised per token for wq_b. A layer whose indexer reads the float qr (C4 with its own selection)
+  // runs the norm, then npu_dynamic_quant, and keeps qr in v.qa; every other layer needs only qr's codes:
+  // upstream's fused npu_rms_norm_dynamic_quant (the normed row quantised before any rounding to the
+  // activation dtype).
+  AAR_CHECK_ARG(xq != nullptr && xq->q.size(0) == x.size(0), "internal: the W8A8 query projection needs x's ",
+                x.size(0), " rows quantised");
+  if (!(cfg_.compress_ratio == 4 && !cfg_.skip_topk)) {
+    ops::RmsNormDynamicQuantArgs n;
+    n.gamma = w_.q_norm;
+    n.epsilon = cfg_.eps;
+    if (graph) {
+      ops::w8a8_dynamic_matmul_out(*xq, wq_a_t_, w_.wq_a_scale, v.qa);
+      n.x = v.qa;
+      ops::w8a8_dynamic_matmul_out(ops::rms_norm_dynamic_quant_out(n, v.qr_q, v.qr_scale), wq_b_t_, w_.wq_b_scale,
+                                   v.q2);
+      return;
+    }
+    n.x = ops::w8a8_dynamic_matmul(*xq, wq_a_t_, w_.wq_a_scale, act_dtype_);
+    ops::dense::copy(v.q2, ops::w8a8_dynamic_matmul(ops::rms_norm_dynamic_quant(n), wq_b_t_, w_.wq_b_scale,
+                                                    act_dtype_));
+    return;
+  }
   if (graph) {
     // docs/design/dsa.md §6: the quantised activations and the products in the workspace.
-    const ops::W8A8DynamicInput xq = ops::quantize_per_token_out(x, v.x_q, v.x_scale);
-    ops::w8a8_dynamic_matmul_out(xq, wq_a_t_, w_.wq_a_scale, v.qa);
+    ops::w8a8_dynamic_matmul_out(*xq, wq_a_t_, w_.wq_a_scale, v.qa);
     ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cfg_.eps);  // qr
     ops::w8a8_dynamic_matmul_out(ops::quantize_per_token_out(v.qa, v.qr_q, v.qr_scale), wq_b_t_, w_.wq_b_scale,
                                  v.q2);
-    ops::w8a8_dynamic_matmul_out(xq, wkv_t_, w_.wkv_scale, v.kv);
     return;
   }
-  const ops::W8A8DynamicInput xq = ops::quantize_per_token(x);
-  ops::dense::copy(v.qa, ops::w8a8_dynamic_matmul(xq, wq_a_t_, w_.wq_a_scale, act_dtype_));
+  ops::dense::copy(v.qa, ops::w8a8_dynamic_matmul(*xq, wq_a_t_, w_.wq_a_scale, act_dtype_));
   ops::dense::rms_norm_out(v.qa, v.qa, w_.q_norm, cfg_.eps);  // qr
   ops::dense::copy(v.q2, ops::w8a8_dynamic_matmul(ops::quantize_per_token(v.qa), wq_b_t_, w_.wq_b_scale, act_dtype_));
-  ops::dense::copy(v.kv, ops::w8a8_dynamic_matmul(xq, wkv_t_, w_.wkv_scale, act_dtype_));
+}
+
+void Impl::project_kv(const at::Tensor& x, const ops::W8A8DynamicInput* xq, const at::Tensor& kv, bool graph) const {
+  if (!w8a8_) {
+    ops::dense::linear_out(kv, x, w_.wkv);
+    return;
+  }
+  AAR_CHECK_ARG(xq != nullptr && xq->q.size(0) == x.size(0), "internal: the W8A8 kv projection needs x's ",
+                x.size(0), " rows quantised");
+  if (graph) {
+    ops::w8a8_dynamic_matmul_out(*xq, wkv_t_, w_.wkv_scale, kv);
+    return;
+  }
+  ops::dense::copy(kv, ops::w8a8_dynamic_matmul(*xq, wkv_t_, w_.wkv_scale, act_dtype_));
 }
 
 at::Tensor Impl::bmm_o_proj(const at::Tensor& o, int64_t groups) const {

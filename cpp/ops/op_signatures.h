@@ -343,6 +343,9 @@ using KvQuantSparseAttnSharedKvMetadata = at::Tensor(AAR_KV_QUANT_SPARSE_ATTN_SH
 using ScatterNdUpdateV2 = void(at::Tensor& var, const at::Tensor& indices, const at::Tensor& update);
 using InplacePartialRotaryMul = void(at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2,
                                      c10::string_view rotary_mode, at::IntArrayRef partial_slice);
+#define AAR_RMS_NORM_DYNAMIC_QUANT_PARAMS \
+  const at::Tensor &x, const at::Tensor &gamma, sig::OptT smooth_scale, sig::OptT beta, double epsilon
+using RmsNormDynamicQuant = std::tuple<at::Tensor, at::Tensor>(AAR_RMS_NORM_DYNAMIC_QUANT_PARAMS);
 
 // ---- DeepSeek-V4 (DSA) compressor operators of vllm-ascend's _C_ascend (issue 12).
 #define AAR_COMPRESSOR_PARAMS                                                                          \

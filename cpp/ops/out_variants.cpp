@@ -143,6 +143,16 @@ void quant_matmul_out(const QuantMatmulArgs& a, const at::Tensor& out, Provider 
   land("quant_matmul_out", "out", out, y);
 }
 
+W8A8DynamicInput rms_norm_dynamic_quant_out(const RmsNormDynamicQuantArgs& a, const at::Tensor& q_out,
+                                            const at::Tensor& scale_out, Provider pv) {
+  const W8A8DynamicInput r = rms_norm_dynamic_quant(a, pv);
+  check_like("rms_norm_dynamic_quant_out", "q_out", q_out, r.q);
+  check_like("rms_norm_dynamic_quant_out", "scale_out", scale_out, r.scale);
+  dense::copy(q_out, r.q);
+  dense::copy(scale_out, r.scale);
+  return {q_out, scale_out};
+}
+
 W8A8DynamicInput quantize_per_token_out(const at::Tensor& x, const at::Tensor& q_out, const at::Tensor& scale_out,
                                         Provider pv) {
   DynamicQuantArgs q;

@@ -1,5 +1,6 @@
 // Typed wrappers for torch_npu's npu_scatter_nd_update_, npu_dynamic_quant,
-// npu_dynamic_block_quant, npu_quantize and npu_quant_matmul.
+// npu_dynamic_block_quant, npu_quantize and npu_quant_matmul, and vllm-ascend's
+// npu_rms_norm_dynamic_quant.
 #include "ascend_attn_rt/ops/quant.h"
 
 #include <utility>
@@ -15,6 +16,7 @@ detail::OpHandle<sig::DynamicQuant> g_dyn_quant("npu_dynamic_quant", "", OpLibra
 detail::OpHandle<sig::DynamicBlockQuant> g_dyn_block_quant("npu_dynamic_block_quant", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::Quantize> g_quantize("npu_quantize", "", OpLibrary::TorchNpu);
 detail::OpHandle<sig::QuantMatmul> g_quant_matmul("npu_quant_matmul", "", OpLibrary::TorchNpu);
+detail::OpHandle<sig::RmsNormDynamicQuant> g_rms_dyn_quant("npu_rms_norm_dynamic_quant", "", OpLibrary::VllmAscend);
 }  // namespace
 
 at::Tensor& scatter_nd_update_(at::Tensor& self, const at::Tensor& indices, const at::Tensor& updates, Provider pv) {
@@ -64,6 +66,14 @@ W8A8DynamicInput quantize_per_token(const at::Tensor& x, Provider pv) {
   q.input = x;
   auto [xq, s] = dynamic_quant(q, pv);
   return {std::move(xq), std::move(s)};
+}
+
+W8A8DynamicInput rms_norm_dynamic_quant(const RmsNormDynamicQuantArgs& a, Provider pv) {
+  const Provider p = detail::pick_provider(pv, a.x);
+  const auto& op = g_rms_dyn_quant.get(p);
+  detail::DispatchGuard guard(p);
+  auto [q, s] = op.call(a.x, a.gamma, a.smooth_scale, a.beta, a.epsilon);
+  return {std::move(q), std::move(s)};
 }
 
 at::Tensor w8a8_dynamic_matmul(const W8A8DynamicInput& x, const at::Tensor& weight_t, const at::Tensor& scale,

@@ -81,6 +81,11 @@ const std::vector<OpSchema>& vllm_ascend_op_schemas() {
         "inplace_partial_rotary_mul(Tensor(a!) x, Tensor r1, Tensor r2, str rotary_mode, "
         "int[] partial_slice) -> ()",
        false},
+      // issue 30: the W8A8-dynamic DSA prolog's fused RMSNorm + per-token int8 quantisation.
+      {"npu_rms_norm_dynamic_quant",
+        "npu_rms_norm_dynamic_quant(Tensor x, Tensor gamma, Tensor? smooth_scale=None, Tensor? beta=None, "
+        "float epsilon=1e-6) -> (Tensor y_out, Tensor scale_out)",
+       false},
       {"npu_kv_quant_sparse_attn_sharedkv",
         "npu_kv_quant_sparse_attn_sharedkv(Tensor q, int kv_quant_mode, Tensor? ori_kv=None, "
         "Tensor? cmp_kv=None, Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, "

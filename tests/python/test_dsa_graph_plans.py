@@ -115,6 +115,28 @@ def test_w8a8_prolog_on_the_a5_bf16_plan_decode_bucket():
                steps=STEPS[:4])
 
 
+def test_w8a8_prolog_on_the_a5_fp8_plan_decode_bucket():
+    # The A5 fp8-row plan (kv_compress_epilog takes the prolog's bf16 kv rows): each replay against the float64
+    # W8A8 layer over the rows decoded from the A5 caches within test_dsa_a5.py's OUT_TOL (its bf16 arithmetic
+    # bound), as test_dsa_w8a8.test_w8a8_prolog_on_the_a5_fp8_row_plan checks the eager layer.
+    d = a5t.dims(4)
+    g = torch.Generator().manual_seed(11)
+    w = ref.quantise_prolog(ref.make_dsa_weights(d, torch.bfloat16, g))
+    run = LayerRun(d, "a5", torch.bfloat16, 3, w=w, seed=11)
+    twin = LayerRun(d, "a5", torch.bfloat16, 3, w=w, x=run.x)
+    assert run.impl.w8a8_prolog
+
+    def check(reqs, qlens, out, qsl, S):
+        for i, b in enumerate(reqs):
+            o5 = out[qsl[i]: qsl[i + 1]].to(F64)
+            tk = run.impl.last_topk[qsl[i]: qsl[i + 1], 0].to(torch.int64)
+            want = a5t.ref_q_layer(d, w, run.x[b][: S[i]], qlens[i], run.cos, run.sin, tk,
+                                   *a5t.decoded_rows(run, b, S[i]))
+            assert float((o5 - want).abs().max()) <= a5t.OUT_TOL * max(1.0, want.abs().max().item())
+
+    run_bucket(run, twin, 4, check, steps=STEPS[:4])
+
+
 # ---------------------------------------------------------------- 3. the A5 + BF16 (SparseFlashMla) plan
 
 def sfmla_check(run):

@@ -14,7 +14,8 @@ Sequences: fresh prefills with token counts not divisible by 2 and a 2-token req
 2 Wp chunks: every rank holds a pad chunk of it), a mixed step (decodes and a chunked prefill), a chunked
 prefill without decodes, a decode step; ratios 1, 4 and 128 (fp32), ratio 4 in bf16; speculative decodes (ratio 4,
 decode_threshold 3); an IndexCache pair.
-Refusals by name, the layer's with caches untouched and no collective issued.
+Refusals by name, the layer's with caches untouched and no collective issued. The W8A8-dynamic prolog and multistream
+under PCP: test_dsa_cp_w8a8_streams.py.
 """
 
 import pytest
@@ -183,7 +184,6 @@ def _refusals(rank, comm):
     catch("dsa_cp", lambda: aar.dsa.Impl(pcp.w, pcp_comm=comm, dsa_cp_comm=comm, **base))
     catch("dcp", lambda: aar.dsa.Impl(pcp.w, pcp_comm=comm, dcp_comm=comm, **base))
     catch("a5", lambda: aar.dsa.Impl(pcp.w, pcp_comm=comm, device_kind="a5", **base))
-    catch("multistream", lambda: aar.dsa.Impl(pcp.w, pcp_comm=comm, multistream=True, **base))
     calls = sum(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
     untouched = all(torch.equal(a, b) for a, b in zip(pcp.caches(), snap))
     return msgs, calls, untouched
@@ -216,7 +216,6 @@ def test_dsa_pcp_two_ranks():
             "dsa_cp": ("NotImplementedError", "DSA-CP x PCP"),
             "dcp": ("NotImplementedError", "DSA PCP x DCP"),
             "a5": ("NotImplementedError", "A2/A3 npu_sparse_attn_sharedkv plan only"),
-            "multistream": ("NotImplementedError", "multistream under DSA PCP"),
         }
         for key, (kind, text) in want.items():
             assert key in msgs, (rank, key, msgs)

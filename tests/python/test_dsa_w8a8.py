@@ -91,16 +91,112 @@ def test_w8a8_prolog_on_the_a5_bf16_plan(ratio):
         check(run, reqs, qlens, out, qsl, S)
 
 
-def test_w8a8_prolog_calls_the_quantised_operators():
-    # x quantised once for wq_a and wkv, qr once for wq_b: two npu_dynamic_quant and three npu_quant_matmul calls.
-    d = dims(1)
+@pytest.mark.parametrize("ratio", [1, 4])
+def test_w8a8_prolog_calls_the_quantised_operators(ratio):
+    # x quantised once for wq_a and wkv (npu_dynamic_quant), three npu_quant_matmul calls. qr for wq_b: on a layer
+    # without an indexer the fused npu_rms_norm_dynamic_quant (only its codes are needed); on a C4 layer with its
+    # own selection the RMSNorm, then npu_dynamic_quant (the indexer reads the float qr) - besides the indexer's own
+    # query and key quantisations.
+    d = dims(ratio)
     w, x = quantised_inputs(d, torch.float32, 1, 8)
     run = LayerRun(d, "a2", torch.float32, 1, w=w, x=x)
     with OpLog() as log:
         run.step([0], [5])
     names = [n for n, _ in log.calls]
     assert sum("npu_quant_matmul" in n for n in names) == 3
-    assert sum("npu_dynamic_quant." in n for n in names) == 2
+    fused = sum("npu_rms_norm_dynamic_quant" in n for n in names)
+    assert fused == (1 if ratio == 1 else 0)
+    # C4: x, qr, the indexer query and the indexer keys
+    assert sum("npu_dynamic_quant." in n for n in names) == (1 if ratio == 1 else 4)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# npu_rms_norm_dynamic_quant (vllm-ascend, _C_ascend): the fused RMSNorm + per-token int8 quantisation of the prolog's
+# qr, against the unfused sequence (the RMSNorm, then npu_dynamic_quant) and against its float64 definition.
+
+def _rms_ref(x, gamma, eps, beta=None, smooth=None):
+    x = x.to(F64)
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gamma.to(F64)
+    if beta is not None:
+        y = y + beta.to(F64)
+    if smooth is not None:
+        y = y * smooth.to(F64)
+    return y
+
+
+def test_rms_norm_dynamic_quant_twin_equals_the_unfused_sequence():
+    va, npu = torch.ops.ascend_cpu_va, torch.ops.ascend_cpu
+    g = torch.Generator().manual_seed(21)
+    eps = 1e-6
+    x = torch.randn(3, 7, 48, generator=g) * 3  # 3-D: the rows are the leading dims
+    x[1, 4] = 0  # an all-zero row: scale 0, codes 0
+    gamma = torch.rand(48, generator=g) + 0.5
+    q, s = va.npu_rms_norm_dynamic_quant(x, gamma, None, None, eps)
+    assert q.dtype == torch.int8 and q.shape == x.shape and s.dtype == torch.float32 and s.shape == (3, 7)
+    # fp32: the unfused sequence, the RMSNorm in fp32 followed by npu_dynamic_quant, is the same arithmetic: the
+    # same codes and scales, bit for bit
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gamma).to(torch.float32)
+    q2, s2 = npu.npu_dynamic_quant(y)
+    assert torch.equal(q, q2) and torch.equal(s, s2)
+    assert s[1, 4] == 0 and not q[1, 4].any()
+    # against the float64 definition, with beta and a smooth scale: the scale amax / 127 within float32 rounding;
+    # the codes of the float64 row wherever the value is more than 1e-4 code units from a rounding tie (the float32
+    # drift of y / s is about 127 * 2 * 5 * 2^-24 = 7.6e-5 units, as test_dsa_w8a8's qr), within one step elsewhere
+    beta = torch.randn(48, generator=g) * 0.1
+    smooth = torch.rand(48, generator=g) + 0.5
+    q3, s3 = va.npu_rms_norm_dynamic_quant(x, gamma, smooth, beta, eps)
+    _check_codes(q3, s3, _rms_ref(x, gamma, eps, beta, smooth))
+
+
+def _check_codes(q, s, y):
+    """q, s (the twin's) against the float64 rows y: scales within float32 rounding, codes equal away from ties."""
+    codes, scale = ref.quant_per_token(y)
+    torch.testing.assert_close(s.to(F64), scale.squeeze(-1), atol=0, rtol=1e-6)
+    v = (y / torch.where(scale == 0, torch.ones_like(scale), scale)).abs()
+    clear = ((v - v.floor()) - 0.5).abs() > 1e-4
+    diff = (q.to(F64) - codes).abs()
+    assert bool((diff[clear] == 0).all()) and diff.max() <= 1
+    assert clear.to(F64).mean() > 0.99
+
+
+def test_rms_norm_dynamic_quant_bf16_is_the_unrounded_norm():
+    # bfloat16 x: the fused twin quantises the fp32 normed row; the unfused sequence rounds it to bf16 first, so
+    # its codes may differ by one step (the bf16 rounding of y is 2^-9 of y, at most 127 * 2^-9 = 0.25 code
+    # units, enough to cross a rounding point), never more; the fused codes are the float64 definition's.
+    va, npu = torch.ops.ascend_cpu_va, torch.ops.ascend_cpu
+    g = torch.Generator().manual_seed(22)
+    x = (torch.randn(32, 64, generator=g) * 2).to(torch.bfloat16)
+    gamma = (torch.rand(64, generator=g) + 0.5).to(torch.bfloat16)
+    q, s = va.npu_rms_norm_dynamic_quant(x, gamma, None, None, 1e-6)
+    yb = aar_rms_bf16(x, gamma, 1e-6)
+    q2, _ = npu.npu_dynamic_quant(yb)
+    diff = (q.to(torch.int32) - q2.to(torch.int32)).abs()
+    assert diff.max() <= 1 and diff.sum() > 0
+    _check_codes(q, s, _rms_ref(x, gamma, 1e-6))
+
+
+def aar_rms_bf16(x, gamma, eps):
+    """The layer's unfused RMSNorm on bf16 rows: fp32 maths, the result rounded to bf16 (ops::dense::rms_norm)."""
+    f = x.float()
+    return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()).to(torch.bfloat16)
+
+
+def test_rms_norm_dynamic_quant_bad_input_named():
+    va = torch.ops.ascend_cpu_va
+    x, gamma = torch.randn(4, 16), torch.ones(16)
+    with pytest.raises(Exception, match=r"gamma must have shape \(16\)"):
+        va.npu_rms_norm_dynamic_quant(x, torch.ones(8), None, None, 1e-6)
+    with pytest.raises(Exception, match=r"beta must have shape \(16\)"):
+        va.npu_rms_norm_dynamic_quant(x, gamma, None, torch.ones(3), 1e-6)
+    with pytest.raises(Exception, match="epsilon must be positive"):
+        va.npu_rms_norm_dynamic_quant(x, gamma, None, None, 0.0)
+    with pytest.raises(Exception, match="x must have at least 2 dims"):
+        va.npu_rms_norm_dynamic_quant(torch.randn(16), gamma, None, None, 1e-6)
+    with pytest.raises(Exception, match="x must be float16/bfloat16/float32"):
+        va.npu_rms_norm_dynamic_quant(torch.ones(4, 16, dtype=torch.int32), gamma, None, None, 1e-6)
+    # the no-compute provider: the shapes only
+    q, s = torch.ops.ascend_noop_va.npu_rms_norm_dynamic_quant(x, gamma, None, None, 1e-6)
+    assert q.dtype == torch.int8 and q.shape == (4, 16) and s.dtype == torch.float32 and s.shape == (4,)
 
 
 def test_w8a8_prolog_is_near_the_dequantised_layer():
@@ -147,13 +243,32 @@ def test_w8a8_prolog_bad_weights_named():
     assert aar.dsa.Impl(w, **kw).w8a8_prolog
 
 
-def test_w8a8_prolog_refused_where_not_built():
-    # The A5 fp8-row plan (its rows need D 512 / R 64, checked first: the refusal comes before). Graph capture of
-    # the prolog is built (test_dsa_graph_plans.py).
-    d, kw = small_kw(D=512, R=64, Di=64)
-    w = ref.quantise_prolog(ref.make_dsa_weights(d, torch.bfloat16, torch.Generator().manual_seed(1)))
-    with pytest.raises(NotImplementedError, match=r"W8A8-dynamic prolog .* under the A5 fp8-row plan"):
-        aar.dsa.Impl(w, **kw, device_kind="a5")
+@pytest.mark.parametrize("ratio", [1, 4], ids=["swa", "c4"])
+def test_w8a8_prolog_on_the_a5_fp8_row_plan(ratio):
+    # The A5 fp8-row plan (docs/design/dsa.md §5.4): the prolog's int8 matmuls give the bf16 kv rows that
+    # kv_compress_epilog quantises to the 640-byte fp8 rows, as a float layer's. Checked with test_dsa_a5.py's
+    # machinery, whose references take the W8A8 weights (the float64 reference quantises x and qr as §5.4): the
+    # output against the float64 layer over the decoded fp8 rows (the bf16 arithmetic tolerance of that file) and
+    # against the unquantised-cache reference within the measured fp8 effect; the rows bit-exact against the MXFP8
+    # model of the A2 plan's bf16 rows of the same W8A8 layer (the same prolog code); the C4 selection against the
+    # fp8 indexer scores.
+    import test_dsa_a5 as a5t
+    d = a5t.dims(ratio)
+    g = torch.Generator().manual_seed(11)
+    w = ref.quantise_prolog(ref.make_dsa_weights(d, torch.bfloat16, g))
+    x = [torch.randn(400, d.hidden, generator=g, dtype=F64).to(torch.bfloat16) for _ in range(3)]
+    a5 = a5t.Run(d, "a5", 3, w=w, x=x)
+    a2 = a5t.Run(d, "a2", 3, w=w, x=x)
+    assert a5.impl.w8a8_prolog and a2.impl.w8a8_prolog
+    for reqs, qlens in a5t.PLANS[ratio][:4]:
+        out5, qsl, S = a5.step(reqs, qlens)
+        out2, _, _ = a2.step(reqs, qlens)
+        assert torch.isfinite(out5).all()
+        if ratio == 4:
+            a5t.check_topk(a5, reqs, qlens, qsl, S)
+        a5t.check_step(a5, a2, reqs, qlens, out5, out2, qsl, S)
+        for b in reqs:
+            a5t.check_caches(a5, a2, b)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ NEW_OPS = ["mla_preprocess", "npu_mla_prolog_v3", "npu_mla_prolog_v2", "npu_kv_r
            "npu_kv_quant_sparse_attn_sharedkv_metadata", "sparse_flash_mla", "sparse_flash_mla_metadata",
            "npu_vllm_quant_lightning_indexer", "npu_vllm_quant_lightning_indexer_metadata", "kv_compress_epilog",
            "indexer_compress_epilog_v2", "npu_scatter_nd_update_v2", "inplace_partial_rotary_mul",
-           "npu_dynamic_quant", "npu_quantize", "npu_quant_matmul", "npu_dynamic_mx_quant", "npu_transpose_quant_batchmatmul",
+           "npu_dynamic_quant", "npu_rms_norm_dynamic_quant", "npu_quantize", "npu_quant_matmul", "npu_dynamic_mx_quant", "npu_transpose_quant_batchmatmul",
            "_npu_paged_attention", "npu_fusion_attention"]
 # A representative set of the new rows: a perturbed stand-in fails exactly that operator's rows.
 PERTURBED = ["mla_preprocess", "npu_mla_prolog_v3", "npu_kv_rmsnorm_rope_cache", "npu_sparse_flash_attention",

@@ -1,4 +1,4 @@
-// verify-npu rows of the quantisation operators (npu_dynamic_quant, npu_quantize
+// verify-npu rows of the quantisation operators (npu_dynamic_quant, npu_rms_norm_dynamic_quant, npu_quantize
 // on its own and with npu_quant_matmul of the W8A8 MLA linears, the DSV4 MX-fp8
 // o_proj: npu_dynamic_mx_quant + npu_transpose_quant_batchmatmul) and of the
 // GQA paths not covered by the FIA rows (_npu_paged_attention,
@@ -35,6 +35,27 @@ Case dynamic_quant(bool fp8) {
                 auto [q, scale] = ops::dynamic_quant(a, s.pv);
                 const at::Tensor sc = scale.cpu();
                 return Outputs{q.cpu().to(at::kFloat) * sc.unsqueeze(-1), sc};
+              }};
+}
+
+// vllm-ascend's npu_rms_norm_dynamic_quant: the W8A8-dynamic DSA prolog's qr quantisation (the
+// layers without an indexer of their own), compared dequantised.
+Case rms_norm_dynamic_quant() {
+  return Case{"npu_rms_norm_dynamic_quant",
+              "DSV4 qr: x (tk=6,64) bfloat16 (qa rows, one all-zero), gamma (64) bfloat16, epsilon=1e-6, "
+              "no smooth_scale / beta",
+              "y = rmsnorm(x) * gamma in fp32, not rounded to bf16 before its per-row int8 quantisation "
+              "(scale = amax / 127, half to even)",
+              1e-2, [](const Side& s) {
+                at::manual_seed(81);
+                at::Tensor x = rnd({6, 64}, at::kBFloat16, 3.0);
+                x[4].zero_();
+                ops::RmsNormDynamicQuantArgs a;
+                a.x = s.to(x);
+                a.gamma = s.to(rnd({64}, at::kBFloat16, 1.0));
+                const ops::W8A8DynamicInput r = ops::rms_norm_dynamic_quant(a, s.pv);
+                const at::Tensor sc = r.scale.cpu();
+                return Outputs{r.q.cpu().to(at::kFloat) * sc.unsqueeze(-1), sc};
               }};
 }
 
@@ -196,6 +217,7 @@ Case fusion_attention(bool causal) {
 void add_quant_cases(std::vector<Case>& c) {
   c.push_back(dynamic_quant(false));
   c.push_back(dynamic_quant(true));
+  c.push_back(rms_norm_dynamic_quant());
   c.push_back(quantize(false));
   c.push_back(quantize(true));
   c.push_back(w8a8_linear(false));

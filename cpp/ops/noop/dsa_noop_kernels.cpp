@@ -51,6 +51,12 @@ at::Tensor kv_quant_sparse_attn_sharedkv_metadata(AAR_KV_QUANT_SPARSE_ATTN_SHARE
 
 void scatter_nd_update_v2(at::Tensor& var, const at::Tensor& indices, const at::Tensor& update) {}
 
+// (int8 codes of x's shape, fp32 scales of x.shape[:-1])
+std::tuple<at::Tensor, at::Tensor> rms_norm_dynamic_quant(AAR_RMS_NORM_DYNAMIC_QUANT_PARAMS) {
+  AAR_CHECK_ARG(x.dim() >= 1, "ascend_noop npu_rms_norm_dynamic_quant: x must have dims, got ", x.sizes());
+  return {cached(x.sizes(), at::kChar, x.device()), cached(x.sizes().slice(0, x.dim() - 1), at::kFloat, x.device())};
+}
+
 void inplace_partial_rotary_mul(at::Tensor& x, const at::Tensor& r1, const at::Tensor& r2,
                                 c10::string_view rotary_mode, at::IntArrayRef partial_slice) {}
 
@@ -61,6 +67,7 @@ void register_dsa(torch::Library& m) {
   m.impl("npu_kv_quant_sparse_attn_sharedkv_metadata", TORCH_FN(kv_quant_sparse_attn_sharedkv_metadata));
   m.impl("npu_scatter_nd_update_v2", TORCH_FN(scatter_nd_update_v2));
   m.impl("inplace_partial_rotary_mul", TORCH_FN(inplace_partial_rotary_mul));
+  m.impl("npu_rms_norm_dynamic_quant", TORCH_FN(rms_norm_dynamic_quant));
 }
 
 }  // namespace

@@ -26,6 +26,9 @@
 namespace aar::graph {
 class GraphParams;
 }
+namespace aar::ops {
+struct W8A8DynamicInput;
+}
 namespace aar::cp {
 class Comm;
 }
@@ -41,6 +44,7 @@ namespace aar::dsa {
 namespace detail {
 class Workspace;
 class SideStream;
+class StreamPlan;
 struct TokenViews;
 struct WriteViews;
 struct RowViews;
@@ -111,13 +115,13 @@ struct ImplConfig {
   // Every rank all-gathers the local hidden rows, writes every token's SWA, compressor-state, compressed and
   // indexer rows into its complete caches (the global step's slots), then attends its own rows only; one
   // collective per layer and step with prefills (none in a decode-only step: its rows are replicated).
-  // Eager, the A2/A3 plan; DSA-CP, DCP, multistream and the W8A8 prolog with it refused by name.
+  // Eager, the A2/A3 plan; DSA-CP and DCP with it refused by name (multistream and the W8A8 prolog run).
   cp::Comm* pcp_comm = nullptr;
   // docs/design/dsa.md §5.5: compressed layers run their compressor(s) and the indexer's cache write
   // on a second stream (the device's stream pool; on CPU the default stream), overlapping the prolog;
-  // events order the side stream after the layer's inputs and the main stream after the KV writes
-  // before it reads them. Captured with the layer (docs/design/dsa.md §6); refused by name under
-  // DSA-CP and DCP.
+  // events order the side stream after the layer's inputs and the main stream (its attention and
+  // collectives) after the KV writes before it reads them. Captured with the layer
+  // (docs/design/dsa.md §6); under DSA-CP, DCP and PCP too (docs/design/sparse_cp.md §10, §12, §13).
   bool multistream = false;
   // Record, per forward, which stream each part ran on (Impl::stream_log); off costs nothing.
   bool log_streams = false;
@@ -255,9 +259,15 @@ class Impl {
                         int64_t n, bool graph) const;
   // The whole step's cache writes from its tk hidden rows x (the step's RoPE rows and slots): the SWA KV,
   // C4's indexer compressor and cache, the compressors and their compressed rows (DSA-CP and PCP;
-  // graph: a captured DSA-CP replay, whose A5 + BF16 writes take every row).
+  // graph: a captured DSA-CP replay, whose A5 + BF16 writes take every row). With multistream (sp) the
+  // compressed caches' writers go to the side stream after a fork; the caller waits for them
+  // (docs/design/dsa.md §5.5). xq (W8A8 layers, may be nullptr): receives x's per-token quantisation.
   void write_step_caches(const at::Tensor& x, const Caches& c, const LayerMetadata& md, int64_t tk,
-                         detail::Workspace& ws, bool graph = false);
+                         detail::Workspace& ws, detail::StreamPlan& sp, bool graph = false,
+                         ops::W8A8DynamicInput* xq = nullptr);
+  // docs/design/dsa.md §5.5: this forward's streams (the side stream only on compressed layers with
+  // multistream, made on first use), logging into stream_log_ with log_streams.
+  detail::StreamPlan stream_plan(c10::Device device);
   // docs/design/sparse_cp.md §13: the PCP forward (eager; impl_pcp.cpp): hidden / output the rank's local rows.
   void run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                sfa::TopkBuffer* topk, detail::Workspace& ws);
@@ -274,9 +284,17 @@ class Impl {
   // o_proj of o (n, N*D) into out (n, hidden); ws: the workspace's views (graph
   // mode: the Bmm o_proj's result lands in its stable rows), nullptr eager.
   void run_o_proj(const at::Tensor& o, const at::Tensor& out, const detail::TokenViews* ws = nullptr);
-  // docs/design/dsa.md §5.4, eager: the W8A8-dynamic prolog's projections of x into v.qa (qr, normed),
-  // v.q2 (qr W_q_b^T) and v.kv (x W_kv^T, before its norm).
-  void w8a8_prolog_linears(const at::Tensor& x, const detail::TokenViews& v, bool graph) const;
+  // docs/design/dsa.md §5.4: the prolog's projections, float or W8A8-dynamic, on whatever rows the mode
+  // computes (single rank and DCP: every row; DSA-CP: kv of every row, the query of the slice's; PCP: kv
+  // of the global step's rows, the query of the rank's). quantize_x (W8A8 only): x's rows quantised per
+  // token, one quantisation for both of x's projections (graph: into v's x_q / x_scale, v of x's rows).
+  ops::W8A8DynamicInput quantize_x(const at::Tensor& x, const detail::TokenViews& v, bool graph) const;
+  // The query projections of x's rows into v.qa (qr, normed) and v.q2 (qr W_q_b^T); xq: x quantised
+  // (W8A8 layers; unused otherwise). graph: the W8A8 products and qr's quantisation in the workspace.
+  void project_q(const at::Tensor& x, const ops::W8A8DynamicInput* xq, const detail::TokenViews& v,
+                 bool graph) const;
+  // x W_kv^T into kv (before its norm); xq as project_q's.
+  void project_kv(const at::Tensor& x, const ops::W8A8DynamicInput* xq, const at::Tensor& kv, bool graph) const;
 
   ImplConfig cfg_;
   Weights w_;

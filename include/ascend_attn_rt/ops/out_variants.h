@@ -87,6 +87,9 @@ W8A8DynamicInput quantize_per_token_out(const at::Tensor& x, const at::Tensor& q
                                         Provider pv = Provider::Auto);
 void w8a8_dynamic_matmul_out(const W8A8DynamicInput& x, const at::Tensor& weight_t, const at::Tensor& scale,
                              const at::Tensor& out, Provider pv = Provider::Auto);
+// npu_rms_norm_dynamic_quant into caller-owned rows (x's shape int8, x.shape[:-1] fp32).
+W8A8DynamicInput rms_norm_dynamic_quant_out(const RmsNormDynamicQuantArgs& a, const at::Tensor& q_out,
+                                            const at::Tensor& scale_out, Provider pv = Provider::Auto);
 
 // out = x @ h (x's shape and dtype; a dense::linear_out, h symmetric).
 void hadamard_rotate_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& h);

@@ -87,6 +87,19 @@ struct W8A8DynamicInput {
   at::Tensor scale;  // (m) float32: the dequant scale per token
 };
 W8A8DynamicInput quantize_per_token(const at::Tensor& x, Provider pv = Provider::Auto);
+
+// vllm-ascend's npu_rms_norm_dynamic_quant (_C_ascend): the RMSNorm of each row of x (last dim H),
+// y = x * rsqrt(mean(x^2) + epsilon) * gamma (+ beta), times smooth_scale when given, quantised per
+// row as npu_dynamic_quant does (scale = amax|y| / 127, codes round(y / scale) half to even, int8).
+// The normed row is not rounded to x's dtype first. gamma / beta / smooth_scale (H) float; x
+// float, at least 2-D. Returns the codes (x's shape) and the fp32 dequant scales (x.shape[:-1])
+// as a W8A8-dynamic input (the fused form of RMSNorm followed by quantize_per_token).
+struct RmsNormDynamicQuantArgs {
+  at::Tensor x, gamma;
+  std::optional<at::Tensor> smooth_scale, beta;
+  double epsilon = 1e-6;
+};
+W8A8DynamicInput rms_norm_dynamic_quant(const RmsNormDynamicQuantArgs& a, Provider pv = Provider::Auto);
 at::Tensor w8a8_dynamic_matmul(const W8A8DynamicInput& x, const at::Tensor& weight_t, const at::Tensor& scale,
                                at::ScalarType out_dtype, Provider pv = Provider::Auto);
 
