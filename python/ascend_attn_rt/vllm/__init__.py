@@ -484,8 +484,9 @@ def register(mla: bool = False, family: Optional[str] = None) -> None:
       by the runtime's, whose indexer-cache layers use AscendAttnRtIndexerBackend
       (docs/design/vllm_sparse.md);
     * ``"deepseek_v4"`` (DeepseekV4ForCausalLM): vLLM's ``_select_dsv4_attn_cls`` wrapped to return
-      AscendAttnRtDsaAttention (one dsa.Impl.forward per layer; SWA-only layers, docs/design/vllm_dsa.md),
-      whose SWA cache layers use AscendAttnRtDsaSwaBackend.
+      AscendAttnRtDsaAttention (one dsa.Impl.forward per layer; SWA-only and C128 layers, C4 refused,
+      docs/design/vllm_dsa.md), whose caches report the runtime's specs and use AscendAttnRtDsaSwaBackend,
+      AscendAttnRtDsaC128KvBackend and AscendAttnRtDsaC128StateBackend.
 
     Then start vLLM with ``--attention-backend CUSTOM``."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
@@ -522,4 +523,10 @@ from .sparse import (  # noqa: E402  (the sparse module imports this one's helpe
     AscendAttnRtSparseMlaMetadata,
     AscendAttnRtSparseMlaMetadataBuilder,
 )
-from .dsa import AscendAttnRtDsaMetadata, AscendAttnRtDsaSwaBackend, AscendAttnRtDsaSwaMetadataBuilder  # noqa: E402,F401
+from .dsa import (  # noqa: E402,F401
+    AscendAttnRtDsaC128KvBackend,
+    AscendAttnRtDsaC128StateBackend,
+    AscendAttnRtDsaMetadata,
+    AscendAttnRtDsaSwaBackend,
+    AscendAttnRtDsaSwaMetadataBuilder,
+)
