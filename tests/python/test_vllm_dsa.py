@@ -36,8 +36,10 @@ from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES, AttentionBacken
 import ascend_attn_rt.vllm as aar_vllm  # noqa: E402
 from ascend_attn_rt.vllm import (AscendAttnRtDsaC128KvBackend, AscendAttnRtDsaC128StateBackend,  # noqa: E402
                                  AscendAttnRtDsaMetadata, AscendAttnRtDsaSwaBackend)
+import ascend_attn_rt.vllm.dsa as aar_dsa  # noqa: E402
 from ascend_attn_rt.vllm.dsa import attention_cls  # noqa: E402
 import _dsa_reference as ref  # noqa: E402
+from _dsa_harness import LayerRun  # noqa: E402
 from _reference import assert_close  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "vllm_tiny_v4")
@@ -570,9 +572,56 @@ def test_c128_model_in_vllm_forward(vllm_dist, registered, monkeypatch, dtype, s
     outs, md = m.step(reqs, seq_lens, q_lens)
     steps = {id(x.step) for x in md.values()}
     assert len(steps) == 1, "every group's metadata reads the one step build"
+    # The runtime's own C128 layer (aar.dsa.Impl with its own builders and caches from its cache specs) stepped
+    # on the same tokens with the adapter's RoPE tables (vLLM's, at compress_rope_theta): the same numbers.
+    own = LayerRun(m.d[1], "a2", dtype, len(seq_lens), w=m.w[1], x=m.x, cbs=64, max_blocks=32, k=spec,
+                   rope=aar_dsa._rope_tables(m.cfg, 128))
+    for r, s, q in zip(reqs, seq_lens, q_lens):
+        if s > q:
+            own.step([r], [s - q])
+    own_out = own.step(reqs, q_lens)[0]
+    assert torch.equal(outs[1], own_out), float((outs[1].double() - own_out.double()).abs().max())
     for i, out in enumerate(outs):
         assert out.shape == (sum(q_lens), m.d[i].hidden) and out.dtype == dtype
         t = 0
         for r, s, q in zip(reqs, seq_lens, q_lens):
             assert_close(out[t: t + q], m.reference(i, r, s, q), dtype, what=f"layer {i} output of request {r}")
             t += q
+
+
+def test_c128_layer_specs_and_refusals(vllm_dist, registered, monkeypatch):
+    """A C128 layer made through vLLM's selection reports the runtime's caches (C128 KV 8192 tokens = 64 rows
+    per block, the compressor state 16 positions, one page size) with the runtime's backends; without vLLM's
+    hybrid KV-cache manager its specs and builders refuse; metadata of another kind under a cache's name is
+    refused by name."""
+    aar_vllm.register(family="deepseek_v4")
+    cfg = _c128_config(torch.bfloat16)
+    layer = _make_layer(cfg, monkeypatch, prefix="model.layers.1.attn")
+    assert type(layer) is _v4_module()._select_dsv4_attn_cls(cfg) is attention_cls()
+    hf = cfg.model_config.hf_config
+    kv, st = layer.get_kv_cache_spec(cfg), layer.compressor.state_cache.get_kv_cache_spec(cfg)
+    swa = layer.swa_cache_layer.get_kv_cache_spec(cfg)
+    assert (kv.block_size, kv.storage_block_size, kv.compress_ratio, kv.dtype) == (8192, 64, 128, torch.bfloat16)
+    assert (st.block_size, st.head_size, st.dtype, st.sliding_window) == (16, 2 * hf.head_dim, torch.float32, 128)
+    assert kv.page_size_bytes == st.page_size_bytes == swa.page_size_bytes == 64 * hf.head_dim * 2
+    assert layer.get_attn_backend() is AscendAttnRtDsaC128KvBackend
+    assert layer.compressor.state_cache.get_attn_backend() is AscendAttnRtDsaC128StateBackend
+    # Without the hybrid manager vLLM would give every group one block size.
+    off = copy.copy(cfg)
+    off.scheduler_config = copy.copy(cfg.scheduler_config)
+    off.scheduler_config.disable_hybrid_kv_cache_manager = True
+    off.cache_config = copy.copy(cfg.cache_config)
+    off.cache_config.num_gpu_blocks = 8
+    for make in (lambda: layer.get_kv_cache_spec(off), lambda: layer.compressor.state_cache.get_kv_cache_spec(off),
+                 lambda: AscendAttnRtDsaC128KvBackend.get_builder_cls()(kv, ["a"], off, torch.device("cpu"))):
+        with pytest.raises(NotImplementedError, match="disable_hybrid_kv_cache_manager=True"):
+            make()
+    # The C128 layer's own cache name carrying the SWA group's metadata.
+    cfg.cache_config.num_gpu_blocks = 8
+    b = AscendAttnRtDsaSwaBackend.get_builder_cls()(swa, ["a"], cfg, torch.device("cpu"))
+    cam, pos = _common_metadata([3], [3], torch.ones(1, MAX_LEN // BS, dtype=torch.int32))
+    md = b.build(0, cam)
+    x = torch.zeros(3, hf.hidden_size, dtype=torch.bfloat16)
+    with set_forward_context({layer.swa_cache_layer.prefix: md, layer.prefix: md}, cfg), \
+            pytest.raises(ValueError, match="of swa: the c128_kv cache must use AscendAttnRtDsaC128KvBackend"):
+        layer(pos, x)
