@@ -41,19 +41,13 @@ _CACHE_BLOCK_SIZE = 64
 _SWA_BLOCK_SIZE = 64
 _KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 # The cache kinds the adapter serves (aar.dsa.layer_cache_kinds of ratios 1 and 128).
-_SERVED_KINDS = ("swa", "c128_kv", "c128_state")
-_ROW_KINDS = ("swa", "c4_kv", "c128_kv")  # rows in the model dtype; the rest as the runtime's spec says
-
-# Why C4 layers are not served through vLLM (docs/design/vllm_dsa.md §4).
-_C4_REASON = ("C4 layers are not supported by ascend_attn_rt's vLLM adapter: the runtime's C4 indexer-key page "
-              "(int8 keys + fp16 scales, its tier-1 page) does not divide the attention page, and vLLM's allocator "
-              "pads a page that does not divide only for specs that opt into block-stride indexing, which would "
-              "make each C4 layer's indexer cache as large as its attention cache; the C4 indexer state, the "
-              "indexer top-k and the indexer's own module are not wired to the runtime's C4 groups either")
+_RATIOS = (1, 4, 128)
+_ROW_KINDS = ("swa", "c4_kv", "c128_kv")  # rows in the model dtype
+_STATE_KINDS = ("c4_attn_state", "c4_indexer_state", "c128_state")  # fp32 [kv | score] per raw position
 
 
 def _reason(ratio: int) -> str:
-    return _C4_REASON if ratio == 4 else f"compress_ratio={ratio} is not a DeepSeek-V4 ratio (1, 4 or 128)"
+    return f"compress_ratio={ratio} is not a DeepSeek-V4 ratio (1, 4 or 128)"
 
 
 def _model_dtype_name(dtype: torch.dtype) -> str:
@@ -91,25 +85,39 @@ def _geometry(kind: str, hf=None) -> dict:
 
 
 def _kind_dtype(kind: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype vLLM allocates a kind's cache in: attention rows in the model dtype, states fp32, the indexer
+    page as bytes (int8 keys then fp16 scales, viewed by the layer, _indexer_views)."""
     if kind in _ROW_KINDS:
         return model_dtype
-    if kind in ("c4_attn_state", "c4_indexer_state", "c128_state"):
+    if kind in _STATE_KINDS:
         return torch.float32
+    if kind == "c4_indexer_k":
+        return torch.uint8
     raise NotImplementedError(f"cache kind {kind!r} is not served by ascend_attn_rt's vLLM adapter")
 
 
+def _head_size(kind: str, hf) -> int:
+    """Elements of _kind_dtype per row: the runtime's head size, or for the indexer page the bytes of one key row
+    plus its scale (the page is [keys of every row | scales of every row], the same bytes per row on average)."""
+    g = _geometry(kind, hf)
+    if kind != "c4_indexer_k":
+        return g["head_size"]
+    return g["page_bytes"] // g["storage_block_size"]
+
+
 def _page_bytes(kind: str, vllm_config) -> int:
-    g = _geometry(kind, vllm_config.model_config.hf_config)
+    hf = vllm_config.model_config.hf_config
+    g = _geometry(kind, hf)
     dtype = _kind_dtype(kind, vllm_config.model_config.dtype)
-    return g["storage_block_size"] * g["num_kv_heads"] * g["head_size"] * dtype.itemsize
+    return g["storage_block_size"] * g["num_kv_heads"] * _head_size(kind, hf) * dtype.itemsize
 
 
 def _padded_page_bytes(vllm_config) -> int:
     """One page size for every group of the model (docs/design/vllm_dsa.md §3): the largest of its caches' pages
     (the runtime's tier-2 pad; DeepSeek-V4's dims in bf16 give 65536 for all three kinds)."""
-    kinds = {k for r in _layer_ratios(vllm_config.model_config.hf_config) for k in aar.dsa.layer_cache_kinds(r)}
-    for r in sorted(_layer_ratios(vllm_config.model_config.hf_config) - {1, 128}):
+    for r in sorted(_layer_ratios(vllm_config.model_config.hf_config) - set(_RATIOS)):
         raise NotImplementedError(_reason(r))
+    kinds = {k for r in _layer_ratios(vllm_config.model_config.hf_config) for k in aar.dsa.layer_cache_kinds(r)}
     return max(_page_bytes(k, vllm_config) for k in kinds)
 
 
@@ -121,7 +129,14 @@ def _refuse_without_hybrid_manager(vllm_config) -> None:
         raise NotImplementedError(
             "scheduler_config.disable_hybrid_kv_cache_manager=True: ascend_attn_rt's DeepSeek-V4 adapter serves "
             "compressed layers only with vLLM's hybrid KV-cache manager (each cache group keeps the runtime's own "
-            "block size: 64 SWA, 8192 C128 KV, 16 C128 state)")
+            "block size: 64 SWA, 256 C4 KV and indexer keys, 4 C4 states, 8192 C128 KV, 16 C128 state)")
+
+
+def _refuse_fp4_indexer(vllm_config) -> None:
+    if 4 in _layer_ratios(vllm_config.model_config.hf_config) and \
+            getattr(vllm_config.attention_config, "use_fp4_indexer_cache", False):
+        raise NotImplementedError("attention_config.use_fp4_indexer_cache=True: the A2/A3 plan's C4 indexer cache "
+                                  "is int8 keys with fp16 scales (no MXFP4)")
 
 
 def _spec_padding(kind: str, vllm_config) -> int | None:
@@ -139,28 +154,37 @@ def _swa_spec(vllm_config, window: int):
         page_size_padded=_spec_padding("swa", vllm_config))
 
 
-def _c128_kv_spec(vllm_config):
+def _compressed_spec(kind: str, vllm_config):
+    """The spec of a compressed cache (C4 / C128 KV, C4 indexer keys): MLAAttentionSpec with the ratio, block
+    size = rows per page x ratio."""
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
     _refuse_without_hybrid_manager(vllm_config)
     hf = vllm_config.model_config.hf_config
-    g = _geometry("c128_kv", hf)
+    g = _geometry(kind, hf)
     return MLAAttentionSpec(
-        block_size=g["block_size"], num_kv_heads=1, head_size=hf.head_dim, dtype=vllm_config.model_config.dtype,
-        compress_ratio=128, cache_dtype_str=vllm_config.cache_config.cache_dtype, model_version="deepseek_v4",
-        page_size_padded=_spec_padding("c128_kv", vllm_config))
+        block_size=g["block_size"], num_kv_heads=1, head_size=_head_size(kind, hf),
+        dtype=_kind_dtype(kind, vllm_config.model_config.dtype), compress_ratio=g["compress_ratio"],
+        cache_dtype_str=vllm_config.cache_config.cache_dtype if kind in _ROW_KINDS else None,
+        model_version="deepseek_v4", page_size_padded=_spec_padding(kind, vllm_config))
 
 
-def _c128_state_spec(vllm_config):
+def _state_spec(kind: str, vllm_config):
+    """The spec of a compressor state (window coff x ratio positions, fp32)."""
     from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
 
     _refuse_without_hybrid_manager(vllm_config)
-    g = _geometry("c128_state", vllm_config.model_config.hf_config)
-    # No model_version / cache_dtype_str, as vLLM's own state spec: a SWA cache spec with the same window
-    # (DeepSeek-V4's W = 128 = the C128 state's window) must not merge with it into one group.
+    g = _geometry(kind, vllm_config.model_config.hf_config)
+    ratio = 128 if kind == "c128_state" else 4
+    # No model_version / cache_dtype_str, as vLLM's own state specs: an SWA spec of the same window (DeepSeek-V4's
+    # W = 128 = the C128 state's window) must not merge with one into a group. vLLM's merge of sliding-window
+    # specs compares neither block size nor head size: the two C4 states (head 4 D and 4 Di, window 8) are kept
+    # apart by the block-stride flag on the indexer's (true of every adapter cache: the runtime reads pages by
+    # the block stride).
     return SlidingWindowMLASpec(
         block_size=g["block_size"], num_kv_heads=1, head_size=g["head_size"], dtype=torch.float32,
-        sliding_window=128, page_size_padded=_spec_padding("c128_state", vllm_config))
+        sliding_window=g["coff"] * ratio, page_size_padded=_spec_padding(kind, vllm_config),
+        indexes_kv_by_block_stride=kind == "c4_indexer_state")
 
 
 def _rope_tables(vllm_config, ratio: int = 1):
@@ -196,6 +220,8 @@ class _SharedStep:
         kw = {}
         if _layer_ratios(hf) - {1}:
             kw["compress_cos_table"], kw["compress_sin_table"] = _rope_tables(vllm_config, 128)
+        if 4 in _layer_ratios(hf):
+            kw.update(index_topk=hf.index_topk, index_n_heads=hf.index_n_heads, index_head_dim=hf.index_head_dim)
         self.builder = aar.dsa.StepBuilder(
             max_num_reqs=sc.max_num_seqs, max_num_tokens=sc.max_num_batched_tokens, cos_table=cos, sin_table=sin,
             num_speculative_tokens=num_spec, chunked_prefill_enabled=bool(sc.enable_chunked_prefill),
@@ -260,8 +286,9 @@ class _DsaGroupMetadataBuilder(AttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         _refuse_unsupported(vllm_config, "DeepSeek-V4 adapter")
         cc, mc = vllm_config.cache_config, vllm_config.model_config
-        for r in sorted(_layer_ratios(mc.hf_config) - {1, 128}):
+        for r in sorted(_layer_ratios(mc.hf_config) - set(_RATIOS)):
             raise NotImplementedError(_reason(r))
+        _refuse_fp4_indexer(vllm_config)
         _refuse_without_hybrid_manager(vllm_config)
         if cc.num_gpu_blocks is None:
             raise ValueError("cache_config.num_gpu_blocks=None: the ascend_attn_rt builder needs the block count")
@@ -307,6 +334,30 @@ class AscendAttnRtDsaC128StateMetadataBuilder(_DsaGroupMetadataBuilder):
     """The compressor-state group of C128 layers (vLLM's CompressorStateCache of the layer's compressor)."""
 
     _KIND = "c128_state"
+
+
+class AscendAttnRtDsaC4KvMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The compressed-KV group of C4 layers (the attention layer's own cache)."""
+
+    _KIND = "c4_kv"
+
+
+class AscendAttnRtDsaC4AttnStateMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The main compressor's state group of C4 layers."""
+
+    _KIND = "c4_attn_state"
+
+
+class AscendAttnRtDsaC4IndexerKMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The indexer-key group of C4 layers (vLLM's DeepseekV4IndexerCache of the layer's indexer)."""
+
+    _KIND = "c4_indexer_k"
+
+
+class AscendAttnRtDsaC4IndexerStateMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The indexer compressor's state group of C4 layers."""
+
+    _KIND = "c4_indexer_state"
 
 
 class _DsaCacheBackend(AttentionBackend):
@@ -383,6 +434,36 @@ class AscendAttnRtDsaC128StateBackend(_DsaCacheBackend):
     _BUILDER = AscendAttnRtDsaC128StateMetadataBuilder
 
 
+class AscendAttnRtDsaC4KvBackend(_DsaCacheBackend):
+    """The compressed KV of a C4 layer: (num_blocks, 64, head_dim) rows in the model dtype, 256 raw tokens per
+    block."""
+
+    _KIND = "c4_kv"
+    _BUILDER = AscendAttnRtDsaC4KvMetadataBuilder
+
+
+class AscendAttnRtDsaC4AttnStateBackend(_DsaCacheBackend):
+    """The main compressor state of a C4 layer: (num_blocks, 4, 4 head_dim) fp32 (overlap 2)."""
+
+    _KIND = "c4_attn_state"
+    _BUILDER = AscendAttnRtDsaC4AttnStateMetadataBuilder
+
+
+class AscendAttnRtDsaC4IndexerKBackend(_DsaCacheBackend):
+    """The indexer keys of a C4 layer: (num_blocks, 64, index_head_dim + 2) bytes per page, laid out as the
+    runtime's page [64 int8 key rows | 64 fp16 scales] (the layer views them)."""
+
+    _KIND = "c4_indexer_k"
+    _BUILDER = AscendAttnRtDsaC4IndexerKMetadataBuilder
+
+
+class AscendAttnRtDsaC4IndexerStateBackend(_DsaCacheBackend):
+    """The indexer compressor state of a C4 layer: (num_blocks, 4, 4 index_head_dim) fp32."""
+
+    _KIND = "c4_indexer_state"
+    _BUILDER = AscendAttnRtDsaC4IndexerStateMetadataBuilder
+
+
 def _weights_from_layer(layer) -> dict:
     """The runtime's weight dict from vLLM's parameters, through dsa.weights_from_checkpoint (DeepSeek's names):
     views of vLLM's tensors except wo_a, which that reader re-lays out per group once."""
@@ -390,6 +471,8 @@ def _weights_from_layer(layer) -> dict:
     linears = ["fused_wqa_wkv", "wq_b", "wo_a", "wo_b"]
     if layer.compressor is not None:
         linears.append("compressor.fused_wkv_wgate")
+    if layer.indexer is not None:
+        linears += ["indexer.wq_b", "indexer.weights_proj", "indexer.compressor.fused_wkv_wgate"]
     for name in linears:
         p = layer.get_submodule(name).weight
         if p.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -400,16 +483,46 @@ def _weights_from_layer(layer) -> dict:
              "q_norm.weight": layer.q_norm.weight, "wq_b.weight": layer.wq_b.weight,
              "kv_norm.weight": layer.kv_norm.weight, "attn_sink": sink, "wo_a.weight": layer.wo_a.weight,
              "wo_b.weight": layer.wo_b.weight}
-    if layer.compressor is not None:
-        c = layer.compressor
+    def compressor(c, name):
         fused = c.fused_wkv_wgate.weight  # [wkv | wgate] rows, coff D each (vLLM's MergedColumnParallelLinear)
         n = c.coff * c.head_dim
-        state.update({"compressor.wkv.weight": fused[:n], "compressor.wgate.weight": fused[n:],
-                      "compressor.norm.weight": c.norm.weight, "compressor.ape": c.ape})
+        state.update({f"{name}.wkv.weight": fused[:n], f"{name}.wgate.weight": fused[n:],
+                      f"{name}.norm.weight": c.norm.weight, f"{name}.ape": c.ape})
+
+    if layer.compressor is not None:
+        compressor(layer.compressor, "compressor")
     cfg = dict(hidden_size=layer.hidden_size, num_heads=layer.n_heads, head_dim=layer.head_dim,
                q_lora_rank=layer.q_lora_rank, compress_ratio=layer.compress_ratio, o_groups=layer.n_groups,
                o_lora_rank=layer.o_lora_rank)
+    if layer.indexer is not None:
+        ix = layer.indexer
+        compressor(ix.compressor, "indexer.compressor")
+        state.update({"indexer.wq_b.weight": ix.wq_b.weight, "indexer.weights_proj.weight": ix.weights_proj.weight})
+        cfg.update(index_n_heads=ix.n_head, index_head_dim=ix.head_dim)
     return aar.dsa.weights_from_checkpoint(state, "", **cfg)
+
+
+# Impl.forward's group argument of each cache kind (docs/design/dsa.md §3.3).
+_ROUTE_SLOT = {"c4_kv": "attention", "c128_kv": "attention", "c4_attn_state": "compressor_state",
+               "c128_state": "compressor_state", "c4_indexer_k": "indexer_cache", "c4_indexer_state": "indexer_state"}
+
+
+def _indexer_views(page: torch.Tensor, index_head_dim: int):
+    """The runtime's indexer key and scale views over vLLM's indexer cache (num_blocks, rows, Di + 2) bytes (any
+    page stride): per page `rows` int8 key rows of Di bytes, then `rows` fp16 scales (docs/design/dsa.md §2.2),
+    shapes (num_blocks, rows, 1, Di) and (num_blocks, rows, 1)."""
+    nb, rows, width = page.shape
+    if page.dtype != torch.uint8 or width != index_head_dim + 2 or page.stride(2) != 1 or page.stride(1) != width:
+        raise ValueError(f"the C4 indexer cache must be vLLM's (num_blocks, rows, {index_head_dim + 2}) uint8 pages "
+                         f"with contiguous rows, got {tuple(page.shape)} {page.dtype} strides {page.stride()}")
+    stride, off = page.stride(0), page.storage_offset()
+    if stride % 2 or off % 2:
+        raise ValueError(f"the C4 indexer cache's page stride {stride} / offset {off} must be even (fp16 scales)")
+    k = page.view(torch.int8).as_strided((nb, rows, 1, index_head_dim), (stride, index_head_dim, index_head_dim, 1),
+                                         off)
+    scale = page.view(torch.float16).as_strided((nb, rows, 1), (stride // 2, 1, 1),
+                                                (off + rows * index_head_dim) // 2)
+    return k, scale
 
 
 def _make_attention_cls():
@@ -433,9 +546,11 @@ def _make_attention_cls():
             hf = vllm_config.model_config.hf_config
             layer_id = extract_layer_index(prefix)
             ratio = max(1, int(hf.compress_ratios[layer_id])) if layer_id < hf.num_hidden_layers else 1
-            if ratio not in (1, 128):
-                raise NotImplementedError(f"{prefix}: compress_ratio={ratio}. " + _reason(ratio))
+            if ratio not in _RATIOS:
+                raise NotImplementedError(f"{prefix}: " + _reason(ratio))
             _refuse_unsupported(vllm_config, "DeepSeek-V4 adapter")
+            if ratio == 4:
+                _refuse_fp4_indexer(vllm_config)
             if vllm_config.quant_config is not None:
                 raise NotImplementedError(f"quantization={vllm_config.quant_config.get_name()!r}: a quantised "
                                           "DeepSeek-V4 checkpoint is not supported by ascend_attn_rt's vLLM adapter")
@@ -448,22 +563,41 @@ def _make_attention_cls():
             window = swa.window_size
             swa.get_kv_cache_spec = lambda cfg: _swa_spec(cfg, window)
             swa.get_attn_backend = lambda: AscendAttnRtDsaSwaBackend
-            if self.compressor is not None:
-                state = self.compressor.state_cache
-                state.get_kv_cache_spec = _c128_state_spec
-                state.get_attn_backend = lambda: AscendAttnRtDsaC128StateBackend
+            self._kinds = aar.dsa.layer_cache_kinds(self.compress_ratio)
+            for kind, cache in self._cache_layers().items():
+                if kind in _STATE_KINDS:
+                    cache.get_kv_cache_spec = lambda cfg, k=kind: _state_spec(k, cfg)
+                elif kind == "c4_indexer_k":
+                    cache.get_kv_cache_spec = lambda cfg, k=kind: _compressed_spec(k, cfg)
+                if kind not in ("swa", "c4_kv", "c128_kv"):
+                    cache.get_attn_backend = lambda k=kind: _BACKEND_OF[k]
             self._model_dtype = _model_dtype_name(dtype)
             self._impl = None
             self._impl_key = None
             self._kv_key = self._kv = None
 
+        def _cache_layers(self) -> dict:
+            """{cache kind: the vLLM layer holding it} in the runtime's order for the layer's ratio
+            (aar.dsa.layer_cache_kinds): the SWA cache layer, the layer itself (compressed KV), the compressor's
+            state cache, the indexer's key cache and its compressor's state cache."""
+            layers = {"swa": self.swa_cache_layer}
+            if self.compressor is not None:
+                layers["c4_kv" if self.compress_ratio == 4 else "c128_kv"] = self
+                layers["c4_attn_state" if self.compress_ratio == 4 else "c128_state"] = self.compressor.state_cache
+            if self.indexer is not None:
+                layers["c4_indexer_k"] = self.indexer.k_cache
+                layers["c4_indexer_state"] = self.indexer.compressor.state_cache
+            return {k: layers[k] for k in self._kinds}
+
         def get_kv_cache_spec(self, vllm_config):
-            # SWA-only layers: the SWA cache layer is the only cache. C128: the compressed KV, 8192 raw tokens
-            # (64 rows) per block.
-            return None if self.compress_ratio == 1 else _c128_kv_spec(vllm_config)
+            # SWA-only layers: the SWA cache layer is the only cache. Compressed layers: the compressed KV (C4:
+            # 256 raw tokens, C128: 8192, 64 rows per block either way).
+            if self.compress_ratio == 1:
+                return None
+            return _compressed_spec("c4_kv" if self.compress_ratio == 4 else "c128_kv", vllm_config)
 
         def get_attn_backend(self):
-            return AscendAttnRtDsaSwaBackend if self.compress_ratio == 1 else AscendAttnRtDsaC128KvBackend
+            return _BACKEND_OF[{1: "swa", 4: "c4_kv", 128: "c128_kv"}[self.compress_ratio]]
 
         def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
             """vLLM's hook after (re)loading weights: the runtime's layer is remade from the loaded parameters
@@ -474,9 +608,11 @@ def _make_attention_cls():
         def _params(self):
             ps = [self.fused_wqa_wkv.weight, self.q_norm.weight, self.wq_b.weight, self.kv_norm.weight,
                   self.attn_sink, self.wo_a.weight, self.wo_b.weight]
-            if self.compressor is not None:
-                c = self.compressor
-                ps += [c.fused_wkv_wgate.weight, c.norm.weight, c.ape]
+            for c in (self.compressor, None if self.indexer is None else self.indexer.compressor):
+                if c is not None:
+                    ps += [c.fused_wkv_wgate.weight, c.norm.weight, c.ape]
+            if self.indexer is not None:
+                ps += [self.indexer.wq_b.weight, self.indexer.weights_proj.weight]
             return ps
 
         def _layer_impl(self):
@@ -484,28 +620,37 @@ def _make_attention_cls():
             # replaced or written in place through autograd-visible ops (its version counter moves).
             key = tuple((p.data_ptr(), p._version) for p in self._params())
             if self._impl is None or key != self._impl_key:
+                kw = {}
+                if self.indexer is not None:
+                    kw = dict(index_n_heads=self.indexer.n_head, index_head_dim=self.indexer.head_dim,
+                              index_topk=self.indexer.topk_tokens)
                 self._impl = aar.dsa.Impl(
                     _weights_from_layer(self), hidden_size=self.hidden_size, num_heads=self.n_heads,
                     head_dim=self.head_dim, rope_dim=self.rope_head_dim, q_lora_rank=self.q_lora_rank,
                     window=self.window_size, compress_ratio=self.compress_ratio, eps=self.eps,
                     o_groups=self.n_groups, o_lora_rank=self.o_lora_rank, device_kind="a2",
-                    model_dtype=self._model_dtype)
+                    model_dtype=self._model_dtype, **kw)
                 self._impl_key = key
             return self._impl
 
         def _kv_tuple(self):
             # vLLM's (num_blocks, rows, head_dim) attention caches as the runtime's (num_blocks, rows, 1, head_dim)
-            # views (no copy); the compressor state as it is.
-            swa = self.swa_cache_layer.kv_cache
-            caches = [swa]
-            if self.compress_ratio == 128:
-                caches += [self.kv_cache, self.compressor.state_cache.kv_cache]
-            key = tuple((id(c), c.data_ptr()) for c in caches)
+            # views, the indexer page as its key and scale views (no copies); the compressor states as they are.
+            caches = {k: layer.kv_cache for k, layer in self._cache_layers().items()}
+            key = tuple((id(c), c.data_ptr()) for c in caches.values())
             if key != self._kv_key:
                 kw = {}
-                if self.compress_ratio == 128:
-                    kw = dict(compress_kv=caches[1].unsqueeze(2), state=caches[2])
-                self._kv = aar.dsa.compose_kv_cache(swa_kv=swa.unsqueeze(2), model_dtype=self._model_dtype, **kw)
+                for k, c in caches.items():
+                    if k in ("c4_kv", "c128_kv"):
+                        kw["compress_kv"] = c.unsqueeze(2)
+                    elif k in ("c4_attn_state", "c128_state"):
+                        kw["state"] = c
+                    elif k == "c4_indexer_state":
+                        kw["indexer_state"] = c
+                    elif k == "c4_indexer_k":
+                        kw["indexer_k"], kw["indexer_scale"] = _indexer_views(c, self.indexer.head_dim)
+                self._kv = aar.dsa.compose_kv_cache(swa_kv=caches["swa"].unsqueeze(2), model_dtype=self._model_dtype,
+                                                    **kw)
                 self._kv_key = key
             return self._kv
 
@@ -530,13 +675,12 @@ def _make_attention_cls():
                 md = md[0]
             if not isinstance(md, dict):  # vLLM's profiling run
                 return out.zero_()
-            swa = self._metadata(md, self.swa_cache_layer.prefix, "swa")
+            meta = {k: self._metadata(md, layer.prefix, k) for k, layer in self._cache_layers().items()}
             groups = {}
-            if self.compress_ratio == 128:
-                groups = dict(attention=self._metadata(md, self.prefix, "c128_kv").group,
-                              compressor_state=self._metadata(md, self.compressor.state_cache.prefix,
-                                                              "c128_state").group)
-            impl.forward(hidden_states, self._kv_tuple(), swa.step, swa.group, out, **groups)
+            for k, m in meta.items():
+                if k != "swa":
+                    groups[_ROUTE_SLOT[k]] = m.group
+            impl.forward(hidden_states, self._kv_tuple(), meta["swa"].step, meta["swa"].group, out, **groups)
             return out
 
         def forward_mqa(self, q, kv, positions, output) -> None:
@@ -549,7 +693,9 @@ def _make_attention_cls():
 
 
 _BACKEND_OF = {"swa": AscendAttnRtDsaSwaBackend, "c128_kv": AscendAttnRtDsaC128KvBackend,
-               "c128_state": AscendAttnRtDsaC128StateBackend}
+               "c128_state": AscendAttnRtDsaC128StateBackend, "c4_kv": AscendAttnRtDsaC4KvBackend,
+               "c4_attn_state": AscendAttnRtDsaC4AttnStateBackend, "c4_indexer_k": AscendAttnRtDsaC4IndexerKBackend,
+               "c4_indexer_state": AscendAttnRtDsaC4IndexerStateBackend}
 
 
 _ATTENTION_CLS = None
