@@ -10,6 +10,10 @@ the same layer, then the step's output is checked against the float64 reference 
 prolog, window attention with sinks, inverse RoPE, grouped o_proj), with the reference's own RoPE tables at vLLM's
 rope_theta (independent of how the adapter reads vLLM's cos_sin_cache).
 
+The compressed layers (C128, C4) run as a three-layer model (tests/python/data/vllm_tiny_v4_compressed) whose caches
+go through vLLM's own KV-cache grouping and config (see CompressedModel), against the same reference and against the
+runtime's own aar.dsa.Impl stepped on the same tokens.
+
 vLLM's DeepseekV4Attention constructor needs vLLM's distributed state (its parallel linear layers) and makes
 torch.cuda.Event objects (not constructible on a CPU-only torch): the test starts a one-rank gloo group on
 127.0.0.1 and stands in a no-op event class while the layer is made."""

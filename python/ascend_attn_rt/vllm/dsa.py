@@ -4,20 +4,23 @@ vLLM 0.27.1 picks the DeepSeek-V4 attention class with ``_select_dsv4_attn_cls``
 is also the one every non-ROCm, non-XPU platform imports). ``register(family="deepseek_v4")`` wraps that function:
 with ``--attention-backend CUSTOM`` it returns ``AscendAttnRtDsaAttention``, a subclass of vLLM's
 ``DeepseekV4Attention`` whose ``forward`` is one ``dsa.Impl.forward`` (projections, RoPE, the SWA cache write,
-the C128 compressor and its cache write, the shared-KV attention with sinks, inverse RoPE, the grouped o_proj),
-with vLLM's own parameters as the weights.
+the compressors, the indexer and its top-k, the shared-KV attention with sinks, inverse RoPE, the grouped
+o_proj), with vLLM's own parameters as the weights.
 
 Every cache of a layer is one of the runtime's KV-cache groups, reported to vLLM's allocator with the runtime's
-geometry (docs/design/vllm_dsa.md §3): the SWA cache (vLLM's ``DeepseekV4SWACache``, 64-token blocks), on C128
-layers the compressed KV (the attention layer's own spec, 8192 raw tokens = 64 rows per block) and the compressor
-state (16 positions per block), all pages padded to one size. Each group's builder runs the runtime's
-``dsa.GroupBuilder`` of its kind over vLLM's block table of that group; the step builder (``dsa.StepBuilder``) is
-shared by the groups of one vLLM config and runs once per step.
+geometry at cache_block_size 64 (docs/design/vllm_dsa.md §3): the SWA cache (vLLM's ``DeepseekV4SWACache``,
+64-token blocks); the compressed KV (the attention layer's own spec: C4 256 raw tokens, C128 8192, 64 rows per
+block); the compressor states (C4 4 positions, C128 16 per block); on C4 layers the indexer page (64 int8 key
+rows + their fp16 scales). All pages are padded to one size, so vLLM's hybrid KV-cache manager gives each cache
+its own group and block table. Each group's builder runs the runtime's ``dsa.GroupBuilder`` of its kind over
+vLLM's block table of that group; the step builder (``dsa.StepBuilder``) is shared by the groups of one vLLM
+config and runs once per step.
 
-Served: SWA-only and C128 layers, eager, single rank, A2/A3 plan (plain rows in the model dtype).
-Refused by name when the layer or a builder is made: C4 layers (docs/design/vllm_dsa.md §4 says why), fp8 KV
-caches, tensor / context parallelism, graph capture and torch.compile, a quantised checkpoint; per step:
-cascade attention, non-causal batches, ``llama_4_scaling``.
+Served: SWA-only, C4 and C128 layers, eager, single rank, A2/A3 plan (plain rows in the model dtype, int8
+indexer), vLLM's hybrid KV-cache manager on. Refused by name when the layer or a builder is made: other ratios,
+fp8 KV caches, the MXFP4 indexer cache, tensor / context parallelism, graph capture and torch.compile, a
+quantised checkpoint, the hybrid KV-cache manager off with compressed layers; per step: cascade attention,
+non-causal batches, ``llama_4_scaling``.
 """
 
 from __future__ import annotations
