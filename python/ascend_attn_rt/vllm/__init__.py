@@ -484,8 +484,9 @@ def register(mla: bool = False, family: Optional[str] = None) -> None:
       by the runtime's, whose indexer-cache layers use AscendAttnRtIndexerBackend
       (docs/design/vllm_sparse.md);
     * ``"deepseek_v4"`` (DeepseekV4ForCausalLM): vLLM's ``_select_dsv4_attn_cls`` wrapped to return
-      AscendAttnRtDsaAttention (one dsa.Impl.forward per layer; SWA-only layers, docs/design/vllm_dsa.md),
-      whose SWA cache layers use AscendAttnRtDsaSwaBackend.
+      AscendAttnRtDsaAttention (one dsa.Impl.forward per layer; SWA-only, C4 and C128 layers,
+      docs/design/vllm_dsa.md), whose caches report the runtime's specs and use the AscendAttnRtDsa*Backend
+      of their kind (Swa, C4Kv, C4AttnState, C4IndexerK, C4IndexerState, C128Kv, C128State).
 
     Then start vLLM with ``--attention-backend CUSTOM``."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
@@ -522,4 +523,14 @@ from .sparse import (  # noqa: E402  (the sparse module imports this one's helpe
     AscendAttnRtSparseMlaMetadata,
     AscendAttnRtSparseMlaMetadataBuilder,
 )
-from .dsa import AscendAttnRtDsaMetadata, AscendAttnRtDsaSwaBackend, AscendAttnRtDsaSwaMetadataBuilder  # noqa: E402,F401
+from .dsa import (  # noqa: E402,F401
+    AscendAttnRtDsaC4AttnStateBackend,
+    AscendAttnRtDsaC4IndexerKBackend,
+    AscendAttnRtDsaC4IndexerStateBackend,
+    AscendAttnRtDsaC4KvBackend,
+    AscendAttnRtDsaC128KvBackend,
+    AscendAttnRtDsaC128StateBackend,
+    AscendAttnRtDsaMetadata,
+    AscendAttnRtDsaSwaBackend,
+    AscendAttnRtDsaSwaMetadataBuilder,
+)

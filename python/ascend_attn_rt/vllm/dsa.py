@@ -4,21 +4,29 @@ vLLM 0.27.1 picks the DeepSeek-V4 attention class with ``_select_dsv4_attn_cls``
 is also the one every non-ROCm, non-XPU platform imports). ``register(family="deepseek_v4")`` wraps that function:
 with ``--attention-backend CUSTOM`` it returns ``AscendAttnRtDsaAttention``, a subclass of vLLM's
 ``DeepseekV4Attention`` whose ``forward`` is one ``dsa.Impl.forward`` (projections, RoPE, the SWA cache write,
-the shared-KV attention with sinks, inverse RoPE, the grouped o_proj), with vLLM's own parameters as the weights.
+the compressors, the indexer and its top-k, the shared-KV attention with sinks, inverse RoPE, the grouped
+o_proj), with vLLM's own parameters as the weights.
 
-The layer's SWA cache (vLLM's ``DeepseekV4SWACache``, block size 64, its own KV-cache group) is re-pointed to
-``AscendAttnRtDsaSwaBackend``, whose builder runs the runtime's step builder and the SWA group builder once per
-step (``dsa.StepBuilder.build``, ``dsa.GroupBuilder.build``).
+Every cache of a layer is one of the runtime's KV-cache groups, reported to vLLM's allocator with the runtime's
+geometry at cache_block_size 64 (docs/design/vllm_dsa.md §3): the SWA cache (vLLM's ``DeepseekV4SWACache``,
+64-token blocks); the compressed KV (the attention layer's own spec: C4 256 raw tokens, C128 8192, 64 rows per
+block); the compressor states (C4 4 positions, C128 16 per block); on C4 layers the indexer page (64 int8 key
+rows + their fp16 scales). All pages are padded to one size, so vLLM's hybrid KV-cache manager gives each cache
+its own group and block table. Each group's builder runs the runtime's ``dsa.GroupBuilder`` of its kind over
+vLLM's block table of that group; the step builder (``dsa.StepBuilder``) is shared by the groups of one vLLM
+config and runs once per step.
 
-Served: SWA-only layers (compress ratio 1), eager, single rank, A2/A3 plan (plain rows in the model dtype).
-Refused by name when the layer is made: C4 / C128 compressed layers (docs/design/vllm_dsa.md §3 says why),
-fp8 KV caches, tensor / context parallelism, graph capture and torch.compile, a quantised checkpoint; per step:
-cascade attention, non-causal batches, ``llama_4_scaling``.
+Served: SWA-only, C4 and C128 layers, eager, single rank, A2/A3 plan (plain rows in the model dtype, int8
+indexer), vLLM's hybrid KV-cache manager on. Refused by name when the layer or a builder is made: other ratios,
+fp8 KV caches, the MXFP4 indexer cache, tensor / context parallelism, graph capture and torch.compile, a
+quantised checkpoint, the hybrid KV-cache manager off with compressed layers; per step: cascade attention,
+non-causal batches, ``llama_4_scaling``.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -29,28 +37,30 @@ from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
 from .. import _C as aar
 from . import _build_inputs, _cdiv, _refuse_cp
 
-# vLLM's DeepseekV4SWACache block size (fixed there: the SWA page shares its size with the C4 page).
+# The runtime's cache_block_size (docs/design/dsa.md §2.2) for every group: vLLM fixes the SWA page at 64 tokens
+# (DeepseekV4SWACache), and the runtime's geometry row of 64 then fixes the others (C128 KV 8192 raw tokens = 64
+# rows per block, C128 state 16 positions per block on A2/A3).
+_CACHE_BLOCK_SIZE = 64
 _SWA_BLOCK_SIZE = 64
 _KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+# The cache kinds the adapter serves (aar.dsa.layer_cache_kinds of ratios 1 and 128).
+_RATIOS = (1, 4, 128)
+_ROW_KINDS = ("swa", "c4_kv", "c128_kv")  # rows in the model dtype
+_STATE_KINDS = ("c4_attn_state", "c4_indexer_state", "c128_state")  # fp32 [kv | score] per raw position
 
-# Why the compressed layers are not served through vLLM (docs/design/vllm_dsa.md §3).
-_COMPRESSED_REASONS = {
-    4: ("C4 layers are not supported by ascend_attn_rt's vLLM adapter: vLLM keeps the C4 indexer keys as fp8 "
-        "rows with an fp32 scale (132 bytes; the runtime's A2/A3 indexer cache is int8 with fp16 scales) and the "
-        "compressor states in fp32 sliding-window caches whose pages are sized to share vLLM's KV page (the runtime "
-        "pads its pages to its own two tiers), and runs the compressor and indexer as modules with metadata builders "
-        "of their own; mapping those groups onto the runtime's C4 group builders is not built"),
-    128: ("C128 layers are not supported by ascend_attn_rt's vLLM adapter: vLLM's C128 KV cache has "
-          "cache_config.block_size raw tokens per block (256 by default: 2 compressed rows per page) while the "
-          "runtime's C128 group takes 4096 / 8192 / 16384-token blocks, and its fp32 compressor state cache is "
-          "laid out for vLLM's kernels and page sharing, not the runtime's state group"),
-}
+
+def _reason(ratio: int) -> str:
+    return f"compress_ratio={ratio} is not a DeepSeek-V4 ratio (1, 4 or 128)"
 
 
 def _model_dtype_name(dtype: torch.dtype) -> str:
-    # The A2/A3 plan keys on the model dtype only for its int8 indexer scales (not used by SWA layers);
+    # The A2/A3 plan keys on the model dtype only for its int8 indexer scales (not used by SWA / C128 layers);
     # float32 weights and caches run as CPU reference runs under the bf16 plan (docs/design/dsa.md §5.1).
     return "float16" if dtype == torch.float16 else "bfloat16"
+
+
+def _layer_ratios(hf) -> set:
+    return {max(1, int(r)) for r in (getattr(hf, "compress_ratios", None) or [1])}
 
 
 def _refuse_unsupported(vllm_config, what: str) -> None:
@@ -69,17 +79,129 @@ def _refuse_unsupported(vllm_config, what: str) -> None:
                                   f"{list(_KV_CACHE_DTYPES)})")
 
 
-def _rope_tables(vllm_config):
-    """The SWA layers' RoPE tables as the runtime takes them, (max_model_len, R) each with every angle repeated
-    twice (interleaved pairs), from vLLM's own DeepSeek-V4 rotary embedding for ratio 1 (the layers' parameters:
-    rope_theta, scaling type). vLLM's cos_sin_cache is [cos | sin], R / 2 each."""
+def _geometry(kind: str, hf=None) -> dict:
+    """The runtime's spec of a cache kind at _CACHE_BLOCK_SIZE on the A2/A3 plan (block sizes, rows per page,
+    head size); for the model's dims when hf is given."""
+    dims = {} if hf is None else dict(head_dim=hf.head_dim, rope_dim=hf.qk_rope_head_dim,
+                                      index_head_dim=getattr(hf, "index_head_dim", 128))
+    return aar.dsa.cache_spec(kind, _CACHE_BLOCK_SIZE, device_kind="a2", **dims)
+
+
+def _kind_dtype(kind: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype vLLM allocates a kind's cache in: attention rows in the model dtype, states fp32, the indexer
+    page as bytes (int8 keys then fp16 scales, viewed by the layer, _indexer_views)."""
+    if kind in _ROW_KINDS:
+        return model_dtype
+    if kind in _STATE_KINDS:
+        return torch.float32
+    if kind == "c4_indexer_k":
+        return torch.uint8
+    raise NotImplementedError(f"cache kind {kind!r} is not served by ascend_attn_rt's vLLM adapter")
+
+
+def _head_size(kind: str, hf) -> int:
+    """Elements of _kind_dtype per row: the runtime's head size, or for the indexer page the bytes of one key row
+    plus its scale (the page is [keys of every row | scales of every row], the same bytes per row on average)."""
+    g = _geometry(kind, hf)
+    if kind != "c4_indexer_k":
+        return g["head_size"]
+    return g["page_bytes"] // g["storage_block_size"]
+
+
+def _page_bytes(kind: str, vllm_config) -> int:
+    hf = vllm_config.model_config.hf_config
+    g = _geometry(kind, hf)
+    dtype = _kind_dtype(kind, vllm_config.model_config.dtype)
+    return g["storage_block_size"] * g["num_kv_heads"] * _head_size(kind, hf) * dtype.itemsize
+
+
+def _padded_page_bytes(vllm_config) -> int:
+    """One page size for every group of the model (docs/design/vllm_dsa.md §3): the largest of its caches' pages
+    (the runtime's tier-2 pad; DeepSeek-V4's dims in bf16 give 65536 for all three kinds)."""
+    for r in sorted(_layer_ratios(vllm_config.model_config.hf_config) - set(_RATIOS)):
+        raise NotImplementedError(_reason(r))
+    kinds = {k for r in _layer_ratios(vllm_config.model_config.hf_config) for k in aar.dsa.layer_cache_kinds(r)}
+    return max(_page_bytes(k, vllm_config) for k in kinds)
+
+
+def _refuse_without_hybrid_manager(vllm_config) -> None:
+    """Compressed layers need vLLM's hybrid KV-cache manager: without it vLLM turns every sliding-window spec into
+    a full-attention one of one block size, which is not the runtime's geometry (docs/design/vllm_dsa.md §3.2)."""
+    if (_layer_ratios(vllm_config.model_config.hf_config) - {1}
+            and vllm_config.scheduler_config.disable_hybrid_kv_cache_manager):
+        raise NotImplementedError(
+            "scheduler_config.disable_hybrid_kv_cache_manager=True: ascend_attn_rt's DeepSeek-V4 adapter serves "
+            "compressed layers only with vLLM's hybrid KV-cache manager (each cache group keeps the runtime's own "
+            "block size: 64 SWA, 256 C4 KV and indexer keys, 4 C4 states, 8192 C128 KV, 16 C128 state)")
+
+
+def _refuse_fp4_indexer(vllm_config) -> None:
+    if 4 in _layer_ratios(vllm_config.model_config.hf_config) and \
+            getattr(vllm_config.attention_config, "use_fp4_indexer_cache", False):
+        raise NotImplementedError("attention_config.use_fp4_indexer_cache=True: the A2/A3 plan's C4 indexer cache "
+                                  "is int8 keys with fp16 scales (no MXFP4)")
+
+
+def _spec_padding(kind: str, vllm_config) -> int | None:
+    page, padded = _page_bytes(kind, vllm_config), _padded_page_bytes(vllm_config)
+    return None if padded == page else padded
+
+
+def _swa_spec(vllm_config, window: int):
+    from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+
+    hf = vllm_config.model_config.hf_config
+    return SlidingWindowMLASpec(
+        block_size=_SWA_BLOCK_SIZE, num_kv_heads=1, head_size=hf.head_dim, dtype=vllm_config.model_config.dtype,
+        sliding_window=window, cache_dtype_str=vllm_config.cache_config.cache_dtype, model_version="deepseek_v4",
+        page_size_padded=_spec_padding("swa", vllm_config))
+
+
+def _compressed_spec(kind: str, vllm_config):
+    """The spec of a compressed cache (C4 / C128 KV, C4 indexer keys): MLAAttentionSpec with the ratio, block
+    size = rows per page x ratio."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    _refuse_without_hybrid_manager(vllm_config)
+    hf = vllm_config.model_config.hf_config
+    g = _geometry(kind, hf)
+    return MLAAttentionSpec(
+        block_size=g["block_size"], num_kv_heads=1, head_size=_head_size(kind, hf),
+        dtype=_kind_dtype(kind, vllm_config.model_config.dtype), compress_ratio=g["compress_ratio"],
+        cache_dtype_str=vllm_config.cache_config.cache_dtype if kind in _ROW_KINDS else None,
+        model_version="deepseek_v4", page_size_padded=_spec_padding(kind, vllm_config))
+
+
+def _state_spec(kind: str, vllm_config):
+    """The spec of a compressor state (window coff x ratio positions, fp32)."""
+    from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+
+    _refuse_without_hybrid_manager(vllm_config)
+    g = _geometry(kind, vllm_config.model_config.hf_config)
+    ratio = 128 if kind == "c128_state" else 4
+    # No model_version / cache_dtype_str, as vLLM's own state specs: an SWA spec of the same window (DeepSeek-V4's
+    # W = 128 = the C128 state's window) must not merge with one into a group. vLLM's merge of sliding-window
+    # specs compares neither block size nor head size: the two C4 states (head 4 D and 4 Di, window 8) are kept
+    # apart by the block-stride flag on the indexer's (true of every adapter cache: the runtime reads pages by
+    # the block stride).
+    return SlidingWindowMLASpec(
+        block_size=g["block_size"], num_kv_heads=1, head_size=g["head_size"], dtype=torch.float32,
+        sliding_window=g["coff"] * ratio, page_size_padded=_spec_padding(kind, vllm_config),
+        indexes_kv_by_block_stride=kind == "c4_indexer_state")
+
+
+def _rope_tables(vllm_config, ratio: int = 1):
+    """The RoPE tables of layers of `ratio` as the runtime takes them, (max_model_len, R) each with every angle
+    repeated twice (interleaved pairs), from vLLM's own DeepSeek-V4 rotary embedding (rope_theta for ratio 1,
+    compress_rope_theta for compressed layers; vLLM's scaling type). vLLM's cos_sin_cache is [cos | sin], R / 2
+    each."""
     from vllm.config import set_current_vllm_config
     from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
 
     hf = vllm_config.model_config.hf_config
     with set_current_vllm_config(vllm_config):  # the rotary embedding is a CustomOp, made under a config
         rope = build_deepseek_v4_rope(hf, head_dim=hf.head_dim, rope_head_dim=hf.qk_rope_head_dim,
-                                      max_position_embeddings=hf.max_position_embeddings, compress_ratio=1)
+                                      max_position_embeddings=hf.max_position_embeddings, compress_ratio=ratio)
     # The module's cos_sin_cache is in the default dtype it was made under (bf16 for a bf16 model's default
     # RoPE): the table is recomputed in fp32 by the module's own method, the values vLLM's fp32 caches hold.
     cache = rope._compute_cos_sin_cache()[: vllm_config.model_config.max_model_len].float()
@@ -88,12 +210,60 @@ def _rope_tables(vllm_config):
             cache[:, half:].repeat_interleave(2, -1).contiguous())
 
 
+class _SharedStep:
+    """The runtime's StepBuilder of one vLLM config, shared by every group builder of that config: the first
+    group builder of a step builds the step, the others reuse it (same lengths, still the builder's latest)."""
+
+    def __init__(self, vllm_config, device):
+        sc, mc = vllm_config.scheduler_config, vllm_config.model_config
+        hf = mc.hf_config
+        spec = getattr(vllm_config, "speculative_config", None)
+        num_spec = 0 if spec is None else int(spec.num_speculative_tokens or 0)
+        cos, sin = _rope_tables(vllm_config, 1)
+        kw = {}
+        if _layer_ratios(hf) - {1}:
+            kw["compress_cos_table"], kw["compress_sin_table"] = _rope_tables(vllm_config, 128)
+        if 4 in _layer_ratios(hf):
+            kw.update(index_topk=hf.index_topk, index_n_heads=hf.index_n_heads, index_head_dim=hf.index_head_dim)
+        self.builder = aar.dsa.StepBuilder(
+            max_num_reqs=sc.max_num_seqs, max_num_tokens=sc.max_num_batched_tokens, cos_table=cos, sin_table=sin,
+            num_speculative_tokens=num_spec, chunked_prefill_enabled=bool(sc.enable_chunked_prefill),
+            device=str(device), head_dim=hf.head_dim, window=hf.sliding_window, num_heads_q=hf.num_attention_heads,
+            **kw)
+        self._key = None
+        self._step = None
+        self._generation = None
+
+    def step(self, qsl: torch.Tensor, seq_lens: torch.Tensor, num_input_tokens: int):
+        key = (num_input_tokens, tuple(qsl.tolist()), tuple(seq_lens.tolist()))
+        if self._step is None or key != self._key or self.builder.generation != self._generation:
+            self._step = None  # a rejected build leaves nothing to reuse
+            self._step = self.builder.build(qsl, seq_lens, num_input_tokens=num_input_tokens)
+            self._key, self._generation = key, self.builder.generation
+        return self._step
+
+
+_SHARED_STEPS: dict = {}
+
+
+def _shared_step(vllm_config, device) -> _SharedStep:
+    k = id(vllm_config)
+    entry = _SHARED_STEPS.get(k)
+    if entry is None or entry[0]() is not vllm_config:
+        entry = (weakref.ref(vllm_config), _SharedStep(vllm_config, device))
+        _SHARED_STEPS[k] = entry
+        weakref.finalize(vllm_config, _SHARED_STEPS.pop, k, None)
+    return entry[1]
+
+
 @dataclass
 class AscendAttnRtDsaMetadata:
-    """The runtime's step and SWA group metadata of a step, plus the counts vLLM reads."""
+    """One KV-cache group's metadata of a step (the runtime's GroupMetadata of `kind`) with the step's shared
+    metadata, plus the counts vLLM reads."""
 
     step: object
-    swa: object
+    group: object
+    kind: str
     num_actual_tokens: int
     num_reqs: int
     num_decodes: int
@@ -101,34 +271,40 @@ class AscendAttnRtDsaMetadata:
     num_prefills: int
     num_prefill_tokens: int
 
+    @property
+    def swa(self):
+        if self.kind != "swa":
+            raise AttributeError(f"swa: this is the {self.kind} group's metadata")
+        return self.group
 
-class AscendAttnRtDsaSwaMetadataBuilder(AttentionMetadataBuilder):
-    """vLLM's CommonAttentionMetadata of the SWA group -> dsa.StepBuilder.build + the SWA dsa.GroupBuilder.build."""
 
+class _DsaGroupMetadataBuilder(AttentionMetadataBuilder):
+    """vLLM's CommonAttentionMetadata of one KV-cache group -> the shared dsa.StepBuilder.build (once per step)
+    + this group's dsa.GroupBuilder.build over the group's block table."""
+
+    _KIND: ClassVar[str] = ""
     reorder_batch_threshold: int | None = 1
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         _refuse_unsupported(vllm_config, "DeepSeek-V4 adapter")
-        sc, cc, mc = vllm_config.scheduler_config, vllm_config.cache_config, vllm_config.model_config
-        hf = mc.hf_config
-        ratios = {max(1, int(r)) for r in (getattr(hf, "compress_ratios", None) or [1])}
-        for r in sorted(ratios - {1}):
-            raise NotImplementedError(_COMPRESSED_REASONS.get(r, f"compress_ratio={r} is not a DeepSeek-V4 ratio"))
+        cc, mc = vllm_config.cache_config, vllm_config.model_config
+        for r in sorted(_layer_ratios(mc.hf_config) - set(_RATIOS)):
+            raise NotImplementedError(_reason(r))
+        _refuse_fp4_indexer(vllm_config)
+        _refuse_without_hybrid_manager(vllm_config)
         if cc.num_gpu_blocks is None:
             raise ValueError("cache_config.num_gpu_blocks=None: the ascend_attn_rt builder needs the block count")
-        spec = getattr(vllm_config, "speculative_config", None)
-        num_spec = 0 if spec is None else int(spec.num_speculative_tokens or 0)
-        cos, sin = _rope_tables(vllm_config)
-        bs = kv_cache_spec.block_size
-        self._step = aar.dsa.StepBuilder(
-            max_num_reqs=sc.max_num_seqs, max_num_tokens=sc.max_num_batched_tokens, cos_table=cos, sin_table=sin,
-            num_speculative_tokens=num_spec, chunked_prefill_enabled=bool(sc.enable_chunked_prefill),
-            device=str(device), head_dim=hf.head_dim, window=hf.sliding_window, num_heads_q=hf.num_attention_heads)
-        self._swa = aar.dsa.GroupBuilder(self._step, kind="swa", cache_block_size=bs,
-                                         max_blocks_per_req=_cdiv(mc.max_model_len, bs), num_blocks=cc.num_gpu_blocks,
-                                         device_kind="a2", model_dtype=_model_dtype_name(mc.dtype))
-        self.reorder_batch_threshold = self._step.decode_threshold
+        bs = _geometry(self._KIND)["block_size"]
+        if kv_cache_spec.block_size != bs:
+            raise ValueError(f"kv_cache_spec.block_size={kv_cache_spec.block_size}: ascend_attn_rt's DeepSeek-V4 "
+                             f"{self._KIND} group takes {bs}-token blocks (docs/design/vllm_dsa.md §3)")
+        self._shared = _shared_step(vllm_config, device)
+        self._group = aar.dsa.GroupBuilder(self._shared.builder, kind=self._KIND, cache_block_size=_CACHE_BLOCK_SIZE,
+                                           max_blocks_per_req=_cdiv(mc.max_model_len, bs),
+                                           num_blocks=cc.num_gpu_blocks, device_kind="a2",
+                                           model_dtype=_model_dtype_name(mc.dtype))
+        self.reorder_batch_threshold = self._shared.builder.decode_threshold
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendAttnRtDsaMetadata:
@@ -137,16 +313,61 @@ class AscendAttnRtDsaSwaMetadataBuilder(AttentionMetadataBuilder):
         if not causal:
             raise NotImplementedError("causal=False: non-causal DeepSeek-V4 attention is not supported by "
                                       "ascend_attn_rt's vLLM adapter")
-        st = self._step.build(qsl, seq_lens, num_input_tokens=m.num_actual_tokens)
-        swa = self._swa.build(st, bt)
-        return AscendAttnRtDsaMetadata(step=st, swa=swa, num_actual_tokens=m.num_actual_tokens, num_reqs=m.num_reqs,
-                                       num_decodes=st.num_decodes, num_decode_tokens=st.num_decode_tokens,
-                                       num_prefills=st.num_prefills, num_prefill_tokens=st.num_prefill_tokens)
+        st = self._shared.step(qsl, seq_lens, m.num_actual_tokens)
+        g = self._group.build(st, bt)
+        return AscendAttnRtDsaMetadata(step=st, group=g, kind=self._KIND, num_actual_tokens=m.num_actual_tokens,
+                                       num_reqs=m.num_reqs, num_decodes=st.num_decodes,
+                                       num_decode_tokens=st.num_decode_tokens, num_prefills=st.num_prefills,
+                                       num_prefill_tokens=st.num_prefill_tokens)
 
 
-class AscendAttnRtDsaSwaBackend(AttentionBackend):
-    """The SWA cache of a DeepSeek-V4 layer: (num_blocks, 64, head_dim) plain rows in the model dtype."""
+class AscendAttnRtDsaSwaMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The SWA group of DeepSeek-V4 layers (vLLM's DeepseekV4SWACache)."""
 
+    _KIND = "swa"
+
+
+class AscendAttnRtDsaC128KvMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The compressed-KV group of C128 layers (the attention layer's own cache)."""
+
+    _KIND = "c128_kv"
+
+
+class AscendAttnRtDsaC128StateMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The compressor-state group of C128 layers (vLLM's CompressorStateCache of the layer's compressor)."""
+
+    _KIND = "c128_state"
+
+
+class AscendAttnRtDsaC4KvMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The compressed-KV group of C4 layers (the attention layer's own cache)."""
+
+    _KIND = "c4_kv"
+
+
+class AscendAttnRtDsaC4AttnStateMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The main compressor's state group of C4 layers."""
+
+    _KIND = "c4_attn_state"
+
+
+class AscendAttnRtDsaC4IndexerKMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The indexer-key group of C4 layers (vLLM's DeepseekV4IndexerCache of the layer's indexer)."""
+
+    _KIND = "c4_indexer_k"
+
+
+class AscendAttnRtDsaC4IndexerStateMetadataBuilder(_DsaGroupMetadataBuilder):
+    """The indexer compressor's state group of C4 layers."""
+
+    _KIND = "c4_indexer_state"
+
+
+class _DsaCacheBackend(AttentionBackend):
+    """A DeepSeek-V4 cache of kind _KIND with the runtime's geometry; its builder runs that kind's GroupBuilder."""
+
+    _KIND: ClassVar[str] = ""
+    _BUILDER: ClassVar[type] = _DsaGroupMetadataBuilder
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     supported_kv_cache_dtypes: ClassVar[list[str]] = list(_KV_CACHE_DTYPES)
 
@@ -154,31 +375,36 @@ class AscendAttnRtDsaSwaBackend(AttentionBackend):
     def get_name() -> str:
         return "CUSTOM"
 
-    @staticmethod
-    def get_impl_cls():
-        raise NotImplementedError("the DeepSeek-V4 SWA cache has no attention impl (AscendAttnRtDsaAttention.forward "
-                                  "reads it)")
+    @classmethod
+    def get_impl_cls(cls):
+        raise NotImplementedError(f"the DeepSeek-V4 {cls._KIND} cache has no attention impl "
+                                  "(AscendAttnRtDsaAttention.forward reads it)")
 
-    @staticmethod
-    def get_builder_cls():
-        return AscendAttnRtDsaSwaMetadataBuilder
+    @classmethod
+    def get_builder_cls(cls):
+        return cls._BUILDER
 
-    @staticmethod
-    def get_supported_kernel_block_sizes():
-        return [_SWA_BLOCK_SIZE]
+    @classmethod
+    def get_supported_kernel_block_sizes(cls):
+        return [_geometry(cls._KIND)["block_size"]]
 
-    @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+    @classmethod
+    def get_kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                            cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        """(num_blocks, rows per page, head_size). vLLM's reshape passes a compressed group's rows per page (its
+        storage_block_size) as block_size, an uncompressed group's kernel block size; its layout probe
+        (get_kv_cache_block_dim) passes the kernel block size of either: both are taken."""
         if cache_dtype_str not in _KV_CACHE_DTYPES:
             raise ValueError(f"cache_dtype_str={cache_dtype_str!r} is not supported by ascend_attn_rt's DeepSeek-V4 "
-                             "SWA cache")
+                             f"{cls._KIND} cache")
         if num_kv_heads != 1:
-            raise ValueError(f"num_kv_heads={num_kv_heads}: the DeepSeek-V4 SWA cache has one KV head")
-        if block_size != _SWA_BLOCK_SIZE:
-            raise ValueError(f"block_size={block_size}: ascend_attn_rt's DeepSeek-V4 SWA cache takes vLLM's "
-                             f"{_SWA_BLOCK_SIZE}-token SWA blocks")
-        return (num_blocks, block_size, head_size)
+            raise ValueError(f"num_kv_heads={num_kv_heads}: the DeepSeek-V4 {cls._KIND} cache has one KV head")
+        g = _geometry(cls._KIND)
+        rows = g["storage_block_size"]
+        if block_size not in (rows, g["block_size"]):
+            raise ValueError(f"block_size={block_size}: ascend_attn_rt's DeepSeek-V4 {cls._KIND} cache takes "
+                             f"{g['block_size']}-token blocks of {rows} rows")
+        return (num_blocks, rows, head_size)
 
     @staticmethod
     def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
@@ -189,12 +415,69 @@ class AscendAttnRtDsaSwaBackend(AttentionBackend):
         return []
 
 
+class AscendAttnRtDsaSwaBackend(_DsaCacheBackend):
+    """The SWA cache of a DeepSeek-V4 layer: (num_blocks, 64, head_dim) plain rows in the model dtype."""
+
+    _KIND = "swa"
+    _BUILDER = AscendAttnRtDsaSwaMetadataBuilder
+
+
+class AscendAttnRtDsaC128KvBackend(_DsaCacheBackend):
+    """The compressed KV of a C128 layer: (num_blocks, 64, head_dim) rows in the model dtype, 8192 raw tokens per
+    block."""
+
+    _KIND = "c128_kv"
+    _BUILDER = AscendAttnRtDsaC128KvMetadataBuilder
+
+
+class AscendAttnRtDsaC128StateBackend(_DsaCacheBackend):
+    """The compressor state of a C128 layer: (num_blocks, 16, 2 head_dim) fp32 [kv | score] per raw position."""
+
+    _KIND = "c128_state"
+    _BUILDER = AscendAttnRtDsaC128StateMetadataBuilder
+
+
+class AscendAttnRtDsaC4KvBackend(_DsaCacheBackend):
+    """The compressed KV of a C4 layer: (num_blocks, 64, head_dim) rows in the model dtype, 256 raw tokens per
+    block."""
+
+    _KIND = "c4_kv"
+    _BUILDER = AscendAttnRtDsaC4KvMetadataBuilder
+
+
+class AscendAttnRtDsaC4AttnStateBackend(_DsaCacheBackend):
+    """The main compressor state of a C4 layer: (num_blocks, 4, 4 head_dim) fp32 (overlap 2)."""
+
+    _KIND = "c4_attn_state"
+    _BUILDER = AscendAttnRtDsaC4AttnStateMetadataBuilder
+
+
+class AscendAttnRtDsaC4IndexerKBackend(_DsaCacheBackend):
+    """The indexer keys of a C4 layer: (num_blocks, 64, index_head_dim + 2) bytes per page, laid out as the
+    runtime's page [64 int8 key rows | 64 fp16 scales] (the layer views them)."""
+
+    _KIND = "c4_indexer_k"
+    _BUILDER = AscendAttnRtDsaC4IndexerKMetadataBuilder
+
+
+class AscendAttnRtDsaC4IndexerStateBackend(_DsaCacheBackend):
+    """The indexer compressor state of a C4 layer: (num_blocks, 4, 4 index_head_dim) fp32."""
+
+    _KIND = "c4_indexer_state"
+    _BUILDER = AscendAttnRtDsaC4IndexerStateMetadataBuilder
+
+
 def _weights_from_layer(layer) -> dict:
     """The runtime's weight dict from vLLM's parameters, through dsa.weights_from_checkpoint (DeepSeek's names):
     views of vLLM's tensors except wo_a, which that reader re-lays out per group once."""
     w = layer.fused_wqa_wkv.weight
-    for name in ("fused_wqa_wkv", "wq_b", "wo_a", "wo_b"):
-        p = getattr(layer, name).weight
+    linears = ["fused_wqa_wkv", "wq_b", "wo_a", "wo_b"]
+    if layer.compressor is not None:
+        linears.append("compressor.fused_wkv_wgate")
+    if layer.indexer is not None:
+        linears += ["indexer.wq_b", "indexer.weights_proj", "indexer.compressor.fused_wkv_wgate"]
+    for name in linears:
+        p = layer.get_submodule(name).weight
         if p.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise NotImplementedError(f"{name}.weight dtype {p.dtype}: a quantised DeepSeek-V4 checkpoint is not "
                                       "supported by ascend_attn_rt's vLLM adapter")
@@ -203,10 +486,46 @@ def _weights_from_layer(layer) -> dict:
              "q_norm.weight": layer.q_norm.weight, "wq_b.weight": layer.wq_b.weight,
              "kv_norm.weight": layer.kv_norm.weight, "attn_sink": sink, "wo_a.weight": layer.wo_a.weight,
              "wo_b.weight": layer.wo_b.weight}
+    def compressor(c, name):
+        fused = c.fused_wkv_wgate.weight  # [wkv | wgate] rows, coff D each (vLLM's MergedColumnParallelLinear)
+        n = c.coff * c.head_dim
+        state.update({f"{name}.wkv.weight": fused[:n], f"{name}.wgate.weight": fused[n:],
+                      f"{name}.norm.weight": c.norm.weight, f"{name}.ape": c.ape})
+
+    if layer.compressor is not None:
+        compressor(layer.compressor, "compressor")
     cfg = dict(hidden_size=layer.hidden_size, num_heads=layer.n_heads, head_dim=layer.head_dim,
-               q_lora_rank=layer.q_lora_rank, compress_ratio=1, o_groups=layer.n_groups,
+               q_lora_rank=layer.q_lora_rank, compress_ratio=layer.compress_ratio, o_groups=layer.n_groups,
                o_lora_rank=layer.o_lora_rank)
+    if layer.indexer is not None:
+        ix = layer.indexer
+        compressor(ix.compressor, "indexer.compressor")
+        state.update({"indexer.wq_b.weight": ix.wq_b.weight, "indexer.weights_proj.weight": ix.weights_proj.weight})
+        cfg.update(index_n_heads=ix.n_head, index_head_dim=ix.head_dim)
     return aar.dsa.weights_from_checkpoint(state, "", **cfg)
+
+
+# Impl.forward's group argument of each cache kind (docs/design/dsa.md §3.3).
+_ROUTE_SLOT = {"c4_kv": "attention", "c128_kv": "attention", "c4_attn_state": "compressor_state",
+               "c128_state": "compressor_state", "c4_indexer_k": "indexer_cache", "c4_indexer_state": "indexer_state"}
+
+
+def _indexer_views(page: torch.Tensor, index_head_dim: int):
+    """The runtime's indexer key and scale views over vLLM's indexer cache (num_blocks, rows, Di + 2) bytes (any
+    page stride): per page `rows` int8 key rows of Di bytes, then `rows` fp16 scales (docs/design/dsa.md §2.2),
+    shapes (num_blocks, rows, 1, Di) and (num_blocks, rows, 1)."""
+    nb, rows, width = page.shape
+    if page.dtype != torch.uint8 or width != index_head_dim + 2 or page.stride(2) != 1 or page.stride(1) != width:
+        raise ValueError(f"the C4 indexer cache must be vLLM's (num_blocks, rows, {index_head_dim + 2}) uint8 pages "
+                         f"with contiguous rows, got {tuple(page.shape)} {page.dtype} strides {page.stride()}")
+    stride, off = page.stride(0), page.storage_offset()
+    if stride % 2 or off % 2:
+        raise ValueError(f"the C4 indexer cache's page stride {stride} / offset {off} must be even (fp16 scales)")
+    k = page.view(torch.int8).as_strided((nb, rows, 1, index_head_dim), (stride, index_head_dim, index_head_dim, 1),
+                                         off)
+    scale = page.view(torch.float16).as_strided((nb, rows, 1), (stride // 2, 1, 1),
+                                                (off + rows * index_head_dim) // 2)
+    return k, scale
 
 
 def _make_attention_cls():
@@ -214,7 +533,7 @@ def _make_attention_cls():
     from vllm.models.deepseek_v4.attention import DeepseekV4Attention
 
     class AscendAttnRtDsaAttention(DeepseekV4Attention):
-        """vLLM's DeepseekV4Attention whose forward is one dsa.Impl.forward (SWA-only layers)."""
+        """vLLM's DeepseekV4Attention whose forward is one dsa.Impl.forward (SWA-only and C128 layers)."""
 
         backend_cls = AscendAttnRtDsaSwaBackend
         use_fp8_ds_mla_layout = False
@@ -230,30 +549,58 @@ def _make_attention_cls():
             hf = vllm_config.model_config.hf_config
             layer_id = extract_layer_index(prefix)
             ratio = max(1, int(hf.compress_ratios[layer_id])) if layer_id < hf.num_hidden_layers else 1
-            if ratio != 1:
-                raise NotImplementedError(f"{prefix}: compress_ratio={ratio}. "
-                                          + _COMPRESSED_REASONS.get(ratio, "not a DeepSeek-V4 ratio"))
+            if ratio not in _RATIOS:
+                raise NotImplementedError(f"{prefix}: " + _reason(ratio))
             _refuse_unsupported(vllm_config, "DeepSeek-V4 adapter")
+            if ratio == 4:
+                _refuse_fp4_indexer(vllm_config)
             if vllm_config.quant_config is not None:
                 raise NotImplementedError(f"quantization={vllm_config.quant_config.get_name()!r}: a quantised "
                                           "DeepSeek-V4 checkpoint is not supported by ascend_attn_rt's vLLM adapter")
             super().__init__(vllm_config, prefix, topk_indices_buffer, aux_stream_list, eager_scratch_pool)
-            # The SWA cache layer: plain rows in the model dtype (vLLM's resolution gives bf16 for "auto"),
-            # the runtime's backend and builder.
-            from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
-
+            # Every cache layer of this layer gets the runtime's spec (geometry, page size, dtype: plain rows in the
+            # model dtype where vLLM's resolution gives bf16 for "auto") and the runtime's backend of its kind.
             swa = self.swa_cache_layer
             dtype = vllm_config.model_config.dtype
             swa.dtype = dtype
-            cache_dtype_str = swa.cache_config.cache_dtype
-            swa.get_kv_cache_spec = lambda cfg: SlidingWindowMLASpec(
-                block_size=swa.block_size, num_kv_heads=1, head_size=swa.head_dim, dtype=dtype,
-                sliding_window=swa.window_size, cache_dtype_str=cache_dtype_str, model_version="deepseek_v4")
+            window = swa.window_size
+            swa.get_kv_cache_spec = lambda cfg: _swa_spec(cfg, window)
             swa.get_attn_backend = lambda: AscendAttnRtDsaSwaBackend
+            self._kinds = aar.dsa.layer_cache_kinds(self.compress_ratio)
+            for kind, cache in self._cache_layers().items():
+                if kind in _STATE_KINDS:
+                    cache.get_kv_cache_spec = lambda cfg, k=kind: _state_spec(k, cfg)
+                elif kind == "c4_indexer_k":
+                    cache.get_kv_cache_spec = lambda cfg, k=kind: _compressed_spec(k, cfg)
+                if kind not in ("swa", "c4_kv", "c128_kv"):
+                    cache.get_attn_backend = lambda k=kind: _BACKEND_OF[k]
             self._model_dtype = _model_dtype_name(dtype)
             self._impl = None
             self._impl_key = None
-            self._kv_src = self._kv = None
+            self._kv_key = self._kv = None
+
+        def _cache_layers(self) -> dict:
+            """{cache kind: the vLLM layer holding it} in the runtime's order for the layer's ratio
+            (aar.dsa.layer_cache_kinds): the SWA cache layer, the layer itself (compressed KV), the compressor's
+            state cache, the indexer's key cache and its compressor's state cache."""
+            layers = {"swa": self.swa_cache_layer}
+            if self.compressor is not None:
+                layers["c4_kv" if self.compress_ratio == 4 else "c128_kv"] = self
+                layers["c4_attn_state" if self.compress_ratio == 4 else "c128_state"] = self.compressor.state_cache
+            if self.indexer is not None:
+                layers["c4_indexer_k"] = self.indexer.k_cache
+                layers["c4_indexer_state"] = self.indexer.compressor.state_cache
+            return {k: layers[k] for k in self._kinds}
+
+        def get_kv_cache_spec(self, vllm_config):
+            # SWA-only layers: the SWA cache layer is the only cache. Compressed layers: the compressed KV (C4:
+            # 256 raw tokens, C128: 8192, 64 rows per block either way).
+            if self.compress_ratio == 1:
+                return None
+            return _compressed_spec("c4_kv" if self.compress_ratio == 4 else "c128_kv", vllm_config)
+
+        def get_attn_backend(self):
+            return _BACKEND_OF[{1: "swa", 4: "c4_kv", 128: "c128_kv"}[self.compress_ratio]]
 
         def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
             """vLLM's hook after (re)loading weights: the runtime's layer is remade from the loaded parameters
@@ -261,27 +608,62 @@ def _make_attention_cls():
             self._impl = None
             self._layer_impl()
 
+        def _params(self):
+            ps = [self.fused_wqa_wkv.weight, self.q_norm.weight, self.wq_b.weight, self.kv_norm.weight,
+                  self.attn_sink, self.wo_a.weight, self.wo_b.weight]
+            for c in (self.compressor, None if self.indexer is None else self.indexer.compressor):
+                if c is not None:
+                    ps += [c.fused_wkv_wgate.weight, c.norm.weight, c.ape]
+            if self.indexer is not None:
+                ps += [self.indexer.wq_b.weight, self.indexer.weights_proj.weight]
+            return ps
+
         def _layer_impl(self):
             # Made by process_weights_after_loading or at the first forward, and remade when a weight tensor is
             # replaced or written in place through autograd-visible ops (its version counter moves).
-            params = (self.fused_wqa_wkv.weight, self.q_norm.weight, self.wq_b.weight, self.kv_norm.weight,
-                      self.attn_sink, self.wo_a.weight, self.wo_b.weight)
-            key = tuple((p.data_ptr(), p._version) for p in params)
+            key = tuple((p.data_ptr(), p._version) for p in self._params())
             if self._impl is None or key != self._impl_key:
+                kw = {}
+                if self.indexer is not None:
+                    kw = dict(index_n_heads=self.indexer.n_head, index_head_dim=self.indexer.head_dim,
+                              index_topk=self.indexer.topk_tokens)
                 self._impl = aar.dsa.Impl(
                     _weights_from_layer(self), hidden_size=self.hidden_size, num_heads=self.n_heads,
                     head_dim=self.head_dim, rope_dim=self.rope_head_dim, q_lora_rank=self.q_lora_rank,
-                    window=self.window_size, compress_ratio=1, eps=self.eps, o_groups=self.n_groups,
-                    o_lora_rank=self.o_lora_rank, device_kind="a2", model_dtype=self._model_dtype)
+                    window=self.window_size, compress_ratio=self.compress_ratio, eps=self.eps,
+                    o_groups=self.n_groups, o_lora_rank=self.o_lora_rank, device_kind="a2",
+                    model_dtype=self._model_dtype, **kw)
                 self._impl_key = key
             return self._impl
 
-        def _kv_tuple(self, cache: torch.Tensor):
-            # vLLM's (num_blocks, 64, head_dim) SWA cache as the runtime's (num_blocks, 64, 1, head_dim) view.
-            if self._kv_src is not cache or self._kv[1].data_ptr() != cache.data_ptr():
-                self._kv = aar.dsa.compose_kv_cache(swa_kv=cache.unsqueeze(2), model_dtype=self._model_dtype)
-                self._kv_src = cache
+        def _kv_tuple(self):
+            # vLLM's (num_blocks, rows, head_dim) attention caches as the runtime's (num_blocks, rows, 1, head_dim)
+            # views, the indexer page as its key and scale views (no copies); the compressor states as they are.
+            caches = {k: layer.kv_cache for k, layer in self._cache_layers().items()}
+            key = tuple((id(c), c.data_ptr()) for c in caches.values())
+            if key != self._kv_key:
+                kw = {}
+                for k, c in caches.items():
+                    if k in ("c4_kv", "c128_kv"):
+                        kw["compress_kv"] = c.unsqueeze(2)
+                    elif k in ("c4_attn_state", "c128_state"):
+                        kw["state"] = c
+                    elif k == "c4_indexer_state":
+                        kw["indexer_state"] = c
+                    elif k == "c4_indexer_k":
+                        kw["indexer_k"], kw["indexer_scale"] = _indexer_views(c, self.indexer.head_dim)
+                self._kv = aar.dsa.compose_kv_cache(swa_kv=caches["swa"].unsqueeze(2), model_dtype=self._model_dtype,
+                                                    **kw)
+                self._kv_key = key
             return self._kv
+
+        def _metadata(self, md: dict, name: str, kind: str) -> AscendAttnRtDsaMetadata:
+            meta = md.get(name)
+            if not isinstance(meta, AscendAttnRtDsaMetadata) or meta.kind != kind:
+                raise ValueError(f"metadata of {name!r} is {type(meta).__name__}"
+                                 f"{'' if not isinstance(meta, AscendAttnRtDsaMetadata) else ' of ' + meta.kind}: "
+                                 f"the {kind} cache must use {_BACKEND_OF[kind].__name__}")
+            return meta
 
         def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                     llama_4_scaling: torch.Tensor | None = None) -> torch.Tensor:
@@ -296,11 +678,12 @@ def _make_attention_cls():
                 md = md[0]
             if not isinstance(md, dict):  # vLLM's profiling run
                 return out.zero_()
-            meta = md.get(self.swa_cache_layer.prefix)
-            if not isinstance(meta, AscendAttnRtDsaMetadata):
-                raise ValueError(f"metadata of {self.swa_cache_layer.prefix!r} is {type(meta).__name__}: the SWA "
-                                 "cache layer must use AscendAttnRtDsaSwaBackend")
-            impl.forward(hidden_states, self._kv_tuple(self.swa_cache_layer.kv_cache), meta.step, meta.swa, out)
+            meta = {k: self._metadata(md, layer.prefix, k) for k, layer in self._cache_layers().items()}
+            groups = {}
+            for k, m in meta.items():
+                if k != "swa":
+                    groups[_ROUTE_SLOT[k]] = m.group
+            impl.forward(hidden_states, self._kv_tuple(), meta["swa"].step, meta["swa"].group, out, **groups)
             return out
 
         def forward_mqa(self, q, kv, positions, output) -> None:
@@ -310,6 +693,12 @@ def _make_attention_cls():
             raise NotImplementedError("_o_proj: AscendAttnRtDsaAttention.forward runs the whole layer")
 
     return AscendAttnRtDsaAttention
+
+
+_BACKEND_OF = {"swa": AscendAttnRtDsaSwaBackend, "c128_kv": AscendAttnRtDsaC128KvBackend,
+               "c128_state": AscendAttnRtDsaC128StateBackend, "c4_kv": AscendAttnRtDsaC4KvBackend,
+               "c4_attn_state": AscendAttnRtDsaC4AttnStateBackend, "c4_indexer_k": AscendAttnRtDsaC4IndexerKBackend,
+               "c4_indexer_state": AscendAttnRtDsaC4IndexerStateBackend}
 
 
 _ATTENTION_CLS = None
