@@ -10,6 +10,7 @@
 #include "ascend_attn_rt/cp/gqa_dcp_graph.h"
 #include "ascend_attn_rt/cp/plan/dcp_step_plan.h"
 #include "../common/staging.h"
+#include "decode_rows_graph.h"
 #include "../common/builder_checks.h"
 #include "../core/staging_layout.h"
 
@@ -168,21 +169,7 @@ static_assert(core::is_builder_v<DcpMetadataBuilder>, "gqa::DcpMetadataBuilder f
 namespace aar::gqa {
 
 graph::StepParams dcp_graph_step_params(const DcpMetadata& md) {
-  // A captured bucket holds the decode-only path: a step with prefills would
-  // replay its decode rows only and skip the prefills (docs/design/cp.md §6.6).
-  AAR_CHECK_ARG(md.num_prefills == 0 && md.num_decodes > 0, "a GQA DCP step with ", md.num_prefills,
-                " prefills and ", md.num_decodes, " decodes cannot update a captured bucket (only decode-only "
-                "steps are captured; run a step with prefills eagerly)");
-  graph::StepParams sp;
-  sp.block_tables = md.decode_block_tables;
-  sp.q_ends = md.decode_q_ends;
-  sp.kv_lens = md.decode_kv_lens;
-  sp.num_reqs = md.decode_kernel_rows;  // one kernel "request" per decode row
-  sp.num_real_reqs = md.num_decodes;
-  sp.num_kernel_tokens = md.decode_kernel_rows;
-  sp.num_input_tokens = md.num_input_tokens;
-  sp.stamp = md.stamp;
-  return sp;
+  return cp::decode_rows::step_params(md, "GQA DCP");
 }
 
 }  // namespace aar::gqa

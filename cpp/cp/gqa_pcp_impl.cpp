@@ -15,6 +15,7 @@
 #include "../common/inference_scope.h"
 #include "../graph/exclusive_scope.h"
 #include "../gqa/graph_calls.h"
+#include "decode_rows_graph.h"
 #include "gqa_cp_exchange.h"
 
 namespace aar::cp {
@@ -345,25 +346,12 @@ void PcpAttentionImpl::capture_sharded_decode(graph::GraphParams& g, const PcpMe
 }
 
 graph::StepParams graph_step_params(const PcpMetadata& md) {
-  // A captured bucket holds the decode-only path: a step with prefills would
-  // replay its decode rows only (docs/design/cp.md §6.6).
-  AAR_CHECK_ARG(md.num_prefills == 0 && md.num_decodes > 0, "a GQA PCP step with ", md.num_prefills,
-                " prefills and ", md.num_decodes, " decodes cannot update a captured bucket (only decode-only "
-                "steps are captured; run a step with prefills eagerly)");
   if (md.kv_mode == plan::PcpKvMode::Replicated) {
+    decode_rows::require_decode_only(md, "GQA PCP");
     AAR_CHECK_ARG(md.local != nullptr, "metadata: the replicated build has no local metadata");
     return gqa::graph_step_params(*md.local);
   }
-  graph::StepParams sp;
-  sp.block_tables = md.decode_block_tables;
-  sp.q_ends = md.decode_q_ends;
-  sp.kv_lens = md.decode_kv_lens;
-  sp.num_reqs = md.decode_kernel_rows;  // one kernel "request" per decode row
-  sp.num_real_reqs = md.num_decodes;
-  sp.num_kernel_tokens = md.decode_kernel_rows;
-  sp.num_input_tokens = md.num_input_tokens;
-  sp.stamp = md.stamp;
-  return sp;
+  return decode_rows::step_params(md, "GQA PCP");
 }
 
 }  // namespace aar::cp

@@ -61,7 +61,7 @@ from vllm.v1.attention.backend import (
 )
 
 from .. import _C as aar
-from .dcp import dcp_comm, dcp_setup, num_speculative_tokens, refuse_pcp
+from .dcp import dcp_comm, dcp_setup, num_speculative_tokens, refuse_pcp, take_over_dcp
 from .graph import GraphBuilderMixin, refuse_if_capturing
 
 
@@ -403,13 +403,7 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_lora_rank, self.v_head_dim = kv_lora_rank, v_head_dim
         self.kv_b_proj = kv_b_proj
-        self.runtime_dcp_world_size = self.dcp_world_size
-        comm = None
-        if self.dcp_world_size > 1:
-            comm = dcp_comm(self.dcp_world_size)
-            # vLLM's check that a DCP impl combines LSE partials holds: the runtime does it (see above).
-            self.need_to_return_lse_for_decode = True
-            self.dcp_world_size = 1
+        comm = take_over_dcp(self)
         self._attn = aar.mla.LatentAttention(
             num_heads=num_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
             qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, scale=self.scale, dcp_comm=comm)

@@ -92,6 +92,24 @@ def dcp_comm(world_size: int):
     return comm
 
 
+def take_over_dcp(impl):
+    """The runtime's merge in place of vLLM's for an MLA-family impl under DCP.
+
+    Returns the ``aar.cp.Comm`` of vLLM's DCP group (None without DCP). The impl keeps vLLM's
+    size as ``runtime_dcp_world_size`` and shows vLLM ``dcp_world_size = 1``, so vLLM neither
+    gathers the query nor merges: the runtime's layer does both (docs/design/vllm_sparse.md §7).
+    ``need_to_return_lse_for_decode`` stays True, since vLLM checks that a DCP impl combines LSE
+    partials, which the runtime does.
+    """
+    impl.runtime_dcp_world_size = impl.dcp_world_size
+    if impl.dcp_world_size <= 1:
+        return None
+    comm = dcp_comm(impl.dcp_world_size)
+    impl.need_to_return_lse_for_decode = True
+    impl.dcp_world_size = 1
+    return comm
+
+
 def num_speculative_tokens(vllm_config) -> int:
     spec = getattr(vllm_config, "speculative_config", None)
     return 0 if spec is None else int(spec.num_speculative_tokens or 0)

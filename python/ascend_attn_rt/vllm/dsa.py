@@ -158,7 +158,7 @@ def _swa_spec(vllm_config, window: int):
 
 
 def _compressed_spec(kind: str, vllm_config):
-    """The spec of a compressed cache (C4 / C128 KV, C4 indexer keys): MLAAttentionSpec with the ratio, block
+    """The KV-cache spec of a compressed cache (C4 / C128 KV, C4 indexer keys): MLAAttentionSpec with the ratio, block
     size = rows per page x ratio."""
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
@@ -173,7 +173,7 @@ def _compressed_spec(kind: str, vllm_config):
 
 
 def _state_spec(kind: str, vllm_config):
-    """The spec of a compressor state (window coff x ratio positions, fp32)."""
+    """The KV-cache spec of a compressor state (window coff x ratio positions, fp32)."""
     from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
 
     _refuse_without_hybrid_manager(vllm_config)

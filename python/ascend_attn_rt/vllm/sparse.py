@@ -20,7 +20,7 @@ Three pieces, each behind the vLLM object that calls it:
 
 Decode context parallel (docs/design/vllm_sparse.md §8): under ``decode_context_parallel_size > 1`` both
 builders build the runtime's SFA DCP metadata from vLLM's DCP group (local slots and lengths, the replicated
-indexer views); the indexer cache is replicated (its spec's page is ``W`` pages of keys, viewed as the
+indexer views); the indexer cache is replicated (the page of its KV-cache spec is ``W`` pages of keys, viewed as the
 runtime's ``num_blocks * W`` blocks) and the op needs no collective; the impl's ``sfa.SparseAttention`` holds
 an ``aar.cp.Comm`` over the group and gathers the query, remaps the top-k, attends the shard and merges by LSE
 inside ``forward_mqa`` (vLLM's layer is shown ``dcp_world_size = 1``, as the MLA impl does).
@@ -48,7 +48,7 @@ from vllm.v1.attention.backend import (
 
 from .. import _C as aar
 from . import _build_inputs, _builder_sizes
-from .dcp import dcp_comm, dcp_setup
+from .dcp import dcp_setup, take_over_dcp
 from .graph import GraphBuilderMixin, graph_params
 
 _KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]
@@ -315,13 +315,7 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim = kv_lora_rank, qk_rope_head_dim, v_head_dim
         self.kv_b_proj = kv_b_proj
-        self.runtime_dcp_world_size = self.dcp_world_size
-        comm = None
-        if self.dcp_world_size > 1:
-            comm = dcp_comm(self.dcp_world_size)
-            # vLLM's check that a DCP impl combines LSE partials holds: the runtime does it (see above).
-            self.need_to_return_lse_for_decode = True
-            self.dcp_world_size = 1
+        comm = take_over_dcp(self)
         self._sparse = aar.sfa.SparseAttention(scale=self.scale, dcp_comm=comm)
         self._attn = aar.mla.LatentAttention(
             num_heads=num_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
