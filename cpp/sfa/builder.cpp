@@ -65,6 +65,8 @@ class MetadataBuilder::Lane {
     if (dcp_) rbt_ = layout.add("indexer_block_table", R_ * MB * kvw_);
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
+    // DCP: each host buffer's record of its replicated rows (zero-filled buffers: nothing written yet).
+    if (dcp_) rep_extent_.assign(static_cast<size_t>(buffers_->num_host()), std::vector<int32_t>(R_, 0));
     device_ = buffers_->device();
     positions_.assign(TR, 0);
     cql_list_.assign(R_, 0);
@@ -184,6 +186,8 @@ class MetadataBuilder::Lane {
       pb.replicated_block_table = plan::Span<int32_t>(s + rbt_.offset, R_ * rs);
       pb.replicated_stride = static_cast<int32_t>(rs);
       pb.replicated_slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + tr.islots), n);
+      std::vector<int32_t>& ext = rep_extent_[static_cast<size_t>(turn)];
+      pb.replicated_extent = plan::Span<int32_t>(ext.data(), ext.size());
     }
 
     // Everything that can fail happens in here, before its first write.
@@ -545,6 +549,7 @@ class MetadataBuilder::Lane {
   std::vector<int32_t> kqsl_;         // DSA-CP, host: the kernel requests' query starts
   std::vector<int64_t> lcql_list_, lseq_list_;
   std::vector<int32_t> dcp_block_lens_;  // DCP, host scratch of the plan
+  std::vector<std::vector<int32_t>> rep_extent_;  // DCP: per host buffer, SfaStepBuffers::replicated_extent
   std::vector<int64_t> dseq_list_;
   std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_;
