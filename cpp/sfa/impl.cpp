@@ -625,8 +625,8 @@ at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, co
                                                md.seq_lens, cfg_.scale});
 }
 
-at::Tensor Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
-                                      const Caches& c, const Metadata& md, int64_t tk) {
+const at::Tensor& Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                             const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged) {
   // docs/design/sparse_cp.md §5: every rank holds the step's tokens and this rank's heads; the
   // KV of a request is spread over the group, the indexer saw all of it (replicated).
   cp::Comm& comm = *cfg_.dcp_comm;
@@ -643,7 +643,6 @@ at::Tensor Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr
   const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
                                             md.cum_query_lens, md.dcp.seq_lens, w.partial_lse);
   ops::dense::copy(w.partial_out, o);
-  at::Tensor merged = at::empty({tk, d.num_heads, L}, o.options());
   cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
   return merged;
 }
@@ -1272,8 +1271,15 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
                                       stable);
   if (packed_here) store_packed_rows(kv.k_nope, kv.k_rope, c, md, tk);
   select_topk(x, q, c, md, topk, tk);
-  const at::Tensor attn = md.dcp.world_size > 1 ? dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk)
-                                                : sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);  // (tk, H, L)
+  at::Tensor attn;  // (tk, H, L)
+  if (md.dcp.world_size > 1) {
+    const int64_t H = cfg_.dims.num_heads, L = cfg_.dims.kv_lora_rank;
+    LatentCore::view_of(v.attn, tk, seen_.merged_src, seen_.merged,
+                        [&] { return v.attn.view({-1}).narrow(0, 0, tk * H * L).view({tk, H, L}); });
+    attn = dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged);
+  } else {
+    attn = sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);
+  }
   const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tk);                                         // (tk, H*V)
   if (rows == tk) {
     ops::dense::linear_out(output, y, core_->weights().o_proj);

@@ -214,10 +214,17 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
       int32_t* rep = buf.replicated_block_table.data() + r * rs;
       // Column j = c * W + k is local column c's replicated block k (cp/plan/sparse_cp.h).
       const int32_t cols = static_cast<int32_t>(blocks(seq));
-      int32_t j = 0;
-      for (int32_t c = 0; j < cols; ++c) {
-        const int32_t base = row[c] * W;
-        for (int32_t k = 0; k < W && j < cols; ++k, ++j) rep[j] = base + k;
+      if (dm.pow2) {
+        // W a power of two (dm.pow2): j / W and j mod W as a shift and a mask.
+        const int sw = dm.sW;
+        const int32_t wm = W - 1;
+        for (int32_t j = 0; j < cols; ++j) rep[j] = (row[j >> sw] << sw) | (j & wm);
+      } else {
+        int32_t j = 0;
+        for (int32_t c = 0; j < cols; ++c) {
+          const int32_t base = row[c] * W;
+          for (int32_t k = 0; k < W && j < cols; ++k, ++j) rep[j] = base + k;
+        }
       }
       const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
                                               : static_cast<int32_t>(rs);

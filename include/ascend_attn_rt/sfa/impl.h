@@ -278,9 +278,9 @@ class Impl {
                              const at::Tensor& block_table);
   // DCP (docs/design/sparse_cp.md §5): the query gathered over the group, the top-k remapped
   // to this rank's positions, sparse attention over the local shard with its LSE, the
-  // partials exchanged and merged into this rank's heads: (tk, H, L).
-  at::Tensor dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
-                                  const Caches& c, const Metadata& md, int64_t tk);
+  // partials exchanged and merged into this rank's heads: `merged` (tk, H, L), returned.
+  const at::Tensor& dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                         const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged);
   // Sparse attention of (T, heads) queries over this rank's DCP shard (local_topk already remapped,
   // sparse_mode 0, docs/design/sparse_cp.md §3): the partial output (T, heads, L); its LSE is written
   // into lse_out (T, heads, 1) fp32 (-inf for an empty selection).
@@ -316,6 +316,10 @@ class Impl {
     // scale cache as (rows, 1); the packed cache as (rows, 656); the step's
     // RoPE rows as (tk, 1, 1, R) and slots as (tk, 1) for the indexer
     at::Tensor nope, rope, idx_rows, scale_rows, packed_rows, cos4, sin4, slots2;
+    // DCP: the merged heads (tk, H, L), token-major, in the decode workspace's attention buffer
+    // (which the SFA kernels' own outputs leave unused)
+    ::aar::detail::TensorBinding merged_src;
+    at::Tensor merged;
   } seen_;
 };
 
