@@ -86,14 +86,15 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   bool any_fresh = false;  // DCP: a request whose seq_len is its query length (the split's is_prefilling)
   if (use_dcp) {
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
+    // (dcp_block_lens is the caller's scratch: written before the check.)
     int32_t min_seq = 0;
-    for (std::size_t r = 0; r < b; ++r) min_seq = std::min(min_seq, seqs[r]);
-    if (min_seq < 0) {
-      for (std::size_t r = 0; r < b; ++r) AAR_CHECK_ARG(seqs[r] >= 0, "seq_lens[", r, "]=", seqs[r], " is negative");
-    }
     for (std::size_t r = 0; r < b; ++r) {
+      min_seq = std::min(min_seq, seqs[r]);
       buf.dcp_block_lens[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), 0);
       any_fresh |= seqs[r] == qsl[r + 1] - qsl[r];
+    }
+    if (min_seq < 0) {
+      for (std::size_t r = 0; r < b; ++r) AAR_CHECK_ARG(seqs[r] >= 0, "seq_lens[", r, "]=", seqs[r], " is negative");
     }
   } else {
     AAR_CHECK_ARG(buf.dcp_seq_lens.empty() && buf.replicated_block_table.empty() &&
@@ -214,7 +215,16 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
       int32_t* rep = buf.replicated_block_table.data() + r * rs;
       // Column j = c * W + k is local column c's replicated block k (cp/plan/sparse_cp.h).
       const int32_t cols = static_cast<int32_t>(blocks(seq));
-      if (dm.pow2) {
+      if (W == 2) {
+        // The usual group: each local column gives a pair of ids.
+        const int32_t full = cols >> 1;
+        for (int32_t c = 0; c < full; ++c) {
+          const int32_t base = row[c] << 1;
+          rep[2 * c] = base;
+          rep[2 * c + 1] = base | 1;
+        }
+        if (cols & 1) rep[cols - 1] = row[full] << 1;
+      } else if (dm.pow2) {
         // W a power of two (dm.pow2): j / W and j mod W as a shift and a mask.
         const int sw = dm.sW;
         const int32_t wm = W - 1;
