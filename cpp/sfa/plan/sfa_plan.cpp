@@ -2,6 +2,7 @@
 #include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
@@ -218,7 +219,17 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
       if (W == 2) {
         // The usual group: each local column gives a pair of ids.
         const int32_t full = cols >> 1;
-        for (int32_t c = 0; c < full; ++c) {
+        int32_t c = 0;
+        for (; c + 4 <= full; c += 4) {
+          // Four local columns give eight ids: [2a, 2a+1, 2b, 2b+1, ...].
+          const detail::I32x4 v = detail::load_i32x4(row + c) << 1;
+          const detail::I32x4 o = v | 1;
+          const detail::I32x4 lo = __builtin_shufflevector(v, o, 0, 4, 1, 5);
+          const detail::I32x4 hi = __builtin_shufflevector(v, o, 2, 6, 3, 7);
+          std::memcpy(rep + 2 * c, &lo, sizeof lo);
+          std::memcpy(rep + 2 * c + 4, &hi, sizeof hi);
+        }
+        for (; c < full; ++c) {
           const int32_t base = row[c] << 1;
           rep[2 * c] = base;
           rep[2 * c + 1] = base | 1;
