@@ -1023,6 +1023,29 @@ const cp::DcpViews& Impl::merge_views_(std::shared_ptr<cp::DcpWorkspace>& slot, 
   return slot->views(rows);
 }
 
+at::Tensor& Impl::merged_rows_(int64_t rows, at::ScalarType dtype) {
+  // The merged rows of a token-block merge (DSA-CP x DCP, PCP): (1, rows N, L) and seen_.cp_merged3
+  // (rows, N, L). In the decode workspace's attention buffer when the dtype is the model's (the SFA
+  // kernels' outputs leave it unused; W_UV reads the merge from it into another buffer), made once per
+  // row count; a fp32 merge (PCP x DCP) gets a tensor of its own.
+  const int64_t N = cfg_.dims.num_heads, L = cfg_.dims.kv_lora_rank;
+  const mla::detail::DecodeViews& v = core_->views(rows, mla::detail::DecodeLayout::TND);
+  if (v.attn.scalar_type() != dtype) {
+    seen_.cp_merged = at::empty({1, rows * N, L}, v.attn.options().dtype(dtype));
+    seen_.cp_merged3 = seen_.cp_merged.view({rows, N, L});
+    seen_.cp_merged_src = ::aar::detail::TensorBinding();
+    seen_.cp_merged_rows = -1;
+    return seen_.cp_merged;
+  }
+  if (!seen_.cp_merged_src.same(v.attn) || seen_.cp_merged_rows != rows) {
+    seen_.cp_merged3 = v.attn.view({-1}).narrow(0, 0, rows * N * L).view({rows, N, L});
+    seen_.cp_merged = seen_.cp_merged3.view({1, rows * N, L});
+    seen_.cp_merged_src.bind(v.attn);
+    seen_.cp_merged_rows = rows;
+  }
+  return seen_.cp_merged;
+}
+
 void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                           const at::Tensor& output, int64_t tk) {
   // docs/design/sparse_cp.md §9: tokens sharded over the group (DSA-CP) and the main KV cache sharded
@@ -1086,7 +1109,10 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   //    the (1, T_pad N, L) view the head-block exchange of combine_partials is the token-block exchange
   //    (block r of the rows is slice r); this rank merges the W partials of its own slice.
   const cp::DcpViews& mw = merge_views_(merge_ws_, comm, tpr * N, 1, hidden.scalar_type());
-  const at::Tensor part = mw.partial_out.view({Tp, N, L}), part_lse = mw.partial_lse.view({Tp, N, 1});
+  const at::Tensor& part = LatentCore::view_of(mw.partial_out, Tp, seen_.part_src, seen_.part,
+                                               [&] { return mw.partial_out.view({Tp, N, L}); });
+  const at::Tensor& part_lse = LatentCore::view_of(mw.partial_lse, Tp, seen_.part_lse_src, seen_.part_lse,
+                                                   [&] { return mw.partial_lse.view({Tp, N, 1}); });
   const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens, dm.seq_lens,
                                             first(part_lse, tk));
   ops::dense::copy(first(part, tk), o);
@@ -1094,13 +1120,13 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     ops::dense::zero(part.narrow(0, tk, Tp - tk));
     ops::dense::fill(part_lse.narrow(0, tk, Tp - tk), -std::numeric_limits<double>::infinity());
   }
-  at::Tensor merged = at::empty({1, tpr * N, L}, o.options());
+  at::Tensor& merged = merged_rows_(tpr, o.scalar_type());  // (1, tpr N, L)
   cp::combine_partials(comm, mw.partial_out, mw.partial_lse, merged, std::nullopt, &mw);
   // 6. W_UV of the slice, then back to the whole step's tokens (§7).
   at::Tensor y_local;
   if (nloc > 0) {
     const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
-    const at::Tensor attn = ops::dense::cast(first(merged.view({tpr, N, L}), nloc), hidden.scalar_type());
+    const at::Tensor attn = ops::dense::cast(first(seen_.cp_merged3, nloc), hidden.scalar_type());
     y_local = core_->w_uv_out_token_major(v, attn, nloc);
   }
   dsa_cp_output(y_local, nloc, md, output, tk);
@@ -1192,7 +1218,10 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   // The partials go straight into the merges' workspaces: the PCP merge's (Wp T_loc rows of N heads; fp32
   // after a DCP merge), and under PCP x DCP first the DCP merge's (W_d N heads per row).
   const cp::DcpViews& pw = merge_views_(merge_ws_, comm, tl * N, 1, Wd > 1 ? at::kFloat : hidden.scalar_type());
-  const at::Tensor p_out = pw.partial_out.view({G, N, L}), p_lse = pw.partial_lse.view({G, N, 1});
+  const at::Tensor& p_out = LatentCore::view_of(pw.partial_out, G, seen_.part_src, seen_.part,
+                                                [&] { return pw.partial_out.view({G, N, L}); });
+  const at::Tensor& p_lse = LatentCore::view_of(pw.partial_lse, G, seen_.part_lse_src, seen_.part_lse,
+                                                [&] { return pw.partial_lse.view({G, N, 1}); });
   if (Wd > 1) {
     // The DCP partials of this rank's heads merged (with their LSE), then the PCP merge below.
     const cp::DcpViews& dw = merge_views_(merge_ws2_, *cfg_.dcp_comm, N, G, hidden.scalar_type());
@@ -1208,12 +1237,12 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   }
   // 5. Block r of the gathered rows is rank r's: combine_partials' head-block exchange on the
   //    (1, Wp T_loc N, L) view hands each rank the Wp partials of its own rows and merges them.
-  at::Tensor merged = at::empty({1, tl * N, L}, p_out.options());
+  at::Tensor& merged = merged_rows_(tl, p_out.scalar_type());  // (1, tl N, L)
   cp::combine_partials(comm, pw.partial_out, pw.partial_lse, merged, std::nullopt, &pw);
   // 6. W_UV and o_proj on the local rows.
   if (tl == 0) return;
   const mla::detail::DecodeViews& v = core_->views(tl, mla::detail::DecodeLayout::TND);
-  const at::Tensor attn = ops::dense::cast(merged.view({tl, N, L}), hidden.scalar_type());
+  const at::Tensor attn = ops::dense::cast(seen_.cp_merged3, hidden.scalar_type());
   const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tl);  // (T_loc, N V)
   ops::dense::linear_out(output, y, core_->weights().o_proj);
 }

@@ -301,6 +301,8 @@ class Impl {
   // The token-block merges of DSA-CP x DCP and PCP (and PCP x DCP's head merge): merge-only DCP
   // workspaces, shared by the layers of one shape (docs/design/sparse_cp.md §9, §11).
   std::shared_ptr<cp::DcpWorkspace> merge_ws_, merge_ws2_;
+  // DSA-CP x DCP and PCP: the merged rows, in the decode workspace (see impl.cpp).
+  at::Tensor& merged_rows_(int64_t rows, at::ScalarType dtype);
   const cp::DcpViews& merge_views_(std::shared_ptr<cp::DcpWorkspace>& slot, cp::Comm& comm, int64_t heads,
                                    int64_t rows, at::ScalarType dtype);
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
@@ -320,6 +322,11 @@ class Impl {
     // (which the SFA kernels' own outputs leave unused)
     ::aar::detail::TensorBinding merged_src;
     at::Tensor merged;
+    // DSA-CP x DCP and PCP: the merge workspace's partials as (rows, N, L) / (rows, N, 1), and the merged
+    // rows in the decode workspace's attention buffer as (1, rows N, L) and (rows, N, L) (same dtype only)
+    ::aar::detail::TensorBinding part_src, part_lse_src, cp_merged_src;
+    at::Tensor part, part_lse, cp_merged, cp_merged3;
+    int64_t cp_merged_rows = -1;
   } seen_;
 };
 
