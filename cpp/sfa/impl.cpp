@@ -924,15 +924,21 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   ops::dense::copy(pv.pack_cols[1], kv.k_nope);
   if (has_idx) {
     s.iv = &iws_->views(nloc);
-    s.cos4 = st.cos.view({nloc, 1, 1, R});
-    s.sin4 = st.sin.view({nloc, 1, 1, R});
+    s.cos4 = LatentCore::view_of(st.cos, nloc, seen_.cos_src, seen_.cos4,
+                                 [&] { return st.cos.view({nloc, 1, 1, R}); });
+    s.sin4 = LatentCore::view_of(st.sin, nloc, seen_.sin_src, seen_.sin4,
+                                 [&] { return st.sin.view({nloc, 1, 1, R}); });
     indexer_keys_(*s.iv, s.xl, s.cos4, s.sin4);
     ops::dense::copy(pv.pack_cols[2], s.iv->k);
   }
   if (with_query) {
     const size_t qc = has_idx ? 3 : 2;
-    ops::dense::copy(pv.pack_cols[qc].view({nloc, N, L}), s.q.qn);
-    ops::dense::copy(pv.pack_cols[qc + 1].view({nloc, N, R}), s.q.qr);
+    const at::Tensor& a = pv.pack_cols[qc];
+    const at::Tensor& b = pv.pack_cols[qc + 1];
+    ops::dense::copy(LatentCore::view_of(a, nloc, seen_.pack_qn_src, seen_.pack_qn, [&] { return a.view({nloc, N, L}); }),
+                     s.q.qn);
+    ops::dense::copy(LatentCore::view_of(b, nloc, seen_.pack_qr_src, seen_.pack_qr, [&] { return b.view({nloc, N, R}); }),
+                     s.q.qr);
   }
 }
 
@@ -1103,8 +1109,12 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   // 4. Every head of every token of the step over this rank's shard: the selection in local positions,
   //    sparse_mode 0 with the local lengths (§3), with the LSE.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
-  const at::Tensor qn = first(pv.staged_cols[qc], tk).view({tk, N, L});
-  const at::Tensor qr = first(pv.staged_cols[qc + 1], tk).view({tk, N, R});
+  const at::Tensor& sa = pv.staged_cols[qc];
+  const at::Tensor& sb = pv.staged_cols[qc + 1];
+  const at::Tensor& qn = LatentCore::view_of(sa, tk, seen_.staged_qn_src, seen_.staged_qn,
+                                             [&] { return first(sa, tk).view({tk, N, L}); });
+  const at::Tensor& qr = LatentCore::view_of(sb, tk, seen_.staged_qr_src, seen_.staged_qr,
+                                             [&] { return first(sb, tk).view({tk, N, R}); });
   // 5. The partials padded to T_pad (zeros, LSE -inf in the padding) and exchanged along the tokens: on
   //    the (1, T_pad N, L) view the head-block exchange of combine_partials is the token-block exchange
   //    (block r of the rows is slice r); this rank merges the W partials of its own slice.

@@ -324,6 +324,10 @@ class Impl {
     at::Tensor merged;
     // DSA-CP x DCP and PCP: the merge workspace's partials as (rows, N, L) / (rows, N, 1), and the merged
     // rows in the decode workspace's attention buffer as (1, rows N, L) and (rows, N, L) (same dtype only)
+    // DSA-CP slice: the query's column blocks of the pack as (nloc, N, L) / (nloc, N, R); DSA-CP x DCP:
+    // the gathered query's staged blocks as (tk, N, L) / (tk, N, R)
+    ::aar::detail::TensorBinding pack_qn_src, pack_qr_src, staged_qn_src, staged_qr_src;
+    at::Tensor pack_qn, pack_qr, staged_qn, staged_qr;
     ::aar::detail::TensorBinding part_src, part_lse_src, cp_merged_src;
     at::Tensor part, part_lse, cp_merged, cp_merged3;
     int64_t cp_merged_rows = -1;
