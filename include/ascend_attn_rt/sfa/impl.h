@@ -328,6 +328,9 @@ class Impl {
     // the gathered query's staged blocks as (tk, N, L) / (tk, N, R)
     ::aar::detail::TensorBinding pack_qn_src, pack_qr_src, staged_qn_src, staged_qr_src;
     at::Tensor pack_qn, pack_qr, staged_qn, staged_qr;
+    // DSA-CP output: the slice's W_UV rows as (nloc, W, N V / W)
+    ::aar::detail::TensorBinding y_road_src;
+    at::Tensor y_road;
     ::aar::detail::TensorBinding part_src, part_lse_src, cp_merged_src;
     at::Tensor part, part_lse, cp_merged, cp_merged3;
     int64_t cp_merged_rows = -1;
