@@ -1,6 +1,6 @@
-"""Host time of a DSA (DeepSeek-V4) decode step under DSA-CP 2 token sharding (docs/design/sparse_cp.md §10) beside
-the single-rank DSA step of the same shapes, operator provider "no_compute" (kernels return correctly shaped outputs
-at once), bf16, the A2 plan.
+"""Host time of a DSA (DeepSeek-V4) decode step under DSA-CP 2 token sharding (docs/design/sparse_cp.md §10), DCP 2
+(§12) and PCP 2 (§13) beside the single-rank DSA step of the same shapes, operator provider "no_compute" (kernels
+return correctly shaped outputs at once), bf16, the A2 plan.
 
 Per step: aar.dsa.StepBuilder.build once, the seven KV-cache groups' GroupBuilder.build (SWA, C4 KV, C128 KV, C4
 indexer K, C4 attention state, C4 indexer state, C128 state: a V4 model's groups), aar.dsa.route_layer for ratios 1,
@@ -12,8 +12,12 @@ TP 8 (an assumption, as build/bench_dsa_impl_cpp's): hidden 7168, 16 heads x 512
 indexer 64 x 128 with top-k 512, 2 o_proj groups of rank 1024. DSA-CP: the StepBuilder with dsa_cp_world_size=2,
 dsa_cp_rank=r, every layer with dsa_cp_comm=cp.Comm(group) and its o_proj shard (wo_a's group r, wo_b's matching
 columns; every head's query weights); its decode road issues an all-to-all (head blocks) and an all-reduce (o_proj
-partials) per layer, counted per layer-step, their wall time (cp.Comm.collective_ns) subtracted. Single rank: the
-same builders and layers without DSA-CP, in the same process, on the same inputs. Medians over --iters steps (after
+partials) per layer, counted per layer-step, their wall time (cp.Comm.collective_ns) subtracted. DCP 2: the
+StepBuilder with dcp_world_size=2, dcp_rank=r, every layer with dcp_comm and the single rank's weights (the DCP group
+lies inside TP, a rank keeps its TP heads): a query all-gather and a partials all-to-all per layer. PCP 2: the
+StepBuilder with pcp_world_size=2, pcp_rank=r, every layer with pcp_comm and the single rank's weights; a decode batch
+is every rank's rows. Single rank: the same builders and layers without context parallelism, in the same process, on
+the same inputs. Medians over --iters steps (after
 5 warm-up steps), torch.set_num_threads(1), garbage collector off while timing, under torch.inference_mode()
 (benchmarks/_cp_bench.py). The provider is set back to "auto" afterwards.
 
