@@ -1,6 +1,6 @@
-"""Host time of a DSA (DeepSeek-V4) decode step under DSA-CP 2 token sharding (docs/design/sparse_cp.md §10) beside
-the single-rank DSA step of the same shapes, operator provider "no_compute" (kernels return correctly shaped outputs
-at once), bf16, the A2 plan.
+"""Host time of a DSA (DeepSeek-V4) decode step under DSA-CP 2 token sharding (docs/design/sparse_cp.md §10), DCP 2
+(§12) and PCP 2 (§13) beside the single-rank DSA step of the same shapes, operator provider "no_compute" (kernels
+return correctly shaped outputs at once), bf16, the A2 plan.
 
 Per step: aar.dsa.StepBuilder.build once, the seven KV-cache groups' GroupBuilder.build (SWA, C4 KV, C128 KV, C4
 indexer K, C4 attention state, C4 indexer state, C128 state: a V4 model's groups), aar.dsa.route_layer for ratios 1,
@@ -12,8 +12,12 @@ TP 8 (an assumption, as build/bench_dsa_impl_cpp's): hidden 7168, 16 heads x 512
 indexer 64 x 128 with top-k 512, 2 o_proj groups of rank 1024. DSA-CP: the StepBuilder with dsa_cp_world_size=2,
 dsa_cp_rank=r, every layer with dsa_cp_comm=cp.Comm(group) and its o_proj shard (wo_a's group r, wo_b's matching
 columns; every head's query weights); its decode road issues an all-to-all (head blocks) and an all-reduce (o_proj
-partials) per layer, counted per layer-step, their wall time (cp.Comm.collective_ns) subtracted. Single rank: the
-same builders and layers without DSA-CP, in the same process, on the same inputs. Medians over --iters steps (after
+partials) per layer, counted per layer-step, their wall time (cp.Comm.collective_ns) subtracted. DCP 2: the
+StepBuilder with dcp_world_size=2, dcp_rank=r, every layer with dcp_comm and the single rank's weights (the DCP group
+lies inside TP, a rank keeps its TP heads): a query all-gather and a partials all-to-all per layer. PCP 2: the
+StepBuilder with pcp_world_size=2, pcp_rank=r, every layer with pcp_comm and the single rank's weights; a decode batch
+is every rank's rows. Single rank: the same builders and layers without context parallelism, in the same process, on
+the same inputs. Medians over --iters steps (after
 5 warm-up steps), torch.set_num_threads(1), garbage collector off while timing, under torch.inference_mode()
 (benchmarks/_cp_bench.py). The provider is set back to "auto" afterwards.
 
@@ -46,6 +50,7 @@ HID, N, D, R, Q, WIN = 7168, 16, 512, 64, 1536, 128
 NI, DI, K, G, OL = 64, 128, 512, 2, 1024
 RATIOS = (1, 4, 128)
 LAYER_NAMES = {1: "swa", 4: "c4_indexer", 128: "c128"}
+MODES = (("dsa_cp2", "dsa_cp"), ("dcp2", "dcp"), ("pcp2", "pcp"))
 KINDS = ("swa", "c4_kv", "c128_kv", "c4_indexer_k", "c4_attn_state", "c4_indexer_state", "c128_state")
 WARMUP = 5
 DT = torch.bfloat16
@@ -91,11 +96,14 @@ def _kv(aar, ratio, c):
 
 
 class _Model:
-    """The step builder, the seven group builders, their caches and one layer per ratio (DSA-CP with comm)."""
+    """The step builder, the seven group builders, their caches and one layer per ratio. mode: None (single rank),
+    "dsa_cp" (token sharding, the layer's o_proj shard), "dcp" or "pcp" (the KV sharded over the group, the rank's
+    TP heads as the single rank's: the DCP / PCP group lies inside TP)."""
 
-    def __init__(self, aar, rope, world=1, rank=0, comm=None):
+    def __init__(self, aar, rope, world=1, rank=0, comm=None, mode=None):
         cos, sin = rope
-        cp = dict(dsa_cp_world_size=world, dsa_cp_rank=rank) if world > 1 else {}
+        cp = {None: {}, "dsa_cp": dict(dsa_cp_world_size=world, dsa_cp_rank=rank),
+              "dcp": dict(dcp_world_size=world, dcp_rank=rank), "pcp": dict(pcp_world_size=world, pcp_rank=rank)}[mode]
         self.aar = aar
         self.sb = aar.dsa.StepBuilder(max_num_reqs=max(SIZES), max_num_tokens=4096, cos_table=cos, sin_table=sin,
                                       compress_cos_table=cos, compress_sin_table=sin, head_dim=D, window=WIN,
@@ -109,8 +117,8 @@ class _Model:
                                                num_blocks=POOL)
         self.caches = _caches(self.gb)
         self.kv = {r: _kv(aar, r, self.caches) for r in RATIOS}
-        kw = dict(dsa_cp_comm=comm) if comm is not None else {}
-        self.layers = {r: aar.dsa.Impl(_weights(r, world if comm is not None else 1, rank), hidden_size=HID,
+        kw = {None: {}, "dsa_cp": dict(dsa_cp_comm=comm), "dcp": dict(dcp_comm=comm), "pcp": dict(pcp_comm=comm)}[mode]
+        self.layers = {r: aar.dsa.Impl(_weights(r, world if mode == "dsa_cp" else 1, rank), hidden_size=HID,
                                        num_heads=N, head_dim=D, rope_dim=R, q_lora_rank=Q, compress_ratio=r,
                                        index_n_heads=NI, index_head_dim=DI, index_topk=K, o_groups=G,
                                        o_lora_rank=OL, **kw)
@@ -152,17 +160,20 @@ def _bench(rank, iters):
         rope = _rope()
         rows = {}
         with torch.inference_mode():
-            cp = _Model(aar, rope, WORLD, rank, comm)
+            models = {mode: _Model(aar, rope, WORLD, rank, comm, name) for mode, name in MODES}
             one = _Model(aar, rope)
             for n in SIZES:
-                d = cp.measure(n, iters, comm)
+                got = {mode: m.measure(n, iters, comm) for mode, m in models.items()}
                 s = one.measure(n, iters)
-                row = {"dsa_cp2": d, "single_rank": s,
-                       "ratio_dsa_cp_over_single": cpb.ratio(d["step_us"], s["step_us"]),
-                       "build_ratio_dsa_cp": cpb.ratio(d["build_us"], s["build_us"]),
-                       "forward_ratio_dsa_cp": cpb.ratio(d["forward_us"], s["forward_us"])}
-                for name, lr in d["layers"].items():
-                    row[f"forward_ratio_{name}"] = cpb.ratio(lr["forward_us"], s["layers"][name]["forward_us"])
+                row = dict(got, single_rank=s)
+                for mode, name in MODES:
+                    d = got[mode]
+                    row[f"ratio_{name}_over_single"] = cpb.ratio(d["step_us"], s["step_us"])
+                    row[f"build_ratio_{name}"] = cpb.ratio(d["build_us"], s["build_us"])
+                    row[f"forward_ratio_{name}"] = cpb.ratio(d["forward_us"], s["forward_us"])
+                    for lname, lr in d["layers"].items():
+                        row[f"forward_ratio_{name}_{lname}"] = cpb.ratio(lr["forward_us"],
+                                                                          s["layers"][lname]["forward_us"])
                 rows[f"decode_{n}"] = row
     finally:
         aar.set_provider("auto")
@@ -195,16 +206,19 @@ def main():
     print(f"DSA decode step host time, {report['group']}, provider no_compute, us (median of {args.iters})")
     for r in sorted(got):
         for key, row in got[r].items():
-            for mode in ("single_rank", "dsa_cp2"):
+            for mode in ("single_rank",) + tuple(m for m, _ in MODES):
                 d = row[mode]
                 layers = ", ".join(f"{k} {v['forward_us']:.1f}" for k, v in d["layers"].items())
                 print(f"rank {r} {key:10s} {mode:11s} build {d['build_us']:7.1f} + fwd {d['forward_us']:8.1f}"
                       f" = {d['step_us']:8.1f} ({layers})")
-                if mode == "dsa_cp2":
-                    for k, v in d["layers"].items():
-                        print(f"    {k:10s} {cpb.collectives_text(v)}")
-            print(f"    ratio step {row['ratio_dsa_cp_over_single']:.2f}x, build {row['build_ratio_dsa_cp']:.2f}x,"
-                  f" forward {row['forward_ratio_dsa_cp']:.2f}x (target <= 1.5x)")
+                if mode == "single_rank":
+                    continue
+                for k, v in d["layers"].items():
+                    print(f"    {k:10s} {cpb.collectives_text(v)}")
+                name = dict(MODES)[mode]
+                print(f"    ratio step {row['ratio_' + name + '_over_single']:.2f}x, build"
+                      f" {row['build_ratio_' + name]:.2f}x, forward {row['forward_ratio_' + name]:.2f}x"
+                      f" (target <= 1.5x)")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ class MetadataBuilder::Lane {
     if (dcp_) rbt_ = layout.add("indexer_block_table", R_ * MB * kvw_);
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), cfg.device, separate, cfg.staging_buffers,
                                                         cfg.staging_hooks, slot_base);
+    // DCP: each host buffer's record of its replicated rows (zero-filled buffers: nothing written yet).
+    if (dcp_) rep_extent_.assign(static_cast<size_t>(buffers_->num_host()), std::vector<int32_t>(R_, 0));
     device_ = buffers_->device();
     positions_.assign(TR, 0);
     cql_list_.assign(R_, 0);
@@ -184,6 +186,8 @@ class MetadataBuilder::Lane {
       pb.replicated_block_table = plan::Span<int32_t>(s + rbt_.offset, R_ * rs);
       pb.replicated_stride = static_cast<int32_t>(rs);
       pb.replicated_slot_mapping = plan::Span<int64_t>(reinterpret_cast<int64_t*>(s + tr.islots), n);
+      std::vector<int32_t>& ext = rep_extent_[static_cast<size_t>(turn)];
+      pb.replicated_extent = plan::Span<int32_t>(ext.data(), ext.size());
     }
 
     // Everything that can fail happens in here, before its first write.
@@ -367,6 +371,10 @@ class MetadataBuilder::Lane {
       pp_.cos = pp_.cos_host;
       pp_.sin = pp_.sin_host;
     }
+    for (core::ViewCache* v : {&pp_.cos_v, &pp_.sin_v}) v->resize(TL);
+    pp_.gidx_v.resize(T);
+    for (core::ViewCache* v : {&pp_.icum_v, &pp_.iseq_v, &pp_.ibt_v}) v->resize(IR);
+    for (core::ViewCache* v : {&pp_.gcum_v, &pp_.gseq_v, &pp_.gbt_v}) v->resize(G);
     md_.pcp.world_size = cfg_.pcp_world_size;
     md_.pcp.rank = cfg_.pcp_rank;
     md_.pcp.dcp_world_size = cfg_.dcp_world_size;
@@ -403,36 +411,48 @@ class MetadataBuilder::Lane {
     std::copy(pp_.icum.begin(), pp_.icum.begin() + nr, h + pp_.o_icum);
     std::copy(pp_.iseq.begin(), pp_.iseq.begin() + nr, h + pp_.o_iseq);
     const int32_t* rep = s + rbt_.offset;  // the replicated view of the global requests
-    for (int32_t k = 0; k < nr; ++k) {
-      std::copy(rep + pp_.ireq[k] * rs, rep + (pp_.ireq[k] + 1) * rs, h + pp_.o_ibt + k * rs);
+    pp_.rep_rows = true;
+    for (int32_t k = 0; k < nr; ++k) pp_.rep_rows &= pp_.ireq[k] == k;
+    if (!pp_.rep_rows) {
+      for (int32_t k = 0; k < nr; ++k) {
+        std::copy(rep + pp_.ireq[k] * rs, rep + (pp_.ireq[k] + 1) * rs, h + pp_.o_ibt + k * rs);
+      }
     }
     const int32_t* bt = s + bt_.offset;   // the local block table of the global requests
     const int32_t* dseq = s + dseq_.offset;
     for (int64_t j = 0; j < Wp; ++j) {
+      // Group j's rows g = j * B + b are the B local rows in order: one run.
+      std::copy(bt, bt + static_cast<int64_t>(B) * MB, h + pp_.o_gbt + j * B * MB);
       for (int32_t b = 0; b < B; ++b) {
         const int64_t g = j * B + b;
         h[pp_.o_gcum + g] = pp_.gcum[j * B + b];
         h[pp_.o_gseq + g] = dseq[b];
-        std::copy(bt + b * MB, bt + (b + 1) * MB, h + pp_.o_gbt + g * MB);
       }
     }
     int64_t* gi = pp_.gidx_host.data_ptr<int64_t>();
     for (int32_t t = 0; t < tr; ++t) gi[t] = pp_.gather[t];
-    rope_.gather(pp_.pos.data(), tl, static_cast<uint8_t*>(pp_.cos_host.data_ptr()),
-                 static_cast<uint8_t*>(pp_.sin_host.data_ptr()));
+    // Every request a decode: the local rows are the step's tokens at their positions (no padding
+    // under PCP), whose RoPE rows the main gather writes.
+    pp_.rope_main = p.split.num_decodes == B && tl == p.num_input_tokens;
+    if (!pp_.rope_main) {
+      rope_.gather(pp_.pos.data(), tl, static_cast<uint8_t*>(pp_.cos_host.data_ptr()),
+                   static_cast<uint8_t*>(pp_.sin_host.data_ptr()));
+    }
     if (separate_) {
       auto copy = [](const at::Tensor& dst, const at::Tensor& src, int64_t off, int64_t n) {
         if (n > 0) dst.narrow(0, off, n).copy_(src.narrow(0, off, n));
       };
       copy(pp_.dev, pp_.host, pp_.o_icum, nr);
       copy(pp_.dev, pp_.host, pp_.o_iseq, nr);
-      copy(pp_.dev, pp_.host, pp_.o_ibt, nr * rs);
+      if (!pp_.rep_rows) copy(pp_.dev, pp_.host, pp_.o_ibt, nr * rs);
       copy(pp_.dev, pp_.host, pp_.o_gcum, Wp * B);
       copy(pp_.dev, pp_.host, pp_.o_gseq, Wp * B);
       copy(pp_.dev, pp_.host, pp_.o_gbt, Wp * B * MB);
       copy(pp_.gidx, pp_.gidx_host, 0, tr);
-      copy(pp_.cos, pp_.cos_host, 0, tl);
-      copy(pp_.sin, pp_.sin_host, 0, tl);
+      if (!pp_.rope_main) {
+        copy(pp_.cos, pp_.cos_host, 0, tl);
+        copy(pp_.sin, pp_.sin_host, 0, tl);
+      }
     }
   }
 
@@ -442,15 +462,19 @@ class MetadataBuilder::Lane {
     PcpMetadata& m = md_.pcp;
     m.num_local_tokens = static_cast<int32_t>(tl);
     m.num_indexer_reqs = static_cast<int32_t>(nr);
-    m.cos = pp_.cos.narrow(0, 0, tl);
-    m.sin = pp_.sin.narrow(0, 0, tl);
-    m.gather_index = pp_.gidx.narrow(0, 0, p.num_actual_tokens);
-    m.indexer_cum_query_lens = pp_.dev.narrow(0, pp_.o_icum, nr);
-    m.indexer_seq_lens = pp_.dev.narrow(0, pp_.o_iseq, nr);
-    m.indexer_block_table = pp_.dev.narrow(0, pp_.o_ibt, nr * rs).view({nr, rs});
-    m.gathered_cum_query_lens = pp_.dev.narrow(0, pp_.o_gcum, Wp * B);
-    m.gathered_seq_lens = pp_.dev.narrow(0, pp_.o_gseq, Wp * B);
-    m.gathered_block_table = pp_.dev.narrow(0, pp_.o_gbt, Wp * B * MB).view({Wp * B, MB});
+    // (md_.cos / md_.sin hold the step's t_in rows, which are the local rows under rope_main.)
+    m.cos = pp_.rope_main ? md_.cos : pp_.cos_v.get(tl, [&] { return pp_.cos.narrow(0, 0, tl); });
+    m.sin = pp_.rope_main ? md_.sin : pp_.sin_v.get(tl, [&] { return pp_.sin.narrow(0, 0, tl); });
+    const int64_t tr = p.num_actual_tokens, G = Wp * B;
+    m.gather_index = pp_.gidx_v.get(tr, [&] { return pp_.gidx.narrow(0, 0, tr); });
+    m.indexer_cum_query_lens = pp_.icum_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_icum, nr); });
+    m.indexer_seq_lens = pp_.iseq_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_iseq, nr); });
+    m.indexer_block_table = pp_.rep_rows ? views_.rbt.first(nr) : pp_.ibt_v.get(nr, [&] {
+      return pp_.dev.narrow(0, pp_.o_ibt, nr * rs).view({nr, rs});
+    });
+    m.gathered_cum_query_lens = pp_.gcum_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gcum, G); });
+    m.gathered_seq_lens = pp_.gseq_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gseq, G); });
+    m.gathered_block_table = pp_.gbt_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gbt, G * MB).view({G, MB}); });
     m.local_token_index_list = c10::IntArrayRef(pp_.token_list.data(), tl);
     m.indexer_cum_query_lens_list = c10::IntArrayRef(pp_.icum_list.data(), nr);
     m.indexer_seq_lens_list = c10::IntArrayRef(pp_.iseq_list.data(), nr);
@@ -539,12 +563,19 @@ class MetadataBuilder::Lane {
     at::Tensor host, dev, gidx_host, gidx, cos_host, sin_host, cos, sin;
     int64_t o_icum = 0, o_iseq = 0, o_ibt = 0, o_gcum = 0, o_gseq = 0, o_gbt = 0;
     plan::SparsePcpSizes sizes;
+    // This build's shortcuts: the local rows are the step's tokens in order (every request a decode),
+    // so their RoPE rows are the step's; the indexer requests are the step's first ones in order, so
+    // their replicated rows are the step's replicated table.
+    bool rope_main = false, rep_rows = false;
+    // The metadata's views, made once per count (core::ViewCache).
+    core::ViewCache cos_v, sin_v, gidx_v, icum_v, iseq_v, ibt_v, gcum_v, gseq_v, gbt_v;
   } pp_;
   core::Region dseq_, rbt_;           // DCP only
   core::Region lcql_, lseq_;          // DSA-CP only
   std::vector<int32_t> kqsl_;         // DSA-CP, host: the kernel requests' query starts
   std::vector<int64_t> lcql_list_, lseq_list_;
   std::vector<int32_t> dcp_block_lens_;  // DCP, host scratch of the plan
+  std::vector<std::vector<int32_t>> rep_extent_;  // DCP: per host buffer, SfaStepBuffers::replicated_extent
   std::vector<int64_t> dseq_list_;
   std::unique_ptr<aar::detail::StagingBuffers> buffers_;
   at::Tensor device_;

@@ -625,8 +625,8 @@ at::Tensor Impl::sparse_attention(const at::Tensor& qn, const at::Tensor& qr, co
                                                md.seq_lens, cfg_.scale});
 }
 
-at::Tensor Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
-                                      const Caches& c, const Metadata& md, int64_t tk) {
+const at::Tensor& Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                             const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged) {
   // docs/design/sparse_cp.md §5: every rank holds the step's tokens and this rank's heads; the
   // KV of a request is spread over the group, the indexer saw all of it (replicated).
   cp::Comm& comm = *cfg_.dcp_comm;
@@ -643,7 +643,6 @@ at::Tensor Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr
   const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
                                             md.cum_query_lens, md.dcp.seq_lens, w.partial_lse);
   ops::dense::copy(w.partial_out, o);
-  at::Tensor merged = at::empty({tk, d.num_heads, L}, o.options());
   cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
   return merged;
 }
@@ -925,15 +924,21 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   ops::dense::copy(pv.pack_cols[1], kv.k_nope);
   if (has_idx) {
     s.iv = &iws_->views(nloc);
-    s.cos4 = st.cos.view({nloc, 1, 1, R});
-    s.sin4 = st.sin.view({nloc, 1, 1, R});
+    s.cos4 = LatentCore::view_of(st.cos, nloc, seen_.cos_src, seen_.cos4,
+                                 [&] { return st.cos.view({nloc, 1, 1, R}); });
+    s.sin4 = LatentCore::view_of(st.sin, nloc, seen_.sin_src, seen_.sin4,
+                                 [&] { return st.sin.view({nloc, 1, 1, R}); });
     indexer_keys_(*s.iv, s.xl, s.cos4, s.sin4);
     ops::dense::copy(pv.pack_cols[2], s.iv->k);
   }
   if (with_query) {
     const size_t qc = has_idx ? 3 : 2;
-    ops::dense::copy(pv.pack_cols[qc].view({nloc, N, L}), s.q.qn);
-    ops::dense::copy(pv.pack_cols[qc + 1].view({nloc, N, R}), s.q.qr);
+    const at::Tensor& a = pv.pack_cols[qc];
+    const at::Tensor& b = pv.pack_cols[qc + 1];
+    ops::dense::copy(LatentCore::view_of(a, nloc, seen_.pack_qn_src, seen_.pack_qn, [&] { return a.view({nloc, N, L}); }),
+                     s.q.qn);
+    ops::dense::copy(LatentCore::view_of(b, nloc, seen_.pack_qr_src, seen_.pack_qr, [&] { return b.view({nloc, N, R}); }),
+                     s.q.qr);
   }
 }
 
@@ -950,7 +955,10 @@ void Impl::dsa_cp_output(const at::Tensor& y_local, int64_t nloc, const Metadata
   // The slice padded to tpr rows, in the layout of its road (sparse/dsa_cp_road.h); the o_proj reads
   // the layer's handle at call time, the shard or, under the switch, the full weights.
   const sparse::DsaCpRows r = cpws_->road_rows(tpr, nloc, full_road);
-  if (nloc > 0) ops::dense::copy(r.real, y_local.view({nloc, W, N * V / W}));
+  if (nloc > 0) {
+    ops::dense::copy(r.real, LatentCore::view_of(y_local, nloc, seen_.y_road_src, seen_.y_road,
+                                                 [&] { return y_local.view({nloc, W, N * V / W}); }));
+  }
   const auto o_proj = [this](const at::Tensor& x) { return ops::dense::linear(x, core_->weights().o_proj); };
   sparse::dsa_cp_road_back(comm, r, oproj_full_.get(), o_proj, o_proj, output, tk);
 }
@@ -1024,6 +1032,29 @@ const cp::DcpViews& Impl::merge_views_(std::shared_ptr<cp::DcpWorkspace>& slot, 
   return slot->views(rows);
 }
 
+at::Tensor& Impl::merged_rows_(int64_t rows, at::ScalarType dtype) {
+  // The merged rows of a token-block merge (DSA-CP x DCP, PCP): (1, rows N, L) and seen_.cp_merged3
+  // (rows, N, L). In the decode workspace's attention buffer when the dtype is the model's (the SFA
+  // kernels' outputs leave it unused; W_UV reads the merge from it into another buffer), made once per
+  // row count; a fp32 merge (PCP x DCP) gets a tensor of its own.
+  const int64_t N = cfg_.dims.num_heads, L = cfg_.dims.kv_lora_rank;
+  const mla::detail::DecodeViews& v = core_->views(rows, mla::detail::DecodeLayout::TND);
+  if (v.attn.scalar_type() != dtype) {
+    seen_.cp_merged = at::empty({1, rows * N, L}, v.attn.options().dtype(dtype));
+    seen_.cp_merged3 = seen_.cp_merged.view({rows, N, L});
+    seen_.cp_merged_src = ::aar::detail::TensorBinding();
+    seen_.cp_merged_rows = -1;
+    return seen_.cp_merged;
+  }
+  if (!seen_.cp_merged_src.same(v.attn) || seen_.cp_merged_rows != rows) {
+    seen_.cp_merged3 = v.attn.view({-1}).narrow(0, 0, rows * N * L).view({rows, N, L});
+    seen_.cp_merged = seen_.cp_merged3.view({1, rows * N, L});
+    seen_.cp_merged_src.bind(v.attn);
+    seen_.cp_merged_rows = rows;
+  }
+  return seen_.cp_merged;
+}
+
 void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,
                           const at::Tensor& output, int64_t tk) {
   // docs/design/sparse_cp.md §9: tokens sharded over the group (DSA-CP) and the main KV cache sharded
@@ -1081,13 +1112,20 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   // 4. Every head of every token of the step over this rank's shard: the selection in local positions,
   //    sparse_mode 0 with the local lengths (§3), with the LSE.
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
-  const at::Tensor qn = first(pv.staged_cols[qc], tk).view({tk, N, L});
-  const at::Tensor qr = first(pv.staged_cols[qc + 1], tk).view({tk, N, R});
+  const at::Tensor& sa = pv.staged_cols[qc];
+  const at::Tensor& sb = pv.staged_cols[qc + 1];
+  const at::Tensor& qn = LatentCore::view_of(sa, tk, seen_.staged_qn_src, seen_.staged_qn,
+                                             [&] { return first(sa, tk).view({tk, N, L}); });
+  const at::Tensor& qr = LatentCore::view_of(sb, tk, seen_.staged_qr_src, seen_.staged_qr,
+                                             [&] { return first(sb, tk).view({tk, N, R}); });
   // 5. The partials padded to T_pad (zeros, LSE -inf in the padding) and exchanged along the tokens: on
   //    the (1, T_pad N, L) view the head-block exchange of combine_partials is the token-block exchange
   //    (block r of the rows is slice r); this rank merges the W partials of its own slice.
   const cp::DcpViews& mw = merge_views_(merge_ws_, comm, tpr * N, 1, hidden.scalar_type());
-  const at::Tensor part = mw.partial_out.view({Tp, N, L}), part_lse = mw.partial_lse.view({Tp, N, 1});
+  const at::Tensor& part = LatentCore::view_of(mw.partial_out, Tp, seen_.part_src, seen_.part,
+                                               [&] { return mw.partial_out.view({Tp, N, L}); });
+  const at::Tensor& part_lse = LatentCore::view_of(mw.partial_lse, Tp, seen_.part_lse_src, seen_.part_lse,
+                                                   [&] { return mw.partial_lse.view({Tp, N, 1}); });
   const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens, dm.seq_lens,
                                             first(part_lse, tk));
   ops::dense::copy(first(part, tk), o);
@@ -1095,13 +1133,13 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     ops::dense::zero(part.narrow(0, tk, Tp - tk));
     ops::dense::fill(part_lse.narrow(0, tk, Tp - tk), -std::numeric_limits<double>::infinity());
   }
-  at::Tensor merged = at::empty({1, tpr * N, L}, o.options());
+  at::Tensor& merged = merged_rows_(tpr, o.scalar_type());  // (1, tpr N, L)
   cp::combine_partials(comm, mw.partial_out, mw.partial_lse, merged, std::nullopt, &mw);
   // 6. W_UV of the slice, then back to the whole step's tokens (§7).
   at::Tensor y_local;
   if (nloc > 0) {
     const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
-    const at::Tensor attn = ops::dense::cast(first(merged.view({tpr, N, L}), nloc), hidden.scalar_type());
+    const at::Tensor attn = ops::dense::cast(first(seen_.cp_merged3, nloc), hidden.scalar_type());
     y_local = core_->w_uv_out_token_major(v, attn, nloc);
   }
   dsa_cp_output(y_local, nloc, md, output, tk);
@@ -1193,7 +1231,10 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   // The partials go straight into the merges' workspaces: the PCP merge's (Wp T_loc rows of N heads; fp32
   // after a DCP merge), and under PCP x DCP first the DCP merge's (W_d N heads per row).
   const cp::DcpViews& pw = merge_views_(merge_ws_, comm, tl * N, 1, Wd > 1 ? at::kFloat : hidden.scalar_type());
-  const at::Tensor p_out = pw.partial_out.view({G, N, L}), p_lse = pw.partial_lse.view({G, N, 1});
+  const at::Tensor& p_out = LatentCore::view_of(pw.partial_out, G, seen_.part_src, seen_.part,
+                                                [&] { return pw.partial_out.view({G, N, L}); });
+  const at::Tensor& p_lse = LatentCore::view_of(pw.partial_lse, G, seen_.part_lse_src, seen_.part_lse,
+                                                [&] { return pw.partial_lse.view({G, N, 1}); });
   if (Wd > 1) {
     // The DCP partials of this rank's heads merged (with their LSE), then the PCP merge below.
     const cp::DcpViews& dw = merge_views_(merge_ws2_, *cfg_.dcp_comm, N, G, hidden.scalar_type());
@@ -1209,12 +1250,12 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   }
   // 5. Block r of the gathered rows is rank r's: combine_partials' head-block exchange on the
   //    (1, Wp T_loc N, L) view hands each rank the Wp partials of its own rows and merges them.
-  at::Tensor merged = at::empty({1, tl * N, L}, p_out.options());
+  at::Tensor& merged = merged_rows_(tl, p_out.scalar_type());  // (1, tl N, L)
   cp::combine_partials(comm, pw.partial_out, pw.partial_lse, merged, std::nullopt, &pw);
   // 6. W_UV and o_proj on the local rows.
   if (tl == 0) return;
   const mla::detail::DecodeViews& v = core_->views(tl, mla::detail::DecodeLayout::TND);
-  const at::Tensor attn = ops::dense::cast(merged.view({tl, N, L}), hidden.scalar_type());
+  const at::Tensor attn = ops::dense::cast(seen_.cp_merged3, hidden.scalar_type());
   const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tl);  // (T_loc, N V)
   ops::dense::linear_out(output, y, core_->weights().o_proj);
 }
@@ -1272,8 +1313,15 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
                                       stable);
   if (packed_here) store_packed_rows(kv.k_nope, kv.k_rope, c, md, tk);
   select_topk(x, q, c, md, topk, tk);
-  const at::Tensor attn = md.dcp.world_size > 1 ? dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk)
-                                                : sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);  // (tk, H, L)
+  at::Tensor attn;  // (tk, H, L)
+  if (md.dcp.world_size > 1) {
+    const int64_t H = cfg_.dims.num_heads, L = cfg_.dims.kv_lora_rank;
+    LatentCore::view_of(v.attn, tk, seen_.merged_src, seen_.merged,
+                        [&] { return v.attn.view({-1}).narrow(0, 0, tk * H * L).view({tk, H, L}); });
+    attn = dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged);
+  } else {
+    attn = sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);
+  }
   const at::Tensor& y = core_->w_uv_out_token_major(v, attn, tk);                                         // (tk, H*V)
   if (rows == tk) {
     ops::dense::linear_out(output, y, core_->weights().o_proj);

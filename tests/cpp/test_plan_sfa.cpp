@@ -729,3 +729,61 @@ TEST(PlanSfaStep, DcpPaddingAndRejections) {
   EXPECT_EQ(rd.rep, rep_before);
   EXPECT_EQ(rd.dseq, std::vector<int32_t>(8, -7));
 }
+
+// SfaStepBuffers::replicated_extent: a buffer reused over steps whose requests shrink, grow, get
+// padded or disappear, with its extent record kept, holds exactly the replicated table a fresh
+// buffer gets (tails zero), and the record says each row's written columns.
+TEST(PlanSfaStep, DcpReplicatedExtentKeepsRowsExact) {
+  std::mt19937 rng(23);
+  const int32_t W = 2, bs = 8, stride = 8, nb = 64, cap = 6;
+  SfaOutputs o;
+  o.size_for(cap, 64, stride);
+  SfaDcpOutputs kept;
+  kept.size_for(cap, 64, stride, W);
+  for (auto& v : kept.rep) v = 0;  // a zero-filled staging buffer: nothing written yet
+  std::vector<int32_t> extent(cap, 0);
+  for (int iter = 0; iter < 300; ++iter) {
+    const std::size_t B = 1 + rng() % 4;
+    std::vector<int32_t> qsl{0}, seq;
+    for (std::size_t r = 0; r < B; ++r) {
+      const int32_t s = 1 + static_cast<int32_t>(rng() % 120);
+      seq.push_back(s);
+      qsl.push_back(qsl.back() + 1);
+    }
+    std::vector<int32_t> table(B * stride);
+    for (auto& v : table) v = static_cast<int32_t>(rng() % nb);
+    const bool pad = rng() % 3 == 0;
+    SfaStepInputs in;
+    in.query_start_loc = qsl;
+    in.seq_lens = seq;
+    in.block_table = table;
+    in.block_table_stride = stride;
+    in.block_size = bs;
+    in.num_blocks = nb;
+    in.num_input_tokens = qsl.back() + (pad ? static_cast<int32_t>(rng() % 2) : 0);
+    in.pad_decode_batch = pad;
+    in.dcp = DcpShard{W, static_cast<int32_t>(iter % W), 1};
+    SfaStepBuffers buf = o.buffers();
+    kept.add_to(buf);
+    buf.replicated_extent = extent;
+    const SfaStepPlan p = plan_sfa_step(in, buf);
+    SfaOutputs fo;
+    fo.size_for(cap, 64, stride);
+    SfaDcpOutputs fresh;
+    fresh.size_for(cap, 64, stride, W);
+    SfaStepBuffers fb = fo.buffers();
+    fresh.add_to(fb);
+    plan_sfa_step(in, fb);
+    const std::size_t rows = static_cast<std::size_t>(p.num_kernel_reqs) * kept.rstride;
+    ASSERT_EQ(first(kept.rep, rows), first(fresh.rep, rows)) << "step " << iter;
+    ASSERT_EQ(first(kept.rslots, in.num_input_tokens), first(fresh.rslots, in.num_input_tokens));
+    for (int32_t r = 0; r < p.num_kernel_reqs; ++r) {
+      const int32_t cols = r < static_cast<int32_t>(B) ? (seq[r] + bs - 1) / bs : 0;
+      ASSERT_EQ(extent[r], cols);
+    }
+    // Every row's columns past its record are zero (rows past B_k included).
+    for (int32_t r = 0; r < cap; ++r) {
+      for (int32_t c = extent[r]; c < kept.rstride; ++c) ASSERT_EQ(kept.rep[r * kept.rstride + c], 0);
+    }
+  }
+}

@@ -2,6 +2,7 @@
 #include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
@@ -83,11 +84,18 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   AAR_CHECK_ARG(dcp.interleave >= 1 && in.block_size % dcp.interleave == 0, "dcp: cp_kv_cache_interleave_size=",
                 dcp.interleave, " must be positive and divide block_size=", in.block_size);
   const DcpMath dm(dcp, in.block_size);
+  bool any_fresh = false;  // DCP: a request whose seq_len is its query length (the split's is_prefilling)
   if (use_dcp) {
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
+    // (dcp_block_lens is the caller's scratch: written before the check.)
+    int32_t min_seq = 0;
     for (std::size_t r = 0; r < b; ++r) {
-      AAR_CHECK_ARG(seqs[r] >= 0, "seq_lens[", r, "]=", seqs[r], " is negative");
+      min_seq = std::min(min_seq, seqs[r]);
       buf.dcp_block_lens[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), 0);
+      any_fresh |= seqs[r] == qsl[r + 1] - qsl[r];
+    }
+    if (min_seq < 0) {
+      for (std::size_t r = 0; r < b; ++r) AAR_CHECK_ARG(seqs[r] >= 0, "seq_lens[", r, "]=", seqs[r], " is negative");
     }
   } else {
     AAR_CHECK_ARG(buf.dcp_seq_lens.empty() && buf.replicated_block_table.empty() &&
@@ -109,7 +117,11 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",
                 in.is_prefilling.size(), " entries, expected 0 or one per request (", b, ")");
   const bool short_as_decodes = in.treat_short_extends_as_decodes && !use_dcp;
-  if (use_dcp && in.is_prefilling.empty()) {
+  if (use_dcp && in.is_prefilling.empty() && all_decodes && !any_fresh) {
+    // The DCP split below without a fresh request and with every query within the threshold:
+    // no request is a prefill, so all are decodes (split_decodes_and_prefills' step 10).
+    plan.split = SplitResult{static_cast<int32_t>(b), 0, t_real, 0};
+  } else if (use_dcp && in.is_prefilling.empty()) {
     // Without flags the DCP split's is_prefilling is "a fresh request" (docs/design/sparse_cp.md §2).
     thread_local std::vector<uint8_t> fresh;
     fresh.resize(b);
@@ -167,19 +179,15 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
                   dcp.world);
     check_room(buf.replicated_block_table.size(), bk * static_cast<std::size_t>(buf.replicated_stride),
                "buffers.replicated_block_table");
-    // The replicated views (docs/design/sparse_cp.md §2) validate their own reads (the
-    // columns were checked above) and write only their own buffers, before any other write.
-    DcpReplicatedInputs ri;
-    ri.block_table = in.block_table;
-    ri.block_table_stride = in.block_table_stride;
-    ri.seq_lens = in.seq_lens;
-    ri.world = dcp.world;
-    ri.block_size = in.block_size;
-    ri.num_blocks = in.num_blocks;
-    dcp_replicated_block_table(ri, buf.replicated_block_table.first(b * static_cast<std::size_t>(buf.replicated_stride)),
-                               buf.replicated_stride);
-    dcp_replicated_slot_mapping(qsl, in.seq_lens, buf.replicated_block_table, buf.replicated_stride, in.block_size,
-                                buf.replicated_slot_mapping.first(ti));
+    check_optional_room(buf.replicated_extent.size(), bk, "buffers.replicated_extent");
+    // What the replicated views (docs/design/sparse_cp.md §2, dcp_replicated_block_table /
+    // dcp_replicated_slot_mapping) check beyond the scan above. The columns they read are
+    // checked by the scan: with I | bs, rank 0's local length covers local column
+    // c_max = floor((ceil(S / bs) - 1) / W) (position c_max * W * bs < S is rank 0's, and the
+    // c_max * bs rank-0 positions before it fill c_max blocks), so its ids are in range, and
+    // S >= q, the query lengths and the capacities were checked too.
+    AAR_CHECK_ARG(static_cast<int64_t>(in.num_blocks) * dcp.world <= INT32_MAX, "num_blocks*world = ",
+                  in.num_blocks, "*", dcp.world, " replicated blocks do not fit int32 block ids");
   }
 
   // ---------------------------------------------------------------- write
@@ -192,24 +200,77 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   int64_t* slots = buf.slot_mapping.data();
   int32_t* pos = buf.positions.data();
   if (use_dcp) {
-    // This rank's local slots (docs/design/sparse_cp.md §2): the owner writes, -1 elsewhere.
+    // One pass per request (docs/design/sparse_cp.md §2): the replicated row, this rank's local
+    // length, and per token its position, its local slot (the owner writes, -1 elsewhere) and
+    // its replicated slot.
+    const std::size_t rs = static_cast<std::size_t>(buf.replicated_stride);
+    const int32_t W = dcp.world;
+    const detail::BlockCount blocks(in.block_size);
+    const uint32_t bmask = static_cast<uint32_t>(in.block_size) - 1;
+    int32_t* lk = buf.dcp_seq_lens.data();
+    int64_t* rslots = buf.replicated_slot_mapping.data();
+    int32_t* extent = buf.replicated_extent.empty() ? nullptr : buf.replicated_extent.data();
     for (std::size_t r = 0; r < b; ++r) {
-      const int32_t begin = qsl[r], end = qsl[r + 1];
-      const int32_t pos0 = seqs[r] - (end - begin);
+      const int32_t begin = qsl[r], end = qsl[r + 1], seq = seqs[r];
       const int32_t* row = table + r * in_stride;
+      int32_t* rep = buf.replicated_block_table.data() + r * rs;
+      // Column j = c * W + k is local column c's replicated block k (cp/plan/sparse_cp.h).
+      const int32_t cols = static_cast<int32_t>(blocks(seq));
+      if (W == 2) {
+        // The usual group: each local column gives a pair of ids.
+        const int32_t full = cols >> 1;
+        int32_t c = 0;
+        for (; c + 4 <= full; c += 4) {
+          // Four local columns give eight ids: [2a, 2a+1, 2b, 2b+1, ...].
+          const detail::I32x4 v = detail::load_i32x4(row + c) << 1;
+          const detail::I32x4 o = v | 1;
+          const detail::I32x4 lo = __builtin_shufflevector(v, o, 0, 4, 1, 5);
+          const detail::I32x4 hi = __builtin_shufflevector(v, o, 2, 6, 3, 7);
+          std::memcpy(rep + 2 * c, &lo, sizeof lo);
+          std::memcpy(rep + 2 * c + 4, &hi, sizeof hi);
+        }
+        for (; c < full; ++c) {
+          const int32_t base = row[c] << 1;
+          rep[2 * c] = base;
+          rep[2 * c + 1] = base | 1;
+        }
+        if (cols & 1) rep[cols - 1] = row[full] << 1;
+      } else if (dm.pow2) {
+        // W a power of two (dm.pow2): j / W and j mod W as a shift and a mask.
+        const int sw = dm.sW;
+        const int32_t wm = W - 1;
+        for (int32_t j = 0; j < cols; ++j) rep[j] = (row[j >> sw] << sw) | (j & wm);
+      } else {
+        int32_t j = 0;
+        for (int32_t c = 0; j < cols; ++c) {
+          const int32_t base = row[c] * W;
+          for (int32_t k = 0; k < W && j < cols; ++k, ++j) rep[j] = base + k;
+        }
+      }
+      const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
+                                              : static_cast<int32_t>(rs);
+      if (dirty > cols) std::fill(rep + cols, rep + dirty, 0);
+      if (extent != nullptr) extent[r] = cols;
+      lk[r] = dm.local_len(static_cast<uint32_t>(seq), dm.rank);
+      const int32_t pos0 = seq - (end - begin);
       for (int32_t t = begin; t < end; ++t) {
         const uint32_t p = static_cast<uint32_t>(pos0 + (t - begin));
         pos[t] = static_cast<int32_t>(p);
         slots[t] = dm.local_slot(p, row);
+        const uint32_t col = blocks.pow2 ? p >> blocks.shift : p / blocks.bs;
+        const uint32_t off = blocks.pow2 ? p & bmask : p % blocks.bs;
+        rslots[t] = static_cast<int64_t>(rep[col]) * in.block_size + off;
       }
     }
-    int32_t* lk = buf.dcp_seq_lens.data();
-    for (std::size_t r = 0; r < b; ++r) lk[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), dm.rank);
     std::fill(lk + b, lk + bk, 0);
     if (!buf.dcp_seq_lens_list.empty()) std::copy(lk, lk + bk, buf.dcp_seq_lens_list.data());
-    std::fill(buf.replicated_slot_mapping.data() + t_real, buf.replicated_slot_mapping.data() + t_in, int64_t{kPadSlot});
-    const std::size_t rs = static_cast<std::size_t>(buf.replicated_stride);
-    std::fill(buf.replicated_block_table.data() + b * rs, buf.replicated_block_table.data() + bk * rs, 0);
+    std::fill(rslots + t_real, rslots + t_in, int64_t{kPadSlot});
+    for (std::size_t r = b; r < bk; ++r) {
+      const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
+                                              : static_cast<int32_t>(rs);
+      std::fill(buf.replicated_block_table.data() + r * rs, buf.replicated_block_table.data() + r * rs + dirty, 0);
+      if (extent != nullptr) extent[r] = 0;
+    }
   } else if (scan.all_sched_one && b > 0) {
     detail::write_one_token_slots(seqs, b, table, in_stride, in.block_size, last_ids, scan.num_last, slots, pos);
   } else {

@@ -278,9 +278,9 @@ class Impl {
                              const at::Tensor& block_table);
   // DCP (docs/design/sparse_cp.md §5): the query gathered over the group, the top-k remapped
   // to this rank's positions, sparse attention over the local shard with its LSE, the
-  // partials exchanged and merged into this rank's heads: (tk, H, L).
-  at::Tensor dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
-                                  const Caches& c, const Metadata& md, int64_t tk);
+  // partials exchanged and merged into this rank's heads: `merged` (tk, H, L), returned.
+  const at::Tensor& dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                         const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged);
   // Sparse attention of (T, heads) queries over this rank's DCP shard (local_topk already remapped,
   // sparse_mode 0, docs/design/sparse_cp.md §3): the partial output (T, heads, L); its LSE is written
   // into lse_out (T, heads, 1) fp32 (-inf for an empty selection).
@@ -301,6 +301,8 @@ class Impl {
   // The token-block merges of DSA-CP x DCP and PCP (and PCP x DCP's head merge): merge-only DCP
   // workspaces, shared by the layers of one shape (docs/design/sparse_cp.md §9, §11).
   std::shared_ptr<cp::DcpWorkspace> merge_ws_, merge_ws2_;
+  // DSA-CP x DCP and PCP: the merged rows, in the decode workspace (see impl.cpp).
+  at::Tensor& merged_rows_(int64_t rows, at::ScalarType dtype);
   const cp::DcpViews& merge_views_(std::shared_ptr<cp::DcpWorkspace>& slot, cp::Comm& comm, int64_t heads,
                                    int64_t rows, at::ScalarType dtype);
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
@@ -316,6 +318,22 @@ class Impl {
     // scale cache as (rows, 1); the packed cache as (rows, 656); the step's
     // RoPE rows as (tk, 1, 1, R) and slots as (tk, 1) for the indexer
     at::Tensor nope, rope, idx_rows, scale_rows, packed_rows, cos4, sin4, slots2;
+    // DCP: the merged heads (tk, H, L), token-major, in the decode workspace's attention buffer
+    // (which the SFA kernels' own outputs leave unused)
+    ::aar::detail::TensorBinding merged_src;
+    at::Tensor merged;
+    // DSA-CP x DCP and PCP: the merge workspace's partials as (rows, N, L) / (rows, N, 1), and the merged
+    // rows in the decode workspace's attention buffer as (1, rows N, L) and (rows, N, L) (same dtype only)
+    // DSA-CP slice: the query's column blocks of the pack as (nloc, N, L) / (nloc, N, R); DSA-CP x DCP:
+    // the gathered query's staged blocks as (tk, N, L) / (tk, N, R)
+    ::aar::detail::TensorBinding pack_qn_src, pack_qr_src, staged_qn_src, staged_qr_src;
+    at::Tensor pack_qn, pack_qr, staged_qn, staged_qr;
+    // DSA-CP output: the slice's W_UV rows as (nloc, W, N V / W)
+    ::aar::detail::TensorBinding y_road_src;
+    at::Tensor y_road;
+    ::aar::detail::TensorBinding part_src, part_lse_src, cp_merged_src;
+    at::Tensor part, part_lse, cp_merged, cp_merged3;
+    int64_t cp_merged_rows = -1;
   } seen_;
 };
 

@@ -78,6 +78,12 @@ struct SfaStepBuffers {
   Span<int32_t> replicated_block_table;   // >= B_k * replicated_stride (cp/plan/sparse_cp.h), dummy rows 0
   int32_t replicated_stride = 0;          // >= block_table_stride * world
   Span<int64_t> replicated_slot_mapping;  // >= num_input_tokens: the indexer cache's slots, -1 past qsl[B]
+  // Optional, >= B_k: the caller's record of replicated_block_table's contents. On entry, row r's
+  // columns at and past replicated_extent[r] are known to be 0 (a value >= replicated_stride says
+  // nothing is known); on return, each written row's entry is its written columns. A builder that
+  // keeps one record per staging buffer then zeroes only the columns a longer earlier row left,
+  // not the whole row tail every step. Empty: every row's tail is written.
+  Span<int32_t> replicated_extent;
 };
 
 struct SfaStepPlan {
