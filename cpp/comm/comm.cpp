@@ -129,7 +129,7 @@ const at::Tensor& CommWork::wait() {
     if (work_) work_->wait(timeout_);
   } catch (const std::exception& e) {
     keep_.clear();
-    throw CommError(what_ + " failed: " + error_text(e));
+    throw CommError((what_ ? *what_ : std::string("cp::Comm collective")) + " failed: " + error_text(e));
   }
   if (finish_) finish_();
   keep_.clear();
@@ -149,6 +149,9 @@ Comm::Comm(c10::intrusive_ptr<c10d::ProcessGroup> group, CommOptions opts) : pg_
   name_ = pg_->getGroupName();
   AAR_CHECK_ARG(size_ >= 1 && rank_ >= 0 && rank_ < size_, "cp::Comm: group '", name_, "' has rank ", rank_,
                 " of size ", size_);
+  auto d = std::make_shared<std::array<std::string, kNumCommOps>>();
+  for (int32_t k = 0; k < kNumCommOps; ++k) (*d)[static_cast<size_t>(k)] = describe(static_cast<CommOp>(k));
+  descriptions_ = std::move(d);
 }
 
 Comm Comm::from_group_name(const std::string& group_name, CommOptions opts) {
@@ -184,7 +187,6 @@ void Comm::note(CommOp op, const at::Tensor& t, int64_t dim, bool async) {
 CommWork Comm::launch(CommOp op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start, at::Tensor out,
                       std::vector<at::Tensor> keep, std::function<void()> finish) {
   CommWork w;
-  w.what_ = describe(op);
   if (ops::dense::no_compute()) {
     // The no-compute provider: noted and counted, nothing moves (a collective is a device kernel like
     // any other; every rank skips it alike, so no rank waits on a peer).
@@ -192,10 +194,12 @@ CommWork Comm::launch(CommOp op, const std::function<c10::intrusive_ptr<c10d::Wo
     w.done_ = true;
     return w;
   }
+  const size_t k = static_cast<size_t>(op);
+  w.what_ = std::shared_ptr<const std::string>(descriptions_, &(*descriptions_)[k]);  // aliasing: no string copy
   try {
     w.work_ = start();
   } catch (const std::exception& e) {
-    throw CommError(w.what_ + " failed: " + error_text(e));
+    throw CommError(*w.what_ + " failed: " + error_text(e));
   }
   w.out_ = std::move(out);
   w.keep_ = std::move(keep);

@@ -651,31 +651,10 @@ at::Tensor Impl::sparse_attention_lse(const at::Tensor& qn, const at::Tensor& qr
                                       const Caches& c, const at::Tensor& block_table, const at::Tensor& cum_query_lens,
                                       const at::Tensor& local_seq_lens, const at::Tensor& lse_out) {
   // docs/design/sparse_cp.md §3, §5: the selection in this rank's local positions, valid entries first
-  // (the kernel's scan stops at the first -1); sparse_mode 0 with the local lengths, since the indexer
-  // already applied causality in global positions.
-  ops::SparseFlashAttentionArgs& a = dcp_sfa_args_;
-  const int64_t T = qn.size(0);
-  set(a.query, qn);
-  set(a.query_rope, qr);
-  set(a.key, c.nope);
-  set(a.value, c.nope);
-  set(a.key_rope, c.rope);
-  set(a.sparse_indices, local_topk);
-  a.scale_value = cfg_.scale;
-  set(a.block_table, block_table);  // the main cache's local blocks
-  set(a.actual_seq_lengths_query, cum_query_lens);
-  set(a.actual_seq_lengths_kv, local_seq_lens);
-  a.sparse_block_size = 1;
-  a.layout_query = "TND";
-  a.layout_kv = "PA_BSND";
-  a.sparse_mode = 0;
-  a.attention_mode = 2;
-  a.return_softmax_lse = true;
-  const auto [o, mx, sm] = ops::sparse_flash_attention(a, ops::OpLibrary::VllmAscend);
-  // lse = max + log(sum), (1, T, heads) -> (T, heads, 1) fp32; an empty selection gives -inf.
-  at::Tensor lse = lse_out;
-  if (!ops::dense::no_compute()) at::add_out(lse, mx.view({T, -1, 1}), sm.view({T, -1, 1}).log());
-  return o;
+  // (the kernel's scan stops at the first -1), over the main cache's local blocks and lengths.
+  return detail::sparse_attention_lse(
+      dcp_sfa_args_, {qn, qr, local_topk, c.nope, c.rope, block_table, cum_query_lens, local_seq_lens, cfg_.scale},
+      lse_out);
 }
 
 const at::Tensor& Impl::select_topk(const at::Tensor& x, const mla::detail::LatentQuery& q, const Caches& c,

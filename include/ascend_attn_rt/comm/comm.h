@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -79,7 +80,9 @@ class CommWork {
   at::Tensor out_;
   std::vector<at::Tensor> keep_;   // inputs / staging the backend reads or writes
   std::function<void()> finish_;   // staging -> out copy, run after the wait
-  std::string what_;               // "all_gather on group 'g' (rank r of W)"
+  // "cp::Comm all_gather on group 'g' (rank r of W)": the Comm's string for the op, made once at
+  // construction and shared (a launch copies no string).
+  std::shared_ptr<const std::string> what_;
   std::chrono::milliseconds timeout_{0};
   bool done_ = true;
 };
@@ -145,6 +148,8 @@ class Comm {
   int size_ = 1;
   std::string name_;
   std::array<int64_t, kNumCommOps> counts_{};
+  // describe(op) of every op, made once in the constructor; a CommWork shares the one it needs.
+  std::shared_ptr<const std::array<std::string, kNumCommOps>> descriptions_;
   std::vector<CommRecord> log_;
   int64_t collective_ns_ = 0;
   // all_gather's dim != 0 staging (see Layout above); grown, never shrunk.
