@@ -1,5 +1,6 @@
 // C ABI of GQA context parallelism: the DCP builder and layer (cp/gqa_dcp.h), the PCP builder
-// and layer (cp/gqa_pcp.h), over the communicator handles of cp_comm.cpp.
+// and layer (cp/gqa_pcp.h), over the communicator handles of cp_comm.cpp, and their graph
+// updates (aar_graph_update_gqa_dcp / _pcp).
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -152,6 +153,43 @@ void refuse_gqa_only_fields(const aar_gqa_impl_config_t& c) {
   }
 }
 
+
+// aar_gqa_pcp_builder_create(_ext): the builder of config (and ext's options; NULL: their
+// defaults), every field checked by its C name before anything is made. Returns the handle for
+// the caller to store in *out (checked not NULL here).
+aar_gqa_pcp_builder* pcp_builder(const aar_gqa_pcp_builder_config_t* c, const aar_gqa_pcp_builder_ext_t* ext,
+                                 aar_gqa_pcp_builder_t** out) {
+  capi::check_struct(c, "config", "aar_gqa_pcp_builder_config_init");
+  capi::check_not_null(out, "out");
+  cp::PcpConfig b;
+  core_fields(c, b);
+  if (ext != nullptr) {
+    AAR_CHECK_ARG(ext->num_speculative_tokens >= 0 && ext->num_speculative_tokens <= 15,
+                  "ext->num_speculative_tokens must be in [0, 15], got ", ext->num_speculative_tokens);
+    b.num_speculative_tokens = ext->num_speculative_tokens;
+  }
+  AAR_CHECK_ARG(c->pcp_size >= 1, "config->pcp_size must be >= 1, got ", c->pcp_size);
+  AAR_CHECK_ARG(c->pcp_rank >= 0 && c->pcp_rank < c->pcp_size, "config->pcp_rank=", c->pcp_rank,
+                " is out of range [0, pcp_size=", c->pcp_size, ")");
+  AAR_CHECK_ARG(c->dcp_size >= 1, "config->dcp_size must be >= 1, got ", c->dcp_size);
+  AAR_CHECK_ARG(c->dcp_rank >= 0 && c->dcp_rank < c->dcp_size, "config->dcp_rank=", c->dcp_rank,
+                " is out of range [0, dcp_size=", c->dcp_size, ")");
+  b.pcp_size = c->pcp_size;
+  b.pcp_rank = c->pcp_rank;
+  b.dcp_size = c->dcp_size;
+  b.dcp_rank = c->dcp_rank;
+  b.interleave_size = c->interleave_size;
+  const int32_t mode = capi::enum_int(c->kv_mode);
+  AAR_CHECK_ARG(mode == AAR_PCP_SHARDED || mode == AAR_PCP_REPLICATED,
+                "config->kv_mode must be AAR_PCP_SHARDED (0) or AAR_PCP_REPLICATED (1), got ", mode);
+  b.kv_mode = mode == AAR_PCP_SHARDED ? aar::plan::PcpKvMode::Sharded : aar::plan::PcpKvMode::Replicated;
+  auto builder = std::make_unique<cp::PcpMetadataBuilder>(b);
+  aar_gqa_pcp_builder* h = capi::make<aar_gqa_pcp_builder>();
+  h->builder = builder.release();
+  capi::mark_live(h->metadata.tag, capi::Kind::GqaPcpMetadata);
+  h->metadata.md = &h->builder->metadata();
+  return h;
+}
 
 }  // namespace
 
@@ -314,6 +352,14 @@ void aar_gqa_pcp_builder_config_init(aar_gqa_pcp_builder_config_t* c) {
   c->kv_mode = d.kv_mode == aar::plan::PcpKvMode::Sharded ? AAR_PCP_SHARDED : AAR_PCP_REPLICATED;
 }
 
+void aar_gqa_pcp_builder_ext_init(aar_gqa_pcp_builder_ext_t* ext) {
+  if (ext == nullptr) return;
+  const cp::PcpConfig d;
+  *ext = aar_gqa_pcp_builder_ext_t{};
+  ext->struct_size = sizeof(*ext);
+  ext->num_speculative_tokens = d.num_speculative_tokens;
+}
+
 void aar_gqa_pcp_build_inputs_init(aar_gqa_pcp_build_inputs_t* in) {
   if (in == nullptr) return;
   *in = aar_gqa_pcp_build_inputs_t{};
@@ -322,30 +368,16 @@ void aar_gqa_pcp_build_inputs_init(aar_gqa_pcp_build_inputs_t* in) {
 
 aar_status_t aar_gqa_pcp_builder_create(const aar_gqa_pcp_builder_config_t* c, aar_gqa_pcp_builder_t** out) {
   return guarded("aar_gqa_pcp_builder_create", [&] {
-    capi::check_struct(c, "config", "aar_gqa_pcp_builder_config_init");
-    capi::check_not_null(out, "out");
-    cp::PcpConfig b;
-    core_fields(c, b);
-    AAR_CHECK_ARG(c->pcp_size >= 1, "config->pcp_size must be >= 1, got ", c->pcp_size);
-    AAR_CHECK_ARG(c->pcp_rank >= 0 && c->pcp_rank < c->pcp_size, "config->pcp_rank=", c->pcp_rank,
-                  " is out of range [0, pcp_size=", c->pcp_size, ")");
-    AAR_CHECK_ARG(c->dcp_size >= 1, "config->dcp_size must be >= 1, got ", c->dcp_size);
-    AAR_CHECK_ARG(c->dcp_rank >= 0 && c->dcp_rank < c->dcp_size, "config->dcp_rank=", c->dcp_rank,
-                  " is out of range [0, dcp_size=", c->dcp_size, ")");
-    b.pcp_size = c->pcp_size;
-    b.pcp_rank = c->pcp_rank;
-    b.dcp_size = c->dcp_size;
-    b.dcp_rank = c->dcp_rank;
-    b.interleave_size = c->interleave_size;
-    const int32_t mode = capi::enum_int(c->kv_mode);
-    AAR_CHECK_ARG(mode == AAR_PCP_SHARDED || mode == AAR_PCP_REPLICATED,
-                  "config->kv_mode must be AAR_PCP_SHARDED (0) or AAR_PCP_REPLICATED (1), got ", mode);
-    b.kv_mode = mode == AAR_PCP_SHARDED ? aar::plan::PcpKvMode::Sharded : aar::plan::PcpKvMode::Replicated;
-    auto builder = std::make_unique<cp::PcpMetadataBuilder>(b);
-    aar_gqa_pcp_builder* h = capi::make<aar_gqa_pcp_builder>();
-    h->builder = builder.release();
-    capi::mark_live(h->metadata.tag, capi::Kind::GqaPcpMetadata);
-    h->metadata.md = &h->builder->metadata();
+    aar_gqa_pcp_builder* h = pcp_builder(c, nullptr, out);
+    *out = h;
+  });
+}
+
+aar_status_t aar_gqa_pcp_builder_create_ext(const aar_gqa_pcp_builder_config_t* c, const aar_gqa_pcp_builder_ext_t* ext,
+                                            aar_gqa_pcp_builder_t** out) {
+  return guarded("aar_gqa_pcp_builder_create_ext", [&] {
+    capi::check_struct(ext, "ext", "aar_gqa_pcp_builder_ext_init");
+    aar_gqa_pcp_builder* h = pcp_builder(c, ext, out);
     *out = h;
   });
 }
@@ -365,6 +397,27 @@ aar_status_t aar_gqa_pcp_builder_build(aar_gqa_pcp_builder_t* b, const aar_gqa_p
     const cp::PcpBuildInputs bi = pcp_inputs(in);
     b->metadata.md = &b->builder->build(bi);
     *out = &b->metadata;
+  });
+}
+
+aar_status_t aar_gqa_pcp_builder_build_for_graph_capture(aar_gqa_pcp_builder_t* b,
+                                                         const aar_gqa_pcp_build_inputs_t* in, aar_attn_state_t state,
+                                                         const aar_gqa_pcp_metadata_t** out) {
+  return guarded("aar_gqa_pcp_builder_build_for_graph_capture", [&] {
+    capi::checked(b, "builder");
+    capi::check_not_null(out, "out");
+    const cp::PcpBuildInputs bi = pcp_inputs(in);
+    const auto s = capi::capture_state(state);
+    b->metadata.md = &b->builder->build_for_graph_capture(bi, s);
+    *out = &b->metadata;
+  });
+}
+
+aar_status_t aar_graph_update_gqa_pcp(aar_graph_params_t* g, int64_t num_tokens, const aar_gqa_pcp_metadata_t* m) {
+  return guarded("aar_graph_update_gqa_pcp", [&] {
+    aar::graph::GraphParams& params = *capi::checked(g, "graph")->g;
+    const cp::PcpMetadata& md = *unwrap(m, "metadata");
+    params.update(num_tokens, std::vector<aar::graph::StepParams>{cp::graph_step_params(md)});
   });
 }
 
@@ -438,7 +491,6 @@ aar_status_t aar_gqa_pcp_impl_forward(aar_gqa_pcp_impl_t* impl, const DLManagedT
   return guarded("aar_gqa_pcp_impl_forward", [&] {
     capi::GqaPcpState& st = *capi::checked(impl, "impl")->state;
     const cp::PcpMetadata* md = metadata ? unwrap(metadata, "metadata") : nullptr;
-    aar::graph::refuse_if_capturing("aar_gqa_pcp_impl_forward (PCP has no graph mode)");
     capi::check_not_null(key, "key");
     capi::check_not_null(value, "value");
     capi::check_not_null(key_cache, "key_cache");

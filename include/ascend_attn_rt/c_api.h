@@ -96,8 +96,11 @@ extern "C" {
  * 2: typed handles (a metadata handle is no longer the builder's C++ metadata
  * object); byte_offset alignment and NPU availability checked.
  * 3: the C8, FA3, MLA LatentAttention, SFA and DSA families.
- * 4: the CP communicator and GQA DCP / PCP (new functions and structs only). */
-#define AAR_C_API_VERSION 4
+ * 4: the CP communicator and GQA DCP / PCP (new functions and structs only).
+ * 5: GQA PCP speculative decode (aar_gqa_pcp_builder_ext_t, aar_gqa_pcp_builder_create_ext) and
+ * decode graph capture (aar_gqa_pcp_builder_build_for_graph_capture, aar_graph_update_gqa_pcp;
+ * aar_gqa_pcp_impl_forward records inside a capture); new functions and structs only. */
+#define AAR_C_API_VERSION 5
 
 typedef enum aar_status {
   AAR_OK = 0,
@@ -946,8 +949,12 @@ AAR_C_API aar_status_t aar_gqa_dcp_impl_forward(aar_gqa_dcp_impl_t* impl, const 
  * every rank builds the global step; the builder gives the rank's local rows
  * (aar_gqa_pcp_builder_local_rows: which global token each local row is), and the layer takes
  * and returns those rows only. Sharded mode: the KV cache sharded over all pcp_size *
- * dcp_size ranks; replicated mode: every rank holds the whole KV. No speculative decode, no
- * graph capture. */
+ * dcp_size ranks; replicated mode: every rank holds the whole KV. Speculative decode: a builder
+ * made by aar_gqa_pcp_builder_create_ext with num_speculative_tokens (decodes of up to 1 + n
+ * tokens, replicated on every PCP rank, not split). Graph capture of decode-only buckets
+ * (docs/design/cp.md §6.6): a decode-only step built with inputs.num_input_tokens = the bucket
+ * (or by aar_gqa_pcp_builder_build_for_graph_capture) is padded with decode rows of KV length 0
+ * (-1 in local_rows' token_index); steps with prefills run eagerly only. */
 
 typedef struct aar_gqa_pcp_builder aar_gqa_pcp_builder_t;
 typedef struct aar_gqa_pcp_impl aar_gqa_pcp_impl_t;
@@ -982,7 +989,7 @@ typedef struct aar_gqa_pcp_build_inputs {
   size_t block_table_len;
   int32_t block_table_stride;
   int32_t num_input_tokens;       /* 0, query_start_loc[N], or more on a decode-only step (padding
-                                   * decode rows; PCP graph capture is C++/Python only) */
+                                   * decode rows up to a graph bucket) */
   const uint8_t* is_prefilling;   /* optional (NULL, 0) */
   size_t is_prefilling_len;
 } aar_gqa_pcp_build_inputs_t;
@@ -1002,10 +1009,29 @@ typedef struct aar_gqa_pcp_metadata_info {
 
 AAR_C_API aar_status_t aar_gqa_pcp_builder_create(const aar_gqa_pcp_builder_config_t* config,
                                                   aar_gqa_pcp_builder_t** out);
+/* Version 5: the PCP builder's options beyond aar_gqa_pcp_builder_config_t (whose size is
+ * fixed), for aar_gqa_pcp_builder_create_ext. */
+typedef struct aar_gqa_pcp_builder_ext {
+  size_t struct_size;
+  int32_t num_speculative_tokens; /* 0 (0..15): the decode threshold is 1 + this */
+} aar_gqa_pcp_builder_ext_t;
+AAR_C_API void aar_gqa_pcp_builder_ext_init(aar_gqa_pcp_builder_ext_t* ext);
+/* aar_gqa_pcp_builder_create with the options of ext (required; initialised by
+ * aar_gqa_pcp_builder_ext_init, which gives what aar_gqa_pcp_builder_create builds). */
+AAR_C_API aar_status_t aar_gqa_pcp_builder_create_ext(const aar_gqa_pcp_builder_config_t* config,
+                                                      const aar_gqa_pcp_builder_ext_t* ext,
+                                                      aar_gqa_pcp_builder_t** out);
 AAR_C_API void aar_gqa_pcp_builder_destroy(aar_gqa_pcp_builder_t* builder);
 AAR_C_API aar_status_t aar_gqa_pcp_builder_build(aar_gqa_pcp_builder_t* builder,
                                                  const aar_gqa_pcp_build_inputs_t* inputs,
                                                  const aar_gqa_pcp_metadata_t** out);
+/* build() for the capture of a bucket (inputs->num_input_tokens): a decode-only step, state
+ * AAR_STATE_DECODE_ONLY or AAR_STATE_SPEC_DECODING (another state, or a step with prefills:
+ * AAR_ERR_NOT_SUPPORTED, nothing built); the metadata's attn_state is `state`. */
+AAR_C_API aar_status_t aar_gqa_pcp_builder_build_for_graph_capture(aar_gqa_pcp_builder_t* builder,
+                                                                   const aar_gqa_pcp_build_inputs_t* inputs,
+                                                                   aar_attn_state_t state,
+                                                                   const aar_gqa_pcp_metadata_t** out);
 /* This rank's rows after the latest build: *count = num_local_tokens; token_index[i] the
  * global token (query_start_loc units) of local row i, -1 for a padding row; positions[i] its
  * position within its request's scheduled tokens (sharded: >= the request's length for a
@@ -1025,7 +1051,11 @@ AAR_C_API void aar_gqa_pcp_impl_destroy(aar_gqa_pcp_impl_t* impl);
 /* query (T_loc, N, D), key/value (T_loc, Nkv, D) required (T_loc = num_local_tokens, rows as
  * aar_gqa_pcp_builder_local_rows gives them; padding rows any finite values); caches as for
  * aar_gqa_dcp_impl_forward; output (T_loc, N, D) written in full. metadata NULL: profiling run
- * (zero-filled output, no collective). Issues collectives: every rank of the groups calls it. */
+ * (zero-filled output, no collective). Issues collectives: every rank of the groups calls it.
+ * Inside an open capture (aar_graph_begin_capture, same thread) a decode-only step padded to the
+ * bucket is recorded (no collective then: they run inside the replay; query, key, value
+ * contiguous and output at stable addresses); a step with prefills, or metadata NULL, is refused
+ * (AAR_ERR_NOT_SUPPORTED) before anything is written. */
 AAR_C_API aar_status_t aar_gqa_pcp_impl_forward(aar_gqa_pcp_impl_t* impl, const DLManagedTensor* query,
                                                 const DLManagedTensor* key, const DLManagedTensor* value,
                                                 const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
@@ -1082,6 +1112,11 @@ AAR_C_API aar_status_t aar_graph_update_dsa(aar_graph_params_t* graph, int64_t n
  * step built with inputs.num_input_tokens = num_tokens. */
 AAR_C_API aar_status_t aar_graph_update_gqa_dcp(aar_graph_params_t* graph, int64_t num_tokens,
                                                 const aar_gqa_dcp_metadata_t* metadata);
+/* GQA PCP layers (docs/design/cp.md §6.6): metadata is the step's PCP build, a decode-only step
+ * built with inputs.num_input_tokens = num_tokens (sharded: its decode rows refresh the recorded
+ * paged call; replicated: its local GQA build, as aar_graph_update_gqa). */
+AAR_C_API aar_status_t aar_graph_update_gqa_pcp(aar_graph_params_t* graph, int64_t num_tokens,
+                                                const aar_gqa_pcp_metadata_t* metadata);
 /* "recording" provider: runs the bucket's recorded calls (each updated since the last replay). */
 AAR_C_API aar_status_t aar_graph_replay(aar_graph_params_t* graph, int64_t num_tokens);
 /* *out: 1 when bucket num_tokens is captured, else 0. */

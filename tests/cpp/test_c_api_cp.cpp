@@ -3,8 +3,9 @@
 // timeout, a group name not registered, a pointer that is not the registered group), a
 // one-rank gloo group made over TCP, NULL / foreign / destroyed handles, a communicator whose
 // group does not match the metadata's (refused before any collective, caches and output
-// untouched), a DCP decode bucket captured, updated and replayed (and what a capture refuses),
-// and one-rank DCP and PCP layers against a float64 attention. The two-rank runs are examples/c/c_gqa_cp.c (ctest example_c_gqa_cp).
+// untouched), DCP and PCP decode buckets captured, updated and replayed (and what a capture
+// refuses), PCP speculative decode (aar_gqa_pcp_builder_create_ext), and one-rank DCP and PCP
+// layers against a float64 attention. The two-rank runs are examples/c/c_gqa_cp.c (ctest example_c_gqa_cp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -417,7 +418,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
 
 // A DCP decode bucket captured through the C ABI (one rank: the recorded calls without a peer),
 // updated and replayed over two steps, against float64; a prefill inside the capture, a PCP
-// forward inside it and non-capturable states are refused by name.
+// profiling forward inside it and non-capturable states are refused by name.
 TEST(CApiCp, DcpDecodeGraphReplaysAndRefusals) {
   constexpr int64_t kBucket = 4;
   aar_cp_comm_t* comm = tcp_world1();
@@ -469,7 +470,7 @@ TEST(CApiCp, DcpDecodeGraphReplaysAndRefusals) {
     EXPECT_REJECTED(aar_gqa_dcp_impl_forward(layer, q.get(), k.get(), v.get(), kc.get(), vc.get(), md, o.get()),
                     AAR_ERR_NOT_SUPPORTED, "decode-only");
     EXPECT_REJECTED(aar_gqa_pcp_impl_forward(pcp, q.get(), k.get(), v.get(), kc.get(), vc.get(), nullptr, o.get()),
-                    AAR_ERR_NOT_SUPPORTED, "PCP has no graph mode");
+                    AAR_ERR_NOT_SUPPORTED, "a GQA PCP forward without metadata (profiling run)");
     ASSERT_EQ(aar_graph_abort_capture(g), AAR_OK) << last();
   }
   ASSERT_EQ(aar_gqa_dcp_builder_build_for_graph_capture(b, &din, AAR_STATE_DECODE_ONLY, &md), AAR_OK) << last();
@@ -506,6 +507,299 @@ TEST(CApiCp, DcpDecodeGraphReplaysAndRefusals) {
   aar_gqa_dcp_impl_destroy(layer);
   aar_gqa_pcp_impl_destroy(pcp);
   aar_cp_comm_destroy(comm);
+}
+
+// A PCP step's host arrays (kept alive with the inputs that point at them).
+struct PcpStep {
+  std::vector<int32_t> qsl = {0}, seq, table;
+  std::vector<uint8_t> pref;
+  int32_t num_input_tokens = 0;
+  // Requests 0 and 1 in order with `qlens` new tokens after `hist` (their lengths so far).
+  PcpStep(const std::vector<int32_t>& qlens, const std::vector<int64_t>& hist, bool prefilling) {
+    for (size_t r = 0; r < qlens.size(); ++r) {
+      qsl.push_back(qsl.back() + qlens[r]);
+      seq.push_back(static_cast<int32_t>(hist[r]) + qlens[r]);
+      table.insert(table.end(), kTable.begin() + r * kMbr, kTable.begin() + (r + 1) * kMbr);
+      pref.push_back(prefilling ? 1 : 0);
+    }
+  }
+  aar_gqa_pcp_build_inputs_t in() const {
+    aar_gqa_pcp_build_inputs_t b;
+    aar_gqa_pcp_build_inputs_init(&b);
+    b.query_start_loc = qsl.data();
+    b.query_start_loc_len = qsl.size();
+    b.seq_lens = seq.data();
+    b.seq_lens_len = seq.size();
+    b.block_table = table.data();
+    b.block_table_len = table.size();
+    b.block_table_stride = kMbr;
+    b.is_prefilling = pref.data();
+    b.is_prefilling_len = pref.size();
+    b.num_input_tokens = num_input_tokens;
+    return b;
+  }
+};
+
+aar_gqa_pcp_builder_t* pcp_spec_builder(aar_pcp_kv_mode_t mode, int32_t spec) {
+  aar_gqa_pcp_builder_config_t bc;
+  aar_gqa_pcp_builder_config_init(&bc);
+  bc.max_num_reqs = 4;
+  bc.max_num_tokens = 32;
+  bc.max_blocks_per_req = kMbr;
+  bc.block_size = kBs;
+  bc.num_blocks = kNb;
+  bc.kv_mode = mode;
+  aar_gqa_pcp_builder_ext_t ext;
+  aar_gqa_pcp_builder_ext_init(&ext);
+  EXPECT_EQ(ext.num_speculative_tokens, 0);
+  ext.num_speculative_tokens = spec;
+  aar_gqa_pcp_builder_t* b = nullptr;
+  EXPECT_EQ(aar_gqa_pcp_builder_create_ext(&bc, &ext, &b), AAR_OK) << last();
+  return b;
+}
+
+TEST(CApiCp, PcpBuilderExtRejectedByName) {
+  aar_gqa_pcp_builder_config_t bc;
+  aar_gqa_pcp_builder_config_init(&bc);
+  bc.num_blocks = kNb;
+  aar_gqa_pcp_builder_ext_t ext;
+  aar_gqa_pcp_builder_ext_init(&ext);
+  aar_gqa_pcp_builder_t* sentinel = reinterpret_cast<aar_gqa_pcp_builder_t*>(0x1);
+  aar_gqa_pcp_builder_t* out = sentinel;
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create_ext(&bc, nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "ext is NULL");
+  aar_gqa_pcp_builder_ext_t bad = ext;
+  bad.struct_size = 4;
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create_ext(&bc, &bad, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "ext->struct_size is 4");
+  bad = ext;
+  bad.num_speculative_tokens = 16;
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create_ext(&bc, &bad, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "ext->num_speculative_tokens must be in [0, 15], got 16");
+  bad.num_speculative_tokens = -1;
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create_ext(&bc, &bad, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "ext->num_speculative_tokens must be in [0, 15], got -1");
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create_ext(nullptr, &ext, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create_ext(&bc, &ext, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  aar_gqa_pcp_builder_config_t badc = bc;
+  badc.pcp_size = 0;
+  EXPECT_REJECTED(aar_gqa_pcp_builder_create_ext(&badc, &ext, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "config->pcp_size must be >= 1, got 0");
+  EXPECT_EQ(out, sentinel);  // nothing written on error
+  ASSERT_EQ(aar_gqa_pcp_builder_create_ext(&bc, &ext, &out), AAR_OK) << last();
+  aar_gqa_pcp_builder_destroy(out);
+}
+
+// PCP speculative decode (eager) and a captured PCP decode bucket replayed, one rank, both KV
+// modes, against float64; what the capture build, the forward inside a capture and the update
+// refuse (by name, nothing written or built).
+TEST(CApiCp, PcpSpecDecodeAndDecodeGraph) {
+  constexpr int64_t kBucket = 8;
+  for (const aar_pcp_kv_mode_t mode : {AAR_PCP_SHARDED, AAR_PCP_REPLICATED}) {
+    SCOPED_TRACE(mode == AAR_PCP_SHARDED ? "sharded" : "replicated");
+    aar_cp_comm_t* comm = tcp_world1();
+    ASSERT_NE(comm, nullptr);
+    const aar_gqa_impl_config_t ic = impl_config();
+    aar_gqa_pcp_impl_t* layer = nullptr;
+    ASSERT_EQ(aar_gqa_pcp_impl_create(&ic, comm, nullptr, &layer), AAR_OK) << last();
+    aar_cp_comm_destroy(comm);
+    aar_gqa_pcp_builder_t* b = pcp_spec_builder(mode, 2);
+    at::Tensor kc = at::zeros({kNb, kBs, kHkv, kD}), vc = at::zeros({kNb, kBs, kHkv, kD});
+    Dl dkc(kc), dvc(vc);
+    std::vector<at::Tensor> hk(2), hv(2);
+    std::vector<int64_t> hist = {0, 0};
+
+    // One eager step: the global rows q / k / v of `s`, this rank's local rows through
+    // local_rows; every real row checked against float64 over its request's history.
+    auto eager = [&](const PcpStep& s, const aar_gqa_pcp_metadata_t* md, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v) {
+      size_t n = 0;
+      ASSERT_EQ(aar_gqa_pcp_builder_local_rows(b, nullptr, nullptr, 0, &n), AAR_OK) << last();
+      std::vector<int32_t> idx(n);
+      ASSERT_EQ(aar_gqa_pcp_builder_local_rows(b, idx.data(), nullptr, n, &n), AAR_OK) << last();
+      const int64_t m = static_cast<int64_t>(n);
+      at::Tensor lq = at::zeros({m, kH, kD}), lk = at::zeros({m, kHkv, kD}), lv = at::zeros({m, kHkv, kD});
+      at::Tensor lout = at::full({m, kH, kD}, NAN);
+      for (int64_t i = 0; i < m; ++i) {
+        if (idx[i] < 0) continue;
+        lq[i].copy_(q[idx[i]]), lk[i].copy_(k[idx[i]]), lv[i].copy_(v[idx[i]]);
+      }
+      Dl dq(lq), dk(lk), dv(lv), dout(lout);
+      ASSERT_EQ(aar_gqa_pcp_impl_forward(layer, dq.get(), dk.get(), dv.get(), dkc.get(), dvc.get(), md, dout.get()),
+                AAR_OK)
+          << last();
+      for (int r = 0; r < 2; ++r) {
+        const int64_t s0 = s.qsl[r], len = s.qsl[r + 1] - s.qsl[r];
+        hk[r] = hist[r] ? at::cat({hk[r], k.narrow(0, s0, len)}) : k.narrow(0, s0, len).clone();
+        hv[r] = hist[r] ? at::cat({hv[r], v.narrow(0, s0, len)}) : v.narrow(0, s0, len).clone();
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        if (idx[i] < 0) continue;
+        const int r = idx[i] >= s.qsl[1] ? 1 : 0;
+        const int64_t pos = hist[r] + (idx[i] - s.qsl[r]);
+        const at::Tensor ref = attend(q[idx[i]], hk[r].narrow(0, 0, pos + 1), hv[r].narrow(0, 0, pos + 1));
+        EXPECT_LT((lout[i].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5) << "global token " << idx[i];
+      }
+      for (int r = 0; r < 2; ++r) hist[r] += s.qsl[r + 1] - s.qsl[r];
+    };
+
+    {  // History: the two prefills.
+      const PcpStep s({5, 3}, hist, true);
+      const aar_gqa_pcp_build_inputs_t in = s.in();
+      const aar_gqa_pcp_metadata_t* md = nullptr;
+      ASSERT_EQ(aar_gqa_pcp_builder_build(b, &in, &md), AAR_OK) << last();
+      eager(s, md, at::randn({8, kH, kD}), at::randn({8, kHkv, kD}), at::randn({8, kHkv, kD}));
+    }
+    {  // A speculative decode step: 3 and 2 tokens (the threshold is 1 + 2), eager.
+      const PcpStep s({3, 2}, hist, false);
+      const aar_gqa_pcp_build_inputs_t in = s.in();
+      const aar_gqa_pcp_metadata_t* md = nullptr;
+      ASSERT_EQ(aar_gqa_pcp_builder_build(b, &in, &md), AAR_OK) << last();
+      aar_gqa_pcp_metadata_info_t info;
+      info.struct_size = sizeof(info);
+      ASSERT_EQ(aar_gqa_pcp_metadata_get_info(md, &info), AAR_OK) << last();
+      EXPECT_EQ(info.attn_state, AAR_STATE_SPEC_DECODING);
+      EXPECT_EQ(info.num_decodes, 2);
+      EXPECT_EQ(info.num_decode_tokens, 5);
+      EXPECT_EQ(info.num_prefills, 0);
+      eager(s, md, at::randn({5, kH, kD}), at::randn({5, kHkv, kD}), at::randn({5, kHkv, kD}));
+    }
+
+    // The capture build: what it refuses, before anything is built.
+    const aar_gqa_pcp_metadata_t* md = nullptr;
+    aar_gqa_pcp_metadata_info_t info;
+    info.struct_size = sizeof(info);
+    PcpStep cap({3, 3}, hist, false);
+    cap.num_input_tokens = kBucket;
+    aar_gqa_pcp_build_inputs_t cin = cap.in();
+    {
+      const aar_gqa_pcp_metadata_t* none = nullptr;
+      ASSERT_EQ(aar_gqa_pcp_builder_build(b, &cin, &md), AAR_OK) << last();  // a padded decode-only build
+      ASSERT_EQ(aar_gqa_pcp_metadata_get_info(md, &info), AAR_OK) << last();
+      EXPECT_EQ(info.num_local_tokens, kBucket);
+      const uint64_t gen = info.generation;
+      EXPECT_REJECTED(aar_gqa_pcp_builder_build_for_graph_capture(b, &cin, AAR_STATE_PREFILL_NO_CACHE, &none),
+                      AAR_ERR_NOT_SUPPORTED, "gqa_pcp");
+      EXPECT_REJECTED(aar_gqa_pcp_builder_build_for_graph_capture(b, &cin, AAR_STATE_AUTO, &none),
+                      AAR_ERR_INVALID_ARGUMENT, "state");
+      EXPECT_REJECTED(aar_gqa_pcp_builder_build_for_graph_capture(nullptr, &cin, AAR_STATE_DECODE_ONLY, &none),
+                      AAR_ERR_INVALID_ARGUMENT, "builder is NULL, expected an aar_gqa_pcp_builder_t");
+      EXPECT_REJECTED(aar_gqa_pcp_builder_build_for_graph_capture(b, &cin, AAR_STATE_DECODE_ONLY, nullptr),
+                      AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+      aar_gqa_pcp_build_inputs_t bad = cin;
+      bad.struct_size = 4;
+      EXPECT_REJECTED(aar_gqa_pcp_builder_build_for_graph_capture(b, &bad, AAR_STATE_DECODE_ONLY, &none),
+                      AAR_ERR_INVALID_ARGUMENT, "inputs->struct_size is 4");
+      PcpStep mixed({1, 9}, hist, false);
+      mixed.pref = {0, 1};
+      mixed.num_input_tokens = 12;
+      const aar_gqa_pcp_build_inputs_t min = mixed.in();
+      EXPECT_REJECTED(aar_gqa_pcp_builder_build_for_graph_capture(b, &min, AAR_STATE_DECODE_ONLY, &none),
+                      AAR_ERR_NOT_SUPPORTED, "prefill");
+      EXPECT_EQ(none, nullptr);
+      ASSERT_EQ(aar_gqa_pcp_metadata_get_info(md, &info), AAR_OK) << last();
+      EXPECT_EQ(info.generation, gen);  // nothing built
+    }
+
+    aar_graph_params_t* g = nullptr;
+    ASSERT_EQ(aar_graph_params_create("recording", nullptr, 0, &g), AAR_OK) << last();
+    at::Tensor qs = at::zeros({kBucket, kH, kD}), ks = at::zeros({kBucket, kHkv, kD}), vs = at::zeros_like(ks);
+    at::Tensor outs = at::zeros({kBucket, kH, kD});
+    Dl dqs(qs), dks(ks), dvs(vs), douts(outs);
+    {  // A step with prefills inside an open capture: refused, nothing written, nothing recorded.
+      const PcpStep s({1, 9}, hist, false);
+      PcpStep pre = s;
+      pre.pref = {0, 1};
+      const aar_gqa_pcp_build_inputs_t in = pre.in();
+      ASSERT_EQ(aar_gqa_pcp_builder_build(b, &in, &md), AAR_OK) << last();
+      ASSERT_EQ(aar_gqa_pcp_metadata_get_info(md, &info), AAR_OK) << last();
+      const int64_t n = info.num_local_tokens;
+      at::Tensor lq = at::randn({n, kH, kD}), lk = at::randn({n, kHkv, kD}), lout = at::full({n, kH, kD}, 7.0f);
+      const at::Tensor kc0 = kc.clone(), vc0 = vc.clone();
+      Dl dq(lq), dk(lk), dout(lout);
+      ASSERT_EQ(aar_graph_begin_capture(g, 16), AAR_OK) << last();
+      EXPECT_REJECTED(aar_gqa_pcp_impl_forward(layer, dq.get(), dk.get(), dk.get(), dkc.get(), dvc.get(), md, dout.get()),
+                      AAR_ERR_NOT_SUPPORTED, "inside a graph capture");
+      ASSERT_EQ(aar_graph_abort_capture(g), AAR_OK) << last();
+      EXPECT_TRUE(at::equal(lout, at::full_like(lout, 7.0f)));
+      EXPECT_TRUE(at::equal(kc, kc0));
+      EXPECT_TRUE(at::equal(vc, vc0));
+      // Nothing was captured.
+      int32_t has = 1;
+      ASSERT_EQ(aar_graph_has(g, 16, &has), AAR_OK) << last();
+      EXPECT_EQ(has, 0);
+    }
+    // The capture.
+    ASSERT_EQ(aar_gqa_pcp_builder_build_for_graph_capture(b, &cin, AAR_STATE_SPEC_DECODING, &md), AAR_OK) << last();
+    ASSERT_EQ(aar_gqa_pcp_metadata_get_info(md, &info), AAR_OK) << last();
+    EXPECT_EQ(info.attn_state, AAR_STATE_SPEC_DECODING);
+    ASSERT_EQ(info.num_local_tokens, kBucket);
+    ASSERT_EQ(aar_graph_begin_capture(g, kBucket), AAR_OK) << last();
+    ASSERT_EQ(aar_gqa_pcp_impl_forward(layer, dqs.get(), dks.get(), dvs.get(), dkc.get(), dvc.get(), md, douts.get()),
+              AAR_OK)
+        << last();
+    ASSERT_EQ(aar_graph_end_capture(g), AAR_OK) << last();
+
+    // Replays: a speculative step (3 + 2 tokens) and a one-token step, each built padded to
+    // the bucket, updated and replayed.
+    const std::vector<std::vector<int32_t>> qlens = {{3, 2}, {1, 1}};
+    for (const auto& ql : qlens) {
+      PcpStep s(ql, hist, false);
+      s.num_input_tokens = kBucket;
+      const aar_gqa_pcp_build_inputs_t in = s.in();
+      ASSERT_EQ(aar_gqa_pcp_builder_build(b, &in, &md), AAR_OK) << last();
+      size_t n = 0;
+      std::vector<int32_t> idx(kBucket);
+      ASSERT_EQ(aar_gqa_pcp_builder_local_rows(b, idx.data(), nullptr, idx.size(), &n), AAR_OK) << last();
+      ASSERT_EQ(n, static_cast<size_t>(kBucket));
+      const int64_t T = s.qsl.back();
+      const at::Tensor q = at::randn({T, kH, kD}), k = at::randn({T, kHkv, kD}), v = at::randn({T, kHkv, kD});
+      qs.zero_(), ks.zero_(), vs.zero_(), outs.fill_(NAN);
+      for (int64_t i = 0; i < kBucket; ++i) {
+        if (idx[i] < 0) continue;
+        qs[i].copy_(q[idx[i]]), ks[i].copy_(k[idx[i]]), vs[i].copy_(v[idx[i]]);
+      }
+      ASSERT_EQ(aar_graph_update_gqa_pcp(g, kBucket, md), AAR_OK) << last();
+      ASSERT_EQ(aar_graph_replay(g, kBucket), AAR_OK) << last();
+      for (int r = 0; r < 2; ++r) {
+        const int64_t s0 = s.qsl[r], len = s.qsl[r + 1] - s.qsl[r];
+        hk[r] = at::cat({hk[r], k.narrow(0, s0, len)});
+        hv[r] = at::cat({hv[r], v.narrow(0, s0, len)});
+      }
+      int64_t real = 0;
+      for (int64_t i = 0; i < kBucket; ++i) {
+        if (idx[i] < 0) continue;
+        ++real;
+        const int r = idx[i] >= s.qsl[1] ? 1 : 0;
+        const int64_t pos = hist[r] + (idx[i] - s.qsl[r]);
+        const at::Tensor ref = attend(q[idx[i]], hk[r].narrow(0, 0, pos + 1), hv[r].narrow(0, 0, pos + 1));
+        EXPECT_LT((outs[i].to(at::kDouble) - ref).abs().max().item<double>(), 1e-5)
+            << "replay of " << ql[0] << "+" << ql[1] << " tokens, global token " << idx[i];
+      }
+      EXPECT_EQ(real, T);  // every token of the step is a row of this rank (decodes are replicated)
+      for (int r = 0; r < 2; ++r) hist[r] += ql[r];
+    }
+
+    // What the update refuses, by name.
+    EXPECT_REJECTED(aar_graph_update_gqa_pcp(g, kBucket, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                    "metadata is NULL, expected an aar_gqa_pcp_metadata_t");
+    EXPECT_REJECTED(aar_graph_update_gqa_pcp(nullptr, kBucket, md), AAR_ERR_INVALID_ARGUMENT,
+                    "graph is NULL, expected an aar_graph_params_t");
+    aar_gqa_dcp_builder_t* db = dcp_builder(1, 0);
+    EXPECT_REJECTED(aar_graph_update_gqa_pcp(g, kBucket, reinterpret_cast<const aar_gqa_pcp_metadata_t*>(db)),
+                    AAR_ERR_INVALID_ARGUMENT, "metadata is an aar_gqa_dcp_builder_t, expected an aar_gqa_pcp_metadata_t");
+    aar_gqa_dcp_builder_destroy(db);
+    {
+      PcpStep pre({1, 9}, hist, false);
+      pre.pref = {0, 1};
+      const aar_gqa_pcp_build_inputs_t in = pre.in();
+      ASSERT_EQ(aar_gqa_pcp_builder_build(b, &in, &md), AAR_OK) << last();
+      EXPECT_REJECTED(aar_graph_update_gqa_pcp(g, kBucket, md), AAR_ERR_INVALID_ARGUMENT,
+                      "cannot update a captured bucket");
+    }
+    aar_graph_params_destroy(g);
+    aar_gqa_pcp_builder_destroy(b);
+    aar_gqa_pcp_impl_destroy(layer);
+  }
 }
 
 // One-rank groups: DCP and PCP layers compute the plain attention (float64 reference), and a

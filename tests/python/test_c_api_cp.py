@@ -3,7 +3,10 @@ include/ascend_attn_rt/c_api.h; docs/design/c_api.md §6.1), driven through ctyp
 embedded next to torch would: two gloo ranks, each finds the world group by its group_name in
 c10d's registry, runs a GQA DCP prefill and decode through the C functions (DLPack tensors from
 torch), and checks the decode (the collectives' path) against a float64 attention over the whole
-sequence. Also: the pointer check (a wrong c10d::ProcessGroup* is refused by name).
+sequence. Also: the pointer check (a wrong c10d::ProcessGroup* is refused by name), and version
+5's PCP functions (aar_gqa_pcp_builder_create_ext, the capture build, aar_graph_update_gqa_pcp) in
+one process: the struct layouts as a C caller declares them, a padded speculative decode bucket's
+local rows, and the refusals by name with nothing written.
 
 The C ABI's own error paths are tests/cpp/test_c_api_cp.cpp; its two-process TCP path is
 examples/c/c_gqa_cp.c (ctest example_c_gqa_cp).
@@ -155,3 +158,85 @@ def _case(rank, world):
 def test_dcp_through_the_c_abi_on_a_torch_distributed_group():
     worst = run_ranks(2, _case, deadline_s=90.0)
     assert all(w < 1e-5 for w in worst), worst
+
+
+class PcpBuilderConfig(ctypes.Structure):
+    _fields_ = [("struct_size", sz)] + [(n, i32) for n in (
+        "max_num_reqs", "max_num_tokens", "max_blocks_per_req", "block_size", "num_blocks", "pcp_size", "pcp_rank",
+        "dcp_size", "dcp_rank", "interleave_size", "kv_mode")] + [
+        ("device", DLDevice), ("separate_device_buffers", i32), ("staging_buffers", i32)]
+
+
+class PcpBuilderExt(ctypes.Structure):
+    _fields_ = [("struct_size", sz), ("num_speculative_tokens", i32)]
+
+
+class PcpBuildInputs(ctypes.Structure):
+    _fields_ = [("struct_size", sz), ("query_start_loc", vp), ("query_start_loc_len", sz), ("seq_lens", vp),
+                ("seq_lens_len", sz), ("block_table", vp), ("block_table_len", sz), ("block_table_stride", i32),
+                ("num_input_tokens", i32), ("is_prefilling", vp), ("is_prefilling_len", sz)]
+
+
+def test_pcp_spec_and_capture_functions_through_ctypes():
+    """Version 5's PCP functions from a C caller's side (one process, no collective): the ext
+    struct's checks, the capture build of a speculative decode bucket (padding rows -1 in the
+    local rows), and what the capture build and the update refuse, each naming the argument with
+    nothing written."""
+    lib = _lib()
+    assert lib.aar_c_api_version() == 5
+    bc = PcpBuilderConfig()
+    lib.aar_gqa_pcp_builder_config_init(ctypes.byref(bc))
+    assert bc.struct_size == ctypes.sizeof(PcpBuilderConfig)
+    bc.max_num_reqs, bc.max_num_tokens, bc.max_blocks_per_req, bc.block_size, bc.num_blocks = 4, 32, MAXB, BS, NB
+    ext = PcpBuilderExt()
+    lib.aar_gqa_pcp_builder_ext_init(ctypes.byref(ext))
+    assert (ext.struct_size, ext.num_speculative_tokens) == (ctypes.sizeof(PcpBuilderExt), 0)
+    builder = vp(0x1)  # a sentinel: a rejected create leaves it as it was
+
+    def refused(status, want, needle):
+        msg = lib.aar_last_error().decode()
+        assert status == want and needle in msg, (status, msg)
+
+    refused(lib.aar_gqa_pcp_builder_create_ext(ctypes.byref(bc), None, ctypes.byref(builder)), 1, "ext is NULL")
+    ext.num_speculative_tokens = 16
+    refused(lib.aar_gqa_pcp_builder_create_ext(ctypes.byref(bc), ctypes.byref(ext), ctypes.byref(builder)), 1,
+            "ext->num_speculative_tokens must be in [0, 15], got 16")
+    assert builder.value == 0x1
+    ext.num_speculative_tokens = 2
+    _check(lib, lib.aar_gqa_pcp_builder_create_ext(ctypes.byref(bc), ctypes.byref(ext), ctypes.byref(builder)),
+           "create_ext")
+
+    def inputs(qsl, seq, pref, num_input_tokens):
+        arrays = [torch.tensor(qsl, dtype=torch.int32), torch.tensor(seq, dtype=torch.int32),
+                  torch.tensor([1, 2] * len(seq), dtype=torch.int32), torch.tensor(pref, dtype=torch.uint8)]
+        ins = PcpBuildInputs(struct_size=ctypes.sizeof(PcpBuildInputs), query_start_loc=arrays[0].data_ptr(),
+                             query_start_loc_len=len(qsl), seq_lens=arrays[1].data_ptr(), seq_lens_len=len(seq),
+                             block_table=arrays[2].data_ptr(), block_table_len=2 * len(seq), block_table_stride=MAXB,
+                             num_input_tokens=num_input_tokens, is_prefilling=arrays[3].data_ptr(),
+                             is_prefilling_len=len(pref))
+        return ins, arrays
+
+    md = vp(0x1)
+    mixed, keep_m = inputs([0, 1, 10], [8, 20], [0, 1], 12)
+    refused(lib.aar_gqa_pcp_builder_build_for_graph_capture(builder, ctypes.byref(mixed), 2, ctypes.byref(md)), 2,
+            "prefill")
+    spec, keep_s = inputs([0, 3, 5], [8, 9], [0, 0], 8)
+    refused(lib.aar_gqa_pcp_builder_build_for_graph_capture(builder, ctypes.byref(spec), -1, ctypes.byref(md)), 1,
+            "state")
+    assert md.value == 0x1
+    _check(lib, lib.aar_gqa_pcp_builder_build_for_graph_capture(builder, ctypes.byref(spec), 4, ctypes.byref(md)),
+           "build_for_graph_capture")
+    count = sz(0)
+    idx = (i32 * 8)(*([-7] * 8))
+    _check(lib, lib.aar_gqa_pcp_builder_local_rows(builder, idx, None, sz(8), ctypes.byref(count)), "local_rows")
+    assert count.value == 8 and list(idx) == [0, 1, 2, 3, 4, -1, -1, -1], list(idx)
+
+    graph = vp()
+    _check(lib, lib.aar_graph_params_create(b"recording", None, 0, ctypes.byref(graph)), "graph_params_create")
+    refused(lib.aar_graph_update_gqa_pcp(graph, i64(8), None), 1, "metadata is NULL, expected an aar_gqa_pcp_metadata_t")
+    refused(lib.aar_graph_update_gqa_pcp(None, i64(8), md), 1, "graph is NULL")
+    refused(lib.aar_graph_update_gqa_pcp(graph, i64(8), builder), 1,
+            "metadata is an aar_gqa_pcp_builder_t, expected an aar_gqa_pcp_metadata_t")
+    lib.aar_graph_params_destroy(graph)
+    lib.aar_gqa_pcp_builder_destroy(builder)
+    del keep_m, keep_s
