@@ -330,6 +330,13 @@ def test_builder_pcp_graph_bucket_rows():
         assert md.is_current and torch.equal(md.slot_mapping, slots)
         # unpadded, the same builder keeps the eager split of a step with prefills
         assert b.build(*build_args(mixed)).num_local_tokens == 9
+        # the device path's copies give the padded bucket's metadata too
+        a = b.build(*build_args(st), num_input_tokens=5)
+        c = _builder(st, 2, rank, graph_decode_padding=True, separate_device_buffers=True).build(
+            *build_args(st), num_input_tokens=5)
+        assert a.pcp_local_token_index_list == c.pcp_local_token_index_list
+        assert a.pcp_indexer_seq_lens_list == c.pcp_indexer_seq_lens_list
+        assert torch.equal(a.pcp_cos, c.pcp_cos) and torch.equal(a.indexer_slot_mapping, c.indexer_slot_mapping)
 
 
 def test_builder_pcp_separate_device_buffers_match():

@@ -176,11 +176,15 @@ def _graph_case(rank, world, wp, wd, I, dtype_name, spec):
             g_impl.forward(x, kv_g, md_p, torch.zeros_like(x))
     expect(NotImplementedError, capture)
     expect(NotImplementedError, lambda: g.update(NT, md_p))
+    # a decode-only step not padded to the bucket
+    dec = make_step(W, I=I, dtype=dtype, spec=spec, seq_lens=steps[1], q_lens=[qn] * len(steps[1]))
+    md_u = b_graph.build(qsl(dec["q_lens"]), torch.tensor(steps[1], dtype=torch.int32), _table(dec))
+    expect(ValueError, lambda: g.update(NT, md_u))
     untouched = all(torch.equal(a, b) for a, b in zip(before, kv_g))
     return errors, untouched, pcp.calls + (dcp.calls if dcp is not None else 0)
 
 
-def _check(res):
+def _check(res, spec):
     for errors, untouched, calls in res:
         assert None not in errors, errors
         assert "SFA PCP captures decode-only buckets only" in errors[0], errors[0]
@@ -188,6 +192,7 @@ def _check(res):
         assert "only a decode-only step is padded to a graph bucket" in errors[2], errors[2]
         assert "SFA PCP capture of a step with prefills is not supported" in errors[4], errors[4]
         assert "the update of bucket" in errors[5] and "with prefills is not supported" in errors[5], errors[5]
+        assert f"with {BUCKET * (1 + spec)} rows and {BUCKET} kernel requests, the step has" in errors[6], errors[6]
         assert untouched, "a refused capture or update wrote a cache"
         assert calls == 0, "a refused capture or update issued a collective"
 
@@ -195,8 +200,8 @@ def _check(res):
 @pytest.mark.parametrize("wp,wd,I,dtype,spec", [(2, 1, 1, "float32", 0), (2, 1, 4, "float32", 2),
                                                 (2, 1, 1, "bfloat16", 0)])
 def test_sfa_pcp_decode_graph_replays_like_eager(wp, wd, I, dtype, spec):
-    _check(run_ranks(wp * wd, _graph_case, wp, wd, I, dtype, spec, deadline_s=120.0))
+    _check(run_ranks(wp * wd, _graph_case, wp, wd, I, dtype, spec, deadline_s=120.0), spec)
 
 
 def test_sfa_pcp2_x_dcp2_decode_graph_replays_like_eager():
-    _check(run_ranks(4, _graph_case, 2, 2, 2, "float32", 1, deadline_s=120.0))
+    _check(run_ranks(4, _graph_case, 2, 2, 2, "float32", 1, deadline_s=120.0), 1)
