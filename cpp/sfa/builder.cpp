@@ -116,7 +116,8 @@ class MetadataBuilder::Lane {
   const Metadata& metadata() const { return md_; }
   uint64_t generation() const { return counter_.current(); }
 
-  Metadata& build(const BuildInputs& in) {
+  // capture: build_for_graph_capture's build (under PCP a step with prefills is refused by the plan).
+  Metadata& build(const BuildInputs& in, bool capture = false) {
     const int64_t MB = cfg_.max_blocks_per_req;
     if (in.draft_step != -1) {
       throw_not_supported("BuildInputs.draft_step=", in.draft_step, ": the SFA builder has no DCP draft steps "
@@ -128,11 +129,12 @@ class MetadataBuilder::Lane {
                     R_);
     }
     core::check_step_fits(in, cfg_, cfg_.max_blocks_per_req, draft_index_ >= 0 ? R_ : -1);
-    if (pcp_ && in.num_input_tokens != 0 && !in.query_start_loc.empty() &&
+    if (pcp_ && !cfg_.graph_decode_padding && in.num_input_tokens != 0 && !in.query_start_loc.empty() &&
         in.num_input_tokens != in.query_start_loc.back()) {
       throw_not_supported("num_input_tokens=", in.num_input_tokens, " with pcp_world_size=", cfg_.pcp_world_size,
-                          ": a PCP build takes the global batch unpadded (num_input_tokens 0 or query_start_loc[B]=",
-                          in.query_start_loc.back(), ", docs/design/sparse_cp.md §11)");
+                          " without graph_decode_padding: a PCP build takes the global batch unpadded "
+                          "(num_input_tokens 0 or query_start_loc[B]=", in.query_start_loc.back(),
+                          ", docs/design/sparse_cp.md §11)");
     }
     // The offload's checks (plan/sfa_offload_plan.h), before anything is written.
     plan::SfaOffloadInputs oi;
@@ -165,6 +167,10 @@ class MetadataBuilder::Lane {
     pi.chunked_prefill_enabled = cfg_.chunked_prefill_enabled;
     pi.rope_positions = rope_.positions();
     pi.pad_decode_batch = cfg_.graph_decode_padding;
+    // PCP (docs/design/sparse_cp.md §11.1): only a decode-only step is padded to a graph bucket, and only a
+    // decode-only step is captured; a step with prefills keeps its head/tail split (refused before any write).
+    pi.pad_only_decode_buckets = pcp_;
+    pi.capture_decode_only = pcp_ && capture;
     pi.treat_short_extends_as_decodes = !offload_ || cfg_.offload->is_decode_consumer;
     pi.dcp = plan::DcpShard{kvw_, kvr_, cfg_.cp_kv_cache_interleave_size};
 
@@ -400,7 +406,11 @@ class MetadataBuilder::Lane {
     sb.indexer_seq_lens = plan::Span<int32_t>(pp_.iseq.data(), pp_.iseq.size());
     sb.indexer_req = plan::Span<int32_t>(pp_.ireq.data(), pp_.ireq.size());
     pp_.sizes = plan::plan_sparse_pcp_rows(si, sb);
-    const int32_t tl = pp_.sizes.local_tokens, nr = pp_.sizes.indexer_reqs, tr = p.num_actual_tokens;
+    pp_.groups = B;
+    if (p.padded) pad_pcp_bucket(s, p);
+    // (Unpadded PCP steps have num_input_tokens == qsl[B]; a padded bucket's dummy tokens are gathered too.)
+    const int32_t tl = pp_.sizes.local_tokens, nr = pp_.sizes.indexer_reqs, tr = p.num_input_tokens;
+    const int32_t Bg = pp_.groups;
     for (int32_t i = 0; i < tl; ++i) pp_.token_list[i] = pp_.token[i];
     for (int32_t k = 0; k < nr; ++k) {
       pp_.icum_list[k] = pp_.icum[k];
@@ -421,11 +431,11 @@ class MetadataBuilder::Lane {
     const int32_t* bt = s + bt_.offset;   // the local block table of the global requests
     const int32_t* dseq = s + dseq_.offset;
     for (int64_t j = 0; j < Wp; ++j) {
-      // Group j's rows g = j * B + b are the B local rows in order: one run.
-      std::copy(bt, bt + static_cast<int64_t>(B) * MB, h + pp_.o_gbt + j * B * MB);
-      for (int32_t b = 0; b < B; ++b) {
-        const int64_t g = j * B + b;
-        h[pp_.o_gcum + g] = pp_.gcum[j * B + b];
+      // Group j's rows g = j * Bg + b are the Bg local rows in order: one run.
+      std::copy(bt, bt + static_cast<int64_t>(Bg) * MB, h + pp_.o_gbt + j * Bg * MB);
+      for (int32_t b = 0; b < Bg; ++b) {
+        const int64_t g = j * Bg + b;
+        h[pp_.o_gcum + g] = pp_.gcum[g];
         h[pp_.o_gseq + g] = dseq[b];
       }
     }
@@ -445,9 +455,9 @@ class MetadataBuilder::Lane {
       copy(pp_.dev, pp_.host, pp_.o_icum, nr);
       copy(pp_.dev, pp_.host, pp_.o_iseq, nr);
       if (!pp_.rep_rows) copy(pp_.dev, pp_.host, pp_.o_ibt, nr * rs);
-      copy(pp_.dev, pp_.host, pp_.o_gcum, Wp * B);
-      copy(pp_.dev, pp_.host, pp_.o_gseq, Wp * B);
-      copy(pp_.dev, pp_.host, pp_.o_gbt, Wp * B * MB);
+      copy(pp_.dev, pp_.host, pp_.o_gcum, Wp * Bg);
+      copy(pp_.dev, pp_.host, pp_.o_gseq, Wp * Bg);
+      copy(pp_.dev, pp_.host, pp_.o_gbt, Wp * Bg * MB);
       copy(pp_.gidx, pp_.gidx_host, 0, tr);
       if (!pp_.rope_main) {
         copy(pp_.cos, pp_.cos_host, 0, tl);
@@ -456,16 +466,43 @@ class MetadataBuilder::Lane {
     }
   }
 
+  // A decode-only step padded to its graph bucket (docs/design/sparse_cp.md §11.1): every PCP rank's rows
+  // are the step's t_in kernel tokens, the real decodes (planned above) then the dummies; the dummies are
+  // requests of the kernels like the real ones (the plan's dummy rows: KV length 0, block-table rows of zeros,
+  // slots -1), so their indexer requests select nothing and their partials are empty on every rank. The
+  // gathered groups are then the B_k kernel requests of each rank's block.
+  void pad_pcp_bucket(const int32_t* s, const plan::SfaStepPlan& p) {
+    const int32_t t_real = p.num_actual_tokens, t_in = p.num_input_tokens, Bk = p.num_kernel_reqs;
+    const int32_t* kcql = s + cql_.offset;  // the kernel requests' cumulative query ends, dummies included
+    const int32_t* kseq = s + seq_.offset;  // their global KV lengths (0 for a dummy)
+    for (int32_t t = t_real; t < t_in; ++t) {
+      pp_.token[t] = -1;
+      pp_.pos[t] = 0;
+      pp_.gather[t] = t;  // its rank-0 copy, as a decode token's (its slots are -1: nothing is written)
+    }
+    for (int32_t k = 0; k < Bk; ++k) {
+      pp_.icum[k] = kcql[k];
+      pp_.iseq[k] = kseq[k];
+      pp_.ireq[k] = k;
+    }
+    for (int32_t j = 0; j < cfg_.pcp_world_size; ++j) {
+      for (int32_t b = 0; b < Bk; ++b) pp_.gcum[static_cast<size_t>(j) * Bk + b] = j * t_in + kcql[b];
+    }
+    pp_.sizes.local_tokens = t_in;
+    pp_.sizes.indexer_reqs = Bk;
+    pp_.groups = Bk;
+  }
+
   void fill_pcp(const plan::SfaStepPlan& p) {
     const int64_t MB = cfg_.max_blocks_per_req, Wp = cfg_.pcp_world_size, rs = MB * kvw_;
-    const int64_t B = p.num_reqs, tl = pp_.sizes.local_tokens, nr = pp_.sizes.indexer_reqs;
+    const int64_t B = pp_.groups, tl = pp_.sizes.local_tokens, nr = pp_.sizes.indexer_reqs;
     PcpMetadata& m = md_.pcp;
     m.num_local_tokens = static_cast<int32_t>(tl);
     m.num_indexer_reqs = static_cast<int32_t>(nr);
     // (md_.cos / md_.sin hold the step's t_in rows, which are the local rows under rope_main.)
     m.cos = pp_.rope_main ? md_.cos : pp_.cos_v.get(tl, [&] { return pp_.cos.narrow(0, 0, tl); });
     m.sin = pp_.rope_main ? md_.sin : pp_.sin_v.get(tl, [&] { return pp_.sin.narrow(0, 0, tl); });
-    const int64_t tr = p.num_actual_tokens, G = Wp * B;
+    const int64_t tr = p.num_input_tokens, G = Wp * B;
     m.gather_index = pp_.gidx_v.get(tr, [&] { return pp_.gidx.narrow(0, 0, tr); });
     m.indexer_cum_query_lens = pp_.icum_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_icum, nr); });
     m.indexer_seq_lens = pp_.iseq_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_iseq, nr); });
@@ -563,6 +600,7 @@ class MetadataBuilder::Lane {
     at::Tensor host, dev, gidx_host, gidx, cos_host, sin_host, cos, sin;
     int64_t o_icum = 0, o_iseq = 0, o_ibt = 0, o_gcum = 0, o_gseq = 0, o_gbt = 0;
     plan::SparsePcpSizes sizes;
+    int32_t groups = 0;  // the gathered groups per rank: the step's requests, or a padded bucket's B_k
     // This build's shortcuts: the local rows are the step's tokens in order (every request a decode),
     // so their RoPE rows are the step's; the indexer requests are the step's first ones in order, so
     // their replicated rows are the step's replicated table.
@@ -633,7 +671,6 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
     // docs/design/sparse_cp.md §11: what SFA PCP does not combine with.
     const char* no = cfg.dsa_cp_world_size > 1             ? "dsa_cp_world_size > 1 (SFA PCP x DSA-CP is not implemented)"
                      : cfg.offload.has_value()             ? "offload (the KV-offload builder has no context-parallel variant)"
-                     : cfg.graph_decode_padding            ? "graph_decode_padding (SFA PCP is eager only)"
                                                            : nullptr;
     if (no != nullptr) {
       throw_not_supported("pcp_world_size=", cfg.pcp_world_size, " with ", no, " (docs/design/sparse_cp.md §11)");
@@ -676,10 +713,7 @@ const Metadata& MetadataBuilder::build(const BuildInputs& in) { return lanes_[0]
 const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, plan::AttentionState state) {
   static const core::BackendFacts& facts = Backend::facts();
   core::check_capturable(facts, state);  // docs/design/sfa.md §3.2
-  if (cfg_.pcp_world_size > 1) {
-    throw_not_supported("build_for_graph_capture with pcp_world_size=", cfg_.pcp_world_size,
-                        ": SFA PCP is eager only (docs/design/sparse_cp.md §11)");
-  }
+  // Under PCP a step with prefills is refused by the plan before any write (docs/design/sparse_cp.md §11.1).
   if (cfg_.offload.has_value()) {
     // docs/design/sfa.md §6.6: only decode-only buckets are captured (a step with prefills reads the device
     // cache and runs eagerly). Checked on the request lengths before anything is written.
@@ -696,7 +730,7 @@ const Metadata& MetadataBuilder::build_for_graph_capture(const BuildInputs& in, 
       }
     }
   }
-  Metadata& md = lanes_[0]->build(in);
+  Metadata& md = lanes_[0]->build(in, /*capture=*/true);
   md.attn_state = state;
   return md;
 }

@@ -1328,9 +1328,11 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   const KvHookScope<Metadata> kv_scope(kv_hooks, kv_cache, tk > 0, md, "sfa");
   const aar::detail::InferenceScope inference;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
-    if (md.pcp.world_size > 1) {
-      throw_not_supported("Eager only: inside a graph capture SFA PCP (pcp_world_size=", md.pcp.world_size,
-                          ") refuses (docs/design/sparse_cp.md §11)");
+    if (md.pcp.world_size > 1 && (md.num_prefills > 0 || md.num_decodes == 0)) {
+      throw_not_supported("SFA PCP capture of a step with prefills is not supported (pcp_world_size=",
+                          md.pcp.world_size, ", num_prefills=", md.num_prefills, ", num_decodes=", md.num_decodes,
+                          "): the PCP head/tail split is eager only; decode-only buckets are captured "
+                          "(docs/design/sparse_cp.md §11.1)");
     }
     if (offload_ != nullptr) {
       capture_offload(*g, hidden, c, md, topk, output, tk);
@@ -1346,10 +1348,35 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
       throw_not_supported("SFA graph capture takes DecodeOnly and SpecDecoding batches (docs/design/sfa.md §3.2), got ",
                           plan::to_string(md.attn_state));
     }
+    // SFA PCP (docs/design/sparse_cp.md §11.1): the replay issues the PCP (and DCP) collectives inside the
+    // recorded call; the captured lists have the bucket's sizes, so an update must bring a decode-only step
+    // of the same rows and kernel requests (the bucket padding gives them), checked before anything runs.
+    graph::ClosureCall::Check check;
+    if (md.pcp.world_size > 1) {
+      check = [layer = cfg_.layer_index, tl = md.pcp.num_local_tokens, bk = md.num_kernel_reqs,
+               rank = md.pcp.rank](const graph::StepParams& step, int64_t b) {
+        const Metadata* m = step.backend_metadata_as<Metadata>();
+        AAR_CHECK_ARG(m != nullptr, "the update of bucket ", b, " needs the step's sfa Metadata: layer ", layer,
+                      " is a captured SFA PCP layer");
+        if (m->num_prefills > 0 || m->num_decodes == 0) {
+          throw_not_supported("the update of bucket ", b, ": SFA PCP capture of a step with prefills is not "
+                              "supported (num_prefills=", m->num_prefills, ", num_decodes=", m->num_decodes,
+                              "): the PCP head/tail split is eager only (docs/design/sparse_cp.md §11.1)");
+        }
+        AAR_CHECK_ARG(m->pcp.world_size > 1 && m->pcp.rank == rank && m->pcp.num_local_tokens == tl &&
+                          m->num_kernel_reqs == bk,
+                      "the update of bucket ", b, ": layer ", layer, " captured SFA PCP rank ", rank, " with ", tl,
+                      " rows and ", bk, " kernel requests, the step has PCP rank ", m->pcp.rank, " of ",
+                      m->pcp.world_size, " with ", m->pcp.num_local_tokens, " rows and ", m->num_kernel_reqs,
+                      " kernel requests (build it with graph_decode_padding and num_input_tokens=", b, ")");
+      };
+    }
     g->capture_call(std::make_unique<graph::ClosureCall>(
-        cfg_.layer_index, 0, [this, hidden, c, md_at_capture = md, topk, out = at::Tensor(output), tk]() {
+        cfg_.layer_index, 0,
+        [this, hidden, c, md_at_capture = md, topk, out = at::Tensor(output), tk]() {
           run(hidden, c, md_at_capture, topk, out, tk, /*stable=*/true);
-        }));
+        },
+        std::move(check)));
     return output;
   }
   run(hidden, c, md, topk, output, tk, /*stable=*/false);

@@ -730,6 +730,49 @@ TEST(PlanSfaStep, DcpPaddingAndRejections) {
   EXPECT_EQ(rd.dseq, std::vector<int32_t>(8, -7));
 }
 
+// SFA PCP's flags (docs/design/sparse_cp.md §11.1): a padded step must be decode-only by the split (under DCP a
+// fresh request is a prefill even with a short query), a capture build must be decode-only; both refused
+// before any write.
+TEST(PlanSfaStep, PcpPadsAndCapturesDecodeOnlySteps) {
+  auto run = [](SfaStep& s, SfaDcpOutputs& d, int32_t n_in) {
+    s.in.dcp = DcpShard{2, 1, 2};
+    s.in.pad_decode_batch = true;
+    s.in.pad_only_decode_buckets = true;
+    s.in.query_start_loc = s.qsl;
+    s.in.seq_lens = s.seq;
+    s.in.block_table = s.table;
+    s.in.num_input_tokens = n_in;
+    SfaStepBuffers buf = s.buffers();
+    d.add_to(buf);
+    return plan_sfa_step(s.in, buf);
+  };
+  // Decode-only: padded to the bucket, and accepted by a capture build.
+  SfaStep dec({0, 1, 2}, {9, 17}, 4, 6);
+  SfaDcpOutputs dd;
+  dd.size_for(8, 64, 6, 2);
+  dec.in.capture_decode_only = true;
+  const SfaStepPlan p = run(dec, dd, 4);
+  EXPECT_TRUE(p.padded);
+  EXPECT_EQ(p.num_kernel_reqs, 4);
+  // A prefill (query 3 > 1), and a fresh one-token request (the DCP split's prefill): refused padded and at
+  // capture, nothing written; unpadded and outside a capture the step is planned.
+  for (const auto& [qsl, seq] : {std::pair<std::vector<int32_t>, std::vector<int32_t>>{{0, 1, 4}, {9, 17}},
+                                 std::pair<std::vector<int32_t>, std::vector<int32_t>>{{0, 1, 2}, {9, 1}}}) {
+    SfaStep s(qsl, seq, 4, 6);
+    SfaDcpOutputs d;
+    d.size_for(8, 64, 6, 2);
+    const auto before = s.snapshot();
+    EXPECT_INVALID(run(s, d, qsl.back() + 2), "only a decode-only step is padded to a graph bucket here (this one "
+                                              "has 1 prefills");
+    s.in.capture_decode_only = true;
+    EXPECT_NOT_SUPPORTED(run(s, d, 0), "SFA PCP captures decode-only buckets only; this step has 1 prefills");
+    EXPECT_EQ(s.snapshot(), before);
+    EXPECT_EQ(d.dseq, std::vector<int32_t>(8, -7));
+    s.in.capture_decode_only = false;
+    EXPECT_EQ(run(s, d, 0).split.num_prefills, 1);
+  }
+}
+
 // SfaStepBuffers::replicated_extent: a buffer reused over steps whose requests shrink, grow, get
 // padded or disappear, with its extent record kept, holds exactly the replicated table a fresh
 // buffer gets (tails zero), and the record says each row's written columns.

@@ -295,18 +295,48 @@ def test_builder_pcp_rows_and_refusals():
     with pytest.raises(NotImplementedError, match="num_input_tokens=16 with pcp_world_size=2"):
         b.build(*build_args(st), num_input_tokens=16)
     assert md.is_current  # the refused build wrote nothing
-    with pytest.raises(NotImplementedError, match="build_for_graph_capture with pcp_world_size=2"):
+    with pytest.raises(NotImplementedError, match="SFA PCP captures decode-only buckets only; this step has 2 prefills"):
         b.build_for_graph_capture(*build_args(st))
+    assert md.is_current
     with pytest.raises(ValueError, match="pcp_world_size \\* dcp_world_size = 32 exceeds 16"):
         _builder(st, 2, 0, dcp_world_size=16)
     refusals = [(dict(dsa_cp_world_size=2), "SFA PCP x DSA-CP"),
-                (dict(graph_decode_padding=True), "graph_decode_padding"),
                 (dict(offload=sfa.BuilderOffloadConfig()), "pcp_world_size=2 with offload")]
     for kw, msg in refusals:
         with pytest.raises(NotImplementedError, match=msg):
             _builder(st, 2, 0, **kw)
     with pytest.raises(ValueError, match="pcp_rank=2 is not a rank of a PCP group of pcp_world_size=2"):
         _builder(st, 2, 2)
+
+
+def test_builder_pcp_graph_bucket_rows():
+    """graph_decode_padding (docs/design/sparse_cp.md §11.1): a decode-only step padded to its bucket gives every
+    rank the bucket's rows (the dummies' after the real decodes: no global token, an indexer request with KV
+    length 0); a padded step with prefills is refused before any write."""
+    st = make_step(2, seq_lens=[10, 5, 12], q_lens=[1, 1, 1])
+    for rank in range(2):
+        b = _builder(st, 2, rank, graph_decode_padding=True)
+        md = b.build(*build_args(st), num_input_tokens=5)
+        assert md.num_local_tokens == 5 and md.num_kernel_reqs == 5 and md.num_reqs == 3
+        assert b.local_token_index.tolist() == [0, 1, 2, -1, -1]
+        assert md.pcp_indexer_cum_query_lens_list == [1, 2, 3, 4, 5]
+        assert md.pcp_indexer_seq_lens_list == [10, 5, 12, 0, 0]
+        assert md.slot_mapping[3:].tolist() == [-1, -1] and md.indexer_slot_mapping[3:].tolist() == [-1, -1]
+        slots = md.slot_mapping.clone()
+        mixed = make_step(2, seq_lens=[10, 5, 12], q_lens=[1, 5, 8])
+        with pytest.raises(ValueError, match="only a decode-only step is padded to a graph bucket here \\(this one "
+                                             "has 2 prefills"):
+            b.build(*build_args(mixed), num_input_tokens=16)
+        assert md.is_current and torch.equal(md.slot_mapping, slots)
+        # unpadded, the same builder keeps the eager split of a step with prefills
+        assert b.build(*build_args(mixed)).num_local_tokens == 9
+        # the device path's copies give the padded bucket's metadata too
+        a = b.build(*build_args(st), num_input_tokens=5)
+        c = _builder(st, 2, rank, graph_decode_padding=True, separate_device_buffers=True).build(
+            *build_args(st), num_input_tokens=5)
+        assert a.pcp_local_token_index_list == c.pcp_local_token_index_list
+        assert a.pcp_indexer_seq_lens_list == c.pcp_indexer_seq_lens_list
+        assert torch.equal(a.pcp_cos, c.pcp_cos) and torch.equal(a.indexer_slot_mapping, c.indexer_slot_mapping)
 
 
 def test_builder_pcp_separate_device_buffers_match():
@@ -393,7 +423,7 @@ def test_sfa_pcp_bad_input_is_refused_by_name_before_any_write():
         assert f"metadata was built for PCP rank {(rank + 1) % 2} of 2" in errors[1]
         assert "but the layer has no pcp_comm" in errors[2]
         assert "blocks, fewer than the metadata's" in errors[3]
-        assert "SFA PCP" in errors[4] and "Eager only" in errors[4]
+        assert "SFA PCP capture of a step with prefills is not supported" in errors[4], errors[4]
         assert "dcp_comm has 2 ranks but the metadata was built without DCP" in errors[5]
         assert "SFA PCP x DSA-CP" in errors[6]
         assert "sfa_c8 with PCP" in errors[7]

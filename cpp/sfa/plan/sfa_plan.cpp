@@ -148,6 +148,15 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
     plan.split = split_decodes_and_prefills(split_in);
   }
 
+  const int32_t np = plan.split.num_prefills;
+  AAR_CHECK_ARG(!in.pad_only_decode_buckets || t_in == t_real || (b > 0 && np == 0), "num_input_tokens=", t_in,
+                ": only a decode-only step is padded to a graph bucket here (this one has ", np,
+                " prefills; give 0 or query_start_loc[-1]=", t_real, ")");
+  if (in.capture_decode_only && (b == 0 || np > 0)) {
+    throw_not_supported("build_for_graph_capture: SFA PCP captures decode-only buckets only; this step has ", np,
+                        " prefills and ", plan.split.num_decodes, " decodes (a step with prefills keeps its PCP "
+                        "head/tail split and runs eagerly, docs/design/sparse_cp.md §11.1)");
+  }
   const bool pad = in.pad_decode_batch && all_decodes && t_in > t_real;
   std::size_t num_dummies = 0;
   if (pad) {

@@ -43,6 +43,12 @@ struct SfaStepInputs : StepInput {
   // padding tokens get slot -1 and position 0, and the kernels see qsl[B]
   // tokens.
   bool pad_decode_batch = false;
+  // SFA PCP (docs/design/sparse_cp.md §11.1): the rows of a step with prefills are the PCP head/tail split,
+  // which pads nothing. pad_only_decode_buckets refuses num_input_tokens > qsl[B] unless the split has no
+  // prefill (a decode-only step, padded to its bucket); capture_decode_only (build_for_graph_capture)
+  // refuses any step whose split has a prefill. Both checked before the first write.
+  bool pad_only_decode_buckets = false;
+  bool capture_decode_only = false;
   // The decode/prefill split rule's inputs (docs/design/gqa.md §2.2; SfaStepPlan::split).
   // Plain SFA keeps the defaults (short extends count as decodes); the KV
   // offload builder passes treat_short_extends_as_decodes = is_decode_consumer
