@@ -952,8 +952,10 @@ class GroupBuilder::Lane {
     if (dcp && ratio <= 1) {
       const int32_t* qsl = st.plan.query_start_loc.data();
       localize_dcp_slots(st, in, sbs, fw_, qsl[st.num_reqs], s + r.slots, gi.block_offset_skip,
-                         [&](int64_t t, int64_t& b, int64_t& x) {
-                           b = std::upper_bound(qsl, qsl + st.num_reqs + 1, static_cast<int32_t>(t)) - qsl - 1;
+                         [&, cb = int64_t{0}](int64_t t, int64_t& b, int64_t& x) mutable {
+                           // Rows in order: the last request starting at or before t, walked forward.
+                           while (cb < st.num_reqs && qsl[cb + 1] <= t) ++cb;
+                           b = cb;
                            x = st.plan.start_pos[static_cast<size_t>(b)] + (t - qsl[b]);
                          });
     } else if (dcp) {
@@ -1140,7 +1142,7 @@ class GroupBuilder::Lane {
     // docs/design/sparse_cp.md §12: a sharded compressed group writes at this rank's local slots (the
     // operator's are the global table's), which the build staged in slot_mapping.
     if (st.dcp.world_size > 1 && dcp_sharded_kind(g_.cfg_.kind)) {
-      md_.compressed_slots.copy_(md_.slot_mapping.narrow(0, 0, rows));
+      ops::dense::copy(md_.compressed_slots, md_.slot_mapping.narrow(0, 0, rows));
     }
   }
   // docs/design/dsa.md §3.5: the SAS blob of this group's layers, copied into the stable

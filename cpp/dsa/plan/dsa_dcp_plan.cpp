@@ -84,11 +84,16 @@ void plan_dsa_dcp_window_slots(const DsaDcpRows& rows, plan::CSpan<int32_t> bloc
         const int64_t lo = local_len(std::max<int64_t>(p - win_left, 0), W, I, rk);
         const int64_t hi = local_len(p + 1, W, I, rk);
         const int32_t* bt = block_table.data() + b * block_table_stride;
-        int64_t k = 0;
-        for (int64_t li = lo; li < hi; ++li, ++k) {
-          row[k] = static_cast<int32_t>(int64_t{bt[li / sbs]} * sbs + li % sbs);
+        // Block by block: one table read and one division per block, not per entry.
+        int32_t* o_row = row;
+        for (int64_t li = lo; li < hi;) {
+          const int64_t col = li / sbs, off = li - col * sbs;
+          const int64_t run = std::min<int64_t>(hi - li, sbs - off);
+          const int64_t base = int64_t{bt[col]} * sbs + off;
+          for (int64_t j = 0; j < run; ++j) *o_row++ = static_cast<int32_t>(base + j);
+          li += run;
         }
-        std::fill(row + k, row + width, -1);
+        std::fill(o_row, row + width, -1);
       },
       [&](int64_t t) { std::fill(o + t * width, o + (t + 1) * width, -1); });
 }
