@@ -56,7 +56,8 @@ void remap_topk_to_dcp_rank_out(const at::Tensor& out, const at::Tensor& topk, c
   const at::Tensor local = at::div(x, W * I, "floor").mul_(I).add_(x.remainder(I));
   const at::Tensor key = at::arange(K, topk.options()).add(keep.logical_not().to(at::kInt).mul_(K));
   const at::Tensor order = std::get<1>(key.sort(/*dim=*/-1, /*descending=*/false));
-  at::gather_out(const_cast<at::Tensor&>(out), at::where(keep, local, at::full({}, -1, topk.options())), -1, order);
+  at::Tensor dst = out;  // a handle on the caller's storage
+  at::gather_out(dst, at::where(keep, local, at::full({}, -1, topk.options())), -1, order);
 }
 
 }  // namespace aar::sparse
