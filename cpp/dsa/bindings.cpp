@@ -380,6 +380,8 @@ void bind_dsa_builders(nb::module_& m) {
       .def_prop_ro("cu_seqlens_ori_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_ori_kv); })
       .def_prop_ro("cu_seqlens_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cu_seqlens_cmp_kv); })
       .def_prop_ro("dspark_swa_indices", [opt](const dsa::GroupMetadata& g) { return opt(g.dspark_swa_indices); })
+      .def_prop_ro("dcp_ori_indices", [opt](const dsa::GroupMetadata& g) { return opt(g.dcp_ori_indices); })
+      .def_prop_ro("dcp_cmp_limit", [opt](const dsa::GroupMetadata& g) { return opt(g.dcp_cmp_limit); })
       .def_prop_ro("seqused_cmp_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.seqused_cmp_kv); })
       .def_prop_ro("graph_fill_slot", [opt](const dsa::GroupMetadata& g) { return opt(g.graph_fill_slot); })
       .def_prop_ro("cmp_residual_kv", [opt](const dsa::GroupMetadata& g) { return opt(g.cmp_residual_kv); })

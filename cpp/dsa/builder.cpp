@@ -23,6 +23,7 @@
 #include "ascend_attn_rt/ops/sparse_flash_mla.h"
 #include "ascend_attn_rt/dsa/plan/dsa_step_plan.h"
 #include "ascend_attn_rt/cp/plan/dcp_layout.h"
+#include "ascend_attn_rt/dsa/plan/dsa_dcp_plan.h"
 #include "ascend_attn_rt/cp/plan/sparse_cp.h"
 
 namespace aar::dsa {
@@ -806,6 +807,13 @@ class GroupBuilder::Lane {
     const DsaCacheKind kind = g.cfg_.kind;
     cmp_lens_ = g.cfg_.plan.renames_seqused_for_flash_mla &&
                 (kind == DsaCacheKind::C4Kv || kind == DsaCacheKind::C128Kv);
+    // docs/design/sparse_cp.md §12.2: under DCP the SWA group stages each row's owned window slots
+    // ((T, 1, window) int32) and the compressed KV groups each row's compressed-row limit ((T, 1)).
+    if (scfg.dcp_world_size > 1) {
+      dcp_width_ = kind == DsaCacheKind::Swa ? ms.window
+                   : kind == DsaCacheKind::C4Kv || kind == DsaCacheKind::C128Kv ? 1
+                                                                                : 0;
+    }
     // The in-place scatter plan's attention-KV groups stage the graph write's fill slot
     // (GroupMetadata::graph_fill_slot, docs/design/dsa.md §6).
     fill_ = g.cfg_.plan.kv_scatter == KvScatterKind::ScatterNdUpdateInplace &&
@@ -819,12 +827,13 @@ class GroupBuilder::Lane {
     // first packed word to its last table row.
     core::StagingLayout layout;
     layout.add("group rows", core::align_words(T * fw_) + core::align_words(T * dspark_width_) +
-                                 (cmp_lens_ ? 2 * core::align_words(R_) : 0) + (fill_ ? core::align_words(2) : 0));
+                                 (cmp_lens_ ? 2 * core::align_words(R_) : 0) + (fill_ ? core::align_words(2) : 0) +
+                                 core::align_words(T * dcp_width_));
     bt_ = layout.add("block_table", R_ * MB);
     buffers_ = std::make_unique<aar::detail::StagingBuffers>(layout.words(), scfg.device, separate,
                                                         scfg.staging_buffers, scfg.staging_hooks, slot_base);
     device_ = buffers_->device();
-    for (core::ViewCache* c : {&v_slots_, &v_ds_, &v_ccos_, &v_csin_, &v_cslots_}) c->resize(T);
+    for (core::ViewCache* c : {&v_slots_, &v_ds_, &v_ccos_, &v_csin_, &v_cslots_, &v_dcp_}) c->resize(T);
     for (core::ViewCache* c : {&v_bt_, &v_scmp_, &v_cres_}) c->resize(R_);
     v_fill_.resize(0);
     block_scratch_.assign(static_cast<size_t>(T), 0);
@@ -885,7 +894,7 @@ class GroupBuilder::Lane {
     const ModelSettings& ms = g_.model();
     // The attention call's window (docs/design/dsa.md §3.4: DSpark widens it to the draft block).
     const int32_t win_left = dspark ? ms.window + ms.dspark_num_spec - 1 : ms.window - 1;
-    const Packed r = packed(rows, dspark ? T : 0, B);
+    const Packed r = packed(rows, dspark ? T : 0, B, dcp_width_ > 0 ? T : 0);
 
     // DSpark first into the private scratch (validates; the staging buffer
     // stays untouched if anything below fails).
@@ -943,8 +952,10 @@ class GroupBuilder::Lane {
     if (dcp && ratio <= 1) {
       const int32_t* qsl = st.plan.query_start_loc.data();
       localize_dcp_slots(st, in, sbs, fw_, qsl[st.num_reqs], s + r.slots, gi.block_offset_skip,
-                         [&](int64_t t, int64_t& b, int64_t& x) {
-                           b = std::upper_bound(qsl, qsl + st.num_reqs + 1, static_cast<int32_t>(t)) - qsl - 1;
+                         [&, cb = int64_t{0}](int64_t t, int64_t& b, int64_t& x) mutable {
+                           // Rows in order: the last request starting at or before t, walked forward.
+                           while (cb < st.num_reqs && qsl[cb + 1] <= t) ++cb;
+                           b = cb;
                            x = st.plan.start_pos[static_cast<size_t>(b)] + (t - qsl[b]);
                          });
     } else if (dcp) {
@@ -956,6 +967,7 @@ class GroupBuilder::Lane {
     }
     const size_t dsn = dspark ? static_cast<size_t>(T) * dspark_width_ : 0;
     if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
+    if (dcp_width_ > 0) stage_dcp_rows(st, s, r.dcp, T, stride, win_left);
     const size_t ub = static_cast<size_t>(B);
     // DSA-CP (docs/design/sparse_cp.md §10): the attention's lengths are the rank's local ones.
     const bool cp = st.dsa_cp.world_size > 1;
@@ -1029,6 +1041,12 @@ class GroupBuilder::Lane {
       detail::InferenceScope guard;
       at::index_select_out(md_.pcp_block_table, md_.block_table, 0, st.pcp.req);
     }
+    if (dcp_width_ > 0) {
+      // docs/design/sparse_cp.md §12.2: the rows' DCP lists, read by the layers as they are.
+      const int64_t w = dcp_width_;
+      const at::Tensor& v = v_dcp_.get(T, r.dcp, [&] { return device_.narrow(0, r.dcp, T * w).view({T, 1, w}); });
+      set(g_.cfg_.kind == DsaCacheKind::Swa ? md_.dcp_ori_indices : md_.dcp_cmp_limit, v);
+    }
     if (fill_) set(md_.graph_fill_slot, v_fill_.get(0, r.fill, [&] { return device_.narrow(0, r.fill, 2).view({1, 2}); }));
     md_.sas_metadata_filled = fill_sas(st, ratio);
     md_.qli_metadata_filled = fill_qli(st);
@@ -1046,19 +1064,40 @@ class GroupBuilder::Lane {
 
  private:
   struct Packed {
-    int64_t slots, dspark, cmp, cres, fill;
+    int64_t slots, dspark, cmp, cres, fill, dcp;
   };
   // Word offsets of a build of `rows` compressed rows, `ds_tokens` DSpark
   // rows and `reqs` requests (seqused_cmp_kv and cmp_residual_kv when
   // cmp_lens_): packed so that they end (up to alignment) at the block table.
-  Packed packed(int64_t rows, int64_t ds_tokens, int64_t reqs) const {
+  Packed packed(int64_t rows, int64_t ds_tokens, int64_t reqs, int64_t dcp_tokens) const {
     const int64_t c = cmp_lens_ ? reqs : 0;
     Packed r;
     core::StagingLayout::pack_before(
         bt_.offset,
         {{&r.slots, rows * fw_}, {&r.dspark, ds_tokens * dspark_width_}, {&r.cmp, c}, {&r.cres, c},
-         {&r.fill, fill_ ? 2 : 0}});
+         {&r.fill, fill_ ? 2 : 0}, {&r.dcp, dcp_tokens * dcp_width_}});
     return r;
+  }
+  // docs/design/sparse_cp.md §12.2: the DCP lists of the step's T rows at word `at` of the staging
+  // buffer (plan/dsa_dcp_plan.h): the SWA group's owned window slots over the staged local table
+  // (graph-padding rows zeroed: block 0), the compressed groups' row limits. After the slots'
+  // build: the table's local columns were checked there (check_dcp_local_columns).
+  void stage_dcp_rows(const StepMetadata& st, int32_t* s, int64_t at, int64_t T, int64_t stride, int32_t win_left) {
+    DsaDcpRows dr;
+    dr.query_start_loc = st.plan.query_start_loc;
+    dr.start_pos = st.plan.start_pos;
+    dr.num_reqs = st.num_kernel_reqs;
+    dr.num_rows = T;
+    dr.shard = plan::DcpShard{st.dcp.world_size, st.dcp.rank, st.dcp.interleave};
+    const plan::Span<int32_t> out(s + at, static_cast<size_t>(T * dcp_width_));
+    if (g_.cfg_.kind == DsaCacheKind::Swa) {
+      AAR_CHECK_ARG(win_left + 1 == dcp_width_, "internal: the DCP window list is ", dcp_width_,
+                    " wide, the attention window ", win_left + 1);
+      plan_dsa_dcp_window_slots(dr, plan::CSpan<int32_t>(s + bt_.offset, static_cast<size_t>(st.num_kernel_reqs * stride)),
+                                stride, g_.spec_.storage_block_size, win_left, out);
+    } else {
+      plan_dsa_dcp_cmp_limits(dr, g_.spec_.compress_ratio, out);
+    }
   }
   // docs/design/dsa.md §6: the first slot of 0..V (block / offset pairs of `sbs` rows) that none
   // of the build's V valid rows writes (V + 1 candidates, V taken at most). A graph replay's
@@ -1103,7 +1142,7 @@ class GroupBuilder::Lane {
     // docs/design/sparse_cp.md §12: a sharded compressed group writes at this rank's local slots (the
     // operator's are the global table's), which the build staged in slot_mapping.
     if (st.dcp.world_size > 1 && dcp_sharded_kind(g_.cfg_.kind)) {
-      md_.compressed_slots.copy_(md_.slot_mapping.narrow(0, 0, rows));
+      ops::dense::copy(md_.compressed_slots, md_.slot_mapping.narrow(0, 0, rows));
     }
   }
   // docs/design/dsa.md §3.5: the SAS blob of this group's layers, copied into the stable
@@ -1239,6 +1278,7 @@ class GroupBuilder::Lane {
   int64_t R_;
   int64_t fw_ = 2;
   int32_t dspark_width_ = 0;
+  int64_t dcp_width_ = 0;  // DCP (sparse_cp.md §12.2): words per row of the staged lists, 0 without
   bool cmp_lens_ = false, fill_ = false;
   std::vector<uint8_t> fill_mark_;  // pick_fill_slot's scratch (T + 1)
   core::Region bt_;  // the staged block table (R_ rows of max_blocks_per_req)
@@ -1251,7 +1291,7 @@ class GroupBuilder::Lane {
   at::Tensor q_ends_;
   // Views by count; the block table's also by its width, the packed rows'
   // also by their offset.
-  core::ViewCache v_bt_, v_slots_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_, v_cslots_, v_fill_;
+  core::ViewCache v_bt_, v_slots_, v_ds_, v_scmp_, v_cres_, v_ccos_, v_csin_, v_cslots_, v_fill_, v_dcp_;
   GroupMetadata md_;
   detail::BuildCounter counter_;
 };

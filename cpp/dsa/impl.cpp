@@ -356,6 +356,19 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
     ws.idx_k_scale = scalar_of(c.plan.indexer_k_scale_dtype);
   }
   ws_ = detail::Workspace::shared(ws);
+  if (Wd > 1) {
+    // docs/design/sparse_cp.md §12.2: the query gather's target and the merge's wire, shared by the
+    // DCP layers of this shape on this comm.
+    cp::DcpWorkspaceShape dsh;
+    dsh.device = dev;
+    dsh.q_dtype = dsh.out_dtype = dt;
+    dsh.world = Wd;
+    dsh.heads = N;
+    dsh.q_dim = dsh.out_dim = D;
+    dsh.comm = c.dcp_comm;
+    dsh.workspace_group = c.workspace_group;
+    dcp_ws_ = cp::DcpWorkspace::shared(dsh);
+  }
   ones_d_ = at::ones({D}, w.wq_a.options().dtype(dt));  // the weightless per-head RMS (gamma 1 is exact in any dtype)
   if (W > 1) {
     // wo_a gathered along its groups, wo_b along its columns: switched together (one guard).
@@ -853,62 +866,74 @@ at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tens
 }
 
 at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
-                            int64_t n, bool graph) const {
+                            int64_t n, bool graph, detail::Workspace& ws, const detail::TokenViews& v) const {
   // docs/design/sparse_cp.md §12. Every rank issues the same two collectives (the query gather,
-  // the partials' exchange), whatever its shard holds.
+  // the partials' exchange), whatever its shard holds. The per-row lists come from the group builds
+  // (§12.2 step 3: GroupMetadata::dcp_ori_indices / dcp_cmp_limit, once per step); the
+  // intermediates live in the workspaces, so a forward makes no index tensor of its own.
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const DcpStepMetadata& d = st.dcp;
   const GroupMetadata& swa = *md.swa;
   cp::Comm& comm = *cf.dcp_comm;
-  const auto lopt = at::TensorOptions().dtype(at::kLong).device(q.device());
-  const int64_t B = st.num_kernel_reqs;
-  // Each query row's request and global position p.
-  const at::Tensor qsl = st.query_start_loc.to(at::kLong);
-  const at::Tensor t = at::arange(n, lopt);
-  const at::Tensor req = at::searchsorted(qsl.narrow(0, 1, B), t, /*out_int32=*/false, /*right=*/true);
-  const at::Tensor pos = st.start_pos.to(at::kLong).index_select(0, req) + t - qsl.index_select(0, req);
+  AAR_CHECK_ARG(swa.dcp_ori_indices.defined() && swa.dcp_ori_indices.size(0) >= n &&
+                    swa.dcp_ori_indices.size(2) == int64_t{swa.ori_win_left} + 1,
+                "internal: the SWA group carries no DCP window list for ", n, " rows (built without dcp_world_size?)");
   // The window [p - win_left, p]: the positions this rank owns, as physical slots of its shard.
-  const int64_t wl = swa.ori_win_left;
-  at::Tensor cand = pos.unsqueeze(1) - wl + at::arange(wl + 1, lopt).unsqueeze(0);
-  cand = cand.masked_fill(cand < 0, -1).to(at::kInt);
-  const at::Tensor li = sparse::remap_topk_to_dcp_rank(cand, d.world_size, d.rank, d.interleave).to(at::kLong);
-  const int64_t sbs = swa.storage_block_size;
-  const at::Tensor valid = li >= 0;
-  const at::Tensor col = at::where(valid, at::floor_divide(li, sbs), at::zeros_like(li));
-  const at::Tensor blk = swa.block_table.to(at::kLong).index_select(0, req).gather(1, col);
-  const at::Tensor ori =
-      at::where(valid, blk * sbs + at::remainder(li, sbs), at::full_like(li, -1)).to(at::kInt).unsqueeze(1);
+  const at::Tensor& ori_all = swa.dcp_ori_indices;
+  const at::Tensor ori = ori_all.size(0) == n ? ori_all : ori_all.narrow(0, 0, n);
   // The compressed rows (C4: the selection; C128: every row) below each row's limit (p + 1) / r,
   // as this rank's local indices.
   at::Tensor cmp;
   if (cf.compress_ratio > 1) {
-    const at::Tensor limit = at::floor_divide(pos + 1, cf.compress_ratio).unsqueeze(1);
+    const GroupMetadata& ag = *md.attention;
+    AAR_CHECK_ARG(ag.dcp_cmp_limit.defined() && ag.dcp_cmp_limit.size(0) >= n,
+                  "internal: the compressed group carries no DCP row limits for ", n, " rows");
+    const at::Tensor limit =
+        (ag.dcp_cmp_limit.size(0) == n ? ag.dcp_cmp_limit : ag.dcp_cmp_limit.narrow(0, 0, n)).view({n, 1, 1});
     at::Tensor g;
     if (cf.compress_ratio == 4) {
-      g = sel.reshape({n, -1}).to(at::kLong);
+      g = ops::dense::cast(sel, at::kInt);  // (n, 1, K)
     } else {
       // Eager: the step's longest request bounds every limit. A replay reads no host value of the
       // step (the captured one's max_seqlen_kv is stale): the width every position below the
       // RoPE table's rows fits (§12.5).
       const int64_t L = graph ? plan::dsa_dcp_captured_cmp_width(st.rope_cos_table.size(0), cf.compress_ratio)
                               : std::max<int64_t>(st.max_seqlen_kv / cf.compress_ratio, 1);
-      g = at::arange(L, lopt).unsqueeze(0).expand({n, L});
+      g = dcp_columns(L).expand({n, 1, L});
     }
-    g = at::where(g >= limit, at::full_like(g, -1), g).to(at::kInt).contiguous();
-    cmp = sparse::remap_topk_to_dcp_rank(g, d.world_size, d.rank, d.interleave).unsqueeze(1);
+    cmp = ws.dcp_cmp(n, g.size(2));
+    sparse::remap_topk_to_dcp_rank_out(cmp, g, limit, d.world_size, d.rank, d.interleave);
   }
   // Every head of the group over this rank's keys, without the sinks, with the LSE.
-  const at::Tensor qg = cp::gather_query_heads(comm, q);
+  const cp::DcpViews& w = dcp_ws_->views(n);
+  const at::Tensor qg = cp::gather_query_heads(comm, q, w.gathered_query);
   at::Tensor plse;
   const at::Tensor po = attend(c, md, qg, st.query_start_loc, st.seq_lens, cmp, ori, at::Tensor(),
                                /*with_sinks=*/false, &plse);
-  at::Tensor merged = at::empty_like(q);
-  const at::Tensor mlse = at::empty({n, q.size(1)}, q.options().dtype(at::kFloat));
-  cp::combine_partials(comm, po, plse, merged, mlse);
-  // The sinks once, in the merged softmax: out = merged e^lse / (e^lse + e^sink).
-  const at::Tensor scale = at::sigmoid(mlse - sinks_f32_.unsqueeze(0)).unsqueeze(2);
-  return merged.to(at::kFloat).mul_(scale).to(q.scalar_type());
+  // Merged into the workspace's o rows (what the inverse RoPE and o_proj read) with its LSE.
+  at::Tensor merged = v.o;
+  const at::Tensor& mlse = ws.dcp_lse(n);
+  cp::combine_partials(comm, po, plse, merged, mlse, &w);
+  // The sinks once, in the merged softmax: out = merged e^lse / (e^lse + e^sink), computed in fp32
+  // and rounded once into o's dtype.
+  if (!ops::dense::no_compute()) {
+    mlse.sub_(sinks_f32_).sigmoid_();
+    merged.mul_(mlse.unsqueeze(2));
+  }
+  return merged;
+}
+
+const at::Tensor& Impl::dcp_columns(int64_t L) const {
+  // 0..L-1 (1, 1, L) int32, grown on demand: C128's "every compressed row" list before its limit.
+  if (!dcp_cols_.defined() || dcp_cols_.size(2) < L) {
+    dcp_cols_ = at::arange(std::max<int64_t>(L, 2 * (dcp_cols_.defined() ? dcp_cols_.size(2) : 0)),
+                           sinks_f32_.options().dtype(at::kInt))
+                    .view({1, 1, -1});
+    dcp_cols_view_ = at::Tensor();
+  }
+  if (!dcp_cols_view_.defined() || dcp_cols_view_.size(2) != L) dcp_cols_view_ = dcp_cols_.narrow(2, 0, L);
+  return dcp_cols_view_;
 }
 
 void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
@@ -992,7 +1017,7 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const LayerMetadata& m
   // ---- SAS attention (docs/design/dsa.md §5.1)
   sp.on_main("attention");
   at::Tensor o = st.dcp.world_size > 1
-                     ? attend_dcp(c, md, v.q, sel, n, graph)  // docs/design/sparse_cp.md §12
+                     ? attend_dcp(c, md, v.q, sel, n, graph, ws, v)  // docs/design/sparse_cp.md §12
                      : attend(c, md, v.q, common.query_start_loc, common.seq_lens, sel,
                               cf.compress_ratio <= 1 && swa.dspark_swa_indices.defined()
                                   ? first_rows(swa.dspark_swa_indices, n)

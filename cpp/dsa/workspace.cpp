@@ -161,4 +161,36 @@ const RowViews& Workspace::rows(int64_t r) {
   return v;
 }
 
+const at::Tensor& Workspace::dcp_cmp(int64_t n, int64_t width) {
+  graph::use_in_forward(exclusive_);
+  AAR_CHECK_ARG(n >= 0 && width >= 1, "dsa workspace: a DCP list of ", n, " rows of ", width, " entries");
+  if (!dcp_cmp_.defined() || dcp_cmp_.numel() < n * width) {
+    const int64_t cap = std::max<int64_t>(n * width, dcp_cmp_.defined() ? 2 * dcp_cmp_.numel() : 0);
+    dcp_cmp_ = at::empty({cap}, at::TensorOptions().dtype(at::kInt).device(shape_.device));
+    dcp_cmp_views_.clear();
+  }
+  for (const DcpCmpView& v : dcp_cmp_views_) {
+    if (v.n == n && v.width == width) return v.view;
+  }
+  // Few (n, width) pairs in practice (C4: width K; C128: one width per step length class).
+  if (dcp_cmp_views_.size() >= 64) dcp_cmp_views_.clear();
+  dcp_cmp_views_.push_back({n, width, dcp_cmp_.narrow(0, 0, n * width).view({n, 1, width})});
+  return dcp_cmp_views_.back().view;
+}
+
+const at::Tensor& Workspace::dcp_lse(int64_t n) {
+  graph::use_in_forward(exclusive_);
+  AAR_CHECK_ARG(n >= 0, "dsa workspace: a DCP LSE of ", n, " rows");
+  const int64_t N = shape_.num_heads;
+  if (!dcp_lse_.defined() || dcp_lse_.numel() < n * N) {
+    const int64_t cap = std::max<int64_t>(n, dcp_lse_.defined() ? 2 * (dcp_lse_.numel() / N) : 0);
+    dcp_lse_ = at::empty({cap * N}, at::TensorOptions().dtype(at::kFloat).device(shape_.device));
+    dcp_lse_views_.clear();
+  }
+  if (static_cast<int64_t>(dcp_lse_views_.size()) <= n) dcp_lse_views_.resize(n + 1);
+  at::Tensor& v = dcp_lse_views_[n];
+  if (!v.defined()) v = dcp_lse_.narrow(0, 0, n * N).view({n, N});
+  return v;
+}
+
 }  // namespace aar::dsa::detail

@@ -102,6 +102,11 @@ class Workspace {
   const RowViews& rows(int64_t r);  // r <= the capacity (tokens(n) first, r <= n)
 
   static std::shared_ptr<Workspace> shared(const WorkspaceShape& shape);
+  // DCP (docs/design/sparse_cp.md §12.2), made on first use: the compressed-row list of n rows of
+  // `width` entries ((n, 1, width) int32) and the merged LSE of n rows ((n, num_heads) fp32). Views
+  // cached per (n, width) / n; a buffer that grows is replaced (as the others).
+  const at::Tensor& dcp_cmp(int64_t n, int64_t width);
+  const at::Tensor& dcp_lse(int64_t n);
 
  private:
   void grow(int64_t n);
@@ -114,6 +119,13 @@ class Workspace {
   at::Tensor o8_, o_mxs_, x_q_, x_scale_, qr_q_, qr_scale_;
   // the full-width writes' buffers: SWA (n rows), compressed KV (r rows)
   at::Tensor sw_mask_, sw_idx_, sw_upd_, sw_cur_, cw_mask_, cw_idx_, cw_upd_, cw_cur_;
+  at::Tensor dcp_cmp_, dcp_lse_;  // DCP: grown on demand (dcp_cmp / dcp_lse)
+  struct DcpCmpView {
+    int64_t n = 0, width = 0;
+    at::Tensor view;
+  };
+  std::vector<DcpCmpView> dcp_cmp_views_;
+  std::vector<at::Tensor> dcp_lse_views_;
   std::vector<TokenViews> tokens_;
   std::vector<RowViews> rows_;
 };

@@ -31,6 +31,7 @@ struct W8A8DynamicInput;
 }
 namespace aar::cp {
 class Comm;
+class DcpWorkspace;
 }
 namespace aar::sparse {
 class OProjFullWeight;
@@ -255,8 +256,12 @@ class Impl {
   // step's global C4 selection sel (undefined for other ratios): (n, N, D), sinks applied.
   // graph (a captured bucket's replay, §12.5): no host value of the step is read (C128's list
   // width from the RoPE table's rows instead of max_seqlen_kv).
+  // The lists come from the group builds (GroupMetadata::dcp_ori_indices / dcp_cmp_limit); the
+  // compressed list, the merged LSE and the merge's wire in the workspaces; the result is v.o.
   at::Tensor attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
-                        int64_t n, bool graph) const;
+                        int64_t n, bool graph, detail::Workspace& ws, const detail::TokenViews& v) const;
+  // C128 under DCP: 0..L-1 as (1, 1, L) int32 on the layer's device (kept, grown on demand).
+  const at::Tensor& dcp_columns(int64_t L) const;
   // The whole step's cache writes from its tk hidden rows x (the step's RoPE rows and slots): the SWA KV,
   // C4's indexer compressor and cache, the compressors and their compressed rows (DSA-CP and PCP;
   // graph: a captured DSA-CP replay, whose A5 + BF16 writes take every row). With multistream (sp) the
@@ -310,6 +315,8 @@ class Impl {
   StepViews step_views_;
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
   std::shared_ptr<sparse::detail::DsaCpWorkspace> cpws_;  // DSA-CP: the slice's buffers (shared by shape)
+  std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP: the query gather and the merge's wire (shared by shape)
+  mutable at::Tensor dcp_cols_, dcp_cols_view_;  // DCP, C128: dcp_columns()
 };
 
 }  // namespace aar::dsa

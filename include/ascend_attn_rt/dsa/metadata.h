@@ -242,6 +242,13 @@ struct GroupMetadata {
   // DSpark (docs/design/dsa.md §3.4): (T, 1, width) physical slots, defined on SWA groups
   // configured non-causal (dspark_num_spec > 0) in steps without prefill.
   at::Tensor dspark_swa_indices;
+  // DCP (StepBuilderConfig::dcp_world_size > 1; docs/design/sparse_cp.md §12.2), staged once per
+  // step by the group build (dsa/plan/dsa_dcp_plan.h) and read by every layer as they are; undefined
+  // otherwise. Swa groups: dcp_ori_indices (T, 1, window) int32, each query row's window slots this
+  // rank owns (physical slots of the local table, position order, then -1). C4Kv / C128Kv groups:
+  // dcp_cmp_limit (T, 1) int32, each row's compressed-row limit floor((p + 1) / r). Rows of no
+  // request: all -1 / 0.
+  at::Tensor dcp_ori_indices, dcp_cmp_limit;
   int32_t ori_win_left = 0, ori_win_right = 0;  // the attention call's window
   int32_t max_seqlen_q = 0, max_seqlen_kv = 0;
 
