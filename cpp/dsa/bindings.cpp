@@ -639,7 +639,7 @@ void bind_dsa_builders(nb::module_& m) {
       },
       "graph"_a, "num_tokens"_a, "step"_a, "swa"_a,
       "GraphParams.update for captured DSA layers (dsa/graph.h): checks the step fits the bucket (tokens, requests, "
-      "the SWA metadata at the captured addresses); re-issues nothing for them.");
+      "no prefill, the SWA metadata at the captured addresses); re-issues nothing for them.");
 }
 
 void bind_dsa(nb::module_& root) {

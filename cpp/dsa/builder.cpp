@@ -109,7 +109,7 @@ class StepBuilder::Lane {
   Lane(const StepBuilderConfig& cfg, const aar::detail::RopeRows& rope, const aar::detail::RopeRows* crope, int32_t draft_index,
        int64_t max_reqs, bool separate, int slot_base)
       : cfg_(cfg), rope_(rope), crope_(crope), draft_index_(draft_index), R_(max_reqs),
-        cp_(cfg.dsa_cp_world_size > 1 && draft_index < 0), pcp_(cfg.pcp_world_size > 1 && draft_index < 0) {
+        cp_(cfg.dsa_cp_world_size > 1 && draft_index < 0), pcp_(cfg.pcp_world_size > 1) {
     const int64_t T = cfg.max_num_tokens;
     // DSA-CP: RoPE rows for the step padded to a multiple of the group (T_pad < T + W).
     const int64_t TR = cp_ ? T + cfg.dsa_cp_world_size : T;
@@ -296,12 +296,20 @@ class StepBuilder::Lane {
       state = plan::select_attention_state(si);
     }
 
-    // docs/design/sparse_cp.md §13: this rank's rows of the global step, into private scratch.
+    // docs/design/sparse_cp.md §13: this rank's rows of the global step, into private scratch. A step with
+    // prefills splits them (no graph padding, not in a draft lane); a step without is replicated (§13.4):
+    // every rank's rows are the step's t_in rows, graph padding included.
     plan::DsaPcpPlan pplan;
     if (pcp_) {
-      AAR_CHECK_ARG(p.num_reqs_actual == B && t_in == t_q, "num_reqs_actual=", p.num_reqs_actual,
+      const int32_t np = p.split.num_prefills;
+      if (np > 0 && draft_index_ >= 0) {
+        throw_not_supported("build_for_drafting with pcp_world_size=", cfg_.pcp_world_size, ": the draft step has ",
+                            np, " request(s) of more than decode_threshold=", thr, " tokens; a draft step under DSA "
+                            "PCP is replicated on every rank and takes decodes only (docs/design/sparse_cp.md §13.4)");
+      }
+      AAR_CHECK_ARG(np == 0 || (p.num_reqs_actual == B && t_in == t_q), "num_reqs_actual=", p.num_reqs_actual,
                     " / num_input_tokens=", t_in, " with pcp_world_size=", cfg_.pcp_world_size,
-                    ": the PCP step is the global batch without graph padding (", B, " requests, ", t_q,
+                    ": a PCP step with prefills is the global batch without graph padding (", B, " requests, ", t_q,
                     " tokens; docs/design/sparse_cp.md §13)");
       plan::SparsePcpInputs pi;
       pi.query_start_loc = plan::CSpan<int32_t>(qsl, static_cast<size_t>(B) + 1);
@@ -320,6 +328,13 @@ class StepBuilder::Lane {
       pb.sas_seq_lens = plan::Span<int32_t>(pseq_scr_.data(), pseq_scr_.size());
       pb.sas_cu_seqlens_kv = plan::Span<int32_t>(pcu_scr_.data(), pcu_scr_.size());
       pplan = plan::plan_dsa_pcp_step(pi, pb);
+      if (np == 0) {
+        // Replicated: the plan's rows are the step's t_q tokens in order; the bucket's rows past them
+        // (num_input_tokens > t_q) are rows of no request (-1, position 0), as the layer's input has them.
+        std::fill(ptok_scr_.begin() + t_q, ptok_scr_.begin() + t_in, -1);
+        std::fill(ppos_scr_.begin() + t_q, ppos_scr_.begin() + t_in, 0);
+        pplan.sizes.local_tokens = t_in;
+      }
     }
     // docs/design/sparse_cp.md §4 on the kernel requests (graph padding included), into private
     // scratch: it validates before its writes and the staging buffer stays untouched until below.
@@ -749,11 +764,8 @@ const StepMetadata& StepBuilder::build(const StepInputs& in) { return lanes_[0]-
 const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, plan::AttentionState state) {
   static const core::BackendFacts& facts = Backend::facts();
   core::check_capturable(facts, state);
-  if (cfg_.pcp_world_size > 1) {
-    throw_not_supported("build_for_graph_capture with pcp_world_size=", cfg_.pcp_world_size, ": DSA PCP runs "
-                        "eagerly (its hidden-state gather and per-call segment views are not captured; "
-                        "docs/design/sparse_cp.md §13)");
-  }
+  // DSA PCP (docs/design/sparse_cp.md §13.4): a decode bucket is replicated on every rank (the lane refuses
+  // prefills in a capture build first).
   // DSA DCP (docs/design/sparse_cp.md §12.5): the decode bucket builds as without DCP (the lane's
   // dcp block is set at construction; DSpark and DSA-CP under DCP were refused there).
   return lanes_[0]->build(in, &state);
@@ -762,10 +774,7 @@ const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, p
 const StepMetadata& StepBuilder::build_for_drafting(const StepInputs& in, int32_t d) {
   // Under DCP a draft lane carries the step's dcp block like the main lane (docs/design/sparse_cp.md
   // §12.6): its SWA groups localize their slots the same way.
-  if (cfg_.pcp_world_size > 1) {
-    throw_not_supported("build_for_drafting with pcp_world_size=", cfg_.pcp_world_size, ": draft steps under DSA "
-                        "PCP (per-draft PCP rows) are not implemented (docs/design/sparse_cp.md §13)");
-  }
+  // Under PCP a draft step of decodes is replicated (docs/design/sparse_cp.md §13.4); the lane refuses prefills.
   if (cfg_.dsa_cp_world_size > 1) {
     throw_not_supported("build_for_drafting with dsa_cp_world_size=", cfg_.dsa_cp_world_size, ": draft steps under "
                         "DSA-CP (per-draft local token metadata) are not implemented (docs/design/sparse_cp.md §10)");
@@ -1034,12 +1043,14 @@ class GroupBuilder::Lane {
       md_.seqused_cmp_kv_host = plan::CSpan<int32_t>(s + r.cmp, ub);
       md_.cmp_residual_kv_host = plan::CSpan<int32_t>(s + r.cres, ub);
     }
-    if (pbt_.defined()) {
+    if (pbt_.defined() && st.pcp_split()) {
       // docs/design/sparse_cp.md §13: the segments' rows of the staged table (after the copy, same stream).
       const int64_t ns = st.pcp.num_segments;
       set(md_.pcp_block_table, v_pbt_.get(ns, stride, [&] { return pbt_.narrow(0, 0, ns * stride).view({ns, stride}); }));
       detail::InferenceScope guard;
       at::index_select_out(md_.pcp_block_table, md_.block_table, 0, st.pcp.req);
+    } else {
+      md_.pcp_block_table = at::Tensor();  // a replicated step (§13.4) reads the global table
     }
     if (dcp_width_ > 0) {
       // docs/design/sparse_cp.md §12.2: the rows' DCP lists, read by the layers as they are.
@@ -1176,8 +1187,8 @@ class GroupBuilder::Lane {
     a.batch_size = st.num_kernel_reqs;
     a.max_seqlen_q = cp ? st.dsa_cp.max_seqlen_q : st.max_seqlen_q;
     a.max_seqlen_kv = cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv;
-    if (st.pcp.world_size > 1) {
-      // docs/design/sparse_cp.md §13: this rank's segments.
+    if (st.pcp_split()) {
+      // docs/design/sparse_cp.md §13: this rank's segments (a replicated step reads the global lists).
       a.cu_seqlens_q = st.pcp.query_start_loc;
       a.seqused_kv = st.pcp.seq_lens;
       a.batch_size = st.pcp.num_segments;
@@ -1241,7 +1252,7 @@ class GroupBuilder::Lane {
     m.batch_size = st.num_kernel_reqs;
     m.max_seqlen_q = cp ? st.dsa_cp.max_seqlen_q : st.max_seqlen_q;
     m.max_seqlen_k = cp ? st.dsa_cp.max_seqlen_kv : st.max_seqlen_kv;
-    if (st.pcp.world_size > 1) {
+    if (st.pcp_split()) {
       // docs/design/sparse_cp.md §13: this rank's segments (pads select nothing: KV length 0).
       m.actual_seq_lengths_query = st.pcp.q_ends;
       m.actual_seq_lengths_key = st.pcp.indexer_seq_lens;
@@ -1266,9 +1277,9 @@ class GroupBuilder::Lane {
       case CuSeqlensKv::None: return {};
       case CuSeqlensKv::EmptyTensor: return empty_;
       case CuSeqlensKv::QueryStartLoc:
-        return st.pcp.world_size > 1 ? st.pcp.query_start_loc : cp ? st.dsa_cp.query_start_loc : st.query_start_loc;
+        return st.pcp_split() ? st.pcp.query_start_loc : cp ? st.dsa_cp.query_start_loc : st.query_start_loc;
       case CuSeqlensKv::CumsumSeqLens:
-        return st.pcp.world_size > 1 ? st.pcp.cu_seqlens_kv : cp ? st.dsa_cp.cu_seqlens_kv : st.cu_seqlens_kv;
+        return st.pcp_split() ? st.pcp.cu_seqlens_kv : cp ? st.dsa_cp.cu_seqlens_kv : st.cu_seqlens_kv;
     }
     return {};
   }

@@ -485,15 +485,16 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 c.hidden_size, "), got ", sizes_of(hidden));
   AAR_CHECK_ARG(hidden.scalar_type() == dt && hidden.device() == dev, "hidden is ", hidden.scalar_type(), " on ",
                 hidden.device(), "; the layer's weights are ", dt, " on ", dev);
-  // PCP (docs/design/sparse_cp.md §13): hidden holds exactly this rank's local rows.
+  // PCP (docs/design/sparse_cp.md §13): hidden holds exactly this rank's local rows (a replicated step's: the
+  // step's num_input_tokens rows, §13.4).
   const bool pcp = st.pcp.world_size > 1;
   if (pcp) {
     AAR_CHECK_ARG(hidden.size(0) == st.pcp.num_local_tokens, "hidden has ", hidden.size(0), " rows; under PCP (",
                   "pcp_world_size=", st.pcp.world_size, ") it holds this rank's local rows, num_local_tokens=",
                   st.pcp.num_local_tokens, " (metadata.local_token_index)");
     for (const GroupMetadata* g : {md.swa, md.attention, md.indexer_cache}) {
-      AAR_CHECK_ARG(g == nullptr || g->pcp_block_table.defined(), "metadata group ", to_string(g->kind),
-                    " has no pcp_block_table: its GroupBuilder must build from the PCP step");
+      AAR_CHECK_ARG(g == nullptr || !st.pcp_split() || g->pcp_block_table.defined(), "metadata group ",
+                    to_string(g->kind), " has no pcp_block_table: its GroupBuilder must build from the PCP step");
     }
   } else {
     AAR_CHECK_ARG(hidden.size(0) >= st.num_kernel_tokens, "hidden has ", hidden.size(0),
@@ -1273,9 +1274,14 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const int64_t n = g.capturing_bucket();
-  if (st.pcp.world_size > 1) {
-    throw_not_supported("DSA graph capture under PCP (pcp_world_size=", st.pcp.world_size, "): DSA PCP runs "
-                        "eagerly (docs/design/sparse_cp.md §13)");
+  // DSA PCP (docs/design/sparse_cp.md §13.4): a decode-only step is replicated on every rank and captured as
+  // without PCP (the single-rank road, no collective); a step with prefills splits its rows over the ranks
+  // behind a hidden-state gather, which is not captured.
+  if (st.pcp_split()) {
+    throw_not_supported("DSA graph capture under PCP (pcp_world_size=", st.pcp.world_size, ") of a step with ",
+                        st.plan.split.num_prefills, " prefill request(s): its rows are split over the PCP ranks "
+                        "behind a hidden-state all-gather, which runs eagerly; decode-only steps are captured "
+                        "(docs/design/sparse_cp.md §13.4)");
   }
   // Bucket and state checks, before anything is recorded or written.
   if (st.attn_state != plan::AttentionState::DecodeOnly && st.attn_state != plan::AttentionState::SpecDecoding) {
@@ -1387,6 +1393,14 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   // At each update: the step must fit what the layer was captured with.
   auto fits = [cl, layer = cf.layer_index](const graph::StepParams& sp, int64_t bucket) {
     const at::Tensor& bt = cl->swa_block_table;
+    // The captured step takes decodes only (a PCP step with prefills would also split its rows over the
+    // ranks, docs/design/sparse_cp.md §13.4): refused before any replay.
+    if (const StepMetadata* s = sp.backend_metadata_as<StepMetadata>(); s != nullptr && s->has_prefill()) {
+      throw_not_supported("DSA layer ", layer, ": graph bucket ", bucket, " was captured for a decode-only step; ",
+                          "the step has ", s->plan.split.num_prefills, " prefill request(s)",
+                          s->pcp.world_size > 1 ? " (under PCP its rows are split over the ranks: run it eagerly)"
+                                                : " (run it eagerly)");
+    }
     AAR_CHECK_ARG(sp.num_input_tokens == cl->bucket && sp.num_kernel_tokens == cl->bucket &&
                       sp.num_reqs == cl->num_reqs,
                   "DSA layer ", layer, ": graph bucket ", bucket, " was captured for ", cl->bucket, " tokens of ",
@@ -1431,10 +1445,11 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     output.zero_();
     return output;
   }
-  if (st.pcp.world_size > 1) {
-    // docs/design/sparse_cp.md §13 (tk is the global step's: every rank gathers, or none does).
+  if (st.pcp_split()) {
+    // docs/design/sparse_cp.md §13: a step with prefills (the same on every rank: every rank gathers). A
+    // step without is replicated (§13.4): the single-rank road below, no collective.
     detail::Workspace local(ws_->shape());
-    run_pcp(hidden, c, md, output, topk, st.has_prefill() ? local : *ws_);
+    run_pcp(hidden, c, md, output, topk, local);
   } else if (st.dsa_cp.world_size > 1) {
     // tk is the step's (rank-independent): every rank runs the same collectives or none (tk 0).
     if (st.has_prefill()) {
@@ -1518,6 +1533,7 @@ graph::StepParams graph_step_params(const LayerMetadata& md) {
   sp.num_kernel_tokens = st.num_kernel_tokens;
   sp.num_input_tokens = st.num_input_tokens;
   sp.stamp = md.swa->stamp;
+  sp.set_backend_metadata(st);  // a captured layer's update refuses a step with prefills
   return sp;
 }
 

@@ -17,8 +17,8 @@ namespace aar::dsa {
 
 void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                    sfa::TopkBuffer* topk, detail::Workspace& ws) {
-  // Every rank issues the one all-gather of a step with prefills, whatever its rows hold (a rank of pads only
-  // too), and none in a decode-only step.
+  // A step with prefills only (StepMetadata::pcp_split; a step without is replicated and runs the single-rank
+  // road, §13.4). Every rank issues its one all-gather, whatever its rows hold (a rank of pads only too).
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const PcpStepMetadata& pc = st.pcp;
@@ -27,16 +27,12 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadat
   const int32_t ratio = cf.compress_ratio;
 
   // ---- 1. the global step's hidden rows: the ranks' local rows gathered rank-major, each token picked
-  // from the rank that computes it (a decode from rank 0's copy). A step without prefill is replicated:
-  // every rank's rows are the step's tokens in order (no gather; the step, hence the choice, is the same
-  // on every rank).
+  // from the rank that computes it (a decode from rank 0's copy).
+  AAR_CHECK_ARG(st.pcp_split(), "internal: run_pcp on a step without prefill (a replicated step)");
   detail::StreamPlan sp = stream_plan(hidden.device());
-  at::Tensor x = hidden;
-  if (st.has_prefill()) {
-    sp.on_main("gather_hidden");
-    const at::Tensor gathered = cf.pcp_comm->all_gather(hidden, 0);
-    x = ops::dense::index_select(gathered, 0, pc.gather_index);
-  }
+  sp.on_main("gather_hidden");
+  const at::Tensor gathered = cf.pcp_comm->all_gather(hidden, 0);
+  const at::Tensor x = ops::dense::index_select(gathered, 0, pc.gather_index);
 
   // ---- 2. every token's rows into this rank's complete caches, at the global step's slots. With multistream
   // the compressed caches' writers run on the side stream (forked after the gather, which they read), joined
@@ -91,8 +87,8 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const LayerMetadat
   ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
   sp.on_main("o_proj");
   run_o_proj(o, output);
-  // Pad rows (past their request's tokens) are zeros; a decode-only step has none.
-  if (st.has_prefill()) output.masked_fill_(pc.local_token_index.lt(0).unsqueeze(1), 0);
+  // Pad rows (past their request's tokens) are zeros.
+  output.masked_fill_(pc.local_token_index.lt(0).unsqueeze(1), 0);
 }
 
 }  // namespace aar::dsa

@@ -240,3 +240,23 @@ def test_update_refuses_steps_that_do_not_fit_the_bucket():
     # and a fitting step replays
     S, qsl = bk.replay([2, 0, 1])
     check_step(run, [2, 0, 1], [1, 1, 1], bk.outs[0], qsl, S)
+
+
+def test_update_refuses_a_step_with_prefills_that_fits_the_bucket():
+    # A SpecDecoding bucket of 2 requests x 2 tokens; a step of 2 requests holding 4 tokens, one of them a
+    # prefill (3 tokens > decode_threshold 2), fits the bucket's sizes: the update refuses it by name, nothing
+    # written, and a fitting decode step still replays (docs/design/sparse_cp.md §13.4).
+    d = dims(1)
+    run = Run(d, torch.float32, nreq=2, k=1)
+    run.step([0, 1], [7, 5])
+    bk = Bucket(run, B=2, q=2)
+    bk.capture([0, 1])
+    snap = [t.clone() for t in caches(run)]
+    st, md, _, _ = run.build([0, 1], [1, 3])
+    assert st.num_prefills == 1
+    with pytest.raises(NotImplementedError, match="captured for a decode-only step; the step has 1 prefill"):
+        aar.dsa.graph_update(bk.g, bk.n, st, md["swa"])
+    for a, b in zip(snap, caches(run)):
+        assert torch.equal(a, b)
+    S, qsl = bk.replay([1, 0])
+    check_step(run, [1, 0], [2, 2], bk.outs[0], qsl, S)

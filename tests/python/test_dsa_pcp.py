@@ -16,6 +16,9 @@ prefill without decodes, a decode step; ratios 1, 4 and 128 (fp32), ratio 4 in b
 decode_threshold 3); an IndexCache pair.
 Refusals by name, the layer's with caches untouched and no collective issued. The W8A8-dynamic prolog and multistream
 under PCP: test_dsa_cp_w8a8_streams.py.
+Decode graph capture and drafts (§13.4, test_dsa_pcp_two_ranks_decode_graph_and_drafts): a decode step is replicated
+on every rank, so a PCP decode bucket is captured as without PCP and replayed with no collective; draft steps of
+decodes run eagerly the same way.
 """
 
 import pytest
@@ -27,6 +30,7 @@ from _dsa_harness import group_kw
 import _dsa_reference as ref
 from test_dsa import tol as ref_tol
 from test_dsa_cp import Run, dims
+from test_dsa_dcp import _draft_step, _reference
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
@@ -242,12 +246,28 @@ def test_dsa_pcp_builder():
         _sb(pcp_world_size=2, pcp_rank=2)
     sb = _sb(pcp_world_size=2, pcp_rank=1)
     qsl, S = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="build_for_graph_capture with pcp_world_size=2"):
-        sb.build_for_graph_capture(qsl, S, state=aar.AttentionState.DecodeOnly)
-    with pytest.raises(NotImplementedError, match="build_for_drafting with pcp_world_size=2"):
-        sb.build_for_drafting(qsl, S, draft_index=0)
-    with pytest.raises(ValueError, match="without graph padding"):
-        sb.build(qsl, S, num_input_tokens=4)
+    # a step with prefills: no graph padding, no capture build, not a draft step (decode_threshold 2)
+    pq, pS = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="a PCP step with prefills is the global batch without graph padding"):
+        sb.build(pq, pS, num_input_tokens=4)
+    with pytest.raises(ValueError, match="build_for_graph_capture: the batch has 1 prefill"):
+        sb.build_for_graph_capture(pq, pS, state=aar.AttentionState.SpecDecoding)
+    with pytest.raises(NotImplementedError, match="build_for_drafting with pcp_world_size=2: the draft step has 1 "):
+        sb.build_for_drafting(pq, pS, draft_index=0)
+    # a decode bucket (§13.4): replicated, graph padding allowed; the rank's rows are the step's input rows
+    cq, cS = torch.tensor([0, 1, 2, 3], dtype=torch.int32), torch.tensor([5, 3, 1], dtype=torch.int32)
+    st = sb.build_for_graph_capture(cq, cS, state=aar.AttentionState.DecodeOnly, num_reqs_actual=2,
+                                    num_input_tokens=5)
+    assert (st.pcp_world_size, st.pcp_rank, st.num_local_tokens, st.num_input_tokens) == (2, 1, 5, 5)
+    assert st.local_token_index_list == [0, 1, 2, -1, -1]
+    gb0 = aar.dsa.GroupBuilder(sb, kind="swa", cache_block_size=32, max_blocks_per_req=4, num_blocks=8,
+                               device_kind="a2", cache_dtype=None, model_dtype="bfloat16")
+    md0 = gb0.build(st, torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0], [0, 0, 0, 0]], dtype=torch.int32))
+    assert md0.pcp_block_table is None  # the global table is read
+    # a draft step of decodes: replicated too
+    dst = sb.build_for_drafting(torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([6, 4], dtype=torch.int32),
+                                draft_index=0)
+    assert (dst.pcp_world_size, dst.pcp_rank, dst.num_local_tokens, dst.local_token_index_list) == (2, 1, 3, [0, 1, 2])
     with pytest.raises(NotImplementedError, match="A2/A3 npu_sparse_attn_sharedkv plan only"):
         aar.dsa.GroupBuilder(sb, kind="swa", cache_block_size=32, max_blocks_per_req=4, num_blocks=8,
                              device_kind="a5", cache_dtype=None, model_dtype="bfloat16")
@@ -264,3 +284,145 @@ def test_dsa_pcp_builder():
     assert md.pcp_block_table.tolist() == [[1, 2, 3, 4], [5, 6, 7, 0], [5, 6, 7, 0]]
     # the global step's slots: every token written on every rank
     assert md.slot_mapping.shape[0] == 8
+
+
+def _pcp_eager(pcp, reqs, qlens, comm):
+    """One eager PCP step (the rank's local rows in, out); the number of collectives it issued."""
+    st, md, S, _ = pcp.build(reqs, qlens)
+    idx = st.local_token_index.clone()
+    hid = _local(pcp.hidden(reqs, qlens, S, 0), idx)
+    out = torch.full_like(hid, float("nan"))
+    comm.reset_counters()
+    pcp.impl.forward(hid, pcp.kv, st, md["swa"], out, **group_kw(pcp.d.ratio, md, st))
+    for i, b in enumerate(reqs):
+        pcp.S[b] = S[i]
+    return comm.calls
+
+
+def _case_graph(rank, world):
+    """docs/design/sparse_cp.md §13.4: a decode step under PCP is replicated (every rank's rows are the step's, the
+    single-rank road over complete caches, no collective). A C4 SpecDecoding bucket (3 requests x 2 tokens) is
+    captured on each rank (the recording provider: nothing runs, no collective) and replayed with 3, 2, 1 and 3
+    real requests (graph padding): per replay the output equals the PCP layer run eagerly on the same step (caches
+    restored in between) and the single-rank layer on the same padded step, rank 0 also the float64 reference; the
+    caches equal the single-rank caches; no collective inside a replay. A step with prefills is refused at capture
+    (caches untouched, no collective) and at graph update. Ratio 1: draft steps of decodes on the draft lanes equal
+    the single-rank draft steps, no collective; a draft step with a prefill is refused by name."""
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=60.0)
+    ratio, k, B = 4, 1, 3
+    q = 1 + k
+    d = dims(ratio)
+    one = Run(d, torch.float32, 3, k=k)
+    pcp = Run(d, torch.float32, 3, k=k, sb_extra=dict(pcp_world_size=world, pcp_rank=rank),
+              impl_extra=dict(pcp_comm=comm))
+    first = [20, 9, 30]
+    one.step([0, 1, 2], first)
+    assert _pcp_eager(pcp, [0, 1, 2], first, comm) == 1  # the prefill's hidden-row gather
+    assert _caches_equal(pcp, one, torch.float32)
+    n = B * q
+    hidden, out = torch.zeros(n, d.hidden), torch.zeros(n, d.hidden)
+    g = aar.GraphParams("recording")
+    st, md, _, _ = pcp.build_padded([0, 1, 2], B, q, capture=True)
+    assert (st.pcp_world_size, st.num_local_tokens) == (world, n)
+    snap = [t.clone() for t in pcp.caches()]
+    comm.reset_counters()
+    with g.capture(n):
+        pcp.impl.forward(hidden, pcp.kv, st, md["swa"], out, **group_kw(ratio, md, st))
+    assert comm.calls == 0 and all(torch.equal(a, b) for a, b in zip(snap, pcp.caches()))
+    at, rt = ref_tol(torch.float32)
+    report = []
+    for reqs in ([0, 1, 2], [2, 0], [1], [1, 2, 0]):
+        where = f"rank {rank} replay {reqs}"
+        st, md, S, qsl = pcp.build_padded(reqs, B, q)
+        m = len(reqs) * q
+        hidden.zero_()
+        hidden[:m] = torch.cat([pcp.x[b][S[i] - q: S[i]] for i, b in enumerate(reqs)])
+        # the PCP layer eagerly on the same step (no collective), then the caches restored for the replay
+        before = [t.clone() for t in pcp.caches()]
+        eager = torch.full_like(out, float("nan"))
+        comm.reset_counters()
+        pcp.impl.forward(hidden, pcp.kv, st, md["swa"], eager, **group_kw(ratio, md, st))
+        assert comm.calls == 0, (where, "eager")
+        eager_topk = pcp.impl.last_topk[:m].clone()
+        after = [t.clone() for t in pcp.caches()]
+        for t, v in zip(pcp.caches(), before):
+            t.copy_(v)
+        out.fill_(float("nan"))
+        aar.dsa.graph_update(g, n, st, md["swa"])
+        comm.reset_counters()
+        g.replay(n)
+        assert comm.calls == 0, (where, "replay", comm.calls)
+        torch.testing.assert_close(out[:m], eager[:m], atol=1e-6, rtol=1e-6, msg=lambda e: f"{where}: vs eager: {e}")
+        assert torch.equal(pcp.impl.last_topk[:m], eager_topk), f"{where}: top-k vs eager"
+        assert all(torch.equal(a, b) for a, b in zip(pcp.caches(), after)), f"{where}: replay vs eager caches"
+        for i, b in enumerate(reqs):
+            pcp.S[b] = S[i]
+        # the single-rank layer on the same padded step
+        st1, md1, _, _ = one.build_padded(reqs, B, q)
+        want = torch.full_like(out, float("nan"))
+        one.impl.forward(hidden, one.kv, st1, md1["swa"], want, **group_kw(ratio, md1, st1))
+        for i, b in enumerate(reqs):
+            one.S[b] = S[i]
+        torch.testing.assert_close(out[:m], want[:m], atol=1e-6, rtol=1e-6,
+                                   msg=lambda e: f"{where}: vs the single-rank layer: {e}")
+        assert torch.equal(pcp.impl.last_topk[:m], one.impl.last_topk[:m]), f"{where}: top-k vs single-rank"
+        assert _caches_equal(pcp, one, torch.float32), f"{where}: a cache differs from the single-rank one"
+        if rank == 0:
+            refs = _reference(one, d, reqs, [q] * len(reqs), S, qsl)
+            torch.testing.assert_close(out[:m].to(torch.float64), refs, atol=at * max(1.0, refs.abs().max().item()),
+                                       rtol=rt, msg=lambda e: f"{where}: vs the float64 reference: {e}")
+        report.append((where, m))
+    # A step with prefills: refused at capture (before anything is recorded or written, no collective) ...
+    msgs = {}
+    snap = [t.clone() for t in pcp.caches()]
+    st, md, S, _ = pcp.build([0, 1, 2], [1, 2, 3])  # request 2 (3 tokens > decode_threshold 2) is a prefill
+    hid = _local(pcp.hidden([0, 1, 2], [1, 2, 3], S, 0), st.local_token_index.clone())
+    g2 = aar.GraphParams("recording")
+    comm.reset_counters()
+    with g2.capture(hid.shape[0]):
+        try:
+            pcp.impl.forward(hid, pcp.kv, st, md["swa"], torch.zeros_like(hid), **group_kw(ratio, md, st))
+        except NotImplementedError as e:
+            msgs["capture"] = str(e)
+    # ... and at the update of the captured bucket (3 requests, 6 tokens: it fits the bucket's sizes)
+    try:
+        aar.dsa.graph_update(g, n, st, md["swa"])
+    except NotImplementedError as e:
+        msgs["update"] = str(e)
+    assert comm.calls == 0 and all(torch.equal(a, b) for a, b in zip(snap, pcp.caches()))
+    # Ratio 1 (SWA-only layers draft): draft steps of decodes, replicated; a draft step with a prefill refused.
+    d1 = dims(1)
+    one1, pcp1 = Run(d1, torch.float32, 3, k=2), Run(d1, torch.float32, 3, k=2, sb_extra=dict(
+        pcp_world_size=world, pcp_rank=rank), impl_extra=dict(pcp_comm=comm))
+    one1.step([0, 1, 2], [11, 4, 7])
+    assert _pcp_eager(pcp1, [0, 1, 2], [11, 4, 7], comm) == 1
+    for draft, reqs, qlens in ((0, [0, 1, 2], [3, 3, 3]), (1, [2, 0], [2, 1])):
+        where = f"rank {rank} draft {draft} {reqs} {qlens}"
+        comm.reset_counters()
+        dst, got, dqsl, dS = _draft_step(pcp1, reqs, qlens, draft)
+        assert comm.calls == 0, where
+        assert (dst.pcp_world_size, dst.pcp_rank, dst.num_local_tokens) == (world, rank, dqsl[-1]), where
+        _, want, _, _ = _draft_step(one1, reqs, qlens, draft)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6, msg=lambda e: f"{where}: {e}")
+        assert _caches_equal(pcp1, one1, torch.float32), f"{where}: caches"
+        if rank == 0:
+            refs = _reference(one1, d1, reqs, qlens, dS, dqsl)
+            torch.testing.assert_close(got.to(torch.float64), refs, atol=at * max(1.0, refs.abs().max().item()),
+                                       rtol=rt, msg=lambda e: f"{where}: vs the float64 reference: {e}")
+        report.append((where, dqsl[-1]))
+    try:
+        _draft_step(pcp1, [0], [4], 0)
+    except NotImplementedError as e:
+        msgs["draft"] = str(e)
+    return report, msgs
+
+
+def test_dsa_pcp_two_ranks_decode_graph_and_drafts():
+    results = run_ranks(WORLD, _case_graph, deadline_s=90.0)
+    for rank, (report, msgs) in enumerate(results):
+        assert [m for _, m in report] == [6, 4, 2, 6, 9, 3], (rank, report)
+        want = {"capture": "DSA graph capture under PCP (pcp_world_size=2) of a step with 1 prefill",
+                "update": "captured for a decode-only step; the step has 1 prefill request(s) (under PCP",
+                "draft": "build_for_drafting with pcp_world_size=2: the draft step has 1 request(s)"}
+        for key, text in want.items():
+            assert text in msgs.get(key, ""), (rank, key, msgs)

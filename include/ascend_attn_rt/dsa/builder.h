@@ -85,8 +85,10 @@ struct StepBuilderConfig : core::Capacities, core::StagingConfig {
   // PCP (docs/design/sparse_cp.md §13): the step given to build() is the GLOBAL step (the same on every
   // PCP rank); > 1 adds StepMetadata::pcp, this rank's rows (the decodes, its head and tail chunk of every
   // prefill) and their segments, and the attention-side groups' segment block tables
-  // (GroupMetadata::pcp_block_table); the caches stay whole on every rank. Eager steps of the main lane
-  // without graph padding; graph capture, drafting, DSpark, DSA-CP and DCP with it are refused by name.
+  // (GroupMetadata::pcp_block_table); the caches stay whole on every rank. A step with prefills is built
+  // without graph padding; a step without (decodes; a decode bucket of build_for_graph_capture, graph padding
+  // allowed; a draft step, whose requests must all be decodes) is replicated: every rank's rows are the
+  // step's (StepMetadata::pcp_split). DSpark, DSA-CP and DCP with it are refused by name.
   int32_t pcp_world_size = 1;
   int32_t pcp_rank = 0;
 };

@@ -115,8 +115,10 @@ struct ImplConfig {
   // num_local_tokens of them: the decodes, its head and tail chunk of every prefill, pad rows output 0).
   // Every rank all-gathers the local hidden rows, writes every token's SWA, compressor-state, compressed and
   // indexer rows into its complete caches (the global step's slots), then attends its own rows only; one
-  // collective per layer and step with prefills (none in a decode-only step: its rows are replicated).
-  // Eager, the A2/A3 plan; DSA-CP and DCP with it refused by name (multistream and the W8A8 prolog run).
+  // collective per layer and step with prefills. A step without prefill (decode, draft) is replicated: every
+  // rank runs the single-rank layer on the step's rows, no collective; such decode buckets are captured and
+  // replayed as without PCP (a step with prefills refused at capture and at graph update). The A2/A3 plan;
+  // DSA-CP and DCP with it refused by name (multistream and the W8A8 prolog run).
   cp::Comm* pcp_comm = nullptr;
   // docs/design/dsa.md §5.5: compressed layers run their compressor(s) and the indexer's cache write
   // on a second stream (the device's stream pool; on CPU the default stream), overlapping the prolog;

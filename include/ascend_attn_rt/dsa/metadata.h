@@ -63,7 +63,10 @@ struct DcpStepMetadata {
 // the builders describe is the GLOBAL one (every PCP rank builds it: the cache writes of every token); this
 // rank's layer input and output are its local rows (plan_dsa_pcp_step, cp/plan/sparse_cp.h): the decode tokens,
 // then per prefill its head and tail chunks (pads past the request's tokens), attended as `num_segments`
-// requests of their own (a decode, a chunk's real rows, or its pads).
+// requests of their own (a decode, a chunk's real rows, or its pads). A step without prefill (every kernel
+// request a decode: a decode or draft step, graph padding allowed) is replicated instead: every rank's rows are
+// the step's `num_input_tokens` rows (local_token_index 0.., -1 past num_kernel_tokens), the layer runs the
+// single-rank road on them with no collective, and the groups read the global lists (StepMetadata::pcp_split).
 struct PcpStepMetadata {
   int32_t world_size = 1;
   int32_t rank = 0;
@@ -106,6 +109,9 @@ struct StepMetadata : core::StepCounts {
   // A prefill among the B requests (the kernels' split): it picks the groups'
   // cu_seqlens kinds and turns DSpark off.
   bool has_prefill() const { return plan.has_prefill(); }
+  // PCP splits this step's rows over the ranks (docs/design/sparse_cp.md §13): a step with a prefill under
+  // pcp_world_size > 1. Otherwise the step is every rank's whole (single-rank) step.
+  bool pcp_split() const { return pcp.world_size > 1 && has_prefill(); }
 
   // Device views (int32): query_start_loc (B+1), seq_lens (B), start_pos (B:
   // S_b - q_b, 0 for padding rows), cu_seqlens_kv (B+1: [0, cumsum(S)], what
