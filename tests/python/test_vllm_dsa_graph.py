@@ -16,7 +16,7 @@ recording provider replays the runtime's calls: the whole attention block of eac
 
 Refusals: the declared cudagraph support read through vLLM, a FULL runtime-mode step with prefills and one
 without a graph provider, a prefill step and a mis-sized step at update, an update without the SWA groups'
-metadata, a weight changed after the capture."""
+metadata or with only some of them, bad swa lists for aar.dsa.graph_update, a weight changed after the capture."""
 
 import copy
 
@@ -28,6 +28,7 @@ from vllm.config import CUDAGraphMode  # noqa: E402
 from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
 
+import ascend_attn_rt as aar  # noqa: E402
 import ascend_attn_rt.vllm as aar_vllm  # noqa: E402
 from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
 from ascend_attn_rt.vllm.dsa import _BACKEND_OF  # noqa: E402
@@ -207,6 +208,15 @@ def test_graph_refusals(vllm_dist, registered, monkeypatch, graph_store):
     md = _metadata(m, cams)
     with pytest.raises(ValueError, match="no metadata of the SWA group"):
         vgraph.update(B, {k: v for k, v in md.items() if v.kind == "c128_kv"})
+    # Only the first SWA group's metadata: the layers captured in the other groups' slots name theirs (the runtime's
+    # check); aar.dsa.graph_update's swa list checked by entry.
+    with pytest.raises(ValueError, match="belongs to KV-cache group 1 but 1 group metadata were given"):
+        vgraph.update(B, {k: v for k, v in md.items() if v.kind == "swa" and v.graph_group == 0})
+    swa0 = next(v for v in md.values() if v.kind == "swa" and v.graph_group == 0)
+    with pytest.raises(ValueError, match=r"swa\[1\] must be an aar.dsa.GroupMetadata"):
+        aar.dsa.graph_update(vgraph.graph_params(), B, swa0.step, [swa0.group, 3])
+    with pytest.raises(ValueError, match="swa must be an aar.dsa.GroupMetadata or a sequence"):
+        aar.dsa.graph_update(vgraph.graph_params(), B, swa0.step, "swa")
     # A bucket that was not captured.
     with pytest.raises(ValueError, match="num_tokens=8"):
         vgraph.update(8, md)
