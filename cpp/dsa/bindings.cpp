@@ -631,15 +631,36 @@ void bind_dsa_builders(nb::module_& m) {
       "docs/design/dsa.md §3.3: a layer's groups, checked (kinds, currency, same step); an aar.dsa.LayerMetadata.");
   m.def(
       "graph_update",
-      [](graph::GraphParams& g, int64_t num_tokens, const dsa::StepMetadata& step, const dsa::GroupMetadata& swa) {
-        dsa::LayerMetadata l;
-        l.step = &step;
-        l.swa = &swa;
-        g.update(num_tokens, std::vector<graph::StepParams>{dsa::graph_step_params(l)});
+      [](graph::GraphParams& g, int64_t num_tokens, const dsa::StepMetadata& step, nb::handle swa) {
+        // One SWA group's metadata, or a sequence of them: swa[k] for the layers made with kv_cache_group=k.
+        std::vector<const dsa::GroupMetadata*> groups;
+        if (nb::isinstance<dsa::GroupMetadata>(swa)) {
+          groups.push_back(nb::cast<const dsa::GroupMetadata*>(swa));
+        } else {
+          AAR_CHECK_ARG(nb::isinstance<nb::sequence>(swa) && !nb::isinstance<nb::str>(swa),
+                        "swa must be an aar.dsa.GroupMetadata or a sequence of them (one per kv_cache_group), got ",
+                        nb::cast<std::string>(nb::str(swa.type())));
+          size_t i = 0;
+          for (nb::handle h : nb::borrow<nb::sequence>(swa)) {
+            AAR_CHECK_ARG(nb::isinstance<dsa::GroupMetadata>(h), "swa[", i, "] must be an aar.dsa.GroupMetadata, got ",
+                          nb::cast<std::string>(nb::str(h.type())));
+            groups.push_back(nb::cast<const dsa::GroupMetadata*>(h));
+            ++i;
+          }
+        }
+        std::vector<graph::StepParams> params;
+        for (const dsa::GroupMetadata* m : groups) {
+          dsa::LayerMetadata l;
+          l.step = &step;
+          l.swa = m;
+          params.push_back(dsa::graph_step_params(l));
+        }
+        g.update(num_tokens, params);
       },
       "graph"_a, "num_tokens"_a, "step"_a, "swa"_a,
       "GraphParams.update for captured DSA layers (dsa/graph.h): checks the step fits the bucket (tokens, requests, "
-      "no prefill, the SWA metadata at the captured addresses); re-issues nothing for them.");
+      "no prefill, the SWA metadata at the captured addresses); re-issues nothing for them. swa: one SWA group's metadata, or a "
+      "sequence of them indexed by the layers' kv_cache_group (a model whose layers read several SWA groups).");
 }
 
 void bind_dsa(nb::module_& root) {
@@ -749,7 +770,7 @@ void bind_dsa_impl(nb::module_& m) {
              const std::string& device_kind, const std::optional<std::string>& cache_dtype,
              const std::string& model_dtype, bool use_index_cache, bool skip_topk, int64_t layer_index,
              int64_t workspace_group, cp::Comm* dsa_cp_comm, bool dsa_cp_full_o_proj_prefill, cp::Comm* dcp_comm,
-             bool multistream, bool log_streams, cp::Comm* pcp_comm) {
+             bool multistream, bool log_streams, cp::Comm* pcp_comm, int32_t kv_cache_group) {
             dsa::ImplConfig c;
             c.hidden_size = hidden_size;
             c.num_heads = num_heads;
@@ -768,6 +789,7 @@ void bind_dsa_impl(nb::module_& m) {
             c.use_index_cache = use_index_cache;
             c.skip_topk = skip_topk;
             c.layer_index = layer_index;
+            c.kv_cache_group = kv_cache_group;
             c.workspace_group = workspace_group;
             c.dsa_cp_comm = dsa_cp_comm;
             c.dsa_cp_full_o_proj_prefill = dsa_cp_full_o_proj_prefill;
@@ -807,7 +829,7 @@ void bind_dsa_impl(nb::module_& m) {
           "cache_dtype"_a = nb::none(), "model_dtype"_a = "bfloat16", "use_index_cache"_a = false,
           "skip_topk"_a = false, "layer_index"_a = -1, "workspace_group"_a = 0, "dsa_cp_comm"_a = nb::none(),
           "dsa_cp_full_o_proj_prefill"_a = true, "dcp_comm"_a = nb::none(), "multistream"_a = false,
-          "log_streams"_a = false, "pcp_comm"_a = nb::none(), nb::keep_alive<1, 23>(),
+          "log_streams"_a = false, "pcp_comm"_a = nb::none(), "kv_cache_group"_a = 0, nb::keep_alive<1, 23>(),
           nb::keep_alive<1, 25>(), nb::keep_alive<1, 28>())
       .def(
           "forward",

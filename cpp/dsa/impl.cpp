@@ -176,6 +176,7 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   AAR_CHECK_ARG(c.window >= 0, "window must be >= 0 (0: the SWA group's, set once on the StepBuilder), got ",
                 c.window);
   AAR_CHECK_ARG(c.eps > 0, "eps must be positive, got ", c.eps);
+  AAR_CHECK_ARG(c.kv_cache_group >= 0, "kv_cache_group must be >= 0, got ", c.kv_cache_group);
   AAR_CHECK_ARG(c.o_groups > 0 && (c.num_heads * c.head_dim) % c.o_groups == 0, "o_groups=", c.o_groups,
                 " must divide num_heads * head_dim = ", c.num_heads * c.head_dim);
   const bool c4 = c.compress_ratio == 4;
@@ -1416,7 +1417,7 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
                   bt.sizes(), ", got ", sp.block_tables.defined() ? sp.block_tables.sizes() : c10::IntArrayRef{},
                   ")");
   };
-  g.capture_call(std::make_unique<graph::ClosureCall>(cf.layer_index, 0, std::move(run_layer), std::move(fits)));
+  g.capture_call(std::make_unique<graph::ClosureCall>(cf.layer_index, cf.kv_cache_group, std::move(run_layer), std::move(fits)));
 }
 
 const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::Tensor>& kv,

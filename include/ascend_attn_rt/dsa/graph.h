@@ -9,8 +9,10 @@
 
 namespace aar::dsa {
 
-// The step as GraphParams::update sees it (one entry for the DSA layers'
-// calls, group 0): the SWA group's block table and stamp (every DSA layer
+// The step as GraphParams::update sees it (the entry of the DSA layers'
+// calls of ImplConfig::kv_cache_group, 0 by default; a model whose layers read
+// several SWA groups gives one entry per group): the SWA group's block table
+// and stamp (every DSA layer
 // reads one), B (dummy requests included), query_start_loc[B]
 // (num_kernel_tokens) and num_input_tokens. The captured layers check that
 // the step has the bucket's tokens, all in its B requests, and that its SWA

@@ -79,6 +79,11 @@ struct ImplConfig {
   bool use_index_cache = false;  // write the top-k into the TopkBuffer (needs ratio 4 with an indexer)
   bool skip_topk = false;        // ratio 4 without its own top-k: read the TopkBuffer (IndexCache)
   int64_t layer_index = -1;
+  // Graph mode (docs/design/dsa.md §6): the KV-cache group whose step parameters a captured call of
+  // this layer is checked against at GraphParams::update (groups[kv_cache_group]: the SWA group the
+  // layer reads, when a model's layers read several SWA groups, as vLLM's per-layer groups do), as
+  // gqa::ImplConfig::kv_cache_group. >= 0.
+  int32_t kv_cache_group = 0;
   // The intermediates' buffers are shared by the layers of one shape, dtype,
   // device and group (they run one after another on one stream). Impls that may
   // run forward concurrently (two engines on two threads) must use different

@@ -16,11 +16,15 @@ its own group and block table. Each group's builder runs the runtime's ``dsa.Gro
 vLLM's block table of that group; the step builder (``dsa.StepBuilder``) is shared by the groups of one vLLM
 config and runs once per step.
 
-Served: SWA-only, C4 and C128 layers, eager, single rank, A2/A3 plan (plain rows in the model dtype, int8
+Served: SWA-only, C4 and C128 layers, eager and decode graphs (``cudagraph_mode=FULL_DECODE_ONLY``: every builder
+declares uniform single-token decode, ``build_for_cudagraph_capture`` builds the runtime's capture step, the layer's
+``forward`` inside ``ascend_attn_rt.vllm.graph.capture`` records the runtime's layer, ``graph.update`` / ``replay``
+refresh and re-issue it; docs/design/vllm_dsa.md §6), single rank, A2/A3 plan (plain rows in the model dtype, int8
 indexer), vLLM's hybrid KV-cache manager on. Refused by name when the layer or a builder is made: other ratios,
-fp8 KV caches, the MXFP4 indexer cache, tensor / context parallelism, graph capture and torch.compile, a
-quantised checkpoint, the hybrid KV-cache manager off with compressed layers; per step: cascade attention,
-non-causal batches, ``llama_4_scaling``.
+fp8 KV caches, the MXFP4 indexer cache, tensor / context parallelism, graph modes other than FULL_DECODE_ONLY and
+torch.compile, a quantised checkpoint, the hybrid KV-cache manager off with compressed layers; per step: cascade
+attention, non-causal batches, ``llama_4_scaling``, a FULL cudagraph runtime mode without a graph provider or with
+prefills.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
 
 from .. import _C as aar
 from . import _build_inputs, _cdiv, _refuse_cp
+from .graph import GraphBuilderMixin, graph_params
 
 # The runtime's cache_block_size (docs/design/dsa.md §2.2) for every group: vLLM fixes the SWA page at 64 tokens
 # (DeepseekV4SWACache), and the runtime's geometry row of 64 then fixes the others (C128 KV 8192 raw tokens = 64
@@ -233,12 +238,22 @@ class _SharedStep:
         self._key = None
         self._step = None
         self._generation = None
+        # Graph mode: the SWA group builders of this config in the order vLLM made them (vLLM's KV-cache group
+        # order); a layer's captured call belongs to its SWA group's index (docs/design/vllm_dsa.md §6).
+        self.num_swa_groups = 0
 
-    def step(self, qsl: torch.Tensor, seq_lens: torch.Tensor, num_input_tokens: int):
-        key = (num_input_tokens, tuple(qsl.tolist()), tuple(seq_lens.tolist()))
+    def step(self, qsl: torch.Tensor, seq_lens: torch.Tensor, num_input_tokens: int, num_reqs_actual: int = -1,
+             capture: bool = False):
+        key = (num_input_tokens, num_reqs_actual, capture, tuple(qsl.tolist()), tuple(seq_lens.tolist()))
         if self._step is None or key != self._key or self.builder.generation != self._generation:
             self._step = None  # a rejected build leaves nothing to reuse
-            self._step = self.builder.build(qsl, seq_lens, num_input_tokens=num_input_tokens)
+            if capture:
+                self._step = self.builder.build_for_graph_capture(
+                    qsl, seq_lens, num_reqs_actual=num_reqs_actual, num_input_tokens=num_input_tokens,
+                    state=aar.AttentionState.DecodeOnly)
+            else:
+                self._step = self.builder.build(qsl, seq_lens, num_reqs_actual=num_reqs_actual,
+                                                num_input_tokens=num_input_tokens)
             self._key, self._generation = key, self.builder.generation
         return self._step
 
@@ -270,6 +285,9 @@ class AscendAttnRtDsaMetadata:
     num_decode_tokens: int
     num_prefills: int
     num_prefill_tokens: int
+    # SWA groups: the group's index among the config's SWA groups (the captured layers' kv_cache_group and the
+    # position of its metadata in the graph update, docs/design/vllm_dsa.md §6); -1 for the other kinds.
+    graph_group: int = -1
 
     @property
     def swa(self):
@@ -278,9 +296,63 @@ class AscendAttnRtDsaMetadata:
         return self.group
 
 
-class _DsaGroupMetadataBuilder(AttentionMetadataBuilder):
+def _padded_inputs(common_prefix_len: int, m: CommonAttentionMetadata):
+    """The step's inputs as the runtime's builders take them, with vLLM's full-graph padding in the runtime's form:
+    vLLM pads a FULL batch with empty requests (no tokens, KV length 0, block-table row 0) after the real ones and
+    counts the padded tokens in num_actual_tokens; the runtime's captured layer needs every bucket row in a request
+    (docs/design/dsa.md §6), so each padding request becomes a dummy of the padded tokens' share (S = its query
+    length, table row 0: it writes no KV row and reads block 0). Returns qsl, seq_lens, block table, causal and the
+    real request count (-1: no padding)."""
+    qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
+    n = int(seq_lens.numel())
+    pad_reqs = int(m.num_reqs) - n
+    pad_tokens = int(m.num_actual_tokens) - int(qsl[n])
+    if pad_reqs == 0 or pad_tokens == 0:
+        return qsl, seq_lens, bt, causal, -1
+    if pad_tokens < 0 or pad_tokens % pad_reqs:
+        raise NotImplementedError(f"a padded step of {n} requests with {pad_reqs} empty padding requests for "
+                                  f"{pad_tokens} padding tokens (num_actual_tokens={m.num_actual_tokens}): "
+                                  "ascend_attn_rt's DeepSeek-V4 adapter spreads the padding tokens evenly over the "
+                                  "padding requests")
+    q = pad_tokens // pad_reqs
+    base = int(qsl[n])
+    qsl = torch.cat([qsl, torch.arange(1, pad_reqs + 1, dtype=torch.int32) * q + base])
+    seq_lens = torch.cat([seq_lens, torch.full((pad_reqs,), q, dtype=torch.int32)])
+    bt = m.block_table_tensor[: n + pad_reqs]
+    if bt.dtype != torch.int32:
+        bt = bt.to(torch.int32)
+    return qsl, seq_lens, bt, causal, n
+
+
+def graph_update_args(mds: list):
+    """What ``aar.dsa.graph_update`` takes for a step's DeepSeek-V4 metadata (vLLM's per-layer entries of every
+    group, docs/design/vllm_dsa.md §6): the one step build they read and the SWA groups' metadata in the order of
+    their graph index (a captured layer is checked against the SWA group it reads). Refused by name: metadata of
+    several step builds, a missing SWA group, a step with prefills."""
+    step = mds[0].step
+    swa = {}
+    for md in mds:
+        if md.step is not step:
+            raise ValueError("DeepSeek-V4 metadata of several step builds in one graph update: every group's "
+                             "metadata of a step reads one dsa.StepBuilder build")
+        if md.kind == "swa":
+            prev = swa.setdefault(md.graph_group, md)
+            if prev is not md and prev.group is not md.group:
+                raise ValueError(f"two SWA metadata with graph index {md.graph_group} in one graph update")
+    if step.num_prefills:
+        raise ValueError(f"a step with {step.num_prefills} prefill requests cannot update a decode graph bucket "
+                         "(ascend_attn_rt's DeepSeek-V4 adapter captures decode-only steps)")
+    missing = [k for k in range(max(swa, default=-1) + 1) if k not in swa]
+    if not swa or missing:
+        raise ValueError(f"the graph update has no metadata of the SWA group(s) {missing or [0]}: give vLLM's "
+                         "per-layer metadata dict of the step")
+    return step, [swa[k].group for k in range(len(swa))]
+
+
+class _DsaGroupMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
     """vLLM's CommonAttentionMetadata of one KV-cache group -> the shared dsa.StepBuilder.build (once per step)
-    + this group's dsa.GroupBuilder.build over the group's block table."""
+    + this group's dsa.GroupBuilder.build over the group's block table. Graph mode (GraphBuilderMixin): the declared
+    uniform single-token decode and build_for_cudagraph_capture (the step builder's build_for_graph_capture)."""
 
     _KIND: ClassVar[str] = ""
     reorder_batch_threshold: int | None = 1
@@ -305,20 +377,36 @@ class _DsaGroupMetadataBuilder(AttentionMetadataBuilder):
                                            num_blocks=cc.num_gpu_blocks, device_kind="a2",
                                            model_dtype=_model_dtype_name(mc.dtype))
         self.reorder_batch_threshold = self._shared.builder.decode_threshold
+        self._graph_group = -1
+        if self._KIND == "swa":
+            self._graph_group = self._shared.num_swa_groups
+            self._shared.num_swa_groups += 1
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendAttnRtDsaMetadata:
         m = common_attn_metadata
-        qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
+        qsl, seq_lens, bt, causal, n_real = _padded_inputs(common_prefix_len, m)
         if not causal:
             raise NotImplementedError("causal=False: non-causal DeepSeek-V4 attention is not supported by "
                                       "ascend_attn_rt's vLLM adapter")
-        st = self._shared.step(qsl, seq_lens, m.num_actual_tokens)
+        st = self._shared.step(qsl, seq_lens, m.num_actual_tokens, num_reqs_actual=n_real)
+        return self._metadata(st, bt, m)
+
+    def _graph_build(self, m: CommonAttentionMetadata) -> AscendAttnRtDsaMetadata:
+        # vLLM's capture batch: uniform one-token decodes, every request real (check_uniform_decode).
+        qsl, seq_lens, bt, causal = _build_inputs(0, m)
+        if not causal:
+            raise NotImplementedError("causal=False: non-causal DeepSeek-V4 attention is not supported by "
+                                      "ascend_attn_rt's vLLM adapter")
+        st = self._shared.step(qsl, seq_lens, m.num_actual_tokens, capture=True)
+        return self._metadata(st, bt, m)
+
+    def _metadata(self, st, bt, m) -> AscendAttnRtDsaMetadata:
         g = self._group.build(st, bt)
         return AscendAttnRtDsaMetadata(step=st, group=g, kind=self._KIND, num_actual_tokens=m.num_actual_tokens,
                                        num_reqs=m.num_reqs, num_decodes=st.num_decodes,
                                        num_decode_tokens=st.num_decode_tokens, num_prefills=st.num_prefills,
-                                       num_prefill_tokens=st.num_prefill_tokens)
+                                       num_prefill_tokens=st.num_prefill_tokens, graph_group=self._graph_group)
 
 
 class AscendAttnRtDsaSwaMetadataBuilder(_DsaGroupMetadataBuilder):
@@ -578,6 +666,10 @@ def _make_attention_cls():
             self._impl = None
             self._impl_key = None
             self._kv_key = self._kv = None
+            # Graph mode (docs/design/vllm_dsa.md §6): the index of the SWA group the layer reads (its Impl's
+            # kv_cache_group, from the metadata), and the graph store its Impl was captured in.
+            self._kv_cache_group = 0
+            self._captured_store = None
 
         def _cache_layers(self) -> dict:
             """{cache kind: the vLLM layer holding it} in the runtime's order for the layer's ratio
@@ -620,9 +712,18 @@ def _make_attention_cls():
 
         def _layer_impl(self):
             # Made by process_weights_after_loading or at the first forward, and remade when a weight tensor is
-            # replaced or written in place through autograd-visible ops (its version counter moves).
-            key = tuple((p.data_ptr(), p._version) for p in self._params())
+            # replaced or written in place through autograd-visible ops (its version counter moves), or when the
+            # layer's SWA group index (graph mode) is first known.
+            key = (self._kv_cache_group,) + tuple((p.data_ptr(), p._version) for p in self._params())
             if self._impl is None or key != self._impl_key:
+                store = self._captured_store
+                if self._impl is not None and store is not None and store.buckets():
+                    # The captured call holds the old Impl (its weights, its group): replaying it would attend
+                    # with what the layer no longer has.
+                    raise NotImplementedError(
+                        f"{self.prefix}: the layer's weights or KV-cache group changed after its graph capture "
+                        f"(buckets {store.buckets()} still hold the old layer): release them "
+                        "(ascend_attn_rt.vllm.graph.set_graph_provider or clear_graph_provider) and capture again")
                 kw = {}
                 if self.indexer is not None:
                     kw = dict(index_n_heads=self.indexer.n_head, index_head_dim=self.indexer.head_dim,
@@ -632,8 +733,9 @@ def _make_attention_cls():
                     head_dim=self.head_dim, rope_dim=self.rope_head_dim, q_lora_rank=self.q_lora_rank,
                     window=self.window_size, compress_ratio=self.compress_ratio, eps=self.eps,
                     o_groups=self.n_groups, o_lora_rank=self.o_lora_rank, device_kind="a2",
-                    model_dtype=self._model_dtype, **kw)
+                    model_dtype=self._model_dtype, kv_cache_group=self._kv_cache_group, **kw)
                 self._impl_key = key
+                self._captured_store = None
             return self._impl
 
         def _kv_tuple(self):
@@ -672,18 +774,39 @@ def _make_attention_cls():
             if llama_4_scaling is not None:
                 raise NotImplementedError("llama_4_scaling is not supported by ascend_attn_rt's DeepSeek-V4 layer")
             out = torch.empty_like(hidden_states)
-            impl = self._layer_impl()
-            md = get_forward_context().attn_metadata
+            ctx = get_forward_context()
+            md = ctx.attn_metadata
             if isinstance(md, list):
                 md = md[0]
             if not isinstance(md, dict):  # vLLM's profiling run
+                self._layer_impl()
                 return out.zero_()
             meta = {k: self._metadata(md, layer.prefix, k) for k, layer in self._cache_layers().items()}
+            swa = meta["swa"]
+            mode = getattr(ctx, "cudagraph_runtime_mode", None)
+            if mode is not None and getattr(mode, "name", str(mode)) == "FULL":
+                # vLLM's full graphs are of decode batches only (FULL_DECODE_ONLY, docs/design/vllm_dsa.md §6).
+                if graph_params() is None:
+                    raise NotImplementedError("cudagraph_runtime_mode=FULL without a graph provider: call "
+                                              "ascend_attn_rt.vllm.graph.set_graph_provider first")
+                if swa.num_prefills:
+                    raise NotImplementedError(
+                        f"cudagraph_runtime_mode=FULL with {swa.num_prefills} prefill requests "
+                        f"({swa.num_prefill_tokens} tokens): ascend_attn_rt's DeepSeek-V4 adapter captures and "
+                        "replays decode-only steps (FULL_DECODE_ONLY)")
+            store = graph_params()
+            capturing = store is not None and store.capturing
+            if swa.graph_group < 0:
+                raise ValueError(f"metadata of {self.swa_cache_layer.prefix!r} has no SWA group index")
+            self._kv_cache_group = swa.graph_group
+            impl = self._layer_impl()
             groups = {}
             for k, m in meta.items():
                 if k != "swa":
                     groups[_ROUTE_SLOT[k]] = m.group
-            impl.forward(hidden_states, self._kv_tuple(), meta["swa"].step, meta["swa"].group, out, **groups)
+            impl.forward(hidden_states, self._kv_tuple(), swa.step, swa.group, out, **groups)
+            if capturing:
+                self._captured_store = store
             return out
 
         def forward_mqa(self, q, kv, positions, output) -> None:

@@ -1,13 +1,14 @@
 """Graph mode for the vLLM adapter (docs/design/vllm_sparse.md §6): what the adapter declares to vLLM
 and how vLLM's full-graph capture of decode runs through the runtime's capture, update and replay.
 
-* Every adapter builder (GQA, MLA, sparse MLA and its indexer group) declares
+* Every adapter builder (GQA, MLA, sparse MLA and its indexer group, the DeepSeek-V4 groups) declares
   ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE`` (vLLM then captures full graphs of decode-only
   batches of one-token requests, FULL_DECODE_ONLY) and implements ``build_for_cudagraph_capture`` with
   the runtime builder's ``build_for_graph_capture`` (state DecodeOnly).
 * ``set_graph_provider("recording")`` makes the runtime's parameter store (``aar.GraphParams``) the
   adapter records into: while ``capture(n)`` is open, the impls' calls (GQA forward, the MLA
-  cache write and latent decode, the sparse indexer step and sparse attention) are recorded into
+  cache write and latent decode, the sparse indexer step and sparse attention, the DeepSeek-V4 layer's
+  ``Impl.forward``) are recorded into
   bucket ``n`` instead of run; per step ``update(n, attn_metadata)`` refreshes the recorded calls from
   the step's metadata and ``replay(n)`` re-issues them (the recording provider's replay, on CPU).
 * The NPU provider (torch_npu's graph-task hooks, ``ascend_attn_rt.npu_graph``) is refused by name
@@ -111,13 +112,25 @@ def update(num_tokens: int, attn_metadata) -> None:
     """Refreshes every recorded call of bucket ``num_tokens`` from the step's metadata: vLLM's per-layer
     dict (layer name -> metadata, as the forward context carries it) or one metadata. The adapter's
     impls record their calls in KV-cache group 0, so the distinct metadata with parameters must be one
-    (the builders of one group give all its layers the same object). Sparse MLA buckets have no
+    (the builders of one group give all its layers the same object); DeepSeek-V4 metadata (every group of the
+    step) goes to aar.dsa.graph_update with the SWA groups' metadata in their graph order. Sparse MLA buckets have no
     per-step parameters: nothing is refreshed, but each step is checked to fill the bucket with decodes
     (call update before every replay)."""
+    from .dsa import AscendAttnRtDsaMetadata, graph_update_args
     from .sparse import AscendAttnRtSparseMlaMetadata
 
     g = _require_store()
-    items = attn_metadata.values() if isinstance(attn_metadata, dict) else [attn_metadata]
+    items = list(attn_metadata.values()) if isinstance(attn_metadata, dict) else [attn_metadata]
+    dsa = [md for md in items if isinstance(md, AscendAttnRtDsaMetadata)]
+    if dsa:
+        # DeepSeek-V4 (docs/design/vllm_dsa.md §6): the captured layers re-issue nothing; the update checks the
+        # step fits the bucket, each layer against the SWA group it reads.
+        if len(dsa) != len(items):
+            raise NotImplementedError("DeepSeek-V4 metadata mixed with another backend's in one graph update is not "
+                                      "supported by ascend_attn_rt's vLLM adapter")
+        step, swa = graph_update_args(dsa)
+        aar.dsa.graph_update(g, int(num_tokens), step, swa)
+        return
     distinct = []
     for md in items:
         if isinstance(md, AscendAttnRtSparseMlaMetadata) and (md.num_prefills or md.num_decode_tokens != num_tokens):
