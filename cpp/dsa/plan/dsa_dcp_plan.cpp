@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "ascend_attn_rt/errors.h"
+#include "../../cp/plan/dcp_internal.h"
 
 namespace aar::dsa {
 
@@ -43,12 +44,9 @@ void for_each_row(const DsaDcpRows& r, F&& f, G&& g) {
   for (; t < r.num_rows; ++t) g(t);
 }
 
-// #{x < len : owner(x) = rank} (cp.md §2.2), without dcp_local_len's per-call checks.
-inline int64_t local_len(int64_t len, int64_t W, int64_t I, int64_t rank) {
-  const int64_t base = len / (W * I) * I;
-  const int64_t rem = len - base * W;
-  return base + std::clamp<int64_t>(rem - rank * I, 0, I);
-}
+// #{x < len : owner(x) = rank} (docs/design/cp.md §2.2): the CP plan's unchecked formula (the shard is
+// validated once per call).
+using plan::detail::dcp::local_len;
 
 }  // namespace
 

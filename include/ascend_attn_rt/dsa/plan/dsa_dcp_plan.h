@@ -24,7 +24,7 @@ struct DsaDcpRows {
 // Row t's window [p - win_left, p] (positions >= 0) restricted to the positions this rank owns, as
 // physical slots of its local table, in position order, then -1 up to win_left + 1 entries; -1 only
 // for a row of no request. The owned positions of a window are consecutive local indices
-// [local_len(max(p - win_left, 0)), local_len(p + 1)) (cp.md §2.2), so this equals the DCP top-k
+// [local_len(max(p - win_left, 0)), local_len(p + 1)) (docs/design/cp.md §2.2), so this equals the DCP top-k
 // remap (sparse_cp.md §3) of the window followed by the table lookup blk * sbs + li % sbs, with
 // blk = block_table[b * stride + li / sbs]. `out` holds num_rows * (win_left + 1) words.
 // InvalidArgument (before the first write) on inconsistent spans, a bad shard, win_left < 0,
