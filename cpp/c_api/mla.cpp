@@ -1,6 +1,8 @@
 // C ABI of the MLA backend: builder, metadata facts, layer (unquantised weights), and
 // LatentAttention (the attention without the projections).
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/impl.h"
@@ -90,10 +92,6 @@ void cp_fields(const aar_mla_builder_cp_t& c, mla::BuilderConfig& b) {
   b.dcp_rank = c.dcp_rank;
   b.cp_kv_cache_interleave_size = c.interleave;
   b.pd_recompute_scheduler = capi::flag(c.pd_recompute_scheduler, "cp->pd_recompute_scheduler");
-  if (c.pcp_world_size > 1) {
-    aar::throw_not_supported("cp->pcp_world_size=", c.pcp_world_size,
-                             " (MLA PCP through the C ABI: no C call yet gives a rank its local rows)");
-  }
   b.pcp_world_size = c.pcp_world_size;
   b.pcp_rank = c.pcp_rank;
 }
@@ -247,6 +245,22 @@ aar_status_t aar_mla_builder_build(aar_mla_builder_t* b, const aar_mla_build_inp
     bi.attn_state = capi::attn_state(in->attn_state, "inputs->attn_state");
     bi.num_spec_tokens = capi::host_array(in->num_spec_tokens, in->num_spec_tokens_len, "inputs->num_spec_tokens");
     *out = wrap(b, b->builder->build(bi));
+  });
+}
+
+aar_status_t aar_mla_builder_pcp_local_rows(const aar_mla_builder_t* b, int32_t* token_index, size_t capacity,
+                                            size_t* count) {
+  return guarded("aar_mla_builder_pcp_local_rows", [&] {
+    const mla::MetadataBuilder& builder = *capi::checked(b, "builder")->builder;
+    capi::check_not_null(count, "count");
+    const std::vector<int32_t>& idx = builder.pcp_local_token_index();
+    const size_t n = idx.size();
+    if (token_index != nullptr) {
+      AAR_CHECK_ARG(capacity >= n, "capacity=", capacity, " is less than the ", n,
+                    " local rows of the latest build (num_local_tokens)");
+      std::copy(idx.begin(), idx.end(), token_index);
+    }
+    *count = n;
   });
 }
 

@@ -1,15 +1,20 @@
 /* MLA context parallelism through the C ABI: two processes (this program forks them,
  * c_cp_harness.h) join a gloo group over a TCP rendezvous on 127.0.0.1, then run one
- * DeepSeek-style MLA layer (no q-LoRA) with decode context parallelism (DCP 2): each rank
- * builds its own view of the step (aar_mla_builder_create_cp: its KV shard, interleave 2) and
- * keeps in its caches only the tokens it owns; the layer (aar_mla_impl_create_cp) all-gathers
- * the decode queries, attends its shard and merges the partial results over the group, and
- * gathers a chunked prefill's cached context from both shards. The steps: a prefill, decodes,
- * a second request joining with a prefill, decodes of both, then a chunked prefill over
- * cached context beside a decode. Every output row of every rank is checked against the
- * float64 un-absorbed layer over the request's whole history (c_example.h's
- * latent_reference; the weights and tokens are the same on both ranks, drawn from one seed).
- * A few bad calls are rejected by name.
+ * DeepSeek-style MLA layer (no q-LoRA) over the same steps twice:
+ *   - DCP 2 (decode context parallel): each rank builds its own view of the step
+ *     (aar_mla_builder_create_cp: its KV shard, interleave 2); the layer
+ *     (aar_mla_impl_create_cp with dcp_comm) all-gathers the decode queries, attends its shard
+ *     and merges the partial results over the group, and gathers a chunked prefill's cached
+ *     context from both shards; every rank returns every token's row;
+ *   - PCP 2 (prefill context parallel, KV sharded): every rank builds the global step and runs
+ *     its local rows (aar_mla_builder_pcp_local_rows: the decodes, and the head and tail chunks
+ *     of each prefill); the layer (pcp_comm) all-gathers the prefill KV and merges the decodes.
+ * The steps: a prefill, a decode, a second request joining with a prefill, decodes of both, a
+ * chunked prefill over cached context beside a decode, decodes. Every output row of every rank
+ * is checked against the float64 un-absorbed layer over the request's whole history
+ * (c_example.h's latent_reference; weights and tokens are the same on both ranks, drawn from
+ * one seed), and each rank's caches hold exactly the tokens it owns. A few bad calls are
+ * rejected by name.
  *
  *   c_mla_cp                       forks ranks 0 and 1, waits at most 120 s
  *   c_mla_cp <rank> <port>         one rank, for running the two by hand */
@@ -43,11 +48,17 @@ static void make_model(void) {
   }
 }
 
-static int dcp_steps(int rank, aar_cp_comm_t* comm) {
-  static float hidden[MTOK * MHID], out[MTOK * MHID];
+/* One layer over the steps: DCP 2 (pcp 0) or PCP 2 (pcp 1), the same checks. */
+static int run_steps(int rank, aar_cp_comm_t* comm, int pcp) {
+  static float hidden[MTOK * MHID], out[MTOK * MHID], local_hidden[2 * MTOK * MHID], local_out[2 * MTOK * MHID];
+  static int32_t token_index[2 * MTOK];
+  const char* mode = pcp ? "pcp" : "dcp";
   tensor_t tw[5], tcos, tsin, tn, tr, th, to;
   int ok = 1;
   make_model();
+  memset(x_hist, 0, sizeof(x_hist));
+  memset(nope_cache, 0, sizeof(nope_cache));
+  memset(rope_cache, 0, sizeof(rope_cache));
 
   aar_mla_builder_config_t bc;
   aar_mla_builder_config_init(&bc);
@@ -60,11 +71,16 @@ static int dcp_steps(int rank, aar_cp_comm_t* comm) {
   bc.sin_table = view2(&tsin, &sin_t[0][0], MMAXB * MBS, MR);
   aar_mla_builder_cp_t cp;
   aar_mla_builder_cp_init(&cp);
-  cp.dcp_world_size = W;
-  cp.dcp_rank = rank;
+  if (pcp) {
+    cp.pcp_world_size = W;
+    cp.pcp_rank = rank;
+  } else {
+    cp.dcp_world_size = W;
+    cp.dcp_rank = rank;
+  }
   cp.interleave = INTERLEAVE;
   aar_mla_builder_t* builder = NULL;
-  {
+  if (!pcp) {
     aar_mla_builder_cp_t bad = cp;
     bad.dcp_rank = W;
     ok &= expect_rejected(aar_mla_builder_create_cp(&bc, &bad, &builder), "cp->dcp_rank=2 is out of range",
@@ -91,9 +107,11 @@ static int dcp_steps(int rank, aar_cp_comm_t* comm) {
   w.kv_b_proj = view2(&tw[3], &w_kvb[0][0], MH * (MP + MV), ML);
   w.o_proj = view2(&tw[4], &w_o[0][0], MHID, MH * MV);
   aar_mla_impl_t* layer = NULL;
-  ok &= expect_rejected(aar_mla_impl_create_cp(&ic, &w, NULL, NULL, &layer), "dcp_comm and pcp_comm are both NULL",
-                        "no communicator");
-  CHECK(aar_mla_impl_create_cp(&ic, &w, comm, NULL, &layer));
+  if (!pcp) {
+    ok &= expect_rejected(aar_mla_impl_create_cp(&ic, &w, NULL, NULL, &layer),
+                          "dcp_comm and pcp_comm are both NULL", "no communicator");
+  }
+  CHECK(aar_mla_impl_create_cp(&ic, &w, pcp ? NULL : comm, pcp ? comm : NULL, &layer));
   DLManagedTensor* nc = view(&tn, &nope_cache[0][0][0][0], 4, MNB, MBS, 1, ML);
   DLManagedTensor* rc = view(&tr, &rope_cache[0][0][0][0], 4, MNB, MBS, 1, MR);
 
@@ -130,23 +148,41 @@ static int dcp_steps(int rank, aar_cp_comm_t* comm) {
     aar_mla_metadata_info_t info;
     info.struct_size = sizeof(info);
     CHECK(aar_mla_metadata_get_info(md, &info));
-    CHECK(aar_mla_impl_forward(layer, view2(&th, hidden, t, MHID), nc, rc, md, view2(&to, out, t, MHID)));
-    double worst = 0.0, ref[MHID];
-    int row = 0;
-    for (int e = 0; e < n; ++e) {
-      const int r = steps[step][e][0], q_len = steps[step][e][1];
-      const latent_layer_t m = {MH, MHID, ML, MP, MR, MV, &w_q[0][0], &w_kva[0][0], g_kv, &w_kvb[0][0],
-                                &w_o[0][0], inv_freq};
-      for (int i = 0; i < q_len; ++i, ++row) {
-        latent_reference(&m, ref, &x_hist[r][0][0], mseen[r] - q_len + i);
-        for (int d = 0; d < MHID; ++d) {
-          const double diff = fabs(ref[d] - out[(size_t)row * MHID + d]);
-          if (diff > worst) worst = diff;
-        }
+    /* This rank's rows: every token (DCP), or the builder's local rows of the global step
+     * (PCP: the decodes and the head and tail chunks of each prefill, padding rows -1). */
+    size_t rows_here = (size_t)t;
+    for (int i = 0; i < t; ++i) token_index[i] = i;
+    if (pcp) CHECK(aar_mla_builder_pcp_local_rows(builder, token_index, 2 * MTOK, &rows_here));
+    for (size_t i = 0; i < rows_here; ++i) {
+      if (token_index[i] >= 0) {
+        memcpy(local_hidden + i * MHID, hidden + (size_t)token_index[i] * MHID, sizeof(float) * MHID);
+      } else {
+        memset(local_hidden + i * MHID, 0, sizeof(float) * MHID);
       }
     }
-    printf("rank %d mla dcp step %d: %d requests, %d tokens (%d decodes, %d prefills), max |out - ref| = %.2e\n",
-           rank, step, n, t, info.num_decodes, info.num_prefills, worst);
+    CHECK(aar_mla_impl_forward(layer, view2(&th, local_hidden, (int64_t)rows_here, MHID), nc, rc, md,
+                               view2(&to, local_out, (int64_t)rows_here, MHID)));
+    double worst = 0.0, ref[MHID];
+    int checked = 0;
+    const latent_layer_t m = {MH, MHID, ML, MP, MR, MV, &w_q[0][0], &w_kva[0][0], g_kv, &w_kvb[0][0], &w_o[0][0],
+                              inv_freq};
+    for (size_t i = 0; i < rows_here; ++i) {
+      const int g = token_index[i];
+      if (g < 0) continue;
+      int e = 0;
+      while (g >= qsl[e + 1]) ++e;
+      const int r = steps[step][e][0], q_len = steps[step][e][1];
+      latent_reference(&m, ref, &x_hist[r][0][0], mseen[r] - q_len + (g - qsl[e]));
+      for (int d = 0; d < MHID; ++d) {
+        const double diff = fabs(ref[d] - local_out[i * MHID + d]);
+        if (diff > worst) worst = diff;
+      }
+      ++checked;
+    }
+    printf("rank %d mla %s step %d: %d requests, %d tokens (%d decodes, %d prefills), %d local rows (%d tokens), "
+           "max |out - ref| = %.2e\n",
+           rank, mode, step, n, t, info.num_decodes, info.num_prefills, (int)rows_here, checked, worst);
+    ok = ok && checked > 0;
     ok = ok && worst < 1e-4;
   }
   { /* The KV is sharded: this rank's caches hold exactly the tokens it owns (token x of a
@@ -171,11 +207,12 @@ static int dcp_steps(int rank, aar_cp_comm_t* comm) {
         ++owned;
       }
     }
-    printf("rank %d: %d cache rows written, %d tokens owned (of %d)%s\n", rank, written, owned, mseen[0] + mseen[1],
+    printf("rank %d mla %s: %d cache rows written, %d tokens owned (of %d)%s\n", rank, mode, written, owned,
+           mseen[0] + mseen[1],
            rows_ok && written == owned ? "" : "  (UNEXPECTED)");
     ok = ok && rows_ok && written == owned;
   }
-  { /* Metadata of a single-rank builder on this 2-rank layer: refused before any collective. */
+  if (!pcp) { /* Metadata of a single-rank builder on this 2-rank layer: refused before any collective. */
     aar_mla_builder_t* single = NULL;
     CHECK(aar_mla_builder_create(&bc, &single));
     const int32_t qsl[2] = {0, 1}, seq[1] = {1};
@@ -200,6 +237,11 @@ static int dcp_steps(int rank, aar_cp_comm_t* comm) {
   return ok;
 }
 
+static int run_all(int rank, aar_cp_comm_t* comm) {
+  const int ok = run_steps(rank, comm, 0);
+  return run_steps(rank, comm, 1) && ok;
+}
+
 int main(int argc, char** argv) {
-  return cp_main(argc, argv, W, DEADLINE_S, COMM_TIMEOUT_MS, dcp_steps, "OK: both ranks match the float64 reference");
+  return cp_main(argc, argv, W, DEADLINE_S, COMM_TIMEOUT_MS, run_all, "OK: both ranks match the float64 reference");
 }

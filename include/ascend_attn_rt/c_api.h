@@ -1,7 +1,7 @@
 /* The C ABI of ascend_attn_rt: the GQA (with its C8 and FA3 variants), MLA (with
  * LatentAttention), SFA and DSA backends (metadata builders and per-layer
  * attention) and graph mode, for engines that are not written in C++ (C, Rust,
- * Go, Zig, ... through their C FFI). Context parallelism: GQA DCP and PCP, MLA DCP over a
+ * Go, Zig, ... through their C FFI). Context parallelism: GQA and MLA DCP and PCP over a
  * communicator handle (aar_cp_comm_t); the other families are single rank here
  * (docs/c_api.md). Pure C11; also compiles as C++.
  *
@@ -100,8 +100,8 @@ extern "C" {
  * 5: GQA PCP speculative decode (aar_gqa_pcp_builder_ext_t, aar_gqa_pcp_builder_create_ext) and
  * decode graph capture (aar_gqa_pcp_builder_build_for_graph_capture, aar_graph_update_gqa_pcp;
  * aar_gqa_pcp_impl_forward records inside a capture); new functions and structs only.
- * 6: MLA context parallelism (aar_mla_builder_cp_t, aar_mla_builder_create_cp,
- * aar_mla_impl_create_cp); new functions and structs only. */
+ * 6: MLA context parallelism, DCP and PCP (aar_mla_builder_cp_t, aar_mla_builder_create_cp,
+ * aar_mla_builder_pcp_local_rows, aar_mla_impl_create_cp); new functions and structs only. */
 #define AAR_C_API_VERSION 6
 
 typedef enum aar_status {
@@ -1079,7 +1079,9 @@ typedef struct aar_mla_builder_cp {
   int32_t dcp_rank;               /* 0: in [0, dcp_world_size) */
   int32_t interleave;             /* 1: cp_kv_cache_interleave_size I, block_size % I == 0 */
   int32_t pd_recompute_scheduler; /* 0: with 1, requests of at most the decode threshold are decodes */
-  int32_t pcp_world_size;         /* 1: prefill context parallel (see aar_mla_builder_create_cp) */
+  int32_t pcp_world_size;         /* 1: prefill context parallel (see aar_mla_builder_pcp_local_rows);
+                                     KV sharded over pcp_world_size * dcp_world_size ranks (<= 16),
+                                     rank pcp_rank * dcp_world_size + dcp_rank */
   int32_t pcp_rank;               /* 0: in [0, pcp_world_size) */
 } aar_mla_builder_cp_t;
 AAR_C_API void aar_mla_builder_cp_init(aar_mla_builder_cp_t* cp);
@@ -1088,6 +1090,15 @@ AAR_C_API void aar_mla_builder_cp_init(aar_mla_builder_cp_t* cp);
  * threshold (1 + num_speculative_tokens). */
 AAR_C_API aar_status_t aar_mla_builder_create_cp(const aar_mla_builder_config_t* config,
                                                  const aar_mla_builder_cp_t* cp, aar_mla_builder_t** out);
+/* PCP (pcp_world_size > 1): a build takes the GLOBAL batch (the same inputs on every rank of
+ * the PCP group) and plans this rank's rows: the decodes (every rank computes them) and the head
+ * and tail chunks of every prefill. *count = num_local_tokens of the latest build (0 without
+ * PCP): the rows of hidden and output the rank's aar_mla_impl_forward takes; token_index[i] the
+ * global token (query_start_loc units) of local row i, -1 for a padding row (any finite hidden
+ * row; its output row is not a token's). token_index may be NULL (the count only); given, it
+ * needs capacity >= num_local_tokens (else AAR_ERR_INVALID_ARGUMENT, nothing written). */
+AAR_C_API aar_status_t aar_mla_builder_pcp_local_rows(const aar_mla_builder_t* builder, int32_t* token_index,
+                                                      size_t capacity, size_t* count);
 /* aar_mla_impl_create for a context-parallel rank: config->num_heads this rank's heads, the
  * weights this rank's; dcp_comm the DCP group (NULL when dcp_world_size is 1), pcp_comm the PCP
  * group (NULL when pcp_world_size is 1), not both NULL. The layer keeps the communicators alive.

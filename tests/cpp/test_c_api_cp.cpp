@@ -5,7 +5,10 @@
 // group does not match the metadata's (refused before any collective, caches and output
 // untouched), DCP and PCP decode buckets captured, updated and replayed (and what a capture
 // refuses), PCP speculative decode (aar_gqa_pcp_builder_create_ext), and one-rank DCP and PCP
-// layers against a float64 attention. The two-rank runs are examples/c/c_gqa_cp.c (ctest example_c_gqa_cp).
+// layers against a float64 attention; MLA DCP / PCP (version 6): the cp struct's and the create
+// functions' checks, aar_mla_builder_pcp_local_rows, the group checks, a one-rank DCP layer
+// against the single-rank one. The two-rank runs are examples/c/c_gqa_cp.c and c_mla_cp.c
+// (ctest example_c_gqa_cp, example_c_mla_cp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -948,8 +951,6 @@ TEST(CApiCp, MlaBuilderCpRejectedByName) {
   bad([](auto& c) { c.pd_recompute_scheduler = 2; }, "cp->pd_recompute_scheduler");
   bad([](auto& c) { c.pcp_world_size = 0; }, "cp->pcp_world_size must be >= 1, got 0");
   bad([](auto& c) { c.pcp_world_size = 2, c.pcp_rank = 3; }, "cp->pcp_rank=3 is out of range [0, pcp_world_size=2)");
-  bad([](auto& c) { c.pcp_world_size = 2; }, "cp->pcp_world_size=2 (MLA PCP through the C ABI",
-      AAR_ERR_NOT_SUPPORTED);
   bad([](auto& c) { c.struct_size = 8; }, "cp->struct_size is 8");
   EXPECT_REJECTED(aar_mla_builder_create_cp(&m.bc, nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "cp is NULL");
   EXPECT_REJECTED(aar_mla_builder_create_cp(nullptr, &m.cp, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
@@ -970,6 +971,33 @@ TEST(CApiCp, MlaBuilderCpRejectedByName) {
   ASSERT_EQ(aar_mla_metadata_get_info(md, &info), AAR_OK) << last();
   EXPECT_EQ(info.num_decodes, 1);
   EXPECT_EQ(info.num_prefills, 1);
+  size_t count = 99;
+  ASSERT_EQ(aar_mla_builder_pcp_local_rows(out, nullptr, 0, &count), AAR_OK) << last();
+  EXPECT_EQ(count, 0u);  // no PCP: no local rows
+  aar_mla_builder_destroy(out);
+  // A PCP rank's build: the global step, this rank's rows through aar_mla_builder_pcp_local_rows.
+  c = m.cp;
+  c.pcp_world_size = 2;
+  c.pcp_rank = 1;
+  out = sentinel;
+  ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &c, &out), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_builder_build(out, &m.in, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_builder_pcp_local_rows(out, nullptr, 0, &count), AAR_OK) << last();
+  ASSERT_GE(count, 2u);  // the decode and at least one prefill row
+  std::vector<int32_t> idx(count, -7);
+  size_t got = 0;
+  EXPECT_REJECTED(aar_mla_builder_pcp_local_rows(out, idx.data(), count - 1, &got), AAR_ERR_INVALID_ARGUMENT,
+                  "capacity=" + std::to_string(count - 1) + " is less than the " + std::to_string(count));
+  EXPECT_EQ(idx, std::vector<int32_t>(count, -7));
+  EXPECT_EQ(got, 0u);
+  EXPECT_REJECTED(aar_mla_builder_pcp_local_rows(out, idx.data(), count, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                  "count is NULL");
+  EXPECT_REJECTED(aar_mla_builder_pcp_local_rows(nullptr, idx.data(), count, &got), AAR_ERR_INVALID_ARGUMENT,
+                  "builder is NULL");
+  ASSERT_EQ(aar_mla_builder_pcp_local_rows(out, idx.data(), count, &got), AAR_OK) << last();
+  EXPECT_EQ(got, count);
+  EXPECT_EQ(idx[0], 0);  // the decode (token 0) on every rank
+  for (size_t i = 1; i < count; ++i) EXPECT_TRUE(idx[i] == -1 || (idx[i] >= 1 && idx[i] < 4)) << idx[i];
   aar_mla_builder_destroy(out);
 }
 
@@ -1012,10 +1040,10 @@ TEST(CApiCp, MlaImplCreateCpRejectedByName) {
   c10d::unregister_process_group("aar_c_api_mla_cp_nz");
 }
 
-// A DCP layer refuses metadata of another group before any collective (IdleBackend has none)
-// with the caches and the output untouched; a one-rank DCP layer (a 1-rank gloo group, kept
+// DCP and PCP layers refuse metadata of another group (or of a group they lack) before any
+// collective (IdleBackend has none), with the caches and the output untouched; a one-rank DCP layer (a 1-rank gloo group, kept
 // alive by the layer after its handle is destroyed) matches the single-rank layer.
-TEST(CApiCp, MlaDcpLayerChecksTheMetadataAndMatchesOneRank) {
+TEST(CApiCp, MlaCpLayersCheckTheMetadataAndOneRankMatches) {
   MlaCp m;
   auto pg = register_group("aar_c_api_mla_cp_mismatch", 1, 2);
   aar_cp_comm_t* two = comm_from("aar_c_api_mla_cp_mismatch");
@@ -1044,6 +1072,30 @@ TEST(CApiCp, MlaDcpLayerChecksTheMetadataAndMatchesOneRank) {
   EXPECT_FALSE(rope.any().item<bool>());
   aar_mla_impl_destroy(layer);
   aar_mla_builder_destroy(b0);
+  {  // PCP: metadata of PCP rank 0 of 2 on the group's rank 1, and PCP metadata on a DCP-only layer.
+    aar_mla_impl_t *pl = nullptr, *dl = nullptr;
+    ASSERT_EQ(aar_mla_impl_create_cp(&m.ic, &m.w, nullptr, two, &pl), AAR_OK) << last();
+    ASSERT_EQ(aar_mla_impl_create_cp(&m.ic, &m.w, one, nullptr, &dl), AAR_OK) << last();
+    aar_mla_builder_cp_t cp = m.cp;
+    cp.pcp_world_size = 2;
+    aar_mla_builder_t* bp = nullptr;
+    ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &cp, &bp), AAR_OK) << last();
+    ASSERT_EQ(aar_mla_builder_build(bp, &m.in, &md), AAR_OK) << last();
+    size_t n = 0;
+    ASSERT_EQ(aar_mla_builder_pcp_local_rows(bp, nullptr, 0, &n), AAR_OK) << last();
+    at::Tensor lh = at::randn({static_cast<int64_t>(n), MlaCp::kHidden});
+    at::Tensor lo = at::full({static_cast<int64_t>(n), MlaCp::kHidden}, 7.0f);
+    Dl dlh(lh), dlo(lo);
+    EXPECT_REJECTED(aar_mla_impl_forward(pl, dlh.get(), dn.get(), dr.get(), md, dlo.get()), AAR_ERR_INVALID_ARGUMENT,
+                    "metadata was built for PCP rank 0 of 2 but the layer's pcp_comm is rank 1 of 2");
+    EXPECT_REJECTED(aar_mla_impl_forward(dl, dlh.get(), dn.get(), dr.get(), md, dlo.get()), AAR_ERR_INVALID_ARGUMENT,
+                    "metadata was built for PCP rank 0 of 2 but the layer has no pcp_comm");
+    EXPECT_TRUE(at::equal(lo, at::full_like(lo, 7.0f)));
+    EXPECT_FALSE(nope.any().item<bool>());
+    aar_mla_builder_destroy(bp);
+    aar_mla_impl_destroy(pl);
+    aar_mla_impl_destroy(dl);
+  }
 
   // One rank: the DCP layer over a 1-rank group against the plain layer, same weights and step.
   aar_mla_impl_t *dcp = nullptr, *plain = nullptr;
