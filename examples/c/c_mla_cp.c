@@ -5,7 +5,9 @@
  *     (aar_mla_builder_create_cp: its KV shard, interleave 2); the layer
  *     (aar_mla_impl_create_cp with dcp_comm) all-gathers the decode queries, attends its shard
  *     and merges the partial results over the group, and gathers a chunked prefill's cached
- *     context from both shards; every rank returns every token's row;
+ *     context from both shards; every rank returns every token's row; then graph mode: a
+ *     decode bucket captured once (graph_decode_padding) and replayed for two decode steps
+ *     (aar_graph_update_mla), the collectives inside the replay;
  *   - PCP 2 (prefill context parallel, KV sharded): every rank builds the global step and runs
  *     its local rows (aar_mla_builder_pcp_local_rows: the decodes, and the head and tail chunks
  *     of each prefill); the layer (pcp_comm) all-gathers the prefill KV and merges the decodes.
@@ -48,6 +50,76 @@ static void make_model(void) {
   }
 }
 
+/* DCP graph mode: a decode bucket of both requests captured once on static buffers (the builder
+ * has graph_decode_padding: the build pads the step to the bucket with dummy requests), then two
+ * decode steps built, updated (aar_graph_update_mla) and replayed, the collectives inside the
+ * replay, each checked against the float64 reference. */
+static int dcp_graph(int rank, aar_cp_comm_t* comm, aar_mla_builder_t* builder, aar_mla_impl_t* layer,
+                     DLManagedTensor* nc, DLManagedTensor* rc, const int32_t* table, int* mseen) {
+  enum { BUCKET = 4 };
+  static float hs[BUCKET * MHID], os[BUCKET * MHID];
+  tensor_t th, to;
+  DLManagedTensor* dh = view2(&th, hs, BUCKET, MHID);
+  DLManagedTensor* dout = view2(&to, os, BUCKET, MHID);
+  const latent_layer_t m = {MH, MHID, ML, MP, MR, MV, &w_q[0][0], &w_kva[0][0], g_kv, &w_kvb[0][0], &w_o[0][0],
+                            inv_freq};
+  int32_t qsl[REQS + 1] = {0, 1, 2}, seq[REQS], rows[REQS * MMAXB];
+  memcpy(rows, table, sizeof(int32_t) * REQS * MMAXB);
+  aar_mla_build_inputs_t in;
+  aar_mla_build_inputs_init(&in);
+  in.query_start_loc = qsl;
+  in.query_start_loc_len = REQS + 1;
+  in.seq_lens = seq;
+  in.seq_lens_len = REQS;
+  in.block_table = rows;
+  in.block_table_len = REQS * MMAXB;
+  in.block_table_stride = MMAXB;
+  in.num_input_tokens = BUCKET;
+  in.attn_state = AAR_STATE_DECODE_ONLY;
+  int ok = 1;
+  aar_graph_params_t* g = NULL;
+  CHECK(aar_graph_params_create("recording", NULL, 0, &g));
+  { /* The capture's build: the next step's shape; nothing runs, nothing is appended. */
+    for (int r = 0; r < REQS; ++r) seq[r] = mseen[r] + 1;
+    const aar_mla_metadata_t* md = NULL;
+    CHECK(aar_mla_builder_build(builder, &in, &md));
+    CHECK(aar_graph_begin_capture(g, BUCKET));
+    CHECK(aar_mla_impl_forward(layer, dh, nc, rc, md, dout));
+    CHECK(aar_graph_end_capture(g));
+  }
+  for (int rep = 0; rep < 2; ++rep) {
+    memset(hs, 0, sizeof(hs));
+    for (int r = 0; r < REQS; ++r) {
+      fill(&x_hist[r][mseen[r]][0], MHID);
+      memcpy(hs + (size_t)r * MHID, x_hist[r][mseen[r]], sizeof(float) * MHID);
+      seq[r] = ++mseen[r];
+    }
+    for (int i = 0; i < BUCKET * MHID; ++i) os[i] = NAN;
+    const aar_mla_metadata_t* md = NULL;
+    CHECK(aar_mla_builder_build(builder, &in, &md));
+    CHECK(aar_graph_update_mla(g, BUCKET, md));
+    aar_cp_comm_info_t before, after;
+    before.struct_size = after.struct_size = sizeof(before);
+    CHECK(aar_cp_comm_get_info(comm, &before));
+    CHECK(aar_graph_replay(g, BUCKET));
+    CHECK(aar_cp_comm_get_info(comm, &after));
+    double worst = 0.0, ref[MHID];
+    for (int r = 0; r < REQS; ++r) {
+      latent_reference(&m, ref, &x_hist[r][0][0], mseen[r] - 1);
+      for (int d = 0; d < MHID; ++d) {
+        const double diff = fabs(ref[d] - os[(size_t)r * MHID + d]);
+        if (!(diff <= worst)) worst = diff;
+      }
+    }
+    printf("rank %d mla dcp decode, graph replay: %d tokens in a bucket of %d, %lld collectives, "
+           "max |out - ref| = %.2e\n",
+           rank, REQS, BUCKET, (long long)(after.calls - before.calls), worst);
+    ok = ok && worst < 1e-4 && after.calls > before.calls;
+  }
+  aar_graph_params_destroy(g);
+  return ok;
+}
+
 /* One layer over the steps: DCP 2 (pcp 0) or PCP 2 (pcp 1), the same checks. */
 static int run_steps(int rank, aar_cp_comm_t* comm, int pcp) {
   static float hidden[MTOK * MHID], out[MTOK * MHID], local_hidden[2 * MTOK * MHID], local_out[2 * MTOK * MHID];
@@ -69,6 +141,7 @@ static int run_steps(int rank, aar_cp_comm_t* comm, int pcp) {
   bc.num_blocks = MNB;
   bc.cos_table = view2(&tcos, &cos_t[0][0], MMAXB * MBS, MR);
   bc.sin_table = view2(&tsin, &sin_t[0][0], MMAXB * MBS, MR);
+  bc.graph_decode_padding = !pcp; /* DCP: decode buckets padded for graph mode (eager steps unpadded) */
   aar_mla_builder_cp_t cp;
   aar_mla_builder_cp_init(&cp);
   if (pcp) {
@@ -185,6 +258,7 @@ static int run_steps(int rank, aar_cp_comm_t* comm, int pcp) {
     ok = ok && checked > 0;
     ok = ok && worst < 1e-4;
   }
+  if (!pcp) ok = dcp_graph(rank, comm, builder, layer, nc, rc, table, mseen) && ok;
   { /* The KV is sharded: this rank's caches hold exactly the tokens it owns (token x of a
      * request: owner (x / I) % W, local index (x / (W I)) I + x % I through the request's
      * blocks); every other row is still zero. */

@@ -1067,8 +1067,8 @@ AAR_C_API aar_status_t aar_gqa_pcp_impl_forward(aar_gqa_pcp_impl_t* impl, const 
 /* ---------------------------------------------------------------- MLA context parallel
  * Version 6: the MLA builder and layer of context-parallel ranks (docs/design/cp.md, MLA DCP
  * docs/design/mla.md section 6). The handles are the MLA ones (aar_mla_builder_t,
- * aar_mla_impl_t): build, forward, get_info and destroy as for a single rank. Eager steps
- * (decodes and prefills) through the C ABI. */
+ * aar_mla_impl_t): build, forward, get_info, destroy and (DCP) decode graph capture with
+ * aar_graph_update_mla as for a single rank. */
 
 /* This rank's place in the groups (aar_mla_builder_cp_init: a single rank). DCP: the builds
  * are this rank's (its KV shard: local slots and KV lengths, the context chunks of its shard);
@@ -1086,8 +1086,9 @@ typedef struct aar_mla_builder_cp {
 } aar_mla_builder_cp_t;
 AAR_C_API void aar_mla_builder_cp_init(aar_mla_builder_cp_t* cp);
 /* aar_mla_builder_create with this rank's place in the groups (cp required). The C build
- * inputs have no is_prefilling: a request is a prefill when its query is longer than the decode
- * threshold (1 + num_speculative_tokens). */
+ * inputs have no is_prefilling: under DCP a request is a prefill when its query is longer than
+ * the decode threshold (1 + num_speculative_tokens) or none of it was computed before
+ * (seq_len == query length); a short last chunk of a longer prompt is a decode. */
 AAR_C_API aar_status_t aar_mla_builder_create_cp(const aar_mla_builder_config_t* config,
                                                  const aar_mla_builder_cp_t* cp, aar_mla_builder_t** out);
 /* PCP (pcp_world_size > 1): a build takes the GLOBAL batch (the same inputs on every rank of
