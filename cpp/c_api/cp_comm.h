@@ -14,3 +14,8 @@ struct aar_cp_comm {
   // handle before its layers leaves them a live Comm (and process group).
   std::shared_ptr<aar::cp::Comm>* comm;
 };
+
+namespace aar::capi {
+// The Comm of a communicator handle `name` (checked live): a reference for the layer to keep.
+inline std::shared_ptr<cp::Comm> comm_of(aar_cp_comm* c, const char* name) { return *checked(c, name)->comm; }
+}  // namespace aar::capi

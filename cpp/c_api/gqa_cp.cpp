@@ -133,8 +133,6 @@ cp::PcpBuildInputs pcp_inputs(const aar_gqa_pcp_build_inputs_t* in) {
   return b;
 }
 
-std::shared_ptr<cp::Comm> comm_of(aar_cp_comm_t* c, const char* name) { return *capi::checked(c, name)->comm; }
-
 // The GQA config's fields that steer the plain GQA layer's decode path and graph keys
 // (gqa/impl.h's path rule): the DCP layer has one decode path and keys its captured calls by
 // layer only, so it reads none of them, and a value other than the default is refused by name
@@ -312,7 +310,7 @@ aar_status_t aar_gqa_dcp_impl_create(const aar_gqa_impl_config_t* c, aar_cp_comm
   return guarded("aar_gqa_dcp_impl_create", [&] {
     capi::check_struct(c, "config", "aar_gqa_impl_config_init");
     refuse_gqa_only_fields(*c);
-    std::shared_ptr<cp::Comm> cm = comm_of(comm, "comm");
+    std::shared_ptr<cp::Comm> cm = capi::comm_of(comm, "comm");
     capi::check_not_null(out, "out");
     auto state = std::make_unique<capi::GqaDcpState>(capi::gqa_impl_config(*c), std::move(cm));
     aar_gqa_dcp_impl* h = capi::make<aar_gqa_dcp_impl>();
@@ -470,8 +468,8 @@ aar_status_t aar_gqa_pcp_impl_create(const aar_gqa_impl_config_t* c, aar_cp_comm
                                      aar_gqa_pcp_impl_t** out) {
   return guarded("aar_gqa_pcp_impl_create", [&] {
     capi::check_struct(c, "config", "aar_gqa_impl_config_init");
-    std::shared_ptr<cp::Comm> p = comm_of(pcp, "pcp");
-    std::shared_ptr<cp::Comm> d = dcp != nullptr ? comm_of(dcp, "dcp") : nullptr;
+    std::shared_ptr<cp::Comm> p = capi::comm_of(pcp, "pcp");
+    std::shared_ptr<cp::Comm> d = dcp != nullptr ? capi::comm_of(dcp, "dcp") : nullptr;
     capi::check_not_null(out, "out");
     auto state = std::make_unique<capi::GqaPcpState>(capi::gqa_impl_config(*c), std::move(p), std::move(d));
     aar_gqa_pcp_impl* h = capi::make<aar_gqa_pcp_impl>();

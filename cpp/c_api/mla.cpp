@@ -1,14 +1,18 @@
 // C ABI of the MLA backend: builder, metadata facts, layer (unquantised weights), and
 // LatentAttention (the attention without the projections).
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "ascend_attn_rt/mla/builder.h"
 #include "ascend_attn_rt/mla/impl.h"
 #include "ascend_attn_rt/mla/latent_attention.h"
+#include "cp_comm.h"
 #include "internal.h"
 
 using aar::capi::guarded;
 namespace capi = aar::capi;
+namespace cp = aar::cp;
 namespace mla = aar::mla;
 
 struct aar_mla_builder {
@@ -19,8 +23,18 @@ struct aar_mla_builder {
 };
 
 namespace aar::capi {
+// A context-parallel layer borrows its Comms (ImplConfig's pointers): the state holds a
+// reference to each first, so they outlive the layer whatever the caller destroys first.
 struct MlaImplState {
-  MlaImplState(const mla::ImplConfig& c, const mla::Weights& w) : impl(c, w) {}
+  MlaImplState(const mla::ImplConfig& c, const mla::Weights& w, std::shared_ptr<cp::Comm> dcp_ = nullptr,
+               std::shared_ptr<cp::Comm> pcp_ = nullptr)
+      : dcp(std::move(dcp_)), pcp(std::move(pcp_)), impl(with_comms(c, dcp.get(), pcp.get()), w) {}
+  static mla::ImplConfig with_comms(mla::ImplConfig c, cp::Comm* d, cp::Comm* p) {
+    c.dcp_comm = d;
+    c.pcp_comm = p;
+    return c;
+  }
+  std::shared_ptr<cp::Comm> dcp, pcp;
   mla::Impl impl;
   BorrowCache nope_cache, rope_cache;
 };
@@ -40,6 +54,86 @@ const aar_mla_metadata_t* wrap(aar_mla_builder* b, const mla::Metadata& md) {
 }
 
 at::Tensor required(const DLManagedTensor* t, const char* name) { return capi::borrow(t, name); }
+
+// aar_mla_builder_config_t as the C++ config, every field checked by its C name.
+mla::BuilderConfig builder_config(const aar_mla_builder_config_t* c) {
+  mla::BuilderConfig b;
+  b.max_num_reqs = c->max_num_reqs;
+  b.max_num_tokens = c->max_num_tokens;
+  b.max_blocks_per_req = c->max_blocks_per_req;
+  b.block_size = c->block_size;
+  b.num_blocks = c->num_blocks;
+  b.max_model_len = c->max_model_len;
+  b.num_speculative_tokens = c->num_speculative_tokens;
+  b.chunked_prefill_enabled = capi::flag(c->chunked_prefill_enabled, "config->chunked_prefill_enabled");
+  b.graph_decode_padding = capi::flag(c->graph_decode_padding, "config->graph_decode_padding");
+  b.disable_padded_drafter_batch =
+      capi::flag(c->disable_padded_drafter_batch, "config->disable_padded_drafter_batch");
+  b.workspace_tokens = c->workspace_tokens;
+  b.cos_table = required(c->cos_table, "config->cos_table");
+  b.sin_table = required(c->sin_table, "config->sin_table");
+  b.device = capi::device_of(c->device, "config->device");
+  b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
+  b.staging_buffers = c->staging_buffers;
+  return b;
+}
+
+// aar_mla_builder_cp_t's fields into b, checked by their C names.
+void cp_fields(const aar_mla_builder_cp_t& c, mla::BuilderConfig& b) {
+  AAR_CHECK_ARG(c.dcp_world_size >= 1, "cp->dcp_world_size must be >= 1, got ", c.dcp_world_size);
+  AAR_CHECK_ARG(c.dcp_rank >= 0 && c.dcp_rank < c.dcp_world_size, "cp->dcp_rank=", c.dcp_rank,
+                " is out of range [0, dcp_world_size=", c.dcp_world_size, ")");
+  AAR_CHECK_ARG(c.interleave >= 1 && b.block_size % c.interleave == 0, "cp->interleave=", c.interleave,
+                " must be >= 1 and divide config->block_size=", b.block_size);
+  AAR_CHECK_ARG(c.pcp_world_size >= 1, "cp->pcp_world_size must be >= 1, got ", c.pcp_world_size);
+  AAR_CHECK_ARG(c.pcp_rank >= 0 && c.pcp_rank < c.pcp_world_size, "cp->pcp_rank=", c.pcp_rank,
+                " is out of range [0, pcp_world_size=", c.pcp_world_size, ")");
+  b.dcp_world_size = c.dcp_world_size;
+  b.dcp_rank = c.dcp_rank;
+  b.cp_kv_cache_interleave_size = c.interleave;
+  b.pd_recompute_scheduler = capi::flag(c.pd_recompute_scheduler, "cp->pd_recompute_scheduler");
+  b.pcp_world_size = c.pcp_world_size;
+  b.pcp_rank = c.pcp_rank;
+}
+
+aar_mla_builder* make_builder(const mla::BuilderConfig& b) {
+  auto builder = std::make_unique<mla::MetadataBuilder>(b);
+  aar_mla_builder* h = capi::make<aar_mla_builder>();
+  h->builder = builder.release();
+  capi::mark_live(h->metadata.tag, capi::Kind::MlaMetadata);
+  h->metadata.md = &h->builder->metadata();
+  return h;
+}
+
+// aar_mla_impl_config_t and aar_mla_weights_t as the C++ config and weights, checked by their C names.
+void impl_args(const aar_mla_impl_config_t& c, const aar_mla_weights_t& w, mla::ImplConfig& ic, mla::Weights& mw) {
+  AAR_CHECK_ARG(c.q_lora_rank >= 0, "config->q_lora_rank must be 0 (no q-LoRA) or positive, got ", c.q_lora_rank);
+  ic.dims = {c.num_heads,        c.hidden_size,
+             c.q_lora_rank > 0 ? std::optional<int64_t>(c.q_lora_rank) : std::nullopt,
+             c.kv_lora_rank,     c.qk_nope_head_dim,
+             c.qk_rope_head_dim, c.v_head_dim};
+  ic.scale = c.scale;
+  ic.q_norm_eps = c.q_norm_eps;
+  ic.kv_norm_eps = c.kv_norm_eps;
+  ic.enable_prolog = capi::flag(c.enable_prolog, "config->enable_prolog");
+  ic.enable_kv_nz = capi::flag(c.enable_kv_nz, "config->enable_kv_nz");
+  ic.layer_index = c.layer_index;
+  ic.prefill_in_bf16 = capi::tristate(c.prefill_in_bf16, "config->prefill_in_bf16");
+  ic.workspace_group = c.workspace_group;
+  const bool lora = c.q_lora_rank > 0;
+  AAR_CHECK_ARG(lora == (w.q_a_proj != nullptr), "weights->q_a_proj must be given exactly when q_lora_rank > 0 (",
+                c.q_lora_rank, "), got ", w.q_a_proj ? "a tensor" : "NULL");
+  AAR_CHECK_ARG(lora == (w.q_a_layernorm != nullptr),
+                "weights->q_a_layernorm must be given exactly when q_lora_rank > 0 (", c.q_lora_rank, "), got ",
+                w.q_a_layernorm ? "a tensor" : "NULL");
+  mw.q_a_proj = capi::borrow_optional(w.q_a_proj, "weights->q_a_proj");
+  mw.q_a_layernorm = capi::borrow_optional(w.q_a_layernorm, "weights->q_a_layernorm");
+  mw.q_proj = required(w.q_proj, "weights->q_proj");
+  mw.kv_a_proj_with_mqa = required(w.kv_a_proj_with_mqa, "weights->kv_a_proj_with_mqa");
+  mw.kv_a_layernorm = required(w.kv_a_layernorm, "weights->kv_a_layernorm");
+  mw.kv_b_proj = required(w.kv_b_proj, "weights->kv_b_proj");
+  mw.o_proj = required(w.o_proj, "weights->o_proj");
+}
 
 }  // namespace
 
@@ -100,30 +194,32 @@ aar_status_t aar_mla_builder_create(const aar_mla_builder_config_t* c, aar_mla_b
   return guarded("aar_mla_builder_create", [&] {
     capi::check_struct(c, "config", "aar_mla_builder_config_init");
     capi::check_not_null(out, "out");
-    mla::BuilderConfig b;
-    b.max_num_reqs = c->max_num_reqs;
-    b.max_num_tokens = c->max_num_tokens;
-    b.max_blocks_per_req = c->max_blocks_per_req;
-    b.block_size = c->block_size;
-    b.num_blocks = c->num_blocks;
-    b.max_model_len = c->max_model_len;
-    b.num_speculative_tokens = c->num_speculative_tokens;
-    b.chunked_prefill_enabled = capi::flag(c->chunked_prefill_enabled, "config->chunked_prefill_enabled");
-    b.graph_decode_padding = capi::flag(c->graph_decode_padding, "config->graph_decode_padding");
-    b.disable_padded_drafter_batch =
-        capi::flag(c->disable_padded_drafter_batch, "config->disable_padded_drafter_batch");
-    b.workspace_tokens = c->workspace_tokens;
-    b.cos_table = required(c->cos_table, "config->cos_table");
-    b.sin_table = required(c->sin_table, "config->sin_table");
-    b.device = capi::device_of(c->device, "config->device");
-    b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
-    b.staging_buffers = c->staging_buffers;
-    auto builder = std::make_unique<mla::MetadataBuilder>(b);
-    aar_mla_builder* h = capi::make<aar_mla_builder>();
-    h->builder = builder.release();
-    capi::mark_live(h->metadata.tag, capi::Kind::MlaMetadata);
-    h->metadata.md = &h->builder->metadata();
-    *out = h;
+    *out = make_builder(builder_config(c));
+  });
+}
+
+void aar_mla_builder_cp_init(aar_mla_builder_cp_t* c) {
+  if (c == nullptr) return;
+  const mla::BuilderConfig d;
+  *c = aar_mla_builder_cp_t{};
+  c->struct_size = sizeof(*c);
+  c->dcp_world_size = d.dcp_world_size;
+  c->dcp_rank = d.dcp_rank;
+  c->interleave = d.cp_kv_cache_interleave_size;
+  c->pd_recompute_scheduler = d.pd_recompute_scheduler ? 1 : 0;
+  c->pcp_world_size = d.pcp_world_size;
+  c->pcp_rank = d.pcp_rank;
+}
+
+aar_status_t aar_mla_builder_create_cp(const aar_mla_builder_config_t* c, const aar_mla_builder_cp_t* cp,
+                                       aar_mla_builder_t** out) {
+  return guarded("aar_mla_builder_create_cp", [&] {
+    capi::check_struct(c, "config", "aar_mla_builder_config_init");
+    capi::check_struct(cp, "cp", "aar_mla_builder_cp_init");
+    capi::check_not_null(out, "out");
+    mla::BuilderConfig b = builder_config(c);
+    cp_fields(*cp, b);
+    *out = make_builder(b);
   });
 }
 
@@ -149,6 +245,22 @@ aar_status_t aar_mla_builder_build(aar_mla_builder_t* b, const aar_mla_build_inp
     bi.attn_state = capi::attn_state(in->attn_state, "inputs->attn_state");
     bi.num_spec_tokens = capi::host_array(in->num_spec_tokens, in->num_spec_tokens_len, "inputs->num_spec_tokens");
     *out = wrap(b, b->builder->build(bi));
+  });
+}
+
+aar_status_t aar_mla_builder_pcp_local_rows(const aar_mla_builder_t* b, int32_t* token_index, size_t capacity,
+                                            size_t* count) {
+  return guarded("aar_mla_builder_pcp_local_rows", [&] {
+    const mla::MetadataBuilder& builder = *capi::checked(b, "builder")->builder;
+    capi::check_not_null(count, "count");
+    const std::vector<int32_t>& idx = builder.pcp_local_token_index();
+    const size_t n = idx.size();
+    if (token_index != nullptr) {
+      AAR_CHECK_ARG(capacity >= n, "capacity=", capacity, " is less than the ", n,
+                    " local rows of the latest build (num_local_tokens)");
+      std::copy(idx.begin(), idx.end(), token_index);
+    }
+    *count = n;
   });
 }
 
@@ -179,34 +291,29 @@ aar_status_t aar_mla_impl_create(const aar_mla_impl_config_t* c, const aar_mla_w
     capi::check_struct(w, "weights", "aar_mla_weights_init");
     capi::check_not_null(out, "out");
     mla::ImplConfig ic;
-    AAR_CHECK_ARG(c->q_lora_rank >= 0, "config->q_lora_rank must be 0 (no q-LoRA) or positive, got ", c->q_lora_rank);
-    ic.dims = {c->num_heads,        c->hidden_size,
-               c->q_lora_rank > 0 ? std::optional<int64_t>(c->q_lora_rank) : std::nullopt,
-               c->kv_lora_rank,     c->qk_nope_head_dim,
-               c->qk_rope_head_dim, c->v_head_dim};
-    ic.scale = c->scale;
-    ic.q_norm_eps = c->q_norm_eps;
-    ic.kv_norm_eps = c->kv_norm_eps;
-    ic.enable_prolog = capi::flag(c->enable_prolog, "config->enable_prolog");
-    ic.enable_kv_nz = capi::flag(c->enable_kv_nz, "config->enable_kv_nz");
-    ic.layer_index = c->layer_index;
-    ic.prefill_in_bf16 = capi::tristate(c->prefill_in_bf16, "config->prefill_in_bf16");
-    ic.workspace_group = c->workspace_group;
     mla::Weights mw;
-    const bool lora = c->q_lora_rank > 0;
-    AAR_CHECK_ARG(lora == (w->q_a_proj != nullptr), "weights->q_a_proj must be given exactly when q_lora_rank > 0 (",
-                  c->q_lora_rank, "), got ", w->q_a_proj ? "a tensor" : "NULL");
-    AAR_CHECK_ARG(lora == (w->q_a_layernorm != nullptr),
-                  "weights->q_a_layernorm must be given exactly when q_lora_rank > 0 (", c->q_lora_rank, "), got ",
-                  w->q_a_layernorm ? "a tensor" : "NULL");
-    mw.q_a_proj = capi::borrow_optional(w->q_a_proj, "weights->q_a_proj");
-    mw.q_a_layernorm = capi::borrow_optional(w->q_a_layernorm, "weights->q_a_layernorm");
-    mw.q_proj = required(w->q_proj, "weights->q_proj");
-    mw.kv_a_proj_with_mqa = required(w->kv_a_proj_with_mqa, "weights->kv_a_proj_with_mqa");
-    mw.kv_a_layernorm = required(w->kv_a_layernorm, "weights->kv_a_layernorm");
-    mw.kv_b_proj = required(w->kv_b_proj, "weights->kv_b_proj");
-    mw.o_proj = required(w->o_proj, "weights->o_proj");
+    impl_args(*c, *w, ic, mw);
     auto state = std::make_unique<capi::MlaImplState>(ic, mw);
+    aar_mla_impl* h = capi::make<aar_mla_impl>();
+    h->state = state.release();
+    *out = h;
+  });
+}
+
+aar_status_t aar_mla_impl_create_cp(const aar_mla_impl_config_t* c, const aar_mla_weights_t* w,
+                                    aar_cp_comm_t* dcp_comm, aar_cp_comm_t* pcp_comm, aar_mla_impl_t** out) {
+  return guarded("aar_mla_impl_create_cp", [&] {
+    capi::check_struct(c, "config", "aar_mla_impl_config_init");
+    capi::check_struct(w, "weights", "aar_mla_weights_init");
+    AAR_CHECK_ARG(dcp_comm != nullptr || pcp_comm != nullptr,
+                  "dcp_comm and pcp_comm are both NULL (aar_mla_impl_create makes a single-rank layer)");
+    std::shared_ptr<cp::Comm> d = dcp_comm != nullptr ? capi::comm_of(dcp_comm, "dcp_comm") : nullptr;
+    std::shared_ptr<cp::Comm> p = pcp_comm != nullptr ? capi::comm_of(pcp_comm, "pcp_comm") : nullptr;
+    capi::check_not_null(out, "out");
+    mla::ImplConfig ic;
+    mla::Weights mw;
+    impl_args(*c, *w, ic, mw);
+    auto state = std::make_unique<capi::MlaImplState>(ic, mw, std::move(d), std::move(p));
     aar_mla_impl* h = capi::make<aar_mla_impl>();
     h->state = state.release();
     *out = h;

@@ -14,24 +14,12 @@
  * whole history, computed here with plain loops from the global inputs (which both ranks
  * generate alike from one seed). A few bad calls are rejected by name.
  *
- *   c_gqa_cp                       forks ranks 0 and 1 (rank 0's store takes over a socket the
- *                                  parent bound to a free port), waits at most 120 s
+ *   c_gqa_cp                       forks ranks 0 and 1, waits at most 120 s (c_cp_harness.h)
  *   c_gqa_cp <rank> <port>         one rank, for running the two by hand
  *
- * Every process ends with the program: a rank that fails exits at once, its peer's next
- * collective fails within the communicator's timeout (20 s), and the parent kills whatever
- * is still running at its deadline. */
+ * The communicator's timeout is 20 s. */
 #define _POSIX_C_SOURCE 200809L
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "c_example.h"
+#include "c_cp_harness.h"
 
 enum { W = 2, H = 4, HKV = 2, D = 16, BS = 16, NB = 8, MAXB = 4, REQS = 2, MAXTOK = 48 };
 enum { DEADLINE_S = 120, COMM_TIMEOUT_MS = 20000 };
@@ -480,113 +468,13 @@ static int run_pcp(int rank, aar_cp_comm_t* comm, aar_pcp_kv_mode_t mode) {
 
 /* ------------------------------------------------------------------ processes */
 
-static int run_rank(int rank, int port, int listen_fd) {
-  if (aar_c_api_version() != AAR_C_API_VERSION) {
-    fprintf(stderr, "c_api.h is version %d, libascend_attn_rt_c %d\n", AAR_C_API_VERSION, aar_c_api_version());
-    return 1;
-  }
-  aar_cp_comm_tcp_config_t cc;
-  aar_cp_comm_tcp_config_init(&cc);
-  cc.host = "127.0.0.1";
-  cc.device_host = "127.0.0.1";
-  cc.port = port;
-  cc.rank = rank;
-  cc.world_size = W;
-  cc.timeout_ms = COMM_TIMEOUT_MS;
-  cc.listen_fd = rank == 0 ? listen_fd : -1;
-  aar_cp_comm_t* comm = NULL;
-  int ok = 1;
-  {
-    aar_cp_comm_tcp_config_t bad = cc;
-    bad.rank = W;
-    bad.listen_fd = -1;
-    ok &= expect_rejected(aar_cp_comm_create_tcp(&bad, &comm), "config->rank=2 is out of range", "rank 2 of 2");
-  }
-  CHECK(aar_cp_comm_create_tcp(&cc, &comm));
-  aar_cp_comm_info_t info;
-  info.struct_size = sizeof(info);
-  CHECK(aar_cp_comm_get_info(comm, &info));
-  ok = ok && info.rank == rank && info.world_size == W;
-  ok = run_dcp(rank, comm) && ok;
+static int run_all(int rank, aar_cp_comm_t* comm) {
+  int ok = run_dcp(rank, comm);
   ok = run_pcp(rank, comm, AAR_PCP_SHARDED) && ok;
   ok = run_pcp(rank, comm, AAR_PCP_REPLICATED) && ok;
-  aar_cp_comm_destroy(comm);
-  printf("rank %d: %s\n", rank, ok ? "OK" : "FAILED");
-  return ok ? 0 : 1;
-}
-
-/* A listening socket on a free loopback port (the kernel's pick): rank 0's store takes it over
- * (config.listen_fd), so no other process can take the port in between. */
-static int listen_socket(int* port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  socklen_t len = sizeof(a);
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  if (fd < 0 || bind(fd, (struct sockaddr*)&a, sizeof(a)) != 0 || listen(fd, 16) != 0 ||
-      getsockname(fd, (struct sockaddr*)&a, &len) != 0) {
-    perror("listen_socket");
-    exit(1);
-  }
-  *port = ntohs(a.sin_port);
-  return fd;
+  return ok;
 }
 
 int main(int argc, char** argv) {
-  if (argc == 3) return run_rank(atoi(argv[1]), atoi(argv[2]), -1);
-  if (argc != 1) {
-    fprintf(stderr, "usage: %s [rank port]\n", argv[0]);
-    return 2;
-  }
-  /* Fork before the runtime is used: a child starts with no runtime threads. */
-  int port = 0;
-  const int fd = listen_socket(&port);
-  pid_t pids[W];
-  fflush(stdout);
-  for (int r = 0; r < W; ++r) {
-    pids[r] = fork();
-    if (pids[r] < 0) {
-      perror("fork");
-      for (int j = 0; j < r; ++j) kill(pids[j], SIGKILL);
-      return 1;
-    }
-    if (pids[r] == 0) {
-      if (r != 0) close(fd); /* the socket is rank 0's */
-      const int rc = run_rank(r, port, r == 0 ? fd : -1);
-      fflush(stdout);
-      _exit(rc);
-    }
-  }
-  close(fd); /* rank 0 holds it now */
-  int failed = 0, left = W;
-  const time_t deadline = time(NULL) + DEADLINE_S;
-  while (left > 0) {
-    for (int r = 0; r < W; ++r) {
-      int status = 0;
-      if (pids[r] <= 0 || waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
-      const int good = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!good) fprintf(stderr, "rank %d ended with status %d\n", r, status);
-      failed |= !good;
-      pids[r] = 0;
-      --left;
-    }
-    if (left > 0 && time(NULL) > deadline) {
-      fprintf(stderr, "deadline of %d s passed: killing the ranks still running\n", DEADLINE_S);
-      for (int r = 0; r < W; ++r) {
-        if (pids[r] > 0) {
-          kill(pids[r], SIGKILL);
-          waitpid(pids[r], NULL, 0);
-        }
-      }
-      return 1;
-    }
-    if (left > 0) {
-      const struct timespec ms50 = {0, 50 * 1000 * 1000};
-      nanosleep(&ms50, NULL);
-    }
-  }
-  printf("%s\n", failed ? "FAILED" : "OK: both ranks match the float64 reference");
-  return failed;
+  return cp_main(argc, argv, W, DEADLINE_S, COMM_TIMEOUT_MS, run_all, "OK: both ranks match the float64 reference");
 }

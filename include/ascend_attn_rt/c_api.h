@@ -1,7 +1,7 @@
 /* The C ABI of ascend_attn_rt: the GQA (with its C8 and FA3 variants), MLA (with
  * LatentAttention), SFA and DSA backends (metadata builders and per-layer
  * attention) and graph mode, for engines that are not written in C++ (C, Rust,
- * Go, Zig, ... through their C FFI). Context parallelism: GQA DCP and PCP over a
+ * Go, Zig, ... through their C FFI). Context parallelism: GQA and MLA DCP and PCP over a
  * communicator handle (aar_cp_comm_t); the other families are single rank here
  * (docs/c_api.md). Pure C11; also compiles as C++.
  *
@@ -99,8 +99,10 @@ extern "C" {
  * 4: the CP communicator and GQA DCP / PCP (new functions and structs only).
  * 5: GQA PCP speculative decode (aar_gqa_pcp_builder_ext_t, aar_gqa_pcp_builder_create_ext) and
  * decode graph capture (aar_gqa_pcp_builder_build_for_graph_capture, aar_graph_update_gqa_pcp;
- * aar_gqa_pcp_impl_forward records inside a capture); new functions and structs only. */
-#define AAR_C_API_VERSION 5
+ * aar_gqa_pcp_impl_forward records inside a capture); new functions and structs only.
+ * 6: MLA context parallelism, DCP and PCP (aar_mla_builder_cp_t, aar_mla_builder_create_cp,
+ * aar_mla_builder_pcp_local_rows, aar_mla_impl_create_cp); new functions and structs only. */
+#define AAR_C_API_VERSION 6
 
 typedef enum aar_status {
   AAR_OK = 0,
@@ -1061,6 +1063,53 @@ AAR_C_API aar_status_t aar_gqa_pcp_impl_forward(aar_gqa_pcp_impl_t* impl, const 
                                                 const DLManagedTensor* key_cache, const DLManagedTensor* value_cache,
                                                 const aar_gqa_pcp_metadata_t* metadata,
                                                 const DLManagedTensor* output);
+
+/* ---------------------------------------------------------------- MLA context parallel
+ * Version 6: the MLA builder and layer of context-parallel ranks (docs/design/cp.md, MLA DCP
+ * docs/design/mla.md section 6). The handles are the MLA ones (aar_mla_builder_t,
+ * aar_mla_impl_t): build, forward, get_info, destroy and (DCP) decode graph capture with
+ * aar_graph_update_mla as for a single rank. */
+
+/* This rank's place in the groups (aar_mla_builder_cp_init: a single rank). DCP: the builds
+ * are this rank's (its KV shard: local slots and KV lengths, the context chunks of its shard);
+ * the block table is the same on every rank of the group, the caches are each rank's own. */
+typedef struct aar_mla_builder_cp {
+  size_t struct_size;
+  int32_t dcp_world_size;         /* 1 */
+  int32_t dcp_rank;               /* 0: in [0, dcp_world_size) */
+  int32_t interleave;             /* 1: cp_kv_cache_interleave_size I, block_size % I == 0 */
+  int32_t pd_recompute_scheduler; /* 0: with 1, requests of at most the decode threshold are decodes */
+  int32_t pcp_world_size;         /* 1: prefill context parallel (see aar_mla_builder_pcp_local_rows);
+                                     KV sharded over pcp_world_size * dcp_world_size ranks (<= 16),
+                                     rank pcp_rank * dcp_world_size + dcp_rank */
+  int32_t pcp_rank;               /* 0: in [0, pcp_world_size) */
+} aar_mla_builder_cp_t;
+AAR_C_API void aar_mla_builder_cp_init(aar_mla_builder_cp_t* cp);
+/* aar_mla_builder_create with this rank's place in the groups (cp required). The C build
+ * inputs have no is_prefilling: under DCP a request is a prefill when its query is longer than
+ * the decode threshold (1 + num_speculative_tokens) or none of it was computed before
+ * (seq_len == query length); a short last chunk of a longer prompt is a decode. */
+AAR_C_API aar_status_t aar_mla_builder_create_cp(const aar_mla_builder_config_t* config,
+                                                 const aar_mla_builder_cp_t* cp, aar_mla_builder_t** out);
+/* PCP (pcp_world_size > 1): a build takes the GLOBAL batch (the same inputs on every rank of
+ * the PCP group) and plans this rank's rows: the decodes (every rank computes them) and the head
+ * and tail chunks of every prefill. *count = num_local_tokens of the latest build (0 without
+ * PCP): the rows of hidden and output the rank's aar_mla_impl_forward takes; token_index[i] the
+ * global token (query_start_loc units) of local row i, -1 for a padding row (any finite hidden
+ * row; its output row is not a token's). token_index may be NULL (the count only); given, it
+ * needs capacity >= num_local_tokens (else AAR_ERR_INVALID_ARGUMENT, nothing written). */
+AAR_C_API aar_status_t aar_mla_builder_pcp_local_rows(const aar_mla_builder_t* builder, int32_t* token_index,
+                                                      size_t capacity, size_t* count);
+/* aar_mla_impl_create for a context-parallel rank: config->num_heads this rank's heads, the
+ * weights this rank's; dcp_comm the DCP group (NULL when dcp_world_size is 1), pcp_comm the PCP
+ * group (NULL when pcp_world_size is 1), not both NULL. The layer keeps the communicators alive.
+ * Each forward checks the metadata's group size and rank against the communicator's
+ * (AAR_ERR_INVALID_ARGUMENT naming dcp_comm / pcp_comm, nothing written) and issues
+ * collectives: every rank of the group calls it, in the same order. Not with enable_kv_nz
+ * when a group has more than one rank (AAR_ERR_NOT_SUPPORTED: DCP and PCP read ND caches). */
+AAR_C_API aar_status_t aar_mla_impl_create_cp(const aar_mla_impl_config_t* config, const aar_mla_weights_t* weights,
+                                              aar_cp_comm_t* dcp_comm, aar_cp_comm_t* pcp_comm,
+                                              aar_mla_impl_t** out);
 
 /* ---------------------------------------------------------------- graph mode */
 

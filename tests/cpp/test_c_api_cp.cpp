@@ -5,7 +5,10 @@
 // group does not match the metadata's (refused before any collective, caches and output
 // untouched), DCP and PCP decode buckets captured, updated and replayed (and what a capture
 // refuses), PCP speculative decode (aar_gqa_pcp_builder_create_ext), and one-rank DCP and PCP
-// layers against a float64 attention. The two-rank runs are examples/c/c_gqa_cp.c (ctest example_c_gqa_cp).
+// layers against a float64 attention; MLA DCP / PCP (version 6): the cp struct's and the create
+// functions' checks, aar_mla_builder_pcp_local_rows, the group checks, a one-rank DCP layer
+// against the single-rank one. The two-rank runs are examples/c/c_gqa_cp.c and c_mla_cp.c
+// (ctest example_c_gqa_cp, example_c_mla_cp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -868,6 +871,253 @@ TEST(CApiCp, OneRankLayersMatchTheReference) {
   }
   aar_gqa_dcp_impl_destroy(dcp);
   aar_gqa_pcp_impl_destroy(pcp);
+}
+
+// ---------------------------------------------------------------- MLA DCP (version 6)
+
+// A small MLA layer's configs over tensors the struct owns (no q-LoRA), and the builds of a
+// 2-request step (a prefill of 3, a decode at length 2).
+struct MlaCp {
+  static constexpr int64_t kH = 2, kHidden = 32, kL = 16, kP = 8, kR = 8, kV = 8;
+  static constexpr int32_t kB = 16, kNb = 4, kMax = 2;
+  MlaCp()
+      : cos(at::cos(at::arange(kMax * kB).unsqueeze(1).to(at::kFloat) * 0.1f).expand({kMax * kB, kR}).contiguous()),
+        sin(at::sin(at::arange(kMax * kB).unsqueeze(1).to(at::kFloat) * 0.1f).expand({kMax * kB, kR}).contiguous()),
+        q_proj(at::randn({kH * (kP + kR), kHidden}) * 0.3),
+        kv_a(at::randn({kL + kR, kHidden}) * 0.3),
+        kv_norm(at::ones({kL})),
+        kv_b(at::randn({kH * (kP + kV), kL}) * 0.3),
+        o_proj(at::randn({kHidden, kH * kV}) * 0.3),
+        dcos(cos), dsin(sin), dq(q_proj), dkva(kv_a), dnorm(kv_norm), dkvb(kv_b), dout(o_proj) {
+    aar_mla_builder_config_init(&bc);
+    bc.max_num_reqs = 2;
+    bc.max_num_tokens = 16;
+    bc.max_blocks_per_req = kMax;
+    bc.block_size = kB;
+    bc.num_blocks = kNb;
+    bc.cos_table = dcos.get();
+    bc.sin_table = dsin.get();
+    aar_mla_builder_cp_init(&cp);
+    aar_mla_impl_config_init(&ic);
+    ic.num_heads = kH;
+    ic.hidden_size = kHidden;
+    ic.kv_lora_rank = kL;
+    ic.qk_nope_head_dim = kP;
+    ic.qk_rope_head_dim = kR;
+    ic.v_head_dim = kV;
+    aar_mla_weights_init(&w);
+    w.q_proj = dq.get();
+    w.kv_a_proj_with_mqa = dkva.get();
+    w.kv_a_layernorm = dnorm.get();
+    w.kv_b_proj = dkvb.get();
+    w.o_proj = dout.get();
+    aar_mla_build_inputs_init(&in);
+    in.query_start_loc = qsl;
+    in.query_start_loc_len = 3;
+    in.seq_lens = seq;
+    in.seq_lens_len = 2;
+    in.block_table = table;
+    in.block_table_len = 4;
+    in.block_table_stride = kMax;
+  }
+  at::Tensor cos, sin, q_proj, kv_a, kv_norm, kv_b, o_proj;
+  Dl dcos, dsin, dq, dkva, dnorm, dkvb, dout;
+  aar_mla_builder_config_t bc;
+  aar_mla_builder_cp_t cp;
+  aar_mla_impl_config_t ic;
+  aar_mla_weights_t w;
+  aar_mla_build_inputs_t in;
+  const int32_t qsl[3] = {0, 1, 4}, seq[2] = {2, 3}, table[4] = {1, 0, 2, 3};
+};
+
+TEST(CApiCp, MlaBuilderCpRejectedByName) {
+  MlaCp m;
+  aar_mla_builder_t* const sentinel = reinterpret_cast<aar_mla_builder_t*>(0x1);
+  aar_mla_builder_t* out = sentinel;
+  auto bad = [&](auto edit, const char* needle, aar_status_t st = AAR_ERR_INVALID_ARGUMENT) {
+    aar_mla_builder_cp_t c = m.cp;
+    edit(c);
+    EXPECT_REJECTED(aar_mla_builder_create_cp(&m.bc, &c, &out), st, needle);
+    EXPECT_EQ(out, sentinel);
+  };
+  EXPECT_EQ(m.cp.dcp_world_size, 1);
+  EXPECT_EQ(m.cp.interleave, 1);
+  EXPECT_EQ(m.cp.pcp_world_size, 1);
+  bad([](auto& c) { c.dcp_world_size = 0; }, "cp->dcp_world_size must be >= 1, got 0");
+  bad([](auto& c) { c.dcp_world_size = 2, c.dcp_rank = 2; }, "cp->dcp_rank=2 is out of range [0, dcp_world_size=2)");
+  bad([](auto& c) { c.dcp_rank = -1; }, "cp->dcp_rank=-1");
+  bad([](auto& c) { c.interleave = 0; }, "cp->interleave=0 must be >= 1 and divide config->block_size=16");
+  bad([](auto& c) { c.interleave = 5; }, "cp->interleave=5");
+  bad([](auto& c) { c.pd_recompute_scheduler = 2; }, "cp->pd_recompute_scheduler");
+  bad([](auto& c) { c.pcp_world_size = 0; }, "cp->pcp_world_size must be >= 1, got 0");
+  bad([](auto& c) { c.pcp_world_size = 2, c.pcp_rank = 3; }, "cp->pcp_rank=3 is out of range [0, pcp_world_size=2)");
+  bad([](auto& c) { c.struct_size = 8; }, "cp->struct_size is 8");
+  EXPECT_REJECTED(aar_mla_builder_create_cp(&m.bc, nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "cp is NULL");
+  EXPECT_REJECTED(aar_mla_builder_create_cp(nullptr, &m.cp, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
+  EXPECT_REJECTED(aar_mla_builder_create_cp(&m.bc, &m.cp, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  aar_mla_builder_config_t bc = m.bc;
+  bc.cos_table = nullptr;
+  EXPECT_REJECTED(aar_mla_builder_create_cp(&bc, &m.cp, &out), AAR_ERR_INVALID_ARGUMENT, "config->cos_table");
+  EXPECT_EQ(out, sentinel);
+  // A DCP rank's build: its view of the step (rank 1 of 2 owns the odd tokens).
+  aar_mla_builder_cp_t c = m.cp;
+  c.dcp_world_size = 2;
+  c.dcp_rank = 1;
+  ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &c, &out), AAR_OK) << last();
+  const aar_mla_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_mla_builder_build(out, &m.in, &md), AAR_OK) << last();
+  aar_mla_metadata_info_t info;
+  info.struct_size = sizeof(info);
+  ASSERT_EQ(aar_mla_metadata_get_info(md, &info), AAR_OK) << last();
+  EXPECT_EQ(info.num_decodes, 1);
+  EXPECT_EQ(info.num_prefills, 1);
+  size_t count = 99;
+  ASSERT_EQ(aar_mla_builder_pcp_local_rows(out, nullptr, 0, &count), AAR_OK) << last();
+  EXPECT_EQ(count, 0u);  // no PCP: no local rows
+  aar_mla_builder_destroy(out);
+  // A PCP rank's build: the global step, this rank's rows through aar_mla_builder_pcp_local_rows.
+  c = m.cp;
+  c.pcp_world_size = 2;
+  c.pcp_rank = 1;
+  out = sentinel;
+  ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &c, &out), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_builder_build(out, &m.in, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_builder_pcp_local_rows(out, nullptr, 0, &count), AAR_OK) << last();
+  ASSERT_GE(count, 2u);  // the decode and at least one prefill row
+  std::vector<int32_t> idx(count, -7);
+  size_t got = 0;
+  EXPECT_REJECTED(aar_mla_builder_pcp_local_rows(out, idx.data(), count - 1, &got), AAR_ERR_INVALID_ARGUMENT,
+                  "capacity=" + std::to_string(count - 1) + " is less than the " + std::to_string(count));
+  EXPECT_EQ(idx, std::vector<int32_t>(count, -7));
+  EXPECT_EQ(got, 0u);
+  EXPECT_REJECTED(aar_mla_builder_pcp_local_rows(out, idx.data(), count, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                  "count is NULL");
+  EXPECT_REJECTED(aar_mla_builder_pcp_local_rows(nullptr, idx.data(), count, &got), AAR_ERR_INVALID_ARGUMENT,
+                  "builder is NULL");
+  ASSERT_EQ(aar_mla_builder_pcp_local_rows(out, idx.data(), count, &got), AAR_OK) << last();
+  EXPECT_EQ(got, count);
+  EXPECT_EQ(idx[0], 0);  // the decode (token 0) on every rank
+  for (size_t i = 1; i < count; ++i) EXPECT_TRUE(idx[i] == -1 || (idx[i] >= 1 && idx[i] < 4)) << idx[i];
+  aar_mla_builder_destroy(out);
+}
+
+TEST(CApiCp, MlaImplCreateCpRejectedByName) {
+  MlaCp m;
+  aar_cp_comm_t* comm = tcp_world1();
+  ASSERT_NE(comm, nullptr);
+  aar_mla_impl_t* const sentinel = reinterpret_cast<aar_mla_impl_t*>(0x1);
+  aar_mla_impl_t* out = sentinel;
+  EXPECT_REJECTED(aar_mla_impl_create_cp(&m.ic, &m.w, nullptr, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "dcp_comm and pcp_comm are both NULL");
+  aar_mla_builder_t* b = nullptr;
+  ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &m.cp, &b), AAR_OK) << last();
+  EXPECT_REJECTED(aar_mla_impl_create_cp(&m.ic, &m.w, reinterpret_cast<aar_cp_comm_t*>(b), nullptr, &out),
+                  AAR_ERR_INVALID_ARGUMENT, "dcp_comm is an aar_mla_builder_t, expected an aar_cp_comm_t");
+  EXPECT_REJECTED(aar_mla_impl_create_cp(&m.ic, &m.w, comm, reinterpret_cast<aar_cp_comm_t*>(b), &out),
+                  AAR_ERR_INVALID_ARGUMENT, "pcp_comm is an aar_mla_builder_t, expected an aar_cp_comm_t");
+  EXPECT_REJECTED(aar_mla_impl_create_cp(&m.ic, &m.w, comm, nullptr, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                  "out is NULL");
+  EXPECT_REJECTED(aar_mla_impl_create_cp(nullptr, &m.w, comm, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "config is NULL");
+  EXPECT_REJECTED(aar_mla_impl_create_cp(&m.ic, nullptr, comm, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "weights is NULL");
+  aar_mla_weights_t w = m.w;
+  w.kv_b_proj = nullptr;
+  EXPECT_REJECTED(aar_mla_impl_create_cp(&m.ic, &w, comm, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "weights->kv_b_proj");
+  // NZ caches with a group of more than one rank (DCP reads ND caches).
+  auto pg = register_group("aar_c_api_mla_cp_nz", 0, 2);
+  aar_cp_comm_t* two = comm_from("aar_c_api_mla_cp_nz");
+  ASSERT_NE(two, nullptr);
+  aar_mla_impl_config_t ic = m.ic;
+  ic.enable_kv_nz = 1;
+  EXPECT_REJECTED(aar_mla_impl_create_cp(&ic, &m.w, two, nullptr, &out), AAR_ERR_NOT_SUPPORTED,
+                  "enable_kv_nz with DCP");
+  EXPECT_EQ(out, sentinel);
+  aar_mla_builder_destroy(b);
+  aar_cp_comm_destroy(comm);
+  aar_cp_comm_destroy(two);
+  c10d::unregister_process_group("aar_c_api_mla_cp_nz");
+}
+
+// DCP and PCP layers refuse metadata of another group (or of a group they lack) before any
+// collective (IdleBackend has none), with the caches and the output untouched; a one-rank DCP layer (a 1-rank gloo group, kept
+// alive by the layer after its handle is destroyed) matches the single-rank layer.
+TEST(CApiCp, MlaCpLayersCheckTheMetadataAndOneRankMatches) {
+  MlaCp m;
+  auto pg = register_group("aar_c_api_mla_cp_mismatch", 1, 2);
+  aar_cp_comm_t* two = comm_from("aar_c_api_mla_cp_mismatch");
+  aar_cp_comm_t* one = tcp_world1();
+  ASSERT_NE(two, nullptr);
+  ASSERT_NE(one, nullptr);
+  at::Tensor nope = at::zeros({MlaCp::kNb, MlaCp::kB, 1, MlaCp::kL}), rope = at::zeros({MlaCp::kNb, MlaCp::kB, 1, MlaCp::kR});
+  at::Tensor hidden = at::randn({4, MlaCp::kHidden}), out = at::full({4, MlaCp::kHidden}, 7.0f);
+  Dl dn(nope), dr(rope), dh(hidden), dout(out);
+  aar_mla_impl_t* layer = nullptr;
+  ASSERT_EQ(aar_mla_impl_create_cp(&m.ic, &m.w, two, nullptr, &layer), AAR_OK) << last();
+  aar_mla_builder_cp_t c0 = m.cp;
+  c0.dcp_world_size = 2;
+  aar_mla_builder_t *b0 = nullptr, *b1 = nullptr;
+  ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &c0, &b0), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_builder_create(&m.bc, &b1), AAR_OK) << last();
+  const aar_mla_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_mla_builder_build(b0, &m.in, &md), AAR_OK) << last();
+  EXPECT_REJECTED(aar_mla_impl_forward(layer, dh.get(), dn.get(), dr.get(), md, dout.get()), AAR_ERR_INVALID_ARGUMENT,
+                  "metadata was built for DCP rank 0 of 2 but the layer's dcp_comm is rank 1 of 2");
+  ASSERT_EQ(aar_mla_builder_build(b1, &m.in, &md), AAR_OK) << last();
+  EXPECT_REJECTED(aar_mla_impl_forward(layer, dh.get(), dn.get(), dr.get(), md, dout.get()), AAR_ERR_INVALID_ARGUMENT,
+                  "the layer's dcp_comm has 2 ranks but the metadata was built without DCP");
+  EXPECT_TRUE(at::equal(out, at::full_like(out, 7.0f)));
+  EXPECT_FALSE(nope.any().item<bool>());
+  EXPECT_FALSE(rope.any().item<bool>());
+  aar_mla_impl_destroy(layer);
+  aar_mla_builder_destroy(b0);
+  {  // PCP: metadata of PCP rank 0 of 2 on the group's rank 1, and PCP metadata on a DCP-only layer.
+    aar_mla_impl_t *pl = nullptr, *dl = nullptr;
+    ASSERT_EQ(aar_mla_impl_create_cp(&m.ic, &m.w, nullptr, two, &pl), AAR_OK) << last();
+    ASSERT_EQ(aar_mla_impl_create_cp(&m.ic, &m.w, one, nullptr, &dl), AAR_OK) << last();
+    aar_mla_builder_cp_t cp = m.cp;
+    cp.pcp_world_size = 2;
+    aar_mla_builder_t* bp = nullptr;
+    ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &cp, &bp), AAR_OK) << last();
+    ASSERT_EQ(aar_mla_builder_build(bp, &m.in, &md), AAR_OK) << last();
+    size_t n = 0;
+    ASSERT_EQ(aar_mla_builder_pcp_local_rows(bp, nullptr, 0, &n), AAR_OK) << last();
+    at::Tensor lh = at::randn({static_cast<int64_t>(n), MlaCp::kHidden});
+    at::Tensor lo = at::full({static_cast<int64_t>(n), MlaCp::kHidden}, 7.0f);
+    Dl dlh(lh), dlo(lo);
+    EXPECT_REJECTED(aar_mla_impl_forward(pl, dlh.get(), dn.get(), dr.get(), md, dlo.get()), AAR_ERR_INVALID_ARGUMENT,
+                    "metadata was built for PCP rank 0 of 2 but the layer's pcp_comm is rank 1 of 2");
+    EXPECT_REJECTED(aar_mla_impl_forward(dl, dlh.get(), dn.get(), dr.get(), md, dlo.get()), AAR_ERR_INVALID_ARGUMENT,
+                    "metadata was built for PCP rank 0 of 2 but the layer has no pcp_comm");
+    EXPECT_TRUE(at::equal(lo, at::full_like(lo, 7.0f)));
+    EXPECT_FALSE(nope.any().item<bool>());
+    aar_mla_builder_destroy(bp);
+    aar_mla_impl_destroy(pl);
+    aar_mla_impl_destroy(dl);
+  }
+
+  // One rank: the DCP layer over a 1-rank group against the plain layer, same weights and step.
+  aar_mla_impl_t *dcp = nullptr, *plain = nullptr;
+  ASSERT_EQ(aar_mla_impl_create_cp(&m.ic, &m.w, one, nullptr, &dcp), AAR_OK) << last();
+  aar_cp_comm_destroy(one);  // the layer keeps its Comm
+  ASSERT_EQ(aar_mla_impl_create(&m.ic, &m.w, &plain), AAR_OK) << last();
+  aar_mla_builder_t* bd = nullptr;
+  ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &m.cp, &bd), AAR_OK) << last();
+  at::Tensor nope2 = at::zeros_like(nope), rope2 = at::zeros_like(rope), out2 = at::zeros_like(out);
+  Dl dn2(nope2), dr2(rope2), dout2(out2);
+  ASSERT_EQ(aar_mla_builder_build(bd, &m.in, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_impl_forward(dcp, dh.get(), dn.get(), dr.get(), md, dout.get()), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_builder_build(b1, &m.in, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_impl_forward(plain, dh.get(), dn2.get(), dr2.get(), md, dout2.get()), AAR_OK) << last();
+  EXPECT_TRUE(at::allclose(out, out2, 1e-5, 1e-5)) << (out - out2).abs().max().item<float>();
+  EXPECT_TRUE(at::equal(nope, nope2));
+  aar_mla_impl_destroy(dcp);
+  aar_mla_impl_destroy(plain);
+  aar_mla_builder_destroy(bd);
+  aar_mla_builder_destroy(b1);
+  aar_cp_comm_destroy(two);
+  c10d::unregister_process_group("aar_c_api_mla_cp_mismatch");
 }
 
 }  // namespace
