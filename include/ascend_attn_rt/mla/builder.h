@@ -68,7 +68,7 @@ struct BuilderConfig : core::BuilderCore {
   // every rank) and plans this rank's rows (Metadata::pcp): the decodes (replicated) and the
   // head and tail chunks of every prefill; the KV is sharded over the pcp_world_size *
   // dcp_world_size ranks (rank pcp_rank * dcp_world_size + dcp_rank) with the interleave size
-  // above. Speculative decode and decode-only graph buckets (graph_decode_padding, cp.md §11.4)
+  // above. Speculative decode and decode-only graph buckets (graph_decode_padding, docs/design/cp.md §11.4)
   // work with PCP; refused by name: disable_padded_drafter_batch, and padding or capturing a
   // step with prefills (those steps are eager). Wp * Wd <= 16.
   int32_t pcp_world_size = 1;
