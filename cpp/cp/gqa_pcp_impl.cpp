@@ -75,6 +75,9 @@ const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::T
                                             const at::Tensor& key_cache, const at::Tensor& value_cache,
                                             const PcpMetadata* metadata, const at::Tensor& output) {
   graph::GraphParams* capture = graph::GraphParams::current();
+  if (capture != nullptr && metadata != nullptr) {
+    graph::note_layer_life(life_, "cp.PcpAttentionImpl", cfg_.layer_index);  // recorded closures call this layer
+  }
   if (metadata == nullptr) {
     graph::refuse_if_capturing("a GQA PCP forward without metadata (profiling run)");
     // Profiling / dummy run: nothing to attend, no collective (every rank runs it alike).

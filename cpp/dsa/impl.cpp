@@ -1436,6 +1436,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   const KvHookScope<LayerMetadata> kv_scope(kv_hooks, kv, md.step->num_kernel_tokens > 0, md, "dsa");
   const aar::detail::InferenceScope inference;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
+    graph::note_layer_life(life_, "dsa.Impl", cfg_.layer_index);  // the recorded closure calls this layer
     capture(*g, hidden, c, md, output, topk);
     return output;
   }

@@ -144,6 +144,30 @@ void GraphParams::note_exclusive_use(const std::shared_ptr<detail::ExclusiveUse>
   ex.push_back(use);
 }
 
+void GraphParams::note_owner(const std::shared_ptr<const void>& life, std::string what) {
+  AAR_CHECK_ARG(life != nullptr, "note_owner: the life token must not be null");
+  auto& owners = open_bucket().owners;
+  for (const auto& o : owners) {
+    if (o.key == life.get()) return;
+  }
+  owners.push_back(Bucket::Owner{life, life.get(), std::move(what)});
+}
+
+void GraphParams::check_owners(const Bucket& b, int64_t n, const char* op) {
+  for (const auto& o : b.owners) {
+    AAR_CHECK_ARG(!o.life.expired(), op, " of bucket ", n, ": the bucket recorded calls of ", o.what,
+                  ", which has been destroyed; release the bucket (GraphParams.release) before dropping a layer "
+                  "it captured, or capture it again with the new layer");
+  }
+}
+
+void note_layer_life(const std::shared_ptr<const void>& life, const char* what, int64_t layer_index) {
+  GraphParams* g = GraphParams::current();
+  if (g == nullptr || !g->capturing()) return;
+  g->note_owner(life, layer_index >= 0 ? std::string(what) + " (layer " + std::to_string(layer_index) + ")"
+                                       : std::string(what));
+}
+
 void GraphParams::capture_call(std::unique_ptr<CapturedCall> call) {
   AAR_CHECK_ARG(call != nullptr, "capture_call: the call must not be null");
   Bucket& b = open_bucket();
@@ -208,6 +232,7 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
   AAR_CHECK_ARG(!capturing(), "update while a capture is open");
   AAR_CHECK_ARG(!groups.empty(), "update needs the metadata of at least one KV-cache group");
   Bucket& b = mutable_bucket(n);
+  check_owners(b, n, "update");
   // Validate everything before the first hook: a rejected update leaves the
   // graph as it was.
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -242,6 +267,7 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
   AAR_CHECK_ARG(!capturing(), "update_draft while a capture is open");
   AAR_CHECK_ARG(!per_call.empty(), "update_draft needs at least one metadata");
   Bucket& b = mutable_bucket(n);
+  check_owners(b, n, "update_draft");
   // Validate everything before the first hook (as update does).
   for (size_t k = 0; k < per_call.size(); ++k) {
     if (!per_call[k].stamp.current()) check_current(per_call[k].stamp, ("metadata[" + std::to_string(k) + "]").c_str());
@@ -311,6 +337,7 @@ void GraphParams::replay(int64_t n) {
                 "' graph provider replays on the device; call the device graph's replay instead");
   auto* rec = dynamic_cast<RecordingGraphProvider*>(provider_.get());
   Bucket& b = mutable_bucket(n);
+  check_owners(b, n, "replay");
   // The last update must have completed: one that failed part way leaves every call's event
   // recorded by an earlier, unreplayed update looking fresh, with a mix of two steps' lists.
   AAR_CHECK_ARG(b.updated, "replay of bucket ", n, " before update: the last update did not complete (or the "

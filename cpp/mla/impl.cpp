@@ -578,6 +578,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     path = fused;
   }
   if (graph::GraphParams* g = graph::GraphParams::current()) {
+    graph::note_layer_life(life_, "mla.Impl", cfg_.layer_index);  // recorded closures call this layer
     capture_decode(*g, hidden, nope, rope, md, output, path);
     last_decode_ = path;
     return output;

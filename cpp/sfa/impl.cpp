@@ -1328,6 +1328,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   const KvHookScope<Metadata> kv_scope(kv_hooks, kv_cache, tk > 0, md, "sfa");
   const aar::detail::InferenceScope inference;
   if (graph::GraphParams* g = graph::GraphParams::current()) {
+    graph::note_layer_life(life_, "sfa.Impl", cfg_.layer_index);  // recorded closures call this layer
     if (md.pcp.world_size > 1 && (md.num_prefills > 0 || md.num_decodes == 0)) {
       throw_not_supported("SFA PCP capture of a step with prefills is not supported (pcp_world_size=",
                           md.pcp.world_size, ", num_prefills=", md.num_prefills, ", num_decodes=", md.num_decodes,

@@ -158,6 +158,7 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
     if (T > tk) pd::fill_minus_one(dst.narrow(0, tk, T - tk));
   };
   if (graph::GraphParams* g = graph::GraphParams::current()) {
+    graph::note_layer_life(life_, "sfa.IndexerStep", -1);  // the recorded step calls this object
     // Inside a capture (vLLM's graph capture through the adapter, docs/design/vllm_sparse.md §6): one
     // prepare call, as sfa::Impl records its layer (docs/design/graph.md §4.3).
     pd::check_capture(md, *g, "sfa.IndexerStep.run");
@@ -227,7 +228,10 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
   // --- the step
   const aar::detail::InferenceScope inference;
   graph::GraphParams* g = graph::GraphParams::current();
-  if (g != nullptr) pd::check_capture(md, *g, "sfa.SparseAttention.run");
+  if (g != nullptr) {
+    pd::check_capture(md, *g, "sfa.SparseAttention.run");
+    graph::note_layer_life(life_, "sfa.SparseAttention", -1);  // recorded closures call this object
+  }
   if (tk == 0) {
     const at::Tensor res = out.has_value() ? *out : at::empty({T, N, L}, qn.options());
     if (g != nullptr) {

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -137,6 +138,42 @@ TEST(Graph, ABucketOfClosuresReplaysWithoutUpdates) {
   g.replay(kBucket);
   EXPECT_EQ(runs, 2);
   EXPECT_EQ(std::string(g.bucket(kBucket).calls[0].call->kind()), "prepare");
+}
+
+TEST(Graph, ABucketWhoseLayerIsDestroyedIsRefusedByName) {
+  // docs/design/graph.md §4.6: a layer's life token, held weakly by the bucket; once the layer is gone,
+  // update, update_draft and replay refuse the bucket naming it, and run nothing.
+  GraphParams g(std::make_shared<RecordingGraphProvider>());
+  int runs = 0;
+  auto life = std::make_shared<const int>(0);
+  aar::graph::note_layer_life(life, "test.Layer", 7);  // outside a capture: nothing
+  {
+    CaptureScope scope(g, kBucket);
+    aar::graph::note_layer_life(life, "test.Layer", 7);
+    aar::graph::note_layer_life(life, "test.Layer", 7);  // once per layer
+    g.capture_call(std::make_unique<ClosureCall>(7, 0, [&] { ++runs; }));
+  }
+  EXPECT_EQ(g.bucket(kBucket).owners.size(), 1u);
+  g.replay(kBucket);
+  EXPECT_EQ(runs, 1);
+  life.reset();
+  const auto refused = [&](const std::function<void()>& f, const std::string& op) {
+    try {
+      f();
+      ADD_FAILURE() << op << " ran on a bucket whose layer is gone";
+    } catch (const std::invalid_argument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(op + " of bucket"), std::string::npos) << m;
+      EXPECT_NE(m.find("test.Layer (layer 7)"), std::string::npos) << m;
+      EXPECT_NE(m.find("destroyed"), std::string::npos) << m;
+    }
+  };
+  refused([&] { g.replay(kBucket); }, "replay");
+  refused([&] { g.update(kBucket, {step(1)}); }, "update");
+  refused([&] { g.update_draft(kBucket, {step(1)}); }, "update_draft");
+  EXPECT_EQ(runs, 1);
+  g.release(kBucket);
+  EXPECT_FALSE(g.has(kBucket));
 }
 
 TEST(Graph, SharedWorkspacesFollowTheStorePolicy) {

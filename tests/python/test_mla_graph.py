@@ -90,7 +90,8 @@ def test_mla_decode_graph_replays_like_eager(spec):
 
 def test_mla_graph_rejects_a_batch_that_does_not_fit():
     d, gen, builder, table, kw, caches = _setup()
-    graph, *_ = _capture_full_bucket(mla.Impl(**kw), builder, table, d, caches[0])
+    layer = mla.Impl(**kw)  # kept alive: a bucket whose layer is gone refuses every update (graph.md §4.6)
+    graph, *_ = _capture_full_bucket(layer, builder, table, d, caches[0])
     md3 = builder.build(torch.arange(4, dtype=torch.int32), torch.full((3,), 9, dtype=torch.int32), table[:3].contiguous())
     with pytest.raises(ValueError, match="one-token requests"):
         graph.update(BUCKET, md3)

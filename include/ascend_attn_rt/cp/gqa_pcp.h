@@ -221,6 +221,9 @@ class PcpAttentionImpl {
                               const at::Tensor& key, const at::Tensor& value, const at::Tensor& output);
 
   gqa::ImplConfig cfg_;
+  // Held weakly by the graph buckets that recorded calls reaching this object (graph::note_layer_life):
+  // update / replay of such a bucket refuse it by name once the object is gone.
+  std::shared_ptr<const int> life_ = std::make_shared<const int>(0);
   Comm* pcp_;
   Comm* dcp_;
   std::unique_ptr<gqa::AttentionImpl> inner_;  // replicated mode: the ordinary layer

@@ -309,6 +309,9 @@ class Impl {
   void project_kv(const at::Tensor& x, const ops::W8A8DynamicInput* xq, const at::Tensor& kv, bool graph) const;
 
   ImplConfig cfg_;
+  // Held weakly by the graph buckets that recorded calls reaching this object (graph::note_layer_life):
+  // update / replay of such a bucket refuse it by name once the object is gone.
+  std::shared_ptr<const int> life_ = std::make_shared<const int>(0);
   Weights w_;
   at::Tensor cmp_ape_f32_, idx_ape_f32_, hadamard_, sinks_f32_, ones_d_, idx_wproj_scaled_;
   at::Tensor last_topk_;

@@ -65,6 +65,16 @@ struct Bucket {
   // Shared workspaces the captured calls use: a CPU replay enters each (one
   // thread at a time; another thread's forward or replay is refused by name).
   std::vector<std::shared_ptr<detail::ExclusiveUse>> exclusive;
+  // The layers whose recorded calls reach the layer object itself (closures over it): the
+  // bucket holds a weak reference to each one's life token, and update / replay refuse the
+  // bucket, naming the layer, once one is gone (docs/design/graph.md §4.6), instead of running a
+  // call on a destroyed layer.
+  struct Owner {
+    std::weak_ptr<const void> life;
+    const void* key = nullptr;
+    std::string what;
+  };
+  std::vector<Owner> owners;
 
   // The shared workspace `name` (nullopt when the bucket has none).
   std::optional<at::Tensor> workspace(const char* name) const;
@@ -153,6 +163,9 @@ class GraphParams {
   void offer_workspace(SharedWorkspace& ws, const std::function<at::Tensor()>& query);
   // Records `use` in the bucket being captured: every CPU replay enters it.
   void note_exclusive_use(const std::shared_ptr<detail::ExclusiveUse>& use);
+  // Ties the bucket being captured to a layer's life token (Bucket::owners); `what` names
+  // the layer in the error update / update_draft / replay raise once the token is gone.
+  void note_owner(const std::shared_ptr<const void>& life, std::string what);
 
   // The store a capture is open on, for this thread (nullptr outside capture).
   static GraphParams* current();
@@ -164,6 +177,8 @@ class GraphParams {
   // hooks (NPU) and records its event; on failure the call keeps its previous
   // parameters.
   void refresh_one(RecordedCall& r, const StepParams& step, const UpdatePass& pass, bool relaunch);
+  // Throws InvalidArgument naming the first destroyed owner of bucket `n`; changes nothing.
+  static void check_owners(const Bucket& b, int64_t n, const char* op);
 
   std::shared_ptr<GraphProvider> provider_;
   WorkspacePolicy policy_;
@@ -171,6 +186,11 @@ class GraphParams {
   int64_t capturing_ = -1;
   uint64_t passes_ = 0;
 };
+
+// A layer whose captured calls reach the layer object calls this from its forward: inside an
+// open capture on this thread it ties the bucket to `life` (GraphParams::note_owner), else
+// nothing. `what` names the layer ("dsa.Impl", ...), `layer_index` its index (-1: none).
+void note_layer_life(const std::shared_ptr<const void>& life, const char* what, int64_t layer_index);
 
 // The capture policy every Impl follows: inside an open capture a forward call
 // is recorded into it or refused; it never runs eagerly unrecorded. Throws

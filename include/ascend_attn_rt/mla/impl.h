@@ -218,6 +218,9 @@ class Impl {
                                const at::Tensor& rope_cache, const Metadata& md) const;
 
   ImplConfig cfg_;
+  // Held weakly by the graph buckets that recorded calls reaching this object (graph::note_layer_life):
+  // update / replay of such a bucket refuse it by name once the object is gone.
+  std::shared_ptr<const int> life_ = std::make_shared<const int>(0);
   int64_t hp_ = 0;
   // Weights, W_UK_T / W_UV, prolog weights, the preprocess and the decode
   // workspace: the MLA family's shared core (cpp/latent/latent_core.h).

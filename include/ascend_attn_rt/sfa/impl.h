@@ -289,6 +289,9 @@ class Impl {
                                   const at::Tensor& local_seq_lens, const at::Tensor& lse_out);
 
   ImplConfig cfg_;
+  // Held weakly by the graph buckets that recorded calls reaching this object (graph::note_layer_life):
+  // update / replay of such a bucket refuse it by name once the object is gone.
+  std::shared_ptr<const int> life_ = std::make_shared<const int>(0);
   std::shared_ptr<mla::detail::LatentCore> core_;
   at::Tensor no_rope_;  // SFA C8 + PROLOG_V3: the empty kr_cache
   std::optional<IndexerWeights> iw_;

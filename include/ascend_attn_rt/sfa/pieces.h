@@ -64,6 +64,9 @@ class IndexerStep {
 
  private:
   IndexerStepConfig cfg_;
+  // Held weakly by the graph buckets that recorded calls reaching this object (graph::note_layer_life):
+  // update / replay of such a bucket refuse it by name once the object is gone.
+  std::shared_ptr<const int> life_ = std::make_shared<const int>(0);
   ops::LightningIndexerArgs args_;
   ::aar::detail::TensorBinding cache_src_, slots_src_;
   at::Tensor cache4_, rows_, slots2_;
@@ -108,6 +111,9 @@ class SparseAttention {
   at::Tensor run_dcp(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const at::Tensor& nope,
                      const at::Tensor& rope, const Metadata& md, const at::Tensor& res, int64_t tk);
   SparseAttentionConfig cfg_;
+  // Held weakly by the graph buckets that recorded calls reaching this object (graph::note_layer_life):
+  // update / replay of such a bucket refuse it by name once the object is gone.
+  std::shared_ptr<const int> life_ = std::make_shared<const int>(0);
   ops::SparseFlashAttentionArgs args_, dcp_args_;
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;
 };
