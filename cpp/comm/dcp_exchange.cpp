@@ -225,8 +225,8 @@ std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts) 
   outs.reserve(n);
   lses.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
-    outs.push_back(parts[i].narrow(1, 0, d).contiguous());
-    lses.push_back(parts[i].select(1, d).contiguous());
+    outs.push_back(ops::dense::contiguous(parts[i].narrow(1, 0, d)));
+    lses.push_back(ops::dense::contiguous(parts[i].select(1, d)));
   }
   return ops::attention_update(lses, outs, /*update_type=*/1);
 }

@@ -281,6 +281,11 @@ class Impl {
   // partials exchanged and merged into this rank's heads: `merged` (tk, H, L), returned.
   const at::Tensor& dcp_sparse_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
                                          const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged);
+  // PCP decode-only step (docs/design/sparse_cp.md §11.2): the step's tk rows over this rank's PCP x DCP
+  // shard with LSE (merged over DCP first under PCP x DCP), one all-gather of the fp32 wire over PCP and
+  // cp::merge_wire_partials: the attention (tk, H, L) in the query dtype.
+  at::Tensor pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                  const Caches& c, const Metadata& md, int64_t tk);
   // Sparse attention of (T, heads) queries over this rank's DCP shard (local_topk already remapped,
   // sparse_mode 0, docs/design/sparse_cp.md §3): the partial output (T, heads, L); its LSE is written
   // into lse_out (T, heads, 1) fp32 (-inf for an empty selection).
