@@ -660,10 +660,34 @@ at::Tensor Impl::pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr
   const int64_t H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim, Wp = md.pcp.world_size;
   const DcpMetadata& dm = md.dcp;
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk, dm.world_size, dm.rank, dm.interleave);
-  // (Made per call, as MLA PCP's: inside a capture the graph's pool holds it.)
-  const at::Tensor wire = at::empty({tk, H, L + 1}, qn.options().dtype(at::kFloat));
-  at::Tensor wire_out = wire.narrow(2, 0, L);
-  const at::Tensor wire_lse = wire.narrow(2, L, 1);
+  // The wire and its gather in buffers kept by the layer (a large per-call allocation is a host cost of
+  // its own): grown to a power of two, the earlier ones kept alive (a captured graph may hold their
+  // addresses); the views remade when the row count changes.
+  PcpWire& pw = pcp_wire_;
+  if (pw.capacity < tk || pw.wire.device() != qn.device()) {
+    int64_t cap = 1;
+    while (cap < tk) cap *= 2;
+    if (pw.wire.defined()) {
+      pw.retired.push_back(pw.wire);
+      pw.retired.push_back(pw.gathered);
+    }
+    const auto f32 = qn.options().dtype(at::kFloat);
+    pw.wire = at::empty({cap, H, L + 1}, f32);
+    pw.gathered = at::empty({Wp * cap, H, L + 1}, f32);
+    pw.capacity = cap;
+    pw.rows = -1;
+  }
+  if (pw.rows != tk) {
+    pw.wire_rows = pw.wire.narrow(0, 0, tk);
+    pw.wire_out = pw.wire_rows.narrow(2, 0, L);
+    pw.wire_lse = pw.wire_rows.narrow(2, L, 1);
+    pw.gathered_rows = pw.gathered.narrow(0, 0, Wp * tk);
+    pw.parts = pw.gathered_rows.view({Wp, tk * H, L + 1});
+    pw.rows = tk;
+  }
+  const at::Tensor& wire = pw.wire_rows;
+  at::Tensor wire_out = pw.wire_out;
+  const at::Tensor& wire_lse = pw.wire_lse;
   if (md.pcp.dcp_world_size > 1) {
     cp::Comm& dc = *cfg_.dcp_comm;
     const cp::DcpViews& w = mla::detail::latent_dcp_views(dc, {H, L, R, cfg_.workspace_group}, qn, tk, dcp_ws_);
@@ -677,8 +701,8 @@ at::Tensor Impl::pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr
                                               dm.seq_lens, wire_lse);
     ops::dense::copy(wire_out, o);
   }
-  const at::Tensor all = cfg_.pcp_comm->all_gather(wire, 0);  // (Wp tk, H, L + 1): rank-major
-  auto [merged, merged_lse] = cp::merge_wire_partials(all.view({Wp, tk * H, L + 1}));
+  cfg_.pcp_comm->all_gather(wire, 0, pw.gathered_rows);  // (Wp tk, H, L + 1): rank-major
+  auto [merged, merged_lse] = cp::merge_wire_partials(pw.parts);
   return ops::dense::cast(merged.view({tk, H, L}), qn.scalar_type());
 }
 

@@ -303,6 +303,14 @@ class Impl {
   ops::SparseFlashAttentionArgs sfa_args_;
   ops::SparseFlashAttentionArgs dcp_sfa_args_;
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP intermediates, shared by the layers of one shape
+  // PCP decode-only (docs/design/sparse_cp.md §11.2): this rank's (rows, H, L + 1) fp32 wire [out | LSE] and
+  // its all-gather over PCP, grown to powers of two (earlier buffers kept: a captured graph may read them).
+  struct PcpWire {
+    at::Tensor wire, gathered;
+    std::vector<at::Tensor> retired;
+    int64_t capacity = 0, rows = -1;
+    at::Tensor wire_rows, wire_out, wire_lse, gathered_rows, parts;  // the views of `rows` rows
+  } pcp_wire_;
   // The token-block merges of DSA-CP x DCP and PCP (and PCP x DCP's head merge): merge-only DCP
   // workspaces, shared by the layers of one shape (docs/design/sparse_cp.md §9, §11).
   std::shared_ptr<cp::DcpWorkspace> merge_ws_, merge_ws2_;
