@@ -649,8 +649,8 @@ const at::Tensor& Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Ten
   return merged;
 }
 
-at::Tensor Impl::pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
-                                      const Caches& c, const Metadata& md, int64_t tk) {
+const at::Tensor& Impl::pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                             const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged) {
   // docs/design/sparse_cp.md §11.2: every PCP rank holds the step's decode rows; the main cache is sharded
   // over the W = Wp Wd PCP x DCP ranks (md.dcp: this rank's local table, lengths and shard). The rank's
   // partial over its shard goes into the (tk, H, L + 1) fp32 wire [out | LSE] (under PCP x DCP first merged
@@ -682,7 +682,13 @@ at::Tensor Impl::pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr
     pw.wire_out = pw.wire_rows.narrow(2, 0, L);
     pw.wire_lse = pw.wire_rows.narrow(2, L, 1);
     pw.gathered_rows = pw.gathered.narrow(0, 0, Wp * tk);
-    pw.parts = pw.gathered_rows.view({Wp, tk * H, L + 1});
+    const at::Tensor parts = pw.gathered_rows.view({Wp, tk * H, L + 1});
+    pw.part_out.clear();
+    pw.part_lse.clear();
+    for (int64_t i = 0; i < Wp; ++i) {
+      pw.part_out.push_back(parts[i].narrow(1, 0, L));
+      pw.part_lse.push_back(parts[i].select(1, L));
+    }
     pw.rows = tk;
   }
   const at::Tensor& wire = pw.wire_rows;
@@ -702,8 +708,9 @@ at::Tensor Impl::pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr
     ops::dense::copy(wire_out, o);
   }
   cfg_.pcp_comm->all_gather(wire, 0, pw.gathered_rows);  // (Wp tk, H, L + 1): rank-major
-  auto [merged, merged_lse] = cp::merge_wire_partials(pw.parts);
-  return ops::dense::cast(merged.view({tk, H, L}), qn.scalar_type());
+  auto [m, m_lse] = cp::merge_wire_partials(pw.part_out, pw.part_lse);
+  ops::dense::copy(merged, m.view({tk, H, L}));  // into the model dtype
+  return merged;
 }
 
 at::Tensor Impl::sparse_attention_lse(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& local_topk,
@@ -1356,13 +1363,13 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   if (packed_here) store_packed_rows(kv.k_nope, kv.k_rope, c, md, tk);
   select_topk(x, q, c, md, topk, tk);
   at::Tensor attn;  // (tk, H, L)
-  if (pcp) {
-    attn = pcp_decode_attention(q.qn, q.qr, last_topk_rows_, c, md, tk);
-  } else if (md.dcp.world_size > 1) {
+  if (md.dcp.world_size > 1) {
+    // (Under PCP, md.dcp is the PCP x DCP shard.) The merge lands in the decode workspace's attention buffer.
     const int64_t H = cfg_.dims.num_heads, L = cfg_.dims.kv_lora_rank;
     LatentCore::view_of(v.attn, tk, seen_.merged_src, seen_.merged,
                         [&] { return v.attn.view({-1}).narrow(0, 0, tk * H * L).view({tk, H, L}); });
-    attn = dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged);
+    attn = pcp ? pcp_decode_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged)
+               : dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged);
   } else {
     attn = sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);
   }
