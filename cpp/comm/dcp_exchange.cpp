@@ -225,10 +225,23 @@ std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts) 
   outs.reserve(n);
   lses.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
-    outs.push_back(parts[i].narrow(1, 0, d).contiguous());
-    lses.push_back(parts[i].select(1, d).contiguous());
+    outs.push_back(parts[i].narrow(1, 0, d));
+    lses.push_back(parts[i].select(1, d));
   }
-  return ops::attention_update(lses, outs, /*update_type=*/1);
+  return merge_wire_partials(outs, lses);
+}
+
+std::tuple<at::Tensor, at::Tensor> merge_wire_partials(at::TensorList outs, at::TensorList lses) {
+  AAR_CHECK_ARG(!outs.empty() && outs.size() == lses.size(), "merge_wire_partials: ", outs.size(), " outputs and ",
+                lses.size(), " LSEs (one of each per part)");
+  std::vector<at::Tensor> o, l;
+  o.reserve(outs.size());
+  l.reserve(lses.size());
+  for (size_t i = 0; i < outs.size(); ++i) {
+    o.push_back(ops::dense::contiguous(outs[i]));
+    l.push_back(ops::dense::contiguous(lses[i]));
+  }
+  return ops::attention_update(l, o, /*update_type=*/1);
 }
 
 std::tuple<at::Tensor, at::Tensor> merge_two_partials(const at::Tensor& out_a, const at::Tensor& lse_a,

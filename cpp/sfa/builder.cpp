@@ -428,9 +428,10 @@ class MetadataBuilder::Lane {
         std::copy(rep + pp_.ireq[k] * rs, rep + (pp_.ireq[k] + 1) * rs, h + pp_.o_ibt + k * rs);
       }
     }
+    pp_.split = p.split.num_prefills > 0;
     const int32_t* bt = s + bt_.offset;   // the local block table of the global requests
     const int32_t* dseq = s + dseq_.offset;
-    for (int64_t j = 0; j < Wp; ++j) {
+    for (int64_t j = 0; pp_.split && j < Wp; ++j) {
       // Group j's rows g = j * Bg + b are the Bg local rows in order: one run.
       std::copy(bt, bt + static_cast<int64_t>(Bg) * MB, h + pp_.o_gbt + j * Bg * MB);
       for (int32_t b = 0; b < Bg; ++b) {
@@ -440,7 +441,9 @@ class MetadataBuilder::Lane {
       }
     }
     int64_t* gi = pp_.gidx_host.data_ptr<int64_t>();
-    for (int32_t t = 0; t < tr; ++t) gi[t] = pp_.gather[t];
+    if (pp_.split) {
+      for (int32_t t = 0; t < tr; ++t) gi[t] = pp_.gather[t];
+    }
     // Every request a decode: the local rows are the step's tokens at their positions (no padding
     // under PCP), whose RoPE rows the main gather writes.
     pp_.rope_main = p.split.num_decodes == B && tl == p.num_input_tokens;
@@ -455,10 +458,12 @@ class MetadataBuilder::Lane {
       copy(pp_.dev, pp_.host, pp_.o_icum, nr);
       copy(pp_.dev, pp_.host, pp_.o_iseq, nr);
       if (!pp_.rep_rows) copy(pp_.dev, pp_.host, pp_.o_ibt, nr * rs);
-      copy(pp_.dev, pp_.host, pp_.o_gcum, Wp * Bg);
-      copy(pp_.dev, pp_.host, pp_.o_gseq, Wp * Bg);
-      copy(pp_.dev, pp_.host, pp_.o_gbt, Wp * Bg * MB);
-      copy(pp_.gidx, pp_.gidx_host, 0, tr);
+      if (pp_.split) {
+        copy(pp_.dev, pp_.host, pp_.o_gcum, Wp * Bg);
+        copy(pp_.dev, pp_.host, pp_.o_gseq, Wp * Bg);
+        copy(pp_.dev, pp_.host, pp_.o_gbt, Wp * Bg * MB);
+        copy(pp_.gidx, pp_.gidx_host, 0, tr);
+      }
       if (!pp_.rope_main) {
         copy(pp_.cos, pp_.cos_host, 0, tl);
         copy(pp_.sin, pp_.sin_host, 0, tl);
@@ -502,8 +507,9 @@ class MetadataBuilder::Lane {
     // (md_.cos / md_.sin hold the step's t_in rows, which are the local rows under rope_main.)
     m.cos = pp_.rope_main ? md_.cos : pp_.cos_v.get(tl, [&] { return pp_.cos.narrow(0, 0, tl); });
     m.sin = pp_.rope_main ? md_.sin : pp_.sin_v.get(tl, [&] { return pp_.sin.narrow(0, 0, tl); });
-    const int64_t tr = p.num_input_tokens, G = Wp * B;
-    m.gather_index = pp_.gidx_v.get(tr, [&] { return pp_.gidx.narrow(0, 0, tr); });
+    const int64_t tr = p.num_input_tokens, G = pp_.split ? Wp * B : 0;
+    // (Decode-only: no gather index and no gathered groups, empty views.)
+    m.gather_index = pp_.gidx_v.get(pp_.split ? tr : 0, [&] { return pp_.gidx.narrow(0, 0, pp_.split ? tr : 0); });
     m.indexer_cum_query_lens = pp_.icum_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_icum, nr); });
     m.indexer_seq_lens = pp_.iseq_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_iseq, nr); });
     m.indexer_block_table = pp_.rep_rows ? views_.rbt.first(nr) : pp_.ibt_v.get(nr, [&] {
@@ -605,6 +611,9 @@ class MetadataBuilder::Lane {
     // so their RoPE rows are the step's; the indexer requests are the step's first ones in order, so
     // their replicated rows are the step's replicated table.
     bool rope_main = false, rep_rows = false;
+    // A step with a prefill (the head/tail split): the gather index and the gathered groups are made; a
+    // decode-only step's layer reads neither (docs/design/sparse_cp.md §11.2), so they are skipped.
+    bool split = false;
     // The metadata's views, made once per count (core::ViewCache).
     core::ViewCache cos_v, sin_v, gidx_v, icum_v, iseq_v, ibt_v, gcum_v, gseq_v, gbt_v;
   } pp_;

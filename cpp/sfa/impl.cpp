@@ -412,10 +412,12 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
     const int64_t K = has_idx ? cfg_.indexer->topk : topk->index_topk();
     AAR_CHECK_ARG(topk->index_topk() == K, "topk buffer holds ", topk->index_topk(),
                   " indices per token but the layer's indexer selects ", K);
-    // Under PCP the buffer holds the gathered rows of every rank (docs/design/sparse_cp.md §11).
-    const int64_t need = pcp ? int64_t{md.pcp.world_size} * md.pcp.num_local_tokens : tk;
+    // Under PCP a step with a prefill keeps the gathered rows of every rank in the buffer
+    // (docs/design/sparse_cp.md §11), a decode-only step its tokens' rows (§11.2).
+    const bool gathered = pcp && md.num_prefills > 0;
+    const int64_t need = gathered ? int64_t{md.pcp.world_size} * md.pcp.num_local_tokens : tk;
     AAR_CHECK_ARG(topk->max_num_tokens() >= need, "topk buffer has ", topk->max_num_tokens(),
-                  " rows, fewer than the step's ", need, pcp ? " gathered PCP rows" : " tokens");
+                  " rows, fewer than the step's ", need, gathered ? " gathered PCP rows" : " tokens");
     AAR_CHECK_ARG(topk->buffer().device() == dev, "topk buffer is on ", topk->buffer().device(),
                   " but the layer's weights are on ", dev);
   }
@@ -644,6 +646,70 @@ const at::Tensor& Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Ten
                                             md.cum_query_lens, md.dcp.seq_lens, w.partial_lse);
   ops::dense::copy(w.partial_out, o);
   cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+  return merged;
+}
+
+const at::Tensor& Impl::pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
+                                             const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged) {
+  // docs/design/sparse_cp.md §11.2: every PCP rank holds the step's decode rows; the main cache is sharded
+  // over the W = Wp Wd PCP x DCP ranks (md.dcp: this rank's local table, lengths and shard). The rank's
+  // partial over its shard goes into the (tk, H, L + 1) fp32 wire [out | LSE] (under PCP x DCP first merged
+  // over the DCP group, whose ranks hold the same rows and their own heads), then ONE all-gather of the wire
+  // over PCP and the shared wire merge (cp::merge_wire_partials, as MLA PCP's decode).
+  const mla::Dims& d = cfg_.dims;
+  const int64_t H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim, Wp = md.pcp.world_size;
+  const DcpMetadata& dm = md.dcp;
+  const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk, dm.world_size, dm.rank, dm.interleave);
+  // The wire and its gather in buffers kept by the layer (a large per-call allocation is a host cost of
+  // its own): grown to a power of two, the earlier ones kept alive (a captured graph may hold their
+  // addresses); the views remade when the row count changes.
+  PcpWire& pw = pcp_wire_;
+  if (pw.capacity < tk || pw.wire.device() != qn.device()) {
+    int64_t cap = 1;
+    while (cap < tk) cap *= 2;
+    if (pw.wire.defined()) {
+      pw.retired.push_back(pw.wire);
+      pw.retired.push_back(pw.gathered);
+    }
+    const auto f32 = qn.options().dtype(at::kFloat);
+    pw.wire = at::empty({cap, H, L + 1}, f32);
+    pw.gathered = at::empty({Wp * cap, H, L + 1}, f32);
+    pw.capacity = cap;
+    pw.rows = -1;
+  }
+  if (pw.rows != tk) {
+    pw.wire_rows = pw.wire.narrow(0, 0, tk);
+    pw.wire_out = pw.wire_rows.narrow(2, 0, L);
+    pw.wire_lse = pw.wire_rows.narrow(2, L, 1);
+    pw.gathered_rows = pw.gathered.narrow(0, 0, Wp * tk);
+    const at::Tensor parts = pw.gathered_rows.view({Wp, tk * H, L + 1});
+    pw.part_out.clear();
+    pw.part_lse.clear();
+    for (int64_t i = 0; i < Wp; ++i) {
+      pw.part_out.push_back(parts[i].narrow(1, 0, L));
+      pw.part_lse.push_back(parts[i].select(1, L));
+    }
+    pw.rows = tk;
+  }
+  const at::Tensor& wire = pw.wire_rows;
+  at::Tensor wire_out = pw.wire_out;
+  const at::Tensor& wire_lse = pw.wire_lse;
+  if (md.pcp.dcp_world_size > 1) {
+    cp::Comm& dc = *cfg_.dcp_comm;
+    const cp::DcpViews& w = mla::detail::latent_dcp_views(dc, {H, L, R, cfg_.workspace_group}, qn, tk, dcp_ws_);
+    mla::detail::latent_dcp_stage_query(dc, w, qn, qr);  // (tk, Wd H, L + R) gathered, then split
+    const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
+                                              md.cum_query_lens, dm.seq_lens, w.partial_lse);
+    ops::dense::copy(w.partial_out, o);
+    cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, wire_out, wire_lse, &w);
+  } else {
+    const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens,
+                                              dm.seq_lens, wire_lse);
+    ops::dense::copy(wire_out, o);
+  }
+  cfg_.pcp_comm->all_gather(wire, 0, pw.gathered_rows);  // (Wp tk, H, L + 1): rank-major
+  auto [m, m_lse] = cp::merge_wire_partials(pw.part_out, pw.part_lse);
+  ops::dense::copy(merged, m.view({tk, H, L}));  // into the model dtype
   return merged;
 }
 
@@ -1253,7 +1319,10 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
     run_offload(hidden, c, md, topk, output, tk);
     return;
   }
-  if (md.pcp.world_size > 1) {
+  // docs/design/sparse_cp.md §11.2: a PCP step with a prefill takes the head/tail road; a decode-only step
+  // (every rank's rows are the step's tokens in order) the road below, with pcp_decode_attention.
+  const bool pcp = md.pcp.world_size > 1;
+  if (pcp && md.num_prefills > 0) {
     run_pcp(hidden, c, md, topk, output, tk);
     return;
   }
@@ -1277,7 +1346,8 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   s.slots = md.slot_mapping;
   // docs/design/sfa.md §4.2: the resolved preprocess, downgraded to NATIVE outside
   // DecodeOnly / SpecDecoding steps and for MLAPO above 1024 input tokens.
-  last_pre_ = runtime_preprocess(choice_.kind, md.attn_state, md.num_input_tokens);
+  // (PCP decode-only: NATIVE, as the PCP head/tail road, whose fused preprocess is not wired.)
+  last_pre_ = pcp ? Preprocess::Native : runtime_preprocess(choice_.kind, md.attn_state, md.num_input_tokens);
   const mla::detail::Fused path = last_pre_ == Preprocess::PrologV3 ? mla::detail::Fused::PrologV3
                                   : last_pre_ == Preprocess::Mlapo  ? mla::detail::Fused::Mlapo
                                                                     : mla::detail::Fused::None;
@@ -1294,10 +1364,12 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   select_topk(x, q, c, md, topk, tk);
   at::Tensor attn;  // (tk, H, L)
   if (md.dcp.world_size > 1) {
+    // (Under PCP, md.dcp is the PCP x DCP shard.) The merge lands in the decode workspace's attention buffer.
     const int64_t H = cfg_.dims.num_heads, L = cfg_.dims.kv_lora_rank;
     LatentCore::view_of(v.attn, tk, seen_.merged_src, seen_.merged,
                         [&] { return v.attn.view({-1}).narrow(0, 0, tk * H * L).view({tk, H, L}); });
-    attn = dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged);
+    attn = pcp ? pcp_decode_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged)
+               : dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged);
   } else {
     attn = sparse_attention(q.qn, q.qr, last_topk_rows_, c, md);
   }

@@ -11,7 +11,8 @@ For every rank and step it checks:
   * the rank's own top-k rows against the single-rank selection (fp32) and the float64 one;
   * its caches after the step: its latent shard (the step's new rows it owns, nothing else) and the whole
     replicated indexer cache;
-  * the collectives of a layer's step: two all-gathers (rows, top-k) and one all-to-all (the merge).
+  * the collectives of a layer's step with a prefill: two all-gathers (rows, top-k) and one all-to-all (the
+    merge); of a decode-only step (§11.2): one all-gather (the attention wire).
 Refusals: builder and layer, by name, before any write and any collective.
 """
 
@@ -49,7 +50,10 @@ _STEPS = {
 # The steps built by a draft lane (name -> draft index).
 _DRAFT = {"draft_decode": 1}
 # A second layer without an indexer reads the first one's gathered selection (use_index_cache).
-_REUSE = ("mixed",)
+_REUSE = ("mixed", "decode")
+# The decode-only steps (docs/design/sparse_cp.md §11.2: no gather of rows or top-k, one wire all-gather).
+# (draft_decode is not: its fresh one-token request is a prefill under PCP's split.)
+_DECODE_ONLY = ("decode", "spec_decode", "decode_after_prefill")
 # Decode after prefill: the prefill writes every cache row the decode then reads (same builder and layer).
 _TWO_PHASE = dict(seq_lens=[7, 14, 3], q_lens=[1, 1, 1])
 
@@ -91,7 +95,11 @@ def _forward(comm, impl, builder, args, global_hidden, kv, tb=None, dcp=None, dr
     impl.forward(h, kv, md, out, tb)
     tl = md.num_local_tokens
     rank = md.pcp_rank
-    topk = impl.last_topk[rank * tl:(rank + 1) * tl, 0].to(torch.int64)
+    # A step with a prefill keeps every rank's gathered rows (rank-major), a decode-only step its own rows
+    # (docs/design/sparse_cp.md §11.2).
+    lt = impl.last_topk if md.num_prefills == 0 else impl.last_topk[rank * tl:(rank + 1) * tl]
+    assert lt.shape[0] == tl, (lt.shape, tl)
+    topk = lt[:, 0].to(torch.int64)
     return out, lti, topk, _calls(comm), md, h
 
 
@@ -132,6 +140,7 @@ def _run_step(comm, rank, W, I, dtype, name, dcp=None):
                      reuse_topk=torch.equal(reader.last_topk, impl.last_topk), reuse_out=torch.equal(out2, out),
                      reuse_caches=torch.equal(nope2, nope) and torch.equal(rope2, rope))
     return dict(out=out.double().numpy(), lti=lti.numpy(), topk=topk.numpy(), calls=calls,
+                decode_only=md.num_prefills == 0,
                 caches=[t.double().numpy() for t in (nope, rope, idx_k)], seq_local=md.dcp_seq_lens_list,
                 world=(md.pcp_world_size, md.pcp_rank, md.dcp_world_size, md.dcp_rank), facts=facts,
                 dcp_calls=dcp_calls)
@@ -152,7 +161,10 @@ def _check(W, I, dtype, name, results, wd=1):
     for kv_rank, r in enumerate(results):
         rank = kv_rank // wd
         assert r["world"] == (W, rank, W * wd, kv_rank)
-        assert r["calls"] == (2, 1, 0), (name, rank, r["calls"])
+        assert r["decode_only"] == (name in _DECODE_ONLY), (name, r["decode_only"])
+        # A step with a prefill: rows and top-k all-gathered, partials all-to-all. Decode-only (§11.2): one
+        # all-gather of the attention wire.
+        assert r["calls"] == ((1, 0, 0) if r["decode_only"] else (2, 1, 0)), (name, rank, r["calls"])
         if wd > 1:
             assert r["dcp_calls"] == (1, 1, 0), (name, kv_rank, r["dcp_calls"])  # query heads, partials
         out, lti, topk = torch.from_numpy(r["out"]), torch.from_numpy(r["lti"]).long(), torch.from_numpy(r["topk"])
@@ -169,7 +181,8 @@ def _check(W, I, dtype, name, results, wd=1):
             assert torch.equal(topk[real], ref_topk[idx]), (name, rank)
         f = r["facts"]
         if name in _REUSE:
-            assert f["reuse_calls"] == (1, 1, 0) and f["reuse_source"] == "reused", (rank, f)
+            want_calls = (1, 0, 0) if r["decode_only"] else (1, 1, 0)
+            assert f["reuse_calls"] == want_calls and f["reuse_source"] == "reused", (rank, f)
             assert f["reuse_topk"] and f["reuse_out"] and f["reuse_caches"], (rank, f)
         want = caches(st, kv_rank, upto_context=False)
         for cname, got, w in zip(("latent", "rope", "indexer"), r["caches"], want):

@@ -6,8 +6,8 @@ and replays it. The collectives run inside the replayed call. Every replay is ch
   * the eager PCP layer of the same step (unpadded builder, twin caches): output rows, top-k rows, caches;
   * the float64 reference of _sfa_reference and the single-rank SFA backend (real rows);
   * the dummy rows: output 0 whatever their input, selection empty, nothing written;
-  * the collectives of the replay: two PCP all-gathers and one all-to-all (with DCP: one query all-gather and
-    one all-to-all on the DCP group).
+  * the collectives of the replay: the decode-only road (§11.2), one PCP all-gather of the attention wire (with
+    DCP: one query all-gather and one all-to-all on the DCP group).
 A step with prefills is refused by name at capture (build_for_graph_capture and a forward inside a capture), as a
 padded build, and at update, with no cache written and no collective issued.
 """
@@ -118,17 +118,18 @@ def _graph_case(rank, world, wp, wd, I, dtype_name, spec):
         if dcp is not None:
             dcp.reset_counters()
         g.replay(NT)
-        assert _calls(pcp) == (2, 1, 0), _calls(pcp)
+        assert md_g.num_prefills == 0
+        assert _calls(pcp) == (1, 0, 0), _calls(pcp)  # decode-only (§11.2): one all-gather of the wire
         if dcp is not None:
             assert _calls(dcp) == (1, 1, 0), _calls(dcp)
         assert g.call_addresses(NT) == addrs
-        topk_g = g_impl.last_topk[rp * NT:(rp + 1) * NT, 0].to(torch.int64)
+        topk_g = _own_topk(g_impl, md_g, rp)
         # The eager PCP layer of the same step, unpadded, on twin caches.
         md_e = b_eager.build(*args)
         assert md_e.num_local_tokens == T
         out_e = torch.full_like(hidden, 7.0)
         e_impl.forward(hidden, kv_e, md_e, out_e)
-        topk_e = e_impl.last_topk[rp * T:(rp + 1) * T, 0].to(torch.int64)
+        topk_e = _own_topk(e_impl, md_e, rp)
         torch.testing.assert_close(out_s[:T].double(), out_e.double(), **ctol)
         assert not torch.isnan(out_s).any() and float(out_s[T:].abs().sum()) == 0.0, "dummies attend nothing"
         assert torch.equal(topk_g[:T], topk_e) and torch.all(topk_g[T:] == -1)
@@ -182,6 +183,15 @@ def _graph_case(rank, world, wp, wd, I, dtype_name, spec):
     expect(ValueError, lambda: g.update(NT, md_u))
     untouched = all(torch.equal(a, b) for a, b in zip(before, kv_g))
     return errors, untouched, pcp.calls + (dcp.calls if dcp is not None else 0)
+
+
+def _own_topk(impl, md, rank):
+    """The rank's own rows of the layer's top-k: a decode-only step keeps its rows, a step with a prefill every
+    rank's gathered rows, rank-major (docs/design/sparse_cp.md §11, §11.2)."""
+    n = md.num_local_tokens
+    lt = impl.last_topk if md.num_prefills == 0 else impl.last_topk[rank * n:(rank + 1) * n]
+    assert lt.shape[0] == n, (lt.shape, n)
+    return lt[:, 0].to(torch.int64)
 
 
 def _check(res, spec):

@@ -118,6 +118,9 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
 // fp32 (LSE in the last channel; e.g. a PCP all-gather of (rows, H, Dv+1) viewed (N, rows*H,
 // Dv+1)), merged through npu_attention_update: (M, Dv) fp32 and the merged (M) LSE.
 std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts);
+// The same merge with the parts already split into their column blocks (a caller that keeps a gather buffer
+// keeps these views): outs[i] = parts[i][:, :Dv], lses[i] = parts[i][:, Dv].
+std::tuple<at::Tensor, at::Tensor> merge_wire_partials(at::TensorList outs, at::TensorList lses);
 
 // Two partials of the same rows merged (a causal block and the earlier keys of the same
 // queries, or a context part): outputs (T, N, Dv) in any float dtype with LSEs (T, N, 1)

@@ -82,7 +82,8 @@ struct DsaCpMetadata {
 // it. The Metadata's other fields are the GLOBAL step's, planned as under DCP with the main cache
 // sharded over the W = Wp * Wd PCP x DCP ranks (dcp.world_size = W, dcp.rank = rp * Wd + rd: local
 // slots, local lengths, the replicated indexer views); this rank computes its num_local_tokens rows
-// (hidden_states / output).
+// (hidden_states / output). A decode-only step (num_prefills 0; §11.2) has the step's tokens as its rows and
+// its layer reads the Metadata's lists: gather_index and the gathered_* lists are empty then.
 struct PcpMetadata {
   int32_t world_size = 1;
   int32_t rank = 0;
