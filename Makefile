@@ -108,6 +108,7 @@ bench: build
 	PYTHONPATH=python $(PY) benchmarks/bench_gqa_dcp.py --out benchmarks/results/gqa_dcp.json
 	PYTHONPATH=python $(PY) benchmarks/bench_sfa_dcp.py --out benchmarks/results/sfa_dcp.json
 	PYTHONPATH=python $(PY) benchmarks/bench_dsa_cp.py --out benchmarks/results/dsa_cp.json
+	PYTHONPATH=python $(PY) benchmarks/bench_mla_cp.py --out benchmarks/results/mla_cp.json
 
 # ---------------------------------------------------------------- sanitizers
 # ASan + UBSan build of the libraries, the C++ tests, the examples and _C (no benchmarks), in

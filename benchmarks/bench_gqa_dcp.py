@@ -1,11 +1,15 @@
-"""Host time of a GQA DCP decode step beside the non-CP step (docs/design/cp.md §4), 2 local
-gloo ranks, operator provider "no_compute" (kernels return at once), bf16.
+"""Host time of a GQA DCP decode step and of a GQA PCP decode step beside the non-CP step
+(docs/design/cp.md §4, §6.4, §11.5), 2 local gloo ranks, operator provider "no_compute"
+(kernels return at once), bf16.
 
 Per step: DcpMetadataBuilder.build once, then DcpAttentionImpl.forward per layer;
 the collectives each forward issues (query all-gather, partial all-to-all) are
 counted and their wall time (cp.Comm.collective_ns) is subtracted, so the figure is
 the runtime's own host work: building, the FIA call, the wire packing and the merge
-call. The non-CP figure is aar.MetadataBuilder.build + aar.AttentionImpl.forward on
+call. PCP 2 ("pcp2"): cp.PcpMetadataBuilder(pcp_size=2, pcp_rank=r) (the legacy sharded
+KV mode, no DCP) + cp.PcpAttentionImpl(pcp=comm) on the same decode batch (every PCP rank
+holds every decode row): the FIA over the rank's KV shard into the fp32 wire, one PCP
+all-gather of the wire (counted, excluded) and the merge into the output rows. The non-CP figure is aar.MetadataBuilder.build + aar.AttentionImpl.forward on
 the same per-rank shapes in the same process.
 
 --fake-group: one process as rank 0 of torch's in-process fake 2-rank group
@@ -64,7 +68,7 @@ def _worker(rank, init_file, iters, results, fake=False):
     comm = aar.cp.Comm(dist.group.WORLD, timeout_s=30.0)
     rows = {}
     with torch.inference_mode():
-        for n, seq in ((1, 1024), (32, 2048), (128, 4096)):
+        for n, seq in ((1, 1024), (32, 2048), (128, 4096), (256, 4096)):
             key = f"decode batch {n}, seq {seq}"
             qsl, seq_lens, bt, nb = _batch(n, seq, WORLD)
             kc = torch.zeros(nb, B, HKV, D, dtype=torch.bfloat16)
@@ -93,6 +97,26 @@ def _worker(rank, init_file, iters, results, fake=False):
             dcp = {"build_us": _median_us(build_ns), "forward_per_layer_us_excl_collectives": _median_us(fwd_ns),
                    "collectives_per_layer": calls}
             dcp["step_us_excl_collectives"] = round(dcp["build_us"] + LAYERS * dcp["forward_per_layer_us_excl_collectives"], 1)
+            # --- PCP 2 (sharded KV, no DCP): every rank holds every decode row
+            pb = aar.cp.PcpMetadataBuilder(max_num_reqs=n, max_num_tokens=n, max_blocks_per_req=bt.shape[1],
+                                           block_size=B, num_blocks=nb, pcp_size=WORLD, pcp_rank=rank)
+            player = aar.cp.PcpAttentionImpl(H, D, pcp=comm, num_kv_heads=HKV)
+            build_ns, fwd_ns = [], []
+            for it in range(iters + 3):
+                t0 = time.perf_counter_ns()
+                md = pb.build(qsl, seq_lens, bt)
+                t1 = time.perf_counter_ns()
+                c0, x0 = comm.calls, comm.collective_ns
+                for _ in range(LAYERS):
+                    player.forward(q, k, k, kc, vc, md, out)
+                t2 = time.perf_counter_ns()
+                if it >= 3:
+                    build_ns.append(t1 - t0)
+                    fwd_ns.append((t2 - t1 - (comm.collective_ns - x0)) / LAYERS)
+                    calls = (comm.calls - c0) / LAYERS
+            pcp = {"build_us": _median_us(build_ns), "forward_per_layer_us_excl_collectives": _median_us(fwd_ns),
+                   "collectives_per_layer": calls}
+            pcp["step_us_excl_collectives"] = round(pcp["build_us"] + LAYERS * pcp["forward_per_layer_us_excl_collectives"], 1)
             # --- non-CP, same per-rank shapes (the whole sequence local)
             qsl1, seq1, bt1, nb1 = _batch(n, seq, 1)
             kc1 = torch.zeros(nb1, B, HKV, D, dtype=torch.bfloat16)
@@ -113,7 +137,7 @@ def _worker(rank, init_file, iters, results, fake=False):
             plain = {"build_us": _median_us(build_ns), "forward_per_layer_us": _median_us(fwd_ns),
                      "path": l1.last_path}
             plain["step_us"] = round(plain["build_us"] + LAYERS * plain["forward_per_layer_us"], 1)
-            rows[key] = {"dcp2": dcp, "no_cp": plain}
+            rows[key] = {"dcp2": dcp, "pcp2": pcp, "no_cp": plain}
     if fake:
         return rows
     results.put((rank, rows))
@@ -149,6 +173,7 @@ def main():
         "dtype": "bfloat16",
         "shapes": {"heads_per_rank": H, "kv_heads": HKV, "head_size": D, "block_size": B, "layers": LAYERS},
         "dcp_world": WORLD,
+        "pcp_world": WORLD,
         "iters": args.iters,
         "torch": torch.__version__,
         "ranks": {str(r): got[r] for r in sorted(got)},
@@ -159,10 +184,13 @@ def main():
         with open(args.out, "w") as f:
             f.write(text + "\n")
     for key, row in got[0].items():
-        d, s = row["dcp2"], row["no_cp"]
-        print(f"{key:28s} DCP2 build {d['build_us']:7.1f} us + fwd {d['forward_per_layer_us_excl_collectives']:6.1f} us/layer "
-              f"({d['collectives_per_layer']:.0f} collectives/layer excluded) | no-CP build {s['build_us']:7.1f} us + "
-              f"fwd {s['forward_per_layer_us']:6.1f} us/layer ({s['path']})")
+        s = row["no_cp"]
+        for mode in ("dcp2", "pcp2"):
+            d = row[mode]
+            print(f"{key:28s} {mode.upper()} build {d['build_us']:7.1f} us + fwd "
+                  f"{d['forward_per_layer_us_excl_collectives']:6.1f} us/layer "
+                  f"({d['collectives_per_layer']:.0f} collectives/layer excluded) | no-CP build {s['build_us']:7.1f} us + "
+                  f"fwd {s['forward_per_layer_us']:6.1f} us/layer ({s['path']})")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,12 @@ const DcpViews& DcpWorkspace::views(int64_t T) {
   v.partial_out_wire = v.partial_out.view({T, W, H, D}).permute({1, 0, 2, 3});
   v.partial_lse_wire = v.partial_lse.view({T, W, H}).permute({1, 0, 2});
   v.lse2 = v.partial_lse.view({T, WH});
+  v.wire = v.send.select(0, 0);
+  v.wire_out = v.wire.narrow(2, 0, D);
+  v.wire_lse = v.wire.narrow(2, D, 1);
+  v.wire_out4 = v.wire_out.unsqueeze(2);
+  v.wire_lse4 = v.wire_lse.unsqueeze(2);
+  v.gathered = v.recv.view({W * T, H, D + 1});
   if (s.q_split > 0 && s.regroup) {
     const int64_t a = s.q_split, b = Dq - a;
     v.local_query_a = v.local_query.narrow(-1, 0, a);
@@ -242,6 +248,36 @@ std::tuple<at::Tensor, at::Tensor> merge_wire_partials(at::TensorList outs, at::
     l.push_back(ops::dense::contiguous(lses[i]));
   }
   return ops::attention_update(l, o, /*update_type=*/1);
+}
+
+const DcpViews& pcp_wire_views(Comm& comm, int64_t heads, int64_t out_dim, c10::Device device,
+                               int64_t workspace_group, int64_t T, std::shared_ptr<DcpWorkspace>& slot) {
+  DcpWorkspaceShape sh;
+  sh.device = device;
+  sh.q_dtype = sh.out_dtype = at::kFloat;  // no query; partial_out unused
+  sh.world = comm.size();
+  sh.heads = heads;
+  sh.q_dim = 0;  // merge only
+  sh.out_dim = out_dim;
+  sh.comm = &comm;
+  sh.workspace_group = workspace_group;
+  if (!slot || !(slot->shape() == sh)) slot = DcpWorkspace::shared(sh);
+  return slot->views(T);
+}
+
+void pcp_gather_merge(Comm& comm, const DcpViews& w, const at::Tensor& out_rows) {
+  AAR_CHECK_ARG(w.wire.defined() && w.recv.size(0) == comm.size(), "pcp_gather_merge: the views are for a group of ",
+                w.recv.defined() ? w.recv.size(0) : 0, " ranks, the comm has ", comm.size());
+  const int64_t W = w.recv.size(0), T = w.wire.size(0), H = w.wire.size(1), D = w.wire.size(2) - 1;
+  if (W == 1) {
+    ops::dense::copy(out_rows, w.wire_out);
+    return;
+  }
+  comm.all_gather(w.wire, 0, w.gathered);  // (W T, H, D+1): rank-major
+  ops::dense::copy(w.parts_out4, w.recv_out);
+  ops::dense::copy(w.parts_lse3, w.recv_lse);
+  auto [merged, unused] = ops::attention_update(w.lse_list, w.out_list, /*update_type=*/0);
+  ops::dense::copy(out_rows, merged.view({T, H, D}));
 }
 
 std::tuple<at::Tensor, at::Tensor> merge_two_partials(const at::Tensor& out_a, const at::Tensor& lse_a,

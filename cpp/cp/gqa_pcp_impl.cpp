@@ -244,9 +244,10 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
 
   // --- decodes (docs/design/cp.md §4, legacy PCP x DCP; one row per decode token, §6.6) ---
   if (has_decode) {
-    const at::Tensor wire = at::empty({td, H, D + 1}, q.options().dtype(at::kFloat));
-    decode_partial(md, q.narrow(0, 0, td), td, wire);
-    pcp_merge_into(wire, out.narrow(0, 0, td));
+    // docs/design/cp.md §11.5: the wire, its gather and the merge's inputs are the PCP merge workspace's.
+    const DcpViews& pw = pcp_wire_views(*pcp_, H, D, q.device(), /*workspace_group=*/0, td, merge_ws_);
+    decode_partial(md, q.narrow(0, 0, td), td, pw);
+    pcp_gather_merge(*pcp_, pw, out.narrow(0, 0, td));
   }
   // Padding decode rows of a padded decode-only step run eagerly: defined zeros.
   if (tloc > td && !has_prefill) out.narrow(0, td, tloc - td).zero_();
@@ -290,8 +291,7 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
 }
 
 void PcpAttentionImpl::decode_partial(const PcpMetadata& md, const at::Tensor& q_rows, int64_t rows,
-                                      const at::Tensor& wire) {
-  const int64_t D = cfg_.head_size;
+                                      const DcpViews& pw) {
   const DcpViews& v = ex_->views(rows, q_rows);
   ex_->stage_query(v, q_rows);
   ops::FiaTensors t;
@@ -302,25 +302,36 @@ void PcpAttentionImpl::decode_partial(const PcpMetadata& md, const at::Tensor& q
                          all ? md.decode_block_tables : md.decode_block_tables.narrow(0, 0, rows),
                          md.decode_q_ends.slice(0, rows), md.decode_kv_lens.slice(0, rows), md.shape.block_size, t,
                          p, o, l);
+  const bool direct = wire_targets(v, pw, o, l);
   ops::fused_infer_attention_score_out(t, p, std::nullopt, o, l);
-  ex_->combine(v, wire.narrow(-1, 0, D), wire.narrow(-1, D, 1));
+  wire_finish(v, pw, direct);
 }
 
-void PcpAttentionImpl::pcp_merge_into(const at::Tensor& wire, const at::Tensor& out_rows) {
-  // Every PCP rank's shard: the Wp wire blocks of the same rows, merged (associative
-  // with the DCP merge before it, docs/design/cp.md §6.4).
-  const int64_t rows = wire.size(0), H = wire.size(1), D = wire.size(2) - 1, Wp = pcp_->size();
-  const at::Tensor all = Wp > 1 ? pcp_->all_gather(wire, 0) : wire;
-  auto [o, l] = merge_wire_partials(all.view({Wp, rows * H, D + 1}));
-  out_rows.copy_(o.view({rows, H, D}));
+bool PcpAttentionImpl::wire_targets(const DcpViews& v, const DcpViews& pw, at::Tensor& o, at::Tensor& l) const {
+  // Without DCP the kernel's partial is this rank's wire: its LSE goes straight into the wire's LSE
+  // column, its output into the output columns when the query is fp32 (the kernel's output takes the
+  // query dtype; else it lands in the exchange workspace and is cast into the wire after the call).
+  if (ex_->world() > 1) return false;
+  l = pw.wire_lse;
+  if (v.partial_out.scalar_type() != at::kFloat) return false;
+  o = pw.wire_out;
+  return true;
+}
+
+void PcpAttentionImpl::wire_finish(const DcpViews& v, const DcpViews& pw, bool direct) const {
+  if (ex_->world() > 1) {
+    ex_->combine(v, pw.wire_out, pw.wire_lse);  // the DCP merge writes the wire's columns
+  } else if (!direct) {
+    ops::dense::copy(pw.wire_out, v.partial_out);
+  }
 }
 
 void PcpAttentionImpl::capture_sharded_decode(graph::GraphParams& g, const PcpMetadata& md,
                                               const at::Tensor& query, const at::Tensor& key,
                                               const at::Tensor& value, const at::Tensor& output) {
   // docs/design/cp.md §6.6: the eager decode in four recorded calls over stable
-  // buffers (the builder's decode rows, the shared DcpWorkspace, a wire made here
-  // and held by the last call), the collectives inside the calls.
+  // buffers (the builder's decode rows, the shared DcpWorkspaces of the DCP leg and of
+  // the PCP wire and merge, whose views the calls hold), the collectives inside the calls.
   const int64_t n = g.capturing_bucket(), H = cfg_.num_heads, D = cfg_.head_size;
   if (md.decode_kernel_rows != n || md.num_input_tokens != n || md.num_local_tokens != n || query.size(0) != n) {
     throw_not_supported("GQA PCP graph capture of bucket ", n, " takes decode-only steps padded to ", n,
@@ -339,12 +350,13 @@ void PcpAttentionImpl::capture_sharded_decode(graph::GraphParams& g, const PcpMe
   at::Tensor o, l;
   ex_->fill_partial_call(v, caches_.key_3d, caches_.value_3d, md.decode_block_tables, md.decode_q_ends,
                          md.decode_kv_lens, md.shape.block_size, t, p, o, l);
+  const DcpViews pw = pcp_wire_views(*pcp_, H, D, query.device(), /*workspace_group=*/0, n, merge_ws_);
+  const bool direct = wire_targets(v, pw, o, l);
   graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {}, std::move(t), p, std::move(o), std::move(l));
-  const at::Tensor wire = at::empty({n, H, D + 1}, query.options().dtype(at::kFloat));
   g.capture_call(std::make_unique<graph::ClosureCall>(
-      cfg_.layer_index, 0, [this, v, wire, D, out = at::Tensor(output)]() {
-        ex_->combine(v, wire.narrow(-1, 0, D), wire.narrow(-1, D, 1));
-        pcp_merge_into(wire, out);
+      cfg_.layer_index, 0, [this, v, pw, direct, out = at::Tensor(output)]() {
+        wire_finish(v, pw, direct);
+        pcp_gather_merge(*pcp_, pw, out);
       }));
 }
 

@@ -286,14 +286,50 @@ const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tens
   return core_->w_uv_out(v, td);
 }
 
+const cp::DcpViews& Impl::pcp_wire_views(int64_t td, const at::Tensor& like) {
+  const Dims& d = cfg_.dims;
+  return cp::pcp_wire_views(*cfg_.pcp_comm, d.num_heads, d.kv_lora_rank, like.device(), cfg_.workspace_group, td,
+                            pcp_ws_);
+}
+
+const cp::DcpViews& Impl::pcp_stage_views(int64_t td, const at::Tensor& like) {
+  // PCP alone: a DcpWorkspace of one rank (no collective touches it) keyed like the DCP one; its
+  // split query halves are the shard call's contiguous (td, H, 1, L) / (td, H, 1, R) queries and its
+  // partial_out the kernel's output when the model dtype is not the wire's fp32.
+  const Dims& d = cfg_.dims;
+  cp::DcpWorkspaceShape sh;
+  sh.device = like.device();
+  sh.q_dtype = sh.out_dtype = like.scalar_type();
+  sh.world = 1;
+  sh.heads = d.num_heads;
+  sh.q_dim = d.kv_lora_rank + d.qk_rope_head_dim;
+  sh.out_dim = d.kv_lora_rank;
+  sh.regroup = true;
+  sh.q_split = d.kv_lora_rank;
+  sh.comm = cfg_.pcp_comm;
+  sh.workspace_group = cfg_.workspace_group;
+  if (!pcp_stage_ws_ || !(pcp_stage_ws_->shape() == sh)) pcp_stage_ws_ = cp::DcpWorkspace::shared(sh);
+  return pcp_stage_ws_->views(td);
+}
+
+void Impl::pcp_shard_call(const cp::DcpViews& s, const cp::DcpViews& pw, const detail::DecodeViews& v,
+                          const at::Tensor& nope, const at::Tensor& rope, const Metadata& md, ops::FiaTensors& t,
+                          ops::FiaParams& p, at::Tensor& out, at::Tensor& lse) {
+  // PCP alone: the real heads staged contiguous, the LSE written by the kernel into the wire's LSE
+  // column, the output into the wire's output columns when the model dtype is fp32 (else into the
+  // staging workspace, cast into the wire after the call: the kernel's output takes the query dtype).
+  shard_fia_args(s.staged_a4, s.staged_b4, nope, rope, md, t, p);
+  out = v.qn_heads.scalar_type() == at::kFloat ? pw.wire_out4 : s.partial_out.unsqueeze(2);
+  lse = pw.wire_lse4;
+}
+
 void Impl::pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& nope, const at::Tensor& rope,
                               const Metadata& md) {
-  // docs/design/cp.md §11 (legacy PCP x DCP decode): this rank's partial over its KV shard in
-  // the wire layout (td, H, L+1) fp32, merged over the DCP group first when there is one.
-  const Dims& d = cfg_.dims;
-  const int64_t td = md.decode.num_kernel_tokens, H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  const int64_t Wp = md.pcp.world_size;
-  at::Tensor wire = at::empty({td, H, L + 1}, v.qn_heads.options().dtype(at::kFloat));
+  // docs/design/cp.md §11, §11.5 (legacy PCP x DCP decode): this rank's partial over its KV shard in
+  // the wire layout (td, H, L+1) fp32 of the PCP merge workspace, merged over the DCP group first when
+  // there is one, then gathered over PCP and merged into the W_UV input.
+  const int64_t td = md.decode.num_kernel_tokens, L = cfg_.dims.kv_lora_rank;
+  const cp::DcpViews& pw = pcp_wire_views(td, v.qn_heads);
   ops::FiaTensors t;
   ops::FiaParams p;
   if (md.dcp.world_size > 1) {
@@ -304,37 +340,35 @@ void Impl::pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& no
     at::Tensor out = w.partial_out.view({td, N, 1, L});
     at::Tensor lse = w.partial_lse.view({td, N, 1, 1});
     ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
-    at::Tensor merged = wire.narrow(-1, 0, L);
-    cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, merged, wire.narrow(-1, L, 1), &w);
+    at::Tensor merged = pw.wire_out;
+    cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, merged, pw.wire_lse, &w);
   } else {
-    shard_fia_args(v.qn_heads.contiguous().view({td, H, 1, L}), v.qr_heads.contiguous().view({td, H, 1, R}), nope,
-                   rope, md, t, p);
-    auto [out, lse] = ops::fused_infer_attention_score(t, p);
-    wire.narrow(-1, 0, L).copy_(out.view({td, H, L}));
-    wire.narrow(-1, L, 1).copy_(lse.view({td, H, 1}));
+    const cp::DcpViews& s = pcp_stage_views(td, v.qn_heads);
+    ops::dense::copy(s.staged_a, v.qn_heads);
+    ops::dense::copy(s.staged_b, v.qr_heads);
+    at::Tensor out, lse;
+    pcp_shard_call(s, pw, v, nope, rope, md, t, p, out, lse);
+    ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+    if (v.qn_heads.scalar_type() != at::kFloat) ops::dense::copy(pw.wire_out, s.partial_out);
   }
-  pcp_merge_wire(wire, v, Wp);
+  pcp_merge_wire(pw, v);
 }
 
-void Impl::pcp_merge_wire(const at::Tensor& wire, const detail::DecodeViews& v, int64_t Wp) {
-  // Every PCP rank's shard: the Wp wire blocks of the same rows, merged.
-  const int64_t td = wire.size(0), H = wire.size(1), L = wire.size(2) - 1;
-  const at::Tensor all = cfg_.pcp_comm->all_gather(wire, 0);
-  auto [merged, merged_lse] = cp::merge_wire_partials(all.view({Wp, td * H, L + 1}));
-  v.attn_heads.transpose(0, 1).copy_(merged.view({td, H, L}));
+void Impl::pcp_merge_wire(const cp::DcpViews& pw, const detail::DecodeViews& v) {
+  // Every PCP rank's shard: the Wp wire blocks of the same rows, gathered and merged straight into
+  // the W_UV input (its (td, H, L) view).
+  cp::pcp_gather_merge(*cfg_.pcp_comm, pw, v.attn_heads.transpose(0, 1));
 }
 
 void Impl::capture_pcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope,
                               const at::Tensor& rope, const Metadata& md, const at::Tensor& output, DecodePath path) {
   // docs/design/cp.md §11.4: the eager PCP decode (pcp_decode_combine) in three recorded calls,
   // the collectives inside them (on the NPU captured into the device graph); every
-  // intermediate is the decode workspace's, the DcpWorkspace's or a buffer made here and held
-  // by the closures, at stable addresses.
-  const Dims& d = cfg_.dims;
-  const int64_t n = g.capturing_bucket(), H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  const int64_t Wp = md.pcp.world_size;
+  // intermediate is the decode workspace's or a DcpWorkspace's (the DCP exchange, the PCP wire and
+  // merge, the PCP-alone query staging), whose views the closures hold: stable addresses.
+  const int64_t n = g.capturing_bucket(), L = cfg_.dims.kv_lora_rank;
   const detail::DecodeViews v = core_->views(n, detail::DecodeLayout::BNSD);
-  const at::Tensor wire = at::empty({n, H, L + 1}, v.qn_heads.options().dtype(at::kFloat));
+  const cp::DcpViews pw = pcp_wire_views(n, v.qn_heads);
   ops::FiaTensors t;
   ops::FiaParams p;
   if (md.dcp.world_size > 1) {
@@ -349,32 +383,30 @@ void Impl::capture_pcp_decode(graph::GraphParams& g, const at::Tensor& hidden, c
     graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {/*paged=*/true, /*q_lens=*/false}, std::move(t), p,
                              w.partial_out.view({n, N, 1, L}), w.partial_lse.view({n, N, 1, 1}));
     g.capture_call(std::make_unique<graph::ClosureCall>(
-        cfg_.layer_index, 0, [this, v, w, wire, Wp, L, out = at::Tensor(output)]() {
-          at::Tensor merged = wire.narrow(-1, 0, L);
-          cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, merged, wire.narrow(-1, L, 1), &w);
-          pcp_merge_wire(wire, v, Wp);
+        cfg_.layer_index, 0, [this, v, w, pw, out = at::Tensor(output)]() {
+          at::Tensor merged = pw.wire_out;
+          cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, merged, pw.wire_lse, &w);
+          pcp_merge_wire(pw, v);
           decode_post(v, out);
         }));
     return;
   }
-  // PCP alone: the queries copied into buffers of the FIA's (n, H, 1, D) layout.
-  const at::Tensor qn = at::empty({n, H, 1, L}, v.qn_heads.options());
-  const at::Tensor qr = at::empty({n, H, 1, R}, v.qr_heads.options());
-  const at::Tensor part = at::empty({n, H, 1, L}, v.qn_heads.options());
-  const at::Tensor lse = at::empty({n, H, 1, 1}, v.qn_heads.options().dtype(at::kFloat));
+  // PCP alone: the queries staged into the one-rank workspace's (n, H, 1, D) halves.
+  const cp::DcpViews s = pcp_stage_views(n, v.qn_heads);
   g.capture_call(std::make_unique<graph::ClosureCall>(
-      cfg_.layer_index, 0, [this, v, qn, qr, hidden, nope, rope, md_at_capture = md, path, n, H, L, R]() {
+      cfg_.layer_index, 0, [this, v, s, hidden, nope, rope, md_at_capture = md, path]() {
         decode_preprocess(v, hidden, nope, rope, md_at_capture, path, /*stable=*/true);
-        qn.view({n, H, L}).copy_(v.qn_heads);
-        qr.view({n, H, R}).copy_(v.qr_heads);
+        ops::dense::copy(s.staged_a, v.qn_heads);
+        ops::dense::copy(s.staged_b, v.qr_heads);
       }));
-  shard_fia_args(qn, qr, nope, rope, md, t, p);
+  at::Tensor part, lse;
+  pcp_shard_call(s, pw, v, nope, rope, md, t, p, part, lse);
   graph_calls::capture_fia(g, {cfg_.layer_index, 0}, {/*paged=*/true, /*q_lens=*/false}, std::move(t), p, part, lse);
+  const bool cast = v.qn_heads.scalar_type() != at::kFloat;
   g.capture_call(std::make_unique<graph::ClosureCall>(
-      cfg_.layer_index, 0, [this, v, part, lse, wire, Wp, n, H, L, out = at::Tensor(output)]() {
-        wire.narrow(-1, 0, L).copy_(part.view({n, H, L}));
-        wire.narrow(-1, L, 1).copy_(lse.view({n, H, 1}));
-        pcp_merge_wire(wire, v, Wp);
+      cfg_.layer_index, 0, [this, v, s, pw, cast, out = at::Tensor(output)]() {
+        if (cast) ops::dense::copy(pw.wire_out, s.partial_out);
+        pcp_merge_wire(pw, v);
         decode_post(v, out);
       }));
 }

@@ -70,6 +70,12 @@ struct DcpViews {
   // staged_query's flat halves as [T, W*H, 1, a] / [T, W*H, 1, b] and squeezed [T, W*H, a] / [T, W*H, b].
   at::Tensor local_query_a, local_query_b, gathered_query_a, gathered_query_b;
   at::Tensor staged_a4, staged_b4, staged_a, staged_b;
+  // The PCP decode merge (docs/design/cp.md §11.5, pcp_gather_merge): this rank's wire rows are send's
+  // first block, the all-gather lands in recv (rank-major), the merge reads parts_out / parts_lse.
+  at::Tensor wire;                  // [T, H, out_dim+1] fp32 (send[0])
+  at::Tensor wire_out, wire_lse;    // its [T, H, out_dim] / [T, H, 1] columns (what a kernel's out= writes)
+  at::Tensor wire_out4, wire_lse4;  // the same as [T, H, 1, out_dim] / [T, H, 1, 1] (a BNSD kernel's out=)
+  at::Tensor gathered;              // [W*T, H, out_dim+1]: recv seen as the all-gather's destination
 };
 
 // Intermediates of one exchange shape, reused across layers and steps: grown
@@ -121,6 +127,18 @@ std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts);
 // The same merge with the parts already split into their column blocks (a caller that keeps a gather buffer
 // keeps these views): outs[i] = parts[i][:, :Dv], lses[i] = parts[i][:, Dv].
 std::tuple<at::Tensor, at::Tensor> merge_wire_partials(at::TensorList outs, at::TensorList lses);
+
+// docs/design/cp.md §11.5: the views for T rows of the merge-only workspace (q_dim 0) of the PCP decode
+// merge over `comm` (world = comm.size()): `heads` this rank's heads, `out_dim` Dv, fp32 wire; `slot`
+// keeps the layer's handle (replaced when the shape changes; one workspace per shape in the process).
+const DcpViews& pcp_wire_views(Comm& comm, int64_t heads, int64_t out_dim, c10::Device device,
+                               int64_t workspace_group, int64_t T, std::shared_ptr<DcpWorkspace>& slot);
+
+// docs/design/cp.md §11.5: `w.wire` (this rank's [out | LSE] rows, written by the caller) all-gathered over
+// `comm` into `w.gathered`, the W rank blocks unpacked into the merge's inputs and merged through
+// npu_attention_update into out_rows (T, H, Dv) (any float dtype, may be a strided view). W == 1: the wire's
+// output columns are the result. Every buffer is the workspace's: nothing is allocated but the merge's result.
+void pcp_gather_merge(Comm& comm, const DcpViews& w, const at::Tensor& out_rows);
 
 // Two partials of the same rows merged (a causal block and the earlier keys of the same
 // queries, or a context part): outputs (T, N, Dv) in any float dtype with LSEs (T, N, 1)

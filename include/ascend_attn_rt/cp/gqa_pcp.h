@@ -43,6 +43,8 @@ namespace aar::cp {
 
 class Comm;
 class GqaShardExchange;  // cpp/cp/gqa_cp_exchange.h
+struct DcpViews;         // comm/dcp_exchange.h
+class DcpWorkspace;
 
 // The backend's declared facts (core/backend.h), registered as "gqa_pcp".
 struct PcpBackend {
@@ -214,9 +216,14 @@ class PcpAttentionImpl {
                           const at::Tensor& out);
   void check_groups(const PcpMetadata& md) const;
   // The decodes' rows [0, rows): this rank's partial over its KV shard (merged
-  // over DCP) in the wire (rows, H, D+1) fp32, then the Wp wires merged into out_rows.
-  void decode_partial(const PcpMetadata& md, const at::Tensor& q_rows, int64_t rows, const at::Tensor& wire);
-  void pcp_merge_into(const at::Tensor& wire, const at::Tensor& out_rows);
+  // over DCP) in the wire (rows, H, D+1) fp32 of the PCP merge workspace's views `pw`
+  // (docs/design/cp.md §11.5); cp::pcp_gather_merge then merges the Wp wires.
+  void decode_partial(const PcpMetadata& md, const at::Tensor& q_rows, int64_t rows, const DcpViews& pw);
+  // Without DCP: the kernel's out= targets redirected into the wire (its LSE column always, its
+  // output columns when the query is fp32); returns whether the output went there.
+  bool wire_targets(const DcpViews& v, const DcpViews& pw, at::Tensor& o, at::Tensor& l) const;
+  // After the kernel: the DCP merge into the wire, or the output's cast into it when not direct.
+  void wire_finish(const DcpViews& v, const DcpViews& pw, bool direct) const;
   void capture_sharded_decode(graph::GraphParams& g, const PcpMetadata& md, const at::Tensor& query,
                               const at::Tensor& key, const at::Tensor& value, const at::Tensor& output);
 
@@ -228,6 +235,7 @@ class PcpAttentionImpl {
   Comm* dcp_;
   std::unique_ptr<gqa::AttentionImpl> inner_;  // replicated mode: the ordinary layer
   std::unique_ptr<GqaShardExchange> ex_;       // sharded mode: the decode's DCP leg (a group of one without DCP)
+  std::shared_ptr<DcpWorkspace> merge_ws_;     // sharded decode: the PCP wire, its gather and merge (shared by shape)
   ::aar::detail::BoundNdCaches caches_;
 };
 

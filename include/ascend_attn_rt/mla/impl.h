@@ -186,9 +186,19 @@ class Impl {
   // PCP group into the W_UV input of v.
   void pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
                           const Metadata& md);
-  // The PCP all-gather of this rank's wire partial (td, H, L + 1) fp32 and the merge of the Wp
-  // partials into the W_UV input of v.
-  void pcp_merge_wire(const at::Tensor& wire, const detail::DecodeViews& v, int64_t pcp_world);
+  // The PCP merge workspace's views for td rows (docs/design/cp.md §11.5: this rank's (td, H, L + 1)
+  // fp32 wire, its all-gather destination and the merge's inputs) and, PCP alone, the one-rank
+  // workspace whose split query halves and partial output the shard call uses.
+  const cp::DcpViews& pcp_wire_views(int64_t td, const at::Tensor& like);
+  const cp::DcpViews& pcp_stage_views(int64_t td, const at::Tensor& like);
+  // PCP alone: the shard call's arguments over the staged query, its out= targets (the wire's columns,
+  // or s.partial_out when the model dtype is not fp32).
+  void pcp_shard_call(const cp::DcpViews& s, const cp::DcpViews& pw, const detail::DecodeViews& v,
+                      const at::Tensor& nope_cache, const at::Tensor& rope_cache, const Metadata& md,
+                      ops::FiaTensors& t, ops::FiaParams& p, at::Tensor& out, at::Tensor& lse);
+  // The PCP all-gather of this rank's wire partial and the merge of the Wp partials into the W_UV
+  // input of v.
+  void pcp_merge_wire(const cp::DcpViews& pw, const detail::DecodeViews& v);
   // A decode-only PCP bucket (docs/design/cp.md §11.4): preprocess (+ DCP query gather), the
   // shard's latent call (refreshed per step), then the DCP merge, PCP gather + merge, W_UV, o_proj.
   void capture_pcp_decode(graph::GraphParams& g, const at::Tensor& hidden, const at::Tensor& nope_cache,
@@ -237,6 +247,8 @@ class Impl {
   ops::FiaV2Params decode_p_;
   DecodePath last_decode_ = DecodePath::None;
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP decode intermediates, shared by the layers of one shape
+  // PCP decode: the wire / gather / merge workspace and, PCP alone, the query staging (both shared by shape).
+  std::shared_ptr<cp::DcpWorkspace> pcp_ws_, pcp_stage_ws_;
   bool fa_quant() const { return cfg_.fa_quant_kv_scale.has_value(); }
 };
 
