@@ -1,8 +1,8 @@
 /* The C ABI of ascend_attn_rt: the GQA (with its C8 and FA3 variants), MLA (with
  * LatentAttention), SFA and DSA backends (metadata builders and per-layer
  * attention) and graph mode, for engines that are not written in C++ (C, Rust,
- * Go, Zig, ... through their C FFI). Context parallelism: GQA, MLA and SFA DCP and PCP over a
- * communicator handle (aar_cp_comm_t); the other families are single rank here
+ * Go, Zig, ... through their C FFI). Context parallelism: GQA, MLA and SFA DCP and PCP, DSA
+ * DCP, over a communicator handle (aar_cp_comm_t); the other families are single rank here
  * (docs/c_api.md). Pure C11; also compiles as C++.
  *
  * Library: libascend_attn_rt_c.so (CMake: find_package(ascend_attn_rt
@@ -104,7 +104,8 @@ extern "C" {
  * aar_mla_builder_pcp_local_rows, aar_mla_impl_create_cp); new functions and structs only.
  * 7: MLA build inputs with is_prefilling and draft_step (aar_mla_build_inputs_ext_t,
  * aar_mla_builder_build_ext); SFA context parallelism, DCP and PCP (aar_sfa_builder_cp_t,
- * aar_sfa_builder_create_cp, aar_sfa_builder_pcp_local_rows, aar_sfa_impl_create_cp); new
+ * aar_sfa_builder_create_cp, aar_sfa_builder_pcp_local_rows, aar_sfa_impl_create_cp); DSA DCP
+ * (aar_dsa_step_builder_cp_t, aar_dsa_step_builder_create_cp, aar_dsa_impl_create_cp); new
  * functions and structs only. */
 #define AAR_C_API_VERSION 7
 
@@ -611,8 +612,8 @@ AAR_C_API aar_status_t aar_sfa_impl_forward(aar_sfa_impl_t* impl, const DLManage
  * DeepSeek-V4 attention (docs/design/dsa.md): a step builder per step, a group
  * builder per KV-cache group (SWA, compressed KV, compressor states, indexer),
  * and the layer, which picks the groups its compress ratio reads from all of the
- * step's group metadata (route_layer). Single rank: the DSA-CP and DCP modes
- * are not in the C ABI. Layers with an indexer cache share the model's top-k
+ * step's group metadata (route_layer). DCP: the "DSA context parallel" section
+ * (version 7); DSA-CP and PCP are not in the C ABI. Layers with an indexer cache share the model's top-k
  * buffer, an aar_sfa_topk_buffer_t (the same buffer type). */
 
 typedef struct aar_dsa_step_builder aar_dsa_step_builder_t;
@@ -1194,6 +1195,37 @@ AAR_C_API aar_status_t aar_sfa_impl_create_cp(const aar_sfa_impl_config_t* confi
                                               const aar_sfa_indexer_weights_t* indexer_weights,
                                               aar_cp_comm_t* dcp_comm, aar_cp_comm_t* pcp_comm,
                                               aar_sfa_impl_t** out);
+
+/* ---------------------------------------------------------------- DSA context parallel
+ * Version 7: DSA (DeepSeek-V4) DCP (docs/design/sparse_cp.md §12). The handles are the DSA ones:
+ * the step builder made by aar_dsa_step_builder_create_cp, its group builders, step and group
+ * builds, forward and destroy as for a single rank. The SWA and compressed-KV caches are sharded
+ * over the DCP group (token x on rank (x / interleave) % W): those groups' builds take the group's
+ * table of this rank's local blocks and write local slots; the indexer and compressor-state groups
+ * stay whole (the scheduler's global table, every row written on every rank). Every rank builds
+ * the same global step and gives its layer every token's hidden row; the output is every token's
+ * row. Not in the C ABI: DSA PCP and DSA-CP token sharding. */
+
+/* This rank's place in the DCP group (aar_dsa_step_builder_cp_init: a single rank). */
+typedef struct aar_dsa_step_builder_cp {
+  size_t struct_size;
+  int32_t dcp_world_size; /* 1 */
+  int32_t dcp_rank;       /* 0: in [0, dcp_world_size) */
+  int32_t interleave;     /* 1: dcp_interleave, tokens per shard run (checked by the C++ builder) */
+} aar_dsa_step_builder_cp_t;
+AAR_C_API void aar_dsa_step_builder_cp_init(aar_dsa_step_builder_cp_t* cp);
+/* aar_dsa_step_builder_create with this rank's place in the DCP group (cp required). Refused by
+ * name, as in C++: DCP with DSpark (dspark_num_spec). */
+AAR_C_API aar_status_t aar_dsa_step_builder_create_cp(const aar_dsa_step_builder_config_t* config,
+                                                      const aar_dsa_step_builder_cp_t* cp,
+                                                      aar_dsa_step_builder_t** out);
+/* aar_dsa_impl_create for a DCP rank: dcp_comm the DCP group (required; the layer keeps it alive).
+ * Each forward checks the step metadata's DCP size and rank against the communicator's
+ * (AAR_ERR_INVALID_ARGUMENT naming dcp_comm, before any collective or write) and issues
+ * collectives: every rank of the group calls it, in the same order. The A2/A3 plan only (others
+ * refused by name by the C++ layer). */
+AAR_C_API aar_status_t aar_dsa_impl_create_cp(const aar_dsa_impl_config_t* config, const aar_dsa_weights_t* weights,
+                                              aar_cp_comm_t* dcp_comm, aar_dsa_impl_t** out);
 
 /* ---------------------------------------------------------------- graph mode */
 

@@ -8,7 +8,9 @@
 // layers against a float64 attention; MLA DCP / PCP (version 6): the cp struct's and the create
 // functions' checks, aar_mla_builder_pcp_local_rows, the group checks, a one-rank DCP layer
 // against the single-rank one. The two-rank runs are examples/c/c_gqa_cp.c and c_mla_cp.c
-// (ctest example_c_gqa_cp, example_c_mla_cp).
+// (ctest example_c_gqa_cp, example_c_mla_cp). Version 7: MLA build inputs ext (is_prefilling, draft_step),
+// SFA DCP / PCP and DSA DCP: the cp structs, the create functions, the group checks, one-rank layers
+// against the single-rank ones (two-rank runs: example_c_sfa_cp, example_c_dsa_cp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -1581,4 +1583,191 @@ TEST(CApiCp, SfaCpLayersCheckTheMetadataAndOneRankMatches) {
   aar_sfa_builder_destroy(b1);
   aar_cp_comm_destroy(two);
   c10d::unregister_process_group("aar_c_api_sfa_cp_mismatch");
+}
+
+// ---------------------------------------------------------------- DSA DCP (version 7)
+
+namespace {
+
+// A sliding-window (ratio 1) DSA layer's configs over tensors the struct owns, its SWA group, and
+// the step of a decode at length 2 beside a prefill of 3.
+struct DsaCp {
+  static constexpr int64_t kHid = 32, kN = 2, kD = 32, kR = 8, kQ = 16, kW = 8, kG = 2, kOl = 8, kMaxPos = 64;
+  static constexpr int32_t kBs = 32, kNb = 4, kMax = 2;
+  DsaCp()
+      : cos(at::cos(at::arange(kMaxPos).unsqueeze(1).to(at::kFloat) * 0.1f).expand({kMaxPos, kR}).contiguous()),
+        sin(at::sin(at::arange(kMaxPos).unsqueeze(1).to(at::kFloat) * 0.1f).expand({kMaxPos, kR}).contiguous()),
+        wq_a(at::randn({kQ, kHid}) * 0.3), q_norm(at::ones({kQ})), wq_b(at::randn({kN * kD, kQ}) * 0.3),
+        wkv(at::randn({kD, kHid}) * 0.3), kv_norm(at::ones({kD})), sink(at::randn({kN})),
+        wo_a(at::randn({kG, kN * kD / kG, kOl}) * 0.3), wo_b(at::randn({kHid, kG * kOl}) * 0.3),
+        dcos(cos), dsin(sin), dwq_a(wq_a), dq_norm(q_norm), dwq_b(wq_b), dwkv(wkv), dkv_norm(kv_norm), dsink(sink),
+        dwo_a(wo_a), dwo_b(wo_b) {
+    aar_dsa_step_builder_config_init(&sc);
+    sc.max_num_reqs = 2;
+    sc.max_num_tokens = 16;
+    sc.cos_table = dcos.get();
+    sc.sin_table = dsin.get();
+    sc.head_dim = kD;
+    sc.window = kW;
+    sc.num_heads_q = kN;
+    aar_dsa_step_builder_cp_init(&cp);
+    aar_dsa_group_config_init(&gc);
+    gc.kind = AAR_DSA_SWA;
+    gc.cache_block_size = kBs;
+    gc.max_blocks_per_req = kMax;
+    gc.num_blocks = kNb;
+    aar_dsa_impl_config_init(&ic);
+    ic.hidden_size = kHid;
+    ic.num_heads = kN;
+    ic.head_dim = kD;
+    ic.rope_dim = kR;
+    ic.q_lora_rank = kQ;
+    ic.compress_ratio = 1;
+    ic.o_groups = kG;
+    ic.o_lora_rank = kOl;
+    aar_dsa_weights_init(&w);
+    w.wq_a = dwq_a.get();
+    w.q_norm = dq_norm.get();
+    w.wq_b = dwq_b.get();
+    w.wkv = dwkv.get();
+    w.kv_norm = dkv_norm.get();
+    w.attn_sink = dsink.get();
+    w.wo_a = dwo_a.get();
+    w.wo_b = dwo_b.get();
+    aar_dsa_step_inputs_init(&in);
+    in.query_start_loc = qsl;
+    in.query_start_loc_len = 3;
+    in.seq_lens = seq;
+    in.seq_lens_len = 2;
+  }
+  // A step builder (cp given: made by the _cp function) with its SWA group, built for the step.
+  struct Built {
+    Built(DsaCp& m, const aar_dsa_step_builder_cp_t* c) {
+      if (c != nullptr) {
+        EXPECT_EQ(aar_dsa_step_builder_create_cp(&m.sc, c, &step), AAR_OK) << last();
+      } else {
+        EXPECT_EQ(aar_dsa_step_builder_create(&m.sc, &step), AAR_OK) << last();
+      }
+      EXPECT_EQ(aar_dsa_group_builder_create(step, &m.gc, &swa), AAR_OK) << last();
+      EXPECT_EQ(aar_dsa_step_builder_build(step, &m.in, &st), AAR_OK) << last();
+      EXPECT_EQ(aar_dsa_group_builder_build(swa, st, m.table, 4, kMax, &gm), AAR_OK) << last();
+    }
+    ~Built() {
+      aar_dsa_group_builder_destroy(swa);
+      aar_dsa_step_builder_destroy(step);
+    }
+    aar_dsa_step_builder_t* step = nullptr;
+    aar_dsa_group_builder_t* swa = nullptr;
+    const aar_dsa_step_metadata_t* st = nullptr;
+    const aar_dsa_group_metadata_t* gm = nullptr;
+  };
+  at::Tensor cos, sin, wq_a, q_norm, wq_b, wkv, kv_norm, sink, wo_a, wo_b;
+  Dl dcos, dsin, dwq_a, dq_norm, dwq_b, dwkv, dkv_norm, dsink, dwo_a, dwo_b;
+  aar_dsa_step_builder_config_t sc;
+  aar_dsa_step_builder_cp_t cp;
+  aar_dsa_group_config_t gc;
+  aar_dsa_impl_config_t ic;
+  aar_dsa_weights_t w;
+  aar_dsa_step_inputs_t in;
+  const int32_t qsl[3] = {0, 1, 4}, seq[2] = {2, 3}, table[4] = {1, 0, 2, 3};
+};
+
+}  // namespace
+
+TEST(CApiCp, DsaCpRejectedByName) {
+  DsaCp m;
+  EXPECT_EQ(m.cp.dcp_world_size, 1);
+  EXPECT_EQ(m.cp.dcp_rank, 0);
+  EXPECT_EQ(m.cp.interleave, 1);
+  aar_dsa_step_builder_t* const sentinel = reinterpret_cast<aar_dsa_step_builder_t*>(0x1);
+  aar_dsa_step_builder_t* out = sentinel;
+  auto bad = [&](auto edit, const char* needle) {
+    aar_dsa_step_builder_cp_t c = m.cp;
+    edit(c);
+    EXPECT_REJECTED(aar_dsa_step_builder_create_cp(&m.sc, &c, &out), AAR_ERR_INVALID_ARGUMENT, needle);
+    EXPECT_EQ(out, sentinel);
+  };
+  bad([](auto& c) { c.dcp_world_size = 0; }, "cp->dcp_world_size must be >= 1, got 0");
+  bad([](auto& c) { c.dcp_world_size = 2, c.dcp_rank = 2; }, "cp->dcp_rank=2 is out of range [0, dcp_world_size=2)");
+  bad([](auto& c) { c.interleave = 0; }, "cp->interleave must be >= 1, got 0");
+  bad([](auto& c) { c.struct_size = 8; }, "cp->struct_size is 8");
+  EXPECT_REJECTED(aar_dsa_step_builder_create_cp(&m.sc, nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "cp is NULL");
+  EXPECT_REJECTED(aar_dsa_step_builder_create_cp(nullptr, &m.cp, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
+  EXPECT_REJECTED(aar_dsa_step_builder_create_cp(&m.sc, &m.cp, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  EXPECT_EQ(out, sentinel);
+
+  aar_cp_comm_t* comm = tcp_world1();
+  ASSERT_NE(comm, nullptr);
+  aar_dsa_impl_t* const isentinel = reinterpret_cast<aar_dsa_impl_t*>(0x1);
+  aar_dsa_impl_t* layer = isentinel;
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(&m.ic, &m.w, nullptr, &layer), AAR_ERR_INVALID_ARGUMENT, "dcp_comm is NULL");
+  DsaCp::Built b(m, &m.cp);
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(&m.ic, &m.w, reinterpret_cast<aar_cp_comm_t*>(b.step), &layer),
+                  AAR_ERR_INVALID_ARGUMENT, "dcp_comm is an aar_dsa_step_builder_t, expected an aar_cp_comm_t");
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(&m.ic, &m.w, comm, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(nullptr, &m.w, comm, &layer), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
+  aar_dsa_weights_t w = m.w;
+  w.wkv = nullptr;
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(&m.ic, &w, comm, &layer), AAR_ERR_INVALID_ARGUMENT, "weights->wkv");
+  EXPECT_EQ(layer, isentinel);
+  aar_cp_comm_destroy(comm);
+}
+
+// A DCP layer refuses metadata of another rank (or built without DCP) before any collective
+// (IdleBackend has none), cache and output untouched; a one-rank DCP layer (its communicator's
+// handle destroyed first) matches the single-rank layer.
+TEST(CApiCp, DsaCpLayerChecksTheMetadataAndOneRankMatches) {
+  DsaCp m;
+  auto pg = register_group("aar_c_api_dsa_cp_mismatch", 1, 2);
+  aar_cp_comm_t* two = comm_from("aar_c_api_dsa_cp_mismatch");
+  aar_cp_comm_t* one = tcp_world1();
+  ASSERT_NE(two, nullptr);
+  ASSERT_NE(one, nullptr);
+  aar_dsa_group_cache_info_t info;
+  info.struct_size = sizeof(info);
+  {
+    DsaCp::Built probe(m, nullptr);
+    ASSERT_EQ(aar_dsa_group_builder_cache_info(probe.swa, DsaCp::kNb, &info), AAR_OK) << last();
+  }
+  const std::vector<int64_t> shape(info.kv_shape, info.kv_shape + info.kv_ndim);
+  at::Tensor swa = at::zeros(shape), hidden = at::randn({4, DsaCp::kHid}), out = at::full({4, DsaCp::kHid}, 7.0f);
+  Dl dswa(swa), dh(hidden), dout(out);
+  const DLManagedTensor* kv[6] = {nullptr, dswa.get(), nullptr, nullptr, nullptr, nullptr};
+  aar_dsa_impl_t* layer = nullptr;
+  ASSERT_EQ(aar_dsa_impl_create_cp(&m.ic, &m.w, two, &layer), AAR_OK) << last();
+  aar_dsa_step_builder_cp_t c0 = m.cp;
+  c0.dcp_world_size = 2;
+  {
+    DsaCp::Built b0(m, &c0);
+    EXPECT_REJECTED(aar_dsa_impl_forward(layer, dh.get(), kv, 6, b0.st, &b0.gm, 1, dout.get(), nullptr),
+                    AAR_ERR_INVALID_ARGUMENT, "the layer's dcp_comm is rank 1 of 2");
+    DsaCp::Built b1(m, nullptr);
+    EXPECT_REJECTED(aar_dsa_impl_forward(layer, dh.get(), kv, 6, b1.st, &b1.gm, 1, dout.get(), nullptr),
+                    AAR_ERR_INVALID_ARGUMENT, "the layer's dcp_comm has 2 ranks but the metadata was built without DCP");
+  }
+  EXPECT_TRUE(at::equal(out, at::full_like(out, 7.0f)));
+  EXPECT_FALSE(swa.any().item<bool>());
+  aar_dsa_impl_destroy(layer);
+
+  // One rank: the DCP layer over a 1-rank group against the plain layer, same weights and step.
+  aar_dsa_impl_t *dcp = nullptr, *plain = nullptr;
+  ASSERT_EQ(aar_dsa_impl_create_cp(&m.ic, &m.w, one, &dcp), AAR_OK) << last();
+  aar_cp_comm_destroy(one);  // the layer keeps its Comm
+  ASSERT_EQ(aar_dsa_impl_create(&m.ic, &m.w, &plain), AAR_OK) << last();
+  at::Tensor swa2 = at::zeros(shape), out2 = at::zeros_like(out);
+  Dl dswa2(swa2), dout2(out2);
+  const DLManagedTensor* kv2[6] = {nullptr, dswa2.get(), nullptr, nullptr, nullptr, nullptr};
+  {
+    DsaCp::Built bd(m, &m.cp);
+    ASSERT_EQ(aar_dsa_impl_forward(dcp, dh.get(), kv, 6, bd.st, &bd.gm, 1, dout.get(), nullptr), AAR_OK) << last();
+    DsaCp::Built bp(m, nullptr);
+    ASSERT_EQ(aar_dsa_impl_forward(plain, dh.get(), kv2, 6, bp.st, &bp.gm, 1, dout2.get(), nullptr), AAR_OK)
+        << last();
+  }
+  EXPECT_TRUE(at::allclose(out, out2, 1e-5, 1e-5)) << (out - out2).abs().max().item<float>();
+  EXPECT_TRUE(at::equal(swa, swa2));
+  aar_dsa_impl_destroy(dcp);
+  aar_dsa_impl_destroy(plain);
+  aar_cp_comm_destroy(two);
+  c10d::unregister_process_group("aar_c_api_dsa_cp_mismatch");
 }
