@@ -10,11 +10,13 @@
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/dsa/impl.h"
 #include "ascend_attn_rt/sparse/topk_buffer.h"
+#include "cp_comm.h"
 #include "internal.h"
 
 using aar::capi::guarded;
 namespace capi = aar::capi;
 namespace dsa = aar::dsa;
+namespace cp = aar::cp;
 
 struct aar_dsa_step_metadata {
   static constexpr capi::Kind kKind = capi::Kind::DsaStepMetadata;
@@ -45,8 +47,16 @@ struct aar_dsa_group_builder {
 namespace aar::capi {
 // The tuple has at most 7 entries (indexer_full on A5).
 constexpr size_t kDsaMaxKv = 7;
+// A DCP layer borrows its Comm (ImplConfig::dcp_comm): the state holds a reference first, so it
+// outlives the layer whatever the caller destroys first (as MlaImplState).
 struct DsaImplState {
-  DsaImplState(const dsa::ImplConfig& c, const dsa::Weights& w) : impl(c, w) {}
+  DsaImplState(const dsa::ImplConfig& c, const dsa::Weights& w, std::shared_ptr<cp::Comm> dcp_ = nullptr)
+      : dcp(std::move(dcp_)), impl(with_comm(c, dcp.get()), w) {}
+  static dsa::ImplConfig with_comm(dsa::ImplConfig c, cp::Comm* d) {
+    c.dcp_comm = d;
+    return c;
+  }
+  std::shared_ptr<cp::Comm> dcp;
   dsa::Impl impl;
   BorrowCache kv[kDsaMaxKv];
   std::vector<at::Tensor> tuple;
@@ -192,44 +202,89 @@ void aar_dsa_weights_init(aar_dsa_weights_t* w) {
   w->struct_size = sizeof(*w);
 }
 
+}  // extern "C"
+
+namespace {
+
+// aar_dsa_step_builder_config_t as the C++ config, every field checked by its C name.
+dsa::StepBuilderConfig step_builder_config(const aar_dsa_step_builder_config_t* c) {
+  dsa::StepBuilderConfig b;
+  b.max_num_reqs = c->max_num_reqs;
+  b.max_num_tokens = c->max_num_tokens;
+  b.num_speculative_tokens = c->num_speculative_tokens;
+  AAR_CHECK_ARG(c->num_drafts >= -1, "config->num_drafts must be -1 (num_speculative_tokens) or >= 0, got ",
+                c->num_drafts);
+  if (c->num_drafts >= 0) b.num_drafts = c->num_drafts;
+  b.chunked_prefill_enabled = capi::flag(c->chunked_prefill_enabled, "config->chunked_prefill_enabled");
+  b.cos_table = capi::borrow(c->cos_table, "config->cos_table");
+  b.sin_table = capi::borrow(c->sin_table, "config->sin_table");
+  AAR_CHECK_ARG((c->compress_cos_table == nullptr) == (c->compress_sin_table == nullptr),
+                "config->compress_cos_table and config->compress_sin_table must both be given or both be NULL");
+  if (c->compress_cos_table != nullptr) {
+    b.compress_cos_table = capi::borrow(c->compress_cos_table, "config->compress_cos_table");
+    b.compress_sin_table = capi::borrow(c->compress_sin_table, "config->compress_sin_table");
+  }
+  b.model.head_dim = c->head_dim;
+  b.model.window = c->window;
+  b.model.dspark_num_spec = c->dspark_num_spec;
+  b.model.dspark_width = c->dspark_width;
+  b.model.num_heads_q = c->num_heads_q;
+  b.model.index_topk = c->index_topk;
+  b.model.index_n_heads = c->index_n_heads;
+  b.model.index_head_dim = c->index_head_dim;
+  b.device = capi::device_of(c->device, "config->device");
+  b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
+  b.staging_buffers = c->staging_buffers;
+  return b;
+}
+
+aar_dsa_step_builder* make_step_builder(const dsa::StepBuilderConfig& b) {
+  auto builder = std::make_unique<dsa::StepBuilder>(b);
+  capi::LaneShells<aar_dsa_step_metadata> shells;
+  shells.allocate(1 + builder->num_drafts());
+  aar_dsa_step_builder* h = capi::make<aar_dsa_step_builder>();
+  h->builder = builder.release();
+  h->metadata = shells;
+  return h;
+}
+
+}  // namespace
+
+extern "C" {
+
 aar_status_t aar_dsa_step_builder_create(const aar_dsa_step_builder_config_t* c, aar_dsa_step_builder_t** out) {
   return guarded("aar_dsa_step_builder_create", [&] {
     capi::check_struct(c, "config", "aar_dsa_step_builder_config_init");
     capi::check_not_null(out, "out");
-    dsa::StepBuilderConfig b;
-    b.max_num_reqs = c->max_num_reqs;
-    b.max_num_tokens = c->max_num_tokens;
-    b.num_speculative_tokens = c->num_speculative_tokens;
-    AAR_CHECK_ARG(c->num_drafts >= -1, "config->num_drafts must be -1 (num_speculative_tokens) or >= 0, got ",
-                  c->num_drafts);
-    if (c->num_drafts >= 0) b.num_drafts = c->num_drafts;
-    b.chunked_prefill_enabled = capi::flag(c->chunked_prefill_enabled, "config->chunked_prefill_enabled");
-    b.cos_table = capi::borrow(c->cos_table, "config->cos_table");
-    b.sin_table = capi::borrow(c->sin_table, "config->sin_table");
-    AAR_CHECK_ARG((c->compress_cos_table == nullptr) == (c->compress_sin_table == nullptr),
-                  "config->compress_cos_table and config->compress_sin_table must both be given or both be NULL");
-    if (c->compress_cos_table != nullptr) {
-      b.compress_cos_table = capi::borrow(c->compress_cos_table, "config->compress_cos_table");
-      b.compress_sin_table = capi::borrow(c->compress_sin_table, "config->compress_sin_table");
-    }
-    b.model.head_dim = c->head_dim;
-    b.model.window = c->window;
-    b.model.dspark_num_spec = c->dspark_num_spec;
-    b.model.dspark_width = c->dspark_width;
-    b.model.num_heads_q = c->num_heads_q;
-    b.model.index_topk = c->index_topk;
-    b.model.index_n_heads = c->index_n_heads;
-    b.model.index_head_dim = c->index_head_dim;
-    b.device = capi::device_of(c->device, "config->device");
-    b.separate_device_buffers = capi::tristate(c->separate_device_buffers, "config->separate_device_buffers");
-    b.staging_buffers = c->staging_buffers;
-    auto builder = std::make_unique<dsa::StepBuilder>(b);
-    capi::LaneShells<aar_dsa_step_metadata> shells;
-    shells.allocate(1 + builder->num_drafts());
-    aar_dsa_step_builder* h = capi::make<aar_dsa_step_builder>();
-    h->builder = builder.release();
-    h->metadata = shells;
-    *out = h;
+    *out = make_step_builder(step_builder_config(c));
+  });
+}
+
+void aar_dsa_step_builder_cp_init(aar_dsa_step_builder_cp_t* c) {
+  if (c == nullptr) return;
+  const dsa::StepBuilderConfig d;
+  *c = aar_dsa_step_builder_cp_t{};
+  c->struct_size = sizeof(*c);
+  c->dcp_world_size = d.dcp_world_size;
+  c->dcp_rank = d.dcp_rank;
+  c->interleave = d.dcp_interleave;
+}
+
+aar_status_t aar_dsa_step_builder_create_cp(const aar_dsa_step_builder_config_t* c, const aar_dsa_step_builder_cp_t* cp,
+                                            aar_dsa_step_builder_t** out) {
+  return guarded("aar_dsa_step_builder_create_cp", [&] {
+    capi::check_struct(c, "config", "aar_dsa_step_builder_config_init");
+    capi::check_struct(cp, "cp", "aar_dsa_step_builder_cp_init");
+    capi::check_not_null(out, "out");
+    dsa::StepBuilderConfig b = step_builder_config(c);
+    AAR_CHECK_ARG(cp->dcp_world_size >= 1, "cp->dcp_world_size must be >= 1, got ", cp->dcp_world_size);
+    AAR_CHECK_ARG(cp->dcp_rank >= 0 && cp->dcp_rank < cp->dcp_world_size, "cp->dcp_rank=", cp->dcp_rank,
+                  " is out of range [0, dcp_world_size=", cp->dcp_world_size, ")");
+    AAR_CHECK_ARG(cp->interleave >= 1, "cp->interleave must be >= 1, got ", cp->interleave);
+    b.dcp_world_size = cp->dcp_world_size;
+    b.dcp_rank = cp->dcp_rank;
+    b.dcp_interleave = cp->interleave;
+    *out = make_step_builder(b);
   });
 }
 
@@ -379,51 +434,82 @@ aar_status_t aar_dsa_group_builder_build_for_drafting(aar_dsa_group_builder_t* b
   });
 }
 
+}  // extern "C"
+
+namespace {
+
+// aar_dsa_impl_config_t and aar_dsa_weights_t as the C++ config and weights, checked by their C names.
+void impl_args(const aar_dsa_impl_config_t* c, const aar_dsa_weights_t* w, dsa::ImplConfig& ic, dsa::Weights& dw) {
+  ic.hidden_size = c->hidden_size;
+  ic.num_heads = c->num_heads;
+  ic.head_dim = c->head_dim;
+  ic.rope_dim = c->rope_dim;
+  ic.q_lora_rank = c->q_lora_rank;
+  ic.window = c->window;
+  ic.compress_ratio = c->compress_ratio;
+  ic.index_n_heads = c->index_n_heads;
+  ic.index_head_dim = c->index_head_dim;
+  ic.index_topk = c->index_topk;
+  ic.eps = c->eps;
+  ic.o_groups = c->o_groups;
+  ic.o_lora_rank = c->o_lora_rank;
+  ic.plan = make_plan(c->plan, "config->plan");
+  ic.use_index_cache = capi::flag(c->use_index_cache, "config->use_index_cache");
+  ic.skip_topk = capi::flag(c->skip_topk, "config->skip_topk");
+  ic.layer_index = c->layer_index;
+  ic.workspace_group = c->workspace_group;
+  dw.wq_a = capi::borrow(w->wq_a, "weights->wq_a");
+  dw.q_norm = capi::borrow(w->q_norm, "weights->q_norm");
+  dw.wq_b = capi::borrow(w->wq_b, "weights->wq_b");
+  dw.wkv = capi::borrow(w->wkv, "weights->wkv");
+  dw.kv_norm = capi::borrow(w->kv_norm, "weights->kv_norm");
+  dw.attn_sink = capi::borrow(w->attn_sink, "weights->attn_sink");
+  dw.wo_a = capi::borrow(w->wo_a, "weights->wo_a");
+  dw.wo_b = capi::borrow(w->wo_b, "weights->wo_b");
+  dw.wo_a_scale = optional_weight(w->wo_a_scale, "weights->wo_a_scale");
+  dw.cmp_wkv = optional_weight(w->cmp_wkv, "weights->cmp_wkv");
+  dw.cmp_wgate = optional_weight(w->cmp_wgate, "weights->cmp_wgate");
+  dw.cmp_ape = optional_weight(w->cmp_ape, "weights->cmp_ape");
+  dw.cmp_norm = optional_weight(w->cmp_norm, "weights->cmp_norm");
+  dw.idx_wq_b = optional_weight(w->idx_wq_b, "weights->idx_wq_b");
+  dw.idx_weights_proj = optional_weight(w->idx_weights_proj, "weights->idx_weights_proj");
+  dw.idx_cmp_wkv = optional_weight(w->idx_cmp_wkv, "weights->idx_cmp_wkv");
+  dw.idx_cmp_wgate = optional_weight(w->idx_cmp_wgate, "weights->idx_cmp_wgate");
+  dw.idx_cmp_ape = optional_weight(w->idx_cmp_ape, "weights->idx_cmp_ape");
+  dw.idx_cmp_norm = optional_weight(w->idx_cmp_norm, "weights->idx_cmp_norm");
+}
+
+}  // namespace
+
+extern "C" {
+
 aar_status_t aar_dsa_impl_create(const aar_dsa_impl_config_t* c, const aar_dsa_weights_t* w, aar_dsa_impl_t** out) {
   return guarded("aar_dsa_impl_create", [&] {
     capi::check_struct(c, "config", "aar_dsa_impl_config_init");
     capi::check_struct(w, "weights", "aar_dsa_weights_init");
     capi::check_not_null(out, "out");
     dsa::ImplConfig ic;
-    ic.hidden_size = c->hidden_size;
-    ic.num_heads = c->num_heads;
-    ic.head_dim = c->head_dim;
-    ic.rope_dim = c->rope_dim;
-    ic.q_lora_rank = c->q_lora_rank;
-    ic.window = c->window;
-    ic.compress_ratio = c->compress_ratio;
-    ic.index_n_heads = c->index_n_heads;
-    ic.index_head_dim = c->index_head_dim;
-    ic.index_topk = c->index_topk;
-    ic.eps = c->eps;
-    ic.o_groups = c->o_groups;
-    ic.o_lora_rank = c->o_lora_rank;
-    ic.plan = make_plan(c->plan, "config->plan");
-    ic.use_index_cache = capi::flag(c->use_index_cache, "config->use_index_cache");
-    ic.skip_topk = capi::flag(c->skip_topk, "config->skip_topk");
-    ic.layer_index = c->layer_index;
-    ic.workspace_group = c->workspace_group;
     dsa::Weights dw;
-    dw.wq_a = capi::borrow(w->wq_a, "weights->wq_a");
-    dw.q_norm = capi::borrow(w->q_norm, "weights->q_norm");
-    dw.wq_b = capi::borrow(w->wq_b, "weights->wq_b");
-    dw.wkv = capi::borrow(w->wkv, "weights->wkv");
-    dw.kv_norm = capi::borrow(w->kv_norm, "weights->kv_norm");
-    dw.attn_sink = capi::borrow(w->attn_sink, "weights->attn_sink");
-    dw.wo_a = capi::borrow(w->wo_a, "weights->wo_a");
-    dw.wo_b = capi::borrow(w->wo_b, "weights->wo_b");
-    dw.wo_a_scale = optional_weight(w->wo_a_scale, "weights->wo_a_scale");
-    dw.cmp_wkv = optional_weight(w->cmp_wkv, "weights->cmp_wkv");
-    dw.cmp_wgate = optional_weight(w->cmp_wgate, "weights->cmp_wgate");
-    dw.cmp_ape = optional_weight(w->cmp_ape, "weights->cmp_ape");
-    dw.cmp_norm = optional_weight(w->cmp_norm, "weights->cmp_norm");
-    dw.idx_wq_b = optional_weight(w->idx_wq_b, "weights->idx_wq_b");
-    dw.idx_weights_proj = optional_weight(w->idx_weights_proj, "weights->idx_weights_proj");
-    dw.idx_cmp_wkv = optional_weight(w->idx_cmp_wkv, "weights->idx_cmp_wkv");
-    dw.idx_cmp_wgate = optional_weight(w->idx_cmp_wgate, "weights->idx_cmp_wgate");
-    dw.idx_cmp_ape = optional_weight(w->idx_cmp_ape, "weights->idx_cmp_ape");
-    dw.idx_cmp_norm = optional_weight(w->idx_cmp_norm, "weights->idx_cmp_norm");
+    impl_args(c, w, ic, dw);
     auto state = std::make_unique<capi::DsaImplState>(ic, dw);
+    aar_dsa_impl* h = capi::make<aar_dsa_impl>();
+    h->state = state.release();
+    *out = h;
+  });
+}
+
+aar_status_t aar_dsa_impl_create_cp(const aar_dsa_impl_config_t* c, const aar_dsa_weights_t* w,
+                                    aar_cp_comm_t* dcp_comm, aar_dsa_impl_t** out) {
+  return guarded("aar_dsa_impl_create_cp", [&] {
+    capi::check_struct(c, "config", "aar_dsa_impl_config_init");
+    capi::check_struct(w, "weights", "aar_dsa_weights_init");
+    AAR_CHECK_ARG(dcp_comm != nullptr, "dcp_comm is NULL (aar_dsa_impl_create makes a single-rank layer)");
+    std::shared_ptr<cp::Comm> d = capi::comm_of(dcp_comm, "dcp_comm");
+    capi::check_not_null(out, "out");
+    dsa::ImplConfig ic;
+    dsa::Weights dw;
+    impl_args(c, w, ic, dw);
+    auto state = std::make_unique<capi::DsaImplState>(ic, dw, std::move(d));
     aar_dsa_impl* h = capi::make<aar_dsa_impl>();
     h->state = state.release();
     *out = h;

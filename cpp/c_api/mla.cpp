@@ -96,6 +96,43 @@ void cp_fields(const aar_mla_builder_cp_t& c, mla::BuilderConfig& b) {
   b.pcp_rank = c.pcp_rank;
 }
 
+// aar_mla_build_inputs_t as the C++ inputs, checked by their C names.
+mla::BuildInputs build_inputs(const aar_mla_build_inputs_t* in) {
+  capi::check_struct(in, "inputs", "aar_mla_build_inputs_init");
+  mla::BuildInputs bi;
+  bi.query_start_loc = capi::host_array(in->query_start_loc, in->query_start_loc_len, "inputs->query_start_loc");
+  bi.seq_lens = capi::host_array(in->seq_lens, in->seq_lens_len, "inputs->seq_lens");
+  bi.block_table = capi::host_array(in->block_table, in->block_table_len, "inputs->block_table");
+  bi.block_table_stride = in->block_table_stride;
+  bi.num_input_tokens = in->num_input_tokens;
+  bi.attn_state = capi::attn_state(in->attn_state, "inputs->attn_state");
+  bi.num_spec_tokens = capi::host_array(in->num_spec_tokens, in->num_spec_tokens_len, "inputs->num_spec_tokens");
+  return bi;
+}
+
+// aar_mla_build_inputs_ext_t's fields into bi, checked by their C names. The C++ builder reads
+// is_prefilling only where the DCP split consults it (the KV sharded over more than one rank,
+// no P/D recompute scheduler, not a draft step: docs/design/cp.md §3.2); elsewhere it would be
+// ignored, so it is refused rather than accepted.
+void ext_fields(const aar_mla_build_inputs_ext_t& e, size_t num_reqs, const mla::BuilderConfig& cfg,
+                mla::BuildInputs& bi) {
+  AAR_CHECK_ARG(e.draft_step >= -1, "ext->draft_step must be -1 (a normal step) or a draft step >= 0, got ",
+                e.draft_step);
+  bi.draft_step = e.draft_step;
+  bi.is_prefilling = capi::host_array(e.is_prefilling, e.is_prefilling_len, "ext->is_prefilling");
+  if (bi.is_prefilling.empty()) return;
+  AAR_CHECK_ARG(e.is_prefilling_len == num_reqs, "ext->is_prefilling_len=", e.is_prefilling_len,
+                " must equal inputs->seq_lens_len=", num_reqs, " (one flag per request)");
+  const bool sharded = int64_t{cfg.dcp_world_size} * cfg.pcp_world_size > 1;
+  AAR_CHECK_ARG(sharded, "ext->is_prefilling was given, but a builder without DCP or PCP does not read it (short "
+                         "extends are decodes there); give NULL");
+  AAR_CHECK_ARG(!cfg.pd_recompute_scheduler, "ext->is_prefilling was given, but a builder with "
+                "cp->pd_recompute_scheduler does not read it (its requests of at most the decode threshold are "
+                "decodes); give NULL");
+  AAR_CHECK_ARG(e.draft_step < 0, "ext->is_prefilling was given with ext->draft_step=", e.draft_step,
+                ": every request of a draft step is a decode; give NULL");
+}
+
 aar_mla_builder* make_builder(const mla::BuilderConfig& b) {
   auto builder = std::make_unique<mla::MetadataBuilder>(b);
   aar_mla_builder* h = capi::make<aar_mla_builder>();
@@ -235,15 +272,27 @@ aar_status_t aar_mla_builder_build(aar_mla_builder_t* b, const aar_mla_build_inp
   return guarded("aar_mla_builder_build", [&] {
     capi::checked(b, "builder");
     capi::check_not_null(out, "out");
-    capi::check_struct(in, "inputs", "aar_mla_build_inputs_init");
-    mla::BuildInputs bi;
-    bi.query_start_loc = capi::host_array(in->query_start_loc, in->query_start_loc_len, "inputs->query_start_loc");
-    bi.seq_lens = capi::host_array(in->seq_lens, in->seq_lens_len, "inputs->seq_lens");
-    bi.block_table = capi::host_array(in->block_table, in->block_table_len, "inputs->block_table");
-    bi.block_table_stride = in->block_table_stride;
-    bi.num_input_tokens = in->num_input_tokens;
-    bi.attn_state = capi::attn_state(in->attn_state, "inputs->attn_state");
-    bi.num_spec_tokens = capi::host_array(in->num_spec_tokens, in->num_spec_tokens_len, "inputs->num_spec_tokens");
+    const mla::BuildInputs bi = build_inputs(in);
+    *out = wrap(b, b->builder->build(bi));
+  });
+}
+
+void aar_mla_build_inputs_ext_init(aar_mla_build_inputs_ext_t* ext) {
+  if (ext == nullptr) return;
+  const mla::BuildInputs d;
+  *ext = aar_mla_build_inputs_ext_t{};
+  ext->struct_size = sizeof(*ext);
+  ext->draft_step = d.draft_step;
+}
+
+aar_status_t aar_mla_builder_build_ext(aar_mla_builder_t* b, const aar_mla_build_inputs_t* in,
+                                       const aar_mla_build_inputs_ext_t* ext, const aar_mla_metadata_t** out) {
+  return guarded("aar_mla_builder_build_ext", [&] {
+    capi::checked(b, "builder");
+    capi::check_not_null(out, "out");
+    mla::BuildInputs bi = build_inputs(in);
+    capi::check_struct(ext, "ext", "aar_mla_build_inputs_ext_init");
+    ext_fields(*ext, in->seq_lens_len, b->builder->config(), bi);
     *out = wrap(b, b->builder->build(bi));
   });
 }

@@ -1,5 +1,6 @@
-/* Shared by the context-parallel C examples (c_gqa_cp.c, c_mla_cp.c): W ranks forked from one
- * program join a gloo group over a TCP rendezvous on 127.0.0.1 (aar_cp_comm_create_tcp).
+/* Shared by the context-parallel C examples (c_gqa_cp.c, c_mla_cp.c, c_sfa_cp.c, c_dsa_cp.c): W
+ * ranks forked from one program join a gloo group over a TCP rendezvous on 127.0.0.1
+ * (aar_cp_comm_create_tcp).
  *
  *   <program>                  forks ranks 0 .. W-1 (rank 0's store takes over a socket the
  *                              parent bound to a free port), waits at most deadline_s

@@ -12,7 +12,11 @@
  *     its local rows (aar_mla_builder_pcp_local_rows: the decodes, and the head and tail chunks
  *     of each prefill); the layer (pcp_comm) all-gathers the prefill KV and merges the decodes.
  * The steps: a prefill, a decode, a second request joining with a prefill, decodes of both, a
- * chunked prefill over cached context beside a decode, decodes. Every output row of every rank
+ * chunked prefill over cached context beside a decode, decodes; then (version 7,
+ * aar_mla_builder_build_ext) a 1-token last chunk of request 1's prompt beside a decode, built
+ * with the engine's is_prefilling flags (planned as a prefill on every rank, where the lengths
+ * rule would make it a decode), and two draft-model steps (draft_step 0 and 1 over the same base
+ * lengths: one token per request at position base + d). Every output row of every rank
  * is checked against the float64 un-absorbed layer over the request's whole history
  * (c_example.h's latent_reference; weights and tokens are the same on both ranks, drawn from
  * one seed), and each rank's caches hold exactly the tokens it owns. A few bad calls are
@@ -24,7 +28,8 @@
 #include "c_cp_harness.h"
 
 enum { W = 2, INTERLEAVE = 2, REQS = 2 };
-enum { MH = 2, MHID = 32, ML = 16, MP = 8, MR = 8, MV = 8, MBS = 16, MNB = 8, MMAXB = 4, MTOK = 24, STEPS = 6 };
+enum { MH = 2, MHID = 32, ML = 16, MP = 8, MR = 8, MV = 8, MBS = 16, MNB = 8, MMAXB = 4, MTOK = 24 };
+enum { STEPS = 9, FLAG_STEP = 6, DRAFT_STEP = 7 }; /* steps 6..8: aar_mla_builder_build_ext */
 enum { DEADLINE_S = 120, COMM_TIMEOUT_MS = 20000 };
 
 static float w_q[MH * (MP + MR)][MHID], w_kva[ML + MR][MHID], g_kv[ML], w_kvb[MH * (MP + MV)][ML],
@@ -192,11 +197,13 @@ static int run_steps(int rank, aar_cp_comm_t* comm, int pcp) {
   const int32_t table[REQS * MMAXB] = {3, 7, 1, 0, /**/ 5, 2, 6, 4};
   /* (request, new tokens) per step, decodes first. */
   const int steps[STEPS][2][2] = {{{0, 5}, {-1, 0}}, {{0, 1}, {-1, 0}}, {{0, 1}, {1, 9}},
-                                  {{0, 1}, {1, 1}},  {{0, 1}, {1, 6}},  {{0, 1}, {1, 1}}};
-  int mseen[REQS] = {0, 0};
+                                  {{0, 1}, {1, 1}},  {{0, 1}, {1, 6}},  {{0, 1}, {1, 1}},
+                                  {{0, 1}, {1, 1}},  {{0, 1}, {1, 1}},  {{0, 1}, {1, 1}}};
+  int mseen[REQS] = {0, 0}, base[REQS] = {0, 0};
   for (int step = 0; step < STEPS; ++step) {
     int32_t qsl[REQS + 1] = {0}, seq[REQS], rows[REQS * MMAXB];
     int n = 0, t = 0;
+    if (step == DRAFT_STEP) memcpy(base, mseen, sizeof(base)); /* the draft steps' base lengths */
     for (int e = 0; e < 2 && steps[step][e][0] >= 0; ++e, ++n) {
       const int r = steps[step][e][0], q_len = steps[step][e][1];
       fill(&x_hist[r][mseen[r]][0], (size_t)q_len * MHID);
@@ -205,7 +212,7 @@ static int run_steps(int rank, aar_cp_comm_t* comm, int pcp) {
       mseen[r] += q_len;
       t += q_len;
       qsl[n + 1] = t;
-      seq[n] = mseen[r];
+      seq[n] = step >= DRAFT_STEP ? base[r] : mseen[r];
     }
     aar_mla_build_inputs_t in;
     aar_mla_build_inputs_init(&in);
@@ -217,10 +224,25 @@ static int run_steps(int rank, aar_cp_comm_t* comm, int pcp) {
     in.block_table_len = n * MMAXB;
     in.block_table_stride = MMAXB;
     const aar_mla_metadata_t* md = NULL;
-    CHECK(aar_mla_builder_build(builder, &in, &md));
+    const uint8_t flags[REQS] = {0, 1}; /* request 1 is still prefilling its prompt */
+    aar_mla_build_inputs_ext_t ext;
+    aar_mla_build_inputs_ext_init(&ext);
+    if (step == FLAG_STEP) {
+      ext.is_prefilling = flags;
+      ext.is_prefilling_len = REQS;
+    } else if (step >= DRAFT_STEP) {
+      ext.draft_step = step - DRAFT_STEP;
+    }
+    if (step < FLAG_STEP) {
+      CHECK(aar_mla_builder_build(builder, &in, &md));
+    } else {
+      CHECK(aar_mla_builder_build_ext(builder, &in, &ext, &md));
+    }
     aar_mla_metadata_info_t info;
     info.struct_size = sizeof(info);
     CHECK(aar_mla_metadata_get_info(md, &info));
+    if (step == FLAG_STEP) ok = ok && info.num_prefills == 1; /* the flag, not the lengths rule */
+    if (step >= DRAFT_STEP) ok = ok && info.num_prefills == 0 && info.num_decodes == REQS;
     /* This rank's rows: every token (DCP), or the builder's local rows of the global step
      * (PCP: the decodes and the head and tail chunks of each prefill, padding rows -1). */
     size_t rows_here = (size_t)t;
@@ -252,9 +274,10 @@ static int run_steps(int rank, aar_cp_comm_t* comm, int pcp) {
       }
       ++checked;
     }
-    printf("rank %d mla %s step %d: %d requests, %d tokens (%d decodes, %d prefills), %d local rows (%d tokens), "
+    printf("rank %d mla %s step %d%s: %d requests, %d tokens (%d decodes, %d prefills), %d local rows (%d tokens), "
            "max |out - ref| = %.2e\n",
-           rank, mode, step, n, t, info.num_decodes, info.num_prefills, (int)rows_here, checked, worst);
+           rank, mode, step, step == FLAG_STEP ? " (is_prefilling)" : step >= DRAFT_STEP ? " (draft)" : "", n, t,
+           info.num_decodes, info.num_prefills, (int)rows_here, checked, worst);
     ok = ok && checked > 0;
     ok = ok && worst < 1e-4;
   }

@@ -1,8 +1,8 @@
 /* The C ABI of ascend_attn_rt: the GQA (with its C8 and FA3 variants), MLA (with
  * LatentAttention), SFA and DSA backends (metadata builders and per-layer
  * attention) and graph mode, for engines that are not written in C++ (C, Rust,
- * Go, Zig, ... through their C FFI). Context parallelism: GQA and MLA DCP and PCP over a
- * communicator handle (aar_cp_comm_t); the other families are single rank here
+ * Go, Zig, ... through their C FFI). Context parallelism: GQA, MLA and SFA DCP and PCP, DSA
+ * DCP, over a communicator handle (aar_cp_comm_t); the other families are single rank here
  * (docs/c_api.md). Pure C11; also compiles as C++.
  *
  * Library: libascend_attn_rt_c.so (CMake: find_package(ascend_attn_rt
@@ -101,8 +101,13 @@ extern "C" {
  * decode graph capture (aar_gqa_pcp_builder_build_for_graph_capture, aar_graph_update_gqa_pcp;
  * aar_gqa_pcp_impl_forward records inside a capture); new functions and structs only.
  * 6: MLA context parallelism, DCP and PCP (aar_mla_builder_cp_t, aar_mla_builder_create_cp,
- * aar_mla_builder_pcp_local_rows, aar_mla_impl_create_cp); new functions and structs only. */
-#define AAR_C_API_VERSION 6
+ * aar_mla_builder_pcp_local_rows, aar_mla_impl_create_cp); new functions and structs only.
+ * 7: MLA build inputs with is_prefilling and draft_step (aar_mla_build_inputs_ext_t,
+ * aar_mla_builder_build_ext); SFA context parallelism, DCP and PCP (aar_sfa_builder_cp_t,
+ * aar_sfa_builder_create_cp, aar_sfa_builder_pcp_local_rows, aar_sfa_impl_create_cp); DSA DCP
+ * (aar_dsa_step_builder_cp_t, aar_dsa_step_builder_create_cp, aar_dsa_impl_create_cp); new
+ * functions and structs only. */
+#define AAR_C_API_VERSION 7
 
 typedef enum aar_status {
   AAR_OK = 0,
@@ -470,8 +475,9 @@ AAR_C_API aar_status_t aar_mla_latent_forward_prefill(aar_mla_latent_t* latent, 
 /* ---------------------------------------------------------------- SFA
  * DeepSeek-V3.2 sparse attention (docs/design/sfa.md): the MLA family's latent
  * caches plus the lightning indexer's cache, and the model's top-k buffer.
- * Single rank, unquantised weights, no KV offload: the context-parallel
- * modes, W8A8 weights and the offload variant are not in the C ABI. The
+ * Unquantised weights, no KV offload: W8A8 weights and the offload variant are
+ * not in the C ABI; context parallelism (DCP, PCP) is the "SFA context parallel"
+ * section after the MLA one (version 7), DSA-CP token sharding is not in the C ABI. The
  * indexer cache group has no builder here: its layers read the main
  * metadata (docs/design/sfa.md §2.3). */
 
@@ -606,8 +612,8 @@ AAR_C_API aar_status_t aar_sfa_impl_forward(aar_sfa_impl_t* impl, const DLManage
  * DeepSeek-V4 attention (docs/design/dsa.md): a step builder per step, a group
  * builder per KV-cache group (SWA, compressed KV, compressor states, indexer),
  * and the layer, which picks the groups its compress ratio reads from all of the
- * step's group metadata (route_layer). Single rank: the DSA-CP and DCP modes
- * are not in the C ABI. Layers with an indexer cache share the model's top-k
+ * step's group metadata (route_layer). DCP: the "DSA context parallel" section
+ * (version 7); DSA-CP and PCP are not in the C ABI. Layers with an indexer cache share the model's top-k
  * buffer, an aar_sfa_topk_buffer_t (the same buffer type). */
 
 typedef struct aar_dsa_step_builder aar_dsa_step_builder_t;
@@ -1085,10 +1091,12 @@ typedef struct aar_mla_builder_cp {
   int32_t pcp_rank;               /* 0: in [0, pcp_world_size) */
 } aar_mla_builder_cp_t;
 AAR_C_API void aar_mla_builder_cp_init(aar_mla_builder_cp_t* cp);
-/* aar_mla_builder_create with this rank's place in the groups (cp required). The C build
- * inputs have no is_prefilling: under DCP a request is a prefill when its query is longer than
- * the decode threshold (1 + num_speculative_tokens) or none of it was computed before
- * (seq_len == query length); a short last chunk of a longer prompt is a decode. */
+/* aar_mla_builder_create with this rank's place in the groups (cp required). Under DCP (or PCP)
+ * a request is a prefill when its query is longer than the decode threshold
+ * (1 + num_speculative_tokens) or it is still prefilling its prompt: aar_mla_builder_build
+ * derives that from the lengths (none of it computed before: seq_len == query length, so a short
+ * last chunk of a longer prompt is a decode); aar_mla_builder_build_ext takes the engine's flags
+ * (aar_mla_build_inputs_ext_t.is_prefilling). */
 AAR_C_API aar_status_t aar_mla_builder_create_cp(const aar_mla_builder_config_t* config,
                                                  const aar_mla_builder_cp_t* cp, aar_mla_builder_t** out);
 /* PCP (pcp_world_size > 1): a build takes the GLOBAL batch (the same inputs on every rank of
@@ -1110,6 +1118,114 @@ AAR_C_API aar_status_t aar_mla_builder_pcp_local_rows(const aar_mla_builder_t* b
 AAR_C_API aar_status_t aar_mla_impl_create_cp(const aar_mla_impl_config_t* config, const aar_mla_weights_t* weights,
                                               aar_cp_comm_t* dcp_comm, aar_cp_comm_t* pcp_comm,
                                               aar_mla_impl_t** out);
+
+/* Version 7: what an MLA build takes beyond aar_mla_build_inputs_t (whose size is fixed), for
+ * aar_mla_builder_build_ext (aar_mla_build_inputs_ext_init: a normal step, no flags, which is
+ * what aar_mla_builder_build builds). */
+typedef struct aar_mla_build_inputs_ext {
+  size_t struct_size;
+  /* Optional (NULL, 0), else one flag per request (length inputs->seq_lens_len), nonzero: the
+   * request is still prefilling its prompt (a short last chunk is then a prefill, not a decode).
+   * Read by a builder whose KV is sharded (DCP or PCP) without pd_recompute_scheduler; given to
+   * any other builder, or with draft_step >= 0, it is refused (AAR_ERR_INVALID_ARGUMENT: it
+   * would be ignored). */
+  const uint8_t* is_prefilling;
+  size_t is_prefilling_len;
+  /* -1: a normal step. d >= 0 (< 16): a draft model's (MTP proposer's) step d: seq_lens are the
+   * requests' base lengths, each request has one query token (query_start_loc 0, 1, ..., B) at
+   * position base + d, so its length is base + d + 1 (under DCP its local KV length is this
+   * rank's share of base + d + 1, upstream's draft_cp_seq_len); every request is a decode. */
+  int32_t draft_step;
+} aar_mla_build_inputs_ext_t;
+AAR_C_API void aar_mla_build_inputs_ext_init(aar_mla_build_inputs_ext_t* ext);
+/* aar_mla_builder_build with the fields of ext (required). Any MLA builder (single rank, DCP,
+ * PCP); the metadata is the builder's one, as for aar_mla_builder_build. */
+AAR_C_API aar_status_t aar_mla_builder_build_ext(aar_mla_builder_t* builder, const aar_mla_build_inputs_t* inputs,
+                                                 const aar_mla_build_inputs_ext_t* ext,
+                                                 const aar_mla_metadata_t** out);
+
+/* ---------------------------------------------------------------- SFA context parallel
+ * Version 7: the SFA builder and layer of context-parallel ranks (docs/design/sparse_cp.md: DCP
+ * §2-§5, PCP §11). The handles are the SFA ones (aar_sfa_builder_t, aar_sfa_impl_t): build,
+ * forward, get_info, block table, top-k buffer and destroy as for a single rank.
+ * DCP: the main (latent) cache is sharded along the sequence over the DCP group (token x on
+ * rank (x / interleave) % W, local slots through the group's one block table of local blocks);
+ * the lightning indexer's cache is replicated on every rank and has num_blocks * W blocks
+ * (local block lb stands for the replicated blocks lb * W .. lb * W + W - 1); every rank builds
+ * the same global step and gives its layer every token's hidden row; the layer writes the
+ * main cache rows this rank owns and every indexer row, selects the global top-k, attends the
+ * selected keys it holds and merges the partial results over the group; its output is every
+ * token's row. Decode buckets are captured as for a single rank (graph_decode_padding,
+ * aar_sfa_builder_build_for_graph_capture; replays need no update).
+ * PCP: a build takes the GLOBAL step and plans this rank's rows (aar_sfa_builder_pcp_local_rows);
+ * the layer takes and returns those rows; the main cache is sharded over the pcp_world_size *
+ * dcp_world_size ranks (rank pcp_rank * dcp_world_size + dcp_rank), the indexer cache
+ * replicated (num_blocks * pcp_world_size * dcp_world_size blocks); a step with prefills runs
+ * eagerly (capturing one is refused by name), decode buckets are captured as for DCP. Refused by
+ * name, as in C++: SFA C8 and KV offload with DCP or PCP. Not in the C ABI: DSA-CP token sharding
+ * (the C++ dsa_cp_* options). */
+
+/* This rank's place in the groups (aar_sfa_builder_cp_init: a single rank). */
+typedef struct aar_sfa_builder_cp {
+  size_t struct_size;
+  int32_t dcp_world_size; /* 1 */
+  int32_t dcp_rank;       /* 0: in [0, dcp_world_size) */
+  int32_t interleave;     /* 1: cp_kv_cache_interleave_size I, config->block_size % I == 0 */
+  int32_t pcp_world_size; /* 1: prefill context parallel (pcp_world_size * dcp_world_size <= 16) */
+  int32_t pcp_rank;       /* 0: in [0, pcp_world_size) */
+} aar_sfa_builder_cp_t;
+AAR_C_API void aar_sfa_builder_cp_init(aar_sfa_builder_cp_t* cp);
+/* aar_sfa_builder_create with this rank's place in the groups (cp required). */
+AAR_C_API aar_status_t aar_sfa_builder_create_cp(const aar_sfa_builder_config_t* config,
+                                                 const aar_sfa_builder_cp_t* cp, aar_sfa_builder_t** out);
+/* PCP (pcp_world_size > 1): *count = the local rows of the main lane's latest build (0 without
+ * PCP), the rows of hidden and output the rank's aar_sfa_impl_forward takes; token_index[i] the
+ * global token (query_start_loc units) of local row i, -1 for a padding row (any finite hidden
+ * row; its output row is not a token's). token_index may be NULL (the count only); given, it needs
+ * capacity >= the count (else AAR_ERR_INVALID_ARGUMENT, nothing written). */
+AAR_C_API aar_status_t aar_sfa_builder_pcp_local_rows(const aar_sfa_builder_t* builder, int32_t* token_index,
+                                                      size_t capacity, size_t* count);
+/* aar_sfa_impl_create for a context-parallel rank: config->num_heads this rank's heads, the
+ * weights this rank's; dcp_comm the DCP group (NULL when dcp_world_size is 1), pcp_comm the PCP
+ * group (NULL when pcp_world_size is 1), not both NULL. The layer keeps the communicators alive.
+ * Each forward checks the metadata's group sizes and ranks against the communicators'
+ * (AAR_ERR_INVALID_ARGUMENT naming dcp_comm / pcp_comm, before any collective or write) and
+ * issues collectives: every rank of the group calls it, in the same order. */
+AAR_C_API aar_status_t aar_sfa_impl_create_cp(const aar_sfa_impl_config_t* config, const aar_mla_weights_t* weights,
+                                              const aar_sfa_indexer_weights_t* indexer_weights,
+                                              aar_cp_comm_t* dcp_comm, aar_cp_comm_t* pcp_comm,
+                                              aar_sfa_impl_t** out);
+
+/* ---------------------------------------------------------------- DSA context parallel
+ * Version 7: DSA (DeepSeek-V4) DCP (docs/design/sparse_cp.md §12). The handles are the DSA ones:
+ * the step builder made by aar_dsa_step_builder_create_cp, its group builders, step and group
+ * builds, forward and destroy as for a single rank. The SWA and compressed-KV caches are sharded
+ * over the DCP group (token x on rank (x / interleave) % W): those groups' builds take the group's
+ * table of this rank's local blocks and write local slots; the indexer and compressor-state groups
+ * stay whole (the scheduler's global table, every row written on every rank). Every rank builds
+ * the same global step and gives its layer every token's hidden row; the output is every token's
+ * row. Not in the C ABI: DSA PCP and DSA-CP token sharding. */
+
+/* This rank's place in the DCP group (aar_dsa_step_builder_cp_init: a single rank). */
+typedef struct aar_dsa_step_builder_cp {
+  size_t struct_size;
+  int32_t dcp_world_size; /* 1 */
+  int32_t dcp_rank;       /* 0: in [0, dcp_world_size) */
+  int32_t interleave;     /* 1: dcp_interleave, tokens per shard run (checked by the C++ builder) */
+} aar_dsa_step_builder_cp_t;
+AAR_C_API void aar_dsa_step_builder_cp_init(aar_dsa_step_builder_cp_t* cp);
+/* aar_dsa_step_builder_create with this rank's place in the DCP group (cp required). Refused by
+ * name, as in C++: DCP with DSpark (dspark_num_spec). */
+AAR_C_API aar_status_t aar_dsa_step_builder_create_cp(const aar_dsa_step_builder_config_t* config,
+                                                      const aar_dsa_step_builder_cp_t* cp,
+                                                      aar_dsa_step_builder_t** out);
+/* aar_dsa_impl_create for a DCP rank: dcp_comm the DCP group (required; the layer keeps it alive).
+ * Each forward checks the step metadata's DCP size and rank against the communicator's
+ * (AAR_ERR_INVALID_ARGUMENT naming dcp_comm, before any collective or write) and issues
+ * collectives: every rank of the group calls it, in the same order. The A2/A3 plan only (others
+ * refused by name by the C++ layer). */
+AAR_C_API aar_status_t aar_dsa_impl_create_cp(const aar_dsa_impl_config_t* config, const aar_dsa_weights_t* weights,
+                                              aar_cp_comm_t* dcp_comm, aar_dsa_impl_t** out);
 
 /* ---------------------------------------------------------------- graph mode */
 

@@ -8,7 +8,9 @@
 // layers against a float64 attention; MLA DCP / PCP (version 6): the cp struct's and the create
 // functions' checks, aar_mla_builder_pcp_local_rows, the group checks, a one-rank DCP layer
 // against the single-rank one. The two-rank runs are examples/c/c_gqa_cp.c and c_mla_cp.c
-// (ctest example_c_gqa_cp, example_c_mla_cp).
+// (ctest example_c_gqa_cp, example_c_mla_cp). Version 7: MLA build inputs ext (is_prefilling, draft_step),
+// SFA DCP / PCP and DSA DCP: the cp structs, the create functions, the group checks, one-rank layers
+// against the single-rank ones (two-rank runs: example_c_sfa_cp, example_c_dsa_cp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/c_api.h"
+#include "ascend_attn_rt/mla/builder.h"
 #include "c_api_test_util.h"
 
 namespace {
@@ -1121,3 +1124,650 @@ TEST(CApiCp, MlaCpLayersCheckTheMetadataAndOneRankMatches) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- MLA build inputs ext (version 7)
+
+namespace {
+
+aar_mla_metadata_info_t mla_info(const aar_mla_metadata_t* md) {
+  aar_mla_metadata_info_t info;
+  info.struct_size = sizeof(info);
+  EXPECT_EQ(aar_mla_metadata_get_info(md, &info), AAR_OK) << last();
+  return info;
+}
+
+// The C++ builder's counts for the same config and step (the C layer converts and forwards).
+void expect_same_counts(const aar_mla_metadata_info_t& c, const aar::mla::Metadata& cpp) {
+  EXPECT_EQ(c.num_reqs, cpp.num_reqs);
+  EXPECT_EQ(c.num_decodes, cpp.num_decodes);
+  EXPECT_EQ(c.num_prefills, cpp.num_prefills);
+  EXPECT_EQ(c.num_decode_tokens, cpp.num_decode_tokens);
+  EXPECT_EQ(c.num_prefill_tokens, cpp.num_prefill_tokens);
+  EXPECT_EQ(c.attn_state, static_cast<aar_attn_state_t>(static_cast<int32_t>(cpp.attn_state)));
+}
+
+aar::mla::BuilderConfig cpp_mla_config(const MlaCp& m, int32_t dcp_world, int32_t dcp_rank) {
+  aar::mla::BuilderConfig b;
+  b.max_num_reqs = m.bc.max_num_reqs;
+  b.max_num_tokens = m.bc.max_num_tokens;
+  b.max_blocks_per_req = m.bc.max_blocks_per_req;
+  b.block_size = m.bc.block_size;
+  b.num_blocks = m.bc.num_blocks;
+  b.cos_table = m.cos;
+  b.sin_table = m.sin;
+  b.dcp_world_size = dcp_world;
+  b.dcp_rank = dcp_rank;
+  return b;
+}
+
+}  // namespace
+
+TEST(CApiCp, MlaBuildExtRejectedByName) {
+  MlaCp m;
+  aar_mla_build_inputs_ext_t ext;
+  aar_mla_build_inputs_ext_init(&ext);
+  EXPECT_EQ(ext.draft_step, -1);
+  EXPECT_EQ(ext.is_prefilling, nullptr);
+  EXPECT_EQ(ext.is_prefilling_len, 0u);
+  aar_mla_builder_t *single = nullptr, *dcp = nullptr, *pd = nullptr;
+  ASSERT_EQ(aar_mla_builder_create(&m.bc, &single), AAR_OK) << last();
+  aar_mla_builder_cp_t c = m.cp;
+  c.dcp_world_size = 2;
+  ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &c, &dcp), AAR_OK) << last();
+  c.pd_recompute_scheduler = 1;
+  ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &c, &pd), AAR_OK) << last();
+  const aar_mla_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_mla_builder_build_ext(dcp, &m.in, &ext, &md), AAR_OK) << last();  // the defaults: build()
+  const uint64_t gen = mla_info(md).generation;
+  const aar_mla_metadata_t* const sentinel = reinterpret_cast<const aar_mla_metadata_t*>(0x1);
+  const aar_mla_metadata_t* out = sentinel;
+  const uint8_t flags[3] = {0, 1, 0};
+  auto bad = [&](aar_mla_builder_t* b, auto edit, const char* needle) {
+    aar_mla_build_inputs_ext_t e = ext;
+    edit(e);
+    EXPECT_REJECTED(aar_mla_builder_build_ext(b, &m.in, &e, &out), AAR_ERR_INVALID_ARGUMENT, needle);
+    EXPECT_EQ(out, sentinel);
+    EXPECT_EQ(mla_info(md).generation, gen);  // nothing built: the previous metadata stands
+  };
+  bad(dcp, [](auto& e) { e.struct_size = 4; }, "ext->struct_size is 4");
+  bad(dcp, [](auto& e) { e.draft_step = -2; }, "ext->draft_step must be -1 (a normal step) or a draft step >= 0, got -2");
+  bad(dcp, [](auto& e) { e.is_prefilling_len = 2; }, "ext->is_prefilling is NULL with length 2");
+  bad(dcp, [&](auto& e) { e.is_prefilling = flags, e.is_prefilling_len = 3; },
+      "ext->is_prefilling_len=3 must equal inputs->seq_lens_len=2");
+  bad(single, [&](auto& e) { e.is_prefilling = flags, e.is_prefilling_len = 2; },
+      "ext->is_prefilling was given, but a builder without DCP or PCP does not read it");
+  bad(pd, [&](auto& e) { e.is_prefilling = flags, e.is_prefilling_len = 2; },
+      "a builder with cp->pd_recompute_scheduler does not read it");
+  bad(dcp, [&](auto& e) { e.is_prefilling = flags, e.is_prefilling_len = 2, e.draft_step = 0; },
+      "ext->is_prefilling was given with ext->draft_step=0");
+  // The C++ builder's own checks of a draft step: its range, one query token per request.
+  bad(dcp, [](auto& e) { e.draft_step = 16; }, "draft_step=16 is out of range");
+  bad(dcp, [](auto& e) { e.draft_step = 0; }, "a draft step (draft_step=0");
+  EXPECT_REJECTED(aar_mla_builder_build_ext(dcp, &m.in, nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "ext is NULL");
+  EXPECT_REJECTED(aar_mla_builder_build_ext(dcp, &m.in, &ext, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  EXPECT_REJECTED(aar_mla_builder_build_ext(nullptr, &m.in, &ext, &out), AAR_ERR_INVALID_ARGUMENT, "builder is NULL");
+  EXPECT_REJECTED(aar_mla_builder_build_ext(dcp, nullptr, &ext, &out), AAR_ERR_INVALID_ARGUMENT, "inputs is NULL");
+  EXPECT_EQ(out, sentinel);
+  aar_mla_builder_destroy(single);
+  aar_mla_builder_destroy(dcp);
+  aar_mla_builder_destroy(pd);
+}
+
+// is_prefilling under DCP: a short last chunk of a longer prompt is a decode by the lengths rule
+// and a prefill with the engine's flag, as in the C++ builder given the same flags; a draft step
+// is all decodes with the C++ builder's counts, and on one rank its forward is the forward of the
+// decode step of the same lengths.
+TEST(CApiCp, MlaBuildExtIsPrefillingAndDraftStepMatchTheCppBuilder) {
+  MlaCp m;
+  // Request 0: a decode at length 2; request 1: the 1-token last chunk of a 5-token prompt.
+  const int32_t qsl[3] = {0, 1, 2}, seq[2] = {2, 5};
+  aar_mla_build_inputs_t in = m.in;
+  in.query_start_loc = qsl;
+  in.seq_lens = seq;
+  const uint8_t flags[2] = {0, 1};
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    aar_mla_builder_cp_t c = m.cp;
+    c.dcp_world_size = 2;
+    c.dcp_rank = rank;
+    aar_mla_builder_t* b = nullptr;
+    ASSERT_EQ(aar_mla_builder_create_cp(&m.bc, &c, &b), AAR_OK) << last();
+    aar::mla::MetadataBuilder cpp(cpp_mla_config(m, 2, rank));
+    aar::mla::BuildInputs ci;
+    ci.query_start_loc = aar::plan::CSpan<int32_t>(qsl, 3);
+    ci.seq_lens = aar::plan::CSpan<int32_t>(seq, 2);
+    ci.block_table = aar::plan::CSpan<int32_t>(m.table, 4);
+    ci.block_table_stride = MlaCp::kMax;
+
+    const aar_mla_metadata_t* md = nullptr;
+    ASSERT_EQ(aar_mla_builder_build(b, &in, &md), AAR_OK) << last();
+    aar_mla_metadata_info_t info = mla_info(md);
+    EXPECT_EQ(info.num_decodes, 2);
+    EXPECT_EQ(info.num_prefills, 0);
+    expect_same_counts(info, cpp.build(ci));
+
+    aar_mla_build_inputs_ext_t ext;
+    aar_mla_build_inputs_ext_init(&ext);
+    ext.is_prefilling = flags;
+    ext.is_prefilling_len = 2;
+    ASSERT_EQ(aar_mla_builder_build_ext(b, &in, &ext, &md), AAR_OK) << last();
+    info = mla_info(md);
+    EXPECT_EQ(info.num_decodes, 1);
+    EXPECT_EQ(info.num_prefills, 1);
+    EXPECT_EQ(info.num_prefill_tokens, 1);
+    ci.is_prefilling = aar::plan::CSpan<uint8_t>(flags, 2);
+    expect_same_counts(info, cpp.build(ci));
+
+    // Draft step 2 over base lengths {2, 5}: lengths 5 and 8, both decodes.
+    aar_mla_build_inputs_ext_init(&ext);
+    ext.draft_step = 2;
+    ASSERT_EQ(aar_mla_builder_build_ext(b, &in, &ext, &md), AAR_OK) << last();
+    info = mla_info(md);
+    EXPECT_EQ(info.num_decodes, 2);
+    EXPECT_EQ(info.num_prefills, 0);
+    ci.is_prefilling = {};
+    ci.draft_step = 2;
+    const aar::mla::Metadata& cmd = cpp.build(ci);
+    expect_same_counts(info, cmd);
+    EXPECT_EQ(cmd.draft_step, 2);
+    aar_mla_builder_destroy(b);
+  }
+
+  // One rank: the draft step's forward is the forward of a decode step at lengths base + d + 1.
+  aar_mla_builder_t *bd = nullptr, *bn = nullptr;
+  ASSERT_EQ(aar_mla_builder_create(&m.bc, &bd), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_builder_create(&m.bc, &bn), AAR_OK) << last();
+  aar_mla_impl_t* layer = nullptr;
+  ASSERT_EQ(aar_mla_impl_create(&m.ic, &m.w, &layer), AAR_OK) << last();
+  at::Tensor nope = at::randn({MlaCp::kNb, MlaCp::kB, 1, MlaCp::kL}),
+             rope = at::randn({MlaCp::kNb, MlaCp::kB, 1, MlaCp::kR});
+  at::Tensor nope2 = nope.clone(), rope2 = rope.clone();
+  at::Tensor hidden = at::randn({2, MlaCp::kHidden}), out = at::zeros({2, MlaCp::kHidden}),
+             out2 = at::ones({2, MlaCp::kHidden});
+  Dl dn(nope), dr(rope), dn2(nope2), dr2(rope2), dh(hidden), dout(out), dout2(out2);
+  aar_mla_build_inputs_ext_t ext;
+  aar_mla_build_inputs_ext_init(&ext);
+  ext.draft_step = 1;
+  const aar_mla_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_mla_builder_build_ext(bd, &in, &ext, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_impl_forward(layer, dh.get(), dn.get(), dr.get(), md, dout.get()), AAR_OK) << last();
+  const int32_t seq_d[2] = {4, 7};
+  aar_mla_build_inputs_t in_d = in;
+  in_d.seq_lens = seq_d;
+  ASSERT_EQ(aar_mla_builder_build(bn, &in_d, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_mla_impl_forward(layer, dh.get(), dn2.get(), dr2.get(), md, dout2.get()), AAR_OK) << last();
+  EXPECT_TRUE(at::equal(out, out2)) << (out - out2).abs().max().item<float>();
+  EXPECT_TRUE(at::equal(nope, nope2));
+  EXPECT_TRUE(at::equal(rope, rope2));
+  aar_mla_impl_destroy(layer);
+  aar_mla_builder_destroy(bd);
+  aar_mla_builder_destroy(bn);
+}
+
+// ---------------------------------------------------------------- SFA DCP / PCP (version 7)
+
+namespace {
+
+// A small SFA layer (no q-LoRA, an indexer keeping every causal key) over tensors the struct
+// owns, and the builds of a 2-request step (a decode at length 2, a prefill of 3).
+struct SfaCp {
+  static constexpr int64_t kH = 2, kHidden = 32, kL = 16, kP = 8, kR = 8, kV = 8, kNi = 2, kDi = 16, kTopk = 32;
+  static constexpr int32_t kB = 16, kNb = 4, kMax = 2;
+  SfaCp()
+      : cos(at::cos(at::arange(kMax * kB).unsqueeze(1).to(at::kFloat) * 0.1f).expand({kMax * kB, kR}).contiguous()),
+        sin(at::sin(at::arange(kMax * kB).unsqueeze(1).to(at::kFloat) * 0.1f).expand({kMax * kB, kR}).contiguous()),
+        q_proj(at::randn({kH * (kP + kR), kHidden}) * 0.3),
+        kv_a(at::randn({kL + kR, kHidden}) * 0.3),
+        kv_norm(at::ones({kL})),
+        kv_b(at::randn({kH * (kP + kV), kL}) * 0.3),
+        o_proj(at::randn({kHidden, kH * kV}) * 0.3),
+        wq_b(at::randn({kNi * kDi, kHidden}) * 0.3),
+        wk(at::randn({kDi, kHidden}) * 0.3),
+        proj(at::randn({kNi, kHidden}) * 0.3),
+        nw(at::ones({kDi})),
+        nb(at::zeros({kDi})),
+        dcos(cos), dsin(sin), dq(q_proj), dkva(kv_a), dnorm(kv_norm), dkvb(kv_b), dout(o_proj), dwq(wq_b), dwk(wk),
+        dproj(proj), dnw(nw), dnb(nb) {
+    aar_sfa_builder_config_init(&bc);
+    bc.max_num_reqs = 2;
+    bc.max_num_tokens = 16;
+    bc.max_blocks_per_req = kMax;
+    bc.block_size = kB;
+    bc.num_blocks = kNb;
+    bc.cos_table = dcos.get();
+    bc.sin_table = dsin.get();
+    aar_sfa_builder_cp_init(&cp);
+    aar_sfa_impl_config_init(&ic);
+    ic.num_heads = kH;
+    ic.hidden_size = kHidden;
+    ic.kv_lora_rank = kL;
+    ic.qk_nope_head_dim = kP;
+    ic.qk_rope_head_dim = kR;
+    ic.v_head_dim = kV;
+    ic.index_n_heads = kNi;
+    ic.index_head_dim = kDi;
+    ic.index_topk = kTopk;
+    aar_mla_weights_init(&w);
+    w.q_proj = dq.get();
+    w.kv_a_proj_with_mqa = dkva.get();
+    w.kv_a_layernorm = dnorm.get();
+    w.kv_b_proj = dkvb.get();
+    w.o_proj = dout.get();
+    aar_sfa_indexer_weights_init(&iw);
+    iw.wq_b = dwq.get();
+    iw.wk = dwk.get();
+    iw.weights_proj = dproj.get();
+    iw.k_norm_weight = dnw.get();
+    iw.k_norm_bias = dnb.get();
+    aar_sfa_build_inputs_init(&in);
+    in.query_start_loc = qsl;
+    in.query_start_loc_len = 3;
+    in.seq_lens = seq;
+    in.seq_lens_len = 2;
+    in.block_table = table;
+    in.block_table_len = 4;
+    in.block_table_stride = kMax;
+  }
+  // The layer's cache tuple (nope, rope, index_k); the indexer cache has `replicas` times the blocks.
+  struct Caches {
+    explicit Caches(int64_t replicas)
+        : nope(at::zeros({kNb, kB, 1, kL})), rope(at::zeros({kNb, kB, 1, kR})),
+          index(at::zeros({kNb * replicas, kB, 1, kDi})), dn(nope), dr(rope), di(index) {}
+    bool untouched() const { return !nope.any().item<bool>() && !rope.any().item<bool>() && !index.any().item<bool>(); }
+    at::Tensor nope, rope, index;
+    Dl dn, dr, di;
+    const DLManagedTensor* tuple[3] = {dn.get(), dr.get(), di.get()};
+  };
+  at::Tensor cos, sin, q_proj, kv_a, kv_norm, kv_b, o_proj, wq_b, wk, proj, nw, nb;
+  Dl dcos, dsin, dq, dkva, dnorm, dkvb, dout, dwq, dwk, dproj, dnw, dnb;
+  aar_sfa_builder_config_t bc;
+  aar_sfa_builder_cp_t cp;
+  aar_sfa_impl_config_t ic;
+  aar_mla_weights_t w;
+  aar_sfa_indexer_weights_t iw;
+  aar_sfa_build_inputs_t in;
+  const int32_t qsl[3] = {0, 1, 4}, seq[2] = {2, 3}, table[4] = {1, 0, 2, 3};
+};
+
+aar_sfa_metadata_info_t sfa_info(const aar_sfa_metadata_t* md) {
+  aar_sfa_metadata_info_t info;
+  info.struct_size = sizeof(info);
+  EXPECT_EQ(aar_sfa_metadata_get_info(md, &info), AAR_OK) << last();
+  return info;
+}
+
+}  // namespace
+
+TEST(CApiCp, SfaBuilderCpRejectedByName) {
+  SfaCp m;
+  aar_sfa_builder_t* const sentinel = reinterpret_cast<aar_sfa_builder_t*>(0x1);
+  aar_sfa_builder_t* out = sentinel;
+  auto bad = [&](auto edit, const char* needle, aar_status_t st = AAR_ERR_INVALID_ARGUMENT) {
+    aar_sfa_builder_cp_t c = m.cp;
+    edit(c);
+    EXPECT_REJECTED(aar_sfa_builder_create_cp(&m.bc, &c, &out), st, needle);
+    EXPECT_EQ(out, sentinel);
+  };
+  EXPECT_EQ(m.cp.dcp_world_size, 1);
+  EXPECT_EQ(m.cp.dcp_rank, 0);
+  EXPECT_EQ(m.cp.interleave, 1);
+  EXPECT_EQ(m.cp.pcp_world_size, 1);
+  EXPECT_EQ(m.cp.pcp_rank, 0);
+  bad([](auto& c) { c.dcp_world_size = 0; }, "cp->dcp_world_size must be >= 1, got 0");
+  bad([](auto& c) { c.dcp_world_size = 2, c.dcp_rank = 2; }, "cp->dcp_rank=2 is out of range [0, dcp_world_size=2)");
+  bad([](auto& c) { c.dcp_rank = -1; }, "cp->dcp_rank=-1");
+  bad([](auto& c) { c.interleave = 0; }, "cp->interleave=0 must be >= 1 and divide config->block_size=16");
+  bad([](auto& c) { c.interleave = 3; }, "cp->interleave=3");
+  bad([](auto& c) { c.pcp_world_size = 0; }, "cp->pcp_world_size must be >= 1, got 0");
+  bad([](auto& c) { c.pcp_world_size = 2, c.pcp_rank = 2; }, "cp->pcp_rank=2 is out of range [0, pcp_world_size=2)");
+  bad([](auto& c) { c.pcp_world_size = 17; }, "pcp_world_size in [1, 16]");  // the C++ builder's check
+  bad([](auto& c) { c.struct_size = 8; }, "cp->struct_size is 8");
+  EXPECT_REJECTED(aar_sfa_builder_create_cp(&m.bc, nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "cp is NULL");
+  EXPECT_REJECTED(aar_sfa_builder_create_cp(nullptr, &m.cp, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
+  EXPECT_REJECTED(aar_sfa_builder_create_cp(&m.bc, &m.cp, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  aar_sfa_builder_config_t bc = m.bc;
+  bc.cos_table = nullptr;
+  EXPECT_REJECTED(aar_sfa_builder_create_cp(&bc, &m.cp, &out), AAR_ERR_INVALID_ARGUMENT, "config->cos_table");
+  bad([](auto& c) { c.pcp_world_size = 8, c.dcp_world_size = 4; }, "pcp_world_size * dcp_world_size = 32 exceeds 16");
+  EXPECT_EQ(out, sentinel);
+  aar_sfa_builder_cp_t c = m.cp;
+
+  // A DCP rank's build: the lengths rule splits the step (the decode, the fresh prefill).
+  c = m.cp;
+  c.dcp_world_size = 2;
+  c.dcp_rank = 1;
+  ASSERT_EQ(aar_sfa_builder_create_cp(&m.bc, &c, &out), AAR_OK) << last();
+  const aar_sfa_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_sfa_builder_build(out, &m.in, &md), AAR_OK) << last();
+  aar_sfa_metadata_info_t info = sfa_info(md);
+  EXPECT_EQ(info.num_decodes, 1);
+  EXPECT_EQ(info.num_prefills, 1);
+  size_t count = 99;
+  ASSERT_EQ(aar_sfa_builder_pcp_local_rows(out, nullptr, 0, &count), AAR_OK) << last();
+  EXPECT_EQ(count, 0u);  // no PCP: no local rows
+  aar_sfa_builder_destroy(out);
+
+  // A PCP rank's build: the global step, this rank's rows through aar_sfa_builder_pcp_local_rows.
+  c = m.cp;
+  c.pcp_world_size = 2;
+  c.pcp_rank = 1;
+  out = sentinel;
+  ASSERT_EQ(aar_sfa_builder_create_cp(&m.bc, &c, &out), AAR_OK) << last();
+  ASSERT_EQ(aar_sfa_builder_build(out, &m.in, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_sfa_builder_pcp_local_rows(out, nullptr, 0, &count), AAR_OK) << last();
+  ASSERT_GE(count, 2u);  // the decode and at least one prefill row
+  std::vector<int32_t> idx(count, -7);
+  size_t got = 0;
+  EXPECT_REJECTED(aar_sfa_builder_pcp_local_rows(out, idx.data(), count - 1, &got), AAR_ERR_INVALID_ARGUMENT,
+                  "capacity=" + std::to_string(count - 1) + " is less than the " + std::to_string(count));
+  EXPECT_EQ(idx, std::vector<int32_t>(count, -7));
+  EXPECT_EQ(got, 0u);
+  EXPECT_REJECTED(aar_sfa_builder_pcp_local_rows(out, idx.data(), count, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                  "count is NULL");
+  EXPECT_REJECTED(aar_sfa_builder_pcp_local_rows(nullptr, idx.data(), count, &got), AAR_ERR_INVALID_ARGUMENT,
+                  "builder is NULL");
+  ASSERT_EQ(aar_sfa_builder_pcp_local_rows(out, idx.data(), count, &got), AAR_OK) << last();
+  EXPECT_EQ(got, count);
+  EXPECT_EQ(idx[0], 0);  // the decode (token 0) on every rank
+  for (size_t i = 1; i < count; ++i) EXPECT_TRUE(idx[i] == -1 || (idx[i] >= 1 && idx[i] < 4)) << idx[i];
+  aar_sfa_builder_destroy(out);
+}
+
+TEST(CApiCp, SfaImplCreateCpRejectedByName) {
+  SfaCp m;
+  aar_cp_comm_t* comm = tcp_world1();
+  ASSERT_NE(comm, nullptr);
+  aar_sfa_impl_t* const sentinel = reinterpret_cast<aar_sfa_impl_t*>(0x1);
+  aar_sfa_impl_t* out = sentinel;
+  EXPECT_REJECTED(aar_sfa_impl_create_cp(&m.ic, &m.w, &m.iw, nullptr, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "dcp_comm and pcp_comm are both NULL");
+  aar_sfa_builder_t* b = nullptr;
+  ASSERT_EQ(aar_sfa_builder_create_cp(&m.bc, &m.cp, &b), AAR_OK) << last();
+  EXPECT_REJECTED(aar_sfa_impl_create_cp(&m.ic, &m.w, &m.iw, reinterpret_cast<aar_cp_comm_t*>(b), nullptr, &out),
+                  AAR_ERR_INVALID_ARGUMENT, "dcp_comm is an aar_sfa_builder_t, expected an aar_cp_comm_t");
+  EXPECT_REJECTED(aar_sfa_impl_create_cp(&m.ic, &m.w, &m.iw, comm, reinterpret_cast<aar_cp_comm_t*>(b), &out),
+                  AAR_ERR_INVALID_ARGUMENT, "pcp_comm is an aar_sfa_builder_t, expected an aar_cp_comm_t");
+  EXPECT_REJECTED(aar_sfa_impl_create_cp(&m.ic, &m.w, &m.iw, comm, nullptr, nullptr), AAR_ERR_INVALID_ARGUMENT,
+                  "out is NULL");
+  EXPECT_REJECTED(aar_sfa_impl_create_cp(nullptr, &m.w, &m.iw, comm, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "config is NULL");
+  EXPECT_REJECTED(aar_sfa_impl_create_cp(&m.ic, nullptr, &m.iw, comm, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "weights is NULL");
+  EXPECT_REJECTED(aar_sfa_impl_create_cp(&m.ic, &m.w, nullptr, comm, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "indexer_weights must be given exactly when config->has_indexer is 1");
+  aar_sfa_indexer_weights_t iw = m.iw;
+  iw.wk = nullptr;
+  EXPECT_REJECTED(aar_sfa_impl_create_cp(&m.ic, &m.w, &iw, comm, nullptr, &out), AAR_ERR_INVALID_ARGUMENT,
+                  "indexer_weights->wk");
+  EXPECT_EQ(out, sentinel);
+  aar_sfa_builder_destroy(b);
+  aar_cp_comm_destroy(comm);
+}
+
+// DCP and PCP layers refuse metadata of another group (or of a group they lack) before any
+// collective (IdleBackend has none), with the caches and the output untouched; a one-rank DCP
+// layer (a 1-rank gloo group, kept alive by the layer after its handle is destroyed) matches the
+// single-rank layer.
+TEST(CApiCp, SfaCpLayersCheckTheMetadataAndOneRankMatches) {
+  SfaCp m;
+  auto pg = register_group("aar_c_api_sfa_cp_mismatch", 1, 2);
+  aar_cp_comm_t* two = comm_from("aar_c_api_sfa_cp_mismatch");
+  aar_cp_comm_t* one = tcp_world1();
+  ASSERT_NE(two, nullptr);
+  ASSERT_NE(one, nullptr);
+  SfaCp::Caches kv(2);
+  at::Tensor hidden = at::randn({4, SfaCp::kHidden}), out = at::full({4, SfaCp::kHidden}, 7.0f);
+  Dl dh(hidden), dout(out);
+  aar_sfa_impl_t* layer = nullptr;
+  ASSERT_EQ(aar_sfa_impl_create_cp(&m.ic, &m.w, &m.iw, two, nullptr, &layer), AAR_OK) << last();
+  aar_sfa_builder_cp_t c0 = m.cp;
+  c0.dcp_world_size = 2;
+  aar_sfa_builder_t *b0 = nullptr, *b1 = nullptr;
+  ASSERT_EQ(aar_sfa_builder_create_cp(&m.bc, &c0, &b0), AAR_OK) << last();
+  ASSERT_EQ(aar_sfa_builder_create(&m.bc, &b1), AAR_OK) << last();
+  const aar_sfa_metadata_t* md = nullptr;
+  ASSERT_EQ(aar_sfa_builder_build(b0, &m.in, &md), AAR_OK) << last();
+  EXPECT_REJECTED(aar_sfa_impl_forward(layer, dh.get(), kv.tuple, 3, md, dout.get(), nullptr),
+                  AAR_ERR_INVALID_ARGUMENT, "metadata was built for DCP rank 0 of 2 but the layer's dcp_comm is rank 1 of 2");
+  ASSERT_EQ(aar_sfa_builder_build(b1, &m.in, &md), AAR_OK) << last();
+  EXPECT_REJECTED(aar_sfa_impl_forward(layer, dh.get(), kv.tuple, 3, md, dout.get(), nullptr),
+                  AAR_ERR_INVALID_ARGUMENT, "the layer's dcp_comm has 2 ranks but the metadata was built without DCP");
+  EXPECT_TRUE(at::equal(out, at::full_like(out, 7.0f)));
+  EXPECT_TRUE(kv.untouched());
+  aar_sfa_impl_destroy(layer);
+  aar_sfa_builder_destroy(b0);
+  {  // PCP: metadata of PCP rank 0 of 2 on the group's rank 1, and PCP metadata on a DCP-only layer.
+    aar_sfa_impl_t *pl = nullptr, *dl = nullptr;
+    ASSERT_EQ(aar_sfa_impl_create_cp(&m.ic, &m.w, &m.iw, nullptr, two, &pl), AAR_OK) << last();
+    ASSERT_EQ(aar_sfa_impl_create_cp(&m.ic, &m.w, &m.iw, one, nullptr, &dl), AAR_OK) << last();
+    aar_sfa_builder_cp_t cp = m.cp;
+    cp.pcp_world_size = 2;
+    aar_sfa_builder_t* bp = nullptr;
+    ASSERT_EQ(aar_sfa_builder_create_cp(&m.bc, &cp, &bp), AAR_OK) << last();
+    ASSERT_EQ(aar_sfa_builder_build(bp, &m.in, &md), AAR_OK) << last();
+    size_t n = 0;
+    ASSERT_EQ(aar_sfa_builder_pcp_local_rows(bp, nullptr, 0, &n), AAR_OK) << last();
+    at::Tensor lh = at::randn({static_cast<int64_t>(n), SfaCp::kHidden});
+    at::Tensor lo = at::full({static_cast<int64_t>(n), SfaCp::kHidden}, 7.0f);
+    Dl dlh(lh), dlo(lo);
+    EXPECT_REJECTED(aar_sfa_impl_forward(pl, dlh.get(), kv.tuple, 3, md, dlo.get(), nullptr),
+                    AAR_ERR_INVALID_ARGUMENT, "metadata was built for PCP rank 0 of 2 but the layer's pcp_comm is rank 1 of 2");
+    EXPECT_REJECTED(aar_sfa_impl_forward(dl, dlh.get(), kv.tuple, 3, md, dlo.get(), nullptr),
+                    AAR_ERR_INVALID_ARGUMENT, "metadata was built for PCP rank 0 of 2 but the layer has no pcp_comm");
+    EXPECT_TRUE(at::equal(lo, at::full_like(lo, 7.0f)));
+    EXPECT_TRUE(kv.untouched());
+    aar_sfa_builder_destroy(bp);
+    aar_sfa_impl_destroy(pl);
+    aar_sfa_impl_destroy(dl);
+  }
+
+  // One rank: the DCP layer over a 1-rank group against the plain layer, same weights and step.
+  aar_sfa_impl_t *dcp = nullptr, *plain = nullptr;
+  ASSERT_EQ(aar_sfa_impl_create_cp(&m.ic, &m.w, &m.iw, one, nullptr, &dcp), AAR_OK) << last();
+  aar_cp_comm_destroy(one);  // the layer keeps its Comm
+  ASSERT_EQ(aar_sfa_impl_create(&m.ic, &m.w, &m.iw, &plain), AAR_OK) << last();
+  aar_sfa_builder_t* bd = nullptr;
+  ASSERT_EQ(aar_sfa_builder_create_cp(&m.bc, &m.cp, &bd), AAR_OK) << last();
+  SfaCp::Caches kv1(1), kv2(1);
+  at::Tensor out2 = at::zeros_like(out);
+  Dl dout2(out2);
+  ASSERT_EQ(aar_sfa_builder_build(bd, &m.in, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_sfa_impl_forward(dcp, dh.get(), kv1.tuple, 3, md, dout.get(), nullptr), AAR_OK) << last();
+  ASSERT_EQ(aar_sfa_builder_build(b1, &m.in, &md), AAR_OK) << last();
+  ASSERT_EQ(aar_sfa_impl_forward(plain, dh.get(), kv2.tuple, 3, md, dout2.get(), nullptr), AAR_OK) << last();
+  EXPECT_TRUE(at::allclose(out, out2, 1e-5, 1e-5)) << (out - out2).abs().max().item<float>();
+  EXPECT_TRUE(at::equal(kv1.nope, kv2.nope));
+  EXPECT_TRUE(at::equal(kv1.index, kv2.index));
+  aar_sfa_impl_destroy(dcp);
+  aar_sfa_impl_destroy(plain);
+  aar_sfa_builder_destroy(bd);
+  aar_sfa_builder_destroy(b1);
+  aar_cp_comm_destroy(two);
+  c10d::unregister_process_group("aar_c_api_sfa_cp_mismatch");
+}
+
+// ---------------------------------------------------------------- DSA DCP (version 7)
+
+namespace {
+
+// A sliding-window (ratio 1) DSA layer's configs over tensors the struct owns, its SWA group, and
+// the step of a decode at length 2 beside a prefill of 3.
+struct DsaCp {
+  static constexpr int64_t kHid = 32, kN = 2, kD = 32, kR = 8, kQ = 16, kW = 8, kG = 2, kOl = 8, kMaxPos = 64;
+  static constexpr int32_t kBs = 32, kNb = 4, kMax = 2;
+  DsaCp()
+      : cos(at::cos(at::arange(kMaxPos).unsqueeze(1).to(at::kFloat) * 0.1f).expand({kMaxPos, kR}).contiguous()),
+        sin(at::sin(at::arange(kMaxPos).unsqueeze(1).to(at::kFloat) * 0.1f).expand({kMaxPos, kR}).contiguous()),
+        wq_a(at::randn({kQ, kHid}) * 0.3), q_norm(at::ones({kQ})), wq_b(at::randn({kN * kD, kQ}) * 0.3),
+        wkv(at::randn({kD, kHid}) * 0.3), kv_norm(at::ones({kD})), sink(at::randn({kN})),
+        wo_a(at::randn({kG, kN * kD / kG, kOl}) * 0.3), wo_b(at::randn({kHid, kG * kOl}) * 0.3),
+        dcos(cos), dsin(sin), dwq_a(wq_a), dq_norm(q_norm), dwq_b(wq_b), dwkv(wkv), dkv_norm(kv_norm), dsink(sink),
+        dwo_a(wo_a), dwo_b(wo_b) {
+    aar_dsa_step_builder_config_init(&sc);
+    sc.max_num_reqs = 2;
+    sc.max_num_tokens = 16;
+    sc.cos_table = dcos.get();
+    sc.sin_table = dsin.get();
+    sc.head_dim = kD;
+    sc.window = kW;
+    sc.num_heads_q = kN;
+    aar_dsa_step_builder_cp_init(&cp);
+    aar_dsa_group_config_init(&gc);
+    gc.kind = AAR_DSA_SWA;
+    gc.cache_block_size = kBs;
+    gc.max_blocks_per_req = kMax;
+    gc.num_blocks = kNb;
+    aar_dsa_impl_config_init(&ic);
+    ic.hidden_size = kHid;
+    ic.num_heads = kN;
+    ic.head_dim = kD;
+    ic.rope_dim = kR;
+    ic.q_lora_rank = kQ;
+    ic.compress_ratio = 1;
+    ic.o_groups = kG;
+    ic.o_lora_rank = kOl;
+    aar_dsa_weights_init(&w);
+    w.wq_a = dwq_a.get();
+    w.q_norm = dq_norm.get();
+    w.wq_b = dwq_b.get();
+    w.wkv = dwkv.get();
+    w.kv_norm = dkv_norm.get();
+    w.attn_sink = dsink.get();
+    w.wo_a = dwo_a.get();
+    w.wo_b = dwo_b.get();
+    aar_dsa_step_inputs_init(&in);
+    in.query_start_loc = qsl;
+    in.query_start_loc_len = 3;
+    in.seq_lens = seq;
+    in.seq_lens_len = 2;
+  }
+  // A step builder (cp given: made by the _cp function) with its SWA group, built for the step.
+  struct Built {
+    Built(DsaCp& m, const aar_dsa_step_builder_cp_t* c) {
+      if (c != nullptr) {
+        EXPECT_EQ(aar_dsa_step_builder_create_cp(&m.sc, c, &step), AAR_OK) << last();
+      } else {
+        EXPECT_EQ(aar_dsa_step_builder_create(&m.sc, &step), AAR_OK) << last();
+      }
+      EXPECT_EQ(aar_dsa_group_builder_create(step, &m.gc, &swa), AAR_OK) << last();
+      EXPECT_EQ(aar_dsa_step_builder_build(step, &m.in, &st), AAR_OK) << last();
+      EXPECT_EQ(aar_dsa_group_builder_build(swa, st, m.table, 4, kMax, &gm), AAR_OK) << last();
+    }
+    ~Built() {
+      aar_dsa_group_builder_destroy(swa);
+      aar_dsa_step_builder_destroy(step);
+    }
+    aar_dsa_step_builder_t* step = nullptr;
+    aar_dsa_group_builder_t* swa = nullptr;
+    const aar_dsa_step_metadata_t* st = nullptr;
+    const aar_dsa_group_metadata_t* gm = nullptr;
+  };
+  at::Tensor cos, sin, wq_a, q_norm, wq_b, wkv, kv_norm, sink, wo_a, wo_b;
+  Dl dcos, dsin, dwq_a, dq_norm, dwq_b, dwkv, dkv_norm, dsink, dwo_a, dwo_b;
+  aar_dsa_step_builder_config_t sc;
+  aar_dsa_step_builder_cp_t cp;
+  aar_dsa_group_config_t gc;
+  aar_dsa_impl_config_t ic;
+  aar_dsa_weights_t w;
+  aar_dsa_step_inputs_t in;
+  const int32_t qsl[3] = {0, 1, 4}, seq[2] = {2, 3}, table[4] = {1, 0, 2, 3};
+};
+
+}  // namespace
+
+TEST(CApiCp, DsaCpRejectedByName) {
+  DsaCp m;
+  EXPECT_EQ(m.cp.dcp_world_size, 1);
+  EXPECT_EQ(m.cp.dcp_rank, 0);
+  EXPECT_EQ(m.cp.interleave, 1);
+  aar_dsa_step_builder_t* const sentinel = reinterpret_cast<aar_dsa_step_builder_t*>(0x1);
+  aar_dsa_step_builder_t* out = sentinel;
+  auto bad = [&](auto edit, const char* needle) {
+    aar_dsa_step_builder_cp_t c = m.cp;
+    edit(c);
+    EXPECT_REJECTED(aar_dsa_step_builder_create_cp(&m.sc, &c, &out), AAR_ERR_INVALID_ARGUMENT, needle);
+    EXPECT_EQ(out, sentinel);
+  };
+  bad([](auto& c) { c.dcp_world_size = 0; }, "cp->dcp_world_size must be >= 1, got 0");
+  bad([](auto& c) { c.dcp_world_size = 2, c.dcp_rank = 2; }, "cp->dcp_rank=2 is out of range [0, dcp_world_size=2)");
+  bad([](auto& c) { c.interleave = 0; }, "cp->interleave must be >= 1, got 0");
+  bad([](auto& c) { c.struct_size = 8; }, "cp->struct_size is 8");
+  EXPECT_REJECTED(aar_dsa_step_builder_create_cp(&m.sc, nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "cp is NULL");
+  EXPECT_REJECTED(aar_dsa_step_builder_create_cp(nullptr, &m.cp, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
+  EXPECT_REJECTED(aar_dsa_step_builder_create_cp(&m.sc, &m.cp, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  EXPECT_EQ(out, sentinel);
+
+  aar_cp_comm_t* comm = tcp_world1();
+  ASSERT_NE(comm, nullptr);
+  aar_dsa_impl_t* const isentinel = reinterpret_cast<aar_dsa_impl_t*>(0x1);
+  aar_dsa_impl_t* layer = isentinel;
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(&m.ic, &m.w, nullptr, &layer), AAR_ERR_INVALID_ARGUMENT, "dcp_comm is NULL");
+  DsaCp::Built b(m, &m.cp);
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(&m.ic, &m.w, reinterpret_cast<aar_cp_comm_t*>(b.step), &layer),
+                  AAR_ERR_INVALID_ARGUMENT, "dcp_comm is an aar_dsa_step_builder_t, expected an aar_cp_comm_t");
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(&m.ic, &m.w, comm, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(nullptr, &m.w, comm, &layer), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
+  aar_dsa_weights_t w = m.w;
+  w.wkv = nullptr;
+  EXPECT_REJECTED(aar_dsa_impl_create_cp(&m.ic, &w, comm, &layer), AAR_ERR_INVALID_ARGUMENT, "weights->wkv");
+  EXPECT_EQ(layer, isentinel);
+  aar_cp_comm_destroy(comm);
+}
+
+// A DCP layer refuses metadata of another rank (or built without DCP) before any collective
+// (IdleBackend has none), cache and output untouched; a one-rank DCP layer (its communicator's
+// handle destroyed first) matches the single-rank layer.
+TEST(CApiCp, DsaCpLayerChecksTheMetadataAndOneRankMatches) {
+  DsaCp m;
+  auto pg = register_group("aar_c_api_dsa_cp_mismatch", 1, 2);
+  aar_cp_comm_t* two = comm_from("aar_c_api_dsa_cp_mismatch");
+  aar_cp_comm_t* one = tcp_world1();
+  ASSERT_NE(two, nullptr);
+  ASSERT_NE(one, nullptr);
+  aar_dsa_group_cache_info_t info;
+  info.struct_size = sizeof(info);
+  {
+    DsaCp::Built probe(m, nullptr);
+    ASSERT_EQ(aar_dsa_group_builder_cache_info(probe.swa, DsaCp::kNb, &info), AAR_OK) << last();
+  }
+  const std::vector<int64_t> shape(info.kv_shape, info.kv_shape + info.kv_ndim);
+  at::Tensor swa = at::zeros(shape), hidden = at::randn({4, DsaCp::kHid}), out = at::full({4, DsaCp::kHid}, 7.0f);
+  Dl dswa(swa), dh(hidden), dout(out);
+  const DLManagedTensor* kv[6] = {nullptr, dswa.get(), nullptr, nullptr, nullptr, nullptr};
+  aar_dsa_impl_t* layer = nullptr;
+  ASSERT_EQ(aar_dsa_impl_create_cp(&m.ic, &m.w, two, &layer), AAR_OK) << last();
+  aar_dsa_step_builder_cp_t c0 = m.cp;
+  c0.dcp_world_size = 2;
+  {
+    DsaCp::Built b0(m, &c0);
+    EXPECT_REJECTED(aar_dsa_impl_forward(layer, dh.get(), kv, 6, b0.st, &b0.gm, 1, dout.get(), nullptr),
+                    AAR_ERR_INVALID_ARGUMENT, "the layer's dcp_comm is rank 1 of 2");
+    DsaCp::Built b1(m, nullptr);
+    EXPECT_REJECTED(aar_dsa_impl_forward(layer, dh.get(), kv, 6, b1.st, &b1.gm, 1, dout.get(), nullptr),
+                    AAR_ERR_INVALID_ARGUMENT, "the layer's dcp_comm has 2 ranks but the metadata was built without DCP");
+  }
+  EXPECT_TRUE(at::equal(out, at::full_like(out, 7.0f)));
+  EXPECT_FALSE(swa.any().item<bool>());
+  aar_dsa_impl_destroy(layer);
+
+  // One rank: the DCP layer over a 1-rank group against the plain layer, same weights and step.
+  aar_dsa_impl_t *dcp = nullptr, *plain = nullptr;
+  ASSERT_EQ(aar_dsa_impl_create_cp(&m.ic, &m.w, one, &dcp), AAR_OK) << last();
+  aar_cp_comm_destroy(one);  // the layer keeps its Comm
+  ASSERT_EQ(aar_dsa_impl_create(&m.ic, &m.w, &plain), AAR_OK) << last();
+  at::Tensor swa2 = at::zeros(shape), out2 = at::zeros_like(out);
+  Dl dswa2(swa2), dout2(out2);
+  const DLManagedTensor* kv2[6] = {nullptr, dswa2.get(), nullptr, nullptr, nullptr, nullptr};
+  {
+    DsaCp::Built bd(m, &m.cp);
+    ASSERT_EQ(aar_dsa_impl_forward(dcp, dh.get(), kv, 6, bd.st, &bd.gm, 1, dout.get(), nullptr), AAR_OK) << last();
+    DsaCp::Built bp(m, nullptr);
+    ASSERT_EQ(aar_dsa_impl_forward(plain, dh.get(), kv2, 6, bp.st, &bp.gm, 1, dout2.get(), nullptr), AAR_OK)
+        << last();
+  }
+  EXPECT_TRUE(at::allclose(out, out2, 1e-5, 1e-5)) << (out - out2).abs().max().item<float>();
+  EXPECT_TRUE(at::equal(swa, swa2));
+  aar_dsa_impl_destroy(dcp);
+  aar_dsa_impl_destroy(plain);
+  aar_cp_comm_destroy(two);
+  c10d::unregister_process_group("aar_c_api_dsa_cp_mismatch");
+}

@@ -183,7 +183,7 @@ def test_pcp_spec_and_capture_functions_through_ctypes():
     local rows), and what the capture build and the update refuse, each naming the argument with
     nothing written."""
     lib = _lib()
-    assert lib.aar_c_api_version() == 6
+    assert lib.aar_c_api_version() == 7
     bc = PcpBuilderConfig()
     lib.aar_gqa_pcp_builder_config_init(ctypes.byref(bc))
     assert bc.struct_size == ctypes.sizeof(PcpBuilderConfig)
