@@ -84,11 +84,13 @@ class Bucket:
     """The model of test_vllm_dsa with context written for NREQ requests, a decode bucket captured through the
     adapter."""
 
-    def __init__(self, monkeypatch, dtype, prefill):
+    def __init__(self, monkeypatch, dtype, prefill, npu=None):
         self.m = m = CompressedModel(_graph_config(dtype), monkeypatch, NREQ, torch.Generator().manual_seed(29))
         self.S = list(prefill)
         m.step(list(range(NREQ)), self.S, self.S)  # the context: one prefill step, eagerly
-        self.store = vgraph.set_graph_provider("recording")
+        self.store = (vgraph.set_graph_provider("recording") if npu is None
+                      else vgraph.set_graph_provider("torch_npu", npu=npu))
+        self.device_graph = None if npu is None else npu.NPUGraph()
         hf = m.cfg.model_config.hf_config
         self.hidden = torch.zeros(B, hf.hidden_size, dtype=dtype)  # vLLM's static input buffer
         # vLLM's capture batch (_dummy_run): B one-token requests of KV length 1, the tables' rows as they are.
@@ -100,9 +102,11 @@ class Bucket:
             for name in g.layer_names:
                 md[name] = x
         before = _buffer(m).clone()
-        with vgraph.capture(B), set_forward_context(md, m.cfg, cudagraph_runtime_mode=FULL):
+        with vgraph.capture(B, device_graph=self.device_graph), \
+                set_forward_context(md, m.cfg, cudagraph_runtime_mode=FULL):
             self.outs = [layer(torch.zeros(B, dtype=torch.int64), self.hidden) for layer in m.layers]
-        assert torch.equal(_buffer(m), before), "the recording provider runs nothing at capture"
+        if npu is None:
+            assert torch.equal(_buffer(m), before), "the recording provider runs nothing at capture"
         assert len(self.store.calls(B)) == len(m.layers)  # one recorded call per layer
 
     def step(self, reqs):
@@ -234,3 +238,35 @@ def test_graph_refusals(vllm_dist, registered, monkeypatch, graph_store):
     with set_forward_context(_metadata(bk2.m, cams), bk2.m.cfg), \
             pytest.raises(NotImplementedError, match="changed after its graph capture"):
         bk2.m.layers[2](torch.zeros(B, dtype=torch.int64), bk2.hidden)
+
+
+def test_decode_bucket_through_torch_npu_hooks(vllm_dist, registered, monkeypatch, graph_store):
+    """The three layers captured inside a device-graph capture on the torch_npu provider (a double of torch.npu,
+    test_vllm_graph.NpuDouble; not run on an NPU): each layer is one plain kernel sequence of the device graph (it
+    reads only stable buffers), so the capture makes no task group and no event, and an update re-issues nothing:
+    it checks the step against the bucket, waits for the previous replay and enters the update stream; every replay
+    needs its update. A step of five requests is refused by the update with no task hook."""
+    from test_vllm_graph import NpuDouble
+
+    aar_vllm.register(family="deepseek_v4")
+    npu = NpuDouble()
+    bk = Bucket(monkeypatch, torch.float32, [20, 9, 30], npu=npu)
+    m = bk.m
+    assert npu.log == [] and [c[0] for c in bk.store.calls(B)] == ["prepare"] * len(m.layers)
+    for reqs in ([0, 1, 2], [2]):
+        S = [bk.S[r] + 1 for r in reqs]
+        cams = [_padded_cam(S, t[reqs], g.kv_cache_spec.block_size) for g, t in zip(m.groups, m.tables)]
+        vgraph.update(B, _metadata(m, cams))
+        vgraph.replay(B, bk.device_graph)
+        for r, s in zip(reqs, S):
+            bk.S[r] = s
+    assert npu.log == [("synchronize", "compute"), ("replay",)] * 2
+    with pytest.raises(ValueError, match="before update"):
+        vgraph.replay(B, bk.device_graph)
+    npu.log.clear()
+    bt = [t[[0, 1, 2, 0, 1]] for t in m.tables]
+    cams = [_common_metadata([1] * 5, [bk.S[r] + 1 for r in (0, 1, 2, 0, 1)], b, g.kv_cache_spec.block_size)[0]
+            for g, b in zip(m.groups, bt)]
+    with pytest.raises(ValueError, match="captured for 4 tokens of 4 requests"):
+        vgraph.update(B, _metadata(m, cams))
+    assert npu.log == [("synchronize", "compute")]  # no task hook
