@@ -286,24 +286,61 @@ def replay(num_tokens: int, device_graph=None) -> None:
     device_graph.replay()
 
 
-def check_uniform_decode(m, what: str) -> None:
-    """build_for_cudagraph_capture's batch: decode-only one-token requests (vLLM's uniform decode),
-    every request real (the bucket is the batch)."""
+def uniform_query_len(vllm_config, spec_graphs: bool = True) -> int:
+    """The query length of the decode requests vLLM captures (its ``uniform_decode_query_len``): 1 plus the
+    speculative tokens for a family that captures speculative buckets, else 1."""
+    from .dcp import num_speculative_tokens
+
+    return 1 + num_speculative_tokens(vllm_config) if spec_graphs else 1
+
+
+def check_uniform_decode(m, what: str, query_len: int = 1) -> None:
+    """build_for_cudagraph_capture's batch: decode-only requests of ``query_len`` tokens each (vLLM's uniform
+    decode: one token, or 1 + the speculative tokens under UNIFORM_BATCH), every request real (the bucket is
+    the batch)."""
     n = m.num_reqs
     q_lens = (m.query_start_loc_cpu[1: n + 1] - m.query_start_loc_cpu[:n]).tolist()
-    if any(q != 1 for q in q_lens) or m.num_actual_tokens != n:
-        raise NotImplementedError(f"{what}: build_for_cudagraph_capture takes uniform single-token decode batches "
-                                  f"(the declared UNIFORM_SINGLE_TOKEN_DECODE), got query lengths {q_lens} for "
-                                  f"num_actual_tokens={m.num_actual_tokens}")
+    if any(q != query_len for q in q_lens) or m.num_actual_tokens != n * query_len:
+        declared = ("uniform single-token decode batches (the declared UNIFORM_SINGLE_TOKEN_DECODE)" if query_len == 1
+                    else f"uniform decode batches of {query_len}-token requests (the declared UNIFORM_BATCH with "
+                         f"{query_len - 1} speculative tokens; a capture size that is not a multiple of {query_len} "
+                         "gives vLLM's capture batch a shorter last request: choose cudagraph_capture_sizes as "
+                         "multiples of it)")
+        raise NotImplementedError(f"{what}: build_for_cudagraph_capture takes {declared}, got query lengths "
+                                  f"{q_lens} for num_actual_tokens={m.num_actual_tokens}")
     _require_store()
 
 
 class GraphBuilderMixin:
     """build_for_cudagraph_capture and the declared support of the adapter's builders (see the module
-    docstring). The builder defines ``_graph_build(common_attn_metadata)``."""
+    docstring). The builder defines ``_graph_build(common_attn_metadata)``, which builds the runtime's capture
+    step in state ``self._graph_state()``."""
 
     _cudagraph_support = CUDAGRAPH_SUPPORT
+    #: Whether the family's runtime capture takes speculative decode buckets through the adapter (then, with
+    #: speculative tokens in vLLM's config and no decode context parallel, the builder declares UNIFORM_BATCH).
+    _spec_graphs: bool = False
+
+    @classmethod
+    def _spec_buckets(cls, vllm_config) -> bool:
+        from .dcp import num_speculative_tokens
+
+        pc = vllm_config.parallel_config
+        return (cls._spec_graphs and num_speculative_tokens(vllm_config) > 0
+                and getattr(pc, "decode_context_parallel_size", 1) == 1)
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
+        if cls._spec_buckets(vllm_config):
+            return AttentionCGSupport.UNIFORM_BATCH
+        return CUDAGRAPH_SUPPORT
+
+    def _graph_query_len(self) -> int:
+        return uniform_query_len(self.vllm_config, type(self)._spec_buckets(self.vllm_config))
+
+    def _graph_state(self):
+        return aar.AttentionState.SpecDecoding if self._graph_query_len() > 1 else aar.AttentionState.DecodeOnly
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
-        check_uniform_decode(common_attn_metadata, type(self).__name__)
+        check_uniform_decode(common_attn_metadata, type(self).__name__, self._graph_query_len())
         return self._graph_build(common_attn_metadata)
