@@ -4,16 +4,19 @@ and how vLLM's full-graph capture of decode runs through the runtime's capture, 
 * Every adapter builder (GQA, MLA, sparse MLA and its indexer group, the DeepSeek-V4 groups) declares
   ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE`` (vLLM then captures full graphs of decode-only
   batches of one-token requests, FULL_DECODE_ONLY) and implements ``build_for_cudagraph_capture`` with
-  the runtime builder's ``build_for_graph_capture`` (state DecodeOnly).
+  the runtime builder's ``build_for_graph_capture`` (state DecodeOnly). With speculative tokens (and no
+  decode context parallel) the GQA, MLA and sparse MLA / indexer builders declare ``UNIFORM_BATCH``
+  instead and capture requests of 1 + num_speculative_tokens tokens (state SpecDecoding).
 * ``set_graph_provider("recording")`` makes the runtime's parameter store (``aar.GraphParams``) the
   adapter records into: while ``capture(n)`` is open, the impls' calls (GQA forward, the MLA
   cache write and latent decode, the sparse indexer step and sparse attention, the DeepSeek-V4 layer's
-  ``Impl.forward``) are recorded into
-  bucket ``n`` instead of run; per step ``update(n, attn_metadata)`` refreshes the recorded calls from
-  the step's metadata and ``replay(n)`` re-issues them (the recording provider's replay, on CPU).
-* The NPU provider (torch_npu's graph-task hooks, ``ascend_attn_rt.npu_graph``) is refused by name
-  here: there is no NPU to capture on, and the adapter's wiring of vLLM's NPU graph wrapper to those
-  hooks is not written.
+  ``Impl.forward``) are recorded into bucket ``n`` instead of run; per step ``update(n, attn_metadata)``
+  refreshes the recorded calls from the step's metadata and ``replay(n)`` re-issues them (CPU).
+* ``set_graph_provider("torch_npu", stream=, update_stream=, npu=)`` makes it the runtime's hooks provider
+  filled from torch.npu's graph-task API (``ascend_attn_rt.npu_graph``): ``capture(n, device_graph=G)``
+  launches the calls into the device graph (attention calls in task groups with their events), per step
+  ``update`` (checks, waits for the previous replay, re-issues on the update stream) then ``replay(n, G)``.
+  Not run on an NPU here: tested with a double of torch.npu.
 
 The recording provider re-issues only the runtime's recorded calls: vLLM's own tensor work around
 them (the MLA layer's W_UK absorption and W_UV, the indexer's projections) is what a device graph
