@@ -5,7 +5,7 @@ and how vLLM's full-graph capture of decode runs through the runtime's capture, 
   ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE`` (vLLM then captures full graphs of decode-only
   batches of one-token requests, FULL_DECODE_ONLY) and implements ``build_for_cudagraph_capture`` with
   the runtime builder's ``build_for_graph_capture`` (state DecodeOnly). With speculative tokens (and no
-  decode context parallel) the GQA, MLA and sparse MLA / indexer builders declare ``UNIFORM_BATCH``
+  decode context parallel) the GQA, MLA, sparse MLA / indexer and DeepSeek-V4 builders declare ``UNIFORM_BATCH``
   instead and capture requests of 1 + num_speculative_tokens tokens (state SpecDecoding).
 * ``set_graph_provider("recording")`` makes the runtime's parameter store (``aar.GraphParams``) the
   adapter records into: while ``capture(n)`` is open, the impls' calls (GQA forward, the MLA
