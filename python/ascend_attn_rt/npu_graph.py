@@ -29,8 +29,11 @@ from typing import Any, Callable, Dict, Optional
 def torch_npu_hooks(stream: Any, update_stream: Any, npu: Optional[Any] = None) -> Dict[str, Callable]:
     """The eight hook callables for ``aar.GraphParams("hooks", ...)``.
 
-    ``stream``: the stream being captured; ``update_stream``: the stream the per-step updates
-    run on. ``npu`` defaults to ``torch.npu`` (torch_npu must be imported); tests pass a double.
+    ``stream``: the stream being captured, or None for the stream current at each captured call
+    (``npu.current_stream()``: the one ``torch.npu.graph`` captures on, which is what vllm-ascend's attention
+    takes); ``update_stream``: the stream the per-step updates run on (the re-issued operators must run on it
+    too: enter ``npu.stream(update_stream)`` around the update, as ``ascend_attn_rt.vllm.graph`` does).
+    ``npu`` defaults to ``torch.npu`` (torch_npu must be imported); tests pass a double.
     """
     if npu is None:
         import torch
@@ -39,18 +42,22 @@ def torch_npu_hooks(stream: Any, update_stream: Any, npu: Optional[Any] = None) 
         if npu is None or not hasattr(npu, "graph_task_update_begin"):
             raise RuntimeError("torch_npu is not loaded: import torch_npu first (torch.npu graph-task API missing)")
 
+    def captured():
+        return npu.current_stream() if stream is None else stream
+
     def event_wait_and_reset(event):
-        event.wait(stream)
-        event.reset(stream)
+        s = captured()
+        event.wait(s)
+        event.reset(s)
 
     return dict(
         create_event=npu.ExternalEvent,
         event_wait_and_reset=event_wait_and_reset,
-        task_group_begin=lambda: npu.graph_task_group_begin(stream),
-        task_group_end=lambda: npu.graph_task_group_end(stream),
+        task_group_begin=lambda: npu.graph_task_group_begin(captured()),
+        task_group_end=lambda: npu.graph_task_group_end(captured()),
         task_update_begin=lambda handle: npu.graph_task_update_begin(update_stream, handle),
         task_update_end=lambda: npu.graph_task_update_end(update_stream),
         event_record=lambda event: event.record(update_stream),
         # torch_npu calls fn(args); the runtime's callback takes none.
-        launch_host_func=lambda run: npu._launch_host_func(stream, lambda _args: run(), None),
+        launch_host_func=lambda run: npu._launch_host_func(captured(), lambda _args: run(), None),
     )

@@ -39,8 +39,8 @@ NREQ = 3
 FULL = CUDAGraphMode.FULL
 
 
-def _graph_config(dtype):
-    cfg = _cmp_config(dtype)
+def _graph_config(dtype, spec=0):
+    cfg = _cmp_config(dtype, spec)
     cfg.compilation_config = copy.copy(cfg.compilation_config)
     cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
     return cfg
@@ -84,15 +84,19 @@ class Bucket:
     """The model of test_vllm_dsa with context written for NREQ requests, a decode bucket captured through the
     adapter."""
 
-    def __init__(self, monkeypatch, dtype, prefill):
-        self.m = m = CompressedModel(_graph_config(dtype), monkeypatch, NREQ, torch.Generator().manual_seed(29))
+    def __init__(self, monkeypatch, dtype, prefill, npu=None, spec=0):
+        self.m = m = CompressedModel(_graph_config(dtype, spec), monkeypatch, NREQ, torch.Generator().manual_seed(29))
         self.S = list(prefill)
         m.step(list(range(NREQ)), self.S, self.S)  # the context: one prefill step, eagerly
-        self.store = vgraph.set_graph_provider("recording")
+        self.store = (vgraph.set_graph_provider("recording") if npu is None
+                      else vgraph.set_graph_provider("torch_npu", npu=npu))
+        self.device_graph = None if npu is None else npu.NPUGraph()
         hf = m.cfg.model_config.hf_config
         self.hidden = torch.zeros(B, hf.hidden_size, dtype=dtype)  # vLLM's static input buffer
-        # vLLM's capture batch (_dummy_run): B one-token requests of KV length 1, the tables' rows as they are.
-        cams = [_common_metadata([1] * B, [1] * B, torch.zeros(B, t.shape[1], dtype=torch.int32),
+        # vLLM's capture batch (_dummy_run): B / q requests of q = 1 + spec tokens and KV length q, the tables' rows
+        # as they are.
+        q = 1 + spec
+        cams = [_common_metadata([q] * (B // q), [q] * (B // q), torch.zeros(B // q, t.shape[1], dtype=torch.int32),
                                  g.kv_cache_spec.block_size)[0] for g, t in zip(m.groups, m.tables)]
         md = {}
         for g, b, cam in zip(m.groups, m.builders, cams):
@@ -100,9 +104,11 @@ class Bucket:
             for name in g.layer_names:
                 md[name] = x
         before = _buffer(m).clone()
-        with vgraph.capture(B), set_forward_context(md, m.cfg, cudagraph_runtime_mode=FULL):
+        with vgraph.capture(B, device_graph=self.device_graph), \
+                set_forward_context(md, m.cfg, cudagraph_runtime_mode=FULL):
             self.outs = [layer(torch.zeros(B, dtype=torch.int64), self.hidden) for layer in m.layers]
-        assert torch.equal(_buffer(m), before), "the recording provider runs nothing at capture"
+        if npu is None:
+            assert torch.equal(_buffer(m), before), "the recording provider runs nothing at capture"
         assert len(self.store.calls(B)) == len(m.layers)  # one recorded call per layer
 
     def step(self, reqs):
@@ -234,3 +240,81 @@ def test_graph_refusals(vllm_dist, registered, monkeypatch, graph_store):
     with set_forward_context(_metadata(bk2.m, cams), bk2.m.cfg), \
             pytest.raises(NotImplementedError, match="changed after its graph capture"):
         bk2.m.layers[2](torch.zeros(B, dtype=torch.int64), bk2.hidden)
+
+
+def test_decode_bucket_through_torch_npu_hooks(vllm_dist, registered, monkeypatch, graph_store):
+    """The three layers captured inside a device-graph capture on the torch_npu provider (a double of torch.npu,
+    test_vllm_graph.NpuDouble; not run on an NPU): each layer is one plain kernel sequence of the device graph (it
+    reads only stable buffers), so the capture makes no task group and no event, and an update re-issues nothing:
+    it checks the step against the bucket, waits for the previous replay and enters the update stream; every replay
+    needs its update. A step of five requests is refused by the update with no task hook."""
+    from test_vllm_graph import NpuDouble
+
+    aar_vllm.register(family="deepseek_v4")
+    npu = NpuDouble()
+    bk = Bucket(monkeypatch, torch.float32, [20, 9, 30], npu=npu)
+    m = bk.m
+    assert npu.log == [] and [c[0] for c in bk.store.calls(B)] == ["prepare"] * len(m.layers)
+    for reqs in ([0, 1, 2], [2]):
+        S = [bk.S[r] + 1 for r in reqs]
+        cams = [_padded_cam(S, t[reqs], g.kv_cache_spec.block_size) for g, t in zip(m.groups, m.tables)]
+        vgraph.update(B, _metadata(m, cams))
+        vgraph.replay(B, bk.device_graph)
+        for r, s in zip(reqs, S):
+            bk.S[r] = s
+    assert npu.log == [("synchronize", "compute"), ("replay",)] * 2
+    with pytest.raises(ValueError, match="before update"):
+        vgraph.replay(B, bk.device_graph)
+    npu.log.clear()
+    bt = [t[[0, 1, 2, 0, 1]] for t in m.tables]
+    cams = [_common_metadata([1] * 5, [bk.S[r] + 1 for r in (0, 1, 2, 0, 1)], b, g.kv_cache_spec.block_size)[0]
+            for g, b in zip(m.groups, bt)]
+    with pytest.raises(ValueError, match="captured for 4 tokens of 4 requests"):
+        vgraph.update(B, _metadata(m, cams))
+    assert npu.log == [("synchronize", "compute")]  # no task hook
+
+
+def test_speculative_bucket_replays_like_eager(vllm_dist, registered, monkeypatch, graph_store):
+    """num_speculative_tokens = 1: every group builder declares UNIFORM_BATCH and captures vLLM's uniform batch of two
+    requests of two tokens (state SpecDecoding); steps filling the bucket replay equal to the eager step of the same
+    requests, caches included, and (SWA-only and C128 layers) the float64 reference; the C4 layer's speculative decodes
+are checked against float64 in test_vllm_dsa (with the runtime's top-k), here against eager."""
+    aar_vllm.register(family="deepseek_v4")
+    bk = Bucket(monkeypatch, torch.float32, [127, 61, 254], spec=1)
+    m = bk.m
+    for g, b in zip(m.groups, m.builders):
+        assert type(b).get_cudagraph_support(m.cfg, g.kv_cache_spec) is AttentionCGSupport.UNIFORM_BATCH
+    with pytest.raises(NotImplementedError, match="uniform decode batches of 2-token requests"):
+        m.builders[0].build_for_cudagraph_capture(
+            _common_metadata([1] * B, [1] * B, torch.zeros(B, m.tables[0].shape[1], dtype=torch.int32),
+                             m.groups[0].kv_cache_spec.block_size)[0])
+    for reqs in ([0, 1], [2, 0], [1, 2]):
+        S = [bk.S[r] + 2 for r in reqs]
+        x = torch.cat([m.x[r][s - 2: s] for r, s in zip(reqs, S)])
+        buf = _buffer(m)
+        saved = buf.clone()
+        eager, _ = m.step(reqs, S, [2, 2])
+        eager_buf = buf.clone()
+        buf.copy_(saved)
+        cams = [_common_metadata([2, 2], S, t[reqs], g.kv_cache_spec.block_size)[0] for g, t in zip(m.groups, m.tables)]
+        md = _metadata(m, cams)
+        bk.hidden.copy_(x)
+        for o in bk.outs:
+            o.fill_(float("nan"))
+        vgraph.update(B, md)
+        vgraph.replay(B)
+        for r, s in zip(reqs, S):
+            bk.S[r] = s
+        for i, (out, want) in enumerate(zip(bk.outs, eager)):
+            torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-5, msg=lambda e: f"layer {i}: {e}")
+            if i < 2:  # SWA-only and C128: the float64 reference directly (C4's needs the top-k: via eager)
+                for j, (r, s) in enumerate(zip(reqs, S)):
+                    torch.testing.assert_close(out[2 * j: 2 * j + 2].double(), m.reference(i, r, s, 2), atol=2e-5,
+                                               rtol=1e-5, msg=lambda e: f"layer {i} request {r} vs float64: {e}")
+        replayed = buf.clone()
+        for name, c in _caches(m).items():
+            got = c[1:].clone()
+            buf.copy_(eager_buf)
+            want = c[1:].clone()
+            buf.copy_(replayed)
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5, equal_nan=True, msg=lambda e: f"{name}: {e}")

@@ -7,6 +7,7 @@ provider's replay, equal to an eager run of the same step on copies of the cache
 reference with an explicit mask). The recording provider replays only the runtime's recorded calls, so the
 activations vLLM's layer code would compute around them live in static buffers the test fills."""
 
+import contextlib
 import copy
 import types
 
@@ -76,12 +77,20 @@ def test_cudagraph_support_read_through_vllm(backend, spec_kind):
 
 
 def test_graph_provider_and_capture_build_refusals():
-    with pytest.raises(NotImplementedError, match="graph provider 'torch_npu'"):
-        vgraph.set_graph_provider("torch_npu")
-    with pytest.raises(NotImplementedError, match="graph provider 'hooks'"):
+    with pytest.raises(NotImplementedError, match="graph provider 'hooks'.*give provider 'torch_npu'"):
         vgraph.set_graph_provider("hooks")
     with pytest.raises(ValueError, match="provider='noop'"):
         vgraph.set_graph_provider("noop")
+    with pytest.raises(ValueError, match="update_stream: arguments of the 'torch_npu' graph provider"):
+        vgraph.set_graph_provider("recording", update_stream="s")
+    if not (hasattr(torch, "npu") and hasattr(torch.npu, "graph_task_update_begin")):
+        with pytest.raises(RuntimeError, match="torch_npu is not loaded"):
+            vgraph.set_graph_provider("torch_npu")
+    with pytest.raises(ValueError, match=r"lacks \['graph_task_update_begin'"):
+        vgraph.set_graph_provider("torch_npu", npu=types.SimpleNamespace(
+            **{k: None for k in ("ExternalEvent", "graph_task_group_begin", "graph_task_group_end",
+                                 "graph_task_update_end", "current_stream", "stream", "graph", "Stream")}))
+    assert vgraph.graph_params() is None  # a refused provider set nothing
     cfg = _vllm_config("vllm_tiny_gqa")
     cfg.cache_config.num_gpu_blocks = 64
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=32, dtype=torch.float16)
@@ -330,3 +339,517 @@ def test_sparse_builder_takes_vllms_is_prefilling():
     cam.is_prefilling = torch.tensor([False, True, True])  # a one-token extend flagged as a prefill
     with pytest.raises(NotImplementedError, match=r"is_prefilling marks requests \[1\]"):
         builder.build(0, cam)
+
+
+# --- the torch_npu provider, on a double of torch.npu (docs/design/vllm_sparse.md §6; not run on an NPU here)
+
+class _Stream:
+    def __init__(self, npu, name):
+        self.npu, self.name = npu, name
+
+    def synchronize(self):
+        self.npu.log.append(("synchronize", self.name))
+
+
+class _Event:
+    def __init__(self, npu):
+        self.npu = npu
+
+    def wait(self, s):
+        self.npu.log.append(("event_wait", s.name))
+
+    def reset(self, s):
+        self.npu.log.append(("event_reset", s.name))
+
+    def record(self, s):
+        self.npu.log.append(("event_record", s.name))
+
+
+class _NpuGraph:
+    def __init__(self, npu):
+        self.npu = npu
+
+    def replay(self):
+        self.npu.log.append(("replay",))
+
+
+class NpuDouble:
+    """A stand-in for torch.npu's graph API that logs every call with the stream it names (and, for a task update,
+    the stream current while the operator is re-issued). It cannot capture or replay CPU kernels: on it the
+    runtime's hooks provider launches every call at capture (the CPU twins run) and re-issues each attention call
+    at update (the CPU twin runs with the refreshed arguments); a device replay is only logged."""
+
+    def __init__(self):
+        self.log = []
+        self.compute = _Stream(self, "compute")
+        self._current = self.compute
+        self.capturing = False
+        self.handles = []
+
+    def ExternalEvent(self):  # noqa: N802 - torch.npu's name
+        return _Event(self)
+
+    def Stream(self):  # noqa: N802
+        return _Stream(self, "update")
+
+    def NPUGraph(self):  # noqa: N802
+        return _NpuGraph(self)
+
+    def current_stream(self):
+        return self._current
+
+    def is_current_stream_capturing(self):
+        return self.capturing
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        prev, self._current = self._current, s
+        try:
+            yield
+        finally:
+            self._current = prev
+
+    @contextlib.contextmanager
+    def graph(self, g, stream=None):
+        prev, self._current = self._current, stream or _Stream(self, "capture")
+        self.capturing = True
+        try:
+            yield
+        finally:
+            self._current, self.capturing = prev, False
+
+    def graph_task_group_begin(self, s):
+        self.log.append(("group_begin", s.name))
+
+    def graph_task_group_end(self, s):
+        self.log.append(("group_end", s.name))
+        self.handles.append(object())
+        return self.handles[-1]
+
+    def graph_task_update_begin(self, s, handle):
+        self.log.append(("update_begin", s.name, self.handles.index(handle), self._current.name))
+
+    def graph_task_update_end(self, s):
+        self.log.append(("update_end", s.name))
+
+
+CAPTURED_CALL = [("event_wait", "capture"), ("event_reset", "capture"), ("group_begin", "capture"),
+                 ("group_end", "capture")]
+
+
+def _updated_call(i):
+    return [("update_begin", "update", i, "update"), ("update_end", "update"), ("event_record", "update")]
+
+
+@pytest.fixture
+def npu():
+    double = NpuDouble()
+    try:
+        yield double
+    finally:
+        vgraph.clear_graph_provider()
+
+
+def test_torch_npu_provider_refusals(npu):
+    g = vgraph.set_graph_provider("torch_npu", npu=npu)
+    assert vgraph.graph_provider() == "torch_npu" and g.provider == "hooks"
+    with pytest.raises(RuntimeError, match="outside a device-graph capture"), vgraph.capture(B):
+        pass
+    assert not g.has(B)
+    with vgraph.capture(B, device_graph=npu.NPUGraph()):
+        pass  # an empty bucket
+    with pytest.raises(ValueError, match="replays the device graph: pass device_graph="):
+        vgraph.replay(B)
+    with pytest.raises(ValueError, match="replay of bucket 4 before update"):
+        vgraph.replay(B, npu.NPUGraph())
+    vgraph.set_graph_provider("recording")
+    with pytest.raises(ValueError, match="device_graph: the 'recording' graph provider"), \
+            vgraph.capture(B, device_graph=npu.NPUGraph()):
+        pass
+
+
+def test_gqa_bucket_through_torch_npu_hooks(npu):
+    """vLLM's GQA impl.forward captured inside a device-graph capture on the torch_npu provider: each layer's KV write
+    is a plain kernel of the graph (no hook), its attention call one task group with its event on the capture stream.
+    Per step the update waits for the previous replay, then re-issues each attention call on the update stream
+    between the task-update hooks (with the handle of its own task group) and records its event there; the replay
+    follows. The double runs the re-issue (the CPU twin, refreshed arguments) into the layer's output: with the
+    step's KV rows in the cache (the graph's KV write, emulated with the eager run's cache), that output equals the
+    eager step and the float64 reference."""
+    dtype = torch.float32
+    cfg = _vllm_config("vllm_tiny_gqa")
+    mc = cfg.model_config
+    N, NKV, D = mc.get_num_attention_heads(cfg.parallel_config), mc.get_num_kv_heads(cfg.parallel_config), \
+        mc.get_head_size()
+    nb = 2 + B * 5
+    cfg.cache_config.num_gpu_blocks = nb
+    gen = torch.Generator().manual_seed(13)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=NKV, head_size=D, dtype=dtype)
+    names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+    vgraph.set_graph_provider("torch_npu", npu=npu)
+    builder = AscendAttnRtBackend.get_builder_cls()(spec, names, cfg, CPU)
+    impls = [AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV) for _ in names]
+    caches = [torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype) for _ in names]
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    q_s = [torch.zeros(B, N * D, dtype=dtype) for _ in names]
+    kv_s = [torch.zeros(B, NKV * D, dtype=dtype) for _ in names]
+    out_s = [torch.zeros(B, N * D, dtype=dtype) for _ in names]
+    graph = npu.NPUGraph()
+    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
+    with vgraph.capture(B, device_graph=graph):
+        for i, impl in enumerate(impls):
+            impl.forward(None, q_s[i], kv_s[i], kv_s[i], caches[i], md, out_s[i])
+    assert npu.log == CAPTURED_CALL * 2
+    assert [c[0] for c in vgraph.graph_params().calls(B)] == ["kv_write", "fia"] * 2
+
+    for seq in STEPS + [[30, 12, 7]]:
+        nreal = len(seq)
+        md = builder.build(0, _cam(seq, bt, pad_to=B if nreal < B else None))
+        qs = [torch.randn(B, N * D, generator=gen).to(dtype) for _ in names]
+        kvs = [torch.randn(B, NKV * D, generator=gen).to(dtype) for _ in names]
+        expected = []
+        for i, impl in enumerate(impls):
+            kv = caches[i].clone()
+            out = torch.full((B, N * D), 7.0, dtype=dtype)
+            impl.forward(None, qs[i], kvs[i], kvs[i], kv, md, out)
+            expected.append(out)
+            caches[i].copy_(kv)  # what the device graph's KV write would leave (checked on the recording provider)
+            q_s[i].copy_(qs[i])
+        npu.log.clear()
+        vgraph.update(B, {n: md for n in names})
+        assert npu.log == [("synchronize", "compute")] + _updated_call(0) + _updated_call(1)
+        lists = vgraph.graph_params().captured_lists(B)
+        assert [lst[2][:nreal] for lst in lists] == [seq, seq]
+        vgraph.replay(B, graph)
+        assert npu.log[-1] == ("replay",)
+        for i in range(len(names)):
+            torch.testing.assert_close(out_s[i][:nreal], expected[i][:nreal], atol=1e-5, rtol=1e-5)
+            ref = _gqa_reference(qs[i].view(B, N, D)[:nreal], caches[i][0], caches[i][1], bt, seq, D ** -0.5)
+            torch.testing.assert_close(out_s[i].view(B, N, D)[:nreal].double(), ref, atol=1e-5, rtol=1e-5)
+    # A step that does not fit is refused before any task hook (after the harmless wait for the previous replay).
+    npu.log.clear()
+    md5 = builder.build(0, _cam([9] * 5, random_block_table([64] * 5, BS, nb, gen, width=WIDTH)))
+    with pytest.raises(ValueError):
+        vgraph.update(B, md5)
+    assert npu.log == [("synchronize", "compute")]
+    with pytest.raises(ValueError, match="before update"):
+        vgraph.replay(B, graph)
+
+
+def test_mla_bucket_through_torch_npu_hooks(npu):
+    """The MLA impl's do_kv_cache_update and forward_mqa on the torch_npu provider: the cache write and the query /
+    output moves are plain kernels of the device graph, the latent attention one task group; per step its re-issue
+    on the update stream carries the step's KV lengths (the double cannot run the graph's prepare kernels, so the
+    refreshed arguments are what is checked)."""
+    cfg = copy.copy(_vllm_config("vllm_tiny_mla"))
+    N, L, P, R, V, _ = _mla_dims(cfg)
+    nb = 2 + B * 5
+    cfg.cache_config.num_gpu_blocks = nb
+    gen = torch.Generator().manual_seed(15)
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
+                            cache_dtype_str="auto")
+    vgraph.set_graph_provider("torch_npu", npu=npu)
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], cfg, CPU)
+    impls = [_mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False)) for _ in range(2)]
+    caches = [torch.randn(nb, BS, L + R, generator=gen) for _ in impls]
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    qn_s, qr_s = torch.zeros(B, N, L), torch.zeros(B, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
+    graph = npu.NPUGraph()
+    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
+    with vgraph.capture(B, device_graph=graph):
+        for impl, kv in zip(impls, caches):
+            impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
+            impl.forward_mqa((qn_s, qr_s), kv, md, None)
+    assert npu.log == CAPTURED_CALL * 2
+    assert [c[0] for c in vgraph.graph_params().calls(B)] == ["prepare", "prepare", "fia_v2", "prepare"] * 2
+    for seq in STEPS:
+        md = builder.build(0, _cam(seq, bt))
+        npu.log.clear()
+        vgraph.update(B, md)
+        assert npu.log == [("synchronize", "compute")] + _updated_call(0) + _updated_call(1)
+        assert [lst[2] for lst in vgraph.graph_params().captured_lists(B)] == [seq, seq]
+        vgraph.replay(B, graph)
+    npu.log.clear()
+    with pytest.raises(ValueError):  # a padded step (the BNSD call takes one one-token request per row)
+        vgraph.update(B, builder.build(0, _cam([9, 9, 9], bt, pad_to=B)))
+    assert npu.log == [("synchronize", "compute")]  # no task hook
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32"])
+def test_sparse_bucket_through_torch_npu_hooks(npu, family):
+    """The sparse indexer op and sparse MLA impl on the torch_npu provider: every call is a plain kernel of the
+    device graph (nothing read from host lists), so the capture makes no task group and an update re-issues
+    nothing: it checks the step fills the bucket, waits for the previous replay and enters the update stream."""
+    import test_vllm_sparse as ts
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
+
+    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
+    try:
+        aar_vllm.register(family=family)
+        cfg = ts._config(family, torch.float32)
+        cfg.compilation_config = copy.copy(cfg.compilation_config)
+        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        nb = 2 + B * 5
+        cfg.cache_config.num_gpu_blocks = nb
+        gen = torch.Generator().manual_seed(19)
+        vgraph.set_graph_provider("torch_npu", npu=npu)
+        with set_current_vllm_config(cfg):
+            lay = ts.Layer(cfg, torch.float32, nb, gen)
+            N, L, R, n, D = lay.N, lay.L, lay.R, lay.n, lay.D
+            bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+            cam = _cam([9] * B, bt)
+            md, imd = lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam)
+            graph = npu.NPUGraph()
+            with vgraph.capture(B, device_graph=graph):
+                lay.op.run(torch.zeros(B, n, D), torch.zeros(B, D), torch.zeros(B, n), lay.idx_cache, imd)
+                lay.impl.do_kv_cache_update(torch.zeros(B, L), torch.zeros(B, 1, R), lay.kv_cache,
+                                            torch.zeros(B, dtype=torch.int64), "auto", torch.ones(()))
+                lay.impl.forward_mqa((torch.zeros(B, N, L), torch.zeros(B, N, R)), lay.kv_cache, md, None)
+            assert npu.log == []
+            assert [c[0] for c in vgraph.graph_params().calls(B)] == ["prepare"] * 3
+            for seq in STEPS:
+                cam = _cam(seq, bt)
+                vgraph.update(B, {"a": lay.builder.build(0, cam), "b": lay.ibuilder.build(0, cam)})
+                vgraph.replay(B, graph)
+            assert npu.log == [("synchronize", "compute"), ("replay",)] * len(STEPS)
+            npu.log.clear()
+            cam = _cam([9, 9, 9], bt, pad_to=B)
+            with pytest.raises(ValueError, match="padded step"):
+                vgraph.update(B, {"a": lay.builder.build(0, cam), "b": lay.ibuilder.build(0, cam)})
+            assert npu.log == []
+    finally:
+        _ATTN_OVERRIDES.clear()
+        _ATTN_OVERRIDES.update(saved)
+        op_registry_oot.pop("SparseAttnIndexer", None)
+        if had is not None:
+            op_registry_oot["SparseAttnIndexer"] = had
+
+
+# --- speculative decode buckets (UNIFORM_BATCH): requests of 1 + num_speculative_tokens tokens
+
+SPEC = 1
+Q = 1 + SPEC
+BQ = 8  # the bucket: four requests of two tokens
+
+
+def _spec_config(name):
+    cfg = copy.copy(_vllm_config(name))
+    cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=SPEC)  # what the builders read of it
+    cfg.cache_config = copy.copy(cfg.cache_config)
+    cfg.cache_config.num_gpu_blocks = 2 + B * 5
+    return cfg
+
+
+def _spec_cam(seq_lens, bt):
+    """vLLM's uniform decode batch: each request's Q newest tokens (positions seq_len - Q .. seq_len - 1)."""
+    n = len(seq_lens)
+    qsl = torch.arange(0, Q * n + 1, Q, dtype=torch.int32)
+    slots = [int(bt[i, p // BS]) * BS + p % BS for i, s in enumerate(seq_lens) for p in range(s - Q, s)]
+    return _common_metadata(qsl, torch.tensor(seq_lens, dtype=torch.int32), bt[:n].contiguous(),
+                            torch.tensor(slots, dtype=torch.int64))
+
+
+def _latent_reference(qn, qr, caches, bt, r, positions, scale):
+    """float64 latent attention of one query token (qn (N, L), qr (N, R)) over the given positions of request r's
+    rows of the latent and rope caches (the adapter's views of vLLM's buffer, ``impl._caches``; explicit mask: only
+    those positions), output (N, L)."""
+    p = torch.as_tensor(positions, dtype=torch.int64)
+    blocks, offs = bt[r, p // BS].long(), p % BS
+    c, kpe = caches[0][blocks, offs].reshape(len(p), -1).double(), caches[1][blocks, offs].reshape(len(p), -1).double()
+    w = torch.softmax((qn.double() @ c.T + qr.double() @ kpe.T) * scale, dim=-1)
+    return w @ c
+
+
+@pytest.mark.parametrize("backend,name", [(AscendAttnRtBackend, "vllm_tiny_gqa"), (AscendAttnRtMlaBackend,
+                                                                                   "vllm_tiny_mla"),
+                                          (AscendAttnRtSparseMlaBackend, "vllm_tiny_mla"),
+                                          (AscendAttnRtIndexerBackend, "vllm_tiny_mla")])
+def test_speculative_tokens_declare_uniform_batch(backend, name):
+    cfg = _spec_config(name)
+    spec = (FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=32, dtype=torch.float16) if "gqa" in name
+            else MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=80, dtype=torch.float16))
+    assert backend.get_builder_cls().get_cudagraph_support(cfg, spec) is AttentionCGSupport.UNIFORM_BATCH
+    # vLLM's resolution with uniform_decode_query_len = 1 + num_speculative_tokens: FULL_DECODE_ONLY is kept for
+    # UNIFORM_BATCH; the single-token level would make vLLM give up full decode graphs (here: PIECEWISE).
+    for support in (AttentionCGSupport.UNIFORM_BATCH, AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE):
+        cc = copy.deepcopy(cfg.compilation_config)
+        cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size = [2, 4, 8], 8
+        mode = cc.resolve_cudagraph_mode_and_sizes(support, backend.__name__, Q, use_v2_model_runner=False,
+                                                   tensor_parallel_size=1, kv_cache_config=None, max_num_reqs=8,
+                                                   is_profiling=False)
+        assert (mode == CUDAGraphMode.FULL_DECODE_ONLY) == (support is AttentionCGSupport.UNIFORM_BATCH), (support, mode)
+
+
+def test_gqa_speculative_bucket_replays_like_eager(store):
+    dtype = torch.float32
+    cfg = _spec_config("vllm_tiny_gqa")
+    mc = cfg.model_config
+    N, NKV, D = mc.get_num_attention_heads(cfg.parallel_config), mc.get_num_kv_heads(cfg.parallel_config), \
+        mc.get_head_size()
+    nb = cfg.cache_config.num_gpu_blocks
+    gen = torch.Generator().manual_seed(23)
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=NKV, head_size=D, dtype=dtype)
+    names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+    builder = AscendAttnRtBackend.get_builder_cls()(spec, names, cfg, CPU)
+    impls = [AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV) for _ in names]
+    caches = [torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype) for _ in names]
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    q_s = [torch.zeros(BQ, N * D, dtype=dtype) for _ in names]
+    k_s = [torch.zeros(BQ, NKV * D, dtype=dtype) for _ in names]
+    v_s = [torch.zeros(BQ, NKV * D, dtype=dtype) for _ in names]
+    out_s = [torch.zeros(BQ, N * D, dtype=dtype) for _ in names]
+    with pytest.raises(NotImplementedError, match="uniform decode batches of 2-token requests"):
+        builder.build_for_cudagraph_capture(_cam([9] * B, bt))  # one-token requests: not this config's bucket
+    md = builder.build_for_cudagraph_capture(_spec_cam([9] * B, bt))
+    with vgraph.capture(BQ):
+        for i, impl in enumerate(impls):
+            impl.forward(None, q_s[i], k_s[i], v_s[i], caches[i], md, out_s[i])
+    assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["kv_write", "fia"] * 2
+    for seq in STEPS:
+        md = builder.build(0, _spec_cam(seq, bt))
+        qs = [torch.randn(BQ, N * D, generator=gen) for _ in names]
+        ks = [torch.randn(BQ, NKV * D, generator=gen) for _ in names]
+        vs = [torch.randn(BQ, NKV * D, generator=gen) for _ in names]
+        expected, eager_caches = [], []
+        for i, impl in enumerate(impls):
+            kv = caches[i].clone()
+            out = torch.full((BQ, N * D), 7.0)
+            impl.forward(None, qs[i], ks[i], vs[i], kv, md, out)
+            expected.append(out)
+            eager_caches.append(kv)
+            q_s[i].copy_(qs[i]), k_s[i].copy_(ks[i]), v_s[i].copy_(vs[i])
+        vgraph.update(BQ, {n: md for n in names})
+        vgraph.replay(BQ)
+        for i in range(len(names)):
+            torch.testing.assert_close(out_s[i], expected[i], atol=1e-5, rtol=1e-5)
+            assert torch.equal(caches[i], eager_caches[i])
+            # float64: token j of request r at position s - Q + j sees positions <= its own (explicit causal mask)
+            q = qs[i].view(B, Q, N, D)
+            for j in range(Q):
+                ref = _gqa_reference(q[:, j], caches[i][0], caches[i][1], bt, [s - Q + j + 1 for s in seq],
+                                     D ** -0.5)
+                torch.testing.assert_close(out_s[i].view(B, Q, N, D)[:, j].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_mla_speculative_bucket_replays_like_eager(store):
+    cfg = _spec_config("vllm_tiny_mla")
+    N, L, P, R, V, _ = _mla_dims(cfg)
+    nb = cfg.cache_config.num_gpu_blocks
+    gen = torch.Generator().manual_seed(25)
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
+                            cache_dtype_str="auto")
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], cfg, CPU)
+    assert builder.reorder_batch_threshold == Q
+    impls = [_mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False)) for _ in range(2)]
+    caches = [torch.randn(nb, BS, L + R, generator=gen) for _ in impls]
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    qn_s, qr_s = torch.zeros(BQ, N, L), torch.zeros(BQ, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(BQ, L), torch.zeros(BQ, 1, R), torch.zeros(BQ, dtype=torch.int64)
+    md = builder.build_for_cudagraph_capture(_spec_cam([9] * B, bt))
+    outs = []
+    with vgraph.capture(BQ):
+        for impl, kv in zip(impls, caches):
+            impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
+            outs.append(impl.forward_mqa((qn_s, qr_s), kv, md, None)[0])
+    assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare", "prepare", "fia_v2", "prepare"] * 2
+    for seq in STEPS:
+        cam = _spec_cam(seq, bt)
+        md = builder.build(0, cam)
+        assert (md.num_decodes, md.num_decode_tokens) == (B, BQ)
+        qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
+                          torch.randn(BQ, L, generator=gen), torch.randn(BQ, 1, R, generator=gen))
+        expected, eager_caches = [], []
+        for impl, kv in zip(impls, caches):
+            kv2 = kv.clone()
+            impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
+            expected.append(impl.forward_mqa((qn, qr), kv2, md, None)[0].clone())
+            eager_caches.append(kv2)
+        for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe), (slots_s, cam.slot_mapping)):
+            buf.copy_(src)
+        vgraph.update(BQ, md)
+        vgraph.replay(BQ)
+        for i, impl in enumerate(impls):
+            torch.testing.assert_close(outs[i], expected[i], atol=1e-5, rtol=1e-5)
+            assert torch.equal(caches[i], eager_caches[i])
+            for r, s in enumerate(seq):
+                for j in range(Q):
+                    t = r * Q + j
+                    ref = _latent_reference(qn[t], qr[t], impl._caches(caches[i]), bt, r, range(s - Q + j + 1),
+                                            impl.scale)
+                    torch.testing.assert_close(outs[i][t].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_sparse_speculative_bucket_replays_like_eager(store):
+    import test_vllm_sparse as ts
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
+
+    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
+    try:
+        aar_vllm.register(family="deepseek_v32")
+        cfg = ts._config("deepseek_v32", torch.float32)
+        cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=SPEC)
+        cfg.compilation_config = copy.copy(cfg.compilation_config)
+        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        nb = 2 + B * 5
+        cfg.cache_config.num_gpu_blocks = nb
+        gen = torch.Generator().manual_seed(27)
+        with set_current_vllm_config(cfg):
+            lay = ts.Layer(cfg, torch.float32, nb, gen)
+            spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=lay.L + lay.R, dtype=torch.float32)
+            assert type(lay.builder).get_cudagraph_support(cfg, spec) is AttentionCGSupport.UNIFORM_BATCH
+            _sparse_spec_case(lay, gen, nb)
+    finally:
+        _ATTN_OVERRIDES.clear()
+        _ATTN_OVERRIDES.update(saved)
+        op_registry_oot.pop("SparseAttnIndexer", None)
+        if had is not None:
+            op_registry_oot["SparseAttnIndexer"] = had
+
+
+def _sparse_spec_case(lay, gen, nb):
+    N, L, R, n, D = lay.N, lay.L, lay.R, lay.n, lay.D
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    iq_s, ik_s, w_s = torch.zeros(BQ, n, D), torch.zeros(BQ, D), torch.zeros(BQ, n)
+    qn_s, qr_s = torch.zeros(BQ, N, L), torch.zeros(BQ, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(BQ, L), torch.zeros(BQ, 1, R), torch.zeros(BQ, dtype=torch.int64)
+    cam = _spec_cam([9] * B, bt)
+    md, imd = lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam)
+    with vgraph.capture(BQ):
+        lay.op.run(iq_s, ik_s, w_s, lay.idx_cache, imd)
+        lay.impl.do_kv_cache_update(c_s, kpe_s, lay.kv_cache, slots_s, "auto", torch.ones(()))
+        out = lay.impl.forward_mqa((qn_s, qr_s), lay.kv_cache, md, None)[0]
+    assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare"] * 3
+    for seq in STEPS:
+        cam = _spec_cam(seq, bt)
+        md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
+        assert (md.num_decodes, md.num_decode_tokens) == (B, BQ)
+        iq, ik, w = torch.randn(BQ, n, D, generator=gen), torch.randn(BQ, D, generator=gen), \
+            torch.rand(BQ, n, generator=gen)
+        qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
+                          torch.randn(BQ, L, generator=gen), torch.randn(BQ, 1, R, generator=gen))
+        idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
+        lay.op.run(iq, ik, w, idx2, imd)
+        topk_eager = lay.buf[:BQ].clone()
+        lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
+        expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
+        lay.buf.fill_(-7)
+        for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
+                         (slots_s, cam.slot_mapping)):
+            buf.copy_(src)
+        vgraph.update(BQ, {"a": md, "b": imd})
+        vgraph.replay(BQ)
+        assert torch.equal(lay.buf[:BQ], topk_eager)
+        assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        # float64 over the selected positions (the top-k of the replay, causal: each token's own prefix)
+        for r, s in enumerate(seq):
+            for j in range(Q):
+                t = r * Q + j
+                sel = [int(p) for p in lay.buf[t] if p >= 0]
+                assert sel and max(sel) <= s - Q + j
+                ref = _latent_reference(qn[t], qr[t], lay.impl._caches(lay.kv_cache), bt, r, sel, lay.impl.scale)
+                torch.testing.assert_close(out[t].double(), ref, atol=1e-5, rtol=1e-5)

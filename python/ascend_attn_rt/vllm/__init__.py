@@ -164,6 +164,7 @@ def _builder_sizes(kv_cache_spec, vllm_config, dcp_ok: bool = False) -> dict:
 
 class AscendAttnRtMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
     reorder_batch_threshold: int | None = 1
+    _spec_graphs = True  # the GQA capture takes SpecDecoding buckets (docs/design/vllm_sparse.md §6)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -205,7 +206,7 @@ class AscendAttnRtMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
             return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
                                                          state=aar.AttentionState.DecodeOnly)
         return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
-                                                     state=aar.AttentionState.DecodeOnly, causal=causal)
+                                                     state=self._graph_state(), causal=causal)
 
 
 class AscendAttnRtImpl(AttentionImpl):
@@ -326,6 +327,7 @@ class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder
     """vLLM's CommonAttentionMetadata -> the runtime's mla.Metadata (one C++ build per step)."""
 
     reorder_batch_threshold: int | None = 1
+    _spec_graphs = True  # the MLA capture takes speculative (TND) buckets (docs/design/vllm_sparse.md §6)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -359,7 +361,7 @@ class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder
     def _graph_build(self, m: CommonAttentionMetadata):
         qsl, seq_lens, bt, causal = _build_inputs(0, m)
         return self._builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
-                                                     state=aar.AttentionState.DecodeOnly)
+                                                     state=self._graph_state())
 
 
 class AscendAttnRtMlaImpl(MLAAttentionImpl):

@@ -17,7 +17,8 @@ vLLM's block table of that group; the step builder (``dsa.StepBuilder``) is shar
 config and runs once per step.
 
 Served: SWA-only, C4 and C128 layers, eager and decode graphs (``cudagraph_mode=FULL_DECODE_ONLY``: every builder
-declares uniform single-token decode, ``build_for_cudagraph_capture`` builds the runtime's capture step, the layer's
+declares uniform single-token decode, or the uniform batch with speculative tokens, ``build_for_cudagraph_capture`` builds
+the runtime's capture step, the layer's
 ``forward`` inside ``ascend_attn_rt.vllm.graph.capture`` records the runtime's layer, ``graph.update`` / ``replay``
 refresh and re-issue it; docs/design/vllm_dsa.md §6), single rank, A2/A3 plan (plain rows in the model dtype, int8
 indexer), vLLM's hybrid KV-cache manager on. Refused by name when the layer or a builder is made: other ratios,
@@ -243,14 +244,15 @@ class _SharedStep:
         self.num_swa_groups = 0
 
     def step(self, qsl: torch.Tensor, seq_lens: torch.Tensor, num_input_tokens: int, num_reqs_actual: int = -1,
-             capture: bool = False):
-        key = (num_input_tokens, num_reqs_actual, capture, tuple(qsl.tolist()), tuple(seq_lens.tolist()))
+             capture_state=None):
+        capture = capture_state is not None
+        key = (num_input_tokens, num_reqs_actual, capture_state, tuple(qsl.tolist()), tuple(seq_lens.tolist()))
         if self._step is None or key != self._key or self.builder.generation != self._generation:
             self._step = None  # a rejected build leaves nothing to reuse
             if capture:
                 self._step = self.builder.build_for_graph_capture(
                     qsl, seq_lens, num_reqs_actual=num_reqs_actual, num_input_tokens=num_input_tokens,
-                    state=aar.AttentionState.DecodeOnly)
+                    state=capture_state)
             else:
                 self._step = self.builder.build(qsl, seq_lens, num_reqs_actual=num_reqs_actual,
                                                 num_input_tokens=num_input_tokens)
@@ -356,6 +358,7 @@ class _DsaGroupMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
 
     _KIND: ClassVar[str] = ""
     reorder_batch_threshold: int | None = 1
+    _spec_graphs = True  # the DSA capture takes SpecDecoding buckets (docs/design/vllm_dsa.md §6)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -393,12 +396,13 @@ class _DsaGroupMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
         return self._metadata(st, bt, m)
 
     def _graph_build(self, m: CommonAttentionMetadata) -> AscendAttnRtDsaMetadata:
-        # vLLM's capture batch: uniform one-token decodes, every request real (check_uniform_decode).
+        # vLLM's capture batch: uniform decodes of 1 (+ k speculative) tokens, every request real
+        # (check_uniform_decode).
         qsl, seq_lens, bt, causal = _build_inputs(0, m)
         if not causal:
             raise NotImplementedError("causal=False: non-causal DeepSeek-V4 attention is not supported by "
                                       "ascend_attn_rt's vLLM adapter")
-        st = self._shared.step(qsl, seq_lens, m.num_actual_tokens, capture=True)
+        st = self._shared.step(qsl, seq_lens, m.num_actual_tokens, capture_state=self._graph_state())
         return self._metadata(st, bt, m)
 
     def _metadata(self, st, bt, m) -> AscendAttnRtDsaMetadata:

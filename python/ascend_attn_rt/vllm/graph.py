@@ -4,16 +4,19 @@ and how vLLM's full-graph capture of decode runs through the runtime's capture, 
 * Every adapter builder (GQA, MLA, sparse MLA and its indexer group, the DeepSeek-V4 groups) declares
   ``AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE`` (vLLM then captures full graphs of decode-only
   batches of one-token requests, FULL_DECODE_ONLY) and implements ``build_for_cudagraph_capture`` with
-  the runtime builder's ``build_for_graph_capture`` (state DecodeOnly).
+  the runtime builder's ``build_for_graph_capture`` (state DecodeOnly). With speculative tokens (and no
+  decode context parallel) the GQA, MLA, sparse MLA / indexer and DeepSeek-V4 builders declare ``UNIFORM_BATCH``
+  instead and capture requests of 1 + num_speculative_tokens tokens (state SpecDecoding).
 * ``set_graph_provider("recording")`` makes the runtime's parameter store (``aar.GraphParams``) the
   adapter records into: while ``capture(n)`` is open, the impls' calls (GQA forward, the MLA
   cache write and latent decode, the sparse indexer step and sparse attention, the DeepSeek-V4 layer's
-  ``Impl.forward``) are recorded into
-  bucket ``n`` instead of run; per step ``update(n, attn_metadata)`` refreshes the recorded calls from
-  the step's metadata and ``replay(n)`` re-issues them (the recording provider's replay, on CPU).
-* The NPU provider (torch_npu's graph-task hooks, ``ascend_attn_rt.npu_graph``) is refused by name
-  here: there is no NPU to capture on, and the adapter's wiring of vLLM's NPU graph wrapper to those
-  hooks is not written.
+  ``Impl.forward``) are recorded into bucket ``n`` instead of run; per step ``update(n, attn_metadata)``
+  refreshes the recorded calls from the step's metadata and ``replay(n)`` re-issues them (CPU).
+* ``set_graph_provider("torch_npu", stream=, update_stream=, npu=)`` makes it the runtime's hooks provider
+  filled from torch.npu's graph-task API (``ascend_attn_rt.npu_graph``): ``capture(n, device_graph=G)``
+  launches the calls into the device graph (attention calls in task groups with their events), per step
+  ``update`` (checks, waits for the previous replay, re-issues on the update stream) then ``replay(n, G)``.
+  Not run on an NPU here: tested with a double of torch.npu.
 
 The recording provider re-issues only the runtime's recorded calls: vLLM's own tensor work around
 them (the MLA layer's W_UK absorption and W_UV, the indexer's projections) is what a device graph
@@ -33,40 +36,95 @@ from .. import _C as aar
 #: The cudagraph support every adapter builder declares to vLLM.
 CUDAGRAPH_SUPPORT = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
-_PROVIDERS = ("recording",)
+_PROVIDERS = ("recording", "torch_npu")
 _REFUSED = {
-    "hooks": "the NPU provider (torch_npu's graph-task hooks) needs an NPU and vLLM's NPU graph wrapper, "
-             "neither of which the adapter drives here",
-    "torch_npu": "torch_npu's graph capture needs an NPU and vLLM's NPU graph wrapper, neither of which the "
-                 "adapter drives here",
+    "hooks": "the adapter builds the hooks itself from torch.npu's graph-task API: give provider 'torch_npu' "
+             "(stream=, update_stream=, npu=); a C++ engine fills aar::graph::GraphHooks instead",
 }
 
 _store: Optional[object] = None
 
 
-def set_graph_provider(provider: str = "recording"):
+class _Device:
+    """The torch_npu provider's device side: the torch.npu module (or a double), the stream a capture records on
+    (None: the stream current at each captured call, the one torch.npu.graph captures on) and the update stream."""
+
+    def __init__(self, npu, stream, update_stream):
+        self.npu, self.stream, self.update_stream = npu, stream, update_stream
+        self.updated: set = set()  # buckets updated since their last device replay
+
+    def replay_stream(self):
+        return self.npu.current_stream() if self.stream is None else self.stream
+
+
+_device: Optional[_Device] = None
+
+#: What the torch_npu provider calls on torch.npu (checked when it is set, so a missing piece is named there).
+_NPU_API = ("ExternalEvent", "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
+            "graph_task_update_end", "current_stream", "stream", "graph")
+
+
+def _torch_npu_module():
+    import torch
+
+    npu = getattr(torch, "npu", None)
+    if npu is None or not hasattr(npu, "graph_task_update_begin"):
+        raise RuntimeError("graph provider 'torch_npu': torch_npu is not loaded (torch.npu's graph-task API is "
+                           "missing): import torch_npu first, or pass npu=")
+    return npu
+
+
+def set_graph_provider(provider: str = "recording", *, stream=None, update_stream=None, npu=None):
     """Makes a new parameter store (``aar.GraphParams``) of ``provider`` the one the adapter's graph
-    mode records into, releasing the previous one's buckets; returns it. Only ``"recording"`` (the CPU
-    provider: capture records, ``replay`` re-issues) is supported; ``"hooks"`` / ``"torch_npu"`` raise
-    NotImplementedError naming why, anything else ValueError."""
-    global _store
+    mode records into, releasing the previous one's buckets; returns it.
+
+    * ``"recording"`` (CPU): capture records, ``replay(n)`` re-issues the records. Takes no other argument.
+    * ``"torch_npu"`` (NPU, docs/design/vllm_sparse.md §6): the runtime's hooks provider filled from torch.npu's
+      graph-task API (``ascend_attn_rt.npu_graph.torch_npu_hooks``). ``stream``: the stream the device graph is
+      captured on (None: the stream current at each captured call); ``update_stream``: the stream the per-step
+      updates re-issue on (None: a new ``npu.Stream()``); ``npu``: ``torch.npu`` by default (torch_npu must be
+      imported), a double in tests. Captures go inside a device-graph capture (``capture(n, device_graph=...)``
+      or the engine's own ``torch.npu.graph``); per step ``update(n, md)`` then ``replay(n, device_graph)``.
+
+    ``"hooks"`` raises NotImplementedError naming ``"torch_npu"``; anything else ValueError."""
+    global _store, _device
     if provider in _REFUSED:
         raise NotImplementedError(f"graph provider {provider!r} is not supported by ascend_attn_rt's vLLM adapter: "
                                   f"{_REFUSED[provider]}")
     if provider not in _PROVIDERS:
         raise ValueError(f"provider={provider!r} is not one of {list(_PROVIDERS) + sorted(_REFUSED)}")
+    device = None
+    if provider == "recording":
+        given = [name for name, v in (("stream", stream), ("update_stream", update_stream), ("npu", npu))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: arguments of the 'torch_npu' graph provider, not of 'recording'")
+        new = aar.GraphParams("recording")
+    else:
+        from ..npu_graph import torch_npu_hooks
+
+        npu = _torch_npu_module() if npu is None else npu
+        missing = [name for name in _NPU_API + (() if update_stream is not None else ("Stream",))
+                   if not hasattr(npu, name)]
+        if missing:
+            raise ValueError(f"npu={npu!r} lacks {missing}: the 'torch_npu' graph provider needs torch.npu's "
+                             "graph-task API")
+        if update_stream is None:
+            update_stream = npu.Stream()  # a stream of its own, as vllm-ascend's model runner makes one
+        device = _Device(npu, stream, update_stream)
+        new = aar.GraphParams("hooks", **torch_npu_hooks(stream, update_stream, npu=npu))
     if _store is not None:
         _store.release_all()
-    _store = aar.GraphParams(provider)
+    _store, _device = new, device
     return _store
 
 
 def clear_graph_provider() -> None:
     """Releases the store's buckets and unsets it (graph mode off)."""
-    global _store
+    global _store, _device
     if _store is not None:
         _store.release_all()
-    _store = None
+    _store, _device = None, None
 
 
 def graph_params():
@@ -74,10 +132,17 @@ def graph_params():
     return _store
 
 
+def graph_provider() -> Optional[str]:
+    """``"recording"``, ``"torch_npu"`` or None (graph mode off)."""
+    if _store is None:
+        return None
+    return "recording" if _device is None else "torch_npu"
+
+
 def _require_store():
     if _store is None:
         raise RuntimeError("no graph provider is set: call ascend_attn_rt.vllm.graph.set_graph_provider('recording') "
-                           "before capturing")
+                           "(CPU) or set_graph_provider('torch_npu', ...) (NPU) before capturing")
     return _store
 
 
@@ -89,11 +154,39 @@ def refuse_if_capturing(what: str) -> None:
 
 
 @contextlib.contextmanager
-def capture(num_tokens: int):
+def capture(num_tokens: int, device_graph=None):
     """Opens bucket ``num_tokens`` of the store on this thread: the adapter impls' calls made inside are
-    recorded, not run (graph.md §1.1). An exception inside drops the partial bucket."""
-    with _require_store().capture(int(num_tokens)):
-        yield int(num_tokens)
+    recorded (graph.md §1.1). An exception inside drops the partial bucket.
+
+    Recording provider: nothing runs; ``device_graph`` must be None. torch_npu provider: the calls are
+    launched inside the device graph's capture, each attention call in a task group with its event
+    (graph.md §3): with ``device_graph`` (a ``torch.npu.NPUGraph``) its capture is opened here
+    (``npu.graph(device_graph)``, on ``stream`` when one was given) around the bucket; without it the
+    engine's own device capture (vLLM's graph wrapper) must be open on this thread, checked through
+    ``npu.is_current_stream_capturing`` where torch.npu has it."""
+    g = _require_store()
+    n = int(num_tokens)
+    dev = _device
+    if dev is None:
+        if device_graph is not None:
+            raise ValueError("device_graph: the 'recording' graph provider replays its own records, it captures no "
+                             "device graph")
+        with g.capture(n):
+            yield n
+        return
+    with contextlib.ExitStack() as stack:
+        if device_graph is not None:
+            kw = {} if dev.stream is None else {"stream": dev.stream}
+            stack.enter_context(dev.npu.graph(device_graph, **kw))
+        else:
+            is_capturing = getattr(dev.npu, "is_current_stream_capturing", None)
+            if is_capturing is not None and not is_capturing():
+                raise RuntimeError(f"capture({n}) on the 'torch_npu' graph provider outside a device-graph capture: "
+                                   "pass device_graph= (a torch.npu.NPUGraph) or open torch.npu.graph first (the "
+                                   "calls would run eagerly and their task groups belong to no graph)")
+        dev.updated.discard(n)
+        stack.enter_context(g.capture(n))
+        yield n
 
 
 def _step_metadata(md):
@@ -115,7 +208,28 @@ def update(num_tokens: int, attn_metadata) -> None:
     (the builders of one group give all its layers the same object); DeepSeek-V4 metadata (every group of the
     step) goes to aar.dsa.graph_update with the SWA groups' metadata in their graph order. Sparse MLA buckets have no
     per-step parameters: nothing is refreshed, but each step is checked to fill the bucket with decodes
-    (call update before every replay)."""
+    (call update before every replay).
+
+    On the torch_npu provider the update comes BEFORE the step's device replay (docs/design/vllm_sparse.md §6):
+    everything is checked first; then it waits for the previous replay on the replay stream (the task updates
+    rewrite the graph's tasks), and re-issues each attention call between torch.npu's task-update hooks with
+    ``update_stream`` current, recording its event there; the replay that follows waits on those events."""
+    n = int(num_tokens)
+    run = _update_call(n, attn_metadata)
+    dev = _device
+    if dev is None:
+        run()
+        return
+    dev.updated.discard(n)
+    dev.replay_stream().synchronize()
+    with dev.npu.stream(dev.update_stream):
+        run()
+    dev.updated.add(n)
+
+
+def _update_call(num_tokens: int, attn_metadata):
+    """Checks the step's metadata against the adapter's rules and returns the runtime update to run (which
+    checks the step against the bucket before its first hook, graph.md §1.2)."""
     from .dsa import AscendAttnRtDsaMetadata, graph_update_args
     from .sparse import AscendAttnRtSparseMlaMetadata
 
@@ -129,8 +243,7 @@ def update(num_tokens: int, attn_metadata) -> None:
             raise NotImplementedError("DeepSeek-V4 metadata mixed with another backend's in one graph update is not "
                                       "supported by ascend_attn_rt's vLLM adapter")
         step, swa = graph_update_args(dsa)
-        aar.dsa.graph_update(g, int(num_tokens), step, swa)
-        return
+        return lambda: aar.dsa.graph_update(g, num_tokens, step, swa)
     distinct = []
     for md in items:
         if isinstance(md, AscendAttnRtSparseMlaMetadata) and (md.num_prefills or md.num_decode_tokens != num_tokens):
@@ -145,33 +258,92 @@ def update(num_tokens: int, attn_metadata) -> None:
         raise NotImplementedError(f"{len(distinct)} distinct metadata objects with per-step parameters: graph "
                                   "mode through the adapter takes one KV-cache group")
     if distinct:
-        g.update(int(num_tokens), distinct[0])
+        return lambda: g.update(num_tokens, distinct[0])
+    if not g.has(num_tokens):
+        raise ValueError(f"num_tokens={num_tokens}: no captured graph bucket of that size")
+    return lambda: None
 
 
-def replay(num_tokens: int) -> None:
-    """The recording provider's replay of bucket ``num_tokens`` (after update, for buckets with
-    per-step parameters)."""
-    _require_store().replay(int(num_tokens))
+def replay(num_tokens: int, device_graph=None) -> None:
+    """Recording provider: re-issues bucket ``num_tokens``'s records (after update, for buckets with
+    per-step parameters); ``device_graph`` must be None. torch_npu provider: replays ``device_graph`` (the
+    ``torch.npu.NPUGraph`` captured around ``capture(num_tokens)``), which must follow an update of that
+    bucket since its last replay (the graph waits on the events the update records)."""
+    n = int(num_tokens)
+    g = _require_store()
+    dev = _device
+    if dev is None:
+        if device_graph is not None:
+            raise ValueError("device_graph: the 'recording' graph provider replays its own records")
+        g.replay(n)
+        return
+    if device_graph is None:
+        raise ValueError(f"replay({n}) on the 'torch_npu' graph provider replays the device graph: pass "
+                         "device_graph= (the torch.npu.NPUGraph captured around capture(n))")
+    if not g.has(n):
+        raise ValueError(f"num_tokens={n}: no captured graph bucket of that size")
+    if n not in dev.updated:
+        raise ValueError(f"replay of bucket {n} before update: on the 'torch_npu' provider every device replay "
+                         "needs the step's update first (the graph waits on the events the update records)")
+    dev.updated.discard(n)
+    device_graph.replay()
 
 
-def check_uniform_decode(m, what: str) -> None:
-    """build_for_cudagraph_capture's batch: decode-only one-token requests (vLLM's uniform decode),
-    every request real (the bucket is the batch)."""
+def uniform_query_len(vllm_config, spec_graphs: bool = True) -> int:
+    """The query length of the decode requests vLLM captures (its ``uniform_decode_query_len``): 1 plus the
+    speculative tokens for a family that captures speculative buckets, else 1."""
+    from .dcp import num_speculative_tokens
+
+    return 1 + num_speculative_tokens(vllm_config) if spec_graphs else 1
+
+
+def check_uniform_decode(m, what: str, query_len: int = 1) -> None:
+    """build_for_cudagraph_capture's batch: decode-only requests of ``query_len`` tokens each (vLLM's uniform
+    decode: one token, or 1 + the speculative tokens under UNIFORM_BATCH), every request real (the bucket is
+    the batch)."""
     n = m.num_reqs
     q_lens = (m.query_start_loc_cpu[1: n + 1] - m.query_start_loc_cpu[:n]).tolist()
-    if any(q != 1 for q in q_lens) or m.num_actual_tokens != n:
-        raise NotImplementedError(f"{what}: build_for_cudagraph_capture takes uniform single-token decode batches "
-                                  f"(the declared UNIFORM_SINGLE_TOKEN_DECODE), got query lengths {q_lens} for "
-                                  f"num_actual_tokens={m.num_actual_tokens}")
+    if any(q != query_len for q in q_lens) or m.num_actual_tokens != n * query_len:
+        declared = ("uniform single-token decode batches (the declared UNIFORM_SINGLE_TOKEN_DECODE)" if query_len == 1
+                    else f"uniform decode batches of {query_len}-token requests (the declared UNIFORM_BATCH with "
+                         f"{query_len - 1} speculative tokens; a capture size that is not a multiple of {query_len} "
+                         "gives vLLM's capture batch a shorter last request: choose cudagraph_capture_sizes as "
+                         "multiples of it)")
+        raise NotImplementedError(f"{what}: build_for_cudagraph_capture takes {declared}, got query lengths "
+                                  f"{q_lens} for num_actual_tokens={m.num_actual_tokens}")
     _require_store()
 
 
 class GraphBuilderMixin:
     """build_for_cudagraph_capture and the declared support of the adapter's builders (see the module
-    docstring). The builder defines ``_graph_build(common_attn_metadata)``."""
+    docstring). The builder defines ``_graph_build(common_attn_metadata)``, which builds the runtime's capture
+    step in state ``self._graph_state()``."""
 
     _cudagraph_support = CUDAGRAPH_SUPPORT
+    #: Whether the family's runtime capture takes speculative decode buckets through the adapter (then, with
+    #: speculative tokens in vLLM's config and no decode context parallel, the builder declares UNIFORM_BATCH).
+    _spec_graphs: bool = False
+
+    @classmethod
+    def _spec_buckets(cls, vllm_config) -> bool:
+        from .dcp import num_speculative_tokens
+
+        pc = vllm_config.parallel_config
+        return (cls._spec_graphs and num_speculative_tokens(vllm_config) > 0
+                and getattr(pc, "decode_context_parallel_size", 1) == 1)
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
+        if cls._spec_buckets(vllm_config):
+            return AttentionCGSupport.UNIFORM_BATCH
+        return CUDAGRAPH_SUPPORT
+
+    def _graph_query_len(self) -> int:
+        return uniform_query_len(self.vllm_config, type(self)._spec_buckets(self.vllm_config))
+
+    def _graph_state(self):
+        return aar.AttentionState.SpecDecoding if self._graph_query_len() > 1 else aar.AttentionState.DecodeOnly
 
     def build_for_cudagraph_capture(self, common_attn_metadata):
-        check_uniform_decode(common_attn_metadata, type(self).__name__)
+        check_uniform_decode(common_attn_metadata, type(self).__name__, self._graph_query_len())
         return self._graph_build(common_attn_metadata)

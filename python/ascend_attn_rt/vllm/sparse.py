@@ -127,13 +127,13 @@ def _is_prefilling(m: CommonAttentionMetadata, qsl, threshold: int, dcp: bool = 
 
 
 def _build(builder, topk: int, common_prefix_len: int, m: CommonAttentionMetadata,
-           graph_capture: bool = False, dcp: bool = False) -> AscendAttnRtSparseMlaMetadata:
+           graph_state=None, dcp: bool = False) -> AscendAttnRtSparseMlaMetadata:
     qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
     if not causal:
         raise NotImplementedError("causal=False: non-causal sparse MLA is not supported by ascend_attn_rt")
-    if graph_capture:
+    if graph_state is not None:
         md = builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
-                                             state=aar.AttentionState.DecodeOnly)
+                                             state=graph_state)
     else:
         md = builder.build(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
                            is_prefilling=_is_prefilling(m, qsl, builder.decode_threshold, dcp))
@@ -146,6 +146,7 @@ def _build(builder, topk: int, common_prefix_len: int, m: CommonAttentionMetadat
 
 class _SparseBuilderBase(GraphBuilderMixin, AttentionMetadataBuilder):
     reorder_batch_threshold: int | None = 1
+    _spec_graphs = True  # the SFA capture takes SpecDecoding buckets (docs/design/vllm_sparse.md §6)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
@@ -159,7 +160,7 @@ class _SparseBuilderBase(GraphBuilderMixin, AttentionMetadataBuilder):
         return _build(self._builder, self._topk, common_prefix_len, common_attn_metadata, dcp=self._dcp)
 
     def _graph_build(self, m: CommonAttentionMetadata) -> AscendAttnRtSparseMlaMetadata:
-        return _build(self._builder, self._topk, 0, m, graph_capture=True)
+        return _build(self._builder, self._topk, 0, m, graph_state=self._graph_state())
 
 
 class AscendAttnRtSparseMlaMetadataBuilder(_SparseBuilderBase):
