@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "ascend_attn_rt/kv_connector.h"
@@ -32,6 +33,7 @@ struct W8A8DynamicInput;
 namespace aar::cp {
 class Comm;
 class DcpWorkspace;
+struct DcpViews;
 }
 namespace aar::sparse {
 class OProjFullWeight;
@@ -267,6 +269,22 @@ class Impl {
   // compressed list, the merged LSE and the merge's wire in the workspaces; the result is v.o.
   at::Tensor attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
                         int64_t n, bool graph, detail::Workspace& ws, const detail::TokenViews& v) const;
+  // DCP's key lists of the step's first n rows (docs/design/sparse_cp.md §12.2 step 3): this rank's window
+  // slots (n, 1, win_left + 1) and, compressed layers, its compressed rows below each row's limit (C4: of the
+  // step's selection sel, (n, 1, K); C128: every row) as local indices in the workspace (undefined at ratio 1).
+  std::pair<at::Tensor, at::Tensor> dcp_key_lists(const LayerMetadata& md, const at::Tensor& sel, int64_t n,
+                                                  bool graph, detail::Workspace& ws) const;
+  // The sinks on a merged DCP softmax: merged (n, N, D) *= sigmoid(mlse - sink) in place; mlse (n, N) fp32 is
+  // overwritten (docs/design/sparse_cp.md §12.2 step 6).
+  void apply_sinks_after_merge(const at::Tensor& merged, const at::Tensor& mlse) const;
+  // DSA-CP x DCP (docs/design/sparse_cp.md §14): the slice's query q (nloc, N, D) and C4 selection sel
+  // (nloc, 1, K; undefined for other ratios or a skip_topk layer) gathered along the tokens, every one of the
+  // step's tk rows attended over this rank's shard, the partials exchanged by token block and merged, the
+  // sinks applied: the slice's (tpr, N, D) rows (the first nloc are its tokens). Sets last_topk_ (tk rows).
+  at::Tensor attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
+                               int64_t tk, bool graph, detail::Workspace& ws, sfa::TopkBuffer* topk);
+  // Its token-block exchange's workspace for slices of tpr rows (shared by shape and comm).
+  const cp::DcpViews& dsa_cp_dcp_views(int64_t tpr);
   // C128 under DCP: 0..L-1 as (1, 1, L) int32 on the layer's device (kept, grown on demand).
   const at::Tensor& dcp_columns(int64_t L) const;
   // The whole step's cache writes from its tk hidden rows x (the step's RoPE rows and slots): the SWA KV,
@@ -326,6 +344,7 @@ class Impl {
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
   std::shared_ptr<sparse::detail::DsaCpWorkspace> cpws_;  // DSA-CP: the slice's buffers (shared by shape)
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP: the query gather and the merge's wire (shared by shape)
+  std::shared_ptr<cp::DcpWorkspace> cpdcp_ws_;  // DSA-CP x DCP: the slice's token-block exchange (by tpr)
   mutable at::Tensor dcp_cols_, dcp_cols_view_;  // DCP, C128: dcp_columns()
 };
 
