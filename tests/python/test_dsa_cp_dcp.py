@@ -191,3 +191,61 @@ def test_dsa_cp_dcp_two_groups_of_two():
         for key, (kind, text) in want.items():
             assert key in msgs, (rank, key, msgs)
             assert msgs[key][0] == kind and text in msgs[key][1], (rank, key, msgs[key])
+
+
+def _graph(rank, world):
+    """A decode bucket of the combined layer captured on each rank of one 2-rank group (the recording provider:
+    nothing runs, no collective) and replayed with 3, 2 and 1 real requests (graph padding): each replay equals the
+    single-rank layer on the same padded step (and the float64 reference on rank 0) with the same caches' owned
+    rows, the decode road's collectives inside the replay (query and top-k all-gathers, two all-to-alls, one
+    all-reduce)."""
+    comm = aar.cp.Comm(dist.group.WORLD, timeout_s=60.0)
+    done = []
+    for ratio, q, B in ((4, 1, 5), (128, 1, 3), (1, 2, 3)):
+        d, one, cp = _runs(rank, comm, ratio, torch.float32, 1, 3, 40 if ratio == 128 else 24)
+        # cp's and one's runs have the same speculative setting (Run's default num_speculative_tokens)
+        first = [140, 9, 30] if ratio == 128 else [20, 9, 30]
+        for r in (cp, one):
+            r.step([0, 1, 2], first)
+        n = B * q
+        hidden = torch.zeros(n, d.hidden)
+        out = torch.zeros(n, d.hidden)
+        g = aar.GraphParams("recording")
+        st, md, _, _ = cp.build_padded([0, 1, 2], B, q, capture=True)
+        snap = [t.clone() for t in cp.caches()]
+        comm.reset_counters()
+        with g.capture(n):
+            cp.impl.forward(hidden, cp.kv, st, md["swa"], out, **group_kw(ratio, md, st))
+        assert comm.calls == 0 and all(same_bytes(a, b) for a, b in zip(snap, cp.caches()))
+        for reqs in ([0, 1, 2], [2, 0], [1]):
+            st, md, S, qsl = cp.build_padded(reqs, B, q)
+            hidden.zero_()
+            hidden[: len(reqs) * q] = torch.cat([cp.x[b][S[i] - q: S[i]] for i, b in enumerate(reqs)])
+            out.fill_(float("nan"))
+            aar.dsa.graph_update(g, n, st, md["swa"])
+            comm.reset_counters()
+            g.replay(n)
+            assert _calls(comm) == (1 + (ratio == 4), 2, 1), _calls(comm)
+            for i, b in enumerate(reqs):
+                cp.S[b] = S[i]
+            st1, md1, _, _ = one.build_padded(reqs, B, q)
+            want = torch.full_like(out, float("nan"))
+            one.impl.forward(hidden, one.kv, st1, md1["swa"], want, **group_kw(ratio, md1, st1))
+            for i, b in enumerate(reqs):
+                one.S[b] = S[i]
+            m = len(reqs) * q
+            torch.testing.assert_close(out[:m], want[:m], atol=2e-5, rtol=2e-5)
+            if rank == 0:
+                check_step(one, reqs, [q] * len(reqs), out, qsl, S, one.impl.last_topk if ratio == 4 else None)
+            for a, b in zip(replicated(cp), replicated(one)):
+                assert same_bytes(a, b), (ratio, reqs)
+            for kd in SHARDED:
+                if kd in cp.kinds:
+                    assert torch.equal(getattr(cp, SHARDED[kd]), expected_shard(one, cp, kd, W, rank, 1)), (ratio, kd)
+        done.append((ratio, q))
+    return done
+
+
+def test_dsa_cp_dcp_decode_graph_replays_like_the_single_rank_layer():
+    for done in run_ranks(2, _graph, deadline_s=150.0):
+        assert done == [(4, 1), (128, 1), (1, 2)]
