@@ -7,7 +7,7 @@
 // W8A8-dynamic prolog, §5.5 multistream),
 // §6 (graph capture), §4.2 (the three plans); DSA-CP token sharding (ImplConfig::dsa_cp_comm):
 // docs/design/sparse_cp.md §10; DCP of the SWA and compressed caches (ImplConfig::dcp_comm):
-// docs/design/sparse_cp.md §12; PCP (ImplConfig::pcp_comm): docs/design/sparse_cp.md §13.
+// docs/design/sparse_cp.md §12; both together: §14; PCP (ImplConfig::pcp_comm): docs/design/sparse_cp.md §13.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -114,7 +114,9 @@ struct ImplConfig {
   // partials are merged by LSE, and the sinks enter the merged softmax once on the heads' rank.
   // Every step kind (decode, speculative decode, prefill, mixed) eagerly, decode buckets also in
   // a graph capture (the collectives inside each replay, §12.5), the A2/A3 plan; refused by name
-  // otherwise.
+  // otherwise. With dsa_cp_comm too (DSA-CP x DCP, §14): the same group (same size and rank, else
+  // refused by name); DSA-CP's weights; the slice's query and selection are gathered along the tokens,
+  // every row is attended over this rank's shard, and the partials are merged by token block.
   cp::Comm* dcp_comm = nullptr;
   // PCP (docs/design/sparse_cp.md §13): the group the step's prefill tokens are split over (Wp ranks;
   // must outlive the layer). Needs metadata built with the same pcp_world_size and rank
