@@ -945,19 +945,58 @@ at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::
   return merged;
 }
 
-const cp::DcpViews& Impl::dsa_cp_dcp_views(int64_t tpr) {
-  // docs/design/sparse_cp.md §14: one exchange of the (1, T_pad N, D) token-block view: its W head
-  // blocks of tpr N "heads" are the W token slices. Shared by the layers of this shape and comm.
+const Impl::CpDcpViews& Impl::dsa_cp_dcp_views(int64_t tpr, int64_t tk) {
+  // docs/design/sparse_cp.md §14.2: one exchange of the (1, T_pad N, D) token-block view: its W head
+  // blocks of tpr N "heads" are the W token slices (the exchange's buffers shared by the layers of this
+  // shape and comm). The padded query and selection, the merged rows and LSE live in buffers of this
+  // layer, grown to the largest slice (earlier ones kept: a captured replay may hold their addresses), and
+  // every view a step takes is made once per (tpr, tk).
+  const int64_t W = cfg_.dsa_cp_comm->size(), N = cfg_.num_heads, D = cfg_.head_dim, Tp = W * tpr;
   cp::DcpWorkspaceShape sh;
   sh.device = w_.wq_a.device();
   sh.q_dtype = sh.out_dtype = act_dtype_;
-  sh.world = cfg_.dsa_cp_comm->size();
-  sh.heads = tpr * cfg_.num_heads;
-  sh.q_dim = sh.out_dim = cfg_.head_dim;
+  sh.world = W;
+  sh.heads = tpr * N;
+  sh.q_dim = sh.out_dim = D;
   sh.comm = cfg_.dsa_cp_comm;
   sh.workspace_group = cfg_.workspace_group;
   if (!cpdcp_ws_ || !(cpdcp_ws_->shape() == sh)) cpdcp_ws_ = cp::DcpWorkspace::shared(sh);
-  return cpdcp_ws_->views(1);
+  const cp::DcpViews& mw = cpdcp_ws_->views(1);
+  CpDcpViews& v = cpdcp_;
+  if (v.tpr == tpr && v.tk == tk && v.ws == cpdcp_ws_ && v.mw == &mw && v.generation == mw.generation) return v;
+  const int64_t K = cfg_.compress_ratio == 4 ? cfg_.index_topk : 0;
+  if (v.cap < tpr) {
+    if (v.q_buf.defined()) v.kept.insert(v.kept.end(), {v.q_buf, v.sel_buf, v.merged_buf, v.mlse_buf});
+    const int64_t cap = std::max<int64_t>(tpr, 2 * v.cap);
+    const auto o = w_.wq_a.options().dtype(act_dtype_);
+    v.q_buf = at::zeros({cap * N * D}, o);
+    v.merged_buf = at::empty({cap * N * D}, o);
+    v.mlse_buf = at::empty({cap * N}, o.dtype(at::kFloat));
+    v.sel_buf = at::full({std::max<int64_t>(cap * K, 1)}, -1, o.dtype(at::kInt));
+    v.cap = cap;
+  }
+  v.tpr = tpr;
+  v.tk = tk;
+  v.mw = &mw;
+  v.ws = cpdcp_ws_;
+  v.generation = mw.generation;
+  v.mw_out = mw.partial_out;
+  v.mw_lse = mw.partial_lse;
+  v.q_pad = v.q_buf.narrow(0, 0, tpr * N * D).view({tpr, N, D});
+  v.q_all = mw.gathered_query.view({Tp, N, D});
+  v.q_all_tk = v.q_all.narrow(0, 0, tk);
+  const at::Tensor part = mw.partial_out.view({Tp, N, D});
+  const at::Tensor part_lse = mw.partial_lse.view({Tp, N});
+  v.part_tk = part.narrow(0, 0, tk);
+  v.lse_tk = part_lse.narrow(0, 0, tk);
+  v.part_rest = tk < Tp ? part.narrow(0, tk, Tp - tk) : at::Tensor();
+  v.lse_rest = tk < Tp ? part_lse.narrow(0, tk, Tp - tk) : at::Tensor();
+  v.merged = v.merged_buf.narrow(0, 0, tpr * N * D).view({1, tpr * N, D});
+  v.merged3 = v.merged.view({tpr, N, D});
+  v.mlse = v.mlse_buf.narrow(0, 0, tpr * N).view({1, tpr * N});
+  v.mlse2 = v.mlse.view({tpr, N});
+  v.sel_pad = K > 0 ? v.sel_buf.narrow(0, 0, tpr * K).view({tpr, 1, K}) : at::Tensor();
+  return v;
 }
 
 at::Tensor Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q,
@@ -970,19 +1009,16 @@ at::Tensor Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, con
   const DsaCpStepMetadata& sh = st.dsa_cp;
   cp::Comm& comm = *cf.dsa_cp_comm;
   const int64_t tpr = sh.tokens_per_rank, Tp = sh.num_tokens_pad, nloc = sh.num_local_tokens();
-  const int64_t N = cf.num_heads, D = cf.head_dim;
-  const auto first = [](const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); };
-  const cp::DcpViews& mw = dsa_cp_dcp_views(tpr);
-  // 1. The slice's query rows (zeros past its real tokens) gathered along the tokens: every token's query
-  //    of every head, (T_pad, N, D).
-  at::Tensor mine;
-  if (nloc == tpr) {
-    mine = q;
-  } else {
-    mine = ops::dense::zeros({tpr, N, D}, w_.wq_a.options().dtype(act_dtype_));
+  const CpDcpViews& v = dsa_cp_dcp_views(tpr, tk);
+  // 1. The slice's query rows (zeros past its real tokens: the padding rows of the buffer are zeroed once
+  //    per step) gathered along the tokens: every token's query of every head, (T_pad, N, D).
+  at::Tensor mine = q;
+  if (nloc < tpr) {
+    mine = v.q_pad;
     if (nloc > 0) ops::dense::copy(mine.narrow(0, 0, nloc), q);
+    ops::dense::zero(mine.narrow(0, nloc, tpr - nloc));
   }
-  const at::Tensor q_all = comm.all_gather(mine, 0, mw.gathered_query.view({Tp, N, D}));
+  comm.all_gather(mine, 0, v.q_all);
   // 2. C4: the slice's selection (the single-rank rows: the indexer reads the replicated cache with the
   //    slice's local ends and global lengths) padded with -1 rows and gathered, so every rank holds every
   //    token's rows; a skip_topk layer reads all of them from the buffer, which a use_index_cache layer
@@ -992,11 +1028,15 @@ at::Tensor Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, con
     if (cf.skip_topk) {
       sel_all = topk->view(tk);
     } else {
-      const int64_t K = cf.index_topk;
-      at::Tensor smine = ops::dense::full({tpr, 1, K}, -1, w_.wq_a.options().dtype(at::kInt));
-      if (nloc > 0) ops::dense::copy(smine.narrow(0, 0, nloc), sel);
+      at::Tensor smine = sel;
+      if (nloc < tpr) {
+        smine = v.sel_pad;
+        if (nloc > 0) ops::dense::copy(smine.narrow(0, 0, nloc), sel);
+        ops::dense::fill(smine.narrow(0, nloc, tpr - nloc), -1);
+      }
       const bool keep = cf.use_index_cache && Tp <= topk->max_num_tokens();
-      sel_all = first(keep ? comm.all_gather(smine, 0, topk->view(Tp)) : comm.all_gather(smine, 0), tk);
+      const at::Tensor g = keep ? comm.all_gather(smine, 0, topk->view(Tp)) : comm.all_gather(smine, 0);
+      sel_all = tk == Tp ? g : g.narrow(0, 0, tk);
       if (cf.use_index_cache) sel_all = topk->store(sel_all);
     }
   }
@@ -1005,26 +1045,22 @@ at::Tensor Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, con
   //    global lengths and blob), without the sinks, with the LSE.
   const auto [ori, cmp] = dcp_key_lists(md, sel_all, tk, graph, ws);
   at::Tensor plse;
-  const at::Tensor po = attend(c, md, first(q_all, tk), st.query_start_loc, st.seq_lens, cmp, ori, at::Tensor(),
+  const at::Tensor po = attend(c, md, v.q_all_tk, st.query_start_loc, st.seq_lens, cmp, ori, at::Tensor(),
                                /*with_sinks=*/false, &plse);
   // 4. The partials padded to T_pad (zeros, LSE -inf) and exchanged along the tokens: on the
   //    (1, T_pad N, D) view the head-block exchange of combine_partials is the token-block exchange, so
   //    this rank merges the W partials of its own slice.
-  const at::Tensor part = mw.partial_out.view({Tp, N, D});
-  const at::Tensor part_lse = mw.partial_lse.view({Tp, N});
-  ops::dense::copy(first(part, tk), po);
-  ops::dense::copy(first(part_lse, tk), plse.view({tk, N}));
+  ops::dense::copy(v.part_tk, po);
+  ops::dense::copy(v.lse_tk, plse.dim() == 2 ? plse : plse.view({tk, cf.num_heads}));
   if (tk < Tp) {
-    ops::dense::zero(part.narrow(0, tk, Tp - tk));
-    ops::dense::fill(part_lse.narrow(0, tk, Tp - tk), -std::numeric_limits<double>::infinity());
+    ops::dense::zero(v.part_rest);
+    ops::dense::fill(v.lse_rest, -std::numeric_limits<double>::infinity());
   }
-  at::Tensor merged = at::empty({1, tpr * N, D}, w_.wq_a.options().dtype(act_dtype_));
-  const at::Tensor mlse = at::empty({1, tpr * N}, w_.wq_a.options().dtype(at::kFloat));
-  cp::combine_partials(comm, mw.partial_out, mw.partial_lse, merged, mlse, &mw);
+  at::Tensor merged = v.merged;
+  cp::combine_partials(comm, v.mw_out, v.mw_lse, merged, v.mlse, v.mw);
   // 5. The sinks once per head, on the merged softmax of the slice's rows.
-  const at::Tensor m3 = merged.view({tpr, N, D});
-  apply_sinks_after_merge(m3, mlse.view({tpr, N}));
-  return m3;
+  apply_sinks_after_merge(v.merged3, v.mlse2);
+  return v.merged3;
 }
 
 const at::Tensor& Impl::dcp_columns(int64_t L) const {

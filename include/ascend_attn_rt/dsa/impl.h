@@ -285,8 +285,18 @@ class Impl {
   // sinks applied: the slice's (tpr, N, D) rows (the first nloc are its tokens). Sets last_topk_ (tk rows).
   at::Tensor attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
                                int64_t tk, bool graph, detail::Workspace& ws, sfa::TopkBuffer* topk);
-  // Its token-block exchange's workspace for slices of tpr rows (shared by shape and comm).
-  const cp::DcpViews& dsa_cp_dcp_views(int64_t tpr);
+  // Its buffers and views for slices of tpr rows and a step of tk rows (the exchange's workspace shared by
+  // shape and comm; the padded query / selection and the merged rows the layer's, made once per (tpr, tk)).
+  struct CpDcpViews {
+    int64_t cap = 0, tpr = -1, tk = -1, generation = -1;
+    const cp::DcpViews* mw = nullptr;
+    std::shared_ptr<cp::DcpWorkspace> ws;  // mw's workspace, held (so its address is never reused meanwhile)
+    at::Tensor q_buf, sel_buf, merged_buf, mlse_buf;
+    std::vector<at::Tensor> kept;  // grown-out buffers (a captured replay may read them)
+    at::Tensor mw_out, mw_lse, q_pad, q_all, q_all_tk, part_tk, lse_tk, part_rest, lse_rest, merged, merged3, mlse,
+        mlse2, sel_pad;
+  };
+  const CpDcpViews& dsa_cp_dcp_views(int64_t tpr, int64_t tk);
   // C128 under DCP: 0..L-1 as (1, 1, L) int32 on the layer's device (kept, grown on demand).
   const at::Tensor& dcp_columns(int64_t L) const;
   // The whole step's cache writes from its tk hidden rows x (the step's RoPE rows and slots): the SWA KV,
@@ -347,6 +357,7 @@ class Impl {
   std::shared_ptr<sparse::detail::DsaCpWorkspace> cpws_;  // DSA-CP: the slice's buffers (shared by shape)
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP: the query gather and the merge's wire (shared by shape)
   std::shared_ptr<cp::DcpWorkspace> cpdcp_ws_;  // DSA-CP x DCP: the slice's token-block exchange (by tpr)
+  CpDcpViews cpdcp_;                            // DSA-CP x DCP: dsa_cp_dcp_views()
   mutable at::Tensor dcp_cols_, dcp_cols_view_;  // DCP, C128: dcp_columns()
 };
 
