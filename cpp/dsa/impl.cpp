@@ -1028,8 +1028,10 @@ at::Tensor Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, con
     if (cf.skip_topk) {
       sel_all = topk->view(tk);
     } else {
+      // A use_index_cache layer's selection is already the buffer's first rows (indexer_select stored it),
+      // which the gather below overwrites: it is staged first, as a padded slice is.
       at::Tensor smine = sel;
-      if (nloc < tpr) {
+      if (nloc < tpr || cf.use_index_cache) {
         smine = v.sel_pad;
         if (nloc > 0) ops::dense::copy(smine.narrow(0, 0, nloc), sel);
         ops::dense::fill(smine.narrow(0, nloc, tpr - nloc), -1);

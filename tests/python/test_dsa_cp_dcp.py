@@ -17,7 +17,8 @@ Per step, on every rank:
   * replicated caches equal to the single-rank caches, each shard equal to the owned single-rank rows;
   * the collectives of the layer step: decode road 1 + (C4) 1 all-gathers, 2 all-to-alls, 1 all-reduce; prefill
     road (full o_proj) 4 + (C4) 1 all-gathers and 1 all-to-all.
-Refusals by name, before any write and any collective: a DCP group that is not the DSA-CP group (layer and
+An IndexCache pair (use_index_cache, skip_topk) against the single-rank pair. Refusals by name, before any write
+and any collective: a DCP group that is not the DSA-CP group (layer and
 builder), PCP with both, a layer given metadata without DCP.
 """
 
@@ -118,6 +119,26 @@ def _case(rank, comm, ratio, dtype, il, seq):
     return report
 
 
+def _index_cache(rank, comm):
+    """IndexCache under DSA-CP x DCP: a use_index_cache C4 layer stores every row's (gathered, single-rank) selection
+    in the TopkBuffer, a skip_topk layer attends over it with no gather of its own; both equal the single-rank
+    pair's."""
+    d, one, cp = _runs(rank, comm, 4, torch.float32, 1, 3, 24)
+    for r in (one, cp):
+        r.step([0, 1, 2], [23, 10, 5])
+        r.topk = aar.sfa.TopkBuffer(64, d.K)
+        r.store, r.skip = r.make_impl(use_index_cache=True), r.make_impl(skip_topk=True)
+    for reqs, qlens in (([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [1, 1, 9])):
+        a, b, sel, _ = cp.index_cache_pair(reqs, qlens)
+        comm.reset_counters()
+        a1, b1, sel1, _ = one.index_cache_pair(reqs, qlens)
+        n = sum(qlens)
+        torch.testing.assert_close(a[:n], a1[:n], atol=2e-5, rtol=2e-5)
+        torch.testing.assert_close(b[:n], b1[:n], atol=2e-5, rtol=2e-5)
+        assert torch.equal(sel, sel1) and torch.equal(cp.topk.buffer[:n], sel[:, 0])
+    return True
+
+
 def _refusals(rank, group_rank, world_comm, comm):
     """Refused by name before any write and any collective."""
     msgs = {}
@@ -169,6 +190,8 @@ def _main(rank, world):
     comm = aar.cp.Comm(dcp, timeout_s=60.0)
     g, r = rank // W, rank % W
     reports = [_case(r, comm, *c) for c in GROUP_CASES[g]]
+    if g == 1:
+        assert _index_cache(r, comm)
     return reports, _refusals(rank, r, world_comm, comm)
 
 
