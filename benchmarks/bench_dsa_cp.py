@@ -1,5 +1,5 @@
 """Host time of a DSA (DeepSeek-V4) decode step under DSA-CP 2 token sharding (docs/design/sparse_cp.md §10), DCP 2
-(§12) and PCP 2 (§13) beside the single-rank DSA step of the same shapes, operator provider "no_compute" (kernels
+(§12), DSA-CP 2 x DCP 2 (§14) and PCP 2 (§13) beside the single-rank DSA step of the same shapes, operator provider "no_compute" (kernels
 return correctly shaped outputs at once), bf16, the A2 plan.
 
 Per step: aar.dsa.StepBuilder.build once, the seven KV-cache groups' GroupBuilder.build (SWA, C4 KV, C128 KV, C4
@@ -12,7 +12,10 @@ TP 8 (an assumption, as build/bench_dsa_impl_cpp's): hidden 7168, 16 heads x 512
 indexer 64 x 128 with top-k 512, 2 o_proj groups of rank 1024. DSA-CP: the StepBuilder with dsa_cp_world_size=2,
 dsa_cp_rank=r, every layer with dsa_cp_comm=cp.Comm(group) and its o_proj shard (wo_a's group r, wo_b's matching
 columns; every head's query weights); its decode road issues an all-to-all (head blocks) and an all-reduce (o_proj
-partials) per layer, counted per layer-step, their wall time (cp.Comm.collective_ns) subtracted. DCP 2: the
+partials) per layer, counted per layer-step, their wall time (cp.Comm.collective_ns) subtracted. DSA-CP 2 x DCP 2
+(§14): both StepBuilder parts over the one group (same size and rank), every layer with dsa_cp_comm and dcp_comm the
+same Comm and the DSA-CP weights; per layer the query gather, the C4 layer's top-k gather, the partials' token-block
+all-to-all, then the decode road's all-to-all and all-reduce. DCP 2: the
 StepBuilder with dcp_world_size=2, dcp_rank=r, every layer with dcp_comm and the single rank's weights (the DCP group
 lies inside TP, a rank keeps its TP heads): a query all-gather and a partials all-to-all per layer. PCP 2: the
 StepBuilder with pcp_world_size=2, pcp_rank=r, every layer with pcp_comm and the single rank's weights; a decode batch
@@ -50,7 +53,7 @@ HID, N, D, R, Q, WIN = 7168, 16, 512, 64, 1536, 128
 NI, DI, K, G, OL = 64, 128, 512, 2, 1024
 RATIOS = (1, 4, 128)
 LAYER_NAMES = {1: "swa", 4: "c4_indexer", 128: "c128"}
-MODES = (("dsa_cp2", "dsa_cp"), ("dcp2", "dcp"), ("pcp2", "pcp"))
+MODES = (("dsa_cp2", "dsa_cp"), ("dcp2", "dcp"), ("dsa_cp2_dcp2", "dsa_cp_dcp"), ("pcp2", "pcp"))
 KINDS = ("swa", "c4_kv", "c128_kv", "c4_indexer_k", "c4_attn_state", "c4_indexer_state", "c128_state")
 WARMUP = 5
 DT = torch.bfloat16
@@ -103,7 +106,9 @@ class _Model:
     def __init__(self, aar, rope, world=1, rank=0, comm=None, mode=None):
         cos, sin = rope
         cp = {None: {}, "dsa_cp": dict(dsa_cp_world_size=world, dsa_cp_rank=rank),
-              "dcp": dict(dcp_world_size=world, dcp_rank=rank), "pcp": dict(pcp_world_size=world, pcp_rank=rank)}[mode]
+              "dcp": dict(dcp_world_size=world, dcp_rank=rank), "pcp": dict(pcp_world_size=world, pcp_rank=rank),
+              "dsa_cp_dcp": dict(dsa_cp_world_size=world, dsa_cp_rank=rank, dcp_world_size=world,
+                                 dcp_rank=rank)}[mode]
         self.aar = aar
         self.sb = aar.dsa.StepBuilder(max_num_reqs=max(SIZES), max_num_tokens=4096, cos_table=cos, sin_table=sin,
                                       compress_cos_table=cos, compress_sin_table=sin, head_dim=D, window=WIN,
@@ -117,8 +122,10 @@ class _Model:
                                                num_blocks=POOL)
         self.caches = _caches(self.gb)
         self.kv = {r: _kv(aar, r, self.caches) for r in RATIOS}
-        kw = {None: {}, "dsa_cp": dict(dsa_cp_comm=comm), "dcp": dict(dcp_comm=comm), "pcp": dict(pcp_comm=comm)}[mode]
-        self.layers = {r: aar.dsa.Impl(_weights(r, world if mode == "dsa_cp" else 1, rank), hidden_size=HID,
+        kw = {None: {}, "dsa_cp": dict(dsa_cp_comm=comm), "dcp": dict(dcp_comm=comm), "pcp": dict(pcp_comm=comm),
+              "dsa_cp_dcp": dict(dsa_cp_comm=comm, dcp_comm=comm)}[mode]
+        shard = mode in ("dsa_cp", "dsa_cp_dcp")
+        self.layers = {r: aar.dsa.Impl(_weights(r, world if shard else 1, rank), hidden_size=HID,
                                        num_heads=N, head_dim=D, rope_dim=R, q_lora_rank=Q, compress_ratio=r,
                                        index_n_heads=NI, index_head_dim=DI, index_topk=K, o_groups=G,
                                        o_lora_rank=OL, **kw)

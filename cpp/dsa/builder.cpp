@@ -685,9 +685,13 @@ StepBuilder::StepBuilder(const StepBuilderConfig& cfg) : cfg_(cfg) {
                 "dcp_rank=", cfg.dcp_rank, " is not a rank of a DCP group of dcp_world_size=", cfg.dcp_world_size,
                 " (dcp_world_size in [1, 16])");
   AAR_CHECK_ARG(cfg.dcp_interleave >= 1, "dcp_interleave must be >= 1, got ", cfg.dcp_interleave);
-  if (cfg.dcp_world_size > 1 && cfg.dsa_cp_world_size > 1) {
-    throw_not_supported("dcp_world_size=", cfg.dcp_world_size, " with dsa_cp_world_size=", cfg.dsa_cp_world_size,
-                        ": DSA DCP x DSA-CP is not implemented (docs/design/sparse_cp.md §12)");
+  if (cfg.dcp_world_size > 1 && cfg.dsa_cp_world_size > 1 &&
+      (cfg.dcp_world_size != cfg.dsa_cp_world_size || cfg.dcp_rank != cfg.dsa_cp_rank)) {
+    // docs/design/sparse_cp.md §14: the DCP group is the DSA-CP (TP) group, DCP rank r holds token slice r.
+    throw_not_supported("dcp_world_size=", cfg.dcp_world_size, " (dcp_rank=", cfg.dcp_rank, ") with dsa_cp_world_size=",
+                        cfg.dsa_cp_world_size, " (dsa_cp_rank=", cfg.dsa_cp_rank, "): DSA DCP x DSA-CP is built "
+                        "for a DCP group that is the DSA-CP group (same size, same rank; docs/design/sparse_cp.md "
+                        "§14)");
   }
   AAR_CHECK_ARG(cfg.pcp_world_size >= 1 && cfg.pcp_world_size <= 16 && cfg.pcp_rank >= 0 &&
                     cfg.pcp_rank < cfg.pcp_world_size,
@@ -767,7 +771,7 @@ const StepMetadata& StepBuilder::build_for_graph_capture(const StepInputs& in, p
   // DSA PCP (docs/design/sparse_cp.md §13.4): a decode bucket is replicated on every rank (the lane refuses
   // prefills in a capture build first).
   // DSA DCP (docs/design/sparse_cp.md §12.5): the decode bucket builds as without DCP (the lane's
-  // dcp block is set at construction; DSpark and DSA-CP under DCP were refused there).
+  // dcp block is set at construction; DSpark under DCP was refused there). DSA-CP x DCP (§14.3) too.
   return lanes_[0]->build(in, &state);
 }
 
@@ -978,8 +982,9 @@ class GroupBuilder::Lane {
     if (dspark) std::memcpy(s + r.dspark, dspark_scratch_.data(), dsn * 4);
     if (dcp_width_ > 0) stage_dcp_rows(st, s, r.dcp, T, stride, win_left);
     const size_t ub = static_cast<size_t>(B);
-    // DSA-CP (docs/design/sparse_cp.md §10): the attention's lengths are the rank's local ones.
-    const bool cp = st.dsa_cp.world_size > 1;
+    // DSA-CP (docs/design/sparse_cp.md §10): the attention's lengths are the rank's local ones (not
+    // under DSA-CP x DCP, §14: every row over the shard, global lengths).
+    const bool cp = st.dsa_cp_slice_attention();
     if (cmp_lens_) {
       // Cannot fail here: seq_lens were validated by the step build and are <= its max_seqlen_kv
       // (the local ones by plan_token_shard, <= their max).
@@ -1178,8 +1183,8 @@ class GroupBuilder::Lane {
     a.num_heads_kv = 1;
     a.head_dim = ms.head_dim;
     // DSA-CP (docs/design/sparse_cp.md §10): the rank's slice, every head (num_heads_q is then
-    // the model's), the local lengths.
-    const bool cp = st.dsa_cp.world_size > 1;
+    // the model's), the local lengths. DSA-CP x DCP (§14): every row of the step, global lengths.
+    const bool cp = st.dsa_cp_slice_attention();
     a.cu_seqlens_q = cp ? st.dsa_cp.query_start_loc : st.query_start_loc;
     a.cu_seqlens_ori_kv = opt(md_.cu_seqlens_ori_kv);
     a.cu_seqlens_cmp_kv = opt(md_.cu_seqlens_cmp_kv);
@@ -1270,9 +1275,9 @@ class GroupBuilder::Lane {
     return true;
   }
   // DSA-CP: the attention runs on the rank's slice, so its query_start_loc and cumsum(S) are the
-  // local ones (docs/design/sparse_cp.md §10).
+  // local ones (docs/design/sparse_cp.md §10); under DSA-CP x DCP on every row (§14): the global ones.
   at::Tensor cu_tensor(CuSeqlensKv k, const StepMetadata& st) const {
-    const bool cp = st.dsa_cp.world_size > 1;
+    const bool cp = st.dsa_cp_slice_attention();
     switch (k) {
       case CuSeqlensKv::None: return {};
       case CuSeqlensKv::EmptyTensor: return empty_;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <tuple>
@@ -142,9 +143,12 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
   const int64_t Wd = c.dcp_comm != nullptr ? c.dcp_comm->size() : 1;
   if (Wd > 1) {
     const int64_t Wc = c.dsa_cp_comm != nullptr ? c.dsa_cp_comm->size() : 1;
-    if (Wc > 1) {
-      throw_not_supported("dcp_comm of ", Wd, " ranks with dsa_cp_comm of ", Wc, " ranks: DSA DCP x DSA-CP is not "
-                          "implemented (docs/design/sparse_cp.md §12)");
+    if (Wc > 1 && (Wc != Wd || c.dsa_cp_comm->rank() != c.dcp_comm->rank())) {
+      // docs/design/sparse_cp.md §14: DCP rank r holds token slice r; every collective goes through
+      // dsa_cp_comm (the same object may be passed for both).
+      throw_not_supported("dcp_comm rank ", c.dcp_comm->rank(), " of ", Wd, " with dsa_cp_comm rank ",
+                          c.dsa_cp_comm->rank(), " of ", Wc, ": DSA DCP x DSA-CP is built for a DCP group that is "
+                          "the DSA-CP group (same size, same rank; docs/design/sparse_cp.md §14)");
     }
     if (c.plan.sparse_attn != SparseAttnPath::SharedKv) {
       throw_not_supported("dcp_comm of ", Wd, " ranks with the ", c.plan.sparse_attn_op, " plan: DSA DCP is built "
@@ -357,9 +361,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
     ws.idx_k_scale = scalar_of(c.plan.indexer_k_scale_dtype);
   }
   ws_ = detail::Workspace::shared(ws);
-  if (Wd > 1) {
+  if (Wd > 1 && W <= 1) {
     // docs/design/sparse_cp.md §12.2: the query gather's target and the merge's wire, shared by the
-    // DCP layers of this shape on this comm.
+    // DCP layers of this shape on this comm (DSA-CP x DCP sizes its own per slice, §14).
     cp::DcpWorkspaceShape dsh;
     dsh.device = dev;
     dsh.q_dtype = dsh.out_dtype = dt;
@@ -867,23 +871,21 @@ at::Tensor Impl::attend(const Caches& c, const LayerMetadata& md, const at::Tens
   return std::get<0>(kv_quant ? ops::kv_quant_sparse_attn_sharedkv(*qa) : ops::sparse_attn_sharedkv(a));
 }
 
-at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
-                            int64_t n, bool graph, detail::Workspace& ws, const detail::TokenViews& v) const {
-  // docs/design/sparse_cp.md §12. Every rank issues the same two collectives (the query gather,
-  // the partials' exchange), whatever its shard holds. The per-row lists come from the group builds
-  // (§12.2 step 3: GroupMetadata::dcp_ori_indices / dcp_cmp_limit, once per step); the
-  // intermediates live in the workspaces, so a forward makes no index tensor of its own.
+std::pair<at::Tensor, at::Tensor> Impl::dcp_key_lists(const LayerMetadata& md, const at::Tensor& sel, int64_t n,
+                                                      bool graph, detail::Workspace& ws) const {
+  // docs/design/sparse_cp.md §12.2 step 3: the per-row lists come from the group builds
+  // (GroupMetadata::dcp_ori_indices / dcp_cmp_limit, once per step, for every row of the step); only
+  // the compressed list is remapped here, into the workspace.
   const ImplConfig& cf = cfg_;
   const StepMetadata& st = *md.step;
   const DcpStepMetadata& d = st.dcp;
   const GroupMetadata& swa = *md.swa;
-  cp::Comm& comm = *cf.dcp_comm;
   AAR_CHECK_ARG(swa.dcp_ori_indices.defined() && swa.dcp_ori_indices.size(0) >= n &&
                     swa.dcp_ori_indices.size(2) == int64_t{swa.ori_win_left} + 1,
                 "internal: the SWA group carries no DCP window list for ", n, " rows (built without dcp_world_size?)");
   // The window [p - win_left, p]: the positions this rank owns, as physical slots of its shard.
   const at::Tensor& ori_all = swa.dcp_ori_indices;
-  const at::Tensor ori = ori_all.size(0) == n ? ori_all : ori_all.narrow(0, 0, n);
+  at::Tensor ori = ori_all.size(0) == n ? ori_all : ori_all.narrow(0, 0, n);
   // The compressed rows (C4: the selection; C128: every row) below each row's limit (p + 1) / r,
   // as this rank's local indices.
   at::Tensor cmp;
@@ -907,6 +909,28 @@ at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::
     cmp = ws.dcp_cmp(n, g.size(2));
     sparse::remap_topk_to_dcp_rank_out(cmp, g, limit, d.world_size, d.rank, d.interleave);
   }
+  return {std::move(ori), std::move(cmp)};
+}
+
+void Impl::apply_sinks_after_merge(const at::Tensor& merged, const at::Tensor& mlse) const {
+  // docs/design/sparse_cp.md §12.2 step 6: the sinks once, in the merged softmax: out = merged e^lse /
+  // (e^lse + e^sink) = merged sigmoid(lse - sink), computed in fp32 and rounded once into merged's dtype.
+  // merged (n, N, D), mlse (n, N) fp32 over the layer's N heads (overwritten).
+  if (ops::dense::no_compute()) return;
+  at::Tensor l = mlse;
+  l.sub_(sinks_f32_).sigmoid_();
+  at::Tensor m = merged;
+  m.mul_(l.unsqueeze(2));
+}
+
+at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
+                            int64_t n, bool graph, detail::Workspace& ws, const detail::TokenViews& v) const {
+  // docs/design/sparse_cp.md §12. Every rank issues the same two collectives (the query gather,
+  // the partials' exchange), whatever its shard holds. The intermediates live in the workspaces, so
+  // a forward makes no index tensor of its own.
+  const StepMetadata& st = *md.step;
+  cp::Comm& comm = *cfg_.dcp_comm;
+  const auto [ori, cmp] = dcp_key_lists(md, sel, n, graph, ws);
   // Every head of the group over this rank's keys, without the sinks, with the LSE.
   const cp::DcpViews& w = dcp_ws_->views(n);
   const at::Tensor qg = cp::gather_query_heads(comm, q, w.gathered_query);
@@ -917,13 +941,128 @@ at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::
   at::Tensor merged = v.o;
   const at::Tensor& mlse = ws.dcp_lse(n);
   cp::combine_partials(comm, po, plse, merged, mlse, &w);
-  // The sinks once, in the merged softmax: out = merged e^lse / (e^lse + e^sink), computed in fp32
-  // and rounded once into o's dtype.
-  if (!ops::dense::no_compute()) {
-    mlse.sub_(sinks_f32_).sigmoid_();
-    merged.mul_(mlse.unsqueeze(2));
-  }
+  apply_sinks_after_merge(merged, mlse);
   return merged;
+}
+
+const Impl::CpDcpViews& Impl::dsa_cp_dcp_views(int64_t tpr, int64_t tk) {
+  // docs/design/sparse_cp.md §14.2: one exchange of the (1, T_pad N, D) token-block view: its W head
+  // blocks of tpr N "heads" are the W token slices (the exchange's buffers shared by the layers of this
+  // shape and comm). The padded query and selection, the merged rows and LSE live in buffers of this
+  // layer, grown to the largest slice (earlier ones kept: a captured replay may hold their addresses), and
+  // every view a step takes is made once per (tpr, tk).
+  const int64_t W = cfg_.dsa_cp_comm->size(), N = cfg_.num_heads, D = cfg_.head_dim, Tp = W * tpr;
+  cp::DcpWorkspaceShape sh;
+  sh.device = w_.wq_a.device();
+  sh.q_dtype = sh.out_dtype = act_dtype_;
+  sh.world = W;
+  sh.heads = tpr * N;
+  sh.q_dim = sh.out_dim = D;
+  sh.comm = cfg_.dsa_cp_comm;
+  sh.workspace_group = cfg_.workspace_group;
+  if (!cpdcp_ws_ || !(cpdcp_ws_->shape() == sh)) cpdcp_ws_ = cp::DcpWorkspace::shared(sh);
+  const cp::DcpViews& mw = cpdcp_ws_->views(1);
+  CpDcpViews& v = cpdcp_;
+  if (v.tpr == tpr && v.tk == tk && v.ws == cpdcp_ws_ && v.mw == &mw && v.generation == mw.generation) return v;
+  const int64_t K = cfg_.compress_ratio == 4 ? cfg_.index_topk : 0;
+  if (v.cap < tpr) {
+    if (v.q_buf.defined()) v.kept.insert(v.kept.end(), {v.q_buf, v.sel_buf, v.merged_buf, v.mlse_buf});
+    const int64_t cap = std::max<int64_t>(tpr, 2 * v.cap);
+    const auto o = w_.wq_a.options().dtype(act_dtype_);
+    v.q_buf = at::zeros({cap * N * D}, o);
+    v.merged_buf = at::empty({cap * N * D}, o);
+    v.mlse_buf = at::empty({cap * N}, o.dtype(at::kFloat));
+    v.sel_buf = at::full({std::max<int64_t>(cap * K, 1)}, -1, o.dtype(at::kInt));
+    v.cap = cap;
+  }
+  v.tpr = tpr;
+  v.tk = tk;
+  v.mw = &mw;
+  v.ws = cpdcp_ws_;
+  v.generation = mw.generation;
+  v.mw_out = mw.partial_out;
+  v.mw_lse = mw.partial_lse;
+  v.q_pad = v.q_buf.narrow(0, 0, tpr * N * D).view({tpr, N, D});
+  v.q_all = mw.gathered_query.view({Tp, N, D});
+  v.q_all_tk = v.q_all.narrow(0, 0, tk);
+  const at::Tensor part = mw.partial_out.view({Tp, N, D});
+  const at::Tensor part_lse = mw.partial_lse.view({Tp, N});
+  v.part_tk = part.narrow(0, 0, tk);
+  v.lse_tk = part_lse.narrow(0, 0, tk);
+  v.part_rest = tk < Tp ? part.narrow(0, tk, Tp - tk) : at::Tensor();
+  v.lse_rest = tk < Tp ? part_lse.narrow(0, tk, Tp - tk) : at::Tensor();
+  v.merged = v.merged_buf.narrow(0, 0, tpr * N * D).view({1, tpr * N, D});
+  v.merged3 = v.merged.view({tpr, N, D});
+  v.mlse = v.mlse_buf.narrow(0, 0, tpr * N).view({1, tpr * N});
+  v.mlse2 = v.mlse.view({tpr, N});
+  v.sel_pad = K > 0 ? v.sel_buf.narrow(0, 0, tpr * K).view({tpr, 1, K}) : at::Tensor();
+  return v;
+}
+
+at::Tensor Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q,
+                                   const at::Tensor& sel, int64_t tk, bool graph, detail::Workspace& ws,
+                                   sfa::TopkBuffer* topk) {
+  // docs/design/sparse_cp.md §14.2: every collective on dsa_cp_comm (the DCP group is the same group),
+  // issued by every rank in the same order whatever its slice holds.
+  const ImplConfig& cf = cfg_;
+  const StepMetadata& st = *md.step;
+  const DsaCpStepMetadata& sh = st.dsa_cp;
+  cp::Comm& comm = *cf.dsa_cp_comm;
+  const int64_t tpr = sh.tokens_per_rank, Tp = sh.num_tokens_pad, nloc = sh.num_local_tokens();
+  const CpDcpViews& v = dsa_cp_dcp_views(tpr, tk);
+  // 1. The slice's query rows (zeros past its real tokens: the padding rows of the buffer are zeroed once
+  //    per step) gathered along the tokens: every token's query of every head, (T_pad, N, D).
+  at::Tensor mine = q;
+  if (nloc < tpr) {
+    mine = v.q_pad;
+    if (nloc > 0) ops::dense::copy(mine.narrow(0, 0, nloc), q);
+    ops::dense::zero(mine.narrow(0, nloc, tpr - nloc));
+  }
+  comm.all_gather(mine, 0, v.q_all);
+  // 2. C4: the slice's selection (the single-rank rows: the indexer reads the replicated cache with the
+  //    slice's local ends and global lengths) padded with -1 rows and gathered, so every rank holds every
+  //    token's rows; a skip_topk layer reads all of them from the buffer, which a use_index_cache layer
+  //    fills with them (no gather of its own).
+  at::Tensor sel_all;
+  if (cf.compress_ratio == 4) {
+    if (cf.skip_topk) {
+      sel_all = topk->view(tk);
+    } else {
+      // A use_index_cache layer's selection is already the buffer's first rows (indexer_select stored it),
+      // which the gather below overwrites: it is staged first, as a padded slice is.
+      at::Tensor smine = sel;
+      if (nloc < tpr || cf.use_index_cache) {
+        smine = v.sel_pad;
+        if (nloc > 0) ops::dense::copy(smine.narrow(0, 0, nloc), sel);
+        ops::dense::fill(smine.narrow(0, nloc, tpr - nloc), -1);
+      }
+      const bool keep = cf.use_index_cache && Tp <= topk->max_num_tokens();
+      const at::Tensor g = keep ? comm.all_gather(smine, 0, topk->view(Tp)) : comm.all_gather(smine, 0);
+      sel_all = tk == Tp ? g : g.narrow(0, 0, tk);
+      if (cf.use_index_cache) sel_all = topk->store(sel_all);
+    }
+  }
+  last_topk_ = sel_all;
+  // 3. Every head of every token of the step over this rank's shard (the DCP lists of every row, the
+  //    global lengths and blob), without the sinks, with the LSE.
+  const auto [ori, cmp] = dcp_key_lists(md, sel_all, tk, graph, ws);
+  at::Tensor plse;
+  const at::Tensor po = attend(c, md, v.q_all_tk, st.query_start_loc, st.seq_lens, cmp, ori, at::Tensor(),
+                               /*with_sinks=*/false, &plse);
+  // 4. The partials padded to T_pad (zeros, LSE -inf) and exchanged along the tokens: on the
+  //    (1, T_pad N, D) view the head-block exchange of combine_partials is the token-block exchange, so
+  //    this rank merges the W partials of its own slice.
+  ops::dense::copy(v.part_tk, po);
+  ops::dense::copy(v.lse_tk, plse.dim() == 2 ? plse : plse.view({tk, cf.num_heads}));
+  if (tk < Tp) {
+    ops::dense::zero(v.part_rest);
+    ops::dense::fill(v.lse_rest, -std::numeric_limits<double>::infinity());
+  }
+  at::Tensor merged = v.merged;
+  cp::combine_partials(comm, v.mw_out, v.mw_lse, merged, v.mlse, v.mw);
+  // 5. The sinks once per head, on the merged softmax of the slice's rows.
+  apply_sinks_after_merge(v.merged3, v.mlse2);
+  return v.merged3;
 }
 
 const at::Tensor& Impl::dcp_columns(int64_t L) const {
@@ -1129,6 +1268,8 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   const bool full_road = !decode_state && cf.dsa_cp_full_o_proj_prefill;
   const int64_t C = N * D / W;
   const sparse::DsaCpRows road = cpws_->road_rows(tpr, nloc, full_road);  // (tpr, W, C) rows
+  const bool dcp = st.dcp.world_size > 1;  // DSA-CP x DCP (docs/design/sparse_cp.md §14)
+  at::Tensor q_slice, sel_slice;
   if (nloc > 0) {
     const at::Tensor xl = nloc == T ? hidden : hidden.narrow(0, sh.local_start, nloc);
     const detail::TokenViews& v = ws.tokens(nloc);
@@ -1158,16 +1299,37 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
     }
     last_topk_ = sel;
     if (ratio > 1) sp.wait(detail::StreamPlan::kCompressedKv, "wait_compressed_kv");
-    // The builder's local blob and cu_seqlens tensors (docs/design/sparse_cp.md §10.1).
     sp.on_main("attention");
-    at::Tensor o = attend(c, md, v.q, sh.query_start_loc, sh.seq_lens, sel, at::Tensor(), at::Tensor());
-    ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
-    ops::dense::copy(road.real, o.view({nloc, W, C}));
+    if (dcp) {
+      // DSA-CP x DCP (docs/design/sparse_cp.md §14): the slice's query and selection go to every rank; the
+      // attention of every row runs below, on every rank.
+      q_slice = v.q;
+      sel_slice = sel;
+    } else {
+      // The builder's local blob and cu_seqlens tensors (docs/design/sparse_cp.md §10.1).
+      at::Tensor o = attend(c, md, v.q, sh.query_start_loc, sh.seq_lens, sel, at::Tensor(), at::Tensor());
+      ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
+      ops::dense::copy(road.real, o.view({nloc, W, C}));
+    }
   } else {
     // An empty slice reads no cache, but the road's collectives still follow the side stream's writes.
     if (ratio == 4) sp.wait(detail::StreamPlan::kIndexerCache, "wait_indexer_cache");
     if (ratio > 1) sp.wait(detail::StreamPlan::kCompressedKv, "wait_compressed_kv");
     last_topk_ = ratio == 4 ? at::empty({0, 1, cf.index_topk}, hidden.options().dtype(at::kInt)) : at::Tensor();
+  }
+  if (dcp) {
+    // docs/design/sparse_cp.md §14.2: the query and selection gathers, every row over this rank's shard,
+    // the partials' token-block exchange and merge, the sinks; then the slice's rows as without DCP.
+    sp.on_main("dcp_attention");
+    const at::Tensor m = attend_dsa_cp_dcp(c, md, q_slice, sel_slice, tk, graph, ws, topk);
+    if (nloc > 0) {
+      const bool ctab = ratio > 1;
+      at::Tensor o = m.narrow(0, 0, nloc);
+      const at::Tensor cos3 = first_rows(ctab ? sh.compress_cos : sh.cos, nloc).view({nloc, 1, R});
+      const at::Tensor neg3 = first_rows(ctab ? sh.compress_neg_sin : sh.neg_sin, nloc).view({nloc, 1, R});
+      ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
+      ops::dense::copy(road.real, o.view({nloc, W, C}));
+    }
   }
 
   // ---- 3. back to the whole step's tokens.
@@ -1327,11 +1489,7 @@ void Impl::capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches
   if (st.dcp.world_size > 1) {
     // DSA DCP (docs/design/sparse_cp.md §12.5). The builders and the constructor refuse these
     // already; a capture names them again before anything is recorded, as it fixes what a replay runs.
-    if (st.dsa_cp.world_size > 1) {
-      throw_not_supported("DSA graph capture under DCP (dcp_world_size=", st.dcp.world_size, ") with DSA-CP "
-                          "(dsa_cp_world_size=", st.dsa_cp.world_size, "): DSA DCP x DSA-CP is not implemented "
-                          "(docs/design/sparse_cp.md §12.3)");
-    }
+    // Under DSA-CP x DCP the replay runs the DSA-CP road with the DCP attention (§14.3).
     if (md.swa->dspark_width > 0) {
       throw_not_supported("DSA graph capture under DCP (dcp_world_size=", st.dcp.world_size, ") of a DSpark SWA "
                           "group (dspark_width=", md.swa->dspark_width, "): DSpark under DSA DCP is not "

@@ -251,7 +251,6 @@ def _refusals(rank, world, comm):
                 compress_ratio=4, index_n_heads=d.n_idx, index_head_dim=d.Di, index_topk=d.K, eps=d.eps,
                 o_groups=d.G // world, o_lora_rank=d.o_lora)
     tw = tp_weights(cp.w, d, world, rank)
-    catch("dsa_cp", lambda: aar.dsa.Impl(tw, dcp_comm=comm, dsa_cp_comm=comm, **base))
     catch("a5", lambda: aar.dsa.Impl(tw, dcp_comm=comm, device_kind="a5", **base))
     calls = sum(comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "all_reduce"))
     untouched = all(torch.equal(a, b) for a, b in zip(cp.caches(), snap))
@@ -281,7 +280,6 @@ def test_dsa_dcp_two_ranks_decode_every_ratio():
         want = {
             "comm_vs_plain": ("ValueError", "dcp_world_size=1"),
             "plain_vs_dcp": ("ValueError", "the layer has no dcp_comm"),
-            "dsa_cp": ("NotImplementedError", "DSA DCP x DSA-CP"),
             "a5": ("NotImplementedError", "A2/A3 npu_sparse_attn_sharedkv plan only"),
         }
         for key, (kind, text) in want.items():
@@ -323,8 +321,9 @@ def _sb(**kw):
 
 
 def test_dsa_dcp_builder_refusals():
-    with pytest.raises(NotImplementedError, match="DSA DCP x DSA-CP"):
-        _sb(dcp_world_size=2, dsa_cp_world_size=2)
+    # DSA-CP x DCP is built for one group (docs/design/sparse_cp.md §14): other ranks are refused
+    with pytest.raises(NotImplementedError, match="DSA DCP x DSA-CP is built for a DCP group that is the DSA-CP"):
+        _sb(dcp_world_size=2, dsa_cp_world_size=2, dsa_cp_rank=1)
     with pytest.raises(NotImplementedError, match="DSpark under DSA DCP"):
         _sb(dcp_world_size=2, dspark_num_spec=1)
     with pytest.raises(ValueError, match="dcp_rank=2"):

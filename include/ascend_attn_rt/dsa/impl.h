@@ -7,7 +7,7 @@
 // W8A8-dynamic prolog, §5.5 multistream),
 // §6 (graph capture), §4.2 (the three plans); DSA-CP token sharding (ImplConfig::dsa_cp_comm):
 // docs/design/sparse_cp.md §10; DCP of the SWA and compressed caches (ImplConfig::dcp_comm):
-// docs/design/sparse_cp.md §12; PCP (ImplConfig::pcp_comm): docs/design/sparse_cp.md §13.
+// docs/design/sparse_cp.md §12; both together: §14; PCP (ImplConfig::pcp_comm): docs/design/sparse_cp.md §13.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "ascend_attn_rt/kv_connector.h"
@@ -32,6 +33,7 @@ struct W8A8DynamicInput;
 namespace aar::cp {
 class Comm;
 class DcpWorkspace;
+struct DcpViews;
 }
 namespace aar::sparse {
 class OProjFullWeight;
@@ -112,7 +114,9 @@ struct ImplConfig {
   // partials are merged by LSE, and the sinks enter the merged softmax once on the heads' rank.
   // Every step kind (decode, speculative decode, prefill, mixed) eagerly, decode buckets also in
   // a graph capture (the collectives inside each replay, §12.5), the A2/A3 plan; refused by name
-  // otherwise.
+  // otherwise. With dsa_cp_comm too (DSA-CP x DCP, §14): the same group (same size and rank, else
+  // refused by name); DSA-CP's weights; the slice's query and selection are gathered along the tokens,
+  // every row is attended over this rank's shard, and the partials are merged by token block.
   cp::Comm* dcp_comm = nullptr;
   // PCP (docs/design/sparse_cp.md §13): the group the step's prefill tokens are split over (Wp ranks;
   // must outlive the layer). Needs metadata built with the same pcp_world_size and rank
@@ -267,6 +271,32 @@ class Impl {
   // compressed list, the merged LSE and the merge's wire in the workspaces; the result is v.o.
   at::Tensor attend_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
                         int64_t n, bool graph, detail::Workspace& ws, const detail::TokenViews& v) const;
+  // DCP's key lists of the step's first n rows (docs/design/sparse_cp.md §12.2 step 3): this rank's window
+  // slots (n, 1, win_left + 1) and, compressed layers, its compressed rows below each row's limit (C4: of the
+  // step's selection sel, (n, 1, K); C128: every row) as local indices in the workspace (undefined at ratio 1).
+  std::pair<at::Tensor, at::Tensor> dcp_key_lists(const LayerMetadata& md, const at::Tensor& sel, int64_t n,
+                                                  bool graph, detail::Workspace& ws) const;
+  // The sinks on a merged DCP softmax: merged (n, N, D) *= sigmoid(mlse - sink) in place; mlse (n, N) fp32 is
+  // overwritten (docs/design/sparse_cp.md §12.2 step 6).
+  void apply_sinks_after_merge(const at::Tensor& merged, const at::Tensor& mlse) const;
+  // DSA-CP x DCP (docs/design/sparse_cp.md §14): the slice's query q (nloc, N, D) and C4 selection sel
+  // (nloc, 1, K; undefined for other ratios or a skip_topk layer) gathered along the tokens, every one of the
+  // step's tk rows attended over this rank's shard, the partials exchanged by token block and merged, the
+  // sinks applied: the slice's (tpr, N, D) rows (the first nloc are its tokens). Sets last_topk_ (tk rows).
+  at::Tensor attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
+                               int64_t tk, bool graph, detail::Workspace& ws, sfa::TopkBuffer* topk);
+  // Its buffers and views for slices of tpr rows and a step of tk rows (the exchange's workspace shared by
+  // shape and comm; the padded query / selection and the merged rows the layer's, made once per (tpr, tk)).
+  struct CpDcpViews {
+    int64_t cap = 0, tpr = -1, tk = -1, generation = -1;
+    const cp::DcpViews* mw = nullptr;
+    std::shared_ptr<cp::DcpWorkspace> ws;  // mw's workspace, held (so its address is never reused meanwhile)
+    at::Tensor q_buf, sel_buf, merged_buf, mlse_buf;
+    std::vector<at::Tensor> kept;  // grown-out buffers (a captured replay may read them)
+    at::Tensor mw_out, mw_lse, q_pad, q_all, q_all_tk, part_tk, lse_tk, part_rest, lse_rest, merged, merged3, mlse,
+        mlse2, sel_pad;
+  };
+  const CpDcpViews& dsa_cp_dcp_views(int64_t tpr, int64_t tk);
   // C128 under DCP: 0..L-1 as (1, 1, L) int32 on the layer's device (kept, grown on demand).
   const at::Tensor& dcp_columns(int64_t L) const;
   // The whole step's cache writes from its tk hidden rows x (the step's RoPE rows and slots): the SWA KV,
@@ -326,6 +356,8 @@ class Impl {
   std::unique_ptr<sparse::OProjFullWeight> oproj_full_;  // DSA-CP: the o_proj full-weight switch
   std::shared_ptr<sparse::detail::DsaCpWorkspace> cpws_;  // DSA-CP: the slice's buffers (shared by shape)
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP: the query gather and the merge's wire (shared by shape)
+  std::shared_ptr<cp::DcpWorkspace> cpdcp_ws_;  // DSA-CP x DCP: the slice's token-block exchange (by tpr)
+  CpDcpViews cpdcp_;                            // DSA-CP x DCP: dsa_cp_dcp_views()
   mutable at::Tensor dcp_cols_, dcp_cols_view_;  // DCP, C128: dcp_columns()
 };
 

@@ -112,6 +112,10 @@ struct StepMetadata : core::StepCounts {
   // PCP splits this step's rows over the ranks (docs/design/sparse_cp.md §13): a step with a prefill under
   // pcp_world_size > 1. Otherwise the step is every rank's whole (single-rank) step.
   bool pcp_split() const { return pcp.world_size > 1 && has_prefill(); }
+  // The attention and its blobs read the rank's token slice with the local lengths: DSA-CP alone
+  // (docs/design/sparse_cp.md §10). Under DSA-CP x DCP (§14) every rank attends every row of the step
+  // over its KV shard with the global lengths, as DCP does; the indexer keeps the slice (dsa_cp.q_ends).
+  bool dsa_cp_slice_attention() const { return dsa_cp.world_size > 1 && dcp.world_size <= 1; }
 
   // Device views (int32): query_start_loc (B+1), seq_lens (B), start_pos (B:
   // S_b - q_b, 0 for padding rows), cu_seqlens_kv (B+1: [0, cumsum(S)], what
