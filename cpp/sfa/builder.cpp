@@ -307,10 +307,10 @@ class MetadataBuilder::Lane {
     }
     if (pcp_) fill_pcp(p);
     if (dcp_) {
-      md_.dcp.seq_lens = views_.dseq.first(Bk);
-      md_.dcp.indexer_block_table = views_.rbt.first(Bk);
-      md_.dcp.indexer_slot_mapping =
-          views_.islots.get(t_in, [&] { return device_.narrow(0, tr.islots, 2 * n).view(at::kLong); });
+      set_view(md_.dcp.seq_lens, views_.dseq.first(Bk));
+      set_view(md_.dcp.indexer_block_table, views_.rbt.first(Bk));
+      set_view(md_.dcp.indexer_slot_mapping,
+               views_.islots.get(t_in, [&] { return device_.narrow(0, tr.islots, 2 * n).view(at::kLong); }));
       md_.dcp.seq_lens_list = c10::IntArrayRef(dseq_list_.data(), Bk);
     }
     return md_;
@@ -322,6 +322,12 @@ class MetadataBuilder::Lane {
   struct TokenRegion {
     int64_t slots, cos, sin, ttr, islots;
   };
+  // A metadata field takes a cached view only when it holds another one: a steady-state step repeats its
+  // views, and each tensor assignment is a reference-count increment and decrement.
+  static void set_view(at::Tensor& field, const at::Tensor& view) {
+    if (!field.is_same(view)) field = view;
+  }
+
   // Kept for the last n: steady-state steps repeat their token count.
   const TokenRegion& token_region(int64_t n) {
     if (n != token_region_n_) {
@@ -391,6 +397,12 @@ class MetadataBuilder::Lane {
   void plan_pcp(const int32_t* s, const BuildInputs& in, const plan::SfaStepPlan& p) {
     const int64_t MB = cfg_.max_blocks_per_req, Wp = cfg_.pcp_world_size, rs = MB * kvw_;
     const int32_t B = p.num_reqs;
+    pp_.decode = p.split.num_prefills == 0 && every_request_has_tokens(in.query_start_loc, B);
+    if (pp_.decode) {
+      plan_pcp_decode(p);
+      return;
+    }
+    pp_.iota = 0;  // the generic rows below overwrite the token lists
     plan::SparsePcpInputs si;
     si.query_start_loc = in.query_start_loc;
     si.seq_lens = in.seq_lens;
@@ -471,6 +483,42 @@ class MetadataBuilder::Lane {
     }
   }
 
+  static bool every_request_has_tokens(plan::CSpan<int32_t> qsl, int32_t B) {
+    int empty = 0;
+    for (int32_t r = 0; r < B; ++r) empty |= qsl[r + 1] == qsl[r];
+    return empty == 0;
+  }
+
+  // A decode-only step whose every request has tokens (docs/design/sparse_cp.md §11.2): what
+  // plan_sparse_pcp_rows and pad_pcp_bucket give for it is known without planning it. Every rank's rows are
+  // the step's t_in kernel tokens in order (the real ones, then a padded bucket's dummies, -1 as rows), and
+  // the indexer's requests are the kernel requests (one per request, each with tokens, dummies included), so
+  // their lists are the step's own cum_query_lens / seq_lens and their replicated rows the step's table; the
+  // local rows' RoPE rows are the step's. Only the row lists are written, and only where they are not already
+  // the identity (pp_.iota: the leading entries that hold their own index).
+  void plan_pcp_decode(const plan::SfaStepPlan& p) {
+    const int32_t t_real = p.num_actual_tokens, t_in = p.num_input_tokens, Bk = p.num_kernel_reqs;
+    std::vector<int32_t>& idx = pp_.token_index;
+    idx.resize(static_cast<size_t>(t_in));
+    for (int32_t i = pp_.iota; i < t_real; ++i) {
+      idx[i] = i;
+      pp_.token_list[i] = i;
+    }
+    for (int32_t i = t_real; i < t_in; ++i) {
+      idx[i] = -1;
+      pp_.token_list[i] = -1;
+    }
+    // (A shorter step leaves the identity past its rows; a padded one overwrote it from t_real.)
+    pp_.iota = t_in > t_real ? t_real : std::max(pp_.iota, t_real);
+    pp_.sizes.num_decode_tokens = t_real;
+    pp_.sizes.local_tokens = t_in;
+    pp_.sizes.indexer_reqs = Bk;
+    pp_.groups = Bk;
+    pp_.split = false;
+    pp_.rep_rows = true;
+    pp_.rope_main = true;
+  }
+
   // A decode-only step padded to its graph bucket (docs/design/sparse_cp.md §11.1): every PCP rank's rows
   // are the step's t_in kernel tokens, the real decodes (planned above) then the dummies; the dummies are
   // requests of the kernels like the real ones (the plan's dummy rows: KV length 0, block-table rows of zeros,
@@ -505,22 +553,27 @@ class MetadataBuilder::Lane {
     m.num_local_tokens = static_cast<int32_t>(tl);
     m.num_indexer_reqs = static_cast<int32_t>(nr);
     // (md_.cos / md_.sin hold the step's t_in rows, which are the local rows under rope_main.)
-    m.cos = pp_.rope_main ? md_.cos : pp_.cos_v.get(tl, [&] { return pp_.cos.narrow(0, 0, tl); });
-    m.sin = pp_.rope_main ? md_.sin : pp_.sin_v.get(tl, [&] { return pp_.sin.narrow(0, 0, tl); });
+    set_view(m.cos, pp_.rope_main ? md_.cos : pp_.cos_v.get(tl, [&] { return pp_.cos.narrow(0, 0, tl); }));
+    set_view(m.sin, pp_.rope_main ? md_.sin : pp_.sin_v.get(tl, [&] { return pp_.sin.narrow(0, 0, tl); }));
     const int64_t tr = p.num_input_tokens, G = pp_.split ? Wp * B : 0;
     // (Decode-only: no gather index and no gathered groups, empty views.)
-    m.gather_index = pp_.gidx_v.get(pp_.split ? tr : 0, [&] { return pp_.gidx.narrow(0, 0, pp_.split ? tr : 0); });
-    m.indexer_cum_query_lens = pp_.icum_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_icum, nr); });
-    m.indexer_seq_lens = pp_.iseq_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_iseq, nr); });
-    m.indexer_block_table = pp_.rep_rows ? views_.rbt.first(nr) : pp_.ibt_v.get(nr, [&] {
+    set_view(m.gather_index,
+             pp_.gidx_v.get(pp_.split ? tr : 0, [&] { return pp_.gidx.narrow(0, 0, pp_.split ? tr : 0); }));
+    // (Decode-only with tokens in every request: the indexer's requests are the kernel requests.)
+    set_view(m.indexer_cum_query_lens,
+             pp_.decode ? md_.cum_query_lens : pp_.icum_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_icum, nr); }));
+    set_view(m.indexer_seq_lens,
+             pp_.decode ? md_.seq_lens : pp_.iseq_v.get(nr, [&] { return pp_.dev.narrow(0, pp_.o_iseq, nr); }));
+    set_view(m.indexer_block_table, pp_.rep_rows ? views_.rbt.first(nr) : pp_.ibt_v.get(nr, [&] {
       return pp_.dev.narrow(0, pp_.o_ibt, nr * rs).view({nr, rs});
-    });
-    m.gathered_cum_query_lens = pp_.gcum_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gcum, G); });
-    m.gathered_seq_lens = pp_.gseq_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gseq, G); });
-    m.gathered_block_table = pp_.gbt_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gbt, G * MB).view({G, MB}); });
+    }));
+    set_view(m.gathered_cum_query_lens, pp_.gcum_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gcum, G); }));
+    set_view(m.gathered_seq_lens, pp_.gseq_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gseq, G); }));
+    set_view(m.gathered_block_table,
+             pp_.gbt_v.get(G, [&] { return pp_.dev.narrow(0, pp_.o_gbt, G * MB).view({G, MB}); }));
     m.local_token_index_list = c10::IntArrayRef(pp_.token_list.data(), tl);
-    m.indexer_cum_query_lens_list = c10::IntArrayRef(pp_.icum_list.data(), nr);
-    m.indexer_seq_lens_list = c10::IntArrayRef(pp_.iseq_list.data(), nr);
+    m.indexer_cum_query_lens_list = pp_.decode ? md_.cum_query_lens_list : c10::IntArrayRef(pp_.icum_list.data(), nr);
+    m.indexer_seq_lens_list = pp_.decode ? md_.seq_lens_list : c10::IntArrayRef(pp_.iseq_list.data(), nr);
   }
 
  public:
@@ -614,6 +667,10 @@ class MetadataBuilder::Lane {
     // A step with a prefill (the head/tail split): the gather index and the gathered groups are made; a
     // decode-only step's layer reads neither (docs/design/sparse_cp.md §11.2), so they are skipped.
     bool split = false;
+    // This build is plan_pcp_decode's (a decode-only step, every request with tokens): the indexer's lists are
+    // the step's kernel lists.
+    bool decode = false;
+    int32_t iota = 0;  // leading entries of token_list and token_index that hold their own index
     // The metadata's views, made once per count (core::ViewCache).
     core::ViewCache cos_v, sin_v, gidx_v, icum_v, iseq_v, ibt_v, gcum_v, gseq_v, gbt_v;
   } pp_;

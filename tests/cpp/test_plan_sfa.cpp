@@ -622,10 +622,12 @@ TEST(PlanSfaStep, DcpViewsEqualTheSharedFunctions) {
     const int32_t W = 1 + static_cast<int32_t>(rng() % 4) + 1;  // 2..5
     const int32_t bs = 8, I = std::vector<int32_t>{1, 2, 4, 8}[rng() % 4];
     const std::size_t B = 1 + rng() % 6;
+    // Every other iteration a decode step of one token per request (the plan's one-token pass).
+    const bool one_token = iter % 2 == 0;
     std::vector<int32_t> qsl{0}, seq;
     for (std::size_t r = 0; r < B; ++r) {
       const int32_t s = 1 + static_cast<int32_t>(rng() % 60);
-      const int32_t q = 1 + static_cast<int32_t>(rng() % std::min(s, 5));
+      const int32_t q = one_token ? 1 : 1 + static_cast<int32_t>(rng() % std::min(s, 5));
       seq.push_back(s);
       qsl.push_back(qsl.back() + q);
     }

@@ -352,6 +352,42 @@ def test_builder_pcp_graph_bucket_rows():
         assert torch.equal(a.pcp_cos, c.pcp_cos) and torch.equal(a.indexer_slot_mapping, c.indexer_slot_mapping)
 
 
+def test_builder_pcp_decode_rows_over_steps():
+    """A decode-only step's PCP lists are not planned (docs/design/sparse_cp.md §11.2): its rows are the step's
+    kernel tokens (-1 for a bucket's dummies) and the indexer's lists the kernel lists; the row lists are kept as
+    the identity across steps. One builder through steps that grow, shrink, pad and plan again (a step with a
+    prefill, a decode step with a zero-token request) gives every step the lists of a fresh builder and of their
+    definition."""
+    st = make_step(2, seq_lens=[10, 5, 12, 9, 7], q_lens=[1, 1, 1, 1, 1])
+    full_q = qsl([1, 1, 1, 1, 1])
+
+    def args(q_lens, seq_lens):
+        return qsl(q_lens), torch.tensor(seq_lens, dtype=torch.int32), st["table"][: len(seq_lens)]
+
+    steps = [([1, 5, 8], [10, 5, 12], 0), ([1, 1, 1], [10, 5, 12], 0), ([1, 1, 1, 1, 1], [10, 5, 12, 9, 7], 0),
+             ([1, 1], [10, 5], 4), ([1, 1, 1], [10, 5, 12], 0), ([1, 0, 1], [10, 5, 12], 0), ([1, 1], [10, 5], 0),
+             ([1, 1, 1, 1], [10, 5, 12, 9], 5), ([1, 1, 1, 1, 1], [10, 5, 12, 9, 7], 0)]
+    assert full_q.tolist() == [0, 1, 2, 3, 4, 5]
+    for rank in range(2):
+        b = _builder(st, 2, rank, graph_decode_padding=True)
+        for q_lens, seq_lens, t_in in steps:
+            md = b.build(*args(q_lens, seq_lens), num_input_tokens=t_in)
+            lists = (b.local_token_index.tolist(), md.pcp_local_token_index_list, md.pcp_indexer_cum_query_lens_list,
+                     md.pcp_indexer_seq_lens_list, md.num_local_tokens)
+            fresh = _builder(st, 2, rank, graph_decode_padding=True)
+            f = fresh.build(*args(q_lens, seq_lens), num_input_tokens=t_in)
+            assert lists == (fresh.local_token_index.tolist(), f.pcp_local_token_index_list,
+                             f.pcp_indexer_cum_query_lens_list, f.pcp_indexer_seq_lens_list, f.num_local_tokens)
+            real = sum(q_lens)
+            if max(q_lens) == 1 and 0 not in q_lens:  # decode-only, every request with a token
+                rows = list(range(real)) + [-1] * (max(t_in, real) - real)
+                assert lists[0] == rows and lists[1] == rows and lists[4] == len(rows)
+                assert lists[2] == md.cum_query_lens_list and lists[3] == md.seq_lens_list
+                assert torch.equal(md.pcp_cos, md.cos)
+            elif 0 in q_lens:  # the empty request has no indexer request
+                assert lists[0] == [0, 1] and lists[2] == [1, 2] and lists[3] == [10, 12]
+
+
 def test_builder_pcp_separate_device_buffers_match():
     """The device path's copies (separate_device_buffers, here on the CPU) give the metadata of the in-place path."""
     st = make_step(2, I=2, **STEPS["mixed"])

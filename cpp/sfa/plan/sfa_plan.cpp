@@ -219,6 +219,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
     int32_t* lk = buf.dcp_seq_lens.data();
     int64_t* rslots = buf.replicated_slot_mapping.data();
     int32_t* extent = buf.replicated_extent.empty() ? nullptr : buf.replicated_extent.data();
+    const bool one = scan.all_sched_one;
     for (std::size_t r = 0; r < b; ++r) {
       const int32_t begin = qsl[r], end = qsl[r + 1], seq = seqs[r];
       const int32_t* row = table + r * in_stride;
@@ -262,6 +263,16 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
       if (extent != nullptr) extent[r] = cols;
       lk[r] = dm.local_len(static_cast<uint32_t>(seq), dm.rank);
       const int32_t pos0 = seq - (end - begin);
+      if (one) {
+        // Every request one token (the usual decode step): token r at position seq - 1, no inner loop.
+        const uint32_t p = static_cast<uint32_t>(seq - 1);
+        pos[r] = static_cast<int32_t>(p);
+        slots[r] = dm.local_slot(p, row);
+        const uint32_t col = blocks.pow2 ? p >> blocks.shift : p / blocks.bs;
+        const uint32_t off = blocks.pow2 ? p & bmask : p % blocks.bs;
+        rslots[r] = static_cast<int64_t>(rep[col]) * in.block_size + off;
+        continue;
+      }
       for (int32_t t = begin; t < end; ++t) {
         const uint32_t p = static_cast<uint32_t>(pos0 + (t - begin));
         pos[t] = static_cast<int32_t>(p);
