@@ -1,6 +1,7 @@
 // Legacy PCP DualChunkSwap split (docs/design/cp.md §6.1, §6.3, §3.4, §6.4).
 #include "ascend_attn_rt/cp/plan/pcp_split.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "ascend_attn_rt/errors.h"
@@ -62,18 +63,28 @@ PcpSplitSizes pcp_split_sizes(const PcpSplitInputs& in) {
   const std::size_t n = in.query_lens.size();
   AAR_CHECK_ARG(in.num_decodes >= 0 && static_cast<std::size_t>(in.num_decodes) <= n, "num_decodes=",
                 in.num_decodes, " is out of range [0, ", n, "]");
+  // Every PCP plan function starts here, so a step pays this pass several times: the
+  // decodes are one branch-free sum (and a sign test), the prefills the per-request chunks.
+  const std::size_t nd = static_cast<std::size_t>(in.num_decodes);
+  const int32_t* ql = in.query_lens.data();
   int64_t td = 0, local = 0, sched = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const int64_t q = in.query_lens[i];
-    AAR_CHECK_ARG(q >= 0, "query_lens[", i, "]=", q, " is negative");
-    sched += q;
-    if (i < static_cast<std::size_t>(in.num_decodes)) {
-      td += q;
-      local += q;
-    } else {
-      local += 2 * chunk_len(q, in.pcp_size);
+  int32_t lowest = 0;
+  for (std::size_t i = 0; i < nd; ++i) {
+    td += ql[i];
+    lowest = std::min(lowest, ql[i]);
+  }
+  for (std::size_t i = nd; i < n; ++i) {
+    lowest = std::min(lowest, ql[i]);
+    sched += ql[i];
+    local += 2 * chunk_len(ql[i], in.pcp_size);
+  }
+  if (lowest < 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      AAR_CHECK_ARG(ql[i] >= 0, "query_lens[", i, "]=", ql[i], " is negative");
     }
   }
+  sched += td;
+  local += td;
   const int64_t global = local * in.pcp_size;
   AAR_CHECK_ARG(global <= INT32_MAX && sched <= INT32_MAX, "the padded-global buffer has ", global,
                 " rows (pcp_size=", in.pcp_size, "), beyond int32");
@@ -155,14 +166,18 @@ void pcp_padded_slot_mapping(const PcpSplitInputs& in, CSpan<int32_t> token_slot
                 " entries, expected sum(query_lens)=", sched);
   check_room(slots_out.size(), s.padded_global_tokens, "slots_out");
   const int32_t wp = in.pcp_size;
+  // A decode token's Wp copies: the first keeps its slot. A prefill: its q slots, then pads.
+  int32_t* out = slots_out.data();
+  const int32_t* src = token_slots.data();
   for_each_region(in, [&](const Region& r) {
-    const int32_t len = r.local_len * wp;
-    for (int32_t k = 0; k < len; ++k) {
-      int32_t slot = kPadSlot;
-      if (r.decode && k % wp == 0) slot = token_slots[r.token_begin + k / wp];
-      if (!r.decode && k < r.q) slot = token_slots[r.token_begin + k];
-      slots_out[r.global_begin + k] = slot;
+    int32_t* dst = out + r.global_begin;
+    if (r.decode) {
+      std::fill(dst, dst + r.q * wp, kPadSlot);
+      for (int32_t i = 0; i < r.q; ++i) dst[i * wp] = src[r.token_begin + i];
+      return;
     }
+    std::copy_n(src + r.token_begin, r.q, dst);
+    std::fill(dst + r.q, dst + r.local_len * wp, kPadSlot);
   });
 }
 
