@@ -43,6 +43,28 @@ void for_each_region(const PcpSplitInputs& in, Fn fn) {
   }
 }
 
+// The same walk over the prefill requests only: they follow the decodes, whose
+// num_decode_tokens (pcp_split_sizes) give the first prefill's offsets (a decode
+// takes q local rows, Wp q padded-global rows and q tokens).
+template <typename Fn>
+void for_each_prefill_region(const PcpSplitInputs& in, int32_t num_decode_tokens, Fn fn) {
+  const int32_t wp = in.pcp_size;
+  Region r;
+  r.local_begin = num_decode_tokens;
+  r.global_begin = num_decode_tokens * wp;
+  r.token_begin = num_decode_tokens;
+  for (std::size_t i = static_cast<std::size_t>(in.num_decodes); i < in.query_lens.size(); ++i) {
+    r.req = i;
+    r.q = in.query_lens[i];
+    r.c = static_cast<int32_t>(chunk_len(r.q, wp));
+    r.local_len = 2 * r.c;
+    fn(r);
+    r.local_begin += r.local_len;
+    r.global_begin += r.local_len * wp;
+    r.token_begin += r.q;
+  }
+}
+
 void check_rank(const PcpSplitInputs& in, int32_t rank) {
   AAR_CHECK_ARG(rank >= 0 && rank < in.pcp_size, "rank=", rank, " is out of range [0, pcp_size=", in.pcp_size,
                 ")");
@@ -131,12 +153,15 @@ void pcp_restore_index(const PcpSplitInputs& in, Span<int32_t> restore_out) {
   // restore[slot] = row of G holding the token of that slot (the inverse of the
   // map "G row -> slot", so no argsort is needed).
   for_each_region(in, [&](const Region& r) {
+    if (r.decode) {  // token i's Wp copies, rank-major: rank k's is row k L + local_begin + i
+      int32_t* dst = restore_out.data() + r.global_begin;
+      for (int32_t i = 0; i < r.q; ++i) {
+        for (int32_t rank = 0; rank < wp; ++rank) *dst++ = rank * s.local_tokens + r.local_begin + i;
+      }
+      return;
+    }
     for (int32_t rank = 0; rank < wp; ++rank) {
       const int32_t g = rank * s.local_tokens + r.local_begin;
-      if (r.decode) {
-        for (int32_t i = 0; i < r.q; ++i) restore_out[r.global_begin + i * wp + rank] = g + i;
-        continue;
-      }
       const int32_t head = rank, tail = 2 * wp - 1 - rank;
       for (int32_t i = 0; i < r.c; ++i) {
         restore_out[r.global_begin + head * r.c + i] = g + i;
@@ -187,8 +212,7 @@ void pcp_chunk_restore_index(const PcpSplitInputs& in, Span<int32_t> recover_out
   check_room(recover_out.size(), rows, "recover_out");
   check_room(inverse_out.size(), rows, "inverse_out");
   const int32_t wp = in.pcp_size, td = s.num_decode_tokens, tpl = s.local_prefill_tokens;
-  for_each_region(in, [&](const Region& r) {
-    if (r.decode) return;
+  for_each_prefill_region(in, td, [&](const Region& r) {
     // Prefill regions follow every decode region (decodes first), so the
     // padded-global prefill index is the slot minus Wp * Td.
     const int32_t pg_begin = r.global_begin - wp * td;
@@ -207,13 +231,12 @@ void pcp_chunk_restore_index(const PcpSplitInputs& in, Span<int32_t> recover_out
 }
 
 PcpHeadTailCounts pcp_head_tail_counts(const PcpSplitInputs& in, int32_t rank) {
-  (void)pcp_split_sizes(in);
+  const PcpSplitSizes s = pcp_split_sizes(in);
   check_rank(in, rank);
   PcpHeadTailCounts n;
   const int64_t tail = 2 * in.pcp_size - 1 - rank;
   int64_t chunk = 0;
-  for_each_region(in, [&](const Region& r) {
-    if (r.decode) return;
+  for_each_prefill_region(in, s.num_decode_tokens, [&](const Region& r) {
     ++n.num_prefills;
     chunk += r.c;
   });
@@ -240,8 +263,9 @@ PcpHeadTailCounts pcp_head_tail_indices(const PcpSplitInputs& in, int32_t rank, 
   const int32_t wp = in.pcp_size, head = rank, tail = 2 * wp - 1 - rank;
   int32_t qo = 0, ko = 0, chunk_pos = 0, head_nm = 0, tail_nm = 0, p = 0;
   int64_t mask_end = 0, head_end = 0, tail_end = 0;
-  for_each_region(in, [&](const Region& r) {
-    if (r.decode) return;
+  // Only each prefill's chunk length is read (the lists count their own offsets from the first
+  // prefill row), so the regions' batch offsets are left unset (0).
+  for_each_prefill_region(in, 0, [&](const Region& r) {
     const int32_t c = r.c;
     for (int32_t i = 0; i < c; ++i) {
       out.q_head_idx[chunk_pos + i] = qo + i;
