@@ -49,6 +49,10 @@ struct PcpMetadataBuilder::Staging {
   core::RegionViews decode_slots_dev, decode_bt_dev;
   core::Region write_slots;  // replicated
   core::RegionViews write_slots_dev;
+  // Sharded: the packed lists' views, by length and keyed by their offset (which
+  // moves with the other lists' sizes), so a steady-state step (a decode-only
+  // one above all: every prefill list empty, the same offsets) makes no tensor.
+  core::ViewCache slots_v, restore_v, qh_v, qt_v, hn_v, hm_v, tn_v, tm_v, qf_v, cbt_v, crow_v;
 };
 
 PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
@@ -90,6 +94,17 @@ PcpMetadataBuilder::PcpMetadataBuilder(const PcpConfig& cfg) : cfg_(cfg) {
     // Decode rows: at most max_num_tokens (the bucket of a padded step included).
     st_->decode_slots = layout.add("decode_slots", Tm);
     st_->decode_bt = layout.add("decode_block_table", Tm * mb);
+    // The views' length bounds (G <= cap_ is checked per build): the chunk total
+    // sum c_i <= C, the rank's 2 sum c_i prefill rows, its head no-mask keys
+    // pcp_rank * sum c_i and tail no-mask keys (2 Wp - 1 - pcp_rank) * sum c_i.
+    const int64_t rp = cfg.pcp_rank;
+    for (core::ViewCache* c : {&st_->slots_v, &st_->restore_v}) c->resize(G);
+    for (core::ViewCache* c : {&st_->qh_v, &st_->qt_v, &st_->hm_v, &st_->tm_v}) c->resize(C);
+    st_->hn_v.resize(rp * C);
+    st_->tn_v.resize((2 * Wp - 1 - rp) * C);
+    st_->qf_v.resize(2 * C);
+    st_->crow_v.resize(2 * C);
+    st_->cbt_v.resize(Wp * Nm);  // rows (Wp * num_prefills), keyed by offset and stride
   } else {
     // Td + Wp (P - Td) <= Wp P slots, and P <= Tm (a rank's rows are at most the batch's).
     st_->write_slots = layout.add("write_slots", Wp * Tm);
@@ -367,21 +382,26 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd, int
   buffers_->finish();
 
   const at::Tensor& dev = buffers_->device();
-  auto view = [&](int64_t o, int64_t len) { return dev.narrow(0, o, len); };
-  md_.padded_slot_mapping = view(o_slots, G);
-  md_.restore_idx = view(o_restore, G);
+  auto view = [&](core::ViewCache& vc, int64_t o, int64_t len) -> const at::Tensor& {
+    return vc.get(len, o, [&] { return dev.narrow(0, o, len); });
+  };
+  Staging& st = *st_;
+  md_.padded_slot_mapping = view(st.slots_v, o_slots, G);
+  md_.restore_idx = view(st.restore_v, o_restore, G);
   md_.decode_kernel_rows = static_cast<int32_t>(dk);
-  md_.decode_slots = st_->decode_slots_dev.first(dk);
-  md_.decode_block_tables = st_->decode_bt_dev.first(dk);
-  md_.q_head_idx = view(o_qh, C);
-  md_.q_tail_idx = view(o_qt, C);
-  md_.kv_head_nomask_idx = view(o_hn, ht.head_nomask_tokens);
-  md_.kv_head_mask_idx = view(o_hm, C);
-  md_.kv_tail_nomask_idx = view(o_tn, ht.tail_nomask_tokens);
-  md_.kv_tail_mask_idx = view(o_tm, C);
-  md_.q_full_idx = view(o_qf, 2 * C);
-  md_.ctx_block_tables = view(o_cbt, Wp * np * stride).view({Wp * np, stride});
-  md_.context_rows = view(o_crow, sz.local_prefill_tokens);
+  md_.decode_slots = st.decode_slots_dev.first(dk);
+  md_.decode_block_tables = st.decode_bt_dev.first(dk);
+  md_.q_head_idx = view(st.qh_v, o_qh, C);
+  md_.q_tail_idx = view(st.qt_v, o_qt, C);
+  md_.kv_head_nomask_idx = view(st.hn_v, o_hn, ht.head_nomask_tokens);
+  md_.kv_head_mask_idx = view(st.hm_v, o_hm, C);
+  md_.kv_tail_nomask_idx = view(st.tn_v, o_tn, ht.tail_nomask_tokens);
+  md_.kv_tail_mask_idx = view(st.tm_v, o_tm, C);
+  md_.q_full_idx = view(st.qf_v, o_qf, 2 * C);
+  md_.ctx_block_tables = st.cbt_v.get(Wp * np, o_cbt * (cfg_.max_blocks_per_req + 1) + stride, [&] {
+    return dev.narrow(0, o_cbt, Wp * np * stride).view({Wp * np, stride});
+  });
+  md_.context_rows = view(st.crow_v, o_crow, sz.local_prefill_tokens);
   md_.attn_mask = causal_mask_;
   md_.decode_q_ends = c10::IntArrayRef(decode_q_ends_.data(), dk);
   md_.decode_kv_lens = c10::IntArrayRef(decode_kv_lens_.data(), dk);

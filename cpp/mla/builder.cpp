@@ -52,6 +52,10 @@ struct MetadataBuilder::Staging {
   core::ViewCache dcos_v, dsin_v, pcos_v, psin_v;
   // Context chunks, by (num_chunks - 1) * (max_num_reqs + 1) + num_prefills
   core::ViewCache cu_v, starts_v, clens_v, plens_v;
+  // PCP: the packed lists' views, by length and keyed by their offset (which moves
+  // with the other lists' sizes): a decode-only step (every prefill list empty)
+  // or a repeated shape makes no tensor.
+  core::ViewCache pslots_v, restore_v, qh_v, qt_v, hn_v, hm_v, tn_v, tm_v, qf_v;
 };
 
 MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
@@ -145,6 +149,17 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   for (core::ViewCache* c : {&st.dcos_v, &st.dsin_v}) c->resize(TD);
   for (core::ViewCache* c : {&st.pcos_v, &st.psin_v}) c->resize(TL);
   for (core::ViewCache* c : {&st.cu_v, &st.starts_v, &st.clens_v, &st.plens_v}) c->resize(kChunks * (R + 1) - 1);
+  if (pcp) {
+    // Length bounds: G padded-global rows; the rank's prefill rows Wp * tpl <= G;
+    // chunk tokens sum c_i < Cc; head no-mask keys pcp_rank * sum c_i, tail
+    // no-mask keys (2 Wp - 1 - pcp_rank) * sum c_i.
+    const int64_t rp = cfg.pcp_rank;
+    for (core::ViewCache* c : {&st.pslots_v, &st.restore_v}) c->resize(G);
+    for (core::ViewCache* c : {&st.qh_v, &st.qt_v, &st.hm_v, &st.tm_v}) c->resize(Cc);
+    st.qf_v.resize(2 * Cc);
+    st.hn_v.resize(rp * Cc);
+    st.tn_v.resize((2 * Wp - 1 - rp) * Cc);
+  }
 
   // The RoPE rows are gathered on the host, so the tables live there.
   cfg_.cos_table = rope_->cos_table();
@@ -522,23 +537,26 @@ int64_t MetadataBuilder::plan_pcp_rows(int32_t* s, const BuildInputs& in, int32_
 }
 
 void MetadataBuilder::set_pcp_metadata(const plan::MlaPcpSizes& sz) {
-  const Staging& st = *st_;
+  Staging& st = *st_;
   PcpInfo& pc = md_.pcp;
   const int64_t Wp = cfg_.pcp_world_size, G = sz.split.padded_global_tokens;
   const int64_t tpl = sz.split.local_prefill_tokens, Ck = sz.head_tail.chunk_tokens;
   const int64_t np = sz.head_tail.num_prefills;
-  auto i32 = [&](int64_t o, int64_t len) { return device_.narrow(0, o, len); };
+  auto i32 = [&](core::ViewCache& vc, int64_t o, int64_t len) -> const at::Tensor& {
+    return vc.get(len, o, [&] { return device_.narrow(0, o, len); });
+  };
   pc.num_local_tokens = sz.split.local_tokens;
   pc.num_local_prefill_tokens = sz.split.local_prefill_tokens;
-  pc.padded_slot_mapping = device_.narrow(0, st.o_pslots, 2 * G).view(at::kLong);
-  pc.prefill_restore_idx = i32(st.o_restore, Wp * tpl);
-  pc.q_head_idx = i32(st.o_qh, Ck);
-  pc.q_tail_idx = i32(st.o_qt, Ck);
-  pc.kv_head_nomask_idx = i32(st.o_hn, sz.head_tail.head_nomask_tokens);
-  pc.kv_head_mask_idx = i32(st.o_hm, Ck);
-  pc.kv_tail_nomask_idx = i32(st.o_tn, sz.head_tail.tail_nomask_tokens);
-  pc.kv_tail_mask_idx = i32(st.o_tm, Ck);
-  pc.q_full_idx = i32(st.o_qf, 2 * Ck);
+  pc.padded_slot_mapping =
+      st.pslots_v.get(G, st.o_pslots, [&] { return device_.narrow(0, st.o_pslots, 2 * G).view(at::kLong); });
+  pc.prefill_restore_idx = i32(st.restore_v, st.o_restore, Wp * tpl);
+  pc.q_head_idx = i32(st.qh_v, st.o_qh, Ck);
+  pc.q_tail_idx = i32(st.qt_v, st.o_qt, Ck);
+  pc.kv_head_nomask_idx = i32(st.hn_v, st.o_hn, sz.head_tail.head_nomask_tokens);
+  pc.kv_head_mask_idx = i32(st.hm_v, st.o_hm, Ck);
+  pc.kv_tail_nomask_idx = i32(st.tn_v, st.o_tn, sz.head_tail.tail_nomask_tokens);
+  pc.kv_tail_mask_idx = i32(st.tm_v, st.o_tm, Ck);
+  pc.q_full_idx = i32(st.qf_v, st.o_qf, 2 * Ck);
   pc.mask_seq_ends = c10::IntArrayRef(pcp_mask_ends_.data(), np);
   pc.head_nomask_kv_ends = c10::IntArrayRef(pcp_head_ends_.data(), np);
   pc.tail_nomask_kv_ends = c10::IntArrayRef(pcp_tail_ends_.data(), np);

@@ -1,6 +1,7 @@
 // Legacy PCP DualChunkSwap split (docs/design/cp.md §6.1, §6.3, §3.4, §6.4).
 #include "ascend_attn_rt/cp/plan/pcp_split.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "ascend_attn_rt/errors.h"
@@ -42,6 +43,28 @@ void for_each_region(const PcpSplitInputs& in, Fn fn) {
   }
 }
 
+// The same walk over the prefill requests only: they follow the decodes, whose
+// num_decode_tokens (pcp_split_sizes) give the first prefill's offsets (a decode
+// takes q local rows, Wp q padded-global rows and q tokens).
+template <typename Fn>
+void for_each_prefill_region(const PcpSplitInputs& in, int32_t num_decode_tokens, Fn fn) {
+  const int32_t wp = in.pcp_size;
+  Region r;
+  r.local_begin = num_decode_tokens;
+  r.global_begin = num_decode_tokens * wp;
+  r.token_begin = num_decode_tokens;
+  for (std::size_t i = static_cast<std::size_t>(in.num_decodes); i < in.query_lens.size(); ++i) {
+    r.req = i;
+    r.q = in.query_lens[i];
+    r.c = static_cast<int32_t>(chunk_len(r.q, wp));
+    r.local_len = 2 * r.c;
+    fn(r);
+    r.local_begin += r.local_len;
+    r.global_begin += r.local_len * wp;
+    r.token_begin += r.q;
+  }
+}
+
 void check_rank(const PcpSplitInputs& in, int32_t rank) {
   AAR_CHECK_ARG(rank >= 0 && rank < in.pcp_size, "rank=", rank, " is out of range [0, pcp_size=", in.pcp_size,
                 ")");
@@ -62,18 +85,28 @@ PcpSplitSizes pcp_split_sizes(const PcpSplitInputs& in) {
   const std::size_t n = in.query_lens.size();
   AAR_CHECK_ARG(in.num_decodes >= 0 && static_cast<std::size_t>(in.num_decodes) <= n, "num_decodes=",
                 in.num_decodes, " is out of range [0, ", n, "]");
+  // Every PCP plan function starts here, so a step pays this pass several times: the
+  // decodes are one branch-free sum (and a sign test), the prefills the per-request chunks.
+  const std::size_t nd = static_cast<std::size_t>(in.num_decodes);
+  const int32_t* ql = in.query_lens.data();
   int64_t td = 0, local = 0, sched = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const int64_t q = in.query_lens[i];
-    AAR_CHECK_ARG(q >= 0, "query_lens[", i, "]=", q, " is negative");
-    sched += q;
-    if (i < static_cast<std::size_t>(in.num_decodes)) {
-      td += q;
-      local += q;
-    } else {
-      local += 2 * chunk_len(q, in.pcp_size);
+  int32_t lowest = 0;
+  for (std::size_t i = 0; i < nd; ++i) {
+    td += ql[i];
+    lowest = std::min(lowest, ql[i]);
+  }
+  for (std::size_t i = nd; i < n; ++i) {
+    lowest = std::min(lowest, ql[i]);
+    sched += ql[i];
+    local += 2 * chunk_len(ql[i], in.pcp_size);
+  }
+  if (lowest < 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      AAR_CHECK_ARG(ql[i] >= 0, "query_lens[", i, "]=", ql[i], " is negative");
     }
   }
+  sched += td;
+  local += td;
   const int64_t global = local * in.pcp_size;
   AAR_CHECK_ARG(global <= INT32_MAX && sched <= INT32_MAX, "the padded-global buffer has ", global,
                 " rows (pcp_size=", in.pcp_size, "), beyond int32");
@@ -120,12 +153,15 @@ void pcp_restore_index(const PcpSplitInputs& in, Span<int32_t> restore_out) {
   // restore[slot] = row of G holding the token of that slot (the inverse of the
   // map "G row -> slot", so no argsort is needed).
   for_each_region(in, [&](const Region& r) {
+    if (r.decode) {  // token i's Wp copies, rank-major: rank k's is row k L + local_begin + i
+      int32_t* dst = restore_out.data() + r.global_begin;
+      for (int32_t i = 0; i < r.q; ++i) {
+        for (int32_t rank = 0; rank < wp; ++rank) *dst++ = rank * s.local_tokens + r.local_begin + i;
+      }
+      return;
+    }
     for (int32_t rank = 0; rank < wp; ++rank) {
       const int32_t g = rank * s.local_tokens + r.local_begin;
-      if (r.decode) {
-        for (int32_t i = 0; i < r.q; ++i) restore_out[r.global_begin + i * wp + rank] = g + i;
-        continue;
-      }
       const int32_t head = rank, tail = 2 * wp - 1 - rank;
       for (int32_t i = 0; i < r.c; ++i) {
         restore_out[r.global_begin + head * r.c + i] = g + i;
@@ -155,14 +191,18 @@ void pcp_padded_slot_mapping(const PcpSplitInputs& in, CSpan<int32_t> token_slot
                 " entries, expected sum(query_lens)=", sched);
   check_room(slots_out.size(), s.padded_global_tokens, "slots_out");
   const int32_t wp = in.pcp_size;
+  // A decode token's Wp copies: the first keeps its slot. A prefill: its q slots, then pads.
+  int32_t* out = slots_out.data();
+  const int32_t* src = token_slots.data();
   for_each_region(in, [&](const Region& r) {
-    const int32_t len = r.local_len * wp;
-    for (int32_t k = 0; k < len; ++k) {
-      int32_t slot = kPadSlot;
-      if (r.decode && k % wp == 0) slot = token_slots[r.token_begin + k / wp];
-      if (!r.decode && k < r.q) slot = token_slots[r.token_begin + k];
-      slots_out[r.global_begin + k] = slot;
+    int32_t* dst = out + r.global_begin;
+    if (r.decode) {
+      std::fill(dst, dst + r.q * wp, kPadSlot);
+      for (int32_t i = 0; i < r.q; ++i) dst[i * wp] = src[r.token_begin + i];
+      return;
     }
+    std::copy_n(src + r.token_begin, r.q, dst);
+    std::fill(dst + r.q, dst + r.local_len * wp, kPadSlot);
   });
 }
 
@@ -172,8 +212,7 @@ void pcp_chunk_restore_index(const PcpSplitInputs& in, Span<int32_t> recover_out
   check_room(recover_out.size(), rows, "recover_out");
   check_room(inverse_out.size(), rows, "inverse_out");
   const int32_t wp = in.pcp_size, td = s.num_decode_tokens, tpl = s.local_prefill_tokens;
-  for_each_region(in, [&](const Region& r) {
-    if (r.decode) return;
+  for_each_prefill_region(in, td, [&](const Region& r) {
     // Prefill regions follow every decode region (decodes first), so the
     // padded-global prefill index is the slot minus Wp * Td.
     const int32_t pg_begin = r.global_begin - wp * td;
@@ -192,13 +231,12 @@ void pcp_chunk_restore_index(const PcpSplitInputs& in, Span<int32_t> recover_out
 }
 
 PcpHeadTailCounts pcp_head_tail_counts(const PcpSplitInputs& in, int32_t rank) {
-  (void)pcp_split_sizes(in);
+  const PcpSplitSizes s = pcp_split_sizes(in);
   check_rank(in, rank);
   PcpHeadTailCounts n;
   const int64_t tail = 2 * in.pcp_size - 1 - rank;
   int64_t chunk = 0;
-  for_each_region(in, [&](const Region& r) {
-    if (r.decode) return;
+  for_each_prefill_region(in, s.num_decode_tokens, [&](const Region& r) {
     ++n.num_prefills;
     chunk += r.c;
   });
@@ -225,8 +263,9 @@ PcpHeadTailCounts pcp_head_tail_indices(const PcpSplitInputs& in, int32_t rank, 
   const int32_t wp = in.pcp_size, head = rank, tail = 2 * wp - 1 - rank;
   int32_t qo = 0, ko = 0, chunk_pos = 0, head_nm = 0, tail_nm = 0, p = 0;
   int64_t mask_end = 0, head_end = 0, tail_end = 0;
-  for_each_region(in, [&](const Region& r) {
-    if (r.decode) return;
+  // Only each prefill's chunk length is read (the lists count their own offsets from the first
+  // prefill row), so the regions' batch offsets are left unset (0).
+  for_each_prefill_region(in, 0, [&](const Region& r) {
     const int32_t c = r.c;
     for (int32_t i = 0; i < c; ++i) {
       out.q_head_idx[chunk_pos + i] = qo + i;
