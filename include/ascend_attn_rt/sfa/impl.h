@@ -348,6 +348,12 @@ class Impl {
     // DSA-CP output: the slice's W_UV rows as (nloc, W, N V / W)
     ::aar::detail::TensorBinding y_road_src;
     at::Tensor y_road;
+    // CP row writes (write_rows_): the latent and rope caches as (rows, L) / (rows, R) in nope / rope
+    // (nope_src / rope_src), the slots and indexer slots as (n, 1); DSA-CP slice: the hidden rows
+    // [xl_start, xl_start + nloc) and the pack's rope columns as (nloc, 1, 1, R)
+    ::aar::detail::TensorBinding wr_slots_src, wr_islots_src, xl_src, krope_src;
+    at::Tensor wr_slots, wr_islots, xl, krope4;
+    int64_t xl_start = -1;
     ::aar::detail::TensorBinding part_src, part_lse_src, cp_merged_src;
     at::Tensor part, part_lse, cp_merged, cp_merged3;
     int64_t cp_merged_rows = -1;
