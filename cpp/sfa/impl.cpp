@@ -645,7 +645,12 @@ const at::Tensor& Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Ten
   const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
                                             md.cum_query_lens, md.dcp.seq_lens, w.partial_lse);
   ops::dense::copy(w.partial_out, o);
-  cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+  // Merged straight into the kept (tk H, L) rows of `merged` (run's decode-workspace view).
+  if (merged.is_same(seen_.merged)) {
+    cp::combine_partials(comm, w, seen_.merged_rows);
+  } else {
+    cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+  }
   return merged;
 }
 
@@ -681,6 +686,8 @@ const at::Tensor& Impl::pcp_decode_attention(const at::Tensor& qn, const at::Ten
     pw.wire_rows = pw.wire.narrow(0, 0, tk);
     pw.wire_out = pw.wire_rows.narrow(2, 0, L);
     pw.wire_lse = pw.wire_rows.narrow(2, L, 1);
+    pw.wire_out2 = pw.wire_out.view({tk * H, L});
+    pw.wire_lse1 = pw.wire_lse.view({tk * H});
     pw.gathered_rows = pw.gathered.narrow(0, 0, Wp * tk);
     const at::Tensor parts = pw.gathered_rows.view({Wp, tk * H, L + 1});
     pw.part_out.clear();
@@ -701,7 +708,7 @@ const at::Tensor& Impl::pcp_decode_attention(const at::Tensor& qn, const at::Ten
     const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
                                               md.cum_query_lens, dm.seq_lens, w.partial_lse);
     ops::dense::copy(w.partial_out, o);
-    cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, wire_out, wire_lse, &w);
+    cp::combine_partials(*cfg_.dcp_comm, w, pw.wire_out2, pw.wire_lse1);  // into the wire's kept views
   } else {
     const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens,
                                               dm.seq_lens, wire_lse);
@@ -1115,6 +1122,7 @@ at::Tensor& Impl::merged_rows_(int64_t rows, at::ScalarType dtype) {
   if (v.attn.scalar_type() != dtype) {
     seen_.cp_merged = at::empty({1, rows * N, L}, v.attn.options().dtype(dtype));
     seen_.cp_merged3 = seen_.cp_merged.view({rows, N, L});
+    seen_.cp_merged2 = seen_.cp_merged.view({rows * N, L});
     seen_.cp_merged_src = ::aar::detail::TensorBinding();
     seen_.cp_merged_rows = -1;
     return seen_.cp_merged;
@@ -1122,6 +1130,7 @@ at::Tensor& Impl::merged_rows_(int64_t rows, at::ScalarType dtype) {
   if (!seen_.cp_merged_src.same(v.attn) || seen_.cp_merged_rows != rows) {
     seen_.cp_merged3 = v.attn.view({-1}).narrow(0, 0, rows * N * L).view({rows, N, L});
     seen_.cp_merged = seen_.cp_merged3.view({1, rows * N, L});
+    seen_.cp_merged2 = seen_.cp_merged3.view({rows * N, L});
     seen_.cp_merged_src.bind(v.attn);
     seen_.cp_merged_rows = rows;
   }
@@ -1212,8 +1221,8 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     ops::dense::zero(part.narrow(0, tk, Tp - tk));
     ops::dense::fill(part_lse.narrow(0, tk, Tp - tk), -std::numeric_limits<double>::infinity());
   }
-  at::Tensor& merged = merged_rows_(tpr, o.scalar_type());  // (1, tpr N, L)
-  cp::combine_partials(comm, mw.partial_out, mw.partial_lse, merged, std::nullopt, &mw);
+  merged_rows_(tpr, o.scalar_type());  // (1, tpr N, L), kept as (tpr N, L)
+  cp::combine_partials(comm, mw, seen_.cp_merged2);
   // 6. W_UV of the slice, then back to the whole step's tokens (§7).
   at::Tensor y_local;
   if (nloc > 0) {
@@ -1329,8 +1338,8 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   }
   // 5. Block r of the gathered rows is rank r's: combine_partials' head-block exchange on the
   //    (1, Wp T_loc N, L) view hands each rank the Wp partials of its own rows and merges them.
-  at::Tensor& merged = merged_rows_(tl, p_out.scalar_type());  // (1, tl N, L)
-  cp::combine_partials(comm, pw.partial_out, pw.partial_lse, merged, std::nullopt, &pw);
+  merged_rows_(tl, p_out.scalar_type());  // (1, tl N, L), kept as (tl N, L)
+  cp::combine_partials(comm, pw, seen_.cp_merged2);
   // 6. W_UV and o_proj on the local rows.
   if (tl == 0) return;
   const mla::detail::DecodeViews& v = core_->views(tl, mla::detail::DecodeLayout::TND);
@@ -1400,8 +1409,10 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   if (md.dcp.world_size > 1) {
     // (Under PCP, md.dcp is the PCP x DCP shard.) The merge lands in the decode workspace's attention buffer.
     const int64_t H = cfg_.dims.num_heads, L = cfg_.dims.kv_lora_rank;
-    LatentCore::view_of(v.attn, tk, seen_.merged_src, seen_.merged,
-                        [&] { return v.attn.view({-1}).narrow(0, 0, tk * H * L).view({tk, H, L}); });
+    LatentCore::view_of(v.attn, tk, seen_.merged_src, seen_.merged, [&] {
+      seen_.merged_rows = v.attn.view({-1}).narrow(0, 0, tk * H * L).view({tk * H, L});
+      return seen_.merged_rows.view({tk, H, L});
+    });
     attn = pcp ? pcp_decode_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged)
                : dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged);
   } else {
