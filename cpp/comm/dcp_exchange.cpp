@@ -222,6 +222,36 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   if (lse_out.has_value()) ops::dense::copy(lse_out->view({T, H}), merged_lse.view({T, H}));
 }
 
+void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows, const at::Tensor& lse_rows) {
+  const int64_t W = comm.size();
+  AAR_CHECK_ARG(ws.partial_out.defined() && ws.send.defined() && ws.send.size(0) == W,
+                "combine_partials: the workspace views are for a group of ",
+                ws.send.defined() ? ws.send.size(0) : int64_t{0}, " ranks, the comm has ", W);
+  const int64_t T = ws.partial_out.size(0), H = ws.send.size(2), D = ws.partial_out.size(2);
+  AAR_CHECK_ARG(out_rows.defined() && out_rows.dim() == 2 && out_rows.size(0) == T * H && out_rows.size(1) == D,
+                "combine_partials: out_rows must be (", T * H, ", ", D, "), got ",
+                out_rows.defined() ? out_rows.sizes() : c10::IntArrayRef{});
+  const bool with_lse = lse_rows.defined();
+  AAR_CHECK_ARG(!with_lse || (lse_rows.scalar_type() == at::kFloat && lse_rows.dim() == 1 && lse_rows.size(0) == T * H),
+                "combine_partials: lse_rows must be float32 (", T * H, "), got ", lse_rows.sizes());
+  if (W == 1) {
+    at::Tensor out = out_rows.view({T, H, D});
+    combine_partials(comm, ws.partial_out, ws.partial_lse, out,
+                     with_lse ? std::optional<at::Tensor>(lse_rows.view({T, H})) : std::nullopt, &ws);
+    return;
+  }
+  if (T == 0) return;  // batch-global: no rank exchanges
+  // The wire of comm/dcp_exchange.h, through the workspace's views made once per T.
+  ops::dense::copy(ws.send_out, ws.partial_out_wire);
+  ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
+  comm.all_to_all_single(ws.send, ws.recv);
+  ops::dense::copy(ws.parts_out4, ws.recv_out);
+  ops::dense::copy(ws.parts_lse3, ws.recv_lse);
+  auto [merged, merged_lse] = ops::attention_update(ws.lse_list, ws.out_list, with_lse ? 1 : 0);  // (T H, D), (T H)
+  ops::dense::copy(out_rows, merged);
+  if (with_lse) ops::dense::copy(lse_rows, merged_lse);
+}
+
 std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts) {
   AAR_CHECK_ARG(parts.defined() && parts.dim() == 3 && parts.size(2) >= 2 && parts.scalar_type() == at::kFloat,
                 "merge_wire_partials: parts must be float32 (N, M, Dv+1), got ",

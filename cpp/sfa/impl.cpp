@@ -645,7 +645,12 @@ const at::Tensor& Impl::dcp_sparse_attention(const at::Tensor& qn, const at::Ten
   const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
                                             md.cum_query_lens, md.dcp.seq_lens, w.partial_lse);
   ops::dense::copy(w.partial_out, o);
-  cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+  // Merged straight into the kept (tk H, L) rows of `merged` (run's decode-workspace view).
+  if (merged.is_same(seen_.merged)) {
+    cp::combine_partials(comm, w, seen_.merged_rows);
+  } else {
+    cp::combine_partials(comm, w.partial_out, w.partial_lse, merged, std::nullopt, &w);
+  }
   return merged;
 }
 
@@ -681,6 +686,8 @@ const at::Tensor& Impl::pcp_decode_attention(const at::Tensor& qn, const at::Ten
     pw.wire_rows = pw.wire.narrow(0, 0, tk);
     pw.wire_out = pw.wire_rows.narrow(2, 0, L);
     pw.wire_lse = pw.wire_rows.narrow(2, L, 1);
+    pw.wire_out2 = pw.wire_out.view({tk * H, L});
+    pw.wire_lse1 = pw.wire_lse.view({tk * H});
     pw.gathered_rows = pw.gathered.narrow(0, 0, Wp * tk);
     const at::Tensor parts = pw.gathered_rows.view({Wp, tk * H, L + 1});
     pw.part_out.clear();
@@ -701,7 +708,7 @@ const at::Tensor& Impl::pcp_decode_attention(const at::Tensor& qn, const at::Ten
     const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
                                               md.cum_query_lens, dm.seq_lens, w.partial_lse);
     ops::dense::copy(w.partial_out, o);
-    cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, wire_out, wire_lse, &w);
+    cp::combine_partials(*cfg_.dcp_comm, w, pw.wire_out2, pw.wire_lse1);  // into the wire's kept views
   } else {
     const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens,
                                               dm.seq_lens, wire_lse);
@@ -911,15 +918,26 @@ void Impl::write_rows_(const Caches& c, const at::Tensor& k_rope, const at::Tens
   // `islots` (every row: the replicated or the whole cache), LI C8 rows quantised per token first.
   // Every row given is written: the slot tensors may be longer.
   const mla::Dims& d = cfg_.dims;
+  // The caches as rows and the slots as (n, 1): views kept from the last step while the caches and the
+  // builder's slot buffers are the same tensors (a view made per call is host work on every layer).
   const int64_t n = k_rope.size(0), L = d.kv_lora_rank, R = d.qk_rope_head_dim;
-  at::Tensor nope_rows = c.nope.view({-1, L}), rope_rows = c.rope.view({-1, R});
-  const at::Tensor s = (slots.size(0) == n ? slots : slots.narrow(0, 0, n)).view({n, 1});
+  const int64_t cache_rows = c.nope.size(0) * c.nope.size(1);
+  at::Tensor nope_rows = LatentCore::view_of(c.nope, cache_rows, seen_.nope_src, seen_.nope,
+                                             [&] { return c.nope.view({-1, L}); });
+  at::Tensor rope_rows = LatentCore::view_of(c.rope, c.rope.size(0) * c.rope.size(1), seen_.rope_src, seen_.rope,
+                                             [&] { return c.rope.view({-1, R}); });
+  const auto slot_rows = [n](const at::Tensor& t) { return (t.size(0) == n ? t : t.narrow(0, 0, n)).view({n, 1}); };
+  const at::Tensor& s = LatentCore::view_of(slots, n, seen_.wr_slots_src, seen_.wr_slots, [&] { return slot_rows(slots); });
   ops::scatter_nd_update_(rope_rows, s, k_rope);
   ops::scatter_nd_update_(nope_rows, s, k_nope);
   if (!cfg_.indexer.has_value()) return;
   const int64_t Di = cfg_.indexer->head_dim;
-  const at::Tensor is = islots.is_same(slots) ? s : (islots.size(0) == n ? islots : islots.narrow(0, 0, n)).view({n, 1});
-  at::Tensor idx_rows = c.index_k.view({-1, Di});
+  const at::Tensor& is = islots.is_same(slots) ? s
+                         : LatentCore::view_of(islots, n, seen_.wr_islots_src, seen_.wr_islots,
+                                               [&] { return slot_rows(islots); });
+  // The same (rows, Di) view indexer_topk keeps.
+  at::Tensor idx_rows = LatentCore::view_of(c.index_k, c.index_k.size(0) * c.index_k.size(1), seen_.idx_src,
+                                            seen_.idx_rows, [&] { return c.index_k.view({-1, Di}); });
   if (cfg_.li_c8) {
     // Every rank quantises every gathered key (per token: the single-rank bytes) and writes its replica.
     quant_indexer_write_(k_idx, c, idx_rows, is);
@@ -957,7 +975,19 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   s.pack = pv.pack;
   if (nloc < tpr) ops::dense::zero(pv.pack_pad);
   if (nloc == 0) return;
-  s.xl = nloc == hidden.size(0) ? hidden : hidden.narrow(0, sh.local_start, nloc);
+  // The slice's rows of the hidden states: a view kept while the caller passes the same tensor and the
+  // slice's start and length are the last step's.
+  if (nloc == hidden.size(0)) {
+    s.xl = hidden;
+  } else {
+    if (!seen_.xl_src.same(hidden) || seen_.xl_start != sh.local_start || !seen_.xl.defined() ||
+        seen_.xl.size(0) != nloc) {
+      seen_.xl = hidden.narrow(0, sh.local_start, nloc);
+      seen_.xl_src.bind(hidden);
+      seen_.xl_start = sh.local_start;
+    }
+    s.xl = seen_.xl;
+  }
   const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
   mla::detail::LatentStep st;
   st.x = s.xl;
@@ -965,7 +995,12 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   st.sin = nloc == tpr ? sh.sin : sh.sin.narrow(0, 0, nloc);
   mla::detail::LatentKv kv;
   s.q = core_->preprocess_unwritten(v, st, kv);
-  ops::dense::copy(pv.pack_cols[0], kv.k_rope.view({nloc, R}));
+  // The rope key (nloc, 1, 1, R), a fresh operator output, into the pack's columns seen that way (a view
+  // of the workspace, kept).
+  const at::Tensor& rope_col = pv.pack_cols[0];
+  ops::dense::copy(LatentCore::view_of(rope_col, nloc, seen_.krope_src, seen_.krope4,
+                                       [&] { return rope_col.view({nloc, 1, 1, R}); }),
+                   kv.k_rope);
   ops::dense::copy(pv.pack_cols[1], kv.k_nope);
   if (has_idx) {
     s.iv = &iws_->views(nloc);
@@ -1087,6 +1122,7 @@ at::Tensor& Impl::merged_rows_(int64_t rows, at::ScalarType dtype) {
   if (v.attn.scalar_type() != dtype) {
     seen_.cp_merged = at::empty({1, rows * N, L}, v.attn.options().dtype(dtype));
     seen_.cp_merged3 = seen_.cp_merged.view({rows, N, L});
+    seen_.cp_merged2 = seen_.cp_merged.view({rows * N, L});
     seen_.cp_merged_src = ::aar::detail::TensorBinding();
     seen_.cp_merged_rows = -1;
     return seen_.cp_merged;
@@ -1094,6 +1130,7 @@ at::Tensor& Impl::merged_rows_(int64_t rows, at::ScalarType dtype) {
   if (!seen_.cp_merged_src.same(v.attn) || seen_.cp_merged_rows != rows) {
     seen_.cp_merged3 = v.attn.view({-1}).narrow(0, 0, rows * N * L).view({rows, N, L});
     seen_.cp_merged = seen_.cp_merged3.view({1, rows * N, L});
+    seen_.cp_merged2 = seen_.cp_merged3.view({rows * N, L});
     seen_.cp_merged_src.bind(v.attn);
     seen_.cp_merged_rows = rows;
   }
@@ -1146,7 +1183,13 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     }
     // Gathered straight into the shared buffer when it is kept (its first T_pad rows: no copy after).
     const bool keep = cfg_.use_index_cache && Tp <= topk->max_num_tokens();
-    topk_all = (keep ? comm.all_gather(mine, 0, topk->view(Tp)) : comm.all_gather(mine, 0)).narrow(0, 0, tk);
+    if (keep) {
+      // The step's rows are the buffer's kept view of tk rows (no narrow per call).
+      comm.all_gather(mine, 0, topk->view(Tp));
+      topk_all = topk->view(tk);
+    } else {
+      topk_all = comm.all_gather(mine, 0).narrow(0, 0, tk);
+    }
     if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
     last_topk_ = TopkSource::Indexer;
   } else {
@@ -1178,8 +1221,8 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     ops::dense::zero(part.narrow(0, tk, Tp - tk));
     ops::dense::fill(part_lse.narrow(0, tk, Tp - tk), -std::numeric_limits<double>::infinity());
   }
-  at::Tensor& merged = merged_rows_(tpr, o.scalar_type());  // (1, tpr N, L)
-  cp::combine_partials(comm, mw.partial_out, mw.partial_lse, merged, std::nullopt, &mw);
+  merged_rows_(tpr, o.scalar_type());  // (1, tpr N, L), kept as (tpr N, L)
+  cp::combine_partials(comm, mw, seen_.cp_merged2);
   // 6. W_UV of the slice, then back to the whole step's tokens (§7).
   at::Tensor y_local;
   if (nloc > 0) {
@@ -1295,8 +1338,8 @@ void Impl::run_pcp(const at::Tensor& hidden, const Caches& c, const Metadata& md
   }
   // 5. Block r of the gathered rows is rank r's: combine_partials' head-block exchange on the
   //    (1, Wp T_loc N, L) view hands each rank the Wp partials of its own rows and merges them.
-  at::Tensor& merged = merged_rows_(tl, p_out.scalar_type());  // (1, tl N, L)
-  cp::combine_partials(comm, pw.partial_out, pw.partial_lse, merged, std::nullopt, &pw);
+  merged_rows_(tl, p_out.scalar_type());  // (1, tl N, L), kept as (tl N, L)
+  cp::combine_partials(comm, pw, seen_.cp_merged2);
   // 6. W_UV and o_proj on the local rows.
   if (tl == 0) return;
   const mla::detail::DecodeViews& v = core_->views(tl, mla::detail::DecodeLayout::TND);
@@ -1366,8 +1409,10 @@ void Impl::run(const at::Tensor& hidden, const Caches& c, const Metadata& md, To
   if (md.dcp.world_size > 1) {
     // (Under PCP, md.dcp is the PCP x DCP shard.) The merge lands in the decode workspace's attention buffer.
     const int64_t H = cfg_.dims.num_heads, L = cfg_.dims.kv_lora_rank;
-    LatentCore::view_of(v.attn, tk, seen_.merged_src, seen_.merged,
-                        [&] { return v.attn.view({-1}).narrow(0, 0, tk * H * L).view({tk, H, L}); });
+    LatentCore::view_of(v.attn, tk, seen_.merged_src, seen_.merged, [&] {
+      seen_.merged_rows = v.attn.view({-1}).narrow(0, 0, tk * H * L).view({tk * H, L});
+      return seen_.merged_rows.view({tk, H, L});
+    });
     attn = pcp ? pcp_decode_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged)
                : dcp_sparse_attention(q.qn, q.qr, last_topk_rows_, c, md, tk, seen_.merged);
   } else {

@@ -120,6 +120,15 @@ at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::option
 void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tensor& partial_lse, at::Tensor& out,
                       const std::optional<at::Tensor>& lse_out = std::nullopt, const DcpViews* ws = nullptr);
 
+// The same exchange over a workspace's own partials, for a layer that keeps its views: `ws` (views of a
+// DcpWorkspace for T rows, made for this comm's size) holds this rank's partials in ws.partial_out /
+// ws.partial_lse; the merged rows of this rank's H heads go to `out_rows` (T*H, Dv) (any float dtype;
+// typically a (T*H, Dv) view the caller keeps) and, when defined, the merged LSE to `lse_rows` (T*H) fp32.
+// Only what the workspace does not guarantee is checked per call (the group size, the destinations' shapes);
+// the merge's limits were checked when the workspace was made.
+void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows,
+                      const at::Tensor& lse_rows = at::Tensor());
+
 // docs/design/cp.md §6.4: N partials of the same rows in the wire layout, `parts` (N, M, Dv+1)
 // fp32 (LSE in the last channel; e.g. a PCP all-gather of (rows, H, Dv+1) viewed (N, rows*H,
 // Dv+1)), merged through npu_attention_update: (M, Dv) fp32 and the merged (M) LSE.

@@ -313,6 +313,7 @@ class Impl {
     std::vector<at::Tensor> retired;
     int64_t capacity = 0, rows = -1;
     at::Tensor wire_rows, wire_out, wire_lse, gathered_rows;  // the views of `rows` rows
+    at::Tensor wire_out2, wire_lse1;                          // wire_out as (rows H, L), wire_lse as (rows H)
     std::vector<at::Tensor> part_out, part_lse;                 // each rank's block of the gather
   } pcp_wire_;
   // The token-block merges of DSA-CP x DCP and PCP (and PCP x DCP's head merge): merge-only DCP
@@ -338,7 +339,7 @@ class Impl {
     // DCP: the merged heads (tk, H, L), token-major, in the decode workspace's attention buffer
     // (which the SFA kernels' own outputs leave unused)
     ::aar::detail::TensorBinding merged_src;
-    at::Tensor merged;
+    at::Tensor merged, merged_rows;  // merged_rows: the same as (tk H, L), cp::combine_partials' destination
     // DSA-CP x DCP and PCP: the merge workspace's partials as (rows, N, L) / (rows, N, 1), and the merged
     // rows in the decode workspace's attention buffer as (1, rows N, L) and (rows, N, L) (same dtype only)
     // DSA-CP slice: the query's column blocks of the pack as (nloc, N, L) / (nloc, N, R); DSA-CP x DCP:
@@ -348,8 +349,14 @@ class Impl {
     // DSA-CP output: the slice's W_UV rows as (nloc, W, N V / W)
     ::aar::detail::TensorBinding y_road_src;
     at::Tensor y_road;
+    // CP row writes (write_rows_): the latent and rope caches as (rows, L) / (rows, R) in nope / rope
+    // (nope_src / rope_src), the slots and indexer slots as (n, 1); DSA-CP slice: the hidden rows
+    // [xl_start, xl_start + nloc) and the pack's rope columns as (nloc, 1, 1, R)
+    ::aar::detail::TensorBinding wr_slots_src, wr_islots_src, xl_src, krope_src;
+    at::Tensor wr_slots, wr_islots, xl, krope4;
+    int64_t xl_start = -1;
     ::aar::detail::TensorBinding part_src, part_lse_src, cp_merged_src;
-    at::Tensor part, part_lse, cp_merged, cp_merged3;
+    at::Tensor part, part_lse, cp_merged, cp_merged3, cp_merged2;  // cp_merged2: (rows N, L)
     int64_t cp_merged_rows = -1;
   } seen_;
 };
