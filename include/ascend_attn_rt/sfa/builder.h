@@ -90,9 +90,10 @@ struct BuilderConfig : core::BuilderCore {
   // (Metadata::pcp): the main cache is sharded over the pcp_world_size * dcp_world_size ranks like DCP's
   // (rank pcp_rank * dcp_world_size + dcp_rank, interleave cp_kv_cache_interleave_size; at most 16
   // ranks), the indexer cache replicated (num_blocks * pcp_world_size * dcp_world_size blocks).
-  // Refused by name with dsa_cp_world_size > 1, offload and graph_decode_padding;
-  // build_for_graph_capture and build_for_drafting are refused (eager only; the draft lanes have no PCP
-  // plan). Speculative decode on the main lane is supported (multi-token decodes on every PCP rank).
+  // Speculative decode, draft lanes (decodes, replicated rows) and decode-only graph buckets
+  // (graph_decode_padding, build_for_graph_capture) work under PCP (docs/design/sparse_cp.md §11,
+  // §11.1); refused by name: dsa_cp_world_size > 1, offload, and padding or capturing a step with
+  // prefills (those steps are eager).
   int32_t pcp_world_size = 1;
   int32_t pcp_rank = 0;
 };
