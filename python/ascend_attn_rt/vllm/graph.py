@@ -207,8 +207,8 @@ def update(num_tokens: int, attn_metadata) -> None:
     impls record their calls in KV-cache group 0, so the distinct metadata with parameters must be one
     (the builders of one group give all its layers the same object); DeepSeek-V4 metadata (every group of the
     step) goes to aar.dsa.graph_update with the SWA groups' metadata in their graph order. Sparse MLA buckets have no
-    per-step parameters: nothing is refreshed, but each step is checked to fill the bucket with decodes
-    (call update before every replay).
+    per-step parameters: nothing is refreshed, but each step is checked to fill the bucket with decodes, vLLM's
+    padding requests as the SFA builder's dummy decodes (call update before every replay).
 
     On the torch_npu provider the update comes BEFORE the step's device replay (docs/design/vllm_sparse.md §6):
     everything is checked first; then it waits for the previous replay on the replay stream (the task updates
