@@ -727,13 +727,22 @@ def _spec_config(name):
     return cfg
 
 
-def _spec_cam(seq_lens, bt):
-    """vLLM's uniform decode batch: each request's Q newest tokens (positions seq_len - Q .. seq_len - 1)."""
+def _spec_cam(seq_lens, bt, pad_to=None):
+    """vLLM's uniform decode batch: each request's Q newest tokens (positions seq_len - Q .. seq_len - 1); with
+    pad_to, padded as vLLM pads a full-graph batch (empty requests of KV length 0 and block-table row 0,
+    num_actual_tokens pad_to * Q, the padding tokens' slots -1)."""
     n = len(seq_lens)
-    qsl = torch.arange(0, Q * n + 1, Q, dtype=torch.int32)
+    total = pad_to or n
+    qsl = torch.tensor(list(range(0, Q * n + 1, Q)) + [Q * n] * (total - n), dtype=torch.int32)
     slots = [int(bt[i, p // BS]) * BS + p % BS for i, s in enumerate(seq_lens) for p in range(s - Q, s)]
-    return _common_metadata(qsl, torch.tensor(seq_lens, dtype=torch.int32), bt[:n].contiguous(),
-                            torch.tensor(slots, dtype=torch.int64))
+    rows = torch.zeros(total, bt.shape[1], dtype=torch.int32)
+    rows[:n] = bt[:n]
+    cam = _common_metadata(qsl, torch.tensor(list(seq_lens) + [0] * (total - n), dtype=torch.int32), rows,
+                           torch.tensor(slots + [-1] * Q * (total - n), dtype=torch.int64))
+    if pad_to:
+        cam.num_actual_tokens = Q * total
+        cam.max_query_len = Q
+    return cam
 
 
 def _latent_reference(qn, qr, caches, bt, r, positions, scale):
@@ -840,8 +849,8 @@ def test_mla_speculative_bucket_replays_like_eager(store):
             impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
             outs.append(impl.forward_mqa((qn_s, qr_s), kv, md, None)[0])
     assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare", "prepare", "fia_v2", "prepare"] * 2
-    for seq in STEPS:
-        cam = _spec_cam(seq, bt)
+    for seq in STEPS + [[30, 12, 7]]:  # the last one padded by vLLM (a Q-token dummy decode)
+        cam = _spec_cam(seq, bt, pad_to=B if len(seq) < B else None)
         md = builder.build(0, cam)
         assert (md.num_decodes, md.num_decode_tokens) == (B, BQ)
         qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
@@ -856,8 +865,9 @@ def test_mla_speculative_bucket_replays_like_eager(store):
             buf.copy_(src)
         vgraph.update(BQ, md)
         vgraph.replay(BQ)
+        nq = len(seq) * Q
         for i, impl in enumerate(impls):
-            torch.testing.assert_close(outs[i], expected[i], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(outs[i][:nq], expected[i][:nq], atol=1e-5, rtol=1e-5)
             assert torch.equal(caches[i], eager_caches[i])
             for r, s in enumerate(seq):
                 for j in range(Q):
@@ -908,17 +918,18 @@ def _sparse_spec_case(lay, gen, nb):
         lay.impl.do_kv_cache_update(c_s, kpe_s, lay.kv_cache, slots_s, "auto", torch.ones(()))
         out = lay.impl.forward_mqa((qn_s, qr_s), lay.kv_cache, md, None)[0]
     assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare"] * 3
-    for seq in STEPS:
-        cam = _spec_cam(seq, bt)
+    for seq in STEPS + [[30, 12, 7]]:  # the last one padded by vLLM (the SFA builder's Q-token dummy decode)
+        nq = len(seq) * Q
+        cam = _spec_cam(seq, bt, pad_to=B if len(seq) < B else None)
         md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-        assert (md.num_decodes, md.num_decode_tokens) == (B, BQ)
+        assert (md.num_decodes, md.num_decode_tokens) == (len(seq), nq) and md.sfa.num_kernel_reqs == B
         iq, ik, w = torch.randn(BQ, n, D, generator=gen), torch.randn(BQ, D, generator=gen), \
             torch.rand(BQ, n, generator=gen)
         qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
                           torch.randn(BQ, L, generator=gen), torch.randn(BQ, 1, R, generator=gen))
         idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
         lay.op.run(iq, ik, w, idx2, imd)
-        topk_eager = lay.buf[:BQ].clone()
+        topk_eager = lay.buf[:nq].clone()
         lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
         expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
         lay.buf.fill_(-7)
@@ -927,9 +938,9 @@ def _sparse_spec_case(lay, gen, nb):
             buf.copy_(src)
         vgraph.update(BQ, {"a": md, "b": imd})
         vgraph.replay(BQ)
-        assert torch.equal(lay.buf[:BQ], topk_eager)
+        assert torch.equal(lay.buf[:nq], topk_eager)
         assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[:nq], expected[:nq], atol=1e-5, rtol=1e-5)
         # float64 over the selected positions (the top-k of the replay, causal: each token's own prefix)
         for r, s in enumerate(seq):
             for j in range(Q):
