@@ -159,9 +159,9 @@ def _padded_inputs(common_prefix_len: int, m: CommonAttentionMetadata, what: str
     gives it), so the runtime's captured layer sees every bucket row in a request (docs/design/dsa.md §6; MLA's
     mla.LatentAttention takes no graph decode padding). A dummy reads the first q rows of block 0 (vLLM's null
     block) and writes no KV row (DeepSeek-V4: docs/design/dsa.md §6; MLA: the impl writes at vLLM's slot mapping,
-    -1 for padding tokens); its output rows are read by no caller. With ``decode_threshold`` the dummies must be decodes of that many tokens
-    (vLLM's uniform decode query length; refused by name otherwise). Returns qsl, seq_lens, block table, causal and
-    the real request count (-1: no padding)."""
+    -1 for padding tokens); its output rows are read by no caller. With ``decode_threshold`` the dummies must be
+    decodes of that many tokens (vLLM's uniform decode query length; refused by name otherwise). Returns qsl,
+    seq_lens, block table, causal and the real request count (-1: no padding)."""
     qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
     n = int(seq_lens.numel())
     pad_reqs, q = _graph_padding(m, qsl, what)
