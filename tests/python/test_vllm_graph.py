@@ -228,7 +228,51 @@ def test_mla_decode_bucket_replays_like_eager(store):
             assert torch.equal(caches[i], eager_caches[i])
 
 
-def test_mla_graph_update_refuses_a_padded_step(store):
+def test_mla_decode_bucket_takes_a_padded_step(store):
+    # vLLM pads a FULL decode batch up to the capture size with empty requests; the MLA builder turns each into a
+    # one-token dummy decode (KV length 1 in block 0, vLLM's null block): the update takes the step, the replay's
+    # real rows equal the eager layer's and the float64 reference, and the padding tokens write nothing.
+    cfg = copy.copy(_vllm_config("vllm_tiny_mla"))
+    N, L, P, R, V, _ = _mla_dims(cfg)
+    nb = 2 + B * 5
+    cfg.cache_config.num_gpu_blocks = nb
+    gen = torch.Generator().manual_seed(2)
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
+                            cache_dtype_str="auto")
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, CPU)
+    impl = _mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False))
+    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+    kv = torch.randn(nb, BS, L + R, generator=gen)
+    qn_s, qr_s = torch.zeros(B, N, L), torch.zeros(B, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
+    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
+    with vgraph.capture(B):
+        impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
+        out = impl.forward_mqa((qn_s, qr_s), kv, md, None)[0]
+    for seq in ([9, 9, 9], [40, 2], [17], STEPS[0]):
+        nreal = len(seq)
+        cam = _cam(seq, bt, pad_to=B if nreal < B else None)
+        md = builder.build(0, cam)
+        assert md.num_decodes == B and md.num_decode_tokens == B and md.num_prefills == 0
+        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
+                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
+        kv2 = kv.clone()
+        impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
+        expected = impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
+        written = kv2.clone()
+        for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe), (slots_s, cam.slot_mapping)):
+            buf.copy_(src)
+        vgraph.update(B, md)
+        vgraph.replay(B)
+        torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
+        assert torch.equal(kv, written)  # the same rows written as eager: the padding tokens' slot -1 writes nothing
+        ref = torch.stack([_latent_reference(qn[r], qr[r], impl._caches(kv), bt, r, range(s), impl.scale)
+                           for r, s in enumerate(seq)])
+        torch.testing.assert_close(out[:nreal].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_mla_graph_update_refuses_uneven_padding(store):
+    # vLLM's padding requests must each stand for decode_threshold tokens (the runtime's dummy decodes).
     cfg = copy.copy(_vllm_config("vllm_tiny_mla"))
     N, L, P, R, V, _ = _mla_dims(cfg)
     nb = 2 + B * 5
@@ -236,17 +280,14 @@ def test_mla_graph_update_refuses_a_padded_step(store):
     spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
                             cache_dtype_str="auto")
     builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, CPU)
-    impl = _mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False))
     bt = random_block_table([64] * B, BS, nb, torch.Generator().manual_seed(2), width=WIDTH)
-    kv = torch.zeros(nb, BS, L + R)
-    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
-    with vgraph.capture(B):
-        impl.forward_mqa((torch.zeros(B, N, L), torch.zeros(B, N, R)), kv, md, None)
-    md3 = builder.build(0, _cam([9, 9, 9], bt, pad_to=B))
-    with pytest.raises(ValueError):
-        vgraph.update(B, md3)
-    with pytest.raises(ValueError, match="before update"):
-        vgraph.replay(B)
+    cam = _cam([9, 9], bt, pad_to=B)
+    cam.num_actual_tokens = B + 1  # two padding requests for three padding tokens
+    with pytest.raises(NotImplementedError, match="spreads the padding tokens evenly"):
+        builder.build(0, cam)
+    cam.num_actual_tokens = 2 + 2 * 2  # two padding requests of two tokens each, decode_threshold 1
+    with pytest.raises(NotImplementedError, match="decode_threshold=1"):
+        builder.build(0, cam)
 
 
 # --- sparse MLA + indexer
@@ -311,11 +352,43 @@ def _sparse_case(lay, gen, nb):
         assert torch.equal(lay.buf[:B], topk_eager)
         assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    # A padded step (three real decodes in the bucket of four) is refused before a replay.
-    cam = _cam([9, 9, 9], bt, pad_to=B)
-    md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-    with pytest.raises(ValueError, match="padded step"):
+    # Padded steps (fewer real decodes, vLLM's empty padding requests up to the bucket): the padding requests
+    # are the runtime's dummy decodes; the real rows equal eager and the float64 reference over the top-k rows,
+    # the padding writes nothing to either cache.
+    for seq in ([9, 30, 17], [40, 2], [12]):
+        nreal = len(seq)
+        cam = _cam(seq, bt, pad_to=B)
+        md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
+        assert md.sfa.num_reqs == nreal and md.sfa.num_kernel_reqs == B  # the runtime's graph decode padding
+        iq, ik, w = torch.randn(B, n, D, generator=gen), torch.randn(B, D, generator=gen), torch.rand(B, n,
+                                                                                                      generator=gen)
+        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
+                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
+        idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
+        lay.op.run(iq, ik, w, idx2, imd)
+        topk_eager = lay.buf[:nreal].clone()
+        lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
+        expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
+        lay.buf.fill_(-7)
+        for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
+                         (slots_s, cam.slot_mapping)):
+            buf.copy_(src)
         vgraph.update(B, {"a": md, "b": imd})
+        vgraph.replay(B)
+        assert torch.equal(lay.buf[:nreal], topk_eager)
+        assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
+        torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
+        # float64: each real request's query over the cached rows at its top-k positions (explicit selection)
+        for r, s in enumerate(seq):
+            sel = topk_eager[r][topk_eager[r] >= 0].tolist()
+            assert sel and max(sel) < s
+            ref = _latent_reference(qn[r], qr[r], lay.impl._caches(lay.kv_cache), bt, r, sel, lay.impl.scale)
+            torch.testing.assert_close(out[r].double(), ref, atol=1e-5, rtol=1e-5)
+    # What cannot be padded: padding tokens not spread evenly over the padding requests.
+    cam = _cam([9, 9], bt, pad_to=B)
+    cam.num_actual_tokens = B + 1
+    with pytest.raises(NotImplementedError, match="spreads the padding tokens evenly"):
+        lay.builder.build(0, cam)
 
 
 def test_sparse_builder_takes_vllms_is_prefilling():
@@ -570,9 +643,16 @@ def test_mla_bucket_through_torch_npu_hooks(npu):
         assert npu.log == [("synchronize", "compute")] + _updated_call(0) + _updated_call(1)
         assert [lst[2] for lst in vgraph.graph_params().captured_lists(B)] == [seq, seq]
         vgraph.replay(B, graph)
+    # A padded step (vLLM's empty padding request as a one-token dummy decode): the re-issue carries the real
+    # KV lengths then the dummy's 1.
     npu.log.clear()
-    with pytest.raises(ValueError):  # a padded step (the BNSD call takes one one-token request per row)
-        vgraph.update(B, builder.build(0, _cam([9, 9, 9], bt, pad_to=B)))
+    vgraph.update(B, builder.build(0, _cam([9, 30, 17], bt, pad_to=B)))
+    assert npu.log == [("synchronize", "compute")] + _updated_call(0) + _updated_call(1)
+    assert [lst[2] for lst in vgraph.graph_params().captured_lists(B)] == [[9, 30, 17, 1]] * 2
+    vgraph.replay(B, graph)
+    npu.log.clear()
+    with pytest.raises(ValueError):  # a step of more requests than the bucket's rows
+        vgraph.update(B, builder.build(0, _cam([9] * 5, random_block_table([64] * 5, BS, nb, gen, width=WIDTH))))
     assert npu.log == [("synchronize", "compute")]  # no task hook
 
 
@@ -615,8 +695,13 @@ def test_sparse_bucket_through_torch_npu_hooks(npu, family):
                 vgraph.replay(B, graph)
             assert npu.log == [("synchronize", "compute"), ("replay",)] * len(STEPS)
             npu.log.clear()
-            cam = _cam([9, 9, 9], bt, pad_to=B)
-            with pytest.raises(ValueError, match="padded step"):
+            cam = _cam([9, 9, 9], bt, pad_to=B)  # a padded step fills the bucket (the padding as dummy decodes)
+            vgraph.update(B, {"a": lay.builder.build(0, cam), "b": lay.ibuilder.build(0, cam)})
+            assert npu.log == [("synchronize", "compute")]
+            vgraph.replay(B, graph)
+            npu.log.clear()
+            cam = _cam([9] * 5, random_block_table([64] * 5, BS, nb, gen, width=WIDTH))
+            with pytest.raises(ValueError, match="takes decode-only steps of 4 kernel tokens"):
                 vgraph.update(B, {"a": lay.builder.build(0, cam), "b": lay.ibuilder.build(0, cam)})
             assert npu.log == []
     finally:
@@ -642,13 +727,22 @@ def _spec_config(name):
     return cfg
 
 
-def _spec_cam(seq_lens, bt):
-    """vLLM's uniform decode batch: each request's Q newest tokens (positions seq_len - Q .. seq_len - 1)."""
+def _spec_cam(seq_lens, bt, pad_to=None):
+    """vLLM's uniform decode batch: each request's Q newest tokens (positions seq_len - Q .. seq_len - 1); with
+    pad_to, padded as vLLM pads a full-graph batch (empty requests of KV length 0 and block-table row 0,
+    num_actual_tokens pad_to * Q, the padding tokens' slots -1)."""
     n = len(seq_lens)
-    qsl = torch.arange(0, Q * n + 1, Q, dtype=torch.int32)
+    total = pad_to or n
+    qsl = torch.tensor(list(range(0, Q * n + 1, Q)) + [Q * n] * (total - n), dtype=torch.int32)
     slots = [int(bt[i, p // BS]) * BS + p % BS for i, s in enumerate(seq_lens) for p in range(s - Q, s)]
-    return _common_metadata(qsl, torch.tensor(seq_lens, dtype=torch.int32), bt[:n].contiguous(),
-                            torch.tensor(slots, dtype=torch.int64))
+    rows = torch.zeros(total, bt.shape[1], dtype=torch.int32)
+    rows[:n] = bt[:n]
+    cam = _common_metadata(qsl, torch.tensor(list(seq_lens) + [0] * (total - n), dtype=torch.int32), rows,
+                           torch.tensor(slots + [-1] * Q * (total - n), dtype=torch.int64))
+    if pad_to:
+        cam.num_actual_tokens = Q * total
+        cam.max_query_len = Q
+    return cam
 
 
 def _latent_reference(qn, qr, caches, bt, r, positions, scale):
@@ -755,8 +849,8 @@ def test_mla_speculative_bucket_replays_like_eager(store):
             impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
             outs.append(impl.forward_mqa((qn_s, qr_s), kv, md, None)[0])
     assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare", "prepare", "fia_v2", "prepare"] * 2
-    for seq in STEPS:
-        cam = _spec_cam(seq, bt)
+    for seq in STEPS + [[30, 12, 7]]:  # the last one padded by vLLM (a Q-token dummy decode)
+        cam = _spec_cam(seq, bt, pad_to=B if len(seq) < B else None)
         md = builder.build(0, cam)
         assert (md.num_decodes, md.num_decode_tokens) == (B, BQ)
         qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
@@ -771,8 +865,9 @@ def test_mla_speculative_bucket_replays_like_eager(store):
             buf.copy_(src)
         vgraph.update(BQ, md)
         vgraph.replay(BQ)
+        nq = len(seq) * Q
         for i, impl in enumerate(impls):
-            torch.testing.assert_close(outs[i], expected[i], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(outs[i][:nq], expected[i][:nq], atol=1e-5, rtol=1e-5)
             assert torch.equal(caches[i], eager_caches[i])
             for r, s in enumerate(seq):
                 for j in range(Q):
@@ -823,17 +918,18 @@ def _sparse_spec_case(lay, gen, nb):
         lay.impl.do_kv_cache_update(c_s, kpe_s, lay.kv_cache, slots_s, "auto", torch.ones(()))
         out = lay.impl.forward_mqa((qn_s, qr_s), lay.kv_cache, md, None)[0]
     assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare"] * 3
-    for seq in STEPS:
-        cam = _spec_cam(seq, bt)
+    for seq in STEPS + [[30, 12, 7]]:  # the last one padded by vLLM (the SFA builder's Q-token dummy decode)
+        nq = len(seq) * Q
+        cam = _spec_cam(seq, bt, pad_to=B if len(seq) < B else None)
         md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-        assert (md.num_decodes, md.num_decode_tokens) == (B, BQ)
+        assert (md.num_decodes, md.num_decode_tokens) == (len(seq), nq) and md.sfa.num_kernel_reqs == B
         iq, ik, w = torch.randn(BQ, n, D, generator=gen), torch.randn(BQ, D, generator=gen), \
             torch.rand(BQ, n, generator=gen)
         qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
                           torch.randn(BQ, L, generator=gen), torch.randn(BQ, 1, R, generator=gen))
         idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
         lay.op.run(iq, ik, w, idx2, imd)
-        topk_eager = lay.buf[:BQ].clone()
+        topk_eager = lay.buf[:nq].clone()
         lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
         expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
         lay.buf.fill_(-7)
@@ -842,9 +938,9 @@ def _sparse_spec_case(lay, gen, nb):
             buf.copy_(src)
         vgraph.update(BQ, {"a": md, "b": imd})
         vgraph.replay(BQ)
-        assert torch.equal(lay.buf[:BQ], topk_eager)
+        assert torch.equal(lay.buf[:nq], topk_eager)
         assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[:nq], expected[:nq], atol=1e-5, rtol=1e-5)
         # float64 over the selected positions (the top-k of the replay, causal: each token's own prefix)
         for r, s in enumerate(seq):
             for j in range(Q):

@@ -133,6 +133,66 @@ def _build_inputs(common_prefix_len: int, m: CommonAttentionMetadata):
     return qsl, seq_lens, bt, causal
 
 
+def _graph_padding(m: CommonAttentionMetadata, qsl, what: str) -> tuple[int, int]:
+    """vLLM's full-graph padding of a step (docs/design/vllm_sparse.md §6): vLLM pads a FULL batch up to its
+    capture size with empty requests (no tokens, KV length 0, block-table row 0) after the real ones and counts
+    the padded tokens in num_actual_tokens. ``qsl``: the real requests' query ends (``_build_inputs``). Returns
+    (padding requests, tokens each padding request stands for), (0, 0) without padding; refused by name when the
+    padding tokens are not spread evenly over the padding requests (no runtime padding has that form)."""
+    n = int(qsl.numel()) - 1
+    pad_reqs = int(m.num_reqs) - n
+    pad_tokens = int(m.num_actual_tokens) - int(qsl[n])
+    if pad_reqs == 0 or pad_tokens == 0:
+        return 0, 0
+    if pad_tokens < 0 or pad_tokens % pad_reqs:
+        raise NotImplementedError(f"a padded step of {n} requests with {pad_reqs} empty padding requests for "
+                                  f"{pad_tokens} padding tokens (num_actual_tokens={m.num_actual_tokens}): "
+                                  f"ascend_attn_rt's {what} spreads the padding tokens evenly over the padding "
+                                  "requests")
+    return pad_reqs, pad_tokens // pad_reqs
+
+
+def _padded_inputs(common_prefix_len: int, m: CommonAttentionMetadata, what: str,
+                   decode_threshold: Optional[int] = None):
+    """The step's inputs with vLLM's full-graph padding as dummy requests (the DeepSeek-V4 and MLA builders): each
+    padding request becomes a request of the padded tokens' share q (KV length S = q, block-table row 0 as vLLM
+    gives it), so the runtime's captured layer sees every bucket row in a request (docs/design/dsa.md §6; MLA's
+    mla.LatentAttention takes no graph decode padding). A dummy reads the first q rows of block 0 (vLLM's null
+    block) and writes no KV row (DeepSeek-V4: docs/design/dsa.md §6; MLA: the impl writes at vLLM's slot mapping,
+    -1 for padding tokens); its output rows are read by no caller. With ``decode_threshold`` the dummies must be
+    decodes of that many tokens (vLLM's uniform decode query length; refused by name otherwise). Returns qsl,
+    seq_lens, block table, causal and the real request count (-1: no padding)."""
+    qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
+    n = int(seq_lens.numel())
+    pad_reqs, q = _graph_padding(m, qsl, what)
+    if pad_reqs == 0:
+        return qsl, seq_lens, bt, causal, -1
+    _check_padding_query(pad_reqs, q, decode_threshold, what)
+    base = int(qsl[n])
+    qsl = torch.cat([qsl, torch.arange(1, pad_reqs + 1, dtype=torch.int32) * q + base])
+    seq_lens = torch.cat([seq_lens, torch.full((pad_reqs,), q, dtype=torch.int32)])
+    bt = m.block_table_tensor[: n + pad_reqs]
+    if bt.dtype != torch.int32:
+        bt = bt.to(torch.int32)
+    return qsl, seq_lens, bt, causal, n
+
+
+def _check_decode_padding(m: CommonAttentionMetadata, qsl, decode_threshold: int, what: str) -> None:
+    """The SFA builder's graph decode padding (docs/design/sfa.md §3.4, MLA's enable-pad rule) pads a
+    decode-only build up to num_input_tokens with dummy requests of decode_threshold tokens: vLLM's padding is
+    taken when each of its padding requests stands for that many tokens (vLLM's uniform decode query length),
+    refused by name otherwise."""
+    pad_reqs, q = _graph_padding(m, qsl, what)
+    _check_padding_query(pad_reqs, q, decode_threshold, what)
+
+
+def _check_padding_query(pad_reqs: int, q: int, decode_threshold: Optional[int], what: str) -> None:
+    if pad_reqs and decode_threshold is not None and q != decode_threshold:
+        raise NotImplementedError(f"a padded step whose {pad_reqs} padding requests stand for {q} tokens each: "
+                                  f"ascend_attn_rt's {what} pads decode graph buckets with requests of "
+                                  f"decode_threshold={decode_threshold} tokens (1 + num_speculative_tokens)")
+
+
 def _refuse_cp(vllm_config, what: str = "vLLM adapter") -> None:
     pc = vllm_config.parallel_config
     for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
@@ -351,7 +411,9 @@ class AscendAttnRtMlaMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False):
         m = common_attn_metadata
-        qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
+        # vLLM's full-graph padding requests as dummy decodes (docs/design/vllm_sparse.md §6).
+        qsl, seq_lens, bt, causal, _ = _padded_inputs(common_prefix_len, m, "MLA builder",
+                                                      self._builder.decode_threshold)
         if not causal:
             raise NotImplementedError("non-causal MLA attention is not supported by ascend_attn_rt")
         is_prefilling = m.is_prefilling if self._dcp is None else _is_prefilling(m, len(seq_lens))

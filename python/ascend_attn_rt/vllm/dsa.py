@@ -40,7 +40,7 @@ import torch
 from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder, CommonAttentionMetadata
 
 from .. import _C as aar
-from . import _build_inputs, _cdiv, _refuse_cp
+from . import _build_inputs, _cdiv, _padded_inputs, _refuse_cp
 from .graph import GraphBuilderMixin, graph_params
 
 # The runtime's cache_block_size (docs/design/dsa.md §2.2) for every group: vLLM fixes the SWA page at 64 tokens
@@ -298,34 +298,6 @@ class AscendAttnRtDsaMetadata:
         return self.group
 
 
-def _padded_inputs(common_prefix_len: int, m: CommonAttentionMetadata):
-    """The step's inputs as the runtime's builders take them, with vLLM's full-graph padding in the runtime's form:
-    vLLM pads a FULL batch with empty requests (no tokens, KV length 0, block-table row 0) after the real ones and
-    counts the padded tokens in num_actual_tokens; the runtime's captured layer needs every bucket row in a request
-    (docs/design/dsa.md §6), so each padding request becomes a dummy of the padded tokens' share (S = its query
-    length, table row 0: it writes no KV row and reads block 0). Returns qsl, seq_lens, block table, causal and the
-    real request count (-1: no padding)."""
-    qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
-    n = int(seq_lens.numel())
-    pad_reqs = int(m.num_reqs) - n
-    pad_tokens = int(m.num_actual_tokens) - int(qsl[n])
-    if pad_reqs == 0 or pad_tokens == 0:
-        return qsl, seq_lens, bt, causal, -1
-    if pad_tokens < 0 or pad_tokens % pad_reqs:
-        raise NotImplementedError(f"a padded step of {n} requests with {pad_reqs} empty padding requests for "
-                                  f"{pad_tokens} padding tokens (num_actual_tokens={m.num_actual_tokens}): "
-                                  "ascend_attn_rt's DeepSeek-V4 adapter spreads the padding tokens evenly over the "
-                                  "padding requests")
-    q = pad_tokens // pad_reqs
-    base = int(qsl[n])
-    qsl = torch.cat([qsl, torch.arange(1, pad_reqs + 1, dtype=torch.int32) * q + base])
-    seq_lens = torch.cat([seq_lens, torch.full((pad_reqs,), q, dtype=torch.int32)])
-    bt = m.block_table_tensor[: n + pad_reqs]
-    if bt.dtype != torch.int32:
-        bt = bt.to(torch.int32)
-    return qsl, seq_lens, bt, causal, n
-
-
 def graph_update_args(mds: list):
     """What ``aar.dsa.graph_update`` takes for a step's DeepSeek-V4 metadata (vLLM's per-layer entries of every
     group, docs/design/vllm_dsa.md §6): the one step build they read and the SWA groups' metadata in the order of
@@ -388,7 +360,7 @@ class _DsaGroupMetadataBuilder(GraphBuilderMixin, AttentionMetadataBuilder):
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendAttnRtDsaMetadata:
         m = common_attn_metadata
-        qsl, seq_lens, bt, causal, n_real = _padded_inputs(common_prefix_len, m)
+        qsl, seq_lens, bt, causal, n_real = _padded_inputs(common_prefix_len, m, "DeepSeek-V4 adapter")
         if not causal:
             raise NotImplementedError("causal=False: non-causal DeepSeek-V4 attention is not supported by "
                                       "ascend_attn_rt's vLLM adapter")

@@ -207,8 +207,8 @@ def update(num_tokens: int, attn_metadata) -> None:
     impls record their calls in KV-cache group 0, so the distinct metadata with parameters must be one
     (the builders of one group give all its layers the same object); DeepSeek-V4 metadata (every group of the
     step) goes to aar.dsa.graph_update with the SWA groups' metadata in their graph order. Sparse MLA buckets have no
-    per-step parameters: nothing is refreshed, but each step is checked to fill the bucket with decodes
-    (call update before every replay).
+    per-step parameters: nothing is refreshed, but each step is checked to fill the bucket with decodes, vLLM's
+    padding requests as the SFA builder's dummy decodes (call update before every replay).
 
     On the torch_npu provider the update comes BEFORE the step's device replay (docs/design/vllm_sparse.md §6):
     everything is checked first; then it waits for the previous replay on the replay stream (the task updates
@@ -246,11 +246,15 @@ def _update_call(num_tokens: int, attn_metadata):
         return lambda: aar.dsa.graph_update(g, num_tokens, step, swa)
     distinct = []
     for md in items:
-        if isinstance(md, AscendAttnRtSparseMlaMetadata) and (md.num_prefills or md.num_decode_tokens != num_tokens):
-            # The sparse calls read the capture's token count: a step must fill the bucket with decodes.
-            raise ValueError(f"sparse MLA bucket {num_tokens} takes steps of {num_tokens} decode tokens, got "
-                             f"{md.num_decode_tokens} decode tokens and {md.num_prefills} prefills (a padded step "
-                             "is not supported through the adapter)")
+        if isinstance(md, AscendAttnRtSparseMlaMetadata):
+            # The sparse calls read the capture's token count: a step must fill the bucket with decodes, vLLM's
+            # padding requests as the runtime's dummy decodes (graph decode padding, docs/design/sfa.md §3.4).
+            s = md.sfa
+            kernel_tokens = s.num_input_tokens if s.num_kernel_reqs > s.num_reqs else s.num_actual_tokens
+            if md.num_prefills or kernel_tokens != num_tokens:
+                raise ValueError(f"sparse MLA bucket {num_tokens} takes decode-only steps of {num_tokens} kernel "
+                                 f"tokens (vLLM's padding included), got {md.num_decode_tokens} decode tokens, "
+                                 f"{kernel_tokens} kernel tokens and {md.num_prefills} prefills")
         step = _step_metadata(md)
         if step is not None and not any(step is d for d in distinct):
             distinct.append(step)

@@ -47,7 +47,7 @@ from vllm.v1.attention.backend import (
 )
 
 from .. import _C as aar
-from . import _build_inputs, _builder_sizes
+from . import _build_inputs, _builder_sizes, _check_decode_padding
 from .dcp import dcp_setup, take_over_dcp
 from .graph import GraphBuilderMixin, graph_params
 
@@ -87,8 +87,10 @@ def _sparse_builder(kv_cache_spec, vllm_config, device):
                                      cp_kv_cache_interleave_size=dcp.interleave)
     # vLLM rotates q, k_pe and the indexer's q/k itself: zero RoPE tables (nothing reads them).
     table = torch.zeros(mc.max_model_len, int(hf.qk_rope_head_dim), dtype=mc.dtype)
+    # graph_decode_padding: vLLM's full-graph padding requests become the runtime's dummy decodes
+    # (docs/design/vllm_sparse.md §6); a decode-only build is padded only when vLLM padded the step.
     return aar.sfa.MetadataBuilder(**sizes, cos_table=table, sin_table=table, num_speculative_tokens=num_spec,
-                                   device=str(device), **cp)
+                                   graph_decode_padding=True, device=str(device), **cp)
 
 
 @dataclass
@@ -131,6 +133,7 @@ def _build(builder, topk: int, common_prefix_len: int, m: CommonAttentionMetadat
     qsl, seq_lens, bt, causal = _build_inputs(common_prefix_len, m)
     if not causal:
         raise NotImplementedError("causal=False: non-causal sparse MLA is not supported by ascend_attn_rt")
+    _check_decode_padding(m, qsl, builder.decode_threshold, "sparse MLA builder")
     if graph_state is not None:
         md = builder.build_for_graph_capture(qsl, seq_lens, bt, num_input_tokens=m.num_actual_tokens,
                                              state=graph_state)
