@@ -47,6 +47,7 @@ from ascend_attn_rt.vllm.dsa import attention_cls  # noqa: E402
 import _dsa_reference as ref  # noqa: E402
 from _dsa_harness import LayerRun  # noqa: E402
 from _reference import assert_close  # noqa: E402
+from _vllm_support import kv_cache_utils as _kv_cache_utils  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "vllm_tiny_v4")
 MAX_LEN = 512
@@ -415,37 +416,6 @@ def _load_compressed(layer, w: dict) -> None:
             compressor(layer.indexer.compressor, "idx_cmp_")
             layer.indexer.wq_b.weight.copy_(w["idx_wq_b"])
             layer.indexer.weights_proj.weight.copy_(w["idx_weights_proj"])
-
-
-def _kv_cache_utils():
-    """vLLM's vllm.v1.core.kv_cache_utils (the KV-cache grouping and config code of its engine). It imports
-    vllm.v1.request, which imports the structured-output backends, whose module bodies name llguidance and
-    xgrammar types in class annotations; neither package is installed here (vLLM is installed without its
-    dependencies), so while the module is imported a stand-in module answers those names. Nothing of them is
-    called; the stand-ins leave sys.modules afterwards."""
-    import importlib.util
-
-    missing = [n for n in ("llguidance", "xgrammar") if n not in sys.modules and importlib.util.find_spec(n) is None]
-
-    def stub(name):
-        m = types.ModuleType(name)
-
-        def attr(a):
-            if a.startswith("__"):
-                raise AttributeError(a)
-            return type(a, (), {})
-
-        m.__getattr__ = attr
-        return m
-
-    try:
-        for n in missing:
-            sys.modules[n] = stub(n)
-        from vllm.v1.core import kv_cache_utils
-    finally:
-        for n in missing:
-            sys.modules.pop(n, None)
-    return kv_cache_utils
 
 
 def _vllm_kv_caches(kv_config, backends, cache_dtype):

@@ -44,6 +44,7 @@ from ascend_attn_rt.vllm.sparse import indexer_op_cls  # noqa: E402
 from _reference import assert_close, random_block_table  # noqa: E402
 from _mla_reference import latent_attention_reference  # noqa: E402
 from _sfa_reference import indexer_rope, layer_norm, selected_positions, topk_rows  # noqa: E402
+from _vllm_support import kv_cache_utils  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 BS = 16
@@ -358,6 +359,32 @@ def test_selector_resolves_the_sparse_backends(registered, monkeypatch, family):
         assert type(op) is indexer_op_cls() and k_cache.get_attn_backend() is AscendAttnRtIndexerBackend
     finally:
         selector._cached_get_attn_backend.cache_clear()
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
+def test_vllm_groups_the_indexer_cache_beside_the_latent_cache(registered, family):
+    """vLLM's own KV-cache grouping (vllm.v1.core.kv_cache_utils.get_kv_cache_groups, what its engine runs at
+    start-up) of one sparse layer's two cache layers as the adapter reports them: the latent cache
+    (`MLAAttentionSpec`, L + R) and the indexer's key cache (its own layer, spec and backend, head size D). Both
+    are full-attention specs of one block size, so vLLM makes ONE KV-cache group (one block table) holding the two
+    layers with their own specs (docs/design/vllm_sparse.md §1): the runtime's indexer cache reads the main
+    cache's block ids, which is what it is given."""
+    kvu = kv_cache_utils()
+    aar_vllm.register(family=family)
+    cfg = _config(family, torch.float32)
+    cfg.cache_config.num_gpu_blocks = 40
+    with set_current_vllm_config(cfg):
+        lay = Layer(cfg, torch.float32, 40, torch.Generator().manual_seed(3))
+        mspec, ispec = lay.mla.get_kv_cache_spec(cfg), lay.k_cache.get_kv_cache_spec(cfg)
+        groups = kvu.get_kv_cache_groups(cfg, {lay.attn_name: mspec, lay.k_cache.prefix: ispec})
+    assert len(groups) == 1
+    (g,) = groups
+    assert sorted(g.layer_names) == sorted([lay.attn_name, lay.k_cache.prefix])
+    specs = g.kv_cache_spec.kv_cache_specs  # vLLM's UniformTypeKVCacheSpecs: one spec per layer of the group
+    assert specs[lay.attn_name].head_size == lay.L + lay.R and specs[lay.k_cache.prefix].head_size == lay.D
+    assert specs[lay.attn_name].block_size == specs[lay.k_cache.prefix].block_size == BS
+    assert lay.mla.get_attn_backend() is AscendAttnRtSparseMlaBackend
+    assert lay.k_cache.get_attn_backend() is AscendAttnRtIndexerBackend
 
 
 def test_register_families(registered):

@@ -266,9 +266,9 @@ def _sparse_case(rank, family, dtype, interleave, spec, seed):
 def _check_allocation(cfg, lay):
     """What vLLM allocates for the indexer spec: a tensor of num_blocks pages per layer (its KV-cache config for
     one group of full-attention specs of different page sizes), the indexer's page W times the single-rank one,
-    which the op views as the runtime's replicated (num_blocks * W, block_size, D). vLLM's grouping itself
-    (vllm.v1.core.kv_cache_utils) does not import here (its structured-output imports need llguidance): the two
-    specs are checked to be what its one-group rule takes (full attention, one block size)."""
+    which the op views as the runtime's replicated (num_blocks * W, block_size, D). The two specs are checked to be
+    what vLLM's one-group rule takes (full attention, one block size); vLLM's grouping itself runs on the
+    single-rank specs in test_vllm_sparse.py (test_vllm_groups_the_indexer_cache_beside_the_latent_cache)."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from ascend_attn_rt.vllm import AscendAttnRtIndexerBackend
