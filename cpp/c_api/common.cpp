@@ -81,6 +81,12 @@ bool flag(int32_t v, const char* name) {
   return v == 1;
 }
 
+void check_group(const char* prefix, const char* size_field, int32_t size, const char* rank_field, int32_t rank) {
+  AAR_CHECK_ARG(size >= 1, prefix, size_field, " must be >= 1, got ", size);
+  AAR_CHECK_ARG(rank >= 0 && rank < size, prefix, rank_field, "=", rank, " is out of range [0, ", size_field, "=",
+                size, ")");
+}
+
 std::optional<bool> tristate(const aar_tristate_t& field, const char* name) {
   const int32_t v = enum_int(field);
   AAR_CHECK_ARG(v == AAR_DEFAULT || v == AAR_FALSE || v == AAR_TRUE, name,

@@ -58,9 +58,7 @@ aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* c, aar_cp_co
     capi::check_not_null(out, "out");
     AAR_CHECK_ARG(c->host != nullptr && *c->host != '\0', "config->host must name rank 0's address, got ",
                   c->host == nullptr ? "NULL" : "the empty string");
-    AAR_CHECK_ARG(c->world_size >= 1, "config->world_size must be >= 1, got ", c->world_size);
-    AAR_CHECK_ARG(c->rank >= 0 && c->rank < c->world_size, "config->rank=", c->rank, " is out of range [0, world_size=",
-                  c->world_size, ")");
+    capi::check_group("config->", "world_size", c->world_size, "rank", c->rank);
     AAR_CHECK_ARG(c->port >= 0 && c->port <= 65535, "config->port must be in [1, 65535], got ", c->port);
     AAR_CHECK_ARG(c->port != 0 || c->world_size == 1, "config->port=0 (any free port) needs world_size 1: the other ",
                   c->world_size - 1, " rank(s) could not find it");

@@ -277,9 +277,7 @@ aar_status_t aar_dsa_step_builder_create_cp(const aar_dsa_step_builder_config_t*
     capi::check_struct(cp, "cp", "aar_dsa_step_builder_cp_init");
     capi::check_not_null(out, "out");
     dsa::StepBuilderConfig b = step_builder_config(c);
-    AAR_CHECK_ARG(cp->dcp_world_size >= 1, "cp->dcp_world_size must be >= 1, got ", cp->dcp_world_size);
-    AAR_CHECK_ARG(cp->dcp_rank >= 0 && cp->dcp_rank < cp->dcp_world_size, "cp->dcp_rank=", cp->dcp_rank,
-                  " is out of range [0, dcp_world_size=", cp->dcp_world_size, ")");
+    capi::check_group("cp->", "dcp_world_size", cp->dcp_world_size, "dcp_rank", cp->dcp_rank);
     AAR_CHECK_ARG(cp->interleave >= 1, "cp->interleave must be >= 1, got ", cp->interleave);
     b.dcp_world_size = cp->dcp_world_size;
     b.dcp_rank = cp->dcp_rank;

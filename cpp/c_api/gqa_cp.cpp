@@ -166,12 +166,8 @@ aar_gqa_pcp_builder* pcp_builder(const aar_gqa_pcp_builder_config_t* c, const aa
                   "ext->num_speculative_tokens must be in [0, 15], got ", ext->num_speculative_tokens);
     b.num_speculative_tokens = ext->num_speculative_tokens;
   }
-  AAR_CHECK_ARG(c->pcp_size >= 1, "config->pcp_size must be >= 1, got ", c->pcp_size);
-  AAR_CHECK_ARG(c->pcp_rank >= 0 && c->pcp_rank < c->pcp_size, "config->pcp_rank=", c->pcp_rank,
-                " is out of range [0, pcp_size=", c->pcp_size, ")");
-  AAR_CHECK_ARG(c->dcp_size >= 1, "config->dcp_size must be >= 1, got ", c->dcp_size);
-  AAR_CHECK_ARG(c->dcp_rank >= 0 && c->dcp_rank < c->dcp_size, "config->dcp_rank=", c->dcp_rank,
-                " is out of range [0, dcp_size=", c->dcp_size, ")");
+  capi::check_group("config->", "pcp_size", c->pcp_size, "pcp_rank", c->pcp_rank);
+  capi::check_group("config->", "dcp_size", c->dcp_size, "dcp_rank", c->dcp_rank);
   b.pcp_size = c->pcp_size;
   b.pcp_rank = c->pcp_rank;
   b.dcp_size = c->dcp_size;
@@ -222,9 +218,7 @@ aar_status_t aar_gqa_dcp_builder_create(const aar_gqa_dcp_builder_config_t* c, a
     gqa::DcpBuilderConfig b;
     core_fields(c, b);
     b.num_speculative_tokens = c->num_speculative_tokens;
-    AAR_CHECK_ARG(c->dcp_world_size >= 1, "config->dcp_world_size must be >= 1, got ", c->dcp_world_size);
-    AAR_CHECK_ARG(c->dcp_rank >= 0 && c->dcp_rank < c->dcp_world_size, "config->dcp_rank=", c->dcp_rank,
-                  " is out of range [0, dcp_world_size=", c->dcp_world_size, ")");
+    capi::check_group("config->", "dcp_world_size", c->dcp_world_size, "dcp_rank", c->dcp_rank);
     b.shard = aar::plan::DcpShard{c->dcp_world_size, c->dcp_rank, c->interleave};
     b.pd_recompute_scheduler = capi::flag(c->pd_recompute_scheduler, "config->pd_recompute_scheduler");
     auto builder = std::make_unique<gqa::DcpMetadataBuilder>(b);

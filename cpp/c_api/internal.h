@@ -123,6 +123,9 @@ void check_struct(const T* s, const char* name, const char* init_fn) {
 
 // A 0/1 flag field.
 bool flag(int32_t v, const char* name);
+// A parallel group's size and this rank's place in it, checked by their C names: `prefix` names the
+// struct ("cp->", "config->"), `size_field` and `rank_field` its fields.
+void check_group(const char* prefix, const char* size_field, int32_t size, const char* rank_field, int32_t rank);
 // The integer a C caller stored in an enum field or argument. A C enum object may hold any int,
 // and loading an out-of-range value as the C++ enum type is undefined behaviour (UBSan's
 // -fsanitize=enum reports it: make test-sanitize found it here), so every enum that crosses the

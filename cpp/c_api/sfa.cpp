@@ -99,14 +99,10 @@ sfa::BuilderConfig builder_config(const aar_sfa_builder_config_t* c) {
 // checks under its own names and refuses what it does not build: graph decode padding or a
 // draft lane's PCP build, ...).
 void cp_fields(const aar_sfa_builder_cp_t& c, sfa::BuilderConfig& b) {
-  AAR_CHECK_ARG(c.dcp_world_size >= 1, "cp->dcp_world_size must be >= 1, got ", c.dcp_world_size);
-  AAR_CHECK_ARG(c.dcp_rank >= 0 && c.dcp_rank < c.dcp_world_size, "cp->dcp_rank=", c.dcp_rank,
-                " is out of range [0, dcp_world_size=", c.dcp_world_size, ")");
+  capi::check_group("cp->", "dcp_world_size", c.dcp_world_size, "dcp_rank", c.dcp_rank);
   AAR_CHECK_ARG(c.interleave >= 1 && b.block_size % c.interleave == 0, "cp->interleave=", c.interleave,
                 " must be >= 1 and divide config->block_size=", b.block_size);
-  AAR_CHECK_ARG(c.pcp_world_size >= 1, "cp->pcp_world_size must be >= 1, got ", c.pcp_world_size);
-  AAR_CHECK_ARG(c.pcp_rank >= 0 && c.pcp_rank < c.pcp_world_size, "cp->pcp_rank=", c.pcp_rank,
-                " is out of range [0, pcp_world_size=", c.pcp_world_size, ")");
+  capi::check_group("cp->", "pcp_world_size", c.pcp_world_size, "pcp_rank", c.pcp_rank);
   b.dcp_world_size = c.dcp_world_size;
   b.dcp_rank = c.dcp_rank;
   b.cp_kv_cache_interleave_size = c.interleave;
