@@ -354,18 +354,26 @@ def test_wrapper_dispatch_and_refusals(installed):
 
 # --- torch_npu provider (a double of torch.npu): the whole model inside one device-graph capture
 
-def test_wrapper_on_torch_npu_provider_hook_order(installed):
+@pytest.mark.parametrize("family", ["gqa", "mla"])
+def test_wrapper_on_torch_npu_provider_hook_order(installed, family):
     npu = NpuDouble()
-    npu.NPUGraph = lambda: types.SimpleNamespace(replay=lambda: npu.log.append(("replay",)))
+    graphs = []
+
+    def new_graph():
+        graphs.append(types.SimpleNamespace(replay=lambda: npu.log.append(("replay",))))
+        return graphs[-1]
+
+    npu.NPUGraph = new_graph
     vgraph.set_graph_provider("torch_npu", npu=npu)
-    cfg, model, builder, bt, gen = _setup("gqa")
+    cfg, model, builder, bt, gen = _setup(family)
     wrapper = _wrapper_cls()(model, cfg, FULL)
     hidden_s = torch.zeros(B, model.H)
     cam = _cam([9] * B, bt)
     _run(model, cfg, wrapper, builder.build_for_cudagraph_capture(cam), cam, hidden_s, FULL)
     # Each attention call in its task group on the capture stream: the capture ran inside the device capture.
-    assert npu.log == CAPTURED_CALL * 2 and not npu.capturing
-    assert [c[0] for c in vgraph.graph_params().calls(B)] == ["kv_write", "fia"] * 2
+    assert npu.log == CAPTURED_CALL * 2 and not npu.capturing and len(graphs) == 1
+    calls = ["kv_write", "fia"] if family == "gqa" else ["prepare", "prepare", "fia_v2", "prepare"]
+    assert [c[0] for c in vgraph.graph_params().calls(B)] == calls * 2
     for seq in STEPS:
         nreal = len(seq)
         cam = _cam(seq, bt, pad_to=B if nreal < B else None)
@@ -378,3 +386,105 @@ def test_wrapper_on_torch_npu_provider_hook_order(installed):
     # The device graph reads the captured input buffers: another input tensor is refused by name.
     with pytest.raises(ValueError, match="not at the captured addresses"):
         _run(model, cfg, wrapper, builder.build(0, cam), cam, hidden_s.clone(), FULL)
+
+
+# --- sparse MLA (DeepSeek-V3.2): vLLM's Indexer.forward and MLAAttention (the real layer) in the runnable
+
+class SparseModel(torch.nn.Module):
+    """One sparse attention layer as vLLM runs it: the indexer (projections, LayerNorm, RoPE, fp8 quant, then the
+    adapter's indexer op), then vLLM's MLAAttention (cache update, W_UK absorption, the adapter's forward_mqa, W_UV)."""
+
+    def __init__(self, lay):
+        super().__init__()
+        self.lay = lay
+
+    def forward(self, x, qc, q, c, kpe, pos):
+        lay = self.lay
+        lay.indexer.forward(x, qc, pos, lay.rotary)
+        return lay.mla(q, c, kpe, output_shape=(q.shape[0], lay.N * lay.V))
+
+
+def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
+    import test_vllm_sparse as ts
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.models import deepseek_v2
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
+    from ascend_attn_rt import _C as aar
+    import ascend_attn_rt.vllm as aar_vllm
+
+    monkeypatch.setattr(deepseek_v2, "per_token_group_quant_fp8", ts._quant_fp8_reference)
+    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
+    try:
+        aar_vllm.register(family="deepseek_v32")
+        cfg = ts._config("deepseek_v32", torch.float32)
+        cfg.compilation_config = copy.deepcopy(cfg.compilation_config)
+        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        nb = 2 + B * 5
+        cfg.cache_config.num_gpu_blocks = nb
+        gen = torch.Generator().manual_seed(31)
+        vgraph.set_graph_provider("recording")
+        with set_current_vllm_config(cfg):
+            lay = ts.Layer(cfg, torch.float32, nb, gen)
+            log = _logged(monkeypatch)
+            wrapper = _wrapper_cls()(SparseModel(lay), cfg, FULL)
+            N, L, R = lay.N, lay.L, lay.R
+            bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+            static = [torch.zeros(B, lay.HID), torch.zeros(B, lay.Q), torch.zeros(B, N, lay.P + R),
+                      torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)]
+
+            def run(md, imd, cam, inputs, mode):
+                with set_forward_context({lay.k_cache.prefix: imd, lay.attn_name: md}, cfg, cudagraph_runtime_mode=mode,
+                                         batch_descriptor=DESC, slot_mapping={lay.attn_name: cam.slot_mapping}):
+                    return wrapper(*inputs)
+
+            cam = _cam([9] * B, bt)
+            run(lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam), cam,
+                static, FULL)
+            kinds = ["sparse indexer run", "sparse MLA do_kv_cache_update", "sparse MLA forward_mqa"]
+            assert log == [("capture", k) for k in kinds]
+            for seq in STEPS:
+                nreal = len(seq)
+                cam = _cam(seq, bt, pad_to=B if nreal < B else None)
+                md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
+                pos = torch.tensor([s - 1 for s in seq] + [0] * (B - nreal))
+                inputs = [torch.randn(B, lay.HID, generator=gen), torch.randn(B, lay.Q, generator=gen),
+                          torch.randn(B, N, lay.P + R, generator=gen), torch.randn(B, L, generator=gen),
+                          torch.randn(B, 1, R, generator=gen), pos]
+                # Eager through the wrapper (NONE) on copies of both caches.
+                kv, idx = lay.mla.kv_cache, lay.k_cache.kv_cache
+                lay.mla.kv_cache, lay.k_cache.kv_cache = kv.clone(), idx.clone()
+                log.clear()
+                expected = run(md, imd, cam, inputs, NONE).clone()
+                topk_eager = lay.buf[:nreal].clone()
+                eager_kv, eager_idx = lay.mla.kv_cache, lay.k_cache.kv_cache
+                lay.mla.kv_cache, lay.k_cache.kv_cache = kv, idx
+                assert log == []
+                lay.buf.fill_(-7)
+                for s_, x in zip(static, inputs):
+                    s_.copy_(x)
+                out = run(md, imd, cam, static, FULL)
+                assert log == [("update", B)] + [("replay", k) for k in kinds]
+                assert torch.equal(lay.buf[:nreal], topk_eager)
+                assert torch.equal(kv, eager_kv) and torch.equal(idx, eager_idx)  # padding wrote nothing
+                torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
+                # float64 over the positions the replay selected (each inside the request's prefix), the latent
+                # rows read from the cache (the step's own row: its input, as written by the replay).
+                nope, rope = aar.mla.LatentAttention.split_kv_cache(kv, L)
+                for r, s in enumerate(seq):
+                    sel = [p for p in lay.buf[r].tolist() if p >= 0]
+                    assert sel and max(sel) < s
+                    p = torch.tensor(sel)
+                    blk, off = bt[r, p // BS].long(), p % BS
+                    c_rows, k_rows = nope[blk, off].reshape(len(p), L), rope[blk, off].reshape(len(p), R)
+                    last = int(bt[r, (s - 1) // BS]), (s - 1) % BS
+                    assert torch.equal(nope[last].reshape(L), inputs[3][r])
+                    want = latent_attention_reference(inputs[2][r: r + 1], c_rows, k_rows, lay.kv_b_proj.weight, 1,
+                                                      lay.impl.scale, N, lay.P, lay.V)
+                    torch.testing.assert_close(out[r].view(1, N, lay.V).double(), want, atol=1e-5, rtol=1e-5)
+    finally:
+        _ATTN_OVERRIDES.clear()
+        _ATTN_OVERRIDES.update(saved)
+        op_registry_oot.pop("SparseAttnIndexer", None)
+        if had is not None:
+            op_registry_oot["SparseAttnIndexer"] = had
