@@ -333,6 +333,8 @@ def test_wrapper_dispatch_and_refusals(installed):
     _run(model, cfg, wrapper, builder.build_for_cudagraph_capture(cam), cam, hidden_s, FULL)
     with pytest.raises(ValueError, match="its segments replay inside the wrapper's run"):
         vgraph.replay(B)
+    with pytest.raises(ValueError, match="already captured by AscendAttnRtGraphWrapper"), vgraph.capture(B):
+        pass
     # A second wrapped runnable cannot take the same bucket on this provider.
     with pytest.raises(ValueError, match="bucket 4 is already captured"):
         _run(model, cfg, _wrapper_cls()(model, cfg, FULL), builder.build_for_cudagraph_capture(cam), cam, hidden_s,

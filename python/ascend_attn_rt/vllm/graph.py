@@ -178,6 +178,8 @@ def capture(num_tokens: int, device_graph=None):
     ``npu.is_current_stream_capturing`` where torch.npu has it."""
     g = _require_store()
     n = int(num_tokens)
+    if any(t.n == n for t in _tapes):
+        raise ValueError(f"bucket {n} is already captured by AscendAttnRtGraphWrapper on this graph provider")
     dev = _device
     if dev is None:
         if device_graph is not None:
@@ -232,8 +234,6 @@ def update(num_tokens: int, attn_metadata) -> None:
     if tapes and not g.has(n):
         # Buckets the graph wrapper captured on the recording provider (§6.1): every segment's store is refreshed.
         runs = [_update_call(n, attn_metadata, seg.store) for t in tapes for seg in t.segments]
-        for t in tapes:
-            t.updated = True
         for run in runs:
             run()
         return
@@ -402,7 +402,6 @@ class _Tape:
         self.segments: list = []
         self.mode: Optional[str] = None
         self.cursor = 0
-        self.updated = False
 
     def run(self, kind: str, call: Callable, inputs: dict, outputs: dict, fixed: tuple):
         live = {**inputs, **outputs}
