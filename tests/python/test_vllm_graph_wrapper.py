@@ -59,7 +59,7 @@ def _config(name):
     cfg = copy.copy(_vllm_config(name))
     cfg.cache_config = copy.copy(cfg.cache_config)
     cfg.cache_config.num_gpu_blocks = 2 + B * 5
-    cfg.compilation_config = copy.deepcopy(cfg.compilation_config)
+    cfg.compilation_config = copy.copy(cfg.compilation_config)
     cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
     return cfg
 
@@ -420,8 +420,9 @@ def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
     try:
         aar_vllm.register(family="deepseek_v32")
         cfg = ts._config("deepseek_v32", torch.float32)
-        cfg.compilation_config = copy.deepcopy(cfg.compilation_config)
+        cfg.compilation_config = copy.copy(cfg.compilation_config)
         cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        cfg.compilation_config.static_forward_context = {}  # this test's layers register here
         nb = 2 + B * 5
         cfg.cache_config.num_gpu_blocks = nb
         gen = torch.Generator().manual_seed(31)
