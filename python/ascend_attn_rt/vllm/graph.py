@@ -447,6 +447,12 @@ _tls = threading.local()  # the tape the graph wrapper runs on this thread
 _tapes: list = []  # the wrapper's recording-provider buckets (cleared with the provider)
 
 
+def in_wrapper_run() -> bool:
+    """True while AscendAttnRtGraphWrapper runs the runnable on the recording provider on this thread: the adapter's
+    entry points then go through ``run_segment``; otherwise they call the runtime directly (no per-call cost)."""
+    return getattr(_tls, "tape", None) is not None
+
+
 def run_segment(kind: str, call: Callable, inputs: dict, outputs: Optional[dict] = None, fixed: tuple = ()):
     """An adapter entry point's runtime call: ``call(**inputs, **outputs)`` (``outputs``: tensors it writes in place;
     ``fixed``: persistent buffers it reads, the KV caches). Outside the graph wrapper's recording-provider run it is

@@ -49,7 +49,7 @@ from vllm.v1.attention.backend import (
 from .. import _C as aar
 from . import _build_inputs, _builder_sizes, _check_decode_padding
 from .dcp import dcp_setup, take_over_dcp
-from .graph import GraphBuilderMixin, graph_params, run_segment
+from .graph import GraphBuilderMixin, graph_params, in_wrapper_run, run_segment
 
 _KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]
 
@@ -339,6 +339,9 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
         if kv_cache_dtype != self.kv_cache_dtype:
             raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the layer's {self.kv_cache_dtype!r}")
         nope, rope = self._caches(kv_cache)
+        if not in_wrapper_run():
+            self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
+            return
         run_segment("sparse MLA do_kv_cache_update",
                     lambda kv_c_normed, k_pe, slot_mapping: self._attn.write_kv(kv_c_normed, k_pe,
                                                                                 slot_mapping.flatten(), nope, rope),
@@ -359,6 +362,8 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
             ql_nope, q_pe = q.split([self.kv_lora_rank, q.shape[-1] - self.kv_lora_rank], dim=-1)
         nope, rope = self._caches(kv_c_and_k_pe_cache)
         # The output is the runtime's (a static tensor of the segment under vLLM's graph wrapper, §6.1).
+        if not in_wrapper_run():
+            return self._sparse.run(ql_nope, q_pe, self.topk_indices_buffer, nope, rope, attn_metadata.sfa), None
         out = run_segment("sparse MLA forward_mqa",
                           lambda ql_nope, q_pe: self._sparse.run(ql_nope, q_pe, self.topk_indices_buffer, nope, rope,
                                                                  attn_metadata.sfa),
@@ -436,6 +441,9 @@ def _make_indexer_op_cls():
                 raise NotImplementedError("an FP4 (values, scales) indexer query is not supported by ascend_attn_rt")
             # One C++ call: checks, the key write at the step's slots, the indexer, the top-k rows.
             cache = self._replicated(kv_cache)
+            if not in_wrapper_run():
+                self._step.run(k, q, weights, cache, metadata.sfa, self.topk_indices_buffer)
+                return self.topk_indices_buffer
             run_segment("sparse indexer run",
                         lambda k, q, weights: self._step.run(k, q, weights, cache, metadata.sfa,
                                                              self.topk_indices_buffer),
