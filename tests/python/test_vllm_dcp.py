@@ -18,7 +18,9 @@ called). Outputs are compared with float64 attention over the whole, unsplit seq
 heads, explicit causal masks. Steps: fresh prefills, a mixed batch (decodes, a chunked prefill over
 cached context, a fresh prefill), a decode of every request, 3-token steps (speculative decodes with
 2 speculative tokens, short extends without). Graph mode: a decode bucket captured through the adapter
-(GQA, MLA) and replayed over two steps, equal to eager runs of the same steps. Configurations: GQA (4 query heads per
+(GQA, MLA) and replayed over several steps, equal to eager runs of the same steps; steps that vLLM's padding
+requests fill to the bucket (GQA; MLA with interleave 1 and 4): the real rows also equal float64 attention over the
+whole sequence and the caches hold only the real requests' new rows. Configurations: GQA (4 query heads per
 KV head on each rank) and MHA per rank (one query head, one KV head), MLA; fp32 and bf16;
 interleave 1 and > 1.
 """
@@ -328,9 +330,9 @@ def _padded(cam, total):
 
 
 def _gqa_graph_case(rank, cfg, interleave, seed):
-    """A decode bucket captured through the adapter under DCP, replayed over three steps (the last one padded
-    by vLLM's rule): equal to eager runs of the same steps on copies of the cache (eager itself is checked
-    against float64 above)."""
+    """A decode bucket captured through the adapter under DCP, replayed over four steps (the last two padded by
+    vLLM's rule): equal to eager runs of the same steps on copies of the cache and to float64 attention over the
+    whole sequence; a padded step writes only its real requests' rows."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from ascend_attn_rt.vllm import AscendAttnRtBackend
@@ -347,8 +349,11 @@ def _gqa_graph_case(rank, cfg, interleave, seed):
     seq = [17, 5, 30, 9]
     cam, _ = _common_metadata(list(range(B)), seq, seq, [True] * B, bt, rank, interleave)
     T = sum(seq)
-    impl.forward(None, torch.randn(T, H * D, generator=gen), torch.randn(T, D, generator=gen),
-                 torch.randn(T, D, generator=gen), kv, builder.build(0, cam), torch.empty(T, H * D))
+    q0, k0, v0 = torch.randn(T, H * D, generator=gen), torch.randn(T, D, generator=gen), torch.randn(T, D, generator=gen)
+    impl.forward(None, q0, k0, v0, kv, builder.build(0, cam), torch.empty(T, H * D))
+    ends = torch.tensor([0] + seq).cumsum(0).tolist()
+    hist = [(k0[ends[r]:ends[r + 1]].double().unsqueeze(1), v0[ends[r]:ends[r + 1]].double().unsqueeze(1))
+            for r in range(B)]
     q_s, k_s, v_s, out_s = torch.zeros(B, H * D), torch.zeros(B, D), torch.zeros(B, D), torch.zeros(B, H * D)
     vgraph.set_graph_provider("recording")
     try:
@@ -356,18 +361,30 @@ def _gqa_graph_case(rank, cfg, interleave, seed):
         md = builder.build_for_cudagraph_capture(_decode_cam(seq, bt, rank, interleave)[0])
         with vgraph.capture(B):
             impl.forward(None, q_s, k_s, v_s, kv, md, out_s)
-        for nreal in (B, B, B - 1):  # the last step: 3 requests padded to the bucket as vLLM pads
-            md = builder.build(0, _padded(_decode_cam(seq[:nreal], bt, rank, interleave)[0], B))
+        for nreal in (B, B, B - 1, 2):  # the last steps: 3 and 2 requests padded to the bucket as vLLM pads
+            real = _decode_cam(seq[:nreal], bt, rank, interleave)[0]
+            md = builder.build(0, _padded(real, B))
             q = torch.randn(B, H * D, generator=gen)
             k, v = torch.randn(B, D, generator=gen), torch.randn(B, D, generator=gen)
             kv2 = kv.clone()
             expected = impl.forward(None, q, k, v, kv2, md, torch.empty(B, H * D)).clone()
             for buf, src in ((q_s, q), (k_s, k), (v_s, v)):
                 buf.copy_(src)
+            before = kv.clone()
             vgraph.update(B, {"l0": md})
             vgraph.replay(B)
             assert torch.allclose(out_s[:nreal], expected[:nreal], atol=1e-6, rtol=1e-6) and torch.equal(kv, kv2)
-            seq = [s + 1 for s in seq]
+            impl.forward(None, q[:nreal], k[:nreal], v[:nreal], before, builder.build(0, real),
+                         torch.empty(nreal, H * D))
+            assert torch.equal(kv, before)  # an eager step of the real requests alone writes the same rows
+            # The caches hold exactly the real requests' new rows (the padding's slots -1 write nothing), and each
+            # real row equals float64 attention of this rank's heads over the whole, unsplit sequence.
+            for r in range(nreal):
+                hist[r] = (torch.cat([hist[r][0], k[r: r + 1].double().unsqueeze(1)]),
+                           torch.cat([hist[r][1], v[r: r + 1].double().unsqueeze(1)]))
+                _close(out_s[r].view(1, H, D), _gqa_ref(q[r].view(1, H, D).double(), hist[r][0], hist[r][1], 1),
+                       torch.float32, f"GQA graph I={interleave} request {r} ({nreal} real of {B})")
+            seq = [s + 1 for s in seq[:nreal]] + seq[nreal:]
     finally:
         vgraph.clear_graph_provider()
     return 1
@@ -419,6 +436,71 @@ def _mla_graph_case(rank, cfg, interleave, seed):
             vgraph.replay(B)
             assert torch.allclose(out_s, expected, atol=1e-6, rtol=1e-6) and torch.equal(kv, kv2)
             seq = [s + 1 for s in seq]
+    finally:
+        vgraph.clear_graph_provider()
+    return 1
+
+
+def _mla_graph_padded_case(rank, cfg, interleave, seed):
+    """A FULL decode bucket under DCP that vLLM's padding requests fill (fewer real requests than the bucket): the
+    MLA builder turns them into one-token dummy decodes over block-table row 0 (docs/design/vllm_sparse.md §6), each
+    rank building its local lengths of them. The replay's real rows equal an eager run of the same padded step and
+    the float64 latent attention of this rank's heads over the whole, unsplit sequence; the caches hold exactly the
+    real requests' new rows (the padding tokens' slot -1 writes nothing on either rank)."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from ascend_attn_rt.vllm import AscendAttnRtMlaBackend
+    from ascend_attn_rt.vllm import graph as vgraph
+
+    hf = cfg.model_config.hf_text_config
+    H, B = cfg.model_config.get_num_attention_heads(cfg.parallel_config), 4
+    L, P, R, V = hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim
+    gen = torch.Generator().manual_seed(seed)  # the same draws on every rank: the global step
+    bt = _block_table(gen)
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32, cache_dtype_str="auto")
+    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
+    impl = _mla_impl(cfg, torch.nn.Linear(L, H * (P + V), bias=False))
+    kv = torch.zeros(*AscendAttnRtMlaBackend.get_kv_cache_shape(NB, BS, 1, L + R))
+    seq = [17, 5, 30, 9]
+    cam, slots = _common_metadata(list(range(B)), seq, seq, [True] * B, bt, rank, interleave)
+    c0, pe0 = torch.randn(sum(seq), L, generator=gen), torch.randn(sum(seq), R, generator=gen)
+    impl.do_kv_cache_update(c0, pe0.unsqueeze(1), kv, slots, "auto", torch.ones(()))
+    ends = torch.tensor([0] + seq).cumsum(0).tolist()
+    c_hist = [c0[ends[r]:ends[r + 1]].double() for r in range(B)]
+    pe_hist = [pe0[ends[r]:ends[r + 1]].double() for r in range(B)]
+    qn_s, qr_s = torch.zeros(B, H, L), torch.zeros(B, H, R)
+    c_s, pe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
+    vgraph.set_graph_provider("recording")
+    try:
+        md = builder.build_for_cudagraph_capture(_decode_cam([s + 1 for s in seq], bt, rank, interleave)[0])
+        with vgraph.capture(B):
+            impl.do_kv_cache_update(c_s, pe_s, kv, slots_s, "auto", torch.ones(()))
+            out_s = impl.forward_mqa((qn_s, qr_s), kv, md, None)[0]
+        for nreal in (3, 2, 1, 4):
+            seq[:nreal] = [s + 1 for s in seq[:nreal]]
+            real, _ = _decode_cam(seq[:nreal], bt, rank, interleave)
+            cam = _padded(real, B)
+            md = builder.build(0, cam)
+            assert (md.num_decodes, md.num_prefills) == (B, 0)  # the padding requests as dummy decodes
+            qn, qr = torch.randn(B, H, L, generator=gen), torch.randn(B, H, R, generator=gen)
+            c, pe = torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen)
+            kv2, kv3 = kv.clone(), kv.clone()
+            impl.do_kv_cache_update(c, pe, kv2, cam.slot_mapping, "auto", torch.ones(()))
+            expected = impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
+            impl.do_kv_cache_update(c[:nreal], pe[:nreal], kv3, real.slot_mapping, "auto", torch.ones(()))
+            for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (pe_s, pe), (slots_s, cam.slot_mapping)):
+                buf.copy_(src)
+            vgraph.update(B, md)
+            vgraph.replay(B)
+            assert torch.allclose(out_s[:nreal], expected[:nreal], atol=1e-6, rtol=1e-6)
+            assert torch.equal(kv, kv2) and torch.equal(kv, kv3)  # only the real requests' rows were written
+            for r in range(nreal):
+                c_hist[r] = torch.cat([c_hist[r], c[r: r + 1].double()])
+                pe_hist[r] = torch.cat([pe_hist[r], pe[r].double()])
+                # float64 latent attention of this rank's heads over every position (explicit: all seq[r] rows)
+                w = torch.softmax((qn[r].double() @ c_hist[r].T + qr[r].double() @ pe_hist[r].T) * impl.scale, -1)
+                _close(out_s[r], w @ c_hist[r], torch.float32, f"MLA padded bucket I={interleave} request {r} "
+                       f"({nreal} real of {B})")
     finally:
         vgraph.clear_graph_provider()
     return 1
@@ -500,9 +582,11 @@ def _case(rank, world):
     n += _mla_case(rank, mla_i, torch.bfloat16, 8, seed=4)
     n += _gqa_graph_case(rank, mha, 4, seed=5)
     n += _mla_graph_case(rank, mla_i, 8, seed=6)
+    n += _mla_graph_padded_case(rank, mla, 1, seed=7)
+    n += _mla_graph_padded_case(rank, _vllm_config("vllm_tiny_mla", 4), 4, seed=8)
     n += _refusals(rank, gqa, mla)
     return n
 
 
 def test_vllm_dcp_gqa_and_mla_match_float64_over_the_whole_sequence():
-    assert run_ranks(W, _case, deadline_s=120.0, preload=VLLM_MODULES) == [4 * len(STEPS) + 3] * W
+    assert run_ranks(W, _case, deadline_s=120.0, preload=VLLM_MODULES) == [4 * len(STEPS) + 5] * W

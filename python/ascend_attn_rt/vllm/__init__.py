@@ -62,7 +62,7 @@ from vllm.v1.attention.backend import (
 
 from .. import _C as aar
 from .dcp import dcp_comm, dcp_setup, num_speculative_tokens, refuse_pcp, take_over_dcp
-from .graph import GraphBuilderMixin, refuse_if_capturing
+from .graph import GraphBuilderMixin, in_wrapper_run, refuse_if_capturing, run_segment
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -325,11 +325,20 @@ class AscendAttnRtImpl(AttentionImpl):
         if attn_metadata is None:  # vLLM's profiling run
             refuse_if_capturing("a forward without metadata (vLLM's profiling run)")
             return output.fill_(0)
-        out = output.view(-1, self.num_heads, self.head_size)
-        self._impl.forward(query.view(-1, self.num_heads, self.head_size),
-                           None if key is None else key.view(-1, self.num_kv_heads, self.head_size),
-                           None if value is None else value.view(-1, self.num_kv_heads, self.head_size),
-                           kv_cache[0], kv_cache[1], attn_metadata, out)
+        n, nkv, d = self.num_heads, self.num_kv_heads, self.head_size
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+
+        def call(query, key, value, output):
+            self._impl.forward(query.view(-1, n, d), None if key is None else key.view(-1, nkv, d),
+                               None if value is None else value.view(-1, nkv, d), k_cache, v_cache, attn_metadata,
+                               output.view(-1, n, d))
+
+        # One call of a graph segment under vLLM's graph wrapper (docs/design/vllm_sparse.md §6.1).
+        if in_wrapper_run():
+            run_segment("GQA forward", call, dict(query=query, key=key, value=value), dict(output=output),
+                        fixed=(kv_cache,))
+        else:
+            call(query, key, value, output)
         return output
 
 
@@ -496,7 +505,13 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
         if kv_cache_dtype != self.kv_cache_dtype:
             raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the layer's {self.kv_cache_dtype!r}")
         nope, rope = self._caches(kv_cache)
-        self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
+        if not in_wrapper_run():
+            self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
+            return
+        run_segment("MLA do_kv_cache_update",
+                    lambda kv_c_normed, k_pe, slot_mapping: self._attn.write_kv(kv_c_normed, k_pe,
+                                                                                slot_mapping.flatten(), nope, rope),
+                    dict(kv_c_normed=kv_c_normed, k_pe=k_pe, slot_mapping=slot_mapping), fixed=(kv_cache,))
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
         if self.runtime_dcp_world_size > 1 and getattr(layer, "dcp_q_replicate", False):
@@ -508,7 +523,13 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
             ql_nope, q_pe = q.split([self.kv_lora_rank, q.shape[-1] - self.kv_lora_rank], dim=-1)
         nope, rope = self._caches(kv_c_and_k_pe_cache)
         out = torch.empty(ql_nope.shape, dtype=ql_nope.dtype, device=ql_nope.device)
-        self._attn.forward_decode(ql_nope, q_pe, nope, rope, attn_metadata, out)
+        if not in_wrapper_run():
+            self._attn.forward_decode(ql_nope, q_pe, nope, rope, attn_metadata, out)
+        else:
+            run_segment("MLA forward_mqa",
+                        lambda ql_nope, q_pe, out: self._attn.forward_decode(ql_nope, q_pe, nope, rope, attn_metadata,
+                                                                             out),
+                        dict(ql_nope=ql_nope, q_pe=q_pe), dict(out=out), fixed=(kv_c_and_k_pe_cache,))
         return out, None
 
     def forward_mha(self, q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata, k_scale, output,

@@ -41,7 +41,7 @@ from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
 
 from .. import _C as aar
 from . import _build_inputs, _cdiv, _padded_inputs, _refuse_cp
-from .graph import GraphBuilderMixin, graph_params
+from .graph import GraphBuilderMixin, graph_params, refuse_in_wrapper
 
 # The runtime's cache_block_size (docs/design/dsa.md §2.2) for every group: vLLM fixes the SWA page at 64 tokens
 # (DeepseekV4SWACache), and the runtime's geometry row of 64 then fixes the others (C128 KV 8192 raw tokens = 64
@@ -757,6 +757,7 @@ def _make_attention_cls():
             if not isinstance(md, dict):  # vLLM's profiling run
                 self._layer_impl()
                 return out.zero_()
+            refuse_in_wrapper("the DeepSeek-V4 layer")
             meta = {k: self._metadata(md, layer.prefix, k) for k, layer in self._cache_layers().items()}
             swa = meta["swa"]
             mode = getattr(ctx, "cudagraph_runtime_mode", None)

@@ -22,12 +22,22 @@ The recording provider re-issues only the runtime's recorded calls: vLLM's own t
 them (the MLA layer's W_UK absorption and W_UV, the indexer's projections) is what a device graph
 replays and the recording provider does not. A CPU engine (and the tests) therefore capture the
 adapter's entry points vLLM's layers call, with their inputs in static buffers.
+
+vLLM's own graph wrapper (docs/design/vllm_sparse.md §6.1): ``AscendAttnRtGraphWrapper`` has the constructor and
+``__call__`` contract of vLLM's ``CUDAGraphWrapper`` and drives capture / update / replay from the forward
+context's FULL batch descriptor; ``install_graph_wrapper()`` makes vLLM construct it (the platform's
+``get_static_graph_wrapper_cls`` and the GPU model runner's ``CUDAGraphWrapper``), ``uninstall_graph_wrapper()``
+undoes that. On the recording provider it captures each adapter entry-point call into a segment of its own
+(``_Tape``) and replays the segments inside an eager run of the runnable.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+import dataclasses
+import sys
+import threading
+from typing import Any, Callable, Optional
 
 from vllm.v1.attention.backend import AttentionCGSupport
 
@@ -115,6 +125,7 @@ def set_graph_provider(provider: str = "recording", *, stream=None, update_strea
         new = aar.GraphParams("hooks", **torch_npu_hooks(stream, update_stream, npu=npu))
     if _store is not None:
         _store.release_all()
+    _tapes.clear()
     _store, _device = new, device
     return _store
 
@@ -124,6 +135,7 @@ def clear_graph_provider() -> None:
     global _store, _device
     if _store is not None:
         _store.release_all()
+    _tapes.clear()
     _store, _device = None, None
 
 
@@ -166,6 +178,8 @@ def capture(num_tokens: int, device_graph=None):
     ``npu.is_current_stream_capturing`` where torch.npu has it."""
     g = _require_store()
     n = int(num_tokens)
+    if any(t.n == n for t in _tapes):
+        raise ValueError(f"bucket {n} is already captured by AscendAttnRtGraphWrapper on this graph provider")
     dev = _device
     if dev is None:
         if device_graph is not None:
@@ -215,7 +229,15 @@ def update(num_tokens: int, attn_metadata) -> None:
     rewrite the graph's tasks), and re-issues each attention call between torch.npu's task-update hooks with
     ``update_stream`` current, recording its event there; the replay that follows waits on those events."""
     n = int(num_tokens)
-    run = _update_call(n, attn_metadata)
+    g = _require_store()
+    tapes = [t for t in _tapes if t.n == n]
+    if tapes and not g.has(n):
+        # Buckets the graph wrapper captured on the recording provider (§6.1): every segment's store is refreshed.
+        runs = [_update_call(n, attn_metadata, seg.store) for t in tapes for seg in t.segments]
+        for run in runs:
+            run()
+        return
+    run = _update_call(n, attn_metadata, g)
     dev = _device
     if dev is None:
         run()
@@ -227,13 +249,14 @@ def update(num_tokens: int, attn_metadata) -> None:
     dev.updated.add(n)
 
 
-def _update_call(num_tokens: int, attn_metadata):
-    """Checks the step's metadata against the adapter's rules and returns the runtime update to run (which
-    checks the step against the bucket before its first hook, graph.md §1.2)."""
+def _update_call(num_tokens: int, attn_metadata, g):
+    """Checks the step's metadata against the adapter's rules and returns the runtime update of store ``g`` to run
+    (which checks the step against the bucket before its first hook, graph.md §1.2)."""
     from .dsa import AscendAttnRtDsaMetadata, graph_update_args
     from .sparse import AscendAttnRtSparseMlaMetadata
 
-    g = _require_store()
+    if isinstance(attn_metadata, list):  # vLLM's list[dict] under speculative decoding: [0] is the base model's
+        attn_metadata = attn_metadata[0] if attn_metadata else None
     items = list(attn_metadata.values()) if isinstance(attn_metadata, dict) else [attn_metadata]
     dsa = [md for md in items if isinstance(md, AscendAttnRtDsaMetadata)]
     if dsa:
@@ -279,6 +302,10 @@ def replay(num_tokens: int, device_graph=None) -> None:
     if dev is None:
         if device_graph is not None:
             raise ValueError("device_graph: the 'recording' graph provider replays its own records")
+        if not g.has(n) and any(t.n == n for t in _tapes):
+            raise ValueError(f"bucket {n} was captured by AscendAttnRtGraphWrapper on the 'recording' provider: its "
+                             "segments replay inside the wrapper's run of the runnable (docs/design/vllm_sparse.md "
+                             "§6.1), not through replay()")
         g.replay(n)
         return
     if device_graph is None:
@@ -351,3 +378,303 @@ class GraphBuilderMixin:
     def build_for_cudagraph_capture(self, common_attn_metadata):
         check_uniform_decode(common_attn_metadata, type(self).__name__, self._graph_query_len())
         return self._graph_build(common_attn_metadata)
+
+
+# --- vLLM's graph wrapper (docs/design/vllm_sparse.md §6.1)
+
+class _Segment:
+    """One adapter entry-point call captured by the graph wrapper on the recording provider: its own store (one
+    bucket), the static copies of the call's activations the recorded calls read and write, and the call's result."""
+
+    __slots__ = ("kind", "store", "statics", "outputs", "result", "fixed")
+
+    def __init__(self, kind, store, statics, outputs, result, fixed):
+        self.kind, self.store, self.statics, self.outputs, self.result, self.fixed = \
+            kind, store, statics, outputs, result, fixed
+
+
+class _Tape:
+    """The recording provider's capture of one FULL decode bucket by AscendAttnRtGraphWrapper: the segments in call
+    order. ``mode``: "capture" while the wrapper's capture runs the runnable, "replay" while a replay runs it."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.segments: list = []
+        self.mode: Optional[str] = None
+        self.cursor = 0
+
+    def run(self, kind: str, call: Callable, inputs: dict, outputs: dict, fixed: tuple):
+        live = {**inputs, **outputs}
+        if self.mode == "capture":
+            # The call on static copies of its activations, recorded into a bucket of its own (nothing runs, as in a
+            # device-graph capture).
+            statics = {k: None if t is None else t.clone() for k, t in live.items()}
+            store = aar.GraphParams("recording")
+            with store.capture(self.n):
+                result = call(**statics)
+            seg = _Segment(kind, store, statics, tuple(outputs), result, tuple(fixed))
+            self.segments.append(seg)
+        else:
+            if self.cursor >= len(self.segments):
+                raise RuntimeError(f"the runnable made more adapter calls ({kind}) than at the capture of bucket "
+                                   f"{self.n} ({len(self.segments)}): a replay must repeat the captured forward")
+            seg = self.segments[self.cursor]
+            self.cursor += 1
+            if seg.kind != kind or list(seg.statics) != list(live):
+                raise RuntimeError(f"adapter call {self.cursor - 1} of bucket {self.n} is {kind}, the capture's was "
+                                   f"{seg.kind}: a replay must repeat the captured forward")
+            for t, c in zip(fixed, seg.fixed):
+                if t is not c and (t.data_ptr(), tuple(t.shape)) != (c.data_ptr(), tuple(c.shape)):
+                    raise ValueError(f"{kind}: the KV cache is not the one captured in bucket {self.n} (a captured "
+                                     "graph keeps its buffers)")
+            for k, t in live.items():
+                st = seg.statics[k]
+                if (t is None) != (st is None) or (t is not None and t.shape != st.shape):
+                    raise ValueError(f"{kind}: {k} of shape {None if t is None else tuple(t.shape)}, the capture of "
+                                     f"bucket {self.n} took {None if st is None else tuple(st.shape)}")
+            for k in inputs:
+                if inputs[k] is not None:
+                    seg.statics[k].copy_(inputs[k])
+            seg.store.replay(self.n)
+            result = seg.result
+        for k in seg.outputs:
+            if live[k] is not None:
+                live[k].copy_(seg.statics[k])
+        return result
+
+
+_tls = threading.local()  # the tape the graph wrapper runs on this thread
+_tapes: list = []  # the wrapper's recording-provider buckets (cleared with the provider)
+
+
+def in_wrapper_run() -> bool:
+    """True while AscendAttnRtGraphWrapper runs the runnable on the recording provider on this thread: the adapter's
+    entry points then go through ``run_segment``; otherwise they call the runtime directly (no per-call cost)."""
+    return getattr(_tls, "tape", None) is not None
+
+
+def run_segment(kind: str, call: Callable, inputs: dict, outputs: Optional[dict] = None, fixed: tuple = ()):
+    """An adapter entry point's runtime call: ``call(**inputs, **outputs)`` (``outputs``: tensors it writes in place;
+    ``fixed``: persistent buffers it reads, the KV caches). Outside the graph wrapper's recording-provider run it is
+    just the call; inside it the call is captured into / replayed from the bucket's segment (§6.1)."""
+    outputs = outputs or {}
+    tape = getattr(_tls, "tape", None)
+    if tape is None:
+        return call(**inputs, **outputs)
+    return tape.run(kind, call, inputs, outputs, fixed)
+
+
+def refuse_in_wrapper(what: str) -> None:
+    """Adapter entry points the wrapper's recording-provider segments do not cover refuse its run by name."""
+    if getattr(_tls, "tape", None) is not None:
+        raise NotImplementedError(f"{what} inside AscendAttnRtGraphWrapper on the 'recording' graph provider is not "
+                                  "supported by ascend_attn_rt's vLLM adapter (docs/design/vllm_sparse.md §6.1): "
+                                  "capture it with ascend_attn_rt.vllm.graph.capture")
+
+
+@contextlib.contextmanager
+def _on_tape(tape: _Tape, mode: str):
+    if getattr(_tls, "tape", None) is not None:
+        raise RuntimeError("an AscendAttnRtGraphWrapper run is already open on this thread")
+    tape.mode, tape.cursor, _tls.tape = mode, 0, tape
+    try:
+        yield tape
+    finally:
+        _tls.tape, tape.mode = None, None
+
+
+def _vllm_wrapper_base():
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+    # The class itself even when install_graph_wrapper has put this adapter's wrapper in its module's place.
+    return getattr(CUDAGraphWrapper, "_aar_base", CUDAGraphWrapper)
+
+
+@dataclasses.dataclass
+class _Entry:
+    batch_descriptor: Any
+    store: Any  # the provider's store the bucket was captured on
+    graph: Any = None  # the torch.npu graph, or the recording provider's _Tape
+    output: Any = None
+    input_addresses: Optional[list] = None
+
+
+def _tensor_addresses(args, kwargs) -> list:
+    import torch
+
+    return [x.data_ptr() for x in list(args) + list(kwargs.values()) if isinstance(x, torch.Tensor)]
+
+
+def _make_wrapper_cls():
+    import torch  # noqa: F401  (vLLM's wrapper module imports it too)
+    from vllm.compilation.cuda_graph import CUDAGraphOptions
+    from vllm.compilation.monitor import validate_cudagraph_capturing_enabled
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    base = _vllm_wrapper_base()
+
+    class AscendAttnRtGraphWrapper(base):
+        """vLLM's static graph wrapper over the adapter's graph mode (docs/design/vllm_sparse.md §6.1): same
+        constructor and ``__call__`` contract as vLLM's CUDAGraphWrapper. A FULL batch descriptor of a uniform decode
+        batch captures bucket ``batch_descriptor.num_tokens`` on first sight and afterwards, per call, runs
+        ``update(n, forward_context.attn_metadata)`` and then the replay; NONE or another runtime mode than the
+        wrapper's runs the runnable (vLLM's dispatch). A PIECEWISE wrapper and a FULL descriptor of a non-uniform
+        batch are refused by name (the adapter honours FULL_DECODE_ONLY)."""
+
+        def __init__(self, runnable, vllm_config, runtime_mode, cudagraph_options=None):
+            # Not base.__init__: it takes the platform's CUDA graph pool, which no provider here uses.
+            if runtime_mode != CUDAGraphMode.FULL:
+                raise NotImplementedError(
+                    f"runtime_mode={getattr(runtime_mode, 'name', runtime_mode)}: ascend_attn_rt's graph wrapper "
+                    "captures FULL graphs of decode batches only (cudagraph_mode FULL_DECODE_ONLY); piecewise graphs "
+                    "are not supported by ascend_attn_rt's vLLM adapter")
+            self.runnable = runnable
+            self.vllm_config = vllm_config
+            self.runtime_mode = runtime_mode
+            self.compilation_config = vllm_config.compilation_config
+            self.first_run_finished = False
+            self.is_debugging_mode = False
+            self._runnable_str = None
+            self.graph_pool = None
+            self.cudagraph_options = cudagraph_options or CUDAGraphOptions()
+            self.concrete_cudagraph_entries = {}
+            base._all_instances.add(self)
+
+        _aar_base = base
+
+        def clear_graphs(self) -> None:
+            """Drops the captured buckets (the provider's buckets released, the recording provider's segments
+            dropped)."""
+            for e in self.concrete_cudagraph_entries.values():
+                if isinstance(e.graph, _Tape):
+                    if e.graph in _tapes:
+                        _tapes.remove(e.graph)
+                elif e.store is _store and _store is not None and _store.has(e.batch_descriptor.num_tokens):
+                    _store.release(e.batch_descriptor.num_tokens)
+            self.concrete_cudagraph_entries.clear()
+
+        def __call__(self, *args, **kwargs):
+            if not is_forward_context_available():
+                return self.runnable(*args, **kwargs)
+            ctx = get_forward_context()
+            mode, desc = ctx.cudagraph_runtime_mode, ctx.batch_descriptor
+            if mode == CUDAGraphMode.NONE or mode != self.runtime_mode:
+                return self.runnable(*args, **kwargs)
+            if desc is None or not desc.uniform:
+                raise NotImplementedError(
+                    f"cudagraph_runtime_mode=FULL with batch_descriptor={desc}: ascend_attn_rt's graph wrapper "
+                    "captures FULL graphs of uniform decode batches only (cudagraph_mode FULL_DECODE_ONLY)")
+            store = _require_store()
+            entry = self.concrete_cudagraph_entries.get(desc)
+            if entry is not None and entry.store is not store:
+                raise RuntimeError(f"bucket {desc.num_tokens} was captured on another graph provider's store: "
+                                   "clear_graphs() and capture again")
+            if entry is None:
+                return self._capture(desc, store, args, kwargs)
+            return self._replay(entry, ctx, args, kwargs)
+
+        def _capture(self, desc, store, args, kwargs):
+            validate_cudagraph_capturing_enabled()
+            n = int(desc.num_tokens)
+            entry = _Entry(desc, store, input_addresses=_tensor_addresses(args, kwargs))
+            dev = _device
+            if dev is None:
+                # Recording provider: each adapter call of the runnable captured into a segment of its own.
+                if store.has(n) or any(t.n == n for t in _tapes):
+                    raise ValueError(f"bucket {n} is already captured on this graph provider (one wrapped runnable "
+                                     "per bucket size)")
+                tape = _Tape(n)
+                with _on_tape(tape, "capture"):
+                    output = self.runnable(*args, **kwargs)
+                entry.graph = tape
+                _tapes.append(tape)
+            else:
+                # torch_npu provider: the whole runnable inside one device-graph capture.
+                graph = dev.npu.NPUGraph()
+                with capture(n, device_graph=graph):
+                    output = self.runnable(*args, **kwargs)
+                entry.graph = graph
+            entry.output = output
+            self.concrete_cudagraph_entries[desc] = entry
+            return output
+
+        def _replay(self, entry, ctx, args, kwargs):
+            n = int(entry.batch_descriptor.num_tokens)
+            if ctx.attn_metadata is None:
+                raise ValueError(f"a FULL replay of bucket {n} without attention metadata in the forward context")
+            if isinstance(entry.graph, _Tape):
+                update(n, ctx.attn_metadata)
+                with _on_tape(entry.graph, "replay") as tape:
+                    output = self.runnable(*args, **kwargs)
+                    if tape.cursor != len(tape.segments):
+                        raise RuntimeError(f"the runnable made {tape.cursor} adapter calls, the capture of bucket {n} "
+                                           f"{len(tape.segments)}: a replay must repeat the captured forward")
+                return output
+            addresses = _tensor_addresses(args, kwargs)
+            if addresses != entry.input_addresses:
+                raise ValueError(f"bucket {n}: the runnable's input tensors are not at the captured addresses (the "
+                                 "device graph reads the captured buffers)")
+            update(n, ctx.attn_metadata)
+            replay(n, entry.graph)
+            return entry.output
+
+    return AscendAttnRtGraphWrapper
+
+
+_WRAPPER_CLS = None
+
+
+def __getattr__(name):  # the wrapper class is made on first use (it subclasses vLLM's)
+    global _WRAPPER_CLS
+    if name == "AscendAttnRtGraphWrapper":
+        if _WRAPPER_CLS is None:
+            _WRAPPER_CLS = _make_wrapper_cls()
+        return _WRAPPER_CLS
+    raise AttributeError(name)
+
+
+WRAPPER_QUALNAME = "ascend_attn_rt.vllm.graph.AscendAttnRtGraphWrapper"
+_installed: Optional[list] = None  # (object, attribute, previous value or _ABSENT) in patch order
+_ABSENT = object()
+
+
+def install_graph_wrapper() -> list:
+    """Makes vLLM construct AscendAttnRtGraphWrapper where it builds its static graph wrapper (§6.1); returns the
+    patched names. Patched: the current platform's ``get_static_graph_wrapper_cls`` (an attribute of the platform
+    object returning WRAPPER_QUALNAME: what vLLM's compile backends and any runner resolving the wrapper through the
+    platform build), ``vllm.compilation.cuda_graph.CUDAGraphWrapper`` (what modules importing it later get) and,
+    when it is imported, ``vllm.v1.worker.gpu_model_runner.CUDAGraphWrapper`` (what vLLM's GPU model runner wraps
+    the model with for FULL graphs). ``uninstall_graph_wrapper()`` restores them. Idempotent."""
+    global _installed
+    if _installed is not None:
+        return [f"{getattr(o, '__name__', type(o).__name__)}.{a}" for o, a, _ in _installed]
+    import vllm.compilation.cuda_graph as cg
+    from vllm.platforms import current_platform
+
+    cls = __getattr__("AscendAttnRtGraphWrapper")
+    targets = [(current_platform, "get_static_graph_wrapper_cls", lambda: WRAPPER_QUALNAME), (cg, "CUDAGraphWrapper",
+                                                                                               cls)]
+    runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
+    if runner is not None:
+        targets.append((runner, "CUDAGraphWrapper", cls))
+    done = []
+    for obj, attr, value in targets:
+        prev = obj.__dict__.get(attr, _ABSENT) if not isinstance(obj, type(cg)) else getattr(obj, attr)
+        setattr(obj, attr, value)
+        done.append((obj, attr, prev))
+    _installed = done
+    return [f"{getattr(o, '__name__', type(o).__name__)}.{a}" for o, a, _ in done]
+
+
+def uninstall_graph_wrapper() -> None:
+    """Undoes install_graph_wrapper (a no-op when it is not installed)."""
+    global _installed
+    if _installed is None:
+        return
+    for obj, attr, prev in reversed(_installed):
+        if prev is _ABSENT:
+            delattr(obj, attr)
+        else:
+            setattr(obj, attr, prev)
+    _installed = None

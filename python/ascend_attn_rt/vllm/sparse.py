@@ -49,7 +49,7 @@ from vllm.v1.attention.backend import (
 from .. import _C as aar
 from . import _build_inputs, _builder_sizes, _check_decode_padding
 from .dcp import dcp_setup, take_over_dcp
-from .graph import GraphBuilderMixin, graph_params
+from .graph import GraphBuilderMixin, graph_params, in_wrapper_run, run_segment
 
 _KV_CACHE_DTYPES = ["auto", "float16", "bfloat16"]
 
@@ -339,7 +339,13 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
         if kv_cache_dtype != self.kv_cache_dtype:
             raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the layer's {self.kv_cache_dtype!r}")
         nope, rope = self._caches(kv_cache)
-        self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
+        if not in_wrapper_run():
+            self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
+            return
+        run_segment("sparse MLA do_kv_cache_update",
+                    lambda kv_c_normed, k_pe, slot_mapping: self._attn.write_kv(kv_c_normed, k_pe,
+                                                                                slot_mapping.flatten(), nope, rope),
+                    dict(kv_c_normed=kv_c_normed, k_pe=k_pe, slot_mapping=slot_mapping), fixed=(kv_cache,))
 
     def forward_mha(self, *args, **kwargs) -> None:
         raise NotImplementedError("forward_mha: ascend_attn_rt's sparse MLA impl has no dense prefill "
@@ -355,7 +361,14 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
         else:
             ql_nope, q_pe = q.split([self.kv_lora_rank, q.shape[-1] - self.kv_lora_rank], dim=-1)
         nope, rope = self._caches(kv_c_and_k_pe_cache)
-        return self._sparse.run(ql_nope, q_pe, self.topk_indices_buffer, nope, rope, attn_metadata.sfa), None
+        # The output is the runtime's (a static tensor of the segment under vLLM's graph wrapper, §6.1).
+        if not in_wrapper_run():
+            return self._sparse.run(ql_nope, q_pe, self.topk_indices_buffer, nope, rope, attn_metadata.sfa), None
+        out = run_segment("sparse MLA forward_mqa",
+                          lambda ql_nope, q_pe: self._sparse.run(ql_nope, q_pe, self.topk_indices_buffer, nope, rope,
+                                                                 attn_metadata.sfa),
+                          dict(ql_nope=ql_nope, q_pe=q_pe), fixed=(kv_c_and_k_pe_cache,))
+        return out, None
 
 
 def _make_indexer_op_cls():
@@ -427,7 +440,14 @@ def _make_indexer_op_cls():
             if isinstance(q, tuple):
                 raise NotImplementedError("an FP4 (values, scales) indexer query is not supported by ascend_attn_rt")
             # One C++ call: checks, the key write at the step's slots, the indexer, the top-k rows.
-            self._step.run(k, q, weights, self._replicated(kv_cache), metadata.sfa, self.topk_indices_buffer)
+            cache = self._replicated(kv_cache)
+            if not in_wrapper_run():
+                self._step.run(k, q, weights, cache, metadata.sfa, self.topk_indices_buffer)
+                return self.topk_indices_buffer
+            run_segment("sparse indexer run",
+                        lambda k, q, weights: self._step.run(k, q, weights, cache, metadata.sfa,
+                                                             self.topk_indices_buffer),
+                        dict(k=k, q=q, weights=weights), fixed=(kv_cache,))
             return self.topk_indices_buffer
 
         def _replicated(self, kv_cache: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,493 @@
+"""vLLM's own graph wrapper dispatch over the adapter (ascend_attn_rt.vllm.graph.AscendAttnRtGraphWrapper,
+docs/design/vllm_sparse.md §6.1): install_graph_wrapper() makes vLLM's platform resolve the adapter's wrapper,
+which is constructed as vLLM constructs its static graph wrapper and driven only by vLLM's forward context
+(set_forward_context with CUDAGraphMode.FULL and a BatchDescriptor): the first FULL call of a decode bucket captures,
+later ones run the adapter's update then the replay. The runnable is a small two-layer model whose attention is
+vLLM's own layer code (Attention.forward -> unified_attention_with_output -> the adapter's impl; MLAAttention.forward
+-> do_kv_cache_update + forward_impl -> forward_mqa) with projections around it, so a layer's attention input depends
+on the previous layer's attention output. Every replayed step is checked against the same model run eagerly through
+the wrapper (mode NONE, caches copied) and against a float64 model with explicit per-request masks."""
+
+import copy
+import sys
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
+from vllm.config import CUDAGraphMode  # noqa: E402
+from vllm.forward_context import BatchDescriptor, set_forward_context  # noqa: E402
+from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
+from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
+from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # noqa: E402
+
+from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend  # noqa: E402
+from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
+from _mla_reference import latent_attention_reference  # noqa: E402
+from _reference import random_block_table  # noqa: E402
+from test_vllm_backend import BS, _mla_dims, _mla_impl, _mla_layer, _vllm_config  # noqa: E402
+from test_vllm_graph import _cam, NpuDouble, CAPTURED_CALL, _updated_call  # noqa: E402
+
+B = 4
+WIDTH = 512 // BS
+CPU = torch.device("cpu")
+FULL, NONE = CUDAGraphMode.FULL, CUDAGraphMode.NONE
+DESC = BatchDescriptor(num_tokens=B, num_reqs=B, uniform=True)
+# Full steps, then steps vLLM pads up to the bucket (fewer real requests).
+STEPS = [[5, 17, 33, 9], [40, 2, 11, 23], [30, 12, 7], [64, 3]]
+
+
+@pytest.fixture
+def installed():
+    names = vgraph.install_graph_wrapper()
+    try:
+        yield names
+    finally:
+        vgraph.uninstall_graph_wrapper()
+        vgraph.clear_graph_provider()
+
+
+def _wrapper_cls():
+    from vllm.platforms import current_platform
+
+    return resolve_obj_by_qualname(current_platform.get_static_graph_wrapper_cls())
+
+
+def _config(name):
+    cfg = copy.copy(_vllm_config(name))
+    cfg.cache_config = copy.copy(cfg.cache_config)
+    cfg.cache_config.num_gpu_blocks = 2 + B * 5
+    cfg.compilation_config = copy.copy(cfg.compilation_config)
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    return cfg
+
+
+def _logged(monkeypatch):
+    """Logs the adapter's update calls and the wrapper's segment calls in order."""
+    log = []
+    update, run = vgraph.update, vgraph._Tape.run
+
+    def logged_update(n, md):
+        log.append(("update", n))
+        return update(n, md)
+
+    def logged_run(self, kind, *a, **k):
+        log.append((self.mode, kind))
+        return run(self, kind, *a, **k)
+
+    monkeypatch.setattr(vgraph, "update", logged_update)
+    monkeypatch.setattr(vgraph._Tape, "run", logged_run)
+    return log
+
+
+# --- the model: vLLM's attention layers with projections around them
+
+class GqaModel(torch.nn.Module):
+    def __init__(self, cfg, dtype, gen, hidden=48):
+        super().__init__()
+        mc = cfg.model_config
+        self.N, self.NKV, self.D = mc.get_num_attention_heads(cfg.parallel_config), \
+            mc.get_num_kv_heads(cfg.parallel_config), mc.get_head_size()
+        self.H, self.dtype = hidden, dtype
+        self.names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+        nb = cfg.cache_config.num_gpu_blocks
+        N, NKV, D, H = self.N, self.NKV, self.D, hidden
+        self.w = [dict(q=torch.randn(H, N * D, generator=gen) * H ** -0.5,
+                       k=torch.randn(H, NKV * D, generator=gen) * H ** -0.5,
+                       v=torch.randn(H, NKV * D, generator=gen) * H ** -0.5,
+                       o=torch.randn(N * D, H, generator=gen) * (N * D) ** -0.5) for _ in self.names]
+        self.layers = []
+        for name in self.names:
+            # The attributes vLLM's Attention.forward and unified_attention_with_output read (building the real
+            # layer needs vLLM's distributed state and a device platform).
+            lay = types.SimpleNamespace(
+                calculate_kv_scales=False, query_quant=None, num_heads=N, head_size=D, head_size_v=D,
+                num_kv_heads=NKV, use_direct_call=True, attn_backend=AscendAttnRtBackend,
+                kv_sharing_target_layer_name=None, layer_name=name,
+                impl=AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV),
+                kv_cache=torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype))
+            lay.forward = types.MethodType(Attention.forward, lay)
+            self.layers.append(lay)
+        cfg.compilation_config.static_forward_context = {n: lay for n, lay in zip(self.names, self.layers)}
+
+    def forward(self, hidden):
+        for w, lay in zip(self.w, self.layers):
+            h = hidden.to(self.dtype)
+            o = lay.forward(h @ w["q"].to(self.dtype), h @ w["k"].to(self.dtype), h @ w["v"].to(self.dtype))
+            hidden = hidden + o.float() @ w["o"]
+        return hidden
+
+    def caches(self):
+        return [lay.kv_cache for lay in self.layers]
+
+    def reference(self, hidden, caches, bt, seq):
+        """float64: each real request's token at position s - 1 attends positions 0 .. s - 1 of its rows (the cache
+        before the step, its own new K/V at s - 1), GQA head grouping."""
+        N, NKV, D = self.N, self.NKV, self.D
+        h = hidden[: len(seq)].double()
+        for w, kv in zip(self.w, caches):
+            q, k, v = ((h @ w[x].double()).view(len(seq), -1, D) for x in "qkv")
+            outs = []
+            for r, s in enumerate(seq):
+                p = torch.arange(s - 1)
+                blk, off = bt[r, p // BS].long(), p % BS
+                kk = torch.cat([kv[0][blk, off].double(), k[r: r + 1]]).repeat_interleave(N // NKV, dim=1)
+                vv = torch.cat([kv[1][blk, off].double(), v[r: r + 1]]).repeat_interleave(N // NKV, dim=1)
+                a = torch.softmax(torch.einsum("hd,shd->hs", q[r], kk) * D ** -0.5, dim=-1)
+                outs.append(torch.einsum("hs,shd->hd", a, vv).reshape(-1))
+            h = h + torch.stack(outs) @ w["o"].double()
+        return h
+
+
+class MlaModel(torch.nn.Module):
+    def __init__(self, cfg, gen, hidden=48):
+        super().__init__()
+        self.N, self.L, self.P, self.R, self.V, _ = _mla_dims(cfg)
+        N, L, P, R, V, H = self.N, self.L, self.P, self.R, self.V, hidden
+        self.H = H
+        self.names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+        nb = cfg.cache_config.num_gpu_blocks
+        self.w, self.layers = [], []
+        for name in self.names:
+            kv_b = torch.nn.Linear(L, N * (P + V), bias=False).requires_grad_(False)
+            kv_b.weight.copy_(torch.randn(N * (P + V), L, generator=gen) * L ** -0.5)
+            self.w.append(dict(q=torch.randn(H, N * (P + R), generator=gen) * H ** -0.5,
+                               ckv=torch.randn(H, L + R, generator=gen) * H ** -0.5,
+                               o=torch.randn(N * V, H, generator=gen) * (N * V) ** -0.5, kv_b=kv_b))
+            impl = _mla_impl(cfg, kv_b)
+            # vLLM's MLAAttention attributes its forward and forward_impl read (test_vllm_backend._mla_layer).
+            lay = _mla_layer(impl, cfg, kv_b)
+            lay.calculate_kv_scales, lay.use_direct_call, lay.layer_name = False, True, name
+            lay.kv_cache = torch.randn(nb, BS, L + R, generator=gen)
+            lay.forward = types.MethodType(MLAAttention.forward, lay)
+            self.layers.append(lay)
+        cfg.compilation_config.static_forward_context = {n: lay for n, lay in zip(self.names, self.layers)}
+
+    def forward(self, hidden):
+        T = hidden.shape[0]
+        for w, lay in zip(self.w, self.layers):
+            q = (hidden @ w["q"]).view(T, self.N, self.P + self.R)
+            c, kpe = (hidden @ w["ckv"]).split([self.L, self.R], dim=-1)
+            o = lay.forward(q, c, kpe.unsqueeze(1), output_shape=(T, self.N * self.V))
+            hidden = hidden + o @ w["o"]
+        return hidden
+
+    def caches(self):
+        return [lay.kv_cache for lay in self.layers]
+
+    def reference(self, hidden, caches, bt, seq):
+        """float64 un-absorbed MLA: each real request's token over its rows 0 .. s - 2 of the cache before the step
+        and its own latent at s - 1 (explicit mask in latent_attention_reference)."""
+        from ascend_attn_rt import _C as aar
+
+        L, R = self.L, self.R
+        h = hidden[: len(seq)].double()
+        for w, kv in zip(self.w, caches):
+            q = (h @ w["q"].double()).view(len(seq), self.N, self.P + R)
+            c, kpe = (h @ w["ckv"].double()).split([L, R], dim=-1)
+            outs = []
+            # The adapter's views of vLLM's buffer: the latent and rope caches side by side (not [L | R] rows).
+            nope, rope = aar.mla.LatentAttention.split_kv_cache(kv, L)
+            for r, s in enumerate(seq):
+                p = torch.arange(s - 1)
+                blk, off = bt[r, p // BS].long(), p % BS
+                ca = torch.cat([nope[blk, off].reshape(len(p), L).double(), c[r: r + 1]])
+                ka = torch.cat([rope[blk, off].reshape(len(p), R).double(), kpe[r: r + 1]])
+                o = latent_attention_reference(q[r: r + 1], ca, ka, w["kv_b"].weight.double(), 1,
+                                               (self.P + R) ** -0.5, self.N, self.P, self.V)
+                outs.append(o.reshape(-1))
+            h = h + torch.stack(outs) @ w["o"].double()
+        return h
+
+
+def _setup(family, dtype=torch.float32, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    if family == "gqa":
+        cfg = _config("vllm_tiny_gqa")
+        model = GqaModel(cfg, dtype, gen)
+        spec = FullAttentionSpec(block_size=BS, num_kv_heads=model.NKV, head_size=model.D, dtype=dtype)
+        builder = AscendAttnRtBackend.get_builder_cls()(spec, model.names, cfg, CPU)
+    else:
+        cfg = _config("vllm_tiny_mla")
+        model = MlaModel(cfg, gen)
+        spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=model.L + model.R, dtype=torch.float32,
+                                cache_dtype_str="auto")
+        builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, model.names, cfg, CPU)
+    bt = random_block_table([64] * B, BS, cfg.cache_config.num_gpu_blocks, gen, width=WIDTH)
+    return cfg, model, builder, bt, gen
+
+
+def _run(model, cfg, wrapper, md, cam, hidden, mode, desc=DESC):
+    slots = {n: cam.slot_mapping for n in model.names}  # vLLM's per-layer slot mapping (MLA's cache update reads it)
+    with set_forward_context({n: md for n in model.names}, cfg, cudagraph_runtime_mode=mode, batch_descriptor=desc,
+                             slot_mapping=slots):
+        return wrapper(hidden)
+
+
+# --- how vLLM finds the wrapper
+
+def test_install_makes_vllm_resolve_the_adapters_wrapper(installed, monkeypatch):
+    import vllm.compilation.cuda_graph as cg
+    from vllm.compilation.cuda_graph import CUDAGraphOptions
+    from vllm.platforms import current_platform
+
+    cls = vgraph.AscendAttnRtGraphWrapper
+    assert _wrapper_cls() is cls and issubclass(cls, cls._aar_base) and cls._aar_base.__name__ == "CUDAGraphWrapper"
+    assert cg.CUDAGraphWrapper is cls  # what vLLM's GPU model runner imports for FULL graphs
+    assert installed == [f"{type(current_platform).__name__}.get_static_graph_wrapper_cls",
+                         "vllm.compilation.cuda_graph.CUDAGraphWrapper"]
+    assert vgraph.install_graph_wrapper() == installed  # idempotent
+    # vLLM's compile backend constructs the platform's wrapper with these keywords (PIECEWISE: refused by name).
+    with pytest.raises(NotImplementedError, match="runtime_mode=PIECEWISE.*FULL_DECODE_ONLY"):
+        cls(runnable=lambda x: x, vllm_config=_config("vllm_tiny_gqa"), runtime_mode=CUDAGraphMode.PIECEWISE,
+            cudagraph_options=CUDAGraphOptions())
+    vgraph.uninstall_graph_wrapper()
+    assert cg.CUDAGraphWrapper is cls._aar_base
+    assert current_platform.get_static_graph_wrapper_cls() != vgraph.WRAPPER_QUALNAME
+    assert "get_static_graph_wrapper_cls" not in vars(current_platform)
+    # A GPU model runner imported before the install gets its module name patched too.
+    runner = types.ModuleType("vllm.v1.worker.gpu_model_runner")
+    runner.CUDAGraphWrapper = cls._aar_base
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu_model_runner", runner)
+    assert vgraph.install_graph_wrapper()[-1] == "vllm.v1.worker.gpu_model_runner.CUDAGraphWrapper"
+    assert runner.CUDAGraphWrapper is cls
+    vgraph.uninstall_graph_wrapper()
+    assert runner.CUDAGraphWrapper is cls._aar_base
+
+
+# --- recording provider: capture, then update + segment replays inside an eager run of the model
+
+@pytest.mark.parametrize("family,dtype", [("gqa", torch.float32), ("gqa", torch.float16), ("mla", torch.float32)],
+                         ids=["gqa_fp32", "gqa_fp16", "mla_fp32"])
+def test_full_decode_bucket_through_vllms_wrapper(installed, monkeypatch, family, dtype):
+    vgraph.set_graph_provider("recording")
+    cfg, model, builder, bt, gen = _setup(family, dtype)
+    wrapper = _wrapper_cls()(model, cfg, FULL)
+    log = _logged(monkeypatch)
+    hidden_s = torch.zeros(B, model.H)  # vLLM's persistent input buffer
+    kinds = ["GQA forward"] if family == "gqa" else ["MLA do_kv_cache_update", "MLA forward_mqa"]
+
+    # vLLM's capture run: build_for_cudagraph_capture's metadata, FULL, the bucket's descriptor.
+    cam = _cam([9] * B, bt)
+    before = [c.clone() for c in model.caches()]
+    _run(model, cfg, wrapper, builder.build_for_cudagraph_capture(cam), cam, hidden_s, FULL)
+    assert log == [("capture", k) for k in kinds] * 2  # each adapter call captured, no update
+    assert all(torch.equal(a, b) for a, b in zip(model.caches(), before))  # recorded, nothing ran
+    assert list(wrapper.concrete_cudagraph_entries) == [DESC]
+
+    for seq in STEPS:
+        nreal = len(seq)
+        cam = _cam(seq, bt, pad_to=B if nreal < B else None)
+        md = builder.build(0, cam)
+        h = torch.randn(B, model.H, generator=gen)
+        # Eager: the same model through the wrapper with mode NONE (passes through), on copies of the caches.
+        saved = [lay.kv_cache for lay in model.layers]
+        for lay in model.layers:
+            lay.kv_cache = lay.kv_cache.clone()
+        pre = [lay.kv_cache.clone() for lay in model.layers]
+        log.clear()
+        expected = _run(model, cfg, wrapper, md, cam, h.clone(), NONE)
+        assert log == []  # NONE: no update, no segment
+        eager_caches = [lay.kv_cache for lay in model.layers]
+        for lay, c in zip(model.layers, saved):
+            lay.kv_cache = c
+        # The wrapper's replay: vLLM copies the step's input into its buffer and calls the model under FULL.
+        hidden_s.copy_(h)
+        out = _run(model, cfg, wrapper, md, cam, hidden_s, FULL)
+        assert log == [("update", B)] + [("replay", k) for k in kinds] * 2  # the update before every replay
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(out[:nreal], expected[:nreal], atol=tol, rtol=tol)
+        assert all(torch.equal(a, b) for a, b in zip(model.caches(), eager_caches))  # padding wrote nothing
+        ref = model.reference(h, pre, bt, seq)
+        torch.testing.assert_close(out[:nreal].double(), ref, atol=tol, rtol=tol)
+
+
+def test_wrapper_dispatch_and_refusals(installed):
+    vgraph.set_graph_provider("recording")
+    cfg, model, builder, bt, gen = _setup("gqa")
+    wrapper = _wrapper_cls()(model, cfg, FULL)
+    cam = _cam([9] * B, bt)
+    h = torch.randn(B, model.H, generator=gen)
+    # Without a forward context (e.g. an encoder run) the runnable runs as it is (eager).
+    with pytest.raises(AssertionError, match="Forward context is not set"):
+        wrapper(h)  # vLLM's Attention layer needs one: the wrapper passed the call straight to the model
+    # PIECEWISE in the forward context: not this FULL wrapper's mode, the runnable runs (vLLM's nesting rule).
+    expected = _run(model, cfg, wrapper, builder.build(0, cam), cam, h, NONE)
+    for lay in model.layers:
+        lay.kv_cache = lay.kv_cache.clone()
+    got = _run(model, cfg, wrapper, builder.build(0, cam), cam, h, CUDAGraphMode.PIECEWISE,
+               BatchDescriptor(num_tokens=B))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert not wrapper.concrete_cudagraph_entries and not vgraph.graph_params().buckets()
+    # FULL for a batch that is not a uniform decode batch: refused by name (the adapter honours FULL_DECODE_ONLY).
+    with pytest.raises(NotImplementedError, match="FULL graphs of uniform decode batches only"):
+        _run(model, cfg, wrapper, builder.build(0, cam), cam, h, FULL, BatchDescriptor(num_tokens=B))
+    # FULL without a graph provider.
+    vgraph.clear_graph_provider()
+    with pytest.raises(RuntimeError, match="no graph provider is set"):
+        _run(model, cfg, wrapper, builder.build(0, cam), cam, h, FULL)
+    vgraph.set_graph_provider("recording")
+    hidden_s = torch.zeros(B, model.H)
+    _run(model, cfg, wrapper, builder.build_for_cudagraph_capture(cam), cam, hidden_s, FULL)
+    with pytest.raises(ValueError, match="its segments replay inside the wrapper's run"):
+        vgraph.replay(B)
+    with pytest.raises(ValueError, match="already captured by AscendAttnRtGraphWrapper"), vgraph.capture(B):
+        pass
+    # A second wrapped runnable cannot take the same bucket on this provider.
+    with pytest.raises(ValueError, match="bucket 4 is already captured"):
+        _run(model, cfg, _wrapper_cls()(model, cfg, FULL), builder.build_for_cudagraph_capture(cam), cam, hidden_s,
+             FULL)
+    # A step that does not fit the bucket is refused by the update, before any segment replays.
+    bt5 = random_block_table([64] * 5, BS, cfg.cache_config.num_gpu_blocks, gen, width=WIDTH)
+    before = [c.clone() for c in model.caches()]
+    with pytest.raises(ValueError):
+        _run(model, cfg, wrapper, builder.build(0, _cam([9] * 5, bt5)), _cam([9] * 5, bt5), hidden_s, FULL)
+    assert all(torch.equal(a, b) for a, b in zip(model.caches(), before))
+    # A replay with other caches than the captured ones is refused by name.
+    model.layers[0].kv_cache = model.layers[0].kv_cache.clone()
+    with pytest.raises(ValueError, match="KV cache is not the one captured"):
+        _run(model, cfg, wrapper, builder.build(0, cam), cam, hidden_s, FULL)
+    # clear_graphs drops the bucket; a provider change drops the segments too.
+    wrapper.clear_graphs()
+    assert not wrapper.concrete_cudagraph_entries and not vgraph._tapes
+
+
+# --- torch_npu provider (a double of torch.npu): the whole model inside one device-graph capture
+
+@pytest.mark.parametrize("family", ["gqa", "mla"])
+def test_wrapper_on_torch_npu_provider_hook_order(installed, family):
+    npu = NpuDouble()
+    graphs = []
+
+    def new_graph():
+        graphs.append(types.SimpleNamespace(replay=lambda: npu.log.append(("replay",))))
+        return graphs[-1]
+
+    npu.NPUGraph = new_graph
+    vgraph.set_graph_provider("torch_npu", npu=npu)
+    cfg, model, builder, bt, gen = _setup(family)
+    wrapper = _wrapper_cls()(model, cfg, FULL)
+    hidden_s = torch.zeros(B, model.H)
+    cam = _cam([9] * B, bt)
+    _run(model, cfg, wrapper, builder.build_for_cudagraph_capture(cam), cam, hidden_s, FULL)
+    # Each attention call in its task group on the capture stream: the capture ran inside the device capture.
+    assert npu.log == CAPTURED_CALL * 2 and not npu.capturing and len(graphs) == 1
+    calls = ["kv_write", "fia"] if family == "gqa" else ["prepare", "prepare", "fia_v2", "prepare"]
+    assert [c[0] for c in vgraph.graph_params().calls(B)] == calls * 2
+    for seq in STEPS:
+        nreal = len(seq)
+        cam = _cam(seq, bt, pad_to=B if nreal < B else None)
+        npu.log.clear()
+        entry_out = _run(model, cfg, wrapper, builder.build(0, cam), cam, hidden_s, FULL)
+        # The update (wait for the previous replay, each call's task update on the update stream) before the replay.
+        assert npu.log == [("synchronize", "compute")] + _updated_call(0) + _updated_call(1) + [("replay",)]
+        assert [lst[2][:nreal] for lst in vgraph.graph_params().captured_lists(B)] == [seq, seq]
+        assert entry_out is wrapper.concrete_cudagraph_entries[DESC].output  # the graph's static output
+    # The device graph reads the captured input buffers: another input tensor is refused by name.
+    with pytest.raises(ValueError, match="not at the captured addresses"):
+        _run(model, cfg, wrapper, builder.build(0, cam), cam, hidden_s.clone(), FULL)
+
+
+# --- sparse MLA (DeepSeek-V3.2): vLLM's Indexer.forward and MLAAttention (the real layer) in the runnable
+
+class SparseModel(torch.nn.Module):
+    """One sparse attention layer as vLLM runs it: the indexer (projections, LayerNorm, RoPE, fp8 quant, then the
+    adapter's indexer op), then vLLM's MLAAttention (cache update, W_UK absorption, the adapter's forward_mqa, W_UV)."""
+
+    def __init__(self, lay):
+        super().__init__()
+        self.lay = lay
+
+    def forward(self, x, qc, q, c, kpe, pos):
+        lay = self.lay
+        lay.indexer.forward(x, qc, pos, lay.rotary)
+        return lay.mla(q, c, kpe, output_shape=(q.shape[0], lay.N * lay.V))
+
+
+def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
+    import test_vllm_sparse as ts
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.models import deepseek_v2
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
+    from ascend_attn_rt import _C as aar
+    import ascend_attn_rt.vllm as aar_vllm
+
+    monkeypatch.setattr(deepseek_v2, "per_token_group_quant_fp8", ts._quant_fp8_reference)
+    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
+    try:
+        aar_vllm.register(family="deepseek_v32")
+        cfg = ts._config("deepseek_v32", torch.float32)
+        cfg.compilation_config = copy.copy(cfg.compilation_config)
+        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        cfg.compilation_config.static_forward_context = {}  # this test's layers register here
+        nb = 2 + B * 5
+        cfg.cache_config.num_gpu_blocks = nb
+        gen = torch.Generator().manual_seed(31)
+        vgraph.set_graph_provider("recording")
+        with set_current_vllm_config(cfg):
+            lay = ts.Layer(cfg, torch.float32, nb, gen)
+            log = _logged(monkeypatch)
+            wrapper = _wrapper_cls()(SparseModel(lay), cfg, FULL)
+            N, L, R = lay.N, lay.L, lay.R
+            bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
+            static = [torch.zeros(B, lay.HID), torch.zeros(B, lay.Q), torch.zeros(B, N, lay.P + R),
+                      torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)]
+
+            def run(md, imd, cam, inputs, mode):
+                with set_forward_context({lay.k_cache.prefix: imd, lay.attn_name: md}, cfg, cudagraph_runtime_mode=mode,
+                                         batch_descriptor=DESC, slot_mapping={lay.attn_name: cam.slot_mapping}):
+                    return wrapper(*inputs)
+
+            cam = _cam([9] * B, bt)
+            run(lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam), cam,
+                static, FULL)
+            kinds = ["sparse indexer run", "sparse MLA do_kv_cache_update", "sparse MLA forward_mqa"]
+            assert log == [("capture", k) for k in kinds]
+            for seq in STEPS:
+                nreal = len(seq)
+                cam = _cam(seq, bt, pad_to=B if nreal < B else None)
+                md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
+                pos = torch.tensor([s - 1 for s in seq] + [0] * (B - nreal))
+                inputs = [torch.randn(B, lay.HID, generator=gen), torch.randn(B, lay.Q, generator=gen),
+                          torch.randn(B, N, lay.P + R, generator=gen), torch.randn(B, L, generator=gen),
+                          torch.randn(B, 1, R, generator=gen), pos]
+                # Eager through the wrapper (NONE) on copies of both caches.
+                kv, idx = lay.mla.kv_cache, lay.k_cache.kv_cache
+                lay.mla.kv_cache, lay.k_cache.kv_cache = kv.clone(), idx.clone()
+                log.clear()
+                expected = run(md, imd, cam, inputs, NONE).clone()
+                topk_eager = lay.buf[:nreal].clone()
+                eager_kv, eager_idx = lay.mla.kv_cache, lay.k_cache.kv_cache
+                lay.mla.kv_cache, lay.k_cache.kv_cache = kv, idx
+                assert log == []
+                lay.buf.fill_(-7)
+                for s_, x in zip(static, inputs):
+                    s_.copy_(x)
+                out = run(md, imd, cam, static, FULL)
+                assert log == [("update", B)] + [("replay", k) for k in kinds]
+                assert torch.equal(lay.buf[:nreal], topk_eager)
+                assert torch.equal(kv, eager_kv) and torch.equal(idx, eager_idx)  # padding wrote nothing
+                torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
+                # float64 over the positions the replay selected (each inside the request's prefix), the latent
+                # rows read from the cache (the step's own row: its input, as written by the replay).
+                nope, rope = aar.mla.LatentAttention.split_kv_cache(kv, L)
+                for r, s in enumerate(seq):
+                    sel = [p for p in lay.buf[r].tolist() if p >= 0]
+                    assert sel and max(sel) < s
+                    p = torch.tensor(sel)
+                    blk, off = bt[r, p // BS].long(), p % BS
+                    c_rows, k_rows = nope[blk, off].reshape(len(p), L), rope[blk, off].reshape(len(p), R)
+                    last = int(bt[r, (s - 1) // BS]), (s - 1) % BS
+                    assert torch.equal(nope[last].reshape(L), inputs[3][r])
+                    want = latent_attention_reference(inputs[2][r: r + 1], c_rows, k_rows, lay.kv_b_proj.weight, 1,
+                                                      lay.impl.scale, N, lay.P, lay.V)
+                    torch.testing.assert_close(out[r].view(1, N, lay.V).double(), want, atol=1e-5, rtol=1e-5)
+    finally:
+        _ATTN_OVERRIDES.clear()
+        _ATTN_OVERRIDES.update(saved)
+        op_registry_oot.pop("SparseAttnIndexer", None)
+        if had is not None:
+            op_registry_oot["SparseAttnIndexer"] = had
