@@ -53,8 +53,13 @@ MlaPcpSizes mla_pcp_sizes(const MlaPcpInputs& in, Span<int32_t> query_lens) {
 }
 
 MlaPcpSizes plan_mla_pcp_rows(const MlaPcpInputs& in, const MlaPcpBuffers& out) {
+  return plan_mla_pcp_rows(in, mla_pcp_sizes(in, out.query_lens), out);
+}
+
+MlaPcpSizes plan_mla_pcp_rows(const MlaPcpInputs& in, const MlaPcpSizes& s, const MlaPcpBuffers& out) {
   // --- validation (nothing written but the scratch) ---
-  const MlaPcpSizes s = mla_pcp_sizes(in, out.query_lens);
+  // `s` is mla_pcp_sizes(in, out.query_lens) of this call's inputs (the builder computes it once
+  // to lay out its staging; docs/design/cp.md §11.7): the inputs were validated there.
   const std::size_t n = in.seq_lens.size(), nd = static_cast<std::size_t>(in.num_decodes);
   const int64_t wp = in.pcp_size, tl = s.split.local_tokens, td = s.split.num_decode_tokens;
   const int64_t tpl = s.split.local_prefill_tokens, g = s.split.padded_global_tokens;
@@ -82,6 +87,19 @@ MlaPcpSizes plan_mla_pcp_rows(const MlaPcpInputs& in, const MlaPcpBuffers& out) 
   check_room(out.head_tail.tail_nomask_kv_ends.size(), ht.num_prefills, "head_tail.tail_nomask_kv_ends");
 
   // --- write ---
+  if (nd == n) {
+    // Decode-only (docs/design/cp.md §11.7): every prefill list is empty; the padded-global slot
+    // mapping keeps each decode token's slot in the first of its Wp copies (rank 0's), the local
+    // rows are the tokens themselves. The scratch lists are not needed.
+    int64_t* padded = out.padded_slot_mapping.data();
+    std::fill(padded, padded + g, int64_t{kPadSlot});
+    for (int64_t t = 0; t < td; ++t) {
+      padded[t * wp] = in.token_slots[t];
+      out.slot_mapping[t] = in.token_slots[t];
+      out.local_token_index[t] = static_cast<int32_t>(t);
+    }
+    return s;
+  }
   const PcpSplitInputs sp = split_inputs(in, out.query_lens);
   pcp_local_tokens(sp, in.pcp_rank, out.local_lens.first(n), out.positions.first(tl));
   // The padded-global order of the token indices (pcp_padded_slot_mapping over "slots" that are
