@@ -31,19 +31,36 @@ MlaPcpSizes mla_pcp_sizes(const MlaPcpInputs& in, Span<int32_t> query_lens) {
                 " entries, expected num_reqs + 1 = ", n + 1);
   AAR_CHECK_ARG(in.query_start_loc[0] == 0, "query_start_loc[0] must be 0, got ", in.query_start_loc[0]);
   check_room(query_lens.size(), static_cast<int64_t>(n), "query_lens");
+  // One branch-free pass (the query lengths go to the scratch, which the caller may see written on
+  // a rejected call); the offender is named in request order only when something is wrong.
+  bool bad = false;
   for (std::size_t i = 0; i < n; ++i) {
     const int32_t q = in.query_start_loc[i + 1] - in.query_start_loc[i];
-    AAR_CHECK_ARG(q >= 0, "query_start_loc must be non-decreasing, got ", in.query_start_loc[i], " then ",
-                  in.query_start_loc[i + 1], " at request ", i);
-    AAR_CHECK_ARG(in.seq_lens[i] >= q, "seq_lens[", i, "]=", in.seq_lens[i], " is smaller than its query length ",
-                  q);
+    query_lens[i] = q;
+    bad |= (q < 0) | (in.seq_lens[i] < q);
+  }
+  if (bad) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const int32_t q = in.query_start_loc[i + 1] - in.query_start_loc[i];
+      AAR_CHECK_ARG(q >= 0, "query_start_loc must be non-decreasing, got ", in.query_start_loc[i], " then ",
+                    in.query_start_loc[i + 1], " at request ", i);
+      AAR_CHECK_ARG(in.seq_lens[i] >= q, "seq_lens[", i, "]=", in.seq_lens[i], " is smaller than its query length ",
+                    q);
+    }
   }
   AAR_CHECK_ARG(in.token_slots.size() == static_cast<std::size_t>(in.query_start_loc[n]), "token_slots has ",
                 in.token_slots.size(), " entries, expected query_start_loc[-1]=", in.query_start_loc[n]);
-  for (std::size_t i = 0; i < n; ++i) query_lens[i] = in.query_start_loc[i + 1] - in.query_start_loc[i];
   const PcpSplitInputs sp = split_inputs(in, query_lens);
   MlaPcpSizes s;
-  s.split = pcp_split_sizes(sp);                       // num_decodes and pcp_size in range
+  s.split = pcp_split_sizes(sp);  // num_decodes and pcp_size in range
+  if (static_cast<std::size_t>(in.num_decodes) == n) {
+    // Decode-only: no prefill, every head/tail count 0 (pcp_head_tail_counts' result without its
+    // second pass over the split).
+    AAR_CHECK_ARG(in.pcp_rank >= 0 && in.pcp_rank < in.pcp_size, "rank=", in.pcp_rank,
+                  " is out of range [0, pcp_size=", in.pcp_size, ")");
+    s.head_tail = PcpHeadTailCounts{};
+    return s;
+  }
   s.head_tail = pcp_head_tail_counts(sp, in.pcp_rank);  // pcp_rank in range
   for (std::size_t i = static_cast<std::size_t>(in.num_decodes); i < n; ++i) {
     const int32_t c = (query_lens[i] + 2 * in.pcp_size - 1) / (2 * in.pcp_size);

@@ -412,7 +412,24 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     const detail::dcp::FastDiv fd_i(static_cast<uint32_t>(dcp.interleave)), fd_bs(static_cast<uint32_t>(bs));
     const uint32_t I = static_cast<uint32_t>(dcp.interleave), wi = static_cast<uint32_t>(dcp_wi);
     const uint32_t rank = static_cast<uint32_t>(dcp.rank), ubs = static_cast<uint32_t>(bs);
-    for (std::size_t r = 0; r < b; ++r) {
+    if (all_sched_one && nd == b) {
+      // The steady decode step: request r is token r at position seq_len - 1.
+      int32_t mx = 0;
+      for (std::size_t r = 0; r < b; ++r) {
+        const uint32_t p = static_cast<uint32_t>(seqs[r] - 1);
+        dpos[r] = static_cast<int32_t>(p);
+        const uint32_t q = fd_wi.div(p), rm = p - q * wi;
+        const uint32_t o = fd_i.div(rm);
+        const uint32_t li = q * I + (rm - o * I);
+        const uint32_t blk = fd_bs.div(li);
+        slots[r] = o == rank ? static_cast<int64_t>(table[r * in_stride + blk]) * bs + (li - blk * ubs)
+                             : int64_t{kPadSlot};
+        kv_lens[r] = dcp_mine[r];
+        mx = std::max(mx, dcp_mine[r]);
+      }
+      plan.decode_max_seq_len = mx;
+    }
+    for (std::size_t r = 0; r < b && !(all_sched_one && nd == b); ++r) {
       const int32_t begin = qsl[r], end = qsl[r + 1];
       const int32_t pos0 = seqs[r] - (end - begin);
       int32_t* pos = r < nd ? dpos + begin : ppos + (begin - pbase);
