@@ -532,7 +532,7 @@ int64_t MetadataBuilder::plan_pcp_rows(int32_t* s, const BuildInputs& in, int32_
   b.positions = plan::Span<int32_t>(pcp_positions_.data(), pcp_positions_.size());
   b.token_rows = plan::Span<int32_t>(pcp_token_rows_.data(), pcp_token_rows_.size());
   b.restore_inverse = plan::Span<int32_t>(pcp_restore_inverse_.data(), pcp_restore_inverse_.size());
-  sizes = plan::plan_mla_pcp_rows(pi, b);
+  sizes = plan::plan_mla_pcp_rows(pi, sz, b);  // sz: this step's mla_pcp_sizes (computed once)
   return first;
 }
 

@@ -188,6 +188,8 @@ using detail::LatentCore;
 
 void Impl::release_views() {
   seen_ = SeenViews{};
+  dcp_args_ = CpDecodeArgs{};
+  pcp_args_ = CpDecodeArgs{};
   core_->release_views();
   decode_t_ = ops::FiaV2Tensors{};
 }
@@ -275,15 +277,48 @@ const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tens
   }
   const cp::DcpViews& w = dcp_views(td, v.qn_heads);
   dcp_stage_query(w, v);
-  ops::FiaTensors t;
-  ops::FiaParams p;
-  dcp_fia_args(w, nope, rope, md, t, p);
-  const int64_t N = w.gathered_query.size(1), L = cfg_.dims.kv_lora_rank;
-  at::Tensor out = w.partial_out.view({td, N, 1, L});
-  at::Tensor lse = w.partial_lse.view({td, N, 1, 1});
-  ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
-  dcp_combine(w, v);
+  // docs/design/cp.md §11.7: the shard call's arguments and targets, and the merge's target, kept
+  // while the workspace views are the same tensors.
+  CpDecodeArgs& a = dcp_args_;
+  if (!a.src_part.is_same(w.partial_out) || !a.src_attn.is_same(v.attn_heads)) {
+    a = CpDecodeArgs{};
+    const Dims& d = cfg_.dims;
+    const int64_t N = w.gathered_query.size(1), L = d.kv_lora_rank;
+    auto [qn, qr] = detail::latent_dcp_split_query(w, L, d.qk_rope_head_dim);
+    a.t.query = qn;
+    a.t.query_rope = qr;
+    a.out = w.partial_out.view({td, N, 1, L});
+    a.lse = w.partial_lse.view({td, N, 1, 1});
+    a.merged = v.attn_heads.transpose(0, 1);  // (td, H, L) view of the W_UV input
+    a.src_part = w.partial_out;
+    a.src_attn = v.attn_heads;
+  }
+  refresh_shard_args(a, nope, rope, md);
+  ops::fused_infer_attention_score_out(a.t, a.p, std::nullopt, a.out, a.lse);
+  cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, a.merged, std::nullopt, &w);
   return core_->w_uv_out(v, td);
+}
+
+void Impl::refresh_shard_args(CpDecodeArgs& a, const at::Tensor& nope, const at::Tensor& rope, const Metadata& md) {
+  // What set_latent_shard_params sets, with the caches' (nb, 1, bs, D) views kept like the
+  // single-rank decode's (decode_fia_args) and nothing re-assigned that did not change.
+  const int64_t L = nope.sizes()[3], R = rope.sizes()[3], bs = md.block_size;
+  detail::assign(a.t.key, LatentCore::view_of(nope, nope.sizes()[0], seen_.nope_src, seen_.key,
+                                              [&] { return nope.view({nope.size(0), 1, bs, L}); }));
+  detail::assign(a.t.key_rope, LatentCore::view_of(rope, rope.sizes()[0], seen_.rope_src, seen_.key_rope,
+                                                   [&] { return rope.view({rope.size(0), 1, bs, R}); }));
+  detail::assign(a.t.value, a.t.key);
+  detail::assign(a.t.block_table, md.decode.block_table);
+  ops::FiaParams& p = a.p;
+  p.num_heads = a.t.query.sizes()[1];
+  p.num_key_value_heads = 1;
+  p.scale = cfg_.scale;
+  p.input_layout = "BNSD";
+  p.sparse_mode = 0;
+  p.block_size = bs;
+  p.has_actual_seq_lengths = false;
+  p.actual_seq_lengths_kv = md.decode.seq_lens_list;  // this rank's local lengths
+  p.softmax_lse_flag = true;
 }
 
 const cp::DcpViews& Impl::pcp_wire_views(int64_t td, const at::Tensor& like) {
@@ -330,28 +365,47 @@ void Impl::pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& no
   // there is one, then gathered over PCP and merged into the W_UV input.
   const int64_t td = md.decode.num_kernel_tokens, L = cfg_.dims.kv_lora_rank;
   const cp::DcpViews& pw = pcp_wire_views(td, v.qn_heads);
-  ops::FiaTensors t;
-  ops::FiaParams p;
+  // docs/design/cp.md §11.7: the shard call's arguments and targets and the merge's target are kept
+  // while the workspace views (the DCP exchange's or the PCP-alone staging, the wire, the W_UV input)
+  // are the same tensors.
+  CpDecodeArgs& a = pcp_args_;
   if (md.dcp.world_size > 1) {
     const cp::DcpViews& w = dcp_views(td, v.qn_heads);
     dcp_stage_query(w, v);
-    dcp_fia_args(w, nope, rope, md, t, p);
-    const int64_t N = w.gathered_query.size(1);
-    at::Tensor out = w.partial_out.view({td, N, 1, L});
-    at::Tensor lse = w.partial_lse.view({td, N, 1, 1});
-    ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+    if (!a.src_part.is_same(w.partial_out) || !a.src_attn.is_same(v.attn_heads) || !a.src_wire.is_same(pw.wire)) {
+      a = CpDecodeArgs{};
+      const int64_t N = w.gathered_query.size(1);
+      auto [qn, qr] = detail::latent_dcp_split_query(w, L, cfg_.dims.qk_rope_head_dim);
+      a.t.query = qn;
+      a.t.query_rope = qr;
+      a.out = w.partial_out.view({td, N, 1, L});
+      a.lse = w.partial_lse.view({td, N, 1, 1});
+      a.merged = v.attn_heads.transpose(0, 1);
+      a.src_part = w.partial_out;
+      a.src_attn = v.attn_heads;
+      a.src_wire = pw.wire;
+    }
+    refresh_shard_args(a, nope, rope, md);
+    ops::fused_infer_attention_score_out(a.t, a.p, std::nullopt, a.out, a.lse);
     at::Tensor merged = pw.wire_out;
     cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, merged, pw.wire_lse, &w);
   } else {
     const cp::DcpViews& s = pcp_stage_views(td, v.qn_heads);
     ops::dense::copy(s.staged_a, v.qn_heads);
     ops::dense::copy(s.staged_b, v.qr_heads);
-    at::Tensor out, lse;
-    pcp_shard_call(s, pw, v, nope, rope, md, t, p, out, lse);
-    ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
+    if (!a.src_part.is_same(s.staged_a4) || !a.src_attn.is_same(v.attn_heads) || !a.src_wire.is_same(pw.wire)) {
+      a = CpDecodeArgs{};
+      pcp_shard_call(s, pw, v, nope, rope, md, a.t, a.p, a.out, a.lse);
+      a.merged = v.attn_heads.transpose(0, 1);
+      a.src_part = s.staged_a4;
+      a.src_attn = v.attn_heads;
+      a.src_wire = pw.wire;
+    }
+    refresh_shard_args(a, nope, rope, md);
+    ops::fused_infer_attention_score_out(a.t, a.p, std::nullopt, a.out, a.lse);
     if (v.qn_heads.scalar_type() != at::kFloat) ops::dense::copy(pw.wire_out, s.partial_out);
   }
-  pcp_merge_wire(pw, v);
+  cp::pcp_gather_merge(*cfg_.pcp_comm, pw, a.merged);
 }
 
 void Impl::pcp_merge_wire(const cp::DcpViews& pw, const detail::DecodeViews& v) {

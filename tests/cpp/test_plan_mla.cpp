@@ -725,3 +725,111 @@ TEST(PlanMlaStep, DcpPdRecomputeSchedulerTreatsShortExtendsAsDecodes) {
 
 }  // namespace
 }  // namespace aar::plan
+
+// ------------------------------------------- docs/design/cp.md §11.7: the DCP pass's multiply-high divisions
+
+#include "../../cpp/cp/plan/dcp_internal.h"
+
+namespace {
+
+TEST(PlanMlaDcpFast, FastDivEqualsDivisionForEveryDivisorShape) {
+  // Brute force against the hardware division: small divisors (the interleave, W * I, block sizes),
+  // powers of two and their neighbours, large ones; numerators at the edges and random.
+  std::vector<uint32_t> ds;
+  for (uint32_t d = 1; d <= 300; ++d) ds.push_back(d);
+  for (int s = 9; s < 32; ++s) {
+    for (int64_t e : {-1, 0, 1}) ds.push_back(static_cast<uint32_t>((int64_t{1} << s) + e));
+  }
+  ds.push_back(0xFFFFFFFFu);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  auto rnd = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return static_cast<uint32_t>(x);
+  };
+  for (uint32_t d : ds) {
+    const aar::plan::detail::dcp::FastDiv f(d);
+    std::vector<uint32_t> ns{0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, 0x7FFFFFFFu, 0x80000000u, 0xFFFFFFFFu};
+    for (int i = 0; i < 2000; ++i) ns.push_back(rnd() >> (i % 32));
+    for (uint32_t n : ns) ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+  }
+}
+
+TEST(PlanMlaDcpFast, LocalLensEqualTheDefinition) {
+  for (int64_t w = 1; w <= 4; ++w)
+    for (int64_t il : {1, 2, 4, 16, 128})
+      for (int64_t len = 0; len < 3 * w * il + 5; ++len)
+        for (int64_t r = 0; r < w; ++r) {
+          const aar::plan::detail::dcp::FastDiv f(static_cast<uint32_t>(w * il));
+          const auto got = aar::plan::detail::dcp::local_lens_fast(len, f, w, il, r);
+          // Definition: the positions x < len with (x / il) % w == rank.
+          int64_t mine = 0, first = 0;
+          for (int64_t x = 0; x < len; ++x) {
+            mine += (x / il) % w == r;
+            first += (x / il) % w == 0;
+          }
+          ASSERT_EQ(got.mine, mine) << len << " " << w << " " << il << " " << r;
+          ASSERT_EQ(got.first, first) << len << " " << w << " " << il << " " << r;
+        }
+}
+
+TEST(PlanMlaDcpFast, RandomStepsMatchTheBruteForceShard) {
+  // plan_mla_step under a DCP shard (random batches of decodes and prefills, interleave 1 / 2 / the
+  // block size, worlds 1-4, every rank) against the placement's definition: token at position p is
+  // rank (p / I) % W's, at local index (p / (W I)) I + p % I, slot table[li / bs] bs + li % bs, -1 on
+  // other ranks; kv_lens the count of the request's positions the rank holds; block lens rank 0's.
+  uint64_t x = 12345;
+  auto rnd = [&](int32_t lo, int32_t hi) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return lo + static_cast<int32_t>(x % static_cast<uint64_t>(hi - lo + 1));
+  };
+  for (int iter = 0; iter < 300; ++iter) {
+    const int32_t bs = std::vector<int32_t>{16, 24, 128}[iter % 3];
+    const int32_t w = 1 + iter % 4;
+    const int32_t il = std::vector<int32_t>{1, 2, bs}[(iter / 4) % 3];
+    const int32_t nreq = rnd(1, 12), nd = rnd(0, nreq);
+    std::vector<int32_t> q(nreq), seq(nreq);
+    for (int32_t r = 0; r < nreq; ++r) {
+      q[r] = r < nd ? 1 : rnd(2, 40);
+      seq[r] = q[r] + (r < nd ? rnd(0, 600) : rnd(0, 300));
+    }
+    const std::vector<int32_t> qsl = aar_test::lens_to_qsl(q);
+    const int32_t stride = (600 + 41) / bs + 2, nblocks = 1000;
+    std::vector<int32_t> table(static_cast<std::size_t>(nreq) * stride);
+    for (auto& t : table) t = rnd(0, nblocks - 1);
+    for (int32_t rank = 0; rank < w; ++rank) {
+      MlaOutputs o;
+      o.size_for(nreq, qsl.back(), stride, nreq);
+      std::vector<int32_t> blens(nreq);
+      std::vector<uint8_t> pre(nreq);
+      DcpChunkScratch dc(nreq, 8000, 0);
+      MlaStepInputs in = aar_test::mla_dcp_inputs(qsl, seq, table, stride, bs, nblocks, DcpShard{w, rank, il});
+      in.workspace_tokens = 1 << 20;
+      in.chunked_prefill_enabled = true;
+      in.pd_recompute_scheduler = true;  // q == 1 requests are decodes
+      MlaStepBuffers b = o.buffers(stride);
+      dc.attach(b, blens, pre);
+      const MlaStepPlan p = plan_mla_step(in, b);
+      ASSERT_EQ(p.split.num_decodes, nd);
+      for (int32_t r = 0; r < nreq; ++r) {
+        int64_t mine = 0, first = 0;
+        for (int64_t pos = 0; pos < seq[r]; ++pos) {
+          mine += (pos / il) % w == rank;
+          first += (pos / il) % w == 0;
+        }
+        ASSERT_EQ(o.kv[r], w > 1 ? mine : seq[r]) << iter << " r" << r;
+        if (w > 1) ASSERT_EQ(blens[r], first) << iter << " r" << r;
+        for (int32_t t = qsl[r]; t < qsl[r + 1]; ++t) {
+          const int64_t pos = seq[r] - q[r] + (t - qsl[r]);
+          int64_t want = -1;
+          if ((pos / il) % w == rank || w == 1) {
+            const int64_t li = w == 1 ? pos : (pos / (int64_t{w} * il)) * il + pos % il;
+            want = int64_t{table[r * stride + li / bs]} * bs + li % bs;
+          }
+          ASSERT_EQ(o.slots[t], want) << iter << " t" << t << " rank " << rank << " W " << w << " I " << il;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace

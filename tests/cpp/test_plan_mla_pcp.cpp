@@ -234,3 +234,41 @@ TEST(MlaPcpPlan, RejectsBadInputBeforeAnyWrite) {
   plan_mla_pcp_rows(inputs(b, 2, 0), o);
   EXPECT_FALSE(untouched());
 }
+
+TEST(MlaPcpPlan, DecodeOnlyStepsAgainstTheDefinition) {
+  // docs/design/cp.md §11.7: a decode-only step skips the prefill lists' passes; its rows are the
+  // decode tokens (their own slots), the padded-global mapping each token's slot at t * Wp and -1 in
+  // the other Wp - 1 copies, every head/tail count 0; speculative decodes (q > 1) too.
+  std::mt19937 rng(7);
+  for (int it = 0; it < 200; ++it) {
+    const int32_t wp = 1 + it % 4, n = 1 + static_cast<int32_t>(rng() % 9);
+    Batch b;
+    b.nd = n;
+    b.qsl = {0};
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t q = 1 + static_cast<int32_t>(rng() % 3);
+      b.qsl.push_back(b.qsl.back() + q);
+      b.seq.push_back(q + static_cast<int32_t>(rng() % 50));
+    }
+    for (int32_t t = 0; t < b.qsl.back(); ++t) b.slots.push_back(rng() % 3 == 0 ? -1 : 500 + 7 * t);
+    for (int32_t rank = 0; rank < wp; ++rank) {
+      const Rows r = plan_rows(b, wp, rank);
+      const int32_t td = b.qsl.back();
+      ASSERT_EQ(r.sz.split.local_tokens, td);
+      ASSERT_EQ(r.sz.split.padded_global_tokens, td * wp);
+      EXPECT_EQ(r.sz.head_tail.num_prefills, 0);
+      EXPECT_EQ(r.sz.head_tail.chunk_tokens, 0);
+      EXPECT_EQ(r.sz.head_tail.head_nomask_tokens, 0);
+      EXPECT_EQ(r.sz.head_tail.tail_nomask_tokens, 0);
+      EXPECT_EQ(r.sz.prefill_max_query_len, 0);
+      for (int32_t t = 0; t < td; ++t) {
+        ASSERT_EQ(r.slot_mapping[t], b.slots[t]);
+        ASSERT_EQ(r.token_index[t], t);
+        for (int32_t k = 0; k < wp; ++k) ASSERT_EQ(r.padded[t * wp + k], k == 0 ? b.slots[t] : -1) << t << " " << k;
+      }
+    }
+    // A bad rank is still refused by name on a decode-only step.
+    std::vector<int32_t> scratch(b.seq.size());
+    EXPECT_INVALID(mla_pcp_sizes(inputs(b, wp, wp), scratch), "out of range");
+  }
+}

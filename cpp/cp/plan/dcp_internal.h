@@ -43,4 +43,32 @@ inline int64_t local_index(int64_t x, int64_t world, int64_t interleave) {
 
 inline int64_t owner(int64_t x, int64_t world, int64_t interleave) { return x / interleave % world; }
 
+// Division of a uint32 by a divisor fixed for a whole pass (the shard's W * I, I, the block size),
+// by one multiply-high instead of a hardware divide (docs/design/cp.md §11.7): with
+// m = floor((2^64 - 1) / d) + 1, floor(n / d) = (m * n) >> 64 for every 32-bit n and d >= 2
+// (Lemire, Kaser and Kurz, "Faster remainder by direct computation", 2019); d == 1 is the identity.
+struct FastDiv {
+  explicit FastDiv(uint32_t d) : d_(d), m_(d > 1 ? ~uint64_t{0} / d + 1 : 0) {}
+  uint32_t div(uint32_t n) const {
+    return d_ == 1 ? n : static_cast<uint32_t>((static_cast<unsigned __int128>(m_) * n) >> 64);
+  }
+  uint32_t divisor() const { return d_; }
+
+ private:
+  uint32_t d_;
+  uint64_t m_;
+};
+
+// local_len(len, world, interleave, rank) and local_len(len, ..., 0) from one division by W * I
+// (fd_wi); len >= 0 and the shard validated. Returns {this rank's, rank 0's}.
+struct LocalLens {
+  int64_t mine, first;
+};
+inline LocalLens local_lens_fast(int64_t len, const FastDiv& fd_wi, int64_t world, int64_t interleave,
+                                 int64_t rank) {
+  const int64_t q = fd_wi.div(static_cast<uint32_t>(len));
+  const int64_t rem = len - q * world * interleave, base = q * interleave;
+  return {base + std::clamp<int64_t>(rem - rank * interleave, 0, interleave), base + std::min(rem, interleave)};
+}
+
 }  // namespace aar::plan::detail::dcp

@@ -31,19 +31,36 @@ MlaPcpSizes mla_pcp_sizes(const MlaPcpInputs& in, Span<int32_t> query_lens) {
                 " entries, expected num_reqs + 1 = ", n + 1);
   AAR_CHECK_ARG(in.query_start_loc[0] == 0, "query_start_loc[0] must be 0, got ", in.query_start_loc[0]);
   check_room(query_lens.size(), static_cast<int64_t>(n), "query_lens");
+  // One branch-free pass (the query lengths go to the scratch, which the caller may see written on
+  // a rejected call); the offender is named in request order only when something is wrong.
+  bool bad = false;
   for (std::size_t i = 0; i < n; ++i) {
     const int32_t q = in.query_start_loc[i + 1] - in.query_start_loc[i];
-    AAR_CHECK_ARG(q >= 0, "query_start_loc must be non-decreasing, got ", in.query_start_loc[i], " then ",
-                  in.query_start_loc[i + 1], " at request ", i);
-    AAR_CHECK_ARG(in.seq_lens[i] >= q, "seq_lens[", i, "]=", in.seq_lens[i], " is smaller than its query length ",
-                  q);
+    query_lens[i] = q;
+    bad |= (q < 0) | (in.seq_lens[i] < q);
+  }
+  if (bad) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const int32_t q = in.query_start_loc[i + 1] - in.query_start_loc[i];
+      AAR_CHECK_ARG(q >= 0, "query_start_loc must be non-decreasing, got ", in.query_start_loc[i], " then ",
+                    in.query_start_loc[i + 1], " at request ", i);
+      AAR_CHECK_ARG(in.seq_lens[i] >= q, "seq_lens[", i, "]=", in.seq_lens[i], " is smaller than its query length ",
+                    q);
+    }
   }
   AAR_CHECK_ARG(in.token_slots.size() == static_cast<std::size_t>(in.query_start_loc[n]), "token_slots has ",
                 in.token_slots.size(), " entries, expected query_start_loc[-1]=", in.query_start_loc[n]);
-  for (std::size_t i = 0; i < n; ++i) query_lens[i] = in.query_start_loc[i + 1] - in.query_start_loc[i];
   const PcpSplitInputs sp = split_inputs(in, query_lens);
   MlaPcpSizes s;
-  s.split = pcp_split_sizes(sp);                       // num_decodes and pcp_size in range
+  s.split = pcp_split_sizes(sp);  // num_decodes and pcp_size in range
+  if (static_cast<std::size_t>(in.num_decodes) == n) {
+    // Decode-only: no prefill, every head/tail count 0 (pcp_head_tail_counts' result without its
+    // second pass over the split).
+    AAR_CHECK_ARG(in.pcp_rank >= 0 && in.pcp_rank < in.pcp_size, "rank=", in.pcp_rank,
+                  " is out of range [0, pcp_size=", in.pcp_size, ")");
+    s.head_tail = PcpHeadTailCounts{};
+    return s;
+  }
   s.head_tail = pcp_head_tail_counts(sp, in.pcp_rank);  // pcp_rank in range
   for (std::size_t i = static_cast<std::size_t>(in.num_decodes); i < n; ++i) {
     const int32_t c = (query_lens[i] + 2 * in.pcp_size - 1) / (2 * in.pcp_size);
@@ -53,8 +70,13 @@ MlaPcpSizes mla_pcp_sizes(const MlaPcpInputs& in, Span<int32_t> query_lens) {
 }
 
 MlaPcpSizes plan_mla_pcp_rows(const MlaPcpInputs& in, const MlaPcpBuffers& out) {
+  return plan_mla_pcp_rows(in, mla_pcp_sizes(in, out.query_lens), out);
+}
+
+MlaPcpSizes plan_mla_pcp_rows(const MlaPcpInputs& in, const MlaPcpSizes& s, const MlaPcpBuffers& out) {
   // --- validation (nothing written but the scratch) ---
-  const MlaPcpSizes s = mla_pcp_sizes(in, out.query_lens);
+  // `s` is mla_pcp_sizes(in, out.query_lens) of this call's inputs (the builder computes it once
+  // to lay out its staging; docs/design/cp.md §11.7): the inputs were validated there.
   const std::size_t n = in.seq_lens.size(), nd = static_cast<std::size_t>(in.num_decodes);
   const int64_t wp = in.pcp_size, tl = s.split.local_tokens, td = s.split.num_decode_tokens;
   const int64_t tpl = s.split.local_prefill_tokens, g = s.split.padded_global_tokens;
@@ -82,6 +104,19 @@ MlaPcpSizes plan_mla_pcp_rows(const MlaPcpInputs& in, const MlaPcpBuffers& out) 
   check_room(out.head_tail.tail_nomask_kv_ends.size(), ht.num_prefills, "head_tail.tail_nomask_kv_ends");
 
   // --- write ---
+  if (nd == n) {
+    // Decode-only (docs/design/cp.md §11.7): every prefill list is empty; the padded-global slot
+    // mapping keeps each decode token's slot in the first of its Wp copies (rank 0's), the local
+    // rows are the tokens themselves. The scratch lists are not needed.
+    int64_t* padded = out.padded_slot_mapping.data();
+    std::fill(padded, padded + g, int64_t{kPadSlot});
+    for (int64_t t = 0; t < td; ++t) {
+      padded[t * wp] = in.token_slots[t];
+      out.slot_mapping[t] = in.token_slots[t];
+      out.local_token_index[t] = static_cast<int32_t>(t);
+    }
+    return s;
+  }
   const PcpSplitInputs sp = split_inputs(in, out.query_lens);
   pcp_local_tokens(sp, in.pcp_rank, out.local_lens.first(n), out.positions.first(tl));
   // The padded-global order of the token indices (pcp_padded_slot_mapping over "slots" that are

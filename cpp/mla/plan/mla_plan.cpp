@@ -16,6 +16,7 @@
 #include "../../plan/block_scan.h"
 #include "../../plan/internal.h"
 #include "../../plan/request_scan.h"
+#include "../../cp/plan/dcp_internal.h"
 
 namespace aar::plan {
 
@@ -234,15 +235,32 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   // The DCP lengths and flags are computed into this thread's scratch and copied
   // into the caller's buffers in the write phase: a rejected step leaves them
   // unchanged like every other buffer (they used to be written before the scan).
-  thread_local std::vector<int32_t> dcp_lens;
+  thread_local std::vector<int32_t> dcp_lens, dcp_mine;
   thread_local std::vector<uint8_t> dcp_pre;
+  // The shard's divisors as multiply-highs when they fit 32 bits (every real shard: W <= 16 and I
+  // divides the block size); a larger one keeps the plain divisions.
+  const int64_t dcp_wi = int64_t{dcp.world} * dcp.interleave;
+  const bool fast_dcp = use_dcp && dcp_wi <= int64_t{UINT32_MAX};
+  const detail::dcp::FastDiv fd_wi(fast_dcp ? static_cast<uint32_t>(dcp_wi) : 1u);
   if (use_dcp) {
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
     if (in.is_prefilling.empty()) check_room(buf.dcp_is_prefilling.size(), b, "buffers.dcp_is_prefilling");
-    if (dcp_lens.size() < b) dcp_lens.resize(b), dcp_pre.resize(b);
-    for (std::size_t r = 0; r < b; ++r) {
-      // Negative lengths are named by the scan below; 0 blocks meanwhile.
-      dcp_lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0)) : 0;
+    if (dcp_lens.size() < b) dcp_lens.resize(b), dcp_pre.resize(b), dcp_mine.resize(b);
+    if (fast_dcp) {
+      // docs/design/cp.md §11.7: rank 0's and this rank's local lengths from one multiply-high
+      // division per request (the shard was checked above).
+      for (std::size_t r = 0; r < b; ++r) {
+        // Negative lengths are named by the scan below; 0 blocks meanwhile.
+        const int32_t len = std::max(seqs[r], 0);
+        const detail::dcp::LocalLens l = detail::dcp::local_lens_fast(len, fd_wi, dcp.world, dcp.interleave, dcp.rank);
+        dcp_lens[r] = static_cast<int32_t>(l.first);
+        dcp_mine[r] = static_cast<int32_t>(l.mine);
+      }
+    } else {
+      for (std::size_t r = 0; r < b; ++r) {
+        // Negative lengths are named by the scan below; 0 blocks meanwhile.
+        dcp_lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0)) : 0;
+      }
     }
   }
   // The per-request rules, the inputs of the state rule (docs/design/gqa.md §2.1), the
@@ -386,7 +404,50 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     q_ends[r] = qsl[r + 1];
     kv_lens[r] = seqs[r];
   }
-  if (use_dcp) {
+  if (fast_dcp) {
+    // The loop below with the divisions by W * I, I and the block size as multiply-highs, this
+    // rank's local lengths from the scan's pass (docs/design/cp.md §11.7).
+    const int32_t pbase = qsl[nd];
+    int32_t* ppos = buf.prefill_positions.data();
+    const detail::dcp::FastDiv fd_i(static_cast<uint32_t>(dcp.interleave)), fd_bs(static_cast<uint32_t>(bs));
+    const uint32_t I = static_cast<uint32_t>(dcp.interleave), wi = static_cast<uint32_t>(dcp_wi);
+    const uint32_t rank = static_cast<uint32_t>(dcp.rank), ubs = static_cast<uint32_t>(bs);
+    if (all_sched_one && nd == b) {
+      // The steady decode step: request r is token r at position seq_len - 1.
+      int32_t mx = 0;
+      for (std::size_t r = 0; r < b; ++r) {
+        const uint32_t p = static_cast<uint32_t>(seqs[r] - 1);
+        dpos[r] = static_cast<int32_t>(p);
+        const uint32_t q = fd_wi.div(p), rm = p - q * wi;
+        const uint32_t o = fd_i.div(rm);
+        const uint32_t li = q * I + (rm - o * I);
+        const uint32_t blk = fd_bs.div(li);
+        slots[r] = o == rank ? static_cast<int64_t>(table[r * in_stride + blk]) * bs + (li - blk * ubs)
+                             : int64_t{kPadSlot};
+        kv_lens[r] = dcp_mine[r];
+        mx = std::max(mx, dcp_mine[r]);
+      }
+      plan.decode_max_seq_len = mx;
+    }
+    for (std::size_t r = 0; r < b && !(all_sched_one && nd == b); ++r) {
+      const int32_t begin = qsl[r], end = qsl[r + 1];
+      const int32_t pos0 = seqs[r] - (end - begin);
+      int32_t* pos = r < nd ? dpos + begin : ppos + (begin - pbase);
+      const int32_t* row = table + r * in_stride;
+      for (int32_t t = begin; t < end; ++t) {
+        const uint32_t p = static_cast<uint32_t>(pos0 + (t - begin));
+        pos[t - begin] = static_cast<int32_t>(p);
+        const uint32_t q = fd_wi.div(p), rm = p - q * wi;  // p = q W I + rm
+        const uint32_t o = fd_i.div(rm);                   // the owner
+        const uint32_t li = q * I + (rm - o * I);          // the local index
+        const uint32_t blk = fd_bs.div(li);
+        slots[t] = o == rank ? static_cast<int64_t>(row[blk]) * bs + (li - blk * ubs) : int64_t{kPadSlot};
+      }
+      kv_lens[r] = dcp_mine[r];
+      if (r < nd) plan.decode_max_seq_len = std::max<int32_t>(plan.decode_max_seq_len, dcp_mine[r]);
+      if (r >= nd) buf.prefill_q_ends[r - nd] = end - pbase;
+    }
+  } else if (use_dcp) {
     // Local slots (docs/design/cp.md §2.1): the owner writes the token at its local
     // index through the shared block table; every other rank gets -1.
     const int32_t pbase = qsl[nd];

@@ -249,6 +249,21 @@ class Impl {
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP decode intermediates, shared by the layers of one shape
   // PCP decode: the wire / gather / merge workspace and, PCP alone, the query staging (both shared by shape).
   std::shared_ptr<cp::DcpWorkspace> pcp_ws_, pcp_stage_ws_;
+  // The eager CP decode's per-shape views and shard-call arguments (docs/design/cp.md §11.7): made
+  // again only when the workspace views they derive from are other tensors (another row count, a
+  // grown or replaced workspace); each holds its sources, so a match by identity is the same tensor.
+  struct CpDecodeArgs {
+    at::Tensor src_part, src_attn, src_wire;  // the views they were made from
+    at::Tensor out, lse;                       // the shard call's out= targets
+    at::Tensor merged;                         // the W_UV input seen as (td, H, L)
+    ops::FiaTensors t;
+    ops::FiaParams p;
+  };
+  CpDecodeArgs dcp_args_, pcp_args_;
+  // The shard call's per-step arguments (block table, local KV lengths) and the caches' key views into
+  // the kept arguments `a.t` / `a.p` (the queries and targets were set when `a` was made).
+  void refresh_shard_args(CpDecodeArgs& a, const at::Tensor& nope_cache, const at::Tensor& rope_cache,
+                          const Metadata& md);
   bool fa_quant() const { return cfg_.fa_quant_kv_scale.has_value(); }
 };
 

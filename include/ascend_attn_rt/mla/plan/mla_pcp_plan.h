@@ -69,5 +69,9 @@ struct MlaPcpBuffers {
 // Validates everything (mla_pcp_sizes and every capacity) before the first write, then fills
 // the buffers; returns the sizes.
 MlaPcpSizes plan_mla_pcp_rows(const MlaPcpInputs& in, const MlaPcpBuffers& out);
+// The same with `sizes` = mla_pcp_sizes(in, out.query_lens) already computed by the caller for these
+// inputs (and out.query_lens holding that call's query lengths): the inputs are not validated again,
+// the capacities are.
+MlaPcpSizes plan_mla_pcp_rows(const MlaPcpInputs& in, const MlaPcpSizes& sizes, const MlaPcpBuffers& out);
 
 }  // namespace aar::plan
