@@ -518,6 +518,27 @@ LatentQuery LatentCore::preprocess_unwritten(const DecodeViews& v, const LatentS
   return out;
 }
 
+LatentQuery LatentCore::preprocess_query(const DecodeViews& v, const LatentStep& s) {
+  const int64_t td = s.x.sizes()[0];
+  const auto [cos, sin] = rope_rows(s, td);
+  ops::dense::copy(v.qr_heads4, native_query(v, s, cos, sin));  // v.kv_raw written too
+  LatentQuery out{v.fia_qn, v.fia_qr};
+  if (cfg_.dims.q_lora_rank.has_value()) out.qc = v.qc;
+  return out;
+}
+
+void LatentCore::write_kv_rows(const at::Tensor& kv4, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& slots, const at::Tensor& nope, const at::Tensor& rope) {
+  // preprocess's native cache write (Fused::None), on the caller's rows.
+  const char* mode = cfg_.kv_nz ? "PA_NZ" : "PA";
+  if (kv_qscale_.defined()) {
+    ops::kv_rmsnorm_rope_cache(kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps, mode, false,
+                               kv_qscale_);
+  } else {
+    ops::kv_rmsnorm_rope_cache(kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps, mode, false);
+  }
+}
+
 const at::Tensor& LatentCore::w_uv_out(const DecodeViews& v, int64_t td) {
   const Dims& d = cfg_.dims;
   // Head-major output (_NBSD / _NTD): the real heads, then W_UV -> (td, H*V).
