@@ -102,6 +102,8 @@ const DecodeViews& DecodeWorkspace::views(int64_t td, DecodeLayout layout) {
   v.layout = layout;
   v.kv_raw = kv_raw_.narrow(0, 0, td * (L + R)).view({td, L + R});
   v.kv4 = v.kv_raw.view({td, 1, 1, L + R});
+  v.kv_nope = v.kv_raw.narrow(1, 0, L);
+  v.kv_rope4 = v.kv4.narrow(3, L, R);
   if (s.q_lora_rank > 0) {
     v.qa = qa_.narrow(0, 0, td * s.q_lora_rank).view({td, s.q_lora_rank});
     v.qc = qc_.narrow(0, 0, td * s.q_lora_rank).view({td, s.q_lora_rank});

@@ -46,6 +46,7 @@ struct DecodeViews {
   int64_t generation = -1;
   DecodeLayout layout = DecodeLayout::BNSD;
   at::Tensor kv_raw, kv4;        // (td, L+R), (td, 1, 1, L+R)
+  at::Tensor kv_nope, kv_rope4;  // kv_raw's latent columns (td, L) and kv4's rope columns (td, 1, 1, R)
   at::Tensor qa, qc;             // q-LoRA: (td, Q) down projection, normed
   at::Tensor q;                  // (td, H*(P+R))
   at::Tensor q_nope_t;           // (H, td, P) view of q

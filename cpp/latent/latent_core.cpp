@@ -506,14 +506,37 @@ LatentQuery LatentCore::preprocess_unwritten(const DecodeViews& v, const LatentS
   // npu_kv_rmsnorm_rope_cache's cache writes by the same maths on the rows:
   // RMSNorm * gamma and the interleave->half RoPE.
   const Dims& d = cfg_.dims;
-  const int64_t td = s.x.sizes()[0], L = d.kv_lora_rank, R = d.qk_rope_head_dim;
+  const int64_t td = s.x.sizes()[0];
   const auto [cos, sin] = rope_rows(s, td);
   ops::dense::copy(v.qr_heads4, native_query(v, s, cos, sin));
-  kv.k_nope = ops::dense::rms_norm(v.kv_raw.narrow(1, 0, L), w_.kv_a_layernorm, cfg_.kv_norm_eps);
-  kv.k_rope = ops::interleave_rope(v.kv4.narrow(3, L, R), cos, sin);
+  // The column views are the workspace's (a narrow per call was a third of a DSA-CP slice's host time,
+  // docs/design/sparse_cp.md §15).
+  kv.k_nope = ops::dense::rms_norm(v.kv_nope, w_.kv_a_layernorm, cfg_.kv_norm_eps);
+  kv.k_rope = ops::interleave_rope(v.kv_rope4, cos, sin);
   LatentQuery out{v.fia_qn, v.fia_qr};
   if (d.q_lora_rank.has_value()) out.qc = v.qc;
   return out;
+}
+
+LatentQuery LatentCore::preprocess_query(const DecodeViews& v, const LatentStep& s) {
+  const int64_t td = s.x.sizes()[0];
+  const auto [cos, sin] = rope_rows(s, td);
+  ops::dense::copy(v.qr_heads4, native_query(v, s, cos, sin));  // v.kv_raw written too
+  LatentQuery out{v.fia_qn, v.fia_qr};
+  if (cfg_.dims.q_lora_rank.has_value()) out.qc = v.qc;
+  return out;
+}
+
+void LatentCore::write_kv_rows(const at::Tensor& kv4, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& slots, const at::Tensor& nope, const at::Tensor& rope) {
+  // preprocess's native cache write (Fused::None), on the caller's rows.
+  const char* mode = cfg_.kv_nz ? "PA_NZ" : "PA";
+  if (kv_qscale_.defined()) {
+    ops::kv_rmsnorm_rope_cache(kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps, mode, false,
+                               kv_qscale_);
+  } else {
+    ops::kv_rmsnorm_rope_cache(kv4, w_.kv_a_layernorm, cos, sin, slots, rope, nope, cfg_.kv_norm_eps, mode, false);
+  }
 }
 
 const at::Tensor& LatentCore::w_uv_out(const DecodeViews& v, int64_t td) {

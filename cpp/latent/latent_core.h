@@ -143,6 +143,16 @@ class LatentCore {
   // normed q-LoRA activations are left in v.qc.
   LatentQuery preprocess_unwritten(const DecodeViews& v, const LatentStep& s, LatentKv& kv);
 
+  // The query half of preprocess_unwritten alone (SFA DSA-CP, docs/design/sparse_cp.md §15): the same
+  // queries, and the raw kv_a rows (td, L + R) left in v.kv_raw, neither normed nor rotated (s.slots is
+  // not read); write_kv_rows writes such rows later.
+  LatentQuery preprocess_query(const DecodeViews& v, const LatentStep& s);
+  // The key half of the native preprocess on raw kv_a rows computed elsewhere (a DSA-CP gather):
+  // kv4 (n, 1, 1, L + R) normed, rotated and written at slots (n) (-1 skipped) into nope / rope by
+  // npu_kv_rmsnorm_rope_cache, as preprocess writes them; cos / sin (n, 1, 1, R).
+  void write_kv_rows(const at::Tensor& kv4, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                     const at::Tensor& nope, const at::Tensor& rope);
+
   // W_UV on the real heads of v.attn_heads, as (td, H*V); valid until the next call.
   const at::Tensor& w_uv_out(const DecodeViews& v, int64_t td);
   // W_UV on a token-major latent output (td, H, L), as (td, H*V)

@@ -260,14 +260,15 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     iws_ = detail::IndexerWorkspace::shared(shape);
   }
   if (dsa_world > 1) {
-    // The slice's rows [k_rope | k_nope | k_indexer] (and under DSA-CP x DCP the query [ql_nope | q_pe]),
-    // the road's head blocks (docs/design/sparse_cp.md §7.1).
+    // The slice's rows [kv_a | k_indexer] (the raw kv_a rows, normed and rotated by the cache write after
+    // the gather; under DSA-CP x DCP the query [ql_nope | q_pe] after them), the road's head blocks
+    // (docs/design/sparse_cp.md §7.1, §15).
     sparse::detail::DsaCpShape cs;
     cs.device = wref.device();
     cs.dtype = wref.scalar_type();
     cs.world = dsa_world;
     cs.road_width = d.num_heads * d.v_head_dim;
-    cs.pack_cols = {d.qk_rope_head_dim, d.kv_lora_rank};
+    cs.pack_cols = {d.kv_lora_rank + d.qk_rope_head_dim};
     if (cfg_.indexer.has_value()) cs.pack_cols.push_back(cfg_.indexer->head_dim);
     if (cfg_.dcp_comm != nullptr) {
       cs.pack_cols.push_back(d.num_heads * d.kv_lora_rank);
@@ -931,10 +932,18 @@ void Impl::write_rows_(const Caches& c, const at::Tensor& k_rope, const at::Tens
   ops::scatter_nd_update_(rope_rows, s, k_rope);
   ops::scatter_nd_update_(nope_rows, s, k_nope);
   if (!cfg_.indexer.has_value()) return;
-  const int64_t Di = cfg_.indexer->head_dim;
-  const at::Tensor& is = islots.is_same(slots) ? s
+  write_indexer_rows_(c, k_idx, islots.is_same(slots) ? s : islots);
+}
+
+void Impl::write_indexer_rows_(const Caches& c, const at::Tensor& k_idx, const at::Tensor& islots) {
+  // The indexer rows k_idx (n, Di) at islots (every row: the replicated or the whole cache; a (n, 1) view is
+  // taken as it is, a longer slot tensor through the kept (n, 1) view), LI C8 rows quantised per token first.
+  const int64_t n = k_idx.size(0);
+  const auto slot_rows = [n](const at::Tensor& t) { return (t.size(0) == n ? t : t.narrow(0, 0, n)).view({n, 1}); };
+  const at::Tensor& is = islots.dim() == 2 ? islots
                          : LatentCore::view_of(islots, n, seen_.wr_islots_src, seen_.wr_islots,
                                                [&] { return slot_rows(islots); });
+  const int64_t Di = cfg_.indexer->head_dim;
   // The same (rows, Di) view indexer_topk keeps.
   at::Tensor idx_rows = LatentCore::view_of(c.index_k, c.index_k.size(0) * c.index_k.size(1), seen_.idx_src,
                                             seen_.idx_rows, [&] { return c.index_k.view({-1, Di}); });
@@ -946,10 +955,33 @@ void Impl::write_rows_(const Caches& c, const at::Tensor& k_rope, const at::Tens
   }
 }
 
+const at::Tensor& Impl::staged_rows_(const at::Tensor& staged, int64_t n) {
+  // The first n rows of a staged column block (the gathered indexer keys), kept while the block and n repeat.
+  return LatentCore::view_of(staged, n, seen_.gidx_src, seen_.gidx,
+                             [&] { return staged.size(0) == n ? staged : staged.narrow(0, 0, n); });
+}
+
+void Impl::write_gathered_kv_(const Caches& c, const at::Tensor& kv_rows, const Metadata& md, int64_t n) {
+  // docs/design/sparse_cp.md §15: the step's first n gathered raw kv_a rows (token order, contiguous)
+  // normed, rotated and written at the step's slots in one npu_kv_rmsnorm_rope_cache, as the single-rank
+  // preprocess writes them; every view kept while the step's tensors and n repeat.
+  const int64_t LR = kv_rows.size(1), R = cfg_.dims.qk_rope_head_dim;
+  const at::Tensor& kv4 = LatentCore::view_of(kv_rows, n, seen_.gkv_src, seen_.gkv4,
+                                              [&] { return kv_rows.narrow(0, 0, n).view({n, 1, 1, LR}); });
+  const at::Tensor& cos = LatentCore::view_of(md.cos, n, seen_.gcos_src, seen_.gcos4,
+                                              [&] { return md.cos.narrow(0, 0, n).view({n, 1, 1, R}); });
+  const at::Tensor& sin = LatentCore::view_of(md.sin, n, seen_.gsin_src, seen_.gsin4,
+                                              [&] { return md.sin.narrow(0, 0, n).view({n, 1, 1, R}); });
+  const at::Tensor& slots = LatentCore::view_of(md.slot_mapping, n, seen_.gslots_src, seen_.gslots, [&] {
+    return md.slot_mapping.size(0) == n ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
+  });
+  core_->write_kv_rows(kv4, cos, sin, slots, c.nope, c.rope);
+}
+
 // The preprocess of a DSA-CP rank's token slice (docs/design/sparse_cp.md §7 step 1, §9 step 1): nothing
 // written; the rows every rank gathers, packed token-major into `pack` (tpr rows, zeros past the slice's
-// real tokens): [k_rope | k_nope | k_indexer] and, under DSA-CP x DCP, the query [ql_nope | q_pe] of every
-// head after them.
+// real tokens): [kv_a | k_indexer] (the raw kv_a rows: the cache write norms and rotates them, §15) and,
+// under DSA-CP x DCP, the query [ql_nope | q_pe] of every head after them.
 struct Impl::DsaCpSlice {
   const sparse::detail::DsaCpViews* views = nullptr;
   at::Tensor pack;
@@ -993,15 +1025,8 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   st.x = s.xl;
   st.cos = nloc == tpr ? sh.cos : sh.cos.narrow(0, 0, nloc);
   st.sin = nloc == tpr ? sh.sin : sh.sin.narrow(0, 0, nloc);
-  mla::detail::LatentKv kv;
-  s.q = core_->preprocess_unwritten(v, st, kv);
-  // The rope key (nloc, 1, 1, R), a fresh operator output, into the pack's columns seen that way (a view
-  // of the workspace, kept).
-  const at::Tensor& rope_col = pv.pack_cols[0];
-  ops::dense::copy(LatentCore::view_of(rope_col, nloc, seen_.krope_src, seen_.krope4,
-                                       [&] { return rope_col.view({nloc, 1, 1, R}); }),
-                   kv.k_rope);
-  ops::dense::copy(pv.pack_cols[1], kv.k_nope);
+  s.q = core_->preprocess_query(v, st);
+  ops::dense::copy(pv.pack_cols[0], v.kv_raw);  // the raw kv_a rows (§15)
   if (has_idx) {
     s.iv = &iws_->views(nloc);
     s.cos4 = LatentCore::view_of(st.cos, nloc, seen_.cos_src, seen_.cos4,
@@ -1009,10 +1034,10 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
     s.sin4 = LatentCore::view_of(st.sin, nloc, seen_.sin_src, seen_.sin4,
                                  [&] { return st.sin.view({nloc, 1, 1, R}); });
     indexer_keys_(*s.iv, s.xl, s.cos4, s.sin4);
-    ops::dense::copy(pv.pack_cols[2], s.iv->k);
+    ops::dense::copy(pv.pack_cols[1], s.iv->k);
   }
   if (with_query) {
-    const size_t qc = has_idx ? 3 : 2;
+    const size_t qc = has_idx ? 2 : 1;
     const at::Tensor& a = pv.pack_cols[qc];
     const at::Tensor& b = pv.pack_cols[qc + 1];
     ops::dense::copy(LatentCore::view_of(a, nloc, seen_.pack_qn_src, seen_.pack_qn, [&] { return a.view({nloc, N, L}); }),
@@ -1062,15 +1087,14 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   // 2. Every rank's rows gathered (token order) and written for the whole step: every rank keeps
   //    complete caches.
   const sparse::detail::DsaCpViews& pv = *s.views;
-  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, R + L + Di)
+  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, L + R + Di)
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
   // The gathered column blocks made contiguous in the workspace, then the rows of the step's tokens
-  // written.
-  const size_t ncols = has_idx ? 3 : 2;
+  // written (§15: the latent and rope rows by one fused write).
+  const size_t ncols = has_idx ? 2 : 1;
   for (size_t i = 0; i < ncols; ++i) ops::dense::copy(pv.staged_cols[i], pv.gathered_cols[i]);
-  const auto first = [tw](const at::Tensor& t) { return t.size(0) == tw ? t : t.narrow(0, 0, tw); };
-  write_rows_(c, first(pv.staged_cols[0]), first(pv.staged_cols[1]),
-              has_idx ? first(pv.staged_cols[2]) : at::Tensor(), md.slot_mapping, md.slot_mapping);
+  write_gathered_kv_(c, pv.staged_cols[0], md, tw);
+  if (has_idx) write_indexer_rows_(c, staged_rows_(pv.staged_cols[1], tw), md.slot_mapping);
   // 3. Top-k and sparse attention of this rank's tokens with its local lengths.
   at::Tensor y_local;  // (nloc, N * V)
   if (nloc > 0) {
@@ -1157,10 +1181,10 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   DsaCpSlice s;
   dsa_cp_slice(hidden, sh, /*with_query=*/true, s);
   const int64_t nloc = s.nloc;
-  // 2. One gather of [k_rope | k_nope | k_indexer | ql_nope | q_pe] along the tokens; this rank's latent
+  // 2. One gather of [kv_a | k_indexer | ql_nope | q_pe] along the tokens; this rank's latent
   //    rows at its DCP-local slots (-1 elsewhere), every indexer row at its replicated slot.
   const sparse::detail::DsaCpViews& pv = *s.views;
-  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, R + L + Di + N (L + R))
+  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, L + R + Di + N (L + R))
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
   // Every column block made contiguous in the workspace (the scatters' rows, the query halves).
   for (const at::Tensor* v = pv.staged_cols.data(), *g = pv.gathered_cols.data();
@@ -1168,9 +1192,11 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     ops::dense::copy(*v, *g);
   }
   const auto first = [](const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); };
-  const size_t qc = has_idx ? 3 : 2;  // the query's first column block
-  write_rows_(c, first(pv.staged_cols[0], tw), first(pv.staged_cols[1], tw),
-              has_idx ? first(pv.staged_cols[2], tw) : at::Tensor(), md.slot_mapping, dm.indexer_slot_mapping);
+  const size_t qc = has_idx ? 2 : 1;  // the query's first column block
+  write_gathered_kv_(c, pv.staged_cols[0], md, tw);
+  if (has_idx) {
+    write_indexer_rows_(c, staged_rows_(pv.staged_cols[1], tw), dm.indexer_slot_mapping);
+  }
   // 3. The slice's selection on the replicated view (global positions), padded with -1 rows to tpr and
   //    gathered: every rank holds every token's rows, the single-rank selection.
   at::Tensor topk_all;  // (tk, 1, K)

@@ -241,6 +241,11 @@ class Impl {
   // The CP modes' gathered [k_rope | k_nope | k_indexer] rows written: latent rows at `slots`, indexer rows at
   // `islots` (docs/design/sparse_cp.md §7, §9, §11).
   void write_gathered_rows_(const Caches& c, const at::Tensor& rows, const at::Tensor& slots, const at::Tensor& islots);
+  // DSA-CP (docs/design/sparse_cp.md §15): the gathered raw kv_a rows written by one fused cache write, the
+  // indexer rows at their slots, the first n rows of a staged block.
+  void write_gathered_kv_(const Caches& c, const at::Tensor& kv_rows, const Metadata& md, int64_t n);
+  void write_indexer_rows_(const Caches& c, const at::Tensor& k_idx, const at::Tensor& islots);
+  const at::Tensor& staged_rows_(const at::Tensor& staged, int64_t n);
   void write_rows_(const Caches& c, const at::Tensor& k_rope, const at::Tensor& k_nope, const at::Tensor& k_idx,
                    const at::Tensor& slots, const at::Tensor& islots);
   at::Tensor quant_indexer_select_(const at::Tensor& q, const at::Tensor& weights, const Caches& c,
@@ -351,9 +356,13 @@ class Impl {
     at::Tensor y_road;
     // CP row writes (write_rows_): the latent and rope caches as (rows, L) / (rows, R) in nope / rope
     // (nope_src / rope_src), the slots and indexer slots as (n, 1); DSA-CP slice: the hidden rows
-    // [xl_start, xl_start + nloc) and the pack's rope columns as (nloc, 1, 1, R)
-    ::aar::detail::TensorBinding wr_slots_src, wr_islots_src, xl_src, krope_src;
-    at::Tensor wr_slots, wr_islots, xl, krope4;
+    // [xl_start, xl_start + nloc)
+    ::aar::detail::TensorBinding wr_slots_src, wr_islots_src, xl_src;
+    at::Tensor wr_slots, wr_islots, xl;
+    // DSA-CP gathered writes (§15): the raw kv_a rows as (n, 1, 1, L + R), the step's RoPE rows as
+    // (n, 1, 1, R), its slots (n) and the staged indexer rows (n, Di)
+    ::aar::detail::TensorBinding gkv_src, gcos_src, gsin_src, gslots_src, gidx_src;
+    at::Tensor gkv4, gcos4, gsin4, gslots, gidx;
     int64_t xl_start = -1;
     ::aar::detail::TensorBinding part_src, part_lse_src, cp_merged_src;
     at::Tensor part, part_lse, cp_merged, cp_merged3, cp_merged2;  // cp_merged2: (rows N, L)
