@@ -181,7 +181,10 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   // --- KV write (docs/design/cp.md §6.3, §6.4) ---
   at::Tensor kf, vf;  // the restored prefill K/V, padded-global order (Wp * tp rows)
   if (!has_prefill) {
-    if (td > 0) {
+    if (td > 0 && k.sizes()[0] == td && md.decode_slots.sizes()[0] == td) {
+      // An unpadded decode-only step: every row is a decode token (docs/design/cp.md §3.5: no views made).
+      gqa::write_paged_kv(cfg_.device_kind, k, v, caches_.key, caches_.value, md.decode_slots);
+    } else if (td > 0) {
       gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), caches_.key, caches_.value,
                           md.decode_slots.narrow(0, 0, td));
     }
