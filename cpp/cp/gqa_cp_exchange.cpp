@@ -60,7 +60,7 @@ void GqaShardExchange::fill_partial_call(const DcpViews& v, const at::Tensor& ke
 }
 
 void GqaShardExchange::combine(const DcpViews& v, const at::Tensor& out_rows,
-                               const std::optional<at::Tensor>& lse_rows) const {
+                               const std::optional<at::Tensor>& lse_rows) {
   if (v.staged_out.defined()) {
     // KV-head-major partials back to the gathered (rank-major) head order.
     const int64_t T = v.partial_out.size(0), W = world(), kv = kv_heads_, G = heads_ / kv;
@@ -72,6 +72,16 @@ void GqaShardExchange::combine(const DcpViews& v, const at::Tensor& out_rows,
     // A group of one: the partial is the result.
     ops::dense::copy(out_rows, v.partial_out);
     if (lse_rows.has_value()) ops::dense::copy(lse_rows->view({v.partial_lse.size(0), heads_}), v.lse2);
+    return;
+  }
+  if (!lse_rows.has_value() && out_rows.dim() == 3 && out_rows.is_contiguous()) {
+    // The workspace overload (comm/dcp_exchange.h): the merge's result copied into the kept rows view,
+    // no per-call view of out_rows or of the merge's result.
+    if (!out_src_.same(out_rows)) {
+      out_flat_ = out_rows.view({out_rows.size(0) * out_rows.size(1), out_rows.size(2)});
+      out_src_.bind(out_rows);
+    }
+    combine_partials(*comm_, v, out_flat_);
     return;
   }
   at::Tensor out = out_rows;

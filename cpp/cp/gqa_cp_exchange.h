@@ -15,6 +15,7 @@
 
 #include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/comm/dcp_exchange.h"
+#include "ascend_attn_rt/detail/tensor_binding.h"
 #include "ascend_attn_rt/ops/fused_infer_attention.h"
 
 namespace aar::cp {
@@ -45,8 +46,11 @@ class GqaShardExchange {
                          at::Tensor& lse) const;
   // The partials exchanged and merged into this rank's heads: out_rows (T, H, D)
   // and, when given, lse_rows (T, H, 1) fp32.
+  // Without lse_rows over a group, the merge writes a (T*H, D) view of out_rows that is kept while
+  // out_rows is the same tensor with the same memory and geometry (detail::TensorBinding): a layer
+  // handing the same output each step makes no view (docs/design/cp.md §3.5).
   void combine(const DcpViews& v, const at::Tensor& out_rows,
-               const std::optional<at::Tensor>& lse_rows = std::nullopt) const;
+               const std::optional<at::Tensor>& lse_rows = std::nullopt);
 
  private:
   int64_t heads_, kv_heads_, head_size_;
@@ -54,6 +58,8 @@ class GqaShardExchange {
   Comm* comm_;
   const void* share_scope_;
   std::shared_ptr<DcpWorkspace> ws_;
+  ::aar::detail::TensorBinding out_src_;  // the out_rows whose (T*H, D) view out_flat_ is
+  at::Tensor out_flat_;
 };
 
 }  // namespace aar::cp

@@ -59,8 +59,10 @@ DcpAttentionImpl::~DcpAttentionImpl() = default;
 void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, const at::Tensor& output) {
   // The step's decode tokens only (eager: no padding rows).
   const int64_t td = md.num_decode_tokens;
+  // docs/design/cp.md §3.5: a decode-only step's rows are the whole query and output (no views made).
+  const bool all = query.sizes()[0] == td;
   const cp::DcpViews& v = ex_->views(td, query);
-  ex_->stage_query(v, query.narrow(0, 0, td));
+  ex_->stage_query(v, all ? query : query.narrow(0, 0, td));
   ops::FiaTensors t;
   ops::FiaParams p;
   at::Tensor out, lse;
@@ -70,7 +72,7 @@ void DcpAttentionImpl::decode(const DcpMetadata& md, const at::Tensor& query, co
   p.actual_seq_lengths_kv = md.decode_kv_lens.slice(0, td);
   t.block_table = md.decode_kernel_rows == td ? md.decode_block_tables : md.decode_block_tables.narrow(0, 0, td);
   ops::fused_infer_attention_score_out(t, p, std::nullopt, out, lse);
-  ex_->combine(v, output.narrow(0, 0, td));
+  ex_->combine(v, all ? output : output.narrow(0, 0, td));
 }
 
 void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& md, const at::Tensor& query,

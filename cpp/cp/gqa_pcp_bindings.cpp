@@ -163,14 +163,19 @@ void bind_gqa_pcp(nb::module_& m) {
           nb::keep_alive<1, 5>())
       .def(
           "forward",
-          [](cp::PcpAttentionImpl& impl, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-             const at::Tensor& key_cache, const at::Tensor& value_cache, const cp::PcpMetadata* md,
-             nb::handle output) -> nb::object {
+          // The tensors are borrowed from their Python objects (no caster copies), as DcpAttentionImpl's.
+          [](cp::PcpAttentionImpl& impl, nb::handle query, nb::handle key, nb::handle value, nb::handle key_cache,
+             nb::handle value_cache, const cp::PcpMetadata* md, nb::handle output) -> nb::object {
+            const at::Tensor& q = borrow_tensor(query, "query", false);
+            const at::Tensor& k = borrow_tensor(key, "key", false);
+            const at::Tensor& v = borrow_tensor(value, "value", false);
+            const at::Tensor& kc = borrow_tensor(key_cache, "key_cache", false);
+            const at::Tensor& vc = borrow_tensor(value_cache, "value_cache", false);
             const at::Tensor& out = borrow_tensor(output, "output", false);
             {
               // The collectives run without the GIL (see cp_bindings.cpp).
               nb::gil_scoped_release nogil;
-              impl.forward(query, key, value, key_cache, value_cache, md, out);
+              impl.forward(q, k, v, kc, vc, md, out);
             }
             return nb::borrow(output);
           },

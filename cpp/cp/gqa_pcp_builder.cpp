@@ -9,6 +9,7 @@
 #include "../common/builder_checks.h"
 #include "ascend_attn_rt/gqa/mask.h"
 #include "ascend_attn_rt/cp/plan/dcp_layout.h"
+#include "ascend_attn_rt/cp/plan/dcp_step_plan.h"
 #include "ascend_attn_rt/cp/plan/pcp_split.h"
 #include "ascend_attn_rt/cp/plan/pcp_step_plan.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
@@ -220,14 +221,16 @@ const PcpMetadata& PcpMetadataBuilder::build_step(const PcpBuildInputs& in, bool
                         " decodes: GQA PCP pads decode-only steps only (graph buckets); a step with prefills keeps "
                         "its head/tail split and runs eagerly (give 0 or query_start_loc[-1]=", total, ")");
   }
-  plan::StateInputs state_in;
-  state_in.num_computed_tokens = plan::CSpan<int32_t>(num_computed_.data(), n);
-  state_in.num_scheduled_tokens = plan::CSpan<int32_t>(qlens_.data(), n);
-  plan::AttentionState state = plan::select_attention_state(state_in);
   // A decode-only step of several tokens per request is a speculative one.
-  const bool spec_decode = num_prefills == 0 && num_decodes > 0 && max_q > 1;
-  if (num_prefills == 0 && num_decodes > 0) {
-    state = spec_decode ? plan::AttentionState::SpecDecoding : plan::AttentionState::DecodeOnly;
+  const bool decode_only = num_prefills == 0 && num_decodes > 0;
+  const bool spec_decode = decode_only && max_q > 1;
+  plan::AttentionState state = spec_decode ? plan::AttentionState::SpecDecoding : plan::AttentionState::DecodeOnly;
+  if (!decode_only) {
+    // docs/design/cp.md §3.5: a decode-only step's state is set above, without the per-request pass.
+    plan::StateInputs state_in;
+    state_in.num_computed_tokens = plan::CSpan<int32_t>(num_computed_.data(), n);
+    state_in.num_scheduled_tokens = plan::CSpan<int32_t>(qlens_.data(), n);
+    state = plan::select_attention_state(state_in);
   }
   if (cfg_.kv_mode == plan::PcpKvMode::Sharded) {
     build_sharded(in, num_decodes, t_in);
@@ -306,30 +309,17 @@ void PcpMetadataBuilder::build_sharded(const PcpBuildInputs& in, int32_t nd, int
                                 plan::Span<int32_t>(s + o_slots, G));
   plan::pcp_restore_index(sp, plan::Span<int32_t>(s + o_restore, G));
   // Decode rows (docs/design/cp.md §3.3, §6.6): one per decode token, then the
-  // padding rows of a padded decode-only step (t_in > total only then).
+  // padding rows of a padded decode-only step (t_in > total only then). The rows are
+  // DCP's (plan::write_dcp_decode_rows) under the PCP x DCP shard.
   const int64_t dk = nd > 0 && np == 0 ? t_in : Td, mb = cfg_.max_blocks_per_req;
   {
     int32_t* dslots = s + st_->decode_slots.offset;
-    int32_t* dbt = s + st_->decode_bt.offset;
     std::copy_n(token_slots_.data(), Td, dslots);
     std::fill(dslots + Td, dslots + dk, plan::kPadSlot);
-    int64_t row = 0;
-    for (int32_t i = 0; i < nd; ++i) {
-      const int32_t base = in.seq_lens[i] - qlens_[i];  // the request's history
-      for (int32_t j = 0; j < qlens_[i]; ++j, ++row) {
-        int32_t* dst = dbt + row * mb;
-        std::copy_n(in.block_table.data() + static_cast<int64_t>(i) * stride, stride, dst);
-        std::fill(dst + stride, dst + mb, 0);
-        decode_q_ends_[row] = row + 1;
-        // Token j at position base + j sees this rank's local keys at or before it.
-        decode_kv_lens_[row] = plan::dcp_local_len(base + j + 1, W, I, r);
-      }
-    }
-    for (; row < dk; ++row) {
-      std::fill(dbt + row * mb, dbt + (row + 1) * mb, 0);
-      decode_q_ends_[row] = row + 1;
-      decode_kv_lens_[row] = 0;
-    }
+    plan::write_dcp_decode_rows(in.query_start_loc, in.seq_lens, nd, in.block_table, in.block_table_stride, shard,
+                                static_cast<int32_t>(dk), plan::Span<int64_t>(decode_q_ends_.data(), dk),
+                                plan::Span<int64_t>(decode_kv_lens_.data(), dk),
+                                plan::Span<int32_t>(s + st_->decode_bt.offset, dk * mb), static_cast<int32_t>(mb));
   }
   plan::PcpHeadTailBuffers hb;
   hb.q_head_idx = plan::Span<int32_t>(s + o_qh, C);

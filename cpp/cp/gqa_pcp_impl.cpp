@@ -181,7 +181,10 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   // --- KV write (docs/design/cp.md §6.3, §6.4) ---
   at::Tensor kf, vf;  // the restored prefill K/V, padded-global order (Wp * tp rows)
   if (!has_prefill) {
-    if (td > 0) {
+    if (td > 0 && k.sizes()[0] == td && md.decode_slots.sizes()[0] == td) {
+      // An unpadded decode-only step: every row is a decode token (docs/design/cp.md §3.5: no views made).
+      gqa::write_paged_kv(cfg_.device_kind, k, v, caches_.key, caches_.value, md.decode_slots);
+    } else if (td > 0) {
       gqa::write_paged_kv(cfg_.device_kind, k.narrow(0, 0, td), v.narrow(0, 0, td), caches_.key, caches_.value,
                           md.decode_slots.narrow(0, 0, td));
     }
@@ -246,8 +249,10 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
   if (has_decode) {
     // docs/design/cp.md §11.5: the wire, its gather and the merge's inputs are the PCP merge workspace's.
     const DcpViews& pw = pcp_wire_views(*pcp_, H, D, q.device(), /*workspace_group=*/0, td, merge_ws_);
-    decode_partial(md, q.narrow(0, 0, td), td, pw);
-    pcp_gather_merge(*pcp_, pw, out.narrow(0, 0, td));
+    // A decode-only step's rows are the whole query and output (docs/design/cp.md §3.5: no views made).
+    const bool all = tloc == td;
+    decode_partial(md, all ? q : q.narrow(0, 0, td), td, pw);
+    pcp_gather_merge(*pcp_, pw, all ? out : out.narrow(0, 0, td));
   }
   // Padding decode rows of a padded decode-only step run eagerly: defined zeros.
   if (tloc > td && !has_prefill) out.narrow(0, td, tloc - td).zero_();
@@ -293,7 +298,10 @@ void PcpAttentionImpl::forward_sharded(const at::Tensor& q, const at::Tensor& k,
 void PcpAttentionImpl::decode_partial(const PcpMetadata& md, const at::Tensor& q_rows, int64_t rows,
                                       const DcpViews& pw) {
   const DcpViews& v = ex_->views(rows, q_rows);
-  ex_->stage_query(v, q_rows);
+  // Without DCP the kernel reads the query rows where they are (docs/design/cp.md §3.5): staging them
+  // into the workspace is a copy a captured call needs (a stable address), an eager one does not.
+  const bool local = ex_->world() == 1 && q_rows.is_contiguous();
+  if (!local) ex_->stage_query(v, q_rows);
   ops::FiaTensors t;
   ops::FiaParams p;
   at::Tensor o, l;
@@ -302,6 +310,7 @@ void PcpAttentionImpl::decode_partial(const PcpMetadata& md, const at::Tensor& q
                          all ? md.decode_block_tables : md.decode_block_tables.narrow(0, 0, rows),
                          md.decode_q_ends.slice(0, rows), md.decode_kv_lens.slice(0, rows), md.shape.block_size, t,
                          p, o, l);
+  if (local) t.query = q_rows;
   const bool direct = wire_targets(v, pw, o, l);
   ops::fused_infer_attention_score_out(t, p, std::nullopt, o, l);
   wire_finish(v, pw, direct);
