@@ -59,6 +59,12 @@ struct FastDiv {
   uint64_t m_;
 };
 
+// local_len(len, world, interleave, rank) given q = len / (W * I) (computed once for every rank).
+inline int64_t local_len_from(int64_t len, int64_t q, int64_t world, int64_t interleave, int64_t rank) {
+  const int64_t base = q * interleave, rem = len - q * world * interleave;
+  return base + std::clamp<int64_t>(rem - rank * interleave, 0, interleave);
+}
+
 // local_len(len, world, interleave, rank) and local_len(len, ..., 0) from one division by W * I
 // (fd_wi); len >= 0 and the shard validated. Returns {this rank's, rank 0's}.
 struct LocalLens {

@@ -17,8 +17,10 @@ namespace {
 using detail::dcp::check_lens_nonneg;
 using detail::dcp::check_shard;
 using detail::dcp::check_world_interleave;
+using detail::dcp::FastDiv;
 using detail::dcp::local_index;
 using detail::dcp::local_len;
+using detail::dcp::local_len_from;
 using detail::dcp::owner;
 
 }  // namespace
@@ -116,6 +118,11 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
   const std::size_t stride = static_cast<std::size_t>(in.block_table_stride);
   const int32_t total = in.query_start_loc[b];
   const int64_t bs = in.block_size, w = shard.world, il = shard.interleave;
+  // Every position is an int32 (seq_lens are), so the pass's divisions by W * I, I and the block
+  // size are multiply-highs when W * I fits 32 bits (docs/design/cp.md §11.8); the same values.
+  const bool fast = w * il <= int64_t{UINT32_MAX};
+  const FastDiv fd_wi(fast ? static_cast<uint32_t>(w * il) : 1u), fd_i(static_cast<uint32_t>(il)),
+      fd_bs(static_cast<uint32_t>(bs));
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
     const int32_t seq = in.seq_lens[r];
@@ -123,8 +130,11 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
     if (q == 0) continue;
     const int32_t* row = in.block_table.data() + r * stride;
     // Rank k writes local indices [local_len(seq-q, k), local_len(seq, k)).
+    const int64_t lo_q = fast ? fd_wi.div(static_cast<uint32_t>(seq - q)) : 0;
+    const int64_t hi_q = fast ? fd_wi.div(static_cast<uint32_t>(seq)) : 0;
     for (int64_t k = 0; k < w; ++k) {
-      const int64_t lo = local_len(seq - q, w, il, k), hi = local_len(seq, w, il, k);
+      const int64_t lo = fast ? local_len_from(seq - q, lo_q, w, il, k) : local_len(seq - q, w, il, k);
+      const int64_t hi = fast ? local_len_from(seq, hi_q, w, il, k) : local_len(seq, w, il, k);
       if (hi == lo) continue;
       const int64_t first_blk = lo / bs, last_blk = (hi - 1) / bs;
       AAR_CHECK_ARG(last_blk < in.block_table_stride, "seq_lens[", r, "]=", seq, " needs block index ",
@@ -140,6 +150,28 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
 
   int32_t owned = 0;
   const int32_t ibs = in.block_size;
+  if (fast) {
+    const uint32_t uw = static_cast<uint32_t>(w), ui = static_cast<uint32_t>(il), ub = static_cast<uint32_t>(ibs);
+    const uint32_t me = static_cast<uint32_t>(shard.rank);
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t begin = in.query_start_loc[r], end = in.query_start_loc[r + 1];
+      const int32_t* row = in.block_table.data() + r * stride;
+      uint32_t pos = static_cast<uint32_t>(in.seq_lens[r] - (end - begin));
+      for (int32_t t = begin; t < end; ++t, ++pos) {
+        const uint32_t qwi = fd_wi.div(pos), qi = fd_i.div(pos);
+        if (qi - qwi * uw != me) {  // owner(pos) = (pos / I) % W
+          slots_out[t] = kPadSlot;
+          continue;
+        }
+        const uint32_t li = qwi * ui + (pos - qi * ui);  // local_index(pos)
+        const uint32_t blk = fd_bs.div(li);
+        slots_out[t] = row[blk] * ibs + static_cast<int32_t>(li - blk * ub);
+        ++owned;
+      }
+    }
+    for (std::size_t t = static_cast<std::size_t>(total); t < slots_out.size(); ++t) slots_out[t] = kPadSlot;
+    return owned;
+  }
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t begin = in.query_start_loc[r], end = in.query_start_loc[r + 1];
     const int32_t* row = in.block_table.data() + r * stride;
@@ -166,10 +198,17 @@ void check_dcp_block_table(const SlotMappingInputs& in, int32_t world, int32_t i
   const std::size_t stride = static_cast<std::size_t>(std::max(in.block_table_stride, 0));
   AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table.size() >= n * stride, "block_table has ",
                 in.block_table.size(), " entries, expected ", n, " x ", in.block_table_stride);
+  const bool fast = int64_t{world} * interleave <= int64_t{UINT32_MAX};
+  const FastDiv fd_wi(fast ? static_cast<uint32_t>(int64_t{world} * interleave) : 1u),
+      fd_bs(static_cast<uint32_t>(in.block_size));
   for (std::size_t r = 0; r < n; ++r) {
     const int64_t seq = in.seq_lens[r];
     AAR_CHECK_ARG(seq >= 0, "seq_lens[", r, "]=", seq, " is negative");
-    const int64_t need = (local_len(seq, world, interleave, 0) + in.block_size - 1) / in.block_size;
+    // ceil(local_len(seq, rank 0) / block_size), by multiply-highs when W * I fits 32 bits (cp.md §11.8).
+    const int64_t first = fast ? local_len_from(seq, fd_wi.div(static_cast<uint32_t>(seq)), world, interleave, 0)
+                               : local_len(seq, world, interleave, 0);
+    const int64_t need = fast ? int64_t{fd_bs.div(static_cast<uint32_t>(first + in.block_size - 1))}
+                              : (first + in.block_size - 1) / in.block_size;
     AAR_CHECK_ARG(need <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", need,
                   " blocks per DCP rank but block_table_stride=", in.block_table_stride);
     const int32_t* row = in.block_table.data() + r * stride;
