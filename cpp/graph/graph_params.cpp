@@ -398,10 +398,14 @@ void GraphParams::replay(int64_t n) {
   for (RecordedCall& r : b.calls) {
     if (defer && !queue && r.call->runs_on_host()) queue = true;
     if (queue) {
-      rec->defer([alive = std::weak_ptr<const void>(b.alive), exclusive = b.exclusive, c = r.call.get(),
-                  kind = r.call->kind(), n]() {
+      rec->defer([alive = std::weak_ptr<const void>(b.alive), exclusive = b.exclusive, owners = b.owners,
+                  c = r.call.get(), kind = r.call->kind(), n]() {
         AAR_CHECK_ARG(!alive.expired(), "deferred replay work of bucket ", n, " (a queued ", kind,
                       "): the bucket was released before the queue ran");
+        for (const auto& o : owners) {
+          AAR_CHECK_ARG(!o.life.expired(), "deferred replay work of bucket ", n, " (a queued ", kind, "): ", o.what,
+                        " was destroyed before the queue ran");
+        }
         std::vector<detail::ExclusiveUse*> in;
         in.reserve(exclusive.size());
         struct Out {
