@@ -244,8 +244,10 @@ TEST(Graph, DeferredHostCallbacksRunLaterInStreamOrder) {
   std::vector<std::string> log;
   std::vector<std::pair<uint64_t, uint64_t>> passes;  // (id, unreplayed) of every refresh
   int64_t taken = -1;
+  auto life = std::make_shared<int>(0);  // a layer's life token
   {
     CaptureScope scope(g, kBucket);
+    g.note_owner(life, "the test layer");
     g.capture_call(std::make_unique<ClosureCall>(0, 0, [&] { log.push_back("before " + std::to_string(taken)); }));
     g.capture_call(std::make_unique<aar::graph::HostCallbackCall>(
         0, 0, [&] { log.push_back("host " + std::to_string(taken)); }, aar::graph::HostCallbackCall::Check{},
@@ -278,14 +280,21 @@ TEST(Graph, DeferredHostCallbacksRunLaterInStreamOrder) {
   ASSERT_EQ(passes.size(), 4u);
   EXPECT_EQ(passes[2].second, 0u);
   EXPECT_EQ(passes[3].second, passes[2].first);
-  // Queued work of a released bucket refuses to run.
+  // Queued work of a destroyed layer or a released bucket refuses to run.
   g.replay(kBucket);
-  EXPECT_EQ(rec->deferred(), 2u);
+  g.update(kBucket, {step(3)});
+  g.replay(kBucket);
+  EXPECT_EQ(rec->deferred(), 5u);
+  const size_t ran = log.size();
+  life.reset();
+  EXPECT_THROW(rec->run_deferred(), std::invalid_argument);
+  EXPECT_EQ(rec->deferred(), 4u);  // the failing entry is dropped, the rest stay
   g.release(kBucket);
   EXPECT_THROW(rec->run_deferred(), std::invalid_argument);
-  EXPECT_EQ(rec->deferred(), 1u);  // the failing entry is dropped, the rest stay
+  EXPECT_EQ(rec->deferred(), 3u);
   rec->drop_deferred();
   EXPECT_EQ(rec->deferred(), 0u);
+  EXPECT_EQ(log.size(), ran);  // none of it ran
 }
 
 TEST(Graph, ADeviceProviderLaunchesTheHostCallbackAndKeepsItsError) {
