@@ -13,11 +13,18 @@
 // queries, the indexer cache write, the indexer, sparse attention) and one that
 // reuses the top-k buffer, every tensor on the meta device (shapes only: the
 // layer's operators and tensor ops cost their host work alone, as on an NPU).
+// `graph`: GraphParams::update of a captured KV-offload decode bucket (the
+// recording provider; 1 and 61 offloaded layers, 32 and 256 decodes at
+// 4096-token contexts, block size 128, a 64-column block table): the per-layer
+// checks and the host inputs the callbacks read, since docs/design/sfa.md §6.7
+// a snapshot copied once per update (the decode rows' lists, the block-table
+// rows their lengths reach, the slots). The layers' dimensions are small (the
+// update reads none of the layer's tensors).
 // Torch runs one intra-op thread (AAR_BENCH_THREADS=N to change it): the host
 // path is single-threaded, and the separate-buffer copies would otherwise spin
 // OpenMP workers on the second core.
 //
-//   build/bench_sfa_cpp [--out benchmarks/results/cpp_sfa.json] [--quick] [--only build|forward]
+//   build/bench_sfa_cpp [--out benchmarks/results/cpp_sfa.json] [--quick] [--only build|forward|graph]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -30,8 +37,11 @@
 #include <vector>
 
 #include "bench_timing.h"
+#include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/ops/provider.h"
 #include "ascend_attn_rt/sfa/builder.h"
+#include "ascend_attn_rt/sfa/graph.h"
+#include "ascend_attn_rt/sfa/host_pool.h"
 #include "ascend_attn_rt/sfa/impl.h"
 
 namespace {
@@ -82,7 +92,7 @@ int main(int argc, char** argv) {
 
   // ---------------------------------------------------------------- build
   for (bool separate : {false, true}) {
-    if (only == "forward" || (separate && std::getenv("AAR_BENCH_BATCH"))) break;
+    if (only == "forward" || only == "graph" || (separate && std::getenv("AAR_BENCH_BATCH"))) break;
     aar::sfa::MetadataBuilder builder(builder_config(c10::Device(c10::kCPU), separate));
     const std::string path = separate ? "build, separate buffers" : "build, cpu (aliased)";
     for (int B : {1, 32, 256, 1024}) {
@@ -103,7 +113,7 @@ int main(int argc, char** argv) {
   }
 
   // ---------------------------------------------------------------- forward
-  if (only != "build") {
+  if (only != "build" && only != "graph") {
     const c10::Device meta(c10::kMeta);
     aar::sfa::MetadataBuilder builder(builder_config(meta, false));
     const int64_t H = 16, hid = 7168, Q = 1536, L = 512, P = 128, V = 128, NI = 64, DI = 128, K = 2048;
@@ -151,6 +161,93 @@ int main(int argc, char** argv) {
         const auto& kv = indexer ? caches : main_caches;
         results.push_back({path, "decode, per layer", B,
                            time_us([&] { impl.forward(x, kv, &md, out, &topk); }, 20000 / scale)});
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- graph update of an offloaded bucket
+  if (only != "build" && only != "forward") {
+    const int64_t H = 1, hid = 64, Q = 32, L = 16, P = 16, V = 16, R = 8, NI = 2, DI = 16, K = 128, ctx = 4096;
+    const int64_t blocks = 256 * (ctx / kBs);
+    const auto opts = at::TensorOptions().dtype(at::kBFloat16);
+    auto w = [&](int64_t o, int64_t i) { return at::zeros({o, i}, opts); };
+    aar::mla::Weights ws;
+    ws.q_a_proj = w(Q, hid);
+    ws.q_a_layernorm = at::ones({Q}, opts);
+    ws.q_proj = w(H * (P + R), Q);
+    ws.kv_a_proj_with_mqa = w(L + R, hid);
+    ws.kv_a_layernorm = at::ones({L}, opts);
+    ws.kv_b_proj = w(H * (P + V), L);
+    ws.o_proj = w(hid, H * V);
+    aar::sfa::IndexerWeights iw{w(NI * DI, Q), w(DI, hid), w(NI, hid), at::ones({DI}, opts), at::zeros({DI}, opts)};
+    const std::vector<at::Tensor> caches{at::zeros({blocks, kBs, 1, DI}, opts)};  // the indexer's (the rest: the pool)
+    aar::sfa::HostKvPoolConfig pc;
+    pc.num_layers = 1;
+    pc.block_size = kBs;
+    pc.kv_lora_rank = L;
+    pc.qk_rope_head_dim = R;
+    pc.budget_bytes = blocks * aar::sfa::HostKvPool::block_bytes(1, kBs, L, R);
+    const std::shared_ptr<aar::sfa::HostKvPool> pool = aar::sfa::HostKvPool::create(pc);
+    for (int layers : {1, 61}) {
+      for (int B : {32, 256}) {
+        aar::sfa::BuilderConfig bc;
+        bc.max_num_reqs = 256;
+        bc.max_num_tokens = 256;
+        bc.max_blocks_per_req = kMbr;
+        bc.block_size = kBs;
+        bc.num_blocks = blocks;
+        bc.cos_table = at::zeros({kMbr * kBs, R}, opts);
+        bc.sin_table = at::zeros({kMbr * kBs, R}, opts);
+        bc.graph_decode_padding = true;
+        bc.offload = aar::sfa::BuilderOffloadConfig{/*is_decode_consumer=*/true};
+        aar::sfa::MetadataBuilder builder(bc);
+        Batch b = aar_bench::make_batch(B, ctx, 0, 0, 0, kMbr, static_cast<int>(blocks));
+        std::vector<uint64_t> ids(static_cast<size_t>(B));
+        for (int i = 0; i < B; ++i) ids[static_cast<size_t>(i)] = 1000 + static_cast<uint64_t>(i);
+        auto in = inputs_of(b);
+        in.req_ids = aar::plan::CSpan<uint64_t>(ids.data(), ids.size());
+        in.num_input_tokens = B;
+        std::vector<std::unique_ptr<aar::sfa::Impl>> impls;
+        aar::graph::GraphParams g(std::make_shared<aar::graph::RecordingGraphProvider>());
+        const at::Tensor x = at::zeros({B, hid}, opts);
+        std::vector<at::Tensor> outs;
+        {
+          const aar::sfa::Metadata& md = builder.build_for_graph_capture(in);
+          aar::graph::CaptureScope scope(g, B);
+          for (int l = 0; l < layers; ++l) {
+            aar::sfa::ImplConfig ic;
+            ic.dims.num_heads = H;
+            ic.dims.hidden_size = hid;
+            ic.dims.q_lora_rank = Q;
+            ic.dims.kv_lora_rank = L;
+            ic.dims.qk_nope_head_dim = P;
+            ic.dims.qk_rope_head_dim = R;
+            ic.dims.v_head_dim = V;
+            ic.scale = 1.0;
+            aar::sfa::IndexerConfig idx;
+            idx.n_head = NI;
+            idx.head_dim = DI;
+            idx.topk = K;
+            ic.indexer = idx;
+            ic.layer_index = l;
+            aar::sfa::OffloadConfig oc;
+            oc.pool = pool;
+            oc.pool_layer = 0;  // every layer on the pool's one layer: nothing is copied at update
+            oc.topk_buffer_size = kBs;
+            oc.is_decode_consumer = true;
+            oc.max_num_reqs = 256;
+            oc.max_num_tokens = 256;
+            ic.offload = oc;
+            impls.push_back(std::make_unique<aar::sfa::Impl>(ic, ws, iw));
+            outs.push_back(at::zeros({B, hid}, opts));
+            impls.back()->forward(x, caches, &md, outs.back());
+          }
+        }
+        const aar::sfa::Metadata& md = builder.build(in);
+        // Short repeats, many of them: on a loaded machine a long repeat mostly measures preemption.
+        const double us = time_us([&] { g.update(B, md); }, (layers == 1 ? 400 : 100) / scale, 25);
+        results.push_back({"graph update, offload", std::to_string(layers) + " layers, ctx " + std::to_string(ctx),
+                           B, us});
       }
     }
   }

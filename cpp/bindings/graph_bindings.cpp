@@ -238,6 +238,34 @@ void bind_graph(nb::module_& m) {
            [](GraphParams& g) {
              if (auto* r = dynamic_cast<graph::RecordingGraphProvider*>(&g.provider())) r->clear_update_log();
            })
+      .def_prop_rw(
+          "defer_host_callbacks",
+          [](GraphParams& g) {
+            auto* r = dynamic_cast<graph::RecordingGraphProvider*>(&g.provider());
+            return r != nullptr && r->defers_host_callbacks();
+          },
+          [](GraphParams& g, bool on) {
+            auto* r = dynamic_cast<graph::RecordingGraphProvider*>(&g.provider());
+            AAR_CHECK_ARG(r != nullptr, "defer_host_callbacks exists for the recording provider only (a device "
+                          "stream defers them by itself)");
+            r->set_defer_host_callbacks(on);
+          },
+          "Recording provider, a test mode (docs/design/graph.md §1.6): a replay queues its calls from the first "
+          "host callback on, as a device stream runs them after the host moved on; run_deferred() runs them.")
+      .def(
+          "run_deferred",
+          [](GraphParams& g) {
+            auto* r = dynamic_cast<graph::RecordingGraphProvider*>(&g.provider());
+            AAR_CHECK_ARG(r != nullptr, "run_deferred exists for the recording provider only");
+            nb::gil_scoped_release nogil;
+            return r->run_deferred();
+          },
+          "Runs the queued replay work in order; returns how many calls ran.")
+      .def_prop_ro("deferred",
+                   [](GraphParams& g) {
+                     auto* r = dynamic_cast<graph::RecordingGraphProvider*>(&g.provider());
+                     return r != nullptr ? static_cast<int64_t>(r->deferred()) : int64_t{0};
+                   })
       .def_prop_ro("live_events", [](GraphParams& g) {
         auto* r = dynamic_cast<graph::RecordingGraphProvider*>(&g.provider());
         AAR_CHECK_ARG(r != nullptr, "live_events exists for the recording provider only");

@@ -144,6 +144,18 @@ void GraphParams::note_exclusive_use(const std::shared_ptr<detail::ExclusiveUse>
   ex.push_back(use);
 }
 
+std::shared_ptr<void> GraphParams::host_state(const std::string& name,
+                                              const std::function<std::shared_ptr<void>()>& make) {
+  auto& states = open_bucket().host_state;
+  for (const auto& [k, v] : states) {
+    if (k == name) return v;
+  }
+  std::shared_ptr<void> made = make();
+  AAR_CHECK_ARG(made != nullptr, "host_state: the state \"", name, "\" made for the bucket is null");
+  states.emplace_back(name, made);
+  return made;
+}
+
 void GraphParams::note_owner(const std::shared_ptr<const void>& life, std::string what) {
   AAR_CHECK_ARG(life != nullptr, "note_owner: the life token must not be null");
   auto& owners = open_bucket().owners;
@@ -238,21 +250,25 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!groups[g].stamp.current()) check_current(groups[g].stamp, ("metadata[" + std::to_string(g) + "]").c_str());
   }
+  // The pass the refreshes will get, known to the checks (a host callback's refuses an update that
+  // would overwrite host state a pending replay still reads: docs/design/graph.md §1.6).
+  const UpdatePass pass{passes_ + 1, b.unreplayed_pass};
   for (const RecordedCall& r : b.calls) {
     const CapturedCall& c = *r.call;
     AAR_CHECK_ARG(c.group() >= 0 && static_cast<size_t>(c.group()) < groups.size(), "a call of layer ",
                   c.layer_index(), " belongs to KV-cache group ", c.group(), " but ", groups.size(),
                   " group metadata were given");
-    c.check(groups[c.group()], n);
+    c.check_update(groups[c.group()], n, pass);
   }
   // The re-issues are operator calls: one inference-mode scope for all of them.
   aar::detail::InferenceScope inference;
-  const UpdatePass pass{++passes_};
+  ++passes_;
   const bool relaunch = !provider_->replays_recorded_calls();
   // From here an operator call (a workspace query, an NPU re-issue) may fail: the bucket counts
   // as not updated until the loop completes (replay refuses it), and the failing call keeps the
   // previous step's parameters (see the header).
   b.updated = false;
+  b.unreplayed_pass = pass.id;  // until a replay consumes it (a failed update: until the next update)
   for (RecordedCall& r : b.calls) {
     if (r.call->has_params()) {
       refresh_one(r, groups[r.call->group()], pass, relaunch);
@@ -261,6 +277,8 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
     }
   }
   b.updated = true;
+  // A device provider cannot see the replay: the engine replays each completed update once.
+  if (relaunch) b.unreplayed_pass = 0;
 }
 
 void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_call) {
@@ -284,14 +302,16 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
     if (r.call->has_params()) r.call->check(per_call[i++ % per_call.size()], n);
   }
   aar::detail::InferenceScope inference;
-  const UpdatePass pass{++passes_};
+  const UpdatePass pass{++passes_, b.unreplayed_pass};
   const bool relaunch = !provider_->replays_recorded_calls();
   b.updated = false;  // as update(): not updated until every call went through
+  b.unreplayed_pass = pass.id;
   i = 0;
   for (RecordedCall& r : b.calls) {
     if (r.call->has_params()) refresh_one(r, per_call[i++ % per_call.size()], pass, relaunch);
   }
   b.updated = true;
+  if (relaunch) b.unreplayed_pass = 0;
 }
 
 namespace {
@@ -371,10 +391,47 @@ void GraphParams::replay(int64_t n) {
   // inference tensors when the forward ran under InferenceMode).
   aar::detail::InferenceScope inference;
   b.updated = false;  // a replay consumes the update, whether or not it completes
+  // The recording provider's deferred mode (docs/design/graph.md §1.6): from the first host callback
+  // on (from the first call while earlier work is queued) the calls go to its queue, in order.
+  bool queue = rec != nullptr && rec->defers_host_callbacks() && rec->deferred() > 0;
+  const bool defer = rec != nullptr && rec->defers_host_callbacks();
   for (RecordedCall& r : b.calls) {
-    r.call->launch();
+    if (defer && !queue && r.call->runs_on_host()) queue = true;
+    if (queue) {
+      rec->defer([alive = std::weak_ptr<const void>(b.alive), exclusive = b.exclusive, owners = b.owners,
+                  c = r.call.get(), kind = r.call->kind(), n]() {
+        AAR_CHECK_ARG(!alive.expired(), "deferred replay work of bucket ", n, " (a queued ", kind,
+                      "): the bucket was released before the queue ran");
+        for (const auto& o : owners) {
+          AAR_CHECK_ARG(!o.life.expired(), "deferred replay work of bucket ", n, " (a queued ", kind, "): ", o.what,
+                        " was destroyed before the queue ran");
+        }
+        std::vector<detail::ExclusiveUse*> in;
+        in.reserve(exclusive.size());
+        struct Out {
+          std::vector<detail::ExclusiveUse*>& e;
+          ~Out() {
+            while (!e.empty()) {
+              e.back()->leave();
+              e.pop_back();
+            }
+          }
+        } out{in};
+        for (const auto& u : exclusive) {
+          u->enter();
+          in.push_back(u.get());
+        }
+        aar::detail::InferenceScope scope;
+        c->launch();
+      });
+    } else {
+      r.call->launch();
+    }
     if (r.event != nullptr && rec != nullptr) rec->reset_event(r.event);
   }
+  // Host state the update published counts as read only once every call ran (or was queued): after a
+  // replay that failed part way the next update replaces it (UpdatePass::unreplayed).
+  b.unreplayed_pass = 0;
   b.updated = !has_params(b);  // see has_params()
 }
 

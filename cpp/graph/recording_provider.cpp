@@ -67,6 +67,17 @@ bool RecordingGraphProvider::event_recorded(Handle e) const {
   return i >= 1 && i <= static_cast<intptr_t>(recorded_.size()) && recorded_[i - 1] != 0;
 }
 
+int64_t RecordingGraphProvider::run_deferred() {
+  int64_t ran = 0;
+  while (!queue_.empty()) {
+    std::function<void()> work = std::move(queue_.front());
+    queue_.pop_front();
+    work();
+    ++ran;
+  }
+  return ran;
+}
+
 void RecordingGraphProvider::reset_event(Handle e) {
   const intptr_t i = id_of(e);
   if (i >= 1 && i <= static_cast<intptr_t>(recorded_.size())) recorded_[i - 1] = 0;

@@ -839,15 +839,16 @@ void Impl::capture_offload(graph::GraphParams& g, const at::Tensor& hidden, cons
                 hidden.size(0), " rows and ", tk, " kernel tokens");
   const int64_t K = cfg_.indexer.has_value() ? cfg_.indexer->topk : topk->index_topk();
   const int64_t R = cfg_.dims.qk_rope_head_dim;
-  std::shared_ptr<detail::OffloadGraphStep> gs = offload_->capture_state(md, tk, K);
+  std::shared_ptr<detail::OffloadGraphStep> gs = offload_->capture_state(g, md, tk, K);
   const int64_t layer = cfg_.layer_index;
   // (1) Every tensor it reads is at a stable address (the builder's buffers, the caches, the workspaces);
   // `md_at_capture`'s views are the builder's, refilled in place by each build.
   g.capture_call(std::make_unique<graph::ClosureCall>(
       layer, 0, [this, gs, hidden, c, md_at_capture = md, topk, tk, R]() {
-        // A build after the update would leave the callback with stale lists: refused before anything runs
-        // (on a CPU replay; on the NPU the engine must not build between update and replay).
-        // (Not at capture: a device provider runs this once then, to record the kernels.)
+        // A CPU replay runs this work at once on the builder's buffers: a build after the update would
+        // give it the next step's, refused before anything runs. (On a device the builder's copies into
+        // them are stream-ordered after the replay; the host callback reads the update's snapshot,
+        // docs/design/sfa.md §6.7.) Not at capture: a device provider runs this once then.
         if (gs->has_step) {
           check_current(gs->stamp, "the SFA metadata of the bucket's last update (rebuilt since: update with the new "
                         "build before the replay)");
@@ -869,14 +870,14 @@ void Impl::capture_offload(graph::GraphParams& g, const at::Tensor& hidden, cons
   // (2) The step's host inputs come with each update (sfa::graph_step_params).
   g.capture_call(std::make_unique<graph::HostCallbackCall>(
       layer, 0, [this, gs]() { offload_->host_step(*gs); },
-      [this, gs](const graph::StepParams& step, int64_t b) {
+      [this, gs](const graph::StepParams& step, int64_t b, const graph::UpdatePass& pass) {
         const Metadata* m = step.backend_metadata_as<Metadata>();
         AAR_CHECK_ARG(m != nullptr, "the update of bucket ", b, " needs the step's sfa Metadata (sfa::graph_step_params): "
                       "layer ", cfg_.layer_index, " is a captured SFA KV-offload layer whose host callback reads it");
-        offload_->check_step(*gs, *m, b);
+        offload_->check_step(*gs, *m, b, pass);
       },
-      [gs](const graph::StepParams& step) {
-        detail::OffloadLayer::take_step(*gs, *step.backend_metadata_as<Metadata>());
+      [gs](const graph::StepParams& step, const graph::UpdatePass& pass) {
+        detail::OffloadLayer::take_step(*gs, *step.backend_metadata_as<Metadata>(), pass);  // a snapshot (§6.7)
       }));
   // (3) Over the bucket's rows: the padding rows' slots are all -1, their attention rows zero.
   g.capture_call(std::make_unique<graph::ClosureCall>(layer, 0, [this, gs, output, tk]() {

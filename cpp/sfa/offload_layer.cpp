@@ -7,6 +7,7 @@
 
 #include "../common/shared_by_shape.h"
 #include "ascend_attn_rt/errors.h"
+#include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "sparse_attention.h"
 #include "../graph/exclusive_scope.h"
@@ -273,7 +274,117 @@ at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, cons
 
 // ---------------------------------------------------------------- graph capture (docs/design/sfa.md §6.6)
 
-std::shared_ptr<OffloadGraphStep> OffloadLayer::capture_state(const Metadata& md, int64_t rows, int64_t K) {
+// ---------------------------------------------------------------- the snapshot ring (docs/design/sfa.md §6.7)
+
+OffloadStepRing::OffloadStepRing(int64_t bucket_tokens) {
+  for (OffloadStepSnapshot& s : slots_) {
+    s.slot_mapping = at::empty({bucket_tokens}, at::TensorOptions().dtype(at::kLong));
+    s.decode_req_ids.reserve(static_cast<size_t>(bucket_tokens));
+    s.decode_seq_lens.reserve(static_cast<size_t>(bucket_tokens));
+    s.decode_stable_prefix.reserve(static_cast<size_t>(bucket_tokens));
+    s.token_to_req.reserve(static_cast<size_t>(bucket_tokens));
+  }
+}
+
+bool OffloadStepRing::supersedes(const graph::UpdatePass& pass) const {
+  // The newest snapshot belongs to an update no replay consumed (it failed part way; or the CPU
+  // provider has not replayed since): this update replaces it in place.
+  return published_.load(std::memory_order_relaxed) > 0 && pass.unreplayed != 0 && pass.unreplayed == last_pass_;
+}
+
+int64_t OffloadStepRing::pending() const {
+  return static_cast<int64_t>(published_.load(std::memory_order_acquire) - read_.load(std::memory_order_acquire));
+}
+
+void OffloadStepRing::check_free(int64_t bucket, const graph::UpdatePass& pass) const {
+  if (pass.id == last_pass_ || supersedes(pass)) return;
+  const OffloadStepSnapshot& next = slots_[published_.load(std::memory_order_relaxed) % kSlots];
+  if (next.readers_left.load(std::memory_order_acquire) == 0) return;
+  throw_invalid("update of SFA KV-offload bucket ", bucket, ": the host inputs of ", pending(), " earlier updates "
+                "are still pending (their replays' host callbacks have not run) and the bucket keeps ", kSlots,
+                " snapshots (docs/design/sfa.md §6.7); wait for the stream to reach the oldest replay's callbacks "
+                "before updating again");
+}
+
+void OffloadStepRing::take(const Metadata& md, const graph::UpdatePass& pass) {
+  if (pass.id == last_pass_) return;  // an earlier offloaded layer of this update took it
+  const bool replace = supersedes(pass);
+  const uint64_t seq = published_.load(std::memory_order_relaxed) - (replace ? 1 : 0);
+  OffloadStepSnapshot& s = slots_[seq % kSlots];
+  AAR_CHECK_ARG(replace || s.readers_left.load(std::memory_order_acquire) == 0,
+                "SFA KV-offload snapshot ", seq, " is still pending (the update's check lets it through only free)");
+  const OffloadMetadata& o = md.offload;
+  const auto ndt = static_cast<size_t>(md.num_decode_tokens);
+  const int64_t nat = md.num_actual_tokens;
+  AAR_CHECK_ARG(nat <= s.slot_mapping.numel(), "the step has ", nat, " tokens, more than the bucket's ",
+                s.slot_mapping.numel());
+  s.decode_req_ids.assign(o.decode_req_ids.begin(), o.decode_req_ids.begin() + ndt);
+  s.decode_seq_lens.assign(o.decode_seq_lens.begin(), o.decode_seq_lens.begin() + ndt);
+  s.decode_stable_prefix.assign(o.decode_stable_prefix.begin(), o.decode_stable_prefix.begin() + ndt);
+  s.token_to_req.assign(o.token_to_req_host.begin(), o.token_to_req_host.begin() + ndt);
+  // The block table of the requests the decode rows belong to, as wide as their lengths reach (a miss
+  // reads block token / block_size of its row's request, token < the row's seq_len).
+  int32_t nreq = 0, width = 0;
+  const int32_t bs = md.block_size, stride = o.block_table_stride;
+  for (size_t t = 0; t < ndt; ++t) {
+    nreq = std::max(nreq, s.token_to_req[t] + 1);
+    width = std::max(width, (s.decode_seq_lens[t] + bs - 1) / bs);
+  }
+  width = std::min(width, stride);
+  s.block_table.resize(static_cast<size_t>(nreq) * static_cast<size_t>(width));
+  for (int32_t b = 0; b < nreq; ++b) {
+    std::copy_n(o.block_table_host.data() + static_cast<size_t>(b) * static_cast<size_t>(stride),
+                static_cast<size_t>(width), s.block_table.data() + static_cast<size_t>(b) * static_cast<size_t>(width));
+  }
+  if (nat > 0) {
+    std::copy_n(o.slot_mapping_host.const_data_ptr<int64_t>(), nat, s.slot_mapping.data_ptr<int64_t>());
+  }
+  s.num_decode_tokens = md.num_decode_tokens;
+  s.num_actual_tokens = nat;
+  OffloadMetadata& v = s.view;
+  v.enabled = true;
+  v.decode_consumer = o.decode_consumer;
+  v.slot_mapping_host = s.slot_mapping.narrow(0, 0, nat);
+  v.decode_req_ids = plan::CSpan<uint64_t>(s.decode_req_ids.data(), ndt);
+  v.decode_seq_lens = plan::CSpan<int32_t>(s.decode_seq_lens.data(), ndt);
+  v.decode_stable_prefix = plan::CSpan<int32_t>(s.decode_stable_prefix.data(), ndt);
+  v.token_to_req_host = plan::CSpan<int32_t>(s.token_to_req.data(), ndt);
+  v.block_table_host = plan::CSpan<int32_t>(s.block_table.data(), s.block_table.size());
+  v.block_table_stride = width;
+  s.seq = seq;
+  s.pass = pass.id;
+  last_pass_ = pass.id;
+  if (replace) {
+    // A failed CPU replay may have let some layers read it: every layer reads it again.
+    s.readers_left.store(readers_, std::memory_order_release);
+    if (read_.load(std::memory_order_acquire) > seq) read_.store(seq, std::memory_order_release);
+  } else {
+    s.readers_left.store(readers_, std::memory_order_relaxed);
+    published_.store(seq + 1, std::memory_order_release);  // the callbacks see the copies above
+  }
+}
+
+const OffloadStepSnapshot& OffloadStepRing::acquire(int64_t bucket) const {
+  const uint64_t r = read_.load(std::memory_order_acquire);
+  AAR_CHECK_ARG(r < published_.load(std::memory_order_acquire), "SFA KV-offload host callback of bucket ", bucket,
+                ": no update is left for this replay (", r, " updates read; every replay needs its own update, "
+                "docs/design/sfa.md §6.7)");
+  const OffloadStepSnapshot& s = slots_[r % kSlots];
+  AAR_CHECK_ARG(s.seq == r && s.readers_left.load(std::memory_order_acquire) > 0, "SFA KV-offload snapshot ", r,
+                " of bucket ", bucket, " is not the one this replay's callbacks read (slot holds ", s.seq, ")");
+  return s;
+}
+
+void OffloadStepRing::release() {
+  const uint64_t r = read_.load(std::memory_order_relaxed);
+  // The last offloaded layer of the replay frees the slot and moves the replays on to the next update.
+  if (slots_[r % kSlots].readers_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    read_.store(r + 1, std::memory_order_release);
+  }
+}
+
+std::shared_ptr<OffloadGraphStep> OffloadLayer::capture_state(graph::GraphParams& g, const Metadata& md, int64_t rows,
+                                                              int64_t K) {
   AAR_CHECK_ARG(rows <= rows_, "SFA KV-offload graph capture: the bucket's ", rows, " kernel tokens exceed the "
                 "layer's ", rows_, " resident rows (offload max_num_tokens=", cfg_.max_num_tokens, ", max_num_reqs=",
                 cfg_.max_num_reqs, ", num_speculative_tokens=", cfg_.num_speculative_tokens, ")");
@@ -303,6 +414,10 @@ std::shared_ptr<OffloadGraphStep> OffloadLayer::capture_state(const Metadata& md
   if (ws_ == nullptr || !(ws_->shape() == shape)) ws_ = OffloadWorkspace::shared(shape);
   gs->ws = ws_;
   gs->ws->use();  // the bucket's replays enter it (graph/exclusive_scope.h)
+  const int64_t bucket = g.capturing_bucket();
+  gs->ring = std::static_pointer_cast<OffloadStepRing>(
+      g.host_state("sfa.offload_steps", [bucket] { return std::make_shared<OffloadStepRing>(bucket); }));
+  gs->ring->add_reader();
   return gs;
 }
 
@@ -320,7 +435,8 @@ void OffloadLayer::stage(OffloadGraphStep& gs, const at::Tensor& k, const at::Te
   }
 }
 
-void OffloadLayer::check_step(const OffloadGraphStep& gs, const Metadata& md, int64_t bucket) const {
+void OffloadLayer::check_step(const OffloadGraphStep& gs, const Metadata& md, int64_t bucket,
+                              const graph::UpdatePass& pass) const {
   check(md, gs.K);
   const bool decode_only = (md.attn_state == plan::AttentionState::DecodeOnly ||
                             md.attn_state == plan::AttentionState::SpecDecoding) &&
@@ -339,27 +455,29 @@ void OffloadLayer::check_step(const OffloadGraphStep& gs, const Metadata& md, in
                     md.slot_mapping.const_data_ptr() == gs.slot_mapping,
                 "the step's metadata is not at the captured addresses (another builder or lane than the capture's; "
                 "draft_index=", md.draft_index, ", captured ", gs.draft_index, ")");
+  gs.ring->check_free(bucket, pass);
 }
 
-void OffloadLayer::take_step(OffloadGraphStep& gs, const Metadata& md) {
-  gs.offload = md.offload;
-  gs.num_decode_tokens = md.num_decode_tokens;
-  gs.num_actual_tokens = md.num_actual_tokens;
+void OffloadLayer::take_step(OffloadGraphStep& gs, const Metadata& md, const graph::UpdatePass& pass) {
+  gs.ring->take(md, pass);  // once per update: the bucket's first offloaded layer copies the lists
   gs.stamp = md.stamp;
   gs.has_step = true;
 }
 
 void OffloadLayer::host_step(OffloadGraphStep& gs) {
-  AAR_CHECK_ARG(gs.has_step, "SFA KV-offload host callback without a step: update the bucket first");
-  // The host views point into the builder's storage of that build.
-  check_current(gs.stamp, "the SFA metadata of the bucket's last update (rebuilt since: update with the new build "
-                "before the replay)");
+  // The snapshot of this replay's update (docs/design/sfa.md §6.7), not the builder's lists: the engine
+  // may have built and updated the next step since.
+  const OffloadStepSnapshot& snap = gs.ring->acquire(gs.rows);
+  struct Release {
+    OffloadStepRing& r;
+    ~Release() { r.release(); }
+  } release{*gs.ring};
   OffloadWorkspace& w = *gs.ws;
   stats_ = OffloadStepStats{};
   stats_.route = OffloadStepStats::Route::DecodeOnly;
-  commit_rows(gs.k_stage_host, gs.v_stage_host, gs.offload.slot_mapping_host, gs.num_actual_tokens);
-  const int64_t rows = gs.num_decode_tokens, K = gs.K;
-  resident_step(w, gs.topk_stage_host.const_data_ptr<int32_t>(), rows, K, gs.offload, cfg_.pool->block_size());
+  commit_rows(gs.k_stage_host, gs.v_stage_host, snap.view.slot_mapping_host, snap.num_actual_tokens);
+  const int64_t rows = snap.num_decode_tokens, K = gs.K;
+  resident_step(w, gs.topk_stage_host.const_data_ptr<int32_t>(), rows, K, snap.view, cfg_.pool->block_size());
   // The bucket's padding rows select nothing.
   int32_t* slots = w.slots_host.data_ptr<int32_t>();
   std::fill(slots + rows * K, slots + gs.rows * K, -1);

@@ -8,11 +8,14 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "ascend_attn_rt/build_stamp.h"
+#include "ascend_attn_rt/graph/captured_call.h"
 #include "ascend_attn_rt/ops/sparse_flash_attention.h"
 #include "ascend_attn_rt/sfa/plan/resident_lru.h"
 #include "ascend_attn_rt/sfa/host_pool.h"
@@ -21,6 +24,10 @@
 
 namespace aar::detail {
 class ExclusiveUse;  // cpp/common/exclusive_use.h
+}
+
+namespace aar::graph {
+class GraphParams;
 }
 
 namespace aar::sfa::detail {
@@ -64,6 +71,57 @@ class OffloadWorkspace {
   std::vector<RowViews> row_views_;
 };
 
+// The host inputs of one update that the offloaded layers' host callbacks read (docs/design/sfa.md §6.7):
+// copies of the builder's lists, owned by the bucket, so that the builder may build the next step
+// while this one's callbacks are still to run.
+struct OffloadStepSnapshot {
+  uint64_t seq = 0;   // the update's place in the ring (replays read the snapshots in this order)
+  uint64_t pass = 0;  // the update pass that wrote it
+  int64_t num_decode_tokens = 0, num_actual_tokens = 0;
+  std::vector<uint64_t> decode_req_ids;
+  std::vector<int32_t> decode_seq_lens, decode_stable_prefix;
+  std::vector<int32_t> token_to_req;  // of the decode rows
+  std::vector<int32_t> block_table;   // the decode rows' requests x the blocks their lengths reach
+  at::Tensor slot_mapping;            // host int64 (bucket tokens); the first num_actual_tokens are the step's
+  OffloadMetadata view;               // the lists above as the callback reads them
+  // The offloaded layers of the bucket whose callback has not read it yet (0: the slot is free).
+  std::atomic<int32_t> readers_left{0};
+};
+
+// A bucket's ring of snapshots (docs/design/sfa.md §6.7): every update takes one (once per update pass,
+// whatever the number of offloaded layers), the host callbacks of the replays read them in update order
+// (all layers of a replay the same one), the last layer's callback frees it. An update that would
+// overwrite a snapshot a pending replay still reads is refused by its check.
+//
+// Thread safety: take / check_free on the updating thread (one at a time per store), acquire / release
+// on the thread that runs the callbacks (a device runtime's callback thread; one replay at a time).
+class OffloadStepRing {
+ public:
+  static constexpr int kSlots = 3;
+  explicit OffloadStepRing(int64_t bucket_tokens);
+  // At capture: one more offloaded layer whose callback reads each snapshot.
+  void add_reader() { ++readers_; }
+  int32_t readers() const { return readers_; }
+  // The update's check: throws InvalidArgument naming the bucket when every slot is still pending.
+  void check_free(int64_t bucket, const graph::UpdatePass& pass) const;
+  // The update's refresh: copies the step's host lists (a no-op for the pass's later layers).
+  void take(const Metadata& md, const graph::UpdatePass& pass);
+  // A callback: the snapshot its replay reads (throws when no update is left for it); release() after.
+  const OffloadStepSnapshot& acquire(int64_t bucket) const;
+  void release();
+  uint64_t published() const { return published_.load(std::memory_order_acquire); }
+  // Updates taken whose callbacks have not all run.
+  int64_t pending() const;
+
+ private:
+  bool supersedes(const graph::UpdatePass& pass) const;
+  std::array<OffloadStepSnapshot, kSlots> slots_;
+  std::atomic<uint64_t> published_{0};  // snapshots published: the next one's seq
+  std::atomic<uint64_t> read_{0};       // the seq the next replay's callbacks read
+  uint64_t last_pass_ = 0;              // the pass of the newest snapshot (seq published_ - 1)
+  int32_t readers_ = 0;
+};
+
 // One captured bucket of an offloaded layer (docs/design/sfa.md §6.6): what the
 // recorded calls share. Made at capture; every tensor the host callback reads or
 // writes is allocated here, at an address stable for the bucket's life.
@@ -82,11 +140,10 @@ struct OffloadGraphStep {
   std::shared_ptr<OffloadWorkspace> ws;
   // The queries between the first recorded call and the last (the latent core's workspace views).
   at::Tensor qn, qr;
-  // The last update's step: counts and the host views of its offload part (builder storage, valid while
-  // `stamp` is current).
+  // The step's host inputs, per update (docs/design/sfa.md §6.7): shared by the bucket's offloaded layers.
+  std::shared_ptr<OffloadStepRing> ring;
+  // The last update's build (a CPU replay's device work reads the builder's buffers: it must be current).
   bool has_step = false;
-  int64_t num_decode_tokens = 0, num_actual_tokens = 0;
-  OffloadMetadata offload;
   BuildStamp stamp;
 };
 
@@ -128,10 +185,11 @@ class OffloadLayer {
   // before the callback (k (rows, L), v (rows, R), topk (>= rows, 1, K) into the staging).
   // check_step / take_step: an update's checks and refresh. host_step: the callback (commit, mask, LRU,
   // misses' copies, the slots). attend_resident: the recorded attention after it.
-  std::shared_ptr<OffloadGraphStep> capture_state(const Metadata& md, int64_t rows, int64_t K);
+  // The bucket's snapshot ring (docs/design/sfa.md §6.7) is g's host state of the bucket being captured.
+  std::shared_ptr<OffloadGraphStep> capture_state(graph::GraphParams& g, const Metadata& md, int64_t rows, int64_t K);
   void stage(OffloadGraphStep& gs, const at::Tensor& k, const at::Tensor& v, const at::Tensor& topk) const;
-  void check_step(const OffloadGraphStep& gs, const Metadata& md, int64_t bucket) const;
-  static void take_step(OffloadGraphStep& gs, const Metadata& md);
+  void check_step(const OffloadGraphStep& gs, const Metadata& md, int64_t bucket, const graph::UpdatePass& pass) const;
+  static void take_step(OffloadGraphStep& gs, const Metadata& md, const graph::UpdatePass& pass);
   void host_step(OffloadGraphStep& gs);
   at::Tensor attend_resident(OffloadGraphStep& gs, double scale);
 

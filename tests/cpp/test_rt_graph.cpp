@@ -214,10 +214,10 @@ TEST(Graph, AHostCallbackRunsInOrderAndTakesEachStepFromTheUpdate) {
     g.capture_call(std::make_unique<ClosureCall>(0, 0, [&] { log.push_back("before"); }));
     g.capture_call(std::make_unique<aar::graph::HostCallbackCall>(
         0, 0, [&] { log.push_back("host " + std::to_string(taken)); },
-        [](const StepParams& sp, int64_t bucket) {
+        [](const StepParams& sp, int64_t bucket, const aar::graph::UpdatePass&) {
           AAR_CHECK_ARG(sp.num_reqs <= bucket, "host callback: ", sp.num_reqs, " requests");
         },
-        [&](const StepParams& sp) { taken = sp.num_reqs; }));
+        [&](const StepParams& sp, const aar::graph::UpdatePass&) { taken = sp.num_reqs; }));
     g.capture_call(std::make_unique<ClosureCall>(0, 0, [&] { log.push_back("after"); }));
   }
   EXPECT_TRUE(log.empty());  // nothing ran at capture
@@ -234,6 +234,67 @@ TEST(Graph, AHostCallbackRunsInOrderAndTakesEachStepFromTheUpdate) {
   g.replay(kBucket);
   EXPECT_EQ(log.back(), "after");
   EXPECT_EQ(log[log.size() - 2], "host 2");
+}
+
+// docs/design/graph.md §1.6: the recording provider's deferred mode models the stream a device's host
+// callbacks wait on; each update's pass tells the callbacks whether it replaces an unreplayed one.
+TEST(Graph, DeferredHostCallbacksRunLaterInStreamOrder) {
+  auto rec = std::make_shared<RecordingGraphProvider>();
+  GraphParams g(rec);
+  std::vector<std::string> log;
+  std::vector<std::pair<uint64_t, uint64_t>> passes;  // (id, unreplayed) of every refresh
+  int64_t taken = -1;
+  auto life = std::make_shared<int>(0);  // a layer's life token
+  {
+    CaptureScope scope(g, kBucket);
+    g.note_owner(life, "the test layer");
+    g.capture_call(std::make_unique<ClosureCall>(0, 0, [&] { log.push_back("before " + std::to_string(taken)); }));
+    g.capture_call(std::make_unique<aar::graph::HostCallbackCall>(
+        0, 0, [&] { log.push_back("host " + std::to_string(taken)); }, aar::graph::HostCallbackCall::Check{},
+        [&](const StepParams& sp, const UpdatePass& pass) {
+          taken = sp.num_reqs;
+          passes.emplace_back(pass.id, pass.unreplayed);
+        }));
+    g.capture_call(std::make_unique<ClosureCall>(0, 0, [&] { log.push_back("after " + std::to_string(taken)); }));
+  }
+  EXPECT_FALSE(rec->defers_host_callbacks());  // off by default
+  rec->set_defer_host_callbacks(true);
+  g.update(kBucket, {step(1)});
+  g.replay(kBucket);
+  // Up to the host callback at once, the rest queued (a device stream waits on the callback).
+  EXPECT_EQ(log, (std::vector<std::string>{"before 1"}));
+  EXPECT_EQ(rec->deferred(), 2u);
+  g.update(kBucket, {step(2)});  // the host moved on
+  g.replay(kBucket);             // queued whole behind the pending work
+  EXPECT_EQ(log.size(), 1u);
+  EXPECT_EQ(rec->deferred(), 5u);
+  EXPECT_EQ(rec->run_deferred(), 5);
+  // The queued work ran in order, after the second update (the callback read taken = 2: what a
+  // callback reading the builder's lists instead of a snapshot would see).
+  EXPECT_EQ(log, (std::vector<std::string>{"before 1", "host 2", "after 2", "before 2", "host 2", "after 2"}));
+  // An update nobody replayed is replaced by the next (the CPU provider sees it), a replayed one is not.
+  ASSERT_EQ(passes.size(), 2u);
+  EXPECT_EQ(passes[1].second, 0u);
+  g.update(kBucket, {step(3)});
+  g.update(kBucket, {step(3)});
+  ASSERT_EQ(passes.size(), 4u);
+  EXPECT_EQ(passes[2].second, 0u);
+  EXPECT_EQ(passes[3].second, passes[2].first);
+  // Queued work of a destroyed layer or a released bucket refuses to run.
+  g.replay(kBucket);
+  g.update(kBucket, {step(3)});
+  g.replay(kBucket);
+  EXPECT_EQ(rec->deferred(), 5u);
+  const size_t ran = log.size();
+  life.reset();
+  EXPECT_THROW(rec->run_deferred(), std::invalid_argument);
+  EXPECT_EQ(rec->deferred(), 4u);  // the failing entry is dropped, the rest stay
+  g.release(kBucket);
+  EXPECT_THROW(rec->run_deferred(), std::invalid_argument);
+  EXPECT_EQ(rec->deferred(), 3u);
+  rec->drop_deferred();
+  EXPECT_EQ(rec->deferred(), 0u);
+  EXPECT_EQ(log.size(), ran);  // none of it ran
 }
 
 TEST(Graph, ADeviceProviderLaunchesTheHostCallbackAndKeepsItsError) {
@@ -262,7 +323,7 @@ TEST(Graph, ADeviceProviderLaunchesTheHostCallbackAndKeepsItsError) {
           if (fail) throw std::runtime_error("callback failed");
           ++runs;
         },
-        aar::graph::HostCallbackCall::Check{}, [](const StepParams&) {}));
+        aar::graph::HostCallbackCall::Check{}, [](const StepParams&, const aar::graph::UpdatePass&) {}));
   }
   ASSERT_EQ(launched.size(), 1u);
   EXPECT_EQ(runs, 0);  // launched into the device graph, not run

@@ -188,6 +188,7 @@ class Serve:
         kw = {} if self.consumer else dict(is_prefilling=torch.tensor([r.n < r.prompt for r in reqs]))
         if self.spec:  # the engine's per-request draft counts: all-decode steps are SpecDecoding (MTP)
             kw["num_spec_tokens"] = torch.tensor([self.spec] * len(dec) + [0] * len(pre), dtype=torch.int32)
+        self.before(reqs, qsl, seq_t, table, ids, kw)
         md_ref = self.ref_b.build(qsl, seq_t, table, **{k: v for k, v in kw.items() if k != "is_prefilling"})
         out_ref = torch.zeros_like(hidden)
         self.ref.forward(hidden, self.ref_kv, md_ref, out_ref)
@@ -234,6 +235,9 @@ class Serve:
         for r in [r for r in self.active if r.n + 1 + self.spec > r.total]:
             self.finish(r)
         return st
+
+    def before(self, reqs, qsl, seq_t, table, ids, kw):
+        """Work of other runs before the step's layers run (DeferredGraphServe)."""
 
     def also(self, reqs, qsl, seq_t, table, hidden, ids, kw, out, st):
         """Other runs of the step (before the requests advance); returns their outputs of its tokens."""
@@ -898,6 +902,9 @@ class GraphServe(Serve):
 
     def write_rows(self, r, start, end):
         super().write_rows(r, start, end)
+        self.write_graph_rows(r, start, end)
+
+    def write_graph_rows(self, r, start, end):
         k = indexer_keys(D, IDX, self.layer.iw, r.x[:end], torch.arange(end))
         for i, cache in enumerate(self.idx_g):
             fill_context(D, self.layer.ws, r.x[:end], self.pool_g.k(i), self.pool_g.v(i), r.blocks, BS)
@@ -955,6 +962,132 @@ def test_graph_replay_matches_eager_offload(spec, rotate, layers):
         assert sum(st["invalidated"] for st in s.stats) > 0
     # The replays left the rows of a batch slot with fewer requests than the bucket (padding rows) empty.
     assert any(st["decode_rows"] < s.bucket for st in s.stats)
+
+
+class DeferredGraphServe(GraphServe):
+    """GraphServe with the recording provider's deferred host callbacks (docs/design/graph.md §1.6), as a device
+    runs them: step n's replay runs its device work up to the host callback and queues the rest; the engine then
+    builds step n+1 on the SAME builder (its host lists overwritten) and updates the bucket with it, and only then
+    does step n's callback run (the queue drains), before step n+1's layers run. Step n's callback must read step
+    n's lists (the update's snapshot, docs/design/sfa.md §6.7): its LRU decisions, copies, outputs, resident
+    buffers and pool rows are then the eager offloaded layer's for step n."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.graph.defer_host_callbacks = True
+        self.pending = None  # step n's eager output and its row count, while its callback is queued
+        self.drained = 0
+        self.late = []
+
+    def write_rows(self, r, start, end):
+        # A request arriving after step n takes blocks step n's finished requests freed: the KV connector's rows
+        # land in the graph layers' pool once step n has completed (its callbacks ran), as blocks are freed and
+        # reused only after the step that finished their request.
+        Serve.write_rows(self, r, start, end)
+        self.late.append((r, start, end))
+
+    def drain(self):
+        if self.pending is None:
+            for r, start, end in self.late:
+                self.write_graph_rows(r, start, end)
+            self.late = []
+            return None
+        out, n, st, seq_lens = self.pending
+        assert self.graph.deferred > 0  # step n's callback and the attention after it had not run
+        self.graph.run_deferred()
+        assert self.graph.deferred == 0
+        self.drained += 1
+        for r, start, end in self.late:
+            self.write_graph_rows(r, start, end)
+        self.late = []
+        # The eager offloaded layer is still at step n (its step n+1 runs after this).
+        for i, layer in enumerate(self.gphs):
+            assert layer.last_offload_stats == st
+            assert torch.equal(layer.resident_tokens(), self.off.resident_tokens())
+            assert torch.equal(layer.resident_k, self.off.resident_k)
+            assert torch.equal(layer.resident_v, self.off.resident_v)
+            assert torch.equal(self.pool_g.k(i), self.pool.k(0)) and torch.equal(self.pool_g.v(i), self.pool.v(0))
+            assert torch.equal(self.idx_g[i], self.off_idx)
+            torch.testing.assert_close(self.outs_g[i][:n], out, atol=1e-2, rtol=1e-2)
+            assert torch.count_nonzero(self.outs_g[i][n:]) == 0  # the padding rows
+        self.pending = None
+        return seq_lens
+
+    def before(self, reqs, qsl, seq_t, table, ids, kw):
+        # Step n+1's build and update on the captured builder, then step n's queued callback.
+        md = self.gph_b.build(qsl, seq_t, table, req_ids=ids, num_input_tokens=self.bucket, **kw)
+        assert md.num_prefills == 0
+        self.graph.update(self.bucket, md)
+        prev = self.drain()
+        if prev is not None:
+            # The builder's lists now hold step n+1's: the requests moved on (their lengths grew).
+            assert not torch.equal(prev, seq_t[:len(prev)]) or len(prev) != len(seq_t)
+
+    def also(self, reqs, qsl, seq_t, table, hidden, ids, kw, out, st):
+        n = hidden.shape[0]
+        self.hidden_g.zero_()
+        self.hidden_g[:n] = hidden
+        for o in self.outs_g:
+            o.fill_(5.0)
+        self.graph.replay(self.bucket)
+        self.replays += 1
+        for layer in self.gphs:  # the device work before the callback ran at once
+            assert torch.equal(layer.last_topk[:n], self.off.last_topk)
+        assert self.graph.deferred > 0
+        self.pending = (out.clone(), n, st, seq_t.clone())
+        return []
+
+
+@pytest.mark.parametrize("spec,rotate", [(0, True), (1, False)])
+def test_graph_host_callback_reads_its_update_after_the_next_build_and_update(spec, rotate):
+    s = DeferredGraphServe(spec=spec, rotate=rotate, reject_every=3 if spec else 0)
+    serve(s, SCHEDULE, 16)
+    s.drain()
+    assert s.replays == len(s.stats) >= 14 and s.drained == s.replays
+    assert sum(st["misses"] for st in s.stats) > 0 and sum(st["hits"] for st in s.stats) > 0
+    assert sum(st["resets"] for st in s.stats) >= 5
+
+
+def test_graph_updates_beyond_the_pending_snapshots_are_refused():
+    s = GraphServe()
+    for prompt, n in SCHEDULE[0]:
+        s.arrive(prompt, n)
+    s.step()
+    s.graph.defer_host_callbacks = True
+    b, reqs = s.bucket, s.active
+    seq = torch.tensor([r.n + 1 for r in reqs], dtype=torch.int32)
+    qsl = torch.arange(len(reqs) + 1, dtype=torch.int32)
+    ids = torch.tensor([r.id for r in reqs])
+
+    def build():
+        return s.gph_b.build(qsl, seq, s.table(reqs), req_ids=ids, num_input_tokens=b)
+
+    # An update nobody replayed is replaced by the next one (it takes no slot of its own).
+    for _ in range(5):
+        s.graph.update(b, build())
+    # Three replays whose callbacks the stream has not reached yet hold the bucket's three snapshots.
+    for _ in range(3):
+        md = build()
+        s.graph.update(b, md)
+        s.graph.replay(b)
+    queued = s.graph.deferred
+    tokens, pool_k = s.gph.resident_tokens(), s.pool_g.k(0).clone()
+    # (The latest build again: on the CPU the queued device work reads the builder's buffers, which a build
+    # would rewrite; a device orders those copies after it.)
+    with pytest.raises(ValueError, match=r"host inputs of 3 earlier updates are still pending"):
+        s.graph.update(b, md)
+    # Refused by the checks: nothing ran, nothing was queued, the bucket keeps its last update's snapshot.
+    assert s.graph.deferred == queued
+    assert torch.equal(s.gph.resident_tokens(), tokens) and torch.equal(s.pool_g.k(0), pool_k)
+    with pytest.raises(ValueError, match="before update"):
+        s.graph.replay(b)
+    s.graph.run_deferred()
+    s.graph.update(b, build())  # the callbacks ran: their slots are free again
+    s.graph.replay(b)
+    s.graph.run_deferred()
+    # A replay needs its own update: with the queue drained and no update, none is left for the callback.
+    with pytest.raises(ValueError, match="before update"):
+        s.graph.replay(b)
 
 
 def test_graph_replays_decode_steps_and_the_layer_runs_prefill_steps_eagerly():

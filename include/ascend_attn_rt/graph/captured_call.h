@@ -20,6 +20,12 @@ namespace aar::graph {
 // (e.g. a workspace sized by the step's lengths) redo it once per pass and step.
 struct UpdatePass {
   uint64_t id = 0;  // distinct for every update of the store
+  // The bucket's previous update pass when no replay consumed it: it failed part way (any provider), or
+  // it completed and the CPU provider has not replayed the bucket since. 0 otherwise: a device provider
+  // cannot see replays, and an engine replays each completed update once (docs/design/graph.md §1.6).
+  // Host state an update publishes for the replay's host callbacks replaces that pass's instead of
+  // queueing behind it.
+  uint64_t unreplayed = 0;
 };
 
 // What a call reads and writes, for introspection (tests, GraphParams.calls /
@@ -68,6 +74,12 @@ class CapturedCall {
     (void)step;
     (void)bucket;
   }
+  // What GraphParams::update calls: check() with the update pass the refresh will get (a host
+  // callback's check needs it, docs/design/graph.md §1.6).
+  virtual void check_update(const StepParams& step, int64_t bucket, const UpdatePass& pass) const {
+    (void)pass;
+    check(step, bucket);
+  }
   // Takes the step's host parameters (has_params() calls only). Either completes
   // or throws having changed nothing.
   virtual void refresh(const StepParams& step, const UpdatePass& pass) {
@@ -113,10 +125,14 @@ class ClosureCall final : public CapturedCall {
 // Host work recorded between device kernels (docs/design/graph.md §1.5): on the
 // NPU a host function launched on the captured stream (the stream waits for it
 // at every replay; it must not enqueue work on the captured stream itself); on
-// the CPU provider it runs in order at replay. `refresh`, when given, takes the
-// step's host inputs at each update (no device task is touched: nothing is
-// baked into the graph) and makes the bucket need an update before every replay;
-// `check` runs at each update before anything is refreshed.
+// the CPU provider it runs in order at replay (or, in the recording provider's
+// deferred mode, when the test drains the queue: §1.6). `refresh`, when given,
+// takes the step's host inputs at each update (no device task is touched:
+// nothing is baked into the graph) and makes the bucket need an update before
+// every replay; `check` runs at each update before anything is refreshed. Both
+// get the update pass: calls of one bucket that share per-update host state (a
+// snapshot of the step's host lists every callback of the replay reads) take it
+// once per pass (docs/design/graph.md §1.6).
 //
 // An exception thrown by `run` propagates from a CPU replay; on the NPU (a host
 // function cannot throw into the stream) it is kept and rethrown by the next
@@ -124,8 +140,8 @@ class ClosureCall final : public CapturedCall {
 class HostCallbackCall final : public CapturedCall {
  public:
   using Run = std::function<void()>;
-  using Check = std::function<void(const StepParams& step, int64_t bucket)>;
-  using Refresh = std::function<void(const StepParams& step)>;
+  using Check = std::function<void(const StepParams& step, int64_t bucket, const UpdatePass& pass)>;
+  using Refresh = std::function<void(const StepParams& step, const UpdatePass& pass)>;
   HostCallbackCall(int64_t layer_index, int32_t group, Run run, Check check = {}, Refresh refresh = {})
       : CapturedCall("host_callback", layer_index, group, /*has_params=*/false),
         run_(std::move(run)),
@@ -133,17 +149,17 @@ class HostCallbackCall final : public CapturedCall {
         refresh_(std::move(refresh)) {}
   bool runs_on_host() const override { return true; }
   bool needs_step() const override { return static_cast<bool>(refresh_); }
-  void check(const StepParams& step, int64_t bucket) const override {
+  void check(const StepParams& step, int64_t bucket) const override { check_update(step, bucket, UpdatePass{}); }
+  void check_update(const StepParams& step, int64_t bucket, const UpdatePass& pass) const override {
     if (error_) {
       const std::exception_ptr e = error_;
       error_ = nullptr;  // raised once; the update after it proceeds
       std::rethrow_exception(e);
     }
-    if (check_) check_(step, bucket);
+    if (check_) check_(step, bucket, pass);
   }
   void refresh(const StepParams& step, const UpdatePass& pass) override {
-    (void)pass;
-    if (refresh_) refresh_(step);
+    if (refresh_) refresh_(step, pass);
   }
   void launch() override { run_(); }
   // The NPU trampoline: runs the callback and keeps its error (see above).

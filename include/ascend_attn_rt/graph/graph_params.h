@@ -75,6 +75,13 @@ struct Bucket {
     std::string what;
   };
   std::vector<Owner> owners;
+  // Host state the bucket's calls share (a snapshot ring of the step's host lists the
+  // host callbacks read, docs/design/graph.md §1.6), by name (GraphParams::host_state).
+  std::vector<std::pair<std::string, std::shared_ptr<void>>> host_state;
+  // The last update pass no replay consumed (UpdatePass::unreplayed), 0 when none.
+  uint64_t unreplayed_pass = 0;
+  // Work a deferred replay queued (RecordingGraphProvider) refuses to run once the bucket is gone.
+  std::shared_ptr<const void> alive = std::make_shared<int>(0);
 
   // The shared workspace `name` (nullopt when the bucket has none).
   std::optional<at::Tensor> workspace(const char* name) const;
@@ -135,7 +142,9 @@ class GraphParams {
 
   // CPU provider: run the bucket's recorded calls in order (the last update
   // must have completed, and a replay consumes it: the next replay needs the next
-  // update, even when this one fails part way). NPU provider: nothing to do here
+  // update, even when this one fails part way). In the recording provider's
+  // deferred mode the calls from the first host callback on are queued instead
+  // (provider.h; docs/design/graph.md §1.6). NPU provider: nothing to do here
   // (the device graph replays); calling it is an error. A failure in the middle
   // leaves the calls before it run (a KV write runs completely or not at all) and
   // the rest not; update + replay of the same step then redo it exactly.
@@ -161,6 +170,9 @@ class GraphParams {
   // Offers the workspace `query` computes to `ws` by the store's policy; `query`
   // is not called when the policy keeps the workspace `ws` has.
   void offer_workspace(SharedWorkspace& ws, const std::function<at::Tensor()>& query);
+  // The bucket being captured: its host state `name` (Bucket::host_state), made by `make`
+  // the first time a call of the bucket asks for it.
+  std::shared_ptr<void> host_state(const std::string& name, const std::function<std::shared_ptr<void>()>& make);
   // Records `use` in the bucket being captured: every CPU replay enters it.
   void note_exclusive_use(const std::shared_ptr<detail::ExclusiveUse>& use);
   // Ties the bucket being captured to a layer's life token (Bucket::owners); `what` names

@@ -17,7 +17,9 @@
 // in order by the CPU replay (docs/design/graph.md §1.5).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -109,6 +111,14 @@ class HookGraphProvider final : public GraphProvider {
 // replay() refuses to run a call whose event was not recorded by an update,
 // which is what the NPU replay would block on.
 //
+// Deferred host callbacks (a test mode, off by default; docs/design/graph.md §1.6):
+// the provider then models the device stream the host callbacks wait on. A replay
+// runs its calls at once up to its first host callback; that callback and every
+// call after it are queued (on a device they run when the stream reaches them, after
+// the host has moved on), and while anything is queued a whole replay is queued
+// behind it. run_deferred() runs the queue in order: a test can replay step n, build
+// and update step n+1, then let step n's callbacks run.
+//
 // Thread safety: that of the GraphParams it serves (one thread at a time).
 class RecordingGraphProvider final : public GraphProvider {
  public:
@@ -130,7 +140,20 @@ class RecordingGraphProvider final : public GraphProvider {
   void clear_update_log() { update_log_.clear(); }
   int64_t live_events() const { return live_events_; }
 
+  void set_defer_host_callbacks(bool on) { defer_ = on; }
+  bool defers_host_callbacks() const { return defer_; }
+  // Queues `work` (GraphParams::replay in the deferred mode).
+  void defer(std::function<void()> work) { queue_.push_back(std::move(work)); }
+  size_t deferred() const { return queue_.size(); }
+  // Runs the queued work in order and returns how many ran. A failing entry is dropped
+  // and its error propagates; the entries after it stay queued.
+  int64_t run_deferred();
+  // Drops the queued work without running it.
+  void drop_deferred() { queue_.clear(); }
+
  private:
+  bool defer_ = false;
+  std::deque<std::function<void()>> queue_;
   std::vector<uint8_t> recorded_;  // by event id - 1
   std::vector<intptr_t> update_log_;
   intptr_t next_task_ = 1;

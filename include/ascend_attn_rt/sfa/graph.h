@@ -14,8 +14,10 @@ namespace aar::sfa {
 // The step as GraphParams::update sees it (group 0): the block table, both
 // length lists, the counts, the stamp, and the metadata itself for the
 // offload's host callback (StepParams::backend_metadata_as<sfa::Metadata>()).
-// `md` must outlive the update call only: the callback copies the host views
-// it keeps, and its replay checks that the build is still the latest.
+// `md` must outlive the update call only: the update copies the host lists the
+// callbacks read into the bucket's snapshot (docs/design/sfa.md §6.7), so the
+// next step may be built before the replay's callbacks run; a CPU replay checks
+// that the build is still the latest (its device work reads the builder's buffers).
 graph::StepParams graph_step_params(const Metadata& md);
 
 }  // namespace aar::sfa
