@@ -204,7 +204,7 @@ void check_dcp_block_table(const SlotMappingInputs& in, int32_t world, int32_t i
   for (std::size_t r = 0; r < n; ++r) {
     const int64_t seq = in.seq_lens[r];
     AAR_CHECK_ARG(seq >= 0, "seq_lens[", r, "]=", seq, " is negative");
-    // ceil(local_len(seq, rank 0) / block_size), by multiply-highs when W * I fits 32 bits (cp.md §11.8).
+    // ceil(local_len(seq, rank 0) / block_size); multiply-highs when W * I fits 32 bits (docs/design/cp.md §11.8).
     const int64_t first = fast ? local_len_from(seq, fd_wi.div(static_cast<uint32_t>(seq)), world, interleave, 0)
                                : local_len(seq, world, interleave, 0);
     const int64_t need = fast ? int64_t{fd_bs.div(static_cast<uint32_t>(first + in.block_size - 1))}
