@@ -69,6 +69,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _latent_kv_cache_update(impl, kind: str, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype) -> None:
+    """``do_kv_cache_update`` of the MLA and sparse MLA impls (``impl._attn.write_kv`` into ``impl._caches``): the
+    runtime's write, or a segment of vLLM's graph wrapper run (docs/design/vllm_sparse.md §6.1)."""
+    if kv_cache.numel() == 0:  # vLLM's profiling run
+        return
+    if kv_cache_dtype != impl.kv_cache_dtype:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the layer's {impl.kv_cache_dtype!r}")
+    nope, rope = impl._caches(kv_cache)
+    if not in_wrapper_run():
+        impl._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
+        return
+    run_segment(f"{kind} do_kv_cache_update",
+                lambda kv_c_normed, k_pe, slot_mapping: impl._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(),
+                                                                            nope, rope),
+                dict(kv_c_normed=kv_c_normed, k_pe=k_pe, slot_mapping=slot_mapping), fixed=(kv_cache,))
+
+
 class AscendAttnRtBackend(AttentionBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
@@ -500,18 +517,7 @@ class AscendAttnRtMlaImpl(MLAAttentionImpl):
         return w
 
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale) -> None:
-        if kv_cache.numel() == 0:  # vLLM's profiling run
-            return
-        if kv_cache_dtype != self.kv_cache_dtype:
-            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the layer's {self.kv_cache_dtype!r}")
-        nope, rope = self._caches(kv_cache)
-        if not in_wrapper_run():
-            self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
-            return
-        run_segment("MLA do_kv_cache_update",
-                    lambda kv_c_normed, k_pe, slot_mapping: self._attn.write_kv(kv_c_normed, k_pe,
-                                                                                slot_mapping.flatten(), nope, rope),
-                    dict(kv_c_normed=kv_c_normed, k_pe=k_pe, slot_mapping=slot_mapping), fixed=(kv_cache,))
+        _latent_kv_cache_update(self, "MLA", kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
         if self.runtime_dcp_world_size > 1 and getattr(layer, "dcp_q_replicate", False):

@@ -47,7 +47,7 @@ from vllm.v1.attention.backend import (
 )
 
 from .. import _C as aar
-from . import _build_inputs, _builder_sizes, _check_decode_padding
+from . import _build_inputs, _builder_sizes, _check_decode_padding, _latent_kv_cache_update
 from .dcp import dcp_setup, take_over_dcp
 from .graph import GraphBuilderMixin, graph_params, in_wrapper_run, run_segment
 
@@ -334,18 +334,7 @@ class AscendAttnRtSparseMlaImpl(MLAAttentionImpl):
         return self._split
 
     def do_kv_cache_update(self, kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale) -> None:
-        if kv_cache.numel() == 0:  # vLLM's profiling run
-            return
-        if kv_cache_dtype != self.kv_cache_dtype:
-            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} differs from the layer's {self.kv_cache_dtype!r}")
-        nope, rope = self._caches(kv_cache)
-        if not in_wrapper_run():
-            self._attn.write_kv(kv_c_normed, k_pe, slot_mapping.flatten(), nope, rope)
-            return
-        run_segment("sparse MLA do_kv_cache_update",
-                    lambda kv_c_normed, k_pe, slot_mapping: self._attn.write_kv(kv_c_normed, k_pe,
-                                                                                slot_mapping.flatten(), nope, rope),
-                    dict(kv_c_normed=kv_c_normed, k_pe=k_pe, slot_mapping=slot_mapping), fixed=(kv_cache,))
+        _latent_kv_cache_update(self, "sparse MLA", kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype)
 
     def forward_mha(self, *args, **kwargs) -> None:
         raise NotImplementedError("forward_mha: ascend_attn_rt's sparse MLA impl has no dense prefill "
