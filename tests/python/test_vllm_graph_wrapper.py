@@ -29,6 +29,7 @@ from _mla_reference import latent_attention_reference  # noqa: E402
 from _reference import random_block_table  # noqa: E402
 from test_vllm_backend import BS, _mla_dims, _mla_impl, _mla_layer, _vllm_config  # noqa: E402
 from test_vllm_graph import _cam, NpuDouble, CAPTURED_CALL, _updated_call  # noqa: E402
+from test_vllm_dsa import registered, vllm_dist  # noqa: E402,F401  (fixtures of the DeepSeek-V4 test)
 
 B = 4
 WIDTH = 512 // BS
@@ -491,3 +492,106 @@ def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
         op_registry_oot.pop("SparseAttnIndexer", None)
         if had is not None:
             op_registry_oot["SparseAttnIndexer"] = had
+
+
+# --- DeepSeek-V4: vLLM's DeepseekV4Attention layers (the adapter's subclass) in the runnable
+
+class V4Model(torch.nn.Module):
+    """The three layers of test_vllm_dsa.CompressedModel (SWA-only, C128, C4; nine KV-cache groups through vLLM's own
+    grouping and allocation) as one runnable: each layer's forward(positions, hidden_states), vLLM's layer code,
+    over the step's hidden states (the float64 reference gives every layer the request's own inputs)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, positions, hidden):
+        return torch.stack([layer(positions, hidden) for layer in self.m.layers])
+
+
+def test_deepseek_v4_bucket_through_vllms_wrapper(vllm_dist, registered, installed, monkeypatch):
+    """Each V4 layer's runtime call (dsa.Impl.forward: the whole attention block) is one segment: captured from
+    vLLM's capture batch, then full steps and vLLM-padded steps replay equal to the runnable run through the wrapper
+    with mode NONE on a copy of the caches (the one KV-cache buffer every group's caches are views of), the float64
+    reference of test_vllm_dsa (C4 with the runtime's top-k) and eager's top-k; the update comes before the three
+    segment replays of every step."""
+    import ascend_attn_rt.vllm as aar_vllm
+    from test_vllm_dsa import CompressedModel, _common_metadata as v4_cam
+    from test_vllm_dsa_graph import _buffer, _graph_config, _metadata, _padded_cam
+
+    aar_vllm.register(family="deepseek_v4")
+    dtype = torch.float32
+    # Four requests' tables from the one block pool (about 320 blocks each, the C4 states' 4-token blocks most).
+    m = CompressedModel(_graph_config(dtype), monkeypatch, B, torch.Generator().manual_seed(29), num_blocks=1300)
+    # The context, one eager prefill step: near a C128 boundary (127: the first replay completes a C128 row), C4 ones.
+    S = [127, 61, 254, 30]
+    m.step(list(range(B)), S, S)
+    vgraph.set_graph_provider("recording")
+    wrapper = _wrapper_cls()(V4Model(m), m.cfg, FULL)
+    log = _logged(monkeypatch)
+    hidden_s = torch.zeros(B, m.cfg.model_config.hf_config.hidden_size, dtype=dtype)  # vLLM's static input buffer
+    pos = torch.zeros(B, dtype=torch.int64)  # not read: the runtime derives positions from the step
+
+    def run(md, hidden, mode):
+        with set_forward_context(md, m.cfg, cudagraph_runtime_mode=mode, batch_descriptor=DESC):
+            return wrapper(pos, hidden)
+
+    # vLLM's capture batch (every request real, KV length 1, the tables' rows as they are).
+    cams = [v4_cam([1] * B, [1] * B, torch.zeros(B, t.shape[1], dtype=torch.int32), g.kv_cache_spec.block_size)[0]
+            for g, t in zip(m.groups, m.tables)]
+    md = {}
+    for g, b, cam in zip(m.groups, m.builders, cams):
+        x = b.build_for_cudagraph_capture(cam)
+        md.update({name: x for name in g.layer_names})
+    before = _buffer(m).clone()
+    run(md, hidden_s, FULL)
+    assert log == [("capture", "DeepSeek-V4 layer")] * 3 and torch.equal(_buffer(m), before)  # recorded, not run
+    assert vgraph.graph_params().buckets() == []  # the bucket is the wrapper's segments
+
+    buf = _buffer(m)
+    for reqs in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 0, 3], [1]):  # full steps, then vLLM-padded ones
+        n = len(reqs)
+        seq = [S[r] + 1 for r in reqs]
+        md = _metadata(m, [_padded_cam(seq, t[reqs], g.kv_cache_spec.block_size) for g, t in zip(m.groups, m.tables)])
+        h = torch.zeros(B, hidden_s.shape[1], dtype=dtype)
+        h[:n] = torch.cat([m.x[r][s - 1: s] for r, s in zip(reqs, seq)])
+        # Eager: the same runnable through the wrapper with mode NONE, on a copy of the caches.
+        saved = buf.clone()
+        log.clear()
+        expected = run(md, h.clone(), NONE)
+        assert log == []
+        eager_topk, eager_buf = m.layers[2]._impl.last_topk[:n].clone(), buf.clone()
+        buf.copy_(saved)
+        with torch.inference_mode():  # the runtime's buffer (an inference tensor): the replay must write it again
+            m.layers[2]._impl.last_topk.fill_(-7)
+        hidden_s.copy_(h)
+        out = run(md, hidden_s, FULL)
+        assert log == [("update", B)] + [("replay", "DeepSeek-V4 layer")] * 3  # the update before every replay
+        topk = m.layers[2]._impl.last_topk[:n]
+        assert torch.equal(topk, eager_topk)
+        torch.testing.assert_close(out[:, :n], expected[:, :n], atol=1e-5, rtol=1e-5)
+        assert torch.equal(buf, eager_buf)  # the caches as the eager step left them
+        for i in range(3):
+            for j, (r, s) in enumerate(zip(reqs, seq)):
+                tk = topk[j: j + 1, 0].to(torch.int64) if i == 2 else None
+                torch.testing.assert_close(out[i, j: j + 1].double(), m.reference(i, r, s, 1, tk), atol=2e-5,
+                                           rtol=1e-5, msg=lambda e: f"layer {i} request {r} vs float64: {e}")
+        for r, s in zip(reqs, seq):
+            S[r] = s
+    # A step with a prefill is refused by the update, before any segment replays (caches untouched).
+    cams = [v4_cam([1, 3], [S[0] + 1, S[1] + 3], t[[0, 1]], g.kv_cache_spec.block_size)[0]
+            for g, t in zip(m.groups, m.tables)]
+    saved = buf.clone()
+    log.clear()
+    with pytest.raises(ValueError, match="a step with 1 prefill requests cannot update a decode graph bucket"):
+        run(_metadata(m, cams), hidden_s, FULL)
+    assert log == [("update", B)] and torch.equal(buf, saved)
+    # A weight changed while the wrapper holds the bucket: the captured segment keeps the old layer, refused by
+    # name; clear_graphs() releases the segments and the layer is remade.
+    with torch.no_grad():
+        m.layers[1].wo_b.weight.mul_(2)
+    md = _metadata(m, [_padded_cam([S[0] + 1], t[[0]], g.kv_cache_spec.block_size) for g, t in zip(m.groups, m.tables)])
+    with pytest.raises(NotImplementedError, match="model.layers.1.attn: the layer's weights or KV-cache group changed"):
+        run(md, hidden_s, FULL)
+    wrapper.clear_graphs()
+    assert run(md, hidden_s.clone(), NONE).shape == (3, B, hidden_s.shape[1])
