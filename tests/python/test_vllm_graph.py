@@ -24,7 +24,9 @@ from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
 from ascend_attn_rt.vllm import (AscendAttnRtBackend, AscendAttnRtIndexerBackend, AscendAttnRtMlaBackend,  # noqa: E402
                                  AscendAttnRtSparseMlaBackend)
 from _reference import random_block_table  # noqa: E402
-from test_vllm_backend import BS, MAX_LEN, _common_metadata, _mla_dims, _mla_impl, _vllm_config  # noqa: E402
+from test_vllm_backend import BS, MAX_LEN, _vllm_config  # noqa: E402
+from _vllm_support import (common_metadata as _common_metadata, mla_dims as _mla_dims,  # noqa: E402
+                           mla_impl as _mla_impl, vllm_registration)
 
 B = 4  # the bucket: four one-token decodes
 WIDTH = MAX_LEN // BS
@@ -295,11 +297,8 @@ def test_mla_graph_update_refuses_uneven_padding(store):
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
 def test_sparse_mla_decode_bucket_replays_like_eager(store, monkeypatch, family):
     import test_vllm_sparse as ts
-    from vllm.model_executor.custom_op import op_registry_oot
-    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
 
-    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
+    with vllm_registration():
         aar_vllm.register(family=family)
         cfg = ts._config(family, torch.float32)
         cfg.compilation_config = copy.copy(cfg.compilation_config)
@@ -309,12 +308,6 @@ def test_sparse_mla_decode_bucket_replays_like_eager(store, monkeypatch, family)
         gen = torch.Generator().manual_seed(9)
         with set_current_vllm_config(cfg):
             _sparse_case(ts.Layer(cfg, torch.float32, nb, gen), gen, nb)
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
 
 
 def _sparse_case(lay, gen, nb):
@@ -662,11 +655,8 @@ def test_sparse_bucket_through_torch_npu_hooks(npu, family):
     device graph (nothing read from host lists), so the capture makes no task group and an update re-issues
     nothing: it checks the step fills the bucket, waits for the previous replay and enters the update stream."""
     import test_vllm_sparse as ts
-    from vllm.model_executor.custom_op import op_registry_oot
-    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
 
-    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
+    with vllm_registration():
         aar_vllm.register(family=family)
         cfg = ts._config(family, torch.float32)
         cfg.compilation_config = copy.copy(cfg.compilation_config)
@@ -704,12 +694,6 @@ def test_sparse_bucket_through_torch_npu_hooks(npu, family):
             with pytest.raises(ValueError, match="takes decode-only steps of 4 kernel tokens"):
                 vgraph.update(B, {"a": lay.builder.build(0, cam), "b": lay.ibuilder.build(0, cam)})
             assert npu.log == []
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
 
 
 # --- speculative decode buckets (UNIFORM_BATCH): requests of 1 + num_speculative_tokens tokens
@@ -879,11 +863,8 @@ def test_mla_speculative_bucket_replays_like_eager(store):
 
 def test_sparse_speculative_bucket_replays_like_eager(store):
     import test_vllm_sparse as ts
-    from vllm.model_executor.custom_op import op_registry_oot
-    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
 
-    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
+    with vllm_registration():
         aar_vllm.register(family="deepseek_v32")
         cfg = ts._config("deepseek_v32", torch.float32)
         cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=SPEC)
@@ -897,12 +878,6 @@ def test_sparse_speculative_bucket_replays_like_eager(store):
             spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=lay.L + lay.R, dtype=torch.float32)
             assert type(lay.builder).get_cudagraph_support(cfg, spec) is AttentionCGSupport.UNIFORM_BATCH
             _sparse_spec_case(lay, gen, nb)
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
 
 
 def _sparse_spec_case(lay, gen, nb):

@@ -18,16 +18,15 @@ import torch
 pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
 from vllm.config import CUDAGraphMode  # noqa: E402
 from vllm.forward_context import BatchDescriptor, set_forward_context  # noqa: E402
-from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
-from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
-from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # noqa: E402
 
 from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend  # noqa: E402
 from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
 from _mla_reference import latent_attention_reference  # noqa: E402
 from _reference import random_block_table  # noqa: E402
-from test_vllm_backend import BS, _mla_dims, _mla_impl, _mla_layer, _vllm_config  # noqa: E402
+from test_vllm_backend import BS, _vllm_config  # noqa: E402
+from _vllm_support import (attention_layer, graph_wrapper_cls as _wrapper_cls, log_graph_calls as _logged,  # noqa: E402
+                           mla_dims as _mla_dims, mla_impl as _mla_impl, mla_layer, vllm_registration)
 from test_vllm_graph import _cam, NpuDouble, CAPTURED_CALL, _updated_call  # noqa: E402
 from test_vllm_dsa import registered, vllm_dist  # noqa: E402,F401  (fixtures of the DeepSeek-V4 test)
 
@@ -50,12 +49,6 @@ def installed():
         vgraph.clear_graph_provider()
 
 
-def _wrapper_cls():
-    from vllm.platforms import current_platform
-
-    return resolve_obj_by_qualname(current_platform.get_static_graph_wrapper_cls())
-
-
 def _config(name):
     cfg = copy.copy(_vllm_config(name))
     cfg.cache_config = copy.copy(cfg.cache_config)
@@ -63,24 +56,6 @@ def _config(name):
     cfg.compilation_config = copy.copy(cfg.compilation_config)
     cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
     return cfg
-
-
-def _logged(monkeypatch):
-    """Logs the adapter's update calls and the wrapper's segment calls in order."""
-    log = []
-    update, run = vgraph.update, vgraph._Tape.run
-
-    def logged_update(n, md):
-        log.append(("update", n))
-        return update(n, md)
-
-    def logged_run(self, kind, *a, **k):
-        log.append((self.mode, kind))
-        return run(self, kind, *a, **k)
-
-    monkeypatch.setattr(vgraph, "update", logged_update)
-    monkeypatch.setattr(vgraph._Tape, "run", logged_run)
-    return log
 
 
 # --- the model: vLLM's attention layers with projections around them
@@ -101,16 +76,9 @@ class GqaModel(torch.nn.Module):
                        o=torch.randn(N * D, H, generator=gen) * (N * D) ** -0.5) for _ in self.names]
         self.layers = []
         for name in self.names:
-            # The attributes vLLM's Attention.forward and unified_attention_with_output read (building the real
-            # layer needs vLLM's distributed state and a device platform).
-            lay = types.SimpleNamespace(
-                calculate_kv_scales=False, query_quant=None, num_heads=N, head_size=D, head_size_v=D,
-                num_kv_heads=NKV, use_direct_call=True, attn_backend=AscendAttnRtBackend,
-                kv_sharing_target_layer_name=None, layer_name=name,
-                impl=AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV),
-                kv_cache=torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype))
-            lay.forward = types.MethodType(Attention.forward, lay)
-            self.layers.append(lay)
+            self.layers.append(attention_layer(AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV),
+                                               AscendAttnRtBackend, name,
+                                               torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype), N, NKV, D))
         cfg.compilation_config.static_forward_context = {n: lay for n, lay in zip(self.names, self.layers)}
 
     def forward(self, hidden):
@@ -157,13 +125,9 @@ class MlaModel(torch.nn.Module):
             self.w.append(dict(q=torch.randn(H, N * (P + R), generator=gen) * H ** -0.5,
                                ckv=torch.randn(H, L + R, generator=gen) * H ** -0.5,
                                o=torch.randn(N * V, H, generator=gen) * (N * V) ** -0.5, kv_b=kv_b))
-            impl = _mla_impl(cfg, kv_b)
-            # vLLM's MLAAttention attributes its forward and forward_impl read (test_vllm_backend._mla_layer).
-            lay = _mla_layer(impl, cfg, kv_b)
-            lay.calculate_kv_scales, lay.use_direct_call, lay.layer_name = False, True, name
-            lay.kv_cache = torch.randn(nb, BS, L + R, generator=gen)
-            lay.forward = types.MethodType(MLAAttention.forward, lay)
-            self.layers.append(lay)
+            # vLLM's MLAAttention attributes its forward and forward_impl read, its forward bound.
+            self.layers.append(mla_layer(_mla_impl(cfg, kv_b), cfg, kv_b, name,
+                                         torch.randn(nb, BS, L + R, generator=gen)))
         cfg.compilation_config.static_forward_context = {n: lay for n, lay in zip(self.names, self.layers)}
 
     def forward(self, hidden):
@@ -410,15 +374,12 @@ class SparseModel(torch.nn.Module):
 def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
     import test_vllm_sparse as ts
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.custom_op import op_registry_oot
     from vllm.model_executor.models import deepseek_v2
-    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
     from ascend_attn_rt import _C as aar
     import ascend_attn_rt.vllm as aar_vllm
 
     monkeypatch.setattr(deepseek_v2, "per_token_group_quant_fp8", ts._quant_fp8_reference)
-    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
+    with vllm_registration():
         aar_vllm.register(family="deepseek_v32")
         cfg = ts._config("deepseek_v32", torch.float32)
         cfg.compilation_config = copy.copy(cfg.compilation_config)
@@ -486,12 +447,6 @@ def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
                     want = latent_attention_reference(inputs[2][r: r + 1], c_rows, k_rows, lay.kv_b_proj.weight, 1,
                                                       lay.impl.scale, N, lay.P, lay.V)
                     torch.testing.assert_close(out[r].view(1, N, lay.V).double(), want, atol=1e-5, rtol=1e-5)
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
 
 
 # --- DeepSeek-V4: vLLM's DeepseekV4Attention layers (the adapter's subclass) in the runnable
