@@ -17,10 +17,12 @@ per-step slot mapping and ``dcp_local_seq_lens`` are computed here the way vLLM'
 called). Outputs are compared with float64 attention over the whole, unsplit sequence, this rank's
 heads, explicit causal masks. Steps: fresh prefills, a mixed batch (decodes, a chunked prefill over
 cached context, a fresh prefill), a decode of every request, 3-token steps (speculative decodes with
-2 speculative tokens, short extends without). Graph mode: a decode bucket captured through the adapter
-(GQA, MLA) and replayed over several steps, equal to eager runs of the same steps; steps that vLLM's padding
-requests fill to the bucket (GQA; MLA with interleave 1 and 4): the real rows also equal float64 attention over the
-whole sequence and the caches hold only the real requests' new rows. Configurations: GQA (4 query heads per
+2 speculative tokens, short extends without). Graph mode (_graph_bucket): a decode bucket captured through the
+adapter (GQA through vLLM's Attention layer, MLA's entry points; interleave 4, 8, 1 and 4) and replayed over full
+steps and steps that vLLM's padding requests fill to the bucket: the real rows equal eager runs of the same steps and
+float64 attention over the whole sequence, and the caches hold only the real requests' new rows. The same padded
+steps through vLLM's graph wrapper (AscendAttnRtGraphWrapper, driven by the forward context; MLA through vLLM's
+MLAAttention.forward) run in test_vllm_dcp_padded_decode_through_vllms_graph_wrapper. Configurations: GQA (4 query heads per
 KV head on each rank) and MHA per rank (one query head, one KV head), MLA; fp32 and bf16;
 interleave 1 and > 1.
 """
@@ -302,6 +304,7 @@ class _GqaGraph:
     adapter's impl.forward, the KV write included): the runnable of both drivers."""
 
     kinds = ["GQA forward"]
+    calls = ["kv_write", "prepare", "fia", "prepare"]
 
     def __init__(self, rank, cfg, interleave, gen, driver):
         from vllm.v1.kv_cache_interface import FullAttentionSpec
@@ -357,6 +360,7 @@ class _MlaGraph:
                                                        hf.v_head_dim)
         self.full = driver == "wrapper"
         self.kinds = ["MLA do_kv_cache_update", "MLA forward_mqa"]
+        self.calls = ["prepare", "prepare", "fia", "prepare"]
         spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
                                 cache_dtype_str="auto")
         self.builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
@@ -446,6 +450,8 @@ def _graph_bucket(rank, family, cfg, interleave, seed, nreals, driver):
             slots_s.copy_(cap_slots)
             with vgraph.capture(B), context(md, slots_s):
                 out_s = fam.forward(*statics)
+            # What the runtime recorded (GQA: its KV write first; the DCP decode's calls)
+            assert [c[0] for c in vgraph.graph_params().calls(B)] == fam.calls
         else:
             vgraph.install_graph_wrapper()
             wrapper = graph_wrapper_cls()(fam.forward, cfg, full)
