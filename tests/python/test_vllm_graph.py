@@ -307,81 +307,69 @@ def test_sparse_mla_decode_bucket_replays_like_eager(store, monkeypatch, family)
         cfg.cache_config.num_gpu_blocks = nb
         gen = torch.Generator().manual_seed(9)
         with set_current_vllm_config(cfg):
-            _sparse_case(ts.Layer(cfg, torch.float32, nb, gen), gen, nb)
+            lay = ts.Layer(cfg, torch.float32, nb, gen)
+            # Full steps, then padded ones (fewer real decodes, vLLM's empty padding requests up to the bucket).
+            bt = _sparse_bucket(lay, gen, nb, 1, STEPS + [[9, 30, 17], [40, 2], [12]])
+            # What cannot be padded: padding tokens not spread evenly over the padding requests.
+            cam = _cam([9, 9], bt, pad_to=B)
+            cam.num_actual_tokens = B + 1
+            with pytest.raises(NotImplementedError, match="spreads the padding tokens evenly"):
+                lay.builder.build(0, cam)
 
 
-def _sparse_case(lay, gen, nb):
+def _sparse_bucket(lay, gen, nb, q, steps):
+    """A decode bucket of B requests of q tokens (q > 1: speculative, UNIFORM_BATCH) through the sparse indexer op's
+    run, do_kv_cache_update and forward_mqa over static buffers; per step (full, then padded by vLLM when fewer than
+    B requests: the padding requests as the SFA builder's q-token dummy decodes): update + replay equal to an eager
+    run on copies of both caches (top-k included), the padding writes nothing to either cache, and every real token
+    equals float64 latent attention over the positions the replay selected (each inside the token's causal prefix).
+    Returns the block table."""
     N, L, R, n, D = lay.N, lay.L, lay.R, lay.n, lay.D
+    T, cam_of = B * q, (_cam if q == 1 else _spec_cam)
     bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    iq_s, ik_s, w_s = torch.zeros(B, n, D), torch.zeros(B, D), torch.zeros(B, n)
-    qn_s, qr_s = torch.zeros(B, N, L), torch.zeros(B, N, R)
-    c_s, kpe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
-    cam = _cam([9] * B, bt)
+    iq_s, ik_s, w_s = torch.zeros(T, n, D), torch.zeros(T, D), torch.zeros(T, n)
+    qn_s, qr_s = torch.zeros(T, N, L), torch.zeros(T, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(T, L), torch.zeros(T, 1, R), torch.zeros(T, dtype=torch.int64)
+    cam = cam_of([9] * B, bt)
     md, imd = lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam)
-    with vgraph.capture(B):
+    with vgraph.capture(T):
         lay.op.run(iq_s, ik_s, w_s, lay.idx_cache, imd)
         lay.impl.do_kv_cache_update(c_s, kpe_s, lay.kv_cache, slots_s, "auto", torch.ones(()))
         out = lay.impl.forward_mqa((qn_s, qr_s), lay.kv_cache, md, None)[0]
-    assert [c[0] for c in vgraph.graph_params().calls(B)] == ["prepare"] * 3
-
-    for seq in STEPS:
-        cam = _cam(seq, bt)
+    assert [c[0] for c in vgraph.graph_params().calls(T)] == ["prepare"] * 3
+    for seq in steps:
+        nq = len(seq) * q
+        cam = cam_of(seq, bt, pad_to=B if len(seq) < B else None)
         md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-        iq, ik, w = torch.randn(B, n, D, generator=gen), torch.randn(B, D, generator=gen), torch.rand(B, n,
-                                                                                                      generator=gen)
-        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
-                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
+        # the runtime's graph decode padding: the real decodes, B kernel requests
+        assert (md.num_decodes, md.num_decode_tokens, md.sfa.num_reqs, md.sfa.num_kernel_reqs) == (len(seq), nq,
+                                                                                                   len(seq), B)
+        iq, ik, w = torch.randn(T, n, D, generator=gen), torch.randn(T, D, generator=gen), \
+            torch.rand(T, n, generator=gen)
+        qn, qr, c, kpe = (torch.randn(T, N, L, generator=gen), torch.randn(T, N, R, generator=gen),
+                          torch.randn(T, L, generator=gen), torch.randn(T, 1, R, generator=gen))
         idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
         lay.op.run(iq, ik, w, idx2, imd)
-        topk_eager = lay.buf[:B].clone()
+        topk_eager = lay.buf[:nq].clone()
         lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
         expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
         lay.buf.fill_(-7)
         for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
                          (slots_s, cam.slot_mapping)):
             buf.copy_(src)
-        vgraph.update(B, {"a": md, "b": imd})  # nothing to refresh: prepare calls only
-        vgraph.replay(B)
-        assert torch.equal(lay.buf[:B], topk_eager)
+        vgraph.update(T, {"a": md, "b": imd})  # nothing to refresh (prepare calls only): the step is checked
+        vgraph.replay(T)
+        assert torch.equal(lay.buf[:nq], topk_eager)
         assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    # Padded steps (fewer real decodes, vLLM's empty padding requests up to the bucket): the padding requests
-    # are the runtime's dummy decodes; the real rows equal eager and the float64 reference over the top-k rows,
-    # the padding writes nothing to either cache.
-    for seq in ([9, 30, 17], [40, 2], [12]):
-        nreal = len(seq)
-        cam = _cam(seq, bt, pad_to=B)
-        md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-        assert md.sfa.num_reqs == nreal and md.sfa.num_kernel_reqs == B  # the runtime's graph decode padding
-        iq, ik, w = torch.randn(B, n, D, generator=gen), torch.randn(B, D, generator=gen), torch.rand(B, n,
-                                                                                                      generator=gen)
-        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
-                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
-        idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
-        lay.op.run(iq, ik, w, idx2, imd)
-        topk_eager = lay.buf[:nreal].clone()
-        lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
-        expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
-        lay.buf.fill_(-7)
-        for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
-                         (slots_s, cam.slot_mapping)):
-            buf.copy_(src)
-        vgraph.update(B, {"a": md, "b": imd})
-        vgraph.replay(B)
-        assert torch.equal(lay.buf[:nreal], topk_eager)
-        assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
-        torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
-        # float64: each real request's query over the cached rows at its top-k positions (explicit selection)
+        torch.testing.assert_close(out[:nq], expected[:nq], atol=1e-5, rtol=1e-5)
         for r, s in enumerate(seq):
-            sel = topk_eager[r][topk_eager[r] >= 0].tolist()
-            assert sel and max(sel) < s
-            ref = _latent_reference(qn[r], qr[r], lay.impl._caches(lay.kv_cache), bt, r, sel, lay.impl.scale)
-            torch.testing.assert_close(out[r].double(), ref, atol=1e-5, rtol=1e-5)
-    # What cannot be padded: padding tokens not spread evenly over the padding requests.
-    cam = _cam([9, 9], bt, pad_to=B)
-    cam.num_actual_tokens = B + 1
-    with pytest.raises(NotImplementedError, match="spreads the padding tokens evenly"):
-        lay.builder.build(0, cam)
+            for j in range(q):
+                t = r * q + j
+                sel = [int(p) for p in lay.buf[t] if p >= 0]
+                assert sel and max(sel) <= s - q + j
+                ref = _latent_reference(qn[t], qr[t], lay.impl._caches(lay.kv_cache), bt, r, sel, lay.impl.scale)
+                torch.testing.assert_close(out[t].double(), ref, atol=1e-5, rtol=1e-5)
+    return bt
 
 
 def test_sparse_builder_takes_vllms_is_prefilling():
@@ -877,50 +865,4 @@ def test_sparse_speculative_bucket_replays_like_eager(store):
             lay = ts.Layer(cfg, torch.float32, nb, gen)
             spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=lay.L + lay.R, dtype=torch.float32)
             assert type(lay.builder).get_cudagraph_support(cfg, spec) is AttentionCGSupport.UNIFORM_BATCH
-            _sparse_spec_case(lay, gen, nb)
-
-
-def _sparse_spec_case(lay, gen, nb):
-    N, L, R, n, D = lay.N, lay.L, lay.R, lay.n, lay.D
-    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    iq_s, ik_s, w_s = torch.zeros(BQ, n, D), torch.zeros(BQ, D), torch.zeros(BQ, n)
-    qn_s, qr_s = torch.zeros(BQ, N, L), torch.zeros(BQ, N, R)
-    c_s, kpe_s, slots_s = torch.zeros(BQ, L), torch.zeros(BQ, 1, R), torch.zeros(BQ, dtype=torch.int64)
-    cam = _spec_cam([9] * B, bt)
-    md, imd = lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam)
-    with vgraph.capture(BQ):
-        lay.op.run(iq_s, ik_s, w_s, lay.idx_cache, imd)
-        lay.impl.do_kv_cache_update(c_s, kpe_s, lay.kv_cache, slots_s, "auto", torch.ones(()))
-        out = lay.impl.forward_mqa((qn_s, qr_s), lay.kv_cache, md, None)[0]
-    assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare"] * 3
-    for seq in STEPS + [[30, 12, 7]]:  # the last one padded by vLLM (the SFA builder's Q-token dummy decode)
-        nq = len(seq) * Q
-        cam = _spec_cam(seq, bt, pad_to=B if len(seq) < B else None)
-        md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-        assert (md.num_decodes, md.num_decode_tokens) == (len(seq), nq) and md.sfa.num_kernel_reqs == B
-        iq, ik, w = torch.randn(BQ, n, D, generator=gen), torch.randn(BQ, D, generator=gen), \
-            torch.rand(BQ, n, generator=gen)
-        qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
-                          torch.randn(BQ, L, generator=gen), torch.randn(BQ, 1, R, generator=gen))
-        idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
-        lay.op.run(iq, ik, w, idx2, imd)
-        topk_eager = lay.buf[:nq].clone()
-        lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
-        expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
-        lay.buf.fill_(-7)
-        for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
-                         (slots_s, cam.slot_mapping)):
-            buf.copy_(src)
-        vgraph.update(BQ, {"a": md, "b": imd})
-        vgraph.replay(BQ)
-        assert torch.equal(lay.buf[:nq], topk_eager)
-        assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
-        torch.testing.assert_close(out[:nq], expected[:nq], atol=1e-5, rtol=1e-5)
-        # float64 over the selected positions (the top-k of the replay, causal: each token's own prefix)
-        for r, s in enumerate(seq):
-            for j in range(Q):
-                t = r * Q + j
-                sel = [int(p) for p in lay.buf[t] if p >= 0]
-                assert sel and max(sel) <= s - Q + j
-                ref = _latent_reference(qn[t], qr[t], lay.impl._caches(lay.kv_cache), bt, r, sel, lay.impl.scale)
-                torch.testing.assert_close(out[t].double(), ref, atol=1e-5, rtol=1e-5)
+            _sparse_bucket(lay, gen, nb, Q, STEPS + [[30, 12, 7]])  # the last padded by vLLM
