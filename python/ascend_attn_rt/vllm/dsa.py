@@ -20,7 +20,8 @@ Served: SWA-only, C4 and C128 layers, eager and decode graphs (``cudagraph_mode=
 declares uniform single-token decode, or the uniform batch with speculative tokens, ``build_for_cudagraph_capture`` builds
 the runtime's capture step, the layer's
 ``forward`` inside ``ascend_attn_rt.vllm.graph.capture`` records the runtime's layer, ``graph.update`` / ``replay``
-refresh and re-issue it; docs/design/vllm_dsa.md §6), single rank, A2/A3 plan (plain rows in the model dtype, int8
+refresh and re-issue it; docs/design/vllm_dsa.md §6; under vLLM's graph wrapper on the recording provider the
+layer's runtime call is one segment, §6.1), single rank, A2/A3 plan (plain rows in the model dtype, int8
 indexer), vLLM's hybrid KV-cache manager on. Refused by name when the layer or a builder is made: other ratios,
 fp8 KV caches, the MXFP4 indexer cache, tensor / context parallelism, graph modes other than FULL_DECODE_ONLY and
 torch.compile, a quantised checkpoint, the hybrid KV-cache manager off with compressed layers; per step: cascade
