@@ -280,17 +280,28 @@ def test_mla_graph_update_refuses_uneven_padding(store):
 
 # --- sparse MLA + indexer
 
+def _sparse_graph_config(family, spec=0):
+    """register(family=...) (inside vllm_registration), then the sparse family's config (test_vllm_sparse) under
+    FULL_DECODE_ONLY with the bucket's block pool; returns it and the pool size."""
+    import test_vllm_sparse as ts
+
+    aar_vllm.register(family=family)
+    cfg = ts._config(family, torch.float32)
+    if spec:
+        cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=spec)
+    cfg.compilation_config = copy.copy(cfg.compilation_config)
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    nb = 2 + B * 5
+    cfg.cache_config.num_gpu_blocks = nb
+    return cfg, nb
+
+
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
 def test_sparse_mla_decode_bucket_replays_like_eager(store, monkeypatch, family):
     import test_vllm_sparse as ts
 
     with vllm_registration():
-        aar_vllm.register(family=family)
-        cfg = ts._config(family, torch.float32)
-        cfg.compilation_config = copy.copy(cfg.compilation_config)
-        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-        nb = 2 + B * 5
-        cfg.cache_config.num_gpu_blocks = nb
+        cfg, nb = _sparse_graph_config(family)
         gen = torch.Generator().manual_seed(9)
         with set_current_vllm_config(cfg):
             lay = ts.Layer(cfg, torch.float32, nb, gen)
@@ -631,12 +642,7 @@ def test_sparse_bucket_through_torch_npu_hooks(npu, family):
     import test_vllm_sparse as ts
 
     with vllm_registration():
-        aar_vllm.register(family=family)
-        cfg = ts._config(family, torch.float32)
-        cfg.compilation_config = copy.copy(cfg.compilation_config)
-        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-        nb = 2 + B * 5
-        cfg.cache_config.num_gpu_blocks = nb
+        cfg, nb = _sparse_graph_config(family)
         gen = torch.Generator().manual_seed(19)
         vgraph.set_graph_provider("torch_npu", npu=npu)
         with set_current_vllm_config(cfg):
@@ -747,13 +753,7 @@ def test_sparse_speculative_bucket_replays_like_eager(store):
     import test_vllm_sparse as ts
 
     with vllm_registration():
-        aar_vllm.register(family="deepseek_v32")
-        cfg = ts._config("deepseek_v32", torch.float32)
-        cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=SPEC)
-        cfg.compilation_config = copy.copy(cfg.compilation_config)
-        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-        nb = 2 + B * 5
-        cfg.cache_config.num_gpu_blocks = nb
+        cfg, nb = _sparse_graph_config("deepseek_v32", SPEC)
         gen = torch.Generator().manual_seed(27)
         with set_current_vllm_config(cfg):
             lay = ts.Layer(cfg, torch.float32, nb, gen)

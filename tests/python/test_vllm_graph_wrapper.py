@@ -27,7 +27,7 @@ from _reference import random_block_table  # noqa: E402
 from test_vllm_backend import BS, _vllm_config  # noqa: E402
 from _vllm_support import (attention_layer, graph_wrapper_cls as _wrapper_cls, log_graph_calls as _logged,  # noqa: E402
                            mla_dims as _mla_dims, mla_impl as _mla_impl, mla_layer, vllm_registration)
-from test_vllm_graph import _cam, NpuDouble, CAPTURED_CALL, _updated_call  # noqa: E402
+from test_vllm_graph import _cam, NpuDouble, CAPTURED_CALL, _sparse_graph_config, _updated_call  # noqa: E402
 from test_vllm_dsa import registered, vllm_dist  # noqa: E402,F401  (fixtures of the DeepSeek-V4 test)
 
 B = 4
@@ -376,17 +376,11 @@ def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models import deepseek_v2
     from ascend_attn_rt import _C as aar
-    import ascend_attn_rt.vllm as aar_vllm
 
     monkeypatch.setattr(deepseek_v2, "per_token_group_quant_fp8", ts._quant_fp8_reference)
     with vllm_registration():
-        aar_vllm.register(family="deepseek_v32")
-        cfg = ts._config("deepseek_v32", torch.float32)
-        cfg.compilation_config = copy.copy(cfg.compilation_config)
-        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        cfg, nb = _sparse_graph_config("deepseek_v32")
         cfg.compilation_config.static_forward_context = {}  # this test's layers register here
-        nb = 2 + B * 5
-        cfg.cache_config.num_gpu_blocks = nb
         gen = torch.Generator().manual_seed(31)
         vgraph.set_graph_provider("recording")
         with set_current_vllm_config(cfg):
