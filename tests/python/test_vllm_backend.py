@@ -16,13 +16,13 @@ import torch
 
 vllm_backend = pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
-from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata  # noqa: E402
-from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # noqa: E402
 
 from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend  # noqa: E402
 from _reference import assert_close, make_batch, new_output, random_block_table  # noqa: E402
 from _mla_reference import latent_attention_reference  # noqa: E402
+from _vllm_support import (common_metadata as _common_metadata, mla_dims as _mla_dims,  # noqa: E402,F401
+                           mla_impl as _mla_impl, mla_layer as _mla_layer)
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 BS = 16
@@ -54,14 +54,6 @@ def gqa_config():
 @pytest.fixture(scope="module")
 def mla_config():
     return _vllm_config("vllm_tiny_mla")
-
-
-def _common_metadata(qsl, seq_lens, bt, slots):
-    q_lens = (qsl[1:] - qsl[:-1]).tolist()
-    return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq_lens, num_reqs=len(q_lens),
-        num_actual_tokens=int(qsl[-1]), max_query_len=max(q_lens), max_seq_len=int(seq_lens.max()),
-        block_table_tensor=bt, slot_mapping=slots, _seq_lens_cpu=seq_lens)
 
 
 def test_real_configs(gqa_config, mla_config):
@@ -130,41 +122,6 @@ def test_mla_builder(mla_config, seq_lens, q_lens):
         assert sum(md.context_seq_tot) == total_ctx
     shape = AscendAttnRtMlaBackend.get_kv_cache_shape(nb, BS, 1, head)
     assert shape == (nb, BS, head) and AscendAttnRtMlaBackend.is_mla()
-
-
-def _mla_dims(cfg):
-    hf = cfg.model_config.hf_text_config
-    return (cfg.model_config.get_num_attention_heads(cfg.parallel_config), hf.kv_lora_rank, hf.qk_nope_head_dim,
-            hf.qk_rope_head_dim, hf.v_head_dim, hf.q_lora_rank)
-
-
-def _mla_impl(cfg, kv_b_proj, **over):
-    N, L, P, R, V, Q = _mla_dims(cfg)
-    kw = dict(num_heads=N, head_size=L + R, scale=(P + R) ** -0.5, num_kv_heads=1, alibi_slopes=None,
-              sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None, attn_type=AttentionType.DECODER,
-              kv_sharing_target_layer_name=None, q_lora_rank=Q, kv_lora_rank=L, qk_nope_head_dim=P,
-              qk_rope_head_dim=R, qk_head_dim=P + R, v_head_dim=V, kv_b_proj=kv_b_proj)
-    kw.update(over)
-    return AscendAttnRtMlaBackend.get_impl_cls()(**kw)
-
-
-def _mla_layer(impl, cfg, kv_b_proj):
-    """The attributes of vLLM's MLAAttention that its forward_impl reads, with W_UK_T / W_UV
-    made the way its process_weights_after_loading makes them; vLLM's own forward_impl
-    and _v_up_proj then run on it (building the real layer needs vLLM's distributed
-    state and a device platform)."""
-    N, L, P, R, V, _ = _mla_dims(cfg)
-    w = kv_b_proj.weight.T.view(L, N, P + V)
-    w_uk, w_uv = w.split([P, V], dim=-1)
-    layer = types.SimpleNamespace(
-        impl=impl, num_heads=N, kv_lora_rank=L, qk_nope_head_dim=P, qk_rope_head_dim=R, v_head_dim=V,
-        kv_cache_dtype="auto", use_pcp=False, q_pad_num_heads=getattr(impl, "q_pad_num_heads", None),
-        is_aiter_triton_fp4_bmm_enabled=False, is_aiter_triton_fp8_bmm_enabled=False, prefill_backend=None,
-        dcp_a2a=False, W_UK_T=w_uk.permute(1, 2, 0), W_UV=w_uv.transpose(0, 1), _k_scale=torch.ones(()),
-        _vllm_config=cfg)
-    layer._v_up_proj = types.MethodType(MLAAttention._v_up_proj, layer)
-    layer.forward_impl = types.MethodType(MLAAttention.forward_impl, layer)
-    return layer
 
 
 MLA_BATCHES = [pytest.param(*p.values, 0, id=p.id) for p in BATCHES] + [

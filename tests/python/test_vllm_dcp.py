@@ -17,10 +17,12 @@ per-step slot mapping and ``dcp_local_seq_lens`` are computed here the way vLLM'
 called). Outputs are compared with float64 attention over the whole, unsplit sequence, this rank's
 heads, explicit causal masks. Steps: fresh prefills, a mixed batch (decodes, a chunked prefill over
 cached context, a fresh prefill), a decode of every request, 3-token steps (speculative decodes with
-2 speculative tokens, short extends without). Graph mode: a decode bucket captured through the adapter
-(GQA, MLA) and replayed over several steps, equal to eager runs of the same steps; steps that vLLM's padding
-requests fill to the bucket (GQA; MLA with interleave 1 and 4): the real rows also equal float64 attention over the
-whole sequence and the caches hold only the real requests' new rows. Configurations: GQA (4 query heads per
+2 speculative tokens, short extends without). Graph mode (_graph_bucket): a decode bucket captured through the
+adapter (GQA through vLLM's Attention layer, MLA's entry points; interleave 4, 8, 1 and 4) and replayed over full
+steps and steps that vLLM's padding requests fill to the bucket: the real rows equal eager runs of the same steps and
+float64 attention over the whole sequence, and the caches hold only the real requests' new rows. The same padded
+steps through vLLM's graph wrapper (AscendAttnRtGraphWrapper, driven by the forward context; MLA through vLLM's
+MLAAttention.forward) run in test_vllm_dcp_padded_decode_through_vllms_graph_wrapper. Configurations: GQA (4 query heads per
 KV head on each rank) and MHA per rank (one query head, one KV head), MLA; fp32 and bf16;
 interleave 1 and > 1.
 """
@@ -33,6 +35,7 @@ import pytest
 import torch
 
 from _cp_harness import local_index, local_len, owner, run_ranks
+from _vllm_support import mla_impl as _mla_impl, mla_layer as _mla_layer
 
 pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
 dist = pytest.importorskip("torch.distributed")
@@ -213,41 +216,6 @@ def _gqa_case(rank, cfg, dtype, interleave, seed):
 # ----------------------------------------------------------------------------------------------- MLA
 
 
-def _mla_layer(impl, cfg, kv_b_proj):
-    """The attributes of vLLM's MLAAttention that its forward_impl reads (as in test_vllm_backend.py), with
-    vLLM's own forward_impl and _v_up_proj bound to them."""
-    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
-
-    hf = cfg.model_config.hf_text_config
-    N, L, P, R, V = impl.num_heads, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim
-    w = kv_b_proj.weight.T.view(L, N, P + V)
-    w_uk, w_uv = w.split([P, V], dim=-1)
-    layer = types.SimpleNamespace(
-        impl=impl, num_heads=N, kv_lora_rank=L, qk_nope_head_dim=P, qk_rope_head_dim=R, v_head_dim=V,
-        kv_cache_dtype="auto", use_pcp=False, q_pad_num_heads=None, is_aiter_triton_fp4_bmm_enabled=False,
-        is_aiter_triton_fp8_bmm_enabled=False, prefill_backend=None, dcp_a2a=False, dcp_q_replicate=False,
-        W_UK_T=w_uk.permute(1, 2, 0), W_UV=w_uv.transpose(0, 1), _k_scale=torch.ones(()), _vllm_config=cfg)
-    layer._v_up_proj = types.MethodType(MLAAttention._v_up_proj, layer)
-    layer.forward_impl = types.MethodType(MLAAttention.forward_impl, layer)
-    return layer
-
-
-def _mla_impl(cfg, kv_b_proj, **over):
-    from vllm.v1.attention.backend import AttentionType
-
-    from ascend_attn_rt.vllm import AscendAttnRtMlaBackend
-
-    hf = cfg.model_config.hf_text_config
-    N = cfg.model_config.get_num_attention_heads(cfg.parallel_config)
-    L, P, R, V = hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim
-    kw = dict(num_heads=N, head_size=L + R, scale=(P + R) ** -0.5, num_kv_heads=1, alibi_slopes=None,
-              sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None, attn_type=AttentionType.DECODER,
-              kv_sharing_target_layer_name=None, q_lora_rank=hf.q_lora_rank, kv_lora_rank=L, qk_nope_head_dim=P,
-              qk_rope_head_dim=R, qk_head_dim=P + R, v_head_dim=V, kv_b_proj=kv_b_proj)
-    kw.update(over)
-    return AscendAttnRtMlaBackend.get_impl_cls()(**kw)
-
-
 def _mla_case(rank, cfg, dtype, interleave, seed):
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
@@ -303,6 +271,8 @@ def _mla_case(rank, cfg, dtype, interleave, seed):
 
 # ----------------------------------------------------------------------------------------------- graph mode
 
+B = 4  # the decode bucket
+
 
 def _decode_cam(seq, bt, rank, interleave):
     n = len(seq)
@@ -329,180 +299,208 @@ def _padded(cam, total):
         is_prefilling=torch.cat([cam.is_prefilling, torch.zeros(total - n, dtype=torch.bool)]))
 
 
-def _gqa_graph_case(rank, cfg, interleave, seed):
-    """A decode bucket captured through the adapter under DCP, replayed over four steps (the last two padded by
-    vLLM's rule): equal to eager runs of the same steps on copies of the cache and to float64 attention over the
-    whole sequence; a padded step writes only its real requests' rows."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+class _GqaGraph:
+    """One GQA layer under DCP as vLLM's Attention runs it (Attention.forward -> unified_attention_with_output -> the
+    adapter's impl.forward, the KV write included): the runnable of both drivers."""
 
-    from ascend_attn_rt.vllm import AscendAttnRtBackend
+    kinds = ["GQA forward"]
+    calls = ["kv_write", "prepare", "fia", "prepare"]
+
+    def __init__(self, rank, cfg, interleave, gen, driver):
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        from ascend_attn_rt.vllm import AscendAttnRtBackend
+        from _vllm_support import attention_layer
+
+        mc = cfg.model_config
+        self.H, self.D = H, D = mc.get_num_attention_heads(cfg.parallel_config), mc.get_head_size()
+        spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=D, dtype=torch.float32)
+        self.builder = AscendAttnRtBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
+        self.layer = attention_layer(AscendAttnRtBackend.get_impl_cls()(H, D, D ** -0.5, 1), AscendAttnRtBackend,
+                                     "l0", torch.zeros(*AscendAttnRtBackend.get_kv_cache_shape(NB, BS, 1, D)), H, 1, D)
+        cfg.compilation_config.static_forward_context = {"l0": self.layer}
+
+    def draw(self, gen, n):
+        return [torch.randn(n, self.H * self.D, generator=gen), torch.randn(n, self.D, generator=gen),
+                torch.randn(n, self.D, generator=gen)]
+
+    def prefill(self, md, slots, inputs):
+        self.forward(*inputs, md=md)
+
+    def history(self, inputs, lo, hi):
+        return [x[lo:hi].double().unsqueeze(1) for x in inputs[1:]]
+
+    def forward(self, q, k, v, md=None):
+        if md is not None:  # eagerly, outside a forward context (the context prefill)
+            out = torch.empty(q.shape[0], self.H * self.D)
+            self.layer.impl.forward(self.layer, q, k, v, self.layer.kv_cache, md, out)
+            return out
+        return self.layer.forward(q, k, v)
+
+    def reference(self, inputs, r, hist):
+        return _gqa_ref(inputs[0][r].view(1, self.H, self.D).double(), hist[0], hist[1], 1).reshape(-1)
+
+
+class _MlaGraph:
+    """One MLA layer under DCP. Driver "wrapper": vLLM's MLAAttention.forward (its cache update at the forward
+    context's slot mapping, forward_impl: W_UK absorption, the adapter's forward_mqa, W_UV), whose tensor work runs
+    eagerly between the wrapper's segments. Driver "adapter": the adapter's entry points that layer calls
+    (do_kv_cache_update, forward_mqa; the recording provider replays only the runtime's calls), over static
+    buffers."""
+
+    def __init__(self, rank, cfg, interleave, gen, driver):
+        from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+        from ascend_attn_rt.vllm import AscendAttnRtMlaBackend
+        from _vllm_support import mla_impl, mla_layer
+
+        hf = cfg.model_config.hf_text_config
+        self.H = H = cfg.model_config.get_num_attention_heads(cfg.parallel_config)
+        self.L, self.P, self.R, self.V = L, P, R, V = (hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim,
+                                                       hf.v_head_dim)
+        self.full = driver == "wrapper"
+        self.kinds = ["MLA do_kv_cache_update", "MLA forward_mqa"]
+        self.calls = ["prepare", "prepare", "fia", "prepare"]
+        spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
+                                cache_dtype_str="auto")
+        self.builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
+        self.kv_b = torch.nn.Linear(L, H * (P + V), bias=False).requires_grad_(False)
+        self.kv_b.weight.copy_(torch.randn(H * (P + V), L, generator=gen) * L ** -0.5)
+        self.layer = mla_layer(mla_impl(cfg, self.kv_b), cfg, self.kv_b, "l0",
+                               torch.zeros(*AscendAttnRtMlaBackend.get_kv_cache_shape(NB, BS, 1, L + R)))
+
+    def draw(self, gen, n):
+        H, L, R = self.H, self.L, self.R
+        q = ([torch.randn(n, H, self.P + R, generator=gen)] if self.full
+             else [torch.randn(n, H, L, generator=gen), torch.randn(n, H, R, generator=gen)])
+        return q + [torch.randn(n, L, generator=gen), torch.randn(n, 1, R, generator=gen)]
+
+    def prefill(self, md, slots, inputs):
+        self.layer.impl.do_kv_cache_update(inputs[-2], inputs[-1], self.layer.kv_cache, slots, "auto", torch.ones(()))
+
+    def history(self, inputs, lo, hi):
+        return [inputs[-2][lo:hi].double(), inputs[-1][lo:hi, 0].double()]
+
+    def forward(self, *inputs):
+        from vllm.forward_context import get_forward_context
+
+        lay = self.layer
+        if self.full:
+            q, c, pe = inputs
+            return lay.forward(q, c, pe, output_shape=(q.shape[0], self.H * self.V))
+        qn, qr, c, pe = inputs
+        ctx = get_forward_context()
+        lay.impl.do_kv_cache_update(c, pe, lay.kv_cache, ctx.slot_mapping["l0"], "auto", torch.ones(()))
+        return lay.impl.forward_mqa((qn, qr), lay.kv_cache, ctx.attn_metadata["l0"], None)[0]
+
+    def reference(self, inputs, r, hist):
+        from _mla_reference import latent_attention_reference
+
+        c, pe = hist
+        scale = self.layer.impl.scale
+        if self.full:  # float64 un-absorbed MLA over every position of the request
+            return latent_attention_reference(inputs[0][r: r + 1].double(), c, pe, self.kv_b.weight.double(), 1,
+                                              scale, self.H, self.P, self.V).reshape(-1)
+        w = torch.softmax((inputs[0][r].double() @ c.T + inputs[1][r].double() @ pe.T) * scale, -1)
+        return (w @ c).reshape(-1)  # float64 latent attention over every position
+
+
+def _graph_bucket(rank, family, cfg, interleave, seed, nreals, driver):
+    """A FULL decode bucket of B requests under DCP, captured and replayed over steps of `nreals` real requests,
+    vLLM's padding requests filling the rest (the builders make them one-token dummy decodes over block-table row 0,
+    each rank its local lengths of them; docs/design/vllm_sparse.md §6). Driver "adapter": the family's runnable
+    inside ascend_attn_rt.vllm.graph.capture, then update + replay per step; driver "wrapper": vLLM's graph wrapper
+    resolved through its platform after install_graph_wrapper(), driven only by the forward context (FULL, the
+    bucket's BatchDescriptor; docs/design/vllm_sparse.md §6.1). Per step: the real rows equal the runnable run eagerly
+    on copies of the cache (through the wrapper with mode NONE for the wrapper) and float64 attention of this rank's
+    heads over the whole, unsplit sequence; the cache equals both that eager run's and an eager run of the real
+    requests alone (the padding tokens' slot -1 writes nothing on either rank)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+
     from ascend_attn_rt.vllm import graph as vgraph
+    from _vllm_support import graph_wrapper_cls, log_graph_calls
 
-    mc = cfg.model_config
-    H, D, B = mc.get_num_attention_heads(cfg.parallel_config), mc.get_head_size(), 4
-    gen = torch.Generator().manual_seed(seed)
-    bt = _block_table(gen)
-    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=D, dtype=torch.float32)
-    builder = AscendAttnRtBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
-    impl = AscendAttnRtBackend.get_impl_cls()(H, D, D ** -0.5, 1)
-    kv = torch.zeros(*AscendAttnRtBackend.get_kv_cache_shape(NB, BS, 1, D))
-    seq = [17, 5, 30, 9]
-    cam, _ = _common_metadata(list(range(B)), seq, seq, [True] * B, bt, rank, interleave)
-    T = sum(seq)
-    q0, k0, v0 = torch.randn(T, H * D, generator=gen), torch.randn(T, D, generator=gen), torch.randn(T, D, generator=gen)
-    impl.forward(None, q0, k0, v0, kv, builder.build(0, cam), torch.empty(T, H * D))
-    ends = torch.tensor([0] + seq).cumsum(0).tolist()
-    hist = [(k0[ends[r]:ends[r + 1]].double().unsqueeze(1), v0[ends[r]:ends[r + 1]].double().unsqueeze(1))
-            for r in range(B)]
-    q_s, k_s, v_s, out_s = torch.zeros(B, H * D), torch.zeros(B, D), torch.zeros(B, D), torch.zeros(B, H * D)
-    vgraph.set_graph_provider("recording")
-    try:
-        seq = [s + 1 for s in seq]
-        md = builder.build_for_cudagraph_capture(_decode_cam(seq, bt, rank, interleave)[0])
-        with vgraph.capture(B):
-            impl.forward(None, q_s, k_s, v_s, kv, md, out_s)
-        for nreal in (B, B, B - 1, 2):  # the last steps: 3 and 2 requests padded to the bucket as vLLM pads
-            real = _decode_cam(seq[:nreal], bt, rank, interleave)[0]
-            md = builder.build(0, _padded(real, B))
-            q = torch.randn(B, H * D, generator=gen)
-            k, v = torch.randn(B, D, generator=gen), torch.randn(B, D, generator=gen)
-            kv2 = kv.clone()
-            expected = impl.forward(None, q, k, v, kv2, md, torch.empty(B, H * D)).clone()
-            for buf, src in ((q_s, q), (k_s, k), (v_s, v)):
-                buf.copy_(src)
-            before = kv.clone()
-            vgraph.update(B, {"l0": md})
-            vgraph.replay(B)
-            assert torch.allclose(out_s[:nreal], expected[:nreal], atol=1e-6, rtol=1e-6) and torch.equal(kv, kv2)
-            impl.forward(None, q[:nreal], k[:nreal], v[:nreal], before, builder.build(0, real),
-                         torch.empty(nreal, H * D))
-            assert torch.equal(kv, before)  # an eager step of the real requests alone writes the same rows
-            # The caches hold exactly the real requests' new rows (the padding's slots -1 write nothing), and each
-            # real row equals float64 attention of this rank's heads over the whole, unsplit sequence.
-            for r in range(nreal):
-                hist[r] = (torch.cat([hist[r][0], k[r: r + 1].double().unsqueeze(1)]),
-                           torch.cat([hist[r][1], v[r: r + 1].double().unsqueeze(1)]))
-                _close(out_s[r].view(1, H, D), _gqa_ref(q[r].view(1, H, D).double(), hist[r][0], hist[r][1], 1),
-                       torch.float32, f"GQA graph I={interleave} request {r} ({nreal} real of {B})")
-            seq = [s + 1 for s in seq[:nreal]] + seq[nreal:]
-    finally:
-        vgraph.clear_graph_provider()
-    return 1
-
-
-def _mla_graph_case(rank, cfg, interleave, seed):
-    """As _gqa_graph_case for MLA: the adapter's entry points vLLM's layer calls (do_kv_cache_update,
-    forward_mqa) captured over static buffers (the recording provider replays the runtime's calls only)."""
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
-
-    from ascend_attn_rt.vllm import AscendAttnRtMlaBackend
-    from ascend_attn_rt.vllm import graph as vgraph
-
-    hf = cfg.model_config.hf_text_config
-    H, B = cfg.model_config.get_num_attention_heads(cfg.parallel_config), 4
-    L, P, R, V = hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim
-    gen = torch.Generator().manual_seed(seed)
-    bt = _block_table(gen)
-    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32, cache_dtype_str="auto")
-    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
-    impl = _mla_impl(cfg, torch.nn.Linear(L, H * (P + V), bias=False))
-    kv = torch.zeros(*AscendAttnRtMlaBackend.get_kv_cache_shape(NB, BS, 1, L + R))
-    seq = [17, 5, 30, 9]
-    cam, slots = _common_metadata(list(range(B)), seq, seq, [True] * B, bt, rank, interleave)
-    impl.do_kv_cache_update(torch.randn(sum(seq), L, generator=gen), torch.randn(sum(seq), 1, R, generator=gen), kv,
-                            slots, "auto", torch.ones(()))
-    qn_s, qr_s = torch.zeros(B, H, L), torch.zeros(B, H, R)
-    c_s, pe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
-    vgraph.set_graph_provider("recording")
-    try:
-        seq = [s + 1 for s in seq]
-        md = builder.build_for_cudagraph_capture(_decode_cam(seq, bt, rank, interleave)[0])
-        with vgraph.capture(B):
-            impl.do_kv_cache_update(c_s, pe_s, kv, slots_s, "auto", torch.ones(()))
-            out_s = impl.forward_mqa((qn_s, qr_s), kv, md, None)[0]
-        calls = [c[0] for c in vgraph.graph_params().calls(B)]
-        assert calls == ["prepare", "prepare", "fia", "prepare"], calls
-        for _ in range(2):
-            cam, slots = _decode_cam(seq, bt, rank, interleave)
-            md = builder.build(0, cam)
-            qn, qr = torch.randn(B, H, L, generator=gen), torch.randn(B, H, R, generator=gen)
-            c, pe = torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen)
-            kv2 = kv.clone()
-            impl.do_kv_cache_update(c, pe, kv2, slots, "auto", torch.ones(()))
-            expected = impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
-            for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (pe_s, pe), (slots_s, slots)):
-                buf.copy_(src)
-            vgraph.update(B, md)
-            vgraph.replay(B)
-            assert torch.allclose(out_s, expected, atol=1e-6, rtol=1e-6) and torch.equal(kv, kv2)
-            seq = [s + 1 for s in seq]
-    finally:
-        vgraph.clear_graph_provider()
-    return 1
-
-
-def _mla_graph_padded_case(rank, cfg, interleave, seed):
-    """A FULL decode bucket under DCP that vLLM's padding requests fill (fewer real requests than the bucket): the
-    MLA builder turns them into one-token dummy decodes over block-table row 0 (docs/design/vllm_sparse.md §6), each
-    rank building its local lengths of them. The replay's real rows equal an eager run of the same padded step and
-    the float64 latent attention of this rank's heads over the whole, unsplit sequence; the caches hold exactly the
-    real requests' new rows (the padding tokens' slot -1 writes nothing on either rank)."""
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec
-
-    from ascend_attn_rt.vllm import AscendAttnRtMlaBackend
-    from ascend_attn_rt.vllm import graph as vgraph
-
-    hf = cfg.model_config.hf_text_config
-    H, B = cfg.model_config.get_num_attention_heads(cfg.parallel_config), 4
-    L, P, R, V = hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim, hf.v_head_dim
     gen = torch.Generator().manual_seed(seed)  # the same draws on every rank: the global step
+    fam = {"gqa": _GqaGraph, "mla": _MlaGraph}[family](rank, cfg, interleave, gen, driver)
+    lay, builder = fam.layer, fam.builder
     bt = _block_table(gen)
-    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32, cache_dtype_str="auto")
-    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, torch.device("cpu"))
-    impl = _mla_impl(cfg, torch.nn.Linear(L, H * (P + V), bias=False))
-    kv = torch.zeros(*AscendAttnRtMlaBackend.get_kv_cache_shape(NB, BS, 1, L + R))
     seq = [17, 5, 30, 9]
     cam, slots = _common_metadata(list(range(B)), seq, seq, [True] * B, bt, rank, interleave)
-    c0, pe0 = torch.randn(sum(seq), L, generator=gen), torch.randn(sum(seq), R, generator=gen)
-    impl.do_kv_cache_update(c0, pe0.unsqueeze(1), kv, slots, "auto", torch.ones(()))
+    x0 = fam.draw(gen, sum(seq))
+    fam.prefill(builder.build(0, cam), slots, x0)  # the context, eagerly
     ends = torch.tensor([0] + seq).cumsum(0).tolist()
-    c_hist = [c0[ends[r]:ends[r + 1]].double() for r in range(B)]
-    pe_hist = [pe0[ends[r]:ends[r + 1]].double() for r in range(B)]
-    qn_s, qr_s = torch.zeros(B, H, L), torch.zeros(B, H, R)
-    c_s, pe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
+    hist = [fam.history(x0, ends[r], ends[r + 1]) for r in range(B)]
+    statics = [torch.zeros(B, *x.shape[1:]) for x in x0]
+    slots_s = torch.zeros(B, dtype=torch.int64)
+    full, none = CUDAGraphMode.FULL, CUDAGraphMode.NONE
+    desc = BatchDescriptor(num_tokens=B, num_reqs=B, uniform=True)
+
+    def context(md, slot_mapping, mode=none):
+        return set_forward_context({"l0": md}, cfg, cudagraph_runtime_mode=mode, batch_descriptor=desc,
+                                   slot_mapping={"l0": slot_mapping})
+
+    patch = pytest.MonkeyPatch()
     vgraph.set_graph_provider("recording")
     try:
-        md = builder.build_for_cudagraph_capture(_decode_cam([s + 1 for s in seq], bt, rank, interleave)[0])
-        with vgraph.capture(B):
-            impl.do_kv_cache_update(c_s, pe_s, kv, slots_s, "auto", torch.ones(()))
-            out_s = impl.forward_mqa((qn_s, qr_s), kv, md, None)[0]
-        for nreal in (3, 2, 1, 4):
+        log = log_graph_calls(patch)
+        cap_cam, cap_slots = _decode_cam([s + 1 for s in seq], bt, rank, interleave)
+        md = builder.build_for_cudagraph_capture(cap_cam)
+        if driver == "adapter":
+            slots_s.copy_(cap_slots)
+            with vgraph.capture(B), context(md, slots_s):
+                out_s = fam.forward(*statics)
+            # What the runtime recorded (GQA: its KV write first; the DCP decode's calls)
+            assert [c[0] for c in vgraph.graph_params().calls(B)] == fam.calls
+        else:
+            vgraph.install_graph_wrapper()
+            wrapper = graph_wrapper_cls()(fam.forward, cfg, full)
+            with context(md, cap_slots, full):
+                wrapper(*statics)
+            assert log == [("capture", k) for k in fam.kinds]
+        for nreal in nreals:
             seq[:nreal] = [s + 1 for s in seq[:nreal]]
-            real, _ = _decode_cam(seq[:nreal], bt, rank, interleave)
+            real, real_slots = _decode_cam(seq[:nreal], bt, rank, interleave)
             cam = _padded(real, B)
             md = builder.build(0, cam)
-            assert (md.num_decodes, md.num_prefills) == (B, 0)  # the padding requests as dummy decodes
-            qn, qr = torch.randn(B, H, L, generator=gen), torch.randn(B, H, R, generator=gen)
-            c, pe = torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen)
-            kv2, kv3 = kv.clone(), kv.clone()
-            impl.do_kv_cache_update(c, pe, kv2, cam.slot_mapping, "auto", torch.ones(()))
-            expected = impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
-            impl.do_kv_cache_update(c[:nreal], pe[:nreal], kv3, real.slot_mapping, "auto", torch.ones(()))
-            for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (pe_s, pe), (slots_s, cam.slot_mapping)):
-                buf.copy_(src)
-            vgraph.update(B, md)
-            vgraph.replay(B)
-            assert torch.allclose(out_s[:nreal], expected[:nreal], atol=1e-6, rtol=1e-6)
-            assert torch.equal(kv, kv2) and torch.equal(kv, kv3)  # only the real requests' rows were written
+            # MLA: the padding requests as the runtime's dummy decodes; GQA: the real decodes (padding tokens unread)
+            assert (md.num_decodes, md.num_prefills) == (B if family == "mla" else nreal, 0)
+            x = fam.draw(gen, B)
+            kv = lay.kv_cache
+            # Eager on a copy of the cache: the padded step (through the wrapper with mode NONE for the wrapper).
+            lay.kv_cache = kv2 = kv.clone()
+            log.clear()
+            with context(md, cam.slot_mapping):
+                expected = (fam.forward(*x) if driver == "adapter" else wrapper(*x)).clone()
+            assert log == []
+            lay.kv_cache, kv3 = kv, kv.clone()
+            for s_, t in zip(statics, x):
+                s_.copy_(t)
+            if driver == "adapter":
+                slots_s.copy_(cam.slot_mapping)
+                vgraph.update(B, {"l0": md})
+                vgraph.replay(B)
+                out = out_s
+            else:
+                with context(md, cam.slot_mapping, full):
+                    out = wrapper(*statics)
+                assert log == [("update", B)] + [("replay", k) for k in fam.kinds]  # the update before the replay
+            what = f"{family} {driver} bucket I={interleave} ({nreal} real of {B})"
+            # Eager of the real requests alone on another copy (built after the replay: a build makes the step's
+            # metadata stale).
+            lay.kv_cache = kv3
+            with context(builder.build(0, real), real_slots):
+                fam.forward(*(t[:nreal] for t in x))
+            lay.kv_cache = kv
+            torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-6, rtol=1e-6, msg=lambda e: f"{what}: {e}")
+            assert torch.equal(kv, kv2) and torch.equal(kv, kv3), what  # only the real requests' rows were written
             for r in range(nreal):
-                c_hist[r] = torch.cat([c_hist[r], c[r: r + 1].double()])
-                pe_hist[r] = torch.cat([pe_hist[r], pe[r].double()])
-                # float64 latent attention of this rank's heads over every position (explicit: all seq[r] rows)
-                w = torch.softmax((qn[r].double() @ c_hist[r].T + qr[r].double() @ pe_hist[r].T) * impl.scale, -1)
-                _close(out_s[r], w @ c_hist[r], torch.float32, f"MLA padded bucket I={interleave} request {r} "
-                       f"({nreal} real of {B})")
+                hist[r] = [torch.cat([h, n]) for h, n in zip(hist[r], fam.history(x, r, r + 1))]
+                _close(out[r].reshape(-1), fam.reference(x, r, hist[r]), torch.float32, f"{what} request {r}")
     finally:
+        vgraph.uninstall_graph_wrapper()
         vgraph.clear_graph_provider()
+        patch.undo()
     return 1
 
 
@@ -580,13 +578,30 @@ def _case(rank, world):
     n += _gqa_case(rank, mha, torch.bfloat16, 4, seed=2)
     n += _mla_case(rank, mla, torch.float32, 1, seed=3)
     n += _mla_case(rank, mla_i, torch.bfloat16, 8, seed=4)
-    n += _gqa_graph_case(rank, mha, 4, seed=5)
-    n += _mla_graph_case(rank, mla_i, 8, seed=6)
-    n += _mla_graph_padded_case(rank, mla, 1, seed=7)
-    n += _mla_graph_padded_case(rank, _vllm_config("vllm_tiny_mla", 4), 4, seed=8)
+    n += _graph_bucket(rank, "gqa", mha, 4, seed=5, nreals=(B, B, B - 1, 2), driver="adapter")
+    n += _graph_bucket(rank, "mla", mla_i, 8, seed=6, nreals=(B, B), driver="adapter")
+    n += _graph_bucket(rank, "mla", mla, 1, seed=7, nreals=(3, 2, 1, B), driver="adapter")
+    n += _graph_bucket(rank, "mla", _vllm_config("vllm_tiny_mla", 4), 4, seed=8, nreals=(3, 2, 1, B),
+                       driver="adapter")
     n += _refusals(rank, gqa, mla)
     return n
 
 
 def test_vllm_dcp_gqa_and_mla_match_float64_over_the_whole_sequence():
     assert run_ranks(W, _case, deadline_s=120.0, preload=VLLM_MODULES) == [4 * len(STEPS) + 5] * W
+
+
+def _wrapper_case(rank, world):
+    torch.set_num_threads(1)  # the ranks share two cores
+    mha = _vllm_config("vllm_tiny_gqa", 4, {"num_attention_heads": 2, "num_key_value_heads": 1})
+    mla = _vllm_config("vllm_tiny_mla", 4)
+    _init_vllm_groups(rank, mha)
+    return (_graph_bucket(rank, "gqa", mha, 4, seed=11, nreals=(B, 3, 2), driver="wrapper")
+            + _graph_bucket(rank, "mla", mla, 4, seed=12, nreals=(3, 2, 1, B), driver="wrapper"))
+
+
+def test_vllm_dcp_padded_decode_through_vllms_graph_wrapper():
+    """The padded FULL decode steps of _graph_bucket driven through AscendAttnRtGraphWrapper on both ranks (recording
+    provider): GQA through vLLM's Attention layer, MLA through vLLM's MLAAttention.forward (docs/design/vllm_sparse.md
+    §6.1, §7)."""
+    assert run_ranks(W, _wrapper_case, deadline_s=90.0, preload=VLLM_MODULES) == [2] * W

@@ -463,7 +463,7 @@ class CompressedModel:
     """Layers 0 (SWA only), 1 (C128) and 2 (C4) as vLLM makes them, their caches as vLLM allocates them from the
     layers' specs, one builder per KV-cache group, per-group block tables drawn from the one block pool."""
 
-    def __init__(self, cfg, monkeypatch, nreq, gen):
+    def __init__(self, cfg, monkeypatch, nreq, gen, num_blocks=NB_CMP):
         from vllm.config import get_layers_from_vllm_config
         from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
@@ -485,7 +485,7 @@ class CompressedModel:
         specs = {n: s for n, m in mods.items() if (s := m.get_kv_cache_spec(cfg)) is not None}
         self.groups = kvu.get_kv_cache_groups(cfg, specs)
         page = self.groups[0].kv_cache_spec.page_size_bytes
-        self.kv_config = kvu.get_kv_cache_config_from_groups(cfg, self.groups, NB_CMP * page)
+        self.kv_config = kvu.get_kv_cache_config_from_groups(cfg, self.groups, num_blocks * page)
         nb = self.kv_config.num_blocks
         cfg.cache_config.num_gpu_blocks = nb
         self.backends = [mods[g.layer_names[0]].get_attn_backend() for g in self.groups]

@@ -24,7 +24,9 @@ from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
 from ascend_attn_rt.vllm import (AscendAttnRtBackend, AscendAttnRtIndexerBackend, AscendAttnRtMlaBackend,  # noqa: E402
                                  AscendAttnRtSparseMlaBackend)
 from _reference import random_block_table  # noqa: E402
-from test_vllm_backend import BS, MAX_LEN, _common_metadata, _mla_dims, _mla_impl, _vllm_config  # noqa: E402
+from test_vllm_backend import BS, MAX_LEN, _vllm_config  # noqa: E402
+from _vllm_support import (common_metadata as _common_metadata, mla_dims as _mla_dims,  # noqa: E402
+                           mla_impl as _mla_impl, vllm_registration)
 
 B = 4  # the bucket: four one-token decodes
 WIDTH = MAX_LEN // BS
@@ -129,90 +131,106 @@ def _gqa_reference(q, kc, vc, bt, seq_lens, scale):
     return torch.stack(outs)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_gqa_decode_bucket_replays_like_eager(store, dtype):
-    cfg = _vllm_config("vllm_tiny_gqa")
+def _gqa_bucket(cfg, dtype, q, steps, seed):
+    """Two GQA layers' impl.forward captured over static buffers (vLLM's persistent buffers) in a bucket of B requests
+    of q tokens (q > 1: speculative, UNIFORM_BATCH), then per step (full, or padded by vLLM when fewer than B
+    requests: num_input_tokens) vLLM's build, update and replay: the outputs equal an eager run of the same step on
+    copies of the caches, the caches equal eager's, and every real token equals the float64 reference (explicit
+    causal mask: token j of a request at position s - q + j sees positions <= its own)."""
     mc = cfg.model_config
     N, NKV, D = mc.get_num_attention_heads(cfg.parallel_config), mc.get_num_kv_heads(cfg.parallel_config), \
         mc.get_head_size()
-    nb = 2 + B * 5
-    cfg.cache_config.num_gpu_blocks = nb
-    gen = torch.Generator().manual_seed(3)
+    nb = cfg.cache_config.num_gpu_blocks
+    gen = torch.Generator().manual_seed(seed)
+    T, cam_of = B * q, (_cam if q == 1 else _spec_cam)
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=NKV, head_size=D, dtype=dtype)
     names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
     builder = AscendAttnRtBackend.get_builder_cls()(spec, names, cfg, CPU)
     impls = [AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV) for _ in names]
     caches = [torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype) for _ in names]
     bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    # Static activations (vLLM's persistent input buffers) and outputs.
-    q_s = [torch.zeros(B, N * D, dtype=dtype) for _ in names]
-    k_s = [torch.zeros(B, NKV * D, dtype=dtype) for _ in names]
-    v_s = [torch.zeros(B, NKV * D, dtype=dtype) for _ in names]
-    out_s = [torch.zeros(B, N * D, dtype=dtype) for _ in names]
-
-    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
-    with vgraph.capture(B):
+    q_s = [torch.zeros(T, N * D, dtype=dtype) for _ in names]
+    k_s = [torch.zeros(T, NKV * D, dtype=dtype) for _ in names]
+    v_s = [torch.zeros(T, NKV * D, dtype=dtype) for _ in names]
+    out_s = [torch.zeros(T, N * D, dtype=dtype) for _ in names]
+    if q > 1:
+        with pytest.raises(NotImplementedError, match=f"uniform decode batches of {q}-token requests"):
+            builder.build_for_cudagraph_capture(_cam([9] * B, bt))  # one-token requests: not this config's bucket
+    md = builder.build_for_cudagraph_capture(cam_of([9] * B, bt))
+    with vgraph.capture(T):
         for i, impl in enumerate(impls):
             impl.forward(None, q_s[i], k_s[i], v_s[i], caches[i], md, out_s[i])
+    assert [c[0] for c in vgraph.graph_params().calls(T)] == ["kv_write", "fia"] * 2
     assert all(float(o.abs().sum()) == 0 for o in out_s)  # recorded, not run
-
-    for seq in STEPS + [[30, 12, 7]]:
-        nreal = len(seq)
-        cam = _cam(seq, bt, pad_to=B if nreal < B else None)
-        md = builder.build(0, cam)
-        qs = [torch.randn(B, N * D, generator=gen).to(dtype) for _ in names]
-        ks = [torch.randn(B, NKV * D, generator=gen).to(dtype) for _ in names]
-        vs = [torch.randn(B, NKV * D, generator=gen).to(dtype) for _ in names]
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for seq in steps:
+        nq = len(seq) * q
+        md = builder.build(0, cam_of(seq, bt, pad_to=B if len(seq) < B else None))
+        qs = [torch.randn(T, N * D, generator=gen).to(dtype) for _ in names]
+        ks = [torch.randn(T, NKV * D, generator=gen).to(dtype) for _ in names]
+        vs = [torch.randn(T, NKV * D, generator=gen).to(dtype) for _ in names]
         expected, eager_caches = [], []
         for i, impl in enumerate(impls):
             kv = caches[i].clone()
-            out = torch.full((B, N * D), 7.0, dtype=dtype)
+            out = torch.full((T, N * D), 7.0, dtype=dtype)
             impl.forward(None, qs[i], ks[i], vs[i], kv, md, out)
             expected.append(out)
             eager_caches.append(kv)
-        for i in range(len(names)):
             q_s[i].copy_(qs[i]), k_s[i].copy_(ks[i]), v_s[i].copy_(vs[i])
-        vgraph.update(B, {n: md for n in names})
-        vgraph.replay(B)
+        vgraph.update(T, {name: md for name in names})
+        vgraph.replay(T)
         for i in range(len(names)):
-            torch.testing.assert_close(out_s[i][:nreal], expected[i][:nreal], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(out_s[i][:nq], expected[i][:nq], atol=1e-5, rtol=1e-5)
             assert torch.equal(caches[i], eager_caches[i])
-            ref = _gqa_reference(qs[i].view(B, N, D)[:nreal], caches[i][0], caches[i][1], bt, seq, D ** -0.5)
-            tol = 1e-5 if dtype == torch.float32 else 1e-2
-            torch.testing.assert_close(out_s[i].view(B, N, D)[:nreal].double(), ref, atol=tol, rtol=tol)
+            qv, ov = qs[i].view(B, q, N, D), out_s[i].view(B, q, N, D)
+            for j in range(q):
+                ref = _gqa_reference(qv[:len(seq), j], caches[i][0], caches[i][1], bt, [s - q + j + 1 for s in seq],
+                                     D ** -0.5)
+                torch.testing.assert_close(ov[:len(seq), j].double(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_gqa_decode_bucket_replays_like_eager(store, dtype):
+    cfg = _vllm_config("vllm_tiny_gqa")
+    cfg.cache_config.num_gpu_blocks = 2 + B * 5
+    _gqa_bucket(cfg, dtype, 1, STEPS + [[30, 12, 7]], seed=3)  # the last one padded by vLLM
 
 
 # --- MLA
 
-def test_mla_decode_bucket_replays_like_eager(store):
-    dtype = torch.float32
-    cfg = copy.copy(_vllm_config("vllm_tiny_mla"))
+def _mla_bucket(cfg, q, steps, seed):
+    """Two MLA layers' do_kv_cache_update + forward_mqa captured over static buffers in a bucket of B requests of q
+    tokens, then per step (full, or padded by vLLM: each padding request a q-token dummy decode over block-table row
+    0, vLLM's null block) vLLM's build, update and replay: the outputs equal the eager layer's on copies of the
+    caches, the caches equal eager's (the padding tokens' slot -1 writes nothing), and every real token equals
+    float64 latent attention over its causal prefix."""
     N, L, P, R, V, _ = _mla_dims(cfg)
-    nb = 2 + B * 5
-    cfg.cache_config.num_gpu_blocks = nb
-    gen = torch.Generator().manual_seed(5)
-    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=dtype, cache_dtype_str="auto")
+    nb = cfg.cache_config.num_gpu_blocks
+    gen = torch.Generator().manual_seed(seed)
+    T, cam_of = B * q, (_cam if q == 1 else _spec_cam)
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
+                            cache_dtype_str="auto")
     builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], cfg, CPU)
+    assert builder.reorder_batch_threshold == q
     impls = [_mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False)) for _ in range(2)]
     caches = [torch.randn(nb, BS, L + R, generator=gen) for _ in impls]
     bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    qn_s, qr_s = torch.zeros(B, N, L), torch.zeros(B, N, R)
-    c_s, kpe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
-
-    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
+    qn_s, qr_s = torch.zeros(T, N, L), torch.zeros(T, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(T, L), torch.zeros(T, 1, R), torch.zeros(T, dtype=torch.int64)
+    md = builder.build_for_cudagraph_capture(cam_of([9] * B, bt))
     outs = []
-    with vgraph.capture(B):
+    with vgraph.capture(T):
         for impl, kv in zip(impls, caches):
             impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
             outs.append(impl.forward_mqa((qn_s, qr_s), kv, md, None)[0])
-    calls = [c[0] for c in vgraph.graph_params().calls(B)]
-    assert calls == ["prepare", "prepare", "fia_v2", "prepare"] * 2
-
-    for seq in STEPS:
-        cam = _cam(seq, bt)
+    assert [c[0] for c in vgraph.graph_params().calls(T)] == ["prepare", "prepare", "fia_v2", "prepare"] * 2
+    for seq in steps:
+        nq = len(seq) * q
+        cam = cam_of(seq, bt, pad_to=B if len(seq) < B else None)
         md = builder.build(0, cam)
-        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
-                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
+        assert (md.num_decodes, md.num_decode_tokens, md.num_prefills) == (B, T, 0)  # padding: dummy decodes
+        qn, qr, c, kpe = (torch.randn(T, N, L, generator=gen), torch.randn(T, N, R, generator=gen),
+                          torch.randn(T, L, generator=gen), torch.randn(T, 1, R, generator=gen))
         expected, eager_caches = [], []
         for impl, kv in zip(impls, caches):
             kv2 = kv.clone()
@@ -221,54 +239,24 @@ def test_mla_decode_bucket_replays_like_eager(store):
             eager_caches.append(kv2)
         for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe), (slots_s, cam.slot_mapping)):
             buf.copy_(src)
-        vgraph.update(B, md)
-        vgraph.replay(B)
-        for i in range(len(impls)):
-            torch.testing.assert_close(outs[i], expected[i], atol=1e-5, rtol=1e-5)
+        vgraph.update(T, md)
+        vgraph.replay(T)
+        for i, impl in enumerate(impls):
+            torch.testing.assert_close(outs[i][:nq], expected[i][:nq], atol=1e-5, rtol=1e-5)
             assert torch.equal(caches[i], eager_caches[i])
+            for r, s in enumerate(seq):
+                for j in range(q):
+                    t = r * q + j
+                    ref = _latent_reference(qn[t], qr[t], impl._caches(caches[i]), bt, r, range(s - q + j + 1),
+                                            impl.scale)
+                    torch.testing.assert_close(outs[i][t].double(), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_mla_decode_bucket_takes_a_padded_step(store):
-    # vLLM pads a FULL decode batch up to the capture size with empty requests; the MLA builder turns each into a
-    # one-token dummy decode (KV length 1 in block 0, vLLM's null block): the update takes the step, the replay's
-    # real rows equal the eager layer's and the float64 reference, and the padding tokens write nothing.
+def test_mla_decode_bucket_replays_like_eager(store):
     cfg = copy.copy(_vllm_config("vllm_tiny_mla"))
-    N, L, P, R, V, _ = _mla_dims(cfg)
-    nb = 2 + B * 5
-    cfg.cache_config.num_gpu_blocks = nb
-    gen = torch.Generator().manual_seed(2)
-    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
-                            cache_dtype_str="auto")
-    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["l0"], cfg, CPU)
-    impl = _mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False))
-    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    kv = torch.randn(nb, BS, L + R, generator=gen)
-    qn_s, qr_s = torch.zeros(B, N, L), torch.zeros(B, N, R)
-    c_s, kpe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
-    md = builder.build_for_cudagraph_capture(_cam([9] * B, bt))
-    with vgraph.capture(B):
-        impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
-        out = impl.forward_mqa((qn_s, qr_s), kv, md, None)[0]
-    for seq in ([9, 9, 9], [40, 2], [17], STEPS[0]):
-        nreal = len(seq)
-        cam = _cam(seq, bt, pad_to=B if nreal < B else None)
-        md = builder.build(0, cam)
-        assert md.num_decodes == B and md.num_decode_tokens == B and md.num_prefills == 0
-        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
-                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
-        kv2 = kv.clone()
-        impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
-        expected = impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
-        written = kv2.clone()
-        for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe), (slots_s, cam.slot_mapping)):
-            buf.copy_(src)
-        vgraph.update(B, md)
-        vgraph.replay(B)
-        torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
-        assert torch.equal(kv, written)  # the same rows written as eager: the padding tokens' slot -1 writes nothing
-        ref = torch.stack([_latent_reference(qn[r], qr[r], impl._caches(kv), bt, r, range(s), impl.scale)
-                           for r, s in enumerate(seq)])
-        torch.testing.assert_close(out[:nreal].double(), ref, atol=1e-5, rtol=1e-5)
+    cfg.cache_config.num_gpu_blocks = 2 + B * 5
+    # Full steps, then vLLM-padded ones (three, two and one real requests in the bucket of four).
+    _mla_bucket(cfg, 1, STEPS + [[9, 9, 9], [40, 2], [17]], seed=5)
 
 
 def test_mla_graph_update_refuses_uneven_padding(store):
@@ -292,103 +280,93 @@ def test_mla_graph_update_refuses_uneven_padding(store):
 
 # --- sparse MLA + indexer
 
+def _sparse_graph_config(family, spec=0):
+    """register(family=...) (inside vllm_registration), then the sparse family's config (test_vllm_sparse) under
+    FULL_DECODE_ONLY with the bucket's block pool; returns it and the pool size."""
+    import test_vllm_sparse as ts
+
+    aar_vllm.register(family=family)
+    cfg = ts._config(family, torch.float32)
+    if spec:
+        cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=spec)
+    cfg.compilation_config = copy.copy(cfg.compilation_config)
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    nb = 2 + B * 5
+    cfg.cache_config.num_gpu_blocks = nb
+    return cfg, nb
+
+
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
 def test_sparse_mla_decode_bucket_replays_like_eager(store, monkeypatch, family):
     import test_vllm_sparse as ts
-    from vllm.model_executor.custom_op import op_registry_oot
-    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
 
-    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
-        aar_vllm.register(family=family)
-        cfg = ts._config(family, torch.float32)
-        cfg.compilation_config = copy.copy(cfg.compilation_config)
-        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-        nb = 2 + B * 5
-        cfg.cache_config.num_gpu_blocks = nb
+    with vllm_registration():
+        cfg, nb = _sparse_graph_config(family)
         gen = torch.Generator().manual_seed(9)
         with set_current_vllm_config(cfg):
-            _sparse_case(ts.Layer(cfg, torch.float32, nb, gen), gen, nb)
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
+            lay = ts.Layer(cfg, torch.float32, nb, gen)
+            # Full steps, then padded ones (fewer real decodes, vLLM's empty padding requests up to the bucket).
+            bt = _sparse_bucket(lay, gen, nb, 1, STEPS + [[9, 30, 17], [40, 2], [12]])
+            # What cannot be padded: padding tokens not spread evenly over the padding requests.
+            cam = _cam([9, 9], bt, pad_to=B)
+            cam.num_actual_tokens = B + 1
+            with pytest.raises(NotImplementedError, match="spreads the padding tokens evenly"):
+                lay.builder.build(0, cam)
 
 
-def _sparse_case(lay, gen, nb):
+def _sparse_bucket(lay, gen, nb, q, steps):
+    """A decode bucket of B requests of q tokens (q > 1: speculative, UNIFORM_BATCH) through the sparse indexer op's
+    run, do_kv_cache_update and forward_mqa over static buffers; per step (full, then padded by vLLM when fewer than
+    B requests: the padding requests as the SFA builder's q-token dummy decodes): update + replay equal to an eager
+    run on copies of both caches (top-k included), the padding writes nothing to either cache, and every real token
+    equals float64 latent attention over the positions the replay selected (each inside the token's causal prefix).
+    Returns the block table."""
     N, L, R, n, D = lay.N, lay.L, lay.R, lay.n, lay.D
+    T, cam_of = B * q, (_cam if q == 1 else _spec_cam)
     bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    iq_s, ik_s, w_s = torch.zeros(B, n, D), torch.zeros(B, D), torch.zeros(B, n)
-    qn_s, qr_s = torch.zeros(B, N, L), torch.zeros(B, N, R)
-    c_s, kpe_s, slots_s = torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)
-    cam = _cam([9] * B, bt)
+    iq_s, ik_s, w_s = torch.zeros(T, n, D), torch.zeros(T, D), torch.zeros(T, n)
+    qn_s, qr_s = torch.zeros(T, N, L), torch.zeros(T, N, R)
+    c_s, kpe_s, slots_s = torch.zeros(T, L), torch.zeros(T, 1, R), torch.zeros(T, dtype=torch.int64)
+    cam = cam_of([9] * B, bt)
     md, imd = lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam)
-    with vgraph.capture(B):
+    with vgraph.capture(T):
         lay.op.run(iq_s, ik_s, w_s, lay.idx_cache, imd)
         lay.impl.do_kv_cache_update(c_s, kpe_s, lay.kv_cache, slots_s, "auto", torch.ones(()))
         out = lay.impl.forward_mqa((qn_s, qr_s), lay.kv_cache, md, None)[0]
-    assert [c[0] for c in vgraph.graph_params().calls(B)] == ["prepare"] * 3
-
-    for seq in STEPS:
-        cam = _cam(seq, bt)
+    assert [c[0] for c in vgraph.graph_params().calls(T)] == ["prepare"] * 3
+    for seq in steps:
+        nq = len(seq) * q
+        cam = cam_of(seq, bt, pad_to=B if len(seq) < B else None)
         md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-        iq, ik, w = torch.randn(B, n, D, generator=gen), torch.randn(B, D, generator=gen), torch.rand(B, n,
-                                                                                                      generator=gen)
-        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
-                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
+        # the runtime's graph decode padding: the real decodes, B kernel requests
+        assert (md.num_decodes, md.num_decode_tokens, md.sfa.num_reqs, md.sfa.num_kernel_reqs) == (len(seq), nq,
+                                                                                                   len(seq), B)
+        iq, ik, w = torch.randn(T, n, D, generator=gen), torch.randn(T, D, generator=gen), \
+            torch.rand(T, n, generator=gen)
+        qn, qr, c, kpe = (torch.randn(T, N, L, generator=gen), torch.randn(T, N, R, generator=gen),
+                          torch.randn(T, L, generator=gen), torch.randn(T, 1, R, generator=gen))
         idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
         lay.op.run(iq, ik, w, idx2, imd)
-        topk_eager = lay.buf[:B].clone()
+        topk_eager = lay.buf[:nq].clone()
         lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
         expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
         lay.buf.fill_(-7)
         for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
                          (slots_s, cam.slot_mapping)):
             buf.copy_(src)
-        vgraph.update(B, {"a": md, "b": imd})  # nothing to refresh: prepare calls only
-        vgraph.replay(B)
-        assert torch.equal(lay.buf[:B], topk_eager)
+        vgraph.update(T, {"a": md, "b": imd})  # nothing to refresh (prepare calls only): the step is checked
+        vgraph.replay(T)
+        assert torch.equal(lay.buf[:nq], topk_eager)
         assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    # Padded steps (fewer real decodes, vLLM's empty padding requests up to the bucket): the padding requests
-    # are the runtime's dummy decodes; the real rows equal eager and the float64 reference over the top-k rows,
-    # the padding writes nothing to either cache.
-    for seq in ([9, 30, 17], [40, 2], [12]):
-        nreal = len(seq)
-        cam = _cam(seq, bt, pad_to=B)
-        md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-        assert md.sfa.num_reqs == nreal and md.sfa.num_kernel_reqs == B  # the runtime's graph decode padding
-        iq, ik, w = torch.randn(B, n, D, generator=gen), torch.randn(B, D, generator=gen), torch.rand(B, n,
-                                                                                                      generator=gen)
-        qn, qr, c, kpe = (torch.randn(B, N, L, generator=gen), torch.randn(B, N, R, generator=gen),
-                          torch.randn(B, L, generator=gen), torch.randn(B, 1, R, generator=gen))
-        idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
-        lay.op.run(iq, ik, w, idx2, imd)
-        topk_eager = lay.buf[:nreal].clone()
-        lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
-        expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
-        lay.buf.fill_(-7)
-        for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
-                         (slots_s, cam.slot_mapping)):
-            buf.copy_(src)
-        vgraph.update(B, {"a": md, "b": imd})
-        vgraph.replay(B)
-        assert torch.equal(lay.buf[:nreal], topk_eager)
-        assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
-        torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
-        # float64: each real request's query over the cached rows at its top-k positions (explicit selection)
+        torch.testing.assert_close(out[:nq], expected[:nq], atol=1e-5, rtol=1e-5)
         for r, s in enumerate(seq):
-            sel = topk_eager[r][topk_eager[r] >= 0].tolist()
-            assert sel and max(sel) < s
-            ref = _latent_reference(qn[r], qr[r], lay.impl._caches(lay.kv_cache), bt, r, sel, lay.impl.scale)
-            torch.testing.assert_close(out[r].double(), ref, atol=1e-5, rtol=1e-5)
-    # What cannot be padded: padding tokens not spread evenly over the padding requests.
-    cam = _cam([9, 9], bt, pad_to=B)
-    cam.num_actual_tokens = B + 1
-    with pytest.raises(NotImplementedError, match="spreads the padding tokens evenly"):
-        lay.builder.build(0, cam)
+            for j in range(q):
+                t = r * q + j
+                sel = [int(p) for p in lay.buf[t] if p >= 0]
+                assert sel and max(sel) <= s - q + j
+                ref = _latent_reference(qn[t], qr[t], lay.impl._caches(lay.kv_cache), bt, r, sel, lay.impl.scale)
+                torch.testing.assert_close(out[t].double(), ref, atol=1e-5, rtol=1e-5)
+    return bt
 
 
 def test_sparse_builder_takes_vllms_is_prefilling():
@@ -662,17 +640,9 @@ def test_sparse_bucket_through_torch_npu_hooks(npu, family):
     device graph (nothing read from host lists), so the capture makes no task group and an update re-issues
     nothing: it checks the step fills the bucket, waits for the previous replay and enters the update stream."""
     import test_vllm_sparse as ts
-    from vllm.model_executor.custom_op import op_registry_oot
-    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
 
-    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
-        aar_vllm.register(family=family)
-        cfg = ts._config(family, torch.float32)
-        cfg.compilation_config = copy.copy(cfg.compilation_config)
-        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-        nb = 2 + B * 5
-        cfg.cache_config.num_gpu_blocks = nb
+    with vllm_registration():
+        cfg, nb = _sparse_graph_config(family)
         gen = torch.Generator().manual_seed(19)
         vgraph.set_graph_provider("torch_npu", npu=npu)
         with set_current_vllm_config(cfg):
@@ -704,12 +674,6 @@ def test_sparse_bucket_through_torch_npu_hooks(npu, family):
             with pytest.raises(ValueError, match="takes decode-only steps of 4 kernel tokens"):
                 vgraph.update(B, {"a": lay.builder.build(0, cam), "b": lay.ibuilder.build(0, cam)})
             assert npu.log == []
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
 
 
 # --- speculative decode buckets (UNIFORM_BATCH): requests of 1 + num_speculative_tokens tokens
@@ -778,174 +742,21 @@ def test_speculative_tokens_declare_uniform_batch(backend, name):
 
 
 def test_gqa_speculative_bucket_replays_like_eager(store):
-    dtype = torch.float32
-    cfg = _spec_config("vllm_tiny_gqa")
-    mc = cfg.model_config
-    N, NKV, D = mc.get_num_attention_heads(cfg.parallel_config), mc.get_num_kv_heads(cfg.parallel_config), \
-        mc.get_head_size()
-    nb = cfg.cache_config.num_gpu_blocks
-    gen = torch.Generator().manual_seed(23)
-    spec = FullAttentionSpec(block_size=BS, num_kv_heads=NKV, head_size=D, dtype=dtype)
-    names = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
-    builder = AscendAttnRtBackend.get_builder_cls()(spec, names, cfg, CPU)
-    impls = [AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV) for _ in names]
-    caches = [torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype) for _ in names]
-    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    q_s = [torch.zeros(BQ, N * D, dtype=dtype) for _ in names]
-    k_s = [torch.zeros(BQ, NKV * D, dtype=dtype) for _ in names]
-    v_s = [torch.zeros(BQ, NKV * D, dtype=dtype) for _ in names]
-    out_s = [torch.zeros(BQ, N * D, dtype=dtype) for _ in names]
-    with pytest.raises(NotImplementedError, match="uniform decode batches of 2-token requests"):
-        builder.build_for_cudagraph_capture(_cam([9] * B, bt))  # one-token requests: not this config's bucket
-    md = builder.build_for_cudagraph_capture(_spec_cam([9] * B, bt))
-    with vgraph.capture(BQ):
-        for i, impl in enumerate(impls):
-            impl.forward(None, q_s[i], k_s[i], v_s[i], caches[i], md, out_s[i])
-    assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["kv_write", "fia"] * 2
-    for seq in STEPS:
-        md = builder.build(0, _spec_cam(seq, bt))
-        qs = [torch.randn(BQ, N * D, generator=gen) for _ in names]
-        ks = [torch.randn(BQ, NKV * D, generator=gen) for _ in names]
-        vs = [torch.randn(BQ, NKV * D, generator=gen) for _ in names]
-        expected, eager_caches = [], []
-        for i, impl in enumerate(impls):
-            kv = caches[i].clone()
-            out = torch.full((BQ, N * D), 7.0)
-            impl.forward(None, qs[i], ks[i], vs[i], kv, md, out)
-            expected.append(out)
-            eager_caches.append(kv)
-            q_s[i].copy_(qs[i]), k_s[i].copy_(ks[i]), v_s[i].copy_(vs[i])
-        vgraph.update(BQ, {n: md for n in names})
-        vgraph.replay(BQ)
-        for i in range(len(names)):
-            torch.testing.assert_close(out_s[i], expected[i], atol=1e-5, rtol=1e-5)
-            assert torch.equal(caches[i], eager_caches[i])
-            # float64: token j of request r at position s - Q + j sees positions <= its own (explicit causal mask)
-            q = qs[i].view(B, Q, N, D)
-            for j in range(Q):
-                ref = _gqa_reference(q[:, j], caches[i][0], caches[i][1], bt, [s - Q + j + 1 for s in seq],
-                                     D ** -0.5)
-                torch.testing.assert_close(out_s[i].view(B, Q, N, D)[:, j].double(), ref, atol=1e-5, rtol=1e-5)
+    _gqa_bucket(_spec_config("vllm_tiny_gqa"), torch.float32, Q, STEPS, seed=23)
 
 
 def test_mla_speculative_bucket_replays_like_eager(store):
-    cfg = _spec_config("vllm_tiny_mla")
-    N, L, P, R, V, _ = _mla_dims(cfg)
-    nb = cfg.cache_config.num_gpu_blocks
-    gen = torch.Generator().manual_seed(25)
-    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=L + R, dtype=torch.float32,
-                            cache_dtype_str="auto")
-    builder = AscendAttnRtMlaBackend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], cfg, CPU)
-    assert builder.reorder_batch_threshold == Q
-    impls = [_mla_impl(cfg, torch.nn.Linear(L, N * (P + V), bias=False)) for _ in range(2)]
-    caches = [torch.randn(nb, BS, L + R, generator=gen) for _ in impls]
-    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    qn_s, qr_s = torch.zeros(BQ, N, L), torch.zeros(BQ, N, R)
-    c_s, kpe_s, slots_s = torch.zeros(BQ, L), torch.zeros(BQ, 1, R), torch.zeros(BQ, dtype=torch.int64)
-    md = builder.build_for_cudagraph_capture(_spec_cam([9] * B, bt))
-    outs = []
-    with vgraph.capture(BQ):
-        for impl, kv in zip(impls, caches):
-            impl.do_kv_cache_update(c_s, kpe_s, kv, slots_s, "auto", torch.ones(()))
-            outs.append(impl.forward_mqa((qn_s, qr_s), kv, md, None)[0])
-    assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare", "prepare", "fia_v2", "prepare"] * 2
-    for seq in STEPS + [[30, 12, 7]]:  # the last one padded by vLLM (a Q-token dummy decode)
-        cam = _spec_cam(seq, bt, pad_to=B if len(seq) < B else None)
-        md = builder.build(0, cam)
-        assert (md.num_decodes, md.num_decode_tokens) == (B, BQ)
-        qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
-                          torch.randn(BQ, L, generator=gen), torch.randn(BQ, 1, R, generator=gen))
-        expected, eager_caches = [], []
-        for impl, kv in zip(impls, caches):
-            kv2 = kv.clone()
-            impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
-            expected.append(impl.forward_mqa((qn, qr), kv2, md, None)[0].clone())
-            eager_caches.append(kv2)
-        for buf, src in ((qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe), (slots_s, cam.slot_mapping)):
-            buf.copy_(src)
-        vgraph.update(BQ, md)
-        vgraph.replay(BQ)
-        nq = len(seq) * Q
-        for i, impl in enumerate(impls):
-            torch.testing.assert_close(outs[i][:nq], expected[i][:nq], atol=1e-5, rtol=1e-5)
-            assert torch.equal(caches[i], eager_caches[i])
-            for r, s in enumerate(seq):
-                for j in range(Q):
-                    t = r * Q + j
-                    ref = _latent_reference(qn[t], qr[t], impl._caches(caches[i]), bt, r, range(s - Q + j + 1),
-                                            impl.scale)
-                    torch.testing.assert_close(outs[i][t].double(), ref, atol=1e-5, rtol=1e-5)
+    _mla_bucket(_spec_config("vllm_tiny_mla"), Q, STEPS + [[30, 12, 7]], seed=25)  # the last one padded by vLLM
 
 
 def test_sparse_speculative_bucket_replays_like_eager(store):
     import test_vllm_sparse as ts
-    from vllm.model_executor.custom_op import op_registry_oot
-    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
 
-    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
-        aar_vllm.register(family="deepseek_v32")
-        cfg = ts._config("deepseek_v32", torch.float32)
-        cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=SPEC)
-        cfg.compilation_config = copy.copy(cfg.compilation_config)
-        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-        nb = 2 + B * 5
-        cfg.cache_config.num_gpu_blocks = nb
+    with vllm_registration():
+        cfg, nb = _sparse_graph_config("deepseek_v32", SPEC)
         gen = torch.Generator().manual_seed(27)
         with set_current_vllm_config(cfg):
             lay = ts.Layer(cfg, torch.float32, nb, gen)
             spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=lay.L + lay.R, dtype=torch.float32)
             assert type(lay.builder).get_cudagraph_support(cfg, spec) is AttentionCGSupport.UNIFORM_BATCH
-            _sparse_spec_case(lay, gen, nb)
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
-
-
-def _sparse_spec_case(lay, gen, nb):
-    N, L, R, n, D = lay.N, lay.L, lay.R, lay.n, lay.D
-    bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-    iq_s, ik_s, w_s = torch.zeros(BQ, n, D), torch.zeros(BQ, D), torch.zeros(BQ, n)
-    qn_s, qr_s = torch.zeros(BQ, N, L), torch.zeros(BQ, N, R)
-    c_s, kpe_s, slots_s = torch.zeros(BQ, L), torch.zeros(BQ, 1, R), torch.zeros(BQ, dtype=torch.int64)
-    cam = _spec_cam([9] * B, bt)
-    md, imd = lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam)
-    with vgraph.capture(BQ):
-        lay.op.run(iq_s, ik_s, w_s, lay.idx_cache, imd)
-        lay.impl.do_kv_cache_update(c_s, kpe_s, lay.kv_cache, slots_s, "auto", torch.ones(()))
-        out = lay.impl.forward_mqa((qn_s, qr_s), lay.kv_cache, md, None)[0]
-    assert [c[0] for c in vgraph.graph_params().calls(BQ)] == ["prepare"] * 3
-    for seq in STEPS + [[30, 12, 7]]:  # the last one padded by vLLM (the SFA builder's Q-token dummy decode)
-        nq = len(seq) * Q
-        cam = _spec_cam(seq, bt, pad_to=B if len(seq) < B else None)
-        md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-        assert (md.num_decodes, md.num_decode_tokens) == (len(seq), nq) and md.sfa.num_kernel_reqs == B
-        iq, ik, w = torch.randn(BQ, n, D, generator=gen), torch.randn(BQ, D, generator=gen), \
-            torch.rand(BQ, n, generator=gen)
-        qn, qr, c, kpe = (torch.randn(BQ, N, L, generator=gen), torch.randn(BQ, N, R, generator=gen),
-                          torch.randn(BQ, L, generator=gen), torch.randn(BQ, 1, R, generator=gen))
-        idx2, kv2 = lay.idx_cache.clone(), lay.kv_cache.clone()
-        lay.op.run(iq, ik, w, idx2, imd)
-        topk_eager = lay.buf[:nq].clone()
-        lay.impl.do_kv_cache_update(c, kpe, kv2, cam.slot_mapping, "auto", torch.ones(()))
-        expected = lay.impl.forward_mqa((qn, qr), kv2, md, None)[0].clone()
-        lay.buf.fill_(-7)
-        for buf, src in ((iq_s, iq), (ik_s, ik), (w_s, w), (qn_s, qn), (qr_s, qr), (c_s, c), (kpe_s, kpe),
-                         (slots_s, cam.slot_mapping)):
-            buf.copy_(src)
-        vgraph.update(BQ, {"a": md, "b": imd})
-        vgraph.replay(BQ)
-        assert torch.equal(lay.buf[:nq], topk_eager)
-        assert torch.equal(lay.idx_cache, idx2) and torch.equal(lay.kv_cache, kv2)
-        torch.testing.assert_close(out[:nq], expected[:nq], atol=1e-5, rtol=1e-5)
-        # float64 over the selected positions (the top-k of the replay, causal: each token's own prefix)
-        for r, s in enumerate(seq):
-            for j in range(Q):
-                t = r * Q + j
-                sel = [int(p) for p in lay.buf[t] if p >= 0]
-                assert sel and max(sel) <= s - Q + j
-                ref = _latent_reference(qn[t], qr[t], lay.impl._caches(lay.kv_cache), bt, r, sel, lay.impl.scale)
-                torch.testing.assert_close(out[t].double(), ref, atol=1e-5, rtol=1e-5)
+            _sparse_bucket(lay, gen, nb, Q, STEPS + [[30, 12, 7]])  # the last padded by vLLM

@@ -18,17 +18,17 @@ import torch
 pytest.importorskip("vllm.v1.attention.backend", reason="vLLM 0.27.1 not importable")
 from vllm.config import CUDAGraphMode  # noqa: E402
 from vllm.forward_context import BatchDescriptor, set_forward_context  # noqa: E402
-from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
-from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # noqa: E402
-from vllm.utils.import_utils import resolve_obj_by_qualname  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # noqa: E402
 
 from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend  # noqa: E402
 from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
 from _mla_reference import latent_attention_reference  # noqa: E402
 from _reference import random_block_table  # noqa: E402
-from test_vllm_backend import BS, _mla_dims, _mla_impl, _mla_layer, _vllm_config  # noqa: E402
-from test_vllm_graph import _cam, NpuDouble, CAPTURED_CALL, _updated_call  # noqa: E402
+from test_vllm_backend import BS, _vllm_config  # noqa: E402
+from _vllm_support import (attention_layer, graph_wrapper_cls as _wrapper_cls, log_graph_calls as _logged,  # noqa: E402
+                           mla_dims as _mla_dims, mla_impl as _mla_impl, mla_layer, vllm_registration)
+from test_vllm_graph import _cam, NpuDouble, CAPTURED_CALL, _sparse_graph_config, _updated_call  # noqa: E402
+from test_vllm_dsa import registered, vllm_dist  # noqa: E402,F401  (fixtures of the DeepSeek-V4 test)
 
 B = 4
 WIDTH = 512 // BS
@@ -49,12 +49,6 @@ def installed():
         vgraph.clear_graph_provider()
 
 
-def _wrapper_cls():
-    from vllm.platforms import current_platform
-
-    return resolve_obj_by_qualname(current_platform.get_static_graph_wrapper_cls())
-
-
 def _config(name):
     cfg = copy.copy(_vllm_config(name))
     cfg.cache_config = copy.copy(cfg.cache_config)
@@ -62,24 +56,6 @@ def _config(name):
     cfg.compilation_config = copy.copy(cfg.compilation_config)
     cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
     return cfg
-
-
-def _logged(monkeypatch):
-    """Logs the adapter's update calls and the wrapper's segment calls in order."""
-    log = []
-    update, run = vgraph.update, vgraph._Tape.run
-
-    def logged_update(n, md):
-        log.append(("update", n))
-        return update(n, md)
-
-    def logged_run(self, kind, *a, **k):
-        log.append((self.mode, kind))
-        return run(self, kind, *a, **k)
-
-    monkeypatch.setattr(vgraph, "update", logged_update)
-    monkeypatch.setattr(vgraph._Tape, "run", logged_run)
-    return log
 
 
 # --- the model: vLLM's attention layers with projections around them
@@ -100,16 +76,9 @@ class GqaModel(torch.nn.Module):
                        o=torch.randn(N * D, H, generator=gen) * (N * D) ** -0.5) for _ in self.names]
         self.layers = []
         for name in self.names:
-            # The attributes vLLM's Attention.forward and unified_attention_with_output read (building the real
-            # layer needs vLLM's distributed state and a device platform).
-            lay = types.SimpleNamespace(
-                calculate_kv_scales=False, query_quant=None, num_heads=N, head_size=D, head_size_v=D,
-                num_kv_heads=NKV, use_direct_call=True, attn_backend=AscendAttnRtBackend,
-                kv_sharing_target_layer_name=None, layer_name=name,
-                impl=AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV),
-                kv_cache=torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype))
-            lay.forward = types.MethodType(Attention.forward, lay)
-            self.layers.append(lay)
+            self.layers.append(attention_layer(AscendAttnRtBackend.get_impl_cls()(N, D, D ** -0.5, NKV),
+                                               AscendAttnRtBackend, name,
+                                               torch.randn(2, nb, BS, NKV, D, generator=gen).to(dtype), N, NKV, D))
         cfg.compilation_config.static_forward_context = {n: lay for n, lay in zip(self.names, self.layers)}
 
     def forward(self, hidden):
@@ -156,13 +125,9 @@ class MlaModel(torch.nn.Module):
             self.w.append(dict(q=torch.randn(H, N * (P + R), generator=gen) * H ** -0.5,
                                ckv=torch.randn(H, L + R, generator=gen) * H ** -0.5,
                                o=torch.randn(N * V, H, generator=gen) * (N * V) ** -0.5, kv_b=kv_b))
-            impl = _mla_impl(cfg, kv_b)
-            # vLLM's MLAAttention attributes its forward and forward_impl read (test_vllm_backend._mla_layer).
-            lay = _mla_layer(impl, cfg, kv_b)
-            lay.calculate_kv_scales, lay.use_direct_call, lay.layer_name = False, True, name
-            lay.kv_cache = torch.randn(nb, BS, L + R, generator=gen)
-            lay.forward = types.MethodType(MLAAttention.forward, lay)
-            self.layers.append(lay)
+            # vLLM's MLAAttention attributes its forward and forward_impl read, its forward bound.
+            self.layers.append(mla_layer(_mla_impl(cfg, kv_b), cfg, kv_b, name,
+                                         torch.randn(nb, BS, L + R, generator=gen)))
         cfg.compilation_config.static_forward_context = {n: lay for n, lay in zip(self.names, self.layers)}
 
     def forward(self, hidden):
@@ -409,22 +374,13 @@ class SparseModel(torch.nn.Module):
 def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
     import test_vllm_sparse as ts
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.custom_op import op_registry_oot
     from vllm.model_executor.models import deepseek_v2
-    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
     from ascend_attn_rt import _C as aar
-    import ascend_attn_rt.vllm as aar_vllm
 
     monkeypatch.setattr(deepseek_v2, "per_token_group_quant_fp8", ts._quant_fp8_reference)
-    saved, had = dict(_ATTN_OVERRIDES), op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
-        aar_vllm.register(family="deepseek_v32")
-        cfg = ts._config("deepseek_v32", torch.float32)
-        cfg.compilation_config = copy.copy(cfg.compilation_config)
-        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    with vllm_registration():
+        cfg, nb = _sparse_graph_config("deepseek_v32")
         cfg.compilation_config.static_forward_context = {}  # this test's layers register here
-        nb = 2 + B * 5
-        cfg.cache_config.num_gpu_blocks = nb
         gen = torch.Generator().manual_seed(31)
         vgraph.set_graph_provider("recording")
         with set_current_vllm_config(cfg):
@@ -485,9 +441,106 @@ def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
                     want = latent_attention_reference(inputs[2][r: r + 1], c_rows, k_rows, lay.kv_b_proj.weight, 1,
                                                       lay.impl.scale, N, lay.P, lay.V)
                     torch.testing.assert_close(out[r].view(1, N, lay.V).double(), want, atol=1e-5, rtol=1e-5)
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
+
+
+# --- DeepSeek-V4: vLLM's DeepseekV4Attention layers (the adapter's subclass) in the runnable
+
+class V4Model(torch.nn.Module):
+    """The three layers of test_vllm_dsa.CompressedModel (SWA-only, C128, C4; nine KV-cache groups through vLLM's own
+    grouping and allocation) as one runnable: each layer's forward(positions, hidden_states), vLLM's layer code,
+    over the step's hidden states (the float64 reference gives every layer the request's own inputs)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, positions, hidden):
+        return torch.stack([layer(positions, hidden) for layer in self.m.layers])
+
+
+def test_deepseek_v4_bucket_through_vllms_wrapper(vllm_dist, registered, installed, monkeypatch):
+    """Each V4 layer's runtime call (dsa.Impl.forward: the whole attention block) is one segment: captured from
+    vLLM's capture batch, then full steps and vLLM-padded steps replay equal to the runnable run through the wrapper
+    with mode NONE on a copy of the caches (the one KV-cache buffer every group's caches are views of), the float64
+    reference of test_vllm_dsa (C4 with the runtime's top-k) and eager's top-k; the update comes before the three
+    segment replays of every step."""
+    import ascend_attn_rt.vllm as aar_vllm
+    from test_vllm_dsa import CompressedModel, _common_metadata as v4_cam
+    from test_vllm_dsa_graph import _buffer, _graph_config, _metadata, _padded_cam
+
+    aar_vllm.register(family="deepseek_v4")
+    dtype = torch.float32
+    # Four requests' tables from the one block pool (about 320 blocks each, the C4 states' 4-token blocks most).
+    m = CompressedModel(_graph_config(dtype), monkeypatch, B, torch.Generator().manual_seed(29), num_blocks=1300)
+    # The context, one eager prefill step: near a C128 boundary (127: the first replay completes a C128 row), C4 ones.
+    S = [127, 61, 254, 30]
+    m.step(list(range(B)), S, S)
+    vgraph.set_graph_provider("recording")
+    wrapper = _wrapper_cls()(V4Model(m), m.cfg, FULL)
+    log = _logged(monkeypatch)
+    hidden_s = torch.zeros(B, m.cfg.model_config.hf_config.hidden_size, dtype=dtype)  # vLLM's static input buffer
+    pos = torch.zeros(B, dtype=torch.int64)  # not read: the runtime derives positions from the step
+
+    def run(md, hidden, mode):
+        with set_forward_context(md, m.cfg, cudagraph_runtime_mode=mode, batch_descriptor=DESC):
+            return wrapper(pos, hidden)
+
+    # vLLM's capture batch (every request real, KV length 1, the tables' rows as they are).
+    cams = [v4_cam([1] * B, [1] * B, torch.zeros(B, t.shape[1], dtype=torch.int32), g.kv_cache_spec.block_size)[0]
+            for g, t in zip(m.groups, m.tables)]
+    md = {}
+    for g, b, cam in zip(m.groups, m.builders, cams):
+        x = b.build_for_cudagraph_capture(cam)
+        md.update({name: x for name in g.layer_names})
+    before = _buffer(m).clone()
+    run(md, hidden_s, FULL)
+    assert log == [("capture", "DeepSeek-V4 layer")] * 3 and torch.equal(_buffer(m), before)  # recorded, not run
+    assert vgraph.graph_params().buckets() == []  # the bucket is the wrapper's segments
+
+    buf = _buffer(m)
+    for reqs in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 0, 3], [1]):  # full steps, then vLLM-padded ones
+        n = len(reqs)
+        seq = [S[r] + 1 for r in reqs]
+        md = _metadata(m, [_padded_cam(seq, t[reqs], g.kv_cache_spec.block_size) for g, t in zip(m.groups, m.tables)])
+        h = torch.zeros(B, hidden_s.shape[1], dtype=dtype)
+        h[:n] = torch.cat([m.x[r][s - 1: s] for r, s in zip(reqs, seq)])
+        # Eager: the same runnable through the wrapper with mode NONE, on a copy of the caches.
+        saved = buf.clone()
+        log.clear()
+        expected = run(md, h.clone(), NONE)
+        assert log == []
+        eager_topk, eager_buf = m.layers[2]._impl.last_topk[:n].clone(), buf.clone()
+        buf.copy_(saved)
+        with torch.inference_mode():  # the runtime's buffer (an inference tensor): the replay must write it again
+            m.layers[2]._impl.last_topk.fill_(-7)
+        hidden_s.copy_(h)
+        out = run(md, hidden_s, FULL)
+        assert log == [("update", B)] + [("replay", "DeepSeek-V4 layer")] * 3  # the update before every replay
+        topk = m.layers[2]._impl.last_topk[:n]
+        assert torch.equal(topk, eager_topk)
+        torch.testing.assert_close(out[:, :n], expected[:, :n], atol=1e-5, rtol=1e-5)
+        assert torch.equal(buf, eager_buf)  # the caches as the eager step left them
+        for i in range(3):
+            for j, (r, s) in enumerate(zip(reqs, seq)):
+                tk = topk[j: j + 1, 0].to(torch.int64) if i == 2 else None
+                torch.testing.assert_close(out[i, j: j + 1].double(), m.reference(i, r, s, 1, tk), atol=2e-5,
+                                           rtol=1e-5, msg=lambda e: f"layer {i} request {r} vs float64: {e}")
+        for r, s in zip(reqs, seq):
+            S[r] = s
+    # A step with a prefill is refused by the update, before any segment replays (caches untouched).
+    cams = [v4_cam([1, 3], [S[0] + 1, S[1] + 3], t[[0, 1]], g.kv_cache_spec.block_size)[0]
+            for g, t in zip(m.groups, m.tables)]
+    saved = buf.clone()
+    log.clear()
+    with pytest.raises(ValueError, match="a step with 1 prefill requests cannot update a decode graph bucket"):
+        run(_metadata(m, cams), hidden_s, FULL)
+    assert log == [("update", B)] and torch.equal(buf, saved)
+    # A weight changed while the wrapper holds the bucket: the captured segment keeps the old layer, refused by
+    # name; clear_graphs() releases the segments and the layer is remade.
+    with torch.no_grad():
+        m.layers[1].wo_b.weight.mul_(2)
+    md = _metadata(m, [_padded_cam([S[0] + 1], t[[0]], g.kv_cache_spec.block_size) for g, t in zip(m.groups, m.tables)])
+    with pytest.raises(NotImplementedError, match="model.layers.1.attn: the layer's weights or KV-cache group changed"):
+        run(md, hidden_s, FULL)
+    wrapper.clear_graphs()
+    assert run(md, hidden_s.clone(), NONE).shape == (3, B, hidden_s.shape[1])

@@ -33,8 +33,8 @@ from vllm.model_executor.layers.attention.mla_attention import MLAAttention  # n
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer  # noqa: E402
 from vllm.model_executor.models import deepseek_v2  # noqa: E402
 from vllm.model_executor.layers.rotary_embedding import get_rope  # noqa: E402
-from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata  # noqa: E402
-from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES, AttentionBackendEnum  # noqa: E402
+from vllm.v1.attention.backend import AttentionType  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 from vllm.v1.kv_cache_interface import MLAAttentionSpec  # noqa: E402
 
 import ascend_attn_rt.vllm as aar_vllm  # noqa: E402
@@ -44,7 +44,7 @@ from ascend_attn_rt.vllm.sparse import indexer_op_cls  # noqa: E402
 from _reference import assert_close, random_block_table  # noqa: E402
 from _mla_reference import latent_attention_reference  # noqa: E402
 from _sfa_reference import indexer_rope, layer_norm, selected_positions, topk_rows  # noqa: E402
-from _vllm_support import kv_cache_utils  # noqa: E402
+from _vllm_support import common_metadata as _common_metadata, kv_cache_utils, vllm_registration  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 BS = 16
@@ -79,16 +79,8 @@ def _config(family, dtype):
 def registered():
     """register(family=...) installs global state in vLLM (the CUSTOM slot, the SparseAttnIndexer
     replacement): restored after each test."""
-    saved = dict(_ATTN_OVERRIDES)
-    had = op_registry_oot.pop("SparseAttnIndexer", None)
-    try:
+    with vllm_registration():
         yield
-    finally:
-        _ATTN_OVERRIDES.clear()
-        _ATTN_OVERRIDES.update(saved)
-        op_registry_oot.pop("SparseAttnIndexer", None)
-        if had is not None:
-            op_registry_oot["SparseAttnIndexer"] = had
 
 
 def _quant_fp8_reference(x, group, column_major_scales=False, use_ue8m0=False, **_):
@@ -100,14 +92,6 @@ def _quant_fp8_reference(x, group, column_major_scales=False, use_ue8m0=False, *
         s = torch.exp2(torch.ceil(torch.log2(s)))
     q = (g / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     return q.view(x.shape), s.squeeze(-1)
-
-
-def _common_metadata(qsl, seq_lens, bt, slots):
-    q_lens = (qsl[1:] - qsl[:-1]).tolist()
-    return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq_lens, num_reqs=len(q_lens),
-        num_actual_tokens=int(qsl[-1]), max_query_len=max(q_lens), max_seq_len=int(seq_lens.max()),
-        block_table_tensor=bt, slot_mapping=slots, _seq_lens_cpu=seq_lens)
 
 
 def _qsl(q_lens):

@@ -20,7 +20,8 @@ Served: SWA-only, C4 and C128 layers, eager and decode graphs (``cudagraph_mode=
 declares uniform single-token decode, or the uniform batch with speculative tokens, ``build_for_cudagraph_capture`` builds
 the runtime's capture step, the layer's
 ``forward`` inside ``ascend_attn_rt.vllm.graph.capture`` records the runtime's layer, ``graph.update`` / ``replay``
-refresh and re-issue it; docs/design/vllm_dsa.md §6), single rank, A2/A3 plan (plain rows in the model dtype, int8
+refresh and re-issue it; docs/design/vllm_dsa.md §6; under vLLM's graph wrapper on the recording provider the
+layer's runtime call is one segment, §6.1), single rank, A2/A3 plan (plain rows in the model dtype, int8
 indexer), vLLM's hybrid KV-cache manager on. Refused by name when the layer or a builder is made: other ratios,
 fp8 KV caches, the MXFP4 indexer cache, tensor / context parallelism, graph modes other than FULL_DECODE_ONLY and
 torch.compile, a quantised checkpoint, the hybrid KV-cache manager off with compressed layers; per step: cascade
@@ -41,7 +42,7 @@ from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
 
 from .. import _C as aar
 from . import _build_inputs, _cdiv, _padded_inputs, _refuse_cp
-from .graph import GraphBuilderMixin, graph_params, refuse_in_wrapper
+from .graph import GraphBuilderMixin, capturing_store, graph_params, run_segment
 
 # The runtime's cache_block_size (docs/design/dsa.md §2.2) for every group: vLLM fixes the SWA page at 64 tokens
 # (DeepseekV4SWACache), and the runtime's geometry row of 64 then fixes the others (C128 KV 8192 raw tokens = 64
@@ -757,7 +758,6 @@ def _make_attention_cls():
             if not isinstance(md, dict):  # vLLM's profiling run
                 self._layer_impl()
                 return out.zero_()
-            refuse_in_wrapper("the DeepSeek-V4 layer")
             meta = {k: self._metadata(md, layer.prefix, k) for k, layer in self._cache_layers().items()}
             swa = meta["swa"]
             mode = getattr(ctx, "cudagraph_runtime_mode", None)
@@ -771,8 +771,6 @@ def _make_attention_cls():
                         f"cudagraph_runtime_mode=FULL with {swa.num_prefills} prefill requests "
                         f"({swa.num_prefill_tokens} tokens): ascend_attn_rt's DeepSeek-V4 adapter captures and "
                         "replays decode-only steps (FULL_DECODE_ONLY)")
-            store = graph_params()
-            capturing = store is not None and store.capturing
             if swa.graph_group < 0:
                 raise ValueError(f"metadata of {self.swa_cache_layer.prefix!r} has no SWA group index")
             self._kv_cache_group = swa.graph_group
@@ -781,9 +779,19 @@ def _make_attention_cls():
             for k, m in meta.items():
                 if k != "swa":
                     groups[_ROUTE_SLOT[k]] = m.group
-            impl.forward(hidden_states, self._kv_tuple(), swa.step, swa.group, out, **groups)
-            if capturing:
-                self._captured_store = store
+            kv = self._kv_tuple()
+
+            def call(hidden_states, out):
+                impl.forward(hidden_states, kv, swa.step, swa.group, out, **groups)
+                store = capturing_store()
+                if store is not None:  # the recorded call holds this Impl (_layer_impl's check)
+                    self._captured_store = store
+
+            # The layer's one runtime call; under vLLM's graph wrapper on the recording provider a segment of its
+            # own: the hidden states copied into its static input, the output copied from its static output, the
+            # caches fixed (docs/design/vllm_dsa.md §6.1, vllm_sparse.md §6.1).
+            run_segment("DeepSeek-V4 layer", call, dict(hidden_states=hidden_states), dict(out=out),
+                        fixed=tuple(layer.kv_cache for layer in self._cache_layers().values()))
             return out
 
         def forward_mqa(self, q, kv, positions, output) -> None:

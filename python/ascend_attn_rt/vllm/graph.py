@@ -125,7 +125,7 @@ def set_graph_provider(provider: str = "recording", *, stream=None, update_strea
         new = aar.GraphParams("hooks", **torch_npu_hooks(stream, update_stream, npu=npu))
     if _store is not None:
         _store.release_all()
-    _tapes.clear()
+    _drop_tapes(_tapes)
     _store, _device = new, device
     return _store
 
@@ -135,7 +135,7 @@ def clear_graph_provider() -> None:
     global _store, _device
     if _store is not None:
         _store.release_all()
-    _tapes.clear()
+    _drop_tapes(_tapes)
     _store, _device = None, None
 
 
@@ -402,6 +402,7 @@ class _Tape:
         self.segments: list = []
         self.mode: Optional[str] = None
         self.cursor = 0
+        self.recording = None  # the segment store a capture records into while the entry point's call runs
 
     def run(self, kind: str, call: Callable, inputs: dict, outputs: dict, fixed: tuple):
         live = {**inputs, **outputs}
@@ -410,8 +411,12 @@ class _Tape:
             # device-graph capture).
             statics = {k: None if t is None else t.clone() for k, t in live.items()}
             store = aar.GraphParams("recording")
-            with store.capture(self.n):
-                result = call(**statics)
+            self.recording = store
+            try:
+                with store.capture(self.n):
+                    result = call(**statics)
+            finally:
+                self.recording = None
             seg = _Segment(kind, store, statics, tuple(outputs), result, tuple(fixed))
             self.segments.append(seg)
         else:
@@ -464,12 +469,25 @@ def run_segment(kind: str, call: Callable, inputs: dict, outputs: Optional[dict]
     return tape.run(kind, call, inputs, outputs, fixed)
 
 
-def refuse_in_wrapper(what: str) -> None:
-    """Adapter entry points the wrapper's recording-provider segments do not cover refuse its run by name."""
-    if getattr(_tls, "tape", None) is not None:
-        raise NotImplementedError(f"{what} inside AscendAttnRtGraphWrapper on the 'recording' graph provider is not "
-                                  "supported by ascend_attn_rt's vLLM adapter (docs/design/vllm_sparse.md §6.1): "
-                                  "capture it with ascend_attn_rt.vllm.graph.capture")
+def capturing_store():
+    """The store this thread's adapter calls are recorded into right now: the provider's store inside ``capture``, or
+    the segment's own store while AscendAttnRtGraphWrapper captures an entry point on the recording provider (§6.1);
+    None when nothing captures. (What a layer holding captured state checks before it changes, e.g. the DeepSeek-V4
+    layer's Impl.)"""
+    tape = getattr(_tls, "tape", None)
+    if tape is not None and tape.recording is not None:
+        return tape.recording
+    return _store if _store is not None and _store.capturing else None
+
+
+def _drop_tapes(tapes) -> None:
+    """Forgets the wrapper's recording-provider buckets ``tapes``, releasing their segments' stores (so a layer that
+    checks its captured store, capturing_store, sees no bucket left)."""
+    for t in list(tapes):
+        for seg in t.segments:
+            seg.store.release_all()
+        if t in _tapes:
+            _tapes.remove(t)
 
 
 @contextlib.contextmanager
@@ -548,8 +566,7 @@ def _make_wrapper_cls():
             dropped)."""
             for e in self.concrete_cudagraph_entries.values():
                 if isinstance(e.graph, _Tape):
-                    if e.graph in _tapes:
-                        _tapes.remove(e.graph)
+                    _drop_tapes([e.graph])
                 elif e.store is _store and _store is not None and _store.has(e.batch_descriptor.num_tokens):
                     _store.release(e.batch_descriptor.num_tokens)
             self.concrete_cudagraph_entries.clear()
