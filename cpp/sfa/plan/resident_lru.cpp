@@ -35,7 +35,7 @@
 //                     cache lines).
 //   table [table_size_] open-addressing hash (linear probing) token -> slot: an
 //                     entry holds a slot id and the key is tokens[id]; load
-//                     <= 1/2. Deletion shifts back (no tombstones).
+//                     <= 1/4. Deletion shifts back (no tombstones).
 // Every resident slot has exactly one live queue entry and one table entry;
 // every empty slot is in the free ring.
 //
@@ -79,7 +79,10 @@ constexpr int32_t kMaxNarrowCapacity = 5461;
 constexpr uint32_t kHashMul = 0x9E3779B1u;   // Fibonacci hashing: consecutive positions spread out
 constexpr uint32_t kBloomMul = 0x85EBCA6Bu;  // an independent 12-bit hash for the duplicate filter
 constexpr int kBloomBits = 12;
-constexpr int32_t kTableLoad = 2;  // table slots per capacity slot (load <= 1/2; 1/4 measured slower)
+// Table slots per capacity slot: load <= 1/4. Shorter probe runs make a miss's
+// erase (shift-back) and insert about half as costly as at load 1/2; a hit pays
+// a little for the larger table (docs/design/sfa.md §6.3, the cost paragraph).
+constexpr int32_t kTableLoad = 4;
 
 int32_t table_size_for(int32_t capacity) {
   int32_t t = 2;
