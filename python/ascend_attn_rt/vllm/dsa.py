@@ -42,7 +42,7 @@ from vllm.v1.attention.backend import AttentionBackend, AttentionMetadataBuilder
 
 from .. import _C as aar
 from . import _build_inputs, _cdiv, _padded_inputs, _refuse_cp
-from .graph import GraphBuilderMixin, capturing_store, graph_params, run_segment
+from .graph import GraphBuilderMixin, capturing_store, graph_params, in_wrapper_run, run_segment
 
 # The runtime's cache_block_size (docs/design/dsa.md §2.2) for every group: vLLM fixes the SWA page at 64 tokens
 # (DeepseekV4SWACache), and the runtime's geometry row of 64 then fixes the others (C128 KV 8192 raw tokens = 64
@@ -787,6 +787,9 @@ def _make_attention_cls():
                 if store is not None:  # the recorded call holds this Impl (_layer_impl's check)
                     self._captured_store = store
 
+            if not in_wrapper_run():
+                call(hidden_states, out)
+                return out
             # The layer's one runtime call; under vLLM's graph wrapper on the recording provider a segment of its
             # own: the hidden states copied into its static input, the output copied from its static output, the
             # caches fixed (docs/design/vllm_dsa.md §6.1, vllm_sparse.md §6.1).
