@@ -150,9 +150,46 @@ at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::option
   return comm.all_gather(q, 1, out);
 }
 
+namespace {
+
+// combine_partials of a workspace's own partials (the usual call): the wire views were made for this
+// T and their shapes checked when the workspace was made, so only the caller's targets are checked,
+// and every tensor is used by reference (no handle copied per call).
+void combine_own(Comm& comm, const DcpViews& ws, at::Tensor& out, const std::optional<at::Tensor>& lse_out) {
+  const c10::IntArrayRef wire = ws.send.sizes();  // (W, T, H, D + 1)
+  const int64_t W = comm.size(), T = wire[1], H = wire[2], D = wire[3] - 1;
+  AAR_CHECK_ARG(wire[0] == W, "combine_partials: the workspace views are for a group of ", wire[0],
+                " ranks, the comm has ", W);
+  const c10::IntArrayRef os = out.sizes();
+  AAR_CHECK_ARG(out.defined() && os.size() == 3 && os[0] == T && os[1] == H && os[2] == D,
+                "combine_partials: out must be (", T, ", ", H, ", ", D, "), got ",
+                out.defined() ? os : c10::IntArrayRef{});
+  const bool with_lse = lse_out.has_value();
+  if (with_lse) {
+    AAR_CHECK_ARG(lse_out->scalar_type() == at::kFloat && lse_out->numel() == T * H && lse_out->size(0) == T &&
+                      lse_out->size(1) == H,
+                  "combine_partials: lse_out must be float32 (", T, ", ", H, ", 1), got ", lse_out->sizes());
+  }
+  if (T == 0) return;  // batch-global: no rank exchanges
+  ops::dense::copy(ws.send_out, ws.partial_out_wire);
+  ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
+  comm.all_to_all_single(ws.send, ws.recv);
+  ops::dense::copy(ws.parts_out4, ws.recv_out);
+  ops::dense::copy(ws.parts_lse3, ws.recv_lse);
+  auto [merged, merged_lse] = ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);
+  ops::dense::copy(out, merged.view({T, H, D}));
+  if (with_lse) ops::dense::copy(lse_out->view({T, H}), merged_lse.view({T, H}));
+}
+
+}  // namespace
+
 void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tensor& partial_lse, at::Tensor& out,
                       const std::optional<at::Tensor>& lse_out, const DcpViews* ws) {
   const int64_t W = comm.size();
+  if (W > 1 && ws != nullptr && partial_out.is_same(ws->partial_out) && partial_lse.is_same(ws->partial_lse)) {
+    combine_own(comm, *ws, out, lse_out);
+    return;
+  }
   AAR_CHECK_ARG(partial_out.defined() && partial_out.dim() == 3, "combine_partials: partial_out must be (T, W*H, D), got ",
                 partial_out.defined() ? partial_out.sizes() : c10::IntArrayRef{});
   const int64_t T = partial_out.size(0), WH = partial_out.size(1), D = partial_out.size(2);
@@ -247,7 +284,8 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows
   comm.all_to_all_single(ws.send, ws.recv);
   ops::dense::copy(ws.parts_out4, ws.recv_out);
   ops::dense::copy(ws.parts_lse3, ws.recv_lse);
-  auto [merged, merged_lse] = ops::attention_update(ws.lse_list, ws.out_list, with_lse ? 1 : 0);  // (T H, D), (T H)
+  auto [merged, merged_lse] =
+      ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);  // (T H, D), (T H)
   ops::dense::copy(out_rows, merged);
   if (with_lse) ops::dense::copy(lse_rows, merged_lse);
 }
@@ -306,7 +344,7 @@ void pcp_gather_merge(Comm& comm, const DcpViews& w, const at::Tensor& out_rows)
   comm.all_gather(w.wire, 0, w.gathered);  // (W T, H, D+1): rank-major
   ops::dense::copy(w.parts_out4, w.recv_out);
   ops::dense::copy(w.parts_lse3, w.recv_lse);
-  auto [merged, unused] = ops::attention_update(w.lse_list, w.out_list, /*update_type=*/0);
+  auto [merged, unused] = ops::detail::attention_update_prechecked(w.lse_list, w.out_list, /*update_type=*/0);
   ops::dense::copy(out_rows, merged.view({T, H, D}));
 }
 
