@@ -256,13 +256,30 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     pre = dcp_pre.data();
     // One pass: rank 0's and this rank's local lengths, and the "still prefilling" flag the DCP split
     // reads when no flags are given (qsl's size was checked; its order is the scan's below).
-    if (fast_dcp) {
+    // The shard in locals: the stores below are int32 like in.dcp's fields, so the compiler would
+    // reload those after each one.
+    const int32_t W = dcp.world, I = dcp.interleave, rank = dcp.rank;
+    const auto pow2 = [](int32_t v) { return (v & (v - 1)) == 0; };  // v > 0 here
+    if (fast_dcp && pow2(W) && pow2(I)) {
+      // W and I powers of two (the usual shard): len / (W I) as a shift.
+      const int s_wi = __builtin_ctz(static_cast<uint32_t>(W) * static_cast<uint32_t>(I));
+      const int32_t off = rank * I;
+      for (std::size_t r = 0; r < b; ++r) {
+        const int32_t len = std::max(seqs[r], 0);
+        const int32_t q = len >> s_wi, base = q * I, rem = len - q * W * I;
+        lens[r] = base + std::min(rem, I);
+        mine[r] = base + std::clamp(rem - off, 0, I);
+        const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
+        pre[r] = fresh;
+        any_fresh |= fresh;
+      }
+    } else if (fast_dcp) {
       // docs/design/cp.md §11.7: both local lengths from one multiply-high division per request
       // (the shard was checked above).
       for (std::size_t r = 0; r < b; ++r) {
         // Negative lengths are named by the scan below; 0 blocks meanwhile.
         const int32_t len = std::max(seqs[r], 0);
-        const detail::dcp::LocalLens l = detail::dcp::local_lens_fast(len, fd_wi, dcp.world, dcp.interleave, dcp.rank);
+        const detail::dcp::LocalLens l = detail::dcp::local_lens_fast(len, fd_wi, W, I, rank);
         lens[r] = static_cast<int32_t>(l.first);
         mine[r] = static_cast<int32_t>(l.mine);
         const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
@@ -272,7 +289,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     } else {
       for (std::size_t r = 0; r < b; ++r) {
         // Negative lengths are named by the scan below; 0 blocks meanwhile.
-        lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0)) : 0;
+        lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], W, I, 0)) : 0;
         const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
         pre[r] = fresh;
         any_fresh |= fresh;
