@@ -32,7 +32,8 @@ void check_merge_limits(int64_t W, int64_t D, int64_t update_type) {
 bool DcpWorkspaceShape::operator==(const DcpWorkspaceShape& o) const {
   return device == o.device && q_dtype == o.q_dtype && out_dtype == o.out_dtype && world == o.world &&
          heads == o.heads && q_dim == o.q_dim && out_dim == o.out_dim && regroup == o.regroup &&
-         q_split == o.q_split && comm == o.comm && workspace_group == o.workspace_group;
+         q_split == o.q_split && comm == o.comm && workspace_group == o.workspace_group &&
+         head_major == o.head_major;
 }
 
 DcpWorkspace::DcpWorkspace(const DcpWorkspaceShape& shape)
@@ -108,8 +109,11 @@ const DcpViews& DcpWorkspace::views(int64_t T) {
   v.send_lse = v.send.select(3, D);
   v.recv_out = v.recv.narrow(3, 0, D);
   v.recv_lse = v.recv.select(3, D);
-  v.parts_out4 = v.parts_out.view({W, T, H, D});
-  v.parts_lse3 = v.parts_lse.view({W, T, H});
+  v.head_major = s.head_major;
+  // The unpack's targets seen token-major ([W, T, H, ...], the wire's order) over buffers laid out in the
+  // merge order.
+  v.parts_out4 = s.head_major ? v.parts_out.view({W, H, T, D}).permute({0, 2, 1, 3}) : v.parts_out.view({W, T, H, D});
+  v.parts_lse3 = s.head_major ? v.parts_lse.view({W, H, T}).permute({0, 2, 1}) : v.parts_lse.view({W, T, H});
   v.partial_out_wire = v.partial_out.view({T, W, H, D}).permute({1, 0, 2, 3});
   v.partial_lse_wire = v.partial_lse.view({T, W, H}).permute({1, 0, 2});
   v.lse2 = v.partial_lse.view({T, WH});
@@ -150,9 +154,48 @@ at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::option
   return comm.all_gather(q, 1, out);
 }
 
+namespace {
+
+// combine_partials of a workspace's own partials (the usual call): the wire views were made for this
+// T and their shapes checked when the workspace was made, so only the caller's targets are checked,
+// and every tensor is used by reference (no handle copied per call).
+void combine_own(Comm& comm, const DcpViews& ws, at::Tensor& out, const std::optional<at::Tensor>& lse_out) {
+  const c10::IntArrayRef wire = ws.send.sizes();  // (W, T, H, D + 1)
+  const int64_t W = comm.size(), T = wire[1], H = wire[2], D = wire[3] - 1;
+  AAR_CHECK_ARG(wire[0] == W, "combine_partials: the workspace views are for a group of ", wire[0],
+                " ranks, the comm has ", W);
+  const c10::IntArrayRef os = out.sizes();
+  AAR_CHECK_ARG(out.defined() && os.size() == 3 && os[0] == T && os[1] == H && os[2] == D,
+                "combine_partials: out must be (", T, ", ", H, ", ", D, "), got ",
+                out.defined() ? os : c10::IntArrayRef{});
+  const bool with_lse = lse_out.has_value();
+  if (with_lse) {
+    AAR_CHECK_ARG(lse_out->scalar_type() == at::kFloat && lse_out->numel() == T * H && lse_out->size(0) == T &&
+                      lse_out->size(1) == H,
+                  "combine_partials: lse_out must be float32 (", T, ", ", H, ", 1), got ", lse_out->sizes());
+  }
+  if (T == 0) return;  // batch-global: no rank exchanges
+  ops::dense::copy(ws.send_out, ws.partial_out_wire);
+  ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
+  comm.all_to_all_single(ws.send, ws.recv);
+  ops::dense::copy(ws.parts_out4, ws.recv_out);
+  ops::dense::copy(ws.parts_lse3, ws.recv_lse);
+  auto [merged, merged_lse] = ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);
+  ops::dense::copy(out, ws.head_major ? merged.view({H, T, D}).transpose(0, 1) : merged.view({T, H, D}));
+  if (with_lse) {
+    ops::dense::copy(lse_out->view({T, H}), ws.head_major ? merged_lse.view({H, T}).t() : merged_lse.view({T, H}));
+  }
+}
+
+}  // namespace
+
 void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tensor& partial_lse, at::Tensor& out,
                       const std::optional<at::Tensor>& lse_out, const DcpViews* ws) {
   const int64_t W = comm.size();
+  if (W > 1 && ws != nullptr && partial_out.is_same(ws->partial_out) && partial_lse.is_same(ws->partial_lse)) {
+    combine_own(comm, *ws, out, lse_out);
+    return;
+  }
   AAR_CHECK_ARG(partial_out.defined() && partial_out.dim() == 3, "combine_partials: partial_out must be (T, W*H, D), got ",
                 partial_out.defined() ? partial_out.sizes() : c10::IntArrayRef{});
   const int64_t T = partial_out.size(0), WH = partial_out.size(1), D = partial_out.size(2);
@@ -218,8 +261,11 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   auto [merged, merged_lse] = ops::attention_update(ws ? at::TensorList(ws->lse_list) : at::TensorList(lses),
                                                     ws ? at::TensorList(ws->out_list) : at::TensorList(outs),
                                                     lse_out.has_value() ? 1 : 0);
-  ops::dense::copy(out, merged.view({T, H, D}));
-  if (lse_out.has_value()) ops::dense::copy(lse_out->view({T, H}), merged_lse.view({T, H}));
+  const bool hm = ws != nullptr && ws->head_major;  // the merge inputs were unpacked in its order
+  ops::dense::copy(out, hm ? merged.view({H, T, D}).transpose(0, 1) : merged.view({T, H, D}));
+  if (lse_out.has_value()) {
+    ops::dense::copy(lse_out->view({T, H}), hm ? merged_lse.view({H, T}).t() : merged_lse.view({T, H}));
+  }
 }
 
 void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows, const at::Tensor& lse_rows) {
@@ -235,9 +281,12 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows
   AAR_CHECK_ARG(!with_lse || (lse_rows.scalar_type() == at::kFloat && lse_rows.dim() == 1 && lse_rows.size(0) == T * H),
                 "combine_partials: lse_rows must be float32 (", T * H, "), got ", lse_rows.sizes());
   if (W == 1) {
-    at::Tensor out = out_rows.view({T, H, D});
+    at::Tensor out = ws.head_major ? out_rows.view({H, T, D}).transpose(0, 1) : out_rows.view({T, H, D});
     combine_partials(comm, ws.partial_out, ws.partial_lse, out,
-                     with_lse ? std::optional<at::Tensor>(lse_rows.view({T, H})) : std::nullopt, &ws);
+                     with_lse ? std::optional<at::Tensor>(ws.head_major ? lse_rows.view({H, T}).t()
+                                                                        : lse_rows.view({T, H}))
+                              : std::nullopt,
+                     &ws);
     return;
   }
   if (T == 0) return;  // batch-global: no rank exchanges
@@ -247,7 +296,8 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows
   comm.all_to_all_single(ws.send, ws.recv);
   ops::dense::copy(ws.parts_out4, ws.recv_out);
   ops::dense::copy(ws.parts_lse3, ws.recv_lse);
-  auto [merged, merged_lse] = ops::attention_update(ws.lse_list, ws.out_list, with_lse ? 1 : 0);  // (T H, D), (T H)
+  auto [merged, merged_lse] =
+      ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);  // (T H, D), (T H)
   ops::dense::copy(out_rows, merged);
   if (with_lse) ops::dense::copy(lse_rows, merged_lse);
 }
@@ -281,7 +331,8 @@ std::tuple<at::Tensor, at::Tensor> merge_wire_partials(at::TensorList outs, at::
 }
 
 const DcpViews& pcp_wire_views(Comm& comm, int64_t heads, int64_t out_dim, c10::Device device,
-                               int64_t workspace_group, int64_t T, std::shared_ptr<DcpWorkspace>& slot) {
+                               int64_t workspace_group, int64_t T, std::shared_ptr<DcpWorkspace>& slot,
+                               bool head_major) {
   DcpWorkspaceShape sh;
   sh.device = device;
   sh.q_dtype = sh.out_dtype = at::kFloat;  // no query; partial_out unused
@@ -291,6 +342,7 @@ const DcpViews& pcp_wire_views(Comm& comm, int64_t heads, int64_t out_dim, c10::
   sh.out_dim = out_dim;
   sh.comm = &comm;
   sh.workspace_group = workspace_group;
+  sh.head_major = head_major;
   if (!slot || !(slot->shape() == sh)) slot = DcpWorkspace::shared(sh);
   return slot->views(T);
 }
@@ -306,8 +358,27 @@ void pcp_gather_merge(Comm& comm, const DcpViews& w, const at::Tensor& out_rows)
   comm.all_gather(w.wire, 0, w.gathered);  // (W T, H, D+1): rank-major
   ops::dense::copy(w.parts_out4, w.recv_out);
   ops::dense::copy(w.parts_lse3, w.recv_lse);
-  auto [merged, unused] = ops::attention_update(w.lse_list, w.out_list, /*update_type=*/0);
-  ops::dense::copy(out_rows, merged.view({T, H, D}));
+  auto [merged, unused] = ops::detail::attention_update_prechecked(w.lse_list, w.out_list, /*update_type=*/0);
+  ops::dense::copy(out_rows, w.head_major ? merged.view({H, T, D}).transpose(0, 1) : merged.view({T, H, D}));
+}
+
+void pcp_gather_merge_rows(Comm& comm, const DcpViews& w, const at::Tensor& rows) {
+  AAR_CHECK_ARG(w.wire.defined() && w.recv.size(0) == comm.size(), "pcp_gather_merge: the views are for a group of ",
+                w.recv.defined() ? w.recv.size(0) : 0, " ranks, the comm has ", comm.size());
+  const c10::IntArrayRef ws = w.wire.sizes();  // (T, H, D + 1)
+  const int64_t T = ws[0], H = ws[1], D = ws[2] - 1;
+  AAR_CHECK_ARG(rows.defined() && rows.dim() == 2 && rows.size(0) == T * H && rows.size(1) == D,
+                "pcp_gather_merge: rows must be (", T * H, ", ", D, "), got ",
+                rows.defined() ? rows.sizes() : c10::IntArrayRef{});
+  if (comm.size() == 1) {
+    ops::dense::copy(w.head_major ? rows.view({H, T, D}).transpose(0, 1) : rows.view({T, H, D}), w.wire_out);
+    return;
+  }
+  comm.all_gather(w.wire, 0, w.gathered);  // (W T, H, D+1): rank-major
+  ops::dense::copy(w.parts_out4, w.recv_out);
+  ops::dense::copy(w.parts_lse3, w.recv_lse);
+  auto [merged, unused] = ops::detail::attention_update_prechecked(w.lse_list, w.out_list, /*update_type=*/0);
+  ops::dense::copy(rows, merged);
 }
 
 std::tuple<at::Tensor, at::Tensor> merge_two_partials(const at::Tensor& out_a, const at::Tensor& lse_a,

@@ -21,6 +21,7 @@ const cp::DcpViews& latent_dcp_views(cp::Comm& comm, const LatentDcpShape& shape
   sh.q_split = shape.L;
   sh.comm = &comm;
   sh.workspace_group = shape.workspace_group;
+  sh.head_major = shape.head_major;
   if (!ws || !(ws->shape() == sh)) ws = cp::DcpWorkspace::shared(sh);
   return ws->views(td);
 }

@@ -19,6 +19,7 @@ struct LatentDcpShape {
   int64_t heads = 0;     // this rank's query heads H
   int64_t L = 0, R = 0;  // kv_lora_rank, qk_rope_head_dim
   int64_t workspace_group = 0;
+  bool head_major = false;  // the merge order (cp::DcpWorkspaceShape::head_major)
 };
 
 // The views for td rows of the workspace of (comm, shape, like's dtype and device); `ws`

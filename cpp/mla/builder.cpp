@@ -15,6 +15,7 @@
 #include "ascend_attn_rt/mla/plan/mla_plan.h"
 #include "ascend_attn_rt/plan/workspace.h"
 #include "../common/rope_gather.h"
+#include "latent_ops.h"
 #include "../common/staging.h"
 #include "../common/builder_checks.h"
 #include "../core/staging_layout.h"
@@ -381,8 +382,8 @@ const Metadata& MetadataBuilder::build(const BuildInputs& given) {
   md_.num_prefill_tokens = tp;
   md_.max_query_len = p.max_query_len;
   md_.max_seq_len = p.max_seq_len;
-  md_.query_start_loc = st.qsl_dev.first(B + 1);
-  md_.slot_mapping = st.slots_dev.first(tl);
+  detail::assign(md_.query_start_loc, st.qsl_dev.first(B + 1));
+  detail::assign(md_.slot_mapping, st.slots_dev.first(tl));
   if (nd > 0) {
     DecodeMetadata& d = md_.decode;
     d.num_kernel_reqs = nk;
@@ -547,16 +548,18 @@ void MetadataBuilder::set_pcp_metadata(const plan::MlaPcpSizes& sz) {
   };
   pc.num_local_tokens = sz.split.local_tokens;
   pc.num_local_prefill_tokens = sz.split.local_prefill_tokens;
-  pc.padded_slot_mapping =
-      st.pslots_v.get(G, st.o_pslots, [&] { return device_.narrow(0, st.o_pslots, 2 * G).view(at::kLong); });
-  pc.prefill_restore_idx = i32(st.restore_v, st.o_restore, Wp * tpl);
-  pc.q_head_idx = i32(st.qh_v, st.o_qh, Ck);
-  pc.q_tail_idx = i32(st.qt_v, st.o_qt, Ck);
-  pc.kv_head_nomask_idx = i32(st.hn_v, st.o_hn, sz.head_tail.head_nomask_tokens);
-  pc.kv_head_mask_idx = i32(st.hm_v, st.o_hm, Ck);
-  pc.kv_tail_nomask_idx = i32(st.tn_v, st.o_tn, sz.head_tail.tail_nomask_tokens);
-  pc.kv_tail_mask_idx = i32(st.tm_v, st.o_tm, Ck);
-  pc.q_full_idx = i32(st.qf_v, st.o_qf, 2 * Ck);
+  // Assigned only when the view changed (detail::assign): a steady step keeps its views.
+  detail::assign(pc.padded_slot_mapping, st.pslots_v.get(G, st.o_pslots, [&] {
+    return device_.narrow(0, st.o_pslots, 2 * G).view(at::kLong);
+  }));
+  detail::assign(pc.prefill_restore_idx, i32(st.restore_v, st.o_restore, Wp * tpl));
+  detail::assign(pc.q_head_idx, i32(st.qh_v, st.o_qh, Ck));
+  detail::assign(pc.q_tail_idx, i32(st.qt_v, st.o_qt, Ck));
+  detail::assign(pc.kv_head_nomask_idx, i32(st.hn_v, st.o_hn, sz.head_tail.head_nomask_tokens));
+  detail::assign(pc.kv_head_mask_idx, i32(st.hm_v, st.o_hm, Ck));
+  detail::assign(pc.kv_tail_nomask_idx, i32(st.tn_v, st.o_tn, sz.head_tail.tail_nomask_tokens));
+  detail::assign(pc.kv_tail_mask_idx, i32(st.tm_v, st.o_tm, Ck));
+  detail::assign(pc.q_full_idx, i32(st.qf_v, st.o_qf, 2 * Ck));
   pc.mask_seq_ends = c10::IntArrayRef(pcp_mask_ends_.data(), np);
   pc.head_nomask_kv_ends = c10::IntArrayRef(pcp_head_ends_.data(), np);
   pc.tail_nomask_kv_ends = c10::IntArrayRef(pcp_tail_ends_.data(), np);

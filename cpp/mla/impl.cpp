@@ -237,8 +237,12 @@ void Impl::decode_post(const detail::DecodeViews& v, const at::Tensor& out_rows)
 
 const cp::DcpViews& Impl::dcp_views(int64_t td, const at::Tensor& like) {
   const Dims& d = cfg_.dims;
-  return detail::latent_dcp_views(*cfg_.dcp_comm, {d.num_heads, d.kv_lora_rank, d.qk_rope_head_dim, cfg_.workspace_group},
-                          like, td, dcp_ws_);
+  // DCP alone merges straight into the W_UV input (H, td, L): the head-major merge order (docs/design/cp.md
+  // §11.7). Under PCP x DCP the DCP merge feeds the token-major PCP wire.
+  const bool head_major = cfg_.pcp_comm == nullptr;
+  return detail::latent_dcp_views(*cfg_.dcp_comm,
+                                  {d.num_heads, d.kv_lora_rank, d.qk_rope_head_dim, cfg_.workspace_group, head_major},
+                                  like, td, dcp_ws_);
 }
 
 void Impl::dcp_stage_query(const cp::DcpViews& w, const detail::DecodeViews& v) {
@@ -289,13 +293,13 @@ const at::Tensor& Impl::dcp_decode_attention(const at::Tensor& x, const at::Tens
     a.t.query_rope = qr;
     a.out = w.partial_out.view({td, N, 1, L});
     a.lse = w.partial_lse.view({td, N, 1, 1});
-    a.merged = v.attn_heads.transpose(0, 1);  // (td, H, L) view of the W_UV input
+    a.merged = v.attn_heads.view({-1, L});  // the W_UV input's (H td, L) rows: the head-major merge order
     a.src_part = w.partial_out;
     a.src_attn = v.attn_heads;
   }
   refresh_shard_args(a, nope, rope, md);
   ops::fused_infer_attention_score_out(a.t, a.p, std::nullopt, a.out, a.lse);
-  cp::combine_partials(*cfg_.dcp_comm, w.partial_out, w.partial_lse, a.merged, std::nullopt, &w);
+  cp::combine_partials(*cfg_.dcp_comm, w, a.merged);
   return core_->w_uv_out(v, td);
 }
 
@@ -323,8 +327,9 @@ void Impl::refresh_shard_args(CpDecodeArgs& a, const at::Tensor& nope, const at:
 
 const cp::DcpViews& Impl::pcp_wire_views(int64_t td, const at::Tensor& like) {
   const Dims& d = cfg_.dims;
+  // Merged straight into the W_UV input (H, td, L): the head-major merge order (docs/design/cp.md §11.7).
   return cp::pcp_wire_views(*cfg_.pcp_comm, d.num_heads, d.kv_lora_rank, like.device(), cfg_.workspace_group, td,
-                            pcp_ws_);
+                            pcp_ws_, /*head_major=*/true);
 }
 
 const cp::DcpViews& Impl::pcp_stage_views(int64_t td, const at::Tensor& like) {
@@ -380,7 +385,7 @@ void Impl::pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& no
       a.t.query_rope = qr;
       a.out = w.partial_out.view({td, N, 1, L});
       a.lse = w.partial_lse.view({td, N, 1, 1});
-      a.merged = v.attn_heads.transpose(0, 1);
+      a.merged = v.attn_heads.view({-1, L});  // the W_UV input's (H td, L) rows: the PCP merge's order
       a.src_part = w.partial_out;
       a.src_attn = v.attn_heads;
       a.src_wire = pw.wire;
@@ -396,7 +401,7 @@ void Impl::pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& no
     if (!a.src_part.is_same(s.staged_a4) || !a.src_attn.is_same(v.attn_heads) || !a.src_wire.is_same(pw.wire)) {
       a = CpDecodeArgs{};
       pcp_shard_call(s, pw, v, nope, rope, md, a.t, a.p, a.out, a.lse);
-      a.merged = v.attn_heads.transpose(0, 1);
+      a.merged = v.attn_heads.view({-1, L});  // the W_UV input's (H td, L) rows: the PCP merge's order
       a.src_part = s.staged_a4;
       a.src_attn = v.attn_heads;
       a.src_wire = pw.wire;
@@ -405,7 +410,7 @@ void Impl::pcp_decode_combine(const detail::DecodeViews& v, const at::Tensor& no
     ops::fused_infer_attention_score_out(a.t, a.p, std::nullopt, a.out, a.lse);
     if (v.qn_heads.scalar_type() != at::kFloat) ops::dense::copy(pw.wire_out, s.partial_out);
   }
-  cp::pcp_gather_merge(*cfg_.pcp_comm, pw, a.merged);
+  cp::pcp_gather_merge_rows(*cfg_.pcp_comm, pw, a.merged);
 }
 
 void Impl::pcp_merge_wire(const cp::DcpViews& pw, const detail::DecodeViews& v) {

@@ -20,4 +20,16 @@ std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::Tens
   return op.call(lse, local_out, update_type);
 }
 
+namespace detail {
+
+std::tuple<at::Tensor, at::Tensor> attention_update_prechecked(at::TensorList lse, at::TensorList local_out,
+                                                               int64_t update_type) {
+  const Provider p = pick_provider(Provider::Auto, lse[0]);
+  const auto& op = g_attn_update.get(p);
+  DispatchGuard guard(p);
+  return op.call(lse, local_out, update_type);
+}
+
+}  // namespace detail
+
 }  // namespace aar::ops

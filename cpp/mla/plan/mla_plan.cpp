@@ -242,24 +242,57 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const int64_t dcp_wi = int64_t{dcp.world} * dcp.interleave;
   const bool fast_dcp = use_dcp && dcp_wi <= int64_t{UINT32_MAX};
   const detail::dcp::FastDiv fd_wi(fast_dcp ? static_cast<uint32_t>(dcp_wi) : 1u);
+  // Pointers into the scratch taken once (a thread_local's address is a call in a shared library).
+  int32_t* lens = nullptr;
+  int32_t* mine = nullptr;
+  uint8_t* pre = nullptr;
+  bool any_fresh = false;  // a request whose seq_len is its query length (nothing of it computed yet)
   if (use_dcp) {
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
     if (in.is_prefilling.empty()) check_room(buf.dcp_is_prefilling.size(), b, "buffers.dcp_is_prefilling");
     if (dcp_lens.size() < b) dcp_lens.resize(b), dcp_pre.resize(b), dcp_mine.resize(b);
-    if (fast_dcp) {
-      // docs/design/cp.md §11.7: rank 0's and this rank's local lengths from one multiply-high
-      // division per request (the shard was checked above).
+    lens = dcp_lens.data();
+    mine = dcp_mine.data();
+    pre = dcp_pre.data();
+    // One pass: rank 0's and this rank's local lengths, and the "still prefilling" flag the DCP split
+    // reads when no flags are given (qsl's size was checked; its order is the scan's below).
+    // The shard in locals: the stores below are int32 like in.dcp's fields, so the compiler would
+    // reload those after each one.
+    const int32_t W = dcp.world, I = dcp.interleave, rank = dcp.rank;
+    const auto pow2 = [](int32_t v) { return (v & (v - 1)) == 0; };  // v > 0 here
+    if (fast_dcp && pow2(W) && pow2(I)) {
+      // W and I powers of two (the usual shard): len / (W I) as a shift.
+      const int s_wi = __builtin_ctz(static_cast<uint32_t>(W) * static_cast<uint32_t>(I));
+      const int32_t off = rank * I;
+      for (std::size_t r = 0; r < b; ++r) {
+        const int32_t len = std::max(seqs[r], 0);
+        const int32_t q = len >> s_wi, base = q * I, rem = len - q * W * I;
+        lens[r] = base + std::min(rem, I);
+        mine[r] = base + std::clamp(rem - off, 0, I);
+        const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
+        pre[r] = fresh;
+        any_fresh |= fresh;
+      }
+    } else if (fast_dcp) {
+      // docs/design/cp.md §11.7: both local lengths from one multiply-high division per request
+      // (the shard was checked above).
       for (std::size_t r = 0; r < b; ++r) {
         // Negative lengths are named by the scan below; 0 blocks meanwhile.
         const int32_t len = std::max(seqs[r], 0);
-        const detail::dcp::LocalLens l = detail::dcp::local_lens_fast(len, fd_wi, dcp.world, dcp.interleave, dcp.rank);
-        dcp_lens[r] = static_cast<int32_t>(l.first);
-        dcp_mine[r] = static_cast<int32_t>(l.mine);
+        const detail::dcp::LocalLens l = detail::dcp::local_lens_fast(len, fd_wi, W, I, rank);
+        lens[r] = static_cast<int32_t>(l.first);
+        mine[r] = static_cast<int32_t>(l.mine);
+        const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
+        pre[r] = fresh;
+        any_fresh |= fresh;
       }
     } else {
       for (std::size_t r = 0; r < b; ++r) {
         // Negative lengths are named by the scan below; 0 blocks meanwhile.
-        dcp_lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], dcp.world, dcp.interleave, 0)) : 0;
+        lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], W, I, 0)) : 0;
+        const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
+        pre[r] = fresh;
+        any_fresh |= fresh;
       }
     }
   }
@@ -271,7 +304,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const detail::RequestScan scan =
       detail::scan_requests(qsl, seqs, b, has_spec ? in.num_spec_tokens.data() : nullptr, table, in_stride, bs,
                             in.num_blocks, in.rope_positions, last_ids,
-                            use_dcp ? dcp_lens.data() : nullptr);
+                            lens);
   const std::size_t num_last = scan.num_last;
   const bool all_fresh = scan.all_fresh, all_sched_one = scan.all_sched_one, all_valid_one = scan.all_valid_one;
   const int32_t max_q = scan.max_query_len, max_seq = scan.max_seq_len;
@@ -289,15 +322,16 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const bool dcp_split = use_dcp && !in.pd_recompute_scheduler;
   split_in.treat_short_extends_as_decodes = !dcp_split;
   if (dcp_split) {
-    if (in.is_prefilling.empty()) {
-      // No flags given: a request is still prefilling when nothing of it is computed.
-      for (std::size_t r = 0; r < b; ++r) dcp_pre[r] = seqs[r] == qsl[r + 1] - qsl[r];
-      split_in.is_prefilling = CSpan<uint8_t>(dcp_pre.data(), b);
-    } else {
-      split_in.is_prefilling = in.is_prefilling;
-    }
+    // No flags given: a request is still prefilling when nothing of it is computed (the pass above).
+    split_in.is_prefilling = in.is_prefilling.empty() ? CSpan<uint8_t>(pre, b) : in.is_prefilling;
   }
-  plan.split = split_decodes_and_prefills(split_in);
+  if (dcp_split && in.is_prefilling.empty() && !any_fresh && b > 0 && max_q <= in.decode_threshold) {
+    // The DCP split without a fresh request and every query within the threshold: no request is a
+    // prefill, so all are decodes (the split's step 10; qsl was validated by the scan).
+    plan.split = SplitResult{static_cast<int32_t>(b), 0, t_real, 0};
+  } else {
+    plan.split = split_decodes_and_prefills(split_in);
+  }
   const std::size_t nd = static_cast<std::size_t>(plan.split.num_decodes);
   const std::size_t np = static_cast<std::size_t>(plan.split.num_prefills);
 
@@ -385,11 +419,11 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   // ---------------------------------------------------------------- write
   std::copy(qsl.begin(), qsl.end(), buf.query_start_loc.begin());
   if (use_dcp) {
-    std::copy(dcp_lens.begin(), dcp_lens.begin() + b, buf.dcp_block_lens.begin());
+    std::copy(lens, lens + b, buf.dcp_block_lens.begin());
     if (in.is_prefilling.empty()) {
       // The derived flags (all false under the P/D recompute scheduler, whose split reads none).
       if (dcp_split) {
-        std::copy(dcp_pre.begin(), dcp_pre.begin() + b, buf.dcp_is_prefilling.begin());
+        std::copy(pre, pre + b, buf.dcp_is_prefilling.begin());
       } else {
         std::fill(buf.dcp_is_prefilling.begin(), buf.dcp_is_prefilling.begin() + b, uint8_t{0});
       }
@@ -415,7 +449,24 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     if (all_sched_one && nd == b) {
       // The steady decode step: request r is token r at position seq_len - 1.
       int32_t mx = 0;
-      for (std::size_t r = 0; r < b; ++r) {
+      const uint32_t W = static_cast<uint32_t>(dcp.world);
+      const auto pow2 = [](uint32_t v) { return (v & (v - 1)) == 0; };  // v > 0 here
+      const bool shifts = pow2(W) && pow2(I) && pow2(ubs);
+      if (shifts) {
+        // W, I and the block size powers of two (the usual shard): shifts and masks.
+        const int s_i = __builtin_ctz(I), s_wi = __builtin_ctz(wi), s_bs = __builtin_ctz(ubs);
+        for (std::size_t r = 0; r < b; ++r) {
+          const uint32_t p = static_cast<uint32_t>(seqs[r] - 1);
+          dpos[r] = static_cast<int32_t>(p);
+          const uint32_t li = ((p >> s_wi) << s_i) | (p & (I - 1));
+          slots[r] = ((p >> s_i) & (W - 1)) == rank
+                         ? (static_cast<int64_t>(table[r * in_stride + (li >> s_bs)]) << s_bs) + (li & (ubs - 1))
+                         : int64_t{kPadSlot};
+          kv_lens[r] = mine[r];
+          mx = std::max(mx, mine[r]);
+        }
+      }
+      for (std::size_t r = 0; r < b && !shifts; ++r) {
         const uint32_t p = static_cast<uint32_t>(seqs[r] - 1);
         dpos[r] = static_cast<int32_t>(p);
         const uint32_t q = fd_wi.div(p), rm = p - q * wi;
@@ -424,8 +475,8 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
         const uint32_t blk = fd_bs.div(li);
         slots[r] = o == rank ? static_cast<int64_t>(table[r * in_stride + blk]) * bs + (li - blk * ubs)
                              : int64_t{kPadSlot};
-        kv_lens[r] = dcp_mine[r];
-        mx = std::max(mx, dcp_mine[r]);
+        kv_lens[r] = mine[r];
+        mx = std::max(mx, mine[r]);
       }
       plan.decode_max_seq_len = mx;
     }
@@ -443,8 +494,8 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
         const uint32_t blk = fd_bs.div(li);
         slots[t] = o == rank ? static_cast<int64_t>(row[blk]) * bs + (li - blk * ubs) : int64_t{kPadSlot};
       }
-      kv_lens[r] = dcp_mine[r];
-      if (r < nd) plan.decode_max_seq_len = std::max<int32_t>(plan.decode_max_seq_len, dcp_mine[r]);
+      kv_lens[r] = mine[r];
+      if (r < nd) plan.decode_max_seq_len = std::max<int32_t>(plan.decode_max_seq_len, mine[r]);
       if (r >= nd) buf.prefill_q_ends[r - nd] = end - pbase;
     }
   } else if (use_dcp) {

@@ -45,12 +45,17 @@ struct DcpWorkspaceShape {
   // engines driven from different threads have different comms (or MLA workspace_groups).
   const void* comm = nullptr;
   int64_t workspace_group = 0;
+  // The merge inputs (parts_out / parts_lse) head-major: row h*T + t, so the merged rows are a
+  // (H, T, Dv) tensor, the MLA family's W_UV input, copied into it by one call with no view made per
+  // call (docs/design/cp.md §11.7). Token-major (row t*H + h) otherwise.
+  bool head_major = false;
   bool operator==(const DcpWorkspaceShape& o) const;
 };
 
 // The views of one exchange of T rows (W = world, H = heads).
 struct DcpViews {
   int64_t generation = -1;
+  bool head_major = false;     // the workspace's merge order (DcpWorkspaceShape::head_major)
   at::Tensor gathered_query;   // [T, W*H, q_dim] q dtype: gather_query_heads' out
   at::Tensor partial_out;      // [T, W*H, out_dim] out dtype: the local kernel's output
   at::Tensor partial_lse;      // [T, W*H, 1] fp32: its LSE
@@ -123,7 +128,8 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
 // The same exchange over a workspace's own partials, for a layer that keeps its views: `ws` (views of a
 // DcpWorkspace for T rows, made for this comm's size) holds this rank's partials in ws.partial_out /
 // ws.partial_lse; the merged rows of this rank's H heads go to `out_rows` (T*H, Dv) (any float dtype;
-// typically a (T*H, Dv) view the caller keeps) and, when defined, the merged LSE to `lse_rows` (T*H) fp32.
+// typically a (T*H, Dv) view the caller keeps) and, when defined, the merged LSE to `lse_rows` (T*H) fp32,
+// both in the workspace's merge order (token-major, or head-major: row h*T + t).
 // Only what the workspace does not guarantee is checked per call (the group size, the destinations' shapes);
 // the merge's limits were checked when the workspace was made.
 void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows,
@@ -141,13 +147,16 @@ std::tuple<at::Tensor, at::Tensor> merge_wire_partials(at::TensorList outs, at::
 // merge over `comm` (world = comm.size()): `heads` this rank's heads, `out_dim` Dv, fp32 wire; `slot`
 // keeps the layer's handle (replaced when the shape changes; one workspace per shape in the process).
 const DcpViews& pcp_wire_views(Comm& comm, int64_t heads, int64_t out_dim, c10::Device device,
-                               int64_t workspace_group, int64_t T, std::shared_ptr<DcpWorkspace>& slot);
+                               int64_t workspace_group, int64_t T, std::shared_ptr<DcpWorkspace>& slot,
+                               bool head_major = false);
 
 // docs/design/cp.md §11.5: `w.wire` (this rank's [out | LSE] rows, written by the caller) all-gathered over
 // `comm` into `w.gathered`, the W rank blocks unpacked into the merge's inputs and merged through
 // npu_attention_update into out_rows (T, H, Dv) (any float dtype, may be a strided view). W == 1: the wire's
 // output columns are the result. Every buffer is the workspace's: nothing is allocated but the merge's result.
 void pcp_gather_merge(Comm& comm, const DcpViews& w, const at::Tensor& out_rows);
+// The same into `rows` (T*H, Dv) in the workspace's merge order (a view the caller keeps).
+void pcp_gather_merge_rows(Comm& comm, const DcpViews& w, const at::Tensor& rows);
 
 // Two partials of the same rows merged (a causal block and the earlier keys of the same
 // queries, or a context part): outputs (T, N, Dv) in any float dtype with LSEs (T, N, 1)

@@ -255,7 +255,7 @@ class Impl {
   struct CpDecodeArgs {
     at::Tensor src_part, src_attn, src_wire;  // the views they were made from
     at::Tensor out, lse;                       // the shard call's out= targets
-    at::Tensor merged;                         // the W_UV input seen as (td, H, L)
+    at::Tensor merged;                         // the W_UV input's (H td, L) rows (the merges' head-major order)
     ops::FiaTensors t;
     ops::FiaParams p;
   };

@@ -16,4 +16,12 @@ namespace aar::ops {
 std::tuple<at::Tensor, at::Tensor> attention_update(at::TensorList lse, at::TensorList local_out,
                                                     int64_t update_type, Provider pv = Provider::Auto);
 
+namespace detail {
+// The same call without the per-call argument checks, for a caller whose partials are views of
+// buffers it laid out and checked against the same limits once (cp::DcpWorkspace: the merge inputs of
+// one exchange shape are fixed views, checked when the workspace was made).
+std::tuple<at::Tensor, at::Tensor> attention_update_prechecked(at::TensorList lse, at::TensorList local_out,
+                                                               int64_t update_type);
+}  // namespace detail
+
 }  // namespace aar::ops
