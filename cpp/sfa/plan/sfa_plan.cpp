@@ -10,6 +10,7 @@
 #include "ascend_attn_rt/cp/plan/sparse_cp.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
 #include "../../plan/block_scan.h"
+#include "../../plan/cpu_features.h"
 #include "../../plan/internal.h"
 #include "../../plan/request_scan.h"
 
@@ -43,7 +44,12 @@ struct DcpMath {
   }
   // #{x < len : owner(x) == k}
   int32_t local_len(uint32_t len, uint32_t k) const {
-    const uint32_t base = pow2 ? (len >> sWI) << sI : len / WI * I;
+    if (pow2) {
+      // len mod WI - k I lies in (-W I, W I): 32-bit lanes, so the request loops vectorise.
+      const int32_t rem = static_cast<int32_t>(len & (WI - 1)) - static_cast<int32_t>(k << sI);
+      return static_cast<int32_t>(((len >> sWI) << sI) + static_cast<uint32_t>(std::clamp(rem, 0, int32_t(I))));
+    }
+    const uint32_t base = len / WI * I;
     const int64_t rem = static_cast<int64_t>(len) - static_cast<int64_t>(base) * W - static_cast<int64_t>(k) * I;
     return static_cast<int32_t>(base + static_cast<uint32_t>(std::clamp<int64_t>(rem, 0, I)));
   }
@@ -59,6 +65,105 @@ struct DcpMath {
     return static_cast<int64_t>(row[li / bs]) * bs + li % bs;
   }
 };
+
+// The replicated rows of a DCP step with W = 2 (docs/design/sparse_cp.md §2), when whole chunks of eight
+// replicated columns (four local ones) stay within both rows: in_stride a multiple of 4 and rs of 8
+// (the columns read, ceil(S / bs) <= W * in_stride, were checked by the scan). Row r's ids
+// [2a, 2a + 1, 2b, 2b + 1, ...] go out eight at a time, the last chunk masked to its columns (zeros past
+// them, which the row holds anyway); then the columns a longer earlier row left past the masked chunk
+// are cleared (extent), and extent records the row's columns.
+__attribute__((always_inline)) inline void replicated_rows_w2_body(const int32_t* table, std::size_t in_stride,
+                                                                   const int32_t* seqs, std::size_t b,
+                                                                   const detail::BlockCount& blocks, int32_t* rep,
+                                                                   std::size_t rs, int32_t* extent) {
+  for (std::size_t r = 0; r < b; ++r) {
+    const int32_t* row = table + r * in_stride;
+    int32_t* out = rep + r * rs;
+    const int32_t cols = static_cast<int32_t>(blocks(seqs[r]));
+    int32_t j = 0;
+    for (; j < cols; j += 8) {
+      const int32_t* mask = detail::kFirstLanes[std::min(cols - j, 8)];
+      const detail::I32x4 v = detail::load_i32x4(row + (j >> 1)) << 1;
+      const detail::I32x4 o = v | 1;
+      const detail::I32x4 lo = __builtin_shufflevector(v, o, 0, 4, 1, 5) & detail::load_i32x4(mask);
+      const detail::I32x4 hi = __builtin_shufflevector(v, o, 2, 6, 3, 7) & detail::load_i32x4(mask + 4);
+      std::memcpy(out + j, &lo, sizeof lo);
+      std::memcpy(out + j + 4, &hi, sizeof hi);
+    }
+    const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
+                                            : static_cast<int32_t>(rs);
+    if (dirty > j) std::fill(out + j, out + dirty, 0);
+    if (extent != nullptr) extent[r] = cols;
+  }
+}
+
+void replicated_rows_w2_default(const int32_t* table, std::size_t in_stride, const int32_t* seqs, std::size_t b,
+                                const detail::BlockCount& blocks, int32_t* rep, std::size_t rs, int32_t* extent) {
+  replicated_rows_w2_body(table, in_stride, seqs, b, blocks, rep, rs, extent);
+}
+
+#if AAR_HAVE_X86_DISPATCH
+__attribute__((target("avx2"))) void replicated_rows_w2_avx2(const int32_t* table, std::size_t in_stride,
+                                                             const int32_t* seqs, std::size_t b,
+                                                             const detail::BlockCount& blocks, int32_t* rep,
+                                                             std::size_t rs, int32_t* extent) {
+  replicated_rows_w2_body(table, in_stride, seqs, b, blocks, rep, rs, extent);
+}
+#endif
+
+void replicated_rows_w2(const int32_t* table, std::size_t in_stride, const int32_t* seqs, std::size_t b,
+                        const detail::BlockCount& blocks, int32_t* rep, std::size_t rs, int32_t* extent) {
+#if AAR_HAVE_X86_DISPATCH
+  if (aar::detail::cpu_has_avx2()) return replicated_rows_w2_avx2(table, in_stride, seqs, b, blocks, rep, rs, extent);
+#endif
+  replicated_rows_w2_default(table, in_stride, seqs, b, blocks, rep, rs, extent);
+}
+
+// A DCP decode step of one-token requests with W, I and bs powers of two (dm.pow2): request r's token at
+// position p = seqs[r] - 1 gets its position, its local slot (kPadSlot off this rank) and its replicated
+// slot, and the request its local length lk[r]. ids[r] is the id of local column c = p >> (sbs + sW),
+// which both slots read: the local index's column (I | bs) and the replicated column's (j = c * W + k,
+// k = (p >> sbs) mod W, replicated id row[c] * W + k; cp/plan/sparse_cp.h). No gather and no branch:
+// the loop vectorises (its int64 select needs AVX2's 64-bit lanes, hence the clone below).
+__attribute__((always_inline)) inline void one_token_dcp_body(const DcpMath& dm, const int32_t* seqs,
+                                                              const int32_t* ids, std::size_t n, int32_t* pos,
+                                                              int64_t* slots, int64_t* rslots, int32_t* lk) {
+  const int sb = dm.sbs, sw = dm.sW, si = dm.sI, swi = dm.sWI;
+  const uint32_t wm = dm.W - 1, im = dm.I - 1, bm = dm.bs - 1, wim = dm.WI - 1, rk = dm.rank;
+  const int32_t I = static_cast<int32_t>(dm.I), rki = static_cast<int32_t>(dm.rank << si);
+  for (std::size_t r = 0; r < n; ++r) {
+    const uint32_t s = static_cast<uint32_t>(seqs[r]), p = s - 1;  // s >= its query length 1
+    const int64_t id = ids[r];
+    pos[r] = static_cast<int32_t>(p);
+    const int64_t local = (id << sb) + ((((p >> swi) << si) | (p & im)) & bm);
+    slots[r] = ((p >> si) & wm) == rk ? local : int64_t{kPadSlot};
+    rslots[r] = (((id << sw) | ((p >> sb) & wm)) << sb) + (p & bm);
+    // local_len(s, rank) with the clamp in 32 bits.
+    const int32_t rem = std::min(std::max(static_cast<int32_t>(s & wim) - rki, 0), I);
+    lk[r] = static_cast<int32_t>(((s >> swi) << si) + static_cast<uint32_t>(rem));
+  }
+}
+
+void write_one_token_dcp_default(const DcpMath& dm, const int32_t* seqs, const int32_t* ids, std::size_t n,
+                                 int32_t* pos, int64_t* slots, int64_t* rslots, int32_t* lk) {
+  one_token_dcp_body(dm, seqs, ids, n, pos, slots, rslots, lk);
+}
+
+#if AAR_HAVE_X86_DISPATCH
+__attribute__((target("avx2"))) void write_one_token_dcp_avx2(const DcpMath& dm, const int32_t* seqs,
+                                                              const int32_t* ids, std::size_t n, int32_t* pos,
+                                                              int64_t* slots, int64_t* rslots, int32_t* lk) {
+  one_token_dcp_body(dm, seqs, ids, n, pos, slots, rslots, lk);
+}
+#endif
+
+void write_one_token_dcp(const DcpMath& dm, const int32_t* seqs, const int32_t* ids, std::size_t n, int32_t* pos,
+                         int64_t* slots, int64_t* rslots, int32_t* lk) {
+#if AAR_HAVE_X86_DISPATCH
+  if (n >= 8 && aar::detail::cpu_has_avx2()) return write_one_token_dcp_avx2(dm, seqs, ids, n, pos, slots, rslots, lk);
+#endif
+  write_one_token_dcp_default(dm, seqs, ids, n, pos, slots, rslots, lk);
+}
 
 }  // namespace
 
@@ -89,10 +194,26 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
     // (dcp_block_lens is the caller's scratch: written before the check.)
     int32_t min_seq = 0;
-    for (std::size_t r = 0; r < b; ++r) {
-      min_seq = std::min(min_seq, seqs[r]);
-      buf.dcp_block_lens[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), 0);
-      any_fresh |= seqs[r] == qsl[r + 1] - qsl[r];
+    if (dm.pow2) {
+      // local_len(s, 0) = (s >> sWI << sI) + min(s mod WI, I) in 32-bit lanes: the loop vectorises.
+      const int swi = dm.sWI, si = dm.sI;
+      const uint32_t wim = dm.WI - 1, I = dm.I;
+      int32_t* bl = buf.dcp_block_lens.data();
+      const int32_t* q = qsl.data();
+      uint32_t fresh = 0;
+      for (std::size_t r = 0; r < b; ++r) {
+        const uint32_t s = static_cast<uint32_t>(seqs[r]);
+        min_seq = std::min(min_seq, seqs[r]);
+        bl[r] = static_cast<int32_t>(((s >> swi) << si) + std::min(s & wim, I));
+        fresh |= static_cast<uint32_t>(seqs[r] == q[r + 1] - q[r]);
+      }
+      any_fresh = fresh != 0;
+    } else {
+      for (std::size_t r = 0; r < b; ++r) {
+        min_seq = std::min(min_seq, seqs[r]);
+        buf.dcp_block_lens[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), 0);
+        any_fresh |= seqs[r] == qsl[r + 1] - qsl[r];
+      }
     }
     if (min_seq < 0) {
       for (std::size_t r = 0; r < b; ++r) AAR_CHECK_ARG(seqs[r] >= 0, "seq_lens[", r, "]=", seqs[r], " is negative");
@@ -220,7 +341,13 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
     int64_t* rslots = buf.replicated_slot_mapping.data();
     int32_t* extent = buf.replicated_extent.empty() ? nullptr : buf.replicated_extent.data();
     const bool one = scan.all_sched_one;
-    for (std::size_t r = 0; r < b; ++r) {
+    // Every request one token and W, I, bs powers of two (the usual decode step): the tokens get their
+    // own pass after the rows, one request per iteration without a gather, which vectorises.
+    const bool one_pow2 = one && dm.pow2;
+    // W = 2 with whole chunks in both rows: the rows in their own pass (replicated_rows_w2).
+    const bool rows_w2 = one_pow2 && W == 2 && in_stride % 4 == 0 && rs % 8 == 0;
+    if (rows_w2) replicated_rows_w2(table, in_stride, seqs, b, blocks, buf.replicated_block_table.data(), rs, extent);
+    for (std::size_t r = 0; r < (rows_w2 ? 0 : b); ++r) {
       const int32_t begin = qsl[r], end = qsl[r + 1], seq = seqs[r];
       const int32_t* row = table + r * in_stride;
       int32_t* rep = buf.replicated_block_table.data() + r * rs;
@@ -261,6 +388,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
                                               : static_cast<int32_t>(rs);
       if (dirty > cols) std::fill(rep + cols, rep + dirty, 0);
       if (extent != nullptr) extent[r] = cols;
+      if (one_pow2) continue;  // the tokens below, after the rows
       lk[r] = dm.local_len(static_cast<uint32_t>(seq), dm.rank);
       const int32_t pos0 = seq - (end - begin);
       if (one) {
@@ -280,6 +408,16 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
         const uint32_t col = blocks.pow2 ? p >> blocks.shift : p / blocks.bs;
         const uint32_t off = blocks.pow2 ? p & bmask : p % blocks.bs;
         rslots[t] = static_cast<int64_t>(rep[col]) * in.block_size + off;
+      }
+    }
+    if (one_pow2) {
+      // Local column p >> (sbs + sW) of token r (p = seq - 1) is rank 0's last (docs/design/sparse_cp.md
+      // §2: rank 0 owns position c * W * bs < S), the id the scan stashed for the first num_last rows.
+      const std::size_t nl = std::min(b, scan.num_last);
+      write_one_token_dcp(dm, seqs, last_ids, nl, pos, slots, rslots, lk);
+      for (std::size_t r = nl; r < b; ++r) {
+        const int32_t id = table[r * in_stride + (static_cast<uint32_t>(seqs[r] - 1) >> (dm.sbs + dm.sW))];
+        write_one_token_dcp(dm, seqs + r, &id, 1, pos + r, slots + r, rslots + r, lk + r);
       }
     }
     std::fill(lk + b, lk + bk, 0);
