@@ -275,6 +275,8 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
       cs.pack_cols.push_back(d.num_heads * d.qk_rope_head_dim);
     }
     cs.group = cfg_.workspace_group;
+    // DSA-CP x DCP: the slice's selection padded to the rank's rows before its gather (run_dsa_cp_dcp).
+    if (cfg_.dcp_comm != nullptr && cfg_.indexer.has_value()) cs.topk = cfg_.indexer->topk;
     cpws_ = sparse::detail::DsaCpWorkspace::shared(cs);
   }
 }
@@ -1175,8 +1177,6 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   const int64_t tpr = sh.tokens_per_rank, Tp = sh.num_tokens_pad;
   const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads;
   const bool has_idx = cfg_.indexer.has_value();
-  const int64_t K = has_idx ? cfg_.indexer->topk : topk->index_topk();
-  const auto opts = hidden.options();
   last_pre_ = Preprocess::Native;
   // 1. The slice's rows and query, nothing written.
   DsaCpSlice s;
@@ -1202,11 +1202,14 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   //    gathered: every rank holds every token's rows, the single-rank selection.
   at::Tensor topk_all;  // (tk, 1, K)
   if (has_idx) {
-    at::Tensor mine = ops::dense::full({tpr, 1, K}, -1, opts.dtype(at::kInt));
+    // The slice workspace's (tpr, 1, K) rows (no allocation per call): the selection overwrites rows
+    // [0, nloc), the padding rows are set to -1.
+    const at::Tensor& mine = pv.topk;
+    if (nloc < tpr) ops::dense::fill(pv.topk_pad, -1);
     if (nloc > 0) {
-      const at::Tensor q_c = s.q.qc.defined() ? s.q.qc : s.xl;
-      ops::dense::copy(first(mine, nloc), indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens,
-                                                          sh.seq_lens, dm.indexer_block_table));
+      const at::Tensor& q_c = s.q.qc.defined() ? s.q.qc : s.xl;
+      ops::dense::copy(pv.topk_real, indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens,
+                                                     sh.seq_lens, dm.indexer_block_table));
     }
     // Gathered straight into the shared buffer when it is kept (its first T_pad rows: no copy after).
     const bool keep = cfg_.use_index_cache && Tp <= topk->max_num_tokens();

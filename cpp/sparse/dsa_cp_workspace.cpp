@@ -28,7 +28,7 @@ const DsaCpViews& DsaCpWorkspace::views(int64_t tpr, int64_t nloc) {
   if (tpr > capacity_) {
     // Grown buffers: the views of earlier sizes are remade on their next use.
     // The old buffers are kept: a captured graph may still read them at their addresses.
-    for (at::Tensor* b : {&road_, &exchange_, &pack_, &gathered_, &stage_}) {
+    for (at::Tensor* b : {&road_, &exchange_, &pack_, &gathered_, &stage_, &topk_}) {
       if (b->defined()) retired_.push_back(*b);
     }
     const int64_t cap = std::max<int64_t>(tpr, 2 * capacity_);
@@ -40,6 +40,7 @@ const DsaCpViews& DsaCpWorkspace::views(int64_t tpr, int64_t nloc) {
       gathered_ = at::empty({W * cap * P}, opts);
       stage_ = at::empty({W * cap * P}, opts);
     }
+    if (s.topk > 0) topk_ = at::empty({cap * s.topk}, opts.dtype(at::kInt));
     capacity_ = cap;
     ++generation_;
   }
@@ -72,6 +73,11 @@ const DsaCpViews& DsaCpWorkspace::views(int64_t tpr, int64_t nloc) {
       col += w;
       off += W * tpr * w;
     }
+  }
+  if (s.topk > 0) {
+    v.topk = topk_.narrow(0, 0, tpr * s.topk).view({tpr, 1, s.topk});
+    v.topk_real = v.topk.narrow(0, 0, nloc);
+    v.topk_pad = v.topk.narrow(0, nloc, tpr - nloc);
   }
   return v;
 }
