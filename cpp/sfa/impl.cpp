@@ -986,11 +986,14 @@ void Impl::write_gathered_kv_(const Caches& c, const at::Tensor& kv_rows, const 
 // real tokens): [kv_a | k_indexer] (the raw kv_a rows: the cache write norms and rotates them, §15) and,
 // under DSA-CP x DCP, the query [ql_nope | q_pe] of every head after them.
 struct Impl::DsaCpSlice {
-  const sparse::detail::DsaCpViews* views = nullptr;
-  at::Tensor pack;
+  const sparse::detail::DsaCpViews* views = nullptr;  // its pack is the rows every rank gathers
   mla::detail::LatentQuery q;
   const detail::IndexerViews* iv = nullptr;  // layers with an indexer, nloc > 0
-  at::Tensor xl, cos4, sin4;                  // nloc > 0
+  // nloc > 0: the slice's hidden rows and its RoPE rows (n, 1, 1, R), held by the caller or the layer
+  // (pointers: no reference count taken per call).
+  const at::Tensor* xl = nullptr;
+  const at::Tensor* cos4 = nullptr;
+  const at::Tensor* sin4 = nullptr;
   int64_t nloc = 0;
 };
 
@@ -1007,13 +1010,12 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   const sparse::detail::DsaCpViews& pv = cpws_->views(tpr, nloc);
   AAR_CHECK_ARG(pv.pack.size(1) == width, "DSA-CP slice of ", width, " columns in a workspace of ", pv.pack.size(1));
   s.views = &pv;
-  s.pack = pv.pack;
   if (nloc < tpr) ops::dense::zero(pv.pack_pad);
   if (nloc == 0) return;
   // The slice's rows of the hidden states: a view kept while the caller passes the same tensor and the
   // slice's start and length are the last step's.
   if (nloc == hidden.size(0)) {
-    s.xl = hidden;
+    s.xl = &hidden;
   } else {
     if (!seen_.xl_src.same(hidden) || seen_.xl_start != sh.local_start || !seen_.xl.defined() ||
         seen_.xl.size(0) != nloc) {
@@ -1021,22 +1023,22 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
       seen_.xl_src.bind(hidden);
       seen_.xl_start = sh.local_start;
     }
-    s.xl = seen_.xl;
+    s.xl = &seen_.xl;
   }
   const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
   mla::detail::LatentStep st;
-  st.x = s.xl;
+  st.x = *s.xl;
   st.cos = nloc == tpr ? sh.cos : sh.cos.narrow(0, 0, nloc);
   st.sin = nloc == tpr ? sh.sin : sh.sin.narrow(0, 0, nloc);
   s.q = core_->preprocess_query(v, st);
   ops::dense::copy(pv.pack_cols[0], v.kv_raw);  // the raw kv_a rows (§15)
   if (has_idx) {
     s.iv = &iws_->views(nloc);
-    s.cos4 = LatentCore::view_of(st.cos, nloc, seen_.cos_src, seen_.cos4,
+    s.cos4 = &LatentCore::view_of(st.cos, nloc, seen_.cos_src, seen_.cos4,
                                  [&] { return st.cos.view({nloc, 1, 1, R}); });
-    s.sin4 = LatentCore::view_of(st.sin, nloc, seen_.sin_src, seen_.sin4,
+    s.sin4 = &LatentCore::view_of(st.sin, nloc, seen_.sin_src, seen_.sin4,
                                  [&] { return st.sin.view({nloc, 1, 1, R}); });
-    indexer_keys_(*s.iv, s.xl, s.cos4, s.sin4);
+    indexer_keys_(*s.iv, *s.xl, *s.cos4, *s.sin4);
     ops::dense::copy(pv.pack_cols[1], s.iv->k);
   }
   if (with_query) {
@@ -1090,7 +1092,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   // 2. Every rank's rows gathered (token order) and written for the whole step: every rank keeps
   //    complete caches.
   const sparse::detail::DsaCpViews& pv = *s.views;
-  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, L + R + Di)
+  comm.all_gather(pv.pack, 0, pv.gathered);  // (T_pad, L + R + Di)
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
   // The gathered column blocks made contiguous in the workspace, then the rows of the step's tokens
   // written (§15: the latent and rope rows by one fused write).
@@ -1102,8 +1104,8 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   at::Tensor y_local;  // (nloc, N * V)
   if (nloc > 0) {
     if (has_idx) {
-      const at::Tensor q_c = s.q.qc.defined() ? s.q.qc : s.xl;
-      last_topk_rows_ = indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens, sh.seq_lens,
+      const at::Tensor& q_c = s.q.qc.defined() ? s.q.qc : *s.xl;
+      last_topk_rows_ = indexer_select_(*s.iv, *s.xl, q_c, *s.cos4, *s.sin4, c, sh.cum_query_lens, sh.seq_lens,
                                         md.block_table);
       if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
       last_topk_ = TopkSource::Indexer;
@@ -1185,7 +1187,7 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   // 2. One gather of [kv_a | k_indexer | ql_nope | q_pe] along the tokens; this rank's latent
   //    rows at its DCP-local slots (-1 elsewhere), every indexer row at its replicated slot.
   const sparse::detail::DsaCpViews& pv = *s.views;
-  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, L + R + Di + N (L + R))
+  comm.all_gather(pv.pack, 0, pv.gathered);  // (T_pad, L + R + Di + N (L + R))
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
   // Every column block made contiguous in the workspace (the scatters' rows, the query halves).
   for (const at::Tensor* v = pv.staged_cols.data(), *g = pv.gathered_cols.data();
@@ -1193,6 +1195,12 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     ops::dense::copy(*v, *g);
   }
   const auto first = [](const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); };
+  // The same without a reference count when t has n rows (the usual step): the narrow goes to `held`.
+  const auto rows_of = [](const at::Tensor& t, int64_t n, at::Tensor& held) -> const at::Tensor& {
+    if (t.size(0) == n) return t;
+    held = t.narrow(0, 0, n);
+    return held;
+  };
   const size_t qc = has_idx ? 2 : 1;  // the query's first column block
   write_gathered_kv_(c, pv.staged_cols[0], md, tw);
   if (has_idx) {
@@ -1207,8 +1215,8 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     const at::Tensor& mine = pv.topk;
     if (nloc < tpr) ops::dense::fill(pv.topk_pad, -1);
     if (nloc > 0) {
-      const at::Tensor& q_c = s.q.qc.defined() ? s.q.qc : s.xl;
-      ops::dense::copy(pv.topk_real, indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens,
+      const at::Tensor& q_c = s.q.qc.defined() ? s.q.qc : *s.xl;
+      ops::dense::copy(pv.topk_real, indexer_select_(*s.iv, *s.xl, q_c, *s.cos4, *s.sin4, c, sh.cum_query_lens,
                                                      sh.seq_lens, dm.indexer_block_table));
     }
     // Gathered straight into the shared buffer when it is kept (its first T_pad rows: no copy after).
@@ -1244,9 +1252,10 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
                                                [&] { return mw.partial_out.view({Tp, N, L}); });
   const at::Tensor& part_lse = LatentCore::view_of(mw.partial_lse, Tp, seen_.part_lse_src, seen_.part_lse,
                                                    [&] { return mw.partial_lse.view({Tp, N, 1}); });
+  at::Tensor held_lse, held_part;
   const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens, dm.seq_lens,
-                                            first(part_lse, tk));
-  ops::dense::copy(first(part, tk), o);
+                                            rows_of(part_lse, tk, held_lse));
+  ops::dense::copy(rows_of(part, tk, held_part), o);
   if (tk < Tp) {
     ops::dense::zero(part.narrow(0, tk, Tp - tk));
     ops::dense::fill(part_lse.narrow(0, tk, Tp - tk), -std::numeric_limits<double>::infinity());
@@ -1257,7 +1266,8 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   at::Tensor y_local;
   if (nloc > 0) {
     const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
-    const at::Tensor attn = ops::dense::cast(first(seen_.cp_merged3, nloc), hidden.scalar_type());
+    at::Tensor held_merged;
+    const at::Tensor attn = ops::dense::cast(rows_of(seen_.cp_merged3, nloc, held_merged), hidden.scalar_type());
     y_local = core_->w_uv_out_token_major(v, attn, nloc);
   }
   dsa_cp_output(y_local, nloc, md, output, tk);
