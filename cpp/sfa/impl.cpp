@@ -1064,7 +1064,7 @@ void Impl::dsa_cp_output(const at::Tensor& y_local, int64_t nloc, const Metadata
   const bool full_road = !decode_state && cfg_.dsa_cp_full_o_proj_prefill;
   // The slice padded to tpr rows, in the layout of its road (sparse/dsa_cp_road.h); the o_proj reads
   // the layer's handle at call time, the shard or, under the switch, the full weights.
-  const sparse::DsaCpRows r = cpws_->road_rows(tpr, nloc, full_road);
+  const sparse::DsaCpRows& r = cpws_->road_rows(tpr, nloc, full_road);
   if (nloc > 0) {
     ops::dense::copy(r.real, LatentCore::view_of(y_local, nloc, seen_.y_road_src, seen_.y_road,
                                                  [&] { return y_local.view({nloc, W, N * V / W}); }));

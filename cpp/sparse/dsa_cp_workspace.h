@@ -49,6 +49,7 @@ struct DsaCpViews {
   std::vector<at::Tensor> gathered_cols;                        // (W tpr, cols[i]) views of `gathered`
   std::vector<at::Tensor> staged_cols;                          // (W tpr, cols[i]) contiguous copies' targets
   at::Tensor topk, topk_real, topk_pad;                         // shape.topk > 0: (tpr, 1, K) int32, rows [0, nloc) / rest
+  DsaCpRows decode_road, full_road;                             // road_rows' two answers, made with the views
 };
 
 class DsaCpWorkspace {
@@ -57,7 +58,8 @@ class DsaCpWorkspace {
   // Enters the workspace for the running forward (graph::use_in_forward).
   const DsaCpViews& views(int64_t tpr, int64_t nloc);
   // The road's rows (sparse/dsa_cp_road.h) of that slice, padding rows zeroed.
-  DsaCpRows road_rows(int64_t tpr, int64_t nloc, bool full_road);
+  // (The views' own copy, no reference count per call; remade with the views when the workspace grows.)
+  const DsaCpRows& road_rows(int64_t tpr, int64_t nloc, bool full_road);
   const DsaCpShape& shape() const { return shape_; }
   static std::shared_ptr<DsaCpWorkspace> shared(const DsaCpShape& shape);
 
