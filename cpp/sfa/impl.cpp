@@ -1208,7 +1208,10 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   }
   // 3. The slice's selection on the replicated view (global positions), padded with -1 rows to tpr and
   //    gathered: every rank holds every token's rows, the single-rank selection.
-  at::Tensor topk_all;  // (tk, 1, K)
+  // (tk, 1, K): the shared buffer's kept view, or the gathered rows when the buffer is not kept (pointers
+  // to tensors that outlive the call: no reference count per step).
+  const at::Tensor* topk_all = nullptr;
+  at::Tensor gathered_topk;
   if (has_idx) {
     // The slice workspace's (tpr, 1, K) rows (no allocation per call): the selection overwrites rows
     // [0, nloc), the padding rows are set to -1.
@@ -1224,20 +1227,21 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     if (keep) {
       // The step's rows are the buffer's kept view of tk rows (no narrow per call).
       comm.all_gather(mine, 0, topk->view(Tp));
-      topk_all = topk->view(tk);
+      topk_all = &topk->view(tk);
     } else {
-      topk_all = comm.all_gather(mine, 0).narrow(0, 0, tk);
+      gathered_topk = comm.all_gather(mine, 0).narrow(0, 0, tk);
+      topk_all = &gathered_topk;
     }
-    if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
+    if (cfg_.use_index_cache) topk_all = &topk->store(*topk_all);
     last_topk_ = TopkSource::Indexer;
   } else {
-    topk_all = topk->view(tk);
+    topk_all = &topk->view(tk);
     last_topk_ = TopkSource::Reused;
   }
-  last_topk_rows_ = topk_all;
+  if (!last_topk_rows_.is_same(*topk_all)) last_topk_rows_ = *topk_all;
   // 4. Every head of every token of the step over this rank's shard: the selection in local positions,
   //    sparse_mode 0 with the local lengths (§3), with the LSE.
-  const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
+  const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(*topk_all, dm.world_size, dm.rank, dm.interleave);
   const at::Tensor& sa = pv.staged_cols[qc];
   const at::Tensor& sb = pv.staged_cols[qc + 1];
   const at::Tensor& qn = LatentCore::view_of(sa, tk, seen_.staged_qn_src, seen_.staged_qn,
