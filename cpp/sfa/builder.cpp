@@ -293,15 +293,15 @@ class MetadataBuilder::Lane {
       c.tokens_per_rank = shard.tokens_per_rank;
       c.local_start = shard.local_start;
       c.local_end = shard.local_end;
-      c.cum_query_lens = views_.lcql.first(Bk);
-      c.seq_lens = views_.lseq.first(Bk);
+      set_view(c.cum_query_lens, views_.lcql.first(Bk));
+      set_view(c.seq_lens, views_.lseq.first(Bk));
       const int64_t key = static_cast<int64_t>(t_rope) * (INT32_MAX + int64_t{1}) + shard.local_start;
-      c.cos = views_.lcos.get(shard.tokens_per_rank, key, [&] {
+      set_view(c.cos, views_.lcos.get(shard.tokens_per_rank, key, [&] {
         return rope_.view(device_, tr.cos, t_rope).narrow(0, shard.local_start, shard.tokens_per_rank);
-      });
-      c.sin = views_.lsin.get(shard.tokens_per_rank, key, [&] {
+      }));
+      set_view(c.sin, views_.lsin.get(shard.tokens_per_rank, key, [&] {
         return rope_.view(device_, tr.sin, t_rope).narrow(0, shard.local_start, shard.tokens_per_rank);
-      });
+      }));
       c.cum_query_lens_list = c10::IntArrayRef(lcql_list_.data(), Bk);
       c.seq_lens_list = c10::IntArrayRef(lseq_list_.data(), Bk);
     }

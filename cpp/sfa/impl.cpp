@@ -275,6 +275,8 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
       cs.pack_cols.push_back(d.num_heads * d.qk_rope_head_dim);
     }
     cs.group = cfg_.workspace_group;
+    // DSA-CP x DCP: the slice's selection padded to the rank's rows before its gather (run_dsa_cp_dcp).
+    if (cfg_.dcp_comm != nullptr && cfg_.indexer.has_value()) cs.topk = cfg_.indexer->topk;
     cpws_ = sparse::detail::DsaCpWorkspace::shared(cs);
   }
 }
@@ -984,11 +986,14 @@ void Impl::write_gathered_kv_(const Caches& c, const at::Tensor& kv_rows, const 
 // real tokens): [kv_a | k_indexer] (the raw kv_a rows: the cache write norms and rotates them, §15) and,
 // under DSA-CP x DCP, the query [ql_nope | q_pe] of every head after them.
 struct Impl::DsaCpSlice {
-  const sparse::detail::DsaCpViews* views = nullptr;
-  at::Tensor pack;
+  const sparse::detail::DsaCpViews* views = nullptr;  // its pack is the rows every rank gathers
   mla::detail::LatentQuery q;
   const detail::IndexerViews* iv = nullptr;  // layers with an indexer, nloc > 0
-  at::Tensor xl, cos4, sin4;                  // nloc > 0
+  // nloc > 0: the slice's hidden rows and its RoPE rows (n, 1, 1, R), held by the caller or the layer
+  // (pointers: no reference count taken per call).
+  const at::Tensor* xl = nullptr;
+  const at::Tensor* cos4 = nullptr;
+  const at::Tensor* sin4 = nullptr;
   int64_t nloc = 0;
 };
 
@@ -1005,13 +1010,12 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   const sparse::detail::DsaCpViews& pv = cpws_->views(tpr, nloc);
   AAR_CHECK_ARG(pv.pack.size(1) == width, "DSA-CP slice of ", width, " columns in a workspace of ", pv.pack.size(1));
   s.views = &pv;
-  s.pack = pv.pack;
   if (nloc < tpr) ops::dense::zero(pv.pack_pad);
   if (nloc == 0) return;
   // The slice's rows of the hidden states: a view kept while the caller passes the same tensor and the
   // slice's start and length are the last step's.
   if (nloc == hidden.size(0)) {
-    s.xl = hidden;
+    s.xl = &hidden;
   } else {
     if (!seen_.xl_src.same(hidden) || seen_.xl_start != sh.local_start || !seen_.xl.defined() ||
         seen_.xl.size(0) != nloc) {
@@ -1019,22 +1023,22 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
       seen_.xl_src.bind(hidden);
       seen_.xl_start = sh.local_start;
     }
-    s.xl = seen_.xl;
+    s.xl = &seen_.xl;
   }
   const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
   mla::detail::LatentStep st;
-  st.x = s.xl;
+  st.x = *s.xl;
   st.cos = nloc == tpr ? sh.cos : sh.cos.narrow(0, 0, nloc);
   st.sin = nloc == tpr ? sh.sin : sh.sin.narrow(0, 0, nloc);
   s.q = core_->preprocess_query(v, st);
   ops::dense::copy(pv.pack_cols[0], v.kv_raw);  // the raw kv_a rows (§15)
   if (has_idx) {
     s.iv = &iws_->views(nloc);
-    s.cos4 = LatentCore::view_of(st.cos, nloc, seen_.cos_src, seen_.cos4,
+    s.cos4 = &LatentCore::view_of(st.cos, nloc, seen_.cos_src, seen_.cos4,
                                  [&] { return st.cos.view({nloc, 1, 1, R}); });
-    s.sin4 = LatentCore::view_of(st.sin, nloc, seen_.sin_src, seen_.sin4,
+    s.sin4 = &LatentCore::view_of(st.sin, nloc, seen_.sin_src, seen_.sin4,
                                  [&] { return st.sin.view({nloc, 1, 1, R}); });
-    indexer_keys_(*s.iv, s.xl, s.cos4, s.sin4);
+    indexer_keys_(*s.iv, *s.xl, *s.cos4, *s.sin4);
     ops::dense::copy(pv.pack_cols[1], s.iv->k);
   }
   if (with_query) {
@@ -1060,7 +1064,7 @@ void Impl::dsa_cp_output(const at::Tensor& y_local, int64_t nloc, const Metadata
   const bool full_road = !decode_state && cfg_.dsa_cp_full_o_proj_prefill;
   // The slice padded to tpr rows, in the layout of its road (sparse/dsa_cp_road.h); the o_proj reads
   // the layer's handle at call time, the shard or, under the switch, the full weights.
-  const sparse::DsaCpRows r = cpws_->road_rows(tpr, nloc, full_road);
+  const sparse::DsaCpRows& r = cpws_->road_rows(tpr, nloc, full_road);
   if (nloc > 0) {
     ops::dense::copy(r.real, LatentCore::view_of(y_local, nloc, seen_.y_road_src, seen_.y_road,
                                                  [&] { return y_local.view({nloc, W, N * V / W}); }));
@@ -1088,7 +1092,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   // 2. Every rank's rows gathered (token order) and written for the whole step: every rank keeps
   //    complete caches.
   const sparse::detail::DsaCpViews& pv = *s.views;
-  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, L + R + Di)
+  comm.all_gather(pv.pack, 0, pv.gathered);  // (T_pad, L + R + Di)
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
   // The gathered column blocks made contiguous in the workspace, then the rows of the step's tokens
   // written (§15: the latent and rope rows by one fused write).
@@ -1100,8 +1104,8 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata&
   at::Tensor y_local;  // (nloc, N * V)
   if (nloc > 0) {
     if (has_idx) {
-      const at::Tensor q_c = s.q.qc.defined() ? s.q.qc : s.xl;
-      last_topk_rows_ = indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens, sh.seq_lens,
+      const at::Tensor& q_c = s.q.qc.defined() ? s.q.qc : *s.xl;
+      last_topk_rows_ = indexer_select_(*s.iv, *s.xl, q_c, *s.cos4, *s.sin4, c, sh.cum_query_lens, sh.seq_lens,
                                         md.block_table);
       if (cfg_.use_index_cache) last_topk_rows_ = topk->store(last_topk_rows_);
       last_topk_ = TopkSource::Indexer;
@@ -1175,8 +1179,6 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   const int64_t tpr = sh.tokens_per_rank, Tp = sh.num_tokens_pad;
   const int64_t L = d.kv_lora_rank, R = d.qk_rope_head_dim, N = d.num_heads;
   const bool has_idx = cfg_.indexer.has_value();
-  const int64_t K = has_idx ? cfg_.indexer->topk : topk->index_topk();
-  const auto opts = hidden.options();
   last_pre_ = Preprocess::Native;
   // 1. The slice's rows and query, nothing written.
   DsaCpSlice s;
@@ -1185,7 +1187,7 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   // 2. One gather of [kv_a | k_indexer | ql_nope | q_pe] along the tokens; this rank's latent
   //    rows at its DCP-local slots (-1 elsewhere), every indexer row at its replicated slot.
   const sparse::detail::DsaCpViews& pv = *s.views;
-  comm.all_gather(s.pack, 0, pv.gathered);  // (T_pad, L + R + Di + N (L + R))
+  comm.all_gather(pv.pack, 0, pv.gathered);  // (T_pad, L + R + Di + N (L + R))
   const int64_t tw = std::min<int64_t>(tk, md.slot_mapping.size(0));
   // Every column block made contiguous in the workspace (the scatters' rows, the query halves).
   for (const at::Tensor* v = pv.staged_cols.data(), *g = pv.gathered_cols.data();
@@ -1193,6 +1195,12 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
     ops::dense::copy(*v, *g);
   }
   const auto first = [](const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); };
+  // The same without a reference count when t has n rows (the usual step): the narrow goes to `held`.
+  const auto rows_of = [](const at::Tensor& t, int64_t n, at::Tensor& held) -> const at::Tensor& {
+    if (t.size(0) == n) return t;
+    held = t.narrow(0, 0, n);
+    return held;
+  };
   const size_t qc = has_idx ? 2 : 1;  // the query's first column block
   write_gathered_kv_(c, pv.staged_cols[0], md, tw);
   if (has_idx) {
@@ -1200,33 +1208,40 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   }
   // 3. The slice's selection on the replicated view (global positions), padded with -1 rows to tpr and
   //    gathered: every rank holds every token's rows, the single-rank selection.
-  at::Tensor topk_all;  // (tk, 1, K)
+  // (tk, 1, K): the shared buffer's kept view, or the gathered rows when the buffer is not kept (pointers
+  // to tensors that outlive the call: no reference count per step).
+  const at::Tensor* topk_all = nullptr;
+  at::Tensor gathered_topk;
   if (has_idx) {
-    at::Tensor mine = ops::dense::full({tpr, 1, K}, -1, opts.dtype(at::kInt));
+    // The slice workspace's (tpr, 1, K) rows (no allocation per call): the selection overwrites rows
+    // [0, nloc), the padding rows are set to -1.
+    const at::Tensor& mine = pv.topk;
+    if (nloc < tpr) ops::dense::fill(pv.topk_pad, -1);
     if (nloc > 0) {
-      const at::Tensor q_c = s.q.qc.defined() ? s.q.qc : s.xl;
-      ops::dense::copy(first(mine, nloc), indexer_select_(*s.iv, s.xl, q_c, s.cos4, s.sin4, c, sh.cum_query_lens,
-                                                          sh.seq_lens, dm.indexer_block_table));
+      const at::Tensor& q_c = s.q.qc.defined() ? s.q.qc : *s.xl;
+      ops::dense::copy(pv.topk_real, indexer_select_(*s.iv, *s.xl, q_c, *s.cos4, *s.sin4, c, sh.cum_query_lens,
+                                                     sh.seq_lens, dm.indexer_block_table));
     }
     // Gathered straight into the shared buffer when it is kept (its first T_pad rows: no copy after).
     const bool keep = cfg_.use_index_cache && Tp <= topk->max_num_tokens();
     if (keep) {
       // The step's rows are the buffer's kept view of tk rows (no narrow per call).
       comm.all_gather(mine, 0, topk->view(Tp));
-      topk_all = topk->view(tk);
+      topk_all = &topk->view(tk);
     } else {
-      topk_all = comm.all_gather(mine, 0).narrow(0, 0, tk);
+      gathered_topk = comm.all_gather(mine, 0).narrow(0, 0, tk);
+      topk_all = &gathered_topk;
     }
-    if (cfg_.use_index_cache) topk_all = topk->store(topk_all);
+    if (cfg_.use_index_cache) topk_all = &topk->store(*topk_all);
     last_topk_ = TopkSource::Indexer;
   } else {
-    topk_all = topk->view(tk);
+    topk_all = &topk->view(tk);
     last_topk_ = TopkSource::Reused;
   }
-  last_topk_rows_ = topk_all;
+  if (!last_topk_rows_.is_same(*topk_all)) last_topk_rows_ = *topk_all;
   // 4. Every head of every token of the step over this rank's shard: the selection in local positions,
   //    sparse_mode 0 with the local lengths (§3), with the LSE.
-  const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk_all, dm.world_size, dm.rank, dm.interleave);
+  const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(*topk_all, dm.world_size, dm.rank, dm.interleave);
   const at::Tensor& sa = pv.staged_cols[qc];
   const at::Tensor& sb = pv.staged_cols[qc + 1];
   const at::Tensor& qn = LatentCore::view_of(sa, tk, seen_.staged_qn_src, seen_.staged_qn,
@@ -1241,9 +1256,10 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
                                                [&] { return mw.partial_out.view({Tp, N, L}); });
   const at::Tensor& part_lse = LatentCore::view_of(mw.partial_lse, Tp, seen_.part_lse_src, seen_.part_lse,
                                                    [&] { return mw.partial_lse.view({Tp, N, 1}); });
+  at::Tensor held_lse, held_part;
   const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens, dm.seq_lens,
-                                            first(part_lse, tk));
-  ops::dense::copy(first(part, tk), o);
+                                            rows_of(part_lse, tk, held_lse));
+  ops::dense::copy(rows_of(part, tk, held_part), o);
   if (tk < Tp) {
     ops::dense::zero(part.narrow(0, tk, Tp - tk));
     ops::dense::fill(part_lse.narrow(0, tk, Tp - tk), -std::numeric_limits<double>::infinity());
@@ -1254,7 +1270,8 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   at::Tensor y_local;
   if (nloc > 0) {
     const mla::detail::DecodeViews& v = core_->views(nloc, mla::detail::DecodeLayout::TND);
-    const at::Tensor attn = ops::dense::cast(first(seen_.cp_merged3, nloc), hidden.scalar_type());
+    at::Tensor held_merged;
+    const at::Tensor attn = ops::dense::cast(rows_of(seen_.cp_merged3, nloc, held_merged), hidden.scalar_type());
     y_local = core_->w_uv_out_token_major(v, attn, nloc);
   }
   dsa_cp_output(y_local, nloc, md, output, tk);

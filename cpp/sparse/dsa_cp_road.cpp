@@ -36,8 +36,11 @@ void dsa_cp_road_back(cp::Comm& comm, const DsaCpRows& r, OProjFullWeight* sw,
     comm.all_reduce(full);
   }
   const int64_t out_rows = output.size(0), keep = std::min<int64_t>(tk, out_rows);
-  ops::dense::copy(keep == out_rows ? output : output.narrow(0, 0, keep),
-                   keep == full.size(0) ? full : full.narrow(0, 0, keep));
+  if (keep == out_rows && keep == full.size(0)) {
+    ops::dense::copy(output, full);  // the usual step (no reference count taken for a view)
+  } else {
+    ops::dense::copy(output.narrow(0, 0, keep), full.narrow(0, 0, keep));
+  }
   if (out_rows > keep) ops::dense::zero(output.narrow(0, keep, out_rows - keep));
 }
 

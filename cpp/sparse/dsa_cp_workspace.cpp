@@ -28,7 +28,7 @@ const DsaCpViews& DsaCpWorkspace::views(int64_t tpr, int64_t nloc) {
   if (tpr > capacity_) {
     // Grown buffers: the views of earlier sizes are remade on their next use.
     // The old buffers are kept: a captured graph may still read them at their addresses.
-    for (at::Tensor* b : {&road_, &exchange_, &pack_, &gathered_, &stage_}) {
+    for (at::Tensor* b : {&road_, &exchange_, &pack_, &gathered_, &stage_, &topk_}) {
       if (b->defined()) retired_.push_back(*b);
     }
     const int64_t cap = std::max<int64_t>(tpr, 2 * capacity_);
@@ -40,6 +40,7 @@ const DsaCpViews& DsaCpWorkspace::views(int64_t tpr, int64_t nloc) {
       gathered_ = at::empty({W * cap * P}, opts);
       stage_ = at::empty({W * cap * P}, opts);
     }
+    if (s.topk > 0) topk_ = at::empty({cap * s.topk}, opts.dtype(at::kInt));
     capacity_ = cap;
     ++generation_;
   }
@@ -73,23 +74,30 @@ const DsaCpViews& DsaCpWorkspace::views(int64_t tpr, int64_t nloc) {
       off += W * tpr * w;
     }
   }
+  for (const bool full_road : {false, true}) {
+    DsaCpRows& r = full_road ? v.full_road : v.decode_road;
+    r.full_road = full_road;
+    r.world = W;
+    r.tpr = tpr;
+    r.width = width;
+    r.buf = full_road ? v.full_buf : v.decode_buf;
+    r.rows = full_road ? v.full_rows : v.decode_rows;
+    r.real = full_road ? v.full_real : v.decode_real;
+    r.send = v.send;
+    r.exchange = v.exchange;
+  }
+  if (s.topk > 0) {
+    v.topk = topk_.narrow(0, 0, tpr * s.topk).view({tpr, 1, s.topk});
+    v.topk_real = v.topk.narrow(0, 0, nloc);
+    v.topk_pad = v.topk.narrow(0, nloc, tpr - nloc);
+  }
   return v;
 }
 
-DsaCpRows DsaCpWorkspace::road_rows(int64_t tpr, int64_t nloc, bool full_road) {
+const DsaCpRows& DsaCpWorkspace::road_rows(int64_t tpr, int64_t nloc, bool full_road) {
   const DsaCpViews& v = views(tpr, nloc);
-  DsaCpRows r;
-  r.full_road = full_road;
-  r.world = shape_.world;
-  r.tpr = tpr;
-  r.width = shape_.road_width;
-  r.buf = full_road ? v.full_buf : v.decode_buf;
-  r.rows = full_road ? v.full_rows : v.decode_rows;
-  r.real = full_road ? v.full_real : v.decode_real;
-  r.send = v.send;
-  r.exchange = v.exchange;
   if (nloc < tpr) ops::dense::zero(full_road ? v.full_pad : v.decode_pad);
-  return r;
+  return full_road ? v.full_road : v.decode_road;
 }
 
 }  // namespace aar::sparse::detail

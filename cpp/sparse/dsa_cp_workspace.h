@@ -29,9 +29,10 @@ struct DsaCpShape {
   int64_t road_width = 0;           // heads x value dim of the slice's attention output
   std::vector<int64_t> pack_cols;   // the column blocks of the rows every rank gathers (empty: none)
   int64_t group = 0;                // workspace_group
+  int64_t topk = 0;                 // DSA-CP x DCP: K of the slice's padded selection (0: none)
   bool operator==(const DsaCpShape& o) const {
     return device == o.device && dtype == o.dtype && world == o.world && road_width == o.road_width &&
-           pack_cols == o.pack_cols && group == o.group;
+           pack_cols == o.pack_cols && group == o.group && topk == o.topk;
   }
 };
 
@@ -47,6 +48,8 @@ struct DsaCpViews {
   at::Tensor gathered;                                          // (W tpr, width): the all-gather's output
   std::vector<at::Tensor> gathered_cols;                        // (W tpr, cols[i]) views of `gathered`
   std::vector<at::Tensor> staged_cols;                          // (W tpr, cols[i]) contiguous copies' targets
+  at::Tensor topk, topk_real, topk_pad;                         // shape.topk > 0: (tpr, 1, K) int32, rows [0, nloc) / rest
+  DsaCpRows decode_road, full_road;                             // road_rows' two answers, made with the views
 };
 
 class DsaCpWorkspace {
@@ -55,7 +58,8 @@ class DsaCpWorkspace {
   // Enters the workspace for the running forward (graph::use_in_forward).
   const DsaCpViews& views(int64_t tpr, int64_t nloc);
   // The road's rows (sparse/dsa_cp_road.h) of that slice, padding rows zeroed.
-  DsaCpRows road_rows(int64_t tpr, int64_t nloc, bool full_road);
+  // (The views' own copy, no reference count per call; remade with the views when the workspace grows.)
+  const DsaCpRows& road_rows(int64_t tpr, int64_t nloc, bool full_road);
   const DsaCpShape& shape() const { return shape_; }
   static std::shared_ptr<DsaCpWorkspace> shared(const DsaCpShape& shape);
 
@@ -63,7 +67,7 @@ class DsaCpWorkspace {
   DsaCpShape shape_;
   std::shared_ptr<::aar::detail::ExclusiveUse> exclusive_;
   int64_t capacity_ = 0, generation_ = 0, pack_width_ = 0;
-  at::Tensor road_, exchange_, pack_, gathered_, stage_;
+  at::Tensor road_, exchange_, pack_, gathered_, stage_, topk_;
   std::vector<at::Tensor> retired_;  // buffers outgrown (at most as large, together, as the current ones)
   std::map<std::pair<int64_t, int64_t>, DsaCpViews> views_;
 };

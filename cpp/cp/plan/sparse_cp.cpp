@@ -153,7 +153,10 @@ TokenShard plan_token_shard(const TokenShardInputs& in, const TokenShardBuffers&
   validate_start_loc(in.query_start_loc, "query_start_loc");
   // seq_lens below a request's query length are accepted: graph padding requests carry tokens
   // and no KV (docs/design/sparse_cp.md §4); the max(., 0) of the local length covers them.
-  detail::dcp::check_lens_nonneg(in.seq_lens, "seq_lens");
+  // (A branch-free minimum first, which vectorises; the offender is named only on failure.)
+  int32_t min_seq = 0;
+  for (std::size_t b = 0; b < n; ++b) min_seq = std::min(min_seq, in.seq_lens[b]);
+  if (min_seq < 0) detail::dcp::check_lens_nonneg(in.seq_lens, "seq_lens");
   const int32_t total = in.query_start_loc[n];
   AAR_CHECK_ARG(in.num_input_tokens >= total, "num_input_tokens=", in.num_input_tokens,
                 " is smaller than query_start_loc[B]=", total);
@@ -185,18 +188,22 @@ TokenShard plan_token_shard(const TokenShardInputs& in, const TokenShardBuffers&
   s.local_end = static_cast<int32_t>(std::max(start, std::min<int64_t>(end_pad, total)));
   s.num_local_tokens = s.local_end - s.local_start;
 
-  int32_t cum = 0;
+  // The requests partition [0, qsl[B]) in order (qsl[0] = 0, non-decreasing), so the local tokens of
+  // requests 0..b are those of [0, qsl[b + 1]) in [start, end_pad): the cumulative end is
+  // clamp(qsl[b + 1] - start, 0, tpr), without a running sum. Every term fits int32 (qsl and end_pad do,
+  // checked above): a branch-free loop that vectorises.
+  const int32_t* qsl = in.query_start_loc.data();
+  const int32_t* seqs = in.seq_lens.data();
+  int32_t* __restrict lcum = buf.local_cum_query_lens.data();
+  int32_t* __restrict lseq = buf.local_seq_lens.data();
+  const int32_t s32 = static_cast<int32_t>(start), e32 = static_cast<int32_t>(end_pad), t32 = static_cast<int32_t>(tpr);
   for (std::size_t b = 0; b < n; ++b) {
-    const int64_t gs = in.query_start_loc[b], ge = in.query_start_loc[b + 1];
-    const int64_t le = std::min(ge, end_pad), local = le - std::max(gs, start);
-    int32_t seq = 0;
-    if (local > 0) {
-      cum += static_cast<int32_t>(local);
-      // The last local query sees the request's keys but for its ge - le later queries.
-      seq = static_cast<int32_t>(std::max<int64_t>(in.seq_lens[b] - (ge - le), 0));
-    }
-    buf.local_cum_query_lens[b] = cum;
-    buf.local_seq_lens[b] = seq;
+    const int32_t gs = qsl[b], ge = qsl[b + 1];
+    const int32_t le = std::min(ge, e32), local = le - std::max(gs, s32);
+    lcum[b] = std::min(std::max(ge - s32, 0), t32);
+    // The last local query sees the request's keys but for its ge - le later queries.
+    const int32_t seq = std::max(seqs[b] - (ge - le), 0);
+    lseq[b] = local > 0 ? seq : 0;
   }
   if (slots) {
     const std::size_t have = buf.slot_mapping.size();

@@ -10,6 +10,7 @@
 #include "ascend_attn_rt/cp/plan/sparse_cp.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
 #include "../../plan/block_scan.h"
+#include "../../plan/cpu_features.h"
 #include "../../plan/internal.h"
 #include "../../plan/request_scan.h"
 
@@ -43,7 +44,12 @@ struct DcpMath {
   }
   // #{x < len : owner(x) == k}
   int32_t local_len(uint32_t len, uint32_t k) const {
-    const uint32_t base = pow2 ? (len >> sWI) << sI : len / WI * I;
+    if (pow2) {
+      // len mod WI - k I lies in (-W I, W I): 32-bit lanes, so the request loops vectorise.
+      const int32_t rem = static_cast<int32_t>(len & (WI - 1)) - static_cast<int32_t>(k << sI);
+      return static_cast<int32_t>(((len >> sWI) << sI) + static_cast<uint32_t>(std::clamp(rem, 0, int32_t(I))));
+    }
+    const uint32_t base = len / WI * I;
     const int64_t rem = static_cast<int64_t>(len) - static_cast<int64_t>(base) * W - static_cast<int64_t>(k) * I;
     return static_cast<int32_t>(base + static_cast<uint32_t>(std::clamp<int64_t>(rem, 0, I)));
   }
@@ -59,6 +65,250 @@ struct DcpMath {
     return static_cast<int64_t>(row[li / bs]) * bs + li % bs;
   }
 };
+
+// The replicated rows of a DCP step with W = 2 (docs/design/sparse_cp.md §2), when whole chunks of eight
+// replicated columns (four local ones) stay within both rows: in_stride a multiple of 4 and rs of 8
+// (the columns read, ceil(S / bs) <= W * in_stride, were checked by the scan). Row r's ids
+// [2a, 2a + 1, 2b, 2b + 1, ...] go out eight at a time, the last chunk masked to its columns (zeros past
+// them, which the row holds anyway); then the columns a longer earlier row left past the masked chunk
+// are cleared (extent), and extent records the row's columns.
+__attribute__((always_inline)) inline void replicated_rows_w2_body(const int32_t* table, std::size_t in_stride,
+                                                                   const int32_t* seqs, std::size_t b,
+                                                                   const detail::BlockCount& blocks, int32_t* rep,
+                                                                   std::size_t rs, int32_t* extent) {
+  for (std::size_t r = 0; r < b; ++r) {
+    const int32_t* row = table + r * in_stride;
+    int32_t* out = rep + r * rs;
+    const int32_t cols = static_cast<int32_t>(blocks(seqs[r]));
+    int32_t j = 0;
+    for (; j < cols; j += 8) {
+      const int32_t* mask = detail::kFirstLanes[std::min(cols - j, 8)];
+      const detail::I32x4 v = detail::load_i32x4(row + (j >> 1)) << 1;
+      const detail::I32x4 o = v | 1;
+      const detail::I32x4 lo = __builtin_shufflevector(v, o, 0, 4, 1, 5) & detail::load_i32x4(mask);
+      const detail::I32x4 hi = __builtin_shufflevector(v, o, 2, 6, 3, 7) & detail::load_i32x4(mask + 4);
+      std::memcpy(out + j, &lo, sizeof lo);
+      std::memcpy(out + j + 4, &hi, sizeof hi);
+    }
+    const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
+                                            : static_cast<int32_t>(rs);
+    if (dirty > j) std::fill(out + j, out + dirty, 0);
+    if (extent != nullptr) extent[r] = cols;
+  }
+}
+
+void replicated_rows_w2_default(const int32_t* table, std::size_t in_stride, const int32_t* seqs, std::size_t b,
+                                const detail::BlockCount& blocks, int32_t* rep, std::size_t rs, int32_t* extent) {
+  replicated_rows_w2_body(table, in_stride, seqs, b, blocks, rep, rs, extent);
+}
+
+#if AAR_HAVE_X86_DISPATCH
+__attribute__((target("avx2"))) void replicated_rows_w2_avx2(const int32_t* table, std::size_t in_stride,
+                                                             const int32_t* seqs, std::size_t b,
+                                                             const detail::BlockCount& blocks, int32_t* rep,
+                                                             std::size_t rs, int32_t* extent) {
+  replicated_rows_w2_body(table, in_stride, seqs, b, blocks, rep, rs, extent);
+}
+#endif
+
+void replicated_rows_w2(const int32_t* table, std::size_t in_stride, const int32_t* seqs, std::size_t b,
+                        const detail::BlockCount& blocks, int32_t* rep, std::size_t rs, int32_t* extent) {
+#if AAR_HAVE_X86_DISPATCH
+  if (aar::detail::cpu_has_avx2()) return replicated_rows_w2_avx2(table, in_stride, seqs, b, blocks, rep, rs, extent);
+#endif
+  replicated_rows_w2_default(table, in_stride, seqs, b, blocks, rep, rs, extent);
+}
+
+// A DCP decode step of one-token requests with W, I and bs powers of two (dm.pow2): request r's token at
+// position p = seqs[r] - 1 gets its position, its local slot (kPadSlot off this rank) and its replicated
+// slot, and the request its local length lk[r]. ids[r] is the id of local column c = p >> (sbs + sW),
+// which both slots read: the local index's column (I | bs) and the replicated column's (j = c * W + k,
+// k = (p >> sbs) mod W, replicated id row[c] * W + k; cp/plan/sparse_cp.h). No gather and no branch:
+// the loop vectorises (its int64 select needs AVX2's 64-bit lanes, hence the clone below).
+__attribute__((always_inline)) inline void one_token_dcp_body(const DcpMath& dm, const int32_t* seqs,
+                                                              const int32_t* ids, std::size_t n, int32_t* pos,
+                                                              int64_t* slots, int64_t* rslots, int32_t* lk) {
+  const int sb = dm.sbs, sw = dm.sW, si = dm.sI, swi = dm.sWI;
+  const uint32_t wm = dm.W - 1, im = dm.I - 1, bm = dm.bs - 1, wim = dm.WI - 1, rk = dm.rank;
+  const int32_t I = static_cast<int32_t>(dm.I), rki = static_cast<int32_t>(dm.rank << si);
+  for (std::size_t r = 0; r < n; ++r) {
+    const uint32_t s = static_cast<uint32_t>(seqs[r]), p = s - 1;  // s >= its query length 1
+    const int64_t id = ids[r];
+    pos[r] = static_cast<int32_t>(p);
+    const int64_t local = (id << sb) + ((((p >> swi) << si) | (p & im)) & bm);
+    slots[r] = ((p >> si) & wm) == rk ? local : int64_t{kPadSlot};
+    rslots[r] = (((id << sw) | ((p >> sb) & wm)) << sb) + (p & bm);
+    // local_len(s, rank) with the clamp in 32 bits.
+    const int32_t rem = std::min(std::max(static_cast<int32_t>(s & wim) - rki, 0), I);
+    lk[r] = static_cast<int32_t>(((s >> swi) << si) + static_cast<uint32_t>(rem));
+  }
+}
+
+void write_one_token_dcp_default(const DcpMath& dm, const int32_t* seqs, const int32_t* ids, std::size_t n,
+                                 int32_t* pos, int64_t* slots, int64_t* rslots, int32_t* lk) {
+  one_token_dcp_body(dm, seqs, ids, n, pos, slots, rslots, lk);
+}
+
+#if AAR_HAVE_X86_DISPATCH
+__attribute__((target("avx2"))) void write_one_token_dcp_avx2(const DcpMath& dm, const int32_t* seqs,
+                                                              const int32_t* ids, std::size_t n, int32_t* pos,
+                                                              int64_t* slots, int64_t* rslots, int32_t* lk) {
+  one_token_dcp_body(dm, seqs, ids, n, pos, slots, rslots, lk);
+}
+#endif
+
+void write_one_token_dcp(const DcpMath& dm, const int32_t* seqs, const int32_t* ids, std::size_t n, int32_t* pos,
+                         int64_t* slots, int64_t* rslots, int32_t* lk) {
+#if AAR_HAVE_X86_DISPATCH
+  if (n >= 8 && aar::detail::cpu_has_avx2()) return write_one_token_dcp_avx2(dm, seqs, ids, n, pos, slots, rslots, lk);
+#endif
+  write_one_token_dcp_default(dm, seqs, ids, n, pos, slots, rslots, lk);
+}
+
+// DCP: rank 0's local lengths of the requests into out (the block-table columns each reads, for the
+// request scan), the seq_len sign check, and whether a request is fresh (seq_len = its query length).
+// Out of line, as write_dcp_step.
+__attribute__((noinline)) bool dcp_block_lens(const DcpMath& dm, CSpan<int32_t> qsl, const int32_t* seqs, std::size_t b,
+                                              int32_t* out) {
+  bool any_fresh = false;
+  int32_t min_seq = 0;
+  if (dm.pow2) {
+    // local_len(s, 0) = (s >> sWI << sI) + min(s mod WI, I) in 32-bit lanes: the loop vectorises.
+    const int swi = dm.sWI, si = dm.sI;
+    const uint32_t wim = dm.WI - 1, I = dm.I;
+    const int32_t* q = qsl.data();
+    uint32_t fresh = 0;
+    for (std::size_t r = 0; r < b; ++r) {
+      const uint32_t s = static_cast<uint32_t>(seqs[r]);
+      min_seq = std::min(min_seq, seqs[r]);
+      out[r] = static_cast<int32_t>(((s >> swi) << si) + std::min(s & wim, I));
+      fresh |= static_cast<uint32_t>(seqs[r] == q[r + 1] - q[r]);
+    }
+    any_fresh = fresh != 0;
+  } else {
+    for (std::size_t r = 0; r < b; ++r) {
+      min_seq = std::min(min_seq, seqs[r]);
+      out[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), 0);
+      any_fresh |= seqs[r] == qsl[r + 1] - qsl[r];
+    }
+  }
+  if (min_seq < 0) {
+    for (std::size_t r = 0; r < b; ++r) AAR_CHECK_ARG(seqs[r] >= 0, "seq_lens[", r, "]=", seqs[r], " is negative");
+  }
+  return any_fresh;
+}
+
+// plan_sfa_step's DCP writes (docs/design/sparse_cp.md §2), out of line: the single-rank path keeps its
+// own code. Unchecked (plan_sfa_step validated everything first).
+__attribute__((noinline)) void write_dcp_step(const SfaStepInputs& in, const SfaStepBuffers& buf, const DcpMath& dm,
+                                              const detail::RequestScan& scan, const int32_t* last_ids,
+                                              std::size_t b, std::size_t bk, int32_t t_real, int32_t t_in,
+                                              int64_t* slots, int32_t* pos) {
+  const CSpan<int32_t> qsl = in.query_start_loc;
+  const int32_t* seqs = in.seq_lens.data();
+  const int32_t* table = in.block_table.data();
+  const std::size_t in_stride = static_cast<std::size_t>(in.block_table_stride);
+  const DcpShard& dcp = in.dcp;
+  // One pass per request (docs/design/sparse_cp.md §2): the replicated row, this rank's local
+  // length, and per token its position, its local slot (the owner writes, -1 elsewhere) and
+  // its replicated slot.
+  const std::size_t rs = static_cast<std::size_t>(buf.replicated_stride);
+  const int32_t W = dcp.world;
+  const detail::BlockCount blocks(in.block_size);
+  const uint32_t bmask = static_cast<uint32_t>(in.block_size) - 1;
+  int32_t* lk = buf.dcp_seq_lens.data();
+  int64_t* rslots = buf.replicated_slot_mapping.data();
+  int32_t* extent = buf.replicated_extent.empty() ? nullptr : buf.replicated_extent.data();
+  const bool one = scan.all_sched_one;
+  // Every request one token and W, I, bs powers of two (the usual decode step): the tokens get their
+  // own pass after the rows, one request per iteration without a gather, which vectorises.
+  const bool one_pow2 = one && dm.pow2;
+  // W = 2 with whole chunks in both rows: the rows in their own pass (replicated_rows_w2).
+  const bool rows_w2 = one_pow2 && W == 2 && in_stride % 4 == 0 && rs % 8 == 0;
+  if (rows_w2) replicated_rows_w2(table, in_stride, seqs, b, blocks, buf.replicated_block_table.data(), rs, extent);
+  for (std::size_t r = 0; r < (rows_w2 ? 0 : b); ++r) {
+    const int32_t begin = qsl[r], end = qsl[r + 1], seq = seqs[r];
+    const int32_t* row = table + r * in_stride;
+    int32_t* rep = buf.replicated_block_table.data() + r * rs;
+    // Column j = c * W + k is local column c's replicated block k (cp/plan/sparse_cp.h).
+    const int32_t cols = static_cast<int32_t>(blocks(seq));
+    if (W == 2) {
+      // The usual group: each local column gives a pair of ids.
+      const int32_t full = cols >> 1;
+      int32_t c = 0;
+      for (; c + 4 <= full; c += 4) {
+        // Four local columns give eight ids: [2a, 2a+1, 2b, 2b+1, ...].
+        const detail::I32x4 v = detail::load_i32x4(row + c) << 1;
+        const detail::I32x4 o = v | 1;
+        const detail::I32x4 lo = __builtin_shufflevector(v, o, 0, 4, 1, 5);
+        const detail::I32x4 hi = __builtin_shufflevector(v, o, 2, 6, 3, 7);
+        std::memcpy(rep + 2 * c, &lo, sizeof lo);
+        std::memcpy(rep + 2 * c + 4, &hi, sizeof hi);
+      }
+      for (; c < full; ++c) {
+        const int32_t base = row[c] << 1;
+        rep[2 * c] = base;
+        rep[2 * c + 1] = base | 1;
+      }
+      if (cols & 1) rep[cols - 1] = row[full] << 1;
+    } else if (dm.pow2) {
+      // W a power of two (dm.pow2): j / W and j mod W as a shift and a mask.
+      const int sw = dm.sW;
+      const int32_t wm = W - 1;
+      for (int32_t j = 0; j < cols; ++j) rep[j] = (row[j >> sw] << sw) | (j & wm);
+    } else {
+      int32_t j = 0;
+      for (int32_t c = 0; j < cols; ++c) {
+        const int32_t base = row[c] * W;
+        for (int32_t k = 0; k < W && j < cols; ++k, ++j) rep[j] = base + k;
+      }
+    }
+    const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
+                                            : static_cast<int32_t>(rs);
+    if (dirty > cols) std::fill(rep + cols, rep + dirty, 0);
+    if (extent != nullptr) extent[r] = cols;
+    if (one_pow2) continue;  // the tokens below, after the rows
+    lk[r] = dm.local_len(static_cast<uint32_t>(seq), dm.rank);
+    const int32_t pos0 = seq - (end - begin);
+    if (one) {
+      // Every request one token (the usual decode step): token r at position seq - 1, no inner loop.
+      const uint32_t p = static_cast<uint32_t>(seq - 1);
+      pos[r] = static_cast<int32_t>(p);
+      slots[r] = dm.local_slot(p, row);
+      const uint32_t col = blocks.pow2 ? p >> blocks.shift : p / blocks.bs;
+      const uint32_t off = blocks.pow2 ? p & bmask : p % blocks.bs;
+      rslots[r] = static_cast<int64_t>(rep[col]) * in.block_size + off;
+      continue;
+    }
+    for (int32_t t = begin; t < end; ++t) {
+      const uint32_t p = static_cast<uint32_t>(pos0 + (t - begin));
+      pos[t] = static_cast<int32_t>(p);
+      slots[t] = dm.local_slot(p, row);
+      const uint32_t col = blocks.pow2 ? p >> blocks.shift : p / blocks.bs;
+      const uint32_t off = blocks.pow2 ? p & bmask : p % blocks.bs;
+      rslots[t] = static_cast<int64_t>(rep[col]) * in.block_size + off;
+    }
+  }
+  if (one_pow2) {
+    // Local column p >> (sbs + sW) of token r (p = seq - 1) is rank 0's last (docs/design/sparse_cp.md
+    // §2: rank 0 owns position c * W * bs < S), the id the scan stashed for the first num_last rows.
+    const std::size_t nl = std::min(b, scan.num_last);
+    write_one_token_dcp(dm, seqs, last_ids, nl, pos, slots, rslots, lk);
+    for (std::size_t r = nl; r < b; ++r) {
+      const int32_t id = table[r * in_stride + (static_cast<uint32_t>(seqs[r] - 1) >> (dm.sbs + dm.sW))];
+      write_one_token_dcp(dm, seqs + r, &id, 1, pos + r, slots + r, rslots + r, lk + r);
+    }
+  }
+  std::fill(lk + b, lk + bk, 0);
+  if (!buf.dcp_seq_lens_list.empty()) std::copy(lk, lk + bk, buf.dcp_seq_lens_list.data());
+  std::fill(rslots + t_real, rslots + t_in, int64_t{kPadSlot});
+  for (std::size_t r = b; r < bk; ++r) {
+    const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
+                                            : static_cast<int32_t>(rs);
+    std::fill(buf.replicated_block_table.data() + r * rs, buf.replicated_block_table.data() + r * rs + dirty, 0);
+    if (extent != nullptr) extent[r] = 0;
+  }
+}
 
 }  // namespace
 
@@ -88,15 +338,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   if (use_dcp) {
     check_room(buf.dcp_block_lens.size(), b, "buffers.dcp_block_lens");
     // (dcp_block_lens is the caller's scratch: written before the check.)
-    int32_t min_seq = 0;
-    for (std::size_t r = 0; r < b; ++r) {
-      min_seq = std::min(min_seq, seqs[r]);
-      buf.dcp_block_lens[r] = dm.local_len(static_cast<uint32_t>(seqs[r]), 0);
-      any_fresh |= seqs[r] == qsl[r + 1] - qsl[r];
-    }
-    if (min_seq < 0) {
-      for (std::size_t r = 0; r < b; ++r) AAR_CHECK_ARG(seqs[r] >= 0, "seq_lens[", r, "]=", seqs[r], " is negative");
-    }
+    any_fresh = dcp_block_lens(dm, qsl, seqs, b, buf.dcp_block_lens.data());
   } else {
     AAR_CHECK_ARG(buf.dcp_seq_lens.empty() && buf.replicated_block_table.empty() &&
                       buf.replicated_slot_mapping.empty(),
@@ -209,88 +451,7 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
   int64_t* slots = buf.slot_mapping.data();
   int32_t* pos = buf.positions.data();
   if (use_dcp) {
-    // One pass per request (docs/design/sparse_cp.md §2): the replicated row, this rank's local
-    // length, and per token its position, its local slot (the owner writes, -1 elsewhere) and
-    // its replicated slot.
-    const std::size_t rs = static_cast<std::size_t>(buf.replicated_stride);
-    const int32_t W = dcp.world;
-    const detail::BlockCount blocks(in.block_size);
-    const uint32_t bmask = static_cast<uint32_t>(in.block_size) - 1;
-    int32_t* lk = buf.dcp_seq_lens.data();
-    int64_t* rslots = buf.replicated_slot_mapping.data();
-    int32_t* extent = buf.replicated_extent.empty() ? nullptr : buf.replicated_extent.data();
-    const bool one = scan.all_sched_one;
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t begin = qsl[r], end = qsl[r + 1], seq = seqs[r];
-      const int32_t* row = table + r * in_stride;
-      int32_t* rep = buf.replicated_block_table.data() + r * rs;
-      // Column j = c * W + k is local column c's replicated block k (cp/plan/sparse_cp.h).
-      const int32_t cols = static_cast<int32_t>(blocks(seq));
-      if (W == 2) {
-        // The usual group: each local column gives a pair of ids.
-        const int32_t full = cols >> 1;
-        int32_t c = 0;
-        for (; c + 4 <= full; c += 4) {
-          // Four local columns give eight ids: [2a, 2a+1, 2b, 2b+1, ...].
-          const detail::I32x4 v = detail::load_i32x4(row + c) << 1;
-          const detail::I32x4 o = v | 1;
-          const detail::I32x4 lo = __builtin_shufflevector(v, o, 0, 4, 1, 5);
-          const detail::I32x4 hi = __builtin_shufflevector(v, o, 2, 6, 3, 7);
-          std::memcpy(rep + 2 * c, &lo, sizeof lo);
-          std::memcpy(rep + 2 * c + 4, &hi, sizeof hi);
-        }
-        for (; c < full; ++c) {
-          const int32_t base = row[c] << 1;
-          rep[2 * c] = base;
-          rep[2 * c + 1] = base | 1;
-        }
-        if (cols & 1) rep[cols - 1] = row[full] << 1;
-      } else if (dm.pow2) {
-        // W a power of two (dm.pow2): j / W and j mod W as a shift and a mask.
-        const int sw = dm.sW;
-        const int32_t wm = W - 1;
-        for (int32_t j = 0; j < cols; ++j) rep[j] = (row[j >> sw] << sw) | (j & wm);
-      } else {
-        int32_t j = 0;
-        for (int32_t c = 0; j < cols; ++c) {
-          const int32_t base = row[c] * W;
-          for (int32_t k = 0; k < W && j < cols; ++k, ++j) rep[j] = base + k;
-        }
-      }
-      const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
-                                              : static_cast<int32_t>(rs);
-      if (dirty > cols) std::fill(rep + cols, rep + dirty, 0);
-      if (extent != nullptr) extent[r] = cols;
-      lk[r] = dm.local_len(static_cast<uint32_t>(seq), dm.rank);
-      const int32_t pos0 = seq - (end - begin);
-      if (one) {
-        // Every request one token (the usual decode step): token r at position seq - 1, no inner loop.
-        const uint32_t p = static_cast<uint32_t>(seq - 1);
-        pos[r] = static_cast<int32_t>(p);
-        slots[r] = dm.local_slot(p, row);
-        const uint32_t col = blocks.pow2 ? p >> blocks.shift : p / blocks.bs;
-        const uint32_t off = blocks.pow2 ? p & bmask : p % blocks.bs;
-        rslots[r] = static_cast<int64_t>(rep[col]) * in.block_size + off;
-        continue;
-      }
-      for (int32_t t = begin; t < end; ++t) {
-        const uint32_t p = static_cast<uint32_t>(pos0 + (t - begin));
-        pos[t] = static_cast<int32_t>(p);
-        slots[t] = dm.local_slot(p, row);
-        const uint32_t col = blocks.pow2 ? p >> blocks.shift : p / blocks.bs;
-        const uint32_t off = blocks.pow2 ? p & bmask : p % blocks.bs;
-        rslots[t] = static_cast<int64_t>(rep[col]) * in.block_size + off;
-      }
-    }
-    std::fill(lk + b, lk + bk, 0);
-    if (!buf.dcp_seq_lens_list.empty()) std::copy(lk, lk + bk, buf.dcp_seq_lens_list.data());
-    std::fill(rslots + t_real, rslots + t_in, int64_t{kPadSlot});
-    for (std::size_t r = b; r < bk; ++r) {
-      const int32_t dirty = extent != nullptr ? std::min<int32_t>(extent[r], static_cast<int32_t>(rs))
-                                              : static_cast<int32_t>(rs);
-      std::fill(buf.replicated_block_table.data() + r * rs, buf.replicated_block_table.data() + r * rs + dirty, 0);
-      if (extent != nullptr) extent[r] = 0;
-    }
+    write_dcp_step(in, buf, dm, scan, last_ids, b, bk, t_real, t_in, slots, pos);
   } else if (scan.all_sched_one && b > 0) {
     detail::write_one_token_slots(seqs, b, table, in_stride, in.block_size, last_ids, scan.num_last, slots, pos);
   } else {
