@@ -156,6 +156,18 @@ at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::option
 
 namespace {
 
+// The exchange and merge of a workspace's own partials (W > 1, T > 0): packed into the wire, all-to-all'd,
+// unpacked into the merge inputs (in the workspace's merge order) and merged. Returns the merged rows
+// (T H, D) and, for update_type 1, their LSE (T H).
+std::tuple<at::Tensor, at::Tensor> exchange_and_merge(Comm& comm, const DcpViews& ws, bool with_lse) {
+  ops::dense::copy(ws.send_out, ws.partial_out_wire);
+  ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
+  comm.all_to_all_single(ws.send, ws.recv);
+  ops::dense::copy(ws.parts_out4, ws.recv_out);
+  ops::dense::copy(ws.parts_lse3, ws.recv_lse);
+  return ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);
+}
+
 // combine_partials of a workspace's own partials (the usual call): the wire views were made for this
 // T and their shapes checked when the workspace was made, so only the caller's targets are checked,
 // and every tensor is used by reference (no handle copied per call).
@@ -175,12 +187,7 @@ void combine_own(Comm& comm, const DcpViews& ws, at::Tensor& out, const std::opt
                   "combine_partials: lse_out must be float32 (", T, ", ", H, ", 1), got ", lse_out->sizes());
   }
   if (T == 0) return;  // batch-global: no rank exchanges
-  ops::dense::copy(ws.send_out, ws.partial_out_wire);
-  ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
-  comm.all_to_all_single(ws.send, ws.recv);
-  ops::dense::copy(ws.parts_out4, ws.recv_out);
-  ops::dense::copy(ws.parts_lse3, ws.recv_lse);
-  auto [merged, merged_lse] = ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);
+  auto [merged, merged_lse] = exchange_and_merge(comm, ws, with_lse);
   ops::dense::copy(out, ws.head_major ? merged.view({H, T, D}).transpose(0, 1) : merged.view({T, H, D}));
   if (with_lse) {
     ops::dense::copy(lse_out->view({T, H}), ws.head_major ? merged_lse.view({H, T}).t() : merged_lse.view({T, H}));
@@ -291,13 +298,7 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows
   }
   if (T == 0) return;  // batch-global: no rank exchanges
   // The wire of comm/dcp_exchange.h, through the workspace's views made once per T.
-  ops::dense::copy(ws.send_out, ws.partial_out_wire);
-  ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
-  comm.all_to_all_single(ws.send, ws.recv);
-  ops::dense::copy(ws.parts_out4, ws.recv_out);
-  ops::dense::copy(ws.parts_lse3, ws.recv_lse);
-  auto [merged, merged_lse] =
-      ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);  // (T H, D), (T H)
+  auto [merged, merged_lse] = exchange_and_merge(comm, ws, with_lse);  // (T H, D), (T H)
   ops::dense::copy(out_rows, merged);
   if (with_lse) ops::dense::copy(lse_rows, merged_lse);
 }
@@ -347,6 +348,19 @@ const DcpViews& pcp_wire_views(Comm& comm, int64_t heads, int64_t out_dim, c10::
   return slot->views(T);
 }
 
+namespace {
+
+// The PCP merge's collective and merge (W > 1): the wire rows gathered into w.gathered (rank-major), unpacked
+// into the merge inputs (in the workspace's merge order) and merged; returns the merged (T H, D) rows.
+at::Tensor gather_and_merge(Comm& comm, const DcpViews& w) {
+  comm.all_gather(w.wire, 0, w.gathered);  // (W T, H, D+1): rank-major
+  ops::dense::copy(w.parts_out4, w.recv_out);
+  ops::dense::copy(w.parts_lse3, w.recv_lse);
+  return std::get<0>(ops::detail::attention_update_prechecked(w.lse_list, w.out_list, /*update_type=*/0));
+}
+
+}  // namespace
+
 void pcp_gather_merge(Comm& comm, const DcpViews& w, const at::Tensor& out_rows) {
   AAR_CHECK_ARG(w.wire.defined() && w.recv.size(0) == comm.size(), "pcp_gather_merge: the views are for a group of ",
                 w.recv.defined() ? w.recv.size(0) : 0, " ranks, the comm has ", comm.size());
@@ -355,10 +369,7 @@ void pcp_gather_merge(Comm& comm, const DcpViews& w, const at::Tensor& out_rows)
     ops::dense::copy(out_rows, w.wire_out);
     return;
   }
-  comm.all_gather(w.wire, 0, w.gathered);  // (W T, H, D+1): rank-major
-  ops::dense::copy(w.parts_out4, w.recv_out);
-  ops::dense::copy(w.parts_lse3, w.recv_lse);
-  auto [merged, unused] = ops::detail::attention_update_prechecked(w.lse_list, w.out_list, /*update_type=*/0);
+  const at::Tensor merged = gather_and_merge(comm, w);
   ops::dense::copy(out_rows, w.head_major ? merged.view({H, T, D}).transpose(0, 1) : merged.view({T, H, D}));
 }
 
@@ -374,10 +385,7 @@ void pcp_gather_merge_rows(Comm& comm, const DcpViews& w, const at::Tensor& rows
     ops::dense::copy(w.head_major ? rows.view({H, T, D}).transpose(0, 1) : rows.view({T, H, D}), w.wire_out);
     return;
   }
-  comm.all_gather(w.wire, 0, w.gathered);  // (W T, H, D+1): rank-major
-  ops::dense::copy(w.parts_out4, w.recv_out);
-  ops::dense::copy(w.parts_lse3, w.recv_lse);
-  auto [merged, unused] = ops::detail::attention_update_prechecked(w.lse_list, w.out_list, /*update_type=*/0);
+  const at::Tensor merged = gather_and_merge(comm, w);
   ops::dense::copy(rows, merged);
 }
 
