@@ -156,6 +156,15 @@ at::Tensor gather_query_heads(Comm& comm, const at::Tensor& q, const std::option
 
 namespace {
 
+// Rows (T H, D) / LSEs (T H) in a workspace's merge order seen as (T, H, D) / (T, H): token-major rows are
+// viewed, head-major ones (row h T + t) viewed (H, T, ...) and transposed.
+at::Tensor rows_as_thd(const at::Tensor& rows, bool head_major, int64_t T, int64_t H, int64_t D) {
+  return head_major ? rows.view({H, T, D}).transpose(0, 1) : rows.view({T, H, D});
+}
+at::Tensor lse_as_th(const at::Tensor& lse, bool head_major, int64_t T, int64_t H) {
+  return head_major ? lse.view({H, T}).t() : lse.view({T, H});
+}
+
 // The exchange and merge of a workspace's own partials (W > 1, T > 0): packed into the wire, all-to-all'd,
 // unpacked into the merge inputs (in the workspace's merge order) and merged. Returns the merged rows
 // (T H, D) and, for update_type 1, their LSE (T H).
@@ -188,10 +197,8 @@ void combine_own(Comm& comm, const DcpViews& ws, at::Tensor& out, const std::opt
   }
   if (T == 0) return;  // batch-global: no rank exchanges
   auto [merged, merged_lse] = exchange_and_merge(comm, ws, with_lse);
-  ops::dense::copy(out, ws.head_major ? merged.view({H, T, D}).transpose(0, 1) : merged.view({T, H, D}));
-  if (with_lse) {
-    ops::dense::copy(lse_out->view({T, H}), ws.head_major ? merged_lse.view({H, T}).t() : merged_lse.view({T, H}));
-  }
+  ops::dense::copy(out, rows_as_thd(merged, ws.head_major, T, H, D));
+  if (with_lse) ops::dense::copy(lse_out->view({T, H}), lse_as_th(merged_lse, ws.head_major, T, H));
 }
 
 }  // namespace
@@ -269,10 +276,8 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
                                                     ws ? at::TensorList(ws->out_list) : at::TensorList(outs),
                                                     lse_out.has_value() ? 1 : 0);
   const bool hm = ws != nullptr && ws->head_major;  // the merge inputs were unpacked in its order
-  ops::dense::copy(out, hm ? merged.view({H, T, D}).transpose(0, 1) : merged.view({T, H, D}));
-  if (lse_out.has_value()) {
-    ops::dense::copy(lse_out->view({T, H}), hm ? merged_lse.view({H, T}).t() : merged_lse.view({T, H}));
-  }
+  ops::dense::copy(out, rows_as_thd(merged, hm, T, H, D));
+  if (lse_out.has_value()) ops::dense::copy(lse_out->view({T, H}), lse_as_th(merged_lse, hm, T, H));
 }
 
 void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows, const at::Tensor& lse_rows) {
@@ -288,11 +293,9 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows
   AAR_CHECK_ARG(!with_lse || (lse_rows.scalar_type() == at::kFloat && lse_rows.dim() == 1 && lse_rows.size(0) == T * H),
                 "combine_partials: lse_rows must be float32 (", T * H, "), got ", lse_rows.sizes());
   if (W == 1) {
-    at::Tensor out = ws.head_major ? out_rows.view({H, T, D}).transpose(0, 1) : out_rows.view({T, H, D});
+    at::Tensor out = rows_as_thd(out_rows, ws.head_major, T, H, D);
     combine_partials(comm, ws.partial_out, ws.partial_lse, out,
-                     with_lse ? std::optional<at::Tensor>(ws.head_major ? lse_rows.view({H, T}).t()
-                                                                        : lse_rows.view({T, H}))
-                              : std::nullopt,
+                     with_lse ? std::optional<at::Tensor>(lse_as_th(lse_rows, ws.head_major, T, H)) : std::nullopt,
                      &ws);
     return;
   }
@@ -370,7 +373,7 @@ void pcp_gather_merge(Comm& comm, const DcpViews& w, const at::Tensor& out_rows)
     return;
   }
   const at::Tensor merged = gather_and_merge(comm, w);
-  ops::dense::copy(out_rows, w.head_major ? merged.view({H, T, D}).transpose(0, 1) : merged.view({T, H, D}));
+  ops::dense::copy(out_rows, rows_as_thd(merged, w.head_major, T, H, D));
 }
 
 void pcp_gather_merge_rows(Comm& comm, const DcpViews& w, const at::Tensor& rows) {
@@ -382,7 +385,7 @@ void pcp_gather_merge_rows(Comm& comm, const DcpViews& w, const at::Tensor& rows
                 "pcp_gather_merge: rows must be (", T * H, ", ", D, "), got ",
                 rows.defined() ? rows.sizes() : c10::IntArrayRef{});
   if (comm.size() == 1) {
-    ops::dense::copy(w.head_major ? rows.view({H, T, D}).transpose(0, 1) : rows.view({T, H, D}), w.wire_out);
+    ops::dense::copy(rows_as_thd(rows, w.head_major, T, H, D), w.wire_out);
     return;
   }
   const at::Tensor merged = gather_and_merge(comm, w);

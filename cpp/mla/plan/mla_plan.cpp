@@ -242,6 +242,7 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const int64_t dcp_wi = int64_t{dcp.world} * dcp.interleave;
   const bool fast_dcp = use_dcp && dcp_wi <= int64_t{UINT32_MAX};
   const detail::dcp::FastDiv fd_wi(fast_dcp ? static_cast<uint32_t>(dcp_wi) : 1u);
+  const detail::dcp::DcpMath dm(dcp, bs);  // shifts when W, I and the block size are powers of two
   // Pointers into the scratch taken once (a thread_local's address is a call in a shared library).
   int32_t* lens = nullptr;
   int32_t* mine = nullptr;
@@ -255,45 +256,29 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     mine = dcp_mine.data();
     pre = dcp_pre.data();
     // One pass: rank 0's and this rank's local lengths, and the "still prefilling" flag the DCP split
-    // reads when no flags are given (qsl's size was checked; its order is the scan's below).
-    // The shard in locals: the stores below are int32 like in.dcp's fields, so the compiler would
-    // reload those after each one.
+    // reads when no flags are given (qsl's size was checked; its order is the scan's below). The shard in
+    // locals (and in dm): the stores below are int32 like in.dcp's fields, so the compiler would reload
+    // those after each one.
     const int32_t W = dcp.world, I = dcp.interleave, rank = dcp.rank;
-    const auto pow2 = [](int32_t v) { return (v & (v - 1)) == 0; };  // v > 0 here
-    if (fast_dcp && pow2(W) && pow2(I)) {
-      // W and I powers of two (the usual shard): len / (W I) as a shift.
-      const int s_wi = __builtin_ctz(static_cast<uint32_t>(W) * static_cast<uint32_t>(I));
-      const int32_t off = rank * I;
-      for (std::size_t r = 0; r < b; ++r) {
-        const int32_t len = std::max(seqs[r], 0);
-        const int32_t q = len >> s_wi, base = q * I, rem = len - q * W * I;
-        lens[r] = base + std::min(rem, I);
-        mine[r] = base + std::clamp(rem - off, 0, I);
-        const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
-        pre[r] = fresh;
-        any_fresh |= fresh;
-      }
-    } else if (fast_dcp) {
-      // docs/design/cp.md §11.7: both local lengths from one multiply-high division per request
-      // (the shard was checked above).
-      for (std::size_t r = 0; r < b; ++r) {
-        // Negative lengths are named by the scan below; 0 blocks meanwhile.
-        const int32_t len = std::max(seqs[r], 0);
+    for (std::size_t r = 0; r < b; ++r) {
+      // Negative lengths are named by the scan below; 0 blocks meanwhile.
+      const int32_t len = std::max(seqs[r], 0);
+      if (dm.pow2) {
+        // W, I and the block size powers of two (the usual shard): shifts (detail::dcp::DcpMath).
+        lens[r] = dm.local_len(static_cast<uint32_t>(len), 0);
+        mine[r] = dm.local_len(static_cast<uint32_t>(len), dm.rank);
+      } else if (fast_dcp) {
+        // docs/design/cp.md §11.7: both local lengths from one multiply-high division per request
+        // (the shard was checked above).
         const detail::dcp::LocalLens l = detail::dcp::local_lens_fast(len, fd_wi, W, I, rank);
         lens[r] = static_cast<int32_t>(l.first);
         mine[r] = static_cast<int32_t>(l.mine);
-        const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
-        pre[r] = fresh;
-        any_fresh |= fresh;
+      } else {
+        lens[r] = static_cast<int32_t>(dcp_local_len(len, W, I, 0));
       }
-    } else {
-      for (std::size_t r = 0; r < b; ++r) {
-        // Negative lengths are named by the scan below; 0 blocks meanwhile.
-        lens[r] = seqs[r] > 0 ? static_cast<int32_t>(dcp_local_len(seqs[r], W, I, 0)) : 0;
-        const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
-        pre[r] = fresh;
-        any_fresh |= fresh;
-      }
+      const bool fresh = seqs[r] == qsl[r + 1] - qsl[r];
+      pre[r] = fresh;
+      any_fresh |= fresh;
     }
   }
   // The per-request rules, the inputs of the state rule (docs/design/gqa.md §2.1), the
@@ -449,32 +434,19 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
     if (all_sched_one && nd == b) {
       // The steady decode step: request r is token r at position seq_len - 1.
       int32_t mx = 0;
-      const uint32_t W = static_cast<uint32_t>(dcp.world);
-      const auto pow2 = [](uint32_t v) { return (v & (v - 1)) == 0; };  // v > 0 here
-      const bool shifts = pow2(W) && pow2(I) && pow2(ubs);
-      if (shifts) {
-        // W, I and the block size powers of two (the usual shard): shifts and masks.
-        const int s_i = __builtin_ctz(I), s_wi = __builtin_ctz(wi), s_bs = __builtin_ctz(ubs);
-        for (std::size_t r = 0; r < b; ++r) {
-          const uint32_t p = static_cast<uint32_t>(seqs[r] - 1);
-          dpos[r] = static_cast<int32_t>(p);
-          const uint32_t li = ((p >> s_wi) << s_i) | (p & (I - 1));
-          slots[r] = ((p >> s_i) & (W - 1)) == rank
-                         ? (static_cast<int64_t>(table[r * in_stride + (li >> s_bs)]) << s_bs) + (li & (ubs - 1))
-                         : int64_t{kPadSlot};
-          kv_lens[r] = mine[r];
-          mx = std::max(mx, mine[r]);
-        }
-      }
-      for (std::size_t r = 0; r < b && !shifts; ++r) {
+      for (std::size_t r = 0; r < b; ++r) {
         const uint32_t p = static_cast<uint32_t>(seqs[r] - 1);
         dpos[r] = static_cast<int32_t>(p);
-        const uint32_t q = fd_wi.div(p), rm = p - q * wi;
-        const uint32_t o = fd_i.div(rm);
-        const uint32_t li = q * I + (rm - o * I);
-        const uint32_t blk = fd_bs.div(li);
-        slots[r] = o == rank ? static_cast<int64_t>(table[r * in_stride + blk]) * bs + (li - blk * ubs)
-                             : int64_t{kPadSlot};
+        if (dm.pow2) {
+          slots[r] = dm.local_slot(p, table + r * in_stride);  // shifts and masks
+        } else {
+          const uint32_t q = fd_wi.div(p), rm = p - q * wi;
+          const uint32_t o = fd_i.div(rm);
+          const uint32_t li = q * I + (rm - o * I);
+          const uint32_t blk = fd_bs.div(li);
+          slots[r] = o == rank ? static_cast<int64_t>(table[r * in_stride + blk]) * bs + (li - blk * ubs)
+                               : int64_t{kPadSlot};
+        }
         kv_lens[r] = mine[r];
         mx = std::max(mx, mine[r]);
       }

@@ -9,6 +9,7 @@
 #include "ascend_attn_rt/cp/plan/cp_groups.h"
 #include "ascend_attn_rt/cp/plan/sparse_cp.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
+#include "../../cp/plan/dcp_internal.h"
 #include "../../plan/block_scan.h"
 #include "../../plan/cpu_features.h"
 #include "../../plan/internal.h"
@@ -18,6 +19,8 @@ namespace aar::plan {
 
 namespace {
 
+using detail::dcp::DcpMath;  // the placement's arithmetic, shared with the MLA step plan
+
 void check_room(std::size_t have, std::size_t need, const char* name) {
   AAR_CHECK_ARG(have >= need, name, " has room for ", have, " entries, needs ", need);
 }
@@ -26,45 +29,6 @@ void check_optional_room(std::size_t have, std::size_t need, const char* name) {
   AAR_CHECK_ARG(have == 0 || have >= need, name, " has room for ", have, " entries, needs ", need,
                 " (or pass an empty span: not written)");
 }
-
-// The DCP placement of docs/design/cp.md §2.1 in 32-bit arithmetic (positions and lengths are
-// int32), with shifts when the interleave, the world and the block size are powers of two (the
-// usual case: a division per token was most of the DCP build's cost).
-struct DcpMath {
-  uint32_t W, I, WI, bs, rank;
-  bool pow2;
-  int sI = 0, sW = 0, sWI = 0, sbs = 0;
-  static bool is_pow2(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
-  static int log2u(uint32_t v) { return 31 - __builtin_clz(v); }
-  DcpMath(const DcpShard& d, int32_t block_size)
-      : W(static_cast<uint32_t>(std::max(d.world, 1))), I(static_cast<uint32_t>(std::max(d.interleave, 1))),
-        WI(W * I), bs(static_cast<uint32_t>(std::max(block_size, 1))), rank(static_cast<uint32_t>(std::max(d.rank, 0))),
-        pow2(is_pow2(W) && is_pow2(I) && is_pow2(bs)) {
-    if (pow2) sI = log2u(I), sW = log2u(W), sWI = log2u(WI), sbs = log2u(bs);
-  }
-  // #{x < len : owner(x) == k}
-  int32_t local_len(uint32_t len, uint32_t k) const {
-    if (pow2) {
-      // len mod WI - k I lies in (-W I, W I): 32-bit lanes, so the request loops vectorise.
-      const int32_t rem = static_cast<int32_t>(len & (WI - 1)) - static_cast<int32_t>(k << sI);
-      return static_cast<int32_t>(((len >> sWI) << sI) + static_cast<uint32_t>(std::clamp(rem, 0, int32_t(I))));
-    }
-    const uint32_t base = len / WI * I;
-    const int64_t rem = static_cast<int64_t>(len) - static_cast<int64_t>(base) * W - static_cast<int64_t>(k) * I;
-    return static_cast<int32_t>(base + static_cast<uint32_t>(std::clamp<int64_t>(rem, 0, I)));
-  }
-  // The local slot of position p on this rank, -1 when another rank owns it.
-  int64_t local_slot(uint32_t p, const int32_t* row) const {
-    if (pow2) {
-      if (((p >> sI) & (W - 1)) != rank) return kPadSlot;
-      const uint32_t li = ((p >> sWI) << sI) | (p & (I - 1));
-      return (static_cast<int64_t>(row[li >> sbs]) << sbs) + (li & (bs - 1));
-    }
-    if (p / I % W != rank) return kPadSlot;
-    const uint32_t li = p / WI * I + p % I;
-    return static_cast<int64_t>(row[li / bs]) * bs + li % bs;
-  }
-};
 
 // The replicated rows of a DCP step with W = 2 (docs/design/sparse_cp.md §2), when whole chunks of eight
 // replicated columns (four local ones) stay within both rows: in_stride a multiple of 4 and rs of 8
