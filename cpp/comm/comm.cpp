@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "ascend_attn_rt/errors.h"
+#include "tick.h"
 #include "ascend_attn_rt/ops/dense.h"
 
 namespace aar::cp {
@@ -167,9 +168,16 @@ Comm Comm::from_group_name(const std::string& group_name, CommOptions opts) {
 
 int64_t Comm::calls() const { return std::accumulate(counts_.begin(), counts_.end(), int64_t{0}); }
 
+// The tick rate's reference starts when the library is loaded (tick.h).
+[[maybe_unused]] const double kTickReference = detail::ns_per_tick();
+
+int64_t Comm::collective_ns() const {
+  return static_cast<int64_t>(static_cast<double>(collective_ticks_) * detail::ns_per_tick() + 0.5);
+}
+
 void Comm::reset_counters() {
   counts_.fill(0);
-  collective_ns_ = 0;
+  collective_ticks_ = 0;
   log_.clear();
 }
 
@@ -250,10 +258,10 @@ CommWork Comm::start_all_gather(const at::Tensor& t, int64_t dim, const std::opt
 }
 
 at::Tensor Comm::all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = detail::ticks();
   CommWork w = start_all_gather(t, dim, out, false);
   at::Tensor o = w.wait();
-  collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  collective_ticks_ += detail::ticks() - t0;
   return o;
 }
 
@@ -283,10 +291,10 @@ CommWork Comm::start_all_to_all_single(const at::Tensor& t, const std::optional<
 }
 
 at::Tensor Comm::all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = detail::ticks();
   CommWork w = start_all_to_all_single(t, out, false);
   at::Tensor o = w.wait();
-  collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  collective_ticks_ += detail::ticks() - t0;
   return o;
 }
 
@@ -324,10 +332,10 @@ CommWork Comm::start_reduce_scatter(const at::Tensor& t, int64_t dim, const std:
 }
 
 at::Tensor Comm::reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = detail::ticks();
   CommWork w = start_reduce_scatter(t, dim, out, false);
   at::Tensor o = w.wait();
-  collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  collective_ticks_ += detail::ticks() - t0;
   return o;
 }
 
@@ -336,7 +344,7 @@ at::Tensor Comm::all_reduce(const at::Tensor& t) {
   check_input(t, op);
   AAR_CHECK_ARG(t.is_contiguous(), "cp::Comm ", op, ": the input is reduced in place and must be contiguous, got "
                 "strides ", t.strides());
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = detail::ticks();
   note(CommOp::AllReduce, t, 0, false);
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
@@ -344,7 +352,7 @@ at::Tensor Comm::all_reduce(const at::Tensor& t) {
   std::vector<at::Tensor> ts{t};
   CommWork w = launch(CommOp::AllReduce, [&] { return pg_->allreduce(ts, opts); }, t, {t}, nullptr);
   at::Tensor o = w.wait();
-  collective_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  collective_ticks_ += detail::ticks() - t0;
   return o;
 }
 

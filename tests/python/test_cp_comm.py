@@ -138,16 +138,28 @@ def _gil_regression(rank, world):
 
 def _case_log(rank, world):
     comm = aar.cp.Comm(_world_group(), timeout_s=10.0, log=True)
+    assert comm.collective_ns == 0
+    t0 = time.perf_counter_ns()
     comm.all_gather(torch.zeros(2, 3, 8, dtype=torch.bfloat16), 1)
+    if rank != 0:
+        time.sleep(0.1)  # rank 0's next call waits for this one
     comm.all_to_all_single(torch.zeros(world * 3, 9, 2))
     comm.all_to_all_single(torch.zeros(world * 3, 9, 2), async_op=True).wait()
     comm.reduce_scatter(torch.zeros(world, 4, dtype=torch.float64), 0)
+    wall = time.perf_counter_ns() - t0
+    # The synchronous calls' time (docs/design/cp.md §8.1: counted in cheap ticks, converted when read): inside
+    # the wall time around them (1 us for the conversion's rounding), and on rank 0 at least most of the 100 ms its
+    # all_to_all waits for the sleeping peers: a wrong tick rate fails one bound or the other.
+    spent = comm.collective_ns
+    assert spent <= wall + 1000, (spent, wall)
+    if rank == 0:
+        assert spent >= 40_000_000, (spent, wall)
     counts = {op: comm.calls_of(op) for op in ("all_gather", "all_to_all_single", "reduce_scatter")}
     assert counts == {"all_gather": 1, "all_to_all_single": 2, "reduce_scatter": 1}
     assert comm.calls == 4
     log = comm.log
     comm.reset_counters()
-    assert comm.calls == 0 and comm.log == []
+    assert comm.calls == 0 and comm.log == [] and comm.collective_ns == 0
     return counts, log
 
 

@@ -128,7 +128,7 @@ class Comm {
   // Wall time spent inside the synchronous calls (issue to completion, staging
   // copy included), so a benchmark can report a step's host time with the
   // collectives excluded. Async calls are not timed (their wait overlaps work).
-  int64_t collective_ns() const { return collective_ns_; }
+  int64_t collective_ns() const;
   const std::vector<CommRecord>& log() const { return log_; }
   void reset_counters();
 
@@ -151,7 +151,7 @@ class Comm {
   // describe(op) of every op, made once in the constructor; a CommWork shares the one it needs.
   std::shared_ptr<const std::array<std::string, kNumCommOps>> descriptions_;
   std::vector<CommRecord> log_;
-  int64_t collective_ns_ = 0;
+  int64_t collective_ticks_ = 0;  // collective_ns in cpp/comm/tick.h's ticks
   // all_gather's dim != 0 staging (see Layout above); grown, never shrunk.
   at::Tensor gather_staging_;
 };
