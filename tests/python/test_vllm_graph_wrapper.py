@@ -23,7 +23,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # no
 from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend  # noqa: E402
 from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
 from _mla_reference import latent_attention_reference  # noqa: E402
-from _reference import random_block_table  # noqa: E402
+from _reference import assert_close, random_block_table  # noqa: E402
 from test_vllm_backend import BS, _vllm_config  # noqa: E402
 from _vllm_support import (attention_layer, graph_wrapper_cls as _wrapper_cls, log_graph_calls as _logged,  # noqa: E402
                            mla_dims as _mla_dims, mla_impl as _mla_impl, mla_layer, vllm_registration)
@@ -371,51 +371,85 @@ class SparseModel(torch.nn.Module):
         return lay.mla(q, c, kpe, output_shape=(q.shape[0], lay.N * lay.V))
 
 
-def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+Q_SPEC = 2  # speculative buckets: one draft token, vLLM's uniform decode query length 1 + num_speculative_tokens
+# vLLM's descriptor of the speculative bucket (cudagraph_dispatcher: num_reqs = num_tokens // uniform query length).
+DESC_SPEC = BatchDescriptor(num_tokens=B * Q_SPEC, num_reqs=B, uniform=True)
+
+
+@DTYPES
+def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch, dtype):
+    _sparse_wrapper_bucket(monkeypatch, dtype, 1, seed=31)
+
+
+@DTYPES
+def test_sparse_mla_speculative_bucket_through_vllms_wrapper(installed, monkeypatch, dtype):
+    """num_speculative_tokens = 1: the builders declare UNIFORM_BATCH, the bucket is vLLM's uniform batch of B
+    requests of two tokens (DESC_SPEC); full steps, then steps vLLM pads with empty requests."""
+    _sparse_wrapper_bucket(monkeypatch, dtype, Q_SPEC, seed=33)
+
+
+def _sparse_wrapper_bucket(monkeypatch, dtype, q, seed):
+    """The sparse layer (vLLM's Indexer.forward and MLAAttention) through the wrapper, B requests of q tokens per
+    bucket: capture from vLLM's capture batch, then per step the replay equal to the runnable run through the
+    wrapper with mode NONE on copies of both caches (output and top-k bit for bit: the replay runs the same kernels
+    on the same inputs), the padding writes nothing, and every real token equals float64 latent attention over the
+    positions the replay selected (each inside the token's causal prefix; the tolerance of _reference.assert_close
+    for the model dtype in bf16, as test_vllm_sparse)."""
     import test_vllm_sparse as ts
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models import deepseek_v2
+    from vllm.v1.attention.backend import AttentionCGSupport
     from ascend_attn_rt import _C as aar
+    from test_vllm_graph import _spec_cam
 
+    assert q in (1, Q_SPEC)
+    T, desc, cam_of = B * q, (DESC if q == 1 else DESC_SPEC), (_cam if q == 1 else _spec_cam)
     monkeypatch.setattr(deepseek_v2, "per_token_group_quant_fp8", ts._quant_fp8_reference)
     with vllm_registration():
-        cfg, nb = _sparse_graph_config("deepseek_v32")
+        cfg, nb = _sparse_graph_config("deepseek_v32", q - 1, dtype)
         cfg.compilation_config.static_forward_context = {}  # this test's layers register here
-        gen = torch.Generator().manual_seed(31)
+        gen = torch.Generator().manual_seed(seed)
         vgraph.set_graph_provider("recording")
         with set_current_vllm_config(cfg):
-            lay = ts.Layer(cfg, torch.float32, nb, gen)
+            lay = ts.Layer(cfg, dtype, nb, gen)
+            mspec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=lay.L + lay.R, dtype=dtype)
+            assert type(lay.builder).get_cudagraph_support(cfg, mspec) is (
+                AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if q == 1 else AttentionCGSupport.UNIFORM_BATCH)
             log = _logged(monkeypatch)
             wrapper = _wrapper_cls()(SparseModel(lay), cfg, FULL)
             N, L, R = lay.N, lay.L, lay.R
             bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-            static = [torch.zeros(B, lay.HID), torch.zeros(B, lay.Q), torch.zeros(B, N, lay.P + R),
-                      torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)]
+            # vLLM's static input buffers: activations in the model dtype, positions int64.
+            static = [torch.zeros(T, lay.HID, dtype=dtype), torch.zeros(T, lay.Q, dtype=dtype),
+                      torch.zeros(T, N, lay.P + R, dtype=dtype), torch.zeros(T, L, dtype=dtype),
+                      torch.zeros(T, 1, R, dtype=dtype), torch.zeros(T, dtype=torch.int64)]
 
             def run(md, imd, cam, inputs, mode):
                 with set_forward_context({lay.k_cache.prefix: imd, lay.attn_name: md}, cfg, cudagraph_runtime_mode=mode,
-                                         batch_descriptor=DESC, slot_mapping={lay.attn_name: cam.slot_mapping}):
+                                         batch_descriptor=desc, slot_mapping={lay.attn_name: cam.slot_mapping}):
                     return wrapper(*inputs)
 
-            cam = _cam([9] * B, bt)
+            cam = cam_of([9] * B, bt)
             run(lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam), cam,
                 static, FULL)
             kinds = ["sparse indexer run", "sparse MLA do_kv_cache_update", "sparse MLA forward_mqa"]
             assert log == [("capture", k) for k in kinds]
+            assert list(wrapper.concrete_cudagraph_entries) == [desc]
             for seq in STEPS:
                 nreal = len(seq)
-                cam = _cam(seq, bt, pad_to=B if nreal < B else None)
+                nq = nreal * q
+                cam = cam_of(seq, bt, pad_to=B if nreal < B else None)
                 md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-                pos = torch.tensor([s - 1 for s in seq] + [0] * (B - nreal))
-                inputs = [torch.randn(B, lay.HID, generator=gen), torch.randn(B, lay.Q, generator=gen),
-                          torch.randn(B, N, lay.P + R, generator=gen), torch.randn(B, L, generator=gen),
-                          torch.randn(B, 1, R, generator=gen), pos]
+                pos = torch.tensor([p for s in seq for p in range(s - q, s)] + [0] * (T - nq))
+                rnd = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+                inputs = [rnd(T, lay.HID), rnd(T, lay.Q), rnd(T, N, lay.P + R), rnd(T, L), rnd(T, 1, R), pos]
                 # Eager through the wrapper (NONE) on copies of both caches.
                 kv, idx = lay.mla.kv_cache, lay.k_cache.kv_cache
                 lay.mla.kv_cache, lay.k_cache.kv_cache = kv.clone(), idx.clone()
                 log.clear()
                 expected = run(md, imd, cam, inputs, NONE).clone()
-                topk_eager = lay.buf[:nreal].clone()
+                topk_eager = lay.buf[:nq].clone()
                 eager_kv, eager_idx = lay.mla.kv_cache, lay.k_cache.kv_cache
                 lay.mla.kv_cache, lay.k_cache.kv_cache = kv, idx
                 assert log == []
@@ -423,24 +457,30 @@ def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
                 for s_, x in zip(static, inputs):
                     s_.copy_(x)
                 out = run(md, imd, cam, static, FULL)
-                assert log == [("update", B)] + [("replay", k) for k in kinds]
-                assert torch.equal(lay.buf[:nreal], topk_eager)
+                assert log == [("update", T)] + [("replay", k) for k in kinds]
+                assert out.dtype == dtype
+                assert torch.equal(lay.buf[:nq], topk_eager)
                 assert torch.equal(kv, eager_kv) and torch.equal(idx, eager_idx)  # padding wrote nothing
-                torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
-                # float64 over the positions the replay selected (each inside the request's prefix), the latent
-                # rows read from the cache (the step's own row: its input, as written by the replay).
+                assert torch.equal(out[:nq], expected[:nq])
+                # float64 over the positions the replay selected (each inside the token's prefix), the latent
+                # rows read from the cache (the step's own rows: its inputs, as written by the replay).
                 nope, rope = aar.mla.LatentAttention.split_kv_cache(kv, L)
                 for r, s in enumerate(seq):
-                    sel = [p for p in lay.buf[r].tolist() if p >= 0]
-                    assert sel and max(sel) < s
-                    p = torch.tensor(sel)
-                    blk, off = bt[r, p // BS].long(), p % BS
-                    c_rows, k_rows = nope[blk, off].reshape(len(p), L), rope[blk, off].reshape(len(p), R)
-                    last = int(bt[r, (s - 1) // BS]), (s - 1) % BS
-                    assert torch.equal(nope[last].reshape(L), inputs[3][r])
-                    want = latent_attention_reference(inputs[2][r: r + 1], c_rows, k_rows, lay.kv_b_proj.weight, 1,
-                                                      lay.impl.scale, N, lay.P, lay.V)
-                    torch.testing.assert_close(out[r].view(1, N, lay.V).double(), want, atol=1e-5, rtol=1e-5)
+                    for j in range(q):
+                        t = r * q + j
+                        sel = [p for p in lay.buf[t].tolist() if p >= 0]
+                        assert sel and max(sel) <= s - q + j
+                        p = torch.tensor(sel)
+                        blk, off = bt[r, p // BS].long(), p % BS
+                        c_rows, k_rows = nope[blk, off].reshape(len(p), L), rope[blk, off].reshape(len(p), R)
+                        last = int(bt[r, (s - q + j) // BS]), (s - q + j) % BS
+                        assert torch.equal(nope[last].reshape(L), inputs[3][t])
+                        want = latent_attention_reference(inputs[2][t: t + 1], c_rows, k_rows, lay.kv_b_proj.weight,
+                                                          1, lay.impl.scale, N, lay.P, lay.V)
+                        if dtype == torch.float32:
+                            torch.testing.assert_close(out[t].view(1, N, lay.V).double(), want, atol=1e-5, rtol=1e-5)
+                        else:
+                            assert_close(out[t].view(1, N, lay.V), want, dtype, what=f"request {r} token {j}")
 
 
 # --- DeepSeek-V4: vLLM's DeepseekV4Attention layers (the adapter's subclass) in the runnable
