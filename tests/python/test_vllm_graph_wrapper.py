@@ -498,75 +498,19 @@ class V4Model(torch.nn.Module):
         return torch.stack([layer(positions, hidden) for layer in self.m.layers])
 
 
-def test_deepseek_v4_bucket_through_vllms_wrapper(vllm_dist, registered, installed, monkeypatch):
+@DTYPES
+def test_deepseek_v4_bucket_through_vllms_wrapper(vllm_dist, registered, installed, monkeypatch, dtype):
     """Each V4 layer's runtime call (dsa.Impl.forward: the whole attention block) is one segment: captured from
     vLLM's capture batch, then full steps and vLLM-padded steps replay equal to the runnable run through the wrapper
     with mode NONE on a copy of the caches (the one KV-cache buffer every group's caches are views of), the float64
     reference of test_vllm_dsa (C4 with the runtime's top-k) and eager's top-k; the update comes before the three
-    segment replays of every step."""
-    import ascend_attn_rt.vllm as aar_vllm
-    from test_vllm_dsa import CompressedModel, _common_metadata as v4_cam
-    from test_vllm_dsa_graph import _buffer, _graph_config, _metadata, _padded_cam
+    segment replays of every step. Then the refusals: a prefill step at the update, a weight changed while the bucket
+    is held."""
+    from test_vllm_dsa import _common_metadata as v4_cam
+    from test_vllm_dsa_graph import _buffer, _metadata, _padded_cam
 
-    aar_vllm.register(family="deepseek_v4")
-    dtype = torch.float32
-    # Four requests' tables from the one block pool (about 320 blocks each, the C4 states' 4-token blocks most).
-    m = CompressedModel(_graph_config(dtype), monkeypatch, B, torch.Generator().manual_seed(29), num_blocks=1300)
-    # The context, one eager prefill step: near a C128 boundary (127: the first replay completes a C128 row), C4 ones.
-    S = [127, 61, 254, 30]
-    m.step(list(range(B)), S, S)
-    vgraph.set_graph_provider("recording")
-    wrapper = _wrapper_cls()(V4Model(m), m.cfg, FULL)
-    log = _logged(monkeypatch)
-    hidden_s = torch.zeros(B, m.cfg.model_config.hf_config.hidden_size, dtype=dtype)  # vLLM's static input buffer
-    pos = torch.zeros(B, dtype=torch.int64)  # not read: the runtime derives positions from the step
-
-    def run(md, hidden, mode):
-        with set_forward_context(md, m.cfg, cudagraph_runtime_mode=mode, batch_descriptor=DESC):
-            return wrapper(pos, hidden)
-
-    # vLLM's capture batch (every request real, KV length 1, the tables' rows as they are).
-    cams = [v4_cam([1] * B, [1] * B, torch.zeros(B, t.shape[1], dtype=torch.int32), g.kv_cache_spec.block_size)[0]
-            for g, t in zip(m.groups, m.tables)]
-    md = {}
-    for g, b, cam in zip(m.groups, m.builders, cams):
-        x = b.build_for_cudagraph_capture(cam)
-        md.update({name: x for name in g.layer_names})
-    before = _buffer(m).clone()
-    run(md, hidden_s, FULL)
-    assert log == [("capture", "DeepSeek-V4 layer")] * 3 and torch.equal(_buffer(m), before)  # recorded, not run
-    assert vgraph.graph_params().buckets() == []  # the bucket is the wrapper's segments
-
+    m, wrapper, run, hidden_s, S, log = _v4_wrapper_bucket(monkeypatch, dtype, 1, seed=29)
     buf = _buffer(m)
-    for reqs in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 0, 3], [1]):  # full steps, then vLLM-padded ones
-        n = len(reqs)
-        seq = [S[r] + 1 for r in reqs]
-        md = _metadata(m, [_padded_cam(seq, t[reqs], g.kv_cache_spec.block_size) for g, t in zip(m.groups, m.tables)])
-        h = torch.zeros(B, hidden_s.shape[1], dtype=dtype)
-        h[:n] = torch.cat([m.x[r][s - 1: s] for r, s in zip(reqs, seq)])
-        # Eager: the same runnable through the wrapper with mode NONE, on a copy of the caches.
-        saved = buf.clone()
-        log.clear()
-        expected = run(md, h.clone(), NONE)
-        assert log == []
-        eager_topk, eager_buf = m.layers[2]._impl.last_topk[:n].clone(), buf.clone()
-        buf.copy_(saved)
-        with torch.inference_mode():  # the runtime's buffer (an inference tensor): the replay must write it again
-            m.layers[2]._impl.last_topk.fill_(-7)
-        hidden_s.copy_(h)
-        out = run(md, hidden_s, FULL)
-        assert log == [("update", B)] + [("replay", "DeepSeek-V4 layer")] * 3  # the update before every replay
-        topk = m.layers[2]._impl.last_topk[:n]
-        assert torch.equal(topk, eager_topk)
-        torch.testing.assert_close(out[:, :n], expected[:, :n], atol=1e-5, rtol=1e-5)
-        assert torch.equal(buf, eager_buf)  # the caches as the eager step left them
-        for i in range(3):
-            for j, (r, s) in enumerate(zip(reqs, seq)):
-                tk = topk[j: j + 1, 0].to(torch.int64) if i == 2 else None
-                torch.testing.assert_close(out[i, j: j + 1].double(), m.reference(i, r, s, 1, tk), atol=2e-5,
-                                           rtol=1e-5, msg=lambda e: f"layer {i} request {r} vs float64: {e}")
-        for r, s in zip(reqs, seq):
-            S[r] = s
     # A step with a prefill is refused by the update, before any segment replays (caches untouched).
     cams = [v4_cam([1, 3], [S[0] + 1, S[1] + 3], t[[0, 1]], g.kv_cache_spec.block_size)[0]
             for g, t in zip(m.groups, m.tables)]
@@ -584,3 +528,93 @@ def test_deepseek_v4_bucket_through_vllms_wrapper(vllm_dist, registered, install
         run(md, hidden_s, FULL)
     wrapper.clear_graphs()
     assert run(md, hidden_s.clone(), NONE).shape == (3, B, hidden_s.shape[1])
+
+
+@DTYPES
+def test_deepseek_v4_speculative_bucket_through_vllms_wrapper(vllm_dist, registered, installed, monkeypatch, dtype):
+    """num_speculative_tokens = 1: every group builder declares UNIFORM_BATCH, the bucket is vLLM's uniform batch of
+    B requests of two tokens (DESC_SPEC, captured from vLLM's capture batch of B two-token requests); full steps and
+    vLLM-padded steps (empty requests) replay as in the one-token bucket, every real token against float64 (the C4
+    layer with the runtime's top-k)."""
+    _v4_wrapper_bucket(monkeypatch, dtype, Q_SPEC, seed=37)
+
+
+def _v4_wrapper_bucket(monkeypatch, dtype, q, seed):
+    """The three DeepSeek-V4 layers as one runnable through the wrapper, a bucket of B requests of q tokens: after
+    a prefill context, the capture, then full and padded steps, each checked against eager (mode NONE through the
+    wrapper, caches copied: bit for bit, top-k and caches included; the replay runs the same calls on the same
+    inputs) and against float64 (test_vllm_dsa.assert_layer_close: the fp32 tolerance of _reference.assert_close,
+    bf16 that of the runtime's own DSA layer test). Returns the model, the wrapper, the step runner, the static input
+    buffer, the requests' lengths and the call log."""
+    import ascend_attn_rt.vllm as aar_vllm
+    from vllm.v1.attention.backend import AttentionCGSupport
+    from test_vllm_dsa import CompressedModel, _common_metadata as v4_cam, assert_layer_close
+    from test_vllm_dsa_graph import _buffer, _graph_config, _metadata, _padded_cam
+
+    aar_vllm.register(family="deepseek_v4")
+    T, desc = B * q, (DESC if q == 1 else DESC_SPEC)
+    # Four requests' tables from the one block pool (about 320 blocks each, the C4 states' 4-token blocks most).
+    m = CompressedModel(_graph_config(dtype, q - 1), monkeypatch, B, torch.Generator().manual_seed(seed),
+                        num_blocks=1300)
+    for g, b in zip(m.groups, m.builders):
+        assert type(b).get_cudagraph_support(m.cfg, g.kv_cache_spec) is (
+            AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if q == 1 else AttentionCGSupport.UNIFORM_BATCH)
+    # The context, one eager prefill step: near a C128 boundary (127: the first replay completes a C128 row), C4 ones.
+    S = [127, 61, 254, 30]
+    m.step(list(range(B)), S, S)
+    vgraph.set_graph_provider("recording")
+    wrapper = _wrapper_cls()(V4Model(m), m.cfg, FULL)
+    log = _logged(monkeypatch)
+    hidden_s = torch.zeros(T, m.cfg.model_config.hf_config.hidden_size, dtype=dtype)  # vLLM's static input buffer
+    pos = torch.zeros(T, dtype=torch.int64)  # not read: the runtime derives positions from the step
+
+    def run(md, hidden, mode):
+        with set_forward_context(md, m.cfg, cudagraph_runtime_mode=mode, batch_descriptor=desc):
+            return wrapper(pos, hidden)
+
+    # vLLM's capture batch (B real requests of q tokens, KV length q, the tables' rows as they are).
+    cams = [v4_cam([q] * B, [q] * B, torch.zeros(B, t.shape[1], dtype=torch.int32), g.kv_cache_spec.block_size)[0]
+            for g, t in zip(m.groups, m.tables)]
+    md = {}
+    for g, b, cam in zip(m.groups, m.builders, cams):
+        x = b.build_for_cudagraph_capture(cam)
+        md.update({name: x for name in g.layer_names})
+    buf = _buffer(m)
+    before = buf.clone()
+    run(md, hidden_s, FULL)
+    assert log == [("capture", "DeepSeek-V4 layer")] * 3 and torch.equal(buf, before)  # recorded, not run
+    assert vgraph.graph_params().buckets() == []  # the bucket is the wrapper's segments
+    assert list(wrapper.concrete_cudagraph_entries) == [desc]
+
+    for reqs in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 0, 3], [1]):  # full steps, then vLLM-padded ones
+        n, nq = len(reqs), len(reqs) * q
+        seq = [S[r] + q for r in reqs]
+        md = _metadata(m, [_padded_cam(seq, t[reqs], g.kv_cache_spec.block_size, q)
+                           for g, t in zip(m.groups, m.tables)])
+        h = torch.zeros(T, hidden_s.shape[1], dtype=dtype)
+        h[:nq] = torch.cat([m.x[r][s - q: s] for r, s in zip(reqs, seq)])
+        # Eager: the same runnable through the wrapper with mode NONE, on a copy of the caches.
+        saved = buf.clone()
+        log.clear()
+        expected = run(md, h.clone(), NONE)
+        assert log == []
+        eager_topk, eager_buf = m.layers[2]._impl.last_topk[:nq].clone(), buf.clone()
+        buf.copy_(saved)
+        with torch.inference_mode():  # the runtime's buffer (an inference tensor): the replay must write it again
+            m.layers[2]._impl.last_topk.fill_(-7)
+        hidden_s.copy_(h)
+        out = run(md, hidden_s, FULL)
+        assert log == [("update", T)] + [("replay", "DeepSeek-V4 layer")] * 3  # the update before every replay
+        assert out.dtype == dtype
+        topk = m.layers[2]._impl.last_topk[:nq]
+        assert torch.equal(topk, eager_topk)
+        assert torch.equal(out[:, :nq], expected[:, :nq])
+        assert torch.equal(buf, eager_buf)  # the caches as the eager step left them
+        for i in range(3):
+            for j, (r, s) in enumerate(zip(reqs, seq)):
+                tk = topk[j * q: (j + 1) * q, 0].to(torch.int64) if i == 2 else None
+                assert_layer_close(out[i, j * q: (j + 1) * q], m.reference(i, r, s, q, tk), dtype,
+                                   what=f"layer {i} request {r} vs float64")
+        for r, s in zip(reqs, seq):
+            S[r] = s
+    return m, wrapper, run, hidden_s, S, log
