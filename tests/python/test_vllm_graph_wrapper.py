@@ -6,7 +6,9 @@ later ones run the adapter's update then the replay. The runnable is a small two
 vLLM's own layer code (Attention.forward -> unified_attention_with_output -> the adapter's impl; MLAAttention.forward
 -> do_kv_cache_update + forward_impl -> forward_mqa) with projections around it, so a layer's attention input depends
 on the previous layer's attention output. Every replayed step is checked against the same model run eagerly through
-the wrapper (mode NONE, caches copied) and against a float64 model with explicit per-request masks."""
+the wrapper (mode NONE, caches copied) and against a float64 model with explicit per-request masks. The sparse MLA
+(DeepSeek-V3.2) and DeepSeek-V4 buckets run in fp32 and bf16 (replay equal to eager bit for bit), each also as a
+speculative bucket (num_speculative_tokens = 1: vLLM's uniform batch of B requests of two tokens, UNIFORM_BATCH)."""
 
 import copy
 import sys
