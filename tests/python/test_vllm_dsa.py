@@ -550,6 +550,18 @@ class CompressedModel:
         return ref.dsa_layer(self.d[i], self.w[i], self.x[r][:s], q, *self.rope[i], topk=topk)
 
 
+def assert_layer_close(got, want, dtype, what):
+    """A DeepSeek-V4 layer's output against its float64 reference: fp32 at _reference.assert_close's tolerance;
+    bf16 at the tolerance of the runtime's own DSA layer test (test_dsa.py tol, every ratio: head dim 128 here, the
+    compressors' rows rounded to bf16 before they are attended), atol 3e-2 scaled by the reference's largest
+    magnitude (at least 1), rtol 3e-2."""
+    if dtype == torch.bfloat16:
+        at = 3e-2 * max(1.0, float(want.abs().max()))
+        torch.testing.assert_close(got.double(), want, atol=at, rtol=3e-2, msg=lambda e: f"{what}: {e}")
+    else:
+        assert_close(got, want, dtype, what=what)
+
+
 CMP_BATCHES = [
     # decode: the first two requests complete a C128 row in this step (S = 128, 256), all three a C4 row
     pytest.param([128, 256, 300], [1, 1, 1], 0, id="decode"),
@@ -596,15 +608,8 @@ def test_compressed_model_in_vllm_forward(vllm_dist, registered, monkeypatch, dt
         for r, s, q in zip(reqs, seq_lens, q_lens):
             tk = topk[t: t + q, 0].to(torch.int64) if RATIOS[i] == 4 else None
             want = m.reference(i, r, s, q, tk)
-            if dtype == torch.bfloat16:
-                # The bf16 tolerance of the runtime's own DSA layer test (test_dsa.py, every ratio: head dim 128
-                # here, the compressors' rows rounded to bf16 before they are attended), whose layer the compressed
-                # outputs equal bit for bit (above).
-                at = 3e-2 * max(1.0, float(want.abs().max()))
-                torch.testing.assert_close(out[t: t + q].double(), want, atol=at, rtol=3e-2,
-                                           msg=lambda e: f"layer {i} output of request {r}: {e}")
-            else:
-                assert_close(out[t: t + q], want, dtype, what=f"layer {i} output of request {r}")
+            # (bf16: the runtime's own layer, whose outputs the compressed ones equal bit for bit above)
+            assert_layer_close(out[t: t + q], want, dtype, what=f"layer {i} output of request {r}")
             t += q
 
 

@@ -46,19 +46,20 @@ def _graph_config(dtype, spec=0):
     return cfg
 
 
-def _padded_cam(seq_lens, bt, bs):
-    """vLLM's runner's padded full-graph batch of one group: the real one-token decodes, then empty requests (no
-    tokens, KV length 0, block-table row 0, slot -1) up to the bucket, num_actual_tokens the bucket."""
+def _padded_cam(seq_lens, bt, bs, q=1):
+    """vLLM's runner's padded full-graph batch of one group: the real uniform decodes of q tokens (q > 1: speculative,
+    a bucket of B requests of q tokens), then empty requests (no tokens, KV length 0, block-table row 0, slot -1)
+    up to the bucket's B requests, num_actual_tokens the bucket's B q tokens."""
     n = len(seq_lens)
-    real, _ = _common_metadata([1] * n, seq_lens, bt, bs)
-    qsl = torch.tensor(real.query_start_loc_cpu.tolist() + [n] * (B - n), dtype=torch.int32)
+    real, _ = _common_metadata([q] * n, seq_lens, bt, bs)
+    qsl = torch.tensor(real.query_start_loc_cpu.tolist() + [n * q] * (B - n), dtype=torch.int32)
     sl = torch.tensor(list(seq_lens) + [0] * (B - n), dtype=torch.int32)
     rows = torch.zeros(B, bt.shape[1], dtype=torch.int32)
     rows[:n] = bt
-    slots = torch.cat([real.slot_mapping, torch.full((B - n,), -1, dtype=torch.int64)])
+    slots = torch.cat([real.slot_mapping, torch.full(((B - n) * q,), -1, dtype=torch.int64)])
     return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=sl, num_reqs=B, num_actual_tokens=B, max_query_len=1,
-        max_seq_len=max(seq_lens), block_table_tensor=rows, slot_mapping=slots, _seq_lens_cpu=sl)
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=sl, num_reqs=B, num_actual_tokens=B * q,
+        max_query_len=q, max_seq_len=max(seq_lens), block_table_tensor=rows, slot_mapping=slots, _seq_lens_cpu=sl)
 
 
 def _metadata(m, cams):

@@ -280,13 +280,13 @@ def test_mla_graph_update_refuses_uneven_padding(store):
 
 # --- sparse MLA + indexer
 
-def _sparse_graph_config(family, spec=0):
-    """register(family=...) (inside vllm_registration), then the sparse family's config (test_vllm_sparse) under
-    FULL_DECODE_ONLY with the bucket's block pool; returns it and the pool size."""
+def _sparse_graph_config(family, spec=0, dtype=torch.float32):
+    """register(family=...) (inside vllm_registration), then the sparse family's config (test_vllm_sparse) of the
+    model dtype under FULL_DECODE_ONLY with the bucket's block pool; returns it and the pool size."""
     import test_vllm_sparse as ts
 
     aar_vllm.register(family=family)
-    cfg = ts._config(family, torch.float32)
+    cfg = ts._config(family, dtype)
     if spec:
         cfg.speculative_config = types.SimpleNamespace(num_speculative_tokens=spec)
     cfg.compilation_config = copy.copy(cfg.compilation_config)

@@ -6,7 +6,9 @@ later ones run the adapter's update then the replay. The runnable is a small two
 vLLM's own layer code (Attention.forward -> unified_attention_with_output -> the adapter's impl; MLAAttention.forward
 -> do_kv_cache_update + forward_impl -> forward_mqa) with projections around it, so a layer's attention input depends
 on the previous layer's attention output. Every replayed step is checked against the same model run eagerly through
-the wrapper (mode NONE, caches copied) and against a float64 model with explicit per-request masks."""
+the wrapper (mode NONE, caches copied) and against a float64 model with explicit per-request masks. The sparse MLA
+(DeepSeek-V3.2) and DeepSeek-V4 buckets run in fp32 and bf16 (replay equal to eager bit for bit), each also as a
+speculative bucket (num_speculative_tokens = 1: vLLM's uniform batch of B requests of two tokens, UNIFORM_BATCH)."""
 
 import copy
 import sys
@@ -23,7 +25,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # no
 from ascend_attn_rt.vllm import AscendAttnRtBackend, AscendAttnRtMlaBackend  # noqa: E402
 from ascend_attn_rt.vllm import graph as vgraph  # noqa: E402
 from _mla_reference import latent_attention_reference  # noqa: E402
-from _reference import random_block_table  # noqa: E402
+from _reference import assert_close, random_block_table  # noqa: E402
 from test_vllm_backend import BS, _vllm_config  # noqa: E402
 from _vllm_support import (attention_layer, graph_wrapper_cls as _wrapper_cls, log_graph_calls as _logged,  # noqa: E402
                            mla_dims as _mla_dims, mla_impl as _mla_impl, mla_layer, vllm_registration)
@@ -371,51 +373,85 @@ class SparseModel(torch.nn.Module):
         return lay.mla(q, c, kpe, output_shape=(q.shape[0], lay.N * lay.V))
 
 
-def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+Q_SPEC = 2  # speculative buckets: one draft token, vLLM's uniform decode query length 1 + num_speculative_tokens
+# vLLM's descriptor of the speculative bucket (cudagraph_dispatcher: num_reqs = num_tokens // uniform query length).
+DESC_SPEC = BatchDescriptor(num_tokens=B * Q_SPEC, num_reqs=B, uniform=True)
+
+
+@DTYPES
+def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch, dtype):
+    _sparse_wrapper_bucket(monkeypatch, dtype, 1, seed=31)
+
+
+@DTYPES
+def test_sparse_mla_speculative_bucket_through_vllms_wrapper(installed, monkeypatch, dtype):
+    """num_speculative_tokens = 1: the builders declare UNIFORM_BATCH, the bucket is vLLM's uniform batch of B
+    requests of two tokens (DESC_SPEC); full steps, then steps vLLM pads with empty requests."""
+    _sparse_wrapper_bucket(monkeypatch, dtype, Q_SPEC, seed=33)
+
+
+def _sparse_wrapper_bucket(monkeypatch, dtype, q, seed):
+    """The sparse layer (vLLM's Indexer.forward and MLAAttention) through the wrapper, B requests of q tokens per
+    bucket: capture from vLLM's capture batch, then per step the replay equal to the runnable run through the
+    wrapper with mode NONE on copies of both caches (output and top-k bit for bit: the replay runs the same kernels
+    on the same inputs), the padding writes nothing, and every real token equals float64 latent attention over the
+    positions the replay selected (each inside the token's causal prefix; the tolerance of _reference.assert_close
+    for the model dtype in bf16, as test_vllm_sparse)."""
     import test_vllm_sparse as ts
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models import deepseek_v2
+    from vllm.v1.attention.backend import AttentionCGSupport
     from ascend_attn_rt import _C as aar
+    from test_vllm_graph import _spec_cam
 
+    assert q in (1, Q_SPEC)
+    T, desc, cam_of = B * q, (DESC if q == 1 else DESC_SPEC), (_cam if q == 1 else _spec_cam)
     monkeypatch.setattr(deepseek_v2, "per_token_group_quant_fp8", ts._quant_fp8_reference)
     with vllm_registration():
-        cfg, nb = _sparse_graph_config("deepseek_v32")
+        cfg, nb = _sparse_graph_config("deepseek_v32", q - 1, dtype)
         cfg.compilation_config.static_forward_context = {}  # this test's layers register here
-        gen = torch.Generator().manual_seed(31)
+        gen = torch.Generator().manual_seed(seed)
         vgraph.set_graph_provider("recording")
         with set_current_vllm_config(cfg):
-            lay = ts.Layer(cfg, torch.float32, nb, gen)
+            lay = ts.Layer(cfg, dtype, nb, gen)
+            mspec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=lay.L + lay.R, dtype=dtype)
+            assert type(lay.builder).get_cudagraph_support(cfg, mspec) is (
+                AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if q == 1 else AttentionCGSupport.UNIFORM_BATCH)
             log = _logged(monkeypatch)
             wrapper = _wrapper_cls()(SparseModel(lay), cfg, FULL)
             N, L, R = lay.N, lay.L, lay.R
             bt = random_block_table([64] * B, BS, nb, gen, width=WIDTH)
-            static = [torch.zeros(B, lay.HID), torch.zeros(B, lay.Q), torch.zeros(B, N, lay.P + R),
-                      torch.zeros(B, L), torch.zeros(B, 1, R), torch.zeros(B, dtype=torch.int64)]
+            # vLLM's static input buffers: activations in the model dtype, positions int64.
+            static = [torch.zeros(T, lay.HID, dtype=dtype), torch.zeros(T, lay.Q, dtype=dtype),
+                      torch.zeros(T, N, lay.P + R, dtype=dtype), torch.zeros(T, L, dtype=dtype),
+                      torch.zeros(T, 1, R, dtype=dtype), torch.zeros(T, dtype=torch.int64)]
 
             def run(md, imd, cam, inputs, mode):
                 with set_forward_context({lay.k_cache.prefix: imd, lay.attn_name: md}, cfg, cudagraph_runtime_mode=mode,
-                                         batch_descriptor=DESC, slot_mapping={lay.attn_name: cam.slot_mapping}):
+                                         batch_descriptor=desc, slot_mapping={lay.attn_name: cam.slot_mapping}):
                     return wrapper(*inputs)
 
-            cam = _cam([9] * B, bt)
+            cam = cam_of([9] * B, bt)
             run(lay.builder.build_for_cudagraph_capture(cam), lay.ibuilder.build_for_cudagraph_capture(cam), cam,
                 static, FULL)
             kinds = ["sparse indexer run", "sparse MLA do_kv_cache_update", "sparse MLA forward_mqa"]
             assert log == [("capture", k) for k in kinds]
+            assert list(wrapper.concrete_cudagraph_entries) == [desc]
             for seq in STEPS:
                 nreal = len(seq)
-                cam = _cam(seq, bt, pad_to=B if nreal < B else None)
+                nq = nreal * q
+                cam = cam_of(seq, bt, pad_to=B if nreal < B else None)
                 md, imd = lay.builder.build(0, cam), lay.ibuilder.build(0, cam)
-                pos = torch.tensor([s - 1 for s in seq] + [0] * (B - nreal))
-                inputs = [torch.randn(B, lay.HID, generator=gen), torch.randn(B, lay.Q, generator=gen),
-                          torch.randn(B, N, lay.P + R, generator=gen), torch.randn(B, L, generator=gen),
-                          torch.randn(B, 1, R, generator=gen), pos]
+                pos = torch.tensor([p for s in seq for p in range(s - q, s)] + [0] * (T - nq))
+                rnd = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+                inputs = [rnd(T, lay.HID), rnd(T, lay.Q), rnd(T, N, lay.P + R), rnd(T, L), rnd(T, 1, R), pos]
                 # Eager through the wrapper (NONE) on copies of both caches.
                 kv, idx = lay.mla.kv_cache, lay.k_cache.kv_cache
                 lay.mla.kv_cache, lay.k_cache.kv_cache = kv.clone(), idx.clone()
                 log.clear()
                 expected = run(md, imd, cam, inputs, NONE).clone()
-                topk_eager = lay.buf[:nreal].clone()
+                topk_eager = lay.buf[:nq].clone()
                 eager_kv, eager_idx = lay.mla.kv_cache, lay.k_cache.kv_cache
                 lay.mla.kv_cache, lay.k_cache.kv_cache = kv, idx
                 assert log == []
@@ -423,24 +459,30 @@ def test_sparse_mla_bucket_through_vllms_wrapper(installed, monkeypatch):
                 for s_, x in zip(static, inputs):
                     s_.copy_(x)
                 out = run(md, imd, cam, static, FULL)
-                assert log == [("update", B)] + [("replay", k) for k in kinds]
-                assert torch.equal(lay.buf[:nreal], topk_eager)
+                assert log == [("update", T)] + [("replay", k) for k in kinds]
+                assert out.dtype == dtype
+                assert torch.equal(lay.buf[:nq], topk_eager)
                 assert torch.equal(kv, eager_kv) and torch.equal(idx, eager_idx)  # padding wrote nothing
-                torch.testing.assert_close(out[:nreal], expected[:nreal], atol=1e-5, rtol=1e-5)
-                # float64 over the positions the replay selected (each inside the request's prefix), the latent
-                # rows read from the cache (the step's own row: its input, as written by the replay).
+                assert torch.equal(out[:nq], expected[:nq])
+                # float64 over the positions the replay selected (each inside the token's prefix), the latent
+                # rows read from the cache (the step's own rows: its inputs, as written by the replay).
                 nope, rope = aar.mla.LatentAttention.split_kv_cache(kv, L)
                 for r, s in enumerate(seq):
-                    sel = [p for p in lay.buf[r].tolist() if p >= 0]
-                    assert sel and max(sel) < s
-                    p = torch.tensor(sel)
-                    blk, off = bt[r, p // BS].long(), p % BS
-                    c_rows, k_rows = nope[blk, off].reshape(len(p), L), rope[blk, off].reshape(len(p), R)
-                    last = int(bt[r, (s - 1) // BS]), (s - 1) % BS
-                    assert torch.equal(nope[last].reshape(L), inputs[3][r])
-                    want = latent_attention_reference(inputs[2][r: r + 1], c_rows, k_rows, lay.kv_b_proj.weight, 1,
-                                                      lay.impl.scale, N, lay.P, lay.V)
-                    torch.testing.assert_close(out[r].view(1, N, lay.V).double(), want, atol=1e-5, rtol=1e-5)
+                    for j in range(q):
+                        t = r * q + j
+                        sel = [p for p in lay.buf[t].tolist() if p >= 0]
+                        assert sel and max(sel) <= s - q + j
+                        p = torch.tensor(sel)
+                        blk, off = bt[r, p // BS].long(), p % BS
+                        c_rows, k_rows = nope[blk, off].reshape(len(p), L), rope[blk, off].reshape(len(p), R)
+                        last = int(bt[r, (s - q + j) // BS]), (s - q + j) % BS
+                        assert torch.equal(nope[last].reshape(L), inputs[3][t])
+                        want = latent_attention_reference(inputs[2][t: t + 1], c_rows, k_rows, lay.kv_b_proj.weight,
+                                                          1, lay.impl.scale, N, lay.P, lay.V)
+                        if dtype == torch.float32:
+                            torch.testing.assert_close(out[t].view(1, N, lay.V).double(), want, atol=1e-5, rtol=1e-5)
+                        else:
+                            assert_close(out[t].view(1, N, lay.V), want, dtype, what=f"request {r} token {j}")
 
 
 # --- DeepSeek-V4: vLLM's DeepseekV4Attention layers (the adapter's subclass) in the runnable
@@ -458,75 +500,19 @@ class V4Model(torch.nn.Module):
         return torch.stack([layer(positions, hidden) for layer in self.m.layers])
 
 
-def test_deepseek_v4_bucket_through_vllms_wrapper(vllm_dist, registered, installed, monkeypatch):
+@DTYPES
+def test_deepseek_v4_bucket_through_vllms_wrapper(vllm_dist, registered, installed, monkeypatch, dtype):
     """Each V4 layer's runtime call (dsa.Impl.forward: the whole attention block) is one segment: captured from
     vLLM's capture batch, then full steps and vLLM-padded steps replay equal to the runnable run through the wrapper
     with mode NONE on a copy of the caches (the one KV-cache buffer every group's caches are views of), the float64
     reference of test_vllm_dsa (C4 with the runtime's top-k) and eager's top-k; the update comes before the three
-    segment replays of every step."""
-    import ascend_attn_rt.vllm as aar_vllm
-    from test_vllm_dsa import CompressedModel, _common_metadata as v4_cam
-    from test_vllm_dsa_graph import _buffer, _graph_config, _metadata, _padded_cam
+    segment replays of every step. Then the refusals: a prefill step at the update, a weight changed while the bucket
+    is held."""
+    from test_vllm_dsa import _common_metadata as v4_cam
+    from test_vllm_dsa_graph import _buffer, _metadata, _padded_cam
 
-    aar_vllm.register(family="deepseek_v4")
-    dtype = torch.float32
-    # Four requests' tables from the one block pool (about 320 blocks each, the C4 states' 4-token blocks most).
-    m = CompressedModel(_graph_config(dtype), monkeypatch, B, torch.Generator().manual_seed(29), num_blocks=1300)
-    # The context, one eager prefill step: near a C128 boundary (127: the first replay completes a C128 row), C4 ones.
-    S = [127, 61, 254, 30]
-    m.step(list(range(B)), S, S)
-    vgraph.set_graph_provider("recording")
-    wrapper = _wrapper_cls()(V4Model(m), m.cfg, FULL)
-    log = _logged(monkeypatch)
-    hidden_s = torch.zeros(B, m.cfg.model_config.hf_config.hidden_size, dtype=dtype)  # vLLM's static input buffer
-    pos = torch.zeros(B, dtype=torch.int64)  # not read: the runtime derives positions from the step
-
-    def run(md, hidden, mode):
-        with set_forward_context(md, m.cfg, cudagraph_runtime_mode=mode, batch_descriptor=DESC):
-            return wrapper(pos, hidden)
-
-    # vLLM's capture batch (every request real, KV length 1, the tables' rows as they are).
-    cams = [v4_cam([1] * B, [1] * B, torch.zeros(B, t.shape[1], dtype=torch.int32), g.kv_cache_spec.block_size)[0]
-            for g, t in zip(m.groups, m.tables)]
-    md = {}
-    for g, b, cam in zip(m.groups, m.builders, cams):
-        x = b.build_for_cudagraph_capture(cam)
-        md.update({name: x for name in g.layer_names})
-    before = _buffer(m).clone()
-    run(md, hidden_s, FULL)
-    assert log == [("capture", "DeepSeek-V4 layer")] * 3 and torch.equal(_buffer(m), before)  # recorded, not run
-    assert vgraph.graph_params().buckets() == []  # the bucket is the wrapper's segments
-
+    m, wrapper, run, hidden_s, S, log = _v4_wrapper_bucket(monkeypatch, dtype, 1, seed=29)
     buf = _buffer(m)
-    for reqs in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 0, 3], [1]):  # full steps, then vLLM-padded ones
-        n = len(reqs)
-        seq = [S[r] + 1 for r in reqs]
-        md = _metadata(m, [_padded_cam(seq, t[reqs], g.kv_cache_spec.block_size) for g, t in zip(m.groups, m.tables)])
-        h = torch.zeros(B, hidden_s.shape[1], dtype=dtype)
-        h[:n] = torch.cat([m.x[r][s - 1: s] for r, s in zip(reqs, seq)])
-        # Eager: the same runnable through the wrapper with mode NONE, on a copy of the caches.
-        saved = buf.clone()
-        log.clear()
-        expected = run(md, h.clone(), NONE)
-        assert log == []
-        eager_topk, eager_buf = m.layers[2]._impl.last_topk[:n].clone(), buf.clone()
-        buf.copy_(saved)
-        with torch.inference_mode():  # the runtime's buffer (an inference tensor): the replay must write it again
-            m.layers[2]._impl.last_topk.fill_(-7)
-        hidden_s.copy_(h)
-        out = run(md, hidden_s, FULL)
-        assert log == [("update", B)] + [("replay", "DeepSeek-V4 layer")] * 3  # the update before every replay
-        topk = m.layers[2]._impl.last_topk[:n]
-        assert torch.equal(topk, eager_topk)
-        torch.testing.assert_close(out[:, :n], expected[:, :n], atol=1e-5, rtol=1e-5)
-        assert torch.equal(buf, eager_buf)  # the caches as the eager step left them
-        for i in range(3):
-            for j, (r, s) in enumerate(zip(reqs, seq)):
-                tk = topk[j: j + 1, 0].to(torch.int64) if i == 2 else None
-                torch.testing.assert_close(out[i, j: j + 1].double(), m.reference(i, r, s, 1, tk), atol=2e-5,
-                                           rtol=1e-5, msg=lambda e: f"layer {i} request {r} vs float64: {e}")
-        for r, s in zip(reqs, seq):
-            S[r] = s
     # A step with a prefill is refused by the update, before any segment replays (caches untouched).
     cams = [v4_cam([1, 3], [S[0] + 1, S[1] + 3], t[[0, 1]], g.kv_cache_spec.block_size)[0]
             for g, t in zip(m.groups, m.tables)]
@@ -544,3 +530,93 @@ def test_deepseek_v4_bucket_through_vllms_wrapper(vllm_dist, registered, install
         run(md, hidden_s, FULL)
     wrapper.clear_graphs()
     assert run(md, hidden_s.clone(), NONE).shape == (3, B, hidden_s.shape[1])
+
+
+@DTYPES
+def test_deepseek_v4_speculative_bucket_through_vllms_wrapper(vllm_dist, registered, installed, monkeypatch, dtype):
+    """num_speculative_tokens = 1: every group builder declares UNIFORM_BATCH, the bucket is vLLM's uniform batch of
+    B requests of two tokens (DESC_SPEC, captured from vLLM's capture batch of B two-token requests); full steps and
+    vLLM-padded steps (empty requests) replay as in the one-token bucket, every real token against float64 (the C4
+    layer with the runtime's top-k)."""
+    _v4_wrapper_bucket(monkeypatch, dtype, Q_SPEC, seed=37)
+
+
+def _v4_wrapper_bucket(monkeypatch, dtype, q, seed):
+    """The three DeepSeek-V4 layers as one runnable through the wrapper, a bucket of B requests of q tokens: after
+    a prefill context, the capture, then full and padded steps, each checked against eager (mode NONE through the
+    wrapper, caches copied: bit for bit, top-k and caches included; the replay runs the same calls on the same
+    inputs) and against float64 (test_vllm_dsa.assert_layer_close: the fp32 tolerance of _reference.assert_close,
+    bf16 that of the runtime's own DSA layer test). Returns the model, the wrapper, the step runner, the static input
+    buffer, the requests' lengths and the call log."""
+    import ascend_attn_rt.vllm as aar_vllm
+    from vllm.v1.attention.backend import AttentionCGSupport
+    from test_vllm_dsa import CompressedModel, _common_metadata as v4_cam, assert_layer_close
+    from test_vllm_dsa_graph import _buffer, _graph_config, _metadata, _padded_cam
+
+    aar_vllm.register(family="deepseek_v4")
+    T, desc = B * q, (DESC if q == 1 else DESC_SPEC)
+    # Four requests' tables from the one block pool (about 320 blocks each, the C4 states' 4-token blocks most).
+    m = CompressedModel(_graph_config(dtype, q - 1), monkeypatch, B, torch.Generator().manual_seed(seed),
+                        num_blocks=1300)
+    for g, b in zip(m.groups, m.builders):
+        assert type(b).get_cudagraph_support(m.cfg, g.kv_cache_spec) is (
+            AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if q == 1 else AttentionCGSupport.UNIFORM_BATCH)
+    # The context, one eager prefill step: near a C128 boundary (127: the first replay completes a C128 row), C4 ones.
+    S = [127, 61, 254, 30]
+    m.step(list(range(B)), S, S)
+    vgraph.set_graph_provider("recording")
+    wrapper = _wrapper_cls()(V4Model(m), m.cfg, FULL)
+    log = _logged(monkeypatch)
+    hidden_s = torch.zeros(T, m.cfg.model_config.hf_config.hidden_size, dtype=dtype)  # vLLM's static input buffer
+    pos = torch.zeros(T, dtype=torch.int64)  # not read: the runtime derives positions from the step
+
+    def run(md, hidden, mode):
+        with set_forward_context(md, m.cfg, cudagraph_runtime_mode=mode, batch_descriptor=desc):
+            return wrapper(pos, hidden)
+
+    # vLLM's capture batch (B real requests of q tokens, KV length q, the tables' rows as they are).
+    cams = [v4_cam([q] * B, [q] * B, torch.zeros(B, t.shape[1], dtype=torch.int32), g.kv_cache_spec.block_size)[0]
+            for g, t in zip(m.groups, m.tables)]
+    md = {}
+    for g, b, cam in zip(m.groups, m.builders, cams):
+        x = b.build_for_cudagraph_capture(cam)
+        md.update({name: x for name in g.layer_names})
+    buf = _buffer(m)
+    before = buf.clone()
+    run(md, hidden_s, FULL)
+    assert log == [("capture", "DeepSeek-V4 layer")] * 3 and torch.equal(buf, before)  # recorded, not run
+    assert vgraph.graph_params().buckets() == []  # the bucket is the wrapper's segments
+    assert list(wrapper.concrete_cudagraph_entries) == [desc]
+
+    for reqs in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 0, 3], [1]):  # full steps, then vLLM-padded ones
+        n, nq = len(reqs), len(reqs) * q
+        seq = [S[r] + q for r in reqs]
+        md = _metadata(m, [_padded_cam(seq, t[reqs], g.kv_cache_spec.block_size, q)
+                           for g, t in zip(m.groups, m.tables)])
+        h = torch.zeros(T, hidden_s.shape[1], dtype=dtype)
+        h[:nq] = torch.cat([m.x[r][s - q: s] for r, s in zip(reqs, seq)])
+        # Eager: the same runnable through the wrapper with mode NONE, on a copy of the caches.
+        saved = buf.clone()
+        log.clear()
+        expected = run(md, h.clone(), NONE)
+        assert log == []
+        eager_topk, eager_buf = m.layers[2]._impl.last_topk[:nq].clone(), buf.clone()
+        buf.copy_(saved)
+        with torch.inference_mode():  # the runtime's buffer (an inference tensor): the replay must write it again
+            m.layers[2]._impl.last_topk.fill_(-7)
+        hidden_s.copy_(h)
+        out = run(md, hidden_s, FULL)
+        assert log == [("update", T)] + [("replay", "DeepSeek-V4 layer")] * 3  # the update before every replay
+        assert out.dtype == dtype
+        topk = m.layers[2]._impl.last_topk[:nq]
+        assert torch.equal(topk, eager_topk)
+        assert torch.equal(out[:, :nq], expected[:, :nq])
+        assert torch.equal(buf, eager_buf)  # the caches as the eager step left them
+        for i in range(3):
+            for j, (r, s) in enumerate(zip(reqs, seq)):
+                tk = topk[j * q: (j + 1) * q, 0].to(torch.int64) if i == 2 else None
+                assert_layer_close(out[i, j * q: (j + 1) * q], m.reference(i, r, s, q, tk), dtype,
+                                   what=f"layer {i} request {r} vs float64")
+        for r, s in zip(reqs, seq):
+            S[r] = s
+    return m, wrapper, run, hidden_s, S, log
