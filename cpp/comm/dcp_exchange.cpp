@@ -115,6 +115,8 @@ const DcpViews& DcpWorkspace::views(int64_t T) {
   v.parts_out4 = s.head_major ? v.parts_out.view({W, H, T, D}).permute({0, 2, 1, 3}) : v.parts_out.view({W, T, H, D});
   v.parts_lse3 = s.head_major ? v.parts_lse.view({W, H, T}).permute({0, 2, 1}) : v.parts_lse.view({W, T, H});
   v.partial_out_wire = v.partial_out.view({T, W, H, D}).permute({1, 0, 2, 3});
+  v.send_out_twhd = v.send_out.permute({1, 0, 2, 3});
+  v.send_lse_twh = v.send_lse.permute({1, 0, 2});
   v.partial_lse_wire = v.partial_lse.view({T, W, H}).permute({1, 0, 2});
   v.lse2 = v.partial_lse.view({T, WH});
   v.wire = v.send.select(0, 0);
@@ -168,13 +170,29 @@ at::Tensor lse_as_th(const at::Tensor& lse, bool head_major, int64_t T, int64_t 
 // The exchange and merge of a workspace's own partials (W > 1, T > 0): packed into the wire, all-to-all'd,
 // unpacked into the merge inputs (in the workspace's merge order) and merged. Returns the merged rows
 // (T H, D) and, for update_type 1, their LSE (T H).
-std::tuple<at::Tensor, at::Tensor> exchange_and_merge(Comm& comm, const DcpViews& ws, bool with_lse) {
-  ops::dense::copy(ws.send_out, ws.partial_out_wire);
-  ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
+// The exchange and merge once the wire's send buffer holds this rank's partials: all-to-all'd, unpacked
+// into the merge inputs (in the workspace's merge order) and merged.
+std::tuple<at::Tensor, at::Tensor> send_and_merge(Comm& comm, const DcpViews& ws, bool with_lse) {
   comm.all_to_all_single(ws.send, ws.recv);
   ops::dense::copy(ws.parts_out4, ws.recv_out);
   ops::dense::copy(ws.parts_lse3, ws.recv_lse);
   return ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);
+}
+
+std::tuple<at::Tensor, at::Tensor> exchange_and_merge(Comm& comm, const DcpViews& ws, bool with_lse) {
+  ops::dense::copy(ws.send_out, ws.partial_out_wire);
+  ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
+  return send_and_merge(comm, ws, with_lse);
+}
+
+// The row targets' checks of the two row forms of combine_partials (T rows of H heads of Dv).
+void check_row_targets(const at::Tensor& out_rows, const at::Tensor& lse_rows, int64_t T, int64_t H, int64_t D) {
+  AAR_CHECK_ARG(out_rows.defined() && out_rows.dim() == 2 && out_rows.size(0) == T * H && out_rows.size(1) == D,
+                "combine_partials: out_rows must be (", T * H, ", ", D, "), got ",
+                out_rows.defined() ? out_rows.sizes() : c10::IntArrayRef{});
+  AAR_CHECK_ARG(!lse_rows.defined() ||
+                    (lse_rows.scalar_type() == at::kFloat && lse_rows.dim() == 1 && lse_rows.size(0) == T * H),
+                "combine_partials: lse_rows must be float32 (", T * H, "), got ", lse_rows.sizes());
 }
 
 // combine_partials of a workspace's own partials (the usual call): the wire views were made for this
@@ -286,12 +304,8 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows
                 "combine_partials: the workspace views are for a group of ",
                 ws.send.defined() ? ws.send.size(0) : int64_t{0}, " ranks, the comm has ", W);
   const int64_t T = ws.partial_out.size(0), H = ws.send.size(2), D = ws.partial_out.size(2);
-  AAR_CHECK_ARG(out_rows.defined() && out_rows.dim() == 2 && out_rows.size(0) == T * H && out_rows.size(1) == D,
-                "combine_partials: out_rows must be (", T * H, ", ", D, "), got ",
-                out_rows.defined() ? out_rows.sizes() : c10::IntArrayRef{});
+  check_row_targets(out_rows, lse_rows, T, H, D);
   const bool with_lse = lse_rows.defined();
-  AAR_CHECK_ARG(!with_lse || (lse_rows.scalar_type() == at::kFloat && lse_rows.dim() == 1 && lse_rows.size(0) == T * H),
-                "combine_partials: lse_rows must be float32 (", T * H, "), got ", lse_rows.sizes());
   if (W == 1) {
     at::Tensor out = rows_as_thd(out_rows, ws.head_major, T, H, D);
     combine_partials(comm, ws.partial_out, ws.partial_lse, out,
@@ -302,6 +316,46 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows
   if (T == 0) return;  // batch-global: no rank exchanges
   // The wire of comm/dcp_exchange.h, through the workspace's views made once per T.
   auto [merged, merged_lse] = exchange_and_merge(comm, ws, with_lse);  // (T H, D), (T H)
+  ops::dense::copy(out_rows, merged);
+  if (with_lse) ops::dense::copy(lse_rows, merged_lse);
+}
+
+void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& partial_out, const at::Tensor& partial_lse,
+                      const at::Tensor& out_rows, const at::Tensor& lse_rows) {
+  if (partial_out.is_same(ws.partial_out) && partial_lse.is_same(ws.partial_lse)) {
+    combine_partials(comm, ws, out_rows, lse_rows);
+    return;
+  }
+  const int64_t W = comm.size();
+  AAR_CHECK_ARG(ws.send.defined() && ws.send.dim() == 4 && ws.send.size(0) == W,
+                "combine_partials: the workspace views are for a group of ",
+                ws.send.defined() ? ws.send.size(0) : int64_t{0}, " ranks, the comm has ", W);
+  const int64_t T = ws.send.size(1), H = ws.send.size(2), D = ws.send.size(3) - 1, WH = W * H;
+  AAR_CHECK_ARG(partial_out.defined() && partial_out.dim() == 3 && partial_out.size(0) == T &&
+                    partial_out.size(1) == WH && partial_out.size(2) == D,
+                "combine_partials: partial_out must be (", T, ", ", WH, ", ", D, ") for the workspace's views, got ",
+                partial_out.defined() ? partial_out.sizes() : c10::IntArrayRef{});
+  AAR_CHECK_ARG(partial_lse.defined() && partial_lse.scalar_type() == at::kFloat && partial_lse.numel() == T * WH &&
+                    partial_lse.dim() >= 2 && partial_lse.size(0) == T && partial_lse.size(1) == WH,
+                "combine_partials: partial_lse must be float32 (", T, ", ", WH, ", 1), got ",
+                partial_lse.defined() ? partial_lse.sizes() : c10::IntArrayRef{}, " ",
+                partial_lse.defined() ? partial_lse.scalar_type() : at::ScalarType::Undefined);
+  check_row_targets(out_rows, lse_rows, T, H, D);
+  const bool with_lse = lse_rows.defined();
+  if (W == 1) {
+    at::Tensor out = rows_as_thd(out_rows, ws.head_major, T, H, D);
+    combine_partials(comm, partial_out, partial_lse, out,
+                     with_lse ? std::optional<at::Tensor>(lse_as_th(lse_rows, ws.head_major, T, H)) : std::nullopt,
+                     &ws);
+    return;
+  }
+  if (T == 0) return;  // batch-global: no rank exchanges
+  // Packed through the wire's [T, W, H, ...] views: block j of the wire gets the partials of rank j's heads.
+  ops::dense::copy(ws.send_out_twhd, partial_out.is_contiguous() ? partial_out.view({T, W, H, D})
+                                                                 : partial_out.reshape({T, W, H, D}));
+  ops::dense::copy(ws.send_lse_twh, partial_lse.is_contiguous() ? partial_lse.view({T, W, H})
+                                                                : partial_lse.reshape({T, W, H}));
+  auto [merged, merged_lse] = send_and_merge(comm, ws, with_lse);  // (T H, D), (T H)
   ops::dense::copy(out_rows, merged);
   if (with_lse) ops::dense::copy(lse_rows, merged_lse);
 }

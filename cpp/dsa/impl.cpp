@@ -885,7 +885,8 @@ std::pair<at::Tensor, at::Tensor> Impl::dcp_key_lists(const LayerMetadata& md, c
                 "internal: the SWA group carries no DCP window list for ", n, " rows (built without dcp_world_size?)");
   // The window [p - win_left, p]: the positions this rank owns, as physical slots of its shard.
   const at::Tensor& ori_all = swa.dcp_ori_indices;
-  at::Tensor ori = ori_all.size(0) == n ? ori_all : ori_all.narrow(0, 0, n);
+  DcpListViews& kv = dcp_list_views_;  // kept across calls (docs/design/sparse_cp.md §15.1)
+  at::Tensor ori = kv.ori.get(ori_all, n, [&] { return first_rows(ori_all, n); });
   // The compressed rows (C4: the selection; C128: every row) below each row's limit (p + 1) / r,
   // as this rank's local indices.
   at::Tensor cmp;
@@ -893,8 +894,8 @@ std::pair<at::Tensor, at::Tensor> Impl::dcp_key_lists(const LayerMetadata& md, c
     const GroupMetadata& ag = *md.attention;
     AAR_CHECK_ARG(ag.dcp_cmp_limit.defined() && ag.dcp_cmp_limit.size(0) >= n,
                   "internal: the compressed group carries no DCP row limits for ", n, " rows");
-    const at::Tensor limit =
-        (ag.dcp_cmp_limit.size(0) == n ? ag.dcp_cmp_limit : ag.dcp_cmp_limit.narrow(0, 0, n)).view({n, 1, 1});
+    const at::Tensor& limit =
+        kv.limit.get(ag.dcp_cmp_limit, n, [&] { return first_rows(ag.dcp_cmp_limit, n).view({n, 1, 1}); });
     at::Tensor g;
     if (cf.compress_ratio == 4) {
       g = ops::dense::cast(sel, at::kInt);  // (n, 1, K)
@@ -904,7 +905,8 @@ std::pair<at::Tensor, at::Tensor> Impl::dcp_key_lists(const LayerMetadata& md, c
       // RoPE table's rows fits (§12.5).
       const int64_t L = graph ? plan::dsa_dcp_captured_cmp_width(st.rope_cos_table.size(0), cf.compress_ratio)
                               : std::max<int64_t>(st.max_seqlen_kv / cf.compress_ratio, 1);
-      g = dcp_columns(L).expand({n, 1, L});
+      const at::Tensor& cols = dcp_columns(L);
+      g = kv.cols.get(cols, n, [&] { return cols.expand({n, 1, L}); });
     }
     cmp = ws.dcp_cmp(n, g.size(2));
     sparse::remap_topk_to_dcp_rank_out(cmp, g, limit, d.world_size, d.rank, d.interleave);
@@ -937,12 +939,12 @@ at::Tensor Impl::attend_dcp(const Caches& c, const LayerMetadata& md, const at::
   at::Tensor plse;
   const at::Tensor po = attend(c, md, qg, st.query_start_loc, st.seq_lens, cmp, ori, at::Tensor(),
                                /*with_sinks=*/false, &plse);
-  // Merged into the workspace's o rows (what the inverse RoPE and o_proj read) with its LSE.
-  at::Tensor merged = v.o;
+  // Merged into the workspace's o rows (what the inverse RoPE and o_proj read) with its LSE, through
+  // the kept row views (docs/design/sparse_cp.md §15.1).
   const at::Tensor& mlse = ws.dcp_lse(n);
-  cp::combine_partials(comm, po, plse, merged, mlse, &w);
-  apply_sinks_after_merge(merged, mlse);
-  return merged;
+  cp::combine_partials(comm, w, po, plse, v.o_rows, ws.dcp_lse_rows(n));
+  apply_sinks_after_merge(v.o, mlse);
+  return v.o;
 }
 
 const Impl::CpDcpViews& Impl::dsa_cp_dcp_views(int64_t tpr, int64_t tk) {
@@ -995,13 +997,15 @@ const Impl::CpDcpViews& Impl::dsa_cp_dcp_views(int64_t tpr, int64_t tk) {
   v.merged3 = v.merged.view({tpr, N, D});
   v.mlse = v.mlse_buf.narrow(0, 0, tpr * N).view({1, tpr * N});
   v.mlse2 = v.mlse.view({tpr, N});
+  v.merged_rows = v.merged.view({tpr * N, D});
+  v.mlse_rows = v.mlse.view({tpr * N});
   v.sel_pad = K > 0 ? v.sel_buf.narrow(0, 0, tpr * K).view({tpr, 1, K}) : at::Tensor();
   return v;
 }
 
-at::Tensor Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q,
-                                   const at::Tensor& sel, int64_t tk, bool graph, detail::Workspace& ws,
-                                   sfa::TopkBuffer* topk) {
+const at::Tensor& Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q,
+                                          const at::Tensor& sel, int64_t tk, bool graph, detail::Workspace& ws,
+                                          sfa::TopkBuffer* topk) {
   // docs/design/sparse_cp.md §14.2: every collective on dsa_cp_comm (the DCP group is the same group),
   // issued by every rank in the same order whatever its slice holds.
   const ImplConfig& cf = cfg_;
@@ -1058,8 +1062,7 @@ at::Tensor Impl::attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, con
     ops::dense::zero(v.part_rest);
     ops::dense::fill(v.lse_rest, -std::numeric_limits<double>::infinity());
   }
-  at::Tensor merged = v.merged;
-  cp::combine_partials(comm, v.mw_out, v.mw_lse, merged, v.mlse, v.mw);
+  cp::combine_partials(comm, *v.mw, v.merged_rows, v.mlse_rows);  // the workspace's own partials, into rows
   // 5. The sinks once per head, on the merged softmax of the slice's rows.
   apply_sinks_after_merge(v.merged3, v.mlse2);
   return v.merged3;
@@ -1234,6 +1237,17 @@ detail::StreamPlan Impl::stream_plan(c10::Device device) {
   return detail::StreamPlan(multi ? side_.get() : nullptr, device, cfg_.log_streams ? &stream_log_ : nullptr);
 }
 
+Impl::SliceRope Impl::slice_rope(const DsaCpStepMetadata& sh, int64_t nloc) {
+  const bool ctab = cfg_.compress_ratio > 1;
+  const int64_t R = cfg_.rope_dim;
+  const auto rows3 = [&](::aar::detail::KeptView& k, const at::Tensor& t) -> const at::Tensor& {
+    return k.get(t, nloc, [&] { return first_rows(t, nloc).view({nloc, 1, R}); });
+  };
+  SliceViews& v = slice_views_;
+  return {rows3(v.cos3, ctab ? sh.compress_cos : sh.cos), rows3(v.sin3, ctab ? sh.compress_sin : sh.sin),
+          rows3(v.neg3, ctab ? sh.compress_neg_sin : sh.neg_sin)};
+}
+
 void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                       sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws, bool graph) {
   // docs/design/sparse_cp.md §10. Every rank holds the whole step's hidden states, writes every
@@ -1274,11 +1288,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
     const at::Tensor xl = nloc == T ? hidden : hidden.narrow(0, sh.local_start, nloc);
     const detail::TokenViews& v = ws.tokens(nloc);
     // The query rotates with the rows of the layer's table (compressed layers: compress_rope_theta).
-    const bool ctab = ratio > 1;
-    const auto slice3 = [&](const at::Tensor& t) { return first_rows(t, nloc).view({nloc, 1, R}); };
-    const at::Tensor cos3 = slice3(ctab ? sh.compress_cos : sh.cos);
-    const at::Tensor sin3 = slice3(ctab ? sh.compress_sin : sh.sin);
-    const at::Tensor neg3 = slice3(ctab ? sh.compress_neg_sin : sh.neg_sin);
+    const auto& [cos3, sin3, neg3] = slice_rope(sh, nloc);
     sp.on_main("prolog");
     // W8A8: the slice's rows of the step's quantised x (per token: the codes of a row are the row's own).
     const ops::W8A8DynamicInput xql{w8a8_ ? xq.q.narrow(0, sh.local_start, nloc) : at::Tensor(),
@@ -1321,14 +1331,14 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
     // docs/design/sparse_cp.md §14.2: the query and selection gathers, every row over this rank's shard,
     // the partials' token-block exchange and merge, the sinks; then the slice's rows as without DCP.
     sp.on_main("dcp_attention");
-    const at::Tensor m = attend_dsa_cp_dcp(c, md, q_slice, sel_slice, tk, graph, ws, topk);
+    const at::Tensor& m = attend_dsa_cp_dcp(c, md, q_slice, sel_slice, tk, graph, ws, topk);
     if (nloc > 0) {
-      const bool ctab = ratio > 1;
-      at::Tensor o = m.narrow(0, 0, nloc);
-      const at::Tensor cos3 = first_rows(ctab ? sh.compress_cos : sh.cos, nloc).view({nloc, 1, R});
-      const at::Tensor neg3 = first_rows(ctab ? sh.compress_neg_sin : sh.neg_sin, nloc).view({nloc, 1, R});
+      const auto& [cos3, sin3, neg3] = slice_rope(sh, nloc);
+      SliceViews& kv = slice_views_;
+      at::Tensor o = kv.merged.get(m, nloc, [&] { return first_rows(m, nloc); });
+      const at::Tensor& o_road = kv.merged_road.get(o, nloc, [&] { return o.view({nloc, W, C}); });
       ops::inplace_partial_rotary_mul(o, cos3, neg3, "interleave", {D - R, D});
-      ops::dense::copy(road.real, o.view({nloc, W, C}));
+      ops::dense::copy(road.real, o_road);
     }
   }
 
@@ -1408,8 +1418,10 @@ void Impl::project_kv(const at::Tensor& x, const ops::W8A8DynamicInput* xq, cons
 at::Tensor Impl::bmm_o_proj(const at::Tensor& o, int64_t groups) const {
   static constexpr int64_t kPerm102[] = {1, 0, 2};
   const int64_t n = o.size(0), k = cfg_.num_heads * cfg_.head_dim / cfg_.o_groups;
-  const at::Tensor yg = ops::transpose_batchmatmul(o.view({n, groups, k}), w_.wo_a, c10::IntArrayRef(kPerm102),
-                                                   std::nullopt, c10::IntArrayRef(kPerm102));
+  // (n, groups, k): kept across calls when o is (the DSA-CP road's rows are a workspace buffer).
+  const at::Tensor& og = o_proj_in_.get(o, n * groups, [&] { return o.view({n, groups, k}); });
+  const at::Tensor yg = ops::transpose_batchmatmul(og, w_.wo_a, c10::IntArrayRef(kPerm102), std::nullopt,
+                                                   c10::IntArrayRef(kPerm102));
   const std::array<int64_t, 2> y2{n, groups * cfg_.o_lora_rank};
   return ops::dense::linear(yg.is_contiguous() ? yg.view(y2) : yg.reshape(y2), w_.wo_b);
 }

@@ -107,6 +107,7 @@ const TokenViews& Workspace::tokens(int64_t n) {
   v.q = v.q2.view({n, N, D});
   v.kv = take(kv_, D).view({n, D});
   v.o = take(o_, N * D).view({n, N, D});
+  v.o_rows = v.o.view({n * N, D});
   v.o_groups = v.o.view({n, G, N * D / G});
   v.y = take(y_, G * s.o_lora_rank).view({n, G, s.o_lora_rank});
   v.y2 = v.y.view({n, G * s.o_lora_rank});
@@ -186,10 +187,19 @@ const at::Tensor& Workspace::dcp_lse(int64_t n) {
     const int64_t cap = std::max<int64_t>(n, dcp_lse_.defined() ? 2 * (dcp_lse_.numel() / N) : 0);
     dcp_lse_ = at::empty({cap * N}, at::TensorOptions().dtype(at::kFloat).device(shape_.device));
     dcp_lse_views_.clear();
+    dcp_lse_rows_.clear();
   }
   if (static_cast<int64_t>(dcp_lse_views_.size()) <= n) dcp_lse_views_.resize(n + 1);
   at::Tensor& v = dcp_lse_views_[n];
   if (!v.defined()) v = dcp_lse_.narrow(0, 0, n * N).view({n, N});
+  return v;
+}
+
+const at::Tensor& Workspace::dcp_lse_rows(int64_t n) {
+  const at::Tensor& v2 = dcp_lse(n);  // grows the buffer first
+  if (static_cast<int64_t>(dcp_lse_rows_.size()) <= n) dcp_lse_rows_.resize(n + 1);
+  at::Tensor& v = dcp_lse_rows_[n];
+  if (!v.defined()) v = v2.view({n * shape_.num_heads});
   return v;
 }
 

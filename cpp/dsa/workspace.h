@@ -63,6 +63,7 @@ struct TokenViews {
   at::Tensor q2, q;         // (n, N*D) projection target, (n, N, D) the same memory
   at::Tensor kv;            // (n, D)
   at::Tensor o;             // (n, N, D): the SAS output (graph mode)
+  at::Tensor o_rows;        // (n N, D): o as the DCP merge's row target
   at::Tensor o_groups;      // (n, G, N*D/G) view of o
   at::Tensor y, y2;         // (n, G, o_lora) transpose-bmm output (graph mode), (n, G*o_lora)
   // ratio 4
@@ -107,6 +108,8 @@ class Workspace {
   // cached per (n, width) / n; a buffer that grows is replaced (as the others).
   const at::Tensor& dcp_cmp(int64_t n, int64_t width);
   const at::Tensor& dcp_lse(int64_t n);
+  // The same LSE as (n num_heads) rows (the DCP merge's row target).
+  const at::Tensor& dcp_lse_rows(int64_t n);
 
  private:
   void grow(int64_t n);
@@ -125,7 +128,7 @@ class Workspace {
     at::Tensor view;
   };
   std::vector<DcpCmpView> dcp_cmp_views_;
-  std::vector<at::Tensor> dcp_lse_views_;
+  std::vector<at::Tensor> dcp_lse_views_, dcp_lse_rows_;
   std::vector<TokenViews> tokens_;
   std::vector<RowViews> rows_;
 };

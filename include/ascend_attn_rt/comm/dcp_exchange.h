@@ -70,6 +70,7 @@ struct DcpViews {
   at::Tensor send_out, send_lse, recv_out, recv_lse;  // [W, T, H, out_dim] / [W, T, H] of send, recv
   at::Tensor parts_out4, parts_lse3;                  // parts_out [W, T, H, out_dim], parts_lse [W, T, H]
   at::Tensor partial_out_wire, partial_lse_wire;      // partial_out / partial_lse as [W, T, H, ...]
+  at::Tensor send_out_twhd, send_lse_twh;             // send_out / send_lse as [T, W, H, ...] (a caller's partials)
   at::Tensor lse2;                                    // partial_lse [T, W*H]
   // q_split > 0 and regroup: the halves of local_query and gathered_query ([..., a] / [..., b]), and
   // staged_query's flat halves as [T, W*H, 1, a] / [T, W*H, 1, b] and squeezed [T, W*H, a] / [T, W*H, b].
@@ -134,6 +135,13 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
 // the merge's limits were checked when the workspace was made.
 void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows,
                       const at::Tensor& lse_rows = at::Tensor());
+
+// The same exchange of a caller's partials (a kernel's fresh outputs: partial_out (T, W*H, Dv), partial_lse
+// (T, W*H[, 1]) fp32) through the workspace's wire into the caller's kept rows (out_rows / lse_rows as
+// above): the partials are packed through the wire's [T, W, H, ...] views, so a call makes two views (the
+// partials seen as [T, W, H, ...]) where the first form makes eight (docs/design/cp.md §7.2).
+void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& partial_out, const at::Tensor& partial_lse,
+                      const at::Tensor& out_rows, const at::Tensor& lse_rows);
 
 // docs/design/cp.md §6.4: N partials of the same rows in the wire layout, `parts` (N, M, Dv+1)
 // fp32 (LSE in the last channel; e.g. a PCP all-gather of (rows, H, Dv+1) viewed (N, rows*H,

@@ -283,7 +283,7 @@ class Impl {
   // (nloc, 1, K; undefined for other ratios or a skip_topk layer) gathered along the tokens, every one of the
   // step's tk rows attended over this rank's shard, the partials exchanged by token block and merged, the
   // sinks applied: the slice's (tpr, N, D) rows (the first nloc are its tokens). Sets last_topk_ (tk rows).
-  at::Tensor attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
+  const at::Tensor& attend_dsa_cp_dcp(const Caches& c, const LayerMetadata& md, const at::Tensor& q, const at::Tensor& sel,
                                int64_t tk, bool graph, detail::Workspace& ws, sfa::TopkBuffer* topk);
   // Its buffers and views for slices of tpr rows and a step of tk rows (the exchange's workspace shared by
   // shape and comm; the padded query / selection and the merged rows the layer's, made once per (tpr, tk)).
@@ -295,6 +295,7 @@ class Impl {
     std::vector<at::Tensor> kept;  // grown-out buffers (a captured replay may read them)
     at::Tensor mw_out, mw_lse, q_pad, q_all, q_all_tk, part_tk, lse_tk, part_rest, lse_rest, merged, merged3, mlse,
         mlse2, sel_pad;
+    at::Tensor merged_rows, mlse_rows;  // merged / mlse as (tpr N, D) / (tpr N): combine_partials' row targets
   };
   const CpDcpViews& dsa_cp_dcp_views(int64_t tpr, int64_t tk);
   // C128 under DCP: 0..L-1 as (1, 1, L) int32 on the layer's device (kept, grown on demand).
@@ -358,7 +359,29 @@ class Impl {
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP: the query gather and the merge's wire (shared by shape)
   std::shared_ptr<cp::DcpWorkspace> cpdcp_ws_;  // DSA-CP x DCP: the slice's token-block exchange (by tpr)
   CpDcpViews cpdcp_;                            // DSA-CP x DCP: dsa_cp_dcp_views()
+  // DSA-CP: views of the step's metadata and of the layer's buffers a forward takes, kept across calls
+  // (docs/design/sparse_cp.md §15.1): the slice's RoPE rows (nloc, 1, R) and, under DSA-CP x DCP, the
+  // slice's merged rows (nloc, N, D) and their road view (nloc, W, N D / W).
+  struct SliceViews {
+    ::aar::detail::KeptView cos3, sin3, neg3, merged, merged_road;
+  };
+  SliceViews slice_views_;
+  struct SliceRope {
+    const at::Tensor& cos3;
+    const at::Tensor& sin3;
+    const at::Tensor& neg3;
+  };
+  // The slice's nloc RoPE rows of the layer's table (compressed layers: compress_rope_theta's) as
+  // (nloc, 1, R), kept in slice_views_.
+  SliceRope slice_rope(const DsaCpStepMetadata& sh, int64_t nloc);
   mutable at::Tensor dcp_cols_, dcp_cols_view_;  // DCP, C128: dcp_columns()
+  // DCP: dcp_key_lists' views of the step's lists (the window slots' rows, the compressed limits as
+  // (n, 1, 1), C128's columns expanded to n rows), kept across calls.
+  struct DcpListViews {
+    ::aar::detail::KeptView ori, limit, cols;
+  };
+  mutable DcpListViews dcp_list_views_;
+  mutable ::aar::detail::KeptView o_proj_in_;  // bmm_o_proj's (n, groups, k) view of its input
 };
 
 }  // namespace aar::dsa
