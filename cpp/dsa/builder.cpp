@@ -25,6 +25,7 @@
 #include "ascend_attn_rt/cp/plan/dcp_layout.h"
 #include "ascend_attn_rt/dsa/plan/dsa_dcp_plan.h"
 #include "ascend_attn_rt/cp/plan/sparse_cp.h"
+#include "../cp/plan/dcp_internal.h"
 
 namespace aar::dsa {
 
@@ -51,14 +52,16 @@ bool dcp_sharded_kind(DsaCacheKind k) {
 void check_dcp_local_columns(const StepMetadata& st, const GroupInputs& in, int64_t sbs, int32_t ratio,
                              int32_t win_left, int32_t num_blocks) {
   const DcpStepMetadata& d = st.dcp;
+  namespace dcp = plan::detail::dcp;  // the unchecked formulas, the shard checked once (lo, hi >= 0 below)
+  dcp::check_shard(plan::DcpShard{d.world_size, d.rank, d.interleave});
   for (int32_t b = 0; b < st.num_kernel_reqs; ++b) {
     const size_t ub = static_cast<size_t>(b);
     const int64_t q = st.plan.query_start_loc[ub + 1] - st.plan.query_start_loc[ub];
     const int64_t S = b < st.num_reqs ? st.plan.seq_lens[ub] : q;
     const int64_t lo = ratio <= 1 ? std::max<int64_t>(0, S - q - win_left) : 0;
     const int64_t hi = ratio <= 1 ? S : S / ratio;
-    const int64_t llo = plan::dcp_local_len(lo, d.world_size, d.interleave, d.rank);
-    const int64_t lhi = plan::dcp_local_len(hi, d.world_size, d.interleave, d.rank);
+    const int64_t llo = dcp::local_len(lo, d.world_size, d.interleave, d.rank);
+    const int64_t lhi = dcp::local_len(hi, d.world_size, d.interleave, d.rank);
     if (lhi <= llo) continue;
     for (int64_t col = llo / sbs; col <= (lhi - 1) / sbs; ++col) {
       AAR_CHECK_ARG(col < in.block_table_stride, "block_table: request ", b, " needs local column ", col,
@@ -79,17 +82,20 @@ template <class RowOf>
 void localize_dcp_slots(const StepMetadata& st, const GroupInputs& in, int64_t sbs, int64_t fw, int64_t n,
                         int32_t* slots, BlockOffsetSkip skip, RowOf row_of) {
   const DcpStepMetadata& d = st.dcp;
+  namespace dcp = plan::detail::dcp;  // the unchecked formulas, the shard checked once
+  dcp::check_shard(plan::DcpShard{d.world_size, d.rank, d.interleave});
   for (int64_t i = 0; i < n; ++i) {
     int64_t b = -1, x = 0;
     row_of(i, b, x);
     if (b < 0) continue;
+    AAR_CHECK_ARG(x >= 0, "internal: DCP slot of a negative position ", x, " (request ", b, ")");
     int32_t* o = slots + i * fw;
-    if (plan::dcp_owner(x, d.world_size, d.interleave) != d.rank) {
+    if (dcp::owner(x, d.world_size, d.interleave) != d.rank) {
       o[0] = -1;
       if (fw == 2) o[1] = skip == BlockOffsetSkip::MinusOne ? -1 : static_cast<int32_t>(sbs - 1);
       continue;
     }
-    const int64_t li = plan::dcp_local_index(x, d.world_size, d.interleave);
+    const int64_t li = dcp::local_index(x, d.world_size, d.interleave);
     const int64_t blk = in.block_table[static_cast<size_t>(b * int64_t{in.block_table_stride} + li / sbs)];
     if (fw == 2) {
       o[0] = static_cast<int32_t>(blk);
@@ -1158,7 +1164,9 @@ class GroupBuilder::Lane {
     // docs/design/sparse_cp.md §12: a sharded compressed group writes at this rank's local slots (the
     // operator's are the global table's), which the build staged in slot_mapping.
     if (st.dcp.world_size > 1 && dcp_sharded_kind(g_.cfg_.kind)) {
-      ops::dense::copy(md_.compressed_slots, md_.slot_mapping.narrow(0, 0, rows));
+      // (slot_mapping is the rows' view already: no narrow per build.)
+      const at::Tensor& sm = md_.slot_mapping;
+      ops::dense::copy(md_.compressed_slots, sm.size(0) == rows ? sm : sm.narrow(0, 0, rows));
     }
   }
   // docs/design/dsa.md §3.5: the SAS blob of this group's layers, copied into the stable
