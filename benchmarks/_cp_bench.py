@@ -4,7 +4,8 @@ fake group.
 
 Timing: one step is a build (a callable returning the step's metadata) and one or more layer forwards (callables
 taking that metadata); each is timed with time.perf_counter_ns, the garbage collector off, after `warmup` untimed
-steps; figures are medians in microseconds. A forward's collectives (cp.Comm.collective_ns: the wall time spent
+steps; figures are medians in microseconds. measure_interleaved runs several cases (the modes and the single rank of
+one batch size) in turns of 25 steps, so the ratios between them are taken over the same stretch of machine time. A forward's collectives (cp.Comm.collective_ns: the wall time spent
 inside the Comm's collectives) are subtracted from it and counted per layer-step by kind.
 """
 
@@ -33,68 +34,103 @@ def _counters(comm):
     return tuple(comm.calls_of(k) for k in KINDS) + (comm.calls, comm.collective_ns)
 
 
+class _Timer:
+    """One case's timing state: its steps' build, forward and collective times (see measure)."""
+
+    def __init__(self, build, forwards, comm):
+        self.build, self.forwards, self.comm = build, forwards, comm
+        self.build_ns, self.fwd_ns, self.coll_ns = [], [], []
+        self.per = {name: {"ns": [], "coll_ns": [], "counts": [0] * (len(KINDS) + 1)} for name, _ in forwards}
+        self.steps = 0
+
+    def step(self, keep):
+        """One step (a build and every forward); recorded when keep (False: a warm-up step)."""
+        comm = self.comm
+        t0 = time.perf_counter_ns()
+        md = self.build()
+        t1 = time.perf_counter_ns()
+        step_fwd = step_coll = 0
+        for name, fn in self.forwards:
+            c0 = _counters(comm) if comm is not None else None
+            a = time.perf_counter_ns()
+            fn(md)
+            b = time.perf_counter_ns()
+            coll = 0
+            if comm is not None:
+                c1 = _counters(comm)
+                coll = c1[-1] - c0[-1]
+                if keep:
+                    for i in range(len(KINDS) + 1):
+                        self.per[name]["counts"][i] += c1[i] - c0[i]
+            if keep:
+                self.per[name]["ns"].append(b - a - coll)
+                self.per[name]["coll_ns"].append(coll)
+            step_fwd += b - a - coll
+            step_coll += coll
+        if keep:
+            self.build_ns.append(t1 - t0)
+            self.fwd_ns.append(step_fwd)
+            self.coll_ns.append(step_coll)
+            self.steps += 1
+
+    def row(self):
+        iters, comm, forwards = self.steps, self.comm, self.forwards
+
+        def counts(c):
+            out = {f"{k}_per_layer_step": c[i] / iters for i, k in enumerate(KINDS)}
+            out["collectives_per_layer_step"] = c[len(KINDS)] / iters
+            return out
+
+        row = {"build_us": median_us(self.build_ns), "forward_us": median_us(self.fwd_ns)}
+        row["step_us"] = round(row["build_us"] + row["forward_us"], 2)
+        if comm is not None:
+            row["collectives_us_excluded"] = median_us(self.coll_ns)
+            if len(forwards) == 1:
+                row.update(counts(self.per[forwards[0][0]]["counts"]))
+        if len(forwards) > 1:
+            row["layers"] = {}
+            for name, _ in forwards:
+                p = self.per[name]
+                lr = {"forward_us": median_us(p["ns"])}
+                if comm is not None:
+                    lr["collectives_us_excluded"] = median_us(p["coll_ns"])
+                    lr.update(counts(p["counts"]))
+                row["layers"][name] = lr
+        return row
+
+
 def measure(build, forwards, iters, warmup, comm=None):
     """Medians over `iters` steps of build() and of each forward fn(md) of `forwards` ([(name, fn)]).
 
     Returns {"build_us", "forward_us" (all forwards of a step), "step_us"} and, with a comm, the collectives'
     median wall time ("collectives_us_excluded") and per layer-step counts; with more than one forward, the same
     per layer under "layers" (name -> {"forward_us", counts})."""
-    build_ns, fwd_ns, coll_ns = [], [], []
-    per = {name: {"ns": [], "coll_ns": [], "counts": [0] * (len(KINDS) + 1)} for name, _ in forwards}
+    return measure_interleaved({"case": (build, forwards, comm)}, iters, warmup)["case"]
+
+
+def measure_interleaved(cases, iters, warmup, block=25):
+    """measure() of several cases ({key: (build, forwards, comm)}) whose steps run in turns of `block` steps per
+    case (each case's `warmup` steps first), so that a change of machine speed during the run (a shared machine's
+    load, its clock) falls on every case alike and the ratios between them stay comparable; a turn is long
+    enough for a case's working set to be warm again after its first step. Returns {key: row}."""
+    timers = {k: _Timer(*c) for k, c in cases.items()}
     gc.collect()
     gc.disable()
     try:
-        for it in range(warmup + iters):
-            t0 = time.perf_counter_ns()
-            md = build()
-            t1 = time.perf_counter_ns()
-            step_fwd = step_coll = 0
-            for name, fn in forwards:
-                c0 = _counters(comm) if comm is not None else None
-                a = time.perf_counter_ns()
-                fn(md)
-                b = time.perf_counter_ns()
-                coll = 0
-                if comm is not None:
-                    c1 = _counters(comm)
-                    coll = c1[-1] - c0[-1]
-                    if it >= warmup:
-                        for i in range(len(KINDS) + 1):
-                            per[name]["counts"][i] += c1[i] - c0[i]
-                if it >= warmup:
-                    per[name]["ns"].append(b - a - coll)
-                    per[name]["coll_ns"].append(coll)
-                step_fwd += b - a - coll
-                step_coll += coll
-            if it < warmup:
-                continue
-            build_ns.append(t1 - t0)
-            fwd_ns.append(step_fwd)
-            coll_ns.append(step_coll)
+        for t in timers.values():
+            for _ in range(warmup):
+                t.step(False)
+        done = 0
+        while done < iters:
+            n = min(block, iters - done)
+            for t in timers.values():
+                t.step(False)  # the turn's first step rewarms the case's caches
+                for _ in range(n):
+                    t.step(True)
+            done += n
     finally:
         gc.enable()
-
-    def counts(c):
-        out = {f"{k}_per_layer_step": c[i] / iters for i, k in enumerate(KINDS)}
-        out["collectives_per_layer_step"] = c[len(KINDS)] / iters
-        return out
-
-    row = {"build_us": median_us(build_ns), "forward_us": median_us(fwd_ns)}
-    row["step_us"] = round(row["build_us"] + row["forward_us"], 2)
-    if comm is not None:
-        row["collectives_us_excluded"] = median_us(coll_ns)
-        if len(forwards) == 1:
-            row.update(counts(per[forwards[0][0]]["counts"]))
-    if len(forwards) > 1:
-        row["layers"] = {}
-        for name, _ in forwards:
-            p = per[name]
-            lr = {"forward_us": median_us(p["ns"])}
-            if comm is not None:
-                lr["collectives_us_excluded"] = median_us(p["coll_ns"])
-                lr.update(counts(p["counts"]))
-            row["layers"][name] = lr
-    return row
+    return {k: t.row() for k, t in timers.items()}
 
 
 def ratio(a, b):

@@ -21,8 +21,9 @@ lies inside TP, a rank keeps its TP heads): a query all-gather and a partials al
 StepBuilder with pcp_world_size=2, pcp_rank=r, every layer with pcp_comm and the single rank's weights; a decode batch
 is every rank's rows. Single rank: the same builders and layers without context parallelism, in the same process, on
 the same inputs. Medians over --iters steps (after
-5 warm-up steps), torch.set_num_threads(1), garbage collector off while timing, under torch.inference_mode()
-(benchmarks/_cp_bench.py). The provider is set back to "auto" afterwards.
+5 warm-up steps), the modes and the single rank of one batch size run in turns of 25 steps
+(cpb.measure_interleaved: a change of machine speed falls on all of them alike), torch.set_num_threads(1), garbage
+collector off while timing, under torch.inference_mode() (benchmarks/_cp_bench.py). The provider is set back to "auto" afterwards.
 
 Tensors are on the CPU (gloo's collectives need storage): the ATen glue around the kernels (the slice's views, the
 head-block exchange's staging, the o_proj partials) runs on the CPU here, where on the NPU it is launched to the
@@ -131,7 +132,8 @@ class _Model:
                                        o_lora_rank=OL, **kw)
                        for r in RATIOS}
 
-    def measure(self, n, iters, comm=None):
+    def case(self, n, comm=None):
+        """(build, forwards, comm) of one decode step of n requests, for cpb.measure_interleaved."""
         aar = self.aar
         qsl = torch.arange(n + 1, dtype=torch.int32)
         seq = torch.full((n,), SEQ, dtype=torch.int32)
@@ -148,7 +150,7 @@ class _Model:
             layer, kv = self.layers[r], self.kv[r]
             return lambda routed: layer.forward(x, kv, routed[r], out)
 
-        return cpb.measure(build, [(LAYER_NAMES[r], fwd(r)) for r in RATIOS], iters, WARMUP, comm)
+        return build, [(LAYER_NAMES[r], fwd(r)) for r in RATIOS], comm
 
 
 def _rope():
@@ -170,9 +172,11 @@ def _bench(rank, iters):
             models = {mode: _Model(aar, rope, WORLD, rank, comm, name) for mode, name in MODES}
             one = _Model(aar, rope)
             for n in SIZES:
-                got = {mode: m.measure(n, iters, comm) for mode, m in models.items()}
-                s = one.measure(n, iters)
-                row = dict(got, single_rank=s)
+                cases = {mode: m.case(n, comm) for mode, m in models.items()}
+                cases["single_rank"] = one.case(n)
+                got = cpb.measure_interleaved(cases, iters, WARMUP)
+                s = got["single_rank"]
+                row = dict(got)
                 for mode, name in MODES:
                     d = got[mode]
                     row[f"ratio_{name}_over_single"] = cpb.ratio(d["step_us"], s["step_us"])

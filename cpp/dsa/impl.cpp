@@ -1285,7 +1285,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   const bool dcp = st.dcp.world_size > 1;  // DSA-CP x DCP (docs/design/sparse_cp.md §14)
   at::Tensor q_slice, sel_slice;
   if (nloc > 0) {
-    const at::Tensor xl = nloc == T ? hidden : hidden.narrow(0, sh.local_start, nloc);
+    const at::Tensor xl = nloc == T ? hidden : ::aar::detail::leading_rows(hidden, sh.local_start, nloc);
     const detail::TokenViews& v = ws.tokens(nloc);
     // The query rotates with the rows of the layer's table (compressed layers: compress_rope_theta).
     const auto& [cos3, sin3, neg3] = slice_rope(sh, nloc);
