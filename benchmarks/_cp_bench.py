@@ -5,7 +5,11 @@ fake group.
 Timing: one step is a build (a callable returning the step's metadata) and one or more layer forwards (callables
 taking that metadata); each is timed with time.perf_counter_ns, the garbage collector off, after `warmup` untimed
 steps; figures are medians in microseconds. measure_interleaved runs several cases (the modes and the single rank of
-one batch size) in turns of 25 steps, so the ratios between them are taken over the same stretch of machine time. A forward's collectives (cp.Comm.collective_ns: the wall time spent
+one batch size) in turns of 25 steps, so the ratios between them are taken over the same stretch of machine time:
+bench_dsa_cp.py uses it (its sequential runs gave ratios from 1.0x to 2.1x for one tree on this shared machine);
+bench_sfa_dcp.py and bench_mla_cp.py time each case in one stretch (their run-to-run spread is a few hundredths), as
+their README figures always were (in turns their CP modes read about 0.05-0.1x higher at 32 decodes, and MLA's
+lower: the turns' cache and predictor state differs from a mode running alone, as it does in an engine). A forward's collectives (cp.Comm.collective_ns: the wall time spent
 inside the Comm's collectives) are subtracted from it and counted per layer-step by kind.
 """
 

@@ -1019,7 +1019,7 @@ void Impl::dsa_cp_slice(const at::Tensor& hidden, const DsaCpMetadata& sh, bool 
   } else {
     if (!seen_.xl_src.same(hidden) || seen_.xl_start != sh.local_start || !seen_.xl.defined() ||
         seen_.xl.size(0) != nloc) {
-      seen_.xl = hidden.narrow(0, sh.local_start, nloc);
+      seen_.xl = ::aar::detail::leading_rows(hidden, sh.local_start, nloc);
       seen_.xl_src.bind(hidden);
       seen_.xl_start = sh.local_start;
     }
