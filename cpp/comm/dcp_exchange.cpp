@@ -123,6 +123,8 @@ const DcpViews& DcpWorkspace::views(int64_t T) {
   v.wire_out = v.wire.narrow(2, 0, D);
   v.wire_lse = v.wire.narrow(2, D, 1);
   v.wire_out4 = v.wire_out.unsqueeze(2);
+  v.wire_out_rows = v.wire_out.view({T * H, D});
+  v.wire_lse_rows = v.wire_lse.view({T * H});
   v.wire_lse4 = v.wire_lse.unsqueeze(2);
   v.gathered = v.recv.view({W * T, H, D + 1});
   if (s.q_split > 0 && s.regroup) {

@@ -663,47 +663,15 @@ const at::Tensor& Impl::pcp_decode_attention(const at::Tensor& qn, const at::Ten
   // over the W = Wp Wd PCP x DCP ranks (md.dcp: this rank's local table, lengths and shard). The rank's
   // partial over its shard goes into the (tk, H, L + 1) fp32 wire [out | LSE] (under PCP x DCP first merged
   // over the DCP group, whose ranks hold the same rows and their own heads), then ONE all-gather of the wire
-  // over PCP and the shared wire merge (cp::merge_wire_partials, as MLA PCP's decode).
+  // over PCP and the shared wire merge (cp::pcp_gather_merge_rows, as MLA PCP's decode).
   const mla::Dims& d = cfg_.dims;
-  const int64_t H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim, Wp = md.pcp.world_size;
+  const int64_t H = d.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim;
   const DcpMetadata& dm = md.dcp;
   const at::Tensor local_topk = sparse::remap_topk_to_dcp_rank(topk, dm.world_size, dm.rank, dm.interleave);
-  // The wire and its gather in buffers kept by the layer (a large per-call allocation is a host cost of
-  // its own): grown to a power of two, the earlier ones kept alive (a captured graph may hold their
-  // addresses); the views remade when the row count changes.
-  PcpWire& pw = pcp_wire_;
-  if (pw.capacity < tk || pw.wire.device() != qn.device()) {
-    int64_t cap = 1;
-    while (cap < tk) cap *= 2;
-    if (pw.wire.defined()) {
-      pw.retired.push_back(pw.wire);
-      pw.retired.push_back(pw.gathered);
-    }
-    const auto f32 = qn.options().dtype(at::kFloat);
-    pw.wire = at::empty({cap, H, L + 1}, f32);
-    pw.gathered = at::empty({Wp * cap, H, L + 1}, f32);
-    pw.capacity = cap;
-    pw.rows = -1;
-  }
-  if (pw.rows != tk) {
-    pw.wire_rows = pw.wire.narrow(0, 0, tk);
-    pw.wire_out = pw.wire_rows.narrow(2, 0, L);
-    pw.wire_lse = pw.wire_rows.narrow(2, L, 1);
-    pw.wire_out2 = pw.wire_out.view({tk * H, L});
-    pw.wire_lse1 = pw.wire_lse.view({tk * H});
-    pw.gathered_rows = pw.gathered.narrow(0, 0, Wp * tk);
-    const at::Tensor parts = pw.gathered_rows.view({Wp, tk * H, L + 1});
-    pw.part_out.clear();
-    pw.part_lse.clear();
-    for (int64_t i = 0; i < Wp; ++i) {
-      pw.part_out.push_back(parts[i].narrow(1, 0, L));
-      pw.part_lse.push_back(parts[i].select(1, L));
-    }
-    pw.rows = tk;
-  }
-  const at::Tensor& wire = pw.wire_rows;
-  at::Tensor wire_out = pw.wire_out;
-  const at::Tensor& wire_lse = pw.wire_lse;
+  // The wire [out | LSE] (tk, H, L + 1) fp32 and its all-gather over PCP: the shared PCP merge workspace
+  // (cp::pcp_wire_views, as MLA PCP's decode; grown to the largest step, its views made once per row count).
+  const cp::DcpViews& pw =
+      cp::pcp_wire_views(*cfg_.pcp_comm, H, L, qn.device(), cfg_.workspace_group, tk, pcp_wire_ws_);
   if (md.pcp.dcp_world_size > 1) {
     cp::Comm& dc = *cfg_.dcp_comm;
     const cp::DcpViews& w = mla::detail::latent_dcp_views(dc, {H, L, R, cfg_.workspace_group}, qn, tk, dcp_ws_);
@@ -711,15 +679,19 @@ const at::Tensor& Impl::pcp_decode_attention(const at::Tensor& qn, const at::Ten
     const at::Tensor o = sparse_attention_lse(w.staged_a, w.staged_b, local_topk, c, md.block_table,
                                               md.cum_query_lens, dm.seq_lens, w.partial_lse);
     ops::dense::copy(w.partial_out, o);
-    cp::combine_partials(*cfg_.dcp_comm, w, pw.wire_out2, pw.wire_lse1);  // into the wire's kept views
+    cp::combine_partials(*cfg_.dcp_comm, w, pw.wire_out_rows, pw.wire_lse_rows);  // into the wire's rows
   } else {
     const at::Tensor o = sparse_attention_lse(qn, qr, local_topk, c, md.block_table, md.cum_query_lens,
-                                              dm.seq_lens, wire_lse);
-    ops::dense::copy(wire_out, o);
+                                              dm.seq_lens, pw.wire_lse);
+    ops::dense::copy(pw.wire_out, o);
   }
-  cfg_.pcp_comm->all_gather(wire, 0, pw.gathered_rows);  // (Wp tk, H, L + 1): rank-major
-  auto [m, m_lse] = cp::merge_wire_partials(pw.part_out, pw.part_lse);
-  ops::dense::copy(merged, m.view({tk, H, L}));  // into the model dtype
+  // One all-gather of the wire over PCP, the Wp blocks merged into `merged` (its kept rows when it is the
+  // decode workspace's, as the caller passes it).
+  if (merged.is_same(seen_.merged)) {
+    cp::pcp_gather_merge_rows(*cfg_.pcp_comm, pw, seen_.merged_rows);
+  } else {
+    cp::pcp_gather_merge(*cfg_.pcp_comm, pw, merged);
+  }
   return merged;
 }
 

@@ -81,6 +81,7 @@ struct DcpViews {
   at::Tensor wire;                  // [T, H, out_dim+1] fp32 (send[0])
   at::Tensor wire_out, wire_lse;    // its [T, H, out_dim] / [T, H, 1] columns (what a kernel's out= writes)
   at::Tensor wire_out4, wire_lse4;  // the same as [T, H, 1, out_dim] / [T, H, 1, 1] (a BNSD kernel's out=)
+  at::Tensor wire_out_rows, wire_lse_rows;  // the same as [T*H, out_dim] / [T*H] (combine_partials' row targets)
   at::Tensor gathered;              // [W*T, H, out_dim+1]: recv seen as the all-gather's destination
 };
 

@@ -288,7 +288,7 @@ class Impl {
                                          const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged);
   // PCP decode-only step (docs/design/sparse_cp.md §11.2): the step's tk rows over this rank's PCP x DCP
   // shard with LSE (merged over DCP first under PCP x DCP), one all-gather of the fp32 wire over PCP and
-  // cp::merge_wire_partials into `merged` (tk, H, L), returned.
+  // the shared wire merge (cp::pcp_gather_merge_rows) into `merged` (tk, H, L), returned.
   const at::Tensor& pcp_decode_attention(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk,
                                          const Caches& c, const Metadata& md, int64_t tk, at::Tensor& merged);
   // Sparse attention of (T, heads) queries over this rank's DCP shard (local_topk already remapped,
@@ -311,16 +311,9 @@ class Impl {
   ops::SparseFlashAttentionArgs sfa_args_;
   ops::SparseFlashAttentionArgs dcp_sfa_args_;
   std::shared_ptr<cp::DcpWorkspace> dcp_ws_;  // DCP intermediates, shared by the layers of one shape
-  // PCP decode-only (docs/design/sparse_cp.md §11.2): this rank's (rows, H, L + 1) fp32 wire [out | LSE] and
-  // its all-gather over PCP, grown to powers of two (earlier buffers kept: a captured graph may read them).
-  struct PcpWire {
-    at::Tensor wire, gathered;
-    std::vector<at::Tensor> retired;
-    int64_t capacity = 0, rows = -1;
-    at::Tensor wire_rows, wire_out, wire_lse, gathered_rows;  // the views of `rows` rows
-    at::Tensor wire_out2, wire_lse1;                          // wire_out as (rows H, L), wire_lse as (rows H)
-    std::vector<at::Tensor> part_out, part_lse;                 // each rank's block of the gather
-  } pcp_wire_;
+  // PCP decode-only (docs/design/sparse_cp.md §11.2): the PCP merge workspace of this rank's (rows, H, L + 1)
+  // fp32 wire [out | LSE] and its all-gather (cp::pcp_wire_views; shared by the layers of one shape).
+  std::shared_ptr<cp::DcpWorkspace> pcp_wire_ws_;
   // The token-block merges of DSA-CP x DCP and PCP (and PCP x DCP's head merge): merge-only DCP
   // workspaces, shared by the layers of one shape (docs/design/sparse_cp.md §9, §11).
   std::shared_ptr<cp::DcpWorkspace> merge_ws_, merge_ws2_;
