@@ -35,10 +35,13 @@ struct DsaCpRows {
 
 // o_proj_full(x (tpr, width)) -> (tpr, hidden), run with the full weights switched in (`sw`);
 // o_proj_shard(x (T_pad, width / W)) -> (T_pad, hidden) partial sums of this rank's heads. Writes
-// output[:min(tk, rows)] and zeroes its other rows.
+// output[:min(tk, rows)] and zeroes its other rows. o_proj_shard_out (optional): the same partial sums
+// written into a given (T_pad, hidden) tensor; when output is exactly those rows (contiguous, T_pad
+// rows, no padding token) the decode road writes and reduces them in place in output (no copy).
 void dsa_cp_road_back(cp::Comm& comm, const DsaCpRows& r, OProjFullWeight* sw,
                       const std::function<at::Tensor(const at::Tensor&)>& o_proj_full,
                       const std::function<at::Tensor(const at::Tensor&)>& o_proj_shard, const at::Tensor& output,
-                      int64_t tk);
+                      int64_t tk,
+                      const std::function<void(const at::Tensor&, const at::Tensor&)>& o_proj_shard_out = {});
 
 }  // namespace aar::sparse
