@@ -259,8 +259,11 @@ CommWork Comm::start_all_gather(const at::Tensor& t, int64_t dim, const std::opt
 
 at::Tensor Comm::all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
   const int64_t t0 = detail::ticks();
-  CommWork w = start_all_gather(t, dim, out, false);
-  at::Tensor o = w.wait();
+  at::Tensor o;
+  {
+    CommWork w = start_all_gather(t, dim, out, false);
+    o = w.wait();
+  }  // the handle's teardown is the call's too (docs/design/cp.md §8.1)
   collective_ticks_ += detail::ticks() - t0;
   return o;
 }
@@ -292,8 +295,11 @@ CommWork Comm::start_all_to_all_single(const at::Tensor& t, const std::optional<
 
 at::Tensor Comm::all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out) {
   const int64_t t0 = detail::ticks();
-  CommWork w = start_all_to_all_single(t, out, false);
-  at::Tensor o = w.wait();
+  at::Tensor o;
+  {
+    CommWork w = start_all_to_all_single(t, out, false);
+    o = w.wait();
+  }  // the handle's teardown is the call's too (docs/design/cp.md §8.1)
   collective_ticks_ += detail::ticks() - t0;
   return o;
 }
@@ -333,25 +339,31 @@ CommWork Comm::start_reduce_scatter(const at::Tensor& t, int64_t dim, const std:
 
 at::Tensor Comm::reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
   const int64_t t0 = detail::ticks();
-  CommWork w = start_reduce_scatter(t, dim, out, false);
-  at::Tensor o = w.wait();
+  at::Tensor o;
+  {
+    CommWork w = start_reduce_scatter(t, dim, out, false);
+    o = w.wait();
+  }  // the handle's teardown is the call's too (docs/design/cp.md §8.1)
   collective_ticks_ += detail::ticks() - t0;
   return o;
 }
 
 at::Tensor Comm::all_reduce(const at::Tensor& t) {
+  const int64_t t0 = detail::ticks();
   constexpr const char* op = "all_reduce";
   check_input(t, op);
   AAR_CHECK_ARG(t.is_contiguous(), "cp::Comm ", op, ": the input is reduced in place and must be contiguous, got "
                 "strides ", t.strides());
-  const int64_t t0 = detail::ticks();
   note(CommOp::AllReduce, t, 0, false);
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
-  opts.timeout = opts_.timeout;
-  std::vector<at::Tensor> ts{t};
-  CommWork w = launch(CommOp::AllReduce, [&] { return pg_->allreduce(ts, opts); }, t, {t}, nullptr);
-  at::Tensor o = w.wait();
+  at::Tensor o;
+  {
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.timeout = opts_.timeout;
+    std::vector<at::Tensor> ts{t};
+    CommWork w = launch(CommOp::AllReduce, [&] { return pg_->allreduce(ts, opts); }, t, {t}, nullptr);
+    o = w.wait();
+  }  // the handle's teardown is the call's too (docs/design/cp.md §8.1)
   collective_ticks_ += detail::ticks() - t0;
   return o;
 }

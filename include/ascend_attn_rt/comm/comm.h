@@ -125,9 +125,10 @@ class Comm {
   // Calls issued so far (all ops, or one op); the log when CommOptions::log.
   int64_t calls() const;
   int64_t calls(CommOp op) const { return counts_[static_cast<size_t>(op)]; }
-  // Wall time spent inside the synchronous calls (issue to completion, staging
-  // copy included), so a benchmark can report a step's host time with the
-  // collectives excluded. Async calls are not timed (their wait overlaps work).
+  // Wall time spent inside the synchronous calls (entry to return: the checks,
+  // the issue, the completion, the staging copy and the handle's teardown), so
+  // a benchmark can report a step's host time with the collectives excluded.
+  // Async calls are not timed (their wait overlaps work).
   int64_t collective_ns() const;
   const std::vector<CommRecord>& log() const { return log_; }
   void reset_counters();
