@@ -168,6 +168,24 @@ Comm Comm::from_group_name(const std::string& group_name, CommOptions opts) {
 
 int64_t Comm::calls() const { return std::accumulate(counts_.begin(), counts_.end(), int64_t{0}); }
 
+namespace {
+
+// A synchronous collective timed whole into `ticks` (docs/design/cp.md §8.1): from before `start`
+// (the checks and the issue) to the end of the handle's teardown, the completion in between.
+template <class Start>
+at::Tensor timed_call(int64_t& ticks, Start&& start) {
+  const int64_t t0 = detail::ticks();
+  at::Tensor o;
+  {
+    CommWork w = start();
+    o = w.wait();
+  }
+  ticks += detail::ticks() - t0;
+  return o;
+}
+
+}  // namespace
+
 // The tick rate's reference starts when the library is loaded (tick.h).
 [[maybe_unused]] const double kTickReference = detail::ns_per_tick();
 
@@ -258,14 +276,7 @@ CommWork Comm::start_all_gather(const at::Tensor& t, int64_t dim, const std::opt
 }
 
 at::Tensor Comm::all_gather(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
-  const int64_t t0 = detail::ticks();
-  at::Tensor o;
-  {
-    CommWork w = start_all_gather(t, dim, out, false);
-    o = w.wait();
-  }  // the handle's teardown is the call's too (docs/design/cp.md §8.1)
-  collective_ticks_ += detail::ticks() - t0;
-  return o;
+  return timed_call(collective_ticks_, [&] { return start_all_gather(t, dim, out, false); });
 }
 
 CommWork Comm::all_to_all_single_async(const at::Tensor& t, const std::optional<at::Tensor>& out) {
@@ -294,14 +305,7 @@ CommWork Comm::start_all_to_all_single(const at::Tensor& t, const std::optional<
 }
 
 at::Tensor Comm::all_to_all_single(const at::Tensor& t, const std::optional<at::Tensor>& out) {
-  const int64_t t0 = detail::ticks();
-  at::Tensor o;
-  {
-    CommWork w = start_all_to_all_single(t, out, false);
-    o = w.wait();
-  }  // the handle's teardown is the call's too (docs/design/cp.md §8.1)
-  collective_ticks_ += detail::ticks() - t0;
-  return o;
+  return timed_call(collective_ticks_, [&] { return start_all_to_all_single(t, out, false); });
 }
 
 CommWork Comm::reduce_scatter_async(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
@@ -338,14 +342,7 @@ CommWork Comm::start_reduce_scatter(const at::Tensor& t, int64_t dim, const std:
 }
 
 at::Tensor Comm::reduce_scatter(const at::Tensor& t, int64_t dim, const std::optional<at::Tensor>& out) {
-  const int64_t t0 = detail::ticks();
-  at::Tensor o;
-  {
-    CommWork w = start_reduce_scatter(t, dim, out, false);
-    o = w.wait();
-  }  // the handle's teardown is the call's too (docs/design/cp.md §8.1)
-  collective_ticks_ += detail::ticks() - t0;
-  return o;
+  return timed_call(collective_ticks_, [&] { return start_reduce_scatter(t, dim, out, false); });
 }
 
 at::Tensor Comm::all_reduce(const at::Tensor& t) {
