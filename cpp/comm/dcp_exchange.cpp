@@ -169,11 +169,9 @@ at::Tensor lse_as_th(const at::Tensor& lse, bool head_major, int64_t T, int64_t 
   return head_major ? lse.view({H, T}).t() : lse.view({T, H});
 }
 
-// The exchange and merge of a workspace's own partials (W > 1, T > 0): packed into the wire, all-to-all'd,
-// unpacked into the merge inputs (in the workspace's merge order) and merged. Returns the merged rows
-// (T H, D) and, for update_type 1, their LSE (T H).
-// The exchange and merge once the wire's send buffer holds this rank's partials: all-to-all'd, unpacked
-// into the merge inputs (in the workspace's merge order) and merged.
+// The exchange and merge once the wire's send buffer holds this rank's partials (W > 1, T > 0):
+// all-to-all'd, unpacked into the merge inputs (in the workspace's merge order) and merged. Returns the
+// merged rows (T H, D) and, for update_type 1, their LSE (T H).
 std::tuple<at::Tensor, at::Tensor> send_and_merge(Comm& comm, const DcpViews& ws, bool with_lse) {
   comm.all_to_all_single(ws.send, ws.recv);
   ops::dense::copy(ws.parts_out4, ws.recv_out);
@@ -181,11 +179,18 @@ std::tuple<at::Tensor, at::Tensor> send_and_merge(Comm& comm, const DcpViews& ws
   return ops::detail::attention_update_prechecked(ws.lse_list, ws.out_list, with_lse ? 1 : 0);
 }
 
+// The same for the workspace's own partials, packed into the wire first.
 std::tuple<at::Tensor, at::Tensor> exchange_and_merge(Comm& comm, const DcpViews& ws, bool with_lse) {
   ops::dense::copy(ws.send_out, ws.partial_out_wire);
   ops::dense::copy(ws.send_lse, ws.partial_lse_wire);
   return send_and_merge(comm, ws, with_lse);
 }
+
+// The row forms of combine_partials with one rank (no exchange): the general form copies the partials
+// into the caller's rows seen as (T, H, Dv) / (T, H).
+void combine_one_rank_rows(Comm& comm, const DcpViews& ws, const at::Tensor& partial_out,
+                           const at::Tensor& partial_lse, const at::Tensor& out_rows, const at::Tensor& lse_rows,
+                           int64_t T, int64_t H, int64_t D);
 
 // The row targets' checks of the two row forms of combine_partials (T rows of H heads of Dv).
 void check_row_targets(const at::Tensor& out_rows, const at::Tensor& lse_rows, int64_t T, int64_t H, int64_t D) {
@@ -300,6 +305,20 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   if (lse_out.has_value()) ops::dense::copy(lse_out->view({T, H}), lse_as_th(merged_lse, hm, T, H));
 }
 
+namespace {
+
+void combine_one_rank_rows(Comm& comm, const DcpViews& ws, const at::Tensor& partial_out,
+                           const at::Tensor& partial_lse, const at::Tensor& out_rows, const at::Tensor& lse_rows,
+                           int64_t T, int64_t H, int64_t D) {
+  at::Tensor out = rows_as_thd(out_rows, ws.head_major, T, H, D);
+  combine_partials(comm, partial_out, partial_lse, out,
+                   lse_rows.defined() ? std::optional<at::Tensor>(lse_as_th(lse_rows, ws.head_major, T, H))
+                                      : std::nullopt,
+                   &ws);
+}
+
+}  // namespace
+
 void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows, const at::Tensor& lse_rows) {
   const int64_t W = comm.size();
   AAR_CHECK_ARG(ws.partial_out.defined() && ws.send.defined() && ws.send.size(0) == W,
@@ -309,10 +328,7 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows
   check_row_targets(out_rows, lse_rows, T, H, D);
   const bool with_lse = lse_rows.defined();
   if (W == 1) {
-    at::Tensor out = rows_as_thd(out_rows, ws.head_major, T, H, D);
-    combine_partials(comm, ws.partial_out, ws.partial_lse, out,
-                     with_lse ? std::optional<at::Tensor>(lse_as_th(lse_rows, ws.head_major, T, H)) : std::nullopt,
-                     &ws);
+    combine_one_rank_rows(comm, ws, ws.partial_out, ws.partial_lse, out_rows, lse_rows, T, H, D);
     return;
   }
   if (T == 0) return;  // batch-global: no rank exchanges
@@ -345,10 +361,7 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& partial_
   check_row_targets(out_rows, lse_rows, T, H, D);
   const bool with_lse = lse_rows.defined();
   if (W == 1) {
-    at::Tensor out = rows_as_thd(out_rows, ws.head_major, T, H, D);
-    combine_partials(comm, partial_out, partial_lse, out,
-                     with_lse ? std::optional<at::Tensor>(lse_as_th(lse_rows, ws.head_major, T, H)) : std::nullopt,
-                     &ws);
+    combine_one_rank_rows(comm, ws, partial_out, partial_lse, out_rows, lse_rows, T, H, D);
     return;
   }
   if (T == 0) return;  // batch-global: no rank exchanges
@@ -367,27 +380,15 @@ std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts) 
                 "merge_wire_partials: parts must be float32 (N, M, Dv+1), got ",
                 parts.defined() ? parts.sizes() : c10::IntArrayRef{});
   const int64_t n = parts.size(0), d = parts.size(2) - 1;
+  // Each part's column blocks, made contiguous for the merge.
   std::vector<at::Tensor> outs, lses;
   outs.reserve(n);
   lses.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
-    outs.push_back(parts[i].narrow(1, 0, d));
-    lses.push_back(parts[i].select(1, d));
+    outs.push_back(ops::dense::contiguous(parts[i].narrow(1, 0, d)));
+    lses.push_back(ops::dense::contiguous(parts[i].select(1, d)));
   }
-  return merge_wire_partials(outs, lses);
-}
-
-std::tuple<at::Tensor, at::Tensor> merge_wire_partials(at::TensorList outs, at::TensorList lses) {
-  AAR_CHECK_ARG(!outs.empty() && outs.size() == lses.size(), "merge_wire_partials: ", outs.size(), " outputs and ",
-                lses.size(), " LSEs (one of each per part)");
-  std::vector<at::Tensor> o, l;
-  o.reserve(outs.size());
-  l.reserve(lses.size());
-  for (size_t i = 0; i < outs.size(); ++i) {
-    o.push_back(ops::dense::contiguous(outs[i]));
-    l.push_back(ops::dense::contiguous(lses[i]));
-  }
-  return ops::attention_update(l, o, /*update_type=*/1);
+  return ops::attention_update(lses, outs, /*update_type=*/1);
 }
 
 const DcpViews& pcp_wire_views(Comm& comm, int64_t heads, int64_t out_dim, c10::Device device,

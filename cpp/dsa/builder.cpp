@@ -1165,8 +1165,7 @@ class GroupBuilder::Lane {
     // operator's are the global table's), which the build staged in slot_mapping.
     if (st.dcp.world_size > 1 && dcp_sharded_kind(g_.cfg_.kind)) {
       // (slot_mapping is the rows' view already: no narrow per build.)
-      const at::Tensor& sm = md_.slot_mapping;
-      ops::dense::copy(md_.compressed_slots, sm.size(0) == rows ? sm : sm.narrow(0, 0, rows));
+      ops::dense::copy(md_.compressed_slots, ::aar::detail::first_rows(md_.slot_mapping, rows));
     }
   }
   // docs/design/dsa.md §3.5: the SAS blob of this group's layers, copied into the stable

@@ -669,8 +669,7 @@ at::Tensor run_compressor(const at::Tensor& x, const at::Tensor& wkv, const at::
   return ops::compressor(a);
 }
 
-// The first r rows of a group's per-row tensor (the tensor itself when it has r).
-at::Tensor first_rows(const at::Tensor& t, int64_t r) { return t.size(0) == r ? t : t.narrow(0, 0, r); }
+using ::aar::detail::first_rows;  // a group's per-row tensor's first r rows
 
 }  // namespace
 
@@ -1349,7 +1348,8 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   sp.on_main("o_proj_road");
   sparse::dsa_cp_road_back(
       comm, road, oproj_full_.get(), [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups); },
-      [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups / W); }, output, tk);
+      [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups / W); }, output, tk,
+      [&](const at::Tensor& x, const at::Tensor& out) { bmm_o_proj(x, cf.o_groups / W, out); });
 }
 
 ops::W8A8DynamicInput Impl::quantize_x(const at::Tensor& x, const detail::TokenViews& v, bool graph) const {
@@ -1415,7 +1415,7 @@ void Impl::project_kv(const at::Tensor& x, const ops::W8A8DynamicInput* xq, cons
   ops::dense::copy(kv, ops::w8a8_dynamic_matmul(*xq, wkv_t_, w_.wkv_scale, act_dtype_));
 }
 
-at::Tensor Impl::bmm_o_proj(const at::Tensor& o, int64_t groups) const {
+at::Tensor Impl::bmm_o_proj(const at::Tensor& o, int64_t groups, const at::Tensor& out) const {
   static constexpr int64_t kPerm102[] = {1, 0, 2};
   const int64_t n = o.size(0), k = cfg_.num_heads * cfg_.head_dim / cfg_.o_groups;
   // (n, groups, k): kept across calls when o is (the DSA-CP road's rows are a workspace buffer).
@@ -1423,7 +1423,10 @@ at::Tensor Impl::bmm_o_proj(const at::Tensor& o, int64_t groups) const {
   const at::Tensor yg = ops::transpose_batchmatmul(og, w_.wo_a, c10::IntArrayRef(kPerm102), std::nullopt,
                                                    c10::IntArrayRef(kPerm102));
   const std::array<int64_t, 2> y2{n, groups * cfg_.o_lora_rank};
-  return ops::dense::linear(yg.is_contiguous() ? yg.view(y2) : yg.reshape(y2), w_.wo_b);
+  const at::Tensor y = yg.is_contiguous() ? yg.view(y2) : yg.reshape(y2);
+  if (!out.defined()) return ops::dense::linear(y, w_.wo_b);
+  ops::dense::linear_out(out, y, w_.wo_b);  // into the caller's (n, hidden) rows
+  return out;
 }
 
 namespace {

@@ -902,7 +902,7 @@ void Impl::write_rows_(const Caches& c, const at::Tensor& k_rope, const at::Tens
                                              [&] { return c.nope.view({-1, L}); });
   at::Tensor rope_rows = LatentCore::view_of(c.rope, c.rope.size(0) * c.rope.size(1), seen_.rope_src, seen_.rope,
                                              [&] { return c.rope.view({-1, R}); });
-  const auto slot_rows = [n](const at::Tensor& t) { return (t.size(0) == n ? t : t.narrow(0, 0, n)).view({n, 1}); };
+  const auto slot_rows = [n](const at::Tensor& t) { return ::aar::detail::first_rows(t, n).view({n, 1}); };
   const at::Tensor& s = LatentCore::view_of(slots, n, seen_.wr_slots_src, seen_.wr_slots, [&] { return slot_rows(slots); });
   ops::scatter_nd_update_(rope_rows, s, k_rope);
   ops::scatter_nd_update_(nope_rows, s, k_nope);
@@ -914,7 +914,7 @@ void Impl::write_indexer_rows_(const Caches& c, const at::Tensor& k_idx, const a
   // The indexer rows k_idx (n, Di) at islots (every row: the replicated or the whole cache; a (n, 1) view is
   // taken as it is, a longer slot tensor through the kept (n, 1) view), LI C8 rows quantised per token first.
   const int64_t n = k_idx.size(0);
-  const auto slot_rows = [n](const at::Tensor& t) { return (t.size(0) == n ? t : t.narrow(0, 0, n)).view({n, 1}); };
+  const auto slot_rows = [n](const at::Tensor& t) { return ::aar::detail::first_rows(t, n).view({n, 1}); };
   const at::Tensor& is = islots.dim() == 2 ? islots
                          : LatentCore::view_of(islots, n, seen_.wr_islots_src, seen_.wr_islots,
                                                [&] { return slot_rows(islots); });
@@ -933,7 +933,7 @@ void Impl::write_indexer_rows_(const Caches& c, const at::Tensor& k_idx, const a
 const at::Tensor& Impl::staged_rows_(const at::Tensor& staged, int64_t n) {
   // The first n rows of a staged column block (the gathered indexer keys), kept while the block and n repeat.
   return LatentCore::view_of(staged, n, seen_.gidx_src, seen_.gidx,
-                             [&] { return staged.size(0) == n ? staged : staged.narrow(0, 0, n); });
+                             [&] { return ::aar::detail::first_rows(staged, n); });
 }
 
 void Impl::write_gathered_kv_(const Caches& c, const at::Tensor& kv_rows, const Metadata& md, int64_t n) {
@@ -948,7 +948,7 @@ void Impl::write_gathered_kv_(const Caches& c, const at::Tensor& kv_rows, const 
   const at::Tensor& sin = LatentCore::view_of(md.sin, n, seen_.gsin_src, seen_.gsin4,
                                               [&] { return md.sin.narrow(0, 0, n).view({n, 1, 1, R}); });
   const at::Tensor& slots = LatentCore::view_of(md.slot_mapping, n, seen_.gslots_src, seen_.gslots, [&] {
-    return md.slot_mapping.size(0) == n ? md.slot_mapping : md.slot_mapping.narrow(0, 0, n);
+    return ::aar::detail::first_rows(md.slot_mapping, n);
   });
   core_->write_kv_rows(kv4, cos, sin, slots, c.nope, c.rope);
 }
@@ -1169,7 +1169,6 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
        v != pv.staged_cols.data() + pv.staged_cols.size(); ++v, ++g) {
     ops::dense::copy(*v, *g);
   }
-  const auto first = [](const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); };
   // The same without a reference count when t has n rows (the usual step): the narrow goes to `held`.
   const auto rows_of = [](const at::Tensor& t, int64_t n, at::Tensor& held) -> const at::Tensor& {
     if (t.size(0) == n) return t;
@@ -1220,9 +1219,9 @@ void Impl::run_dsa_cp_dcp(const at::Tensor& hidden, const Caches& c, const Metad
   const at::Tensor& sa = pv.staged_cols[qc];
   const at::Tensor& sb = pv.staged_cols[qc + 1];
   const at::Tensor& qn = LatentCore::view_of(sa, tk, seen_.staged_qn_src, seen_.staged_qn,
-                                             [&] { return first(sa, tk).view({tk, N, L}); });
+                                             [&] { return ::aar::detail::first_rows(sa, tk).view({tk, N, L}); });
   const at::Tensor& qr = LatentCore::view_of(sb, tk, seen_.staged_qr_src, seen_.staged_qr,
-                                             [&] { return first(sb, tk).view({tk, N, R}); });
+                                             [&] { return ::aar::detail::first_rows(sb, tk).view({tk, N, R}); });
   // 5. The partials padded to T_pad (zeros, LSE -inf in the padding) and exchanged along the tokens: on
   //    the (1, T_pad N, L) view the head-block exchange of combine_partials is the token-block exchange
   //    (block r of the rows is slice r); this rank merges the W partials of its own slice.

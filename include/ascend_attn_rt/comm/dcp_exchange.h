@@ -148,9 +148,6 @@ void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& partial_
 // fp32 (LSE in the last channel; e.g. a PCP all-gather of (rows, H, Dv+1) viewed (N, rows*H,
 // Dv+1)), merged through npu_attention_update: (M, Dv) fp32 and the merged (M) LSE.
 std::tuple<at::Tensor, at::Tensor> merge_wire_partials(const at::Tensor& parts);
-// The same merge with the parts already split into their column blocks (a caller that keeps a gather buffer
-// keeps these views): outs[i] = parts[i][:, :Dv], lses[i] = parts[i][:, Dv].
-std::tuple<at::Tensor, at::Tensor> merge_wire_partials(at::TensorList outs, at::TensorList lses);
 
 // docs/design/cp.md §11.5: the views for T rows of the merge-only workspace (q_dim 0) of the PCP decode
 // merge over `comm` (world = comm.size()): `heads` this rank's heads, `out_dim` Dv, fp32 wire; `slot`

@@ -22,8 +22,6 @@
 
 namespace aar::detail {
 
-inline constexpr std::size_t kMaxViewDims = 8;
-
 class TensorBinding {
  public:
   // Tensors with more dimensions are never `same` (always rebound): correct,
@@ -123,12 +121,15 @@ inline at::Tensor leading_rows(const at::Tensor& t, int64_t start, int64_t n) {
   const c10::IntArrayRef sz = t.sizes(), st = t.strides();
   TORCH_CHECK(sz.size() >= 1 && start >= 0 && n >= 0 && start + n <= sz[0], "leading_rows: rows [", start, ", ",
               start + n, ") of a tensor of ", sz.size() >= 1 ? sz[0] : 0, " rows");
-  std::array<int64_t, kMaxViewDims> buf{};
+  std::array<int64_t, TensorBinding::kMaxDims> buf{};
   TORCH_CHECK(sz.size() <= buf.size(), "leading_rows: ", sz.size(), " dims");
   std::copy(sz.begin(), sz.end(), buf.begin());
   buf[0] = n;
   return t.as_strided(c10::IntArrayRef(buf.data(), sz.size()), st, t.storage_offset() + start * st[0]);
 }
+
+// The first n rows of t: t itself when it has n rows (no new tensor), else leading_rows(t, 0, n).
+inline at::Tensor first_rows(const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : leading_rows(t, 0, n); }
 
 // A GQA-family layer's bound ND caches (nb, bs, Nkv, D) and the (nb, bs, Nkv*D)
 // views the fused kernels take, remade only when a cache is another tensor or

@@ -319,8 +319,8 @@ class Impl {
   void run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMetadata& md, const at::Tensor& output,
                   sfa::TopkBuffer* topk, int64_t tk, detail::Workspace& ws, bool graph = false);
   // The Bmm o_proj of o (n, groups * N D / G) with the wo_a / wo_b the layer holds now (groups:
-  // wo_a's leading size), into a new (n, hidden) tensor.
-  at::Tensor bmm_o_proj(const at::Tensor& o, int64_t groups) const;
+  // wo_a's leading size), into a new (n, hidden) tensor, or into `out` (n, hidden) when given.
+  at::Tensor bmm_o_proj(const at::Tensor& o, int64_t groups, const at::Tensor& out = at::Tensor()) const;
   void capture(graph::GraphParams& g, const at::Tensor& hidden, const Caches& c, const LayerMetadata& md,
                const at::Tensor& output, sfa::TopkBuffer* topk);
   // docs/design/dsa.md §5.2 after the inverse RoPE (eager): o (tk, N, D) -> out (tk, hidden).
