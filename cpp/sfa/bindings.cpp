@@ -438,7 +438,7 @@ void bind_sfa(nb::module_& root) {
           [](sfa::OffloadConfig* self, std::shared_ptr<sfa::HostKvPool> pool, int64_t pool_layer,
              int64_t topk_buffer_size, bool keep_device_kv_cache, bool is_decode_consumer, int32_t max_num_reqs,
              int32_t max_num_tokens, int32_t num_speculative_tokens,
-             std::shared_ptr<sfa::OffloadCopyHooks> copy_hooks) {
+             std::shared_ptr<sfa::OffloadCopyHooks> copy_hooks, int32_t lru_threads) {
             new (self) sfa::OffloadConfig();
             self->pool = std::move(pool);
             self->pool_layer = pool_layer;
@@ -449,10 +449,12 @@ void bind_sfa(nb::module_& root) {
             self->max_num_tokens = max_num_tokens;
             self->num_speculative_tokens = num_speculative_tokens;
             self->copy_hooks = std::move(copy_hooks);
+            self->lru_threads = lru_threads;
           },
           "pool"_a, nb::kw_only(), "pool_layer"_a = -1, "topk_buffer_size"_a = 4096,
           "keep_device_kv_cache"_a = false, "is_decode_consumer"_a = false, "max_num_reqs"_a = 256,
-          "max_num_tokens"_a = 8192, "num_speculative_tokens"_a = 0, "copy_hooks"_a = nb::none())
+          "max_num_tokens"_a = 8192, "num_speculative_tokens"_a = 0, "copy_hooks"_a = nb::none(),
+          "lru_threads"_a = 1)
       .def_ro("pool", &sfa::OffloadConfig::pool)
       .def_ro("pool_layer", &sfa::OffloadConfig::pool_layer)
       .def_ro("topk_buffer_size", &sfa::OffloadConfig::topk_buffer_size)
@@ -460,7 +462,8 @@ void bind_sfa(nb::module_& root) {
       .def_ro("is_decode_consumer", &sfa::OffloadConfig::is_decode_consumer)
       .def_ro("max_num_reqs", &sfa::OffloadConfig::max_num_reqs)
       .def_ro("max_num_tokens", &sfa::OffloadConfig::max_num_tokens)
-      .def_ro("num_speculative_tokens", &sfa::OffloadConfig::num_speculative_tokens);
+      .def_ro("num_speculative_tokens", &sfa::OffloadConfig::num_speculative_tokens)
+      .def_ro("lru_threads", &sfa::OffloadConfig::lru_threads);
   m.def("offload_resident_rows", &sfa::offload_resident_rows, "max_num_tokens"_a, "max_num_reqs"_a,
         "num_speculative_tokens"_a = 0, "min(max_num_tokens, max_num_reqs * (1 + num_speculative_tokens))");
 

@@ -107,6 +107,9 @@ int32_t checked_rows(const OffloadConfig& cfg) {
                 "got ", cfg.max_num_reqs, ", ", cfg.max_num_tokens, ", ", cfg.num_speculative_tokens);
   AAR_CHECK_ARG(cfg.topk_buffer_size > 0 && cfg.topk_buffer_size <= INT32_MAX,
                 "offload.topk_buffer_size must be positive, got ", cfg.topk_buffer_size);
+  AAR_CHECK_ARG(cfg.lru_threads >= 0 && cfg.lru_threads <= plan::ResidentLru::kMaxThreads, "offload.lru_threads=",
+                cfg.lru_threads, " is out of range [0, ", plan::ResidentLru::kMaxThreads,
+                "] (0: the hardware threads, 1: the calling thread only)");
   return static_cast<int32_t>(
       offload_resident_rows(cfg.max_num_tokens, cfg.max_num_reqs, cfg.num_speculative_tokens));
 }
@@ -119,7 +122,7 @@ OffloadLayer::OffloadLayer(const OffloadConfig& cfg, int64_t layer_index, int64_
       L_(L),
       R_(R),
       device_(device),
-      lru_(checked_rows(cfg), static_cast<int32_t>(cfg.topk_buffer_size)) {
+      lru_(checked_rows(cfg), static_cast<int32_t>(cfg.topk_buffer_size), cfg.lru_threads) {
   const HostKvPool& p = *cfg_.pool;
   AAR_CHECK_ARG(p.is_owner() || cfg_.copy_hooks != nullptr, "offload.copy_hooks is required on a process that "
                 "attached to the host KV pool \"", p.name(), "\" (not its owner): its before_onload must wait for the "

@@ -99,7 +99,7 @@ class Serve:
     (decodes first, as the offload builder requires)."""
 
     def __init__(self, *, consumer=True, spec=0, nb=40, max_reqs=4, tbs=16, seed=0, hooks=None, reject_every=0,
-                 names=None, id_kind="adler", rotate=False):
+                 names=None, id_kind="adler", rotate=False, lru_threads=1):
         # names: the requests' names in arrival order (default req-0, req-1, ...); id_kind: how the engine passes
         # them as req_ids ("adler": adler32 integers as upstream, "names": the strings themselves); rotate: the
         # decodes change places every step (each decode row then serves another request than at the last step).
@@ -113,7 +113,8 @@ class Serve:
         self.off_tbs = tbs
         cfg = sfa.OffloadConfig(self.pool, pool_layer=0, topk_buffer_size=tbs, is_decode_consumer=consumer,
                                 keep_device_kv_cache=not consumer, max_num_reqs=max_reqs, max_num_tokens=128,
-                                num_speculative_tokens=spec, copy_hooks=hooks)
+                                num_speculative_tokens=spec, copy_hooks=hooks, lru_threads=lru_threads)
+        assert cfg.lru_threads == lru_threads
         self.off = self.layer.impl(offload=cfg)
         self.ref = self.layer.impl()
         self.ref_b = self.layer.builder(nb, self.mbr, spec=spec, max_num_reqs=max_reqs)
@@ -294,13 +295,29 @@ def test_decode_consumer_continuous_batching_matches_device_cache(spec):
 
 def test_twenty_decode_rows_a_step_match_device_cache():
     # 10 requests with one draft each: 20 decode rows a step (the layer's resident LRU runs them on the caller's
-    # thread, its default; the threaded split is checked in tests/cpp/test_plan_resident_lru.cpp); each step
+    # thread, its default; lru_threads=2 below, the threaded split in tests/cpp/test_plan_resident_lru.cpp); each step
     # checked as above against the device-cache layer and the float64 reference.
     s = Serve(consumer=True, spec=1, nb=80, max_reqs=10, reject_every=3)
     serve(s, {0: [(40 + 6 * i, 5) for i in range(10)]}, 6)
     assert s.arrived == 10
     assert max(st["decode_rows"] for st in s.stats) == 20
     assert sum(st["hits"] for st in s.stats) > 0 and sum(st["misses"] for st in s.stats) > 0
+
+
+def test_lru_threads_split_the_rows_with_the_same_decisions():
+    # The 20-row run of the test above with the LRU step on 2 threads (20 rows >= 2 x 8: the rows are split over
+    # the helper pool) and on one: every step matches the device-cache layer as above, and the two runs make the
+    # same decisions (per-step LRU statistics and the final resident tokens of every slot).
+    runs = []
+    for threads in (2, 1):
+        s = Serve(consumer=True, spec=1, nb=80, max_reqs=10, reject_every=3, lru_threads=threads)
+        serve(s, {0: [(40 + 6 * i, 5) for i in range(10)]}, 6)
+        runs.append(s)
+    two, one = runs
+    assert max(st["decode_rows"] for st in two.stats) == 20
+    assert sum(st["misses"] for st in two.stats) > 0
+    assert two.stats == one.stats
+    assert torch.equal(two.off.resident_tokens(), one.off.resident_tokens())
 
 
 def test_keep_device_kv_cache_mixed_prefill_and_decode_steps():
@@ -518,6 +535,10 @@ def test_configuration_checks_name_the_argument():
         layer.impl(offload=cfg(topk_buffer_size=4), layer_index=0)  # < index_topk 8
     with pytest.raises(ValueError, match="keep_device_kv_cache"):
         layer.impl(offload=cfg(is_decode_consumer=False), layer_index=0)
+    for threads in (-1, 65):
+        with pytest.raises(ValueError, match=f"lru_threads={threads} is out of range"):
+            layer.impl(offload=cfg(lru_threads=threads), layer_index=0)
+    layer.impl(offload=cfg(lru_threads=0), layer_index=0)  # the hardware threads
     with pytest.raises(ValueError, match="sfa_c8"):
         layer.impl(offload=cfg(), layer_index=0, sfa_c8=True)
     with pytest.raises((ValueError, NotImplementedError), match="dcp_size"):

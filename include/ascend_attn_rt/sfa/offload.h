@@ -66,6 +66,12 @@ struct OffloadConfig {
   int32_t max_num_reqs = 256;
   int32_t max_num_tokens = 8192;
   int32_t num_speculative_tokens = 0;
+  // Threads of the resident-slot LRU step (plan::ResidentLru, docs/design/sfa.md
+  // §6.3): 1 the calling thread only (default); n > 1 up to n threads, its rows
+  // split over a process-wide helper pool when every thread gets at least
+  // plan::ResidentLru::kMinRowsPerThread rows; 0 the machine's hardware threads.
+  // At most plan::ResidentLru::kMaxThreads. The decisions do not depend on it.
+  int32_t lru_threads = 1;
   // Null: default_offload_copy_hooks(). Required on a process that attached
   // to the pool (not its owner): its before_onload must order the step's
   // copies after the owner's commit. A commit that throws between K and V
