@@ -105,6 +105,9 @@ struct DcpMath {
     const int64_t rem = static_cast<int64_t>(len) - static_cast<int64_t>(base) * W - static_cast<int64_t>(k) * I;
     return static_cast<int32_t>(base + static_cast<uint32_t>(std::clamp<int64_t>(rem, 0, I)));
   }
+  // The rank owning position p, and p's index in its owner's local sequence (pow2 only).
+  uint32_t owner(uint32_t p) const { return (p >> sI) & (W - 1); }
+  uint32_t local_index(uint32_t p) const { return ((p >> sWI) << sI) | (p & (I - 1)); }
   // The local slot of position p on this rank, -1 when another rank owns it.
   int64_t local_slot(uint32_t p, const int32_t* row) const {
     if (pow2) {

@@ -8,6 +8,7 @@
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/cp/plan/cp_groups.h"
 #include "ascend_attn_rt/plan/seq_lens.h"
+#include "../../plan/block_scan.h"
 #include "../../plan/internal.h"
 #include "dcp_internal.h"
 
@@ -123,12 +124,34 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
   const bool fast = w * il <= int64_t{UINT32_MAX};
   const FastDiv fd_wi(fast ? static_cast<uint32_t>(w * il) : 1u), fd_i(static_cast<uint32_t>(il)),
       fd_bs(static_cast<uint32_t>(bs));
+  constexpr int32_t kTokenCheck = 16;  // up to this many tokens a request's blocks are checked token by token
+  // Shifts instead of multiply-highs when W, I and the block size are powers of two (the usual shard).
+  const detail::dcp::DcpMath dm(shard, in.block_size);
+  const auto local_index_div = [&](uint32_t p) {  // local_index(p) by multiply-highs (fast)
+    const uint32_t qwi = fd_wi.div(p), qi = fd_i.div(p);
+    return qwi * static_cast<uint32_t>(il) + (p - qi * static_cast<uint32_t>(il));
+  };
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t q = in.query_start_loc[r + 1] - in.query_start_loc[r];
     const int32_t seq = in.seq_lens[r];
     AAR_CHECK_ARG(seq >= q, "seq_lens[", r, "]=", seq, " is smaller than its query length ", q);
     if (q == 0) continue;
     const int32_t* row = in.block_table.data() + r * stride;
+    // A few tokens (decodes): their blocks on their owners, token by token, are the blocks the
+    // ranks' ranges below cover; all in range, the request is done, else the ranges name the first
+    // bad one.
+    if (fast && q <= kTokenCheck && in.num_blocks > 0) {
+      bool ok = true;
+      for (uint32_t p = static_cast<uint32_t>(seq - q); p < static_cast<uint32_t>(seq); ++p) {
+        const uint32_t blk = dm.pow2 ? dm.local_index(p) >> dm.sbs : fd_bs.div(local_index_div(p));
+        if (blk >= stride) {
+          ok = false;
+          break;
+        }
+        ok &= static_cast<uint32_t>(row[blk]) < static_cast<uint32_t>(in.num_blocks);
+      }
+      if (ok) continue;
+    }
     // Rank k writes local indices [local_len(seq-q, k), local_len(seq, k)).
     const int64_t lo_q = fast ? fd_wi.div(static_cast<uint32_t>(seq - q)) : 0;
     const int64_t hi_q = fast ? fd_wi.div(static_cast<uint32_t>(seq)) : 0;
@@ -136,7 +159,9 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
       const int64_t lo = fast ? local_len_from(seq - q, lo_q, w, il, k) : local_len(seq - q, w, il, k);
       const int64_t hi = fast ? local_len_from(seq, hi_q, w, il, k) : local_len(seq, w, il, k);
       if (hi == lo) continue;
-      const int64_t first_blk = lo / bs, last_blk = (hi - 1) / bs;
+      // lo < hi <= seq: 32-bit, so the block divisions are multiply-highs too.
+      const int64_t first_blk = fast ? fd_bs.div(static_cast<uint32_t>(lo)) : lo / bs;
+      const int64_t last_blk = fast ? fd_bs.div(static_cast<uint32_t>(hi - 1)) : (hi - 1) / bs;
       AAR_CHECK_ARG(last_blk < in.block_table_stride, "seq_lens[", r, "]=", seq, " needs block index ",
                     last_blk, " on DCP rank ", k, " but block_table_stride=", in.block_table_stride,
                     " (block_size=", in.block_size, ", world=", shard.world, ", interleave=", shard.interleave,
@@ -150,6 +175,25 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
 
   int32_t owned = 0;
   const int32_t ibs = in.block_size;
+  if (fast && dm.pow2) {
+    const uint32_t me = static_cast<uint32_t>(shard.rank);
+    for (std::size_t r = 0; r < b; ++r) {
+      const int32_t begin = in.query_start_loc[r], end = in.query_start_loc[r + 1];
+      const int32_t* row = in.block_table.data() + r * stride;
+      uint32_t pos = static_cast<uint32_t>(in.seq_lens[r] - (end - begin));
+      for (int32_t t = begin; t < end; ++t, ++pos) {
+        if (dm.owner(pos) != me) {
+          slots_out[t] = kPadSlot;
+          continue;
+        }
+        const uint32_t li = dm.local_index(pos);
+        slots_out[t] = row[li >> dm.sbs] * ibs + static_cast<int32_t>(li & (dm.bs - 1));
+        ++owned;
+      }
+    }
+    for (std::size_t t = static_cast<std::size_t>(total); t < slots_out.size(); ++t) slots_out[t] = kPadSlot;
+    return owned;
+  }
   if (fast) {
     const uint32_t uw = static_cast<uint32_t>(w), ui = static_cast<uint32_t>(il), ub = static_cast<uint32_t>(ibs);
     const uint32_t me = static_cast<uint32_t>(shard.rank);
@@ -199,22 +243,45 @@ void check_dcp_block_table(const SlotMappingInputs& in, int32_t world, int32_t i
   AAR_CHECK_ARG(in.block_table_stride >= 0 && in.block_table.size() >= n * stride, "block_table has ",
                 in.block_table.size(), " entries, expected ", n, " x ", in.block_table_stride);
   const bool fast = int64_t{world} * interleave <= int64_t{UINT32_MAX};
-  const FastDiv fd_wi(fast ? static_cast<uint32_t>(int64_t{world} * interleave) : 1u),
-      fd_bs(static_cast<uint32_t>(in.block_size));
-  for (std::size_t r = 0; r < n; ++r) {
+  const FastDiv fd_wi(fast ? static_cast<uint32_t>(int64_t{world} * interleave) : 1u);
+  // The exact check of request r, in the order the errors are named: its length, its block count, its ids.
+  const auto check_request = [&](std::size_t r) {
     const int64_t seq = in.seq_lens[r];
     AAR_CHECK_ARG(seq >= 0, "seq_lens[", r, "]=", seq, " is negative");
-    // ceil(local_len(seq, rank 0) / block_size); multiply-highs when W * I fits 32 bits (docs/design/cp.md §11.8).
     const int64_t first = fast ? local_len_from(seq, fd_wi.div(static_cast<uint32_t>(seq)), world, interleave, 0)
                                : local_len(seq, world, interleave, 0);
-    const int64_t need = fast ? int64_t{fd_bs.div(static_cast<uint32_t>(first + in.block_size - 1))}
-                              : (first + in.block_size - 1) / in.block_size;
+    const int64_t need = (first + in.block_size - 1) / in.block_size;
     AAR_CHECK_ARG(need <= in.block_table_stride, "seq_lens[", r, "]=", seq, " needs ", need,
                   " blocks per DCP rank but block_table_stride=", in.block_table_stride);
-    const int32_t* row = in.block_table.data() + r * stride;
-    for (int64_t c = 0; c < need; ++c) {
-      AAR_CHECK_ARG(row[c] >= 0 && row[c] < in.num_blocks, "block_table[", r, "][", c, "]=", row[c],
-                    " is out of range [0, ", in.num_blocks, ")");
+    detail::check_row_block_ids(in.block_table.data() + r * stride, need, r, in.num_blocks);
+  };
+  // Rank 0 holds the longest local sequence: a row's ids [0, ceil(local_len(seq, 0) / bs)) are what
+  // any rank reads. In chunks: the chunk's local lengths first (the first request whose length or
+  // block count is bad ends the chunk), then its ids by the single-rank builders' vectorised scan
+  // (plan/block_scan.h); any failure is named by the exact check above, request by request.
+  constexpr std::size_t kChunk = 256;
+  int32_t local[kChunk];
+  const detail::BlockCount blocks(in.block_size);
+  for (std::size_t r0 = 0; r0 < n; r0 += kChunk) {
+    const std::size_t m = std::min(kChunk, n - r0);
+    std::size_t good = 0;
+    uint32_t max_count = 0;
+    for (; good < m; ++good) {
+      const int32_t seq = in.seq_lens[r0 + good];
+      if (seq < 0 || !fast) break;
+      const int64_t first = local_len_from(seq, fd_wi.div(static_cast<uint32_t>(seq)), world, interleave, 0);
+      const uint32_t count = blocks(static_cast<int32_t>(first));
+      if (count > static_cast<uint32_t>(in.block_table_stride)) break;
+      local[good] = static_cast<int32_t>(first);
+      max_count = std::max(max_count, count);
+    }
+    if (good > 0 && (in.num_blocks < 0 || !detail::block_ids_in_range(in.block_table.data() + r0 * stride, stride, local, good, blocks,
+                                                 max_count, in.num_blocks, nullptr, 0))) {
+      for (std::size_t i = 0; i < good; ++i) check_request(r0 + i);
+    }
+    if (good < m) {
+      check_request(r0 + good);  // throws unless only the fast form was out of reach (W * I beyond 32 bits)
+      for (std::size_t i = good + 1; i < m; ++i) check_request(r0 + i);
     }
   }
 }

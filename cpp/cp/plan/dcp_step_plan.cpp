@@ -8,6 +8,7 @@
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/plan/slot_mapping.h"
+#include "dcp_internal.h"
 
 namespace aar::plan {
 
@@ -26,6 +27,15 @@ void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t 
   const int32_t td = num_decodes > 0 ? qsl[num_decodes] : 0;
   const int64_t os = out_stride;
   const std::size_t is = static_cast<std::size_t>(block_table_stride);
+  // The shard and the lengths checked once, before any write; the local lengths then by the
+  // shared 32-bit placement (shifts for a power-of-two shard), not a checked division per token.
+  if (td > 0) detail::dcp::check_shard(shard);  // (no decode token: nothing reads it)
+  for (int32_t r = 0; r < num_decodes; ++r) {
+    const int64_t first = int64_t{seq_lens[r]} - (qsl[r + 1] - qsl[r]) + 1;  // the first token's KV length
+    AAR_CHECK_ARG(qsl[r + 1] == qsl[r] || first >= 0, "len=", first, " is negative");
+  }
+  const detail::dcp::DcpMath dm(shard, 1);
+  const uint32_t me = static_cast<uint32_t>(shard.rank);
   for (int32_t r = 0; r < num_decodes; ++r) {
     const int32_t q = qsl[r + 1] - qsl[r];
     const int64_t h = seq_lens[r] - q;
@@ -33,7 +43,7 @@ void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t 
     for (int32_t j = 0; j < q; ++j) {
       const int32_t t = qsl[r] + j;
       q_ends[t] = t + 1;
-      kv_lens[t] = dcp_local_len(h + j + 1, shard.world, shard.interleave, shard.rank);
+      kv_lens[t] = dm.local_len(static_cast<uint32_t>(h + j + 1), me);
       int32_t* dst = table.data() + static_cast<int64_t>(t) * os;
       std::copy(src, src + is, dst);
       std::fill(dst + is, dst + os, 0);
