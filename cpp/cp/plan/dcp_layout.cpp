@@ -275,8 +275,10 @@ void check_dcp_block_table(const SlotMappingInputs& in, int32_t world, int32_t i
       local[good] = static_cast<int32_t>(first);
       max_count = std::max(max_count, count);
     }
-    if (good > 0 && (in.num_blocks < 0 || !detail::block_ids_in_range(in.block_table.data() + r0 * stride, stride, local, good, blocks,
-                                                 max_count, in.num_blocks, nullptr, 0))) {
+    const bool ids_ok = good == 0 || (in.num_blocks >= 0 &&
+                                      detail::block_ids_in_range(in.block_table.data() + r0 * stride, stride, local,
+                                                                 good, blocks, max_count, in.num_blocks, nullptr, 0));
+    if (!ids_ok) {
       for (std::size_t i = 0; i < good; ++i) check_request(r0 + i);
     }
     if (good < m) {

@@ -35,6 +35,7 @@ void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t 
     AAR_CHECK_ARG(qsl[r + 1] == qsl[r] || first >= 0, "len=", first, " is negative");
   }
   const detail::dcp::DcpMath dm(shard, 1);
+  const bool narrow = int64_t{shard.world} * shard.interleave <= int64_t{UINT32_MAX};  // DcpMath's W * I is 32-bit
   const uint32_t me = static_cast<uint32_t>(shard.rank);
   for (int32_t r = 0; r < num_decodes; ++r) {
     const int32_t q = qsl[r + 1] - qsl[r];
@@ -43,7 +44,8 @@ void write_dcp_decode_rows(CSpan<int32_t> qsl, CSpan<int32_t> seq_lens, int32_t 
     for (int32_t j = 0; j < q; ++j) {
       const int32_t t = qsl[r] + j;
       q_ends[t] = t + 1;
-      kv_lens[t] = dm.local_len(static_cast<uint32_t>(h + j + 1), me);
+      kv_lens[t] = narrow ? dm.local_len(static_cast<uint32_t>(h + j + 1), me)
+                          : detail::dcp::local_len(h + j + 1, shard.world, shard.interleave, shard.rank);
       int32_t* dst = table.data() + static_cast<int64_t>(t) * os;
       std::copy(src, src + is, dst);
       std::fill(dst + is, dst + os, 0);
