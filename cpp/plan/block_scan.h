@@ -135,7 +135,8 @@ inline uint32_t or_of_ids(const int32_t* p, std::size_t n) {
 // power-of-two num_blocks the test is one OR per four ids (an id is below a
 // power of two iff the OR of all ids is); otherwise ids are compared (signed
 // compare of sign-flipped values: SSE2 has no unsigned one). A false result
-// only sends the caller to the exact check.
+// only sends the caller to the exact check. num_blocks >= 0 (the callers check
+// it first: with a negative one the compare form can answer true).
 inline bool block_ids_in_range(const int32_t* table, std::size_t stride, const int32_t* seqs, std::size_t b,
                         const BlockCount& blocks, uint32_t max_count, int32_t num_blocks, int32_t* last_ids,
                         std::size_t num_last) {
