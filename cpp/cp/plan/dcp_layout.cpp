@@ -173,49 +173,44 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
     }
   }
 
-  int32_t owned = 0;
   const int32_t ibs = in.block_size;
-  if (fast && dm.pow2) {
-    const uint32_t me = static_cast<uint32_t>(shard.rank);
+  const uint32_t me = static_cast<uint32_t>(shard.rank);
+  // The write pass over 32-bit positions; place(pos, row, slot) is false when another rank owns pos.
+  const auto write_pass = [&](auto place) {
+    int32_t owned = 0;
     for (std::size_t r = 0; r < b; ++r) {
       const int32_t begin = in.query_start_loc[r], end = in.query_start_loc[r + 1];
       const int32_t* row = in.block_table.data() + r * stride;
       uint32_t pos = static_cast<uint32_t>(in.seq_lens[r] - (end - begin));
       for (int32_t t = begin; t < end; ++t, ++pos) {
-        if (dm.owner(pos) != me) {
-          slots_out[t] = kPadSlot;
-          continue;
-        }
-        const uint32_t li = dm.local_index(pos);
-        slots_out[t] = row[li >> dm.sbs] * ibs + static_cast<int32_t>(li & (dm.bs - 1));
-        ++owned;
+        int32_t slot = kPadSlot;
+        owned += place(pos, row, slot) ? 1 : 0;
+        slots_out[t] = slot;
       }
     }
     for (std::size_t t = static_cast<std::size_t>(total); t < slots_out.size(); ++t) slots_out[t] = kPadSlot;
     return owned;
+  };
+  if (fast && dm.pow2) {
+    return write_pass([&](uint32_t pos, const int32_t* row, int32_t& slot) {
+      if (dm.owner(pos) != me) return false;
+      const uint32_t li = dm.local_index(pos);
+      slot = row[li >> dm.sbs] * ibs + static_cast<int32_t>(li & (dm.bs - 1));
+      return true;
+    });
   }
   if (fast) {
     const uint32_t uw = static_cast<uint32_t>(w), ui = static_cast<uint32_t>(il), ub = static_cast<uint32_t>(ibs);
-    const uint32_t me = static_cast<uint32_t>(shard.rank);
-    for (std::size_t r = 0; r < b; ++r) {
-      const int32_t begin = in.query_start_loc[r], end = in.query_start_loc[r + 1];
-      const int32_t* row = in.block_table.data() + r * stride;
-      uint32_t pos = static_cast<uint32_t>(in.seq_lens[r] - (end - begin));
-      for (int32_t t = begin; t < end; ++t, ++pos) {
-        const uint32_t qwi = fd_wi.div(pos), qi = fd_i.div(pos);
-        if (qi - qwi * uw != me) {  // owner(pos) = (pos / I) % W
-          slots_out[t] = kPadSlot;
-          continue;
-        }
-        const uint32_t li = qwi * ui + (pos - qi * ui);  // local_index(pos)
-        const uint32_t blk = fd_bs.div(li);
-        slots_out[t] = row[blk] * ibs + static_cast<int32_t>(li - blk * ub);
-        ++owned;
-      }
-    }
-    for (std::size_t t = static_cast<std::size_t>(total); t < slots_out.size(); ++t) slots_out[t] = kPadSlot;
-    return owned;
+    return write_pass([&](uint32_t pos, const int32_t* row, int32_t& slot) {
+      const uint32_t qwi = fd_wi.div(pos), qi = fd_i.div(pos);
+      if (qi - qwi * uw != me) return false;  // owner(pos) = (pos / I) % W
+      const uint32_t li = qwi * ui + (pos - qi * ui);  // local_index(pos)
+      const uint32_t blk = fd_bs.div(li);
+      slot = row[blk] * ibs + static_cast<int32_t>(li - blk * ub);
+      return true;
+    });
   }
+  int32_t owned = 0;
   for (std::size_t r = 0; r < b; ++r) {
     const int32_t begin = in.query_start_loc[r], end = in.query_start_loc[r + 1];
     const int32_t* row = in.block_table.data() + r * stride;
