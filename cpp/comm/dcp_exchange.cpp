@@ -190,7 +190,13 @@ std::tuple<at::Tensor, at::Tensor> exchange_and_merge(Comm& comm, const DcpViews
 // into the caller's rows seen as (T, H, Dv) / (T, H).
 void combine_one_rank_rows(Comm& comm, const DcpViews& ws, const at::Tensor& partial_out,
                            const at::Tensor& partial_lse, const at::Tensor& out_rows, const at::Tensor& lse_rows,
-                           int64_t T, int64_t H, int64_t D);
+                           int64_t T, int64_t H, int64_t D) {
+  at::Tensor out = rows_as_thd(out_rows, ws.head_major, T, H, D);
+  combine_partials(comm, partial_out, partial_lse, out,
+                   lse_rows.defined() ? std::optional<at::Tensor>(lse_as_th(lse_rows, ws.head_major, T, H))
+                                      : std::nullopt,
+                   &ws);
+}
 
 // The row targets' checks of the two row forms of combine_partials (T rows of H heads of Dv).
 void check_row_targets(const at::Tensor& out_rows, const at::Tensor& lse_rows, int64_t T, int64_t H, int64_t D) {
@@ -304,20 +310,6 @@ void combine_partials(Comm& comm, const at::Tensor& partial_out, const at::Tenso
   ops::dense::copy(out, rows_as_thd(merged, hm, T, H, D));
   if (lse_out.has_value()) ops::dense::copy(lse_out->view({T, H}), lse_as_th(merged_lse, hm, T, H));
 }
-
-namespace {
-
-void combine_one_rank_rows(Comm& comm, const DcpViews& ws, const at::Tensor& partial_out,
-                           const at::Tensor& partial_lse, const at::Tensor& out_rows, const at::Tensor& lse_rows,
-                           int64_t T, int64_t H, int64_t D) {
-  at::Tensor out = rows_as_thd(out_rows, ws.head_major, T, H, D);
-  combine_partials(comm, partial_out, partial_lse, out,
-                   lse_rows.defined() ? std::optional<at::Tensor>(lse_as_th(lse_rows, ws.head_major, T, H))
-                                      : std::nullopt,
-                   &ws);
-}
-
-}  // namespace
 
 void combine_partials(Comm& comm, const DcpViews& ws, const at::Tensor& out_rows, const at::Tensor& lse_rows) {
   const int64_t W = comm.size();

@@ -1348,8 +1348,7 @@ void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const LayerMeta
   sp.on_main("o_proj_road");
   sparse::dsa_cp_road_back(
       comm, road, oproj_full_.get(), [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups); },
-      [&](const at::Tensor& x) { return bmm_o_proj(x, cf.o_groups / W); }, output, tk,
-      [&](const at::Tensor& x, const at::Tensor& out) { bmm_o_proj(x, cf.o_groups / W, out); });
+      [&](const at::Tensor& x, const at::Tensor& out) { return bmm_o_proj(x, cf.o_groups / W, out); }, output, tk);
 }
 
 ops::W8A8DynamicInput Impl::quantize_x(const at::Tensor& x, const detail::TokenViews& v, bool graph) const {

@@ -1042,10 +1042,12 @@ void Impl::dsa_cp_output(const at::Tensor& y_local, int64_t nloc, const Metadata
                                                  [&] { return y_local.view({nloc, W, N * V / W}); }));
   }
   const auto o_proj = [this](const at::Tensor& x) { return ops::dense::linear(x, core_->weights().o_proj); };
-  const auto o_proj_out = [this](const at::Tensor& x, const at::Tensor& out) {
+  const auto o_proj_shard = [this](const at::Tensor& x, const at::Tensor& out) {
+    if (!out.defined()) return ops::dense::linear(x, core_->weights().o_proj);
     ops::dense::linear_out(out, x, core_->weights().o_proj);
+    return out;
   };
-  sparse::dsa_cp_road_back(comm, r, oproj_full_.get(), o_proj, o_proj, output, tk, o_proj_out);
+  sparse::dsa_cp_road_back(comm, r, oproj_full_.get(), o_proj, o_proj_shard, output, tk);
 }
 
 void Impl::run_dsa_cp(const at::Tensor& hidden, const Caches& c, const Metadata& md, TopkBuffer* topk,

@@ -15,8 +15,8 @@ namespace aar::sparse {
 
 void dsa_cp_road_back(cp::Comm& comm, const DsaCpRows& r, OProjFullWeight* sw,
                       const std::function<at::Tensor(const at::Tensor&)>& o_proj_full,
-                      const std::function<at::Tensor(const at::Tensor&)>& o_proj_shard, const at::Tensor& output,
-                      int64_t tk, const std::function<void(const at::Tensor&, const at::Tensor&)>& o_proj_shard_out) {
+                      const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& o_proj_shard,
+                      const at::Tensor& output, int64_t tk) {
   at::Tensor full;  // (T_pad, hidden)
   if (r.full_road) {
     AAR_CHECK_ARG(sw != nullptr, "DSA-CP prefill road without an o_proj full-weight switch");
@@ -32,13 +32,13 @@ void dsa_cp_road_back(cp::Comm& comm, const DsaCpRows& r, OProjFullWeight* sw,
     // Block i of the exchange is rank i's tokens of this rank's heads.
     comm.all_to_all_single(r.send, r.exchange);
     const int64_t rows = output.size(0);
-    if (o_proj_shard_out && rows == r.exchange.size(0) && tk >= rows && output.is_contiguous()) {
+    if (rows == r.exchange.size(0) && tk >= rows && output.is_contiguous()) {
       // The usual decode step: the partial sums straight into the output, reduced there.
-      o_proj_shard_out(r.exchange, output);
+      o_proj_shard(r.exchange, output);
       comm.all_reduce(output);
       return;
     }
-    full = o_proj_shard(r.exchange);
+    full = o_proj_shard(r.exchange, at::Tensor());
     if (!full.is_contiguous()) full = full.contiguous();  // reduced in place
     comm.all_reduce(full);
   }

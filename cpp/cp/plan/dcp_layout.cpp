@@ -200,11 +200,10 @@ int32_t compute_dcp_slot_mapping(const SlotMappingInputs& in, const DcpShard& sh
     });
   }
   if (fast) {
-    const uint32_t uw = static_cast<uint32_t>(w), ui = static_cast<uint32_t>(il), ub = static_cast<uint32_t>(ibs);
+    const uint32_t uw = static_cast<uint32_t>(w), ub = static_cast<uint32_t>(ibs);
     return write_pass([&](uint32_t pos, const int32_t* row, int32_t& slot) {
-      const uint32_t qwi = fd_wi.div(pos), qi = fd_i.div(pos);
-      if (qi - qwi * uw != me) return false;  // owner(pos) = (pos / I) % W
-      const uint32_t li = qwi * ui + (pos - qi * ui);  // local_index(pos)
+      if (fd_i.div(pos) - fd_wi.div(pos) * uw != me) return false;  // owner(pos) = (pos / I) % W
+      const uint32_t li = local_index_div(pos);
       const uint32_t blk = fd_bs.div(li);
       slot = row[blk] * ibs + static_cast<int32_t>(li - blk * ub);
       return true;

@@ -34,14 +34,13 @@ struct DsaCpRows {
 };
 
 // o_proj_full(x (tpr, width)) -> (tpr, hidden), run with the full weights switched in (`sw`);
-// o_proj_shard(x (T_pad, width / W)) -> (T_pad, hidden) partial sums of this rank's heads. Writes
-// output[:min(tk, rows)] and zeroes its other rows. o_proj_shard_out (optional): the same partial sums
-// written into a given (T_pad, hidden) tensor; when output is exactly those rows (contiguous, T_pad
-// rows, no padding token) the decode road writes and reduces them in place in output (no copy).
+// o_proj_shard(x (T_pad, width / W), out) -> the (T_pad, hidden) partial sums of this rank's heads,
+// written into `out` when it is defined (and returned), else into a new tensor. Writes
+// output[:min(tk, rows)] and zeroes its other rows; when output is exactly the T_pad rows
+// (contiguous, no padding token) the decode road writes and reduces them in place in output (no copy).
 void dsa_cp_road_back(cp::Comm& comm, const DsaCpRows& r, OProjFullWeight* sw,
                       const std::function<at::Tensor(const at::Tensor&)>& o_proj_full,
-                      const std::function<at::Tensor(const at::Tensor&)>& o_proj_shard, const at::Tensor& output,
-                      int64_t tk,
-                      const std::function<void(const at::Tensor&, const at::Tensor&)>& o_proj_shard_out = {});
+                      const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& o_proj_shard,
+                      const at::Tensor& output, int64_t tk);
 
 }  // namespace aar::sparse
