@@ -21,7 +21,10 @@
 // machine load shows in all of them alike.
 //
 // Also reported, as a floor for the same data volume: one memcpy of the step's
-// top-k into current_slots (rows x K int32 read and written once).
+// top-k into current_slots (rows x K int32 read and written once); and what an
+// IndexCache layer does instead of the step when it repeats the previous
+// layer's decision (docs/design/sfa.md §6.8): one masked compare of its top-k
+// with the decision's and the rows of the decision's copies.
 //
 //   build/bench_resident_lru_cpp [--out benchmarks/results/cpp_resident_lru.json] [--quick] [--only SUBSTRING]
 #include <algorithm>
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/sfa/plan/resident_lru.h"
+#include "ascend_attn_rt/sfa/plan/sfa_plan.h"
 #include "bench_timing.h"
 #include "legacy_resident_lru.h"
 
@@ -188,6 +192,47 @@ double memcpy_floor_us(int32_t rows, int repeats) {
   return samples[samples.size() / 2];
 }
 
+// An IndexCache layer's host work when it repeats the previous layer's
+// decision instead of stepping its own LRU (docs/design/sfa.md §6.8): its
+// top-k masked and compared with the decision's (a full pass: the selections
+// are equal; a different one stops at its first row), then the rows of the
+// decision's copies (10% of the entries, as at 90% hits, row by row), from
+// 8192-token contexts of block size 128.
+double repeat_us(int32_t rows, int repeats) {
+  const std::size_t n = static_cast<std::size_t>(rows) * kK;
+  constexpr int32_t kBlock = 128, kStride = 64;
+  std::mt19937 rng(5);
+  std::vector<int32_t> topk(n), masked(n), thr(static_cast<std::size_t>(rows), 1 << 20);
+  for (int32_t& t : topk) t = static_cast<int32_t>(rng() % (kBlock * kStride));
+  aar::plan::mask_invalid_topk(topk, kK, thr, masked);
+  std::vector<ResidentMiss> copies(n / 10);
+  for (ResidentMiss& m : copies) {
+    m = ResidentMiss{static_cast<int32_t>(rng() % static_cast<uint32_t>(rows)),
+                     static_cast<int32_t>(rng() % (kBlock * kStride)), static_cast<int32_t>(rng() % kCapacity)};
+  }
+  // Row by row, as a step lists them.
+  std::sort(copies.begin(), copies.end(), [](const ResidentMiss& a, const ResidentMiss& b) { return a.row < b.row; });
+  std::vector<int32_t> ttr(static_cast<std::size_t>(rows)), table(static_cast<std::size_t>(rows) * kStride);
+  std::iota(ttr.begin(), ttr.end(), 0);
+  for (int32_t& b : table) b = static_cast<int32_t>(rng() % 100000);
+  std::vector<int64_t> src(copies.size()), dst(copies.size());
+  std::vector<double> samples;
+  const int iters = std::max(20, static_cast<int>(20000000 / (n + 1)));
+  int equal = 0;
+  for (int rep = 0; rep < repeats; ++rep) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      equal += aar::plan::masked_topk_equals(topk, kK, thr, masked) ? 1 : 0;
+      aar::plan::resident_copy_rows(copies, ttr, table, kStride, kBlock, kCapacity, src, dst);
+      asm volatile("" ::: "memory");
+    }
+    samples.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters);
+  }
+  if (equal != repeats * iters) std::abort();
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -219,9 +264,10 @@ int main(int argc, char** argv) {
     const Sequence seq = make_sequence(c, warm + timed, 1234u + static_cast<uint32_t>(c.rows));
     for (Result& r : run_case(c, seq, hw, warm + timed, warm, repeats)) results.push_back(std::move(r));
   }
-  std::vector<std::pair<int32_t, double>> floors;
+  std::vector<std::pair<int32_t, double>> floors, repeats_us;
   if (only.empty()) {
     for (int32_t rows : {1, 32, 256}) floors.emplace_back(rows, memcpy_floor_us(rows, repeats));
+    for (int32_t rows : {1, 32, 256}) repeats_us.emplace_back(rows, repeat_us(rows, repeats));
   }
 
   std::printf("K=%d, capacity=%d, one layer's step; hardware threads %d\n", kK, kCapacity, hw);
@@ -241,6 +287,9 @@ int main(int argc, char** argv) {
   for (const auto& f : floors) {
     std::printf("%-40s %5d %10.1f\n", "floor: memcpy top-k -> current_slots", f.first, f.second);
   }
+  for (const auto& f : repeats_us) {
+    std::printf("%-40s %5d %10.1f\n", "IndexCache layer: repeat the decision", f.first, f.second);
+  }
   aar_bench::JsonReport report("bench_resident_lru_cpp", /*no_compute=*/false);
   report.field("K", kK);
   report.field("capacity", kCapacity);
@@ -257,6 +306,10 @@ int main(int argc, char** argv) {
   }
   for (const auto& f : floors) {
     report.add("results", {{"case", "floor: memcpy top-k -> current_slots"}, {"rows", f.first}, {"us_per_step", f.second}});
+  }
+  for (const auto& f : repeats_us) {
+    report.add("results",
+               {{"case", "IndexCache layer: repeat the decision"}, {"rows", f.first}, {"us_per_step", f.second}});
   }
   return report.write(args.out) ? 0 : 1;
 }

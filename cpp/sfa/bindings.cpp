@@ -185,6 +185,8 @@ nb::dict stats_dict(const sfa::OffloadStepStats& s) {
   d["duplicates"] = s.duplicates;
   d["onload_bytes"] = s.onload_bytes;
   d["commit_bytes"] = s.commit_bytes;
+  d["decided_by"] = s.decided_by;
+  d["resynced"] = s.resynced;
   return d;
 }
 

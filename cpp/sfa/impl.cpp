@@ -247,7 +247,8 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   }
   if (cfg_.offload.has_value()) {
     offload_ = std::make_unique<detail::OffloadLayer>(*cfg_.offload, cfg_.layer_index, d.kv_lora_rank,
-                                                      d.qk_rope_head_dim, wref.device());
+                                                      d.qk_rope_head_dim, wref.device(),
+                                                      /*repeats_decisions=*/!cfg_.indexer.has_value());
   }
   if (cfg_.indexer.has_value()) {
     detail::IndexerShape shape;
@@ -292,14 +293,15 @@ const at::Tensor& Impl::resident_k() const { return offload_layer().buffer_k(); 
 const at::Tensor& Impl::resident_v() const { return offload_layer().buffer_v(); }
 int64_t Impl::resident_rows() const { return offload_layer().resident_rows(); }
 int32_t Impl::resident_token(int32_t row, int32_t slot) const {
-  const plan::ResidentLru& lru = offload_layer().lru();
+  const detail::OffloadLayer& o = offload_layer();
+  const plan::ResidentLru& lru = o.lru();
   AAR_CHECK_ARG(row >= 0 && row < lru.max_rows() && slot >= 0 && slot < lru.capacity(), "resident (row, slot)=(",
                 row, ", ", slot, ") is out of range [0, ", lru.max_rows(), ") x [0, ", lru.capacity(), ")");
-  return lru.token_at(row, slot);
+  return o.resident_token(row, slot);
 }
 void Impl::reset_resident() {
   offload_layer();
-  offload_->lru().reset();
+  offload_->reset_resident();
 }
 
 const at::Tensor& Impl::w_uk_t() const { return core_->w_uk_t(); }

@@ -116,13 +116,18 @@ int32_t checked_rows(const OffloadConfig& cfg) {
 
 }  // namespace
 
-OffloadLayer::OffloadLayer(const OffloadConfig& cfg, int64_t layer_index, int64_t L, int64_t R, c10::Device device)
+OffloadLayer::OffloadLayer(const OffloadConfig& cfg, int64_t layer_index, int64_t L, int64_t R, c10::Device device,
+                           bool repeats_decisions)
     : cfg_(cfg),
       hooks_(cfg.copy_hooks != nullptr ? cfg.copy_hooks : default_offload_copy_hooks()),
       L_(L),
       R_(R),
       device_(device),
-      lru_(checked_rows(cfg), static_cast<int32_t>(cfg.topk_buffer_size), cfg.lru_threads) {
+      lru_(std::make_shared<plan::ResidentLru>(checked_rows(cfg), static_cast<int32_t>(cfg.topk_buffer_size),
+                                               cfg.lru_threads)),
+      repeats_(repeats_decisions) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   const HostKvPool& p = *cfg_.pool;
   AAR_CHECK_ARG(p.is_owner() || cfg_.copy_hooks != nullptr, "offload.copy_hooks is required on a process that "
                 "attached to the host KV pool \"", p.name(), "\" (not its owner): its before_onload must wait for the "
@@ -183,49 +188,113 @@ void OffloadLayer::commit_rows(const at::Tensor& k, const at::Tensor& v, const a
   stats_.commit_bytes = n * (L_ + R_) * 2;
 }
 
-void OffloadLayer::onload(const OffloadMetadata& o, int64_t block_size, int64_t n) {
+void OffloadLayer::onload(const OffloadMetadata& o, int64_t block_size, const plan::ResidentMiss* m, int64_t n,
+                          const at::Tensor& src_index, const at::Tensor& dst_index) {
   // docs/design/sfa.md §6.3's addresses: token p of row t (request b) sits in pool row
-  // block_table[b][p / bs] * bs + p % bs and goes to resident row t *
-  // capacity + slot.
-  const int64_t bs = block_size, cap = cfg_.topk_buffer_size, stride = o.block_table_stride;
-  int64_t* src = ws_->src_index.data_ptr<int64_t>();
-  int64_t* dst = ws_->dst_index.data_ptr<int64_t>();
-  const int32_t* ttr = o.token_to_req_host.data();
-  const int32_t* bt = o.block_table_host.data();
-  for (int64_t i = 0; i < n; ++i) {
-    const plan::ResidentMiss& m = ws_->misses[static_cast<size_t>(i)];
-    const int64_t b = ttr[m.row];
-    src[i] = static_cast<int64_t>(bt[b * stride + m.token / bs]) * bs + m.token % bs;
-    dst[i] = static_cast<int64_t>(m.row) * cap + m.slot;
-  }
+  // block_table[b][p / bs] * bs + p % bs and goes to resident row t * capacity + slot.
+  const size_t un = static_cast<size_t>(n);
+  plan::resident_copy_rows({m, un}, o.token_to_req_host, o.block_table_host, o.block_table_stride,
+                           static_cast<int32_t>(block_size), cfg_.topk_buffer_size,
+                           {src_index.data_ptr<int64_t>(), un}, {dst_index.data_ptr<int64_t>(), un});
   hooks_->before_onload();
   if (n == 0) return;
-  const at::Tensor s = ws_->src_index.narrow(0, 0, n), d = ws_->dst_index.narrow(0, 0, n);
+  const at::Tensor s = src_index.narrow(0, 0, n), d = dst_index.narrow(0, 0, n);
   hooks_->onload(rows_k_, d, cfg_.pool->k_rows(pool_layer_), s);
   hooks_->onload(rows_v_, d, cfg_.pool->v_rows(pool_layer_), s);
 }
 
+int32_t OffloadLayer::resident_token(int32_t row, int32_t slot) const {
+  if (mirror_.layer == 0) return lru_->token_at(row, slot);
+  const std::shared_ptr<const plan::ResidentLru> src = mirror_.lru.lock();
+  if (src == nullptr || src->version() != mirror_.version) return -1;
+  return src->token_at(row, slot);
+}
+
+void OffloadLayer::reset_resident() {
+  lru_->reset();
+  own_stale_ = false;
+  mirror_ = Mirror{};
+}
+
+bool OffloadLayer::repeat_decision(OffloadWorkspace& w, int64_t rows, const OffloadMetadata& o, int64_t block_size) {
+  const OffloadWorkspace::Decision& d = w.decision;
+  const bool in_step = mirror_.layer == d.layer && mirror_.version == d.before;
+  const plan::ResidentMiss* copies = w.misses.data();
+  int64_t n = d.stats.misses;
+  at::Tensor src = w.src_index, dst = w.dst_index;
+  const std::shared_ptr<const plan::ResidentLru> lru = d.lru.lock();
+  if (!in_step) {
+    // Out of step (the first repeat, a reset here or there, a step of the other LRU this layer did
+    // not follow): every resident token of that LRU's state after the decision, which it must still hold.
+    if (lru == nullptr || lru->version() != d.after) return false;
+    lru->list_resident(static_cast<int32_t>(rows), resync_);
+    copies = resync_.data();
+    n = static_cast<int64_t>(resync_.size());
+    if (!resync_src_.defined() || resync_src_.numel() < n) {
+      const auto opts = at::TensorOptions().dtype(at::kLong);
+      resync_src_ = at::empty({std::max<int64_t>(n, 1)}, opts);
+      resync_dst_ = at::empty({std::max<int64_t>(n, 1)}, opts);
+    }
+    src = resync_src_;
+    dst = resync_dst_;
+  }
+  // From here the buffers follow that LRU: this layer's own no longer describes them, and until the
+  // copies are done they follow none (a failed copy leaves the next repeat to resync).
+  own_stale_ = true;
+  mirror_ = Mirror{};
+  stats_.decode_rows = rows;
+  stats_.hits = d.stats.hits;
+  stats_.misses = n;
+  stats_.resets = d.stats.resets;
+  stats_.invalidated = d.stats.invalidated;
+  stats_.duplicates = d.stats.duplicates;
+  stats_.onload_bytes = n * (L_ + R_) * 2;
+  stats_.decided_by = d.pool_layer;
+  stats_.resynced = !in_step;
+  onload(o, block_size, copies, n, src, dst);
+  mirror_ = Mirror{d.layer, d.after, d.lru};
+  return true;
+}
+
 void OffloadLayer::resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t rows, int64_t K,
                                  const OffloadMetadata& o, int64_t block_size) {
-  const size_t n = static_cast<size_t>(rows * K);
+  const size_t n = static_cast<size_t>(rows * K), ur = static_cast<size_t>(rows);
+  const plan::CSpan<int32_t> seq = o.decode_seq_lens.first(ur), sp = o.decode_stable_prefix.first(ur);
+  const plan::CSpan<uint64_t> req = o.decode_req_ids.first(ur);
+  OffloadWorkspace::Decision& d = w.decision;
+  // docs/design/sfa.md §6.8: the layer before decided on the same selection (an IndexCache layer
+  // reusing its top-k): its decision and copies are repeated, no LRU step.
+  if (repeats_ && d.valid && d.layer != id_ && d.rows == rows && d.K == K &&
+      std::equal(req.begin(), req.end(), d.req_ids.begin()) && std::equal(sp.begin(), sp.end(), d.stable_prefix.begin()) &&
+      plan::masked_topk_equals({tp, n}, static_cast<int32_t>(K), seq, {w.masked.data(), n}) &&
+      repeat_decision(w, rows, o, block_size)) {
+    return;
+  }
+  d.valid = false;
   // Entries outside [0, seq_len) of the token's request -> -1.
-  plan::mask_invalid_topk({tp, n}, static_cast<int32_t>(K), o.decode_seq_lens.first(static_cast<size_t>(rows)),
-                          {w.masked.data(), n});
-  // The layer's LRU maps the entries to resident slots.
+  plan::mask_invalid_topk({tp, n}, static_cast<int32_t>(K), seq, {w.masked.data(), n});
+  // The layer's LRU maps the entries to resident slots (from empty if the buffers followed another's).
+  if (own_stale_) {
+    lru_->reset();
+    own_stale_ = false;
+  }
+  mirror_ = Mirror{};
+  plan::ResidentLru& lru = *lru_;
+  const uint64_t before = lru.version();
   plan::ResidentStepInputs li;
   li.topk = plan::CSpan<int32_t>(w.masked.data(), n);
   li.K = static_cast<int32_t>(K);
-  li.req_ids = o.decode_req_ids.first(static_cast<size_t>(rows));
-  li.stable_prefix = o.decode_stable_prefix.first(static_cast<size_t>(rows));
+  li.req_ids = req;
+  li.stable_prefix = sp;
   plan::ResidentStepOutputs lo;
   lo.current_slots = plan::Span<int32_t>(w.slots_host.data_ptr<int32_t>(), n);
   lo.misses = plan::Span<plan::ResidentMiss>(w.misses.data(), n);
-  const plan::ResidentStepStats st = lru_.step(li, lo);
+  const plan::ResidentStepStats st = lru.step(li, lo);
   // Rows past this step's forget their residents: while a row is not stepped
   // its request may still decode on another row and rewrite (MTP) the host
   // rows of tokens it holds; coming back with the same request id it would
   // then hit stale copies.
-  lru_.reset_rows(static_cast<int32_t>(rows), lru_.max_rows());
+  lru.reset_rows(static_cast<int32_t>(rows), lru.max_rows());
   try {
     stats_.decode_rows = rows;
     stats_.hits = st.hits;
@@ -234,11 +303,24 @@ void OffloadLayer::resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t
     stats_.invalidated = st.invalidated;
     stats_.duplicates = st.duplicates;
     stats_.onload_bytes = st.misses * (L_ + R_) * 2;
-    onload(o, block_size, st.misses);
+    stats_.decided_by = pool_layer_;
+    stats_.resynced = false;
+    onload(o, block_size, w.misses.data(), st.misses, w.src_index, w.dst_index);
   } catch (...) {
-    lru_.reset();  // its slots would no longer describe the buffers
+    lru.reset();  // its slots would no longer describe the buffers
     throw;
   }
+  d.layer = id_;
+  d.pool_layer = pool_layer_;
+  d.lru = lru_;
+  d.before = before;
+  d.after = lru.version();
+  d.rows = rows;
+  d.K = K;
+  d.req_ids.assign(req.begin(), req.end());
+  d.stable_prefix.assign(sp.begin(), sp.end());
+  d.stats = st;
+  d.valid = true;
 }
 
 at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, const at::Tensor& topk, const Metadata& md,
@@ -270,7 +352,7 @@ at::Tensor OffloadLayer::attend(const at::Tensor& qn, const at::Tensor& qr, cons
     return sparse_attention(args_, {qn, qr, v.slots, pages_k_, pages_v_, v.block_table, v.cum_query_lens,
                                     v.seq_lens, scale});
   } catch (...) {
-    lru_.reset();
+    reset_resident();
     throw;
   }
 }

@@ -55,6 +55,20 @@ class OffloadWorkspace {
   std::vector<int32_t> masked;              // rows * K
   at::Tensor slots_host;  // host int32 (rows * K): the LRU's current slots (the device buffer itself on the CPU)
   std::vector<plan::ResidentMiss> misses;   // rows * K
+  // The last resident step's decision (docs/design/sfa.md §6.8): the masked top-k it read is `masked`,
+  // its slots `slots_host`, its copies `misses`; the layer whose LRU made it, that LRU's versions
+  // before and after, and its other inputs. A later layer whose inputs are equal repeats it.
+  struct Decision {
+    bool valid = false;
+    uint64_t layer = 0;  // OffloadLayer::id()
+    int64_t pool_layer = -1;
+    std::weak_ptr<const plan::ResidentLru> lru;
+    uint64_t before = 0, after = 0;
+    int64_t rows = 0, K = 0;
+    std::vector<uint64_t> req_ids;
+    std::vector<int32_t> stable_prefix;
+    plan::ResidentStepStats stats;
+  } decision;
   at::Tensor src_index, dst_index;          // host int64 (rows * K)
   at::Tensor slots_device;                  // (rows, 1, K) int32: the resident path's sparse indices
   // Row t's pages [t * ppr, t * ppr + ppr), one query per row, KV length capacity.
@@ -151,7 +165,10 @@ class OffloadLayer {
  public:
   // layer_index: the layer's ImplConfig::layer_index (pool_layer's default).
   // dims: kv_lora_rank L and qk_rope_head_dim R; device: the layer's.
-  OffloadLayer(const OffloadConfig& cfg, int64_t layer_index, int64_t L, int64_t R, c10::Device device);
+  // repeats_decisions: the layer reads its top-k from the TopkBuffer (no indexer of its own): a resident
+  // step on the selection the previous offloaded layer decided on repeats that decision (docs/design/sfa.md §6.8).
+  OffloadLayer(const OffloadConfig& cfg, int64_t layer_index, int64_t L, int64_t R, c10::Device device,
+               bool repeats_decisions);
 
   const OffloadConfig& config() const { return cfg_; }
   int64_t resident_rows() const { return rows_; }
@@ -159,8 +176,14 @@ class OffloadLayer {
   const HostKvPool& pool() const { return *cfg_.pool; }
   const at::Tensor& buffer_k() const { return buf_k_; }  // (rows, capacity, 1, L)
   const at::Tensor& buffer_v() const { return buf_v_; }  // (rows, capacity, 1, R)
-  const plan::ResidentLru& lru() const { return lru_; }
-  plan::ResidentLru& lru() { return lru_; }
+  const plan::ResidentLru& lru() const { return *lru_; }
+  // Process-unique (a decision names the layer that made it).
+  uint64_t id() const { return id_; }
+  // The token slot `slot` of resident row `row` holds (-1: empty): the layer's LRU, or the LRU whose
+  // decisions it repeats (-1 everywhere when it is out of step with it: its next step copies all back).
+  int32_t resident_token(int32_t row, int32_t slot) const;
+  // Forgets every resident row (the layer's LRU, and the LRU it repeated).
+  void reset_resident();
   OffloadStepStats& stats() { return stats_; }
   const OffloadStepStats& stats() const { return stats_; }
 
@@ -200,7 +223,12 @@ class OffloadLayer {
   // top-k `tp` (rows x K): the slots into w.slots_host, the stats. Resets the LRU if a copy fails.
   void resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t rows, int64_t K, const OffloadMetadata& o,
                      int64_t block_size);
-  void onload(const OffloadMetadata& o, int64_t block_size, int64_t n);
+  // Copies the n entries of `m` host -> device through the hooks (index tensors: host int64, >= n).
+  void onload(const OffloadMetadata& o, int64_t block_size, const plan::ResidentMiss* m, int64_t n,
+              const at::Tensor& src_index, const at::Tensor& dst_index);
+  // docs/design/sfa.md §6.8: repeats w.decision (made by another layer's LRU on equal inputs) on this
+  // layer's buffers; false (nothing done) when it cannot (that LRU is gone or has changed since).
+  bool repeat_decision(OffloadWorkspace& w, int64_t rows, const OffloadMetadata& o, int64_t block_size);
 
   OffloadConfig cfg_;
   std::shared_ptr<OffloadCopyHooks> hooks_;
@@ -209,7 +237,18 @@ class OffloadLayer {
   at::Tensor buf_k_, buf_v_;            // resident buffers
   at::Tensor pages_k_, pages_v_;        // as (rows * ppr, bs, 1, D)
   at::Tensor rows_k_, rows_v_;          // as (rows * capacity, D)
-  plan::ResidentLru lru_;
+  uint64_t id_ = 0;
+  std::shared_ptr<plan::ResidentLru> lru_;
+  // The LRU whose decisions the buffers follow instead of lru_'s (layer 0: none) and the version of it
+  // they hold; lru_ is then stale (reset before its next step).
+  struct Mirror {
+    uint64_t layer = 0, version = 0;
+    std::weak_ptr<const plan::ResidentLru> lru;
+  } mirror_;
+  bool own_stale_ = false;
+  bool repeats_ = false;
+  std::vector<plan::ResidentMiss> resync_;   // a resync's copies
+  at::Tensor resync_src_, resync_dst_;        // and their indices (host int64, grown on demand)
   std::shared_ptr<OffloadWorkspace> ws_;  // made at the first step (K known then)
   ops::SparseFlashAttentionArgs args_;
   OffloadStepStats stats_;

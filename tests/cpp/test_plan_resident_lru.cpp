@@ -907,3 +907,41 @@ TEST(ResidentLru, LongRunsWrapTheQueuePositionsAndStamps) {
     prev = row;
   }
 }
+
+TEST(ResidentLru, VersionMovesWithEveryChangeOfStateAndListResidentShowsIt) {
+  ResidentLru lru(3, 8);
+  uint64_t v = lru.version();
+  Step a(2, {4, 9, 1, 6, 2, -1}, {11, 12, 13}, {100, 100, 100});
+  a.run(lru);
+  EXPECT_GT(lru.version(), v);
+  v = lru.version();
+  std::vector<ResidentMiss> listed;
+  lru.list_resident(3, listed);
+  // Row by row, slot by slot: every copy the step made, nothing else.
+  EXPECT_EQ(listed, (std::vector<ResidentMiss>{{0, 4, 0}, {0, 9, 1}, {1, 1, 0}, {1, 6, 1}, {2, 2, 0}}))
+      << to_string(listed);
+  lru.list_resident(2, listed);
+  EXPECT_EQ(listed.size(), 4u);
+  lru.list_resident(99, listed);  // clamped to max_rows
+  EXPECT_EQ(listed.size(), 5u);
+  // A rejected step changes nothing, the version included.
+  Step bad(2, {4, 9}, {11}, {-1});
+  EXPECT_INVALID(bad.run(lru), "stable_prefix[0]=-1");
+  EXPECT_EQ(lru.version(), v);
+  lru.reset_rows(1, 2);
+  EXPECT_GT(lru.version(), v);
+  v = lru.version();
+  lru.list_resident(3, listed);
+  EXPECT_EQ(listed, (std::vector<ResidentMiss>{{0, 4, 0}, {0, 9, 1}, {2, 2, 0}})) << to_string(listed);
+  lru.reset();
+  EXPECT_GT(lru.version(), v);
+  lru.list_resident(3, listed);
+  EXPECT_TRUE(listed.empty());
+  // An unchanged selection (no per-entry work, no change of state) still counts as a step.
+  v = lru.version();
+  Step c(2, {4, 9}, {11}, {100});
+  c.run(lru);
+  c.run(lru);
+  c.run(lru);
+  EXPECT_GT(lru.version(), v);
+}

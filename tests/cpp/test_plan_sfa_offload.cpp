@@ -3,6 +3,7 @@
 // 1-token boundary step), the per-request / per-token arrays against hand
 // vectors, the decode-first order and every bad input rejected by name, and
 // mask_invalid_topk against build_valid_topk_mask.
+#include <random>
 #include <vector>
 
 #include <string_view>
@@ -156,6 +157,33 @@ TEST(SfaOffloadPlan, MaskInvalidTopkIsWhereOfTheMask) {
   const std::vector<int32_t> negative = {6, -1, 0};
   EXPECT_INVALID(mask_invalid_topk(topk, 3, negative, out), "thresholds_per_row[1]=-1");
   EXPECT_INVALID(mask_invalid_topk(topk, 4, thr, out), "not a multiple of K=4");
+}
+
+TEST(SfaOffloadPlan, MaskedTopkEqualsIsTheMaskCompared) {
+  // Random rows against their own mask, and against that mask with one entry changed anywhere.
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t K = 1 + static_cast<int32_t>(rng() % 9), rows = 1 + static_cast<int32_t>(rng() % 5);
+    std::vector<int32_t> topk(static_cast<std::size_t>(rows * K)), thr(static_cast<std::size_t>(rows));
+    for (int32_t& t : topk) t = static_cast<int32_t>(rng() % 24) - 4;
+    for (int32_t& t : thr) t = static_cast<int32_t>(rng() % 20);
+    std::vector<int32_t> masked(topk.size());
+    mask_invalid_topk(topk, K, thr, masked);
+    EXPECT_TRUE(masked_topk_equals(topk, K, thr, masked));
+    const std::size_t at = rng() % masked.size();
+    std::vector<int32_t> other = masked;
+    other[at] = other[at] == -1 ? 0 : -1;
+    EXPECT_FALSE(masked_topk_equals(topk, K, thr, other)) << trial << " at " << at;
+  }
+  // An entry masked either way compares equal: -5 and 9 (past the threshold 6) are both -1.
+  const std::vector<int32_t> a = {-5, 2, 9}, b = {7, 2, -1}, thr = {6};
+  std::vector<int32_t> ma(3);
+  mask_invalid_topk(a, 3, thr, ma);
+  EXPECT_TRUE(masked_topk_equals(b, 3, thr, ma));
+  std::vector<int32_t> small(2);
+  EXPECT_INVALID(masked_topk_equals(a, 3, thr, small), "out has room for 2");
+  const std::vector<int32_t> negative = {-1};
+  EXPECT_INVALID(masked_topk_equals(a, 3, negative, ma), "thresholds_per_row[0]=-1");
 }
 
 // ------------------------------------------------------------------ request identities

@@ -99,7 +99,7 @@ class Serve:
     (decodes first, as the offload builder requires)."""
 
     def __init__(self, *, consumer=True, spec=0, nb=40, max_reqs=4, tbs=16, seed=0, hooks=None, reject_every=0,
-                 names=None, id_kind="adler", rotate=False, lru_threads=1):
+                 names=None, id_kind="adler", rotate=False, lru_threads=1, index_cache=False):
         # names: the requests' names in arrival order (default req-0, req-1, ...); id_kind: how the engine passes
         # them as req_ids ("adler": adler32 integers as upstream, "names": the strings themselves); rotate: the
         # decodes change places every step (each decode row then serves another request than at the last step).
@@ -109,14 +109,17 @@ class Serve:
         self.consumer, self.spec, self.nb, self.max_reqs = consumer, spec, nb, max_reqs
         self.reject_every = reject_every
         self.mbr = 8
-        self.pool = make_pool(nb)
+        self.pool = make_pool(nb, num_layers=2 if index_cache else 1)
         self.off_tbs = tbs
         cfg = sfa.OffloadConfig(self.pool, pool_layer=0, topk_buffer_size=tbs, is_decode_consumer=consumer,
                                 keep_device_kv_cache=not consumer, max_num_reqs=max_reqs, max_num_tokens=128,
                                 num_speculative_tokens=spec, copy_hooks=hooks, lru_threads=lru_threads)
         assert cfg.lru_threads == lru_threads
-        self.off = self.layer.impl(offload=cfg)
-        self.ref = self.layer.impl()
+        # index_cache: the layers write their selection into a TopkBuffer for a later layer (IndexCacheServe).
+        self.off = self.layer.impl(offload=cfg, use_index_cache=index_cache)
+        self.ref = self.layer.impl(use_index_cache=index_cache)
+        self.tb_off = sfa.TopkBuffer(128, IDX.K) if index_cache else None
+        self.tb_ref = sfa.TopkBuffer(128, IDX.K) if index_cache else None
         self.ref_b = self.layer.builder(nb, self.mbr, spec=spec, max_num_reqs=max_reqs)
         self.off_b = self.layer.builder(nb, self.mbr, spec=spec, max_num_reqs=max_reqs,
                                         offload=sfa.BuilderOffloadConfig(is_decode_consumer=consumer))
@@ -192,11 +195,12 @@ class Serve:
         self.before(reqs, qsl, seq_t, table, ids, kw)
         md_ref = self.ref_b.build(qsl, seq_t, table, **{k: v for k, v in kw.items() if k != "is_prefilling"})
         out_ref = torch.zeros_like(hidden)
-        self.ref.forward(hidden, self.ref_kv, md_ref, out_ref)
+        self.ref.forward(hidden, self.ref_kv, md_ref, out_ref, self.tb_ref)
         md = self.off_b.build(qsl, seq_t, table, req_ids=ids, **kw)
         assert md.offload_enabled and md.num_decodes == len(dec) and md.num_prefills == len(pre)
+        self.md_ref, self.md = md_ref, md  # for the layers of also()
         out = torch.full_like(hidden, 3.0)
-        self.off.forward(hidden, self.off_main + [self.off_idx], md, out)
+        self.off.forward(hidden, self.off_main + [self.off_idx], md, out, self.tb_off)
         st = self.off.last_offload_stats
         self.stats.append(st)
         # The offloaded layer selects what the device layer selects and attends like it.
@@ -225,6 +229,8 @@ class Serve:
         assert st["route"] == ("decode_only" if not pre else "with_prefills")
         assert st["onload_bytes"] == st["misses"] * ROW_BYTES
         assert st["commit_bytes"] == sum(q) * ROW_BYTES
+        # A layer with its own indexer decides on its own (docs/design/sfa.md §6.8).
+        assert st["decided_by"] == (0 if ndt else -1) and not st["resynced"]
         self.peak_kv_tokens = max(self.peak_kv_tokens, sum(seq))
         # Advance; with speculative decoding every `reject_every`-th step rejects the last draft of each decode:
         # its position is rewritten by the next step with a different token.
@@ -328,6 +334,144 @@ def test_keep_device_kv_cache_mixed_prefill_and_decode_steps():
     assert any(st["decode_rows"] and st["prefill_tokens"] for st in s.stats)  # mixed steps
     assert s.served >= 5
     assert s.kv_tokens_served * ROW_BYTES >= 4 * s.resident_bytes()
+
+
+class IndexCacheServe(Serve):
+    """Serve with IndexCache (docs/design/sfa.md §6.8): both layers write their selection into a TopkBuffer, and a
+    second layer of other weights and no indexer (pool layer 1) reads it, offloaded (`off_bl`) beside its
+    device-cache twin (`ref_bl`). The offloaded reader must attend like its twin and like the float64 reference
+    over the selection, and repeat the first layer's LRU decision: the same slots, its copies from its own pool
+    layer, no LRU step of its own.
+
+    resets: {step: "first" | "second"}: that layer's residents are forgotten before the step (the reader must copy
+    the first layer's whole state back). others: steps at which the buffer gets another selection (a part of it)
+    before the reader runs (it must decide on its own: the selection is not the one decided on)."""
+
+    def __init__(self, *, resets=None, others=(), **kw):
+        super().__init__(index_cache=True, **kw)
+        self.resets, self.others = resets or {}, set(others)
+        self.layer_b = Layer(self.layer.g.initial_seed() + 17)
+        cfg = sfa.OffloadConfig(self.pool, pool_layer=1, topk_buffer_size=self.off_tbs,
+                                is_decode_consumer=self.consumer, keep_device_kv_cache=not self.consumer,
+                                max_num_reqs=self.max_reqs, max_num_tokens=128, num_speculative_tokens=self.spec)
+        self.off_bl = self.layer_b.impl(offload=cfg, indexer=False, layer_index=1)
+        self.ref_bl = self.layer_b.impl(indexer=False, layer_index=1)
+        g = torch.Generator().manual_seed(5)
+
+        def garbage(dim):
+            return torch.randn(self.nb, BS, 1, dim, generator=g).to(BF16)
+
+        self.ref_bl_kv = [garbage(D.L), garbage(D.R)]
+        self.off_bl_main = [garbage(D.L), garbage(D.R)] if not self.consumer else []
+        self.pool.k(1).copy_(garbage(D.L))
+        self.pool.v(1).copy_(garbage(D.R))
+        self.b_stats = []
+        self.last_dec = None  # the last step with decode rows
+
+    def write_rows(self, r, start, end):
+        super().write_rows(r, start, end)
+        for nope, rope in ((self.pool.k(1), self.pool.v(1)), (self.ref_bl_kv[0], self.ref_bl_kv[1])):
+            fill_context(D, self.layer_b.ws, r.x[:end], nope, rope, r.blocks, BS)
+
+    def before(self, reqs, qsl, seq_t, table, ids, kw):
+        who = self.resets.get(len(self.stats))
+        if who:
+            (self.off if who == "first" else self.off_bl).reset_resident()
+
+    def also(self, reqs, qsl, seq_t, table, hidden, ids, kw, out, st):
+        n_step = len(self.stats) - 1
+        if n_step in self.others:
+            # Another selection: the first half of each row's (still a causal one, but not the one the first layer
+            # decided on).
+            decided = self.tb_off.view(hidden.shape[0]).clone()
+            other = decided.clone()
+            other[..., IDX.K // 2:] = -1
+            self.tb_off.store(other)
+            self.tb_ref.store(other)
+        out_ref = torch.zeros_like(hidden)
+        self.ref_bl.forward(hidden, self.ref_bl_kv, self.md_ref, out_ref, self.tb_ref)
+        out_b = torch.full_like(hidden, 3.0)
+        self.off_bl.forward(hidden, self.off_bl_main, self.md, out_b, self.tb_off)
+        sb = self.off_bl.last_offload_stats
+        self.b_stats.append(sb)
+        assert self.off_bl.last_topk_source == "reused"
+        assert torch.equal(self.off_bl.last_topk, self.ref_bl.last_topk)
+        torch.testing.assert_close(out_b, out_ref, **TOL)
+        rows_b = self.off_bl.last_topk.clone()
+        if n_step in self.others:  # the first layer's selection back (its last_topk views the buffer)
+            self.tb_off.store(decided)
+            self.tb_ref.store(decided)
+        seq = seq_t.tolist()
+        q = (qsl[1:] - qsl[:-1]).tolist()
+        t0 = 0
+        for r, s, ql in zip(reqs, seq, q):
+            rows = rows_b[t0:t0 + ql, 0].to(torch.int64)
+            ref = sfa_attend_request(D, self.layer_b.ws, r.x[:s], ql, self.layer_b.scale, rows)
+            torch.testing.assert_close(out_b[t0:t0 + ql].to(F64), ref, **TOL)
+            t0 += ql
+        ndt = st["decode_rows"]
+        assert sb["decode_rows"] == ndt and sb["commit_bytes"] == st["commit_bytes"]
+        assert sb["onload_bytes"] == sb["misses"] * ROW_BYTES
+        if ndt == 0:
+            assert sb["decided_by"] == -1
+        elif n_step in self.others:
+            # Its own decision; from empty after a repeated one (the buffers followed the first layer's LRU).
+            assert sb["decided_by"] == 1 and not sb["resynced"]
+            if self.last_dec not in self.others:
+                assert sb["hits"] == 0
+        else:
+            assert sb["decided_by"] == 0
+            for k in ("hits", "resets", "invalidated", "duplicates"):
+                assert sb[k] == st[k], k
+            # Out of step with the first layer's LRU: its first resident step, after a step on another selection,
+            # after a reset of either layer.
+            first = self.last_dec is None or self.last_dec in self.others or self.resets.get(n_step)
+            assert sb["resynced"] == bool(first), (n_step, sb)
+            if not sb["resynced"]:
+                assert sb["misses"] == st["misses"]  # the first layer's copies, from pool layer 1
+            # The reader's resident buffers hold its own pool layer's rows of the first layer's resident tokens.
+            tok = self.off.resident_tokens()
+            assert torch.equal(self.off_bl.resident_tokens(), tok)
+            dec_reqs = [r for r, ql in zip(reqs, q) if r.n >= r.prompt for _ in range(ql)][:ndt]
+            for row, r in enumerate(dec_reqs):
+                for slot in range(tok.shape[1]):
+                    p = int(tok[row, slot])
+                    if p >= 0:
+                        b = r.blocks[p // BS]
+                        assert torch.equal(self.off_bl.resident_k[row, slot], self.pool.k(1)[b, p % BS]), (row, p)
+                        assert torch.equal(self.off_bl.resident_v[row, slot], self.pool.v(1)[b, p % BS]), (row, p)
+        if ndt:
+            self.last_dec = n_step
+        return []
+
+    def check_pool_holds_device_rows(self):
+        super().check_pool_holds_device_rows()
+        for r in self.active:
+            for p in range(r.n):
+                b, o = r.blocks[p // BS], p % BS
+                assert torch.equal(self.pool.k(1)[b, o], self.ref_bl_kv[0][b, o]), (r.name, p)
+                assert torch.equal(self.pool.v(1)[b, o], self.ref_bl_kv[1][b, o]), (r.name, p)
+
+
+@pytest.mark.parametrize("consumer,spec", [(True, 0), (True, 1), (False, 0)])
+def test_index_cache_reader_repeats_the_first_layers_lru_decision(consumer, spec):
+    s = IndexCacheServe(consumer=consumer, spec=spec, reject_every=3 if spec else 0)
+    serve(s, SCHEDULE, 20)
+    dec = [sb for sb in s.b_stats if sb["decode_rows"]]
+    assert len(dec) >= 15 and all(sb["decided_by"] == 0 for sb in dec)
+    assert [sb["resynced"] for sb in dec] == [True] + [False] * (len(dec) - 1)
+    assert sum(sb["misses"] for sb in dec) > 0 and sum(sb["hits"] for sb in dec) > 0
+    s.check_pool_holds_device_rows()
+
+
+def test_index_cache_reader_resyncs_after_a_reset_and_decides_on_another_selection():
+    # Resets of either layer's residents and two steps whose buffer holds another selection when the reader runs:
+    # each time the reader copies what it must (also()'s checks) and its outputs stay right.
+    s = IndexCacheServe(consumer=True, spec=1, reject_every=3, resets={4: "first", 8: "second"}, others=(11, 12))
+    serve(s, SCHEDULE, 16)
+    by = [(sb["decided_by"], sb["resynced"]) for sb in s.b_stats]
+    assert by[4] == (0, True) and by[8] == (0, True) and by[11] == (1, False) and by[12] == (1, False)
+    assert by[13] == (0, True) and by[14] == (0, False)
 
 
 # ------------------------------------------------------------------------------------- copy accounting
@@ -881,27 +1025,40 @@ class GraphServe(Serve):
     together once for a decode bucket of every batch slot (graph_decode_padding), updated and replayed every
     decode-only step beside the eager layer; with keep_device_kv_cache (consumer=False) the same layers run the
     steps with prefills eagerly, as an engine does. Each has its own resident buffers and caches; the same
-    weights and tokens, so each must do exactly what the eager offloaded layer does."""
+    weights and tokens, so each must do exactly what the eager offloaded layer does.
 
-    def __init__(self, *, spec=0, consumer=True, layers=1, **kw):
+    reader: after them one more layer of the same weights without an indexer (pool layer `layers`), reading the
+    selection the first one writes into a TopkBuffer (IndexCache): it must repeat that layer's LRU decision in its
+    host callback (docs/design/sfa.md §6.8) and so also do what the eager layer does."""
+
+    def __init__(self, *, spec=0, consumer=True, layers=1, reader=False, **kw):
         super().__init__(consumer=consumer, spec=spec, **kw)
         self.bucket = self.max_reqs * (1 + spec)
-        self.pool_g = make_pool(self.nb, num_layers=layers)
-        for i in range(layers):
+        self.pool_g = make_pool(self.nb, num_layers=layers + reader)
+        for i in range(layers + reader):
             self.pool_g.k(i).copy_(self.pool.k(0))
             self.pool_g.v(i).copy_(self.pool.v(0))
         self.idx_g = [self.off_idx.clone() for _ in range(layers)]
-        self.main_g = [[t.clone() for t in self.off_main] for _ in range(layers)]  # keep_device_kv_cache only
-        self.gphs = [self.layer.impl(offload=sfa.OffloadConfig(
-            self.pool_g, pool_layer=i, topk_buffer_size=self.off_tbs, is_decode_consumer=consumer,
-            keep_device_kv_cache=not consumer, max_num_reqs=self.max_reqs, max_num_tokens=128,
-            num_speculative_tokens=spec), layer_index=i) for i in range(layers)]
+        self.main_g = [[t.clone() for t in self.off_main] for _ in range(layers + reader)]  # keep_device_kv_cache
+        self.tb_g = sfa.TopkBuffer(128, IDX.K) if reader else None  # the eager steps with prefills too
+        self.reader = reader
+
+        def config(i):
+            return sfa.OffloadConfig(self.pool_g, pool_layer=i, topk_buffer_size=self.off_tbs,
+                                     is_decode_consumer=consumer, keep_device_kv_cache=not consumer,
+                                     max_num_reqs=self.max_reqs, max_num_tokens=128, num_speculative_tokens=spec)
+
+        self.gphs = [self.layer.impl(offload=config(i), layer_index=i, use_index_cache=reader and i == 0)
+                     for i in range(layers)]
+        if reader:
+            self.gphs.append(self.layer.impl(offload=config(layers), indexer=False, layer_index=layers))
+        self.first_dec = None
         self.gph, self.gph_idx = self.gphs[0], self.idx_g[0]
         self.gph_b = self.layer.builder(self.nb, self.mbr, spec=spec, max_num_reqs=self.max_reqs,
                                         graph_decode_padding=True,
                                         offload=sfa.BuilderOffloadConfig(is_decode_consumer=consumer))
         self.hidden_g = torch.zeros(self.bucket, D.hidden, dtype=BF16)
-        self.outs_g = [torch.zeros(self.bucket, D.hidden, dtype=BF16) for _ in range(layers)]
+        self.outs_g = [torch.zeros(self.bucket, D.hidden, dtype=BF16) for _ in self.gphs]
         self.graph = aar.GraphParams("recording")
         q = 1 + spec
         n = self.max_reqs
@@ -913,13 +1070,16 @@ class GraphServe(Serve):
             **({} if consumer else dict(is_prefilling=torch.zeros(n, dtype=torch.bool))))
         pool_k, idx = self.pool_g.k(0).clone(), self.gph_idx.clone()
         with self.graph.capture(self.bucket):
-            for i in range(layers):
-                self.gphs[i].forward(self.hidden_g, self.main_g[i] + [self.idx_g[i]], md, self.outs_g[i])
+            for i, layer in enumerate(self.gphs):
+                layer.forward(self.hidden_g, self.caches_g(i), md, self.outs_g[i], self.tb_g)
         # Nothing ran at capture on the recording provider.
         assert torch.equal(self.pool_g.k(0), pool_k) and torch.equal(self.gph_idx, idx)
-        assert self.graph.calls(self.bucket) == [(k, i, 0) for i in range(layers)
+        assert self.graph.calls(self.bucket) == [(k, i, 0) for i in range(len(self.gphs))
                                                  for k in ("prepare", "host_callback", "prepare")]
         self.replays = self.eager_steps = 0
+
+    def caches_g(self, i):
+        return self.main_g[i] + ([self.idx_g[i]] if i < len(self.idx_g) else [])
 
     def write_rows(self, r, start, end):
         super().write_rows(r, start, end)
@@ -927,8 +1087,9 @@ class GraphServe(Serve):
 
     def write_graph_rows(self, r, start, end):
         k = indexer_keys(D, IDX, self.layer.iw, r.x[:end], torch.arange(end))
-        for i, cache in enumerate(self.idx_g):
+        for i in range(len(self.gphs)):
             fill_context(D, self.layer.ws, r.x[:end], self.pool_g.k(i), self.pool_g.v(i), r.blocks, BS)
+        for cache in self.idx_g:
             for p in range(start, end):
                 cache[r.blocks[p // BS], p % BS, 0] = k[p].to(BF16)
 
@@ -939,7 +1100,7 @@ class GraphServe(Serve):
             md = self.gph_b.build(qsl, seq_t, table, req_ids=ids, **kw)
             res = [torch.full_like(hidden, 3.0) for _ in self.gphs]
             for i, layer in enumerate(self.gphs):
-                layer.forward(hidden, self.main_g[i] + [self.idx_g[i]], md, res[i])
+                layer.forward(hidden, self.caches_g(i), md, res[i], self.tb_g)
             self.eager_steps += 1
         else:
             assert n <= self.bucket
@@ -956,9 +1117,19 @@ class GraphServe(Serve):
             assert all(torch.count_nonzero(o[n:]) == 0 for o in self.outs_g)  # the padding rows
         # Each did what the eager offloaded layer did: same selection, LRU decisions, copies, outputs, resident
         # buffers, pool rows and device caches.
+        if st["decode_rows"] and self.first_dec is None:
+            self.first_dec = len(self.stats) - 1
         for i, layer in enumerate(self.gphs):
             assert torch.equal(layer.last_topk[:n], self.off.last_topk)
-            assert layer.last_offload_stats == st
+            want = dict(st, decided_by=i if st["decode_rows"] else -1)
+            if self.reader and i == len(self.gphs) - 1 and st["decode_rows"]:
+                # The reader repeated the first layer's decision: copied its whole state at its first resident
+                # step, its copies since.
+                want = dict(want, decided_by=0, resynced=self.first_dec == len(self.stats) - 1)
+                if want["resynced"]:
+                    want["misses"] = layer.last_offload_stats["misses"]
+                    want["onload_bytes"] = want["misses"] * ROW_BYTES
+            assert layer.last_offload_stats == want
             torch.testing.assert_close(res[i], out, atol=1e-2, rtol=1e-2)
             for a, b in zip(self.main_g[i], self.off_main):
                 assert torch.equal(a, b)
@@ -966,14 +1137,17 @@ class GraphServe(Serve):
             assert torch.equal(layer.resident_k, self.off.resident_k)
             assert torch.equal(layer.resident_v, self.off.resident_v)
             assert torch.equal(self.pool_g.k(i), self.pool.k(0)) and torch.equal(self.pool_g.v(i), self.pool.v(0))
-            assert torch.equal(self.idx_g[i], self.off_idx)
+        for cache in self.idx_g:
+            assert torch.equal(cache, self.off_idx)
         return res
 
 
-@pytest.mark.parametrize("spec,rotate,layers", [(0, False, 2), (0, True, 1), (1, False, 1)])
-def test_graph_replay_matches_eager_offload(spec, rotate, layers):
+@pytest.mark.parametrize("spec,rotate,layers,reader", [(0, False, 2, False), (0, True, 1, False), (1, False, 1, False),
+                                                      (1, False, 1, True)])
+def test_graph_replay_matches_eager_offload(spec, rotate, layers, reader):
     # layers=2: two offloaded layers in one bucket share the offload workspace, replayed in layer order.
-    s = GraphServe(spec=spec, rotate=rotate, layers=layers, reject_every=3 if spec else 0)
+    # reader: an IndexCache layer after them repeats the first one's LRU decision in its host callback.
+    s = GraphServe(spec=spec, rotate=rotate, layers=layers, reader=reader, reject_every=3 if spec else 0)
     serve(s, SCHEDULE, 16)
     assert s.replays == len(s.stats) >= 14
     total = {k: sum(st[k] for st in s.stats) for k in ("hits", "misses", "resets")}
@@ -1023,7 +1197,7 @@ class DeferredGraphServe(GraphServe):
         self.late = []
         # The eager offloaded layer is still at step n (its step n+1 runs after this).
         for i, layer in enumerate(self.gphs):
-            assert layer.last_offload_stats == st
+            assert layer.last_offload_stats == dict(st, decided_by=i if st["decode_rows"] else -1)
             assert torch.equal(layer.resident_tokens(), self.off.resident_tokens())
             assert torch.equal(layer.resident_k, self.off.resident_k)
             assert torch.equal(layer.resident_v, self.off.resident_v)
@@ -1112,8 +1286,9 @@ def test_graph_updates_beyond_the_pending_snapshots_are_refused():
 
 
 def test_graph_replays_decode_steps_and_the_layer_runs_prefill_steps_eagerly():
-    # keep_device_kv_cache: mixed steps run eagerly on the captured layer, decode-only steps replay its bucket.
-    s = GraphServe(consumer=False)
+    # keep_device_kv_cache: mixed steps run eagerly on the captured layers, decode-only steps replay its bucket
+    # (with an IndexCache reader repeating the first layer's decisions in both).
+    s = GraphServe(consumer=False, reader=True)
     serve(s, SCHEDULE, 20)
     assert s.replays >= 3 and s.eager_steps >= 3 and s.replays + s.eager_steps == len(s.stats)
     assert sum(st["misses"] for st in s.stats) > 0 and sum(st["hits"] for st in s.stats) > 0

@@ -202,6 +202,31 @@ class RowPool {
 
 }  // namespace
 
+void resident_copy_rows(CSpan<ResidentMiss> copies, CSpan<int32_t> token_to_req, CSpan<int32_t> block_table,
+                        int64_t stride, int32_t block_size, int64_t capacity, Span<int64_t> src, Span<int64_t> dst) {
+  const ResidentMiss* m = copies.data();
+  const int32_t* ttr = token_to_req.data();
+  const int32_t* bt = block_table.data();
+  int64_t* s = src.data();
+  int64_t* d = dst.data();
+  const std::size_t n = copies.size();
+  const int64_t bs = block_size;
+  const auto place = [&](auto block_of, auto offset_of) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const int64_t b = ttr[m[i].row];
+      s[i] = static_cast<int64_t>(bt[b * stride + block_of(m[i].token)]) * bs + offset_of(m[i].token);
+      d[i] = static_cast<int64_t>(m[i].row) * capacity + m[i].slot;
+    }
+  };
+  if ((block_size & (block_size - 1)) == 0) {  // the usual block sizes: a shift and a mask, no division
+    const int shift = log2_of(block_size);
+    const int32_t low = block_size - 1;
+    place([shift](int32_t p) { return p >> shift; }, [low](int32_t p) { return p & low; });
+  } else {
+    place([block_size](int32_t p) { return p / block_size; }, [block_size](int32_t p) { return p % block_size; });
+  }
+}
+
 ResidentLru::ResidentLru(int32_t max_rows, int32_t capacity, int32_t threads) {
   AAR_CHECK_ARG(max_rows >= 1, "ResidentLru: max_rows must be >= 1, got ", max_rows);
   AAR_CHECK_ARG(capacity >= 1 && capacity <= kMaxCapacity, "ResidentLru: capacity must be in [1, ", kMaxCapacity,
@@ -248,12 +273,27 @@ void ResidentLru::set_threads(int32_t threads) {
 void ResidentLru::reset() {
   // Lazy: a row whose request is unknown is rebuilt at its next step.
   for (RowHead& h : heads_) h.has_req = false;
+  ++version_;
 }
 
 void ResidentLru::reset_rows(int32_t begin, int32_t end) {
   begin = std::max(begin, 0);
   end = std::min(end, max_rows_);
   for (int32_t r = begin; r < end; ++r) heads_[static_cast<std::size_t>(r)].has_req = false;
+  ++version_;
+}
+
+void ResidentLru::list_resident(int32_t rows, std::vector<ResidentMiss>& out) const {
+  out.clear();
+  rows = std::max(0, std::min(rows, max_rows_));
+  const std::size_t ucap = static_cast<std::size_t>(capacity_);
+  for (int32_t r = 0; r < rows; ++r) {
+    if (!heads_[static_cast<std::size_t>(r)].has_req) continue;
+    const int32_t* tok = tokens_.data() + static_cast<std::size_t>(r) * (ucap + 1);
+    for (int32_t s = 0; s < capacity_; ++s) {
+      if (tok[s] >= 0) out.push_back(ResidentMiss{r, tok[s], s});
+    }
+  }
 }
 
 int32_t ResidentLru::token_at(int32_t row, int32_t slot) const {
@@ -628,6 +668,7 @@ ResidentStepStats ResidentLru::step(const ResidentStepInputs& in, const Resident
                 " entries, needs rows x K = ", entries);
 
   // ---------------------------------------------------------------- write
+  ++version_;
   if (!index16_.empty()) return run(in, out, index16_.data());
   return run(in, out, index32_.data());
 }

@@ -481,6 +481,23 @@ void mask_invalid_topk(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds
   }
 }
 
+bool masked_topk_equals(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, CSpan<int32_t> masked) {
+  const std::size_t rows = check_topk_mask_args(topk, K, thresholds_per_row, masked.size());
+  const std::size_t k = static_cast<std::size_t>(K);
+  const int32_t* t = topk.data();
+  const int32_t* m = masked.data();
+  for (std::size_t r = 0; r < rows; ++r) {
+    const uint32_t thr = static_cast<uint32_t>(thresholds_per_row[r]);
+    int32_t diff = 0;  // no branch per entry: the row's differences or-ed together
+    for (std::size_t j = 0; j < k; ++j) {
+      const int32_t v = t[r * k + j];
+      diff |= (static_cast<uint32_t>(v) < thr ? v : -1) ^ m[r * k + j];
+    }
+    if (diff != 0) return false;
+  }
+  return true;
+}
+
 void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<uint8_t> out) {
   const std::size_t rows = check_topk_mask_args(topk, K, thresholds_per_row, out.size());
   const std::size_t k = static_cast<std::size_t>(K);

@@ -91,6 +91,13 @@ struct OffloadStepStats {
   int64_t hits = 0, misses = 0, resets = 0, invalidated = 0, duplicates = 0;  // the LRU's (plan::ResidentStepStats)
   int64_t onload_bytes = 0;  // host -> device: misses * (kv_lora_rank + qk_rope_head_dim) * 2
   int64_t commit_bytes = 0;  // device -> host (0 on a process that does not own the pool)
+  // The pool layer of the offloaded layer whose LRU decided the resident step: this layer's own, or the
+  // layer that ran just before on the same selection (an IndexCache layer reusing its top-k), whose
+  // decision and copies this one repeated (docs/design/sfa.md §6.8). -1 without a resident step.
+  int64_t decided_by = -1;
+  // With a reused decision: this layer was not in step with that layer's LRU (its first reuse, or after a
+  // reset on either side) and copied every resident token of it (counted in misses) instead of its misses.
+  bool resynced = false;
 };
 const char* to_string(OffloadStepStats::Route r);
 

@@ -44,6 +44,15 @@ struct ResidentStepStats {
   int64_t duplicates = 0;  // valid top-k entries repeating a token earlier in the same row
 };
 
+// The copies' rows (docs/design/sfa.md §6.3): copy i (row t, token p) reads pool row
+// block_table[r * stride + p / block_size] * block_size + p % block_size, r = token_to_req[t],
+// into src[i], and writes resident row t * capacity + slot into dst[i]. The copies come from a
+// ResidentLru step over the same rows (so every row < token_to_req.size()) and tokens below their
+// request's length (so every block index < stride): not checked again. src and dst hold
+// >= copies.size() entries; block_size > 0.
+void resident_copy_rows(CSpan<ResidentMiss> copies, CSpan<int32_t> token_to_req, CSpan<int32_t> block_table,
+                        int64_t stride, int32_t block_size, int64_t capacity, Span<int64_t> src, Span<int64_t> dst);
+
 // Thread safety: one thread at a time per object; objects share nothing.
 class ResidentLru {
  public:
@@ -80,6 +89,13 @@ class ResidentLru {
 
   // The token held by `slot` of `row` (-1: empty). For tests and tracing.
   int32_t token_at(int32_t row, int32_t slot) const;
+  // The resident tokens of rows [0, min(rows, max_rows)) as copies (row, token,
+  // slot), row by row and slot by slot, into `out` (resized). What a buffer
+  // that must come to hold this state copies (docs/design/sfa.md §6.8).
+  void list_resident(int32_t rows, std::vector<ResidentMiss>& out) const;
+  // Changes with every change of state (each accepted step, reset, reset_rows):
+  // a copy of the state's decisions is complete when it saw every version.
+  uint64_t version() const { return version_; }
 
  private:
   // Per-row scalars; the per-row arrays live in the vectors below, one block
@@ -110,6 +126,7 @@ class ResidentLru {
   ResidentStepStats run(const ResidentStepInputs& in, const ResidentStepOutputs& out, Idx* index);
 
   int32_t max_rows_ = 0, capacity_ = 0, threads_ = 1;
+  uint64_t version_ = 0;
   int32_t table_size_ = 0;  // hash slots per row (power of two >= 2 x capacity)
   int32_t queue_size_ = 0;  // recency queue entries per row (a ring; power of two >= 3 x capacity)
   std::vector<RowHead> heads_;

@@ -132,4 +132,10 @@ void build_valid_topk_mask(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresh
 // entries); out may be topk itself.
 void mask_invalid_topk(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, Span<int32_t> out);
 
+// Whether mask_invalid_topk(topk, K, thresholds_per_row) would write exactly
+// `masked` (topk.size() entries): the offload path's test that a layer's
+// selection is the one the previous layer's LRU decided on (docs/design/sfa.md
+// §6.8). Stops at the first row that differs. Same validation.
+bool masked_topk_equals(CSpan<int32_t> topk, int32_t K, CSpan<int32_t> thresholds_per_row, CSpan<int32_t> masked);
+
 }  // namespace aar::plan
