@@ -34,6 +34,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bool valid = rows <= max_rows && K <= cap;
     for (int32_t p : prefix) valid &= p >= 0;
     plan::ResidentStepStats st;
+    const uint64_t version = lru.version();
     const bool ok = fuzz::accepted([&] { st = lru.step({topk, K, ids, prefix}, {cur, miss}); }, snap);
     FUZZ_CHECK(ok == valid);
     if (!ok) {
@@ -41,8 +42,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (int32_t r = 0; r < max_rows; ++r)
         for (int32_t s = 0; s < cap; ++s) after.push_back(lru.token_at(r, s));
       FUZZ_CHECK(after == before);
+      FUZZ_CHECK(lru.version() == version);
       continue;
     }
+    FUZZ_CHECK(lru.version() != version);
+    // list_resident: exactly the slots token_at shows holding a token, row by row, slot by slot.
+    std::vector<plan::ResidentMiss> listed, want;
+    lru.list_resident(max_rows, listed);
+    for (int32_t r = 0; r < max_rows; ++r)
+      for (int32_t s = 0; s < cap; ++s)
+        if (lru.token_at(r, s) >= 0) want.push_back({r, lru.token_at(r, s), s});
+    FUZZ_CHECK(listed.size() == want.size());
+    for (size_t i = 0; i < listed.size() && i < want.size(); ++i)
+      FUZZ_CHECK(listed[i].row == want[i].row && listed[i].token == want[i].token && listed[i].slot == want[i].slot);
     int64_t distinct = 0;
     for (int32_t r = 0; r < rows; ++r) {
       std::set<int32_t> seen;

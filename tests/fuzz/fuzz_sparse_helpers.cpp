@@ -139,11 +139,23 @@ void check_topk(fuzz::Bytes& in) {
   // The header allows more threshold rows than needed? It says one per row: exactly.
   FUZZ_CHECK(ok1 == ok2);
   if (valid) FUZZ_CHECK(ok1);
+  // masked_topk_equals: the same checks (its compared array is `masked`), and true exactly when the mask
+  // writes `masked` (compared against the mask itself, and against it with one entry changed).
+  bool eq = false;
+  const bool ok3 = fuzz::accepted([&] { eq = plan::masked_topk_equals(topk, K, thr, masked); }, snap);
+  FUZZ_CHECK(ok3 == ok1);
   if (!ok1) return;
+  FUZZ_CHECK(eq);
   for (size_t i = 0; i < topk.size(); ++i) {
     const bool keep = topk[i] >= 0 && topk[i] < thr[i / K];
     FUZZ_CHECK(mask[i] == keep);
     FUZZ_CHECK(masked[i] == (keep ? topk[i] : -1));
+  }
+  if (!topk.empty()) {
+    std::vector<int32_t> other(masked.begin(), masked.begin() + static_cast<std::ptrdiff_t>(topk.size()));
+    const size_t at = in.range(0, static_cast<int32_t>(topk.size()) - 1);
+    other[at] = other[at] == -1 ? in.range(0, 40) : (in.flag() ? -1 : other[at] + 1);
+    FUZZ_CHECK(!plan::masked_topk_equals(topk, K, thr, other));
   }
 }
 
