@@ -216,6 +216,19 @@ void OffloadLayer::reset_resident() {
   mirror_ = Mirror{};
 }
 
+void OffloadLayer::set_step_stats(int64_t rows, const plan::ResidentStepStats& st, int64_t copies,
+                                  int64_t decided_by, bool resynced) {
+  stats_.decode_rows = rows;
+  stats_.hits = st.hits;
+  stats_.misses = copies;
+  stats_.resets = st.resets;
+  stats_.invalidated = st.invalidated;
+  stats_.duplicates = st.duplicates;
+  stats_.onload_bytes = copies * (L_ + R_) * 2;
+  stats_.decided_by = decided_by;
+  stats_.resynced = resynced;
+}
+
 bool OffloadLayer::repeat_decision(OffloadWorkspace& w, int64_t rows, const OffloadMetadata& o, int64_t block_size) {
   const OffloadWorkspace::Decision& d = w.decision;
   const bool in_step = mirror_.layer == d.layer && mirror_.version == d.before;
@@ -242,15 +255,7 @@ bool OffloadLayer::repeat_decision(OffloadWorkspace& w, int64_t rows, const Offl
   // copies are done they follow none (a failed copy leaves the next repeat to resync).
   own_stale_ = true;
   mirror_ = Mirror{};
-  stats_.decode_rows = rows;
-  stats_.hits = d.stats.hits;
-  stats_.misses = n;
-  stats_.resets = d.stats.resets;
-  stats_.invalidated = d.stats.invalidated;
-  stats_.duplicates = d.stats.duplicates;
-  stats_.onload_bytes = n * (L_ + R_) * 2;
-  stats_.decided_by = d.pool_layer;
-  stats_.resynced = !in_step;
+  set_step_stats(rows, d.stats, n, d.pool_layer, !in_step);
   onload(o, block_size, copies, n, src, dst);
   mirror_ = Mirror{d.layer, d.after, d.lru};
   return true;
@@ -296,15 +301,7 @@ void OffloadLayer::resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t
   // then hit stale copies.
   lru.reset_rows(static_cast<int32_t>(rows), lru.max_rows());
   try {
-    stats_.decode_rows = rows;
-    stats_.hits = st.hits;
-    stats_.misses = st.misses;
-    stats_.resets = st.resets;
-    stats_.invalidated = st.invalidated;
-    stats_.duplicates = st.duplicates;
-    stats_.onload_bytes = st.misses * (L_ + R_) * 2;
-    stats_.decided_by = pool_layer_;
-    stats_.resynced = false;
+    set_step_stats(rows, st, st.misses, pool_layer_, false);
     onload(o, block_size, w.misses.data(), st.misses, w.src_index, w.dst_index);
   } catch (...) {
     lru.reset();  // its slots would no longer describe the buffers

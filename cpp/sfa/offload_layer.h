@@ -229,6 +229,9 @@ class OffloadLayer {
   // docs/design/sfa.md §6.8: repeats w.decision (made by another layer's LRU on equal inputs) on this
   // layer's buffers; false (nothing done) when it cannot (that LRU is gone or has changed since).
   bool repeat_decision(OffloadWorkspace& w, int64_t rows, const OffloadMetadata& o, int64_t block_size);
+  // The resident step's statistics: the LRU's (st), the copies made, who decided, a resync.
+  void set_step_stats(int64_t rows, const plan::ResidentStepStats& st, int64_t copies, int64_t decided_by,
+                      bool resynced);
 
   OffloadConfig cfg_;
   std::shared_ptr<OffloadCopyHooks> hooks_;
