@@ -270,7 +270,8 @@ void OffloadLayer::resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t
   // docs/design/sfa.md §6.8: the layer before decided on the same selection (an IndexCache layer
   // reusing its top-k): its decision and copies are repeated, no LRU step.
   if (repeats_ && d.valid && d.layer != id_ && d.rows == rows && d.K == K &&
-      std::equal(req.begin(), req.end(), d.req_ids.begin()) && std::equal(sp.begin(), sp.end(), d.stable_prefix.begin()) &&
+      std::equal(req.begin(), req.end(), d.req_ids.begin()) &&
+      std::equal(sp.begin(), sp.end(), d.stable_prefix.begin()) &&
       plan::masked_topk_equals({tp, n}, static_cast<int32_t>(K), seq, {w.masked.data(), n}) &&
       repeat_decision(w, rows, o, block_size)) {
     return;

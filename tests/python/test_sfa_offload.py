@@ -99,7 +99,7 @@ class Serve:
     (decodes first, as the offload builder requires)."""
 
     def __init__(self, *, consumer=True, spec=0, nb=40, max_reqs=4, tbs=16, seed=0, hooks=None, reject_every=0,
-                 names=None, id_kind="adler", rotate=False, lru_threads=1, index_cache=False):
+                 names=None, id_kind="adler", rotate=False, lru_threads=1, index_cache=False, pool_layers=1):
         # names: the requests' names in arrival order (default req-0, req-1, ...); id_kind: how the engine passes
         # them as req_ids ("adler": adler32 integers as upstream, "names": the strings themselves); rotate: the
         # decodes change places every step (each decode row then serves another request than at the last step).
@@ -109,7 +109,7 @@ class Serve:
         self.consumer, self.spec, self.nb, self.max_reqs = consumer, spec, nb, max_reqs
         self.reject_every = reject_every
         self.mbr = 8
-        self.pool = make_pool(nb, num_layers=2 if index_cache else 1)
+        self.pool = make_pool(nb, num_layers=pool_layers)
         self.off_tbs = tbs
         cfg = sfa.OffloadConfig(self.pool, pool_layer=0, topk_buffer_size=tbs, is_decode_consumer=consumer,
                                 keep_device_kv_cache=not consumer, max_num_reqs=max_reqs, max_num_tokens=128,
@@ -337,120 +337,133 @@ def test_keep_device_kv_cache_mixed_prefill_and_decode_steps():
 
 
 class IndexCacheServe(Serve):
-    """Serve with IndexCache (docs/design/sfa.md §6.8): both layers write their selection into a TopkBuffer, and a
-    second layer of other weights and no indexer (pool layer 1) reads it, offloaded (`off_bl`) beside its
-    device-cache twin (`ref_bl`). The offloaded reader must attend like its twin and like the float64 reference
-    over the selection, and repeat the first layer's LRU decision: the same slots, its copies from its own pool
-    layer, no LRU step of its own.
+    """Serve with IndexCache (docs/design/sfa.md §6.8): both layers write their selection into a TopkBuffer, and
+    `readers` more layers of other weights and no indexer (pool layers 1, 2, ...) read it, each offloaded beside
+    its device-cache twin. Every offloaded reader must attend like its twin and like the float64 reference over the
+    selection, and repeat the LRU decision of the layer that decided on that selection: the same slots, its copies
+    from its own pool layer, no LRU step of its own.
 
-    resets: {step: "first" | "second"}: that layer's residents are forgotten before the step (the reader must copy
-    the first layer's whole state back). others: steps at which the buffer gets another selection (a part of it)
-    before the reader runs (it must decide on its own: the selection is not the one decided on)."""
+    resets: {step: "first" | pool layer}: that layer's residents are forgotten before the step (a reader following
+    it must copy the deciding layer's whole state back). others: steps at which the buffer gets another selection
+    (a part of it) after the first layer ran: reader 1 decides on its own, the readers after it repeat its decision."""
 
-    def __init__(self, *, resets=None, others=(), **kw):
-        super().__init__(index_cache=True, **kw)
+    def __init__(self, *, readers=1, resets=None, others=(), **kw):
+        super().__init__(index_cache=True, pool_layers=1 + readers, **kw)
         self.resets, self.others = resets or {}, set(others)
-        self.layer_b = Layer(self.layer.g.initial_seed() + 17)
-        cfg = sfa.OffloadConfig(self.pool, pool_layer=1, topk_buffer_size=self.off_tbs,
-                                is_decode_consumer=self.consumer, keep_device_kv_cache=not self.consumer,
-                                max_num_reqs=self.max_reqs, max_num_tokens=128, num_speculative_tokens=self.spec)
-        self.off_bl = self.layer_b.impl(offload=cfg, indexer=False, layer_index=1)
-        self.ref_bl = self.layer_b.impl(indexer=False, layer_index=1)
         g = torch.Generator().manual_seed(5)
 
         def garbage(dim):
             return torch.randn(self.nb, BS, 1, dim, generator=g).to(BF16)
 
-        self.ref_bl_kv = [garbage(D.L), garbage(D.R)]
-        self.off_bl_main = [garbage(D.L), garbage(D.R)] if not self.consumer else []
-        self.pool.k(1).copy_(garbage(D.L))
-        self.pool.v(1).copy_(garbage(D.R))
-        self.b_stats = []
-        self.last_dec = None  # the last step with decode rows
+        self.readers = []
+        for p in range(1, readers + 1):
+            layer = Layer(self.layer.g.initial_seed() + 17 * p)
+            cfg = sfa.OffloadConfig(self.pool, pool_layer=p, topk_buffer_size=self.off_tbs,
+                                    is_decode_consumer=self.consumer, keep_device_kv_cache=not self.consumer,
+                                    max_num_reqs=self.max_reqs, max_num_tokens=128, num_speculative_tokens=self.spec)
+            self.readers.append(dict(p=p, layer=layer, off=layer.impl(offload=cfg, indexer=False, layer_index=p),
+                                     ref=layer.impl(indexer=False, layer_index=p), ref_kv=[garbage(D.L), garbage(D.R)],
+                                     off_main=[garbage(D.L), garbage(D.R)] if not self.consumer else [],
+                                     stats=[], src=None))
+            self.pool.k(p).copy_(garbage(D.L))
+            self.pool.v(p).copy_(garbage(D.R))
+        self.b_stats = self.readers[0]["stats"]
 
     def write_rows(self, r, start, end):
         super().write_rows(r, start, end)
-        for nope, rope in ((self.pool.k(1), self.pool.v(1)), (self.ref_bl_kv[0], self.ref_bl_kv[1])):
-            fill_context(D, self.layer_b.ws, r.x[:end], nope, rope, r.blocks, BS)
+        for rd in self.readers:
+            p = rd["p"]
+            for nope, rope in ((self.pool.k(p), self.pool.v(p)), (rd["ref_kv"][0], rd["ref_kv"][1])):
+                fill_context(D, rd["layer"].ws, r.x[:end], nope, rope, r.blocks, BS)
 
     def before(self, reqs, qsl, seq_t, table, ids, kw):
         who = self.resets.get(len(self.stats))
-        if who:
-            (self.off if who == "first" else self.off_bl).reset_resident()
+        if who is not None:
+            (self.off if who == "first" else self.readers[who - 1]["off"]).reset_resident()
 
     def also(self, reqs, qsl, seq_t, table, hidden, ids, kw, out, st):
         n_step = len(self.stats) - 1
-        if n_step in self.others:
+        other = n_step in self.others
+        if other:
             # Another selection: the first half of each row's (still a causal one, but not the one the first layer
             # decided on).
             decided = self.tb_off.view(hidden.shape[0]).clone()
-            other = decided.clone()
-            other[..., IDX.K // 2:] = -1
-            self.tb_off.store(other)
-            self.tb_ref.store(other)
-        out_ref = torch.zeros_like(hidden)
-        self.ref_bl.forward(hidden, self.ref_bl_kv, self.md_ref, out_ref, self.tb_ref)
-        out_b = torch.full_like(hidden, 3.0)
-        self.off_bl.forward(hidden, self.off_bl_main, self.md, out_b, self.tb_off)
-        sb = self.off_bl.last_offload_stats
-        self.b_stats.append(sb)
-        assert self.off_bl.last_topk_source == "reused"
-        assert torch.equal(self.off_bl.last_topk, self.ref_bl.last_topk)
-        torch.testing.assert_close(out_b, out_ref, **TOL)
-        rows_b = self.off_bl.last_topk.clone()
-        if n_step in self.others:  # the first layer's selection back (its last_topk views the buffer)
-            self.tb_off.store(decided)
-            self.tb_ref.store(decided)
+            changed = decided.clone()
+            changed[..., IDX.K // 2:] = -1
+            self.tb_off.store(changed)
+            self.tb_ref.store(changed)
         seq = seq_t.tolist()
         q = (qsl[1:] - qsl[:-1]).tolist()
-        t0 = 0
-        for r, s, ql in zip(reqs, seq, q):
-            rows = rows_b[t0:t0 + ql, 0].to(torch.int64)
-            ref = sfa_attend_request(D, self.layer_b.ws, r.x[:s], ql, self.layer_b.scale, rows)
-            torch.testing.assert_close(out_b[t0:t0 + ql].to(F64), ref, **TOL)
-            t0 += ql
         ndt = st["decode_rows"]
-        assert sb["decode_rows"] == ndt and sb["commit_bytes"] == st["commit_bytes"]
-        assert sb["onload_bytes"] == sb["misses"] * ROW_BYTES
-        if ndt == 0:
-            assert sb["decided_by"] == -1
-        elif n_step in self.others:
-            # Its own decision; from empty after a repeated one (the buffers followed the first layer's LRU).
-            assert sb["decided_by"] == 1 and not sb["resynced"]
-            if self.last_dec not in self.others:
-                assert sb["hits"] == 0
-        else:
-            assert sb["decided_by"] == 0
-            for k in ("hits", "resets", "invalidated", "duplicates"):
-                assert sb[k] == st[k], k
-            # Out of step with the first layer's LRU: its first resident step, after a step on another selection,
-            # after a reset of either layer.
-            first = self.last_dec is None or self.last_dec in self.others or self.resets.get(n_step)
-            assert sb["resynced"] == bool(first), (n_step, sb)
-            if not sb["resynced"]:
-                assert sb["misses"] == st["misses"]  # the first layer's copies, from pool layer 1
-            # The reader's resident buffers hold its own pool layer's rows of the first layer's resident tokens.
-            tok = self.off.resident_tokens()
-            assert torch.equal(self.off_bl.resident_tokens(), tok)
-            dec_reqs = [r for r, ql in zip(reqs, q) if r.n >= r.prompt for _ in range(ql)][:ndt]
-            for row, r in enumerate(dec_reqs):
-                for slot in range(tok.shape[1]):
-                    p = int(tok[row, slot])
-                    if p >= 0:
-                        b = r.blocks[p // BS]
-                        assert torch.equal(self.off_bl.resident_k[row, slot], self.pool.k(1)[b, p % BS]), (row, p)
-                        assert torch.equal(self.off_bl.resident_v[row, slot], self.pool.v(1)[b, p % BS]), (row, p)
-        if ndt:
-            self.last_dec = n_step
+        dec_reqs = [r for r, ql in zip(reqs, q) if r.n >= r.prompt for _ in range(ql)][:ndt]
+        reset = self.resets.get(n_step)
+        deciders = {0: (self.off, st)}
+        for rd in self.readers:
+            p, off = rd["p"], rd["off"]
+            out_ref = torch.zeros_like(hidden)
+            rd["ref"].forward(hidden, rd["ref_kv"], self.md_ref, out_ref, self.tb_ref)
+            out_b = torch.full_like(hidden, 3.0)
+            off.forward(hidden, rd["off_main"], self.md, out_b, self.tb_off)
+            sb = off.last_offload_stats
+            rd["stats"].append(sb)
+            assert off.last_topk_source == "reused"
+            assert torch.equal(off.last_topk, rd["ref"].last_topk)
+            torch.testing.assert_close(out_b, out_ref, **TOL)
+            t0 = 0
+            for r, s_, ql in zip(reqs, seq, q):
+                rows = off.last_topk[t0:t0 + ql, 0].to(torch.int64)
+                ref = sfa_attend_request(D, rd["layer"].ws, r.x[:s_], ql, rd["layer"].scale, rows)
+                torch.testing.assert_close(out_b[t0:t0 + ql].to(F64), ref, **TOL)
+                t0 += ql
+            assert sb["decode_rows"] == ndt and sb["commit_bytes"] == st["commit_bytes"]
+            assert sb["onload_bytes"] == sb["misses"] * ROW_BYTES
+            if ndt == 0:
+                assert sb["decided_by"] == -1
+                continue
+            # Who decides on this selection: the first layer; on another selection reader 1, followed by the rest.
+            src = (p if p == 1 else 1) if other else 0
+            if src == p:
+                # Its own decision; from empty after repeated ones (its buffers followed another LRU).
+                assert sb["decided_by"] == p and not sb["resynced"]
+                if rd["src"] != p:
+                    assert sb["hits"] == 0
+                deciders[p] = (off, sb)
+            else:
+                owner, ost = deciders[src]
+                assert sb["decided_by"] == src
+                for k in ("hits", "resets", "invalidated", "duplicates"):
+                    assert sb[k] == ost[k], k
+                # Out of step with the deciding LRU: its first resident step, a step that followed another LRU,
+                # a reset of either layer.
+                first = rd["src"] != src or reset in (p, "first" if src == 0 else src)
+                assert sb["resynced"] == bool(first), (n_step, p, sb)
+                if not sb["resynced"]:
+                    assert sb["misses"] == ost["misses"]  # the decision's copies, from its own pool layer
+                # Its resident buffers hold its own pool layer's rows of the deciding layer's resident tokens.
+                tok = owner.resident_tokens()
+                assert torch.equal(off.resident_tokens(), tok)
+                for row, r in enumerate(dec_reqs):
+                    for slot in range(tok.shape[1]):
+                        t = int(tok[row, slot])
+                        if t >= 0:
+                            b = r.blocks[t // BS]
+                            assert torch.equal(off.resident_k[row, slot], self.pool.k(p)[b, t % BS]), (p, row, t)
+                            assert torch.equal(off.resident_v[row, slot], self.pool.v(p)[b, t % BS]), (p, row, t)
+            rd["src"] = src
+        if other:  # the first layer's selection back (its last_topk views the buffer)
+            self.tb_off.store(decided)
+            self.tb_ref.store(decided)
         return []
 
     def check_pool_holds_device_rows(self):
         super().check_pool_holds_device_rows()
-        for r in self.active:
-            for p in range(r.n):
-                b, o = r.blocks[p // BS], p % BS
-                assert torch.equal(self.pool.k(1)[b, o], self.ref_bl_kv[0][b, o]), (r.name, p)
-                assert torch.equal(self.pool.v(1)[b, o], self.ref_bl_kv[1][b, o]), (r.name, p)
+        for rd in self.readers:
+            p = rd["p"]
+            for r in self.active:
+                for t in range(r.n):
+                    b, o = r.blocks[t // BS], t % BS
+                    assert torch.equal(self.pool.k(p)[b, o], rd["ref_kv"][0][b, o]), (p, r.name, t)
+                    assert torch.equal(self.pool.v(p)[b, o], rd["ref_kv"][1][b, o]), (p, r.name, t)
 
 
 @pytest.mark.parametrize("consumer,spec", [(True, 0), (True, 1), (False, 0)])
@@ -464,14 +477,19 @@ def test_index_cache_reader_repeats_the_first_layers_lru_decision(consumer, spec
     s.check_pool_holds_device_rows()
 
 
-def test_index_cache_reader_resyncs_after_a_reset_and_decides_on_another_selection():
-    # Resets of either layer's residents and two steps whose buffer holds another selection when the reader runs:
-    # each time the reader copies what it must (also()'s checks) and its outputs stay right.
-    s = IndexCacheServe(consumer=True, spec=1, reject_every=3, resets={4: "first", 8: "second"}, others=(11, 12))
+def test_index_cache_readers_resync_after_a_reset_and_follow_whoever_decided():
+    # Two readers. Resets of the first layer's and of each reader's residents, and two steps whose buffer holds
+    # another selection when the readers run (reader 1 then decides on its own, reader 2 repeats reader 1): each
+    # time every reader copies what it must (also()'s checks) and its outputs stay right.
+    s = IndexCacheServe(readers=2, consumer=True, spec=1, reject_every=3, resets={4: "first", 6: 1, 8: 2},
+                        others=(11, 12))
     serve(s, SCHEDULE, 16)
-    by = [(sb["decided_by"], sb["resynced"]) for sb in s.b_stats]
-    assert by[4] == (0, True) and by[8] == (0, True) and by[11] == (1, False) and by[12] == (1, False)
-    assert by[13] == (0, True) and by[14] == (0, False)
+    one, two = ([(sb["decided_by"], sb["resynced"]) for sb in rd["stats"]] for rd in s.readers)
+    assert one[4] == two[4] == (0, True)
+    assert one[6] == (0, True) and two[6] == (0, False)
+    assert one[8] == (0, False) and two[8] == (0, True)
+    assert one[11] == one[12] == (1, False) and two[11] == (1, True) and two[12] == (1, False)
+    assert one[13] == two[13] == (0, True) and one[14] == two[14] == (0, False)
 
 
 # ------------------------------------------------------------------------------------- copy accounting
