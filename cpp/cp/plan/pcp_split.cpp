@@ -116,6 +116,7 @@ PcpSplitSizes pcp_split_sizes(const PcpSplitInputs& in) {
   s.local_tokens = static_cast<int32_t>(local);
   s.local_prefill_tokens = static_cast<int32_t>(local - td);
   s.padded_global_tokens = static_cast<int32_t>(global);
+  s.scheduled_tokens = static_cast<int32_t>(sched);
   return s;
 }
 
@@ -126,16 +127,20 @@ void pcp_local_tokens(const PcpSplitInputs& in, int32_t rank, Span<int32_t> loca
   check_room(local_lens_out.size(), s.num_reqs, "local_lens_out");
   check_room(positions_out.size(), s.local_tokens, "positions_out");
   const int32_t head = rank, tail = 2 * in.pcp_size - 1 - rank;
-  for_each_region(in, [&](const Region& r) {
+  // The decodes: each its q tokens at positions 0 .. q-1 (one pass, no region walk).
+  const std::size_t nd = static_cast<std::size_t>(in.num_decodes);
+  const int32_t* ql = in.query_lens.data();
+  std::copy_n(ql, nd, local_lens_out.data());
+  int32_t* pos = positions_out.data();
+  for (std::size_t i = 0; i < nd; ++i) {
+    for (int32_t j = 0; j < ql[i]; ++j) *pos++ = j;
+  }
+  for_each_prefill_region(in, s.num_decode_tokens, [&](const Region& r) {
     local_lens_out[r.req] = r.local_len;
-    int32_t* pos = positions_out.data() + r.local_begin;
-    if (r.decode) {
-      for (int32_t i = 0; i < r.q; ++i) pos[i] = i;
-      return;
-    }
+    int32_t* p = positions_out.data() + r.local_begin;
     for (int32_t i = 0; i < r.c; ++i) {
-      pos[i] = head * r.c + i;
-      pos[r.c + i] = tail * r.c + i;
+      p[i] = head * r.c + i;
+      p[r.c + i] = tail * r.c + i;
     }
   });
 }
@@ -152,14 +157,13 @@ void pcp_restore_index(const PcpSplitInputs& in, Span<int32_t> restore_out) {
   const int32_t wp = in.pcp_size;
   // restore[slot] = row of G holding the token of that slot (the inverse of the
   // map "G row -> slot", so no argsort is needed).
-  for_each_region(in, [&](const Region& r) {
-    if (r.decode) {  // token i's Wp copies, rank-major: rank k's is row k L + local_begin + i
-      int32_t* dst = restore_out.data() + r.global_begin;
-      for (int32_t i = 0; i < r.q; ++i) {
-        for (int32_t rank = 0; rank < wp; ++rank) *dst++ = rank * s.local_tokens + r.local_begin + i;
-      }
-      return;
-    }
+  // The decode tokens, in batch order from local row and slot 0: token t's Wp copies, rank-major (rank k's
+  // is row k L + t), one pass over them whatever the requests.
+  int32_t* dst = restore_out.data();
+  for (int32_t t = 0; t < s.num_decode_tokens; ++t) {
+    for (int32_t rank = 0; rank < wp; ++rank) *dst++ = rank * s.local_tokens + t;
+  }
+  for_each_prefill_region(in, s.num_decode_tokens, [&](const Region& r) {
     for (int32_t rank = 0; rank < wp; ++rank) {
       const int32_t g = rank * s.local_tokens + r.local_begin;
       const int32_t head = rank, tail = 2 * wp - 1 - rank;
@@ -185,22 +189,19 @@ void pcp_unpad_mask(const PcpSplitInputs& in, Span<uint8_t> mask_out) {
 
 void pcp_padded_slot_mapping(const PcpSplitInputs& in, CSpan<int32_t> token_slots, Span<int32_t> slots_out) {
   const PcpSplitSizes s = pcp_split_sizes(in);
-  int64_t sched = 0;
-  for (int32_t q : in.query_lens) sched += q;
-  AAR_CHECK_ARG(token_slots.size() == static_cast<std::size_t>(sched), "token_slots has ", token_slots.size(),
-                " entries, expected sum(query_lens)=", sched);
+  AAR_CHECK_ARG(token_slots.size() == static_cast<std::size_t>(s.scheduled_tokens), "token_slots has ",
+                token_slots.size(), " entries, expected sum(query_lens)=", s.scheduled_tokens);
   check_room(slots_out.size(), s.padded_global_tokens, "slots_out");
   const int32_t wp = in.pcp_size;
   // A decode token's Wp copies: the first keeps its slot. A prefill: its q slots, then pads.
   int32_t* out = slots_out.data();
   const int32_t* src = token_slots.data();
-  for_each_region(in, [&](const Region& r) {
+  // The decode tokens (one pass whatever the requests), then each prefill's slots and pads.
+  const int32_t td = s.num_decode_tokens;
+  std::fill(out, out + static_cast<int64_t>(td) * wp, kPadSlot);
+  for (int32_t t = 0; t < td; ++t) out[static_cast<int64_t>(t) * wp] = src[t];
+  for_each_prefill_region(in, td, [&](const Region& r) {
     int32_t* dst = out + r.global_begin;
-    if (r.decode) {
-      std::fill(dst, dst + r.q * wp, kPadSlot);
-      for (int32_t i = 0; i < r.q; ++i) dst[i * wp] = src[r.token_begin + i];
-      return;
-    }
     std::copy_n(src + r.token_begin, r.q, dst);
     std::fill(dst + r.q, dst + r.local_len * wp, kPadSlot);
   });

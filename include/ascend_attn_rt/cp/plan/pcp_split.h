@@ -24,6 +24,7 @@ struct PcpSplitSizes {
   int32_t local_tokens = 0;          // T_loc, the same on every rank
   int32_t local_prefill_tokens = 0;  // T_loc - Td
   int32_t padded_global_tokens = 0;  // Wp * T_loc
+  int32_t scheduled_tokens = 0;      // sum of q over all requests
 };
 
 // Validates the inputs (query_lens >= 0, 0 <= num_decodes <= N, 1 <= pcp_size <=
