@@ -235,10 +235,10 @@ bool OffloadLayer::repeat_decision(OffloadWorkspace& w, int64_t rows, const Offl
   const plan::ResidentMiss* copies = w.misses.data();
   int64_t n = d.stats.misses;
   at::Tensor src = w.src_index, dst = w.dst_index;
-  const std::shared_ptr<const plan::ResidentLru> lru = d.lru.lock();
   if (!in_step) {
     // Out of step (the first repeat, a reset here or there, a step of the other LRU this layer did
     // not follow): every resident token of that LRU's state after the decision, which it must still hold.
+    const std::shared_ptr<const plan::ResidentLru> lru = d.lru.lock();
     if (lru == nullptr || lru->version() != d.after) return false;
     lru->list_resident(static_cast<int32_t>(rows), resync_);
     copies = resync_.data();
@@ -269,7 +269,7 @@ void OffloadLayer::resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t
   OffloadWorkspace::Decision& d = w.decision;
   // docs/design/sfa.md §6.8: the layer before decided on the same selection (an IndexCache layer
   // reusing its top-k): its decision and copies are repeated, no LRU step.
-  if (repeats_ && d.valid && d.layer != id_ && d.rows == rows && d.K == K &&
+  if (repeats_ && d.valid && d.layer != id_ && d.rows == rows &&
       std::equal(req.begin(), req.end(), d.req_ids.begin()) &&
       std::equal(sp.begin(), sp.end(), d.stable_prefix.begin()) &&
       plan::masked_topk_equals({tp, n}, static_cast<int32_t>(K), seq, {w.masked.data(), n}) &&
@@ -314,7 +314,6 @@ void OffloadLayer::resident_step(OffloadWorkspace& w, const int32_t* tp, int64_t
   d.before = before;
   d.after = lru.version();
   d.rows = rows;
-  d.K = K;
   d.req_ids.assign(req.begin(), req.end());
   d.stable_prefix.assign(sp.begin(), sp.end());
   d.stats = st;

@@ -57,14 +57,15 @@ class OffloadWorkspace {
   std::vector<plan::ResidentMiss> misses;   // rows * K
   // The last resident step's decision (docs/design/sfa.md §6.8): the masked top-k it read is `masked`,
   // its slots `slots_host`, its copies `misses`; the layer whose LRU made it, that LRU's versions
-  // before and after, and its other inputs. A later layer whose inputs are equal repeats it.
+  // before and after, and its other inputs (K is the workspace's). A later layer whose inputs are
+  // equal repeats it.
   struct Decision {
     bool valid = false;
     uint64_t layer = 0;  // OffloadLayer::id()
     int64_t pool_layer = -1;
     std::weak_ptr<const plan::ResidentLru> lru;
     uint64_t before = 0, after = 0;
-    int64_t rows = 0, K = 0;
+    int64_t rows = 0;
     std::vector<uint64_t> req_ids;
     std::vector<int32_t> stable_prefix;
     plan::ResidentStepStats stats;
