@@ -4,6 +4,16 @@ import contextlib
 import sys
 import types
 
+# vLLM's layer modules import vllm._custom_ops, which keeps the ImportError of its missing vllm._C with its
+# traceback. Imported first inside a test, that traceback would hold the test's frames (its builders, layers and
+# metadata) until the process ends, and nanobind reports them as leaked at exit. Imported here, at collection,
+# it holds only the collection's frames.
+try:
+    import vllm.model_executor.layers.attention.attention  # noqa: F401
+    import vllm.model_executor.layers.attention.mla_attention  # noqa: F401
+except ImportError:  # the vLLM tests skip themselves
+    pass
+
 
 def kv_cache_utils():
     """vLLM's vllm.v1.core.kv_cache_utils (the KV-cache grouping and config code of its engine). It imports

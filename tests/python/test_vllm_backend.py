@@ -186,6 +186,22 @@ def test_mla_impl_in_vllm_forward(mla_config, seq_lens, q_lens, spec, dtype):
     assert (md.decode is None) == (md.num_decodes == 0) and (md.prefill is None) == (md.num_prefills == 0)
 
 
+def test_no_binding_outlives_the_interpreter():
+    """A process that ran the adapter's MLA layer through vLLM's forward_impl ends with none of the runtime's
+    objects alive: nanobind names every instance, type and function still alive when its module is freed at exit.
+    (Run in a child process, since the report comes at interpreter exit.)"""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    test = os.path.join(here, "test_vllm_backend.py") + "::test_mla_impl_in_vllm_forward[decode-fp32]"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          capture_output=True, text=True, timeout=300, cwd=here)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "1 passed" in proc.stdout
+    assert "nanobind: leaked" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_mla_impl_remakes_its_cache_views_when_the_buffer_moves(mla_config):
     N, L, P, R, V, _ = _mla_dims(mla_config)
     impl = _mla_impl(mla_config, torch.nn.Linear(L, N * (P + V), bias=False))

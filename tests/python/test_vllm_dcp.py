@@ -101,6 +101,23 @@ def _init_vllm_groups(rank, cfg):
     assert (g.world_size, g.rank_in_group) == (W, rank)
 
 
+def _shm_names():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _release_vllm_groups(rank, shm_before):
+    """vLLM's groups destroyed before the rank leaves: the harness ends a rank with os._exit, which skips the
+    finalisers, so the TP group's shared-memory broadcast ring would stay in /dev/shm until the resource tracker
+    removes it at the end of the whole run (with a "leaked shared_memory objects" warning). Rank 0 made the ring;
+    once the groups are gone, nothing it made is left in /dev/shm."""
+    from vllm.distributed import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    if rank == 0:
+        left = sorted(n for n in _shm_names() - shm_before if n.startswith("psm_"))
+        assert not left, f"shared memory left by vLLM's groups: {left}"
+
+
 def _vllm_slots(bt_rows, seq_lens, q_lens, rank, interleave):
     """vLLM's per-token slot mapping under DCP (its _compute_slot_mapping_kernel): the rank's local slot of
     each new token's position in its virtual block, -1 where another rank owns it."""
@@ -572,19 +589,23 @@ def _case(rank, world):
     mha = _vllm_config("vllm_tiny_gqa", 4, {"num_attention_heads": 2, "num_key_value_heads": 1}, spec=2)  # MHA per rank
     mla = _vllm_config("vllm_tiny_mla", 1)
     mla_i = _vllm_config("vllm_tiny_mla", 8, spec=2)
+    shm_before = _shm_names()
     _init_vllm_groups(rank, gqa)
-    n = 0
-    n += _gqa_case(rank, gqa, torch.float32, 1, seed=1)
-    n += _gqa_case(rank, mha, torch.bfloat16, 4, seed=2)
-    n += _mla_case(rank, mla, torch.float32, 1, seed=3)
-    n += _mla_case(rank, mla_i, torch.bfloat16, 8, seed=4)
-    n += _graph_bucket(rank, "gqa", mha, 4, seed=5, nreals=(B, B, B - 1, 2), driver="adapter")
-    n += _graph_bucket(rank, "mla", mla_i, 8, seed=6, nreals=(B, B), driver="adapter")
-    n += _graph_bucket(rank, "mla", mla, 1, seed=7, nreals=(3, 2, 1, B), driver="adapter")
-    n += _graph_bucket(rank, "mla", _vllm_config("vllm_tiny_mla", 4), 4, seed=8, nreals=(3, 2, 1, B),
-                       driver="adapter")
-    n += _refusals(rank, gqa, mla)
-    return n
+    try:
+        n = 0
+        n += _gqa_case(rank, gqa, torch.float32, 1, seed=1)
+        n += _gqa_case(rank, mha, torch.bfloat16, 4, seed=2)
+        n += _mla_case(rank, mla, torch.float32, 1, seed=3)
+        n += _mla_case(rank, mla_i, torch.bfloat16, 8, seed=4)
+        n += _graph_bucket(rank, "gqa", mha, 4, seed=5, nreals=(B, B, B - 1, 2), driver="adapter")
+        n += _graph_bucket(rank, "mla", mla_i, 8, seed=6, nreals=(B, B), driver="adapter")
+        n += _graph_bucket(rank, "mla", mla, 1, seed=7, nreals=(3, 2, 1, B), driver="adapter")
+        n += _graph_bucket(rank, "mla", _vllm_config("vllm_tiny_mla", 4), 4, seed=8, nreals=(3, 2, 1, B),
+                           driver="adapter")
+        n += _refusals(rank, gqa, mla)
+        return n
+    finally:
+        _release_vllm_groups(rank, shm_before)
 
 
 def test_vllm_dcp_gqa_and_mla_match_float64_over_the_whole_sequence():
@@ -595,9 +616,13 @@ def _wrapper_case(rank, world):
     torch.set_num_threads(1)  # the ranks share two cores
     mha = _vllm_config("vllm_tiny_gqa", 4, {"num_attention_heads": 2, "num_key_value_heads": 1})
     mla = _vllm_config("vllm_tiny_mla", 4)
+    shm_before = _shm_names()
     _init_vllm_groups(rank, mha)
-    return (_graph_bucket(rank, "gqa", mha, 4, seed=11, nreals=(B, 3, 2), driver="wrapper")
-            + _graph_bucket(rank, "mla", mla, 4, seed=12, nreals=(3, 2, 1, B), driver="wrapper"))
+    try:
+        return (_graph_bucket(rank, "gqa", mha, 4, seed=11, nreals=(B, 3, 2), driver="wrapper")
+                + _graph_bucket(rank, "mla", mla, 4, seed=12, nreals=(3, 2, 1, B), driver="wrapper"))
+    finally:
+        _release_vllm_groups(rank, shm_before)
 
 
 def test_vllm_dcp_padded_decode_through_vllms_graph_wrapper():

@@ -43,7 +43,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
-from test_vllm_dcp import BS, MAX_LEN, NB, VLLM_MODULES, W, WIDTH, _block_table, _common_metadata  # noqa: E402
+from test_vllm_dcp import (BS, MAX_LEN, NB, VLLM_MODULES, W, WIDTH, _block_table, _common_metadata,  # noqa: E402
+                           _release_vllm_groups, _shm_names)
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 F64 = torch.float64
@@ -496,16 +497,20 @@ def _refusals(rank, family):
 
 def _case(rank, world):
     torch.set_num_threads(1)  # the ranks share two cores
+    shm_before = _shm_names()
     _init(rank, "deepseek_v32")
-    n = _sparse_case(rank, "deepseek_v32", torch.float32, 1, 0, seed=1)
-    # GLM-MoE-DSA (its indexer RoPE pairing, torch_npu's indexer library): the same backend and op.
-    import ascend_attn_rt.vllm as aar_vllm
+    try:
+        n = _sparse_case(rank, "deepseek_v32", torch.float32, 1, 0, seed=1)
+        # GLM-MoE-DSA (its indexer RoPE pairing, torch_npu's indexer library): the same backend and op.
+        import ascend_attn_rt.vllm as aar_vllm
 
-    aar_vllm.register(family="glm_moe_dsa")
-    n += _sparse_case(rank, "glm_moe_dsa", torch.bfloat16, 4, 2, seed=2)
-    n += _graph_case(rank, "deepseek_v32", 4, seed=3)
-    n += _refusals(rank, "deepseek_v32")
-    return n
+        aar_vllm.register(family="glm_moe_dsa")
+        n += _sparse_case(rank, "glm_moe_dsa", torch.bfloat16, 4, 2, seed=2)
+        n += _graph_case(rank, "deepseek_v32", 4, seed=3)
+        n += _refusals(rank, "deepseek_v32")
+        return n
+    finally:
+        _release_vllm_groups(rank, shm_before)
 
 
 def test_vllm_sparse_dcp_matches_float64_and_the_single_rank_topk():
