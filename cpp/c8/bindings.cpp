@@ -97,6 +97,8 @@ void bind_c8(nb::module_& m) {
       "c8_dequant_paged_to_dense",
       [](const at::Tensor& cache, const at::Tensor& block_table, const std::vector<int64_t>& seq_lens,
          const at::Tensor& scale, const at::Tensor& offset, const std::string& dtype) {
+        AAR_CHECK_ARG(scale.defined() && scale.dim() >= 2, "scale must have shape (..., num_kv_heads, head_size), got ",
+                      scale.defined() ? scale.sizes() : c10::IntArrayRef{});
         const at::Tensor nz = c8::nz_view(cache, scale.size(-2), scale.size(-1), "cache");
         return c8::dequant_paged_to_dense(nz, block_table, seq_lens, scale, offset, parse_dtype(dtype));
       },

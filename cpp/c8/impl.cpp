@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../common/kv_cache.h"
 #include "ascend_attn_rt/c8/quant.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/ops/fusion_attention.h"
@@ -51,10 +52,7 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
   }
   if (cfg_.has_sinks) throw_not_supported("sinks are not supported by the C8 backend (FIA v1 has no learnable sink)");
   if (cfg_.has_alibi_slopes) throw_not_supported("ALiBi (alibi_slopes) is not supported by the C8 backend");
-  if (cfg_.logits_soft_cap.has_value() && *cfg_.logits_soft_cap > 0.0) {
-    throw_not_supported("logits soft-cap (logits_soft_cap=", *cfg_.logits_soft_cap,
-                        ") is not supported by the C8 backend");
-  }
+  internal::check_logits_soft_cap(cfg_.logits_soft_cap, "the C8 backend");
   if (cfg_.attn_type == gqa::AttnType::EncoderDecoder) {
     throw_not_supported("attn_type 'encoder_decoder' (cross-attention) is not supported by the C8 backend yet");
   }
@@ -103,6 +101,7 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
       AAR_CHECK_ARG(c->device() == query.device(), name, " is on ", c->device(), " but query is on ",
                     query.device());
     }
+    ::aar::detail::check_caches_disjoint(key_cache, value_cache, "key_cache", "value_cache");
   }
 }
 

@@ -71,12 +71,27 @@ at::Tensor dequant_paged_to_dense(const at::Tensor& cache_nz, const at::Tensor& 
   const int64_t nblk = (max_len + bs - 1) / bs;
   AAR_CHECK_ARG(nblk <= block_table.size(1), "seq_lens need ", nblk, " blocks but block_table has ",
                 block_table.size(1), " columns");
+  AAR_CHECK_ARG(block_table.scalar_type() == at::kInt || block_table.scalar_type() == at::kLong,
+                "block_table must be int32 or int64, got ", block_table.scalar_type());
+  {  // every block a request reads must exist (a utility, not a step path: the ids are read on the host)
+    const at::Tensor host = block_table.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* bt = host.data_ptr<int64_t>();
+    const int64_t stride = host.size(1);
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < (seq_lens[b] + bs - 1) / bs; ++j) {
+        const int64_t id = bt[b * stride + j];
+        AAR_CHECK_ARG(id >= 0 && id < nb, "block_table[", b, "][", j, "]=", id, " is out of range [0, ", nb,
+                      ") (the cache's blocks)");
+      }
+    }
+  }
   // Rows of the gathered (B * nblk * bs) token-major positions that exist.
   std::vector<int64_t> rows;
   rows.reserve(total);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t j = 0; j < seq_lens[b]; ++j) rows.push_back(b * nblk * bs + j);
   }
+  // Rows past a request's length may hold any id: clamped, their tokens are not kept.
   const at::Tensor ids = block_table.narrow(1, 0, nblk).to(dev, at::kLong).clamp(0, nb - 1).reshape({-1});
   // NZ (h, d1, off, d0) -> token-major (off, h, d1*32 + d0).
   const at::Tensor tokens = cache_nz.index_select(0, ids).permute({0, 3, 1, 2, 4}).reshape({B * nblk * bs, nkv, d});

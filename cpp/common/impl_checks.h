@@ -3,6 +3,7 @@
 // norm epsilon is accepted by every kernel and turns every output into NaN, so it is refused at
 // construction, before any forward, with the argument's name.
 #include <cmath>
+#include <optional>
 
 #include "ascend_attn_rt/errors.h"
 
@@ -17,6 +18,14 @@ inline void check_softmax_scale(double scale, const char* name = "scale") {
 // An RMSNorm / LayerNorm epsilon: finite and >= 0.
 inline void check_norm_eps(double eps, const char* name) {
   AAR_CHECK_ARG(std::isfinite(eps) && eps >= 0.0, name, " must be finite and >= 0, got ", eps);
+}
+
+// vLLM's logits_soft_cap: None or 0 is no soft-cap; a positive cap is a feature the fused
+// kernels lack (refused by name, `who` naming the backend); NaN or negative is an error.
+inline void check_logits_soft_cap(const std::optional<double>& cap, const char* who) {
+  if (!cap.has_value()) return;
+  AAR_CHECK_ARG(std::isfinite(*cap) && *cap >= 0.0, "logits_soft_cap must be None, 0 (none) or positive, got ", *cap);
+  if (*cap > 0.0) throw_not_supported("logits soft-cap (logits_soft_cap=", *cap, ") is not supported by ", who);
 }
 
 // The head layout of a GQA-family layer (GQA, C8, GQA DCP), checked and completed in place:

@@ -87,4 +87,20 @@ inline std::vector<int64_t> identity_stride_order(int64_t rank, bool include_num
   return order;
 }
 
+// Two caches of one layer (K and V; latent and rope) must not share memory: the
+// second write would overwrite the first. Both are contiguous (checked before), so
+// each covers one byte range of its storage; views of one stacked allocation (kv[0],
+// kv[1]) are disjoint and pass.
+inline void check_caches_disjoint(const at::Tensor& a, const at::Tensor& b, const char* a_name,
+                                  const char* b_name) {
+  if (a.numel() == 0 || b.numel() == 0 || !a.has_storage() || !b.has_storage()) return;
+  if (a.storage().unsafeGetStorageImpl() != b.storage().unsafeGetStorageImpl()) return;
+  const int64_t a0 = a.storage_offset() * static_cast<int64_t>(a.element_size());
+  const int64_t b0 = b.storage_offset() * static_cast<int64_t>(b.element_size());
+  const int64_t a1 = a0 + a.numel() * static_cast<int64_t>(a.element_size());
+  const int64_t b1 = b0 + b.numel() * static_cast<int64_t>(b.element_size());
+  AAR_CHECK_ARG(a1 <= b0 || b1 <= a0, a_name, " and ", b_name, " share memory (bytes [", a0, ", ", a1, ") and [", b0,
+                ", ", b1, ") of one storage): a layer's caches must be separate tensors or disjoint views");
+}
+
 }  // namespace aar::detail

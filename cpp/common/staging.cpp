@@ -59,8 +59,9 @@ namespace detail {
 StagingBuffers::StagingBuffers(int64_t words, c10::Device device, bool separate, int num_host,
                                std::shared_ptr<StagingHooks> hooks, int slot_base)
     : separate_(separate), num_host_(separate ? num_host : 1), slot_base_(slot_base) {
-  AAR_CHECK_ARG(!separate || (num_host >= 1 && num_host <= kMaxHostBuffers), "staging_buffers must be in [1, ",
-                kMaxHostBuffers, "], got ", num_host);
+  // Checked with or without separate buffers: a value the builder would not use is still refused.
+  AAR_CHECK_ARG(num_host >= 1 && num_host <= kMaxHostBuffers, "staging_buffers must be in [1, ", kMaxHostBuffers,
+                "], got ", num_host);
   AAR_CHECK_ARG(slot_base >= 0 && (hooks != nullptr || slot_base == 0), "staging slot_base=", slot_base,
                 " needs shared hooks (the default hooks are private, with slots from 0)");
   const auto opts = at::TensorOptions().dtype(at::kInt).device(at::kCPU);

@@ -28,9 +28,7 @@ DcpAttentionImpl::DcpAttentionImpl(const ImplConfig& cfg, cp::Comm& comm) : cfg_
   if (cfg_.sliding_window.has_value()) throw_not_supported("sliding_window with ", what);
   if (cfg_.sinks.has_value()) throw_not_supported("sinks with ", what);
   if (cfg_.has_alibi_slopes) throw_not_supported("ALiBi (alibi_slopes) with ", what);
-  if (cfg_.logits_soft_cap.has_value() && *cfg_.logits_soft_cap > 0.0) {
-    throw_not_supported("logits soft-cap with ", what);
-  }
+  internal::check_logits_soft_cap(cfg_.logits_soft_cap, what);
   if (cfg_.kv_cache_dtype != "auto") throw_not_supported("kv_cache_dtype='", cfg_.kv_cache_dtype, "' with ", what);
   if (cfg_.attn_type != AttnType::Decoder) {
     throw_not_supported("attn_type '", to_string(cfg_.attn_type), "' with ", what, " (decoder layers only)");

@@ -292,6 +292,14 @@ class StepBuilder::Lane {
       state = *capture;
     } else if (in.attn_state.has_value()) {
       state = *in.attn_state;
+      // PrefillNoCache attends over the new tokens alone (docs/design/gqa.md §2.1): no request may have context.
+      if (state == plan::AttentionState::PrefillNoCache) {
+        for (int64_t i = 0; i < B; ++i) {
+          AAR_CHECK_ARG(sp_[static_cast<size_t>(i)] == 0, "attn_state=PrefillNoCache was given, but request ", i,
+                        " has cached tokens (seq_lens[", i, "]=", sp_[static_cast<size_t>(i)] + q_[static_cast<size_t>(i)],
+                        ", query length ", q_[static_cast<size_t>(i)], "): that state attends over the new tokens alone");
+        }
+      }
     } else {
       plan::StateInputs si;
       si.num_computed_tokens = plan::CSpan<int32_t>(sp_.data(), static_cast<size_t>(B));

@@ -13,6 +13,8 @@
 #include "ascend_attn_rt/ops/kv_cache_write.h"
 #include "../common/inference_scope.h"
 
+#include "../common/impl_checks.h"
+
 namespace aar::fa3 {
 
 const char* to_string(ForwardPath p) {
@@ -39,10 +41,7 @@ gqa::ImplConfig checked_gqa_config(const ImplConfig& c) {
   }
   if (c.has_sinks) throw_not_supported("sinks are not supported by the FA3 backend");
   if (c.has_alibi_slopes) throw_not_supported("ALiBi (alibi_slopes) is not supported by the FA3 backend");
-  if (c.logits_soft_cap.has_value() && *c.logits_soft_cap > 0.0) {
-    throw_not_supported("logits soft-cap (logits_soft_cap=", *c.logits_soft_cap,
-                        ") is not supported by the FA3 backend");
-  }
+  internal::check_logits_soft_cap(c.logits_soft_cap, "the FA3 backend");
   if (c.kv_cache_dtype != "auto") {
     throw_not_supported("kv_cache_dtype='", c.kv_cache_dtype, "' is not supported by the FA3 backend (only 'auto')");
   }

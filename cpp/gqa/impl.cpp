@@ -66,10 +66,7 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
   if (cfg_.has_alibi_slopes) {
     throw_not_supported("ALiBi (alibi_slopes) is not supported by the GQA backend: the fused kernels take no slopes");
   }
-  if (cfg_.logits_soft_cap.has_value() && *cfg_.logits_soft_cap > 0.0) {
-    throw_not_supported("logits soft-cap (logits_soft_cap=", *cfg_.logits_soft_cap,
-                        ") is not supported by the GQA backend");
-  }
+  internal::check_logits_soft_cap(cfg_.logits_soft_cap, "the GQA backend");
   if (cfg_.kv_cache_dtype != "auto") {
     throw_not_supported("kv_cache_dtype='", cfg_.kv_cache_dtype,
                         "' is not supported by the GQA backend (only 'auto'; INT8 KV is the C8 backend)");
@@ -95,6 +92,8 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
   const LayerShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size};
   validate_layer_inputs(shape, query, key, value, md, output, md.num_kernel_tokens, "attends num_kernel_tokens rows");
   validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device());
+  AAR_CHECK_ARG(!sinks_fp32_.has_value() || sinks_fp32_->device() == query.device(), "sinks are on ",
+                sinks_fp32_.has_value() ? sinks_fp32_->device() : query.device(), " but query is on ", query.device());
 }
 
 ForwardPath AttentionImpl::choose_path(const Metadata& md, int64_t num_tokens, bool has_cache) const {

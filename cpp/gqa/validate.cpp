@@ -62,6 +62,7 @@ void validate_nd_caches(const LayerShape& s, const at::Tensor& key_cache, const 
   }
   AAR_CHECK_ARG(value_cache.sizes() == key_cache.sizes(), "value_cache shape ", value_cache.sizes(),
                 " differs from key_cache shape ", key_cache.sizes(), " (a layer's K and V caches are one pair)");
+  detail::check_caches_disjoint(key_cache, value_cache, "key_cache", "value_cache");
 }
 
 }  // namespace aar::gqa

@@ -82,7 +82,7 @@ at::Tensor trans_rope_weight(const at::Tensor& w, int64_t rope_dim) {
   AAR_CHECK_ARG(w.dim() >= 2, "trans_rope_weight: weight must have at least 2 dims, got ", w.sizes());
   const int64_t n = w.size(-2);
   AAR_CHECK_ARG(rope_dim >= 0 && rope_dim <= n && rope_dim % 2 == 0, "trans_rope_weight: rope_dim=", rope_dim,
-                " must be even and <= ", n);
+                " must be even and <= the weight's rows (size(-2)=", n, ")");
   if (rope_dim == 0) return w.contiguous();
   const at::Tensor rope = w.narrow(-2, n - rope_dim, rope_dim);
   return at::cat({w.narrow(-2, 0, n - rope_dim), rope.slice(-2, 0, rope_dim, 2), rope.slice(-2, 1, rope_dim, 2)}, -2)

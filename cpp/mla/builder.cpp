@@ -87,6 +87,10 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg)
   kv_rank_ = cfg.pcp_rank * cfg.dcp_world_size + cfg.dcp_rank;
   // Validates the tables (errors name cos_table / sin_table) and keeps host copies.
   rope_ = std::make_unique<aar::detail::RopeRows>(cfg.cos_table, cfg.sin_table);
+  AAR_CHECK_ARG(cfg.max_model_len >= 0, "max_model_len must be >= 0 (0: max_blocks_per_req x block_size), got ",
+                cfg.max_model_len);
+  AAR_CHECK_ARG(cfg.workspace_tokens >= 0, "workspace_tokens must be >= 0 (0: derived from max_model_len), got ",
+                cfg.workspace_tokens);
   const int64_t max_model_len =
       cfg.max_model_len > 0 ? cfg.max_model_len : int64_t{cfg.max_blocks_per_req} * cfg.block_size;
   workspace_ = cfg.workspace_tokens > 0

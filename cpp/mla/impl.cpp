@@ -680,7 +680,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
     // graph decode padding, whose dummy rows attend nothing); rows past them
     // get o_proj(0) = 0 (o_proj has no bias).
     const int64_t tk = td > 0 ? md.decode.num_kernel_tokens : 0;
-    if (tk == rows) {
+    if (tk > 0 && tk == rows) {  // (an empty step has no decode to run)
       decode_forward(hidden, nope, rope, md, path, output);
     } else {
       if (tk > 0) decode_forward(hidden, nope, rope, md, path, output.narrow(0, 0, tk));

@@ -37,6 +37,22 @@ inline AttentionState state_from_flags(bool empty, bool all_fresh, bool all_sche
   return st;
 }
 
+// An engine-given state is taken as given, except PrefillNoCache on a batch with cached
+// tokens: that state attends over the new tokens alone (no cache read), so it would
+// silently drop the context (docs/design/gqa.md §2.1). Throws naming the first request
+// with cached tokens.
+[[noreturn]] void refuse_prefill_no_cache(CSpan<int32_t> query_start_loc, CSpan<int32_t> seq_lens);
+inline AttentionState resolve_state(const std::optional<AttentionState>& given, bool empty, bool all_fresh,
+                                    bool all_sched_one, bool all_valid_one, SpecMethod method,
+                                    bool chunked_prefill_enabled, CSpan<int32_t> query_start_loc,
+                                    CSpan<int32_t> seq_lens) {
+  if (!given.has_value()) {
+    return state_from_flags(empty, all_fresh, all_sched_one, all_valid_one, method, chunked_prefill_enabled);
+  }
+  if (*given == AttentionState::PrefillNoCache && !all_fresh) refuse_prefill_no_cache(query_start_loc, seq_lens);
+  return *given;
+}
+
 void validate_spec_method(SpecMethod m);
 
 // The batch-level checks every step planner makes before its per-request pass

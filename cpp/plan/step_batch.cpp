@@ -39,6 +39,15 @@ StepTokens check_step_batch(CSpan<int32_t> qsl, std::size_t b, int32_t num_input
   return t;
 }
 
+void refuse_prefill_no_cache(CSpan<int32_t> qsl, CSpan<int32_t> seqs) {
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const int32_t q = qsl[i + 1] - qsl[i];
+    AAR_CHECK_ARG(seqs[i] == q, "attn_state=PrefillNoCache was given, but request ", i, " has cached tokens (seq_lens[",
+                  i, "]=", seqs[i], ", query length ", q, "): that state attends over the new tokens alone");
+  }
+  throw_invalid("attn_state=PrefillNoCache was given for a batch with cached tokens");
+}
+
 }  // namespace detail
 
 }  // namespace aar::plan

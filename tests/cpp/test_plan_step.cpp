@@ -407,6 +407,9 @@ TEST(PlanStep, RejectedCallsLeaveBuffersUntouched) {
          s.in.attn_state = static_cast<AttentionState>(11);
        }},
       {"is_prefilling is required", [](Step& s) { s.in.treat_short_extends_as_decodes = false; }},
+      // An engine-given PrefillNoCache would drop the context of request 0 (20 tokens, 1 new).
+      {"attn_state=PrefillNoCache was given, but request 0 has cached tokens (seq_lens[0]=20, query length 1)",
+       [](Step& s) { s.in.attn_state = AttentionState::PrefillNoCache; }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);

@@ -151,12 +151,8 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
 
   // Everything that may still throw is computed before the first write.
   StepPlan plan;
-  if (in.attn_state.has_value()) {
-    plan.state = *in.attn_state;
-  } else {
-    plan.state = detail::state_from_flags(b == 0, all_fresh, all_sched_one, all_valid_one, in.spec_method,
-                                          in.chunked_prefill_enabled);
-  }
+  plan.state = detail::resolve_state(in.attn_state, b == 0, all_fresh, all_sched_one, all_valid_one, in.spec_method,
+                                     in.chunked_prefill_enabled, qsl, in.seq_lens);
   SplitInputs split_in;
   split_in.query_start_loc = qsl;
   split_in.num_actual_tokens = t_real;

@@ -293,9 +293,8 @@ MlaStepPlan plan_mla_step(const MlaStepInputs& in, const MlaStepBuffers& buf) {
   const std::size_t num_last = scan.num_last;
   const bool all_fresh = scan.all_fresh, all_sched_one = scan.all_sched_one, all_valid_one = scan.all_valid_one;
   const int32_t max_q = scan.max_query_len, max_seq = scan.max_seq_len;
-  plan.state = in.attn_state.has_value() ? *in.attn_state
-                            : detail::state_from_flags(b == 0, all_fresh, all_sched_one, all_valid_one,
-                                                       in.spec_method, in.chunked_prefill_enabled);
+  plan.state = detail::resolve_state(in.attn_state, b == 0, all_fresh, all_sched_one, all_valid_one, in.spec_method,
+                                     in.chunked_prefill_enabled, qsl, in.seq_lens);
   SplitInputs split_in;
   split_in.query_start_loc = qsl;
   split_in.num_actual_tokens = t_real;

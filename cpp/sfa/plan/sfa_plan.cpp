@@ -315,9 +315,8 @@ SfaStepPlan plan_sfa_step(const SfaStepInputs& in, const SfaStepBuffers& buf) {
                             use_dcp ? buf.dcp_block_lens.data() : nullptr);
 
   SfaStepPlan plan;
-  plan.state = in.attn_state.has_value() ? *in.attn_state
-                            : detail::state_from_flags(b == 0, scan.all_fresh, scan.all_sched_one, scan.all_valid_one,
-                                                       in.spec_method, in.chunked_prefill_enabled);
+  plan.state = detail::resolve_state(in.attn_state, b == 0, scan.all_fresh, scan.all_sched_one, scan.all_valid_one,
+                                     in.spec_method, in.chunked_prefill_enabled, qsl, in.seq_lens);
   const int32_t thr = in.decode_threshold;
   const bool all_decodes = b > 0 && scan.max_query_len <= thr;
   AAR_CHECK_ARG(in.is_prefilling.empty() || in.is_prefilling.size() == b, "is_prefilling has ",

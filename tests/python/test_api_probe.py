@@ -1,0 +1,233 @@
+"""Inputs a probe of the Python API with bad arguments found accepted (2026-12-07), each now refused
+by name before anything is written, or (the empty MLA step) served. Every test failed before its fix.
+
+- an engine-given attn_state=PrefillNoCache on a batch with cached tokens (GQA, C8, MLA, SFA, DSA
+  builders): that state attends over the new tokens alone, so the context was silently dropped;
+- a layer's K and V caches sharing memory (GQA, C8): the V write overwrote the K cache;
+- sinks on another device than the query (GQA): the K/V write happened before the failure;
+- logits_soft_cap NaN or negative (GQA, C8, FA3, GQA DCP): taken as "no soft-cap";
+- staging_buffers out of [1, 4] on a builder without separate device buffers (GQA, MLA): ignored;
+- MLA builder max_model_len / workspace_tokens negative: taken as "derive it";
+- c8_dequant_paged_to_dense with a block id outside the cache or a float block table: clamped or
+  truncated, reading other blocks; a 1-D scale failed with an IndexError naming nothing;
+- an MLA forward of an empty step failed inside torch ("strides() called on an undefined Tensor")."""
+
+import pytest
+import torch
+
+import ascend_attn_rt as aar
+from _reference import make_batch
+
+S = aar.AttentionState
+N, NKV, D, BS, NB = 8, 2, 64, 16, 16
+
+
+def i32(x):
+    return torch.tensor(x, dtype=torch.int32)
+
+
+def _gqa_batch(seq=(19, 40, 30), q=(1, 1, 6), dtype=torch.float32):
+    g = torch.Generator().manual_seed(5)
+    return make_batch(list(seq), list(q), num_heads=N, num_kv_heads=NKV, head_size=D, dtype=dtype, block_size=BS,
+                      gen=g, num_blocks=NB)
+
+
+def _gqa_builder(**kw):
+    return aar.MetadataBuilder(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=4, block_size=BS,
+                               num_blocks=NB, **kw)
+
+
+def _rope(rows=64, width=16):
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(rows, width, generator=g), torch.randn(rows, width, generator=g)
+
+
+# ---------------------------------------------------------------- attn_state=PrefillNoCache with context
+
+PNC = r"attn_state=PrefillNoCache was given, but request 1 has cached tokens \(seq_lens\[1\]=9, query length 3\)"
+
+
+def test_gqa_builder_refuses_prefill_no_cache_over_context_and_keeps_serving():
+    b = _gqa_builder()
+    qsl, seq, bt = i32([0, 4, 7]), i32([4, 9]), i32([[1, 0, 0, 0], [2, 3, 0, 0]])
+    with pytest.raises(ValueError, match=PNC):
+        b.build(qsl, seq, bt, attn_state=S.PrefillNoCache)
+    md = b.build(qsl, seq, bt)  # derived: the context is read
+    assert md.attn_state != S.PrefillNoCache
+    # A batch without cached tokens takes the given state.
+    md = b.build(qsl, i32([4, 3]), bt, attn_state=S.PrefillNoCache)
+    assert md.attn_state == S.PrefillNoCache
+
+
+def test_gqa_forward_with_a_derived_state_matches_the_reference_where_the_override_dropped_the_context():
+    # What the refused override did: FusedDense over the new tokens only, far from the reference.
+    batch = _gqa_batch()
+    b = _gqa_builder()
+    with pytest.raises(ValueError, match="attn_state=PrefillNoCache"):
+        b.build(batch.query_start_loc, batch.seq_lens_t, batch.block_table, attn_state=S.PrefillNoCache)
+    md = b.build(batch.query_start_loc, batch.seq_lens_t, batch.block_table)
+    impl = aar.AttentionImpl(N, D, num_kv_heads=NKV)
+    out = torch.zeros_like(batch.q)
+    impl.forward(batch.q, batch.k, batch.v, batch.key_cache, batch.value_cache, md, out)
+    torch.testing.assert_close(out[:8].double(), batch.reference().double(), atol=1e-5, rtol=1e-5)
+
+
+def test_mla_builder_refuses_prefill_no_cache_over_context():
+    cos, sin = _rope()
+    b = aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
+                                num_blocks=8, cos_table=cos, sin_table=sin)
+    qsl, seq, bt = i32([0, 4, 7]), i32([4, 9]), i32([[1, 0, 0, 0], [2, 3, 0, 0]])
+    with pytest.raises(ValueError, match=PNC):
+        b.build(qsl, seq, bt, attn_state=S.PrefillNoCache)
+    assert b.build(qsl, i32([4, 3]), bt, attn_state=S.PrefillNoCache).attn_state == S.PrefillNoCache
+
+
+def test_sfa_builder_refuses_prefill_no_cache_over_context():
+    cos, sin = _rope()
+    b = aar.sfa.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
+                                num_blocks=8, cos_table=cos, sin_table=sin)
+    qsl, seq, bt = i32([0, 4, 7]), i32([4, 9]), i32([[1, 0, 0, 0], [2, 3, 0, 0]])
+    with pytest.raises(ValueError, match=PNC):
+        b.build(qsl, seq, bt, attn_state=S.PrefillNoCache)
+    assert b.build(qsl, i32([4, 3]), bt, attn_state=S.PrefillNoCache).attn_state == S.PrefillNoCache
+
+
+def test_dsa_step_builder_refuses_prefill_no_cache_over_context():
+    g = torch.Generator().manual_seed(0)
+    mk = lambda: torch.randn(1 << 12, 64, generator=g).to(torch.bfloat16)  # noqa: E731
+    sb = aar.dsa.StepBuilder(max_num_reqs=4, max_num_tokens=64, cos_table=mk(), sin_table=mk(),
+                             compress_cos_table=mk(), compress_sin_table=mk())
+    with pytest.raises(ValueError, match=PNC):
+        sb.build(i32([0, 4, 7]), i32([4, 9]), attn_state=S.PrefillNoCache)
+    assert sb.build(i32([0, 4, 7]), i32([4, 3]), attn_state=S.PrefillNoCache).attn_state == S.PrefillNoCache
+
+
+# ---------------------------------------------------------------- caches sharing memory
+
+
+def test_gqa_forward_refuses_one_tensor_as_both_caches_and_writes_nothing():
+    batch = _gqa_batch()
+    md = _gqa_builder().build(batch.query_start_loc, batch.seq_lens_t, batch.block_table)
+    impl = aar.AttentionImpl(N, D, num_kv_heads=NKV)
+    before = batch.key_cache.clone()
+    with pytest.raises(ValueError, match="key_cache and value_cache share memory"):
+        impl.forward(batch.q, batch.k, batch.v, batch.key_cache, batch.key_cache, md, torch.zeros_like(batch.q))
+    assert torch.equal(batch.key_cache, before)
+    # Overlapping views of one allocation are refused too; disjoint halves of a stacked cache pass.
+    kv = torch.zeros(2 * NB + 1, BS, NKV, D)
+    with pytest.raises(ValueError, match="share memory"):
+        impl.forward(batch.q, batch.k, batch.v, kv[:NB], kv[1:NB + 1], md, torch.zeros_like(batch.q))
+    stacked = torch.stack([batch.key_cache, batch.value_cache])
+    out = torch.zeros_like(batch.q)
+    impl.forward(batch.q, batch.k, batch.v, stacked[0], stacked[1], md, out)
+    torch.testing.assert_close(out[:8].double(), batch.reference().double(), atol=1e-5, rtol=1e-5)
+
+
+def test_c8_forward_refuses_one_tensor_as_both_caches_and_writes_nothing():
+    from test_c8 import make_c8_batch
+    b = make_c8_batch([19, 40], [1, 6], gen=torch.Generator().manual_seed(1234))
+    builder = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=b.block_size,
+                                  num_blocks=b.num_blocks)
+    impl = aar.C8AttentionImpl(b.num_heads, b.head_size, k_scale=b.ks, k_offset=b.ko, v_scale=b.vs, v_offset=b.vo,
+                               num_kv_heads=b.num_kv_heads)
+    md = builder.build(b.qsl, b.seq_lens_t, b.block_table)
+    before = b.key_cache.clone()
+    with pytest.raises(ValueError, match="key_cache and value_cache share memory"):
+        impl.forward(b.q, b.k, b.v, b.key_cache, b.key_cache, md, torch.zeros_like(b.q))
+    assert torch.equal(b.key_cache, before)
+
+
+# ---------------------------------------------------------------- sinks, soft-cap
+
+
+def test_gqa_forward_refuses_sinks_on_another_device_before_writing():
+    batch = _gqa_batch()
+    md = _gqa_builder().build(batch.query_start_loc, batch.seq_lens_t, batch.block_table)
+    impl = aar.AttentionImpl(N, D, num_kv_heads=NKV, sinks=torch.zeros(N, device="meta"))
+    k0, v0 = batch.key_cache.clone(), batch.value_cache.clone()
+    with pytest.raises(ValueError, match="sinks are on meta but query is on cpu"):
+        impl.forward(batch.q, batch.k, batch.v, batch.key_cache, batch.value_cache, md, torch.zeros_like(batch.q))
+    assert torch.equal(batch.key_cache, k0) and torch.equal(batch.value_cache, v0)
+
+
+RAW_C8 = dict(k_scale=torch.full((64,), 0.5), k_offset=torch.zeros(64), v_scale=torch.full((64,), 0.5),
+              v_offset=torch.zeros(64))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("-inf"), float("inf")])
+def test_gqa_family_layers_refuse_a_nan_or_negative_soft_cap(bad):
+    match = r"logits_soft_cap must be None, 0 \(none\) or positive"
+    with pytest.raises(ValueError, match=match):
+        aar.AttentionImpl(N, D, num_kv_heads=NKV, logits_soft_cap=bad)
+    with pytest.raises(ValueError, match=match):
+        aar.C8AttentionImpl(4, 32, num_kv_heads=2, logits_soft_cap=bad, **RAW_C8)
+    with pytest.raises(ValueError, match=match):
+        aar.FA3AttentionImpl(4, 128, logits_soft_cap=bad)
+
+
+def test_soft_cap_zero_is_none_and_positive_is_refused_by_name():
+    aar.AttentionImpl(N, D, num_kv_heads=NKV, logits_soft_cap=0.0)
+    with pytest.raises(NotImplementedError, match=r"logits soft-cap \(logits_soft_cap=30\) is not supported by the GQA"):
+        aar.AttentionImpl(N, D, num_kv_heads=NKV, logits_soft_cap=30.0)
+
+
+# ---------------------------------------------------------------- builder configuration
+
+
+@pytest.mark.parametrize("n", [0, -1, 5])
+def test_builders_refuse_staging_buffers_out_of_range_without_separate_buffers(n):
+    with pytest.raises(ValueError, match=rf"staging_buffers must be in \[1, 4\], got {n}"):
+        _gqa_builder(staging_buffers=n)
+    cos, sin = _rope()
+    with pytest.raises(ValueError, match=rf"staging_buffers must be in \[1, 4\], got {n}"):
+        aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
+                                num_blocks=8, cos_table=cos, sin_table=sin, staging_buffers=n)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(max_model_len=-5), r"max_model_len must be >= 0 \(0: max_blocks_per_req x block_size\), got -5"),
+    (dict(workspace_tokens=-1), r"workspace_tokens must be >= 0 \(0: derived from max_model_len\), got -1"),
+])
+def test_mla_builder_refuses_negative_lengths(kw, match):
+    cos, sin = _rope()
+    with pytest.raises(ValueError, match=match):
+        aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
+                                num_blocks=8, cos_table=cos, sin_table=sin, **kw)
+
+
+# ---------------------------------------------------------------- c8_dequant_paged_to_dense
+
+
+def test_c8_dequant_paged_to_dense_refuses_blocks_outside_the_cache_and_float_tables():
+    from test_c8 import make_c8_batch
+    b = make_c8_batch([19, 40], [1, 6], gen=torch.Generator().manual_seed(1234))
+    good = aar.c8_dequant_paged_to_dense(b.key_cache, b.block_table, [19, 40], b.ks, b.ko)
+    assert good.shape == (59, b.num_kv_heads, b.head_size)
+    for bad in (b.num_blocks, b.num_blocks + 50, -3):
+        bt = b.block_table.clone()
+        bt[1, 1] = bad  # request 1 (40 tokens, blocks of 32) reads columns 0 and 1
+        with pytest.raises(ValueError, match=rf"block_table\[1\]\[1\]={bad} is out of range \[0, {b.num_blocks}\)"):
+            aar.c8_dequant_paged_to_dense(b.key_cache, bt, [19, 40], b.ks, b.ko)
+    # Columns past a request's length are not read: any id there is fine.
+    assert b.block_size == 32 and b.block_table.shape[1] == 2
+    bt = b.block_table.clone()
+    bt[0, 1] = 10 ** 6  # request 0 (19 tokens) reads column 0 only
+    torch.testing.assert_close(aar.c8_dequant_paged_to_dense(b.key_cache, bt, [19, 40], b.ks, b.ko), good)
+    with pytest.raises(ValueError, match="block_table must be int32 or int64, got Float"):
+        aar.c8_dequant_paged_to_dense(b.key_cache, b.block_table.float(), [19, 40], b.ks, b.ko)
+    with pytest.raises(ValueError, match=r"scale must have shape \(\.\.\., num_kv_heads, head_size\)"):
+        aar.c8_dequant_paged_to_dense(b.key_cache, b.block_table, [19, 40], b.ks.flatten(), b.ko.flatten())
+
+
+# ---------------------------------------------------------------- the empty MLA step
+
+
+def test_mla_forward_of_an_empty_step_writes_nothing_and_returns_the_output():
+    from test_mla import setup_case
+    c = setup_case([12, 20], [1, 1], workspace=32)
+    md = c.builder.build(i32([0]), i32([]), torch.zeros(0, c.table.shape[1], dtype=torch.int32))
+    h = torch.zeros(0, c.hidden.shape[1], dtype=c.hidden.dtype)
+    nope0, rope0 = c.nope.clone(), c.rope.clone()
+    out = torch.zeros_like(h)
+    assert c.impl.forward(h, c.nope, c.rope, md, out).shape == (0, c.hidden.shape[1])
+    assert torch.equal(c.nope, nope0) and torch.equal(c.rope, rope0)
