@@ -146,6 +146,19 @@ DecodeCall AttentionImpl::decode_call(const at::Tensor& query, const gqa::Metada
   AAR_CHECK_ARG(num_decodes >= 0 && num_decodes <= md.num_kernel_reqs, "num_decodes=", num_decodes,
                 " must be in [0, num_kernel_reqs=", md.num_kernel_reqs, "]");
   const int64_t B = num_decodes;
+  for (const at::Tensor* t : {&query, &output}) {
+    const char* name = t == &query ? "query" : "output";
+    AAR_CHECK_ARG(t->defined() && t->dim() == 3 && t->size(0) >= B && t->size(1) == cfg_.num_heads &&
+                      t->size(2) == cfg_.head_size,
+                  "decode_call: ", name, " must have shape (T >= num_decodes=", B, ", ", cfg_.num_heads, ", ",
+                  cfg_.head_size, "), got ", t->defined() ? t->sizes() : c10::IntArrayRef{});
+    AAR_CHECK_ARG(at::isFloatingType(t->scalar_type()) && t->scalar_type() != at::kDouble, "decode_call: ", name,
+                  " dtype must be float32, float16 or bfloat16, got ", t->scalar_type());
+    AAR_CHECK_ARG(t->device() == key_nz_.device(), "decode_call: ", name, " is on ", t->device(),
+                  " but the bound cache is on ", key_nz_.device());
+  }
+  AAR_CHECK_ARG(output.scalar_type() == query.scalar_type(), "decode_call: output dtype ", output.scalar_type(),
+                " differs from query dtype ", query.scalar_type());
   DecodeCall c;
   c.tensors.query = query.narrow(0, 0, B).unsqueeze(2);  // (B, N, 1, D)
   c.tensors.key = key_nz_;

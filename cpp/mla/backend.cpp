@@ -33,6 +33,8 @@ std::vector<std::vector<int64_t>> Backend::kv_cache_shapes(int64_t nb, int64_t b
 std::vector<int64_t> Backend::nz_cache_shape(int64_t nb, int64_t bs, int64_t dim, int64_t element_size) {
   AAR_CHECK_ARG(element_size == 1 || element_size == 2 || element_size == 4, "nz_cache_shape: element_size ",
                 element_size, " must be 1, 2 or 4");
+  AAR_CHECK_ARG(nb >= 0 && bs > 0 && dim > 0, "nz_cache_shape: bad sizes (num_blocks=", nb, ", block_size=", bs,
+                ", dim=", dim, ")");
   const int64_t c = 32 / element_size;
   AAR_CHECK_ARG(dim % c == 0, "nz_cache_shape: dim ", dim, " must be a multiple of ", c);
   return {nb, 1, dim / c, bs, c};

@@ -41,6 +41,8 @@ int32_t reorder_decode_first(CSpan<int32_t> num_scheduled, CSpan<int32_t> num_co
                              CSpan<uint8_t> is_prefilling, int32_t decode_threshold, Span<int32_t> perm_out,
                              Span<int32_t> swaps_out) {
   const std::size_t b = num_scheduled.size();
+  AAR_CHECK_ARG(decode_threshold >= 1 && decode_threshold <= 16, "decode_threshold=", decode_threshold,
+                " is out of range [1, 16]");
   AAR_CHECK_ARG(num_computed.size() == b, "num_computed has ", num_computed.size(),
                 " entries but num_scheduled has ", b);
   AAR_CHECK_ARG(is_prefilling.empty() || is_prefilling.size() == b, "is_prefilling has ", is_prefilling.size(),

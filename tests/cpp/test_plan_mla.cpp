@@ -70,6 +70,11 @@ TEST(PlanMla, ReorderAlreadyOrderedAndErrors) {
   std::vector<int32_t> bad = {1, -2}, p2(2), s2(4), small(1);
   EXPECT_INVALID(mla_reorder_batch(bad, 1, p2, s2), "num_scheduled[1]=-2");
   EXPECT_INVALID(mla_reorder_batch(bad, 1, small, s2), "perm_out has 1");
+  // A threshold below 1 made every request a prefill without an error.
+  std::vector<int32_t> two = {1, 1}, p3 = {-7, -7}, s3(4, -7);
+  EXPECT_INVALID(mla_reorder_batch(two, 0, p3, s3), "decode_threshold=0 is out of range [1, 16]");
+  EXPECT_INVALID(mla_reorder_batch(two, 17, p3, s3), "decode_threshold=17 is out of range [1, 16]");
+  EXPECT_EQ(p3, (std::vector<int32_t>{-7, -7}));
 }
 
 TEST(PlanMla, SplitIsTheSharedRule) {

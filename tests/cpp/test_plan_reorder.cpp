@@ -197,6 +197,8 @@ TEST(PlanReorder, Errors) {
   EXPECT_INVALID(reorder_decode_first(sched, comp, bad_pre, 1, perm, swaps), "is_prefilling");
   std::vector<int32_t> small_perm(1), small_swaps(3);
   EXPECT_INVALID(reorder_decode_first(sched, comp, pre, 1, small_perm, swaps), "perm_out");
+  EXPECT_INVALID(reorder_decode_first(sched, comp, pre, 0, perm, swaps), "decode_threshold=0 is out of range [1, 16]");
+  EXPECT_INVALID(reorder_decode_first(sched, comp, pre, -1, perm, swaps), "decode_threshold=-1");
   EXPECT_INVALID(reorder_decode_first(sched, comp, pre, 1, perm, small_swaps), "swaps_out");
   std::vector<int32_t> neg = {1, -1};
   EXPECT_INVALID(reorder_decode_first(neg, comp, pre, 1, perm, swaps), "num_scheduled[1]=-1");

@@ -231,3 +231,56 @@ def test_mla_forward_of_an_empty_step_writes_nothing_and_returns_the_output():
     out = torch.zeros_like(h)
     assert c.impl.forward(h, c.nope, c.rope, md, out).shape == (0, c.hidden.shape[1])
     assert torch.equal(c.nope, nope0) and torch.equal(c.rope, rope0)
+
+
+# ---------------------------------------------------------------- second pass of the probe
+
+
+def test_c8_decode_call_checks_query_and_output():
+    from test_c8 import make_c8_batch
+    b = make_c8_batch([19, 40], [1, 6], gen=torch.Generator().manual_seed(1234))
+    builder = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=b.block_size,
+                                  num_blocks=b.num_blocks)
+    impl = aar.C8AttentionImpl(b.num_heads, b.head_size, k_scale=b.ks, k_offset=b.ko, v_scale=b.vs, v_offset=b.vo,
+                               num_kv_heads=b.num_kv_heads)
+    md = builder.build(b.qsl, b.seq_lens_t, b.block_table)
+    impl.forward(b.q, b.k, b.v, b.key_cache, b.value_cache, md, torch.zeros_like(b.q))  # binds the caches
+    md = builder.build(b.qsl, b.seq_lens_t, b.block_table)
+    call = impl.decode_call(b.q, md, 1, torch.zeros_like(b.q))
+    assert call is not None
+    with pytest.raises(ValueError, match=r"decode_call: query must have shape \(T >= num_decodes=2"):
+        impl.decode_call(b.q[:1], md, 2, torch.zeros_like(b.q))
+    with pytest.raises(ValueError, match=r"decode_call: query must have shape"):
+        impl.decode_call(torch.randn(7, 3, b.head_size), md, 1, torch.zeros_like(b.q))
+    with pytest.raises(ValueError, match=r"decode_call: query dtype must be float32, float16 or bfloat16, got Int"):
+        impl.decode_call(b.q.int(), md, 1, torch.zeros_like(b.q))
+    with pytest.raises(ValueError, match=r"decode_call: output must have shape"):
+        impl.decode_call(b.q, md, 2, torch.zeros(1, b.num_heads, b.head_size))
+
+
+def test_mla_forward_names_rope_tables_of_another_width_before_writing():
+    from _mla_reference import rope_tables
+    from test_mla import setup_case
+    c = setup_case([12, 20, 40, 9], [1, 1, 7, 9], workspace=32)
+    cos, sin = rope_tables(64, c.d.R // 2)
+    b2 = aar.mla.MetadataBuilder(max_num_reqs=8, max_num_tokens=256, max_blocks_per_req=c.table.shape[1],
+                                 block_size=16, num_blocks=c.nope.shape[0], cos_table=cos.float(),
+                                 sin_table=sin.float(), workspace_tokens=32)
+    md = b2.build(i32([0, 1, 2, 9, 18]), i32([12, 20, 40, 9]), c.table)
+    nope0, rope0 = c.nope.clone(), c.rope.clone()
+    with pytest.raises(ValueError, match=rf"the metadata's rope rows have width {c.d.R // 2} but the layer's "
+                                         rf"qk_rope_head_dim={c.d.R}"):
+        c.impl.forward(c.hidden, c.nope, c.rope, md, torch.zeros_like(c.hidden))
+    assert torch.equal(c.nope, nope0) and torch.equal(c.rope, rope0)
+
+
+@pytest.mark.parametrize("thr", [0, -1, 17])
+def test_reorder_batch_refuses_a_threshold_out_of_range(thr):
+    with pytest.raises(ValueError, match=rf"decode_threshold={thr} is out of range \[1, 16\]"):
+        aar.mla.reorder_batch(i32([3, 1, 2]), thr)
+
+
+def test_nz_cache_shape_refuses_negative_sizes():
+    with pytest.raises(ValueError, match=r"nz_cache_shape: bad sizes \(num_blocks=-4"):
+        aar.mla.Backend.nz_cache_shape(-4, 16, 64, 2)
+    assert aar.mla.Backend.nz_cache_shape(4, 16, 64, 2) == [4, 1, 4, 16, 16]

@@ -23,6 +23,8 @@ namespace aar::plan {
 int32_t mla_reorder_batch(CSpan<int32_t> num_scheduled, int32_t decode_threshold, Span<int32_t> perm_out,
                           Span<int32_t> swaps_out) {
   const std::size_t b = num_scheduled.size();
+  AAR_CHECK_ARG(decode_threshold >= 1 && decode_threshold <= 16, "decode_threshold=", decode_threshold,
+                " is out of range [1, 16]");
   AAR_CHECK_ARG(perm_out.size() == b, "perm_out has ", perm_out.size(), " entries, expected ", b);
   AAR_CHECK_ARG(swaps_out.size() >= 2 * b, "swaps_out has room for ", swaps_out.size(),
                 " entries, needs at least 2*B = ", 2 * b);
