@@ -82,6 +82,12 @@ RopeRows::RopeRows(const at::Tensor& cos_table, const at::Tensor& sin_table) {
     AAR_CHECK_ARG(t->defined() && t->dim() == 2 && t->size(1) % 2 == 0, name,
                   " must be a (max_position, qk_rope_head_dim) tensor, got ",
                   t->defined() ? t->sizes() : c10::IntArrayRef{});
+    // Padding tokens read row 0 and the rows are copied to the host: at least one row, of data.
+    AAR_CHECK_ARG(t->size(0) >= 1 && t->size(1) >= 2, name, " must have at least one row of qk_rope_head_dim >= 2 "
+                  "columns, got ", t->sizes());
+    AAR_CHECK_ARG(at::isFloatingType(t->scalar_type()), name, " must be a floating tensor (the rotary cos / sin "
+                  "values), got ", t->scalar_type());
+    AAR_CHECK_ARG(!t->is_meta(), name, " is a meta tensor: the builder copies its rows on the host, it needs data");
   }
   AAR_CHECK_ARG(cos_table.sizes() == sin_table.sizes(), "cos_table ", cos_table.sizes(), " and sin_table ",
                 sin_table.sizes(), " must have the same shape");

@@ -562,6 +562,8 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                   "kv_cache[5] (indexer_scale) must be ", scalar_of(c.plan.indexer_k_scale_dtype),
                   " (num_blocks, ", rows, ", 1) on ", dev, ", got ", sizes_of(sc));
     check_blocks(scs[0], "kv_cache[5] (indexer_scale)", ig, "indexer_cache");
+    AAR_CHECK_ARG(scs[0] == sizes_of(ik.indexer_k)[0], "kv_cache[5] (indexer_scale) has ", scs[0],
+                  " blocks but kv_cache[4] (indexer_k) has ", sizes_of(ik.indexer_k)[0], " (one scale per key row)");
     if (c.plan.indexer_full_view) {
       const at::Tensor& fv = ik.indexer_full;
       const int64_t full_w = Di * element_size(c.plan.indexer_k_dtype) + element_size(c.plan.indexer_k_scale_dtype);

@@ -129,7 +129,16 @@ int64_t HostKvPool::block_bytes(int64_t num_layers, int64_t block_size, int64_t 
   AAR_CHECK_ARG(block_size > 0, "block_size must be positive, got ", block_size);
   AAR_CHECK_ARG(kv_lora_rank > 0 && qk_rope_head_dim > 0, "kv_lora_rank and qk_rope_head_dim must be positive, got ",
                 kv_lora_rank, " and ", qk_rope_head_dim);
-  return num_layers * block_size * (kv_lora_rank + qk_rope_head_dim) * kElem;
+  // A block's bytes must fit int64 (a wrapped product made blocks_for_budget divide by 0 or create map a
+  // pool far smaller than its layout).
+  int64_t width = 0, bytes = 0;
+  const bool overflow = __builtin_add_overflow(kv_lora_rank, qk_rope_head_dim, &width) ||
+                        __builtin_mul_overflow(num_layers, block_size, &bytes) ||
+                        __builtin_mul_overflow(bytes, width, &bytes) ||
+                        __builtin_mul_overflow(bytes, static_cast<int64_t>(kElem), &bytes);
+  AAR_CHECK_ARG(!overflow, "num_layers=", num_layers, " x block_size=", block_size, " x (kv_lora_rank=", kv_lora_rank,
+                " + qk_rope_head_dim=", qk_rope_head_dim, ") x ", kElem, " bytes overflows int64");
+  return bytes;
 }
 
 int64_t HostKvPool::blocks_for_budget(int64_t budget_bytes, int64_t num_layers, int64_t block_size,

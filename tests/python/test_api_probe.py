@@ -10,7 +10,14 @@ by name before anything is written, or (the empty MLA step) served. Every test f
 - MLA builder max_model_len / workspace_tokens negative: taken as "derive it";
 - c8_dequant_paged_to_dense with a block id outside the cache or a float block table: clamped or
   truncated, reading other blocks; a 1-D scale failed with an IndexError naming nothing;
-- an MLA forward of an empty step failed inside torch ("strides() called on an undefined Tensor")."""
+- an MLA forward of an empty step failed inside torch ("strides() called on an undefined Tensor");
+- C8 decode_call took a query of another head count; reorder thresholds below 1; negative NZ shapes;
+- rope tables with no row (the SFA build then read past them and the process died), of int dtype (the layer
+  ran with integer cos / sin) or on meta (torch's "Cannot copy out of meta tensor");
+- HostKvPool sizes whose byte count wraps int64 (SIGFPE in blocks_for_budget, create never returned);
+- rope rows of another width than the layer's qk_rope_head_dim (MLA, SFA: a view error deep in the rope),
+  an SFA rope cache with other blocks than the latent cache, DSA indexer caches with different block counts
+  (errors naming internal operators, the DSA one after the SWA and state caches were written)."""
 
 import pytest
 import torch
@@ -284,3 +291,96 @@ def test_nz_cache_shape_refuses_negative_sizes():
     with pytest.raises(ValueError, match=r"nz_cache_shape: bad sizes \(num_blocks=-4"):
         aar.mla.Backend.nz_cache_shape(-4, 16, 64, 2)
     assert aar.mla.Backend.nz_cache_shape(4, 16, 64, 2) == [4, 1, 4, 16, 16]
+
+
+# ---------------------------------------------------------------- the sparse families (SFA, DSA, the host pool)
+
+
+def _sfa_builder(cos, sin):
+    return aar.sfa.MetadataBuilder(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=4, block_size=16,
+                                   num_blocks=8, cos_table=cos, sin_table=sin)
+
+
+def test_rope_tables_must_hold_float_rows_of_data():
+    # A 0-row table was accepted and the next SFA build read row 0 of it (the process died); an int table
+    # ran the layer with integer cos / sin; a meta table failed with torch's "Cannot copy out of meta tensor".
+    with pytest.raises(ValueError, match=r"cos_table must have at least one row of qk_rope_head_dim >= 2 columns"):
+        _sfa_builder(torch.zeros(0, 8), torch.zeros(0, 8))
+    with pytest.raises(ValueError, match=r"cos_table must be a floating tensor \(the rotary cos / sin values\), "
+                                         r"got Int"):
+        _sfa_builder(torch.ones(64, 8, dtype=torch.int32), torch.ones(64, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"cos_table is a meta tensor"):
+        _sfa_builder(torch.zeros(64, 8, device="meta"), torch.zeros(64, 8, device="meta"))
+    cos, sin = _rope(64, 8)
+    with pytest.raises(ValueError, match=r"cos_table must be a floating tensor"):
+        aar.dsa.StepBuilder(max_num_reqs=4, max_num_tokens=16, cos_table=cos.int(), sin_table=sin.int())
+    with pytest.raises(ValueError, match=r"cos_table must have at least one row"):
+        aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
+                                num_blocks=8, cos_table=torch.zeros(0, 16), sin_table=torch.zeros(0, 16))
+    md = _sfa_builder(cos, sin).build(i32([0, 1]), i32([5]), i32([[1, 0, 0, 0]]))
+    assert torch.equal(md.cos[0], cos[4])
+
+
+def test_host_pool_sizes_that_overflow_int64_are_refused():
+    # block_bytes wrapped (to 0: blocks_for_budget then died of SIGFPE; to 2^25: create never returned).
+    P = aar.sfa.HostKvPool
+    match = r"num_layers=1099511627776 x block_size=1048576 x \(kv_lora_rank=1048576 \+ qk_rope_head_dim=16\) x 2 " \
+            r"bytes overflows int64"
+    with pytest.raises(ValueError, match=match):
+        P.block_bytes(2 ** 40, 2 ** 20, 2 ** 20, 16)
+    with pytest.raises(ValueError, match=match):
+        P.blocks_for_budget(10 ** 6, 2 ** 40, 2 ** 20, 2 ** 20, 16)
+    with pytest.raises(ValueError, match="overflows int64"):
+        P.create(num_layers=2 ** 40 + 1, budget_bytes=2 ** 26, block_size=2 ** 20, kv_lora_rank=8,
+                 qk_rope_head_dim=8)
+    assert P.block_bytes(61, 64, 512, 64) == 61 * 64 * 576 * 2
+
+
+def _sfa_case():
+    from test_sfa import Model, _qsl
+    seq, q = [15, 26], [1, 4]
+    m = Model(seq)
+    for r, (s, ql) in enumerate(zip(seq, q)):
+        m.fill(r, s - ql)
+    hidden = torch.cat([m.xs[r][s - ql:] for r, (s, ql) in enumerate(zip(seq, q))])
+    return m, hidden, _qsl(q), i32(seq)
+
+
+def test_sfa_forward_names_rope_tables_of_another_width_before_writing():
+    m, hidden, qsl, seq = _sfa_case()
+    b = m.builder(cos_table=m.cos[:, :8].float().contiguous(), sin_table=m.sin[:, :8].float().contiguous())
+    md = b.build(qsl, seq, m.table)
+    snap = [c.clone() for c in m.caches()]
+    with pytest.raises(ValueError, match=r"the metadata's rope rows have width 8 but the layer's qk_rope_head_dim="):
+        m.impl().forward(hidden, m.caches(), md, torch.zeros_like(hidden))
+    assert all(torch.equal(a, c) for a, c in zip(snap, m.caches()))
+
+
+def test_sfa_forward_names_a_rope_cache_with_other_blocks_than_the_latent_cache():
+    m, hidden, qsl, seq = _sfa_case()
+    md = m.builder().build(qsl, seq, m.table)
+    rope2 = torch.cat([m.rope, m.rope])
+    caches = [m.nope, rope2, m.idx_k]
+    snap = [c.clone() for c in caches]
+    with pytest.raises(ValueError, match=r"kv_cache\[1\] \(rope\) has \d+ blocks but kv_cache\[0\] \(latent\) has"):
+        m.impl().forward(hidden, caches, md, torch.zeros_like(hidden))
+    assert all(torch.equal(a, c) for a, c in zip(snap, caches))
+
+
+def test_dsa_forward_names_indexer_caches_of_different_blocks_before_writing():
+    from test_dsa import Run, dims
+    d = dims(4)
+    run = Run(d, torch.float32, nreq=2)
+    run.step([0, 1], [9, 5])
+    st, md, S, qsl = run.build([0, 1], [1, 1])
+    hid = torch.cat([run.x[0][S[0] - 1:S[0]], run.x[1][S[1] - 1:S[1]]])
+    full = dict(attention=md["c4_kv"], compressor_state=md["c4_attn_state"], indexer_cache=md["c4_indexer_k"],
+                indexer_state=md["c4_indexer_state"])
+    kv = list(run.kv)
+    kv[4] = torch.cat([run.ik, run.ik])
+    caches = [run.swa, run.cmp, run.state, run.istate, kv[4], run.isc]
+    snap = [t.clone() for t in caches]
+    with pytest.raises(ValueError, match=r"kv_cache\[5\] \(indexer_scale\) has \d+ blocks but kv_cache\[4\] "
+                                         r"\(indexer_k\) has \d+"):
+        run.impl.forward(hid, kv, st, md["swa"], torch.zeros_like(hid), **full)
+    assert all(torch.equal(a, c) for a, c in zip(snap, caches))

@@ -431,7 +431,7 @@ def test_rope_rows_are_views_of_the_packed_buffer(separate, dtype, R):
 
 
 def test_rope_rows_must_pack_into_int32_words():
-    t = torch.zeros(16, 6, dtype=torch.int8)
+    t = torch.zeros(16, 6, dtype=torch.float8_e4m3fn)  # 1-byte floats: 6-byte rows
     with pytest.raises(ValueError, match=r"cos_table rows are 6 bytes .*needs a multiple of 4 bytes"):
         mla.MetadataBuilder(max_num_reqs=2, max_num_tokens=8, max_blocks_per_req=2, block_size=16, num_blocks=4,
                             cos_table=t, sin_table=t)

@@ -387,7 +387,8 @@ def test_builder_config_is_validated():
         (dict(cos_table=cos[:, :3], sin_table=sin[:, :3]), "cos_table must be a"),
         (dict(sin_table=sin[:8]), "must have the same shape"),
         (dict(sin_table=sin.double()), "must match"),
-        (dict(cos_table=torch.zeros(8, 2, dtype=torch.int8), sin_table=torch.zeros(8, 2, dtype=torch.int8)),
+        (dict(cos_table=torch.zeros(8, 2, dtype=torch.float8_e4m3fn),
+              sin_table=torch.zeros(8, 2, dtype=torch.float8_e4m3fn)),
          "cos_table rows are 2 bytes .*multiple of 4 bytes"),
     ]:
         with pytest.raises(ValueError, match=msg):
