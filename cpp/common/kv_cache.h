@@ -93,8 +93,10 @@ inline std::vector<int64_t> identity_stride_order(int64_t rank, bool include_num
 // kv[1]) are disjoint and pass.
 inline void check_caches_disjoint(const at::Tensor& a, const at::Tensor& b, const char* a_name,
                                   const char* b_name) {
-  if (a.numel() == 0 || b.numel() == 0 || !a.has_storage() || !b.has_storage()) return;
-  if (a.storage().unsafeGetStorageImpl() != b.storage().unsafeGetStorageImpl()) return;
+  // Separate allocations (the common case) cost two pointer loads and a compare.
+  const c10::StorageImpl* sa = a.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  const c10::StorageImpl* sb = b.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (sa != sb || sa == nullptr || a.numel() == 0 || b.numel() == 0) return;
   const int64_t a0 = a.storage_offset() * static_cast<int64_t>(a.element_size());
   const int64_t b0 = b.storage_offset() * static_cast<int64_t>(b.element_size());
   const int64_t a1 = a0 + a.numel() * static_cast<int64_t>(a.element_size());

@@ -227,16 +227,20 @@ StepPlan build_step(const StepInputs& in, const StepBuffers& buf) {
     const int32_t pos0 = in.seq_lens[r] - (end - begin);
     int32_t blk = pow2 ? (pos0 >> bs_shift) : pos0 / bs32;
     int32_t off = pos0 - blk * bs32;
-    int32_t base = row[blk] * bs32;
-    for (int32_t t = begin; t < end; ++t) {
-      slots[t] = base + off;
-      // Step to the next block only when a token of this request lands there: the column after
-      // the request's last block is not validated and may hold anything (fuzz_build_step:
-      // INT32_MIN * block_size overflowed here).
-      if (++off == bs32 && t + 1 < end) {
-        off = 0;
-        base = row[++blk] * bs32;
-      }
+    // One run of consecutive slots per block (a branch-free loop the compiler vectorises), stepping
+    // to the next block only when a token of this request lands there: the column after the
+    // request's last block is not validated and may hold anything (fuzz_build_step: INT32_MIN *
+    // block_size overflowed here).
+    int32_t t = begin;
+    for (;;) {
+      const int32_t run = std::min(end - t, bs32 - off);
+      const int32_t first = row[blk] * bs32 + off;
+      int32_t* __restrict out = slots + t;
+      for (int32_t i = 0; i < run; ++i) out[i] = first + i;
+      t += run;
+      if (t == end) break;
+      off = 0;
+      ++blk;
     }
   }
   std::fill(slots + t_real, slots + t_in, kPadSlot);
