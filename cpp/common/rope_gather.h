@@ -4,9 +4,9 @@
 // the builder's one host-to-device copy.
 //
 // The tables are the MLA "half layout" ones, (max_position, R) with equal
-// halves (docs/design/mla.md §1.3, docs/design/sfa.md §3.1), in any dtype whose rows are a multiple of
-// 4 bytes (the packed buffer is int32 words). The builder keeps contiguous host
-// copies of them.
+// halves (docs/design/mla.md §1.3, docs/design/sfa.md §3.1), in any floating dtype whose rows are a
+// multiple of 4 bytes (the packed buffer is int32 words), at least one row (padding tokens read row 0).
+// The builder keeps contiguous host copies of them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,8 +21,8 @@ class RopeRows {
 
   RopeRows() = default;
   // Validates the pair (errors name cos_table / sin_table: a (max_position, R)
-  // tensor each, same shape and dtype, even R, rows a multiple of 4 bytes) and
-  // keeps contiguous host copies.
+  // floating tensor each with data (not meta), at least one row, same shape and
+  // dtype, even R >= 2, rows a multiple of 4 bytes) and keeps contiguous host copies.
   RopeRows(const at::Tensor& cos_table, const at::Tensor& sin_table);
 
   int64_t positions() const { return cos_.size(0); }
