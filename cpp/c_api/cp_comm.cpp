@@ -84,6 +84,8 @@ aar_status_t aar_cp_comm_create_tcp(const aar_cp_comm_tcp_config_t* c, aar_cp_co
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
     try {
       pg = capi::make_gloo_group(s);
+    } catch (const aar::InvalidArgument&) {
+      throw;  // a device or listening socket named by its config field
     } catch (const std::exception& e) {
       // The rendezvous or a peer failed (refused, timed out): a runtime error naming the group.
       const auto* ce = dynamic_cast<const c10::Error*>(&e);

@@ -436,6 +436,7 @@ void GraphParams::replay(int64_t n) {
 }
 
 void GraphParams::release(int64_t n) {
+  AAR_CHECK_ARG(n >= 0, "release: bucket ", n, " is not a token count (buckets are num_tokens >= 0)");
   AAR_CHECK_ARG(capturing_ != n, "cannot release bucket ", n, " while it is being captured");
   auto it = buckets_.find(n);
   if (it == buckets_.end()) return;

@@ -141,8 +141,10 @@ inline void write_one_token_slots(const int32_t* seqs, std::size_t b, const int3
 
 // Every real token's slot (int64) and position, request by request: token t of
 // request r sits at position seq_len - query_len + (t - qsl[r]); positions
-// advance one by one, so block and offset are carried instead of divided per
-// token. pos_out(r) gives where request r's positions go. Unchecked.
+// advance one by one, so each block's tokens are one run of consecutive slots
+// (a branch-free loop the compiler vectorises), and the next block's id is read
+// only when a token lands there. pos_out(r) gives where request r's positions go.
+// Unchecked.
 template <typename PosOut>
 inline void write_token_slots(CSpan<int32_t> qsl, const int32_t* seqs, std::size_t b, const int32_t* table,
                               std::size_t in_stride, int32_t block_size, int64_t* slots, PosOut pos_out) {
@@ -155,16 +157,22 @@ inline void write_token_slots(CSpan<int32_t> qsl, const int32_t* seqs, std::size
     const int32_t* row = table + r * in_stride;
     int32_t blk = blocks.pow2 ? (pos0 >> blocks.shift) : pos0 / bs;
     int32_t off = pos0 - blk * bs;
-    int64_t base = static_cast<int64_t>(row[blk]) * bs;
     int32_t* pos = pos_out(r);
-    for (int32_t t = begin; t < end; ++t) {
-      slots[t] = base + off;
-      *pos++ = pos0 + (t - begin);
-      if (++off == bs) {
-        off = 0;
-        ++blk;
-        base = static_cast<int64_t>(row[blk < static_cast<int32_t>(in_stride) ? blk : blk - 1]) * bs;
+    int32_t t = begin;
+    for (;;) {
+      const int32_t run = std::min(end - t, bs - off);
+      const int64_t first = static_cast<int64_t>(row[blk]) * bs + off;
+      const int32_t p0 = pos0 + (t - begin);
+      int64_t* __restrict s = slots + t;
+      int32_t* __restrict p = pos + (t - begin);
+      for (int32_t i = 0; i < run; ++i) {
+        s[i] = first + i;
+        p[i] = p0 + i;
       }
+      t += run;
+      if (t == end) break;
+      off = 0;
+      ++blk;
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "../common/builder_checks.h"
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
 #include "../core/staging_layout.h"
@@ -698,11 +699,11 @@ MetadataBuilder::MetadataBuilder(const BuilderConfig& cfg) : cfg_(cfg) {
   AAR_CHECK_ARG(cfg.max_num_reqs > 0, "max_num_reqs must be positive, got ", cfg.max_num_reqs);
   AAR_CHECK_ARG(cfg.max_num_tokens > 0, "max_num_tokens must be positive, got ", cfg.max_num_tokens);
   AAR_CHECK_ARG(cfg.max_blocks_per_req > 0, "max_blocks_per_req must be positive, got ", cfg.max_blocks_per_req);
+  ::aar::internal::check_capacity_bounds(cfg);
   AAR_CHECK_ARG(Backend::is_builder_block_size(cfg.block_size), "block_size ", cfg.block_size,
                 " is not supported (SFA's kernel block is 128; multiples of 16 in [16, 128] are accepted for tests)");
   AAR_CHECK_ARG(cfg.num_blocks > 0, "num_blocks must be positive, got ", cfg.num_blocks);
-  AAR_CHECK_ARG(static_cast<int64_t>(cfg.num_blocks) * cfg.block_size <= INT32_MAX, "num_blocks=", cfg.num_blocks,
-                " x block_size=", cfg.block_size, " exceeds the int32 slot range");
+  ::aar::internal::check_slot_range(cfg);
   AAR_CHECK_ARG(cfg.num_speculative_tokens >= 0 && cfg.num_speculative_tokens <= 15,
                 "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, docs/design/sfa.md §3.2), got ",
                 cfg.num_speculative_tokens);

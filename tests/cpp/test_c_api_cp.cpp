@@ -12,6 +12,8 @@
 // SFA DCP / PCP and DSA DCP: the cp structs, the create functions, the group checks, one-rank layers
 // against the single-rank ones (two-rank runs: example_c_sfa_cp, example_c_dsa_cp).
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
@@ -196,6 +198,16 @@ TEST(CApiCp, TcpConfigRejectedByName) {
       },
       "config->listen_fd=3 is for rank 0 (the store's server), given on rank 1");
   bad([](auto& c) { c.listen_fd = -2; }, "config->listen_fd must be -1 or a socket, got -2");
+  // Named before any rendezvous (gloo's own text before: no field named).
+  bad([](auto& c) { c.device_interface = "nosuchif0"; },
+      "config->device_interface='nosuchif0' gives no gloo device");
+  bad([](auto& c) { c.device_host = "no.such.host.invalid"; },
+      "config->device_host='no.such.host.invalid' gives no gloo device");
+  const int not_a_socket = open("/dev/null", O_RDONLY);
+  ASSERT_GE(not_a_socket, 0);
+  bad([&](auto& c) { c.listen_fd = not_a_socket; },
+      (std::string("config->listen_fd=") + std::to_string(not_a_socket) + " is not a listening socket").c_str());
+  close(not_a_socket);
   EXPECT_REJECTED(aar_cp_comm_create_tcp(nullptr, &out), AAR_ERR_INVALID_ARGUMENT, "config is NULL");
   EXPECT_REJECTED(aar_cp_comm_create_tcp(&cc, nullptr), AAR_ERR_INVALID_ARGUMENT, "out is NULL");
   // The unset required fields of an initialised struct are refused, not defaulted.

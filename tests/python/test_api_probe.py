@@ -17,7 +17,10 @@ by name before anything is written, or (the empty MLA step) served. Every test f
 - HostKvPool sizes whose byte count wraps int64 (SIGFPE in blocks_for_budget, create never returned);
 - rope rows of another width than the layer's qk_rope_head_dim (MLA, SFA: a view error deep in the rope),
   an SFA rope cache with other blocks than the latent cache, DSA indexer caches with different block counts
-  (errors naming internal operators, the DSA one after the SWA and state caches were written)."""
+  (errors naming internal operators, the DSA one after the SWA and state caches were written);
+- builder capacities near INT32_MAX (found through the C API: a staging size overflowed int32, or ~25 GB was
+  allocated and the process killed; num_blocks x block_size past the int32 slot range was accepted and every
+  build then failed); GraphParams.release(-1) refused for the wrong reason."""
 
 import pytest
 import torch
@@ -384,3 +387,36 @@ def test_dsa_forward_names_indexer_caches_of_different_blocks_before_writing():
                                          r"\(indexer_k\) has \d+"):
         run.impl.forward(hid, kv, st, md["swa"], torch.zeros_like(hid), **full)
     assert all(torch.equal(a, c) for a, c in zip(snap, caches))
+
+
+# ---------------------------------------------------------------- builder capacities (found through the C API)
+
+
+@pytest.mark.parametrize("kw,match", [
+    # max_num_reqs + 1 overflowed int32 in a staging region's size ("words=-2147483647" before)
+    (dict(max_num_reqs=2 ** 31 - 1), r"max_num_reqs=2147483647 exceeds 1048576"),
+    # allocated ~25 GB before
+    (dict(max_num_tokens=2 ** 31 - 1), r"max_num_tokens=2147483647 exceeds 16777216"),
+    (dict(max_blocks_per_req=2 ** 31 - 1), r"max_blocks_per_req=2147483647 x \(max_num_reqs=4 \+ 1\) exceeds the "
+                                           r"block table's 268435456 entries"),
+    # accepted before, and every build then failed
+    (dict(num_blocks=2 ** 31 - 1), r"num_blocks=2147483647 x block_size=16 exceeds the int32 slot range"),
+])
+def test_builders_bound_their_capacities_at_construction(kw, match):
+    cfg = dict(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=4, block_size=BS, num_blocks=NB)
+    cfg.update(kw)
+    with pytest.raises(ValueError, match=match):
+        aar.MetadataBuilder(**cfg)
+    cos, sin = _rope()
+    with pytest.raises(ValueError, match=match):
+        aar.mla.MetadataBuilder(cos_table=cos, sin_table=sin, **cfg)
+    with pytest.raises(ValueError, match=match):
+        aar.sfa.MetadataBuilder(cos_table=cos, sin_table=sin, **cfg)
+
+
+def test_graph_release_of_a_negative_bucket_names_the_bucket():
+    # -1 is the "no capture open" value: it was refused as "while it is being captured".
+    g = aar.GraphParams("recording")
+    with pytest.raises(ValueError, match=r"release: bucket -1 is not a token count"):
+        g.release(-1)
+    g.release(5)  # an absent bucket: nothing to drop
