@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <net/if.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -27,6 +28,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(const GlooGroupSpec& s) {
                           (ce != nullptr ? ce->what_without_backtrace() : e.what()));
   };
   if (!s.interface.empty()) {
+    // Checked here first: gloo's own failure path for an unknown interface leaks its getifaddrs list.
+    AAR_CHECK_ARG(if_nametoindex(s.interface.c_str()) != 0, "config->device_interface='", s.interface,
+                  "' gives no gloo device: no such network interface");
     try {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(s.interface));
     } catch (const std::exception& e) {
