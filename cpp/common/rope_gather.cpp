@@ -76,6 +76,12 @@ GatherFn gather_for_row_bytes(int64_t row_bytes) {
 
 }  // namespace
 
+void check_rope_rows_width(const at::Tensor& rows, int64_t rope_dim) {
+  AAR_CHECK_ARG(!rows.defined() || rows.dim() != 2 || rows.size(1) == rope_dim, "the metadata's rope rows have width ",
+                rows.size(-1), " but the layer's qk_rope_head_dim=", rope_dim,
+                " (the builder's cos_table / sin_table are (max_position, qk_rope_head_dim))");
+}
+
 RopeRows::RopeRows(const at::Tensor& cos_table, const at::Tensor& sin_table) {
   for (const at::Tensor* t : {&cos_table, &sin_table}) {
     const char* name = t == &cos_table ? "cos_table" : "sin_table";

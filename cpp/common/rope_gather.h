@@ -15,6 +15,10 @@
 
 namespace aar::detail {
 
+// A layer's check of the metadata's RoPE rows (cos or sin, (rows, R); undefined: none) against its
+// qk_rope_head_dim: rows a builder gathered from tables of another width fail deep in the rope.
+void check_rope_rows_width(const at::Tensor& rows, int64_t rope_dim);
+
 class RopeRows {
  public:
   using GatherFn = void (*)(const uint8_t*, const uint8_t*, const int32_t*, int32_t, uint8_t*, uint8_t*);

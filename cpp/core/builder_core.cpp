@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "../common/builder_checks.h"
 #include "ascend_attn_rt/errors.h"
 
 namespace aar::core {
@@ -9,10 +10,11 @@ namespace aar::core {
 void check_capacities(const Capacities& c) {
   AAR_CHECK_ARG(c.max_num_reqs > 0, "max_num_reqs must be positive, got ", c.max_num_reqs);
   AAR_CHECK_ARG(c.max_num_tokens > 0, "max_num_tokens must be positive, got ", c.max_num_tokens);
-  // Staging regions are sized from these (cpp/common/builder_checks.h has the same bounds).
-  AAR_CHECK_ARG(c.max_num_reqs <= (int64_t{1} << 20), "max_num_reqs=", c.max_num_reqs, " exceeds ", int64_t{1} << 20);
-  AAR_CHECK_ARG(c.max_num_tokens <= (int64_t{1} << 24), "max_num_tokens=", c.max_num_tokens, " exceeds ",
-                int64_t{1} << 24);
+  // Staging regions are sized from these: the bounds every builder takes (builder_checks.h).
+  AAR_CHECK_ARG(c.max_num_reqs <= internal::kMaxBuilderReqs, "max_num_reqs=", c.max_num_reqs, " exceeds ",
+                internal::kMaxBuilderReqs);
+  AAR_CHECK_ARG(c.max_num_tokens <= internal::kMaxBuilderTokens, "max_num_tokens=", c.max_num_tokens, " exceeds ",
+                internal::kMaxBuilderTokens);
   AAR_CHECK_ARG(c.num_speculative_tokens >= 0 && c.num_speculative_tokens <= 15,
                 "num_speculative_tokens must be in [0, 15] (decode threshold 1 + n <= 16, the FIA TND limit), got ",
                 c.num_speculative_tokens);

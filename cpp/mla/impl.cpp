@@ -7,6 +7,7 @@
 #include <tuple>
 #include <utility>
 
+#include "../common/rope_gather.h"
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/comm/dcp_exchange.h"
@@ -168,11 +169,8 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
   detail::check_latent_cache(rope, /*is_nope=*/false, d.qk_rope_head_dim, md, cfg_.enable_kv_nz, hidden.scalar_type(),
                              " (the hidden_states dtype)");
   // The builder's rope tables set the rows' width; a table of another width fails deep in the rope.
-  for (const at::Tensor* c : {&md.decode.cos, &md.prefill.cos}) {
-    AAR_CHECK_ARG(!c->defined() || c->dim() != 2 || c->size(1) == d.qk_rope_head_dim,
-                  "the metadata's rope rows have width ", c->size(-1), " but the layer's qk_rope_head_dim=",
-                  d.qk_rope_head_dim, " (the builder's cos_table / sin_table are (max_position, qk_rope_head_dim))");
-  }
+  aar::detail::check_rope_rows_width(md.decode.cos, d.qk_rope_head_dim);
+  aar::detail::check_rope_rows_width(md.prefill.cos, d.qk_rope_head_dim);
 }
 
 namespace {

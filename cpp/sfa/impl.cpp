@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "../common/rope_gather.h"
 #include "../common/kv_cache.h"
 #include "../latent/dcp_query.h"
 #include "../latent/latent_core.h"
@@ -396,9 +397,7 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                   " blocks but kv_cache[0] (latent) has ", c.nope.size(0), " (one rope row per latent row)");
   }
   // The builder's rope tables set the rows' width; a table of another width fails deep in the rope.
-  AAR_CHECK_ARG(!md.cos.defined() || md.cos.dim() != 2 || md.cos.size(1) == d.qk_rope_head_dim,
-                "the metadata's rope rows have width ", md.cos.size(-1), " but the layer's qk_rope_head_dim=",
-                d.qk_rope_head_dim, " (the builder's cos_table / sin_table are (max_position, qk_rope_head_dim))");
+  aar::detail::check_rope_rows_width(md.cos, d.qk_rope_head_dim);
   if (has_idx) {
     const char* kn = no_main ? "kv_cache[0] (indexer k)" : sfa_c8 ? "kv_cache[1] (indexer k)" : "kv_cache[2] (indexer k)";
     c.index_k = kv[n_main];

@@ -43,13 +43,34 @@ def _gqa_batch(seq=(19, 40, 30), q=(1, 1, 6), dtype=torch.float32):
 
 
 def _gqa_builder(**kw):
-    return aar.MetadataBuilder(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=4, block_size=BS,
-                               num_blocks=NB, **kw)
+    cfg = dict(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=4, block_size=BS, num_blocks=NB)
+    cfg.update(kw)
+    return aar.MetadataBuilder(**cfg)
 
 
 def _rope(rows=64, width=16):
     g = torch.Generator().manual_seed(3)
     return torch.randn(rows, width, generator=g), torch.randn(rows, width, generator=g)
+
+
+def _latent_builder(family, cos=None, sin=None, **kw):
+    """An MLA or SFA MetadataBuilder (`family` aar.mla / aar.sfa) of small capacities."""
+    if cos is None:
+        cos, sin = _rope()
+    cfg = dict(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16, num_blocks=8)
+    cfg.update(kw)
+    return family.MetadataBuilder(cos_table=cos, sin_table=sin, **cfg)
+
+
+def _c8_case():
+    """A C8 batch (blocks of 32), a builder for it and its layer."""
+    from test_c8 import make_c8_batch
+    b = make_c8_batch([19, 40], [1, 6], gen=torch.Generator().manual_seed(1234))
+    builder = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=b.block_size,
+                                  num_blocks=b.num_blocks)
+    impl = aar.C8AttentionImpl(b.num_heads, b.head_size, k_scale=b.ks, k_offset=b.ko, v_scale=b.vs, v_offset=b.vo,
+                               num_kv_heads=b.num_kv_heads)
+    return b, builder, impl
 
 
 # ---------------------------------------------------------------- attn_state=PrefillNoCache with context
@@ -82,20 +103,9 @@ def test_gqa_forward_with_a_derived_state_matches_the_reference_where_the_overri
     torch.testing.assert_close(out[:8].double(), batch.reference().double(), atol=1e-5, rtol=1e-5)
 
 
-def test_mla_builder_refuses_prefill_no_cache_over_context():
-    cos, sin = _rope()
-    b = aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
-                                num_blocks=8, cos_table=cos, sin_table=sin)
-    qsl, seq, bt = i32([0, 4, 7]), i32([4, 9]), i32([[1, 0, 0, 0], [2, 3, 0, 0]])
-    with pytest.raises(ValueError, match=PNC):
-        b.build(qsl, seq, bt, attn_state=S.PrefillNoCache)
-    assert b.build(qsl, i32([4, 3]), bt, attn_state=S.PrefillNoCache).attn_state == S.PrefillNoCache
-
-
-def test_sfa_builder_refuses_prefill_no_cache_over_context():
-    cos, sin = _rope()
-    b = aar.sfa.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
-                                num_blocks=8, cos_table=cos, sin_table=sin)
+@pytest.mark.parametrize("family", [aar.mla, aar.sfa], ids=["mla", "sfa"])
+def test_latent_builders_refuse_prefill_no_cache_over_context(family):
+    b = _latent_builder(family)
     qsl, seq, bt = i32([0, 4, 7]), i32([4, 9]), i32([[1, 0, 0, 0], [2, 3, 0, 0]])
     with pytest.raises(ValueError, match=PNC):
         b.build(qsl, seq, bt, attn_state=S.PrefillNoCache)
@@ -134,12 +144,7 @@ def test_gqa_forward_refuses_one_tensor_as_both_caches_and_writes_nothing():
 
 
 def test_c8_forward_refuses_one_tensor_as_both_caches_and_writes_nothing():
-    from test_c8 import make_c8_batch
-    b = make_c8_batch([19, 40], [1, 6], gen=torch.Generator().manual_seed(1234))
-    builder = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=b.block_size,
-                                  num_blocks=b.num_blocks)
-    impl = aar.C8AttentionImpl(b.num_heads, b.head_size, k_scale=b.ks, k_offset=b.ko, v_scale=b.vs, v_offset=b.vo,
-                               num_kv_heads=b.num_kv_heads)
+    b, builder, impl = _c8_case()
     md = builder.build(b.qsl, b.seq_lens_t, b.block_table)
     before = b.key_cache.clone()
     with pytest.raises(ValueError, match="key_cache and value_cache share memory"):
@@ -188,10 +193,8 @@ def test_soft_cap_zero_is_none_and_positive_is_refused_by_name():
 def test_builders_refuse_staging_buffers_out_of_range_without_separate_buffers(n):
     with pytest.raises(ValueError, match=rf"staging_buffers must be in \[1, 4\], got {n}"):
         _gqa_builder(staging_buffers=n)
-    cos, sin = _rope()
     with pytest.raises(ValueError, match=rf"staging_buffers must be in \[1, 4\], got {n}"):
-        aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
-                                num_blocks=8, cos_table=cos, sin_table=sin, staging_buffers=n)
+        _latent_builder(aar.mla, staging_buffers=n)
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -199,18 +202,15 @@ def test_builders_refuse_staging_buffers_out_of_range_without_separate_buffers(n
     (dict(workspace_tokens=-1), r"workspace_tokens must be >= 0 \(0: derived from max_model_len\), got -1"),
 ])
 def test_mla_builder_refuses_negative_lengths(kw, match):
-    cos, sin = _rope()
     with pytest.raises(ValueError, match=match):
-        aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
-                                num_blocks=8, cos_table=cos, sin_table=sin, **kw)
+        _latent_builder(aar.mla, **kw)
 
 
 # ---------------------------------------------------------------- c8_dequant_paged_to_dense
 
 
 def test_c8_dequant_paged_to_dense_refuses_blocks_outside_the_cache_and_float_tables():
-    from test_c8 import make_c8_batch
-    b = make_c8_batch([19, 40], [1, 6], gen=torch.Generator().manual_seed(1234))
+    b = _c8_case()[0]
     good = aar.c8_dequant_paged_to_dense(b.key_cache, b.block_table, [19, 40], b.ks, b.ko)
     assert good.shape == (59, b.num_kv_heads, b.head_size)
     for bad in (b.num_blocks, b.num_blocks + 50, -3):
@@ -247,12 +247,7 @@ def test_mla_forward_of_an_empty_step_writes_nothing_and_returns_the_output():
 
 
 def test_c8_decode_call_checks_query_and_output():
-    from test_c8 import make_c8_batch
-    b = make_c8_batch([19, 40], [1, 6], gen=torch.Generator().manual_seed(1234))
-    builder = aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=b.block_size,
-                                  num_blocks=b.num_blocks)
-    impl = aar.C8AttentionImpl(b.num_heads, b.head_size, k_scale=b.ks, k_offset=b.ko, v_scale=b.vs, v_offset=b.vo,
-                               num_kv_heads=b.num_kv_heads)
+    b, builder, impl = _c8_case()
     md = builder.build(b.qsl, b.seq_lens_t, b.block_table)
     impl.forward(b.q, b.k, b.v, b.key_cache, b.value_cache, md, torch.zeros_like(b.q))  # binds the caches
     md = builder.build(b.qsl, b.seq_lens_t, b.block_table)
@@ -299,28 +294,22 @@ def test_nz_cache_shape_refuses_negative_sizes():
 # ---------------------------------------------------------------- the sparse families (SFA, DSA, the host pool)
 
 
-def _sfa_builder(cos, sin):
-    return aar.sfa.MetadataBuilder(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=4, block_size=16,
-                                   num_blocks=8, cos_table=cos, sin_table=sin)
-
-
 def test_rope_tables_must_hold_float_rows_of_data():
     # A 0-row table was accepted and the next SFA build read row 0 of it (the process died); an int table
     # ran the layer with integer cos / sin; a meta table failed with torch's "Cannot copy out of meta tensor".
     with pytest.raises(ValueError, match=r"cos_table must have at least one row of qk_rope_head_dim >= 2 columns"):
-        _sfa_builder(torch.zeros(0, 8), torch.zeros(0, 8))
+        _latent_builder(aar.sfa, torch.zeros(0, 8), torch.zeros(0, 8))
     with pytest.raises(ValueError, match=r"cos_table must be a floating tensor \(the rotary cos / sin values\), "
                                          r"got Int"):
-        _sfa_builder(torch.ones(64, 8, dtype=torch.int32), torch.ones(64, 8, dtype=torch.int32))
+        _latent_builder(aar.sfa, torch.ones(64, 8, dtype=torch.int32), torch.ones(64, 8, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"cos_table is a meta tensor"):
-        _sfa_builder(torch.zeros(64, 8, device="meta"), torch.zeros(64, 8, device="meta"))
+        _latent_builder(aar.sfa, torch.zeros(64, 8, device="meta"), torch.zeros(64, 8, device="meta"))
     cos, sin = _rope(64, 8)
     with pytest.raises(ValueError, match=r"cos_table must be a floating tensor"):
         aar.dsa.StepBuilder(max_num_reqs=4, max_num_tokens=16, cos_table=cos.int(), sin_table=sin.int())
     with pytest.raises(ValueError, match=r"cos_table must have at least one row"):
-        aar.mla.MetadataBuilder(max_num_reqs=4, max_num_tokens=32, max_blocks_per_req=4, block_size=16,
-                                num_blocks=8, cos_table=torch.zeros(0, 16), sin_table=torch.zeros(0, 16))
-    md = _sfa_builder(cos, sin).build(i32([0, 1]), i32([5]), i32([[1, 0, 0, 0]]))
+        _latent_builder(aar.mla, torch.zeros(0, 16), torch.zeros(0, 16))
+    md = _latent_builder(aar.sfa, cos, sin).build(i32([0, 1]), i32([5]), i32([[1, 0, 0, 0]]))
     assert torch.equal(md.cos[0], cos[4])
 
 
@@ -403,15 +392,11 @@ def test_dsa_forward_names_indexer_caches_of_different_blocks_before_writing():
     (dict(num_blocks=2 ** 31 - 1), r"num_blocks=2147483647 x block_size=16 exceeds the int32 slot range"),
 ])
 def test_builders_bound_their_capacities_at_construction(kw, match):
-    cfg = dict(max_num_reqs=4, max_num_tokens=16, max_blocks_per_req=4, block_size=BS, num_blocks=NB)
-    cfg.update(kw)
     with pytest.raises(ValueError, match=match):
-        aar.MetadataBuilder(**cfg)
-    cos, sin = _rope()
-    with pytest.raises(ValueError, match=match):
-        aar.mla.MetadataBuilder(cos_table=cos, sin_table=sin, **cfg)
-    with pytest.raises(ValueError, match=match):
-        aar.sfa.MetadataBuilder(cos_table=cos, sin_table=sin, **cfg)
+        _gqa_builder(**kw)
+    for family in (aar.mla, aar.sfa):
+        with pytest.raises(ValueError, match=match):
+            _latent_builder(family, **kw)
 
 
 def test_graph_release_of_a_negative_bucket_names_the_bucket():
