@@ -272,6 +272,8 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const gqa::
           const at::Tensor vq = quantize(v, sc.v_inv_scale, sc.v_offset);
           ops::scatter_pa_kv_cache(kq, vq, kc, vc, slots, "PA_NZ");
         }));
+    // The replays write through the builder's slot mapping (docs/design/graph.md §1.2).
+    g.note_metadata(cfg_.kv_cache_group, md.stamp);
   }
   DecodeCall dc = decode_call(query, md, md.num_kernel_reqs, output);
   // BNSD: one row per request, no query-length list.
@@ -285,10 +287,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
                                          const at::Tensor& output) {
   if (metadata == nullptr) {
     graph::refuse_if_capturing("a forward without metadata (profiling run)");
-    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
-    output.zero_();
     last_path_ = ForwardPath::None;
-    return output;
+    return internal::zero_profiling_output(output, query, "query");
   }
   const KvHookScope<gqa::Metadata> kv_scope(kv_hooks, key_cache, value_cache,
                                             key.has_value() && key_cache.defined() && !cfg_.kv_sharing, *metadata,

@@ -24,6 +24,11 @@ at::Tensor prepare_one(const at::Tensor& raw, const char* name, bool is_scale, i
     for (int64_t i = 0; i < n; ++i) {
       AAR_CHECK_ARG(std::isfinite(p[i]), name, "[", i, "]=", p[i], " is not finite");
       if (is_scale) AAR_CHECK_ARG(p[i] != 0.0f, name, "[", i, "]=0: a zero scale cannot dequantise");
+      // An offset past the int8 range would saturate every quantised value of its channel.
+      if (!is_scale) {
+        AAR_CHECK_ARG(p[i] >= -128.0f && p[i] <= 127.0f, name, "[", i, "]=", p[i],
+                      " is outside the int8 range [-128, 127] the cache's values are offset within");
+      }
     }
   }
   if (n == 1) return flat.reshape({1, 1, 1}).expand({1, nkv, d}).contiguous();

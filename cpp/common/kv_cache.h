@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
+#include "byte_span.h"
 
 namespace aar::detail {
 
@@ -88,21 +89,14 @@ inline std::vector<int64_t> identity_stride_order(int64_t rank, bool include_num
 }
 
 // Two caches of one layer (K and V; latent and rope) must not share memory: the
-// second write would overwrite the first. Both are contiguous (checked before), so
-// each covers one byte range of its storage; views of one stacked allocation (kv[0],
+// second write would overwrite the first. Views of one stacked allocation (kv[0],
 // kv[1]) are disjoint and pass.
 inline void check_caches_disjoint(const at::Tensor& a, const at::Tensor& b, const char* a_name,
                                   const char* b_name) {
-  // Separate allocations (the common case) cost two pointer loads and a compare.
-  const c10::StorageImpl* sa = a.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  const c10::StorageImpl* sb = b.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-  if (sa != sb || sa == nullptr || a.numel() == 0 || b.numel() == 0) return;
-  const int64_t a0 = a.storage_offset() * static_cast<int64_t>(a.element_size());
-  const int64_t b0 = b.storage_offset() * static_cast<int64_t>(b.element_size());
-  const int64_t a1 = a0 + a.numel() * static_cast<int64_t>(a.element_size());
-  const int64_t b1 = b0 + b.numel() * static_cast<int64_t>(b.element_size());
-  AAR_CHECK_ARG(a1 <= b0 || b1 <= a0, a_name, " and ", b_name, " share memory (bytes [", a0, ", ", a1, ") and [", b0,
-                ", ", b1, ") of one storage): a layer's caches must be separate tensors or disjoint views");
+  ByteSpan sa, sb;
+  AAR_CHECK_ARG(!spans_overlap(a, b, sa, sb), a_name, " and ", b_name, " share memory (bytes [", sa.first, ", ",
+                sa.last, ") and [", sb.first, ", ", sb.last, ") of one storage): a layer's caches must be separate "
+                "tensors or disjoint views");
 }
 
 }  // namespace aar::detail

@@ -92,6 +92,8 @@ void DcpAttentionImpl::capture_decode(graph::GraphParams& g, const DcpMetadata& 
     // The builder's slot mapping: a stable address, -1 past the real tokens.
     capture_kv_write(g, {cfg_.layer_index, 0}, *key, *value, caches_.key, caches_.value, md.slot_mapping,
                      /*reshape_and_cache=*/false);
+    // The replays write through the builder's slot mapping (docs/design/graph.md §1.2).
+    g.note_metadata(0, md.stamp);
   }
   // The closures hold copies of the views (and so the buffers) they use.
   const cp::DcpViews v = ex_->views(n, query);
@@ -198,9 +200,7 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
     // Profiling / dummy run: nothing to attend, no collective (every rank of
     // the group runs it alike, so none waits for a peer).
     graph::refuse_if_capturing("a DCP forward without metadata (profiling run)");
-    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
-    output.zero_();
-    return output;
+    return internal::zero_profiling_output(output, query, "query");
   }
   const DcpMetadata& md = *metadata;
   // The shared exchange workspace is held for this forward (one thread at a

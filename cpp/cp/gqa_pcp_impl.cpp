@@ -7,6 +7,7 @@
 #include "ascend_attn_rt/comm/comm.h"
 #include "ascend_attn_rt/comm/dcp_exchange.h"
 #include "ascend_attn_rt/cp/gqa_pcp.h"
+#include "../common/impl_checks.h"
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
 #include "ascend_attn_rt/gqa/kv_write.h"
@@ -81,9 +82,7 @@ const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::T
   if (metadata == nullptr) {
     graph::refuse_if_capturing("a GQA PCP forward without metadata (profiling run)");
     // Profiling / dummy run: nothing to attend, no collective (every rank runs it alike).
-    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
-    output.zero_();
-    return output;
+    return internal::zero_profiling_output(output, query, "query");
   }
   const PcpMetadata& md = *metadata;
   check_current(md.stamp, "metadata");
@@ -351,6 +350,8 @@ void PcpAttentionImpl::capture_sharded_decode(graph::GraphParams& g, const PcpMe
   AAR_CHECK_ARG(key.is_contiguous() && value.is_contiguous(), "graph capture needs contiguous key and value");
   gqa::capture_kv_write(g, {cfg_.layer_index, 0}, key, value, caches_.key, caches_.value, md.decode_slots,
                         /*reshape_and_cache=*/false);
+  // The replays write through the builder's slot mapping (docs/design/graph.md §1.2).
+  g.note_metadata(0, md.stamp);
   const DcpViews v = ex_->views(n, query);
   g.capture_call(std::make_unique<graph::ClosureCall>(
       cfg_.layer_index, 0, [ex = ex_.get(), v, q = at::Tensor(query)]() { ex->stage_query(v, q); }));

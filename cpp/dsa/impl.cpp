@@ -509,7 +509,7 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                     output.device() == dev && output.is_contiguous(),
                 "output must be a contiguous ", hidden.sizes(), " ", dt, " tensor on ", dev, ", got ",
                 sizes_of(output));
-  AAR_CHECK_ARG(!output.is_same(hidden), "output must not alias hidden");
+  internal::check_output_disjoint(output, hidden, "hidden");
   if (c.skip_topk || c.use_index_cache) {
     AAR_CHECK_ARG(topk != nullptr, "topk_buffer must be given (skip_topk / use_index_cache)");
     const int64_t trows = pcp ? st.pcp.num_local_tokens : st.num_kernel_tokens;
@@ -1600,10 +1600,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   graph::ForwardScope exclusive_scope;
   if (md_ptr == nullptr) {
     graph::refuse_if_capturing("a DSA forward without metadata (profiling run)");
-    AAR_CHECK_ARG(output.defined(), "output must be given");
-    output.zero_();
     last_topk_ = at::Tensor();
-    return output;
+    return internal::zero_profiling_output(output, hidden, "hidden");
   }
   const LayerMetadata& md = *md_ptr;
   const Caches c = validate(hidden, kv, md, output, topk);

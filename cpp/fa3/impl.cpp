@@ -88,10 +88,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   // enforce_eager): inside a capture it refuses instead of running unrecorded.
   graph::refuse_if_capturing("the FA3 backend's forward (eager only)");
   if (metadata == nullptr) {
-    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
-    output.zero_();
     last_path_ = ForwardPath::None;
-    return output;
+    return internal::zero_profiling_output(output, query, "query");
   }
   const gqa::Metadata& md = *metadata;
   check_current(md.stamp, "metadata");

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 
 #include "ascend_attn_rt/errors.h"
 #include "ascend_attn_rt/graph/graph_params.h"
@@ -83,6 +84,16 @@ AttentionImpl::AttentionImpl(const ImplConfig& cfg) : cfg_(cfg) {
                   cfg_.num_heads, ",), got ", s.defined() ? s.sizes() : c10::IntArrayRef{});
     AAR_CHECK_ARG(at::isFloatingType(s.scalar_type()), "sinks must be a floating tensor, got ", s.scalar_type());
     sinks_fp32_ = s.to(at::kFloat).contiguous();
+    // A sink is a logit: -inf (no sink) is one, NaN or +inf would turn every output row into NaN.
+    // Read once, at construction (a meta tensor has no values to read).
+    if (!sinks_fp32_->is_meta()) {
+      const at::Tensor host = sinks_fp32_->to(at::kCPU);
+      const float* p = host.data_ptr<float>();
+      for (int64_t h = 0; h < host.numel(); ++h) {
+        AAR_CHECK_ARG(!std::isnan(p[h]) && p[h] != std::numeric_limits<float>::infinity(), "sinks[", h, "]=", p[h],
+                      " must be a logit: finite, or -inf for none");
+      }
+    }
   }
 }
 
@@ -92,6 +103,8 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
   const LayerShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size};
   validate_layer_inputs(shape, query, key, value, md, output, md.num_kernel_tokens, "attends num_kernel_tokens rows");
   validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device());
+  internal::check_output_disjoint(output, key_cache, "key_cache");
+  internal::check_output_disjoint(output, value_cache, "value_cache");
   AAR_CHECK_ARG(!sinks_fp32_.has_value() || sinks_fp32_->device() == query.device(), "sinks are on ",
                 sinks_fp32_.has_value() ? sinks_fp32_->device() : query.device(), " but query is on ", query.device());
 }
@@ -247,6 +260,8 @@ void AttentionImpl::capture(graph::GraphParams& g, ForwardPath path, const Metad
         key->sizes()[0] == md.num_input_tokens ? md.slot_mapping : md.slot_mapping.narrow(0, 0, key->sizes()[0]);
     capture_kv_write(g, keys, *key, *value, caches_.key, caches_.value, slots,
                      cfg_.device_kind == plan::DeviceKind::Ascend310P);
+    // The replays write through the builder's slot mapping (docs/design/graph.md §1.2).
+    g.note_metadata(cfg_.kv_cache_group, md.stamp);
   }
   const int64_t nt = md.num_kernel_tokens, T = query.sizes()[0];
   const at::Tensor q = T == nt ? query : query.narrow(0, 0, nt);
@@ -282,10 +297,8 @@ const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::opt
   if (metadata == nullptr) {
     // Profiling / dummy run: no metadata, nothing to attend.
     graph::refuse_if_capturing("a forward without metadata (profiling run)");
-    AAR_CHECK_ARG(output.defined(), "output must be a tensor");
-    output.zero_();
     last_path_ = ForwardPath::None;
-    return output;
+    return internal::zero_profiling_output(output, query, "query");
   }
   const Metadata& md = *metadata;
   check_current(md.stamp, "metadata");

@@ -1,5 +1,6 @@
 #include "ascend_attn_rt/gqa/validate.h"
 
+#include "../common/impl_checks.h"
 #include "../common/kv_cache.h"
 #include "ascend_attn_rt/errors.h"
 
@@ -25,6 +26,7 @@ void validate_layer_inputs(const LayerShape& s, const at::Tensor& query, const s
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous");
   AAR_CHECK_ARG(output.device() == query.device(), "output is on ", output.device(), " but query is on ",
                 query.device());
+  internal::check_output_disjoint(output, query, "query");
   AAR_CHECK_ARG(T >= min_query_rows, "query has ", T, " rows but the metadata ", rows_what);
   AAR_CHECK_ARG(key.has_value() == value.has_value(), "key and value must be given together");
   if (!key.has_value()) return;
@@ -42,6 +44,8 @@ void validate_layer_inputs(const LayerShape& s, const at::Tensor& query, const s
   }
   AAR_CHECK_ARG(key->sizes()[0] == value->sizes()[0], "key has ", key->sizes()[0], " rows but value has ",
                 value->sizes()[0]);
+  internal::check_output_disjoint(output, *key, "key");
+  internal::check_output_disjoint(output, *value, "value");
 }
 
 void validate_nd_caches(const LayerShape& s, const at::Tensor& key_cache, const at::Tensor& value_cache,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "../common/builder_checks.h"
 #include "../common/inference_scope.h"
 #include "../common/open_capture.h"
 #include "ascend_attn_rt/errors.h"
@@ -60,7 +61,9 @@ GraphParams* GraphParams::current() { return tl_current; }
 void refuse_if_capturing(const char* what) { detail::refuse_if_capturing(what); }
 
 void GraphParams::begin_capture(int64_t n) {
-  AAR_CHECK_ARG(n > 0, "num_tokens must be positive, got ", n);
+  // No builder takes more than kMaxBuilderTokens tokens, so no step could fill a larger bucket.
+  AAR_CHECK_ARG(n > 0 && n <= internal::kMaxBuilderTokens, "num_tokens must be in [1, ", internal::kMaxBuilderTokens,
+                "] (the builders' max_num_tokens bound), got ", n);
   AAR_CHECK_ARG(!capturing(), "a capture of bucket ", capturing_, " is already open on this graph");
   AAR_CHECK_ARG(tl_current == nullptr, "another graph capture is already open on this thread");
   AAR_CHECK_ARG(!has(n), "bucket ", n, " is already captured; release it before capturing it again");
@@ -165,6 +168,37 @@ void GraphParams::note_owner(const std::shared_ptr<const void>& life, std::strin
   owners.push_back(Bucket::Owner{life, life.get(), std::move(what)});
 }
 
+void GraphParams::note_metadata(int32_t group, const BuildStamp& stamp) {
+  if (stamp.live == nullptr) return;
+  auto& sources = open_bucket().sources;
+  for (const auto& s : sources) {
+    if (s.group == group && s.live == stamp.live) return;
+  }
+  sources.push_back(Bucket::Source{group, stamp.live});
+}
+
+namespace {
+
+// docs/design/graph.md §1.2: the captured calls read the buffers of the builder whose metadata the
+// capture used; a step from another builder would leave them reading that builder's last build.
+void check_sources(const Bucket& b, int64_t n, const std::vector<StepParams>& groups) {
+  for (const Bucket::Source& s : b.sources) {
+    if (s.group < 0 || static_cast<size_t>(s.group) >= groups.size()) continue;  // the calls' check names it
+    size_t builders = 0;
+    for (const Bucket::Source& o : b.sources) builders += o.group == s.group ? 1 : 0;
+    AAR_CHECK_ARG(builders == 1, "update of bucket ", n, ": its KV-cache group ", s.group, " was captured with the "
+                  "metadata of ", builders, " builders, and update takes one metadata per group (a draft model's "
+                  "per-step builders: update_draft)");
+    const StepParams& sp = groups[s.group];
+    AAR_CHECK_ARG(sp.stamp.live == nullptr || sp.stamp.live == s.live, "update of bucket ", n, ": metadata[",
+                  s.group, "] comes from another metadata builder than the one bucket ", n, " was captured with; "
+                  "the captured calls read that builder's buffers (slot mapping, block table, lengths), so update "
+                  "the bucket with that builder's latest build");
+  }
+}
+
+}  // namespace
+
 void GraphParams::check_owners(const Bucket& b, int64_t n, const char* op) {
   for (const auto& o : b.owners) {
     AAR_CHECK_ARG(!o.life.expired(), op, " of bucket ", n, ": the bucket recorded calls of ", o.what,
@@ -260,6 +294,7 @@ void GraphParams::update(int64_t n, const std::vector<StepParams>& groups) {
                   " group metadata were given");
     c.check_update(groups[c.group()], n, pass);
   }
+  check_sources(b, n, groups);  // after the calls' own checks, which name the finer mismatches
   // The re-issues are operator calls: one inference-mode scope for all of them.
   aar::detail::InferenceScope inference;
   ++passes_;
@@ -289,6 +324,13 @@ void GraphParams::update_draft(int64_t n, const std::vector<StepParams>& per_cal
   // Validate everything before the first hook (as update does).
   for (size_t k = 0; k < per_call.size(); ++k) {
     if (!per_call[k].stamp.current()) check_current(per_call[k].stamp, ("metadata[" + std::to_string(k) + "]").c_str());
+    const auto& live = per_call[k].stamp.live;
+    AAR_CHECK_ARG(live == nullptr || b.sources.empty() ||
+                      std::any_of(b.sources.begin(), b.sources.end(),
+                                  [&](const Bucket::Source& s) { return s.live == live; }),
+                  "update_draft of bucket ", n, ": metadata[", k, "] comes from a metadata builder none of whose "
+                  "metadata bucket ", n, " was captured with; the captured calls read their builders' buffers, so "
+                  "update with the latest builds of the builders the capture used");
   }
   for (const RecordedCall& r : b.calls) {
     if (r.call->needs_step() && !r.call->has_params()) {

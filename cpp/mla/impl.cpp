@@ -162,6 +162,9 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
+  internal::check_output_disjoint(output, hidden, "hidden_states");
+  internal::check_output_disjoint(output, nope, "nope_cache");
+  internal::check_output_disjoint(output, rope, "rope_cache");
   // FA-quant layers: the int8 latent cache.
   detail::check_latent_cache(nope, /*is_nope=*/true, d.kv_lora_rank, md, cfg_.enable_kv_nz,
                              fa_quant() ? at::kChar : hidden.scalar_type(),
@@ -632,9 +635,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   last_decode_ = DecodePath::None;
   if (md_ptr == nullptr) {
     graph::refuse_if_capturing("an MLA forward without metadata (profiling run)");
-    AAR_CHECK_ARG(output.defined(), "output must be given");
-    output.zero_();
-    return output;
+    return internal::zero_profiling_output(output, hidden, "hidden_states");
   }
   const Metadata& md = *md_ptr;
   check_current(md.stamp, "metadata");
@@ -675,6 +676,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const at::Tensor& nope
   if (graph::GraphParams* g = graph::GraphParams::current()) {
     graph::note_layer_life(life_, "mla.Impl", cfg_.layer_index);  // recorded closures call this layer
     capture_decode(*g, hidden, nope, rope, md, output, path);
+    g->note_metadata(0, md.stamp);  // docs/design/graph.md §1.2
     last_decode_ = path;
     return output;
   }

@@ -352,6 +352,8 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
+  internal::check_output_disjoint(output, hidden, "hidden_states");
+  for (size_t i = 0; i < kv.size(); ++i) internal::check_output_disjoint(output, kv[i], "a kv_cache tensor");
   // Under PCP the metadata's DCP part is the main cache's shard over the Wp * Wd ranks (docs/design/sparse_cp.md
   // §11); the layer's dcp_comm is checked against the DCP group's part of it (Wd, rd).
   if (md.pcp.world_size <= 1) {
@@ -1460,10 +1462,8 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
   graph::ForwardScope exclusive_scope;
   if (md_ptr == nullptr) {
     graph::refuse_if_capturing("an SFA forward without metadata (profiling run)");
-    AAR_CHECK_ARG(output.defined(), "output must be given");
-    output.zero_();
     last_topk_ = TopkSource::None;
-    return output;
+    return internal::zero_profiling_output(output, hidden, "hidden_states");
   }
   const Metadata& md = *md_ptr;
   check_current(md.stamp, "metadata");
@@ -1481,6 +1481,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
     }
     if (offload_ != nullptr) {
       capture_offload(*g, hidden, c, md, topk, output, tk);
+      g->note_metadata(0, md.stamp);  // docs/design/graph.md §1.2
       return output;
     }
     // Every operator of the layer reads only tensors at stable addresses (the
@@ -1522,6 +1523,7 @@ const at::Tensor& Impl::forward(const at::Tensor& hidden, const std::vector<at::
           run(hidden, c, md_at_capture, topk, out, tk, /*stable=*/true);
         },
         std::move(check)));
+    g->note_metadata(0, md.stamp);  // docs/design/graph.md §1.2
     return output;
   }
   run(hidden, c, md, topk, output, tk, /*stable=*/false);

@@ -163,6 +163,7 @@ at::Tensor IndexerStep::run(const at::Tensor& k, const at::Tensor& q, const at::
     // prepare call, as sfa::Impl records its layer (docs/design/graph.md §4.3).
     pd::check_capture(md, *g, "sfa.IndexerStep.run");
     g->capture_call(std::make_unique<graph::ClosureCall>(-1, 0, std::move(step)));
+    g->note_metadata(0, md.stamp);  // docs/design/graph.md §1.2
   } else {
     step();
   }
@@ -231,6 +232,7 @@ at::Tensor SparseAttention::run(const at::Tensor& qn, const at::Tensor& qr, cons
   if (g != nullptr) {
     pd::check_capture(md, *g, "sfa.SparseAttention.run");
     graph::note_layer_life(life_, "sfa.SparseAttention", -1);  // recorded closures call this object
+    g->note_metadata(0, md.stamp);  // its closures read the builder's buffers: docs/design/graph.md §1.2
   }
   if (tk == 0) {
     const at::Tensor res = out.has_value() ? *out : at::empty({T, N, L}, qn.options());

@@ -20,7 +20,13 @@ by name before anything is written, or (the empty MLA step) served. Every test f
   (errors naming internal operators, the DSA one after the SWA and state caches were written);
 - builder capacities near INT32_MAX (found through the C API: a staging size overflowed int32, or ~25 GB was
   allocated and the process killed; num_blocks x block_size past the int32 slot range was accepted and every
-  build then failed); GraphParams.release(-1) refused for the wrong reason."""
+  build then failed); GraphParams.release(-1) refused for the wrong reason.
+
+Leads of those probes, closed in a later session: a forward without metadata zeroed an output of any
+shape or dtype; an output sharing memory with the query, K/V, a cache or the hidden states was accepted;
+head sizes and counts up to INT64_MAX and graph buckets of 2^40 tokens were accepted (failing later in an
+allocation); C8 offsets outside int8 saturated every quantised value. (A graph update with another
+builder's metadata: tests/python/test_graph.py.)"""
 
 import pytest
 import torch
@@ -405,3 +411,110 @@ def test_graph_release_of_a_negative_bucket_names_the_bucket():
     with pytest.raises(ValueError, match=r"release: bucket -1 is not a token count"):
         g.release(-1)
     g.release(5)  # an absent bucket: nothing to drop
+
+
+# ---------------------------------------------------------------- leads of the probes, closed later
+
+
+@pytest.mark.parametrize("family", ["gqa", "c8", "mla", "sfa"])
+def test_a_forward_without_metadata_checks_the_output_it_zeroes(family):
+    # A profiling run (metadata None) zeroed whatever output it was given: one of another shape
+    # was zeroed without a word, where the same call with metadata refuses it.
+    if family == "gqa":
+        impl, like = aar.AttentionImpl(N, D, num_kv_heads=NKV), torch.randn(5, N, D)
+        call = lambda out: impl.forward(like, None, None, None, None, None, out)
+    elif family == "c8":
+        b, _, impl = _c8_case()
+        like = torch.randn(5, b.num_heads, b.head_size)
+        call = lambda out: impl.forward(like, None, None, None, None, None, out)
+    elif family == "mla":
+        from test_mla import setup_case
+        c = setup_case([12, 20], [1, 1], workspace=32)
+        impl, like = c.impl, c.hidden
+        call = lambda out: impl.forward(like, c.nope, c.rope, None, out)
+    else:
+        m, like, _, _ = _sfa_case()
+        impl = m.impl()
+        call = lambda out: impl.forward(like, m.caches(), None, out)
+    wrong = torch.full((like.shape[0] + 1,) + tuple(like.shape[1:]), 3.0, dtype=like.dtype)
+    with pytest.raises(ValueError, match="a profiling run"):
+        call(wrong)
+    assert bool((wrong == 3.0).all())
+    with pytest.raises(ValueError, match="a profiling run"):
+        call(torch.full(like.shape, 3.0, dtype=torch.float64))
+    out = torch.full(like.shape, 3.0, dtype=like.dtype)
+    call(out)
+    assert bool((out == 0).all())
+
+
+def test_gqa_forward_refuses_an_output_sharing_memory_with_its_inputs_before_writing():
+    batch = _gqa_batch()
+    md = _gqa_builder().build(batch.query_start_loc, batch.seq_lens_t, batch.block_table)
+    impl = aar.AttentionImpl(N, D, num_kv_heads=NKV)
+    kc0, vc0 = batch.key_cache.clone(), batch.value_cache.clone()
+    q0 = batch.q.clone()
+    with pytest.raises(ValueError, match="output and query share memory"):
+        impl.forward(batch.q, batch.k, batch.v, batch.key_cache, batch.value_cache, md, batch.q)
+    in_cache = batch.value_cache.view(-1)[: batch.q.numel()].view(batch.q.shape)
+    with pytest.raises(ValueError, match="output and value_cache share memory"):
+        impl.forward(batch.q, batch.k, batch.v, batch.key_cache, batch.value_cache, md, in_cache)
+    assert torch.equal(batch.key_cache, kc0) and torch.equal(batch.value_cache, vc0) and torch.equal(batch.q, q0)
+    # A disjoint slice of one buffer holding query and output is served.
+    buf = torch.empty(2, *batch.q.shape)
+    buf[0].copy_(batch.q)
+    impl.forward(buf[0], batch.k, batch.v, batch.key_cache, batch.value_cache, md, buf[1])
+    torch.testing.assert_close(buf[1][:8].double(), batch.reference().double(), atol=1e-5, rtol=1e-5)
+
+
+def test_mla_and_sfa_forwards_refuse_an_output_aliasing_the_hidden_states():
+    from test_mla import setup_case
+    c = setup_case([12, 20], [1, 1], workspace=32)
+    nope0, rope0 = c.nope.clone(), c.rope.clone()
+    with pytest.raises(ValueError, match="output and hidden_states share memory"):
+        c.impl.forward(c.hidden, c.nope, c.rope, c.md, c.hidden)
+    with pytest.raises(ValueError, match="output and nope_cache share memory"):
+        c.impl.forward(c.hidden, c.nope, c.rope, c.md, c.nope.view(-1)[: c.hidden.numel()].view(c.hidden.shape))
+    assert torch.equal(c.nope, nope0) and torch.equal(c.rope, rope0)
+    m, hidden, qsl, seq = _sfa_case()
+    md = m.builder().build(qsl, seq, m.table)
+    snap = [t.clone() for t in m.caches()]
+    with pytest.raises(ValueError, match="output and hidden_states share memory"):
+        m.impl().forward(hidden, m.caches(), md, hidden)
+    assert all(torch.equal(a, t) for a, t in zip(snap, m.caches()))
+
+
+def test_head_counts_and_sizes_are_bounded_at_construction():
+    with pytest.raises(ValueError, match=r"head_size must be in \[1, 65536\]"):
+        aar.AttentionImpl(N, 1 << 40, num_kv_heads=NKV)
+    with pytest.raises(ValueError, match=r"num_heads must be in \[1, 65536\]"):
+        aar.AttentionImpl(1 << 20, D)
+
+
+def test_graph_buckets_past_every_builders_capacity_are_refused():
+    g = aar.GraphParams("recording")
+    with pytest.raises(ValueError, match=r"num_tokens must be in \[1, 16777216\]"):
+        with g.capture(1 << 40):
+            pass
+    assert g.buckets() == []
+
+
+def test_c8_offsets_outside_int8_are_refused():
+    from test_c8 import make_c8_batch
+    b = make_c8_batch([19], [1], gen=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match=r"k_offset\[\d+\]=200 is outside the int8 range"):
+        aar.C8AttentionImpl(b.num_heads, b.head_size, k_scale=b.ks, k_offset=torch.full_like(b.ko, 200.0),
+                            v_scale=b.vs, v_offset=b.vo, num_kv_heads=b.num_kv_heads)
+
+
+def test_gqa_sinks_must_be_logits():
+    with pytest.raises(ValueError, match=r"sinks\[2\]=nan must be a logit"):
+        aar.AttentionImpl(N, D, num_kv_heads=NKV, sinks=torch.tensor([0.0, 1.0, float("nan")] + [0.0] * (N - 3)))
+    with pytest.raises(ValueError, match=r"sinks\[0\]=inf must be a logit"):
+        aar.AttentionImpl(N, D, num_kv_heads=NKV, sinks=torch.tensor([float("inf")] + [0.0] * (N - 1)))
+    # -inf: a head without a sink, the plain softmax of that head.
+    batch = _gqa_batch()
+    md = _gqa_builder().build(batch.query_start_loc, batch.seq_lens_t, batch.block_table)
+    out = torch.zeros_like(batch.q)
+    aar.AttentionImpl(N, D, num_kv_heads=NKV, sinks=torch.full((N,), float("-inf"))).forward(
+        batch.q, batch.k, batch.v, batch.key_cache, batch.value_cache, md, out)
+    torch.testing.assert_close(out[:8].double(), batch.reference().double(), atol=1e-5, rtol=1e-5)

@@ -186,6 +186,73 @@ def test_batch_that_does_not_fit_is_rejected(gen):
         g.replay(BUCKET)
 
 
+def _other_builder():
+    return aar.MetadataBuilder(max_num_reqs=16, max_num_tokens=64, max_blocks_per_req=8, block_size=BS, num_blocks=NB)
+
+
+def test_update_with_another_builders_metadata_is_refused(gen):
+    # docs/design/graph.md §1.2: the captured KV writes read the slot mapping of the builder whose
+    # metadata the capture used; a step of another builder would leave them writing that builder's
+    # last slots. The update refuses it before touching anything.
+    model = Model(gen)
+    g = aar.GraphParams("recording")
+    model.capture(g, model.meta([1] * BUCKET, [16] * BUCKET, capture=True))
+    prefill_history(model, [20] * BUCKET)
+    seq = torch.full((BUCKET,), 21, dtype=torch.int32)
+    foreign = _other_builder().build(torch.arange(BUCKET + 1, dtype=torch.int32), seq, model.block_table(BUCKET))
+    with pytest.raises(ValueError, match=r"metadata\[0\] comes from another metadata builder"):
+        g.update(BUCKET, foreign)
+    with pytest.raises(ValueError, match="before update"):
+        g.replay(BUCKET)  # nothing was refreshed
+    with pytest.raises(ValueError, match="none of whose metadata"):
+        g.update_draft(BUCKET, [model.meta([1] * BUCKET, [21] * BUCKET), foreign])
+    # The capturing builder's step still updates and replays like eager.
+    md = model.meta([1] * BUCKET, [21] * BUCKET)
+    qs, ks, vs = model.step_inputs(BUCKET)
+    expected = eager(model, md, qs, ks, vs, [(kc.clone(), vc.clone()) for kc, vc in model.caches])
+    model.load_static(qs, ks, vs)
+    g.update(BUCKET, md)
+    g.replay(BUCKET)
+    for i in range(len(model.impls)):
+        torch.testing.assert_close(model.out[i], expected[i], atol=1e-6, rtol=0)
+
+
+def test_update_of_calls_that_read_only_the_step_takes_any_builder(gen):
+    # KV-sharing layers capture no KV write: their fused calls take the block table and lengths from
+    # the step itself, so a step of another builder is served (as update_draft's per-step builders).
+    model = Model(gen, impl_kw=dict(kv_sharing=True))
+    g = aar.GraphParams("recording")
+    model.capture(g, model.meta([1] * BUCKET, [16] * BUCKET, capture=True))
+    prefill_history(model, [20] * BUCKET)
+    seq = torch.full((BUCKET,), 20, dtype=torch.int32)
+    foreign = _other_builder().build(torch.arange(BUCKET + 1, dtype=torch.int32), seq, model.block_table(BUCKET))
+    qs, ks, vs = model.step_inputs(BUCKET)
+    expected = [torch.zeros(BUCKET, N, D) for _ in model.impls]
+    for i, (kc, vc) in enumerate(model.caches):
+        aar.AttentionImpl(N, D, num_kv_heads=NKV, kv_sharing=True).forward(qs[i], ks[i], vs[i], kc, vc, foreign,
+                                                                            expected[i])
+    model.load_static(qs, ks, vs)
+    g.update(BUCKET, foreign)
+    g.replay(BUCKET)
+    for i in range(len(model.impls)):
+        torch.testing.assert_close(model.out[i], expected[i], atol=1e-6, rtol=0)
+
+
+def test_a_group_captured_with_two_builders_is_refused_at_update(gen):
+    model = Model(gen, layer_indices=(0, 1))
+    other = _other_builder()
+    mds = [model.meta([1] * BUCKET, [16] * BUCKET, capture=True),
+           other.build_for_graph_capture(torch.arange(BUCKET + 1, dtype=torch.int32),
+                                         torch.full((BUCKET,), 16, dtype=torch.int32), model.block_table(BUCKET),
+                                         state=S.DecodeOnly)]
+    g = aar.GraphParams("recording")
+    with g.capture(BUCKET):
+        for i, impl in enumerate(model.impls):
+            impl.forward(model.q[i], model.k[i], model.v[i], *model.caches[i], mds[i], model.out[i])
+    with pytest.raises(ValueError, match="captured with the metadata of 2 builders"):
+        g.update(BUCKET, model.meta([1] * BUCKET, [16] * BUCKET))
+
+
 def test_replay_without_update_is_rejected(gen):
     model = Model(gen)
     g = aar.GraphParams("recording")

@@ -99,6 +99,23 @@ def test_mla_graph_rejects_a_batch_that_does_not_fit():
         graph.replay(BUCKET)
 
 
+def test_mla_graph_refuses_a_step_of_another_builder():
+    # docs/design/graph.md §1.2: the recorded prepare calls read the capturing builder's buffers.
+    d, gen, builder, table, kw, caches = _setup()
+    layer = mla.Impl(**kw)
+    graph, *_ = _capture_full_bucket(layer, builder, table, d, caches[0])
+    other, *_ = _setup()[2:3]
+    foreign = other.build(torch.arange(BUCKET + 1, dtype=torch.int32), torch.full((BUCKET,), 9, dtype=torch.int32),
+                          table)
+    with pytest.raises(ValueError, match="another metadata builder"):
+        graph.update(BUCKET, foreign)
+    with pytest.raises(ValueError, match="before update"):
+        graph.replay(BUCKET)
+    graph.update(BUCKET, builder.build(torch.arange(BUCKET + 1, dtype=torch.int32),
+                                       torch.full((BUCKET,), 9, dtype=torch.int32), table))
+    graph.replay(BUCKET)
+
+
 @pytest.mark.parametrize("spec", [0, 1])
 @pytest.mark.parametrize("prolog", [False, True])
 def test_mla_padded_decode_bucket_replays_like_eager(spec, prolog):

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -78,6 +79,14 @@ struct Bucket {
   // Host state the bucket's calls share (a snapshot ring of the step's host lists the
   // host callbacks read, docs/design/graph.md §1.6), by name (GraphParams::host_state).
   std::vector<std::pair<std::string, std::shared_ptr<void>>> host_state;
+  // The metadata builders whose buffers the captured calls read, per KV-cache group
+  // (GraphParams::note_metadata): update() takes each group's step from that builder only
+  // (docs/design/graph.md §1.2). Held strongly so that the counter's address stays unique.
+  struct Source {
+    int32_t group = 0;
+    std::shared_ptr<const std::atomic<uint64_t>> live;
+  };
+  std::vector<Source> sources;
   // The last update pass no replay consumed (UpdatePass::unreplayed), 0 when none.
   uint64_t unreplayed_pass = 0;
   // Work a deferred replay queued (RecordingGraphProvider) refuses to run once the bucket is gone.
@@ -178,6 +187,12 @@ class GraphParams {
   // Ties the bucket being captured to a layer's life token (Bucket::owners); `what` names
   // the layer in the error update / update_draft / replay raise once the token is gone.
   void note_owner(const std::shared_ptr<const void>& life, std::string what);
+
+  // Records that the calls of KV-cache group `group` being captured read the buffers of the
+  // builder that made the metadata stamped `stamp` (its slot mapping, block table, lengths):
+  // update() then refuses a step of that group from another builder. Metadata no builder made
+  // (filled in by hand) records nothing.
+  void note_metadata(int32_t group, const BuildStamp& stamp);
 
   // The store a capture is open on, for this thread (nullptr outside capture).
   static GraphParams* current();
