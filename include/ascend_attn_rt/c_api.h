@@ -1260,7 +1260,9 @@ AAR_C_API aar_status_t aar_graph_begin_capture(aar_graph_params_t* graph, int64_
 AAR_C_API aar_status_t aar_graph_end_capture(aar_graph_params_t* graph);
 AAR_C_API aar_status_t aar_graph_abort_capture(aar_graph_params_t* graph);
 /* Refreshes every captured call of bucket num_tokens: groups[g] is the GQA
- * metadata of KV-cache group g (its latest build). */
+ * metadata of KV-cache group g (its latest build), from the builder the capture used
+ * when the captured calls write the KV cache (its slot mapping; another builder's
+ * metadata is refused, docs/design/graph.md §1.2). */
 AAR_C_API aar_status_t aar_graph_update_gqa(aar_graph_params_t* graph, int64_t num_tokens,
                                             const aar_gqa_metadata_t* const* groups, size_t num_groups);
 /* Draft model (docs/design/graph.md §1.2): per-(draft step, layer) metadata cycled over the calls. */
