@@ -528,6 +528,8 @@ aar_status_t aar_dsa_impl_forward(aar_dsa_impl_t* impl, const DLManagedTensor* h
     if (step != nullptr) {
       const dsa::StepMetadata& sm = *capi::checked(step, "step")->md;
       AAR_CHECK_ARG(groups != nullptr || num_groups == 0, "groups is NULL with num_groups ", num_groups);
+      // A layer reads at most one group per cache kind (docs/design/dsa.md §2.3).
+      AAR_CHECK_ARG(num_groups <= 16, "num_groups must be at most 16, got ", num_groups);
       st.groups.resize(num_groups);
       for (size_t i = 0; i < num_groups; ++i) {
         AAR_CHECK_ARG(groups[i] != nullptr, "groups[", i, "] is NULL");

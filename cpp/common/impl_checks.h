@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "ascend_attn_rt/errors.h"
 #include "byte_span.h"
@@ -32,14 +34,56 @@ inline void check_logits_soft_cap(const std::optional<double>& cap, const char* 
   if (*cap > 0.0) throw_not_supported("logits soft-cap (logits_soft_cap=", *cap, ") is not supported by ", who);
 }
 
+// `a` and `b` must not share memory (byte_span.h: views of one storage, or two tensors over the same
+// bytes): refused naming both, with `why`, before anything is written.
+inline void check_apart(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name,
+                        const char* why) {
+  detail::ByteSpan sa, sb;
+  if (!detail::spans_overlap(a, b, sa, sb)) [[likely]] return;
+  throw_invalid(a_name, " and ", b_name, " share memory (their bytes [0, ", sa.last - sa.first, ") and [",
+                static_cast<int64_t>(sb.first - sa.first), ", ", static_cast<int64_t>(sb.last - sa.first),
+                ") from the first's start overlap): ", why);
+}
+
 // A layer's output must not share memory with an input it reads (the kernels read the input while
-// they write the output, in no promised order): refused by byte range within one storage, before
-// anything is written.
+// they write the output, in no promised order).
 inline void check_output_disjoint(const at::Tensor& output, const at::Tensor& input, const char* input_name) {
-  detail::ByteSpan so, si;
-  AAR_CHECK_ARG(!detail::spans_overlap(output, input, so, si), "output and ", input_name, " share memory (bytes [",
-                so.first, ", ", so.last, ") and [", si.first, ", ", si.last, ") of one storage): the output must be a "
-                "tensor of its own");
+  check_apart(output, "output", input, input_name, "the output must be a tensor of its own");
+}
+
+// check_output_disjoint for several inputs, the output's storage range read once.
+class OutputApart {
+ public:
+  explicit OutputApart(const at::Tensor& output) : out_(output), range_(detail::storage_range(output)) {}
+  void check(const at::Tensor& input, const char* input_name) const {
+    if (detail::ranges_meet(range_, detail::storage_range(input))) [[unlikely]] {
+      check_output_disjoint(out_, input, input_name);
+    }
+  }
+
+ private:
+  const at::Tensor& out_;
+  detail::MemRange range_;
+};
+
+// The tensors of a layer's cache tuple (`name` "kv_cache"), and the layer's output, must not share
+// memory: each pair is checked (a tuple holds at most seven), named as "kv_cache[i]". Pairs of
+// entries whose bits are both set in `may_share` are not compared: caches of different KV-cache
+// groups, which vLLM's allocator may place in one tensor (their block ids never meet), and views
+// interleaved in one page by design (docs/design/core.md §5). Entries whose bits are clear in `used`
+// are placeholders the layer neither reads nor writes, and are not compared at all.
+inline void check_tuple_disjoint(const std::vector<at::Tensor>& kv, const char* name, const at::Tensor& output,
+                                 uint32_t may_share = 0, uint32_t used = ~0u) {
+  for (size_t i = 0; i < kv.size(); ++i) {
+    if (!(used >> i & 1u)) continue;
+    const std::string ni = std::string(name) + "[" + std::to_string(i) + "]";
+    check_output_disjoint(output, kv[i], ni.c_str());
+    for (size_t j = i + 1; j < kv.size(); ++j) {
+      if (!(used >> j & 1u) || ((may_share >> i & 1u) && (may_share >> j & 1u))) continue;
+      const std::string nj = std::string(name) + "[" + std::to_string(j) + "]";
+      check_apart(kv[i], ni.c_str(), kv[j], nj.c_str(), "a layer's caches must be separate tensors or disjoint views");
+    }
+  }
 }
 
 // A forward without metadata (vLLM's profiling run) zeroes the output, after the checks a forward

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "ascend_attn_rt/errors.h"
-#include "byte_span.h"
+#include "impl_checks.h"
 
 namespace aar::detail {
 
@@ -93,10 +93,7 @@ inline std::vector<int64_t> identity_stride_order(int64_t rank, bool include_num
 // kv[1]) are disjoint and pass.
 inline void check_caches_disjoint(const at::Tensor& a, const at::Tensor& b, const char* a_name,
                                   const char* b_name) {
-  ByteSpan sa, sb;
-  AAR_CHECK_ARG(!spans_overlap(a, b, sa, sb), a_name, " and ", b_name, " share memory (bytes [", sa.first, ", ",
-                sa.last, ") and [", sb.first, ", ", sb.last, ") of one storage): a layer's caches must be separate "
-                "tensors or disjoint views");
+  internal::check_apart(a, a_name, b, b_name, "a layer's caches must be separate tensors or disjoint views");
 }
 
 }  // namespace aar::detail

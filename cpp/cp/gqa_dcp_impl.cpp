@@ -215,7 +215,7 @@ const at::Tensor& DcpAttentionImpl::forward(const at::Tensor& query, const std::
   validate_layer_inputs(shape, query, key, value, md, output, md.num_actual_tokens,
                         "has num_actual_tokens rows");
   AAR_CHECK_ARG(key_cache.defined(), "DCP attention reads and writes the paged KV cache: key_cache/value_cache are required");
-  validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device());
+  validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device(), output);
   AAR_CHECK_ARG(md.num_prefills == 0 || key.has_value(),
                 "prefill requests attend this step's own K/V: key and value are required");
   const bool writes = key.has_value() && !cfg_.kv_sharing;

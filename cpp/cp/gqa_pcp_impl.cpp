@@ -101,7 +101,7 @@ const at::Tensor& PcpAttentionImpl::forward(const at::Tensor& query, const at::T
   gqa::validate_layer_inputs(shape, query, key, value, *g, output, md.num_local_tokens, "has num_local_tokens rows");
   AAR_CHECK_ARG(key.size(0) == md.num_local_tokens, "key has ", key.size(0), " rows, expected num_local_tokens=",
                 md.num_local_tokens);
-  gqa::validate_nd_caches(shape, key_cache, value_cache, *g, query.scalar_type(), query.device());
+  gqa::validate_nd_caches(shape, key_cache, value_cache, *g, query.scalar_type(), query.device(), output);
   if (sharded) {
     if (cfg_.attn_type != gqa::AttnType::Decoder) {
       throw_not_supported("attn_type='", gqa::to_string(cfg_.attn_type),

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "../common/builder_checks.h"
 #include "../common/inference_scope.h"
 #include "../common/rope_gather.h"
 #include "../common/staging.h"
@@ -1350,6 +1351,12 @@ GroupBuilder::GroupBuilder(const StepBuilder& step, const GroupConfig& cfg) : st
                 " (", spec_.block_size, "; 0 takes it)");
   cfg_.block_size = static_cast<int32_t>(spec_.block_size);
   core::check_geometry(cfg_, nullptr, 0);
+  // The lanes' block-table rows (the draft lanes hold decode_threshold x as many requests) are sized
+  // from it: the builders' table bound (builder_checks.h), where INT32_MAX asked for tens of GiB.
+  const int64_t lane_reqs = int64_t{step.config().max_num_reqs} * std::max<int64_t>(1, step.decode_threshold());
+  AAR_CHECK_ARG((lane_reqs + 1) * cfg_.max_blocks_per_req <= internal::kMaxBlockTableWords, "max_blocks_per_req=",
+                cfg_.max_blocks_per_req, " with max_num_reqs=", step.config().max_num_reqs,
+                " exceeds the block-table bound of ", internal::kMaxBlockTableWords, " entries");
   // The rows each kind's kernels read (plan::DsaGroupReads): the compressed KV
   // and indexer K caches are read whole (attention, indexer), the SWA cache
   // over its window, a state cache where the compressor gathers.

@@ -172,9 +172,12 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                           "for the A2/A3 npu_sparse_attn_sharedkv plan only (docs/design/sparse_cp.md §13)");
     }
   }
-  AAR_CHECK_ARG(c.hidden_size > 0 && c.num_heads > 0 && c.head_dim > 0 && c.q_lora_rank > 0 && c.o_lora_rank > 0,
-                "hidden_size, num_heads, head_dim, q_lora_rank and o_lora_rank must be positive, got ", c.hidden_size,
-                ", ", c.num_heads, ", ", c.head_dim, ", ", c.q_lora_rank, ", ", c.o_lora_rank);
+  auto in_range = [](int64_t v) { return v > 0 && v <= internal::kMaxHeadSize; };
+  AAR_CHECK_ARG(in_range(c.hidden_size) && in_range(c.num_heads) && in_range(c.head_dim) && in_range(c.q_lora_rank) &&
+                    in_range(c.o_lora_rank),
+                "hidden_size, num_heads, head_dim, q_lora_rank and o_lora_rank must be in [1, ",
+                internal::kMaxHeadSize, "], got ", c.hidden_size, ", ", c.num_heads, ", ", c.head_dim, ", ",
+                c.q_lora_rank, ", ", c.o_lora_rank);
   AAR_CHECK_ARG(c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, "rope_dim=", c.rope_dim,
                 " must be even and in (0, head_dim=", c.head_dim, "]");
   AAR_CHECK_ARG(c.window >= 0, "window must be >= 0 (0: the SWA group's, set once on the StepBuilder), got ",
@@ -185,8 +188,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                 " must divide num_heads * head_dim = ", c.num_heads * c.head_dim);
   const bool c4 = c.compress_ratio == 4;
   if (c4) {
-    AAR_CHECK_ARG(c.index_n_heads > 0 && c.index_topk > 0, "index_n_heads and index_topk must be positive, got ",
-                  c.index_n_heads, ", ", c.index_topk);
+    AAR_CHECK_ARG(in_range(c.index_n_heads) && in_range(c.index_topk) && c.index_head_dim <= internal::kMaxHeadSize,
+                  "index_n_heads, index_topk and index_head_dim must be in [1, ", internal::kMaxHeadSize, "], got ",
+                  c.index_n_heads, ", ", c.index_topk, ", ", c.index_head_dim);
     AAR_CHECK_ARG(c.index_head_dim > 0 && (c.index_head_dim & (c.index_head_dim - 1)) == 0 &&
                       c.rope_dim <= c.index_head_dim,
                   "index_head_dim=", c.index_head_dim, " must be a power of two (Hadamard, docs/design/sparse.md §3) and >= rope_dim=",
@@ -579,6 +583,22 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
     out.indexer_k = ik.indexer_k;
     out.indexer_scale = sc;
     out.indexer_full = ik.indexer_full;
+  }
+  // The output and the top-k buffer against the entries the layer uses (ratio 1: swa_kv and
+  // indexer_full; 128: also compress_kv and state; 4: all), after each entry's own checks. The
+  // entries themselves may share memory: each is a cache of its own KV-cache group (vLLM may place
+  // groups in one tensor, their block ids apart; docs/design/dsa.md §2.3), and indexer_k,
+  // indexer_scale and indexer_full are strided views of one page.
+  const uint32_t used = c.compress_ratio == 4 ? 0x7Fu : c.compress_ratio == 128 ? 0x47u : 0x42u;
+  internal::check_tuple_disjoint(kv, "kv_cache", output, /*may_share=*/0x7Fu, used);
+  if (topk != nullptr) {
+    const at::Tensor& tb = topk->buffer();
+    constexpr const char* why = "the top-k buffer holds the selection later layers read";
+    internal::check_apart(tb, "the top-k buffer", output, "output", why);
+    internal::check_apart(tb, "the top-k buffer", hidden, "hidden", why);
+    for (size_t i = 0; i < kv.size(); ++i) {
+      if (used >> i & 1u) internal::check_apart(tb, "the top-k buffer", kv[i], "a kv_cache tensor", why);
+    }
   }
   return out;
 }

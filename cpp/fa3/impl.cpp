@@ -76,7 +76,7 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
                 "the FA3 backend reads K/V from the paged cache: key_cache and value_cache are required");
   AAR_CHECK_ARG(key_cache.dim() != 4 || Backend::is_supported_block_size(key_cache.size(1)), "key_cache has block_size ",
                 key_cache.size(1), ": the FA3 backend supports block_size 128 only");
-  gqa::validate_nd_caches({cfg_.num_heads, Nkv, D}, key_cache, value_cache, md, dtype, query.device());
+  gqa::validate_nd_caches({cfg_.num_heads, Nkv, D}, key_cache, value_cache, md, dtype, query.device(), output);
 }
 
 const at::Tensor& AttentionImpl::forward(const at::Tensor& query, const std::optional<at::Tensor>& key,

@@ -102,9 +102,7 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
                              const at::Tensor& value_cache, const Metadata& md, const at::Tensor& output) const {
   const LayerShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_size};
   validate_layer_inputs(shape, query, key, value, md, output, md.num_kernel_tokens, "attends num_kernel_tokens rows");
-  validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device());
-  internal::check_output_disjoint(output, key_cache, "key_cache");
-  internal::check_output_disjoint(output, value_cache, "value_cache");
+  validate_nd_caches(shape, key_cache, value_cache, md, query.scalar_type(), query.device(), output);
   AAR_CHECK_ARG(!sinks_fp32_.has_value() || sinks_fp32_->device() == query.device(), "sinks are on ",
                 sinks_fp32_.has_value() ? sinks_fp32_->device() : query.device(), " but query is on ", query.device());
 }

@@ -26,7 +26,8 @@ void validate_layer_inputs(const LayerShape& s, const at::Tensor& query, const s
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous");
   AAR_CHECK_ARG(output.device() == query.device(), "output is on ", output.device(), " but query is on ",
                 query.device());
-  internal::check_output_disjoint(output, query, "query");
+  const internal::OutputApart apart(output);
+  apart.check(query, "query");
   AAR_CHECK_ARG(T >= min_query_rows, "query has ", T, " rows but the metadata ", rows_what);
   AAR_CHECK_ARG(key.has_value() == value.has_value(), "key and value must be given together");
   if (!key.has_value()) return;
@@ -44,12 +45,12 @@ void validate_layer_inputs(const LayerShape& s, const at::Tensor& query, const s
   }
   AAR_CHECK_ARG(key->sizes()[0] == value->sizes()[0], "key has ", key->sizes()[0], " rows but value has ",
                 value->sizes()[0]);
-  internal::check_output_disjoint(output, *key, "key");
-  internal::check_output_disjoint(output, *value, "value");
+  apart.check(*key, "key");
+  apart.check(*value, "value");
 }
 
 void validate_nd_caches(const LayerShape& s, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                        const Metadata& md, at::ScalarType dtype, c10::Device device) {
+                        const Metadata& md, at::ScalarType dtype, c10::Device device, const at::Tensor& output) {
   AAR_CHECK_ARG(key_cache.defined() == value_cache.defined(), "key_cache and value_cache must be given together");
   if (!key_cache.defined()) return;
   for (const at::Tensor* c : {&key_cache, &value_cache}) {
@@ -67,6 +68,9 @@ void validate_nd_caches(const LayerShape& s, const at::Tensor& key_cache, const 
   AAR_CHECK_ARG(value_cache.sizes() == key_cache.sizes(), "value_cache shape ", value_cache.sizes(),
                 " differs from key_cache shape ", key_cache.sizes(), " (a layer's K and V caches are one pair)");
   detail::check_caches_disjoint(key_cache, value_cache, "key_cache", "value_cache");
+  const internal::OutputApart apart(output);
+  apart.check(key_cache, "key_cache");
+  apart.check(value_cache, "value_cache");
 }
 
 }  // namespace aar::gqa

@@ -171,6 +171,7 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
                              fa_quant() ? " (the FA-quant layer's int8 latent cache)" : " (the hidden_states dtype)");
   detail::check_latent_cache(rope, /*is_nope=*/false, d.qk_rope_head_dim, md, cfg_.enable_kv_nz, hidden.scalar_type(),
                              " (the hidden_states dtype)");
+  aar::detail::check_caches_disjoint(nope, rope, "nope_cache", "rope_cache");
   // The builder's rope tables set the rows' width; a table of another width fails deep in the rope.
   aar::detail::check_rope_rows_width(md.decode.cos, d.qk_rope_head_dim);
   aar::detail::check_rope_rows_width(md.prefill.cos, d.qk_rope_head_dim);

@@ -19,6 +19,7 @@
 #include "../latent/decode_workspace.h"
 #include "latent_ops.h"
 #include "../common/impl_checks.h"
+#include "../common/kv_cache.h"
 #include "../graph/exclusive_scope.h"
 #include "../common/inference_scope.h"
 
@@ -46,9 +47,11 @@ void zero_for_profiling(const at::Tensor& out) {
   out.zero_();
 }
 
-void check_like(const at::Tensor& t, const char* name, at::ScalarType dtype, c10::Device device) {
-  AAR_CHECK_ARG(t.scalar_type() == dtype, name, " dtype ", t.scalar_type(), " must be the caches' ", dtype);
-  AAR_CHECK_ARG(t.device() == device, name, " is on ", t.device(), " but the caches are on ", device);
+// `t` must have the dtype and device of `ref` (named `ref_name`: the caches, or the query the forward takes
+// them from).
+void check_like(const at::Tensor& t, const char* name, at::ScalarType dtype, c10::Device device, const char* ref_name) {
+  AAR_CHECK_ARG(t.scalar_type() == dtype, name, " dtype ", t.scalar_type(), " must be ", ref_name, "'s ", dtype);
+  AAR_CHECK_ARG(t.device() == device, name, " is on ", t.device(), " but ", ref_name, " is on ", device);
 }
 
 }  // namespace
@@ -59,7 +62,8 @@ LatentAttention::LatentAttention(const LatentAttentionConfig& cfg) : cfg_(cfg) {
                                 {cfg.qk_nope_head_dim, "qk_nope_head_dim"},
                                 {cfg.qk_rope_head_dim, "qk_rope_head_dim"},
                                 {cfg.v_head_dim, "v_head_dim"}}) {
-    AAR_CHECK_ARG(v > 0, name, " must be positive, got ", v);
+    AAR_CHECK_ARG(v > 0 && v <= internal::kMaxHeadSize, name, " must be in [1, ", internal::kMaxHeadSize, "], got ",
+                  v);
   }
   AAR_CHECK_ARG(cfg.num_heads <= Backend::kMaxHeads, "num_heads=", cfg.num_heads,
                 " exceeds the MLA decode kernel's ", Backend::kMaxHeads, " heads");
@@ -106,8 +110,9 @@ void LatentAttention::write_kv(const at::Tensor& kv_c, const at::Tensor& k_pe, c
                 "), got ", kv_c.defined() ? kv_c.sizes() : c10::IntArrayRef{});
   const at::Tensor pe = rope_rows(k_pe, R, "k_pe");
   AAR_CHECK_ARG(pe.size(0) == kv_c.size(0), "k_pe has ", pe.size(0), " rows but kv_c has ", kv_c.size(0));
-  check_like(kv_c, "kv_c", nope.scalar_type(), nope.device());
-  check_like(pe, "k_pe", nope.scalar_type(), nope.device());
+  check_like(kv_c, "kv_c", nope.scalar_type(), nope.device(), "nope_cache");
+  check_like(pe, "k_pe", nope.scalar_type(), nope.device(), "nope_cache");
+  aar::detail::check_caches_disjoint(nope, rope, "nope_cache", "rope_cache");
   AAR_CHECK_ARG(slots.defined() && slots.dim() == 1 && (slots.scalar_type() == at::kLong || slots.scalar_type() == at::kInt),
                 "slot_mapping must be a 1-D int64 or int32 tensor, got ",
                 slots.defined() ? slots.scalar_type() : at::ScalarType::Undefined, " ",
@@ -149,6 +154,7 @@ void LatentAttention::check_step(const Metadata& md, const at::Tensor& nope, con
                              " (the query dtype)");
   AAR_CHECK_ARG(nope.device() == device && rope.device() == device, "the caches are on ", nope.device(), " / ",
                 rope.device(), " but the query is on ", device);
+  aar::detail::check_caches_disjoint(nope, rope, "nope_cache", "rope_cache");
 }
 
 void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor& q_pe, const at::Tensor& nope,
@@ -174,10 +180,12 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
   check_shape(out, "out", {td, H, L}, "(num_decode_tokens, num_heads, kv_lora_rank)");
   const at::ScalarType dt = ql_nope.scalar_type();
   const c10::Device dev = ql_nope.device();
-  check_like(q_pe, "q_pe", dt, dev);
-  check_like(out, "out", dt, dev);
+  check_like(q_pe, "q_pe", dt, dev, "ql_nope");
+  check_like(out, "out", dt, dev, "ql_nope");
   AAR_CHECK_ARG(out.is_contiguous(), "out must be contiguous, got strides ", out.strides());
   check_step(md, nope, rope, dt, dev, "forward_decode");
+  internal::check_output_disjoint(out, nope, "nope_cache");
+  internal::check_output_disjoint(out, rope, "rope_cache");
   const aar::detail::InferenceScope inference;
   if (md.dcp.world_size > 1) {
     forward_decode_dcp(ql_nope, q_pe, nope, rope, md, out);
@@ -295,13 +303,15 @@ void LatentAttention::forward_prefill(const at::Tensor& q, const at::Tensor& kv_
   check_shape(out, "out", {tp, H * V}, "(num_prefill_tokens, num_heads * v_head_dim)");
   const at::ScalarType dt = q.scalar_type();
   const c10::Device dev = q.device();
-  check_like(kv_c, "kv_c", dt, dev);
-  check_like(pe, "k_pe", dt, dev);
-  check_like(kv_b_proj, "kv_b_proj", dt, dev);
-  check_like(out, "out", dt, dev);
+  check_like(kv_c, "kv_c", dt, dev, "q");
+  check_like(pe, "k_pe", dt, dev, "q");
+  check_like(kv_b_proj, "kv_b_proj", dt, dev, "q");
+  check_like(out, "out", dt, dev, "q");
   AAR_CHECK_ARG(out.stride(1) == 1 && out.stride(0) == H * V, "out must hold row-major rows (strides (", H * V,
                 ", 1)), got strides ", out.strides());
   check_step(md, nope, rope, dt, dev, "forward_prefill");
+  internal::check_output_disjoint(out, nope, "nope_cache");
+  internal::check_output_disjoint(out, rope, "rope_cache");
   const aar::detail::InferenceScope inference;
 
   const at::Tensor kv = ops::dense::linear(kv_c, kv_b_proj).view({tp, H, P + V});

@@ -83,8 +83,12 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
   if (cfg_.indexer.has_value()) {
     const IndexerConfig& ic = *cfg_.indexer;
     internal::check_norm_eps(ic.k_norm_eps, "indexer.k_norm_eps");
-    AAR_CHECK_ARG(ic.n_head > 0 && ic.head_dim > 0 && ic.topk > 0, "indexer n_head, head_dim and topk must be "
-                  "positive, got ", ic.n_head, ", ", ic.head_dim, ", ", ic.topk);
+    // Bounded before the weights' shapes multiply them (INT64_MAX wrapped those; a huge topk allocated
+    // its selection only in the forward, after the cache writes).
+    AAR_CHECK_ARG(ic.n_head > 0 && ic.head_dim > 0 && ic.topk > 0 && ic.n_head <= internal::kMaxHeadSize &&
+                      ic.head_dim <= internal::kMaxHeadSize && ic.topk <= internal::kMaxHeadSize,
+                  "indexer n_head, head_dim and topk must be in [1, ", internal::kMaxHeadSize, "], got ", ic.n_head,
+                  ", ", ic.head_dim, ", ", ic.topk);
     AAR_CHECK_ARG(d.qk_rope_head_dim <= ic.head_dim && d.qk_rope_head_dim % 2 == 0, "the indexer RoPE rotates the "
                   "first qk_rope_head_dim=", d.qk_rope_head_dim, " dims of each ", ic.head_dim, "-dim head: it must "
                   "be even and at most head_dim");
@@ -353,7 +357,6 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
   internal::check_output_disjoint(output, hidden, "hidden_states");
-  for (size_t i = 0; i < kv.size(); ++i) internal::check_output_disjoint(output, kv[i], "a kv_cache tensor");
   // Under PCP the metadata's DCP part is the main cache's shard over the Wp * Wd ranks (docs/design/sparse_cp.md
   // §11); the layer's dcp_comm is checked against the DCP group's part of it (Wd, rd).
   if (md.pcp.world_size <= 1) {
@@ -443,6 +446,17 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
                   md.num_prefills, ", num_decodes=", md.num_decodes, ", attn_state=", plan::to_string(md.attn_state),
                   ") needs offload.keep_device_kv_cache=True: only decode-only steps run without the device KV "
                   "cache (docs/design/sfa.md §6)");
+  }
+  // Memory shared between the tuple's tensors, the output and the top-k buffer, after each tensor's
+  // own checks (which name a wrong tuple more precisely).
+  internal::check_tuple_disjoint(kv, "kv_cache", output);
+  if (topk != nullptr) {
+    // The model's top-k buffer is written by one layer and read by later ones.
+    const at::Tensor& tb = topk->buffer();
+    constexpr const char* why = "the top-k buffer holds the selection later layers read";
+    internal::check_apart(tb, "the top-k buffer", output, "output", why);
+    internal::check_apart(tb, "the top-k buffer", hidden, "hidden_states", why);
+    for (const at::Tensor& t : kv) internal::check_apart(tb, "the top-k buffer", t, "a kv_cache tensor", why);
   }
   return c;
 }

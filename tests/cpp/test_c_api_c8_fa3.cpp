@@ -224,6 +224,29 @@ TEST(CApiC8Fa3, BadArgumentsAreNamedAndWriteNothing) {
             AAR_ERR_INVALID_ARGUMENT);
   EXPECT_NE(last().find("key_cache"), std::string::npos) << last();
   untouched();
+  // One buffer as both caches, or as the output and a cache (a probe found these accepted: V overwrote K,
+  // the output overwrote cache blocks). Each DLPack argument becomes a tensor of its own: two storages
+  // over one memory.
+  EXPECT_REJECTED(aar_c8_impl_forward(c8.impl.get(), dq.get(), dk.get(), dv.get(), dc8k.get(), dc8k.get(), md,
+                                      dout.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "key_cache and value_cache share memory");
+  EXPECT_REJECTED(aar_fa3_impl_forward(fa3.get(), dq.get(), dk.get(), dv.get(), dfk.get(), dfk.get(), md, dout.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "key_cache and value_cache share memory");
+  Dl dout_in_fk(fk.view(-1).narrow(0, 0, out.numel()).view(out.sizes()));
+  EXPECT_REJECTED(aar_fa3_impl_forward(fa3.get(), dq.get(), dk.get(), dv.get(), dfk.get(), dfv.get(), md,
+                                       dout_in_fk.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "output and key_cache share memory");
+  // The C8 caches are int8: an output over their bytes, as a float tensor.
+  Dl dout_in_c8v(c8v.view(-1).narrow(0, 0, out.numel() * 4).view(at::kFloat).view(out.sizes()));
+  EXPECT_REJECTED(aar_c8_impl_forward(c8.impl.get(), dq.get(), dk.get(), dv.get(), dc8k.get(), dc8v.get(), md,
+                                      dout_in_c8v.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "output and value_cache share memory");
+  // A key inside the output's memory.
+  Dl dk_in_out(out.view(-1).narrow(0, 0, k.numel()).view(k.sizes()));
+  EXPECT_REJECTED(aar_c8_impl_forward(c8.impl.get(), dq.get(), dk_in_out.get(), dv.get(), dc8k.get(), dc8v.get(), md,
+                                      dout.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "output and key share memory");
+  untouched();
 
   aar_c8_impl_config_t cc = c8.c;
   cc.kv_transfer = 3;

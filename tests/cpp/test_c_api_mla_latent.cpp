@@ -180,6 +180,12 @@ TEST(CApiMlaLatent, BadArgumentsAreNamedAndWriteNothing) {
   EXPECT_REJECTED(aar_mla_latent_write_kv(c.get(), dkvc.get(), dkpe.get(), nullptr, dnope.get(), drope.get()),
                   AAR_ERR_INVALID_ARGUMENT, "aar_mla_latent_write_kv: slot_mapping is NULL");
   untouched();
+  // A rope cache over the nope cache's memory (a probe found it accepted: the rope rows landed in the
+  // nope cache). Each DLPack argument becomes a tensor of its own: two storages over one memory.
+  Dl dover(f.nope.view(-1).narrow(0, 0, f.rope.numel()).view(f.rope.sizes()));
+  EXPECT_REJECTED(aar_mla_latent_write_kv(c.get(), dkvc.get(), dkpe.get(), dslots.get(), dnope.get(), dover.get()),
+                  AAR_ERR_INVALID_ARGUMENT, "nope_cache and rope_cache share memory");
+  untouched();
 
   at::Tensor lat = at::full({1, H, L}, 7.0f);
   const at::Tensor ql_bad = at::randn({1, H, L - 1}), q_pe = at::randn({1, H, R});
@@ -205,6 +211,12 @@ TEST(CApiMlaLatent, BadArgumentsAreNamedAndWriteNothing) {
   aar_mla_latent_t* l = nullptr;
   EXPECT_REJECTED(aar_mla_latent_create(&cfg, &l), AAR_ERR_INVALID_ARGUMENT,
                   "config->prefill_in_bf16 must be AAR_DEFAULT (-1), AAR_FALSE (0) or AAR_TRUE (1), got 5");
+  EXPECT_EQ(l, nullptr);
+  // Head dims are bounded (INT64_MAX was accepted and wrapped the later shape checks).
+  aar_mla_latent_config_init(&cfg);
+  cfg.num_heads = H;
+  cfg.v_head_dim = INT64_MAX;
+  EXPECT_REJECTED(aar_mla_latent_create(&cfg, &l), AAR_ERR_INVALID_ARGUMENT, "v_head_dim must be in [1, 65536]");
   EXPECT_EQ(l, nullptr);
 }
 

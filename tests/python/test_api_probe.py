@@ -518,3 +518,71 @@ def test_gqa_sinks_must_be_logits():
     aar.AttentionImpl(N, D, num_kv_heads=NKV, sinks=torch.full((N,), float("-inf"))).forward(
         batch.q, batch.k, batch.v, batch.key_cache, batch.value_cache, md, out)
     torch.testing.assert_close(out[:8].double(), batch.reference().double(), atol=1e-5, rtol=1e-5)
+
+
+def test_mla_forward_refuses_caches_sharing_memory_before_writing():
+    from test_mla import setup_case
+    c = setup_case([12, 20], [1, 1], workspace=32)
+    rope_over_nope = c.nope.view(-1)[: c.rope.numel()].view(c.rope.shape)
+    nope0 = c.nope.clone()
+    with pytest.raises(ValueError, match="nope_cache and rope_cache share memory"):
+        c.impl.forward(c.hidden, c.nope, rope_over_nope, c.md, torch.zeros_like(c.hidden))
+    assert torch.equal(c.nope, nope0)
+
+
+# ---------------------------------------------------------------- the C API probes of the latent and sparse families
+
+
+def test_sfa_forward_refuses_memory_shared_by_its_tuple_output_and_topk_buffer_before_writing():
+    # Found through the C API (each DLPack argument is a tensor of its own, so one buffer passed twice
+    # arrives as two storages over the same bytes): accepted before, the rope rows landed in the latent
+    # cache, and an output over the top-k buffer corrupted the selection the next layer reads.
+    m, hidden, qsl, seq = _sfa_case()
+    md = m.builder().build(qsl, seq, m.table)
+    rope_over_latent = m.nope.view(-1)[: m.rope.numel()].view(m.rope.shape)
+    caches = [m.nope, rope_over_latent, m.idx_k]
+    snap = [c.clone() for c in m.caches()]
+    with pytest.raises(ValueError, match=r"kv_cache\[0\] and kv_cache\[1\] share memory"):
+        m.impl().forward(hidden, caches, md, torch.zeros_like(hidden))
+    assert all(torch.equal(a, c) for a, c in zip(snap, m.caches()))
+    buf = aar.sfa.TopkBuffer(64 + hidden.numel() // m.idx.K, m.idx.K)
+    over_buf = buf.buffer.view(-1).view(torch.float32)[: hidden.numel()].view(hidden.shape)
+    with pytest.raises(ValueError, match="the top-k buffer and output share memory"):
+        m.impl(use_index_cache=True).forward(hidden, m.caches(), md, over_buf, buf)
+    assert all(torch.equal(a, c) for a, c in zip(snap, m.caches()))
+
+
+def test_sfa_and_dsa_bound_their_dims_at_construction():
+    m, *_ = _sfa_case()
+    with pytest.raises(ValueError, match=r"indexer n_head, head_dim and topk must be in \[1, 65536\]"):
+        m.impl(index_topk=2 ** 40)
+    with pytest.raises(ValueError, match=r"MLA dims must be in \[1, 65536\]"):
+        aar.sfa.Impl(
+            num_heads=2 ** 40, hidden_size=m.d.hidden, q_lora_rank=m.d.Q, kv_lora_rank=m.d.L,
+            qk_nope_head_dim=m.d.P, qk_rope_head_dim=m.d.R, v_head_dim=m.d.V, **m.ws)
+
+
+def test_dsa_forward_refuses_an_output_over_a_cache_and_keeps_group_sharing():
+    from test_dsa import Run, dims
+    d = dims(4)
+    run = Run(d, torch.float32, nreq=2)
+    run.step([0, 1], [9, 5])
+    st, md, S, qsl = run.build([0, 1], [1, 1])
+    hid = torch.cat([run.x[0][S[0] - 1:S[0]], run.x[1][S[1] - 1:S[1]]])
+    full = dict(attention=md["c4_kv"], compressor_state=md["c4_attn_state"], indexer_cache=md["c4_indexer_k"],
+                indexer_state=md["c4_indexer_state"])
+    kv = list(run.kv)
+    caches = [run.swa, run.cmp, run.state, run.istate, run.ik, run.isc]
+    snap = [t.clone() for t in caches]
+    out_over_swa = run.swa.view(-1)[: hid.numel()].view(hid.shape)
+    with pytest.raises(ValueError, match=r"output and kv_cache\[1\] share memory"):
+        run.impl.forward(hid, kv, st, md["swa"], out_over_swa, **full)
+    assert all(torch.equal(a, c) for a, c in zip(snap, caches))
+
+
+def test_dsa_group_builder_bounds_its_block_table():
+    from test_dsa import Run, dims, CBS
+    run = Run(dims(4), torch.float32, nreq=2)
+    with pytest.raises(ValueError, match=r"max_blocks_per_req=2147483647 with max_num_reqs=\d+ exceeds the block-table"):
+        aar.dsa.GroupBuilder(run.sb, kind="swa", cache_block_size=CBS, num_blocks=run.nb,
+                             max_blocks_per_req=2 ** 31 - 1)

@@ -28,9 +28,10 @@ void validate_layer_inputs(const LayerShape& s, const at::Tensor& query, const s
 // ND paged caches (num_blocks >= md.num_blocks, md.block_size, Nkv, D) in the
 // given dtype and device, given together or not at all, contiguous (the
 // kernels read them as row-major memory; any storage offset is fine): a
-// permuted or sliced view is rejected with its shape and strides.
+// permuted or sliced view is rejected with its shape and strides. The two caches, and the layer's
+// `output`, must not share memory (docs/design/core.md §5).
 void validate_nd_caches(const LayerShape& s, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                        const Metadata& md, at::ScalarType dtype, c10::Device device);
+                        const Metadata& md, at::ScalarType dtype, c10::Device device, const at::Tensor& output);
 
 // The ND cache layout as the layout errors name it (shared with FA3).
 extern const char* const kNdCacheLayout;
