@@ -4,6 +4,8 @@
 // construction, before any forward, with the argument's name.
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -71,17 +73,46 @@ class OutputApart {
 // entries whose bits are both set in `may_share` are not compared: caches of different KV-cache
 // groups, which vLLM's allocator may place in one tensor (their block ids never meet), and views
 // interleaved in one page by design (docs/design/core.md §5). Entries whose bits are clear in `used`
-// are placeholders the layer neither reads nor writes, and are not compared at all.
-inline void check_tuple_disjoint(const std::vector<at::Tensor>& kv, const char* name, const at::Tensor& output,
-                                 uint32_t may_share = 0, uint32_t used = ~0u) {
-  for (size_t i = 0; i < kv.size(); ++i) {
-    if (!(used >> i & 1u)) continue;
-    const std::string ni = std::string(name) + "[" + std::to_string(i) + "]";
-    check_output_disjoint(output, kv[i], ni.c_str());
-    for (size_t j = i + 1; j < kv.size(); ++j) {
-      if (!(used >> j & 1u) || ((may_share >> i & 1u) && (may_share >> j & 1u))) continue;
-      const std::string nj = std::string(name) + "[" + std::to_string(j) + "]";
-      check_apart(kv[i], ni.c_str(), kv[j], nj.c_str(), "a layer's caches must be separate tensors or disjoint views");
+// are placeholders the layer neither reads nor writes, and are not compared at all. With a model's
+// `topk_buffer` (the sparse layers' TopkBuffer, which later layers read), the buffer must be apart
+// from the output, the hidden states and every used entry.
+struct TupleApart {
+  const char* name = "kv_cache";
+  uint32_t may_share = 0;
+  uint32_t used = ~0u;
+  const at::Tensor* topk_buffer = nullptr;
+  const at::Tensor* hidden = nullptr;
+  const char* hidden_name = "hidden_states";
+};
+
+inline void check_tuple_disjoint(const std::vector<at::Tensor>& kv, const at::Tensor& output, const TupleApart& o) {
+  // Storage ranges first, each read once, no names: names are made only for a pair whose storages meet.
+  constexpr size_t kMax = 8;
+  std::array<detail::MemRange, kMax> r{};
+  const size_t n = std::min(kv.size(), kMax);
+  const detail::MemRange ro = detail::storage_range(output);
+  const detail::MemRange rt = o.topk_buffer != nullptr ? detail::storage_range(*o.topk_buffer) : detail::MemRange{};
+  constexpr const char* kTopkWhy = "the top-k buffer holds the selection later layers read";
+  auto entry = [&](size_t i) { return std::string(o.name) + "[" + std::to_string(i) + "]"; };
+  if (o.topk_buffer != nullptr) {
+    if (detail::ranges_meet(rt, ro)) [[unlikely]] check_apart(*o.topk_buffer, "the top-k buffer", output, "output", kTopkWhy);
+    if (o.hidden != nullptr && detail::ranges_meet(rt, detail::storage_range(*o.hidden))) [[unlikely]] {
+      check_apart(*o.topk_buffer, "the top-k buffer", *o.hidden, o.hidden_name, kTopkWhy);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!(o.used >> i & 1u)) continue;
+    r[i] = detail::storage_range(kv[i]);
+    if (detail::ranges_meet(ro, r[i])) [[unlikely]] check_output_disjoint(output, kv[i], entry(i).c_str());
+    if (detail::ranges_meet(rt, r[i])) [[unlikely]] {
+      check_apart(*o.topk_buffer, "the top-k buffer", kv[i], entry(i).c_str(), kTopkWhy);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (!(o.used >> j & 1u) || ((o.may_share >> i & 1u) && (o.may_share >> j & 1u))) continue;
+      if (detail::ranges_meet(r[j], r[i])) [[unlikely]] {
+        check_apart(kv[j], entry(j).c_str(), kv[i], entry(i).c_str(),
+                    "a layer's caches must be separate tensors or disjoint views");
+      }
     }
   }
 }

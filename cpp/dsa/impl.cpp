@@ -589,17 +589,15 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   // entries themselves may share memory: each is a cache of its own KV-cache group (vLLM may place
   // groups in one tensor, their block ids apart; docs/design/dsa.md §2.3), and indexer_k,
   // indexer_scale and indexer_full are strided views of one page.
-  const uint32_t used = c.compress_ratio == 4 ? 0x7Fu : c.compress_ratio == 128 ? 0x47u : 0x42u;
-  internal::check_tuple_disjoint(kv, "kv_cache", output, /*may_share=*/0x7Fu, used);
+  internal::TupleApart apart;
+  apart.may_share = 0x7Fu;
+  apart.used = c.compress_ratio == 4 ? 0x7Fu : c.compress_ratio == 128 ? 0x47u : 0x42u;
   if (topk != nullptr) {
-    const at::Tensor& tb = topk->buffer();
-    constexpr const char* why = "the top-k buffer holds the selection later layers read";
-    internal::check_apart(tb, "the top-k buffer", output, "output", why);
-    internal::check_apart(tb, "the top-k buffer", hidden, "hidden", why);
-    for (size_t i = 0; i < kv.size(); ++i) {
-      if (used >> i & 1u) internal::check_apart(tb, "the top-k buffer", kv[i], "a kv_cache tensor", why);
-    }
+    apart.topk_buffer = &topk->buffer();
+    apart.hidden = &hidden;
+    apart.hidden_name = "hidden";
   }
+  internal::check_tuple_disjoint(kv, output, apart);
   return out;
 }
 

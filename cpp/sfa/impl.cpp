@@ -449,15 +449,12 @@ Impl::Caches Impl::validate(const at::Tensor& hidden, const std::vector<at::Tens
   }
   // Memory shared between the tuple's tensors, the output and the top-k buffer, after each tensor's
   // own checks (which name a wrong tuple more precisely).
-  internal::check_tuple_disjoint(kv, "kv_cache", output);
-  if (topk != nullptr) {
-    // The model's top-k buffer is written by one layer and read by later ones.
-    const at::Tensor& tb = topk->buffer();
-    constexpr const char* why = "the top-k buffer holds the selection later layers read";
-    internal::check_apart(tb, "the top-k buffer", output, "output", why);
-    internal::check_apart(tb, "the top-k buffer", hidden, "hidden_states", why);
-    for (const at::Tensor& t : kv) internal::check_apart(tb, "the top-k buffer", t, "a kv_cache tensor", why);
+  internal::TupleApart apart;
+  if (topk != nullptr) {  // the model's top-k buffer: written by one layer, read by later ones
+    apart.topk_buffer = &topk->buffer();
+    apart.hidden = &hidden;
   }
+  internal::check_tuple_disjoint(kv, output, apart);
   return c;
 }
 
