@@ -365,15 +365,20 @@ def test_sfa_forward_names_a_rope_cache_with_other_blocks_than_the_latent_cache(
     assert all(torch.equal(a, c) for a, c in zip(snap, caches))
 
 
-def test_dsa_forward_names_indexer_caches_of_different_blocks_before_writing():
+def _dsa_case():
+    """A C4 DSA layer after a step of context, its decode step: (run, step, metadata, hidden, groups)."""
     from test_dsa import Run, dims
-    d = dims(4)
-    run = Run(d, torch.float32, nreq=2)
+    run = Run(dims(4), torch.float32, nreq=2)
     run.step([0, 1], [9, 5])
     st, md, S, qsl = run.build([0, 1], [1, 1])
     hid = torch.cat([run.x[0][S[0] - 1:S[0]], run.x[1][S[1] - 1:S[1]]])
     full = dict(attention=md["c4_kv"], compressor_state=md["c4_attn_state"], indexer_cache=md["c4_indexer_k"],
                 indexer_state=md["c4_indexer_state"])
+    return run, st, md, hid, full
+
+
+def test_dsa_forward_names_indexer_caches_of_different_blocks_before_writing():
+    run, st, md, hid, full = _dsa_case()
     kv = list(run.kv)
     kv[4] = torch.cat([run.ik, run.ik])
     caches = [run.swa, run.cmp, run.state, run.istate, kv[4], run.isc]
@@ -562,15 +567,8 @@ def test_sfa_and_dsa_bound_their_dims_at_construction():
             qk_nope_head_dim=m.d.P, qk_rope_head_dim=m.d.R, v_head_dim=m.d.V, **m.ws)
 
 
-def test_dsa_forward_refuses_an_output_over_a_cache_and_keeps_group_sharing():
-    from test_dsa import Run, dims
-    d = dims(4)
-    run = Run(d, torch.float32, nreq=2)
-    run.step([0, 1], [9, 5])
-    st, md, S, qsl = run.build([0, 1], [1, 1])
-    hid = torch.cat([run.x[0][S[0] - 1:S[0]], run.x[1][S[1] - 1:S[1]]])
-    full = dict(attention=md["c4_kv"], compressor_state=md["c4_attn_state"], indexer_cache=md["c4_indexer_k"],
-                indexer_state=md["c4_indexer_state"])
+def test_dsa_forward_refuses_an_output_over_a_cache():
+    run, st, md, hid, full = _dsa_case()
     kv = list(run.kv)
     caches = [run.swa, run.cmp, run.state, run.istate, run.ik, run.isc]
     snap = [t.clone() for t in caches]

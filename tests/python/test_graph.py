@@ -210,7 +210,11 @@ def test_update_with_another_builders_metadata_is_refused(gen):
     md = model.meta([1] * BUCKET, [21] * BUCKET)
     qs, ks, vs = model.step_inputs(BUCKET)
     expected = eager(model, md, qs, ks, vs, [(kc.clone(), vc.clone()) for kc, vc in model.caches])
-    model.load_static(qs, ks, vs)
+    _update_replay_and_compare(model, g, md, (qs, ks, vs), expected)
+
+
+def _update_replay_and_compare(model, g, md, inputs, expected):
+    model.load_static(*inputs)
     g.update(BUCKET, md)
     g.replay(BUCKET)
     for i in range(len(model.impls)):
@@ -231,11 +235,7 @@ def test_update_of_calls_that_read_only_the_step_takes_any_builder(gen):
     for i, (kc, vc) in enumerate(model.caches):
         aar.AttentionImpl(N, D, num_kv_heads=NKV, kv_sharing=True).forward(qs[i], ks[i], vs[i], kc, vc, foreign,
                                                                             expected[i])
-    model.load_static(qs, ks, vs)
-    g.update(BUCKET, foreign)
-    g.replay(BUCKET)
-    for i in range(len(model.impls)):
-        torch.testing.assert_close(model.out[i], expected[i], atol=1e-6, rtol=0)
+    _update_replay_and_compare(model, g, foreign, (qs, ks, vs), expected)
 
 
 def test_a_group_captured_with_two_builders_is_refused_at_update(gen):
