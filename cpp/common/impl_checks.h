@@ -1,7 +1,9 @@
 #pragma once
-// Private to cpp/: checks every layer (impl) constructor shares. A NaN or infinite softmax scale or
-// norm epsilon is accepted by every kernel and turns every output into NaN, so it is refused at
-// construction, before any forward, with the argument's name.
+// Private to cpp/: checks the layers (impls) share. At construction: a NaN or infinite softmax scale
+// or norm epsilon is accepted by every kernel and turns every output into NaN, so it is refused
+// before any forward, with the argument's name; head counts and sizes are bounded. In forward,
+// before the first write: memory shared between the output, the inputs, the caches and the top-k
+// buffer (docs/design/core.md §5), and the output a forward without metadata zeroes.
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
