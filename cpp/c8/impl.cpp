@@ -102,8 +102,9 @@ void AttentionImpl::validate(const at::Tensor& query, const std::optional<at::Te
                     query.device());
     }
     ::aar::detail::check_caches_disjoint(key_cache, value_cache, "key_cache", "value_cache");
-    internal::check_output_disjoint(output, key_cache, "key_cache");
-    internal::check_output_disjoint(output, value_cache, "value_cache");
+    const internal::OutputApart apart(output);
+    apart.check(key_cache, "key_cache");
+    apart.check(value_cache, "value_cache");
   }
 }
 

@@ -49,6 +49,9 @@ inline void check_apart(const at::Tensor& a, const char* a_name, const at::Tenso
                 ") from the first's start overlap): ", why);
 }
 
+// Why a layer's caches must not share memory: the second write would overwrite the first.
+inline constexpr const char* kCachesApartWhy = "a layer's caches must be separate tensors or disjoint views";
+
 // A layer's output must not share memory with an input it reads (the kernels read the input while
 // they write the output, in no promised order).
 inline void check_output_disjoint(const at::Tensor& output, const at::Tensor& input, const char* input_name) {
@@ -112,8 +115,7 @@ inline void check_tuple_disjoint(const std::vector<at::Tensor>& kv, const at::Te
     for (size_t j = 0; j < i; ++j) {
       if (!(o.used >> j & 1u) || ((o.may_share >> i & 1u) && (o.may_share >> j & 1u))) continue;
       if (detail::ranges_meet(r[j], r[i])) [[unlikely]] {
-        check_apart(kv[j], entry(j).c_str(), kv[i], entry(i).c_str(),
-                    "a layer's caches must be separate tensors or disjoint views");
+        check_apart(kv[j], entry(j).c_str(), kv[i], entry(i).c_str(), kCachesApartWhy);
       }
     }
   }
@@ -135,20 +137,19 @@ inline const at::Tensor& zero_profiling_output(const at::Tensor& output, const a
   return output;
 }
 
-// Bounds far above what any attention kernel takes (FIA's head dims stop at 512), so that the
-// products of heads, head sizes and tokens a layer forms never overflow int64.
-inline constexpr int64_t kMaxHeadCount = 1 << 16;
-inline constexpr int64_t kMaxHeadSize = 1 << 16;
+// The bound on a layer's head counts, head sizes and model dims (hidden size, LoRA ranks, top-k):
+// far above what any attention kernel takes (FIA's head dims stop at 512), so that the products of
+// them and of tokens a layer forms never overflow int64.
+inline constexpr int64_t kMaxModelDim = 1 << 16;
+inline bool dim_in_range(int64_t v) { return v > 0 && v <= kMaxModelDim; }
 
 // The head layout of a GQA-family layer (GQA, C8, GQA DCP), checked and completed in place:
 // num_heads and head_size in [1, 2^16], num_kv_heads 0 meaning num_heads, num_heads a multiple of
 // num_kv_heads, a finite scale where 0 becomes 1/sqrt(head_size).
 template <typename Config>
 void resolve_head_layout(Config& c) {
-  AAR_CHECK_ARG(c.num_heads > 0 && c.num_heads <= kMaxHeadCount, "num_heads must be in [1, ", kMaxHeadCount,
-                "], got ", c.num_heads);
-  AAR_CHECK_ARG(c.head_size > 0 && c.head_size <= kMaxHeadSize, "head_size must be in [1, ", kMaxHeadSize, "], got ",
-                c.head_size);
+  AAR_CHECK_ARG(dim_in_range(c.num_heads), "num_heads must be in [1, ", kMaxModelDim, "], got ", c.num_heads);
+  AAR_CHECK_ARG(dim_in_range(c.head_size), "head_size must be in [1, ", kMaxModelDim, "], got ", c.head_size);
   if (c.num_kv_heads == 0) c.num_kv_heads = c.num_heads;
   AAR_CHECK_ARG(c.num_kv_heads > 0, "num_kv_heads must be positive, got ", c.num_kv_heads);
   AAR_CHECK_ARG(c.num_heads % c.num_kv_heads == 0, "num_heads=", c.num_heads,

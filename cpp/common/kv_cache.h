@@ -93,7 +93,7 @@ inline std::vector<int64_t> identity_stride_order(int64_t rank, bool include_num
 // kv[1]) are disjoint and pass.
 inline void check_caches_disjoint(const at::Tensor& a, const at::Tensor& b, const char* a_name,
                                   const char* b_name) {
-  internal::check_apart(a, a_name, b, b_name, "a layer's caches must be separate tensors or disjoint views");
+  internal::check_apart(a, a_name, b, b_name, internal::kCachesApartWhy);
 }
 
 }  // namespace aar::detail

@@ -172,11 +172,11 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                           "for the A2/A3 npu_sparse_attn_sharedkv plan only (docs/design/sparse_cp.md §13)");
     }
   }
-  auto in_range = [](int64_t v) { return v > 0 && v <= internal::kMaxHeadSize; };
-  AAR_CHECK_ARG(in_range(c.hidden_size) && in_range(c.num_heads) && in_range(c.head_dim) && in_range(c.q_lora_rank) &&
-                    in_range(c.o_lora_rank),
+  using internal::dim_in_range;
+  AAR_CHECK_ARG(dim_in_range(c.hidden_size) && dim_in_range(c.num_heads) && dim_in_range(c.head_dim) &&
+                    dim_in_range(c.q_lora_rank) && dim_in_range(c.o_lora_rank),
                 "hidden_size, num_heads, head_dim, q_lora_rank and o_lora_rank must be in [1, ",
-                internal::kMaxHeadSize, "], got ", c.hidden_size, ", ", c.num_heads, ", ", c.head_dim, ", ",
+                internal::kMaxModelDim, "], got ", c.hidden_size, ", ", c.num_heads, ", ", c.head_dim, ", ",
                 c.q_lora_rank, ", ", c.o_lora_rank);
   AAR_CHECK_ARG(c.rope_dim > 0 && c.rope_dim % 2 == 0 && c.rope_dim <= c.head_dim, "rope_dim=", c.rope_dim,
                 " must be even and in (0, head_dim=", c.head_dim, "]");
@@ -188,8 +188,9 @@ Impl::Impl(const ImplConfig& cfg, const Weights& w) : cfg_(cfg), w_(w) {
                 " must divide num_heads * head_dim = ", c.num_heads * c.head_dim);
   const bool c4 = c.compress_ratio == 4;
   if (c4) {
-    AAR_CHECK_ARG(in_range(c.index_n_heads) && in_range(c.index_topk) && c.index_head_dim <= internal::kMaxHeadSize,
-                  "index_n_heads, index_topk and index_head_dim must be in [1, ", internal::kMaxHeadSize, "], got ",
+    AAR_CHECK_ARG(dim_in_range(c.index_n_heads) && dim_in_range(c.index_topk) &&
+                      c.index_head_dim <= internal::kMaxModelDim,
+                  "index_n_heads, index_topk and index_head_dim must be in [1, ", internal::kMaxModelDim, "], got ",
                   c.index_n_heads, ", ", c.index_topk, ", ", c.index_head_dim);
     AAR_CHECK_ARG(c.index_head_dim > 0 && (c.index_head_dim & (c.index_head_dim - 1)) == 0 &&
                       c.rope_dim <= c.index_head_dim,

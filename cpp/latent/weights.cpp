@@ -20,13 +20,13 @@ void check_shape(const at::Tensor& t, const char* name, std::initializer_list<in
 void validate_weights(const Dims& d, const Weights& w, int64_t o_proj_shards) {
   const int64_t H = d.num_heads, L = d.kv_lora_rank, P = d.qk_nope_head_dim, R = d.qk_rope_head_dim,
                 V = d.v_head_dim, hid = d.hidden_size;
-  // Bounded (internal::kMaxHeadSize) before any product of them is formed: INT64_MAX wrapped the
+  // Bounded (internal::kMaxModelDim) before any product of them is formed: INT64_MAX wrapped the
   // weights' expected shapes, and the error then named a weight instead of the dim.
   const int64_t Q = d.q_lora_rank.value_or(1);
-  auto in_range = [](int64_t v) { return v > 0 && v <= internal::kMaxHeadSize; };
-  AAR_CHECK_ARG(in_range(H) && in_range(hid) && in_range(L) && in_range(P) && in_range(R) && in_range(V) &&
-                    in_range(Q),
-                "MLA dims must be in [1, ", internal::kMaxHeadSize, "] (num_heads=", H, ", hidden_size=", hid,
+  using internal::dim_in_range;
+  AAR_CHECK_ARG(dim_in_range(H) && dim_in_range(hid) && dim_in_range(L) && dim_in_range(P) && dim_in_range(R) &&
+                    dim_in_range(V) && dim_in_range(Q),
+                "MLA dims must be in [1, ", internal::kMaxModelDim, "] (num_heads=", H, ", hidden_size=", hid,
                 ", q_lora_rank=", Q, ", kv_lora_rank=", L, ", qk_nope_head_dim=", P, ", qk_rope_head_dim=", R,
                 ", v_head_dim=", V, ")");
   AAR_CHECK_ARG(R % 2 == 0, "qk_rope_head_dim must be even, got ", R);

@@ -162,9 +162,10 @@ void Impl::validate(const at::Tensor& hidden, const at::Tensor& nope, const at::
                 output.defined() ? output.sizes() : c10::IntArrayRef{});
   AAR_CHECK_ARG(output.is_contiguous(), "output must be contiguous (o_proj writes it in place), got strides ",
                 output.strides());
-  internal::check_output_disjoint(output, hidden, "hidden_states");
-  internal::check_output_disjoint(output, nope, "nope_cache");
-  internal::check_output_disjoint(output, rope, "rope_cache");
+  const internal::OutputApart apart(output);
+  apart.check(hidden, "hidden_states");
+  apart.check(nope, "nope_cache");
+  apart.check(rope, "rope_cache");
   // FA-quant layers: the int8 latent cache.
   detail::check_latent_cache(nope, /*is_nope=*/true, d.kv_lora_rank, md, cfg_.enable_kv_nz,
                              fa_quant() ? at::kChar : hidden.scalar_type(),

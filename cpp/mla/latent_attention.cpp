@@ -62,8 +62,7 @@ LatentAttention::LatentAttention(const LatentAttentionConfig& cfg) : cfg_(cfg) {
                                 {cfg.qk_nope_head_dim, "qk_nope_head_dim"},
                                 {cfg.qk_rope_head_dim, "qk_rope_head_dim"},
                                 {cfg.v_head_dim, "v_head_dim"}}) {
-    AAR_CHECK_ARG(v > 0 && v <= internal::kMaxHeadSize, name, " must be in [1, ", internal::kMaxHeadSize, "], got ",
-                  v);
+    AAR_CHECK_ARG(internal::dim_in_range(v), name, " must be in [1, ", internal::kMaxModelDim, "], got ", v);
   }
   AAR_CHECK_ARG(cfg.num_heads <= Backend::kMaxHeads, "num_heads=", cfg.num_heads,
                 " exceeds the MLA decode kernel's ", Backend::kMaxHeads, " heads");
@@ -184,8 +183,9 @@ void LatentAttention::forward_decode(const at::Tensor& ql_nope, const at::Tensor
   check_like(out, "out", dt, dev, "ql_nope");
   AAR_CHECK_ARG(out.is_contiguous(), "out must be contiguous, got strides ", out.strides());
   check_step(md, nope, rope, dt, dev, "forward_decode");
-  internal::check_output_disjoint(out, nope, "nope_cache");
-  internal::check_output_disjoint(out, rope, "rope_cache");
+  const internal::OutputApart apart(out);
+  apart.check(nope, "nope_cache");
+  apart.check(rope, "rope_cache");
   const aar::detail::InferenceScope inference;
   if (md.dcp.world_size > 1) {
     forward_decode_dcp(ql_nope, q_pe, nope, rope, md, out);
@@ -310,8 +310,9 @@ void LatentAttention::forward_prefill(const at::Tensor& q, const at::Tensor& kv_
   AAR_CHECK_ARG(out.stride(1) == 1 && out.stride(0) == H * V, "out must hold row-major rows (strides (", H * V,
                 ", 1)), got strides ", out.strides());
   check_step(md, nope, rope, dt, dev, "forward_prefill");
-  internal::check_output_disjoint(out, nope, "nope_cache");
-  internal::check_output_disjoint(out, rope, "rope_cache");
+  const internal::OutputApart apart(out);
+  apart.check(nope, "nope_cache");
+  apart.check(rope, "rope_cache");
   const aar::detail::InferenceScope inference;
 
   const at::Tensor kv = ops::dense::linear(kv_c, kv_b_proj).view({tp, H, P + V});

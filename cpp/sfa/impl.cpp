@@ -85,9 +85,9 @@ Impl::Impl(const ImplConfig& cfg, const mla::Weights& weights, const std::option
     internal::check_norm_eps(ic.k_norm_eps, "indexer.k_norm_eps");
     // Bounded before the weights' shapes multiply them (INT64_MAX wrapped those; a huge topk allocated
     // its selection only in the forward, after the cache writes).
-    AAR_CHECK_ARG(ic.n_head > 0 && ic.head_dim > 0 && ic.topk > 0 && ic.n_head <= internal::kMaxHeadSize &&
-                      ic.head_dim <= internal::kMaxHeadSize && ic.topk <= internal::kMaxHeadSize,
-                  "indexer n_head, head_dim and topk must be in [1, ", internal::kMaxHeadSize, "], got ", ic.n_head,
+    AAR_CHECK_ARG(internal::dim_in_range(ic.n_head) && internal::dim_in_range(ic.head_dim) &&
+                      internal::dim_in_range(ic.topk),
+                  "indexer n_head, head_dim and topk must be in [1, ", internal::kMaxModelDim, "], got ", ic.n_head,
                   ", ", ic.head_dim, ", ", ic.topk);
     AAR_CHECK_ARG(d.qk_rope_head_dim <= ic.head_dim && d.qk_rope_head_dim % 2 == 0, "the indexer RoPE rotates the "
                   "first qk_rope_head_dim=", d.qk_rope_head_dim, " dims of each ", ic.head_dim, "-dim head: it must "
